@@ -1,0 +1,275 @@
+/**
+ * The token-level trajectory: the unit that flows from rollout chains to the learner.
+ *
+ * A trajectory is one or more segments; each segment is one training sequence made of ordered spans. Every span
+ * records where its tokens came from (`source`). Policy spans hold the exact ids the policy sampled, with their
+ * logprobs and the policy version that produced them. The loss mask is provenance: 1 exactly where
+ * `source === "policy"` (design principle 2). A trajectory has several segments only when a chat template
+ * rewrote history (e.g. Qwen3 drops earlier `<think>` blocks), so that no sequence silently drifts from what the
+ * policy saw.
+ *
+ * @since 0.1.0
+ */
+import { Schema } from "effect"
+import { Message, text } from "./Message.ts"
+
+/**
+ * Where a span's tokens came from.
+ * - `prompt`: the rendered prompt (system, user turns, tool list).
+ * - `policy`: sampled by the policy; the only trainable source.
+ * - `tool`: a tool observation, rendered by the template.
+ * - `env`: an environment message (e.g. a user turn injected by an environment).
+ * - `template`: scaffolding the template adds between turns (role headers, separators).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const Source = Schema.Literals(["prompt", "policy", "tool", "env", "template"])
+export type Source = typeof Source.Type
+
+/**
+ * A run of tokens from one source. `logprobs` and `policyVersion` are present on policy spans only, with one
+ * logprob per token.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const Span = Schema.Struct({
+  source: Source,
+  tokenIds: Schema.Array(Schema.Int),
+  logprobs: Schema.optionalKey(Schema.Array(Schema.Number)),
+  policyVersion: Schema.optionalKey(Schema.Int)
+})
+export type Span = typeof Span.Type
+
+/**
+ * One training sequence: ordered spans. `messageCount` is how many messages of the trajectory's message view the
+ * segment covers.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const Segment = Schema.Struct({
+  spans: Schema.Array(Span),
+  messageCount: Schema.Int
+})
+export type Segment = typeof Segment.Type
+
+/**
+ * Why a chain ended.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const Termination = Schema.Literals([
+  "answer", // a terminal tool (e.g. `answer`) ran
+  "no_tool_call", // the assistant replied without calling a tool
+  "max_turns",
+  "context_length", // the token budget of the context ran out
+  "stop", // the sampler stopped on max tokens / a stop token without a parseable turn end
+  "error", // an error whose policy ends the chain
+  "interrupted"
+])
+export type Termination = typeof Termination.Type
+
+/**
+ * How the reward of a trajectory came about. `not_applicable` and `failed` trajectories are excluded from their
+ * group's baseline.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const RewardStatus = Schema.Literals(["scored", "not_applicable", "failed", "pending"])
+export type RewardStatus = typeof RewardStatus.Type
+
+/**
+ * A finished (or in-progress) trajectory.
+ *
+ * - `trainable` is false for trajectories whose tokens were not sampled by a policy we control (e.g. a black-box
+ *   chat-completions API): they are usable for evaluation and SFT data, never for policy-gradient losses.
+ * - `masked` is true when an error policy decided the trajectory must not contribute to the loss.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const Trajectory = Schema.Struct({
+  trajectoryId: Schema.String,
+  groupId: Schema.String,
+  chainId: Schema.String,
+  messages: Schema.Array(Message),
+  segments: Schema.Array(Segment),
+  termination: Termination,
+  reward: Schema.Number,
+  rewardStatus: RewardStatus,
+  metrics: Schema.Record(Schema.String, Schema.Number),
+  trainable: Schema.Boolean,
+  masked: Schema.Boolean,
+  /** The dataset row's extra fields, passed through to rewards. */
+  row: Schema.optionalKey(Schema.Record(Schema.String, Schema.Unknown)),
+  /** A short description of the error that ended the chain, when `termination === "error"`. */
+  error: Schema.optionalKey(Schema.String)
+})
+export type Trajectory = typeof Trajectory.Type
+
+/**
+ * A group: the `numChains` trajectories sampled for one dataset row (the unit of GRPO).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const Group = Schema.Struct({
+  groupId: Schema.String,
+  rowIndex: Schema.Int,
+  trajectories: Schema.Array(Trajectory)
+})
+export type Group = typeof Group.Type
+
+// ===== Derived views =====
+
+/**
+ * Total number of tokens of a segment.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const segmentLength = (segment: Segment): number =>
+  segment.spans.reduce((n, span) => n + span.tokenIds.length, 0)
+
+/**
+ * All token ids of a segment, in order.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const tokenIds = (segment: Segment): Int32Array => {
+  const out = new Int32Array(segmentLength(segment))
+  let offset = 0
+  for (const span of segment.spans) {
+    out.set(span.tokenIds, offset)
+    offset += span.tokenIds.length
+  }
+  return out
+}
+
+/**
+ * The loss mask of a segment: 1 exactly on tokens the policy sampled, 0 elsewhere.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const lossMask = (segment: Segment): Uint8Array => {
+  const out = new Uint8Array(segmentLength(segment))
+  let offset = 0
+  for (const span of segment.spans) {
+    if (span.source === "policy") out.fill(1, offset, offset + span.tokenIds.length)
+    offset += span.tokenIds.length
+  }
+  return out
+}
+
+/**
+ * Per-token sampler logprobs aligned with `tokenIds`; `NaN` where the token was not sampled by the policy.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const logprobs = (segment: Segment): Float32Array => {
+  const out = new Float32Array(segmentLength(segment)).fill(Number.NaN)
+  let offset = 0
+  for (const span of segment.spans) {
+    if (span.source === "policy" && span.logprobs !== undefined) out.set(span.logprobs, offset)
+    offset += span.tokenIds.length
+  }
+  return out
+}
+
+/**
+ * Per-token source labels aligned with `tokenIds`.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const sources = (segment: Segment): ReadonlyArray<Source> =>
+  segment.spans.flatMap((span) => span.tokenIds.map(() => span.source))
+
+/**
+ * Number of tokens the policy generated across all segments.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const policyTokenCount = (trajectory: Trajectory): number =>
+  trajectory.segments.reduce(
+    (n, segment) => n + segment.spans.reduce((m, s) => m + (s.source === "policy" ? s.tokenIds.length : 0), 0),
+    0
+  )
+
+/**
+ * The oldest policy version that sampled any token of the trajectory (for staleness checks); undefined when the
+ * trajectory has no policy tokens.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const oldestPolicyVersion = (trajectory: Trajectory): number | undefined => {
+  let oldest: number | undefined
+  for (const segment of trajectory.segments) {
+    for (const span of segment.spans) {
+      if (span.policyVersion !== undefined && (oldest === undefined || span.policyVersion < oldest)) {
+        oldest = span.policyVersion
+      }
+    }
+  }
+  return oldest
+}
+
+/**
+ * The text of the last assistant message, or "" when there is none.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const lastAssistantText = (trajectory: Trajectory): string => {
+  for (let i = trajectory.messages.length - 1; i >= 0; i--) {
+    const message = trajectory.messages[i]!
+    if (message.role === "assistant") {
+      return text(message.content)
+    }
+  }
+  return ""
+}
+
+/**
+ * The final response as AgentFly defines it: the text of the last assistant **or tool** message (after an
+ * `answer` tool call, the final response is that tool's observation).
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const finalResponse = (trajectory: Trajectory): string => {
+  for (let i = trajectory.messages.length - 1; i >= 0; i--) {
+    const message = trajectory.messages[i]!
+    if (message.role === "assistant" || message.role === "tool") {
+      return text(message.content)
+    }
+  }
+  return ""
+}
+
+/**
+ * Number of tool calls the assistant made.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const toolCallCount = (trajectory: Trajectory): number =>
+  trajectory.messages.reduce((n, m) => n + (m.role === "assistant" ? (m.tool_calls?.length ?? 0) : 0), 0)
+
+/**
+ * Number of assistant turns.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const turnCount = (trajectory: Trajectory): number =>
+  trajectory.messages.reduce((n, m) => n + (m.role === "assistant" ? 1 : 0), 0)
