@@ -1,0 +1,219 @@
+/**
+ * The environment contract: how a stateful tool (or reward) gets the environment instance of **its** rollout
+ * chain.
+ *
+ * **The contract** (read by the tool actor, the rollout chain and the resource manager)
+ *
+ * 1. An environment is an Effect service: a `Context.Service` class whose value holds the instance's state and
+ *    methods (see {@link Environment} for the optional `reset`/`reward` shape). Its behaviour is a `Layer`.
+ * 2. A stateful tool declares the services it needs as `dependencies: [MyEnv]` (as `effect/ai`'s `Tool.make`
+ *    does); a reward declares them the same way. The handler `yield*`s the service.
+ * 3. A rollout chain runs in its own `Scope`. When it starts, it asks a {@link Provider} for its
+ *    `Context.Context<MyEnv>` (`provider.acquire({ chainId, groupId })`); every tool call of that chain
+ *    (`ToolActor.executeTurn(calls, { context })`) and its reward (`RewardActor.score(trajectory, { context })`)
+ *    get that same context. When the chain's scope closes — on success, failure or interruption — the provider
+ *    releases the instance.
+ * 4. Sharing rules: two calls of a stateful tool in one chain see the same state; two chains never share state
+ *    unless the provider says so. The provider decides:
+ *    - {@link perChain}: a fresh instance per chain (the default for RL: episodes are independent);
+ *    - {@link perGroup}: one instance per group (`groupId`), shared by that group's chains, released when the
+ *      group's last chain ends;
+ *    - {@link shared}: one instance for the whole run (read-only resources such as a retrieval index).
+ * 5. A resource manager (pools of containers, Redis-coordinated leases) implements the same {@link Provider}
+ *    interface: `acquire` leases an instance from a pool and registers the release on the chain's scope
+ *    (`Effect.acquireRelease`). Nothing else in the runtime changes.
+ *
+ * Failures of environment methods use {@link EnvError} with a `reason`; a tool that surfaces them declares
+ * `failure: Environment.EnvError` so that the model observes them.
+ *
+ * @since 0.1.0
+ */
+import { Context, Effect, Layer, RcMap, Schema } from "effect"
+import type { Scope } from "effect"
+
+// ===== Models =====
+
+/**
+ * The optional lifecycle shape of an environment service. An environment service may extend it
+ * (`Environment.Environment & { readonly guess: … }`); tools only need the methods they call.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Environment {
+  /** Start a new episode from a seed; returns a text observation (e.g. the task statement) or "". */
+  readonly reset: (seed: number) => Effect.Effect<string, EnvError>
+  /** The episode's outcome as the environment sees it (a reward can read it). */
+  readonly reward?: Effect.Effect<number, EnvError> | undefined
+}
+
+/**
+ * Which chain is asking for its environment.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface ChainInfo {
+  readonly chainId: string
+  readonly groupId: string
+}
+
+/**
+ * How instances are shared between chains.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type Sharing = "perChain" | "perGroup" | "shared"
+
+const TypeId = "~agentfly/Environment/Provider" as const
+
+/**
+ * Hands each rollout chain the context of environment services its tools and rewards declared.
+ *
+ * `acquire` must be run in the chain's scope: the instance (or the chain's reference to a shared one) is
+ * released when that scope closes.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Provider<in out ROut, out E = never, out R = never> {
+  readonly [TypeId]: typeof TypeId
+  readonly sharing: Sharing
+  readonly acquire: (chain: ChainInfo) => Effect.Effect<Context.Context<ROut>, E, R | Scope.Scope>
+}
+
+// ===== Errors =====
+
+/**
+ * Why an environment method failed.
+ * - `Crashed`: the instance died (process exited, container gone); retryable on a fresh instance.
+ * - `Timeout`: the method did not answer in time.
+ * - `ResetFailed`: a new episode could not start.
+ * - `InvalidAction`: the action was refused by the environment (the model should see this).
+ * - `Unavailable`: no instance could be obtained (pool closed, lease lost).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export const EnvErrorReason = Schema.Literals(["Crashed", "Timeout", "ResetFailed", "InvalidAction", "Unavailable"])
+export type EnvErrorReason = typeof EnvErrorReason.Type
+
+/**
+ * A failed environment method.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class EnvError extends Schema.TaggedError<EnvError>()("EnvError", {
+  env: Schema.String,
+  method: Schema.String,
+  reason: EnvErrorReason,
+  message: Schema.String
+}) {
+  get isRetryable(): boolean {
+    return this.reason === "Crashed" || this.reason === "Timeout" || this.reason === "Unavailable"
+  }
+}
+
+// ===== Constructors =====
+
+/**
+ * Whether a value is a {@link Provider}.
+ *
+ * @category guards
+ * @since 0.1.0
+ */
+export const isProvider = (u: unknown): u is Provider<unknown, unknown, unknown> =>
+  typeof u === "object" && u !== null && TypeId in u
+
+/**
+ * Makes a provider from an acquire function (how a resource manager plugs in its leases).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const make = <ROut, E = never, R = never>(
+  sharing: Sharing,
+  acquire: (chain: ChainInfo) => Effect.Effect<Context.Context<ROut>, E, R | Scope.Scope>
+): Provider<ROut, E, R> => ({ [TypeId]: TypeId, sharing, acquire })
+
+/**
+ * Builds a layer with a memo map of its own, so that nothing it contains is shared with any other build.
+ */
+const buildFresh = <ROut, E, R>(layer: Layer.Layer<ROut, E, R>) =>
+  Effect.flatMap(Effect.scope, (scope) => Layer.buildWithMemoMap(layer, Layer.makeMemoMapUnsafe(), scope))
+
+/**
+ * A fresh instance of the layer's services for every chain, built in the chain's scope and released when it
+ * closes. Two chains never share state.
+ *
+ * **Gotchas**
+ *
+ * The whole layer is rebuilt per chain, including its sub-layers; provide run-wide dependencies (a Docker client,
+ * a Redis connection) to `acquire`'s requirements `R` instead of composing them into `layer`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const perChain = <ROut, E, R>(layer: Layer.Layer<ROut, E, R>): Provider<ROut, E, R> =>
+  make("perChain", () => buildFresh(layer))
+
+/**
+ * One instance per group (`groupId`): the chains of one group share it; it is built when the group's first chain
+ * asks and released when the group's last chain's scope closes. Must be created in the run's scope.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const perGroup = <ROut, E, R>(
+  layer: Layer.Layer<ROut, E, R>
+): Effect.Effect<Provider<ROut, E>, never, Scope.Scope | R> =>
+  Effect.map(
+    RcMap.make({ lookup: (_groupId: string) => buildFresh(layer) }),
+    (map) => make<ROut, E>("perGroup", (chain) => RcMap.get(map, chain.groupId))
+  )
+
+/**
+ * One instance for the whole run, built now in the current (run) scope and handed to every chain. Use for
+ * read-only or internally synchronised resources only.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const shared = <ROut, E, R>(
+  layer: Layer.Layer<ROut, E, R>
+): Effect.Effect<Provider<ROut>, E, Scope.Scope | R> =>
+  Effect.map(buildFresh(layer), (context) => make("shared", () => Effect.succeed(context)))
+
+/**
+ * The provider for chains whose tools need no environment.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const none: Provider<never> = make("shared", () => Effect.succeed(Context.empty()))
+
+/**
+ * Combines providers: a chain acquires from each (in order) and gets the merged context.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const all = <const Providers extends ReadonlyArray<Provider<any, any, any>>>(
+  providers: Providers
+): Provider<
+  Providers[number] extends Provider<infer ROut, any, any> ? ROut : never,
+  Providers[number] extends Provider<any, infer E, any> ? E : never,
+  Providers[number] extends Provider<any, any, infer R> ? R : never
+> =>
+  make(
+    providers.every((p) => p.sharing === "shared") ? "shared" : providers.some((p) => p.sharing === "perChain")
+      ? "perChain"
+      : "perGroup",
+    (chain) =>
+      Effect.map(
+        Effect.forEach(providers, (p) => p.acquire(chain)),
+        (contexts) => contexts.reduce((acc, c) => Context.merge(acc, c), Context.empty() as Context.Context<any>)
+      )
+  )
