@@ -195,6 +195,26 @@ export const shared = <ROut, E, R>(
 export const none: Provider<never> = make("shared", () => Effect.succeed(Context.empty()))
 
 /**
+ * The services a provider hands out.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type Services<P> = P extends Provider<infer ROut, infer _E, infer _R> ? ROut : never
+
+/**
+ * @category models
+ * @since 0.1.0
+ */
+export type Errors<P> = P extends Provider<infer _ROut, infer E, infer _R> ? E : never
+
+/**
+ * @category models
+ * @since 0.1.0
+ */
+export type Requirements<P> = P extends Provider<infer _ROut, infer _E, infer R> ? R : never
+
+/**
  * Combines providers: a chain acquires from each (in order) and gets the merged context.
  *
  * @category combinators
@@ -202,11 +222,7 @@ export const none: Provider<never> = make("shared", () => Effect.succeed(Context
  */
 export const all = <const Providers extends ReadonlyArray<Provider<any, any, any>>>(
   providers: Providers
-): Provider<
-  Providers[number] extends Provider<infer ROut, any, any> ? ROut : never,
-  Providers[number] extends Provider<any, infer E, any> ? E : never,
-  Providers[number] extends Provider<any, any, infer R> ? R : never
-> =>
+): Provider<Services<Providers[number]>, Errors<Providers[number]>, Requirements<Providers[number]>> =>
   make(
     providers.every((p) => p.sharing === "shared") ? "shared" : providers.some((p) => p.sharing === "perChain")
       ? "perChain"
