@@ -1,0 +1,39 @@
+/**
+ * The `agentfly` program.
+ *
+ * Every subcommand lives in its own file `cli/<name>.ts` that exports one `Command`; registering it is one line in
+ * `subcommands` below. Run with `npm run agentfly -- <subcommand> ...` (or the `agentfly` bin).
+ *
+ * @since 0.1.0
+ */
+import * as NodeRuntime from "@effect/platform-node/NodeRuntime"
+import * as NodeServices from "@effect/platform-node/NodeServices"
+import { Effect } from "effect"
+import { Command } from "effect/cli"
+import { tokens } from "./tokens.ts"
+
+/**
+ * The subcommands of `agentfly`, one line each.
+ *
+ * @category commands
+ * @since 0.1.0
+ */
+const subcommands = [
+  tokens
+] as const
+
+/**
+ * The root command.
+ *
+ * @category commands
+ * @since 0.1.0
+ */
+export const agentfly = Command.make("agentfly").pipe(
+  Command.withDescription("Train language-model agents with reinforcement learning"),
+  Command.withSubcommands(subcommands)
+)
+
+Command.run(agentfly, { version: "0.1.0" }).pipe(
+  Effect.provide(NodeServices.layer),
+  NodeRuntime.runMain
+)
