@@ -8,8 +8,9 @@
  *
  * @since 0.1.0
  */
-import { Context, Schema } from "effect"
-import type { Effect } from "effect"
+import { Context, Effect, Layer, Schema } from "effect"
+import type { Result } from "effect"
+import { dual } from "effect/Function"
 
 /**
  * Sampling parameters. `temperature: 0` means greedy. Logprobs are log-softmax of the logits divided by the
@@ -103,3 +104,216 @@ export class Sampler extends Context.Service<Sampler, {
   /** The policy version new requests will be sampled with. */
   readonly policyVersion: Effect.Effect<number>
 }>()("agentfly/src/Sampler") {}
+
+// ===== Batch engine =====
+
+/**
+ * A backend that samples many requests at once (the local onnxruntime engine, a server that accepts batched
+ * prompts). The batching actor (`actors/SamplerBatcher.ts`) coalesces concurrent `Sampler.generate` calls into
+ * `generateBatch` calls and provides `Sampler` on top of an engine.
+ *
+ * **Details**
+ *
+ * `generateBatch` answers one `Result` per request, in request order, so that one bad prompt fails only its own
+ * request. A failure of the whole effect fails every request of the batch.
+ *
+ * @category services
+ * @since 0.1.0
+ */
+export class SamplerEngine extends Context.Service<SamplerEngine, {
+  readonly generateBatch: (
+    requests: ReadonlyArray<GenerateRequest>
+  ) => Effect.Effect<ReadonlyArray<Result.Result<GenerateResult, SamplerError>>, SamplerError>
+  /** The policy version new requests will be sampled with. */
+  readonly policyVersion: Effect.Effect<number>
+}>()("agentfly/src/SamplerEngine") {}
+
+/**
+ * An engine that runs each request of a batch as its own `generate` call on a sampler, concurrently. Use it to
+ * put the batching actor (and its back-pressure) in front of a backend that has no batch entry point, such as an
+ * OpenAI-compatible server that batches internally.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const engineFromSampler = (sampler: Sampler["Service"]): SamplerEngine["Service"] =>
+  SamplerEngine.of({
+    generateBatch: (requests) =>
+      Effect.forEach(requests, (request) => Effect.result(sampler.generate(request)), { concurrency: "unbounded" }),
+    policyVersion: sampler.policyVersion
+  })
+
+// ===== Scripted fake =====
+
+/**
+ * One scripted completion: token ids (the finish reason is derived), an object with explicit fields, or a
+ * `SamplerError` to fail the call with.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type ScriptedCompletion =
+  | ReadonlyArray<number>
+  | {
+    readonly tokenIds: ReadonlyArray<number>
+    readonly finishReason?: FinishReason | undefined
+    readonly logprobs?: ReadonlyArray<number> | undefined
+  }
+  | SamplerError
+
+/**
+ * A script for the scripted sampler: a list of completions answered in call order (shared by all callers; an
+ * exhausted list fails with `BadRequest`), or a function of the request and the 0-based call index, which may
+ * return an effect (e.g. to wait on a latch, or to fail).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type Script =
+  | ReadonlyArray<ScriptedCompletion>
+  | ((
+    request: GenerateRequest,
+    call: number
+  ) => ScriptedCompletion | Effect.Effect<ScriptedCompletion, SamplerError>)
+
+/**
+ * Options of the scripted sampler. `policyVersion` is a number or an effect read at every call (e.g. a `Ref`
+ * that a test bumps to simulate a weight update).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface ScriptedOptions {
+  readonly policyVersion?: number | Effect.Effect<number> | undefined
+}
+
+/**
+ * The deterministic logprob the scripted sampler reports for `tokenId` at `position` of a completion: a value in
+ * [-1, -0.001] from an integer hash, so tests can check that logprobs travel with their tokens.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const scriptedLogprob = (tokenId: number, position: number): number => {
+  const h = Math.imul(tokenId ^ 0x9e3779b9, 0x85ebca6b) ^ Math.imul(position + 1, 0xc2b2ae35)
+  return -(((h >>> 0) % 1000) + 1) / 1000
+}
+
+/**
+ * Shapes a scripted completion like a real engine would: cut at the first stop token (kept, finish `stop`) or at
+ * `maxTokens` (finish `length`).
+ */
+const shapeCompletion = (
+  request: GenerateRequest,
+  completion: Exclude<ScriptedCompletion, SamplerError>,
+  policyVersion: number
+): GenerateResult => {
+  const full = "tokenIds" in completion ? completion.tokenIds : (completion as ReadonlyArray<number>)
+  const given = "tokenIds" in completion ? completion : undefined
+  const stops = request.sampling.stopTokenIds
+  let end = full.length
+  let finishReason: FinishReason = given?.finishReason ?? "stop"
+  if (stops !== undefined && stops.length > 0) {
+    const at = full.findIndex((id) => stops.includes(id))
+    if (at >= 0) {
+      end = at + 1
+      finishReason = "stop"
+    }
+  }
+  if (end > request.sampling.maxTokens) {
+    end = Math.max(0, request.sampling.maxTokens)
+    finishReason = "length"
+  }
+  const tokenIds = full.slice(0, end)
+  const logprobs = given?.logprobs !== undefined
+    ? given.logprobs.slice(0, end)
+    : tokenIds.map((id, i) => scriptedLogprob(id, i))
+  return { tokenIds, logprobs, finishReason, policyVersion }
+}
+
+/**
+ * A scripted `Sampler` for tests and examples: answers from a script, with deterministic logprobs and a policy
+ * version. The completion is cut at the first stop token or at `maxTokens`, as a real engine would.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const makeScripted = (script: Script, options?: ScriptedOptions): Effect.Effect<Sampler["Service"]> =>
+  Effect.sync(() => {
+    let calls = 0
+    const version = options?.policyVersion
+    const policyVersion: Effect.Effect<number> = version === undefined
+      ? Effect.succeed(0)
+      : typeof version === "number"
+      ? Effect.succeed(version)
+      : version
+    const next = (request: GenerateRequest): Effect.Effect<ScriptedCompletion, SamplerError> => {
+      const call = calls++
+      if (typeof script === "function") {
+        const out = script(request, call)
+        return Effect.isEffect(out) ? out : Effect.succeed(out)
+      }
+      const completion = script[call]
+      return completion === undefined
+        ? Effect.fail(
+          new SamplerError({ reason: "BadRequest", message: `scripted sampler exhausted after ${script.length} calls` })
+        )
+        : Effect.succeed(completion)
+    }
+    return Sampler.of({
+      generate: Effect.fnUntraced(function*(request: GenerateRequest) {
+        const completion = yield* next(request)
+        if (completion instanceof SamplerError) return yield* completion
+        return shapeCompletion(request, completion, yield* policyVersion)
+      }),
+      policyVersion
+    })
+  })
+
+/**
+ * A layer providing the scripted `Sampler`.
+ *
+ * @category layers
+ * @since 0.1.0
+ */
+export const layerScripted = (script: Script, options?: ScriptedOptions): Layer.Layer<Sampler> =>
+  Layer.effect(Sampler, makeScripted(script, options))
+
+/**
+ * A layer providing a `SamplerEngine` whose batches are answered by the scripted sampler, request by request
+ * (for testing the batching actor).
+ *
+ * @category layers
+ * @since 0.1.0
+ */
+export const layerScriptedEngine = (script: Script, options?: ScriptedOptions): Layer.Layer<SamplerEngine> =>
+  Layer.effect(SamplerEngine, Effect.map(makeScripted(script, options), engineFromSampler))
+
+/**
+ * Runs an effect with a scripted `Sampler` provided (dual, in the style of effect/ai's `withLanguageModel`).
+ *
+ * **Example** (Scripting two completions)
+ *
+ * ```ts
+ * program.pipe(Sampler.withScriptedSampler([[1, 2, 3], [4, 5]]))
+ * ```
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const withScriptedSampler: {
+  (script: Script, options?: ScriptedOptions): <A, E, R>(self: Effect.Effect<A, E, R>) => Effect.Effect<
+    A,
+    E,
+    Exclude<R, Sampler>
+  >
+  <A, E, R>(self: Effect.Effect<A, E, R>, script: Script, options?: ScriptedOptions): Effect.Effect<
+    A,
+    E,
+    Exclude<R, Sampler>
+  >
+} = dual(
+  (args) => Effect.isEffect(args[0]),
+  <A, E, R>(self: Effect.Effect<A, E, R>, script: Script, options?: ScriptedOptions) =>
+    Effect.flatMap(makeScripted(script, options), (sampler) => Effect.provideService(self, Sampler, sampler))
+)

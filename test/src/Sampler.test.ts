@@ -1,0 +1,105 @@
+import { assert, describe, it } from "@effect/vitest"
+import { Effect, Exit, Ref, Result } from "effect"
+import * as Sampler from "../../src/Sampler.ts"
+
+const params = (maxTokens: number, stopTokenIds?: ReadonlyArray<number>): Sampler.SamplingParams => ({
+  temperature: 1,
+  maxTokens,
+  ...(stopTokenIds === undefined ? {} : { stopTokenIds })
+})
+
+describe("Sampler.makeScripted", () => {
+  it.effect("answers a list script in call order with deterministic logprobs", () =>
+    Effect.gen(function*() {
+      const sampler = yield* Sampler.makeScripted([[1, 2, 3], [4, 5]], { policyVersion: 7 })
+      const a = yield* sampler.generate({ promptTokenIds: [9], sampling: params(10) })
+      const b = yield* sampler.generate({ promptTokenIds: [9], sampling: params(10) })
+      assert.deepStrictEqual(a.tokenIds, [1, 2, 3])
+      assert.deepStrictEqual(b.tokenIds, [4, 5])
+      assert.deepStrictEqual(a.logprobs, [1, 2, 3].map((id, i) => Sampler.scriptedLogprob(id, i)))
+      assert.isTrue(a.logprobs.every((lp) => lp < 0 && lp >= -1))
+      assert.strictEqual(a.policyVersion, 7)
+      assert.strictEqual(a.finishReason, "stop")
+      const exhausted = yield* Effect.flip(sampler.generate({ promptTokenIds: [9], sampling: params(10) }))
+      assert.strictEqual(exhausted.reason, "BadRequest")
+    }))
+
+  it.effect("cuts at the first stop token (kept) and at maxTokens (finish length)", () =>
+    Effect.gen(function*() {
+      const sampler = yield* Sampler.makeScripted(() => [5, 6, 99, 7, 8])
+      const stopped = yield* sampler.generate({ promptTokenIds: [1], sampling: params(10, [99]) })
+      assert.deepStrictEqual(stopped.tokenIds, [5, 6, 99])
+      assert.strictEqual(stopped.finishReason, "stop")
+      assert.strictEqual(stopped.logprobs.length, 3)
+      const cut = yield* sampler.generate({ promptTokenIds: [1], sampling: params(2, [99]) })
+      assert.deepStrictEqual(cut.tokenIds, [5, 6])
+      assert.strictEqual(cut.finishReason, "length")
+    }))
+
+  it.effect("a function script sees the prompt and call index, and may fail", () =>
+    Effect.gen(function*() {
+      const sampler = yield* Sampler.makeScripted((request, call) =>
+        call === 1
+          ? new Sampler.SamplerError({ reason: "Overloaded", message: "busy" })
+          : Effect.succeed({ tokenIds: [...request.promptTokenIds].reverse(), logprobs: [-0.5, -0.25] })
+      )
+      const first = yield* sampler.generate({ promptTokenIds: [1, 2], sampling: params(5) })
+      assert.deepStrictEqual(first.tokenIds, [2, 1])
+      assert.deepStrictEqual(first.logprobs, [-0.5, -0.25])
+      const failed = yield* Effect.flip(sampler.generate({ promptTokenIds: [1, 2], sampling: params(5) }))
+      assert.strictEqual(failed.reason, "Overloaded")
+      assert.isTrue(failed.isRetryable)
+    }))
+
+  it.effect("reads the policy version at every call", () =>
+    Effect.gen(function*() {
+      const version = yield* Ref.make(3)
+      const sampler = yield* Sampler.makeScripted(() => [1], { policyVersion: Ref.get(version) })
+      const before = yield* sampler.generate({ promptTokenIds: [], sampling: params(4) })
+      yield* Ref.set(version, 4)
+      const after = yield* sampler.generate({ promptTokenIds: [], sampling: params(4) })
+      assert.deepStrictEqual([before.policyVersion, after.policyVersion], [3, 4])
+      assert.strictEqual(yield* sampler.policyVersion, 4)
+    }))
+})
+
+describe("Sampler.withScriptedSampler", () => {
+  const program = Effect.gen(function*() {
+    const sampler = yield* Sampler.Sampler
+    return yield* sampler.generate({ promptTokenIds: [1], sampling: params(8) })
+  })
+
+  it.effect("is dual", () =>
+    Effect.gen(function*() {
+      const piped = yield* program.pipe(Sampler.withScriptedSampler([[4, 2]]))
+      const direct = yield* Sampler.withScriptedSampler(program, [[4, 2]], { policyVersion: 1 })
+      assert.deepStrictEqual(piped.tokenIds, [4, 2])
+      assert.strictEqual(piped.policyVersion, 0)
+      assert.strictEqual(direct.policyVersion, 1)
+    }))
+})
+
+describe("Sampler.engineFromSampler", () => {
+  it.effect("answers one Result per request, in order, failing only the bad one", () =>
+    Effect.gen(function*() {
+      const sampler = yield* Sampler.makeScripted((request) =>
+        request.promptTokenIds[0] === 0
+          ? new Sampler.SamplerError({ reason: "BadRequest", message: "empty" })
+          : [request.promptTokenIds[0]!]
+      )
+      const engine = Sampler.engineFromSampler(sampler)
+      const results = yield* engine.generateBatch([3, 0, 5].map((id) => ({
+        promptTokenIds: [id],
+        sampling: params(4)
+      })))
+      assert.strictEqual(results.length, 3)
+      assert.deepStrictEqual(Result.getOrThrow(results[0]!).tokenIds, [3])
+      assert.isTrue(Result.isFailure(results[1]!))
+      assert.deepStrictEqual(Result.getOrThrow(results[2]!).tokenIds, [5])
+      const exit = yield* Effect.exit(Sampler.makeScripted([]).pipe(Effect.flatMap((s) => s.generate({
+        promptTokenIds: [],
+        sampling: params(1)
+      }))))
+      assert.isTrue(Exit.isFailure(exit))
+    }))
+})
