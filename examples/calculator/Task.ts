@@ -1,0 +1,167 @@
+/**
+ * The calculator demo task: arithmetic word problems that a tiny policy solves by calling a `calculator` tool.
+ *
+ * Everything here is pure and seeded: the same seed gives the same train / held-out splits (with disjoint
+ * expressions) and the same gold demonstrations for the SFT warm-up. Questions have 2–3 operands in 1–99 joined by
+ * `+`, `-` or `*`, phrased with one of three templates. A row is AgentFly's format: a `question` plus extra fields
+ * (`answer`, `expression`) that flow to the reward.
+ *
+ * @since 0.1.0
+ */
+
+/**
+ * The one-line system prompt of the demo (kept short: every token of it is paid for in every sequence).
+ *
+ * @category constants
+ * @since 0.1.0
+ */
+export const systemPrompt = "Use the calculator tool."
+
+/**
+ * @category models
+ * @since 0.1.0
+ */
+export interface Row {
+  readonly question: string
+  /** The exact integer result, as a string (what `mathEqual` compares the final answer with). */
+  readonly answer: string
+  readonly expression: string
+}
+
+/**
+ * A demonstration conversation in the OpenAI message shape, as `src/Dataset.ts` reads it.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Demonstration {
+  readonly messages: ReadonlyArray<Record<string, unknown>>
+}
+
+/**
+ * mulberry32: a tiny, fast, seeded generator of doubles in [0, 1). Good enough for data generation and
+ * reproducible across platforms (32-bit integer arithmetic only).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const rng = (seed: number): () => number => {
+  let a = seed >>> 0
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0
+    let t = a
+    t = Math.imul(t ^ (t >>> 15), t | 1)
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61)
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296
+  }
+}
+
+const templates = ["What is {}?", "Calculate {}.", "Compute {}, please."] as const
+const operators = ["+", "-", "*"] as const
+
+/**
+ * Evaluates an expression of non-negative integers joined by `+`, `-`, `*` with the usual precedence. Returns
+ * undefined for anything else (the grammar is deliberately tiny: this is the task's ground truth, not the tool).
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const evaluate = (expression: string): number | undefined => {
+  if (!/^\d{1,6}([+\-*]\d{1,6}){0,5}$/.test(expression)) return undefined
+  const tokens = expression.match(/\d+|[+\-*]/g)!
+  let total = 0
+  let sign = 1
+  let product = Number(tokens[0])
+  for (let i = 1; i < tokens.length; i += 2) {
+    const op = tokens[i]!
+    const n = Number(tokens[i + 1])
+    if (op === "*") {
+      product *= n
+    } else {
+      total += sign * product
+      sign = op === "+" ? 1 : -1
+      product = n
+    }
+  }
+  return total + sign * product
+}
+
+/**
+ * Draws one question from the generator.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const question = (next: () => number): Row => {
+  const operands = next() < 0.5 ? 2 : 3
+  let expression = String(1 + Math.floor(next() * 99))
+  for (let i = 1; i < operands; i++) {
+    expression += operators[Math.floor(next() * 3)]! + String(1 + Math.floor(next() * 99))
+  }
+  const template = templates[Math.floor(next() * templates.length)]!
+  return { question: template.replace("{}", expression), answer: String(evaluate(expression)!), expression }
+}
+
+/**
+ * Train and held-out splits with disjoint expressions. Held-out questions are drawn first so that the held-out
+ * set for a seed does not depend on the train size.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const splits = (options: { readonly seed: number; readonly train: number; readonly heldOut: number }): {
+  readonly train: ReadonlyArray<Row>
+  readonly heldOut: ReadonlyArray<Row>
+} => {
+  const next = rng(options.seed)
+  const seen = new Set<string>()
+  const draw = (n: number): Array<Row> => {
+    const out: Array<Row> = []
+    while (out.length < n) {
+      const row = question(next)
+      if (seen.has(row.expression)) continue
+      seen.add(row.expression)
+      out.push(row)
+    }
+    return out
+  }
+  const heldOut = draw(options.heldOut)
+  return { heldOut, train: draw(options.train) }
+}
+
+/**
+ * The gold conversation for a row: system, user question, an assistant tool call, the tool's result, and the
+ * final answer "The answer is R.".
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const demonstration = (row: Row, index: number): Demonstration => {
+  const id = `call_${index}`
+  return {
+    messages: [
+      { role: "system", content: systemPrompt },
+      { role: "user", content: row.question },
+      {
+        role: "assistant",
+        content: "",
+        tool_calls: [{
+          id,
+          type: "function",
+          function: { name: "calculator", arguments: { expression: row.expression } }
+        }]
+      },
+      { role: "tool", tool_call_id: id, name: "calculator", content: row.answer },
+      { role: "assistant", content: `The answer is ${row.answer}.` }
+    ]
+  }
+}
+
+/**
+ * Rows and demonstrations as JSONL text (one JSON value per line, trailing newline).
+ *
+ * @category encoding
+ * @since 0.1.0
+ */
+export const toJsonl = (values: ReadonlyArray<unknown>): string =>
+  values.map((value) => JSON.stringify(value)).join("\n") + "\n"

@@ -1,0 +1,95 @@
+/**
+ * Writes the calculator demo's data files: `train.jsonl`, `heldout.jsonl` and `demos.jsonl` (gold conversations
+ * for the SFT warm-up, drawn from the train split). Seeded: the same options always write the same bytes.
+ *
+ *   npx tsx examples/calculator/generate.ts [OUT_DIR] [SEED]
+ *
+ * `noise` corrupts the final answer of that fraction of demonstrations (one digit changed). A warm-up on noisy
+ * demonstrations leaves a policy that formats well but answers wrongly part of the time: room for the reward to
+ * show what RL adds.
+ *
+ * @since 0.1.0
+ */
+import { NodeRuntime, NodeServices } from "@effect/platform-node"
+import { Effect, FileSystem, Path } from "effect"
+import { resolve } from "node:path"
+import { pathToFileURL } from "node:url"
+import * as Task from "./Task.ts"
+
+/**
+ * @category models
+ * @since 0.1.0
+ */
+export interface Options {
+  readonly dir: string
+  readonly seed: number
+  readonly train: number
+  readonly heldOut: number
+  readonly demos: number
+  readonly noise: number
+}
+
+/**
+ * @category constants
+ * @since 0.1.0
+ */
+export const defaults: Omit<Options, "dir"> = { seed: 12345, train: 5000, heldOut: 200, demos: 5000, noise: 0 }
+
+/** Changes one digit of an integer's text, never producing the same text (and never a leading zero). */
+const corrupt = (answer: string, next: () => number): string => {
+  const digits = [...answer].flatMap((c, i) => (/\d/.test(c) ? [i] : []))
+  const at = digits[Math.floor(next() * digits.length)]!
+  const current = Number(answer[at])
+  const lowest = at === digits[0] && digits.length > 1 ? 1 : 0
+  const choices = Array.from({ length: 10 - lowest }, (_, k) => k + lowest).filter((d) => d !== current)
+  return answer.slice(0, at) + String(choices[Math.floor(next() * choices.length)]) + answer.slice(at + 1)
+}
+
+/**
+ * The demonstrations for a set of rows; `noise` of them (in expectation) get a corrupted final answer while the
+ * tool call and the tool result stay correct.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const demonstrations = (
+  rows: ReadonlyArray<Task.Row>,
+  options: { readonly seed: number; readonly noise: number }
+): ReadonlyArray<Task.Demonstration> => {
+  const next = Task.rng(options.seed ^ 0x5bd1e995)
+  return rows.map((row, i) => {
+    const gold = Task.demonstration(row, i)
+    if (next() >= options.noise) return gold
+    const messages = [...gold.messages]
+    messages[messages.length - 1] = { role: "assistant", content: `The answer is ${corrupt(row.answer, next)}.` }
+    return { messages }
+  })
+}
+
+/**
+ * Generates and writes the three files under `options.dir` (created if missing).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const write = Effect.fn("calculator.generate.write")(function*(options: Options) {
+  const fs = yield* FileSystem.FileSystem
+  const path = yield* Path.Path
+  const { heldOut, train } = Task.splits(options)
+  const demos = demonstrations(train.slice(0, options.demos), options)
+  yield* fs.makeDirectory(options.dir, { recursive: true })
+  yield* fs.writeFileString(path.join(options.dir, "train.jsonl"), Task.toJsonl(train))
+  yield* fs.writeFileString(path.join(options.dir, "heldout.jsonl"), Task.toJsonl(heldOut))
+  yield* fs.writeFileString(path.join(options.dir, "demos.jsonl"), Task.toJsonl(demos))
+  return { train: train.length, heldOut: heldOut.length, demos: demos.length }
+})
+
+if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(resolve(process.argv[1])).href) {
+  const dir = process.argv[2] ?? "examples/calculator/data"
+  const seed = process.argv[3] === undefined ? defaults.seed : Number(process.argv[3])
+  write({ ...defaults, dir, seed }).pipe(
+    Effect.tap((counts) => Effect.log(`wrote ${JSON.stringify(counts)} to ${dir}`)),
+    Effect.provide(NodeServices.layer),
+    NodeRuntime.runMain
+  )
+}

@@ -1,0 +1,253 @@
+/**
+ * Datasets of prompts and demonstrations, in AgentFly's format: a JSON array or JSONL of rows, each an object with
+ * a `question` (the user turn) or `messages` (a conversation, which overrides `question`), plus any extra fields,
+ * which flow unchanged to rewards (`answer`, `task_id`, ...).
+ *
+ * A row that fails validation is reported with its line number (1-based, in the file); `onInvalid` decides whether
+ * the load stops at the first bad row (`"stop"`, the default) or skips it and reports it in `skipped`. A file that
+ * is not JSON at all (an unterminated array) always fails.
+ *
+ * @since 0.1.0
+ */
+import { Effect, FileSystem, Result, Schema } from "effect"
+import * as Message from "./Message.ts"
+
+// ===== Models =====
+
+/**
+ * One validated row. `fields` holds every key of the row except `question` and `messages`.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Row {
+  /** 0-based position among the valid rows. */
+  readonly index: number
+  /** 1-based line of the file where the row starts. */
+  readonly line: number
+  readonly question?: string
+  readonly messages?: Message.Conversation
+  readonly fields: Readonly<Record<string, unknown>>
+}
+
+/**
+ * A row left out, with why.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface RowIssue {
+  readonly line: number
+  readonly message: string
+}
+
+/**
+ * @category models
+ * @since 0.1.0
+ */
+export interface Dataset {
+  readonly name: string
+  readonly rows: ReadonlyArray<Row>
+  readonly skipped: ReadonlyArray<RowIssue>
+}
+
+/**
+ * What a row must hold:
+ * - `"prompt"`: a non-empty `question`, or `messages` with at least one message (rollout datasets);
+ * - `"conversation"`: `messages` with at least one assistant message (SFT demonstrations).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type Kind = "prompt" | "conversation"
+
+/**
+ * @category models
+ * @since 0.1.0
+ */
+export interface Options {
+  readonly kind?: Kind
+  readonly onInvalid?: "skip" | "stop"
+}
+
+// ===== Errors =====
+
+/**
+ * Why a dataset could not be loaded.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export const DatasetErrorReason = Schema.Literals([
+  "Unreadable", // the file does not exist or cannot be read
+  "Malformed", // not a JSON array or JSONL at all
+  "InvalidRow", // a row failed validation and `onInvalid` is "stop"
+  "Empty" // no valid row
+])
+export type DatasetErrorReason = typeof DatasetErrorReason.Type
+
+/**
+ * @category errors
+ * @since 0.1.0
+ */
+export class DatasetError extends Schema.TaggedError<DatasetError>()("DatasetError", {
+  dataset: Schema.String,
+  reason: DatasetErrorReason,
+  line: Schema.optionalKey(Schema.Int),
+  message: Schema.String
+}) {}
+
+// ===== Validation =====
+
+const Fields = Schema.Struct({
+  question: Schema.optionalKey(Schema.String),
+  messages: Schema.optionalKey(Message.Conversation)
+})
+
+const decodeJson = Schema.decodeUnknownResult(Schema.fromJsonString(Schema.Unknown))
+const decodeFields = Schema.decodeUnknownResult(Fields)
+
+const isRecord = (u: unknown): u is Record<string, unknown> => typeof u === "object" && u !== null && !Array.isArray(u)
+
+/** Validates one row's JSON text; returns the row or a one-line reason. */
+const validate = (text: string, kind: Kind): Result.Result<Omit<Row, "index" | "line">, string> => {
+  const json = decodeJson(text)
+  if (Result.isFailure(json)) return Result.fail(`not valid JSON (${json.failure.message.split("\n")[0]})`)
+  const value = json.success
+  if (!isRecord(value)) return Result.fail(`expected an object, got ${Array.isArray(value) ? "an array" : typeof value}`)
+  const decoded = decodeFields(value)
+  if (Result.isFailure(decoded)) return Result.fail(decoded.failure.message.replace(/\n\s*/g, " "))
+  const { messages, question } = decoded.success
+  if (kind === "conversation") {
+    if (messages === undefined) return Result.fail("a demonstration needs `messages`")
+    if (!messages.some((m) => m.role === "assistant")) return Result.fail("`messages` has no assistant message")
+  } else if (messages === undefined || messages.length === 0) {
+    if (question === undefined) return Result.fail("a row needs a `question` or `messages`")
+    if (question.trim() === "") return Result.fail("`question` is empty")
+  }
+  const { messages: _m, question: _q, ...fields } = value
+  return Result.succeed({
+    ...(question === undefined ? {} : { question }),
+    ...(messages === undefined ? {} : { messages }),
+    fields
+  })
+}
+
+// ===== Splitting =====
+
+/**
+ * Splits the text of a JSON array into the texts of its top-level elements, with the 1-based line where each
+ * starts. Returns undefined when the array is not closed (a truncated or non-JSON file).
+ *
+ * @category parsing
+ * @since 0.1.0
+ */
+export const splitJsonArray = (text: string): Array<{ line: number; text: string }> | undefined => {
+  const out: Array<{ line: number; text: string }> = []
+  let line = 1
+  let depth = 0
+  let inString = false
+  let start = -1
+  let startLine = 1
+  const flush = (end: number) => {
+    const element = text.slice(start, end)
+    if (element.trim() !== "") out.push({ line: startLine, text: element })
+    start = -1
+  }
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i]!
+    if (c === "\n") line++
+    if (inString) {
+      if (c === "\\") i++
+      else if (c === "\"") inString = false
+      continue
+    }
+    if (depth === 1 && start === -1 && !/\s|,|\]/.test(c)) {
+      start = i
+      startLine = line
+    }
+    if (c === "\"") inString = true
+    else if (c === "[" || c === "{") depth++
+    else if (c === "]" || c === "}") {
+      depth--
+      if (depth === 0) {
+        if (start !== -1) flush(i)
+        return text.slice(i + 1).trim() === "" ? out : undefined
+      }
+    } else if (c === "," && depth === 1 && start !== -1) flush(i)
+  }
+  return undefined
+}
+
+/** The non-blank lines of a JSONL text with their 1-based numbers. */
+const splitJsonl = (text: string): Array<{ line: number; text: string }> =>
+  text.split("\n").flatMap((t, i) => (t.trim() === "" ? [] : [{ line: i + 1, text: t }]))
+
+// ===== Constructors =====
+
+/**
+ * Parses and validates the text of a dataset (a JSON array when the first non-blank character is `[`, JSONL
+ * otherwise).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const parse = (name: string, text: string, options: Options = {}): Effect.Effect<Dataset, DatasetError> =>
+  Effect.gen(function*() {
+    const kind = options.kind ?? "prompt"
+    const isArray = text.trimStart().startsWith("[")
+    const pieces = isArray ? splitJsonArray(text) : splitJsonl(text)
+    if (pieces === undefined) {
+      return yield* new DatasetError({ dataset: name, reason: "Malformed", message: "unterminated JSON array" })
+    }
+    const rows: Array<Row> = []
+    const skipped: Array<RowIssue> = []
+    for (const piece of pieces) {
+      const result = validate(piece.text, kind)
+      if (Result.isSuccess(result)) {
+        rows.push({ index: rows.length, line: piece.line, ...result.success })
+      } else if (options.onInvalid === "skip") {
+        skipped.push({ line: piece.line, message: result.failure })
+      } else {
+        return yield* new DatasetError({
+          dataset: name,
+          reason: "InvalidRow",
+          line: piece.line,
+          message: `${name}:${piece.line}: ${result.failure}`
+        })
+      }
+    }
+    if (rows.length === 0) {
+      return yield* new DatasetError({ dataset: name, reason: "Empty", message: `${name}: no valid row` })
+    }
+    return { name, rows, skipped }
+  })
+
+/**
+ * Reads and parses a dataset file.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const load = Effect.fn("Dataset.load")(function*(path: string, options: Options = {}) {
+  const fs = yield* FileSystem.FileSystem
+  const text = yield* fs.readFileString(path).pipe(
+    Effect.mapError((e) => new DatasetError({ dataset: path, reason: "Unreadable", message: `${path}: ${e.message}` }))
+  )
+  return yield* parse(path, text, options)
+})
+
+// ===== Getters =====
+
+/**
+ * The prompt messages of a row: its `messages` if present, otherwise an optional system prompt and the
+ * `question` as the user turn.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const promptMessages = (row: Row, systemPrompt?: string): Message.Conversation => {
+  if (row.messages !== undefined && row.messages.length > 0) return row.messages
+  const user: Message.Message = { role: "user", content: row.question ?? "" }
+  return systemPrompt === undefined ? [user] : [{ role: "system", content: systemPrompt }, user]
+}

@@ -1,0 +1,84 @@
+import { NodeServices } from "@effect/platform-node"
+import { assert, describe, it } from "@effect/vitest"
+import { Effect } from "effect"
+import * as fc from "fast-check"
+import { mkdtempSync, readFileSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import * as Generate from "../../../examples/calculator/generate.ts"
+import * as Task from "../../../examples/calculator/Task.ts"
+import * as Dataset from "../../../src/Dataset.ts"
+
+describe("calculator task", () => {
+  it("evaluates with precedence and rejects anything outside the grammar", () => {
+    assert.strictEqual(Task.evaluate("25-31*86"), -2641)
+    assert.strictEqual(Task.evaluate("99*46*89"), 405306)
+    assert.strictEqual(Task.evaluate("78-45+33"), 66)
+    for (const bad of ["", "1+", "(1+2)", "1/2", "2**3", "1 + 2", "-3"]) assert.isUndefined(Task.evaluate(bad))
+  })
+
+  it("evaluate agrees with JavaScript arithmetic on generated expressions", () => {
+    fc.assert(fc.property(fc.integer(), (seed) => {
+      const row = Task.question(Task.rng(seed))
+      assert.strictEqual(Task.evaluate(row.expression), Function(`return ${row.expression}`)())
+      assert.strictEqual(row.answer, String(Task.evaluate(row.expression)))
+      const operands = row.expression.split(/[+\-*]/).map(Number)
+      assert.isTrue(operands.length === 2 || operands.length === 3)
+      for (const n of operands) assert.isTrue(n >= 1 && n <= 99)
+      assert.include(row.question, row.expression)
+    }), { numRuns: 300 })
+  })
+
+  it("splits are seeded, sized as asked and have disjoint expressions", () => {
+    const a = Task.splits({ seed: 7, train: 500, heldOut: 100 })
+    const b = Task.splits({ seed: 7, train: 500, heldOut: 100 })
+    assert.deepStrictEqual(a, b)
+    assert.notDeepEqual(Task.splits({ seed: 8, train: 500, heldOut: 100 }).heldOut, a.heldOut)
+    const held = new Set(a.heldOut.map((r) => r.expression))
+    assert.strictEqual(held.size, 100)
+    assert.strictEqual(new Set(a.train.map((r) => r.expression)).size, 500)
+    assert.isFalse(a.train.some((r) => held.has(r.expression)))
+    // The held-out split does not depend on the train size.
+    assert.deepStrictEqual(Task.splits({ seed: 7, train: 50, heldOut: 100 }).heldOut, a.heldOut)
+  })
+
+  it("noisy demonstrations keep the tool call and result, and change only the final answer", () => {
+    const { train } = Task.splits({ seed: 3, train: 400, heldOut: 10 })
+    const demos = Generate.demonstrations(train, { seed: 3, noise: 0.5 })
+    let corrupted = 0
+    demos.forEach((demo, i) => {
+      const gold = Task.demonstration(train[i]!, i)
+      assert.deepStrictEqual(demo.messages.slice(0, 4), gold.messages.slice(0, 4))
+      const final = String(demo.messages[4]!.content)
+      const m = /^The answer is (-?\d+)\.$/.exec(final)
+      assert.isNotNull(m)
+      if (m![1] !== train[i]!.answer) {
+        corrupted++
+        assert.strictEqual(m![1]!.length, train[i]!.answer.length)
+        assert.isFalse(/^-?0\d/.test(m![1]!), "no leading zero")
+      }
+    })
+    assert.isTrue(corrupted > 150 && corrupted < 250, `about half corrupted, got ${corrupted}`)
+    assert.deepStrictEqual(Generate.demonstrations(train, { seed: 3, noise: 0 }), train.map(Task.demonstration))
+  })
+
+  it.effect("writes files that Dataset reads back: rows with answers, demonstrations with a tool call", () =>
+    Effect.gen(function*() {
+      const dir = mkdtempSync(join(tmpdir(), "calc-"))
+      const counts = yield* Generate.write({ dir, seed: 1, train: 50, heldOut: 20, demos: 30, noise: 0 })
+      assert.deepStrictEqual(counts, { train: 50, heldOut: 20, demos: 30 })
+      const train = yield* Dataset.load(join(dir, "train.jsonl"))
+      assert.strictEqual(train.rows.length, 50)
+      assert.deepStrictEqual(Object.keys(train.rows[0]!.fields).sort(), ["answer", "expression"])
+      const demos = yield* Dataset.load(join(dir, "demos.jsonl"), { kind: "conversation" })
+      assert.strictEqual(demos.rows.length, 30)
+      const call = demos.rows[0]!.messages![2]!
+      assert.strictEqual(call.role, "assistant")
+      assert.deepStrictEqual(call.role === "assistant" ? call.tool_calls![0]!.function.arguments : undefined, {
+        expression: train.rows[0]!.fields["expression"]
+      })
+      const before = readFileSync(join(dir, "train.jsonl"), "utf8")
+      yield* Generate.write({ dir, seed: 1, train: 50, heldOut: 20, demos: 30, noise: 0 })
+      assert.strictEqual(readFileSync(join(dir, "train.jsonl"), "utf8"), before, "byte-identical for a seed")
+    }).pipe(Effect.provide(NodeServices.layer)))
+})
