@@ -3,8 +3,11 @@
  *
  * @since 0.1.0
  */
-export * as Graph from "./onnx/Graph.ts"
 export * as Environment from "./Environment.ts"
+export * as Graph from "./onnx/Graph.ts"
 export * as Message from "./Message.ts"
+export * as ModelConfig from "./model/ModelConfig.ts"
+export * as Qwen2 from "./model/Qwen2.ts"
 export * as Sampler from "./Sampler.ts"
+export * as Sampling from "./Sampling.ts"
 export * as Trajectory from "./Trajectory.ts"

@@ -1,0 +1,362 @@
+/**
+ * The Qwen2-style decoder, defined once: token embedding, RMSNorm, rotary position embeddings (RoPE), attention
+ * with grouped-query heads, a SwiGLU MLP and a tied or untied output head.
+ *
+ * The model's maths are small functions (`rmsNorm`, `rope`, `attention`, `mlp`) written against the
+ * {@link Graph.Graph} builder; {@link forward} wires them into a full forward pass. Serialising the graph is
+ * `Graph.toModelBytes`'s job, so the same emitted nodes feed both the sampler (with a KV cache) and the learner's
+ * autodiff (without one).
+ *
+ * **Graph interface.** Inputs: `input_ids [B, T]` int64; `attention_mask [B, P + T]` int64 (1 = real token,
+ * 0 = padding; `P` is the cached length, 0 without a cache); `position_ids [B, T]` int64 (each token's index among
+ * its sequence's real tokens, see {@link positionIds}); with a KV cache, `past.{i}.key|value [B, KV, P, hd]`.
+ * Outputs: `logits [B, T, V]` float32 (`[B, 1, V]` with `lastTokenOnly`) and, with a cache, `present.{i}.key|value
+ * [B, KV, P + T, hd]`. Weights use Hugging Face Qwen2 names and `[out, in]` layouts (see {@link parameters}), as
+ * graph inputs (`weights: "inputs"`, the learner's choice) or initializers (frozen weights, faster decoding).
+ *
+ * **Ops used** (what the learner's autodiff must handle): Gather, MatMul, Add, Mul, Sub, Sigmoid, Softmax,
+ * Transpose, Reshape, Concat, Slice, Unsqueeze, ReduceMean, Sqrt, Reciprocal, Where; index/mask-only (no gradient):
+ * Shape, Range, LessOrEqual, Cast, And.
+ *
+ * @since 0.1.0
+ */
+import * as Graph from "../onnx/Graph.ts"
+import * as Sampling from "../Sampling.ts"
+import * as ModelConfig from "./ModelConfig.ts"
+
+// ===== Parameters =====
+
+/**
+ * One parameter tensor: Hugging Face name, shape (`[out, in]` for projections) and how it is initialised.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface ParameterSpec {
+  readonly name: string
+  readonly shape: ReadonlyArray<number>
+  readonly init: "normal" | "ones" | "zeros"
+}
+
+/**
+ * Weights by parameter name, float32, row-major.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type Weights = ReadonlyMap<string, Float32Array>
+
+/**
+ * Every parameter of the model in a fixed order (embedding, layers, final norm, untied head).
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const parameters = (c: ModelConfig.ModelConfig): ReadonlyArray<ParameterSpec> => {
+  const D = c.hiddenSize, hd = ModelConfig.headDim(c), F = c.intermediateSize
+  const qOut = c.numAttentionHeads * hd, kvOut = c.numKeyValueHeads * hd
+  const specs: Array<ParameterSpec> = [{ name: "model.embed_tokens.weight", shape: [c.vocabSize, D], init: "normal" }]
+  for (let i = 0; i < c.numHiddenLayers; i++) {
+    const p = `model.layers.${i}`
+    specs.push({ name: `${p}.input_layernorm.weight`, shape: [D], init: "ones" })
+    for (const [n, out] of [["q", qOut], ["k", kvOut], ["v", kvOut]] as const) {
+      specs.push({ name: `${p}.self_attn.${n}_proj.weight`, shape: [out, D], init: "normal" })
+      if (c.attentionBias) specs.push({ name: `${p}.self_attn.${n}_proj.bias`, shape: [out], init: "zeros" })
+    }
+    specs.push({ name: `${p}.self_attn.o_proj.weight`, shape: [D, qOut], init: "normal" })
+    specs.push({ name: `${p}.post_attention_layernorm.weight`, shape: [D], init: "ones" })
+    specs.push({ name: `${p}.mlp.gate_proj.weight`, shape: [F, D], init: "normal" })
+    specs.push({ name: `${p}.mlp.up_proj.weight`, shape: [F, D], init: "normal" })
+    specs.push({ name: `${p}.mlp.down_proj.weight`, shape: [D, F], init: "normal" })
+  }
+  specs.push({ name: "model.norm.weight", shape: [D], init: "ones" })
+  if (!c.tieWordEmbeddings) specs.push({ name: "lm_head.weight", shape: [c.vocabSize, D], init: "normal" })
+  return specs
+}
+
+/**
+ * Deterministic random initialisation from a seed: projections and embeddings ~ N(0, 0.02²) (Hugging Face's
+ * `initializer_range`), norms 1, biases 0. The same seed gives the same weights on every platform.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const initWeights = (c: ModelConfig.ModelConfig, seed: number, std = 0.02): Map<string, Float32Array> => {
+  const r = Sampling.rng(seed)
+  const weights = new Map<string, Float32Array>()
+  for (const spec of parameters(c)) {
+    const n = spec.shape.reduce((a, b) => a * b, 1)
+    const data = new Float32Array(n)
+    if (spec.init === "ones") data.fill(1)
+    else if (spec.init === "normal") for (let i = 0; i < n; i++) data[i] = Sampling.normal(r) * std
+    weights.set(spec.name, data)
+  }
+  return weights
+}
+
+// ===== The model's maths, emitted through the builder =====
+
+const i64 = (g: Graph.Graph, values: ReadonlyArray<number>): string => g.constant(Graph.int64([values.length], values))
+const f32 = (g: Graph.Graph, value: number): string => g.constant(Graph.float32([], [value]))
+
+/** `x @ Wᵀ (+ b)` for a Hugging Face `[out, in]` weight. */
+const linear = (g: Graph.Graph, x: string, w: string, b?: string): string => {
+  const y = g.op("MatMul", [x, g.op("Transpose", [w], { perm: Graph.ints([1, 0]) })])
+  return b === undefined ? y : g.op("Add", [y, b])
+}
+
+/**
+ * RMSNorm over the last axis: `x / sqrt(mean(x²) + eps) * w`.
+ *
+ * @category math
+ * @since 0.1.0
+ */
+export const rmsNorm = (g: Graph.Graph, x: string, w: string, eps: number): string => {
+  const ms = g.op("ReduceMean", [g.op("Mul", [x, x])], { axes: Graph.ints([-1]), keepdims: Graph.int(1) })
+  const inv = g.op("Reciprocal", [g.op("Sqrt", [g.op("Add", [ms, f32(g, eps)])])])
+  return g.op("Mul", [g.op("Mul", [x, inv]), w])
+}
+
+/**
+ * Rotary embedding on the last axis (width `hd`) in Hugging Face's rotate-half convention:
+ * `[x1·cos − x2·sin, x2·cos + x1·sin]`; `cos`/`sin` broadcast against `x`'s halves.
+ *
+ * @category math
+ * @since 0.1.0
+ */
+export const rope = (g: Graph.Graph, x: string, cos: string, sin: string, hd: number): string => {
+  const half = hd / 2, last = i64(g, [-1])
+  const x1 = g.op("Slice", [x, i64(g, [0]), i64(g, [half]), last])
+  const x2 = g.op("Slice", [x, i64(g, [half]), i64(g, [hd]), last])
+  const a = g.op("Sub", [g.op("Mul", [x1, cos]), g.op("Mul", [x2, sin])])
+  const b = g.op("Add", [g.op("Mul", [x2, cos]), g.op("Mul", [x1, sin])])
+  return g.op("Concat", [a, b], { axis: Graph.int(-1) })
+}
+
+/**
+ * Cos and sin tables `[maxPositions, hd/2]` for RoPE with base `theta`, computed in float64.
+ *
+ * @category math
+ * @since 0.1.0
+ */
+export const ropeTables = (c: ModelConfig.ModelConfig): { readonly cos: Float32Array; readonly sin: Float32Array } => {
+  const hd = ModelConfig.headDim(c), half = hd / 2, n = c.maxPositionEmbeddings
+  const cos = new Float32Array(n * half), sin = new Float32Array(n * half)
+  for (let p = 0; p < n; p++) {
+    for (let j = 0; j < half; j++) {
+      const angle = p / Math.pow(c.ropeTheta, (2 * j) / hd)
+      cos[p * half + j] = Math.cos(angle)
+      sin[p * half + j] = Math.sin(angle)
+    }
+  }
+  return { cos, sin }
+}
+
+/** Shared per-forward values: RoPE factors and the additive attention mask. */
+interface Context {
+  readonly cos4: string // [B, T, 1, hd/2]
+  readonly sin4: string
+  readonly cos5: string // [B, T, 1, 1, hd/2]
+  readonly sin5: string
+  readonly maskBias: string // [B, 1, 1, T, P + T]: 0 where attention is allowed, -1e9 elsewhere
+}
+
+const context = (g: Graph.Graph, c: ModelConfig.ModelConfig, ids: string, mask: string, pos: string): Context => {
+  const hd = ModelConfig.headDim(c), tables = ropeTables(c)
+  const cosT = g.op("Gather", [g.constant({ dtype: "float32", dims: [c.maxPositionEmbeddings, hd / 2], data: tables.cos }), pos])
+  const sinT = g.op("Gather", [g.constant({ dtype: "float32", dims: [c.maxPositionEmbeddings, hd / 2], data: tables.sin }), pos])
+  const one = g.constant(Graph.int64([], [1])), zero = g.constant(Graph.int64([], [0]))
+  const total = g.op("Gather", [g.op("Shape", [mask]), one], { axis: Graph.int(0) })
+  const t = g.op("Gather", [g.op("Shape", [ids]), one], { axis: Graph.int(0) })
+  const rows = g.op("Range", [g.op("Sub", [total, t]), total, one]) // absolute slots of the new tokens
+  const cols = g.op("Range", [zero, total, one])
+  const causal = g.op("LessOrEqual", [g.op("Unsqueeze", [cols, i64(g, [0])]), g.op("Unsqueeze", [rows, i64(g, [1])])])
+  const pad = g.op("Unsqueeze", [g.op("Cast", [mask], { to: Graph.int(Graph.dataTypeCode.bool) }), i64(g, [1, 2, 3])])
+  const allowed = g.op("And", [causal, pad])
+  return {
+    cos4: g.op("Unsqueeze", [cosT, i64(g, [2])]),
+    sin4: g.op("Unsqueeze", [sinT, i64(g, [2])]),
+    cos5: g.op("Unsqueeze", [cosT, i64(g, [2, 3])]),
+    sin5: g.op("Unsqueeze", [sinT, i64(g, [2, 3])]),
+    maskBias: g.op("Where", [allowed, f32(g, 0), f32(g, -1e9)])
+  }
+}
+
+/** A parameter reference: a graph input or initializer name. */
+type Param = (name: string) => string
+
+/**
+ * Grouped-query self-attention of layer `i` on normalised `h [B, T, D]`. Query head `kv·G + j` shares KV head `kv`
+ * (Hugging Face's `repeat_kv` order); keys and values are never repeated in memory: queries are shaped
+ * `[B, KV, G, T, hd]` and MatMul broadcasts over the group axis. With `past`, new keys/values are appended to the
+ * cache and the concatenations are returned as `present`.
+ *
+ * @category math
+ * @since 0.1.0
+ */
+export const attention = (
+  g: Graph.Graph,
+  c: ModelConfig.ModelConfig,
+  i: number,
+  h: string,
+  ctx: Context,
+  param: Param,
+  past?: { readonly key: string; readonly value: string; readonly presentKey: string; readonly presentValue: string }
+): string => {
+  const hd = ModelConfig.headDim(c), KV = c.numKeyValueHeads, G = c.numAttentionHeads / KV
+  const p = `model.layers.${i}.self_attn`
+  const bias = (n: string) => (c.attentionBias ? param(`${p}.${n}_proj.bias`) : undefined)
+  const q = g.op("Reshape", [linear(g, h, param(`${p}.q_proj.weight`), bias("q")), i64(g, [0, 0, KV, G, hd])])
+  const k = g.op("Reshape", [linear(g, h, param(`${p}.k_proj.weight`), bias("k")), i64(g, [0, 0, KV, hd])])
+  const v = g.op("Reshape", [linear(g, h, param(`${p}.v_proj.weight`), bias("v")), i64(g, [0, 0, KV, hd])])
+  const qr = g.op("Transpose", [rope(g, q, ctx.cos5, ctx.sin5, hd)], { perm: Graph.ints([0, 2, 3, 1, 4]) })
+  let kr = g.op("Transpose", [rope(g, k, ctx.cos4, ctx.sin4, hd)], { perm: Graph.ints([0, 2, 1, 3]) })
+  let vr = g.op("Transpose", [v], { perm: Graph.ints([0, 2, 1, 3]) })
+  if (past !== undefined) {
+    kr = g.node("Concat", [past.key, kr], [past.presentKey], { axis: Graph.int(2) })[0]!
+    vr = g.node("Concat", [past.value, vr], [past.presentValue], { axis: Graph.int(2) })[0]!
+  }
+  const kT = g.op("Unsqueeze", [g.op("Transpose", [kr], { perm: Graph.ints([0, 1, 3, 2]) }), i64(g, [2])])
+  const scores = g.op("Add", [g.op("Mul", [g.op("MatMul", [qr, kT]), f32(g, 1 / Math.sqrt(hd))]), ctx.maskBias])
+  const probs = g.op("Softmax", [scores], { axis: Graph.int(-1) })
+  const o = g.op("MatMul", [probs, g.op("Unsqueeze", [vr, i64(g, [2])])]) // [B, KV, G, T, hd]
+  const merged = g.op("Reshape", [g.op("Transpose", [o], { perm: Graph.ints([0, 3, 1, 2, 4]) }), i64(g, [0, 0, -1])])
+  return linear(g, merged, param(`${p}.o_proj.weight`))
+}
+
+/**
+ * SwiGLU MLP of layer `i`: `down(silu(gate(h)) · up(h))`.
+ *
+ * @category math
+ * @since 0.1.0
+ */
+export const mlp = (g: Graph.Graph, i: number, h: string, param: Param): string => {
+  const p = `model.layers.${i}.mlp`
+  const gate = linear(g, h, param(`${p}.gate_proj.weight`))
+  const silu = g.op("Mul", [gate, g.op("Sigmoid", [gate])])
+  return linear(g, g.op("Mul", [silu, linear(g, h, param(`${p}.up_proj.weight`))]), param(`${p}.down_proj.weight`))
+}
+
+// ===== Forward graphs =====
+
+/**
+ * @category models
+ * @since 0.1.0
+ */
+export interface ForwardOptions {
+  /** Emit `past.*` inputs and `present.*` outputs. */
+  readonly kvCache: boolean
+  /** `"inputs"`: every weight is a graph input; a `Weights` map: weights are baked in as initializers. */
+  readonly weights: "inputs" | Weights
+  /** Compute logits for the last position only (`[B, 1, V]`), as decoding needs. */
+  readonly lastTokenOnly?: boolean
+}
+
+/**
+ * Names of the values {@link forward} produced.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface ForwardOutputs {
+  readonly logits: string
+  /** Graph input names of the weights (empty when they are initializers). */
+  readonly weightInputs: ReadonlyArray<string>
+}
+
+/**
+ * Emits the full forward pass into `g`, declaring its inputs and outputs (see the module notes for names and
+ * shapes). Fails with a defect when a `Weights` map lacks a parameter or has a wrongly sized one; use
+ * `ModelFolder`/`Safetensors` validation before building a graph from untrusted files.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const forward = (g: Graph.Graph, c: ModelConfig.ModelConfig, options: ForwardOptions): ForwardOutputs => {
+  const specs = new Map(parameters(c).map((s) => [s.name, s]))
+  const weightInputs: Array<string> = []
+  const param: Param = (name) => {
+    const spec = specs.get(name)!
+    if (options.weights === "inputs") {
+      if (!weightInputs.includes(name)) {
+        g.input(name, "float32", spec.shape)
+        weightInputs.push(name)
+      }
+      return name
+    }
+    if (g.initializers.has(name)) return name
+    const data = options.weights.get(name)
+    const n = spec.shape.reduce((a, b) => a * b, 1)
+    if (data === undefined || data.length !== n) {
+      throw new Error(`weight ${name}: expected ${n} floats [${spec.shape.join(", ")}], got ${data?.length ?? "none"}`)
+    }
+    return g.initializer(name, { dtype: "float32", dims: spec.shape, data })
+  }
+  const ids = g.input("input_ids", "int64", ["batch", "seq"])
+  const mask = g.input("attention_mask", "int64", ["batch", options.kvCache ? "total" : "seq"])
+  const pos = g.input("position_ids", "int64", ["batch", "seq"])
+  const ctx = context(g, c, ids, mask, pos)
+  const hd = ModelConfig.headDim(c), KV = c.numKeyValueHeads
+  let x = g.op("Gather", [param("model.embed_tokens.weight"), ids], { axis: Graph.int(0) })
+  for (let i = 0; i < c.numHiddenLayers; i++) {
+    const p = `model.layers.${i}`
+    const past = options.kvCache ?
+      {
+        key: g.input(`past.${i}.key`, "float32", ["batch", KV, "past", hd]),
+        value: g.input(`past.${i}.value`, "float32", ["batch", KV, "past", hd]),
+        presentKey: `present.${i}.key`,
+        presentValue: `present.${i}.value`
+      } :
+      undefined
+    const h = rmsNorm(g, x, param(`${p}.input_layernorm.weight`), c.rmsNormEps)
+    x = g.op("Add", [x, attention(g, c, i, h, ctx, param, past)])
+    const h2 = rmsNorm(g, x, param(`${p}.post_attention_layernorm.weight`), c.rmsNormEps)
+    x = g.op("Add", [x, mlp(g, i, h2, param)])
+    if (past !== undefined) {
+      g.output(past.presentKey, "float32", ["batch", KV, "total", hd])
+      g.output(past.presentValue, "float32", ["batch", KV, "total", hd])
+    }
+  }
+  if (options.lastTokenOnly === true) x = g.op("Slice", [x, i64(g, [-1]), i64(g, [2 ** 62]), i64(g, [1])])
+  const normed = rmsNorm(g, x, param("model.norm.weight"), c.rmsNormEps)
+  const head = param(c.tieWordEmbeddings ? "model.embed_tokens.weight" : "lm_head.weight")
+  const logits = g.node("MatMul", [normed, g.op("Transpose", [head], { perm: Graph.ints([1, 0]) })], ["logits"])[0]!
+  g.output(logits, "float32", ["batch", options.lastTokenOnly === true ? 1 : "seq", c.vocabSize])
+  return { logits, weightInputs }
+}
+
+/**
+ * The training-shaped forward the learner differentiates: no KV cache, weights as graph inputs, logits for every
+ * position `[B, T, V]`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const trainingGraph = (c: ModelConfig.ModelConfig): { readonly graph: Graph.Graph } & ForwardOutputs => {
+  const graph = Graph.make("qwen2_train")
+  return { graph, ...forward(graph, c, { kvCache: false, weights: "inputs" }) }
+}
+
+/**
+ * The sampler's graph: KV cache, last-position logits, weights as initializers (or inputs).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const inferenceGraph = (c: ModelConfig.ModelConfig, weights: "inputs" | Weights): Graph.Graph => {
+  const graph = Graph.make("qwen2_decode")
+  forward(graph, c, { kvCache: true, weights, lastTokenOnly: true })
+  return graph
+}
+
+/**
+ * Position ids for a row of the attention mask: each real token's index among the real tokens so far (padding
+ * gets 0). Left-padded and right-padded rows both get positions 0, 1, 2, … on their real tokens.
+ *
+ * @category math
+ * @since 0.1.0
+ */
+export const positionIds = (mask: ArrayLike<number>): Array<number> => {
+  let n = 0
+  return Array.from({ length: mask.length }, (_, i) => (mask[i] ? n++ : 0))
+}
