@@ -11,6 +11,7 @@
 import { Context, Effect, Layer, Schema } from "effect"
 import type { Result } from "effect"
 import { dual } from "effect/Function"
+import { Conversation, ToolCall } from "./Message.ts"
 
 /**
  * Sampling parameters. `temperature: 0` means greedy. Logprobs are log-softmax of the logits divided by the
@@ -317,3 +318,42 @@ export const withScriptedSampler: {
   <A, E, R>(self: Effect.Effect<A, E, R>, script: Script, options?: ScriptedOptions) =>
     Effect.flatMap(makeScripted(script, options), (sampler) => Effect.provideService(self, Sampler, sampler))
 )
+
+// ===== Chat mode (black-box APIs) =====
+
+/**
+ * A chat request for a black-box API: messages (and tool definitions as OpenAI function specs) in, text out.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const ChatRequest = Schema.Struct({
+  messages: Conversation,
+  tools: Schema.optionalKey(Schema.Array(Schema.Unknown)),
+  sampling: SamplingParams
+})
+export type ChatRequest = typeof ChatRequest.Type
+
+/**
+ * The assistant turn a chat API returned. No token ids, no logprobs: trajectories built from it are not
+ * trainable by policy-gradient losses (evaluation and SFT data only).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const ChatResult = Schema.Struct({
+  content: Schema.String,
+  toolCalls: Schema.Array(ToolCall),
+  finishReason: FinishReason
+})
+export type ChatResult = typeof ChatResult.Type
+
+/**
+ * A text-level sampler for black-box chat APIs (OpenAI-style `/chat/completions`).
+ *
+ * @category services
+ * @since 0.1.0
+ */
+export class ChatSampler extends Context.Service<ChatSampler, {
+  readonly complete: (request: ChatRequest) => Effect.Effect<ChatResult, SamplerError>
+}>()("agentfly/src/ChatSampler") {}

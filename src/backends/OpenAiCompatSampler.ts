@@ -1,0 +1,328 @@
+/**
+ * A `Sampler` backed by an OpenAI-compatible inference server (vLLM, SGLang, `agentfly serve`).
+ *
+ * **Token mode** (`make` / `layer`) posts token-id prompts to `/completions` and asks for the sampled token ids
+ * and their logprobs (`logprobs: 1`, vLLM's `return_token_ids` and `return_tokens_as_token_ids`). Token ids are
+ * read from `choices[0].token_ids`, or from `logprobs.tokens` entries of the form `token_id:<id>`. A server that
+ * returns neither cannot serve token-in/token-out training: the call fails with
+ * `SamplerError { reason: "NoTokenIds" }` (not retried).
+ *
+ * **Chat mode** (`makeChat` / `layerChat`) posts messages to `/chat/completions` of a black-box API and provides
+ * `ChatSampler`; it returns text and tool calls only, so the trajectories built from it are marked not
+ * trainable (usable for evaluation and SFT data).
+ *
+ * Both modes time out each attempt (`timeoutMs`), and retry 429 (`Overloaded`), 5xx (`ServerError`), timeouts
+ * and transport failures with jittered exponential backoff (`retries`, `retryBaseMs`); other 4xx answers fail
+ * with `BadRequest`. The HTTP client comes from context: on Node 20 provide
+ * `NodeHttpClient.layerNodeHttp` (from `@effect/platform-node/NodeHttpClient`) or `FetchHttpClient.layer`.
+ *
+ * @since 0.1.0
+ */
+import { Effect, Layer, Option, Redacted, Schedule, Schema } from "effect"
+import { HttpClient, HttpClientRequest } from "effect/http"
+import type { HttpClientResponse } from "effect/http"
+import { ToolCall } from "../Message.ts"
+import type { Conversation } from "../Message.ts"
+import { ChatSampler, Sampler, SamplerError } from "../Sampler.ts"
+import type { ChatRequest, ChatResult, FinishReason, GenerateRequest, GenerateResult, SamplingParams } from
+  "../Sampler.ts"
+
+// ===== Config =====
+
+/**
+ * Where the server is and how to talk to it.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Config {
+  /** The API root, e.g. `http://127.0.0.1:8000/v1`. */
+  readonly baseUrl: string
+  /** The served model name. */
+  readonly model: string
+  readonly apiKey?: Redacted.Redacted<string> | undefined
+  /** Time limit of one attempt (default 60 s). */
+  readonly timeoutMs?: number | undefined
+  /** Retries after the first attempt on retryable failures (default 4). */
+  readonly retries?: number | undefined
+  /** First backoff delay; doubles per retry, jittered (default 200 ms). */
+  readonly retryBaseMs?: number | undefined
+  /**
+   * The policy version to record when the server does not report one in `policy_version` (default 0). An
+   * effect is read at every call (e.g. the trainer's current weight version).
+   */
+  readonly policyVersion?: number | Effect.Effect<number> | undefined
+  /** Extra fields merged into every request body (server-specific options). */
+  readonly extraBody?: Readonly<Record<string, unknown>> | undefined
+}
+
+// ===== Response schemas (only the fields we read) =====
+
+const CompletionChoice = Schema.Struct({
+  finish_reason: Schema.optionalKey(Schema.NullOr(Schema.String)),
+  token_ids: Schema.optionalKey(Schema.NullOr(Schema.Array(Schema.Int))),
+  logprobs: Schema.optionalKey(Schema.NullOr(Schema.Struct({
+    tokens: Schema.optionalKey(Schema.NullOr(Schema.Array(Schema.String))),
+    token_logprobs: Schema.optionalKey(Schema.NullOr(Schema.Array(Schema.NullOr(Schema.Number))))
+  }))),
+  policy_version: Schema.optionalKey(Schema.Int)
+})
+
+const CompletionResponse = Schema.Struct({
+  choices: Schema.Array(CompletionChoice).check(Schema.isMinLength(1)),
+  policy_version: Schema.optionalKey(Schema.Int)
+})
+
+const ChatChoice = Schema.Struct({
+  finish_reason: Schema.optionalKey(Schema.NullOr(Schema.String)),
+  message: Schema.Struct({
+    content: Schema.optionalKey(Schema.NullOr(Schema.String)),
+    tool_calls: Schema.optionalKey(Schema.NullOr(Schema.Array(Schema.Struct({
+      id: Schema.String,
+      type: Schema.optionalKey(Schema.String),
+      function: Schema.Struct({ name: Schema.String, arguments: Schema.Unknown })
+    }))))
+  })
+})
+
+const ChatResponse = Schema.Struct({
+  choices: Schema.Array(ChatChoice).check(Schema.isMinLength(1))
+})
+
+// ===== Pure helpers =====
+
+/**
+ * The `/completions` body for a token-id prompt.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const completionBody = (model: string, request: GenerateRequest, extra?: Readonly<Record<string, unknown>>) => ({
+  model,
+  prompt: request.promptTokenIds,
+  ...samplingFields(request.sampling),
+  logprobs: 1,
+  echo: false,
+  return_token_ids: true,
+  return_tokens_as_token_ids: true,
+  skip_special_tokens: false,
+  include_stop_str_in_output: true,
+  ...extra
+})
+
+const samplingFields = (sampling: SamplingParams) => ({
+  max_tokens: sampling.maxTokens,
+  temperature: sampling.temperature,
+  ...(sampling.topP === undefined ? {} : { top_p: sampling.topP }),
+  ...(sampling.topK === undefined ? {} : { top_k: sampling.topK }),
+  ...(sampling.seed === undefined ? {} : { seed: sampling.seed }),
+  ...(sampling.stopTokenIds === undefined ? {} : { stop_token_ids: sampling.stopTokenIds })
+})
+
+const tokenIdPattern = /^token_id:(-?\d+)$/
+
+const finishReasonOf = (raw: string | null | undefined): FinishReason => (raw === "length" ? "length" : "stop")
+
+/**
+ * Reads token ids and logprobs out of a decoded `/completions` choice; `undefined` when the server returned no
+ * token ids (or a logprob is missing).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const readChoice = (
+  choice: typeof CompletionChoice.Type
+): { readonly tokenIds: ReadonlyArray<number>; readonly logprobs: ReadonlyArray<number> } | undefined => {
+  const fromTokens = choice.logprobs?.tokens?.map((t) => tokenIdPattern.exec(t)?.[1])
+  const tokenIds = choice.token_ids ??
+    (fromTokens !== undefined && fromTokens.every((t) => t !== undefined) ? fromTokens.map(Number) : undefined)
+  const logprobs = choice.logprobs?.token_logprobs
+  if (tokenIds === undefined || logprobs === undefined || logprobs === null) return undefined
+  if (logprobs.length !== tokenIds.length || logprobs.some((lp) => lp === null)) return undefined
+  return { tokenIds, logprobs: logprobs as ReadonlyArray<number> }
+}
+
+// ===== Transport =====
+
+const statusError = (status: number, body: string): SamplerError =>
+  new SamplerError({
+    reason: status === 429
+      ? "Overloaded"
+      : status === 408
+      ? "Timeout"
+      : status >= 500
+      ? "ServerError"
+      : "BadRequest",
+    message: `HTTP ${status}: ${body.slice(0, 500)}`
+  })
+
+const makePost = Effect.fnUntraced(function*(config: Config) {
+  const client = yield* HttpClient.HttpClient
+  const timeoutMs = config.timeoutMs ?? 60_000
+  const retry = Schedule.exponential(config.retryBaseMs ?? 200).pipe(Schedule.jittered)
+  const base = config.baseUrl.replace(/\/+$/, "")
+  return <S extends Schema.Top & { readonly DecodingServices: never }>(
+    path: string,
+    body: unknown,
+    schema: S
+  ): Effect.Effect<S["Type"], SamplerError> => {
+    let request = HttpClientRequest.post(`${base}${path}`).pipe(
+      HttpClientRequest.acceptJson,
+      HttpClientRequest.bodyJsonUnsafe(body)
+    )
+    if (config.apiKey !== undefined) request = HttpClientRequest.bearerToken(request, Redacted.value(config.apiKey))
+    const attempt = client.execute(request).pipe(
+      Effect.mapError((error) => new SamplerError({ reason: "Transport", message: String(error.message) })),
+      Effect.flatMap((response: HttpClientResponse.HttpClientResponse) =>
+        response.status >= 200 && response.status < 300
+          ? Effect.flatMap(
+            Effect.mapError(response.json, (e) =>
+              new SamplerError({ reason: "ServerError", message: `unreadable body: ${e.message}` })),
+            (json) =>
+              Effect.mapError(Schema.decodeUnknownEffect(schema)(json), (e) =>
+                new SamplerError({ reason: "ServerError", message: `unexpected response: ${e.message}` }))
+          )
+          : Effect.flatMap(
+            Effect.orElseSucceed(response.text, () => ""),
+            (text) => Effect.fail(statusError(response.status, text))
+          )
+      ),
+      Effect.timeoutOrElse({
+        duration: timeoutMs,
+        orElse: () =>
+          Effect.fail(new SamplerError({ reason: "Timeout", message: `no answer from ${path} in ${timeoutMs} ms` }))
+      })
+    )
+    return attempt.pipe(
+      Effect.retry({ schedule: retry, times: config.retries ?? 4, while: (e: SamplerError) => e.isRetryable })
+    )
+  }
+})
+
+const versionOf = (config: Config): Effect.Effect<number> => {
+  const v = config.policyVersion
+  return v === undefined ? Effect.succeed(0) : typeof v === "number" ? Effect.succeed(v) : v
+}
+
+// ===== Token mode =====
+
+/**
+ * A token-in / token-out `Sampler` over `/completions`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const make = Effect.fnUntraced(function*(config: Config) {
+  const post = yield* makePost(config)
+  const policyVersion = versionOf(config)
+  return Sampler.of({
+    generate: Effect.fn("OpenAiCompatSampler.generate")(function*(request: GenerateRequest) {
+      const response = yield* post("/completions", completionBody(config.model, request, config.extraBody),
+        CompletionResponse)
+      const choice = response.choices[0]!
+      const read = readChoice(choice)
+      if (read === undefined) {
+        return yield* new SamplerError({
+          reason: "NoTokenIds",
+          message: "the server returned no token ids or logprobs for the completion " +
+            "(vLLM needs return_token_ids or return_tokens_as_token_ids; this backend needs both ids and logprobs)"
+        })
+      }
+      const result: GenerateResult = {
+        tokenIds: read.tokenIds,
+        logprobs: read.logprobs,
+        finishReason: finishReasonOf(choice.finish_reason),
+        policyVersion: choice.policy_version ?? response.policy_version ?? (yield* policyVersion)
+      }
+      return result
+    }),
+    policyVersion
+  })
+})
+
+/**
+ * @category layers
+ * @since 0.1.0
+ */
+export const layer = (config: Config): Layer.Layer<Sampler, never, HttpClient.HttpClient> =>
+  Layer.effect(Sampler, make(config))
+
+// ===== Chat mode =====
+
+/**
+ * The `/chat/completions` body for a conversation.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const chatBody = (model: string, request: ChatRequest, extra?: Readonly<Record<string, unknown>>) => {
+  const { stop_token_ids: _ignored, ...sampling } = samplingFields(request.sampling)
+  return {
+    model,
+    messages: toOpenAiMessages(request.messages),
+    ...(request.tools === undefined || request.tools.length === 0 ? {} : { tools: request.tools }),
+    ...sampling,
+    ...extra
+  }
+}
+
+/** OpenAI wants tool-call arguments as a JSON string; our messages keep them as JSON values. */
+const toOpenAiMessages = (messages: Conversation) =>
+  messages.map((m) => {
+    if (m.role === "tool") {
+      const { is_error: _isError, ...rest } = m
+      return rest
+    }
+    if (m.role !== "assistant" || m.tool_calls === undefined) return m
+    return {
+      ...m,
+      tool_calls: m.tool_calls.map((c) => ({
+        ...c,
+        function: {
+          name: c.function.name,
+          arguments: typeof c.function.arguments === "string" ? c.function.arguments : JSON.stringify(c.function.arguments)
+        }
+      }))
+    }
+  })
+
+/** Arguments come back as a JSON string; keep the decoded value, or the raw string when it is not JSON. */
+const decodeArguments = (raw: unknown): unknown =>
+  typeof raw === "string"
+    ? Option.getOrElse(Schema.decodeUnknownOption(Schema.fromJsonString(Schema.Unknown))(raw), () => raw)
+    : raw
+
+/**
+ * A `ChatSampler` over `/chat/completions` for black-box APIs (no token ids).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const makeChat = Effect.fnUntraced(function*(config: Config) {
+  const post = yield* makePost(config)
+  return ChatSampler.of({
+    complete: Effect.fn("OpenAiCompatSampler.complete")(function*(request: ChatRequest) {
+      const response = yield* post("/chat/completions", chatBody(config.model, request, config.extraBody),
+        ChatResponse)
+      const choice = response.choices[0]!
+      const toolCalls: Array<ToolCall> = (choice.message.tool_calls ?? []).map((c) => ({
+        id: c.id,
+        type: "function",
+        function: { name: c.function.name, arguments: decodeArguments(c.function.arguments) }
+      }))
+      const result: ChatResult = {
+        content: choice.message.content ?? "",
+        toolCalls,
+        finishReason: choice.finish_reason === "length" ? "length" : "stop"
+      }
+      return result
+    })
+  })
+})
+
+/**
+ * @category layers
+ * @since 0.1.0
+ */
+export const layerChat = (config: Config): Layer.Layer<ChatSampler, never, HttpClient.HttpClient> =>
+  Layer.effect(ChatSampler, makeChat(config))

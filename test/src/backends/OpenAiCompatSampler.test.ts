@@ -1,0 +1,229 @@
+/**
+ * The OpenAI-compatible backend against a real HTTP server started by the test (node:http on 127.0.0.1, port 0),
+ * through the Node HTTP client. The server plays vLLM: token-id prompts in, token ids and logprobs out.
+ */
+import * as NodeHttpClient from "@effect/platform-node/NodeHttpClient"
+import { assert, describe, it } from "@effect/vitest"
+import { Effect, Redacted } from "effect"
+import { createServer } from "node:http"
+import type { AddressInfo } from "node:net"
+import * as OpenAiCompatSampler from "../../../src/backends/OpenAiCompatSampler.ts"
+import type * as Sampler from "../../../src/Sampler.ts"
+
+interface Seen {
+  readonly path: string
+  readonly body: any
+  readonly authorization: string | undefined
+}
+
+type Handler = (seen: Seen, index: number) => { readonly status: number; readonly json?: unknown } | "hang"
+
+/** A throwaway HTTP server in the test's scope; records every request it gets. */
+const testServer = (handler: Handler) =>
+  Effect.acquireRelease(
+    Effect.callback<{ readonly baseUrl: string; readonly seen: Array<Seen>; readonly close: () => void }>((resume) => {
+      const seen: Array<Seen> = []
+      const server = createServer((req, res) => {
+        let raw = ""
+        req.on("data", (chunk) => (raw += chunk))
+        req.on("end", () => {
+          const entry: Seen = { path: req.url ?? "", body: JSON.parse(raw), authorization: req.headers.authorization }
+          seen.push(entry)
+          const answer = handler(entry, seen.length - 1)
+          if (answer === "hang") return
+          res.writeHead(answer.status, { "content-type": "application/json" })
+          res.end(JSON.stringify(answer.json ?? { error: { message: "nope" } }))
+        })
+      })
+      server.listen(0, "127.0.0.1", () => {
+        const { port } = server.address() as AddressInfo
+        resume(Effect.succeed({
+          baseUrl: `http://127.0.0.1:${port}/v1`,
+          seen,
+          close: () => {
+            server.closeAllConnections()
+            server.close()
+          }
+        }))
+      })
+    }),
+    (server) => Effect.sync(server.close)
+  )
+
+const request: Sampler.GenerateRequest = {
+  promptTokenIds: [151644, 872, 198],
+  sampling: { temperature: 0.7, topP: 0.9, topK: 20, maxTokens: 3, stopTokenIds: [151645], seed: 11 }
+}
+
+const vllmChoice = (ids: ReadonlyArray<number>, finish: string) => ({
+  text: "ignored",
+  finish_reason: finish,
+  logprobs: { tokens: ids.map((id) => `token_id:${id}`), token_logprobs: ids.map((id) => -id / 1000) }
+})
+
+const live = <A, E>(effect: Effect.Effect<A, E, any>) =>
+  effect.pipe(Effect.provide(NodeHttpClient.layerNodeHttp), Effect.scoped) as Effect.Effect<A, E>
+
+describe("OpenAiCompatSampler (token mode)", () => {
+  it.live("posts token ids and reads token ids and logprobs from a vLLM-style answer", () =>
+    live(Effect.gen(function*() {
+      const server = yield* testServer(() => ({
+        status: 200,
+        json: { choices: [vllmChoice([7, 8, 9], "length")], policy_version: 5 }
+      }))
+      const sampler = yield* OpenAiCompatSampler.make({
+        baseUrl: server.baseUrl,
+        model: "tiny",
+        apiKey: Redacted.make("sk-test")
+      })
+      const result = yield* sampler.generate(request)
+      assert.deepStrictEqual(result.tokenIds, [7, 8, 9])
+      assert.deepStrictEqual(result.logprobs, [-0.007, -0.008, -0.009])
+      assert.strictEqual(result.finishReason, "length")
+      assert.strictEqual(result.policyVersion, 5)
+      const [seen] = server.seen
+      assert.strictEqual(seen!.path, "/v1/completions")
+      assert.strictEqual(seen!.authorization, "Bearer sk-test")
+      assert.deepStrictEqual(seen!.body.prompt, [151644, 872, 198])
+      assert.strictEqual(seen!.body.model, "tiny")
+      assert.strictEqual(seen!.body.max_tokens, 3)
+      assert.strictEqual(seen!.body.top_p, 0.9)
+      assert.strictEqual(seen!.body.top_k, 20)
+      assert.strictEqual(seen!.body.seed, 11)
+      assert.deepStrictEqual(seen!.body.stop_token_ids, [151645])
+      assert.strictEqual(seen!.body.logprobs, 1)
+      assert.strictEqual(seen!.body.return_token_ids, true)
+    })))
+
+  it.live("reads choices[0].token_ids, and the configured policy version when the server reports none", () =>
+    live(Effect.gen(function*() {
+      const server = yield* testServer(() => ({
+        status: 200,
+        json: {
+          choices: [{ finish_reason: "stop", token_ids: [4, 151645], logprobs: { token_logprobs: [-0.5, -0.25] } }]
+        }
+      }))
+      const sampler = yield* OpenAiCompatSampler.make({
+        baseUrl: server.baseUrl + "/",
+        model: "tiny",
+        policyVersion: Effect.succeed(3)
+      })
+      const result = yield* sampler.generate(request)
+      assert.deepStrictEqual(result.tokenIds, [4, 151645])
+      assert.deepStrictEqual(result.logprobs, [-0.5, -0.25])
+      assert.strictEqual(result.finishReason, "stop")
+      assert.strictEqual(result.policyVersion, 3)
+    })))
+
+  it.live("a server that cannot return token ids fails with NoTokenIds, without retrying", () =>
+    live(Effect.gen(function*() {
+      const server = yield* testServer(() => ({
+        status: 200,
+        json: { choices: [{ text: "hello", finish_reason: "stop", logprobs: null }] }
+      }))
+      const sampler = yield* OpenAiCompatSampler.make({ baseUrl: server.baseUrl, model: "m", retryBaseMs: 1 })
+      const error = yield* Effect.flip(sampler.generate(request))
+      assert.strictEqual(error.reason, "NoTokenIds")
+      assert.isFalse(error.isRetryable)
+      assert.strictEqual(server.seen.length, 1)
+    })))
+
+  it.live("retries 429 and 5xx with backoff, then succeeds", () =>
+    live(Effect.gen(function*() {
+      const server = yield* testServer((_, i) =>
+        i === 0 ? { status: 429 } : i === 1 ? { status: 503 } : { status: 200, json: { choices: [vllmChoice([1], "stop")] } }
+      )
+      const sampler = yield* OpenAiCompatSampler.make({ baseUrl: server.baseUrl, model: "m", retryBaseMs: 5 })
+      const result = yield* sampler.generate(request)
+      assert.deepStrictEqual(result.tokenIds, [1])
+      assert.strictEqual(server.seen.length, 3)
+    })))
+
+  it.live("gives up after the configured retries with a typed error", () =>
+    live(Effect.gen(function*() {
+      const server = yield* testServer(() => ({ status: 500 }))
+      const sampler = yield* OpenAiCompatSampler.make({
+        baseUrl: server.baseUrl,
+        model: "m",
+        retries: 2,
+        retryBaseMs: 1
+      })
+      const error = yield* Effect.flip(sampler.generate(request))
+      assert.strictEqual(error.reason, "ServerError")
+      assert.strictEqual(server.seen.length, 3)
+    })))
+
+  it.live("a 400 is a BadRequest and is not retried", () =>
+    live(Effect.gen(function*() {
+      const server = yield* testServer(() => ({ status: 400, json: { error: { message: "prompt too long" } } }))
+      const sampler = yield* OpenAiCompatSampler.make({ baseUrl: server.baseUrl, model: "m", retryBaseMs: 1 })
+      const error = yield* Effect.flip(sampler.generate(request))
+      assert.strictEqual(error.reason, "BadRequest")
+      assert.include(error.message, "prompt too long")
+      assert.strictEqual(server.seen.length, 1)
+    })))
+
+  it.live("times out a server that does not answer, retrying each attempt", () =>
+    live(Effect.gen(function*() {
+      const server = yield* testServer(() => "hang")
+      const sampler = yield* OpenAiCompatSampler.make({
+        baseUrl: server.baseUrl,
+        model: "m",
+        timeoutMs: 100,
+        retries: 1,
+        retryBaseMs: 1
+      })
+      const error = yield* Effect.flip(sampler.generate(request))
+      assert.strictEqual(error.reason, "Timeout")
+      assert.strictEqual(server.seen.length, 2)
+    })))
+
+  it.live("a refused connection is a Transport error", () =>
+    live(Effect.gen(function*() {
+      const server = yield* testServer(() => ({ status: 200 }))
+      server.close()
+      const sampler = yield* OpenAiCompatSampler.make({ baseUrl: server.baseUrl, model: "m", retries: 0 })
+      const error = yield* Effect.flip(sampler.generate(request))
+      assert.strictEqual(error.reason, "Transport")
+    })))
+})
+
+describe("OpenAiCompatSampler (chat mode)", () => {
+  it.live("posts messages with JSON-string arguments and decodes tool calls back to values", () =>
+    live(Effect.gen(function*() {
+      const server = yield* testServer(() => ({
+        status: 200,
+        json: {
+          choices: [{
+            finish_reason: "tool_calls",
+            message: {
+              content: null,
+              tool_calls: [{ id: "c2", type: "function", function: { name: "calc", arguments: "{\"x\":2}" } }]
+            }
+          }]
+        }
+      }))
+      const chat = yield* OpenAiCompatSampler.makeChat({ baseUrl: server.baseUrl, model: "gpt-x" })
+      const result = yield* chat.complete({
+        messages: [
+          { role: "user", content: "2+2?" },
+          {
+            role: "assistant",
+            content: "",
+            tool_calls: [{ id: "c1", type: "function", function: { name: "calc", arguments: { x: 1 } } }]
+          },
+          { role: "tool", content: "1", tool_call_id: "c1", is_error: false }
+        ],
+        tools: [{ type: "function", function: { name: "calc", parameters: { type: "object" } } }],
+        sampling: { temperature: 0, maxTokens: 16, stopTokenIds: [1] }
+      })
+      assert.strictEqual(result.content, "")
+      assert.deepStrictEqual(result.toolCalls, [{ id: "c2", type: "function", function: { name: "calc", arguments: { x: 2 } } }])
+      const [seen] = server.seen
+      assert.strictEqual(seen!.path, "/v1/chat/completions")
+      assert.strictEqual(seen!.body.messages[1].tool_calls[0].function.arguments, "{\"x\":1}")
+      assert.isUndefined(seen!.body.messages[2].is_error)
+      assert.isUndefined(seen!.body.stop_token_ids)
+      assert.strictEqual(seen!.body.tools.length, 1)
+    })))
+})
