@@ -1,0 +1,416 @@
+/**
+ * RL and SFT losses as pure reference functions over typed arrays.
+ *
+ * The learner does not run these: `autodiff/LossHead.ts` emits the same maths into the ONNX training graph. They
+ * exist so that every formula is readable in one place and the emitted graph is tested against them.
+ *
+ * Per token (`t` ranges over positions whose target the policy sampled):
+ * - `nll`: `−log π(y_t)` (SFT / behaviour cloning).
+ * - `ppo`: verl's clipped surrogate with dual clip (arXiv:1707.06347, arXiv:1912.09729):
+ *   `r = exp(clamp(log π − log π_old, ±20))`, `ℓ = max(−A·r, −A·clip(r, 1−ε_low, 1+ε_high))`, and for `A < 0`
+ *   `ℓ = min(ℓ, −A·c)`. GRPO, Dr.GRPO, RLOO and REINFORCE++ are this loss with their advantages and aggregation.
+ * - truncated importance weights for train/inference mismatch (TIS): `w = min(exp(log π_old − log π_sampler), cap)`
+ *   multiplies the policy-gradient term; it is a constant (no gradient).
+ * - KL to a frozen reference: `k1 = log π − log π_ref`; `k3 = exp(d) − d − 1` with `d = log π_ref − log π`, clamped
+ *   to ±10 (verl's `low_var_kl`); or KL folded into the reward with {@link penalizeRewards}.
+ * - entropy bonus: `−β·H(π(·|x_t))`.
+ *
+ * Aggregation (verl's names) is always a weighted sum `Σ w_t·ℓ_t` whose weights {@link aggregationWeights} computes
+ * from the loss mask and the **whole mini-batch's** token and sequence counts, so that summing the gradients of
+ * micro-batches gives exactly the gradient of the mini-batch loss.
+ *
+ * @since 0.1.0
+ */
+import { Schema } from "effect"
+
+// ===== Models =====
+
+/**
+ * verl's loss aggregation modes.
+ * - `token-mean`: mean over all loss tokens of the mini-batch.
+ * - `seq-mean-token-sum`: per-sequence sum, mean over sequences.
+ * - `seq-mean-token-mean`: per-sequence mean, mean over sequences.
+ * - `seq-mean-token-sum-norm`: total sum divided by a constant length (Dr.GRPO's `MAX_TOKENS`).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const AggregationMode = Schema.Literals([
+  "token-mean",
+  "seq-mean-token-sum",
+  "seq-mean-token-mean",
+  "seq-mean-token-sum-norm"
+])
+export type AggregationMode = typeof AggregationMode.Type
+
+/**
+ * KL estimators (Schulman, "Approximating KL divergence").
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const KlEstimator = Schema.Literals(["k1", "k3"])
+export type KlEstimator = typeof KlEstimator.Type
+
+/**
+ * The loss configuration shared by the reference functions and the emitted graph.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const Config = Schema.Struct({
+  /** `nll` for SFT, `ppo` for every policy-gradient method (vanilla PG is PPO with one update per batch). */
+  policyLoss: Schema.Literals(["nll", "ppo"]),
+  aggregation: AggregationMode,
+  /** ε_low of the clip range (`ppo`). */
+  clipLow: Schema.Number,
+  /** ε_high of the clip range (`ppo`; DAPO's clip-higher uses 0.28). */
+  clipHigh: Schema.Number,
+  /** Dual-clip bound `c > 1` for negative advantages; absent = off. */
+  dualClip: Schema.optionalKey(Schema.Number),
+  /** Cap of the truncated importance weights old/sampler; absent = off. */
+  tisCap: Schema.optionalKey(Schema.Number),
+  /** Coefficient of the KL-to-reference loss term; 0 = off. */
+  klCoef: Schema.Number,
+  klEstimator: KlEstimator,
+  /** Coefficient of the entropy bonus; 0 = off. */
+  entropyCoef: Schema.Number,
+  /** The constant length of `seq-mean-token-sum-norm`; defaults to the padded row length. */
+  normLength: Schema.optionalKey(Schema.Number)
+})
+export type Config = typeof Config.Type
+
+/**
+ * SFT: masked token NLL, token-mean.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const sft: Config = {
+  policyLoss: "nll",
+  aggregation: "token-mean",
+  clipLow: 0.2,
+  clipHigh: 0.2,
+  klCoef: 0,
+  klEstimator: "k3",
+  entropyCoef: 0
+}
+
+/**
+ * GRPO (DeepSeekMath): clipped surrogate, per-sequence token mean.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const grpo: Config = { ...sft, policyLoss: "ppo", aggregation: "seq-mean-token-mean" }
+
+/**
+ * Dr.GRPO (arXiv:2503.20783): no length normalisation per sequence (`seq-mean-token-sum-norm`), used with the
+ * `grpo-no-std` advantage.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const drGrpo: Config = { ...sft, policyLoss: "ppo", aggregation: "seq-mean-token-sum-norm" }
+
+/**
+ * PPO as in verl's defaults: token-mean, dual clip 3.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const ppo: Config = { ...sft, policyLoss: "ppo", aggregation: "token-mean", dualClip: 3 }
+
+// ===== Per-token maths =====
+
+/**
+ * Log-softmax of one row of logits, in float64.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const logSoftmax = (logits: ArrayLike<number>, offset: number, vocab: number): Float64Array => {
+  let max = -Infinity
+  for (let v = 0; v < vocab; v++) max = Math.max(max, logits[offset + v]!)
+  let sum = 0
+  for (let v = 0; v < vocab; v++) sum += Math.exp(logits[offset + v]! - max)
+  const logZ = max + Math.log(sum)
+  const out = new Float64Array(vocab)
+  for (let v = 0; v < vocab; v++) out[v] = logits[offset + v]! - logZ
+  return out
+}
+
+/**
+ * Entropy `−Σ p log p` of a row given its log-softmax.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const entropy = (logProbs: Float64Array): number => {
+  let h = 0
+  for (let v = 0; v < logProbs.length; v++) h -= Math.exp(logProbs[v]!) * logProbs[v]!
+  return h
+}
+
+/**
+ * The PPO clipped surrogate of one token, with the clip indicators verl logs.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const ppoToken = (
+  logprob: number,
+  oldLogprob: number,
+  advantage: number,
+  config: Pick<Config, "clipLow" | "clipHigh" | "dualClip">
+): { readonly loss: number; readonly clipped: boolean; readonly clippedLower: boolean } => {
+  const ratio = Math.exp(Math.min(Math.max(logprob - oldLogprob, -20), 20))
+  const loss1 = -advantage * ratio
+  const loss2 = -advantage * Math.min(Math.max(ratio, 1 - config.clipLow), 1 + config.clipHigh)
+  const clippedLoss = Math.max(loss1, loss2)
+  if (config.dualClip === undefined || advantage >= 0) {
+    return { loss: clippedLoss, clipped: loss2 > loss1, clippedLower: false }
+  }
+  const loss3 = -advantage * config.dualClip
+  return { loss: Math.min(loss3, clippedLoss), clipped: loss2 > loss1, clippedLower: clippedLoss > loss3 }
+}
+
+/**
+ * KL of one token to the reference policy.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const klToken = (logprob: number, refLogprob: number, estimator: KlEstimator): number => {
+  if (estimator === "k1") return logprob - refLogprob
+  const d = refLogprob - logprob
+  return Math.min(Math.max(Math.exp(d) - d - 1, -10), 10)
+}
+
+/**
+ * Truncated importance weight correcting train/inference mismatch: `min(exp(old − sampler), cap)`.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const truncatedImportanceWeight = (oldLogprob: number, samplerLogprob: number, cap: number): number =>
+  Math.min(Math.exp(oldLogprob - samplerLogprob), cap)
+
+/**
+ * KL in the reward (verl's `compute_rewards`): `r_t − β·(log π_old − log π_ref)` on response tokens.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const penalizeRewards = (
+  tokenRewards: Float64Array | Float32Array,
+  logprobs: Float64Array | Float32Array,
+  refLogprobs: Float64Array | Float32Array,
+  mask: Uint8Array,
+  coef: number
+): Float64Array => {
+  const out = new Float64Array(tokenRewards.length)
+  for (let i = 0; i < out.length; i++) {
+    out[i] = tokenRewards[i]! - (mask[i] !== 0 ? coef * (logprobs[i]! - refLogprobs[i]!) : 0)
+  }
+  return out
+}
+
+// ===== Aggregation =====
+
+/**
+ * Mini-batch totals the aggregation weights divide by.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Totals {
+  /** Loss tokens in the mini-batch. */
+  readonly tokens: number
+  /** Sequences with at least one loss token in the mini-batch. */
+  readonly sequences: number
+}
+
+/**
+ * Counts loss tokens and non-empty sequences of a `[batch × length]` mask.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const totals = (mask: Uint8Array, batch: number, length: number): Totals => {
+  let tokens = 0
+  let sequences = 0
+  for (let b = 0; b < batch; b++) {
+    let n = 0
+    for (let t = 0; t < length; t++) n += mask[b * length + t] !== 0 ? 1 : 0
+    tokens += n
+    sequences += n > 0 ? 1 : 0
+  }
+  return { tokens, sequences }
+}
+
+/**
+ * Per-token weights `w` such that the aggregated loss is `Σ w_t·ℓ_t`. `totals` are those of the whole mini-batch
+ * (pass the micro-batch's own for a single batch). Zero off the mask.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const aggregationWeights = (
+  mode: AggregationMode,
+  mask: Uint8Array,
+  batch: number,
+  length: number,
+  all: Totals,
+  normLength: number = length
+): Float32Array => {
+  const w = new Float32Array(batch * length)
+  for (let b = 0; b < batch; b++) {
+    let n = 0
+    for (let t = 0; t < length; t++) n += mask[b * length + t] !== 0 ? 1 : 0
+    if (n === 0) continue
+    const perToken = mode === "token-mean"
+      ? 1 / all.tokens
+      : mode === "seq-mean-token-sum"
+      ? 1 / all.sequences
+      : mode === "seq-mean-token-mean"
+      ? 1 / (n * all.sequences)
+      : 1 / normLength
+    for (let t = 0; t < length; t++) if (mask[b * length + t] !== 0) w[b * length + t] = perToken
+  }
+  return w
+}
+
+/**
+ * verl's `agg_loss` written as the plain formula (the reference {@link aggregationWeights} is tested against).
+ * Sequences without loss tokens are left out of sequence means (verl would divide by zero).
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const aggregate = (
+  lossMat: ArrayLike<number>,
+  mask: Uint8Array,
+  batch: number,
+  length: number,
+  mode: AggregationMode,
+  normLength: number = length
+): number => {
+  const seqSums: Array<number> = []
+  const seqCounts: Array<number> = []
+  for (let b = 0; b < batch; b++) {
+    let s = 0
+    let n = 0
+    for (let t = 0; t < length; t++) {
+      if (mask[b * length + t] !== 0) {
+        s += lossMat[b * length + t]!
+        n++
+      }
+    }
+    if (n > 0) {
+      seqSums.push(s)
+      seqCounts.push(n)
+    }
+  }
+  const sum = (xs: ReadonlyArray<number>) => xs.reduce((a, x) => a + x, 0)
+  if (seqSums.length === 0) return 0
+  switch (mode) {
+    case "token-mean":
+      return sum(seqSums) / sum(seqCounts)
+    case "seq-mean-token-sum":
+      return sum(seqSums) / seqSums.length
+    case "seq-mean-token-mean":
+      return sum(seqSums.map((s, i) => s / seqCounts[i]!)) / seqSums.length
+    case "seq-mean-token-sum-norm":
+      return sum(seqSums) / normLength
+  }
+}
+
+// ===== The whole loss =====
+
+/**
+ * Token-aligned inputs of one (micro-)batch, `[batch × length]` row-major; position `t` holds the target token
+ * `y_t` predicted from the prefix up to `t`.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface TokenBatch {
+  readonly batch: number
+  readonly length: number
+  readonly targets: Int32Array
+  /** 1 where the loss applies (the target was sampled by the policy). */
+  readonly mask: Uint8Array
+  /** Aggregation weights, from {@link aggregationWeights}. */
+  readonly weights: Float32Array
+  readonly advantages?: Float32Array | undefined
+  readonly oldLogprobs?: Float32Array | undefined
+  readonly samplerLogprobs?: Float32Array | undefined
+  readonly refLogprobs?: Float32Array | undefined
+}
+
+/**
+ * Sums over the loss tokens of a batch; divide by `tokens` for means (sums accumulate across micro-batches).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface StatSums {
+  readonly tokens: number
+  readonly clipped: number
+  readonly clippedLower: number
+  /** Σ (log π_old − log π): verl's `ppo_kl`. */
+  readonly approxKl: number
+  readonly entropy: number
+  /** Σ KL-to-reference (the configured estimator). */
+  readonly kl: number
+}
+
+/**
+ * The whole loss from logits, in float64: the reference the emitted graph must match.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const reference = (
+  config: Config,
+  batch: TokenBatch,
+  logits: ArrayLike<number>,
+  vocab: number
+): { readonly loss: number; readonly tokenLogprobs: Float64Array; readonly stats: StatSums } => {
+  const n = batch.batch * batch.length
+  const tokenLogprobs = new Float64Array(n)
+  let loss = 0
+  const stats = { tokens: 0, clipped: 0, clippedLower: 0, approxKl: 0, entropy: 0, kl: 0 }
+  for (let i = 0; i < n; i++) {
+    const lsm = logSoftmax(logits, i * vocab, vocab)
+    const logprob = lsm[batch.targets[i]!]!
+    tokenLogprobs[i] = logprob
+    if (batch.mask[i] === 0) continue
+    const h = entropy(lsm)
+    let tokenLoss: number
+    if (config.policyLoss === "nll") {
+      tokenLoss = -logprob
+    } else {
+      const old = batch.oldLogprobs![i]!
+      const token = ppoToken(logprob, old, batch.advantages![i]!, config)
+      const tis = config.tisCap === undefined
+        ? 1
+        : truncatedImportanceWeight(old, batch.samplerLogprobs![i]!, config.tisCap)
+      tokenLoss = token.loss * tis
+      stats.clipped += token.clipped ? 1 : 0
+      stats.clippedLower += token.clippedLower ? 1 : 0
+      stats.approxKl += old - Math.min(Math.max(logprob, old - 20), old + 20)
+    }
+    if (config.klCoef !== 0) {
+      const kl = klToken(logprob, batch.refLogprobs![i]!, config.klEstimator)
+      tokenLoss += config.klCoef * kl
+      stats.kl += kl
+    }
+    tokenLoss -= config.entropyCoef * h
+    loss += batch.weights[i]! * tokenLoss
+    stats.tokens++
+    stats.entropy += h
+  }
+  return { loss, tokenLogprobs, stats }
+}

@@ -1,0 +1,244 @@
+/**
+ * Packing of variable-length, token-masked sequences into padded micro-batches under a token budget.
+ *
+ * One row holds one sequence (a trajectory segment), right-padded. Rows are aligned for next-token prediction:
+ * position `t` reads `inputIds[t]` and is trained on target `tokenIds[t + 1]`, so every per-token array (loss mask,
+ * sampler logprobs, advantages, reference logprobs) is shifted left by one. Sequences are sorted by length
+ * (longest first, ties by input order: deterministic) and packed greedily so that `rows × paddedLength ≤
+ * tokenBudget`; the padded length is rounded up to `lengthMultiple` so that few distinct shapes (one compiled
+ * graph each) occur.
+ *
+ * Aggregation weights (`Loss.aggregationWeights`) are computed from the totals of **all** sequences packed
+ * together, so that summing micro-batch gradients equals the gradient of the whole mini-batch loss.
+ *
+ * @since 0.1.0
+ */
+import { Effect, Schema } from "effect"
+import * as Loss from "./Loss.ts"
+import * as Trajectory from "./Trajectory.ts"
+
+// ===== Models =====
+
+/**
+ * One training sequence with per-token data aligned to `tokenIds` (not yet shifted).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Sequence {
+  readonly tokenIds: Int32Array
+  /** 1 where the policy sampled the token. */
+  readonly lossMask: Uint8Array
+  /** Sampler logprobs; read only where `lossMask` is 1. */
+  readonly samplerLogprobs?: Float32Array | undefined
+  /** Per-token advantages. */
+  readonly advantages?: Float32Array | Float64Array | undefined
+  /** Per-token reference-policy logprobs (KL penalty). */
+  readonly refLogprobs?: Float32Array | undefined
+}
+
+/**
+ * A padded micro-batch, `[batch × length]` row-major.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface MicroBatch {
+  readonly batch: number
+  readonly length: number
+  readonly inputIds: Int32Array
+  /** 1 on real tokens, 0 on padding. */
+  readonly attentionMask: Uint8Array
+  readonly targets: Int32Array
+  readonly mask: Uint8Array
+  readonly weights: Float32Array
+  readonly advantages: Float32Array
+  readonly samplerLogprobs: Float32Array
+  readonly refLogprobs: Float32Array
+  /** `[batch]`: index of each row's sequence in the input. */
+  readonly sequenceIndex: Int32Array
+  /** Loss tokens in this micro-batch. */
+  readonly lossTokens: number
+}
+
+/**
+ * Packing options.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Options {
+  /** Maximum `rows × paddedLength` per micro-batch. */
+  readonly tokenBudget: number
+  /** Padded lengths are rounded up to a multiple of this (default 16). */
+  readonly lengthMultiple?: number
+  readonly aggregation: Loss.AggregationMode
+  /** For `seq-mean-token-sum-norm`; defaults to the longest padded length. */
+  readonly normLength?: number
+}
+
+/**
+ * Why packing failed.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class PackingError extends Schema.TaggedError<PackingError>()("PackingError", {
+  reason: Schema.Literals(["SequenceTooLong", "ShapeMismatch", "BadBudget"]),
+  message: Schema.String
+}) {}
+
+// ===== Constructors =====
+
+/**
+ * Turns one trajectory segment plus per-token advantages into a {@link Sequence}.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const fromSegment = (
+  segment: Trajectory.Segment,
+  advantages?: Float32Array | Float64Array,
+  refLogprobs?: Float32Array
+): Sequence => ({
+  tokenIds: Trajectory.tokenIds(segment),
+  lossMask: Trajectory.lossMask(segment),
+  samplerLogprobs: Trajectory.logprobs(segment),
+  advantages,
+  refLogprobs
+})
+
+const roundUp = (n: number, multiple: number) => Math.ceil(n / multiple) * multiple
+
+const check = (sequences: ReadonlyArray<Sequence>, options: Options, multiple: number): PackingError | undefined => {
+  if (!(options.tokenBudget > 0) || !(multiple > 0)) {
+    return new PackingError({ reason: "BadBudget", message: `token budget ${options.tokenBudget}, multiple ${multiple}` })
+  }
+  for (const [i, s] of sequences.entries()) {
+    const n = s.tokenIds.length
+    for (const [name, a] of [["lossMask", s.lossMask], ["samplerLogprobs", s.samplerLogprobs], [
+      "advantages",
+      s.advantages
+    ], ["refLogprobs", s.refLogprobs]] as const) {
+      if (a !== undefined && a.length !== n) {
+        return new PackingError({ reason: "ShapeMismatch", message: `sequence ${i}: ${name} has ${a.length} entries, ${n} tokens` })
+      }
+    }
+    if (roundUp(n, multiple) > options.tokenBudget) {
+      return new PackingError({
+        reason: "SequenceTooLong",
+        message: `sequence ${i} has ${n} tokens (padded ${roundUp(n, multiple)}), over the budget of ${options.tokenBudget}`
+      })
+    }
+  }
+  return undefined
+}
+
+/**
+ * Packs sequences into micro-batches. Fails with `PackingError` when a sequence alone exceeds the budget or its
+ * arrays disagree in length.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const pack = (
+  sequences: ReadonlyArray<Sequence>,
+  options: Options
+): Effect.Effect<Packed, PackingError> =>
+  Effect.suspend(() => {
+    const error = check(sequences, options, options.lengthMultiple ?? 16)
+    return error !== undefined ? Effect.fail(error) : Effect.succeed(packUnsafe(sequences, options))
+  })
+
+/**
+ * The result of packing.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Packed {
+  readonly microBatches: ReadonlyArray<MicroBatch>
+  readonly totals: Loss.Totals
+}
+
+/**
+ * {@link pack} without validation, for input already checked.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const packUnsafe = (sequences: ReadonlyArray<Sequence>, options: Options): Packed => {
+  const multiple = options.lengthMultiple ?? 16
+  // Totals over the shifted masks of every sequence: the mini-batch the loss is aggregated over.
+  let tokens = 0
+  let nonEmpty = 0
+  for (const s of sequences) {
+    let n = 0
+    for (let t = 1; t < s.lossMask.length; t++) n += s.lossMask[t] !== 0 ? 1 : 0
+    tokens += n
+    nonEmpty += n > 0 ? 1 : 0
+  }
+  const totals: Loss.Totals = { tokens, sequences: nonEmpty }
+  const order = sequences.map((_, i) => i).sort((a, b) => sequences[b]!.tokenIds.length - sequences[a]!.tokenIds.length || a - b)
+  const normLength = options.normLength ?? roundUp(Math.max(1, ...sequences.map((s) => s.tokenIds.length)), multiple)
+  const microBatches: Array<MicroBatch> = []
+  let start = 0
+  while (start < order.length) {
+    const length = roundUp(Math.max(1, sequences[order[start]!]!.tokenIds.length), multiple)
+    const rows = Math.min(Math.floor(options.tokenBudget / length), order.length - start)
+    microBatches.push(fill(sequences, order.slice(start, start + rows), length, totals, options.aggregation, normLength))
+    start += rows
+  }
+  return { microBatches, totals }
+}
+
+const fill = (
+  sequences: ReadonlyArray<Sequence>,
+  rows: ReadonlyArray<number>,
+  length: number,
+  totals: Loss.Totals,
+  aggregation: Loss.AggregationMode,
+  normLength: number
+): MicroBatch => {
+  const batch = rows.length
+  const cells = batch * length
+  const inputIds = new Int32Array(cells)
+  const attentionMask = new Uint8Array(cells)
+  const targets = new Int32Array(cells)
+  const mask = new Uint8Array(cells)
+  const advantages = new Float32Array(cells)
+  const samplerLogprobs = new Float32Array(cells)
+  const refLogprobs = new Float32Array(cells)
+  let lossTokens = 0
+  rows.forEach((index, b) => {
+    const s = sequences[index]!
+    const n = s.tokenIds.length
+    const o = b * length
+    inputIds.set(s.tokenIds, o)
+    attentionMask.fill(1, o, o + n)
+    for (let t = 0; t + 1 < n; t++) {
+      targets[o + t] = s.tokenIds[t + 1]!
+      if (s.lossMask[t + 1] === 0) continue
+      mask[o + t] = 1
+      lossTokens++
+      advantages[o + t] = s.advantages?.[t + 1] ?? 0
+      samplerLogprobs[o + t] = s.samplerLogprobs?.[t + 1] ?? 0
+      refLogprobs[o + t] = s.refLogprobs?.[t + 1] ?? 0
+    }
+  })
+  const weights = Loss.aggregationWeights(aggregation, mask, batch, length, totals, normLength)
+  return {
+    batch,
+    length,
+    inputIds,
+    attentionMask,
+    targets,
+    mask,
+    weights,
+    advantages,
+    samplerLogprobs,
+    refLogprobs,
+    sequenceIndex: Int32Array.from(rows),
+    lossTokens
+  }
+}
