@@ -1,0 +1,368 @@
+/**
+ * The configuration of a training run (`agentfly train CONFIG`): the model, datasets, tools, reward, agent
+ * options, algorithm, sync/async mode, evaluation, checkpoints and output directory.
+ *
+ * A config is a JSON or YAML file, or a TypeScript module whose default export (or `config` export) is the
+ * object. Decoding is strict: an unknown or mistyped key fails fast with the path of the bad key and, when a
+ * known key is close, a suggestion (`algorithm.lrr: unknown key (did you mean "lr"?)`). Relative paths in the
+ * config are resolved against the config file's directory, so a config and its data move together.
+ *
+ * @since 0.1.0
+ */
+import { Effect, FileSystem, Path, Schema, SchemaAST, SchemaIssue } from "effect"
+import * as Yaml from "yaml"
+
+// ===== Schema =====
+
+const PositiveInt = Schema.Int.check(Schema.isGreaterThanOrEqualTo(1))
+const NonNegativeInt = Schema.Int.check(Schema.isGreaterThanOrEqualTo(0))
+const NonNegative = Schema.Number.check(Schema.isGreaterThanOrEqualTo(0))
+const Positive = Schema.Number.check(Schema.isGreaterThan(0))
+const Probability = Schema.Number.check(Schema.isBetween({ minimum: 0, maximum: 1 }))
+
+const withDefault = <S extends Schema.Top>(schema: S, value: S["Encoded"]) =>
+  schema.pipe(Schema.withDecodingDefaultKey<S, never>(Effect.succeed(value)))
+
+/**
+ * Where the policy lives. `preset` names a model architecture to initialise at `path` when the folder does not
+ * exist yet (see `agentfly init-model`); `initSeed` seeds that initialisation.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const ModelConfig = Schema.Struct({
+  path: Schema.String,
+  preset: Schema.optionalKey(Schema.String),
+  initSeed: withDefault(NonNegativeInt, 0)
+})
+
+/**
+ * Datasets: `train` rows are prompts for rollouts; `eval` is the held-out split. `onInvalidRow` decides whether a
+ * row that fails validation stops the run (reported with its line number) or is skipped and reported.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const DataConfig = Schema.Struct({
+  train: Schema.String,
+  eval: Schema.optionalKey(Schema.String),
+  onInvalidRow: withDefault(Schema.Literals(["stop", "skip"]), "stop")
+})
+
+/**
+ * How the agent runs: chat template and tool-call parser by name, the system prompt, turn and token budgets,
+ * `numChains` rollouts per row (one GRPO group) and the sampling temperature.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const AgentConfig = Schema.Struct({
+  template: withDefault(Schema.String, "qwen2.5"),
+  parser: withDefault(Schema.String, "hermes"),
+  systemPrompt: Schema.optionalKey(Schema.String),
+  maxTurns: withDefault(PositiveInt, 4),
+  numChains: withDefault(PositiveInt, 8),
+  maxNewTokens: withDefault(PositiveInt, 256),
+  maxContextTokens: withDefault(PositiveInt, 2048),
+  temperature: withDefault(NonNegative, 1),
+  topP: withDefault(Probability, 1)
+})
+
+/**
+ * Advantage estimators (see `src/Advantage.ts`).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const AdvantageEstimator = Schema.Literals(["grpo", "drgrpo", "rloo", "reinforce++", "reinforce++-baseline"])
+export type AdvantageEstimator = typeof AdvantageEstimator.Type
+
+/**
+ * Loss aggregation modes (verl's names).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const LossAggregation = Schema.Literals([
+  "token-mean",
+  "seq-mean-token-sum",
+  "seq-mean-token-mean",
+  "seq-mean-token-sum-norm"
+])
+export type LossAggregation = typeof LossAggregation.Type
+
+/**
+ * The RL algorithm: estimator, clipped surrogate loss, KL to the initial policy, optimiser, and batch sizes.
+ * `groupsPerStep` rows (× `agent.numChains` rollouts) make one learner step; sequences are processed in
+ * micro-batches of `microBatchSize` with gradients accumulated. `steps` is the number of learner steps.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const AlgorithmConfig = Schema.Struct({
+  advantage: withDefault(AdvantageEstimator, "grpo"),
+  aggregation: withDefault(LossAggregation, "token-mean"),
+  clipLow: withDefault(NonNegative, 0.2),
+  clipHigh: withDefault(NonNegative, 0.2),
+  klCoef: withDefault(NonNegative, 0),
+  entropyCoef: withDefault(NonNegative, 0),
+  lr: withDefault(Positive, 3e-4),
+  weightDecay: withDefault(NonNegative, 0),
+  gradClip: withDefault(Positive, 1),
+  groupsPerStep: withDefault(PositiveInt, 8),
+  microBatchSize: withDefault(PositiveInt, 16),
+  steps: PositiveInt
+})
+
+/**
+ * Optional SFT warm-up on demonstration conversations: masked NLL on assistant tokens only.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const WarmupConfig = Schema.Struct({
+  data: Schema.String,
+  steps: PositiveInt,
+  lr: withDefault(Positive, 2e-3),
+  warmupSteps: withDefault(NonNegativeInt, 0),
+  batchSize: withDefault(PositiveInt, 16)
+})
+
+/**
+ * Held-out evaluation every `every` learner steps (and before the first), on `size` rows of `data.eval` (all when
+ * absent). `temperature: 0` is greedy.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const EvalConfig = Schema.Struct({
+  every: withDefault(PositiveInt, 10),
+  size: Schema.optionalKey(PositiveInt),
+  temperature: withDefault(NonNegative, 0)
+})
+
+/**
+ * Checkpoints every `every` learner steps (and at the end); the `keep` most recent are kept.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const CheckpointConfig = Schema.Struct({
+  every: withDefault(PositiveInt, 10),
+  keep: withDefault(PositiveInt, 2)
+})
+
+/**
+ * A whole training run. `mode: "async"` lets rollouts run ahead of the learner by at most `maxStaleness` policy
+ * versions; `"sync"` generates each batch with the current policy.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const TrainConfig = Schema.Struct({
+  name: Schema.optionalKey(Schema.String),
+  seed: withDefault(NonNegativeInt, 0),
+  output: Schema.String,
+  model: ModelConfig,
+  data: DataConfig,
+  tools: withDefault(Schema.Array(Schema.String), []),
+  reward: Schema.String,
+  agent: withDefault(AgentConfig, {}),
+  algorithm: AlgorithmConfig,
+  warmup: Schema.optionalKey(WarmupConfig),
+  mode: withDefault(Schema.Literals(["sync", "async"]), "sync"),
+  maxStaleness: withDefault(NonNegativeInt, 1),
+  eval: withDefault(EvalConfig, {}),
+  checkpoint: withDefault(CheckpointConfig, {}),
+  sampleTrajectories: withDefault(NonNegativeInt, 4)
+})
+export type TrainConfig = typeof TrainConfig.Type
+
+// ===== Errors =====
+
+/**
+ * @category errors
+ * @since 0.1.0
+ */
+export const ConfigErrorReason = Schema.Literals(["Unreadable", "Syntax", "Invalid", "UnsupportedFormat"])
+
+/**
+ * A config that cannot be used. `issues` lists one line per problem, each starting with the dotted path of the
+ * offending key.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class ConfigError extends Schema.TaggedError<ConfigError>()("ConfigError", {
+  source: Schema.String,
+  reason: ConfigErrorReason,
+  issues: Schema.Array(Schema.String)
+}) {
+  override get message(): string {
+    return `${this.source}: ${this.reason === "Invalid" ? "invalid config" : this.reason}\n  ` + this.issues.join("\n  ")
+  }
+}
+
+// ===== Issue formatting =====
+
+type PathKey = PropertyKey
+
+const objectsIn = (ast: SchemaAST.AST): Array<SchemaAST.Objects> => {
+  const encoded = SchemaAST.toEncoded(ast)
+  if (encoded._tag === "Objects") return [encoded]
+  if (encoded._tag === "Union") return encoded.types.flatMap(objectsIn)
+  if (encoded._tag === "Suspend") return objectsIn(encoded.thunk())
+  return []
+}
+
+/** The keys a struct at `path` accepts (the union of all struct members at that path). */
+const knownKeysAt = (ast: SchemaAST.AST, path: ReadonlyArray<PathKey>): Array<string> => {
+  let nodes = [ast]
+  for (const key of path) {
+    nodes = nodes.flatMap((node) => {
+      const encoded = SchemaAST.toEncoded(node)
+      if (encoded._tag === "Arrays" && typeof key === "number") return [...encoded.elements, ...encoded.rest]
+      return objectsIn(node).flatMap((o) => o.propertySignatures.filter((p) => p.name === key).map((p) => p.type))
+    })
+  }
+  return [...new Set(nodes.flatMap(objectsIn).flatMap((o) => o.propertySignatures.map((p) => String(p.name))))]
+}
+
+const editDistance = (a: string, b: string): number => {
+  const row = Array.from({ length: b.length + 1 }, (_, j) => j)
+  for (let i = 1; i <= a.length; i++) {
+    let diagonal = row[0]!
+    row[0] = i
+    for (let j = 1; j <= b.length; j++) {
+      const above = row[j]!
+      row[j] = Math.min(row[j]! + 1, row[j - 1]! + 1, diagonal + (a[i - 1]!.toLowerCase() === b[j - 1]!.toLowerCase() ? 0 : 1))
+      diagonal = above
+    }
+  }
+  return row[b.length]!
+}
+
+/** The closest known key: within a small edit distance, or one of the two a prefix of the other. */
+const suggestion = (key: string, known: ReadonlyArray<string>): string => {
+  const lower = key.toLowerCase()
+  const prefix = (k: string) => lower.startsWith(k.toLowerCase()) || k.toLowerCase().startsWith(lower)
+  const best = known
+    .map((k) => ({ k, d: prefix(k) ? 0.5 : editDistance(key, k) }))
+    .sort((x, y) => x.d - y.d)[0]
+  return best !== undefined && best.d <= Math.max(2, Math.floor(key.length / 3)) ? ` (did you mean "${best.k}"?)` : ""
+}
+
+const dotted = (path: ReadonlyArray<PathKey>): string =>
+  path.length === 0 ? "(root)" : path.map((k) => (typeof k === "number" ? `[${k}]` : String(k))).join(".")
+    .replace(/\.\[/g, "[")
+
+const leafMessage = (issue: SchemaIssue.Issue): string => SchemaIssue.defaultFormatter(issue).split("\n")[0]!.trim()
+
+/**
+ * One line per problem, `path: message`, with a suggestion for mistyped keys.
+ *
+ * @category formatting
+ * @since 0.1.0
+ */
+export const formatIssues = (schema: Schema.Top, issue: SchemaIssue.Issue): Array<string> => {
+  const out: Array<string> = []
+  const walk = (node: SchemaIssue.Issue, path: ReadonlyArray<PathKey>): void => {
+    switch (node._tag) {
+      case "Pointer":
+        return walk(node.issue, [...path, ...node.path])
+      case "Composite":
+      case "AnyOf":
+        if (node.issues.length === 0) out.push(`${dotted(path)}: ${leafMessage(node)}`)
+        return node.issues.forEach((child) => walk(child, path))
+      case "Encoding":
+        return walk(node.issue, path)
+      case "UnexpectedKey": {
+        const key = String(path.at(-1))
+        return void out.push(`${dotted(path)}: unknown key${suggestion(key, knownKeysAt(schema.ast, path.slice(0, -1)))}`)
+      }
+      case "MissingKey":
+        return void out.push(`${dotted(path)}: missing`)
+      default:
+        return void out.push(`${dotted(path)}: ${leafMessage(node)}`)
+    }
+  }
+  walk(issue, [])
+  return out
+}
+
+// ===== Constructors =====
+
+const decodeStrict = Schema.decodeUnknownEffect(TrainConfig)
+
+/**
+ * Decodes a config value strictly (unknown keys are errors), reporting every problem with its path.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const decode = (input: unknown, source = "config"): Effect.Effect<TrainConfig, ConfigError> =>
+  decodeStrict(input, { onExcessProperty: "error", errors: "all" }).pipe(
+    Effect.mapError((e) =>
+      new ConfigError({ source, reason: "Invalid", issues: formatIssues(TrainConfig, e.issue) })
+    )
+  )
+
+/**
+ * Resolves the config's relative paths (model, datasets, warm-up data, output) against a directory.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const resolvePaths = (config: TrainConfig, resolve: (p: string) => string): TrainConfig => ({
+  ...config,
+  output: resolve(config.output),
+  model: { ...config.model, path: resolve(config.model.path) },
+  data: {
+    ...config.data,
+    train: resolve(config.data.train),
+    ...(config.data.eval === undefined ? {} : { eval: resolve(config.data.eval) })
+  },
+  ...(config.warmup === undefined ? {} : { warmup: { ...config.warmup, data: resolve(config.warmup.data) } })
+})
+
+const readModule = (file: string) =>
+  Effect.tryPromise({
+    try: () => import(file) as Promise<{ readonly default?: unknown; readonly config?: unknown }>,
+    catch: (e) => new ConfigError({ source: file, reason: "Syntax", issues: [String(e)] })
+  }).pipe(Effect.map((m) => m.default ?? m.config))
+
+/**
+ * Loads a config file: `.json`, `.yaml` / `.yml`, or a TypeScript / JavaScript module exporting the config as
+ * its default export (or as `config`). Relative paths inside are resolved against the file's directory.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const load = Effect.fn("TrainConfig.load")(function*(file: string) {
+  const fs = yield* FileSystem.FileSystem
+  const path = yield* Path.Path
+  const absolute = path.resolve(file)
+  const extension = path.extname(absolute).toLowerCase()
+  let raw: unknown
+  if ([".ts", ".mts", ".js", ".mjs"].includes(extension)) {
+    raw = yield* readModule(absolute)
+  } else if ([".json", ".yaml", ".yml"].includes(extension)) {
+    const text = yield* fs.readFileString(absolute).pipe(
+      Effect.mapError((e) => new ConfigError({ source: file, reason: "Unreadable", issues: [e.message] }))
+    )
+    raw = yield* Effect.try({
+      // YAML is a superset of JSON; the yaml parser reports line and column for both.
+      try: () => Yaml.parse(text, { prettyErrors: true, uniqueKeys: true }) as unknown,
+      catch: (e) => new ConfigError({ source: file, reason: "Syntax", issues: [String(e).split("\n")[0]!] })
+    })
+  } else {
+    return yield* new ConfigError({
+      source: file,
+      reason: "UnsupportedFormat",
+      issues: [`expected .json, .yaml, .yml, .ts or .js, got "${extension}"`]
+    })
+  }
+  const config = yield* decode(raw, file)
+  const dir = path.dirname(absolute)
+  return resolvePaths(config, (p) => path.resolve(dir, p))
+})

@@ -1,0 +1,105 @@
+import { NodeServices } from "@effect/platform-node"
+import { assert, describe, it } from "@effect/vitest"
+import { Effect, Result } from "effect"
+import { mkdtempSync, writeFileSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import * as TrainConfig from "../../src/TrainConfig.ts"
+
+const minimal = {
+  output: "runs/x",
+  model: { path: "model", preset: "tiny" },
+  data: { train: "data/train.jsonl", eval: "data/heldout.jsonl" },
+  tools: ["calculator"],
+  reward: "mathEqual",
+  algorithm: { steps: 10 }
+}
+
+const failure = <A, R>(effect: Effect.Effect<A, TrainConfig.ConfigError, R>) =>
+  Effect.map(Effect.result(effect), (r) => {
+    assert.isTrue(Result.isFailure(r), "expected a failure")
+    return (r as Result.Failure<A, TrainConfig.ConfigError>).failure
+  })
+
+describe("TrainConfig", () => {
+  it.effect("fills defaults for everything optional", () =>
+    Effect.gen(function*() {
+      const config = yield* TrainConfig.decode(minimal)
+      assert.strictEqual(config.mode, "sync")
+      assert.strictEqual(config.agent.numChains, 8)
+      assert.strictEqual(config.algorithm.advantage, "grpo")
+      assert.strictEqual(config.algorithm.lr, 3e-4)
+      assert.strictEqual(config.algorithm.steps, 10)
+      assert.strictEqual(config.eval.temperature, 0)
+      assert.strictEqual(config.checkpoint.every, 10)
+      assert.strictEqual(config.data.onInvalidRow, "stop")
+      assert.isUndefined(config.warmup)
+    }))
+
+  it.effect("an unknown or mistyped key fails fast with its path and a suggestion", () =>
+    Effect.gen(function*() {
+      const error = yield* failure(TrainConfig.decode({
+        ...minimal,
+        algorithm: { steps: 10, lrr: 0.1 },
+        agent: { numChain: 4 },
+        evaluation: {}
+      }))
+      assert.strictEqual(error.reason, "Invalid")
+      assert.sameMembers([...error.issues], [
+        "algorithm.lrr: unknown key (did you mean \"lr\"?)",
+        "agent.numChain: unknown key (did you mean \"numChains\"?)",
+        "evaluation: unknown key (did you mean \"eval\"?)"
+      ])
+      assert.include(error.message, "algorithm.lrr")
+    }))
+
+  it.effect("wrong types, bad literals, out-of-range numbers and missing keys each name their path", () =>
+    Effect.gen(function*() {
+      const { reward: _, ...noReward } = minimal
+      const error = yield* failure(TrainConfig.decode({
+        ...noReward,
+        mode: "asynchronous",
+        algorithm: { steps: 0, lr: "fast", advantage: "ppo" },
+        agent: { maxTurns: 1.5 }
+      }))
+      const byPath = (p: string) => error.issues.filter((i) => i.startsWith(p + ":"))
+      assert.strictEqual(byPath("reward").length, 1)
+      assert.include(byPath("reward")[0], "missing")
+      assert.include(byPath("mode")[0], "sync")
+      assert.strictEqual(byPath("algorithm.steps").length, 1)
+      assert.strictEqual(byPath("algorithm.lr").length, 1)
+      assert.include(byPath("algorithm.advantage")[0], "grpo")
+      assert.include(byPath("agent.maxTurns")[0], "integer")
+    }))
+
+  it.effect("loads JSON, YAML and TypeScript configs and resolves paths against the config's folder", () =>
+    Effect.gen(function*() {
+      const dir = mkdtempSync(join(tmpdir(), "config-"))
+      writeFileSync(join(dir, "a.json"), JSON.stringify({ ...minimal, mode: "async", maxStaleness: 2 }))
+      writeFileSync(join(dir, "b.yaml"), "output: out\nmodel: { path: m }\ndata:\n  train: t.jsonl\nreward: r\n" +
+        "algorithm:\n  steps: 3\n  lr: 1.0e-3\n")
+      writeFileSync(join(dir, "c.ts"), `export default ${JSON.stringify(minimal)}\n`)
+      const a = yield* TrainConfig.load(join(dir, "a.json"))
+      assert.strictEqual(a.mode, "async")
+      assert.strictEqual(a.maxStaleness, 2)
+      assert.strictEqual(a.data.train, join(dir, "data/train.jsonl"))
+      assert.strictEqual(a.output, join(dir, "runs/x"))
+      const b = yield* TrainConfig.load(join(dir, "b.yaml"))
+      assert.strictEqual(b.algorithm.lr, 1e-3)
+      assert.strictEqual(b.model.path, join(dir, "m"))
+      const c = yield* TrainConfig.load(join(dir, "c.ts"))
+      assert.strictEqual(c.reward, "mathEqual")
+    }).pipe(Effect.provide(NodeServices.layer)))
+
+  it.effect("syntax errors, duplicate keys, missing files and unknown formats are typed errors", () =>
+    Effect.gen(function*() {
+      const dir = mkdtempSync(join(tmpdir(), "config-"))
+      writeFileSync(join(dir, "bad.json"), `{"output": "x",\n  "model": {`)
+      writeFileSync(join(dir, "dup.yaml"), "output: a\noutput: b\n")
+      writeFileSync(join(dir, "x.toml"), "")
+      assert.strictEqual((yield* failure(TrainConfig.load(join(dir, "bad.json")))).reason, "Syntax")
+      assert.strictEqual((yield* failure(TrainConfig.load(join(dir, "dup.yaml")))).reason, "Syntax")
+      assert.strictEqual((yield* failure(TrainConfig.load(join(dir, "x.toml")))).reason, "UnsupportedFormat")
+      assert.strictEqual((yield* failure(TrainConfig.load(join(dir, "none.json")))).reason, "Unreadable")
+    }).pipe(Effect.provide(NodeServices.layer)))
+})
