@@ -256,7 +256,8 @@ const dotted = (path: ReadonlyArray<PathKey>): string =>
   path.length === 0 ? "(root)" : path.map((k) => (typeof k === "number" ? `[${k}]` : String(k))).join(".")
     .replace(/\.\[/g, "[")
 
-const leafMessage = (issue: SchemaIssue.Issue): string => SchemaIssue.defaultFormatter(issue).split("\n")[0]!.trim()
+const formatter = SchemaIssue.makeFormatterDefault()
+const leafMessage = (issue: SchemaIssue.Issue): string => formatter(issue).split("\n")[0]!.trim()
 
 /**
  * One line per problem, `path: message`, with a suggestion for mistyped keys.
