@@ -1,0 +1,491 @@
+/**
+ * The state machine of one resource pool (one spec). Every decision is a synchronous step over plain mutable state
+ * (fibers are cooperative, so a step is atomic); the slow work (start, reset, health check, destroy) runs in
+ * fibers owned by the pool, never by the chains that wait for it, so interrupting a chain cannot leave a
+ * half-started instance behind.
+ *
+ * A *binding* ties a sharing key (spec, scope, owner) to an instance while at least one holder uses it. Waiting
+ * is per binding, not per holder: a second chain of the same group joins the first's wait.
+ */
+import { Cause, Clock, Deferred, Effect, Exit, FiberSet, Metric, Option, Schedule, Scope } from "effect"
+import { EnvError } from "../../src/Environment.ts"
+import * as Resource from "../../src/Resource.ts"
+
+type InstanceState = "starting" | "idle" | "leased" | "unhealthy"
+
+export interface Instance<A> {
+  readonly id: string
+  readonly scope: Scope.Closeable
+  value: A | undefined
+  state: InstanceState
+  idleSince: number
+  binding: Binding<A> | undefined
+}
+
+export interface Binding<A> {
+  readonly key: string
+  holders: number
+  status: "waiting" | "assigning" | "ready" | "done"
+  ready: Deferred.Deferred<Instance<A>, Resource.LeaseError>
+  instance: Instance<A> | undefined
+  /** Bumped each time the instance is replaced after a crash. */
+  generation: number
+  /** Holds the global (coordinator) lease while the binding lives. */
+  scope: Scope.Closeable | undefined
+  global: Resource.GlobalLease | undefined
+}
+
+/**
+ * Instances by state, waiters, starts and failures, acquire latency. Also published as metrics
+ * (`env/<name>/instances{state}`, `env/<name>/waiters`, `env/<name>/starts`, `env/<name>/failures`,
+ * `env/<name>/acquire_ms`).
+ */
+export interface PoolStats {
+  readonly starting: number
+  readonly idle: number
+  readonly leased: number
+  readonly unhealthy: number
+  readonly waiters: number
+  readonly starts: number
+  readonly failures: number
+  readonly acquires: number
+  readonly acquireMillisTotal: number
+  readonly acquireMillisMax: number
+  readonly closed: boolean
+}
+
+export interface Pool<A> {
+  readonly resource: Resource.Resource<A>
+  readonly join: (key: string) => Effect.Effect<Binding<A>, Resource.LeaseError>
+  readonly leave: (binding: Binding<A>) => Effect.Effect<void>
+  /** Replace a crashed instance of `binding` with a fresh one (no-op if it was already replaced). */
+  readonly replace: (binding: Binding<A>, instance: Instance<A>) => Effect.Effect<void>
+  readonly recordAcquire: (millis: number) => Effect.Effect<void>
+  readonly stats: Effect.Effect<PoolStats>
+  readonly close: Effect.Effect<void>
+}
+
+const envError = (env: string, method: string, reason: EnvError["reason"], message: string) =>
+  new EnvError({ env, method, reason, message })
+
+/** Builds a pool in the current scope (the manager's); closing that scope destroys every instance. */
+export const make = Effect.fnUntraced(function*<A>(
+  resource: Resource.Resource<A>,
+  options: { readonly coordinator: Resource.Coordinator | undefined }
+) {
+  const { backend, spec } = resource
+  const name = spec.name
+  const managerScope = yield* Effect.scope
+  const fibers = yield* FiberSet.make<unknown, never>()
+  const instances = new Map<string, Instance<A>>()
+  const idle: Array<Instance<A>> = []
+  const waiting: Array<Binding<A>> = []
+  const bindings = new Map<string, Binding<A>>()
+  let closed = false
+  let nextId = 0
+  const counters = { starts: 0, failures: 0, acquires: 0, acquireMillisTotal: 0, acquireMillisMax: 0 }
+
+  const leaseError = (reason: Resource.LeaseErrorReason) => new Resource.LeaseError({ resource: name, reason })
+  const fork = <X>(effect: Effect.Effect<X>) => Effect.asVoid(FiberSet.run(fibers, effect))
+  const forkAll = (work: ReadonlyArray<Effect.Effect<void>>) => Effect.forEach(work, fork, { discard: true })
+
+  // ----- metrics -----
+  const attributes = { resource: name }
+  const gauges = {
+    starting: Metric.gauge(`env/${name}/instances`, { attributes: { ...attributes, state: "starting" } }),
+    idle: Metric.gauge(`env/${name}/instances`, { attributes: { ...attributes, state: "idle" } }),
+    leased: Metric.gauge(`env/${name}/instances`, { attributes: { ...attributes, state: "leased" } }),
+    unhealthy: Metric.gauge(`env/${name}/instances`, { attributes: { ...attributes, state: "unhealthy" } }),
+    waiters: Metric.gauge(`env/${name}/waiters`, { attributes })
+  }
+  const startsCounter = Metric.counter(`env/${name}/starts`, { attributes, incremental: true })
+  const failuresCounter = Metric.counter(`env/${name}/failures`, { attributes, incremental: true })
+  const acquireHistogram = Metric.histogram(`env/${name}/acquire_ms`, {
+    attributes,
+    boundaries: Metric.exponentialBoundaries({ start: 0.5, factor: 2, count: 18 })
+  })
+
+  const snapshot = (): PoolStats => {
+    const by = { starting: 0, idle: 0, leased: 0, unhealthy: 0 }
+    for (const instance of instances.values()) by[instance.state]++
+    return { ...by, waiters: waiting.length, ...counters, closed }
+  }
+  const publish = Effect.suspend(() => {
+    const s = snapshot()
+    return Effect.all([
+      Metric.update(gauges.starting, s.starting),
+      Metric.update(gauges.idle, s.idle),
+      Metric.update(gauges.leased, s.leased),
+      Metric.update(gauges.unhealthy, s.unhealthy),
+      Metric.update(gauges.waiters, s.waiters)
+    ], { discard: true })
+  })
+  const failed = Effect.suspend(() => {
+    counters.failures++
+    return Metric.update(failuresCounter, 1)
+  })
+
+  // ----- instance lifecycle -----
+  const newInstance = (binding: Binding<A> | undefined): Instance<A> => {
+    const instance: Instance<A> = {
+      id: `${name}-${nextId++}`,
+      scope: Scope.forkUnsafe(managerScope),
+      value: undefined,
+      state: "starting",
+      idleSince: 0,
+      binding
+    }
+    instances.set(instance.id, instance)
+    return instance
+  }
+
+  /** Removes the instance from the books at once (its slot frees) and tears it down in the background. */
+  const destroy = (instance: Instance<A>): Effect.Effect<void> =>
+    Effect.suspend(() => {
+      instances.delete(instance.id)
+      const i = idle.indexOf(instance)
+      if (i >= 0) idle.splice(i, 1)
+      return Effect.andThen(
+        fork(Effect.ignore(Scope.close(instance.scope, Exit.void))),
+        Effect.andThen(dispatch, replenish)
+      )
+    })
+
+  const start = (instance: Instance<A>): Effect.Effect<Exit.Exit<A, EnvError>> =>
+    Effect.gen(function*() {
+      counters.starts++
+      yield* Metric.update(startsCounter, 1)
+      yield* publish
+      return yield* backend.start(spec, instance.id).pipe(
+        Scope.provide(instance.scope),
+        Effect.timeoutOrElse({
+          duration: spec.timeouts.startMillis,
+          orElse: () =>
+            Effect.fail(envError(name, "start", "Timeout", `start exceeded ${spec.timeouts.startMillis} ms`))
+        }),
+        Effect.exit
+      )
+    })
+
+  /** Health check with the spec's timeout; a timeout counts as a failure. */
+  const check = (instance: Instance<A>) =>
+    backend.health(instance.value as A).pipe(
+      Effect.timeoutOrElse({
+        duration: spec.timeouts.healthMillis,
+        orElse: () =>
+          Effect.fail(envError(name, "health", "Timeout", `exceeded ${spec.timeouts.healthMillis} ms`))
+      }),
+      Effect.exit
+    )
+
+  /** Start a fresh instance into a binding (a new key, or a replacement after a crash). */
+  const startInto = (binding: Binding<A>, instance: Instance<A>): Effect.Effect<void> =>
+    Effect.gen(function*() {
+      const exit = yield* start(instance)
+      if (Exit.isFailure(exit)) {
+        yield* failed
+        instances.delete(instance.id)
+        yield* fork(Effect.ignore(Scope.close(instance.scope, Exit.void)))
+        const message = Option.match(Cause.findErrorOption(exit.cause), {
+          onNone: () => Cause.pretty(exit.cause),
+          onSome: (e) => e.message
+        })
+        return yield* failBinding(binding, leaseError(new Resource.StartFailed({ message })))
+      }
+      instance.value = exit.value
+      return yield* complete(binding, instance)
+    })
+
+  /** Hand an idle instance to a binding, checking its health first; a failed check replaces it. */
+  const handOver = (binding: Binding<A>, instance: Instance<A>): Effect.Effect<void> =>
+    Effect.gen(function*() {
+      if (spec.healthCheckOnAcquire) {
+        const exit = yield* check(instance)
+        if (Exit.isFailure(exit)) {
+          yield* failed
+          instances.delete(instance.id)
+          yield* fork(Effect.ignore(Scope.close(instance.scope, Exit.void)))
+          const fresh = newInstance(binding)
+          binding.instance = fresh
+          return yield* startInto(binding, fresh)
+        }
+      }
+      return yield* complete(binding, instance)
+    })
+
+  const failBinding = (binding: Binding<A>, error: Resource.LeaseError): Effect.Effect<void> =>
+    Effect.gen(function*() {
+      binding.status = "done"
+      binding.instance = undefined
+      if (bindings.get(binding.key) === binding) bindings.delete(binding.key)
+      if (binding.scope) yield* Scope.close(binding.scope, Exit.void)
+      yield* Deferred.fail(binding.ready, error)
+      yield* dispatch
+    })
+
+  /** The instance is ready for the binding: give it to the holders, or recycle it if they all left. */
+  const complete = (binding: Binding<A>, instance: Instance<A>): Effect.Effect<void> =>
+    Effect.gen(function*() {
+      if (closed) {
+        yield* destroy(instance)
+        return yield* failBinding(binding, leaseError(new Resource.PoolClosed()))
+      }
+      if (binding.holders === 0) {
+        binding.status = "done"
+        if (bindings.get(binding.key) === binding) bindings.delete(binding.key)
+        if (binding.scope) yield* Scope.close(binding.scope, Exit.void)
+        return yield* recycle(instance)
+      }
+      instance.state = "leased"
+      instance.binding = binding
+      binding.instance = instance
+      binding.status = "ready"
+      yield* Deferred.succeed(binding.ready, instance)
+      yield* publish
+    })
+
+  /** The last holder left: reset and return to the idle pool, or destroy. */
+  const recycle = (instance: Instance<A>): Effect.Effect<void> =>
+    Effect.gen(function*() {
+      instance.binding = undefined
+      if (closed || instance.state === "unhealthy" || spec.resetPolicy === "recreate") return yield* destroy(instance)
+      const exit = yield* backend.reset(instance.value as A).pipe(
+        Effect.timeoutOrElse({
+          duration: spec.timeouts.resetMillis,
+          orElse: () =>
+            Effect.fail(envError(name, "reset", "Timeout", `exceeded ${spec.timeouts.resetMillis} ms`))
+        }),
+        Effect.exit
+      )
+      if (Exit.isFailure(exit) || closed || !instances.has(instance.id)) {
+        if (Exit.isFailure(exit)) yield* failed
+        return yield* destroy(instance)
+      }
+      instance.state = "idle"
+      instance.idleSince = yield* Clock.currentTimeMillis
+      idle.push(instance)
+      yield* dispatch
+      yield* publish
+    })
+
+  /** Keep `min` instances (started idle, in the background). */
+  const replenish: Effect.Effect<void> = Effect.suspend(() => {
+    const work: Array<Effect.Effect<void>> = []
+    while (!closed && instances.size < spec.pool.min) work.push(startIdle(newInstance(undefined)))
+    return forkAll(work)
+  })
+
+  const startIdle = (instance: Instance<A>): Effect.Effect<void> =>
+    Effect.gen(function*() {
+      const exit = yield* start(instance)
+      if (Exit.isFailure(exit) || closed) {
+        if (Exit.isFailure(exit)) yield* failed
+        instances.delete(instance.id)
+        yield* Scope.close(instance.scope, Exit.void)
+        return yield* publish
+      }
+      instance.value = exit.value
+      instance.state = "idle"
+      instance.idleSince = yield* Clock.currentTimeMillis
+      idle.push(instance)
+      yield* dispatch
+      yield* publish
+    })
+
+  /** Acquire the binding's global lease (if the spec has a global cap), then run `next`. */
+  const withGlobal = (binding: Binding<A>, next: Effect.Effect<void>): Effect.Effect<void> => {
+    const coordinator = options.coordinator
+    const cap = spec.pool.globalMax
+    if (coordinator === undefined || cap === undefined) return next
+    return Effect.gen(function*() {
+      const scope = yield* Scope.fork(managerScope)
+      binding.scope = scope
+      const exit = yield* coordinator.acquire({
+        resource: name,
+        cap,
+        waitMillis: spec.timeouts.acquireMillis,
+        onLost: () => onGlobalLost(binding)
+      }).pipe(Scope.provide(scope), Effect.exit)
+      if (Exit.isFailure(exit)) {
+        const leaseErr = Option.getOrElse(
+          Cause.findErrorOption(exit.cause),
+          () => leaseError(new Resource.CoordinatorUnavailable({ message: Cause.pretty(exit.cause) }))
+        )
+        const assigned = binding.instance
+        binding.instance = undefined
+        if (assigned) {
+          if (assigned.value === undefined) {
+            instances.delete(assigned.id)
+            yield* fork(Effect.ignore(Scope.close(assigned.scope, Exit.void)))
+          } else {
+            yield* fork(recycle(assigned))
+          }
+        }
+        return yield* failBinding(binding, leaseErr)
+      }
+      binding.global = exit.value
+      return yield* next
+    })
+  }
+
+  /** A holder that lost its global lease must stop acting: its instance is treated as crashed. */
+  const onGlobalLost = (binding: Binding<A>): Effect.Effect<void> =>
+    Effect.suspend(() => {
+      if (binding.status !== "ready" || binding.instance === undefined) return Effect.void
+      binding.instance.state = "unhealthy"
+      return publish
+    })
+
+  // ----- dispatch: give waiting bindings an idle instance or a free slot -----
+  const dispatch: Effect.Effect<void> = Effect.suspend(() => {
+    const work: Array<Effect.Effect<void>> = []
+    while (waiting.length > 0 && !closed) {
+      const binding = waiting[0]!
+      const instance = idle.pop()
+      if (instance !== undefined) {
+        waiting.shift()
+        binding.status = "assigning"
+        instance.state = "leased"
+        instance.binding = binding
+        binding.instance = instance
+        work.push(withGlobal(binding, handOver(binding, instance)))
+      } else if (instances.size < spec.pool.max) {
+        waiting.shift()
+        binding.status = "assigning"
+        const fresh = newInstance(binding)
+        binding.instance = fresh
+        work.push(withGlobal(binding, startInto(binding, fresh)))
+      } else {
+        break
+      }
+    }
+    return Effect.andThen(forkAll(work), publish)
+  })
+
+  // ----- the holder-facing steps -----
+  const join = (key: string): Effect.Effect<Binding<A>, Resource.LeaseError> =>
+    Effect.suspend(() => {
+      if (closed) return Effect.fail(leaseError(new Resource.PoolClosed()))
+      const existing = bindings.get(key)
+      if (existing !== undefined && existing.status !== "done") {
+        existing.holders++
+        return Effect.succeed(existing)
+      }
+      const binding: Binding<A> = {
+        key,
+        holders: 1,
+        status: "waiting",
+        ready: Deferred.makeUnsafe(),
+        instance: undefined,
+        generation: 0,
+        scope: undefined,
+        global: undefined
+      }
+      bindings.set(key, binding)
+      waiting.push(binding)
+      return Effect.as(dispatch, binding)
+    })
+
+  const leave = (binding: Binding<A>): Effect.Effect<void> =>
+    Effect.suspend(() => {
+      binding.holders--
+      if (binding.holders > 0) return Effect.void
+      if (binding.status === "waiting") {
+        binding.status = "done"
+        const i = waiting.indexOf(binding)
+        if (i >= 0) waiting.splice(i, 1)
+        if (bindings.get(binding.key) === binding) bindings.delete(binding.key)
+        return publish
+      }
+      if (binding.status !== "ready") return Effect.void // the assigning fiber sees holders === 0
+      binding.status = "done"
+      if (bindings.get(binding.key) === binding) bindings.delete(binding.key)
+      const instance = binding.instance!
+      const closeGlobal = binding.scope ? Scope.close(binding.scope, Exit.void) : Effect.void
+      return fork(Effect.andThen(closeGlobal, recycle(instance)))
+    })
+
+  const replace = (binding: Binding<A>, instance: Instance<A>): Effect.Effect<void> =>
+    Effect.suspend(() => {
+      if (binding.instance !== instance || binding.status !== "ready") return Effect.void
+      instance.state = "unhealthy"
+      instances.delete(instance.id)
+      binding.generation++
+      binding.status = "assigning"
+      binding.ready = Deferred.makeUnsafe()
+      const fresh = newInstance(binding)
+      binding.instance = fresh
+      return Effect.all([
+        failed,
+        fork(Effect.ignore(Scope.close(instance.scope, Exit.void))),
+        fork(startInto(binding, fresh)),
+        publish
+      ], { discard: true })
+    })
+
+  // ----- background: periodic health checks, idle TTL -----
+  const healthSweep = Effect.gen(function*() {
+    const candidates = [...instances.values()].filter((i) => i.state === "idle" || i.state === "leased")
+    yield* Effect.forEach(candidates, (instance) =>
+      Effect.gen(function*() {
+        const exit = yield* check(instance)
+        if (Exit.isSuccess(exit) || !instances.has(instance.id)) return
+        if (instance.state === "idle") {
+          yield* failed
+          return yield* destroy(instance)
+        }
+        // Leased: the holder learns on its next use (typed Crashed error) and gets a fresh instance.
+        if (instance.binding !== undefined) yield* replace(instance.binding, instance)
+      }), { concurrency: 4, discard: true })
+  })
+
+  const idleSweep = Effect.gen(function*() {
+    const ttl = spec.pool.idleTtlMillis!
+    const now = yield* Clock.currentTimeMillis
+    const expired = idle.filter((i) => now - i.idleSince >= ttl)
+    const excess = Math.max(0, instances.size - spec.pool.min)
+    for (const instance of expired.slice(0, excess)) yield* destroy(instance)
+  })
+
+  if (spec.timeouts.healthIntervalMillis !== undefined) {
+    yield* fork(Effect.repeat(healthSweep, Schedule.spaced(spec.timeouts.healthIntervalMillis)))
+  }
+  if (spec.pool.idleTtlMillis !== undefined) {
+    yield* fork(Effect.repeat(idleSweep, Schedule.spaced(Math.max(1, Math.floor(spec.pool.idleTtlMillis / 2)))))
+  }
+
+  // ----- open: prewarm -----
+  const warm: Array<Effect.Effect<void>> = []
+  for (let i = 0; i < Math.max(spec.pool.prewarm, spec.pool.min); i++) warm.push(startIdle(newInstance(undefined)))
+  yield* forkAll(warm)
+
+  const close: Effect.Effect<void> = Effect.gen(function*() {
+    if (closed) return
+    closed = true
+    const waiters = waiting.splice(0)
+    for (const binding of waiters) {
+      binding.status = "done"
+      bindings.delete(binding.key)
+      yield* Deferred.fail(binding.ready, leaseError(new Resource.PoolClosed()))
+    }
+    for (const instance of [...idle]) yield* destroy(instance)
+    yield* publish
+  })
+  yield* Effect.addFinalizer(() => close)
+
+  return {
+    resource,
+    join,
+    leave,
+    replace,
+    recordAcquire: (millis: number) =>
+      Effect.suspend(() => {
+        counters.acquires++
+        counters.acquireMillisTotal += millis
+        counters.acquireMillisMax = Math.max(counters.acquireMillisMax, millis)
+        return Metric.update(acquireHistogram, millis)
+      }),
+    stats: Effect.sync(snapshot),
+    close
+  } satisfies Pool<A>
+})

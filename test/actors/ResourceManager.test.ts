@@ -1,0 +1,401 @@
+import { assert, describe, it } from "@effect/vitest"
+import { Context, Effect, Exit, Fiber, Layer, Ref, Schema, Scope } from "effect"
+import { TestClock } from "effect/testing"
+import * as ResourceManager from "../../actors/ResourceManager.ts"
+import * as InProcess from "../../actors/resources/InProcess.ts"
+import { EnvError } from "../../src/Environment.ts"
+import * as Resource from "../../src/Resource.ts"
+
+/** A fake backend whose instances are counters that can be killed; it records what the manager asked of it. */
+const makeFake = () => {
+  const log: Array<string> = []
+  const alive = new Set<string>()
+  interface Counter {
+    readonly id: string
+    readonly value: Ref.Ref<number>
+  }
+  const dead = (id: string, method: string) =>
+    new EnvError({ env: "fake", method, reason: "Crashed", message: `${id} is dead` })
+  const backend: Resource.Backend<Counter> = {
+    start: (_spec, id) =>
+      Effect.gen(function*() {
+        log.push(`start ${id}`)
+        alive.add(id)
+        yield* Effect.addFinalizer(() => Effect.sync(() => (alive.delete(id), log.push(`destroy ${id}`))))
+        return { id, value: yield* Ref.make(0) }
+      }),
+    reset: (c) => Effect.andThen(Effect.sync(() => log.push(`reset ${c.id}`)), Ref.set(c.value, 0)),
+    health: (c) => (alive.has(c.id) ? Effect.void : Effect.fail(dead(c.id, "health")))
+  }
+  const incr = (c: Counter) => (alive.has(c.id) ? Ref.updateAndGet(c.value, (n) => n + 1) : Effect.fail(dead(c.id, "incr")))
+  return { log, alive, backend, incr, kill: (id: string) => alive.delete(id) }
+}
+
+const spec = (input: Partial<Resource.SpecInput> = {}) =>
+  Resource.makeUnsafe({ name: "counter", kind: "in-process", ...input })
+
+const chain = (chainId: string, groupId = "g0"): Resource.Owner => ({ chainId, groupId })
+
+const withManager = <A, E>(effect: Effect.Effect<A, E, ResourceManager.ResourceManager | Scope.Scope>) =>
+  Effect.provide(Effect.scoped(effect), ResourceManager.ResourceManager.layer)
+
+describe("ResourceManager", () => {
+  describe("sharing and isolation", () => {
+    it.effect("chain scope: one instance per chain, the same one for the same chain", () =>
+      withManager(Effect.gen(function*() {
+        const fake = makeFake()
+        const resource = Resource.resource(spec({ scope: "chain" }), fake.backend)
+        const manager = yield* ResourceManager.ResourceManager
+        const a1 = yield* manager.acquire(resource, chain("a"))
+        const a2 = yield* manager.acquire(resource, chain("a"))
+        const b = yield* manager.acquire(resource, chain("b"))
+        assert.strictEqual(yield* a1.instanceId, yield* a2.instanceId)
+        assert.notStrictEqual(yield* a1.instanceId, yield* b.instanceId)
+        yield* a1.use(fake.incr)
+        assert.strictEqual(yield* a2.use(fake.incr), 2, "the same chain sees its own state")
+        assert.strictEqual(yield* b.use(fake.incr), 1, "another chain is isolated")
+      })))
+
+    it.effect("group scope: chains of one group share, groups are isolated", () =>
+      withManager(Effect.gen(function*() {
+        const fake = makeFake()
+        const resource = Resource.resource(spec({ scope: "group" }), fake.backend)
+        const manager = yield* ResourceManager.ResourceManager
+        const a = yield* manager.acquire(resource, chain("a", "g1"))
+        const b = yield* manager.acquire(resource, chain("b", "g1"))
+        const c = yield* manager.acquire(resource, chain("c", "g2"))
+        assert.strictEqual(yield* a.instanceId, yield* b.instanceId)
+        assert.notStrictEqual(yield* a.instanceId, yield* c.instanceId)
+        assert.deepStrictEqual(fake.log.filter((l) => l.startsWith("start")).length, 2)
+      })))
+
+    it.effect("global scope: everybody shares one instance", () =>
+      withManager(Effect.gen(function*() {
+        const fake = makeFake()
+        const resource = Resource.resource(spec({ scope: "global" }), fake.backend)
+        const manager = yield* ResourceManager.ResourceManager
+        const ids = yield* Effect.forEach(
+          ["a", "b", "c"],
+          (id, i) => Effect.flatMap(manager.acquire(resource, chain(id, `g${i}`)), (l) => l.instanceId)
+        )
+        assert.deepStrictEqual(new Set(ids).size, 1)
+      })))
+
+    it.effect("the sharing key includes the spec: one chain gets one instance per spec", () =>
+      withManager(Effect.gen(function*() {
+        const fake = makeFake()
+        const manager = yield* ResourceManager.ResourceManager
+        const x = yield* manager.acquire(Resource.resource(spec({ name: "x" }), fake.backend), chain("a"))
+        const y = yield* manager.acquire(Resource.resource(spec({ name: "y" }), fake.backend), chain("a"))
+        assert.notStrictEqual(yield* x.instanceId, yield* y.instanceId)
+      })))
+  })
+
+  describe("bounded waits", () => {
+    it.effect("a full pool fails the waiter with LeaseTimeout after acquireMillis", () =>
+      withManager(Effect.gen(function*() {
+        const fake = makeFake()
+        const resource = Resource.resource(spec({ pool: { max: 1 }, timeouts: { acquireMillis: 5_000 } }), fake.backend)
+        const manager = yield* ResourceManager.ResourceManager
+        yield* manager.acquire(resource, chain("holder"))
+        const waiter = yield* Effect.forkChild(Effect.scoped(manager.acquire(resource, chain("waiter"))))
+        yield* TestClock.adjust("4999 millis")
+        assert.strictEqual((yield* manager.stats("counter"))?.waiters, 1)
+        assert.isUndefined(waiter.pollUnsafe(), "still waiting before the deadline")
+        yield* TestClock.adjust("1 millis")
+        const exit = yield* Fiber.await(waiter)
+        assert.isTrue(Exit.isFailure(exit))
+        const error = yield* Effect.flip(Fiber.join(waiter))
+        assert.instanceOf(error, Resource.LeaseError)
+        assert.strictEqual(error.reason._tag, "LeaseTimeout")
+        assert.isTrue(error.isRetryable)
+        assert.strictEqual((yield* manager.stats("counter"))?.waiters, 0, "the timed-out waiter is gone")
+      })))
+
+    it.effect("a waiter gets the instance as soon as the holder releases it", () =>
+      withManager(Effect.gen(function*() {
+        const fake = makeFake()
+        const resource = Resource.resource(spec({ pool: { max: 1 } }), fake.backend)
+        const manager = yield* ResourceManager.ResourceManager
+        const holder = yield* Effect.forkChild(Effect.scoped(Effect.andThen(
+          manager.acquire(resource, chain("holder")),
+          Effect.sleep("1 second")
+        )))
+        yield* Effect.yieldNow
+        const waiter = yield* Effect.forkChild(
+          Effect.scoped(Effect.flatMap(manager.acquire(resource, chain("waiter")), (l) => l.instanceId))
+        )
+        yield* TestClock.adjust("1 second")
+        yield* Fiber.join(holder)
+        assert.strictEqual(yield* Fiber.join(waiter), "counter-0")
+        assert.include(fake.log, "reset counter-0")
+      })))
+
+    it.effect("closing a pool fails waiters at once and refuses new acquires", () =>
+      withManager(Effect.gen(function*() {
+        const fake = makeFake()
+        const resource = Resource.resource(spec({ pool: { max: 1 } }), fake.backend)
+        const manager = yield* ResourceManager.ResourceManager
+        yield* manager.acquire(resource, chain("holder"))
+        const waiter = yield* Effect.forkChild(Effect.scoped(manager.acquire(resource, chain("waiter"))))
+        yield* Effect.yieldNow
+        yield* manager.close("counter")
+        const error = yield* Effect.flip(Fiber.join(waiter))
+        assert.strictEqual(error.reason._tag, "PoolClosed")
+        const again = yield* Effect.flip(Effect.scoped(manager.acquire(resource, chain("late"))))
+        assert.strictEqual(again.reason._tag, "PoolClosed")
+        assert.isFalse(again.isRetryable)
+      })))
+  })
+
+  describe("release and reuse", () => {
+    it.effect("an instance is reset before reuse; `recreate` gives a new one", () =>
+      withManager(Effect.gen(function*() {
+        const fake = makeFake()
+        const manager = yield* ResourceManager.ResourceManager
+        const reset = Resource.resource(spec({ name: "reset", pool: { max: 1 } }), fake.backend)
+        yield* Effect.scoped(Effect.flatMap(manager.acquire(reset, chain("a")), (l) => l.use(fake.incr)))
+        const [id, n] = yield* Effect.scoped(Effect.flatMap(
+          manager.acquire(reset, chain("b")),
+          (l) => Effect.all([l.instanceId, l.use(fake.incr)])
+        ))
+        assert.strictEqual(id, "reset-0", "reused")
+        assert.strictEqual(n, 1, "the previous chain's state is gone")
+
+        const recreate = Resource.resource(spec({ name: "recreate", resetPolicy: "recreate" }), fake.backend)
+        const first = yield* Effect.scoped(Effect.flatMap(manager.acquire(recreate, chain("a")), (l) => l.instanceId))
+        yield* Effect.yieldNow
+        const second = yield* Effect.scoped(Effect.flatMap(manager.acquire(recreate, chain("b")), (l) => l.instanceId))
+        assert.notStrictEqual(first, second)
+        assert.include(fake.log, `destroy ${first}`)
+      })))
+
+    it.effect("a lease is released when its holder fails or is interrupted", () =>
+      withManager(Effect.gen(function*() {
+        const fake = makeFake()
+        const resource = Resource.resource(spec({ pool: { max: 1 } }), fake.backend)
+        const manager = yield* ResourceManager.ResourceManager
+        const failing = yield* Effect.exit(Effect.scoped(Effect.andThen(
+          manager.acquire(resource, chain("a")),
+          Effect.fail("boom")
+        )))
+        assert.isTrue(Exit.isFailure(failing))
+        const hanging = yield* Effect.forkChild(Effect.scoped(Effect.andThen(
+          manager.acquire(resource, chain("b")),
+          Effect.never
+        )))
+        yield* Effect.yieldNow
+        assert.strictEqual((yield* manager.stats("counter"))?.leased, 1)
+        yield* Fiber.interrupt(hanging)
+        yield* Effect.yieldNow
+        const stats = yield* manager.stats("counter")
+        assert.strictEqual(stats?.leased, 0)
+        assert.strictEqual(stats?.idle, 1)
+      })))
+
+    it.effect("an interrupted waiter leaves no trace", () =>
+      withManager(Effect.gen(function*() {
+        const fake = makeFake()
+        const resource = Resource.resource(spec({ pool: { max: 1 } }), fake.backend)
+        const manager = yield* ResourceManager.ResourceManager
+        yield* manager.acquire(resource, chain("holder"))
+        const waiter = yield* Effect.forkChild(Effect.scoped(manager.acquire(resource, chain("waiter"))))
+        yield* Effect.yieldNow
+        yield* Fiber.interrupt(waiter)
+        assert.strictEqual((yield* manager.stats("counter"))?.waiters, 0)
+      })))
+
+    it.effect("idle instances above min are destroyed after the idle TTL", () =>
+      withManager(Effect.gen(function*() {
+        const fake = makeFake()
+        const resource = Resource.resource(spec({ pool: { min: 1, max: 3, idleTtlMillis: 10_000 } }), fake.backend)
+        const manager = yield* ResourceManager.ResourceManager
+        yield* Effect.scoped(Effect.all([
+          manager.acquire(resource, chain("a")),
+          manager.acquire(resource, chain("b")),
+          manager.acquire(resource, chain("c"))
+        ]))
+        yield* Effect.yieldNow
+        assert.strictEqual((yield* manager.stats("counter"))?.idle, 3)
+        yield* TestClock.adjust("15 seconds")
+        assert.strictEqual((yield* manager.stats("counter"))?.idle, 1, "min is kept")
+      })))
+
+    it.effect("prewarm starts instances when the pool opens", () =>
+      withManager(Effect.gen(function*() {
+        const fake = makeFake()
+        const manager = yield* ResourceManager.ResourceManager
+        yield* manager.open(Resource.resource(spec({ pool: { prewarm: 2 } }), fake.backend))
+        yield* Effect.yieldNow
+        const stats = yield* manager.stats("counter")
+        assert.strictEqual(stats?.idle, 2)
+        assert.strictEqual(stats?.starts, 2)
+      })))
+  })
+
+  describe("health and crashes", () => {
+    it.effect("a crash mid-lease gives EnvError(Crashed); withRetryOnCrash re-runs the step on a fresh instance", () =>
+      withManager(Effect.gen(function*() {
+        const fake = makeFake()
+        const resource = Resource.resource(spec(), fake.backend)
+        const manager = yield* ResourceManager.ResourceManager
+        const lease = yield* manager.acquire(resource, chain("a"))
+        yield* lease.use(fake.incr)
+        const before = yield* lease.instanceId
+        fake.kill(before)
+        const error = yield* Effect.flip(lease.use(fake.incr))
+        assert.instanceOf(error, EnvError)
+        assert.isTrue(Resource.isCrash(error))
+        const attempts = yield* Ref.make(0)
+        const step = Effect.andThen(Ref.update(attempts, (n) => n + 1), lease.use(fake.incr))
+        fake.kill(yield* lease.instanceId)
+        const n = yield* ResourceManager.withRetryOnCrash(step)
+        assert.strictEqual(n, 1, "the retried step ran on a fresh instance")
+        assert.strictEqual(yield* Ref.get(attempts), 2)
+        assert.notStrictEqual(yield* lease.instanceId, before)
+        assert.isAtLeast((yield* manager.stats("counter"))!.failures, 2)
+      })))
+
+    it.effect("the periodic health check replaces a dead leased instance; the holder is told once", () =>
+      withManager(Effect.gen(function*() {
+        const fake = makeFake()
+        const resource = Resource.resource(spec({ timeouts: { healthIntervalMillis: 1_000 } }), fake.backend)
+        const manager = yield* ResourceManager.ResourceManager
+        const lease = yield* manager.acquire(resource, chain("a"))
+        yield* lease.use(fake.incr)
+        const before = yield* lease.instanceId
+        fake.kill(before)
+        yield* TestClock.adjust("1 second")
+        yield* Effect.yieldNow
+        assert.include(fake.log, `destroy ${before}`)
+        const error = yield* Effect.flip(lease.use(fake.incr))
+        assert.isTrue(Resource.isCrash(error))
+        assert.strictEqual(yield* lease.use(fake.incr), 1, "next call works on the fresh instance")
+      })))
+
+    it.effect("an idle instance that fails its check on acquire is replaced before it is handed out", () =>
+      withManager(Effect.gen(function*() {
+        const fake = makeFake()
+        const resource = Resource.resource(spec({ pool: { max: 1 } }), fake.backend)
+        const manager = yield* ResourceManager.ResourceManager
+        const first = yield* Effect.scoped(Effect.flatMap(manager.acquire(resource, chain("a")), (l) => l.instanceId))
+        yield* Effect.yieldNow
+        fake.kill(first)
+        const second = yield* Effect.scoped(Effect.flatMap(manager.acquire(resource, chain("b")), (l) => l.instanceId))
+        assert.notStrictEqual(first, second)
+        assert.strictEqual(yield* Effect.scoped(Effect.flatMap(manager.acquire(resource, chain("c")), (l) => l.use(fake.incr))), 1)
+      })))
+
+    it.effect("a start that fails gives LeaseError(StartFailed) and frees the slot", () =>
+      withManager(Effect.gen(function*() {
+        let fail = true
+        const backend: Resource.Backend<string> = {
+          start: (_s, id) =>
+            fail
+              ? Effect.fail(new EnvError({ env: "x", method: "start", reason: "Unavailable", message: "no engine" }))
+              : Effect.succeed(id),
+          reset: () => Effect.void,
+          health: () => Effect.void
+        }
+        const resource = Resource.resource(spec({ pool: { max: 1 } }), backend)
+        const manager = yield* ResourceManager.ResourceManager
+        const error = yield* Effect.flip(Effect.scoped(manager.acquire(resource, chain("a"))))
+        assert.strictEqual(error.reason._tag, "StartFailed")
+        assert.include(error.reason._tag === "StartFailed" ? error.reason.message : "", "no engine")
+        fail = false
+        const id = yield* Effect.scoped(Effect.flatMap(manager.acquire(resource, chain("a")), (l) => l.instanceId))
+        assert.strictEqual(id, "counter-1")
+      })))
+
+    it.effect("a start that hangs is cut at startMillis", () =>
+      withManager(Effect.gen(function*() {
+        const backend: Resource.Backend<string> = {
+          start: () => Effect.never,
+          reset: () => Effect.void,
+          health: () => Effect.void
+        }
+        const resource = Resource.resource(
+          spec({ timeouts: { startMillis: 1_000, acquireMillis: 60_000 } }),
+          backend
+        )
+        const manager = yield* ResourceManager.ResourceManager
+        const fiber = yield* Effect.forkChild(Effect.scoped(manager.acquire(resource, chain("a"))))
+        yield* TestClock.adjust("1 second")
+        const error = yield* Effect.flip(Fiber.join(fiber))
+        assert.strictEqual(error.reason._tag, "StartFailed")
+        assert.strictEqual((yield* manager.stats("counter"))?.starting, 0)
+      })))
+  })
+
+  it.effect("stats count instances by state, starts, failures and acquires", () =>
+    withManager(Effect.gen(function*() {
+      const fake = makeFake()
+      const resource = Resource.resource(spec({ pool: { max: 2 } }), fake.backend)
+      const manager = yield* ResourceManager.ResourceManager
+      yield* manager.acquire(resource, chain("a"))
+      yield* manager.acquire(resource, chain("b"))
+      const stats = yield* manager.stats("counter")
+      assert.deepInclude(stats, { starting: 0, idle: 0, leased: 2, unhealthy: 0, waiters: 0, starts: 2, acquires: 2 })
+    })))
+
+  it.effect("invalid specs fail with a SchemaError naming the problem", () =>
+    Effect.gen(function*() {
+      const error = yield* Effect.flip(Resource.make({ name: "x", kind: "in-process", pool: { min: 3, max: 2 } }))
+      assert.instanceOf(error, Schema.SchemaError)
+      assert.include(error.message, "pool.min (3) exceeds pool.max (2)")
+      const docker = yield* Effect.flip(Resource.make({ name: "x", kind: "docker" }))
+      assert.include(docker.message, "needs an image")
+    }))
+
+  describe("in-process environments", () => {
+    class Notebook extends Context.Service<Notebook, {
+      readonly write: (line: string) => Effect.Effect<void>
+      readonly lines: Effect.Effect<ReadonlyArray<string>>
+      readonly clear: Effect.Effect<void>
+    }>()("test/Notebook") {
+      static readonly layer = Layer.effect(Notebook, Effect.gen(function*() {
+        const lines = yield* Ref.make<ReadonlyArray<string>>([])
+        return Notebook.of({
+          write: (line) => Ref.update(lines, (ls) => [...ls, line]),
+          lines: Ref.get(lines),
+          clear: Ref.set(lines, [])
+        })
+      }))
+    }
+
+    it.effect("a layer is pooled: per-chain contexts through the Environment.Provider contract", () =>
+      withManager(Effect.gen(function*() {
+        const resource = InProcess.resource(
+          spec({ name: "notebook", pool: { max: 1 } }),
+          Notebook.layer,
+          { reset: (context) => Context.get(context, Notebook).clear }
+        )
+        const provider = yield* InProcess.provider(resource)
+        assert.strictEqual(provider.sharing, "perChain")
+        const write = (chainId: string, line: string) =>
+          Effect.scoped(Effect.gen(function*() {
+            const context = yield* provider.acquire({ chainId, groupId: "g" })
+            const notebook = Context.get(context, Notebook)
+            yield* notebook.write(line)
+            return yield* notebook.lines
+          }))
+        assert.deepStrictEqual(yield* write("a", "one"), ["one"])
+        assert.deepStrictEqual(yield* write("b", "two"), ["two"], "reused after a reset: no trace of chain a")
+      })))
+
+    it.effect("without a reset function a released in-process instance is rebuilt, never reused dirty", () =>
+      withManager(Effect.gen(function*() {
+        const resource = InProcess.resource(spec({ name: "notebook" }), Notebook.layer)
+        const manager = yield* ResourceManager.ResourceManager
+        const use = (chainId: string) =>
+          Effect.scoped(Effect.flatMap(manager.acquire(resource, chain(chainId)), (lease) =>
+            lease.use((context) => {
+              const notebook = Context.get(context, Notebook)
+              return Effect.andThen(notebook.write(chainId), notebook.lines)
+            })))
+        assert.deepStrictEqual(yield* use("a"), ["a"])
+        yield* Effect.yieldNow
+        assert.deepStrictEqual(yield* use("b"), ["b"])
+      })))
+  })
+})
