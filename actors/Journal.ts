@@ -1,0 +1,255 @@
+/**
+ * The run journal: an append-only JSONL file of what a training run has finished — groups collected, learner
+ * steps applied, checkpoints written — that makes `agentfly train CONFIG --resume` exact after any stop,
+ * `kill -9` included.
+ *
+ * Every append is one line written whole and fsync'ed before the call returns, so a line is either fully on disk or
+ * (after a crash mid-write) a torn tail, which `open` cuts off. On resume the journal is rolled back to its last
+ * checkpoint whose files still exist: the entries after it describe work whose weights were lost, so they are cut
+ * from the file (and replayed by the resumed run). The journal then lists every learner step exactly once.
+ *
+ * @since 0.1.0
+ */
+import { Effect, FileSystem, Schema, Semaphore } from "effect"
+import type { Scope } from "effect"
+
+// ===== Entries =====
+
+/**
+ * A run (re)started; `fromStep` is the learner step it continues from (0 for a fresh run).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const Start = Schema.Struct({
+  kind: Schema.Literal("start"),
+  fromStep: Schema.Int,
+  seed: Schema.Int,
+  mode: Schema.String
+})
+
+/**
+ * A group finished rolling out. `seq` is its position in the run's row order; `policyVersion` the oldest version
+ * that sampled it.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const GroupDone = Schema.Struct({
+  kind: Schema.Literal("group"),
+  seq: Schema.Int,
+  groupId: Schema.String,
+  rowIndex: Schema.Int,
+  policyVersion: Schema.Int,
+  meanReward: Schema.Number
+})
+
+/**
+ * A learner step was applied to the groups with these `seqs`, producing policy version `policyVersion`.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const StepDone = Schema.Struct({
+  kind: Schema.Literal("step"),
+  step: Schema.Int,
+  seqs: Schema.Array(Schema.Int),
+  policyVersion: Schema.Int,
+  /** A fingerprint of the weights after the step (cheap, for checking that a replay is exact). */
+  weightsHash: Schema.optionalKey(Schema.String)
+})
+
+/**
+ * The SFT warm-up finished after `steps` steps.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const WarmupDone = Schema.Struct({
+  kind: Schema.Literal("warmup"),
+  steps: Schema.Int
+})
+
+/**
+ * A checkpoint of the state after learner step `step` was written (completely) to `path`.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const CheckpointDone = Schema.Struct({
+  kind: Schema.Literal("checkpoint"),
+  step: Schema.Int,
+  path: Schema.String
+})
+
+/**
+ * The run stopped after its last step.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const Finished = Schema.Struct({
+  kind: Schema.Literal("finished"),
+  step: Schema.Int
+})
+
+/**
+ * @category models
+ * @since 0.1.0
+ */
+export const Entry = Schema.Union([Start, GroupDone, StepDone, WarmupDone, CheckpointDone, Finished])
+export type Entry = typeof Entry.Type
+
+/**
+ * @category errors
+ * @since 0.1.0
+ */
+export class JournalError extends Schema.TaggedError<JournalError>()("JournalError", {
+  path: Schema.String,
+  reason: Schema.Literals(["Io", "Corrupt"]),
+  message: Schema.String
+}) {}
+
+// ===== Replay (pure) =====
+
+/**
+ * The parsed journal: entries with the byte offset just past each line, and how many bytes of torn tail follow.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Replay {
+  readonly entries: ReadonlyArray<{ readonly entry: Entry; readonly end: number }>
+  /** Byte length of the intact prefix (what the file is cut to). */
+  readonly validBytes: number
+  readonly tornBytes: number
+}
+
+const decodeEntry = Schema.decodeUnknownResult(Schema.fromJsonString(Entry))
+const encoder = new TextEncoder()
+
+/**
+ * Parses journal bytes. Only the last line may be torn (no newline, or not a valid entry): anything invalid
+ * before it means the file was edited or corrupted, and is an error rather than something to guess about.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const replay = (bytes: Uint8Array, path = "journal"): Effect.Effect<Replay, JournalError> =>
+  Effect.gen(function*() {
+    const entries: Array<{ entry: Entry; end: number }> = []
+    const decoder = new TextDecoder()
+    let start = 0
+    while (start < bytes.length) {
+      const newline = bytes.indexOf(10, start)
+      const end = newline === -1 ? bytes.length : newline + 1
+      const decoded = newline === -1 ? undefined : decodeEntry(decoder.decode(bytes.subarray(start, newline)))
+      if (decoded === undefined || decoded._tag === "Failure") {
+        if (end < bytes.length) {
+          return yield* new JournalError({ path, reason: "Corrupt", message: `invalid entry at byte ${start}` })
+        }
+        return { entries, validBytes: start, tornBytes: bytes.length - start }
+      }
+      entries.push({ entry: decoded.success, end })
+      start = end
+    }
+    return { entries, validBytes: bytes.length, tornBytes: 0 }
+  })
+
+/**
+ * Where a resumed run starts: after the last checkpoint accepted by `usable` (e.g. its files exist), with the
+ * byte offset the journal is cut to and the group seqs the kept learner steps consumed. Without a usable
+ * checkpoint the run starts over: step 0, cut at byte 0.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const resumePoint = (
+  journal: Replay,
+  usable: (checkpoint: typeof CheckpointDone.Type) => boolean
+): {
+  readonly step: number
+  readonly checkpoint: string | undefined
+  readonly cutAt: number
+  readonly consumed: ReadonlySet<number>
+  readonly warmupDone: boolean
+} => {
+  let index = -1
+  for (let i = journal.entries.length - 1; i >= 0 && index === -1; i--) {
+    const entry = journal.entries[i]!.entry
+    if (entry.kind === "checkpoint" && usable(entry)) index = i
+  }
+  const kept = journal.entries.slice(0, index + 1).map((e) => e.entry)
+  const consumed = new Set(kept.flatMap((e) => (e.kind === "step" ? e.seqs : [])))
+  const last = index === -1 ? undefined : journal.entries[index]!
+  return {
+    step: last?.entry.kind === "checkpoint" ? last.entry.step : 0,
+    checkpoint: last?.entry.kind === "checkpoint" ? last.entry.path : undefined,
+    cutAt: last?.end ?? 0,
+    consumed,
+    warmupDone: kept.some((e) => e.kind === "warmup")
+  }
+}
+
+// ===== The journal =====
+
+/**
+ * An open journal.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Journal {
+  readonly path: string
+  /** Appends one entry and fsyncs it. Appends are serialised. */
+  readonly append: (entry: Entry) => Effect.Effect<void, JournalError>
+  /** All entries on disk, in order (including those appended through this handle). */
+  readonly entries: Effect.Effect<ReadonlyArray<Entry>>
+}
+
+const io = (path: string) => (e: { readonly message: string }) =>
+  new JournalError({ path, reason: "Io", message: e.message })
+
+/**
+ * Reads the journal bytes at `path` (empty when the file does not exist).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const read = Effect.fn("Journal.read")(function*(path: string) {
+  const fs = yield* FileSystem.FileSystem
+  const exists = yield* fs.exists(path).pipe(Effect.mapError(io(path)))
+  const bytes = exists ? yield* fs.readFile(path).pipe(Effect.mapError(io(path))) : new Uint8Array(0)
+  return yield* replay(bytes, path)
+})
+
+/**
+ * Opens the journal at `path` for appending, first cutting the file to `cutAt` bytes when given (a resume rolls
+ * back to its checkpoint) or else to its intact prefix (dropping a torn tail). The file handle closes with the
+ * scope.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const open = Effect.fn("Journal.open")(function*(
+  path: string,
+  options: { readonly cutAt?: number } = {}
+): Effect.fn.Return<Journal, JournalError, FileSystem.FileSystem | Scope.Scope> {
+  const fs = yield* FileSystem.FileSystem
+  const existing = yield* read(path)
+  const keepBytes = Math.min(options.cutAt ?? existing.validBytes, existing.validBytes)
+  const kept = existing.entries.filter((e) => e.end <= keepBytes).map((e) => e.entry)
+  const file = yield* fs.open(path, { flag: "a+" }).pipe(Effect.mapError(io(path)))
+  yield* file.truncate(keepBytes).pipe(Effect.andThen(file.sync), Effect.mapError(io(path)))
+  const all: Array<Entry> = [...kept]
+  const lock = yield* Semaphore.make(1)
+  const append = (entry: Entry) =>
+    Semaphore.withPermits(lock, 1)(
+      Effect.gen(function*() {
+        yield* file.writeAll(encoder.encode(JSON.stringify(entry) + "\n")).pipe(Effect.mapError(io(path)))
+        yield* file.sync.pipe(Effect.mapError(io(path)))
+        all.push(entry)
+      })
+    )
+  return { path, append, entries: Effect.sync(() => [...all]) }
+})
