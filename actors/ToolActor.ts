@@ -1,0 +1,439 @@
+/**
+ * The tool actor: executes the tool calls of one assistant turn and answers each with the tool message to
+ * append to the conversation.
+ *
+ * - The calls of a turn run concurrently (or one after the other with `sequential`), each under its tool's
+ *   timeout, its tool's concurrency limit (a semaphore owned by the actor, so shared by every chain that uses
+ *   it: create one actor per run) and its retry policy.
+ * - Nothing the model writes can crash a chain: unparseable or invalid arguments, an unknown tool name, a
+ *   timeout, a typed handler failure or a handler defect all become a tool message with `is_error: true` and a
+ *   typed {@link Tool.ToolError} in the call's result. Only a tool declared with `failureMode: "error"` fails
+ *   the turn (with that `ToolError`), and interruption propagates (cancellation is never an observation).
+ * - Outputs are rendered to text (strings as is, structured values as JSON of their encoded form) and cut to
+ *   the tool's or the actor's budget with an explicit marker.
+ * - Per-tool metrics: calls, errors by reason, retries, truncations, latency.
+ *
+ * A chain passes its environment context (from an `Environment.Provider`) with each turn.
+ *
+ * @since 0.1.0
+ */
+import { Cause, Clock, Context, Duration, Effect, Exit, Layer, Option, Schedule, Schema, Semaphore } from "effect"
+import type { Message } from "../src/index.ts"
+import { Tool } from "../src/index.ts"
+
+// ===== Models =====
+
+/**
+ * The outcome of one call.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface CallResult {
+  readonly toolCallId: string
+  readonly name: string
+  /** The observation to append (`is_error: true` on failure). */
+  readonly message: typeof Message.ToolMessage.Type
+  /** Present when the call failed. */
+  readonly error: Tool.ToolError | undefined
+  /** The decoded success value, when the call succeeded. */
+  readonly value: unknown
+  /** Whether this call ended the chain (a terminal tool that succeeded); `answer` is its output text. */
+  readonly terminal: boolean
+  readonly answer: string | undefined
+  readonly truncated: boolean
+  /** Attempts made (1 + retries); 0 when the call never reached the handler. */
+  readonly attempts: number
+  readonly latencyMs: number
+}
+
+/**
+ * The outcome of a turn, in call order.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface TurnResult {
+  readonly results: ReadonlyArray<CallResult>
+  readonly messages: ReadonlyArray<typeof Message.ToolMessage.Type>
+  /** The final answer when a terminal tool succeeded (the first one, in call order). */
+  readonly answer: string | undefined
+  readonly terminal: boolean
+  readonly errors: number
+  /** Calls that failed because the call itself was malformed (bad arguments, unknown tool). */
+  readonly formatErrors: number
+}
+
+/**
+ * Options of {@link make}.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Options {
+  /** Default output budget for tools that do not set one (default: 4,096 characters). */
+  readonly maxOutput?: Tool.OutputBudget | undefined
+  /** Needed for token budgets. */
+  readonly tokenizer?: Tool.TokenCodec | undefined
+  /** Default timeout for tools that do not set one (default: none). */
+  readonly timeout?: Duration.Input | undefined
+  /** Run the calls of a turn one after the other (default: concurrently). */
+  readonly sequential?: boolean | undefined
+}
+
+/**
+ * Options of one turn.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface TurnOptions<R> {
+  /** The chain's environment services (from `Environment.Provider.acquire`). */
+  readonly context?: Context.Context<R> | undefined
+  readonly sequential?: boolean | undefined
+}
+
+/**
+ * The tool actor's interface; `R` is the union of the environment services its tools need.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Service<R = never> {
+  readonly tools: ReadonlyArray<Tool.Any>
+  /** The tool list for the chat template (`tools=[...]`). */
+  readonly functionSchemas: ReadonlyArray<Tool.FunctionSchema>
+  readonly executeTurn: (
+    calls: ReadonlyArray<typeof Message.ToolCall.Type>,
+    options?: TurnOptions<R>
+  ) => Effect.Effect<TurnResult, Tool.ToolError>
+  readonly execute: (call: typeof Message.ToolCall.Type, options?: TurnOptions<R>) => Effect.Effect<CallResult, Tool.ToolError>
+  /** A snapshot: `tool/<name>/{calls,errors,errors/<Reason>,retries,truncated,latency_mean_ms,latency_max_ms}`. */
+  readonly metrics: Effect.Effect<Record<string, number>>
+}
+
+/**
+ * The tool actor as a service, for programs that wire it with layers.
+ *
+ * @category services
+ * @since 0.1.0
+ */
+export class ToolActor extends Context.Service<ToolActor, Service<any>>()("agentfly/actors/ToolActor") {
+  static readonly layer = <const Tools extends ReadonlyArray<Tool.Any>>(
+    tools: Tools,
+    options?: Options
+  ): Layer.Layer<ToolActor, Tool.ToolError> => Layer.effect(ToolActor, make(tools, options))
+}
+
+// ===== Internals =====
+
+interface Stats {
+  calls: number
+  errors: number
+  retries: number
+  truncated: number
+  latencySum: number
+  latencyMax: number
+  readonly byReason: Map<string, number>
+}
+
+interface Entry {
+  readonly tool: Tool.Any
+  readonly decode: (u: unknown) => Effect.Effect<unknown, Schema.SchemaError>
+  readonly encode: (u: unknown) => Effect.Effect<unknown, Schema.SchemaError>
+  readonly semaphore: Semaphore.Semaphore | undefined
+  readonly timeout: Duration.Duration | undefined
+  readonly budget: Tool.OutputBudget
+  readonly retry: { readonly times: number; readonly schedule: Schedule.Schedule<unknown, unknown> } | undefined
+}
+
+/** Why an attempt failed, before retry decides. */
+type AttemptFailure =
+  | { readonly _tag: "Timeout" }
+  | { readonly _tag: "Failure"; readonly error: unknown }
+
+const isRetryableFailure = (f: AttemptFailure): boolean =>
+  f._tag === "Timeout" ||
+  (typeof f.error === "object" && f.error !== null && (f.error as { isRetryable?: unknown }).isRetryable === true)
+
+const failureDetail = (error: unknown, encoded: unknown): string => {
+  if (typeof error === "object" && error !== null) {
+    const message = (error as { message?: unknown }).message
+    if (typeof message === "string" && message.length > 0) return message
+  }
+  if (typeof encoded === "string") return encoded
+  const json = JSON.stringify(encoded)
+  return json === undefined ? String(error) : json
+}
+
+/** Arguments arrive as a JSON value (usually an object) or, from some servers, as a JSON string. */
+const parseArguments = (raw: unknown): { readonly ok: true; readonly value: unknown } | { ok: false; error: string } => {
+  if (typeof raw !== "string") return { ok: true, value: raw ?? {} }
+  if (raw.trim() === "") return { ok: true, value: {} }
+  const decoded = decodeJson(raw)
+  return Exit.isSuccess(decoded)
+    ? { ok: true, value: decoded.value }
+    : { ok: false, error: `arguments are not valid JSON (${raw.length > 80 ? raw.slice(0, 80) + "…" : raw})` }
+}
+
+const decodeJson = Schema.decodeUnknownExit(Schema.fromJsonString(Schema.Unknown))
+
+const nowMs = Effect.map(Clock.currentTimeNanos, (n) => Number(n) / 1e6)
+
+const defaultRetrySchedule = Schedule.exponential("100 millis")
+
+// ===== Constructors =====
+
+/**
+ * Makes a tool actor for a set of tools. Fails with a `ToolError` (reason `DecodeError`) when two tools share a
+ * name.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const make = <const Tools extends ReadonlyArray<Tool.Any>>(
+  tools: Tools,
+  options: Options = {}
+): Effect.Effect<Service<Tool.Requirements<Tools[number]>>, Tool.ToolError> =>
+  Effect.gen(function*() {
+    const entries = new Map<string, Entry>()
+    const defaultBudget = options.maxOutput ?? { chars: 4096 }
+    const defaultTimeout = options.timeout === undefined ? undefined : Duration.fromInputUnsafe(options.timeout)
+    for (const tool of tools) {
+      if (entries.has(tool.name)) {
+        return yield* new Tool.ToolError({
+          tool: tool.name,
+          toolCallId: "",
+          reason: "DecodeError",
+          message: `two tools are named "${tool.name}"`
+        })
+      }
+      const decode = Schema.decodeUnknownEffect(tool.parametersSchema as Schema.Codec<unknown, unknown>)
+      entries.set(tool.name, {
+        tool,
+        decode: (u) => decode(u, tool.strict ? { onExcessProperty: "error" } : undefined),
+        encode: Schema.encodeUnknownEffect(tool.successSchema as Schema.Codec<unknown, unknown>),
+        semaphore: tool.concurrency === undefined ? undefined : yield* Semaphore.make(tool.concurrency),
+        timeout: tool.timeout ?? defaultTimeout,
+        budget: tool.maxOutput ?? defaultBudget,
+        retry: tool.retry === undefined || tool.retry.times <= 0
+          ? undefined
+          : { times: tool.retry.times, schedule: tool.retry.schedule ?? defaultRetrySchedule }
+      })
+    }
+    const available = `Available tools: ${tools.map((t) => t.name).join(", ") || "none"}.`
+    const stats = new Map<string, Stats>()
+    const statsOf = (name: string): Stats => {
+      let s = stats.get(name)
+      if (s === undefined) {
+        s = { calls: 0, errors: 0, retries: 0, truncated: 0, latencySum: 0, latencyMax: 0, byReason: new Map() }
+        stats.set(name, s)
+      }
+      return s
+    }
+
+    const finish = (
+      call: typeof Message.ToolCall.Type,
+      statsKey: string,
+      start: number,
+      outcome: {
+        readonly text: string
+        readonly error?: Tool.ToolError | undefined
+        readonly value?: unknown
+        readonly terminal?: boolean
+        readonly attempts: number
+        readonly budget: Tool.OutputBudget
+      }
+    ) =>
+      Effect.map(nowMs, (end): CallResult => {
+        const { text, truncated } = Tool.truncate(outcome.text, outcome.budget, options.tokenizer)
+        const latencyMs = end - start
+        const s = statsOf(statsKey)
+        s.calls++
+        s.retries += Math.max(0, outcome.attempts - 1)
+        s.latencySum += latencyMs
+        if (latencyMs > s.latencyMax) s.latencyMax = latencyMs
+        if (truncated) s.truncated++
+        if (outcome.error !== undefined) {
+          s.errors++
+          s.byReason.set(outcome.error.reason, (s.byReason.get(outcome.error.reason) ?? 0) + 1)
+        }
+        const isError = outcome.error !== undefined
+        const terminal = !isError && outcome.terminal === true
+        return {
+          toolCallId: call.id,
+          name: call.function.name,
+          message: isError
+            ? { role: "tool", content: text, tool_call_id: call.id, name: call.function.name, is_error: true }
+            : { role: "tool", content: text, tool_call_id: call.id, name: call.function.name },
+          error: outcome.error,
+          value: outcome.value,
+          terminal,
+          answer: terminal ? outcome.text : undefined,
+          truncated,
+          attempts: outcome.attempts,
+          latencyMs
+        }
+      })
+
+    const fail = (call: typeof Message.ToolCall.Type, reason: Tool.ToolErrorReason, detail: string, retryable?: boolean) => {
+      const message = Tool.errorText(reason, call.function.name, detail)
+      return new Tool.ToolError({
+        tool: call.function.name,
+        toolCallId: call.id,
+        reason,
+        message,
+        ...(retryable === undefined ? {} : { retryable })
+      })
+    }
+
+    const execute = Effect.fnUntraced(function*(
+      call: typeof Message.ToolCall.Type,
+      turn?: TurnOptions<any>
+    ): Effect.fn.Return<CallResult, Tool.ToolError> {
+      const start = yield* nowMs
+      const name = call.function.name
+      const entry = entries.get(name)
+      if (entry === undefined) {
+        const error = fail(call, "UnknownTool", available)
+        return yield* finish(call, "_unknown", start, { text: error.message, error, attempts: 0, budget: defaultBudget })
+      }
+      const { tool, budget } = entry
+      const done = (outcome: Omit<Parameters<typeof finish>[3], "budget">) =>
+        finish(call, name, start, { ...outcome, budget })
+
+      const args = parseArguments(call.function.arguments)
+      if (!args.ok) {
+        const error = fail(call, "DecodeError", args.error)
+        return yield* done({ text: error.message, error, attempts: 0 })
+      }
+      const decoded = yield* Effect.exit(entry.decode(args.value))
+      if (Exit.isFailure(decoded)) {
+        const detail = Option.match(Cause.findErrorOption(decoded.cause), {
+          onNone: () => "invalid arguments",
+          onSome: (e) => e.message.replace(/\n\s*/g, " ")
+        })
+        const error = fail(call, "DecodeError", detail)
+        return yield* done({ text: error.message, error, attempts: 0 })
+      }
+
+      const context = turn?.context ?? Context.empty()
+      for (const key of tool.dependencies) {
+        if (Option.isNone(Context.getOption(context, key))) {
+          const error = fail(call, "MissingEnvironment", `the chain provides no ${key.key}`)
+          return yield* done({ text: error.message, error, attempts: 0 })
+        }
+      }
+
+      let attempts = 0
+      let attempt: Effect.Effect<unknown, AttemptFailure> = Effect.suspend(() => {
+        attempts++
+        return tool.handler(decoded.value, { toolCallId: call.id })
+      }).pipe(
+        Effect.mapError((error): AttemptFailure => ({ _tag: "Failure", error })),
+        Effect.provideContext(context)
+      ) as Effect.Effect<unknown, AttemptFailure>
+      if (entry.timeout !== undefined) {
+        const duration = entry.timeout
+        attempt = Effect.timeoutOrElse(attempt, {
+          duration,
+          orElse: () => Effect.fail<AttemptFailure>({ _tag: "Timeout" })
+        })
+      }
+      if (entry.semaphore !== undefined) attempt = Semaphore.withPermits(entry.semaphore, 1)(attempt)
+      if (entry.retry !== undefined) {
+        attempt = Effect.retry(attempt, { ...entry.retry, while: isRetryableFailure })
+      }
+      const exit = yield* Effect.exit(attempt)
+
+      if (Exit.isSuccess(exit)) {
+        const encoded = yield* Effect.exit(entry.encode(exit.value))
+        const text = Exit.isSuccess(encoded)
+          ? Effect.runSyncExit(Effect.sync(() =>
+            tool.render !== undefined ? tool.render(exit.value) : Tool.renderValue(encoded.value)
+          ))
+          : undefined
+        if (text === undefined || Exit.isFailure(text)) {
+          const error = fail(call, "InvalidResult", "")
+          return yield* done({ text: error.message, error, attempts })
+        }
+        return yield* done({ text: text.value, value: exit.value, terminal: tool.terminal, attempts })
+      }
+      const cause = exit.cause
+      const failure = Cause.findErrorOption(cause)
+      if (Option.isSome(failure)) {
+        if (failure.value._tag === "Timeout") {
+          const error = fail(call, "Timeout", Duration.format(entry.timeout!))
+          return yield* done({ text: error.message, error, attempts })
+        }
+        const value = failure.value.error
+        const encoded = Schema.encodeUnknownExit(tool.failureSchema)(value)
+        const retryable = isRetryableFailure(failure.value) ? true : undefined
+        const error = fail(
+          call,
+          "HandlerFailure",
+          failureDetail(value, Exit.isSuccess(encoded) ? encoded.value : undefined),
+          retryable
+        )
+        if (tool.failureMode === "error") return yield* error
+        return yield* done({ text: error.message, error, attempts })
+      }
+      if (Cause.hasDies(cause)) {
+        yield* Effect.logWarning(`tool ${name} died`, cause)
+        const error = fail(call, "Defect", "")
+        return yield* done({ text: error.message, error, attempts })
+      }
+      return yield* Effect.failCause(cause as Cause.Cause<never>) // interrupted: cancellation propagates
+    })
+
+    const executeTurn = Effect.fnUntraced(function*(
+      calls: ReadonlyArray<typeof Message.ToolCall.Type>,
+      turn?: TurnOptions<any>
+    ): Effect.fn.Return<TurnResult, Tool.ToolError> {
+      const sequential = turn?.sequential ?? options.sequential ?? false
+      const results = calls.length === 1
+        ? [yield* execute(calls[0]!, turn)]
+        : yield* Effect.forEach(calls, (call) => execute(call, turn), { concurrency: sequential ? 1 : "unbounded" })
+      let errors = 0
+      let formatErrors = 0
+      let answer: string | undefined
+      for (const r of results) {
+        if (r.error !== undefined) {
+          errors++
+          if (r.error.isFormatError) formatErrors++
+        }
+        if (r.terminal && answer === undefined) answer = r.answer
+      }
+      return {
+        results,
+        messages: results.map((r) => r.message),
+        answer,
+        terminal: answer !== undefined,
+        errors,
+        formatErrors
+      } satisfies TurnResult
+    })
+
+    const metrics = Effect.sync(() => {
+      const out: Record<string, number> = {}
+      for (const [name, s] of stats) {
+        const p = `tool/${name}/`
+        out[p + "calls"] = s.calls
+        out[p + "errors"] = s.errors
+        out[p + "retries"] = s.retries
+        out[p + "truncated"] = s.truncated
+        out[p + "latency_mean_ms"] = s.calls === 0 ? 0 : s.latencySum / s.calls
+        out[p + "latency_max_ms"] = s.latencyMax
+        for (const [reason, n] of s.byReason) out[p + "errors/" + reason] = n
+      }
+      return out
+    })
+
+    return {
+      tools,
+      functionSchemas: tools.map(Tool.functionSchema),
+      execute,
+      executeTurn,
+      metrics
+    } satisfies Service<any> as Service<any> as Service<Tool.Requirements<Tools[number]>>
+  })

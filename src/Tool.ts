@@ -1,0 +1,519 @@
+/**
+ * Tools an agent can call: a name, a description, a parameter Schema (rendered as JSON Schema into the chat
+ * template's tool list), success and failure Schemas, and a handler Effect.
+ *
+ * The shape is `effect/ai`'s `Tool.make` (each tool also carries the equivalent `effect/ai` definition in
+ * `definition`, whose JSON Schema rendering we reuse), with what RL needs on top:
+ * - the handler lives on the tool, so the tool actor can run it without building a `Toolkit` stream per call
+ *   (the hot path: see `bench/tools.ts`);
+ * - `failureMode` defaults to `"return"`: a typed failure becomes an observation the model sees;
+ * - per-tool execution policy: `timeout`, `concurrency` (a limit shared by all chains of a run), `retry` on
+ *   retryable failures, an output budget, and `terminal` for tools that end the chain (`answer`);
+ * - `dependencies`: the environment services the handler needs, provided per rollout chain (see
+ *   `Environment.ts` for the contract).
+ *
+ * Methods of an environment service (a class instance held in a `Context.Service`) become tools bound to the
+ * chain's instance with {@link methods}.
+ *
+ * The texts of failed calls are fixed here ({@link errorText}), so that rewards can tell a malformed call (bad
+ * arguments, unknown tool) from a call that failed at run time ({@link formatErrorOf}).
+ *
+ * @since 0.1.0
+ */
+import { Context, Duration, Effect, Schema } from "effect"
+import type { Schedule } from "effect"
+import { Tool as AiTool } from "effect/ai"
+
+// ===== Models =====
+
+const TypeId = "~agentfly/Tool" as const
+
+/**
+ * What a handler receives besides its decoded parameters.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface HandlerContext {
+  /** The id of the call being answered (the `tool_call_id` of the observation). */
+  readonly toolCallId: string
+}
+
+/**
+ * Retries of a call whose attempt failed with a retryable failure: a timeout, or a failure whose
+ * `isRetryable` is true (e.g. `Environment.EnvError` with reason `Crashed`).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface RetryPolicy {
+  /** Retries after the first attempt. */
+  readonly times: number
+  /** Delays between attempts (default: exponential from 100 ms). */
+  readonly schedule?: Schedule.Schedule<unknown, unknown> | undefined
+}
+
+/**
+ * The most an observation may hold; longer text is cut and ends with an explicit marker. `tokens` needs the
+ * tool actor to have a tokenizer.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface OutputBudget {
+  readonly chars?: number | undefined
+  readonly tokens?: number | undefined
+}
+
+/**
+ * A tool: definition plus handler plus execution policy.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Tool<
+  Name extends string,
+  Params extends Schema.Top,
+  Success extends Schema.Top,
+  Failure extends Schema.Top,
+  R = never
+> {
+  readonly [TypeId]: typeof TypeId
+  readonly name: Name
+  readonly description: string
+  readonly parametersSchema: Params
+  readonly successSchema: Success
+  readonly failureSchema: Failure
+  /** `"return"`: a typed failure is an observation; `"error"`: it fails the turn (the chain's error policy). */
+  readonly failureMode: "return" | "error"
+  /** The environment services the handler needs, provided per chain. */
+  readonly dependencies: ReadonlyArray<Context.Key<any, any>>
+  /** Whether a successful call ends the chain; its rendered output is the final answer. */
+  readonly terminal: boolean
+  /** Reject arguments with properties the parameter Schema does not declare (and say so in the JSON Schema). */
+  readonly strict: boolean
+  readonly timeout: Duration.Duration | undefined
+  readonly concurrency: number | undefined
+  readonly retry: RetryPolicy | undefined
+  readonly maxOutput: OutputBudget | undefined
+  /** Renders a success value as the observation text (default: strings as is, other values as JSON). */
+  readonly render: ((value: Success["Type"]) => string) | undefined
+  readonly handler: (
+    params: Params["Type"],
+    context: HandlerContext
+  ) => Effect.Effect<Success["Type"], Failure["Type"], R>
+  /** The equivalent `effect/ai` tool definition (for interop and JSON Schema rendering). */
+  readonly definition: AiTool.Any
+}
+
+/**
+ * Any tool.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Any extends Tool<string, any, any, any, any> {}
+
+/**
+ * The environment services a tool (or a union of tools) needs.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type Requirements<T> = T extends Tool<infer _N, infer _P, infer _S, infer _F, infer R> ? R : never
+
+/**
+ * The identifiers of a list of service keys.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type Identifiers<Deps extends ReadonlyArray<Context.Key<any, any>>> = Context.Service.Identifier<Deps[number]>
+
+/**
+ * The OpenAI function-tool entry a chat template renders (`tools=[...]`).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface FunctionSchema {
+  readonly type: "function"
+  readonly function: {
+    readonly name: string
+    readonly description: string
+    readonly parameters: Record<string, unknown>
+  }
+}
+
+/**
+ * Parameters of a tool that takes none.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const EmptyParams = Schema.Struct({})
+
+/**
+ * The options of {@link make}.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Options<
+  Params extends Schema.Top,
+  Success extends Schema.Top,
+  Failure extends Schema.Top,
+  Deps extends ReadonlyArray<Context.Key<any, any>>
+> {
+  readonly description: string
+  readonly parameters?: Params | undefined
+  readonly success?: Success | undefined
+  readonly failure?: Failure | undefined
+  readonly failureMode?: "return" | "error" | undefined
+  readonly dependencies?: Deps | undefined
+  readonly terminal?: boolean | undefined
+  readonly strict?: boolean | undefined
+  readonly timeout?: Duration.Input | undefined
+  readonly concurrency?: number | undefined
+  readonly retry?: RetryPolicy | undefined
+  readonly maxOutput?: OutputBudget | undefined
+  readonly render?: ((value: Success["Type"]) => string) | undefined
+  readonly handler: (
+    params: Params["Type"],
+    context: HandlerContext
+  ) => Effect.Effect<Success["Type"], Failure["Type"], Identifiers<Deps>>
+}
+
+// ===== Errors =====
+
+/**
+ * Why a tool call failed.
+ * - `DecodeError`: the arguments are not JSON or do not match the parameter Schema.
+ * - `UnknownTool`: no tool has that name.
+ * - `Timeout`: the handler did not finish within the tool's timeout (after any retries).
+ * - `HandlerFailure`: the handler failed with a typed failure.
+ * - `InvalidResult`: the handler's value does not match the success Schema, or cannot be rendered.
+ * - `Defect`: the handler threw or died (a bug in the tool); the model sees a generic message.
+ * - `MissingEnvironment`: the chain did not provide a service the tool declared (a wiring bug, not the model's).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export const ToolErrorReason = Schema.Literals([
+  "DecodeError",
+  "UnknownTool",
+  "Timeout",
+  "HandlerFailure",
+  "InvalidResult",
+  "Defect",
+  "MissingEnvironment"
+])
+export type ToolErrorReason = typeof ToolErrorReason.Type
+
+/**
+ * A failed tool call. `message` is the text the model observes.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class ToolError extends Schema.TaggedError<ToolError>()("ToolError", {
+  tool: Schema.String,
+  toolCallId: Schema.String,
+  reason: ToolErrorReason,
+  message: Schema.String,
+  /** Set when the handler's failure declared itself retryable. */
+  retryable: Schema.optionalKey(Schema.Boolean)
+}) {
+  get isRetryable(): boolean {
+    return this.reason === "Timeout" || this.retryable === true
+  }
+  /** The model's fault (a malformed call), as opposed to a failure at run time. */
+  get isFormatError(): boolean {
+    return this.reason === "DecodeError" || this.reason === "UnknownTool"
+  }
+}
+
+// ===== Constructors =====
+
+const defaultRender = (encoded: unknown): string =>
+  typeof encoded === "string" ? encoded : encoded === undefined ? "" : JSON.stringify(encoded)
+
+/**
+ * Defines a tool.
+ *
+ * **Example** (A stateless tool)
+ *
+ * ```ts
+ * const Add = Tool.make("add", {
+ *   description: "Add two numbers",
+ *   parameters: Schema.Struct({ a: Schema.Number, b: Schema.Number }),
+ *   success: Schema.Number,
+ *   handler: ({ a, b }) => Effect.succeed(a + b)
+ * })
+ * ```
+ *
+ * **Gotchas**
+ *
+ * A handler that uses an environment service must list it in `dependencies`; the type checker enforces it and
+ * the tool actor checks at run time that the chain provided it.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const make = <
+  const Name extends string,
+  Params extends Schema.Top = typeof EmptyParams,
+  Success extends Schema.Top = typeof Schema.String,
+  Failure extends Schema.Top = typeof Schema.Never,
+  const Deps extends ReadonlyArray<Context.Key<any, any>> = []
+>(
+  name: Name,
+  options: Options<Params, Success, Failure, Deps>
+): Tool<Name, Params, Success, Failure, Identifiers<Deps>> => {
+  const parametersSchema = (options.parameters ?? EmptyParams) as Params
+  const successSchema = (options.success ?? Schema.String) as Success
+  const failureSchema = (options.failure ?? Schema.Never) as Failure
+  return {
+    [TypeId]: TypeId,
+    name,
+    description: options.description,
+    parametersSchema,
+    successSchema,
+    failureSchema,
+    failureMode: options.failureMode ?? "return",
+    dependencies: options.dependencies ?? [],
+    terminal: options.terminal ?? false,
+    strict: options.strict ?? true,
+    timeout: options.timeout === undefined ? undefined : Duration.fromInputUnsafe(options.timeout),
+    concurrency: options.concurrency,
+    retry: options.retry,
+    maxOutput: options.maxOutput,
+    render: options.render,
+    handler: options.handler,
+    definition: AiTool.make(name, {
+      description: options.description,
+      parameters: parametersSchema as any,
+      success: successSchema as any,
+      failure: failureSchema as any,
+      failureMode: options.failureMode ?? "return"
+    })
+  }
+}
+
+/**
+ * Whether a value is a {@link Tool}.
+ *
+ * @category guards
+ * @since 0.1.0
+ */
+export const isTool = (u: unknown): u is Any => typeof u === "object" && u !== null && TypeId in u
+
+/**
+ * The spec of one method exposed by {@link methods}.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface MethodSpec<S, Params extends Schema.Top, Success extends Schema.Top, Failure extends Schema.Top>
+  extends Omit<Options<Params, Success, Failure, []>, "handler" | "dependencies">
+{
+  /** How to call the method (default: `instance[method](params)`, which may return an Effect or a value). */
+  readonly call?: ((instance: S, params: Params["Type"]) => Effect.Effect<Success["Type"], Failure["Type"]>) | undefined
+}
+
+/**
+ * Exposes methods of an environment service as tools bound to the chain's instance: each call looks up the
+ * service in the chain's context (one instance per chain with `Environment.perChain`) and invokes the method on
+ * it. Tool names are the method names.
+ *
+ * **Example** (A class-based environment)
+ *
+ * ```ts
+ * class Counter { n = 0; add({ by }: { by: number }) { return (this.n += by) } }
+ * class CounterEnv extends Context.Service<CounterEnv, Counter>()("CounterEnv") {}
+ * const [add] = Tool.methods(CounterEnv, {
+ *   add: { description: "Add to the counter", parameters: Schema.Struct({ by: Schema.Int }), success: Schema.Int }
+ * })
+ * ```
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const methods = <
+  I,
+  S,
+  const Specs extends { readonly [K in keyof S & string]?: MethodSpec<S, any, any, any> }
+>(
+  service: Context.Key<I, S>,
+  specs: Specs
+): ReadonlyArray<Tool<string, Schema.Top, Schema.Top, Schema.Top, I>> =>
+  Object.entries(specs).flatMap(([method, spec]) => {
+    if (spec === undefined) return []
+    const { call, ...options } = spec as MethodSpec<S, Schema.Top, Schema.Top, Schema.Top>
+    const invoke = call ?? ((instance: S, params: unknown) =>
+      Effect.suspend(() => {
+        const out = (instance as any)[method](params)
+          return (Effect.isEffect(out) ? out : Effect.succeed(out)) as Effect.Effect<unknown, unknown>
+      }))
+    return [make(method, {
+      ...options,
+      dependencies: [service],
+      handler: (params) => Effect.flatMap(Effect.service(service), (instance) => invoke(instance, params))
+    }) as Tool<string, Schema.Top, Schema.Top, Schema.Top, I>]
+  })
+
+// ===== JSON Schema =====
+
+/**
+ * The parameters of a tool as JSON Schema (via `effect/ai`'s rendering). Strict tools say
+ * `additionalProperties: false`.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const parametersJsonSchema = (tool: Any): Record<string, unknown> => {
+  const fields = (tool.parametersSchema as { readonly fields?: object }).fields
+  // An empty Struct renders as "any non-null value"; chat templates expect an object with no properties.
+  const schema = fields !== undefined && Object.keys(fields).length === 0
+    ? { type: "object" } as Record<string, unknown>
+    : { ...AiTool.getJsonSchema(tool.definition) } as Record<string, unknown>
+  if (tool.strict && schema.type === "object") schema.additionalProperties = false
+  if (schema.type === "object" && schema.properties === undefined) schema.properties = {}
+  return schema
+}
+
+/**
+ * A tool as the OpenAI function-tool entry chat templates render.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const functionSchema = (tool: Any): FunctionSchema => ({
+  type: "function",
+  function: { name: tool.name, description: tool.description, parameters: parametersJsonSchema(tool) }
+})
+
+// ===== Observations =====
+
+/**
+ * The observation text of a failed call. The texts of format errors have fixed prefixes (see
+ * {@link formatErrorOf}).
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const errorText = (
+  reason: ToolErrorReason,
+  tool: string,
+  detail: string
+): string => {
+  switch (reason) {
+    case "DecodeError":
+      return `Error: invalid arguments for tool "${tool}": ${detail}`
+    case "UnknownTool":
+      return `Error: unknown tool "${tool}". ${detail}`
+    case "Timeout":
+      return `Error: tool "${tool}" timed out after ${detail}.`
+    case "HandlerFailure":
+      return `Error: ${detail}`
+    case "InvalidResult":
+      return `Error: tool "${tool}" returned an invalid result.`
+    case "Defect":
+      return `Error: tool "${tool}" failed with an internal error.`
+    case "MissingEnvironment":
+      return `Error: tool "${tool}" is not available in this episode (${detail}).`
+  }
+}
+
+const formatPrefixes: ReadonlyArray<readonly [RegExp, ToolErrorReason]> = [
+  [/^Error: invalid arguments for tool "/, "DecodeError"],
+  [/^Error: unknown tool "/, "UnknownTool"]
+]
+
+/**
+ * The format-error reason of an error observation (bad arguments, unknown tool), or undefined for any other
+ * text. Tool messages are written only by the runtime, so the prefixes are unambiguous.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const formatErrorOf = (observation: string): ToolErrorReason | undefined =>
+  formatPrefixes.find(([re]) => re.test(observation))?.[1]
+
+/**
+ * Renders an encoded success value as text.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const renderValue = defaultRender
+
+// ===== Truncation =====
+
+/**
+ * The part of a tokenizer truncation needs (adapt `@huggingface/tokenizers`' `Tokenizer` with
+ * `{ encode: (t) => tok.encode(t, { add_special_tokens: false }).ids, decode: (ids) => tok.decode(ids) }`).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface TokenCodec {
+  readonly encode: (text: string) => ReadonlyArray<number>
+  readonly decode: (ids: ReadonlyArray<number>) => string
+}
+
+/**
+ * The marker that ends a truncated observation.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const truncationMarker = (dropped: number, unit: "characters" | "tokens"): string =>
+  `\n[... truncated: ${dropped} more ${unit}]`
+
+/** Cuts `text` to `keep` UTF-16 units without splitting a surrogate pair. */
+const cutChars = (text: string, keep: number): string => {
+  const code = text.charCodeAt(keep - 1)
+  return text.slice(0, code >= 0xd800 && code <= 0xdbff ? keep - 1 : keep)
+}
+
+/**
+ * Truncates an observation to a budget of characters and/or tokens. The result, marker included, fits the
+ * budget; it ends with {@link truncationMarker} exactly when something was cut.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const truncate = (
+  text: string,
+  budget: OutputBudget,
+  tokenizer?: TokenCodec
+): { readonly text: string; readonly truncated: boolean } => {
+  let out = text
+  let truncated = false
+  if (budget.chars !== undefined && out.length > budget.chars) {
+    const room = Math.max(0, budget.chars - truncationMarker(out.length, "characters").length)
+    const head = cutChars(out, room)
+    out = head + truncationMarker(out.length - head.length, "characters")
+    if (out.length > budget.chars) out = out.slice(0, budget.chars) // budget smaller than the marker itself
+    truncated = true
+  }
+  if (budget.tokens !== undefined && tokenizer !== undefined) {
+    const ids = tokenizer.encode(out)
+    if (ids.length > budget.tokens) {
+      const marker = truncationMarker(ids.length, "tokens")
+      let keep = Math.max(0, budget.tokens - tokenizer.encode(marker).length)
+      // Re-encoding a decoded prefix can merge differently; shrink until the whole text fits.
+      for (;;) {
+        const candidate = tokenizer.decode(ids.slice(0, keep)) + truncationMarker(ids.length - keep, "tokens")
+        if (keep === 0 || tokenizer.encode(candidate).length <= budget.tokens) {
+          out = candidate
+          break
+        }
+        keep--
+      }
+      truncated = true
+    }
+  }
+  return { text: out, truncated }
+}
