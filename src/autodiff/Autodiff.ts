@@ -1,0 +1,264 @@
+/**
+ * Reverse-mode automatic differentiation over ONNX graphs, and the learner's training graph.
+ *
+ * The model's forward pass is built once with `onnx/Graph.ts`; {@link trainingGraph} copies it, appends the loss
+ * head, then walks the forward nodes backwards and appends, for every node on a path from a weight to the loss, the
+ * nodes of its backward rule (`Backward.rules`). Gradients reaching a value from several consumers are summed. The
+ * result is one graph whose inputs are the weights and the batch data and whose outputs are the loss, the per-token
+ * logprobs, the statistics and one gradient per weight: nothing is re-serialised per step.
+ *
+ * Shapes are static: the graph is built for one `(batch, length)`; the trainer caches one per shape bucket.
+ *
+ * @since 0.1.0
+ */
+import { Effect, Schema } from "effect"
+import type * as Loss from "../Loss.ts"
+import * as Graph from "../onnx/Graph.ts"
+import * as Backward from "./Backward.ts"
+import * as LossHead from "./LossHead.ts"
+import * as Shapes from "./Shapes.ts"
+
+// ===== Errors =====
+
+/**
+ * Why a graph could not be differentiated.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class AutodiffError extends Schema.TaggedError<AutodiffError>()("AutodiffError", {
+  reason: Schema.Literals(["NoBackwardRule", "ShapeInference", "UnknownValue", "NotDifferentiable"]),
+  message: Schema.String
+}) {}
+
+class Failure extends Error {
+  readonly reason: AutodiffError["reason"]
+  constructor(reason: AutodiffError["reason"], message: string) {
+    super(message)
+    this.reason = reason
+  }
+}
+
+const isFloat = (d: Graph.DType) => d === "float32" || d === "float64"
+
+// ===== Gradients =====
+
+/**
+ * Appends to `e.graph` the gradient of the scalar `loss` with respect to each of `wrt`, returning the value name of
+ * each gradient. Only nodes in `forwardNodes` (the graph before the call) are differentiated. Throws `Failure` (use
+ * {@link trainingGraph} or {@link gradientsEffect} for a typed error).
+ */
+const gradientsUnsafe = (
+  e: Backward.Emitter,
+  forwardNodes: ReadonlyArray<Graph.Node>,
+  loss: string,
+  wrt: ReadonlyArray<string>
+): Map<string, string> => {
+  for (const w of wrt) {
+    if (!e.shapes.has(w)) throw new Failure("UnknownValue", `no value named "${w}" in the graph`)
+    if (!isFloat(e.dtype(w))) throw new Failure("NotDifferentiable", `"${w}" is ${e.dtype(w)}, not a float tensor`)
+  }
+  // Forward: which values depend on a weight through float ops.
+  const active = new Set(wrt)
+  for (const node of forwardNodes) {
+    if (node.inputs.some((i) => active.has(i))) {
+      for (const o of node.outputs) if (o !== "" && isFloat(e.dtype(o))) active.add(o)
+    }
+  }
+  if (!active.has(loss)) throw new Failure("NotDifferentiable", `the loss "${loss}" does not depend on any weight`)
+  const pending = new Map<string, Array<string>>([[loss, [e.scalar(1, e.dtype(loss))]]])
+  const collect = (name: string): string | undefined => {
+    const parts = pending.get(name)
+    if (parts === undefined) return undefined
+    if (parts.length === 1) return parts[0]
+    const total = e.op("Sum", parts)
+    pending.set(name, [total])
+    return total
+  }
+  for (let k = forwardNodes.length - 1; k >= 0; k--) {
+    const node = forwardNodes[k]!
+    const grads = node.outputs.map((o) => (o === "" ? undefined : collect(o)))
+    if (grads.every((g) => g === undefined)) continue
+    const needs = node.inputs.map((i) => i !== "" && active.has(i))
+    if (!needs.some(Boolean)) continue
+    const rule = Backward.rules[node.op]
+    if (rule === undefined) {
+      throw new Failure("NoBackwardRule", `op ${node.op} (output "${node.outputs[0]}") has no backward rule`)
+    }
+    // A scalar seed may meet a non-scalar output (the loss is scalar, so this only happens at the seed).
+    const shaped = grads.map((g, i) =>
+      g === undefined ? undefined : e.dims(g).length === e.dims(node.outputs[i]!).length ? g : e.op("Expand", [
+        g,
+        e.ints(e.dims(node.outputs[i]!))
+      ])
+    )
+    const inputGrads = rule(e, node, shaped, needs)
+    node.inputs.forEach((input, i) => {
+      const g = inputGrads[i]
+      if (!needs[i] || g === undefined) return
+      const list = pending.get(input)
+      if (list === undefined) pending.set(input, [g])
+      else list.push(g)
+    })
+  }
+  const out = new Map<string, string>()
+  for (const w of wrt) out.set(w, collect(w) ?? e.zeros(e.dims(w), e.dtype(w)))
+  return out
+}
+
+const run = <A>(f: () => A): Effect.Effect<A, AutodiffError> =>
+  Effect.try({
+    try: f,
+    catch: (u) =>
+      u instanceof Failure
+        ? new AutodiffError({ reason: u.reason, message: u.message })
+        : new AutodiffError({ reason: "ShapeInference", message: u instanceof Error ? u.message : String(u) })
+  })
+
+/**
+ * Differentiates the scalar `loss` of `graph` with respect to `wrt` in place, binding symbolic dims with `dims`;
+ * declares one output `grad.<name>` per weight and returns those names.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const gradients = (
+  graph: Graph.Graph,
+  loss: string,
+  wrt: ReadonlyArray<string>,
+  dims: Readonly<Record<string, number>> = {}
+): Effect.Effect<ReadonlyMap<string, string>, AutodiffError> =>
+  run(() => {
+    const shapes = Shapes.make(graph, dims)
+    const e = Backward.makeEmitter(graph, shapes)
+    const grads = gradientsUnsafe(e, [...graph.nodes], loss, wrt)
+    return declareGradients(e, grads)
+  })
+
+const declareGradients = (e: Backward.Emitter, grads: ReadonlyMap<string, string>): ReadonlyMap<string, string> => {
+  const named = new Map<string, string>()
+  for (const [w, g] of grads) {
+    const name = `grad.${w}`
+    e.graph.node("Identity", [g], [name])
+    e.graph.output(name, e.dtype(w), e.dims(w))
+    named.set(w, name)
+  }
+  return named
+}
+
+// ===== Training graph =====
+
+/**
+ * A forward pass to differentiate: its graph, the logits value `[batch, length, vocab]` and the weight inputs.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Forward {
+  readonly graph: Graph.Graph
+  readonly logits: string
+  readonly weightInputs: ReadonlyArray<string>
+}
+
+/**
+ * Options of {@link trainingGraph}.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Options {
+  readonly batch: number
+  readonly length: number
+  readonly loss: Loss.Config
+  /** Bindings of symbolic dims other than `batch`/`seq` (both are bound to `batch`/`length`). */
+  readonly dims?: Readonly<Record<string, number>>
+  /** `float64` rewrites every float32 tensor to double, for gradient checks. Default `float32`. */
+  readonly dtype?: "float32" | "float64"
+}
+
+/**
+ * The training graph and the names a trainer feeds and reads.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface TrainingGraph {
+  readonly graph: Graph.Graph
+  readonly batch: number
+  readonly length: number
+  /** Weight input names with dims. */
+  readonly weights: ReadonlyArray<{ readonly name: string; readonly dims: ReadonlyArray<number> }>
+  /** Non-weight inputs of the forward pass (e.g. `input_ids`, `attention_mask`, `position_ids`). */
+  readonly modelInputs: ReadonlyArray<string>
+  /** Inputs of the loss head (`targets`, `loss_weights`, …). */
+  readonly lossInputs: ReadonlyArray<string>
+  /** weight name → gradient output name. */
+  readonly gradients: ReadonlyMap<string, string>
+  readonly outputs: { readonly loss: string; readonly tokenLogprobs: string; readonly stats: string }
+}
+
+/**
+ * Copies a graph without its outputs, optionally rewriting float32 to float64.
+ */
+const copyGraph = (source: Graph.Graph, dtype: "float32" | "float64"): Graph.Graph => {
+  const g = Graph.make(`${source.name}_train`)
+  const wide = dtype === "float64"
+  const t = (d: Graph.DType): Graph.DType => (wide && d === "float32" ? "float64" : d)
+  const tensor = (x: Graph.TensorData): Graph.TensorData =>
+    wide && x.dtype === "float32" ? { dtype: "float64", dims: x.dims, data: Float64Array.from(x.data as Float32Array) } : x
+  for (const i of source.inputs) g.input(i.name, t(i.dtype), i.shape)
+  for (const [name, x] of source.initializers) g.initializer(name, tensor(x))
+  for (const n of source.nodes) {
+    const attributes: Record<string, Graph.Attribute> = {}
+    for (const [k, a] of Object.entries(n.attributes)) {
+      attributes[k] = !wide
+        ? a
+        : a.kind === "tensor"
+        ? Graph.tensor(tensor(a.value))
+        : n.op === "Cast" && k === "to" && a.kind === "int" && a.value === Graph.dataTypeCode.float32
+        ? Graph.int(Graph.dataTypeCode.float64)
+        : a
+    }
+    g.node(n.op, n.inputs, n.outputs, attributes, n.domain)
+  }
+  return g
+}
+
+/**
+ * Builds the training graph: forward pass, loss head (`LossHead`), and one gradient per weight.
+ *
+ * Outputs: `loss` (scalar), `token_logprobs [batch, length]`, `stats [6]` and `grad.<weight>` for every weight.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const trainingGraph = (forward: Forward, options: Options): Effect.Effect<TrainingGraph, AutodiffError> =>
+  run(() => {
+    const dtype = options.dtype ?? "float32"
+    const graph = copyGraph(forward.graph, dtype)
+    const shapes = Shapes.make(graph, { ...options.dims, batch: options.batch, seq: options.length })
+    const forwardNodes = [...graph.nodes]
+    const e = Backward.makeEmitter(graph, shapes)
+    const head = LossHead.emit(e, forward.logits, options.loss, options.batch, options.length)
+    const lossNodes = graph.nodes.slice(forwardNodes.length)
+    const grads = gradientsUnsafe(e, [...forwardNodes, ...lossNodes], head.loss, forward.weightInputs)
+    const named = declareGradients(e, grads)
+    const out = { loss: "loss", tokenLogprobs: "token_logprobs", stats: "stats" }
+    graph.node("Identity", [head.loss], [out.loss])
+    graph.output(out.loss, dtype, [])
+    graph.node("Identity", [head.tokenLogprobs], [out.tokenLogprobs])
+    graph.output(out.tokenLogprobs, dtype, [options.batch, options.length])
+    graph.node("Identity", [head.stats], [out.stats])
+    graph.output(out.stats, dtype, [6])
+    const weightSet = new Set(forward.weightInputs)
+    return {
+      graph,
+      batch: options.batch,
+      length: options.length,
+      weights: forward.weightInputs.map((name) => ({ name, dims: shapes.get(name).dims })),
+      modelInputs: forward.graph.inputs.map((i) => i.name).filter((n) => !weightSet.has(n)),
+      lossInputs: head.inputs,
+      gradients: named,
+      outputs: out
+    }
+  })

@@ -1,0 +1,141 @@
+/**
+ * The loss head emitted into the training graph: per-token logprobs (LogSoftmax + GatherElements), entropy, the
+ * NLL or PPO clipped surrogate with dual clip, truncated importance weights, KL to the reference (k1/k3), the
+ * entropy bonus, and aggregation as a weighted sum. It is the graph form of `Loss.reference` and is tested
+ * against it.
+ *
+ * Inputs it declares (all `[batch, length]`): `targets` (int64), `loss_weights` (aggregation weights, zero off the
+ * mask), `loss_mask`, and, as the configuration needs them, `advantages`, `old_logprobs`, `sampler_logprobs`,
+ * `ref_logprobs`. Outputs: the scalar loss, `token_logprobs [batch, length]` and `stats [6]` = sums over loss tokens
+ * of (tokens, clipped, clipped lower, approx KL, entropy, KL to reference), see `Loss.StatSums`.
+ *
+ * @since 0.1.0
+ */
+import * as Graph from "../onnx/Graph.ts"
+import type * as Loss from "../Loss.ts"
+import type * as Backward from "./Backward.ts"
+
+/**
+ * Names of the head's values.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Head {
+  readonly loss: string
+  readonly tokenLogprobs: string
+  readonly stats: string
+  /** Data inputs declared by the head, in order. */
+  readonly inputs: ReadonlyArray<string>
+}
+
+/**
+ * Which data inputs a configuration reads.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const inputNames = (config: Loss.Config): ReadonlyArray<string> => [
+  "targets",
+  "loss_weights",
+  "loss_mask",
+  ...(config.policyLoss === "ppo" ? ["advantages", "old_logprobs"] : []),
+  ...(config.policyLoss === "ppo" && config.tisCap !== undefined ? ["sampler_logprobs"] : []),
+  ...(config.klCoef !== 0 ? ["ref_logprobs"] : [])
+]
+
+/**
+ * Emits the head on `logits [batch, length, vocab]`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const emit = (
+  e: Backward.Emitter,
+  logits: string,
+  config: Loss.Config,
+  batch: number,
+  length: number
+): Head => {
+  const dtype = e.dtype(logits)
+  const vocab = e.dims(logits).at(-1)!
+  const n = batch * length
+  const c = (x: number) => e.scalar(x, dtype)
+  const declare = (name: string, type: Graph.DType) => {
+    e.graph.input(name, type, [batch, length])
+    e.shapes.set(name, { dtype: type, dims: [batch, length] })
+    return e.op("Reshape", [name, e.ints([n])])
+  }
+  const data = new Map(inputNames(config).map((name) => [name, declare(name, name === "targets" ? "int64" : dtype)]))
+  const input = (name: string) => data.get(name)!
+  const flat = e.op("Reshape", [logits, e.ints([n, vocab])])
+  const lsm = e.op("LogSoftmax", [flat], { axis: Graph.int(-1) })
+  const picked = e.op("GatherElements", [lsm, e.op("Unsqueeze", [input("targets"), e.ints([1])])], {
+    axis: Graph.int(1)
+  })
+  const logprob = e.op("Reshape", [picked, e.ints([n])])
+  const entropy = e.op("Neg", [
+    e.op("ReduceSum", [e.op("Mul", [e.op("Exp", [lsm]), lsm]), e.ints([1])], { keepdims: Graph.int(0) })
+  ])
+  const mask = input("loss_mask")
+  const statTerms: Array<string> = [mask]
+  let tokenLoss: string
+  if (config.policyLoss === "nll") {
+    tokenLoss = e.op("Neg", [logprob])
+    statTerms.push(c(0), c(0), c(0))
+  } else {
+    const advantage = input("advantages")
+    const old = input("old_logprobs")
+    const negApproxKl = e.op("Clip", [e.op("Sub", [logprob, old]), c(-20), c(20)])
+    const ratio = e.op("Exp", [negApproxKl])
+    const negA = e.op("Neg", [advantage])
+    const loss1 = e.op("Mul", [negA, ratio])
+    const loss2 = e.op("Mul", [negA, e.op("Clip", [ratio, c(1 - config.clipLow), c(1 + config.clipHigh)])])
+    const clippedLoss = e.op("Max", [loss1, loss2])
+    const clipped = e.op("Cast", [e.op("Greater", [loss2, loss1])], { to: Graph.int(Graph.dataTypeCode[dtype]) })
+    let lower = c(0)
+    tokenLoss = clippedLoss
+    if (config.dualClip !== undefined) {
+      const loss3 = e.op("Mul", [negA, c(config.dualClip)])
+      const negative = e.op("Less", [advantage, c(0)])
+      tokenLoss = e.op("Where", [negative, e.op("Min", [loss3, clippedLoss]), clippedLoss])
+      lower = e.op("Cast", [e.op("And", [negative, e.op("Greater", [clippedLoss, loss3])])], {
+        to: Graph.int(Graph.dataTypeCode[dtype])
+      })
+    }
+    if (config.tisCap !== undefined) {
+      // A constant per token: it reads only inputs, so no gradient flows through it.
+      const w = e.op("Min", [e.op("Exp", [e.op("Sub", [old, input("sampler_logprobs")])]), c(config.tisCap)])
+      tokenLoss = e.op("Mul", [tokenLoss, w])
+    }
+    statTerms.push(clipped, lower, e.op("Neg", [negApproxKl]))
+  }
+  statTerms.push(entropy)
+  if (config.klCoef !== 0) {
+    const ref = input("ref_logprobs")
+    let kl: string
+    if (config.klEstimator === "k1") {
+      kl = e.op("Sub", [logprob, ref])
+    } else {
+      const d = e.op("Sub", [ref, logprob])
+      kl = e.op("Clip", [e.op("Sub", [e.op("Sub", [e.op("Exp", [d]), d]), c(1)]), c(-10), c(10)])
+    }
+    tokenLoss = e.op("Add", [tokenLoss, e.op("Mul", [kl, c(config.klCoef)])])
+    statTerms.push(kl)
+  } else {
+    statTerms.push(c(0))
+  }
+  if (config.entropyCoef !== 0) tokenLoss = e.op("Sub", [tokenLoss, e.op("Mul", [entropy, c(config.entropyCoef)])])
+  const loss = e.op("ReduceSum", [e.op("Mul", [tokenLoss, input("loss_weights")]), e.ints([0])], {
+    keepdims: Graph.int(0)
+  })
+  // stats: one masked sum per term, concatenated into a vector of 6.
+  const sums = statTerms.map((t) =>
+    e.op("ReduceSum", [e.op("Mul", [t, mask]), e.ints([0])], { keepdims: Graph.int(1) })
+  )
+  const stats = e.op("Concat", sums.map((s) => (e.dims(s).length === 1 ? s : e.op("Reshape", [s, e.ints([1])]))), {
+    axis: Graph.int(0)
+  })
+  const tokenLogprobs = e.op("Reshape", [logprob, e.ints([batch, length])])
+  return { loss, tokenLogprobs, stats, inputs: [...data.keys()] }
+}

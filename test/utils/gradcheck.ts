@@ -1,0 +1,76 @@
+/** Helpers for gradient checks: run a graph on onnxruntime-node and compare with central finite differences. */
+import { Effect } from "effect"
+import * as ort from "onnxruntime-node"
+import * as Graph from "../../src/onnx/Graph.ts"
+
+export type Feed = { readonly dtype: "float64" | "float32" | "int64"; readonly dims: ReadonlyArray<number>; readonly data: ArrayLike<number> }
+
+const tensor = (f: Feed): ort.Tensor =>
+  f.dtype === "int64"
+    ? new ort.Tensor("int64", BigInt64Array.from(Array.from(f.data), (v) => BigInt(v)), [...f.dims])
+    : f.dtype === "float64"
+    ? new ort.Tensor("float64", Float64Array.from(f.data), [...f.dims])
+    : new ort.Tensor("float32", Float32Array.from(f.data), [...f.dims])
+
+export const session = (graph: Graph.Graph) =>
+  Effect.promise(() => ort.InferenceSession.create(Graph.toModelBytes(graph), { graphOptimizationLevel: "disabled" }))
+
+export const runWith = (s: ort.InferenceSession, feeds: Readonly<Record<string, Feed>>) =>
+  Effect.promise(async () => {
+    const t: Record<string, ort.Tensor> = {}
+    for (const [k, f] of Object.entries(feeds)) t[k] = tensor(f)
+    const out = await s.run(t)
+    const result: Record<string, Float64Array> = {}
+    for (const [k, v] of Object.entries(out)) result[k] = Float64Array.from(v.data as ArrayLike<number>)
+    return result
+  })
+
+/** Deterministic pseudo-random numbers in [-1, 1). */
+export const noise = (n: number, seed: number): Array<number> => {
+  let s = seed >>> 0
+  return Array.from({ length: n }, () => {
+    s = (Math.imul(s, 1664525) + 1013904223) >>> 0
+    return (s / 2 ** 32) * 2 - 1
+  })
+}
+
+/**
+ * Checks `grad.<name>` of every input in `wrt` against central differences of `loss`, on up to `samples` elements
+ * per input. Returns the worst relative error max|Δ| / (max|g| + 1e-12) per input.
+ */
+export const check = (
+  s: ort.InferenceSession,
+  feeds: Readonly<Record<string, Feed>>,
+  wrt: ReadonlyArray<string>,
+  options: { readonly h?: number; readonly samples?: number; readonly gradName?: (w: string) => string } = {}
+) =>
+  Effect.gen(function*() {
+    const h = options.h ?? 1e-6
+    const gradName = options.gradName ?? ((w: string) => `grad.${w}`)
+    const base = yield* runWith(s, feeds)
+    const worst: Record<string, number> = {}
+    for (const w of wrt) {
+      const feed = feeds[w]!
+      const analytic = base[gradName(w)]!
+      const n = feed.data.length
+      const samples = options.samples ?? n
+      const picks = samples >= n ? Array.from({ length: n }, (_, i) => i) : noise(samples, n + w.length).map((u) =>
+        Math.floor(((u + 1) / 2) * n)
+      )
+      let maxDiff = 0
+      let maxGrad = 0
+      for (const i of picks) {
+        const plus = Array.from(feed.data)
+        const minus = Array.from(feed.data)
+        plus[i] = plus[i]! + h
+        minus[i] = minus[i]! - h
+        const lp = (yield* runWith(s, { ...feeds, [w]: { ...feed, data: plus } }))["loss"]![0]!
+        const lm = (yield* runWith(s, { ...feeds, [w]: { ...feed, data: minus } }))["loss"]![0]!
+        const numeric = (lp - lm) / (2 * h)
+        maxDiff = Math.max(maxDiff, Math.abs(numeric - analytic[i]!))
+        maxGrad = Math.max(maxGrad, Math.abs(analytic[i]!), Math.abs(numeric))
+      }
+      worst[w] = maxDiff / (maxGrad + 1e-12)
+    }
+    return { worst, base }
+  })
