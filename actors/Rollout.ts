@@ -1,0 +1,293 @@
+/**
+ * `run`: AgentFly's `agent.run(messages, max_turns, num_chains)` as a stream of supervised chain fibers.
+ *
+ * For every dataset row, `numChains` chains (one GRPO group) run the agent loop of `RolloutChain`. The returned
+ * `Stream` emits each finished trajectory as it ends and, when the last chain of a row ends, the row's group.
+ *
+ * - **Concurrency**: at most `maxConcurrentChains` chains are in flight; rows start in order as chains finish.
+ * - **Back-pressure**: finished results go through a bounded buffer (`bufferSize` events) to the consumer. A
+ *   chain whose result does not fit waits, still holding its slot, so a slow consumer (the learner) bounds
+ *   the chains in flight and no new chains start.
+ * - **Supervision**: a chain that dies with a defect is restarted from scratch under `restart` (a `Schedule`);
+ *   when restarts run out it yields a masked trajectory (`ChainDefect`). A defect never takes down the run.
+ * - **Errors**: each `RolloutError` reason follows its policy (`src/RolloutError.ts`); `drop_group` drops the
+ *   whole group (a `GroupDropped` event); `abort_run` fails the stream with the error.
+ * - **Interruption**: ending or interrupting the stream interrupts every chain, which releases its environment
+ *   lease and pending tool calls (each chain runs in its own scope).
+ * - **Async training**: chains record the policy version of every sampled span, so a sampler whose version moves
+ *   during the run (weights updated mid-rollout) yields trajectories that say which version sampled what.
+ *
+ * @since 0.1.0
+ */
+import { Cause, Effect, FiberSet, Queue, Random, Result, Schedule, Schema, Semaphore, Stream } from "effect"
+import * as Environment from "../src/Environment.ts"
+import { Conversation } from "../src/Message.ts"
+import * as RolloutError from "../src/RolloutError.ts"
+import type { Sampler, SamplingParams } from "../src/Sampler.ts"
+import type { Group, Trajectory } from "../src/Trajectory.ts"
+import * as RolloutChain from "./RolloutChain.ts"
+
+// ===== Models =====
+
+/**
+ * A dataset row: its messages, plus any other fields (passed through to the trajectory's `row` and to rewards).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Row {
+  readonly messages: Conversation
+  readonly [field: string]: unknown
+}
+
+/**
+ * What `run` emits.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type Event =
+  | { readonly _tag: "Trajectory"; readonly rowIndex: number; readonly trajectory: Trajectory }
+  | { readonly _tag: "Group"; readonly group: Group }
+  | {
+    readonly _tag: "GroupDropped"
+    readonly groupId: string
+    readonly rowIndex: number
+    readonly reasons: ReadonlyArray<string>
+  }
+
+/**
+ * Options of `run`.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Options {
+  /** The rows to roll out; or `messages` for a single row. */
+  readonly rows?: ReadonlyArray<Row> | undefined
+  readonly messages?: Conversation | undefined
+  /** Chains per row (the GRPO group size). */
+  readonly numChains: number
+  readonly maxTurns: number
+  /** Default 64. */
+  readonly maxConcurrentChains?: number | undefined
+  /** Token budget of one sequence; the remaining budget caps every request's `maxTokens`. */
+  readonly maxContextTokens?: number | undefined
+  /**
+   * Sampling parameters of every request. With a `seed`, chain `k` of the run samples with `seed + k`, so that the
+   * chains of a group differ and a run is reproducible.
+   */
+  readonly sampling: SamplingParams
+  readonly format: RolloutChain.Format
+  readonly tools?: RolloutChain.Tools | undefined
+  readonly reward?: RolloutChain.Reward | undefined
+  /** Where each chain gets its environment (default: none). */
+  readonly environment?: Environment.Provider<any, any, never> | undefined
+  readonly policies?: RolloutError.Policies | undefined
+  /** Delays of the `retry` policy. */
+  readonly retry?: Schedule.Schedule<unknown, RolloutError.RolloutError> | undefined
+  /** Restarts of a chain that died with a defect (default: 2 restarts, 100 ms apart). */
+  readonly restart?: Schedule.Schedule<unknown, unknown> | undefined
+  /** Finished events buffered for the consumer (default 2 × numChains). */
+  readonly bufferSize?: number | undefined
+  /** Live counters to observe the run (see `RolloutChain.metrics`); created when absent. */
+  readonly stats?: RolloutChain.Stats | undefined
+  /** Prefix of group, chain and trajectory ids (default: random). */
+  readonly runId?: string | undefined
+}
+
+const Limits = Schema.Struct({
+  numChains: Schema.Int.check(Schema.isGreaterThanOrEqualTo(1)),
+  maxTurns: Schema.Int.check(Schema.isGreaterThanOrEqualTo(1)),
+  maxConcurrentChains: Schema.Int.check(Schema.isGreaterThanOrEqualTo(1)),
+  bufferSize: Schema.Int.check(Schema.isGreaterThanOrEqualTo(1)),
+  maxContextTokens: Schema.optionalKey(Schema.Int.check(Schema.isGreaterThanOrEqualTo(1))),
+  rows: Schema.Array(Schema.Struct({ messages: Conversation })).check(Schema.isMinLength(1))
+})
+
+// ===== Run =====
+
+/**
+ * Rolls out every row `numChains` times and streams trajectories and groups as they finish.
+ *
+ * **Gotchas**
+ *
+ * Invalid options (no rows, `numChains < 1`, malformed messages) fail the stream with a `SchemaError` before
+ * any chain starts.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const run = (
+  options: Options
+): Stream.Stream<Event, RolloutError.RolloutError | Schema.SchemaError, Sampler> => {
+  const bufferSize = options.bufferSize ?? 2 * options.numChains
+  return Stream.callback<Event, RolloutError.RolloutError | Schema.SchemaError, Sampler>(
+    (queue) =>
+      Effect.gen(function*() {
+        const rows = options.rows ?? (options.messages === undefined ? [] : [{ messages: options.messages }])
+        yield* Schema.decodeUnknownEffect(Limits)({
+          numChains: options.numChains,
+          maxTurns: options.maxTurns,
+          maxConcurrentChains: options.maxConcurrentChains ?? 64,
+          bufferSize,
+          rows,
+          ...(options.maxContextTokens === undefined ? {} : { maxContextTokens: options.maxContextTokens })
+        })
+        const runId = options.runId ?? (yield* Random.nextIntBetween(0, 0x7fffffff)).toString(16)
+        const stats = options.stats ?? RolloutChain.makeStats()
+        const config: RolloutChain.Config = {
+          format: options.format,
+          tools: options.tools ?? RolloutChain.noTools,
+          reward: options.reward,
+          environment: options.environment ?? (Environment.none as unknown as Environment.Provider<any, any, never>),
+          sampling: options.sampling,
+          maxTurns: options.maxTurns,
+          maxContextTokens: options.maxContextTokens,
+          policies: options.policies,
+          retry: options.retry,
+          stats
+        }
+        const restart = options.restart ?? Schedule.max([Schedule.spaced(100), Schedule.recurs(2)])
+        const permits = yield* Semaphore.make(options.maxConcurrentChains ?? 64)
+        const chains = yield* FiberSet.make<void>()
+        let aborted = false
+
+        for (let rowIndex = 0; rowIndex < rows.length && !aborted; rowIndex++) {
+          const row = rows[rowIndex]!
+          const { messages, ...fields } = row
+          const groupId = `${runId}-g${rowIndex}`
+          const group = makeCollector(groupId, rowIndex, options.numChains, stats)
+          for (let chainIndex = 0; chainIndex < options.numChains && !aborted; chainIndex++) {
+            yield* Semaphore.take(permits, 1)
+            const chainId = `${groupId}-c${chainIndex}`
+            const spec: RolloutChain.Spec = {
+              trajectoryId: chainId,
+              groupId,
+              chainId,
+              messages,
+              ...(Object.keys(fields).length === 0 ? {} : { row: fields })
+            }
+            const seed = options.sampling.seed
+            const chainConfig = seed === undefined ? config : {
+              ...config,
+              sampling: { ...config.sampling, seed: seed + rowIndex * options.numChains + chainIndex }
+            }
+            stats.chainsStarted++
+            stats.chainsInFlight++
+            yield* FiberSet.run(
+              chains,
+              supervise(spec, chainConfig, restart).pipe(
+                Effect.flatMap((outcome) => group.deliver(chainIndex, outcome, queue)),
+                Effect.catch((error) =>
+                  Effect.suspend(() => {
+                    aborted = true
+                    return Queue.fail(queue, error)
+                  })
+                ),
+                Effect.ensuring(Effect.suspend(() => {
+                  stats.chainsInFlight--
+                  stats.chainsFinished++
+                  return Semaphore.release(permits, 1)
+                }))
+              )
+            )
+          }
+        }
+        yield* FiberSet.awaitEmpty(chains)
+        yield* Queue.end(queue)
+      }),
+    { bufferSize, strategy: "suspend" }
+  )
+}
+
+/**
+ * Only the groups of `run` (trajectories are still emitted inside their group).
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const groups = (options: Options): Stream.Stream<Group, RolloutError.RolloutError | Schema.SchemaError, Sampler> =>
+  run(options).pipe(Stream.filterMap((event) => event._tag === "Group" ? Result.succeed(event.group) : Result.failVoid))
+
+/**
+ * Runs a chain, restarting it from scratch after a defect; when restarts run out, the chain yields a masked
+ * trajectory that says so. Typed failures (`abort_run`) pass through.
+ */
+const supervise = (
+  spec: RolloutChain.Spec,
+  config: RolloutChain.Config,
+  restart: Schedule.Schedule<unknown, unknown>
+): Effect.Effect<RolloutChain.Outcome, RolloutError.RolloutError, Sampler> =>
+  RolloutChain.run(spec, config).pipe(
+    Effect.sandbox,
+    Effect.retry({
+      schedule: Schedule.tap(restart, () => Effect.sync(() => config.stats.restarts++)),
+      while: (cause: Cause.Cause<RolloutError.RolloutError>) => !Cause.hasFails(cause) && Cause.hasDies(cause)
+    }),
+    Effect.catch((cause) =>
+      Cause.hasFails(cause) || !Cause.hasDies(cause)
+        ? Effect.failCause(cause)
+        : Effect.sync(() => defectOutcome(spec, config, cause))
+    )
+  )
+
+const defectOutcome = (
+  spec: RolloutChain.Spec,
+  config: RolloutChain.Config,
+  cause: Cause.Cause<unknown>
+): RolloutChain.Outcome => {
+  config.stats.errors.set("ChainDefect", (config.stats.errors.get("ChainDefect") ?? 0) + 1)
+  config.stats.terminations.set("error", (config.stats.terminations.get("error") ?? 0) + 1)
+  const policy = RolloutError.policyFor("ChainDefect", config.policies)
+  return {
+    trajectory: {
+      trajectoryId: spec.trajectoryId,
+      groupId: spec.groupId,
+      chainId: spec.chainId,
+      messages: spec.messages,
+      segments: [],
+      termination: "error",
+      reward: 0,
+      rewardStatus: "failed",
+      metrics: {},
+      trainable: true,
+      masked: true,
+      ...(spec.row === undefined ? {} : { row: spec.row }),
+      error: `ChainDefect: ${String(Cause.squash(cause))}`
+    },
+    dropGroup: policy === "drop_group"
+  }
+}
+
+/** Collects the chains of one group; the last one to finish emits the group (or its drop). */
+const makeCollector = (groupId: string, rowIndex: number, size: number, stats: RolloutChain.Stats) => {
+  const outcomes: Array<RolloutChain.Outcome | undefined> = new Array(size)
+  let remaining = size
+  return {
+    deliver: (
+      chainIndex: number,
+      outcome: RolloutChain.Outcome,
+      queue: Queue.Queue<Event, any>
+    ): Effect.Effect<void> =>
+      Effect.gen(function*() {
+        outcomes[chainIndex] = outcome
+        // Decide before offering: the offer may suspend while a sibling finishes.
+        const last = --remaining === 0
+        yield* Queue.offer(queue, { _tag: "Trajectory", rowIndex, trajectory: outcome.trajectory })
+        if (!last) return
+        const done = outcomes as Array<RolloutChain.Outcome>
+        if (done.some((o) => o.dropGroup)) {
+          const reasons = done.flatMap((o) => (o.dropGroup && o.trajectory.error !== undefined ? [o.trajectory.error] : []))
+          stats.groupsDropped++
+          yield* Queue.offer(queue, { _tag: "GroupDropped", groupId, rowIndex, reasons })
+        } else {
+          stats.groupsEmitted++
+          yield* Queue.offer(queue, {
+            _tag: "Group",
+            group: { groupId, rowIndex, trajectories: done.map((o) => o.trajectory) }
+          })
+        }
+      })
+  }
+}

@@ -1,0 +1,523 @@
+/**
+ * One rollout chain: the agent loop of one sample of one dataset row, as a fiber in its own scope.
+ *
+ * ```
+ * acquire env (chain scope) → render prompt → [ sample → parse → tools → append observation ]* → reward
+ * ```
+ *
+ * The loop ends with a `Trajectory.Termination`:
+ * - `answer`: a terminal tool (e.g. `answer`) ran;
+ * - `no_tool_call`: the assistant ended its turn without calling a tool;
+ * - `max_turns`: `maxTurns` assistant turns were sampled;
+ * - `context_length`: the context budget (`maxContextTokens`) ran out; the remaining budget caps `maxTokens`
+ *   of every request, so a turn cut by it also ends here;
+ * - `stop`: the sampler stopped (max tokens) without a complete turn;
+ * - `error`: an error whose policy ends the chain (see `src/RolloutError.ts`).
+ *
+ * The chain speaks to three ports, so that any chat template, parser, tool runtime or reward plugs in:
+ * a {@link Format} (messages ↔ tokens, token-in/token-out), {@link Tools} (runs one turn's tool calls against the
+ * chain's environment) and a {@link Reward}. The environment context comes from an `Environment.Provider`,
+ * acquired in the chain's scope, so that interruption releases it.
+ *
+ * @since 0.1.0
+ */
+import { Clock, Context, Effect, Schedule } from "effect"
+import type { Scope } from "effect"
+import type * as Environment from "../src/Environment.ts"
+import type { AssistantMessage, Conversation, Message, ToolCall } from "../src/Message.ts"
+import * as RolloutError from "../src/RolloutError.ts"
+import { Sampler } from "../src/Sampler.ts"
+import type { GenerateResult, SamplingParams } from "../src/Sampler.ts"
+import type { RewardStatus, Segment, Termination, Trajectory } from "../src/Trajectory.ts"
+
+// ===== Ports =====
+
+/**
+ * A growing token-level transcript, owned by one chain. It holds the exact token ids sent to and sampled from the
+ * policy; only observation suffixes are tokenized.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Transcript {
+  /** Tokens of the current segment: the length of the next prompt. */
+  readonly length: () => number
+  /** The next prompt: the current segment's ids, ending with the assistant header. */
+  readonly promptTokenIds: () => ReadonlyArray<number>
+  /** Appends sampled ids verbatim (a policy span) and parses them into the assistant turn. */
+  readonly appendSampled: (result: GenerateResult) => Effect.Effect<AssistantTurn, RolloutError.RolloutError>
+  /** Appends observation messages (tool results, env messages); only their suffix is tokenized. */
+  readonly appendObservations: (messages: ReadonlyArray<Message>) => Effect.Effect<void, RolloutError.RolloutError>
+  readonly messages: () => Conversation
+  readonly segments: () => ReadonlyArray<Segment>
+}
+
+/**
+ * An assistant turn as parsed from sampled ids.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface AssistantTurn {
+  readonly message: typeof AssistantMessage.Type
+  readonly toolCalls: ReadonlyArray<ToolCall>
+  /** Malformed tool calls the parser found (the turn's `ParseFailed` reasons). */
+  readonly parseErrors: ReadonlyArray<string>
+  /** Whether the sampled ids ended the turn (an end-of-turn token); false when cut by `maxTokens`. */
+  readonly complete: boolean
+}
+
+/**
+ * The agent format: chat template plus tool-call parser.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Format {
+  readonly start: (
+    messages: Conversation,
+    tools: ReadonlyArray<unknown>
+  ) => Effect.Effect<Transcript, RolloutError.RolloutError>
+  /** Token ids that end an assistant turn, added to every request's stop ids. */
+  readonly stopTokenIds: ReadonlyArray<number>
+}
+
+/**
+ * The result of one turn's tool calls.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface ToolTurn {
+  /** One tool message per call, in call order. */
+  readonly messages: ReadonlyArray<Message>
+  /** A terminal tool succeeded: the chain ends with `answer`. */
+  readonly terminal: boolean
+}
+
+/**
+ * The tool runtime of a run: tool definitions for the template, and one turn's execution against the chain's
+ * environment context. Failures the model should see are observations (tool messages with `is_error`);
+ * the error channel carries failures that the chain's policy decides on (`ToolFailed`, `EnvFailed`).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Tools {
+  readonly schemas: ReadonlyArray<unknown>
+  readonly executeTurn: (
+    calls: ReadonlyArray<ToolCall>,
+    context: Context.Context<never>
+  ) => Effect.Effect<ToolTurn, RolloutError.RolloutError>
+}
+
+/**
+ * A reward's verdict on a finished trajectory.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Score {
+  readonly reward: number
+  readonly status: RewardStatus
+  readonly metrics?: Readonly<Record<string, number>> | undefined
+}
+
+/**
+ * Scores a finished trajectory, with the chain's environment context (a reward may read the same lease).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type Reward = (
+  trajectory: Trajectory,
+  context: Context.Context<never>
+) => Effect.Effect<Score, RolloutError.RolloutError>
+
+/**
+ * No tools: every turn ends the chain with `no_tool_call`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const noTools: Tools = {
+  schemas: [],
+  executeTurn: (calls) =>
+    Effect.succeed({
+      messages: calls.map((call) => ({
+        role: "tool" as const,
+        content: `unknown tool: ${call.function.name}`,
+        tool_call_id: call.id,
+        is_error: true
+      })),
+      terminal: false
+    })
+}
+
+// ===== Stats =====
+
+/**
+ * Live counters of a run, shared by its chains (single-threaded JS: plain mutation is safe).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Stats {
+  chainsInFlight: number
+  chainsStarted: number
+  chainsFinished: number
+  turns: number
+  tokensGenerated: number
+  samplerCalls: number
+  samplerLatencyMs: number
+  restarts: number
+  groupsEmitted: number
+  groupsDropped: number
+  readonly toolCalls: Map<string, number>
+  readonly terminations: Map<Termination, number>
+  readonly errors: Map<RolloutError.Reason, number>
+}
+
+/**
+ * Fresh counters.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const makeStats = (): Stats => ({
+  chainsInFlight: 0,
+  chainsStarted: 0,
+  chainsFinished: 0,
+  turns: 0,
+  tokensGenerated: 0,
+  samplerCalls: 0,
+  samplerLatencyMs: 0,
+  restarts: 0,
+  groupsEmitted: 0,
+  groupsDropped: 0,
+  toolCalls: new Map(),
+  terminations: new Map(),
+  errors: new Map()
+})
+
+const bump = <K>(map: Map<K, number>, key: K, by = 1) => map.set(key, (map.get(key) ?? 0) + by)
+
+/**
+ * The counters as CleanRL-style metrics: `rollout/turns`, `rollout/tool_calls/<tool>`,
+ * `rollout/termination/<reason>`, `rollout/errors/<reason>`, `rollout/tokens_generated`,
+ * `rollout/sampler_latency_ms` (mean per call), `rollout/chains_in_flight`, ...
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const metrics = (stats: Stats): Record<string, number> => {
+  const out: Record<string, number> = {
+    "rollout/chains_in_flight": stats.chainsInFlight,
+    "rollout/chains_started": stats.chainsStarted,
+    "rollout/chains_finished": stats.chainsFinished,
+    "rollout/turns": stats.turns,
+    "rollout/turns_per_chain": stats.chainsFinished === 0 ? 0 : stats.turns / stats.chainsFinished,
+    "rollout/tokens_generated": stats.tokensGenerated,
+    "rollout/sampler_calls": stats.samplerCalls,
+    "rollout/sampler_latency_ms": stats.samplerCalls === 0 ? 0 : stats.samplerLatencyMs / stats.samplerCalls,
+    "rollout/restarts": stats.restarts,
+    "rollout/groups": stats.groupsEmitted,
+    "rollout/groups_dropped": stats.groupsDropped
+  }
+  for (const [tool, n] of stats.toolCalls) out[`rollout/tool_calls/${tool}`] = n
+  for (const [reason, n] of stats.terminations) out[`rollout/termination/${reason}`] = n
+  for (const [reason, n] of stats.errors) out[`rollout/errors/${reason}`] = n
+  return out
+}
+
+// ===== The chain =====
+
+/**
+ * Identity of one chain.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Spec {
+  readonly trajectoryId: string
+  readonly groupId: string
+  readonly chainId: string
+  readonly messages: Conversation
+  readonly row?: Readonly<Record<string, unknown>> | undefined
+}
+
+/**
+ * Everything a chain needs, shared by the chains of a run.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Config {
+  readonly format: Format
+  readonly tools: Tools
+  readonly reward?: Reward | undefined
+  readonly environment: Environment.Provider<any, any, never>
+  readonly sampling: SamplingParams
+  readonly maxTurns: number
+  /** Token budget of a sequence (prompt + completions + observations); undefined for none. */
+  readonly maxContextTokens?: number | undefined
+  readonly policies?: RolloutError.Policies | undefined
+  /** Delays of the `retry` policy (default: 5 retries, exponential from 100 ms, jittered). */
+  readonly retry?: Schedule.Schedule<unknown, RolloutError.RolloutError> | undefined
+  readonly stats: Stats
+}
+
+/**
+ * How a chain ended, for the group collector.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Outcome {
+  readonly trajectory: Trajectory
+  /** The chain hit a `drop_group` policy: its whole group must be dropped. */
+  readonly dropGroup: boolean
+}
+
+/** A policy's verdict that ends the chain, carried to the finishing code. */
+interface Ending {
+  readonly termination: Termination
+  readonly error?: RolloutError.RolloutError | undefined
+  readonly policy?: RolloutError.Policy | undefined
+}
+
+const defaultRetry = Schedule.max([Schedule.exponential(100).pipe(Schedule.jittered), Schedule.recurs(5)])
+
+/**
+ * Runs a step under the reason's policy: `retry` retries it (then applies `afterRetry`), `abort_run` fails the
+ * chain with the error; every other policy returns the error as a value for the loop to apply.
+ */
+const withPolicy = <A, R>(
+  config: Config,
+  step: Effect.Effect<A, RolloutError.RolloutError, R>
+): Effect.Effect<A | ResolvedError, RolloutError.RolloutError, R> =>
+  step.pipe(
+    Effect.retry({
+      schedule: config.retry ?? defaultRetry,
+      while: (e: RolloutError.RolloutError) => RolloutError.policyFor(e.reason, config.policies) === "retry"
+    }),
+    Effect.catch((error) => resolve(config, error))
+  )
+
+/** The policy that applies to an error now (after any retries); fails the chain on `abort_run`. */
+const resolve = (
+  config: Config,
+  error: RolloutError.RolloutError
+): Effect.Effect<ResolvedError, RolloutError.RolloutError> => {
+  bump(config.stats.errors, error.reason)
+  const declared = RolloutError.policyFor(error.reason, config.policies)
+  const policy = declared === "retry" ? RolloutError.afterRetry(config.policies) : declared
+  return policy === "abort_run" ? Effect.fail(error) : Effect.succeed(new ResolvedError(error, policy))
+}
+
+class ResolvedError {
+  readonly error: RolloutError.RolloutError
+  readonly policy: Exclude<RolloutError.Policy, "retry" | "abort_run">
+  constructor(error: RolloutError.RolloutError, policy: Exclude<RolloutError.Policy, "retry" | "abort_run">) {
+    this.error = error
+    this.policy = policy
+  }
+}
+
+const feedbackMessage = (error: RolloutError.RolloutError, id: string): Message => ({
+  role: "tool",
+  content: error.message,
+  tool_call_id: id,
+  is_error: true
+})
+
+/**
+ * Runs one chain to its end in a scope of its own and returns its trajectory. Fails only with an error whose
+ * policy is `abort_run`. Interruption releases the chain's environment.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const run = (spec: Spec, config: Config): Effect.Effect<Outcome, RolloutError.RolloutError, Sampler> =>
+  Effect.scoped(runScoped(spec, config))
+
+const runScoped = Effect.fnUntraced(function*(
+  spec: Spec,
+  config: Config
+): Effect.fn.Return<Outcome, RolloutError.RolloutError, Sampler | Scope.Scope> {
+  const sampler = yield* Sampler
+  const stats = config.stats
+  const startedAt = yield* Clock.currentTimeMillis
+  const local = { turns: 0, toolCalls: 0, tokens: 0, samplerMs: 0 }
+
+  const acquired = yield* withPolicy(
+    config,
+    config.environment.acquire({ chainId: spec.chainId, groupId: spec.groupId }).pipe(
+      Effect.map((context): Context.Context<never> => context),
+      Effect.mapError((e) =>
+        new RolloutError.RolloutError({ reason: "LeaseFailed", message: errorText(e), chainId: spec.chainId })
+      )
+    )
+  )
+  if (acquired instanceof ResolvedError) {
+    return yield* finish(spec, config, undefined, Context.empty(), local, startedAt, toEnding(acquired))
+  }
+  const env = acquired
+  const started = yield* withPolicy(config, config.format.start(spec.messages, config.tools.schemas))
+  if (started instanceof ResolvedError) {
+    return yield* finish(spec, config, undefined, env, local, startedAt, toEnding(started))
+  }
+  const transcript = started
+  const stopTokenIds = [...(config.sampling.stopTokenIds ?? []), ...config.format.stopTokenIds]
+
+  const ending: Ending = yield* Effect.gen(function*(): Effect.fn.Return<Ending, RolloutError.RolloutError> {
+    while (true) {
+      if (local.turns >= config.maxTurns) return { termination: "max_turns" }
+      const remaining = config.maxContextTokens === undefined
+        ? Number.POSITIVE_INFINITY
+        : config.maxContextTokens - transcript.length()
+      if (remaining <= 0) return { termination: "context_length" }
+      const maxTokens = Math.min(config.sampling.maxTokens, remaining)
+      const t0 = yield* Clock.currentTimeMillis
+      const sampled = yield* withPolicy(
+        config,
+        Effect.mapError(
+          sampler.generate({
+            promptTokenIds: transcript.promptTokenIds(),
+            sampling: { ...config.sampling, maxTokens, stopTokenIds }
+          }),
+          (e) => RolloutError.fromSamplerError(e, spec.chainId)
+        )
+      )
+      const latency = (yield* Clock.currentTimeMillis) - t0
+      stats.samplerCalls++
+      stats.samplerLatencyMs += latency
+      local.samplerMs += latency
+      if (sampled instanceof ResolvedError) return toEnding(sampled)
+      stats.tokensGenerated += sampled.tokenIds.length
+      local.tokens += sampled.tokenIds.length
+      const turn = yield* withPolicy(config, transcript.appendSampled(sampled))
+      if (turn instanceof ResolvedError) return toEnding(turn)
+      local.turns++
+      stats.turns++
+      if (!turn.complete) {
+        return { termination: maxTokens < config.sampling.maxTokens ? "context_length" : "stop" }
+      }
+      // Parse failures: with `feedback` the model reads what was wrong; valid calls of the same turn still run.
+      const feedback: Array<Message> = []
+      if (turn.parseErrors.length > 0) {
+        const resolved = yield* resolve(
+          config,
+          new RolloutError.RolloutError({
+            reason: "ParseFailed",
+            message: `could not parse the tool call: ${turn.parseErrors.join("; ")}`,
+            chainId: spec.chainId
+          })
+        )
+        if (resolved.policy !== "feedback") return toEnding(resolved)
+        feedback.push(feedbackMessage(resolved.error, `parse_error_${local.turns}`))
+      } else if (turn.toolCalls.length === 0) {
+        return { termination: "no_tool_call" }
+      }
+      let observations: ReadonlyArray<Message> = feedback
+      let terminal = false
+      if (turn.toolCalls.length > 0) {
+        local.toolCalls += turn.toolCalls.length
+        for (const call of turn.toolCalls) bump(stats.toolCalls, call.function.name)
+        const executed = yield* withPolicy(config, config.tools.executeTurn(turn.toolCalls, env))
+        if (executed instanceof ResolvedError) {
+          if (executed.policy !== "feedback" || !RolloutError.canFeedBack(executed.error.reason)) {
+            return toEnding(executed)
+          }
+          observations = [...turn.toolCalls.map((call) => feedbackMessage(executed.error, call.id)), ...feedback]
+        } else {
+          observations = [...executed.messages, ...feedback]
+          terminal = executed.terminal
+        }
+      }
+      const appended = yield* withPolicy(config, transcript.appendObservations(observations))
+      if (appended instanceof ResolvedError) return toEnding(appended)
+      if (terminal) return { termination: "answer" }
+    }
+  })
+  return yield* finish(spec, config, transcript, env, local, startedAt, ending)
+})
+
+const toEnding = (resolved: ResolvedError): Ending => ({
+  termination: "error",
+  error: resolved.error,
+  policy: resolved.policy === "feedback" ? "mask" : resolved.policy
+})
+
+const errorText = (e: unknown): string =>
+  typeof e === "object" && e !== null && "message" in e ? String((e as { message: unknown }).message) : String(e)
+
+/** Builds the trajectory, scores it (in the chain's scope, with its environment) and counts the ending. */
+const finish = Effect.fnUntraced(function*(
+  spec: Spec,
+  config: Config,
+  transcript: Transcript | undefined,
+  env: Context.Context<never>,
+  local: { turns: number; toolCalls: number; tokens: number; samplerMs: number },
+  startedAt: number,
+  ending: Ending
+): Effect.fn.Return<Outcome, RolloutError.RolloutError> {
+  const endedAt = yield* Clock.currentTimeMillis
+  const masked = ending.policy === "mask" || ending.policy === "drop_group"
+  let trajectory: Trajectory = {
+    trajectoryId: spec.trajectoryId,
+    groupId: spec.groupId,
+    chainId: spec.chainId,
+    messages: transcript?.messages() ?? spec.messages,
+    segments: transcript?.segments() ?? [],
+    termination: ending.termination,
+    reward: 0,
+    rewardStatus: masked ? "failed" : "pending",
+    metrics: {
+      turns: local.turns,
+      tool_calls: local.toolCalls,
+      tokens_generated: local.tokens,
+      sampler_latency_ms: local.samplerMs,
+      rollout_time_ms: endedAt - startedAt
+    },
+    trainable: true,
+    masked,
+    ...(spec.row === undefined ? {} : { row: spec.row }),
+    ...(ending.error === undefined ? {} : { error: `${ending.error.reason}: ${ending.error.message}` })
+  }
+  let dropGroup = ending.policy === "drop_group"
+  if (ending.policy === "zero_reward") {
+    trajectory = { ...trajectory, reward: 0, rewardStatus: "scored" }
+  } else if (!masked) {
+    const scored = yield* score(trajectory, config, env)
+    trajectory = scored.trajectory
+    dropGroup = scored.dropGroup
+  }
+  bump(config.stats.terminations, trajectory.termination)
+  return { trajectory, dropGroup }
+})
+
+const score = Effect.fnUntraced(function*(
+  trajectory: Trajectory,
+  config: Config,
+  env: Context.Context<never>
+): Effect.fn.Return<Outcome, RolloutError.RolloutError> {
+  if (config.reward === undefined) return { trajectory: { ...trajectory, rewardStatus: "not_applicable" }, dropGroup: false }
+  const scored = yield* withPolicy(config, config.reward(trajectory, env))
+  if (scored instanceof ResolvedError) {
+    const masked = scored.policy === "mask" || scored.policy === "drop_group"
+    return {
+      trajectory: {
+        ...trajectory,
+        reward: 0,
+        rewardStatus: masked ? "failed" : "scored",
+        masked: trajectory.masked || masked,
+        error: `${scored.error.reason}: ${scored.error.message}`
+      },
+      dropGroup: scored.policy === "drop_group"
+    }
+  }
+  const metrics = { ...trajectory.metrics }
+  for (const [k, v] of Object.entries(scored.metrics ?? {})) metrics[`reward/${k}`] = v
+  return { trajectory: { ...trajectory, reward: scored.reward, rewardStatus: scored.status, metrics }, dropGroup: false }
+})
