@@ -1,0 +1,363 @@
+/**
+ * Chat templates: Jinja programs (the Hugging Face `chat_template` language, run by `@huggingface/jinja`) that turn
+ * a conversation into the exact text a model was trained on.
+ *
+ * A `ChatTemplate` comes from a model folder (`tokenizer_config.json`'s `chat_template`, or `chat_template.jinja`)
+ * or from the built-ins: `qwen2.5`, `qwen3` (Hermes-style `<tool_call>` JSON), `llama3` (JSON tool calls) and
+ * `chatml` (for small byte-level models). Rendering supports tools (OpenAI-style JSON Schema function specs),
+ * assistant tool calls, tool results and `add_generation_prompt`. Each template also says which tool-call
+ * convention its models write (`toolCallFormat`, see `ToolCallParser`) and which token ends an assistant turn.
+ *
+ * Message contents are flattened to text before rendering (image parts are dropped): every template we target
+ * concatenates `message.content` as a string.
+ *
+ * @since 0.1.0
+ */
+import { Template } from "@huggingface/jinja"
+import { Effect, FileSystem, Option, Path, Schema } from "effect"
+import * as Message from "./Message.ts"
+import * as builtin from "./templates/builtin.ts"
+import * as Tokenizer from "./Tokenizer.ts"
+
+// ===== Errors =====
+
+/**
+ * Why a template could not be loaded or rendered.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export const TemplateErrorReason = Schema.Literals([
+  "NotFound", // the model folder has no chat template
+  "InvalidSyntax", // the Jinja source does not parse
+  "RenderFailed", // the template raised (e.g. `raise_exception`) or hit a runtime error on these messages
+  "InvalidMessages" // the conversation does not decode as OpenAI-style messages
+])
+export type TemplateErrorReason = typeof TemplateErrorReason.Type
+
+/**
+ * @category errors
+ * @since 0.1.0
+ */
+export class TemplateError extends Schema.TaggedError<TemplateError>()("TemplateError", {
+  reason: TemplateErrorReason,
+  message: Schema.String
+}) {}
+
+// ===== Models =====
+
+/**
+ * An OpenAI-style tool spec as templates render it: `{ type: "function", function: { name, description?,
+ * parameters? } }`, `parameters` being a JSON Schema.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const ToolSpec = Schema.Struct({
+  type: Schema.Literal("function"),
+  function: Schema.Struct({
+    name: Schema.String,
+    description: Schema.optionalKey(Schema.String),
+    parameters: Schema.optionalKey(Schema.Unknown)
+  })
+})
+export type ToolSpec = typeof ToolSpec.Type
+
+/**
+ * The tool-call conventions of the built-in parsers (`ToolCallParser.parse`).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const ToolCallFormat = Schema.Literals(["hermes", "llama3", "react", "code"])
+export type ToolCallFormat = typeof ToolCallFormat.Type
+
+/**
+ * Names of the built-in templates.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type BuiltinName = "qwen2.5" | "qwen3" | "llama3" | "chatml"
+
+/**
+ * Options of one render.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface RenderOptions {
+  readonly tools?: ReadonlyArray<ToolSpec> | undefined
+  /** Append the header of the next assistant turn (`<|im_start|>assistant\n`). Default false. */
+  readonly addGenerationPrompt?: boolean | undefined
+  /** Extra template variables, e.g. `{ enable_thinking: false }`; they override the template's defaults. */
+  readonly variables?: Readonly<Record<string, unknown>> | undefined
+}
+
+const TypeId = "~agentfly/ChatTemplate"
+
+/**
+ * A compiled chat template.
+ *
+ * - `endOfTurn`: the token the template writes after an assistant turn (`<|im_end|>`, `<|eot_id|>`). The policy
+ *   samples it, so it is trainable.
+ * - `stopTokens`: tokens a sampler should stop on (`endOfTurn` plus the model's end-of-text tokens).
+ * - `render` fails with `TemplateError` (never throws).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface ChatTemplate {
+  readonly [TypeId]: typeof TypeId
+  readonly name: string
+  readonly source: string
+  readonly toolCallFormat: ToolCallFormat
+  readonly endOfTurn: string
+  readonly stopTokens: ReadonlyArray<string>
+  /** Variables every render gets (`bos_token`, `eos_token`, ...). */
+  readonly variables: Readonly<Record<string, unknown>>
+  readonly render: (
+    messages: ReadonlyArray<Message.Message>,
+    options?: RenderOptions
+  ) => Effect.Effect<string, TemplateError>
+}
+
+/**
+ * @category guards
+ * @since 0.1.0
+ */
+export const isChatTemplate = (u: unknown): u is ChatTemplate => typeof u === "object" && u !== null && TypeId in u
+
+// ===== Constructors =====
+
+/**
+ * The built-in template sources, by name (`qwen2.5` is `templates["qwen2.5"]`).
+ *
+ * @category constants
+ * @since 0.1.0
+ */
+export const templates: { readonly [K in BuiltinName]: string } = {
+  "qwen2.5": builtin.qwen25,
+  qwen3: builtin.qwen3,
+  llama3: builtin.llama3,
+  chatml: builtin.chatml
+}
+
+const builtinDefaults: {
+  readonly [K in BuiltinName]: Pick<MakeOptions, "toolCallFormat" | "endOfTurn" | "stopTokens" | "variables">
+} = {
+  "qwen2.5": { toolCallFormat: "hermes", endOfTurn: "<|im_end|>", stopTokens: ["<|im_end|>", "<|endoftext|>"] },
+  qwen3: { toolCallFormat: "hermes", endOfTurn: "<|im_end|>", stopTokens: ["<|im_end|>", "<|endoftext|>"] },
+  chatml: { toolCallFormat: "hermes", endOfTurn: "<|im_end|>", stopTokens: ["<|im_end|>", "<|endoftext|>"] },
+  llama3: {
+    toolCallFormat: "llama3",
+    endOfTurn: "<|eot_id|>",
+    stopTokens: ["<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"],
+    variables: { bos_token: "<|begin_of_text|>" }
+  }
+}
+
+/**
+ * Options of `make`. Everything but `source` is inferred from the source when omitted.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface MakeOptions {
+  readonly source: string
+  readonly name?: string | undefined
+  readonly toolCallFormat?: ToolCallFormat | undefined
+  readonly endOfTurn?: string | undefined
+  readonly stopTokens?: ReadonlyArray<string> | undefined
+  readonly variables?: Readonly<Record<string, unknown>> | undefined
+}
+
+const knownEndOfTurn = ["<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "</s>"]
+
+const inferFormat = (source: string): ToolCallFormat =>
+  source.includes("<tool_call>") ? "hermes" : source.includes("ipython") || source.includes("<|python_tag|>") ?
+    "llama3" :
+    "hermes"
+
+const compile = Option.liftThrowable((source: string) => new Template(source))
+
+/** Plain objects in the shape templates index into; contents flattened to text. */
+export const toTemplateMessage = (message: Message.Message): Record<string, unknown> => {
+  const content = Message.text(message.content)
+  switch (message.role) {
+    case "assistant":
+      return {
+        role: "assistant",
+        content,
+        ...(message.tool_calls !== undefined && message.tool_calls.length > 0
+          ? { tool_calls: message.tool_calls }
+          : {}),
+        ...(message.reasoning_content !== undefined ? { reasoning_content: message.reasoning_content } : {})
+      }
+    case "tool":
+      return {
+        role: "tool",
+        content,
+        tool_call_id: message.tool_call_id,
+        ...(message.name !== undefined ? { name: message.name } : {})
+      }
+    default:
+      return { role: message.role, content }
+  }
+}
+
+/**
+ * Compiles a template. Fails with `InvalidSyntax` when the Jinja source does not parse.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const make = (options: MakeOptions): Effect.Effect<ChatTemplate, TemplateError> => {
+  const compiled = compile(options.source)
+  if (Option.isNone(compiled)) {
+    return Effect.fail(new TemplateError({ reason: "InvalidSyntax", message: "the chat template does not parse" }))
+  }
+  const template = compiled.value
+  const endOfTurn = options.endOfTurn ?? knownEndOfTurn.find((t) => options.source.includes(t)) ?? "<|im_end|>"
+  const variables = { bos_token: "", eos_token: endOfTurn, ...options.variables }
+  const name = options.name ?? "custom"
+  return Effect.succeed({
+    [TypeId]: TypeId,
+    name,
+    source: options.source,
+    toolCallFormat: options.toolCallFormat ?? inferFormat(options.source),
+    endOfTurn,
+    stopTokens: options.stopTokens ?? [endOfTurn],
+    variables,
+    render: (messages, renderOptions = {}) =>
+      Effect.try({
+        try: () =>
+          template.render({
+            ...variables,
+            ...renderOptions.variables,
+            messages: messages.map(toTemplateMessage),
+            tools: renderOptions.tools && renderOptions.tools.length > 0 ? renderOptions.tools : null,
+            add_generation_prompt: renderOptions.addGenerationPrompt ?? false
+          }),
+        catch: (cause) =>
+          new TemplateError({
+            reason: "RenderFailed",
+            message: `template ${name}: ${cause instanceof Error ? cause.message : String(cause)}`
+          })
+      })
+  })
+}
+
+/**
+ * A built-in template.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const builtinTemplate = (name: BuiltinName): ChatTemplate =>
+  Effect.runSync(make({ name, source: templates[name], ...builtinDefaults[name] }))
+
+/**
+ * Loads the chat template of a Hugging Face style model folder: `chat_template.jinja` if present, else
+ * `tokenizer_config.json`'s `chat_template` (a string, or a list of `{ name, template }` of which `default` or the
+ * first is used). `bos_token` / `eos_token` come from `tokenizer_config.json`; the end-of-turn token is inferred
+ * from the source.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const load = Effect.fn("ChatTemplate.load")(function*(modelDir: string) {
+  const fs = yield* FileSystem.FileSystem
+  const path = yield* Path.Path
+  const configFile = path.join(modelDir, "tokenizer_config.json")
+  const hasConfig = yield* fs.exists(configFile).pipe(Effect.orElseSucceed(() => false))
+  const config = (hasConfig
+    ? yield* Tokenizer.readJsonFile(configFile).pipe(
+      Effect.mapError((e) => new TemplateError({ reason: "NotFound", message: e.message }))
+    )
+    : {}) as Record<string, unknown>
+  const jinjaFile = path.join(modelDir, "chat_template.jinja")
+  const hasJinja = yield* fs.exists(jinjaFile).pipe(Effect.orElseSucceed(() => false))
+  const source = hasJinja
+    ? yield* fs.readFileString(jinjaFile).pipe(
+      Effect.mapError(() => new TemplateError({ reason: "NotFound", message: `cannot read ${jinjaFile}` }))
+    )
+    : pickTemplate(config.chat_template)
+  if (source === undefined) {
+    return yield* new TemplateError({
+      reason: "NotFound",
+      message: `${modelDir} has no chat_template.jinja and no chat_template in tokenizer_config.json`
+    })
+  }
+  const token = (value: unknown) =>
+    typeof value === "string" ? value : (value as { content?: string } | null)?.content ?? undefined
+  const bos = token(config.bos_token)
+  const eos = token(config.eos_token)
+  const endOfTurn = knownEndOfTurn.find((t) => source.includes(t)) ?? eos ?? "<|im_end|>"
+  const stopTokens = eos !== undefined && eos !== endOfTurn ? [endOfTurn, eos] : [endOfTurn]
+  return yield* make({
+    name: path.basename(modelDir),
+    source,
+    endOfTurn,
+    stopTokens,
+    variables: { bos_token: bos ?? "", eos_token: eos ?? endOfTurn }
+  })
+})
+
+const pickTemplate = (value: unknown): string | undefined => {
+  if (typeof value === "string") return value
+  if (Array.isArray(value)) {
+    const named = value as Array<{ name?: unknown; template?: unknown }>
+    const chosen = named.find((t) => t.name === "default") ?? named[0]
+    return typeof chosen?.template === "string" ? chosen.template : undefined
+  }
+  return undefined
+}
+
+/**
+ * Decodes an OpenAI-style conversation file: `{ messages, tools? }` or a bare list of messages.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const decodeConversation = (
+  input: unknown
+): Effect.Effect<{ messages: Message.Conversation; tools: ReadonlyArray<ToolSpec> }, TemplateError> => {
+  const shape = Array.isArray(input) ? { messages: input } : input
+  return Schema.decodeUnknownEffect(ConversationFile)(lenient(shape)).pipe(
+    Effect.map((file) => ({ messages: file.messages, tools: file.tools ?? [] })),
+    Effect.mapError((error) => new TemplateError({ reason: "InvalidMessages", message: error.message }))
+  )
+}
+
+// OpenAI's API writes `content: null` beside tool calls and files often omit call ids: accept both.
+const lenient = (input: unknown): unknown => {
+  if (typeof input !== "object" || input === null || !Array.isArray((input as { messages?: unknown }).messages)) {
+    return input
+  }
+  const file = input as { messages: Array<unknown> }
+  return {
+    ...file,
+    messages: file.messages.map((m, i) => {
+      if (typeof m !== "object" || m === null) return m
+      const message = m as Record<string, unknown>
+      const calls = message.tool_calls
+      return {
+        ...message,
+        ...(message.content === null ? { content: "" } : {}),
+        ...(Array.isArray(calls)
+          ? {
+            tool_calls: calls.map((c, j) =>
+              typeof c === "object" && c !== null ? { id: `call_${i}_${j}`, type: "function", ...c } : c
+            )
+          }
+          : {})
+      }
+    })
+  }
+}
+
+const ConversationFile = Schema.Struct({
+  messages: Message.Conversation,
+  tools: Schema.optionalKey(Schema.Array(ToolSpec))
+})

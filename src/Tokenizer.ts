@@ -1,0 +1,237 @@
+/**
+ * Tokenizers backed by a Hugging Face `tokenizer.json` (`@huggingface/tokenizers`): the real Qwen / Llama
+ * tokenizers of a model folder, and the byte-level tokenizer that `ByteTokenizer` generates for the embedded policy.
+ *
+ * A `Tokenizer` is a value, not a service: a process may hold several (the policy's, a judge's). Loading can fail
+ * (missing file, malformed JSON, an unsupported model type) and returns a typed `TokenizerError`; once loaded,
+ * `encode` and `decode` are pure, synchronous and total.
+ *
+ * `encode` never adds special tokens (no BOS): chat templates write every special token themselves, so the text a
+ * template renders maps to exactly its tokens. Added tokens (`<|im_start|>`, `<tool_call>`, ...) are always single
+ * tokens, and the text is cut at them before the model runs, which is what lets `TrajectoryBuilder` tokenize an
+ * observation suffix on its own and still get the ids of the whole text.
+ *
+ * @since 0.1.0
+ */
+import { Tokenizer as HfTokenizer } from "@huggingface/tokenizers"
+import { Effect, FileSystem, Option, Path, Schema } from "effect"
+
+// ===== Errors =====
+
+/**
+ * Why a tokenizer could not be loaded or used.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export const TokenizerErrorReason = Schema.Literals([
+  "NotFound", // tokenizer.json is missing from the model folder
+  "InvalidJson", // a file is not JSON
+  "InvalidTokenizer", // the JSON is not a tokenizer the runtime understands
+  "InvalidTokenId" // an id outside the vocabulary, or not an integer
+])
+export type TokenizerErrorReason = typeof TokenizerErrorReason.Type
+
+/**
+ * @category errors
+ * @since 0.1.0
+ */
+export class TokenizerError extends Schema.TaggedError<TokenizerError>()("TokenizerError", {
+  reason: TokenizerErrorReason,
+  message: Schema.String
+}) {}
+
+// ===== Models =====
+
+const TypeId = "~agentfly/Tokenizer"
+
+/**
+ * A loaded tokenizer.
+ *
+ * - `encode(text)`: token ids of `text`, without any added BOS/EOS.
+ * - `decode(ids)`: the text of `ids`, special tokens included. Ids outside the vocabulary decode to U+FFFD
+ *   (never a crash); call `validateIds` first where a bad id must be an error.
+ * - `addedTokens`: every added token (content → id); each is always encoded as one token.
+ * - `splitAdded(text)`: `text` cut into pieces that are either exactly one added token or plain text; encoding
+ *   the pieces one by one gives the ids of the whole text.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Tokenizer {
+  readonly [TypeId]: typeof TypeId
+  /** One more than the largest id (base vocabulary plus added tokens). */
+  readonly vocabSize: number
+  readonly addedTokens: ReadonlyMap<string, number>
+  /** The tokenizer_config's `eos_token`, when it names a known token. */
+  readonly eosToken: string | undefined
+  readonly eosTokenId: number | undefined
+  readonly bosToken: string | undefined
+  readonly padToken: string | undefined
+  readonly encode: (text: string) => Array<number>
+  readonly decode: (ids: ReadonlyArray<number>) => string
+  readonly tokenToId: (token: string) => number | undefined
+  readonly idToToken: (id: number) => string | undefined
+  readonly isValidId: (id: number) => boolean
+  readonly splitAdded: (text: string) => Array<string>
+}
+
+/**
+ * @category guards
+ * @since 0.1.0
+ */
+export const isTokenizer = (u: unknown): u is Tokenizer => typeof u === "object" && u !== null && TypeId in u
+
+// ===== Constructors =====
+
+const tokenName = (value: unknown): string | undefined =>
+  typeof value === "string"
+    ? value
+    : typeof value === "object" && value !== null && typeof (value as { content?: unknown }).content === "string"
+    ? (value as { content: string }).content
+    : undefined
+
+const escapeRegExp = (s: string): string => s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")
+
+const construct = (tokenizerJson: object, config: Record<string, unknown>): Option.Option<HfTokenizer> =>
+  Option.liftThrowable(() => new HfTokenizer(tokenizerJson, config))()
+
+/**
+ * Builds a tokenizer from a parsed `tokenizer.json` object and an optional parsed `tokenizer_config.json`.
+ *
+ * **Gotchas**: added tokens marked `lstrip`/`rstrip` swallow neighbouring spaces in Hugging Face tokenizers;
+ * `splitAdded` does not model that, so such tokenizers are rejected (no chat model we target uses them).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const make = Effect.fn("Tokenizer.make")(function*(tokenizerJson: unknown, config: unknown = {}) {
+  const json = tokenizerJson as { model?: { vocab?: unknown }; added_tokens?: unknown }
+  if (typeof json !== "object" || json === null || typeof json.model !== "object" || json.model === null) {
+    return yield* new TokenizerError({ reason: "InvalidTokenizer", message: "tokenizer.json has no `model` object" })
+  }
+  const cfg = (typeof config === "object" && config !== null ? config : {}) as Record<string, unknown>
+  const added: Array<{ id: number; content: string; lstrip?: boolean; rstrip?: boolean }> =
+    Array.isArray(json.added_tokens) ? json.added_tokens : []
+  for (const token of added) {
+    if (typeof token?.content !== "string" || !Number.isInteger(token.id)) {
+      return yield* new TokenizerError({ reason: "InvalidTokenizer", message: "an added token lacks `id`/`content`" })
+    }
+    if (token.lstrip === true || token.rstrip === true) {
+      return yield* new TokenizerError({
+        reason: "InvalidTokenizer",
+        message: `added token ${JSON.stringify(token.content)} strips whitespace (lstrip/rstrip): not supported`
+      })
+    }
+  }
+  const hf = construct(tokenizerJson as object, cfg)
+  if (Option.isNone(hf)) {
+    return yield* new TokenizerError({
+      reason: "InvalidTokenizer",
+      message: "@huggingface/tokenizers rejected tokenizer.json (unsupported model, normalizer or pre-tokenizer)"
+    })
+  }
+  return fromHf(hf.value, added, cfg)
+})
+
+const fromHf = (
+  hf: HfTokenizer,
+  added: ReadonlyArray<{ id: number; content: string }>,
+  cfg: Record<string, unknown>
+): Tokenizer => {
+  const vocab = hf.get_vocab(true)
+  let vocabSize = 0
+  for (const id of vocab.values()) if (id >= vocabSize) vocabSize = id + 1
+  const addedTokens = new Map(added.map((t) => [t.content, t.id]))
+  // Longest first, as Hugging Face matches added tokens.
+  const splitter = added.length === 0
+    ? undefined
+    : new RegExp(`(${[...addedTokens.keys()].sort((a, b) => b.length - a.length).map(escapeRegExp).join("|")})`)
+  const isValidId = (id: number) =>
+    Number.isInteger(id) && id >= 0 && id < vocabSize && hf.id_to_token(id) !== undefined
+  const eosToken = tokenName(cfg.eos_token)
+  const encodeOptions = { add_special_tokens: false } as const
+  const decodeOptions = { skip_special_tokens: false, clean_up_tokenization_spaces: false } as const
+  return {
+    [TypeId]: TypeId,
+    vocabSize,
+    addedTokens,
+    eosToken,
+    eosTokenId: eosToken === undefined ? undefined : hf.token_to_id(eosToken),
+    bosToken: tokenName(cfg.bos_token),
+    padToken: tokenName(cfg.pad_token),
+    encode: (text) => (text.length === 0 ? [] : hf.encode(text, encodeOptions).ids),
+    decode: (ids) => {
+      if (ids.length === 0) return ""
+      if (ids.every(isValidId)) return hf.decode(ids as Array<number>, decodeOptions)
+      // Decode valid runs and mark each bad id, so a display of garbage never throws.
+      let out = ""
+      let run: Array<number> = []
+      for (const id of ids) {
+        if (isValidId(id)) run.push(id)
+        else {
+          if (run.length > 0) out += hf.decode(run, decodeOptions)
+          run = []
+          out += "\uFFFD"
+        }
+      }
+      return run.length > 0 ? out + hf.decode(run, decodeOptions) : out
+    },
+    tokenToId: (token) => hf.token_to_id(token),
+    idToToken: (id) => (isValidId(id) ? hf.id_to_token(id) : undefined),
+    isValidId,
+    splitAdded: (text) => (splitter === undefined ? [text] : text.split(splitter).filter((piece) => piece.length > 0))
+  }
+}
+
+/**
+ * Fails with `InvalidTokenId` unless every id is an integer inside the vocabulary.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const validateIds = (tokenizer: Tokenizer, ids: ReadonlyArray<number>): Effect.Effect<void, TokenizerError> => {
+  const bad = ids.findIndex((id) => !tokenizer.isValidId(id))
+  return bad === -1 ? Effect.void : Effect.fail(
+    new TokenizerError({
+      reason: "InvalidTokenId",
+      message: `token id ${ids[bad]} at position ${bad} is outside the vocabulary (size ${tokenizer.vocabSize})`
+    })
+  )
+}
+
+const parseJson = Option.liftThrowable((text: string): unknown => JSON.parse(text))
+
+/**
+ * Reads and parses a JSON file, failing with a `TokenizerError`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const readJsonFile = Effect.fn("Tokenizer.readJsonFile")(function*(file: string) {
+  const fs = yield* FileSystem.FileSystem
+  const text = yield* fs.readFileString(file).pipe(
+    Effect.mapError(() => new TokenizerError({ reason: "NotFound", message: `cannot read ${file}` }))
+  )
+  const value = parseJson(text)
+  if (Option.isNone(value)) {
+    return yield* new TokenizerError({ reason: "InvalidJson", message: `${file} is not valid JSON` })
+  }
+  return value.value
+})
+
+/**
+ * Loads `tokenizer.json` and (when present) `tokenizer_config.json` from a Hugging Face style model folder.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const load = Effect.fn("Tokenizer.load")(function*(modelDir: string) {
+  const fs = yield* FileSystem.FileSystem
+  const path = yield* Path.Path
+  const tokenizerJson = yield* readJsonFile(path.join(modelDir, "tokenizer.json"))
+  const configFile = path.join(modelDir, "tokenizer_config.json")
+  const hasConfig = yield* fs.exists(configFile).pipe(Effect.orElseSucceed(() => false))
+  const config = hasConfig ? yield* readJsonFile(configFile) : {}
+  return yield* make(tokenizerJson, config)
+})

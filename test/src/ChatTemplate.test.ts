@@ -1,0 +1,164 @@
+import * as NodeServices from "@effect/platform-node/NodeServices"
+import { assert, describe, it, layer } from "@effect/vitest"
+import { Effect } from "effect"
+import fc from "fast-check"
+import { mkdtempSync, writeFileSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import * as ChatTemplate from "../../src/ChatTemplate.ts"
+import type * as Message from "../../src/Message.ts"
+import { conversation, fourTurns, tools } from "../utils/conversations.ts"
+import { Qwen } from "../utils/qwen.ts"
+
+const prefixes = (messages: ReadonlyArray<Message.Message>) =>
+  messages.map((_, i) => messages.slice(0, i + 1)).filter((m) => m.length > 0)
+
+layer(Qwen.layer)("ChatTemplate vs the official Qwen templates", (it) => {
+  it.effect("built-in qwen2.5 renders exactly like the official Qwen2.5-Instruct template", () =>
+    Effect.gen(function*() {
+      const { qwen25 } = yield* Qwen
+      const ours = ChatTemplate.builtinTemplate("qwen2.5")
+      for (const messages of [...prefixes(fourTurns), ...prefixes(fourTurns.slice(1))]) {
+        for (const t of [tools, []]) {
+          for (const addGenerationPrompt of [true, false]) {
+            const options = { tools: t, addGenerationPrompt }
+            assert.strictEqual(yield* ours.render(messages, options), yield* qwen25.render(messages, options))
+          }
+        }
+      }
+      const text = yield* ours.render(fourTurns, { tools })
+      assert.include(text, "<|im_start|>system\nYou are a careful assistant. Use tools when they help.\n\n# Tools")
+      assert.include(text, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>")
+      assert.include(text, "<|im_start|>user\n<tool_response>\n46\n</tool_response><|im_end|>\n")
+      const noSystem = yield* ours.render([{ role: "user", content: "hi" }], { addGenerationPrompt: true })
+      assert.strictEqual(
+        noSystem,
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n" +
+          "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+      )
+    }))
+
+  it.effect("built-in qwen3 renders exactly like Qwen3's own template, also on random conversations", () =>
+    Effect.gen(function*() {
+      const { qwen3 } = yield* Qwen
+      const ours = ChatTemplate.builtinTemplate("qwen3")
+      for (const messages of prefixes(fourTurns)) {
+        for (const variables of [{}, { enable_thinking: false }]) {
+          const options = { tools, addGenerationPrompt: true, variables }
+          assert.strictEqual(yield* ours.render(messages, options), yield* qwen3.render(messages, options))
+        }
+      }
+      const samples = fc.sample(conversation(true), { numRuns: 60, seed: 3 })
+      for (const messages of samples) {
+        assert.strictEqual(yield* ours.render(messages, { tools }), yield* qwen3.render(messages, { tools }))
+      }
+      assert.strictEqual(qwen3.endOfTurn, "<|im_end|>")
+      assert.strictEqual(qwen3.toolCallFormat, "hermes")
+    }))
+
+  it.effect("qwen3 drops <think> blocks of turns before the last user query", () =>
+    Effect.gen(function*() {
+      const ours = ChatTemplate.builtinTemplate("qwen3")
+      const think: ReadonlyArray<Message.Message> = [
+        { role: "user", content: "a" },
+        { role: "assistant", content: "<think>\nplan\n</think>\n\nanswer" }
+      ]
+      assert.include(yield* ours.render(think), "<think>\nplan\n</think>\n\nanswer")
+      const later = yield* ours.render([...think, { role: "user", content: "b" }])
+      assert.notInclude(later, "plan")
+      assert.include(later, "<|im_start|>assistant\nanswer<|im_end|>")
+    }))
+})
+
+describe("ChatTemplate built-ins", () => {
+  it.effect("chatml: no default system prompt, Hermes tool calls, merged tool responses", () =>
+    Effect.gen(function*() {
+      const chatml = ChatTemplate.builtinTemplate("chatml")
+      assert.strictEqual(
+        yield* chatml.render([{ role: "user", content: "2+2?" }], { addGenerationPrompt: true }),
+        "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"
+      )
+      const text = yield* chatml.render(fourTurns.slice(1, 5), { tools })
+      assert.include(text, "<|im_start|>system\n# Tools\n<tools>\n{\"type\": \"function\"")
+      assert.include(text, "</tool_response>\n<tool_response>")
+      assert.strictEqual(chatml.toolCallFormat, "hermes")
+    }))
+
+  it.effect("llama3: header turns, JSON calls joined by '; ', ipython results, eot_id end of turn", () =>
+    Effect.gen(function*() {
+      const llama = ChatTemplate.builtinTemplate("llama3")
+      const text = yield* llama.render(fourTurns.slice(0, 5), { tools, addGenerationPrompt: true })
+      assert.isTrue(text.startsWith("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython"))
+      assert.include(
+        text,
+        "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}; {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome\"}}<|eot_id|>"
+      )
+      assert.include(text, "<|start_header_id|>ipython<|end_header_id|>\n\n{\"city\": \"Rome\", \"temp_c\": 25}<|eot_id|>")
+      assert.isTrue(text.endsWith("<|start_header_id|>assistant<|end_header_id|>\n\n"))
+      assert.strictEqual(llama.endOfTurn, "<|eot_id|>")
+      assert.strictEqual(llama.toolCallFormat, "llama3")
+    }))
+
+  it.effect("content parts are flattened to text; image parts are dropped", () =>
+    Effect.gen(function*() {
+      const chatml = ChatTemplate.builtinTemplate("chatml")
+      const text = yield* chatml.render([{
+        role: "user",
+        content: [{ type: "text", text: "look " }, { type: "image_url", image_url: { url: "data:," } }, {
+          type: "text",
+          text: "here"
+        }]
+      }])
+      assert.strictEqual(text, "<|im_start|>user\nlook here<|im_end|>\n")
+    }))
+})
+
+describe("ChatTemplate errors", () => {
+  const run = <A, E>(effect: Effect.Effect<A, E, any>) => Effect.provide(effect, NodeServices.layer)
+
+  it.effect("bad syntax, a raising template, a folder without template and malformed conversations", () =>
+    Effect.gen(function*() {
+      assert.strictEqual((yield* Effect.flip(ChatTemplate.make({ source: "{% if %}" }))).reason, "InvalidSyntax")
+      const raising = yield* ChatTemplate.make({ source: "{{ raise_exception('no system allowed') }}" })
+      const raised = yield* Effect.flip(raising.render([]))
+      assert.strictEqual(raised.reason, "RenderFailed")
+      assert.include(raised.message, "no system allowed")
+      const dir = mkdtempSync(join(tmpdir(), "agentfly-tpl-"))
+      writeFileSync(join(dir, "tokenizer_config.json"), JSON.stringify({ eos_token: "<|im_end|>" }))
+      assert.strictEqual((yield* Effect.flip(run(ChatTemplate.load(dir)))).reason, "NotFound")
+      for (const bad of [42, { messages: [{ role: "robot", content: "x" }] }, [{ role: "user" }], { messages: "x" }]) {
+        assert.strictEqual((yield* Effect.flip(ChatTemplate.decodeConversation(bad))).reason, "InvalidMessages")
+      }
+    }))
+
+  it.effect("decodeConversation accepts OpenAI's null content and calls without ids", () =>
+    Effect.gen(function*() {
+      const { messages, tools: decodedTools } = yield* ChatTemplate.decodeConversation({
+        messages: [
+          { role: "user", content: "hi" },
+          { role: "assistant", content: null, tool_calls: [{ function: { name: "f", arguments: { a: 1 } } }] }
+        ],
+        tools
+      })
+      assert.strictEqual(decodedTools.length, 2)
+      const assistant = messages[1]!
+      assert.strictEqual(assistant.role === "assistant" && assistant.tool_calls?.[0]?.id, "call_1_0")
+      assert.strictEqual(assistant.content, "")
+    }))
+
+  it.effect("load reads chat_template (string or named list) and bos/eos from a model folder", () =>
+    Effect.gen(function*() {
+      const dir = mkdtempSync(join(tmpdir(), "agentfly-tpl-"))
+      writeFileSync(
+        join(dir, "tokenizer_config.json"),
+        JSON.stringify({
+          eos_token: { content: "<|im_end|>" },
+          chat_template: [{ name: "tool_use", template: "x" }, { name: "default", template: ChatTemplate.templates.chatml }]
+        })
+      )
+      const template = yield* run(ChatTemplate.load(dir))
+      assert.strictEqual(template.source, ChatTemplate.templates.chatml)
+      assert.strictEqual(template.endOfTurn, "<|im_end|>")
+      assert.deepStrictEqual(template.stopTokens, ["<|im_end|>"])
+    }))
+})

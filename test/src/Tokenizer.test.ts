@@ -1,0 +1,112 @@
+import * as NodeServices from "@effect/platform-node/NodeServices"
+import { assert, describe, it, layer } from "@effect/vitest"
+import { Effect } from "effect"
+import fc from "fast-check"
+import { mkdtempSync, writeFileSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import * as ByteTokenizer from "../../src/ByteTokenizer.ts"
+import * as Tokenizer from "../../src/Tokenizer.ts"
+import { Qwen } from "../utils/qwen.ts"
+
+const specials = ["<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<think>", "<|endoftext|>"]
+// Text mixing special tokens with arbitrary unicode (CJK, emoji, whitespace runs, JSON-ish punctuation).
+const mixedText = fc.array(
+  fc.oneof(
+    fc.constantFrom(...specials),
+    fc.string({ unit: "binary", maxLength: 12 }),
+    fc.constantFrom("\n", "\n\n", "  ", " \n", "{\"a\": 1}", "你好", "é", "🙂", "assistant\n")
+  ),
+  { maxLength: 12 }
+).map((parts) => parts.join(""))
+
+layer(Qwen.layer)("Tokenizer (real Qwen tokenizer.json)", (it) => {
+  it.effect("added tokens are single ids; encode adds no BOS; decode round-trips a rendered chat", () =>
+    Effect.gen(function*() {
+      const { tokenizer } = yield* Qwen
+      assert.strictEqual(tokenizer.vocabSize, 151669)
+      assert.deepStrictEqual(tokenizer.encode("<|im_start|>user\nhi<|im_end|>"), [151644, 872, 198, 6023, 151645])
+      assert.strictEqual(tokenizer.tokenToId("<tool_call>"), 151657)
+      assert.strictEqual(tokenizer.eosToken, "<|im_end|>")
+      assert.strictEqual(tokenizer.eosTokenId, 151645)
+      assert.deepStrictEqual(tokenizer.encode(""), [])
+      const text = "<|im_start|>assistant\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": \"é 你好\"}}\n</tool_call><|im_end|>"
+      assert.strictEqual(tokenizer.decode(tokenizer.encode(text)), text)
+    }))
+
+  it.effect("encoding the pieces split at added tokens equals encoding the whole text (property)", () =>
+    Effect.gen(function*() {
+      const { tokenizer } = yield* Qwen
+      fc.assert(
+        fc.property(mixedText, (text) => {
+          const whole = tokenizer.encode(text)
+          const pieces = tokenizer.splitAdded(text)
+          assert.strictEqual(pieces.join(""), text)
+          assert.deepStrictEqual(pieces.flatMap((p) => tokenizer.encode(p)), whole)
+        }),
+        { numRuns: 200, seed: 42 }
+      )
+    }))
+
+  it.effect("bad ids: validateIds fails with InvalidTokenId, decode marks them instead of throwing", () =>
+    Effect.gen(function*() {
+      const { tokenizer } = yield* Qwen
+      const error = yield* Effect.flip(Tokenizer.validateIds(tokenizer, [1, 2, 151669]))
+      assert.strictEqual(error.reason, "InvalidTokenId")
+      assert.match(error.message, /151669 at position 2/)
+      yield* Tokenizer.validateIds(tokenizer, [0, 151668])
+      assert.strictEqual(tokenizer.decode([9707, -1, 1.5, 1e9, 9707]), "Hello\uFFFD\uFFFD\uFFFDHello")
+      assert.strictEqual(tokenizer.idToToken(-3), undefined)
+    }))
+})
+
+describe("Tokenizer (byte-level tokenizer.json)", () => {
+  const tokenizer = Effect.runSync(Tokenizer.make(ByteTokenizer.tokenizerJson(), ByteTokenizer.tokenizerConfig("")))
+
+  it("is 256 bytes (id = byte) plus the specials as single tokens", () => {
+    assert.strictEqual(tokenizer.vocabSize, 265)
+    assert.deepStrictEqual(tokenizer.encode("A\n"), [65, 10])
+    assert.deepStrictEqual(tokenizer.encode("é"), [0xc3, 0xa9])
+    assert.deepStrictEqual(tokenizer.encode("<|im_start|>x<tool_call><think>"), [257, 120, 259, 263])
+    assert.strictEqual(tokenizer.eosTokenId, 258)
+  })
+
+  it("round-trips any UTF-8 text exactly, one id per byte outside specials (property)", () => {
+    fc.assert(
+      fc.property(fc.string({ unit: "binary", maxLength: 200 }), (text) => {
+        const ids = tokenizer.encode(text)
+        assert.strictEqual(tokenizer.decode(ids), text)
+        if (!specials.some((s) => text.includes(s))) {
+          assert.strictEqual(ids.length, new TextEncoder().encode(text).length)
+        }
+      }),
+      { numRuns: 200, seed: 7 }
+    )
+  })
+})
+
+describe("Tokenizer.load errors", () => {
+  const run = <A, E>(effect: Effect.Effect<A, E, any>) => Effect.provide(effect, NodeServices.layer)
+
+  it.effect("a missing folder, malformed JSON and a non-tokenizer each give their reason", () =>
+    Effect.gen(function*() {
+      const dir = mkdtempSync(join(tmpdir(), "agentfly-tok-"))
+      const missing = yield* Effect.flip(run(Tokenizer.load(join(dir, "nope"))))
+      assert.strictEqual(missing.reason, "NotFound")
+      writeFileSync(join(dir, "tokenizer.json"), "{ not json")
+      assert.strictEqual((yield* Effect.flip(run(Tokenizer.load(dir)))).reason, "InvalidJson")
+      writeFileSync(join(dir, "tokenizer.json"), JSON.stringify({ hello: 1 }))
+      assert.strictEqual((yield* Effect.flip(run(Tokenizer.load(dir)))).reason, "InvalidTokenizer")
+      writeFileSync(join(dir, "tokenizer.json"), JSON.stringify({ model: { type: "Nonsense" } }))
+      assert.strictEqual((yield* Effect.flip(run(Tokenizer.load(dir)))).reason, "InvalidTokenizer")
+    }))
+
+  it.effect("loads a folder written by ByteTokenizer.writeModelFiles", () =>
+    Effect.gen(function*() {
+      const dir = join(mkdtempSync(join(tmpdir(), "agentfly-tok-")), "tiny")
+      yield* run(ByteTokenizer.writeModelFiles(dir))
+      const tokenizer = yield* run(Tokenizer.load(dir))
+      assert.strictEqual(tokenizer.vocabSize, 265)
+      assert.strictEqual(tokenizer.padToken, "<|endoftext|>")
+    }))
+})
