@@ -10,53 +10,25 @@
  */
 import { Effect, FileSystem, Schema } from "effect"
 import type { Scope } from "effect"
+import * as Report from "../src/Report.ts"
 
 // ===== Records =====
 
 /**
- * One line of `metrics.jsonl`. `step` is the learner step (warm-up records count their own steps), `elapsed`
- * the seconds since the run (or resume) started; every other figure is a number under a namespaced key.
+ * One line of `metrics.jsonl` (defined in `src/Report.ts`, which reads it back).
  *
  * @category models
  * @since 0.1.0
  */
-export interface MetricsRecord {
-  readonly phase: "warmup" | "train" | "eval"
-  readonly step: number
-  readonly elapsed: number
-  readonly figures: Readonly<Record<string, number>>
-}
+export type MetricsRecord = Report.MetricsRecord
 
 /**
- * @category models
- * @since 0.1.0
- */
-export const MetricsRecord = Schema.Struct({
-  phase: Schema.Literals(["warmup", "train", "eval"]),
-  step: Schema.Int,
-  elapsed: Schema.Number,
-  figures: Schema.Record(Schema.String, Schema.Number)
-})
-
-/**
- * A sampled trajectory for the viewer: its spans with each token's text.
+ * One line of `samples.jsonl`: a sampled trajectory token by token (defined in `src/Report.ts`).
  *
  * @category models
  * @since 0.1.0
  */
-export const SampleRecord = Schema.Struct({
-  phase: Schema.Literals(["train", "eval"]),
-  step: Schema.Int,
-  groupId: Schema.String,
-  reward: Schema.Number,
-  termination: Schema.String,
-  spans: Schema.Array(Schema.Struct({
-    source: Schema.String,
-    tokens: Schema.Array(Schema.String),
-    logprobs: Schema.optionalKey(Schema.Array(Schema.Number))
-  }))
-})
-export type SampleRecord = typeof SampleRecord.Type
+export type SampleRecord = Report.SampleRecord
 
 /**
  * @category errors
@@ -119,32 +91,13 @@ export const open = Effect.fn("Metrics.open")(function*(
   return { log: metrics, sample: samples }
 })
 
-const decodeMetrics = Schema.decodeUnknownResult(Schema.fromJsonString(MetricsRecord))
-const decodeSample = Schema.decodeUnknownResult(Schema.fromJsonString(SampleRecord))
-
 /**
- * Reads a run's records (missing files read as empty; invalid lines, such as a torn last line, are skipped).
+ * Reads a run's records back (see `Report.read`).
  *
  * @category constructors
  * @since 0.1.0
  */
-export const read = Effect.fn("Metrics.read")(function*(dir: string) {
-  const fs = yield* FileSystem.FileSystem
-  const lines = (name: string) =>
-    fs.readFileString(`${dir}/${name}`).pipe(
-      Effect.map((text) => text.split("\n").filter((l) => l.trim() !== "")),
-      Effect.orElseSucceed((): Array<string> => [])
-    )
-  const metrics = (yield* lines("metrics.jsonl")).flatMap((l) => {
-    const r = decodeMetrics(l)
-    return r._tag === "Success" ? [r.success] : []
-  })
-  const samples = (yield* lines("samples.jsonl")).flatMap((l) => {
-    const r = decodeSample(l)
-    return r._tag === "Success" ? [r.success] : []
-  })
-  return { metrics, samples }
-})
+export const read = Report.read
 
 // ===== Live display =====
 

@@ -1,0 +1,376 @@
+/**
+ * The run report: one self-contained `report.html` (no network, no scripts from anywhere) with charts of the
+ * figures a run logs over steps — reward, held-out accuracy, invalid tool-call rate, turns per trajectory, tool
+ * calls per tool, KL, entropy, clip fraction, throughput, losses — and a trajectory viewer that shows sampled
+ * trajectories token by token, coloured by source (only `policy` tokens are trained on), with their rewards.
+ *
+ * Charts are inline SVG drawn here; the page works with scripts disabled (a few lines of inline script only filter
+ * the viewer). It is regenerated from a run directory's `metrics.jsonl` and `samples.jsonl` by `agentfly report`.
+ *
+ * @since 0.1.0
+ */
+import { Effect, FileSystem, Schema } from "effect"
+
+// ===== Records (the files a run writes) =====
+
+/**
+ * One line of `metrics.jsonl`. `step` is the learner step (warm-up records count their own steps), `elapsed`
+ * the seconds since the run started; every figure is a number under a namespaced key (`rollout/reward_mean`,
+ * `learner/kl`, `eval/accuracy`, ...).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const MetricsRecord = Schema.Struct({
+  phase: Schema.Literals(["warmup", "train", "eval"]),
+  step: Schema.Int,
+  elapsed: Schema.Number,
+  figures: Schema.Record(Schema.String, Schema.Number)
+})
+export type MetricsRecord = typeof MetricsRecord.Type
+
+/**
+ * One line of `samples.jsonl`: a sampled trajectory with each token's text, for the viewer.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const SampleRecord = Schema.Struct({
+  phase: Schema.Literals(["train", "eval"]),
+  step: Schema.Int,
+  groupId: Schema.String,
+  reward: Schema.Number,
+  termination: Schema.String,
+  spans: Schema.Array(Schema.Struct({
+    source: Schema.String,
+    tokens: Schema.Array(Schema.String),
+    logprobs: Schema.optionalKey(Schema.Array(Schema.Number))
+  }))
+})
+export type SampleRecord = typeof SampleRecord.Type
+
+// ===== Charts (pure SVG) =====
+
+/**
+ * @category models
+ * @since 0.1.0
+ */
+export interface Series {
+  readonly name: string
+  readonly points: ReadonlyArray<readonly [number, number]>
+}
+
+const palette = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4d7c0f", "#be185d"]
+
+const escape = (s: string): string =>
+  s.replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", "\"": "&quot;", "'": "&#39;" })[c]!)
+
+/**
+ * "Nice" axis ticks covering [lo, hi] (1, 2 or 5 × a power of ten apart).
+ *
+ * @category charts
+ * @since 0.1.0
+ */
+export const ticks = (lo: number, hi: number, count = 5): Array<number> => {
+  if (!(hi > lo)) return [lo]
+  const raw = (hi - lo) / count
+  const power = 10 ** Math.floor(Math.log10(raw))
+  const step = [1, 2, 5, 10].map((m) => m * power)
+    .sort((a, b) => Math.abs((hi - lo) / a - count) - Math.abs((hi - lo) / b - count))[0]!
+  const out: Array<number> = []
+  for (let t = Math.ceil(lo / step) * step; t <= hi + step * 1e-9; t += step) out.push(Number(t.toPrecision(12)))
+  return out
+}
+
+const label = (x: number): string => {
+  const a = Math.abs(x)
+  if (a !== 0 && (a >= 1e5 || a < 1e-3)) return x.toExponential(1)
+  return Number(x.toPrecision(4)).toString()
+}
+
+/**
+ * A line chart as an SVG string: axes with ticks, one polyline (and dots when points are few) per series, and a
+ * legend. Series without points are left out; with none at all the chart says "no data".
+ *
+ * @category charts
+ * @since 0.1.0
+ */
+export const lineChart = (options: {
+  readonly title: string
+  readonly series: ReadonlyArray<Series>
+  readonly width?: number
+  readonly height?: number
+  readonly xLabel?: string
+}): string => {
+  const width = options.width ?? 420
+  const height = options.height ?? 240
+  const m = { left: 52, right: 12, top: 28, bottom: 40 }
+  const series = options.series.filter((s) => s.points.some(([x, y]) => Number.isFinite(x) && Number.isFinite(y)))
+  const head = `<svg xmlns="http://www.w3.org/2000/svg" class="chart" role="img" viewBox="0 0 ${width} ${height}" ` +
+    `width="${width}" height="${height}"><title>${escape(options.title)}</title>` +
+    `<text x="${m.left}" y="16" class="chart-title">${escape(options.title)}</text>`
+  if (series.length === 0) {
+    return head + `<text x="${width / 2}" y="${height / 2}" text-anchor="middle" class="nodata">no data</text></svg>`
+  }
+  const all = series.flatMap((s) => s.points.filter(([x, y]) => Number.isFinite(x) && Number.isFinite(y)))
+  const xs = all.map(([x]) => x)
+  const ys = all.map(([, y]) => y)
+  let [x0, x1, y0, y1] = [Math.min(...xs), Math.max(...xs), Math.min(...ys), Math.max(...ys)]
+  if (x1 === x0) [x0, x1] = [x0 - 1, x1 + 1]
+  if (y1 === y0) [y0, y1] = [y0 - (Math.abs(y0) || 1) * 0.1, y1 + (Math.abs(y1) || 1) * 0.1]
+  const px = (x: number) => m.left + ((x - x0) / (x1 - x0)) * (width - m.left - m.right)
+  const py = (y: number) => height - m.bottom - ((y - y0) / (y1 - y0)) * (height - m.top - m.bottom)
+  const grid = ticks(y0, y1, 4).map((t) =>
+    `<line x1="${m.left}" x2="${width - m.right}" y1="${py(t).toFixed(1)}" y2="${py(t).toFixed(1)}" class="grid"/>` +
+    `<text x="${m.left - 6}" y="${(py(t) + 4).toFixed(1)}" text-anchor="end" class="tick">${label(t)}</text>`
+  ).join("")
+  const xTicks = ticks(x0, x1, 5).map((t) =>
+    `<text x="${px(t).toFixed(1)}" y="${height - m.bottom + 16}" text-anchor="middle" class="tick">${label(t)}</text>`
+  ).join("")
+  const lines = series.map((s, i) => {
+    const color = palette[i % palette.length]!
+    const pts = s.points.filter(([x, y]) => Number.isFinite(x) && Number.isFinite(y))
+    const path = pts.map(([x, y]) => `${px(x).toFixed(1)},${py(y).toFixed(1)}`).join(" ")
+    const dots = pts.length <= 40
+      ? pts.map(([x, y]) => `<circle cx="${px(x).toFixed(1)}" cy="${py(y).toFixed(1)}" r="2.5" fill="${color}"/>`)
+        .join("")
+      : ""
+    return `<polyline class="series" data-name="${escape(s.name)}" fill="none" stroke="${color}" ` +
+      `stroke-width="1.8" points="${path}"/>${dots}`
+  }).join("")
+  const legend = series.map((s, i) =>
+    `<g transform="translate(${m.left + i * 130},${height - 10})"><rect width="10" height="10" y="-9" ` +
+    `fill="${palette[i % palette.length]}"/><text x="14" class="legend">${escape(s.name)}</text></g>`
+  ).join("")
+  const axes = `<line x1="${m.left}" x2="${m.left}" y1="${m.top}" y2="${height - m.bottom}" class="axis"/>` +
+    `<line x1="${m.left}" x2="${width - m.right}" y1="${height - m.bottom}" y2="${height - m.bottom}" class="axis"/>` +
+    `<text x="${width - m.right}" y="${height - m.bottom + 30}" text-anchor="end" class="tick">` +
+    `${escape(options.xLabel ?? "step")}</text>`
+  return head + grid + axes + xTicks + lines + legend + "</svg>"
+}
+
+// ===== The report =====
+
+/**
+ * A chart of the report: a title and the metric keys (with the phase they are logged in) it plots.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface ChartSpec {
+  readonly title: string
+  readonly series: ReadonlyArray<{ readonly name: string; readonly phase: MetricsRecord["phase"]; readonly key: string }>
+}
+
+/**
+ * The charts of a training run. Keys under `rollout/tool_calls/` are plotted together, one series per tool.
+ *
+ * @category constants
+ * @since 0.1.0
+ */
+export const charts: ReadonlyArray<ChartSpec> = [
+  {
+    title: "Reward",
+    series: [{ name: "train (sampled)", phase: "train", key: "rollout/reward_mean" }, {
+      name: "held-out",
+      phase: "eval",
+      key: "eval/reward_mean"
+    }]
+  },
+  {
+    title: "Accuracy",
+    series: [{ name: "held-out", phase: "eval", key: "eval/accuracy" }, {
+      name: "train (sampled)",
+      phase: "train",
+      key: "rollout/accuracy"
+    }]
+  },
+  {
+    title: "Invalid tool-call rate",
+    series: [{ name: "train", phase: "train", key: "rollout/invalid_tool_call_rate" }, {
+      name: "held-out",
+      phase: "eval",
+      key: "eval/invalid_tool_call_rate"
+    }]
+  },
+  { title: "Turns per trajectory", series: [{ name: "mean turns", phase: "train", key: "rollout/turns_mean" }] },
+  { title: "Tool calls per tool", series: [] },
+  { title: "KL to the reference policy", series: [{ name: "kl", phase: "train", key: "learner/kl" }] },
+  { title: "Entropy", series: [{ name: "entropy", phase: "train", key: "learner/entropy" }] },
+  { title: "Clip fraction", series: [{ name: "clip fraction", phase: "train", key: "learner/clip_frac" }] },
+  {
+    title: "Throughput (tokens/s)",
+    series: [{ name: "train", phase: "train", key: "perf/tokens_per_s" }, {
+      name: "warm-up",
+      phase: "warmup",
+      key: "perf/tokens_per_s"
+    }]
+  },
+  { title: "Policy loss", series: [{ name: "loss", phase: "train", key: "learner/loss" }] },
+  { title: "Warm-up loss (SFT)", series: [{ name: "masked NLL", phase: "warmup", key: "warmup/loss" }] }
+]
+
+const seriesOf = (
+  metrics: ReadonlyArray<MetricsRecord>,
+  phase: MetricsRecord["phase"],
+  key: string
+): Array<readonly [number, number]> =>
+  metrics.flatMap((r) => (r.phase === phase && r.figures[key] !== undefined ? [[r.step, r.figures[key]!] as const] : []))
+
+const toolSeries = (metrics: ReadonlyArray<MetricsRecord>): Array<Series> => {
+  const tools = [...new Set(metrics.flatMap((r) => Object.keys(r.figures)))]
+    .filter((k) => k.startsWith("rollout/tool_calls/"))
+    .sort()
+  return tools.map((key) => ({ name: key.slice("rollout/tool_calls/".length), points: seriesOf(metrics, "train", key) }))
+}
+
+const sourceColours: Record<string, string> = {
+  prompt: "#e5e7eb",
+  policy: "#bbf7d0",
+  tool: "#fed7aa",
+  env: "#e9d5ff",
+  template: "#dbeafe"
+}
+
+/** Makes whitespace and control characters of a token visible without changing its meaning. */
+const showToken = (token: string): string =>
+  escape(token).replace(/\n/g, "↵\n").replace(/\t/g, "→").replace(/ /g, "&#183;")
+
+const viewer = (samples: ReadonlyArray<SampleRecord>): string => {
+  if (samples.length === 0) return `<p class="nodata">No sampled trajectories were recorded.</p>`
+  const steps = [...new Set(samples.map((s) => `${s.phase} ${s.step}`))]
+  const options = steps.map((s) => `<option value="${escape(s)}">${escape(s)}</option>`).join("")
+  const cards = samples.map((sample, i) => {
+    const tokens = sample.spans.map((span) =>
+      span.tokens.map((t, j) => {
+        const lp = span.logprobs?.[j]
+        const title = `${span.source}${lp === undefined ? "" : ` · logprob ${lp.toFixed(3)}`}`
+        return `<span class="tok src-${escape(span.source)}" title="${escape(title)}">${showToken(t)}</span>`
+      }).join("")
+    ).join("")
+    const trained = sample.spans.reduce((n, s) => n + (s.source === "policy" ? s.tokens.length : 0), 0)
+    const total = sample.spans.reduce((n, s) => n + s.tokens.length, 0)
+    return `<div class="card" data-step="${escape(`${sample.phase} ${sample.step}`)}" id="sample-${i}">` +
+      `<div class="meta">${escape(sample.phase)} step ${sample.step} · group ${escape(sample.groupId)} · ` +
+      `<b>reward ${sample.reward.toFixed(3)}</b> · ${escape(sample.termination)} · ${trained}/${total} tokens trained` +
+      `</div><pre class="tokens">${tokens}</pre></div>`
+  }).join("")
+  const legend = Object.entries(sourceColours).map(([source, colour]) =>
+    `<span class="tok" style="background:${colour}">${source}</span>`
+  ).join(" ")
+  return `<p>Sources: ${legend} — only <b>policy</b> tokens are in the loss mask. Hover a token for its logprob.</p>` +
+    `<label>Step <select id="step-filter"><option value="">all</option>${options}</select></label>` +
+    `<div id="viewer">${cards}</div>`
+}
+
+const summary = (metrics: ReadonlyArray<MetricsRecord>): string => {
+  const evals = metrics.filter((r) => r.phase === "eval")
+  if (evals.length === 0) return ""
+  const first = evals[0]!
+  const last = evals.at(-1)!
+  const row = (name: string, key: string) => {
+    const a = first.figures[key]
+    const b = last.figures[key]
+    if (a === undefined && b === undefined) return ""
+    const fmt = (x: number | undefined) => (x === undefined ? "–" : x.toFixed(3))
+    const delta = a !== undefined && b !== undefined ? `${b - a >= 0 ? "+" : ""}${(b - a).toFixed(3)}` : "–"
+    return `<tr><td>${name}</td><td>${fmt(a)}</td><td>${fmt(b)}</td><td>${delta}</td></tr>`
+  }
+  return `<table class="summary"><tr><th>held-out</th><th>step ${first.step} (before RL)</th>` +
+    `<th>step ${last.step}</th><th>change</th></tr>` + row("accuracy", "eval/accuracy") +
+    row("invalid tool-call rate", "eval/invalid_tool_call_rate") + row("reward", "eval/reward_mean") + `</table>`
+}
+
+const style = `body{font:14px system-ui,sans-serif;margin:24px;color:#111}h1{font-size:20px}h2{font-size:16px;margin-top:28px}
+.charts{display:flex;flex-wrap:wrap;gap:12px}.chart{background:#fff;border:1px solid #e5e7eb;border-radius:6px}
+.chart-title{font-weight:600;font-size:13px}.tick,.legend{font-size:10px;fill:#374151}.grid{stroke:#f3f4f6}
+.axis{stroke:#9ca3af}.nodata{fill:#9ca3af;color:#6b7280}.summary{border-collapse:collapse}
+.summary td,.summary th{border:1px solid #e5e7eb;padding:4px 10px;text-align:right}
+.card{border:1px solid #e5e7eb;border-radius:6px;margin:10px 0;padding:8px}.meta{font-size:12px;color:#374151}
+.tokens{white-space:pre-wrap;word-break:break-all;font:12px ui-monospace,monospace;line-height:1.7;margin:6px 0 0}
+.tok{border-radius:2px;padding:0 1px;margin:0 0.5px}` +
+  Object.entries(sourceColours).map(([s, c]) => `.src-${s}{background:${c}}`).join("")
+
+const script = `document.getElementById("step-filter")?.addEventListener("change",function(e){var v=e.target.value;` +
+  `document.querySelectorAll("#viewer .card").forEach(function(c){c.style.display=!v||c.dataset.step===v?"":"none"})})`
+
+/**
+ * Renders the report page.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const render = (input: {
+  readonly title: string
+  readonly metrics: ReadonlyArray<MetricsRecord>
+  readonly samples: ReadonlyArray<SampleRecord>
+  readonly config?: unknown
+}): string => {
+  const svgs = charts.map((chart) =>
+    lineChart({
+      title: chart.title,
+      series: chart.title === "Tool calls per tool"
+        ? toolSeries(input.metrics)
+        : chart.series.map((s) => ({ name: s.name, points: seriesOf(input.metrics, s.phase, s.key) }))
+    })
+  ).join("")
+  const config = input.config === undefined
+    ? ""
+    : `<details><summary>Configuration</summary><pre>${escape(JSON.stringify(input.config, null, 2))}</pre></details>`
+  return `<!doctype html><html lang="en"><head><meta charset="utf-8"><title>${escape(input.title)}</title>` +
+    `<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; ` +
+    `script-src 'unsafe-inline'; img-src data:">` +
+    `<style>${style}</style></head><body><h1>${escape(input.title)}</h1>${summary(input.metrics)}` +
+    `<h2>Training curves</h2><div class="charts">${svgs}</div>` +
+    `<h2>Sampled trajectories</h2>${viewer(input.samples)}${config}<script>${script}</script></body></html>\n`
+}
+
+// ===== Files =====
+
+const decodeMetrics = Schema.decodeUnknownResult(Schema.fromJsonString(MetricsRecord))
+const decodeSample = Schema.decodeUnknownResult(Schema.fromJsonString(SampleRecord))
+
+/**
+ * Reads a run directory's `metrics.jsonl` and `samples.jsonl` (a missing file reads as empty; invalid lines, such
+ * as a torn last line after a crash, are skipped).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const read = Effect.fn("Report.read")(function*(dir: string) {
+  const fs = yield* FileSystem.FileSystem
+  const lines = (name: string) =>
+    fs.readFileString(`${dir}/${name}`).pipe(
+      Effect.map((text) => text.split("\n").filter((l) => l.trim() !== "")),
+      Effect.orElseSucceed((): Array<string> => [])
+    )
+  const metrics = (yield* lines("metrics.jsonl")).flatMap((l) => {
+    const r = decodeMetrics(l)
+    return r._tag === "Success" ? [r.success] : []
+  })
+  const samples = (yield* lines("samples.jsonl")).flatMap((l) => {
+    const r = decodeSample(l)
+    return r._tag === "Success" ? [r.success] : []
+  })
+  return { metrics, samples }
+})
+
+/**
+ * Regenerates `report.html` in a run directory from its files (and `config.json` when present). Returns the
+ * report's path.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const write = Effect.fn("Report.write")(function*(dir: string, options: { readonly title?: string } = {}) {
+  const fs = yield* FileSystem.FileSystem
+  const { metrics, samples } = yield* read(dir)
+  const config = yield* fs.readFileString(`${dir}/config.json`).pipe(
+    Effect.flatMap(Schema.decodeUnknownEffect(Schema.fromJsonString(Schema.Unknown))),
+    Effect.orElseSucceed((): unknown => undefined)
+  )
+  const title = options.title ?? `agentfly run: ${dir.replace(/\/+$/, "").split("/").at(-1)}`
+  const path = `${dir}/report.html`
+  yield* fs.writeFileString(path, render({ title, metrics, samples, config }))
+  return path
+})

@@ -1,0 +1,140 @@
+import { NodeServices } from "@effect/platform-node"
+import { assert, describe, it } from "@effect/vitest"
+import { Effect } from "effect"
+import * as fc from "fast-check"
+import { mkdtempSync, writeFileSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { pathToFileURL } from "node:url"
+import { chromium } from "playwright-core"
+import * as Report from "../../src/Report.ts"
+
+/** A plausible run: warm-up, then RL steps with evaluations every 5 steps, and a few samples. */
+const run = () => {
+  const metrics: Array<Report.MetricsRecord> = []
+  for (let step = 1; step <= 20; step++) {
+    metrics.push({ phase: "warmup", step, elapsed: step, figures: { "warmup/loss": 3 / step, "perf/tokens_per_s": 4e4 } })
+  }
+  for (let step = 1; step <= 30; step++) {
+    metrics.push({
+      phase: "train",
+      step,
+      elapsed: 20 + step,
+      figures: {
+        "rollout/reward_mean": 0.2 + step / 100,
+        "rollout/accuracy": 0.2 + step / 100,
+        "rollout/invalid_tool_call_rate": 0.3 - step / 200,
+        "rollout/turns_mean": 2,
+        "rollout/tool_calls/calculator": 1 - step / 100,
+        "rollout/tool_calls/search": step / 100,
+        "learner/kl": step * 1e-4,
+        "learner/entropy": 0.8 - step / 100,
+        "learner/clip_frac": 0.01,
+        "learner/loss": -0.01,
+        "perf/tokens_per_s": 3000 + step
+      }
+    })
+    if (step % 5 === 0 || step === 1) {
+      metrics.push({
+        phase: "eval",
+        step: step === 1 ? 0 : step,
+        elapsed: 20 + step,
+        figures: { "eval/accuracy": 0.3 + step / 100, "eval/invalid_tool_call_rate": 0.2 - step / 300, "eval/reward_mean": 0.3 }
+      })
+    }
+  }
+  const samples: Array<Report.SampleRecord> = [1, 2, 3].map((step) => ({
+    phase: "train",
+    step: step * 10,
+    groupId: `g-${step}`,
+    reward: step === 2 ? 0 : 1,
+    termination: "no_tool_call",
+    spans: [
+      { source: "prompt", tokens: ["<|im_start|>", "user", "\n", "What is 2+2?</script><b>"] },
+      { source: "template", tokens: ["<|im_start|>", "assistant\n"] },
+      { source: "policy", tokens: ["<tool_call>", "{\"name\"", ": 4"], logprobs: [-0.1, -0.5, -2] },
+      { source: "tool", tokens: ["<tool_response>", "4", "</tool_response>"] }
+    ]
+  }))
+  return { metrics, samples }
+}
+
+describe("Report", () => {
+  it("ticks are nice, cover the range and are evenly spaced", () => {
+    assert.deepStrictEqual(Report.ticks(0, 1, 5), [0, 0.2, 0.4, 0.6, 0.8, 1])
+    assert.deepStrictEqual(Report.ticks(3, 97, 4), [20, 40, 60, 80])
+    fc.assert(fc.property(fc.double({ min: -1e5, max: 1e5, noNaN: true }), fc.double({ min: 1e-3, max: 1e6 }), (lo, w) => {
+      const t = Report.ticks(lo, lo + w, 5)
+      assert.isTrue(t.length >= 1 && t.length <= 12, `${t.length} ticks`)
+      for (const x of t) assert.isTrue(x >= lo - w * 1e-6 && x <= lo + w * (1 + 1e-6))
+    }))
+  })
+
+  it("a chart with no finite point says so; series scale into the plot area", () => {
+    assert.include(Report.lineChart({ title: "Empty", series: [{ name: "a", points: [[1, Number.NaN]] }] }), "no data")
+    const svg = Report.lineChart({ title: "T", series: [{ name: "a", points: [[0, 0], [10, 1]] }], width: 400, height: 200 })
+    const points = /points="([^"]+)"/.exec(svg)![1]!.split(" ").map((p) => p.split(",").map(Number))
+    for (const [x, y] of points) assert.isTrue(x! >= 0 && x! <= 400 && y! >= 0 && y! <= 200)
+    assert.isTrue(points[0]![1]! > points[1]![1]!, "a rising series goes up the page")
+  })
+
+  it("escapes token text so a trajectory cannot inject markup", () => {
+    const html = Report.render({ title: "t<x>", ...run() })
+    assert.notInclude(html, "</script><b>")
+    assert.include(html, "&lt;/script&gt;&lt;b&gt;")
+    assert.include(html, "<title>t&lt;x&gt;</title>")
+  })
+
+  it.effect("renders in headless Chromium with no console errors, no network, all charts and the viewer", () =>
+    Effect.gen(function*() {
+      const dir = mkdtempSync(join(tmpdir(), "report-"))
+      const { metrics, samples } = run()
+      writeFileSync(join(dir, "metrics.jsonl"), metrics.map((m) => JSON.stringify(m)).join("\n") + "\n")
+      writeFileSync(join(dir, "samples.jsonl"), samples.map((m) => JSON.stringify(m)).join("\n") + "\n{\"torn")
+      writeFileSync(join(dir, "config.json"), JSON.stringify({ seed: 1 }))
+      const path = yield* Report.write(dir, { title: "demo" })
+      const seen = yield* Effect.acquireUseRelease(
+        Effect.promise(() =>
+          chromium.launch({
+            executablePath: "/usr/bin/chromium",
+            args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+              "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+          })
+        ),
+        (browser) =>
+          Effect.promise(async () => {
+            const page = await browser.newPage()
+            const errors: Array<string> = []
+            const requests: Array<string> = []
+            page.on("console", (m) => {
+              if (m.type() === "error" || m.type() === "warning") errors.push(m.text())
+            })
+            page.on("pageerror", (e) => errors.push(String(e)))
+            page.on("request", (r) => requests.push(r.url()))
+            await page.goto(pathToFileURL(path).href, { waitUntil: "load" })
+            const charts = await page.locator("svg.chart").count()
+            const polylines = await page.locator("svg.chart polyline.series").count()
+            const toolSeries = await page.locator("svg.chart polyline[data-name='search']").count()
+            const cards = await page.locator("#viewer .card").count()
+            const policyTokens = await page.locator("#viewer .src-policy").count()
+            const box = await page.locator("svg.chart").first().boundingBox()
+            await page.selectOption("#step-filter", "train 20")
+            const visible = await page.locator("#viewer .card:visible").count()
+            const summary = await page.locator("table.summary").innerText()
+            return { errors, requests, charts, polylines, toolSeries, cards, policyTokens, box, visible, summary }
+          }),
+        (browser) => Effect.promise(() => browser.close())
+      )
+      assert.deepStrictEqual(seen.errors, [])
+      assert.deepStrictEqual(seen.requests, [pathToFileURL(path).href], "the page loads nothing but itself")
+      assert.strictEqual(seen.charts, Report.charts.length)
+      assert.isTrue(seen.polylines >= 14, `${seen.polylines} series drawn`)
+      assert.strictEqual(seen.toolSeries, 1, "one series per tool")
+      assert.strictEqual(seen.cards, 3, "the torn sample line is skipped")
+      assert.strictEqual(seen.policyTokens, 9)
+      assert.isTrue((seen.box?.width ?? 0) > 100 && (seen.box?.height ?? 0) > 100, "charts have a size")
+      assert.strictEqual(seen.visible, 1, "the step filter works")
+      assert.include(seen.summary, "accuracy")
+      assert.include(seen.summary, "+0.290")
+    }).pipe(Effect.provide(NodeServices.layer)), 60_000)
+})
