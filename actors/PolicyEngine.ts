@@ -1,0 +1,443 @@
+/**
+ * The local policy engine: a Qwen2-style model (`src/model/Qwen2.ts`) running on onnxruntime-node with a KV cache
+ * and continuous batching, exposed as the token-in / token-out `Sampler` (and `SamplerEngine`) services.
+ *
+ * **Batching.** One decode loop (a fiber in the layer's scope) owns every running sequence. Between two decode
+ * steps it takes the requests that arrived, prefills their prompts as one left-padded batch, samples their first
+ * token and merges their KV caches into the running batch; each step then decodes one token for every running
+ * sequence. Finished sequences leave at step boundaries and the cache is compacted. Caches are right-aligned
+ * (left padding) and every sequence carries its own position ids, so a sequence's logits do not depend on its
+ * neighbours.
+ *
+ * **Sampling.** Temperature / top-k / top-p or greedy (`temperature: 0`), stop token ids (the stop token is
+ * included in the result) and `maxTokens`, in `src/Sampling.ts`. Every request owns an RNG seeded from its `seed`
+ * (or from `Random` when absent) and draws once per token, so results do not depend on batching. Logprobs are
+ * log-softmax of `logits / temperature` over the whole vocabulary at the sampled token (plain log-softmax when
+ * greedy).
+ *
+ * **Weights.** By default weights are baked into the ONNX session as initializers (about 2× faster decoding
+ * than feeding them as inputs on every step, see BENCHMARKS.md); `updateWeights` builds a new session (tens of
+ * milliseconds for the tiny preset) while decoding goes on. Requests that already started finish on the session
+ * they started with, and their result carries that version; new requests go to the new one. An old session is
+ * released once its last sequence finishes.
+ *
+ * @since 0.1.0
+ */
+import { Context, Deferred, Effect, Layer, Queue, Random, Schema, Semaphore } from "effect"
+import type { Scope } from "effect"
+import * as ort from "onnxruntime-node"
+import * as ModelConfig from "../src/model/ModelConfig.ts"
+import * as Qwen2 from "../src/model/Qwen2.ts"
+import * as Graph from "../src/onnx/Graph.ts"
+import { Sampler, SamplerEngine, SamplerError } from "../src/Sampler.ts"
+import type { FinishReason, GenerateRequest, GenerateResult } from "../src/Sampler.ts"
+import * as Sampling from "../src/Sampling.ts"
+import { rebatch } from "./internal/kvCache.ts"
+
+// ===== Models =====
+
+/**
+ * @category models
+ * @since 0.1.0
+ */
+export interface Options {
+  readonly config: ModelConfig.ModelConfig
+  readonly weights: Qwen2.Weights
+  /** Policy version of `weights` (default 0). */
+  readonly version?: number
+  /** Most sequences decoded together (default 32); later requests wait for a free slot. */
+  readonly maxBatchSize?: number
+  /** Bake weights into the session (`"initializers"`, default) or feed them as inputs on every step. */
+  readonly weightsAs?: "initializers" | "inputs"
+  /** onnxruntime intra-op threads (default: onnxruntime's choice, all cores). */
+  readonly intraOpNumThreads?: number
+  /** Requests that may wait for the loop before `generate` callers suspend (default 1024). */
+  readonly mailboxCapacity?: number
+}
+
+/**
+ * Why `updateWeights` (or building the engine) failed.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export const PolicyEngineErrorReason = Schema.Literals([
+  "MissingWeight",
+  "WeightShape",
+  "UnknownWeight",
+  "StaleVersion", // versions must increase
+  "SessionFailed" // onnxruntime rejected the model
+])
+
+/**
+ * @category errors
+ * @since 0.1.0
+ */
+export class PolicyEngineError extends Schema.TaggedError<PolicyEngineError>()("PolicyEngineError", {
+  reason: PolicyEngineErrorReason,
+  message: Schema.String
+}) {}
+
+/**
+ * Counters for metrics and tests.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Stats {
+  readonly decodeSteps: number
+  readonly prefills: number
+  readonly generatedTokens: number
+  /** Largest number of sequences decoded in one step. */
+  readonly largestBatch: number
+  /** Sessions alive now (more than one while old versions drain). */
+  readonly sessions: number
+  /** Running sequences by policy version. */
+  readonly running: Readonly<Record<number, number>>
+}
+
+/**
+ * @category services
+ * @since 0.1.0
+ */
+export class PolicyEngine extends Context.Service<PolicyEngine, {
+  readonly config: ModelConfig.ModelConfig
+  readonly generate: (request: GenerateRequest) => Effect.Effect<GenerateResult, SamplerError>
+  /**
+   * Swaps in new weights (Hugging Face names, float32). Returns once new requests use them; requests in flight
+   * finish on their old version.
+   */
+  readonly updateWeights: (version: number, weights: Qwen2.Weights) => Effect.Effect<void, PolicyEngineError>
+  readonly policyVersion: Effect.Effect<number>
+  readonly stats: Effect.Effect<Stats>
+}>()("agentfly/actors/PolicyEngine") {
+  /**
+   * @category layers
+   * @since 0.1.0
+   */
+  static readonly layer = (options: Options): Layer.Layer<PolicyEngine, PolicyEngineError> =>
+    Layer.effect(PolicyEngine, make(options))
+}
+
+/**
+ * `Sampler` and `SamplerEngine` on top of a {@link PolicyEngine}.
+ *
+ * @category layers
+ * @since 0.1.0
+ */
+export const layerSampler: Layer.Layer<Sampler | SamplerEngine, never, PolicyEngine> = Layer.effectContext(
+  Effect.gen(function*() {
+    const engine = yield* PolicyEngine
+    const sampler = Sampler.of({ generate: engine.generate, policyVersion: engine.policyVersion })
+    return Context.make(Sampler, sampler).pipe(Context.add(SamplerEngine, SamplerEngine.of({
+      generateBatch: (requests) =>
+        Effect.forEach(requests, (r) => Effect.result(engine.generate(r)), { concurrency: "unbounded" }),
+      policyVersion: engine.policyVersion
+    })))
+  })
+)
+
+// ===== Internals =====
+
+interface Seq {
+  readonly deferred: Deferred.Deferred<GenerateResult, SamplerError>
+  readonly prompt: ReadonlyArray<number>
+  readonly params: Sampling.Params
+  readonly rng: Sampling.Rng
+  readonly stop: ReadonlySet<number>
+  readonly maxTokens: number
+  readonly tokenIds: Array<number>
+  readonly logprobs: Array<number>
+  /** Tokens of this sequence held in the KV cache. */
+  filled: number
+  cancelled: boolean
+}
+
+interface Generation {
+  readonly version: number
+  readonly session: ort.InferenceSession
+  readonly weightFeeds: Readonly<Record<string, ort.Tensor>>
+  seqs: Array<Seq>
+  /** `past.{l}.key|value` tensors `[B, KV, length, hd]`. */
+  past: Record<string, ort.Tensor>
+  length: number
+}
+
+const validateWeights = (c: ModelConfig.ModelConfig, weights: Qwen2.Weights): PolicyEngineError | undefined => {
+  const specs = Qwen2.parameters(c)
+  for (const spec of specs) {
+    const data = weights.get(spec.name)
+    const n = spec.shape.reduce((a, b) => a * b, 1)
+    if (data === undefined) return new PolicyEngineError({ reason: "MissingWeight", message: `missing ${spec.name}` })
+    if (data.length !== n) {
+      return new PolicyEngineError({
+        reason: "WeightShape",
+        message: `${spec.name}: expected ${n} floats [${spec.shape.join(", ")}], got ${data.length}`
+      })
+    }
+  }
+  const known = new Set(specs.map((s) => s.name))
+  for (const name of weights.keys()) {
+    if (!known.has(name)) return new PolicyEngineError({ reason: "UnknownWeight", message: `unknown weight ${name}` })
+  }
+  return undefined
+}
+
+const badRequest = (message: string) => new SamplerError({ reason: "BadRequest", message })
+
+const validateRequest = (c: ModelConfig.ModelConfig, r: GenerateRequest): SamplerError | undefined => {
+  const { promptTokenIds: ids, sampling: s } = r
+  if (ids.length === 0) return badRequest("the prompt is empty")
+  if (ids.length > c.maxPositionEmbeddings) {
+    return badRequest(`the prompt has ${ids.length} tokens; the context holds ${c.maxPositionEmbeddings}`)
+  }
+  const bad = ids.find((id) => !Number.isInteger(id) || id < 0 || id >= c.vocabSize)
+  if (bad !== undefined) return badRequest(`token id ${bad} is outside the vocabulary [0, ${c.vocabSize})`)
+  if (!Number.isInteger(s.maxTokens) || s.maxTokens < 1) return badRequest(`maxTokens must be ≥ 1, got ${s.maxTokens}`)
+  if (!Number.isFinite(s.temperature) || s.temperature < 0) {
+    return badRequest(`temperature must be a finite number ≥ 0, got ${s.temperature}`)
+  }
+  if (s.topP !== undefined && !(s.topP > 0 && s.topP <= 1)) return badRequest(`topP must be in (0, 1], got ${s.topP}`)
+  if (s.topK !== undefined && s.topK < 0) return badRequest(`topK must be ≥ 0, got ${s.topK}`)
+  return undefined
+}
+
+const int64 = (values: ArrayLike<number>, dims: ReadonlyArray<number>): ort.Tensor => {
+  const data = new BigInt64Array(values.length)
+  for (let i = 0; i < values.length; i++) data[i] = BigInt(values[i]!)
+  return new ort.Tensor("int64", data, dims)
+}
+
+// ===== Constructor =====
+
+/**
+ * Builds the engine in the current scope: creates the first session and forks the decode loop. Closing the
+ * scope fails waiting and running requests with `SamplerError { reason: "Closed" }` and releases the sessions.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
+  const c = options.config
+  const KV = c.numKeyValueHeads, hd = ModelConfig.headDim(c), V = c.vocabSize, L = c.numHiddenLayers
+  const maxBatch = options.maxBatchSize ?? 32
+  const weightsAs = options.weightsAs ?? "initializers"
+  const sessionOptions: ort.InferenceSession.SessionOptions = {
+    executionProviders: ["cpu"],
+    graphOptimizationLevel: "all",
+    ...(options.intraOpNumThreads === undefined ? {} : { intraOpNumThreads: options.intraOpNumThreads })
+  }
+  // One graph for weights-as-inputs, shared by every version; otherwise one per version.
+  const inputsModel = weightsAs === "inputs" ? Graph.toModelBytes(Qwen2.inferenceGraph(c, "inputs")) : undefined
+
+  const emptyPast = (batch: number): Record<string, ort.Tensor> => {
+    const past: Record<string, ort.Tensor> = {}
+    for (let l = 0; l < L; l++) {
+      for (const n of ["key", "value"]) past[`past.${l}.${n}`] = new ort.Tensor("float32", new Float32Array(0), [batch, KV, 0, hd])
+    }
+    return past
+  }
+
+  const newGeneration = Effect.fnUntraced(function*(version: number, weights: Qwen2.Weights) {
+    const invalid = validateWeights(c, weights)
+    if (invalid !== undefined) return yield* invalid
+    const bytes = inputsModel ?? Graph.toModelBytes(Qwen2.inferenceGraph(c, weights))
+    const session = yield* Effect.tryPromise({
+      try: () => ort.InferenceSession.create(bytes, sessionOptions),
+      catch: (e) => new PolicyEngineError({ reason: "SessionFailed", message: String(e) })
+    })
+    const weightFeeds: Record<string, ort.Tensor> = {}
+    if (weightsAs === "inputs") {
+      for (const spec of Qwen2.parameters(c)) weightFeeds[spec.name] = new ort.Tensor("float32", weights.get(spec.name)!, spec.shape)
+    }
+    const generation: Generation = { version, session, weightFeeds, seqs: [], past: emptyPast(0), length: 0 }
+    return generation
+  })
+
+  let current = yield* newGeneration(options.version ?? 0, options.weights)
+  const generations: Array<Generation> = [current]
+  const mailbox = yield* Queue.bounded<Seq>(options.mailboxCapacity ?? 1024)
+  const waiting: Array<Seq> = []
+  const stats = { decodeSteps: 0, prefills: 0, generatedTokens: 0, largestBatch: 0 }
+  const updates = yield* Semaphore.make(1)
+
+  const finish = (seq: Seq, version: number, finishReason: FinishReason) =>
+    Deferred.succeed(seq.deferred, { tokenIds: seq.tokenIds, logprobs: seq.logprobs, finishReason, policyVersion: version })
+
+  /** Samples the next token of each sequence from `logits [B, 1, V]`; returns the sequences that go on. */
+  const advance = Effect.fnUntraced(function*(g: Generation, seqs: ReadonlyArray<Seq>, logits: Float32Array) {
+    const kept: Array<number> = []
+    for (let i = 0; i < seqs.length; i++) {
+      const seq = seqs[i]!
+      if (seq.cancelled) continue
+      const s = Sampling.sample(logits.subarray(i * V, (i + 1) * V), seq.params, seq.rng)
+      seq.tokenIds.push(s.tokenId)
+      seq.logprobs.push(s.logprob)
+      stats.generatedTokens++
+      if (seq.stop.has(s.tokenId)) yield* finish(seq, g.version, "stop")
+      else if (seq.tokenIds.length >= seq.maxTokens || seq.filled >= c.maxPositionEmbeddings) {
+        yield* finish(seq, g.version, "length")
+      } else kept.push(i)
+    }
+    return kept
+  })
+
+  const run = (g: Generation, feeds: Record<string, ort.Tensor>) =>
+    Effect.tryPromise({
+      try: () => g.session.run({ ...g.weightFeeds, ...feeds }),
+      catch: (e) => new SamplerError({ reason: "ServerError", message: `onnxruntime: ${String(e)}` })
+    })
+
+  const cacheOf = (out: ort.InferenceSession.ReturnType, name: string) => out[name.replace("past", "present")]!
+
+  /** Replaces the cache with the given rows of the old cache and of a freshly computed one. */
+  const compact = (
+    g: Generation,
+    old: ReadonlyArray<number>,
+    fresh?: { readonly out: Record<string, ort.Tensor>; readonly length: number; readonly seqs: ReadonlyArray<Seq>; readonly rows: ReadonlyArray<number> }
+  ) => {
+    const seqs = [...old.map((i) => g.seqs[i]!), ...(fresh?.rows.map((i) => fresh.seqs[i]!) ?? [])]
+    const length = seqs.reduce((m, s) => Math.max(m, s.filled), 0)
+    const past: Record<string, ort.Tensor> = {}
+    for (const name of Object.keys(g.past)) {
+      const parts = [{ data: g.past[name]!.data as Float32Array, length: g.length, rows: old.map((i) => ({ index: i, filled: g.seqs[i]!.filled })) }]
+      if (fresh !== undefined) {
+        parts.push({ data: fresh.out[name]!.data as Float32Array, length: fresh.length, rows: fresh.rows.map((i) => ({ index: i, filled: fresh.seqs[i]!.filled })) })
+      }
+      past[name] = new ort.Tensor("float32", rebatch(parts, KV, hd, length), [seqs.length, KV, length, hd])
+    }
+    g.seqs = seqs
+    g.past = past
+    g.length = length
+  }
+
+  const prefill = Effect.fnUntraced(function*(g: Generation, joining: ReadonlyArray<Seq>) {
+    const N = joining.length, P = joining.reduce((m, s) => Math.max(m, s.prompt.length), 0)
+    const ids = new Array<number>(N * P).fill(0), mask = new Array<number>(N * P).fill(0), pos = new Array<number>(N * P).fill(0)
+    joining.forEach((s, i) => {
+      const pad = P - s.prompt.length
+      s.prompt.forEach((id, j) => {
+        ids[i * P + pad + j] = id
+        mask[i * P + pad + j] = 1
+        pos[i * P + pad + j] = j
+      })
+      s.filled = s.prompt.length
+    })
+    const out = yield* run(g, { ...emptyPast(N), input_ids: int64(ids, [N, P]), attention_mask: int64(mask, [N, P]), position_ids: int64(pos, [N, P]) })
+    stats.prefills++
+    const rows = yield* advance(g, joining, out["logits"]!.data as Float32Array)
+    const fresh: Record<string, ort.Tensor> = {}
+    for (const name of Object.keys(g.past)) fresh[name] = cacheOf(out, name)
+    compact(g, g.seqs.map((_, i) => i), { out: fresh, length: P, seqs: joining, rows })
+  })
+
+  const decode = Effect.fnUntraced(function*(g: Generation) {
+    const B = g.seqs.length, T = g.length
+    const ids = new Array<number>(B), pos = new Array<number>(B), mask = new Array<number>(B * (T + 1)).fill(0)
+    g.seqs.forEach((s, i) => {
+      ids[i] = s.tokenIds[s.tokenIds.length - 1]!
+      pos[i] = s.filled
+      for (let j = T - s.filled; j <= T; j++) mask[i * (T + 1) + j] = 1
+    })
+    const out = yield* run(g, { ...g.past, input_ids: int64(ids, [B, 1]), attention_mask: int64(mask, [B, T + 1]), position_ids: int64(pos, [B, 1]) })
+    stats.decodeSteps++
+    stats.largestBatch = Math.max(stats.largestBatch, B)
+    for (const name of Object.keys(g.past)) g.past[name] = cacheOf(out, name)
+    g.length = T + 1
+    for (const s of g.seqs) s.filled++
+    const kept = yield* advance(g, g.seqs, out["logits"]!.data as Float32Array)
+    if (kept.length < B) compact(g, kept)
+  })
+
+  /** Fails every sequence of a generation whose step failed, and resets its batch. */
+  const failAll = (g: Generation, seqs: ReadonlyArray<Seq>, error: SamplerError) =>
+    Effect.forEach(seqs, (s) => Deferred.fail(s.deferred, error), { discard: true }).pipe(Effect.andThen(Effect.sync(() => {
+      g.seqs = []
+      g.past = emptyPast(0)
+      g.length = 0
+    })))
+
+  const release = (g: Generation) => Effect.promise(() => g.session.release()).pipe(Effect.ignore)
+
+  const step = Effect.gen(function*() {
+    const busy = waiting.length > 0 || generations.some((g) => g.seqs.length > 0)
+    const incoming = busy ? yield* Queue.clear(mailbox) : yield* Queue.takeAll(mailbox)
+    for (const s of incoming) if (!s.cancelled) waiting.push(s)
+    const g = current
+    const room = maxBatch - generations.reduce((n, x) => n + x.seqs.length, 0)
+    if (waiting.length > 0 && room > 0) {
+      const joining = waiting.splice(0, room)
+      // onnxruntime failing on a prompt batch fails those requests only; the running batch is untouched.
+      yield* prefill(g, joining).pipe(
+        Effect.catch((e) => Effect.forEach(joining, (s) => Deferred.fail(s.deferred, e), { discard: true }))
+      )
+    }
+    for (const x of [...generations]) {
+      if (x.seqs.some((s) => s.cancelled)) compact(x, x.seqs.flatMap((s, i) => (s.cancelled ? [] : [i])))
+      if (x.seqs.length > 0) yield* decode(x).pipe(Effect.catch((e) => failAll(x, x.seqs, e)))
+      if (x !== current && x.seqs.length === 0) {
+        generations.splice(generations.indexOf(x), 1)
+        yield* release(x)
+      }
+    }
+  })
+
+  yield* Effect.forever(step).pipe(Effect.forkScoped)
+  yield* Effect.addFinalizer(() =>
+    Effect.gen(function*() {
+      const closed = new SamplerError({ reason: "Closed", message: "the policy engine was shut down" })
+      const queued = yield* Queue.clear(mailbox)
+      const all = [...waiting, ...queued, ...generations.flatMap((g) => g.seqs)]
+      yield* Effect.forEach(all, (s) => Deferred.fail(s.deferred, closed), { discard: true })
+      yield* Effect.forEach(generations, release, { discard: true })
+    })
+  )
+
+  const generate = Effect.fn("PolicyEngine.generate")(function*(request: GenerateRequest) {
+    const invalid = validateRequest(c, request)
+    if (invalid !== undefined) return yield* invalid
+    const s = request.sampling
+    const seed = s.seed ?? (yield* Random.nextInt)
+    const seq: Seq = {
+      deferred: yield* Deferred.make<GenerateResult, SamplerError>(),
+      prompt: request.promptTokenIds,
+      params: { temperature: s.temperature, topK: s.topK, topP: s.topP },
+      rng: Sampling.rng(seed),
+      stop: new Set(s.stopTokenIds ?? []),
+      maxTokens: s.maxTokens,
+      tokenIds: [],
+      logprobs: [],
+      filled: 0,
+      cancelled: false
+    }
+    yield* Queue.offer(mailbox, seq)
+    return yield* Deferred.await(seq.deferred).pipe(Effect.onInterrupt(() => Effect.sync(() => {
+      seq.cancelled = true
+    })))
+  })
+
+  const updateWeights = (version: number, weights: Qwen2.Weights) =>
+    Semaphore.withPermits(updates, 1)(Effect.gen(function*() {
+      if (version <= current.version) {
+        return yield* new PolicyEngineError({
+          reason: "StaleVersion",
+          message: `version ${version} is not newer than the current version ${current.version}`
+        })
+      }
+      const g = yield* newGeneration(version, weights)
+      generations.push(g)
+      current = g
+    })).pipe(Effect.withSpan("PolicyEngine.updateWeights"))
+
+  return PolicyEngine.of({
+    config: c,
+    generate,
+    updateWeights,
+    policyVersion: Effect.sync(() => current.version),
+    stats: Effect.sync(() => ({
+      ...stats,
+      sessions: generations.length,
+      running: Object.fromEntries(generations.map((g) => [g.version, g.seqs.length]))
+    }))
+  })
+}) satisfies (options: Options) => Effect.Effect<unknown, PolicyEngineError, Scope.Scope>
