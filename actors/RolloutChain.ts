@@ -296,13 +296,17 @@ const withPolicy = <A, R>(
   config: Config,
   step: Effect.Effect<A, RolloutError.RolloutError, R>
 ): Effect.Effect<A | ResolvedError, RolloutError.RolloutError, R> =>
-  step.pipe(
-    Effect.retry({
-      schedule: config.retry ?? defaultRetry,
-      while: (e: RolloutError.RolloutError) => RolloutError.policyFor(e.reason, config.policies) === "retry"
-    }),
-    Effect.catch((error) => resolve(config, error))
-  )
+  // The retry schedule is only set up once a step has failed: the happy path pays for one `catch`.
+  Effect.catch(step, (error) =>
+    RolloutError.policyFor(error.reason, config.policies) === "retry"
+      ? step.pipe(
+        Effect.retry({
+          schedule: config.retry ?? defaultRetry,
+          while: (e: RolloutError.RolloutError) => RolloutError.policyFor(e.reason, config.policies) === "retry"
+        }),
+        Effect.catch((e) => resolve(config, e))
+      )
+      : resolve(config, error))
 
 /** The policy that applies to an error now (after any retries); fails the chain on `abort_run`. */
 const resolve = (
