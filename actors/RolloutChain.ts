@@ -24,6 +24,8 @@
 import { Clock, Context, Effect, Schedule } from "effect"
 import type { Scope } from "effect"
 import type * as Environment from "../src/Environment.ts"
+import type * as RewardActor from "./RewardActor.ts"
+import type * as ToolActor from "./ToolActor.ts"
 import type { AssistantMessage, Conversation, Message, ToolCall } from "../src/Message.ts"
 import * as RolloutError from "../src/RolloutError.ts"
 import { Sampler } from "../src/Sampler.ts"
@@ -120,7 +122,10 @@ export interface Tools {
 export interface Score {
   readonly reward: number
   readonly status: RewardStatus
+  /** Merged into the trajectory's metrics as given (use CleanRL names, e.g. `reward/<Name>/acc`). */
   readonly metrics?: Readonly<Record<string, number>> | undefined
+  /** The reward decided the trajectory must not train (e.g. a `drop` reward error policy). */
+  readonly masked?: boolean | undefined
 }
 
 /**
@@ -153,6 +158,43 @@ export const noTools: Tools = {
       terminal: false
     })
 }
+
+/**
+ * The `Tools` port over a `ToolActor`: its function schemas for the template, and its `executeTurn` with the
+ * chain's environment context. Failed calls are already observations; a tool declared with
+ * `failureMode: "error"` fails the turn with `ToolFailed` (`EnvFailed` when the chain lacks a declared
+ * environment service).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const toolsFromActor = <R>(actor: ToolActor.Service<R>): Tools => ({
+  schemas: actor.functionSchemas,
+  executeTurn: (calls, context) =>
+    actor.executeTurn(calls, { context: context as Context.Context<R> }).pipe(
+      Effect.map((turn) => ({ messages: turn.messages, terminal: turn.terminal })),
+      Effect.mapError((error) =>
+        new RolloutError.RolloutError({
+          reason: error.reason === "MissingEnvironment" ? "EnvFailed" : "ToolFailed",
+          message: `${error.tool}: ${error.message}`
+        })
+      )
+    )
+})
+
+/**
+ * The `Reward` port over a `RewardActor`, which applies its own error policy (`zero` / `drop`) and never fails.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const rewardFromActor = <R>(actor: RewardActor.RewardActor<R>): Reward => (trajectory, context) =>
+  Effect.map(actor.score(trajectory, { context: context as Context.Context<R> }), ({ trajectory: scored }) => ({
+    reward: scored.reward,
+    status: scored.rewardStatus,
+    metrics: scored.metrics,
+    masked: scored.masked
+  }))
 
 // ===== Stats =====
 
@@ -521,7 +563,14 @@ const score = Effect.fnUntraced(function*(
       dropGroup: scored.policy === "drop_group"
     }
   }
-  const metrics = { ...trajectory.metrics }
-  for (const [k, v] of Object.entries(scored.metrics ?? {})) metrics[`reward/${k}`] = v
-  return { trajectory: { ...trajectory, reward: scored.reward, rewardStatus: scored.status, metrics }, dropGroup: false }
+  return {
+    trajectory: {
+      ...trajectory,
+      reward: scored.reward,
+      rewardStatus: scored.status,
+      metrics: { ...trajectory.metrics, ...scored.metrics },
+      masked: trajectory.masked || scored.masked === true
+    },
+    dropGroup: false
+  }
 })

@@ -1,11 +1,15 @@
 import { assert, describe, it } from "@effect/vitest"
 import { Context, Deferred, Effect, Fiber, Ref, Schedule, Schema, Stream } from "effect"
 import * as Rollout from "../../actors/Rollout.ts"
+import * as RewardActor from "../../actors/RewardActor.ts"
 import * as RolloutChain from "../../actors/RolloutChain.ts"
+import * as ToolActor from "../../actors/ToolActor.ts"
 import * as Environment from "../../src/Environment.ts"
 import type { Message } from "../../src/Message.ts"
+import * as Reward from "../../src/Reward.ts"
 import * as RolloutError from "../../src/RolloutError.ts"
 import * as Sampler from "../../src/Sampler.ts"
+import * as Tool from "../../src/Tool.ts"
 import * as Trajectory from "../../src/Trajectory.ts"
 import { charFormat, decode, turn } from "./fixtures/charFormat.ts"
 
@@ -77,7 +81,7 @@ const exactReward: RolloutChain.Reward = (trajectory) =>
   Effect.succeed({
     reward: Trajectory.finalResponse(trajectory) === "answer: 5" ? 1 : 0,
     status: "scored",
-    metrics: { acc: Trajectory.finalResponse(trajectory) === "answer: 5" ? 1 : 0 }
+    metrics: { "reward/exact/acc": Trajectory.finalResponse(trajectory) === "answer: 5" ? 1 : 0 }
   })
 
 const sampling: Sampler.SamplingParams = { temperature: 1, maxTokens: 200 }
@@ -114,7 +118,7 @@ describe("Rollout.run", () => {
       assert.strictEqual(traj.termination, "answer")
       assert.strictEqual(traj.reward, 1)
       assert.strictEqual(traj.rewardStatus, "scored")
-      assert.strictEqual(traj.metrics["reward/acc"], 1)
+      assert.strictEqual(traj.metrics["reward/exact/acc"], 1)
       assert.strictEqual(traj.metrics.turns, 2)
       assert.strictEqual(traj.metrics.tool_calls, 3)
       assert.deepStrictEqual(log, ["peak:2", "peak:1"], "the two calls of turn 1 ran at the same time")
@@ -480,5 +484,59 @@ describe("Rollout.run interruption and back-pressure", () => {
       const versions = t!.segments[0]!.spans.flatMap((s) => (s.source === "policy" ? [s.policyVersion] : []))
       assert.deepStrictEqual(versions, [1, 2])
       assert.strictEqual(Trajectory.oldestPolicyVersion(t!), 1)
+    }))
+})
+
+describe("Rollout.run with the ToolActor and RewardActor", () => {
+  it.effect("runs real tools against each chain's own environment and scores with the reward actor", () =>
+    Effect.gen(function*() {
+      const { counts, provider } = yield* countingEnvironment
+      const WhoAmI = Tool.make("whoami", {
+        description: "The id of this chain's environment",
+        dependencies: [Lease],
+        handler: () =>
+          Effect.gen(function*() {
+            const lease = yield* Lease
+            return `lease ${lease.id}`
+          })
+      })
+      const Answer = Tool.make("answer", {
+        description: "Give the final answer",
+        parameters: Schema.Struct({ value: Schema.Number }),
+        terminal: true,
+        handler: ({ value }) => Effect.succeed(String(value))
+      })
+      const actor = yield* ToolActor.make([WhoAmI, Answer])
+      const Exact = Reward.make("exact", {
+        row: Schema.Struct({ answer: Schema.String }),
+        score: ({ response, row }) => Effect.succeed(response === row.answer ? 1 : 0)
+      })
+      const rewardActor = yield* RewardActor.make(Exact, { onError: "drop" })
+      const layer = Sampler.layerScripted((request) => {
+        const { turnIndex } = situation(request)
+        return turnIndex === 0
+          ? turn(`CALL whoami {}\nCALL answer {"value":5}`)
+          : turn("done")
+      })
+      const events = yield* runAll({
+        ...base,
+        numChains: 3,
+        rows: [{ messages: user("go"), answer: "5" }, { messages: user("go"), answer: "6" }],
+        tools: RolloutChain.toolsFromActor(actor),
+        reward: RolloutChain.rewardFromActor(rewardActor),
+        environment: provider
+      }).pipe(Effect.provide(layer))
+      const all = trajectories(events)
+      assert.strictEqual(all.length, 6)
+      assert.isTrue(all.every((t) => t.termination === "answer"))
+      // Each chain saw its own lease.
+      const leaseIds = all.map((t) => String(t.messages.find((m) => m.role === "tool")!.content))
+      assert.strictEqual(new Set(leaseIds).size, 6)
+      assert.deepStrictEqual(
+        all.map((t) => [t.row?.answer, t.reward]).sort(),
+        [["5", 1], ["5", 1], ["5", 1], ["6", 0], ["6", 0], ["6", 0]]
+      )
+      assert.isTrue(all.every((t) => t.metrics["reward/exact/reward"] === t.reward))
+      assert.deepStrictEqual(yield* Ref.get(counts), { acquired: 6, released: 6 })
     }))
 })
