@@ -174,6 +174,8 @@ export interface Options {
   readonly dims?: Readonly<Record<string, number>>
   /** `float64` rewrites every float32 tensor to double, for gradient checks. Default `float32`. */
   readonly dtype?: "float32" | "float64"
+  /** `false` builds the forward pass and loss head only (logprobs and stats without gradients). Default `true`. */
+  readonly withGradients?: boolean
 }
 
 /**
@@ -241,8 +243,9 @@ export const trainingGraph = (forward: Forward, options: Options): Effect.Effect
     const e = Backward.makeEmitter(graph, shapes)
     const head = LossHead.emit(e, forward.logits, options.loss, options.batch, options.length)
     const lossNodes = graph.nodes.slice(forwardNodes.length)
-    const grads = gradientsUnsafe(e, [...forwardNodes, ...lossNodes], head.loss, forward.weightInputs)
-    const named = declareGradients(e, grads)
+    const named = options.withGradients === false
+      ? new Map<string, string>()
+      : declareGradients(e, gradientsUnsafe(e, [...forwardNodes, ...lossNodes], head.loss, forward.weightInputs))
     const out = { loss: "loss", tokenLogprobs: "token_logprobs", stats: "stats" }
     graph.node("Identity", [head.loss], [out.loss])
     graph.output(out.loss, dtype, [])

@@ -1,0 +1,178 @@
+/**
+ * The policy-update backend interface: what the learner actor needs from whatever computes gradients and applies
+ * the optimiser. The local implementation (`backends/OnnxTrainer.ts`) differentiates the model's ONNX graph on
+ * onnxruntime-node (execution provider `cpu` or `cuda` by configuration); an external trainer (a Python worker, a
+ * remote service) implements the same service.
+ *
+ * Protocol of one optimiser step: `forwardBackward` once per micro-batch (gradients accumulate; the aggregation
+ * weights in each micro-batch already divide by the whole mini-batch's totals), then `optimStep` applies AdamW with
+ * gradient clipping and the learning-rate schedule and clears the accumulators.
+ *
+ * @since 0.1.0
+ */
+import { Context, Effect, Layer, Ref, Schema } from "effect"
+import type * as Packing from "./Packing.ts"
+
+// ===== Models =====
+
+/**
+ * Statistics of one micro-batch, as sums over its loss tokens (see `Loss.StatSums`), plus its share of the loss.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface MicroBatchResult {
+  /** This micro-batch's contribution to the mini-batch loss (they sum to it). */
+  readonly loss: number
+  /** `[batch × length]` logprobs of the targets under the current weights. */
+  readonly tokenLogprobs: Float32Array
+  readonly tokens: number
+  readonly clipped: number
+  readonly clippedLower: number
+  readonly approxKl: number
+  readonly entropy: number
+  readonly kl: number
+}
+
+/**
+ * Result of an optimiser step.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface OptimResult {
+  /** Optimiser steps applied so far (after this one). */
+  readonly step: number
+  /** Global gradient norm before clipping. */
+  readonly gradNorm: number
+  readonly lr: number
+}
+
+/**
+ * Named float32 weights (Hugging Face names).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type Weights = ReadonlyMap<string, Float32Array>
+
+/**
+ * Extra state saved with a checkpoint by the caller (policy version, RNG state of the run).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface CheckpointMeta {
+  readonly policyVersion: number
+  readonly rngState: ReadonlyArray<number>
+}
+
+/**
+ * Why a trainer call failed.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export const PolicyTrainerErrorReason = Schema.Literals([
+  "BadBatch", // the micro-batch is malformed (array sizes, token ids outside the vocabulary)
+  "Graph", // the training graph could not be built (autodiff)
+  "Session", // onnxruntime could not create a session (e.g. the execution provider is missing)
+  "Run", // onnxruntime failed while running
+  "NonFiniteGradient", // NaN/Inf gradients: the update was skipped and the accumulators cleared
+  "NothingAccumulated", // optimStep without a forwardBackward since the last step
+  "Checkpoint" // saving or loading failed
+])
+export type PolicyTrainerErrorReason = typeof PolicyTrainerErrorReason.Type
+
+/**
+ * A failed trainer call.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class PolicyTrainerError extends Schema.TaggedError<PolicyTrainerError>()("PolicyTrainerError", {
+  reason: PolicyTrainerErrorReason,
+  message: Schema.String
+}) {
+  /** A skipped non-finite step can be retried with the next batch; the others need a fix. */
+  get isRetryable(): boolean {
+    return this.reason === "NonFiniteGradient"
+  }
+}
+
+// ===== Service =====
+
+/**
+ * The PolicyTrainer service.
+ *
+ * @category services
+ * @since 0.1.0
+ */
+export class PolicyTrainer extends Context.Service<PolicyTrainer, {
+  /** Forward and backward over one micro-batch; gradients accumulate until `optimStep`. */
+  readonly forwardBackward: (batch: Packing.MicroBatch) => Effect.Effect<MicroBatchResult, PolicyTrainerError>
+  /** Clip, AdamW-update, clear the accumulators. */
+  readonly optimStep: Effect.Effect<OptimResult, PolicyTrainerError>
+  /** A snapshot copy of the current weights. */
+  readonly weights: Effect.Effect<Weights>
+  /** Optimiser steps applied so far. */
+  readonly step: Effect.Effect<number>
+  /** Writes weights, optimiser state, step and `meta` to a checkpoint directory. */
+  readonly save: (dir: string, meta: CheckpointMeta) => Effect.Effect<void, PolicyTrainerError>
+  /** Restores a checkpoint written by `save`; returns its meta. */
+  readonly load: (dir: string) => Effect.Effect<CheckpointMeta, PolicyTrainerError>
+}>()("agentfly/src/PolicyTrainer") {}
+
+// ===== Fakes =====
+
+/**
+ * What {@link layerRecording} recorded.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Recording {
+  readonly microBatches: ReadonlyArray<Packing.MicroBatch>
+  readonly steps: number
+}
+
+/**
+ * A fake trainer that records micro-batches and counts steps, with fixed weights; returns logprob 0 for every token.
+ * For testing learners, trainers and pipelines without a model.
+ *
+ * @category layers
+ * @since 0.1.0
+ */
+export const layerRecording = (
+  weights: Weights = new Map()
+): Layer.Layer<PolicyTrainer | RecordingRef> =>
+  Layer.effectContext(Effect.gen(function*() {
+    const ref = yield* Ref.make<Recording>({ microBatches: [], steps: 0 })
+    const trainer = PolicyTrainer.of({
+      forwardBackward: (batch) =>
+        Ref.update(ref, (r) => ({ ...r, microBatches: [...r.microBatches, batch] })).pipe(Effect.as({
+          loss: 0,
+          tokenLogprobs: new Float32Array(batch.batch * batch.length),
+          tokens: batch.lossTokens,
+          clipped: 0,
+          clippedLower: 0,
+          approxKl: 0,
+          entropy: 0,
+          kl: 0
+        })),
+      optimStep: Ref.modify(ref, (r) => [{ step: r.steps + 1, gradNorm: 0, lr: 0 }, { ...r, steps: r.steps + 1 }]),
+      weights: Effect.sync(() => new Map([...weights].map(([k, v]) => [k, Float32Array.from(v)]))),
+      step: Effect.map(Ref.get(ref), (r) => r.steps),
+      save: () => Effect.void,
+      load: () => Effect.succeed({ policyVersion: 0, rngState: [] })
+    })
+    return Context.make(PolicyTrainer, trainer).pipe(Context.add(RecordingRef, ref))
+  }))
+
+/**
+ * The recording of {@link layerRecording}.
+ *
+ * @category services
+ * @since 0.1.0
+ */
+export class RecordingRef extends Context.Service<RecordingRef, Ref.Ref<Recording>>()("agentfly/src/PolicyTrainer/Recording") {}

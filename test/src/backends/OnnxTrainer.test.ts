@@ -1,0 +1,147 @@
+import { NodeServices } from "@effect/platform-node"
+import { assert, describe, it } from "@effect/vitest"
+import { Effect, FileSystem } from "effect"
+import * as OnnxTrainer from "../../../src/backends/OnnxTrainer.ts"
+import * as Loss from "../../../src/Loss.ts"
+import * as LrSchedule from "../../../src/LrSchedule.ts"
+import * as Qwen2 from "../../../src/model/Qwen2.ts"
+import * as Optimizer from "../../../src/Optimizer.ts"
+import * as Packing from "../../../src/Packing.ts"
+import * as Sampling from "../../../src/Sampling.ts"
+import { tinyConfig } from "../../utils/tinyModel.ts"
+
+const config = tinyConfig({ vocabSize: 32, hiddenSize: 32, numHiddenLayers: 2, intermediateSize: 64 })
+
+/** A fixed dataset: 6 random sequences of 10–16 tokens, loss on the second half (the "response"). */
+const dataset = (): ReadonlyArray<Packing.Sequence> => {
+  const r = Sampling.rng(42)
+  return Array.from({ length: 6 }, (_, i) => {
+    const n = 10 + i
+    const tokenIds = Int32Array.from({ length: n }, () => Math.floor(r.next() * config.vocabSize))
+    return { tokenIds, lossMask: Uint8Array.from({ length: n }, (_, t) => (t >= n / 2 ? 1 : 0)) }
+  })
+}
+
+const options = (overrides: Partial<OnnxTrainer.Options> = {}): OnnxTrainer.Options => ({
+  model: OnnxTrainer.qwen2(config),
+  weights: Qwen2.initWeights(config, 7),
+  loss: Loss.sft,
+  optimizer: { ...Optimizer.defaultConfig, beta2: 0.98 },
+  schedule: LrSchedule.constant(1e-2, 5),
+  ...overrides
+})
+
+const trainSteps = (
+  trainer: Effect.Success<ReturnType<typeof OnnxTrainer.make>>,
+  batches: ReadonlyArray<Packing.MicroBatch>,
+  steps: number
+) =>
+  Effect.gen(function*() {
+    const losses: Array<number> = []
+    for (let s = 0; s < steps; s++) {
+      let loss = 0
+      for (const mb of batches) loss += (yield* trainer.trainer.forwardBackward(mb)).loss
+      yield* trainer.trainer.optimStep
+      losses.push(loss)
+    }
+    return losses
+  })
+
+const packAll = (budget: number) => Packing.pack(dataset(), { tokenBudget: budget, lengthMultiple: 8, aggregation: "token-mean" })
+
+const bits = (w: ReadonlyMap<string, Float32Array>) => [...w].map(([k, v]) => `${k}:${Buffer.from(v.buffer, v.byteOffset, v.byteLength).toString("base64")}`).join("|")
+
+describe("OnnxTrainer", () => {
+  it.effect("masked NLL overfits a tiny fixed dataset (loss < 0.05 within 80 steps)", () =>
+    Effect.gen(function*() {
+      const trainer = yield* OnnxTrainer.make(options())
+      const { microBatches } = yield* packAll(64)
+      assert.isAbove(microBatches.length, 1) // gradient accumulation over several micro-batches
+      const losses = yield* trainSteps(trainer, microBatches, 80)
+      assert.isAbove(losses[0]!, 2.5) // ≈ ln 32 at initialisation
+      assert.isBelow(losses.at(-1)!, 0.05, `losses: ${losses.filter((_, i) => i % 10 === 0).map((l) => l.toFixed(3))}`)
+      assert.strictEqual(yield* trainer.trainer.step, 80)
+    }).pipe(Effect.provide(NodeServices.layer)), 120_000)
+
+  it.effect("micro-batching with gradient accumulation equals one big batch", () =>
+    Effect.gen(function*() {
+      const small = yield* OnnxTrainer.make(options())
+      const big = yield* OnnxTrainer.make(options())
+      const split = (yield* packAll(32)).microBatches
+      const whole = (yield* packAll(1024)).microBatches
+      assert.isAbove(split.length, 2)
+      assert.strictEqual(whole.length, 1)
+      const a = yield* trainSteps(small, split, 1)
+      const b = yield* trainSteps(big, whole, 1)
+      assert.approximately(a[0]!, b[0]!, 1e-5)
+      const wa = yield* small.trainer.weights
+      const wb = yield* big.trainer.weights
+      for (const [name, x] of wa) {
+        const y = wb.get(name)!
+        for (let i = 0; i < x.length; i++) assert.approximately(x[i]!, y[i]!, 2e-6, name)
+      }
+    }).pipe(Effect.provide(NodeServices.layer)))
+
+  it.effect("is deterministic and resumes bit-for-bit from a checkpoint", () =>
+    Effect.gen(function*() {
+      const fs = yield* FileSystem.FileSystem
+      const dir = yield* fs.makeTempDirectoryScoped()
+      const { microBatches } = yield* packAll(64)
+      const first = yield* OnnxTrainer.make(options())
+      yield* trainSteps(first, microBatches, 3)
+      yield* first.trainer.save(`${dir}/ckpt`, { policyVersion: 3, rngState: [1, 2, 3] })
+      yield* trainSteps(first, microBatches, 2)
+      const straight = bits(yield* first.trainer.weights)
+
+      const again = yield* OnnxTrainer.make(options())
+      yield* trainSteps(again, microBatches, 5)
+      assert.strictEqual(bits(yield* again.trainer.weights), straight, "same seed and data → identical weights")
+
+      const resumed = yield* OnnxTrainer.make(options({ weights: Qwen2.initWeights(config, 99) }))
+      const meta = yield* resumed.trainer.load(`${dir}/ckpt`)
+      assert.deepStrictEqual(meta, { policyVersion: 3, rngState: [1, 2, 3] })
+      assert.strictEqual(yield* resumed.trainer.step, 3)
+      yield* trainSteps(resumed, microBatches, 2)
+      assert.strictEqual(bits(yield* resumed.trainer.weights), straight, "resume → identical weights")
+    }).pipe(Effect.provide(NodeServices.layer)), 120_000)
+
+  it.effect("corrupt, incomplete and mismatched checkpoints are typed errors", () =>
+    Effect.gen(function*() {
+      const fs = yield* FileSystem.FileSystem
+      const dir = yield* fs.makeTempDirectoryScoped()
+      const trainer = yield* OnnxTrainer.make(options())
+      yield* trainer.trainer.save(`${dir}/a`, { policyVersion: 0, rngState: [] })
+      const bytes = yield* fs.readFile(`${dir}/a/model.safetensors`)
+      yield* fs.writeFile(`${dir}/a/model.safetensors`, bytes.slice(0, bytes.length / 2))
+      const corrupt = yield* Effect.flip(trainer.trainer.load(`${dir}/a`))
+      assert.strictEqual(corrupt.reason, "Checkpoint")
+      assert.match(corrupt.message, /model\.safetensors/)
+      yield* trainer.trainer.save(`${dir}/b`, { policyVersion: 0, rngState: [] })
+      yield* fs.remove(`${dir}/b/trainer_state.json`)
+      assert.match((yield* Effect.flip(trainer.trainer.load(`${dir}/b`))).message, /trainer_state\.json is missing/)
+      assert.strictEqual((yield* Effect.flip(trainer.trainer.load(`${dir}/nothing`))).reason, "Checkpoint")
+      const other = yield* OnnxTrainer.make(options({
+        model: OnnxTrainer.qwen2({ ...config, intermediateSize: 16 }),
+        weights: Qwen2.initWeights({ ...config, intermediateSize: 16 }, 1)
+      }))
+      yield* trainer.trainer.save(`${dir}/c`, { policyVersion: 0, rngState: [] })
+      assert.match((yield* Effect.flip(other.trainer.load(`${dir}/c`))).message, /F32 \[/)
+    }).pipe(Effect.provide(NodeServices.layer)))
+
+  it.effect("bad batches, a missing execution provider and an empty step are typed errors", () =>
+    Effect.gen(function*() {
+      const trainer = yield* OnnxTrainer.make(options())
+      const { microBatches } = yield* packAll(64)
+      const mb = microBatches[0]!
+      const outside = { ...mb, inputIds: Int32Array.from(mb.inputIds, (v, i) => (i === 0 ? 999 : v)) }
+      assert.strictEqual((yield* Effect.flip(trainer.trainer.forwardBackward(outside))).reason, "BadBatch")
+      assert.strictEqual((yield* Effect.flip(trainer.trainer.forwardBackward({ ...mb, targets: Int32Array.of(1) }))).reason, "BadBatch")
+      assert.strictEqual((yield* Effect.flip(trainer.trainer.optimStep)).reason, "NothingAccumulated")
+      const cuda = yield* OnnxTrainer.make(options({ executionProvider: "cuda" }))
+      const noCuda = yield* Effect.flip(cuda.trainer.forwardBackward(mb))
+      assert.strictEqual(noCuda.reason, "Session")
+      assert.match(noCuda.message, /cuda/)
+      const bad = yield* Effect.flip(OnnxTrainer.make(options({ weights: new Map() })))
+      assert.strictEqual(bad.reason, "BadBatch")
+    }).pipe(Effect.provide(NodeServices.layer)))
+})
