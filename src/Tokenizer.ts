@@ -69,7 +69,7 @@ export interface Tokenizer {
   readonly bosToken: string | undefined
   readonly padToken: string | undefined
   readonly encode: (text: string) => Array<number>
-  readonly decode: (ids: ReadonlyArray<number>) => string
+  readonly decode: (ids: ReadonlyArray<number> | Int32Array) => string
   readonly tokenToId: (token: string) => number | undefined
   readonly idToToken: (id: number) => string | undefined
   readonly isValidId: (id: number) => boolean
@@ -161,9 +161,11 @@ const fromHf = (
     bosToken: tokenName(cfg.bos_token),
     padToken: tokenName(cfg.pad_token),
     encode: (text) => (text.length === 0 ? [] : hf.encode(text, encodeOptions).ids),
-    decode: (ids) => {
-      if (ids.length === 0) return ""
-      if (ids.every(isValidId)) return hf.decode(ids as Array<number>, decodeOptions)
+    decode: (input) => {
+      if (input.length === 0) return ""
+      // Typed arrays (e.g. `Trajectory.tokenIds`) are accepted; the Hugging Face decoder wants a plain array.
+      const ids = Array.isArray(input) ? input as Array<number> : Array.from(input)
+      if (ids.every(isValidId)) return hf.decode(ids, decodeOptions)
       // Decode valid runs and mark each bad id, so a display of garbage never throws.
       let out = ""
       let run: Array<number> = []

@@ -1,0 +1,530 @@
+/**
+ * The incremental token-in / token-out builder: the heart of loss masking.
+ *
+ * A builder starts from the prompt (the template rendered over the first messages with the tools and
+ * `add_generation_prompt`), then alternates two steps:
+ *
+ * 1. `appendSampled`: the policy's sampled ids are appended **verbatim**, with their logprobs and policy version
+ *    (source `policy`, the only trainable tokens; the end-of-turn token the policy sampled is among them).
+ * 2. `appendObservations`: tool results and environment messages are appended by rendering the template over the
+ *    extended message list and tokenizing **only the new suffix** (`\n<|im_start|>user\n<tool_response>...` up to
+ *    the next assistant header), after checking that the rendered text still starts with everything so far.
+ *
+ * **How assistant turns are rendered.** The template never sees an assistant turn's structured `tool_calls`:
+ * for rendering, each sampled turn is the assistant message whose content is the decoded sampled text (without the
+ * end-of-turn token), as AgentFly does with `ignore_tool_calls`. So the rendered history contains exactly what the
+ * model wrote (its own JSON spacing, its own `<tool_call>` tags), and the prefix check compares the template's
+ * view of the sampled turn with the sampled text itself. The parsed message (with `tool_calls`) is kept in the
+ * message view, `messages`, for tools, rewards and logs.
+ *
+ * **Rewrites start a new segment.** When the rendered text no longer starts with the tokens so far (Qwen3 drops
+ * the `<think>` block of turns before the last user query; a template that trims or reformats a sampled turn), the
+ * current segment is closed and a new one starts from a fresh render of the whole history (source `prompt`, mask
+ * 0). The builder records a `Rewrite` saying where the texts diverged; nothing drifts silently. Each segment is
+ * therefore exactly the template's tokenization of the conversation it covers.
+ *
+ * Tokenization of a suffix is exact because text is cut at added tokens (`<|im_end|>`, `<|im_start|>`, ...) before
+ * the tokenizer model runs: a suffix that starts at such a boundary tokenizes as it would inside the whole text.
+ *
+ * @since 0.1.0
+ */
+import { Effect, Schema } from "effect"
+import * as ChatTemplate from "./ChatTemplate.ts"
+import * as Message from "./Message.ts"
+import * as Tokenizer from "./Tokenizer.ts"
+import type * as Trajectory from "./Trajectory.ts"
+
+// ===== Errors =====
+
+/**
+ * Why a builder step failed.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export const BuilderErrorReason = Schema.Literals([
+  "InvalidTokenIds", // sampled ids outside the vocabulary
+  "LogprobsMismatch", // logprobs given, but not one per sampled id
+  "OutOfOrder", // a sample right after a sample, or an assistant message passed as an observation
+  "TemplateFailed" // the chat template could not render the conversation
+])
+export type BuilderErrorReason = typeof BuilderErrorReason.Type
+
+/**
+ * @category errors
+ * @since 0.1.0
+ */
+export class BuilderError extends Schema.TaggedError<BuilderError>()("TrajectoryBuilderError", {
+  reason: BuilderErrorReason,
+  message: Schema.String
+}) {}
+
+// ===== Models =====
+
+/**
+ * A history rewrite: at message `atMessage` the template's render diverged from the tokens so far at character
+ * `offset` of the segment's text, so segment `newSegment` was started. `expected` / `actual` are the 80 characters
+ * from the divergence.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Rewrite {
+  readonly atMessage: number
+  readonly newSegment: number
+  readonly offset: number
+  readonly expected: string
+  readonly actual: string
+}
+
+/**
+ * What the policy sampled for one assistant turn.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Sample {
+  /** The sampled ids, verbatim, usually ending with the end-of-turn token. */
+  readonly tokenIds: ReadonlyArray<number>
+  /** One logprob per sampled id. */
+  readonly logprobs?: ReadonlyArray<number> | undefined
+  readonly policyVersion?: number | undefined
+  /**
+   * The parsed assistant message for the message view (e.g. `ToolCallParser.toAssistantMessage(...)`). Default:
+   * an assistant message holding the decoded text.
+   */
+  readonly message?: Message.Message | undefined
+}
+
+/**
+ * Options of `start`.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface StartOptions {
+  readonly tokenizer: Tokenizer.Tokenizer
+  readonly template: ChatTemplate.ChatTemplate
+  /** The conversation so far (system, user, possibly few-shot turns): all of it is prompt (mask 0). */
+  readonly messages: ReadonlyArray<Message.Message>
+  readonly tools?: ReadonlyArray<ChatTemplate.ToolSpec> | undefined
+  /** Extra template variables, e.g. `{ enable_thinking: false }`. */
+  readonly variables?: Readonly<Record<string, unknown>> | undefined
+}
+
+const TypeId = "~agentfly/TrajectoryBuilder"
+
+/**
+ * An immutable builder state; every step returns a new one.
+ *
+ * - `messages`: the message view (parsed assistant messages, observations).
+ * - `segments`: the token-level segments so far (the last one is open).
+ * - `rewrites`: one entry per segment started because the template rewrote history.
+ * - `awaitingObservation`: true right after a sample.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface TrajectoryBuilder {
+  readonly [TypeId]: typeof TypeId
+  readonly tokenizer: Tokenizer.Tokenizer
+  readonly template: ChatTemplate.ChatTemplate
+  readonly tools: ReadonlyArray<ChatTemplate.ToolSpec>
+  readonly variables: Readonly<Record<string, unknown>>
+  readonly messages: ReadonlyArray<Message.Message>
+  readonly segments: ReadonlyArray<Trajectory.Segment>
+  readonly rewrites: ReadonlyArray<Rewrite>
+  readonly awaitingObservation: boolean
+  /** What the template renders: assistant turns as their sampled text. */
+  readonly renderMessages: ReadonlyArray<Message.Message>
+  /** The text of the open segment's tokens, except a pending sample. */
+  readonly rendered: string
+  /** The decoded text of the last sample while `awaitingObservation`. */
+  readonly pending: string
+}
+
+/**
+ * @category guards
+ * @since 0.1.0
+ */
+export const isTrajectoryBuilder = (u: unknown): u is TrajectoryBuilder =>
+  typeof u === "object" && u !== null && TypeId in u
+
+// ===== Tokenization with sources =====
+
+interface Region {
+  readonly start: number
+  readonly end: number
+  readonly source: Trajectory.Source
+}
+
+/**
+ * Tokenizes `text` piece by piece (pieces cut at added tokens, so the ids equal the whole text's) and labels each
+ * piece with the source of the region it overlaps, `fallback` elsewhere. Adjacent pieces of one source share a span.
+ */
+const tokenizeWithSources = (
+  tokenizer: Tokenizer.Tokenizer,
+  text: string,
+  regions: ReadonlyArray<Region>,
+  fallback: Trajectory.Source
+): Array<Trajectory.Span> => {
+  const spans: Array<{ source: Trajectory.Source; tokenIds: Array<number> }> = []
+  let offset = 0
+  let r = 0
+  for (const piece of tokenizer.splitAdded(text)) {
+    const end = offset + piece.length
+    while (r < regions.length && regions[r]!.end <= offset) r++
+    const region = regions[r]
+    const source = region !== undefined && region.start < end && region.end > offset ? region.source : fallback
+    const added = tokenizer.addedTokens.get(piece)
+    const ids = added === undefined ? tokenizer.encode(piece) : [added]
+    const last = spans[spans.length - 1]
+    if (last !== undefined && last.source === source) for (const id of ids) last.tokenIds.push(id)
+    else spans.push({ source, tokenIds: ids })
+    offset = end
+  }
+  return spans.filter((span) => span.tokenIds.length > 0)
+}
+
+/** Where each observation's content sits in the rendered suffix (searched in order; absent contents are skipped). */
+const observationRegions = (suffix: string, observations: ReadonlyArray<Message.Message>): Array<Region> => {
+  const regions: Array<Region> = []
+  let cursor = 0
+  for (const message of observations) {
+    const content = Message.text(message.content)
+    if (content.length === 0) continue
+    const at = suffix.indexOf(content, cursor)
+    if (at === -1) continue
+    regions.push({ start: at, end: at + content.length, source: message.role === "tool" ? "tool" : "env" })
+    cursor = at + content.length
+  }
+  return regions
+}
+
+// ===== Helpers =====
+
+const templateFailed = (error: ChatTemplate.TemplateError) =>
+  new BuilderError({ reason: "TemplateFailed", message: error.message })
+
+const render = (
+  builder: Pick<TrajectoryBuilder, "template" | "tools" | "variables">,
+  messages: ReadonlyArray<Message.Message>,
+  addGenerationPrompt: boolean
+) =>
+  builder.template.render(messages, { tools: builder.tools, addGenerationPrompt, variables: builder.variables }).pipe(
+    Effect.mapError(templateFailed)
+  )
+
+const divergence = (a: string, b: string): number => {
+  const n = Math.min(a.length, b.length)
+  let i = 0
+  while (i < n && a.charCodeAt(i) === b.charCodeAt(i)) i++
+  return i
+}
+
+const withOpenSegment = (
+  builder: TrajectoryBuilder,
+  update: (segment: Trajectory.Segment) => Trajectory.Segment
+): ReadonlyArray<Trajectory.Segment> => [...builder.segments.slice(0, -1), update(builder.segments.at(-1)!)]
+
+const stopIds = (builder: Pick<TrajectoryBuilder, "template" | "tokenizer">): ReadonlySet<number> =>
+  new Set(
+    builder.template.stopTokens.flatMap((token) => {
+      const id = builder.tokenizer.tokenToId(token)
+      return id === undefined ? [] : [id]
+    })
+  )
+
+// ===== Constructors =====
+
+/**
+ * Starts a trajectory from the prompt messages: renders them with the tools and `add_generation_prompt` and
+ * tokenizes the result (source `prompt`).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const start = Effect.fnUntraced(function*(options: StartOptions) {
+  const tools = options.tools ?? []
+  const variables = options.variables ?? {}
+  const context = { template: options.template, tools, variables }
+  const rendered = yield* render(context, options.messages, true)
+  const spans = tokenizeWithSources(options.tokenizer, rendered, [], "prompt")
+  const builder: TrajectoryBuilder = {
+    [TypeId]: TypeId,
+    tokenizer: options.tokenizer,
+    template: options.template,
+    tools,
+    variables,
+    messages: options.messages,
+    renderMessages: options.messages,
+    segments: [{ spans, messageCount: options.messages.length }],
+    rewrites: [],
+    awaitingObservation: false,
+    rendered,
+    pending: ""
+  }
+  return builder
+})
+
+// ===== Combinators =====
+
+/**
+ * Appends what the policy sampled, verbatim. The end-of-turn token is expected last (it is trainable); a sample
+ * cut by `maxTokens` may lack it, and the template's own end-of-turn token then arrives with the next observation
+ * as a `template` token.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const appendSampled = Effect.fnUntraced(function*(builder: TrajectoryBuilder, sample: Sample) {
+  if (builder.awaitingObservation) {
+    return yield* new BuilderError({
+      reason: "OutOfOrder",
+      message: "two samples in a row: append the observations (or finish) before sampling again"
+    })
+  }
+  yield* Tokenizer.validateIds(builder.tokenizer, sample.tokenIds).pipe(
+    Effect.mapError((e) => new BuilderError({ reason: "InvalidTokenIds", message: e.message }))
+  )
+  if (sample.logprobs !== undefined && sample.logprobs.length !== sample.tokenIds.length) {
+    return yield* new BuilderError({
+      reason: "LogprobsMismatch",
+      message: `${sample.logprobs.length} logprobs for ${sample.tokenIds.length} sampled ids`
+    })
+  }
+  const ids = sample.tokenIds
+  const endsWithStop = ids.length > 0 && stopIds(builder).has(ids[ids.length - 1]!)
+  const body = builder.tokenizer.decode(endsWithStop ? ids.slice(0, -1) : ids)
+  const text = endsWithStop ? body + builder.tokenizer.decode(ids.slice(-1)) : body
+  const span: Trajectory.Span = {
+    source: "policy",
+    tokenIds: [...ids],
+    ...(sample.logprobs !== undefined ? { logprobs: [...sample.logprobs] } : {}),
+    ...(sample.policyVersion !== undefined ? { policyVersion: sample.policyVersion } : {})
+  }
+  const message: Message.Message = sample.message ?? { role: "assistant", content: body }
+  const messages = [...builder.messages, message]
+  const result: TrajectoryBuilder = {
+    ...builder,
+    messages,
+    renderMessages: [...builder.renderMessages, { role: "assistant", content: body }],
+    segments: withOpenSegment(builder, (segment) => ({
+      spans: ids.length === 0 ? segment.spans : [...segment.spans, span],
+      messageCount: messages.length
+    })),
+    awaitingObservation: true,
+    pending: text
+  }
+  return result
+})
+
+/**
+ * Appends observations: tool results (source `tool`), environment messages such as a user turn (source `env`),
+ * and the template text around them up to the next assistant header (source `template`). Renders the whole
+ * conversation and tokenizes only the new suffix; if the render no longer starts with the text so far, closes the
+ * segment and starts a new one (see the module docs).
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const appendObservations = Effect.fnUntraced(function*(
+  current: TrajectoryBuilder,
+  observations: ReadonlyArray<Message.Message>
+) {
+  let builder = current
+  if (observations.some((m) => m.role === "assistant")) {
+    return yield* new BuilderError({
+      reason: "OutOfOrder",
+      message: "an assistant message is not an observation: append what the policy sampled with appendSampled"
+    })
+  }
+  const renderMessages = [...builder.renderMessages, ...observations]
+  const messages = [...builder.messages, ...observations]
+  const next = yield* render(builder, renderMessages, true)
+  if (!builder.awaitingObservation && !next.startsWith(builder.rendered)) {
+    // Observations right after observations: the generation prompt already appended is taken back first.
+    const retracted = yield* retractGenerationPrompt(builder, next)
+    if (retracted !== undefined) builder = retracted
+  }
+  const expected = builder.rendered + builder.pending
+  if (next.startsWith(expected)) {
+    const suffix = next.slice(expected.length)
+    const spans = tokenizeWithSources(builder.tokenizer, suffix, observationRegions(suffix, observations), "template")
+    const result: TrajectoryBuilder = {
+      ...builder,
+      messages,
+      renderMessages,
+      segments: withOpenSegment(builder, (segment) => ({
+        spans: [...segment.spans, ...spans],
+        messageCount: messages.length
+      })),
+      awaitingObservation: false,
+      rendered: next,
+      pending: ""
+    }
+    return result
+  }
+  // The template rewrote history: close the open segment and start a new one from a fresh render.
+  const closed = yield* closeSegment(builder)
+  const at = divergence(expected, next)
+  const history = yield* render(builder, builder.renderMessages, false)
+  const historyEnd = next.startsWith(history) ? history.length : next.length
+  const regions: Array<Region> = [{ start: 0, end: historyEnd, source: "prompt" }]
+  if (next.startsWith(history)) {
+    for (const region of observationRegions(next.slice(history.length), observations)) {
+      regions.push({ start: region.start + history.length, end: region.end + history.length, source: region.source })
+    }
+  }
+  const spans = tokenizeWithSources(builder.tokenizer, next, regions, "template")
+  const rewrite: Rewrite = {
+    atMessage: builder.messages.length,
+    newSegment: closed.length,
+    offset: at,
+    expected: expected.slice(at, at + 80),
+    actual: next.slice(at, at + 80)
+  }
+  yield* Effect.logDebug("TrajectoryBuilder: the chat template rewrote history; starting a new segment").pipe(
+    Effect.annotateLogs({ template: builder.template.name, atMessage: rewrite.atMessage, offset: at })
+  )
+  const result: TrajectoryBuilder = {
+    ...builder,
+    messages,
+    renderMessages,
+    segments: [...closed, { spans, messageCount: messages.length }],
+    rewrites: [...builder.rewrites, rewrite],
+    awaitingObservation: false,
+    rendered: next,
+    pending: ""
+  }
+  return result
+})
+
+/**
+ * The builder without the trailing generation prompt (`<|im_start|>assistant\n`), when the open segment ends with
+ * it and `next` extends the text before it; `undefined` otherwise.
+ */
+const retractGenerationPrompt = Effect.fnUntraced(function*(builder: TrajectoryBuilder, next: string) {
+  const probe: ReadonlyArray<Message.Message> = [{ role: "user", content: "x" }]
+  const withPrompt = yield* render(builder, probe, true)
+  const without = yield* render(builder, probe, false)
+  const generationPrompt = withPrompt.startsWith(without) ? withPrompt.slice(without.length) : ""
+  if (generationPrompt.length === 0 || !builder.rendered.endsWith(generationPrompt)) return undefined
+  const base = builder.rendered.slice(0, -generationPrompt.length)
+  if (!next.startsWith(base)) return undefined
+  const ids = tokenizeWithSources(builder.tokenizer, generationPrompt, [], "template").flatMap((s) => s.tokenIds)
+  const open = promptTokenIds(builder)
+  if (open.length < ids.length || ids.some((id, i) => open[open.length - ids.length + i] !== id)) return undefined
+  const result: TrajectoryBuilder = {
+    ...builder,
+    rendered: base,
+    segments: withOpenSegment(builder, (segment) => ({ ...segment, spans: dropTokens(segment.spans, ids.length) }))
+  }
+  return result
+})
+
+const dropTokens = (spans: ReadonlyArray<Trajectory.Span>, n: number): Array<Trajectory.Span> => {
+  const out = [...spans]
+  let left = n
+  while (left > 0 && out.length > 0) {
+    const last = out.pop()!
+    if (last.tokenIds.length > left) {
+      out.push({ ...last, tokenIds: last.tokenIds.slice(0, last.tokenIds.length - left) })
+      left = 0
+    } else left -= last.tokenIds.length
+  }
+  return out
+}
+
+/**
+ * The open segment's segments after appending the template's closing text of a final assistant turn (Qwen's
+ * `\n` after `<|im_end|>`), when the template renders one that extends the tokens so far.
+ */
+const closeSegment = Effect.fnUntraced(function*(builder: TrajectoryBuilder) {
+  if (!builder.awaitingObservation) return builder.segments
+  const expected = builder.rendered + builder.pending
+  const full = yield* render(builder, builder.renderMessages, false)
+  if (!full.startsWith(expected) || full.length === expected.length) return builder.segments
+  const spans = tokenizeWithSources(builder.tokenizer, full.slice(expected.length), [], "template")
+  return withOpenSegment(builder, (segment) => ({ ...segment, spans: [...segment.spans, ...spans] }))
+})
+
+/**
+ * Ends the trajectory: after a final assistant turn, appends the template's closing text (source `template`) so
+ * the last segment equals the tokenization of the whole rendered conversation.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const finish = Effect.fnUntraced(function*(builder: TrajectoryBuilder) {
+  const segments = yield* closeSegment(builder)
+  const result: TrajectoryBuilder = {
+    ...builder,
+    segments,
+    awaitingObservation: false,
+    rendered: builder.rendered + builder.pending,
+    pending: ""
+  }
+  return result
+})
+
+/**
+ * Renders what the template would write for `message` as the next assistant turn, through its end-of-turn token:
+ * the text a policy would have sampled. Used to treat recorded conversations as if the policy had produced them.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const assistantTurnText = Effect.fnUntraced(function*(builder: TrajectoryBuilder, message: Message.Message) {
+  const prompt = yield* render(builder, builder.renderMessages, true)
+  const full = yield* render(builder, [...builder.renderMessages, message], false)
+  if (!full.startsWith(prompt)) {
+    return yield* new BuilderError({
+      reason: "TemplateFailed",
+      message: "the template renders the next assistant turn over a different history (not append-only)"
+    })
+  }
+  const turn = full.slice(prompt.length)
+  const end = turn.indexOf(builder.template.endOfTurn)
+  return end === -1 ? turn : turn.slice(0, end + builder.template.endOfTurn.length)
+})
+
+/**
+ * Appends a recorded assistant message as if the policy had sampled it: its turn text (`assistantTurnText`) is
+ * tokenized and appended as a `policy` span, and `message` goes to the message view.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const appendAssistant = Effect.fnUntraced(function*(
+  builder: TrajectoryBuilder,
+  message: Message.Message,
+  options: { readonly policyVersion?: number | undefined } = {}
+) {
+  const text = yield* assistantTurnText(builder, message)
+  return yield* appendSampled(builder, {
+    tokenIds: builder.tokenizer.encode(text),
+    message,
+    policyVersion: options.policyVersion
+  })
+})
+
+// ===== Getters =====
+
+/**
+ * The ids to send to the sampler for the next assistant turn: the open segment's tokens.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const promptTokenIds = (builder: TrajectoryBuilder): Array<number> =>
+  builder.segments.at(-1)!.spans.flatMap((span) => span.tokenIds)
+
+/**
+ * Number of tokens in the open segment (what counts against the context length).
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const tokenCount = (builder: TrajectoryBuilder): number =>
+  builder.segments.at(-1)!.spans.reduce((n, span) => n + span.tokenIds.length, 0)
