@@ -1,0 +1,73 @@
+import { assert, describe, it } from "@effect/vitest"
+import { Effect } from "effect"
+import * as ToolActor from "../../../actors/ToolActor.ts"
+import * as Calculator from "../../../environments/calculator/Calculator.ts"
+import * as ToolCallFormat from "../../../environments/rewards/ToolCallFormat.ts"
+import type { Message } from "../../../src/index.ts"
+import { trajectoryOf } from "../../utils/trajectories.ts"
+
+const call = (id: string, name: string, args: unknown) => ({
+  id,
+  type: "function" as const,
+  function: { name, arguments: args }
+})
+
+/** Runs each assistant turn's calls through the real tool actor and builds the conversation. */
+const converse = (turns: ReadonlyArray<{ readonly content: string; readonly calls: ReadonlyArray<ReturnType<typeof call>> }>) =>
+  Effect.gen(function*() {
+    const actor = yield* ToolActor.make([Calculator.calculator])
+    const messages: Array<Message.Message> = [{ role: "user", content: "What is 6*7?" }]
+    for (const turn of turns) {
+      messages.push(turn.calls.length > 0
+        ? { role: "assistant", content: turn.content, tool_calls: turn.calls }
+        : { role: "assistant", content: turn.content })
+      if (turn.calls.length > 0) messages.push(...(yield* actor.executeTurn(turn.calls)).messages)
+    }
+    return trajectoryOf(messages)
+  })
+
+const score = (trajectory: ReturnType<typeof trajectoryOf>) => ToolCallFormat.toolCallFormat.evaluate({ trajectory })
+
+describe("toolCallFormat", () => {
+  it.effect("share of tool turns whose calls parsed and validated", () =>
+    Effect.gen(function*() {
+      const t = yield* converse([
+        { content: "", calls: [call("a", "calculator", { expression: "6*7" })] },
+        { content: "", calls: [call("b", "calculator", { expr: "6*7" })] }, // invalid arguments
+        { content: "", calls: [call("c", "calc", { expression: "6*7" })] }, // unknown tool
+        { content: "", calls: [call("d", "calculator", { expression: "1/0" })] }, // run-time error: well formed
+        { content: "The answer is 42.", calls: [] } // no tool call: not a tool turn
+      ])
+      const o = yield* score(t)
+      assert.strictEqual(o._tag === "Scored" && o.reward, 0.5)
+      assert.deepStrictEqual(o.metrics, {
+        "reward/toolCallFormat/turns": 5,
+        "reward/toolCallFormat/tool_turns": 4,
+        "reward/toolCallFormat/well_formed": 2,
+        "reward/toolCallFormat/format_errors": 2,
+        "reward/toolCallFormat/reward": 0.5
+      })
+    }))
+
+  it.effect("a turn whose call the parser could not extract counts as malformed", () =>
+    Effect.gen(function*() {
+      const t = yield* converse([
+        { content: `<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"</tool_call>`, calls: [] },
+        { content: "", calls: [call("a", "calculator", { expression: "6*7" })] }
+      ])
+      const o = yield* score(t)
+      assert.strictEqual(o._tag === "Scored" && o.reward, 0.5)
+    }))
+
+  it.effect("one bad call spoils its turn; no tool turn at all scores 0", () =>
+    Effect.gen(function*() {
+      const t = yield* converse([
+        { content: "", calls: [call("a", "calculator", { expression: "1+1" }), call("b", "calculator", {})] }
+      ])
+      assert.strictEqual(((yield* score(t)) as { reward: number }).reward, 0)
+      const none = yield* converse([{ content: "42", calls: [] }])
+      const o = yield* score(none)
+      assert.strictEqual(o._tag === "Scored" && o.reward, 0)
+      assert.strictEqual(o.metrics["reward/toolCallFormat/tool_turns"], 0)
+    }))
+})
