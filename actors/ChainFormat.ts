@@ -1,0 +1,107 @@
+/**
+ * Agent formats for rollout chains: how a chain turns messages into prompt tokens and sampled tokens back into
+ * an assistant message (the `RolloutChain.Format` port).
+ *
+ * `fromTemplate` is the standard format: a chat template and its tokenizer through `TrajectoryBuilder`
+ * (token-in / token-out: sampled ids are appended verbatim; only observation suffixes are tokenized; a template
+ * that rewrites history starts a new segment) and a `ToolCallParser` convention (by default the template's own,
+ * e.g. `hermes` for Qwen).
+ *
+ * @since 0.1.0
+ */
+import { Effect } from "effect"
+import type * as ChatTemplate from "../src/ChatTemplate.ts"
+import * as RolloutError from "../src/RolloutError.ts"
+import type * as Tokenizer from "../src/Tokenizer.ts"
+import * as ToolCallParser from "../src/ToolCallParser.ts"
+import * as TrajectoryBuilder from "../src/TrajectoryBuilder.ts"
+import type * as RolloutChain from "./RolloutChain.ts"
+
+/**
+ * Options of `fromTemplate`.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface TemplateOptions {
+  readonly tokenizer: Tokenizer.Tokenizer
+  readonly template: ChatTemplate.ChatTemplate
+  /** The tool-call convention to parse (default: the template's `toolCallFormat`). */
+  readonly toolCallFormat?: ChatTemplate.ToolCallFormat | undefined
+  /** Extra template variables, e.g. `{ enable_thinking: false }`. */
+  readonly variables?: Readonly<Record<string, unknown>> | undefined
+}
+
+const templateFailed = (error: { readonly message: string }) =>
+  new RolloutError.RolloutError({ reason: "TemplateFailed", message: error.message })
+
+/**
+ * The format of a chat template and tokenizer. Every request stops on the template's end-of-turn tokens; a
+ * sample that ends with one is a complete turn. Tool-call ids are `call_<turn>_<i>`, unique within a chain.
+ *
+ * **Gotchas**
+ *
+ * Stop tokens the tokenizer does not know are ignored; a template whose end-of-turn token is not a single token
+ * of the tokenizer yields turns that never count as complete (they end with `stop`).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const fromTemplate = (options: TemplateOptions): RolloutChain.Format => {
+  const { template, tokenizer } = options
+  const stopTokenIds = template.stopTokens.flatMap((token) => {
+    const id = tokenizer.tokenToId(token)
+    return id === undefined ? [] : [id]
+  })
+  const stops = new Set(stopTokenIds)
+  const parseFormat = options.toolCallFormat ?? template.toolCallFormat
+  return {
+    stopTokenIds,
+    start: (messages, tools) =>
+      Effect.gen(function*() {
+        let builder = yield* TrajectoryBuilder.start({
+          tokenizer,
+          template,
+          messages,
+          tools: tools as ReadonlyArray<ChatTemplate.ToolSpec>,
+          ...(options.variables === undefined ? {} : { variables: options.variables })
+        }).pipe(Effect.mapError(templateFailed))
+        let turns = 0
+        const transcript: RolloutChain.Transcript = {
+          length: () => builder.segments.at(-1)!.spans.reduce((n, span) => n + span.tokenIds.length, 0),
+          promptTokenIds: () => TrajectoryBuilder.promptTokenIds(builder),
+          appendSampled: (result) =>
+            Effect.gen(function*() {
+              const ids = result.tokenIds
+              const complete = ids.length > 0 && stops.has(ids[ids.length - 1]!)
+              const text = tokenizer.decode(complete ? ids.slice(0, -1) : ids)
+              const parsed = ToolCallParser.parse(parseFormat, text, { idPrefix: `call_${turns}_` })
+              const message = ToolCallParser.toAssistantMessage(parsed)
+              builder = yield* TrajectoryBuilder.appendSampled(builder, {
+                tokenIds: ids,
+                logprobs: result.logprobs,
+                policyVersion: result.policyVersion,
+                message
+              }).pipe(Effect.mapError(templateFailed))
+              turns++
+              return {
+                message: message as RolloutChain.AssistantTurn["message"],
+                toolCalls: parsed.toolCalls,
+                parseErrors: parsed.errors.map((e) => e.message),
+                complete
+              }
+            }),
+          appendObservations: (observations) =>
+            Effect.map(
+              Effect.mapError(TrajectoryBuilder.appendObservations(builder, observations), templateFailed),
+              (next) => {
+                builder = next
+              }
+            ),
+          messages: () => builder.messages,
+          segments: () => builder.segments
+        }
+        return transcript
+      })
+  }
+}
