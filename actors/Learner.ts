@@ -1,0 +1,277 @@
+/**
+ * The learner actor: consumes groups of token-masked trajectories from a bounded queue (back-pressure on the
+ * rollouts), computes advantages, packs micro-batches, runs one optimiser step through a `PolicyTrainer`, then
+ * publishes the new weights and policy version to the sampler and reports `learner/*` metrics.
+ *
+ * All maths is in `src/` ({@link update} only moves data between `Advantage`, `Packing` and the trainer):
+ * - a trajectory takes part only when it is `trainable`, not `masked` and `rewardStatus === "scored"`; others are
+ *   excluded from their group's baseline and from the loss;
+ * - advantages are computed per trajectory (its segments concatenated), with the outcome reward on its last policy
+ *   token, then split back per segment: each segment is one packed row;
+ * - the loss aggregation weights span the whole step's mini-batch, so micro-batch gradients sum exactly.
+ *
+ * @since 0.1.0
+ */
+import { Clock, Context, Effect, Fiber, Layer, Queue, Ref, Schema } from "effect"
+import { Advantage, Loss, Packing, PolicyTrainer, Trajectory } from "../src/index.ts"
+
+// ===== Models =====
+
+/**
+ * Learner options.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Options {
+  readonly estimator: Advantage.Estimator
+  readonly advantage?: Partial<Advantage.Config>
+  /** The loss configuration the trainer was built with (its aggregation mode drives the packing weights). */
+  readonly loss: Loss.Config
+  /** Maximum rows × padded length per micro-batch. */
+  readonly tokenBudget: number
+  readonly lengthMultiple?: number
+  /** Groups consumed per optimiser step. */
+  readonly groupsPerStep: number
+  /** Capacity of the inbound queue of groups (default `2 × groupsPerStep`). */
+  readonly queueCapacity?: number
+  /** The policy version of the initial weights (default 0); each step publishes the next one. */
+  readonly initialVersion?: number
+  /** Reference-policy logprobs of a micro-batch's targets, required when `loss.klCoef !== 0`. */
+  readonly reference?: (batch: Packing.MicroBatch) => Effect.Effect<Float32Array, PolicyTrainer.PolicyTrainerError>
+}
+
+/**
+ * What the learner publishes to: typically the policy engine's `updateWeights`.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type Publish = (version: number, weights: PolicyTrainer.Weights) => Effect.Effect<void, LearnerError>
+
+/**
+ * The report of one step. `figures` are the `learner/*` metrics.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface StepReport {
+  readonly step: number
+  readonly policyVersion: number
+  /** `applied`, or why no update happened. */
+  readonly outcome: "applied" | "empty" | "non_finite"
+  readonly figures: Readonly<Record<string, number>>
+}
+
+/**
+ * Why the learner failed.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class LearnerError extends Schema.TaggedError<LearnerError>()("LearnerError", {
+  reason: Schema.Literals(["Advantage", "Packing", "Trainer", "Publish", "Config"]),
+  message: Schema.String
+}) {}
+
+// ===== The update =====
+
+interface Row {
+  readonly trajectory: Trajectory.Trajectory
+  readonly group: number
+  readonly included: boolean
+}
+
+const isIncluded = (t: Trajectory.Trajectory) => t.trainable && !t.masked && t.rewardStatus === "scored"
+
+/** Concatenated per-trajectory token view: loss mask and the outcome reward on the last policy token. */
+const advantageInput = (rows: ReadonlyArray<Row>): Advantage.Input => {
+  const lengths = rows.map((r) => r.trajectory.segments.reduce((n, s) => n + Trajectory.segmentLength(s), 0))
+  const length = Math.max(1, ...lengths)
+  const batch = rows.length
+  const tokenRewards = new Float64Array(batch * length)
+  const responseMask = new Uint8Array(batch * length)
+  rows.forEach((row, b) => {
+    let offset = b * length
+    for (const segment of row.trajectory.segments) {
+      const mask = Trajectory.lossMask(segment)
+      responseMask.set(mask, offset)
+      offset += mask.length
+    }
+    const last = responseMask.subarray(b * length, (b + 1) * length).lastIndexOf(1)
+    if (last >= 0) tokenRewards[b * length + last] = row.trajectory.reward
+  })
+  return {
+    batch,
+    length,
+    tokenRewards,
+    responseMask,
+    groupIndex: Int32Array.from(rows, (r) => r.group),
+    include: Uint8Array.from(rows, (r) => (r.included ? 1 : 0))
+  }
+}
+
+/**
+ * One learner step over `groups` with the `PolicyTrainer` in context: advantages → packing → forward/backward per
+ * micro-batch → optimiser step. Returns the step's figures (without publishing).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const update = Effect.fn("Learner.update")(function*(
+  groups: ReadonlyArray<Trajectory.Group>,
+  options: Options
+) {
+  const trainer = yield* PolicyTrainer.PolicyTrainer
+  const started = yield* Clock.currentTimeMillis
+  const rows: Array<Row> = groups.flatMap((g, group) =>
+    g.trajectories.map((trajectory) => ({ trajectory, group, included: isIncluded(trajectory) }))
+  )
+  const excluded = rows.filter((r) => !r.included).length
+  const input = advantageInput(rows)
+  const { advantages } = yield* Advantage.compute(options.estimator, input, options.advantage).pipe(
+    Effect.mapError((e) => new LearnerError({ reason: "Advantage", message: e.message }))
+  )
+  const sequences: Array<Packing.Sequence> = []
+  rows.forEach((row, b) => {
+    if (!row.included) return
+    let offset = b * input.length
+    for (const segment of row.trajectory.segments) {
+      const n = Trajectory.segmentLength(segment)
+      sequences.push(Packing.fromSegment(segment, Float32Array.from(advantages.subarray(offset, offset + n))))
+      offset += n
+    }
+  })
+  const base = { groups: groups.length, trajectories: rows.length, excluded }
+  const packed = yield* Packing.pack(sequences, {
+    tokenBudget: options.tokenBudget,
+    aggregation: options.loss.aggregation,
+    ...(options.lengthMultiple === undefined ? {} : { lengthMultiple: options.lengthMultiple }),
+    ...(options.loss.normLength === undefined ? {} : { normLength: options.loss.normLength })
+  }).pipe(Effect.mapError((e) => new LearnerError({ reason: "Packing", message: e.message })))
+  if (packed.totals.tokens === 0) return { outcome: "empty" as const, figures: base }
+  const sums = { loss: 0, tokens: 0, clipped: 0, clippedLower: 0, approxKl: 0, entropy: 0, kl: 0, rowTokens: 0 }
+  const trainerError = (e: PolicyTrainer.PolicyTrainerError) => new LearnerError({ reason: "Trainer", message: e.message })
+  for (const mb of packed.microBatches) {
+    let batch = mb
+    if (options.loss.klCoef !== 0) {
+      if (options.reference === undefined) {
+        return yield* new LearnerError({ reason: "Config", message: "loss.klCoef is set but no reference policy is given" })
+      }
+      batch = { ...mb, refLogprobs: yield* options.reference(mb).pipe(Effect.mapError(trainerError)) }
+    }
+    const r = yield* trainer.forwardBackward(batch).pipe(Effect.mapError(trainerError))
+    sums.loss += r.loss
+    sums.tokens += r.tokens
+    sums.clipped += r.clipped
+    sums.clippedLower += r.clippedLower
+    sums.approxKl += r.approxKl
+    sums.entropy += r.entropy
+    sums.kl += r.kl
+    sums.rowTokens += mb.attentionMask.reduce((a, v) => a + v, 0)
+  }
+  const optim = yield* Effect.result(trainer.optimStep)
+  if (optim._tag === "Failure") {
+    if (optim.failure.reason === "NonFiniteGradient") return { outcome: "non_finite" as const, figures: base }
+    return yield* trainerError(optim.failure)
+  }
+  const elapsed = Math.max(1, (yield* Clock.currentTimeMillis) - started)
+  const per = (x: number) => x / Math.max(1, sums.tokens)
+  return {
+    outcome: "applied" as const,
+    figures: {
+      ...base,
+      "learner/loss": sums.loss,
+      "learner/clip_frac": per(sums.clipped),
+      "learner/clip_frac_lower": per(sums.clippedLower),
+      "learner/approx_kl": per(sums.approxKl),
+      "learner/entropy": per(sums.entropy),
+      "learner/kl": per(sums.kl),
+      "learner/grad_norm": optim.success.gradNorm,
+      "learner/lr": optim.success.lr,
+      "learner/loss_tokens": sums.tokens,
+      "learner/micro_batches": packed.microBatches.length,
+      "learner/tokens_per_s": (sums.rowTokens * 1000) / elapsed,
+      "learner/step_ms": elapsed
+    }
+  }
+})
+
+// ===== The actor =====
+
+/**
+ * The running learner.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Learner {
+  /** Enqueues a group; suspends while the queue is full (back-pressure). */
+  readonly offer: (group: Trajectory.Group) => Effect.Effect<void>
+  /** The latest published policy version. */
+  readonly policyVersion: Effect.Effect<number>
+  /** Reports of every step so far, oldest first. */
+  readonly reports: Effect.Effect<ReadonlyArray<StepReport>>
+  /** Waits for the actor loop; fails with its error (it runs until the scope closes). */
+  readonly join: Effect.Effect<void, LearnerError>
+}
+
+/**
+ * Starts the learner loop in the current scope: take `groupsPerStep` groups, {@link update}, publish the weights
+ * as the next version, report. A non-finite step is skipped (reported, nothing published); any other failure stops
+ * the loop and surfaces through `join`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const make = Effect.fn("Learner.make")(function*(
+  options: Options,
+  publish: Publish,
+  report: (r: StepReport) => Effect.Effect<void> = () => Effect.void
+) {
+  if (!(options.groupsPerStep >= 1)) {
+    return yield* new LearnerError({ reason: "Config", message: `groupsPerStep must be ≥ 1, got ${options.groupsPerStep}` })
+  }
+  const trainer = yield* PolicyTrainer.PolicyTrainer
+  const queue = yield* Queue.bounded<Trajectory.Group>(options.queueCapacity ?? 2 * options.groupsPerStep)
+  const version = yield* Ref.make(options.initialVersion ?? 0)
+  const reports = yield* Ref.make<ReadonlyArray<StepReport>>([])
+  const loop = Effect.gen(function*() {
+    while (true) {
+      const groups = yield* Queue.takeBetween(queue, options.groupsPerStep, options.groupsPerStep)
+      const result = yield* update(groups, options)
+      const step = yield* trainer.step
+      let published = yield* Ref.get(version)
+      if (result.outcome === "applied") {
+        published += 1
+        yield* publish(published, yield* trainer.weights)
+        yield* Ref.set(version, published)
+      }
+      const r: StepReport = { step, policyVersion: published, outcome: result.outcome, figures: result.figures }
+      yield* Ref.update(reports, (rs) => [...rs, r])
+      yield* report(r)
+    }
+  }).pipe(Effect.provideService(PolicyTrainer.PolicyTrainer, trainer))
+  const fiber = yield* Effect.forkScoped(loop)
+  return {
+    offer: (group: Trajectory.Group) => Queue.offer(queue, group).pipe(Effect.asVoid),
+    policyVersion: Ref.get(version),
+    reports: Ref.get(reports),
+    join: Fiber.join(fiber).pipe(Effect.asVoid)
+  } satisfies Learner
+})
+
+/**
+ * The learner as a service, for pipelines that look it up from the context.
+ *
+ * @category services
+ * @since 0.1.0
+ */
+export class LearnerService extends Context.Service<LearnerService, Learner>()("agentfly/actors/Learner") {
+  static readonly layer = (
+    options: Options,
+    publish: Publish,
+    report?: (r: StepReport) => Effect.Effect<void>
+  ): Layer.Layer<LearnerService, LearnerError, PolicyTrainer.PolicyTrainer> =>
+    Layer.effect(LearnerService, make(options, publish, report))
+}

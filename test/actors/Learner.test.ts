@@ -1,0 +1,175 @@
+import { NodeServices } from "@effect/platform-node"
+import { assert, describe, it } from "@effect/vitest"
+import { Effect, Queue, Ref } from "effect"
+import * as Learner from "../../actors/Learner.ts"
+import { Advantage, Loss, LrSchedule, OnnxTrainer, Optimizer, Packing, PolicyTrainer, Qwen2, Sampling } from "../../src/index.ts"
+import type { Trajectory } from "../../src/index.ts"
+import { tinyConfig } from "../utils/tinyModel.ts"
+
+/** A one-step trajectory: prompt tokens then one sampled action. */
+const trajectory = (
+  id: string,
+  groupId: string,
+  prompt: ReadonlyArray<number>,
+  action: number,
+  logprob: number,
+  reward: number,
+  overrides: Partial<Trajectory.Trajectory> = {}
+): Trajectory.Trajectory => ({
+  trajectoryId: id,
+  groupId,
+  chainId: id,
+  messages: [],
+  segments: [{
+    spans: [{ source: "prompt", tokenIds: [...prompt] }, { source: "policy", tokenIds: [action], logprobs: [logprob], policyVersion: 0 }],
+    messageCount: 0
+  }],
+  termination: "answer",
+  reward,
+  rewardStatus: "scored",
+  metrics: {},
+  trainable: true,
+  masked: false,
+  ...overrides
+})
+
+const options: Learner.Options = {
+  estimator: "grpo",
+  loss: Loss.grpo,
+  tokenBudget: 64,
+  lengthMultiple: 4,
+  groupsPerStep: 2
+}
+
+describe("Learner", () => {
+  it.effect("advantages exclude not-applicable and masked trajectories; versions are published in order", () =>
+    Effect.gen(function*() {
+      const recording = yield* PolicyTrainer.RecordingRef
+      const published = yield* Queue.unbounded<number>()
+      const learner = yield* Learner.make(options, (v) => Queue.offer(published, v).pipe(Effect.asVoid))
+      const g1: Trajectory.Group = {
+        groupId: "g1",
+        rowIndex: 0,
+        trajectories: [
+          trajectory("a", "g1", [1, 2], 5, -1, 1),
+          trajectory("b", "g1", [1, 2], 6, -2, 0),
+          trajectory("c", "g1", [1, 2], 7, -3, 9, { rewardStatus: "not_applicable" }),
+          trajectory("d", "g1", [1, 2], 8, -4, 9, { masked: true })
+        ]
+      }
+      const g2: Trajectory.Group = {
+        groupId: "g2",
+        rowIndex: 1,
+        trajectories: [trajectory("e", "g2", [3], 4, -1, 2), trajectory("f", "g2", [3], 4, -1, 4), trajectory("g", "g2", [3], 4, -1, 0)]
+      }
+      yield* learner.offer(g1)
+      yield* learner.offer(g2)
+      assert.strictEqual(yield* Queue.take(published), 1)
+      const { microBatches, steps } = yield* Ref.get(recording)
+      assert.strictEqual(steps, 1)
+      const rows = microBatches.flatMap((mb) =>
+        Array.from(mb.sequenceIndex, (_, r) => {
+          const t = Array.from(mb.mask.subarray(r * mb.length, (r + 1) * mb.length)).indexOf(1)
+          return { target: mb.targets[r * mb.length + t]!, advantage: mb.advantages[r * mb.length + t]!, old: mb.samplerLogprobs[r * mb.length + t]! }
+        })
+      )
+      // c and d (actions 7, 8) are out of the loss; a/b are ±1/√2 around mean 0.5 (std of [1, 0] = √½)
+      assert.deepStrictEqual(rows.map((r) => r.target).sort(), [4, 4, 4, 5, 6])
+      const a = rows.find((r) => r.target === 5)!
+      assert.approximately(a.advantage, 0.5 / (Math.SQRT1_2 + 1e-6), 1e-5)
+      assert.strictEqual(a.old, -1)
+      const g2Advantages = rows.filter((r) => r.target === 4).map((r) => r.advantage).sort((x, y) => x - y)
+      const expected = yield* Advantage.compute("grpo", {
+        batch: 3,
+        length: 1,
+        tokenRewards: Float64Array.of(2, 4, 0),
+        responseMask: Uint8Array.of(1, 1, 1),
+        groupIndex: Int32Array.of(0, 0, 0)
+      })
+      const want = Array.from(expected.advantages).sort((x, y) => x - y)
+      g2Advantages.forEach((v, i) => assert.approximately(v, want[i]!, 1e-5))
+      const [report] = yield* learner.reports
+      assert.strictEqual(report!.outcome, "applied")
+      assert.strictEqual(report!.figures["excluded"], 2)
+      for (const key of ["learner/loss", "learner/clip_frac", "learner/approx_kl", "learner/entropy", "learner/grad_norm", "learner/tokens_per_s", "learner/step_ms"]) {
+        assert.isTrue(key in report!.figures, key)
+      }
+    }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
+
+  it.effect("a step whose trajectories are all excluded publishes nothing", () =>
+    Effect.gen(function*() {
+      const published = yield* Ref.make<ReadonlyArray<number>>([])
+      const reports = yield* Queue.unbounded<Learner.StepReport>()
+      const learner = yield* Learner.make({ ...options, groupsPerStep: 1 }, (v) => Ref.update(published, (p) => [...p, v]), (r) =>
+        Queue.offer(reports, r).pipe(Effect.asVoid))
+      yield* learner.offer({ groupId: "x", rowIndex: 0, trajectories: [trajectory("a", "x", [1], 2, -1, 1, { trainable: false })] })
+      const r = yield* Queue.take(reports)
+      assert.strictEqual(r.outcome, "empty")
+      assert.deepStrictEqual(yield* Ref.get(published), [])
+      assert.strictEqual(yield* learner.policyVersion, 0)
+    }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
+
+  it.effect("a KL loss without a reference policy stops the learner with a Config error", () =>
+    Effect.gen(function*() {
+      const learner = yield* Learner.make({ ...options, groupsPerStep: 1, loss: { ...Loss.grpo, klCoef: 0.1 } }, () => Effect.void)
+      yield* learner.offer({ groupId: "x", rowIndex: 0, trajectories: [trajectory("a", "x", [1], 2, -1, 1), trajectory("b", "x", [1], 3, -1, 0)] })
+      const error = yield* Effect.flip(learner.join)
+      assert.strictEqual(error.reason, "Config")
+    }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
+
+  it.effect("GRPO on a one-step bandit: the probability of the rewarded token rises monotonically (within noise)", () =>
+    Effect.gen(function*() {
+      const config = tinyConfig({ vocabSize: 16, hiddenSize: 16, numAttentionHeads: 2, numKeyValueHeads: 1, intermediateSize: 32, numHiddenLayers: 1 })
+      const trainer = yield* OnnxTrainer.make({
+        model: OnnxTrainer.qwen2(config),
+        weights: Qwen2.initWeights(config, 3),
+        loss: Loss.grpo,
+        optimizer: Optimizer.defaultConfig,
+        schedule: LrSchedule.constant(1e-2)
+      })
+      const prompt = [3, 9]
+      const rewarded = 7
+      // π(·|prompt): one row per candidate action, read with the trainer's forward-only pass.
+      const probe = Packing.packUnsafe(
+        Array.from({ length: config.vocabSize }, (_, v) => ({ tokenIds: Int32Array.of(...prompt, v), lossMask: Uint8Array.of(0, 0, 1) })),
+        { tokenBudget: 1024, lengthMultiple: 4, aggregation: "token-mean" }
+      ).microBatches[0]!
+      const policy = Effect.gen(function*() {
+        const { tokenLogprobs } = yield* trainer.logprobs(probe)
+        const lp = new Float64Array(config.vocabSize)
+        probe.sequenceIndex.forEach((v, r) => (lp[v] = tokenLogprobs[r * probe.length + prompt.length - 1]!))
+        return lp
+      })
+      const published = yield* Queue.unbounded<number>()
+      const learner = yield* Learner.make(
+        { ...options, groupsPerStep: 2, tokenBudget: 256 },
+        (v) => Queue.offer(published, v).pipe(Effect.asVoid)
+      ).pipe(Effect.provideService(PolicyTrainer.PolicyTrainer, trainer.trainer))
+      const rng = Sampling.rng(17)
+      const probabilities: Array<number> = []
+      for (let step = 0; step < 30; step++) {
+        const lp = yield* policy
+        probabilities.push(Math.exp(lp[rewarded]!))
+        for (let g = 0; g < 2; g++) {
+          const trajectories = Array.from({ length: 16 }, (_, i) => {
+            let u = rng.next()
+            let action = 0
+            while (action < config.vocabSize - 1 && (u -= Math.exp(lp[action]!)) > 0) action++
+            return trajectory(`${step}.${g}.${i}`, `${step}.${g}`, prompt, action, lp[action]!, action === rewarded ? 1 : 0)
+          })
+          yield* learner.offer({ groupId: `${step}.${g}`, rowIndex: step, trajectories })
+        }
+        assert.strictEqual(yield* Queue.take(published), step + 1)
+      }
+      probabilities.push(Math.exp((yield* policy)[rewarded]!))
+      const first = probabilities[0]!
+      const last = probabilities.at(-1)!
+      assert.isBelow(first, 0.15, `starts near uniform: ${first}`)
+      assert.isAbove(last, 0.6, `curve: ${probabilities.map((p) => p.toFixed(3)).join(" ")}`)
+      // monotone within noise: no drop larger than 0.03, and at most 3 drops at all
+      const drops = probabilities.slice(1).map((p, i) => probabilities[i]! - p).filter((d) => d > 0)
+      assert.isAtMost(drops.length, 3, `drops: ${drops}`)
+      assert.isTrue(drops.every((d) => d < 0.03), `drops: ${drops}`)
+    }).pipe(Effect.provide(NodeServices.layer)), 120_000)
+})
+
