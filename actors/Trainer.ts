@@ -1,0 +1,482 @@
+/**
+ * The main job: a training run. It composes rollouts (`Rollout.run` over the `Sampler`), learner steps and weight
+ * publication (the `Policy` service), periodic held-out evaluation, checkpoints and the run journal.
+ *
+ * **One pipeline for both modes.** Learner step `s` trains on batch `s - 1`: the `groupsPerStep` rows at
+ * positions `[(s - 1)·B, s·B)` of the run's row order (a seeded shuffle per epoch). A batch may start rolling out
+ * once the policy is at most `maxStaleness` versions behind the step that will consume it: a semaphore with
+ * `maxStaleness + 1` permits, taken when a batch starts and given back when a step publishes its weights. `sync`
+ * is `maxStaleness = 0` (generate, update, publish, repeat); `async` lets the next batches roll out while the
+ * learner trains, and their sampler logprobs and policy versions travel in the trajectories for the learner's
+ * importance-weight correction. Groups within a batch are ordered by row, so a sync run is deterministic.
+ *
+ * **Exact resume.** Policy version `v` is the weights after step `v` (0 after the warm-up). Every finished group
+ * and learner step is journaled (fsync'ed) and every `checkpoint.every` steps the policy (weights and optimiser
+ * state) is saved to a fresh directory that is renamed into place, then journaled. `resume` rolls the journal back
+ * to its last checkpoint that exists, loads it and replays the following steps: the row order and every chain's
+ * sampling seed are functions of the run seed and the row position, so the replayed steps are the ones lost.
+ *
+ * @since 0.1.0
+ */
+import { Clock, Context, Effect, Fiber, FileSystem, Queue, Schema, Semaphore, Stream } from "effect"
+import type { Scope } from "effect"
+import * as Dataset from "../src/Dataset.ts"
+import type { Sampler } from "../src/Sampler.ts"
+import type * as TrainConfig from "../src/TrainConfig.ts"
+import * as Trajectory from "../src/Trajectory.ts"
+import * as Journal from "./Journal.ts"
+import * as Metrics from "./Metrics.ts"
+import * as Rollout from "./Rollout.ts"
+import type * as RolloutChain from "./RolloutChain.ts"
+
+// ===== Errors =====
+
+/**
+ * @category errors
+ * @since 0.1.0
+ */
+export const TrainerErrorReason = Schema.Literals([
+  "Rollout", // a rollout failed with an `abort_run` policy
+  "Learner", // a learner or warm-up step failed
+  "Checkpoint", // saving or loading a checkpoint failed
+  "Journal", // the journal or metrics files could not be written
+  "Resume" // the journal and the run do not agree
+])
+export type TrainerErrorReason = typeof TrainerErrorReason.Type
+
+/**
+ * @category errors
+ * @since 0.1.0
+ */
+export class TrainerError extends Schema.TaggedError<TrainerError>()("TrainerError", {
+  reason: TrainerErrorReason,
+  message: Schema.String
+}) {}
+
+const fail = (reason: TrainerErrorReason) => (e: unknown) =>
+  new TrainerError({
+    reason,
+    message: typeof e === "object" && e !== null && "message" in e ? String(e.message) : String(e)
+  })
+
+// ===== The policy service =====
+
+/**
+ * The learning side of a run, as the trainer drives it: RL and SFT steps on the learner's weights, publishing them
+ * to the sampler, and checkpoints. The local implementation is the onnxruntime learner plus `PolicyEngine`; a
+ * remote trainer can stand behind the same service.
+ *
+ * @category services
+ * @since 0.1.0
+ */
+export class Policy extends Context.Service<Policy, {
+  /** One RL update on these groups (advantages, loss, optimiser step); returns `learner/...` figures. */
+  readonly learn: (step: number, groups: ReadonlyArray<Trajectory.Group>) => Effect.Effect<Figures, TrainerError>
+  /** One SFT step (masked NLL on assistant tokens) on demonstration conversations; returns `warmup/...` figures. */
+  readonly sft: (step: number, rows: ReadonlyArray<Dataset.Row>) => Effect.Effect<Figures, TrainerError>
+  /** Makes the learner's current weights the sampler's, as policy `version`. */
+  readonly publish: (version: number) => Effect.Effect<void, TrainerError>
+  /** Saves weights and optimiser state into `dir` (which exists and is empty). */
+  readonly save: (dir: string) => Effect.Effect<void, TrainerError>
+  readonly load: (dir: string) => Effect.Effect<void, TrainerError>
+  /** A fingerprint of the learner's weights (journaled after every step). */
+  readonly fingerprint: Effect.Effect<string>
+}>()("agentfly/actors/Trainer/Policy") {}
+
+/**
+ * Named figures of one step.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type Figures = Readonly<Record<string, number>>
+
+// ===== Options =====
+
+/**
+ * What a run needs besides its config: the loaded datasets and the agent (format, tools, reward).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Options {
+  readonly config: TrainConfig.TrainConfig
+  readonly train: Dataset.Dataset
+  readonly eval?: Dataset.Dataset | undefined
+  readonly demos?: Dataset.Dataset | undefined
+  readonly format: RolloutChain.Format
+  readonly tools?: RolloutChain.Tools | undefined
+  readonly reward?: RolloutChain.Reward | undefined
+  readonly maxConcurrentChains?: number | undefined
+  /** Continue from the last checkpoint in `config.output` (a fresh run when there is none). */
+  readonly resume?: boolean | undefined
+  /** The text of a token, for the trajectory viewer (default: its id). */
+  readonly tokenText?: ((id: number) => string) | undefined
+  /** Is a trajectory correct? Default: its `accuracy` or `acc` metric, else `reward >= 1`. */
+  readonly correct?: ((trajectory: Trajectory.Trajectory) => boolean) | undefined
+  readonly display?: { readonly update: (status: Metrics.Status) => Effect.Effect<void> } | undefined
+}
+
+/**
+ * What a run did.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Summary {
+  readonly fromStep: number
+  readonly steps: number
+  readonly evals: ReadonlyArray<{ readonly step: number; readonly figures: Figures }>
+  readonly fingerprint: string
+}
+
+// ===== Pure helpers =====
+
+/**
+ * mulberry32 (seeded, 32-bit): the run's only source of randomness besides the sampler's per-request seeds.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const rng = (seed: number): () => number => {
+  let a = seed >>> 0
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0
+    let t = a
+    t = Math.imul(t ^ (t >>> 15), t | 1)
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61)
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296
+  }
+}
+
+/**
+ * The row order of epoch `epoch`: a Fisher–Yates shuffle of `0 … n-1` seeded by the run seed and the epoch.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const epochOrder = (n: number, seed: number, epoch: number): Int32Array => {
+  const order = Int32Array.from({ length: n }, (_, i) => i)
+  const next = rng((seed * 0x9e3779b1 + epoch * 0x85ebca6b) >>> 0)
+  for (let i = n - 1; i > 0; i--) {
+    const j = Math.floor(next() * (i + 1))
+    const t = order[i]!
+    order[i] = order[j]!
+    order[j] = t
+  }
+  return order
+}
+
+/**
+ * The dataset rows at run positions `[from, from + count)`, wrapping over epochs.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const rowsAt = (n: number, seed: number, from: number, count: number): Array<number> => {
+  const out: Array<number> = []
+  let epoch = -1
+  let order: Int32Array = new Int32Array(0)
+  for (let seq = from; seq < from + count; seq++) {
+    if (Math.floor(seq / n) !== epoch) {
+      epoch = Math.floor(seq / n)
+      order = epochOrder(n, seed, epoch)
+    }
+    out.push(order[seq % n]!)
+  }
+  return out
+}
+
+const isCorrect = (t: Trajectory.Trajectory): boolean => {
+  const metric = t.metrics["accuracy"] ?? t.metrics["acc"]
+  return metric !== undefined ? metric >= 1 : t.reward >= 1
+}
+
+/** A trajectory made a tool call that failed to parse or to run (an `is_error` observation), or errored. */
+const hasInvalidCall = (t: Trajectory.Trajectory): boolean =>
+  t.termination === "error" || t.messages.some((m) => m.role === "tool" && m.is_error === true)
+
+const mean = (xs: ReadonlyArray<number>): number => (xs.length === 0 ? 0 : xs.reduce((a, b) => a + b, 0) / xs.length)
+
+/**
+ * Rollout figures of a set of groups, under `prefix` (`rollout` or `eval`): `reward_mean`, `accuracy`,
+ * `invalid_tool_call_rate`, `turns_mean`, `tool_calls/<tool>` (calls per trajectory), `policy_tokens` and, with
+ * `policyVersion`, `staleness_mean`.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const rolloutFigures = (
+  groups: ReadonlyArray<Trajectory.Group>,
+  options: {
+    readonly prefix: string
+    readonly correct?: ((t: Trajectory.Trajectory) => boolean) | undefined
+    readonly policyVersion?: number
+  }
+): Record<string, number> => {
+  const trajectories = groups.flatMap((g) => g.trajectories)
+  const p = options.prefix
+  const correct = options.correct ?? isCorrect
+  const out: Record<string, number> = {
+    [`${p}/reward_mean`]: mean(trajectories.map((t) => t.reward)),
+    [`${p}/accuracy`]: mean(trajectories.map((t) => (correct(t) ? 1 : 0))),
+    [`${p}/invalid_tool_call_rate`]: mean(trajectories.map((t) => (hasInvalidCall(t) ? 1 : 0))),
+    [`${p}/turns_mean`]: mean(trajectories.map(Trajectory.turnCount)),
+    [`${p}/policy_tokens`]: trajectories.reduce((n, t) => n + Trajectory.policyTokenCount(t), 0),
+    [`${p}/trajectories`]: trajectories.length
+  }
+  const calls = new Map<string, number>()
+  for (const t of trajectories) {
+    for (const m of t.messages) {
+      if (m.role !== "assistant") continue
+      for (const call of m.tool_calls ?? []) calls.set(call.function.name, (calls.get(call.function.name) ?? 0) + 1)
+    }
+  }
+  for (const [tool, n] of calls) out[`${p}/tool_calls/${tool}`] = n / Math.max(1, trajectories.length)
+  if (options.policyVersion !== undefined) {
+    const versions = trajectories.flatMap((t) => {
+      const v = Trajectory.oldestPolicyVersion(t)
+      return v === undefined ? [] : [options.policyVersion! - v]
+    })
+    out[`${p}/staleness_mean`] = mean(versions)
+  }
+  return out
+}
+
+/**
+ * A trajectory as a viewer sample: its first segment's spans with each token's text.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const sampleOf = (
+  trajectory: Trajectory.Trajectory,
+  phase: "train" | "eval",
+  step: number,
+  tokenText: (id: number) => string
+): Metrics.SampleRecord => ({
+  phase,
+  step,
+  groupId: trajectory.groupId,
+  reward: trajectory.reward,
+  termination: trajectory.termination,
+  spans: trajectory.segments.flatMap((segment) =>
+    segment.spans.map((span) => ({
+      source: span.source,
+      tokens: span.tokenIds.map(tokenText),
+      ...(span.logprobs === undefined ? {} : { logprobs: span.logprobs })
+    }))
+  )
+})
+
+// ===== The run =====
+
+const checkpointName = (step: number) => `step-${String(step).padStart(6, "0")}`
+
+/**
+ * Runs (or resumes) a training run to `config.algorithm.steps` learner steps.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const run = Effect.fn("Trainer.run")(function*(
+  options: Options
+): Effect.fn.Return<Summary, TrainerError, Sampler | Policy | FileSystem.FileSystem | Scope.Scope> {
+  const { config } = options
+  const fs = yield* FileSystem.FileSystem
+  const policy = yield* Policy
+  const out = config.output
+  const checkpoints = `${out}/checkpoints`
+  const io = fail("Journal")
+  yield* fs.makeDirectory(checkpoints, { recursive: true }).pipe(Effect.mapError(io))
+
+  // ----- Resume point -----
+  const existing = options.resume === true ? yield* Journal.read(`${out}/journal.jsonl`).pipe(Effect.mapError(io)) : {
+    entries: [],
+    validBytes: 0,
+    tornBytes: 0
+  }
+  const present = new Set(yield* fs.readDirectory(checkpoints).pipe(Effect.mapError(io)))
+  const point = Journal.resumePoint(existing, (c) => present.has(c.path))
+  const journal = yield* Journal.open(`${out}/journal.jsonl`, { cutAt: point.cutAt }).pipe(Effect.mapError(io))
+  const metrics = yield* Metrics.open(out, point.checkpoint === undefined ? {} : { resumeFrom: point.step })
+    .pipe(Effect.mapError(io))
+  yield* fs.writeFileString(`${out}/config.json`, JSON.stringify(config, null, 2)).pipe(Effect.mapError(io))
+  yield* journal.append({ kind: "start", fromStep: point.step, seed: config.seed, mode: config.mode })
+    .pipe(Effect.mapError(io))
+  const startedAt = yield* Clock.currentTimeMillis
+  const elapsed = Effect.map(Clock.currentTimeMillis, (now) => (now - startedAt) / 1000)
+  const display = options.display ?? { update: () => Effect.void }
+  const tokenText = options.tokenText ?? ((id: number) => String(id))
+
+  if (point.checkpoint !== undefined) {
+    yield* policy.load(`${checkpoints}/${point.checkpoint}`).pipe(Effect.mapError(fail("Checkpoint")))
+  }
+  yield* policy.publish(point.step)
+
+  // ----- Checkpoints -----
+  const saveCheckpoint = Effect.fnUntraced(function*(step: number) {
+    const name = checkpointName(step)
+    const tmp = `${checkpoints}/.${name}.tmp`
+    const ck = fail("Checkpoint")
+    yield* fs.remove(tmp, { recursive: true, force: true }).pipe(Effect.mapError(ck))
+    yield* fs.makeDirectory(tmp, { recursive: true }).pipe(Effect.mapError(ck))
+    yield* policy.save(tmp)
+    yield* fs.remove(`${checkpoints}/${name}`, { recursive: true, force: true }).pipe(Effect.mapError(ck))
+    yield* fs.rename(tmp, `${checkpoints}/${name}`).pipe(Effect.mapError(ck))
+    yield* journal.append({ kind: "checkpoint", step, path: name }).pipe(Effect.mapError(io))
+    const all = (yield* fs.readDirectory(checkpoints).pipe(Effect.mapError(ck))).filter((n) => n.startsWith("step-"))
+      .sort()
+    for (const old of all.slice(0, Math.max(0, all.length - config.checkpoint.keep))) {
+      yield* fs.remove(`${checkpoints}/${old}`, { recursive: true, force: true }).pipe(Effect.mapError(ck))
+    }
+  })
+
+  // ----- Warm-up (SFT) -----
+  if (config.warmup !== undefined && options.demos !== undefined && !point.warmupDone && point.step === 0) {
+    const warmup = config.warmup
+    const demos = options.demos.rows
+    for (let step = 1; step <= warmup.steps; step++) {
+      const t0 = yield* Clock.currentTimeMillis
+      const batch = rowsAt(demos.length, config.seed ^ 0x51f7, (step - 1) * warmup.batchSize, warmup.batchSize)
+        .map((i) => demos[i]!)
+      const figures = yield* policy.sft(step, batch)
+      const seconds = ((yield* Clock.currentTimeMillis) - t0) / 1000
+      const record = { phase: "warmup" as const, step, elapsed: yield* elapsed, figures: { ...figures, "time/step_s": seconds } }
+      yield* metrics.log(record).pipe(Effect.mapError(io))
+      yield* display.update({ ...record, total: warmup.steps })
+    }
+    yield* journal.append({ kind: "warmup", steps: warmup.steps }).pipe(Effect.mapError(io))
+    yield* policy.publish(0)
+    yield* saveCheckpoint(0)
+  }
+
+  // ----- Evaluation -----
+  const evals: Array<{ step: number; figures: Figures }> = []
+  const evaluate = Effect.fnUntraced(function*(step: number) {
+    if (options.eval === undefined) return
+    const size = Math.min(config.eval.size ?? options.eval.rows.length, options.eval.rows.length)
+    const rows = options.eval.rows.slice(0, size)
+    const groups = yield* collect(rows, 0, 1, { temperature: config.eval.temperature, seed: 7_000_000 + config.seed })
+    const figures = rolloutFigures(groups, { prefix: "eval", correct: options.correct })
+    const record = { phase: "eval" as const, step, elapsed: yield* elapsed, figures }
+    evals.push({ step, figures })
+    yield* metrics.log(record).pipe(Effect.mapError(io))
+    for (const g of groups.slice(0, Math.min(2, config.sampleTrajectories))) {
+      yield* metrics.sample(sampleOf(g.trajectories[0]!, "eval", step, tokenText)).pipe(Effect.mapError(io))
+    }
+    yield* display.update({ ...record, total: config.algorithm.steps })
+  })
+
+  // ----- Rollouts -----
+  const B = config.algorithm.groupsPerStep
+  const numChains = config.agent.numChains
+  const collect = (
+    rows: ReadonlyArray<Dataset.Row>,
+    firstSeq: number,
+    chains: number,
+    sampling: { readonly temperature: number; readonly seed: number }
+  ): Effect.Effect<Array<Trajectory.Group>, TrainerError, Sampler> =>
+    Rollout.run({
+      rows: rows.map((row) => ({ ...row.fields, messages: Dataset.promptMessages(row, config.agent.systemPrompt) })),
+      numChains: chains,
+      maxTurns: config.agent.maxTurns,
+      maxConcurrentChains: options.maxConcurrentChains ?? 64,
+      maxContextTokens: config.agent.maxContextTokens,
+      sampling: {
+        temperature: sampling.temperature,
+        ...(config.agent.topP < 1 ? { topP: config.agent.topP } : {}),
+        maxTokens: config.agent.maxNewTokens,
+        seed: sampling.seed
+      },
+      format: options.format,
+      tools: options.tools,
+      reward: options.reward,
+      runId: `s${firstSeq}`
+    }).pipe(
+      Stream.runFold(() => [] as Array<Trajectory.Group>, (acc, event) => {
+        if (event._tag === "Group") acc.push(event.group)
+        return acc
+      }),
+      Effect.map((groups) => groups.sort((a, b) => a.rowIndex - b.rowIndex)),
+      Effect.mapError(fail("Rollout"))
+    )
+
+  const batchFor = (step: number) => {
+    const firstSeq = (step - 1) * B
+    const indices = rowsAt(options.train.rows.length, config.seed, firstSeq, B)
+    return collect(indices.map((i) => options.train.rows[i]!), firstSeq, numChains, {
+      temperature: config.agent.temperature,
+      seed: config.seed * 1_000_000 + firstSeq * numChains
+    }).pipe(Effect.map((groups) => ({ step, firstSeq, indices, groups })))
+  }
+
+  // ----- The pipeline -----
+  const lastStep = config.algorithm.steps
+  const ahead = config.mode === "sync" ? 0 : config.maxStaleness
+  const permits = yield* Semaphore.make(ahead + 1)
+  const batches = yield* Queue.bounded<Fiber.Fiber<Effect.Success<ReturnType<typeof batchFor>>, TrainerError>>(
+    ahead + 1
+  )
+  yield* Effect.gen(function*() {
+    for (let step = point.step + 1; step <= lastStep; step++) {
+      yield* Semaphore.take(permits, 1)
+      const fiber = yield* Effect.forkScoped(batchFor(step))
+      yield* Queue.offer(batches, fiber)
+    }
+  }).pipe(Effect.forkScoped)
+
+  // A resumed run kept the records up to its checkpoint, including that step's evaluation.
+  if (point.checkpoint === undefined || !options.resume) yield* evaluate(point.step)
+  let lastSaved = point.step
+  for (let step = point.step + 1; step <= lastStep; step++) {
+    const t0 = yield* Clock.currentTimeMillis
+    const batch = yield* Fiber.join(yield* Queue.take(batches))
+    const t1 = yield* Clock.currentTimeMillis
+    for (const group of batch.groups) {
+      // `group.rowIndex` is the row's position in the batch.
+      yield* journal.append({
+        kind: "group",
+        seq: batch.firstSeq + group.rowIndex,
+        groupId: group.groupId,
+        rowIndex: batch.indices[group.rowIndex]!,
+        policyVersion: Math.min(...group.trajectories.map((t) => Trajectory.oldestPolicyVersion(t) ?? step - 1)),
+        meanReward: mean(group.trajectories.map((t) => t.reward))
+      }).pipe(Effect.mapError(io))
+    }
+    const learned = yield* policy.learn(step, batch.groups)
+    yield* policy.publish(step)
+    yield* Semaphore.release(permits, 1)
+    const t2 = yield* Clock.currentTimeMillis
+    const rollout = rolloutFigures(batch.groups, { prefix: "rollout", correct: options.correct, policyVersion: step - 1 })
+    const figures: Record<string, number> = {
+      ...rollout,
+      ...learned,
+      "perf/tokens_per_s": rollout["rollout/policy_tokens"]! / Math.max(1e-3, (t2 - t0) / 1000),
+      "time/step_s": (t2 - t0) / 1000,
+      "time/wait_rollout_s": (t1 - t0) / 1000,
+      "time/learn_s": (t2 - t1) / 1000
+    }
+    yield* journal.append({
+      kind: "step",
+      step,
+      seqs: batch.indices.map((_, i) => batch.firstSeq + i),
+      policyVersion: step,
+      weightsHash: yield* policy.fingerprint
+    }).pipe(Effect.mapError(io))
+    const record = { phase: "train" as const, step, elapsed: yield* elapsed, figures }
+    yield* metrics.log(record).pipe(Effect.mapError(io))
+    for (const g of batch.groups.slice(0, config.sampleTrajectories)) {
+      yield* metrics.sample(sampleOf(g.trajectories[0]!, "train", step, tokenText)).pipe(Effect.mapError(io))
+    }
+    yield* display.update({ ...record, total: lastStep })
+    if (step % config.checkpoint.every === 0 || step === lastStep) {
+      yield* saveCheckpoint(step)
+      lastSaved = step
+    }
+    if (step % config.eval.every === 0 || step === lastStep) yield* evaluate(step)
+  }
+  if (lastSaved !== lastStep && lastStep > point.step) yield* saveCheckpoint(lastStep)
+  yield* journal.append({ kind: "finished", step: lastStep }).pipe(Effect.mapError(io))
+  return { fromStep: point.step, steps: lastStep, evals, fingerprint: yield* policy.fingerprint }
+})

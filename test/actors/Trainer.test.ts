@@ -1,0 +1,144 @@
+import { NodeServices } from "@effect/platform-node"
+import { assert, describe, it } from "@effect/vitest"
+import { Effect, Layer, Result } from "effect"
+import { existsSync, mkdtempSync, readdirSync, readFileSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import * as Journal from "../../actors/Journal.ts"
+import * as Trainer from "../../actors/Trainer.ts"
+import * as Dataset from "../../src/Dataset.ts"
+import * as Report from "../../src/Report.ts"
+import * as TrainConfig from "../../src/TrainConfig.ts"
+import { charFormat } from "./fixtures/charFormat.ts"
+import * as Toy from "./fixtures/toyPolicy.ts"
+
+const rows = (n: number, prefix: string) =>
+  Dataset.parse(prefix, Array.from({ length: n }, (_, i) => JSON.stringify({ question: `${prefix} ${i}` })).join("\n"))
+
+const setup = (overrides: Record<string, unknown> = {}, algorithm: Record<string, unknown> = {}) =>
+  Effect.gen(function*() {
+    const output = mkdtempSync(join(tmpdir(), "trainer-"))
+    const config = yield* TrainConfig.decode({
+      output,
+      seed: 3,
+      model: { path: "unused" },
+      data: { train: "unused" },
+      reward: "toy",
+      agent: { numChains: 4, maxTurns: 2, maxNewTokens: 16 },
+      algorithm: { steps: 8, groupsPerStep: 3, ...algorithm },
+      eval: { every: 4 },
+      checkpoint: { every: 3, keep: 2 },
+      ...overrides
+    })
+    return {
+      config,
+      train: yield* rows(10, "train"),
+      eval: yield* rows(20, "eval"),
+      demos: yield* Dataset.parse("demos", `{"messages":[{"role":"user","content":"q"},{"role":"assistant","content":"A"}]}`, {
+        kind: "conversation"
+      }),
+      format: charFormat,
+      reward: Toy.reward
+    }
+  })
+
+const steps = (output: string) =>
+  Effect.map(
+    Journal.read(join(output, "journal.jsonl")),
+    (r) => r.entries.flatMap((e) => (e.entry.kind === "step" ? [e.entry.step] : []))
+  )
+
+const run = (options: Trainer.Options, toy: Toy.ToyOptions = {}) =>
+  Effect.scoped(Trainer.run(options)).pipe(Effect.provide(Toy.layer(toy)))
+
+describe("Trainer", () => {
+  it("row order: a seeded permutation per epoch, every row once per epoch", () => {
+    const order = Trainer.rowsAt(10, 3, 0, 30)
+    for (let epoch = 0; epoch < 3; epoch++) {
+      assert.deepStrictEqual([...order.slice(epoch * 10, epoch * 10 + 10)].sort((a, b) => a - b), [...Array(10).keys()])
+    }
+    assert.notDeepEqual(order.slice(0, 10), order.slice(10, 20))
+    assert.deepStrictEqual(Trainer.rowsAt(10, 3, 7, 5), order.slice(7, 12))
+    assert.notDeepEqual(Trainer.rowsAt(10, 4, 0, 10), order.slice(0, 10))
+  })
+
+  it.effect("sync: warm-up, RL steps that raise held-out accuracy, journal, checkpoints, metrics and report", () =>
+    Effect.gen(function*() {
+      const options = yield* setup({ warmup: { data: "unused", steps: 3, batchSize: 2 }, eval: { every: 4, temperature: 1 } })
+      const summary = yield* run(options)
+      const out = options.config.output
+      assert.deepStrictEqual(yield* steps(out), [1, 2, 3, 4, 5, 6, 7, 8])
+      assert.deepStrictEqual(summary.evals.map((e) => e.step), [0, 4, 8])
+      const before = summary.evals[0]!.figures["eval/accuracy"]!
+      const after = summary.evals.at(-1)!.figures["eval/accuracy"]!
+      assert.isTrue(after > before, `accuracy ${before} → ${after}`)
+      assert.deepStrictEqual(readdirSync(join(out, "checkpoints")).sort(), ["step-000006", "step-000008"])
+      const { metrics, samples } = yield* Report.read(out)
+      assert.deepStrictEqual(metrics.filter((m) => m.phase === "warmup").map((m) => m.step), [1, 2, 3])
+      const train = metrics.filter((m) => m.phase === "train")
+      assert.deepStrictEqual(train.map((m) => m.step), [1, 2, 3, 4, 5, 6, 7, 8])
+      assert.strictEqual(train[0]!.figures["rollout/trajectories"], 12)
+      assert.strictEqual(train[0]!.figures["rollout/staleness_mean"], 0, "sync: sampled by the current policy")
+      assert.isTrue(train.every((m) => m.figures["learner/entropy"] !== undefined && m.figures["perf/tokens_per_s"]! > 0))
+      assert.isTrue(samples.length > 0 && samples[0]!.spans.some((s) => s.source === "policy"))
+      const journal = (yield* Journal.read(join(out, "journal.jsonl"))).entries.map((e) => e.entry)
+      assert.strictEqual(journal.filter((e) => e.kind === "group").length, 24)
+      assert.deepStrictEqual(journal.filter((e) => e.kind === "warmup"), [{ kind: "warmup", steps: 3 }])
+      assert.strictEqual(journal.at(-1)!.kind, "finished")
+      yield* Report.write(out)
+      assert.include(readFileSync(join(out, "report.html"), "utf8"), "Invalid tool-call rate")
+    }).pipe(Effect.provide(NodeServices.layer)))
+
+  it.effect("sync runs with the same seed end with the same weights; another seed does not", () =>
+    Effect.gen(function*() {
+      const a = yield* run(yield* setup())
+      const b = yield* run(yield* setup())
+      const c = yield* run(yield* setup({ seed: 4 }))
+      assert.strictEqual(a.fingerprint, b.fingerprint)
+      assert.notStrictEqual(a.fingerprint, c.fingerprint)
+    }).pipe(Effect.provide(NodeServices.layer)))
+
+  it.effect("a crash mid-run resumes from the last checkpoint: each step journaled once, same final weights", () =>
+    Effect.gen(function*() {
+      const reference = yield* run(yield* setup())
+      const options = yield* setup()
+      const crashed = yield* Effect.result(run(options, { failAt: 6 }))
+      assert.isTrue(Result.isFailure(crashed))
+      assert.deepStrictEqual(yield* steps(options.config.output), [1, 2, 3, 4, 5], "steps 4, 5 after checkpoint 3")
+      const resumed = yield* run({ ...options, resume: true })
+      assert.strictEqual(resumed.fromStep, 3)
+      assert.deepStrictEqual(yield* steps(options.config.output), [1, 2, 3, 4, 5, 6, 7, 8])
+      assert.strictEqual(resumed.fingerprint, reference.fingerprint)
+      const { metrics } = yield* Report.read(options.config.output)
+      assert.deepStrictEqual(metrics.filter((m) => m.phase === "train").map((m) => m.step), [1, 2, 3, 4, 5, 6, 7, 8])
+      assert.deepStrictEqual(metrics.filter((m) => m.phase === "eval").map((m) => m.step), [0, 4, 8])
+      // Resuming a finished run does nothing more.
+      const again = yield* run({ ...options, resume: true })
+      assert.strictEqual(again.fingerprint, reference.fingerprint)
+      assert.deepStrictEqual(yield* steps(options.config.output), [1, 2, 3, 4, 5, 6, 7, 8])
+    }).pipe(Effect.provide(NodeServices.layer)))
+
+  it.effect("resume without a checkpoint starts over; a missing checkpoint directory is skipped", () =>
+    Effect.gen(function*() {
+      const options = yield* setup({}, { steps: 2 })
+      const crashed = yield* Effect.result(run(options, { failAt: 2 }))
+      assert.isTrue(Result.isFailure(crashed))
+      const resumed = yield* run({ ...options, resume: true })
+      assert.strictEqual(resumed.fromStep, 0)
+      assert.deepStrictEqual(yield* steps(options.config.output), [1, 2])
+      assert.isTrue(existsSync(join(options.config.output, "checkpoints", "step-000002")))
+    }).pipe(Effect.provide(NodeServices.layer)))
+
+  it.live("async: rollouts run ahead by at most maxStaleness versions and overlap the learner", () =>
+    Effect.gen(function*() {
+      const options = yield* setup({ mode: "async", maxStaleness: 1 }, { steps: 6 })
+      yield* run(options, { samplerMs: 5, learnMs: 40 })
+      const { metrics } = yield* Report.read(options.config.output)
+      const train = metrics.filter((m) => m.phase === "train")
+      const staleness = train.map((m) => m.figures["rollout/staleness_mean"]!)
+      assert.isTrue(staleness.every((s) => s >= 0 && s <= 1), `staleness ${staleness}`)
+      assert.isTrue(staleness.slice(1).some((s) => s > 0), "later batches were sampled while the learner trained")
+      const waits = train.slice(1).map((m) => m.figures["time/wait_rollout_s"]!)
+      assert.isTrue(waits.every((w) => w < 0.03), `batches were ready when the learner asked: ${waits}`)
+    }).pipe(Effect.provide(NodeServices.layer)))
+})
