@@ -10,6 +10,7 @@ import * as NodeRuntime from "@effect/platform-node/NodeRuntime"
 import * as NodeServices from "@effect/platform-node/NodeServices"
 import { Effect } from "effect"
 import { Command } from "effect/cli"
+import { initModel } from "./initModel.ts"
 import { tokens } from "./tokens.ts"
 
 /**
@@ -19,6 +20,7 @@ import { tokens } from "./tokens.ts"
  * @since 0.1.0
  */
 const subcommands = [
+  initModel,
   tokens
 ] as const
 

@@ -174,7 +174,8 @@ export const toFloat32 = (t: Tensor, file: string, name: string): Effect.Effect<
   const out = new Float32Array(n)
   switch (t.dtype) {
     case "F32":
-      out.set(new Float32Array(t.bytes.slice().buffer))
+      // Byte copy: `bytes` may be an unaligned view into a pooled Node Buffer, whose `slice` does not copy.
+      new Uint8Array(out.buffer).set(t.bytes)
       return Effect.succeed(out)
     case "F64":
       for (let i = 0; i < n; i++) out[i] = view.getFloat64(i * 8, true)

@@ -1,0 +1,246 @@
+/**
+ * A model folder in Hugging Face layout: `config.json` (`model_type: "qwen2"`), `model.safetensors` (float32),
+ * `tokenizer.json`, `tokenizer_config.json` (with `chat_template` and `eos_token`) and optionally
+ * `generation_config.json`. {@link load} validates every file against the others (weights against the config's
+ * parameter shapes, tokenizer size against the vocabulary) and fails with a {@link ModelFolderError} naming the
+ * file (and tensor); {@link init} writes a fresh folder from a preset with the byte-level tokenizer and a
+ * Qwen2.5-style chat template (Hermes `<tool_call>` format).
+ *
+ * @since 0.1.0
+ */
+import { Effect, FileSystem, Path, Schema } from "effect"
+import * as ByteTokenizer from "./ByteTokenizer.ts"
+import * as ChatTemplate from "./ChatTemplate.ts"
+import * as ModelConfig from "./model/ModelConfig.ts"
+import * as Qwen2 from "./model/Qwen2.ts"
+import * as Safetensors from "./Safetensors.ts"
+import * as Tokenizer from "./Tokenizer.ts"
+
+// ===== Models =====
+
+/**
+ * @category errors
+ * @since 0.1.0
+ */
+export const ModelFolderErrorReason = Schema.Literals([
+  "NotFound", // the folder or a required file is missing
+  "InvalidConfig", // config.json is not valid JSON or not a valid Qwen2 config
+  "InvalidWeights", // model.safetensors is corrupt or does not match the config
+  "InvalidTokenizer", // tokenizer files are unusable, or the tokenizer has ids outside the model's vocabulary
+  "InvalidTemplate", // no usable chat template
+  "Io" // reading or writing failed
+])
+
+/**
+ * @category errors
+ * @since 0.1.0
+ */
+export class ModelFolderError extends Schema.TaggedError<ModelFolderError>()("ModelFolderError", {
+  reason: ModelFolderErrorReason,
+  file: Schema.String,
+  tensor: Schema.optionalKey(Schema.String),
+  message: Schema.String
+}) {}
+
+/**
+ * A loaded model folder.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface ModelFolder {
+  readonly dir: string
+  /** A name for the model: the folder's base name (what `/v1/models` lists). */
+  readonly name: string
+  readonly config: ModelConfig.ModelConfig
+  readonly weights: Qwen2.Weights
+  readonly tokenizer: Tokenizer.Tokenizer
+  readonly template: ChatTemplate.ChatTemplate
+  /** Ids that end a turn: the template's stop tokens and `generation_config.json`'s `eos_token_id`. */
+  readonly stopTokenIds: ReadonlyArray<number>
+}
+
+// ===== Reading =====
+
+const parseJson = (text: string, file: string) =>
+  Effect.try({
+    try: () => JSON.parse(text) as unknown,
+    catch: () => new ModelFolderError({ reason: "InvalidConfig", file, message: `${file} is not valid JSON` })
+  })
+
+/**
+ * Reads and validates `config.json`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const readConfig = Effect.fn("ModelFolder.readConfig")(function*(dir: string) {
+  const fs = yield* FileSystem.FileSystem
+  const path = yield* Path.Path
+  const file = path.join(dir, "config.json")
+  const text = yield* fs.readFileString(file).pipe(
+    Effect.mapError(() => new ModelFolderError({ reason: "NotFound", file, message: `cannot read ${file}` }))
+  )
+  return yield* ModelConfig.decode(yield* parseJson(text, file)).pipe(
+    Effect.mapError((e) => new ModelFolderError({ reason: "InvalidConfig", file, message: `${file}: ${e.message}` }))
+  )
+})
+
+/**
+ * Reads `model.safetensors` and checks it holds exactly the parameters of `config`, with their shapes.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const readWeights = Effect.fn("ModelFolder.readWeights")(function*(dir: string, config: ModelConfig.ModelConfig) {
+  const fs = yield* FileSystem.FileSystem
+  const path = yield* Path.Path
+  const file = path.join(dir, "model.safetensors")
+  const bytes = yield* fs.readFile(file).pipe(
+    Effect.mapError(() => new ModelFolderError({ reason: "NotFound", file, message: `cannot read ${file}` }))
+  )
+  const invalid = (e: Safetensors.SafetensorsError) =>
+    new ModelFolderError(
+      e.tensor === undefined ?
+        { reason: "InvalidWeights", file, message: e.message } :
+        { reason: "InvalidWeights", file, tensor: e.tensor, message: e.message }
+    )
+  const parsed = yield* Safetensors.parse(bytes, file).pipe(Effect.mapError(invalid))
+  const weights: Qwen2.Weights = yield* Safetensors.readFloat32(parsed, file, Qwen2.parameters(config)).pipe(
+    Effect.mapError(invalid)
+  )
+  return weights
+})
+
+const stopIds = Effect.fnUntraced(function*(dir: string, tokenizer: Tokenizer.Tokenizer, template: ChatTemplate.ChatTemplate) {
+  const fs = yield* FileSystem.FileSystem
+  const path = yield* Path.Path
+  const ids = new Set<number>()
+  for (const t of template.stopTokens) {
+    const id = tokenizer.tokenToId(t)
+    if (id !== undefined) ids.add(id)
+  }
+  const file = path.join(dir, "generation_config.json")
+  if (yield* fs.exists(file).pipe(Effect.orElseSucceed(() => false))) {
+    const text = yield* fs.readFileString(file).pipe(
+      Effect.mapError(() => new ModelFolderError({ reason: "Io", file, message: `cannot read ${file}` }))
+    )
+    const eos = ((yield* parseJson(text, file)) as { eos_token_id?: unknown } | null)?.eos_token_id
+    for (const id of Array.isArray(eos) ? eos : [eos]) if (Number.isInteger(id)) ids.add(id as number)
+  }
+  return [...ids]
+})
+
+/**
+ * Loads and cross-validates a whole folder.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const load = Effect.fn("ModelFolder.load")(function*(dir: string) {
+  const path = yield* Path.Path
+  const config = yield* readConfig(dir)
+  const weights = yield* readWeights(dir, config)
+  const tokenizerFile = path.join(dir, "tokenizer.json")
+  const tokenizer = yield* Tokenizer.load(dir).pipe(
+    Effect.mapError((e) =>
+      new ModelFolderError({
+        reason: e.reason === "NotFound" ? "NotFound" : "InvalidTokenizer",
+        file: tokenizerFile,
+        message: e.message
+      })
+    )
+  )
+  if (tokenizer.vocabSize > config.vocabSize) {
+    return yield* new ModelFolderError({
+      reason: "InvalidTokenizer",
+      file: tokenizerFile,
+      message: `the tokenizer has ${tokenizer.vocabSize} ids but config.json's vocab_size is ${config.vocabSize}`
+    })
+  }
+  const template = yield* ChatTemplate.load(dir).pipe(
+    Effect.mapError((e) =>
+      new ModelFolderError({ reason: "InvalidTemplate", file: path.join(dir, "tokenizer_config.json"), message: e.message })
+    )
+  )
+  const stopTokenIds = yield* stopIds(dir, tokenizer, template)
+  const folder: ModelFolder = { dir, name: path.basename(path.resolve(dir)), config, weights, tokenizer, template, stopTokenIds }
+  return folder
+})
+
+// ===== Writing =====
+
+/**
+ * Writes `config.json` and `model.safetensors` (float32, parameters in {@link Qwen2.parameters} order).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const writeModel = Effect.fn("ModelFolder.writeModel")(function*(
+  dir: string,
+  config: ModelConfig.ModelConfig,
+  weights: Qwen2.Weights
+) {
+  const fs = yield* FileSystem.FileSystem
+  const path = yield* Path.Path
+  const io = (file: string) => () => new ModelFolderError({ reason: "Io", file, message: `cannot write ${file}` })
+  yield* fs.makeDirectory(dir, { recursive: true }).pipe(Effect.mapError(io(dir)))
+  const tensors = Qwen2.parameters(config).map((spec) => ({ name: spec.name, shape: spec.shape, data: weights.get(spec.name)! }))
+  const missing = tensors.find((t) => t.data === undefined)
+  if (missing !== undefined) {
+    return yield* new ModelFolderError({
+      reason: "InvalidWeights",
+      file: path.join(dir, "model.safetensors"),
+      tensor: missing.name,
+      message: `no weights for ${missing.name}`
+    })
+  }
+  const configFile = path.join(dir, "config.json"), weightsFile = path.join(dir, "model.safetensors")
+  yield* fs.writeFileString(configFile, JSON.stringify(ModelConfig.toJson(config), null, 2) + "\n").pipe(
+    Effect.mapError(io(configFile))
+  )
+  yield* fs.writeFile(weightsFile, Safetensors.serialize(tensors, { format: "pt" })).pipe(Effect.mapError(io(weightsFile)))
+})
+
+/**
+ * @category models
+ * @since 0.1.0
+ */
+export interface InitOptions {
+  readonly preset: ModelConfig.PresetName
+  /** Seed of the random initialisation (default 0). */
+  readonly seed?: number
+}
+
+/**
+ * Writes a fresh model folder: the preset's architecture with randomly initialised weights, the byte-level
+ * tokenizer (256 bytes plus ChatML/Qwen specials) and the Qwen2.5 chat template, whose tool calls are Hermes
+ * `<tool_call>{"name": …, "arguments": …}</tool_call>` blocks. The vocabulary is the preset's or the tokenizer's
+ * size rounded up to a multiple of 32, whichever is larger. Returns the config written.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const init = Effect.fn("ModelFolder.init")(function*(dir: string, options: InitOptions) {
+  const fs = yield* FileSystem.FileSystem
+  const path = yield* Path.Path
+  const preset = ModelConfig.presets[options.preset]
+  const tokenizerVocab = ByteTokenizer.vocabSize()
+  const eos = ByteTokenizer.defaultSpecialTokens.indexOf("<|im_end|>") + 256
+  const endOfText = ByteTokenizer.defaultSpecialTokens.indexOf("<|endoftext|>") + 256
+  const config: ModelConfig.ModelConfig = {
+    ...preset,
+    vocabSize: Math.max(preset.vocabSize, Math.ceil(tokenizerVocab / 32) * 32),
+    eosTokenId: eos
+  }
+  yield* writeModel(dir, config, Qwen2.initWeights(config, options.seed ?? 0))
+  yield* ByteTokenizer.writeModelFiles(dir, { chatTemplate: ChatTemplate.templates["qwen2.5"] }).pipe(
+    Effect.mapError(() => new ModelFolderError({ reason: "Io", file: dir, message: `cannot write tokenizer files in ${dir}` }))
+  )
+  const generationFile = path.join(dir, "generation_config.json")
+  yield* fs.writeFileString(
+    generationFile,
+    JSON.stringify({ eos_token_id: [eos, endOfText], pad_token_id: endOfText, do_sample: true }, null, 2) + "\n"
+  ).pipe(Effect.mapError(() => new ModelFolderError({ reason: "Io", file: generationFile, message: `cannot write ${generationFile}` })))
+  return config
+})
