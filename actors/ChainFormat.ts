@@ -91,6 +91,12 @@ export const fromTemplate = (options: TemplateOptions): RolloutChain.Format => {
                 complete
               }
             }),
+          appendAssistant: (message) =>
+            Effect.gen(function*() {
+              builder = yield* TrajectoryBuilder.appendAssistant(builder, message).pipe(Effect.mapError(templateFailed))
+              turns++
+              return { message, toolCalls: message.tool_calls ?? [], parseErrors: [], complete: true }
+            }),
           appendObservations: (observations) =>
             Effect.map(
               Effect.mapError(TrajectoryBuilder.appendObservations(builder, observations), templateFailed),

@@ -23,7 +23,8 @@ import { Cause, Effect, FiberSet, Queue, Random, Result, Schedule, Schema, Semap
 import * as Environment from "../src/Environment.ts"
 import { Conversation } from "../src/Message.ts"
 import * as RolloutError from "../src/RolloutError.ts"
-import type { Sampler, SamplingParams } from "../src/Sampler.ts"
+import { ChatSampler, Sampler } from "../src/Sampler.ts"
+import type { SamplingParams } from "../src/Sampler.ts"
 import type { Group, Trajectory } from "../src/Trajectory.ts"
 import * as RolloutChain from "./RolloutChain.ts"
 
@@ -120,9 +121,29 @@ const Limits = Schema.Struct({
  */
 export const run = (
   options: Options
-): Stream.Stream<Event, RolloutError.RolloutError | Schema.SchemaError, Sampler> => {
+): Stream.Stream<Event, RolloutError.RolloutError | Schema.SchemaError, Sampler> =>
+  Stream.unwrap(Effect.map(Effect.service(Sampler), (sampler) => runWith(options, { _tag: "Tokens", sampler })))
+
+/**
+ * Chat mode: rolls out against a black-box chat API (the `ChatSampler` in context, e.g.
+ * `OpenAiCompatSampler.layerChat`). The API's replies are rendered into the trajectory by the format's
+ * `appendAssistant`; there are no logprobs, so every trajectory is marked `trainable: false` (evaluation and SFT
+ * data only).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const runChat = (
+  options: Options
+): Stream.Stream<Event, RolloutError.RolloutError | Schema.SchemaError, ChatSampler> =>
+  Stream.unwrap(Effect.map(Effect.service(ChatSampler), (chat) => runWith(options, { _tag: "Chat", chat })))
+
+const runWith = (
+  options: Options,
+  backend: RolloutChain.Backend
+): Stream.Stream<Event, RolloutError.RolloutError | Schema.SchemaError> => {
   const bufferSize = options.bufferSize ?? 2 * options.numChains
-  return Stream.callback<Event, RolloutError.RolloutError | Schema.SchemaError, Sampler>(
+  return Stream.callback<Event, RolloutError.RolloutError | Schema.SchemaError>(
     (queue) =>
       Effect.gen(function*() {
         const rows = options.rows ?? (options.messages === undefined ? [] : [{ messages: options.messages }])
@@ -137,6 +158,7 @@ export const run = (
         const runId = options.runId ?? (yield* Random.nextIntBetween(0, 0x7fffffff)).toString(16)
         const stats = options.stats ?? RolloutChain.makeStats()
         const config: RolloutChain.Config = {
+          backend,
           format: options.format,
           tools: options.tools ?? RolloutChain.noTools,
           reward: options.reward,
@@ -218,7 +240,7 @@ const supervise = (
   spec: RolloutChain.Spec,
   config: RolloutChain.Config,
   restart: Schedule.Schedule<unknown, unknown>
-): Effect.Effect<RolloutChain.Outcome, RolloutError.RolloutError, Sampler> =>
+): Effect.Effect<RolloutChain.Outcome, RolloutError.RolloutError> =>
   RolloutChain.run(spec, config).pipe(
     Effect.sandbox,
     Effect.retry({

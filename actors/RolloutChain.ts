@@ -28,8 +28,7 @@ import type * as RewardActor from "./RewardActor.ts"
 import type * as ToolActor from "./ToolActor.ts"
 import type { AssistantMessage, Conversation, Message, ToolCall } from "../src/Message.ts"
 import * as RolloutError from "../src/RolloutError.ts"
-import { Sampler } from "../src/Sampler.ts"
-import type { GenerateResult, SamplingParams } from "../src/Sampler.ts"
+import type { ChatSampler, GenerateResult, Sampler, SamplerError, SamplingParams } from "../src/Sampler.ts"
 import type { RewardStatus, Segment, Termination, Trajectory } from "../src/Trajectory.ts"
 
 // ===== Ports =====
@@ -50,6 +49,13 @@ export interface Transcript {
   readonly appendSampled: (result: GenerateResult) => Effect.Effect<AssistantTurn, RolloutError.RolloutError>
   /** Appends observation messages (tool results, env messages); only their suffix is tokenized. */
   readonly appendObservations: (messages: ReadonlyArray<Message>) => Effect.Effect<void, RolloutError.RolloutError>
+  /**
+   * Appends an assistant message that the policy did not sample (chat mode: a black-box API's reply), rendered
+   * by the template as a policy turn without logprobs. Optional: formats without it cannot run in chat mode.
+   */
+  readonly appendAssistant?: (
+    message: typeof AssistantMessage.Type
+  ) => Effect.Effect<AssistantTurn, RolloutError.RolloutError>
   readonly messages: () => Conversation
   readonly segments: () => ReadonlyArray<Segment>
 }
@@ -295,6 +301,8 @@ export interface Spec {
  * @since 0.1.0
  */
 export interface Config {
+  /** Where assistant turns come from: a token-in/token-out `Sampler`, or a black-box chat API. */
+  readonly backend: Backend
   readonly format: Format
   readonly tools: Tools
   readonly reward?: Reward | undefined
@@ -308,6 +316,16 @@ export interface Config {
   readonly retry?: Schedule.Schedule<unknown, RolloutError.RolloutError> | undefined
   readonly stats: Stats
 }
+
+/**
+ * Where a chain's assistant turns come from. `Chat` trajectories are marked `trainable: false`.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type Backend =
+  | { readonly _tag: "Tokens"; readonly sampler: Sampler["Service"] }
+  | { readonly _tag: "Chat"; readonly chat: ChatSampler["Service"] }
 
 /**
  * How a chain ended, for the group collector.
@@ -384,14 +402,13 @@ const feedbackMessage = (error: RolloutError.RolloutError, id: string): Message 
  * @category constructors
  * @since 0.1.0
  */
-export const run = (spec: Spec, config: Config): Effect.Effect<Outcome, RolloutError.RolloutError, Sampler> =>
+export const run = (spec: Spec, config: Config): Effect.Effect<Outcome, RolloutError.RolloutError> =>
   Effect.scoped(runScoped(spec, config))
 
 const runScoped = Effect.fnUntraced(function*(
   spec: Spec,
   config: Config
-): Effect.fn.Return<Outcome, RolloutError.RolloutError, Sampler | Scope.Scope> {
-  const sampler = yield* Sampler
+): Effect.fn.Return<Outcome, RolloutError.RolloutError, Scope.Scope> {
   const stats = config.stats
   const startedAt = yield* Clock.currentTimeMillis
   const local = { turns: 0, toolCalls: 0, tokens: 0, samplerMs: 0 }
@@ -424,26 +441,17 @@ const runScoped = Effect.fnUntraced(function*(
         : config.maxContextTokens - transcript.length()
       if (remaining <= 0) return { termination: "context_length" }
       const maxTokens = Math.min(config.sampling.maxTokens, remaining)
+      const before = transcript.length()
       const t0 = yield* Clock.currentTimeMillis
-      const sampled = yield* withPolicy(
-        config,
-        Effect.mapError(
-          sampler.generate({
-            promptTokenIds: transcript.promptTokenIds(),
-            sampling: { ...config.sampling, maxTokens, stopTokenIds }
-          }),
-          (e) => RolloutError.fromSamplerError(e, spec.chainId)
-        )
-      )
+      const turn = yield* sampleTurn(spec, config, transcript, { ...config.sampling, maxTokens, stopTokenIds })
       const latency = (yield* Clock.currentTimeMillis) - t0
       stats.samplerCalls++
       stats.samplerLatencyMs += latency
       local.samplerMs += latency
-      if (sampled instanceof ResolvedError) return toEnding(sampled)
-      stats.tokensGenerated += sampled.tokenIds.length
-      local.tokens += sampled.tokenIds.length
-      const turn = yield* withPolicy(config, transcript.appendSampled(sampled))
       if (turn instanceof ResolvedError) return toEnding(turn)
+      const generated = transcript.length() - before
+      stats.tokensGenerated += generated
+      local.tokens += generated
       local.turns++
       stats.turns++
       if (!turn.complete) {
@@ -489,6 +497,61 @@ const runScoped = Effect.fnUntraced(function*(
   return yield* finish(spec, config, transcript, env, local, startedAt, ending)
 })
 
+/**
+ * One assistant turn from the backend: token mode samples ids and appends them verbatim; chat mode asks a
+ * black-box API for a message and appends its rendering (no logprobs: the trajectory is not trainable).
+ */
+const sampleTurn = (
+  spec: Spec,
+  config: Config,
+  transcript: Transcript,
+  sampling: SamplingParams
+): Effect.Effect<AssistantTurn | ResolvedError, RolloutError.RolloutError> => {
+  const backend = config.backend
+  const fromSampler = (e: SamplerError) => RolloutError.fromSamplerError(e, spec.chainId)
+  if (backend._tag === "Tokens") {
+    return Effect.flatMap(
+      withPolicy(
+        config,
+        Effect.mapError(backend.sampler.generate({ promptTokenIds: transcript.promptTokenIds(), sampling }), fromSampler)
+      ),
+      (sampled) => sampled instanceof ResolvedError ? Effect.succeed(sampled) : withPolicy(config, transcript.appendSampled(sampled))
+    )
+  }
+  const appendAssistant = transcript.appendAssistant
+  if (appendAssistant === undefined) {
+    return resolve(
+      config,
+      new RolloutError.RolloutError({
+        reason: "TemplateFailed",
+        message: "this format cannot append a recorded assistant message (chat mode)",
+        chainId: spec.chainId
+      })
+    )
+  }
+  return Effect.flatMap(
+    withPolicy(
+      config,
+      Effect.mapError(
+        backend.chat.complete({ messages: transcript.messages(), tools: config.tools.schemas, sampling }),
+        fromSampler
+      )
+    ),
+    (reply) =>
+      reply instanceof ResolvedError ? Effect.succeed(reply) : withPolicy(
+        config,
+        Effect.map(
+          appendAssistant({
+            role: "assistant",
+            content: reply.content,
+            ...(reply.toolCalls.length === 0 ? {} : { tool_calls: reply.toolCalls })
+          }),
+          (turn) => ({ ...turn, complete: reply.finishReason !== "length" })
+        )
+      )
+  )
+}
+
 const toEnding = (resolved: ResolvedError): Ending => ({
   termination: "error",
   error: resolved.error,
@@ -526,7 +589,7 @@ const finish = Effect.fnUntraced(function*(
       sampler_latency_ms: local.samplerMs,
       rollout_time_ms: endedAt - startedAt
     },
-    trainable: true,
+    trainable: config.backend._tag === "Tokens",
     masked,
     ...(spec.row === undefined ? {} : { row: spec.row }),
     ...(ending.error === undefined ? {} : { error: `${ending.error.reason}: ${ending.error.message}` })

@@ -138,3 +138,47 @@ layer(Qwen.layer)("ChainFormat.fromTemplate with the real Qwen tokenizer", (it) 
       assert.deepStrictEqual(policy.map((s) => s.tokenIds.length), [90])
     }))
 })
+
+layer(Qwen.layer)("Rollout.runChat (black-box chat API)", (it) => {
+  it.effect("renders the API's replies into the trajectory and marks it not trainable", () =>
+    Effect.gen(function*() {
+      const { tokenizer } = yield* Qwen
+      const format = ChainFormat.fromTemplate({ tokenizer, template: ChatTemplate.builtinTemplate("qwen2.5") })
+      const tools = RolloutChain.toolsFromActor(yield* ToolActor.make([Add, Answer]))
+      const seen: Array<Sampler.ChatRequest> = []
+      const chat = Sampler.ChatSampler.of({
+        complete: (request) =>
+          Effect.sync(() => {
+            seen.push(request)
+            const answered = request.messages.some((m) => m.role === "tool")
+            return {
+              content: answered ? "" : "Adding.",
+              toolCalls: [{
+                id: `c${seen.length}`,
+                type: "function" as const,
+                function: answered ? { name: "answer", arguments: { value: 3 } } : { name: "add", arguments: { a: 1, b: 2 } }
+              }],
+              finishReason: "stop" as const
+            }
+          })
+      })
+      const [event] = yield* Stream.runCollect(Rollout.runChat({
+        messages: [{ role: "user", content: "1+2?" }],
+        numChains: 1,
+        maxTurns: 4,
+        sampling: { temperature: 0, maxTokens: 64 },
+        format,
+        tools
+      })).pipe(Effect.provideService(Sampler.ChatSampler, chat))
+      const t = event!._tag === "Trajectory" ? event!.trajectory : undefined
+      assert.strictEqual(t!.termination, "answer")
+      assert.isFalse(t!.trainable)
+      assert.deepStrictEqual(t!.messages.filter((m) => m.role === "tool").map((m) => m.content), ["3", "3"])
+      assert.strictEqual(seen.length, 2)
+      assert.strictEqual(seen[0]!.tools!.length, 2, "the tool schemas go to the API")
+      const policy = t!.segments[0]!.spans.filter((s) => s.source === "policy")
+      assert.strictEqual(policy.length, 2)
+      assert.isTrue(policy.every((s) => s.logprobs === undefined))
+      assert.include(tokenizer.decode(policy[0]!.tokenIds), "<tool_call>")
+    }))
+})
