@@ -201,6 +201,22 @@ const observationRegions = (suffix: string, observations: ReadonlyArray<Message.
   return regions
 }
 
+/** Like `observationRegions`, searching backwards from the end of `text` (observations end a render). */
+const trailingRegions = (text: string, observations: ReadonlyArray<Message.Message>): Array<Region> => {
+  const regions: Array<Region> = []
+  let cursor = text.length
+  for (let i = observations.length - 1; i >= 0; i--) {
+    const message = observations[i]!
+    const content = Message.text(message.content)
+    if (content.length === 0 || cursor - content.length < 0) continue
+    const at = text.lastIndexOf(content, cursor - content.length)
+    if (at === -1) continue
+    regions.unshift({ start: at, end: at + content.length, source: message.role === "tool" ? "tool" : "env" })
+    cursor = at
+  }
+  return regions
+}
+
 // ===== Helpers =====
 
 const templateFailed = (error: ChatTemplate.TemplateError) =>
@@ -365,17 +381,15 @@ export const appendObservations = Effect.fnUntraced(function*(
     }
     return result
   }
-  // The template rewrote history: close the open segment and start a new one from a fresh render.
+  // The template rewrote history: close the open segment and start a new one from a fresh render. The new
+  // segment's history (through the last end-of-turn before the observations) is its prompt.
   const closed = yield* closeSegment(builder)
   const at = divergence(expected, next)
-  const history = yield* render(builder, builder.renderMessages, false)
-  const historyEnd = next.startsWith(history) ? history.length : next.length
-  const regions: Array<Region> = [{ start: 0, end: historyEnd, source: "prompt" }]
-  if (next.startsWith(history)) {
-    for (const region of observationRegions(next.slice(history.length), observations)) {
-      regions.push({ start: region.start + history.length, end: region.end + history.length, source: region.source })
-    }
-  }
+  const observed = trailingRegions(next, observations)
+  const firstObservation = observed[0]?.start ?? next.length
+  const lastTurnEnd = next.lastIndexOf(builder.template.endOfTurn, firstObservation - 1)
+  const historyEnd = lastTurnEnd === -1 ? firstObservation : lastTurnEnd + builder.template.endOfTurn.length
+  const regions: Array<Region> = [{ start: 0, end: historyEnd, source: "prompt" }, ...observed]
   const spans = tokenizeWithSources(builder.tokenizer, next, regions, "template")
   const rewrite: Rewrite = {
     atMessage: builder.messages.length,
@@ -507,6 +521,32 @@ export const appendAssistant = Effect.fnUntraced(function*(
     message,
     policyVersion: options.policyVersion
   })
+})
+
+/**
+ * Builds a trajectory from a recorded conversation, treating every assistant message as sampled by the policy
+ * (`appendAssistant`): the messages before the first assistant turn are the prompt, runs of other messages are
+ * observations. Used by `agentfly tokens` and for SFT data.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const fromConversation = Effect.fnUntraced(function*(options: StartOptions) {
+  const first = options.messages.findIndex((m) => m.role === "assistant")
+  const promptEnd = first === -1 ? options.messages.length : first
+  let builder = yield* start({ ...options, messages: options.messages.slice(0, promptEnd) })
+  let observations: Array<Message.Message> = []
+  for (const message of options.messages.slice(promptEnd)) {
+    if (message.role !== "assistant") {
+      observations.push(message)
+      continue
+    }
+    if (observations.length > 0) builder = yield* appendObservations(builder, observations)
+    observations = []
+    builder = yield* appendAssistant(builder, message)
+  }
+  if (observations.length > 0) builder = yield* appendObservations(builder, observations)
+  return yield* finish(builder)
 })
 
 // ===== Getters =====

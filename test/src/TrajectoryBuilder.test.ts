@@ -147,6 +147,10 @@ layer(Qwen.layer)("TrajectoryBuilder on the real Qwen tokenizer", (it) => {
       assert.strictEqual(builder.rewrites.length, 4)
       assert.include(builder.rewrites[0]!.expected, "<think>")
       assert.deepStrictEqual(builder.rewrites.map((r) => r.newSegment), [1, 2, 3, 4])
+      const last = builder.segments.at(-1)!
+      const tool = tokenizer.decode(last.spans.filter((s) => s.source === "tool").flatMap((s) => s.tokenIds))
+      assert.include(tool, "\"city\": \"Oslo\"", "a new segment still labels its observations")
+      assert.notInclude(tool, "Paris", "the re-rendered history of a new segment is prompt")
       const policy = builder.segments.reduce((n, s) => n + s.spans.filter((x) => x.source === "policy").length, 0)
       assert.strictEqual(policy, 5, "every assistant turn is trained exactly once")
     }))
