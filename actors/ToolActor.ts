@@ -17,7 +17,7 @@
  *
  * @since 0.1.0
  */
-import { Cause, Clock, Context, Duration, Effect, Exit, Layer, Option, Schedule, Schema, Semaphore } from "effect"
+import { Cause, Clock, Context, Duration, Effect, Exit, Layer, Option, Result, Schedule, Schema, Semaphore } from "effect"
 import type { Message } from "../src/index.ts"
 import { Tool } from "../src/index.ts"
 
@@ -139,8 +139,8 @@ interface Stats {
 
 interface Entry {
   readonly tool: Tool.Any
-  readonly decode: (u: unknown) => Effect.Effect<unknown, Schema.SchemaError>
-  readonly encode: (u: unknown) => Effect.Effect<unknown, Schema.SchemaError>
+  readonly decode: (u: unknown) => Exit.Exit<unknown, Schema.SchemaError>
+  readonly encode: (u: unknown) => Exit.Exit<unknown, Schema.SchemaError>
   readonly semaphore: Semaphore.Semaphore | undefined
   readonly timeout: Duration.Duration | undefined
   readonly budget: Tool.OutputBudget
@@ -182,6 +182,24 @@ const nowMs = Effect.map(Clock.currentTimeNanos, (n) => Number(n) / 1e6)
 
 const defaultRetrySchedule = Schedule.exponential("100 millis")
 
+/**
+ * `Effect.retry`, set up only once the first attempt has failed with a retryable failure: most calls succeed
+ * first time and should not pay for a schedule driver. The first failure is replayed into `retry` so that the
+ * schedule's delays apply from the first retry on.
+ */
+const retryAfterFailure = <A>(
+  attempt: Effect.Effect<A, AttemptFailure>,
+  policy: { readonly times: number; readonly schedule: Schedule.Schedule<unknown, unknown> }
+): Effect.Effect<A, AttemptFailure> =>
+  Effect.catch(attempt, (first) => {
+    if (!isRetryableFailure(first)) return Effect.fail(first)
+    let replayed = false
+    return Effect.retry(
+      Effect.suspend(() => (replayed ? attempt : ((replayed = true), Effect.fail(first)))),
+      { ...policy, while: isRetryableFailure }
+    )
+  })
+
 // ===== Constructors =====
 
 /**
@@ -208,11 +226,12 @@ export const make = <const Tools extends ReadonlyArray<Tool.Any>>(
           message: `two tools are named "${tool.name}"`
         })
       }
-      const decode = Schema.decodeUnknownEffect(tool.parametersSchema as Schema.Codec<unknown, unknown>)
+      // Synchronous decoding: parameter and success Schemas of tools must not need effects to decode.
+      const decode = Schema.decodeUnknownExit(tool.parametersSchema as Schema.Codec<unknown, unknown>)
       entries.set(tool.name, {
         tool,
         decode: (u) => decode(u, tool.strict ? { onExcessProperty: "error" } : undefined),
-        encode: Schema.encodeUnknownEffect(tool.successSchema as Schema.Codec<unknown, unknown>),
+        encode: Schema.encodeUnknownExit(tool.successSchema as Schema.Codec<unknown, unknown>),
         semaphore: tool.concurrency === undefined ? undefined : yield* Semaphore.make(tool.concurrency),
         timeout: tool.timeout ?? defaultTimeout,
         budget: tool.maxOutput ?? defaultBudget,
@@ -307,7 +326,7 @@ export const make = <const Tools extends ReadonlyArray<Tool.Any>>(
         const error = fail(call, "DecodeError", args.error)
         return yield* done({ text: error.message, error, attempts: 0 })
       }
-      const decoded = yield* Effect.exit(entry.decode(args.value))
+      const decoded = entry.decode(args.value)
       if (Exit.isFailure(decoded)) {
         const detail = Option.match(Cause.findErrorOption(decoded.cause), {
           onNone: () => "invalid arguments",
@@ -317,22 +336,23 @@ export const make = <const Tools extends ReadonlyArray<Tool.Any>>(
         return yield* done({ text: error.message, error, attempts: 0 })
       }
 
-      const context = turn?.context ?? Context.empty()
+      const context = turn?.context
       for (const key of tool.dependencies) {
-        if (Option.isNone(Context.getOption(context, key))) {
+        if (context === undefined || Option.isNone(Context.getOption(context, key))) {
           const error = fail(call, "MissingEnvironment", `the chain provides no ${key.key}`)
           return yield* done({ text: error.message, error, attempts: 0 })
         }
       }
 
       let attempts = 0
-      let attempt: Effect.Effect<unknown, AttemptFailure> = Effect.suspend(() => {
-        attempts++
-        return tool.handler(decoded.value, { toolCallId: call.id })
-      }).pipe(
-        Effect.mapError((error): AttemptFailure => ({ _tag: "Failure", error })),
-        Effect.provideContext(context)
+      let attempt: Effect.Effect<unknown, AttemptFailure> = Effect.mapError(
+        Effect.suspend(() => {
+          attempts++
+          return tool.handler(decoded.value, { toolCallId: call.id })
+        }),
+        (error): AttemptFailure => ({ _tag: "Failure", error })
       ) as Effect.Effect<unknown, AttemptFailure>
+      if (context !== undefined) attempt = Effect.provideContext(attempt, context)
       if (entry.timeout !== undefined) {
         const duration = entry.timeout
         attempt = Effect.timeoutOrElse(attempt, {
@@ -341,23 +361,19 @@ export const make = <const Tools extends ReadonlyArray<Tool.Any>>(
         })
       }
       if (entry.semaphore !== undefined) attempt = Semaphore.withPermits(entry.semaphore, 1)(attempt)
-      if (entry.retry !== undefined) {
-        attempt = Effect.retry(attempt, { ...entry.retry, while: isRetryableFailure })
-      }
+      if (entry.retry !== undefined) attempt = retryAfterFailure(attempt, entry.retry)
       const exit = yield* Effect.exit(attempt)
 
       if (Exit.isSuccess(exit)) {
-        const encoded = yield* Effect.exit(entry.encode(exit.value))
+        const encoded = entry.encode(exit.value)
         const text = Exit.isSuccess(encoded)
-          ? Effect.runSyncExit(Effect.sync(() =>
-            tool.render !== undefined ? tool.render(exit.value) : Tool.renderValue(encoded.value)
-          ))
+          ? Result.try(() => tool.render !== undefined ? tool.render(exit.value) : Tool.renderValue(encoded.value))
           : undefined
-        if (text === undefined || Exit.isFailure(text)) {
+        if (text === undefined || Result.isFailure(text)) {
           const error = fail(call, "InvalidResult", "")
           return yield* done({ text: error.message, error, attempts })
         }
-        return yield* done({ text: text.value, value: exit.value, terminal: tool.terminal, attempts })
+        return yield* done({ text: text.success, value: exit.value, terminal: tool.terminal, attempts })
       }
       const cause = exit.cause
       const failure = Cause.findErrorOption(cause)
