@@ -229,7 +229,9 @@ const runWith = (
  * @category combinators
  * @since 0.1.0
  */
-export const groups = (options: Options): Stream.Stream<Group, RolloutError.RolloutError | Schema.SchemaError, Sampler> =>
+export const groups = (
+  options: Options
+): Stream.Stream<Group, RolloutError.RolloutError | Schema.SchemaError, Sampler> =>
   run(options).pipe(Stream.filterMap((event) => event._tag === "Group" ? Result.succeed(event.group) : Result.failVoid))
 
 /**
@@ -300,7 +302,9 @@ const makeCollector = (groupId: string, rowIndex: number, size: number, stats: R
         if (!last) return
         const done = outcomes as Array<RolloutChain.Outcome>
         if (done.some((o) => o.dropGroup)) {
-          const reasons = done.flatMap((o) => (o.dropGroup && o.trajectory.error !== undefined ? [o.trajectory.error] : []))
+          const reasons = done.flatMap((o) =>
+            o.dropGroup && o.trajectory.error !== undefined ? [o.trajectory.error] : []
+          )
           stats.groupsDropped++
           yield* Queue.offer(queue, { _tag: "GroupDropped", groupId, rowIndex, reasons })
         } else {

@@ -513,9 +513,15 @@ const sampleTurn = (
     return Effect.flatMap(
       withPolicy(
         config,
-        Effect.mapError(backend.sampler.generate({ promptTokenIds: transcript.promptTokenIds(), sampling }), fromSampler)
+        Effect.mapError(
+          backend.sampler.generate({ promptTokenIds: transcript.promptTokenIds(), sampling }),
+          fromSampler
+        )
       ),
-      (sampled) => sampled instanceof ResolvedError ? Effect.succeed(sampled) : withPolicy(config, transcript.appendSampled(sampled))
+      (sampled) =>
+        sampled instanceof ResolvedError
+          ? Effect.succeed(sampled)
+          : withPolicy(config, transcript.appendSampled(sampled))
     )
   }
   const appendAssistant = transcript.appendAssistant
@@ -611,7 +617,9 @@ const score = Effect.fnUntraced(function*(
   config: Config,
   env: Context.Context<never>
 ): Effect.fn.Return<Outcome, RolloutError.RolloutError> {
-  if (config.reward === undefined) return { trajectory: { ...trajectory, rewardStatus: "not_applicable" }, dropGroup: false }
+  if (config.reward === undefined) {
+    return { trajectory: { ...trajectory, rewardStatus: "not_applicable" }, dropGroup: false }
+  }
   const scored = yield* withPolicy(config, config.reward(trajectory, env))
   if (scored instanceof ResolvedError) {
     const masked = scored.policy === "mask" || scored.policy === "drop_group"

@@ -109,7 +109,11 @@ export const make = Effect.fnUntraced(function*(
     /** Restart policy of the receive loop after a defect (default: capped exponential, as in effect/cluster). */
     readonly restart?: Schedule.Schedule<unknown, unknown> | undefined
   }
-): Effect.fn.Return<{ readonly sampler: Sampler["Service"]; readonly batcher: SamplerBatcher["Service"] }, Schema.SchemaError, Scope.Scope> {
+): Effect.fn.Return<
+  { readonly sampler: Sampler["Service"]; readonly batcher: SamplerBatcher["Service"] },
+  Schema.SchemaError,
+  Scope.Scope
+> {
   const { restart, ...given } = options ?? {}
   const opts = yield* Schema.decodeUnknownEffect(Options)({ ...defaultOptions, ...given })
   const queue = yield* Queue.bounded<Pending>(opts.mailboxCapacity)
@@ -191,7 +195,9 @@ export const make = Effect.fnUntraced(function*(
   )
   // Finalizers run in reverse: first fail whatever still waits in the mailbox, then close it.
   yield* Effect.addFinalizer(() => Queue.shutdown(queue))
-  yield* Effect.addFinalizer(() => Effect.flatMap(Queue.clear(queue), (rest) => Effect.sync(() => failAll(rest, closed))))
+  yield* Effect.addFinalizer(() =>
+    Effect.flatMap(Queue.clear(queue), (rest) => Effect.sync(() => failAll(rest, closed)))
+  )
 
   const enqueue = (pending: Pending): Effect.Effect<void, SamplerError> => {
     if (opts.overflow === "fail") {

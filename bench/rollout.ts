@@ -61,7 +61,8 @@ const noopTools: RolloutChain.Tools = {
     })
 }
 
-const rows = (n: number) => Array.from({ length: n }, (_, i) => ({ messages: [{ role: "user" as const, content: `task ${i}` }] }))
+const rows = (n: number) =>
+  Array.from({ length: n }, (_, i) => ({ messages: [{ role: "user" as const, content: `task ${i}` }] }))
 
 const runtimeRun = Effect.gen(function*() {
   const stats = RolloutChain.makeStats()

@@ -280,7 +280,9 @@ const toOpenAiMessages = (messages: Conversation) =>
         ...c,
         function: {
           name: c.function.name,
-          arguments: typeof c.function.arguments === "string" ? c.function.arguments : JSON.stringify(c.function.arguments)
+          arguments: typeof c.function.arguments === "string"
+            ? c.function.arguments
+            : JSON.stringify(c.function.arguments)
         }
       }))
     }

@@ -156,7 +156,9 @@ layer(Qwen.layer)("Rollout.runChat (black-box chat API)", (it) => {
               toolCalls: [{
                 id: `c${seen.length}`,
                 type: "function" as const,
-                function: answered ? { name: "answer", arguments: { value: 3 } } : { name: "add", arguments: { a: 1, b: 2 } }
+                function: answered
+                  ? { name: "answer", arguments: { value: 3 } }
+                  : { name: "add", arguments: { a: 1, b: 2 } }
               }],
               finishReason: "stop" as const
             }

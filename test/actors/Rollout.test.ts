@@ -1,5 +1,6 @@
 import { assert, describe, it } from "@effect/vitest"
 import { Context, Deferred, Effect, Fiber, Ref, Schedule, Schema, Stream } from "effect"
+import fc from "fast-check"
 import * as Rollout from "../../actors/Rollout.ts"
 import * as RewardActor from "../../actors/RewardActor.ts"
 import * as RolloutChain from "../../actors/RolloutChain.ts"
@@ -122,7 +123,10 @@ describe("Rollout.run", () => {
       assert.strictEqual(traj.metrics.turns, 2)
       assert.strictEqual(traj.metrics.tool_calls, 3)
       assert.deepStrictEqual(log, ["peak:2", "peak:1"], "the two calls of turn 1 ran at the same time")
-      assert.deepStrictEqual(traj.messages.map((m) => m.role), ["user", "assistant", "tool", "tool", "assistant", "tool"])
+      assert.deepStrictEqual(
+        traj.messages.map((m) => m.role),
+        ["user", "assistant", "tool", "tool", "assistant", "tool"]
+      )
       assert.deepStrictEqual(traj.messages.slice(2, 4).map((m) => m.content), ["3", "4"])
       // Token-in/token-out: the policy spans are exactly what the sampler returned.
       const segment = traj.segments[0]!
@@ -207,7 +211,8 @@ describe("Rollout.run", () => {
       assert.strictEqual(trajectories(events).length, 12)
       for (const group of groups) {
         assert.strictEqual(group.groupId, `r-g${group.rowIndex}`)
-        assert.deepStrictEqual(group.trajectories.map((t) => t.chainId), [0, 1, 2, 3].map((c) => `${group.groupId}-c${c}`))
+        const chainIds = [0, 1, 2, 3].map((c) => `${group.groupId}-c${c}`)
+        assert.deepStrictEqual(group.trajectories.map((t) => t.chainId), chainIds)
         assert.isTrue(group.trajectories.every((t) => t.groupId === group.groupId))
         assert.strictEqual(group.trajectories[0]!.row?.answer, group.rowIndex === 1 ? "x" : "5")
       }
@@ -227,7 +232,12 @@ describe("Rollout.run", () => {
   it.effect("sampling seeds differ per chain and are reproducible", () =>
     Effect.gen(function*() {
       const seeds: Array<number | undefined> = []
-      yield* runAll({ ...base, numChains: 3, rows: [{ messages: user("a") }, { messages: user("b") }], sampling: { ...sampling, seed: 100 } })
+      yield* runAll({
+        ...base,
+        numChains: 3,
+        rows: [{ messages: user("a") }, { messages: user("b") }],
+        sampling: { ...sampling, seed: 100 }
+      })
         .pipe(Effect.provide(Sampler.layerScripted((request) => {
           seeds.push(request.sampling.seed)
           return turn("done")
@@ -538,5 +548,92 @@ describe("Rollout.run with the ToolActor and RewardActor", () => {
       )
       assert.isTrue(all.every((t) => t.metrics["reward/exact/reward"] === t.reward))
       assert.deepStrictEqual(yield* Ref.get(counts), { acquired: 6, released: 6 })
+    }))
+})
+
+describe("Rollout.run invariants (property)", () => {
+  const Behaviour = fc.constantFrom("answer", "talk", "loop", "crash", "envfail", "reject", "transient")
+  const Case = fc.record({
+    rows: fc.integer({ min: 1, max: 5 }),
+    numChains: fc.integer({ min: 1, max: 4 }),
+    maxConcurrentChains: fc.integer({ min: 1, max: 6 }),
+    bufferSize: fc.integer({ min: 1, max: 4 }),
+    envPolicy: fc.constantFrom("mask", "drop_group", "feedback") as fc.Arbitrary<RolloutError.Policy>,
+    behaviours: fc.array(Behaviour, { minLength: 20, maxLength: 20 })
+  })
+
+  it.effect("every chain ends exactly once; every row yields one group or one drop; leases balance", () =>
+    Effect.gen(function*() {
+      for (const c of fc.sample(Case, { numRuns: 40, seed: 42 })) {
+        const { counts, provider } = yield* countingEnvironment
+        const stats = RolloutChain.makeStats()
+        // Chain k of the run (k = row × numChains + chain) plays behaviours[k], read off its sampling seed.
+        const behaviourOf = (request: Sampler.GenerateRequest) => c.behaviours[request.sampling.seed! % 20]!
+        let transientFailures = 0
+        const layer = Sampler.layerScripted((request) => {
+          const { turnIndex } = situation(request)
+          switch (behaviourOf(request)) {
+            case "answer":
+              return sumTurns[Math.min(turnIndex, 1)]!
+            case "talk":
+              return turn("hello")
+            case "loop":
+              return turn(`CALL add {"a":1,"b":${turnIndex}}`)
+            case "crash":
+              return turn(`CALL crash {}`)
+            case "envfail":
+              return turnIndex === 0 ? turn(`CALL envfail {}`) : turn("ok")
+            case "reject":
+              return new Sampler.SamplerError({ reason: "BadRequest", message: "no" })
+            case "transient":
+              return transientFailures++ % 2 === 0
+                ? new Sampler.SamplerError({ reason: "ServerError", message: "503" })
+                : turn("recovered")
+          }
+        })
+        const events = yield* runAll({
+          ...base,
+          numChains: c.numChains,
+          maxConcurrentChains: c.maxConcurrentChains,
+          bufferSize: c.bufferSize,
+          maxTurns: 3,
+          rows: Array.from({ length: c.rows }, (_, i) => ({ messages: user(`row ${i}`) })),
+          sampling: { ...sampling, seed: 0 },
+          environment: provider,
+          policies: { overrides: { EnvFailed: c.envPolicy } },
+          restart: Schedule.recurs(1),
+          stats
+        }).pipe(Effect.provide(layer))
+        const all = trajectories(events)
+        const total = c.rows * c.numChains
+        assert.strictEqual(all.length, total)
+        assert.strictEqual(new Set(all.map((t) => t.trajectoryId)).size, total)
+        for (let row = 0; row < c.rows; row++) {
+          const ends = events.filter((e) =>
+            (e._tag === "Group" && e.group.rowIndex === row) || (e._tag === "GroupDropped" && e.rowIndex === row)
+          )
+          assert.strictEqual(ends.length, 1, `row ${row} ends once`)
+          const chainsOfRow = Array.from({ length: c.numChains }, (_, k) => c.behaviours[(row * c.numChains + k) % 20]!)
+          const shouldDrop = c.envPolicy === "drop_group" && chainsOfRow.includes("envfail")
+          assert.strictEqual(ends[0]!._tag, shouldDrop ? "GroupDropped" : "Group")
+          // A group comes after all of its trajectories.
+          const at = events.indexOf(ends[0]!)
+          const mine = events.flatMap((e, i) => (e._tag === "Trajectory" && e.rowIndex === row ? [i] : []))
+          assert.strictEqual(mine.length, c.numChains)
+          assert.isTrue(mine.every((i) => i < at))
+          if (ends[0]!._tag === "Group") {
+            ends[0]!.group.trajectories.forEach((t, k) => {
+              const expectMasked = chainsOfRow[k] === "crash" || chainsOfRow[k] === "reject" ||
+                (chainsOfRow[k] === "envfail" && c.envPolicy === "mask")
+              assert.strictEqual(t.masked, expectMasked, `${chainsOfRow[k]} masked`)
+              assert.isTrue(Schema.is(Trajectory.Trajectory)(t))
+            })
+          }
+        }
+        const leases = yield* Ref.get(counts)
+        assert.strictEqual(leases.acquired, leases.released)
+        assert.strictEqual(stats.chainsInFlight, 0)
+        assert.strictEqual(stats.chainsFinished, total)
+      }
     }))
 })

@@ -131,7 +131,11 @@ describe("OpenAiCompatSampler (token mode)", () => {
   it.live("retries 429 and 5xx with backoff, then succeeds", () =>
     live(Effect.gen(function*() {
       const server = yield* testServer((_, i) =>
-        i === 0 ? { status: 429 } : i === 1 ? { status: 503 } : { status: 200, json: { choices: [vllmChoice([1], "stop")] } }
+        i === 0
+          ? { status: 429 }
+          : i === 1
+          ? { status: 503 }
+          : { status: 200, json: { choices: [vllmChoice([1], "stop")] } }
       )
       const sampler = yield* OpenAiCompatSampler.make({ baseUrl: server.baseUrl, model: "m", retryBaseMs: 5 })
       const result = yield* sampler.generate(request)
@@ -218,7 +222,9 @@ describe("OpenAiCompatSampler (chat mode)", () => {
         sampling: { temperature: 0, maxTokens: 16, stopTokenIds: [1] }
       })
       assert.strictEqual(result.content, "")
-      assert.deepStrictEqual(result.toolCalls, [{ id: "c2", type: "function", function: { name: "calc", arguments: { x: 2 } } }])
+      assert.deepStrictEqual(result.toolCalls, [
+        { id: "c2", type: "function", function: { name: "calc", arguments: { x: 2 } } }
+      ])
       const [seen] = server.seen
       assert.strictEqual(seen!.path, "/v1/chat/completions")
       assert.strictEqual(seen!.body.messages[1].tool_calls[0].function.arguments, "{\"x\":1}")
