@@ -45,7 +45,7 @@ const call = (name: string, i: number) => ({
 const median = (xs: ReadonlyArray<number>): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!
 
 /** Microseconds per call of `body` run `n` times in one fiber. */
-const time = (n: number, body: (i: number) => Effect.Effect<unknown>) =>
+const time = <E>(n: number, body: (i: number) => Effect.Effect<unknown, E>) =>
   Effect.gen(function*() {
     const start = performance.now()
     for (let i = 0; i < n; i++) yield* body(i)
@@ -60,7 +60,12 @@ export default async () => {
     const turns = Array.from({ length: N / 8 }, (_, t) => calls.slice(t * 8, t * 8 + 8))
     const params = { text: "hello" }
     const ctx = { toolCallId: "call_0" }
-    const samples = { direct: [] as Array<number>, execute: [] as Array<number>, turn8: [] as Array<number>, policies: [] as Array<number> }
+    const samples = {
+      direct: [] as Array<number>,
+      execute: [] as Array<number>,
+      turn8: [] as Array<number>,
+      policies: [] as Array<number>
+    }
     // warm-up
     yield* time(2000, () => Noop.handler(params, ctx))
     yield* time(2000, (i) => actor.execute(calls[i]!))
@@ -81,7 +86,12 @@ export default async () => {
   const policies = median(samples.policies)
   const allowance = 2 * direct + 20
   return {
-    headline: { metric: "execute µs per call / (2 × direct + 20 µs)", value: execute / allowance, target: 1, better: "lower" },
+    headline: {
+      metric: "execute µs per call / (2 × direct + 20 µs)",
+      value: execute / allowance,
+      target: 1,
+      better: "lower"
+    },
     callsPerRound: N,
     rounds: ROUNDS,
     directUsPerCall: direct,
