@@ -42,6 +42,9 @@ const scripted = (
     return next
   }, options)
 
+/** Tool calls interrupted while running (the `hang` tool never returns). */
+let interruptedToolCalls = 0
+
 const tools = (log?: Array<string>): RolloutChain.Tools => ({
   schemas: [{ type: "function", function: { name: "add" } }, { type: "function", function: { name: "answer" } }],
   executeTurn: (calls) =>
@@ -62,6 +65,8 @@ const tools = (log?: Array<string>): RolloutChain.Tools => ({
               return { role: "tool" as const, content: `answer: ${args.value}`, tool_call_id: call.id }
             case "crash":
               return yield* Effect.die(new Error("tool bug"))
+            case "hang":
+              return yield* Effect.never.pipe(Effect.onInterrupt(() => Effect.sync(() => interruptedToolCalls++)))
             case "envfail":
               return yield* new RolloutError.RolloutError({ reason: "EnvFailed", message: "sandbox crashed" })
             default:
@@ -434,6 +439,26 @@ describe("Rollout.run interruption and back-pressure", () => {
       const after = yield* Ref.get(counts)
       assert.deepStrictEqual(after, { acquired: 12, released: 12 })
       assert.strictEqual(stats.chainsInFlight, 0)
+    }))
+
+  it.effect("interrupting a run interrupts pending tool calls and releases their chains' leases", () =>
+    Effect.gen(function*() {
+      const { counts, provider } = yield* countingEnvironment
+      interruptedToolCalls = 0
+      const stats = RolloutChain.makeStats()
+      const fiber = yield* Stream.runCollect(Rollout.run({
+        ...base,
+        numChains: 3,
+        rows: [{ messages: user("hang") }],
+        environment: provider,
+        stats
+      })).pipe(Effect.provide(scripted({ hang: [turn(`CALL hang {}\nCALL hang {}`)] })), Effect.forkChild)
+      for (let i = 0; i < 20; i++) yield* Effect.yieldNow
+      assert.strictEqual(stats.chainsInFlight, 3)
+      assert.deepStrictEqual(yield* Ref.get(counts), { acquired: 3, released: 0 })
+      yield* Fiber.interrupt(fiber)
+      assert.strictEqual(interruptedToolCalls, 6)
+      assert.deepStrictEqual(yield* Ref.get(counts), { acquired: 3, released: 3 })
     }))
 
   it.effect("a consumer that stops early (Stream.take) releases every lease", () =>
