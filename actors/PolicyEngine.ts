@@ -60,6 +60,15 @@ export interface Options {
 }
 
 /**
+ * @category models
+ * @since 0.1.0
+ */
+export interface GenerateOptions {
+  /** Called in the decode loop with each sampled token, as soon as it is sampled; must not throw or block. */
+  readonly onToken?: ((tokenId: number, logprob: number) => void) | undefined
+}
+
+/**
  * Why `updateWeights` (or building the engine) failed.
  *
  * @category errors
@@ -106,7 +115,8 @@ export interface Stats {
  */
 export class PolicyEngine extends Context.Service<PolicyEngine, {
   readonly config: ModelConfig.ModelConfig
-  readonly generate: (request: GenerateRequest) => Effect.Effect<GenerateResult, SamplerError>
+  /** `Sampler.generate`, plus an optional per-token callback (how the HTTP server streams). */
+  readonly generate: (request: GenerateRequest, options?: GenerateOptions) => Effect.Effect<GenerateResult, SamplerError>
   /**
    * Swaps in new weights (Hugging Face names, float32). Returns once new requests use them; requests in flight
    * finish on their old version.
@@ -132,7 +142,7 @@ export class PolicyEngine extends Context.Service<PolicyEngine, {
 export const layerSampler: Layer.Layer<Sampler | SamplerEngine, never, PolicyEngine> = Layer.effectContext(
   Effect.gen(function*() {
     const engine = yield* PolicyEngine
-    const sampler = Sampler.of({ generate: engine.generate, policyVersion: engine.policyVersion })
+    const sampler = Sampler.of({ generate: (r) => engine.generate(r), policyVersion: engine.policyVersion })
     return Context.make(Sampler, sampler).pipe(Context.add(SamplerEngine, SamplerEngine.of({
       generateBatch: (requests) =>
         Effect.forEach(requests, (r) => Effect.result(engine.generate(r)), { concurrency: "unbounded" }),
@@ -152,6 +162,7 @@ interface Seq {
   readonly maxTokens: number
   readonly tokenIds: Array<number>
   readonly logprobs: Array<number>
+  readonly onToken: ((tokenId: number, logprob: number) => void) | undefined
   /** Tokens of this sequence held in the KV cache. */
   filled: number
   cancelled: boolean
@@ -278,6 +289,7 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
       const s = Sampling.sample(logits.subarray(i * V, (i + 1) * V), seq.params, seq.rng)
       seq.tokenIds.push(s.tokenId)
       seq.logprobs.push(s.logprob)
+      seq.onToken?.(s.tokenId, s.logprob)
       stats.generatedTokens++
       if (seq.stop.has(s.tokenId)) yield* finish(seq, g.version, "stop")
       else if (seq.tokenIds.length >= seq.maxTokens || seq.filled >= c.maxPositionEmbeddings) {
@@ -398,7 +410,7 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
     })
   )
 
-  const generate = Effect.fn("PolicyEngine.generate")(function*(request: GenerateRequest) {
+  const generate = Effect.fn("PolicyEngine.generate")(function*(request: GenerateRequest, options?: GenerateOptions) {
     const invalid = validateRequest(c, request)
     if (invalid !== undefined) return yield* invalid
     const s = request.sampling
@@ -412,6 +424,7 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
       maxTokens: s.maxTokens,
       tokenIds: [],
       logprobs: [],
+      onToken: options?.onToken,
       filled: 0,
       cancelled: false
     }

@@ -21,7 +21,7 @@ const request = (promptTokenIds: ReadonlyArray<number>, sampling: Partial<Genera
 const generateAll = (
   engine: PolicyEngine["Service"],
   requests: ReadonlyArray<GenerateRequest>
-) => Effect.forEach(requests, engine.generate, { concurrency: "unbounded" })
+) => Effect.forEach(requests, (r) => engine.generate(r), { concurrency: "unbounded" })
 
 const maxAbsDiff = (a: ReadonlyArray<number>, b: ReadonlyArray<number>) =>
   a.reduce((m, x, i) => Math.max(m, Math.abs(x - b[i]!)), 0)
