@@ -11,6 +11,7 @@ import * as NodeServices from "@effect/platform-node/NodeServices"
 import { Effect } from "effect"
 import { Command } from "effect/cli"
 import { initModel } from "./initModel.ts"
+import { serve } from "./serve.ts"
 import { tokens } from "./tokens.ts"
 
 /**
@@ -21,6 +22,7 @@ import { tokens } from "./tokens.ts"
  */
 const subcommands = [
   initModel,
+  serve,
   tokens
 ] as const
 
