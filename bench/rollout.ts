@@ -126,6 +126,7 @@ const idleChains = Effect.gen(function*() {
   )
   const input = rows(IDLE_CHAINS)
   const before = heapUsed()
+  const rssBefore = process.memoryUsage().rss
   const t0 = performance.now()
   const stats = RolloutChain.makeStats()
   const fiber = yield* Rollout.run({
@@ -143,6 +144,7 @@ const idleChains = Effect.gen(function*() {
   yield* Deferred.await(allWaiting)
   const upMs = performance.now() - t0
   const during = heapUsed()
+  const rssIdle = process.memoryUsage().rss
   const inFlight = stats.chainsInFlight
   const t1 = performance.now()
   yield* Deferred.succeed(release, undefined)
@@ -152,6 +154,7 @@ const idleChains = Effect.gen(function*() {
     chains: IDLE_CHAINS,
     chainsInFlightWhileIdle: inFlight,
     bytesPerIdleChain: (during - before) / IDLE_CHAINS,
+    rssBytesPerIdleChain: (rssIdle - rssBefore) / IDLE_CHAINS,
     heapBeforeMiB: before / 2 ** 20,
     heapIdleMiB: during / 2 ** 20,
     startAllMs: upMs,
