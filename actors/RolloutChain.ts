@@ -442,12 +442,7 @@ const runScoped = Effect.fnUntraced(function*(
       if (remaining <= 0) return { termination: "context_length" }
       const maxTokens = Math.min(config.sampling.maxTokens, remaining)
       const before = transcript.length()
-      const t0 = yield* Clock.currentTimeMillis
-      const turn = yield* sampleTurn(spec, config, transcript, { ...config.sampling, maxTokens, stopTokenIds })
-      const latency = (yield* Clock.currentTimeMillis) - t0
-      stats.samplerCalls++
-      stats.samplerLatencyMs += latency
-      local.samplerMs += latency
+      const turn = yield* sampleTurn(spec, config, transcript, { ...config.sampling, maxTokens, stopTokenIds }, local)
       if (turn instanceof ResolvedError) return toEnding(turn)
       const generated = transcript.length() - before
       stats.tokensGenerated += generated
@@ -505,19 +500,31 @@ const sampleTurn = (
   spec: Spec,
   config: Config,
   transcript: Transcript,
-  sampling: SamplingParams
+  sampling: SamplingParams,
+  local: { samplerMs: number }
 ): Effect.Effect<AssistantTurn | ResolvedError, RolloutError.RolloutError> => {
   const backend = config.backend
+  // Latency of the backend call itself (retries included), without parsing and tokenizing.
+  const timed = <A, E>(call: Effect.Effect<A, E>): Effect.Effect<A, E> =>
+    Effect.flatMap(Clock.currentTimeMillis, (t0) =>
+      Effect.ensuring(
+        call,
+        Effect.map(Clock.currentTimeMillis, (t1) => {
+          config.stats.samplerCalls++
+          config.stats.samplerLatencyMs += t1 - t0
+          local.samplerMs += t1 - t0
+        })
+      ))
   const fromSampler = (e: SamplerError) => RolloutError.fromSamplerError(e, spec.chainId)
   if (backend._tag === "Tokens") {
     return Effect.flatMap(
-      withPolicy(
+      timed(withPolicy(
         config,
         Effect.mapError(
           backend.sampler.generate({ promptTokenIds: transcript.promptTokenIds(), sampling }),
           fromSampler
         )
-      ),
+      )),
       (sampled) =>
         sampled instanceof ResolvedError
           ? Effect.succeed(sampled)
@@ -536,13 +543,13 @@ const sampleTurn = (
     )
   }
   return Effect.flatMap(
-    withPolicy(
+    timed(withPolicy(
       config,
       Effect.mapError(
         backend.chat.complete({ messages: transcript.messages(), tools: config.tools.schemas, sampling }),
         fromSampler
       )
-    ),
+    )),
     (reply) =>
       reply instanceof ResolvedError ? Effect.succeed(reply) : withPolicy(
         config,

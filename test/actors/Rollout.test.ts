@@ -1,5 +1,6 @@
 import { assert, describe, it } from "@effect/vitest"
 import { Context, Deferred, Effect, Fiber, Ref, Schedule, Schema, Stream } from "effect"
+import { TestClock } from "effect/testing"
 import fc from "fast-check"
 import * as Rollout from "../../actors/Rollout.ts"
 import * as RewardActor from "../../actors/RewardActor.ts"
@@ -233,6 +234,23 @@ describe("Rollout.run", () => {
       assert.strictEqual(metrics["rollout/turns"], 20)
       assert.isAbove(metrics["rollout/tokens_generated"]!, 0)
     }).pipe(Effect.provide(scripted({ sum: sumTurns, talk: [turn("hello")] }))))
+
+  it.effect("sampler latency is measured on the Clock, per chain and per run", () =>
+    Effect.gen(function*() {
+      const stats = RolloutChain.makeStats()
+      const layer = Sampler.layerScripted((request) =>
+        Effect.sleep(situation(request).turnIndex === 0 ? 100 : 300).pipe(
+          Effect.as(sumTurns[situation(request).turnIndex]!)
+        )
+      )
+      const fiber = yield* runAll({ ...base, messages: user("sum"), stats }).pipe(Effect.provide(layer), Effect.forkChild)
+      yield* TestClock.adjust(100)
+      yield* TestClock.adjust(300)
+      const [t] = trajectories(yield* Fiber.join(fiber))
+      assert.strictEqual(t!.metrics.sampler_latency_ms, 400)
+      assert.strictEqual(RolloutChain.metrics(stats)["rollout/sampler_latency_ms"], 200)
+      assert.strictEqual(RolloutChain.metrics(stats)["rollout/sampler_calls"], 2)
+    }))
 
   it.effect("sampling seeds differ per chain and are reproducible", () =>
     Effect.gen(function*() {
