@@ -200,6 +200,94 @@ const retryAfterFailure = <A>(
     )
   })
 
+const toolError = (
+  call: typeof Message.ToolCall.Type,
+  reason: Tool.ToolErrorReason,
+  detail: string,
+  retryable?: boolean
+) =>
+  new Tool.ToolError({
+    tool: call.function.name,
+    toolCallId: call.id,
+    reason,
+    message: Tool.errorText(reason, call.function.name, detail),
+    ...(retryable === undefined ? {} : { retryable })
+  })
+
+/** Parses and decodes the arguments and checks the chain provides the tool's environment. */
+const validate = (
+  entry: Entry,
+  call: typeof Message.ToolCall.Type,
+  context: Context.Context<any> | undefined
+): { readonly value: unknown } | Tool.ToolError => {
+  const args = parseArguments(call.function.arguments)
+  if (!args.ok) return toolError(call, "DecodeError", args.error)
+  const decoded = entry.decode(args.value)
+  if (Exit.isFailure(decoded)) {
+    const detail = Option.match(Cause.findErrorOption(decoded.cause), {
+      onNone: () => "invalid arguments",
+      onSome: (e) => e.message.replace(/\n\s*/g, " ")
+    })
+    return toolError(call, "DecodeError", detail)
+  }
+  for (const key of entry.tool.dependencies) {
+    if (context === undefined || Option.isNone(Context.getOption(context, key))) {
+      return toolError(call, "MissingEnvironment", `the chain provides no ${key.key}`)
+    }
+  }
+  return { value: decoded.value }
+}
+
+/** The handler under the tool's environment, timeout, concurrency limit and retry policy. */
+const guarded = (
+  entry: Entry,
+  context: Context.Context<any> | undefined,
+  handler: () => Effect.Effect<unknown, unknown, any>
+): Effect.Effect<unknown, AttemptFailure> => {
+  let attempt = Effect.mapError(
+    Effect.suspend(handler),
+    (error): AttemptFailure => ({ _tag: "Failure", error })
+  ) as Effect.Effect<unknown, AttemptFailure>
+  if (context !== undefined) attempt = Effect.provideContext(attempt, context)
+  if (entry.timeout !== undefined) {
+    attempt = Effect.timeoutOrElse(attempt, {
+      duration: entry.timeout,
+      orElse: () => Effect.fail<AttemptFailure>({ _tag: "Timeout" })
+    })
+  }
+  if (entry.semaphore !== undefined) attempt = Semaphore.withPermits(entry.semaphore, 1)(attempt)
+  if (entry.retry !== undefined) attempt = retryAfterFailure(attempt, entry.retry)
+  return attempt
+}
+
+/**
+ * What the handler's exit means: the observation text and value, a `ToolError`, or the cause when the handler
+ * died or was interrupted.
+ */
+const classify = (
+  entry: Entry,
+  call: typeof Message.ToolCall.Type,
+  exit: Exit.Exit<unknown, AttemptFailure>
+): { readonly text: string; readonly value: unknown } | Tool.ToolError | Cause.Cause<never> => {
+  const { tool } = entry
+  if (Exit.isSuccess(exit)) {
+    const encoded = entry.encode(exit.value)
+    const text = Exit.isSuccess(encoded)
+      ? Result.try(() => (tool.render !== undefined ? tool.render(exit.value) : Tool.renderValue(encoded.value)))
+      : undefined
+    return text === undefined || Result.isFailure(text)
+      ? toolError(call, "InvalidResult", "")
+      : { text: text.success, value: exit.value }
+  }
+  const failure = Cause.findErrorOption(exit.cause)
+  if (Option.isNone(failure)) return exit.cause as Cause.Cause<never>
+  if (failure.value._tag === "Timeout") return toolError(call, "Timeout", Duration.format(entry.timeout!))
+  const value = failure.value.error
+  const encoded = Schema.encodeUnknownExit(tool.failureSchema)(value)
+  const detail = failureDetail(value, Exit.isSuccess(encoded) ? encoded.value : undefined)
+  return toolError(call, "HandlerFailure", detail, isRetryableFailure(failure.value) ? true : undefined)
+}
+
 // ===== Constructors =====
 
 /**
@@ -295,111 +383,39 @@ export const make = <const Tools extends ReadonlyArray<Tool.Any>>(
         }
       })
 
-    const fail = (call: typeof Message.ToolCall.Type, reason: Tool.ToolErrorReason, detail: string, retryable?: boolean) => {
-      const message = Tool.errorText(reason, call.function.name, detail)
-      return new Tool.ToolError({
-        tool: call.function.name,
-        toolCallId: call.id,
-        reason,
-        message,
-        ...(retryable === undefined ? {} : { retryable })
-      })
-    }
-
     const execute = Effect.fnUntraced(function*(
       call: typeof Message.ToolCall.Type,
       turn?: TurnOptions<any>
     ): Effect.fn.Return<CallResult, Tool.ToolError> {
       const start = yield* nowMs
-      const name = call.function.name
-      const entry = entries.get(name)
+      const entry = entries.get(call.function.name)
       if (entry === undefined) {
-        const error = fail(call, "UnknownTool", available)
+        const error = toolError(call, "UnknownTool", available)
         return yield* finish(call, "_unknown", start, { text: error.message, error, attempts: 0, budget: defaultBudget })
       }
-      const { tool, budget } = entry
       const done = (outcome: Omit<Parameters<typeof finish>[3], "budget">) =>
-        finish(call, name, start, { ...outcome, budget })
-
-      const args = parseArguments(call.function.arguments)
-      if (!args.ok) {
-        const error = fail(call, "DecodeError", args.error)
-        return yield* done({ text: error.message, error, attempts: 0 })
-      }
-      const decoded = entry.decode(args.value)
-      if (Exit.isFailure(decoded)) {
-        const detail = Option.match(Cause.findErrorOption(decoded.cause), {
-          onNone: () => "invalid arguments",
-          onSome: (e) => e.message.replace(/\n\s*/g, " ")
-        })
-        const error = fail(call, "DecodeError", detail)
-        return yield* done({ text: error.message, error, attempts: 0 })
-      }
-
-      const context = turn?.context
-      for (const key of tool.dependencies) {
-        if (context === undefined || Option.isNone(Context.getOption(context, key))) {
-          const error = fail(call, "MissingEnvironment", `the chain provides no ${key.key}`)
-          return yield* done({ text: error.message, error, attempts: 0 })
-        }
-      }
+        finish(call, entry.tool.name, start, { ...outcome, budget: entry.budget })
+      const params = validate(entry, call, turn?.context)
+      if (params instanceof Tool.ToolError) return yield* done({ text: params.message, error: params, attempts: 0 })
 
       let attempts = 0
-      let attempt: Effect.Effect<unknown, AttemptFailure> = Effect.mapError(
-        Effect.suspend(() => {
-          attempts++
-          return tool.handler(decoded.value, { toolCallId: call.id })
-        }),
-        (error): AttemptFailure => ({ _tag: "Failure", error })
-      ) as Effect.Effect<unknown, AttemptFailure>
-      if (context !== undefined) attempt = Effect.provideContext(attempt, context)
-      if (entry.timeout !== undefined) {
-        const duration = entry.timeout
-        attempt = Effect.timeoutOrElse(attempt, {
-          duration,
-          orElse: () => Effect.fail<AttemptFailure>({ _tag: "Timeout" })
-        })
-      }
-      if (entry.semaphore !== undefined) attempt = Semaphore.withPermits(entry.semaphore, 1)(attempt)
-      if (entry.retry !== undefined) attempt = retryAfterFailure(attempt, entry.retry)
-      const exit = yield* Effect.exit(attempt)
-
-      if (Exit.isSuccess(exit)) {
-        const encoded = entry.encode(exit.value)
-        const text = Exit.isSuccess(encoded)
-          ? Result.try(() => tool.render !== undefined ? tool.render(exit.value) : Tool.renderValue(encoded.value))
-          : undefined
-        if (text === undefined || Result.isFailure(text)) {
-          const error = fail(call, "InvalidResult", "")
-          return yield* done({ text: error.message, error, attempts })
-        }
-        return yield* done({ text: text.success, value: exit.value, terminal: tool.terminal, attempts })
-      }
-      const cause = exit.cause
-      const failure = Cause.findErrorOption(cause)
-      if (Option.isSome(failure)) {
-        if (failure.value._tag === "Timeout") {
-          const error = fail(call, "Timeout", Duration.format(entry.timeout!))
-          return yield* done({ text: error.message, error, attempts })
-        }
-        const value = failure.value.error
-        const encoded = Schema.encodeUnknownExit(tool.failureSchema)(value)
-        const retryable = isRetryableFailure(failure.value) ? true : undefined
-        const error = fail(
-          call,
-          "HandlerFailure",
-          failureDetail(value, Exit.isSuccess(encoded) ? encoded.value : undefined),
-          retryable
-        )
-        if (tool.failureMode === "error") return yield* error
+      const exit = yield* Effect.exit(guarded(entry, turn?.context, () => {
+        attempts++
+        return entry.tool.handler(params.value, { toolCallId: call.id })
+      }))
+      const outcome = classify(entry, call, exit)
+      if (Cause.isCause(outcome)) {
+        if (Cause.hasInterruptsOnly(outcome)) return yield* Effect.failCause(outcome) // cancellation propagates
+        yield* Effect.logWarning(`tool ${entry.tool.name} died`, outcome)
+        const error = toolError(call, "Defect", "")
         return yield* done({ text: error.message, error, attempts })
       }
-      if (Cause.hasDies(cause)) {
-        yield* Effect.logWarning(`tool ${name} died`, cause)
-        const error = fail(call, "Defect", "")
-        return yield* done({ text: error.message, error, attempts })
+      if (outcome instanceof Tool.ToolError) {
+        const result = yield* done({ text: outcome.message, error: outcome, attempts })
+        if (outcome.reason === "HandlerFailure" && entry.tool.failureMode === "error") return yield* outcome
+        return result
       }
-      return yield* Effect.failCause(cause as Cause.Cause<never>) // interrupted: cancellation propagates
+      return yield* done({ ...outcome, terminal: entry.tool.terminal, attempts })
     })
 
     const executeTurn = Effect.fnUntraced(function*(

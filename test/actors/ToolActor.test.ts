@@ -144,6 +144,23 @@ describe("ToolActor", () => {
         assert.strictEqual(turn.messages[1]!.content, "still here")
       }))
 
+    it.effect("interrupting a turn interrupts its calls: cancellation is never an observation", () =>
+      Effect.gen(function*() {
+        let finished = false
+        const Forever = Tool.make("forever", {
+          description: "Never returns",
+          handler: () => Effect.ensuring(Effect.never, Effect.sync(() => (finished = true)))
+        })
+        const actor = yield* ToolActor.make([Forever])
+        const fiber = yield* Effect.forkChild(actor.executeTurn([call("forever", {}), call("forever", {})]))
+        yield* TestClock.adjust("1 second")
+        yield* Fiber.interrupt(fiber)
+        const exit = yield* Fiber.await(fiber)
+        assert.isTrue(Exit.hasInterrupts(exit))
+        assert.isTrue(finished)
+        assert.deepStrictEqual(yield* actor.metrics, {})
+      }))
+
     it.effect("a value that does not match the success Schema gives InvalidResult", () =>
       Effect.gen(function*() {
         const Liar = Tool.make("liar", {
