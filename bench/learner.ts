@@ -1,0 +1,260 @@
+/**
+ * `npm run bench -- learner`: training throughput of the ONNX learner on the tiny preset (batch 8 × 64 tokens,
+ * masked NLL, AdamW), against two baselines measured in the same run:
+ *
+ * 1. `@tensorflow/tfjs` with the wasm backend computing the same model (Qwen2: RMSNorm, RoPE, GQA, SwiGLU, tied
+ *    head), the same loss and its gradients, with Adam (a dev-only comparator). The wasm backend has no gradient
+ *    kernel for `gather` (the embedding is a one-hot matmul) and its transposed matmul is slow, so its matmul
+ *    gradient transposes explicitly: the best configuration found in `shared/prototypes/ml/tfjs_bench.mjs`.
+ *    Both engines start from the same weights; the loss and an embedding gradient are compared as a sanity check.
+ * 2. The roofline: a plain onnxruntime MatMul chain with the same total FLOPs as one training step.
+ *
+ * Headline: ORT tokens/s ÷ tfjs-wasm tokens/s (target ≥ 10).
+ */
+import { NodeServices } from "@effect/platform-node"
+import * as tf from "@tensorflow/tfjs"
+import "@tensorflow/tfjs-backend-wasm"
+import { Effect } from "effect"
+import * as ort from "onnxruntime-node"
+import * as OnnxTrainer from "../src/backends/OnnxTrainer.ts"
+import * as Loss from "../src/Loss.ts"
+import * as LrSchedule from "../src/LrSchedule.ts"
+import * as ModelConfig from "../src/model/ModelConfig.ts"
+import * as Qwen2 from "../src/model/Qwen2.ts"
+import * as Graph from "../src/onnx/Graph.ts"
+import * as Optimizer from "../src/Optimizer.ts"
+import * as Packing from "../src/Packing.ts"
+import * as Sampling from "../src/Sampling.ts"
+import type { BenchResult } from "./run.ts"
+
+const B = 8
+const T = 64
+const c = ModelConfig.presets.tiny
+const D = c.hiddenSize, H = c.numAttentionHeads, KV = c.numKeyValueHeads, hd = D / H, F = c.intermediateSize
+const V = c.vocabSize, L = c.numHiddenLayers, N = B * T
+
+const median = (xs: ReadonlyArray<number>) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!
+
+/** Matmul FLOPs of one forward pass (2·M·K·N each); a training step is ≈ 3× (two gradient matmuls per matmul). */
+const forwardFlops = N * (L * (2 * D * D * 2 + 2 * D * KV * hd * 2 + 2 * D * F * 3 + 2 * T * hd * H * 2) + 2 * D * V)
+const stepFlops = 3 * forwardFlops
+
+const batchData = () => {
+  const r = Sampling.rng(5)
+  const tokenIds = Array.from({ length: B }, () => Int32Array.from({ length: T }, () => Math.floor(r.next() * V)))
+  // loss on the second half of each sequence (the "response")
+  return tokenIds.map((ids) => ({ tokenIds: ids, lossMask: Uint8Array.from(ids, (_, t) => (t >= T / 2 ? 1 : 0)) }))
+}
+
+// ===== onnxruntime learner =====
+
+const ortLearner = (weights: Qwen2.Weights) =>
+  Effect.gen(function*() {
+    const trainer = yield* OnnxTrainer.make({
+      model: OnnxTrainer.qwen2(c),
+      weights,
+      loss: Loss.sft,
+      optimizer: Optimizer.defaultConfig,
+      schedule: LrSchedule.constant(1e-3)
+    })
+    const { microBatches } = yield* Packing.pack(batchData(), { tokenBudget: N, lengthMultiple: T, aggregation: "token-mean" })
+    const mb = microBatches[0]!
+    const first = yield* trainer.trainer.forwardBackward(mb) // compiles the session
+    const embedGradient = (yield* trainer.gradients).get("model.embed_tokens.weight")!
+    yield* trainer.trainer.optimStep
+    /** One timed step: [forward+backward ms, whole step ms]. */
+    const step = Effect.gen(function*() {
+      const t0 = performance.now()
+      yield* trainer.trainer.forwardBackward(mb)
+      const t1 = performance.now()
+      yield* trainer.trainer.optimStep
+      return [t1 - t0, performance.now() - t0] as const
+    })
+    return { initialLoss: first.loss, embedGradient, step }
+  })
+
+// ===== tfjs-wasm comparator =====
+
+const T2 = (x: tf.Tensor) => {
+  const r = x.rank
+  const perm = Array.from({ length: r }, (_, i) => i)
+  perm[r - 1] = r - 2
+  perm[r - 2] = r - 1
+  return tf.transpose(x, perm)
+}
+
+/** matMul whose gradient uses explicit transposes (tfjs-wasm's fast path). */
+const mm = tf.customGrad(((a: tf.Tensor, b: tf.Tensor, save: (ts: Array<tf.Tensor>) => void) => {
+  save([a, b])
+  return {
+    value: tf.matMul(a as tf.Tensor2D, b as tf.Tensor2D),
+    gradFunc: (dy: tf.Tensor, saved: Array<tf.Tensor>) => [
+      tf.matMul(dy as tf.Tensor2D, T2(saved[1]!) as tf.Tensor2D),
+      tf.matMul(T2(saved[0]!) as tf.Tensor2D, dy as tf.Tensor2D)
+    ]
+  }
+}) as never) as unknown as (a: tf.Tensor, b: tf.Tensor) => tf.Tensor
+
+const tfjsLearner = async (weights: Qwen2.Weights) => {
+  await tf.setBackend("wasm")
+  await tf.ready()
+  const data = batchData()
+  const ids = tf.tensor1d(data.flatMap((d) => Array.from(d.tokenIds.subarray(0, T))), "int32")
+  const targets = tf.tensor1d(data.flatMap((d) => [...Array.from(d.tokenIds.subarray(1)), 0]), "int32")
+  const maskArr = data.flatMap((d) => [...Array.from(d.lossMask.subarray(1)), 0])
+  const mask = tf.tensor1d(maskArr)
+  const maskSum = maskArr.reduce((a, b) => a + b, 0)
+  const w = (name: string, transpose: boolean) => {
+    const spec = Qwen2.parameters(c).find((p) => p.name === name)!
+    const t = tf.tensor(weights.get(name)!, [...spec.shape])
+    return tf.variable(transpose ? tf.transpose(t) : t)
+  }
+  const E = w("model.embed_tokens.weight", false)
+  const layers = Array.from({ length: L }, (_, i) => {
+    const p = `model.layers.${i}`
+    return {
+      g1: w(`${p}.input_layernorm.weight`, false),
+      g2: w(`${p}.post_attention_layernorm.weight`, false),
+      wq: w(`${p}.self_attn.q_proj.weight`, true),
+      bq: w(`${p}.self_attn.q_proj.bias`, false),
+      wk: w(`${p}.self_attn.k_proj.weight`, true),
+      bk: w(`${p}.self_attn.k_proj.bias`, false),
+      wv: w(`${p}.self_attn.v_proj.weight`, true),
+      bv: w(`${p}.self_attn.v_proj.bias`, false),
+      wo: w(`${p}.self_attn.o_proj.weight`, true),
+      wg: w(`${p}.mlp.gate_proj.weight`, true),
+      wu: w(`${p}.mlp.up_proj.weight`, true),
+      wd: w(`${p}.mlp.down_proj.weight`, true)
+    }
+  })
+  const gF = w("model.norm.weight", false)
+  const tables = Qwen2.ropeTables(c)
+  const cos = tf.tensor(tables.cos.subarray(0, T * hd / 2), [1, T, 1, hd / 2])
+  const sin = tf.tensor(tables.sin.subarray(0, T * hd / 2), [1, T, 1, hd / 2])
+  const causal = tf.tensor2d(Array.from({ length: T * T }, (_, k) => (k % T <= Math.floor(k / T) ? 0 : -1e9)), [T, T])
+  const rms = (x: tf.Tensor, g: tf.Tensor) =>
+    tf.mul(tf.mul(x, tf.rsqrt(tf.add(tf.mean(tf.square(x), -1, true), c.rmsNormEps))), g)
+  const rope = (x: tf.Tensor) => {
+    const [x1, x2] = tf.split(x, 2, -1) as [tf.Tensor, tf.Tensor]
+    return tf.concat([tf.sub(tf.mul(x1, cos), tf.mul(x2, sin)), tf.add(tf.mul(x2, cos), tf.mul(x1, sin))], -1)
+  }
+  // [B, KV, T, hd] → [B, H, T, hd]: query head kv·G + j shares kv head kv (tile has no rank-5 gradient on wasm)
+  const repeatKv = (x: tf.Tensor) =>
+    tf.concat(tf.split(x, KV, 1).flatMap((part) => Array.from({ length: H / KV }, () => part)), 1)
+  const lossFn = () => {
+    let x = mm(tf.oneHot(ids, V).toFloat(), E) // gather has no gradient kernel on wasm
+    for (const l of layers) {
+      const h = rms(x, l.g1)
+      const q = tf.transpose(rope(tf.reshape(tf.add(mm(h, l.wq), l.bq), [B, T, H, hd])), [0, 2, 1, 3])
+      const k = repeatKv(tf.transpose(rope(tf.reshape(tf.add(mm(h, l.wk), l.bk), [B, T, KV, hd])), [0, 2, 1, 3]))
+      const v = repeatKv(tf.transpose(tf.reshape(tf.add(mm(h, l.wv), l.bv), [B, T, KV, hd]), [0, 2, 1, 3]))
+      const probs = tf.softmax(tf.add(tf.mul(mm(q, T2(k)), 1 / Math.sqrt(hd)), causal))
+      const o = tf.reshape(tf.transpose(mm(probs, v), [0, 2, 1, 3]), [N, D])
+      x = tf.add(x, mm(o, l.wo))
+      const h2 = rms(x, l.g2)
+      const gate = mm(h2, l.wg)
+      x = tf.add(x, mm(tf.mul(tf.mul(gate, tf.sigmoid(gate)), mm(h2, l.wu)), l.wd))
+    }
+    const logits = mm(rms(x, gF), T2(E))
+    const picked = tf.sum(tf.mul(tf.logSoftmax(logits), tf.oneHot(targets, V)), -1)
+    return tf.div(tf.neg(tf.sum(tf.mul(picked, mask))), maskSum) as tf.Scalar
+  }
+  const { value, grads } = tf.variableGrads(lossFn, [E])
+  const initialLoss = (await value.data())[0]!
+  const embedGradient = Float32Array.from(await grads[E.name]!.data())
+  tf.dispose([value, ...Object.values(grads)])
+  const optimizer = tf.train.adam(1e-3, 0.9, 0.98, 1e-8)
+  const step = async () => {
+    const t0 = performance.now()
+    const loss = tf.tidy(() => optimizer.minimize(lossFn, true)!)
+    await loss.data()
+    loss.dispose()
+    return performance.now() - t0
+  }
+  await step() // the first step includes kernel set-up
+  return { initialLoss, embedGradient, step }
+}
+
+// ===== roofline =====
+
+const roofline = async (flops: number) => {
+  const n = 512
+  const chain = Math.max(1, Math.round(flops / (2 * n ** 3)))
+  const g = Graph.make("roofline")
+  const a = g.input("a", "float32", [n, n])
+  const w = g.input("w", "float32", [n, n])
+  // Independent products (a chain would drift into denormals and measure those instead).
+  const products = Array.from({ length: chain }, () => g.op("MatMul", [a, w]))
+  g.node(chain === 1 ? "Identity" : "Sum", products, ["y"])
+  g.output("y", "float32", [n, n])
+  const session = await ort.InferenceSession.create(Graph.toModelBytes(g), {
+    intraOpNumThreads: 2,
+    interOpNumThreads: 1,
+    extra: { session: { intra_op: { allow_spinning: "0" } } } // as the trainer runs
+  })
+  const scale = 1 / Math.sqrt(n)
+  const feeds = {
+    a: new ort.Tensor("float32", Float32Array.from({ length: n * n }, (_, i) => Math.sin(i) * scale), [n, n]),
+    w: new ort.Tensor("float32", Float32Array.from({ length: n * n }, (_, i) => Math.cos(i) * scale), [n, n])
+  }
+  await session.run(feeds)
+  const step = async () => {
+    const t0 = performance.now()
+    await session.run(feeds)
+    return performance.now() - t0
+  }
+  return { step, flops: chain * 2 * n ** 3 }
+}
+
+export default async (): Promise<BenchResult> => {
+  const weights = Qwen2.initWeights(c, 1)
+  const tfjs = await tfjsLearner(weights)
+  const roof = await roofline(stepFlops)
+  return Effect.runPromise(Effect.scoped(Effect.gen(function*() {
+    const onnx = yield* ortLearner(weights)
+    // Interleave the engines so that they share the machine's (noisy, shared) load alike.
+    const ortFwdBwd: Array<number> = [], ortStep: Array<number> = [], tfjsStep: Array<number> = [], roofMs: Array<number> = []
+    for (let round = 0; round < 6; round++) {
+      tfjsStep.push(yield* Effect.promise(tfjs.step))
+      for (let k = 0; k < 3; k++) roofMs.push(yield* Effect.promise(roof.step))
+      for (let k = 0; k < 4; k++) {
+        const [fb, full] = yield* onnx.step
+        ortFwdBwd.push(fb)
+        ortStep.push(full)
+      }
+    }
+    let diff = 0
+    let scale = 0
+    for (let i = 0; i < onnx.embedGradient.length; i++) {
+      diff = Math.max(diff, Math.abs(onnx.embedGradient[i]! - tfjs.embedGradient[i]!))
+      scale = Math.max(scale, Math.abs(tfjs.embedGradient[i]!))
+    }
+    const ortMs = median(ortStep), fbMs = median(ortFwdBwd), tfjsMs = median(tfjsStep), rooflineMs = median(roofMs)
+    const achieved = stepFlops / (fbMs / 1000) / 1e9
+    const peak = roof.flops / (rooflineMs / 1000) / 1e9
+    return {
+      headline: {
+        metric: "training tokens/s, ORT learner ÷ tfjs-wasm",
+        value: tfjsMs / ortMs,
+        target: 10,
+        better: "higher" as const
+      },
+      preset: "tiny",
+      batch: B,
+      tokensPerRow: T,
+      parameters: [...weights.values()].reduce((n, w) => n + w.length, 0),
+      ortStepMs: ortMs,
+      ortForwardBackwardMs: fbMs,
+      ortAdamMs: ortMs - fbMs,
+      ortTokensPerS: (N * 1000) / ortMs,
+      tfjsWasmStepMs: tfjsMs,
+      tfjsWasmTokensPerS: (N * 1000) / tfjsMs,
+      sameLoss: { ort: onnx.initialLoss, tfjs: tfjs.initialLoss },
+      embedGradientMaxRelDiff: diff / scale,
+      stepGflop: stepFlops / 1e9,
+      achievedGflops: achieved,
+      rooflineMatMulGflops: peak,
+      fractionOfRoofline: achieved / peak
+    }
+  })).pipe(Effect.provide(NodeServices.layer)))
+}
