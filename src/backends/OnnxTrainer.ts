@@ -301,6 +301,29 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
 })
 
 /**
+ * A frozen reference policy for the KL penalty: logprobs of a micro-batch's targets under fixed `weights`, from a
+ * forward-only graph (no gradients). Pass it as `Learner.Options.reference`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const makeReference = Effect.fn("OnnxTrainer.makeReference")(function*(
+  model: Model,
+  weights: PolicyTrainer.Weights,
+  options: Pick<Options, "executionProvider" | "intraOpThreads" | "allowSpinning"> = {}
+) {
+  const frozen = yield* make({
+    ...options,
+    model,
+    weights,
+    loss: { policyLoss: "nll", aggregation: "token-mean", clipLow: 0.2, clipHigh: 0.2, klCoef: 0, klEstimator: "k3", entropyCoef: 0 },
+    optimizer: Optimizer.defaultConfig,
+    schedule: LrSchedule.constant(0)
+  })
+  return (batch: Packing.MicroBatch) => Effect.map(frozen.logprobs(batch), (r) => r.tokenLogprobs)
+})
+
+/**
  * The trainer as a `PolicyTrainer` layer.
  *
  * @category layers

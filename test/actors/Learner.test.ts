@@ -173,3 +173,33 @@ describe("Learner", () => {
     }).pipe(Effect.provide(NodeServices.layer)), 120_000)
 })
 
+
+describe("Learner with a KL penalty to a frozen reference", () => {
+  it.effect("KL starts at 0 (same weights) and grows as the policy moves away from the reference", () =>
+    Effect.gen(function*() {
+      const config = tinyConfig({ vocabSize: 16, hiddenSize: 16, numAttentionHeads: 2, numKeyValueHeads: 1, intermediateSize: 32, numHiddenLayers: 1 })
+      const weights = Qwen2.initWeights(config, 3)
+      const loss: Loss.Config = { ...Loss.grpo, klCoef: 0.05, klEstimator: "k3" }
+      const trainer = yield* OnnxTrainer.make({
+        model: OnnxTrainer.qwen2(config),
+        weights,
+        loss,
+        optimizer: Optimizer.defaultConfig,
+        schedule: LrSchedule.constant(1e-2)
+      })
+      const reference = yield* OnnxTrainer.makeReference(OnnxTrainer.qwen2(config), weights)
+      const reports = yield* Queue.unbounded<Learner.StepReport>()
+      const learner = yield* Learner.make({ ...options, loss, groupsPerStep: 1, reference }, () => Effect.void, (r) =>
+        Queue.offer(reports, r).pipe(Effect.asVoid)).pipe(Effect.provideService(PolicyTrainer.PolicyTrainer, trainer.trainer))
+      const kls: Array<number> = []
+      for (let step = 0; step < 5; step++) {
+        const trajectories = [4, 5, 6, 7].map((a) => trajectory(`${step}.${a}`, `${step}`, [3, 9], a, -Math.log(16), a === 7 ? 1 : 0))
+        yield* learner.offer({ groupId: `${step}`, rowIndex: step, trajectories })
+        const r = yield* Queue.take(reports)
+        assert.strictEqual(r.outcome, "applied")
+        kls.push(r.figures["learner/kl"]!)
+      }
+      assert.approximately(kls[0]!, 0, 1e-6)
+      assert.isAbove(kls.at(-1)!, 1e-4, `kl: ${kls}`)
+    }).pipe(Effect.provide(NodeServices.layer)), 60_000)
+})
