@@ -91,6 +91,9 @@ const tokenName = (value: unknown): string | undefined =>
     ? (value as { content: string }).content
     : undefined
 
+const shortText = 64
+const cacheSize = 4096
+
 const escapeRegExp = (s: string): string => s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")
 
 const construct = (tokenizerJson: object, config: Record<string, unknown>): Option.Option<HfTokenizer> =>
@@ -151,6 +154,7 @@ const fromHf = (
     Number.isInteger(id) && id >= 0 && id < vocabSize && hf.id_to_token(id) !== undefined
   const eosToken = tokenName(cfg.eos_token)
   const encodeOptions = { add_special_tokens: false } as const
+  const cache = new Map<string, Array<number>>()
   const decodeOptions = { skip_special_tokens: false, clean_up_tokenization_spaces: false } as const
   return {
     [TypeId]: TypeId,
@@ -160,7 +164,17 @@ const fromHf = (
     eosTokenId: eosToken === undefined ? undefined : hf.token_to_id(eosToken),
     bosToken: tokenName(cfg.bos_token),
     padToken: tokenName(cfg.pad_token),
-    encode: (text) => (text.length === 0 ? [] : hf.encode(text, encodeOptions).ids),
+    encode: (text) => {
+      if (text.length === 0) return []
+      if (text.length > shortText) return hf.encode(text, encodeOptions).ids
+      // Short pieces (template scaffolding such as "\n" or "user\n") recur in every turn: memoize them.
+      const cached = cache.get(text)
+      if (cached !== undefined) return cached.slice()
+      if (cache.size >= cacheSize) cache.clear()
+      const ids = hf.encode(text, encodeOptions).ids
+      cache.set(text, ids)
+      return ids.slice()
+    },
     decode: (input) => {
       if (input.length === 0) return ""
       // Typed arrays (e.g. `Trajectory.tokenIds`) are accepted; the Hugging Face decoder wants a plain array.
