@@ -243,7 +243,10 @@ describe("Rollout.run", () => {
           Effect.as(sumTurns[situation(request).turnIndex]!)
         )
       )
-      const fiber = yield* runAll({ ...base, messages: user("sum"), stats }).pipe(Effect.provide(layer), Effect.forkChild)
+      const fiber = yield* runAll({ ...base, messages: user("sum"), stats }).pipe(
+        Effect.provide(layer),
+        Effect.forkChild
+      )
       yield* TestClock.adjust(100)
       yield* TestClock.adjust(300)
       const [t] = trajectories(yield* Fiber.join(fiber))
