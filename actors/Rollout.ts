@@ -111,10 +111,27 @@ const Limits = Schema.Struct({
 /**
  * Rolls out every row `numChains` times and streams trajectories and groups as they finish.
  *
+ * **Example** (GRPO groups from a local model, with tools and a reward)
+ *
+ * ```ts
+ * const tools = RolloutChain.toolsFromActor(yield* ToolActor.make([Calculator, Answer]))
+ * const reward = RolloutChain.rewardFromActor(yield* RewardActor.make(MathEqual, { onError: "zero" }))
+ * const groups = yield* Rollout.groups({
+ *   rows: [{ messages: [{ role: "user", content: "What is 17 * 23?" }], answer: "391" }],
+ *   numChains: 8,
+ *   maxTurns: 4,
+ *   maxContextTokens: 4096,
+ *   sampling: { temperature: 1, maxTokens: 512, seed: step },
+ *   format: ChainFormat.fromTemplate({ tokenizer, template }),
+ *   tools,
+ *   reward
+ * }).pipe(Stream.runCollect, Effect.provide(samplerLayer)) // any `Sampler`: PolicyEngine, OpenAiCompatSampler, ...
+ * ```
+ *
  * **Gotchas**
  *
  * Invalid options (no rows, `numChains < 1`, malformed messages) fail the stream with a `SchemaError` before
- * any chain starts.
+ * any chain starts. With a sampling `seed`, chain `k` uses `seed + k`: change the seed between training steps.
  *
  * @category constructors
  * @since 0.1.0
