@@ -17,7 +17,20 @@
  *
  * @since 0.1.0
  */
-import { Cause, Clock, Context, Duration, Effect, Exit, Layer, Option, Result, Schedule, Schema, Semaphore } from "effect"
+import {
+  Cause,
+  Clock,
+  Context,
+  Duration,
+  Effect,
+  Exit,
+  Layer,
+  Option,
+  Result,
+  Schedule,
+  Schema,
+  Semaphore
+} from "effect"
 import type { Message } from "../src/index.ts"
 import { Tool } from "../src/index.ts"
 
@@ -107,7 +120,10 @@ export interface Service<R = never> {
     calls: ReadonlyArray<typeof Message.ToolCall.Type>,
     options?: TurnOptions<R>
   ) => Effect.Effect<TurnResult, Tool.ToolError>
-  readonly execute: (call: typeof Message.ToolCall.Type, options?: TurnOptions<R>) => Effect.Effect<CallResult, Tool.ToolError>
+  readonly execute: (
+    call: typeof Message.ToolCall.Type,
+    options?: TurnOptions<R>
+  ) => Effect.Effect<CallResult, Tool.ToolError>
   /** A snapshot: `tool/<name>/{calls,errors,errors/<Reason>,retries,truncated,latency_mean_ms,latency_max_ms}`. */
   readonly metrics: Effect.Effect<Record<string, number>>
 }
@@ -167,7 +183,9 @@ const failureDetail = (error: unknown, encoded: unknown): string => {
 }
 
 /** Arguments arrive as a JSON value (usually an object) or, from some servers, as a JSON string. */
-const parseArguments = (raw: unknown): { readonly ok: true; readonly value: unknown } | { ok: false; error: string } => {
+const parseArguments = (
+  raw: unknown
+): { readonly ok: true; readonly value: unknown } | { readonly ok: false; readonly error: string } => {
   if (typeof raw !== "string") return { ok: true, value: raw ?? {} }
   if (raw.trim() === "") return { ok: true, value: {} }
   const decoded = decodeJson(raw)
@@ -391,7 +409,8 @@ export const make = <const Tools extends ReadonlyArray<Tool.Any>>(
       const entry = entries.get(call.function.name)
       if (entry === undefined) {
         const error = toolError(call, "UnknownTool", available)
-        return yield* finish(call, "_unknown", start, { text: error.message, error, attempts: 0, budget: defaultBudget })
+        const outcome = { text: error.message, error, attempts: 0, budget: defaultBudget }
+        return yield* finish(call, "_unknown", start, outcome)
       }
       const done = (outcome: Omit<Parameters<typeof finish>[3], "budget">) =>
         finish(call, entry.tool.name, start, { ...outcome, budget: entry.budget })

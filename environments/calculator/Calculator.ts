@@ -97,6 +97,17 @@ const bigSqrt = (n: bigint): bigint => {
   return x
 }
 
+/**
+ * An allowed function: its arity range and how it applies.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Fn {
+  readonly arity: readonly [number, number]
+  readonly apply: (args: ReadonlyArray<Value>) => Value
+}
+
 const unary = (f: (x: number) => number) => (args: ReadonlyArray<Value>) => float(f(toNumber(args[0]!)))
 
 /**
@@ -105,7 +116,7 @@ const unary = (f: (x: number) => number) => (args: ReadonlyArray<Value>) => floa
  * @category models
  * @since 0.1.0
  */
-export const functions: Readonly<Record<string, { readonly arity: readonly [number, number]; readonly apply: (args: ReadonlyArray<Value>) => Value }>> = {
+export const functions: Readonly<Record<string, Fn>> = {
   sqrt: {
     arity: [1, 1],
     apply: ([x]) => {
@@ -126,12 +137,15 @@ export const functions: Readonly<Record<string, { readonly arity: readonly [numb
       return x!._tag === "Exact" ? exact(x!.value.round(p)) : float(Number(x!.value.toFixed(p)))
     }
   },
-  floor: { arity: [1, 1], apply: ([x]) => (x!._tag === "Exact" ? exact(x!.value.floor()) : float(Math.floor(x!.value))) },
+  floor: {
+    arity: [1, 1],
+    apply: ([x]) => (x!._tag === "Exact" ? exact(x!.value.floor()) : float(Math.floor(x!.value)))
+  },
   ceil: { arity: [1, 1], apply: ([x]) => (x!._tag === "Exact" ? exact(x!.value.ceil()) : float(Math.ceil(x!.value))) },
   exp: { arity: [1, 1], apply: unary(Math.exp) },
   log: {
     arity: [1, 2],
-    apply: (args) => float(args.length === 2 ? Math.log(toNumber(args[0]!)) / Math.log(toNumber(args[1]!)) : Math.log(toNumber(args[0]!)))
+    apply: ([x, base]) => float(Math.log(toNumber(x!)) / (base === undefined ? 1 : Math.log(toNumber(base))))
   },
   ln: { arity: [1, 1], apply: unary(Math.log) },
   log10: { arity: [1, 1], apply: unary(Math.log10) },
@@ -153,7 +167,10 @@ const arith = (
   b: Value,
   exactOp: (x: Fraction, y: Fraction) => Fraction,
   floatOp: (x: number, y: number) => number
-): Value => (a._tag === "Exact" && b._tag === "Exact" ? exact(exactOp(a.value, b.value)) : float(floatOp(toNumber(a), toNumber(b))))
+): Value =>
+  a._tag === "Exact" && b._tag === "Exact"
+    ? exact(exactOp(a.value, b.value))
+    : float(floatOp(toNumber(a), toNumber(b)))
 
 const divide = (a: Value, b: Value): Value => {
   if (toNumber(b) === 0 && (b._tag === "Exact" || a._tag === "Exact")) throw new Refused("division by zero")
@@ -166,7 +183,9 @@ const power = (a: Value, b: Value, limits: Limits): Value => {
     if (a.value.n === 0n && e < 0n) throw new Refused("division by zero")
     // Exact powers only while the result stays within the digit limit; beyond it the float path decides.
     const size = Math.max(digits(a.value.n), digits(a.value.d)) * Math.abs(Number(e))
-    if (size <= limits.maxDigits + 1 || a.value.n <= 1n && a.value.d === 1n) return exact(a.value.pow(math.fraction(e, 1n)))
+    if (size <= limits.maxDigits + 1 || (a.value.n <= 1n && a.value.d === 1n)) {
+      return exact(a.value.pow(math.fraction(e, 1n)))
+    }
   }
   return float(Math.pow(toNumber(a), toNumber(b)))
 }
@@ -257,7 +276,8 @@ const walk = (node: MathNode, limits: Limits): Value => {
       if (f === undefined) throw new Refused(`unknown function "${name ?? node.toString()}"`)
       const args = any.args!.map((a) => walk(a, limits))
       if (args.length < f.arity[0] || args.length > f.arity[1]) {
-        throw new Refused(`${name} takes ${f.arity[0] === f.arity[1] ? f.arity[0] : `${f.arity[0]} to ${f.arity[1]}`} argument(s)`)
+        const [lo, hi] = f.arity
+        throw new Refused(`${name} takes ${lo === hi ? lo : `${lo} to ${hi}`} argument(s)`)
       }
       return checkSize(f.apply(args), limits)
     }

@@ -93,7 +93,8 @@ export const normalize = (answer: string): string => {
   s = replaceCommand(s, "\\sqrt", 1, ([a]) => `sqrt(${a})`)
   s = s.replace(/\\cdot|\\times/g, "*").replace(/\\div/g, "/").replace(/\\pi/g, "pi")
   s = s.replace(/\b(\d{1,3})((?:,\d{3})+)\b/g, (_, head: string, rest: string) => head + rest.replace(/,/g, ""))
-  s = s.replace(/^[a-z]\s*=\s*/i, "").replace(/\.$/, "").replace(/\s+/g, "").replace(/[{}]/g, (c) => (c === "{" ? "(" : ")"))
+  s = s.replace(/^[a-z]\s*=\s*/i, "").replace(/\.$/, "").replace(/\s+/g, "")
+  s = s.replace(/[{}]/g, (c) => (c === "{" ? "(" : ")"))
   return s
 }
 

@@ -201,7 +201,8 @@ describe("ToolActor", () => {
 
     it("fits any text into any character budget (property)", async () => {
       const fc = await import("fast-check")
-      fc.assert(fc.property(fc.string({ unit: "grapheme", maxLength: 300 }), fc.integer({ min: 0, max: 200 }), (s, n) => {
+      const texts = fc.string({ unit: "grapheme", maxLength: 300 })
+      fc.assert(fc.property(texts, fc.integer({ min: 0, max: 200 }), (s, n) => {
         const { text, truncated } = Tool.truncate(s, { chars: n })
         assert.isAtMost(text.length, Math.max(n, 0))
         assert.strictEqual(truncated, s.length > n)
@@ -314,7 +315,9 @@ describe("ToolActor", () => {
         retry: { times: 3, schedule: Schedule.spaced("100 millis") },
         handler: () =>
           Effect.suspend(() =>
-            ++attempt <= failures ? Effect.fail(new Flaky({ message: `attempt ${attempt}`, retryable })) : Effect.succeed("ok")
+            ++attempt <= failures
+              ? Effect.fail(new Flaky({ message: `attempt ${attempt}`, retryable }))
+              : Effect.succeed("ok")
           )
       })
     }

@@ -57,7 +57,8 @@ describe("mathEqual", () => {
 
   it.effect("a row without an answer is an InvalidRow error naming the field", () =>
     Effect.gen(function*() {
-      const e = yield* Effect.flip(MathEqual.mathEqual.evaluate({ trajectory: answered("\\boxed{1}", { solution: 1 }) }))
+      const trajectory = answered("\\boxed{1}", { solution: 1 })
+      const e = yield* Effect.flip(MathEqual.mathEqual.evaluate({ trajectory }))
       assert.strictEqual(e.reason, "InvalidRow")
       assert.include(e.message, `["answer"]`)
     }))

@@ -4,7 +4,10 @@ import * as Qa from "../../../environments/rewards/Qa.ts"
 import { answered } from "../../utils/trajectories.ts"
 
 const run = (reward: typeof Qa.f1, response: string, answer: unknown) =>
-  Effect.map(reward.evaluate({ trajectory: answered(response, { answer }) }), (o) => o._tag === "Scored" ? o : undefined)
+  Effect.map(
+    reward.evaluate({ trajectory: answered(response, { answer }) }),
+    (o) => (o._tag === "Scored" ? o : undefined)
+  )
 
 describe("QA rewards", () => {
   it("normalises like SQuAD", () => {
@@ -24,7 +27,8 @@ describe("QA rewards", () => {
     Effect.gen(function*() {
       assert.strictEqual((yield* run(Qa.exactMatch, "The Eiffel Tower.", "eiffel tower"))?.reward, 1)
       assert.strictEqual((yield* run(Qa.exactMatch, "Paris", ["Lyon", "paris"]))?.reward, 1)
-      assert.strictEqual((yield* run(Qa.exactMatch, "I think <answer>x</answer> <answer>Paris</answer>", "Paris"))?.reward, 1)
+      const tagged = "I think <answer>x</answer> <answer>Paris</answer>"
+      assert.strictEqual((yield* run(Qa.exactMatch, tagged, "Paris"))?.reward, 1)
       assert.strictEqual((yield* run(Qa.exactMatch, "Paris, France", "Paris"))?.reward, 0)
       assert.strictEqual((yield* run(Qa.exactMatch, "", "Paris"))?.reward, 0)
     }))
@@ -42,7 +46,8 @@ describe("QA rewards", () => {
   it.effect("rows without references are InvalidRow errors", () =>
     Effect.gen(function*() {
       for (const answer of [undefined, [], 42]) {
-        const e = yield* Effect.flip(Qa.f1.evaluate({ trajectory: answered("x", answer === undefined ? {} : { answer }) }))
+        const trajectory = answered("x", answer === undefined ? {} : { answer })
+        const e = yield* Effect.flip(Qa.f1.evaluate({ trajectory }))
         assert.strictEqual(e.reason, "InvalidRow")
       }
     }))

@@ -13,7 +13,8 @@ const call = (id: string, name: string, args: unknown) => ({
 })
 
 /** Runs each assistant turn's calls through the real tool actor and builds the conversation. */
-const converse = (turns: ReadonlyArray<{ readonly content: string; readonly calls: ReadonlyArray<ReturnType<typeof call>> }>) =>
+type Turn = { readonly content: string; readonly calls: ReadonlyArray<ReturnType<typeof call>> }
+const converse = (turns: ReadonlyArray<Turn>) =>
   Effect.gen(function*() {
     const actor = yield* ToolActor.make([Calculator.calculator])
     const messages: Array<Message.Message> = [{ role: "user", content: "What is 6*7?" }]
