@@ -86,7 +86,9 @@ export type SamplerErrorReason = typeof SamplerErrorReason.Type
  */
 export class SamplerError extends Schema.TaggedError<SamplerError>()("SamplerError", {
   reason: SamplerErrorReason,
-  message: Schema.String
+  message: Schema.String,
+  /** How long the backend asked us to wait before retrying (an HTTP `Retry-After`), when it said. */
+  retryAfterMs: Schema.optionalKey(Schema.Number)
 }) {
   get isRetryable(): boolean {
     return this.reason === "Timeout" || this.reason === "Overloaded" || this.reason === "ServerError" ||

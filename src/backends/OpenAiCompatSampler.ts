@@ -12,13 +12,13 @@
  * trainable (usable for evaluation and SFT data).
  *
  * Both modes time out each attempt (`timeoutMs`), and retry 429 (`Overloaded`), 5xx (`ServerError`), timeouts
- * and transport failures with jittered exponential backoff (`retries`, `retryBaseMs`); other 4xx answers fail
- * with `BadRequest`. The HTTP client comes from context: on Node 20 provide
+ * and transport failures with jittered exponential backoff (`retries`, `retryBaseMs`), waiting at least as long as
+ * a `Retry-After` header asks (up to `maxRetryAfterMs`); other 4xx answers fail with `BadRequest`. The HTTP client comes from context: on Node 20 provide
  * `NodeHttpClient.layerNodeHttp` (from `@effect/platform-node/NodeHttpClient`) or `FetchHttpClient.layer`.
  *
  * @since 0.1.0
  */
-import { Effect, Layer, Option, Redacted, Schedule, Schema } from "effect"
+import { Clock, Duration, Effect, Layer, Option, Redacted, Schedule, Schema } from "effect"
 import { HttpClient, HttpClientRequest } from "effect/http"
 import type { HttpClientResponse } from "effect/http"
 import { ToolCall } from "../Message.ts"
@@ -47,6 +47,8 @@ export interface Config {
   readonly retries?: number | undefined
   /** First backoff delay; doubles per retry, jittered (default 200 ms). */
   readonly retryBaseMs?: number | undefined
+  /** Longest `Retry-After` honoured (default 60 s); a server asking for more is retried after this long. */
+  readonly maxRetryAfterMs?: number | undefined
   /**
    * The policy version to record when the server does not report one in `policy_version` (default 0). An
    * effect is read at every call (e.g. the trainer's current weight version).
@@ -144,8 +146,23 @@ export const readChoice = (
 
 // ===== Transport =====
 
-const statusError = (status: number, body: string): SamplerError =>
+/**
+ * Milliseconds to wait from an HTTP `Retry-After` value (delta-seconds or an HTTP date), given the current time.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const retryAfterMs = (header: string | undefined, nowMs: number): number | undefined => {
+  if (header === undefined) return undefined
+  const trimmed = header.trim()
+  if (/^\d+(\.\d+)?$/.test(trimmed)) return Number(trimmed) * 1000
+  const at = Date.parse(trimmed)
+  return Number.isNaN(at) ? undefined : Math.max(0, at - nowMs)
+}
+
+const statusError = (status: number, body: string, waitMs: number | undefined): SamplerError =>
   new SamplerError({
+    ...(waitMs === undefined ? {} : { retryAfterMs: waitMs }),
     reason: status === 429
       ? "Overloaded"
       : status === 408
@@ -159,7 +176,15 @@ const statusError = (status: number, body: string): SamplerError =>
 const makePost = Effect.fnUntraced(function*(config: Config) {
   const client = yield* HttpClient.HttpClient
   const timeoutMs = config.timeoutMs ?? 60_000
-  const retry = Schedule.exponential(config.retryBaseMs ?? 200).pipe(Schedule.jittered)
+  const maxRetryAfterMs = config.maxRetryAfterMs ?? 60_000
+  // Backoff, stretched to the server's `Retry-After` when it sent one (capped).
+  const retry = Schedule.exponential(config.retryBaseMs ?? 200).pipe(
+    Schedule.jittered,
+    Schedule.setInputType<SamplerError>(),
+    Schedule.modifyDelay(({ duration, input }) =>
+      Effect.succeed(Math.max(Duration.toMillis(duration), Math.min(input.retryAfterMs ?? 0, maxRetryAfterMs)))
+    )
+  )
   const base = config.baseUrl.replace(/\/+$/, "")
   return <S extends Schema.Top & { readonly DecodingServices: never }>(
     path: string,
@@ -184,7 +209,9 @@ const makePost = Effect.fnUntraced(function*(config: Config) {
           )
           : Effect.flatMap(
             Effect.orElseSucceed(response.text, () => ""),
-            (text) => Effect.fail(statusError(response.status, text))
+            (text) =>
+              Effect.flatMap(Clock.currentTimeMillis, (now) =>
+                Effect.fail(statusError(response.status, text, retryAfterMs(response.headers["retry-after"], now))))
           )
       ),
       Effect.timeoutOrElse({

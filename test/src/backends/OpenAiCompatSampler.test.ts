@@ -16,7 +16,10 @@ interface Seen {
   readonly authorization: string | undefined
 }
 
-type Handler = (seen: Seen, index: number) => { readonly status: number; readonly json?: unknown } | "hang"
+type Handler = (
+  seen: Seen,
+  index: number
+) => { readonly status: number; readonly json?: unknown; readonly headers?: Record<string, string> } | "hang"
 
 /** A throwaway HTTP server in the test's scope; records every request it gets. */
 const testServer = (handler: Handler) =>
@@ -31,7 +34,7 @@ const testServer = (handler: Handler) =>
           seen.push(entry)
           const answer = handler(entry, seen.length - 1)
           if (answer === "hang") return
-          res.writeHead(answer.status, { "content-type": "application/json" })
+          res.writeHead(answer.status, { "content-type": "application/json", ...answer.headers })
           res.end(JSON.stringify(answer.json ?? { error: { message: "nope" } }))
         })
       })
@@ -142,6 +145,41 @@ describe("OpenAiCompatSampler (token mode)", () => {
       assert.deepStrictEqual(result.tokenIds, [1])
       assert.strictEqual(server.seen.length, 3)
     })))
+
+  it.live("waits as long as Retry-After asks, capped by maxRetryAfterMs", () =>
+    live(Effect.gen(function*() {
+      const server = yield* testServer((_, i) =>
+        i % 2 === 0
+          ? { status: 429, headers: { "retry-after": i === 0 ? "1" : "3600" } }
+          : { status: 200, json: { choices: [vllmChoice([1], "stop")] } }
+      )
+      const sampler = yield* OpenAiCompatSampler.make({
+        baseUrl: server.baseUrl,
+        model: "m",
+        retryBaseMs: 1,
+        maxRetryAfterMs: 1500
+      })
+      const t0 = performance.now()
+      yield* sampler.generate(request)
+      const waited = performance.now() - t0
+      assert.isAtLeast(waited, 950, "Retry-After: 1 is honoured")
+      const t1 = performance.now()
+      yield* sampler.generate(request)
+      const capped = performance.now() - t1
+      assert.isAtLeast(capped, 1400)
+      assert.isBelow(capped, 3000, "Retry-After: 3600 is capped")
+    })))
+
+  it.effect("reads Retry-After as seconds or as an HTTP date", () =>
+    Effect.sync(() => {
+      const now = Date.parse("Sun, 29 Nov 2026 10:00:00 GMT")
+      assert.strictEqual(OpenAiCompatSampler.retryAfterMs("2", now), 2000)
+      assert.strictEqual(OpenAiCompatSampler.retryAfterMs("0.5", now), 500)
+      assert.strictEqual(OpenAiCompatSampler.retryAfterMs("Sun, 29 Nov 2026 10:00:07 GMT", now), 7000)
+      assert.strictEqual(OpenAiCompatSampler.retryAfterMs("Sun, 29 Nov 2026 09:00:00 GMT", now), 0)
+      assert.isUndefined(OpenAiCompatSampler.retryAfterMs("soon", now))
+      assert.isUndefined(OpenAiCompatSampler.retryAfterMs(undefined, now))
+    }))
 
   it.live("gives up after the configured retries with a typed error", () =>
     live(Effect.gen(function*() {
