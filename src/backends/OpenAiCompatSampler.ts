@@ -13,8 +13,9 @@
  *
  * Both modes time out each attempt (`timeoutMs`), and retry 429 (`Overloaded`), 5xx (`ServerError`), timeouts
  * and transport failures with jittered exponential backoff (`retries`, `retryBaseMs`), waiting at least as long as
- * a `Retry-After` header asks (up to `maxRetryAfterMs`); other 4xx answers fail with `BadRequest`. The HTTP client comes from context: on Node 20 provide
- * `NodeHttpClient.layerNodeHttp` (from `@effect/platform-node/NodeHttpClient`) or `FetchHttpClient.layer`.
+ * a `Retry-After` header asks (up to `maxRetryAfterMs`); other 4xx answers fail with `BadRequest`. The HTTP
+ * client comes from context: on Node 20 provide `NodeHttpClient.layerNodeHttp` (from
+ * `@effect/platform-node/NodeHttpClient`) or `FetchHttpClient.layer`.
  *
  * @since 0.1.0
  */
