@@ -301,6 +301,49 @@ export const make = <
 }
 
 /**
+ * Makes a tool from an `effect/ai` tool definition (`Tool.make` from `effect/ai`) and a handler: name,
+ * description, Schemas and failure mode come from the definition. `effect/ai` does not keep a tool's
+ * `dependencies` at run time, so list them again here.
+ *
+ * **Example** (Reusing an `effect/ai` definition)
+ *
+ * ```ts
+ * const Search = AiTool.make("search", { description: "Search", parameters: Schema.Struct({ q: Schema.String }),
+ *   success: Schema.String, failureMode: "return" })
+ * const search = Tool.fromAi(Search, { handler: ({ q }) => Effect.succeed(`results for ${q}`) })
+ * ```
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const fromAi = <
+  const Name extends string,
+  Config extends {
+    readonly parameters: Schema.Top
+    readonly success: Schema.Top
+    readonly failure: Schema.Top
+    readonly failureMode: "error" | "return"
+  },
+  const Deps extends ReadonlyArray<Context.Key<any, any>> = []
+>(
+  definition: AiTool.Tool<Name, Config, any>,
+  options:
+    & Omit<
+      Options<Config["parameters"], Config["success"], Config["failure"], Deps>,
+      "description" | "parameters" | "success" | "failure" | "failureMode"
+    >
+    & { readonly description?: string | undefined }
+): Tool<Name, Config["parameters"], Config["success"], Config["failure"], Identifiers<Deps>> =>
+  make(definition.name, {
+    ...options,
+    description: options.description ?? AiTool.getDescription(definition as AiTool.Any) ?? "",
+    parameters: definition.parametersSchema,
+    success: definition.successSchema,
+    failure: definition.failureSchema,
+    failureMode: definition.failureMode
+  }) as Tool<Name, Config["parameters"], Config["success"], Config["failure"], Identifiers<Deps>>
+
+/**
  * Whether a value is a {@link Tool}.
  *
  * @category guards

@@ -1,6 +1,7 @@
 import { assert, describe, it } from "@effect/vitest"
 import { Tokenizer } from "@huggingface/tokenizers"
 import { Context, Effect, Exit, Fiber, Layer, Ref, Schedule, Schema, Scope } from "effect"
+import { Tool as AiTool } from "effect/ai"
 import { TestClock } from "effect/testing"
 import { readFileSync } from "node:fs"
 import { createRequire } from "node:module"
@@ -476,6 +477,26 @@ describe("ToolActor", () => {
       assert.strictEqual(m["tool/slow/errors/Timeout"], 1)
       assert.strictEqual(m["tool/slow/latency_max_ms"], 1000)
       assert.strictEqual(m["tool/slow/latency_mean_ms"], 1000)
+    }))
+
+  it.effect("a tool built from an effect/ai definition keeps its name, description, Schemas and failure mode", () =>
+    Effect.gen(function*() {
+      const Definition = AiTool.make("shout", {
+        description: "Upper-case a text",
+        parameters: Schema.Struct({ text: Schema.String }),
+        success: Schema.String,
+        failure: NotFound,
+        failureMode: "return"
+      })
+      const shout = Tool.fromAi(Definition, {
+        handler: ({ text }) =>
+          text === "" ? Effect.fail(new NotFound({ message: "nothing to shout" })) : Effect.succeed(text.toUpperCase())
+      })
+      const actor = yield* ToolActor.make([shout])
+      const turn = yield* actor.executeTurn([call("shout", { text: "hi" }), call("shout", { text: "" })])
+      assert.deepStrictEqual(turn.messages.map((m) => m.content), ["HI", "Error: nothing to shout"])
+      assert.strictEqual(actor.functionSchemas[0]!.function.description, "Upper-case a text")
+      assert.strictEqual(shout.failureMode, "return")
     }))
 
   it.effect("exposes the tools as OpenAI function schemas for the chat template", () =>
