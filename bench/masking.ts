@@ -178,7 +178,8 @@ export default async () => {
     const lists: Array<Array<Message.Message>> = [[...p.prompt]]
     let messages = [...p.prompt]
     for (const step of p.steps) {
-      messages = [...messages, ...("sampled" in step ? [{ role: "assistant" as const, content: "x" }] : step.observations)]
+      const added = "sampled" in step ? [{ role: "assistant" as const, content: "x" }] : step.observations
+      messages = [...messages, ...added]
       if (!("sampled" in step)) lists.push(messages)
     }
     return lists

@@ -30,7 +30,8 @@ layer(Qwen.layer)("Tokenizer (real Qwen tokenizer.json)", (it) => {
       assert.strictEqual(tokenizer.eosToken, "<|im_end|>")
       assert.strictEqual(tokenizer.eosTokenId, 151645)
       assert.deepStrictEqual(tokenizer.encode(""), [])
-      const text = "<|im_start|>assistant\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": \"é 你好\"}}\n</tool_call><|im_end|>"
+      const text = "<|im_start|>assistant\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": \"é 你好\"}}\n" +
+        "</tool_call><|im_end|>"
       assert.strictEqual(tokenizer.decode(tokenizer.encode(text)), text)
     }))
 

@@ -27,7 +27,10 @@ describe("ToolCallParser.hermes", () => {
       "<tool_call>{\"name\": \"b\", \"parameters\": [1]}</tool_call>" +
       "tail</tool_call><tool_call>{\"name\": \"cut\", \"argu"
     const result = ToolCallParser.hermes(text)
-    assert.deepStrictEqual(result.errors.map((e) => e.reason), ["InvalidJson", "UnknownShape", "UnknownShape", "UnknownShape", "UnclosedTag"])
+    assert.deepStrictEqual(
+      result.errors.map((e) => e.reason),
+      ["InvalidJson", "UnknownShape", "UnknownShape", "UnknownShape", "UnclosedTag"]
+    )
     assert.deepStrictEqual(result.toolCalls.map((c) => [c.function.name, c.function.arguments]), [["ok", { k: 2 }]])
     assert.strictEqual(result.content, "tail")
     assert.isTrue(result.errors.every((e) => e._tag === "ToolCallParseError" && e.message.length > 0))
@@ -52,7 +55,9 @@ describe("ToolCallParser.llama3", () => {
   it("reads one or several JSON calls, with or without <|python_tag|>", () => {
     const one = ToolCallParser.llama3("{\"name\": \"calc\", \"parameters\": {\"e\": \"1+1\"}}")
     assert.deepStrictEqual(one.toolCalls[0]?.function, { name: "calc", arguments: { e: "1+1" } })
-    const two = ToolCallParser.llama3("<|python_tag|>{\"name\": \"a\", \"parameters\": {}}; {\"name\": \"b\", \"parameters\": {\"x\": 1}}")
+    const two = ToolCallParser.llama3(
+      "<|python_tag|>{\"name\": \"a\", \"parameters\": {}}; {\"name\": \"b\", \"parameters\": {\"x\": 1}}"
+    )
     assert.deepStrictEqual(two.toolCalls.map((c) => c.function.name), ["a", "b"])
     assert.deepStrictEqual(ToolCallParser.llama3("[{\"name\": \"a\"}, {\"name\": \"b\"}]").toolCalls.length, 2)
     const plain = ToolCallParser.llama3("The answer is 4.")
@@ -60,7 +65,8 @@ describe("ToolCallParser.llama3", () => {
   })
 
   it("truncated JSON and trailing prose are typed errors", () => {
-    assert.strictEqual(ToolCallParser.llama3("{\"name\": \"a\", \"parameters\": {\"x\": ").errors[0]?.reason, "InvalidJson")
+    const truncated = ToolCallParser.llama3("{\"name\": \"a\", \"parameters\": {\"x\": ")
+    assert.strictEqual(truncated.errors[0]?.reason, "InvalidJson")
     assert.strictEqual(ToolCallParser.llama3("{\"name\": \"a\"} and then").errors[0]?.reason, "UnknownShape")
     assert.strictEqual(ToolCallParser.llama3("<|python_tag|>print(1)").errors[0]?.reason, "UnknownShape")
   })
@@ -68,7 +74,8 @@ describe("ToolCallParser.llama3", () => {
 
 describe("ToolCallParser.react", () => {
   it("reads Thought / Action / Action Input and repairs near-JSON input", () => {
-    const text = "Thought: I need the weather.\nAction: get_weather\nAction Input: {'city': 'Paris',}\nObservation: ignored"
+    const text = "Thought: I need the weather.\nAction: get_weather\nAction Input: {'city': 'Paris',}\n" +
+      "Observation: ignored"
     const result = ToolCallParser.react(text)
     assert.strictEqual(result.content, "Thought: I need the weather.")
     assert.deepStrictEqual(result.toolCalls[0]?.function, { name: "get_weather", arguments: { city: "Paris" } })
@@ -80,7 +87,8 @@ describe("ToolCallParser.react", () => {
     assert.deepStrictEqual(ToolCallParser.react("Thought: done\nFinal Answer: 4").toolCalls, [])
     assert.strictEqual(ToolCallParser.react("Action: calc\n").errors[0]?.reason, "UnknownShape")
     assert.strictEqual(ToolCallParser.react("Action:\nAction Input: {}").errors[0]?.reason, "UnknownShape")
-    assert.strictEqual(ToolCallParser.react("Action: calc\nAction Input: Paris please").errors[0]?.reason, "InvalidJson")
+    const prose = ToolCallParser.react("Action: calc\nAction Input: Paris please")
+    assert.strictEqual(prose.errors[0]?.reason, "InvalidJson")
     assert.strictEqual(ToolCallParser.react("Action: calc\nAction Input: [1]").errors[0]?.reason, "UnknownShape")
   })
 })
@@ -88,7 +96,8 @@ describe("ToolCallParser.react", () => {
 describe("ToolCallParser.codeBlock", () => {
   it("exactly one block is a call; none is content; two are ambiguous; unclosed is an error", () => {
     const one = ToolCallParser.codeBlock("Let me run it.\n```python\nprint(1 + 1)\n```\nDone.")
-    assert.deepStrictEqual(one.toolCalls[0]?.function, { name: "code_interpreter", arguments: { code: "print(1 + 1)" } })
+    const expected = { name: "code_interpreter", arguments: { code: "print(1 + 1)" } }
+    assert.deepStrictEqual(one.toolCalls[0]?.function, expected)
     assert.strictEqual(one.content, "Let me run it.\nDone.")
     assert.deepStrictEqual(ToolCallParser.codeBlock("no code").toolCalls, [])
     const two = ToolCallParser.codeBlock("```\na\n```\n```\nb\n```")
@@ -169,7 +178,11 @@ describe("ToolCallParser properties", () => {
         const template = ChatTemplate.builtinTemplate(templateName)
         const samples = fc.sample(calls, { numRuns: 100, seed: 5 })
         for (const sample of samples) {
-          const toolCalls: Array<Message.ToolCall> = sample.map((c, i) => ({ id: `call_${i}`, type: "function", function: c }))
+          const toolCalls: Array<Message.ToolCall> = sample.map((c, i) => ({
+            id: `call_${i}`,
+            type: "function",
+            function: c
+          }))
           const before = yield* template.render([{ role: "user", content: "q" }], { addGenerationPrompt: true })
           const after = yield* template.render([{ role: "user", content: "q" }, {
             role: "assistant",

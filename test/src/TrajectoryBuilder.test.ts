@@ -217,15 +217,19 @@ layer(Qwen.layer)("TrajectoryBuilder on the real Qwen tokenizer", (it) => {
       assert.isTrue(Number.isNaN(lp[0]!))
       assert.strictEqual(Trajectory.lossMask(segment).reduce((a, b) => a + b, 0), sampled.length)
       const tail = tokenizer.decode(ids.slice(promptIds.length + sampled.length))
-      assert.strictEqual(tail, "\n<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+      const observation = "\n<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>\n" +
+        "<|im_start|>assistant\n"
+      assert.strictEqual(tail, observation)
       const message = builder.messages[1]!
-      assert.deepStrictEqual(message.role === "assistant" && message.tool_calls?.[0]?.function.arguments, { city: "Paris" })
+      const args = message.role === "assistant" && message.tool_calls?.[0]?.function.arguments
+      assert.deepStrictEqual(args, { city: "Paris" })
     }))
 
   it.effect("a sample cut by maxTokens: the template's <|im_end|> arrives as a template token", () =>
     Effect.gen(function*() {
       const { qwen25, tokenizer } = yield* Qwen
-      let builder = yield* TrajectoryBuilder.start({ tokenizer, template: qwen25, messages: [{ role: "user", content: "Count" }] })
+      const prompt: ReadonlyArray<Message.Message> = [{ role: "user", content: "Count" }]
+      let builder = yield* TrajectoryBuilder.start({ tokenizer, template: qwen25, messages: prompt })
       const cut = tokenizer.encode("1, 2, 3, 4")
       builder = yield* TrajectoryBuilder.appendSampled(builder, { tokenIds: cut })
       builder = yield* TrajectoryBuilder.appendObservations(builder, [{ role: "user", content: "go on" }])
@@ -258,19 +262,24 @@ layer(Qwen.layer)("TrajectoryBuilder on the real Qwen tokenizer", (it) => {
   it.effect("bad input gives typed errors: ids, logprobs, order, template", () =>
     Effect.gen(function*() {
       const { qwen25, tokenizer } = yield* Qwen
-      const builder = yield* TrajectoryBuilder.start({ tokenizer, template: qwen25, messages: [{ role: "user", content: "x" }] })
+      const prompt: ReadonlyArray<Message.Message> = [{ role: "user", content: "x" }]
+      const builder = yield* TrajectoryBuilder.start({ tokenizer, template: qwen25, messages: prompt })
       const badIds = yield* Effect.flip(TrajectoryBuilder.appendSampled(builder, { tokenIds: [1, 999_999] }))
       assert.strictEqual(badIds.reason, "InvalidTokenIds")
       const badLp = yield* Effect.flip(TrajectoryBuilder.appendSampled(builder, { tokenIds: [1, 2], logprobs: [0] }))
       assert.strictEqual(badLp.reason, "LogprobsMismatch")
       const sampled = yield* TrajectoryBuilder.appendSampled(builder, { tokenIds: [16, IM_END] })
-      assert.strictEqual((yield* Effect.flip(TrajectoryBuilder.appendSampled(sampled, { tokenIds: [16] }))).reason, "OutOfOrder")
+      const twice = yield* Effect.flip(TrajectoryBuilder.appendSampled(sampled, { tokenIds: [16] }))
+      assert.strictEqual(twice.reason, "OutOfOrder")
       const asObservation = yield* Effect.flip(
         TrajectoryBuilder.appendObservations(sampled, [{ role: "assistant", content: "x" }])
       )
       assert.strictEqual(asObservation.reason, "OutOfOrder")
-      const raising = yield* ChatTemplate.make({ source: "{% if messages | length > 1 %}{{ raise_exception('one turn only') }}{% endif %}x" })
-      const one = yield* TrajectoryBuilder.start({ tokenizer, template: raising, messages: [{ role: "user", content: "a" }] })
+      const raising = yield* ChatTemplate.make({
+        source: "{% if messages | length > 1 %}{{ raise_exception('one turn only') }}{% endif %}x"
+      })
+      const a: ReadonlyArray<Message.Message> = [{ role: "user", content: "a" }]
+      const one = yield* TrajectoryBuilder.start({ tokenizer, template: raising, messages: a })
       const failed = yield* Effect.flip(TrajectoryBuilder.appendObservations(one, [{ role: "user", content: "b" }]))
       assert.strictEqual(failed.reason, "TemplateFailed")
       assert.include(failed.message, "one turn only")
@@ -290,7 +299,8 @@ describe("TrajectoryBuilder with the byte-level tokenizer and the chatml templat
 
   it.effect("llama3 template: exact on the conversation, end of turn <|eot_id|> trainable", () =>
     Effect.gen(function*() {
-      const specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>"]
+      const specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>"]
+        .concat(["<|eot_id|>", "<|eom_id|>", "<|python_tag|>"])
       const tokenizer = yield* Tokenizer.make(
         ByteTokenizer.tokenizerJson({ specialTokens: specials, eosToken: "<|eot_id|>" }),
         ByteTokenizer.tokenizerConfig("", { eosToken: "<|eot_id|>", padToken: "<|end_of_text|>" })

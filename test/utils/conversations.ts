@@ -62,7 +62,10 @@ export const fourTurns: ReadonlyArray<Message.Message> = [
 ]
 
 /** Assistant texts start with a non-space character (a sampler emits what follows the header). */
-const words = fc.constantFrom("weather", "sum", "ok", "Paris", "42", "é", "你好", "🙂", "x = 1;", "{\"a\": [1, 2]}", "<b>")
+const words = fc.constantFrom(
+  ..."weather sum ok Paris 42 é 你好 🙂 x=1; <b>".split(" "),
+  "{\"a\": [1, 2]}"
+)
 const sentence = fc.array(words, { minLength: 1, maxLength: 6 }).map((ws) => ws.join(" "))
 const toolText = fc.oneof(sentence, fc.string({ unit: "binary", maxLength: 30 }).map((s) => `r:${s}`))
 

@@ -31,7 +31,8 @@ export class Qwen extends Context.Service<Qwen, {
       const fs = yield* FileSystem.FileSystem
       const tokenizer = yield* Tokenizer.load(qwenModelDir)
       const qwen3 = yield* ChatTemplate.load(qwenModelDir)
-      const qwen25 = yield* ChatTemplate.make({ name: "qwen2.5-official", source: yield* fs.readFileString(qwen25TemplateFile) })
+      const source = yield* fs.readFileString(qwen25TemplateFile)
+      const qwen25 = yield* ChatTemplate.make({ name: "qwen2.5-official", source })
       return Qwen.of({ tokenizer, qwen3, qwen25 })
     }).pipe(Effect.orDie)
   ).pipe(Layer.provide(NodeServices.layer))
