@@ -14,6 +14,8 @@ type Case = {
   readonly inputs: ReadonlyArray<{ readonly name: string; readonly dims: ReadonlyArray<number>; readonly positive?: boolean }>
   readonly build: (g: Graph.Graph, xs: ReadonlyArray<string>) => string
   readonly tolerance?: number
+  /** Finite-difference step (default 1e-6). */
+  readonly h?: number
 }
 
 const f64 = (dims: ReadonlyArray<number>, values: ArrayLike<number>): Graph.TensorData => ({
@@ -40,6 +42,22 @@ const cases: ReadonlyArray<Case> = [
   { name: "Tanh", inputs: [{ name: "a", dims: [6] }], build: (g, [a]) => g.op("Tanh", [a!]) },
   { name: "Relu", inputs: [{ name: "a", dims: [6] }], build: (g, [a]) => g.op("Relu", [a!]) },
   { name: "Abs", inputs: [{ name: "a", dims: [6] }], build: (g, [a]) => g.op("Abs", [a!]) },
+  {
+    // onnxruntime has no float64 Erf kernel: checked in float32 between casts, with h = 1e-3 and tolerance 1e-3
+    name: "Erf (float32)",
+    inputs: [{ name: "a", dims: [6] }],
+    build: (g, [a]) => g.op("Cast", [g.op("Erf", [g.op("Cast", [a!], { to: Graph.int(1) })])], { to: Graph.int(11) }),
+    h: 1e-3,
+    tolerance: 1e-3
+  },
+  {
+    // float64 → float32 → float64: the gradient passes through both casts; float32 rounding needs a larger step
+    name: "Cast (through float32, h = 1e-3, tolerance 1e-4)",
+    inputs: [{ name: "a", dims: [5] }],
+    build: (g, [a]) => g.op("Cast", [g.op("Mul", [g.op("Cast", [a!], { to: Graph.int(1) }), g.constant(Graph.float32([], [3]))])], { to: Graph.int(11) }),
+    h: 1e-3,
+    tolerance: 1e-4
+  },
   { name: "Identity", inputs: [{ name: "a", dims: [3] }], build: (g, [a]) => g.op("Identity", [a!]) },
   { name: "Sum (three inputs, broadcast)", inputs: [{ name: "a", dims: [2, 3] }, { name: "b", dims: [3] }, { name: "c", dims: [2, 1] }], build: (g, [a, b, c]) => g.op("Sum", [a!, b!, c!]) },
   { name: "Max", inputs: [{ name: "a", dims: [6] }, { name: "b", dims: [6] }], build: (g, [a, b]) => g.op("Max", [a!, b!]) },
@@ -126,7 +144,7 @@ describe("Backward rules against central differences (float64)", () => {
       Effect.gen(function*() {
         const { g, feeds, wrt } = yield* build(c)
         const s = yield* session(g)
-        const { worst } = yield* check(s, feeds, wrt)
+        const { worst } = yield* check(s, feeds, wrt, c.h === undefined ? {} : { h: c.h })
         for (const w of wrt) assert.isBelow(worst[w]!, c.tolerance ?? 1e-6, `${c.name}: d/d${w} rel. error ${worst[w]}`)
       }))
   }
