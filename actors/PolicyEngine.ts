@@ -277,11 +277,15 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
   const stats = { decodeSteps: 0, prefills: 0, generatedTokens: 0, largestBatch: 0 }
   const updates = yield* Semaphore.make(1)
 
+  // Completing a Deferred is synchronous; doing it inline keeps the per-step path free of extra Effect work.
   const finish = (seq: Seq, version: number, finishReason: FinishReason) =>
-    Deferred.succeed(seq.deferred, { tokenIds: seq.tokenIds, logprobs: seq.logprobs, finishReason, policyVersion: version })
+    Deferred.doneUnsafe(
+      seq.deferred,
+      Effect.succeed({ tokenIds: seq.tokenIds, logprobs: seq.logprobs, finishReason, policyVersion: version })
+    )
 
-  /** Samples the next token of each sequence from `logits [B, 1, V]`; returns the sequences that go on. */
-  const advance = Effect.fnUntraced(function*(g: Generation, seqs: ReadonlyArray<Seq>, logits: Float32Array) {
+  /** Samples the next token of each sequence from `logits [B, 1, V]`; returns the indices that go on. */
+  const advance = (g: Generation, seqs: ReadonlyArray<Seq>, logits: Float32Array): Array<number> => {
     const kept: Array<number> = []
     for (let i = 0; i < seqs.length; i++) {
       const seq = seqs[i]!
@@ -291,21 +295,24 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
       seq.logprobs.push(s.logprob)
       seq.onToken?.(s.tokenId, s.logprob)
       stats.generatedTokens++
-      if (seq.stop.has(s.tokenId)) yield* finish(seq, g.version, "stop")
+      if (seq.stop.has(s.tokenId)) finish(seq, g.version, "stop")
       else if (seq.tokenIds.length >= seq.maxTokens || seq.filled >= c.maxPositionEmbeddings) {
-        yield* finish(seq, g.version, "length")
+        finish(seq, g.version, "length")
       } else kept.push(i)
     }
     return kept
-  })
+  }
 
   const run = (g: Generation, feeds: Record<string, ort.Tensor>) =>
-    Effect.tryPromise({
-      try: () => g.session.run({ ...g.weightFeeds, ...feeds }),
-      catch: (e) => new SamplerError({ reason: "ServerError", message: `onnxruntime: ${String(e)}` })
+    Effect.callback<ort.InferenceSession.ReturnType, SamplerError>((resume) => {
+      g.session.run({ ...g.weightFeeds, ...feeds }).then(
+        (out) => resume(Effect.succeed(out)),
+        (e) => resume(Effect.fail(new SamplerError({ reason: "ServerError", message: `onnxruntime: ${String(e)}` })))
+      )
     })
 
-  const cacheOf = (out: ort.InferenceSession.ReturnType, name: string) => out[name.replace("past", "present")]!
+  const presentName = new Map(Object.keys(emptyPast(0)).map((n) => [n, n.replace("past", "present")]))
+  const cacheOf = (out: ort.InferenceSession.ReturnType, name: string) => out[presentName.get(name)!]!
 
   /** Replaces the cache with the given rows of the old cache and of a freshly computed one. */
   const compact = (
@@ -342,7 +349,7 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
     })
     const out = yield* run(g, { ...emptyPast(N), input_ids: int64(ids, [N, P]), attention_mask: int64(mask, [N, P]), position_ids: int64(pos, [N, P]) })
     stats.prefills++
-    const rows = yield* advance(g, joining, out["logits"]!.data as Float32Array)
+    const rows = advance(g, joining, out["logits"]!.data as Float32Array)
     const fresh: Record<string, ort.Tensor> = {}
     for (const name of Object.keys(g.past)) fresh[name] = cacheOf(out, name)
     compact(g, g.seqs.map((_, i) => i), { out: fresh, length: P, seqs: joining, rows })
@@ -362,7 +369,7 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
     for (const name of Object.keys(g.past)) g.past[name] = cacheOf(out, name)
     g.length = T + 1
     for (const s of g.seqs) s.filled++
-    const kept = yield* advance(g, g.seqs, out["logits"]!.data as Float32Array)
+    const kept = advance(g, g.seqs, out["logits"]!.data as Float32Array)
     if (kept.length < B) compact(g, kept)
   })
 
