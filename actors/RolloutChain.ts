@@ -168,8 +168,9 @@ export const noTools: Tools = {
 /**
  * The `Tools` port over a `ToolActor`: its function schemas for the template, and its `executeTurn` with the
  * chain's environment context. Failed calls are already observations; a tool declared with
- * `failureMode: "error"` fails the turn with `ToolFailed` (`EnvFailed` when the chain lacks a declared
- * environment service).
+ * `failureMode: "error"` fails the turn with `ToolFailed`, or with `EnvFailed` when the failure is the
+ * environment's (a declared environment service is missing, or the handler failed with a retryable failure such
+ * as `EnvError { reason: "Crashed" }`).
  *
  * @category constructors
  * @since 0.1.0
@@ -181,7 +182,9 @@ export const toolsFromActor = <R>(actor: ToolActor.Service<R>): Tools => ({
       Effect.map((turn) => ({ messages: turn.messages, terminal: turn.terminal })),
       Effect.mapError((error) =>
         new RolloutError.RolloutError({
-          reason: error.reason === "MissingEnvironment" ? "EnvFailed" : "ToolFailed",
+          reason: error.reason === "MissingEnvironment" || (error.reason === "HandlerFailure" && error.isRetryable)
+            ? "EnvFailed"
+            : "ToolFailed",
           message: `${error.tool}: ${error.message}`
         })
       )

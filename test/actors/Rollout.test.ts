@@ -595,6 +595,47 @@ describe("Rollout.run with the ToolActor and RewardActor", () => {
       assert.isTrue(all.every((t) => t.metrics["reward/exact/reward"] === t.reward))
       assert.deepStrictEqual(yield* Ref.get(counts), { acquired: 6, released: 6 })
     }))
+
+  it.effect("a tool with failureMode error: a crashed environment masks, a plain failure is fed back", () =>
+    Effect.gen(function*() {
+      const Step = Tool.make("step", {
+        description: "Act in the environment",
+        parameters: Schema.Struct({ crash: Schema.Boolean }),
+        failure: Environment.EnvError,
+        failureMode: "error",
+        handler: ({ crash }) =>
+          Effect.fail(
+            new Environment.EnvError({
+              env: "test",
+              method: "step",
+              reason: crash ? "Crashed" : "InvalidAction",
+              message: crash ? "container died" : "no such move"
+            })
+          )
+      })
+      const Answer = Tool.make("answer", {
+        description: "Give the final answer",
+        parameters: Schema.Struct({ value: Schema.Number }),
+        terminal: true,
+        handler: ({ value }) => Effect.succeed(String(value))
+      })
+      const tools = RolloutChain.toolsFromActor(yield* ToolActor.make([Step, Answer]))
+      const layer = scripted({
+        crash: [turn(`CALL step {"crash":true}`)],
+        invalid: [turn(`CALL step {"crash":false}`), turn(`CALL answer {"value":5}`)]
+      })
+      const events = yield* runAll({
+        ...base,
+        rows: [{ messages: user("crash") }, { messages: user("invalid") }],
+        tools,
+        reward: undefined
+      }).pipe(Effect.provide(layer))
+      const byTask = (task: string) => trajectories(events).find((t) => t.messages[0]!.content === task)!
+      assert.isTrue(byTask("crash").masked)
+      assert.include(byTask("crash").error!, "EnvFailed")
+      assert.strictEqual(byTask("invalid").termination, "answer")
+      assert.include(String(byTask("invalid").messages[2]!.content), "no such move")
+    }))
 })
 
 describe("Rollout.run invariants (property)", () => {
