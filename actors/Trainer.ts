@@ -390,7 +390,7 @@ export const run = Effect.fn("Trainer.run")(function*(
         seed: sampling.seed
       },
       format: options.format,
-      tools: options.tools,
+      tools: options.tools === undefined || config.agent.renderTools ? options.tools : { ...options.tools, schemas: [] },
       reward: options.reward,
       runId: `s${firstSeq}`
     }).pipe(

@@ -12,7 +12,9 @@ import { Effect } from "effect"
 import { Command } from "effect/cli"
 import { initModel } from "./initModel.ts"
 import { serve } from "./serve.ts"
+import { report } from "./report.ts"
 import { tokens } from "./tokens.ts"
+import { train } from "./train.ts"
 
 /**
  * The subcommands of `agentfly`, one line each.
@@ -23,6 +25,8 @@ import { tokens } from "./tokens.ts"
 const subcommands = [
   initModel,
   serve,
+  train,
+  report,
   tokens
 ] as const
 

@@ -57,9 +57,12 @@ export const DataConfig = Schema.Struct({
  * @since 0.1.0
  */
 export const AgentConfig = Schema.Struct({
-  template: withDefault(Schema.String, "qwen2.5"),
+  /** A built-in template name (`qwen2.5`, `qwen3`, `llama3`, `chatml`) or `model`: the model folder's own. */
+  template: withDefault(Schema.String, "model"),
   parser: withDefault(Schema.String, "hermes"),
   systemPrompt: Schema.optionalKey(Schema.String),
+  /** Render the tool list into the prompt (off for tiny policies that learn the tools from demonstrations). */
+  renderTools: withDefault(Schema.Boolean, true),
   maxTurns: withDefault(PositiveInt, 4),
   numChains: withDefault(PositiveInt, 8),
   maxNewTokens: withDefault(PositiveInt, 256),
@@ -74,7 +77,7 @@ export const AgentConfig = Schema.Struct({
  * @category models
  * @since 0.1.0
  */
-export const AdvantageEstimator = Schema.Literals(["grpo", "drgrpo", "rloo", "reinforce++", "reinforce++-baseline"])
+export const AdvantageEstimator = Schema.Literals(["grpo", "grpo-no-std", "rloo", "reinforce++", "reinforce++-baseline"])
 export type AdvantageEstimator = typeof AdvantageEstimator.Type
 
 /**
@@ -94,7 +97,9 @@ export type LossAggregation = typeof LossAggregation.Type
 /**
  * The RL algorithm: estimator, clipped surrogate loss, KL to the initial policy, optimiser, and batch sizes.
  * `groupsPerStep` rows (× `agent.numChains` rollouts) make one learner step; sequences are processed in
- * micro-batches of `microBatchSize` with gradients accumulated. `steps` is the number of learner steps.
+ * micro-batches of at most `microBatchSize` × `agent.maxContextTokens` tokens with gradients accumulated.
+ * `steps` is the number of learner steps. `tisCap` caps the truncated importance weights (old / sampler
+ * probabilities) that correct stale async samples.
  *
  * @category models
  * @since 0.1.0
@@ -107,6 +112,9 @@ export const AlgorithmConfig = Schema.Struct({
   klCoef: withDefault(NonNegative, 0),
   entropyCoef: withDefault(NonNegative, 0),
   lr: withDefault(Positive, 3e-4),
+  lrSchedule: withDefault(Schema.Literals(["constant", "cosine"]), "constant"),
+  lrWarmupSteps: withDefault(NonNegativeInt, 0),
+  tisCap: Schema.optionalKey(Positive),
   weightDecay: withDefault(NonNegative, 0),
   gradClip: withDefault(Positive, 1),
   groupsPerStep: withDefault(PositiveInt, 8),
@@ -124,6 +132,8 @@ export const WarmupConfig = Schema.Struct({
   data: Schema.String,
   steps: PositiveInt,
   lr: withDefault(Positive, 2e-3),
+  lrSchedule: withDefault(Schema.Literals(["constant", "cosine"]), "constant"),
+  minLr: withDefault(NonNegative, 0),
   warmupSteps: withDefault(NonNegativeInt, 0),
   batchSize: withDefault(PositiveInt, 16)
 })

@@ -1,0 +1,230 @@
+/**
+ * The local `Trainer.Policy` and `Sampler`: everything in this process, on onnxruntime-node. The sampler is the
+ * `PolicyEngine` (KV cache, continuous batching); RL steps are `Learner.update` over an `OnnxTrainer` built with
+ * the run's loss and optimiser; the SFT warm-up uses its own `OnnxTrainer` with the NLL loss and the warm-up's
+ * learning rate, whose weights seed the RL trainer (with a fresh optimiser) when the warm-up ends.
+ *
+ * @since 0.1.0
+ */
+import { Context, Effect, FileSystem, Layer } from "effect"
+import type { Scope } from "effect"
+import * as Dataset from "../src/Dataset.ts"
+import * as Loss from "../src/Loss.ts"
+import * as LrSchedule from "../src/LrSchedule.ts"
+import type * as ModelFolder from "../src/ModelFolder.ts"
+import type * as Qwen2 from "../src/model/Qwen2.ts"
+import * as OnnxTrainer from "../src/backends/OnnxTrainer.ts"
+import * as Optimizer from "../src/Optimizer.ts"
+import * as Packing from "../src/Packing.ts"
+import * as PolicyTrainer from "../src/PolicyTrainer.ts"
+import { Sampler } from "../src/Sampler.ts"
+import type * as TrainConfig from "../src/TrainConfig.ts"
+import * as TrajectoryBuilder from "../src/TrajectoryBuilder.ts"
+import * as Learner from "./Learner.ts"
+import * as PolicyEngine from "./PolicyEngine.ts"
+import { Policy, TrainerError } from "./Trainer.ts"
+
+const learnerError = (e: { readonly message: string }) => new TrainerError({ reason: "Learner", message: e.message })
+const checkpointError = (e: { readonly message: string }) =>
+  new TrainerError({ reason: "Checkpoint", message: e.message })
+
+/**
+ * The RL loss of a config.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const lossConfig = (algorithm: TrainConfig.TrainConfig["algorithm"]): Loss.Config => ({
+  ...Loss.grpo,
+  aggregation: algorithm.aggregation,
+  clipLow: algorithm.clipLow,
+  clipHigh: algorithm.clipHigh,
+  klCoef: algorithm.klCoef,
+  entropyCoef: algorithm.entropyCoef,
+  ...(algorithm.tisCap === undefined ? {} : { tisCap: algorithm.tisCap })
+})
+
+/**
+ * Builds the local policy and sampler for a run from a loaded model folder. Sessions live in the current scope.
+ *
+ * **Gotchas**
+ *
+ * `algorithm.klCoef > 0` needs a reference policy, which the local backend does not keep yet: it fails at once
+ * rather than train without the KL term.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const make = Effect.fn("LocalPolicy.make")(function*(
+  folder: ModelFolder.ModelFolder,
+  config: TrainConfig.TrainConfig,
+  options: { readonly maxBatchSize?: number; readonly intraOpThreads?: number } = {}
+): Effect.fn.Return<
+  { readonly policy: Policy["Service"]; readonly sampler: Sampler["Service"]; readonly engine: PolicyEngine.PolicyEngine["Service"] },
+  TrainerError,
+  FileSystem.FileSystem | Scope.Scope
+> {
+  const { algorithm } = config
+  if (algorithm.klCoef > 0) {
+    return yield* new TrainerError({
+      reason: "Learner",
+      message: "algorithm.klCoef > 0 needs a reference policy, which the local backend does not keep yet"
+    })
+  }
+  const fsContext = yield* Effect.context<FileSystem.FileSystem | Scope.Scope>()
+  const engine = yield* PolicyEngine.make({
+    config: folder.config,
+    weights: folder.weights,
+    maxBatchSize: options.maxBatchSize ?? 64
+  }).pipe(Effect.mapError(learnerError))
+  const model = OnnxTrainer.qwen2(folder.config)
+  const optimizer: Optimizer.Config = {
+    ...Optimizer.defaultConfig,
+    weightDecay: algorithm.weightDecay,
+    maxGradNorm: algorithm.gradClip
+  }
+  const rlLoss = lossConfig(algorithm)
+  const makeTrainer = (
+    weights: PolicyTrainer.Weights,
+    loss: Loss.Config,
+    schedule: LrSchedule.Config
+  ) =>
+    OnnxTrainer.make({
+      model,
+      weights,
+      loss,
+      optimizer,
+      schedule,
+      intraOpThreads: options.intraOpThreads ?? 2
+    }).pipe(
+      Effect.map((t) => t.trainer),
+      Effect.mapError(learnerError),
+      Effect.provide(fsContext)
+    )
+  const rlSchedule = algorithm.lrSchedule === "cosine"
+    ? LrSchedule.cosine(algorithm.lr, { warmupSteps: algorithm.lrWarmupSteps, totalSteps: algorithm.steps })
+    : LrSchedule.constant(algorithm.lr, algorithm.lrWarmupSteps)
+
+  // The trainer in use: the SFT one during the warm-up, then the RL one.
+  let phase: "sft" | "rl" = "rl"
+  let trainer: PolicyTrainer.PolicyTrainer["Service"] = yield* makeTrainer(folder.weights, rlLoss, rlSchedule)
+  let version = 0
+  const tokenBudget = algorithm.microBatchSize * config.agent.maxContextTokens
+  const learnerOptions: Learner.Options = {
+    estimator: algorithm.advantage,
+    loss: rlLoss,
+    tokenBudget,
+    groupsPerStep: algorithm.groupsPerStep
+  }
+
+  const startSft = Effect.gen(function*() {
+    const warmup = config.warmup!
+    const schedule = warmup.lrSchedule === "cosine"
+      ? LrSchedule.cosine(warmup.lr, { warmupSteps: warmup.warmupSteps, totalSteps: warmup.steps, minLr: warmup.minLr })
+      : LrSchedule.constant(warmup.lr, warmup.warmupSteps)
+    trainer = yield* makeTrainer(yield* trainer.weights, Loss.sft, schedule)
+    phase = "sft"
+  })
+
+  const sftSequences = (rows: ReadonlyArray<Dataset.Row>) =>
+    Effect.forEach(rows, (row) =>
+      TrajectoryBuilder.fromConversation({
+        tokenizer: folder.tokenizer,
+        template: folder.template,
+        messages: row.messages ?? Dataset.promptMessages(row, config.agent.systemPrompt)
+      }).pipe(
+        Effect.map((b) => b.segments.map((segment) => Packing.fromSegment(segment))),
+        Effect.mapError((e) => new TrainerError({ reason: "Learner", message: `demonstration line ${row.line}: ${e.message}` }))
+      )).pipe(Effect.map((xs) => xs.flat()))
+
+  const policy = Policy.of({
+    learn: (_step, groups) =>
+      Learner.update(groups, learnerOptions).pipe(
+        Effect.provideService(PolicyTrainer.PolicyTrainer, trainer),
+        Effect.map((report) => ({ ...report.figures, "learner/applied": report.outcome === "applied" ? 1 : 0 })),
+        Effect.mapError(learnerError)
+      ),
+    sft: (_step, rows) =>
+      Effect.gen(function*() {
+        if (phase !== "sft") yield* startSft
+        const sequences = yield* sftSequences(rows)
+        const packed = yield* Packing.pack(sequences, { tokenBudget, aggregation: "token-mean" }).pipe(
+          Effect.mapError(learnerError)
+        )
+        let loss = 0
+        let tokens = 0
+        let rowTokens = 0
+        for (const mb of packed.microBatches) {
+          const r = yield* trainer.forwardBackward(mb).pipe(Effect.mapError(learnerError))
+          loss += r.loss
+          tokens += r.tokens
+          rowTokens += mb.attentionMask.reduce((a, v) => a + v, 0)
+        }
+        const optim = yield* trainer.optimStep.pipe(Effect.mapError(learnerError))
+        return {
+          "warmup/loss": loss,
+          "warmup/tokens": tokens,
+          "warmup/grad_norm": optim.gradNorm,
+          "warmup/lr": optim.lr,
+          "perf/row_tokens": rowTokens
+        }
+      }),
+    publish: (v) =>
+      Effect.gen(function*() {
+        // The end of the warm-up: the RL trainer starts from the SFT weights with a fresh optimiser.
+        if (phase === "sft") {
+          trainer = yield* makeTrainer(yield* trainer.weights, rlLoss, rlSchedule)
+          phase = "rl"
+        }
+        version = v
+        if (v === (yield* engine.policyVersion)) return
+        yield* engine.updateWeights(v, (yield* trainer.weights) as Qwen2.Weights).pipe(Effect.mapError(learnerError))
+      }),
+    save: (dir) => trainer.save(dir, { policyVersion: version, rngState: [] }).pipe(Effect.mapError(checkpointError)),
+    load: (dir) =>
+      trainer.load(dir).pipe(
+        Effect.tap((meta) => Effect.sync(() => (version = meta.policyVersion))),
+        Effect.asVoid,
+        Effect.mapError(checkpointError)
+      ),
+    fingerprint: Effect.map(Effect.suspend(() => trainer.weights), fingerprintOf)
+  })
+  const sampler = Sampler.of({ generate: (request) => engine.generate(request), policyVersion: engine.policyVersion })
+  return { policy, sampler, engine }
+})
+
+/**
+ * FNV-1a over the bytes of every weight tensor, in name order: equal fingerprints mean bit-identical weights (with
+ * overwhelming probability).
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const fingerprintOf = (weights: PolicyTrainer.Weights): string => {
+  let h1 = 0x811c9dc5
+  let h2 = 0x01000193
+  for (const name of [...weights.keys()].sort()) {
+    const bytes = new Uint8Array(weights.get(name)!.buffer, weights.get(name)!.byteOffset, weights.get(name)!.byteLength)
+    for (let i = 0; i < bytes.length; i++) {
+      h1 = Math.imul(h1 ^ bytes[i]!, 0x01000193)
+      h2 = Math.imul(h2 ^ bytes[i]!, 0x5bd1e995)
+    }
+  }
+  return (h1 >>> 0).toString(16).padStart(8, "0") + (h2 >>> 0).toString(16).padStart(8, "0")
+}
+
+/**
+ * The local policy and sampler as a layer.
+ *
+ * @category layers
+ * @since 0.1.0
+ */
+export const layer = (
+  folder: ModelFolder.ModelFolder,
+  config: TrainConfig.TrainConfig,
+  options: { readonly maxBatchSize?: number; readonly intraOpThreads?: number } = {}
+): Layer.Layer<Policy | Sampler, TrainerError, FileSystem.FileSystem> =>
+  Layer.effectContext(
+    Effect.map(make(folder, config, options), ({ policy, sampler }) =>
+      Context.make(Policy, policy).pipe(Context.add(Sampler, sampler)))
+  )
