@@ -181,7 +181,12 @@ const inferFormat = (source: string): ToolCallFormat =>
 
 const compile = Option.liftThrowable((source: string) => new Template(source))
 
-/** Plain objects in the shape templates index into; contents flattened to text. */
+/**
+ * A message as templates see it: a plain object with the content flattened to text.
+ *
+ * @category converting
+ * @since 0.1.0
+ */
 export const toTemplateMessage = (message: Message.Message): Record<string, unknown> => {
   const content = Message.text(message.content)
   switch (message.role) {

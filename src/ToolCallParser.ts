@@ -160,7 +160,7 @@ const CLOSE = "</tool_call>"
  * Hermes / Qwen: every `<tool_call>...</tool_call>` block is a call (a block may also hold a JSON array of calls).
  * An unclosed block and a stray `</tool_call>` are errors; neither is part of `content`.
  *
- * @category parsers
+ * @category decoding
  * @since 0.1.0
  */
 export const hermes = (text: string, options?: Options): ParseResult => {
@@ -199,7 +199,7 @@ const PYTHON_TAG = "<|python_tag|>"
  * `{"name": ..., "parameters": {...}}` separated by `;` or `,`, or a JSON array of them. A turn that does not start
  * with `{` or `[` is plain content.
  *
- * @category parsers
+ * @category decoding
  * @since 0.1.0
  */
 export const llama3 = (text: string, options?: Options): ParseResult => {
@@ -240,7 +240,7 @@ const reactLine = /^\s*(thought|action input|action|input|observation|final answ
  * call; its input runs until the next `Observation:`/`Thought:`/`Action:` line and is repaired when it is near-JSON.
  * `content` is the text before the action (the thought), or the whole text when there is no action.
  *
- * @category parsers
+ * @category decoding
  * @since 0.1.0
  */
 export const react = (text: string, options?: Options): ParseResult => {
@@ -294,7 +294,7 @@ const fenceLine = /^ {0,3}(`{3,}|~{3,})\s*([^\s`]*)[^`]*$/
  * `toolName`. No block: plain content. Several blocks: an `AmbiguousBlocks` error and no call. An unclosed fence:
  * `UnclosedTag`. `content` is the text outside the block.
  *
- * @category parsers
+ * @category decoding
  * @since 0.1.0
  */
 export const codeBlock = (text: string, options?: CodeBlockOptions): ParseResult => {
@@ -343,7 +343,7 @@ export const codeBlock = (text: string, options?: CodeBlockOptions): ParseResult
 /**
  * The parser of a tool-call convention (as named by `ChatTemplate.toolCallFormat`).
  *
- * @category parsers
+ * @category decoding
  * @since 0.1.0
  */
 export const parse = (format: ChatTemplate.ToolCallFormat, text: string, options?: CodeBlockOptions): ParseResult => {

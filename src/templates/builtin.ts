@@ -14,7 +14,7 @@
  * Hermes-style `<tool_call>` JSON in assistant turns, and consecutive tool results merged into one user turn of
  * `<tool_response>` blocks.
  *
- * @category templates
+ * @category constants
  * @since 0.1.0
  */
 export const qwen25 = String.raw`{%- set has_system = messages | length > 0 and messages[0].role == "system" -%}
@@ -67,7 +67,7 @@ export const qwen25 = String.raw`{%- set has_system = messages | length > 0 and 
  * is a rewrite of history that `TrajectoryBuilder` answers with a new segment. `enable_thinking=false` appends an
  * empty think block to the generation prompt. String tool arguments are written verbatim.
  *
- * @category templates
+ * @category constants
  * @since 0.1.0
  */
 export const qwen3 = String.raw`{%- set has_system = messages | length > 0 and messages[0].role == "system" -%}
@@ -144,7 +144,7 @@ export const qwen3 = String.raw`{%- set has_system = messages | length > 0 and m
  * ChatML for small byte-level models: Qwen2.5's turn and tool-call format with no default system prompt and a
  * short tool preamble, because every character is a token for a byte-level policy.
  *
- * @category templates
+ * @category constants
  * @since 0.1.0
  */
 export const chatml = String.raw`{%- set has_system = messages | length > 0 and messages[0].role == "system" -%}
@@ -200,7 +200,7 @@ export const chatml = String.raw`{%- set has_system = messages | length > 0 and 
  * calls joined by `; `), and tool results in `ipython` turns. Unlike Meta's template, contents are not trimmed
  * and no dates are added, so rendering is deterministic and append-only.
  *
- * @category templates
+ * @category constants
  * @since 0.1.0
  */
 export const llama3 = String.raw`{{- bos_token -}}

@@ -259,6 +259,35 @@ layer(Qwen.layer)("TrajectoryBuilder on the real Qwen tokenizer", (it) => {
       assert.strictEqual(TrajectoryBuilder.tokenCount(builder), expected.length)
     }))
 
+  it.effect("garbage samples (random ids, stray specials, split UTF-8) never crash and are kept verbatim", () =>
+    Effect.gen(function*() {
+      const { qwen25, qwen3, tokenizer } = yield* Qwen
+      const id = fc.oneof(
+        fc.integer({ min: 0, max: tokenizer.vocabSize - 1 }),
+        fc.constantFrom(IM_END, 151644, 151643, 151657, 151658, 151667, 151668, 198)
+      )
+      const samples = fc.sample(fc.array(fc.array(id, { maxLength: 40 }), { minLength: 1, maxLength: 3 }), {
+        numRuns: 40,
+        seed: 9
+      })
+      for (const template of [qwen25, qwen3]) {
+        for (const turns of samples) {
+          let builder = yield* TrajectoryBuilder.start({ tokenizer, template, tools, messages: fourTurns.slice(0, 2) })
+          for (const ids of turns) {
+            builder = yield* TrajectoryBuilder.appendSampled(builder, { tokenIds: ids })
+            const parsed = ToolCallParser.hermes(tokenizer.decode(ids))
+            const observations: Array<Message.Message> = parsed.errors.length > 0
+              ? [{ role: "user", content: parsed.errors.map((e) => e.message).join("\n") }]
+              : [{ role: "tool", tool_call_id: "x", content: "ok" }]
+            builder = yield* TrajectoryBuilder.appendObservations(builder, observations)
+          }
+          const policy = builder.segments.flatMap((s) => s.spans.filter((span) => span.source === "policy"))
+          assert.deepStrictEqual(policy.map((s) => s.tokenIds), turns.filter((ids) => ids.length > 0))
+          assert.strictEqual(builder.rewrites.length, builder.segments.length - 1)
+        }
+      }
+    }), 120_000)
+
   it.effect("bad input gives typed errors: ids, logprobs, order, template", () =>
     Effect.gen(function*() {
       const { qwen25, tokenizer } = yield* Qwen
