@@ -24,6 +24,21 @@ import * as Graph from "../onnx/Graph.ts"
 import * as Sampling from "../Sampling.ts"
 import * as ModelConfig from "./ModelConfig.ts"
 
+/**
+ * Every op the forward graphs emit: the set the learner's autodiff must differentiate (`differentiable`) or pass
+ * through as index/mask computations (`nonDifferentiable`). Checked against the emitted graphs by the tests.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const forwardOps = {
+  differentiable: [
+    "Gather", "MatMul", "Add", "Mul", "Sub", "Sigmoid", "Softmax", "Transpose", "Reshape", "Concat", "Slice",
+    "Unsqueeze", "ReduceMean", "Sqrt", "Reciprocal", "Where"
+  ],
+  nonDifferentiable: ["Shape", "Range", "LessOrEqual", "Cast", "And"]
+} as const
+
 // ===== Parameters =====
 
 /**

@@ -132,6 +132,21 @@ describe("Qwen2", () => {
       assert.isAbove(new Set(seq.slice(prompt.length)).size, 1) // a degenerate constant output would prove little
     }))
 
+  it("the graphs use exactly the documented op set (the learner's autodiff contract)", () => {
+    const documented = [...Qwen2.forwardOps.differentiable, ...Qwen2.forwardOps.nonDifferentiable].sort()
+    const ops = (g: Graph.Graph) => [...new Set(g.nodes.map((n) => n.op))].sort()
+    assert.deepStrictEqual(ops(Qwen2.trainingGraph(config()).graph), documented)
+    const inference = Qwen2.inferenceGraph(config(), "inputs")
+    assert.deepStrictEqual(ops(inference), documented)
+    assert.deepStrictEqual(inference.outputs.map((o) => o.name), [
+      "present.0.key",
+      "present.0.value",
+      "present.1.key",
+      "present.1.value",
+      "logits"
+    ])
+  })
+
   it("seeded initialisation is deterministic and covers every parameter with the right size", () => {
     const c = config({ tieWordEmbeddings: false })
     const a = Qwen2.initWeights(c, 42), b = Qwen2.initWeights(c, 42), d = Qwen2.initWeights(c, 43)
