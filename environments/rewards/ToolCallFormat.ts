@@ -2,12 +2,14 @@
  * The `toolCallFormat` reward: the share of the assistant's tool-calling turns whose calls parsed and validated.
  *
  * Read from the trajectory's message view:
- * - a **tool turn** is an assistant message that has `tool_calls`, or whose text still contains an unparsed
- *   tool-call marker (`<tool_call>` by default: the parser could not extract the call, so the chain appended the
- *   raw text);
- * - a tool turn is **well formed** when it has at least one call and no tool message answering its calls is a
- *   format error — bad arguments or an unknown tool, recognised by `Tool.formatErrorOf` on an `is_error`
- *   observation. Failures at run time (timeouts, handler errors) are not format errors.
+ * - the tool messages after an assistant message (up to the next one) belong to that turn;
+ * - a **tool turn** is an assistant turn that attempted a call: it has `tool_calls`, or its text still contains an
+ *   unparsed tool-call marker (`<tool_call>` by default), or an error observation follows it that answers none of
+ *   its calls (how the rollout chain reports that the parser could not extract a call);
+ * - a **format error** is an `is_error` observation of the turn that is either a format error of the tool actor
+ *   (bad arguments or an unknown tool, recognised by `Tool.formatErrorOf`) or such parser feedback. Failures at
+ *   run time (timeouts, handler errors) are not format errors;
+ * - a tool turn is **well formed** when it has at least one call and no format error.
  *
  * Reward: well-formed tool turns / tool turns, or 0 when the trajectory has no tool turn (so that not calling
  * tools is never rewarded as well-formatted). Metrics: `turns`, `tool_turns`, `well_formed`, `format_errors`.
@@ -24,26 +26,39 @@ import { Message, Reward, Tool, Trajectory } from "../../src/index.ts"
  * @since 0.1.0
  */
 export const countTurns = (trajectory: Trajectory.Trajectory, marker = "<tool_call>") => {
-  const formatErrors = new Set<string>()
-  let formatErrorCount = 0
-  for (const m of trajectory.messages) {
-    if (m.role === "tool" && m.is_error === true && Tool.formatErrorOf(Message.text(m.content)) !== undefined) {
-      formatErrors.add(m.tool_call_id)
-      formatErrorCount++
-    }
-  }
   let turns = 0
   let toolTurns = 0
   let wellFormed = 0
-  for (const m of trajectory.messages) {
-    if (m.role !== "assistant") continue
-    turns++
-    const calls = m.tool_calls ?? []
-    if (calls.length === 0 && !Message.text(m.content).includes(marker)) continue
+  let formatErrors = 0
+  // The assistant turn being read: its call ids, whether it attempted a call, whether something was malformed.
+  let current: { ids: Set<string>; attempted: boolean; malformed: boolean } | undefined
+  const close = () => {
+    if (current === undefined || !current.attempted) return
     toolTurns++
-    if (calls.length > 0 && calls.every((c) => !formatErrors.has(c.id))) wellFormed++
+    if (!current.malformed && current.ids.size > 0) wellFormed++
   }
-  return { turns, toolTurns, wellFormed, formatErrors: formatErrorCount }
+  for (const m of trajectory.messages) {
+    if (m.role === "assistant") {
+      close()
+      turns++
+      const calls = m.tool_calls ?? []
+      current = {
+        ids: new Set(calls.map((c) => c.id)),
+        attempted: calls.length > 0 || Message.text(m.content).includes(marker),
+        malformed: false
+      }
+    } else if (m.role === "tool" && m.is_error === true && current !== undefined) {
+      // A format error answering one of the turn's calls, or error feedback answering none of them (the chain's
+      // report that the parser could not extract a call).
+      if (Tool.formatErrorOf(Message.text(m.content)) !== undefined || !current.ids.has(m.tool_call_id)) {
+        formatErrors++
+        current.attempted = true
+        current.malformed = true
+      }
+    }
+  }
+  close()
+  return { turns, toolTurns, wellFormed, formatErrors }
 }
 
 /**

@@ -60,6 +60,28 @@ describe("toolCallFormat", () => {
       assert.strictEqual(o._tag === "Scored" && o.reward, 0.5)
     }))
 
+  it.effect("parser feedback (an error observation answering none of the turn's calls) marks the turn", () =>
+    Effect.gen(function*() {
+      const good = yield* converse([{ content: "", calls: [call("a", "calculator", { expression: "6*7" })] }])
+      const parseError = (id: string, detail: string): Message.Message => ({
+        role: "tool",
+        content: `could not parse the tool call: ${detail}`,
+        tool_call_id: id,
+        is_error: true
+      })
+      const trajectory = trajectoryOf([
+        ...good.messages,
+        { role: "assistant", content: "" }, // the parser stripped a broken block and found no call
+        parseError("parse_error_2", "invalid JSON"),
+        { role: "assistant", content: "", tool_calls: [call("b", "calculator", { expression: "1" })] },
+        { role: "tool", content: "1", tool_call_id: "b" },
+        parseError("parse_error_3", "unclosed tag")
+      ])
+      const o = yield* score(trajectory)
+      assert.strictEqual(o._tag === "Scored" && o.reward, 1 / 3)
+      assert.strictEqual(o.metrics["reward/toolCallFormat/format_errors"], 2)
+    }))
+
   it.effect("one bad call spoils its turn; no tool turn at all scores 0", () =>
     Effect.gen(function*() {
       const t = yield* converse([
