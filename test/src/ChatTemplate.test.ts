@@ -166,5 +166,11 @@ describe("ChatTemplate errors", () => {
       assert.strictEqual(template.source, ChatTemplate.templates.chatml)
       assert.strictEqual(template.endOfTurn, "<|im_end|>")
       assert.deepStrictEqual(template.stopTokens, ["<|im_end|>"])
+      // A chat_template.jinja file wins over tokenizer_config.json, as in transformers.
+      writeFileSync(join(dir, "chat_template.jinja"), ChatTemplate.templates.llama3)
+      const llama = yield* run(ChatTemplate.load(dir))
+      assert.strictEqual(llama.endOfTurn, "<|eot_id|>")
+      assert.strictEqual(llama.toolCallFormat, "llama3")
+      assert.deepStrictEqual(llama.stopTokens, ["<|eot_id|>", "<|im_end|>"])
     }))
 })

@@ -100,6 +100,11 @@ describe("Tokenizer.load errors", () => {
       assert.strictEqual((yield* Effect.flip(run(Tokenizer.load(dir)))).reason, "InvalidTokenizer")
       writeFileSync(join(dir, "tokenizer.json"), JSON.stringify({ model: { type: "Nonsense" } }))
       assert.strictEqual((yield* Effect.flip(run(Tokenizer.load(dir)))).reason, "InvalidTokenizer")
+      const stripping = ByteTokenizer.tokenizerJson() as { added_tokens: Array<Record<string, unknown>> }
+      stripping.added_tokens[0]!.lstrip = true
+      const rejected = yield* Effect.flip(Tokenizer.make(stripping))
+      assert.strictEqual(rejected.reason, "InvalidTokenizer")
+      assert.include(rejected.message, "lstrip")
     }))
 
   it.effect("loads a folder written by ByteTokenizer.writeModelFiles", () =>
