@@ -37,6 +37,13 @@ export interface Options {
   readonly queueCapacity?: number
   /** The policy version of the initial weights (default 0); each step publishes the next one. */
   readonly initialVersion?: number
+  /**
+   * Recompute the old (proximal) policy's logprobs with the learner's current weights before the update, instead
+   * of trusting the sampler's: the PPO ratio is then exactly 1 at the update and `loss.tisCap` corrects the
+   * train/inference mismatch (older policy version or a different engine) with truncated importance weights.
+   * Costs one forward pass per micro-batch. Default false.
+   */
+  readonly recomputeOldLogprobs?: boolean
   /** Reference-policy logprobs of a micro-batch's targets, required when `loss.klCoef !== 0`. */
   readonly reference?: (batch: Packing.MicroBatch) => Effect.Effect<Float32Array, PolicyTrainer.PolicyTrainerError>
 }
@@ -75,6 +82,17 @@ export class LearnerError extends Schema.TaggedError<LearnerError>()("LearnerErr
 }) {}
 
 // ===== The update =====
+
+/**
+ * The result of one {@link update}.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface UpdateResult {
+  readonly outcome: StepReport["outcome"]
+  readonly figures: Readonly<Record<string, number>>
+}
 
 interface Row {
   readonly trajectory: Trajectory.Trajectory
@@ -121,7 +139,7 @@ const advantageInput = (rows: ReadonlyArray<Row>): Advantage.Input => {
 export const update = Effect.fn("Learner.update")(function*(
   groups: ReadonlyArray<Trajectory.Group>,
   options: Options
-) {
+): Effect.fn.Return<UpdateResult, LearnerError, PolicyTrainer.PolicyTrainer> {
   const trainer = yield* PolicyTrainer.PolicyTrainer
   const started = yield* Clock.currentTimeMillis
   const rows: Array<Row> = groups.flatMap((g, group) =>
@@ -159,6 +177,9 @@ export const update = Effect.fn("Learner.update")(function*(
         return yield* new LearnerError({ reason: "Config", message: "loss.klCoef is set but no reference policy is given" })
       }
       batch = { ...mb, refLogprobs: yield* options.reference(mb).pipe(Effect.mapError(trainerError)) }
+    }
+    if (options.recomputeOldLogprobs === true) {
+      batch = { ...batch, oldLogprobs: yield* trainer.logprobs(batch).pipe(Effect.mapError(trainerError)) }
     }
     const r = yield* trainer.forwardBackward(batch).pipe(Effect.mapError(trainerError))
     sums.loss += r.loss

@@ -55,6 +55,11 @@ export interface MicroBatch {
   readonly advantages: Float32Array
   readonly samplerLogprobs: Float32Array
   readonly refLogprobs: Float32Array
+  /**
+   * Logprobs of the targets under the learner's proximal ("old") policy, recomputed before the update; absent =
+   * the sampler's logprobs stand in for them (then truncated importance weights are all 1).
+   */
+  readonly oldLogprobs?: Float32Array | undefined
   /** `[batch]`: index of each row's sequence in the input. */
   readonly sequenceIndex: Int32Array
   /** Loss tokens in this micro-batch. */

@@ -111,6 +111,8 @@ export class PolicyTrainerError extends Schema.TaggedError<PolicyTrainerError>()
 export class PolicyTrainer extends Context.Service<PolicyTrainer, {
   /** Forward and backward over one micro-batch; gradients accumulate until `optimStep`. */
   readonly forwardBackward: (batch: Packing.MicroBatch) => Effect.Effect<MicroBatchResult, PolicyTrainerError>
+  /** Forward only: `[batch × length]` logprobs of the targets under the current weights (nothing accumulates). */
+  readonly logprobs: (batch: Packing.MicroBatch) => Effect.Effect<Float32Array, PolicyTrainerError>
   /** Clip, AdamW-update, clear the accumulators. */
   readonly optimStep: Effect.Effect<OptimResult, PolicyTrainerError>
   /** A snapshot copy of the current weights. */
@@ -160,6 +162,7 @@ export const layerRecording = (
           entropy: 0,
           kl: 0
         })),
+      logprobs: (batch) => Effect.succeed(new Float32Array(batch.batch * batch.length)),
       optimStep: Ref.modify(ref, (r) => [{ step: r.steps + 1, gradNorm: 0, lr: 0 }, { ...r, steps: r.steps + 1 }]),
       weights: Effect.sync(() => new Map([...weights].map(([k, v]) => [k, Float32Array.from(v)]))),
       step: Effect.map(Ref.get(ref), (r) => r.steps),

@@ -197,8 +197,8 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
       loss_weights: () => f32(mb.weights),
       loss_mask: () => f32(mb.mask),
       advantages: () => f32(mb.advantages),
-      // Without a recomputed proximal policy the sampler's logprobs are the old policy (one update per batch).
-      old_logprobs: () => f32(mb.samplerLogprobs),
+      // Without a recomputed proximal policy the sampler's logprobs stand in for the old policy.
+      old_logprobs: () => f32(mb.oldLogprobs ?? mb.samplerLogprobs),
       sampler_logprobs: () => f32(mb.samplerLogprobs),
       ref_logprobs: () => f32(mb.refLogprobs)
     }
@@ -289,6 +289,7 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
 
   const trainer = PolicyTrainer.PolicyTrainer.of({
     forwardBackward,
+    logprobs: (batch) => Effect.map(logprobs(batch), (r) => r.tokenLogprobs),
     optimStep,
     weights: Effect.sync(snapshot),
     step: Effect.sync(() => state.step),

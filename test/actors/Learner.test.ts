@@ -203,3 +203,40 @@ describe("Learner with a KL penalty to a frozen reference", () => {
       assert.isAbove(kls.at(-1)!, 1e-4, `kl: ${kls}`)
     }).pipe(Effect.provide(NodeServices.layer)), 60_000)
 })
+
+describe("Learner with recomputed old logprobs and truncated importance weights", () => {
+  it.effect("stale sampler logprobs move the PPO ratio unless the old policy is recomputed (then TIS corrects)", () =>
+    Effect.gen(function*() {
+      const config = tinyConfig({ vocabSize: 16, hiddenSize: 16, numAttentionHeads: 2, numKeyValueHeads: 1, intermediateSize: 32, numHiddenLayers: 1 })
+      const loss: Loss.Config = { ...Loss.grpo, tisCap: 2 }
+      const run = (recomputeOldLogprobs: boolean) =>
+        Effect.gen(function*() {
+          const trainer = yield* OnnxTrainer.make({
+            model: OnnxTrainer.qwen2(config),
+            weights: Qwen2.initWeights(config, 3),
+            loss,
+            optimizer: Optimizer.defaultConfig,
+            schedule: LrSchedule.constant(1e-2)
+          })
+          // the sampler was far from the learner: its logprobs are 1.5 nats lower than the learner's (≈ −ln 16)
+          const stale = -Math.log(16) - 1.5
+          const group: Trajectory.Group = {
+            groupId: "g",
+            rowIndex: 0,
+            trajectories: [4, 5, 6, 7].map((a) => trajectory(`${a}`, "g", [3, 9], a, stale, a === 7 ? 1 : 0))
+          }
+          return yield* Learner.update([group], { ...options, loss, groupsPerStep: 1, recomputeOldLogprobs }).pipe(
+            Effect.provideService(PolicyTrainer.PolicyTrainer, trainer.trainer)
+          )
+        })
+      const plain = yield* run(false)
+      const recomputed = yield* run(true)
+      // without recomputation the ratio π/π_sampler ≈ e^1.5 is clipped for positive advantages
+      assert.isAbove(Math.abs(plain.figures["learner/approx_kl"]!), 1)
+      assert.isAbove(plain.figures["learner/clip_frac"]!, 0)
+      // with it, the ratio is exactly 1 at the update: no clipping, no approximate KL
+      assert.approximately(recomputed.figures["learner/approx_kl"]!, 0, 1e-6)
+      assert.strictEqual(recomputed.figures["learner/clip_frac"], 0)
+      assert.strictEqual(recomputed.outcome, "applied")
+    }).pipe(Effect.provide(NodeServices.layer)), 60_000)
+})
