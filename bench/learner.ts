@@ -39,16 +39,16 @@ const median = (xs: ReadonlyArray<number>) => [...xs].sort((a, b) => a - b)[Math
 const forwardFlops = N * (L * (2 * D * D * 2 + 2 * D * KV * hd * 2 + 2 * D * F * 3 + 2 * T * hd * H * 2) + 2 * D * V)
 const stepFlops = 3 * forwardFlops
 
-const batchData = () => {
+const batchData = (rows = B, length = T) => {
   const r = Sampling.rng(5)
-  const tokenIds = Array.from({ length: B }, () => Int32Array.from({ length: T }, () => Math.floor(r.next() * V)))
+  const tokenIds = Array.from({ length: rows }, () => Int32Array.from({ length }, () => Math.floor(r.next() * V)))
   // loss on the second half of each sequence (the "response")
-  return tokenIds.map((ids) => ({ tokenIds: ids, lossMask: Uint8Array.from(ids, (_, t) => (t >= T / 2 ? 1 : 0)) }))
+  return tokenIds.map((ids) => ({ tokenIds: ids, lossMask: Uint8Array.from(ids, (_, t) => (t >= length / 2 ? 1 : 0)) }))
 }
 
 // ===== onnxruntime learner =====
 
-const ortLearner = (weights: Qwen2.Weights, intraOpThreads: number) =>
+const ortLearner = (weights: Qwen2.Weights, intraOpThreads: number, rows = B, length = T) =>
   Effect.gen(function*() {
     const trainer = yield* OnnxTrainer.make({
       model: OnnxTrainer.qwen2(c),
@@ -58,7 +58,11 @@ const ortLearner = (weights: Qwen2.Weights, intraOpThreads: number) =>
       optimizer: Optimizer.defaultConfig,
       schedule: LrSchedule.constant(1e-3)
     })
-    const { microBatches } = yield* Packing.pack(batchData(), { tokenBudget: N, lengthMultiple: T, aggregation: "token-mean" })
+    const { microBatches } = yield* Packing.pack(batchData(rows, length), {
+      tokenBudget: rows * length,
+      lengthMultiple: length,
+      aggregation: "token-mean"
+    })
     const mb = microBatches[0]!
     const first = yield* trainer.trainer.forwardBackward(mb) // compiles the session
     const embedGradient = (yield* trainer.gradients).get("model.embed_tokens.weight")!
@@ -235,6 +239,10 @@ export default async (): Promise<BenchResult> => {
       oneThread.push(...single)
       roundRatios1.push(t / median(single))
     }
+    // The calculator demo's shape (shared/reference/demo-feasibility.md): B 16 × T 192 per step.
+    const demo = yield* ortLearner(weights, 2, 16, 192)
+    const demoMs: Array<number> = []
+    for (let k = 0; k < 5; k++) demoMs.push((yield* demo.step)[1])
     let diff = 0
     let scale = 0
     for (let i = 0; i < onnx.embedGradient.length; i++) {
@@ -262,6 +270,7 @@ export default async (): Promise<BenchResult> => {
       ratioOfMedians: tfjsMs / ortMs,
       roundRatios,
       ortOneThreadStepMs: median(oneThread),
+      demoShapeStepMs: median(demoMs),
       oneThreadRatio: median(roundRatios1),
       tfjsWasmStepMs: tfjsMs,
       tfjsWasmTokensPerS: (N * 1000) / tfjsMs,
