@@ -3,9 +3,11 @@
  * outputs. Emitters append to the same graph through an {@link Emitter}, which also tracks static shapes.
  *
  * Differentiable ops: Add, Sub, Mul, Div, Pow (base), Neg, Exp, Log, Sqrt, Reciprocal, Sigmoid, Tanh, Relu, Abs,
- * Erf, Identity, Cast (float → float), Sum, Max, Min, Clip, Where, MatMul (batched, broadcast), Gemm-free 2-D
- * fast paths, Softmax, LogSoftmax, Transpose, Reshape, Flatten, Squeeze, Unsqueeze, Expand, Concat, Split, Slice
- * (step 1), Gather (axis 0, the embedding), GatherElements, ReduceSum, ReduceMean, ReduceMax.
+ * Erf, Identity, Cast (float → float), Sum, Max, Min, Clip, Where, MatMul (batched with broadcasting; matrix
+ * products of the backward use Gemm with its transpose flags), Softmax, LogSoftmax, Transpose, Reshape, Flatten,
+ * Squeeze, Unsqueeze, Expand, Concat, Split, Slice (step 1), Gather (axis 0, the embedding), GatherElements,
+ * ReduceSum, ReduceMean, ReduceMax. A forward graph using any other float op (e.g. Gemm, LayerNormalization) fails
+ * with `AutodiffError` reason `NoBackwardRule`.
  * Ops that only touch integers, booleans or shapes (Shape, Range, Equal, Less, And, Cast to int, …) carry no
  * gradient; the autodiff never asks them for one.
  *
