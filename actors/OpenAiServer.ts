@@ -43,7 +43,7 @@ export interface Model {
   readonly name: string
   readonly tokenizer: Tokenizer.Tokenizer
   readonly template: ChatTemplate.ChatTemplate
-  /** Ids that end a turn (always stop a chat completion; stop a text completion unless `ignore_eos`). */
+  /** Ids that end a turn: they stop every completion unless the request sets `ignore_eos` (vLLM's extension). */
   readonly stopTokenIds: ReadonlyArray<number>
 }
 
@@ -151,7 +151,7 @@ const generateRequest = Effect.fnUntraced(function*(
 ) {
   if (body.n !== undefined && body.n !== null && body.n !== 1) return yield* invalid("only n = 1 is supported", "n")
   const stopIds = new Set(body.stop_token_ids ?? [])
-  if (chat || body.ignore_eos !== true) for (const id of model.stopTokenIds) stopIds.add(id)
+  if (body.ignore_eos !== true) for (const id of model.stopTokenIds) stopIds.add(id)
   const stops = body.stop === undefined || body.stop === null ? [] : typeof body.stop === "string" ? [body.stop] : body.stop
   for (const s of stops) {
     const id = model.tokenizer.tokenToId(s)

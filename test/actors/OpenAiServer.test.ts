@@ -171,6 +171,35 @@ describe("OpenAiServer", () => {
       assert.strictEqual(ok.choices.length, 1)
     })))
 
+  it.live("a client that disconnects mid-stream cancels its sequence in the engine", () =>
+    live(Effect.gen(function*() {
+      const { engine, server } = yield* setup
+      const firstChunk = yield* Effect.promise(async () => {
+        const controller = new AbortController()
+        const response = await fetch(`${server.baseUrl}/chat/completions`, {
+          method: "POST",
+          headers: { "content-type": "application/json" },
+          body: JSON.stringify({ messages: [{ role: "user", content: "go" }], max_tokens: 400, stream: true, ignore_eos: true }),
+          signal: controller.signal
+        })
+        const reader = response.body!.getReader()
+        const { value } = await reader.read()
+        controller.abort()
+        return new TextDecoder().decode(value)
+      })
+      assert.match(firstChunk, /^data: /)
+      let running = 1
+      for (let i = 0; i < 200 && running > 0; i++) {
+        yield* Effect.sleep("10 millis")
+        running = Object.values((yield* engine.stats).running).reduce((a, b) => a + b, 0)
+      }
+      assert.strictEqual(running, 0)
+      // ignore_eos: nothing but the cancellation could have ended the sequence before 400 tokens
+      assert.isBelow((yield* engine.stats).generatedTokens, 400)
+      const models = yield* post(`${server.baseUrl}/models`, "", "GET")
+      assert.strictEqual(models.status, 200)
+    })))
+
   it.live("the project's OpenAiCompatSampler (token and chat mode) works against the server", () =>
     live(Effect.gen(function*() {
       const { engine, server } = yield* setup
