@@ -383,6 +383,20 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
 
   const release = (g: Generation) => Effect.promise(() => g.session.release()).pipe(Effect.ignore)
 
+  /**
+   * A failed step fails only the requests it touched; a defect (a bug) does the same after logging it, so the loop
+   * keeps serving everyone else instead of leaving callers waiting forever.
+   */
+  const guarded = (effect: Effect.Effect<void, SamplerError>, onError: (e: SamplerError) => Effect.Effect<void>) =>
+    effect.pipe(
+      Effect.catch(onError),
+      Effect.catchDefect((defect) =>
+        Effect.logError("PolicyEngine: defect in the decode loop", defect).pipe(
+          Effect.andThen(onError(new SamplerError({ reason: "ServerError", message: `policy engine defect: ${String(defect)}` })))
+        )
+      )
+    )
+
   const step = Effect.gen(function*() {
     const busy = waiting.length > 0 || generations.some((g) => g.seqs.length > 0)
     const incoming = busy ? yield* Queue.clear(mailbox) : yield* Queue.takeAll(mailbox)
@@ -392,13 +406,11 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
     if (waiting.length > 0 && room > 0) {
       const joining = waiting.splice(0, room)
       // onnxruntime failing on a prompt batch fails those requests only; the running batch is untouched.
-      yield* prefill(g, joining).pipe(
-        Effect.catch((e) => Effect.forEach(joining, (s) => Deferred.fail(s.deferred, e), { discard: true }))
-      )
+      yield* guarded(prefill(g, joining), (e) => Effect.forEach(joining, (s) => Deferred.fail(s.deferred, e), { discard: true }))
     }
     for (const x of [...generations]) {
       if (x.seqs.some((s) => s.cancelled)) compact(x, x.seqs.flatMap((s, i) => (s.cancelled ? [] : [i])))
-      if (x.seqs.length > 0) yield* decode(x).pipe(Effect.catch((e) => failAll(x, x.seqs, e)))
+      if (x.seqs.length > 0) yield* guarded(decode(x), (e) => failAll(x, x.seqs, e))
       if (x !== current && x.seqs.length === 0) {
         generations.splice(generations.indexOf(x), 1)
         yield* release(x)

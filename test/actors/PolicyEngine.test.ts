@@ -124,6 +124,31 @@ describe("PolicyEngine", () => {
       assert.strictEqual((yield* engine.stats).sessions, 1) // the drained version-0 session was released
     }))
 
+  it.effect("maxBatchSize caps the running batch; the rest wait for a slot with unchanged results", () =>
+    Effect.gen(function*() {
+      const engine = yield* make({ config: c, weights: w0, maxBatchSize: 2 })
+      const requests = prompts.map((p, i) => request(p, { seed: i, maxTokens: 10 + i }))
+      const together = yield* generateAll(engine, requests)
+      assert.strictEqual((yield* engine.stats).largestBatch, 2)
+      for (const [i, r] of requests.entries()) {
+        assert.deepStrictEqual(together[i]!.tokenIds, (yield* engine.generate(r)).tokenIds)
+      }
+    }))
+
+  it.effect("a defect in the decode loop fails the requests it touched and the engine keeps serving", () =>
+    Effect.gen(function*() {
+      const engine = yield* make({ config: c, weights: w0 })
+      const error = yield* Effect.flip(engine.generate(request([1, 2, 3]), {
+        onToken: () => {
+          throw new Error("boom")
+        }
+      }))
+      assert.strictEqual(error.reason, "ServerError")
+      assert.match(error.message, /boom/)
+      const ok = yield* engine.generate(request([1, 2, 3], { maxTokens: 5 }))
+      assert.strictEqual(ok.tokenIds.length, 5)
+    }))
+
   it.effect("stop tokens, maxTokens and the context limit set the finish reason", () =>
     Effect.gen(function*() {
       const engine = yield* make({ config: tinyConfig({ maxPositionEmbeddings: 12 }), weights: w0 })
