@@ -1,0 +1,96 @@
+/**
+ * `agentfly train` end to end on the real parts (tiny Qwen2 policy on onnxruntime, byte tokenizer, calculator
+ * tool, mathEqual reward): a run killed with SIGKILL mid-training and resumed ends with the same weights as an
+ * uninterrupted run, and its journal lists every learner step and checkpoint exactly once.
+ */
+import { NodeServices } from "@effect/platform-node"
+import { assert, describe, it } from "@effect/vitest"
+import { Effect } from "effect"
+import { spawn } from "node:child_process"
+import { existsSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join, resolve } from "node:path"
+import * as Journal from "../../actors/Journal.ts"
+import * as Generate from "../../examples/calculator/generate.ts"
+
+const root = resolve(import.meta.dirname, "../..")
+
+/** Runs `agentfly train` in a child process; `killWhen` is polled and, once true, the child gets SIGKILL. */
+const train = (args: ReadonlyArray<string>, killWhen?: () => boolean) =>
+  Effect.callback<{ readonly code: number | null; readonly signal: string | null; readonly output: string }>(
+    (resume) => {
+      const child = spawn(process.execPath, ["--import", "tsx", "cli/main.ts", "train", ...args], {
+        cwd: root,
+        stdio: ["ignore", "pipe", "pipe"]
+      })
+      let output = ""
+      child.stdout.on("data", (d: Buffer) => (output += d.toString()))
+      child.stderr.on("data", (d: Buffer) => (output += d.toString()))
+      const timer = killWhen === undefined ? undefined : setInterval(() => {
+        if (killWhen()) child.kill("SIGKILL")
+      }, 20)
+      child.on("exit", (code, signal) => {
+        if (timer !== undefined) clearInterval(timer)
+        resume(Effect.succeed({ code, signal, output }))
+      })
+      return Effect.sync(() => child.kill("SIGKILL"))
+    }
+  )
+
+const entries = (dir: string) =>
+  Effect.map(Journal.read(join(dir, "journal.jsonl")), (r) => r.entries.map((e) => e.entry))
+
+const stepsIn = (journal: ReadonlyArray<Journal.Entry>) =>
+  journal.flatMap((e) => (e.kind === "step" ? [e.step] : []))
+
+describe("agentfly train", () => {
+  it.live("SIGKILL mid-training, then --resume: every step once, same final weights as an uninterrupted run", () =>
+    Effect.gen(function*() {
+      const dir = mkdtempSync(join(tmpdir(), "train-resume-"))
+      yield* Generate.write({ dir: join(dir, "data"), seed: 5, train: 64, heldOut: 4, demos: 64, noise: 0 })
+      writeFileSync(join(dir, "config.json"), JSON.stringify({
+        seed: 11,
+        output: "run",
+        model: { path: "model", preset: "tiny", initSeed: 3 },
+        data: { train: "data/train.jsonl", eval: "data/heldout.jsonl" },
+        tools: ["calculator"],
+        reward: "mathEqual",
+        agent: { systemPrompt: "Use the calculator tool.", renderTools: false, maxTurns: 2, numChains: 2, maxNewTokens: 24,
+          maxContextTokens: 256 },
+        warmup: { data: "data/demos.jsonl", steps: 3, batchSize: 4, lr: 0.003 },
+        algorithm: { steps: 6, groupsPerStep: 2, microBatchSize: 4, lr: 0.001 },
+        eval: { every: 100, size: 2 },
+        checkpoint: { every: 2, keep: 2 }
+      }))
+      const config = join(dir, "config.json")
+      const a = join(dir, "a")
+      const b = join(dir, "b")
+
+      const full = yield* train([config, "--output", a])
+      assert.strictEqual(full.code, 0, full.output)
+      const reference = yield* entries(a)
+      assert.deepStrictEqual(stepsIn(reference), [1, 2, 3, 4, 5, 6])
+
+      // Kill -9 once step 3 is journaled (after checkpoint 2, before checkpoint 4).
+      const killed = yield* train([config, "--output", b], () => {
+        const path = join(b, "journal.jsonl")
+        return existsSync(path) && readFileSync(path, "utf8").includes(`"kind":"step","step":3`)
+      })
+      assert.strictEqual(killed.signal, "SIGKILL", killed.output)
+      const partial = stepsIn(yield* entries(b))
+      assert.isTrue(partial.length >= 3 && partial.length < 6, `killed mid-run after steps ${partial}`)
+
+      const resumed = yield* train([config, "--output", b, "--resume"])
+      assert.strictEqual(resumed.code, 0, resumed.output)
+      const journal = yield* entries(b)
+      assert.deepStrictEqual(stepsIn(journal), [1, 2, 3, 4, 5, 6], "every learner step exactly once")
+      const checkpoints = journal.flatMap((e) => (e.kind === "checkpoint" ? [e.step] : []))
+      assert.deepStrictEqual(checkpoints, [0, 2, 4, 6], "every checkpoint exactly once")
+      assert.deepStrictEqual(journal.filter((e) => e.kind === "start").map((e) => e.kind === "start" && e.fromStep), [0, 2])
+      const hashes = (j: ReadonlyArray<Journal.Entry>) => j.flatMap((e) => (e.kind === "step" ? [e.weightsHash] : []))
+      assert.deepStrictEqual(hashes(journal), hashes(reference), "the same weights after every step")
+      const weights = (run: string) => readFileSync(join(run, "checkpoints", "step-000006", "model.safetensors"))
+      assert.isTrue(weights(a).equals(weights(b)), "bit-identical final checkpoints")
+      assert.isTrue(existsSync(join(b, "report.html")))
+    }).pipe(Effect.provide(NodeServices.layer)), 300_000)
+})
