@@ -23,7 +23,7 @@
  *
  * @since 0.1.0
  */
-import { Context, Deferred, Effect, Layer, Queue, Random, Schema, Semaphore } from "effect"
+import { Context, Deferred, Effect, Layer, Queue, Random, Result, Schema, Semaphore } from "effect"
 import type { Scope } from "effect"
 import * as ort from "onnxruntime-node"
 import * as ModelConfig from "../src/model/ModelConfig.ts"
@@ -355,7 +355,7 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
     compact(g, g.seqs.map((_, i) => i), { out: fresh, length: P, seqs: joining, rows })
   })
 
-  const decode = Effect.fnUntraced(function*(g: Generation) {
+  const decodeFeeds = (g: Generation): Record<string, ort.Tensor> => {
     const B = g.seqs.length, T = g.length
     const ids = new Array<number>(B), pos = new Array<number>(B), mask = new Array<number>(B * (T + 1)).fill(0)
     g.seqs.forEach((s, i) => {
@@ -363,15 +363,59 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
       pos[i] = s.filled
       for (let j = T - s.filled; j <= T; j++) mask[i * (T + 1) + j] = 1
     })
-    const out = yield* run(g, { ...g.past, input_ids: int64(ids, [B, 1]), attention_mask: int64(mask, [B, T + 1]), position_ids: int64(pos, [B, 1]) })
+    return {
+      ...g.past,
+      input_ids: int64(ids, [B, 1]),
+      attention_mask: int64(mask, [B, T + 1]),
+      position_ids: int64(pos, [B, 1])
+    }
+  }
+
+  const afterDecode = (g: Generation, out: ort.InferenceSession.ReturnType): void => {
+    const B = g.seqs.length
     stats.decodeSteps++
     stats.largestBatch = Math.max(stats.largestBatch, B)
     for (const name of Object.keys(g.past)) g.past[name] = cacheOf(out, name)
-    g.length = T + 1
+    g.length++
     for (const s of g.seqs) s.filled++
     const kept = advance(g, g.seqs, out["logits"]!.data as Float32Array)
     if (kept.length < B) compact(g, kept)
-  })
+  }
+
+  /** One decode step through the fiber (used while several versions share the loop). */
+  const decode = (g: Generation) =>
+    Effect.flatMap(run(g, decodeFeeds(g)), (out) => Effect.sync(() => afterDecode(g, out)))
+
+  /**
+   * Decodes steps back to back while nothing else needs the loop: no request waiting for a free slot and a single
+   * policy version running. Each step then costs one onnxruntime promise, as in a raw loop, instead of a fiber
+   * resumption (≈ 60 µs per step, a quarter of a batch-1 step of the tiny model). New requests, cancellations and
+   * weight updates end the burst at the next step boundary.
+   */
+  const decodeBurst = (g: Generation) =>
+    Effect.callback<void, SamplerError>((resume) => {
+      let stopped = false
+      const next = (first: boolean): void => {
+        if (stopped) return
+        const joinable = Queue.sizeUnsafe(mailbox) > 0 || (waiting.length > 0 && g.seqs.length < maxBatch)
+        if (!first && (g.seqs.length === 0 || joinable || g !== current || g.seqs.some((s) => s.cancelled))) {
+          return resume(Effect.void)
+        }
+        g.session.run({ ...g.weightFeeds, ...decodeFeeds(g) }).then(
+          (out) => {
+            if (stopped) return
+            const done = Result.try(() => afterDecode(g, out))
+            if (Result.isFailure(done)) return resume(Effect.die(done.failure))
+            next(false)
+          },
+          (e) => resume(Effect.fail(new SamplerError({ reason: "ServerError", message: `onnxruntime: ${String(e)}` })))
+        )
+      }
+      next(true)
+      return Effect.sync(() => {
+        stopped = true
+      })
+    })
 
   /** Fails every sequence of a generation whose step failed, and resets its batch. */
   const failAll = (g: Generation, seqs: ReadonlyArray<Seq>, error: SamplerError) =>
@@ -410,7 +454,9 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
     }
     for (const x of [...generations]) {
       if (x.seqs.some((s) => s.cancelled)) compact(x, x.seqs.flatMap((s, i) => (s.cancelled ? [] : [i])))
-      if (x.seqs.length > 0) yield* guarded(decode(x), (e) => failAll(x, x.seqs, e))
+      if (x.seqs.length > 0) {
+        yield* guarded(generations.length === 1 ? decodeBurst(x) : decode(x), (e) => failAll(x, x.seqs, e))
+      }
       if (x !== current && x.seqs.length === 0) {
         generations.splice(generations.indexOf(x), 1)
         yield* release(x)
