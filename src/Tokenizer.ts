@@ -150,8 +150,10 @@ const fromHf = (
   const splitter = added.length === 0
     ? undefined
     : new RegExp(`(${[...addedTokens.keys()].sort((a, b) => b.length - a.length).map(escapeRegExp).join("|")})`)
+  // Most vocabularies have no holes: then a range check is enough (this runs on every sampled id).
+  const dense = vocab.size === vocabSize
   const isValidId = (id: number) =>
-    Number.isInteger(id) && id >= 0 && id < vocabSize && hf.id_to_token(id) !== undefined
+    Number.isInteger(id) && id >= 0 && id < vocabSize && (dense || hf.id_to_token(id) !== undefined)
   const eosToken = tokenName(cfg.eos_token)
   const encodeOptions = { add_special_tokens: false } as const
   const cache = new Map<string, Array<number>>()

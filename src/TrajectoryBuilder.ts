@@ -243,7 +243,19 @@ const withOpenSegment = (
   update: (segment: Trajectory.Segment) => Trajectory.Segment
 ): ReadonlyArray<Trajectory.Segment> => [...builder.segments.slice(0, -1), update(builder.segments.at(-1)!)]
 
-const stopIds = (builder: Pick<TrajectoryBuilder, "template" | "tokenizer">): ReadonlySet<number> =>
+const stopIdCache = new WeakMap<ChatTemplate.ChatTemplate, WeakMap<Tokenizer.Tokenizer, ReadonlySet<number>>>()
+
+const stopIds = (builder: Pick<TrajectoryBuilder, "template" | "tokenizer">): ReadonlySet<number> => {
+  const byTokenizer = stopIdCache.get(builder.template) ?? new WeakMap()
+  stopIdCache.set(builder.template, byTokenizer)
+  const cached = byTokenizer.get(builder.tokenizer)
+  if (cached !== undefined) return cached
+  const ids = computeStopIds(builder)
+  byTokenizer.set(builder.tokenizer, ids)
+  return ids
+}
+
+const computeStopIds = (builder: Pick<TrajectoryBuilder, "template" | "tokenizer">): ReadonlySet<number> =>
   new Set(
     builder.template.stopTokens.flatMap((token) => {
       const id = builder.tokenizer.tokenToId(token)
