@@ -124,7 +124,11 @@ export interface Service<R = never> {
     call: typeof Message.ToolCall.Type,
     options?: TurnOptions<R>
   ) => Effect.Effect<CallResult, Tool.ToolError>
-  /** A snapshot: `tool/<name>/{calls,errors,errors/<Reason>,retries,truncated,latency_mean_ms,latency_max_ms}`. */
+  /**
+   * A snapshot: `tool/<name>/{calls,errors,errors/<Reason>,retries,truncated,latency_mean_ms,latency_max_ms}`;
+   * calls of unknown tools count under `tool/_unknown/`. Latency is from the call's arrival to its observation
+   * (waiting for a permit and retries included), on the effect `Clock`.
+   */
   readonly metrics: Effect.Effect<Record<string, number>>
 }
 

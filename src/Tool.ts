@@ -546,14 +546,15 @@ export const truncate = (
     if (ids.length > budget.tokens) {
       const marker = truncationMarker(ids.length, "tokens")
       let keep = Math.max(0, budget.tokens - tokenizer.encode(marker).length)
-      // Re-encoding a decoded prefix can merge differently; shrink until the whole text fits.
+      // Re-encoding a decoded prefix can merge differently; shrink by the overflow until the whole text fits.
       for (;;) {
         const candidate = tokenizer.decode(ids.slice(0, keep)) + truncationMarker(ids.length - keep, "tokens")
-        if (keep === 0 || tokenizer.encode(candidate).length <= budget.tokens) {
+        const overflow = tokenizer.encode(candidate).length - budget.tokens
+        if (keep === 0 || overflow <= 0) {
           out = candidate
           break
         }
-        keep--
+        keep = Math.max(0, keep - overflow)
       }
       truncated = true
     }

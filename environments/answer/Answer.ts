@@ -28,7 +28,7 @@ export const make = <const Name extends string>(name: Name, description: string)
 /**
  * The `answer` tool.
  *
- * @category tools
+ * @category constructors
  * @since 0.1.0
  */
 export const answer = make("answer", "Give your final answer. This ends the episode.")

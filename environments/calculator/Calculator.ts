@@ -349,7 +349,7 @@ export const format = (v: Value): string => {
  * The `calculator` tool: `{ expression }` → the value as text (see {@link format}); a bad expression is a
  * `CalculatorError` the model reads.
  *
- * @category tools
+ * @category constructors
  * @since 0.1.0
  */
 export const calculator = Tool.make("calculator", {

@@ -127,7 +127,7 @@ export const isEqual = (predicted: string, reference: string): boolean => {
 /**
  * The `mathEqual` reward. Reads the row's `answer` (a string or a number).
  *
- * @category rewards
+ * @category constructors
  * @since 0.1.0
  */
 export const mathEqual = Reward.make("mathEqual", {

@@ -73,7 +73,7 @@ const referencesOf = (row: typeof References.Type): ReadonlyArray<string> =>
 /**
  * 1 when the normalised prediction equals a normalised reference, else 0.
  *
- * @category rewards
+ * @category constructors
  * @since 0.1.0
  */
 export const exactMatch = Reward.make("exactMatch", {
@@ -89,7 +89,7 @@ export const exactMatch = Reward.make("exactMatch", {
 /**
  * The best token F1 over the references; metrics `f1`, `em`, `precision`, `recall` (of the best reference).
  *
- * @category rewards
+ * @category constructors
  * @since 0.1.0
  */
 export const f1 = Reward.make("f1", {

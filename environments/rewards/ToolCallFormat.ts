@@ -82,7 +82,7 @@ export const make = (marker: string) =>
 /**
  * The `toolCallFormat` reward for `<tool_call>` (Hermes / Qwen) templates.
  *
- * @category rewards
+ * @category constructors
  * @since 0.1.0
  */
 export const toolCallFormat = make("<tool_call>")

@@ -499,6 +499,13 @@ describe("ToolActor", () => {
       assert.strictEqual(shout.failureMode, "return")
     }))
 
+  it.effect("as a service: ToolActor.layer", () =>
+    Effect.gen(function*() {
+      const actor = yield* ToolActor.ToolActor
+      const turn = yield* actor.executeTurn([call("echo", { text: "via layer" })])
+      assert.strictEqual(turn.messages[0]!.content, "via layer")
+    }).pipe(Effect.provide(ToolActor.ToolActor.layer([Echo]))))
+
   it.effect("exposes the tools as OpenAI function schemas for the chat template", () =>
     Effect.gen(function*() {
       const actor = yield* ToolActor.make([Echo, Slow])
