@@ -203,6 +203,8 @@ export interface Journal {
   readonly path: string
   /** Appends one entry and fsyncs it. Appends are serialised. */
   readonly append: (entry: Entry) => Effect.Effect<void, JournalError>
+  /** Appends entries with one write and one fsync (a torn write loses a suffix of them, never reorders). */
+  readonly appendAll: (entries: ReadonlyArray<Entry>) => Effect.Effect<void, JournalError>
   /** All entries on disk, in order (including those appended through this handle). */
   readonly entries: Effect.Effect<ReadonlyArray<Entry>>
 }
@@ -243,13 +245,14 @@ export const open = Effect.fn("Journal.open")(function*(
   yield* file.truncate(keepBytes).pipe(Effect.andThen(file.sync), Effect.mapError(io(path)))
   const all: Array<Entry> = [...kept]
   const lock = yield* Semaphore.make(1)
-  const append = (entry: Entry) =>
+  const appendAll = (entries: ReadonlyArray<Entry>) =>
     Semaphore.withPermits(lock, 1)(
       Effect.gen(function*() {
-        yield* file.writeAll(encoder.encode(JSON.stringify(entry) + "\n")).pipe(Effect.mapError(io(path)))
+        const text = entries.map((entry) => JSON.stringify(entry) + "\n").join("")
+        yield* file.writeAll(encoder.encode(text)).pipe(Effect.mapError(io(path)))
         yield* file.sync.pipe(Effect.mapError(io(path)))
-        all.push(entry)
+        all.push(...entries)
       })
     )
-  return { path, append, entries: Effect.sync(() => [...all]) }
+  return { path, append: (entry) => appendAll([entry]), appendAll, entries: Effect.sync(() => [...all]) }
 })

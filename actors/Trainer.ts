@@ -433,17 +433,15 @@ export const run = Effect.fn("Trainer.run")(function*(
     const t0 = yield* Clock.currentTimeMillis
     const batch = yield* Fiber.join(yield* Queue.take(batches))
     const t1 = yield* Clock.currentTimeMillis
-    for (const group of batch.groups) {
-      // `group.rowIndex` is the row's position in the batch.
-      yield* journal.append({
-        kind: "group",
-        seq: batch.firstSeq + group.rowIndex,
-        groupId: group.groupId,
-        rowIndex: batch.indices[group.rowIndex]!,
-        policyVersion: Math.min(...group.trajectories.map((t) => Trajectory.oldestPolicyVersion(t) ?? step - 1)),
-        meanReward: mean(group.trajectories.map((t) => t.reward))
-      }).pipe(Effect.mapError(io))
-    }
+    // `group.rowIndex` is the row's position in the batch. One fsync for the whole batch.
+    yield* journal.appendAll(batch.groups.map((group) => ({
+      kind: "group" as const,
+      seq: batch.firstSeq + group.rowIndex,
+      groupId: group.groupId,
+      rowIndex: batch.indices[group.rowIndex]!,
+      policyVersion: Math.min(...group.trajectories.map((t) => Trajectory.oldestPolicyVersion(t) ?? step - 1)),
+      meanReward: mean(group.trajectories.map((t) => t.reward))
+    }))).pipe(Effect.mapError(io))
     const learned = yield* policy.learn(step, batch.groups)
     yield* policy.publish(step)
     yield* Semaphore.release(permits, 1)

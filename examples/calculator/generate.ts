@@ -2,7 +2,7 @@
  * Writes the calculator demo's data files: `train.jsonl`, `heldout.jsonl` and `demos.jsonl` (gold conversations
  * for the SFT warm-up, drawn from the train split). Seeded: the same options always write the same bytes.
  *
- *   npx tsx examples/calculator/generate.ts [OUT_DIR] [SEED]
+ *   npx tsx examples/calculator/generate.ts [OUT_DIR] [SEED] [NOISE]
  *
  * `noise` corrupts the final answer of that fraction of demonstrations (one digit changed). A warm-up on noisy
  * demonstrations leaves a policy that formats well but answers wrongly part of the time: room for the reward to
@@ -87,7 +87,8 @@ export const write = Effect.fn("calculator.generate.write")(function*(options: O
 if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(resolve(process.argv[1])).href) {
   const dir = process.argv[2] ?? "examples/calculator/data"
   const seed = process.argv[3] === undefined ? defaults.seed : Number(process.argv[3])
-  write({ ...defaults, dir, seed }).pipe(
+  const noise = process.argv[4] === undefined ? defaults.noise : Number(process.argv[4])
+  write({ ...defaults, dir, seed, noise }).pipe(
     Effect.tap((counts) => Effect.log(`wrote ${JSON.stringify(counts)} to ${dir}`)),
     Effect.provide(NodeServices.layer),
     NodeRuntime.runMain
