@@ -110,6 +110,8 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
   let phase: "sft" | "rl" = "rl"
   let trainer: PolicyTrainer.PolicyTrainer["Service"] = yield* makeTrainer(folder.weights, rlLoss, rlSchedule)
   let version = 0
+  // Whether the learner's weights differ from the engine's (after any SFT or RL step, or a checkpoint load).
+  let dirty = false
   const tokenBudget = algorithm.microBatchSize * config.agent.maxContextTokens
   const learnerOptions: Learner.Options = {
     estimator: algorithm.advantage,
@@ -142,6 +144,7 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
     learn: (_step, groups) =>
       Learner.update(groups, learnerOptions).pipe(
         Effect.provideService(PolicyTrainer.PolicyTrainer, trainer),
+        Effect.tap(() => Effect.sync(() => (dirty = true))),
         Effect.map((report) => ({ ...report.figures, "learner/applied": report.outcome === "applied" ? 1 : 0 })),
         Effect.mapError(learnerError)
       ),
@@ -162,6 +165,7 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
           rowTokens += mb.attentionMask.reduce((a, v) => a + v, 0)
         }
         const optim = yield* trainer.optimStep.pipe(Effect.mapError(learnerError))
+        dirty = true
         return {
           "warmup/loss": loss,
           "warmup/tokens": tokens,
@@ -178,13 +182,19 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
           phase = "rl"
         }
         version = v
-        if (v === (yield* engine.policyVersion)) return
+        if (!dirty && v === (yield* engine.policyVersion)) return
         yield* engine.updateWeights(v, (yield* trainer.weights) as Qwen2.Weights).pipe(Effect.mapError(learnerError))
+        dirty = false
       }),
     save: (dir) => trainer.save(dir, { policyVersion: version, rngState: [] }).pipe(Effect.mapError(checkpointError)),
     load: (dir) =>
       trainer.load(dir).pipe(
-        Effect.tap((meta) => Effect.sync(() => (version = meta.policyVersion))),
+        Effect.tap((meta) =>
+          Effect.sync(() => {
+            version = meta.policyVersion
+            dirty = true
+          })
+        ),
         Effect.asVoid,
         Effect.mapError(checkpointError)
       ),
