@@ -67,13 +67,16 @@ const ortLearner = (weights: Qwen2.Weights, intraOpThreads: number, rows = B, le
     const first = yield* trainer.trainer.forwardBackward(mb) // compiles the session
     const embedGradient = (yield* trainer.gradients).get("model.embed_tokens.weight")!
     yield* trainer.trainer.optimStep
-    /** One timed step: [forward+backward ms, whole step ms]. */
+    /** One timed step: [forward+backward ms, whole step ms, process CPU ms of the step]. */
     const step = Effect.gen(function*() {
+      const cpu0 = process.cpuUsage()
       const t0 = performance.now()
       yield* trainer.trainer.forwardBackward(mb)
       const t1 = performance.now()
       yield* trainer.trainer.optimStep
-      return [t1 - t0, performance.now() - t0] as const
+      const t2 = performance.now()
+      const cpu = process.cpuUsage(cpu0)
+      return [t1 - t0, t2 - t0, (cpu.user + cpu.system) / 1000] as const
     })
     return { initialLoss: first.loss, embedGradient, step }
   })
@@ -169,12 +172,15 @@ const tfjsLearner = async (weights: Qwen2.Weights) => {
   const embedGradient = Float32Array.from(await grads[E.name]!.data())
   tf.dispose([value, ...Object.values(grads)])
   const optimizer = tf.train.adam(1e-3, 0.9, 0.98, 1e-8)
+  /** One timed step: [wall ms, process CPU ms]. */
   const step = async () => {
+    const cpu0 = process.cpuUsage()
     const t0 = performance.now()
     const loss = tf.tidy(() => optimizer.minimize(lossFn, true)!)
     await loss.data()
     loss.dispose()
-    return performance.now() - t0
+    const cpu = process.cpuUsage(cpu0)
+    return [performance.now() - t0, (cpu.user + cpu.system) / 1000] as const
   }
   await step() // the first step includes kernel set-up
   return { initialLoss, embedGradient, step }
@@ -222,15 +228,18 @@ export default async (): Promise<BenchResult> => {
     // Interleave the engines so that they share the machine's (noisy, shared) load alike.
     const ortFwdBwd: Array<number> = [], ortStep: Array<number> = [], tfjsStep: Array<number> = [], roofMs: Array<number> = []
     const roundRatios: Array<number> = [], oneThread: Array<number> = [], roundRatios1: Array<number> = []
+    const ortCpu: Array<number> = [], tfjsCpu: Array<number> = []
     for (let round = 0; round < 10; round++) {
-      const t = yield* Effect.promise(tfjs.step)
+      const [t, tc] = yield* Effect.promise(tfjs.step)
       tfjsStep.push(t)
+      tfjsCpu.push(tc)
       for (let k = 0; k < 3; k++) roofMs.push(yield* Effect.promise(roof.step))
       const mine: Array<number> = []
       for (let k = 0; k < 4; k++) {
-        const [fb, full] = yield* onnx.step
+        const [fb, full, cpu] = yield* onnx.step
         ortFwdBwd.push(fb)
         ortStep.push(full)
+        ortCpu.push(cpu)
         mine.push(full)
       }
       roundRatios.push(t / median(mine))
@@ -268,6 +277,9 @@ export default async (): Promise<BenchResult> => {
       ortAdamMs: ortMs - fbMs,
       ortTokensPerS: (N * 1000) / ortMs,
       ratioOfMedians: tfjsMs / ortMs,
+      ortCpuMsPerStep: median(ortCpu),
+      tfjsWasmCpuMsPerStep: median(tfjsCpu),
+      tokensPerCpuSecondRatio: median(tfjsCpu) / median(ortCpu),
       roundRatios,
       ortOneThreadStepMs: median(oneThread),
       demoShapeStepMs: median(demoMs),

@@ -1,6 +1,6 @@
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Queue, Ref } from "effect"
+import { Deferred, Effect, Fiber, Queue, Ref } from "effect"
 import * as Learner from "../../actors/Learner.ts"
 import { Advantage, Loss, LrSchedule, OnnxTrainer, Optimizer, Packing, PolicyTrainer, Qwen2, Sampling } from "../../src/index.ts"
 import type { Trajectory } from "../../src/index.ts"
@@ -94,6 +94,27 @@ describe("Learner", () => {
       for (const key of ["learner/loss", "learner/clip_frac", "learner/approx_kl", "learner/entropy", "learner/grad_norm", "learner/tokens_per_s", "learner/step_ms"]) {
         assert.isTrue(key in report!.figures, key)
       }
+    }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
+
+  it.effect("back-pressure: offers suspend while the learner is busy and its queue is full", () =>
+    Effect.gen(function*() {
+      const release = yield* Deferred.make<void>()
+      const learner = yield* Learner.make({ ...options, groupsPerStep: 1, queueCapacity: 2 }, () => Deferred.await(release))
+      const group = (id: string): Trajectory.Group => ({
+        groupId: id,
+        rowIndex: 0,
+        trajectories: [trajectory(`${id}a`, id, [1], 2, -1, 1), trajectory(`${id}b`, id, [1], 3, -1, 0)]
+      })
+      yield* learner.offer(group("1")) // taken by the loop, whose publish then blocks
+      for (let i = 0; i < 10; i++) yield* Effect.yieldNow
+      yield* learner.offer(group("2"))
+      yield* learner.offer(group("3")) // the queue (capacity 2) is now full
+      const blocked = yield* Effect.forkChild(learner.offer(group("4")))
+      for (let i = 0; i < 10; i++) yield* Effect.yieldNow
+      assert.isUndefined(blocked.pollUnsafe(), "the fourth offer waits")
+      yield* Deferred.succeed(release, undefined)
+      yield* Fiber.join(blocked)
+      assert.isAtLeast(yield* learner.policyVersion, 1)
     }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
 
   it.effect("a step whose trajectories are all excluded publishes nothing", () =>
