@@ -342,7 +342,13 @@ export const run = Effect.fn("Trainer.run")(function*(
         .map((i) => demos[i]!)
       const figures = yield* policy.sft(step, batch)
       const seconds = ((yield* Clock.currentTimeMillis) - t0) / 1000
-      const record = { phase: "warmup" as const, step, elapsed: yield* elapsed, figures: { ...figures, "time/step_s": seconds } }
+      const tokensPerS = (figures["perf/row_tokens"] ?? 0) / Math.max(1e-3, seconds)
+      const record = {
+        phase: "warmup" as const,
+        step,
+        elapsed: yield* elapsed,
+        figures: { ...figures, "time/step_s": seconds, "perf/tokens_per_s": tokensPerS }
+      }
       yield* metrics.log(record).pipe(Effect.mapError(io))
       yield* display.update({ ...record, total: warmup.steps })
     }
