@@ -184,6 +184,85 @@ const samplerError = (e: { readonly reason: string; readonly message: string }) 
       { status: e.reason === "Closed" ? 503 : 500, message: e.message, code: e.reason }
   )
 
+const parseArguments = (args: string): unknown =>
+  Option.getOrElse(Schema.decodeUnknownOption(Schema.fromJsonString(Schema.Unknown))(args), () => args)
+
+/** OpenAI messages → our Message schema: tool-call arguments arrive as JSON strings. */
+const conversation = (body: typeof ChatCompletionRequest.Type) => {
+  const messages = body.messages.map((m) => {
+    const calls = (m as { tool_calls?: unknown }).tool_calls
+    if (!Array.isArray(calls)) return m
+    return {
+      ...(m as object),
+      tool_calls: calls.map((c) => {
+        const fn = (c as { function?: { arguments?: unknown } })?.function
+        // A malformed argument string stays a string: the template renders it as the model wrote it.
+        return typeof fn?.arguments === "string" ?
+          { ...c, function: { ...fn, arguments: parseArguments(fn.arguments) } } :
+          c
+      })
+    }
+  })
+  return ChatTemplate.decodeConversation({ messages, tools: body.tools ?? [] }).pipe(
+    Effect.mapError((e) => invalid(e.message, "messages"))
+  )
+}
+
+const openAiToolCalls = (calls: ReadonlyArray<Message.ToolCall>) =>
+  calls.map((c, index) => ({
+    index,
+    id: c.id,
+    type: "function" as const,
+    function: {
+      name: c.function.name,
+      arguments: typeof c.function.arguments === "string" ? c.function.arguments : JSON.stringify(c.function.arguments)
+    }
+  }))
+
+const finishOf = (reason: FinishReason, calls: number) => (calls > 0 ? "tool_calls" : reason)
+
+const readBody = (req: Http.IncomingMessage, maxBody: number) =>
+  Effect.callback<unknown, ApiError>((resume) => {
+    const chunks: Array<Buffer> = []
+    let size = 0, done = false
+    req.on("data", (c: Buffer) => {
+      size += c.length
+      if (size > maxBody && !done) {
+        done = true
+        resume(Effect.fail(new ApiError({ status: 413, message: `the request body exceeds ${maxBody} bytes` })))
+      } else chunks.push(c)
+    })
+    req.on("end", () => {
+      if (done) return
+      done = true
+      const text = Buffer.concat(chunks).toString("utf8")
+      resume(Effect.try({
+        try: () => JSON.parse(text) as unknown,
+        catch: () => invalid("the request body is not valid JSON")
+      }))
+    })
+    req.on("error", () => {
+      if (!done) resume(Effect.fail(new ApiError({ status: 400, message: "the request body could not be read" })))
+      done = true
+    })
+  })
+
+const sendJson = (res: Http.ServerResponse, status: number, value: unknown) =>
+  Effect.sync(() => {
+    if (res.headersSent) return res.end()
+    res.writeHead(status, { "content-type": "application/json" })
+    res.end(JSON.stringify(value))
+  })
+
+const errorBody = (e: ApiError) => ({
+  error: {
+    message: e.message,
+    type: e.status >= 500 ? "server_error" : "invalid_request_error",
+    param: e.param ?? null,
+    code: e.code ?? null
+  }
+})
+
 // ===== Constructor =====
 
 /**
@@ -253,30 +332,6 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
     }
   })
 
-  const parseArguments = (args: string): unknown =>
-    Option.getOrElse(Schema.decodeUnknownOption(Schema.fromJsonString(Schema.Unknown))(args), () => args)
-
-  /** OpenAI messages → our Message schema: tool-call arguments arrive as JSON strings. */
-  const conversation = (body: typeof ChatCompletionRequest.Type) => {
-    const messages = body.messages.map((m) => {
-      const calls = (m as { tool_calls?: unknown }).tool_calls
-      if (!Array.isArray(calls)) return m
-      return {
-        ...(m as object),
-        tool_calls: calls.map((c) => {
-          const fn = (c as { function?: { arguments?: unknown } })?.function
-          // A malformed argument string stays a string: the template renders it as the model wrote it.
-          return typeof fn?.arguments === "string" ?
-            { ...c, function: { ...fn, arguments: parseArguments(fn.arguments) } } :
-            c
-        })
-      }
-    })
-    return ChatTemplate.decodeConversation({ messages, tools: body.tools ?? [] }).pipe(
-      Effect.mapError((e) => invalid(e.message, "messages"))
-    )
-  }
-
   const chatPrompt = Effect.fnUntraced(function*(body: typeof ChatCompletionRequest.Type) {
     const { messages, tools } = yield* conversation(body)
     const text = yield* model.template.render(messages, { addGenerationPrompt: true, tools }).pipe(
@@ -290,19 +345,6 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
     const parsed = ToolCallParser.parse(model.template.toolCallFormat, text)
     return { content: parsed.content, toolCalls: parsed.toolCalls }
   }
-
-  const openAiToolCalls = (calls: ReadonlyArray<Message.ToolCall>) =>
-    calls.map((c, index) => ({
-      index,
-      id: c.id,
-      type: "function" as const,
-      function: {
-        name: c.function.name,
-        arguments: typeof c.function.arguments === "string" ? c.function.arguments : JSON.stringify(c.function.arguments)
-      }
-    }))
-
-  const finishOf = (reason: FinishReason, calls: number) => (calls > 0 ? "tool_calls" : reason)
 
   const chatLogprobs = (result: GenerateResult) => ({
     content: result.tokenIds.map((id, i) => {
@@ -390,48 +432,6 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
     res.end("data: [DONE]\n\n")
   })
 
-  const readBody = (req: Http.IncomingMessage) =>
-    Effect.callback<unknown, ApiError>((resume) => {
-      const chunks: Array<Buffer> = []
-      let size = 0, done = false
-      req.on("data", (c: Buffer) => {
-        size += c.length
-        if (size > maxBody && !done) {
-          done = true
-          resume(Effect.fail(new ApiError({ status: 413, message: `the request body exceeds ${maxBody} bytes` })))
-        } else chunks.push(c)
-      })
-      req.on("end", () => {
-        if (done) return
-        done = true
-        const text = Buffer.concat(chunks).toString("utf8")
-        resume(Effect.try({
-          try: () => JSON.parse(text) as unknown,
-          catch: () => invalid("the request body is not valid JSON")
-        }))
-      })
-      req.on("error", () => {
-        if (!done) resume(Effect.fail(new ApiError({ status: 400, message: "the request body could not be read" })))
-        done = true
-      })
-    })
-
-  const sendJson = (res: Http.ServerResponse, status: number, value: unknown) =>
-    Effect.sync(() => {
-      if (res.headersSent) return res.end()
-      res.writeHead(status, { "content-type": "application/json" })
-      res.end(JSON.stringify(value))
-    })
-
-  const errorBody = (e: ApiError) => ({
-    error: {
-      message: e.message,
-      type: e.status >= 500 ? "server_error" : "invalid_request_error",
-      param: e.param ?? null,
-      code: e.code ?? null
-    }
-  })
-
   const checkModel = (body: unknown) => {
     const name = (body as { model?: unknown } | null)?.model
     return typeof name === "string" && name !== model.name ?
@@ -444,7 +444,7 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
     const post = (handler: (body: unknown) => Effect.Effect<unknown, ApiError>) =>
       req.method !== "POST" ?
         Effect.fail(new ApiError({ status: 405, message: `${req.method} is not allowed on ${path}; use POST` })) :
-        readBody(req).pipe(
+        readBody(req, maxBody).pipe(
           Effect.tap(checkModel),
           Effect.flatMap(handler),
           Effect.flatMap((value) => sendJson(res, 200, value))
@@ -458,7 +458,7 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
       case "/v1/chat/completions":
         return req.method !== "POST" ?
           post(chat) : // answers 405
-          readBody(req).pipe(
+          readBody(req, maxBody).pipe(
             Effect.tap(checkModel),
             Effect.flatMap((body) =>
               (body as { stream?: unknown } | null)?.stream === true ?

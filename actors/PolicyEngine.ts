@@ -408,7 +408,9 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
             if (Result.isFailure(done)) return resume(Effect.die(done.failure))
             next(false)
           },
-          (e) => resume(Effect.fail(new SamplerError({ reason: "ServerError", message: `onnxruntime: ${String(e)}` })))
+          (e) => {
+            if (!stopped) resume(Effect.fail(new SamplerError({ reason: "ServerError", message: `onnxruntime: ${String(e)}` })))
+          }
         )
       }
       next(true)
