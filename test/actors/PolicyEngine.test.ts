@@ -124,6 +124,22 @@ describe("PolicyEngine", () => {
       assert.strictEqual((yield* engine.stats).sessions, 1) // the drained version-0 session was released
     }))
 
+  it.effect("weights fed as graph inputs give the same results, and update the same way", () =>
+    Effect.gen(function*() {
+      const baked = yield* make({ config: c, weights: w0 })
+      const fed = yield* make({ config: c, weights: w0, weightsAs: "inputs" })
+      const r = request([3, 4, 5], { seed: 8, maxTokens: 20 })
+      const a = yield* baked.generate(r), b = yield* fed.generate(r)
+      assert.deepStrictEqual(b.tokenIds, a.tokenIds)
+      assert.isBelow(maxAbsDiff(b.logprobs, a.logprobs), 1e-5)
+      yield* baked.updateWeights(1, w1)
+      yield* fed.updateWeights(1, w1)
+      const c1 = yield* baked.generate(r), d1 = yield* fed.generate(r)
+      assert.deepStrictEqual(d1.tokenIds, c1.tokenIds)
+      assert.strictEqual(d1.policyVersion, 1)
+      assert.notDeepEqual(c1.tokenIds, a.tokenIds)
+    }))
+
   it.effect("maxBatchSize caps the running batch; the rest wait for a slot with unchanged results", () =>
     Effect.gen(function*() {
       const engine = yield* make({ config: c, weights: w0, maxBatchSize: 2 })
