@@ -31,6 +31,8 @@ export interface Options {
   /** Maximum rows × padded length per micro-batch. */
   readonly tokenBudget: number
   readonly lengthMultiple?: number
+  /** See `Packing.Options.padRows`: bounds the number of distinct micro-batch shapes. */
+  readonly padRows?: boolean
   /** Groups consumed per optimiser step. */
   readonly groupsPerStep: number
   /** Capacity of the inbound queue of groups (default `2 × groupsPerStep`). */
@@ -165,6 +167,7 @@ export const update = Effect.fn("Learner.update")(function*(
     tokenBudget: options.tokenBudget,
     aggregation: options.loss.aggregation,
     ...(options.lengthMultiple === undefined ? {} : { lengthMultiple: options.lengthMultiple }),
+    ...(options.padRows === undefined ? {} : { padRows: options.padRows }),
     ...(options.loss.normLength === undefined ? {} : { normLength: options.loss.normLength })
   }).pipe(Effect.mapError((e) => new LearnerError({ reason: "Packing", message: e.message })))
   if (packed.totals.tokens === 0) return { outcome: "empty" as const, figures: base }

@@ -60,7 +60,7 @@ export interface MicroBatch {
    * the sampler's logprobs stand in for them (then truncated importance weights are all 1).
    */
   readonly oldLogprobs?: Float32Array | undefined
-  /** `[batch]`: index of each row's sequence in the input. */
+  /** `[batch]`: index of each row's sequence in the input; −1 for an empty padding row (`padRows`). */
   readonly sequenceIndex: Int32Array
   /** Loss tokens in this micro-batch. */
   readonly lossTokens: number
@@ -80,6 +80,12 @@ export interface Options {
   readonly aggregation: Loss.AggregationMode
   /** For `seq-mean-token-sum-norm`; defaults to the longest padded length. */
   readonly normLength?: number
+  /**
+   * Pad every micro-batch with empty rows up to `⌊tokenBudget / length⌋` rows, so that its shape depends on its
+   * padded length only: fewer distinct shapes, hence fewer compiled graphs (each costs ≈ 0.3 s to create), at the
+   * price of computing padding rows. Default false.
+   */
+  readonly padRows?: boolean
 }
 
 /**
@@ -190,8 +196,11 @@ export const packUnsafe = (sequences: ReadonlyArray<Sequence>, options: Options)
   let start = 0
   while (start < order.length) {
     const length = roundUp(Math.max(1, sequences[order[start]!]!.tokenIds.length), multiple)
-    const rows = Math.min(Math.floor(options.tokenBudget / length), order.length - start)
-    microBatches.push(fill(sequences, order.slice(start, start + rows), length, totals, options.aggregation, normLength))
+    const capacity = Math.floor(options.tokenBudget / length)
+    const rows = Math.min(capacity, order.length - start)
+    const slice = order.slice(start, start + rows)
+    const padded = options.padRows === true ? [...slice, ...new Array<number>(capacity - rows).fill(-1)] : slice
+    microBatches.push(fill(sequences, padded, length, totals, options.aggregation, normLength))
     start += rows
   }
   return { microBatches, totals }
@@ -216,6 +225,7 @@ const fill = (
   const refLogprobs = new Float32Array(cells)
   let lossTokens = 0
   rows.forEach((index, b) => {
+    if (index < 0) return // an empty padding row: no tokens, no loss
     const s = sequences[index]!
     const n = s.tokenIds.length
     const o = b * length

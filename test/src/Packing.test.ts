@@ -54,6 +54,20 @@ describe("Packing", () => {
       }
     }))
 
+  it.effect("padRows fills every micro-batch to the budget with empty rows", () =>
+    Effect.gen(function*() {
+      const seqs = [seq(5, 2, 100), seq(20, 10, 200), seq(3, 1, 300)]
+      const { microBatches } = yield* Packing.pack(seqs, { tokenBudget: 48, lengthMultiple: 8, aggregation: "token-mean", padRows: true })
+      // longest first: [20, 5] fill the 24-token rows; [3] alone gets 5 empty rows of 8
+      assert.deepStrictEqual(microBatches.map((m) => [m.batch, m.length]), [[2, 24], [6, 8]])
+      assert.deepStrictEqual([...microBatches[0]!.sequenceIndex], [1, 0])
+      assert.deepStrictEqual([...microBatches[1]!.sequenceIndex], [2, -1, -1, -1, -1, -1])
+      const padding = microBatches[1]!.attentionMask.subarray(8)
+      assert.isTrue(padding.every((v) => v === 0))
+      const sum = microBatches.reduce((s, m) => s + m.weights.reduce((a, w) => a + w, 0), 0)
+      assert.approximately(sum, 1, 1e-6)
+    }))
+
   it.effect("a sequence over the budget and mismatched arrays are typed errors", () =>
     Effect.gen(function*() {
       const long = yield* Effect.flip(Packing.pack([seq(40, 1)], { tokenBudget: 32, aggregation: "token-mean" }))

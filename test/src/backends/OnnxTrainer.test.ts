@@ -74,11 +74,23 @@ describe("OnnxTrainer", () => {
       const a = yield* trainSteps(small, split, 1)
       const b = yield* trainSteps(big, whole, 1)
       assert.approximately(a[0]!, b[0]!, 1e-5)
+      // empty padding rows (padRows) change nothing either
+      const padded = yield* OnnxTrainer.make(options())
+      const withPadding = (yield* Packing.pack(dataset(), { tokenBudget: 64, lengthMultiple: 8, aggregation: "token-mean", padRows: true }))
+        .microBatches
+      assert.isTrue(withPadding.some((mb) => mb.sequenceIndex.includes(-1)))
+      const p = yield* trainSteps(padded, withPadding, 1)
+      assert.approximately(p[0]!, b[0]!, 1e-5)
       const wa = yield* small.trainer.weights
       const wb = yield* big.trainer.weights
+      const wp = yield* padded.trainer.weights
       for (const [name, x] of wa) {
         const y = wb.get(name)!
-        for (let i = 0; i < x.length; i++) assert.approximately(x[i]!, y[i]!, 2e-6, name)
+        const z = wp.get(name)!
+        for (let i = 0; i < x.length; i++) {
+          assert.approximately(x[i]!, y[i]!, 2e-6, name)
+          assert.approximately(z[i]!, y[i]!, 2e-6, name)
+        }
       }
     }).pipe(Effect.provide(NodeServices.layer)))
 
