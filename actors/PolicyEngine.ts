@@ -7,7 +7,8 @@
  * token and merges their KV caches into the running batch; each step then decodes one token for every running
  * sequence. Finished sequences leave at step boundaries and the cache is compacted. Caches are right-aligned
  * (left padding) and every sequence carries its own position ids, so a sequence's logits do not depend on its
- * neighbours.
+ * neighbours. While nothing is waiting to join and a single policy version runs, steps follow each other inside one
+ * `Effect.callback` (a "burst") rather than resuming the loop fiber after every `session.run`.
  *
  * **Sampling.** Temperature / top-k / top-p or greedy (`temperature: 0`), stop token ids (the stop token is
  * included in the result) and `maxTokens`, in `src/Sampling.ts`. Every request owns an RNG seeded from its `seed`
