@@ -209,6 +209,97 @@ describe("Advantage", () => {
     )))
   })
 
+  describe("token-level estimators against reference loops", () => {
+    /** Whitening written plainly: mean and Bessel-corrected variance of the masked values. */
+    const whiten = (values: ReadonlyArray<number>, mask: ReadonlyArray<number>) => {
+      const xs = values.filter((_, i) => mask[i] === 1)
+      const m = mean(xs)
+      const v = xs.reduce((a, x) => a + (x - m) ** 2, 0) / (xs.length > 1 ? xs.length - 1 : 1)
+      return values.map((x, i) => (mask[i] === 1 ? (x - m) / Math.sqrt(v + 1e-8) : 0))
+    }
+    const arbitraryRows = fc.record({
+      length: fc.integer({ min: 1, max: 6 }),
+      rows: fc.array(
+        fc.record({
+          group: fc.integer({ min: 0, max: 2 }),
+          include: fc.boolean(),
+          cells: fc.array(fc.record({ r: fc.double({ min: -2, max: 2, noNaN: true }), m: fc.boolean(), v: fc.double({ min: -1, max: 1, noNaN: true }) }), { minLength: 6, maxLength: 6 })
+        }),
+        { minLength: 2, maxLength: 6 }
+      ),
+      gamma: fc.double({ min: 0.5, max: 1, noNaN: true }),
+      lambda: fc.double({ min: 0.5, max: 1, noNaN: true })
+    })
+    const toInput = (x: typeof arbitraryRows extends fc.Arbitrary<infer A> ? A : never): Advantage.Input => {
+      const { length, rows } = x
+      return {
+        batch: rows.length,
+        length,
+        tokenRewards: Float64Array.from(rows.flatMap((row) => row.cells.slice(0, length).map((c) => c.r))),
+        responseMask: Uint8Array.from(rows.flatMap((row) => row.cells.slice(0, length).map((c) => (c.m ? 1 : 0)))),
+        groupIndex: Int32Array.from(rows.map((row) => row.group)),
+        include: Uint8Array.from(rows.map((row) => (row.include ? 1 : 0))),
+        values: Float64Array.from(rows.flatMap((row) => row.cells.slice(0, length).map((c) => c.v)))
+      }
+    }
+    const effectiveMask = (input: Advantage.Input) =>
+      Array.from(input.responseMask, (m, i) => (m === 1 && input.include![Math.floor(i / input.length)] === 1 ? 1 : 0))
+
+    it("reinforce++ equals discounted returns (reset after masked tokens) whitened", () =>
+      fc.assert(fc.property(arbitraryRows, (x) => {
+        const input = toInput(x)
+        const mask = effectiveMask(input)
+        const returns: Array<number> = []
+        for (let b = 0; b < input.batch; b++) {
+          const row: Array<number> = []
+          let g = 0
+          for (let t = input.length - 1; t >= 0; t--) {
+            g = input.tokenRewards[b * input.length + t]! + x.gamma * g
+            row.unshift(g)
+            if (mask[b * input.length + t] === 0) g = 0
+          }
+          returns.push(...row)
+        }
+        const out = run("reinforce++", input, { gamma: x.gamma })
+        close(out.returns, returns, 1e-9)
+        close(out.advantages, whiten(returns, mask), 1e-6)
+      })))
+
+    it("reinforce++-baseline equals group-centred scores whitened over included response tokens", () =>
+      fc.assert(fc.property(arbitraryRows, (x) => {
+        const input = toInput(x)
+        const mask = effectiveMask(input)
+        const scores = x.rows.map((row) => row.cells.slice(0, x.length).reduce((a, c) => a + c.r, 0))
+        const centred = scores.map((s, b) => {
+          const peers = scores.filter((_, j) => x.rows[j]!.include && x.rows[j]!.group === x.rows[b]!.group)
+          return s - (peers.length > 1 ? mean(peers) : 0)
+        })
+        const broadcastScores = Array.from(mask, (m, i) => (m === 1 ? centred[Math.floor(i / x.length)]! : 0))
+        close(run("reinforce++-baseline", input).advantages, whiten(broadcastScores, mask), 1e-6)
+      })))
+
+    it("gae equals plain GAE over each row's response tokens only (observation tokens skipped)", () =>
+      fc.assert(fc.property(arbitraryRows, (x) => {
+        const input = toInput(x)
+        const mask = effectiveMask(input)
+        const raw = new Array<number>(input.batch * input.length).fill(0)
+        for (let b = 0; b < input.batch; b++) {
+          // compress to the response positions, run textbook GAE, scatter back
+          const idx = Array.from({ length: input.length }, (_, t) => b * input.length + t).filter((i) => mask[i] === 1)
+          let next = 0
+          let adv = 0
+          for (let k = idx.length - 1; k >= 0; k--) {
+            const i = idx[k]!
+            const delta = input.tokenRewards[i]! + x.gamma * next - input.values![i]!
+            adv = delta + x.gamma * x.lambda * adv
+            next = input.values![i]!
+            raw[i] = adv
+          }
+        }
+        close(run("gae", input, { gamma: x.gamma, lambda: x.lambda }).advantages, whiten(raw, mask), 1e-6)
+      })))
+  })
+
   describe("bad input", () => {
     it.effect("unknown estimator, shape mismatch, missing values and NaN rewards are typed errors", () =>
       Effect.gen(function*() {
