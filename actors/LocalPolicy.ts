@@ -73,9 +73,12 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
     })
   }
   const fsContext = yield* Effect.context<FileSystem.FileSystem | Scope.Scope>()
+  // The engine starts at version -1 (the folder's weights): the trainer publishes version 0 (after the warm-up,
+  // or the same weights without one) before the first rollout, and versions must increase.
   const engine = yield* PolicyEngine.make({
     config: folder.config,
     weights: folder.weights,
+    version: -1,
     maxBatchSize: options.maxBatchSize ?? 64
   }).pipe(Effect.mapError(learnerError))
   const model = OnnxTrainer.qwen2(folder.config)
