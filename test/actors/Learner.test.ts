@@ -117,6 +117,31 @@ describe("Learner", () => {
       assert.isAtLeast(yield* learner.policyVersion, 1)
     }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
 
+  it.effect("a trajectory with two segments becomes two rows carrying its advantage", () =>
+    Effect.gen(function*() {
+      const recording = yield* PolicyTrainer.RecordingRef
+      const learner = yield* Learner.make({ ...options, groupsPerStep: 1 }, () => Effect.void)
+      const twoSegments = trajectory("a", "g", [1, 2], 5, -1, 1)
+      const withSecond: Trajectory.Trajectory = {
+        ...twoSegments,
+        segments: [...twoSegments.segments, {
+          spans: [{ source: "prompt", tokenIds: [7] }, { source: "policy", tokenIds: [8, 9], logprobs: [-0.5, -0.25] }],
+          messageCount: 0
+        }]
+      }
+      yield* learner.offer({ groupId: "g", rowIndex: 0, trajectories: [withSecond, trajectory("b", "g", [1, 2], 6, -1, 0)] })
+      while ((yield* learner.policyVersion) < 1) yield* Effect.yieldNow
+      const { microBatches } = yield* Ref.get(recording)
+      const lossTokens = microBatches.flatMap((mb) =>
+        Array.from(mb.mask, (m, i) => (m ? { target: mb.targets[i]!, advantage: mb.advantages[i]!, old: mb.samplerLogprobs[i]! } : undefined))
+          .filter((x) => x !== undefined)
+      )
+      const a = 0.5 / (Math.SQRT1_2 + 1e-6)
+      assert.deepStrictEqual(lossTokens.map((t) => t.target).sort(), [5, 6, 8, 9])
+      for (const t of lossTokens) assert.approximately(t.advantage, t.target === 6 ? -a : a, 1e-5)
+      assert.approximately(lossTokens.find((t) => t.target === 9)!.old, -0.25, 1e-7)
+    }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
+
   it.effect("a step whose trajectories are all excluded publishes nothing", () =>
     Effect.gen(function*() {
       const published = yield* Ref.make<ReadonlyArray<number>>([])
