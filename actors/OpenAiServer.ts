@@ -1,7 +1,7 @@
 /**
  * An OpenAI-compatible HTTP server in front of the local {@link PolicyEngine}: `GET /v1/models`,
  * `POST /v1/completions` (text or token-id prompts) and `POST /v1/chat/completions` (messages, `tools`, tool calls
- * parsed back into `tool_calls`, `stream: true` as server-sent events).
+ * parsed back into `tool_calls`); both stream as server-sent events with `stream: true`.
  *
  * **Token ids.** Every choice carries `token_ids` (the sampled ids) and the response carries `policy_version`, so
  * the project's own `OpenAiCompatSampler` (and vLLM-style clients) can train on exactly what was sampled. The
@@ -288,9 +288,8 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
     return makeText(model, body.skip_special_tokens ?? true)(shown)
   }
 
-  const completions = Effect.fnUntraced(function*(raw: unknown) {
+  const completionRequests = Effect.fnUntraced(function*(raw: unknown) {
     const body = yield* decode(CompletionRequest, raw)
-    if (body.stream === true) return yield* invalid("stream is supported on /v1/chat/completions only", "stream")
     if (body.echo === true) return yield* invalid("echo is not supported", "echo")
     const prompts: ReadonlyArray<string | ReadonlyArray<number>> =
       typeof body.prompt === "string" ? [body.prompt] : body.prompt.length > 0 && typeof body.prompt[0] === "number"
@@ -301,6 +300,50 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
       const ids = typeof p === "string" ? model.tokenizer.encode(p) : p
       return generateRequest(model, body, ids, false)
     })
+    return { body, requests }
+  })
+
+  const logprobToken = (id: number, asIds: boolean) => (asIds ? `token_id:${id}` : model.tokenizer.decode([id]))
+
+  /** `stream: true` on /v1/completions: one event per sampled token (its text delta may be empty). */
+  const completionsStream = Effect.fnUntraced(function*(raw: unknown, res: Http.ServerResponse) {
+    const { body, requests } = yield* completionRequests(raw)
+    if (requests.length !== 1) return yield* invalid("stream: true takes a single prompt", "prompt")
+    const request = requests[0]!
+    const id = nextId("cmpl"), created = yield* now
+    const event = (choice: Record<string, unknown>) =>
+      `data: ${JSON.stringify({ id, object: "text_completion", created, model: model.name, choices: [{ index: 0, ...choice }] })}\n\n`
+    const text = makeText(model, body.skip_special_tokens ?? true)
+    const stop = new Set(request.sampling.stopTokenIds)
+    const asIds = body.return_tokens_as_token_ids === true, withLogprobs = body.logprobs !== undefined && body.logprobs !== null
+    const shown: Array<number> = []
+    let sent = 0
+    res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache", connection: "keep-alive" })
+    const onToken = (tokenId: number, logprob: number) => {
+      if (!stop.has(tokenId) || body.include_stop_str_in_output === true) shown.push(tokenId)
+      const current = stableText(text(shown))
+      const delta = current.length > sent ? current.slice(sent) : ""
+      sent = Math.max(sent, current.length)
+      res.write(event({
+        text: delta,
+        token_ids: [tokenId],
+        logprobs: withLogprobs ? { tokens: [logprobToken(tokenId, asIds)], token_logprobs: [logprob] } : null,
+        finish_reason: null
+      }))
+    }
+    const result = yield* generate(request, onToken)
+    const full = text(shown)
+    res.write(event({
+      text: full.length > sent ? full.slice(sent) : "",
+      token_ids: [],
+      finish_reason: result.finishReason,
+      policy_version: result.policyVersion
+    }))
+    res.end("data: [DONE]\n\n")
+  })
+
+  const completions = Effect.fnUntraced(function*(raw: unknown) {
+    const { body, requests } = yield* completionRequests(raw)
     const results = yield* Effect.forEach(requests, (r) => generate(r), { concurrency: "unbounded" })
     const asIds = body.return_tokens_as_token_ids === true
     const choices = results.map((result, index) => ({
@@ -309,11 +352,9 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
       token_ids: result.tokenIds,
       prompt_token_ids: requests[index]!.promptTokenIds,
       logprobs: body.logprobs === undefined || body.logprobs === null ? null : {
-        tokens: result.tokenIds.map((id) => (asIds ? `token_id:${id}` : model.tokenizer.decode([id]))),
+        tokens: result.tokenIds.map((id) => logprobToken(id, asIds)),
         token_logprobs: result.logprobs,
-        top_logprobs: result.tokenIds.map((id, i) => ({
-          [asIds ? `token_id:${id}` : model.tokenizer.decode([id])]: result.logprobs[i]!
-        })),
+        top_logprobs: result.tokenIds.map((id, i) => ({ [logprobToken(id, asIds)]: result.logprobs[i]! })),
         text_offset: result.tokenIds.map(() => 0)
       },
       finish_reason: result.finishReason,
@@ -441,31 +482,28 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
 
   const route = (req: Http.IncomingMessage, res: Http.ServerResponse): Effect.Effect<void, ApiError> => {
     const path = (req.url ?? "/").split("?")[0]!.replace(/\/+$/, "")
-    const post = (handler: (body: unknown) => Effect.Effect<unknown, ApiError>) =>
+    const post = (
+      handler: (body: unknown) => Effect.Effect<unknown, ApiError>,
+      stream: (body: unknown, res: Http.ServerResponse) => Effect.Effect<void, ApiError>
+    ) =>
       req.method !== "POST" ?
         Effect.fail(new ApiError({ status: 405, message: `${req.method} is not allowed on ${path}; use POST` })) :
         readBody(req, maxBody).pipe(
           Effect.tap(checkModel),
-          Effect.flatMap(handler),
-          Effect.flatMap((value) => sendJson(res, 200, value))
+          Effect.flatMap((body) =>
+            (body as { stream?: unknown } | null)?.stream === true ?
+              stream(body, res) :
+              Effect.flatMap(handler(body), (value) => sendJson(res, 200, value))
+          )
         )
     switch (path) {
       case "/v1/models":
         return Effect.flatMap(now, (created) =>
           sendJson(res, 200, { object: "list", data: [{ id: model.name, object: "model", created, owned_by: "agentfly" }] }))
       case "/v1/completions":
-        return post(completions)
+        return post(completions, completionsStream)
       case "/v1/chat/completions":
-        return req.method !== "POST" ?
-          post(chat) : // answers 405
-          readBody(req, maxBody).pipe(
-            Effect.tap(checkModel),
-            Effect.flatMap((body) =>
-              (body as { stream?: unknown } | null)?.stream === true ?
-                chatStream(body, res) :
-                Effect.flatMap(chat(body), (value) => sendJson(res, 200, value))
-            )
-          )
+        return post(chat, chatStream)
       default:
         return Effect.fail(new ApiError({ status: 404, message: `no route ${req.method} ${path}` }))
     }

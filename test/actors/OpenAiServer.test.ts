@@ -74,6 +74,27 @@ describe("OpenAiServer", () => {
       assert.strictEqual((response as unknown as { policy_version: number }).policy_version, 4)
       assert.deepStrictEqual(response.usage, { prompt_tokens: 4, completion_tokens: 12, total_tokens: 16 })
 
+      // Streamed: one event per sampled token, the same ids, logprobs and text as the plain response.
+      const events = yield* Effect.promise(async () => {
+        const stream = await client.completions.create({
+          model: "tiny-test",
+          prompt,
+          max_tokens: 12,
+          temperature: 0,
+          logprobs: 1,
+          stream: true,
+          ...({ ignore_eos: true } as object)
+        })
+        const out: Array<{ choices: Array<{ text: string; token_ids: Array<number>; logprobs: { token_logprobs: Array<number> } | null; finish_reason: string | null }> }> = []
+        for await (const e of stream) out.push(e as never)
+        return out
+      })
+      assert.strictEqual(events.length, 13) // 12 tokens and a final event
+      assert.deepStrictEqual(events.flatMap((e) => e.choices[0]!.token_ids), direct.tokenIds)
+      assert.deepStrictEqual(events.slice(0, 12).map((e) => e.choices[0]!.logprobs!.token_logprobs[0]), direct.logprobs)
+      assert.strictEqual(events.map((e) => e.choices[0]!.text).join(""), choice.text)
+      assert.strictEqual(events.at(-1)!.choices[0]!.finish_reason, "length")
+
       const text = yield* Effect.promise(() => client.completions.create({ model: "tiny-test", prompt: "Hello", max_tokens: 5, seed: 1 }))
       const ids = (text.choices[0] as unknown as { prompt_token_ids: Array<number> }).prompt_token_ids
       assert.deepStrictEqual(ids, folder.tokenizer.encode("Hello"))
