@@ -182,6 +182,11 @@ describe("OpenAiServer", () => {
         assert.match(r.json.error!.message, pattern)
         assert.strictEqual(r.json.error!.type, "invalid_request_error")
       }
+      const { folder, engine } = yield* setup
+      const strict = yield* OpenAiServer.make(folder, { maxBodyBytes: 200 }).pipe(Effect.provideService(PolicyEngine, engine))
+      const tooBig = yield* post(`${strict.baseUrl}/completions`, JSON.stringify({ prompt: "x".repeat(1000) }))
+      assert.strictEqual(tooBig.status, 413)
+      assert.match(tooBig.json.error!.message, /exceeds 200 bytes/)
       const error = yield* Effect.flip(Effect.tryPromise({
         try: () => client.completions.create({ model: "tiny-test", prompt: [], max_tokens: 0 }),
         catch: (e) => e as InstanceType<typeof OpenAI.APIError>
