@@ -172,12 +172,14 @@ export const update = Effect.fn("Learner.update")(function*(
   }).pipe(Effect.mapError((e) => new LearnerError({ reason: "Packing", message: e.message })))
   if (packed.totals.tokens === 0) return { outcome: "empty" as const, figures: base }
   const sums = { loss: 0, tokens: 0, clipped: 0, clippedLower: 0, approxKl: 0, entropy: 0, kl: 0, rowTokens: 0 }
-  const trainerError = (e: PolicyTrainer.PolicyTrainerError) => new LearnerError({ reason: "Trainer", message: e.message })
+  const trainerError = (e: PolicyTrainer.PolicyTrainerError) =>
+    new LearnerError({ reason: "Trainer", message: e.message })
   for (const mb of packed.microBatches) {
     let batch = mb
     if (options.loss.klCoef !== 0) {
       if (options.reference === undefined) {
-        return yield* new LearnerError({ reason: "Config", message: "loss.klCoef is set but no reference policy is given" })
+        const message = "loss.klCoef is set but no reference policy is given"
+        return yield* new LearnerError({ reason: "Config", message })
       }
       batch = { ...mb, refLogprobs: yield* options.reference(mb).pipe(Effect.mapError(trainerError)) }
     }
@@ -254,7 +256,8 @@ export const make = Effect.fn("Learner.make")(function*(
   report: (r: StepReport) => Effect.Effect<void> = () => Effect.void
 ) {
   if (!(options.groupsPerStep >= 1)) {
-    return yield* new LearnerError({ reason: "Config", message: `groupsPerStep must be ≥ 1, got ${options.groupsPerStep}` })
+    const message = `groupsPerStep must be ≥ 1, got ${options.groupsPerStep}`
+    return yield* new LearnerError({ reason: "Config", message })
   }
   const trainer = yield* PolicyTrainer.PolicyTrainer
   const queue = yield* Queue.bounded<Trajectory.Group>(options.queueCapacity ?? 2 * options.groupsPerStep)

@@ -313,7 +313,8 @@ export const validate = (estimator: string, input: Input): AdvantageError | unde
   ]
   for (const [name, size, expected] of sizes) {
     if (size !== undefined && size !== expected) {
-      return fail("ShapeMismatch", `${name} has ${size} entries, expected ${expected} (batch ${batch} × length ${length})`)
+      const shape = `batch ${batch} × length ${length}`
+      return fail("ShapeMismatch", `${name} has ${size} entries, expected ${expected} (${shape})`)
     }
   }
   if (estimator === "gae" && input.values === undefined) return fail("MissingValues", "gae needs value estimates")
@@ -353,5 +354,7 @@ export const compute = (
 ): Effect.Effect<Output, AdvantageError> =>
   Effect.suspend(() => {
     const error = validate(estimator, input)
-    return error !== undefined ? Effect.fail(error) : Effect.succeed(registry[estimator](input, { ...defaultConfig, ...config }))
+    return error !== undefined
+      ? Effect.fail(error)
+      : Effect.succeed(registry[estimator](input, { ...defaultConfig, ...config }))
   })

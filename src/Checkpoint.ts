@@ -64,7 +64,8 @@ export class CheckpointError extends Schema.TaggedError<CheckpointError>()("Chec
   message: Schema.String
 }) {}
 
-const io = (path: string) => (e: { readonly message: string }) => new CheckpointError({ reason: "Io", path, message: e.message })
+const io = (path: string) => (e: { readonly message: string }) =>
+  new CheckpointError({ reason: "Io", path, message: e.message })
 
 // ===== Save =====
 
@@ -119,7 +120,9 @@ const readTensors = Effect.fnUntraced(function*(
   const out = new Map<string, Float32Array>()
   for (const { name, shape } of expected) {
     const t = file.tensors.get(name)
-    if (t === undefined) return yield* new CheckpointError({ reason: "Mismatch", path, message: `tensor ${name} is missing` })
+    if (t === undefined) {
+      return yield* new CheckpointError({ reason: "Mismatch", path, message: `tensor ${name} is missing` })
+    }
     if (t.dtype !== "F32" || t.shape.length !== shape.length || t.shape.some((d, i) => d !== shape[i])) {
       return yield* new CheckpointError({
         reason: "Mismatch",

@@ -123,7 +123,8 @@ const roundUp = (n: number, multiple: number) => Math.ceil(n / multiple) * multi
 
 const check = (sequences: ReadonlyArray<Sequence>, options: Options, multiple: number): PackingError | undefined => {
   if (!(options.tokenBudget > 0) || !(multiple > 0)) {
-    return new PackingError({ reason: "BadBudget", message: `token budget ${options.tokenBudget}, multiple ${multiple}` })
+    const message = `token budget ${options.tokenBudget}, multiple ${multiple}`
+    return new PackingError({ reason: "BadBudget", message })
   }
   for (const [i, s] of sequences.entries()) {
     const n = s.tokenIds.length
@@ -132,13 +133,16 @@ const check = (sequences: ReadonlyArray<Sequence>, options: Options, multiple: n
       s.advantages
     ], ["refLogprobs", s.refLogprobs]] as const) {
       if (a !== undefined && a.length !== n) {
-        return new PackingError({ reason: "ShapeMismatch", message: `sequence ${i}: ${name} has ${a.length} entries, ${n} tokens` })
+        const message = `sequence ${i}: ${name} has ${a.length} entries, ${n} tokens`
+        return new PackingError({ reason: "ShapeMismatch", message })
       }
     }
     if (roundUp(n, multiple) > options.tokenBudget) {
       return new PackingError({
         reason: "SequenceTooLong",
-        message: `sequence ${i} has ${n} tokens (padded ${roundUp(n, multiple)}), over the budget of ${options.tokenBudget}`
+        message: `sequence ${i} has ${n} tokens (padded ${roundUp(n, multiple)}), over the budget of ${
+          options.tokenBudget
+        }`
       })
     }
   }
@@ -190,7 +194,9 @@ export const packUnsafe = (sequences: ReadonlyArray<Sequence>, options: Options)
     nonEmpty += n > 0 ? 1 : 0
   }
   const totals: Loss.Totals = { tokens, sequences: nonEmpty }
-  const order = sequences.map((_, i) => i).sort((a, b) => sequences[b]!.tokenIds.length - sequences[a]!.tokenIds.length || a - b)
+  const order = sequences.map((_, i) => i).sort((a, b) =>
+    sequences[b]!.tokenIds.length - sequences[a]!.tokenIds.length || a - b
+  )
   const normLength = options.normLength ?? roundUp(Math.max(1, ...sequences.map((s) => s.tokenIds.length)), multiple)
   const microBatches: Array<MicroBatch> = []
   let start = 0

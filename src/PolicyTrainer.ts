@@ -178,4 +178,6 @@ export const layerRecording = (
  * @category services
  * @since 0.1.0
  */
-export class RecordingRef extends Context.Service<RecordingRef, Ref.Ref<Recording>>()("agentfly/src/PolicyTrainer/Recording") {}
+export class RecordingRef
+  extends Context.Service<RecordingRef, Ref.Ref<Recording>>()("agentfly/src/PolicyTrainer/Recording")
+{}

@@ -207,7 +207,9 @@ const copyGraph = (source: Graph.Graph, dtype: "float32" | "float64"): Graph.Gra
   const wide = dtype === "float64"
   const t = (d: Graph.DType): Graph.DType => (wide && d === "float32" ? "float64" : d)
   const tensor = (x: Graph.TensorData): Graph.TensorData =>
-    wide && x.dtype === "float32" ? { dtype: "float64", dims: x.dims, data: Float64Array.from(x.data as Float32Array) } : x
+    wide && x.dtype === "float32"
+      ? { dtype: "float64", dims: x.dims, data: Float64Array.from(x.data as Float32Array) }
+      : x
   for (const i of source.inputs) g.input(i.name, t(i.dtype), i.shape)
   for (const [name, x] of source.initializers) g.initializer(name, tensor(x))
   for (const n of source.nodes) {

@@ -103,8 +103,10 @@ export const makeEmitter = (graph: Graph.Graph, shapes: Shapes.Shapes): Emitter 
     shapes.set(name, Shapes.tensorInfo(t))
     return name
   }
-  const ints = (values: ReadonlyArray<number>) => cached(`i:${values.join(",")}`, () => constant(Graph.int64([values.length], values)))
-  const scalar = (value: number, dtype: Graph.DType) => cached(`s:${dtype}:${value}`, () => constant(typedScalar(value, dtype)))
+  const ints = (values: ReadonlyArray<number>) =>
+    cached(`i:${values.join(",")}`, () => constant(Graph.int64([values.length], values)))
+  const scalar = (value: number, dtype: Graph.DType) =>
+    cached(`s:${dtype}:${value}`, () => constant(typedScalar(value, dtype)))
   const dims = (name: string) => shapes.get(name).dims
   const dtype = (name: string) => shapes.get(name).dtype
   const zeros = (target: ReadonlyArray<number>, type: Graph.DType) =>

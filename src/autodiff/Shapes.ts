@@ -52,7 +52,13 @@ export class ShapeInferenceError extends Error {
   }
 }
 
-const codeToDType: Readonly<Record<number, Graph.DType>> = { 1: "float32", 6: "int32", 7: "int64", 9: "bool", 11: "float64" }
+const codeToDType: Readonly<Record<number, Graph.DType>> = {
+  1: "float32",
+  6: "int32",
+  7: "int64",
+  9: "bool",
+  11: "float64"
+}
 
 const MAX_FOLD = 4096
 
@@ -111,7 +117,9 @@ export const make = (graph: Graph.Graph, dims: Readonly<Record<string, number>>)
 export const tensorInfo = (t: Graph.TensorData): Info => ({
   dtype: t.dtype,
   dims: t.dims,
-  value: isInt(t.dtype) && t.data.length <= MAX_FOLD ? Array.from(t.data as ArrayLike<number | bigint>, Number) : undefined
+  value: isInt(t.dtype) && t.data.length <= MAX_FOLD
+    ? Array.from(t.data as ArrayLike<number | bigint>, Number)
+    : undefined
 })
 
 // ===== Inference rules =====
@@ -258,8 +266,10 @@ const infer = (node: Graph.Node, at: Lookup): ReadonlyArray<Info | undefined> =>
       const [c, a, b] = node.inputs.map((n) => need(at(n), "Where input"))
       const dims = broadcast(broadcast(c!.dims, a!.dims), b!.dims)
       const idx = broadcastIndex(dims)
+      const pick = (i: number) =>
+        c!.value![idx(i, c!.dims)] ? a!.value![idx(i, a!.dims)]! : b!.value![idx(i, b!.dims)]!
       const value = c!.value && a!.value && b!.value && size(dims) <= MAX_FOLD
-        ? Array.from({ length: size(dims) }, (_, i) => (c!.value![idx(i, c!.dims)] ? a!.value![idx(i, a!.dims)]! : b!.value![idx(i, b!.dims)]!))
+        ? Array.from({ length: size(dims) }, (_, i) => pick(i))
         : undefined
       return [{ dtype: a!.dtype, dims, value }]
     }
@@ -267,12 +277,15 @@ const infer = (node: Graph.Node, at: Lookup): ReadonlyArray<Info | undefined> =>
       const a = x()
       const to = codeToDType[attrInt(node, "to", 1)]
       if (to === undefined) throw new ShapeInferenceError(`Cast to unsupported type ${attrInt(node, "to", 1)}`)
-      return [{ dtype: to, dims: a.dims, value: isInt(to) ? a.value?.map((v) => (to === "bool" ? Number(v !== 0) : Math.trunc(v))) : undefined }]
+      const value = isInt(to) ? a.value?.map((v) => (to === "bool" ? Number(v !== 0) : Math.trunc(v))) : undefined
+      return [{ dtype: to, dims: a.dims, value }]
     }
     case "MatMul": {
       const a = x()
       const b = need(at(node.inputs[1]!), "MatMul input 1")
-      if (a.dims.length < 2 || b.dims.length < 2) throw new ShapeInferenceError("MatMul on a 1-D operand is not supported")
+      if (a.dims.length < 2 || b.dims.length < 2) {
+        throw new ShapeInferenceError("MatMul on a 1-D operand is not supported")
+      }
       if (a.dims.at(-1) !== b.dims.at(-2)) throw new ShapeInferenceError(`MatMul [${a.dims}] × [${b.dims}]`)
       const batch = broadcast(a.dims.slice(0, -2), b.dims.slice(0, -2))
       return [{ dtype: a.dtype, dims: [...batch, a.dims.at(-2)!, b.dims.at(-1)!] }]
@@ -393,7 +406,8 @@ const infer = (node: Graph.Node, at: Lookup): ReadonlyArray<Info | undefined> =>
       const t = a !== undefined && a.kind === "tensor" ? a.value : undefined
       const dtype = t?.dtype ?? "float32"
       const fill = t ? Number(t.data[0]!) : 0
-      return [{ dtype, dims, value: isInt(dtype) && size(dims) <= MAX_FOLD ? new Array(size(dims)).fill(fill) : undefined }]
+      const value = isInt(dtype) && size(dims) <= MAX_FOLD ? new Array<number>(size(dims)).fill(fill) : undefined
+      return [{ dtype, dims, value }]
     }
     case "Constant": {
       const a = node.attributes["value"]
@@ -404,7 +418,8 @@ const infer = (node: Graph.Node, at: Lookup): ReadonlyArray<Info | undefined> =>
       const [start, limit, delta] = [0, 1, 2].map((i) => valueOf(at(node.inputs[i]!), `Range input ${i}`)[0]!)
       const n = Math.max(Math.ceil((limit! - start!) / delta!), 0)
       const dtype = need(at(node.inputs[0]!), "Range start").dtype
-      return [{ dtype, dims: [n], value: n <= MAX_FOLD ? Array.from({ length: n }, (_, i) => start! + i * delta!) : undefined }]
+      const value = n <= MAX_FOLD ? Array.from({ length: n }, (_, i) => start! + i * delta!) : undefined
+      return [{ dtype, dims: [n], value }]
     }
     case "Expand": {
       const a = x()

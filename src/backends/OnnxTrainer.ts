@@ -16,7 +16,7 @@ import { Effect, FileSystem, Layer, Scope, Semaphore } from "effect"
 import * as ort from "onnxruntime-node"
 import * as Autodiff from "../autodiff/Autodiff.ts"
 import * as Checkpoint from "../Checkpoint.ts"
-import type * as Loss from "../Loss.ts"
+import * as Loss from "../Loss.ts"
 import * as LrSchedule from "../LrSchedule.ts"
 import type * as ModelConfig from "../model/ModelConfig.ts"
 import * as Qwen2 from "../model/Qwen2.ts"
@@ -152,9 +152,8 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
       sessions.set(key, hit) // most recently used last
       return hit
     }
-    const graph = yield* Autodiff.trainingGraph(model.forward(), { batch, length, loss: options.loss, withGradients }).pipe(
-      Effect.mapError((e) => fail("Graph", e.message))
-    )
+    const graph = yield* Autodiff.trainingGraph(model.forward(), { batch, length, loss: options.loss, withGradients })
+      .pipe(Effect.mapError((e) => fail("Graph", e.message)))
     const bytes = Graph.toModelBytes(graph.graph)
     const session = yield* Effect.tryPromise({
       try: () => ort.InferenceSession.create(bytes, sessionOptions),
@@ -191,7 +190,8 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
 
   const feeds = (c: Compiled, mb: Packing.MicroBatch): Record<string, ort.Tensor> => {
     const dims = [mb.batch, mb.length]
-    const f32 = (a: Float32Array | Uint8Array) => new ort.Tensor("float32", a instanceof Float32Array ? a : Float32Array.from(a), dims)
+    const f32 = (a: Float32Array | Uint8Array) =>
+      new ort.Tensor("float32", a instanceof Float32Array ? a : Float32Array.from(a), dims)
     const data: Record<string, () => ort.Tensor> = {
       targets: () => new ort.Tensor("int64", BigInt64Array.from(mb.targets, BigInt), dims),
       loss_weights: () => f32(mb.weights),
@@ -317,7 +317,7 @@ export const makeReference = Effect.fn("OnnxTrainer.makeReference")(function*(
     ...options,
     model,
     weights,
-    loss: { policyLoss: "nll", aggregation: "token-mean", clipLow: 0.2, clipHigh: 0.2, klCoef: 0, klEstimator: "k3", entropyCoef: 0 },
+    loss: Loss.sft,
     optimizer: Optimizer.defaultConfig,
     schedule: LrSchedule.constant(0)
   })
