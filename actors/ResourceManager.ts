@@ -101,9 +101,13 @@ export const make = Effect.fnUntraced(function*(options?: { readonly coordinator
     Semaphore.withPermits(lock, 1)(Effect.gen(function*() {
       const existing = pools.get(resource.spec.name)
       if (existing !== undefined) {
-        if (existing.resource.backend !== resource.backend) {
+        // The same spec may be rebuilt (e.g. a provider made per run); the first backend keeps serving it.
+        if (
+          existing.resource.backend !== resource.backend &&
+          JSON.stringify(existing.resource.spec) !== JSON.stringify(resource.spec)
+        ) {
           return yield* Effect.die(
-            new Error(`ResourceManager: two different resources are named "${resource.spec.name}"`)
+            new Error(`ResourceManager: two different specs are named "${resource.spec.name}"`)
           )
         }
         return existing as ResourcePool.Pool<A>

@@ -326,7 +326,8 @@ export class LeaseError extends Schema.TaggedError<LeaseError>()("LeaseError", {
     return this.reason.isRetryable
   }
   override get message(): string {
-    return `${this.resource}: ${this.reason._tag}`
+    const detail = "message" in this.reason ? `: ${this.reason.message}` : ""
+    return `${this.resource}: ${this.reason._tag}${detail}`
   }
 }
 

@@ -1,0 +1,351 @@
+/**
+ * The Docker backend (dockerode): long-lived sandbox containers, one `exec` per action.
+ *
+ * Every limit of the spec is enforced by the engine: memory (swap capped at the same value), CPU, pids,
+ * `NetworkMode: none`, a read-only root with uid-owned tmpfs mounts, all capabilities dropped,
+ * `no-new-privileges`, a non-root user. Containers carry labels (`agentfly.run`, `agentfly.pid`,
+ * `agentfly.host`, `agentfly.resource`) so the {@link reapOrphans reaper} can find what a dead run left behind:
+ * {@link DockerEngine.layer} reaps at start-up, removes this run's containers at shutdown, and on SIGINT/SIGTERM.
+ *
+ * Images are built locally without a registry (`scripts/build-images`).
+ *
+ * @since 0.1.0
+ */
+import type Dockerode from "dockerode"
+import DockerodeClient from "dockerode"
+import { Clock, Context, Effect, Layer, Random, Schedule } from "effect"
+import type { Scope } from "effect"
+import { hostname } from "node:os"
+import { PassThrough } from "node:stream"
+import { EnvError } from "../../src/Environment.ts"
+import type * as Resource from "../../src/Resource.ts"
+
+// ===== Engine =====
+
+/**
+ * Label keys on every container this runtime creates.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const Labels = {
+  managed: "agentfly.managed",
+  run: "agentfly.run",
+  pid: "agentfly.pid",
+  host: "agentfly.host",
+  resource: "agentfly.resource"
+} as const
+
+/**
+ * A Docker client plus the id of this run (the label its containers carry).
+ *
+ * @category services
+ * @since 0.1.0
+ */
+export class DockerEngine extends Context.Service<DockerEngine, {
+  readonly docker: Dockerode
+  readonly runId: string
+}>()("agentfly/actors/resources/DockerEngine") {
+  /**
+   * The engine at `/var/run/docker.sock`: reaps orphans of dead runs now, removes this run's containers when the
+   * layer's scope closes and when the process gets SIGINT or SIGTERM.
+   *
+   * @category layers
+   * @since 0.1.0
+   */
+  static readonly layer: Layer.Layer<DockerEngine> = Layer.effect(DockerEngine, Effect.suspend(() => make()))
+}
+
+/**
+ * Builds the engine service (see {@link DockerEngine.layer}).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const make = Effect.fnUntraced(function*(options?: {
+  readonly socketPath?: string
+  /** Install SIGINT/SIGTERM handlers that remove this run's containers before the process exits (default true). */
+  readonly handleSignals?: boolean
+}) {
+  const docker = new DockerodeClient({ socketPath: options?.socketPath ?? "/var/run/docker.sock" })
+  const now = yield* Clock.currentTimeMillis
+  const salt = yield* Random.nextIntBetween(0, 1 << 30)
+  const runId = `${hostname()}-${process.pid}-${now.toString(36)}-${salt.toString(36)}`
+  yield* Effect.ignore(reapOrphans(docker))
+  yield* Effect.addFinalizer(() => Effect.ignore(removeRun(docker, runId)))
+  if (options?.handleSignals ?? true) {
+    // Closing scopes is the normal path; this covers a process killed by a signal before its scopes close.
+    const onSignal = (signal: NodeJS.Signals) => {
+      process.off("SIGINT", onSignal)
+      process.off("SIGTERM", onSignal)
+      void Effect.runPromise(Effect.ignore(removeRun(docker, runId))).then(() => {
+        if (process.listenerCount(signal) === 0) process.kill(process.pid, signal)
+      })
+    }
+    yield* Effect.acquireRelease(
+      Effect.sync(() => (process.on("SIGINT", onSignal), process.on("SIGTERM", onSignal))),
+      () => Effect.sync(() => (process.off("SIGINT", onSignal), process.off("SIGTERM", onSignal)))
+    )
+  }
+  return DockerEngine.of({ docker, runId })
+})
+
+const engineError = (env: string, method: string, cause: unknown): EnvError => {
+  const status = (cause as { statusCode?: number })?.statusCode
+  const message = cause instanceof Error ? cause.message : String(cause)
+  // 404: the container is gone; 409: it exists but is not running. Either way its state is lost.
+  const gone = status === 404 || status === 409 || /is not running|No such container/i.test(message)
+  return new EnvError({ env, method, reason: gone ? "Crashed" : "Unavailable", message })
+}
+
+const isAlive = (pid: number): boolean => {
+  try {
+    process.kill(pid, 0)
+    return true
+  } catch (e) {
+    return (e as { code?: string }).code === "EPERM"
+  }
+}
+
+/**
+ * Removes labelled containers whose run is dead: created on this host by a process that no longer exists.
+ * Returns how many were removed.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const reapOrphans = (docker: Dockerode): Effect.Effect<number, EnvError> =>
+  Effect.gen(function*() {
+    const containers = yield* Effect.tryPromise({
+      try: () => docker.listContainers({ all: true, filters: { label: [`${Labels.managed}=1`] } }),
+      catch: (e) => engineError("docker", "reapOrphans", e)
+    })
+    const host = hostname()
+    const orphans = containers.filter((c) => {
+      const pid = Number(c.Labels[Labels.pid])
+      return c.Labels[Labels.host] === host && Number.isInteger(pid) && pid > 0 && !isAlive(pid)
+    })
+    yield* Effect.forEach(orphans, (c) => removeContainer(docker, c.Id), { concurrency: 8, discard: true })
+    return orphans.length
+  })
+
+/**
+ * Removes every container of one run.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const removeRun = (docker: Dockerode, runId: string): Effect.Effect<number, EnvError> =>
+  Effect.gen(function*() {
+    const containers = yield* Effect.tryPromise({
+      try: () => docker.listContainers({ all: true, filters: { label: [`${Labels.run}=${runId}`] } }),
+      catch: (e) => engineError("docker", "removeRun", e)
+    })
+    yield* Effect.forEach(containers, (c) => removeContainer(docker, c.Id), { concurrency: 8, discard: true })
+    return containers.length
+  })
+
+const removeContainer = (docker: Dockerode, id: string): Effect.Effect<void> =>
+  Effect.ignore(Effect.tryPromise(() => docker.getContainer(id).remove({ force: true, v: true })))
+
+// ===== Containers =====
+
+/**
+ * The result of one exec: output (capped), exit code.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface ExecResult {
+  readonly stdout: string
+  readonly stderr: string
+  readonly exitCode: number
+}
+
+/**
+ * A running sandbox container.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Container {
+  readonly id: string
+  readonly name: string
+  /**
+   * Runs `cmd` in the container (one exec), feeding `stdin`. Past `timeoutMillis` the call fails with
+   * `EnvError(Timeout)` and the process is killed by `timeout -s KILL` inside the container. A container that is
+   * gone fails with `EnvError(Crashed)`.
+   */
+  readonly exec: (
+    cmd: ReadonlyArray<string>,
+    options?: { readonly stdin?: string; readonly timeoutMillis?: number; readonly maxOutputBytes?: number }
+  ) => Effect.Effect<ExecResult, EnvError>
+  /** Whether the container is running, and whether the kernel OOM-killed its main process. */
+  readonly inspect: Effect.Effect<{ readonly running: boolean; readonly oomKilled: boolean }, EnvError>
+}
+
+/**
+ * How the backend runs a resource's containers.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface ContainerOptions {
+  /** The main process (PID 1); it must stay up. */
+  readonly cmd: ReadonlyArray<string>
+  readonly env?: ReadonlyArray<string>
+  readonly workingDir?: string
+  /** Polled after start until it succeeds (bounded by the spec's `startMillis`). */
+  readonly ready?: (container: Container) => Effect.Effect<void, EnvError>
+  readonly reset?: (container: Container) => Effect.Effect<void, EnvError>
+  /** Default: the container is running. */
+  readonly health?: (container: Container) => Effect.Effect<void, EnvError>
+}
+
+/**
+ * The engine-side form of a spec's limits.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const hostConfig = (limits: Resource.Limits): Dockerode.HostConfig => {
+  const [uid, gid] = limits.user.split(":")
+  const owner = uid !== undefined && /^\d+$/.test(uid) ? `,uid=${uid},gid=${gid ?? uid}` : ""
+  const tmpfs: Record<string, string> = {}
+  for (const [path, bytes] of Object.entries(limits.tmpfs)) tmpfs[path] = `rw,nosuid,nodev,size=${bytes}${owner}`
+  return {
+    NetworkMode: limits.network === "none" ? "none" : "host",
+    ...(limits.memoryBytes !== undefined ? { Memory: limits.memoryBytes, MemorySwap: limits.memoryBytes } : {}),
+    ...(limits.cpus !== undefined ? { NanoCpus: Math.round(limits.cpus * 1e9) } : {}),
+    ...(limits.pids !== undefined ? { PidsLimit: limits.pids } : {}),
+    ReadonlyRootfs: limits.readOnlyRoot,
+    CapDrop: ["ALL"],
+    SecurityOpt: ["no-new-privileges"],
+    Tmpfs: tmpfs,
+    AutoRemove: false
+  }
+}
+
+const execIn = (docker: Dockerode, handle: Dockerode.Container, env: string) =>
+(
+  cmd: ReadonlyArray<string>,
+  options?: { readonly stdin?: string; readonly timeoutMillis?: number; readonly maxOutputBytes?: number }
+): Effect.Effect<ExecResult, EnvError> => {
+  const limit = options?.maxOutputBytes ?? 1 << 20
+  const timeout = options?.timeoutMillis
+  const full = timeout === undefined ? [...cmd] : ["timeout", "-s", "KILL", String(Math.ceil(timeout / 1000)), ...cmd]
+  const run = Effect.callback<ExecResult, EnvError>((resume) => {
+    const stdin = options?.stdin
+    const fail = (e: unknown) => resume(Effect.fail(engineError(env, "exec", e)))
+    void handle.exec({ Cmd: full, AttachStdout: true, AttachStderr: true, AttachStdin: stdin !== undefined }).then(
+      (exec) =>
+        exec.start({ hijack: true, stdin: stdin !== undefined }).then((stream) => {
+          const out = capture(limit)
+          const err = capture(limit)
+          docker.modem.demuxStream(stream, out.sink, err.sink)
+          stream.on("error", fail)
+          stream.on("end", () => {
+            exec.inspect().then(
+              (info) => resume(Effect.succeed({ stdout: out.text(), stderr: err.text(), exitCode: info.ExitCode ?? -1 })),
+              fail
+            )
+          })
+          if (stdin !== undefined) stream.end(stdin)
+        }),
+      fail
+    )
+  })
+  if (timeout === undefined) return run
+  return Effect.timeoutOrElse(run, {
+    duration: timeout + 2_000,
+    orElse: () => Effect.fail(new EnvError({ env, method: "exec", reason: "Timeout", message: `exceeded ${timeout} ms` }))
+  })
+}
+
+/** A byte sink keeping at most `limit` bytes. */
+const capture = (limit: number) => {
+  const chunks: Array<Buffer> = []
+  let kept = 0
+  const sink = new PassThrough()
+  sink.on("data", (chunk: Buffer) => {
+    if (kept >= limit) return
+    const piece = chunk.subarray(0, limit - kept)
+    chunks.push(piece)
+    kept += piece.length
+  })
+  return { sink, text: () => Buffer.concat(chunks).toString("utf8") }
+}
+
+/**
+ * A backend whose instances are containers of `spec.image`, run as `options` says.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const backend = (
+  options: ContainerOptions
+): Effect.Effect<Resource.Backend<Container>, never, DockerEngine> =>
+  Effect.map(DockerEngine, ({ docker, runId }) => ({
+    start: (spec: Resource.ResourceSpec, instanceId: string): Effect.Effect<Container, EnvError, Scope.Scope> =>
+      Effect.gen(function*() {
+        const name = `agentfly-${instanceId}-${runId}`.replace(/[^a-zA-Z0-9_.-]/g, "-")
+        const handle = yield* Effect.acquireRelease(
+          Effect.tryPromise({
+            try: () =>
+              docker.createContainer({
+                name,
+                Image: spec.image!,
+                Cmd: [...options.cmd],
+                ...(options.env ? { Env: [...options.env] } : {}),
+                User: spec.limits.user,
+                ...(options.workingDir ? { WorkingDir: options.workingDir } : {}),
+                NetworkDisabled: spec.limits.network === "none",
+                HostConfig: hostConfig(spec.limits),
+                Labels: {
+                  [Labels.managed]: "1",
+                  [Labels.run]: runId,
+                  [Labels.pid]: String(process.pid),
+                  [Labels.host]: hostname(),
+                  [Labels.resource]: spec.name
+                }
+              }),
+            catch: (e) => engineError(spec.name, "start", e)
+          }),
+          (c) => removeContainer(docker, c.id)
+        )
+        yield* Effect.tryPromise({ try: () => handle.start(), catch: (e) => engineError(spec.name, "start", e) })
+        const container = makeContainer(docker, handle, name, spec.name)
+        if (options.ready) {
+          // Until the main process answers; the manager's `startMillis` bounds the wait.
+          yield* Effect.retry(options.ready(container), readyPoll)
+        }
+        return container
+      }),
+    reset: options.reset ?? (() => Effect.void),
+    health: options.health ?? ((c: Container) =>
+      Effect.flatMap(c.inspect, (s) =>
+        s.running
+          ? Effect.void
+          : Effect.fail(new EnvError({ env: c.name, method: "health", reason: "Crashed", message: "not running" }))))
+  }))
+
+const readyPoll = Schedule.spaced("20 millis")
+
+const makeContainer = (docker: Dockerode, handle: Dockerode.Container, name: string, env: string): Container => ({
+  id: handle.id,
+  name,
+  exec: execIn(docker, handle, env),
+  inspect: Effect.tryPromise({
+    try: () => handle.inspect(),
+    catch: (e) => engineError(env, "inspect", e)
+  }).pipe(Effect.map((info) => ({ running: info.State.Running, oomKilled: info.State.OOMKilled })))
+})
+
+/**
+ * Docker without the signal handlers and the start-up reap, for tests that manage their own engine.
+ *
+ * @category layers
+ * @since 0.1.0
+ */
+export const layerWith = (options: Parameters<typeof make>[0]): Layer.Layer<DockerEngine> =>
+  Layer.effect(DockerEngine, make(options))

@@ -1,0 +1,350 @@
+/**
+ * The Python code interpreter environment: a sandbox whose interpreter state persists across the calls of one
+ * chain (a variable set in one call is visible in the next), with a time limit per call, truncated output, no
+ * network, capped memory and pids, a read-only root and a writable tmpfs work dir.
+ *
+ * Inside the sandbox a small supervisor (`repl_server.py`, standard library only) owns one long-lived worker
+ * interpreter and listens on a unix socket in the work dir. Each call is one request: on Docker, one `exec` of a
+ * tiny client in the container; under bubblewrap, a connection to the socket from the host. A call that runs
+ * past its limit, or an interpreter killed by the out-of-memory killer, fails with {@link PythonError} and the
+ * next call runs on a fresh interpreter. A container that dies is replaced by the resource manager
+ * (`EnvError(Crashed)`, retried by `ResourceManager.withRetryOnCrash`).
+ *
+ * @since 0.1.0
+ */
+import { Context, Effect, Schema } from "effect"
+import { readFileSync } from "node:fs"
+import { connect } from "node:net"
+import * as Bubblewrap from "../../actors/resources/Bubblewrap.ts"
+import * as Docker from "../../actors/resources/Docker.ts"
+import * as ResourceManager from "../../actors/ResourceManager.ts"
+import { EnvError } from "../../src/Environment.ts"
+import * as Resource from "../../src/Resource.ts"
+
+// ===== Models =====
+
+/**
+ * The outcome of running one cell. A Python exception is a result (`error` set, traceback in `stderr`), not a
+ * failure: the model should read it. `restarted`: the previous interpreter died, so earlier state is gone.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const RunResult = Schema.Struct({
+  stdout: Schema.String,
+  stderr: Schema.String,
+  error: Schema.NullOr(Schema.String),
+  truncated: Schema.Boolean,
+  restarted: Schema.Boolean
+})
+export type RunResult = typeof RunResult.Type
+
+/**
+ * The cell itself was stopped: it ran past its time limit (`Timeout`) or its interpreter was killed (`Killed`,
+ * usually out of memory). The interpreter is restarted; its state is lost.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class PythonError extends Schema.TaggedError<PythonError>()("PythonError", {
+  reason: Schema.Literals(["Timeout", "Killed"]),
+  message: Schema.String
+}) {
+  get isRetryable(): boolean {
+    return false
+  }
+}
+
+/**
+ * Per-call options.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface RunOptions {
+  /** Wall-clock limit of the cell (default: the sandbox's). */
+  readonly timeoutMillis?: number
+  /** Run in a brand-new interpreter that is thrown away afterwards; the chain's state is untouched (rewards). */
+  readonly fresh?: boolean
+}
+
+/**
+ * The sandbox service a chain's tools and rewards use.
+ *
+ * @category services
+ * @since 0.1.0
+ */
+export class PythonSandbox extends Context.Service<PythonSandbox, {
+  readonly run: (code: string, options?: RunOptions) => Effect.Effect<RunResult, PythonError | EnvError>
+  /** Kill the interpreter and empty the work dir. */
+  readonly reset: Effect.Effect<void, EnvError>
+}>()("agentfly/environments/python/PythonSandbox") {}
+
+/**
+ * Limits of calls, independent of the sandbox's resource limits.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Options {
+  /** Default time limit of one call (default 10 s, as AgentFly's). */
+  readonly timeoutMillis: number
+  /** Characters kept of stdout and of stderr each (default 8192); the rest is counted and marked. */
+  readonly maxOutputChars: number
+}
+
+const defaultOptions: Options = { timeoutMillis: 10_000, maxOutputChars: 8192 }
+
+// ===== The in-sandbox programs =====
+
+const serverSource = readFileSync(new URL("./repl_server.py", import.meta.url), "utf8")
+
+/** The per-call client run by `docker exec`: forwards stdin to the supervisor's socket and prints the reply. */
+const clientSource = [
+  "import socket, sys",
+  "s = socket.socket(socket.AF_UNIX)",
+  "s.connect(sys.argv[1])",
+  "s.sendall(sys.stdin.buffer.read())",
+  "s.shutdown(socket.SHUT_WR)",
+  "while True:",
+  "    chunk = s.recv(65536)",
+  "    if not chunk: break",
+  "    sys.stdout.buffer.write(chunk)"
+].join("\n")
+
+const WORK = "/work"
+const SOCKET_DIR = "/work/.agentfly"
+const SOCKET = `${SOCKET_DIR}/repl.sock`
+
+// ===== Specs =====
+
+/**
+ * A spec for the sandbox with hardened defaults: image `agentfly/python:1`, 512 MiB memory, 64 pids, one CPU,
+ * no network, read-only root, a 64 MiB work dir and a 16 MiB `/tmp`, user nobody, one instance per chain.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const spec = (input: Partial<Resource.SpecInput> & { readonly kind: "docker" | "bubblewrap" }) =>
+  Resource.make({
+    name: `python-${input.kind}`,
+    image: "agentfly/python:1",
+    ...input,
+    limits: {
+      memoryBytes: 512 * 1024 * 1024,
+      pids: 64,
+      cpus: 1,
+      tmpfs: { [WORK]: 64 * 1024 * 1024, "/tmp": 16 * 1024 * 1024 },
+      ...input.limits
+    },
+    timeouts: { startMillis: 20_000, ...input.timeouts }
+  })
+
+// ===== Instances =====
+
+/**
+ * One sandbox instance: sends a request to its supervisor and returns the decoded reply.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Instance {
+  readonly request: (body: object, timeoutMillis: number) => Effect.Effect<unknown, EnvError>
+}
+
+const Reply = Schema.Struct({
+  stdout: Schema.optionalKey(Schema.String),
+  stderr: Schema.optionalKey(Schema.String),
+  error: Schema.optionalKey(Schema.NullOr(Schema.String)),
+  truncated: Schema.optionalKey(Schema.Boolean),
+  restarted: Schema.optionalKey(Schema.Boolean),
+  timed_out: Schema.optionalKey(Schema.Boolean),
+  killed: Schema.optionalKey(Schema.String),
+  ok: Schema.optionalKey(Schema.Boolean)
+})
+const decodeReply = Schema.decodeUnknownEffect(Schema.fromJsonString(Reply))
+
+const protocolError = (env: string, method: string, message: string) =>
+  new EnvError({ env, method, reason: "Crashed", message: `bad reply from the sandbox: ${message}` })
+
+const parse = (env: string, method: string, raw: string) =>
+  Effect.mapError(decodeReply(raw), (e) => protocolError(env, method, `${e.message} in ${JSON.stringify(raw.slice(0, 200))}`))
+
+/** Runs one cell on an instance. */
+const runOn = (env: string, instance: Instance, options: Options) =>
+(code: string, run?: RunOptions): Effect.Effect<RunResult, PythonError | EnvError> =>
+  Effect.gen(function*() {
+    const timeoutMillis = run?.timeoutMillis ?? options.timeoutMillis
+    const raw = yield* instance.request({
+      op: "run",
+      code,
+      timeout: timeoutMillis / 1000,
+      max_output: options.maxOutputChars,
+      fresh: run?.fresh ?? false
+    }, timeoutMillis + 5_000)
+    const reply = raw as typeof Reply.Type
+    if (reply.timed_out) {
+      return yield* new PythonError({
+        reason: "Timeout",
+        message: `the code ran longer than ${timeoutMillis} ms and was stopped; the interpreter was restarted`
+      })
+    }
+    if (reply.killed !== undefined) {
+      return yield* new PythonError({ reason: "Killed", message: `${reply.killed}; the interpreter was restarted` })
+    }
+    if (reply.stdout === undefined) return yield* protocolError(env, "run", JSON.stringify(reply))
+    return {
+      stdout: reply.stdout,
+      stderr: reply.stderr ?? "",
+      error: reply.error ?? null,
+      truncated: reply.truncated ?? false,
+      restarted: reply.restarted ?? false
+    }
+  })
+
+const ping = (instance: Instance) => Effect.asVoid(instance.request({ op: "ping" }, 5_000))
+const resetOn = (instance: Instance) => Effect.asVoid(instance.request({ op: "reset" }, 10_000))
+
+// ===== Docker =====
+
+/**
+ * The sandbox as Docker containers (one per instance); `spec.kind` must be `docker`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const docker = (
+  spec: Resource.ResourceSpec
+): Effect.Effect<Resource.Resource<Instance>, never, Docker.DockerEngine> =>
+  Effect.gen(function*() {
+    const toInstance = (container: Docker.Container): Instance => ({
+      request: (body, timeoutMillis) =>
+        container.exec(["python3", "-c", clientSource, SOCKET], { stdin: JSON.stringify(body), timeoutMillis }).pipe(
+          Effect.flatMap((result) =>
+            result.exitCode === 0
+              ? parse(spec.name, "request", result.stdout)
+              : Effect.fail(protocolError(spec.name, "request", `client exited ${result.exitCode}: ${result.stderr}`))
+          )
+        )
+    })
+    const containers = yield* Docker.backend({
+      cmd: ["python3", "-c", serverSource, SOCKET, WORK],
+      env: ["PYTHONDONTWRITEBYTECODE=1", "PYTHONUNBUFFERED=1", "HOME=/work"],
+      workingDir: WORK,
+      ready: (c) => ping(toInstance(c))
+    })
+    const instances = new WeakMap<Instance, Docker.Container>()
+    return Resource.resource<Instance>(spec, {
+      start: (s, id) =>
+        Effect.map(containers.start(s, id), (c) => {
+          const instance = toInstance(c)
+          instances.set(instance, c)
+          return instance
+        }),
+      reset: resetOn,
+      // The container must run and its supervisor answer.
+      health: (instance) => Effect.andThen(containers.health(instances.get(instance)!), ping(instance))
+    })
+  })
+
+// ===== Bubblewrap =====
+
+/**
+ * The sandbox as bubblewrap processes, where no Docker engine runs: the host's `/usr` (and its python3) bound
+ * read-only, a tmpfs work dir, no network, cgroup memory/pids caps; `spec.kind` must be `bubblewrap`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const bubblewrap = (spec: Resource.ResourceSpec): Resource.Resource<Instance> => {
+  const processes = Bubblewrap.backend({
+    cmd: (sock) => ["/usr/bin/python3", "-c", serverSource, `${sock}/repl.sock`, WORK],
+    env: { PYTHONDONTWRITEBYTECODE: "1", PYTHONUNBUFFERED: "1", HOME: WORK },
+    workDir: WORK
+  })
+  const toInstance = (sandbox: Bubblewrap.Sandbox): Instance => ({
+    request: (body, timeoutMillis) =>
+      Effect.flatMap(
+        socketRequest(spec.name, `${sandbox.socketDir}/repl.sock`, JSON.stringify(body), timeoutMillis),
+        (raw) => parse(spec.name, "request", raw)
+      )
+  })
+  const sandboxes = new WeakMap<Instance, Bubblewrap.Sandbox>()
+  return Resource.resource<Instance>(spec, {
+    start: (s, id) =>
+      Effect.gen(function*() {
+        const sandbox = yield* processes.start(s, id)
+        const instance = toInstance(sandbox)
+        sandboxes.set(instance, sandbox)
+        yield* Effect.retry(ping(instance), { schedule: Bubblewrap.readyPoll, while: () => sandbox.alive() })
+        return instance
+      }),
+    reset: resetOn,
+    health: (instance) => Effect.andThen(processes.health(sandboxes.get(instance)!), ping(instance))
+  })
+}
+
+/** One request over the supervisor's unix socket (bubblewrap: the socket dir is bound from the host). */
+const socketRequest = (env: string, path: string, body: string, timeoutMillis: number) =>
+  Effect.callback<string, EnvError>((resume) => {
+    const chunks: Array<Buffer> = []
+    const socket = connect(path)
+    socket.on("connect", () => socket.end(body))
+    socket.on("data", (chunk: Buffer) => chunks.push(chunk))
+    socket.on("end", () => resume(Effect.succeed(Buffer.concat(chunks).toString("utf8"))))
+    socket.on("error", (e) =>
+      resume(Effect.fail(new EnvError({ env, method: "request", reason: "Crashed", message: e.message }))))
+    return Effect.sync(() => socket.destroy())
+  }).pipe(
+    Effect.timeoutOrElse({
+      duration: timeoutMillis,
+      orElse: () =>
+        Effect.fail(new EnvError({ env, method: "request", reason: "Timeout", message: `no reply in ${timeoutMillis} ms` }))
+    })
+  )
+
+// ===== Provider =====
+
+/**
+ * The `PythonSandbox` service over a lease: every call goes through the lease, so a crashed sandbox is replaced
+ * under the chain (the call fails once with `EnvError(Crashed)`).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const fromLease = (lease: ResourceManager.Lease<Instance>, options: Partial<Options> = {}) => {
+  const resolved = { ...defaultOptions, ...options }
+  // Losing the lease itself (pool closed, a replacement that failed to start) is an unavailable environment.
+  const unavailable = (e: Resource.LeaseError) =>
+    new EnvError({ env: lease.resource, method: "run", reason: "Unavailable", message: e.message })
+  return PythonSandbox.of({
+    run: (code, run) =>
+      lease.use((instance) => runOn(lease.resource, instance, resolved)(code, run)).pipe(
+        Effect.catchTag("LeaseError", (e) => Effect.fail(unavailable(e)))
+      ),
+    reset: lease.use(resetOn).pipe(Effect.catchTag("LeaseError", (e) => Effect.fail(unavailable(e))))
+  })
+}
+
+/**
+ * The `Environment.Provider` of the sandbox: each chain gets the `PythonSandbox` of its leased instance.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const provider = (resource: Resource.Resource<Instance>, options: Partial<Options> = {}) =>
+  ResourceManager.provider(resource, (lease) => Effect.succeed(Context.make(PythonSandbox, fromLease(lease, options))))
+
+/**
+ * The text the model observes for a result: stdout, then stderr, with a note when the interpreter was restarted.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const observation = (result: RunResult): string => {
+  const parts: Array<string> = []
+  if (result.restarted) parts.push("[note: the interpreter was restarted; earlier variables are gone]")
+  if (result.stdout !== "") parts.push(result.stdout.replace(/\n$/, ""))
+  if (result.stderr !== "") parts.push(result.stderr.replace(/\n$/, ""))
+  return parts.length === 0 ? "(no output)" : parts.join("\n")
+}
