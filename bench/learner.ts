@@ -226,7 +226,8 @@ export default async (): Promise<BenchResult> => {
     const onnx = yield* ortLearner(weights, 2)
     const onnx1 = yield* ortLearner(weights, 1)
     // Interleave the engines so that they share the machine's (noisy, shared) load alike.
-    const ortFwdBwd: Array<number> = [], ortStep: Array<number> = [], tfjsStep: Array<number> = [], roofMs: Array<number> = []
+    const ortFwdBwd: Array<number> = [], ortStep: Array<number> = []
+    const tfjsStep: Array<number> = [], roofMs: Array<number> = []
     const roundRatios: Array<number> = [], oneThread: Array<number> = [], roundRatios1: Array<number> = []
     const ortCpu: Array<number> = [], tfjsCpu: Array<number> = []
     for (let round = 0; round < 10; round++) {

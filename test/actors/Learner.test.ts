@@ -2,7 +2,17 @@ import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Deferred, Effect, Fiber, Queue, Ref } from "effect"
 import * as Learner from "../../actors/Learner.ts"
-import { Advantage, Loss, LrSchedule, OnnxTrainer, Optimizer, Packing, PolicyTrainer, Qwen2, Sampling } from "../../src/index.ts"
+import {
+  Advantage,
+  Loss,
+  LrSchedule,
+  OnnxTrainer,
+  Optimizer,
+  Packing,
+  PolicyTrainer,
+  Qwen2,
+  Sampling
+} from "../../src/index.ts"
 import type { Trajectory } from "../../src/index.ts"
 import { tinyConfig } from "../utils/tinyModel.ts"
 
@@ -21,7 +31,10 @@ const trajectory = (
   chainId: id,
   messages: [],
   segments: [{
-    spans: [{ source: "prompt", tokenIds: [...prompt] }, { source: "policy", tokenIds: [action], logprobs: [logprob], policyVersion: 0 }],
+    spans: [
+      { source: "prompt", tokenIds: [...prompt] },
+      { source: "policy", tokenIds: [action], logprobs: [logprob], policyVersion: 0 }
+    ],
     messageCount: 0
   }],
   termination: "answer",
@@ -60,7 +73,11 @@ describe("Learner", () => {
       const g2: Trajectory.Group = {
         groupId: "g2",
         rowIndex: 1,
-        trajectories: [trajectory("e", "g2", [3], 4, -1, 2), trajectory("f", "g2", [3], 4, -1, 4), trajectory("g", "g2", [3], 4, -1, 0)]
+        trajectories: [
+          trajectory("e", "g2", [3], 4, -1, 2),
+          trajectory("f", "g2", [3], 4, -1, 4),
+          trajectory("g", "g2", [3], 4, -1, 0)
+        ]
       }
       yield* learner.offer(g1)
       yield* learner.offer(g2)
@@ -70,7 +87,11 @@ describe("Learner", () => {
       const rows = microBatches.flatMap((mb) =>
         Array.from(mb.sequenceIndex, (_, r) => {
           const t = Array.from(mb.mask.subarray(r * mb.length, (r + 1) * mb.length)).indexOf(1)
-          return { target: mb.targets[r * mb.length + t]!, advantage: mb.advantages[r * mb.length + t]!, old: mb.samplerLogprobs[r * mb.length + t]! }
+          return {
+            target: mb.targets[r * mb.length + t]!,
+            advantage: mb.advantages[r * mb.length + t]!,
+            old: mb.samplerLogprobs[r * mb.length + t]!
+          }
         })
       )
       // c and d (actions 7, 8) are out of the loss; a/b are ±1/√2 around mean 0.5 (std of [1, 0] = √½)
@@ -91,7 +112,15 @@ describe("Learner", () => {
       const [report] = yield* learner.reports
       assert.strictEqual(report!.outcome, "applied")
       assert.strictEqual(report!.figures["excluded"], 2)
-      for (const key of ["learner/loss", "learner/clip_frac", "learner/approx_kl", "learner/entropy", "learner/grad_norm", "learner/tokens_per_s", "learner/step_ms"]) {
+      for (const key of [
+        "learner/loss",
+        "learner/clip_frac",
+        "learner/approx_kl",
+        "learner/entropy",
+        "learner/grad_norm",
+        "learner/tokens_per_s",
+        "learner/step_ms"
+      ]) {
         assert.isTrue(key in report!.figures, key)
       }
     }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
@@ -99,7 +128,10 @@ describe("Learner", () => {
   it.effect("back-pressure: offers suspend while the learner is busy and its queue is full", () =>
     Effect.gen(function*() {
       const release = yield* Deferred.make<void>()
-      const learner = yield* Learner.make({ ...options, groupsPerStep: 1, queueCapacity: 2 }, () => Deferred.await(release))
+      const learner = yield* Learner.make(
+        { ...options, groupsPerStep: 1, queueCapacity: 2 },
+        () => Deferred.await(release)
+      )
       const group = (id: string): Trajectory.Group => ({
         groupId: id,
         rowIndex: 0,
@@ -129,11 +161,21 @@ describe("Learner", () => {
           messageCount: 0
         }]
       }
-      yield* learner.offer({ groupId: "g", rowIndex: 0, trajectories: [withSecond, trajectory("b", "g", [1, 2], 6, -1, 0)] })
+      yield* learner.offer({
+        groupId: "g",
+        rowIndex: 0,
+        trajectories: [withSecond, trajectory("b", "g", [1, 2], 6, -1, 0)]
+      })
       while ((yield* learner.policyVersion) < 1) yield* Effect.yieldNow
       const { microBatches } = yield* Ref.get(recording)
       const lossTokens = microBatches.flatMap((mb) =>
-        Array.from(mb.mask, (m, i) => (m ? { target: mb.targets[i]!, advantage: mb.advantages[i]!, old: mb.samplerLogprobs[i]! } : undefined))
+        Array.from(
+          mb.mask,
+          (
+            m,
+            i
+          ) => (m ? { target: mb.targets[i]!, advantage: mb.advantages[i]!, old: mb.samplerLogprobs[i]! } : undefined)
+        )
           .filter((x) => x !== undefined)
       )
       const a = 0.5 / (Math.SQRT1_2 + 1e-6)
@@ -146,9 +188,16 @@ describe("Learner", () => {
     Effect.gen(function*() {
       const published = yield* Ref.make<ReadonlyArray<number>>([])
       const reports = yield* Queue.unbounded<Learner.StepReport>()
-      const learner = yield* Learner.make({ ...options, groupsPerStep: 1 }, (v) => Ref.update(published, (p) => [...p, v]), (r) =>
+      const learner = yield* Learner.make({
+        ...options,
+        groupsPerStep: 1
+      }, (v) => Ref.update(published, (p) => [...p, v]), (r) =>
         Queue.offer(reports, r).pipe(Effect.asVoid))
-      yield* learner.offer({ groupId: "x", rowIndex: 0, trajectories: [trajectory("a", "x", [1], 2, -1, 1, { trainable: false })] })
+      yield* learner.offer({
+        groupId: "x",
+        rowIndex: 0,
+        trajectories: [trajectory("a", "x", [1], 2, -1, 1, { trainable: false })]
+      })
       const r = yield* Queue.take(reports)
       assert.strictEqual(r.outcome, "empty")
       assert.deepStrictEqual(yield* Ref.get(published), [])
@@ -157,15 +206,29 @@ describe("Learner", () => {
 
   it.effect("a KL loss without a reference policy stops the learner with a Config error", () =>
     Effect.gen(function*() {
-      const learner = yield* Learner.make({ ...options, groupsPerStep: 1, loss: { ...Loss.grpo, klCoef: 0.1 } }, () => Effect.void)
-      yield* learner.offer({ groupId: "x", rowIndex: 0, trajectories: [trajectory("a", "x", [1], 2, -1, 1), trajectory("b", "x", [1], 3, -1, 0)] })
+      const learner = yield* Learner.make(
+        { ...options, groupsPerStep: 1, loss: { ...Loss.grpo, klCoef: 0.1 } },
+        () => Effect.void
+      )
+      yield* learner.offer({
+        groupId: "x",
+        rowIndex: 0,
+        trajectories: [trajectory("a", "x", [1], 2, -1, 1), trajectory("b", "x", [1], 3, -1, 0)]
+      })
       const error = yield* Effect.flip(learner.join)
       assert.strictEqual(error.reason, "Config")
     }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
 
   it.effect("GRPO on a one-step bandit: the probability of the rewarded token rises monotonically (within noise)", () =>
     Effect.gen(function*() {
-      const config = tinyConfig({ vocabSize: 16, hiddenSize: 16, numAttentionHeads: 2, numKeyValueHeads: 1, intermediateSize: 32, numHiddenLayers: 1 })
+      const config = tinyConfig({
+        vocabSize: 16,
+        hiddenSize: 16,
+        numAttentionHeads: 2,
+        numKeyValueHeads: 1,
+        intermediateSize: 32,
+        numHiddenLayers: 1
+      })
       const trainer = yield* OnnxTrainer.make({
         model: OnnxTrainer.qwen2(config),
         weights: Qwen2.initWeights(config, 3),
@@ -177,7 +240,10 @@ describe("Learner", () => {
       const rewarded = 7
       // π(·|prompt): one row per candidate action, read with the trainer's forward-only pass.
       const probe = Packing.packUnsafe(
-        Array.from({ length: config.vocabSize }, (_, v) => ({ tokenIds: Int32Array.of(...prompt, v), lossMask: Uint8Array.of(0, 0, 1) })),
+        Array.from(
+          { length: config.vocabSize },
+          (_, v) => ({ tokenIds: Int32Array.of(...prompt, v), lossMask: Uint8Array.of(0, 0, 1) })
+        ),
         { tokenBudget: 1024, lengthMultiple: 4, aggregation: "token-mean" }
       ).microBatches[0]!
       const policy = Effect.gen(function*() {
@@ -201,7 +267,14 @@ describe("Learner", () => {
             let u = rng.next()
             let action = 0
             while (action < config.vocabSize - 1 && (u -= Math.exp(lp[action]!)) > 0) action++
-            return trajectory(`${step}.${g}.${i}`, `${step}.${g}`, prompt, action, lp[action]!, action === rewarded ? 1 : 0)
+            return trajectory(
+              `${step}.${g}.${i}`,
+              `${step}.${g}`,
+              prompt,
+              action,
+              lp[action]!,
+              action === rewarded ? 1 : 0
+            )
           })
           yield* learner.offer({ groupId: `${step}.${g}`, rowIndex: step, trajectories })
         }
@@ -223,7 +296,14 @@ describe("Learner", () => {
 describe("Learner with a KL penalty to a frozen reference", () => {
   it.effect("KL starts at 0 (same weights) and grows as the policy moves away from the reference", () =>
     Effect.gen(function*() {
-      const config = tinyConfig({ vocabSize: 16, hiddenSize: 16, numAttentionHeads: 2, numKeyValueHeads: 1, intermediateSize: 32, numHiddenLayers: 1 })
+      const config = tinyConfig({
+        vocabSize: 16,
+        hiddenSize: 16,
+        numAttentionHeads: 2,
+        numKeyValueHeads: 1,
+        intermediateSize: 32,
+        numHiddenLayers: 1
+      })
       const weights = Qwen2.initWeights(config, 3)
       const loss: Loss.Config = { ...Loss.grpo, klCoef: 0.05, klEstimator: "k3" }
       const trainer = yield* OnnxTrainer.make({
@@ -236,10 +316,18 @@ describe("Learner with a KL penalty to a frozen reference", () => {
       const reference = yield* OnnxTrainer.makeReference(OnnxTrainer.qwen2(config), weights)
       const reports = yield* Queue.unbounded<Learner.StepReport>()
       const learner = yield* Learner.make({ ...options, loss, groupsPerStep: 1, reference }, () => Effect.void, (r) =>
-        Queue.offer(reports, r).pipe(Effect.asVoid)).pipe(Effect.provideService(PolicyTrainer.PolicyTrainer, trainer.trainer))
+        Queue.offer(
+          reports,
+          r
+        ).pipe(Effect.asVoid)).pipe(Effect.provideService(PolicyTrainer.PolicyTrainer, trainer.trainer))
       const kls: Array<number> = []
       for (let step = 0; step < 5; step++) {
-        const trajectories = [4, 5, 6, 7].map((a) => trajectory(`${step}.${a}`, `${step}`, [3, 9], a, -Math.log(16), a === 7 ? 1 : 0))
+        const trajectories = [
+          4,
+          5,
+          6,
+          7
+        ].map((a) => trajectory(`${step}.${a}`, `${step}`, [3, 9], a, -Math.log(16), a === 7 ? 1 : 0))
         yield* learner.offer({ groupId: `${step}`, rowIndex: step, trajectories })
         const r = yield* Queue.take(reports)
         assert.strictEqual(r.outcome, "applied")
@@ -253,7 +341,14 @@ describe("Learner with a KL penalty to a frozen reference", () => {
 describe("Learner with recomputed old logprobs and truncated importance weights", () => {
   it.effect("stale sampler logprobs move the PPO ratio unless the old policy is recomputed (then TIS corrects)", () =>
     Effect.gen(function*() {
-      const config = tinyConfig({ vocabSize: 16, hiddenSize: 16, numAttentionHeads: 2, numKeyValueHeads: 1, intermediateSize: 32, numHiddenLayers: 1 })
+      const config = tinyConfig({
+        vocabSize: 16,
+        hiddenSize: 16,
+        numAttentionHeads: 2,
+        numKeyValueHeads: 1,
+        intermediateSize: 32,
+        numHiddenLayers: 1
+      })
       const loss: Loss.Config = { ...Loss.grpo, tisCap: 2 }
       const run = (recomputeOldLogprobs: boolean) =>
         Effect.gen(function*() {

@@ -223,7 +223,14 @@ describe("Advantage", () => {
         fc.record({
           group: fc.integer({ min: 0, max: 2 }),
           include: fc.boolean(),
-          cells: fc.array(fc.record({ r: fc.double({ min: -2, max: 2, noNaN: true }), m: fc.boolean(), v: fc.double({ min: -1, max: 1, noNaN: true }) }), { minLength: 6, maxLength: 6 })
+          cells: fc.array(
+            fc.record({
+              r: fc.double({ min: -2, max: 2, noNaN: true }),
+              m: fc.boolean(),
+              v: fc.double({ min: -1, max: 1, noNaN: true })
+            }),
+            { minLength: 6, maxLength: 6 }
+          )
         }),
         { minLength: 2, maxLength: 6 }
       ),

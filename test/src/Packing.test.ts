@@ -41,13 +41,24 @@ describe("Packing", () => {
   it.effect("micro-batched weights reproduce every aggregation mode of the whole batch", () =>
     Effect.gen(function*() {
       const seqs = Array.from({ length: 7 }, (_, i) => seq(4 + 3 * i, 2 + (i % 3), i))
-      for (const mode of ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] as const) {
-        const { microBatches } = yield* Packing.pack(seqs, { tokenBudget: 64, lengthMultiple: 4, aggregation: mode, normLength: 32 })
+      for (const mode of [
+        "token-mean",
+        "seq-mean-token-sum",
+        "seq-mean-token-mean",
+        "seq-mean-token-sum-norm"
+      ] as const) {
+        const { microBatches } = yield* Packing.pack(
+          seqs,
+          { tokenBudget: 64, lengthMultiple: 4, aggregation: mode, normLength: 32 }
+        )
         assert.isTrue(microBatches.length > 1)
         // per-token loss = target id; compare with the loss over one unpacked batch
         let packed = 0
         for (const m of microBatches) for (let i = 0; i < m.weights.length; i++) packed += m.weights[i]! * m.targets[i]!
-        const whole = yield* Packing.pack(seqs, { tokenBudget: 10_000, lengthMultiple: 4, aggregation: mode, normLength: 32 })
+        const whole = yield* Packing.pack(
+          seqs,
+          { tokenBudget: 10_000, lengthMultiple: 4, aggregation: mode, normLength: 32 }
+        )
         const one = whole.microBatches[0]!
         const expected = Loss.aggregate(one.targets, one.mask, one.batch, one.length, mode, 32)
         assert.approximately(packed, expected, 1e-4 * Math.abs(expected))
@@ -57,7 +68,10 @@ describe("Packing", () => {
   it.effect("padRows fills every micro-batch to the budget with empty rows", () =>
     Effect.gen(function*() {
       const seqs = [seq(5, 2, 100), seq(20, 10, 200), seq(3, 1, 300)]
-      const { microBatches } = yield* Packing.pack(seqs, { tokenBudget: 48, lengthMultiple: 8, aggregation: "token-mean", padRows: true })
+      const { microBatches } = yield* Packing.pack(
+        seqs,
+        { tokenBudget: 48, lengthMultiple: 8, aggregation: "token-mean", padRows: true }
+      )
       // longest first: [20, 5] fill the 24-token rows; [3] alone gets 5 empty rows of 8
       assert.deepStrictEqual(microBatches.map((m) => [m.batch, m.length]), [[2, 24], [6, 8]])
       assert.deepStrictEqual([...microBatches[0]!.sequenceIndex], [1, 0])

@@ -3,7 +3,11 @@ import { Effect } from "effect"
 import * as ort from "onnxruntime-node"
 import * as Graph from "../../src/onnx/Graph.ts"
 
-export type Feed = { readonly dtype: "float64" | "float32" | "int64"; readonly dims: ReadonlyArray<number>; readonly data: ArrayLike<number> }
+export interface Feed {
+  readonly dtype: "float64" | "float32" | "int64"
+  readonly dims: ReadonlyArray<number>
+  readonly data: ArrayLike<number>
+}
 
 const tensor = (f: Feed): ort.Tensor =>
   f.dtype === "int64"

@@ -57,14 +57,20 @@ const configs: ReadonlyArray<[string, Loss.Config]> = [
   ["grpo (seq-mean-token-mean) with truncated IS", { ...Loss.grpo, tisCap: 1.5 }],
   ["dr.grpo (seq-mean-token-sum-norm)", Loss.drGrpo],
   ["ppo dual clip + k3 KL + entropy bonus", { ...Loss.ppo, klCoef: 0.1, entropyCoef: 0.01 }],
-  ["clip-higher + k1 KL, seq-mean-token-sum", { ...Loss.ppo, clipHigh: 0.28, klCoef: 0.05, klEstimator: "k1", aggregation: "seq-mean-token-sum" }]
+  [
+    "clip-higher + k1 KL, seq-mean-token-sum",
+    { ...Loss.ppo, clipHigh: 0.28, klCoef: 0.05, klEstimator: "k1", aggregation: "seq-mean-token-sum" }
+  ]
 ]
 
 describe("Autodiff loss head", () => {
   for (const [name, config] of configs) {
     it.effect(`${name}: matches Loss.reference and central differences`, () =>
       Effect.gen(function*() {
-        const tg = yield* Autodiff.trainingGraph(logitsAsWeight(), { batch: B, length: T, loss: config, dtype: "float64" })
+        const tg = yield* Autodiff.trainingGraph(
+          logitsAsWeight(),
+          { batch: B, length: T, loss: config, dtype: "float64" }
+        )
         const s = yield* session(tg.graph)
         const logits = noise(B * T * V, 3).map((v) => 3 * v)
         const { batch, all } = lossFeeds(config, logits)
@@ -86,7 +92,13 @@ describe("Autodiff loss head", () => {
 })
 
 describe("Autodiff on the Qwen2 model", () => {
-  const c = tinyConfig({ vocabSize: 13, hiddenSize: 8, numAttentionHeads: 2, numKeyValueHeads: 1, intermediateSize: 12 })
+  const c = tinyConfig({
+    vocabSize: 13,
+    hiddenSize: 8,
+    numAttentionHeads: 2,
+    numKeyValueHeads: 1,
+    intermediateSize: 12
+  })
   const ids = [3, 1, 4, 1, 5, 9, 2, 6, 0, 0]
   const attention = [1, 1, 1, 1, 1, 1, 1, 1, 0, 0]
   const modelFeeds = (dtype: "float64" | "float32", weights: Qwen2.Weights, cfg = c) => {
@@ -99,7 +111,11 @@ describe("Autodiff on the Qwen2 model", () => {
         data: [...Qwen2.positionIds(attention.slice(0, T)), ...Qwen2.positionIds(attention.slice(T))]
       }
     }
-    for (const spec of Qwen2.parameters(cfg)) feeds[spec.name] = { dtype, dims: spec.shape, data: weights.get(spec.name)! }
+    for (const spec of Qwen2.parameters(cfg)) feeds[spec.name] = {
+      dtype,
+      dims: spec.shape,
+      data: weights.get(spec.name)!
+    }
     return feeds
   }
 
@@ -117,7 +133,10 @@ describe("Autodiff on the Qwen2 model", () => {
         const { all } = lossFeeds(config, logits)
         const feeds = modelFeeds("float64", weights, cfg)
         for (const k of tg.lossInputs) {
-          feeds[k] = { ...all[k]!, data: k === "targets" ? Array.from(all[k]!.data, (v) => v % cfg.vocabSize) : all[k]!.data }
+          feeds[k] = {
+            ...all[k]!,
+            data: k === "targets" ? Array.from(all[k]!.data, (v) => v % cfg.vocabSize) : all[k]!.data
+          }
         }
         const { worst } = yield* check(s, feeds, forward.weightInputs, { samples: 4, h: 1e-5 })
         for (const w of forward.weightInputs) assert.isBelow(worst[w]!, 1e-5, `${w}: ${worst[w]}`)

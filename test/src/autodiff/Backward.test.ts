@@ -11,7 +11,9 @@ import { check, type Feed, noise, session } from "../../utils/gradcheck.ts"
  */
 type Case = {
   readonly name: string
-  readonly inputs: ReadonlyArray<{ readonly name: string; readonly dims: ReadonlyArray<number>; readonly positive?: boolean }>
+  readonly inputs: ReadonlyArray<
+    { readonly name: string; readonly dims: ReadonlyArray<number>; readonly positive?: boolean }
+  >
   readonly build: (g: Graph.Graph, xs: ReadonlyArray<string>) => string
   readonly tolerance?: number
   /** Finite-difference step (default 1e-6). */
@@ -27,17 +29,41 @@ const i64 = (g: Graph.Graph, values: ReadonlyArray<number>) => g.constant(Graph.
 const scalar = (g: Graph.Graph, x: number) => g.constant(f64([], [x]))
 
 const cases: ReadonlyArray<Case> = [
-  { name: "Add (broadcast)", inputs: [{ name: "a", dims: [2, 3] }, { name: "b", dims: [3] }], build: (g, [a, b]) => g.op("Add", [a!, b!]) },
-  { name: "Sub (broadcast)", inputs: [{ name: "a", dims: [2, 3] }, { name: "b", dims: [2, 1] }], build: (g, [a, b]) => g.op("Sub", [a!, b!]) },
-  { name: "Mul (broadcast)", inputs: [{ name: "a", dims: [2, 3] }, { name: "b", dims: [1, 3] }], build: (g, [a, b]) => g.op("Mul", [a!, b!]) },
+  {
+    name: "Add (broadcast)",
+    inputs: [{ name: "a", dims: [2, 3] }, { name: "b", dims: [3] }],
+    build: (g, [a, b]) => g.op("Add", [a!, b!])
+  },
+  {
+    name: "Sub (broadcast)",
+    inputs: [{ name: "a", dims: [2, 3] }, { name: "b", dims: [2, 1] }],
+    build: (g, [a, b]) => g.op("Sub", [a!, b!])
+  },
+  {
+    name: "Mul (broadcast)",
+    inputs: [{ name: "a", dims: [2, 3] }, { name: "b", dims: [1, 3] }],
+    build: (g, [a, b]) => g.op("Mul", [a!, b!])
+  },
   { name: "Mul (same value twice)", inputs: [{ name: "a", dims: [4] }], build: (g, [a]) => g.op("Mul", [a!, a!]) },
-  { name: "Div", inputs: [{ name: "a", dims: [2, 3] }, { name: "b", dims: [3], positive: true }], build: (g, [a, b]) => g.op("Div", [a!, b!]) },
-  { name: "Pow (constant exponent)", inputs: [{ name: "a", dims: [5], positive: true }], build: (g, [a]) => g.op("Pow", [a!, scalar(g, 2.5)]) },
+  {
+    name: "Div",
+    inputs: [{ name: "a", dims: [2, 3] }, { name: "b", dims: [3], positive: true }],
+    build: (g, [a, b]) => g.op("Div", [a!, b!])
+  },
+  {
+    name: "Pow (constant exponent)",
+    inputs: [{ name: "a", dims: [5], positive: true }],
+    build: (g, [a]) => g.op("Pow", [a!, scalar(g, 2.5)])
+  },
   { name: "Neg", inputs: [{ name: "a", dims: [4] }], build: (g, [a]) => g.op("Neg", [a!]) },
   { name: "Exp", inputs: [{ name: "a", dims: [4] }], build: (g, [a]) => g.op("Exp", [a!]) },
   { name: "Log", inputs: [{ name: "a", dims: [4], positive: true }], build: (g, [a]) => g.op("Log", [a!]) },
   { name: "Sqrt", inputs: [{ name: "a", dims: [4], positive: true }], build: (g, [a]) => g.op("Sqrt", [a!]) },
-  { name: "Reciprocal", inputs: [{ name: "a", dims: [4], positive: true }], build: (g, [a]) => g.op("Reciprocal", [a!]) },
+  {
+    name: "Reciprocal",
+    inputs: [{ name: "a", dims: [4], positive: true }],
+    build: (g, [a]) => g.op("Reciprocal", [a!])
+  },
   { name: "Sigmoid", inputs: [{ name: "a", dims: [6] }], build: (g, [a]) => g.op("Sigmoid", [a!]) },
   { name: "Tanh", inputs: [{ name: "a", dims: [6] }], build: (g, [a]) => g.op("Tanh", [a!]) },
   { name: "Relu", inputs: [{ name: "a", dims: [6] }], build: (g, [a]) => g.op("Relu", [a!]) },
@@ -54,43 +80,109 @@ const cases: ReadonlyArray<Case> = [
     // float64 → float32 → float64: the gradient passes through both casts; float32 rounding needs a larger step
     name: "Cast (through float32, h = 1e-3, tolerance 1e-4)",
     inputs: [{ name: "a", dims: [5] }],
-    build: (g, [a]) => g.op("Cast", [g.op("Mul", [g.op("Cast", [a!], { to: Graph.int(1) }), g.constant(Graph.float32([], [3]))])], { to: Graph.int(11) }),
+    build: (g, [a]) => {
+      const narrow = g.op("Cast", [a!], { to: Graph.int(1) })
+      return g.op("Cast", [g.op("Mul", [narrow, g.constant(Graph.float32([], [3]))])], { to: Graph.int(11) })
+    },
     h: 1e-3,
     tolerance: 1e-4
   },
   { name: "Identity", inputs: [{ name: "a", dims: [3] }], build: (g, [a]) => g.op("Identity", [a!]) },
-  { name: "Sum (three inputs, broadcast)", inputs: [{ name: "a", dims: [2, 3] }, { name: "b", dims: [3] }, { name: "c", dims: [2, 1] }], build: (g, [a, b, c]) => g.op("Sum", [a!, b!, c!]) },
-  { name: "Max", inputs: [{ name: "a", dims: [6] }, { name: "b", dims: [6] }], build: (g, [a, b]) => g.op("Max", [a!, b!]) },
-  { name: "Min", inputs: [{ name: "a", dims: [6] }, { name: "b", dims: [6] }], build: (g, [a, b]) => g.op("Min", [a!, b!]) },
-  { name: "Clip", inputs: [{ name: "a", dims: [8] }], build: (g, [a]) => g.op("Clip", [a!, scalar(g, -0.3), scalar(g, 0.4)]) },
+  {
+    name: "Sum (three inputs, broadcast)",
+    inputs: [{ name: "a", dims: [2, 3] }, { name: "b", dims: [3] }, { name: "c", dims: [2, 1] }],
+    build: (g, [a, b, c]) => g.op("Sum", [a!, b!, c!])
+  },
+  {
+    name: "Max",
+    inputs: [{ name: "a", dims: [6] }, { name: "b", dims: [6] }],
+    build: (g, [a, b]) => g.op("Max", [a!, b!])
+  },
+  {
+    name: "Min",
+    inputs: [{ name: "a", dims: [6] }, { name: "b", dims: [6] }],
+    build: (g, [a, b]) => g.op("Min", [a!, b!])
+  },
+  {
+    name: "Clip",
+    inputs: [{ name: "a", dims: [8] }],
+    build: (g, [a]) => g.op("Clip", [a!, scalar(g, -0.3), scalar(g, 0.4)])
+  },
   {
     name: "Where",
     inputs: [{ name: "a", dims: [2, 3] }, { name: "b", dims: [3] }],
-    build: (g, [a, b]) => g.op("Where", [g.constant({ dtype: "bool", dims: [2, 3], data: Uint8Array.of(1, 0, 1, 0, 0, 1) }), a!, b!])
+    build: (g, [a, b]) => {
+      const cond = g.constant({ dtype: "bool", dims: [2, 3], data: Uint8Array.of(1, 0, 1, 0, 0, 1) })
+      return g.op("Where", [cond, a!, b!])
+    }
   },
-  { name: "MatMul 2-D", inputs: [{ name: "a", dims: [3, 4] }, { name: "b", dims: [4, 2] }], build: (g, [a, b]) => g.op("MatMul", [a!, b!]) },
-  { name: "MatMul N-D × 2-D", inputs: [{ name: "a", dims: [2, 3, 4] }, { name: "b", dims: [4, 2] }], build: (g, [a, b]) => g.op("MatMul", [a!, b!]) },
+  {
+    name: "MatMul 2-D",
+    inputs: [{ name: "a", dims: [3, 4] }, { name: "b", dims: [4, 2] }],
+    build: (g, [a, b]) => g.op("MatMul", [a!, b!])
+  },
+  {
+    name: "MatMul N-D × 2-D",
+    inputs: [{ name: "a", dims: [2, 3, 4] }, { name: "b", dims: [4, 2] }],
+    build: (g, [a, b]) => g.op("MatMul", [a!, b!])
+  },
   {
     name: "MatMul batched with broadcast (GQA shape)",
     inputs: [{ name: "a", dims: [2, 1, 2, 3, 4] }, { name: "b", dims: [2, 1, 1, 4, 3] }],
     build: (g, [a, b]) => g.op("MatMul", [a!, b!])
   },
-  { name: "Softmax (last axis)", inputs: [{ name: "a", dims: [2, 5] }], build: (g, [a]) => g.op("Softmax", [a!], { axis: Graph.int(-1) }) },
-  { name: "Softmax (axis 1 of 3)", inputs: [{ name: "a", dims: [2, 3, 2] }], build: (g, [a]) => g.op("Softmax", [a!], { axis: Graph.int(1) }) },
-  { name: "LogSoftmax", inputs: [{ name: "a", dims: [3, 4] }], build: (g, [a]) => g.op("LogSoftmax", [a!], { axis: Graph.int(-1) }) },
-  { name: "Transpose", inputs: [{ name: "a", dims: [2, 3, 4] }], build: (g, [a]) => g.op("Transpose", [a!], { perm: Graph.ints([2, 0, 1]) }) },
-  { name: "Reshape (0 and -1)", inputs: [{ name: "a", dims: [2, 3, 4] }], build: (g, [a]) => g.op("Reshape", [a!, i64(g, [0, -1])]) },
-  { name: "Flatten", inputs: [{ name: "a", dims: [2, 3, 2] }], build: (g, [a]) => g.op("Flatten", [a!], { axis: Graph.int(1) }) },
-  { name: "Unsqueeze", inputs: [{ name: "a", dims: [2, 3] }], build: (g, [a]) => g.op("Unsqueeze", [a!, i64(g, [0, 2])]) },
+  {
+    name: "Softmax (last axis)",
+    inputs: [{ name: "a", dims: [2, 5] }],
+    build: (g, [a]) => g.op("Softmax", [a!], { axis: Graph.int(-1) })
+  },
+  {
+    name: "Softmax (axis 1 of 3)",
+    inputs: [{ name: "a", dims: [2, 3, 2] }],
+    build: (g, [a]) => g.op("Softmax", [a!], { axis: Graph.int(1) })
+  },
+  {
+    name: "LogSoftmax",
+    inputs: [{ name: "a", dims: [3, 4] }],
+    build: (g, [a]) => g.op("LogSoftmax", [a!], { axis: Graph.int(-1) })
+  },
+  {
+    name: "Transpose",
+    inputs: [{ name: "a", dims: [2, 3, 4] }],
+    build: (g, [a]) => g.op("Transpose", [a!], { perm: Graph.ints([2, 0, 1]) })
+  },
+  {
+    name: "Reshape (0 and -1)",
+    inputs: [{ name: "a", dims: [2, 3, 4] }],
+    build: (g, [a]) => g.op("Reshape", [a!, i64(g, [0, -1])])
+  },
+  {
+    name: "Flatten",
+    inputs: [{ name: "a", dims: [2, 3, 2] }],
+    build: (g, [a]) => g.op("Flatten", [a!], { axis: Graph.int(1) })
+  },
+  {
+    name: "Unsqueeze",
+    inputs: [{ name: "a", dims: [2, 3] }],
+    build: (g, [a]) => g.op("Unsqueeze", [a!, i64(g, [0, 2])])
+  },
   { name: "Squeeze", inputs: [{ name: "a", dims: [2, 1, 3] }], build: (g, [a]) => g.op("Squeeze", [a!, i64(g, [1])]) },
   { name: "Expand", inputs: [{ name: "a", dims: [3, 1] }], build: (g, [a]) => g.op("Expand", [a!, i64(g, [2, 3, 4])]) },
-  { name: "Concat", inputs: [{ name: "a", dims: [2, 3] }, { name: "b", dims: [2, 1] }], build: (g, [a, b]) => g.op("Concat", [a!, b!], { axis: Graph.int(-1) }) },
+  {
+    name: "Concat",
+    inputs: [{ name: "a", dims: [2, 3] }, { name: "b", dims: [2, 1] }],
+    build: (g, [a, b]) => g.op("Concat", [a!, b!], { axis: Graph.int(-1) })
+  },
   {
     name: "Split (one output unused)",
     inputs: [{ name: "a", dims: [2, 6] }],
     build: (g, [a]) => g.opN("Split", [a!, i64(g, [2, 3, 1])], 3, { axis: Graph.int(1) })[1]!
   },
-  { name: "Slice (negative start, axes)", inputs: [{ name: "a", dims: [3, 6] }], build: (g, [a]) => g.op("Slice", [a!, i64(g, [-4]), i64(g, [5]), i64(g, [1])]) },
+  {
+    name: "Slice (negative start, axes)",
+    inputs: [{ name: "a", dims: [3, 6] }],
+    build: (g, [a]) => g.op("Slice", [a!, i64(g, [-4]), i64(g, [5]), i64(g, [1])])
+  },
   {
     name: "Gather axis 0 (repeated ids accumulate)",
     inputs: [{ name: "a", dims: [5, 3] }],
@@ -99,11 +191,26 @@ const cases: ReadonlyArray<Case> = [
   {
     name: "GatherElements",
     inputs: [{ name: "a", dims: [3, 4] }],
-    build: (g, [a]) => g.op("GatherElements", [a!, g.constant(Graph.int64([3, 2], [0, 3, 1, 1, 2, 0]))], { axis: Graph.int(1) })
+    build: (g, [a]) => {
+      const indices = g.constant(Graph.int64([3, 2], [0, 3, 1, 1, 2, 0]))
+      return g.op("GatherElements", [a!, indices], { axis: Graph.int(1) })
+    }
   },
-  { name: "ReduceSum (axes input)", inputs: [{ name: "a", dims: [2, 3, 4] }], build: (g, [a]) => g.op("ReduceSum", [a!, i64(g, [1])], { keepdims: Graph.int(0) }) },
-  { name: "ReduceMean (axes attribute)", inputs: [{ name: "a", dims: [2, 3, 4] }], build: (g, [a]) => g.op("ReduceMean", [a!], { axes: Graph.ints([-1]), keepdims: Graph.int(1) }) },
-  { name: "ReduceMax", inputs: [{ name: "a", dims: [3, 4] }], build: (g, [a]) => g.op("ReduceMax", [a!], { axes: Graph.ints([1]), keepdims: Graph.int(0) }) },
+  {
+    name: "ReduceSum (axes input)",
+    inputs: [{ name: "a", dims: [2, 3, 4] }],
+    build: (g, [a]) => g.op("ReduceSum", [a!, i64(g, [1])], { keepdims: Graph.int(0) })
+  },
+  {
+    name: "ReduceMean (axes attribute)",
+    inputs: [{ name: "a", dims: [2, 3, 4] }],
+    build: (g, [a]) => g.op("ReduceMean", [a!], { axes: Graph.ints([-1]), keepdims: Graph.int(1) })
+  },
+  {
+    name: "ReduceMax",
+    inputs: [{ name: "a", dims: [3, 4] }],
+    build: (g, [a]) => g.op("ReduceMax", [a!], { axes: Graph.ints([1]), keepdims: Graph.int(0) })
+  },
   {
     name: "RMSNorm composite (as the model emits it)",
     inputs: [{ name: "x", dims: [2, 3, 4] }, { name: "w", dims: [4] }],

@@ -47,9 +47,15 @@ const trainSteps = (
     return losses
   })
 
-const packAll = (budget: number) => Packing.pack(dataset(), { tokenBudget: budget, lengthMultiple: 8, aggregation: "token-mean" })
+const packAll = (budget: number) => Packing.pack(
+  dataset(),
+  { tokenBudget: budget, lengthMultiple: 8, aggregation: "token-mean" }
+)
 
-const bits = (w: ReadonlyMap<string, Float32Array>) => [...w].map(([k, v]) => `${k}:${Buffer.from(v.buffer, v.byteOffset, v.byteLength).toString("base64")}`).join("|")
+const bits = (
+  w: ReadonlyMap<string,
+  Float32Array>
+) => [...w].map(([k, v]) => `${k}:${Buffer.from(v.buffer, v.byteOffset, v.byteLength).toString("base64")}`).join("|")
 
 describe("OnnxTrainer", () => {
   it.effect("masked NLL overfits a tiny fixed dataset (loss < 0.05 within 80 steps)", () =>
@@ -76,7 +82,10 @@ describe("OnnxTrainer", () => {
       assert.approximately(a[0]!, b[0]!, 1e-5)
       // empty padding rows (padRows) change nothing either
       const padded = yield* OnnxTrainer.make(options())
-      const withPadding = (yield* Packing.pack(dataset(), { tokenBudget: 64, lengthMultiple: 8, aggregation: "token-mean", padRows: true }))
+      const withPadding = (yield* Packing.pack(
+        dataset(),
+        { tokenBudget: 64, lengthMultiple: 8, aggregation: "token-mean", padRows: true }
+      ))
         .microBatches
       assert.isTrue(withPadding.some((mb) => mb.sequenceIndex.includes(-1)))
       const p = yield* trainSteps(padded, withPadding, 1)
@@ -147,7 +156,10 @@ describe("OnnxTrainer", () => {
       const mb = microBatches[0]!
       const outside = { ...mb, inputIds: Int32Array.from(mb.inputIds, (v, i) => (i === 0 ? 999 : v)) }
       assert.strictEqual((yield* Effect.flip(trainer.trainer.forwardBackward(outside))).reason, "BadBatch")
-      assert.strictEqual((yield* Effect.flip(trainer.trainer.forwardBackward({ ...mb, targets: Int32Array.of(1) }))).reason, "BadBatch")
+      assert.strictEqual(
+        (yield* Effect.flip(trainer.trainer.forwardBackward({ ...mb, targets: Int32Array.of(1) }))).reason,
+        "BadBatch"
+      )
       assert.strictEqual((yield* Effect.flip(trainer.trainer.optimStep)).reason, "NothingAccumulated")
       const cuda = yield* OnnxTrainer.make(options({ executionProvider: "cuda" }))
       const noCuda = yield* Effect.flip(cuda.trainer.forwardBackward(mb))
