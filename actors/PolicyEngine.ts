@@ -358,17 +358,17 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
 
   const decodeFeeds = (g: Generation): Record<string, ort.Tensor> => {
     const B = g.seqs.length, T = g.length
-    const ids = new Array<number>(B), pos = new Array<number>(B), mask = new Array<number>(B * (T + 1)).fill(0)
+    const ids = new BigInt64Array(B), pos = new BigInt64Array(B), mask = new BigInt64Array(B * (T + 1))
     g.seqs.forEach((s, i) => {
-      ids[i] = s.tokenIds[s.tokenIds.length - 1]!
-      pos[i] = s.filled
-      for (let j = T - s.filled; j <= T; j++) mask[i * (T + 1) + j] = 1
+      ids[i] = BigInt(s.tokenIds[s.tokenIds.length - 1]!)
+      pos[i] = BigInt(s.filled)
+      mask.fill(1n, i * (T + 1) + T - s.filled, (i + 1) * (T + 1)) // left padding, then the cached and new tokens
     })
     return {
       ...g.past,
-      input_ids: int64(ids, [B, 1]),
-      attention_mask: int64(mask, [B, T + 1]),
-      position_ids: int64(pos, [B, 1])
+      input_ids: new ort.Tensor("int64", ids, [B, 1]),
+      attention_mask: new ort.Tensor("int64", mask, [B, T + 1]),
+      position_ids: new ort.Tensor("int64", pos, [B, 1])
     }
   }
 
