@@ -79,7 +79,7 @@ export interface StepReport {
  * @since 0.1.0
  */
 export class LearnerError extends Schema.TaggedError<LearnerError>()("LearnerError", {
-  reason: Schema.Literals(["Advantage", "Packing", "Trainer", "Publish", "Config"]),
+  reason: Schema.Literals(["Advantage", "Packing", "Trainer", "Publish", "Config", "MissingLogprobs"]),
   message: Schema.String
 }) {}
 
@@ -153,6 +153,19 @@ export const update = Effect.fn("Learner.update")(function*(
     Effect.mapError((e) => new LearnerError({ reason: "Advantage", message: e.message }))
   )
   const sequences: Array<Packing.Sequence> = []
+  // The PPO ratio (unless recomputed) and the importance weights read the sampler's logprobs of policy tokens.
+  const needsSamplerLogprobs = options.loss.policyLoss === "ppo" &&
+    (options.recomputeOldLogprobs !== true || options.loss.tisCap !== undefined)
+  if (needsSamplerLogprobs) {
+    const unscored = (span: Trajectory.Span) => span.source === "policy" && span.logprobs === undefined
+    const missing = rows.find((row) => row.included && row.trajectory.segments.some((s) => s.spans.some(unscored)))
+    if (missing !== undefined) {
+      return yield* new LearnerError({
+        reason: "MissingLogprobs",
+        message: `trajectory ${missing.trajectory.trajectoryId} has policy tokens without sampler logprobs`
+      })
+    }
+  }
   rows.forEach((row, b) => {
     if (!row.included) return
     let offset = b * input.length

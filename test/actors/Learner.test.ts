@@ -204,6 +204,23 @@ describe("Learner", () => {
       assert.strictEqual(yield* learner.policyVersion, 0)
     }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
 
+  it.effect("policy tokens without sampler logprobs are a typed error for PPO-style losses", () =>
+    Effect.gen(function*() {
+      const noLogprobs: Trajectory.Trajectory = {
+        ...trajectory("a", "x", [1], 2, -1, 1),
+        segments: [{
+          spans: [{ source: "prompt", tokenIds: [1] }, { source: "policy", tokenIds: [2] }],
+          messageCount: 0
+        }]
+      }
+      const group = { groupId: "x", rowIndex: 0, trajectories: [noLogprobs, trajectory("b", "x", [1], 3, -1, 0)] }
+      const error = yield* Effect.flip(Learner.update([group], options))
+      assert.strictEqual(error.reason, "MissingLogprobs")
+      // recomputing the old policy without importance weights does not need them
+      const ok = yield* Learner.update([group], { ...options, recomputeOldLogprobs: true })
+      assert.strictEqual(ok.outcome, "applied")
+    }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
+
   it.effect("a KL loss without a reference policy stops the learner with a Config error", () =>
     Effect.gen(function*() {
       const learner = yield* Learner.make(
