@@ -312,7 +312,9 @@ export const run = Effect.fn("Trainer.run")(function*(
   if (point.checkpoint !== undefined) {
     yield* policy.load(`${checkpoints}/${point.checkpoint}`).pipe(Effect.mapError(fail("Checkpoint")))
   }
-  yield* policy.publish(point.step)
+  const warmupRuns = config.warmup !== undefined && options.demos !== undefined && !point.warmupDone && point.step === 0
+  // Versions only increase: with a warm-up, version 0 is its result, published when it ends.
+  if (!warmupRuns) yield* policy.publish(point.step)
 
   // ----- Checkpoints -----
   const saveCheckpoint = Effect.fnUntraced(function*(step: number) {
@@ -333,7 +335,7 @@ export const run = Effect.fn("Trainer.run")(function*(
   })
 
   // ----- Warm-up (SFT) -----
-  if (config.warmup !== undefined && options.demos !== undefined && !point.warmupDone && point.step === 0) {
+  if (warmupRuns && config.warmup !== undefined && options.demos !== undefined) {
     const warmup = config.warmup
     const demos = options.demos.rows
     for (let step = 1; step <= warmup.steps; step++) {
