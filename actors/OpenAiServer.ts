@@ -152,7 +152,11 @@ const generateRequest = Effect.fnUntraced(function*(
   if (body.n !== undefined && body.n !== null && body.n !== 1) return yield* invalid("only n = 1 is supported", "n")
   const stopIds = new Set(body.stop_token_ids ?? [])
   if (body.ignore_eos !== true) for (const id of model.stopTokenIds) stopIds.add(id)
-  const stops = body.stop === undefined || body.stop === null ? [] : typeof body.stop === "string" ? [body.stop] : body.stop
+  const stops = body.stop === undefined || body.stop === null ?
+    [] :
+    typeof body.stop === "string" ?
+    [body.stop] :
+    body.stop
   for (const s of stops) {
     const id = model.tokenizer.tokenToId(s)
     if (id === undefined) {
@@ -220,6 +224,12 @@ const openAiToolCalls = (calls: ReadonlyArray<Message.ToolCall>) =>
   }))
 
 const finishOf = (reason: FinishReason, calls: number) => (calls > 0 ? "tool_calls" : reason)
+
+const usage = (prompt: number, completion: number) => ({
+  prompt_tokens: prompt,
+  completion_tokens: completion,
+  total_tokens: prompt + completion
+})
 
 const readBody = (req: Http.IncomingMessage, maxBody: number) =>
   Effect.callback<unknown, ApiError>((resume) => {
@@ -312,10 +322,19 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
     const request = requests[0]!
     const id = nextId("cmpl"), created = yield* now
     const event = (choice: Record<string, unknown>) =>
-      `data: ${JSON.stringify({ id, object: "text_completion", created, model: model.name, choices: [{ index: 0, ...choice }] })}\n\n`
+      `data: ${
+        JSON.stringify({
+          id,
+          object: "text_completion",
+          created,
+          model: model.name,
+          choices: [{ index: 0, ...choice }]
+        })
+      }\n\n`
     const text = makeText(model, body.skip_special_tokens ?? true)
     const stop = new Set(request.sampling.stopTokenIds)
-    const asIds = body.return_tokens_as_token_ids === true, withLogprobs = body.logprobs !== undefined && body.logprobs !== null
+    const asIds = body.return_tokens_as_token_ids === true
+    const withLogprobs = body.logprobs !== undefined && body.logprobs !== null
     const shown: Array<number> = []
     let sent = 0
     res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache", connection: "keep-alive" })
@@ -368,7 +387,7 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
       created: yield* now,
       model: model.name,
       choices,
-      usage: { prompt_tokens: promptTokens, completion_tokens: completionTokens, total_tokens: promptTokens + completionTokens },
+      usage: usage(promptTokens, completionTokens),
       policy_version: results[0]!.policyVersion
     }
   })
@@ -419,7 +438,7 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
         policy_version: result.policyVersion
       }],
       prompt_token_ids: ids,
-      usage: { prompt_tokens: ids.length, completion_tokens: result.tokenIds.length, total_tokens: ids.length + result.tokenIds.length },
+      usage: usage(ids.length, result.tokenIds.length),
       policy_version: result.policyVersion
     }
   })
@@ -430,7 +449,15 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
     const request = yield* generateRequest(model, body, ids, true)
     const id = nextId("chatcmpl"), created = yield* now
     const chunk = (delta: Record<string, unknown>, finish: string | null, extra: Record<string, unknown> = {}) =>
-      `data: ${JSON.stringify({ id, object: "chat.completion.chunk", created, model: model.name, choices: [{ index: 0, delta, finish_reason: finish, ...extra }] })}\n\n`
+      `data: ${
+        JSON.stringify({
+          id,
+          object: "chat.completion.chunk",
+          created,
+          model: model.name,
+          choices: [{ index: 0, delta, finish_reason: finish, ...extra }]
+        })
+      }\n\n`
     const text = makeText(model, true)
     const stop = new Set(request.sampling.stopTokenIds)
     const sampled: Array<number> = []
@@ -457,7 +484,9 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
         }
       }
       if (current.length > sent) {
-        res.write(chunk({ content: current.slice(sent) }, null, body.logprobs === true ? { logprobs: { content: [{ token: current.slice(sent), logprob, top_logprobs: [] }] } } : {}))
+        const delta = current.slice(sent)
+        const logprobs = { logprobs: { content: [{ token: delta, logprob, top_logprobs: [] }] } }
+        res.write(chunk({ content: delta }, null, body.logprobs === true ? logprobs : {}))
         sent = current.length
       }
     }
@@ -469,14 +498,22 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
       const rest = content.length > sent ? content.slice(sent) : ""
       res.write(chunk({ ...(rest === "" ? {} : { content: rest }), tool_calls: openAiToolCalls(toolCalls) }, null))
     }
-    res.write(chunk({}, finishOf(result.finishReason, toolCalls.length), { token_ids: result.tokenIds, policy_version: result.policyVersion }))
+    const finish = finishOf(result.finishReason, toolCalls.length)
+    res.write(chunk({}, finish, { token_ids: result.tokenIds, policy_version: result.policyVersion }))
     res.end("data: [DONE]\n\n")
   })
 
   const checkModel = (body: unknown) => {
     const name = (body as { model?: unknown } | null)?.model
     return typeof name === "string" && name !== model.name ?
-      Effect.fail(new ApiError({ status: 404, message: `model ${JSON.stringify(name)} does not exist; this server has ${JSON.stringify(model.name)}`, param: "model", code: "model_not_found" })) :
+      Effect.fail(
+        new ApiError({
+          status: 404,
+          message: `model ${JSON.stringify(name)} does not exist; this server has ${JSON.stringify(model.name)}`,
+          param: "model",
+          code: "model_not_found"
+        })
+      ) :
       Effect.void
   }
 
@@ -499,7 +536,10 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
     switch (path) {
       case "/v1/models":
         return Effect.flatMap(now, (created) =>
-          sendJson(res, 200, { object: "list", data: [{ id: model.name, object: "model", created, owned_by: "agentfly" }] }))
+          sendJson(res, 200, {
+            object: "list",
+            data: [{ id: model.name, object: "model", created, owned_by: "agentfly" }]
+          }))
       case "/v1/completions":
         return post(completions, completionsStream)
       case "/v1/chat/completions":
@@ -518,7 +558,9 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
             Effect.sync(() => res.end(`data: ${JSON.stringify(errorBody(e))}\n\ndata: [DONE]\n\n`)) :
             sendJson(res, e.status, errorBody(e))
         ),
-        Effect.catchDefect((defect) => sendJson(res, 500, errorBody(new ApiError({ status: 500, message: `internal error: ${String(defect)}` }))))
+        Effect.catchDefect((defect) =>
+          sendJson(res, 500, errorBody(new ApiError({ status: 500, message: `internal error: ${String(defect)}` })))
+        )
       )
     )
     res.on("close", () => {

@@ -117,7 +117,10 @@ export interface Stats {
 export class PolicyEngine extends Context.Service<PolicyEngine, {
   readonly config: ModelConfig.ModelConfig
   /** `Sampler.generate`, plus an optional per-token callback (how the HTTP server streams). */
-  readonly generate: (request: GenerateRequest, options?: GenerateOptions) => Effect.Effect<GenerateResult, SamplerError>
+  readonly generate: (
+    request: GenerateRequest,
+    options?: GenerateOptions
+  ) => Effect.Effect<GenerateResult, SamplerError>
   /**
    * Swaps in new weights (Hugging Face names, float32). Returns once new requests use them; requests in flight
    * finish on their old version.
@@ -209,7 +212,9 @@ const validateRequest = (c: ModelConfig.ModelConfig, r: GenerateRequest): Sample
   }
   const bad = ids.find((id) => !Number.isInteger(id) || id < 0 || id >= c.vocabSize)
   if (bad !== undefined) return badRequest(`token id ${bad} is outside the vocabulary [0, ${c.vocabSize})`)
-  if (!Number.isInteger(s.maxTokens) || s.maxTokens < 1) return badRequest(`maxTokens must be ≥ 1, got ${s.maxTokens}`)
+  if (!Number.isInteger(s.maxTokens) || s.maxTokens < 1) {
+    return badRequest(`maxTokens must be ≥ 1, got ${s.maxTokens}`)
+  }
   if (!Number.isFinite(s.temperature) || s.temperature < 0) {
     return badRequest(`temperature must be a finite number ≥ 0, got ${s.temperature}`)
   }
@@ -250,7 +255,9 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
   const emptyPast = (batch: number): Record<string, ort.Tensor> => {
     const past: Record<string, ort.Tensor> = {}
     for (let l = 0; l < L; l++) {
-      for (const n of ["key", "value"]) past[`past.${l}.${n}`] = new ort.Tensor("float32", new Float32Array(0), [batch, KV, 0, hd])
+      for (const n of ["key", "value"]) {
+        past[`past.${l}.${n}`] = new ort.Tensor("float32", new Float32Array(0), [batch, KV, 0, hd])
+      }
     }
     return past
   }
@@ -265,7 +272,9 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
     })
     const weightFeeds: Record<string, ort.Tensor> = {}
     if (weightsAs === "inputs") {
-      for (const spec of Qwen2.parameters(c)) weightFeeds[spec.name] = new ort.Tensor("float32", weights.get(spec.name)!, spec.shape)
+      for (const spec of Qwen2.parameters(c)) {
+        weightFeeds[spec.name] = new ort.Tensor("float32", weights.get(spec.name)!, spec.shape)
+      }
     }
     const generation: Generation = { version, session, weightFeeds, seqs: [], past: emptyPast(0), length: 0 }
     return generation
@@ -319,15 +328,28 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
   const compact = (
     g: Generation,
     old: ReadonlyArray<number>,
-    fresh?: { readonly out: Record<string, ort.Tensor>; readonly length: number; readonly seqs: ReadonlyArray<Seq>; readonly rows: ReadonlyArray<number> }
+    fresh?: {
+      readonly out: Record<string, ort.Tensor>
+      readonly length: number
+      readonly seqs: ReadonlyArray<Seq>
+      readonly rows: ReadonlyArray<number>
+    }
   ) => {
     const seqs = [...old.map((i) => g.seqs[i]!), ...(fresh?.rows.map((i) => fresh.seqs[i]!) ?? [])]
     const length = seqs.reduce((m, s) => Math.max(m, s.filled), 0)
     const past: Record<string, ort.Tensor> = {}
     for (const name of Object.keys(g.past)) {
-      const parts = [{ data: g.past[name]!.data as Float32Array, length: g.length, rows: old.map((i) => ({ index: i, filled: g.seqs[i]!.filled })) }]
+      const parts = [{
+        data: g.past[name]!.data as Float32Array,
+        length: g.length,
+        rows: old.map((i) => ({ index: i, filled: g.seqs[i]!.filled }))
+      }]
       if (fresh !== undefined) {
-        parts.push({ data: fresh.out[name]!.data as Float32Array, length: fresh.length, rows: fresh.rows.map((i) => ({ index: i, filled: fresh.seqs[i]!.filled })) })
+        parts.push({
+          data: fresh.out[name]!.data as Float32Array,
+          length: fresh.length,
+          rows: fresh.rows.map((i) => ({ index: i, filled: fresh.seqs[i]!.filled }))
+        })
       }
       past[name] = new ort.Tensor("float32", rebatch(parts, KV, hd, length), [seqs.length, KV, length, hd])
     }
@@ -338,7 +360,9 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
 
   const prefill = Effect.fnUntraced(function*(g: Generation, joining: ReadonlyArray<Seq>) {
     const N = joining.length, P = joining.reduce((m, s) => Math.max(m, s.prompt.length), 0)
-    const ids = new Array<number>(N * P).fill(0), mask = new Array<number>(N * P).fill(0), pos = new Array<number>(N * P).fill(0)
+    const ids = new Array<number>(N * P).fill(0)
+    const mask = new Array<number>(N * P).fill(0)
+    const pos = new Array<number>(N * P).fill(0)
     joining.forEach((s, i) => {
       const pad = P - s.prompt.length
       s.prompt.forEach((id, j) => {
@@ -348,7 +372,12 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
       })
       s.filled = s.prompt.length
     })
-    const out = yield* run(g, { ...emptyPast(N), input_ids: int64(ids, [N, P]), attention_mask: int64(mask, [N, P]), position_ids: int64(pos, [N, P]) })
+    const out = yield* run(g, {
+      ...emptyPast(N),
+      input_ids: int64(ids, [N, P]),
+      attention_mask: int64(mask, [N, P]),
+      position_ids: int64(pos, [N, P])
+    })
     stats.prefills++
     const rows = advance(g, joining, out["logits"]!.data as Float32Array)
     const fresh: Record<string, ort.Tensor> = {}
@@ -410,7 +439,8 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
             next(false)
           },
           (e) => {
-            if (!stopped) resume(Effect.fail(new SamplerError({ reason: "ServerError", message: `onnxruntime: ${String(e)}` })))
+            if (stopped) return
+            resume(Effect.fail(new SamplerError({ reason: "ServerError", message: `onnxruntime: ${String(e)}` })))
           }
         )
       }
@@ -422,11 +452,13 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
 
   /** Fails every sequence of a generation whose step failed, and resets its batch. */
   const failAll = (g: Generation, seqs: ReadonlyArray<Seq>, error: SamplerError) =>
-    Effect.forEach(seqs, (s) => Deferred.fail(s.deferred, error), { discard: true }).pipe(Effect.andThen(Effect.sync(() => {
-      g.seqs = []
-      g.past = emptyPast(0)
-      g.length = 0
-    })))
+    Effect.forEach(seqs, (s) => Deferred.fail(s.deferred, error), { discard: true }).pipe(
+      Effect.andThen(Effect.sync(() => {
+        g.seqs = []
+        g.past = emptyPast(0)
+        g.length = 0
+      }))
+    )
 
   const release = (g: Generation) => Effect.promise(() => g.session.release()).pipe(Effect.ignore)
 
@@ -439,7 +471,9 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
       Effect.catch(onError),
       Effect.catchDefect((defect) =>
         Effect.logError("PolicyEngine: defect in the decode loop", defect).pipe(
-          Effect.andThen(onError(new SamplerError({ reason: "ServerError", message: `policy engine defect: ${String(defect)}` })))
+          Effect.andThen(onError(
+            new SamplerError({ reason: "ServerError", message: `policy engine defect: ${String(defect)}` })
+          ))
         )
       )
     )
@@ -453,7 +487,10 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
     if (waiting.length > 0 && room > 0) {
       const joining = waiting.splice(0, room)
       // onnxruntime failing on a prompt batch fails those requests only; the running batch is untouched.
-      yield* guarded(prefill(g, joining), (e) => Effect.forEach(joining, (s) => Deferred.fail(s.deferred, e), { discard: true }))
+      yield* guarded(
+        prefill(g, joining),
+        (e) => Effect.forEach(joining, (s) => Deferred.fail(s.deferred, e), { discard: true })
+      )
     }
     for (const x of [...generations]) {
       if (x.seqs.some((s) => s.cancelled)) compact(x, x.seqs.flatMap((s, i) => (s.cancelled ? [] : [i])))

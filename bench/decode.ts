@@ -29,7 +29,9 @@ const rawLoop = async (session: ort.InferenceSession, B: number): Promise<number
   const r = Sampling.rng(1)
   let feeds: Record<string, ort.Tensor> = {}
   for (let l = 0; l < config.numHiddenLayers; l++) {
-    for (const n of ["key", "value"]) feeds[`past.${l}.${n}`] = new ort.Tensor("float32", new Float32Array(0), [B, KV, 0, hd])
+    for (const n of ["key", "value"]) {
+      feeds[`past.${l}.${n}`] = new ort.Tensor("float32", new Float32Array(0), [B, KV, 0, hd])
+    }
   }
   let ids = BigInt64Array.from({ length: B * PROMPT }, (_, i) => BigInt(prompt(Math.floor(i / PROMPT))[i % PROMPT]!))
   let T = PROMPT, past = 0
@@ -39,11 +41,17 @@ const rawLoop = async (session: ort.InferenceSession, B: number): Promise<number
       ...feeds,
       input_ids: new ort.Tensor("int64", ids, [B, T]),
       attention_mask: new ort.Tensor("int64", new BigInt64Array(B * (past + T)).fill(1n), [B, past + T]),
-      position_ids: new ort.Tensor("int64", BigInt64Array.from({ length: B * T }, (_, i) => BigInt(past + (i % T))), [B, T])
+      position_ids: new ort.Tensor(
+        "int64",
+        BigInt64Array.from({ length: B * T }, (_, i) => BigInt(past + (i % T))),
+        [B, T]
+      )
     })
     const logits = out["logits"]!.data as Float32Array
     const next = new BigInt64Array(B)
-    for (let b = 0; b < B; b++) next[b] = BigInt(Sampling.sample(logits.subarray(b * V, (b + 1) * V), { temperature: 1 }, r).tokenId)
+    for (let b = 0; b < B; b++) {
+      next[b] = BigInt(Sampling.sample(logits.subarray(b * V, (b + 1) * V), { temperature: 1 }, r).tokenId)
+    }
     feeds = {}
     for (let l = 0; l < config.numHiddenLayers; l++) {
       for (const n of ["key", "value"]) feeds[`past.${l}.${n}`] = out[`present.${l}.${n}`]!
@@ -82,7 +90,13 @@ export default () =>
       })
     )
     const engine = yield* make({ config, weights, maxBatchSize: 32, intraOpNumThreads: THREADS })
-    const inputsEngine = yield* make({ config, weights, maxBatchSize: 32, weightsAs: "inputs", intraOpNumThreads: THREADS })
+    const inputsEngine = yield* make({
+      config,
+      weights,
+      maxBatchSize: 32,
+      weightsAs: "inputs",
+      intraOpNumThreads: THREADS
+    })
     const figures: Record<string, number> = {}
     for (const B of [1, 8, 32]) {
       const rawRuns: Array<number> = [], engineRuns: Array<number> = []

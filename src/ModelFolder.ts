@@ -92,7 +92,10 @@ export const readConfig = Effect.fn("ModelFolder.readConfig")(function*(dir: str
  * @category constructors
  * @since 0.1.0
  */
-export const readWeights = Effect.fn("ModelFolder.readWeights")(function*(dir: string, config: ModelConfig.ModelConfig) {
+export const readWeights = Effect.fn("ModelFolder.readWeights")(function*(
+  dir: string,
+  config: ModelConfig.ModelConfig
+) {
   const fs = yield* FileSystem.FileSystem
   const path = yield* Path.Path
   const file = path.join(dir, "model.safetensors")
@@ -112,7 +115,11 @@ export const readWeights = Effect.fn("ModelFolder.readWeights")(function*(dir: s
   return weights
 })
 
-const stopIds = Effect.fnUntraced(function*(dir: string, tokenizer: Tokenizer.Tokenizer, template: ChatTemplate.ChatTemplate) {
+const stopIds = Effect.fnUntraced(function*(
+  dir: string,
+  tokenizer: Tokenizer.Tokenizer,
+  template: ChatTemplate.ChatTemplate
+) {
   const fs = yield* FileSystem.FileSystem
   const path = yield* Path.Path
   const ids = new Set<number>()
@@ -160,11 +167,16 @@ export const load = Effect.fn("ModelFolder.load")(function*(dir: string) {
   }
   const template = yield* ChatTemplate.load(dir).pipe(
     Effect.mapError((e) =>
-      new ModelFolderError({ reason: "InvalidTemplate", file: path.join(dir, "tokenizer_config.json"), message: e.message })
+      new ModelFolderError({
+        reason: "InvalidTemplate",
+        file: path.join(dir, "tokenizer_config.json"),
+        message: e.message
+      })
     )
   )
   const stopTokenIds = yield* stopIds(dir, tokenizer, template)
-  const folder: ModelFolder = { dir, name: path.basename(path.resolve(dir)), config, weights, tokenizer, template, stopTokenIds }
+  const name = path.basename(path.resolve(dir))
+  const folder: ModelFolder = { dir, name, config, weights, tokenizer, template, stopTokenIds }
   return folder
 })
 
@@ -185,7 +197,11 @@ export const writeModel = Effect.fn("ModelFolder.writeModel")(function*(
   const path = yield* Path.Path
   const io = (file: string) => () => new ModelFolderError({ reason: "Io", file, message: `cannot write ${file}` })
   yield* fs.makeDirectory(dir, { recursive: true }).pipe(Effect.mapError(io(dir)))
-  const tensors = Qwen2.parameters(config).map((spec) => ({ name: spec.name, shape: spec.shape, data: weights.get(spec.name)! }))
+  const tensors = Qwen2.parameters(config).map((spec) => ({
+    name: spec.name,
+    shape: spec.shape,
+    data: weights.get(spec.name)!
+  }))
   const missing = tensors.find((t) => t.data === undefined)
   if (missing !== undefined) {
     return yield* new ModelFolderError({
@@ -199,7 +215,9 @@ export const writeModel = Effect.fn("ModelFolder.writeModel")(function*(
   yield* fs.writeFileString(configFile, JSON.stringify(ModelConfig.toJson(config), null, 2) + "\n").pipe(
     Effect.mapError(io(configFile))
   )
-  yield* fs.writeFile(weightsFile, Safetensors.serialize(tensors, { format: "pt" })).pipe(Effect.mapError(io(weightsFile)))
+  yield* fs.writeFile(weightsFile, Safetensors.serialize(tensors, { format: "pt" })).pipe(
+    Effect.mapError(io(weightsFile))
+  )
 })
 
 /**
@@ -235,12 +253,16 @@ export const init = Effect.fn("ModelFolder.init")(function*(dir: string, options
   }
   yield* writeModel(dir, config, Qwen2.initWeights(config, options.seed ?? 0))
   yield* ByteTokenizer.writeModelFiles(dir, { chatTemplate: ChatTemplate.templates["qwen2.5"] }).pipe(
-    Effect.mapError(() => new ModelFolderError({ reason: "Io", file: dir, message: `cannot write tokenizer files in ${dir}` }))
+    Effect.mapError(() =>
+      new ModelFolderError({ reason: "Io", file: dir, message: `cannot write tokenizer files in ${dir}` })
+    )
   )
   const generationFile = path.join(dir, "generation_config.json")
   yield* fs.writeFileString(
     generationFile,
     JSON.stringify({ eos_token_id: [eos, endOfText], pad_token_id: endOfText, do_sample: true }, null, 2) + "\n"
-  ).pipe(Effect.mapError(() => new ModelFolderError({ reason: "Io", file: generationFile, message: `cannot write ${generationFile}` })))
+  ).pipe(Effect.mapError(() =>
+    new ModelFolderError({ reason: "Io", file: generationFile, message: `cannot write ${generationFile}` })
+  ))
   return config
 })

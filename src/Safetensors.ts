@@ -143,7 +143,8 @@ export const parse = Effect.fnUntraced(function*(bytes: Uint8Array, file = "<mem
       )
     }
     ranges.push([begin, end, name])
-    tensors.set(name, { dtype: entry.dtype, shape: entry.shape, bytes: bytes.subarray(dataStart + begin, dataStart + end) })
+    const data = bytes.subarray(dataStart + begin, dataStart + end)
+    tensors.set(name, { dtype: entry.dtype, shape: entry.shape, bytes: data })
   }
   ranges.sort((a, b) => a[0] - b[0])
   for (let i = 1; i < ranges.length; i++) {

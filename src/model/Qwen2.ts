@@ -178,8 +178,9 @@ interface Context {
 
 const context = (g: Graph.Graph, c: ModelConfig.ModelConfig, ids: string, mask: string, pos: string): Context => {
   const hd = ModelConfig.headDim(c), tables = ropeTables(c)
-  const cosT = g.op("Gather", [g.constant({ dtype: "float32", dims: [c.maxPositionEmbeddings, hd / 2], data: tables.cos }), pos])
-  const sinT = g.op("Gather", [g.constant({ dtype: "float32", dims: [c.maxPositionEmbeddings, hd / 2], data: tables.sin }), pos])
+  const dims = [c.maxPositionEmbeddings, hd / 2]
+  const cosT = g.op("Gather", [g.constant({ dtype: "float32", dims, data: tables.cos }), pos])
+  const sinT = g.op("Gather", [g.constant({ dtype: "float32", dims, data: tables.sin }), pos])
   const one = g.constant(Graph.int64([], [1])), zero = g.constant(Graph.int64([], [0]))
   const total = g.op("Gather", [g.op("Shape", [mask]), one], { axis: Graph.int(0) })
   const t = g.op("Gather", [g.op("Shape", [ids]), one], { axis: Graph.int(0) })
