@@ -83,6 +83,18 @@ export class ResourceManager extends Context.Service<ResourceManager, {
    * @since 0.1.0
    */
   static readonly layer: Layer.Layer<ResourceManager> = Layer.effect(ResourceManager, Effect.suspend(() => make()))
+
+  /**
+   * A manager whose specs with `pool.globalMax` also hold a global lease from the `ResourceCoordinator` (Redis)
+   * while leased, capping instances across processes and machines.
+   *
+   * @category layers
+   * @since 0.1.0
+   */
+  static readonly layerCoordinated: Layer.Layer<ResourceManager, never, Resource.ResourceCoordinator> = Layer.effect(
+    ResourceManager,
+    Effect.flatMap(Resource.ResourceCoordinator, (coordinator) => make({ coordinator }))
+  )
 }
 
 /**

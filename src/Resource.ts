@@ -10,7 +10,7 @@
  *
  * @since 0.1.0
  */
-import { Schema } from "effect"
+import { Context, Schema } from "effect"
 import type { Effect, Scope } from "effect"
 import { EnvError } from "./Environment.ts"
 
@@ -326,7 +326,7 @@ export class LeaseError extends Schema.TaggedError<LeaseError>()("LeaseError", {
     return this.reason.isRetryable
   }
   override get message(): string {
-    const detail = "message" in this.reason ? `: ${this.reason.message}` : ""
+    const detail = this.reason.message === "" ? "" : `: ${this.reason.message}`
     return `${this.resource}: ${this.reason._tag}${detail}`
   }
 }
@@ -414,3 +414,14 @@ export interface Coordinator {
     readonly onLost: (lease: GlobalLease) => Effect.Effect<void>
   }) => Effect.Effect<GlobalLease, LeaseError, Scope.Scope>
 }
+
+/**
+ * The coordinator a resource manager uses for global caps (`ResourceManager.layerCoordinated`); the Redis
+ * implementation is `actors/resources/Redis.ts`.
+ *
+ * @category services
+ * @since 0.1.0
+ */
+export class ResourceCoordinator extends Context.Service<ResourceCoordinator, Coordinator>()(
+  "agentfly/src/Resource/ResourceCoordinator"
+) {}

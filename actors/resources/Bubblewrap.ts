@@ -58,7 +58,8 @@ export const readyPoll = Schedule.spaced("20 millis")
 
 const CGROUP_ROOT = "/sys/fs/cgroup"
 
-const startError = (env: string, message: string) => new EnvError({ env, method: "start", reason: "Unavailable", message })
+const startError = (env: string, message: string) =>
+  new EnvError({ env, method: "start", reason: "Unavailable", message })
 
 /** Creates the instance's cgroups and writes its limits; returns the `cgroup.procs` files to join. */
 const makeCgroups = (env: string, id: string, limits: Resource.Limits) =>

@@ -246,7 +246,8 @@ const execIn = (docker: Dockerode, handle: Dockerode.Container, env: string) =>
           stream.on("error", fail)
           stream.on("end", () => {
             exec.inspect().then(
-              (info) => resume(Effect.succeed({ stdout: out.text(), stderr: err.text(), exitCode: info.ExitCode ?? -1 })),
+              (info) =>
+                resume(Effect.succeed({ stdout: out.text(), stderr: err.text(), exitCode: info.ExitCode ?? -1 })),
               fail
             )
           })
@@ -258,7 +259,8 @@ const execIn = (docker: Dockerode, handle: Dockerode.Container, env: string) =>
   if (timeout === undefined) return run
   return Effect.timeoutOrElse(run, {
     duration: timeout + 2_000,
-    orElse: () => Effect.fail(new EnvError({ env, method: "exec", reason: "Timeout", message: `exceeded ${timeout} ms` }))
+    orElse: () =>
+      Effect.fail(new EnvError({ env, method: "exec", reason: "Timeout", message: `exceeded ${timeout} ms` }))
   })
 }
 

@@ -168,7 +168,10 @@ const protocolError = (env: string, method: string, message: string) =>
   new EnvError({ env, method, reason: "Crashed", message: `bad reply from the sandbox: ${message}` })
 
 const parse = (env: string, method: string, raw: string) =>
-  Effect.mapError(decodeReply(raw), (e) => protocolError(env, method, `${e.message} in ${JSON.stringify(raw.slice(0, 200))}`))
+  Effect.mapError(
+    decodeReply(raw),
+    (e) => protocolError(env, method, `${e.message} in ${JSON.stringify(raw.slice(0, 200))}`)
+  )
 
 /** Runs one cell on an instance. */
 const runOn = (env: string, instance: Instance, options: Options) =>
@@ -299,7 +302,9 @@ const socketRequest = (env: string, path: string, body: string, timeoutMillis: n
     Effect.timeoutOrElse({
       duration: timeoutMillis,
       orElse: () =>
-        Effect.fail(new EnvError({ env, method: "request", reason: "Timeout", message: `no reply in ${timeoutMillis} ms` }))
+        Effect.fail(
+          new EnvError({ env, method: "request", reason: "Timeout", message: `no reply in ${timeoutMillis} ms` })
+        )
     })
   )
 

@@ -149,6 +149,30 @@ describe("Learner", () => {
       assert.isAtLeast(yield* learner.policyVersion, 1)
     }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
 
+  it.effect("an offer waiting on a full queue fails with Stopped when the learner stops", () =>
+    Effect.gen(function*() {
+      const release = yield* Deferred.make<void>()
+      const publish = () =>
+        Deferred.await(release).pipe(
+          Effect.andThen(Effect.fail(new Learner.LearnerError({ reason: "Publish", message: "sampler gone" })))
+        )
+      const learner = yield* Learner.make({ ...options, groupsPerStep: 1, queueCapacity: 1 }, publish)
+      const group = (id: string): Trajectory.Group => ({
+        groupId: id,
+        rowIndex: 0,
+        trajectories: [trajectory(`${id}a`, id, [1], 2, -1, 1), trajectory(`${id}b`, id, [1], 3, -1, 0)]
+      })
+      yield* learner.offer(group("1"))
+      for (let i = 0; i < 10; i++) yield* Effect.yieldNow
+      yield* learner.offer(group("2"))
+      const waiting = yield* Effect.forkChild(Effect.flip(learner.offer(group("3"))))
+      for (let i = 0; i < 10; i++) yield* Effect.yieldNow
+      assert.isUndefined(waiting.pollUnsafe())
+      yield* Deferred.succeed(release, undefined)
+      assert.strictEqual((yield* Fiber.join(waiting)).reason, "Stopped")
+      assert.strictEqual((yield* Effect.flip(learner.join)).reason, "Publish")
+    }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
+
   it.effect("a trajectory with two segments becomes two rows carrying its advantage", () =>
     Effect.gen(function*() {
       const recording = yield* PolicyTrainer.RecordingRef
@@ -234,6 +258,9 @@ describe("Learner", () => {
       })
       const error = yield* Effect.flip(learner.join)
       assert.strictEqual(error.reason, "Config")
+      // later offers fail instead of waiting forever
+      const late = yield* Effect.flip(learner.offer({ groupId: "y", rowIndex: 1, trajectories: [] }))
+      assert.strictEqual(late.reason, "Stopped")
     }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
 
   it.effect("GRPO on a one-step bandit: the probability of the rewarded token rises monotonically (within noise)", () =>

@@ -33,17 +33,45 @@ const scripted = (folder: ModelFolder.ModelFolder, text: string): PolicyEngine["
       }),
     updateWeights: () => Effect.void,
     policyVersion: Effect.succeed(9),
-    stats: Effect.succeed({ decodeSteps: 0, prefills: 0, generatedTokens: 0, largestBatch: 0, sessions: 1, running: {} })
+    stats: Effect.succeed({
+      decodeSteps: 0,
+      prefills: 0,
+      generatedTokens: 0,
+      largestBatch: 0,
+      sessions: 1,
+      running: {}
+    })
   })
 }
 
 const post = (url: string, body: string, method = "POST") =>
   Effect.promise(async () => {
-    const response = await fetch(url, { method, headers: { "content-type": "application/json" }, body: method === "GET" ? null : body })
-    return { status: response.status, json: (await response.json()) as { error?: { message: string; type: string; param: string | null } } }
+    const response = await fetch(url, {
+      method,
+      headers: { "content-type": "application/json" },
+      body: method === "GET" ? null : body
+    })
+    const json = (await response.json()) as { error?: { message: string; type: string; param: string | null } }
+    return { status: response.status, json }
   })
 
 const live = Effect.provide(NodeServices.layer)
+
+/** The streamed shapes the tests read (the openai client's types do not know vLLM's extra fields). */
+interface TextChoice {
+  readonly text: string
+  readonly token_ids: Array<number>
+  readonly logprobs: { readonly token_logprobs: Array<number> } | null
+  readonly finish_reason: string | null
+}
+interface ChatDelta {
+  readonly delta: {
+    readonly content?: string | null
+    readonly tool_calls?: Array<{ readonly function?: { readonly name?: string; readonly arguments?: string } }>
+  }
+  readonly finish_reason: string | null
+  readonly token_ids?: Array<number>
+}
 
 describe("OpenAiServer", () => {
   it.live("the openai client lists the model and gets completions with token ids and logprobs", () =>
@@ -70,7 +98,8 @@ describe("OpenAiServer", () => {
       assert.deepStrictEqual(choice.logprobs!.tokens, direct.tokenIds.map((id) => `token_id:${id}`))
       assert.deepStrictEqual(choice.logprobs!.token_logprobs, direct.logprobs)
       assert.strictEqual(choice.finish_reason, "length")
-      assert.strictEqual(choice.text, folder.tokenizer.decode(direct.tokenIds.filter((id) => folder.tokenizer.isValidId(id) && id < 256)))
+      const bytes = direct.tokenIds.filter((id) => folder.tokenizer.isValidId(id) && id < 256)
+      assert.strictEqual(choice.text, folder.tokenizer.decode(bytes))
       assert.strictEqual((response as unknown as { policy_version: number }).policy_version, 4)
       assert.deepStrictEqual(response.usage, { prompt_tokens: 4, completion_tokens: 12, total_tokens: 16 })
 
@@ -85,7 +114,7 @@ describe("OpenAiServer", () => {
           stream: true,
           ...({ ignore_eos: true } as object)
         })
-        const out: Array<{ choices: Array<{ text: string; token_ids: Array<number>; logprobs: { token_logprobs: Array<number> } | null; finish_reason: string | null }> }> = []
+        const out: Array<{ choices: Array<TextChoice> }> = []
         for await (const e of stream) out.push(e as never)
         return out
       })
@@ -95,7 +124,9 @@ describe("OpenAiServer", () => {
       assert.strictEqual(events.map((e) => e.choices[0]!.text).join(""), choice.text)
       assert.strictEqual(events.at(-1)!.choices[0]!.finish_reason, "length")
 
-      const text = yield* Effect.promise(() => client.completions.create({ model: "tiny-test", prompt: "Hello", max_tokens: 5, seed: 1 }))
+      const text = yield* Effect.promise(() =>
+        client.completions.create({ model: "tiny-test", prompt: "Hello", max_tokens: 5, seed: 1 })
+      )
       const ids = (text.choices[0] as unknown as { prompt_token_ids: Array<number> }).prompt_token_ids
       assert.deepStrictEqual(ids, folder.tokenizer.encode("Hello"))
     })))
@@ -104,16 +135,24 @@ describe("OpenAiServer", () => {
     live(Effect.gen(function*() {
       const { client } = yield* setup
       const messages = [{ role: "system" as const, content: "Be brief." }, { role: "user" as const, content: "Hi!" }]
-      const plain = yield* Effect.promise(() => client.chat.completions.create({ model: "tiny-test", messages, max_tokens: 24, temperature: 0, logprobs: true }))
+      const plain = yield* Effect.promise(() =>
+        client.chat.completions.create({ model: "tiny-test", messages, max_tokens: 24, temperature: 0, logprobs: true })
+      )
       const choice = plain.choices[0]! as typeof plain.choices[0] & { token_ids: Array<number> }
       assert.strictEqual(choice.message.role, "assistant")
       assert.strictEqual(choice.token_ids.length, plain.usage!.completion_tokens)
       assert.strictEqual(choice.logprobs!.content!.length, choice.token_ids.length)
       const chunks = yield* Effect.promise(async () => {
-        const stream = await client.chat.completions.create({ model: "tiny-test", messages, max_tokens: 24, temperature: 0, stream: true })
+        const stream = await client.chat.completions.create({
+          model: "tiny-test",
+          messages,
+          max_tokens: 24,
+          temperature: 0,
+          stream: true
+        })
         const out: Array<unknown> = []
         for await (const chunk of stream) out.push(chunk)
-        return out as Array<{ choices: Array<{ delta: { content?: string }; finish_reason: string | null; token_ids?: Array<number> }> }>
+        return out as Array<{ choices: Array<ChatDelta> }>
       })
       assert.isAbove(chunks.length, 3) // a role chunk, several content chunks, a final chunk
       const streamed = chunks.map((c) => c.choices[0]!.delta.content ?? "").join("")
@@ -127,12 +166,25 @@ describe("OpenAiServer", () => {
     live(Effect.gen(function*() {
       const { folder } = yield* setup
       const output = `Let me add.\n<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>`
-      const server = yield* OpenAiServer.make(folder).pipe(Effect.provideService(PolicyEngine, scripted(folder, output)))
+      const server = yield* OpenAiServer.make(folder).pipe(
+        Effect.provideService(PolicyEngine, scripted(folder, output))
+      )
       const client = new OpenAI({ baseURL: server.baseUrl, apiKey: "unused", maxRetries: 0 })
-      const tools = [{ type: "function" as const, function: { name: "add", description: "Add two numbers", parameters: { type: "object", properties: { a: { type: "number" }, b: { type: "number" } } } } }]
+      const tools = [{
+        type: "function" as const,
+        function: {
+          name: "add",
+          description: "Add two numbers",
+          parameters: { type: "object", properties: { a: { type: "number" }, b: { type: "number" } } }
+        }
+      }]
       const messages = [
         { role: "user" as const, content: "2+3?" },
-        { role: "assistant" as const, content: null, tool_calls: [{ id: "c0", type: "function" as const, function: { name: "add", arguments: "{\"a\":1,\"b\":1}" } }] },
+        {
+          role: "assistant" as const,
+          content: null,
+          tool_calls: [{ id: "c0", type: "function" as const, function: { name: "add", arguments: "{\"a\":1,\"b\":1}" } }]
+        },
         { role: "tool" as const, tool_call_id: "c0", content: "2" },
         { role: "user" as const, content: "Now 2+3." }
       ]
@@ -146,7 +198,7 @@ describe("OpenAiServer", () => {
 
       const chunks = yield* Effect.promise(async () => {
         const stream = await client.chat.completions.create({ model: "tiny-test", messages, tools, stream: true })
-        const out: Array<{ choices: Array<{ delta: { content?: string | null; tool_calls?: Array<{ function?: { name?: string; arguments?: string } }> }; finish_reason: string | null }> }> = []
+        const out: Array<{ choices: Array<ChatDelta> }> = []
         for await (const chunk of stream) out.push(chunk as never)
         return out
       })
@@ -172,7 +224,13 @@ describe("OpenAiServer", () => {
         ["/completions", JSON.stringify({ prompt: "x", stop: ["never seen"] }), "POST", 400, /not a single token/],
         ["/completions", JSON.stringify({ model: "gpt-4", prompt: "x" }), "POST", 404, /does not exist/],
         ["/chat/completions", JSON.stringify({ messages: [] }), "POST", 400, /messages/],
-        ["/chat/completions", JSON.stringify({ messages: [{ role: "wizard", content: 1 }] }), "POST", 400, /messages|role/],
+        [
+          "/chat/completions",
+          JSON.stringify({ messages: [{ role: "wizard", content: 1 }] }),
+          "POST",
+          400,
+          /messages|role/
+        ],
         ["/completions", "", "GET", 405, /use POST/],
         ["/nothing", "{}", "POST", 404, /no route/]
       ]
@@ -183,7 +241,9 @@ describe("OpenAiServer", () => {
         assert.strictEqual(r.json.error!.type, "invalid_request_error")
       }
       const { folder, engine } = yield* setup
-      const strict = yield* OpenAiServer.make(folder, { maxBodyBytes: 200 }).pipe(Effect.provideService(PolicyEngine, engine))
+      const strict = yield* OpenAiServer.make(folder, { maxBodyBytes: 200 }).pipe(
+        Effect.provideService(PolicyEngine, engine)
+      )
       const tooBig = yield* post(`${strict.baseUrl}/completions`, JSON.stringify({ prompt: "x".repeat(1000) }))
       assert.strictEqual(tooBig.status, 413)
       assert.match(tooBig.json.error!.message, /exceeds 200 bytes/)
@@ -193,7 +253,9 @@ describe("OpenAiServer", () => {
       }))
       assert.instanceOf(error, OpenAI.APIError)
       assert.strictEqual(error.status, 400)
-      const ok = yield* Effect.promise(() => client.completions.create({ model: "tiny-test", prompt: [1, 2], max_tokens: 2 }))
+      const ok = yield* Effect.promise(() =>
+        client.completions.create({ model: "tiny-test", prompt: [1, 2], max_tokens: 2 })
+      )
       assert.strictEqual(ok.choices.length, 1)
     })))
 
@@ -205,7 +267,12 @@ describe("OpenAiServer", () => {
         const response = await fetch(`${server.baseUrl}/chat/completions`, {
           method: "POST",
           headers: { "content-type": "application/json" },
-          body: JSON.stringify({ messages: [{ role: "user", content: "go" }], max_tokens: 400, stream: true, ignore_eos: true }),
+          body: JSON.stringify({
+            messages: [{ role: "user", content: "go" }],
+            max_tokens: 400,
+            stream: true,
+            ignore_eos: true
+          }),
           signal: controller.signal
         })
         const reader = response.body!.getReader()
@@ -229,7 +296,10 @@ describe("OpenAiServer", () => {
   it.live("the project's OpenAiCompatSampler (token and chat mode) works against the server", () =>
     live(Effect.gen(function*() {
       const { engine, server } = yield* setup
-      const request: GenerateRequest = { promptTokenIds: [5, 6, 7, 8, 9], sampling: { temperature: 0.8, maxTokens: 10, seed: 42 } }
+      const request: GenerateRequest = {
+        promptTokenIds: [5, 6, 7, 8, 9],
+        sampling: { temperature: 0.8, maxTokens: 10, seed: 42 }
+      }
       const sampler = yield* OpenAiCompatSampler.make({ baseUrl: server.baseUrl, model: "tiny-test" })
       const viaHttp = yield* sampler.generate(request)
       const direct = yield* engine.generate({ ...request, sampling: { ...request.sampling, stopTokenIds: [] } })
@@ -238,7 +308,10 @@ describe("OpenAiServer", () => {
       assert.deepStrictEqual(viaHttp.tokenIds, direct.tokenIds.slice(0, viaHttp.tokenIds.length))
       assert.deepStrictEqual(viaHttp.logprobs, direct.logprobs.slice(0, viaHttp.logprobs.length))
       const chat = yield* OpenAiCompatSampler.makeChat({ baseUrl: server.baseUrl, model: "tiny-test" })
-      const reply = yield* chat.complete({ messages: [{ role: "user", content: "hello" }], sampling: { temperature: 0, maxTokens: 8 } })
+      const reply = yield* chat.complete({
+        messages: [{ role: "user", content: "hello" }],
+        sampling: { temperature: 0, maxTokens: 8 }
+      })
       assert.isString(reply.content)
     }).pipe(Effect.provide(NodeHttpClient.layerNodeHttp))))
 })

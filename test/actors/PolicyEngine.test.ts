@@ -11,9 +11,18 @@ const c = tinyConfig()
 const w0 = randomWeights(c, 1)
 const w1 = randomWeights(c, 2)
 
-const prompts = [[1, 2, 3], [7, 8, 9, 10, 11, 12, 13, 14], [5], [40, 41, 42, 43, 44], [20, 3, 20, 3, 20, 3, 20, 3, 20, 3, 20]]
+const prompts = [
+  [1, 2, 3],
+  [7, 8, 9, 10, 11, 12, 13, 14],
+  [5],
+  [40, 41, 42, 43, 44],
+  [20, 3, 20, 3, 20, 3, 20, 3, 20, 3, 20]
+]
 
-const request = (promptTokenIds: ReadonlyArray<number>, sampling: Partial<GenerateRequest["sampling"]> = {}): GenerateRequest => ({
+const request = (
+  promptTokenIds: ReadonlyArray<number>,
+  sampling: Partial<GenerateRequest["sampling"]> = {}
+): GenerateRequest => ({
   promptTokenIds,
   sampling: { temperature: 0.9, maxTokens: 24, ...sampling }
 })
@@ -170,7 +179,9 @@ describe("PolicyEngine", () => {
       const engine = yield* make({ config: tinyConfig({ maxPositionEmbeddings: 12 }), weights: w0 })
       const free = yield* engine.generate(request([1, 2, 3], { temperature: 0, maxTokens: 6 }))
       const stopAt = free.tokenIds[3]!
-      const stopped = yield* engine.generate(request([1, 2, 3], { temperature: 0, maxTokens: 6, stopTokenIds: [stopAt] }))
+      const stopped = yield* engine.generate(
+        request([1, 2, 3], { temperature: 0, maxTokens: 6, stopTokenIds: [stopAt] })
+      )
       assert.deepStrictEqual(stopped.tokenIds, free.tokenIds.slice(0, free.tokenIds.indexOf(stopAt) + 1))
       assert.strictEqual(stopped.finishReason, "stop")
       const one = yield* engine.generate(request([1, 2, 3], { temperature: 0, maxTokens: 1 }))
@@ -200,7 +211,8 @@ describe("PolicyEngine", () => {
       missing.delete("model.norm.weight")
       const wrong = new Map(w1).set("model.norm.weight", new Float32Array(3))
       const extra = new Map(w1).set("lm_head.weight", new Float32Array(61 * 32))
-      for (const [weights, reason] of [[missing, "MissingWeight"], [wrong, "WeightShape"], [extra, "UnknownWeight"]] as const) {
+      const cases = [[missing, "MissingWeight"], [wrong, "WeightShape"], [extra, "UnknownWeight"]] as const
+      for (const [weights, reason] of cases) {
         const error = yield* Effect.flip(engine.updateWeights(1, weights))
         assert.instanceOf(error, PolicyEngineError)
         assert.strictEqual(error.reason, reason)

@@ -27,7 +27,8 @@ const makeFake = () => {
     reset: (c) => Effect.andThen(Effect.sync(() => log.push(`reset ${c.id}`)), Ref.set(c.value, 0)),
     health: (c) => (alive.has(c.id) ? Effect.void : Effect.fail(dead(c.id, "health")))
   }
-  const incr = (c: Counter) => (alive.has(c.id) ? Ref.updateAndGet(c.value, (n) => n + 1) : Effect.fail(dead(c.id, "incr")))
+  const incr = (c: Counter) =>
+    alive.has(c.id) ? Ref.updateAndGet(c.value, (n) => n + 1) : Effect.fail(dead(c.id, "incr"))
   return { log, alive, backend, incr, kill: (id: string) => alive.delete(id) }
 }
 
@@ -283,7 +284,8 @@ describe("ResourceManager", () => {
         fake.kill(first)
         const second = yield* Effect.scoped(Effect.flatMap(manager.acquire(resource, chain("b")), (l) => l.instanceId))
         assert.notStrictEqual(first, second)
-        assert.strictEqual(yield* Effect.scoped(Effect.flatMap(manager.acquire(resource, chain("c")), (l) => l.use(fake.incr))), 1)
+        const n = yield* Effect.scoped(Effect.flatMap(manager.acquire(resource, chain("c")), (l) => l.use(fake.incr)))
+        assert.strictEqual(n, 1)
       })))
 
     it.effect("a start that fails gives LeaseError(StartFailed) and frees the slot", () =>

@@ -19,8 +19,14 @@ describe("kvCache.rebatch", () => {
       (H, D, shapes, seed) => {
         let x = seed
         const parts = shapes.map(({ batch, length }) => {
-          const data = Float32Array.from({ length: batch * H * length * D }, () => (x = (x * 1103515245 + 12345) | 0) % 1000)
-          const rows = Array.from({ length: batch }, (_, i) => ({ index: i, filled: Math.max(0, length - ((i * 7 + seed) & 3)) }))
+          const data = Float32Array.from(
+            { length: batch * H * length * D },
+            () => (x = (x * 1103515245 + 12345) | 0) % 1000
+          )
+          const rows = Array.from({ length: batch }, (_, i) => ({
+            index: i,
+            filled: Math.max(0, length - ((i * 7 + seed) & 3))
+          }))
             .filter((_, i) => (i + seed) % 3 !== 0)
           return { data, length, rows }
         })
@@ -33,7 +39,8 @@ describe("kvCache.rebatch", () => {
               for (let t = 0; t < length; t++) {
                 for (let d = 0; d < D; d++) {
                   const pad = length - row.filled
-                  const expected = t < pad ? 0 : at(part.data, H, part.length, D, row.index, h, part.length - row.filled + (t - pad), d)
+                  const source = part.length - row.filled + (t - pad)
+                  const expected = t < pad ? 0 : at(part.data, H, part.length, D, row.index, h, source, d)
                   assert.strictEqual(at(out, H, length, D, r, h, t, d), expected)
                 }
               }

@@ -185,7 +185,10 @@ layer(Env, { timeout: 120_000, excludeTestServices: true })("PythonSandbox on Do
           return [yield* lease.instanceId, result.stdout] as const
         }))
       const [first] = yield* run("a", "secret = 7\nopen('/work/notes.txt', 'w').write('x')")
-      const [second, out] = yield* run("b", "import os\nprint('secret' in globals(), os.path.exists('/work/notes.txt'))")
+      const [second, out] = yield* run(
+        "b",
+        "import os\nprint('secret' in globals(), os.path.exists('/work/notes.txt'))"
+      )
       assert.strictEqual(second, first, "the same container was reused")
       assert.strictEqual(out, "False False\n")
     }))

@@ -1,0 +1,173 @@
+/**
+ * Global leases on a real redis-server (spawned per file on a free port): caps across connections, heartbeat,
+ * fencing tokens, a SIGKILLed holder process whose slots are reclaimed after the TTL, connection loss, and the
+ * resource manager capped across two managers. Real time throughout: TTLs and heartbeats are the subject.
+ */
+import { assert, describe, it } from "@effect/vitest"
+import { Effect, Exit, Ref, Scope } from "effect"
+import { spawn } from "node:child_process"
+import { fileURLToPath } from "node:url"
+import * as ResourceManager from "../../../actors/ResourceManager.ts"
+import * as Redis from "../../../actors/resources/Redis.ts"
+import * as Resource from "../../../src/Resource.ts"
+import { redisServer } from "../../utils/redisServer.ts"
+
+const holderScript = fileURLToPath(new URL("./fixtures/redisHolder.ts", import.meta.url))
+
+/** Two independent "processes": two connections with their own coordinator. */
+const twoCoordinators = (url: string, options: Redis.Options) =>
+  Effect.gen(function*() {
+    const a = Redis.make(yield* Redis.connect(url), { ...options, holder: "a" })
+    const b = Redis.make(yield* Redis.connect(url), { ...options, holder: "b" })
+    return [a, b] as const
+  })
+
+const noop = () => Effect.void
+
+describe("Redis leases", () => {
+  it.live("a cap is shared across connections; a waiter times out, then gets a released slot with a new token", () =>
+    Effect.gen(function*() {
+      const server = yield* redisServer
+      const [a, b] = yield* twoCoordinators(server.url, { ttlMillis: 5_000 })
+      const scopeA = yield* Scope.make()
+      const first = yield* a.acquire({ resource: "py", cap: 2, waitMillis: 100, onLost: noop }).pipe(
+        Scope.provide(scopeA)
+      )
+      yield* a.acquire({ resource: "py", cap: 2, waitMillis: 100, onLost: noop })
+      const timedOut = yield* Effect.flip(
+        Effect.scoped(b.acquire({ resource: "py", cap: 2, waitMillis: 300, onLost: noop }))
+      )
+      assert.strictEqual(timedOut.reason._tag, "LeaseTimeout")
+      yield* Scope.close(scopeA, Exit.void)
+      const next = yield* b.acquire({ resource: "py", cap: 2, waitMillis: 1_000, onLost: noop })
+      assert.strictEqual(next.slot, first.slot)
+      assert.isAbove(next.token, first.token, "fencing tokens grow with each grant of a slot")
+    }))
+
+  it.live("the heartbeat keeps a lease past its TTL; a stale holder is fenced off once the lease is reassigned", () =>
+    Effect.gen(function*() {
+      const server = yield* redisServer
+      const [a, b] = yield* twoCoordinators(server.url, { ttlMillis: 400, heartbeatMillis: 100, pollMillis: 20 })
+      const lostA = yield* Ref.make(0)
+      const leaseA = yield* a.acquire({
+        resource: "env",
+        cap: 1,
+        waitMillis: 100,
+        onLost: () => Ref.update(lostA, (n) => n + 1)
+      })
+      // Three TTLs later the heartbeat still holds it.
+      const blocked = yield* Effect.flip(
+        Effect.scoped(b.acquire({ resource: "env", cap: 1, waitMillis: 1_200, onLost: noop }))
+      )
+      assert.strictEqual(blocked.reason._tag, "LeaseTimeout")
+      yield* a.fencedSet(leaseA, "env:state", "written by a")
+
+      // Simulate a paused holder: its lease key vanishes (as after a TTL with no heartbeat) and b takes the slot.
+      const redis = yield* Redis.connect(server.url)
+      yield* Effect.promise(() => redis.del(a.leaseKey("env", leaseA.slot)))
+      const leaseB = yield* b.acquire({ resource: "env", cap: 1, waitMillis: 1_000, onLost: noop })
+      assert.isAbove(leaseB.token, leaseA.token)
+
+      const stale = yield* Effect.flip(a.fencedSet(leaseA, "env:state", "written by stale a"))
+      assert.strictEqual(stale.reason._tag, "LeaseLost")
+      assert.strictEqual((yield* Effect.flip(leaseA.check)).reason._tag, "LeaseLost")
+      yield* b.fencedSet(leaseB, "env:state", "written by b")
+      assert.strictEqual(yield* a.get("env:state"), "written by b")
+      yield* Effect.sleep("300 millis")
+      assert.strictEqual(yield* Ref.get(lostA), 1, "a's heartbeat found the lease taken and reported it")
+    }))
+
+  it.live("SIGKILL of a lease holder: another process acquires after the TTL; the dead holder's tokens are stale", () =>
+    Effect.gen(function*() {
+      const server = yield* redisServer
+      const ttl = 1_500
+      // `node --import tsx`, not the tsx CLI: the CLI runs the script in a child, which SIGKILL would not reach.
+      const child = spawn(process.execPath, ["--import", "tsx", holderScript, server.url, "gpu", "2", String(ttl)], {
+        stdio: ["ignore", "pipe", "pipe"]
+      })
+      yield* Effect.addFinalizer(() => Effect.sync(() => child.kill("SIGKILL")))
+      const line = yield* Effect.callback<string, Error>((resume) => {
+        let out = ""
+        child.stdout.on("data", (d: Buffer) => {
+          out += d.toString()
+          if (out.includes("\n")) resume(Effect.succeed(out.split("\n")[0]!))
+        })
+        child.on("exit", (code) => resume(Effect.fail(new Error(`holder exited ${code}`))))
+      }).pipe(Effect.timeout("60 seconds"))
+      const held = JSON.parse(line) as Array<{ slot: number; token: number }>
+      assert.strictEqual(held.length, 2)
+
+      const [b] = yield* twoCoordinators(server.url, { ttlMillis: ttl, pollMillis: 50 })
+      // While the holder lives (heartbeat), its slots stay taken for well over a TTL.
+      yield* Effect.sleep(ttl + 500)
+      const blocked = yield* Effect.flip(
+        Effect.scoped(b.acquire({ resource: "gpu", cap: 2, waitMillis: 200, onLost: noop }))
+      )
+      assert.strictEqual(blocked.reason._tag, "LeaseTimeout")
+
+      child.kill("SIGKILL")
+      const killedAt = Date.now()
+      const leases = yield* Effect.forEach(
+        [0, 1],
+        () => b.acquire({ resource: "gpu", cap: 2, waitMillis: ttl * 3, onLost: noop })
+      )
+      const waited = Date.now() - killedAt
+      assert.isAtMost(waited, ttl * 2 + 1_000, "reclaimed after about one TTL")
+      assert.deepStrictEqual(leases.map((l) => l.slot).sort(), [0, 1])
+      for (const lease of leases) {
+        const old = held.find((h) => h.slot === lease.slot)!
+        assert.isAbove(lease.token, old.token)
+        const stale: Resource.GlobalLease = { ...lease, token: old.token }
+        const refused = yield* Effect.flip(b.fencedSet(stale, "gpu:owner", "dead holder"))
+        assert.strictEqual(refused.reason._tag, "LeaseLost")
+      }
+    }), { timeout: 90_000 })
+
+  it.live("a lost connection gives a typed, retryable CoordinatorUnavailable", () =>
+    Effect.gen(function*() {
+      const server = yield* redisServer
+      const coordinator = Redis.make(yield* Redis.connect(server.url), { ttlMillis: 1_000 })
+      yield* server.kill
+      yield* Effect.sleep("100 millis")
+      const error = yield* Effect.flip(
+        Effect.scoped(coordinator.acquire({ resource: "x", cap: 1, waitMillis: 500, onLost: noop }))
+      )
+      assert.strictEqual(error.reason._tag, "CoordinatorUnavailable")
+      assert.isTrue(error.isRetryable)
+      const refused = yield* Effect.flip(Redis.connect(server.url))
+      assert.strictEqual(refused.reason._tag, "CoordinatorUnavailable")
+    }))
+
+  it.live("two resource managers share a global cap through Redis; the lease exposes its fencing token", () =>
+    Effect.gen(function*() {
+      const server = yield* redisServer
+      const [a, b] = yield* twoCoordinators(server.url, { ttlMillis: 5_000, pollMillis: 20 })
+      const managerA = yield* ResourceManager.make({ coordinator: a })
+      const managerB = yield* ResourceManager.make({ coordinator: b })
+      const backend: Resource.Backend<string> = {
+        start: (_spec, id) => Effect.succeed(id),
+        reset: () => Effect.void,
+        health: () => Effect.void
+      }
+      const resource = Resource.resource(
+        Resource.makeUnsafe({
+          name: "licensed",
+          kind: "in-process",
+          pool: { max: 4, globalMax: 1 },
+          timeouts: { acquireMillis: 300 }
+        }),
+        backend
+      )
+      const scope = yield* Scope.make()
+      const lease = yield* managerA.acquire(resource, { chainId: "a", groupId: "g" }).pipe(Scope.provide(scope))
+      assert.isNumber(yield* lease.fencingToken)
+      const refused = yield* Effect.flip(Effect.scoped(managerB.acquire(resource, { chainId: "b", groupId: "g" })))
+      assert.strictEqual(refused.reason._tag, "LeaseTimeout")
+      yield* Scope.close(scope, Exit.void)
+      const other = yield* Effect.scoped(Effect.flatMap(
+        managerB.acquire(resource, { chainId: "b", groupId: "g" }),
+        (l) => l.fencingToken
+      ))
+      assert.isAbove(other!, (yield* lease.fencingToken)!)
+    }))
+})
