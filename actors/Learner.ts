@@ -79,7 +79,7 @@ export interface StepReport {
  * @since 0.1.0
  */
 export class LearnerError extends Schema.TaggedError<LearnerError>()("LearnerError", {
-  reason: Schema.Literals(["Advantage", "Packing", "Trainer", "Publish", "Config", "MissingLogprobs"]),
+  reason: Schema.Literals(["Advantage", "Packing", "Trainer", "Publish", "Config", "MissingLogprobs", "Stopped"]),
   message: Schema.String
 }) {}
 
@@ -245,8 +245,11 @@ export const update = Effect.fn("Learner.update")(function*(
  * @since 0.1.0
  */
 export interface Learner {
-  /** Enqueues a group; suspends while the queue is full (back-pressure). */
-  readonly offer: (group: Trajectory.Group) => Effect.Effect<void>
+  /**
+   * Enqueues a group; suspends while the queue is full (back-pressure). Fails with reason `Stopped` once the loop
+   * has stopped on an error (see `join`), including offers that were waiting.
+   */
+  readonly offer: (group: Trajectory.Group) => Effect.Effect<void, LearnerError>
   /** The latest published policy version. */
   readonly policyVersion: Effect.Effect<number>
   /** Reports of every step so far, oldest first. */
@@ -291,10 +294,18 @@ export const make = Effect.fn("Learner.make")(function*(
       yield* Ref.update(reports, (rs) => [...rs, r])
       yield* report(r)
     }
-  }).pipe(Effect.provideService(PolicyTrainer.PolicyTrainer, trainer))
+  }).pipe(
+    Effect.provideService(PolicyTrainer.PolicyTrainer, trainer),
+    // A stopped learner must not leave producers suspended on a queue nobody drains.
+    Effect.onError(() => Queue.shutdown(queue))
+  )
   const fiber = yield* Effect.forkScoped(loop)
+  const stopped = new LearnerError({ reason: "Stopped", message: "the learner has stopped; see its join" })
   return {
-    offer: (group: Trajectory.Group) => Queue.offer(queue, group).pipe(Effect.asVoid),
+    offer: (group: Trajectory.Group) =>
+      Queue.offer(queue, group).pipe(
+        Effect.flatMap((accepted) => (accepted ? Effect.void : Effect.fail(stopped)))
+      ),
     policyVersion: Ref.get(version),
     reports: Ref.get(reports),
     join: Fiber.join(fiber).pipe(Effect.asVoid)
