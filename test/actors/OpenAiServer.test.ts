@@ -183,7 +183,11 @@ describe("OpenAiServer", () => {
         {
           role: "assistant" as const,
           content: null,
-          tool_calls: [{ id: "c0", type: "function" as const, function: { name: "add", arguments: "{\"a\":1,\"b\":1}" } }]
+          tool_calls: [{
+            id: "c0",
+            type: "function" as const,
+            function: { name: "add", arguments: "{\"a\":1,\"b\":1}" }
+          }]
         },
         { role: "tool" as const, tool_call_id: "c0", content: "2" },
         { role: "user" as const, content: "Now 2+3." }

@@ -30,10 +30,11 @@ describe("ModelFolder", () => {
       assert.deepStrictEqual(folder.config, config)
       assert.strictEqual(folder.name, "tiny")
       assert.isAtLeast(config.vocabSize, folder.tokenizer.vocabSize)
-      assert.deepStrictEqual(folder.weights.get("model.norm.weight"), Qwen2.initWeights(config, 5).get("model.norm.weight"))
+      const expected = Qwen2.initWeights(config, 5)
+      assert.deepStrictEqual(folder.weights.get("model.norm.weight"), expected.get("model.norm.weight"))
       assert.deepStrictEqual(
         folder.weights.get("model.layers.1.mlp.up_proj.weight"),
-        Qwen2.initWeights(config, 5).get("model.layers.1.mlp.up_proj.weight")
+        expected.get("model.layers.1.mlp.up_proj.weight")
       )
       const imEnd = folder.tokenizer.tokenToId("<|im_end|>")!
       assert.include(folder.stopTokenIds, imEnd)
@@ -70,14 +71,16 @@ describe("ModelFolder", () => {
       assert.match(mismatch.message, /\[256, 128\], the model needs \[512, 128\]/)
 
       const config = yield* fs.readFileString(`${dir}/config.json`)
-      yield* fs.writeFileString(`${dir}/config.json`, config.replace(`"num_attention_heads": 4`, `"num_attention_heads": 3`))
+      const threeHeads = config.replace(`"num_attention_heads": 4`, `"num_attention_heads": 3`)
+      yield* fs.writeFileString(`${dir}/config.json`, threeHeads)
       const bad = yield* failure
       assert.strictEqual(bad.reason, "InvalidConfig")
       assert.match(bad.message, /hidden_size 128 is not a multiple of num_attention_heads 3/)
       yield* fs.writeFileString(`${dir}/config.json`, "{ nope")
       assert.strictEqual((yield* failure).reason, "InvalidConfig")
       yield* fs.writeFileString(`${dir}/config.json`, config.replace(`"vocab_size": 288`, `"vocab_size": 100`))
-      yield* ModelFolder.writeModel(dir, { ...ModelConfig.presets.tiny, vocabSize: 100 }, Qwen2.initWeights({ ...ModelConfig.presets.tiny, vocabSize: 100 }, 1))
+      const small100 = { ...ModelConfig.presets.tiny, vocabSize: 100 }
+      yield* ModelFolder.writeModel(dir, small100, Qwen2.initWeights(small100, 1))
       const small = yield* failure
       assert.strictEqual(small.reason, "InvalidTokenizer")
       assert.match(small.message, /265 ids but config.json's vocab_size is 100/)

@@ -92,7 +92,8 @@ describe("Safetensors", () => {
         "Corrupt",
         /overlap/
       )
-      yield* expectError(handMade({ x: { dtype: "Q4", shape: [1], data_offsets: [0, 1] } }, new Uint8Array(1)), "Corrupt", /malformed/)
+      const q4 = handMade({ x: { dtype: "Q4", shape: [1], data_offsets: [0, 1] } }, new Uint8Array(1))
+      yield* expectError(q4, "Corrupt", /malformed/)
     }))
 
   it.effect("files that do not match the model: missing, misshapen, integer or unexpected tensors", () =>
@@ -107,7 +108,9 @@ describe("Safetensors", () => {
       assert.match(shape.message, /has shape \[2, 3\], the model needs \[3, 2\]/)
       const extra = yield* check([tensors[0]!])
       assert.deepStrictEqual([extra.reason, extra.tensor], ["UnexpectedTensor", "b"])
-      const ints = yield* Safetensors.parse(handMade({ i: { dtype: "I64", shape: [1], data_offsets: [0, 8] } }, new Uint8Array(8)))
+      const ints = yield* Safetensors.parse(
+        handMade({ i: { dtype: "I64", shape: [1], data_offsets: [0, 8] } }, new Uint8Array(8))
+      )
       const dtype = yield* Effect.flip(Safetensors.readFloat32(ints, "f", [{ name: "i", shape: [1] }]))
       assert.strictEqual(dtype.reason, "DTypeMismatch")
     }))

@@ -65,7 +65,9 @@ export const referenceLogits = (
           return dot / Math.sqrt(hd)
         })
         const max = Math.max(...scores), e = scores.map((s) => Math.exp(s - max)), z = e.reduce((a, b) => a + b)
-        for (let s = 0; s <= t; s++) for (let j = 0; j < hd; j++) o[head * hd + j]! += (e[s]! / z) * vs[s]![kv * hd + j]!
+        for (let s = 0; s <= t; s++) {
+          for (let j = 0; j < hd; j++) o[head * hd + j]! += (e[s]! / z) * vs[s]![kv * hd + j]!
+        }
       }
       const attn = matVec(W(`${p}.self_attn.o_proj.weight`), D, H * hd, o)
       const y = x.map((v, i) => v + attn[i]!)
