@@ -119,11 +119,22 @@ describe("Autodiff on the Qwen2 model", () => {
     return feeds
   }
 
-  for (const tied of [true, false]) {
-    it.effect(`whole-model gradients (tied embeddings: ${tied}) match central differences in float64`, () =>
+  // The PPO loss here sees old logprobs far from the model's (most ratios clipped), so its gradient flows mostly
+  // through the KL and entropy terms; the NLL variants exercise the full path from every token's logprob.
+  const variants: ReadonlyArray<[string, Partial<typeof c>, Loss.Config]> = [
+    ["GQA, tied embeddings, q/k/v biases, PPO + KL + entropy", { tieWordEmbeddings: true }, {
+      ...Loss.ppo,
+      klCoef: 0.1,
+      entropyCoef: 0.01
+    }],
+    ["GQA, tied embeddings, NLL", { tieWordEmbeddings: true }, Loss.sft],
+    ["GQA, untied head, NLL", { tieWordEmbeddings: false }, Loss.sft],
+    ["multi-head (no grouping), no biases, NLL", { numKeyValueHeads: 2, attentionBias: false }, Loss.sft]
+  ]
+  for (const [variant, overrides, config] of variants) {
+    it.effect(`whole-model gradients (${variant}) match central differences in float64`, () =>
       Effect.gen(function*() {
-        const cfg = { ...c, tieWordEmbeddings: tied }
-        const config: Loss.Config = { ...Loss.ppo, klCoef: 0.1, entropyCoef: 0.01 }
+        const cfg = { ...c, ...overrides }
         const forward = Qwen2.trainingGraph(cfg)
         const tg = yield* Autodiff.trainingGraph(forward, { batch: B, length: T, loss: config, dtype: "float64" })
         assert.strictEqual(tg.gradients.size, Qwen2.parameters(cfg).length)
