@@ -131,6 +131,38 @@ const advantageInput = (rows: ReadonlyArray<Row>): Advantage.Input => {
   }
 }
 
+/** Forward and backward over every micro-batch, adding the results into `sums`. */
+const accumulate = Effect.fnUntraced(function*(
+  microBatches: ReadonlyArray<Packing.MicroBatch>,
+  options: Options,
+  sums: Record<"loss" | "tokens" | "clipped" | "clippedLower" | "approxKl" | "entropy" | "kl" | "rowTokens", number>,
+  trainerError: (e: PolicyTrainer.PolicyTrainerError) => LearnerError
+) {
+  const trainer = yield* PolicyTrainer.PolicyTrainer
+  for (const mb of microBatches) {
+    let batch = mb
+    if (options.loss.klCoef !== 0) {
+      if (options.reference === undefined) {
+        const message = "loss.klCoef is set but no reference policy is given"
+        return yield* new LearnerError({ reason: "Config", message })
+      }
+      batch = { ...mb, refLogprobs: yield* options.reference(mb).pipe(Effect.mapError(trainerError)) }
+    }
+    if (options.recomputeOldLogprobs === true) {
+      batch = { ...batch, oldLogprobs: yield* trainer.logprobs(batch).pipe(Effect.mapError(trainerError)) }
+    }
+    const r = yield* trainer.forwardBackward(batch).pipe(Effect.mapError(trainerError))
+    sums.loss += r.loss
+    sums.tokens += r.tokens
+    sums.clipped += r.clipped
+    sums.clippedLower += r.clippedLower
+    sums.approxKl += r.approxKl
+    sums.entropy += r.entropy
+    sums.kl += r.kl
+    sums.rowTokens += mb.attentionMask.reduce((a, v) => a + v, 0)
+  }
+})
+
 /**
  * One learner step over `groups` with the `PolicyTrainer` in context: advantages → packing → forward/backward per
  * micro-batch → optimiser step. Returns the step's figures (without publishing).
@@ -187,28 +219,7 @@ export const update = Effect.fn("Learner.update")(function*(
   const sums = { loss: 0, tokens: 0, clipped: 0, clippedLower: 0, approxKl: 0, entropy: 0, kl: 0, rowTokens: 0 }
   const trainerError = (e: PolicyTrainer.PolicyTrainerError) =>
     new LearnerError({ reason: "Trainer", message: e.message })
-  for (const mb of packed.microBatches) {
-    let batch = mb
-    if (options.loss.klCoef !== 0) {
-      if (options.reference === undefined) {
-        const message = "loss.klCoef is set but no reference policy is given"
-        return yield* new LearnerError({ reason: "Config", message })
-      }
-      batch = { ...mb, refLogprobs: yield* options.reference(mb).pipe(Effect.mapError(trainerError)) }
-    }
-    if (options.recomputeOldLogprobs === true) {
-      batch = { ...batch, oldLogprobs: yield* trainer.logprobs(batch).pipe(Effect.mapError(trainerError)) }
-    }
-    const r = yield* trainer.forwardBackward(batch).pipe(Effect.mapError(trainerError))
-    sums.loss += r.loss
-    sums.tokens += r.tokens
-    sums.clipped += r.clipped
-    sums.clippedLower += r.clippedLower
-    sums.approxKl += r.approxKl
-    sums.entropy += r.entropy
-    sums.kl += r.kl
-    sums.rowTokens += mb.attentionMask.reduce((a, v) => a + v, 0)
-  }
+  yield* accumulate(packed.microBatches, options, sums, trainerError).pipe(Effect.onError(() => trainer.discard))
   const optim = yield* Effect.result(trainer.optimStep)
   if (optim._tag === "Failure") {
     if (optim.failure.reason === "NonFiniteGradient") return { outcome: "non_finite" as const, figures: base }

@@ -115,6 +115,8 @@ export class PolicyTrainer extends Context.Service<PolicyTrainer, {
   readonly logprobs: (batch: Packing.MicroBatch) => Effect.Effect<Float32Array, PolicyTrainerError>
   /** Clip, AdamW-update, clear the accumulators. */
   readonly optimStep: Effect.Effect<OptimResult, PolicyTrainerError>
+  /** Clears the accumulated gradients without an update (a step abandoned half-way must not leak into the next). */
+  readonly discard: Effect.Effect<void>
   /** A snapshot copy of the current weights. */
   readonly weights: Effect.Effect<Weights>
   /** Optimiser steps applied so far. */
@@ -164,6 +166,7 @@ export const layerRecording = (
         })),
       logprobs: (batch) => Effect.succeed(new Float32Array(batch.batch * batch.length)),
       optimStep: Ref.modify(ref, (r) => [{ step: r.steps + 1, gradNorm: 0, lr: 0 }, { ...r, steps: r.steps + 1 }]),
+      discard: Effect.void,
       weights: Effect.sync(() => new Map([...weights].map(([k, v]) => [k, Float32Array.from(v)]))),
       step: Effect.map(Ref.get(ref), (r) => r.steps),
       save: () => Effect.void,

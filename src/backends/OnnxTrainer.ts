@@ -291,6 +291,7 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
     forwardBackward,
     logprobs: (batch) => Effect.map(logprobs(batch), (r) => r.tokenLogprobs),
     optimStep,
+    discard: lock.withPermits(1)(Effect.sync(clear)),
     weights: Effect.sync(snapshot),
     step: Effect.sync(() => state.step),
     save,

@@ -425,3 +425,51 @@ describe("Learner with recomputed old logprobs and truncated importance weights"
       assert.strictEqual(recomputed.outcome, "applied")
     }).pipe(Effect.provide(NodeServices.layer)), 60_000)
 })
+
+describe("Learner step failures", () => {
+  it.effect("a step abandoned after some micro-batches leaves no gradient behind", () =>
+    Effect.gen(function*() {
+      const config = tinyConfig({
+        vocabSize: 16,
+        hiddenSize: 16,
+        numAttentionHeads: 2,
+        numKeyValueHeads: 1,
+        intermediateSize: 32,
+        numHiddenLayers: 1
+      })
+      const make = OnnxTrainer.make({
+        model: OnnxTrainer.qwen2(config),
+        weights: Qwen2.initWeights(config, 3),
+        loss: Loss.grpo,
+        optimizer: Optimizer.defaultConfig,
+        schedule: LrSchedule.constant(1e-2)
+      })
+      const good: Trajectory.Group = {
+        groupId: "g",
+        rowIndex: 0,
+        trajectories: [trajectory("a", "g", [3, 9], 7, -2.7, 1), trajectory("b", "g", [3, 9], 4, -2.7, 0)]
+      }
+      // the longer (first-packed) trajectories are fine; the last micro-batch has a token outside the vocabulary
+      const bad: Trajectory.Group = {
+        groupId: "h",
+        rowIndex: 1,
+        trajectories: [
+          trajectory("c", "h", [3, 9, 1, 2, 3, 4], 7, -2.7, 1),
+          trajectory("d", "h", [3, 9, 1, 2, 3, 4], 5, -2.7, 0),
+          trajectory("e", "h", [99], 5, -2.7, 0)
+        ]
+      }
+      const small = { ...options, groupsPerStep: 1, tokenBudget: 8, lengthMultiple: 8 }
+      const dirty = yield* make
+      const failure = yield* Effect.flip(
+        Learner.update([bad], small).pipe(Effect.provideService(PolicyTrainer.PolicyTrainer, dirty.trainer))
+      )
+      assert.strictEqual(failure.reason, "Trainer")
+      yield* Learner.update([good], small).pipe(Effect.provideService(PolicyTrainer.PolicyTrainer, dirty.trainer))
+      const clean = yield* make
+      yield* Learner.update([good], small).pipe(Effect.provideService(PolicyTrainer.PolicyTrainer, clean.trainer))
+      const a = yield* dirty.trainer.weights
+      const b = yield* clean.trainer.weights
+      for (const [name, w] of a) assert.deepStrictEqual(Array.from(w), Array.from(b.get(name)!), name)
+    }).pipe(Effect.provide(NodeServices.layer)), 60_000)
+})
