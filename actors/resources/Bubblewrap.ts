@@ -84,33 +84,36 @@ const makeCgroups = (env: string, id: string, limits: Resource.Limits) =>
     catch: (e) => startError(env, `cannot set cgroup limits (root and cgroup v1 are needed): ${String(e)}`)
   })
 
-/** Kills what is left in the cgroups and removes them. */
-const removeCgroups = (procs: ReadonlyArray<string>) =>
-  Effect.sync(() => {
-    for (const file of procs) {
-      for (let attempt = 0; attempt < 20; attempt++) {
-        let pids: Array<number> = []
-        try {
-          pids = readFileSync(file, "utf8").split("\n").filter((l) => l !== "").map(Number)
-        } catch {
-          break
-        }
-        for (const pid of pids) {
-          try {
-            process.kill(pid, "SIGKILL")
-          } catch {
-            // already gone
-          }
-        }
-        try {
-          rmdirSync(join(file, ".."))
-          break
-        } catch {
-          // still has members; try again after they die
-        }
-      }
+/** Kills what is left in a cgroup; true once the cgroup is removed. */
+const killAndRemove = (procs: string): boolean => {
+  let pids: Array<number> = []
+  try {
+    pids = readFileSync(procs, "utf8").split("\n").filter((l) => l !== "").map(Number)
+  } catch {
+    return true // already gone
+  }
+  for (const pid of pids) {
+    try {
+      process.kill(pid, "SIGKILL")
+    } catch {
+      // already gone
     }
-  })
+  }
+  try {
+    rmdirSync(join(procs, ".."))
+    return true
+  } catch {
+    return false // members still dying
+  }
+}
+
+/** Kills what is left in the cgroups and removes them, waiting (up to ~2 s) for killed members to go. */
+const removeCgroups = (procs: ReadonlyArray<string>) =>
+  Effect.forEach(procs, (file) =>
+    Effect.suspend(() => (killAndRemove(file) ? Effect.void : Effect.fail("busy" as const))).pipe(
+      Effect.retry({ schedule: Schedule.spaced("20 millis"), times: 100 }),
+      Effect.ignore
+    ), { discard: true })
 
 /** The bwrap argument list for a spec. */
 export const bwrapArgs = (
