@@ -61,7 +61,11 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
   config: TrainConfig.TrainConfig,
   options: { readonly maxBatchSize?: number; readonly intraOpThreads?: number } = {}
 ): Effect.fn.Return<
-  { readonly policy: Policy["Service"]; readonly sampler: Sampler["Service"]; readonly engine: PolicyEngine.PolicyEngine["Service"] },
+  {
+    readonly policy: Policy["Service"]
+    readonly sampler: Sampler["Service"]
+    readonly engine: PolicyEngine.PolicyEngine["Service"]
+  },
   TrainerError,
   FileSystem.FileSystem | Scope.Scope
 > {
@@ -140,7 +144,9 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
         messages: row.messages ?? Dataset.promptMessages(row, config.agent.systemPrompt)
       }).pipe(
         Effect.map((b) => b.segments.map((segment) => Packing.fromSegment(segment))),
-        Effect.mapError((e) => new TrainerError({ reason: "Learner", message: `demonstration line ${row.line}: ${e.message}` }))
+        Effect.mapError((e) =>
+          new TrainerError({ reason: "Learner", message: `demonstration line ${row.line}: ${e.message}` })
+        )
       )).pipe(Effect.map((xs) => xs.flat()))
 
   const policy = Policy.of({
@@ -212,7 +218,8 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
     Effect.gen(function*() {
       let result = yield* engine.generate(request)
       for (let attempt = 1; attempt <= 4 && result.tokenIds.some((id) => id >= vocab); attempt++) {
-        const seed = request.sampling.seed === undefined ? undefined : (request.sampling.seed + attempt * 0x3c6ef372) >>> 1
+        const base = request.sampling.seed
+        const seed = base === undefined ? undefined : (base + attempt * 0x3c6ef372) >>> 1
         result = yield* engine.generate({
           ...request,
           sampling: { ...request.sampling, ...(seed === undefined ? {} : { seed }) }
@@ -235,7 +242,8 @@ export const fingerprintOf = (weights: PolicyTrainer.Weights): string => {
   let h1 = 0x811c9dc5
   let h2 = 0x01000193
   for (const name of [...weights.keys()].sort()) {
-    const bytes = new Uint8Array(weights.get(name)!.buffer, weights.get(name)!.byteOffset, weights.get(name)!.byteLength)
+    const w = weights.get(name)!
+    const bytes = new Uint8Array(w.buffer, w.byteOffset, w.byteLength)
     for (let i = 0; i < bytes.length; i++) {
       h1 = Math.imul(h1 ^ bytes[i]!, 0x01000193)
       h2 = Math.imul(h2 ^ bytes[i]!, 0x5bd1e995)

@@ -398,7 +398,9 @@ export const run = Effect.fn("Trainer.run")(function*(
         seed: sampling.seed
       },
       format: options.format,
-      tools: options.tools === undefined || config.agent.renderTools ? options.tools : { ...options.tools, schemas: [] },
+      tools: options.tools === undefined || config.agent.renderTools
+        ? options.tools
+        : { ...options.tools, schemas: [] },
       reward: options.reward,
       runId: `s${firstSeq}`
     }).pipe(
@@ -454,7 +456,11 @@ export const run = Effect.fn("Trainer.run")(function*(
     yield* policy.publish(step)
     yield* Semaphore.release(permits, 1)
     const t2 = yield* Clock.currentTimeMillis
-    const rollout = rolloutFigures(batch.groups, { prefix: "rollout", correct: options.correct, policyVersion: step - 1 })
+    const rollout = rolloutFigures(batch.groups, {
+      prefix: "rollout",
+      correct: options.correct,
+      policyVersion: step - 1
+    })
     const figures: Record<string, number> = {
       ...rollout,
       ...learned,

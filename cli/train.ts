@@ -56,7 +56,8 @@ export const rewards = {
   toolCallFormat: ToolCallFormat.toolCallFormat
 } as const
 
-const usage = (message: string) => new TrainConfig.ConfigError({ source: "config", reason: "Invalid", issues: [message] })
+const usage = (message: string) =>
+  new TrainConfig.ConfigError({ source: "config", reason: "Invalid", issues: [message] })
 
 /** The tool actor as the rollout chain's tool port. */
 const toolPort = (actor: ToolActor.Service<any>): RolloutChain.Tools => ({
@@ -125,7 +126,10 @@ export const run = Effect.fn("cli.train")(function*(
       return yield* usage(`model.path ${config.model.path} has no model and model.preset is not a known preset`)
     }
     yield* say(`initialising ${config.model.path} from preset ${preset} (seed ${config.model.initSeed})`)
-    yield* ModelFolder.init(config.model.path, { preset: preset as ModelConfig.PresetName, seed: config.model.initSeed })
+    yield* ModelFolder.init(config.model.path, {
+      preset: preset as ModelConfig.PresetName,
+      seed: config.model.initSeed
+    })
   }
   const folder = yield* ModelFolder.load(config.model.path)
 
@@ -149,7 +153,8 @@ export const run = Effect.fn("cli.train")(function*(
     return yield* usage(`reward: unknown ${config.reward} (known: ${Object.keys(rewards).join(", ")})`)
   }
   const toolActor = yield* ToolActor.make(config.tools.map((name) => tools[name]!))
-  const rewardActor = yield* RewardActor.make(rewards[config.reward as keyof typeof rewards] as never, { onError: "zero" })
+  const reward = rewards[config.reward as keyof typeof rewards]
+  const rewardActor = yield* RewardActor.make(reward as never, { onError: "zero" })
   const template = config.agent.template === "model"
     ? folder.template
     : ChatTemplate.builtinTemplate(config.agent.template as ChatTemplate.BuiltinName)
@@ -183,7 +188,8 @@ export const run = Effect.fn("cli.train")(function*(
   if (first !== undefined && last !== undefined) {
     const f = (x: number | undefined) => (x === undefined ? "–" : x.toFixed(3))
     yield* say(
-      `held-out accuracy ${f(first.figures["eval/accuracy"])} (step ${first.step}) → ${f(last.figures["eval/accuracy"])}` +
+      `held-out accuracy ${f(first.figures["eval/accuracy"])} (step ${first.step}) → ` +
+        `${f(last.figures["eval/accuracy"])}` +
         ` (step ${last.step}); invalid tool-call rate ${f(first.figures["eval/invalid_tool_call_rate"])} → ` +
         `${f(last.figures["eval/invalid_tool_call_rate"])}`
     )
@@ -216,7 +222,9 @@ export const train = Command.make(
       output: Option.getOrUndefined(args.output),
       steps: Option.getOrUndefined(args.steps)
     })).pipe(
-      Effect.catch((e) => Console.error(e instanceof Error ? e.message : String(e)).pipe(Effect.andThen(Effect.fail(e))))
+      Effect.catch((e) =>
+        Console.error(e instanceof Error ? e.message : String(e)).pipe(Effect.andThen(Effect.fail(e)))
+      )
     )
   })
 ).pipe(Command.withDescription("Train an agent by RL (optional SFT warm-up), with checkpoints, resume and a report"))

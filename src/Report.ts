@@ -195,7 +195,14 @@ export const charts: ReadonlyArray<ChartSpec> = [
   },
   { title: "Turns per trajectory", series: [{ name: "mean turns", phase: "train", key: "rollout/turns_mean" }] },
   { title: "Tool calls per tool", series: [] },
-  { title: "KL to the reference policy", series: [{ name: "kl", phase: "train", key: "learner/kl" }] },
+  {
+    title: "KL",
+    series: [{ name: "to reference", phase: "train", key: "learner/kl" }, {
+      name: "approx. old → new",
+      phase: "train",
+      key: "learner/approx_kl"
+    }]
+  },
   { title: "Entropy", series: [{ name: "entropy", phase: "train", key: "learner/entropy" }] },
   { title: "Clip fraction", series: [{ name: "clip fraction", phase: "train", key: "learner/clip_frac" }] },
   {
