@@ -4,9 +4,9 @@
  *
  * Differentiable ops: Add, Sub, Mul, Div, Pow (base), Neg, Exp, Log, Sqrt, Reciprocal, Sigmoid, Tanh, Relu, Abs,
  * Erf, Identity, Cast (float → float), Sum, Max, Min, Clip, Where, MatMul (batched with broadcasting; matrix
- * products of the backward use Gemm with its transpose flags), Softmax, LogSoftmax, Transpose, Reshape, Flatten,
+ * products of the backward use Gemm with its transpose flags), Gemm (α, β, transA, transB, broadcast C), Softmax, LogSoftmax, Transpose, Reshape, Flatten,
  * Squeeze, Unsqueeze, Expand, Concat, Split, Slice (step 1), Gather (axis 0, the embedding), GatherElements,
- * ReduceSum, ReduceMean, ReduceMax. A forward graph using any other float op (e.g. Gemm, LayerNormalization) fails
+ * ReduceSum, ReduceMean, ReduceMax. A forward graph using any other float op (e.g. LayerNormalization) fails
  * with `AutodiffError` reason `NoBackwardRule`.
  * Ops that only touch integers, booleans or shapes (Shape, Range, Equal, Less, And, Cast to int, …) carry no
  * gradient; the autodiff never asks them for one.
@@ -166,6 +166,36 @@ const matMul: Rule = (e, node, [g], needs) => {
     }
   }
   return [ga, gb]
+}
+
+const attrOr = (node: Graph.Node, name: string, fallback: number): number => {
+  const a = node.attributes[name]
+  return a !== undefined && (a.kind === "int" || a.kind === "float") ? a.value : fallback
+}
+
+/** Y = α·op(A)·op(B) + β·C, with op = transpose when the flag is set. */
+const gemm: Rule = (e, node, [g], needs) => {
+  const [a, b, c] = node.inputs as [string, string, string | undefined]
+  const alpha = attrOr(node, "alpha", 1)
+  const beta = attrOr(node, "beta", 1)
+  const transA = attrOr(node, "transA", 0) === 1
+  const transB = attrOr(node, "transB", 0) === 1
+  const flags = (ta: boolean, tb: boolean) => ({
+    alpha: Graph.float(alpha),
+    transA: Graph.int(ta ? 1 : 0),
+    transB: Graph.int(tb ? 1 : 0)
+  })
+  // d op(A) = α·G·op(B)ᵀ and d op(B) = α·op(A)ᵀ·G, transposed back where the flag was set.
+  const ga = !needs[0] ? undefined : transA
+    ? e.op("Gemm", [b, g!], flags(transB, true))
+    : e.op("Gemm", [g!, b], flags(false, !transB))
+  const gb = !needs[1] ? undefined : transB
+    ? e.op("Gemm", [g!, a], flags(true, transA))
+    : e.op("Gemm", [a, g!], flags(!transA, false))
+  const gc = needs[2] && c !== undefined && c !== ""
+    ? e.reduceTo(beta === 1 ? g! : e.op("Mul", [g!, e.scalar(beta, e.dtype(g!))]), e.dims(c))
+    : undefined
+  return [ga, gb, gc]
 }
 
 const elementwise = (f: (e: Emitter, node: Graph.Node, g: string) => string): Rule => (e, node, [g]) => [
@@ -349,6 +379,7 @@ export const rules: Readonly<Record<string, Rule>> = {
   Clip: clip,
   Where: where,
   MatMul: matMul,
+  Gemm: gemm,
   Softmax: softmax,
   LogSoftmax: logSoftmax,
   Transpose: (e, node, [g]) => {

@@ -121,6 +121,21 @@ const cases: ReadonlyArray<Case> = [
     inputs: [{ name: "a", dims: [3, 4] }, { name: "b", dims: [4, 2] }],
     build: (g, [a, b]) => g.op("MatMul", [a!, b!])
   },
+  ...([[0, 0], [1, 0], [0, 1], [1, 1]] as const).map(([ta, tb]): Case => ({
+    name: `Gemm (transA ${ta}, transB ${tb}, α 0.7, β 1.3, broadcast C)`,
+    inputs: [
+      { name: "a", dims: ta ? [4, 3] : [3, 4] },
+      { name: "b", dims: tb ? [2, 4] : [4, 2] },
+      { name: "c", dims: [2] }
+    ],
+    build: (g, [a, b, c]) =>
+      g.op("Gemm", [a!, b!, c!], {
+        alpha: Graph.float(0.7),
+        beta: Graph.float(1.3),
+        transA: Graph.int(ta),
+        transB: Graph.int(tb)
+      })
+  })),
   {
     name: "MatMul N-D × 2-D",
     inputs: [{ name: "a", dims: [2, 3, 4] }, { name: "b", dims: [4, 2] }],
