@@ -4,10 +4,10 @@
  *
  * Differentiable ops: Add, Sub, Mul, Div, Pow (base), Neg, Exp, Log, Sqrt, Reciprocal, Sigmoid, Tanh, Relu, Abs,
  * Erf, Identity, Cast (float → float), Sum, Max, Min, Clip, Where, MatMul (batched with broadcasting; matrix
- * products of the backward use Gemm with its transpose flags), Gemm (α, β, transA, transB, broadcast C), Softmax, LogSoftmax, Transpose, Reshape, Flatten,
- * Squeeze, Unsqueeze, Expand, Concat, Split, Slice (step 1), Gather (axis 0, the embedding), GatherElements,
- * ReduceSum, ReduceMean, ReduceMax. A forward graph using any other float op (e.g. LayerNormalization) fails
- * with `AutodiffError` reason `NoBackwardRule`.
+ * products of the backward use Gemm with its transpose flags), Gemm (α, β, transA, transB, broadcast C), Softmax,
+ * LogSoftmax, Transpose, Reshape, Flatten, Squeeze, Unsqueeze, Expand, Concat, Split, Slice (step 1), Gather (axis
+ * 0, the embedding), GatherElements, ReduceSum, ReduceMean, ReduceMax. A forward graph using any other float op
+ * (e.g. LayerNormalization) fails with `AutodiffError` reason `NoBackwardRule`.
  * Ops that only touch integers, booleans or shapes (Shape, Range, Equal, Less, And, Cast to int, …) carry no
  * gradient; the autodiff never asks them for one.
  *
