@@ -119,6 +119,17 @@ export const run = Effect.fn("cli.train")(function*(
   const tty = options.tty ?? process.stderr.isTTY === true
   const say = (text: string) => Effect.sync(() => write(text + "\n"))
 
+  // Datasets first: a bad row stops the run before anything is written.
+  const onInvalid = config.data.onInvalidRow
+  const train = yield* Dataset.load(config.data.train, { onInvalid })
+  const evalSet = config.data.eval === undefined ? undefined : yield* Dataset.load(config.data.eval, { onInvalid })
+  const demos = config.warmup === undefined
+    ? undefined
+    : yield* Dataset.load(config.warmup.data, { onInvalid, kind: "conversation" })
+  for (const ds of [train, evalSet, demos]) {
+    for (const issue of ds?.skipped ?? []) yield* say(`skipped ${ds!.name}:${issue.line}: ${issue.message}`)
+  }
+
   // Model folder (initialised from the preset when missing).
   if (!(yield* fs.exists(`${config.model.path}/config.json`))) {
     const preset = config.model.preset
@@ -132,17 +143,6 @@ export const run = Effect.fn("cli.train")(function*(
     })
   }
   const folder = yield* ModelFolder.load(config.model.path)
-
-  // Datasets.
-  const onInvalid = config.data.onInvalidRow
-  const train = yield* Dataset.load(config.data.train, { onInvalid })
-  const evalSet = config.data.eval === undefined ? undefined : yield* Dataset.load(config.data.eval, { onInvalid })
-  const demos = config.warmup === undefined
-    ? undefined
-    : yield* Dataset.load(config.warmup.data, { onInvalid, kind: "conversation" })
-  for (const ds of [train, evalSet, demos]) {
-    for (const issue of ds?.skipped ?? []) yield* say(`skipped ${ds!.name}:${issue.line}: ${issue.message}`)
-  }
 
   // Agent: tools, reward, format.
   const unknownTools = config.tools.filter((name) => !(name in tools))
@@ -222,8 +222,11 @@ export const train = Command.make(
       output: Option.getOrUndefined(args.output),
       steps: Option.getOrUndefined(args.steps)
     })).pipe(
+      // Expected failures (a bad config, a bad dataset row, ...) end the program with their message and exit code 1.
       Effect.catch((e) =>
-        Console.error(e instanceof Error ? e.message : String(e)).pipe(Effect.andThen(Effect.fail(e)))
+        Console.error(e instanceof Error ? e.message : String(e)).pipe(
+          Effect.andThen(Effect.sync(() => void (process.exitCode = 1)))
+        )
       )
     )
   })

@@ -93,4 +93,28 @@ describe("agentfly train", () => {
       assert.isTrue(weights(a).equals(weights(b)), "bit-identical final checkpoints")
       assert.isTrue(existsSync(join(b, "report.html")))
     }).pipe(Effect.provide(NodeServices.layer)), 300_000)
+
+  it.live("a mistyped config key or an invalid dataset row stops the run at once, naming the key or the line", () =>
+    Effect.gen(function*() {
+      const dir = mkdtempSync(join(tmpdir(), "train-bad-"))
+      writeFileSync(join(dir, "rows.jsonl"), `{"question":"What is 1+1?","answer":"2"}\n{"answer":"3"}\n`)
+      const base = {
+        output: "run",
+        model: { path: "model", preset: "tiny" },
+        data: { train: "rows.jsonl" },
+        tools: ["calculator"],
+        reward: "mathEqual",
+        algorithm: { steps: 1 }
+      }
+      writeFileSync(join(dir, "typo.json"), JSON.stringify({ ...base, algorithm: { steps: 1, lrr: 0.1 } }))
+      const typo = yield* train([join(dir, "typo.json")])
+      assert.strictEqual(typo.code, 1)
+      assert.include(typo.output, `algorithm.lrr: unknown key (did you mean "lr"?)`)
+      assert.isFalse(existsSync(join(dir, "run")), "nothing written")
+      writeFileSync(join(dir, "rows.json"), JSON.stringify(base))
+      const row = yield* train([join(dir, "rows.json")])
+      assert.strictEqual(row.code, 1)
+      assert.include(row.output, `rows.jsonl:2: a row needs a \`question\` or \`messages\``)
+      assert.isFalse(existsSync(join(dir, "model")), "the model folder is not initialised for a run that cannot start")
+    }).pipe(Effect.provide(NodeServices.layer)), 60_000)
 })
