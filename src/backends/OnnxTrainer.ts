@@ -234,7 +234,8 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
       for (const [w, gradName] of c.graph.gradients) {
         const g = out[gradName]!.data as Float32Array
         const acc = accum.get(w)!
-        for (let i = 0; i < acc.length; i++) acc[i]! += g[i]!
+        if (accumulated === 0) acc.set(g) // the first micro-batch: a copy, not an addition to zeros
+        else for (let i = 0; i < acc.length; i++) acc[i]! += g[i]!
       }
       accumulated++
       return summarize(out)
