@@ -9,6 +9,7 @@ import * as Trainer from "../../actors/Trainer.ts"
 import * as Dataset from "../../src/Dataset.ts"
 import * as Report from "../../src/Report.ts"
 import * as TrainConfig from "../../src/TrainConfig.ts"
+import type * as Trajectory from "../../src/Trajectory.ts"
 import { charFormat } from "./fixtures/charFormat.ts"
 import * as Toy from "./fixtures/toyPolicy.ts"
 
@@ -60,6 +61,50 @@ describe("Trainer", () => {
     assert.notDeepEqual(order.slice(0, 10), order.slice(10, 20))
     assert.deepStrictEqual(Trainer.rowsAt(10, 3, 7, 5), order.slice(7, 12))
     assert.notDeepEqual(Trainer.rowsAt(10, 4, 0, 10), order.slice(0, 10))
+  })
+
+  it("rollout figures: reward, accuracy, invalid tool calls, turns, calls per tool and staleness", () => {
+    const t = (over: Partial<Trajectory.Trajectory>): Trajectory.Trajectory => ({
+      trajectoryId: "t",
+      groupId: "g",
+      chainId: "c",
+      messages: [],
+      segments: [{ spans: [{ source: "policy", tokenIds: [1, 2], policyVersion: 3 }], messageCount: 0 }],
+      termination: "no_tool_call",
+      reward: 0,
+      rewardStatus: "scored",
+      metrics: {},
+      trainable: true,
+      masked: false,
+      ...over
+    })
+    const call = (name: string) => ({ id: name, type: "function" as const, function: { name, arguments: {} } })
+    const group: Trajectory.Group = {
+      groupId: "g",
+      rowIndex: 0,
+      trajectories: [
+        t({ reward: 1, metrics: { acc: 1 }, messages: [{ role: "assistant", content: "", tool_calls: [call("calculator")] }] }),
+        t({
+          reward: 0.5,
+          messages: [
+            { role: "assistant", content: "", tool_calls: [call("calculator"), call("search")] },
+            { role: "tool", content: "bad arguments", tool_call_id: "x", is_error: true },
+            { role: "assistant", content: "done" }
+          ]
+        }),
+        t({ termination: "error" }),
+        t({ reward: 1, segments: [{ spans: [{ source: "policy", tokenIds: [1], policyVersion: 1 }], messageCount: 0 }] })
+      ]
+    }
+    const f = Trainer.rolloutFigures([group], { prefix: "rollout", policyVersion: 4 })
+    assert.strictEqual(f["rollout/reward_mean"], 2.5 / 4)
+    assert.strictEqual(f["rollout/accuracy"], 2 / 4, "acc metric, else reward >= 1")
+    assert.strictEqual(f["rollout/invalid_tool_call_rate"], 2 / 4, "an error observation or an errored chain")
+    assert.strictEqual(f["rollout/turns_mean"], 3 / 4)
+    assert.strictEqual(f["rollout/tool_calls/calculator"], 2 / 4)
+    assert.strictEqual(f["rollout/tool_calls/search"], 1 / 4)
+    assert.strictEqual(f["rollout/policy_tokens"], 7)
+    assert.strictEqual(f["rollout/staleness_mean"], (1 + 1 + 1 + 3) / 4)
   })
 
   it.effect("sync: warm-up, RL steps that raise held-out accuracy, journal, checkpoints, metrics and report", () =>
