@@ -46,7 +46,15 @@ export interface Options {
    * Costs one forward pass per micro-batch. Default false.
    */
   readonly recomputeOldLogprobs?: boolean
-  /** Reference-policy logprobs of a micro-batch's targets, required when `loss.klCoef !== 0`. */
+  /**
+   * KL in the reward (instead of, or besides, `loss.klCoef`): every policy token's reward becomes
+   * `r − β·(log π_sampler − log π_ref)` before advantages are computed (`Loss.penalizeRewards`). Needs `reference`.
+   */
+  readonly klInReward?: number
+  /**
+   * Reference-policy logprobs of a micro-batch's targets, required when `loss.klCoef !== 0` or `klInReward` is set
+   * (e.g. `OnnxTrainer.makeReference`).
+   */
   readonly reference?: (batch: Packing.MicroBatch) => Effect.Effect<Float32Array, PolicyTrainer.PolicyTrainerError>
 }
 
@@ -131,6 +139,62 @@ const advantageInput = (rows: ReadonlyArray<Row>): Advantage.Input => {
   }
 }
 
+/**
+ * KL in the reward: runs the reference policy over every included segment and returns the advantage input with
+ * `r_t − β·(log π_sampler − log π_ref)` on policy tokens, plus the mean of `log π_sampler − log π_ref`.
+ */
+const penalizeWithReference = Effect.fnUntraced(function*(
+  rows: ReadonlyArray<Row>,
+  input: Advantage.Input,
+  options: Options,
+  coef: number
+) {
+  if (options.reference === undefined) {
+    return yield* new LearnerError({ reason: "Config", message: "klInReward is set but no reference policy is given" })
+  }
+  const segments: Array<{ readonly row: number; readonly offset: number; readonly segment: Trajectory.Segment }> = []
+  rows.forEach((row, b) => {
+    if (!row.included) return
+    let offset = 0
+    for (const segment of row.trajectory.segments) {
+      segments.push({ row: b, offset, segment })
+      offset += Trajectory.segmentLength(segment)
+    }
+  })
+  const packed = yield* Packing.pack(segments.map((s) => Packing.fromSegment(s.segment)), {
+    tokenBudget: options.tokenBudget,
+    aggregation: "token-mean",
+    ...(options.lengthMultiple === undefined ? {} : { lengthMultiple: options.lengthMultiple })
+  }).pipe(Effect.mapError((e) => new LearnerError({ reason: "Packing", message: e.message })))
+  const cells = input.batch * input.length
+  const sampler = new Float64Array(cells)
+  const ref = new Float64Array(cells)
+  const mask = new Uint8Array(cells)
+  for (const mb of packed.microBatches) {
+    const refLogprobs = yield* options.reference(mb).pipe(
+      Effect.mapError((e) => new LearnerError({ reason: "Trainer", message: e.message }))
+    )
+    mb.sequenceIndex.forEach((index, r) => {
+      if (index < 0) return
+      const { row, offset } = segments[index]!
+      for (let t = 0; t < mb.length; t++) {
+        const i = r * mb.length + t
+        if (mb.mask[i] === 0) continue
+        // position t predicts token t + 1 of the segment
+        const cell = row * input.length + offset + t + 1
+        sampler[cell] = mb.samplerLogprobs[i]!
+        ref[cell] = refLogprobs[i]!
+        mask[cell] = 1
+      }
+    })
+  }
+  let kl = 0
+  for (let i = 0; i < cells; i++) kl += mask[i] ? sampler[i]! - ref[i]! : 0
+  const tokens = mask.reduce((a, m) => a + m, 0)
+  const tokenRewards = Loss.penalizeRewards(input.tokenRewards, sampler, ref, mask, coef)
+  return { input: { ...input, tokenRewards }, meanKl: tokens > 0 ? kl / tokens : 0 }
+})
+
 /** Forward and backward over every micro-batch, adding the results into `sums`. */
 const accumulate = Effect.fnUntraced(function*(
   microBatches: ReadonlyArray<Packing.MicroBatch>,
@@ -180,14 +244,10 @@ export const update = Effect.fn("Learner.update")(function*(
     g.trajectories.map((trajectory) => ({ trajectory, group, included: isIncluded(trajectory) }))
   )
   const excluded = rows.filter((r) => !r.included).length
-  const input = advantageInput(rows)
-  const { advantages } = yield* Advantage.compute(options.estimator, input, options.advantage).pipe(
-    Effect.mapError((e) => new LearnerError({ reason: "Advantage", message: e.message }))
-  )
-  const sequences: Array<Packing.Sequence> = []
-  // The PPO ratio (unless recomputed) and the importance weights read the sampler's logprobs of policy tokens.
-  const needsSamplerLogprobs = options.loss.policyLoss === "ppo" &&
-    (options.recomputeOldLogprobs !== true || options.loss.tisCap !== undefined)
+  // The PPO ratio (unless recomputed), the importance weights and KL in the reward read the sampler's logprobs.
+  const needsSamplerLogprobs = (options.loss.policyLoss === "ppo" &&
+    (options.recomputeOldLogprobs !== true || options.loss.tisCap !== undefined)) ||
+    (options.klInReward !== undefined && options.klInReward !== 0)
   if (needsSamplerLogprobs) {
     const unscored = (span: Trajectory.Span) => span.source === "policy" && span.logprobs === undefined
     const missing = rows.find((row) => row.included && row.trajectory.segments.some((s) => s.spans.some(unscored)))
@@ -198,6 +258,15 @@ export const update = Effect.fn("Learner.update")(function*(
       })
     }
   }
+  const raw = advantageInput(rows)
+  const penalized = options.klInReward !== undefined && options.klInReward !== 0
+    ? yield* penalizeWithReference(rows, raw, options, options.klInReward)
+    : undefined
+  const input = penalized?.input ?? raw
+  const { advantages } = yield* Advantage.compute(options.estimator, input, options.advantage).pipe(
+    Effect.mapError((e) => new LearnerError({ reason: "Advantage", message: e.message }))
+  )
+  const sequences: Array<Packing.Sequence> = []
   rows.forEach((row, b) => {
     if (!row.included) return
     let offset = b * input.length
@@ -207,7 +276,12 @@ export const update = Effect.fn("Learner.update")(function*(
       offset += n
     }
   })
-  const base = { groups: groups.length, trajectories: rows.length, excluded }
+  const base = {
+    groups: groups.length,
+    trajectories: rows.length,
+    excluded,
+    ...(penalized === undefined ? {} : { "learner/reward_kl": penalized.meanKl })
+  }
   const packed = yield* Packing.pack(sequences, {
     tokenBudget: options.tokenBudget,
     aggregation: options.loss.aggregation,

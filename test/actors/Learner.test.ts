@@ -245,6 +245,44 @@ describe("Learner", () => {
       assert.strictEqual(ok.outcome, "applied")
     }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
 
+  it.effect("KL in the reward: r − β·(log π_sampler − log π_ref) on every policy token, before advantages", () =>
+    Effect.gen(function*() {
+      const recording = yield* PolicyTrainer.RecordingRef
+      const oneToken = trajectory("a", "g", [1], 5, -2, 1)
+      const threeTokens: Trajectory.Trajectory = {
+        ...trajectory("b", "g", [1], 6, -2, 1),
+        segments: [{
+          spans: [
+            { source: "prompt", tokenIds: [1] },
+            { source: "policy", tokenIds: [6, 7, 8], logprobs: [-2, -2, -2] }
+          ],
+          messageCount: 0
+        }]
+      }
+      const group = { groupId: "g", rowIndex: 0, trajectories: [oneToken, threeTokens] }
+      // the reference gives every target logprob −1: each policy token's reward moves by −0.1·(−2 − (−1)) = +0.1
+      const reference = (mb: Packing.MicroBatch) => Effect.succeed(new Float32Array(mb.batch * mb.length).fill(-1))
+      const result = yield* Learner.update([group], {
+        ...options,
+        estimator: "grpo-no-std",
+        klInReward: 0.1,
+        reference
+      })
+      assert.approximately(result.figures["learner/reward_kl"]!, -1, 1e-6)
+      const { microBatches } = yield* Ref.get(recording)
+      const advantageOf = (target: number) => {
+        for (const mb of microBatches) {
+          for (let i = 0; i < mb.mask.length; i++) if (mb.mask[i] && mb.targets[i] === target) return mb.advantages[i]!
+        }
+        return Number.NaN
+      }
+      // scores 1.1 and 1.3 around their mean 1.2
+      assert.approximately(advantageOf(5), -0.1, 1e-6)
+      for (const t of [6, 7, 8]) assert.approximately(advantageOf(t), 0.1, 1e-6)
+      const missing = yield* Effect.flip(Learner.update([group], { ...options, klInReward: 0.1 }))
+      assert.strictEqual(missing.reason, "Config")
+    }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
+
   it.effect("a KL loss without a reference policy stops the learner with a Config error", () =>
     Effect.gen(function*() {
       const learner = yield* Learner.make(
