@@ -11,7 +11,7 @@ import { Cause, Clock, Deferred, Effect, Exit, FiberSet, Metric, Option, Schedul
 import { EnvError } from "../../src/Environment.ts"
 import * as Resource from "../../src/Resource.ts"
 
-type InstanceState = "starting" | "idle" | "leased" | "unhealthy"
+type InstanceState = "starting" | "idle" | "leased" | "resetting" | "unhealthy"
 
 export interface Instance<A> {
   readonly id: string
@@ -36,7 +36,7 @@ export interface Binding<A> {
 }
 
 /**
- * Instances by state, waiters, starts and failures, acquire latency. Also published as metrics
+ * Instances by state (starting, idle, leased, resetting, unhealthy), waiters, starts and failures, acquire latency. Also published as metrics
  * (`env/<name>/instances{state}`, `env/<name>/waiters`, `env/<name>/starts`, `env/<name>/failures`,
  * `env/<name>/acquire_ms`).
  */
@@ -44,6 +44,8 @@ export interface PoolStats {
   readonly starting: number
   readonly idle: number
   readonly leased: number
+  /** Released by their last holder, being reset for reuse (or torn down). */
+  readonly resetting: number
   readonly unhealthy: number
   readonly waiters: number
   readonly starts: number
@@ -95,6 +97,7 @@ export const make = Effect.fnUntraced(function*<A>(
     starting: Metric.gauge(`env/${name}/instances`, { attributes: { ...attributes, state: "starting" } }),
     idle: Metric.gauge(`env/${name}/instances`, { attributes: { ...attributes, state: "idle" } }),
     leased: Metric.gauge(`env/${name}/instances`, { attributes: { ...attributes, state: "leased" } }),
+    resetting: Metric.gauge(`env/${name}/instances`, { attributes: { ...attributes, state: "resetting" } }),
     unhealthy: Metric.gauge(`env/${name}/instances`, { attributes: { ...attributes, state: "unhealthy" } }),
     waiters: Metric.gauge(`env/${name}/waiters`, { attributes })
   }
@@ -106,7 +109,7 @@ export const make = Effect.fnUntraced(function*<A>(
   })
 
   const snapshot = (): PoolStats => {
-    const by = { starting: 0, idle: 0, leased: 0, unhealthy: 0 }
+    const by = { starting: 0, idle: 0, leased: 0, resetting: 0, unhealthy: 0 }
     for (const instance of instances.values()) by[instance.state]++
     return { ...by, waiters: waiting.length, ...counters, closed }
   }
@@ -116,6 +119,7 @@ export const make = Effect.fnUntraced(function*<A>(
       Metric.update(gauges.starting, s.starting),
       Metric.update(gauges.idle, s.idle),
       Metric.update(gauges.leased, s.leased),
+      Metric.update(gauges.resetting, s.resetting),
       Metric.update(gauges.unhealthy, s.unhealthy),
       Metric.update(gauges.waiters, s.waiters)
     ], { discard: true })
@@ -401,8 +405,9 @@ export const make = Effect.fnUntraced(function*<A>(
       binding.status = "done"
       if (bindings.get(binding.key) === binding) bindings.delete(binding.key)
       const instance = binding.instance!
+      if (instance.state === "leased") instance.state = "resetting"
       const closeGlobal = binding.scope ? Scope.close(binding.scope, Exit.void) : Effect.void
-      return fork(Effect.andThen(closeGlobal, recycle(instance)))
+      return Effect.andThen(publish, fork(Effect.andThen(closeGlobal, recycle(instance))))
     })
 
   const replace = (binding: Binding<A>, instance: Instance<A>): Effect.Effect<void> =>

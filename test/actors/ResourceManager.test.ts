@@ -171,6 +171,21 @@ describe("ResourceManager", () => {
         assert.include(fake.log, `destroy ${first}`)
       })))
 
+    it.effect("a released instance is counted as resetting until its reset ends, then idle", () =>
+      withManager(Effect.gen(function*() {
+        const fake = makeFake()
+        const slow: Resource.Backend<{ readonly id: string; readonly value: Ref.Ref<number> }> = {
+          ...fake.backend,
+          reset: (c) => Effect.andThen(Effect.sleep("2 seconds"), fake.backend.reset(c))
+        }
+        const resource = Resource.resource(spec({ timeouts: { resetMillis: 5_000 } }), slow)
+        const manager = yield* ResourceManager.ResourceManager
+        yield* Effect.scoped(manager.acquire(resource, chain("a")))
+        assert.deepInclude(yield* manager.stats("counter"), { leased: 0, resetting: 1, idle: 0 })
+        yield* TestClock.adjust("2 seconds")
+        assert.deepInclude(yield* manager.stats("counter"), { leased: 0, resetting: 0, idle: 1 })
+      })))
+
     it.effect("a lease is released when its holder fails or is interrupted", () =>
       withManager(Effect.gen(function*() {
         const fake = makeFake()
