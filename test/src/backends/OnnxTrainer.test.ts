@@ -4,6 +4,7 @@ import { Effect, FileSystem } from "effect"
 import * as OnnxTrainer from "../../../src/backends/OnnxTrainer.ts"
 import * as Loss from "../../../src/Loss.ts"
 import * as LrSchedule from "../../../src/LrSchedule.ts"
+import * as ModelConfig from "../../../src/model/ModelConfig.ts"
 import * as Qwen2 from "../../../src/model/Qwen2.ts"
 import * as Optimizer from "../../../src/Optimizer.ts"
 import * as Packing from "../../../src/Packing.ts"
@@ -148,6 +149,25 @@ describe("OnnxTrainer", () => {
       yield* trainer.trainer.save(`${dir}/c`, { policyVersion: 0, rngState: [] })
       assert.match((yield* Effect.flip(other.trainer.load(`${dir}/c`))).message, /F32 \[/)
     }).pipe(Effect.provide(NodeServices.layer)))
+
+  it.effect("the tiny and small presets build, take a step and lower the loss on a repeated batch", () =>
+    Effect.gen(function*() {
+      for (const preset of ["tiny", "small"] as const) {
+        const c = ModelConfig.presets[preset]
+        const trainer = yield* OnnxTrainer.make({
+          ...options(),
+          model: OnnxTrainer.qwen2(c),
+          weights: Qwen2.initWeights(c, 1)
+        })
+        const seqs = Array.from({ length: 2 }, (_, b) => ({
+          tokenIds: Int32Array.from({ length: 16 }, (_, i) => (i * 5 + b * 3) % c.vocabSize),
+          lossMask: new Uint8Array(16).fill(1)
+        }))
+        const { microBatches } = yield* Packing.pack(seqs, { tokenBudget: 64, aggregation: "token-mean" })
+        const losses = yield* trainSteps(trainer, microBatches, 3)
+        assert.isBelow(losses[2]!, losses[0]!, `${preset}: ${losses}`)
+      }
+    }).pipe(Effect.provide(NodeServices.layer)), 60_000)
 
   it.effect("bad batches, a missing execution provider and an empty step are typed errors", () =>
     Effect.gen(function*() {
