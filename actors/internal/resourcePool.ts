@@ -36,7 +36,8 @@ export interface Binding<A> {
 }
 
 /**
- * Instances by state (starting, idle, leased, resetting, unhealthy), waiters, starts and failures, acquire latency. Also published as metrics
+ * Instances by state (starting, idle, leased, resetting, unhealthy), waiters, starts and failures, acquire latency.
+ * Also published as metrics
  * (`env/<name>/instances{state}`, `env/<name>/waiters`, `env/<name>/starts`, `env/<name>/failures`,
  * `env/<name>/acquire_ms`).
  */

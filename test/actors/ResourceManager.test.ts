@@ -1,5 +1,5 @@
 import { assert, describe, it } from "@effect/vitest"
-import { Context, Effect, Exit, Fiber, Layer, Ref, Schema, Scope } from "effect"
+import { Context, Effect, Exit, Fiber, Layer, Metric, Ref, Schema, Scope } from "effect"
 import { TestClock } from "effect/testing"
 import * as ResourceManager from "../../actors/ResourceManager.ts"
 import * as InProcess from "../../actors/resources/InProcess.ts"
@@ -353,6 +353,28 @@ describe("ResourceManager", () => {
       yield* manager.acquire(resource, chain("b"))
       const stats = yield* manager.stats("counter")
       assert.deepInclude(stats, { starting: 0, idle: 0, leased: 2, unhealthy: 0, waiters: 0, starts: 2, acquires: 2 })
+    })))
+
+  it.effect("metrics: instances by state, waiters, starts and acquire latency are published", () =>
+    withManager(Effect.gen(function*() {
+      const fake = makeFake()
+      const resource = Resource.resource(spec({ name: "metered", pool: { max: 1 } }), fake.backend)
+      const manager = yield* ResourceManager.ResourceManager
+      yield* manager.acquire(resource, chain("a"))
+      const waiter = yield* Effect.forkChild(Effect.scoped(manager.acquire(resource, chain("b"))))
+      yield* Effect.yieldNow
+      const snapshot = yield* Metric.snapshot
+      const value = (id: string, state?: string) =>
+        snapshot.find((m) =>
+          m.id === id && (m.attributes as Record<string, string> | undefined)?.resource === "metered" &&
+          (state === undefined || (m.attributes as Record<string, string>).state === state)
+        )?.state as { readonly value?: number; readonly count?: number } | undefined
+      assert.strictEqual(value("env/metered/instances", "leased")?.value, 1)
+      assert.strictEqual(value("env/metered/instances", "idle")?.value, 0)
+      assert.strictEqual(value("env/metered/waiters")?.value, 1)
+      assert.strictEqual(value("env/metered/starts")?.count, 1)
+      assert.strictEqual(value("env/metered/acquire_ms")?.count, 1)
+      yield* Fiber.interrupt(waiter)
     })))
 
   it.effect("invalid specs fail with a SchemaError naming the problem", () =>

@@ -21,7 +21,9 @@ const sampler = Sampler.layerScripted((request) => {
   const prompt = decode(request.promptTokenIds)
   const k = /<user>chain (\d+)\n/.exec(prompt)?.[1] ?? "?"
   const turnIndex = prompt.split("<assistant>").length - 2
-  if (turnIndex === 0) return turn(`CALL python {"code":"mine = ${k}\\nimport os\\n_ = open('k.txt','w').write('${k}')"}`)
+  if (turnIndex === 0) {
+    return turn(`CALL python {"code":"mine = ${k}\\nimport os\\n_ = open('k.txt','w').write('${k}')"}`)
+  }
   if (turnIndex === 1) {
     const files = "[f for f in os.listdir('.') if not f.startswith('.')] == ['k.txt']"
     return turn(`CALL python {"code":"print(mine, open('k.txt').read(), ${files})"}`)
