@@ -104,6 +104,8 @@ const errorMessage = (u: unknown) => (u instanceof Error ? u.message : String(u)
 interface Compiled {
   readonly session: ort.InferenceSession
   readonly graph: Autodiff.TrainingGraph
+  /** Set once released (by eviction or at scope close), so that the session is released exactly once. */
+  released: boolean
 }
 
 // ===== Constructors =====
@@ -142,7 +144,12 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
     extra: { session: { intra_op: { allow_spinning: options.allowSpinning === true ? "1" : "0" } } }
   }
 
-  const release = (c: Compiled) => Effect.promise(() => c.session.release()).pipe(Effect.ignore)
+  const release = (c: Compiled) =>
+    Effect.suspend(() => {
+      if (c.released) return Effect.void
+      c.released = true
+      return Effect.tryPromise(() => c.session.release()).pipe(Effect.ignore)
+    })
 
   const compile = Effect.fnUntraced(function*(batch: number, length: number, withGradients: boolean) {
     const key = `${withGradients ? "train" : "fwd"}:${batch}x${length}`
@@ -159,7 +166,7 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
       try: () => ort.InferenceSession.create(bytes, sessionOptions),
       catch: (u) => fail("Session", `${options.executionProvider ?? "cpu"}: ${errorMessage(u)}`)
     })
-    const compiled = { session, graph }
+    const compiled: Compiled = { session, graph, released: false }
     sessions.set(key, compiled)
     yield* Scope.addFinalizer(scope, release(compiled))
     if (sessions.size > (options.maxSessions ?? 8)) {

@@ -169,6 +169,27 @@ describe("OnnxTrainer", () => {
       }
     }).pipe(Effect.provide(NodeServices.layer)), 60_000)
 
+  it.effect("sessions evicted from a full cache are released once, and the trainer still closes cleanly", () =>
+    Effect.gen(function*() {
+      const closed = yield* Effect.scoped(Effect.gen(function*() {
+        const trainer = yield* OnnxTrainer.make(options({ maxSessions: 1 }))
+        // three lengths → three shapes through a cache of one, twice over
+        for (let round = 0; round < 2; round++) {
+          for (const budget of [16, 32, 64]) {
+            const { microBatches } = yield* Packing.pack(dataset(), {
+              tokenBudget: budget,
+              lengthMultiple: 16,
+              aggregation: "token-mean"
+            })
+            yield* trainer.trainer.forwardBackward(microBatches[0]!)
+          }
+        }
+        yield* trainer.trainer.optimStep
+        return yield* trainer.trainer.step
+      }))
+      assert.strictEqual(closed, 1)
+    }).pipe(Effect.provide(NodeServices.layer)))
+
   it.effect("bad batches, a missing execution provider and an empty step are typed errors", () =>
     Effect.gen(function*() {
       const trainer = yield* OnnxTrainer.make(options())
