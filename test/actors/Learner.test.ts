@@ -85,14 +85,15 @@ describe("Learner", () => {
       const { microBatches, steps } = yield* Ref.get(recording)
       assert.strictEqual(steps, 1)
       const rows = microBatches.flatMap((mb) =>
-        Array.from(mb.sequenceIndex, (_, r) => {
+        Array.from(mb.sequenceIndex, (index, r) => {
+          if (index < 0) return [] // an empty padding row
           const t = Array.from(mb.mask.subarray(r * mb.length, (r + 1) * mb.length)).indexOf(1)
-          return {
+          return [{
             target: mb.targets[r * mb.length + t]!,
             advantage: mb.advantages[r * mb.length + t]!,
             old: mb.samplerLogprobs[r * mb.length + t]!
-          }
-        })
+          }]
+        }).flat()
       )
       // c and d (actions 7, 8) are out of the loss; a/b are ±1/√2 around mean 0.5 (std of [1, 0] = √½)
       assert.deepStrictEqual(rows.map((r) => r.target).sort(), [4, 4, 4, 5, 6])
