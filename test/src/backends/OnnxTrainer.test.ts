@@ -190,6 +190,26 @@ describe("OnnxTrainer", () => {
       assert.strictEqual(closed, 1)
     }).pipe(Effect.provide(NodeServices.layer)))
 
+  it.effect("a non-finite gradient skips the update, leaves the weights untouched and clears the accumulators", () =>
+    Effect.gen(function*() {
+      const trainer = yield* OnnxTrainer.make(options({ loss: Loss.grpo }))
+      const { microBatches } = yield* packAll(64)
+      const mb = microBatches[0]!
+      const at = mb.mask.indexOf(1)
+      const poisoned = { ...mb, advantages: Float32Array.from(mb.advantages, (a, i) => (i === at ? Number.NaN : a)) }
+      const before = bits(yield* trainer.trainer.weights)
+      yield* trainer.trainer.forwardBackward(poisoned)
+      const error = yield* Effect.flip(trainer.trainer.optimStep)
+      assert.strictEqual(error.reason, "NonFiniteGradient")
+      assert.isTrue(error.isRetryable)
+      assert.strictEqual(bits(yield* trainer.trainer.weights), before)
+      assert.strictEqual(yield* trainer.trainer.step, 0)
+      // the next, healthy step is unaffected by the poisoned one
+      yield* trainer.trainer.forwardBackward(mb)
+      const ok = yield* trainer.trainer.optimStep
+      assert.isTrue(Number.isFinite(ok.gradNorm))
+    }).pipe(Effect.provide(NodeServices.layer)))
+
   it.effect("bad batches, a missing execution provider and an empty step are typed errors", () =>
     Effect.gen(function*() {
       const trainer = yield* OnnxTrainer.make(options())
