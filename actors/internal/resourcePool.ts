@@ -402,7 +402,13 @@ export const make = Effect.fnUntraced(function*<A>(
         if (bindings.get(binding.key) === binding) bindings.delete(binding.key)
         return publish
       }
-      if (binding.status !== "ready") return Effect.void // the assigning fiber sees holders === 0
+      if (binding.status !== "ready") {
+        // Still assigning (starting, checking, waiting for a global slot): the assigning fiber sees holders === 0
+        // and recycles the instance. Detach the binding now, so that a new holder of the key starts afresh
+        // instead of joining a wait that nobody is part of any more (and inheriting its timeout).
+        if (bindings.get(binding.key) === binding) bindings.delete(binding.key)
+        return Effect.void
+      }
       binding.status = "done"
       if (bindings.get(binding.key) === binding) bindings.delete(binding.key)
       const instance = binding.instance!

@@ -324,6 +324,33 @@ describe("ResourceManager", () => {
         assert.strictEqual(id, "counter-1")
       })))
 
+    it.effect("a holder that gave up does not leave its key bound to a doomed start", () =>
+      withManager(Effect.gen(function*() {
+        let starts = 0
+        const backend: Resource.Backend<string> = {
+          start: (_s, id) =>
+            ++starts === 1
+              ? Effect.andThen(
+                Effect.sleep("2 seconds"),
+                Effect.fail(new EnvError({ env: "x", method: "start", reason: "Unavailable", message: "slow failure" }))
+              )
+              : Effect.succeed(id),
+          reset: () => Effect.void,
+          health: () => Effect.void
+        }
+        const resource = Resource.resource(spec({ pool: { max: 1 }, timeouts: { acquireMillis: 1_500 } }), backend)
+        const manager = yield* ResourceManager.ResourceManager
+        const first = yield* Effect.forkChild(Effect.scoped(manager.acquire(resource, chain("a"))))
+        yield* TestClock.adjust("1500 millis")
+        assert.strictEqual((yield* Effect.flip(Fiber.join(first))).reason._tag, "LeaseTimeout")
+        // The same chain asks again: it must wait for a slot and get a fresh start, not the doomed one's failure.
+        const second = yield* Effect.forkChild(
+          Effect.scoped(Effect.flatMap(manager.acquire(resource, chain("a")), (l) => l.instanceId))
+        )
+        yield* TestClock.adjust("1 second")
+        assert.strictEqual(yield* Fiber.join(second), "counter-1")
+      })))
+
     it.effect("a start that hangs is cut at startMillis", () =>
       withManager(Effect.gen(function*() {
         const backend: Resource.Backend<string> = {
