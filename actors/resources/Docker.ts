@@ -172,9 +172,9 @@ export interface Container {
   readonly id: string
   readonly name: string
   /**
-   * Runs `cmd` in the container (one exec), feeding `stdin`. Past `timeoutMillis` the call fails with
-   * `EnvError(Timeout)` and the process is killed by `timeout -s KILL` inside the container. A container that is
-   * gone fails with `EnvError(Crashed)`.
+   * Runs `cmd` in the container (one exec), feeding `stdin`. Past `timeoutMillis` the process is stopped by
+   * `timeout` inside the container and the call fails with `EnvError(Timeout)`. A container that is gone fails
+   * with `EnvError(Crashed)`.
    */
   readonly exec: (
     cmd: ReadonlyArray<string>,
@@ -233,7 +233,8 @@ const execIn = (docker: Dockerode, handle: Dockerode.Container, env: string) =>
 ): Effect.Effect<ExecResult, EnvError> => {
   const limit = options?.maxOutputBytes ?? 1 << 20
   const timeout = options?.timeoutMillis
-  const full = timeout === undefined ? [...cmd] : ["timeout", "-s", "KILL", String(Math.ceil(timeout / 1000)), ...cmd]
+  // `timeout` (coreutils or busybox in the image) stops the process inside the container: TERM, then KILL 1 s later.
+  const full = timeout === undefined ? [...cmd] : ["timeout", "-k", "1", String(Math.ceil(timeout / 1000)), ...cmd]
   const run = Effect.callback<ExecResult, EnvError>((resume) => {
     const stdin = options?.stdin
     const fail = (e: unknown) => resume(Effect.fail(engineError(env, "exec", e)))
@@ -257,10 +258,17 @@ const execIn = (docker: Dockerode, handle: Dockerode.Container, env: string) =>
     )
   })
   if (timeout === undefined) return run
-  return Effect.timeoutOrElse(run, {
-    duration: timeout + 2_000,
-    orElse: () =>
-      Effect.fail(new EnvError({ env, method: "exec", reason: "Timeout", message: `exceeded ${timeout} ms` }))
+  const timedOut = () => new EnvError({ env, method: "exec", reason: "Timeout", message: `exceeded ${timeout} ms` })
+  return Effect.gen(function*() {
+    const started = yield* Clock.currentTimeMillis
+    const result = yield* Effect.timeoutOrElse(run, {
+      duration: timeout + 2_000,
+      orElse: () => Effect.fail(timedOut())
+    })
+    const elapsed = (yield* Clock.currentTimeMillis) - started
+    // 124: `timeout` stopped it; 137 past the limit: it ignored TERM and was killed.
+    if (result.exitCode === 124 || (result.exitCode === 137 && elapsed >= timeout)) return yield* timedOut()
+    return result
   })
 }
 

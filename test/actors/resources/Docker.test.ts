@@ -63,6 +63,33 @@ describe("Docker reaper", () => {
       assert.strictEqual(yield* labelled(holder.runId), 0, "no labelled container left")
     }), { timeout: 90_000 })
 
+  it.live("one exec per action: stdout, stderr, exit code, stdin, time limit; a removed container is a crash", () =>
+    Effect.gen(function*() {
+      const engine = yield* Docker.make({ handleSignals: false })
+      const manager = yield* ResourceManager.make()
+      const spec = Resource.makeUnsafe({ name: "exec", kind: "docker", image: "agentfly/python:1" })
+      const backend = yield* Docker.backend({ cmd: ["sleep", "3600"] }).pipe(
+        Effect.provideService(Docker.DockerEngine, engine)
+      )
+      const lease = yield* manager.acquire(Resource.resource(spec, backend), { chainId: "a", groupId: "g" })
+      const result = yield* lease.use((c) => c.exec(["sh", "-c", "echo out; echo err >&2; exit 3"]))
+      assert.deepStrictEqual(result, { stdout: "out\n", stderr: "err\n", exitCode: 3 })
+      const piped = yield* lease.use((c) => c.exec(["sh", "-c", "cat | tr a-z A-Z"], { stdin: "shout\n" }))
+      assert.strictEqual(piped.stdout, "SHOUT\n")
+      const slow = yield* Effect.flip(lease.use((c) => c.exec(["sleep", "30"], { timeoutMillis: 1_000 })))
+      assert.strictEqual(slow._tag === "EnvError" ? slow.reason : slow._tag, "Timeout")
+      const fast = yield* lease.use((c) => c.exec(["true"], { timeoutMillis: 5_000 }))
+      assert.strictEqual(fast.exitCode, 0)
+      const id = yield* lease.instanceId
+      yield* Effect.promise(() =>
+        engine.docker.getContainer(`agentfly-${id}-${engine.runId}`.replace(/[^a-zA-Z0-9_.-]/g, "-")).remove({
+          force: true
+        })
+      )
+      const gone = yield* Effect.flip(lease.use((c) => c.exec(["true"])))
+      assert.isTrue(Resource.isCrash(gone))
+    }))
+
   it.live("every limit of the spec is enforced by the engine's container configuration", () =>
     Effect.gen(function*() {
       const engine = yield* Docker.make({ handleSignals: false })
