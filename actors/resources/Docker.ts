@@ -222,6 +222,8 @@ export const hostConfig = (limits: Resource.Limits): Dockerode.HostConfig => {
     CapDrop: ["ALL"],
     SecurityOpt: ["no-new-privileges"],
     Tmpfs: tmpfs,
+    // A sandbox's output is read per exec; an engine log on the host would be a disk nobody caps.
+    LogConfig: { Type: "none", Config: {} },
     AutoRemove: false
   }
 }

@@ -167,6 +167,12 @@ class Worker:
             os.closerange(keep[0] + 1, keep[1])
             os.closerange(keep[1] + 1, 65536)
             os.chdir(WORKDIR)
+            # Programs the cell starts (os.system, subprocess without capture) must not write into the sandbox's
+            # log on the host: their stdin/stdout/stderr are /dev/null. Python-level output is captured per cell.
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            os.close(null)
             namespace = {"__name__": "__main__", "__builtins__": __builtins__}
             while True:
                 request = read_frame(to_child_r)

@@ -117,6 +117,7 @@ describe("Docker reaper", () => {
       assert.isTrue(host.ReadonlyRootfs)
       assert.deepStrictEqual(host.CapDrop, ["ALL"])
       assert.deepStrictEqual(host.SecurityOpt, ["no-new-privileges"])
+      assert.strictEqual(host.LogConfig?.Type, "none")
       assert.strictEqual(host.Tmpfs?.["/work"], "rw,nosuid,nodev,size=8388608,uid=65534,gid=65534")
       assert.strictEqual(info.Config.User, "65534:65534")
       assert.strictEqual(info.Config.Labels[Docker.Labels.run], engine.runId)

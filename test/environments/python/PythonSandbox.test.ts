@@ -74,6 +74,13 @@ layer(Env, { timeout: 120_000, excludeTestServices: true })("PythonSandbox on Do
         assert.isBelow(long.stdout.length, 8300)
       }), { timeoutMillis: 5_000 }))
 
+  it.effect("escape: a flood from a child process reaches neither the reply nor the host's log", () =>
+    withSandbox("flood", (sandbox) =>
+      Effect.gen(function*() {
+        const r = yield* sandbox.run("import os\nos.system('yes | head -c 50000000')\nprint('after')")
+        assert.strictEqual(r.stdout, "after\n")
+      })))
+
   it.effect("runs as nobody with no capabilities, no new privileges", () =>
     withSandbox("d", (sandbox) =>
       Effect.gen(function*() {
