@@ -182,6 +182,23 @@ export interface Container {
   ) => Effect.Effect<ExecResult, EnvError>
   /** Whether the container is running, and whether the kernel OOM-killed its main process. */
   readonly inspect: Effect.Effect<{ readonly running: boolean; readonly oomKilled: boolean }, EnvError>
+  /** The main process's stdin/stdout as lines, when the container was started with `attachStdio`. */
+  readonly stdio: LineChannel | undefined
+}
+
+/**
+ * Lines to and from a container's main process over one attached stream (no exec per message).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface LineChannel {
+  readonly send: (line: string) => void
+  /** Called with every line the main process writes to stdout. */
+  readonly onLine: (f: (line: string) => void) => void
+  /** Called once when the stream ends (the container stopped or was killed). */
+  readonly onClose: (f: () => void) => void
+  readonly isOpen: () => boolean
 }
 
 /**
@@ -200,6 +217,8 @@ export interface ContainerOptions {
   readonly reset?: (container: Container) => Effect.Effect<void, EnvError>
   /** Default: the container is running. */
   readonly health?: (container: Container) => Effect.Effect<void, EnvError>
+  /** Attach to the main process's stdin/stdout before it starts (`Container.stdio`). */
+  readonly attachStdio?: boolean
 }
 
 /**
@@ -311,6 +330,9 @@ export const backend = (
                 ...(options.env ? { Env: [...options.env] } : {}),
                 User: spec.limits.user,
                 ...(options.workingDir ? { WorkingDir: options.workingDir } : {}),
+                ...(options.attachStdio
+                  ? { OpenStdin: true, StdinOnce: false, AttachStdin: true, AttachStdout: true, Tty: false }
+                  : {}),
                 NetworkDisabled: spec.limits.network === "none",
                 HostConfig: hostConfig(spec.limits),
                 Labels: {
@@ -325,8 +347,9 @@ export const backend = (
           }),
           (c) => removeContainer(docker, c.id)
         )
+        const stdio = options.attachStdio ? yield* attachLines(docker, handle, spec.name) : undefined
         yield* Effect.tryPromise({ try: () => handle.start(), catch: (e) => engineError(spec.name, "start", e) })
-        const container = makeContainer(docker, handle, name, spec.name)
+        const container = makeContainer(docker, handle, name, spec.name, stdio)
         if (options.ready) {
           // Until the main process answers; the manager's `startMillis` bounds the wait.
           yield* Effect.retry(options.ready(container), readyPoll)
@@ -343,7 +366,56 @@ export const backend = (
 
 const readyPoll = Schedule.spaced("20 millis")
 
-const makeContainer = (docker: Dockerode, handle: Dockerode.Container, name: string, env: string): Container => ({
+/** Attaches to the (not yet started) main process: lines in on stdin, lines out of stdout. */
+const attachLines = (docker: Dockerode, handle: Dockerode.Container, env: string) =>
+  Effect.acquireRelease(
+    Effect.tryPromise({
+      try: () => handle.attach({ stream: true, stdin: true, stdout: true, stderr: true, hijack: true }),
+      catch: (e) => engineError(env, "attach", e)
+    }).pipe(Effect.map((stream): LineChannel => {
+      const out = new PassThrough()
+      docker.modem.demuxStream(stream, out, new PassThrough())
+      const lineHandlers: Array<(line: string) => void> = []
+      const closeHandlers: Array<() => void> = []
+      let open = true
+      let buffer = ""
+      out.on("data", (chunk: Buffer) => {
+        buffer += chunk.toString("utf8")
+        let newline = buffer.indexOf("\n")
+        while (newline >= 0) {
+          const line = buffer.slice(0, newline)
+          buffer = buffer.slice(newline + 1)
+          for (const f of lineHandlers) f(line)
+          newline = buffer.indexOf("\n")
+        }
+      })
+      const close = () => {
+        if (!open) return
+        open = false
+        for (const f of closeHandlers) f()
+      }
+      stream.on("end", close)
+      stream.on("close", close)
+      stream.on("error", close)
+      return {
+        send: (line) => void (open && stream.write(line + "\n")),
+        onLine: (f) => void lineHandlers.push(f),
+        onClose: (f) => void closeHandlers.push(f),
+        isOpen: () => open,
+        destroy: () => (stream as unknown as { destroy?: () => void }).destroy?.()
+      } as LineChannel & { destroy: () => void }
+    })),
+    (channel) => Effect.sync(() => (channel as LineChannel & { destroy: () => void }).destroy())
+  )
+
+const makeContainer = (
+  docker: Dockerode,
+  handle: Dockerode.Container,
+  name: string,
+  env: string,
+  stdio?: LineChannel
+): Container => ({
+  stdio,
   id: handle.id,
   name,
   exec: execIn(docker, handle, env),

@@ -215,44 +215,94 @@ const resetOn = (instance: Instance) => Effect.asVoid(instance.request({ op: "re
 // ===== Docker =====
 
 /**
+ * How calls reach a Docker sandbox: `exec` (default): one `docker exec` of a small client per call, as the
+ * Docker backend does every action (≈ 100 ms of engine work per call); `attach`: JSON lines over the container's
+ * attached stdin/stdout, one stream per container for its whole life (no engine work per call).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type Transport = "exec" | "attach"
+
+const timeoutError = (env: string, timeoutMillis: number) =>
+  new EnvError({ env, method: "request", reason: "Timeout", message: `no reply in ${timeoutMillis} ms` })
+
+/** One process per call (`-I -S`: no site import, a faster start); the client bounds its own wait. */
+const execInstance = (env: string, container: Docker.Container): Instance => ({
+  request: (body, timeoutMillis) =>
+    container.exec(["python3", "-I", "-S", "-c", clientSource, SOCKET, String(timeoutMillis / 1000)], {
+      stdin: JSON.stringify(body)
+    }).pipe(
+      Effect.timeoutOrElse({
+        duration: timeoutMillis + 2_000,
+        orElse: () => Effect.fail(timeoutError(env, timeoutMillis))
+      }),
+      Effect.flatMap((result) =>
+        result.exitCode === 0
+          ? parse(env, "request", result.stdout)
+          : Effect.fail(protocolError(env, "request", `client exited ${result.exitCode}: ${result.stderr}`))
+      )
+    )
+})
+
+/** Requests tagged with an id over the attached stdio; a reply is matched to its request by id. */
+const attachInstance = (env: string, channel: Docker.LineChannel): Instance => {
+  const pending = new Map<number, (reply: Effect.Effect<string, EnvError>) => void>()
+  let nextId = 0
+  const gone = () => new EnvError({ env, method: "request", reason: "Crashed", message: "the sandbox's stdio closed" })
+  channel.onLine((line) => {
+    const id = /"id": (\d+)\}$/.exec(line)?.[1]
+    const resume = id === undefined ? undefined : pending.get(Number(id))
+    if (resume !== undefined) {
+      pending.delete(Number(id))
+      resume(Effect.succeed(line))
+    }
+  })
+  channel.onClose(() => {
+    for (const resume of pending.values()) resume(Effect.fail(gone()))
+    pending.clear()
+  })
+  return {
+    request: (body, timeoutMillis) =>
+      Effect.callback<string, EnvError>((resume) => {
+        if (!channel.isOpen()) return resume(Effect.fail(gone()))
+        const id = nextId++
+        pending.set(id, resume)
+        channel.send(JSON.stringify({ ...body, id }))
+        return Effect.sync(() => void pending.delete(id))
+      }).pipe(
+        Effect.timeoutOrElse({ duration: timeoutMillis, orElse: () => Effect.fail(timeoutError(env, timeoutMillis)) }),
+        Effect.flatMap((raw) => parse(env, "request", raw))
+      )
+  }
+}
+
+/**
  * The sandbox as Docker containers (one per instance); `spec.kind` must be `docker`.
  *
  * @category constructors
  * @since 0.1.0
  */
 export const docker = (
-  spec: Resource.ResourceSpec
+  spec: Resource.ResourceSpec,
+  options: { readonly transport?: Transport } = {}
 ): Effect.Effect<Resource.Resource<Instance>, never, Docker.DockerEngine> =>
   Effect.gen(function*() {
-    const toInstance = (container: Docker.Container): Instance => ({
-      request: (body, timeoutMillis) =>
-        // One process per call (`-I -S`: no site import, a faster start); the client bounds its own wait.
-        container.exec(["python3", "-I", "-S", "-c", clientSource, SOCKET, String(timeoutMillis / 1000)], {
-          stdin: JSON.stringify(body)
-        }).pipe(
-          Effect.timeoutOrElse({
-            duration: timeoutMillis + 2_000,
-            orElse: () =>
-              Effect.fail(
-                new EnvError({
-                  env: spec.name,
-                  method: "request",
-                  reason: "Timeout",
-                  message: `no reply in ${timeoutMillis} ms`
-                })
-              )
-          }),
-          Effect.flatMap((result) =>
-            result.exitCode === 0
-              ? parse(spec.name, "request", result.stdout)
-              : Effect.fail(protocolError(spec.name, "request", `client exited ${result.exitCode}: ${result.stderr}`))
-          )
-        )
-    })
+    const attach = options.transport === "attach"
+    const byContainer = new WeakMap<Docker.Container, Instance>()
+    const toInstance = (container: Docker.Container): Instance => {
+      let instance = byContainer.get(container)
+      if (instance === undefined) {
+        instance = attach ? attachInstance(spec.name, container.stdio!) : execInstance(spec.name, container)
+        byContainer.set(container, instance)
+      }
+      return instance
+    }
     const containers = yield* Docker.backend({
-      cmd: ["python3", "-c", serverSource, SOCKET, WORK],
+      cmd: ["python3", "-c", serverSource, attach ? "-" : SOCKET, WORK],
       env: ["PYTHONDONTWRITEBYTECODE=1", "PYTHONUNBUFFERED=1", "HOME=/work"],
       workingDir: WORK,
+      attachStdio: attach,
       ready: (c) => ping(toInstance(c))
     })
     const instances = new WeakMap<Instance, Docker.Container>()

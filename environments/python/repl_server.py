@@ -2,7 +2,9 @@
 # bubblewrap), listens on a unix socket in the work dir and owns one long-lived *worker* process whose globals
 # persist from call to call: a variable set in one call is visible in the next.
 #
-# Protocol: one JSON request per connection (the client half-closes after writing it), one JSON response back.
+# Protocol: one JSON request per connection (the client half-closes after writing it), one JSON response back;
+# or, with "-" as the socket path, one JSON request per line on stdin and one reply per line on stdout (a request's
+# "id" is echoed in its reply).
 #   {"op": "run", "code": str, "timeout": seconds, "max_output": chars, "fresh": bool}
 #       -> {"stdout", "stderr", "error", "timed_out", "killed", "restarted", "truncated"}
 #   {"op": "reset"} -> {"ok": true}      kill the worker, empty the work dir, start a new worker
@@ -239,7 +241,7 @@ class Worker:
 def empty_workdir(keep):
     for name in os.listdir(WORKDIR):
         path = os.path.join(WORKDIR, name)
-        if path == keep:
+        if keep is not None and path == keep:
             continue
         if os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path, ignore_errors=True)
@@ -250,8 +252,55 @@ def empty_workdir(keep):
                 pass
 
 
-def main():
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+class Supervisor:
+    def __init__(self, keep):
+        self.keep = keep  # the socket dir, kept when the work dir is emptied
+        self.worker = None
+        self.lost = False  # the previous worker died: the next reply says the state was lost
+
+    def handle(self, request):
+        op = request.get("op")
+        if op == "ping":
+            return {"ok": True, "worker": self.worker.pid if self.worker else None}
+        if op == "reset":
+            if self.worker:
+                self.worker.kill()
+            self.worker, self.lost = None, False
+            empty_workdir(self.keep)
+            self.worker = Worker()
+            return {"ok": True}
+        if op == "run" and request.get("fresh"):
+            scratch = Worker()
+            reply, alive = scratch.run(request)
+            if alive:
+                scratch.kill()
+            reply["restarted"] = False
+            return reply
+        if op == "run":
+            was_lost = self.lost
+            if self.worker is None:
+                self.worker = Worker()
+            reply, alive = self.worker.run(request)
+            reply["restarted"] = was_lost
+            if not alive:
+                self.worker, self.lost = None, True
+            else:
+                self.lost = False
+            return reply
+        return {"error": "unknown op %r" % (op,)}
+
+    def safe(self, data):
+        try:
+            request = json.loads(data or b"{}")
+            reply = self.handle(request)
+            if "id" in request:
+                reply["id"] = request["id"]
+            return reply
+        except Exception as e:  # a bad request must not take the supervisor down
+            return {"error": "supervisor: %s" % e}
+
+
+def serve_socket(supervisor):
     sock_dir = os.path.dirname(SOCKET)
     os.makedirs(sock_dir, exist_ok=True)
     if os.path.exists(SOCKET):
@@ -259,8 +308,6 @@ def main():
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(SOCKET)
     server.listen(16)
-    worker = None
-    lost = False  # the previous worker died: the next reply says the state was lost
     while True:
         ready, _, _ = select.select([server], [], [], 1.0)
         reap()
@@ -274,43 +321,39 @@ def main():
                 if not chunk:
                     break
                 data += chunk
-            request = json.loads(data or b"{}")
-            op = request.get("op")
-            if op == "ping":
-                reply = {"ok": True, "worker": worker.pid if worker else None}
-            elif op == "reset":
-                if worker:
-                    worker.kill()
-                worker, lost = None, False
-                empty_workdir(sock_dir)
-                worker = Worker()
-                reply = {"ok": True}
-            elif op == "run" and request.get("fresh"):
-                scratch = Worker()
-                reply, alive = scratch.run(request)
-                if alive:
-                    scratch.kill()
-                reply["restarted"] = False
-            elif op == "run":
-                was_lost = lost
-                if worker is None:
-                    worker = Worker()
-                reply, alive = worker.run(request)
-                reply["restarted"] = was_lost
-                if not alive:
-                    worker, lost = None, True
-                else:
-                    lost = False
-            else:
-                reply = {"error": "unknown op %r" % (op,)}
-            conn.sendall(json.dumps(reply).encode())
-        except Exception as e:  # a bad request must not take the supervisor down
-            try:
-                conn.sendall(json.dumps({"error": "supervisor: %s" % e}).encode())
-            except OSError:
-                pass
+            conn.sendall(json.dumps(supervisor.safe(data)).encode())
+        except OSError:
+            pass
         finally:
             conn.close()
+
+
+def serve_stdio(supervisor):
+    # One JSON request per line on stdin (the container's attached stdin), one reply per line on stdout.
+    buffer = b""
+    while True:
+        ready, _, _ = select.select([0], [], [], 1.0)
+        reap()
+        if not ready:
+            continue
+        chunk = os.read(0, 65536)
+        if not chunk:
+            return
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            out = (json.dumps(supervisor.safe(line)) + "\n").encode()
+            view = memoryview(out)
+            while view:
+                view = view[os.write(1, view):]
+
+
+def main():
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    if SOCKET == "-":
+        serve_stdio(Supervisor(None))
+    else:
+        serve_socket(Supervisor(os.path.dirname(SOCKET)))
 
 
 main()

@@ -15,26 +15,6 @@ import * as Resource from "../../../src/Resource.ts"
 
 const Env = Layer.merge(ResourceManager.ResourceManager.layer, Docker.layerWith({ handleSignals: false }))
 
-const spec = Effect.runSync(PythonSandbox.spec({
-  kind: "docker",
-  name: "python-test",
-  limits: { memoryBytes: 128 * 1024 * 1024, pids: 32 },
-  pool: { max: 3 }
-}))
-
-/** A chain's sandbox for the length of `f`. */
-const withSandbox = <A, E, R>(
-  chainId: string,
-  f: (sandbox: PythonSandbox.PythonSandbox["Service"]) => Effect.Effect<A, E, R>,
-  options?: { readonly timeoutMillis?: number }
-) =>
-  Effect.scoped(Effect.gen(function*() {
-    const resource = yield* PythonSandbox.docker(spec)
-    const provider = yield* PythonSandbox.provider(resource, options)
-    const context = yield* provider.acquire({ chainId, groupId: "g" })
-    return yield* f(Context.get(context, PythonSandbox.PythonSandbox))
-  }))
-
 /** The docker CLI, without blocking the event loop (a synchronous call would freeze every fiber). */
 const dockerCli = (args: ReadonlyArray<string>) =>
   Effect.callback<string, Error>((resume) => {
@@ -47,219 +27,248 @@ const labelled = (runId: string): number =>
   execFileSync("docker", ["ps", "-aq", "--filter", `label=${Docker.Labels.run}=${runId}`], { encoding: "utf8" })
     .split("\n").filter((l) => l !== "").length
 
-layer(Env, { timeout: 120_000, excludeTestServices: true })("PythonSandbox on Docker", (it) => {
-  it.effect("state persists across calls within a chain; another chain does not see it", () =>
-    Effect.gen(function*() {
-      const [first, second, other] = yield* withSandbox("a", (a) =>
-        Effect.gen(function*() {
-          const first = yield* a.run("x = 41\ndef f(n):\n    return n * 2\nx + 1")
-          const second = yield* a.run("print(f(x))")
-          const other = yield* withSandbox("b", (b) => b.run("'x' in globals()"))
-          return [first, second, other]
-        }))
-      assert.strictEqual(first.stdout, "42\n")
-      assert.strictEqual(second.stdout, "82\n")
-      assert.strictEqual(other.stdout, "False\n", "chain b is isolated from chain a")
-    }))
+for (const transport of ["exec", "attach"] as const) {
+  const spec = Effect.runSync(PythonSandbox.spec({
+    kind: "docker",
+    name: `python-test-${transport}`,
+    limits: { memoryBytes: 128 * 1024 * 1024, pids: 32 },
+    pool: { max: 3 }
+  }))
 
-  it.effect("exceptions are results with a traceback of the cell only; output is truncated with a marker", () =>
-    withSandbox("c", (sandbox) =>
-      Effect.gen(function*() {
-        const failed = yield* sandbox.run("1/0")
-        assert.strictEqual(failed.error, "ZeroDivisionError: division by zero")
-        assert.include(failed.stderr, "ZeroDivisionError")
-        const long = yield* sandbox.run("print('a' * 20000)")
-        assert.isTrue(long.truncated)
-        assert.include(long.stdout, "...[truncated")
-        assert.isBelow(long.stdout.length, 8300)
-      }), { timeoutMillis: 5_000 }))
-
-  it.effect("escape: a flood from a child process reaches neither the reply nor the host's log", () =>
-    withSandbox("flood", (sandbox) =>
-      Effect.gen(function*() {
-        const r = yield* sandbox.run("import os\nos.system('yes | head -c 50000000')\nprint('after')")
-        assert.strictEqual(r.stdout, "after\n")
-      })))
-
-  it.effect("runs as nobody with no capabilities, no new privileges", () =>
-    withSandbox("d", (sandbox) =>
-      Effect.gen(function*() {
-        const r = yield* sandbox.run(
-          "import os\nstatus = open('/proc/self/status').read()\n" +
-            "print(os.getuid(), [l.split()[1] for l in status.splitlines() if l.startswith(('CapEff', 'NoNewPrivs'))])"
-        )
-        assert.strictEqual(r.stdout, "65534 ['0000000000000000', '1']\n")
-      })))
-
-  it.effect("escape: no network (only a loopback interface; the host's Redis is unreachable)", () =>
-    withSandbox("e", (sandbox) =>
-      Effect.gen(function*() {
-        const r = yield* sandbox.run([
-          "import os, socket",
-          "print(sorted(os.listdir('/sys/class/net')))",
-          "s = socket.socket()",
-          "s.settimeout(2)",
-          "try:",
-          "    s.connect(('127.0.0.1', 6390))",
-          "    print('CONNECTED')",
-          "except OSError as e:",
-          "    print('refused', type(e).__name__)"
-        ].join("\n"))
-        assert.include(r.stdout, "['lo']")
-        assert.include(r.stdout, "refused ConnectionRefusedError")
-        assert.notInclude(r.stdout, "CONNECTED")
-      })))
-
-  it.effect("escape: writing outside the work dir fails (read-only root); the work dir and /tmp are writable", () =>
-    withSandbox("f", (sandbox) =>
-      Effect.gen(function*() {
-        const r = yield* sandbox.run([
-          "import os",
-          "for path in ['/etc/evil', '/usr/evil', '/evil', '/work/ok', '/tmp/ok']:",
-          "    try:",
-          "        open(path, 'w').write('x')",
-          "        print(path, 'written')",
-          "    except OSError as e:",
-          "        print(path, e.strerror)"
-        ].join("\n"))
-        assert.include(r.stdout, "/etc/evil Read-only file system")
-        assert.include(r.stdout, "/usr/evil Read-only file system")
-        assert.include(r.stdout, "/evil Read-only file system")
-        assert.include(r.stdout, "/work/ok written")
-        assert.include(r.stdout, "/tmp/ok written")
-      })))
-
-  it.effect("escape: an infinite loop is stopped at the time limit; the next call works on a fresh interpreter", () =>
-    withSandbox("g", (sandbox) =>
-      Effect.gen(function*() {
-        yield* sandbox.run("kept = 1")
-        const error = yield* Effect.flip(sandbox.run("while True:\n    pass", { timeoutMillis: 1_000 }))
-        assert.instanceOf(error, PythonSandbox.PythonError)
-        assert.strictEqual(error._tag === "PythonError" ? error.reason : undefined, "Timeout")
-        const after = yield* sandbox.run("print('kept' in globals())")
-        assert.strictEqual(after.stdout, "False\n")
-        assert.isTrue(after.restarted, "the model is told its state is gone")
-      })))
-
-  it.effect("escape: a fork bomb hits the pids cap and is cleaned up at the time limit", () =>
-    withSandbox("h", (sandbox) =>
-      Effect.gen(function*() {
-        // Count how many processes we can make: the cap (32) stops it well short of 200.
-        const counted = yield* sandbox.run([
-          "import os, time",
-          "n = 0",
-          "for _ in range(200):",
-          "    try:",
-          "        if os.fork() == 0:",
-          "            time.sleep(30)",
-          "            os._exit(0)",
-          "        n += 1",
-          "    except OSError:",
-          "        break",
-          "print(n)"
-        ].join("\n"), { timeoutMillis: 5_000 })
-        assert.isBelow(Number(counted.stdout.trim()), 32)
-        const bomb = yield* Effect.flip(sandbox.run(
-          "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
-          { timeoutMillis: 2_000 }
-        ))
-        assert.strictEqual(bomb._tag === "PythonError" ? bomb.reason : bomb._tag, "Timeout")
-        const after = yield* sandbox.run("print('alive')")
-        assert.strictEqual(after.stdout, "alive\n")
-      })))
-
-  it.effect("escape: a memory bomb is OOM-killed (typed error); the next call works on a fresh interpreter", () =>
-    withSandbox("i", (sandbox) =>
-      Effect.gen(function*() {
-        const error = yield* Effect.flip(sandbox.run("x = bytearray(1024 * 1024 * 1024)", { timeoutMillis: 20_000 }))
-        assert.instanceOf(error, PythonSandbox.PythonError)
-        assert.strictEqual(error._tag === "PythonError" ? error.reason : undefined, "Killed")
-        assert.include(error.message, "signal 9")
-        const after = yield* sandbox.run("print(1 + 1)")
-        assert.strictEqual(after.stdout, "2\n")
-        assert.isTrue(after.restarted)
-      })))
-
-  it.effect("a released sandbox is reset before the next chain gets it (no variables, no files)", () =>
-    Effect.gen(function*() {
-      const manager = yield* ResourceManager.ResourceManager
-      const single = Resource.makeUnsafe({ ...spec, name: "python-single", pool: { ...spec.pool, max: 1 } })
-      const resource = yield* PythonSandbox.docker(single)
-      const run = (chainId: string, code: string) =>
-        Effect.scoped(Effect.gen(function*() {
-          const lease = yield* manager.acquire(resource, { chainId, groupId: "g" })
-          const result = yield* PythonSandbox.fromLease(lease).run(code)
-          return [yield* lease.instanceId, result.stdout] as const
-        }))
-      const [first] = yield* run("a", "secret = 7\nopen('/work/notes.txt', 'w').write('x')")
-      const [second, out] = yield* run(
-        "b",
-        "import os\nprint('secret' in globals(), os.path.exists('/work/notes.txt'))"
-      )
-      assert.strictEqual(second, first, "the same container was reused")
-      assert.strictEqual(out, "False False\n")
-    }))
-
-  it.effect("a container killed mid-lease (docker kill) is replaced and the chain's step retried", () =>
-    Effect.gen(function*() {
-      const manager = yield* ResourceManager.ResourceManager
-      const engine = yield* Docker.DockerEngine
-      const resource = yield* PythonSandbox.docker(Resource.makeUnsafe({ ...spec, name: "python-kill" }))
-      const kill = (instanceId: string) =>
-        dockerCli(["kill", `agentfly-${instanceId}-${engine.runId}`.replace(/[^a-zA-Z0-9_.-]/g, "-")])
-      yield* Effect.scoped(Effect.gen(function*() {
-        const lease = yield* manager.acquire(resource, { chainId: "k", groupId: "g" })
-        const sandbox = PythonSandbox.fromLease(lease)
-        yield* sandbox.run("x = 1")
-        const before = yield* lease.instanceId
-        yield* kill(before)
-        const step = sandbox.run("print('step ran')")
-        const crashed = yield* Effect.flip(step)
-        assert.isTrue(Resource.isCrash(crashed), "the holder gets a typed EnvError(Crashed)")
-        yield* kill(yield* lease.instanceId)
-        const retried = yield* ResourceManager.withRetryOnCrash(step)
-        assert.strictEqual(retried.stdout, "step ran\n")
-        assert.notStrictEqual(yield* lease.instanceId, before)
-      }))
-      const stats = yield* manager.stats("python-kill")
-      assert.isAtLeast(stats!.failures, 2)
-      assert.strictEqual(stats!.unhealthy, 0)
-    }))
-
-  it.effect("the python tool through the tool actor: state persists, a timeout is an observation", () =>
+  /** A chain's sandbox for the length of `f`. */
+  const withSandbox = <A, E, R>(
+    chainId: string,
+    f: (sandbox: PythonSandbox.PythonSandbox["Service"]) => Effect.Effect<A, E, R>,
+    options?: { readonly timeoutMillis?: number }
+  ) =>
     Effect.scoped(Effect.gen(function*() {
-      const resource = yield* PythonSandbox.docker(spec)
-      const provider = yield* PythonSandbox.provider(resource, { timeoutMillis: 1_000 })
-      const context = yield* provider.acquire({ chainId: "tool", groupId: "g" })
-      const actor = yield* ToolActor.make([python])
-      const call = (id: string, code: string) =>
-        actor.execute({ id, type: "function", function: { name: "python", arguments: { code } } }, { context })
-      yield* call("1", "total = sum(range(10))")
-      const ok = yield* call("2", "total")
-      assert.strictEqual(ok.message.content, "45")
-      const slow = yield* call("3", "while True: pass")
-      assert.isDefined(slow.error)
-      assert.include(String(slow.message.content), "ran longer than 1000 ms")
-      // A reward can re-run the agent's code in the same sandbox, fresh or against the chain's state.
-      const sandbox = Context.get(context, PythonSandbox.PythonSandbox)
-      yield* call("4", "def square(n):\n    return n * n")
-      const check = yield* sandbox.run("assert square(12) == 144\nprint('pass')")
-      assert.strictEqual(check.stdout, "pass\n")
-      const fresh = yield* sandbox.run("print('square' in globals())", { fresh: true })
-      assert.strictEqual(fresh.stdout, "False\n")
-    })))
-
-  it.effect("the run's containers carry its label and are removed when the engine's scope closes", () =>
-    Effect.gen(function*() {
-      const scope = yield* Scope.make()
-      const engine = yield* Docker.make({ handleSignals: false }).pipe(Scope.provide(scope))
-      const manager = yield* ResourceManager.make().pipe(Scope.provide(scope))
-      const resource = yield* PythonSandbox.docker(Resource.makeUnsafe({ ...spec, name: "python-scope" })).pipe(
-        Effect.provideService(Docker.DockerEngine, engine)
-      )
-      yield* manager.acquire(resource, { chainId: "s", groupId: "g" }).pipe(Scope.provide(scope))
-      assert.strictEqual(labelled(engine.runId), 1)
-      yield* Scope.close(scope, { _tag: "Success", value: undefined } as never)
-      assert.strictEqual(labelled(engine.runId), 0)
+      const resource = yield* PythonSandbox.docker(spec, { transport })
+      const provider = yield* PythonSandbox.provider(resource, options)
+      const context = yield* provider.acquire({ chainId, groupId: "g" })
+      return yield* f(Context.get(context, PythonSandbox.PythonSandbox))
     }))
-})
+
+  layer(Env, { timeout: 120_000, excludeTestServices: true })(`PythonSandbox on Docker (${transport})`, (it) => {
+    it.effect("state persists across calls within a chain; another chain does not see it", () =>
+      Effect.gen(function*() {
+        const [first, second, other] = yield* withSandbox("a", (a) =>
+          Effect.gen(function*() {
+            const first = yield* a.run("x = 41\ndef f(n):\n    return n * 2\nx + 1")
+            const second = yield* a.run("print(f(x))")
+            const other = yield* withSandbox("b", (b) => b.run("'x' in globals()"))
+            return [first, second, other]
+          }))
+        assert.strictEqual(first.stdout, "42\n")
+        assert.strictEqual(second.stdout, "82\n")
+        assert.strictEqual(other.stdout, "False\n", "chain b is isolated from chain a")
+      }))
+
+    it.effect("exceptions are results with a traceback of the cell only; output is truncated with a marker", () =>
+      withSandbox("c", (sandbox) =>
+        Effect.gen(function*() {
+          const failed = yield* sandbox.run("1/0")
+          assert.strictEqual(failed.error, "ZeroDivisionError: division by zero")
+          assert.include(failed.stderr, "ZeroDivisionError")
+          const long = yield* sandbox.run("print('a' * 20000)")
+          assert.isTrue(long.truncated)
+          assert.include(long.stdout, "...[truncated")
+          assert.isBelow(long.stdout.length, 8300)
+        }), { timeoutMillis: 5_000 }))
+
+    it.effect("escape: a flood from a child process reaches neither the reply nor the host's log", () =>
+      withSandbox("flood", (sandbox) =>
+        Effect.gen(function*() {
+          const r = yield* sandbox.run("import os\nos.system('yes | head -c 50000000')\nprint('after')")
+          assert.strictEqual(r.stdout, "after\n")
+        })))
+
+    it.effect("runs as nobody with no capabilities, no new privileges", () =>
+      withSandbox("d", (sandbox) =>
+        Effect.gen(function*() {
+          const r = yield* sandbox.run(
+            "import os\nstatus = open('/proc/self/status').read()\n" +
+              "print(os.getuid(), [l.split()[1] for l in status.splitlines()" +
+              " if l.startswith(('CapEff', 'NoNewPrivs'))])"
+          )
+          assert.strictEqual(r.stdout, "65534 ['0000000000000000', '1']\n")
+        })))
+
+    it.effect("escape: no network (only a loopback interface; the host's Redis is unreachable)", () =>
+      withSandbox("e", (sandbox) =>
+        Effect.gen(function*() {
+          const r = yield* sandbox.run([
+            "import os, socket",
+            "print(sorted(os.listdir('/sys/class/net')))",
+            "s = socket.socket()",
+            "s.settimeout(2)",
+            "try:",
+            "    s.connect(('127.0.0.1', 6390))",
+            "    print('CONNECTED')",
+            "except OSError as e:",
+            "    print('refused', type(e).__name__)"
+          ].join("\n"))
+          assert.include(r.stdout, "['lo']")
+          assert.include(r.stdout, "refused ConnectionRefusedError")
+          assert.notInclude(r.stdout, "CONNECTED")
+        })))
+
+    it.effect("escape: writing outside the work dir fails (read-only root); the work dir and /tmp are writable", () =>
+      withSandbox("f", (sandbox) =>
+        Effect.gen(function*() {
+          const r = yield* sandbox.run([
+            "import os",
+            "for path in ['/etc/evil', '/usr/evil', '/evil', '/work/ok', '/tmp/ok']:",
+            "    try:",
+            "        open(path, 'w').write('x')",
+            "        print(path, 'written')",
+            "    except OSError as e:",
+            "        print(path, e.strerror)"
+          ].join("\n"))
+          assert.include(r.stdout, "/etc/evil Read-only file system")
+          assert.include(r.stdout, "/usr/evil Read-only file system")
+          assert.include(r.stdout, "/evil Read-only file system")
+          assert.include(r.stdout, "/work/ok written")
+          assert.include(r.stdout, "/tmp/ok written")
+        })))
+
+    it.effect("escape: an infinite loop is stopped at the time limit; the next call works on a fresh interpreter", () =>
+      withSandbox("g", (sandbox) =>
+        Effect.gen(function*() {
+          yield* sandbox.run("kept = 1")
+          const error = yield* Effect.flip(sandbox.run("while True:\n    pass", { timeoutMillis: 1_000 }))
+          assert.instanceOf(error, PythonSandbox.PythonError)
+          assert.strictEqual(error._tag === "PythonError" ? error.reason : undefined, "Timeout")
+          const after = yield* sandbox.run("print('kept' in globals())")
+          assert.strictEqual(after.stdout, "False\n")
+          assert.isTrue(after.restarted, "the model is told its state is gone")
+        })))
+
+    it.effect("escape: a fork bomb hits the pids cap and is cleaned up at the time limit", () =>
+      withSandbox("h", (sandbox) =>
+        Effect.gen(function*() {
+          // Count how many processes we can make: the cap (32) stops it well short of 200.
+          const counted = yield* sandbox.run([
+            "import os, time",
+            "n = 0",
+            "for _ in range(200):",
+            "    try:",
+            "        if os.fork() == 0:",
+            "            time.sleep(30)",
+            "            os._exit(0)",
+            "        n += 1",
+            "    except OSError:",
+            "        break",
+            "print(n)"
+          ].join("\n"), { timeoutMillis: 5_000 })
+          assert.isBelow(Number(counted.stdout.trim()), 32)
+          const bomb = yield* Effect.flip(sandbox.run(
+            "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
+            { timeoutMillis: 2_000 }
+          ))
+          assert.strictEqual(bomb._tag === "PythonError" ? bomb.reason : bomb._tag, "Timeout")
+          const after = yield* sandbox.run("print('alive')")
+          assert.strictEqual(after.stdout, "alive\n")
+        })))
+
+    it.effect("escape: a memory bomb is OOM-killed (typed error); the next call works on a fresh interpreter", () =>
+      withSandbox("i", (sandbox) =>
+        Effect.gen(function*() {
+          const error = yield* Effect.flip(sandbox.run("x = bytearray(1024 * 1024 * 1024)", { timeoutMillis: 20_000 }))
+          assert.instanceOf(error, PythonSandbox.PythonError)
+          assert.strictEqual(error._tag === "PythonError" ? error.reason : undefined, "Killed")
+          assert.include(error.message, "signal 9")
+          const after = yield* sandbox.run("print(1 + 1)")
+          assert.strictEqual(after.stdout, "2\n")
+          assert.isTrue(after.restarted)
+        })))
+
+    it.effect("a released sandbox is reset before the next chain gets it (no variables, no files)", () =>
+      Effect.gen(function*() {
+        const manager = yield* ResourceManager.ResourceManager
+        const single = Resource.makeUnsafe({
+          ...spec,
+          name: `python-single-${transport}`,
+          pool: { ...spec.pool, max: 1 }
+        })
+        const resource = yield* PythonSandbox.docker(single, { transport })
+        const run = (chainId: string, code: string) =>
+          Effect.scoped(Effect.gen(function*() {
+            const lease = yield* manager.acquire(resource, { chainId, groupId: "g" })
+            const result = yield* PythonSandbox.fromLease(lease).run(code)
+            return [yield* lease.instanceId, result.stdout] as const
+          }))
+        const [first] = yield* run("a", "secret = 7\nopen('/work/notes.txt', 'w').write('x')")
+        const [second, out] = yield* run(
+          "b",
+          "import os\nprint('secret' in globals(), os.path.exists('/work/notes.txt'))"
+        )
+        assert.strictEqual(second, first, "the same container was reused")
+        assert.strictEqual(out, "False False\n")
+      }))
+
+    it.effect("a container killed mid-lease (docker kill) is replaced and the chain's step retried", () =>
+      Effect.gen(function*() {
+        const manager = yield* ResourceManager.ResourceManager
+        const engine = yield* Docker.DockerEngine
+        const killSpec = Resource.makeUnsafe({ ...spec, name: `python-kill-${transport}` })
+        const resource = yield* PythonSandbox.docker(killSpec, { transport })
+        const kill = (instanceId: string) =>
+          dockerCli(["kill", `agentfly-${instanceId}-${engine.runId}`.replace(/[^a-zA-Z0-9_.-]/g, "-")])
+        yield* Effect.scoped(Effect.gen(function*() {
+          const lease = yield* manager.acquire(resource, { chainId: "k", groupId: "g" })
+          const sandbox = PythonSandbox.fromLease(lease)
+          yield* sandbox.run("x = 1")
+          const before = yield* lease.instanceId
+          yield* kill(before)
+          const step = sandbox.run("print('step ran')")
+          const crashed = yield* Effect.flip(step)
+          assert.isTrue(Resource.isCrash(crashed), "the holder gets a typed EnvError(Crashed)")
+          yield* kill(yield* lease.instanceId)
+          const retried = yield* ResourceManager.withRetryOnCrash(step)
+          assert.strictEqual(retried.stdout, "step ran\n")
+          assert.notStrictEqual(yield* lease.instanceId, before)
+        }))
+        const stats = yield* manager.stats(`python-kill-${transport}`)
+        assert.isAtLeast(stats!.failures, 2)
+        assert.strictEqual(stats!.unhealthy, 0)
+      }))
+
+    it.effect("the python tool through the tool actor: state persists, a timeout is an observation", () =>
+      Effect.scoped(Effect.gen(function*() {
+        const resource = yield* PythonSandbox.docker(spec, { transport })
+        const provider = yield* PythonSandbox.provider(resource, { timeoutMillis: 1_000 })
+        const context = yield* provider.acquire({ chainId: "tool", groupId: "g" })
+        const actor = yield* ToolActor.make([python])
+        const call = (id: string, code: string) =>
+          actor.execute({ id, type: "function", function: { name: "python", arguments: { code } } }, { context })
+        yield* call("1", "total = sum(range(10))")
+        const ok = yield* call("2", "total")
+        assert.strictEqual(ok.message.content, "45")
+        const slow = yield* call("3", "while True: pass")
+        assert.isDefined(slow.error)
+        assert.include(String(slow.message.content), "ran longer than 1000 ms")
+        // A reward can re-run the agent's code in the same sandbox, fresh or against the chain's state.
+        const sandbox = Context.get(context, PythonSandbox.PythonSandbox)
+        yield* call("4", "def square(n):\n    return n * n")
+        const check = yield* sandbox.run("assert square(12) == 144\nprint('pass')")
+        assert.strictEqual(check.stdout, "pass\n")
+        const fresh = yield* sandbox.run("print('square' in globals())", { fresh: true })
+        assert.strictEqual(fresh.stdout, "False\n")
+      })))
+
+    it.effect("the run's containers carry its label and are removed when the engine's scope closes", () =>
+      Effect.gen(function*() {
+        const scope = yield* Scope.make()
+        const engine = yield* Docker.make({ handleSignals: false }).pipe(Scope.provide(scope))
+        const manager = yield* ResourceManager.make().pipe(Scope.provide(scope))
+        const scopeSpec = Resource.makeUnsafe({ ...spec, name: `python-scope-${transport}` })
+        const resource = yield* PythonSandbox.docker(scopeSpec, { transport }).pipe(
+          Effect.provideService(Docker.DockerEngine, engine)
+        )
+        yield* manager.acquire(resource, { chainId: "s", groupId: "g" }).pipe(Scope.provide(scope))
+        assert.strictEqual(labelled(engine.runId), 1)
+        yield* Scope.close(scope, { _tag: "Success", value: undefined } as never)
+        assert.strictEqual(labelled(engine.runId), 0)
+      }))
+  })
+}
