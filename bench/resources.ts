@@ -6,10 +6,12 @@
  * - `lease`: acquire + release of a warm in-process instance through `ResourceManager` (sharing key, health check
  *   on acquire, reset on release, metrics), vs `Pool.get` of effect's own `Pool` (no keys, no checks).
  * - `docker exec`: one `exec` of `true` in a warm sandbox container, vs the Python sandbox's call (one exec of the
- *   client + the supervisor + the persistent interpreter), vs the same call under bubblewrap (a unix socket).
+ *   client + the supervisor + the persistent interpreter), vs the same call over the container's attached stdio
+ *   (`transport: "attach"`), vs under bubblewrap (a unix socket).
  * - `redis`: acquire + release of a global lease (two Lua scripts), vs a `PING`.
  * - `chains`: 16 concurrent chains of (lease → 5 `python` calls → release) through the manager on warm Docker
- *   sandboxes, vs 1 chain; throughput in calls per second (and the same on bubblewrap sandboxes). The rollout
+ *   sandboxes, vs 1 chain; throughput in calls per second (and the same with the attach transport and on
+ *   bubblewrap sandboxes). The rollout
  *   runtime's own chains add sampling on top; this measures the environment side alone.
  *
  * Headline: chains-16 throughput / chains-1 throughput (target ≥ 2: the sandbox path must scale past one core's
@@ -93,6 +95,12 @@ const execFigures = Effect.gen(function*() {
   yield* py.run("x = 0")
   const pythonMs = yield* rounds(3, perCall(20, py.run("x += 1")))
 
+  const attached = yield* PythonSandbox.docker(yield* sandboxSpec("docker", "py-attach", 1), { transport: "attach" })
+  const atLease = yield* manager.acquire(attached, owner)
+  const at = PythonSandbox.fromLease(atLease)
+  yield* at.run("x = 0")
+  const attachMs = yield* rounds(3, perCall(50, at.run("x += 1")))
+
   const bwrap = PythonSandbox.bubblewrap(yield* sandboxSpec("bubblewrap", "py-bwrap", 1))
   const bwLease = yield* manager.acquire(bwrap, owner)
   const bw = PythonSandbox.fromLease(bwLease)
@@ -101,6 +109,7 @@ const execFigures = Effect.gen(function*() {
   return {
     dockerExecTrueMs: rawMs,
     pythonCallDockerMs: pythonMs,
+    pythonCallDockerAttachMs: attachMs,
     pythonCallBubblewrapMs: bwrapMs,
     pythonDockerVsExec: pythonMs / rawMs,
     bubblewrapVsDocker: bwrapMs / pythonMs
@@ -171,6 +180,15 @@ const chainFigures = Effect.gen(function*() {
   const engineCpuPerCallMs = (engineCpuMs() - cpuBefore) / (3 * CALLS)
   const sixteen = yield* rounds(3, Effect.suspend(() => chainThroughput(docker, 16, round++)))
   yield* manager.close("py-chains")
+  // The same chains on Docker with the `attach` transport (no exec per call).
+  const attached = yield* PythonSandbox.docker(yield* sandboxSpec("docker", "py-chains-attach", 16), {
+    transport: "attach"
+  })
+  yield* manager.open(attached)
+  yield* warm("py-chains-attach", 16)
+  const atOne = yield* rounds(3, Effect.suspend(() => chainThroughput(attached, 1, round++)))
+  const atSixteen = yield* rounds(3, Effect.suspend(() => chainThroughput(attached, 16, round++)))
+  yield* manager.close("py-chains-attach")
   // The same chains on bubblewrap sandboxes (no engine in the path).
   const bwrap = PythonSandbox.bubblewrap(yield* sandboxSpec("bubblewrap", "py-chains-bwrap", 16))
   yield* manager.open(bwrap)
@@ -184,6 +202,7 @@ const chainFigures = Effect.gen(function*() {
     engineCpuPerCallMs,
     /** The most calls per second the engine's CPU per call allows on 2 cores. */
     engineBoundCallsPerSecondOn2Cores: 2000 / engineCpuPerCallMs,
+    dockerAttach: { chains1CallsPerSecond: atOne, chains16CallsPerSecond: atSixteen, ratio: atSixteen / atOne },
     bubblewrap: { chains1CallsPerSecond: bwOne, chains16CallsPerSecond: bwSixteen, ratio: bwSixteen / bwOne }
   }
 })
