@@ -114,8 +114,8 @@ const isAlive = (pid: number): boolean => {
  * @category constructors
  * @since 0.1.0
  */
-export const reapOrphans = (docker: Dockerode): Effect.Effect<number, EnvError> =>
-  Effect.gen(function*() {
+export const reapOrphans: (docker: Dockerode) => Effect.Effect<number, EnvError> = Effect.fn("Docker.reapOrphans")(
+  function*(docker: Dockerode) {
     const containers = yield* Effect.tryPromise({
       try: () => docker.listContainers({ all: true, filters: { label: [`${Labels.managed}=1`] } }),
       catch: (e) => engineError("docker", "reapOrphans", e)
@@ -127,7 +127,8 @@ export const reapOrphans = (docker: Dockerode): Effect.Effect<number, EnvError> 
     })
     yield* Effect.forEach(orphans, (c) => removeContainer(docker, c.Id), { concurrency: 8, discard: true })
     return orphans.length
-  })
+  }
+)
 
 /**
  * Removes every container of one run.
@@ -135,15 +136,18 @@ export const reapOrphans = (docker: Dockerode): Effect.Effect<number, EnvError> 
  * @category constructors
  * @since 0.1.0
  */
-export const removeRun = (docker: Dockerode, runId: string): Effect.Effect<number, EnvError> =>
-  Effect.gen(function*() {
+export const removeRun: (docker: Dockerode, runId: string) => Effect.Effect<number, EnvError> = Effect.fn(
+  "Docker.removeRun"
+)(
+  function*(docker: Dockerode, runId: string) {
     const containers = yield* Effect.tryPromise({
       try: () => docker.listContainers({ all: true, filters: { label: [`${Labels.run}=${runId}`] } }),
       catch: (e) => engineError("docker", "removeRun", e)
     })
     yield* Effect.forEach(containers, (c) => removeContainer(docker, c.Id), { concurrency: 8, discard: true })
     return containers.length
-  })
+  }
+)
 
 const removeContainer = (docker: Dockerode, id: string): Effect.Effect<void> =>
   Effect.ignore(Effect.tryPromise(() => docker.getContainer(id).remove({ force: true, v: true })))
