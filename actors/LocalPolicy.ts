@@ -20,6 +20,7 @@ import * as PolicyTrainer from "../src/PolicyTrainer.ts"
 import { Sampler } from "../src/Sampler.ts"
 import type { GenerateRequest } from "../src/Sampler.ts"
 import type * as TrainConfig from "../src/TrainConfig.ts"
+import type * as Trajectory from "../src/Trajectory.ts"
 import * as TrajectoryBuilder from "../src/TrajectoryBuilder.ts"
 import * as Learner from "./Learner.ts"
 import * as PolicyEngine from "./PolicyEngine.ts"
@@ -28,6 +29,15 @@ import { Policy, TrainerError } from "./Trainer.ts"
 const learnerError = (e: { readonly message: string }) => new TrainerError({ reason: "Learner", message: e.message })
 const checkpointError = (e: { readonly message: string }) =>
   new TrainerError({ reason: "Checkpoint", message: e.message })
+
+const groupRelative = new Set<TrainConfig.AdvantageEstimator>(["grpo", "grpo-no-std", "rloo"])
+
+/** Whether a group's scored, trainable trajectories have different rewards (a learning signal). */
+const hasSignal = (group: Trajectory.Group): boolean => {
+  const rewards = group.trajectories.filter((t) => t.trainable && !t.masked && t.rewardStatus === "scored")
+    .map((t) => t.reward)
+  return rewards.some((r) => r !== rewards[0])
+}
 
 /**
  * The RL loss of a config.
@@ -150,13 +160,25 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
       )).pipe(Effect.map((xs) => xs.flat()))
 
   const policy = Policy.of({
-    learn: (_step, groups) =>
-      Learner.update(groups, learnerOptions).pipe(
+    learn: (_step, all) => {
+      // Under a group-relative estimator a group whose rewards are all equal has zero advantages: no signal. Such
+      // groups are dropped, and a step with none left is skipped, because AdamW would still move every weight along
+      // its stale momentum (with sparse early rewards that alone wrecks a freshly warmed-up policy).
+      const groups = groupRelative.has(algorithm.advantage) ? all.filter(hasSignal) : all
+      if (groups.length === 0) {
+        return Effect.succeed({ "learner/applied": 0, "learner/groups_with_signal": 0 })
+      }
+      return Learner.update(groups, learnerOptions).pipe(
         Effect.provideService(PolicyTrainer.PolicyTrainer, trainer),
         Effect.tap(() => Effect.sync(() => (dirty = true))),
-        Effect.map((report) => ({ ...report.figures, "learner/applied": report.outcome === "applied" ? 1 : 0 })),
+        Effect.map((report) => ({
+          ...report.figures,
+          "learner/applied": report.outcome === "applied" ? 1 : 0,
+          "learner/groups_with_signal": groups.length
+        })),
         Effect.mapError(learnerError)
-      ),
+      )
+    },
     sft: (_step, rows) =>
       Effect.gen(function*() {
         if (phase !== "sft") yield* startSft
