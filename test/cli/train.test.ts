@@ -55,12 +55,25 @@ describe("agentfly train", () => {
         data: { train: "data/train.jsonl", eval: "data/heldout.jsonl" },
         tools: ["calculator"],
         reward: "mathEqual",
-        agent: { systemPrompt: "Use the calculator tool.", renderTools: false, maxTurns: 2, numChains: 2, maxNewTokens: 24,
-          maxContextTokens: 256 },
+        agent: {
+          systemPrompt: "Use the calculator tool.",
+          renderTools: false,
+          maxTurns: 2,
+          numChains: 2,
+          maxNewTokens: 24,
+          maxContextTokens: 256
+        },
         warmup: { data: "data/demos.jsonl", steps: 3, batchSize: 4, lr: 0.003 },
         // An entropy bonus under a non-group-relative estimator makes every RL step move the weights, whatever the
         // (mostly zero) rewards of an untrained policy: resuming exactly is then a real test.
-        algorithm: { steps: 6, groupsPerStep: 2, microBatchSize: 4, lr: 0.001, advantage: "reinforce++", entropyCoef: 0.01 },
+        algorithm: {
+          steps: 6,
+          groupsPerStep: 2,
+          microBatchSize: 4,
+          lr: 0.001,
+          advantage: "reinforce++",
+          entropyCoef: 0.01
+        },
         eval: { every: 100, size: 2 },
         checkpoint: { every: 2, keep: 2 }
       }))
@@ -88,7 +101,8 @@ describe("agentfly train", () => {
       assert.deepStrictEqual(stepsIn(journal), [1, 2, 3, 4, 5, 6], "every learner step exactly once")
       const checkpoints = journal.flatMap((e) => (e.kind === "checkpoint" ? [e.step] : []))
       assert.deepStrictEqual(checkpoints, [0, 2, 4, 6], "every checkpoint exactly once")
-      assert.deepStrictEqual(journal.filter((e) => e.kind === "start").map((e) => e.kind === "start" && e.fromStep), [0, 2])
+      const starts = journal.flatMap((e) => (e.kind === "start" ? [e.fromStep] : []))
+      assert.deepStrictEqual(starts, [0, 2])
       const hashes = (j: ReadonlyArray<Journal.Entry>) => j.flatMap((e) => (e.kind === "step" ? [e.weightsHash] : []))
       assert.deepStrictEqual(hashes(journal), hashes(reference), "the same weights after every step")
       assert.strictEqual(new Set(hashes(reference)).size, 6, "every step changed the weights")
@@ -118,6 +132,6 @@ describe("agentfly train", () => {
       const row = yield* train([join(dir, "rows.json")])
       assert.strictEqual(row.code, 1)
       assert.include(row.output, `rows.jsonl:2: a row needs a \`question\` or \`messages\``)
-      assert.isFalse(existsSync(join(dir, "model")), "the model folder is not initialised for a run that cannot start")
+      assert.isFalse(existsSync(join(dir, "model")), "no model folder for a run that cannot start")
     }).pipe(Effect.provide(NodeServices.layer)), 60_000)
 })
