@@ -23,6 +23,12 @@ const Fields = Schema.Struct({
   tieWordEmbeddings: Schema.Boolean.pipe(Schema.withDecodingDefaultKey(Effect.succeed(false))),
   /** Qwen2 has biases on the q, k and v projections; `config.json` of Qwen2 models omits the key. */
   attentionBias: Schema.Boolean.pipe(Schema.withDecodingDefaultKey(Effect.succeed(true))),
+  /**
+   * Adds learned absolute position embeddings (`model.embed_positions.weight`, GPT-2 style) to the token
+   * embeddings, on top of RoPE. Not part of Qwen2; off by default. Tiny byte-level policies learn to copy digit
+   * strings from their context much sooner with them.
+   */
+  learnedPositions: Schema.Boolean.pipe(Schema.withDecodingDefaultKey(Effect.succeed(false))),
   bosTokenId: Schema.optionalKey(Schema.Int),
   eosTokenId: Schema.optionalKey(Schema.Union([Schema.Int, Schema.Array(Schema.Int)]))
 })
@@ -62,6 +68,7 @@ export const ModelConfig = Fields.check(shapeCheck).pipe(Schema.encodeKeys({
   rmsNormEps: "rms_norm_eps",
   tieWordEmbeddings: "tie_word_embeddings",
   attentionBias: "attention_bias",
+  learnedPositions: "learned_position_embeddings",
   bosTokenId: "bos_token_id",
   eosTokenId: "eos_token_id"
 }))
@@ -87,8 +94,9 @@ export type PresetName = "tiny" | "small"
  * Preset architectures for the embedded CPU policy. The vocabulary size is a placeholder that
  * `ModelFolder.init` raises to cover the tokenizer (the byte-level tokenizer has 256 bytes plus chat specials).
  *
- * - `tiny`: 2 layers, width 128, 4 query heads sharing 2 KV heads (GQA), SwiGLU 512: ≈0.5 M parameters besides
- *   the embedding; decodes thousands of tokens/s on 2 CPU cores.
+ * - `tiny`: 2 layers, width 128, 4 query heads sharing 2 KV heads (GQA), SwiGLU 512, untied head, learned
+ *   positions on top of RoPE: ≈0.5 M parameters besides the embeddings; decodes thousands of tokens/s on 2 CPU
+ *   cores.
  * - `small`: 4 layers, width 256, 8 query heads sharing 2 KV heads, SwiGLU 1024.
  *
  * @category constructors
@@ -106,8 +114,12 @@ export const presets: Readonly<Record<PresetName, ModelConfig>> = {
     maxPositionEmbeddings: 512,
     ropeTheta: 10000,
     rmsNormEps: 1e-6,
-    tieWordEmbeddings: true,
-    attentionBias: true
+    // Measured on the calculator warm-up (batch 16, LR 2e-3): with tied embeddings and RoPE alone the model never
+    // learned to copy digits from its context in 1,800 steps (digit NLL stuck at ln 10); with learned positions and
+    // an untied head it starts copying after ~450 steps.
+    tieWordEmbeddings: false,
+    attentionBias: true,
+    learnedPositions: true
   },
   small: {
     modelType: "qwen2",
@@ -121,7 +133,8 @@ export const presets: Readonly<Record<PresetName, ModelConfig>> = {
     ropeTheta: 10000,
     rmsNormEps: 1e-6,
     tieWordEmbeddings: true,
-    attentionBias: true
+    attentionBias: true,
+    learnedPositions: false
   }
 }
 

@@ -71,6 +71,9 @@ export const parameters = (c: ModelConfig.ModelConfig): ReadonlyArray<ParameterS
   const D = c.hiddenSize, hd = ModelConfig.headDim(c), F = c.intermediateSize
   const qOut = c.numAttentionHeads * hd, kvOut = c.numKeyValueHeads * hd
   const specs: Array<ParameterSpec> = [{ name: "model.embed_tokens.weight", shape: [c.vocabSize, D], init: "normal" }]
+  if (c.learnedPositions) {
+    specs.push({ name: "model.embed_positions.weight", shape: [c.maxPositionEmbeddings, D], init: "normal" })
+  }
   for (let i = 0; i < c.numHiddenLayers; i++) {
     const p = `model.layers.${i}`
     specs.push({ name: `${p}.input_layernorm.weight`, shape: [D], init: "ones" })
@@ -314,6 +317,9 @@ export const forward = (g: Graph.Graph, c: ModelConfig.ModelConfig, options: For
   const ctx = context(g, c, ids, mask, pos)
   const hd = ModelConfig.headDim(c), KV = c.numKeyValueHeads
   let x = g.op("Gather", [param("model.embed_tokens.weight"), ids], { axis: Graph.int(0) })
+  if (c.learnedPositions) {
+    x = g.op("Add", [x, g.op("Gather", [param("model.embed_positions.weight"), pos], { axis: Graph.int(0) })])
+  }
   for (let i = 0; i < c.numHiddenLayers; i++) {
     const p = `model.layers.${i}`
     const past = options.kvCache ?

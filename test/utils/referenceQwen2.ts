@@ -42,7 +42,12 @@ export const referenceLogits = (
   const G = H / KV, F = c.intermediateSize
   const W = (n: string) => w.get(n)!
   const E = W("model.embed_tokens.weight")
-  let xs = ids.map((id) => Float64Array.from(E.subarray(id * D, id * D + D)))
+  const P = c.learnedPositions ? W("model.embed_positions.weight") : undefined
+  let xs = ids.map((id, t) => {
+    const x = Float64Array.from(E.subarray(id * D, id * D + D))
+    if (P !== undefined) for (let j = 0; j < D; j++) x[j]! += P[t * D + j]!
+    return x
+  })
   for (let l = 0; l < c.numHiddenLayers; l++) {
     const p = `model.layers.${l}`
     const bias = (n: string) => (c.attentionBias ? W(`${p}.self_attn.${n}_proj.bias`) : undefined)
