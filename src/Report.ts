@@ -205,14 +205,7 @@ export const charts: ReadonlyArray<ChartSpec> = [
   },
   { title: "Entropy", series: [{ name: "entropy", phase: "train", key: "learner/entropy" }] },
   { title: "Clip fraction", series: [{ name: "clip fraction", phase: "train", key: "learner/clip_frac" }] },
-  {
-    title: "Throughput (tokens/s)",
-    series: [{ name: "train", phase: "train", key: "perf/tokens_per_s" }, {
-      name: "warm-up",
-      phase: "warmup",
-      key: "perf/tokens_per_s"
-    }]
-  },
+  { title: "Throughput (tokens/s)", series: [{ name: "train", phase: "train", key: "perf/tokens_per_s" }] },
   { title: "Policy loss", series: [{ name: "loss", phase: "train", key: "learner/loss" }] },
   { title: "Warm-up loss (SFT)", series: [{ name: "masked NLL", phase: "warmup", key: "warmup/loss" }] }
 ]
@@ -243,8 +236,28 @@ const sourceColours: Record<string, string> = {
 const showToken = (token: string): string =>
   escape(token).replace(/\n/g, "↵\n").replace(/\t/g, "→").replace(/ /g, "&#183;")
 
-const viewer = (samples: ReadonlyArray<SampleRecord>): string => {
-  if (samples.length === 0) return `<p class="nodata">No sampled trajectories were recorded.</p>`
+/**
+ * The samples the viewer shows: those of at most `maxSteps` steps per phase, evenly spread and always including
+ * the first and the last (a long run records thousands; the page stays small).
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const selectSamples = (samples: ReadonlyArray<SampleRecord>, maxSteps = 12): Array<SampleRecord> => {
+  const keep = new Set<string>()
+  for (const phase of ["train", "eval"] as const) {
+    const steps = [...new Set(samples.filter((s) => s.phase === phase).map((s) => s.step))].sort((a, b) => a - b)
+    const n = Math.min(maxSteps, steps.length)
+    for (let i = 0; i < n; i++) {
+      keep.add(`${phase} ${steps[n === 1 ? 0 : Math.round((i * (steps.length - 1)) / (n - 1))]}`)
+    }
+  }
+  return samples.filter((s) => keep.has(`${s.phase} ${s.step}`))
+}
+
+const viewer = (all: ReadonlyArray<SampleRecord>): string => {
+  if (all.length === 0) return `<p class="nodata">No sampled trajectories were recorded.</p>`
+  const samples = selectSamples(all)
   const steps = [...new Set(samples.map((s) => `${s.phase} ${s.step}`))]
   const options = steps.map((s) => `<option value="${escape(s)}">${escape(s)}</option>`).join("")
   const cards = samples.map((sample, i) => {

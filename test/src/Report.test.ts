@@ -78,6 +78,25 @@ describe("Report", () => {
     assert.isTrue(points[0]![1]! > points[1]![1]!, "a rising series goes up the page")
   })
 
+  it("the viewer keeps the samples of at most 12 steps per phase, first and last included", () => {
+    const sample = (phase: "train" | "eval", step: number): Report.SampleRecord => ({
+      phase,
+      step,
+      groupId: "g",
+      reward: 0,
+      termination: "stop",
+      spans: []
+    })
+    const all = [...Array.from({ length: 100 }, (_, i) => [sample("train", i + 1), sample("train", i + 1)]).flat(),
+      sample("eval", 0), sample("eval", 50)]
+    const kept = Report.selectSamples(all)
+    const trainSteps = [...new Set(kept.filter((s) => s.phase === "train").map((s) => s.step))]
+    assert.strictEqual(trainSteps.length, 12)
+    assert.deepStrictEqual([trainSteps[0], trainSteps.at(-1)], [1, 100])
+    assert.strictEqual(kept.filter((s) => s.step === 1).length, 2, "every sample of a kept step")
+    assert.strictEqual(kept.filter((s) => s.phase === "eval").length, 2)
+  })
+
   it("escapes token text so a trajectory cannot inject markup", () => {
     const html = Report.render({ title: "t<x>", ...run() })
     assert.notInclude(html, "</script><b>")
