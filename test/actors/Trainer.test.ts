@@ -183,7 +183,10 @@ describe("Trainer", () => {
       const staleness = train.map((m) => m.figures["rollout/staleness_mean"]!)
       assert.isTrue(staleness.every((s) => s >= 0 && s <= 1), `staleness ${staleness}`)
       assert.isTrue(staleness.slice(1).some((s) => s > 0), "later batches were sampled while the learner trained")
-      const waits = train.slice(1).map((m) => m.figures["time/wait_rollout_s"]!)
-      assert.isTrue(waits.every((w) => w < 0.03), `batches were ready when the learner asked: ${waits}`)
+      // Relative, not absolute, so that a loaded machine slows both sides alike.
+      const mean = (xs: Array<number>) => xs.reduce((a, b) => a + b, 0) / xs.length
+      const waits = mean(train.slice(1).map((m) => m.figures["time/wait_rollout_s"]!))
+      const learns = mean(train.slice(1).map((m) => m.figures["time/learn_s"]!))
+      assert.isTrue(waits < learns / 2, `batches mostly ready when the learner asked: wait ${waits}, learn ${learns}`)
     }).pipe(Effect.provide(NodeServices.layer)))
 })
