@@ -2,8 +2,8 @@
  * `npm run bench -- learner`: training throughput of the ONNX learner on the tiny preset (batch 8 × 64 tokens,
  * masked NLL, AdamW), against two baselines measured in the same run:
  *
- * 1. `@tensorflow/tfjs` with the wasm backend computing the same model (Qwen2: RMSNorm, RoPE, GQA, SwiGLU, tied
- *    head), the same loss and its gradients, with Adam (a dev-only comparator). The wasm backend has no gradient
+ * 1. `@tensorflow/tfjs` with the wasm backend computing the same model (Qwen2: RMSNorm, RoPE, GQA, SwiGLU, the
+ *    preset's untied head and learned positions), the same loss and its gradients, with Adam (a dev-only comparator). The wasm backend has no gradient
  *    kernel for `gather` (the embedding is a one-hot matmul) and its transposed matmul is slow, so its matmul
  *    gradient transposes explicitly: the best configuration found in `shared/prototypes/ml/tfjs_bench.mjs`.
  *    Both engines start from the same weights; the loss and an embedding gradient are compared as a sanity check.
@@ -136,6 +136,10 @@ const tfjsLearner = async (weights: Qwen2.Weights) => {
     }
   })
   const gF = w("model.norm.weight", false)
+  const head = c.tieWordEmbeddings ? E : w("lm_head.weight", false)
+  const positions = c.learnedPositions
+    ? tf.tile(tf.slice(w("model.embed_positions.weight", false), [0, 0], [T, D]), [B, 1])
+    : undefined
   const tables = Qwen2.ropeTables(c)
   const cos = tf.tensor(tables.cos.subarray(0, T * hd / 2), [1, T, 1, hd / 2])
   const sin = tf.tensor(tables.sin.subarray(0, T * hd / 2), [1, T, 1, hd / 2])
@@ -151,6 +155,7 @@ const tfjsLearner = async (weights: Qwen2.Weights) => {
     tf.concat(tf.split(x, KV, 1).flatMap((part) => Array.from({ length: H / KV }, () => part)), 1)
   const lossFn = () => {
     let x = mm(tf.oneHot(ids, V).toFloat(), E) // gather has no gradient kernel on wasm
+    if (positions !== undefined) x = tf.add(x, positions)
     for (const l of layers) {
       const h = rms(x, l.g1)
       const q = tf.transpose(rope(tf.reshape(tf.add(mm(h, l.wq), l.bq), [B, T, H, hd])), [0, 2, 1, 3])
@@ -163,7 +168,7 @@ const tfjsLearner = async (weights: Qwen2.Weights) => {
       const gate = mm(h2, l.wg)
       x = tf.add(x, mm(tf.mul(tf.mul(gate, tf.sigmoid(gate)), mm(h2, l.wu)), l.wd))
     }
-    const logits = mm(rms(x, gF), T2(E))
+    const logits = mm(rms(x, gF), T2(head))
     const picked = tf.sum(tf.mul(tf.logSoftmax(logits), tf.oneHot(targets, V)), -1)
     return tf.div(tf.neg(tf.sum(tf.mul(picked, mask))), maskSum) as tf.Scalar
   }
