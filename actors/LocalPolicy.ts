@@ -18,7 +18,6 @@ import * as Optimizer from "../src/Optimizer.ts"
 import * as Packing from "../src/Packing.ts"
 import * as PolicyTrainer from "../src/PolicyTrainer.ts"
 import { Sampler } from "../src/Sampler.ts"
-import type { GenerateRequest } from "../src/Sampler.ts"
 import type * as TrainConfig from "../src/TrainConfig.ts"
 import type * as Trajectory from "../src/Trajectory.ts"
 import * as TrajectoryBuilder from "../src/TrajectoryBuilder.ts"
@@ -231,25 +230,7 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
       ),
     fingerprint: Effect.map(Effect.suspend(() => trainer.weights), fingerprintOf)
   })
-  // The presets pad the model's vocabulary past the tokenizer's (288 vs 265 ids for the byte tokenizer), and the
-  // engine samples over all of them; an id the tokenizer cannot decode would end the chain with an error. Until the
-  // engine can mask padded ids, such a sample is redrawn with a derived seed (deterministic; the mass on padded ids
-  // is tiny once the warm-up has run, so the bias of this rejection step is too).
-  const vocab = folder.tokenizer.vocabSize
-  const generate = (request: GenerateRequest) =>
-    Effect.gen(function*() {
-      let result = yield* engine.generate(request)
-      for (let attempt = 1; attempt <= 4 && result.tokenIds.some((id) => id >= vocab); attempt++) {
-        const base = request.sampling.seed
-        const seed = base === undefined ? undefined : (base + attempt * 0x3c6ef372) >>> 1
-        result = yield* engine.generate({
-          ...request,
-          sampling: { ...request.sampling, ...(seed === undefined ? {} : { seed }) }
-        })
-      }
-      return result
-    })
-  const sampler = Sampler.of({ generate, policyVersion: engine.policyVersion })
+  const sampler = Sampler.of({ generate: engine.generate, policyVersion: engine.policyVersion })
   return { policy, sampler, engine }
 })
 

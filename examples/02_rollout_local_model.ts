@@ -33,12 +33,7 @@ const program = Effect.gen(function*() {
   const folder = yield* ModelFolder.load(dir)
   const tools = RolloutChain.toolsFromActor(yield* ToolActor.make([Calculator.calculator, Answer.answer]))
   const reward = RolloutChain.rewardFromActor(yield* RewardActor.make(MathEqual.mathEqual, { onError: "zero" }))
-  // The preset pads the vocabulary to 288 ids, the byte tokenizer has 265: random weights would sample padded ids
-  // (which end a chain with a decoding error) about 8% of the time, so this example cuts them off the model.
-  const vocabSize = folder.tokenizer.vocabSize, n = vocabSize * folder.config.hiddenSize
-  const weights = new Map(folder.weights)
-  for (const name of ["model.embed_tokens.weight", "lm_head.weight"]) weights.set(name, weights.get(name)!.slice(0, n))
-  const engine = PolicyEngine.PolicyEngine.layer({ config: { ...folder.config, vocabSize }, weights })
+  const engine = PolicyEngine.PolicyEngine.layer({ config: folder.config, weights: folder.weights })
   const events = yield* Rollout.run({
     ...config.rollout,
     rows: config.questions.map(([question, answer]) => ({

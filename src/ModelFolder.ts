@@ -233,8 +233,8 @@ export interface InitOptions {
 /**
  * Writes a fresh model folder: the preset's architecture with randomly initialised weights, the byte-level
  * tokenizer (256 bytes plus ChatML/Qwen specials) and the Qwen2.5 chat template, whose tool calls are Hermes
- * `<tool_call>{"name": …, "arguments": …}</tool_call>` blocks. The vocabulary is the preset's or the tokenizer's
- * size rounded up to a multiple of 32, whichever is larger. Returns the config written.
+ * `<tool_call>{"name": …, "arguments": …}</tool_call>` blocks. The vocabulary is exactly the tokenizer's (the
+ * preset's `vocabSize` is a placeholder), so every id the model can sample decodes. Returns the config written.
  *
  * @category constructors
  * @since 0.1.0
@@ -248,7 +248,8 @@ export const init = Effect.fn("ModelFolder.init")(function*(dir: string, options
   const endOfText = ByteTokenizer.defaultSpecialTokens.indexOf("<|endoftext|>") + 256
   const config: ModelConfig.ModelConfig = {
     ...preset,
-    vocabSize: Math.max(preset.vocabSize, Math.ceil(tokenizerVocab / 32) * 32),
+    // Exactly the tokenizer's ids: a padded vocabulary would let a fresh policy sample ids no tokenizer can decode.
+    vocabSize: tokenizerVocab,
     eosTokenId: eos
   }
   yield* writeModel(dir, config, Qwen2.initWeights(config, options.seed ?? 0))
