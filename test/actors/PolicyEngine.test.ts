@@ -176,7 +176,8 @@ describe("PolicyEngine", () => {
 
   it.effect("stop tokens, maxTokens and the context limit set the finish reason", () =>
     Effect.gen(function*() {
-      const engine = yield* make({ config: tinyConfig({ maxPositionEmbeddings: 12 }), weights: w0 })
+      const short = tinyConfig({ maxPositionEmbeddings: 12 })
+      const engine = yield* make({ config: short, weights: randomWeights(short, 1) })
       const free = yield* engine.generate(request([1, 2, 3], { temperature: 0, maxTokens: 6 }))
       const stopAt = free.tokenIds[3]!
       const stopped = yield* engine.generate(
@@ -210,7 +211,7 @@ describe("PolicyEngine", () => {
       const missing = new Map(w1)
       missing.delete("model.norm.weight")
       const wrong = new Map(w1).set("model.norm.weight", new Float32Array(3))
-      const extra = new Map(w1).set("lm_head.weight", new Float32Array(61 * 32))
+      const extra = new Map(w1).set("model.extra_head.weight", new Float32Array(61 * 32))
       const cases = [[missing, "MissingWeight"], [wrong, "WeightShape"], [extra, "UnknownWeight"]] as const
       for (const [weights, reason] of cases) {
         const error = yield* Effect.flip(engine.updateWeights(1, weights))
