@@ -8,6 +8,7 @@
  *
  * @since 0.1.0
  */
+import * as Trainer from "../../actors/Trainer.ts"
 
 /**
  * The one-line system prompt of the demo (kept short: every token of it is paid for in every sequence).
@@ -39,22 +40,12 @@ export interface Demonstration {
 }
 
 /**
- * mulberry32: a tiny, fast, seeded generator of doubles in [0, 1). Good enough for data generation and
- * reproducible across platforms (32-bit integer arithmetic only).
+ * The run's seeded generator (mulberry32), shared with the trainer so data and rollouts draw from one definition.
  *
  * @category constructors
  * @since 0.1.0
  */
-export const rng = (seed: number): () => number => {
-  let a = seed >>> 0
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0
-    let t = a
-    t = Math.imul(t ^ (t >>> 15), t | 1)
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61)
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296
-  }
-}
+export const rng = Trainer.rng
 
 const templates = ["What is {}?", "Calculate {}.", "Compute {}, please."] as const
 const operators = ["+", "-", "*"] as const
