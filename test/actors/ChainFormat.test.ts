@@ -10,23 +10,10 @@ import * as RolloutChain from "../../actors/RolloutChain.ts"
 import * as ToolActor from "../../actors/ToolActor.ts"
 import * as ChatTemplate from "../../src/ChatTemplate.ts"
 import * as Sampler from "../../src/Sampler.ts"
-import * as Tool from "../../src/Tool.ts"
 import * as Trajectory from "../../src/Trajectory.ts"
 import { Qwen } from "../utils/qwen.ts"
+import { Add, Answer } from "../utils/arithmeticTools.ts"
 
-const Add = Tool.make("add", {
-  description: "Add two numbers",
-  parameters: Schema.Struct({ a: Schema.Number, b: Schema.Number }),
-  success: Schema.Number,
-  handler: ({ a, b }) => Effect.succeed(a + b)
-})
-
-const Answer = Tool.make("answer", {
-  description: "Give the final answer",
-  parameters: Schema.Struct({ value: Schema.Number }),
-  terminal: true,
-  handler: ({ value }) => Effect.succeed(String(value))
-})
 
 const call = (name: string, args: string) => `<tool_call>\n{"name": "${name}", "arguments": ${args}}\n</tool_call>`
 

@@ -7,7 +7,7 @@
 import * as NodeHttpClient from "@effect/platform-node/NodeHttpClient"
 import * as NodeServices from "@effect/platform-node/NodeServices"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, FileSystem, Layer, Schema, Stream } from "effect"
+import { Effect, FileSystem, Layer, Stream } from "effect"
 import * as ChainFormat from "../../actors/ChainFormat.ts"
 import * as OpenAiServer from "../../actors/OpenAiServer.ts"
 import { PolicyEngine } from "../../actors/PolicyEngine.ts"
@@ -18,22 +18,9 @@ import * as ToolActor from "../../actors/ToolActor.ts"
 import * as OpenAiCompatSampler from "../../src/backends/OpenAiCompatSampler.ts"
 import * as ModelFolder from "../../src/ModelFolder.ts"
 import type { GenerateRequest } from "../../src/Sampler.ts"
-import * as Tool from "../../src/Tool.ts"
 import * as Trajectory from "../../src/Trajectory.ts"
+import { Add, Answer } from "../utils/arithmeticTools.ts"
 
-const Add = Tool.make("add", {
-  description: "Add two numbers",
-  parameters: Schema.Struct({ a: Schema.Number, b: Schema.Number }),
-  success: Schema.Number,
-  handler: ({ a, b }) => Effect.succeed(a + b)
-})
-
-const Answer = Tool.make("answer", {
-  description: "Give the final answer",
-  parameters: Schema.Struct({ value: Schema.Number }),
-  terminal: true,
-  handler: ({ value }) => Effect.succeed(String(value))
-})
 
 const turns = [
   `<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>`,
