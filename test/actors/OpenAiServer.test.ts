@@ -8,6 +8,7 @@ import { make as makeEngine, PolicyEngine } from "../../actors/PolicyEngine.ts"
 import * as OpenAiCompatSampler from "../../src/backends/OpenAiCompatSampler.ts"
 import * as ModelFolder from "../../src/ModelFolder.ts"
 import type { GenerateRequest } from "../../src/Sampler.ts"
+import { scriptedEngine } from "../utils/scriptedEngine.ts"
 
 /** A fresh tiny model folder, its engine and a server on a free loopback port. */
 const setup = Effect.gen(function*() {
@@ -24,24 +25,11 @@ const setup = Effect.gen(function*() {
 /** A scripted engine that "samples" the given text (then `<|im_end|>`), for deterministic tool-call output. */
 const scripted = (folder: ModelFolder.ModelFolder, text: string): PolicyEngine["Service"] => {
   const ids = [...folder.tokenizer.encode(text), folder.tokenizer.tokenToId("<|im_end|>")!]
-  return PolicyEngine.of({
-    config: folder.config,
-    generate: (_request: GenerateRequest, options) =>
-      Effect.sync(() => {
-        ids.forEach((id) => options?.onToken?.(id, -0.25))
-        return { tokenIds: ids, logprobs: ids.map(() => -0.25), finishReason: "stop" as const, policyVersion: 9 }
-      }),
-    updateWeights: () => Effect.void,
-    policyVersion: Effect.succeed(9),
-    stats: Effect.succeed({
-      decodeSteps: 0,
-      prefills: 0,
-      generatedTokens: 0,
-      largestBatch: 0,
-      sessions: 1,
-      running: {}
-    })
-  })
+  return scriptedEngine(folder, (_request: GenerateRequest, options) =>
+    Effect.sync(() => {
+      ids.forEach((id) => options?.onToken?.(id, -0.25))
+      return { tokenIds: ids, logprobs: ids.map(() => -0.25), finishReason: "stop" as const, policyVersion: 9 }
+    }))
 }
 
 const post = (url: string, body: string, method = "POST") =>

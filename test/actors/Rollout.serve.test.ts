@@ -20,7 +20,7 @@ import * as ModelFolder from "../../src/ModelFolder.ts"
 import type { GenerateRequest } from "../../src/Sampler.ts"
 import * as Trajectory from "../../src/Trajectory.ts"
 import { Add, Answer } from "../utils/arithmeticTools.ts"
-
+import { scriptedEngine as engineFrom } from "../utils/scriptedEngine.ts"
 
 const turns = [
   `<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>`,
@@ -30,27 +30,14 @@ const turns = [
 /** An engine that writes `turns[k]` (then `<|im_end|>`) for the k-th assistant turn of the prompt it gets. */
 const scriptedEngine = (folder: ModelFolder.ModelFolder): PolicyEngine["Service"] => {
   const imEnd = folder.tokenizer.tokenToId("<|im_end|>")!
-  return PolicyEngine.of({
-    config: folder.config,
-    generate: (request: GenerateRequest) =>
-      Effect.sync(() => {
-        const prompt = folder.tokenizer.decode(request.promptTokenIds)
-        const k = prompt.split("<|im_start|>assistant").length - 2
-        const ids = [...folder.tokenizer.encode(turns[k] ?? "done"), imEnd]
-        const logprobs = ids.map((_, i) => -0.01 * (i + 1))
-        return { tokenIds: ids, logprobs, finishReason: "stop" as const, policyVersion: 9 }
-      }),
-    updateWeights: () => Effect.void,
-    policyVersion: Effect.succeed(9),
-    stats: Effect.succeed({
-      decodeSteps: 0,
-      prefills: 0,
-      generatedTokens: 0,
-      largestBatch: 0,
-      sessions: 1,
-      running: {}
-    })
-  })
+  return engineFrom(folder, (request: GenerateRequest) =>
+    Effect.sync(() => {
+      const prompt = folder.tokenizer.decode(request.promptTokenIds)
+      const k = prompt.split("<|im_start|>assistant").length - 2
+      const ids = [...folder.tokenizer.encode(turns[k] ?? "done"), imEnd]
+      const logprobs = ids.map((_, i) => -0.01 * (i + 1))
+      return { tokenIds: ids, logprobs, finishReason: "stop" as const, policyVersion: 9 }
+    }))
 }
 
 describe("Rollout over HTTP against agentfly's own OpenAI-compatible server", () => {
