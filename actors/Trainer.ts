@@ -21,6 +21,7 @@
 import { Clock, Context, Effect, Fiber, FileSystem, Queue, Schema, Semaphore, Stream } from "effect"
 import type { Scope } from "effect"
 import * as Dataset from "../src/Dataset.ts"
+import * as Sampling from "../src/Sampling.ts"
 import type { Sampler } from "../src/Sampler.ts"
 import type * as TrainConfig from "../src/TrainConfig.ts"
 import * as Trajectory from "../src/Trajectory.ts"
@@ -133,21 +134,13 @@ export interface Summary {
 // ===== Pure helpers =====
 
 /**
- * mulberry32 (seeded, 32-bit): the run's only source of randomness besides the sampler's per-request seeds.
+ * The run's seeded generator (`Sampling.mulberry32`): its only source of randomness besides the sampler's
+ * per-request seeds.
  *
  * @category constructors
  * @since 0.1.0
  */
-export const rng = (seed: number): () => number => {
-  let a = seed >>> 0
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0
-    let t = a
-    t = Math.imul(t ^ (t >>> 15), t | 1)
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61)
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296
-  }
-}
+export const rng = Sampling.mulberry32
 
 /**
  * The row order of epoch `epoch`: a Fisher–Yates shuffle of `0 … n-1` seeded by the run seed and the epoch.

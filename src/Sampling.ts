@@ -194,3 +194,21 @@ const sampleTruncated = (
   }
   return order[kept - 1]!
 }
+
+/**
+ * mulberry32: a small seeded stream of doubles in [0, 1), 32-bit integer arithmetic only (reproducible on every
+ * platform). The trainer and the demo's data generator draw from it.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const mulberry32 = (seed: number): () => number => {
+  let a = seed >>> 0
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0
+    let t = a
+    t = Math.imul(t ^ (t >>> 15), t | 1)
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61)
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296
+  }
+}

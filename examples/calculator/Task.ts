@@ -8,7 +8,7 @@
  *
  * @since 0.1.0
  */
-import * as Trainer from "../../actors/Trainer.ts"
+import * as Sampling from "../../src/Sampling.ts"
 
 /**
  * The one-line system prompt of the demo (kept short: every token of it is paid for in every sequence).
@@ -40,12 +40,12 @@ export interface Demonstration {
 }
 
 /**
- * The run's seeded generator (mulberry32), shared with the trainer so data and rollouts draw from one definition.
+ * The seeded generator of the task (`Sampling.mulberry32`, the one the trainer uses).
  *
  * @category constructors
  * @since 0.1.0
  */
-export const rng = Trainer.rng
+export const rng = Sampling.mulberry32
 
 const templates = ["What is {}?", "Calculate {}.", "Compute {}, please."] as const
 const operators = ["+", "-", "*"] as const
