@@ -263,8 +263,10 @@ const execIn = (docker: Dockerode, handle: Dockerode.Container, env: string) =>
   const run = Effect.callback<ExecResult, EnvError>((resume) => {
     const stdin = options?.stdin
     const fail = (e: unknown) => resume(Effect.fail(engineError(env, "exec", e)))
-    void handle.exec({ Cmd: full, AttachStdout: true, AttachStderr: true, AttachStdin: stdin !== undefined }).then(
-      (exec) =>
+    // One chain with one `catch`: a failure at any stage (e.g. `start` on a container being removed) resumes the
+    // effect with a typed error instead of escaping as an unhandled rejection.
+    void handle.exec({ Cmd: full, AttachStdout: true, AttachStderr: true, AttachStdin: stdin !== undefined })
+      .then((exec) =>
         exec.start({ hijack: true, stdin: stdin !== undefined }).then((stream) => {
           const out = capture(limit)
           const err = capture(limit)
@@ -278,9 +280,9 @@ const execIn = (docker: Dockerode, handle: Dockerode.Container, env: string) =>
             )
           })
           if (stdin !== undefined) stream.end(stdin)
-        }),
-      fail
-    )
+        })
+      )
+      .catch(fail)
   })
   if (timeout === undefined) return run
   const timedOut = () => new EnvError({ env, method: "exec", reason: "Timeout", message: `exceeded ${timeout} ms` })
