@@ -37,8 +37,16 @@ export interface Options {
    * compute.
    */
   readonly padRows?: boolean
-  /** Groups consumed per optimiser step. */
+  /** Groups consumed per learner step. */
   readonly groupsPerStep: number
+  /**
+   * Optimiser steps per learner step (verl's `train_batch_size / ppo_mini_batch_size`): the step's groups are split
+   * into this many mini-batches of whole groups, each packed and normalised on its own, and the optimiser steps
+   * after each. Advantages are computed once, over the whole step. Default 1.
+   */
+  readonly miniBatches?: number
+  /** Passes over the step's mini-batches (verl's `ppo_epochs`). Default 1. */
+  readonly epochs?: number
   /** Capacity of the inbound queue of groups (default `2 × groupsPerStep`). */
   readonly queueCapacity?: number
   /** The policy version of the initial weights (default 0); each step publishes the next one. */
@@ -271,12 +279,14 @@ export const update = Effect.fn("Learner.update")(function*(
     Effect.mapError((e) => new LearnerError({ reason: "Advantage", message: e.message }))
   )
   const sequences: Array<Packing.Sequence> = []
+  const sequenceGroup: Array<number> = []
   rows.forEach((row, b) => {
     if (!row.included) return
     let offset = b * input.length
     for (const segment of row.trajectory.segments) {
       const n = Trajectory.segmentLength(segment)
       sequences.push(Packing.fromSegment(segment, Float32Array.from(advantages.subarray(offset, offset + n))))
+      sequenceGroup.push(row.group)
       offset += n
     }
   })
@@ -286,39 +296,66 @@ export const update = Effect.fn("Learner.update")(function*(
     excluded,
     ...(penalized === undefined ? {} : { "learner/reward_kl": penalized.meanKl })
   }
-  const packed = yield* Packing.pack(sequences, {
+  // Whole groups per mini-batch, in order: group g goes to mini-batch ⌊g·k / groups⌋.
+  const k = Math.max(1, Math.min(options.miniBatches ?? 1, groups.length))
+  const chunks: Array<Array<Packing.Sequence>> = Array.from({ length: k }, () => [])
+  sequences.forEach((sequence, i) => chunks[Math.floor((sequenceGroup[i]! * k) / groups.length)]!.push(sequence))
+  const packOptions = {
     tokenBudget: options.tokenBudget,
     aggregation: options.loss.aggregation,
     ...(options.lengthMultiple === undefined ? {} : { lengthMultiple: options.lengthMultiple }),
     padRows: options.padRows ?? true,
     ...(options.loss.normLength === undefined ? {} : { normLength: options.loss.normLength })
-  }).pipe(Effect.mapError((e) => new LearnerError({ reason: "Packing", message: e.message })))
-  if (packed.totals.tokens === 0) return { outcome: "empty" as const, figures: base }
+  }
+  const packed: Array<Packing.Packed> = []
+  for (const chunk of chunks) {
+    const p = yield* Packing.pack(chunk, packOptions).pipe(
+      Effect.mapError((e) => new LearnerError({ reason: "Packing", message: e.message }))
+    )
+    if (p.totals.tokens > 0) packed.push(p)
+  }
+  if (packed.length === 0) return { outcome: "empty" as const, figures: base }
   const sums = { loss: 0, tokens: 0, clipped: 0, clippedLower: 0, approxKl: 0, entropy: 0, kl: 0, rowTokens: 0 }
   const trainerError = (e: PolicyTrainer.PolicyTrainerError) =>
     new LearnerError({ reason: "Trainer", message: e.message })
-  yield* accumulate(packed.microBatches, options, sums, trainerError).pipe(Effect.onError(() => trainer.discard))
-  const optim = yield* Effect.result(trainer.optimStep)
-  if (optim._tag === "Failure") {
-    if (optim.failure.reason === "NonFiniteGradient") return { outcome: "non_finite" as const, figures: base }
-    return yield* trainerError(optim.failure)
+  let applied = 0
+  let gradNorm = 0
+  let lr = 0
+  let microBatches = 0
+  for (let epoch = 0; epoch < Math.max(1, options.epochs ?? 1); epoch++) {
+    for (const p of packed) {
+      yield* accumulate(p.microBatches, options, sums, trainerError).pipe(Effect.onError(() => trainer.discard))
+      microBatches += p.microBatches.length
+      const optim = yield* Effect.result(trainer.optimStep)
+      if (optim._tag === "Failure") {
+        // A non-finite mini-batch is skipped (the trainer dropped its gradients); the others still apply.
+        if (optim.failure.reason === "NonFiniteGradient") continue
+        return yield* trainerError(optim.failure)
+      }
+      applied++
+      gradNorm += optim.success.gradNorm
+      lr = optim.success.lr
+    }
   }
+  if (applied === 0) return { outcome: "non_finite" as const, figures: base }
   const elapsed = Math.max(1, (yield* Clock.currentTimeMillis) - started)
   const per = (x: number) => x / Math.max(1, sums.tokens)
+  const updates = packed.length * Math.max(1, options.epochs ?? 1)
   return {
     outcome: "applied" as const,
     figures: {
       ...base,
-      "learner/loss": sums.loss,
+      "learner/loss": sums.loss / updates,
       "learner/clip_frac": per(sums.clipped),
       "learner/clip_frac_lower": per(sums.clippedLower),
       "learner/approx_kl": per(sums.approxKl),
       "learner/entropy": per(sums.entropy),
       "learner/kl": per(sums.kl),
-      "learner/grad_norm": optim.success.gradNorm,
-      "learner/lr": optim.success.lr,
-      "learner/loss_tokens": sums.tokens,
-      "learner/micro_batches": packed.microBatches.length,
+      "learner/grad_norm": gradNorm / applied,
+      "learner/lr": lr,
+      "learner/optimizer_steps": applied,
+      "learner/loss_tokens": sums.tokens / updates,
+      "learner/micro_batches": microBatches,
       "learner/tokens_per_s": (sums.rowTokens * 1000) / elapsed,
       "learner/step_ms": elapsed
     }

@@ -133,7 +133,9 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
     estimator: algorithm.advantage,
     loss: rlLoss,
     tokenBudget,
-    groupsPerStep: algorithm.groupsPerStep
+    groupsPerStep: algorithm.groupsPerStep,
+    miniBatches: algorithm.miniBatches,
+    epochs: algorithm.epochs
   }
 
   const startSft = Effect.gen(function*() {

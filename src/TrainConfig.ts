@@ -118,6 +118,10 @@ export const AlgorithmConfig = Schema.Struct({
   weightDecay: withDefault(NonNegative, 0),
   gradClip: withDefault(Positive, 1),
   groupsPerStep: withDefault(PositiveInt, 8),
+  /** Optimiser steps per learner step, each on whole groups (verl's `ppo_mini_batch_size` as a count). */
+  miniBatches: withDefault(PositiveInt, 1),
+  /** Passes over a step's mini-batches (verl's `ppo_epochs`). */
+  epochs: withDefault(PositiveInt, 1),
   microBatchSize: withDefault(PositiveInt, 16),
   steps: PositiveInt
 })

@@ -126,6 +126,28 @@ describe("Learner", () => {
       }
     }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
 
+  it.effect("mini-batches and epochs: one optimiser step per mini-batch of whole groups, each normalised alone", () =>
+    Effect.gen(function*() {
+      const recording = yield* PolicyTrainer.RecordingRef
+      // Four groups; group g samples action 10 + g, so a micro-batch's targets tell which groups it holds.
+      const groups: Array<Trajectory.Group> = [0, 1, 2, 3].map((g) => ({
+        groupId: `g${g}`,
+        rowIndex: g,
+        trajectories: [0, 1].map((c) => trajectory(`t${g}${c}`, `g${g}`, [1, 2], 10 + g, -1, c))
+      }))
+      const result = yield* Learner.update(groups, { ...options, groupsPerStep: 4, miniBatches: 2, epochs: 2 })
+      assert.strictEqual(result.outcome, "applied")
+      assert.strictEqual(result.figures["learner/optimizer_steps"], 4)
+      const { microBatches, steps } = yield* Ref.get(recording)
+      assert.strictEqual(steps, 4)
+      const actions = (mb: Packing.MicroBatch) =>
+        [...new Set(Array.from(mb.targets).filter((_, i) => mb.mask[i] === 1))].sort((a, b) => a - b)
+      // tokenBudget 64 holds a whole mini-batch: one micro-batch per optimiser step, epochs repeat the order.
+      assert.deepStrictEqual(microBatches.map(actions), [[10, 11], [12, 13], [10, 11], [12, 13]])
+      // token-mean weights sum to 1 within each mini-batch, not over the whole step.
+      for (const mb of microBatches) assert.approximately(mb.weights.reduce((a, w) => a + w, 0), 1, 1e-6)
+    }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
+
   it.effect("back-pressure: offers suspend while the learner is busy and its queue is full", () =>
     Effect.gen(function*() {
       const release = yield* Deferred.make<void>()
