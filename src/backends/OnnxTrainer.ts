@@ -10,6 +10,15 @@
  * Determinism: on the CPU execution provider the same weights, batches and thread count give bit-identical
  * results, which is what makes checkpoint resume exact.
  *
+ * Data parallelism (`workers: n > 1`): onnxruntime-node runs a session synchronously on the calling thread, and
+ * the tiny model's ops are too small for intra-op threads to help, so a second core stays idle. With `n` worker
+ * threads each micro-batch's rows are split into `n` contiguous shards that run concurrently, each worker with its
+ * own sessions compiled from the same model bytes for its shard's shape. The loss is a weighted sum over tokens and
+ * the statistics are masked sums, so shard results add up exactly (up to float summation order); token logprobs
+ * concatenate along rows. Each worker accumulates its gradients in its own shared buffer; at `optimStep` the
+ * workers sum the buffers (in worker order) and apply AdamW (`Optimizer.step`, the same maths) over disjoint slices
+ * of the parameters, which live in shared memory.
+ *
  * @since 0.1.0
  */
 import { Effect, FileSystem, Layer, Scope, Semaphore } from "effect"
@@ -24,6 +33,8 @@ import * as Graph from "../onnx/Graph.ts"
 import * as Optimizer from "../Optimizer.ts"
 import type * as Packing from "../Packing.ts"
 import * as PolicyTrainer from "../PolicyTrainer.ts"
+import * as TrainerPool from "./internal/trainerPool.ts"
+import type * as TrainerWorker from "./internal/trainerWorker.ts"
 
 // ===== Models =====
 
@@ -85,8 +96,21 @@ export interface Options {
   readonly schedule: LrSchedule.Config
   /** onnxruntime execution provider. `cuda` needs an onnxruntime-node build with the CUDA provider. Default `cpu`. */
   readonly executionProvider?: "cpu" | "cuda"
-  /** Intra-op threads (default 2). */
+  /** Intra-op threads per session (default 2; 1 per worker when `workers > 1`). */
   readonly intraOpThreads?: number
+  /**
+   * Data-parallel worker threads (default 1: everything runs on the calling thread). With `n > 1`, micro-batch rows
+   * are split into `n` contiguous shards run concurrently on `n` worker threads, started on first use and
+   * terminated when the trainer's scope closes. Results match the single-thread trainer up to float summation
+   * order and are deterministic for a given `n`.
+   *
+   * **Gotchas**
+   *
+   * A failed `forwardBackward` (an onnxruntime error or a crashed worker) discards every gradient accumulated since
+   * the last `optimStep` (other shards may already have added theirs); a crashed worker's pool is replaced by fresh
+   * threads on the next call. A worker crashing inside `optimStep` can leave that update half-applied.
+   */
+  readonly workers?: number
   /** Sessions kept per shape (default 8). */
   readonly maxSessions?: number
   /**
@@ -100,6 +124,74 @@ const fail = (reason: PolicyTrainer.PolicyTrainerErrorReason, message: string) =
   new PolicyTrainer.PolicyTrainerError({ reason, message })
 
 const errorMessage = (u: unknown) => (u instanceof Error ? u.message : String(u))
+
+/** Contiguous row ranges `[start, end)` of `rows` split over at most `workers` shards, as equal as possible. */
+export const shardRanges = (rows: number, workers: number): Array<readonly [number, number]> => {
+  const k = Math.max(1, Math.min(workers, rows))
+  const base = Math.floor(rows / k)
+  const extra = rows % k
+  const out: Array<readonly [number, number]> = []
+  for (let i = 0, start = 0; i < k; i++) {
+    const end = start + base + (i < extra ? 1 : 0)
+    out.push([start, end])
+    start = end
+  }
+  return out
+}
+
+/** Rows `[r0, r1)` of a micro-batch, as compact copies (cheap to send to a worker). */
+const shardOf = (mb: Packing.MicroBatch, r0: number, r1: number): Packing.MicroBatch => {
+  const from = r0 * mb.length
+  const to = r1 * mb.length
+  const mask = mb.mask.slice(from, to)
+  return {
+    batch: r1 - r0,
+    length: mb.length,
+    inputIds: mb.inputIds.slice(from, to),
+    attentionMask: mb.attentionMask.slice(from, to),
+    targets: mb.targets.slice(from, to),
+    mask,
+    weights: mb.weights.slice(from, to),
+    advantages: mb.advantages.slice(from, to),
+    samplerLogprobs: mb.samplerLogprobs.slice(from, to),
+    refLogprobs: mb.refLogprobs.slice(from, to),
+    oldLogprobs: mb.oldLogprobs?.slice(from, to),
+    sequenceIndex: mb.sequenceIndex.slice(r0, r1),
+    lossTokens: mask.reduce((n, m) => n + (m !== 0 ? 1 : 0), 0)
+  }
+}
+
+/** Shard results in shard order: losses and statistics summed, token logprobs concatenated along rows. */
+const combine = (
+  mb: Packing.MicroBatch,
+  shards: ReadonlyArray<readonly [number, number]>,
+  results: ReadonlyArray<TrainerWorker.RunResult>
+): PolicyTrainer.MicroBatchResult => {
+  const tokenLogprobs = new Float32Array(mb.batch * mb.length)
+  const stats: [number, number, number, number, number, number] = [0, 0, 0, 0, 0, 0]
+  let loss = 0
+  results.forEach((r, j) => {
+    loss += r.loss
+    for (let k = 0; k < 6; k++) stats[k]! += r.stats[k]!
+    tokenLogprobs.set(r.tokenLogprobs, shards[j]![0] * mb.length)
+  })
+  const [tokens, clipped, clippedLower, approxKl, entropy, kl] = stats
+  return { loss, tokenLogprobs, tokens, clipped, clippedLower, approxKl, entropy, kl }
+}
+
+const toFeed = (t: ort.Tensor): TrainerWorker.Feed =>
+  t.type === "int64"
+    ? { type: "int64", data: t.data as BigInt64Array, dims: t.dims }
+    : { type: "float32", data: t.data as Float32Array, dims: t.dims }
+
+const layoutOf = (parameters: Model["parameters"]): TrainerWorker.Layout => {
+  const lengths = parameters.map((p) => p.shape.reduce((a, b) => a * b, 1))
+  const offsets = lengths.map((_, i) => lengths.slice(0, i).reduce((a, b) => a + b, 0))
+  return { names: parameters.map((p) => p.name), offsets, lengths, total: lengths.reduce((a, b) => a + b, 0) }
+}
+
+const sharedViews = (buffer: SharedArrayBuffer, layout: TrainerWorker.Layout) =>
+  new Map(layout.names.map((name, i) => [name, new Float32Array(buffer, layout.offsets[i]! * 4, layout.lengths[i]!)]))
 
 interface Compiled {
   readonly session: ort.InferenceSession
@@ -118,6 +210,22 @@ interface Compiled {
  */
 export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
   const { model } = options
+  const workers = options.workers ?? 1
+  if (!(Number.isInteger(workers) && workers >= 1)) {
+    return yield* fail("Session", `workers must be a positive integer, got ${workers}`)
+  }
+  const layout = layoutOf(model.parameters)
+  // With workers, the weights, Adam's moments and the gradients live in shared memory that the threads read.
+  const shared = workers > 1
+    ? {
+      params: new SharedArrayBuffer(layout.total * 4),
+      m: new SharedArrayBuffer(layout.total * 4),
+      v: new SharedArrayBuffer(layout.total * 4),
+      accum: new SharedArrayBuffer(layout.total * 4),
+      grads: Array.from({ length: workers }, () => new SharedArrayBuffer(layout.total * 4))
+    }
+    : undefined
+  const sharedParams = shared === undefined ? undefined : sharedViews(shared.params, layout)
   const params = new Map<string, Float32Array>()
   for (const { name, shape } of model.parameters) {
     const w = options.weights.get(name)
@@ -125,10 +233,15 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
     if (w === undefined || w.length !== n) {
       return yield* fail("BadBatch", `weight ${name}: expected ${n} floats [${shape}], got ${w?.length ?? "none"}`)
     }
-    params.set(name, Float32Array.from(w))
+    const p = sharedParams?.get(name)
+    params.set(name, p === undefined ? Float32Array.from(w) : (p.set(w), p))
   }
-  let state = Optimizer.makeState(params)
-  const accum = new Map([...params].map(([k, v]) => [k, new Float32Array(v.length)]))
+  let state: Optimizer.State = shared === undefined
+    ? Optimizer.makeState(params)
+    : { step: 0, m: sharedViews(shared.m, layout), v: sharedViews(shared.v, layout) }
+  const accum = shared === undefined
+    ? new Map([...params].map(([k, v]) => [k, new Float32Array(v.length)]))
+    : sharedViews(shared.accum, layout)
   let accumulated = 0
   const sessions = new Map<string, Compiled>()
   const lock = yield* Semaphore.make(1)
@@ -137,7 +250,7 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
 
   const sessionOptions: ort.InferenceSession.SessionOptions = {
     executionProviders: [options.executionProvider ?? "cpu"],
-    intraOpNumThreads: options.intraOpThreads ?? 2,
+    intraOpNumThreads: options.intraOpThreads ?? (workers > 1 ? 1 : 2),
     interOpNumThreads: 1,
     executionMode: "sequential",
     graphOptimizationLevel: "all",
@@ -151,6 +264,10 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
       return Effect.tryPromise(() => c.session.release()).pipe(Effect.ignore)
     })
 
+  const buildGraph = (batch: number, length: number, withGradients: boolean) =>
+    Autodiff.trainingGraph(model.forward(), { batch, length, loss: options.loss, withGradients })
+      .pipe(Effect.mapError((e) => fail("Graph", e.message)))
+
   const compile = Effect.fnUntraced(function*(batch: number, length: number, withGradients: boolean) {
     const key = `${withGradients ? "train" : "fwd"}:${batch}x${length}`
     const hit = sessions.get(key)
@@ -159,8 +276,7 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
       sessions.set(key, hit) // most recently used last
       return hit
     }
-    const graph = yield* Autodiff.trainingGraph(model.forward(), { batch, length, loss: options.loss, withGradients })
-      .pipe(Effect.mapError((e) => fail("Graph", e.message)))
+    const graph = yield* buildGraph(batch, length, withGradients)
     const bytes = Graph.toModelBytes(graph.graph)
     const session = yield* Effect.tryPromise({
       try: () => ort.InferenceSession.create(bytes, sessionOptions),
@@ -195,7 +311,8 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
     return undefined
   }
 
-  const feeds = (c: Compiled, mb: Packing.MicroBatch): Record<string, ort.Tensor> => {
+  /** The graph's non-weight inputs for a micro-batch: the model's own and the loss head's. */
+  const batchFeeds = (graph: Autodiff.TrainingGraph, mb: Packing.MicroBatch): Record<string, ort.Tensor> => {
     const dims = [mb.batch, mb.length]
     const f32 = (a: Float32Array | Uint8Array) =>
       new ort.Tensor("float32", a instanceof Float32Array ? a : Float32Array.from(a), dims)
@@ -210,7 +327,12 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
       ref_logprobs: () => f32(mb.refLogprobs)
     }
     const out: Record<string, ort.Tensor> = { ...model.inputs(mb) }
-    for (const name of c.graph.lossInputs) out[name] = data[name]!()
+    for (const name of graph.lossInputs) out[name] = data[name]!()
+    return out
+  }
+
+  const feeds = (c: Compiled, mb: Packing.MicroBatch): Record<string, ort.Tensor> => {
+    const out = batchFeeds(c.graph, mb)
     for (const { name, dims: d } of c.graph.weights) out[name] = new ort.Tensor("float32", params.get(name)!, [...d])
     return out
   }
@@ -232,10 +354,131 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
     }
   }
 
+  // ----- Worker threads (workers > 1) -----
+
+  let pool: TrainerPool.Pool | undefined
+  /** Threads started and not yet exited, over every pool this trainer has had. */
+  let liveThreads = 0
+  /** Session keys compiled on each worker of the current pool. */
+  let compiledOn: Array<Set<string>> = []
+  /** Shards accumulated per worker since the last step (0: the worker's next shard overwrites its buffer). */
+  const shardsAccumulated = Array.from({ length: workers }, () => 0)
+  const everyWorker = shardsAccumulated.map((_, j) => j)
+  /** Bumped whenever the weights change, so that workers refresh their private copies. */
+  let weightsVersion = 0
+  /** Graphs by shard shape, most recently used last; at least 2 (one call uses up to 2 shard sizes). */
+  const graphs = new Map<string, { readonly graph: Autodiff.TrainingGraph; readonly bytes: Uint8Array }>()
+
+  const clear = () => {
+    if (shared === undefined) for (const a of accum.values()) a.fill(0)
+    shardsAccumulated.fill(0)
+    accumulated = 0
+  }
+
+  const dropPool = Effect.suspend(() => {
+    const p = pool
+    pool = undefined
+    return p === undefined ? Effect.void : p.close
+  })
+  yield* Scope.addFinalizer(scope, dropPool)
+
+  const usePool = Effect.gen(function*() {
+    const broken = pool?.broken()
+    if (broken !== undefined) {
+      yield* dropPool
+      if (accumulated > 0) {
+        clear()
+        return yield* fail("Run", `${broken}; the gradients accumulated since the last step were discarded`)
+      }
+    }
+    if (pool !== undefined) return pool
+    const p = yield* TrainerPool.start(Array.from({ length: workers }, (_, index) => ({
+      index,
+      layout,
+      params: shared!.params,
+      m: shared!.m,
+      v: shared!.v,
+      accum: shared!.accum,
+      grads: shared!.grads,
+      slice: [Math.floor(layout.total * index / workers), Math.floor(layout.total * (index + 1) / workers)] as const,
+      sessionOptions
+    })), () => liveThreads--)
+    liveThreads += p.size
+    pool = p
+    compiledOn = Array.from({ length: workers }, () => new Set())
+    return p
+  })
+
+  /** After a failed pooled call: a broken pool is replaced on the next call, and its gradients are lost. */
+  const afterFailure = (clearGradients: boolean) =>
+    Effect.suspend(() => {
+      const broken = pool?.broken() !== undefined
+      if (clearGradients || broken) clear()
+      return broken ? dropPool : Effect.void
+    })
+
+  const graphFor = Effect.fnUntraced(function*(p: TrainerPool.Pool, batch: number, length: number, grads: boolean) {
+    const key = `${grads ? "train" : "fwd"}:${batch}x${length}`
+    const hit = graphs.get(key)
+    graphs.delete(key)
+    const entry = hit ?? (yield* Effect.map(buildGraph(batch, length, grads), (graph) => ({
+      graph,
+      bytes: Graph.toModelBytes(graph.graph)
+    })))
+    graphs.set(key, entry)
+    if (graphs.size > Math.max(2, options.maxSessions ?? 8)) {
+      const oldest = graphs.keys().next().value!
+      graphs.delete(oldest)
+      for (const [j, keys] of compiledOn.entries()) {
+        if (keys.delete(oldest)) yield* Effect.ignore(p.request(j, { op: "release", key: oldest }))
+      }
+    }
+    return { key, ...entry }
+  })
+
+  const runShards = Effect.fnUntraced(function*(mb: Packing.MicroBatch, withGradients: boolean) {
+    const p = yield* usePool
+    const shards = shardRanges(mb.batch, p.size)
+    const entries: Array<Effect.Success<ReturnType<typeof graphFor>>> = []
+    for (const [r0, r1] of shards) entries.push(yield* graphFor(p, r1 - r0, mb.length, withGradients))
+    const results = yield* Effect.forEach(shards, ([r0, r1], j) =>
+      Effect.gen(function*() {
+        const { key, graph, bytes } = entries[j]!
+        if (!compiledOn[j]!.has(key)) {
+          const gradients = [...graph.gradients]
+          yield* p.request(j, { op: "compile", key, bytes, weights: graph.weights, gradients })
+          compiledOn[j]!.add(key)
+        }
+        const plain: Record<string, TrainerWorker.Feed> = {}
+        for (const [name, t] of Object.entries(batchFeeds(graph, shardOf(mb, r0, r1)))) plain[name] = toFeed(t)
+        const accumulate = !withGradients ? "none" : shardsAccumulated[j] === 0 ? "set" : "add"
+        const out = yield* p.request(j, { op: "run", key, version: weightsVersion, feeds: plain, accumulate })
+        return out!
+      }), { concurrency: "unbounded" })
+    if (withGradients) for (let j = 0; j < shards.length; j++) shardsAccumulated[j]!++
+    return combine(mb, shards, results)
+  })
+
+  /** accum ← Σ over workers of their gradient buffers, each worker summing its own slice. */
+  const reduce = (p: TrainerPool.Pool) => {
+    const sources = shardsAccumulated.flatMap((n, j) => (n > 0 ? [j] : []))
+    return Effect.forEach(everyWorker, (j) => p.request(j, { op: "reduce", sources }), {
+      concurrency: "unbounded",
+      discard: true
+    })
+  }
+
+  // ----- The trainer -----
+
   const forwardBackward = (mb: Packing.MicroBatch) =>
     lock.withPermits(1)(Effect.gen(function*() {
       const bad = validate(mb)
       if (bad !== undefined) return yield* bad
+      if (shared !== undefined) {
+        const result = yield* runShards(mb, true).pipe(Effect.onError(() => afterFailure(true)))
+        accumulated++
+        return result
+      }
       const c = yield* compile(mb.batch, mb.length, true)
       const out = yield* run(c, mb)
       for (const [w, gradName] of c.graph.gradients) {
@@ -248,13 +491,24 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
       return summarize(out)
     }))
 
-  const clear = () => {
-    for (const a of accum.values()) a.fill(0)
-    accumulated = 0
+  /** AdamW over the accumulated gradients: on this thread, or in the workers over disjoint slices. */
+  const applyUpdate = (lr: number, scale: number) => {
+    if (shared === undefined) {
+      return Effect.sync(() => Optimizer.step(params, accum, state, lr, options.optimizer, scale))
+    }
+    const p = pool!
+    const request: TrainerWorker.Request = { op: "adam", step: state.step, lr, scale, config: options.optimizer }
+    return Effect.forEach(everyWorker, (j) => p.request(j, request), { concurrency: "unbounded", discard: true })
+      .pipe(Effect.map(() => {
+        state.step += 1
+        weightsVersion++
+        return state.step
+      }))
   }
 
   const optimStep = lock.withPermits(1)(Effect.gen(function*() {
     if (accumulated === 0) return yield* fail("NothingAccumulated", "optimStep before any forwardBackward")
+    if (shared !== undefined) yield* reduce(yield* usePool)
     const gradNorm = Optimizer.globalNorm(accum)
     if (!Number.isFinite(gradNorm)) {
       clear()
@@ -262,15 +516,16 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
     }
     const lr = LrSchedule.at(options.schedule, state.step)
     const scale = Optimizer.clipScale(gradNorm, options.optimizer.maxGradNorm)
-    const step = Optimizer.step(params, accum, state, lr, options.optimizer, scale)
+    const step = yield* applyUpdate(lr, scale)
     clear()
     return { step, gradNorm, lr }
-  }))
+  }).pipe(Effect.onError(() => afterFailure(true)), Effect.uninterruptible))
 
   const logprobs = (mb: Packing.MicroBatch) =>
     lock.withPermits(1)(Effect.gen(function*() {
       const bad = validate(mb)
       if (bad !== undefined) return yield* bad
+      if (shared !== undefined) return yield* runShards(mb, false).pipe(Effect.onError(() => afterFailure(false)))
       return summarize(yield* run(yield* compile(mb.batch, mb.length, false), mb))
     }))
 
@@ -290,7 +545,14 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
     lock.withPermits(1)(Effect.gen(function*() {
       const loaded = yield* Checkpoint.load(dir, model.parameters)
       for (const [name, w] of loaded.weights) params.get(name)!.set(w)
-      state = loaded.optimizer
+      if (shared === undefined) state = loaded.optimizer
+      else {
+        // The moments stay in shared memory, where the workers update them.
+        for (const [name, m] of loaded.optimizer.m) state.m.get(name)!.set(m)
+        for (const [name, v] of loaded.optimizer.v) state.v.get(name)!.set(v)
+        state.step = loaded.optimizer.step
+      }
+      weightsVersion++
       clear()
       return { policyVersion: loaded.policyVersion, rngState: loaded.rngState }
     })).pipe(Effect.provideService(FileSystem.FileSystem, fs), Effect.mapError((e) => fail("Checkpoint", e.message)))
@@ -306,8 +568,17 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
     load
   })
   /** A copy of the gradients accumulated since the last optimiser step (for checks and benchmarks). */
-  const gradients = Effect.sync(() => new Map([...accum].map(([k, v]) => [k, Float32Array.from(v)])))
-  return { trainer, logprobs, gradients }
+  const gradients = lock.withPermits(1)(Effect.gen(function*() {
+    if (pool !== undefined && accumulated > 0) yield* reduce(pool)
+    else if (accumulated === 0) for (const a of accum.values()) a.fill(0)
+    return new Map([...accum].map(([k, v]) => [k, Float32Array.from(v)]))
+  }))
+  /** The worker threads (for tests): how many are alive, and a way to kill one as a crash would. */
+  const threads = {
+    live: Effect.sync(() => liveThreads),
+    kill: (index: number) => Effect.suspend(() => (pool === undefined ? Effect.void : pool.kill(index)))
+  }
+  return { trainer, logprobs, gradients, threads }
 })
 
 /**

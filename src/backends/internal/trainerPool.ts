@@ -1,0 +1,140 @@
+/**
+ * The main-thread end of the data-parallel trainer's worker threads (`trainerWorker.ts`): starting them, one
+ * request/reply per message, and shutting them down. A worker that crashes or exits fails every request waiting on
+ * it with a `PolicyTrainerError` ("Run") and marks the pool broken; the trainer then discards the pool.
+ */
+import { Effect, Result } from "effect"
+import { Worker } from "node:worker_threads"
+import * as PolicyTrainer from "../../PolicyTrainer.ts"
+import type * as TrainerWorker from "./trainerWorker.ts"
+
+const workerUrl = new URL("./trainerWorker.mjs", import.meta.url)
+
+const fail = (reason: PolicyTrainer.PolicyTrainerErrorReason, message: string) =>
+  new PolicyTrainer.PolicyTrainerError({ reason, message })
+
+/** A request without its id (the pool numbers them). */
+export type Request = TrainerWorker.Request
+
+type Reply = Effect.Effect<TrainerWorker.RunResult | undefined, PolicyTrainer.PolicyTrainerError>
+
+export interface Pool {
+  readonly size: number
+  /** Sends one request to worker `index` and waits for its reply. */
+  readonly request: (index: number, request: Request) => Reply
+  /** Why the pool cannot be used any more (a worker crashed or exited), or undefined. */
+  readonly broken: () => string | undefined
+  /** Terminates one thread as a crash would (for tests of the failure path). */
+  readonly kill: (index: number) => Effect.Effect<void>
+  /** Releases the sessions and terminates every thread. */
+  readonly close: Effect.Effect<void>
+}
+
+interface Waiting {
+  readonly index: number
+  readonly resume: (effect: Reply) => void
+}
+
+const spawn = (init: TrainerWorker.Init) =>
+  Effect.try({
+    try: () => new Worker(workerUrl, { workerData: init }),
+    catch: (u) => fail("Session", `worker ${init.index} could not start: ${u instanceof Error ? u.message : u}`)
+  }).pipe(Effect.flatMap((worker) =>
+    Effect.callback<Worker, PolicyTrainer.PolicyTrainerError>((resume) => {
+      const off = () => {
+        worker.off("message", onReady)
+        worker.off("error", onError)
+        worker.off("exit", onExit)
+      }
+      const onReady = () => {
+        off()
+        resume(Effect.succeed(worker))
+      }
+      const onError = (e: Error) => {
+        off()
+        resume(Effect.fail(fail("Session", `worker ${init.index} failed to start: ${e.message}`)))
+      }
+      const onExit = (code: number) => {
+        off()
+        resume(Effect.fail(fail("Session", `worker ${init.index} exited with code ${code} while starting`)))
+      }
+      worker.once("message", onReady)
+      worker.once("error", onError)
+      worker.once("exit", onExit)
+      return Effect.promise(() => worker.terminate())
+    })
+  ))
+
+/**
+ * Starts `inits.length` workers (in parallel); if one fails to start, the others are terminated. `onExit` runs
+ * when a thread of the pool ends, for whatever reason.
+ */
+export const start = (
+  inits: ReadonlyArray<TrainerWorker.Init>,
+  onExit: () => void = () => {}
+): Effect.Effect<Pool, PolicyTrainer.PolicyTrainerError> =>
+  Effect.gen(function*() {
+    const started = yield* Effect.forEach(inits, (init) => Effect.result(spawn(init)), { concurrency: "unbounded" })
+    const workers = started.filter(Result.isSuccess).map((r) => r.success)
+    const failed = started.find(Result.isFailure)
+    if (failed !== undefined) {
+      yield* Effect.forEach(workers, (w) => Effect.promise(() => w.terminate()), { discard: true })
+      return yield* failed.failure
+    }
+    const waiting = new Map<number, Waiting>()
+    let nextId = 1
+    let broken: string | undefined
+    let closing = false
+    const exited = workers.map(() => false)
+    const failWaiting = (index: number, message: string) => {
+      if (!closing) broken ??= message
+      for (const [id, w] of waiting) {
+        if (w.index !== index) continue
+        waiting.delete(id)
+        w.resume(Effect.fail(fail("Run", message)))
+      }
+    }
+    workers.forEach((worker, index) => {
+      worker.on("message", (reply: TrainerWorker.Reply) => {
+        const w = waiting.get(reply.id)
+        if (w === undefined) return // an interrupted request
+        waiting.delete(reply.id)
+        w.resume(
+          reply.ok ? Effect.succeed(reply.result) : Effect.fail(fail(reply.reason, `worker ${index}: ${reply.message}`))
+        )
+      })
+      worker.on("error", (e) => failWaiting(index, `worker ${index} crashed: ${e.message}`))
+      worker.on("exit", (code) => {
+        exited[index] = true
+        onExit()
+        failWaiting(index, `worker ${index} exited with code ${code}`)
+      })
+    })
+    const request = (index: number, req: Request) =>
+      Effect.callback<TrainerWorker.RunResult | undefined, PolicyTrainer.PolicyTrainerError>((resume) => {
+        if (broken !== undefined || exited[index]) {
+          return resume(Effect.fail(fail("Run", broken ?? `worker ${index} has exited`)))
+        }
+        const id = nextId++
+        waiting.set(id, { index, resume })
+        workers[index]!.postMessage({ ...req, id })
+        return Effect.sync(() => waiting.delete(id))
+      })
+    const close = Effect.suspend(() => {
+      closing = true
+      // Sessions are released in the worker first (a bounded wait: a wedged worker is terminated regardless).
+      return Effect.forEach(workers, (worker, index) =>
+        request(index, { op: "close" }).pipe(
+          Effect.timeout("5 seconds"),
+          Effect.ignore,
+          Effect.andThen(Effect.promise(() => worker.terminate()))
+        ), { concurrency: "unbounded", discard: true })
+    })
+    return {
+      size: workers.length,
+      request,
+      broken: () => broken,
+      kill: (index) => Effect.promise(() => workers[index]!.terminate()).pipe(Effect.asVoid),
+      close
+    } satisfies Pool
+  })

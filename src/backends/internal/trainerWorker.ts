@@ -1,0 +1,229 @@
+/**
+ * One data-parallel trainer thread (`OnnxTrainer.Options.workers`): it owns onnxruntime sessions for the shard
+ * shapes it is sent (one intra-op thread each by default), runs its shard of each micro-batch and accumulates the
+ * gradients into its own shared buffer, and takes one slice of the gradient reduction and of AdamW. Messages are
+ * handled one at a time, in arrival order. `trainerWorker.mjs` loads this file through tsx; `trainerPool.ts` is the
+ * other end.
+ *
+ * This is an edge like a CLI main: plain promises, no Effect.
+ */
+import { parentPort, workerData } from "node:worker_threads"
+import * as ort from "onnxruntime-node"
+import * as Optimizer from "../../Optimizer.ts"
+
+// ===== Protocol =====
+
+/** Where each parameter sits in the flat shared arrays (float offsets), in the model's parameter order. */
+export interface Layout {
+  readonly names: ReadonlyArray<string>
+  readonly offsets: ReadonlyArray<number>
+  readonly lengths: ReadonlyArray<number>
+  readonly total: number
+}
+
+/** What a worker is started with (`workerData`). */
+export interface Init {
+  readonly index: number
+  readonly layout: Layout
+  /** Shared float32 arrays of `layout.total`: the weights, Adam's moments, the reduced gradients. */
+  readonly params: SharedArrayBuffer
+  readonly m: SharedArrayBuffer
+  readonly v: SharedArrayBuffer
+  readonly accum: SharedArrayBuffer
+  /** Every worker's gradient accumulator, indexed by worker. */
+  readonly grads: ReadonlyArray<SharedArrayBuffer>
+  /** `[start, end)` float offsets of this worker's share of the reduction and of AdamW. */
+  readonly slice: readonly [number, number]
+  readonly sessionOptions: ort.InferenceSession.SessionOptions
+}
+
+/** A non-weight graph input (token ids, masks, loss inputs). */
+export type Feed =
+  | { readonly type: "int64"; readonly data: BigInt64Array; readonly dims: ReadonlyArray<number> }
+  | { readonly type: "float32"; readonly data: Float32Array; readonly dims: ReadonlyArray<number> }
+
+export type Request =
+  | {
+    readonly op: "compile"
+    readonly key: string
+    readonly bytes: Uint8Array
+    readonly weights: ReadonlyArray<{ readonly name: string; readonly dims: ReadonlyArray<number> }>
+    /** `[weight, gradient output]` pairs; empty for a forward-only graph. */
+    readonly gradients: ReadonlyArray<readonly [string, string]>
+  }
+  | { readonly op: "release"; readonly key: string }
+  | {
+    readonly op: "run"
+    readonly key: string
+    /** Weights version: the worker refreshes its private copy of the shared weights when it changes. */
+    readonly version: number
+    readonly feeds: Readonly<Record<string, Feed>>
+    /** `set`: the first shard since the accumulator was cleared; `add`: later ones; `none`: forward only. */
+    readonly accumulate: "set" | "add" | "none"
+  }
+  | { readonly op: "reduce"; readonly sources: ReadonlyArray<number> }
+  | {
+    readonly op: "adam"
+    /** The optimiser's step count before this update. */
+    readonly step: number
+    readonly lr: number
+    readonly scale: number
+    readonly config: Optimizer.Config
+  }
+  | { readonly op: "close" }
+
+export interface RunResult {
+  readonly loss: number
+  readonly stats: Float32Array
+  readonly tokenLogprobs: Float32Array
+}
+
+export type Reply =
+  | { readonly id: number; readonly ok: true; readonly result?: RunResult }
+  | { readonly id: number; readonly ok: false; readonly reason: "Session" | "Run"; readonly message: string }
+
+// ===== Maths =====
+
+/** `dst[start, end) = Σ sources[start, end)`, added in the order given; zeros when there is no source. */
+export const sumSlices = (
+  dst: Float32Array,
+  sources: ReadonlyArray<Float32Array>,
+  start: number,
+  end: number
+): void => {
+  if (sources.length === 0) {
+    dst.fill(0, start, end)
+    return
+  }
+  dst.set(sources[0]!.subarray(start, end), start)
+  for (let s = 1; s < sources.length; s++) {
+    const src = sources[s]!
+    for (let i = start; i < end; i++) dst[i]! += src[i]!
+  }
+}
+
+/** Per-parameter views of the part of a flat array that lies in `[start, end)` (parameters outside are left out). */
+export const sliceViews = (
+  flat: Float32Array,
+  layout: Layout,
+  start: number,
+  end: number
+): Map<string, Float32Array> => {
+  const out = new Map<string, Float32Array>()
+  layout.names.forEach((name, i) => {
+    const from = Math.max(start, layout.offsets[i]!)
+    const to = Math.min(end, layout.offsets[i]! + layout.lengths[i]!)
+    if (from < to) out.set(name, flat.subarray(from, to))
+  })
+  return out
+}
+
+// ===== Worker =====
+
+interface Session {
+  readonly session: ort.InferenceSession
+  readonly weights: ReadonlyArray<{ readonly name: string; readonly dims: ReadonlyArray<number> }>
+  readonly gradients: ReadonlyArray<readonly [string, string]>
+}
+
+const serve = (init: Init) => {
+  const { layout } = init
+  const f32 = (b: SharedArrayBuffer) => new Float32Array(b)
+  const params = f32(init.params)
+  const accum = f32(init.accum)
+  const grads = init.grads.map(f32)
+  const own = sliceViews(grads[init.index]!, layout, 0, layout.total)
+  const shared = sliceViews(params, layout, 0, layout.total)
+  // onnxruntime-node rejects SharedArrayBuffer-backed tensors ("Invalid argument"), so the worker feeds a private
+  // copy of the weights, refreshed once per weights version (one memcpy per optimiser step).
+  const local = new Map([...shared].map(([k, v]) => [k, Float32Array.from(v)]))
+  let version = -1
+  const [start, end] = init.slice
+  const adam = {
+    params: sliceViews(params, layout, start, end),
+    grads: sliceViews(accum, layout, start, end),
+    m: sliceViews(f32(init.m), layout, start, end),
+    v: sliceViews(f32(init.v), layout, start, end)
+  }
+  const sessions = new Map<string, Session>()
+
+  const run = async (r: Extract<Request, { op: "run" }>): Promise<RunResult> => {
+    const s = sessions.get(r.key)
+    if (s === undefined) throw new Error(`no session for ${r.key}`)
+    if (version !== r.version) {
+      for (const [name, w] of local) w.set(shared.get(name)!)
+      version = r.version
+    }
+    const feeds: Record<string, ort.Tensor> = {}
+    for (const [name, f] of Object.entries(r.feeds)) {
+      feeds[name] = f.type === "int64"
+        ? new ort.Tensor("int64", f.data, [...f.dims])
+        : new ort.Tensor("float32", f.data, [...f.dims])
+    }
+    for (const w of s.weights) feeds[w.name] = new ort.Tensor("float32", local.get(w.name)!, [...w.dims])
+    const out = await s.session.run(feeds)
+    if (r.accumulate !== "none") {
+      for (const [w, gradName] of s.gradients) {
+        const g = out[gradName]!.data as Float32Array
+        const acc = own.get(w)!
+        if (r.accumulate === "set") acc.set(g)
+        else for (let i = 0; i < acc.length; i++) acc[i]! += g[i]!
+      }
+    }
+    const logprobs = out["token_logprobs"]!.data as Float32Array
+    return {
+      loss: (out["loss"]!.data as Float32Array)[0]!,
+      stats: Float32Array.from(out["stats"]!.data as Float32Array),
+      tokenLogprobs: Float32Array.from(logprobs)
+    }
+  }
+
+  const handle = async (r: Request): Promise<RunResult | undefined> => {
+    switch (r.op) {
+      case "compile": {
+        const session = await ort.InferenceSession.create(r.bytes, init.sessionOptions)
+        sessions.set(r.key, { session, weights: r.weights, gradients: r.gradients })
+        return undefined
+      }
+      case "release": {
+        const s = sessions.get(r.key)
+        sessions.delete(r.key)
+        await s?.session.release()
+        return undefined
+      }
+      case "run":
+        return run(r)
+      case "reduce":
+        sumSlices(accum, r.sources.map((i) => grads[i]!), start, end)
+        return undefined
+      case "adam":
+        Optimizer.step(adam.params, adam.grads, { step: r.step, m: adam.m, v: adam.v }, r.lr, r.config, r.scale)
+        return undefined
+      case "close":
+        for (const s of sessions.values()) await s.session.release()
+        sessions.clear()
+        return undefined
+    }
+  }
+
+  const port = parentPort!
+  let queue: Promise<void> = Promise.resolve()
+  port.on("message", (message: Request & { readonly id: number }) => {
+    queue = queue.then(() =>
+      handle(message).then(
+        (result) => port.postMessage({ id: message.id, ok: true, ...(result === undefined ? {} : { result }) }),
+        (e: unknown) =>
+          port.postMessage({
+            id: message.id,
+            ok: false,
+            reason: message.op === "compile" ? "Session" : "Run",
+            message: e instanceof Error ? e.message : String(e)
+          })
+      )
+    )
+  })
+  port.postMessage({ id: 0, ok: true } satisfies Reply) // ready
+}
+
+// Only as a worker started by `trainerPool.ts` (never when a test runner imports this file on its own thread).
+if (parentPort !== null && (workerData as Partial<Init> | null)?.layout !== undefined) serve(workerData as Init)

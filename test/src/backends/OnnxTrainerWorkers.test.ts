@@ -1,0 +1,225 @@
+import { NodeServices } from "@effect/platform-node"
+import { assert, describe, it } from "@effect/vitest"
+import { Effect, Fiber, FileSystem, Result } from "effect"
+import * as fc from "fast-check"
+import * as ort from "onnxruntime-node"
+import * as OnnxTrainer from "../../../src/backends/OnnxTrainer.ts"
+import * as Loss from "../../../src/Loss.ts"
+import * as LrSchedule from "../../../src/LrSchedule.ts"
+import * as Qwen2 from "../../../src/model/Qwen2.ts"
+import * as Optimizer from "../../../src/Optimizer.ts"
+import * as Packing from "../../../src/Packing.ts"
+import * as Sampling from "../../../src/Sampling.ts"
+import { tinyConfig } from "../../utils/tinyModel.ts"
+
+// GQA, untied head and learned positions: every kind of parameter the tiny preset has.
+const config = tinyConfig({ vocabSize: 32, hiddenSize: 32, numHiddenLayers: 2, intermediateSize: 64 })
+
+/** 6 sequences of 10–15 tokens with signed advantages and sampler logprobs (so the PPO statistics are non-zero). */
+const dataset = (): ReadonlyArray<Packing.Sequence> => {
+  const r = Sampling.rng(11)
+  return Array.from({ length: 6 }, (_, i) => {
+    const n = 10 + i
+    return {
+      tokenIds: Int32Array.from({ length: n }, () => Math.floor(r.next() * config.vocabSize)),
+      lossMask: Uint8Array.from({ length: n }, (_, t) => (t >= n / 2 ? 1 : 0)),
+      samplerLogprobs: Float32Array.from({ length: n }, () => -3.5 + r.next()),
+      advantages: Float32Array.from({ length: n }, () => (i % 2 === 0 ? 1 : -0.5))
+    }
+  })
+}
+
+/** One micro-batch of 7 rows (6 sequences and 1 empty padding row): shards of 4 and 3 rows on 2 workers. */
+const oddPaddedBatch = Effect.map(
+  Packing.pack(dataset(), {
+    tokenBudget: 7 * 16,
+    lengthMultiple: 16,
+    aggregation: "seq-mean-token-mean",
+    padRows: true
+  }),
+  (p) => p.microBatches
+)
+
+const options = (overrides: Partial<OnnxTrainer.Options> = {}): OnnxTrainer.Options => ({
+  model: OnnxTrainer.qwen2(config),
+  weights: Qwen2.initWeights(config, 3),
+  loss: Loss.grpo,
+  optimizer: Optimizer.defaultConfig,
+  schedule: LrSchedule.constant(1e-3),
+  ...overrides
+})
+
+type Trainer = Effect.Success<ReturnType<typeof OnnxTrainer.make>>
+
+const steps = (trainer: Trainer, batches: ReadonlyArray<Packing.MicroBatch>, n: number) =>
+  Effect.gen(function*() {
+    for (let s = 0; s < n; s++) {
+      for (const mb of batches) yield* trainer.trainer.forwardBackward(mb)
+      yield* trainer.trainer.optimStep
+    }
+  })
+
+const bits = (w: ReadonlyMap<string, Float32Array>) =>
+  [...w].map(([k, v]) => `${k}:${Buffer.from(v.buffer, v.byteOffset, v.byteLength).toString("base64")}`).join("|")
+
+/** max |a − b| over every tensor, and max |b| (the scale the difference is judged against). */
+const maxDiff = (a: ReadonlyMap<string, Float32Array>, b: ReadonlyMap<string, Float32Array>) => {
+  let diff = 0
+  let scale = 0
+  assert.deepStrictEqual([...a.keys()], [...b.keys()])
+  for (const [name, x] of a) {
+    const y = b.get(name)!
+    for (let i = 0; i < x.length; i++) {
+      diff = Math.max(diff, Math.abs(x[i]! - y[i]!))
+      scale = Math.max(scale, Math.abs(y[i]!))
+    }
+  }
+  return { diff, scale }
+}
+
+describe("OnnxTrainer with worker threads", () => {
+  it("shardRanges: contiguous, covering, at most `workers` shards whose sizes differ by at most one", () => {
+    fc.assert(fc.property(fc.integer({ min: 1, max: 200 }), fc.integer({ min: 1, max: 16 }), (rows, workers) => {
+      const ranges = OnnxTrainer.shardRanges(rows, workers)
+      assert.strictEqual(ranges.length, Math.min(rows, workers))
+      assert.strictEqual(ranges[0]![0], 0)
+      assert.strictEqual(ranges.at(-1)![1], rows)
+      ranges.forEach(([s, e], i) => {
+        if (i > 0) assert.strictEqual(s, ranges[i - 1]![1])
+        assert.isAbove(e, s)
+      })
+      const sizes = ranges.map(([s, e]) => e - s)
+      assert.isAtMost(Math.max(...sizes) - Math.min(...sizes), 1)
+    }))
+  })
+
+  it.effect("2 workers give the single-thread trainer's loss, statistics, logprobs, gradients and weights", () =>
+    Effect.gen(function*() {
+      const mbs = yield* oddPaddedBatch
+      assert.strictEqual(mbs.length, 1)
+      const mb = mbs[0]!
+      assert.strictEqual(mb.batch, 7)
+      assert.isTrue(mb.sequenceIndex.includes(-1))
+      // a 1-row micro-batch (fewer rows than workers) takes one shard
+      const single = (yield* Packing.pack(dataset().slice(0, 1), {
+        tokenBudget: 16,
+        lengthMultiple: 16,
+        aggregation: "seq-mean-token-mean"
+      })).microBatches
+      assert.strictEqual(single[0]!.batch, 1)
+      const one = yield* OnnxTrainer.make(options())
+      const two = yield* OnnxTrainer.make(options({ workers: 2 }))
+      for (const batch of [mb, single[0]!]) {
+        const a = yield* one.trainer.forwardBackward(batch)
+        const b = yield* two.trainer.forwardBackward(batch)
+        // Shard sums reorder float32 additions: relative 1e-5 on sums, absolute 1e-5 on per-token logprobs.
+        for (const key of ["loss", "tokens", "clipped", "clippedLower", "approxKl", "entropy", "kl"] as const) {
+          assert.approximately(b[key], a[key], 1e-5 * Math.max(1, Math.abs(a[key])), key)
+        }
+        assert.isAbove(a.tokens, 0)
+        if (batch === mb) assert.isAbove(a.clipped, 0, "the PPO clip is exercised")
+        assert.strictEqual(b.tokenLogprobs.length, batch.batch * batch.length)
+        const forward = yield* two.logprobs(batch)
+        a.tokenLogprobs.forEach((x, i) => {
+          assert.approximately(b.tokenLogprobs[i]!, x, 1e-5)
+          assert.approximately(forward.tokenLogprobs[i]!, x, 1e-5)
+        })
+      }
+      // gradients accumulated over both micro-batches
+      const g = maxDiff(yield* two.gradients, yield* one.gradients)
+      assert.isAbove(g.scale, 0)
+      assert.isBelow(g.diff, 1e-5 * g.scale, `max |Δg| ${g.diff} of ${g.scale}`)
+      yield* one.trainer.optimStep
+      yield* two.trainer.optimStep
+      yield* steps(one, [mb, single[0]!], 3)
+      yield* steps(two, [mb, single[0]!], 3)
+      assert.strictEqual(yield* two.trainer.step, 4)
+      const w = maxDiff(yield* two.trainer.weights, yield* one.trainer.weights)
+      // 4 Adam steps of lr 1e-3: a sign flip of a near-zero gradient would move a weight by ~2e-3
+      assert.isBelow(w.diff, 1e-5, `max |Δw| ${w.diff}`)
+      assert.notStrictEqual(bits(yield* two.trainer.weights), bits(options().weights), "the weights moved")
+    }).pipe(Effect.provide(NodeServices.layer)), 120_000)
+
+  it.effect("is deterministic: two runs are bit-identical, and resume from a checkpoint is bit-exact", () =>
+    Effect.gen(function*() {
+      const fs = yield* FileSystem.FileSystem
+      const dir = yield* fs.makeTempDirectoryScoped()
+      const mbs = yield* oddPaddedBatch
+      const first = yield* OnnxTrainer.make(options({ workers: 2 }))
+      yield* steps(first, mbs, 2)
+      yield* first.trainer.save(`${dir}/ckpt`, { policyVersion: 2, rngState: [7] })
+      yield* steps(first, mbs, 2)
+      const again = yield* OnnxTrainer.make(options({ workers: 2 }))
+      yield* steps(again, mbs, 4)
+      assert.strictEqual(bits(yield* again.trainer.weights), bits(yield* first.trainer.weights))
+      const resumed = yield* OnnxTrainer.make(options({ workers: 2, weights: Qwen2.initWeights(config, 99) }))
+      yield* steps(resumed, mbs, 1) // the workers have a stale copy of the weights when the checkpoint loads
+      yield* resumed.trainer.load(`${dir}/ckpt`)
+      assert.strictEqual(yield* resumed.trainer.step, 2)
+      yield* steps(resumed, mbs, 2)
+      assert.strictEqual(bits(yield* resumed.trainer.weights), bits(yield* first.trainer.weights))
+    }).pipe(Effect.provide(NodeServices.layer)), 120_000)
+
+  it.effect("closing the trainer's scope terminates its threads", () =>
+    Effect.gen(function*() {
+      const mbs = yield* oddPaddedBatch
+      const threads = yield* Effect.scoped(Effect.gen(function*() {
+        const trainer = yield* OnnxTrainer.make(options({ workers: 2 }))
+        assert.strictEqual(yield* trainer.threads.live, 0, "started lazily")
+        yield* trainer.trainer.forwardBackward(mbs[0]!)
+        assert.strictEqual(yield* trainer.threads.live, 2)
+        return trainer.threads
+      }))
+      assert.strictEqual(yield* threads.live, 0)
+    }).pipe(Effect.provide(NodeServices.layer)))
+
+  it.live("a worker killed mid-step is a typed Run error; the next call starts fresh threads", () =>
+    Effect.gen(function*() {
+      const mb = (yield* oddPaddedBatch)[0]!
+      const trainer = yield* OnnxTrainer.make(options({ workers: 2 }))
+      yield* trainer.trainer.forwardBackward(mb)
+      const fiber = yield* Effect.forkChild(trainer.trainer.forwardBackward(mb))
+      yield* Effect.yieldNow // the shards are sent
+      yield* trainer.threads.kill(1)
+      // The kill lands while worker 1 runs its shard; should the shard have finished first, the next call reports it.
+      const inFlight = yield* Effect.result(Fiber.join(fiber))
+      const error = Result.isFailure(inFlight)
+        ? inFlight.failure
+        : yield* Effect.flip(trainer.trainer.forwardBackward(mb))
+      assert.strictEqual(error.reason, "Run")
+      assert.match(error.message, /worker 1/)
+      // both micro-batches' gradients were discarded
+      assert.strictEqual((yield* Effect.flip(trainer.trainer.optimStep)).reason, "NothingAccumulated")
+      const retried = yield* trainer.trainer.forwardBackward(mb)
+      assert.isTrue(Number.isFinite(retried.loss))
+      assert.strictEqual(yield* trainer.threads.live, 2)
+      assert.strictEqual((yield* trainer.trainer.optimStep).step, 1)
+    }).pipe(Effect.provide(NodeServices.layer), Effect.scoped))
+
+  it.effect("an onnxruntime error in a worker, a missing provider and a bad worker count are typed errors", () =>
+    Effect.gen(function*() {
+      const mb = (yield* oddPaddedBatch)[0]!
+      const model = OnnxTrainer.qwen2(config)
+      // position_ids of the wrong shape: onnxruntime rejects the feed inside the worker
+      const badFeed = yield* OnnxTrainer.make(options({
+        workers: 2,
+        model: {
+          ...model,
+          inputs: (b) => ({
+            ...model.inputs(b),
+            position_ids: new ort.Tensor("int64", new BigInt64Array(b.batch), [b.batch, 1])
+          })
+        }
+      }))
+      const run = yield* Effect.flip(badFeed.trainer.forwardBackward(mb))
+      assert.strictEqual(run.reason, "Run")
+      assert.match(run.message, /^worker \d: /)
+      assert.strictEqual(yield* badFeed.threads.live, 2, "an onnxruntime error does not cost the threads")
+      const cuda = yield* OnnxTrainer.make(options({ workers: 2, executionProvider: "cuda" }))
+      const session = yield* Effect.flip(cuda.trainer.forwardBackward(mb))
+      assert.strictEqual(session.reason, "Session")
+      for (const workers of [0, 1.5]) {
+        assert.strictEqual((yield* Effect.flip(OnnxTrainer.make(options({ workers })))).reason, "Session")
+      }
+    }).pipe(Effect.provide(NodeServices.layer)))
+})
