@@ -112,7 +112,9 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
       loss,
       optimizer,
       schedule,
-      intraOpThreads: options.intraOpThreads ?? 2
+      workers: config.learner.workers,
+      // one intra-op thread per worker by default: the workers already occupy the cores
+      intraOpThreads: options.intraOpThreads ?? (config.learner.workers > 1 ? 1 : 2)
     }).pipe(
       Effect.map((t) => t.trainer),
       Effect.mapError(learnerError),

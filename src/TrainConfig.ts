@@ -167,6 +167,17 @@ export const CheckpointConfig = Schema.Struct({
 })
 
 /**
+ * The local learner's engine settings. `workers` splits each micro-batch's rows over that many threads, each
+ * running its share on its own core (`OnnxTrainer.Options.workers`; 1 = everything on the main thread).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const LearnerConfig = Schema.Struct({
+  workers: withDefault(PositiveInt, 2)
+})
+
+/**
  * A whole training run. `mode: "async"` lets rollouts run ahead of the learner by at most `maxStaleness` policy
  * versions; `"sync"` generates each batch with the current policy.
  *
@@ -188,6 +199,7 @@ export const TrainConfig = Schema.Struct({
   maxStaleness: withDefault(NonNegativeInt, 1),
   eval: withDefault(EvalConfig, {}),
   checkpoint: withDefault(CheckpointConfig, {}),
+  learner: withDefault(LearnerConfig, {}),
   sampleTrajectories: withDefault(NonNegativeInt, 4)
 })
 export type TrainConfig = typeof TrainConfig.Type
