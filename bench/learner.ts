@@ -9,12 +9,18 @@
  *    Both engines start from the same weights; the loss and an embedding gradient are compared as a sanity check.
  * 2. The roofline: a plain onnxruntime MatMul chain with the same total FLOPs as one training step.
  *
- * Headline: ORT tokens/s ÷ tfjs-wasm tokens/s (target ≥ 10).
+ * ORT runs in three configurations, interleaved in the same rounds: one thread with 2 intra-op threads (the
+ * trainer's single-thread default), one intra-op thread, and `workers: 2` (rows split over 2 worker threads with one
+ * intra-op thread each: what `agentfly train` uses by default, `learner.workers` 2).
+ *
+ * Headline: tokens/s of the ORT learner as the product configures it (`workers: 2`) ÷ tfjs-wasm tokens/s
+ * (target ≥ 10).
  */
 import { NodeServices } from "@effect/platform-node"
 import * as tf from "@tensorflow/tfjs"
 import "@tensorflow/tfjs-backend-wasm"
 import { Effect } from "effect"
+import { readFileSync } from "node:fs"
 import * as ort from "onnxruntime-node"
 import * as OnnxTrainer from "../src/backends/OnnxTrainer.ts"
 import * as Loss from "../src/Loss.ts"
@@ -48,11 +54,12 @@ const batchData = (rows = B, length = T) => {
 
 // ===== onnxruntime learner =====
 
-const ortLearner = (weights: Qwen2.Weights, intraOpThreads: number, rows = B, length = T) =>
+const ortLearner = (weights: Qwen2.Weights, intraOpThreads: number, rows = B, length = T, workers = 1) =>
   Effect.gen(function*() {
     const trainer = yield* OnnxTrainer.make({
       model: OnnxTrainer.qwen2(c),
       intraOpThreads,
+      workers,
       weights,
       loss: Loss.sft,
       optimizer: Optimizer.defaultConfig,
@@ -64,7 +71,7 @@ const ortLearner = (weights: Qwen2.Weights, intraOpThreads: number, rows = B, le
       aggregation: "token-mean"
     })
     const mb = microBatches[0]!
-    const first = yield* trainer.trainer.forwardBackward(mb) // compiles the session
+    const first = yield* trainer.trainer.forwardBackward(mb) // compiles the session (starts the workers)
     const embedGradient = (yield* trainer.gradients).get("model.embed_tokens.weight")!
     yield* trainer.trainer.optimStep
     /** One timed step: [forward+backward ms, whole step ms, process CPU ms of the step]. */
@@ -230,11 +237,14 @@ export default async (): Promise<BenchResult> => {
   return Effect.runPromise(Effect.scoped(Effect.gen(function*() {
     const onnx = yield* ortLearner(weights, 2)
     const onnx1 = yield* ortLearner(weights, 1)
+    const workers = yield* ortLearner(weights, 1, B, T, 2)
     // Interleave the engines so that they share the machine's (noisy, shared) load alike.
     const ortFwdBwd: Array<number> = [], ortStep: Array<number> = []
     const tfjsStep: Array<number> = [], roofMs: Array<number> = []
     const roundRatios: Array<number> = [], oneThread: Array<number> = [], roundRatios1: Array<number> = []
     const ortCpu: Array<number> = [], tfjsCpu: Array<number> = []
+    const workersFwdBwd: Array<number> = [], workersStep: Array<number> = [], workersCpu: Array<number> = []
+    const roundRatiosWorkers: Array<number> = []
     for (let round = 0; round < 10; round++) {
       const [t, tc] = yield* Effect.promise(tfjs.step)
       tfjsStep.push(t)
@@ -253,27 +263,54 @@ export default async (): Promise<BenchResult> => {
       for (let k = 0; k < 4; k++) single.push((yield* onnx1.step)[1])
       oneThread.push(...single)
       roundRatios1.push(t / median(single))
+      const split: Array<number> = []
+      for (let k = 0; k < 4; k++) {
+        const [fb, full, cpu] = yield* workers.step
+        workersFwdBwd.push(fb)
+        workersStep.push(full)
+        workersCpu.push(cpu)
+        split.push(full)
+      }
+      roundRatiosWorkers.push(t / median(split))
     }
     // The calculator demo's shape (shared/reference/demo-feasibility.md): B 16 × T 192 per step.
     const demo = yield* ortLearner(weights, 2, 16, 192)
-    const demoMs: Array<number> = []
-    for (let k = 0; k < 5; k++) demoMs.push((yield* demo.step)[1])
+    const demoWorkers = yield* ortLearner(weights, 1, 16, 192, 2)
+    const demoMs: Array<number> = [], demoWorkersMs: Array<number> = []
+    for (let k = 0; k < 5; k++) {
+      demoMs.push((yield* demo.step)[1])
+      demoWorkersMs.push((yield* demoWorkers.step)[1])
+    }
     let diff = 0
     let scale = 0
+    let workersDiff = 0
     for (let i = 0; i < onnx.embedGradient.length; i++) {
       diff = Math.max(diff, Math.abs(onnx.embedGradient[i]! - tfjs.embedGradient[i]!))
+      workersDiff = Math.max(workersDiff, Math.abs(workers.embedGradient[i]! - tfjs.embedGradient[i]!))
       scale = Math.max(scale, Math.abs(tfjs.embedGradient[i]!))
     }
     const ortMs = median(ortStep), fbMs = median(ortFwdBwd), tfjsMs = median(tfjsStep), rooflineMs = median(roofMs)
+    const workersMs = median(workersStep), workersFbMs = median(workersFwdBwd)
     const achieved = stepFlops / (fbMs / 1000) / 1e9
     const peak = roof.flops / (rooflineMs / 1000) / 1e9
     return {
       headline: {
-        metric: "training tokens/s, ORT learner ÷ tfjs-wasm (median of 10 interleaved rounds)",
-        value: median(roundRatios),
+        metric: "training tokens/s, ORT learner (workers 2, the CLI default) ÷ tfjs-wasm (median of 10 rounds)",
+        value: median(roundRatiosWorkers),
         target: 10,
         better: "higher" as const
       },
+      loadAverage: readFileSync("/proc/loadavg", "utf8").trim(),
+      workers2StepMs: workersMs,
+      workers2ForwardBackwardMs: workersFbMs,
+      workers2OptimStepMs: workersMs - workersFbMs,
+      workers2TokensPerS: (N * 1000) / workersMs,
+      workers2RatioOfMedians: tfjsMs / workersMs,
+      workers2CpuMsPerStep: median(workersCpu),
+      workers2RoundRatios: roundRatiosWorkers,
+      workers2SpeedupOverOneThread: ortMs / workersMs,
+      workers2EmbedGradientMaxRelDiff: workersDiff / scale,
+      demoShapeWorkers2StepMs: median(demoWorkersMs),
       preset: "tiny",
       batch: B,
       tokensPerRow: T,
@@ -287,6 +324,7 @@ export default async (): Promise<BenchResult> => {
       tfjsWasmCpuMsPerStep: median(tfjsCpu),
       tokensPerCpuSecondRatio: median(tfjsCpu) / median(ortCpu),
       roundRatios,
+      singleThreadRatio: median(roundRatios),
       ortOneThreadStepMs: median(oneThread),
       demoShapeStepMs: median(demoMs),
       oneThreadRatio: median(roundRatios1),
