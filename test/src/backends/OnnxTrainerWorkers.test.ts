@@ -173,6 +173,21 @@ describe("OnnxTrainer with worker threads", () => {
       assert.strictEqual(yield* threads.live, 0)
     }).pipe(Effect.provide(NodeServices.layer)))
 
+  it.live("an interrupted forwardBackward leaves no gradient behind", () =>
+    Effect.gen(function*() {
+      const mb = (yield* oddPaddedBatch)[0]!
+      const trainer = yield* OnnxTrainer.make(options({ workers: 2 }))
+      yield* trainer.trainer.forwardBackward(mb) // starts the workers and compiles
+      const fiber = yield* Effect.forkChild(trainer.trainer.forwardBackward(mb))
+      yield* Effect.yieldNow // the shards are sent; the workers finish them after the interruption
+      yield* Fiber.interrupt(fiber)
+      assert.strictEqual((yield* Effect.flip(trainer.trainer.optimStep)).reason, "NothingAccumulated")
+      yield* steps(trainer, [mb], 1)
+      const clean = yield* OnnxTrainer.make(options({ workers: 2 }))
+      yield* steps(clean, [mb], 1)
+      assert.strictEqual(bits(yield* trainer.trainer.weights), bits(yield* clean.trainer.weights))
+    }).pipe(Effect.provide(NodeServices.layer), Effect.scoped))
+
   it.live("a worker killed mid-step is a typed Run error; the next call starts fresh threads", () =>
     Effect.gen(function*() {
       const mb = (yield* oddPaddedBatch)[0]!
