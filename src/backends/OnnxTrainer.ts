@@ -453,19 +453,20 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
         for (const [name, t] of Object.entries(batchFeeds(graph, shardOf(mb, r0, r1)))) plain[name] = toFeed(t)
         const accumulate = !withGradients ? "none" : shardsAccumulated[j] === 0 ? "set" : "add"
         const out = yield* p.request(j, { op: "run", key, version: weightsVersion, feeds: plain, accumulate })
-        return out!
+        return out.run!
       }), { concurrency: "unbounded" })
     if (withGradients) for (let j = 0; j < shards.length; j++) shardsAccumulated[j]!++
     return combine(mb, shards, results)
   })
 
-  /** accum ← Σ over workers of their gradient buffers, each worker summing its own slice. */
+  /**
+   * accum ← Σ over workers of their gradient buffers, each worker summing its own slice; returns the global norm
+   * from the slices' norms (summed in worker order: deterministic, though not in `Optimizer.globalNorm`'s order).
+   */
   const reduce = (p: TrainerPool.Pool) => {
     const sources = shardsAccumulated.flatMap((n, j) => (n > 0 ? [j] : []))
-    return Effect.forEach(everyWorker, (j) => p.request(j, { op: "reduce", sources }), {
-      concurrency: "unbounded",
-      discard: true
-    })
+    return Effect.forEach(everyWorker, (j) => p.request(j, { op: "reduce", sources }), { concurrency: "unbounded" })
+      .pipe(Effect.map((outs) => Math.sqrt(outs.reduce((sum, o) => sum + o.norm! * o.norm!, 0))))
   }
 
   // ----- The trainer -----
@@ -508,8 +509,7 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
 
   const optimStep = lock.withPermits(1)(Effect.gen(function*() {
     if (accumulated === 0) return yield* fail("NothingAccumulated", "optimStep before any forwardBackward")
-    if (shared !== undefined) yield* reduce(yield* usePool)
-    const gradNorm = Optimizer.globalNorm(accum)
+    const gradNorm = shared === undefined ? Optimizer.globalNorm(accum) : yield* reduce(yield* usePool)
     if (!Number.isFinite(gradNorm)) {
       clear()
       return yield* fail("NonFiniteGradient", `gradient norm is ${gradNorm}; the update was skipped`)

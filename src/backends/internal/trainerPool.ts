@@ -16,7 +16,7 @@ const fail = (reason: PolicyTrainer.PolicyTrainerErrorReason, message: string) =
 /** A request without its id (the pool numbers them). */
 export type Request = TrainerWorker.Request
 
-type Reply = Effect.Effect<TrainerWorker.RunResult | undefined, PolicyTrainer.PolicyTrainerError>
+type Reply = Effect.Effect<TrainerWorker.Output, PolicyTrainer.PolicyTrainerError>
 
 export interface Pool {
   readonly size: number
@@ -100,7 +100,7 @@ export const start = (
         if (w === undefined) return // an interrupted request
         waiting.delete(reply.id)
         w.resume(
-          reply.ok ? Effect.succeed(reply.result) : Effect.fail(fail(reply.reason, `worker ${index}: ${reply.message}`))
+          reply.ok ? Effect.succeed(reply.output) : Effect.fail(fail(reply.reason, `worker ${index}: ${reply.message}`))
         )
       })
       worker.on("error", (e) => failWaiting(index, `worker ${index} crashed: ${e.message}`))
@@ -111,7 +111,7 @@ export const start = (
       })
     })
     const request = (index: number, req: Request) =>
-      Effect.callback<TrainerWorker.RunResult | undefined, PolicyTrainer.PolicyTrainerError>((resume) => {
+      Effect.callback<TrainerWorker.Output, PolicyTrainer.PolicyTrainerError>((resume) => {
         if (broken !== undefined || exited[index]) {
           return resume(Effect.fail(fail("Run", broken ?? `worker ${index} has exited`)))
         }

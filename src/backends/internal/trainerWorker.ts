@@ -78,8 +78,14 @@ export interface RunResult {
   readonly tokenLogprobs: Float32Array
 }
 
+/** What a request returns: a run's results, or the L2 norm of a reduced gradient slice. */
+export interface Output {
+  readonly run?: RunResult
+  readonly norm?: number
+}
+
 export type Reply =
-  | { readonly id: number; readonly ok: true; readonly result?: RunResult }
+  | { readonly id: number; readonly ok: true; readonly output: Output }
   | { readonly id: number; readonly ok: false; readonly reason: "Session" | "Run"; readonly message: string }
 
 // ===== Maths =====
@@ -178,31 +184,32 @@ const serve = (init: Init) => {
     }
   }
 
-  const handle = async (r: Request): Promise<RunResult | undefined> => {
+  const handle = async (r: Request): Promise<Output> => {
     switch (r.op) {
       case "compile": {
         const session = await ort.InferenceSession.create(r.bytes, init.sessionOptions)
         sessions.set(r.key, { session, weights: r.weights, gradients: r.gradients })
-        return undefined
+        return {}
       }
       case "release": {
         const s = sessions.get(r.key)
         sessions.delete(r.key)
         await s?.session.release()
-        return undefined
+        return {}
       }
       case "run":
-        return run(r)
+        return { run: await run(r) }
       case "reduce":
+        // The slice's norm too, so that the global norm needs no pass over every gradient on the main thread.
         sumSlices(accum, r.sources.map((i) => grads[i]!), start, end)
-        return undefined
+        return { norm: Optimizer.globalNorm(adam.grads) }
       case "adam":
         Optimizer.step(adam.params, adam.grads, { step: r.step, m: adam.m, v: adam.v }, r.lr, r.config, r.scale)
-        return undefined
+        return {}
       case "close":
         for (const s of sessions.values()) await s.session.release()
         sessions.clear()
-        return undefined
+        return {}
     }
   }
 
@@ -211,7 +218,7 @@ const serve = (init: Init) => {
   port.on("message", (message: Request & { readonly id: number }) => {
     queue = queue.then(() =>
       handle(message).then(
-        (result) => port.postMessage({ id: message.id, ok: true, ...(result === undefined ? {} : { result }) }),
+        (output) => port.postMessage({ id: message.id, ok: true, output } satisfies Reply),
         (e: unknown) =>
           port.postMessage({
             id: message.id,
@@ -222,7 +229,7 @@ const serve = (init: Init) => {
       )
     )
   })
-  port.postMessage({ id: 0, ok: true } satisfies Reply) // ready
+  port.postMessage({ id: 0, ok: true, output: {} } satisfies Reply) // ready
 }
 
 // Only as a worker started by `trainerPool.ts` (never when a test runner imports this file on its own thread).

@@ -173,6 +173,22 @@ describe("OnnxTrainer with worker threads", () => {
       assert.strictEqual(yield* threads.live, 0)
     }).pipe(Effect.provide(NodeServices.layer)))
 
+  it.effect("a non-finite gradient skips the update and leaves the weights untouched", () =>
+    Effect.gen(function*() {
+      const mb = (yield* oddPaddedBatch)[0]!
+      const trainer = yield* OnnxTrainer.make(options({ workers: 2 }))
+      const at = mb.mask.lastIndexOf(1) // in the second shard
+      assert.isAtLeast(at, 4 * mb.length)
+      const poisoned = { ...mb, advantages: Float32Array.from(mb.advantages, (a, i) => (i === at ? Number.NaN : a)) }
+      const before = bits(yield* trainer.trainer.weights)
+      yield* trainer.trainer.forwardBackward(poisoned)
+      assert.strictEqual((yield* Effect.flip(trainer.trainer.optimStep)).reason, "NonFiniteGradient")
+      assert.strictEqual(bits(yield* trainer.trainer.weights), before)
+      assert.strictEqual(yield* trainer.trainer.step, 0)
+      yield* trainer.trainer.forwardBackward(mb)
+      assert.isTrue(Number.isFinite((yield* trainer.trainer.optimStep).gradNorm))
+    }).pipe(Effect.provide(NodeServices.layer)))
+
   it.live("an interrupted forwardBackward leaves no gradient behind", () =>
     Effect.gen(function*() {
       const mb = (yield* oddPaddedBatch)[0]!
