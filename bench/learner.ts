@@ -244,6 +244,7 @@ export default async (): Promise<BenchResult> => {
     const roundRatios: Array<number> = [], oneThread: Array<number> = [], roundRatios1: Array<number> = []
     const ortCpu: Array<number> = [], tfjsCpu: Array<number> = []
     const workersFwdBwd: Array<number> = [], workersStep: Array<number> = [], workersCpu: Array<number> = []
+    const workersCores: Array<number> = [], ortCores: Array<number> = []
     const roundRatiosWorkers: Array<number> = []
     for (let round = 0; round < 10; round++) {
       const [t, tc] = yield* Effect.promise(tfjs.step)
@@ -256,6 +257,7 @@ export default async (): Promise<BenchResult> => {
         ortFwdBwd.push(fb)
         ortStep.push(full)
         ortCpu.push(cpu)
+        ortCores.push(cpu / full)
         mine.push(full)
       }
       roundRatios.push(t / median(mine))
@@ -269,6 +271,7 @@ export default async (): Promise<BenchResult> => {
         workersFwdBwd.push(fb)
         workersStep.push(full)
         workersCpu.push(cpu)
+        workersCores.push(cpu / full)
         split.push(full)
       }
       roundRatiosWorkers.push(t / median(split))
@@ -307,6 +310,9 @@ export default async (): Promise<BenchResult> => {
       workers2TokensPerS: (N * 1000) / workersMs,
       workers2RatioOfMedians: tfjsMs / workersMs,
       workers2CpuMsPerStep: median(workersCpu),
+      // CPU time ÷ wall time of a step: how many cores the process actually got (2 workers can use up to 2)
+      workers2CoresUsed: median(workersCores),
+      ortCoresUsed: median(ortCores),
       workers2RoundRatios: roundRatiosWorkers,
       workers2SpeedupOverOneThread: ortMs / workersMs,
       workers2EmbedGradientMaxRelDiff: workersDiff / scale,
