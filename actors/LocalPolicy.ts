@@ -17,6 +17,7 @@ import * as OnnxTrainer from "../src/backends/OnnxTrainer.ts"
 import * as Optimizer from "../src/Optimizer.ts"
 import * as Packing from "../src/Packing.ts"
 import * as PolicyTrainer from "../src/PolicyTrainer.ts"
+import * as Safetensors from "../src/Safetensors.ts"
 import { Sampler } from "../src/Sampler.ts"
 import type * as TrainConfig from "../src/TrainConfig.ts"
 import type * as Trajectory from "../src/Trajectory.ts"
@@ -57,10 +58,9 @@ export const lossConfig = (algorithm: TrainConfig.TrainConfig["algorithm"]): Los
 /**
  * Builds the local policy and sampler for a run from a loaded model folder. Sessions live in the current scope.
  *
- * **Gotchas**
- *
- * `algorithm.klCoef > 0` needs a reference policy, which the local backend does not keep yet: it fails at once
- * rather than train without the KL term.
+ * With `algorithm.klCoef > 0` the KL term's reference policy is the policy RL starts from (policy version 0: the
+ * warm-up's result, or the folder's weights). It is frozen when version 0 is first published and saved into every
+ * checkpoint (`reference.safetensors`), so that a resumed run penalises against the same reference.
  *
  * @category constructors
  * @since 0.1.0
@@ -79,12 +79,6 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
   FileSystem.FileSystem | Scope.Scope
 > {
   const { algorithm } = config
-  if (algorithm.klCoef > 0) {
-    return yield* new TrainerError({
-      reason: "Learner",
-      message: "algorithm.klCoef > 0 needs a reference policy, which the local backend does not keep yet"
-    })
-  }
   const fsContext = yield* Effect.context<FileSystem.FileSystem | Scope.Scope>()
   // The engine starts at version -1 (the folder's weights): the trainer publishes version 0 (after the warm-up,
   // or the same weights without one) before the first rollout, and versions must increase.
@@ -140,6 +134,43 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
     epochs: algorithm.epochs
   }
 
+  // The frozen reference policy of the KL term (only with klCoef > 0).
+  let reference:
+    | { readonly weights: PolicyTrainer.Weights; readonly logprobs: NonNullable<Learner.Options["reference"]> }
+    | undefined
+  const setReference = (weights: PolicyTrainer.Weights) =>
+    OnnxTrainer.makeReference(model, weights, { intraOpThreads: options.intraOpThreads ?? 2 }).pipe(
+      Effect.map((logprobs) => void (reference = { weights, logprobs })),
+      Effect.mapError(learnerError),
+      Effect.provide(fsContext)
+    )
+  const referenceFile = (dir: string) => `${dir}/reference.safetensors`
+  const saveReference = (dir: string) =>
+    Effect.gen(function*() {
+      if (reference === undefined) return
+      const fs = yield* FileSystem.FileSystem
+      const { weights } = reference
+      const tensors = model.parameters.map((p) => ({ name: p.name, shape: p.shape, data: weights.get(p.name)! }))
+      yield* fs.writeFile(referenceFile(dir), Safetensors.serialize(tensors))
+    }).pipe(Effect.mapError(checkpointError), Effect.provide(fsContext))
+  const loadReference = (dir: string) =>
+    Effect.gen(function*() {
+      const fs = yield* FileSystem.FileSystem
+      const file = referenceFile(dir)
+      if (!(yield* fs.exists(file))) {
+        return yield* new TrainerError({
+          reason: "Checkpoint",
+          message: `${file} is missing: algorithm.klCoef > 0 needs the reference policy the run started with`
+        })
+      }
+      const parsed = yield* Safetensors.parse(yield* fs.readFile(file), file)
+      return yield* Safetensors.readFloat32(parsed, file, model.parameters)
+    }).pipe(
+      Effect.mapError((e) => (e instanceof TrainerError ? e : checkpointError(e))),
+      Effect.flatMap(setReference),
+      Effect.provide(fsContext)
+    )
+
   const startSft = Effect.gen(function*() {
     const warmup = config.warmup!
     const schedule = warmup.lrSchedule === "cosine"
@@ -171,7 +202,8 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
       if (groups.length === 0) {
         return Effect.succeed({ "learner/applied": 0, "learner/groups_with_signal": 0 })
       }
-      return Learner.update(groups, learnerOptions).pipe(
+      const options = reference === undefined ? learnerOptions : { ...learnerOptions, reference: reference.logprobs }
+      return Learner.update(groups, options).pipe(
         Effect.provideService(PolicyTrainer.PolicyTrainer, trainer),
         Effect.tap(() => Effect.sync(() => (dirty = true))),
         Effect.map((report) => ({
@@ -215,14 +247,22 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
           trainer = yield* makeTrainer(yield* trainer.weights, rlLoss, rlSchedule)
           phase = "rl"
         }
+        // RL starts from version 0: the KL term's reference is frozen there (a resumed run loaded it instead).
+        if (algorithm.klCoef > 0 && reference === undefined) yield* setReference(yield* trainer.weights)
         version = v
         if (!dirty && v === (yield* engine.policyVersion)) return
         yield* engine.updateWeights(v, (yield* trainer.weights) as Qwen2.Weights).pipe(Effect.mapError(learnerError))
         dirty = false
       }),
-    save: (dir) => trainer.save(dir, { policyVersion: version, rngState: [] }).pipe(Effect.mapError(checkpointError)),
+    save: (dir) =>
+      trainer.save(dir, { policyVersion: version, rngState: [] }).pipe(
+        Effect.mapError(checkpointError),
+        Effect.andThen(saveReference(dir))
+      ),
     load: (dir) =>
       trainer.load(dir).pipe(
+        Effect.mapError(checkpointError),
+        Effect.tap(() => (algorithm.klCoef > 0 ? loadReference(dir) : Effect.void)),
         Effect.tap((meta) =>
           Effect.sync(() => {
             version = meta.policyVersion

@@ -65,14 +65,16 @@ describe("agentfly train", () => {
         },
         warmup: { data: "data/demos.jsonl", steps: 3, batchSize: 4, lr: 0.003 },
         // An entropy bonus under a non-group-relative estimator makes every RL step move the weights, whatever the
-        // (mostly zero) rewards of an untrained policy: resuming exactly is then a real test.
+        // (mostly zero) rewards of an untrained policy: resuming exactly is then a real test. The KL term makes the
+        // resumed run depend on restoring the reference policy (the post-warm-up weights) from the checkpoint.
         algorithm: {
           steps: 6,
           groupsPerStep: 2,
           microBatchSize: 4,
           lr: 0.001,
           advantage: "reinforce++",
-          entropyCoef: 0.01
+          entropyCoef: 0.01,
+          klCoef: 0.5
         },
         eval: { every: 100, size: 2 },
         checkpoint: { every: 2, keep: 2 }
@@ -109,6 +111,14 @@ describe("agentfly train", () => {
       const weights = (run: string) => readFileSync(join(run, "checkpoints", "step-000006", "model.safetensors"))
       assert.isTrue(weights(a).equals(weights(b)), "bit-identical final checkpoints")
       assert.isTrue(existsSync(join(b, "report.html")))
+      const referenceOf = (run: string) => readFileSync(join(run, "checkpoints", "step-000006", "reference.safetensors"))
+      assert.isTrue(referenceOf(a).equals(referenceOf(b)), "the resumed run kept the reference policy")
+      assert.isFalse(referenceOf(a).equals(weights(a)), "the reference is not the current policy")
+      const kl = readFileSync(join(a, "metrics.jsonl"), "utf8").split("\n")
+        .filter((l) => l.includes(`"phase":"train"`))
+        .map((l) => JSON.parse(l).figures["learner/kl"] as number)
+      assert.strictEqual(kl[0], 0, "step 1 trains the reference policy itself")
+      assert.isTrue(kl.slice(1).every((x) => x > 0), `KL to the reference after step 1: ${kl}`)
     }).pipe(Effect.provide(NodeServices.layer)), 300_000)
 
   it.live("a mistyped config key or an invalid dataset row stops the run at once, naming the key or the line", () =>
