@@ -111,7 +111,8 @@ describe("agentfly train", () => {
       const weights = (run: string) => readFileSync(join(run, "checkpoints", "step-000006", "model.safetensors"))
       assert.isTrue(weights(a).equals(weights(b)), "bit-identical final checkpoints")
       assert.isTrue(existsSync(join(b, "report.html")))
-      const referenceOf = (run: string) => readFileSync(join(run, "checkpoints", "step-000006", "reference.safetensors"))
+      const referenceOf = (run: string) =>
+        readFileSync(join(run, "checkpoints", "step-000006", "reference.safetensors"))
       assert.isTrue(referenceOf(a).equals(referenceOf(b)), "the resumed run kept the reference policy")
       assert.isFalse(referenceOf(a).equals(weights(a)), "the reference is not the current policy")
       const kl = readFileSync(join(a, "metrics.jsonl"), "utf8").split("\n")
