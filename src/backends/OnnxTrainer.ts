@@ -499,15 +499,12 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
     }
     const p = pool!
     const request: TrainerWorker.Request = { op: "adam", step: state.step, lr, scale, config: options.optimizer }
+    weightsVersion++ // before the update: even a failed one may have changed some slices
     return Effect.forEach(everyWorker, (j) => p.request(j, request), { concurrency: "unbounded", discard: true })
-      .pipe(Effect.map(() => {
-        state.step += 1
-        weightsVersion++
-        return state.step
-      }))
+      .pipe(Effect.map(() => ++state.step))
   }
 
-  const optimStep = lock.withPermits(1)(Effect.gen(function*() {
+  const optimStep = lock.withPermits(1)(Effect.uninterruptible(Effect.gen(function*() {
     if (accumulated === 0) return yield* fail("NothingAccumulated", "optimStep before any forwardBackward")
     const gradNorm = shared === undefined ? Optimizer.globalNorm(accum) : yield* reduce(yield* usePool)
     if (!Number.isFinite(gradNorm)) {
@@ -519,7 +516,7 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
     const step = yield* applyUpdate(lr, scale)
     clear()
     return { step, gradNorm, lr }
-  }).pipe(Effect.onError(() => afterFailure(true)), Effect.uninterruptible))
+  }).pipe(Effect.onError(() => afterFailure(true)))))
 
   const logprobs = (mb: Packing.MicroBatch) =>
     lock.withPermits(1)(Effect.gen(function*() {
@@ -562,7 +559,8 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
     logprobs: (batch) => Effect.map(logprobs(batch), (r) => r.tokenLogprobs),
     optimStep,
     discard: lock.withPermits(1)(Effect.sync(clear)),
-    weights: Effect.sync(snapshot),
+    // With workers, AdamW runs off this thread: a snapshot waits for the step to finish.
+    weights: shared === undefined ? Effect.sync(snapshot) : lock.withPermits(1)(Effect.sync(snapshot)),
     step: Effect.sync(() => state.step),
     save,
     load
