@@ -94,9 +94,8 @@ export type PresetName = "tiny" | "small"
  * Preset architectures for the embedded CPU policy. The vocabulary size is a placeholder that
  * `ModelFolder.init` raises to cover the tokenizer (the byte-level tokenizer has 256 bytes plus chat specials).
  *
- * - `tiny`: 2 layers, width 128, 4 query heads sharing 2 KV heads (GQA), SwiGLU 512, untied head, learned
- *   positions on top of RoPE: ≈0.5 M parameters besides the embeddings; decodes thousands of tokens/s on 2 CPU
- *   cores.
+ * - `tiny`: 2 layers, width 128, 4 heads (each with its own KV head), SwiGLU 512, untied head, learned positions
+ *   on top of RoPE: ≈0.6 M parameters besides the embeddings; decodes thousands of tokens/s on 2 CPU cores.
  * - `small`: 4 layers, width 256, 8 query heads sharing 2 KV heads, SwiGLU 1024.
  *
  * @category constructors
@@ -109,7 +108,9 @@ export const presets: Readonly<Record<PresetName, ModelConfig>> = {
     hiddenSize: 128,
     numHiddenLayers: 2,
     numAttentionHeads: 4,
-    numKeyValueHeads: 2,
+    // Measured on the calculator warm-up (batch 16, LR 2e-3): with 2 shared KV heads two of three seeds had not
+    // started copying digits after 1,000 steps; with one KV head per query head all three start at 550–650 steps.
+    numKeyValueHeads: 4,
     intermediateSize: 512,
     maxPositionEmbeddings: 512,
     ropeTheta: 10000,

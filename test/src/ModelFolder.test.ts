@@ -25,7 +25,7 @@ describe("ModelFolder", () => {
       ])
       const json = JSON.parse(yield* fs.readFileString(`${dir}/config.json`))
       assert.strictEqual(json.model_type, "qwen2")
-      assert.strictEqual(json.num_key_value_heads, 2)
+      assert.strictEqual(json.num_key_value_heads, 4)
       const folder = yield* ModelFolder.load(dir)
       assert.deepStrictEqual(folder.config, config)
       assert.strictEqual(folder.name, "tiny")
