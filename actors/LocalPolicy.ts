@@ -45,14 +45,16 @@ const hasSignal = (group: Trajectory.Group): boolean => {
  * @category constructors
  * @since 0.1.0
  */
-export const lossConfig = (algorithm: TrainConfig.TrainConfig["algorithm"]): Loss.Config => ({
+export const lossConfig = (algorithm: TrainConfig.TrainConfig["algorithm"], temperature = 1): Loss.Config => ({
   ...Loss.grpo,
   aggregation: algorithm.aggregation,
   clipLow: algorithm.clipLow,
   clipHigh: algorithm.clipHigh,
   klCoef: algorithm.klCoef,
   entropyCoef: algorithm.entropyCoef,
-  ...(algorithm.tisCap === undefined ? {} : { tisCap: algorithm.tisCap })
+  ...(algorithm.tisCap === undefined ? {} : { tisCap: algorithm.tisCap }),
+  // The learner's logprobs must be those of the distribution the rollouts sampled from (greedy counts as 1).
+  ...(temperature > 0 && temperature !== 1 ? { temperature } : {})
 })
 
 /**
@@ -94,7 +96,7 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
     weightDecay: algorithm.weightDecay,
     maxGradNorm: algorithm.gradClip
   }
-  const rlLoss = lossConfig(algorithm)
+  const rlLoss = lossConfig(algorithm, config.agent.temperature)
   const makeTrainer = (
     weights: PolicyTrainer.Weights,
     loss: Loss.Config,

@@ -76,7 +76,12 @@ export const Config = Schema.Struct({
   /** Coefficient of the entropy bonus; 0 = off. */
   entropyCoef: Schema.Number,
   /** The constant length of `seq-mean-token-sum-norm`; defaults to the padded row length. */
-  normLength: Schema.optionalKey(Schema.Number)
+  normLength: Schema.optionalKey(Schema.Number),
+  /**
+   * The sampling temperature of the rollouts: logprobs (and so the ratio, entropy and KL) are those of
+   * `softmax(logits / temperature)`, the distribution the sampler drew from and reported. Absent = 1.
+   */
+  temperature: Schema.optionalKey(Schema.Number)
 })
 export type Config = typeof Config.Type
 
@@ -129,14 +134,19 @@ export const ppo: Config = { ...sft, policyLoss: "ppo", aggregation: "token-mean
  * @category combinators
  * @since 0.1.0
  */
-export const logSoftmax = (logits: ArrayLike<number>, offset: number, vocab: number): Float64Array => {
+export const logSoftmax = (
+  logits: ArrayLike<number>,
+  offset: number,
+  vocab: number,
+  temperature = 1
+): Float64Array => {
   let max = -Infinity
-  for (let v = 0; v < vocab; v++) max = Math.max(max, logits[offset + v]!)
+  for (let v = 0; v < vocab; v++) max = Math.max(max, logits[offset + v]! / temperature)
   let sum = 0
-  for (let v = 0; v < vocab; v++) sum += Math.exp(logits[offset + v]! - max)
+  for (let v = 0; v < vocab; v++) sum += Math.exp(logits[offset + v]! / temperature - max)
   const logZ = max + Math.log(sum)
   const out = new Float64Array(vocab)
-  for (let v = 0; v < vocab; v++) out[v] = logits[offset + v]! - logZ
+  for (let v = 0; v < vocab; v++) out[v] = logits[offset + v]! / temperature - logZ
   return out
 }
 
@@ -383,7 +393,7 @@ export const reference = (
   let loss = 0
   const stats = { tokens: 0, clipped: 0, clippedLower: 0, approxKl: 0, entropy: 0, kl: 0 }
   for (let i = 0; i < n; i++) {
-    const lsm = logSoftmax(logits, i * vocab, vocab)
+    const lsm = logSoftmax(logits, i * vocab, vocab, config.temperature ?? 1)
     const logprob = lsm[batch.targets[i]!]!
     tokenLogprobs[i] = logprob
     if (batch.mask[i] === 0) continue

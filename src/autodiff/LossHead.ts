@@ -68,7 +68,9 @@ export const emit = (
   }
   const data = new Map(inputNames(config).map((name) => [name, declare(name, name === "targets" ? "int64" : dtype)]))
   const input = (name: string) => data.get(name)!
-  const flat = e.op("Reshape", [logits, e.ints([n, vocab])])
+  const reshaped = e.op("Reshape", [logits, e.ints([n, vocab])])
+  const temperature = config.temperature ?? 1
+  const flat = temperature === 1 ? reshaped : e.op("Div", [reshaped, c(temperature)])
   const lsm = e.op("LogSoftmax", [flat], { axis: Graph.int(-1) })
   const picked = e.op("GatherElements", [lsm, e.op("Unsqueeze", [input("targets"), e.ints([1])])], {
     axis: Graph.int(1)

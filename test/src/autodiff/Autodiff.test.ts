@@ -56,6 +56,7 @@ const configs: ReadonlyArray<[string, Loss.Config]> = [
   ["sft (masked NLL)", Loss.sft],
   ["grpo (seq-mean-token-mean) with truncated IS", { ...Loss.grpo, tisCap: 1.5 }],
   ["dr.grpo (seq-mean-token-sum-norm)", Loss.drGrpo],
+  ["grpo at sampling temperature 1.5", { ...Loss.grpo, temperature: 1.5 }],
   ["ppo dual clip + k3 KL + entropy bonus", { ...Loss.ppo, klCoef: 0.1, entropyCoef: 0.01 }],
   [
     "clip-higher + k1 KL, seq-mean-token-sum",
