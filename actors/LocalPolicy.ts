@@ -6,8 +6,7 @@
  *
  * @since 0.1.0
  */
-import { Context, Effect, FileSystem, Layer } from "effect"
-import type { Scope } from "effect"
+import { Context, Effect, Exit, FileSystem, Layer, Scope } from "effect"
 import * as Dataset from "../src/Dataset.ts"
 import * as Loss from "../src/Loss.ts"
 import * as LrSchedule from "../src/LrSchedule.ts"
@@ -97,12 +96,19 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
     maxGradNorm: algorithm.gradClip
   }
   const rlLoss = lossConfig(algorithm, config.agent.temperature)
+  // Each trainer lives in its own scope, closed when the next one replaces it (its sessions and worker threads go).
+  const runScope = yield* Effect.scope
+  let trainerScope: Scope.Closeable | undefined
   const makeTrainer = (
     weights: PolicyTrainer.Weights,
     loss: Loss.Config,
     schedule: LrSchedule.Config
   ) =>
-    OnnxTrainer.make({
+    Effect.gen(function*() {
+      if (trainerScope !== undefined) yield* Scope.close(trainerScope, Exit.void)
+      trainerScope = yield* Scope.fork(runScope)
+      return trainerScope
+    }).pipe(Effect.flatMap((scope) => OnnxTrainer.make({
       model,
       weights,
       loss,
@@ -114,8 +120,9 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
     }).pipe(
       Effect.map((t) => t.trainer),
       Effect.mapError(learnerError),
-      Effect.provide(fsContext)
-    )
+      Effect.provide(fsContext),
+      Effect.provideService(Scope.Scope, scope)
+    )))
   const rlSchedule = algorithm.lrSchedule === "cosine"
     ? LrSchedule.cosine(algorithm.lr, { warmupSteps: algorithm.lrWarmupSteps, totalSteps: algorithm.steps })
     : LrSchedule.constant(algorithm.lr, algorithm.lrWarmupSteps)
