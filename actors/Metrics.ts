@@ -55,11 +55,16 @@ export interface Metrics {
 const encoder = new TextEncoder()
 
 /** Keeps the lines of a JSONL text whose `step` is at most `upTo` (unparseable lines, e.g. torn, are dropped). */
+/**
+ * The records a run resumed at learner step `upTo` keeps: those of steps up to it, and every warm-up record (a resume
+ * point is a checkpoint, and checkpoints exist only once the warm-up is done; warm-up steps count from 1 on their
+ * own). A torn last line is dropped.
+ */
 const keepUpTo = (text: string, upTo: number): string =>
   text.split("\n").filter((line) => {
-    if (line.trim() === "") return false
+    if (line.trim() === "" || !line.endsWith("}")) return false
     const step = /"step":(-?\d+)/.exec(line)?.[1]
-    return step !== undefined && Number(step) <= upTo && line.endsWith("}")
+    return step !== undefined && (Number(step) <= upTo || line.includes(`"phase":"warmup"`))
   }).map((line) => line + "\n").join("")
 
 /**

@@ -37,11 +37,12 @@ describe("Metrics", () => {
       assert.deepStrictEqual(read.samples, [sample(1)])
     }).pipe(Effect.provide(NodeServices.layer)))
 
-  it.effect("a resume drops records after the resumed step (and a torn line); a fresh open starts empty", () =>
+  it.effect("a resume drops learner records after the resumed step (and a torn line); a fresh open starts empty", () =>
     Effect.gen(function*() {
       const dir = mkdtempSync(join(tmpdir(), "metrics-"))
       yield* Effect.scoped(Effect.gen(function*() {
         const m = yield* Metrics.open(dir)
+        for (const step of [1, 2, 3]) yield* m.log(record(step, "warmup"))
         for (const step of [1, 2, 3, 4]) yield* m.log(record(step))
         for (const step of [2, 4]) yield* m.sample(sample(step))
       }))
@@ -51,7 +52,15 @@ describe("Metrics", () => {
         yield* m.log(record(3))
       }))
       const read = yield* Metrics.read(dir)
-      assert.deepStrictEqual(read.metrics.map((r) => r.step), [1, 2, 3])
+      // every warm-up record stays: the warm-up was over before the checkpoint the run resumed from
+      assert.deepStrictEqual(read.metrics.map((r) => `${r.phase} ${r.step}`), [
+        "warmup 1",
+        "warmup 2",
+        "warmup 3",
+        "train 1",
+        "train 2",
+        "train 3"
+      ])
       assert.deepStrictEqual(read.samples.map((r) => r.step), [2])
       yield* Effect.scoped(Metrics.open(dir))
       assert.strictEqual(readFileSync(join(dir, "metrics.jsonl"), "utf8"), "")
