@@ -349,7 +349,6 @@ export const run = Effect.fn("Trainer.run")(function*(
     }
     yield* journal.append({ kind: "warmup", steps: warmup.steps }).pipe(Effect.mapError(io))
     yield* policy.publish(0)
-    yield* saveCheckpoint(0)
   }
 
   // ----- Evaluation -----
@@ -429,8 +428,9 @@ export const run = Effect.fn("Trainer.run")(function*(
     }
   }).pipe(Effect.forkScoped)
 
-  // A resumed run kept the records up to its checkpoint, including that step's evaluation.
+  // Every evaluation precedes its step's checkpoint, so a run resumed from a checkpoint kept that step's evaluation.
   if (point.checkpoint === undefined || !options.resume) yield* evaluate(point.step)
+  if (warmupRuns) yield* saveCheckpoint(0)
   let lastSaved = point.step
   for (let step = point.step + 1; step <= lastStep; step++) {
     const t0 = yield* Clock.currentTimeMillis
@@ -475,11 +475,11 @@ export const run = Effect.fn("Trainer.run")(function*(
       yield* metrics.sample(sampleOf(g.trajectories[0]!, "train", step, tokenText)).pipe(Effect.mapError(io))
     }
     yield* display.update({ ...record, total: lastStep })
+    if (step % config.eval.every === 0 || step === lastStep) yield* evaluate(step)
     if (step % config.checkpoint.every === 0 || step === lastStep) {
       yield* saveCheckpoint(step)
       lastSaved = step
     }
-    if (step % config.eval.every === 0 || step === lastStep) yield* evaluate(step)
   }
   if (lastSaved !== lastStep && lastStep > point.step) yield* saveCheckpoint(lastStep)
   yield* journal.append({ kind: "finished", step: lastStep }).pipe(Effect.mapError(io))
