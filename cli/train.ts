@@ -183,8 +183,10 @@ export const run = Effect.fn("cli.train")(function*(
     display
   }).pipe(Effect.provide(LocalPolicy.layer(folder, config)), Effect.ensuring(display.done))
   const report = yield* Report.write(config.output)
-  const first = summary.evals[0]
-  const last = summary.evals.at(-1)
+  // The whole run's evaluations (a resumed run's summary holds only its own).
+  const evals = (yield* Report.read(config.output)).metrics.filter((m) => m.phase === "eval")
+  const first = evals[0]
+  const last = evals.at(-1)
   if (first !== undefined && last !== undefined) {
     const f = (x: number | undefined) => (x === undefined ? "–" : x.toFixed(3))
     yield* say(
