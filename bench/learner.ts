@@ -257,6 +257,39 @@ const roofline = async (flops: number) => {
   return { step, flops: chain * 2 * n ** 3 }
 }
 
+/** Per-step figures of one ORT learner across the interleaved rounds. */
+interface Series {
+  readonly fwdBwd: Array<number>
+  readonly step: Array<number>
+  readonly cpu: Array<number>
+  readonly cores: Array<number>
+  readonly critical: Array<number>
+  /** tfjs step ÷ this learner's median step, per round. */
+  readonly roundRatios: Array<number>
+}
+
+const series = (): Series => ({ fwdBwd: [], step: [], cpu: [], cores: [], critical: [], roundRatios: [] })
+
+/** Four steps of `learner` in one round, recorded into `into` with the round's ratio against `tfjsMs`. */
+const measureRound = <E>(
+  learner: { readonly step: Effect.Effect<readonly [number, number, number, number], E> },
+  into: Series,
+  tfjsMs: number
+) =>
+  Effect.gen(function*() {
+    const mine: Array<number> = []
+    for (let k = 0; k < 4; k++) {
+      const [fb, full, cpu, critical] = yield* learner.step
+      into.critical.push(critical)
+      into.fwdBwd.push(fb)
+      into.step.push(full)
+      into.cpu.push(cpu)
+      into.cores.push(cpu / full)
+      mine.push(full)
+    }
+    into.roundRatios.push(tfjsMs / median(mine))
+  })
+
 export default async (): Promise<BenchResult> => {
   const weights = Qwen2.initWeights(c, 1)
   const tfjs = await tfjsLearner(weights)
@@ -266,45 +299,16 @@ export default async (): Promise<BenchResult> => {
     const onnx1 = yield* ortLearner(weights, 1)
     const workers = yield* ortLearner(weights, 1, B, T, 2)
     // Interleave the engines so that they share the machine's (noisy, shared) load alike.
-    const ortFwdBwd: Array<number> = [], ortStep: Array<number> = []
-    const tfjsStep: Array<number> = [], roofMs: Array<number> = []
-    const roundRatios: Array<number> = [], oneThread: Array<number> = [], roundRatios1: Array<number> = []
-    const ortCpu: Array<number> = [], tfjsCpu: Array<number> = []
-    const workersFwdBwd: Array<number> = [], workersStep: Array<number> = [], workersCpu: Array<number> = []
-    const workersCores: Array<number> = [], ortCores: Array<number> = []
-    const workersCritical: Array<number> = [], ortCritical: Array<number> = []
-    const roundRatiosWorkers: Array<number> = []
+    const tfjsStep: Array<number> = [], tfjsCpu: Array<number> = [], roofMs: Array<number> = []
+    const ort = series(), ort1 = series(), split = series()
     for (let round = 0; round < 10; round++) {
       const [t, tc] = yield* Effect.promise(tfjs.step)
       tfjsStep.push(t)
       tfjsCpu.push(tc)
       for (let k = 0; k < 3; k++) roofMs.push(yield* Effect.promise(roof.step))
-      const mine: Array<number> = []
-      for (let k = 0; k < 4; k++) {
-        const [fb, full, cpu, critical] = yield* onnx.step
-        ortCritical.push(critical)
-        ortFwdBwd.push(fb)
-        ortStep.push(full)
-        ortCpu.push(cpu)
-        ortCores.push(cpu / full)
-        mine.push(full)
-      }
-      roundRatios.push(t / median(mine))
-      const single: Array<number> = []
-      for (let k = 0; k < 4; k++) single.push((yield* onnx1.step)[1])
-      oneThread.push(...single)
-      roundRatios1.push(t / median(single))
-      const split: Array<number> = []
-      for (let k = 0; k < 4; k++) {
-        const [fb, full, cpu, critical] = yield* workers.step
-        workersCritical.push(critical)
-        workersFwdBwd.push(fb)
-        workersStep.push(full)
-        workersCpu.push(cpu)
-        workersCores.push(cpu / full)
-        split.push(full)
-      }
-      roundRatiosWorkers.push(t / median(split))
+      yield* measureRound(onnx, ort, t)
+      yield* measureRound(onnx1, ort1, t)
+      yield* measureRound(workers, split, t)
     }
     // The calculator demo's shape (shared/reference/demo-feasibility.md): B 16 × T 192 per step.
     const demo = yield* ortLearner(weights, 2, 16, 192)
@@ -322,14 +326,14 @@ export default async (): Promise<BenchResult> => {
       workersDiff = Math.max(workersDiff, Math.abs(workers.embedGradient[i]! - tfjs.embedGradient[i]!))
       scale = Math.max(scale, Math.abs(tfjs.embedGradient[i]!))
     }
-    const ortMs = median(ortStep), fbMs = median(ortFwdBwd), tfjsMs = median(tfjsStep), rooflineMs = median(roofMs)
-    const workersMs = median(workersStep), workersFbMs = median(workersFwdBwd)
+    const ortMs = median(ort.step), fbMs = median(ort.fwdBwd), tfjsMs = median(tfjsStep), rooflineMs = median(roofMs)
+    const workersMs = median(split.step), workersFbMs = median(split.fwdBwd)
     const achieved = stepFlops / (fbMs / 1000) / 1e9
     const peak = roof.flops / (rooflineMs / 1000) / 1e9
     return {
       headline: {
         metric: "training tokens/s, ORT learner (workers 2, the CLI default) ÷ tfjs-wasm (median of 10 rounds)",
-        value: median(roundRatiosWorkers),
+        value: median(split.roundRatios),
         target: 10,
         better: "higher" as const
       },
@@ -339,15 +343,15 @@ export default async (): Promise<BenchResult> => {
       workers2OptimStepMs: workersMs - workersFbMs,
       workers2TokensPerS: (N * 1000) / workersMs,
       workers2RatioOfMedians: tfjsMs / workersMs,
-      workers2CpuMsPerStep: median(workersCpu),
+      workers2CpuMsPerStep: median(split.cpu),
       // CPU time ÷ wall time of a step: how many cores the process actually got (2 workers can use up to 2)
-      workers2CoresUsed: median(workersCores),
-      ortCoresUsed: median(ortCores),
+      workers2CoresUsed: median(split.cores),
+      ortCoresUsed: median(ort.cores),
       // A model, not a measurement of wall time: the step on a machine with a free core per thread (see criticalPath)
-      workers2CriticalPathMs: median(workersCritical),
-      ortCriticalPathMs: median(ortCritical),
-      tfjsWasmCpuRatioToWorkers2CriticalPath: median(tfjsCpu) / median(workersCritical),
-      workers2RoundRatios: roundRatiosWorkers,
+      workers2CriticalPathMs: median(split.critical),
+      ortCriticalPathMs: median(ort.critical),
+      tfjsWasmCpuRatioToWorkers2CriticalPath: median(tfjsCpu) / median(split.critical),
+      workers2RoundRatios: split.roundRatios,
       workers2SpeedupOverOneThread: ortMs / workersMs,
       workers2EmbedGradientMaxRelDiff: workersDiff / scale,
       demoShapeWorkers2StepMs: median(demoWorkersMs),
@@ -360,14 +364,14 @@ export default async (): Promise<BenchResult> => {
       ortAdamMs: ortMs - fbMs,
       ortTokensPerS: (N * 1000) / ortMs,
       ratioOfMedians: tfjsMs / ortMs,
-      ortCpuMsPerStep: median(ortCpu),
+      ortCpuMsPerStep: median(ort.cpu),
       tfjsWasmCpuMsPerStep: median(tfjsCpu),
-      tokensPerCpuSecondRatio: median(tfjsCpu) / median(ortCpu),
-      roundRatios,
-      singleThreadRatio: median(roundRatios),
-      ortOneThreadStepMs: median(oneThread),
+      tokensPerCpuSecondRatio: median(tfjsCpu) / median(ort.cpu),
+      roundRatios: ort.roundRatios,
+      singleThreadRatio: median(ort.roundRatios),
+      ortOneThreadStepMs: median(ort1.step),
       demoShapeStepMs: median(demoMs),
-      oneThreadRatio: median(roundRatios1),
+      oneThreadRatio: median(ort1.roundRatios),
       tfjsWasmStepMs: tfjsMs,
       tfjsWasmTokensPerS: (N * 1000) / tfjsMs,
       sameLoss: { ort: onnx.initialLoss, tfjs: tfjs.initialLoss },
