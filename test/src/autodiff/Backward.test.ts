@@ -65,6 +65,19 @@ const cases: ReadonlyArray<Case> = [
     build: (g, [a]) => g.op("Reciprocal", [a!])
   },
   { name: "Sigmoid", inputs: [{ name: "a", dims: [6] }], build: (g, [a]) => g.op("Sigmoid", [a!]) },
+  {
+    name: "SiLU: Mul of a value and its own Sigmoid (one fused rule)",
+    inputs: [{ name: "a", dims: [6] }],
+    build: (g, [a]) => g.op("Mul", [a!, g.op("Sigmoid", [a!])])
+  },
+  {
+    name: "SiLU with the Sigmoid first, its output also used elsewhere",
+    inputs: [{ name: "a", dims: [6] }],
+    build: (g, [a]) => {
+      const s = g.op("Sigmoid", [a!])
+      return g.op("Add", [g.op("Mul", [s, a!]), g.op("Mul", [s, s])])
+    }
+  },
   { name: "Tanh", inputs: [{ name: "a", dims: [6] }], build: (g, [a]) => g.op("Tanh", [a!]) },
   { name: "Relu", inputs: [{ name: "a", dims: [6] }], build: (g, [a]) => g.op("Relu", [a!]) },
   { name: "Abs", inputs: [{ name: "a", dims: [6] }], build: (g, [a]) => g.op("Abs", [a!]) },
@@ -270,6 +283,20 @@ describe("Backward rules against central differences (float64)", () => {
         for (const w of wrt) assert.isBelow(worst[w]!, c.tolerance ?? 1e-6, `${c.name}: d/d${w} rel. error ${worst[w]}`)
       }))
   }
+
+  it.effect("only the partials of inputs that need a gradient are emitted (onnxruntime keeps unused nodes)", () =>
+    Effect.gen(function*() {
+      const g = Graph.make("partials")
+      const x = g.input("x", "float64", [4])
+      const y = g.op("Div", [g.op("Sub", [g.op("Mul", [x, scalar(g, 3)]), scalar(g, 1)]), scalar(g, 2)])
+      g.node("ReduceSum", [y], ["loss"], { keepdims: Graph.int(0) })
+      const before = g.nodes.length
+      yield* Autodiff.gradients(g, "loss", [x])
+      const ops = g.nodes.slice(before).map((n) => n.op)
+      // One Div and one Mul for ∂/∂a (besides the seed's Reshape/Expand and the output's Identity): no Neg, Div or
+      // Mul for the constant operands.
+      assert.deepStrictEqual(ops.filter((op) => ["Div", "Mul", "Neg", "Sub"].includes(op)), ["Div", "Mul"])
+    }))
 
   it.effect("an op without a backward rule is a typed NoBackwardRule error", () =>
     Effect.gen(function*() {
