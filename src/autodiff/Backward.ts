@@ -4,7 +4,8 @@
  *
  * Differentiable ops: Add, Sub, Mul, Div, Pow (base), Neg, Exp, Log, Sqrt, Reciprocal, Sigmoid, Tanh, Relu, Abs,
  * Erf, Identity, Cast (float → float), Sum, Max, Min, Clip, Where, MatMul (batched with broadcasting; matrix
- * products of the backward use Gemm with its transpose flags), Gemm (α, β, transA, transB, broadcast C), Softmax,
+ * products of the backward use Gemm with its transpose flags, and in float32 onnxruntime's com.microsoft FusedMatMul
+ * for batched transposed operands, so float32 training graphs need onnxruntime), Gemm (α, β, transA, transB, broadcast C), Softmax,
  * LogSoftmax, Transpose, Reshape, Flatten, Squeeze, Unsqueeze, Expand, Concat, Split, Slice (step 1), Gather (axis
  * 0, the embedding), GatherElements, ReduceSum, ReduceMean, ReduceMax. SiLU (`Mul(x, Sigmoid(x))`) is differentiated
  * as one function. Rules emit nodes only for the inputs that need a gradient: onnxruntime runs every node it is
@@ -29,7 +30,13 @@ import * as Shapes from "./Shapes.ts"
 export interface Emitter {
   readonly graph: Graph.Graph
   readonly shapes: Shapes.Shapes
-  readonly op: (op: string, inputs: ReadonlyArray<string>, attributes?: Record<string, Graph.Attribute>) => string
+  /** Appends a node (of the default ONNX domain unless `domain` is given) and returns its output. */
+  readonly op: (
+    op: string,
+    inputs: ReadonlyArray<string>,
+    attributes?: Record<string, Graph.Attribute>,
+    domain?: string
+  ) => string
   readonly opN: (
     op: string,
     inputs: ReadonlyArray<string>,
@@ -90,8 +97,10 @@ export const makeEmitter = (graph: Graph.Graph, shapes: Shapes.Shapes): Emitter 
     return name
   }
   const visitLast = () => shapes.visit(graph.nodes[graph.nodes.length - 1]!)
-  const op: Emitter["op"] = (type, inputs, attributes) => {
-    const out = graph.op(type, inputs, attributes)
+  const op: Emitter["op"] = (type, inputs, attributes, domain) => {
+    const out = domain === undefined
+      ? graph.op(type, inputs, attributes)
+      : graph.node(type, inputs, [graph.fresh(type)], attributes ?? {}, domain)[0]!
     visitLast()
     return out
   }
@@ -143,6 +152,30 @@ const reshapeTo = (e: Emitter, g: string, target: ReadonlyArray<number>) =>
 
 const inDims = (e: Emitter, node: Graph.Node, i: number) => e.dims(node.inputs[i]!)
 
+/** The producer of a value among the nodes emitted so far (undefined for inputs and initializers). */
+const producer = (e: Emitter, value: string): Graph.Node | undefined =>
+  e.graph.nodes.find((n) => n.outputs.includes(value))
+
+/** Whether `x` is the output of a Transpose that swaps its last two axes (and only those). */
+const isSwapLast = (e: Emitter, x: string): boolean => {
+  const p = producer(e, x)
+  const perm = p?.op === "Transpose" && p.attributes["perm"]?.kind === "ints" ? p.attributes["perm"].value : undefined
+  const r = perm?.length ?? 0
+  return perm !== undefined && r >= 2 && perm.every((d, i) => d === (i === r - 2 ? r - 1 : i === r - 1 ? r - 2 : i))
+}
+
+/**
+ * `op(A)·op(B)` for batched operands without materialising a transpose: onnxruntime's com.microsoft FusedMatMul
+ * (float only), or Transpose + MatMul for other dtypes. A Transpose moving a `[…, T, hd]` tensor's last axis is a
+ * strided copy that cost as much as the product itself on the attention's shapes.
+ */
+const batchedProduct = (e: Emitter, a: string, b: string, transA: boolean, transB: boolean): string =>
+  e.dtype(a) === "float32"
+    ? e.op("FusedMatMul", [a, b], { transA: Graph.int(transA ? 1 : 0), transB: Graph.int(transB ? 1 : 0) }, msDomain)
+    : e.op("MatMul", [transA ? swapLast(e, a) : a, transB ? swapLast(e, b) : b])
+
+const msDomain = "com.microsoft"
+
 const matMul: Rule = (e, node, [g], needs) => {
   const [a, b] = node.inputs as [string, string]
   const ad = e.dims(a)
@@ -153,7 +186,9 @@ const matMul: Rule = (e, node, [g], needs) => {
     // dA = dY · Bᵀ; Gemm transposes for free when both are matrices.
     ga = ad.length === 2 && bd.length === 2
       ? e.op("Gemm", [g!, b], { transB: Graph.int(1) })
-      : e.reduceTo(e.op("MatMul", [g!, swapLast(e, b)]), ad)
+      : bd.length === 2
+      ? e.reduceTo(e.op("MatMul", [g!, swapLast(e, b)]), ad)
+      : e.reduceTo(batchedProduct(e, g!, b, false, true), ad)
   }
   if (needs[1]) {
     if (bd.length === 2) {
@@ -163,8 +198,11 @@ const matMul: Rule = (e, node, [g], needs) => {
       const a2 = reshapeTo(e, a, [ad.reduce((p, d) => p * d, 1) / K, K])
       const g2 = reshapeTo(e, g!, [e.dims(g!).reduce((p, d) => p * d, 1) / N, N])
       gb = e.op("Gemm", [a2, g2], { transA: Graph.int(1) })
+    } else if (isSwapLast(e, b)) {
+      // B = Xᵀ (keys in attention): dB = (dYᵀ·A)ᵀ, whose transpose cancels against the Transpose rule's inverse.
+      gb = e.reduceTo(swapLast(e, batchedProduct(e, g!, a, true, false)), bd)
     } else {
-      gb = e.reduceTo(e.op("MatMul", [swapLast(e, a), g!]), bd)
+      gb = e.reduceTo(batchedProduct(e, a, g!, true, false), bd)
     }
   }
   return [ga, gb]
@@ -335,10 +373,6 @@ const binaryRule = (da: PartialGradient, db: PartialGradient | undefined): Rule 
     needs[1] && db !== undefined ? e.reduceTo(db(e, a, b, g!, y), e.dims(b)) : undefined
   ]
 }
-
-/** The producer of a value among the nodes emitted so far (undefined for inputs and initializers). */
-const producer = (e: Emitter, value: string): Graph.Node | undefined =>
-  e.graph.nodes.find((n) => n.outputs.includes(value))
 
 const plainMul = binaryRule((e, _a, b, g) => e.op("Mul", [g, b]), (e, a, _b, g) => e.op("Mul", [g, a]))
 

@@ -290,6 +290,15 @@ const infer = (node: Graph.Node, at: Lookup): ReadonlyArray<Info | undefined> =>
       const batch = broadcast(a.dims.slice(0, -2), b.dims.slice(0, -2))
       return [{ dtype: a.dtype, dims: [...batch, a.dims.at(-2)!, b.dims.at(-1)!] }]
     }
+    case "FusedMatMul": {
+      // com.microsoft: MatMul of op(A) and op(B), op = swap of the last two axes where transA/transB is set.
+      const swap = (d: ReadonlyArray<number>, t: boolean) => (t ? [...d.slice(0, -2), d.at(-1)!, d.at(-2)!] : d)
+      const a = swap(x().dims, attrInt(node, "transA", 0) === 1)
+      const b = swap(need(at(node.inputs[1]!), "FusedMatMul input 1").dims, attrInt(node, "transB", 0) === 1)
+      if (a.at(-1) !== b.at(-2)) throw new ShapeInferenceError(`FusedMatMul [${a}] × [${b}]`)
+      const batch = broadcast(a.slice(0, -2), b.slice(0, -2))
+      return [{ dtype: x().dtype, dims: [...batch, a.at(-2)!, b.at(-1)!] }]
+    }
     case "Gemm": {
       const a = x()
       const b = need(at(node.inputs[1]!), "Gemm input 1")

@@ -194,7 +194,7 @@ const fullWidth = (table: Float32Array, hd: number): Float32Array => {
 
 /** Shared per-forward values: RoPE factors and the additive attention mask. */
 interface Context {
-  readonly cos4: string // [B, T, 1, hd]
+  readonly cos4: string // [B, 1, T, hd]
   readonly sin4: string
   readonly cos5: string // [B, T, 1, 1, hd]
   readonly sin5: string
@@ -215,8 +215,8 @@ const context = (g: Graph.Graph, c: ModelConfig.ModelConfig, ids: string, mask: 
   const pad = g.op("Unsqueeze", [g.op("Cast", [mask], { to: Graph.int(Graph.dataTypeCode.bool) }), i64(g, [1, 2, 3])])
   const allowed = g.op("And", [causal, pad])
   return {
-    cos4: g.op("Unsqueeze", [cosT, i64(g, [2])]),
-    sin4: g.op("Unsqueeze", [sinT, i64(g, [2])]),
+    cos4: g.op("Unsqueeze", [cosT, i64(g, [1])]),
+    sin4: g.op("Unsqueeze", [sinT, i64(g, [1])]),
     cos5: g.op("Unsqueeze", [cosT, i64(g, [2, 3])]),
     sin5: g.op("Unsqueeze", [sinT, i64(g, [2, 3])]),
     maskBias: g.op("Where", [allowed, f32(g, 0), f32(g, -1e9)])
@@ -251,13 +251,16 @@ export const attention = (
   const k = g.op("Reshape", [linear(g, h, param(`${p}.k_proj.weight`), bias("k")), i64(g, [0, 0, KV, hd])])
   const v = g.op("Reshape", [linear(g, h, param(`${p}.v_proj.weight`), bias("v")), i64(g, [0, 0, KV, hd])])
   const qr = g.op("Transpose", [rope(g, q, ctx.cos5, ctx.sin5, hd)], { perm: Graph.ints([0, 2, 3, 1, 4]) })
-  let kr = g.op("Transpose", [rope(g, k, ctx.cos4, ctx.sin4, hd)], { perm: Graph.ints([0, 2, 1, 3]) })
+  // Keys are rotated after the head transpose, so that no other Transpose precedes the one in `kT` below.
+  let kr = rope(g, g.op("Transpose", [k], { perm: Graph.ints([0, 2, 1, 3]) }), ctx.cos4, ctx.sin4, hd)
   let vr = g.op("Transpose", [v], { perm: Graph.ints([0, 2, 1, 3]) })
   if (past !== undefined) {
     kr = g.node("Concat", [past.key, kr], [past.presentKey], { axis: Graph.int(2) })[0]!
     vr = g.node("Concat", [past.value, vr], [past.presentValue], { axis: Graph.int(2) })[0]!
   }
-  const kT = g.op("Unsqueeze", [g.op("Transpose", [kr], { perm: Graph.ints([0, 1, 3, 2]) }), i64(g, [2])])
+  // Unsqueeze, then swap the last two axes: onnxruntime folds this swap into the product (FusedMatMul) where a
+  // merged Transpose moving the time axis last was a strided copy, and the learner's MatMul rule recognises Xᵀ.
+  const kT = g.op("Transpose", [g.op("Unsqueeze", [kr, i64(g, [2])])], { perm: Graph.ints([0, 1, 2, 4, 3]) })
   const scores = g.op("Add", [g.op("Mul", [g.op("MatMul", [qr, kT]), f32(g, 1 / Math.sqrt(hd))]), ctx.maskBias])
   const probs = g.op("Softmax", [scores], { axis: Graph.int(-1) })
   const o = g.op("MatMul", [probs, g.op("Unsqueeze", [vr, i64(g, [2])])]) // [B, KV, G, T, hd]

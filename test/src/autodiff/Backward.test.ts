@@ -160,6 +160,11 @@ const cases: ReadonlyArray<Case> = [
     build: (g, [a, b]) => g.op("MatMul", [a!, b!])
   },
   {
+    name: "MatMul batched with a transposed operand Xᵀ and broadcast (attention scores against the keys)",
+    inputs: [{ name: "q", dims: [2, 2, 3, 4] }, { name: "k", dims: [2, 1, 5, 4] }],
+    build: (g, [q, k]) => g.op("MatMul", [q!, g.op("Transpose", [k!], { perm: Graph.ints([0, 1, 3, 2]) })])
+  },
+  {
     name: "Softmax (last axis)",
     inputs: [{ name: "a", dims: [2, 5] }],
     build: (g, [a]) => g.op("Softmax", [a!], { axis: Graph.int(-1) })
