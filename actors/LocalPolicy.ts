@@ -81,12 +81,12 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
 > {
   const { algorithm } = config
   const fsContext = yield* Effect.context<FileSystem.FileSystem | Scope.Scope>()
-  // The engine starts at version -1 (the folder's weights): the trainer publishes version 0 (after the warm-up,
-  // or the same weights without one) before the first rollout, and versions must increase.
+  // The engine starts below every version the trainer publishes (versions must increase): the folder's weights come
+  // before the warm-up's checks (negative versions) and version 0 (after the warm-up, or the same weights).
   const engine = yield* PolicyEngine.make({
     config: folder.config,
     weights: folder.weights,
-    version: -1,
+    version: -1 - (config.warmup?.steps ?? 0),
     maxBatchSize: options.maxBatchSize ?? 64
   }).pipe(Effect.mapError(learnerError))
   const model = OnnxTrainer.qwen2(folder.config)
@@ -251,13 +251,14 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
       }),
     publish: (v) =>
       Effect.gen(function*() {
-        // The end of the warm-up: the RL trainer starts from the SFT weights with a fresh optimiser.
-        if (phase === "sft") {
+        // The end of the warm-up (a negative version is one of its checks): the RL trainer starts from the SFT
+        // weights with a fresh optimiser.
+        if (phase === "sft" && v >= 0) {
           trainer = yield* makeTrainer(yield* trainer.weights, rlLoss, rlSchedule)
           phase = "rl"
         }
         // RL starts from version 0: the KL term's reference is frozen there (a resumed run loaded it instead).
-        if (algorithm.klCoef > 0 && reference === undefined) yield* setReference(yield* trainer.weights)
+        if (algorithm.klCoef > 0 && reference === undefined && v >= 0) yield* setReference(yield* trainer.weights)
         version = v
         if (!dirty && v === (yield* engine.policyVersion)) return
         yield* engine.updateWeights(v, (yield* trainer.weights) as Qwen2.Weights).pipe(Effect.mapError(learnerError))

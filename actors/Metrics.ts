@@ -146,7 +146,12 @@ export const formatDuration = (seconds: number): string => {
  */
 export const formatFigures = (status: Status): string => {
   const f = status.figures
-  if (status.phase === "warmup") return `loss ${fixed(f["warmup/loss"], 4)}  tok/s ${rate(f["perf/tokens_per_s"])}`
+  if (status.phase === "warmup") {
+    const check = f["warmup/validation_accuracy"] === undefined
+      ? ""
+      : `  validation accuracy ${fixed(f["warmup/validation_accuracy"], 3)}`
+    return `loss ${fixed(f["warmup/loss"], 4)}  tok/s ${rate(f["perf/tokens_per_s"])}${check}`
+  }
   if (status.phase === "eval") {
     return `accuracy ${fixed(f["eval/accuracy"], 3)}  invalid tool calls ${fixed(f["eval/invalid_tool_call_rate"], 3)}`
   }

@@ -10,6 +10,10 @@
  * learner trains, and their sampler logprobs and policy versions travel in the trajectories for the learner's
  * importance-weight correction. Groups within a batch are ordered by row, so a sync run is deterministic.
  *
+ * **Warm-up.** SFT steps on demonstrations, then policy version 0. With `warmup.stopAt` the warm-up ends at the
+ * first check where greedy accuracy on a validation split reaches a target; a check publishes the weights as a
+ * negative version ({@link warmupVersion}) for its rollouts.
+ *
  * **Exact resume.** Policy version `v` is the weights after step `v` (0 after the warm-up). Every finished group
  * and learner step is journaled (fsync'ed) and every `checkpoint.every` steps the policy (weights and optimiser
  * state) is saved to a fresh directory that is renamed into place, then journaled. `resume` rolls the journal back
@@ -105,6 +109,8 @@ export interface Options {
   readonly train: Dataset.Dataset
   readonly eval?: Dataset.Dataset | undefined
   readonly demos?: Dataset.Dataset | undefined
+  /** The validation split of `warmup.stopAt` (required with it). */
+  readonly validation?: Dataset.Dataset | undefined
   readonly format: RolloutChain.Format
   readonly tools?: RolloutChain.Tools | undefined
   readonly reward?: RolloutChain.Reward | undefined
@@ -179,6 +185,15 @@ export const rowsAt = (n: number, seed: number, from: number, count: number): Ar
   }
   return out
 }
+
+/**
+ * The policy version of the weights after warm-up step `step` of `steps`, published only for a warm-up check:
+ * negative (from `-steps` to `-1`), so versions keep increasing up to 0, the warm-up's result.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const warmupVersion = (step: number, steps: number): number => step - steps - 1
 
 const isCorrect = (t: Trajectory.Trajectory): boolean => {
   const metric = t.metrics["accuracy"] ?? t.metrics["acc"]
@@ -327,30 +342,6 @@ export const run = Effect.fn("Trainer.run")(function*(
     }
   })
 
-  // ----- Warm-up (SFT) -----
-  if (warmupRuns && config.warmup !== undefined && options.demos !== undefined) {
-    const warmup = config.warmup
-    const demos = options.demos.rows
-    for (let step = 1; step <= warmup.steps; step++) {
-      const t0 = yield* Clock.currentTimeMillis
-      const batch = rowsAt(demos.length, config.seed ^ 0x51f7, (step - 1) * warmup.batchSize, warmup.batchSize)
-        .map((i) => demos[i]!)
-      const figures = yield* policy.sft(step, batch)
-      const seconds = ((yield* Clock.currentTimeMillis) - t0) / 1000
-      const tokensPerS = (figures["perf/row_tokens"] ?? 0) / Math.max(1e-3, seconds)
-      const record = {
-        phase: "warmup" as const,
-        step,
-        elapsed: yield* elapsed,
-        figures: { ...figures, "time/step_s": seconds, "perf/tokens_per_s": tokensPerS }
-      }
-      yield* metrics.log(record).pipe(Effect.mapError(io))
-      yield* display.update({ ...record, total: warmup.steps })
-    }
-    yield* journal.append({ kind: "warmup", steps: warmup.steps }).pipe(Effect.mapError(io))
-    yield* policy.publish(0)
-  }
-
   // ----- Evaluation -----
   const evals: Array<{ step: number; figures: Figures }> = []
   const evaluate = Effect.fnUntraced(function*(step: number) {
@@ -366,6 +357,25 @@ export const run = Effect.fn("Trainer.run")(function*(
       yield* metrics.sample(sampleOf(g.trajectories[0]!, "eval", step, tokenText)).pipe(Effect.mapError(io))
     }
     yield* display.update({ ...record, total: config.algorithm.steps })
+  })
+
+  // A warm-up check: the current weights, published as a warm-up version, answer the validation rows greedily.
+  const validate = Effect.fnUntraced(function*(
+    step: number,
+    steps: number,
+    stopAt: NonNullable<TrainConfig.TrainConfig["warmup"]>["stopAt"] & {}
+  ) {
+    const all = options.validation!.rows
+    yield* policy.publish(warmupVersion(step, steps))
+    const groups = yield* collect(all.slice(0, Math.min(stopAt.size ?? all.length, all.length)), 0, 1, {
+      temperature: 0,
+      seed: 8_000_000 + config.seed
+    })
+    const figures = rolloutFigures(groups, { prefix: "validation", correct: options.correct })
+    return {
+      "warmup/validation_accuracy": figures["validation/accuracy"]!,
+      "warmup/validation_invalid_tool_call_rate": figures["validation/invalid_tool_call_rate"]!
+    }
   })
 
   // ----- Rollouts -----
@@ -411,6 +421,42 @@ export const run = Effect.fn("Trainer.run")(function*(
       temperature: config.agent.temperature,
       seed: config.seed * 1_000_000 + firstSeq * numChains
     }).pipe(Effect.map((groups) => ({ step, firstSeq, indices, groups })))
+  }
+
+  // ----- Warm-up (SFT) -----
+  if (warmupRuns && config.warmup !== undefined && options.demos !== undefined) {
+    const warmup = config.warmup
+    const demos = options.demos.rows
+    const stopAt = warmup.stopAt
+    if (stopAt !== undefined && options.validation === undefined) {
+      return yield* new TrainerError({ reason: "Learner", message: "warmup.stopAt needs its validation split" })
+    }
+    let done = warmup.steps
+    for (let step = 1; step <= warmup.steps; step++) {
+      const t0 = yield* Clock.currentTimeMillis
+      const batch = rowsAt(demos.length, config.seed ^ 0x51f7, (step - 1) * warmup.batchSize, warmup.batchSize)
+        .map((i) => demos[i]!)
+      const figures = yield* policy.sft(step, batch)
+      const seconds = ((yield* Clock.currentTimeMillis) - t0) / 1000
+      const tokensPerS = (figures["perf/row_tokens"] ?? 0) / Math.max(1e-3, seconds)
+      const check = stopAt !== undefined && step % stopAt.every === 0 && step < warmup.steps
+        ? yield* validate(step, warmup.steps, stopAt)
+        : undefined
+      const record = {
+        phase: "warmup" as const,
+        step,
+        elapsed: yield* elapsed,
+        figures: { ...figures, ...check, "time/step_s": seconds, "perf/tokens_per_s": tokensPerS }
+      }
+      yield* metrics.log(record).pipe(Effect.mapError(io))
+      yield* display.update({ ...record, total: warmup.steps })
+      if (check !== undefined && check["warmup/validation_accuracy"]! >= stopAt!.accuracy) {
+        done = step
+        break
+      }
+    }
+    yield* journal.append({ kind: "warmup", steps: done }).pipe(Effect.mapError(io))
+    yield* policy.publish(0)
   }
 
   // ----- The pipeline -----

@@ -126,7 +126,10 @@ export const run = Effect.fn("cli.train")(function*(
   const demos = config.warmup === undefined
     ? undefined
     : yield* Dataset.load(config.warmup.data, { onInvalid, kind: "conversation" })
-  for (const ds of [train, evalSet, demos]) {
+  const validation = config.warmup?.stopAt === undefined
+    ? undefined
+    : yield* Dataset.load(config.warmup.stopAt.data, { onInvalid })
+  for (const ds of [train, evalSet, demos, validation]) {
     for (const issue of ds?.skipped ?? []) yield* say(`skipped ${ds!.name}:${issue.line}: ${issue.message}`)
   }
 
@@ -175,6 +178,7 @@ export const run = Effect.fn("cli.train")(function*(
     train,
     eval: evalSet,
     demos,
+    validation,
     format,
     tools: toolPort(toolActor),
     reward: rewardPort(rewardActor),

@@ -207,7 +207,11 @@ export const charts: ReadonlyArray<ChartSpec> = [
   { title: "Clip fraction", series: [{ name: "clip fraction", phase: "train", key: "learner/clip_frac" }] },
   { title: "Throughput (tokens/s)", series: [{ name: "train", phase: "train", key: "perf/tokens_per_s" }] },
   { title: "Policy loss", series: [{ name: "loss", phase: "train", key: "learner/loss" }] },
-  { title: "Warm-up loss (SFT)", series: [{ name: "masked NLL", phase: "warmup", key: "warmup/loss" }] }
+  { title: "Warm-up loss (SFT)", series: [{ name: "masked NLL", phase: "warmup", key: "warmup/loss" }] },
+  {
+    title: "Warm-up validation accuracy",
+    series: [{ name: "greedy", phase: "warmup", key: "warmup/validation_accuracy" }]
+  }
 ]
 
 const seriesOf = (

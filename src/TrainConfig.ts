@@ -127,7 +127,24 @@ export const AlgorithmConfig = Schema.Struct({
 })
 
 /**
- * Optional SFT warm-up on demonstration conversations: masked NLL on assistant tokens only.
+ * Ends the warm-up early, at the first check where greedy accuracy on `data` reaches `accuracy`: a validation
+ * split of its own (not `data.eval`, so the held-out figures stay unbiased), checked every `every` warm-up steps on
+ * its first `size` rows (all when absent). How many steps a policy needs to reach a level varies a lot between
+ * seeds; a target makes every seed start RL from a comparable policy.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const WarmupStopConfig = Schema.Struct({
+  data: Schema.String,
+  accuracy: Probability,
+  every: withDefault(PositiveInt, 50),
+  size: Schema.optionalKey(PositiveInt)
+})
+
+/**
+ * Optional SFT warm-up on demonstration conversations: masked NLL on assistant tokens only. `steps` is its length,
+ * or its cap with `stopAt`.
  *
  * @category models
  * @since 0.1.0
@@ -135,6 +152,7 @@ export const AlgorithmConfig = Schema.Struct({
 export const WarmupConfig = Schema.Struct({
   data: Schema.String,
   steps: PositiveInt,
+  stopAt: Schema.optionalKey(WarmupStopConfig),
   lr: withDefault(Positive, 2e-3),
   lrSchedule: withDefault(Schema.Literals(["constant", "cosine"]), "constant"),
   minLr: withDefault(NonNegative, 0),
@@ -335,7 +353,8 @@ export const decode = (input: unknown, source = "config"): Effect.Effect<TrainCo
   )
 
 /**
- * Resolves the config's relative paths (model, datasets, warm-up data, output) against a directory.
+ * Resolves the config's relative paths (model, datasets, warm-up data and its validation split, output) against a
+ * directory.
  *
  * @category combinators
  * @since 0.1.0
@@ -349,7 +368,15 @@ export const resolvePaths = (config: TrainConfig, resolve: (p: string) => string
     train: resolve(config.data.train),
     ...(config.data.eval === undefined ? {} : { eval: resolve(config.data.eval) })
   },
-  ...(config.warmup === undefined ? {} : { warmup: { ...config.warmup, data: resolve(config.warmup.data) } })
+  ...(config.warmup === undefined ? {} : {
+    warmup: {
+      ...config.warmup,
+      data: resolve(config.warmup.data),
+      ...(config.warmup.stopAt === undefined ? {} : {
+        stopAt: { ...config.warmup.stopAt, data: resolve(config.warmup.stopAt.data) }
+      })
+    }
+  })
 })
 
 const readModule = (file: string) =>

@@ -94,15 +94,21 @@ export const question = (next: () => number): Row => {
 }
 
 /**
- * Train and held-out splits with disjoint expressions. Held-out questions are drawn first so that the held-out
- * set for a seed does not depend on the train size.
+ * Train, held-out and validation splits with disjoint expressions. Held-out questions are drawn first and
+ * validation ones last, so that neither the held-out nor the train set for a seed depends on the sizes after it.
  *
  * @category constructors
  * @since 0.1.0
  */
-export const splits = (options: { readonly seed: number; readonly train: number; readonly heldOut: number }): {
+export const splits = (options: {
+  readonly seed: number
+  readonly train: number
+  readonly heldOut: number
+  readonly validation?: number
+}): {
   readonly train: ReadonlyArray<Row>
   readonly heldOut: ReadonlyArray<Row>
+  readonly validation: ReadonlyArray<Row>
 } => {
   const next = rng(options.seed)
   const seen = new Set<string>()
@@ -117,7 +123,8 @@ export const splits = (options: { readonly seed: number; readonly train: number;
     return out
   }
   const heldOut = draw(options.heldOut)
-  return { heldOut, train: draw(options.train) }
+  const train = draw(options.train)
+  return { heldOut, train, validation: draw(options.validation ?? 0) }
 }
 
 /**

@@ -1,6 +1,7 @@
 /**
- * Writes the calculator demo's data files: `train.jsonl`, `heldout.jsonl` and `demos.jsonl` (gold conversations
- * for the SFT warm-up, drawn from the train split). Seeded: the same options always write the same bytes.
+ * Writes the calculator demo's data files: `train.jsonl`, `heldout.jsonl`, `validation.jsonl` (for the warm-up's
+ * stopping check, disjoint from both) and `demos.jsonl` (gold conversations for the SFT warm-up, drawn from the
+ * train split). Seeded: the same options always write the same bytes.
  *
  *   npx tsx examples/calculator/generate.ts [OUT_DIR] [SEED] [NOISE]
  *
@@ -25,6 +26,7 @@ export interface Options {
   readonly seed: number
   readonly train: number
   readonly heldOut: number
+  readonly validation: number
   readonly demos: number
   readonly noise: number
 }
@@ -33,7 +35,14 @@ export interface Options {
  * @category constants
  * @since 0.1.0
  */
-export const defaults: Omit<Options, "dir"> = { seed: 12345, train: 5000, heldOut: 200, demos: 5000, noise: 0 }
+export const defaults: Omit<Options, "dir"> = {
+  seed: 12345,
+  train: 5000,
+  heldOut: 200,
+  validation: 200,
+  demos: 5000,
+  noise: 0
+}
 
 /** Changes one digit of an integer's text, never producing the same text (and never a leading zero). */
 const corrupt = (answer: string, next: () => number): string => {
@@ -75,13 +84,14 @@ export const demonstrations = (
 export const write = Effect.fn("calculator.generate.write")(function*(options: Options) {
   const fs = yield* FileSystem.FileSystem
   const path = yield* Path.Path
-  const { heldOut, train } = Task.splits(options)
+  const { heldOut, train, validation } = Task.splits(options)
   const demos = demonstrations(train.slice(0, options.demos), options)
   yield* fs.makeDirectory(options.dir, { recursive: true })
   yield* fs.writeFileString(path.join(options.dir, "train.jsonl"), Task.toJsonl(train))
   yield* fs.writeFileString(path.join(options.dir, "heldout.jsonl"), Task.toJsonl(heldOut))
+  yield* fs.writeFileString(path.join(options.dir, "validation.jsonl"), Task.toJsonl(validation))
   yield* fs.writeFileString(path.join(options.dir, "demos.jsonl"), Task.toJsonl(demos))
-  return { train: train.length, heldOut: heldOut.length, demos: demos.length }
+  return { train: train.length, heldOut: heldOut.length, validation: validation.length, demos: demos.length }
 })
 
 if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(resolve(process.argv[1])).href) {

@@ -8,6 +8,7 @@ import * as Journal from "../../actors/Journal.ts"
 import * as Trainer from "../../actors/Trainer.ts"
 import * as Dataset from "../../src/Dataset.ts"
 import * as Report from "../../src/Report.ts"
+import { Sampler } from "../../src/Sampler.ts"
 import * as TrainConfig from "../../src/TrainConfig.ts"
 import type * as Trajectory from "../../src/Trajectory.ts"
 import { charFormat } from "./fixtures/charFormat.ts"
@@ -132,6 +133,60 @@ describe("Trainer", () => {
       assert.strictEqual(journal.at(-1)!.kind, "finished")
       yield* Report.write(out)
       assert.include(readFileSync(join(out, "report.html"), "utf8"), "Invalid tool-call rate")
+    }).pipe(Effect.provide(NodeServices.layer)))
+
+  it.effect("warm-up stopAt: ends at the first check that reaches the target, checks publish warm-up versions", () =>
+    Effect.gen(function*() {
+      const published: Array<number> = []
+      const base = yield* setup({
+        warmup: { data: "unused", steps: 40, batchSize: 2, stopAt: { data: "unused", accuracy: 1, every: 3, size: 5 } }
+      })
+      const options = { ...base, validation: yield* rows(8, "validation") }
+      // The toy's A arm wins greedily once its weight is ahead, so a check reaches accuracy 1 early; a target that
+      // cannot be reached runs the whole warm-up.
+      const spy = Toy.make().pipe(Effect.map(({ policy, sampler }) => ({
+        sampler,
+        policy: { ...policy, publish: (v: number) => Effect.andThen(Effect.sync(() => published.push(v)), policy.publish(v)) }
+      })))
+      const runWith = (o: Trainer.Options) =>
+        Effect.gen(function*() {
+          const { policy, sampler } = yield* spy
+          return yield* Effect.scoped(Trainer.run(o)).pipe(
+            Effect.provideService(Trainer.Policy, policy),
+            Effect.provideService(Sampler, sampler)
+          )
+        })
+      yield* runWith(options)
+      const out = options.config.output
+      const { metrics } = yield* Report.read(out)
+      const warm = metrics.filter((m) => m.phase === "warmup")
+      assert.deepStrictEqual(warm.map((m) => m.step), [1, 2, 3], "stopped at the first check")
+      assert.strictEqual(warm[2]!.figures["warmup/validation_accuracy"], 1)
+      assert.isUndefined(warm[1]!.figures["warmup/validation_accuracy"], "checks every 3 steps")
+      const journal = (yield* Journal.read(join(out, "journal.jsonl"))).entries.map((e) => e.entry)
+      assert.deepStrictEqual(journal.filter((e) => e.kind === "warmup"), [{ kind: "warmup", steps: 3 }])
+      assert.deepStrictEqual(published.slice(0, 2), [Trainer.warmupVersion(3, 40), 0])
+      assert.deepStrictEqual(published.slice(0, 3), [-38, 0, 1], "versions increase")
+
+      published.length = 0
+      const unreachable = yield* setup({
+        warmup: { data: "unused", steps: 7, batchSize: 2, stopAt: { data: "unused", accuracy: 1, every: 3 } }
+      })
+      yield* runWith({ ...unreachable, validation: yield* rows(8, "validation"), correct: () => false })
+      const warmAll = (yield* Report.read(unreachable.config.output)).metrics.filter((m) => m.phase === "warmup")
+      assert.deepStrictEqual(warmAll.map((m) => m.step), [1, 2, 3, 4, 5, 6, 7], "the cap: every step")
+      assert.deepStrictEqual(warmAll.flatMap((m) => m.figures["warmup/validation_accuracy"] ?? []), [0, 0])
+      assert.deepStrictEqual(published.slice(0, 3), [-5, -2, 0], "checks at steps 3 and 6, then version 0")
+    }).pipe(Effect.provide(NodeServices.layer)))
+
+  it.effect("warm-up stopAt without its validation split is a typed error", () =>
+    Effect.gen(function*() {
+      const options = yield* setup({
+        warmup: { data: "unused", steps: 5, batchSize: 2, stopAt: { data: "unused", accuracy: 0.5 } }
+      })
+      const error = yield* Effect.flip(run(options))
+      assert.strictEqual(error.reason, "Learner")
+      assert.include(error.message, "validation")
     }).pipe(Effect.provide(NodeServices.layer)))
 
   it.effect("sync runs with the same seed end with the same weights; another seed does not", () =>

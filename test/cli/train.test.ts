@@ -47,7 +47,7 @@ describe("agentfly train", () => {
   it.live("SIGKILL mid-training, then --resume: every step once, same final weights as an uninterrupted run", () =>
     Effect.gen(function*() {
       const dir = mkdtempSync(join(tmpdir(), "train-resume-"))
-      yield* Generate.write({ dir: join(dir, "data"), seed: 5, train: 64, heldOut: 4, demos: 64, noise: 0 })
+      yield* Generate.write({ dir: join(dir, "data"), seed: 5, train: 64, heldOut: 4, validation: 4, demos: 64, noise: 0 })
       writeFileSync(join(dir, "config.json"), JSON.stringify({
         seed: 11,
         output: "run",
@@ -63,7 +63,15 @@ describe("agentfly train", () => {
           maxNewTokens: 24,
           maxContextTokens: 256
         },
-        warmup: { data: "data/demos.jsonl", steps: 3, batchSize: 4, lr: 0.003 },
+        // Validation checks after warm-up steps 1 and 2 publish warm-up versions to the real engine (a target of 1
+        // is out of reach, so the warm-up runs all 3 steps).
+        warmup: {
+          data: "data/demos.jsonl",
+          steps: 3,
+          batchSize: 4,
+          lr: 0.003,
+          stopAt: { data: "data/validation.jsonl", accuracy: 1, every: 1, size: 2 }
+        },
         // An entropy bonus under a non-group-relative estimator makes every RL step move the weights, whatever the
         // (mostly zero) rewards of an untrained policy: resuming exactly is then a real test. The KL term makes the
         // resumed run depend on restoring the reference policy (the post-warm-up weights) from the checkpoint.
@@ -122,6 +130,11 @@ describe("agentfly train", () => {
         .map((l) => JSON.parse(l).figures["learner/kl"] as number)
       assert.strictEqual(kl[0], 0, "step 1 trains the reference policy itself")
       assert.isTrue(kl.slice(1).every((x) => x > 0), `KL to the reference after step 1: ${kl}`)
+      const checks = readFileSync(join(a, "metrics.jsonl"), "utf8").split("\n")
+        .filter((l) => l.includes(`"phase":"warmup"`))
+        .map((l) => JSON.parse(l).figures["warmup/validation_accuracy"] as number | undefined)
+      assert.strictEqual(checks.length, 3, "the unreachable target kept all 3 warm-up steps")
+      assert.isTrue(checks[0] === 0 && checks[1] === 0 && checks[2] === undefined, `checks: ${checks}`)
     }).pipe(Effect.provide(NodeServices.layer)), 300_000)
 
   it.live("a mistyped config key or an invalid dataset row stops the run at once, naming the key or the line", () =>

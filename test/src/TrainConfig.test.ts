@@ -89,6 +89,20 @@ describe("TrainConfig", () => {
       assert.strictEqual(b.model.path, join(dir, "m"))
       const c = yield* TrainConfig.load(join(dir, "c.ts"))
       assert.strictEqual(c.reward, "mathEqual")
+      writeFileSync(join(dir, "d.json"), JSON.stringify({
+        ...minimal,
+        warmup: { data: "demos.jsonl", steps: 900, stopAt: { data: "data/validation.jsonl", accuracy: 0.3 } }
+      }))
+      const d = yield* TrainConfig.load(join(dir, "d.json"))
+      assert.strictEqual(d.warmup?.data, join(dir, "demos.jsonl"))
+      assert.deepStrictEqual(d.warmup?.stopAt, { data: join(dir, "data/validation.jsonl"), accuracy: 0.3, every: 50 })
+      writeFileSync(join(dir, "e.json"), JSON.stringify({
+        ...minimal,
+        warmup: { data: "demos.jsonl", steps: 900, stopAt: { data: "v.jsonl", accuracy: 1.5, evry: 10 } }
+      }))
+      const e = yield* failure(TrainConfig.load(join(dir, "e.json")))
+      assert.isTrue(e.issues.some((i) => i.startsWith("warmup.stopAt.accuracy:")), e.issues.join("; "))
+      assert.include(e.issues.join("\n"), `warmup.stopAt.evry: unknown key (did you mean "every"?)`)
     }).pipe(Effect.provide(NodeServices.layer)))
 
   it.effect("syntax errors, duplicate keys, missing files and unknown formats are typed errors", () =>

@@ -30,16 +30,22 @@ describe("calculator task", () => {
   })
 
   it("splits are seeded, sized as asked and have disjoint expressions", () => {
-    const a = Task.splits({ seed: 7, train: 500, heldOut: 100 })
-    const b = Task.splits({ seed: 7, train: 500, heldOut: 100 })
+    const a = Task.splits({ seed: 7, train: 500, heldOut: 100, validation: 60 })
+    const b = Task.splits({ seed: 7, train: 500, heldOut: 100, validation: 60 })
     assert.deepStrictEqual(a, b)
     assert.notDeepEqual(Task.splits({ seed: 8, train: 500, heldOut: 100 }).heldOut, a.heldOut)
     const held = new Set(a.heldOut.map((r) => r.expression))
+    const train = new Set(a.train.map((r) => r.expression))
     assert.strictEqual(held.size, 100)
-    assert.strictEqual(new Set(a.train.map((r) => r.expression)).size, 500)
+    assert.strictEqual(train.size, 500)
+    assert.strictEqual(new Set(a.validation.map((r) => r.expression)).size, 60)
     assert.isFalse(a.train.some((r) => held.has(r.expression)))
-    // The held-out split does not depend on the train size.
+    assert.isFalse(a.validation.some((r) => held.has(r.expression) || train.has(r.expression)))
+    // The held-out split does not depend on the train size, and neither depends on the validation size.
     assert.deepStrictEqual(Task.splits({ seed: 7, train: 50, heldOut: 100 }).heldOut, a.heldOut)
+    const without = Task.splits({ seed: 7, train: 500, heldOut: 100 })
+    assert.deepStrictEqual([without.heldOut, without.train], [a.heldOut, a.train])
+    assert.deepStrictEqual(without.validation, [])
   })
 
   it("noisy demonstrations keep the tool call and result, and change only the final answer", () => {
@@ -65,8 +71,9 @@ describe("calculator task", () => {
   it.effect("writes files that Dataset reads back: rows with answers, demonstrations with a tool call", () =>
     Effect.gen(function*() {
       const dir = mkdtempSync(join(tmpdir(), "calc-"))
-      const counts = yield* Generate.write({ dir, seed: 1, train: 50, heldOut: 20, demos: 30, noise: 0 })
-      assert.deepStrictEqual(counts, { train: 50, heldOut: 20, demos: 30 })
+      const counts = yield* Generate.write({ dir, seed: 1, train: 50, heldOut: 20, validation: 10, demos: 30, noise: 0 })
+      assert.deepStrictEqual(counts, { train: 50, heldOut: 20, validation: 10, demos: 30 })
+      assert.strictEqual((yield* Dataset.load(join(dir, "validation.jsonl"))).rows.length, 10)
       const train = yield* Dataset.load(join(dir, "train.jsonl"))
       assert.strictEqual(train.rows.length, 50)
       assert.deepStrictEqual(Object.keys(train.rows[0]!.fields).sort(), ["answer", "expression"])
@@ -78,7 +85,7 @@ describe("calculator task", () => {
         expression: train.rows[0]!.fields["expression"]
       })
       const before = readFileSync(join(dir, "train.jsonl"), "utf8")
-      yield* Generate.write({ dir, seed: 1, train: 50, heldOut: 20, demos: 30, noise: 0 })
+      yield* Generate.write({ dir, seed: 1, train: 50, heldOut: 20, validation: 10, demos: 30, noise: 0 })
       assert.strictEqual(readFileSync(join(dir, "train.jsonl"), "utf8"), before, "byte-identical for a seed")
     }).pipe(Effect.provide(NodeServices.layer)))
 })
