@@ -4,13 +4,13 @@
  *
  * Differentiable ops: Add, Sub, Mul, Div, Pow (base), Neg, Exp, Log, Sqrt, Reciprocal, Sigmoid, Tanh, Relu, Abs,
  * Erf, Identity, Cast (float → float), Sum, Max, Min, Clip, Where, MatMul (batched with broadcasting; matrix
- * products of the backward use Gemm with its transpose flags, and in float32 onnxruntime's com.microsoft FusedMatMul
- * for batched transposed operands, so float32 training graphs need onnxruntime), Gemm (α, β, transA, transB, broadcast C), Softmax,
- * LogSoftmax, Transpose, Reshape, Flatten, Squeeze, Unsqueeze, Expand, Concat, Split, Slice (step 1), Gather (axis
- * 0, the embedding), GatherElements, ReduceSum, ReduceMean, ReduceMax. SiLU (`Mul(x, Sigmoid(x))`) is differentiated
- * as one function. Rules emit nodes only for the inputs that need a gradient: onnxruntime runs every node it is
- * given, used or not. A forward graph using any other float op
- * (e.g. LayerNormalization) fails with `AutodiffError` reason `NoBackwardRule`.
+ * products of the backward use Gemm with its transpose flags, and in float32 onnxruntime's com.microsoft
+ * FusedMatMul for batched transposed operands, so float32 training graphs need onnxruntime), Gemm (α, β, transA,
+ * transB, broadcast C), Softmax, LogSoftmax, Transpose, Reshape, Flatten, Squeeze, Unsqueeze, Expand, Concat,
+ * Split, Slice (step 1), Gather (axis 0, the embedding), GatherElements, ReduceSum, ReduceMean, ReduceMax. SiLU
+ * (`Mul(x, Sigmoid(x))`) is differentiated as one function. Rules emit nodes only for the inputs that need a
+ * gradient: onnxruntime runs every node it is given, used or not. A forward graph using any other float op (e.g.
+ * LayerNormalization) fails with `AutodiffError` reason `NoBackwardRule`.
  * Ops that only touch integers, booleans or shapes (Shape, Range, Equal, Less, And, Cast to int, …) carry no
  * gradient; the autodiff never asks them for one.
  *

@@ -137,10 +137,10 @@ export const rmsNorm = (g: Graph.Graph, x: string, w: string, eps: number): stri
 
 /**
  * Rotary embedding on the last axis (width `hd`) in Hugging Face's rotate-half convention:
- * `[x1·cos − x2·sin, x2·cos + x1·sin]`, computed as `x·cos + rotateHalf(x)·sin` with full-width tables (`cos`/`sin`
- * of width `hd`, each half repeated, broadcasting against `x`) and `rotateHalf(x) = [−x2, x1] = x·R` for a signed
- * permutation matrix `R` (exact: one ±1 per column). Four ops and four in its gradient, where slicing the halves
- * and concatenating them took eight and eleven.
+ * `[x1·cos − x2·sin, x2·cos + x1·sin]`, computed as `x·cos + rotateHalf(x)·sin` with full-width tables
+ * (`cos`/`sin` of width `hd`, each half repeated, broadcasting against `x`) and `rotateHalf(x) = [−x2, x1] = x·R`
+ * for a signed permutation matrix `R` (exact: one ±1 per column). Four ops and four in its gradient, where slicing
+ * the halves and concatenating them took eight and eleven.
  *
  * @category math
  * @since 0.1.0
