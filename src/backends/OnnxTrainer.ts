@@ -369,8 +369,8 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
   /** Graphs by shard shape, most recently used last; at least 2 (one call uses up to 2 shard sizes). */
   const graphs = new Map<string, { readonly graph: Autodiff.TrainingGraph; readonly bytes: Uint8Array }>()
 
+  // No zero fill: the first micro-batch after a clear overwrites the accumulators (and `gradients` zeroes them).
   const clear = () => {
-    if (shared === undefined) for (const a of accum.values()) a.fill(0)
     shardsAccumulated.fill(0)
     accumulated = 0
   }

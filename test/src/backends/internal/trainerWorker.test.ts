@@ -61,13 +61,17 @@ describe("trainerWorker", () => {
     const sources = [random(layout.total, 1), random(layout.total, 2), random(layout.total, 3)]
     const dst = new Float32Array(layout.total).fill(99)
     const [start, end] = [10, 41]
-    TrainerWorker.sumSlices(dst, sources, start, end)
     const [a, b, c] = sources as [Float32Array, Float32Array, Float32Array]
-    for (let i = 0; i < layout.total; i++) {
-      const expected = i >= start && i < end ? Math.fround(Math.fround(a[i]! + b[i]!) + c[i]!) : 99
-      assert.strictEqual(dst[i], expected, `element ${i}`)
+    for (const used of [[a], [a, b], [a, b, c]]) {
+      const sq = TrainerWorker.sumSlices(dst, used, start, end)
+      for (let i = 0; i < layout.total; i++) {
+        const expected = i >= start && i < end ? used.slice(1).reduce((x, s) => Math.fround(x + s[i]!), a[i]!) : 99
+        assert.strictEqual(dst[i], expected, `element ${i}`)
+      }
+      // The returned sum of squares is exactly the squared norm of the slice's views.
+      assert.strictEqual(Math.sqrt(sq), Optimizer.globalNorm(TrainerWorker.sliceViews(dst, layout, start, end)))
     }
-    TrainerWorker.sumSlices(dst, [], start, end)
+    assert.strictEqual(TrainerWorker.sumSlices(dst, [], start, end), 0)
     assert.isTrue(dst.subarray(start, end).every((x) => x === 0))
     const grads = random(layout.total, 4)
     const norms = slices(layout.total, 3).map(([s, e]) =>
