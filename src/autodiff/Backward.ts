@@ -264,12 +264,14 @@ const reduce = (kind: "sum" | "mean" | "max"): Rule => (e, node, [g]) => {
   const xd = e.dims(x)
   const axes = Shapes.reduceAxes(node, (n) => e.shapes.get(n), xd.length)
   const keptDims = xd.map((d, i) => (axes.includes(i) ? 1 : d))
-  const expanded = e.op("Expand", [reshapeTo(e, g!, keptDims), e.ints(xd)])
-  if (kind === "sum") return [expanded]
+  const kept = reshapeTo(e, g!, keptDims)
   if (kind === "mean") {
+    // Scaled before the Expand: one product on the reduced shape instead of the full one.
     const count = axes.reduce((p, a) => p * xd[a]!, 1)
-    return [e.op("Mul", [expanded, e.scalar(1 / count, e.dtype(x))])]
+    return [e.op("Expand", [e.op("Mul", [kept, e.scalar(1 / count, e.dtype(x))]), e.ints(xd)])]
   }
+  const expanded = e.op("Expand", [kept, e.ints(xd)])
+  if (kind === "sum") return [expanded]
   const max = e.op("Expand", [reshapeTo(e, out0(node), keptDims), e.ints(xd)])
   return [e.op("Where", [e.op("Equal", [x, max]), expanded, e.scalar(0, e.dtype(x))])]
 }
