@@ -195,6 +195,22 @@ export const rowsAt = (n: number, seed: number, from: number, count: number): Ar
  */
 export const warmupVersion = (step: number, steps: number): number => step - steps - 1
 
+/**
+ * Whether warm-up step `step` of `steps` checks the validation accuracy: every `every` steps from `from` (default
+ * `every`), never at the last step (the warm-up ends there anyway).
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const isCheckStep = (
+  step: number,
+  steps: number,
+  stopAt: { readonly every: number; readonly from?: number | undefined }
+): boolean => {
+  const from = stopAt.from ?? stopAt.every
+  return step >= from && (step - from) % stopAt.every === 0 && step < steps
+}
+
 const isCorrect = (t: Trajectory.Trajectory): boolean => {
   const metric = t.metrics["accuracy"] ?? t.metrics["acc"]
   return metric !== undefined ? metric >= 1 : t.reward >= 1
@@ -439,7 +455,7 @@ export const run = Effect.fn("Trainer.run")(function*(
       const figures = yield* policy.sft(step, batch)
       const seconds = ((yield* Clock.currentTimeMillis) - t0) / 1000
       const tokensPerS = (figures["perf/row_tokens"] ?? 0) / Math.max(1e-3, seconds)
-      const check = stopAt !== undefined && step % stopAt.every === 0 && step < warmup.steps
+      const check = stopAt !== undefined && isCheckStep(step, warmup.steps, stopAt)
         ? yield* validate(step, warmup.steps, stopAt)
         : undefined
       const record = {

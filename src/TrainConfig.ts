@@ -128,9 +128,10 @@ export const AlgorithmConfig = Schema.Struct({
 
 /**
  * Ends the warm-up early, at the first check where greedy accuracy on `data` reaches `accuracy`: a validation
- * split of its own (not `data.eval`, so the held-out figures stay unbiased), checked every `every` warm-up steps on
- * its first `size` rows (all when absent). How many steps a policy needs to reach a level varies a lot between
- * seeds; a target makes every seed start RL from a comparable policy.
+ * split of its own (not `data.eval`, so the held-out figures stay unbiased), checked every `every` warm-up steps
+ * from step `from` (default `every`) on its first `size` rows (all when absent). How many steps a policy needs to
+ * reach a level varies a lot between seeds; a target makes every seed start RL from a comparable policy. Checks
+ * before the policy has learnt the format are slow (it writes to the token limit), hence `from`.
  *
  * @category models
  * @since 0.1.0
@@ -139,6 +140,7 @@ export const WarmupStopConfig = Schema.Struct({
   data: Schema.String,
   accuracy: Probability,
   every: withDefault(PositiveInt, 50),
+  from: Schema.optionalKey(PositiveInt),
   size: Schema.optionalKey(PositiveInt)
 })
 

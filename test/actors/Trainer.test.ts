@@ -179,6 +179,14 @@ describe("Trainer", () => {
       assert.deepStrictEqual(published.slice(0, 3), [-5, -2, 0], "checks at steps 3 and 6, then version 0")
     }).pipe(Effect.provide(NodeServices.layer)))
 
+  it("warm-up checks: every `every` steps from `from`, never at the last step", () => {
+    const steps = (n: number, stopAt: { every: number; from?: number }) =>
+      Array.from({ length: n }, (_, i) => i + 1).filter((s) => Trainer.isCheckStep(s, n, stopAt))
+    assert.deepStrictEqual(steps(10, { every: 3 }), [3, 6, 9])
+    assert.deepStrictEqual(steps(10, { every: 3, from: 5 }), [5, 8])
+    assert.deepStrictEqual(steps(9, { every: 3 }), [3, 6])
+  })
+
   it.effect("warm-up stopAt without its validation split is a typed error", () =>
     Effect.gen(function*() {
       const options = yield* setup({
