@@ -119,7 +119,7 @@ export interface Options {
   readonly resume?: boolean | undefined
   /** The text of a token, for the trajectory viewer (default: its id). */
   readonly tokenText?: ((id: number) => string) | undefined
-  /** Is a trajectory correct? Default: its `accuracy` or `acc` metric, else `reward >= 1`. */
+  /** Is a trajectory correct? Default: its `accuracy` or `acc` metric (bare or a reward's), else `reward >= 1`. */
   readonly correct?: ((trajectory: Trajectory.Trajectory) => boolean) | undefined
   readonly display?: { readonly update: (status: Metrics.Status) => Effect.Effect<void> } | undefined
 }
@@ -211,8 +211,13 @@ export const isCheckStep = (
   return step >= from && (step - from) % stopAt.every === 0 && step < steps
 }
 
+/** A reward's accuracy metric: `accuracy` or `acc`, bare or in a reward's namespace (`reward/mathEqual/acc`). */
+const accuracyMetric = (metrics: Trajectory.Trajectory["metrics"]): number | undefined =>
+  metrics["accuracy"] ?? metrics["acc"] ??
+    Object.entries(metrics).find(([key]) => key.endsWith("/accuracy") || key.endsWith("/acc"))?.[1]
+
 const isCorrect = (t: Trajectory.Trajectory): boolean => {
-  const metric = t.metrics["accuracy"] ?? t.metrics["acc"]
+  const metric = accuracyMetric(t.metrics)
   return metric !== undefined ? metric >= 1 : t.reward >= 1
 }
 

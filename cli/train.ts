@@ -28,6 +28,7 @@ import * as Dataset from "../src/Dataset.ts"
 import * as ModelConfig from "../src/model/ModelConfig.ts"
 import * as ModelFolder from "../src/ModelFolder.ts"
 import * as Report from "../src/Report.ts"
+import * as Reward from "../src/Reward.ts"
 import * as RolloutError from "../src/RolloutError.ts"
 import type * as Tool from "../src/Tool.ts"
 import * as TrainConfig from "../src/TrainConfig.ts"
@@ -55,6 +56,24 @@ export const rewards = {
   f1: Qa.f1,
   toolCallFormat: ToolCallFormat.toolCallFormat
 } as const
+
+/**
+ * The reward a config names: one of {@link rewards}, or a weighted sum of them (`Reward.combine`), or why not.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const rewardOf = (spec: TrainConfig.TrainConfig["reward"]) => {
+  const parts = typeof spec === "string" ? [[spec, 1] as const] : Object.entries(spec)
+  const unknown = parts.filter(([name]) => !(name in rewards)).map(([name]) => name)
+  if (unknown.length > 0) return `reward: unknown ${unknown.join(", ")} (known: ${Object.keys(rewards).join(", ")})`
+  if (parts.length === 0) return "reward: name at least one reward"
+  if (typeof spec === "string") return rewards[spec as keyof typeof rewards]
+  return Reward.combine(
+    parts.map(([name, weight]) => `${weight}·${name}`).join(" + "),
+    parts.map(([name, weight]) => ({ reward: rewards[name as keyof typeof rewards], weight }))
+  )
+}
 
 const usage = (message: string) =>
   new TrainConfig.ConfigError({ source: "config", reason: "Invalid", issues: [message] })
@@ -152,11 +171,9 @@ export const run = Effect.fn("cli.train")(function*(
   if (unknownTools.length > 0) {
     return yield* usage(`tools: unknown ${unknownTools.join(", ")} (known: ${Object.keys(tools).join(", ")})`)
   }
-  if (!(config.reward in rewards)) {
-    return yield* usage(`reward: unknown ${config.reward} (known: ${Object.keys(rewards).join(", ")})`)
-  }
+  const reward = rewardOf(config.reward)
+  if (typeof reward === "string") return yield* usage(reward)
   const toolActor = yield* ToolActor.make(config.tools.map((name) => tools[name]!))
-  const reward = rewards[config.reward as keyof typeof rewards]
   const rewardActor = yield* RewardActor.make(reward as never, { onError: "zero" })
   const template = config.agent.template === "model"
     ? folder.template

@@ -211,7 +211,8 @@ export const TrainConfig = Schema.Struct({
   model: ModelConfig,
   data: DataConfig,
   tools: withDefault(Schema.Array(Schema.String), []),
-  reward: Schema.String,
+  /** A reward by name, or a weighted sum of rewards by name (`{ "mathEqual": 1, "toolCallFormat": 0.2 }`). */
+  reward: Schema.Union([Schema.String, Schema.Record(Schema.String, Schema.Number)]),
   agent: withDefault(AgentConfig, {}),
   algorithm: AlgorithmConfig,
   warmup: Schema.optionalKey(WarmupConfig),

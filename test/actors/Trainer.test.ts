@@ -97,6 +97,15 @@ describe("Trainer", () => {
         t({ reward: 1, segments: [{ spans: [{ source: "policy", tokenIds: [1], policyVersion: 1 }], messageCount: 0 }] })
       ]
     }
+    // A weighted sum of rewards: its accuracy is the namespaced metric, whatever the sum.
+    const sum = Trainer.rolloutFigures([{
+      ...group,
+      trajectories: [
+        t({ reward: 1.2, metrics: { "reward/mathEqual/acc": 0, "reward/toolCallFormat/reward": 1 } }),
+        t({ reward: 0.9, metrics: { "reward/mathEqual/acc": 1 } })
+      ]
+    }], { prefix: "rollout" })
+    assert.strictEqual(sum["rollout/accuracy"], 0.5)
     const f = Trainer.rolloutFigures([group], { prefix: "rollout", policyVersion: 4 })
     assert.strictEqual(f["rollout/reward_mean"], 2.5 / 4)
     assert.strictEqual(f["rollout/accuracy"], 2 / 4, "acc metric, else reward >= 1")

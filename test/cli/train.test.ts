@@ -11,7 +11,9 @@ import { existsSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join, resolve } from "node:path"
 import * as Journal from "../../actors/Journal.ts"
+import * as Train from "../../cli/train.ts"
 import * as Generate from "../../examples/calculator/generate.ts"
+import { trajectoryOf } from "../utils/trajectories.ts"
 
 const root = resolve(import.meta.dirname, "../..")
 
@@ -160,4 +162,26 @@ describe("agentfly train", () => {
       assert.include(row.output, `rows.jsonl:2: a row needs a \`question\` or \`messages\``)
       assert.isFalse(existsSync(join(dir, "model")), "no model folder for a run that cannot start")
     }).pipe(Effect.provide(NodeServices.layer)), 60_000)
+
+  it.effect("a reward by name or a weighted sum of rewards by name; unknown names are refused", () =>
+    Effect.gen(function*() {
+      assert.strictEqual(Train.rewardOf("mathEqual"), Train.rewards.mathEqual)
+      assert.strictEqual(Train.rewardOf({ mathEqul: 1 }), `reward: unknown mathEqul (known: ${Object.keys(Train.rewards).join(", ")})`)
+      assert.strictEqual(Train.rewardOf({}), "reward: name at least one reward")
+      const sum = Train.rewardOf({ mathEqual: 1, toolCallFormat: 0.2 })
+      if (typeof sum === "string") return assert.fail(sum)
+      const call = { id: "c", type: "function" as const, function: { name: "calculator", arguments: { expression: "6*7" } } }
+      const answered = (answer: string, error = false) =>
+        trajectoryOf([
+          { role: "user", content: "What is 6*7?" },
+          { role: "assistant", content: "", tool_calls: [call] },
+          { role: "tool", tool_call_id: "c", content: error ? "Error: invalid arguments" : "42", ...(error ? { is_error: true } : {}) },
+          { role: "assistant", content: `The answer is ${answer}.` }
+        ], { answer: "42" })
+      const right = yield* sum.evaluate({ trajectory: answered("42") })
+      const wrong = yield* sum.evaluate({ trajectory: answered("41") })
+      assert.strictEqual(right._tag === "Scored" && right.reward, 1.2)
+      assert.strictEqual(wrong._tag === "Scored" && wrong.reward, 0.2)
+      assert.strictEqual(right.metrics["reward/mathEqual/acc"], 1)
+    }))
 })
