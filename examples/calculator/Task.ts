@@ -94,8 +94,10 @@ export const question = (next: () => number): Row => {
 }
 
 /**
- * Train, held-out and validation splits with disjoint expressions. Held-out questions are drawn first and
- * validation ones last, so that neither the held-out nor the train set for a seed depends on the sizes after it.
+ * Train, held-out, validation and demonstration splits with disjoint expressions. They are drawn in that order
+ * (held-out first), so that no split for a seed depends on the sizes of the ones after it. RL rolls out on the train
+ * questions, the SFT warm-up imitates the demonstration questions: RL then learns on questions the policy was never
+ * shown the answer to, as it will be evaluated.
  *
  * @category constructors
  * @since 0.1.0
@@ -105,10 +107,12 @@ export const splits = (options: {
   readonly train: number
   readonly heldOut: number
   readonly validation?: number
+  readonly demos?: number
 }): {
   readonly train: ReadonlyArray<Row>
   readonly heldOut: ReadonlyArray<Row>
   readonly validation: ReadonlyArray<Row>
+  readonly demos: ReadonlyArray<Row>
 } => {
   const next = rng(options.seed)
   const seen = new Set<string>()
@@ -124,7 +128,8 @@ export const splits = (options: {
   }
   const heldOut = draw(options.heldOut)
   const train = draw(options.train)
-  return { heldOut, train, validation: draw(options.validation ?? 0) }
+  const validation = draw(options.validation ?? 0)
+  return { heldOut, train, validation, demos: draw(options.demos ?? 0) }
 }
 
 /**

@@ -1,7 +1,7 @@
 /**
- * Writes the calculator demo's data files: `train.jsonl`, `heldout.jsonl`, `validation.jsonl` (for the warm-up's
- * stopping check, disjoint from both) and `demos.jsonl` (gold conversations for the SFT warm-up, drawn from the
- * train split). Seeded: the same options always write the same bytes.
+ * Writes the calculator demo's data files: `train.jsonl` (RL prompts), `heldout.jsonl`, `validation.jsonl` (for the
+ * warm-up's stopping check) and `demos.jsonl` (gold conversations for the SFT warm-up), each on questions of its own
+ * (`Task.splits`). Seeded: the same options always write the same bytes.
  *
  *   npx tsx examples/calculator/generate.ts [OUT_DIR] [SEED] [NOISE]
  *
@@ -84,8 +84,8 @@ export const demonstrations = (
 export const write = Effect.fn("calculator.generate.write")(function*(options: Options) {
   const fs = yield* FileSystem.FileSystem
   const path = yield* Path.Path
-  const { heldOut, train, validation } = Task.splits(options)
-  const demos = demonstrations(train.slice(0, options.demos), options)
+  const { heldOut, train, validation, demos: demoRows } = Task.splits(options)
+  const demos = demonstrations(demoRows, options)
   yield* fs.makeDirectory(options.dir, { recursive: true })
   yield* fs.writeFileString(path.join(options.dir, "train.jsonl"), Task.toJsonl(train))
   yield* fs.writeFileString(path.join(options.dir, "heldout.jsonl"), Task.toJsonl(heldOut))

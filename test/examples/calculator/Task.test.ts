@@ -30,8 +30,8 @@ describe("calculator task", () => {
   })
 
   it("splits are seeded, sized as asked and have disjoint expressions", () => {
-    const a = Task.splits({ seed: 7, train: 500, heldOut: 100, validation: 60 })
-    const b = Task.splits({ seed: 7, train: 500, heldOut: 100, validation: 60 })
+    const a = Task.splits({ seed: 7, train: 500, heldOut: 100, validation: 60, demos: 300 })
+    const b = Task.splits({ seed: 7, train: 500, heldOut: 100, validation: 60, demos: 300 })
     assert.deepStrictEqual(a, b)
     assert.notDeepEqual(Task.splits({ seed: 8, train: 500, heldOut: 100 }).heldOut, a.heldOut)
     const held = new Set(a.heldOut.map((r) => r.expression))
@@ -40,12 +40,18 @@ describe("calculator task", () => {
     assert.strictEqual(train.size, 500)
     assert.strictEqual(new Set(a.validation.map((r) => r.expression)).size, 60)
     assert.isFalse(a.train.some((r) => held.has(r.expression)))
+    const validation = new Set(a.validation.map((r) => r.expression))
     assert.isFalse(a.validation.some((r) => held.has(r.expression) || train.has(r.expression)))
+    assert.strictEqual(new Set(a.demos.map((r) => r.expression)).size, 300)
+    assert.isFalse(
+      a.demos.some((r) => held.has(r.expression) || train.has(r.expression) || validation.has(r.expression)),
+      "demonstrations are on questions of their own"
+    )
     // The held-out split does not depend on the train size, and neither depends on the validation size.
     assert.deepStrictEqual(Task.splits({ seed: 7, train: 50, heldOut: 100 }).heldOut, a.heldOut)
-    const without = Task.splits({ seed: 7, train: 500, heldOut: 100 })
-    assert.deepStrictEqual([without.heldOut, without.train], [a.heldOut, a.train])
-    assert.deepStrictEqual(without.validation, [])
+    const without = Task.splits({ seed: 7, train: 500, heldOut: 100, validation: 60 })
+    assert.deepStrictEqual([without.heldOut, without.train, without.validation], [a.heldOut, a.train, a.validation])
+    assert.deepStrictEqual(without.demos, [])
   })
 
   it("noisy demonstrations keep the tool call and result, and change only the final answer", () => {
@@ -81,9 +87,11 @@ describe("calculator task", () => {
       assert.strictEqual(demos.rows.length, 30)
       const call = demos.rows[0]!.messages![2]!
       assert.strictEqual(call.role, "assistant")
-      assert.deepStrictEqual(call.role === "assistant" ? call.tool_calls![0]!.function.arguments : undefined, {
-        expression: train.rows[0]!.fields["expression"]
-      })
+      const question = String(demos.rows[0]!.messages![1]!.content)
+      const args = call.role === "assistant" ? call.tool_calls![0]!.function.arguments as Record<string, unknown> : {}
+      const expression = args["expression"]
+      assert.include(question, String(expression), "the call's expression is the question's")
+      assert.isFalse(train.rows.some((r) => r.fields["expression"] === expression), "a question RL does not see")
       const before = readFileSync(join(dir, "train.jsonl"), "utf8")
       yield* Generate.write({ dir, seed: 1, train: 50, heldOut: 20, validation: 10, demos: 30, noise: 0 })
       assert.strictEqual(readFileSync(join(dir, "train.jsonl"), "utf8"), before, "byte-identical for a seed")
