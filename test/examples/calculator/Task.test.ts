@@ -4,10 +4,11 @@ import { Effect } from "effect"
 import * as fc from "fast-check"
 import { mkdtempSync, readFileSync } from "node:fs"
 import { tmpdir } from "node:os"
-import { join } from "node:path"
+import { basename, dirname, join } from "node:path"
 import * as Generate from "../../../examples/calculator/generate.ts"
 import * as Task from "../../../examples/calculator/Task.ts"
 import * as Dataset from "../../../src/Dataset.ts"
+import * as TrainConfig from "../../../src/TrainConfig.ts"
 
 describe("calculator task", () => {
   it("evaluates with precedence and rejects anything outside the grammar", () => {
@@ -73,6 +74,18 @@ describe("calculator task", () => {
     assert.isTrue(corrupted > 150 && corrupted < 250, `about half corrupted, got ${corrupted}`)
     assert.deepStrictEqual(Generate.demonstrations(train, { seed: 3, noise: 0 }), train.map(Task.demonstration))
   })
+
+  it.effect("the shipped configs decode, with the warm-up's validation split beside the other data files", () =>
+    Effect.gen(function*() {
+      for (const name of ["demo", "full"]) {
+        const config = yield* TrainConfig.load(join(import.meta.dirname, `../../../examples/calculator/${name}.json`))
+        const stopAt = config.warmup?.stopAt
+        assert.isDefined(stopAt, name)
+        assert.strictEqual(dirname(stopAt!.data), dirname(config.data.train))
+        assert.strictEqual(basename(stopAt!.data), "validation.jsonl")
+        assert.notStrictEqual(stopAt!.data, config.data.eval, "the stopping check never reads the held-out split")
+      }
+    }).pipe(Effect.provide(NodeServices.layer)))
 
   it.effect("writes files that Dataset reads back: rows with answers, demonstrations with a tool call", () =>
     Effect.gen(function*() {
