@@ -307,12 +307,18 @@ export const update = Effect.fn("Learner.update")(function*(
     padRows: options.padRows ?? true,
     ...(options.loss.normLength === undefined ? {} : { normLength: options.loss.normLength })
   }
+  // A sequence whose advantages are all zero (a group without reward variance) has no gradient under a pure
+  // policy-gradient loss, but it still counts in the loss's normalisation: a step where few groups carry a signal
+  // is then a small step, as in verl, instead of one as large as a step where all do (which is noise under AdamW).
+  // With a KL or entropy term every token has a gradient, so everything is computed.
+  const gradientFree = options.loss.klCoef === 0 && options.loss.entropyCoef === 0
+  const hasGradient = (s: Packing.Sequence) => !gradientFree || s.advantages === undefined || s.advantages.some((a) => a !== 0)
   const packed: Array<Packing.Packed> = []
   for (const chunk of chunks) {
-    const p = yield* Packing.pack(chunk, packOptions).pipe(
+    const p = yield* Packing.pack(chunk.filter(hasGradient), { ...packOptions, aggregateOver: chunk }).pipe(
       Effect.mapError((e) => new LearnerError({ reason: "Packing", message: e.message }))
     )
-    if (p.totals.tokens > 0) packed.push(p)
+    if (p.totals.tokens > 0 && p.microBatches.length > 0) packed.push(p)
   }
   if (packed.length === 0) return { outcome: "empty" as const, figures: base }
   const sums = { loss: 0, tokens: 0, clipped: 0, clippedLower: 0, approxKl: 0, entropy: 0, kl: 0, rowTokens: 0 }

@@ -204,21 +204,22 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
 
   const policy = Policy.of({
     learn: (_step, all) => {
-      // Under a group-relative estimator a group whose rewards are all equal has zero advantages: no signal. Such
-      // groups are dropped, and a step with none left is skipped, because AdamW would still move every weight along
-      // its stale momentum (with sparse early rewards that alone wrecks a freshly warmed-up policy).
-      const groups = groupRelative.has(algorithm.advantage) ? all.filter(hasSignal) : all
-      if (groups.length === 0) {
+      // Under a group-relative estimator a group whose rewards are all equal has zero advantages: no signal. A step
+      // without any signal is skipped, because AdamW would still move every weight along its stale momentum (with
+      // sparse early rewards that alone wrecks a freshly warmed-up policy). Otherwise every group goes to the
+      // learner: the ones without signal cost no compute there but keep the step's size proportional to its signal.
+      const withSignal = groupRelative.has(algorithm.advantage) ? all.filter(hasSignal).length : all.length
+      if (withSignal === 0) {
         return Effect.succeed({ "learner/applied": 0, "learner/groups_with_signal": 0 })
       }
       const options = reference === undefined ? learnerOptions : { ...learnerOptions, reference: reference.logprobs }
-      return Learner.update(groups, options).pipe(
+      return Learner.update(all, options).pipe(
         Effect.provideService(PolicyTrainer.PolicyTrainer, trainer),
         Effect.tap(() => Effect.sync(() => (dirty = true))),
         Effect.map((report) => ({
           ...report.figures,
           "learner/applied": report.outcome === "applied" ? 1 : 0,
-          "learner/groups_with_signal": groups.length
+          "learner/groups_with_signal": withSignal
         })),
         Effect.mapError(learnerError)
       )

@@ -86,6 +86,12 @@ export interface Options {
    * price of computing padding rows. Default false.
    */
   readonly padRows?: boolean
+  /**
+   * The sequences the loss is aggregated over, when they are more than the packed ones (default: the packed ones).
+   * Sequences whose advantages are all zero add nothing to a policy-gradient loss but still count in its
+   * normalisation (verl's `token-mean` over the whole batch), so a caller may leave them out of the compute only.
+   */
+  readonly aggregateOver?: ReadonlyArray<Sequence>
 }
 
 /**
@@ -184,10 +190,11 @@ export interface Packed {
  */
 export const packUnsafe = (sequences: ReadonlyArray<Sequence>, options: Options): Packed => {
   const multiple = options.lengthMultiple ?? 16
-  // Totals over the shifted masks of every sequence: the mini-batch the loss is aggregated over.
+  // Totals over the shifted masks of every sequence of the mini-batch the loss is aggregated over.
+  const over = options.aggregateOver ?? sequences
   let tokens = 0
   let nonEmpty = 0
-  for (const s of sequences) {
+  for (const s of over) {
     let n = 0
     for (let t = 1; t < s.lossMask.length; t++) n += s.lossMask[t] !== 0 ? 1 : 0
     tokens += n
@@ -197,7 +204,7 @@ export const packUnsafe = (sequences: ReadonlyArray<Sequence>, options: Options)
   const order = sequences.map((_, i) => i).sort((a, b) =>
     sequences[b]!.tokenIds.length - sequences[a]!.tokenIds.length || a - b
   )
-  const normLength = options.normLength ?? roundUp(Math.max(1, ...sequences.map((s) => s.tokenIds.length)), multiple)
+  const normLength = options.normLength ?? roundUp(Math.max(1, ...over.map((s) => s.tokenIds.length)), multiple)
   const microBatches: Array<MicroBatch> = []
   let start = 0
   while (start < order.length) {

@@ -95,8 +95,9 @@ describe("Learner", () => {
           }]
         }).flat()
       )
-      // c and d (actions 7, 8) are out of the loss; a/b are ±1/√2 around mean 0.5 (std of [1, 0] = √½)
-      assert.deepStrictEqual(rows.map((r) => r.target).sort(), [4, 4, 4, 5, 6])
+      // c and d (actions 7, 8) are out of the loss; a/b are ±1/√2 around mean 0.5 (std of [1, 0] = √½); e's reward
+      // is its group's mean, so its advantage is 0 and it is not computed
+      assert.deepStrictEqual(rows.map((r) => r.target).sort(), [4, 4, 5, 6])
       const a = rows.find((r) => r.target === 5)!
       assert.approximately(a.advantage, 0.5 / (Math.SQRT1_2 + 1e-6), 1e-5)
       assert.strictEqual(a.old, -1)
@@ -108,7 +109,8 @@ describe("Learner", () => {
         responseMask: Uint8Array.of(1, 1, 1),
         groupIndex: Int32Array.of(0, 0, 0)
       })
-      const want = Array.from(expected.advantages).sort((x, y) => x - y)
+      const want = Array.from(expected.advantages).filter((x) => x !== 0).sort((x, y) => x - y)
+      assert.strictEqual(g2Advantages.length, 2)
       g2Advantages.forEach((v, i) => assert.approximately(v, want[i]!, 1e-5))
       const [report] = yield* learner.reports
       assert.strictEqual(report!.outcome, "applied")
@@ -146,6 +148,39 @@ describe("Learner", () => {
       assert.deepStrictEqual(microBatches.map(actions), [[10, 11], [12, 13], [10, 11], [12, 13]])
       // token-mean weights sum to 1 within each mini-batch, not over the whole step.
       for (const mb of microBatches) assert.approximately(mb.weights.reduce((a, w) => a + w, 0), 1, 1e-6)
+    }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
+
+  it.effect("groups without reward variance cost no compute but count in the normalisation (a weaker step)", () =>
+    Effect.gen(function*() {
+      const recording = yield* PolicyTrainer.RecordingRef
+      // Group 0 has a signal (rewards 0, 1); group 1 does not (1, 1). Each samples its own action: 10 or 11.
+      const groups: Array<Trajectory.Group> = [[0, 1], [1, 1]].map((rewards, g) => ({
+        groupId: `g${g}`,
+        rowIndex: g,
+        trajectories: rewards.map((r, c) => trajectory(`t${g}${c}`, `g${g}`, [1, 2], 10 + g, -1, r))
+      }))
+      const actions = (mb: Packing.MicroBatch) =>
+        [...new Set(Array.from(mb.targets).filter((_, i) => mb.mask[i] === 1))].sort((a, b) => a - b)
+      const weightSum = (mb: Packing.MicroBatch) => mb.weights.reduce((a, w) => a + w, 0)
+      for (const aggregation of ["token-mean", "seq-mean-token-mean"] as const) {
+        yield* Ref.set(recording, { microBatches: [], steps: 0 })
+        const result = yield* Learner.update(groups, { ...options, loss: { ...Loss.grpo, aggregation } })
+        assert.strictEqual(result.outcome, "applied")
+        const { microBatches } = yield* Ref.get(recording)
+        assert.deepStrictEqual(microBatches.map(actions), [[10]], "only the group with a signal is computed")
+        assert.approximately(weightSum(microBatches[0]!), 0.5, 1e-6, `${aggregation}: normalised over all 4 trajectories`)
+      }
+      // An entropy term gives every token a gradient: then everything is computed.
+      yield* Ref.set(recording, { microBatches: [], steps: 0 })
+      yield* Learner.update(groups, { ...options, loss: { ...Loss.grpo, entropyCoef: 0.01 } })
+      const { microBatches } = yield* Ref.get(recording)
+      assert.deepStrictEqual(microBatches.map(actions), [[10, 11]])
+      assert.approximately(weightSum(microBatches[0]!), 1, 1e-6)
+      // No signal at all: nothing to compute, no optimiser step.
+      yield* Ref.set(recording, { microBatches: [], steps: 0 })
+      const none = yield* Learner.update([groups[1]!], options)
+      assert.strictEqual(none.outcome, "empty")
+      assert.strictEqual((yield* Ref.get(recording)).steps, 0)
     }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
 
   it.effect("back-pressure: offers suspend while the learner is busy and its queue is full", () =>
@@ -358,10 +393,13 @@ describe("Learner", () => {
         return lp
       })
       const published = yield* Queue.unbounded<number>()
+      const reports = yield* Queue.unbounded<Learner.StepReport>()
       const learner = yield* Learner.make(
         { ...options, groupsPerStep: 2, tokenBudget: 256 },
-        (v) => Queue.offer(published, v).pipe(Effect.asVoid)
+        (v) => Queue.offer(published, v).pipe(Effect.asVoid),
+        (r) => Queue.offer(reports, r).pipe(Effect.asVoid)
       ).pipe(Effect.provideService(PolicyTrainer.PolicyTrainer, trainer.trainer))
+      let version = 0
       const rng = Sampling.rng(17)
       const probabilities: Array<number> = []
       for (let step = 0; step < 30; step++) {
@@ -383,8 +421,12 @@ describe("Learner", () => {
           })
           yield* learner.offer({ groupId: `${step}.${g}`, rowIndex: step, trajectories })
         }
-        assert.strictEqual(yield* Queue.take(published), step + 1)
+        // A step where no chain found the rewarded action has no signal: nothing is applied or published.
+        const report = yield* Queue.take(reports)
+        if (report.outcome === "applied") assert.strictEqual(yield* Queue.take(published), ++version)
+        else assert.strictEqual(report.outcome, "empty")
       }
+      assert.isAbove(version, 20, "most steps had a signal")
       probabilities.push(Math.exp((yield* policy)[rewarded]!))
       const first = probabilities[0]!
       const last = probabilities.at(-1)!
