@@ -384,7 +384,7 @@ export const run = Effect.fn("Trainer.run")(function*(
   const validate = Effect.fnUntraced(function*(
     step: number,
     steps: number,
-    stopAt: NonNullable<TrainConfig.TrainConfig["warmup"]>["stopAt"] & {}
+    stopAt: TrainConfig.WarmupStopConfig
   ) {
     const all = options.validation!.rows
     yield* policy.publish(warmupVersion(step, steps))

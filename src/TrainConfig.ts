@@ -143,6 +143,7 @@ export const WarmupStopConfig = Schema.Struct({
   from: Schema.optionalKey(PositiveInt),
   size: Schema.optionalKey(PositiveInt)
 })
+export type WarmupStopConfig = typeof WarmupStopConfig.Type
 
 /**
  * Optional SFT warm-up on demonstration conversations: masked NLL on assistant tokens only. `steps` is its length,
