@@ -312,7 +312,8 @@ export const update = Effect.fn("Learner.update")(function*(
   // is then a small step, as in verl, instead of one as large as a step where all do (which is noise under AdamW).
   // With a KL or entropy term every token has a gradient, so everything is computed.
   const gradientFree = options.loss.klCoef === 0 && options.loss.entropyCoef === 0
-  const hasGradient = (s: Packing.Sequence) => !gradientFree || s.advantages === undefined || s.advantages.some((a) => a !== 0)
+  const hasGradient = (s: Packing.Sequence) =>
+    !gradientFree || s.advantages === undefined || s.advantages.some((a) => a !== 0)
   const packed: Array<Packing.Packed> = []
   for (const chunk of chunks) {
     const p = yield* Packing.pack(chunk.filter(hasGradient), { ...packOptions, aggregateOver: chunk }).pipe(
