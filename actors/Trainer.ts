@@ -386,9 +386,8 @@ export const run = Effect.fn("Trainer.run")(function*(
     steps: number,
     stopAt: TrainConfig.WarmupStopConfig
   ) {
-    const all = options.validation!.rows
     yield* policy.publish(warmupVersion(step, steps))
-    const groups = yield* collect(all.slice(0, Math.min(stopAt.size ?? all.length, all.length)), 0, 1, {
+    const groups = yield* collect(options.validation!.rows.slice(0, stopAt.size), 0, 1, {
       temperature: 0,
       seed: 8_000_000 + config.seed
     })
