@@ -30,6 +30,8 @@ export interface Options {
   readonly loss: Loss.Config
   /** Maximum rows × padded length per micro-batch. */
   readonly tokenBudget: number
+  /** Most tokens of one sequence (the model's positions); a longer one fails the step with a `Packing` error. */
+  readonly maxLength?: number
   readonly lengthMultiple?: number
   /**
    * See `Packing.Options.padRows`: pads micro-batches with empty rows so that shapes depend on length only, which
@@ -176,6 +178,7 @@ const penalizeWithReference = Effect.fnUntraced(function*(
   const packed = yield* Packing.pack(segments.map((s) => Packing.fromSegment(s.segment)), {
     tokenBudget: options.tokenBudget,
     aggregation: "token-mean",
+    ...(options.maxLength === undefined ? {} : { maxLength: options.maxLength }),
     ...(options.lengthMultiple === undefined ? {} : { lengthMultiple: options.lengthMultiple })
   }).pipe(Effect.mapError((e) => new LearnerError({ reason: "Packing", message: e.message })))
   const cells = input.batch * input.length
@@ -303,6 +306,7 @@ export const update = Effect.fn("Learner.update")(function*(
   const packOptions = {
     tokenBudget: options.tokenBudget,
     aggregation: options.loss.aggregation,
+    ...(options.maxLength === undefined ? {} : { maxLength: options.maxLength }),
     ...(options.lengthMultiple === undefined ? {} : { lengthMultiple: options.lengthMultiple }),
     padRows: options.padRows ?? true,
     ...(options.loss.normLength === undefined ? {} : { normLength: options.loss.normLength })

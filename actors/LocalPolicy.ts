@@ -80,6 +80,12 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
   FileSystem.FileSystem | Scope.Scope
 > {
   const { algorithm } = config
+  if (config.agent.maxContextTokens > folder.config.maxPositionEmbeddings) {
+    return yield* new TrainerError({
+      reason: "Learner",
+      message: `agent.maxContextTokens is ${config.agent.maxContextTokens}, more than the model's ${folder.config.maxPositionEmbeddings} positions (max_position_embeddings)`
+    })
+  }
   const fsContext = yield* Effect.context<FileSystem.FileSystem | Scope.Scope>()
   // The engine starts below every version the trainer publishes (versions must increase): the folder's weights come
   // before the warm-up's checks (negative versions) and version 0 (after the warm-up, or the same weights).
@@ -134,10 +140,12 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
   // Whether the learner's weights differ from the engine's (after any SFT or RL step, or a checkpoint load).
   let dirty = false
   const tokenBudget = algorithm.microBatchSize * config.agent.maxContextTokens
+  const maxLength = folder.config.maxPositionEmbeddings
   const learnerOptions: Learner.Options = {
     estimator: algorithm.advantage,
     loss: rlLoss,
     tokenBudget,
+    maxLength,
     groupsPerStep: algorithm.groupsPerStep,
     miniBatches: algorithm.miniBatches,
     epochs: algorithm.epochs
@@ -228,7 +236,7 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
       Effect.gen(function*() {
         if (phase !== "sft") yield* startSft
         const sequences = yield* sftSequences(rows)
-        const packed = yield* Packing.pack(sequences, { tokenBudget, aggregation: "token-mean" }).pipe(
+        const packed = yield* Packing.pack(sequences, { tokenBudget, maxLength, aggregation: "token-mean" }).pipe(
           Effect.mapError(learnerError)
         )
         let loss = 0

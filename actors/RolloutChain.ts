@@ -29,6 +29,7 @@ import type * as ToolActor from "./ToolActor.ts"
 import type { AssistantMessage, Conversation, Message, ToolCall } from "../src/Message.ts"
 import * as RolloutError from "../src/RolloutError.ts"
 import type { ChatSampler, GenerateResult, Sampler, SamplerError, SamplingParams } from "../src/Sampler.ts"
+import { clipSegment } from "../src/Trajectory.ts"
 import type { RewardStatus, Segment, Termination, Trajectory } from "../src/Trajectory.ts"
 
 // ===== Ports =====
@@ -490,6 +491,10 @@ const runScoped = Effect.fnUntraced(function*(
       const appended = yield* withPolicy(config, transcript.appendObservations(observations))
       if (appended instanceof ResolvedError) return toEnding(appended)
       if (terminal) return { termination: "answer" }
+      // An observation can overrun the budget (a 1,000-digit result); `finish` cuts the excess.
+      if (config.maxContextTokens !== undefined && transcript.length() >= config.maxContextTokens) {
+        return { termination: "context_length" }
+      }
     }
   })
   return yield* finish(spec, config, transcript, env, local, startedAt, ending)
@@ -578,6 +583,10 @@ const errorText = (e: unknown): string =>
   typeof e === "object" && e !== null && "message" in e ? String((e as { message: unknown }).message) : String(e)
 
 /** Builds the trajectory, scores it (in the chain's scope, with its environment) and counts the ending. */
+/** Segments cut to the context budget: what a tool returned past it is never trained on nor fed to the model. */
+const clipped = (segments: ReadonlyArray<Segment>, maxTokens: number | undefined) =>
+  maxTokens === undefined ? segments : segments.map((segment) => clipSegment(segment, maxTokens))
+
 const finish = Effect.fnUntraced(function*(
   spec: Spec,
   config: Config,
@@ -594,7 +603,7 @@ const finish = Effect.fnUntraced(function*(
     groupId: spec.groupId,
     chainId: spec.chainId,
     messages: transcript?.messages() ?? spec.messages,
-    segments: transcript?.segments() ?? [],
+    segments: clipped(transcript?.segments() ?? [], config.maxContextTokens),
     termination: ending.termination,
     reward: 0,
     rewardStatus: masked ? "failed" : "pending",

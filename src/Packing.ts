@@ -77,6 +77,8 @@ export interface Options {
   readonly tokenBudget: number
   /** Padded lengths are rounded up to a multiple of this (default 16). */
   readonly lengthMultiple?: number
+  /** Most tokens of one sequence, the model's positions (default: no limit beyond the budget). */
+  readonly maxLength?: number
   readonly aggregation: Loss.AggregationMode
   /** For `seq-mean-token-sum-norm`; defaults to the longest padded length. */
   readonly normLength?: number
@@ -142,6 +144,12 @@ const check = (sequences: ReadonlyArray<Sequence>, options: Options, multiple: n
         const message = `sequence ${i}: ${name} has ${a.length} entries, ${n} tokens`
         return new PackingError({ reason: "ShapeMismatch", message })
       }
+    }
+    if (options.maxLength !== undefined && n > options.maxLength) {
+      return new PackingError({
+        reason: "SequenceTooLong",
+        message: `sequence ${i} has ${n} tokens, more than the model's ${options.maxLength} positions`
+      })
     }
     if (roundUp(n, multiple) > options.tokenBudget) {
       return new PackingError({

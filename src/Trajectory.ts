@@ -136,6 +136,33 @@ export const segmentLength = (segment: Segment): number =>
   segment.spans.reduce((n, span) => n + span.tokenIds.length, 0)
 
 /**
+ * The segment cut to its first `maxTokens` tokens (the same segment when it is no longer). A chain's context budget
+ * caps what the policy samples, but a tool's output can still run past it; those trailing observation tokens are
+ * cut so that no training sequence is longer than the context (and the model's positions) allow.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const clipSegment = (segment: Segment, maxTokens: number): Segment => {
+  if (segmentLength(segment) <= maxTokens) return segment
+  const spans: Array<Span> = []
+  let left = maxTokens
+  for (const span of segment.spans) {
+    if (left <= 0) break
+    if (span.tokenIds.length <= left) spans.push(span)
+    else {
+      spans.push({
+        ...span,
+        tokenIds: span.tokenIds.slice(0, left),
+        ...(span.logprobs === undefined ? {} : { logprobs: span.logprobs.slice(0, left) })
+      })
+    }
+    left -= span.tokenIds.length
+  }
+  return { ...segment, spans }
+}
+
+/**
  * All token ids of a segment, in order.
  *
  * @category getters

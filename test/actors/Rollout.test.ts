@@ -64,6 +64,8 @@ const tools = (log?: Array<string>): RolloutChain.Tools => ({
               return { role: "tool" as const, content: String(args.a! + args.b!), tool_call_id: call.id }
             case "answer":
               return { role: "tool" as const, content: `answer: ${args.value}`, tool_call_id: call.id }
+            case "flood": // a tool whose output alone overruns any small budget (a 1,000-digit result)
+              return { role: "tool" as const, content: "9".repeat(args.n!), tool_call_id: call.id }
             case "crash":
               return yield* Effect.die(new Error("tool bug"))
             case "hang":
@@ -170,6 +172,8 @@ describe("Rollout.run", () => {
             return [...Array(300).fill(120)]
           case "budget":
             return turn(`CALL add {"a":1,"b":1}`)
+          case "flood":
+            return turn(`CALL flood {"n":1000}`)
           default:
             return new Sampler.SamplerError({ reason: "BadRequest", message: "prompt too long" })
         }
@@ -195,7 +199,20 @@ describe("Rollout.run", () => {
       // A budget used up by observations ends the chain before sampling.
       const budget = yield* run("budget", { maxContextTokens: 150, maxTurns: 50 })
       assert.strictEqual(budget.termination, "context_length")
-      assert.isTrue(Trajectory.segmentLength(budget.segments[0]!) >= 150)
+      assert.strictEqual(Trajectory.segmentLength(budget.segments[0]!), 150, "cut to the budget")
+      // A tool output past the budget ends the chain, and the trajectory is cut to the budget (no sequence is
+      // longer than the model's positions) while the messages keep the whole output for the reward.
+      requests.length = 0
+      const flood = yield* run("flood", { maxContextTokens: 300, maxTurns: 50 })
+      assert.strictEqual(flood.termination, "context_length")
+      assert.strictEqual(requests.length, 1, "no turn sampled after the overrun")
+      const segment = flood.segments[0]!
+      assert.strictEqual(Trajectory.segmentLength(segment), 300)
+      assert.deepStrictEqual(segment.spans.at(-1)!.source, "tool")
+      const policy = segment.spans.filter((s) => s.source === "policy")
+      assert.strictEqual(policy.length, 1, "the sampled turn is kept whole")
+      assert.strictEqual(policy[0]!.logprobs!.length, policy[0]!.tokenIds.length)
+      assert.strictEqual(flood.messages.find((m) => m.role === "tool")!.content, "9".repeat(1000))
     }))
 
   it.effect("group assembly: numChains trajectories per row, in chain order, with row fields", () =>

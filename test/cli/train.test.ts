@@ -161,6 +161,16 @@ describe("agentfly train", () => {
       assert.strictEqual(row.code, 1)
       assert.include(row.output, `rows.jsonl:2: a row needs a \`question\` or \`messages\``)
       assert.isFalse(existsSync(join(dir, "model")), "no model folder for a run that cannot start")
+      // A context budget past the model's positions would crash onnxruntime mid-run (a RoPE Gather out of range).
+      writeFileSync(join(dir, "ok.jsonl"), `{"question":"What is 1+1?","answer":"2"}\n`)
+      writeFileSync(join(dir, "long.json"), JSON.stringify({
+        ...base,
+        data: { train: "ok.jsonl" },
+        agent: { maxContextTokens: 1024 }
+      }))
+      const long = yield* train([join(dir, "long.json")])
+      assert.strictEqual(long.code, 1)
+      assert.include(long.output, "agent.maxContextTokens is 1024, more than the model's 512 positions")
     }).pipe(Effect.provide(NodeServices.layer)), 60_000)
 
   it.effect("a reward by name or a weighted sum of rewards by name; unknown names are refused", () =>

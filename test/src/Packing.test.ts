@@ -86,6 +86,14 @@ describe("Packing", () => {
     Effect.gen(function*() {
       const long = yield* Effect.flip(Packing.pack([seq(40, 1)], { tokenBudget: 32, aggregation: "token-mean" }))
       assert.strictEqual(long.reason, "SequenceTooLong")
+      // Within the budget but past the model's positions.
+      const past = yield* Effect.flip(
+        Packing.pack([seq(20, 1)], { tokenBudget: 64, maxLength: 16, aggregation: "token-mean" })
+      )
+      assert.strictEqual(past.reason, "SequenceTooLong")
+      assert.include(past.message, "more than the model's 16 positions")
+      const fits = yield* Packing.pack([seq(16, 1)], { tokenBudget: 64, maxLength: 16, aggregation: "token-mean" })
+      assert.strictEqual(fits.microBatches.length, 1)
       const bad = yield* Effect.flip(
         Packing.pack([{ ...seq(4, 1), lossMask: Uint8Array.of(1) }], { tokenBudget: 32, aggregation: "token-mean" })
       )
