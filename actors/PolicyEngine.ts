@@ -33,7 +33,7 @@ import * as Graph from "../src/onnx/Graph.ts"
 import { Sampler, SamplerEngine, SamplerError } from "../src/Sampler.ts"
 import type { FinishReason, GenerateRequest, GenerateResult } from "../src/Sampler.ts"
 import * as Sampling from "../src/Sampling.ts"
-import { rebatch } from "./internal/kvCache.ts"
+import * as KvCache from "./internal/kvCache.ts"
 
 // ===== Models =====
 
@@ -176,10 +176,9 @@ interface Generation {
   readonly version: number
   readonly session: ort.InferenceSession
   readonly weightFeeds: Readonly<Record<string, ort.Tensor>>
+  /** The running sequences, in the order of the cache's rows. */
   seqs: Array<Seq>
-  /** `past.{l}.key|value` tensors `[B, KV, length, hd]`. */
-  past: Record<string, ort.Tensor>
-  length: number
+  readonly cache: KvCache.KvCache
 }
 
 const validateWeights = (c: ModelConfig.ModelConfig, weights: Qwen2.Weights): PolicyEngineError | undefined => {
@@ -252,15 +251,15 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
   // One graph for weights-as-inputs, shared by every version; otherwise one per version.
   const inputsModel = weightsAs === "inputs" ? Graph.toModelBytes(Qwen2.inferenceGraph(c, "inputs")) : undefined
 
-  const emptyPast = (batch: number): Record<string, ort.Tensor> => {
-    const past: Record<string, ort.Tensor> = {}
-    for (let l = 0; l < L; l++) {
-      for (const n of ["key", "value"]) {
-        past[`past.${l}.${n}`] = new ort.Tensor("float32", new Float32Array(0), [batch, KV, 0, hd])
-      }
-    }
-    return past
+  const pastNames = Array.from({ length: L }, (_, l) => [`past.${l}.key`, `past.${l}.value`]).flat()
+  const newNames = pastNames.map((n) => n.replace("past", "new"))
+  const emptyPast = (batch: number): Record<string, ort.Tensor> =>
+    Object.fromEntries(pastNames.map((n) => [n, new ort.Tensor("float32", new Float32Array(0), [batch, KV, 0, hd])]))
+  const pastFeeds = (cache: KvCache.KvCache): Record<string, ort.Tensor> => {
+    const views = KvCache.views(cache)
+    return Object.fromEntries(pastNames.map((n, i) => [n, new ort.Tensor("float32", views[i]!.data, views[i]!.dims)]))
   }
+  const newOf = (out: ort.InferenceSession.ReturnType) => newNames.map((n) => out[n]!.data as Float32Array)
 
   const newGeneration = Effect.fnUntraced(function*(version: number, weights: Qwen2.Weights) {
     const invalid = validateWeights(c, weights)
@@ -276,7 +275,8 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
         weightFeeds[spec.name] = new ort.Tensor("float32", weights.get(spec.name)!, spec.shape)
       }
     }
-    const generation: Generation = { version, session, weightFeeds, seqs: [], past: emptyPast(0), length: 0 }
+    const cache = KvCache.make(pastNames, KV, hd, maxBatch)
+    const generation: Generation = { version, session, weightFeeds, seqs: [], cache }
     return generation
   })
 
@@ -321,41 +321,13 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
       )
     })
 
-  const presentName = new Map(Object.keys(emptyPast(0)).map((n) => [n, n.replace("past", "present")]))
-  const cacheOf = (out: ort.InferenceSession.ReturnType, name: string) => out[presentName.get(name)!]!
-
-  /** Replaces the cache with the given rows of the old cache and of a freshly computed one. */
-  const compact = (
-    g: Generation,
-    old: ReadonlyArray<number>,
-    fresh?: {
-      readonly out: Record<string, ort.Tensor>
-      readonly length: number
-      readonly seqs: ReadonlyArray<Seq>
-      readonly rows: ReadonlyArray<number>
+  /** Removes the given rows (cancelled or finished sequences) from the batch, last first. */
+  const removeRows = (g: Generation, rows: ReadonlyArray<number>) => {
+    for (const r of [...rows].sort((a, b) => b - a)) {
+      KvCache.remove(g.cache, r)
+      g.seqs[r] = g.seqs[g.seqs.length - 1]!
+      g.seqs.pop()
     }
-  ) => {
-    const seqs = [...old.map((i) => g.seqs[i]!), ...(fresh?.rows.map((i) => fresh.seqs[i]!) ?? [])]
-    const length = seqs.reduce((m, s) => Math.max(m, s.filled), 0)
-    const past: Record<string, ort.Tensor> = {}
-    for (const name of Object.keys(g.past)) {
-      const parts = [{
-        data: g.past[name]!.data as Float32Array,
-        length: g.length,
-        rows: old.map((i) => ({ index: i, filled: g.seqs[i]!.filled }))
-      }]
-      if (fresh !== undefined) {
-        parts.push({
-          data: fresh.out[name]!.data as Float32Array,
-          length: fresh.length,
-          rows: fresh.rows.map((i) => ({ index: i, filled: fresh.seqs[i]!.filled }))
-        })
-      }
-      past[name] = new ort.Tensor("float32", rebatch(parts, KV, hd, length), [seqs.length, KV, length, hd])
-    }
-    g.seqs = seqs
-    g.past = past
-    g.length = length
   }
 
   const prefill = Effect.fnUntraced(function*(g: Generation, joining: ReadonlyArray<Seq>) {
@@ -380,21 +352,25 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
     })
     stats.prefills++
     const rows = advance(g, joining, out["logits"]!.data as Float32Array)
-    const fresh: Record<string, ort.Tensor> = {}
-    for (const name of Object.keys(g.past)) fresh[name] = cacheOf(out, name)
-    compact(g, g.seqs.map((_, i) => i), { out: fresh, length: P, seqs: joining, rows })
+    const kept = rows.map((i) => joining[i]!)
+    KvCache.fit(g.cache, Math.max(P, ...g.seqs.map((s) => s.filled)) + 1, g.seqs.map((s) => s.filled))
+    KvCache.append(g.cache, newOf(out), P, kept.map((s, j) => ({ index: rows[j]!, filled: s.filled })))
+    g.seqs.push(...kept)
   })
 
   const decodeFeeds = (g: Generation): Record<string, ort.Tensor> => {
-    const B = g.seqs.length, T = g.length
+    // Every row needs a free slot for this step's token.
+    KvCache.fit(g.cache, g.seqs.reduce((m, s) => Math.max(m, s.filled), 0) + 1, g.seqs.map((s) => s.filled))
+    const B = g.seqs.length, T = g.cache.capacity
     const ids = new BigInt64Array(B), pos = new BigInt64Array(B), mask = new BigInt64Array(B * (T + 1))
     g.seqs.forEach((s, i) => {
       ids[i] = BigInt(s.tokenIds[s.tokenIds.length - 1]!)
       pos[i] = BigInt(s.filled)
-      mask.fill(1n, i * (T + 1) + T - s.filled, (i + 1) * (T + 1)) // left padding, then the cached and new tokens
+      mask.fill(1n, i * (T + 1), i * (T + 1) + s.filled) // the cached tokens, free slots, then the new token
+      mask[i * (T + 1) + T] = 1n
     })
     return {
-      ...g.past,
+      ...pastFeeds(g.cache),
       input_ids: new ort.Tensor("int64", ids, [B, 1]),
       attention_mask: new ort.Tensor("int64", mask, [B, T + 1]),
       position_ids: new ort.Tensor("int64", pos, [B, 1])
@@ -405,11 +381,13 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
     const B = g.seqs.length
     stats.decodeSteps++
     stats.largestBatch = Math.max(stats.largestBatch, B)
-    for (const name of Object.keys(g.past)) g.past[name] = cacheOf(out, name)
-    g.length++
+    KvCache.write(g.cache, newOf(out), g.seqs.map((s) => s.filled))
     for (const s of g.seqs) s.filled++
     const kept = advance(g, g.seqs, out["logits"]!.data as Float32Array)
-    if (kept.length < B) compact(g, kept)
+    if (kept.length < B) {
+      const going = new Set(kept)
+      removeRows(g, g.seqs.flatMap((_, i) => (going.has(i) ? [] : [i])))
+    }
   }
 
   /** One decode step through the fiber (used while several versions share the loop). */
@@ -455,8 +433,7 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
     Effect.forEach(seqs, (s) => Deferred.fail(s.deferred, error), { discard: true }).pipe(
       Effect.andThen(Effect.sync(() => {
         g.seqs = []
-        g.past = emptyPast(0)
-        g.length = 0
+        g.cache.rows = 0
       }))
     )
 
@@ -493,7 +470,7 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
       )
     }
     for (const x of [...generations]) {
-      if (x.seqs.some((s) => s.cancelled)) compact(x, x.seqs.flatMap((s, i) => (s.cancelled ? [] : [i])))
+      if (x.seqs.some((s) => s.cancelled)) removeRows(x, x.seqs.flatMap((s, i) => (s.cancelled ? [i] : [])))
       if (x.seqs.length > 0) {
         yield* guarded(generations.length === 1 ? decodeBurst(x) : decode(x), (e) => failAll(x, x.seqs, e))
       }

@@ -27,38 +27,44 @@ const prompt = (b: number) => Array.from({ length: PROMPT }, (_, i) => (i * 7 + 
 const rawLoop = async (session: ort.InferenceSession, B: number): Promise<number> => {
   const KV = config.numKeyValueHeads, hd = ModelConfig.headDim(config), V = config.vocabSize
   const r = Sampling.rng(1)
-  let feeds: Record<string, ort.Tensor> = {}
-  for (let l = 0; l < config.numHiddenLayers; l++) {
-    for (const n of ["key", "value"]) {
-      feeds[`past.${l}.${n}`] = new ort.Tensor("float32", new Float32Array(0), [B, KV, 0, hd])
-    }
-  }
+  // The cache at its final length from the start: the graph returns the new keys and values, written in place.
+  const T = PROMPT + NEW
+  const names: Array<string> = []
+  for (let l = 0; l < config.numHiddenLayers; l++) names.push(`past.${l}.key`, `past.${l}.value`)
+  const caches = names.map(() => new Float32Array(B * KV * T * hd))
+  const empty = Object.fromEntries(names.map((n) => [n, new ort.Tensor("float32", new Float32Array(0), [B, KV, 0, hd])]))
   let ids = BigInt64Array.from({ length: B * PROMPT }, (_, i) => BigInt(prompt(Math.floor(i / PROMPT))[i % PROMPT]!))
-  let T = PROMPT, past = 0
+  let filled = 0
   const t0 = performance.now()
   for (let step = 0; step < NEW; step++) {
+    const prefill = step === 0, S = prefill ? PROMPT : 1
+    const mask = new BigInt64Array(B * (prefill ? PROMPT : T + 1))
+    for (let b = 0; b < B; b++) {
+      if (prefill) mask.fill(1n, b * PROMPT, (b + 1) * PROMPT)
+      else {
+        mask.fill(1n, b * (T + 1), b * (T + 1) + filled)
+        mask[b * (T + 1) + T] = 1n
+      }
+    }
     const out = await session.run({
-      ...feeds,
-      input_ids: new ort.Tensor("int64", ids, [B, T]),
-      attention_mask: new ort.Tensor("int64", new BigInt64Array(B * (past + T)).fill(1n), [B, past + T]),
-      position_ids: new ort.Tensor(
-        "int64",
-        BigInt64Array.from({ length: B * T }, (_, i) => BigInt(past + (i % T))),
-        [B, T]
-      )
+      ...(prefill ? empty : Object.fromEntries(names.map((n, i) => [n, new ort.Tensor("float32", caches[i]!, [B, KV, T, hd])]))),
+      input_ids: new ort.Tensor("int64", ids, [B, S]),
+      attention_mask: new ort.Tensor("int64", mask, [B, mask.length / B]),
+      position_ids: new ort.Tensor("int64", BigInt64Array.from({ length: B * S }, (_, i) => BigInt(filled + (i % S))), [B, S])
     })
+    names.forEach((n, i) => {
+      const fresh = out[n.replace("past", "new")]!.data as Float32Array
+      for (let bh = 0; bh < B * KV; bh++) {
+        caches[i]!.set(fresh.subarray(bh * S * hd, (bh + 1) * S * hd), (bh * T + filled) * hd)
+      }
+    })
+    filled += S
     const logits = out["logits"]!.data as Float32Array
     const next = new BigInt64Array(B)
     for (let b = 0; b < B; b++) {
       next[b] = BigInt(Sampling.sample(logits.subarray(b * V, (b + 1) * V), { temperature: 1 }, r).tokenId)
     }
-    feeds = {}
-    for (let l = 0; l < config.numHiddenLayers; l++) {
-      for (const n of ["key", "value"]) feeds[`past.${l}.${n}`] = out[`present.${l}.${n}`]!
-    }
     ids = next
-    past += T
-    T = 1
   }
   return (B * NEW) / ((performance.now() - t0) / 1000)
 }

@@ -10,13 +10,15 @@
  * **Graph interface.** Inputs: `input_ids [B, T]` int64; `attention_mask [B, P + T]` int64 (1 = real token,
  * 0 = padding; `P` is the cached length, 0 without a cache); `position_ids [B, T]` int64 (each token's index among
  * its sequence's real tokens, see {@link positionIds}); with a KV cache, `past.{i}.key|value [B, KV, P, hd]`.
- * Outputs: `logits [B, T, V]` float32 (`[B, 1, V]` with `lastTokenOnly`) and, with a cache, `present.{i}.key|value
- * [B, KV, P + T, hd]`. Weights use Hugging Face Qwen2 names and `[out, in]` layouts (see {@link parameters}), as
+ * Outputs: `logits [B, T, V]` float32 (`[B, 1, V]` with `lastTokenOnly`) and, with a cache, `new.{i}.key|value
+ * [B, KV, T, hd]`: the new tokens' keys (rotated) and values only. The caller keeps the cache and appends them, so
+ * that a decode step does not copy the whole cache out of onnxruntime; the cache's slots need not be contiguous
+ * (the attention mask says which hold tokens). Weights use Hugging Face Qwen2 names and `[out, in]` layouts (see {@link parameters}), as
  * graph inputs (`weights: "inputs"`, the learner's choice) or initializers (frozen weights, faster decoding).
  *
  * **Ops used** (what the learner's autodiff must handle): Gather, MatMul, Add, Mul, Sub, Sigmoid, Softmax,
  * Transpose, Reshape, Concat, Slice, Unsqueeze, ReduceMean, Sqrt, Reciprocal, Where; index/mask-only (no gradient):
- * Shape, Range, LessOrEqual, Cast, And.
+ * Shape, Range, LessOrEqual, Cast, And; decoding only: Identity (the `new.*` outputs).
  *
  * @since 0.1.0
  */
@@ -36,7 +38,7 @@ export const forwardOps = {
     "Gather", "MatMul", "Add", "Mul", "Sub", "Sigmoid", "Softmax", "Transpose", "Reshape", "Concat", "Slice",
     "Unsqueeze", "ReduceMean", "Sqrt", "Reciprocal", "Where"
   ],
-  nonDifferentiable: ["Shape", "Range", "LessOrEqual", "Cast", "And"]
+  nonDifferentiable: ["Shape", "Range", "LessOrEqual", "Cast", "And", "Identity"]
 } as const
 
 // ===== Parameters =====
@@ -229,8 +231,8 @@ type Param = (name: string) => string
 /**
  * Grouped-query self-attention of layer `i` on normalised `h [B, T, D]`. Query head `kv·G + j` shares KV head `kv`
  * (Hugging Face's `repeat_kv` order); keys and values are never repeated in memory: queries are shaped
- * `[B, KV, G, T, hd]` and MatMul broadcasts over the group axis. With `past`, new keys/values are appended to the
- * cache and the concatenations are returned as `present`.
+ * `[B, KV, G, T, hd]` and MatMul broadcasts over the group axis. With `past`, the new tokens attend to the cache
+ * and to themselves, and their keys/values are returned as `new`.
  *
  * @category math
  * @since 0.1.0
@@ -242,7 +244,7 @@ export const attention = (
   h: string,
   ctx: Context,
   param: Param,
-  past?: { readonly key: string; readonly value: string; readonly presentKey: string; readonly presentValue: string }
+  past?: { readonly key: string; readonly value: string; readonly newKey: string; readonly newValue: string }
 ): string => {
   const hd = ModelConfig.headDim(c), KV = c.numKeyValueHeads, G = c.numAttentionHeads / KV
   const p = `model.layers.${i}.self_attn`
@@ -252,18 +254,31 @@ export const attention = (
   const v = g.op("Reshape", [linear(g, h, param(`${p}.v_proj.weight`), bias("v")), i64(g, [0, 0, KV, hd])])
   const qr = g.op("Transpose", [rope(g, q, ctx.cos5, ctx.sin5, hd)], { perm: Graph.ints([0, 2, 3, 1, 4]) })
   // Keys are rotated after the head transpose, so that no other Transpose precedes the one in `kT` below.
-  let kr = rope(g, g.op("Transpose", [k], { perm: Graph.ints([0, 2, 1, 3]) }), ctx.cos4, ctx.sin4, hd)
-  let vr = g.op("Transpose", [v], { perm: Graph.ints([0, 2, 1, 3]) })
-  if (past !== undefined) {
-    kr = g.node("Concat", [past.key, kr], [past.presentKey], { axis: Graph.int(2) })[0]!
-    vr = g.node("Concat", [past.value, vr], [past.presentValue], { axis: Graph.int(2) })[0]!
-  }
+  const kr = rope(g, g.op("Transpose", [k], { perm: Graph.ints([0, 2, 1, 3]) }), ctx.cos4, ctx.sin4, hd)
+  const vr = g.op("Transpose", [v], { perm: Graph.ints([0, 2, 1, 3]) })
   // Unsqueeze, then swap the last two axes: onnxruntime folds this swap into the product (FusedMatMul) where a
   // merged Transpose moving the time axis last was a strided copy, and the learner's MatMul rule recognises Xᵀ.
-  const kT = g.op("Transpose", [g.op("Unsqueeze", [kr, i64(g, [2])])], { perm: Graph.ints([0, 1, 2, 4, 3]) })
-  const scores = g.op("Add", [g.op("Mul", [g.op("MatMul", [qr, kT]), f32(g, 1 / Math.sqrt(hd))]), ctx.maskBias])
-  const probs = g.op("Softmax", [scores], { axis: Graph.int(-1) })
-  const o = g.op("MatMul", [probs, g.op("Unsqueeze", [vr, i64(g, [2])])]) // [B, KV, G, T, hd]
+  const scoresWith = (keys: string) => {
+    const kT = g.op("Transpose", [g.op("Unsqueeze", [keys, i64(g, [2])])], { perm: Graph.ints([0, 1, 2, 4, 3]) })
+    return g.op("Mul", [g.op("MatMul", [qr, kT]), f32(g, 1 / Math.sqrt(hd))])
+  }
+  const weighted = (probs: string, values: string) => g.op("MatMul", [probs, g.op("Unsqueeze", [values, i64(g, [2])])])
+  let o: string // [B, KV, G, T, hd]
+  if (past === undefined) {
+    o = weighted(g.op("Softmax", [g.op("Add", [scoresWith(kr), ctx.maskBias])], { axis: Graph.int(-1) }), vr)
+  } else {
+    // Attention over the cache and the new tokens without concatenating them: only the scores (one per cached
+    // slot) are joined. Copying the whole cache in and out of every decode step cost 3× the step itself.
+    g.node("Identity", [kr], [past.newKey])
+    g.node("Identity", [vr], [past.newValue])
+    const scores = g.op("Concat", [scoresWith(past.key), scoresWith(kr)], { axis: Graph.int(-1) })
+    const probs = g.op("Softmax", [g.op("Add", [scores, ctx.maskBias])], { axis: Graph.int(-1) })
+    const cached = g.op("Gather", [g.op("Shape", [past.key]), i64(g, [2])], { axis: Graph.int(0) })
+    const last = i64(g, [-1])
+    const toCache = g.op("Slice", [probs, i64(g, [0]), cached, last])
+    const toNew = g.op("Slice", [probs, cached, i64(g, [2 ** 62]), last])
+    o = g.op("Add", [weighted(toCache, past.value), weighted(toNew, vr)])
+  }
   const merged = g.op("Reshape", [g.op("Transpose", [o], { perm: Graph.ints([0, 3, 1, 2, 4]) }), i64(g, [0, 0, -1])])
   return linear(g, merged, param(`${p}.o_proj.weight`))
 }
@@ -288,7 +303,7 @@ export const mlp = (g: Graph.Graph, i: number, h: string, param: Param): string 
  * @since 0.1.0
  */
 export interface ForwardOptions {
-  /** Emit `past.*` inputs and `present.*` outputs. */
+  /** Emit `past.*` inputs and `new.*` outputs. */
   readonly kvCache: boolean
   /** `"inputs"`: every weight is a graph input; a `Weights` map: weights are baked in as initializers. */
   readonly weights: "inputs" | Weights
@@ -351,8 +366,8 @@ export const forward = (g: Graph.Graph, c: ModelConfig.ModelConfig, options: For
       {
         key: g.input(`past.${i}.key`, "float32", ["batch", KV, "past", hd]),
         value: g.input(`past.${i}.value`, "float32", ["batch", KV, "past", hd]),
-        presentKey: `present.${i}.key`,
-        presentValue: `present.${i}.value`
+        newKey: `new.${i}.key`,
+        newValue: `new.${i}.value`
       } :
       undefined
     const h = rmsNorm(g, x, param(`${p}.input_layernorm.weight`), c.rmsNormEps)
@@ -360,8 +375,8 @@ export const forward = (g: Graph.Graph, c: ModelConfig.ModelConfig, options: For
     const h2 = rmsNorm(g, x, param(`${p}.post_attention_layernorm.weight`), c.rmsNormEps)
     x = g.op("Add", [x, mlp(g, i, h2, param)])
     if (past !== undefined) {
-      g.output(past.presentKey, "float32", ["batch", KV, "total", hd])
-      g.output(past.presentValue, "float32", ["batch", KV, "total", hd])
+      g.output(past.newKey, "float32", ["batch", KV, "seq", hd])
+      g.output(past.newValue, "float32", ["batch", KV, "seq", hd])
     }
   }
   if (options.lastTokenOnly === true) x = g.op("Slice", [x, i64(g, [-1]), i64(g, [2 ** 62]), i64(g, [1])])

@@ -1,55 +1,98 @@
 import { assert, describe, it } from "@effect/vitest"
 import * as fc from "fast-check"
-import { rebatch } from "../../../actors/internal/kvCache.ts"
+import * as KvCache from "../../../actors/internal/kvCache.ts"
 
-/** Reference: the value of row `r`, head `h`, slot `t`, dim `d` of a right-aligned cache, by explicit indexing. */
-const at = (data: Float32Array, H: number, T: number, D: number, r: number, h: number, t: number, d: number) =>
-  data[((r * H + h) * T + t) * D + d]!
+// A reference model: each row is a list of tokens, each token one [H × D] vector per buffer name.
+type Token = ReadonlyArray<Float32Array>
 
-describe("kvCache.rebatch", () => {
-  it("copies each kept row's filled slots right-aligned and zero-fills the padding (property)", () => {
+const Op = fc.oneof(
+  fc.record({ op: fc.constant("join" as const), fills: fc.array(fc.integer({ min: 1, max: 40 }), { minLength: 1, maxLength: 3 }) }),
+  fc.record({ op: fc.constant("step" as const) }),
+  fc.record({ op: fc.constant("leave" as const), pick: fc.nat() })
+)
+
+describe("kvCache", () => {
+  it("joins, decode steps and removals keep every row's tokens in its leading slots (model-based property)", () => {
     fc.assert(fc.property(
       fc.integer({ min: 1, max: 3 }), // heads
       fc.integer({ min: 1, max: 3 }), // head dim
-      fc.array(
-        fc.record({ batch: fc.integer({ min: 1, max: 4 }), length: fc.integer({ min: 0, max: 6 }) }),
-        { minLength: 1, maxLength: 3 }
-      ),
-      fc.integer(),
-      (H, D, shapes, seed) => {
-        let x = seed
-        const parts = shapes.map(({ batch, length }) => {
-          const data = Float32Array.from(
-            { length: batch * H * length * D },
-            () => (x = (x * 1103515245 + 12345) | 0) % 1000
-          )
-          const rows = Array.from({ length: batch }, (_, i) => ({
-            index: i,
-            filled: Math.max(0, length - ((i * 7 + seed) & 3))
-          }))
-            .filter((_, i) => (i + seed) % 3 !== 0)
-          return { data, length, rows }
-        })
-        const length = parts.flatMap((p) => p.rows).reduce((m, r) => Math.max(m, r.filled), 0)
-        const out = rebatch(parts, H, D, length)
-        let r = 0
-        for (const part of parts) {
-          for (const row of part.rows) {
-            for (let h = 0; h < H; h++) {
-              for (let t = 0; t < length; t++) {
-                for (let d = 0; d < D; d++) {
-                  const pad = length - row.filled
-                  const source = part.length - row.filled + (t - pad)
-                  const expected = t < pad ? 0 : at(part.data, H, part.length, D, row.index, h, source, d)
-                  assert.strictEqual(at(out, H, length, D, r, h, t, d), expected)
-                }
-              }
-            }
-            r++
+      fc.array(Op, { minLength: 1, maxLength: 40 }),
+      (H, D, ops) => {
+        const names = ["a", "b"], maxRows = 6
+        const cache = KvCache.make(names, H, D, maxRows)
+        let next = 1
+        const token = (): Token => names.map(() => Float32Array.from({ length: H * D }, () => next++))
+        const rows: Array<Array<Token>> = []
+        for (const o of ops) {
+          if (o.op === "join") {
+            const fills = o.fills.slice(0, maxRows - rows.length)
+            if (fills.length === 0) continue
+            // A prefill's output: right-aligned rows of length max(fills), junk in the padding.
+            const length = Math.max(...fills)
+            const joined = fills.map((n) => Array.from({ length: n }, token))
+            const fresh = names.map((_, k) => {
+              const out = new Float32Array(fills.length * H * length * D).fill(-1)
+              joined.forEach((tokens, i) =>
+                tokens.forEach((t, j) => {
+                  for (let h = 0; h < H; h++) {
+                    out.set(t[k]!.subarray(h * D, (h + 1) * D), ((i * H + h) * length + length - tokens.length + j) * D)
+                  }
+                })
+              )
+              return out
+            })
+            KvCache.fit(cache, Math.max(length, ...rows.map((r) => r.length)) + 1, rows.map((r) => r.length))
+            KvCache.append(cache, fresh, length, joined.map((t, index) => ({ index, filled: t.length })))
+            rows.push(...joined)
+          } else if (o.op === "step") {
+            if (rows.length === 0) continue
+            KvCache.fit(cache, Math.max(...rows.map((r) => r.length)) + 1, rows.map((r) => r.length))
+            const tokens = rows.map(() => token())
+            const fresh = names.map((_, k) => {
+              const out = new Float32Array(rows.length * H * D)
+              tokens.forEach((t, r) => out.set(t[k]!, r * H * D))
+              return out
+            })
+            KvCache.write(cache, fresh, rows.map((r) => r.length))
+            rows.forEach((r, i) => r.push(tokens[i]!))
+          } else {
+            if (rows.length === 0) continue
+            const i = o.pick % rows.length
+            KvCache.remove(cache, i)
+            rows[i] = rows[rows.length - 1]!
+            rows.pop()
           }
+          // Every row's tokens, in order, in the leading slots of the views the graph is fed.
+          assert.strictEqual(cache.rows, rows.length)
+          const T = cache.capacity
+          assert.isTrue(T % 32 === 0 && rows.every((r) => r.length <= T), `capacity ${T} holds every row`)
+          KvCache.views(cache).forEach((view, k) => {
+            assert.deepStrictEqual(view.dims, [rows.length, H, T, D])
+            assert.strictEqual(view.data.length, rows.length * H * T * D)
+            rows.forEach((tokens, r) =>
+              tokens.forEach((t, j) => {
+                for (let h = 0; h < H; h++) {
+                  const at = ((r * H + h) * T + j) * D
+                  assert.deepStrictEqual(view.data.subarray(at, at + D), t[k]!.subarray(h * D, (h + 1) * D))
+                }
+              })
+            )
+          })
         }
-        assert.strictEqual(out.length, r * H * length * D)
       }
     ))
+  })
+
+  it("the capacity grows and shrinks in chunks", () => {
+    const cache = KvCache.make(["a"], 1, 1, 2)
+    KvCache.fit(cache, 1, [])
+    assert.strictEqual(cache.capacity, 32)
+    KvCache.fit(cache, 33, [])
+    assert.strictEqual(cache.capacity, 64)
+    KvCache.fit(cache, 40, [])
+    assert.strictEqual(cache.capacity, 64, "less than two unused chunks: kept")
+    KvCache.fit(cache, 100, [])
+    KvCache.fit(cache, 20, [])
+    assert.strictEqual(cache.capacity, 32, "shrunk once two chunks or more are unused")
   })
 })

@@ -58,6 +58,18 @@ const maxAbsDiff = (a: ArrayLike<number>, b: ArrayLike<number>) => {
   return m
 }
 
+/** `[1, KV, P, hd]` ++ `[1, KV, T, hd]` along the slot axis. */
+const appendSlots = (past: ort.Tensor, fresh: ort.Tensor, KV: number, hd: number): ort.Tensor => {
+  const P = past.dims[2]!, T = fresh.dims[2]!
+  const a = past.data as Float32Array, b = fresh.data as Float32Array
+  const out = new Float32Array(KV * (P + T) * hd)
+  for (let h = 0; h < KV; h++) {
+    out.set(a.subarray(h * P * hd, (h + 1) * P * hd), h * (P + T) * hd)
+    out.set(b.subarray(h * T * hd, (h + 1) * T * hd), (h * (P + T) + P) * hd)
+  }
+  return new ort.Tensor("float32", out, [1, KV, P + T, hd])
+}
+
 describe("Qwen2", () => {
   it.effect("the training graph equals a plain-loop reference forward pass (GQA, biases, untied head)", () =>
     Effect.gen(function*() {
@@ -123,13 +135,65 @@ describe("Qwen2", () => {
         const next = Sampling.argmax(logits.data as Float32Array)
         seq.push(next)
         input = [next]
-        past = {}
+        // The graph returns the new tokens' keys and values only; the caller appends them to its cache.
+        const appended: Record<string, ort.Tensor> = {}
         for (let l = 0; l < c.numHiddenLayers; l++) {
-          for (const n of ["key", "value"]) past[`past.${l}.${n}`] = out[`present.${l}.${n}`]!
+          for (const n of ["key", "value"]) {
+            const old = past[`past.${l}.${n}`]!, fresh = out[`new.${l}.${n}`]!
+            assert.deepStrictEqual(fresh.dims, [1, c.numKeyValueHeads, step === 0 ? prompt.length : 1, hd])
+            appended[`past.${l}.${n}`] = appendSlots(old, fresh, c.numKeyValueHeads, hd)
+          }
         }
+        past = appended
       }
       assert.deepStrictEqual(seq, reference)
       assert.isAbove(new Set(seq.slice(prompt.length)).size, 1) // a degenerate constant output would prove little
+    }))
+
+  it.effect("cache slots the attention mask leaves out change nothing (the engine's cache has holes)", () =>
+    Effect.gen(function*() {
+      const c = config(), w = weights(c, 5), hd = ModelConfig.headDim(c), KV = c.numKeyValueHeads
+      const cached = yield* session(Qwen2.inferenceGraph(c, w))
+      const prompt = [3, 1, 4, 1, 5, 9]
+      const empty: Record<string, ort.Tensor> = {}
+      for (let l = 0; l < c.numHiddenLayers; l++) {
+        for (const n of ["key", "value"]) empty[`past.${l}.${n}`] = new ort.Tensor("float32", new Float32Array(0), [1, KV, 0, hd])
+      }
+      const pre = yield* Effect.promise(() =>
+        cached.run({
+          ...empty,
+          input_ids: i64(prompt, [1, prompt.length]),
+          attention_mask: i64(prompt.map(() => 1), [1, prompt.length]),
+          position_ids: i64(prompt.map((_, i) => i), [1, prompt.length])
+        })
+      )
+      // The same cache twice: contiguous, and with 3 slots of junk after the prompt, masked out.
+      const holes = 3, P = prompt.length
+      const contiguous: Record<string, ort.Tensor> = {}, withHoles: Record<string, ort.Tensor> = {}
+      for (let l = 0; l < c.numHiddenLayers; l++) {
+        for (const n of ["key", "value"]) {
+          const fresh = pre[`new.${l}.${n}`]!
+          contiguous[`past.${l}.${n}`] = fresh
+          const data = new Float32Array(KV * (P + holes) * hd).fill(7.5)
+          const src = fresh.data as Float32Array
+          for (let h = 0; h < KV; h++) data.set(src.subarray(h * P * hd, (h + 1) * P * hd), h * (P + holes) * hd)
+          withHoles[`past.${l}.${n}`] = new ort.Tensor("float32", data, [1, KV, P + holes, hd])
+        }
+      }
+      const step = (past: Record<string, ort.Tensor>, mask: ReadonlyArray<number>) =>
+        Effect.promise(() =>
+          cached.run({
+            ...past,
+            input_ids: i64([2], [1, 1]),
+            attention_mask: i64(mask, [1, mask.length]),
+            position_ids: i64([P], [1, 1])
+          })
+        )
+      const a = yield* step(contiguous, [...prompt.map(() => 1), 1])
+      const b = yield* step(withHoles, [...prompt.map(() => 1), 0, 0, 0, 1])
+      const la = a["logits"]!.data as Float32Array, lb = b["logits"]!.data as Float32Array
+      for (let i = 0; i < la.length; i++) assert.closeTo(lb[i]!, la[i]!, 1e-5)
+      assert.deepStrictEqual(a["new.0.key"]!.data, b["new.0.key"]!.data)
     }))
 
   it("the graphs use exactly the documented op set (the learner's autodiff contract)", () => {
@@ -137,14 +201,15 @@ describe("Qwen2", () => {
     const ops = (g: Graph.Graph) => [...new Set(g.nodes.map((n) => n.op))].sort()
     const training = ops(Qwen2.trainingGraph(config()).graph)
     const inference = Qwen2.inferenceGraph(config(), "inputs")
-    // The decoding graph adds Concat (the KV cache) and Slice (the last position) to the training graph's ops.
+    // The decoding graph adds Concat and Slice (scores over the cache and the new tokens; the last position) and
+    // Identity (the new keys and values as outputs) to the training graph's ops.
     assert.deepStrictEqual(ops(inference), documented)
-    assert.deepStrictEqual(training, documented.filter((op) => op !== "Concat" && op !== "Slice"))
+    assert.deepStrictEqual(training, documented.filter((op) => !["Concat", "Slice", "Identity"].includes(op)))
     assert.deepStrictEqual(inference.outputs.map((o) => o.name), [
-      "present.0.key",
-      "present.0.value",
-      "present.1.key",
-      "present.1.value",
+      "new.0.key",
+      "new.0.value",
+      "new.1.key",
+      "new.1.value",
       "logits"
     ])
   })
