@@ -4,10 +4,10 @@
  *
  * **Batching.** One decode loop (a fiber in the layer's scope) owns every running sequence. Between two decode
  * steps it takes the requests that arrived, prefills their prompts as one left-padded batch, samples their first
- * token and merges their KV caches into the running batch; each step then decodes one token for every running
- * sequence. Finished sequences leave at step boundaries and the cache is compacted. Caches are right-aligned
- * (left padding) and every sequence carries its own position ids, so a sequence's logits do not depend on its
- * neighbours. While nothing is waiting to join and a single policy version runs, steps follow each other inside one
+ * token and copies their keys/values into the running batch's cache; each step then decodes one token for every
+ * running sequence. Finished sequences leave at step boundaries. The engine owns the cache (`internal/kvCache.ts`):
+ * the graph returns only the new tokens' keys/values, so a step never copies the whole cache. Every sequence
+ * carries its own position ids and attention mask, so its logits do not depend on its neighbours. While nothing is waiting to join and a single policy version runs, steps follow each other inside one
  * `Effect.callback` (a "burst") rather than resuming the loop fiber after every `session.run`.
  *
  * **Sampling.** Temperature / top-k / top-p or greedy (`temperature: 0`), stop token ids (the stop token is
@@ -101,6 +101,8 @@ export class PolicyEngineError extends Schema.TaggedError<PolicyEngineError>()("
 export interface Stats {
   readonly decodeSteps: number
   readonly prefills: number
+  /** Prompt tokens computed by prefills (a prompt shared by several requests of one prefill counts once). */
+  readonly prefillTokens: number
   readonly generatedTokens: number
   /** Largest number of sequences decoded in one step. */
   readonly largestBatch: number
@@ -284,7 +286,7 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
   const generations: Array<Generation> = [current]
   const mailbox = yield* Queue.bounded<Seq>(options.mailboxCapacity ?? 1024)
   const waiting: Array<Seq> = []
-  const stats = { decodeSteps: 0, prefills: 0, generatedTokens: 0, largestBatch: 0 }
+  const stats = { decodeSteps: 0, prefills: 0, prefillTokens: 0, generatedTokens: 0, largestBatch: 0 }
   const updates = yield* Semaphore.make(1)
 
   // Completing a Deferred is synchronous; doing it inline keeps the per-step path free of extra Effect work.
@@ -331,18 +333,27 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
   }
 
   const prefill = Effect.fnUntraced(function*(g: Generation, joining: ReadonlyArray<Seq>) {
-    const N = joining.length, P = joining.reduce((m, s) => Math.max(m, s.prompt.length), 0)
+    // The chains of a group share their prompt: each distinct prompt is computed once, and its keys/values and
+    // logits serve every sequence that has it (each still samples with its own RNG).
+    const distinct: Array<ReadonlyArray<number>> = [], rowOf: Array<number> = [], byPrompt = new Map<string, number>()
+    for (const s of joining) {
+      const key = s.prompt.join(",")
+      let row = byPrompt.get(key)
+      if (row === undefined) byPrompt.set(key, row = distinct.push(s.prompt) - 1)
+      rowOf.push(row)
+      s.filled = s.prompt.length
+    }
+    const N = distinct.length, P = distinct.reduce((m, p) => Math.max(m, p.length), 0)
     const ids = new Array<number>(N * P).fill(0)
     const mask = new Array<number>(N * P).fill(0)
     const pos = new Array<number>(N * P).fill(0)
-    joining.forEach((s, i) => {
-      const pad = P - s.prompt.length
-      s.prompt.forEach((id, j) => {
+    distinct.forEach((prompt, i) => {
+      const pad = P - prompt.length
+      prompt.forEach((id, j) => {
         ids[i * P + pad + j] = id
         mask[i * P + pad + j] = 1
         pos[i * P + pad + j] = j
       })
-      s.filled = s.prompt.length
     })
     const out = yield* run(g, {
       ...emptyPast(N),
@@ -351,10 +362,14 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
       position_ids: int64(pos, [N, P])
     })
     stats.prefills++
-    const rows = advance(g, joining, out["logits"]!.data as Float32Array)
+    stats.prefillTokens += N * P
+    const logits = out["logits"]!.data as Float32Array
+    const perSeq = new Float32Array(joining.length * V)
+    rowOf.forEach((row, i) => perSeq.set(logits.subarray(row * V, (row + 1) * V), i * V))
+    const rows = advance(g, joining, perSeq)
     const kept = rows.map((i) => joining[i]!)
     KvCache.fit(g.cache, Math.max(P, ...g.seqs.map((s) => s.filled)) + 1, g.seqs.map((s) => s.filled))
-    KvCache.append(g.cache, newOf(out), P, kept.map((s, j) => ({ index: rows[j]!, filled: s.filled })))
+    KvCache.append(g.cache, newOf(out), P, rows.map((i) => ({ index: rowOf[i]!, filled: joining[i]!.filled })))
     g.seqs.push(...kept)
   })
 

@@ -105,6 +105,27 @@ describe("PolicyEngine", () => {
       assert.isAtLeast(stats.largestBatch, prompts.length) // the newcomers decoded alongside the long request
     }))
 
+  it.effect("a group's chains share their prompt: it is prefilled once, and each chain samples with its own seed", () =>
+    Effect.gen(function*() {
+      const shared = [11, 12, 13, 14, 15, 16], other = [30, 31, 32]
+      const requests = [
+        ...Array.from({ length: 6 }, (_, i) => request(shared, { seed: 50 + i, maxTokens: 12 })),
+        ...Array.from({ length: 2 }, (_, i) => request(other, { seed: 70 + i, maxTokens: 12 }))
+      ]
+      const engine = yield* make({ config: c, weights: w0 })
+      const together = yield* generateAll(engine, requests)
+      const stats = yield* engine.stats
+      assert.strictEqual(stats.prefills, 1)
+      assert.strictEqual(stats.prefillTokens, 2 * shared.length, "two distinct prompts, padded to the longer")
+      const alone = yield* make({ config: c, weights: w0 })
+      for (const [i, r] of requests.entries()) {
+        const expected = yield* alone.generate(r)
+        assert.deepStrictEqual(together[i]!.tokenIds, expected.tokenIds, `request ${i}`)
+        assert.isBelow(maxAbsDiff(together[i]!.logprobs, expected.logprobs), 1e-5)
+      }
+      assert.isAbove(new Set(together.slice(0, 6).map((r) => r.tokenIds.join(","))).size, 1, "the chains differ")
+    }))
+
   // Real time: the swap has to happen while onnxruntime is busy decoding.
   it.live("updateWeights swaps weights without dropping requests in flight; each finishes on its version", () =>
     Effect.gen(function*() {
