@@ -103,6 +103,8 @@ export interface Stats {
   readonly prefills: number
   /** Prompt tokens computed by prefills (a prompt shared by several requests of one prefill counts once). */
   readonly prefillTokens: number
+  /** Prompt tokens whose keys/values came from the sequence the request continues, not computed again. */
+  readonly reusedTokens: number
   readonly generatedTokens: number
   /** Largest number of sequences decoded in one step. */
   readonly largestBatch: number
@@ -172,6 +174,8 @@ interface Seq {
   /** Tokens of this sequence held in the KV cache. */
   filled: number
   cancelled: boolean
+  /** The cached keys/values of an earlier request this one continues (until it joins the batch). */
+  prefix: KvCache.Prefix | undefined
 }
 
 interface Generation {
@@ -181,6 +185,8 @@ interface Generation {
   /** The running sequences, in the order of the cache's rows. */
   seqs: Array<Seq>
   readonly cache: KvCache.KvCache
+  /** Finished sequences' keys/values, most recent last, for requests that continue them (the next turn). */
+  readonly retained: Array<{ readonly tokens: ReadonlyArray<number>; readonly prefix: KvCache.Prefix }>
 }
 
 const validateWeights = (c: ModelConfig.ModelConfig, weights: Qwen2.Weights): PolicyEngineError | undefined => {
@@ -278,7 +284,7 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
       }
     }
     const cache = KvCache.make(pastNames, KV, hd, maxBatch)
-    const generation: Generation = { version, session, weightFeeds, seqs: [], cache }
+    const generation: Generation = { version, session, weightFeeds, seqs: [], cache, retained: [] }
     return generation
   })
 
@@ -286,7 +292,7 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
   const generations: Array<Generation> = [current]
   const mailbox = yield* Queue.bounded<Seq>(options.mailboxCapacity ?? 1024)
   const waiting: Array<Seq> = []
-  const stats = { decodeSteps: 0, prefills: 0, prefillTokens: 0, generatedTokens: 0, largestBatch: 0 }
+  const stats = { decodeSteps: 0, prefills: 0, prefillTokens: 0, reusedTokens: 0, generatedTokens: 0, largestBatch: 0 }
   const updates = yield* Semaphore.make(1)
 
   // Completing a Deferred is synchronous; doing it inline keeps the per-step path free of extra Effect work.
@@ -323,6 +329,28 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
       )
     })
 
+  /**
+   * Keeps a finished sequence's keys/values: its next turn (a prompt extending its tokens) then prefills only the
+   * new tokens. The cache holds every token but the last sampled one, which was never fed back.
+   */
+  const retain = (g: Generation, row: number) => {
+    const s = g.seqs[row]!
+    const tokens = [...s.prompt, ...s.tokenIds.slice(0, s.filled - s.prompt.length)]
+    g.retained.push({ tokens, prefix: KvCache.take(g.cache, row, s.filled) })
+    if (g.retained.length > 2 * maxBatch) g.retained.shift()
+  }
+
+  /** Takes the longest retained sequence that `prompt` extends by one token or more. */
+  const continued = (g: Generation, prompt: ReadonlyArray<number>): KvCache.Prefix | undefined => {
+    let best = -1
+    g.retained.forEach((e, k) => {
+      if (e.tokens.length >= prompt.length || (best >= 0 && e.tokens.length <= g.retained[best]!.tokens.length)) return
+      for (let i = 0; i < e.tokens.length; i++) if (e.tokens[i] !== prompt[i]) return
+      best = k
+    })
+    return best < 0 ? undefined : g.retained.splice(best, 1)[0]!.prefix
+  }
+
   /** Removes the given rows (cancelled or finished sequences) from the batch, last first. */
   const removeRows = (g: Generation, rows: ReadonlyArray<number>) => {
     for (const r of [...rows].sort((a, b) => b - a)) {
@@ -332,7 +360,7 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
     }
   }
 
-  const prefill = Effect.fnUntraced(function*(g: Generation, joining: ReadonlyArray<Seq>) {
+  const prefillFresh = Effect.fnUntraced(function*(g: Generation, joining: ReadonlyArray<Seq>) {
     // The chains of a group share their prompt: each distinct prompt is computed once, and its keys/values and
     // logits serve every sequence that has it (each still samples with its own RNG).
     const distinct: Array<ReadonlyArray<number>> = [], rowOf: Array<number> = [], byPrompt = new Map<string, number>()
@@ -373,6 +401,43 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
     g.seqs.push(...kept)
   })
 
+  /** Prefills requests that continue retained sequences: only the tokens after each one's prefix are computed. */
+  const prefillContinuing = Effect.fnUntraced(function*(g: Generation, joining: ReadonlyArray<Seq>) {
+    const prefixes = joining.map((s) => s.prefix!)
+    const N = joining.length, W = Math.max(...prefixes.map((p) => p.length))
+    const S = Math.max(...joining.map((s, i) => s.prompt.length - prefixes[i]!.length))
+    const ids = new Array<number>(N * S).fill(0)
+    const mask = new Array<number>(N * (W + S)).fill(0)
+    const pos = new Array<number>(N * S).fill(0)
+    joining.forEach((s, i) => {
+      const n = prefixes[i]!.length, pad = S - (s.prompt.length - n)
+      mask.fill(1, i * (W + S), i * (W + S) + n) // the prefix, free slots, padding, then the new tokens
+      for (let j = n; j < s.prompt.length; j++) {
+        const t = pad + j - n
+        ids[i * S + t] = s.prompt[j]!
+        mask[i * (W + S) + W + t] = 1
+        pos[i * S + t] = j
+      }
+      s.filled = s.prompt.length
+      s.prefix = undefined
+    })
+    const past = KvCache.stack(prefixes, W, KV, hd)
+    const out = yield* run(g, {
+      ...Object.fromEntries(pastNames.map((n, k) => [n, new ort.Tensor("float32", past[k]!, [N, KV, W, hd])])),
+      input_ids: int64(ids, [N, S]),
+      attention_mask: int64(mask, [N, W + S]),
+      position_ids: int64(pos, [N, S])
+    })
+    stats.prefills++
+    stats.prefillTokens += N * S
+    stats.reusedTokens += prefixes.reduce((n, p) => n + p.length, 0)
+    const rows = advance(g, joining, out["logits"]!.data as Float32Array)
+    const kept = rows.map((i) => joining[i]!)
+    KvCache.fit(g.cache, Math.max(...joining.map((s) => s.filled), ...g.seqs.map((s) => s.filled)) + 1, g.seqs.map((s) => s.filled))
+    KvCache.append(g.cache, newOf(out), S, rows.map((i) => ({ index: i, filled: joining[i]!.filled, prefix: prefixes[i] })))
+    g.seqs.push(...kept)
+  })
+
   const decodeFeeds = (g: Generation): Record<string, ort.Tensor> => {
     // Every row needs a free slot for this step's token.
     KvCache.fit(g.cache, g.seqs.reduce((m, s) => Math.max(m, s.filled), 0) + 1, g.seqs.map((s) => s.filled))
@@ -401,7 +466,9 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
     const kept = advance(g, g.seqs, out["logits"]!.data as Float32Array)
     if (kept.length < B) {
       const going = new Set(kept)
-      removeRows(g, g.seqs.flatMap((_, i) => (going.has(i) ? [] : [i])))
+      const leaving = g.seqs.flatMap((_, i) => (going.has(i) ? [] : [i]))
+      for (const i of leaving) if (!g.seqs[i]!.cancelled) retain(g, i)
+      removeRows(g, leaving)
     }
   }
 
@@ -478,11 +545,18 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
     const room = maxBatch - generations.reduce((n, x) => n + x.seqs.length, 0)
     if (waiting.length > 0 && room > 0) {
       const joining = waiting.splice(0, room)
+      for (const s of joining) s.prefix = continued(g, s.prompt)
       // onnxruntime failing on a prompt batch fails those requests only; the running batch is untouched.
-      yield* guarded(
-        prefill(g, joining),
-        (e) => Effect.forEach(joining, (s) => Deferred.fail(s.deferred, e), { discard: true })
-      )
+      for (const [part, prefill] of [[joining.filter((s) => s.prefix === undefined), prefillFresh], [
+        joining.filter((s) => s.prefix !== undefined),
+        prefillContinuing
+      ]] as const) {
+        if (part.length === 0) continue
+        yield* guarded(
+          prefill(g, part),
+          (e) => Effect.forEach(part, (s) => Deferred.fail(s.deferred, e), { discard: true })
+        )
+      }
     }
     for (const x of [...generations]) {
       if (x.seqs.some((s) => s.cancelled)) removeRows(x, x.seqs.flatMap((s, i) => (s.cancelled ? [i] : [])))
@@ -523,7 +597,8 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
       logprobs: [],
       onToken: options?.onToken,
       filled: 0,
-      cancelled: false
+      cancelled: false,
+      prefix: undefined
     }
     yield* Queue.offer(mailbox, seq)
     return yield* Deferred.await(seq.deferred).pipe(Effect.onInterrupt(() => Effect.sync(() => {

@@ -63,28 +63,72 @@ export const fit = (cache: KvCache, slots: number, filled: ArrayLike<number>): v
 }
 
 /**
- * Copies rows of a prefill's output (`[N, KV, length, hd]` per name, right-aligned: a row's tokens are its last
- * `filled` slots) after the cache's last row. The capacity must hold `filled`.
+ * A sequence's keys/values taken out of the cache (`[KV, length, hd]` per name), to continue it later without
+ * recomputing them.
+ */
+export interface Prefix {
+  readonly length: number
+  readonly data: ReadonlyArray<Float32Array>
+}
+
+/**
+ * Copies rows of a prefill's output (`[N, KV, length, hd]` per name, right-aligned: a row's new tokens are its
+ * last slots) after the cache's last row. A row with a `prefix` starts with it, then its `filled − prefix.length`
+ * new tokens. The capacity must hold `filled`.
  */
 export const append = (
   cache: KvCache,
   fresh: ReadonlyArray<Float32Array>,
   length: number,
-  rows: ReadonlyArray<{ readonly index: number; readonly filled: number }>
+  rows: ReadonlyArray<{ readonly index: number; readonly filled: number; readonly prefix?: Prefix | undefined }>
 ): void => {
   const { kvHeads: KV, headDim: hd, capacity: T } = cache
   cache.buffers.forEach((dst, n) => {
     const src = fresh[n]!
-    rows.forEach(({ index, filled }, j) => {
-      const r = cache.rows + j
+    rows.forEach(({ index, filled, prefix }, j) => {
+      const r = cache.rows + j, start = prefix?.length ?? 0, added = filled - start
       for (let h = 0; h < KV; h++) {
-        const from = ((index * KV + h) * length + (length - filled)) * hd
-        dst.set(src.subarray(from, from + filled * hd), (r * KV + h) * T * hd)
+        const at = (r * KV + h) * T * hd
+        if (prefix !== undefined) dst.set(prefix.data[n]!.subarray(h * start * hd, (h + 1) * start * hd), at)
+        const from = ((index * KV + h) * length + (length - added)) * hd
+        dst.set(src.subarray(from, from + added * hd), at + start * hd)
       }
     })
   })
   cache.rows += rows.length
 }
+
+/** The first `filled` slots of row `index`, copied out. */
+export const take = (cache: KvCache, index: number, filled: number): Prefix => {
+  const { kvHeads: KV, headDim: hd, capacity: T } = cache
+  return {
+    length: filled,
+    data: cache.buffers.map((b) => {
+      const out = new Float32Array(KV * filled * hd)
+      for (let h = 0; h < KV; h++) {
+        const at = (index * KV + h) * T * hd
+        out.set(b.subarray(at, at + filled * hd), h * filled * hd)
+      }
+      return out
+    })
+  }
+}
+
+/**
+ * Prefixes as a past input `[N, KV, width, hd]` per name (left-aligned, zeros after each), for prefilling their
+ * continuations in one batch.
+ */
+export const stack = (prefixes: ReadonlyArray<Prefix>, width: number, kvHeads: number, headDim: number) =>
+  (prefixes[0]?.data ?? []).map((_, n) => {
+    const out = new Float32Array(prefixes.length * kvHeads * width * headDim)
+    prefixes.forEach((p, r) => {
+      for (let h = 0; h < kvHeads; h++) {
+        const len = p.length * headDim
+        out.set(p.data[n]!.subarray(h * len, (h + 1) * len), (r * kvHeads + h) * width * headDim)
+      }
+    })
+    return out
+  })
 
 /** Writes each row's new key/value (`[rows, KV, 1, hd]` per name) into its slot `filled[r]`. */
 export const write = (cache: KvCache, fresh: ReadonlyArray<Float32Array>, filled: ArrayLike<number>): void => {

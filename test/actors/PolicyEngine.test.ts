@@ -126,6 +126,33 @@ describe("PolicyEngine", () => {
       assert.isAbove(new Set(together.slice(0, 6).map((r) => r.tokenIds.join(","))).size, 1, "the chains differ")
     }))
 
+  it.effect("a next turn reuses the finished turn's keys/values: only its new tokens are prefilled", () =>
+    Effect.gen(function*() {
+      const engine = yield* make({ config: c, weights: w0 })
+      const prompts2 = [[4, 5, 6, 7], [8, 9]]
+      const first = yield* generateAll(engine, prompts2.map((p, i) => request(p, { seed: 10 + i, maxTokens: 9 })))
+      const before = yield* engine.stats
+      // The next turns: each earlier conversation, its sampled tokens, then an observation of different lengths.
+      const observations = [[50, 51, 52], [53]]
+      const next = prompts2.map((p, i) =>
+        request([...p, ...first[i]!.tokenIds, ...observations[i]!], { seed: 20 + i, maxTokens: 10 })
+      )
+      const continued = yield* generateAll(engine, next)
+      const after = yield* engine.stats
+      const cached = prompts2.reduce((n, p, i) => n + p.length + first[i]!.tokenIds.length - 1, 0)
+      assert.strictEqual(after.reusedTokens - before.reusedTokens, cached, "all but each turn's last sampled token")
+      const fresh = yield* make({ config: c, weights: w0 })
+      for (const [i, r] of next.entries()) {
+        const expected = yield* fresh.generate(r)
+        assert.deepStrictEqual(continued[i]!.tokenIds, expected.tokenIds, `conversation ${i}`)
+        assert.isBelow(maxAbsDiff(continued[i]!.logprobs, expected.logprobs), 1e-4)
+      }
+      assert.strictEqual((yield* fresh.stats).reusedTokens, 0)
+      // A prompt that does not extend a retained sequence is computed whole.
+      yield* engine.generate(request([4, 5, 60], { seed: 1, maxTokens: 3 }))
+      assert.strictEqual((yield* engine.stats).reusedTokens, after.reusedTokens)
+    }))
+
   // Real time: the swap has to happen while onnxruntime is busy decoding.
   it.live("updateWeights swaps weights without dropping requests in flight; each finishes on its version", () =>
     Effect.gen(function*() {
