@@ -38,7 +38,7 @@ export interface Options {
 export const defaults: Omit<Options, "dir"> = {
   seed: 12345,
   train: 5000,
-  heldOut: 200,
+  heldOut: 500,
   validation: 200,
   demos: 5000,
   noise: 0
