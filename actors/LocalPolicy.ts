@@ -83,7 +83,8 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
   if (config.agent.maxContextTokens > folder.config.maxPositionEmbeddings) {
     return yield* new TrainerError({
       reason: "Learner",
-      message: `agent.maxContextTokens is ${config.agent.maxContextTokens}, more than the model's ${folder.config.maxPositionEmbeddings} positions (max_position_embeddings)`
+      message: `agent.maxContextTokens is ${config.agent.maxContextTokens}, more than the model's ` +
+        `${folder.config.maxPositionEmbeddings} positions (max_position_embeddings)`
     })
   }
   const fsContext = yield* Effect.context<FileSystem.FileSystem | Scope.Scope>()

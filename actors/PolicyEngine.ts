@@ -7,8 +7,14 @@
  * token and copies their keys/values into the running batch's cache; each step then decodes one token for every
  * running sequence. Finished sequences leave at step boundaries. The engine owns the cache (`internal/kvCache.ts`):
  * the graph returns only the new tokens' keys/values, so a step never copies the whole cache. Every sequence
- * carries its own position ids and attention mask, so its logits do not depend on its neighbours. While nothing is waiting to join and a single policy version runs, steps follow each other inside one
- * `Effect.callback` (a "burst") rather than resuming the loop fiber after every `session.run`.
+ * carries its own position ids and attention mask, so its logits do not depend on its neighbours. While nothing is
+ * waiting to join and a single policy version runs, steps follow each other inside one `Effect.callback` (a
+ * "burst") rather than resuming the loop fiber after every `session.run`.
+ *
+ * **Prompt reuse.** A prompt shared by several joining requests (a GRPO group's chains) is computed once. A finished
+ * sequence's keys/values are kept (per policy version, the most recent `2 × maxBatchSize`), and a request whose
+ * prompt extends one (the chain's next turn: its tokens, the tool's output, the next generation prompt) computes
+ * only the tokens after it.
  *
  * **Sampling.** Temperature / top-k / top-p or greedy (`temperature: 0`), stop token ids (the stop token is
  * included in the result) and `maxTokens`, in `src/Sampling.ts`. Every request owns an RNG seeded from its `seed`
@@ -432,10 +438,11 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
     stats.prefillTokens += N * S
     stats.reusedTokens += prefixes.reduce((n, p) => n + p.length, 0)
     const rows = advance(g, joining, out["logits"]!.data as Float32Array)
-    const kept = rows.map((i) => joining[i]!)
-    KvCache.fit(g.cache, Math.max(...joining.map((s) => s.filled), ...g.seqs.map((s) => s.filled)) + 1, g.seqs.map((s) => s.filled))
-    KvCache.append(g.cache, newOf(out), S, rows.map((i) => ({ index: i, filled: joining[i]!.filled, prefix: prefixes[i] })))
-    g.seqs.push(...kept)
+    const filled = g.seqs.map((s) => s.filled)
+    KvCache.fit(g.cache, Math.max(...joining.map((s) => s.filled), ...filled) + 1, filled)
+    const added = rows.map((i) => ({ index: i, filled: joining[i]!.filled, prefix: prefixes[i] }))
+    KvCache.append(g.cache, newOf(out), S, added)
+    g.seqs.push(...rows.map((i) => joining[i]!))
   })
 
   const decodeFeeds = (g: Generation): Record<string, ort.Tensor> => {
@@ -465,8 +472,8 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
     for (const s of g.seqs) s.filled++
     const kept = advance(g, g.seqs, out["logits"]!.data as Float32Array)
     if (kept.length < B) {
-      const going = new Set(kept)
-      const leaving = g.seqs.flatMap((_, i) => (going.has(i) ? [] : [i]))
+      const staying = new Set(kept)
+      const leaving = g.seqs.flatMap((_, i) => (staying.has(i) ? [] : [i]))
       for (const i of leaving) if (!g.seqs[i]!.cancelled) retain(g, i)
       removeRows(g, leaving)
     }

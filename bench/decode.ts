@@ -32,7 +32,11 @@ const rawLoop = async (session: ort.InferenceSession, B: number): Promise<number
   const names: Array<string> = []
   for (let l = 0; l < config.numHiddenLayers; l++) names.push(`past.${l}.key`, `past.${l}.value`)
   const caches = names.map(() => new Float32Array(B * KV * T * hd))
-  const empty = Object.fromEntries(names.map((n) => [n, new ort.Tensor("float32", new Float32Array(0), [B, KV, 0, hd])]))
+  const tensors = (width: number) =>
+    Object.fromEntries(names.map((n, i) => [
+      n,
+      new ort.Tensor("float32", width === 0 ? new Float32Array(0) : caches[i]!, [B, KV, width, hd])
+    ]))
   let ids = BigInt64Array.from({ length: B * PROMPT }, (_, i) => BigInt(prompt(Math.floor(i / PROMPT))[i % PROMPT]!))
   let filled = 0
   const t0 = performance.now()
@@ -47,10 +51,13 @@ const rawLoop = async (session: ort.InferenceSession, B: number): Promise<number
       }
     }
     const out = await session.run({
-      ...(prefill ? empty : Object.fromEntries(names.map((n, i) => [n, new ort.Tensor("float32", caches[i]!, [B, KV, T, hd])]))),
+      ...tensors(prefill ? 0 : T),
       input_ids: new ort.Tensor("int64", ids, [B, S]),
       attention_mask: new ort.Tensor("int64", mask, [B, mask.length / B]),
-      position_ids: new ort.Tensor("int64", BigInt64Array.from({ length: B * S }, (_, i) => BigInt(filled + (i % S))), [B, S])
+      position_ids: new ort.Tensor("int64", BigInt64Array.from({ length: B * S }, (_, i) => BigInt(filled + i % S)), [
+        B,
+        S
+      ])
     })
     names.forEach((n, i) => {
       const fresh = out[n.replace("past", "new")]!.data as Float32Array

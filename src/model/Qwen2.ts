@@ -13,8 +13,9 @@
  * Outputs: `logits [B, T, V]` float32 (`[B, 1, V]` with `lastTokenOnly`) and, with a cache, `new.{i}.key|value
  * [B, KV, T, hd]`: the new tokens' keys (rotated) and values only. The caller keeps the cache and appends them, so
  * that a decode step does not copy the whole cache out of onnxruntime; the cache's slots need not be contiguous
- * (the attention mask says which hold tokens). Weights use Hugging Face Qwen2 names and `[out, in]` layouts (see {@link parameters}), as
- * graph inputs (`weights: "inputs"`, the learner's choice) or initializers (frozen weights, faster decoding).
+ * (the attention mask says which hold tokens). Weights use Hugging Face Qwen2 names and `[out, in]` layouts (see
+ * {@link parameters}), as graph inputs (`weights: "inputs"`, the learner's choice) or initializers (frozen weights,
+ * faster decoding).
  *
  * **Ops used** (what the learner's autodiff must handle): Gather, MatMul, Add, Mul, Sub, Sigmoid, Softmax,
  * Transpose, Reshape, Concat, Slice, Unsqueeze, ReduceMean, Sqrt, Reciprocal, Where; index/mask-only (no gradient):

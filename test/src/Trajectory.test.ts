@@ -23,7 +23,8 @@ describe("Trajectory.clipSegment", () => {
     assert.strictEqual(cut.messageCount, 3)
     // Inside a policy span, logprobs are cut with the tokens.
     const inPolicy = Trajectory.clipSegment(segment, 4)
-    assert.deepStrictEqual(inPolicy.spans.at(-1), { source: "policy", tokenIds: [4], logprobs: [-0.1], policyVersion: 2 })
+    const last: Trajectory.Span = { source: "policy", tokenIds: [4], logprobs: [-0.1], policyVersion: 2 }
+    assert.deepStrictEqual(inPolicy.spans.at(-1), last)
     assert.deepStrictEqual(Array.from(Trajectory.lossMask(inPolicy)), [0, 0, 0, 1])
     // At a span boundary no empty span is left.
     assert.strictEqual(Trajectory.clipSegment(segment, 5).spans.length, 2)

@@ -6,7 +6,10 @@ import * as KvCache from "../../../actors/internal/kvCache.ts"
 type Token = ReadonlyArray<Float32Array>
 
 const Op = fc.oneof(
-  fc.record({ op: fc.constant("join" as const), fills: fc.array(fc.integer({ min: 1, max: 40 }), { minLength: 1, maxLength: 3 }) }),
+  fc.record({
+    op: fc.constant("join" as const),
+    fills: fc.array(fc.integer({ min: 1, max: 40 }), { minLength: 1, maxLength: 3 })
+  }),
   fc.record({ op: fc.constant("step" as const) }),
   fc.record({ op: fc.constant("leave" as const), pick: fc.nat() })
 )

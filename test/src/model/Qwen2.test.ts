@@ -157,7 +157,9 @@ describe("Qwen2", () => {
       const prompt = [3, 1, 4, 1, 5, 9]
       const empty: Record<string, ort.Tensor> = {}
       for (let l = 0; l < c.numHiddenLayers; l++) {
-        for (const n of ["key", "value"]) empty[`past.${l}.${n}`] = new ort.Tensor("float32", new Float32Array(0), [1, KV, 0, hd])
+        for (const n of ["key", "value"]) {
+          empty[`past.${l}.${n}`] = new ort.Tensor("float32", new Float32Array(0), [1, KV, 0, hd])
+        }
       }
       const pre = yield* Effect.promise(() =>
         cached.run({
