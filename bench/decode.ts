@@ -6,8 +6,10 @@
  *
  * Figures are the best of 15 interleaved repetitions after a warm-up.
  *
- * Also measured: the engine with weights fed as graph inputs instead of initializers, and the time
- * `updateWeights` takes to build a new session.
+ * Also measured: the engine with weights fed as graph inputs instead of initializers, the time `updateWeights`
+ * takes to build a new session, and prompt reuse on GRPO-shaped two-turn chains (8 prompts of 70 tokens × 8 chains,
+ * 48 new tokens, then each chain's next turn: its tokens plus 24 observation tokens, 16 new): the second turns on
+ * the engine that ran the first (which keeps their keys/values) against the same requests on a fresh engine.
  */
 import { Effect } from "effect"
 import * as ort from "onnxruntime-node"
@@ -88,6 +90,27 @@ const engineRun = (engine: Effect.Success<ReturnType<typeof make>>, B: number) =
     return tokens / ((performance.now() - t0) / 1000)
   })
 
+/** Turn 1 of GRPO-shaped chains, then the requests of their turn 2 (the previous tokens plus an observation). */
+const twoTurns = (engine: Effect.Success<ReturnType<typeof make>>) =>
+  Effect.gen(function*() {
+    const group = (c: number) => c >> 3 // 8 chains per prompt
+    const prompts = Array.from(
+      { length: 64 },
+      (_, c) => Array.from({ length: 70 }, (_, i) => (i * 5 + group(c) * 11) % 256)
+    )
+    const first = yield* Effect.forEach(prompts, (p, c) =>
+      engine.generate({ promptTokenIds: p, sampling: { temperature: 1, maxTokens: 48, seed: c } }), {
+      concurrency: "unbounded"
+    })
+    return prompts.map((p, c) => ({
+      promptTokenIds: [...p, ...first[c]!.tokenIds, ...Array.from({ length: 24 }, (_, i) => (i * 3 + c) % 256)],
+      sampling: { temperature: 1, maxTokens: 16, seed: 100 + c }
+    }))
+  })
+
+const timed = <A, E>(effect: Effect.Effect<A, E>) =>
+  Effect.map(Effect.timed(effect), ([duration]) => Number(duration) / 1e6)
+
 // Best of the repetitions: on a shared machine, load only ever slows a run down, so the fastest run is the least
 // disturbed estimate of each side (medians swung by 4× between runs under load).
 const best = (xs: ReadonlyArray<number>) => Math.max(...xs)
@@ -136,6 +159,19 @@ export default () =>
       swaps.push(performance.now() - t0)
     }
     figures["update_weights_ms"] = Math.min(...swaps)
+    // Prompt reuse: a chain's second turn on the engine that decoded its first, and on a fresh engine.
+    const reuse: Array<number> = [], fresh: Array<number> = []
+    for (let i = 0; i < 5; i++) {
+      const warm = yield* make({ config, weights, maxBatchSize: 64, intraOpNumThreads: THREADS })
+      const second = yield* twoTurns(warm)
+      const cold = yield* make({ config, weights, maxBatchSize: 64, intraOpNumThreads: THREADS })
+      const all = (e: typeof warm) => Effect.forEach(second, (r) => e.generate(r), { concurrency: "unbounded" })
+      reuse.push(yield* timed(all(warm)))
+      fresh.push(yield* timed(all(cold)))
+    }
+    figures["second_turn_ms_reused"] = Math.min(...reuse)
+    figures["second_turn_ms_fresh"] = Math.min(...fresh)
+    figures["second_turn_fresh_over_reused"] = Math.min(...fresh) / Math.min(...reuse)
     yield* Effect.promise(() => raw.release())
     return {
       headline: {
