@@ -1,5 +1,5 @@
 /**
- * Decode throughput of the local policy engine (tiny preset: 2 layers, width 128, GQA 4/2, vocabulary 288) at batch
+ * Decode throughput of the local policy engine (tiny preset: 2 layers, width 128, 4 heads, vocabulary 288) at batch
  * 1, 8 and 32, prompt 32 tokens, 64 new tokens per sequence, sampling at temperature 1, against a raw onnxruntime
  * loop over the same graph in the same run (prefill + decode steps + the same JS sampling, nothing else): the
  * floor for the engine's overhead (request handling, batching, cache bookkeeping, Effect).
@@ -11,7 +11,7 @@
  * 48 new tokens, then each chain's next turn: its tokens plus 24 observation tokens, 16 new): the second turns on
  * the engine that ran the first (which keeps their keys/values) against the same requests on a fresh engine.
  */
-import { Effect } from "effect"
+import { Duration, Effect } from "effect"
 import * as ort from "onnxruntime-node"
 import { make } from "../actors/PolicyEngine.ts"
 import * as ModelConfig from "../src/model/ModelConfig.ts"
@@ -109,7 +109,7 @@ const twoTurns = (engine: Effect.Success<ReturnType<typeof make>>) =>
   })
 
 const timed = <A, E>(effect: Effect.Effect<A, E>) =>
-  Effect.map(Effect.timed(effect), ([duration]) => Number(duration) / 1e6)
+  Effect.map(Effect.timed(effect), ([duration]) => Duration.toMillis(duration))
 
 // Best of the repetitions: on a shared machine, load only ever slows a run down, so the fastest run is the least
 // disturbed estimate of each side (medians swung by 4× between runs under load).
