@@ -267,8 +267,6 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
 
   const pastNames = Array.from({ length: L }, (_, l) => [`past.${l}.key`, `past.${l}.value`]).flat()
   const newNames = pastNames.map((n) => n.replace("past", "new"))
-  const emptyPast = (batch: number): Record<string, ort.Tensor> =>
-    Object.fromEntries(pastNames.map((n) => [n, new ort.Tensor("float32", new Float32Array(0), [batch, KV, 0, hd])]))
   const pastFeeds = (cache: KvCache.KvCache): Record<string, ort.Tensor> => {
     const views = KvCache.views(cache)
     return Object.fromEntries(pastNames.map((n, i) => [n, new ort.Tensor("float32", views[i]!.data, views[i]!.dims)]))
@@ -289,7 +287,7 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
         weightFeeds[spec.name] = new ort.Tensor("float32", weights.get(spec.name)!, spec.shape)
       }
     }
-    const cache = KvCache.make(pastNames, KV, hd, maxBatch)
+    const cache = KvCache.make(pastNames.length, KV, hd, maxBatch)
     const generation: Generation = { version, session, weightFeeds, seqs: [], cache, retained: [] }
     return generation
   })
@@ -366,56 +364,26 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
     }
   }
 
-  const prefillFresh = Effect.fnUntraced(function*(g: Generation, joining: ReadonlyArray<Seq>) {
-    // The chains of a group share their prompt: each distinct prompt is computed once, and its keys/values and
-    // logits serve every sequence that has it (each still samples with its own RNG).
-    const distinct: Array<ReadonlyArray<number>> = [], rowOf: Array<number> = [], byPrompt = new Map<string, number>()
+  /**
+   * Prefills joining requests in one batch. Each distinct prompt is computed once (the chains of a group share
+   * theirs), and only its tokens after the prefix it continues, if any; its keys/values and logits then serve
+   * every request that has it (each still samples with its own RNG).
+   */
+  const prefill = Effect.fnUntraced(function*(g: Generation, joining: ReadonlyArray<Seq>) {
+    const distinct: Array<Seq> = [], rowOf: Array<number> = [], byPrompt = new Map<string, number>()
     for (const s of joining) {
       const key = s.prompt.join(",")
       let row = byPrompt.get(key)
-      if (row === undefined) byPrompt.set(key, row = distinct.push(s.prompt) - 1)
+      if (row === undefined) byPrompt.set(key, row = distinct.push(s) - 1)
       rowOf.push(row)
-      s.filled = s.prompt.length
     }
-    const N = distinct.length, P = distinct.reduce((m, p) => Math.max(m, p.length), 0)
-    const ids = new Array<number>(N * P).fill(0)
-    const mask = new Array<number>(N * P).fill(0)
-    const pos = new Array<number>(N * P).fill(0)
-    distinct.forEach((prompt, i) => {
-      const pad = P - prompt.length
-      prompt.forEach((id, j) => {
-        ids[i * P + pad + j] = id
-        mask[i * P + pad + j] = 1
-        pos[i * P + pad + j] = j
-      })
-    })
-    const out = yield* run(g, {
-      ...emptyPast(N),
-      input_ids: int64(ids, [N, P]),
-      attention_mask: int64(mask, [N, P]),
-      position_ids: int64(pos, [N, P])
-    })
-    stats.prefills++
-    stats.prefillTokens += N * P
-    const logits = out["logits"]!.data as Float32Array
-    const perSeq = new Float32Array(joining.length * V)
-    rowOf.forEach((row, i) => perSeq.set(logits.subarray(row * V, (row + 1) * V), i * V))
-    const rows = advance(g, joining, perSeq)
-    const kept = rows.map((i) => joining[i]!)
-    KvCache.fit(g.cache, Math.max(P, ...g.seqs.map((s) => s.filled)) + 1, g.seqs.map((s) => s.filled))
-    KvCache.append(g.cache, newOf(out), P, rows.map((i) => ({ index: rowOf[i]!, filled: joining[i]!.filled })))
-    g.seqs.push(...kept)
-  })
-
-  /** Prefills requests that continue retained sequences: only the tokens after each one's prefix are computed. */
-  const prefillContinuing = Effect.fnUntraced(function*(g: Generation, joining: ReadonlyArray<Seq>) {
-    const prefixes = joining.map((s) => s.prefix!)
-    const N = joining.length, W = Math.max(...prefixes.map((p) => p.length))
-    const S = Math.max(...joining.map((s, i) => s.prompt.length - prefixes[i]!.length))
+    const prefixes = distinct.map((s) => s.prefix ?? KvCache.emptyPrefix(pastNames.length))
+    const N = distinct.length, W = Math.max(...prefixes.map((p) => p.length))
+    const S = Math.max(...distinct.map((s, i) => s.prompt.length - prefixes[i]!.length))
     const ids = new Array<number>(N * S).fill(0)
     const mask = new Array<number>(N * (W + S)).fill(0)
     const pos = new Array<number>(N * S).fill(0)
-    joining.forEach((s, i) => {
+    distinct.forEach((s, i) => {
       const n = prefixes[i]!.length, pad = S - (s.prompt.length - n)
       mask.fill(1, i * (W + S), i * (W + S) + n) // the prefix, free slots, padding, then the new tokens
       for (let j = n; j < s.prompt.length; j++) {
@@ -424,9 +392,11 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
         mask[i * (W + S) + W + t] = 1
         pos[i * S + t] = j
       }
+    })
+    for (const s of joining) {
       s.filled = s.prompt.length
       s.prefix = undefined
-    })
+    }
     const past = KvCache.stack(prefixes, W, KV, hd)
     const out = yield* run(g, {
       ...Object.fromEntries(pastNames.map((n, k) => [n, new ort.Tensor("float32", past[k]!, [N, KV, W, hd])])),
@@ -437,10 +407,13 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
     stats.prefills++
     stats.prefillTokens += N * S
     stats.reusedTokens += prefixes.reduce((n, p) => n + p.length, 0)
-    const rows = advance(g, joining, out["logits"]!.data as Float32Array)
+    const logits = out["logits"]!.data as Float32Array
+    const perSeq = new Float32Array(joining.length * V)
+    rowOf.forEach((row, i) => perSeq.set(logits.subarray(row * V, (row + 1) * V), i * V))
+    const rows = advance(g, joining, perSeq)
     const filled = g.seqs.map((s) => s.filled)
     KvCache.fit(g.cache, Math.max(...joining.map((s) => s.filled), ...filled) + 1, filled)
-    const added = rows.map((i) => ({ index: i, filled: joining[i]!.filled, prefix: prefixes[i] }))
+    const added = rows.map((i) => ({ index: rowOf[i]!, filled: joining[i]!.filled, prefix: prefixes[rowOf[i]!] }))
     KvCache.append(g.cache, newOf(out), S, added)
     g.seqs.push(...rows.map((i) => joining[i]!))
   })
@@ -553,11 +526,10 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
     if (waiting.length > 0 && room > 0) {
       const joining = waiting.splice(0, room)
       for (const s of joining) s.prefix = continued(g, s.prompt)
-      // onnxruntime failing on a prompt batch fails those requests only; the running batch is untouched.
-      for (const [part, prefill] of [[joining.filter((s) => s.prefix === undefined), prefillFresh], [
-        joining.filter((s) => s.prefix !== undefined),
-        prefillContinuing
-      ]] as const) {
+      // Fresh prompts and continuations go in separate batches (a batch pads to its longest new part). onnxruntime
+      // failing on a prompt batch fails those requests only; the running batch is untouched.
+      const fresh = joining.filter((s) => s.prefix === undefined)
+      for (const part of [fresh, joining.filter((s) => s.prefix !== undefined)]) {
         if (part.length === 0) continue
         yield* guarded(
           prefill(g, part),

@@ -582,11 +582,11 @@ const toEnding = (resolved: ResolvedError): Ending => ({
 const errorText = (e: unknown): string =>
   typeof e === "object" && e !== null && "message" in e ? String((e as { message: unknown }).message) : String(e)
 
-/** Builds the trajectory, scores it (in the chain's scope, with its environment) and counts the ending. */
 /** Segments cut to the context budget: what a tool returned past it is never trained on nor fed to the model. */
 const clipped = (segments: ReadonlyArray<Segment>, maxTokens: number | undefined) =>
   maxTokens === undefined ? segments : segments.map((segment) => clipSegment(segment, maxTokens))
 
+/** Builds the trajectory, scores it (in the chain's scope, with its environment) and counts the ending. */
 const finish = Effect.fnUntraced(function*(
   spec: Spec,
   config: Config,

@@ -32,7 +32,7 @@ import { Effect, Schema } from "effect"
 import * as ChatTemplate from "./ChatTemplate.ts"
 import * as Message from "./Message.ts"
 import * as Tokenizer from "./Tokenizer.ts"
-import type * as Trajectory from "./Trajectory.ts"
+import * as Trajectory from "./Trajectory.ts"
 
 // ===== Errors =====
 
@@ -444,23 +444,10 @@ const retractGenerationPrompt = Effect.fnUntraced(function*(builder: TrajectoryB
   const result: TrajectoryBuilder = {
     ...builder,
     rendered: base,
-    segments: withOpenSegment(builder, (segment) => ({ ...segment, spans: dropTokens(segment.spans, ids.length) }))
+    segments: withOpenSegment(builder, (s) => Trajectory.clipSegment(s, Trajectory.segmentLength(s) - ids.length))
   }
   return result
 })
-
-const dropTokens = (spans: ReadonlyArray<Trajectory.Span>, n: number): Array<Trajectory.Span> => {
-  const out = [...spans]
-  let left = n
-  while (left > 0 && out.length > 0) {
-    const last = out.pop()!
-    if (last.tokenIds.length > left) {
-      out.push({ ...last, tokenIds: last.tokenIds.slice(0, last.tokenIds.length - left) })
-      left = 0
-    } else left -= last.tokenIds.length
-  }
-  return out
-}
 
 /**
  * The open segment's segments after appending the template's closing text of a final assistant turn (Qwen's

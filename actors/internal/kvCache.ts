@@ -16,7 +16,6 @@ const CHUNK = 32
 
 /** @internal */
 export interface KvCache {
-  readonly names: ReadonlyArray<string>
   readonly kvHeads: number
   readonly headDim: number
   readonly maxRows: number
@@ -26,15 +25,14 @@ export interface KvCache {
   buffers: Array<Float32Array>
 }
 
-/** @internal */
-export const make = (names: ReadonlyArray<string>, kvHeads: number, headDim: number, maxRows: number): KvCache => ({
-  names,
+/** A cache of `buffers` past inputs (2 per layer). */
+export const make = (buffers: number, kvHeads: number, headDim: number, maxRows: number): KvCache => ({
   kvHeads,
   headDim,
   maxRows,
   capacity: 0,
   rows: 0,
-  buffers: names.map(() => new Float32Array(0))
+  buffers: Array.from({ length: buffers }, () => new Float32Array(0))
 })
 
 const roundUp = (n: number) => Math.ceil(Math.max(n, 1) / CHUNK) * CHUNK
@@ -114,12 +112,18 @@ export const take = (cache: KvCache, index: number, filled: number): Prefix => {
   }
 }
 
+/** No tokens: what a request that continues nothing starts from. */
+export const emptyPrefix = (buffers: number): Prefix => ({
+  length: 0,
+  data: Array.from({ length: buffers }, () => new Float32Array(0))
+})
+
 /**
  * Prefixes as a past input `[N, KV, width, hd]` per name (left-aligned, zeros after each), for prefilling their
  * continuations in one batch.
  */
 export const stack = (prefixes: ReadonlyArray<Prefix>, width: number, kvHeads: number, headDim: number) =>
-  (prefixes[0]?.data ?? []).map((_, n) => {
+  prefixes[0]!.data.map((_, n) => {
     const out = new Float32Array(prefixes.length * kvHeads * width * headDim)
     prefixes.forEach((p, r) => {
       for (let h = 0; h < kvHeads; h++) {

@@ -269,7 +269,8 @@ export const attention = (
     o = weighted(g.op("Softmax", [g.op("Add", [scoresWith(kr), ctx.maskBias])], { axis: Graph.int(-1) }), vr)
   } else {
     // Attention over the cache and the new tokens without concatenating them: only the scores (one per cached
-    // slot) are joined. Copying the whole cache in and out of every decode step cost 3× the step itself.
+    // slot) are joined, and only the new keys/values leave the graph. Returning the whole cache cost 17 of the
+    // 25 ms of a batch-64 decode step at 200 cached slots (onnxruntime-node copies every output out).
     g.node("Identity", [kr], [past.newKey])
     g.node("Identity", [vr], [past.newValue])
     const scores = g.op("Concat", [scoresWith(past.key), scoresWith(kr)], { axis: Graph.int(-1) })

@@ -22,16 +22,6 @@ const failure = <A, R>(effect: Effect.Effect<A, TrainConfig.ConfigError, R>) =>
   })
 
 describe("TrainConfig", () => {
-  it.effect("the shipped calculator configs decode, within the tiny model's context", () =>
-    Effect.gen(function*() {
-      for (const name of ["demo", "full"]) {
-        const config = yield* TrainConfig.load(join(import.meta.dirname, `../../examples/calculator/${name}.json`))
-        assert.strictEqual(config.model.preset, "tiny")
-        assert.isAtMost(config.agent.maxContextTokens, 512, name)
-        assert.isDefined(config.warmup?.stopAt, name)
-      }
-    }).pipe(Effect.provide(NodeServices.layer)))
-
   it.effect("fills defaults for everything optional", () =>
     Effect.gen(function*() {
       const config = yield* TrainConfig.decode(minimal)

@@ -22,7 +22,7 @@ describe("kvCache", () => {
       fc.array(Op, { minLength: 1, maxLength: 40 }),
       (H, D, ops) => {
         const names = ["a", "b"], maxRows = 6
-        const cache = KvCache.make(names, H, D, maxRows)
+        const cache = KvCache.make(names.length, H, D, maxRows)
         let next = 1
         const token = (): Token => names.map(() => Float32Array.from({ length: H * D }, () => next++))
         const rows: Array<Array<Token>> = []
@@ -87,7 +87,7 @@ describe("kvCache", () => {
   })
 
   it("the capacity grows and shrinks in chunks", () => {
-    const cache = KvCache.make(["a"], 1, 1, 2)
+    const cache = KvCache.make(1, 1, 1, 2)
     KvCache.fit(cache, 1, [])
     assert.strictEqual(cache.capacity, 32)
     KvCache.fit(cache, 33, [])

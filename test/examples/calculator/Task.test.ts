@@ -7,6 +7,7 @@ import { tmpdir } from "node:os"
 import { basename, dirname, join } from "node:path"
 import * as Generate from "../../../examples/calculator/generate.ts"
 import * as Task from "../../../examples/calculator/Task.ts"
+import * as ModelConfig from "../../../src/model/ModelConfig.ts"
 import * as Dataset from "../../../src/Dataset.ts"
 import * as TrainConfig from "../../../src/TrainConfig.ts"
 
@@ -79,6 +80,9 @@ describe("calculator task", () => {
     Effect.gen(function*() {
       for (const name of ["demo", "full"]) {
         const config = yield* TrainConfig.load(join(import.meta.dirname, `../../../examples/calculator/${name}.json`))
+        // A context past the preset's positions fails the run at start.
+        assert.strictEqual(config.model.preset, "tiny")
+        assert.isAtMost(config.agent.maxContextTokens, ModelConfig.presets.tiny.maxPositionEmbeddings, name)
         const stopAt = config.warmup?.stopAt
         assert.isDefined(stopAt, name)
         assert.strictEqual(dirname(stopAt!.data), dirname(config.data.train))
