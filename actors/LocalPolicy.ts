@@ -57,6 +57,16 @@ export const lossConfig = (algorithm: TrainConfig.TrainConfig["algorithm"], temp
 })
 
 /**
+ * A run's context budget on this model: `agent.maxContextTokens`, or the model's positions when the config leaves it
+ * unset.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const contextTokens = (folder: ModelFolder.ModelFolder, config: TrainConfig.TrainConfig): number =>
+  config.agent.maxContextTokens ?? folder.config.maxPositionEmbeddings
+
+/**
  * Builds the local policy and sampler for a run from a loaded model folder. Sessions live in the current scope.
  *
  * With `algorithm.klCoef > 0` the KL term's reference policy is the policy RL starts from (policy version 0: the
@@ -80,10 +90,11 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
   FileSystem.FileSystem | Scope.Scope
 > {
   const { algorithm } = config
-  if (config.agent.maxContextTokens > folder.config.maxPositionEmbeddings) {
+  const budget = contextTokens(folder, config)
+  if (budget > folder.config.maxPositionEmbeddings) {
     return yield* new TrainerError({
       reason: "Learner",
-      message: `agent.maxContextTokens is ${config.agent.maxContextTokens}, more than the model's ` +
+      message: `agent.maxContextTokens is ${budget}, more than the model's ` +
         `${folder.config.maxPositionEmbeddings} positions (max_position_embeddings)`
     })
   }
@@ -140,7 +151,7 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
   let version = 0
   // Whether the learner's weights differ from the engine's (after any SFT or RL step, or a checkpoint load).
   let dirty = false
-  const tokenBudget = algorithm.microBatchSize * config.agent.maxContextTokens
+  const tokenBudget = algorithm.microBatchSize * budget
   const maxLength = folder.config.maxPositionEmbeddings
   const learnerOptions: Learner.Options = {
     estimator: algorithm.advantage,

@@ -128,7 +128,7 @@ export const run = Effect.fn("cli.train")(function*(
 > {
   const fs = yield* FileSystem.FileSystem
   const loaded = yield* TrainConfig.load(options.config)
-  const config: TrainConfig.TrainConfig = {
+  const requested: TrainConfig.TrainConfig = {
     ...loaded,
     ...(options.seed === undefined ? {} : { seed: options.seed }),
     ...(options.output === undefined ? {} : { output: options.output }),
@@ -139,32 +139,36 @@ export const run = Effect.fn("cli.train")(function*(
   const say = (text: string) => Effect.sync(() => write(text + "\n"))
 
   // Datasets first: a bad row stops the run before anything is written.
-  const onInvalid = config.data.onInvalidRow
-  const train = yield* Dataset.load(config.data.train, { onInvalid })
-  const evalSet = config.data.eval === undefined ? undefined : yield* Dataset.load(config.data.eval, { onInvalid })
-  const demos = config.warmup === undefined
+  const onInvalid = requested.data.onInvalidRow
+  const train = yield* Dataset.load(requested.data.train, { onInvalid })
+  const evalSet = requested.data.eval === undefined ? undefined : yield* Dataset.load(requested.data.eval, { onInvalid })
+  const demos = requested.warmup === undefined
     ? undefined
-    : yield* Dataset.load(config.warmup.data, { onInvalid, kind: "conversation" })
-  const validation = config.warmup?.stopAt === undefined
+    : yield* Dataset.load(requested.warmup.data, { onInvalid, kind: "conversation" })
+  const validation = requested.warmup?.stopAt === undefined
     ? undefined
-    : yield* Dataset.load(config.warmup.stopAt.data, { onInvalid })
+    : yield* Dataset.load(requested.warmup.stopAt.data, { onInvalid })
   for (const ds of [train, evalSet, demos, validation]) {
     for (const issue of ds?.skipped ?? []) yield* say(`skipped ${ds!.name}:${issue.line}: ${issue.message}`)
   }
 
   // Model folder (initialised from the preset when missing).
-  if (!(yield* fs.exists(`${config.model.path}/config.json`))) {
-    const preset = config.model.preset
+  if (!(yield* fs.exists(`${requested.model.path}/config.json`))) {
+    const preset = requested.model.preset
     if (preset === undefined || !(preset in ModelConfig.presets)) {
-      return yield* usage(`model.path ${config.model.path} has no model and model.preset is not a known preset`)
+      return yield* usage(`model.path ${requested.model.path} has no model and model.preset is not a known preset`)
     }
-    yield* say(`initialising ${config.model.path} from preset ${preset} (seed ${config.model.initSeed})`)
-    yield* ModelFolder.init(config.model.path, {
+    yield* say(`initialising ${requested.model.path} from preset ${preset} (seed ${requested.model.initSeed})`)
+    yield* ModelFolder.init(requested.model.path, {
       preset: preset as ModelConfig.PresetName,
-      seed: config.model.initSeed
+      seed: requested.model.initSeed
     })
   }
-  const folder = yield* ModelFolder.load(config.model.path)
+  const folder = yield* ModelFolder.load(requested.model.path)
+  const config: TrainConfig.TrainConfig = {
+    ...requested,
+    agent: { ...requested.agent, maxContextTokens: LocalPolicy.contextTokens(folder, requested) }
+  }
 
   // Agent: tools, reward, format.
   const unknownTools = config.tools.filter((name) => !(name in tools))

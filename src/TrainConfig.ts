@@ -51,7 +51,8 @@ export const DataConfig = Schema.Struct({
 
 /**
  * How the agent runs: chat template and tool-call parser by name, the system prompt, turn and token budgets,
- * `numChains` rollouts per row (one GRPO group) and the sampling temperature.
+ * `numChains` rollouts per row (one GRPO group) and the sampling temperature. `maxContextTokens` defaults to the
+ * model's positions (`max_position_embeddings`) for a local policy and to no budget for an external sampler.
  *
  * @category models
  * @since 0.1.0
@@ -66,7 +67,7 @@ export const AgentConfig = Schema.Struct({
   maxTurns: withDefault(PositiveInt, 4),
   numChains: withDefault(PositiveInt, 8),
   maxNewTokens: withDefault(PositiveInt, 256),
-  maxContextTokens: withDefault(PositiveInt, 2048),
+  maxContextTokens: Schema.optionalKey(PositiveInt),
   temperature: withDefault(NonNegative, 1),
   topP: withDefault(Probability, 1)
 })

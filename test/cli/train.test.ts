@@ -171,6 +171,17 @@ describe("agentfly train", () => {
       const long = yield* train([join(dir, "long.json")])
       assert.strictEqual(long.code, 1)
       assert.include(long.output, "agent.maxContextTokens is 1024, more than the model's 512 positions")
+      // Left unset, the budget is the model's positions, and the run's recorded config says so.
+      writeFileSync(join(dir, "unset.json"), JSON.stringify({
+        ...base,
+        data: { train: "ok.jsonl" },
+        agent: { numChains: 2, maxNewTokens: 8 },
+        algorithm: { steps: 1, groupsPerStep: 1 }
+      }))
+      const unset = yield* train([join(dir, "unset.json")])
+      assert.strictEqual(unset.code, 0, unset.output)
+      const recorded = JSON.parse(readFileSync(join(dir, "run", "config.json"), "utf8"))
+      assert.strictEqual(recorded.agent.maxContextTokens, 512)
     }).pipe(Effect.provide(NodeServices.layer)), 60_000)
 
   it.effect("a reward by name or a weighted sum of rewards by name; unknown names are refused", () =>

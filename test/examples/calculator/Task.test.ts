@@ -82,7 +82,7 @@ describe("calculator task", () => {
         const config = yield* TrainConfig.load(join(import.meta.dirname, `../../../examples/calculator/${name}.json`))
         // A context past the preset's positions fails the run at start.
         assert.strictEqual(config.model.preset, "tiny")
-        assert.isAtMost(config.agent.maxContextTokens, ModelConfig.presets.tiny.maxPositionEmbeddings, name)
+        assert.isAtMost(config.agent.maxContextTokens ?? ModelConfig.presets.tiny.maxPositionEmbeddings, ModelConfig.presets.tiny.maxPositionEmbeddings, name)
         const stopAt = config.warmup?.stopAt
         assert.isDefined(stopAt, name)
         assert.strictEqual(dirname(stopAt!.data), dirname(config.data.train))
