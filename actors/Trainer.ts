@@ -369,7 +369,10 @@ export const run = Effect.fn("Trainer.run")(function*(
     if (options.eval === undefined) return
     const size = Math.min(config.eval.size ?? options.eval.rows.length, options.eval.rows.length)
     const rows = options.eval.rows.slice(0, size)
-    const groups = yield* collect(rows, 0, 1, { temperature: config.eval.temperature, seed: 7_000_000 + config.seed })
+    const groups = yield* collect(rows, 0, config.eval.samples, {
+      temperature: config.eval.temperature,
+      seed: 7_000_000 + config.seed
+    })
     const figures = rolloutFigures(groups, { prefix: "eval", correct: options.correct })
     const record = { phase: "eval" as const, step, elapsed: yield* elapsed, figures }
     evals.push({ step, figures })

@@ -166,7 +166,8 @@ export const WarmupConfig = Schema.Struct({
 
 /**
  * Held-out evaluation every `every` learner steps (and before the first), on `size` rows of `data.eval` (all when
- * absent). `temperature: 0` is greedy.
+ * absent). `temperature: 0` is greedy. Sampled, `samples` answers per question average out the sampling noise of
+ * one answer each (figures are over all of them).
  *
  * @category models
  * @since 0.1.0
@@ -174,7 +175,8 @@ export const WarmupConfig = Schema.Struct({
 export const EvalConfig = Schema.Struct({
   every: withDefault(PositiveInt, 10),
   size: Schema.optionalKey(PositiveInt),
-  temperature: withDefault(NonNegative, 0)
+  temperature: withDefault(NonNegative, 0),
+  samples: withDefault(PositiveInt, 1)
 })
 
 /**

@@ -117,6 +117,15 @@ describe("Trainer", () => {
     assert.strictEqual(f["rollout/staleness_mean"], (1 + 1 + 1 + 3) / 4)
   })
 
+  it.effect("a sampled evaluation with several answers per question: its figures are over all of them", () =>
+    Effect.gen(function*() {
+      const options = yield* setup({ eval: { every: 4, size: 5, samples: 3, temperature: 1 } }, { steps: 1 })
+      const summary = yield* run(options)
+      assert.strictEqual(summary.evals[0]!.figures["eval/trajectories"], 15)
+      const one = yield* run(yield* setup({ eval: { every: 4, size: 5, temperature: 1 } }, { steps: 1 }))
+      assert.strictEqual(one.evals[0]!.figures["eval/trajectories"], 5)
+    }).pipe(Effect.provide(NodeServices.layer)))
+
   it.effect("sync: warm-up, RL steps that raise held-out accuracy, journal, checkpoints, metrics and report", () =>
     Effect.gen(function*() {
       const options = yield* setup({ warmup: { data: "unused", steps: 3, batchSize: 2 }, eval: { every: 4, temperature: 1 } })
