@@ -298,6 +298,85 @@ export const sampleOf = (
   )
 })
 
+/**
+ * The agent side of a run: what its rollouts read from {@link Options}.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type AgentOptions = Pick<Options, "config" | "format" | "tools" | "reward" | "maxConcurrentChains" | "correct">
+
+/**
+ * Rolls out one group of `chains` chains per row with a run's agent settings; the groups in row order. Chain `k` of
+ * row `i` samples with `seed + i·chains + k`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const collectGroups = (
+  options: AgentOptions,
+  rows: ReadonlyArray<Dataset.Row>,
+  sampling: {
+    readonly firstSeq: number
+    readonly chains: number
+    readonly temperature: number
+    readonly seed: number
+  }
+): Effect.Effect<Array<Trajectory.Group>, TrainerError, Sampler> => {
+  const { config } = options
+  return Rollout.run({
+    rows: rows.map((row) => ({ ...row.fields, messages: Dataset.promptMessages(row, config.agent.systemPrompt) })),
+    numChains: sampling.chains,
+    maxTurns: config.agent.maxTurns,
+    maxConcurrentChains: options.maxConcurrentChains ?? 64,
+    maxContextTokens: config.agent.maxContextTokens,
+    sampling: {
+      temperature: sampling.temperature,
+      ...(config.agent.topP < 1 ? { topP: config.agent.topP } : {}),
+      maxTokens: config.agent.maxNewTokens,
+      seed: sampling.seed
+    },
+    format: options.format,
+    tools: options.tools === undefined || config.agent.renderTools
+      ? options.tools
+      : { ...options.tools, schemas: [] },
+    reward: options.reward,
+    runId: `s${sampling.firstSeq}`
+  }).pipe(
+    Stream.runFold(() => [] as Array<Trajectory.Group>, (acc, event) => {
+      if (event._tag === "Group") acc.push(event.group)
+      return acc
+    }),
+    Effect.map((groups) => groups.sort((a, b) => a.rowIndex - b.rowIndex)),
+    Effect.mapError(fail("Rollout"))
+  )
+}
+
+/**
+ * A held-out evaluation: the first `config.eval.size` rows (all when unset), `config.eval.samples` answers each at
+ * `config.eval.temperature`, seeded by the run's seed, so that evaluating a run's checkpoint repeats the run's own
+ * evaluation at that step. Figures under `eval/` ({@link rolloutFigures}).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const evaluation = (
+  options: AgentOptions,
+  rows: ReadonlyArray<Dataset.Row>
+): Effect.Effect<{ readonly groups: Array<Trajectory.Group>; readonly figures: Figures }, TrainerError, Sampler> => {
+  const { config } = options
+  const size = Math.min(config.eval.size ?? rows.length, rows.length)
+  return Effect.map(
+    collectGroups(options, rows.slice(0, size), {
+      firstSeq: 0,
+      chains: config.eval.samples,
+      temperature: config.eval.temperature,
+      seed: 7_000_000 + config.seed
+    }),
+    (groups) => ({ groups, figures: rolloutFigures(groups, { prefix: "eval", correct: options.correct }) })
+  )
+}
+
 // ===== The run =====
 
 const checkpointName = (step: number) => `step-${String(step).padStart(6, "0")}`
@@ -367,13 +446,7 @@ export const run = Effect.fn("Trainer.run")(function*(
   const evals: Array<{ step: number; figures: Figures }> = []
   const evaluate = Effect.fnUntraced(function*(step: number) {
     if (options.eval === undefined) return
-    const size = Math.min(config.eval.size ?? options.eval.rows.length, options.eval.rows.length)
-    const rows = options.eval.rows.slice(0, size)
-    const groups = yield* collect(rows, 0, config.eval.samples, {
-      temperature: config.eval.temperature,
-      seed: 7_000_000 + config.seed
-    })
-    const figures = rolloutFigures(groups, { prefix: "eval", correct: options.correct })
+    const { groups, figures } = yield* evaluation(options, options.eval.rows)
     const record = { phase: "eval" as const, step, elapsed: yield* elapsed, figures }
     evals.push({ step, figures })
     yield* metrics.log(record).pipe(Effect.mapError(io))
@@ -409,33 +482,7 @@ export const run = Effect.fn("Trainer.run")(function*(
     firstSeq: number,
     chains: number,
     sampling: { readonly temperature: number; readonly seed: number }
-  ): Effect.Effect<Array<Trajectory.Group>, TrainerError, Sampler> =>
-    Rollout.run({
-      rows: rows.map((row) => ({ ...row.fields, messages: Dataset.promptMessages(row, config.agent.systemPrompt) })),
-      numChains: chains,
-      maxTurns: config.agent.maxTurns,
-      maxConcurrentChains: options.maxConcurrentChains ?? 64,
-      maxContextTokens: config.agent.maxContextTokens,
-      sampling: {
-        temperature: sampling.temperature,
-        ...(config.agent.topP < 1 ? { topP: config.agent.topP } : {}),
-        maxTokens: config.agent.maxNewTokens,
-        seed: sampling.seed
-      },
-      format: options.format,
-      tools: options.tools === undefined || config.agent.renderTools
-        ? options.tools
-        : { ...options.tools, schemas: [] },
-      reward: options.reward,
-      runId: `s${firstSeq}`
-    }).pipe(
-      Stream.runFold(() => [] as Array<Trajectory.Group>, (acc, event) => {
-        if (event._tag === "Group") acc.push(event.group)
-        return acc
-      }),
-      Effect.map((groups) => groups.sort((a, b) => a.rowIndex - b.rowIndex)),
-      Effect.mapError(fail("Rollout"))
-    )
+  ) => collectGroups(options, rows, { firstSeq, chains, ...sampling })
 
   const batchFor = (step: number) => {
     const firstSeq = (step - 1) * B

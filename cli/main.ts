@@ -10,6 +10,7 @@ import * as NodeRuntime from "@effect/platform-node/NodeRuntime"
 import * as NodeServices from "@effect/platform-node/NodeServices"
 import { Effect } from "effect"
 import { Command } from "effect/cli"
+import { evaluate } from "./eval.ts"
 import { initModel } from "./initModel.ts"
 import { serve } from "./serve.ts"
 import { report } from "./report.ts"
@@ -26,6 +27,7 @@ const subcommands = [
   initModel,
   serve,
   train,
+  evaluate,
   report,
   tokens
 ] as const

@@ -97,6 +97,33 @@ const rewardPort = (actor: RewardActor.RewardActor<any>): RolloutChain.Reward =>
   }))
 
 /**
+ * A config's agent on a loaded model folder: the rollout format (the template and tool-call parser it names) and its
+ * tools and reward as the rollout chain's ports. Unknown tool or reward names fail with the known ones.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const agentOf = Effect.fn("cli.agentOf")(function*(config: TrainConfig.TrainConfig, folder: ModelFolder.ModelFolder) {
+  const unknownTools = config.tools.filter((name) => !(name in tools))
+  if (unknownTools.length > 0) {
+    return yield* usage(`tools: unknown ${unknownTools.join(", ")} (known: ${Object.keys(tools).join(", ")})`)
+  }
+  const reward = rewardOf(config.reward)
+  if (typeof reward === "string") return yield* usage(reward)
+  const toolActor = yield* ToolActor.make(config.tools.map((name) => tools[name]!))
+  const rewardActor = yield* RewardActor.make(reward as never, { onError: "zero" })
+  const template = config.agent.template === "model"
+    ? folder.template
+    : ChatTemplate.builtinTemplate(config.agent.template as ChatTemplate.BuiltinName)
+  const format = ChainFormat.fromTemplate({
+    tokenizer: folder.tokenizer,
+    template,
+    toolCallFormat: config.agent.parser as ChatTemplate.ToolCallFormat
+  })
+  return { format, tools: toolPort(toolActor), reward: rewardPort(rewardActor) }
+})
+
+/**
  * Options of a training run from the command line.
  *
  * @category models
@@ -170,23 +197,7 @@ export const run = Effect.fn("cli.train")(function*(
     agent: { ...requested.agent, maxContextTokens: LocalPolicy.contextTokens(folder, requested) }
   }
 
-  // Agent: tools, reward, format.
-  const unknownTools = config.tools.filter((name) => !(name in tools))
-  if (unknownTools.length > 0) {
-    return yield* usage(`tools: unknown ${unknownTools.join(", ")} (known: ${Object.keys(tools).join(", ")})`)
-  }
-  const reward = rewardOf(config.reward)
-  if (typeof reward === "string") return yield* usage(reward)
-  const toolActor = yield* ToolActor.make(config.tools.map((name) => tools[name]!))
-  const rewardActor = yield* RewardActor.make(reward as never, { onError: "zero" })
-  const template = config.agent.template === "model"
-    ? folder.template
-    : ChatTemplate.builtinTemplate(config.agent.template as ChatTemplate.BuiltinName)
-  const format = ChainFormat.fromTemplate({
-    tokenizer: folder.tokenizer,
-    template,
-    toolCallFormat: config.agent.parser as ChatTemplate.ToolCallFormat
-  })
+  const agent = yield* agentOf(config, folder)
 
   yield* fs.makeDirectory(config.output, { recursive: true })
   const display = Metrics.display({ write, tty, columns: process.stderr.columns ?? 100, everySteps: 5 })
@@ -200,9 +211,7 @@ export const run = Effect.fn("cli.train")(function*(
     eval: evalSet,
     demos,
     validation,
-    format,
-    tools: toolPort(toolActor),
-    reward: rewardPort(rewardActor),
+    ...agent,
     resume: options.resume === true,
     tokenText: (id) => folder.tokenizer.decode([id]),
     display

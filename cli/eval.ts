@@ -1,0 +1,151 @@
+/**
+ * `agentfly eval CONFIG [--checkpoint DIR] [--size N] [--samples K] [--temperature T] [--seed N] [--output FILE]`:
+ * evaluates a policy on a config's held-out split (`data.eval`) with the config's agent, tools and reward, as a
+ * run's periodic evaluation does (`Trainer.evaluation`): the model folder's weights, or those of a run's
+ * checkpoint. With the config's own evaluation settings, a checkpoint's figures repeat the run's evaluation at that
+ * step; the flags override them (greedy figures of a run evaluated sampled, more answers per question, ...). Prints
+ * accuracy and invalid tool-call rate; `--output` writes every figure as JSON.
+ *
+ * @since 0.1.0
+ */
+import { Console, Effect, FileSystem, Option, Schema } from "effect"
+import type { Scope } from "effect"
+import { Argument, Command, Flag } from "effect/cli"
+import * as LocalPolicy from "../actors/LocalPolicy.ts"
+import * as PolicyEngine from "../actors/PolicyEngine.ts"
+import * as Trainer from "../actors/Trainer.ts"
+import * as Checkpoint from "../src/Checkpoint.ts"
+import * as Dataset from "../src/Dataset.ts"
+import * as Qwen2 from "../src/model/Qwen2.ts"
+import * as ModelFolder from "../src/ModelFolder.ts"
+import { Sampler } from "../src/Sampler.ts"
+import * as TrainConfig from "../src/TrainConfig.ts"
+import { agentOf } from "./train.ts"
+
+/**
+ * Options of an evaluation from the command line; unset ones come from the config.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface EvalOptions {
+  readonly config: string
+  /** A run's checkpoint directory (`RUN/checkpoints/step-NNNNNN`); the model folder's weights when unset. */
+  readonly checkpoint?: string | undefined
+  readonly size?: number | undefined
+  readonly samples?: number | undefined
+  readonly temperature?: number | undefined
+  readonly seed?: number | undefined
+  readonly output?: string | undefined
+  readonly write?: ((text: string) => void) | undefined
+}
+
+/**
+ * What `agentfly eval` measured and on what.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface EvalResult {
+  readonly weights: string
+  readonly questions: number
+  readonly samples: number
+  readonly temperature: number
+  readonly seed: number
+  readonly figures: Trainer.Figures
+}
+
+const usage = (message: string) =>
+  new TrainConfig.ConfigError({ source: "config", reason: "Invalid", issues: [message] })
+
+/**
+ * Runs `agentfly eval`: everything but argument parsing.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const run = Effect.fn("cli.eval")(function*(
+  options: EvalOptions
+): Effect.fn.Return<EvalResult, unknown, FileSystem.FileSystem | import("effect").Path.Path | Scope.Scope> {
+  const fs = yield* FileSystem.FileSystem
+  const requested = yield* TrainConfig.load(options.config)
+  if (requested.data.eval === undefined) return yield* usage("data.eval: the config names no held-out split")
+  const heldOut = yield* Dataset.load(requested.data.eval, { onInvalid: requested.data.onInvalidRow })
+  const evalConfig = yield* Schema.decodeUnknownEffect(TrainConfig.EvalConfig)({
+    ...requested.eval,
+    ...(options.size === undefined ? {} : { size: options.size }),
+    ...(options.samples === undefined ? {} : { samples: options.samples }),
+    ...(options.temperature === undefined ? {} : { temperature: options.temperature })
+  }).pipe(Effect.mapError((e) => usage(`eval flags: ${e.message}`)))
+  const folder = yield* ModelFolder.load(requested.model.path)
+  const config: TrainConfig.TrainConfig = {
+    ...requested,
+    ...(options.seed === undefined ? {} : { seed: options.seed }),
+    agent: { ...requested.agent, maxContextTokens: LocalPolicy.contextTokens(folder, requested) },
+    eval: evalConfig
+  }
+  const weights = options.checkpoint === undefined
+    ? folder.weights
+    : (yield* Checkpoint.load(options.checkpoint, Qwen2.parameters(folder.config))).weights
+  const engine = yield* PolicyEngine.make({ config: folder.config, weights, maxBatchSize: 64 })
+  const agent = yield* agentOf(config, folder)
+  const { figures, groups } = yield* Trainer.evaluation({ config, ...agent }, heldOut.rows).pipe(
+    Effect.provideService(Sampler, Sampler.of({ generate: engine.generate, policyVersion: engine.policyVersion }))
+  )
+  const result: EvalResult = {
+    weights: options.checkpoint ?? folder.name,
+    questions: groups.length,
+    samples: config.eval.samples,
+    temperature: config.eval.temperature,
+    seed: config.seed,
+    figures
+  }
+  const write = options.write ?? ((text: string) => void process.stdout.write(text))
+  write(
+    `${result.weights}: held-out accuracy ${figures["eval/accuracy"]!.toFixed(3)}, invalid tool-call rate ` +
+      `${figures["eval/invalid_tool_call_rate"]!.toFixed(3)} (${result.questions} questions × ${result.samples}, ` +
+      `${result.temperature === 0 ? "greedy" : `temperature ${result.temperature}`}, seed ${result.seed})\n`
+  )
+  if (options.output !== undefined) yield* fs.writeFileString(options.output, JSON.stringify(result, null, 2) + "\n")
+  return result
+})
+
+/**
+ * @category commands
+ * @since 0.1.0
+ */
+export const evaluate = Command.make(
+  "eval",
+  {
+    config: Argument.String("config").pipe(Argument.withDescription("A train config: .json, .yaml or .ts")),
+    checkpoint: Flag.Directory("checkpoint", { mustExist: true }).pipe(
+      Flag.withDescription("A run's checkpoint directory (default: the model folder's weights)"),
+      Flag.optional
+    ),
+    size: Flag.Int("size").pipe(Flag.withDescription("Override eval.size (held-out questions)"), Flag.optional),
+    samples: Flag.Int("samples").pipe(Flag.withDescription("Override eval.samples (answers per question)"), Flag.optional),
+    temperature: Flag.Finite("temperature").pipe(
+      Flag.withDescription("Override eval.temperature (0: greedy)"),
+      Flag.optional
+    ),
+    seed: Flag.Int("seed").pipe(Flag.withDescription("Override the config's seed"), Flag.optional),
+    output: Flag.String("output").pipe(Flag.withDescription("Write the figures to this JSON file"), Flag.optional)
+  },
+  Effect.fn("eval")(function*(args) {
+    yield* Effect.scoped(run({
+      config: args.config,
+      checkpoint: Option.getOrUndefined(args.checkpoint),
+      size: Option.getOrUndefined(args.size),
+      samples: Option.getOrUndefined(args.samples),
+      temperature: Option.getOrUndefined(args.temperature),
+      seed: Option.getOrUndefined(args.seed),
+      output: Option.getOrUndefined(args.output)
+    })).pipe(
+      Effect.catch((e) =>
+        Console.error(e instanceof Error ? e.message : String(e)).pipe(
+          Effect.andThen(Effect.sync(() => void (process.exitCode = 1)))
+        )
+      )
+    )
+  })
+).pipe(Command.withDescription("Evaluate a model folder or a run's checkpoint on a config's held-out split"))

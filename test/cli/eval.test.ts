@@ -1,0 +1,75 @@
+/**
+ * `agentfly eval` on the real parts (tiny Qwen2 policy on onnxruntime, calculator tool, mathEqual reward): a run's
+ * checkpoint evaluated with the run's settings repeats the run's own evaluation at that step; flags override the
+ * settings; a corrupt checkpoint and a config without a held-out split fail with their reasons.
+ */
+import { NodeServices } from "@effect/platform-node"
+import { assert, describe, it } from "@effect/vitest"
+import { Effect } from "effect"
+import { cpSync, mkdtempSync, readFileSync, truncateSync, writeFileSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import * as Eval from "../../cli/eval.ts"
+import * as Train from "../../cli/train.ts"
+import * as Generate from "../../examples/calculator/generate.ts"
+
+describe("agentfly eval", () => {
+  it.live("a checkpoint repeats its run's evaluation; flags override; bad inputs fail with their reasons", () =>
+    Effect.gen(function*() {
+      const dir = mkdtempSync(join(tmpdir(), "eval-"))
+      yield* Generate.write({ dir: join(dir, "data"), seed: 4, train: 16, heldOut: 6, validation: 2, demos: 4, noise: 0 })
+      const config = {
+        seed: 5,
+        output: "run",
+        model: { path: "model", preset: "tiny", initSeed: 2 },
+        data: { train: "data/train.jsonl", eval: "data/heldout.jsonl" },
+        tools: ["calculator"],
+        reward: "mathEqual",
+        agent: { systemPrompt: "Use the calculator tool.", renderTools: false, maxTurns: 2, numChains: 2, maxNewTokens: 24 },
+        algorithm: { steps: 2, groupsPerStep: 2, lr: 0.01, entropyCoef: 0.01, advantage: "reinforce++" },
+        eval: { every: 2, temperature: 1 },
+        checkpoint: { every: 2 }
+      }
+      writeFileSync(join(dir, "config.json"), JSON.stringify(config))
+      const quiet = { write: () => {}, tty: false }
+      const trained = yield* Train.run({ config: join(dir, "config.json"), ...quiet })
+      const last = trained.summary.evals.at(-1)!
+      assert.strictEqual(last.step, 2)
+
+      const checkpoint = join(dir, "run", "checkpoints", "step-000002")
+      const lines: Array<string> = []
+      const output = join(dir, "eval.json")
+      const again = yield* Eval.run({
+        config: join(dir, "config.json"),
+        checkpoint,
+        output,
+        write: (t) => lines.push(t)
+      })
+      assert.deepStrictEqual(again.figures, last.figures, "the run's own evaluation at step 2")
+      assert.strictEqual(again.questions, 6)
+      assert.deepStrictEqual(JSON.parse(readFileSync(output, "utf8")), JSON.parse(JSON.stringify(again)))
+      assert.match(lines.join(""), /held-out accuracy \d\.\d{3}, invalid tool-call rate \d\.\d{3} \(6 questions × 1/)
+
+      // Another seed samples other answers; more samples per question are all counted; the folder's own weights.
+      const reseeded = yield* Eval.run({ config: join(dir, "config.json"), checkpoint, seed: 6, ...quiet })
+      assert.notDeepEqual(reseeded.figures, last.figures)
+      const more = yield* Eval.run({ config: join(dir, "config.json"), checkpoint, samples: 3, size: 4, ...quiet })
+      assert.strictEqual(more.figures["eval/trajectories"], 12)
+      const initial = yield* Eval.run({ config: join(dir, "config.json"), ...quiet })
+      assert.strictEqual(initial.weights, "model")
+      assert.notDeepEqual(initial.figures, last.figures, "the checkpoint's weights, not the folder's")
+
+      // A truncated checkpoint, a bad flag and a config with no held-out split.
+      const broken = join(dir, "broken")
+      cpSync(checkpoint, broken, { recursive: true })
+      truncateSync(join(broken, "model.safetensors"), 100)
+      const corrupt = yield* Effect.flip(Eval.run({ config: join(dir, "config.json"), checkpoint: broken, ...quiet }))
+      assert.strictEqual((corrupt as { _tag: string })._tag, "CheckpointError")
+      assert.include((corrupt as Error).message, "model.safetensors")
+      const flag = yield* Effect.flip(Eval.run({ config: join(dir, "config.json"), samples: 0, ...quiet }))
+      assert.include((flag as Error).message, "eval flags")
+      writeFileSync(join(dir, "noeval.json"), JSON.stringify({ ...config, data: { train: "data/train.jsonl" } }))
+      const noEval = yield* Effect.flip(Eval.run({ config: join(dir, "noeval.json"), ...quiet }))
+      assert.include((noEval as Error).message, "data.eval: the config names no held-out split")
+    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 120_000)
+})
