@@ -45,7 +45,8 @@ export const TrainerErrorReason = Schema.Literals([
   "Learner", // a learner or warm-up step failed
   "Checkpoint", // saving or loading a checkpoint failed
   "Journal", // the journal or metrics files could not be written
-  "Resume" // the journal and the run do not agree
+  "Resume", // the journal and the run do not agree
+  "Warmup" // the warm-up reached its step cap short of its target (`warmup.stopAt.onMiss: "fail"`)
 ])
 export type TrainerErrorReason = typeof TrainerErrorReason.Type
 
@@ -502,6 +503,8 @@ export const run = Effect.fn("Trainer.run")(function*(
       return yield* new TrainerError({ reason: "Learner", message: "warmup.stopAt needs its validation split" })
     }
     let done = warmup.steps
+    let reached = false
+    let best: { readonly step: number; readonly accuracy: number } | undefined
     for (let step = 1; step <= warmup.steps; step++) {
       const t0 = yield* Clock.currentTimeMillis
       const batch = rowsAt(demos.length, config.seed ^ 0x51f7, (step - 1) * warmup.batchSize, warmup.batchSize)
@@ -520,10 +523,22 @@ export const run = Effect.fn("Trainer.run")(function*(
       }
       yield* metrics.log(record).pipe(Effect.mapError(io))
       yield* display.update({ ...record, total: warmup.steps })
-      if (check !== undefined && check["warmup/validation_accuracy"]! >= stopAt!.accuracy) {
+      const accuracy = check?.["warmup/validation_accuracy"]
+      if (accuracy !== undefined && (best === undefined || accuracy > best.accuracy)) best = { step, accuracy }
+      if (accuracy !== undefined && accuracy >= stopAt!.accuracy) {
         done = step
+        reached = true
         break
       }
+    }
+    if (stopAt !== undefined && !reached && stopAt.onMiss === "fail") {
+      return yield* new TrainerError({
+        reason: "Warmup",
+        message: `the warm-up ran its ${warmup.steps} steps short of its target validation accuracy ` +
+          `${stopAt.accuracy}: ${
+            best === undefined ? "no check ran" : `best ${best.accuracy} at step ${best.step}`
+          } (warmup.stopAt.onMiss: "fail"; try more steps or another model.initSeed)`
+      })
     }
     yield* journal.append({ kind: "warmup", steps: done }).pipe(Effect.mapError(io))
     yield* policy.publish(0)

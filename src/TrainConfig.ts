@@ -132,7 +132,9 @@ export const AlgorithmConfig = Schema.Struct({
  * split of its own (not `data.eval`, so the held-out figures stay unbiased), checked every `every` warm-up steps
  * from step `from` (default `every`) on its first `size` rows (all when absent). How many steps a policy needs to
  * reach a level varies a lot between seeds; a target makes every seed start RL from a comparable policy. Checks
- * before the policy has learnt the format are slow (it writes to the token limit), hence `from`.
+ * before the policy has learnt the format are slow (it writes to the token limit), hence `from`. A warm-up that
+ * reaches its step cap short of the target goes on to RL (`onMiss: "continue"`) or fails the run (`"fail"`, naming
+ * the best check), rather than spending the RL steps on a policy that never learnt the task.
  *
  * @category models
  * @since 0.1.0
@@ -142,7 +144,8 @@ export const WarmupStopConfig = Schema.Struct({
   accuracy: Probability,
   every: withDefault(PositiveInt, 50),
   from: Schema.optionalKey(PositiveInt),
-  size: Schema.optionalKey(PositiveInt)
+  size: Schema.optionalKey(PositiveInt),
+  onMiss: withDefault(Schema.Literals(["continue", "fail"]), "continue")
 })
 export type WarmupStopConfig = typeof WarmupStopConfig.Type
 

@@ -195,6 +195,16 @@ describe("Trainer", () => {
       assert.deepStrictEqual(warmAll.map((m) => m.step), [1, 2, 3, 4, 5, 6, 7], "the cap: every step")
       assert.deepStrictEqual(warmAll.flatMap((m) => m.figures["warmup/validation_accuracy"] ?? []), [0, 0])
       assert.deepStrictEqual(published.slice(0, 3), [-5, -2, 0], "checks at steps 3 and 6, then version 0")
+
+      // With onMiss "fail" the same miss ends the run before RL, naming the best check.
+      const failing = yield* setup({
+        warmup: { data: "unused", steps: 7, batchSize: 2, stopAt: { data: "unused", accuracy: 1, every: 3, onMiss: "fail" } }
+      })
+      const missed = yield* Effect.flip(runWith({ ...failing, validation: yield* rows(8, "validation"), correct: () => false }))
+      assert.strictEqual(missed.reason, "Warmup")
+      assert.include(missed.message, "ran its 7 steps short of its target validation accuracy 1: best 0 at step 3")
+      const failed = (yield* Journal.read(join(failing.config.output, "journal.jsonl"))).entries.map((e) => e.entry)
+      assert.isFalse(failed.some((e) => e.kind === "warmup" || e.kind === "step"), "no warm-up end, no RL step")
     }).pipe(Effect.provide(NodeServices.layer)))
 
   it("warm-up checks: every `every` steps from `from`, never at the last step", () => {

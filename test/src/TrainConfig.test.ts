@@ -95,7 +95,7 @@ describe("TrainConfig", () => {
       }))
       const d = yield* TrainConfig.load(join(dir, "d.json"))
       assert.strictEqual(d.warmup?.data, join(dir, "demos.jsonl"))
-      assert.deepStrictEqual(d.warmup?.stopAt, { data: join(dir, "data/validation.jsonl"), accuracy: 0.3, every: 50 })
+      assert.deepStrictEqual(d.warmup?.stopAt, { data: join(dir, "data/validation.jsonl"), accuracy: 0.3, every: 50, onMiss: "continue" })
       writeFileSync(join(dir, "e.json"), JSON.stringify({
         ...minimal,
         warmup: { data: "demos.jsonl", steps: 900, stopAt: { data: "v.jsonl", accuracy: 1.5, evry: 10 } }
