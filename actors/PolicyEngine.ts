@@ -549,13 +549,17 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
     }
   })
 
+  // Every request from submission to its result: on close each fails, wherever it is (queued, waiting, decoding, or
+  // held by the step fiber between the two), and a request submitted after close fails at once.
+  const pending = new Set<Seq>()
+  let closed = false
+  const closedError = () => new SamplerError({ reason: "Closed", message: "the policy engine was shut down" })
   yield* Effect.forever(step).pipe(Effect.forkScoped)
   yield* Effect.addFinalizer(() =>
     Effect.gen(function*() {
-      const closed = new SamplerError({ reason: "Closed", message: "the policy engine was shut down" })
-      const queued = yield* Queue.clear(mailbox)
-      const all = [...waiting, ...queued, ...generations.flatMap((g) => g.seqs)]
-      yield* Effect.forEach(all, (s) => Deferred.fail(s.deferred, closed), { discard: true })
+      closed = true
+      yield* Queue.clear(mailbox)
+      yield* Effect.forEach([...pending], (s) => Deferred.fail(s.deferred, closedError()), { discard: true })
       yield* Effect.forEach(generations, release, { discard: true })
     })
   )
@@ -579,10 +583,15 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
       cancelled: false,
       prefix: undefined
     }
+    if (closed) return yield* closedError()
+    pending.add(seq)
     yield* Queue.offer(mailbox, seq)
-    return yield* Deferred.await(seq.deferred).pipe(Effect.onInterrupt(() => Effect.sync(() => {
-      seq.cancelled = true
-    })))
+    return yield* Deferred.await(seq.deferred).pipe(
+      Effect.onInterrupt(() => Effect.sync(() => {
+        seq.cancelled = true
+      })),
+      Effect.ensuring(Effect.sync(() => pending.delete(seq)))
+    )
   })
 
   const updateWeights = (version: number, weights: Qwen2.Weights) =>

@@ -288,6 +288,10 @@ describe("PolicyEngine", () => {
       yield* Scope.close(scope, Exit.void)
       const error = yield* Effect.flip(Fiber.join(pending))
       assert.strictEqual(error.reason, "Closed")
+      // A request submitted after the close fails at once too (it used to wait forever on a queue nobody drained).
+      const late = yield* Effect.flip(sampler.generate(request([4, 5], { maxTokens: 4 })).pipe(Effect.timeout("5 seconds")))
+      assert.strictEqual(late._tag, "SamplerError")
+      assert.strictEqual((late as { reason: string }).reason, "Closed")
     }))
 
   it("weights initialised from the same seed give the same parameters (sanity of the fixtures)", () => {
