@@ -8,7 +8,7 @@
  *
  * @since 0.1.0
  */
-import { Console, Effect, FileSystem, Option, Schema } from "effect"
+import { Effect, FileSystem, Option, Schema } from "effect"
 import type { Scope } from "effect"
 import { Argument, Command, Flag } from "effect/cli"
 import * as LocalPolicy from "../actors/LocalPolicy.ts"
@@ -20,7 +20,7 @@ import * as Qwen2 from "../src/model/Qwen2.ts"
 import * as ModelFolder from "../src/ModelFolder.ts"
 import { Sampler } from "../src/Sampler.ts"
 import * as TrainConfig from "../src/TrainConfig.ts"
-import { agentOf } from "./train.ts"
+import { agentOf, exitOnFailure } from "./train.ts"
 
 /**
  * Options of an evaluation from the command line; unset ones come from the config.
@@ -140,12 +140,6 @@ export const evaluate = Command.make(
       temperature: Option.getOrUndefined(args.temperature),
       seed: Option.getOrUndefined(args.seed),
       output: Option.getOrUndefined(args.output)
-    })).pipe(
-      Effect.catch((e) =>
-        Console.error(e instanceof Error ? e.message : String(e)).pipe(
-          Effect.andThen(Effect.sync(() => void (process.exitCode = 1)))
-        )
-      )
-    )
+    })).pipe(exitOnFailure)
   })
 ).pipe(Command.withDescription("Evaluate a model folder or a run's checkpoint on a config's held-out split"))

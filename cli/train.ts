@@ -235,6 +235,19 @@ export const run = Effect.fn("cli.train")(function*(
 })
 
 /**
+ * Ends a command's expected failures (a bad config, a bad dataset row, a corrupt checkpoint, ...) with their message
+ * on stderr and exit code 1.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const exitOnFailure = <A, E, R>(self: Effect.Effect<A, E, R>): Effect.Effect<A | void, never, R> =>
+  Effect.catch(self, (e) =>
+    Console.error(e instanceof Error ? e.message : String(e)).pipe(
+      Effect.andThen(Effect.sync(() => void (process.exitCode = 1)))
+    ))
+
+/**
  * @category commands
  * @since 0.1.0
  */
@@ -257,13 +270,6 @@ export const train = Command.make(
       seed: Option.getOrUndefined(args.seed),
       output: Option.getOrUndefined(args.output),
       steps: Option.getOrUndefined(args.steps)
-    })).pipe(
-      // Expected failures (a bad config, a bad dataset row, ...) end the program with their message and exit code 1.
-      Effect.catch((e) =>
-        Console.error(e instanceof Error ? e.message : String(e)).pipe(
-          Effect.andThen(Effect.sync(() => void (process.exitCode = 1)))
-        )
-      )
-    )
+    })).pipe(exitOnFailure)
   })
 ).pipe(Command.withDescription("Train an agent by RL (optional SFT warm-up), with checkpoints, resume and a report"))
