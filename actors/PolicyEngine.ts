@@ -246,7 +246,8 @@ const int64 = (values: ArrayLike<number>, dims: ReadonlyArray<number>): ort.Tens
 
 /**
  * Builds the engine in the current scope: creates the first session and forks the decode loop. Closing the
- * scope fails waiting and running requests with `SamplerError { reason: "Closed" }` and releases the sessions.
+ * scope fails every unfinished request, and any submitted later, with `SamplerError { reason: "Closed" }` and
+ * releases the sessions.
  *
  * @category constructors
  * @since 0.1.0
