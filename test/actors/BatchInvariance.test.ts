@@ -68,7 +68,7 @@ describe("batch invariance", () => {
       for (let i = 0; i < a.length; i++) {
         a[i]!.logprobs.forEach((lp, j) => {
           const other = b[i]!.logprobs[j]!
-          if (Number.isNaN(lp)) assert.isTrue(Number.isNaN(other), "the same tokens are the policy's")
+          if (Number.isNaN(lp)) assert.isTrue(Number.isNaN(other), "a token the policy did not sample has no logprob in either")
           else assert.approximately(other, lp, 1e-5)
         })
       }
