@@ -67,6 +67,18 @@ export const contextTokens = (folder: ModelFolder.ModelFolder, config: TrainConf
   config.agent.maxContextTokens ?? folder.config.maxPositionEmbeddings
 
 /**
+ * A config as it runs on this model: its context budget filled in ({@link contextTokens}), so that the rollouts,
+ * the learner and the run's recorded `config.json` use the same one.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const onModel = (folder: ModelFolder.ModelFolder, config: TrainConfig.TrainConfig): TrainConfig.TrainConfig => ({
+  ...config,
+  agent: { ...config.agent, maxContextTokens: contextTokens(folder, config) }
+})
+
+/**
  * Builds the local policy and sampler for a run from a loaded model folder. Sessions live in the current scope.
  *
  * With `algorithm.klCoef > 0` the KL term's reference policy is the policy RL starts from (policy version 0: the

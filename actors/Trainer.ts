@@ -464,7 +464,9 @@ export const run = Effect.fn("Trainer.run")(function*(
     stopAt: TrainConfig.WarmupStopConfig
   ) {
     yield* policy.publish(warmupVersion(step, steps))
-    const groups = yield* collect(options.validation!.rows.slice(0, stopAt.size), 0, 1, {
+    const groups = yield* collectGroups(options, options.validation!.rows.slice(0, stopAt.size), {
+      firstSeq: 0,
+      chains: 1,
       temperature: 0,
       seed: 8_000_000 + config.seed
     })
@@ -478,17 +480,12 @@ export const run = Effect.fn("Trainer.run")(function*(
   // ----- Rollouts -----
   const B = config.algorithm.groupsPerStep
   const numChains = config.agent.numChains
-  const collect = (
-    rows: ReadonlyArray<Dataset.Row>,
-    firstSeq: number,
-    chains: number,
-    sampling: { readonly temperature: number; readonly seed: number }
-  ) => collectGroups(options, rows, { firstSeq, chains, ...sampling })
-
   const batchFor = (step: number) => {
     const firstSeq = (step - 1) * B
     const indices = rowsAt(options.train.rows.length, config.seed, firstSeq, B)
-    return collect(indices.map((i) => options.train.rows[i]!), firstSeq, numChains, {
+    return collectGroups(options, indices.map((i) => options.train.rows[i]!), {
+      firstSeq,
+      chains: numChains,
       temperature: config.agent.temperature,
       seed: config.seed * 1_000_000 + firstSeq * numChains
     }).pipe(Effect.map((groups) => ({ step, firstSeq, indices, groups })))

@@ -78,12 +78,11 @@ export const run = Effect.fn("cli.eval")(function*(
     ...(options.temperature === undefined ? {} : { temperature: options.temperature })
   }).pipe(Effect.mapError((e) => usage(`eval flags: ${e.message}`)))
   const folder = yield* ModelFolder.load(requested.model.path)
-  const config: TrainConfig.TrainConfig = {
+  const config = LocalPolicy.onModel(folder, {
     ...requested,
     ...(options.seed === undefined ? {} : { seed: options.seed }),
-    agent: { ...requested.agent, maxContextTokens: LocalPolicy.contextTokens(folder, requested) },
     eval: evalConfig
-  }
+  })
   const weights = options.checkpoint === undefined
     ? folder.weights
     : (yield* Checkpoint.load(options.checkpoint, Qwen2.parameters(folder.config))).weights

@@ -192,10 +192,7 @@ export const run = Effect.fn("cli.train")(function*(
     })
   }
   const folder = yield* ModelFolder.load(requested.model.path)
-  const config: TrainConfig.TrainConfig = {
-    ...requested,
-    agent: { ...requested.agent, maxContextTokens: LocalPolicy.contextTokens(folder, requested) }
-  }
+  const config = LocalPolicy.onModel(folder, requested)
 
   const agent = yield* agentOf(config, folder)
 
