@@ -84,6 +84,8 @@ export interface Options {
   readonly reward?: RolloutChain.Reward | undefined
   /** Where each chain gets its environment (default: none). */
   readonly environment?: Environment.Provider<any, any, never> | undefined
+  /** The episode protocol each chain follows with its environment (see `Environment.Episode`). */
+  readonly episode?: Environment.Episode<any> | undefined
   readonly policies?: RolloutError.Policies | undefined
   /** Delays of the `retry` policy. */
   readonly retry?: Schedule.Schedule<unknown, RolloutError.RolloutError> | undefined
@@ -180,6 +182,7 @@ const runWith = (
           tools: options.tools ?? RolloutChain.noTools,
           reward: options.reward,
           environment: options.environment ?? (Environment.none as unknown as Environment.Provider<any, any, never>),
+          episode: options.episode,
           sampling: options.sampling,
           maxTurns: options.maxTurns,
           maxContextTokens: options.maxContextTokens,
@@ -200,14 +203,17 @@ const runWith = (
           for (let chainIndex = 0; chainIndex < options.numChains && !aborted; chainIndex++) {
             yield* Semaphore.take(permits, 1)
             const chainId = `${groupId}-c${chainIndex}`
+            const seed = options.sampling.seed
             const spec: RolloutChain.Spec = {
               trajectoryId: chainId,
               groupId,
               chainId,
               messages,
+              rowIndex,
+              // One world per group: every chain of a row starts its episode from the same seed.
+              episodeSeed: (seed ?? 0) + rowIndex * options.numChains,
               ...(Object.keys(fields).length === 0 ? {} : { row: fields })
             }
-            const seed = options.sampling.seed
             const chainConfig = seed === undefined ? config : {
               ...config,
               sampling: { ...config.sampling, seed: seed + rowIndex * options.numChains + chainIndex }
@@ -295,7 +301,8 @@ const defectOutcome = (
       trainable: true,
       masked: true,
       ...(spec.row === undefined ? {} : { row: spec.row }),
-      error: `ChainDefect: ${String(Cause.squash(cause))}`
+      error: `ChainDefect: ${String(Cause.squash(cause))}`,
+      errorReason: "ChainDefect"
     },
     dropGroup: policy === "drop_group"
   }

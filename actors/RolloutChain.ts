@@ -12,7 +12,12 @@
  * - `context_length`: the context budget (`maxContextTokens`) ran out; the remaining budget caps `maxTokens`
  *   of every request, so a turn cut by it also ends here;
  * - `stop`: the sampler stopped (max tokens) without a complete turn;
+ * - `episode_end`: the environment ended the episode (`Environment.Episode.step` returned an `end` reason);
  * - `error`: an error whose policy ends the chain (see `src/RolloutError.ts`).
+ *
+ * With an episode protocol (`Config.episode`), the chain resets its environment with its row and seed before the
+ * first sample (`start`, whose messages join the prompt) and lets it speak after every turn (`step`: messages of
+ * source `env`, appended after the tool observations, and an optional end of the episode).
  *
  * The chain speaks to three ports, so that any chat template, parser, tool runtime or reward plugs in:
  * a {@link Format} (messages ↔ tokens, token-in/token-out), {@link Tools} (runs one turn's tool calls against the
@@ -23,7 +28,7 @@
  */
 import { Clock, Context, Effect, Schedule } from "effect"
 import type { Scope } from "effect"
-import type * as Environment from "../src/Environment.ts"
+import * as Environment from "../src/Environment.ts"
 import type * as RewardActor from "./RewardActor.ts"
 import type * as ToolActor from "./ToolActor.ts"
 import type { AssistantMessage, Conversation, Message, ToolCall } from "../src/Message.ts"
@@ -102,6 +107,8 @@ export interface ToolTurn {
   readonly messages: ReadonlyArray<Message>
   /** A terminal tool succeeded: the chain ends with `answer`. */
   readonly terminal: boolean
+  /** The reason of every failed call (`Timeout`, `DecodeError`, ...), counted in the trajectory's metrics. */
+  readonly errors?: ReadonlyArray<string> | undefined
 }
 
 /**
@@ -180,7 +187,11 @@ export const toolsFromActor = <R>(actor: ToolActor.Service<R>): Tools => ({
   schemas: actor.functionSchemas,
   executeTurn: (calls, context) =>
     actor.executeTurn(calls, { context: context as Context.Context<R> }).pipe(
-      Effect.map((turn) => ({ messages: turn.messages, terminal: turn.terminal })),
+      Effect.map((turn) => ({
+        messages: turn.messages,
+        terminal: turn.terminal,
+        errors: turn.results.flatMap((r) => (r.error === undefined ? [] : [r.error.reason]))
+      })),
       Effect.mapError((error) =>
         new RolloutError.RolloutError({
           reason: error.reason === "MissingEnvironment" || (error.reason === "HandlerFailure" && error.isRetryable)
@@ -296,6 +307,10 @@ export interface Spec {
   readonly chainId: string
   readonly messages: Conversation
   readonly row?: Readonly<Record<string, unknown>> | undefined
+  /** The row's position in the run (default 0). */
+  readonly rowIndex?: number | undefined
+  /** The seed the environment's episode starts from, the same for every chain of a group (default 0). */
+  readonly episodeSeed?: number | undefined
 }
 
 /**
@@ -311,6 +326,8 @@ export interface Config {
   readonly tools: Tools
   readonly reward?: Reward | undefined
   readonly environment: Environment.Provider<any, any, never>
+  /** The episode protocol, run with the chain's environment services (none: tools alone drive the episode). */
+  readonly episode?: Environment.Episode<any> | undefined
   readonly sampling: SamplingParams
   readonly maxTurns: number
   /** Token budget of a sequence (prompt + completions + observations); undefined for none. */
@@ -348,6 +365,7 @@ interface Ending {
   readonly termination: Termination
   readonly error?: RolloutError.RolloutError | undefined
   readonly policy?: RolloutError.Policy | undefined
+  readonly episodeEnd?: string | undefined
 }
 
 const defaultRetry = Schedule.max([Schedule.exponential(100).pipe(Schedule.jittered), Schedule.recurs(5)])
@@ -415,11 +433,14 @@ const runScoped = Effect.fnUntraced(function*(
 ): Effect.fn.Return<Outcome, RolloutError.RolloutError, Scope.Scope> {
   const stats = config.stats
   const startedAt = yield* Clock.currentTimeMillis
-  const local = { turns: 0, toolCalls: 0, tokens: 0, samplerMs: 0 }
+  const local: Local = { turns: 0, toolCalls: 0, tokens: 0, samplerMs: 0, toolErrors: new Map() }
+  const rowIndex = spec.rowIndex ?? 0
+  const seed = spec.episodeSeed ?? 0
+  const row = spec.row ?? {}
 
   const acquired = yield* withPolicy(
     config,
-    config.environment.acquire({ chainId: spec.chainId, groupId: spec.groupId }).pipe(
+    config.environment.acquire({ chainId: spec.chainId, groupId: spec.groupId, rowIndex, row, seed }).pipe(
       Effect.map((context): Context.Context<never> => context),
       Effect.mapError((e) =>
         new RolloutError.RolloutError({ reason: "LeaseFailed", message: errorText(e), chainId: spec.chainId })
@@ -430,7 +451,23 @@ const runScoped = Effect.fnUntraced(function*(
     return yield* finish(spec, config, undefined, Context.empty(), local, startedAt, toEnding(acquired))
   }
   const env = acquired
-  const started = yield* withPolicy(config, config.format.start(spec.messages, config.tools.schemas))
+  let prompt = spec.messages
+  const episodeStart = config.episode?.start
+  if (episodeStart !== undefined) {
+    const first = yield* withPolicy(
+      config,
+      inEnvironment(
+        episodeStart({ chainId: spec.chainId, groupId: spec.groupId, rowIndex, row, seed, messages: spec.messages }),
+        env,
+        "start"
+      )
+    )
+    if (first instanceof ResolvedError) {
+      return yield* finish(spec, config, undefined, env, local, startedAt, toEnding(first))
+    }
+    if (first !== undefined && first.length > 0) prompt = [...prompt, ...Environment.toMessages(first)]
+  }
+  const started = yield* withPolicy(config, config.format.start(prompt, config.tools.schemas))
   if (started instanceof ResolvedError) {
     return yield* finish(spec, config, undefined, env, local, startedAt, toEnding(started))
   }
@@ -469,7 +506,7 @@ const runScoped = Effect.fnUntraced(function*(
         )
         if (resolved.policy !== "feedback") return toEnding(resolved)
         feedback.push(feedbackMessage(resolved.error, `parse_error_${local.turns}`))
-      } else if (turn.toolCalls.length === 0) {
+      } else if (turn.toolCalls.length === 0 && config.episode?.step === undefined) {
         return { termination: "no_tool_call" }
       }
       let observations: ReadonlyArray<Message> = feedback
@@ -486,11 +523,30 @@ const runScoped = Effect.fnUntraced(function*(
         } else {
           observations = [...executed.messages, ...feedback]
           terminal = executed.terminal
+          for (const reason of executed.errors ?? []) bump(local.toolErrors, reason)
         }
       }
-      const appended = yield* withPolicy(config, transcript.appendObservations(observations))
-      if (appended instanceof ResolvedError) return toEnding(appended)
+      // The environment speaks after the tools ran (not after a terminal tool: the chain ends with `answer`).
+      let end: string | undefined
+      const episodeStep = config.episode?.step
+      if (episodeStep !== undefined && !terminal) {
+        const said = yield* withPolicy(
+          config,
+          inEnvironment(episodeStep({ turn: local.turns, assistant: turn.message, observations }), env, "step")
+        )
+        if (said instanceof ResolvedError) return toEnding(said)
+        if (said !== undefined) {
+          observations = [...observations, ...Environment.toMessages(said.messages ?? [])]
+          end = said.end
+        }
+        if (observations.length === 0 && end === undefined) return { termination: "no_tool_call" }
+      }
+      if (observations.length > 0) {
+        const appended = yield* withPolicy(config, transcript.appendObservations(observations))
+        if (appended instanceof ResolvedError) return toEnding(appended)
+      }
       if (terminal) return { termination: "answer" }
+      if (end !== undefined) return { termination: "episode_end", episodeEnd: end }
       // An observation can overrun the budget (a 1,000-digit result); `finish` cuts the excess.
       if (config.maxContextTokens !== undefined && transcript.length() >= config.maxContextTokens) {
         return { termination: "context_length" }
@@ -509,7 +565,7 @@ const sampleTurn = (
   config: Config,
   transcript: Transcript,
   sampling: SamplingParams,
-  local: { samplerMs: number }
+  local: Local
 ): Effect.Effect<AssistantTurn | ResolvedError, RolloutError.RolloutError> => {
   const backend = config.backend
   // Latency of the backend call itself (retries included), without parsing and tokenizing.
@@ -573,6 +629,31 @@ const sampleTurn = (
   )
 }
 
+/** Mutable per-chain counters. */
+interface Local {
+  turns: number
+  toolCalls: number
+  tokens: number
+  samplerMs: number
+  readonly toolErrors: Map<string, number>
+}
+
+/** An episode method run with the chain's environment services; its failures are the environment's. */
+const inEnvironment = <A>(
+  effect: Effect.Effect<A, Environment.EnvError, any>,
+  env: Context.Context<never>,
+  method: string
+): Effect.Effect<A, RolloutError.RolloutError> =>
+  effect.pipe(
+    Effect.provideContext(env as Context.Context<any>),
+    Effect.mapError((e) =>
+      new RolloutError.RolloutError({
+        reason: "EnvFailed",
+        message: `episode ${method}: ${typeof e === "object" && e !== null && "message" in e ? e.message : String(e)}`
+      })
+    )
+  ) as Effect.Effect<A, RolloutError.RolloutError>
+
 const toEnding = (resolved: ResolvedError): Ending => ({
   termination: "error",
   error: resolved.error,
@@ -592,7 +673,7 @@ const finish = Effect.fnUntraced(function*(
   config: Config,
   transcript: Transcript | undefined,
   env: Context.Context<never>,
-  local: { turns: number; toolCalls: number; tokens: number; samplerMs: number },
+  local: Local,
   startedAt: number,
   ending: Ending
 ): Effect.fn.Return<Outcome, RolloutError.RolloutError> {
@@ -612,12 +693,16 @@ const finish = Effect.fnUntraced(function*(
       tool_calls: local.toolCalls,
       tokens_generated: local.tokens,
       sampler_latency_ms: local.samplerMs,
-      rollout_time_ms: endedAt - startedAt
+      rollout_time_ms: endedAt - startedAt,
+      ...Object.fromEntries([...local.toolErrors].map(([reason, n]) => [`tool_errors/${reason}`, n]))
     },
     trainable: config.backend._tag === "Tokens",
     masked,
     ...(spec.row === undefined ? {} : { row: spec.row }),
-    ...(ending.error === undefined ? {} : { error: `${ending.error.reason}: ${ending.error.message}` })
+    ...(ending.error === undefined
+      ? {}
+      : { error: `${ending.error.reason}: ${ending.error.message}`, errorReason: ending.error.reason }),
+    ...(ending.episodeEnd === undefined ? {} : { episodeEnd: ending.episodeEnd })
   }
   let dropGroup = ending.policy === "drop_group"
   if (ending.policy === "zero_reward") {
@@ -648,7 +733,8 @@ const score = Effect.fnUntraced(function*(
         reward: 0,
         rewardStatus: masked ? "failed" : "scored",
         masked: trajectory.masked || masked,
-        error: `${scored.error.reason}: ${scored.error.message}`
+        error: `${scored.error.reason}: ${scored.error.message}`,
+        errorReason: scored.error.reason
       },
       dropGroup: scored.policy === "drop_group"
     }

@@ -1,6 +1,13 @@
 /**
- * The main job: a training run. It composes rollouts (`Rollout.run` over the `Sampler`), learner steps and weight
- * publication (the `Policy` service), periodic held-out evaluation, checkpoints and the run journal.
+ * The main job: a training run of a task. It composes rollouts (`Rollout.run` over the `Sampler`, with the task's
+ * tools, reward, environment and episode protocol: `TaskRuntime`), learner steps and weight publication (the
+ * `Policy` service), periodic held-out evaluation, checkpoints and the run journal.
+ *
+ * **Honest runs.** Every step's figures count failed trajectories by reason (`rollout/failures/<Reason>`) and
+ * failed tool calls by reason (`rollout/tool_errors/<Reason>`). A step (or an evaluation) where more than
+ * `maxFailureShare` of the trajectories failed for infrastructure reasons (environment, lease, reward, sampler,
+ * chain defects) stops the run with `TrainerError(Failures)` naming the main reason and its count, after its
+ * figures are logged and before the learner trains on it.
  *
  * **One pipeline for both modes.** Learner step `s` trains on batch `s - 1`: the `groupsPerStep` rows at
  * positions `[(s - 1)·B, s·B)` of the run's row order (a seeded shuffle per epoch). A batch may start rolling out
@@ -22,17 +29,19 @@
  *
  * @since 0.1.0
  */
-import { Clock, Context, Effect, Fiber, FileSystem, Queue, Schema, Semaphore, Stream } from "effect"
+import { Clock, Context, Duration, Effect, Fiber, FileSystem, Queue, Schema, Semaphore, Stream } from "effect"
 import type { Scope } from "effect"
 import * as Dataset from "../src/Dataset.ts"
 import * as Sampling from "../src/Sampling.ts"
 import type { Sampler } from "../src/Sampler.ts"
+import * as Task from "../src/Task.ts"
 import type * as TrainConfig from "../src/TrainConfig.ts"
 import * as Trajectory from "../src/Trajectory.ts"
 import * as Journal from "./Journal.ts"
 import * as Metrics from "./Metrics.ts"
 import * as Rollout from "./Rollout.ts"
 import type * as RolloutChain from "./RolloutChain.ts"
+import * as TaskRuntime from "./TaskRuntime.ts"
 
 // ===== Errors =====
 
@@ -46,7 +55,10 @@ export const TrainerErrorReason = Schema.Literals([
   "Checkpoint", // saving or loading a checkpoint failed
   "Journal", // the journal or metrics files could not be written
   "Resume", // the journal and the run do not agree
-  "Warmup" // the warm-up reached its step cap short of its target (`warmup.stopAt.onMiss: "fail"`)
+  "Warmup", // the warm-up reached its step cap short of its target (`warmup.stopAt.onMiss: "fail"`)
+  "Failures", // more than `maxFailureShare` of a step's trajectories failed for infrastructure reasons
+  "Task", // the task cannot run: missing environment services, an environment that cannot start
+  "Data" // a dataset row does not match the task's row Schema
 ])
 export type TrainerErrorReason = typeof TrainerErrorReason.Type
 
@@ -100,12 +112,15 @@ export type Figures = Readonly<Record<string, number>>
 // ===== Options =====
 
 /**
- * What a run needs besides its config: the loaded datasets and the agent (format, tools, reward).
+ * What a run needs besides its config: the task, the loaded datasets and the model's format (chat template and
+ * tool-call parser: `ChainFormat.fromTemplate`). `RE` is what the task's environment needs from the run (e.g. a
+ * `ResourceManager`).
  *
  * @category models
  * @since 0.1.0
  */
-export interface Options {
+export interface Options<RE = never> {
+  readonly task: Task.Task<RE>
   readonly config: TrainConfig.TrainConfig
   readonly train: Dataset.Dataset
   readonly eval?: Dataset.Dataset | undefined
@@ -113,20 +128,17 @@ export interface Options {
   /** The validation split of `warmup.stopAt` (required with it). */
   readonly validation?: Dataset.Dataset | undefined
   readonly format: RolloutChain.Format
-  readonly tools?: RolloutChain.Tools | undefined
-  readonly reward?: RolloutChain.Reward | undefined
   readonly maxConcurrentChains?: number | undefined
   /** Continue from the last checkpoint in `config.output` (a fresh run when there is none). */
   readonly resume?: boolean | undefined
   /** The text of a token, for the trajectory viewer (default: its id). */
   readonly tokenText?: ((id: number) => string) | undefined
-  /** Is a trajectory correct? Default: its `accuracy` or `acc` metric (bare or a reward's), else `reward >= 1`. */
-  readonly correct?: ((trajectory: Trajectory.Trajectory) => boolean) | undefined
   readonly display?: { readonly update: (status: Metrics.Status) => Effect.Effect<void> } | undefined
 }
 
 /**
- * What a run did.
+ * What a run did: its steps (`fromStep` + 1 … `steps`), how many of them trained and how many were skipped for lack
+ * of signal (every group's rewards equal under a group-relative estimator).
  *
  * @category models
  * @since 0.1.0
@@ -134,6 +146,8 @@ export interface Options {
 export interface Summary {
   readonly fromStep: number
   readonly steps: number
+  readonly trained: number
+  readonly skipped: number
   readonly evals: ReadonlyArray<{ readonly step: number; readonly figures: Figures }>
   readonly fingerprint: string
 }
@@ -229,6 +243,57 @@ const hasInvalidCall = (t: Trajectory.Trajectory): boolean =>
 const mean = (xs: ReadonlyArray<number>): number => (xs.length === 0 ? 0 : xs.reduce((a, b) => a + b, 0) / xs.length)
 
 /**
+ * Failure reasons that are the infrastructure's, not the policy's: a step made mostly of them trains on noise.
+ *
+ * @category constants
+ * @since 0.1.0
+ */
+export const infrastructureReasons: ReadonlySet<string> = new Set([
+  "EnvFailed",
+  "LeaseFailed",
+  "RewardFailed",
+  "SamplerTransient",
+  "SamplerRejected",
+  "SamplerUnusable",
+  "ChainDefect"
+])
+
+/**
+ * Why a trajectory failed, if it did: the rollout error that ended it (`EnvFailed`, `LeaseFailed`, ...), or
+ * `RewardFailed` when its reward failed and was scored 0 (a `reward/<name>/error` metric).
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const failureOf = (t: Trajectory.Trajectory): string | undefined => {
+  if (t.errorReason !== undefined) return t.errorReason
+  for (const [key, value] of Object.entries(t.metrics)) {
+    if (value > 0 && key.startsWith("reward/") && key.endsWith("/error")) return "RewardFailed"
+  }
+  return undefined
+}
+
+/**
+ * The infrastructure failures of a set of trajectories: the share of them that failed for such a reason, and the
+ * most frequent reason with its count.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const infrastructureFailures = (
+  trajectories: ReadonlyArray<Trajectory.Trajectory>
+): { readonly share: number; readonly reason: string | undefined; readonly count: number; readonly total: number } => {
+  const counts = new Map<string, number>()
+  for (const t of trajectories) {
+    const reason = failureOf(t)
+    if (reason !== undefined && infrastructureReasons.has(reason)) counts.set(reason, (counts.get(reason) ?? 0) + 1)
+  }
+  const failed = [...counts.values()].reduce((a, b) => a + b, 0)
+  const top = [...counts].sort((a, b) => b[1] - a[1])[0]
+  return { share: trajectories.length === 0 ? 0 : failed / trajectories.length, reason: top?.[0], count: top?.[1] ?? 0, total: trajectories.length }
+}
+
+/**
  * Rollout figures of a set of groups, under `prefix` (`rollout` or `eval`): `reward_mean`, `accuracy`,
  * `invalid_tool_call_rate`, `turns_mean`, `tool_calls/<tool>` (calls per trajectory), `policy_tokens` and, with
  * `policyVersion`, `staleness_mean`.
@@ -253,7 +318,16 @@ export const rolloutFigures = (
     [`${p}/invalid_tool_call_rate`]: mean(trajectories.map((t) => (hasInvalidCall(t) ? 1 : 0))),
     [`${p}/turns_mean`]: mean(trajectories.map(Trajectory.turnCount)),
     [`${p}/policy_tokens`]: trajectories.reduce((n, t) => n + Trajectory.policyTokenCount(t), 0),
-    [`${p}/trajectories`]: trajectories.length
+    [`${p}/trajectories`]: trajectories.length,
+    [`${p}/failure_share`]: infrastructureFailures(trajectories).share
+  }
+  const bumpKey = (key: string, by = 1) => (out[key] = (out[key] ?? 0) + by)
+  for (const t of trajectories) {
+    const failure = failureOf(t)
+    if (failure !== undefined) bumpKey(`${p}/failures/${failure}`)
+    bumpKey(`${p}/termination/${t.termination}`, 1 / trajectories.length)
+    if (t.episodeEnd !== undefined) bumpKey(`${p}/episode_end/${t.episodeEnd}`, 1 / trajectories.length)
+    for (const [key, n] of Object.entries(t.metrics)) if (key.startsWith("tool_errors/")) bumpKey(`${p}/${key}`, n)
   }
   const calls = new Map<string, number>()
   for (const t of trajectories) {
@@ -300,22 +374,54 @@ export const sampleOf = (
 })
 
 /**
- * The agent side of a run: what its rollouts read from {@link Options}.
+ * The agent side of a run: its config, the model's format and the task's runtime (tools, reward, environment,
+ * episode), as its rollouts use them.
  *
  * @category models
  * @since 0.1.0
  */
-export type AgentOptions = Pick<Options, "config" | "format" | "tools" | "reward" | "maxConcurrentChains" | "correct">
+export interface Agent {
+  readonly config: TrainConfig.TrainConfig
+  readonly format: RolloutChain.Format
+  readonly runtime: TaskRuntime.TaskRuntime
+  readonly maxConcurrentChains?: number | undefined
+}
 
 /**
- * Rolls out one group of `chains` chains per row with a run's agent settings; the groups in row order. Chain `k` of
- * row `i` samples with `seed + i·chains + k`.
+ * Builds a run's agent in the current scope: the task's runtime with the config's tool timeout and tool rendering
+ * (`TaskRuntime.make`, which checks the task's environment services before any rollout).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const agent = <RE>(options: {
+  readonly task: Task.Task<RE>
+  readonly config: TrainConfig.TrainConfig
+  readonly format: RolloutChain.Format
+  readonly maxConcurrentChains?: number | undefined
+}): Effect.Effect<Agent, TrainerError, RE | Scope.Scope> =>
+  Effect.map(
+    TaskRuntime.make(options.task, {
+      toolTimeout: Duration.seconds(options.config.agent.toolTimeout),
+      renderTools: options.config.agent.renderTools
+    }).pipe(Effect.mapError(fail("Task"))),
+    (runtime) => ({
+      config: options.config,
+      format: options.format,
+      runtime,
+      maxConcurrentChains: options.maxConcurrentChains
+    })
+  )
+
+/**
+ * Rolls out one group of `chains` chains per row with a run's agent; the groups in row order. Chain `k` of row `i`
+ * samples with `seed + i·chains + k`; the environment's episode of row `i` starts from `seed + i·chains`.
  *
  * @category constructors
  * @since 0.1.0
  */
 export const collectGroups = (
-  options: AgentOptions,
+  agent: Agent,
   rows: ReadonlyArray<Dataset.Row>,
   sampling: {
     readonly firstSeq: number
@@ -324,12 +430,15 @@ export const collectGroups = (
     readonly seed: number
   }
 ): Effect.Effect<Array<Trajectory.Group>, TrainerError, Sampler> => {
-  const { config } = options
+  const { config, runtime } = agent
   return Rollout.run({
-    rows: rows.map((row) => ({ ...row.fields, messages: Dataset.promptMessages(row, config.agent.systemPrompt) })),
+    rows: rows.map((row) => ({
+      ...row.fields,
+      messages: Task.conversation(runtime.task, row, config.agent.systemPrompt)
+    })),
     numChains: sampling.chains,
     maxTurns: config.agent.maxTurns,
-    maxConcurrentChains: options.maxConcurrentChains ?? 64,
+    maxConcurrentChains: agent.maxConcurrentChains ?? 64,
     maxContextTokens: config.agent.maxContextTokens,
     sampling: {
       temperature: sampling.temperature,
@@ -337,11 +446,12 @@ export const collectGroups = (
       maxTokens: config.agent.maxNewTokens,
       seed: sampling.seed
     },
-    format: options.format,
-    tools: options.tools === undefined || config.agent.renderTools
-      ? options.tools
-      : { ...options.tools, schemas: [] },
-    reward: options.reward,
+    format: agent.format,
+    tools: runtime.tools,
+    reward: runtime.reward,
+    environment: runtime.environment,
+    episode: runtime.episode,
+    policies: runtime.policies,
     runId: `s${sampling.firstSeq}`
   }).pipe(
     Stream.runFold(() => [] as Array<Trajectory.Group>, (acc, event) => {
@@ -362,19 +472,19 @@ export const collectGroups = (
  * @since 0.1.0
  */
 export const evaluation = (
-  options: AgentOptions,
+  agent: Agent,
   rows: ReadonlyArray<Dataset.Row>
 ): Effect.Effect<{ readonly groups: Array<Trajectory.Group>; readonly figures: Figures }, TrainerError, Sampler> => {
-  const { config } = options
+  const { config } = agent
   const size = Math.min(config.eval.size ?? rows.length, rows.length)
   return Effect.map(
-    collectGroups(options, rows.slice(0, size), {
+    collectGroups(agent, rows.slice(0, size), {
       firstSeq: 0,
       chains: config.eval.samples,
       temperature: config.eval.temperature,
       seed: 7_000_000 + config.seed
     }),
-    (groups) => ({ groups, figures: rolloutFigures(groups, { prefix: "eval", correct: options.correct }) })
+    (groups) => ({ groups, figures: rolloutFigures(groups, { prefix: "eval", correct: agent.runtime.correct }) })
   )
 }
 
@@ -388,12 +498,46 @@ const checkpointName = (step: number) => `step-${String(step).padStart(6, "0")}`
  * @category constructors
  * @since 0.1.0
  */
-export const run = Effect.fn("Trainer.run")(function*(
-  options: Options
-): Effect.fn.Return<Summary, TrainerError, Sampler | Policy | FileSystem.FileSystem | Scope.Scope> {
-  const { config } = options
+export const run: <RE = never>(
+  options: Options<RE>
+) => Effect.Effect<Summary, TrainerError, Sampler | Policy | FileSystem.FileSystem | Scope.Scope | RE> = Effect.fn(
+  "Trainer.run"
+)(function*(
+  input: Options<any>
+): Effect.fn.Return<Summary, TrainerError, Sampler | Policy | FileSystem.FileSystem | Scope.Scope | any> {
+  const { config } = input
   const fs = yield* FileSystem.FileSystem
   const policy = yield* Policy
+  // The task's rows and its runtime first: a bad row or a task that cannot run stops before anything is written.
+  const task = input.task
+  const refine = (ds: Dataset.Dataset | undefined) =>
+    ds === undefined || task.row === undefined
+      ? Effect.succeed(ds)
+      : Dataset.refine(ds, task.row, { onInvalid: config.data.onInvalidRow }).pipe(Effect.mapError(fail("Data")))
+  const options = {
+    ...input,
+    train: (yield* refine(input.train))!,
+    eval: yield* refine(input.eval),
+    validation: yield* refine(input.validation)
+  }
+  const agentOf = yield* agent(options)
+  const correct = agentOf.runtime.correct
+  const checkFailures = (groups: ReadonlyArray<Trajectory.Group>, what: string) => {
+    const failures = infrastructureFailures(groups.flatMap((g) => g.trajectories))
+    return failures.share > config.maxFailureShare && failures.reason !== undefined
+      ? Effect.fail(
+        new TrainerError({
+          reason: "Failures",
+          message: `${what}: ${failures.count} of ${failures.total} trajectories failed with ${failures.reason} ` +
+            `(${(failures.share * 100).toFixed(0)}% infrastructure failures, more than maxFailureShare ` +
+            `${config.maxFailureShare}); first: ${
+              groups.flatMap((g) => g.trajectories).find((t) => failureOf(t) === failures.reason)?.error ??
+                "see rollout/failures in metrics.jsonl"
+            }`
+        })
+      )
+      : Effect.void
+  }
   const out = config.output
   const checkpoints = `${out}/checkpoints`
   const io = fail("Journal")
@@ -447,10 +591,11 @@ export const run = Effect.fn("Trainer.run")(function*(
   const evals: Array<{ step: number; figures: Figures }> = []
   const evaluate = Effect.fnUntraced(function*(step: number) {
     if (options.eval === undefined) return
-    const { groups, figures } = yield* evaluation(options, options.eval.rows)
+    const { groups, figures } = yield* evaluation(agentOf, options.eval.rows)
     const record = { phase: "eval" as const, step, elapsed: yield* elapsed, figures }
     evals.push({ step, figures })
     yield* metrics.log(record).pipe(Effect.mapError(io))
+    yield* checkFailures(groups, `evaluation at step ${step}`)
     for (const g of groups.slice(0, Math.min(2, config.sampleTrajectories))) {
       yield* metrics.sample(sampleOf(g.trajectories[0]!, "eval", step, tokenText)).pipe(Effect.mapError(io))
     }
@@ -464,13 +609,14 @@ export const run = Effect.fn("Trainer.run")(function*(
     stopAt: TrainConfig.WarmupStopConfig
   ) {
     yield* policy.publish(warmupVersion(step, steps))
-    const groups = yield* collectGroups(options, options.validation!.rows.slice(0, stopAt.size), {
+    const groups = yield* collectGroups(agentOf, options.validation!.rows.slice(0, stopAt.size), {
       firstSeq: 0,
       chains: 1,
       temperature: 0,
       seed: 8_000_000 + config.seed
     })
-    const figures = rolloutFigures(groups, { prefix: "validation", correct: options.correct })
+    yield* checkFailures(groups, `warm-up check at step ${step}`)
+    const figures = rolloutFigures(groups, { prefix: "validation", correct })
     return {
       "warmup/validation_accuracy": figures["validation/accuracy"]!,
       "warmup/validation_invalid_tool_call_rate": figures["validation/invalid_tool_call_rate"]!
@@ -483,7 +629,7 @@ export const run = Effect.fn("Trainer.run")(function*(
   const batchFor = (step: number) => {
     const firstSeq = (step - 1) * B
     const indices = rowsAt(options.train.rows.length, config.seed, firstSeq, B)
-    return collectGroups(options, indices.map((i) => options.train.rows[i]!), {
+    return collectGroups(agentOf, indices.map((i) => options.train.rows[i]!), {
       firstSeq,
       chains: numChains,
       temperature: config.agent.temperature,
@@ -560,6 +706,8 @@ export const run = Effect.fn("Trainer.run")(function*(
   if (point.checkpoint === undefined || !options.resume) yield* evaluate(point.step)
   if (warmupRuns) yield* saveCheckpoint(0)
   let lastSaved = point.step
+  let trained = 0
+  let skipped = 0
   for (let step = point.step + 1; step <= lastStep; step++) {
     const t0 = yield* Clock.currentTimeMillis
     const batch = yield* Fiber.join(yield* Queue.take(batches))
@@ -573,18 +721,22 @@ export const run = Effect.fn("Trainer.run")(function*(
       policyVersion: Math.min(...group.trajectories.map((t) => Trajectory.oldestPolicyVersion(t) ?? step - 1)),
       meanReward: mean(group.trajectories.map((t) => t.reward))
     }))).pipe(Effect.mapError(io))
+    const rollout = rolloutFigures(batch.groups, { prefix: "rollout", correct, policyVersion: step - 1 })
+    const failures = infrastructureFailures(batch.groups.flatMap((g) => g.trajectories))
+    if (failures.share > config.maxFailureShare) {
+      yield* metrics.log({ phase: "train", step, elapsed: yield* elapsed, figures: rollout }).pipe(Effect.mapError(io))
+      yield* checkFailures(batch.groups, `step ${step}`)
+    }
     const learned = yield* policy.learn(step, batch.groups)
+    if (learned["learner/applied"] === 0) skipped++
+    else trained++
     yield* policy.publish(step)
     yield* Semaphore.release(permits, 1)
     const t2 = yield* Clock.currentTimeMillis
-    const rollout = rolloutFigures(batch.groups, {
-      prefix: "rollout",
-      correct: options.correct,
-      policyVersion: step - 1
-    })
     const figures: Record<string, number> = {
       ...rollout,
       ...learned,
+      ...(yield* agentOf.runtime.environmentStats),
       "perf/tokens_per_s": rollout["rollout/policy_tokens"]! / Math.max(1e-3, (t2 - t0) / 1000),
       "time/step_s": (t2 - t0) / 1000,
       "time/wait_rollout_s": (t1 - t0) / 1000,
@@ -611,5 +763,5 @@ export const run = Effect.fn("Trainer.run")(function*(
   }
   if (lastSaved !== lastStep && lastStep > point.step) yield* saveCheckpoint(lastStep)
   yield* journal.append({ kind: "finished", step: lastStep }).pipe(Effect.mapError(io))
-  return { fromStep: point.step, steps: lastStep, evals, fingerprint: yield* policy.fingerprint }
+  return { fromStep: point.step, steps: lastStep, trained, skipped, evals, fingerprint: yield* policy.fingerprint }
 })

@@ -31,7 +31,6 @@ const once = (mode: "sync" | "async", maxStaleness: number) =>
       seed: 1,
       model: { path: "unused" },
       data: { train: "unused" },
-      reward: "toy",
       agent: { numChains: 8, maxTurns: 3, maxNewTokens: 16 },
       algorithm: { steps: STEPS, groupsPerStep: 8 },
       mode,
@@ -45,8 +44,7 @@ const once = (mode: "sync" | "async", maxStaleness: number) =>
       config,
       train,
       format: charFormat,
-      tools: Toy.calcTool(TOOL_MS),
-      reward: Toy.reward
+      task: Toy.task({ toolMs: TOOL_MS })
     })).pipe(Effect.provide(Toy.layer({ samplerMs: SAMPLER_MS, learnMs: LEARN_MS })))
     return (performance.now() - started) / 1000
   })

@@ -1,6 +1,6 @@
 /**
  * `agentfly eval CONFIG [--checkpoint DIR] [--size N] [--samples K] [--temperature T] [--seed N] [--output FILE]`:
- * evaluates a policy on a config's held-out split (`data.eval`) with the config's agent, tools and reward, as a
+ * evaluates a policy on a config's held-out split (`data.eval`) with the config's task and agent settings, as a
  * run's periodic evaluation does (`Trainer.evaluation`): the model folder's weights, or those of a run's
  * checkpoint. With the config's own evaluation settings, a checkpoint's figures repeat the run's evaluation at that
  * step; the flags override them (greedy figures of a run evaluated sampled, more answers per question, ...). Prints
@@ -13,6 +13,7 @@ import type { Scope } from "effect"
 import { Argument, Command, Flag } from "effect/cli"
 import * as LocalPolicy from "../actors/LocalPolicy.ts"
 import * as PolicyEngine from "../actors/PolicyEngine.ts"
+import * as ResourceManager from "../actors/ResourceManager.ts"
 import * as Trainer from "../actors/Trainer.ts"
 import * as Checkpoint from "../src/Checkpoint.ts"
 import * as Dataset from "../src/Dataset.ts"
@@ -20,7 +21,8 @@ import * as Qwen2 from "../src/model/Qwen2.ts"
 import * as ModelFolder from "../src/ModelFolder.ts"
 import { Sampler } from "../src/Sampler.ts"
 import * as TrainConfig from "../src/TrainConfig.ts"
-import { agentOf, exitOnFailure } from "./train.ts"
+import * as Setup from "./setup.ts"
+import { exitOnFailure } from "./train.ts"
 
 /**
  * Options of an evaluation from the command line; unset ones come from the config.
@@ -68,9 +70,9 @@ export const run = Effect.fn("cli.eval")(function*(
   options: EvalOptions
 ): Effect.fn.Return<EvalResult, unknown, FileSystem.FileSystem | import("effect").Path.Path | Scope.Scope> {
   const fs = yield* FileSystem.FileSystem
-  const requested = yield* TrainConfig.load(options.config)
+  const { task, config: requested } = yield* Setup.load(options.config, { seed: options.seed })
   if (requested.data.eval === undefined) return yield* usage("data.eval: the config names no held-out split")
-  const heldOut = yield* Dataset.load(requested.data.eval, { onInvalid: requested.data.onInvalidRow })
+  const heldOut = yield* Dataset.load(requested.data.eval, { onInvalid: requested.data.onInvalidRow, fields: task.row })
   const evalConfig = yield* Schema.decodeUnknownEffect(TrainConfig.EvalConfig)({
     ...requested.eval,
     ...(options.size === undefined ? {} : { size: options.size }),
@@ -78,18 +80,20 @@ export const run = Effect.fn("cli.eval")(function*(
     ...(options.temperature === undefined ? {} : { temperature: options.temperature })
   }).pipe(Effect.mapError((e) => usage(`eval flags: ${e.message}`)))
   const folder = yield* ModelFolder.load(requested.model.path)
-  const config = LocalPolicy.onModel(folder, {
-    ...requested,
-    ...(options.seed === undefined ? {} : { seed: options.seed }),
-    eval: evalConfig
-  })
+  const config = LocalPolicy.onModel(folder, { ...requested, eval: evalConfig })
   const weights = options.checkpoint === undefined
     ? folder.weights
     : (yield* Checkpoint.load(options.checkpoint, Qwen2.parameters(folder.config))).weights
   const engine = yield* PolicyEngine.make({ config: folder.config, weights, maxBatchSize: 64 })
-  const agent = yield* agentOf(config, folder)
-  const { figures, groups } = yield* Trainer.evaluation({ config, ...agent }, heldOut.rows).pipe(
-    Effect.provideService(Sampler, Sampler.of({ generate: engine.generate, policyVersion: engine.policyVersion }))
+  // The task's environment lives (and its pools with it) for the evaluation only.
+  const { figures, groups } = yield* Effect.scoped(
+    Effect.flatMap(
+      Trainer.agent({ task, config, format: Setup.formatOf(config, folder) }),
+      (agent) => Trainer.evaluation(agent, heldOut.rows)
+    )
+  ).pipe(
+    Effect.provideService(Sampler, Sampler.of({ generate: engine.generate, policyVersion: engine.policyVersion })),
+    Effect.provide(ResourceManager.ResourceManager.layer)
   )
   const result: EvalResult = {
     weights: options.checkpoint ?? folder.name,

@@ -1,6 +1,7 @@
 /**
- * `agentfly train CONFIG [--resume] [--seed N] [--output DIR] [--steps N]`: the main job. Loads the config, the
- * model folder (initialising it from `model.preset` when missing), the datasets, tools and reward; runs the SFT
+ * `agentfly train CONFIG [--resume] [--seed N] [--output DIR] [--steps N]`: the main job. Loads the config and its
+ * task (`cli/setup.ts`: a built-in name, a module path, or the config module's own `task` export), the model
+ * folder (initialising it from `model.preset` when missing) and the datasets; runs the SFT
  * warm-up and the RL loop (`actors/Trainer.ts`) on the local policy (`actors/LocalPolicy.ts`); shows a progress bar
  * on a terminal (plain lines otherwise); writes `metrics.jsonl`, `samples.jsonl`, the journal, checkpoints and
  * `report.html` in the output directory; and ends with held-out accuracy and invalid tool-call rate before and
@@ -8,120 +9,22 @@
  *
  * @since 0.1.0
  */
-import { Console, Context, Effect, FileSystem, Option } from "effect"
+import { Console, Effect, FileSystem, Option } from "effect"
 import type { Scope } from "effect"
 import { Argument, Command, Flag } from "effect/cli"
-import * as ChainFormat from "../actors/ChainFormat.ts"
 import * as LocalPolicy from "../actors/LocalPolicy.ts"
 import * as Metrics from "../actors/Metrics.ts"
-import * as RewardActor from "../actors/RewardActor.ts"
-import type * as RolloutChain from "../actors/RolloutChain.ts"
-import * as ToolActor from "../actors/ToolActor.ts"
+import * as ResourceManager from "../actors/ResourceManager.ts"
 import * as Trainer from "../actors/Trainer.ts"
-import * as Answer from "../environments/answer/Answer.ts"
-import * as Calculator from "../environments/calculator/Calculator.ts"
-import * as MathEqual from "../environments/math/MathEqual.ts"
-import * as Qa from "../environments/rewards/Qa.ts"
-import * as ToolCallFormat from "../environments/rewards/ToolCallFormat.ts"
-import * as ChatTemplate from "../src/ChatTemplate.ts"
 import * as Dataset from "../src/Dataset.ts"
 import * as ModelConfig from "../src/model/ModelConfig.ts"
 import * as ModelFolder from "../src/ModelFolder.ts"
 import * as Report from "../src/Report.ts"
-import * as Reward from "../src/Reward.ts"
-import * as RolloutError from "../src/RolloutError.ts"
-import type * as Tool from "../src/Tool.ts"
 import * as TrainConfig from "../src/TrainConfig.ts"
-
-/**
- * Tools a config can name.
- *
- * @category registries
- * @since 0.1.0
- */
-export const tools: Readonly<Record<string, Tool.Any>> = {
-  calculator: Calculator.calculator,
-  answer: Answer.answer
-}
-
-/**
- * Rewards a config can name.
- *
- * @category registries
- * @since 0.1.0
- */
-export const rewards = {
-  mathEqual: MathEqual.mathEqual,
-  exactMatch: Qa.exactMatch,
-  f1: Qa.f1,
-  toolCallFormat: ToolCallFormat.toolCallFormat
-} as const
-
-/**
- * The reward a config names: one of {@link rewards}, or a weighted sum of them (`Reward.combine`), or why not.
- *
- * @category constructors
- * @since 0.1.0
- */
-export const rewardOf = (spec: TrainConfig.TrainConfig["reward"]) => {
-  const parts = typeof spec === "string" ? [[spec, 1] as const] : Object.entries(spec)
-  const unknown = parts.filter(([name]) => !(name in rewards)).map(([name]) => name)
-  if (unknown.length > 0) return `reward: unknown ${unknown.join(", ")} (known: ${Object.keys(rewards).join(", ")})`
-  if (parts.length === 0) return "reward: name at least one reward"
-  if (typeof spec === "string") return rewards[spec as keyof typeof rewards]
-  return Reward.combine(
-    parts.map(([name, weight]) => `${weight}·${name}`).join(" + "),
-    parts.map(([name, weight]) => ({ reward: rewards[name as keyof typeof rewards], weight }))
-  )
-}
+import * as Setup from "./setup.ts"
 
 const usage = (message: string) =>
   new TrainConfig.ConfigError({ source: "config", reason: "Invalid", issues: [message] })
-
-/** The tool actor as the rollout chain's tool port. */
-const toolPort = (actor: ToolActor.Service<any>): RolloutChain.Tools => ({
-  schemas: actor.functionSchemas,
-  executeTurn: (calls, context) =>
-    actor.executeTurn(calls, { context: context as Context.Context<any> }).pipe(
-      Effect.map((turn) => ({ messages: turn.messages, terminal: turn.terminal })),
-      Effect.mapError((e) => new RolloutError.RolloutError({ reason: "ToolFailed", message: e.message }))
-    )
-})
-
-/** The reward actor as the rollout chain's reward port. */
-const rewardPort = (actor: RewardActor.RewardActor<any>): RolloutChain.Reward => (trajectory, context) =>
-  Effect.map(actor.score(trajectory, { context: context as Context.Context<any> }), ({ trajectory: t }) => ({
-    reward: t.reward,
-    status: t.rewardStatus,
-    metrics: t.metrics
-  }))
-
-/**
- * A config's agent on a loaded model folder: the rollout format (the template and tool-call parser it names) and its
- * tools and reward as the rollout chain's ports. Unknown tool or reward names fail with the known ones.
- *
- * @category constructors
- * @since 0.1.0
- */
-export const agentOf = Effect.fn("cli.agentOf")(function*(config: TrainConfig.TrainConfig, folder: ModelFolder.ModelFolder) {
-  const unknownTools = config.tools.filter((name) => !(name in tools))
-  if (unknownTools.length > 0) {
-    return yield* usage(`tools: unknown ${unknownTools.join(", ")} (known: ${Object.keys(tools).join(", ")})`)
-  }
-  const reward = rewardOf(config.reward)
-  if (typeof reward === "string") return yield* usage(reward)
-  const toolActor = yield* ToolActor.make(config.tools.map((name) => tools[name]!))
-  const rewardActor = yield* RewardActor.make(reward as never, { onError: "zero" })
-  const template = config.agent.template === "model"
-    ? folder.template
-    : ChatTemplate.builtinTemplate(config.agent.template as ChatTemplate.BuiltinName)
-  const format = ChainFormat.fromTemplate({
-    tokenizer: folder.tokenizer,
-    template,
-    toolCallFormat: config.agent.parser as ChatTemplate.ToolCallFormat
-  })
-  return { format, tools: toolPort(toolActor), reward: rewardPort(rewardActor) }
-})
 
 /**
  * Options of a training run from the command line.
@@ -154,27 +57,24 @@ export const run = Effect.fn("cli.train")(function*(
   FileSystem.FileSystem | import("effect").Path.Path | Scope.Scope
 > {
   const fs = yield* FileSystem.FileSystem
-  const loaded = yield* TrainConfig.load(options.config)
-  const requested: TrainConfig.TrainConfig = {
-    ...loaded,
-    ...(options.seed === undefined ? {} : { seed: options.seed }),
-    ...(options.output === undefined ? {} : { output: options.output }),
-    algorithm: { ...loaded.algorithm, ...(options.steps === undefined ? {} : { steps: options.steps }) }
-  }
+  const { task, config: requested } = yield* Setup.load(options.config, options)
   const write = options.write ?? ((text: string) => void process.stderr.write(text))
   const tty = options.tty ?? process.stderr.isTTY === true
   const say = (text: string) => Effect.sync(() => write(text + "\n"))
 
   // Datasets first: a bad row stops the run before anything is written.
   const onInvalid = requested.data.onInvalidRow
-  const train = yield* Dataset.load(requested.data.train, { onInvalid })
-  const evalSet = requested.data.eval === undefined ? undefined : yield* Dataset.load(requested.data.eval, { onInvalid })
+  const fields = task.row
+  const train = yield* Dataset.load(requested.data.train, { onInvalid, fields })
+  const evalSet = requested.data.eval === undefined
+    ? undefined
+    : yield* Dataset.load(requested.data.eval, { onInvalid, fields })
   const demos = requested.warmup === undefined
     ? undefined
     : yield* Dataset.load(requested.warmup.data, { onInvalid, kind: "conversation" })
   const validation = requested.warmup?.stopAt === undefined
     ? undefined
-    : yield* Dataset.load(requested.warmup.stopAt.data, { onInvalid })
+    : yield* Dataset.load(requested.warmup.stopAt.data, { onInvalid, fields })
   for (const ds of [train, evalSet, demos, validation]) {
     for (const issue of ds?.skipped ?? []) yield* say(`skipped ${ds!.name}:${issue.line}: ${issue.message}`)
   }
@@ -194,28 +94,35 @@ export const run = Effect.fn("cli.train")(function*(
   const folder = yield* ModelFolder.load(requested.model.path)
   const config = LocalPolicy.onModel(folder, requested)
 
-  const agent = yield* agentOf(config, folder)
-
   yield* fs.makeDirectory(config.output, { recursive: true })
   const display = Metrics.display({ write, tty, columns: process.stderr.columns ?? 100, everySteps: 5 })
   yield* say(
-    `training ${folder.name} on ${train.rows.length} rows (${config.mode}, ${config.algorithm.steps} steps, ` +
-      `seed ${config.seed}) → ${config.output}`
+    `training ${folder.name} on task ${task.name}, ${train.rows.length} rows (${config.mode}, ` +
+      `${config.algorithm.steps} steps, seed ${config.seed}) → ${config.output}`
   )
   const summary = yield* Trainer.run({
+    task,
     config,
+    format: Setup.formatOf(config, folder),
     train,
     eval: evalSet,
     demos,
     validation,
-    ...agent,
     resume: options.resume === true,
     tokenText: (id) => folder.tokenizer.decode([id]),
     display
-  }).pipe(Effect.provide(LocalPolicy.layer(folder, config)), Effect.ensuring(display.done))
+  }).pipe(
+    Effect.provide(LocalPolicy.layer(folder, config)),
+    // What a task's environment may need from the run: pools of sandboxes and other leased resources.
+    Effect.provide(ResourceManager.ResourceManager.layer),
+    Effect.ensuring(display.done)
+  )
   const report = yield* Report.write(config.output)
-  // The whole run's evaluations (a resumed run's summary holds only its own).
-  const evals = (yield* Report.read(config.output)).metrics.filter((m) => m.phase === "eval")
+  // The whole run's figures (a resumed run's summary holds only its own).
+  const records = (yield* Report.read(config.output)).metrics
+  const evals = records.filter((m) => m.phase === "eval")
+  const steps = new Map(records.filter((m) => m.phase === "train").map((m) => [m.step, m.figures]))
+  const trained = [...steps.values()].filter((f) => f["learner/applied"] !== 0).length
   const first = evals[0]
   const last = evals.at(-1)
   if (first !== undefined && last !== undefined) {
@@ -227,7 +134,17 @@ export const run = Effect.fn("cli.train")(function*(
         `${f(last.figures["eval/invalid_tool_call_rate"])}`
     )
   }
+  yield* say(
+    `trained ${trained} of ${steps.size} steps` +
+      (steps.size > trained ? ` (${steps.size - trained} skipped: no learning signal, every group's rewards equal)` : "")
+  )
   yield* say(`report: ${report}`)
+  if (trained === 0 && steps.size > 0) {
+    return yield* new Trainer.TrainerError({
+      reason: "Learner",
+      message: `no step trained: every group's rewards were equal in all ${steps.size} steps (see ${report})`
+    })
+  }
   return { summary, report, config }
 })
 
@@ -251,7 +168,9 @@ export const exitOnFailure = <A, E, R>(self: Effect.Effect<A, E, R>): Effect.Eff
 export const train = Command.make(
   "train",
   {
-    config: Argument.String("config").pipe(Argument.withDescription("The run's config: .json, .yaml or .ts")),
+    config: Argument.String("config").pipe(
+      Argument.withDescription("The run's config (.json, .yaml) naming its task, or a task module (.ts) exporting task and config")
+    ),
     resume: Flag.Boolean("resume").pipe(
       Flag.withDescription("Continue from the last checkpoint in the output directory"),
       Flag.withDefault(false)

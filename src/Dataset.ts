@@ -68,6 +68,8 @@ export type Kind = "prompt" | "conversation"
 export interface Options {
   readonly kind?: Kind
   readonly onInvalid?: "skip" | "stop"
+  /** A Schema the rows' fields must also decode with (a task's `row`; see {@link refine}). */
+  readonly fields?: Schema.Codec<any, any> | undefined
 }
 
 // ===== Errors =====
@@ -234,7 +236,8 @@ export const load = Effect.fn("Dataset.load")(function*(path: string, options: O
   const text = yield* fs.readFileString(path).pipe(
     Effect.mapError((e) => new DatasetError({ dataset: path, reason: "Unreadable", message: `${path}: ${e.message}` }))
   )
-  return yield* parse(path, text, options)
+  const dataset = yield* parse(path, text, options)
+  return options.fields === undefined ? dataset : yield* refine(dataset, options.fields, options)
 })
 
 // ===== Getters =====
@@ -251,3 +254,45 @@ export const promptMessages = (row: Row, systemPrompt?: string): Message.Convers
   const user: Message.Message = { role: "user", content: row.question ?? "" }
   return systemPrompt === undefined ? [user] : [{ role: "system", content: systemPrompt }, user]
 }
+
+/**
+ * Checks every row's fields against a task's row Schema (`Task.row`), replacing them with the decoded values. A row
+ * that fails is reported with its line: the load stops there (`onInvalid: "stop"`, the default) or skips the row
+ * and lists it in `skipped`.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const refine = (
+  dataset: Dataset,
+  fields: Schema.Codec<any, any>,
+  options: { readonly onInvalid?: "skip" | "stop" | undefined } = {}
+): Effect.Effect<Dataset, DatasetError> =>
+  Effect.gen(function*() {
+    const decode = Schema.decodeUnknownResult(fields)
+    const rows: Array<Row> = []
+    const skipped: Array<RowIssue> = [...dataset.skipped]
+    for (const row of dataset.rows) {
+      const decoded = decode(row.fields, { errors: "all" })
+      if (Result.isSuccess(decoded)) {
+        // Fields the Schema does not name pass through (they may still reach a reward).
+        rows.push({ ...row, index: rows.length, fields: { ...row.fields, ...(decoded.success as Record<string, unknown>) } })
+        continue
+      }
+      const message = decoded.failure.message.replace(/\n\s*/g, " ")
+      if (options.onInvalid === "skip") {
+        skipped.push({ line: row.line, message })
+      } else {
+        return yield* new DatasetError({
+          dataset: dataset.name,
+          reason: "InvalidRow",
+          line: row.line,
+          message: `${dataset.name}:${row.line}: ${message}`
+        })
+      }
+    }
+    if (rows.length === 0) {
+      return yield* new DatasetError({ dataset: dataset.name, reason: "Empty", message: `${dataset.name}: no valid row` })
+    }
+    return { name: dataset.name, rows, skipped }
+  })

@@ -5,7 +5,7 @@
  * **The contract** (read by the tool actor, the rollout chain and the resource manager)
  *
  * 1. An environment is an Effect service: a `Context.Service` class whose value holds the instance's state and
- *    methods (see {@link Environment} for the optional `reset`/`reward` shape). Its behaviour is a `Layer`.
+ *    methods. Its behaviour is a `Layer`.
  * 2. A stateful tool declares the services it needs as `dependencies: [MyEnv]` (as `effect/ai`'s `Tool.make`
  *    does); a reward declares them the same way. The handler `yield*`s the service.
  * 3. A rollout chain runs in its own `Scope`. When it starts, it asks a {@link Provider} for its
@@ -23,6 +23,10 @@
  *    interface: `acquire` leases an instance from a pool and registers the release on the chain's scope
  *    (`Effect.acquireRelease`). Nothing else in the runtime changes.
  *
+ * 6. The chain follows an {@link Episode} protocol with its environment (a task's `episode`): `start` resets it
+ *    with the chain's row and seed (and may add a first observation), `step` may speak after each turn and end
+ *    the episode.
+ *
  * Failures of environment methods use {@link EnvError} with a `reason`; a tool that surfaces them declares
  * `failure: Environment.EnvError` so that the model observes them.
  *
@@ -30,25 +34,13 @@
  */
 import { Context, Effect, Layer, RcMap, Schema } from "effect"
 import type { Scope } from "effect"
+import type * as Message from "./Message.ts"
 
 // ===== Models =====
 
 /**
- * The optional lifecycle shape of an environment service. An environment service may extend it
- * (`Environment.Environment & { readonly guess: … }`); tools only need the methods they call.
- *
- * @category models
- * @since 0.1.0
- */
-export interface Environment {
-  /** Start a new episode from a seed; returns a text observation (e.g. the task statement) or "". */
-  readonly reset: (seed: number) => Effect.Effect<string, EnvError>
-  /** The episode's outcome as the environment sees it (a reward can read it). */
-  readonly reward?: Effect.Effect<number, EnvError> | undefined
-}
-
-/**
- * Which chain is asking for its environment.
+ * Which chain is asking for its environment: its ids and, from a rollout, the dataset row it serves, the row's
+ * position and the episode seed (the same for every chain of a group, so that a group's chains face one world).
  *
  * @category models
  * @since 0.1.0
@@ -56,7 +48,81 @@ export interface Environment {
 export interface ChainInfo {
   readonly chainId: string
   readonly groupId: string
+  readonly rowIndex?: number | undefined
+  readonly row?: Readonly<Record<string, unknown>> | undefined
+  readonly seed?: number | undefined
 }
+
+/**
+ * What an episode starts from: the chain (with its row and seed) and the prompt it was given.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface EpisodeStart {
+  readonly chainId: string
+  readonly groupId: string
+  readonly rowIndex: number
+  readonly row: Readonly<Record<string, unknown>>
+  readonly seed: number
+  readonly messages: Message.Conversation
+}
+
+/**
+ * One finished assistant turn, as the environment sees it: the assistant message, its tool calls' observations
+ * (in call order) and the number of turns so far (1 after the first).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface EpisodeTurn {
+  readonly turn: number
+  readonly assistant: typeof Message.AssistantMessage.Type
+  readonly observations: ReadonlyArray<Message.Message>
+}
+
+/**
+ * What the environment says after a turn: messages of its own (appended after the tool observations, source
+ * `env`, never trained on; plain strings are user messages) and, with `end`, the end of the episode for that
+ * reason (`"solved"`, `"failed"`, `"out_of_moves"`, …), which becomes the trajectory's `termination:
+ * "episode_end"` and `episodeEnd`.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface EpisodeStep {
+  readonly messages?: ReadonlyArray<Message.Message | string> | undefined
+  readonly end?: string | undefined
+}
+
+/**
+ * The episode protocol a rollout chain follows with its environment, run with the chain's environment services
+ * (`R`) in context:
+ * - `start` resets the environment for the chain's row and seed, before the first sample; its messages (plain
+ *   strings are user messages) are appended to the prompt, e.g. the first observation of a text world;
+ * - `step` runs after every assistant turn (after its tool calls ran; also after a turn without tool calls, which
+ *   then ends the chain with `no_tool_call` only if the environment says nothing and does not end it).
+ *
+ * A failure (`EnvError`) follows the chain's `EnvFailed` policy (default: mask the trajectory).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Episode<R = never> {
+  readonly start?:
+    | ((episode: EpisodeStart) => Effect.Effect<ReadonlyArray<Message.Message | string> | void, EnvError, R>)
+    | undefined
+  readonly step?: ((turn: EpisodeTurn) => Effect.Effect<EpisodeStep | void, EnvError, R>) | undefined
+}
+
+/**
+ * Messages of an environment as conversation messages: strings become user messages.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const toMessages = (messages: ReadonlyArray<Message.Message | string>): Array<Message.Message> =>
+  messages.map((m) => (typeof m === "string" ? { role: "user" as const, content: m } : m))
 
 /**
  * How instances are shared between chains.
@@ -81,6 +147,11 @@ export interface Provider<in out ROut, out E = never, out R = never> {
   readonly [TypeId]: typeof TypeId
   readonly sharing: Sharing
   readonly acquire: (chain: ChainInfo) => Effect.Effect<Context.Context<ROut>, E, R | Scope.Scope>
+  /**
+   * Figures of the instances behind the provider, for a run's metrics (`env/<resource>/leases`,
+   * `acquire_wait_p50_ms`, `creations`, `crashes`, `resets`, …); absent for in-process layers.
+   */
+  readonly stats?: Effect.Effect<Readonly<Record<string, number>>> | undefined
 }
 
 // ===== Errors =====
@@ -135,8 +206,9 @@ export const isProvider = (u: unknown): u is Provider<unknown, unknown, unknown>
  */
 export const make = <ROut, E = never, R = never>(
   sharing: Sharing,
-  acquire: (chain: ChainInfo) => Effect.Effect<Context.Context<ROut>, E, R | Scope.Scope>
-): Provider<ROut, E, R> => ({ [TypeId]: TypeId, sharing, acquire })
+  acquire: (chain: ChainInfo) => Effect.Effect<Context.Context<ROut>, E, R | Scope.Scope>,
+  stats?: Effect.Effect<Readonly<Record<string, number>>>
+): Provider<ROut, E, R> => ({ [TypeId]: TypeId, sharing, acquire, ...(stats === undefined ? {} : { stats }) })
 
 /**
  * Builds a layer with a memo map of its own, so that nothing it contains is shared with any other build.

@@ -1,6 +1,6 @@
 /**
- * The configuration of a training run (`agentfly train CONFIG`): the model, datasets, tools, reward, agent
- * options, algorithm, sync/async mode, evaluation, checkpoints and output directory.
+ * The configuration of a training run (`agentfly train CONFIG`): the task (by name or module path), the model,
+ * datasets, agent options, algorithm, sync/async mode, evaluation, checkpoints and output directory.
  *
  * A config is a JSON or YAML file, or a TypeScript module whose default export (or `config` export) is the
  * object. Decoding is strict: an unknown or mistyped key fails fast with the path of the bad key and, when a
@@ -11,6 +11,7 @@
  */
 import { Effect, FileSystem, Path, Schema, SchemaAST, SchemaIssue } from "effect"
 import * as Yaml from "yaml"
+import { Ref as TaskRef } from "./Task.ts"
 
 // ===== Schema =====
 
@@ -69,7 +70,9 @@ export const AgentConfig = Schema.Struct({
   maxNewTokens: withDefault(PositiveInt, 256),
   maxContextTokens: Schema.optionalKey(PositiveInt),
   temperature: withDefault(NonNegative, 1),
-  topP: withDefault(Probability, 1)
+  topP: withDefault(Probability, 1),
+  /** Seconds a tool call may run when its tool sets no `timeout` (a hang becomes a `Timeout` observation). */
+  toolTimeout: withDefault(Positive, 30)
 })
 
 /**
@@ -213,13 +216,16 @@ export const LearnerConfig = Schema.Struct({
  */
 export const TrainConfig = Schema.Struct({
   name: Schema.optionalKey(Schema.String),
+  /**
+   * The task: a built-in name (`"calculator"`) or a module path (`"./task.ts"`, exporting `task`), optionally with
+   * options (`{ "name": "calculator", "options": { "toolCallFormat": 0.2 } }`). Optional in a task module, which
+   * exports its task beside the config.
+   */
+  task: Schema.optionalKey(TaskRef),
   seed: withDefault(NonNegativeInt, 0),
   output: Schema.String,
   model: ModelConfig,
   data: DataConfig,
-  tools: withDefault(Schema.Array(Schema.String), []),
-  /** A reward by name, or a weighted sum of rewards by name (`{ "mathEqual": 1, "toolCallFormat": 0.2 }`). */
-  reward: Schema.Union([Schema.String, Schema.Record(Schema.String, Schema.Number)]),
   agent: withDefault(AgentConfig, {}),
   algorithm: AlgorithmConfig,
   warmup: Schema.optionalKey(WarmupConfig),
@@ -228,7 +234,12 @@ export const TrainConfig = Schema.Struct({
   eval: withDefault(EvalConfig, {}),
   checkpoint: withDefault(CheckpointConfig, {}),
   learner: withDefault(LearnerConfig, {}),
-  sampleTrajectories: withDefault(NonNegativeInt, 4)
+  sampleTrajectories: withDefault(NonNegativeInt, 4),
+  /**
+   * The largest share of a step's trajectories that may fail for infrastructure reasons (environment, lease,
+   * reward, sampler, chain defects) before the run stops with a typed error naming the reason; 1 never stops.
+   */
+  maxFailureShare: withDefault(Probability, 0.5)
 })
 export type TrainConfig = typeof TrainConfig.Type
 
@@ -391,42 +402,82 @@ export const resolvePaths = (config: TrainConfig, resolve: (p: string) => string
 
 const readModule = (file: string) =>
   Effect.tryPromise({
-    try: () => import(file) as Promise<{ readonly default?: unknown; readonly config?: unknown }>,
+    try: () => import(file) as Promise<Record<string, unknown>>,
     catch: (e) => new ConfigError({ source: file, reason: "Syntax", issues: [String(e)] })
-  }).pipe(Effect.map((m) => m.default ?? m.config))
+  })
 
 /**
- * Loads a config file: `.json`, `.yaml` / `.yml`, or a TypeScript / JavaScript module exporting the config as
- * its default export (or as `config`). Relative paths inside are resolved against the file's directory.
+ * A config file as read, before decoding: its raw value, its directory (relative paths are resolved against it)
+ * and, for a module, everything it exports (a task module exports `task` beside its config).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Source {
+  readonly file: string
+  readonly dir: string
+  readonly raw: unknown
+  readonly exports: Readonly<Record<string, unknown>>
+}
+
+/**
+ * Reads a config file: `.json`, `.yaml` / `.yml`, or a TypeScript / JavaScript module exporting the config as
+ * its default export (or as `config`).
  *
  * @category constructors
  * @since 0.1.0
  */
-export const load = Effect.fn("TrainConfig.load")(function*(file: string) {
+export const read = Effect.fn("TrainConfig.read")(function*(file: string) {
   const fs = yield* FileSystem.FileSystem
   const path = yield* Path.Path
   const absolute = path.resolve(file)
   const extension = path.extname(absolute).toLowerCase()
-  let raw: unknown
+  const dir = path.dirname(absolute)
   if ([".ts", ".mts", ".js", ".mjs"].includes(extension)) {
-    raw = yield* readModule(absolute)
-  } else if ([".json", ".yaml", ".yml"].includes(extension)) {
+    const exports = yield* readModule(absolute)
+    return { file, dir, raw: exports["default"] ?? exports["config"], exports } satisfies Source
+  }
+  if ([".json", ".yaml", ".yml"].includes(extension)) {
     const text = yield* fs.readFileString(absolute).pipe(
       Effect.mapError((e) => new ConfigError({ source: file, reason: "Unreadable", issues: [e.message] }))
     )
-    raw = yield* Effect.try({
+    const raw = yield* Effect.try({
       // YAML is a superset of JSON; the yaml parser reports line and column for both.
       try: () => Yaml.parse(text, { prettyErrors: true, uniqueKeys: true }) as unknown,
       catch: (e) => new ConfigError({ source: file, reason: "Syntax", issues: [String(e).split("\n")[0]!] })
     })
-  } else {
-    return yield* new ConfigError({
-      source: file,
-      reason: "UnsupportedFormat",
-      issues: [`expected .json, .yaml, .yml, .ts or .js, got "${extension}"`]
-    })
+    return { file, dir, raw, exports: {} } satisfies Source
   }
-  const config = yield* decode(raw, file)
-  const dir = path.dirname(absolute)
-  return resolvePaths(config, (p) => path.resolve(dir, p))
+  return yield* new ConfigError({
+    source: file,
+    reason: "UnsupportedFormat",
+    issues: [`expected .json, .yaml, .yml, .ts or .js, got "${extension}"`]
+  })
 })
+
+/**
+ * Decodes a read config (after `transform`, e.g. a task's defaults) and resolves its relative paths against its
+ * directory.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const fromSource = (
+  source: Source,
+  transform: (raw: unknown) => unknown = (raw) => raw
+): Effect.Effect<TrainConfig, ConfigError, Path.Path> =>
+  Effect.flatMap(Path.Path, (path) =>
+    Effect.map(
+      decode(transform(source.raw), source.file),
+      (config) => resolvePaths(config, (p) => path.resolve(source.dir, p))
+    ))
+
+/**
+ * Loads a config file ({@link read}, then {@link fromSource}). Relative paths inside are resolved against the
+ * file's directory.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const load = (file: string): Effect.Effect<TrainConfig, ConfigError, FileSystem.FileSystem | Path.Path> =>
+  Effect.flatMap(read(file), (source) => fromSource(source))

@@ -68,6 +68,7 @@ export const Termination = Schema.Literals([
   "context_length", // the token budget of the context ran out
   "stop", // the sampler stopped on max tokens / a stop token without a parseable turn end
   "error", // an error whose policy ends the chain
+  "episode_end", // the environment ended the episode (`episodeEnd` says why: solved, failed, ...)
   "interrupted"
 ])
 export type Termination = typeof Termination.Type
@@ -107,7 +108,11 @@ export const Trajectory = Schema.Struct({
   /** The dataset row's extra fields, passed through to rewards. */
   row: Schema.optionalKey(Schema.Record(Schema.String, Schema.Unknown)),
   /** A short description of the error that ended the chain, when `termination === "error"`. */
-  error: Schema.optionalKey(Schema.String)
+  error: Schema.optionalKey(Schema.String),
+  /** The `RolloutError` reason behind `error` (`EnvFailed`, `RewardFailed`, ...), for per-reason counts. */
+  errorReason: Schema.optionalKey(Schema.String),
+  /** Why the environment ended the episode, when `termination === "episode_end"`. */
+  episodeEnd: Schema.optionalKey(Schema.String)
 })
 export type Trajectory = typeof Trajectory.Type
 

@@ -1,7 +1,7 @@
 /**
  * Writes the calculator demo's data files: `train.jsonl` (RL prompts), `heldout.jsonl`, `validation.jsonl` (for the
  * warm-up's stopping check) and `demos.jsonl` (gold conversations for the SFT warm-up), each on questions of its own
- * (`Task.splits`). Seeded: the same options always write the same bytes.
+ * (`Problems.splits`). Seeded: the same options always write the same bytes.
  *
  *   npx tsx examples/calculator/generate.ts [OUT_DIR] [SEED] [NOISE]
  *
@@ -15,7 +15,7 @@ import { NodeRuntime, NodeServices } from "@effect/platform-node"
 import { Effect, FileSystem, Path } from "effect"
 import { resolve } from "node:path"
 import { pathToFileURL } from "node:url"
-import * as Task from "./Task.ts"
+import * as Problems from "./Problems.ts"
 
 /**
  * @category models
@@ -62,12 +62,12 @@ const corrupt = (answer: string, next: () => number): string => {
  * @since 0.1.0
  */
 export const demonstrations = (
-  rows: ReadonlyArray<Task.Row>,
+  rows: ReadonlyArray<Problems.Row>,
   options: { readonly seed: number; readonly noise: number }
-): ReadonlyArray<Task.Demonstration> => {
-  const next = Task.rng(options.seed ^ 0x5bd1e995)
+): ReadonlyArray<Problems.Demonstration> => {
+  const next = Problems.rng(options.seed ^ 0x5bd1e995)
   return rows.map((row, i) => {
-    const gold = Task.demonstration(row, i)
+    const gold = Problems.demonstration(row, i)
     if (next() >= options.noise) return gold
     const messages = [...gold.messages]
     messages[messages.length - 1] = { role: "assistant", content: `The answer is ${corrupt(row.answer, next)}.` }
@@ -84,13 +84,13 @@ export const demonstrations = (
 export const write = Effect.fn("calculator.generate.write")(function*(options: Options) {
   const fs = yield* FileSystem.FileSystem
   const path = yield* Path.Path
-  const { heldOut, train, validation, demos: demoRows } = Task.splits(options)
+  const { heldOut, train, validation, demos: demoRows } = Problems.splits(options)
   const demos = demonstrations(demoRows, options)
   yield* fs.makeDirectory(options.dir, { recursive: true })
-  yield* fs.writeFileString(path.join(options.dir, "train.jsonl"), Task.toJsonl(train))
-  yield* fs.writeFileString(path.join(options.dir, "heldout.jsonl"), Task.toJsonl(heldOut))
-  yield* fs.writeFileString(path.join(options.dir, "validation.jsonl"), Task.toJsonl(validation))
-  yield* fs.writeFileString(path.join(options.dir, "demos.jsonl"), Task.toJsonl(demos))
+  yield* fs.writeFileString(path.join(options.dir, "train.jsonl"), Problems.toJsonl(train))
+  yield* fs.writeFileString(path.join(options.dir, "heldout.jsonl"), Problems.toJsonl(heldOut))
+  yield* fs.writeFileString(path.join(options.dir, "validation.jsonl"), Problems.toJsonl(validation))
+  yield* fs.writeFileString(path.join(options.dir, "demos.jsonl"), Problems.toJsonl(demos))
   return { train: train.length, heldOut: heldOut.length, validation: validation.length, demos: demos.length }
 })
 

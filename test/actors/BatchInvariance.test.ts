@@ -13,7 +13,8 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as PolicyEngine from "../../actors/PolicyEngine.ts"
 import * as Trainer from "../../actors/Trainer.ts"
-import { agentOf } from "../../cli/train.ts"
+import * as Setup from "../../cli/setup.ts"
+import * as CalculatorTask from "../../environments/calculator/CalculatorTask.ts"
 import * as Generate from "../../examples/calculator/generate.ts"
 import * as Dataset from "../../src/Dataset.ts"
 import * as ModelFolder from "../../src/ModelFolder.ts"
@@ -32,16 +33,15 @@ describe("batch invariance", () => {
         output: join(dir, "run"),
         model: { path: join(dir, "model") },
         data: { train: join(dir, "train.jsonl") },
-        tools: ["calculator"],
-        reward: "mathEqual",
+        task: "calculator",
         agent: { renderTools: false, maxTurns: 2, numChains: 3, maxNewTokens: 20, maxContextTokens: 256 },
         algorithm: { steps: 1 }
       })
       const rows = (yield* Dataset.load(join(dir, "train.jsonl"), { onInvalid: "stop" })).rows
       const engine = yield* PolicyEngine.make({ config: folder.config, weights: folder.weights, maxBatchSize: 8 })
-      const agent = yield* agentOf(config, folder)
+      const agent = yield* Trainer.agent({ task: CalculatorTask.make(), config, format: Setup.formatOf(config, folder) })
       const collect = (from: number, to: number, maxConcurrentChains: number) =>
-        Trainer.collectGroups({ config, ...agent, maxConcurrentChains }, rows.slice(from, to), {
+        Trainer.collectGroups({ ...agent, maxConcurrentChains }, rows.slice(from, to), {
           firstSeq: from,
           chains: 3,
           temperature: 1,

@@ -8,6 +8,7 @@ import * as Journal from "../../actors/Journal.ts"
 import * as Trainer from "../../actors/Trainer.ts"
 import * as Dataset from "../../src/Dataset.ts"
 import * as Report from "../../src/Report.ts"
+import type * as Task from "../../src/Task.ts"
 import { Sampler } from "../../src/Sampler.ts"
 import * as TrainConfig from "../../src/TrainConfig.ts"
 import type * as Trajectory from "../../src/Trajectory.ts"
@@ -25,7 +26,6 @@ const setup = (overrides: Record<string, unknown> = {}, algorithm: Record<string
       seed: 3,
       model: { path: "unused" },
       data: { train: "unused" },
-      reward: "toy",
       agent: { numChains: 4, maxTurns: 2, maxNewTokens: 16 },
       algorithm: { steps: 8, groupsPerStep: 3, ...algorithm },
       eval: { every: 4 },
@@ -40,9 +40,12 @@ const setup = (overrides: Record<string, unknown> = {}, algorithm: Record<string
         kind: "conversation"
       }),
       format: charFormat,
-      reward: Toy.reward
+      task: Toy.task()
     }
   })
+
+/** The toy task, but nothing counts as correct (a warm-up target out of reach). */
+const neverCorrect: Task.Task = { ...Toy.task(), correct: () => false }
 
 const steps = (output: string) =>
   Effect.map(
@@ -190,7 +193,7 @@ describe("Trainer", () => {
       const unreachable = yield* setup({
         warmup: { data: "unused", steps: 7, batchSize: 2, stopAt: { data: "unused", accuracy: 1, every: 3 } }
       })
-      yield* runWith({ ...unreachable, validation: yield* rows(8, "validation"), correct: () => false })
+      yield* runWith({ ...unreachable, validation: yield* rows(8, "validation"), task: neverCorrect })
       const warmAll = (yield* Report.read(unreachable.config.output)).metrics.filter((m) => m.phase === "warmup")
       assert.deepStrictEqual(warmAll.map((m) => m.step), [1, 2, 3, 4, 5, 6, 7], "the cap: every step")
       assert.deepStrictEqual(warmAll.flatMap((m) => m.figures["warmup/validation_accuracy"] ?? []), [0, 0])
@@ -200,7 +203,7 @@ describe("Trainer", () => {
       const failing = yield* setup({
         warmup: { data: "unused", steps: 7, batchSize: 2, stopAt: { data: "unused", accuracy: 1, every: 3, onMiss: "fail" } }
       })
-      const missed = yield* Effect.flip(runWith({ ...failing, validation: yield* rows(8, "validation"), correct: () => false }))
+      const missed = yield* Effect.flip(runWith({ ...failing, validation: yield* rows(8, "validation"), task: neverCorrect }))
       assert.strictEqual(missed.reason, "Warmup")
       assert.include(missed.message, "ran its 7 steps short of its target validation accuracy 1: best 0 at step 3")
       const failed = (yield* Journal.read(join(failing.config.output, "journal.jsonl"))).entries.map((e) => e.entry)

@@ -10,8 +10,7 @@ const minimal = {
   output: "runs/x",
   model: { path: "model", preset: "tiny" },
   data: { train: "data/train.jsonl", eval: "data/heldout.jsonl" },
-  tools: ["calculator"],
-  reward: "mathEqual",
+  task: "calculator",
   algorithm: { steps: 10 }
 }
 
@@ -55,16 +54,16 @@ describe("TrainConfig", () => {
 
   it.effect("wrong types, bad literals, out-of-range numbers and missing keys each name their path", () =>
     Effect.gen(function*() {
-      const { reward: _, ...noReward } = minimal
+      const { output: _, ...noOutput } = minimal
       const error = yield* failure(TrainConfig.decode({
-        ...noReward,
+        ...noOutput,
         mode: "asynchronous",
         algorithm: { steps: 0, lr: "fast", advantage: "ppo" },
         agent: { maxTurns: 1.5 }
       }))
       const byPath = (p: string) => error.issues.filter((i) => i.startsWith(p + ":"))
-      assert.strictEqual(byPath("reward").length, 1)
-      assert.include(byPath("reward")[0], "missing")
+      assert.strictEqual(byPath("output").length, 1)
+      assert.include(byPath("output")[0], "missing")
       assert.include(byPath("mode")[0], "sync")
       assert.strictEqual(byPath("algorithm.steps").length, 1)
       assert.strictEqual(byPath("algorithm.lr").length, 1)
@@ -76,7 +75,7 @@ describe("TrainConfig", () => {
     Effect.gen(function*() {
       const dir = mkdtempSync(join(tmpdir(), "config-"))
       writeFileSync(join(dir, "a.json"), JSON.stringify({ ...minimal, mode: "async", maxStaleness: 2 }))
-      writeFileSync(join(dir, "b.yaml"), "output: out\nmodel: { path: m }\ndata:\n  train: t.jsonl\nreward: r\n" +
+      writeFileSync(join(dir, "b.yaml"), "output: out\nmodel: { path: m }\ndata:\n  train: t.jsonl\ntask: t\n" +
         "algorithm:\n  steps: 3\n  lr: 1.0e-3\n")
       writeFileSync(join(dir, "c.ts"), `export default ${JSON.stringify(minimal)}\n`)
       const a = yield* TrainConfig.load(join(dir, "a.json"))
@@ -88,7 +87,7 @@ describe("TrainConfig", () => {
       assert.strictEqual(b.algorithm.lr, 1e-3)
       assert.strictEqual(b.model.path, join(dir, "m"))
       const c = yield* TrainConfig.load(join(dir, "c.ts"))
-      assert.strictEqual(c.reward, "mathEqual")
+      assert.strictEqual(c.task, "calculator")
       writeFileSync(join(dir, "d.json"), JSON.stringify({
         ...minimal,
         warmup: { data: "demos.jsonl", steps: 900, stopAt: { data: "data/validation.jsonl", accuracy: 0.3 } }

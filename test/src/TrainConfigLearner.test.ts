@@ -6,7 +6,7 @@ const minimal = {
   output: "runs/x",
   model: { path: "model", preset: "tiny" },
   data: { train: "data/train.jsonl" },
-  reward: "mathEqual",
+  task: "calculator",
   algorithm: { steps: 10 }
 }
 

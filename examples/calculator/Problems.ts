@@ -1,5 +1,5 @@
 /**
- * The calculator demo task: arithmetic word problems that a tiny policy solves by calling a `calculator` tool.
+ * The calculator problems: arithmetic word problems that a tiny policy solves by calling a `calculator` tool.
  *
  * Everything here is pure and seeded: the same seed gives the same train / held-out splits (with disjoint
  * expressions) and the same gold demonstrations for the SFT warm-up. Questions have 2–3 operands in 1–99 joined by

@@ -6,24 +6,24 @@ import { mkdtempSync, readFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { basename, dirname, join } from "node:path"
 import * as Generate from "../../../examples/calculator/generate.ts"
-import * as Task from "../../../examples/calculator/Task.ts"
+import * as Problems from "../../../examples/calculator/Problems.ts"
 import * as ModelConfig from "../../../src/model/ModelConfig.ts"
 import * as Dataset from "../../../src/Dataset.ts"
 import * as TrainConfig from "../../../src/TrainConfig.ts"
 
 describe("calculator task", () => {
   it("evaluates with precedence and rejects anything outside the grammar", () => {
-    assert.strictEqual(Task.evaluate("25-31*86"), -2641)
-    assert.strictEqual(Task.evaluate("99*46*89"), 405306)
-    assert.strictEqual(Task.evaluate("78-45+33"), 66)
-    for (const bad of ["", "1+", "(1+2)", "1/2", "2**3", "1 + 2", "-3"]) assert.isUndefined(Task.evaluate(bad))
+    assert.strictEqual(Problems.evaluate("25-31*86"), -2641)
+    assert.strictEqual(Problems.evaluate("99*46*89"), 405306)
+    assert.strictEqual(Problems.evaluate("78-45+33"), 66)
+    for (const bad of ["", "1+", "(1+2)", "1/2", "2**3", "1 + 2", "-3"]) assert.isUndefined(Problems.evaluate(bad))
   })
 
   it("evaluate agrees with JavaScript arithmetic on generated expressions", () => {
     fc.assert(fc.property(fc.integer(), (seed) => {
-      const row = Task.question(Task.rng(seed))
-      assert.strictEqual(Task.evaluate(row.expression), Function(`return ${row.expression}`)())
-      assert.strictEqual(row.answer, String(Task.evaluate(row.expression)))
+      const row = Problems.question(Problems.rng(seed))
+      assert.strictEqual(Problems.evaluate(row.expression), Function(`return ${row.expression}`)())
+      assert.strictEqual(row.answer, String(Problems.evaluate(row.expression)))
       const operands = row.expression.split(/[+\-*]/).map(Number)
       assert.isTrue(operands.length === 2 || operands.length === 3)
       for (const n of operands) assert.isTrue(n >= 1 && n <= 99)
@@ -32,10 +32,10 @@ describe("calculator task", () => {
   })
 
   it("splits are seeded, sized as asked and have disjoint expressions", () => {
-    const a = Task.splits({ seed: 7, train: 500, heldOut: 100, validation: 60, demos: 300 })
-    const b = Task.splits({ seed: 7, train: 500, heldOut: 100, validation: 60, demos: 300 })
+    const a = Problems.splits({ seed: 7, train: 500, heldOut: 100, validation: 60, demos: 300 })
+    const b = Problems.splits({ seed: 7, train: 500, heldOut: 100, validation: 60, demos: 300 })
     assert.deepStrictEqual(a, b)
-    assert.notDeepEqual(Task.splits({ seed: 8, train: 500, heldOut: 100 }).heldOut, a.heldOut)
+    assert.notDeepEqual(Problems.splits({ seed: 8, train: 500, heldOut: 100 }).heldOut, a.heldOut)
     const held = new Set(a.heldOut.map((r) => r.expression))
     const train = new Set(a.train.map((r) => r.expression))
     assert.strictEqual(held.size, 100)
@@ -50,18 +50,18 @@ describe("calculator task", () => {
       "demonstrations are on questions of their own"
     )
     // The held-out split does not depend on the train size, and neither depends on the validation size.
-    assert.deepStrictEqual(Task.splits({ seed: 7, train: 50, heldOut: 100 }).heldOut, a.heldOut)
-    const without = Task.splits({ seed: 7, train: 500, heldOut: 100, validation: 60 })
+    assert.deepStrictEqual(Problems.splits({ seed: 7, train: 50, heldOut: 100 }).heldOut, a.heldOut)
+    const without = Problems.splits({ seed: 7, train: 500, heldOut: 100, validation: 60 })
     assert.deepStrictEqual([without.heldOut, without.train, without.validation], [a.heldOut, a.train, a.validation])
     assert.deepStrictEqual(without.demos, [])
   })
 
   it("noisy demonstrations keep the tool call and result, and change only the final answer", () => {
-    const { train } = Task.splits({ seed: 3, train: 400, heldOut: 10 })
+    const { train } = Problems.splits({ seed: 3, train: 400, heldOut: 10 })
     const demos = Generate.demonstrations(train, { seed: 3, noise: 0.5 })
     let corrupted = 0
     demos.forEach((demo, i) => {
-      const gold = Task.demonstration(train[i]!, i)
+      const gold = Problems.demonstration(train[i]!, i)
       assert.deepStrictEqual(demo.messages.slice(0, 4), gold.messages.slice(0, 4))
       const final = String(demo.messages[4]!.content)
       const m = /^The answer is (-?\d+)\.$/.exec(final)
@@ -73,7 +73,7 @@ describe("calculator task", () => {
       }
     })
     assert.isTrue(corrupted > 150 && corrupted < 250, `about half corrupted, got ${corrupted}`)
-    assert.deepStrictEqual(Generate.demonstrations(train, { seed: 3, noise: 0 }), train.map(Task.demonstration))
+    assert.deepStrictEqual(Generate.demonstrations(train, { seed: 3, noise: 0 }), train.map(Problems.demonstration))
   })
 
   it.effect("the shipped configs decode, with the warm-up's validation split beside the other data files", () =>

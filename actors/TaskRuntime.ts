@@ -1,0 +1,143 @@
+/**
+ * A task's runtime: the actors and ports a rollout needs, built from a `Task` in the run's scope.
+ *
+ * - The tools run in one `ToolActor` (concurrency limits shared by every chain of the run), every call under its
+ *   tool's `timeout` or the run's default (`toolTimeout`), so that a hung tool becomes a `Timeout` observation.
+ * - The reward runs in a `RewardActor` (`onError: "zero"`: a failed reward scores 0 and is counted).
+ * - The environment provider is built once (a per-group or shared provider, a resource-manager pool), with what
+ *   it needs from the run provided.
+ * - **The start check**: when the tools or the reward declare services, a probe chain acquires its environment
+ *   once, before any rollout; a service missing from what it got fails with `TaskError(MissingServices)` naming
+ *   it (a task assembled from untyped parts: a module loaded by the CLI), and an environment that cannot be built
+ *   or leased fails with `TaskError(Environment)`.
+ *
+ * These are the only adapters from the task's parts to the rollout chain's ports (`RolloutChain.toolsFromActor`,
+ * `rewardFromActor`): the trainer, the CLI and `Rollout.run` all go through here.
+ *
+ * @since 0.1.0
+ */
+import { Context, Duration, Effect, Exit, Scope } from "effect"
+import * as Environment from "../src/Environment.ts"
+import type * as RolloutError from "../src/RolloutError.ts"
+import * as Task from "../src/Task.ts"
+import type * as Trajectory from "../src/Trajectory.ts"
+import * as RewardActor from "./RewardActor.ts"
+import * as RolloutChain from "./RolloutChain.ts"
+import * as ToolActor from "./ToolActor.ts"
+
+// ===== Models =====
+
+/**
+ * What the rollout chains of a task run with.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface TaskRuntime {
+  readonly task: Task.Any
+  readonly tools: RolloutChain.Tools
+  readonly reward: RolloutChain.Reward | undefined
+  readonly environment: Environment.Provider<any, any, never>
+  readonly episode: Environment.Episode<any> | undefined
+  readonly policies: RolloutError.Policies | undefined
+  readonly correct: ((trajectory: Trajectory.Trajectory) => boolean) | undefined
+  /** The environment's pool figures (`env/<resource>/...`), empty for in-process environments. */
+  readonly environmentStats: Effect.Effect<Readonly<Record<string, number>>>
+}
+
+/**
+ * Options of {@link make}.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Options {
+  /** The timeout of tools that set none (default 30 seconds). */
+  readonly toolTimeout?: Duration.Input | undefined
+  /** Render the tools' schemas into the prompt (default true). */
+  readonly renderTools?: boolean | undefined
+}
+
+// ===== Constructors =====
+
+const taskError = (task: Task.Any, reason: Task.TaskErrorReason) => (e: unknown) =>
+  new Task.TaskError({
+    task: task.name,
+    reason,
+    message: typeof e === "object" && e !== null && "message" in e ? String(e.message) : String(e)
+  })
+
+/** The task's provider, built in the run's scope, with what it needs from the run provided to every acquire. */
+const environmentOf = <RE>(
+  task: Task.Task<RE>
+): Effect.Effect<Environment.Provider<any, any, never>, Task.TaskError, RE | Scope.Scope> =>
+  Effect.gen(function*() {
+    const source = task.environment
+    if (source === undefined) return Environment.none as unknown as Environment.Provider<any, any, never>
+    const provider = Environment.isProvider(source)
+      ? source
+      : yield* (source as Effect.Effect<Environment.Provider<any, any, RE>, unknown, RE | Scope.Scope>).pipe(
+        Effect.mapError(taskError(task, "Environment"))
+      )
+    const context = yield* Effect.context<RE>()
+    return Environment.make<any, any, never>(
+      provider.sharing,
+      (chain) => Effect.provideContext(provider.acquire(chain), context) as Effect.Effect<any, any, Scope.Scope>,
+      provider.stats
+    )
+  })
+
+/** Acquires the environment for a probe chain and checks that it holds every service the task declared. */
+const checkServices = (task: Task.Any, environment: Environment.Provider<any, any, never>) =>
+  Effect.gen(function*() {
+    if (task.needs.length === 0) return
+    const scope = yield* Scope.make()
+    const acquired = yield* Effect.exit(
+      Scope.provide(environment.acquire({ chainId: "probe", groupId: "probe", rowIndex: -1, row: {}, seed: 0 }), scope)
+    )
+    yield* Scope.close(scope, Exit.void)
+    if (Exit.isFailure(acquired)) {
+      return yield* Effect.failCause(acquired.cause).pipe(Effect.mapError(taskError(task, "Environment")))
+    }
+    const missing = Task.missingServices(task, acquired.value as Context.Context<never>)
+    if (missing.length > 0) {
+      const what = task.environment === undefined ? "the task has no environment" : "its environment lacks them"
+      return yield* new Task.TaskError({
+        task: task.name,
+        reason: "MissingServices",
+        message: `task "${task.name}": its tools or reward need ${missing.join(", ")}, but ${what}`
+      })
+    }
+  })
+
+/**
+ * Builds a task's runtime in the current scope and runs the start check.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const make = <RE>(
+  task: Task.Task<RE>,
+  options: Options = {}
+): Effect.Effect<TaskRuntime, Task.TaskError, RE | Scope.Scope> =>
+  Effect.gen(function*() {
+    const toolActor = yield* ToolActor.make(task.tools, {
+      timeout: options.toolTimeout ?? Duration.seconds(30)
+    }).pipe(Effect.mapError(taskError(task, "Module")))
+    const tools = RolloutChain.toolsFromActor(toolActor)
+    const reward = task.reward === undefined
+      ? undefined
+      : RolloutChain.rewardFromActor(yield* RewardActor.make(task.reward, { onError: "zero" }))
+    const environment = yield* environmentOf(task)
+    yield* checkServices(task, environment)
+    return {
+      task,
+      tools: options.renderTools === false ? { ...tools, schemas: [] } : tools,
+      reward,
+      environment,
+      episode: task.episode,
+      policies: task.policies,
+      correct: task.correct,
+      environmentStats: environment.stats ?? Effect.succeed({})
+    }
+  })

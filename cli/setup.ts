@@ -1,0 +1,110 @@
+/**
+ * What `agentfly train` and `agentfly eval` share: a config file's task and config, and the rollout format of a
+ * model folder.
+ *
+ * The task comes from the config module itself when it exports `task` (`agentfly train my-task.ts`), or from the
+ * config's `task` key: a built-in name (`environments/Tasks.ts`) or a module path relative to the config. The
+ * task's defaults fill the config's unset `agent` keys, and command-line overrides go through the same Schema as
+ * the file (an override is validated like the key it replaces).
+ *
+ * @since 0.1.0
+ */
+import { Effect, Path, Schema } from "effect"
+import * as ChainFormat from "../actors/ChainFormat.ts"
+import * as Tasks from "../environments/Tasks.ts"
+import * as ChatTemplate from "../src/ChatTemplate.ts"
+import type * as ModelFolder from "../src/ModelFolder.ts"
+import * as Task from "../src/Task.ts"
+import * as TrainConfig from "../src/TrainConfig.ts"
+
+/**
+ * Overrides from the command line.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Overrides {
+  readonly seed?: number | undefined
+  /** Relative to the working directory (a config's own paths are relative to the config). */
+  readonly output?: string | undefined
+  readonly steps?: number | undefined
+}
+
+const configError = (file: string, message: string) =>
+  new TrainConfig.ConfigError({ source: file, reason: "Invalid", issues: [message] })
+
+const asRecord = (u: unknown): Record<string, unknown> =>
+  typeof u === "object" && u !== null && !Array.isArray(u) ? (u as Record<string, unknown>) : {}
+
+/**
+ * The task of a read config: its module's `task` export, or its `task` key resolved.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const taskOf = (source: TrainConfig.Source): Effect.Effect<Task.Any, TrainConfig.ConfigError | Task.TaskError, Path.Path> =>
+  Effect.gen(function*() {
+    const path = yield* Path.Path
+    const rawRef = asRecord(source.raw)["task"]
+    const ref = rawRef === undefined ? undefined : yield* Schema.decodeUnknownEffect(Task.Ref)(rawRef).pipe(
+      Effect.mapError(() =>
+        configError(source.file, `task: expected a task name, a module path or { name, options }`)
+      )
+    )
+    const exported = source.exports["task"]
+    if (exported !== undefined) {
+      return yield* Task.instantiate(
+        ref === undefined ? source.file : Task.refName(ref),
+        exported,
+        typeof ref === "object" ? ref.options : undefined
+      )
+    }
+    if (ref === undefined) {
+      return yield* configError(
+        source.file,
+        `task: missing (a built-in task: ${Object.keys(Tasks.builtins).join(", ")}; or a module path such as ` +
+          `"./task.ts"; or run a module that exports \`task\`)`
+      )
+    }
+    return yield* Task.resolve(ref, { builtins: Tasks.builtins, resolvePath: (p) => path.resolve(source.dir, p) })
+  })
+
+/**
+ * Loads a config file and its task, with the task's defaults and the command line's overrides.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const load = Effect.fn("cli.setup.load")(function*(file: string, overrides: Overrides = {}) {
+  const path = yield* Path.Path
+  const source = yield* TrainConfig.read(file)
+  const task = yield* taskOf(source)
+  const config = yield* TrainConfig.fromSource(source, (raw) => {
+    const withDefaults = asRecord(Task.withDefaults(task, raw))
+    return {
+      ...withDefaults,
+      ...(overrides.seed === undefined ? {} : { seed: overrides.seed }),
+      ...(overrides.output === undefined ? {} : { output: path.resolve(overrides.output) }),
+      ...(overrides.steps === undefined
+        ? {}
+        : { algorithm: { ...asRecord(withDefaults["algorithm"]), steps: overrides.steps } })
+    }
+  })
+  return { task, config }
+})
+
+/**
+ * The rollout format of a config on a model folder: the template it names (or the folder's own) and its tool-call
+ * parser.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const formatOf = (config: TrainConfig.TrainConfig, folder: ModelFolder.ModelFolder) =>
+  ChainFormat.fromTemplate({
+    tokenizer: folder.tokenizer,
+    template: config.agent.template === "model"
+      ? folder.template
+      : ChatTemplate.builtinTemplate(config.agent.template as ChatTemplate.BuiltinName),
+    toolCallFormat: config.agent.parser as ChatTemplate.ToolCallFormat
+  })

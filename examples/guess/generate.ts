@@ -1,0 +1,139 @@
+/**
+ * Writes the guess-the-number data: `train.jsonl` (RL rows), `heldout.jsonl`, `validation.jsonl` (the warm-up's
+ * stopping check) and `demos.jsonl` (conversations of the oracle, a binary search, for the SFT warm-up). A row is a
+ * `question` and the game's `secret` (1…15), which only the environment reads. Seeded: the same options always
+ * write the same bytes.
+ *
+ *   npx tsx examples/guess/generate.ts [OUT_DIR] [SEED] [NOISE]
+ *
+ * `noise` is the chance that a demonstration's guess is drawn at random from the numbers still possible instead of
+ * the middle one: such games take more guesses and some run out, so the warm-up leaves room for RL to find the
+ * search that always wins.
+ *
+ * @since 0.1.0
+ */
+import { NodeRuntime, NodeServices } from "@effect/platform-node"
+import { Effect, FileSystem, Path } from "effect"
+import { resolve } from "node:path"
+import { pathToFileURL } from "node:url"
+import * as Sampling from "../../src/Sampling.ts"
+import { maxGuesses, task } from "./task.ts"
+
+/**
+ * @category models
+ * @since 0.1.0
+ */
+export interface Options {
+  readonly dir: string
+  readonly seed: number
+  readonly train: number
+  readonly heldOut: number
+  readonly validation: number
+  readonly demos: number
+  readonly noise: number
+}
+
+/**
+ * @category constants
+ * @since 0.1.0
+ */
+export const defaults: Omit<Options, "dir"> = {
+  seed: 2026,
+  train: 2000,
+  heldOut: 300,
+  validation: 100,
+  demos: 2000,
+  noise: 0.5
+}
+
+/**
+ * The question every row asks (the secret differs).
+ *
+ * @category constants
+ * @since 0.1.0
+ */
+export const question = "Guess my number."
+
+/**
+ * The guesses of a game against `secret`: the middle of the numbers still possible, or with probability `noise` a
+ * random one of them; at most `maxGuesses`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const play = (secret: number, next: () => number, noise = 0): Array<number> => {
+  let lo = 1
+  let hi = 15
+  const guesses: Array<number> = []
+  while (guesses.length < maxGuesses) {
+    const n = next() < noise ? lo + Math.floor(next() * (hi - lo + 1)) : Math.floor((lo + hi) / 2)
+    guesses.push(n)
+    if (n === secret) break
+    if (n < secret) lo = n + 1
+    else hi = n - 1
+  }
+  return guesses
+}
+
+/**
+ * A game's conversation in the OpenAI message shape: a tool call per guess, the tool's (empty) result, and the
+ * game's answer as a user message, as the rollout renders them.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const demonstration = (secret: number, guesses: ReadonlyArray<number>, systemPrompt: string) => {
+  const messages: Array<Record<string, unknown>> = [
+    { role: "system", content: systemPrompt },
+    { role: "user", content: question }
+  ]
+  guesses.forEach((n, i) => {
+    const id = `call_${i}_0`
+    messages.push(
+      { role: "assistant", content: "", tool_calls: [{ id, type: "function", function: { name: "guess", arguments: { n } } }] },
+      { role: "tool", tool_call_id: id, name: "guess", content: "" }
+    )
+    if (n === secret) return
+    const answer = i + 1 >= maxGuesses ? "No guesses left." : n < secret ? "Higher." : "Lower."
+    messages.push({ role: "user", content: answer })
+  })
+  return { messages }
+}
+
+const jsonl = (values: ReadonlyArray<unknown>) => values.map((v) => JSON.stringify(v)).join("\n") + "\n"
+
+/**
+ * Generates and writes the four files under `options.dir` (created if missing).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const write = Effect.fn("guess.generate.write")(function*(options: Options, systemPrompt: string) {
+  const fs = yield* FileSystem.FileSystem
+  const path = yield* Path.Path
+  const next = Sampling.mulberry32(options.seed)
+  const rows = (n: number) => Array.from({ length: n }, () => ({ question, secret: 1 + Math.floor(next() * 15) }))
+  const heldOut = rows(options.heldOut)
+  const train = rows(options.train)
+  const validation = rows(options.validation)
+  const demos = rows(options.demos).map(({ secret }) =>
+    demonstration(secret, play(secret, next, options.noise), systemPrompt)
+  )
+  yield* fs.makeDirectory(options.dir, { recursive: true })
+  yield* fs.writeFileString(path.join(options.dir, "train.jsonl"), jsonl(train))
+  yield* fs.writeFileString(path.join(options.dir, "heldout.jsonl"), jsonl(heldOut))
+  yield* fs.writeFileString(path.join(options.dir, "validation.jsonl"), jsonl(validation))
+  yield* fs.writeFileString(path.join(options.dir, "demos.jsonl"), jsonl(demos))
+  return { train: train.length, heldOut: heldOut.length, validation: validation.length, demos: demos.length }
+})
+
+if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(resolve(process.argv[1])).href) {
+  const dir = process.argv[2] ?? "examples/guess/data"
+  const seed = process.argv[3] === undefined ? defaults.seed : Number(process.argv[3])
+  const noise = process.argv[4] === undefined ? defaults.noise : Number(process.argv[4])
+  write({ ...defaults, dir, seed, noise }, task.defaults.systemPrompt!).pipe(
+    Effect.tap((counts) => Effect.log(`wrote ${JSON.stringify(counts)} to ${dir}`)),
+    Effect.provide(NodeServices.layer),
+    NodeRuntime.runMain
+  )
+}

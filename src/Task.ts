@@ -1,0 +1,406 @@
+/**
+ * A task: what a user writes to train an agent, and what every entry point consumes (`Trainer.run`, `agentfly
+ * train` and `eval`, `Rollout.run`, and later rollout workers elsewhere and the gateway).
+ *
+ * A task is data plus Effect values:
+ * - `row`: the Schema of a dataset row's fields (everything but `question` / `messages`), decoded when the data
+ *   is loaded, so that a bad row is reported with its line before anything runs;
+ * - `prompt`: how a row becomes the conversation (default: the system prompt, then `messages` or `question`);
+ * - `tools` and `reward` (a weighted sum is `Reward.combine`);
+ * - `environment`: the provider of the services the tools, the reward and the episode need, per chain, per group
+ *   or shared (`Environment.perChain(layer)`, a resource-manager pool, ...);
+ * - `episode`: the protocol the chain follows with its environment: reset with the row and a seed, speak after
+ *   each turn, end the episode (see `Environment.Episode`);
+ * - `policies`: error-policy overrides; `defaults`: agent settings (turns, token budgets, the system prompt) that a
+ *   run's config may override.
+ *
+ * **Typed wiring.** {@link make} does not type-check when a tool, the reward or the episode needs a service the
+ * environment does not provide (the error names the missing services). A task assembled from untyped parts (a
+ * module loaded by the CLI) is checked when a run starts: {@link missingServices} against the services its
+ * environment handed a probe chain.
+ *
+ * **By name or by path.** A run's config names its task: a built-in name (`"calculator"`), or a module path
+ * (`"./task.ts"`, exporting `task`), with options for tasks that take some ({@link withOptions}). The same
+ * reference resolves in another process ({@link resolve}), so that a batch of work is plain data.
+ *
+ * @since 0.1.0
+ */
+import { Context, Effect, Option, Schema } from "effect"
+import type { Scope } from "effect"
+import type * as Dataset from "./Dataset.ts"
+import type * as Environment from "./Environment.ts"
+import type * as Message from "./Message.ts"
+import type * as Reward from "./Reward.ts"
+import type * as RolloutError from "./RolloutError.ts"
+import type * as Tool from "./Tool.ts"
+import type * as Trajectory from "./Trajectory.ts"
+
+// ===== Models =====
+
+const TypeId = "~agentfly/Task" as const
+
+/**
+ * Agent settings a task suggests; a run's `agent` config overrides each one (the keys of `TrainConfig`'s
+ * `agent`).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Defaults {
+  readonly systemPrompt?: string | undefined
+  readonly renderTools?: boolean | undefined
+  readonly maxTurns?: number | undefined
+  readonly numChains?: number | undefined
+  readonly maxNewTokens?: number | undefined
+  readonly maxContextTokens?: number | undefined
+  readonly temperature?: number | undefined
+  /** Seconds a tool call may run when its tool sets no `timeout`. */
+  readonly toolTimeout?: number | undefined
+}
+
+/**
+ * Where the environment comes from: a provider, or an effect that builds one in the run's scope (a per-group or
+ * shared provider, a resource-manager pool). `RE` is what building it needs (e.g. `ResourceManager`).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type EnvironmentOf<ROut, RE> =
+  | Environment.Provider<ROut, any, RE>
+  | Effect.Effect<Environment.Provider<ROut, any, RE>, any, RE | Scope.Scope>
+
+/**
+ * A row as the prompt sees it: the dataset row and its decoded fields.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface PromptRow<Fields> {
+  readonly question?: string | undefined
+  readonly messages?: Message.Conversation | undefined
+  readonly fields: Fields
+}
+
+/**
+ * A task. `RE` is what building its environment needs from the run.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Task<RE = never> {
+  readonly [TypeId]: typeof TypeId
+  readonly name: string
+  readonly description: string | undefined
+  readonly row: Schema.Codec<any, any> | undefined
+  readonly prompt: ((row: PromptRow<any>, systemPrompt: string | undefined) => Message.Conversation) | undefined
+  readonly tools: ReadonlyArray<Tool.Any>
+  readonly reward: Reward.Reward<any> | undefined
+  readonly environment: EnvironmentOf<any, RE> | undefined
+  readonly episode: Environment.Episode<any> | undefined
+  readonly policies: RolloutError.Policies | undefined
+  readonly defaults: Defaults
+  /** Is a trajectory correct (the `accuracy` figures)? Default: its `acc`/`accuracy` metric, else `reward >= 1`. */
+  readonly correct: ((trajectory: Trajectory.Trajectory) => boolean) | undefined
+  /** The services the tools and the reward declared (`dependencies`), checked when a run starts. */
+  readonly needs: ReadonlyArray<Context.Key<any, any>>
+}
+
+/**
+ * Any task.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type Any = Task<any>
+
+/**
+ * What a config may name: a task, or a function from the config's `task.options` to a task ({@link withOptions}).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type Definition = Any | ((options: unknown) => Effect.Effect<Any, TaskError>)
+
+/**
+ * A config's reference to its task: a built-in name or a module path, with options.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const Ref = Schema.Union([
+  Schema.String,
+  Schema.Struct({ name: Schema.String, options: Schema.optionalKey(Schema.Record(Schema.String, Schema.Unknown)) })
+])
+export type Ref = typeof Ref.Type
+
+// ===== Errors =====
+
+/**
+ * Why a task cannot be used.
+ * - `Unknown`: no built-in task has that name (the known ones are listed);
+ * - `Module`: the module could not be loaded or exports no task;
+ * - `Options`: the task's options do not decode;
+ * - `MissingServices`: a tool, the reward or the episode needs a service the environment does not provide;
+ * - `Environment`: the environment could not be built or leased for the start check.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export const TaskErrorReason = Schema.Literals(["Unknown", "Module", "Options", "MissingServices", "Environment"])
+export type TaskErrorReason = typeof TaskErrorReason.Type
+
+/**
+ * @category errors
+ * @since 0.1.0
+ */
+export class TaskError extends Schema.TaggedError<TaskError>()("TaskError", {
+  task: Schema.String,
+  reason: TaskErrorReason,
+  message: Schema.String
+}) {}
+
+// ===== Constructors =====
+
+/** The services of a list of tools, a reward and an episode that the environment must provide. */
+type Needed<Tools extends ReadonlyArray<Tool.Any>, RW, RP> = Tool.Requirements<Tools[number]> | RW | RP
+
+/**
+ * Fails to type-check, naming the services, when the environment provides fewer than the task needs.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type Wiring<Needs, Provided> = [Exclude<Needs, Provided>] extends [never] ? unknown
+  : { readonly environment: { readonly "missing environment services": Exclude<Needs, Provided> } }
+
+/**
+ * The options of {@link make}.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Options<Fields, Tools extends ReadonlyArray<Tool.Any>, RW, ROut, RE, RP> {
+  readonly description?: string | undefined
+  /** The Schema of a row's fields (all but `question` / `messages`); rows failing it are reported by line. */
+  readonly row?: Schema.Codec<Fields, any> | undefined
+  /** The conversation of a row (default: the system prompt, then the row's `messages` or `question`). */
+  readonly prompt?: ((row: PromptRow<Fields>, systemPrompt: string | undefined) => Message.Conversation) | undefined
+  readonly tools?: Tools | undefined
+  readonly reward?: Reward.Reward<RW> | undefined
+  readonly environment?: EnvironmentOf<ROut, RE> | undefined
+  readonly episode?: Environment.Episode<RP> | undefined
+  readonly policies?: RolloutError.Policies | undefined
+  readonly defaults?: Defaults | undefined
+  readonly correct?: ((trajectory: Trajectory.Trajectory) => boolean) | undefined
+}
+
+/**
+ * Defines a task.
+ *
+ * **Example** (A game whose environment answers each guess and ends the episode when solved)
+ *
+ * ```ts
+ * const task = Task.make("guess", {
+ *   row: Schema.Struct({ secret: Schema.Int }),
+ *   tools: [guess],                               // dependencies: [Game]
+ *   reward: solved,                               // dependencies: [Game]
+ *   environment: Environment.perChain(Game.layer),
+ *   episode: {
+ *     start: ({ row }) => Effect.flatMap(Game.asEffect(), (g) => g.reset(row.secret as number)),
+ *     step: () => Effect.map(Game.asEffect(), (g) => (g.solved ? { end: "solved" } : {}))
+ *   },
+ *   defaults: { maxTurns: 6, systemPrompt: "Find the number." }
+ * })
+ * ```
+ *
+ * **Gotchas**
+ *
+ * Leaving out `environment` (or giving one that lacks a service) is a type error at `make`, listing the missing
+ * services under `environment`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const make = <
+  const Tools extends ReadonlyArray<Tool.Any> = [],
+  Fields = Readonly<Record<string, unknown>>,
+  RW = never,
+  ROut = never,
+  RE = never,
+  RP = never
+>(
+  name: string,
+  options: Options<Fields, Tools, RW, ROut, RE, RP> & Wiring<Needed<Tools, RW, RP>, ROut>
+): Task<RE> => {
+  const tools = options.tools ?? []
+  const needs = [...tools.flatMap((t) => t.dependencies), ...(options.reward?.dependencies ?? [])]
+  return {
+    [TypeId]: TypeId,
+    name,
+    description: options.description,
+    row: options.row,
+    prompt: options.prompt as Task<RE>["prompt"],
+    tools,
+    reward: options.reward,
+    environment: options.environment,
+    episode: options.episode,
+    policies: options.policies,
+    defaults: options.defaults ?? {},
+    correct: options.correct,
+    needs: [...new Map(needs.map((key) => [key.key, key])).values()]
+  }
+}
+
+/**
+ * Whether a value is a task.
+ *
+ * @category guards
+ * @since 0.1.0
+ */
+export const isTask = (u: unknown): u is Any => typeof u === "object" && u !== null && TypeId in u
+
+/**
+ * A task that takes options (a config's `task: { name, options }`): they are decoded strictly with `schema`
+ * (unknown keys are errors) before `make` builds the task.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const withOptions = <S extends Schema.Top>(
+  name: string,
+  schema: S,
+  make: (options: S["Type"]) => Any
+): (options: unknown) => Effect.Effect<Any, TaskError> =>
+(options) =>
+  Schema.decodeUnknownEffect(schema as unknown as Schema.Codec<S["Type"], unknown>)(options ?? {}, {
+    onExcessProperty: "error",
+    errors: "all"
+  }).pipe(
+    Effect.map(make),
+    Effect.mapError((e) => new TaskError({ task: name, reason: "Options", message: `task options: ${e.message}` }))
+  )
+
+// ===== Getters =====
+
+/**
+ * A row's conversation under the task: its `prompt`, or the system prompt then the row's `messages` (when
+ * present) or `question`.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const conversation = (task: Any, row: Dataset.Row, systemPrompt: string | undefined): Message.Conversation => {
+  if (task.prompt !== undefined) {
+    return task.prompt({ question: row.question, messages: row.messages, fields: row.fields }, systemPrompt)
+  }
+  if (row.messages !== undefined && row.messages.length > 0) return row.messages
+  const user: Message.Message = { role: "user", content: row.question ?? "" }
+  return systemPrompt === undefined ? [user] : [{ role: "system", content: systemPrompt }, user]
+}
+
+/**
+ * The ids of the services the task needs that `context` lacks.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const missingServices = (task: Any, context: Context.Context<never>): Array<string> =>
+  task.needs.filter((key) => Option.isNone(Context.getOption(context as Context.Context<any>, key))).map((key) =>
+    key.key
+  )
+
+/**
+ * A raw run config with the task's defaults under its `agent` keys (the config's own values win).
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const withDefaults = (task: Any, raw: unknown): unknown => {
+  if (typeof raw !== "object" || raw === null) return raw
+  const config = raw as Record<string, unknown>
+  const agent = typeof config["agent"] === "object" && config["agent"] !== null ? config["agent"] : {}
+  const defaults = Object.fromEntries(Object.entries(task.defaults).filter(([, v]) => v !== undefined))
+  return { ...config, agent: { ...defaults, ...agent } }
+}
+
+// ===== Resolution =====
+
+/**
+ * The name of a reference.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const refName = (ref: Ref): string => (typeof ref === "string" ? ref : ref.name)
+
+/** Module paths are relative or absolute and end in a script extension; anything else is a built-in name. */
+const isModulePath = (name: string): boolean => /\.(m?[jt]s)$/.test(name) || name.startsWith(".") || name.startsWith("/")
+
+/**
+ * The task of a definition: a task as is (it takes no options), or a {@link withOptions} function applied to them.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const instantiate = (name: string, definition: unknown, options: unknown): Effect.Effect<Any, TaskError> => {
+  if (isTask(definition)) {
+    return options === undefined
+      ? Effect.succeed(definition)
+      : Effect.fail(new TaskError({ task: name, reason: "Options", message: "this task takes no options" }))
+  }
+  if (typeof definition === "function") return (definition as (o: unknown) => Effect.Effect<Any, TaskError>)(options)
+  return Effect.fail(
+    new TaskError({ task: name, reason: "Module", message: "expected a task (Task.make) or a Task.withOptions function" })
+  )
+}
+
+/**
+ * Loads the task a module exports as `task` (or as its default export), from an absolute path or `file:` URL.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const importModule = (path: string): Effect.Effect<Record<string, unknown>, TaskError> =>
+  Effect.tryPromise({
+    try: () => import(path) as Promise<Record<string, unknown>>,
+    catch: (e) => new TaskError({ task: path, reason: "Module", message: `cannot load ${path}: ${String(e)}` })
+  })
+
+/**
+ * Resolves a reference: a built-in name from `builtins`, or a module path (resolved with `resolvePath`) whose
+ * module exports `task`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const resolve = (
+  ref: Ref,
+  options: {
+    readonly builtins: Readonly<Record<string, Definition>>
+    readonly resolvePath: (path: string) => string
+  }
+): Effect.Effect<Any, TaskError> => {
+  const name = refName(ref)
+  const taskOptions = typeof ref === "string" ? undefined : ref.options
+  if (isModulePath(name)) {
+    const path = options.resolvePath(name)
+    return Effect.flatMap(importModule(path), (module) => {
+      const definition = module["task"] ?? module["default"]
+      return definition === undefined
+        ? Effect.fail(new TaskError({ task: name, reason: "Module", message: `${path} exports no \`task\`` }))
+        : instantiate(name, definition, taskOptions)
+    })
+  }
+  const definition = options.builtins[name]
+  if (definition === undefined) {
+    return Effect.fail(
+      new TaskError({
+        task: name,
+        reason: "Unknown",
+        message: `unknown task "${name}" (built-in: ${Object.keys(options.builtins).join(", ")}; ` +
+          `or a module path such as ./task.ts)`
+      })
+    )
+  }
+  return instantiate(name, definition, taskOptions)
+}

@@ -1,0 +1,44 @@
+import { assert, describe, it } from "@effect/vitest"
+import { Effect } from "effect"
+import * as Tasks from "../../../environments/Tasks.ts"
+import * as Task from "../../../src/Task.ts"
+import { trajectoryOf } from "../../utils/trajectories.ts"
+
+const call = { id: "c", type: "function" as const, function: { name: "calculator", arguments: { expression: "6*7" } } }
+const answered = (answer: string) =>
+  trajectoryOf([
+    { role: "user", content: "What is 6*7?" },
+    { role: "assistant", content: "", tool_calls: [call] },
+    { role: "tool", tool_call_id: "c", content: "42" },
+    { role: "assistant", content: `The answer is ${answer}.` }
+  ], { answer: "42" })
+
+const resolve = (ref: Task.Ref) => Task.resolve(ref, { builtins: Tasks.builtins, resolvePath: (p) => p })
+
+describe("the calculator task", () => {
+  it.effect("by name: mathEqual alone; with a toolCallFormat weight, the weighted sum", () =>
+    Effect.gen(function*() {
+      const plain = yield* resolve("calculator")
+      assert.strictEqual(plain.reward?.name, "mathEqual")
+      assert.deepStrictEqual(plain.tools.map((t) => t.name), ["calculator"])
+      const weighted = yield* resolve({ name: "calculator", options: { toolCallFormat: 0.2 } })
+      const right = yield* weighted.reward!.evaluate({ trajectory: answered("42") })
+      const wrong = yield* weighted.reward!.evaluate({ trajectory: answered("41") })
+      assert.strictEqual(right._tag === "Scored" && right.reward, 1.2)
+      assert.strictEqual(wrong._tag === "Scored" && wrong.reward, 0.2)
+      assert.strictEqual(right.metrics["reward/mathEqual/acc"], 1)
+    }))
+
+  it.effect("a mistyped option, an unknown task name and a module without a task are typed errors", () =>
+    Effect.gen(function*() {
+      const badOption = yield* Effect.flip(resolve({ name: "calculator", options: { toolCallFormt: 1 } }))
+      assert.strictEqual(badOption.reason, "Options")
+      assert.include(badOption.message, "toolCallFormt")
+      const unknown = yield* Effect.flip(resolve("calculater"))
+      assert.strictEqual(unknown.reason, "Unknown")
+      assert.include(unknown.message, "built-in: calculator")
+      const noTask = yield* Effect.flip(resolve(new URL("../../utils/trajectories.ts", import.meta.url).pathname))
+      assert.strictEqual(noTask.reason, "Module")
+      assert.include(noTask.message, "exports no `task`")
+    }))
+})
