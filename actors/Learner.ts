@@ -1,18 +1,22 @@
 /**
- * The learner actor: consumes groups of token-masked trajectories from a bounded queue (back-pressure on the
- * rollouts), computes advantages, packs micro-batches, runs one optimiser step through a `PolicyTrainer`, then
- * publishes the new weights and policy version to the sampler and reports `learner/*` metrics.
+ * One learner step: {@link update} takes a step's groups of token-masked trajectories, computes advantages, packs
+ * micro-batches and runs the optimiser step(s) through the `PolicyTrainer` in context, and returns the step's
+ * `learner/*` figures. It is the RL step of `actors/LocalPolicy.ts` (`Policy.learn`).
+ *
+ * It is a function, not an actor: the pipeline around it belongs to `actors/Trainer.ts`, which bounds how far
+ * rollouts run ahead (a semaphore of `maxStaleness + 1` permits), hands batches over through a bounded queue, and
+ * publishes the weights as the next policy version after each step (`Policy.publish`).
  *
  * All maths is in `src/` ({@link update} only moves data between `Advantage`, `Packing` and the trainer):
  * - a trajectory takes part only when it is `trainable`, not `masked` and `rewardStatus === "scored"`; others are
  *   excluded from their group's baseline and from the loss;
  * - advantages are computed per trajectory (its segments concatenated), with the outcome reward on its last policy
  *   token, then split back per segment: each segment is one packed row;
- * - the loss aggregation weights span the whole step's mini-batch, so micro-batch gradients sum exactly.
+ * - the loss aggregation weights span the whole mini-batch, so micro-batch gradients sum exactly.
  *
  * @since 0.1.0
  */
-import { Clock, Context, Effect, Fiber, Layer, Queue, Ref, Schema } from "effect"
+import { Clock, Effect, Schema } from "effect"
 import { Advantage, Loss, Packing, PolicyTrainer, Trajectory } from "../src/index.ts"
 
 // ===== Models =====
@@ -39,8 +43,6 @@ export interface Options {
    * compute.
    */
   readonly padRows?: boolean
-  /** Groups consumed per learner step. */
-  readonly groupsPerStep: number
   /**
    * Optimiser steps per learner step (verl's `train_batch_size / ppo_mini_batch_size`): the step's groups are split
    * into this many mini-batches of whole groups, each packed and normalised on its own, and the optimiser steps
@@ -49,10 +51,6 @@ export interface Options {
   readonly miniBatches?: number
   /** Passes over the step's mini-batches (verl's `ppo_epochs`). Default 1. */
   readonly epochs?: number
-  /** Capacity of the inbound queue of groups (default `2 × groupsPerStep`). */
-  readonly queueCapacity?: number
-  /** The policy version of the initial weights (default 0); each step publishes the next one. */
-  readonly initialVersion?: number
   /**
    * Recompute the old (proximal) policy's logprobs with the learner's current weights before the update, instead
    * of trusting the sampler's: the PPO ratio is then exactly 1 at the update and `loss.tisCap` corrects the
@@ -73,35 +71,13 @@ export interface Options {
 }
 
 /**
- * What the learner publishes to: typically the policy engine's `updateWeights`.
- *
- * @category models
- * @since 0.1.0
- */
-export type Publish = (version: number, weights: PolicyTrainer.Weights) => Effect.Effect<void, LearnerError>
-
-/**
- * The report of one step. `figures` are the `learner/*` metrics.
- *
- * @category models
- * @since 0.1.0
- */
-export interface StepReport {
-  readonly step: number
-  readonly policyVersion: number
-  /** `applied`, or why no update happened. */
-  readonly outcome: "applied" | "empty" | "non_finite"
-  readonly figures: Readonly<Record<string, number>>
-}
-
-/**
  * Why the learner failed.
  *
  * @category errors
  * @since 0.1.0
  */
 export class LearnerError extends Schema.TaggedError<LearnerError>()("LearnerError", {
-  reason: Schema.Literals(["Advantage", "Packing", "Trainer", "Publish", "Config", "MissingLogprobs", "Stopped"]),
+  reason: Schema.Literals(["Advantage", "Packing", "Trainer", "Config", "MissingLogprobs"]),
   message: Schema.String
 }) {}
 
@@ -114,7 +90,9 @@ export class LearnerError extends Schema.TaggedError<LearnerError>()("LearnerErr
  * @since 0.1.0
  */
 export interface UpdateResult {
-  readonly outcome: StepReport["outcome"]
+  /** `applied`, or why no update happened: no loss token with a gradient, or every mini-batch non-finite. */
+  readonly outcome: "applied" | "empty" | "non_finite"
+  /** The `learner/*` metrics, plus the step's `groups`, `trajectories` and `excluded` counts. */
   readonly figures: Readonly<Record<string, number>>
 }
 
@@ -244,7 +222,13 @@ const accumulate = Effect.fnUntraced(function*(
 
 /**
  * One learner step over `groups` with the `PolicyTrainer` in context: advantages → packing → forward/backward per
- * micro-batch → optimiser step. Returns the step's figures (without publishing).
+ * micro-batch → optimiser step (one per mini-batch and epoch). Returns the step's outcome and figures.
+ *
+ * **Gotchas**
+ * - Nothing is published: the new weights stay in the trainer until the caller publishes them (`Policy.publish`).
+ * - A non-finite mini-batch is skipped (the trainer drops its gradients) and the others still apply; a step where
+ *   all are skipped is `non_finite`. A failed forward/backward discards the gradients accumulated so far (none
+ *   leaks into the next step) and fails the step, as does any other failed optimiser step.
  *
  * @category constructors
  * @since 0.1.0
@@ -372,94 +356,3 @@ export const update = Effect.fn("Learner.update")(function*(
     }
   }
 })
-
-// ===== The actor =====
-
-/**
- * The running learner.
- *
- * @category models
- * @since 0.1.0
- */
-export interface Learner {
-  /**
-   * Enqueues a group; suspends while the queue is full (back-pressure). Fails with reason `Stopped` once the loop
-   * has stopped on an error (see `join`), including offers that were waiting.
-   */
-  readonly offer: (group: Trajectory.Group) => Effect.Effect<void, LearnerError>
-  /** The latest published policy version. */
-  readonly policyVersion: Effect.Effect<number>
-  /** Reports of every step so far, oldest first. */
-  readonly reports: Effect.Effect<ReadonlyArray<StepReport>>
-  /** Waits for the actor loop; fails with its error (it runs until the scope closes). */
-  readonly join: Effect.Effect<void, LearnerError>
-}
-
-/**
- * Starts the learner loop in the current scope: take `groupsPerStep` groups, {@link update}, publish the weights
- * as the next version, report. A non-finite step is skipped (reported, nothing published); any other failure stops
- * the loop and surfaces through `join`.
- *
- * @category constructors
- * @since 0.1.0
- */
-export const make = Effect.fn("Learner.make")(function*(
-  options: Options,
-  publish: Publish,
-  report: (r: StepReport) => Effect.Effect<void> = () => Effect.void
-) {
-  if (!(options.groupsPerStep >= 1)) {
-    const message = `groupsPerStep must be ≥ 1, got ${options.groupsPerStep}`
-    return yield* new LearnerError({ reason: "Config", message })
-  }
-  const trainer = yield* PolicyTrainer.PolicyTrainer
-  const queue = yield* Queue.bounded<Trajectory.Group>(options.queueCapacity ?? 2 * options.groupsPerStep)
-  const version = yield* Ref.make(options.initialVersion ?? 0)
-  const reports = yield* Ref.make<ReadonlyArray<StepReport>>([])
-  const loop = Effect.gen(function*() {
-    while (true) {
-      const groups = yield* Queue.takeBetween(queue, options.groupsPerStep, options.groupsPerStep)
-      const result = yield* update(groups, options)
-      const step = yield* trainer.step
-      let published = yield* Ref.get(version)
-      if (result.outcome === "applied") {
-        published += 1
-        yield* publish(published, yield* trainer.weights)
-        yield* Ref.set(version, published)
-      }
-      const r: StepReport = { step, policyVersion: published, outcome: result.outcome, figures: result.figures }
-      yield* Ref.update(reports, (rs) => [...rs, r])
-      yield* report(r)
-    }
-  }).pipe(
-    Effect.provideService(PolicyTrainer.PolicyTrainer, trainer),
-    // A stopped learner must not leave producers suspended on a queue nobody drains.
-    Effect.onError(() => Queue.shutdown(queue))
-  )
-  const fiber = yield* Effect.forkScoped(loop)
-  const stopped = new LearnerError({ reason: "Stopped", message: "the learner has stopped; see its join" })
-  return {
-    offer: (group: Trajectory.Group) =>
-      Queue.offer(queue, group).pipe(
-        Effect.flatMap((accepted) => (accepted ? Effect.void : Effect.fail(stopped)))
-      ),
-    policyVersion: Ref.get(version),
-    reports: Ref.get(reports),
-    join: Fiber.join(fiber).pipe(Effect.asVoid)
-  } satisfies Learner
-})
-
-/**
- * The learner as a service, for pipelines that look it up from the context.
- *
- * @category services
- * @since 0.1.0
- */
-export class LearnerService extends Context.Service<LearnerService, Learner>()("agentfly/actors/Learner") {
-  static readonly layer = (
-    options: Options,
-    publish: Publish,
-    report?: (r: StepReport) => Effect.Effect<void>
-  ): Layer.Layer<LearnerService, LearnerError, PolicyTrainer.PolicyTrainer> =>
-    Layer.effect(LearnerService, make(options, publish, report))
-}

@@ -170,7 +170,6 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
     loss: rlLoss,
     tokenBudget,
     maxLength,
-    groupsPerStep: algorithm.groupsPerStep,
     miniBatches: algorithm.miniBatches,
     epochs: algorithm.epochs
   }

@@ -1,6 +1,6 @@
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
-import { Deferred, Effect, Fiber, Queue, Ref } from "effect"
+import { Effect, Ref } from "effect"
 import * as Learner from "../../actors/Learner.ts"
 import {
   Advantage,
@@ -50,16 +50,13 @@ const options: Learner.Options = {
   estimator: "grpo",
   loss: Loss.grpo,
   tokenBudget: 64,
-  lengthMultiple: 4,
-  groupsPerStep: 2
+  lengthMultiple: 4
 }
 
-describe("Learner", () => {
-  it.effect("advantages exclude not-applicable and masked trajectories; versions are published in order", () =>
+describe("Learner.update", () => {
+  it.effect("advantages exclude not-applicable and masked trajectories; one optimiser step reports its figures", () =>
     Effect.gen(function*() {
       const recording = yield* PolicyTrainer.RecordingRef
-      const published = yield* Queue.unbounded<number>()
-      const learner = yield* Learner.make(options, (v) => Queue.offer(published, v).pipe(Effect.asVoid))
       const g1: Trajectory.Group = {
         groupId: "g1",
         rowIndex: 0,
@@ -79,9 +76,7 @@ describe("Learner", () => {
           trajectory("g", "g2", [3], 4, -1, 0)
         ]
       }
-      yield* learner.offer(g1)
-      yield* learner.offer(g2)
-      assert.strictEqual(yield* Queue.take(published), 1)
+      const report = yield* Learner.update([g1, g2], options)
       const { microBatches, steps } = yield* Ref.get(recording)
       assert.strictEqual(steps, 1)
       const rows = microBatches.flatMap((mb) =>
@@ -112,9 +107,9 @@ describe("Learner", () => {
       const want = Array.from(expected.advantages).filter((x) => x !== 0).sort((x, y) => x - y)
       assert.strictEqual(g2Advantages.length, 2)
       g2Advantages.forEach((v, i) => assert.approximately(v, want[i]!, 1e-5))
-      const [report] = yield* learner.reports
-      assert.strictEqual(report!.outcome, "applied")
-      assert.strictEqual(report!.figures["excluded"], 2)
+      assert.strictEqual(report.outcome, "applied")
+      assert.strictEqual(report.figures["excluded"], 2)
+      assert.strictEqual(report.figures["learner/optimizer_steps"], 1)
       for (const key of [
         "learner/loss",
         "learner/clip_frac",
@@ -124,7 +119,7 @@ describe("Learner", () => {
         "learner/tokens_per_s",
         "learner/step_ms"
       ]) {
-        assert.isTrue(key in report!.figures, key)
+        assert.isTrue(Number.isFinite(report.figures[key]), key)
       }
     }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
 
@@ -137,7 +132,7 @@ describe("Learner", () => {
         rowIndex: g,
         trajectories: [0, 1].map((c) => trajectory(`t${g}${c}`, `g${g}`, [1, 2], 10 + g, -1, c))
       }))
-      const result = yield* Learner.update(groups, { ...options, groupsPerStep: 4, miniBatches: 2, epochs: 2 })
+      const result = yield* Learner.update(groups, { ...options, miniBatches: 2, epochs: 2 })
       assert.strictEqual(result.outcome, "applied")
       assert.strictEqual(result.figures["learner/optimizer_steps"], 4)
       const { microBatches, steps } = yield* Ref.get(recording)
@@ -183,58 +178,9 @@ describe("Learner", () => {
       assert.strictEqual((yield* Ref.get(recording)).steps, 0)
     }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
 
-  it.effect("back-pressure: offers suspend while the learner is busy and its queue is full", () =>
-    Effect.gen(function*() {
-      const release = yield* Deferred.make<void>()
-      const learner = yield* Learner.make(
-        { ...options, groupsPerStep: 1, queueCapacity: 2 },
-        () => Deferred.await(release)
-      )
-      const group = (id: string): Trajectory.Group => ({
-        groupId: id,
-        rowIndex: 0,
-        trajectories: [trajectory(`${id}a`, id, [1], 2, -1, 1), trajectory(`${id}b`, id, [1], 3, -1, 0)]
-      })
-      yield* learner.offer(group("1")) // taken by the loop, whose publish then blocks
-      for (let i = 0; i < 10; i++) yield* Effect.yieldNow
-      yield* learner.offer(group("2"))
-      yield* learner.offer(group("3")) // the queue (capacity 2) is now full
-      const blocked = yield* Effect.forkChild(learner.offer(group("4")))
-      for (let i = 0; i < 10; i++) yield* Effect.yieldNow
-      assert.isUndefined(blocked.pollUnsafe(), "the fourth offer waits")
-      yield* Deferred.succeed(release, undefined)
-      yield* Fiber.join(blocked)
-      assert.isAtLeast(yield* learner.policyVersion, 1)
-    }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
-
-  it.effect("an offer waiting on a full queue fails with Stopped when the learner stops", () =>
-    Effect.gen(function*() {
-      const release = yield* Deferred.make<void>()
-      const publish = () =>
-        Deferred.await(release).pipe(
-          Effect.andThen(Effect.fail(new Learner.LearnerError({ reason: "Publish", message: "sampler gone" })))
-        )
-      const learner = yield* Learner.make({ ...options, groupsPerStep: 1, queueCapacity: 1 }, publish)
-      const group = (id: string): Trajectory.Group => ({
-        groupId: id,
-        rowIndex: 0,
-        trajectories: [trajectory(`${id}a`, id, [1], 2, -1, 1), trajectory(`${id}b`, id, [1], 3, -1, 0)]
-      })
-      yield* learner.offer(group("1"))
-      for (let i = 0; i < 10; i++) yield* Effect.yieldNow
-      yield* learner.offer(group("2"))
-      const waiting = yield* Effect.forkChild(Effect.flip(learner.offer(group("3"))))
-      for (let i = 0; i < 10; i++) yield* Effect.yieldNow
-      assert.isUndefined(waiting.pollUnsafe())
-      yield* Deferred.succeed(release, undefined)
-      assert.strictEqual((yield* Fiber.join(waiting)).reason, "Stopped")
-      assert.strictEqual((yield* Effect.flip(learner.join)).reason, "Publish")
-    }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
-
   it.effect("a trajectory with two segments becomes two rows carrying its advantage", () =>
     Effect.gen(function*() {
       const recording = yield* PolicyTrainer.RecordingRef
-      const learner = yield* Learner.make({ ...options, groupsPerStep: 1 }, () => Effect.void)
       const twoSegments = trajectory("a", "g", [1, 2], 5, -1, 1)
       const withSecond: Trajectory.Trajectory = {
         ...twoSegments,
@@ -243,12 +189,12 @@ describe("Learner", () => {
           messageCount: 0
         }]
       }
-      yield* learner.offer({
+      const result = yield* Learner.update([{
         groupId: "g",
         rowIndex: 0,
         trajectories: [withSecond, trajectory("b", "g", [1, 2], 6, -1, 0)]
-      })
-      while ((yield* learner.policyVersion) < 1) yield* Effect.yieldNow
+      }], options)
+      assert.strictEqual(result.outcome, "applied")
       const { microBatches } = yield* Ref.get(recording)
       const lossTokens = microBatches.flatMap((mb) =>
         Array.from(
@@ -266,24 +212,62 @@ describe("Learner", () => {
       assert.approximately(lossTokens.find((t) => t.target === 9)!.old, -0.25, 1e-7)
     }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
 
-  it.effect("a step whose trajectories are all excluded publishes nothing", () =>
+  it.effect("a step whose trajectories are all excluded is empty: nothing computed, no optimiser step", () =>
     Effect.gen(function*() {
-      const published = yield* Ref.make<ReadonlyArray<number>>([])
-      const reports = yield* Queue.unbounded<Learner.StepReport>()
-      const learner = yield* Learner.make({
-        ...options,
-        groupsPerStep: 1
-      }, (v) => Ref.update(published, (p) => [...p, v]), (r) =>
-        Queue.offer(reports, r).pipe(Effect.asVoid))
-      yield* learner.offer({
+      const recording = yield* PolicyTrainer.RecordingRef
+      const result = yield* Learner.update([{
         groupId: "x",
         rowIndex: 0,
-        trajectories: [trajectory("a", "x", [1], 2, -1, 1, { trainable: false })]
-      })
-      const r = yield* Queue.take(reports)
-      assert.strictEqual(r.outcome, "empty")
-      assert.deepStrictEqual(yield* Ref.get(published), [])
-      assert.strictEqual(yield* learner.policyVersion, 0)
+        trajectories: [
+          trajectory("a", "x", [1], 2, -1, 1, { trainable: false }),
+          trajectory("b", "x", [1], 3, -1, 0, { masked: true }),
+          trajectory("c", "x", [1], 4, -1, 0, { rewardStatus: "not_applicable" })
+        ]
+      }], options)
+      assert.strictEqual(result.outcome, "empty")
+      assert.strictEqual(result.figures["excluded"], 3)
+      assert.deepStrictEqual(yield* Ref.get(recording), { microBatches: [], steps: 0 })
+    }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
+
+  it.effect("a non-finite mini-batch is skipped and the others apply; all non-finite is an outcome, not an error", () =>
+    Effect.gen(function*() {
+      const recorded = yield* PolicyTrainer.PolicyTrainer
+      const recording = yield* PolicyTrainer.RecordingRef
+      // The recording trainer, whose optimiser steps fail as `failures` says (by call, from 0).
+      const failing = (failures: ReadonlyArray<PolicyTrainer.PolicyTrainerErrorReason | undefined>) => {
+        let calls = 0
+        return PolicyTrainer.PolicyTrainer.of({
+          ...recorded,
+          optimStep: Effect.suspend(() => {
+            const reason = failures[calls++]
+            return reason === undefined
+              ? recorded.optimStep
+              : Effect.fail(new PolicyTrainer.PolicyTrainerError({ reason, message: `step ${calls - 1}` }))
+          })
+        })
+      }
+      const groups: Array<Trajectory.Group> = [0, 1].map((g) => ({
+        groupId: `g${g}`,
+        rowIndex: g,
+        trajectories: [0, 1].map((c) => trajectory(`t${g}${c}`, `g${g}`, [1, 2], 10 + g, -1, c))
+      }))
+      const step = (failures: ReadonlyArray<PolicyTrainer.PolicyTrainerErrorReason | undefined>) =>
+        Learner.update(groups, { ...options, miniBatches: 2 }).pipe(
+          Effect.provideService(PolicyTrainer.PolicyTrainer, failing(failures))
+        )
+      const partial = yield* step(["NonFiniteGradient"])
+      assert.strictEqual(partial.outcome, "applied")
+      assert.strictEqual(partial.figures["learner/optimizer_steps"], 1)
+      assert.strictEqual(partial.figures["learner/micro_batches"], 2)
+      assert.strictEqual((yield* Ref.get(recording)).steps, 1)
+      const none = yield* step(["NonFiniteGradient", "NonFiniteGradient"])
+      assert.strictEqual(none.outcome, "non_finite")
+      assert.isFalse("learner/loss" in none.figures)
+      assert.strictEqual((yield* Ref.get(recording)).steps, 1)
+      // any other optimiser failure fails the step
+      const error = yield* Effect.flip(step([undefined, "Run"]))
+      assert.strictEqual(error.reason, "Trainer")
+      assert.strictEqual(error.message, "step 1")
     }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
 
   it.effect("policy tokens without sampler logprobs are a typed error for PPO-style losses", () =>
@@ -341,22 +325,17 @@ describe("Learner", () => {
       assert.strictEqual(missing.reason, "Config")
     }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
 
-  it.effect("a KL loss without a reference policy stops the learner with a Config error", () =>
+  it.effect("a KL loss without a reference policy is a Config error before any gradient", () =>
     Effect.gen(function*() {
-      const learner = yield* Learner.make(
-        { ...options, groupsPerStep: 1, loss: { ...Loss.grpo, klCoef: 0.1 } },
-        () => Effect.void
-      )
-      yield* learner.offer({
+      const recording = yield* PolicyTrainer.RecordingRef
+      const group = {
         groupId: "x",
         rowIndex: 0,
         trajectories: [trajectory("a", "x", [1], 2, -1, 1), trajectory("b", "x", [1], 3, -1, 0)]
-      })
-      const error = yield* Effect.flip(learner.join)
+      }
+      const error = yield* Effect.flip(Learner.update([group], { ...options, loss: { ...Loss.grpo, klCoef: 0.1 } }))
       assert.strictEqual(error.reason, "Config")
-      // later offers fail instead of waiting forever
-      const late = yield* Effect.flip(learner.offer({ groupId: "y", rowIndex: 1, trajectories: [] }))
-      assert.strictEqual(late.reason, "Stopped")
+      assert.deepStrictEqual(yield* Ref.get(recording), { microBatches: [], steps: 0 })
     }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
 
   it.effect("GRPO on a one-step bandit: the probability of the rewarded token rises monotonically (within noise)", () =>
@@ -392,20 +371,13 @@ describe("Learner", () => {
         probe.sequenceIndex.forEach((v, r) => (lp[v] = tokenLogprobs[r * probe.length + prompt.length - 1]!))
         return lp
       })
-      const published = yield* Queue.unbounded<number>()
-      const reports = yield* Queue.unbounded<Learner.StepReport>()
-      const learner = yield* Learner.make(
-        { ...options, groupsPerStep: 2, tokenBudget: 256 },
-        (v) => Queue.offer(published, v).pipe(Effect.asVoid),
-        (r) => Queue.offer(reports, r).pipe(Effect.asVoid)
-      ).pipe(Effect.provideService(PolicyTrainer.PolicyTrainer, trainer.trainer))
-      let version = 0
+      let applied = 0
       const rng = Sampling.rng(17)
       const probabilities: Array<number> = []
       for (let step = 0; step < 30; step++) {
         const lp = yield* policy
         probabilities.push(Math.exp(lp[rewarded]!))
-        for (let g = 0; g < 2; g++) {
+        const groups = Array.from({ length: 2 }, (_, g): Trajectory.Group => {
           const trajectories = Array.from({ length: 16 }, (_, i) => {
             let u = rng.next()
             let action = 0
@@ -419,14 +391,23 @@ describe("Learner", () => {
               action === rewarded ? 1 : 0
             )
           })
-          yield* learner.offer({ groupId: `${step}.${g}`, rowIndex: step, trajectories })
+          return { groupId: `${step}.${g}`, rowIndex: step, trajectories }
+        })
+        // A step where no chain found the rewarded action has no signal: nothing is applied.
+        const before = yield* trainer.trainer.step
+        const report = yield* Learner.update(groups, { ...options, tokenBudget: 256 }).pipe(
+          Effect.provideService(PolicyTrainer.PolicyTrainer, trainer.trainer)
+        )
+        const after = yield* trainer.trainer.step
+        if (report.outcome === "applied") {
+          applied++
+          assert.strictEqual(after, before + 1)
+        } else {
+          assert.strictEqual(report.outcome, "empty")
+          assert.strictEqual(after, before)
         }
-        // A step where no chain found the rewarded action has no signal: nothing is applied or published.
-        const report = yield* Queue.take(reports)
-        if (report.outcome === "applied") assert.strictEqual(yield* Queue.take(published), ++version)
-        else assert.strictEqual(report.outcome, "empty")
       }
-      assert.isAbove(version, 20, "most steps had a signal")
+      assert.isAbove(applied, 20, "most steps had a signal")
       probabilities.push(Math.exp((yield* policy)[rewarded]!))
       const first = probabilities[0]!
       const last = probabilities.at(-1)!
@@ -461,12 +442,6 @@ describe("Learner with a KL penalty to a frozen reference", () => {
         schedule: LrSchedule.constant(1e-2)
       })
       const reference = yield* OnnxTrainer.makeReference(OnnxTrainer.qwen2(config), weights)
-      const reports = yield* Queue.unbounded<Learner.StepReport>()
-      const learner = yield* Learner.make({ ...options, loss, groupsPerStep: 1, reference }, () => Effect.void, (r) =>
-        Queue.offer(
-          reports,
-          r
-        ).pipe(Effect.asVoid)).pipe(Effect.provideService(PolicyTrainer.PolicyTrainer, trainer.trainer))
       const kls: Array<number> = []
       for (let step = 0; step < 5; step++) {
         const trajectories = [
@@ -475,8 +450,11 @@ describe("Learner with a KL penalty to a frozen reference", () => {
           6,
           7
         ].map((a) => trajectory(`${step}.${a}`, `${step}`, [3, 9], a, -Math.log(16), a === 7 ? 1 : 0))
-        yield* learner.offer({ groupId: `${step}`, rowIndex: step, trajectories })
-        const r = yield* Queue.take(reports)
+        const r = yield* Learner.update([{ groupId: `${step}`, rowIndex: step, trajectories }], {
+          ...options,
+          loss,
+          reference
+        }).pipe(Effect.provideService(PolicyTrainer.PolicyTrainer, trainer.trainer))
         assert.strictEqual(r.outcome, "applied")
         kls.push(r.figures["learner/kl"]!)
       }
@@ -513,7 +491,7 @@ describe("Learner with recomputed old logprobs and truncated importance weights"
             rowIndex: 0,
             trajectories: [4, 5, 6, 7].map((a) => trajectory(`${a}`, "g", [3, 9], a, stale, a === 7 ? 1 : 0))
           }
-          return yield* Learner.update([group], { ...options, loss, groupsPerStep: 1, recomputeOldLogprobs }).pipe(
+          return yield* Learner.update([group], { ...options, loss, recomputeOldLogprobs }).pipe(
             Effect.provideService(PolicyTrainer.PolicyTrainer, trainer.trainer)
           )
         })
@@ -562,7 +540,7 @@ describe("Learner step failures", () => {
           trajectory("e", "h", [99], 5, -2.7, 0)
         ]
       }
-      const small = { ...options, groupsPerStep: 1, tokenBudget: 8, lengthMultiple: 8 }
+      const small = { ...options, tokenBudget: 8, lengthMultiple: 8 }
       const dirty = yield* make
       const failure = yield* Effect.flip(
         Learner.update([bad], small).pipe(Effect.provideService(PolicyTrainer.PolicyTrainer, dirty.trainer))
