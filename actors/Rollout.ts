@@ -22,11 +22,13 @@
 import { Cause, Effect, FiberSet, Queue, Random, Result, Schedule, Schema, Semaphore, Stream } from "effect"
 import * as Environment from "../src/Environment.ts"
 import { Conversation } from "../src/Message.ts"
+import * as Task from "../src/Task.ts"
 import * as RolloutError from "../src/RolloutError.ts"
 import { ChatSampler, Sampler } from "../src/Sampler.ts"
 import type { SamplingParams } from "../src/Sampler.ts"
 import type { Group, Trajectory } from "../src/Trajectory.ts"
 import * as RolloutChain from "./RolloutChain.ts"
+import * as TaskRuntime from "./TaskRuntime.ts"
 
 // ===== Models =====
 
@@ -38,6 +40,18 @@ import * as RolloutChain from "./RolloutChain.ts"
  */
 export interface Row {
   readonly messages: Conversation
+  readonly [field: string]: unknown
+}
+
+/**
+ * A row of a task: a `question` or `messages`, plus the fields its row Schema reads.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface TaskRow {
+  readonly question?: string | undefined
+  readonly messages?: Conversation | undefined
   readonly [field: string]: unknown
 }
 
@@ -109,6 +123,62 @@ const Limits = Schema.Struct({
 })
 
 // ===== Run =====
+
+/**
+ * The options of {@link runTask}: those of {@link run}, with the task in place of tools, reward, environment and
+ * episode, and its rows.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface TaskOptions<RE> extends Omit<Options, "rows" | "messages" | "tools" | "reward" | "environment" | "episode"> {
+  readonly task: Task.Task<RE>
+  readonly rows: ReadonlyArray<TaskRow>
+  /** The system prompt of rows without `messages` (default: the task's). */
+  readonly systemPrompt?: string | undefined
+  /** The timeout of tools that set none (default 30 seconds). */
+  readonly toolTimeout?: import("effect").Duration.Input | undefined
+}
+
+/**
+ * Rolls out a task's rows: the task's tools, reward, environment (built in the stream's scope, checked before any
+ * chain starts) and episode protocol, as `Trainer.run` does. Rows are checked against the task's row Schema.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const runTask = <RE = never>(
+  options: TaskOptions<RE>
+): Stream.Stream<Event, RolloutError.RolloutError | Schema.SchemaError | Task.TaskError, Sampler | RE> =>
+  Stream.unwrap(Effect.gen(function*() {
+    const { task } = options
+    const runtime = yield* TaskRuntime.make(task, { toolTimeout: options.toolTimeout })
+    const decodeFields = task.row === undefined ? undefined : Schema.decodeUnknownEffect(task.row)
+    const rows: Array<Row> = []
+    for (const [index, row] of options.rows.entries()) {
+      const { question, messages, ...rest } = row
+      const fields = decodeFields === undefined
+        ? rest
+        : { ...rest, ...(yield* decodeFields(rest) as Effect.Effect<Record<string, unknown>, Schema.SchemaError>) }
+      const prompt = Task.conversation(task, {
+        index,
+        line: index + 1,
+        ...(question === undefined ? {} : { question }),
+        ...(messages === undefined ? {} : { messages }),
+        fields
+      }, options.systemPrompt ?? task.defaults.systemPrompt)
+      rows.push({ ...fields, messages: prompt })
+    }
+    return run({
+      ...options,
+      rows,
+      tools: runtime.tools,
+      reward: runtime.reward,
+      environment: runtime.environment,
+      episode: runtime.episode,
+      policies: options.policies ?? runtime.policies
+    })
+  }))
 
 /**
  * Rolls out every row `numChains` times and streams trajectories and groups as they finish.

@@ -16,7 +16,7 @@
  *
  * @since 0.1.0
  */
-import { Context, Duration, Effect, Exit, Scope } from "effect"
+import { Context, Duration, Effect, Exit, Layer, Scope } from "effect"
 import * as Environment from "../src/Environment.ts"
 import type * as RolloutError from "../src/RolloutError.ts"
 import * as Task from "../src/Task.ts"
@@ -74,12 +74,17 @@ const environmentOf = <RE>(
   Effect.gen(function*() {
     const source = task.environment
     if (source === undefined) return Environment.none as unknown as Environment.Provider<any, any, never>
+    // The task's own layer (a resource manager, a Docker engine) lives as long as the run.
+    const own = task.layer === undefined
+      ? Context.empty()
+      : yield* Layer.build(task.layer).pipe(Effect.mapError(taskError(task, "Environment")))
+    const context = Context.merge(yield* Effect.context<RE>(), own) as Context.Context<any>
     const provider = Environment.isProvider(source)
       ? source
-      : yield* (source as Effect.Effect<Environment.Provider<any, any, RE>, unknown, RE | Scope.Scope>).pipe(
+      : yield* (source as Effect.Effect<Environment.Provider<any, any, any>, unknown, any>).pipe(
+        Effect.provideContext(context),
         Effect.mapError(taskError(task, "Environment"))
       )
-    const context = yield* Effect.context<RE>()
     return Environment.make<any, any, never>(
       provider.sharing,
       (chain) => Effect.provideContext(provider.acquire(chain), context) as Effect.Effect<any, any, Scope.Scope>,

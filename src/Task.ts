@@ -8,7 +8,8 @@
  * - `prompt`: how a row becomes the conversation (default: the system prompt, then `messages` or `question`);
  * - `tools` and `reward` (a weighted sum is `Reward.combine`);
  * - `environment`: the provider of the services the tools, the reward and the episode need, per chain, per group
- *   or shared (`Environment.perChain(layer)`, a resource-manager pool, ...);
+ *   or shared (`Environment.perChain(layer)`, a resource-manager pool, ...), and `layer`: what building it needs
+ *   (a `ResourceManager`, a Docker engine), built once per run;
  * - `episode`: the protocol the chain follows with its environment: reset with the row and a seed, speak after
  *   each turn, end the episode (see `Environment.Episode`);
  * - `policies`: error-policy overrides; `defaults`: agent settings (turns, token budgets, the system prompt) that a
@@ -26,6 +27,7 @@
  * @since 0.1.0
  */
 import { Context, Effect, Option, Schema } from "effect"
+import type { Layer } from "effect"
 import type { Scope } from "effect"
 import type * as Dataset from "./Dataset.ts"
 import type * as Environment from "./Environment.ts"
@@ -95,7 +97,9 @@ export interface Task<RE = never> {
   readonly prompt: ((row: PromptRow<any>, systemPrompt: string | undefined) => Message.Conversation) | undefined
   readonly tools: ReadonlyArray<Tool.Any>
   readonly reward: Reward.Reward<any> | undefined
-  readonly environment: EnvironmentOf<any, RE> | undefined
+  readonly environment: EnvironmentOf<any, any> | undefined
+  /** Services the environment needs, built once in the run's scope (what it still needs is `RE`). */
+  readonly layer: Layer.Layer<any, any, never> | undefined
   readonly episode: Environment.Episode<any> | undefined
   readonly policies: RolloutError.Policies | undefined
   readonly defaults: Defaults
@@ -103,6 +107,8 @@ export interface Task<RE = never> {
   readonly correct: ((trajectory: Trajectory.Trajectory) => boolean) | undefined
   /** The services the tools and the reward declared (`dependencies`), checked when a run starts. */
   readonly needs: ReadonlyArray<Context.Key<any, any>>
+  /** Type-level only: the services the runner must provide (never set at run time). */
+  readonly "~requires"?: RE | undefined
 }
 
 /**
@@ -179,7 +185,7 @@ export type Wiring<Needs, Provided> = [Exclude<Needs, Provided>] extends [never]
  * @category models
  * @since 0.1.0
  */
-export interface Options<Fields, Tools extends ReadonlyArray<Tool.Any>, RW, ROut, RE, RP> {
+export interface Options<Fields, Tools extends ReadonlyArray<Tool.Any>, RW, ROut, RE, RP, RL> {
   readonly description?: string | undefined
   /** The Schema of a row's fields (all but `question` / `messages`); rows failing it are reported by line. */
   readonly row?: Schema.Codec<Fields, any> | undefined
@@ -188,6 +194,11 @@ export interface Options<Fields, Tools extends ReadonlyArray<Tool.Any>, RW, ROut
   readonly tools?: Tools | undefined
   readonly reward?: Reward.Reward<RW> | undefined
   readonly environment?: EnvironmentOf<ROut, RE> | undefined
+  /**
+   * What building the environment needs, built once in the run's scope (e.g. `ResourceManager.layer` and
+   * `Docker.DockerEngine.layer` for a sandbox pool); what it leaves out, the runner must provide.
+   */
+  readonly layer?: Layer.Layer<RL, any, never> | undefined
   readonly episode?: Environment.Episode<RP> | undefined
   readonly policies?: RolloutError.Policies | undefined
   readonly defaults?: Defaults | undefined
@@ -227,11 +238,12 @@ export const make = <
   RW = never,
   ROut = never,
   RE = never,
-  RP = never
+  RP = never,
+  RL = never
 >(
   name: string,
-  options: Options<Fields, Tools, RW, ROut, RE, RP> & Wiring<Needed<Tools, RW, RP>, ROut>
-): Task<RE> => {
+  options: Options<Fields, Tools, RW, ROut, RE, RP, RL> & Wiring<Needed<Tools, RW, RP>, ROut>
+): Task<Exclude<RE, RL>> => {
   const tools = options.tools ?? []
   const needs = [...tools.flatMap((t) => t.dependencies), ...(options.reward?.dependencies ?? [])]
   return {
@@ -239,10 +251,11 @@ export const make = <
     name,
     description: options.description,
     row: options.row,
-    prompt: options.prompt as Task<RE>["prompt"],
+    prompt: options.prompt as Task["prompt"],
     tools,
     reward: options.reward,
     environment: options.environment,
+    layer: options.layer,
     episode: options.episode,
     policies: options.policies,
     defaults: options.defaults ?? {},

@@ -8,7 +8,8 @@ import * as Journal from "../../actors/Journal.ts"
 import * as Trainer from "../../actors/Trainer.ts"
 import * as Dataset from "../../src/Dataset.ts"
 import * as Report from "../../src/Report.ts"
-import type * as Task from "../../src/Task.ts"
+import * as Reward from "../../src/Reward.ts"
+import * as Task from "../../src/Task.ts"
 import { Sampler } from "../../src/Sampler.ts"
 import * as TrainConfig from "../../src/TrainConfig.ts"
 import type * as Trajectory from "../../src/Trajectory.ts"
@@ -282,5 +283,39 @@ describe("Trainer", () => {
       const waits = mean(train.slice(1).map((m) => m.figures["time/wait_rollout_s"]!))
       const learns = mean(train.slice(1).map((m) => m.figures["time/learn_s"]!))
       assert.isTrue(waits < learns / 2, `batches mostly ready when the learner asked: wait ${waits}, learn ${learns}`)
+    }).pipe(Effect.provide(NodeServices.layer)))
+
+  it.effect("a run whose rewards all fail stops at its first step with a typed error naming the reason and count", () =>
+    Effect.gen(function*() {
+      const failing = Reward.make("broken", { score: () => Effect.fail(new Error("the judge is down")) })
+      const options = yield* setup({ eval: { every: 100 } })
+      const task = Task.make("broken", { reward: failing })
+      const error = yield* Effect.flip(run({ ...options, eval: undefined, task }))
+      assert.strictEqual(error.reason, "Failures")
+      assert.include(error.message, "step 1: 12 of 12 trajectories failed with RewardFailed")
+      assert.include(error.message, "maxFailureShare 0.5")
+      // The step's figures are logged before the run stops, and nothing was trained on them.
+      const records = (yield* Report.read(options.config.output)).metrics.filter((m) => m.phase === "train")
+      assert.strictEqual(records.length, 1)
+      assert.strictEqual(records[0]!.figures["rollout/failures/RewardFailed"], 12)
+      assert.strictEqual(records[0]!.figures["rollout/failure_share"], 1)
+      assert.deepStrictEqual(yield* steps(options.config.output), [])
+      // An evaluation whose rewards all fail stops the run before any step.
+      const withEval = yield* setup()
+      const atEval = yield* Effect.flip(run({ ...withEval, task }))
+      assert.include(atEval.message, "evaluation at step 0: 20 of 20 trajectories failed with RewardFailed")
+      // maxFailureShare 1 never stops: the run trains on zero rewards (here: no signal, every step skipped).
+      const tolerant = yield* setup({ maxFailureShare: 1, algorithm: { steps: 2, groupsPerStep: 3 } })
+      const summary = yield* run({ ...tolerant, eval: undefined, task })
+      assert.strictEqual(summary.steps, 2)
+    }).pipe(Effect.provide(NodeServices.layer)))
+
+  it.effect("the summary counts trained steps and steps skipped for lack of signal", () =>
+    Effect.gen(function*() {
+      const options = yield* setup({}, { steps: 4 })
+      const summary = yield* run({ ...options, eval: undefined })
+      assert.strictEqual(summary.trained + summary.skipped, 4)
+      // The toy learner always applies its step.
+      assert.strictEqual(summary.trained, 4)
     }).pipe(Effect.provide(NodeServices.layer)))
 })

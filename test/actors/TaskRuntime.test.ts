@@ -1,0 +1,111 @@
+import { assert, describe, it } from "@effect/vitest"
+import { Context, Effect, Fiber, Layer, Schema, Stream } from "effect"
+import { TestClock } from "effect/testing"
+import * as Rollout from "../../actors/Rollout.ts"
+import * as TaskRuntime from "../../actors/TaskRuntime.ts"
+import * as Environment from "../../src/Environment.ts"
+import * as Reward from "../../src/Reward.ts"
+import * as Sampler from "../../src/Sampler.ts"
+import * as Task from "../../src/Task.ts"
+import * as Tool from "../../src/Tool.ts"
+import { charFormat, turn } from "./fixtures/charFormat.ts"
+
+class Counter extends Context.Service<Counter, { readonly n: number }>()("test/TaskRuntime/Counter") {}
+
+const counted = Tool.make("counted", {
+  description: "reads the counter",
+  dependencies: [Counter],
+  handler: () => Effect.map(Counter, (c) => String(c.n))
+})
+
+describe("TaskRuntime", () => {
+  it.effect("a hung tool without a timeout becomes a Timeout observation after the run's default", () =>
+    Effect.gen(function*() {
+      const hang = Tool.make("hang", { description: "never returns", handler: () => Effect.never })
+      const runtime = yield* TaskRuntime.make(Task.make("hung", { tools: [hang] }), { toolTimeout: "30 seconds" })
+      const call = { id: "c1", type: "function" as const, function: { name: "hang", arguments: {} } }
+      const fiber = yield* Effect.forkChild(runtime.tools.executeTurn([call], Context.empty()))
+      yield* TestClock.adjust("29 seconds")
+      assert.isUndefined(fiber.pollUnsafe(), "still waiting before the default timeout")
+      yield* TestClock.adjust("2 seconds")
+      const turn = yield* Fiber.join(fiber)
+      assert.strictEqual(turn.messages.length, 1)
+      assert.strictEqual((turn.messages[0] as { readonly is_error?: boolean }).is_error, true)
+      assert.match(String(turn.messages[0]!.content), /timed out after 30s/)
+      assert.deepStrictEqual(turn.errors, ["Timeout"])
+    }))
+
+  it.effect("a task assembled without its environment fails at start, naming the missing service, before any chain", () =>
+    Effect.gen(function*() {
+      // As a task loaded from untyped parts would be: the type check that `Task.make` does is bypassed.
+      const untyped = Task.make("untyped", { tools: [counted] } as never) as Task.Task
+      let sampled = 0
+      const error = yield* Effect.flip(
+        Rollout.runTask({
+          task: untyped,
+          rows: [{ question: "go" }],
+          numChains: 2,
+          maxTurns: 1,
+          sampling: { temperature: 1, maxTokens: 8 },
+          format: charFormat
+        }).pipe(
+          Stream.runDrain,
+          Effect.provide(Sampler.layerScripted(() => {
+            sampled++
+            return turn("hi")
+          }))
+        )
+      )
+      assert.strictEqual(error._tag, "TaskError")
+      assert.strictEqual((error as Task.TaskError).reason, "MissingServices")
+      assert.include(error.message, "test/TaskRuntime/Counter")
+      assert.include(error.message, "the task has no environment")
+      assert.strictEqual(sampled, 0)
+    }))
+
+  it.effect("an environment without a service the reward declares fails the start check; one that cannot start too", () =>
+    Effect.gen(function*() {
+      class Other extends Context.Service<Other, { readonly x: number }>()("test/TaskRuntime/Other") {}
+      const reads = Reward.make("reads", { dependencies: [Counter], score: () => Effect.succeed(1) })
+      const wrong = Task.make("wrong", {
+        reward: reads,
+        environment: Environment.perChain(Layer.succeed(Other, Other.of({ x: 1 })))
+      } as never) as Task.Task
+      const missing = yield* Effect.flip(TaskRuntime.make(wrong))
+      assert.strictEqual(missing.reason, "MissingServices")
+      assert.include(missing.message, "its environment lacks them")
+      const broken = Task.make("broken", {
+        tools: [counted],
+        environment: Environment.perChain(Layer.effect(Counter, Effect.fail(new Error("engine down"))))
+      })
+      const down = yield* Effect.flip(TaskRuntime.make(broken))
+      assert.strictEqual(down.reason, "Environment")
+      assert.include(down.message, "engine down")
+    }))
+
+  it.effect("the row Schema decodes every row before a chain starts; the prompt comes from the task", () =>
+    Effect.gen(function*() {
+      const prompts: Array<string> = []
+      const task = Task.make("prompted", {
+        row: Schema.Struct({ n: Schema.Int }),
+        prompt: (row, system) => [{ role: "user", content: `${system}: ${row.fields.n}` }],
+        defaults: { systemPrompt: "count" }
+      })
+      const events = yield* Rollout.runTask({
+        task,
+        rows: [{ n: 3 }],
+        numChains: 1,
+        maxTurns: 1,
+        sampling: { temperature: 1, maxTokens: 8 },
+        format: charFormat
+      }).pipe(
+        Stream.runCollect,
+        Effect.provide(Sampler.layerScripted((request) => {
+          prompts.push(String.fromCharCode(...request.promptTokenIds))
+          return turn("ok")
+        }))
+      )
+      assert.include(prompts[0]!, "<user>count: 3")
+      assert.strictEqual(events.filter((e) => e._tag === "Group").length, 1)
+    }))
+})

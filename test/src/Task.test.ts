@@ -1,0 +1,76 @@
+/**
+ * The task contract: typed wiring (a task whose tools, reward or episode need a service its environment does not
+ * provide does not type-check: the `@ts-expect-error` lines below fail `npm test`'s type check if the error
+ * disappears), defaults under a config, and the conversation of a row.
+ */
+import { assert, describe, it } from "@effect/vitest"
+import { Context, Effect, Layer, Schema } from "effect"
+import * as Environment from "../../src/Environment.ts"
+import * as Reward from "../../src/Reward.ts"
+import * as Task from "../../src/Task.ts"
+import * as Tool from "../../src/Tool.ts"
+
+class Game extends Context.Service<Game, { readonly guess: (n: number) => Effect.Effect<string> }>()("test/Task/Game") {}
+class Other extends Context.Service<Other, { readonly x: number }>()("test/Task/Other") {}
+const gameLayer = Layer.succeed(Game, Game.of({ guess: (n) => Effect.succeed(String(n)) }))
+const guess = Tool.make("guess", {
+  description: "guess",
+  parameters: Schema.Struct({ n: Schema.Int }),
+  dependencies: [Game],
+  handler: ({ n }) => Effect.flatMap(Game, (g) => g.guess(n))
+})
+const won = Reward.make("won", { dependencies: [Game], score: () => Effect.succeed(1) })
+
+describe("Task", () => {
+  it("typed wiring: the environment must provide every service the tools, the reward and the episode need", () => {
+    const wired = Task.make("guess", {
+      tools: [guess],
+      reward: won,
+      environment: Environment.perChain(gameLayer),
+      episode: { start: () => Effect.asVoid(Game) }
+    })
+    assert.deepStrictEqual(wired.needs.map((k) => k.key), ["test/Task/Game"], "declared once, however many use it")
+
+    // @ts-expect-error the tool needs Game and there is no environment
+    Task.make("no environment", { tools: [guess] })
+    // @ts-expect-error the reward needs Game and there is no environment
+    Task.make("no environment for the reward", { reward: won })
+    Task.make("wrong environment", {
+      tools: [guess],
+      // @ts-expect-error the environment provides Other, not Game
+      environment: Environment.perChain(Layer.succeed(Other, Other.of({ x: 1 })))
+    })
+    Task.make("episode needs more", {
+      tools: [guess],
+      // @ts-expect-error the episode needs Other too
+      environment: Environment.perChain(gameLayer),
+      episode: { start: () => Effect.asVoid(Other) }
+    })
+  })
+
+  it("defaults fill a config's unset agent keys; the config's own values win", () => {
+    const task = Task.make("t", { defaults: { maxTurns: 6, systemPrompt: "Be brief.", temperature: undefined } })
+    assert.deepStrictEqual(Task.withDefaults(task, { agent: { maxTurns: 2 }, seed: 1 }), {
+      agent: { systemPrompt: "Be brief.", maxTurns: 2 },
+      seed: 1
+    })
+    assert.deepStrictEqual(Task.withDefaults(task, { seed: 1 }), { seed: 1, agent: { maxTurns: 6, systemPrompt: "Be brief." } })
+  })
+
+  it("a row's conversation: the task's prompt, else its messages, else the system prompt and question", () => {
+    const plain = Task.make("plain", {})
+    const row = { index: 0, line: 1, question: "Hi?", fields: { n: 2 } }
+    assert.deepStrictEqual(Task.conversation(plain, row, "Sys."), [
+      { role: "system", content: "Sys." },
+      { role: "user", content: "Hi?" }
+    ])
+    assert.deepStrictEqual(Task.conversation(plain, { ...row, messages: [{ role: "user", content: "M" }] }, "Sys."), [
+      { role: "user", content: "M" }
+    ])
+    const prompted = Task.make("prompted", {
+      row: Schema.Struct({ n: Schema.Int }),
+      prompt: (r) => [{ role: "user", content: `n=${r.fields.n}` }]
+    })
+    assert.deepStrictEqual(Task.conversation(prompted, row, undefined), [{ role: "user", content: "n=2" }])
+  })
+})
