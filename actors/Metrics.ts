@@ -138,8 +138,13 @@ export const formatDuration = (seconds: number): string => {
   return `${s}s`
 }
 
+/** `  fail 12%` when some trajectories failed (`<prefix>/failure_share` above 0), else nothing. */
+const failureShare = (share: number | undefined): string =>
+  share === undefined || !(share > 0) ? "" : `  fail ${share < 0.01 ? "<1" : Math.round(share * 100)}%`
+
 /**
- * The figures of a status as `key value` pairs (the ones a person watches).
+ * The figures of a status as `key value` pairs (the ones a person watches), with the share of failed
+ * trajectories (`fail 12%`) when it is above 0.
  *
  * @category formatting
  * @since 0.1.0
@@ -153,10 +158,11 @@ export const formatFigures = (status: Status): string => {
     return `loss ${fixed(f["warmup/loss"], 4)}  tok/s ${rate(f["perf/tokens_per_s"])}${check}`
   }
   if (status.phase === "eval") {
-    return `accuracy ${fixed(f["eval/accuracy"], 3)}  invalid tool calls ${fixed(f["eval/invalid_tool_call_rate"], 3)}`
+    return `accuracy ${fixed(f["eval/accuracy"], 3)}  ` +
+      `invalid tool calls ${fixed(f["eval/invalid_tool_call_rate"], 3)}${failureShare(f["eval/failure_share"])}`
   }
   return `reward ${fixed(f["rollout/reward_mean"], 3)}  acc ${fixed(f["rollout/accuracy"], 3)}  ` +
-    `kl ${fixed(f["learner/kl"], 4)}  tok/s ${rate(f["perf/tokens_per_s"])}`
+    `kl ${fixed(f["learner/kl"], 4)}  tok/s ${rate(f["perf/tokens_per_s"])}${failureShare(f["rollout/failure_share"])}`
 }
 
 /**

@@ -24,7 +24,8 @@ import * as Resource from "../src/Resource.ts"
 import * as ResourcePool from "./internal/resourcePool.ts"
 
 /**
- * Per-pool figures: instances by state, waiters, starts, failures and acquire latency.
+ * Per-pool figures: instances by state, waiters, starts, failures, crashes, resets and recreations, and acquire
+ * latency (total, maximum, and p50/p99 over the last 1,024 acquires).
  *
  * @category models
  * @since 0.1.0
@@ -242,8 +243,34 @@ export const withRetryOnCrash: {
 )
 
 /**
+ * A pool's figures as a run logs them, under `env/<resource>/`: `leases` (acquires), `acquire_wait_p50_ms`,
+ * `acquire_wait_p99_ms` (over the last 1,024 acquires), `acquire_wait_max_ms`, `creations` (instances started),
+ * `crashes`, `resets`, `recreations` (counts since the pool opened), and `in_use`, `idle`, `waiters` (now).
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const poolFigures = (resource: string, stats: PoolStats): Record<string, number> => {
+  const p = `env/${resource}`
+  return {
+    [`${p}/leases`]: stats.acquires,
+    [`${p}/acquire_wait_p50_ms`]: stats.acquireMillisP50,
+    [`${p}/acquire_wait_p99_ms`]: stats.acquireMillisP99,
+    [`${p}/acquire_wait_max_ms`]: stats.acquireMillisMax,
+    [`${p}/creations`]: stats.starts,
+    [`${p}/crashes`]: stats.crashes,
+    [`${p}/resets`]: stats.resets,
+    [`${p}/recreations`]: stats.recreations,
+    [`${p}/in_use`]: stats.leased,
+    [`${p}/idle`]: stats.idle,
+    [`${p}/waiters`]: stats.waiters
+  }
+}
+
+/**
  * An `Environment.Provider` backed by the manager: each chain leases its instance (shared as the spec's scope
- * says) for the chain's scope, and `toContext` turns the lease into the services its tools declare.
+ * says) for the chain's scope, and `toContext` turns the lease into the services its tools declare. Its `stats`
+ * are the pool's {@link poolFigures} (none before the pool opens, at the first acquire).
  *
  * **Gotchas**
  *
@@ -260,5 +287,9 @@ export const provider = <A, ROut, E = never>(
   Effect.map(ResourceManager, (manager) =>
     Environment.make<ROut, Resource.LeaseError | E>(
       resource.spec.scope === "chain" ? "perChain" : resource.spec.scope === "group" ? "perGroup" : "shared",
-      (chain: Environment.ChainInfo) => Effect.flatMap(manager.acquire(resource, chain), toContext)
+      (chain: Environment.ChainInfo) => Effect.flatMap(manager.acquire(resource, chain), toContext),
+      Effect.map(
+        manager.stats(resource.spec.name),
+        (stats) => (stats === undefined ? {} : poolFigures(resource.spec.name, stats))
+      )
     ))

@@ -1,7 +1,8 @@
 /**
  * The run report: one self-contained `report.html` (no network, no scripts from anywhere) with charts of the
  * figures a run logs over steps — reward, held-out accuracy, invalid tool-call rate, turns per trajectory, tool
- * calls per tool, KL, entropy, clip fraction, throughput, losses — and a trajectory viewer that shows sampled
+ * calls per tool, failures and tool errors by reason, episode ends, KL, entropy, clip fraction, throughput,
+ * losses, and the environment pools' acquire waits, crashes and resets — and a trajectory viewer that shows sampled
  * trajectories token by token, coloured by source (only `policy` tokens are trained on), with their rewards.
  *
  * Charts are inline SVG drawn here; the page works with scripts disabled (a few lines of inline script only filter
@@ -82,6 +83,22 @@ export const ticks = (lo: number, hi: number, count = 5): Array<number> => {
   return out
 }
 
+const finitePoints = (s: Series): ReadonlyArray<readonly [number, number]> =>
+  s.points.filter(([x, y]) => Number.isFinite(x) && Number.isFinite(y))
+
+/** Legend entries left to right, wrapping onto new rows (14 px apart); returns each entry's offset and the rows. */
+const legendLayout = (names: ReadonlyArray<string>, width: number) => {
+  let [x, row] = [0, 0]
+  const at = names.map((name) => {
+    const w = 24 + name.length * 6
+    if (x > 0 && x + w > width) [x, row] = [0, row + 1]
+    const here = { x, row }
+    x += w
+    return here
+  })
+  return { at, rows: row + 1 }
+}
+
 const label = (x: number): string => {
   const a = Math.abs(x)
   if (a !== 0 && (a >= 1e5 || a < 1e-3)) return x.toExponential(1)
@@ -90,7 +107,8 @@ const label = (x: number): string => {
 
 /**
  * A line chart as an SVG string: axes with ticks, one polyline (and dots when points are few) per series, and a
- * legend. Series without points are left out; with none at all the chart says "no data".
+ * legend (wrapping onto more rows, which make the chart taller, when the names do not fit on one). Series without
+ * points are left out; with none at all the chart says "no data".
  *
  * @category charts
  * @since 0.1.0
@@ -105,14 +123,17 @@ export const lineChart = (options: {
   const width = options.width ?? 420
   const height = options.height ?? 240
   const m = { left: 52, right: 12, top: 28, bottom: 40 }
-  const series = options.series.filter((s) => s.points.some(([x, y]) => Number.isFinite(x) && Number.isFinite(y)))
-  const head = `<svg xmlns="http://www.w3.org/2000/svg" class="chart" role="img" viewBox="0 0 ${width} ${height}" ` +
-    `width="${width}" height="${height}"><title>${escape(options.title)}</title>` +
+  const series = options.series.filter((s) => finitePoints(s).length > 0)
+  // The x-axis label ("step") sits at the right end of the legend's first row.
+  const legendAt = legendLayout(series.map((s) => s.name), width - m.left - m.right - 36)
+  const full = height + (legendAt.rows - 1) * 14
+  const head = `<svg xmlns="http://www.w3.org/2000/svg" class="chart" role="img" viewBox="0 0 ${width} ${full}" ` +
+    `width="${width}" height="${full}"><title>${escape(options.title)}</title>` +
     `<text x="${m.left}" y="16" class="chart-title">${escape(options.title)}</text>`
   if (series.length === 0) {
     return head + `<text x="${width / 2}" y="${height / 2}" text-anchor="middle" class="nodata">no data</text></svg>`
   }
-  const all = series.flatMap((s) => s.points.filter(([x, y]) => Number.isFinite(x) && Number.isFinite(y)))
+  const all = series.flatMap(finitePoints)
   const xs = all.map(([x]) => x)
   const ys = all.map(([, y]) => y)
   let [x0, x1, y0, y1] = [Math.min(...xs), Math.max(...xs), Math.min(...ys), Math.max(...ys)]
@@ -129,7 +150,7 @@ export const lineChart = (options: {
   ).join("")
   const lines = series.map((s, i) => {
     const color = palette[i % palette.length]!
-    const pts = s.points.filter(([x, y]) => Number.isFinite(x) && Number.isFinite(y))
+    const pts = finitePoints(s)
     const path = pts.map(([x, y]) => `${px(x).toFixed(1)},${py(y).toFixed(1)}`).join(" ")
     const dots = pts.length <= 40
       ? pts.map(([x, y]) => `<circle cx="${px(x).toFixed(1)}" cy="${py(y).toFixed(1)}" r="2.5" fill="${color}"/>`)
@@ -139,7 +160,8 @@ export const lineChart = (options: {
       `stroke-width="1.8" points="${path}"/>${dots}`
   }).join("")
   const legend = series.map((s, i) =>
-    `<g transform="translate(${m.left + i * 130},${height - 10})"><rect width="10" height="10" y="-9" ` +
+    `<g transform="translate(${m.left + legendAt.at[i]!.x},${height - 10 + legendAt.at[i]!.row * 14})">` +
+    `<rect width="10" height="10" y="-9" ` +
     `fill="${palette[i % palette.length]}"/><text x="14" class="legend">${escape(s.name)}</text></g>`
   ).join("")
   const axes = `<line x1="${m.left}" x2="${m.left}" y1="${m.top}" y2="${height - m.bottom}" class="axis"/>` +
@@ -152,7 +174,27 @@ export const lineChart = (options: {
 // ===== The report =====
 
 /**
- * A chart of the report: a title and the metric keys (with the phase they are logged in) it plots.
+ * Keys plotted one series per key that the run logged: every `<prefix><name><suffix>` of the phase, a series named
+ * `<name>` (`<name> <label>` with a label). With `absentIsZero`, a record of the phase that lacks a key counts as 0
+ * for it: for counts logged only when non-zero (`rollout/failures/<Reason>`, `rollout/tool_calls/<tool>`).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface SeriesFamily {
+  readonly phase: MetricsRecord["phase"]
+  readonly prefix: string
+  readonly suffix?: string
+  readonly label?: string
+  readonly absentIsZero?: boolean
+}
+
+/**
+ * A chart of the report: a title, the metric keys (with the phase they are logged in) it plots, and families of
+ * keys plotted one series per key found. A chart sits in a section of the page (`group`, default "Training
+ * curves"). Charts for figures every run logs say "no data" when they have none (something is missing); an
+ * `optional` one (figures only some runs log: failures, environment pools) is left out, and so is a section left
+ * empty.
  *
  * @category models
  * @since 0.1.0
@@ -160,10 +202,28 @@ export const lineChart = (options: {
 export interface ChartSpec {
   readonly title: string
   readonly series: ReadonlyArray<{ readonly name: string; readonly phase: MetricsRecord["phase"]; readonly key: string }>
+  readonly families?: ReadonlyArray<SeriesFamily>
+  readonly optional?: boolean
+  readonly group?: string
 }
 
+const trainCounts = (prefix: string): ReadonlyArray<SeriesFamily> => [{ phase: "train", prefix, absentIsZero: true }]
+
+/** `env/<resource>/<figure>` for each figure, one series per resource (named `<resource> <label>` with a label). */
+const perPool = (
+  figures: ReadonlyArray<readonly [figure: string, label?: string]>
+): ReadonlyArray<SeriesFamily> =>
+  figures.map(([figure, label]) => ({
+    phase: "train",
+    prefix: "env/",
+    suffix: `/${figure}`,
+    ...(label === undefined ? {} : { label })
+  }))
+
 /**
- * The charts of a training run. Keys under `rollout/tool_calls/` are plotted together, one series per tool.
+ * The charts of a training run. Keys under `rollout/tool_calls/`, `rollout/failures/`, `rollout/tool_errors/` and
+ * `rollout/episode_end/` are plotted one series per tool or reason; the environment pools' figures
+ * (`env/<resource>/…`, from a provider's `stats`) one series per resource and figure.
  *
  * @category constants
  * @since 0.1.0
@@ -194,7 +254,15 @@ export const charts: ReadonlyArray<ChartSpec> = [
     }]
   },
   { title: "Turns per trajectory", series: [{ name: "mean turns", phase: "train", key: "rollout/turns_mean" }] },
-  { title: "Tool calls per tool", series: [] },
+  { title: "Tool calls per tool", series: [], families: trainCounts("rollout/tool_calls/") },
+  {
+    title: "Failures by reason (train)",
+    series: [],
+    families: trainCounts("rollout/failures/"),
+    optional: true
+  },
+  { title: "Tool errors by reason", series: [], families: trainCounts("rollout/tool_errors/"), optional: true },
+  { title: "Episode ends", series: [], families: trainCounts("rollout/episode_end/"), optional: true },
   {
     title: "KL",
     series: [{ name: "to reference", phase: "train", key: "learner/kl" }, {
@@ -211,6 +279,27 @@ export const charts: ReadonlyArray<ChartSpec> = [
   {
     title: "Warm-up validation accuracy",
     series: [{ name: "greedy", phase: "warmup", key: "warmup/validation_accuracy" }]
+  },
+  {
+    title: "Acquire wait (ms)",
+    series: [],
+    families: perPool([["acquire_wait_p50_ms", "p50"], ["acquire_wait_p99_ms", "p99"]]),
+    optional: true,
+    group: "Environment pools"
+  },
+  {
+    title: "Crashes (since start)",
+    series: [],
+    families: perPool([["crashes"]]),
+    optional: true,
+    group: "Environment pools"
+  },
+  {
+    title: "Resets for reuse (since start)",
+    series: [],
+    families: perPool([["resets"]]),
+    optional: true,
+    group: "Environment pools"
   }
 ]
 
@@ -221,11 +310,41 @@ const seriesOf = (
 ): Array<readonly [number, number]> =>
   metrics.flatMap((r) => (r.phase === phase && r.figures[key] !== undefined ? [[r.step, r.figures[key]!] as const] : []))
 
-const toolSeries = (metrics: ReadonlyArray<MetricsRecord>): Array<Series> => {
-  const tools = [...new Set(metrics.flatMap((r) => Object.keys(r.figures)))]
-    .filter((k) => k.startsWith("rollout/tool_calls/"))
+/** One series per key of the family that the run logged. */
+const familySeries = (metrics: ReadonlyArray<MetricsRecord>, family: SeriesFamily): Array<Series> => {
+  const suffix = family.suffix ?? ""
+  const records = metrics.filter((r) => r.phase === family.phase)
+  const keys = [...new Set(records.flatMap((r) => Object.keys(r.figures)))]
+    .filter((k) => k.startsWith(family.prefix) && k.endsWith(suffix) && k.length > family.prefix.length + suffix.length)
     .sort()
-  return tools.map((key) => ({ name: key.slice("rollout/tool_calls/".length), points: seriesOf(metrics, "train", key) }))
+  return keys.map((key) => {
+    const name = key.slice(family.prefix.length, key.length - suffix.length)
+    return {
+      name: family.label === undefined ? name : `${name} ${family.label}`,
+      points: family.absentIsZero
+        ? records.map((r) => [r.step, r.figures[key] ?? 0] as const)
+        : seriesOf(metrics, family.phase, key)
+    }
+  })
+}
+
+/** The series of a chart: its fixed keys, then its families' (sorted by name, so a resource's series sit together). */
+const chartSeries = (metrics: ReadonlyArray<MetricsRecord>, chart: ChartSpec): Array<Series> => [
+  ...chart.series.map((s) => ({ name: s.name, points: seriesOf(metrics, s.phase, s.key) })),
+  ...(chart.families ?? []).flatMap((f) => familySeries(metrics, f)).sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0))
+]
+
+/** The page's sections of charts, in the order of {@link charts}; optional charts without data are left out. */
+const chartSections = (metrics: ReadonlyArray<MetricsRecord>): string => {
+  const sections = new Map<string, Array<string>>()
+  for (const chart of charts) {
+    const series = chartSeries(metrics, chart)
+    if (chart.optional && !series.some((s) => finitePoints(s).length > 0)) continue
+    const group = chart.group ?? "Training curves"
+    sections.set(group, [...(sections.get(group) ?? []), lineChart({ title: chart.title, series })])
+  }
+  return [...sections].map(([group, svgs]) => `<h2>${escape(group)}</h2><div class="charts">${svgs.join("")}</div>`)
+    .join("")
 }
 
 const sourceColours: Record<string, string> = {
@@ -330,14 +449,6 @@ export const render = (input: {
   readonly samples: ReadonlyArray<SampleRecord>
   readonly config?: unknown
 }): string => {
-  const svgs = charts.map((chart) =>
-    lineChart({
-      title: chart.title,
-      series: chart.title === "Tool calls per tool"
-        ? toolSeries(input.metrics)
-        : chart.series.map((s) => ({ name: s.name, points: seriesOf(input.metrics, s.phase, s.key) }))
-    })
-  ).join("")
   const config = input.config === undefined
     ? ""
     : `<details><summary>Configuration</summary><pre>${escape(JSON.stringify(input.config, null, 2))}</pre></details>`
@@ -345,7 +456,7 @@ export const render = (input: {
     `<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; ` +
     `script-src 'unsafe-inline'; img-src data:">` +
     `<style>${style}</style></head><body><h1>${escape(input.title)}</h1>${summary(input.metrics)}` +
-    `<h2>Training curves</h2><div class="charts">${svgs}</div>` +
+    chartSections(input.metrics) +
     `<h2>Sampled trajectories</h2>${viewer(input.samples)}${config}<script>${script}</script></body></html>\n`
 }
 

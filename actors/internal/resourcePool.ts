@@ -36,10 +36,10 @@ export interface Binding<A> {
 }
 
 /**
- * Instances by state (starting, idle, leased, resetting, unhealthy), waiters, starts and failures, acquire latency.
- * Also published as metrics
- * (`env/<name>/instances{state}`, `env/<name>/waiters`, `env/<name>/starts`, `env/<name>/failures`,
- * `env/<name>/acquire_ms`).
+ * Instances by state (starting, idle, leased, resetting, unhealthy), waiters, starts, failures, crashes, what
+ * releases did (reset or recreate), and acquire latency. Also published as metrics (`env/<name>/instances{state}`,
+ * `env/<name>/waiters`, `env/<name>/starts`, `env/<name>/failures`, `env/<name>/crashes`, `env/<name>/resets`,
+ * `env/<name>/recreations`, `env/<name>/acquire_ms`).
  */
 export interface PoolStats {
   readonly starting: number
@@ -50,11 +50,93 @@ export interface PoolStats {
   readonly unhealthy: number
   readonly waiters: number
   readonly starts: number
+  /** Starts, resets and health checks that failed, and crashes. */
   readonly failures: number
+  /**
+   * Instances found dead and replaced or destroyed: a crash in use, a failed health check (on acquire or
+   * periodic), or a holder's `invalidate`.
+   */
+  readonly crashes: number
+  /** Releases whose instance was reset and went back to the idle pool for reuse. */
+  readonly resets: number
+  /**
+   * Releases whose instance was destroyed instead of reused (policy `recreate`, found unhealthy, or its reset
+   * failed); the next acquire starts a fresh one. Not counted when the pool is closing.
+   */
+  readonly recreations: number
   readonly acquires: number
   readonly acquireMillisTotal: number
   readonly acquireMillisMax: number
+  /** Acquire-wait percentiles (nearest rank) over the last {@link waitWindowSize} acquires; 0 before the first. */
+  readonly acquireMillisP50: number
+  readonly acquireMillisP99: number
   readonly closed: boolean
+}
+
+// ----- acquire-wait window -----
+
+/** How many of the most recent acquire waits the percentiles of {@link PoolStats} are computed over. */
+export const waitWindowSize = 1024
+
+/** A ring buffer of the most recent acquire waits, in milliseconds. */
+export interface WaitWindow {
+  readonly values: Float64Array
+  size: number
+  next: number
+}
+
+export const makeWaitWindow = (capacity: number = waitWindowSize): WaitWindow => ({
+  values: new Float64Array(capacity),
+  size: 0,
+  next: 0
+})
+
+/** Records one wait, overwriting the oldest once the window is full. */
+export const recordWait = (window: WaitWindow, millis: number): void => {
+  window.values[window.next] = millis
+  window.next = (window.next + 1) % window.values.length
+  window.size = Math.min(window.size + 1, window.values.length)
+}
+
+/** The waits held by the window (oldest first is not guaranteed: order does not matter to a quantile). */
+export const waits = (window: WaitWindow): Float64Array => window.values.subarray(0, window.size)
+
+/**
+ * The `q`-quantile of `values` by nearest rank: the smallest value such that at least `q · n` of the `n` values are
+ * at or below it (`q = 0.5` is the lower median, `q = 1` the maximum); 0 when there are no values.
+ *
+ * Quickselect (Hoare partition, median-of-three pivot) on a copy: expected O(n), `values` is left untouched.
+ */
+export const quantile = (values: ArrayLike<number>, q: number): number => {
+  const n = values.length
+  if (n === 0) return 0
+  // The tolerance keeps q · n that should be an integer (0.07 · 100 = 7.000000000000001) from rounding up a rank.
+  const k = Math.min(n, Math.max(1, Math.ceil(q * n - 1e-9))) - 1
+  const a = Float64Array.from(values)
+  let lo = 0
+  let hi = n - 1
+  while (lo < hi) {
+    const x = a[lo]!
+    const y = a[(lo + hi) >>> 1]!
+    const z = a[hi]!
+    const pivot = x < y ? (y < z ? y : x < z ? z : x) : (x < z ? x : y < z ? z : y)
+    let i = lo
+    let j = hi
+    while (i <= j) {
+      while (a[i]! < pivot) i++
+      while (a[j]! > pivot) j--
+      if (i <= j) {
+        const t = a[i]!
+        a[i++] = a[j]!
+        a[j--] = t
+      }
+    }
+    // Now a[lo..j] <= pivot <= a[i..hi], and everything strictly between j and i equals the pivot.
+    if (k <= j) hi = j
+    else if (k >= i) lo = i
+    else return a[k]!
+  }
+  return a[k]!
 }
 
 export interface Pool<A> {
@@ -86,7 +168,17 @@ export const make = Effect.fnUntraced(function*<A>(
   const bindings = new Map<string, Binding<A>>()
   let closed = false
   let nextId = 0
-  const counters = { starts: 0, failures: 0, acquires: 0, acquireMillisTotal: 0, acquireMillisMax: 0 }
+  const counters = {
+    starts: 0,
+    failures: 0,
+    crashes: 0,
+    resets: 0,
+    recreations: 0,
+    acquires: 0,
+    acquireMillisTotal: 0,
+    acquireMillisMax: 0
+  }
+  const recentWaits = makeWaitWindow()
 
   const leaseError = (reason: Resource.LeaseErrorReason) => new Resource.LeaseError({ resource: name, reason })
   const fork = <X>(effect: Effect.Effect<X>) => Effect.asVoid(FiberSet.run(fibers, effect))
@@ -103,7 +195,12 @@ export const make = Effect.fnUntraced(function*<A>(
     waiters: Metric.gauge(`env/${name}/waiters`, { attributes })
   }
   const startsCounter = Metric.counter(`env/${name}/starts`, { attributes, incremental: true })
-  const failuresCounter = Metric.counter(`env/${name}/failures`, { attributes, incremental: true })
+  const eventCounters = {
+    failures: Metric.counter(`env/${name}/failures`, { attributes, incremental: true }),
+    crashes: Metric.counter(`env/${name}/crashes`, { attributes, incremental: true }),
+    resets: Metric.counter(`env/${name}/resets`, { attributes, incremental: true }),
+    recreations: Metric.counter(`env/${name}/recreations`, { attributes, incremental: true })
+  }
   const acquireHistogram = Metric.histogram(`env/${name}/acquire_ms`, {
     attributes,
     boundaries: Metric.exponentialBoundaries({ start: 0.5, factor: 2, count: 18 })
@@ -112,7 +209,15 @@ export const make = Effect.fnUntraced(function*<A>(
   const snapshot = (): PoolStats => {
     const by = { starting: 0, idle: 0, leased: 0, resetting: 0, unhealthy: 0 }
     for (const instance of instances.values()) by[instance.state]++
-    return { ...by, waiters: waiting.length, ...counters, closed }
+    const recent = waits(recentWaits)
+    return {
+      ...by,
+      waiters: waiting.length,
+      ...counters,
+      acquireMillisP50: quantile(recent, 0.5),
+      acquireMillisP99: quantile(recent, 0.99),
+      closed
+    }
   }
   const publish = Effect.suspend(() => {
     const s = snapshot()
@@ -125,10 +230,14 @@ export const make = Effect.fnUntraced(function*<A>(
       Metric.update(gauges.waiters, s.waiters)
     ], { discard: true })
   })
-  const failed = Effect.suspend(() => {
-    counters.failures++
-    return Metric.update(failuresCounter, 1)
-  })
+  const count = (event: keyof typeof eventCounters): Effect.Effect<void> =>
+    Effect.suspend(() => {
+      counters[event]++
+      return Metric.update(eventCounters[event], 1)
+    })
+  const failed = count("failures")
+  /** An instance found dead: a crash is also a failure. */
+  const crashed = Effect.andThen(count("crashes"), failed)
 
   // ----- instance lifecycle -----
   const newInstance = (binding: Binding<A> | undefined): Instance<A> => {
@@ -207,7 +316,7 @@ export const make = Effect.fnUntraced(function*<A>(
       if (spec.healthCheckOnAcquire) {
         const exit = yield* check(instance)
         if (Exit.isFailure(exit)) {
-          yield* failed
+          yield* crashed
           instances.delete(instance.id)
           yield* fork(Effect.ignore(Scope.close(instance.scope, Exit.void)))
           const fresh = newInstance(binding)
@@ -253,7 +362,11 @@ export const make = Effect.fnUntraced(function*<A>(
   const recycle = (instance: Instance<A>): Effect.Effect<void> =>
     Effect.gen(function*() {
       instance.binding = undefined
-      if (closed || instance.state === "unhealthy" || spec.resetPolicy === "recreate") return yield* destroy(instance)
+      if (closed) return yield* destroy(instance)
+      if (instance.state === "unhealthy" || spec.resetPolicy === "recreate") {
+        yield* count("recreations")
+        return yield* destroy(instance)
+      }
       const exit = yield* backend.reset(instance.value as A).pipe(
         Effect.timeoutOrElse({
           duration: spec.timeouts.resetMillis,
@@ -263,9 +376,10 @@ export const make = Effect.fnUntraced(function*<A>(
         Effect.exit
       )
       if (Exit.isFailure(exit) || closed || !instances.has(instance.id)) {
-        if (Exit.isFailure(exit)) yield* failed
+        if (Exit.isFailure(exit)) yield* Effect.andThen(failed, closed ? Effect.void : count("recreations"))
         return yield* destroy(instance)
       }
+      yield* count("resets")
       instance.state = "idle"
       instance.idleSince = yield* Clock.currentTimeMillis
       idle.push(instance)
@@ -428,7 +542,7 @@ export const make = Effect.fnUntraced(function*<A>(
       const fresh = newInstance(binding)
       binding.instance = fresh
       return Effect.all([
-        failed,
+        crashed,
         fork(Effect.ignore(Scope.close(instance.scope, Exit.void))),
         fork(startInto(binding, fresh)),
         publish
@@ -443,7 +557,7 @@ export const make = Effect.fnUntraced(function*<A>(
         const exit = yield* check(instance)
         if (Exit.isSuccess(exit) || !instances.has(instance.id)) return
         if (instance.state === "idle") {
-          yield* failed
+          yield* crashed
           return yield* destroy(instance)
         }
         // Leased: the holder learns on its next use (typed Crashed error) and gets a fresh instance.
@@ -495,6 +609,7 @@ export const make = Effect.fnUntraced(function*<A>(
         counters.acquires++
         counters.acquireMillisTotal += millis
         counters.acquireMillisMax = Math.max(counters.acquireMillisMax, millis)
+        recordWait(recentWaits, millis)
         return Metric.update(acquireHistogram, millis)
       }),
     stats: Effect.sync(snapshot),

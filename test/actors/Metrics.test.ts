@@ -122,6 +122,19 @@ describe("Metrics", () => {
       assert.notInclude(plain, "\r")
     }))
 
+  it("train and eval lines show the share of failed trajectories when some failed", () => {
+    const at = (phase: Metrics.Status["phase"], figures: Record<string, number>): string =>
+      Metrics.formatFigures({ phase, step: 3, total: 10, elapsed: 1, figures })
+    assert.notInclude(at("train", { "rollout/failure_share": 0 }), "fail")
+    assert.notInclude(at("train", {}), "fail")
+    assert.isTrue(at("train", { "rollout/failure_share": 0.125 }).endsWith("  fail 13%"))
+    assert.include(at("train", { "rollout/failure_share": 0.004 }), "fail <1%", "a few failures never read as 0%")
+    assert.include(at("eval", { "eval/failure_share": 0.5, "rollout/failure_share": 0 }), "fail 50%")
+    assert.notInclude(at("eval", { "rollout/failure_share": 0.5 }), "fail", "each phase shows its own share")
+    const figures = { "rollout/failure_share": 0.12 }
+    assert.include(Metrics.formatBar({ phase: "train", step: 3, total: 10, elapsed: 3, figures }, 160), "fail 12%")
+  })
+
   it("warm-up lines show the validation accuracy of the steps that checked it", () => {
     const warm = (figures: Record<string, number>): Metrics.Status => ({ phase: "warmup", step: 50, total: 900, elapsed: 1, figures })
     assert.strictEqual(Metrics.formatFigures(warm({ "warmup/loss": 0.5 })), "loss 0.5000  tok/s –")

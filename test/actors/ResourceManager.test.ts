@@ -382,6 +382,81 @@ describe("ResourceManager", () => {
       assert.deepInclude(stats, { starting: 0, idle: 0, leased: 2, unhealthy: 0, waiters: 0, starts: 2, acquires: 2 })
     })))
 
+  it.effect("stats count crashes found by checks, resets and recreations on release", () =>
+    withManager(Effect.gen(function*() {
+      const fake = makeFake()
+      const manager = yield* ResourceManager.ResourceManager
+      const reused = Resource.resource(spec({ name: "reused", pool: { max: 1 } }), fake.backend)
+      const id = yield* Effect.scoped(Effect.flatMap(manager.acquire(reused, chain("a")), (l) => l.instanceId))
+      yield* Effect.yieldNow
+      fake.kill(id)
+      yield* Effect.scoped(manager.acquire(reused, chain("b"))) // the check on acquire finds it dead
+      yield* Effect.yieldNow
+      assert.deepInclude(yield* manager.stats("reused"), { crashes: 1, failures: 1, resets: 2, recreations: 0 })
+
+      const recreated = Resource.resource(spec({ name: "recreated", resetPolicy: "recreate" }), fake.backend)
+      yield* Effect.scoped(manager.acquire(recreated, chain("a")))
+      yield* Effect.yieldNow
+      yield* Effect.scoped(manager.acquire(recreated, chain("b")))
+      yield* Effect.yieldNow
+      assert.deepInclude(yield* manager.stats("recreated"), { crashes: 0, resets: 0, recreations: 2, starts: 2 })
+      const snapshot = yield* Metric.snapshot
+      const counted = (id: string) => snapshot.find((m) => m.id === id)?.state as { readonly count?: number }
+      assert.strictEqual(counted("env/reused/crashes").count, 1, "published as metrics too")
+      assert.strictEqual(counted("env/reused/resets").count, 2)
+      assert.strictEqual(counted("env/recreated/recreations").count, 2)
+    })))
+
+  it.effect("a provider's stats are the pool's figures under env/<name>/: a crash and resets show up", () =>
+    withManager(Effect.gen(function*() {
+      class CounterEnv extends Context.Service<CounterEnv, {
+        readonly incr: Effect.Effect<number, EnvError | Resource.LeaseError>
+      }>()("test/CounterEnv") {}
+      const fake = makeFake()
+      const resource = Resource.resource(spec({ pool: { max: 1 } }), fake.backend)
+      const provider = yield* ResourceManager.provider(
+        resource,
+        (lease) => Effect.succeed(Context.make(CounterEnv, { incr: lease.use(fake.incr) }))
+      )
+      assert.deepStrictEqual(yield* provider.stats!, {}, "nothing before the pool opens")
+      const use = (chainId: string, hold: Effect.Effect<void> = Effect.void) =>
+        Effect.scoped(Effect.gen(function*() {
+          const env = Context.get(yield* provider.acquire({ chainId, groupId: "g" }), CounterEnv)
+          yield* hold
+          return yield* env.incr
+        }))
+      // Chain a: its instance crashes mid-episode and is replaced; on release the fresh one is reset.
+      yield* Effect.scoped(Effect.gen(function*() {
+        const env = Context.get(yield* provider.acquire({ chainId: "a", groupId: "g" }), CounterEnv)
+        yield* env.incr
+        for (const id of [...fake.alive]) fake.kill(id)
+        assert.isTrue(Resource.isCrash(yield* Effect.flip(env.incr)))
+        assert.strictEqual(yield* env.incr, 1)
+      }))
+      yield* Effect.yieldNow
+      // Chain c holds the only instance for 2 s; chain b waits for it.
+      const c = yield* Effect.forkChild(use("c", Effect.sleep("2 seconds")))
+      yield* Effect.yieldNow
+      const b = yield* Effect.forkChild(use("b"))
+      yield* TestClock.adjust("2 seconds")
+      assert.strictEqual(yield* Fiber.join(c), 1)
+      assert.strictEqual(yield* Fiber.join(b), 1)
+      yield* Effect.yieldNow
+      assert.deepStrictEqual(yield* provider.stats!, {
+        "env/counter/leases": 3,
+        "env/counter/acquire_wait_p50_ms": 0,
+        "env/counter/acquire_wait_p99_ms": 2_000,
+        "env/counter/acquire_wait_max_ms": 2_000,
+        "env/counter/creations": 2,
+        "env/counter/crashes": 1,
+        "env/counter/resets": 3,
+        "env/counter/recreations": 0,
+        "env/counter/in_use": 0,
+        "env/counter/idle": 1,
+        "env/counter/waiters": 0
+      })
+    })))
+
   it.effect("metrics: instances by state, waiters, starts and acquire latency are published", () =>
     withManager(Effect.gen(function*() {
       const fake = makeFake()

@@ -9,7 +9,11 @@ import { pathToFileURL } from "node:url"
 import { chromium } from "playwright-core"
 import * as Report from "../../src/Report.ts"
 
-/** A plausible run: warm-up, then RL steps with evaluations every 5 steps, and a few samples. */
+/**
+ * A plausible run: warm-up, then RL steps with evaluations every 5 steps, and a few samples. Some steps have failed
+ * trajectories and tool errors (logged only when non-zero, as the trainer does); every step has episode ends and the
+ * figures of two environment pools.
+ */
 const run = () => {
   const metrics: Array<Report.MetricsRecord> = []
   for (let step = 1; step <= 20; step++) {
@@ -31,7 +35,21 @@ const run = () => {
         "learner/entropy": 0.8 - step / 100,
         "learner/clip_frac": 0.01,
         "learner/loss": -0.01,
-        "perf/tokens_per_s": 3000 + step
+        "perf/tokens_per_s": 3000 + step,
+        "rollout/failure_share": step % 7 === 0 ? 0.125 : 0,
+        ...(step % 7 === 0 ? { "rollout/failures/EnvFailed": 1 } : {}),
+        ...(step === 10 ? { "rollout/failures/LeaseFailed": 2 } : {}),
+        ...(step % 3 === 0 ? { "rollout/tool_errors/Timeout": 1 } : {}),
+        ...(step === 5 ? { "rollout/tool_errors/DecodeError": 2 } : {}),
+        "rollout/episode_end/solved": 0.2 + step / 100,
+        "rollout/episode_end/out_of_guesses": 0.5 - step / 100,
+        ...Object.fromEntries(["sandbox", "docker/calc"].flatMap((pool, i) => [
+          [`env/${pool}/leases`, step * 8],
+          [`env/${pool}/acquire_wait_p50_ms`, 2 + i],
+          [`env/${pool}/acquire_wait_p99_ms`, 40 + step + i],
+          [`env/${pool}/crashes`, Math.floor(step / 10)],
+          [`env/${pool}/resets`, step * 8 - 1]
+        ]))
       }
     })
     if (step % 5 === 0 || step === 1) {
@@ -59,6 +77,12 @@ const run = () => {
   return { metrics, samples }
 }
 
+/** The points of the series named `name` in rendered SVG. */
+const pointsOf = (html: string, name: string): Array<Array<number>> =>
+  /points="([^"]+)"/.exec(html.slice(html.indexOf(`data-name="${name}"`)))![1]!.split(" ").map((p) =>
+    p.split(",").map(Number)
+  )
+
 describe("Report", () => {
   it("ticks are nice, cover the range and are evenly spaced", () => {
     assert.deepStrictEqual(Report.ticks(0, 1, 5), [0, 0.2, 0.4, 0.6, 0.8, 1])
@@ -76,6 +100,58 @@ describe("Report", () => {
     const points = /points="([^"]+)"/.exec(svg)![1]!.split(" ").map((p) => p.split(",").map(Number))
     for (const [x, y] of points) assert.isTrue(x! >= 0 && x! <= 400 && y! >= 0 && y! <= 200)
     assert.isTrue(points[0]![1]! > points[1]![1]!, "a rising series goes up the page")
+  })
+
+  it("a legend too long for one row wraps and makes the chart taller", () => {
+    const series = ["EnvFailed", "LeaseFailed", "RewardFailed", "SamplerTransient", "ChainDefect"].map((name) => ({
+      name,
+      points: [[1, 1], [2, 0]] as const
+    }))
+    const one = Report.lineChart({ title: "T", series: series.slice(0, 1), width: 400, height: 200 })
+    const five = Report.lineChart({ title: "T", series, width: 400, height: 200 })
+    assert.include(one, `height="200"`)
+    assert.notInclude(five, `height="200"`)
+    const shifts = [...five.matchAll(/<g transform="translate\(([\d.]+),([\d.]+)\)">/g)]
+      .map((m) => [Number(m[1]), Number(m[2])])
+    assert.strictEqual(shifts.length, 5)
+    for (const [x] of shifts) assert.isTrue(x! < 400 - 60, `legend entry at x = ${x}`)
+    assert.isAbove(new Set(shifts.map(([, y]) => y)).size, 1, "more than one row")
+  })
+
+  it("a run with failures, tool errors, episode ends and pool figures gets their charts, one series each", () => {
+    const html = Report.render({ title: "t", ...run() })
+    for (
+      const title of ["Failures by reason (train)", "Tool errors by reason", "Episode ends", "Acquire wait (ms)",
+        "Crashes (since start)", "Resets for reuse (since start)"]
+    ) assert.include(html, `<title>${title}</title>`)
+    for (
+      const name of ["EnvFailed", "LeaseFailed", "Timeout", "DecodeError", "solved", "out_of_guesses", "sandbox p50",
+        "sandbox p99", "docker/calc p50", "docker/calc p99"]
+    ) assert.include(html, `data-name="${name}"`)
+    for (const pool of ["sandbox", "docker/calc"]) {
+      assert.strictEqual(html.split(`data-name="${pool}"`).length - 1, 2, "one series per pool in crashes and resets")
+    }
+    assert.include(html, "<h2>Environment pools</h2>")
+    assert.notInclude(html, `data-name="sandbox leases"`, "only the figures a chart asks for")
+    // A failure count absent from a step's record is a zero there, not a gap.
+    const envFailed = pointsOf(html, "EnvFailed")
+    assert.strictEqual(envFailed.length, 30, "a point at every training step")
+    assert.strictEqual(new Set(envFailed.map(([, y]) => y)).size, 2, "ones at steps 7, 14, …; zeros elsewhere")
+  })
+
+  it("a run without those figures leaves their charts out; the charts every run has say \"no data\"", () => {
+    const optional = /^(rollout\/(failures|tool_errors|episode_end)\/|env\/)/
+    const metrics = run().metrics.map((r) => ({
+      ...r,
+      figures: Object.fromEntries(Object.entries(r.figures).filter(([k]) => !optional.test(k)))
+    }))
+    const html = Report.render({ title: "t", metrics, samples: [] })
+    const titles = ["Failures by reason", "Tool errors by reason", "Episode ends", "Acquire wait", "Crashes", "Resets"]
+    for (const title of titles) assert.notInclude(html, title)
+    assert.notInclude(html, "Environment pools", "an empty section is left out too")
+    assert.include(html, "<title>Warm-up validation accuracy</title>")
+    assert.include(html, "no data")
+    assert.strictEqual(html.split(`<svg `).length - 1, Report.charts.filter((c) => !c.optional).length)
   })
 
   it("the viewer keeps the samples of at most 12 steps per phase, first and last included", () => {
@@ -134,13 +210,30 @@ describe("Report", () => {
             const charts = await page.locator("svg.chart").count()
             const polylines = await page.locator("svg.chart polyline.series").count()
             const toolSeries = await page.locator("svg.chart polyline[data-name='search']").count()
+            const failureSeries = await page.locator("svg.chart polyline[data-name='LeaseFailed']").count()
+            const poolSeries = await page.locator("svg.chart polyline[data-name='docker/calc p99']").count()
+            const sections = await page.locator("h2").allInnerTexts()
             const cards = await page.locator("#viewer .card").count()
             const policyTokens = await page.locator("#viewer .src-policy").count()
             const box = await page.locator("svg.chart").first().boundingBox()
             await page.selectOption("#step-filter", "train 20")
             const visible = await page.locator("#viewer .card:visible").count()
             const summary = await page.locator("table.summary").innerText()
-            return { errors, requests, charts, polylines, toolSeries, cards, policyTokens, box, visible, summary }
+            return {
+              errors,
+              requests,
+              charts,
+              polylines,
+              toolSeries,
+              failureSeries,
+              poolSeries,
+              sections,
+              cards,
+              policyTokens,
+              box,
+              visible,
+              summary
+            }
           }),
         (browser) => Effect.promise(() => browser.close())
       )
@@ -149,6 +242,9 @@ describe("Report", () => {
       assert.strictEqual(seen.charts, Report.charts.length)
       assert.isTrue(seen.polylines >= 14, `${seen.polylines} series drawn`)
       assert.strictEqual(seen.toolSeries, 1, "one series per tool")
+      assert.strictEqual(seen.failureSeries, 1, "one series per failure reason")
+      assert.strictEqual(seen.poolSeries, 1, "one series per pool and figure")
+      assert.deepStrictEqual(seen.sections, ["Training curves", "Environment pools", "Sampled trajectories"])
       assert.strictEqual(seen.cards, 3, "the torn sample line is skipped")
       assert.strictEqual(seen.policyTokens, 9)
       assert.isTrue((seen.box?.width ?? 0) > 100 && (seen.box?.height ?? 0) > 100, "charts have a size")
