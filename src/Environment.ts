@@ -303,5 +303,11 @@ export const all = <const Providers extends ReadonlyArray<Provider<any, any, any
       Effect.map(
         Effect.forEach(providers, (p) => p.acquire(chain)),
         (contexts) => contexts.reduce((acc, c) => Context.merge(acc, c), Context.empty() as Context.Context<any>)
+      ),
+    providers.some((p) => p.stats !== undefined)
+      ? Effect.map(
+        Effect.forEach(providers, (p) => p.stats ?? Effect.succeed({})),
+        (all) => Object.assign({}, ...all) as Record<string, number>
       )
+      : undefined
   )
