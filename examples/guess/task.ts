@@ -9,6 +9,7 @@
  */
 import { Context, Effect, Layer, Ref, Schema } from "effect"
 import { Environment, Reward, Task, Tool } from "../../src/index.ts"
+import { toolCallFormat } from "../../environments/rewards/ToolCallFormat.ts"
 
 /** The numbers are 1…15: binary search finds any of them in at most 4 guesses. */
 export const maxGuesses = 4
@@ -58,20 +59,22 @@ export const found = Reward.make("found", {
 export const task = Task.make("guess", {
   row: Schema.Struct({ secret: Schema.Int.check(Schema.isBetween({ minimum: 1, maximum: 15 })) }),
   tools: [guess],
-  reward: found,
+  // A small term for well-formed calls keeps RL from trading the call format for lucky guesses.
+  reward: Reward.combine("found + 0.2·format", [{ reward: found, weight: 1 }, { reward: toolCallFormat, weight: 0.2 }]),
   environment: Environment.perChain(Game.layer),
   episode: {
     start: ({ row }) => Effect.flatMap(Game, (game) => game.reset(row["secret"] as number)),
-    step: () =>
+    step: ({ observations }) =>
       Effect.map(Effect.flatMap(Game, (game) => game.state), (s) => {
-        const last = s.guesses.at(-1)
+        const last = s.guesses.at(-1)!
         if (solved(s)) return { end: "solved" }
         if (s.guesses.length >= maxGuesses) return { messages: ["No guesses left."], end: "out_of_guesses" }
-        if (last === undefined) return { messages: ["Call guess with a number."] }
+        // A turn without a valid call (no call, or one that failed to parse) is answered with the rules.
+        if (!observations.some((m) => m.role === "tool" && m.is_error !== true)) return { messages: ["Call guess."] }
         return { messages: [last < s.secret ? "Higher." : "Lower."] }
       })
   },
-  defaults: { systemPrompt: "Find my number from 1 to 15.", renderTools: false, maxTurns: 6, maxNewTokens: 48 }
+  defaults: { systemPrompt: "Find my number from 1 to 15.", renderTools: false, maxTurns: 5, maxNewTokens: 48 }
 })
 
 export { config } from "./config.ts"

@@ -59,7 +59,8 @@ const heldOut = Effect.gen(function*() {
   return readFileSync(join(dir, "heldout.jsonl"), "utf8").trim().split("\n").map((l) => JSON.parse(l) as Rollout.TaskRow)
 }).pipe(Effect.provide(NodeServices.layer))
 
-const wins = (ts: ReadonlyArray<Trajectory.Trajectory>) => ts.filter((t) => t.reward === 1).length / ts.length
+const won = (t: Trajectory.Trajectory) => t.metrics["reward/found/acc"] === 1
+const wins = (ts: ReadonlyArray<Trajectory.Trajectory>) => ts.filter(won).length / ts.length
 
 describe("guess the number", () => {
   it.effect("the oracle wins every held-out game within the guesses allowed; random guessing rarely does", () =>
@@ -71,7 +72,9 @@ describe("guess the number", () => {
       assert.isTrue(solved.every((t) => t.metrics["reward/found/guesses"]! <= maxGuesses))
       const random = yield* rollout(noise, rows)
       assert.isBelow(wins(random), 0.5, "4 random guesses of 15 find the number at most 4/15 of the time, plus repeats")
-      assert.isTrue(random.filter((t) => t.reward === 0).every((t) => t.episodeEnd === "out_of_guesses"))
+      assert.isTrue(random.filter((t) => !won(t)).every((t) => t.episodeEnd === "out_of_guesses"))
+      // Every call was well formed: the reward is the win plus the whole format term.
+      assert.isTrue(solved.every((t) => Math.abs(t.reward - 1.2) < 1e-9), `${solved.map((t) => t.reward)}`)
     }))
 
   it.effect("the game speaks in env spans (masked); every chain has its own game, reset with its row", () =>
@@ -83,7 +86,7 @@ describe("guess the number", () => {
       }], 3)
       assert.strictEqual(trajectories.length, 6)
       for (const t of trajectories) {
-        assert.strictEqual(t.reward, 1)
+        assert.isTrue(won(t))
         const env = t.segments.flatMap((s) => s.spans.filter((span) => span.source === "env"))
         // Spans are cut at the template's special tokens: the role name before a message is in the same piece.
         const said = env.map((span) => tokenizer.decode([...span.tokenIds]).replace(/^user\n/, "")).join("")
