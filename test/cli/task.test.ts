@@ -8,7 +8,6 @@
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
-import { spawn } from "node:child_process"
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs"
 import { join, resolve } from "node:path"
 import * as Journal from "../../actors/Journal.ts"
@@ -17,6 +16,7 @@ import * as Trainer from "../../actors/Trainer.ts"
 import * as Setup from "../../cli/setup.ts"
 import * as Dataset from "../../src/Dataset.ts"
 import * as ModelFolder from "../../src/ModelFolder.ts"
+import { agentfly } from "../utils/agentfly.ts"
 
 const root = resolve(import.meta.dirname, "../..")
 
@@ -106,27 +106,6 @@ const userProject = () => {
   return dir
 }
 
-/** Runs an `agentfly` subcommand in a child process; `killWhen` is polled and, once true, the child gets SIGKILL. */
-const agentfly = (args: ReadonlyArray<string>, killWhen?: () => boolean) =>
-  Effect.callback<{ readonly code: number | null; readonly signal: string | null; readonly output: string }>(
-    (resume) => {
-      const child = spawn(process.execPath, ["--import", "tsx", "cli/main.ts", ...args], {
-        cwd: root,
-        stdio: ["ignore", "pipe", "pipe"]
-      })
-      let output = ""
-      child.stdout.on("data", (d: Buffer) => (output += d.toString()))
-      child.stderr.on("data", (d: Buffer) => (output += d.toString()))
-      const timer = killWhen === undefined ? undefined : setInterval(() => {
-        if (killWhen()) child.kill("SIGKILL")
-      }, 20)
-      child.on("exit", (code, signal) => {
-        if (timer !== undefined) clearInterval(timer)
-        resume(Effect.succeed({ code, signal, output }))
-      })
-      return Effect.sync(() => child.kill("SIGKILL"))
-    }
-  )
 
 const stepHashes = (dir: string) =>
   Effect.map(

@@ -6,36 +6,15 @@
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
-import { spawn } from "node:child_process"
 import { existsSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
-import { join, resolve } from "node:path"
+import { join } from "node:path"
 import * as Journal from "../../actors/Journal.ts"
 import * as Generate from "../../examples/calculator/generate.ts"
+import { agentfly } from "../utils/agentfly.ts"
 
-const root = resolve(import.meta.dirname, "../..")
-
-/** Runs `agentfly train` in a child process; `killWhen` is polled and, once true, the child gets SIGKILL. */
-const train = (args: ReadonlyArray<string>, killWhen?: () => boolean) =>
-  Effect.callback<{ readonly code: number | null; readonly signal: string | null; readonly output: string }>(
-    (resume) => {
-      const child = spawn(process.execPath, ["--import", "tsx", "cli/main.ts", "train", ...args], {
-        cwd: root,
-        stdio: ["ignore", "pipe", "pipe"]
-      })
-      let output = ""
-      child.stdout.on("data", (d: Buffer) => (output += d.toString()))
-      child.stderr.on("data", (d: Buffer) => (output += d.toString()))
-      const timer = killWhen === undefined ? undefined : setInterval(() => {
-        if (killWhen()) child.kill("SIGKILL")
-      }, 20)
-      child.on("exit", (code, signal) => {
-        if (timer !== undefined) clearInterval(timer)
-        resume(Effect.succeed({ code, signal, output }))
-      })
-      return Effect.sync(() => child.kill("SIGKILL"))
-    }
-  )
+/** Runs `agentfly train ARGS…` in a child process (see `test/utils/agentfly.ts`). */
+const train = (args: ReadonlyArray<string>, killWhen?: () => boolean) => agentfly(["train", ...args], killWhen)
 
 const entries = (dir: string) =>
   Effect.map(Journal.read(join(dir, "journal.jsonl")), (r) => r.entries.map((e) => e.entry))
