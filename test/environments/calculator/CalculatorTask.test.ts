@@ -29,7 +29,7 @@ describe("the calculator task", () => {
       assert.strictEqual(right.metrics["reward/mathEqual/acc"], 1)
     }))
 
-  it.effect("a mistyped option, an unknown task name and a module without a task are typed errors", () =>
+  it.effect("a module path resolves to its task; a mistyped option, an unknown name and a module without a task are typed errors", () =>
     Effect.gen(function*() {
       const badOption = yield* Effect.flip(resolve({ name: "calculator", options: { toolCallFormt: 1 } }))
       assert.strictEqual(badOption.reason, "Options")
@@ -37,6 +37,11 @@ describe("the calculator task", () => {
       const unknown = yield* Effect.flip(resolve("calculater"))
       assert.strictEqual(unknown.reason, "Unknown")
       assert.include(unknown.message, "built-in: calculator")
+      const byPath = yield* Task.resolve("./task.ts", {
+        builtins: Tasks.builtins,
+        resolvePath: (p) => new URL(p, new URL("../../../examples/guess/", import.meta.url)).pathname
+      })
+      assert.strictEqual(byPath.name, "guess", "a module path, resolved against the config's folder")
       const noTask = yield* Effect.flip(resolve(new URL("../../utils/trajectories.ts", import.meta.url).pathname))
       assert.strictEqual(noTask.reason, "Module")
       assert.include(noTask.message, "exports no `task`")
