@@ -78,7 +78,8 @@ const environmentOf = <RE>(
     const own = task.layer === undefined
       ? Context.empty()
       : yield* Layer.build(task.layer).pipe(Effect.mapError(taskError(task, "Environment")))
-    const context = Context.merge(yield* Effect.context<RE>(), own) as Context.Context<any>
+    // Without the run's Scope: every acquire must register its release on the chain's own scope.
+    const context = Context.omit(Scope.Scope)(Context.merge(yield* Effect.context<RE>(), own)) as Context.Context<any>
     const provider = Environment.isProvider(source)
       ? source
       : yield* (source as Effect.Effect<Environment.Provider<any, any, any>, unknown, any>).pipe(

@@ -108,4 +108,30 @@ describe("TaskRuntime", () => {
       assert.include(prompts[0]!, "<user>count: 3")
       assert.strictEqual(events.filter((e) => e._tag === "Group").length, 1)
     }))
+
+  it.effect("each chain's environment is released when the chain ends, not when the run does", () =>
+    Effect.gen(function*() {
+      let live = 0
+      let most = 0
+      const environment = Environment.make<Counter>("perChain", () =>
+        Effect.acquireRelease(
+          Effect.sync(() => {
+            most = Math.max(most, ++live)
+            return Context.make(Counter, Counter.of({ n: live }))
+          }),
+          () => Effect.sync(() => void live--)
+        ))
+      const task = Task.make("leases", { tools: [counted], environment })
+      yield* Rollout.runTask({
+        task,
+        rows: [{ question: "a" }, { question: "b" }, { question: "c" }, { question: "d" }],
+        numChains: 1,
+        maxConcurrentChains: 1,
+        maxTurns: 1,
+        sampling: { temperature: 1, maxTokens: 8 },
+        format: charFormat
+      }).pipe(Stream.runDrain, Effect.provide(Sampler.layerScripted(() => turn("done"))))
+      assert.strictEqual(most, 1, "one chain at a time holds one instance (the start check's probe released too)")
+      assert.strictEqual(live, 0)
+    }))
 })
