@@ -296,3 +296,25 @@ export const refine = (
     }
     return { name: dataset.name, rows, skipped }
   })
+
+/**
+ * Writes a generator's splits as JSONL files `<dir>/<name>.jsonl` (one JSON value per line; the directory is created
+ * if missing) and returns how many rows each holds. Splits named `heldOut` go to `heldout.jsonl`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const writeSplits = Effect.fn("Dataset.writeSplits")(function*<const Names extends string>(
+  dir: string,
+  splits: { readonly [K in Names]: ReadonlyArray<unknown> }
+) {
+  const fs = yield* FileSystem.FileSystem
+  yield* fs.makeDirectory(dir, { recursive: true })
+  const counts = {} as Record<Names, number>
+  for (const name of Object.keys(splits) as Array<Names>) {
+    const rows = splits[name]
+    yield* fs.writeFileString(`${dir}/${name.toLowerCase()}.jsonl`, rows.map((r) => JSON.stringify(r)).join("\n") + "\n")
+    counts[name] = rows.length
+  }
+  return counts
+})

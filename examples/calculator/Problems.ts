@@ -159,12 +159,3 @@ export const demonstration = (row: Row, index: number): Demonstration => {
     ]
   }
 }
-
-/**
- * Rows and demonstrations as JSONL text (one JSON value per line, trailing newline).
- *
- * @category encoding
- * @since 0.1.0
- */
-export const toJsonl = (values: ReadonlyArray<unknown>): string =>
-  values.map((value) => JSON.stringify(value)).join("\n") + "\n"

@@ -12,7 +12,8 @@
  * @since 0.1.0
  */
 import { NodeRuntime, NodeServices } from "@effect/platform-node"
-import { Effect, FileSystem, Path } from "effect"
+import * as Dataset from "../../src/Dataset.ts"
+import { Effect } from "effect"
 import { resolve } from "node:path"
 import { pathToFileURL } from "node:url"
 import * as Problems from "./Problems.ts"
@@ -82,16 +83,9 @@ export const demonstrations = (
  * @since 0.1.0
  */
 export const write = Effect.fn("calculator.generate.write")(function*(options: Options) {
-  const fs = yield* FileSystem.FileSystem
-  const path = yield* Path.Path
   const { heldOut, train, validation, demos: demoRows } = Problems.splits(options)
   const demos = demonstrations(demoRows, options)
-  yield* fs.makeDirectory(options.dir, { recursive: true })
-  yield* fs.writeFileString(path.join(options.dir, "train.jsonl"), Problems.toJsonl(train))
-  yield* fs.writeFileString(path.join(options.dir, "heldout.jsonl"), Problems.toJsonl(heldOut))
-  yield* fs.writeFileString(path.join(options.dir, "validation.jsonl"), Problems.toJsonl(validation))
-  yield* fs.writeFileString(path.join(options.dir, "demos.jsonl"), Problems.toJsonl(demos))
-  return { train: train.length, heldOut: heldOut.length, validation: validation.length, demos: demos.length }
+  return yield* Dataset.writeSplits(options.dir, { train, heldOut, validation, demos })
 })
 
 if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(resolve(process.argv[1])).href) {

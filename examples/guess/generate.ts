@@ -13,7 +13,8 @@
  * @since 0.1.0
  */
 import { NodeRuntime, NodeServices } from "@effect/platform-node"
-import { Effect, FileSystem, Path } from "effect"
+import * as Dataset from "../../src/Dataset.ts"
+import { Effect } from "effect"
 import { resolve } from "node:path"
 import { pathToFileURL } from "node:url"
 import * as Sampling from "../../src/Sampling.ts"
@@ -100,7 +101,6 @@ export const demonstration = (secret: number, guesses: ReadonlyArray<number>, sy
   return { messages }
 }
 
-const jsonl = (values: ReadonlyArray<unknown>) => values.map((v) => JSON.stringify(v)).join("\n") + "\n"
 
 /**
  * Generates and writes the four files under `options.dir` (created if missing).
@@ -109,8 +109,6 @@ const jsonl = (values: ReadonlyArray<unknown>) => values.map((v) => JSON.stringi
  * @since 0.1.0
  */
 export const write = Effect.fn("guess.generate.write")(function*(options: Options, systemPrompt: string) {
-  const fs = yield* FileSystem.FileSystem
-  const path = yield* Path.Path
   const next = Sampling.mulberry32(options.seed)
   const rows = (n: number) => Array.from({ length: n }, () => ({ question, secret: 1 + Math.floor(next() * 15) }))
   const heldOut = rows(options.heldOut)
@@ -119,12 +117,7 @@ export const write = Effect.fn("guess.generate.write")(function*(options: Option
   const demos = rows(options.demos).map(({ secret }) =>
     demonstration(secret, play(secret, next, options.noise), systemPrompt)
   )
-  yield* fs.makeDirectory(options.dir, { recursive: true })
-  yield* fs.writeFileString(path.join(options.dir, "train.jsonl"), jsonl(train))
-  yield* fs.writeFileString(path.join(options.dir, "heldout.jsonl"), jsonl(heldOut))
-  yield* fs.writeFileString(path.join(options.dir, "validation.jsonl"), jsonl(validation))
-  yield* fs.writeFileString(path.join(options.dir, "demos.jsonl"), jsonl(demos))
-  return { train: train.length, heldOut: heldOut.length, validation: validation.length, demos: demos.length }
+  return yield* Dataset.writeSplits(options.dir, { train, heldOut, validation, demos })
 })
 
 if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(resolve(process.argv[1])).href) {

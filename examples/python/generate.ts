@@ -30,7 +30,8 @@
  * @since 0.1.0
  */
 import { NodeRuntime, NodeServices } from "@effect/platform-node"
-import { Effect, FileSystem, Path } from "effect"
+import * as Dataset from "../../src/Dataset.ts"
+import { Effect } from "effect"
 import { resolve } from "node:path"
 import { pathToFileURL } from "node:url"
 import * as Sampling from "../../src/Sampling.ts"
@@ -192,31 +193,15 @@ export const demonstrations = (
 }
 
 /**
- * Rows and demonstrations as JSONL text (one JSON value per line, trailing newline).
- *
- * @category encoding
- * @since 0.1.0
- */
-export const toJsonl = (values: ReadonlyArray<unknown>): string =>
-  values.map((value) => JSON.stringify(value)).join("\n") + "\n"
-
-/**
  * Generates and writes the four files under `options.dir` (created if missing).
  *
  * @category constructors
  * @since 0.1.0
  */
 export const write = Effect.fn("python.generate.write")(function*(options: Options) {
-  const fs = yield* FileSystem.FileSystem
-  const path = yield* Path.Path
   const { heldOut, train, validation, demos: demoRows } = splits(options)
   const demos = demonstrations(demoRows, options)
-  yield* fs.makeDirectory(options.dir, { recursive: true })
-  yield* fs.writeFileString(path.join(options.dir, "train.jsonl"), toJsonl(train))
-  yield* fs.writeFileString(path.join(options.dir, "heldout.jsonl"), toJsonl(heldOut))
-  yield* fs.writeFileString(path.join(options.dir, "validation.jsonl"), toJsonl(validation))
-  yield* fs.writeFileString(path.join(options.dir, "demos.jsonl"), toJsonl(demos))
-  return { train: train.length, heldOut: heldOut.length, validation: validation.length, demos: demos.length }
+  return yield* Dataset.writeSplits(options.dir, { train, heldOut, validation, demos })
 })
 
 if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(resolve(process.argv[1])).href) {
