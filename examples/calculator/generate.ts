@@ -11,11 +11,9 @@
  *
  * @since 0.1.0
  */
-import { NodeRuntime, NodeServices } from "@effect/platform-node"
 import * as Dataset from "../../src/Dataset.ts"
+import { main } from "../generator.ts"
 import { Effect } from "effect"
-import { resolve } from "node:path"
-import { pathToFileURL } from "node:url"
 import * as Problems from "./Problems.ts"
 
 /**
@@ -88,13 +86,4 @@ export const write = Effect.fn("calculator.generate.write")(function*(options: O
   return yield* Dataset.writeSplits(options.dir, { train, heldOut, validation, demos })
 })
 
-if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(resolve(process.argv[1])).href) {
-  const dir = process.argv[2] ?? "examples/calculator/data"
-  const seed = process.argv[3] === undefined ? defaults.seed : Number(process.argv[3])
-  const noise = process.argv[4] === undefined ? defaults.noise : Number(process.argv[4])
-  write({ ...defaults, dir, seed, noise }).pipe(
-    Effect.tap((counts) => Effect.log(`wrote ${JSON.stringify(counts)} to ${dir}`)),
-    Effect.provide(NodeServices.layer),
-    NodeRuntime.runMain
-  )
-}
+main(import.meta.url, { ...defaults, dir: "examples/calculator/data" }, write)

@@ -29,11 +29,9 @@
  *
  * @since 0.1.0
  */
-import { NodeRuntime, NodeServices } from "@effect/platform-node"
 import * as Dataset from "../../src/Dataset.ts"
+import { main } from "../generator.ts"
 import { Effect } from "effect"
-import { resolve } from "node:path"
-import { pathToFileURL } from "node:url"
 import * as Sampling from "../../src/Sampling.ts"
 
 // ===== Models =====
@@ -204,13 +202,4 @@ export const write = Effect.fn("python.generate.write")(function*(options: Optio
   return yield* Dataset.writeSplits(options.dir, { train, heldOut, validation, demos })
 })
 
-if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(resolve(process.argv[1])).href) {
-  const dir = process.argv[2] ?? "examples/python/data"
-  const seed = process.argv[3] === undefined ? defaults.seed : Number(process.argv[3])
-  const noise = process.argv[4] === undefined ? defaults.noise : Number(process.argv[4])
-  write({ ...defaults, dir, seed, noise }).pipe(
-    Effect.tap((counts) => Effect.log(`wrote ${JSON.stringify(counts)} to ${dir}`)),
-    Effect.provide(NodeServices.layer),
-    NodeRuntime.runMain
-  )
-}
+main(import.meta.url, { ...defaults, dir: "examples/python/data" }, write)
