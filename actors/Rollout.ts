@@ -26,6 +26,7 @@ import * as Task from "../src/Task.ts"
 import * as RolloutError from "../src/RolloutError.ts"
 import { ChatSampler, Sampler } from "../src/Sampler.ts"
 import type { SamplingParams } from "../src/Sampler.ts"
+import type { Scope } from "effect"
 import type { Group, Trajectory } from "../src/Trajectory.ts"
 import * as RolloutChain from "./RolloutChain.ts"
 import * as TaskRuntime from "./TaskRuntime.ts"
@@ -150,7 +151,26 @@ export interface TaskOptions<RE> extends Omit<Options, "rows" | "messages" | "to
 export const runTask = <RE = never>(
   options: TaskOptions<RE>
 ): Stream.Stream<Event, RolloutError.RolloutError | Schema.SchemaError | Task.TaskError, Sampler | RE> =>
-  Stream.unwrap(Effect.gen(function*() {
+  Stream.unwrap(Effect.map(taskOptions(options), run))
+
+/**
+ * Chat mode of {@link runTask}: the task's rows against the `ChatSampler` in context (a black-box API, or a
+ * scripted policy such as an environment's oracle). The trajectories are not trainable (no logprobs); their
+ * messages are SFT demonstrations.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const runTaskChat = <RE = never>(
+  options: TaskOptions<RE>
+): Stream.Stream<Event, RolloutError.RolloutError | Schema.SchemaError | Task.TaskError, ChatSampler | RE> =>
+  Stream.unwrap(Effect.map(taskOptions(options), runChat))
+
+/** A task's rows checked against its row Schema and rendered, and its runtime's ports, as the options of `run`. */
+const taskOptions = <RE>(
+  options: TaskOptions<RE>
+): Effect.Effect<Options, Schema.SchemaError | Task.TaskError, RE | Scope.Scope> =>
+  Effect.gen(function*() {
     const { task } = options
     const runtime = yield* TaskRuntime.make(task, { toolTimeout: options.toolTimeout })
     const decodeFields = task.row === undefined ? undefined : Schema.decodeUnknownEffect(task.row)
@@ -169,7 +189,7 @@ export const runTask = <RE = never>(
       }, options.systemPrompt ?? task.defaults.systemPrompt)
       rows.push({ ...fields, messages: prompt })
     }
-    return run({
+    return {
       ...options,
       rows,
       tools: runtime.tools,
@@ -177,8 +197,8 @@ export const runTask = <RE = never>(
       environment: runtime.environment,
       episode: runtime.episode,
       policies: options.policies ?? runtime.policies
-    })
-  }))
+    }
+  })
 
 /**
  * Rolls out every row `numChains` times and streams trajectories and groups as they finish.

@@ -1,0 +1,121 @@
+/**
+ * Scripted policies run by the rollout machinery: an environment's **oracle** (a plain TypeScript policy that
+ * plays through the same tools and episode protocol as the model, proving each task solvable and the reward right)
+ * and its noise baseline. A policy reads the conversation so far and returns the next assistant turn; it runs as a
+ * `ChatSampler`, so `Rollout.runTaskChat` rolls it out exactly as a chat API would be, with the task's tools,
+ * reward, environment and episode. Its successful trajectories are SFT demonstrations.
+ *
+ * @since 0.1.0
+ */
+import { Effect, Layer } from "effect"
+import type { Conversation, Message, ToolCall } from "../src/Message.ts"
+import { ChatSampler } from "../src/Sampler.ts"
+import type { Trajectory } from "../src/Trajectory.ts"
+
+/**
+ * The next assistant turn of a scripted policy: text, tool calls, or both.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Reply {
+  readonly content?: string | undefined
+  readonly toolCalls?: ReadonlyArray<ToolCall> | undefined
+}
+
+/**
+ * A scripted policy: the conversation so far (system prompt, the row's question, the environment's and tools'
+ * observations) to the next turn.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type Policy = (messages: Conversation) => Effect.Effect<Reply> | Reply
+
+/**
+ * A tool call with an id unique within its conversation (`call_<turn>`).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const call = (messages: Conversation, name: string, args: Record<string, unknown>): ToolCall => ({
+  id: `call_${messages.filter((m) => m.role === "assistant").length}`,
+  type: "function",
+  function: { name, arguments: args }
+})
+
+/**
+ * The policy as a `ChatSampler`: every request is answered by the policy, never cut by `maxTokens`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const sampler = (policy: Policy): ChatSampler["Service"] =>
+  ChatSampler.of({
+    complete: (request) =>
+      Effect.map(Effect.suspend(() => lift(policy(request.messages))), (reply) => ({
+        content: reply.content ?? "",
+        toolCalls: reply.toolCalls ?? [],
+        finishReason: "stop" as const
+      }))
+  })
+
+const lift = (reply: Effect.Effect<Reply> | Reply): Effect.Effect<Reply> =>
+  Effect.isEffect(reply) ? reply : Effect.succeed(reply)
+
+/**
+ * The policy as the `ChatSampler` layer `Rollout.runTaskChat` needs.
+ *
+ * @category layers
+ * @since 0.1.0
+ */
+export const layer = (policy: Policy): Layer.Layer<ChatSampler> => Layer.succeed(ChatSampler, sampler(policy))
+
+/**
+ * The last message of a given role, or undefined: what most policies read (the latest observation).
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const last = (messages: Conversation, role: Message["role"]): Message | undefined => {
+  for (let i = messages.length - 1; i >= 0; i--) if (messages[i]!.role === role) return messages[i]
+  return undefined
+}
+
+/**
+ * The text of a message (its string content, or its text parts joined).
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const text = (message: Message | undefined): string => {
+  if (message === undefined) return ""
+  const content = (message as { readonly content?: unknown }).content
+  if (typeof content === "string") return content
+  if (Array.isArray(content)) {
+    return content.map((part) => (typeof part?.text === "string" ? part.text : "")).join("")
+  }
+  return ""
+}
+
+/**
+ * The share of trajectories whose reward reaches `threshold` (default 1): an oracle's solve rate.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const solveRate = (trajectories: ReadonlyArray<Trajectory>, threshold = 1): number =>
+  trajectories.length === 0 ? 0 : trajectories.filter((t) => t.reward >= threshold).length / trajectories.length
+
+/**
+ * SFT demonstrations from an oracle's trajectories: the conversations of those whose reward reaches `threshold`
+ * (default 1), as `{ messages }` lines for a warm-up's `demos.jsonl`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const demonstrations = (
+  trajectories: ReadonlyArray<Trajectory>,
+  threshold = 1
+): ReadonlyArray<{ readonly messages: Conversation }> =>
+  trajectories.filter((t) => t.reward >= threshold).map((t) => ({ messages: t.messages }))

@@ -1,0 +1,68 @@
+/**
+ * Oracle policies through the rollout machinery (`Rollout.runTaskChat`): the guess game's bisecting oracle, written
+ * against messages, wins every game through the task's tool, episode and reward; its trajectories become SFT
+ * demonstrations that keep the env messages; a policy that never calls the tool wins none.
+ */
+import { assert, describe, it } from "@effect/vitest"
+import { Effect, Stream } from "effect"
+import * as ChainFormat from "../../actors/ChainFormat.ts"
+import * as Oracle from "../../actors/Oracle.ts"
+import * as Rollout from "../../actors/Rollout.ts"
+import { task } from "../../examples/guess/task.ts"
+import * as ByteTokenizer from "../../src/ByteTokenizer.ts"
+import * as ChatTemplate from "../../src/ChatTemplate.ts"
+import * as Tokenizer from "../../src/Tokenizer.ts"
+
+const tokenizer = Effect.runSync(Tokenizer.make(ByteTokenizer.tokenizerJson(), ByteTokenizer.tokenizerConfig("")))
+const format = ChainFormat.fromTemplate({ tokenizer, template: ChatTemplate.builtinTemplate("qwen2.5") })
+
+const bisect: Oracle.Policy = (messages) => {
+  let lo = 1
+  let hi = 15
+  messages.forEach((m, i) => {
+    const g = m.role === "assistant" ? (m.tool_calls?.[0]?.function.arguments as { n: number } | undefined)?.n : undefined
+    if (g === undefined) return
+    const answer = messages.slice(i + 1).map(Oracle.text).find((t) => t === "Higher." || t === "Lower.")
+    if (answer === "Higher.") lo = g + 1
+    else hi = g - 1
+  })
+  return { toolCalls: [Oracle.call(messages, "guess", { n: Math.floor((lo + hi) / 2) })] }
+}
+
+const rollout = (policy: Oracle.Policy) =>
+  Rollout.runTaskChat({
+    task,
+    rows: Array.from({ length: 15 }, (_, i) => ({ secret: i + 1 })),
+    numChains: 2,
+    maxTurns: 6,
+    sampling: { temperature: 1, maxTokens: 48, seed: 1 },
+    format
+  }).pipe(
+    Stream.runCollect,
+    Effect.map((events) => events.flatMap((e) => (e._tag === "Trajectory" ? [e.trajectory] : []))),
+    Effect.provide(Oracle.layer(policy))
+  )
+
+describe("Oracle", () => {
+  it.effect("a bisecting oracle solves every game through the task's tool, episode and reward", () =>
+    Effect.gen(function*() {
+      const trajectories = yield* rollout(bisect)
+      assert.strictEqual(trajectories.length, 30)
+      assert.strictEqual(Oracle.solveRate(trajectories, 1), 1)
+      assert.isTrue(trajectories.every((t) => t.termination === "episode_end" && t.episodeEnd === "solved"))
+      // Chat-mode trajectories carry no logprobs: never trained by the policy gradient.
+      assert.isTrue(trajectories.every((t) => t.trainable === false))
+      const demos = Oracle.demonstrations(trajectories)
+      assert.strictEqual(demos.length, 30)
+      // The game's answers stay in the demonstrations (the warm-up masks them: source env).
+      assert.isTrue(demos.some((d) => d.messages.some((m) => Oracle.text(m) === "Lower.")))
+      assert.isTrue(demos.some((d) => d.messages.some((m) => Oracle.text(m) === "Higher.")))
+    }))
+
+  it.effect("a policy that never calls the tool solves nothing", () =>
+    Effect.gen(function*() {
+      const trajectories = yield* rollout(() => ({ content: "I give up." }))
+      assert.strictEqual(Oracle.solveRate(trajectories, 1), 0)
+      assert.deepStrictEqual(Oracle.demonstrations(trajectories), [])
+    }))
+})
