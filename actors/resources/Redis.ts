@@ -3,19 +3,44 @@
  * behind `ResourceManager.layerCoordinated`.
  *
  * A resource with cap `n` has `n` slots. A lease on slot `i` is the key `<prefix>:lease:<resource>:<i>`, holding
- * `<token>:<holder>` with a TTL; the holder renews it by heartbeat while its scope is open and deletes it when
- * the scope closes. The **fencing token** comes from `INCR <prefix>:fence:<resource>:<i>`, so it grows with every
- * grant of the slot: a crashed worker's lease expires after the TTL and the next holder gets a greater token, and
- * anything guarded by the token (here {@link fencedSet}, a Lua script that compares tokens atomically) refuses
- * the stale holder. Acquire, renew, release and fenced writes are Lua scripts, atomic on the server.
+ * `<token>:<generation>:<holder>` with a TTL; the holder renews it by heartbeat while its scope is open and
+ * deletes it when the scope closes. Acquire, renew, check, release and fenced writes are Lua scripts, atomic on
+ * the server; each compares the whole value, so a holder can never renew, pass a check for, write under or
+ * delete a key that another grant wrote.
+ *
+ * **What survives a restart.** Redis run as `.ci/setup-services` runs it (`--save '' --appendonly no`) forgets
+ * everything when it restarts; an AOF with `appendfsync everysec` can lose the last writes it acknowledged; a
+ * promoted replica lacks what it had not received. So nothing stored in Redis is trusted to order tokens across a
+ * restart or failover, and two rules replace it:
+ *
+ * - **Fencing tokens are a hybrid logical clock on the server**: `max(last + 1, now)`, `now` the Redis server's
+ *   own clock (`TIME`) in microseconds, `last` the slot's previous token (`<prefix>:fence:<resource>:<i>`, when
+ *   it survived). A token is at most its grant's clock reading, so a token issued after a restart is greater
+ *   than every token issued before it, whatever the persistence, as long as the clock of the server now serving
+ *   reads later than the clock of the server that granted before (one machine whose clock is not stepped back
+ *   across the restart; a failover target whose clock lags the old primary's by less than the failover takes).
+ *   Tokens stay below 2^53 (exact JavaScript numbers) until the year 2255. A clock that jumps back while the
+ *   server runs only slows the clock component: `last + 1` keeps tokens increasing.
+ * - **A lease lives no longer than the redis-server process that granted it** (its generation: the server's
+ *   `run_id`, new at every start and different on a replica). After a restart or failover the holder cannot know
+ *   which of its writes the server kept, so every lease of an earlier generation is lost: `check` and fenced writes
+ *   fail with `LeaseError(LeaseLost)`, the heartbeat calls `onLost`, and renewal stops. A surviving key of an
+ *   earlier generation (with persistence) still holds its slot until its holder releases it or its TTL runs out,
+ *   since that holder may still be acting until it notices.
+ *
+ * Anything guarded by the token (here {@link RedisCoordinator.fencedSet}; elsewhere, a store that keeps the
+ * greatest token it has seen) refuses a stale holder: a crashed worker's lease expires after the TTL, a paused
+ * one is overtaken, and the next holder's token is greater.
  *
  * A lost connection gives `LeaseError(CoordinatorUnavailable)`, retryable; clients made by {@link layer} fail fast
- * (no offline queue, a command timeout) instead of hanging.
+ * (no offline queue, a command timeout) instead of hanging, and reconnect in the background. A grant whose reply
+ * was lost with the connection holds its slot until the TTL runs out.
  *
  * **Gotchas**
  *
  * The scripts build key names from their arguments, so every key of one resource must live on one Redis node
- * (true for a single server or a replicated primary; use one hash tag per resource on a cluster).
+ * (true for a single server or a replicated primary; use one hash tag per resource on a cluster). They call
+ * `TIME` before writing, which needs Redis 5 or later (effect replication).
  *
  * @since 0.1.0
  */
@@ -26,34 +51,70 @@ import * as Resource from "../../src/Resource.ts"
 
 // ===== Scripts =====
 
+/*
+ * Every script starts with the generation check: `INFO server` gives the server's `run_id`, a random id that
+ * changes whenever redis-server starts (a restart, with or without persistence) and differs between a primary and
+ * the replica that replaces it. Scripts run atomically, so the run_id a script reads is the one that executes it.
+ *
+ * Tokens are written with `string.format("%d", …)`: Lua 5.1's `tostring` and `..` print numbers with 14
+ * significant digits (`1.7000000000001e+15`), which would corrupt microsecond tokens.
+ */
+const RUN_ID = `local run = string.match(redis.call("INFO", "server"), "run_id:(%x+)")`
+
+/**
+ * Grants the first free slot of `resource`: returns `{slot, token, run_id}` or nil.
+ *
+ * The token is `max(last + 1, now)`, `now` the server's clock in microseconds (see the header): `last + 1` keeps it
+ * strictly increasing while the server lives, whatever its clock does; `now` keeps it increasing across a restart
+ * that forgot `last` (no persistence, or an AOF or replica missing the latest writes). `last + 1` wins only after
+ * the clock stepped back, since grants of one slot are a release apart.
+ */
 const ACQUIRE = `
+${RUN_ID}
 local prefix, resource, cap, holder, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
+local time = redis.call("TIME")
+local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 for i = 0, cap - 1 do
   local key = prefix .. ":lease:" .. resource .. ":" .. i
   if redis.call("EXISTS", key) == 0 then
-    local token = redis.call("INCR", prefix .. ":fence:" .. resource .. ":" .. i)
-    redis.call("SET", key, token .. ":" .. holder, "PX", ttl)
-    return {i, token}
+    local fence = prefix .. ":fence:" .. resource .. ":" .. i
+    local token = string.format("%d", math.max(tonumber(redis.call("GET", fence) or "0") + 1, now))
+    redis.call("SET", fence, token)
+    redis.call("SET", key, token .. ":" .. run .. ":" .. holder, "PX", ttl)
+    return {i, token, run}
   end
 end
 return false
 `
 
-/** 1 if KEYS[1] still holds token ARGV[1] (then renewed for ARGV[2] ms, or deleted when ARGV[2] is "release"). */
-const RENEW_OR_RELEASE = `
-local value = redis.call("GET", KEYS[1])
-if not value then return 0 end
-local token = string.match(value, "^(%d+):")
-if token ~= ARGV[1] then return 0 end
-if ARGV[2] == "release" then redis.call("DEL", KEYS[1]) else redis.call("PEXPIRE", KEYS[1], ARGV[2]) end
+/**
+ * 1 if KEYS[1] holds exactly ARGV[1] (`<token>:<run_id>:<holder>`) and the server is still the one that granted it
+ * (run_id ARGV[2]); then the lease is renewed for ARGV[3] ms, or kept when ARGV[3] is "check". A lease from an
+ * earlier generation is never renewed: it expires with its TTL unless its holder releases it first.
+ */
+const RENEW_OR_CHECK = `
+${RUN_ID}
+if run ~= ARGV[2] or redis.call("GET", KEYS[1]) ~= ARGV[1] then return 0 end
+if ARGV[3] ~= "check" then redis.call("PEXPIRE", KEYS[1], ARGV[3]) end
 return 1
 `
 
-/** Writes KEYS[2] = ARGV[2] only if the lease KEYS[1] is held with token ARGV[1]. */
+/**
+ * Compare-and-delete: deletes KEYS[1] only if it holds exactly ARGV[1], whatever the generation (a holder may
+ * always give back its own slot, even one a restart left behind with persistence); never a key written by
+ * anybody else, even with the same token.
+ */
+const RELEASE = `
+if redis.call("GET", KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call("DEL", KEYS[1])
+return 1
+`
+
+/** Writes KEYS[2] = ARGV[3] only if the lease KEYS[1] holds exactly ARGV[1] and was granted by run_id ARGV[2]. */
 const FENCED_SET = `
-local value = redis.call("GET", KEYS[1])
-if not value or string.match(value, "^(%d+):") ~= ARGV[1] then return 0 end
-redis.call("SET", KEYS[2], ARGV[2])
+${RUN_ID}
+if run ~= ARGV[2] or redis.call("GET", KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call("SET", KEYS[2], ARGV[3])
 return 1
 `
 
@@ -79,18 +140,37 @@ export interface Options {
 }
 
 /**
+ * A global lease granted by Redis: the `Resource.GlobalLease` plus what identifies it on the server. Its key holds
+ * `<token>:<generation>:<holder>`; `check`, renewal and fenced writes compare the whole value and the generation.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface RedisLease extends Resource.GlobalLease {
+  /**
+   * The `run_id` of the redis-server process that granted the lease. A restart (with or without persistence) or a
+   * failover to a replica changes it, and the lease is then lost: the holder cannot know which of its writes the
+   * server kept, so it starts again from a fresh grant.
+   */
+  readonly generation: string
+  readonly holder: string
+}
+
+/**
  * The Redis coordinator: the `Resource.Coordinator` plus fenced access for code that acts on a leased slot.
  *
  * @category models
  * @since 0.1.0
  */
 export interface RedisCoordinator extends Resource.Coordinator {
-  /** Writes `key` only if `lease` is still the current holder of its slot; otherwise `LeaseError(LeaseLost)`. */
-  readonly fencedSet: (
-    lease: Resource.GlobalLease,
-    key: string,
-    value: string
-  ) => Effect.Effect<void, Resource.LeaseError>
+  readonly acquire: (
+    options: Parameters<Resource.Coordinator["acquire"]>[0]
+  ) => Effect.Effect<RedisLease, Resource.LeaseError, Scope.Scope>
+  /**
+   * Writes `key` only if `lease` is still the current holder of its slot, granted by the server now running;
+   * otherwise `LeaseError(LeaseLost)`.
+   */
+  readonly fencedSet: (lease: RedisLease, key: string, value: string) => Effect.Effect<void, Resource.LeaseError>
   readonly get: (key: string) => Effect.Effect<string | null, Resource.LeaseError>
   /** The key of a slot's lease. */
   readonly leaseKey: (resource: string, slot: number) => string
@@ -103,6 +183,9 @@ const unavailable = (resource: string, cause: unknown) =>
     resource,
     reason: new Resource.CoordinatorUnavailable({ message: cause instanceof Error ? cause.message : String(cause) })
   })
+
+/** What the lease key holds while `lease` is current. */
+const leaseValue = (lease: RedisLease) => `${lease.token}:${lease.generation}:${lease.holder}`
 
 /**
  * A coordinator over an ioredis client (not closed by it).
@@ -122,16 +205,24 @@ export const make = (redis: IORedis, options: Options = {}): RedisCoordinator =>
     Effect.tryPromise({ try: () => f() as Promise<A>, catch: (e) => unavailable(resource, e) })
 
   const tryAcquire = (resource: string, cap: number) =>
-    call<[number, number] | null>(resource, () => redis.eval(ACQUIRE, 0, prefix, resource, cap, holder, ttl))
+    call<[number, string, string] | null>(
+      resource,
+      () => redis.eval(ACQUIRE, 0, prefix, resource, cap, holder, ttl)
+    )
 
-  const renewOrRelease = (lease: Resource.GlobalLease, what: "release" | number) =>
+  /** True while the lease is current: renewed for `ttl` ms, or only checked. */
+  const renewOrCheck = (lease: RedisLease, what: "check" | number) =>
     Effect.map(
       call<number>(
         lease.resource,
-        () => redis.eval(RENEW_OR_RELEASE, 1, leaseKey(lease.resource, lease.slot), lease.token, what)
+        () =>
+          redis.eval(RENEW_OR_CHECK, 1, leaseKey(lease.resource, lease.slot), leaseValue(lease), lease.generation, what)
       ),
       (n) => n === 1
     )
+
+  const release = (lease: RedisLease) =>
+    call<number>(lease.resource, () => redis.eval(RELEASE, 1, leaseKey(lease.resource, lease.slot), leaseValue(lease)))
 
   const lost = (lease: Resource.GlobalLease) =>
     new Resource.LeaseError({
@@ -139,39 +230,39 @@ export const make = (redis: IORedis, options: Options = {}): RedisCoordinator =>
       reason: new Resource.LeaseLost({ slot: lease.slot, token: lease.token })
     })
 
-  const makeLease = (resource: string, slot: number, token: number): Resource.GlobalLease => {
-    const lease: Resource.GlobalLease = {
+  const makeLease = (resource: string, [slot, token, generation]: [number, string, string]): RedisLease => {
+    const lease: RedisLease = {
       resource,
       slot,
-      token,
+      token: Number(token),
+      generation,
+      holder,
       check: Effect.suspend(() =>
-        Effect.flatMap(
-          call<string | null>(resource, () => redis.get(leaseKey(resource, slot))),
-          (value) => value !== null && value.startsWith(`${token}:`) ? Effect.void : Effect.fail(lost(lease))
-        )
+        Effect.flatMap(renewOrCheck(lease, "check"), (current) => current ? Effect.void : Effect.fail(lost(lease)))
       )
     }
     return lease
   }
 
-  /** Renews until the lease is found taken (then `onLost`), or renewal has failed for a whole TTL. */
-  const keepAlive = (lease: Resource.GlobalLease, onLost: (lease: Resource.GlobalLease) => Effect.Effect<void>) =>
+  /** Renews until the lease is found lost (then `onLost`), or renewal has failed for a whole TTL. */
+  const keepAlive = (lease: RedisLease, onLost: (lease: Resource.GlobalLease) => Effect.Effect<void>) =>
     Effect.gen(function*() {
       let lastRenewed = yield* Clock.currentTimeMillis
       while (true) {
         yield* Effect.sleep(heartbeat)
-        const exit = yield* Effect.exit(renewOrRelease(lease, ttl))
+        const exit = yield* Effect.exit(renewOrCheck(lease, ttl))
         const now = yield* Clock.currentTimeMillis
         if (Exit.isSuccess(exit) && exit.value) {
           lastRenewed = now
           continue
         }
-        // Taken by someone else, or unreachable past the TTL: either way another holder may have the slot now.
+        // Taken, expired or from an earlier generation, or unreachable past the TTL: another holder may have the
+        // slot now.
         if (Exit.isSuccess(exit) || now - lastRenewed >= ttl) return yield* onLost(lease)
       }
     })
 
-  const acquire: Resource.Coordinator["acquire"] = ({ cap, onLost, resource, waitMillis }) =>
+  const acquire: RedisCoordinator["acquire"] = ({ cap, onLost, resource, waitMillis }) =>
     Effect.gen(function*() {
       const started = yield* Clock.currentTimeMillis
       const granted = yield* Effect.uninterruptibleMask((restore) =>
@@ -191,8 +282,12 @@ export const make = (redis: IORedis, options: Options = {}): RedisCoordinator =>
               })
             )
           )
-          const lease = makeLease(resource, slot![0], Number(slot![1]))
-          yield* Effect.addFinalizer(() => Effect.ignore(renewOrRelease(lease, "release")))
+          const lease = makeLease(resource, slot!)
+          yield* Effect.addFinalizer(() => Effect.ignore(release(lease)))
+          // Past 2^53 µs (the year 2255, or a wildly wrong server clock) a token loses precision as a JS number.
+          if (!Number.isSafeInteger(lease.token)) {
+            return yield* Effect.fail(unavailable(resource, `fencing token ${slot![1]} exceeds 2^53`))
+          }
           return lease
         })
       )
@@ -208,7 +303,10 @@ export const make = (redis: IORedis, options: Options = {}): RedisCoordinator =>
       Effect.flatMap(
         call<number>(
           lease.resource,
-          () => redis.eval(FENCED_SET, 2, leaseKey(lease.resource, lease.slot), key, lease.token, value)
+          () => {
+            const leased = leaseKey(lease.resource, lease.slot)
+            return redis.eval(FENCED_SET, 2, leased, key, leaseValue(lease), lease.generation, value)
+          }
         ),
         (n) => (n === 1 ? Effect.void : Effect.fail(lost(lease)))
       ),
