@@ -6,6 +6,7 @@
  */
 import type * as Task from "../src/Task.ts"
 import * as CalculatorTask from "./calculator/CalculatorTask.ts"
+import * as SearchTask from "./search/SearchTask.ts"
 
 /**
  * Built-in tasks by name.
@@ -14,5 +15,6 @@ import * as CalculatorTask from "./calculator/CalculatorTask.ts"
  * @since 0.1.0
  */
 export const builtins: Readonly<Record<string, Task.Definition>> = {
-  calculator: CalculatorTask.task
+  calculator: CalculatorTask.task,
+  search: SearchTask.task
 }
