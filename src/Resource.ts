@@ -274,8 +274,9 @@ export class StartFailed extends Schema.TaggedError<StartFailed>()("StartFailed"
 }
 
 /**
- * A global lease was lost (its TTL expired and another holder was given the slot, or it was released); the
- * holder's fencing token is stale and must not act any more.
+ * A global lease was lost (its TTL expired and another holder was given the slot, it was released, or the
+ * coordinator restarted or failed over since the grant); the holder's fencing token is stale and must not act
+ * any more.
  *
  * @category errors
  * @since 0.1.0
@@ -385,7 +386,9 @@ export const resource = <A>(spec: ResourceSpec, backend: Backend<A>): Resource<A
 /**
  * A global lease on one of `cap` slots of a resource, held by this process. `token` is a fencing token: strictly
  * greater than every token issued before for the slot, so a store that remembers the greatest token it has seen
- * can reject a stale holder.
+ * can reject a stale holder. That holds across a restart or failover of the coordinator too, under the
+ * coordinator's stated assumptions (Redis: the server's clock, `actors/resources/Redis.ts`); a lease granted
+ * before such a restart is lost (`check` fails with `LeaseLost`), never silently valid.
  *
  * @category models
  * @since 0.1.0

@@ -33,7 +33,7 @@ const reconnected = (coordinator: Redis.RedisCoordinator) =>
 /** Waits until `ref` (a count of `onLost` calls) is positive. */
 const eventuallyLost = (ref: Ref.Ref<number>) =>
   Effect.retry(
-    Effect.flatMap(Ref.get(ref), (n) => n > 0 ? Effect.void : Effect.fail("not yet")),
+    Effect.flatMap(Ref.get(ref), (n) => n > 0 ? Effect.void : Effect.fail("onLost was not called")),
     { schedule: Schedule.spaced("20 millis"), times: 150 }
   )
 
@@ -41,7 +41,10 @@ const countLost = (ref: Ref.Ref<number>) => () => Ref.update(ref, (n) => n + 1)
 
 /** Fails the test unless `effect` fails with a `LeaseError` of reason `tag`. */
 const failsWith = <A>(effect: Effect.Effect<A, Resource.LeaseError>, tag: Resource.LeaseErrorReason["_tag"]) =>
-  Effect.map(Effect.flip(effect), (error) => assert.strictEqual(error.reason._tag, tag, error.message))
+  Effect.match(effect, {
+    onFailure: (error) => assert.strictEqual(error.reason._tag, tag, error.message),
+    onSuccess: () => assert.fail(`succeeded; expected LeaseError(${tag})`)
+  })
 
 describe("Redis leases", () => {
   it.live("a cap is shared across connections; a waiter times out, then gets a released slot with a new token", () =>
