@@ -26,9 +26,9 @@ const escape = (s: string) => s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")
 
 /** The relation each kind reads, as a sentence pattern about a name. */
 const relations = {
-  born: (name: string) => new RegExp(`(?:^|\\n)\\d+\\. ${escape(name)} was born in ([^.\\n]+)\\.`),
-  founder: (name: string) => new RegExp(`(?:^|\\n)\\d+\\. ${escape(name)} was founded by ([^.\\n]+)\\.`),
-  country: (name: string) => new RegExp(`(?:^|\\n)\\d+\\. ${escape(name)} is a city in ([^.\\n]+)\\.`)
+  born: (name: string) => new RegExp(`(?:^|\\n)${escape(name)} was born in ([^.\\n]+)\\.`),
+  founder: (name: string) => new RegExp(`(?:^|\\n)${escape(name)} was founded by ([^.\\n]+)\\.`),
+  country: (name: string) => new RegExp(`(?:^|\\n)${escape(name)} is a city in ([^.\\n]+)\\.`)
 } as const
 
 /** The relations a kind reads, hop by hop. */

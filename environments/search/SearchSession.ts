@@ -3,13 +3,13 @@
  * of results as one short observation. Each chain gets its own session (its searches and queries); the index
  * behind it is the run's.
  *
- * An observation lists the top passages, numbered, each cut to `passageChars` and all of them to
+ * An observation lists the top passages, best first, one per line, each cut to `passageChars` and all of them to
  * `observationChars` (`...` marks a cut):
  *
  * ```text
- * 1. Kavo Meli was born in Tobar.
- * 2. Kavo Meli works as a baker.
- * 3. Dilumo was founded by Kavo Meli.
+ * Kavo Meli was born in Tobar.
+ * Kavo Meli works as a baker.
+ * Dilumo was founded by Kavo Meli.
  * ```
  *
  * A query with no word in it, a `k` out of range and a search past the budget fail with
@@ -85,8 +85,8 @@ const shown = (passage: Corpus.Passage): string =>
     : `${passage.title}: ${passage.text}`
 
 /**
- * The observation of a search's results: numbered lines, each passage cut to `passageChars`, the whole to
- * `observationChars`; `No results.` when there are none.
+ * The observation of a search's results: one line per passage, best first, each cut to `passageChars`, the whole
+ * to `observationChars`; `No results.` when there are none.
  *
  * @category getters
  * @since 0.1.0
@@ -96,7 +96,7 @@ export const render = (
   options: Pick<Options, "passageChars" | "observationChars">
 ): string => {
   if (hits.length === 0) return "No results."
-  const lines = hits.map((p, i) => `${i + 1}. ${cut(shown(p).replace(/\s+/g, " "), options.passageChars)}`)
+  const lines = hits.map((p) => cut(shown(p).replace(/\s+/g, " "), options.passageChars))
   return cut(lines.join("\n"), options.observationChars)
 }
 

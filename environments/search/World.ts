@@ -3,14 +3,15 @@
  * rendered to one short passage per fact, and the one- and two-hop questions asked about them.
  *
  * **The world.** Every person is born in a city and has a job; every company was founded by one person (each person
- * founds exactly one), makes a product and is based in a city; every city lies in a country. Names are made-up
+ * founds exactly one) and is based in a city; every city lies in a country. Names are made-up
  * words of two or three syllables ("Kavo Meli", "Dilumo", "Tobar", "Sanoria"), unique across the whole world and
  * never an English word of the passages, so that a name is a search query that finds exactly its passages. With
- * `p` people there are `p` companies and `p / 4` cities: `5.25 p` passages.
+ * `p` people there are `p` companies and `p / 4` cities: `4.25 p` passages.
  *
  * **The passages** (one fact each, titled with their subject): `Kavo Meli was born in Tobar.`, `Kavo Meli works
- * as a baker.`, `Dilumo was founded by Kavo Meli.`, `Dilumo makes lamps.`, `Dilumo is based in Tobar.`, `Tobar is
- * a city in Sanoria.`
+ * as a baker.`, `Dilumo was founded by Kavo Meli.`, `Dilumo is based in Tobar.`, `Tobar is a city in Sanoria.`
+ * They are short on purpose: an observation of three of them is about 90 bytes, and a two-hop episode (two
+ * searches and an answer) fits the 512 positions of the tiny byte-level policy.
  *
  * **The questions.** One hop: `Where was P born?` (a city), `Who founded C?` (a person), `Which country is T in?`
  * (a country). Two hops, whose second search needs the first answer: `Where was the founder of C born?` (founder,
@@ -46,7 +47,6 @@ export interface Person {
 export interface Company {
   readonly name: string
   readonly founder: string
-  readonly product: string
   readonly city: string
 }
 
@@ -143,18 +143,14 @@ const consonants = "bdfgklmnprstvz"
 const vowels = "aeiou"
 const finals = ["", "n", "r", "s", "l"]
 
-/** The words of the passages and the fact lists: no name may equal one of them. */
+/** The words of the passages and the questions: no name may equal one of them. */
 const jobs = [
   "baker", "painter", "farmer", "doctor", "pilot", "writer", "singer", "tailor", "sailor", "judge",
   "nurse", "chef", "miner", "poet", "actor", "coach", "clerk", "guard", "smith", "diver"
 ]
-const products = [
-  "lamps", "boats", "shoes", "bread", "glass", "toys", "maps", "tea", "rope", "soap",
-  "clocks", "bikes", "paper", "tiles", "bells", "hats", "locks", "kites", "jam", "ink"
-]
 const reserved = [
-  ...jobs, ...products, "was", "born", "works", "founded", "makes", "based", "city", "country", "where", "who",
-  "which", "founder", "the", "of", "in", "is", "as", "an", "by"
+  ...jobs, "was", "born", "works", "founded", "based", "city", "country", "where", "who", "which", "founder", "the",
+  "of", "in", "is", "as", "an", "by"
 ]
 
 /** Draws unique capitalised words of `syllables` consonant–vowel syllables and an optional final consonant. */
@@ -180,8 +176,8 @@ const shuffle = <A>(xs: Array<A>, next: () => number): Array<A> => {
 
 // ===== Constructors =====
 
-/** Passages per person (two of its own, three of its company's) and per city (one), with `p / 4` cities. */
-const passagesPerPerson = 5.25
+/** Passages per person (two of its own, two of its company's) and per city (one), with `p / 4` cities. */
+const passagesPerPerson = 4.25
 
 /**
  * Builds the world of a seed: enough people for `passages` passages, their companies, cities and countries.
@@ -219,7 +215,6 @@ export const make = (options: Options): World => {
   const companies = founders.map((founder) => ({
     name: word(3, false),
     founder,
-    product: products[Math.floor(next() * products.length)]!,
     city: cities[Math.floor(next() * cityCount)]!.name
   }))
   return { seed: options.seed, people: persons, companies, cities, countries }
@@ -240,7 +235,6 @@ export const passages = (world: World): Array<Corpus.Passage> => {
   }
   for (const c of world.companies) {
     add(c.name, `${c.name} was founded by ${c.founder}.`)
-    add(c.name, `${c.name} makes ${c.product}.`)
     add(c.name, `${c.name} is based in ${c.city}.`)
   }
   for (const t of world.cities) add(t.name, `${t.name} is a city in ${t.country}.`)

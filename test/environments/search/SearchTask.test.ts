@@ -312,8 +312,8 @@ describe("search task", () => {
       assert.strictEqual(accuracy(ts), 1)
       const byQuestion = new Map(ts.map((t) => [Oracle.text(t.messages[1]), observations(t)[0]!.text]))
       // A Search-R1 line's title is shown before its text when the text does not begin with it.
-      assert.strictEqual(byQuestion.get(rows[0]!.question), "1. Berlin: The capital of Germany is Berlin.")
-      assert.strictEqual(byQuestion.get(rows[1]!.question), "1. Rome is the capital of Italy.")
+      assert.strictEqual(byQuestion.get(rows[0]!.question), "Berlin: The capital of Germany is Berlin.")
+      assert.strictEqual(byQuestion.get(rows[1]!.question), "Rome is the capital of Italy.")
 
       writeFileSync(corpus, `${JSON.stringify({ text: "fine" })}\n{"title": "no text"}\n`)
       const bad = yield* Effect.flip(rollout(SearchOracle.oracle, rows, { task: { corpus } }))
