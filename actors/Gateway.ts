@@ -1,0 +1,449 @@
+/**
+ * The gateway: an OpenAI-compatible HTTP server that records token-level trajectories of agents written with any
+ * SDK. Every request belongs to an **episode**, named by the URL path prefix `/episodes/ID/v1/...` (what every SDK
+ * can set, through its `baseURL`) or by an `x-agentfly-episode: ID` header on a plain `/v1/...` path:
+ *
+ * | route                                          | what it does                                                   |
+ * |------------------------------------------------|----------------------------------------------------------------|
+ * | `POST /episodes/ID/v1/chat/completions`        | chat with `tools`, tool calls, parallel tool calls, `stream`   |
+ * | `POST /episodes/ID/v1/completions`             | text or token-id prompts (needs the model's tokenizer)         |
+ * | `GET  /v1/models`, `/episodes/ID/v1/models`    | the served model                                               |
+ * | `POST /episodes/ID/reward`                     | `{ "reward": number, "metrics"?: {...} }`: the episode's score |
+ * | `POST /episodes/ID/end`                        | (serving mode) ends the episode without a reward               |
+ * | `GET  /episodes/ID`                            | the episode so far: threads, requests, its trajectory          |
+ *
+ * Each episode's requests are sampled token-in / token-out and recorded as `Recorder` describes (threads, segments
+ * on history rewrites, parallel requests as linked threads). A program opens an episode with {@link Gateway.open}
+ * (scoped: closing the scope closes it) and reads its trajectory when its agent is done; in **serving mode**
+ * (`autoOpen`), a request to an unknown episode opens one, a posted reward or `end` finishes it, and an episode idle
+ * for `idleTimeout` is abandoned (masked); each finished episode goes to `onEnd`.
+ *
+ * **Errors.** A malformed request gets an OpenAI-style body `{ error: { message, type, param, code } }` with a 4xx
+ * status (400 invalid request or `context_length_exceeded`, 404 unknown route or episode, 405, 410 an episode
+ * closed while its request ran, 413 body too large, 501 `/v1/completions` without a tokenizer); a sampler failure
+ * is 429 or 5xx after retries. The gateway never crashes on input.
+ *
+ * **Streaming.** `stream: true` is answered as server-sent events once the turn is sampled (the text in one delta,
+ * then one delta per tool call): the SDKs see a well-formed stream; time-to-first-token is not the point of a
+ * training gateway.
+ *
+ * The server is plain `node:http` owned by a scope: closing it stops listening, ends open connections and
+ * interrupts the requests they were waiting for.
+ *
+ * @since 0.1.0
+ */
+import * as Http from "node:http"
+import type { AddressInfo } from "node:net"
+import { Clock, Context, Duration, Effect, Fiber, FiberSet, Layer, Schedule, Schema, Scope } from "effect"
+import type * as AgentTask from "../src/AgentTask.ts"
+import type * as Trajectory from "../src/Trajectory.ts"
+import * as Wire from "./gateway/OpenAiWire.ts"
+import * as Recorder from "./gateway/Recorder.ts"
+
+// ===== Models =====
+
+/**
+ * An open episode.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Episode {
+  readonly id: string
+  /** The API root its agent uses, `http://host:port/episodes/ID/v1`. */
+  readonly baseURL: string
+  readonly rewardURL: string
+  readonly recorder: Recorder.Recorder
+  /** The reward posted to `/episodes/ID/reward`, if any (the last one wins). */
+  readonly posted: () => AgentTask.Score | undefined
+  /** Stops accepting requests and interrupts those in flight (answered 410). Idempotent. */
+  readonly close: Effect.Effect<void>
+}
+
+/**
+ * A finished episode in serving mode.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Finished {
+  readonly trajectory: Trajectory.Trajectory
+  readonly threads: ReadonlyArray<Recorder.ThreadRecord>
+}
+
+/**
+ * Serving mode: what an episode opened by its first request samples with, and where finished episodes go.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface AutoOpen {
+  readonly episode: Omit<Recorder.Config, "id" | "groupId">
+  /** An episode without a request for this long is abandoned: masked and freed (default 10 minutes). */
+  readonly idleTimeout?: Duration.Input | undefined
+  readonly onEnd: (finished: Finished) => Effect.Effect<void>
+}
+
+/**
+ * @category models
+ * @since 0.1.0
+ */
+export interface Options {
+  /** Default `127.0.0.1`. */
+  readonly host?: string | undefined
+  /** Default 0: a free port. */
+  readonly port?: number | undefined
+  /** Largest request body accepted (default 16 MiB: agents send whole conversations). */
+  readonly maxBodyBytes?: number | undefined
+  /** The model name `/v1/models` lists (default `agentfly`); requests may name any model. */
+  readonly model?: string | undefined
+  readonly autoOpen?: AutoOpen | undefined
+}
+
+/**
+ * Counters of a gateway.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Stats {
+  /** Episodes open now. */
+  readonly episodes: number
+  /** Requests being answered now. */
+  readonly inFlight: number
+  readonly requests: number
+  readonly errors: number
+}
+
+/**
+ * Why the gateway refused to open an episode.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class GatewayError extends Schema.TaggedError<GatewayError>()("GatewayError", {
+  reason: Schema.Literals(["DuplicateEpisode", "InvalidId"]),
+  message: Schema.String
+}) {}
+
+/**
+ * The gateway service.
+ *
+ * @category services
+ * @since 0.1.0
+ */
+export class Gateway extends Context.Service<Gateway, {
+  readonly port: number
+  /** `http://host:port` */
+  readonly url: string
+  readonly model: string
+  /** Opens an episode in the current scope (closing the scope closes it). */
+  readonly open: (config: Recorder.Config) => Effect.Effect<Episode, GatewayError, Scope.Scope>
+  readonly stats: Effect.Effect<Stats>
+}>()("agentfly/actors/Gateway") {
+  /**
+   * @category layers
+   * @since 0.1.0
+   */
+  static readonly layer = (options: Options = {}): Layer.Layer<Gateway> => Layer.effect(Gateway, make(options))
+}
+
+// ===== Internals =====
+
+interface Entry {
+  readonly episode: Episode
+  readonly fibers: Set<Fiber.Fiber<void>>
+  posted: AgentTask.Score | undefined
+  lastSeen: number
+  closed: boolean
+  /** Opened by its first request (serving mode). */
+  readonly auto: boolean
+}
+
+const validId = /^[A-Za-z0-9._~-]{1,200}$/
+
+const notFound = (message: string, code?: string) => new Wire.ApiError({ status: 404, message, code })
+
+const Reward = Schema.Struct({
+  reward: Schema.Finite,
+  metrics: Schema.optionalKey(Schema.Record(Schema.String, Schema.Finite))
+})
+
+// ===== Constructor =====
+
+/**
+ * Starts a gateway in the current scope.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const make = Effect.fn("Gateway.make")(function*(options: Options = {}) {
+  const run = yield* FiberSet.makeRuntime<never>()
+  const scope = yield* Effect.scope
+  const maxBody = options.maxBodyBytes ?? 16 * 1024 * 1024
+  const model = options.model ?? "agentfly"
+  const host = options.host ?? "127.0.0.1"
+  const entries = new Map<string, Entry>()
+  const counters = { inFlight: 0, requests: 0, errors: 0, ids: 0 }
+  let url = ""
+  const now = Effect.map(Clock.currentTimeMillis, (ms) => Math.floor(ms / 1000))
+
+  const closeEntry = (entry: Entry): Effect.Effect<void> =>
+    Effect.suspend(() => {
+      if (entry.closed) return Effect.void
+      entry.closed = true
+      if (entries.get(entry.episode.id) === entry) entries.delete(entry.episode.id)
+      return Fiber.interruptAll([...entry.fibers])
+    })
+
+  const openEntry = (config: Recorder.Config, auto: boolean) =>
+    Effect.gen(function*() {
+      if (!validId.test(config.id)) {
+        return yield* new GatewayError({ reason: "InvalidId", message: `episode id ${JSON.stringify(config.id)}: use [A-Za-z0-9._~-]` })
+      }
+      if (entries.has(config.id)) {
+        return yield* new GatewayError({ reason: "DuplicateEpisode", message: `episode ${config.id} is already open` })
+      }
+      const recorder = yield* Recorder.make(config)
+      const baseURL = `${url}/episodes/${config.id}/v1`
+      const entry: Entry = {
+        episode: undefined as unknown as Episode,
+        fibers: new Set(),
+        posted: undefined,
+        lastSeen: yield* Clock.currentTimeMillis,
+        closed: false,
+        auto
+      }
+      const episode: Episode = {
+        id: config.id,
+        baseURL,
+        rewardURL: `${url}/episodes/${config.id}/reward`,
+        recorder,
+        posted: () => entry.posted,
+        close: closeEntry(entry)
+      }
+      ;(entry as { episode: Episode }).episode = episode
+      entries.set(config.id, entry)
+      return entry
+    })
+
+  // ----- Serving mode: finishing and abandoning episodes -----
+  const auto = options.autoOpen
+  const finish = (entry: Entry, ending: Recorder.Ending) =>
+    Effect.gen(function*() {
+      if (entry.closed || auto === undefined) return
+      yield* closeEntry(entry)
+      const base = yield* Recorder.trajectory(entry.episode.recorder, ending)
+      const score = entry.posted
+      const trajectory: Trajectory.Trajectory = score === undefined ? base : {
+        ...base,
+        reward: score.reward,
+        rewardStatus: base.masked ? "failed" : "scored",
+        metrics: { ...base.metrics, ...score.metrics }
+      }
+      yield* auto.onEnd({ trajectory, threads: Recorder.threads(entry.episode.recorder) })
+    })
+  if (auto !== undefined) {
+    const idleMs = Duration.toMillis(Duration.fromInputUnsafe(auto.idleTimeout ?? Duration.minutes(10)))
+    yield* Effect.gen(function*() {
+      const t = yield* Clock.currentTimeMillis
+      for (const entry of [...entries.values()]) {
+        if (entry.auto && entry.fibers.size === 0 && t - entry.lastSeen >= idleMs) {
+          yield* finish(entry, { _tag: "Abandoned", message: `abandoned: no request for ${Math.round(idleMs / 1000)} s` })
+        }
+      }
+    }).pipe(Effect.repeat(Schedule.spaced(Math.max(10, Math.min(1000, idleMs / 4)))), Effect.forkIn(scope))
+  }
+
+  const entryFor = (id: string): Effect.Effect<Entry, Wire.ApiError> =>
+    Effect.gen(function*() {
+      const found = entries.get(id)
+      if (found !== undefined) return found
+      if (auto === undefined || !validId.test(id)) {
+        return yield* notFound(`no open episode ${JSON.stringify(id)}`, "episode_not_found")
+      }
+      return yield* openEntry({ ...auto.episode, id, groupId: id }, true).pipe(
+        Effect.mapError((e) => Wire.invalid(e.message))
+      )
+    })
+
+  // ----- Routes -----
+  const models = Effect.flatMap(now, (created) =>
+    Effect.succeed({ object: "list", data: [{ id: model, object: "model", created, owned_by: "agentfly" }] }))
+
+  const chat = (entry: Entry, raw: unknown, res: Http.ServerResponse) =>
+    Effect.gen(function*() {
+      const body = yield* Wire.decodeChat(raw)
+      const turn = yield* Recorder.chat(entry.episode.recorder, body)
+      const id = `chatcmpl-${++counters.ids}`
+      const created = yield* now
+      if (body.stream) {
+        yield* Wire.sendEvents(res, Wire.chatChunks(id, created, model, turn, body))
+      } else yield* Wire.sendJson(res, 200, Wire.chatCompletion(id, created, model, turn, body.logprobs))
+    })
+
+  const completions = (entry: Entry, raw: unknown, res: Http.ServerResponse) =>
+    Effect.gen(function*() {
+      const body = yield* Wire.decodeCompletion(raw)
+      const { turn, text } = yield* Recorder.completion(entry.episode.recorder, body)
+      const id = `cmpl-${++counters.ids}`
+      const created = yield* now
+      if (body.stream) yield* Wire.sendEvents(res, Wire.completionChunks(id, created, model, turn, text))
+      else {
+        const prompt = typeof body.prompt === "string" ? [] : body.prompt
+        yield* Wire.sendJson(res, 200, Wire.textCompletion(id, created, model, turn, text, prompt, body.logprobs))
+      }
+    })
+
+  const reward = (entry: Entry, raw: unknown, res: Http.ServerResponse) =>
+    Effect.gen(function*() {
+      const score = yield* Schema.decodeUnknownEffect(Reward)(raw).pipe(
+        Effect.mapError(() => Wire.invalid(`expected { "reward": number, "metrics"?: { name: number } }`, "reward"))
+      )
+      entry.posted = score.metrics === undefined ? { reward: score.reward } : score
+      yield* Wire.sendJson(res, 200, { ok: true, episode: entry.episode.id, reward: score.reward })
+      if (entry.auto) yield* finish(entry, { _tag: "Returned" })
+    })
+
+  const describe = (entry: Entry, res: Http.ServerResponse) =>
+    Effect.gen(function*() {
+      const recorder = entry.episode.recorder
+      const trajectory = yield* Recorder.trajectory(recorder, { _tag: "Returned" })
+      yield* Wire.sendJson(res, 200, {
+        id: entry.episode.id,
+        requests: recorder.requests,
+        threads: Recorder.threads(recorder).length,
+        reward: entry.posted ?? null,
+        trajectory
+      })
+    })
+
+  /** An episode request, tracked so that closing the episode interrupts it (answered 410). */
+  const inEpisode = (
+    id: string,
+    req: Http.IncomingMessage,
+    res: Http.ServerResponse,
+    handler: (entry: Entry, body: unknown, res: Http.ServerResponse) => Effect.Effect<void, Wire.ApiError>
+  ): Effect.Effect<void, Wire.ApiError> =>
+    Effect.gen(function*() {
+      const body = yield* Wire.readJson(req, maxBody)
+      const entry = yield* entryFor(id)
+      entry.lastSeen = yield* Clock.currentTimeMillis
+      const fiber = yield* Effect.forkChild(handler(entry, body, res).pipe(
+        Effect.onInterrupt(() =>
+          Wire.sendJson(res, 410, Wire.errorBody(new Wire.ApiError({ status: 410, message: `episode ${id} was closed`, code: "episode_closed" })))
+        )
+      ))
+      entry.fibers.add(fiber as Fiber.Fiber<void>)
+      yield* Fiber.join(fiber).pipe(
+        Effect.ensuring(Effect.flatMap(Clock.currentTimeMillis, (t) =>
+          Effect.sync(() => {
+            entry.fibers.delete(fiber as Fiber.Fiber<void>)
+            entry.lastSeen = t
+          })))
+      )
+    })
+
+  const route = (req: Http.IncomingMessage, res: Http.ServerResponse): Effect.Effect<void, Wire.ApiError> => {
+    const path = (req.url ?? "/").split("?")[0]!.replace(/\/+$/, "")
+    const method = req.method ?? "GET"
+    const only = (allowed: string, effect: () => Effect.Effect<void, Wire.ApiError>) =>
+      method === allowed
+        ? effect()
+        : Effect.fail(new Wire.ApiError({ status: 405, message: `${method} is not allowed on ${path}; use ${allowed}` }))
+    const header = req.headers["x-agentfly-episode"]
+    const scoped = /^\/episodes\/([^/]+)(\/.*)?$/.exec(path)
+    const id = scoped !== null ? decodeURIComponent(scoped[1]!) : typeof header === "string" ? header : undefined
+    const rest = scoped !== null ? scoped[2] ?? "" : path
+    const episodeRoute = (handler: Parameters<typeof inEpisode>[3]) =>
+      id === undefined
+        ? Effect.fail(Wire.invalid(
+          "no episode: use http://host:port/episodes/ID/v1 as the base URL (or an x-agentfly-episode header)",
+          undefined,
+          "episode_required"
+        ))
+        : only("POST", () => inEpisode(id, req, res, handler))
+    switch (rest) {
+      case "/v1/models":
+        return only("GET", () => Effect.flatMap(models, (m) => Wire.sendJson(res, 200, m)))
+      case "/v1/chat/completions":
+        return episodeRoute(chat)
+      case "/v1/completions":
+        return episodeRoute(completions)
+      case "/reward":
+        return scoped === null ? Effect.fail(notFound(`no route ${method} ${path}`)) : episodeRoute(reward)
+      case "/end":
+        return scoped === null || auto === undefined
+          ? Effect.fail(notFound(`no route ${method} ${path}`))
+          : episodeRoute((entry, _body, res) =>
+            Effect.andThen(Wire.sendJson(res, 200, { ok: true, episode: entry.episode.id }), finish(entry, { _tag: "Returned" }))
+          )
+      case "":
+        if (scoped !== null && id !== undefined) {
+          return only("GET", () => {
+            const entry = entries.get(id)
+            return entry === undefined ? Effect.fail(notFound(`no open episode ${JSON.stringify(id)}`, "episode_not_found")) : describe(entry, res)
+          })
+        }
+        return Effect.fail(notFound(`no route ${method} ${path}`))
+      default:
+        return Effect.fail(notFound(`no route ${method} ${path}`))
+    }
+  }
+
+  const handle = (req: Http.IncomingMessage, res: Http.ServerResponse) => {
+    counters.requests++
+    counters.inFlight++
+    const fiber = run(
+      route(req, res).pipe(
+        Effect.catch((e) => {
+          counters.errors++
+          return Wire.sendJson(res, e.status, Wire.errorBody(e))
+        }),
+        Effect.catchDefect((defect) => {
+          counters.errors++
+          return Wire.sendJson(
+            res,
+            500,
+            Wire.errorBody(new Wire.ApiError({ status: 500, message: `internal error: ${String(defect)}` }))
+          )
+        }),
+        Effect.ensuring(Effect.sync(() => void counters.inFlight--))
+      )
+    )
+    res.on("close", () => {
+      if (!res.writableFinished) run(Fiber.interrupt(fiber))
+    })
+  }
+
+  const server = Http.createServer(handle)
+  server.keepAliveTimeout = 60_000
+  yield* Effect.acquireRelease(
+    Effect.callback<void>((resume) => {
+      server.listen(options.port ?? 0, host, () => resume(Effect.void))
+    }),
+    () =>
+      Effect.callback<void>((resume) => {
+        server.closeAllConnections()
+        server.close(() => resume(Effect.void))
+      })
+  )
+  const port = (server.address() as AddressInfo).port
+  url = `http://${host}:${port}`
+
+  return Gateway.of({
+    port,
+    url,
+    model,
+    open: (config) =>
+      Effect.acquireRelease(openEntry(config, false), (entry) => closeEntry(entry)).pipe(
+        Effect.map((entry) => entry.episode)
+      ),
+    stats: Effect.sync(() => ({
+      episodes: entries.size,
+      inFlight: counters.inFlight,
+      requests: counters.requests,
+      errors: counters.errors
+    }))
+  })
+})

@@ -1,0 +1,627 @@
+/**
+ * What the gateway records for one episode: its **threads** (one per conversation the agent keeps), each a
+ * token-level transcript built token-in / token-out exactly as a rollout chain builds one (the same
+ * `RolloutChain.Format`, the same sampler call), and the trajectory they add up to.
+ *
+ * **Matching a request to a thread.** A chat request's messages are compared with each thread's conversation by
+ * their canonical keys (`OpenAiWire.messageKey`); the assistant turns in a thread's conversation are exactly what
+ * the gateway answered, so a request that sends the conversation back is matched to the ids that were sampled,
+ * which are never re-tokenized:
+ * - **continuation**: a thread's whole conversation is a prefix of the request and the rest holds no assistant
+ *   message: the rest (tool results, user turns) is appended as observations (only their suffix is tokenized,
+ *   sources `tool` / `env` / `template`), then the policy samples;
+ * - **rewrite**: otherwise, when the request starts with the messages an idle thread started from, the agent rewrote
+ *   that thread's history (trimmed, summarised, reordered, edited a turn): the thread starts a new **segment** from
+ *   a fresh render of the request (all of it prompt, never trained on), as `TrajectoryBuilder` does when a template
+ *   rewrites history;
+ * - **new thread**: anything else, or a continuation of a thread that is busy with another request (parallel
+ *   requests: sub-agents, concurrent calls), starts a thread of its own, linked to the episode (and to the busy
+ *   thread it shares a prefix with).
+ *
+ * Tool-call ids are rewritten to be unique within the episode (`call_<n>`) and mapped back to the transcript's own
+ * ids when their results arrive, so SDKs that key results by id never see a repeated one.
+ *
+ * `/v1/completions` requests are threads of token ids: a prompt that extends a thread's tokens continues it (the new
+ * tokens are `env`), one that extends only its first prompt starts a new segment.
+ *
+ * @since 0.1.0
+ */
+import { Clock, Effect, Schedule } from "effect"
+import type * as ChatTemplate from "../../src/ChatTemplate.ts"
+import * as Message from "../../src/Message.ts"
+import * as RolloutError from "../../src/RolloutError.ts"
+import type { GenerateResult, Sampler, SamplerError, SamplingParams } from "../../src/Sampler.ts"
+import type * as Tokenizer from "../../src/Tokenizer.ts"
+import * as Trajectory from "../../src/Trajectory.ts"
+import type * as RolloutChain from "../RolloutChain.ts"
+import * as Wire from "./OpenAiWire.ts"
+
+// ===== Models =====
+
+/**
+ * How an episode samples and renders.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Config {
+  readonly id: string
+  readonly groupId: string
+  readonly format: RolloutChain.Format
+  readonly sampler: Sampler["Service"]
+  /**
+   * The episode's sampling. With `requestSampling: "cap"` (training) its temperature, `topP`, `topK` and seed are
+   * used whatever a request asks, and its `maxTokens` caps the request's; with `"honour"` (serving) a request's
+   * own values win and these are the defaults.
+   */
+  readonly sampling: SamplingParams
+  readonly requestSampling: "cap" | "honour"
+  /** Token budget of one sequence; a request past it is refused with `context_length_exceeded`. */
+  readonly maxContextTokens?: number | undefined
+  /** Render the request's `tools` into the prompt (default true). */
+  readonly renderTools?: boolean | undefined
+  /** Needed by `/v1/completions` (text prompts, the answer's text). */
+  readonly tokenizer?: Tokenizer.Tokenizer | undefined
+  /** Retries of transient sampler failures before the request is answered 503 (default: 3, exponential). */
+  readonly retry?: Schedule.Schedule<unknown, SamplerError> | undefined
+  /** The dataset row's fields, passed through to the trajectory. */
+  readonly row?: Readonly<Record<string, unknown>> | undefined
+}
+
+interface Common {
+  readonly index: number
+  /** The thread this one forked from (a parallel request sharing its prefix). */
+  readonly parent: number | undefined
+  closed: Array<Trajectory.Segment>
+  busy: boolean
+  lastActive: number
+  turns: number
+  tokens: number
+  lastFinish: Wire.Turn["finishReason"] | undefined
+  /** The last turn was cut by the context budget, or a request was refused for it. */
+  contextEnded: boolean
+}
+
+interface ChatThread extends Common {
+  readonly _tag: "Chat"
+  transcript: RolloutChain.Transcript
+  /** Canonical keys of the conversation in the client's terms (assistant turns as answered). */
+  keys: Array<string>
+  /** How many of `keys` the open segment started from. */
+  startCount: number
+  toolsKey: string
+  /** Observations were appended and the sample has not been (a request failed or was cut in between). */
+  pendingSample: boolean
+  toolCalls: number
+  parseErrors: number
+}
+
+interface TokenThread extends Common {
+  readonly _tag: "Tokens"
+  spans: Array<Trajectory.Span>
+  ids: Array<number>
+  start: ReadonlyArray<number>
+}
+
+type Thread = ChatThread | TokenThread
+
+/**
+ * The state of one episode (mutated only by this module).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Recorder {
+  readonly config: Config
+  readonly threads: Array<Thread>
+  /** Client call id → the transcript's call id. */
+  readonly callIds: Map<string, string>
+  /** Failures of the gateway's own steps (sampler, template), newest last. */
+  readonly failures: Array<RolloutError.RolloutError>
+  requests: number
+  rewrites: number
+  samplerMs: number
+  activity: number
+  readonly startedAt: number
+}
+
+/**
+ * A fresh recorder.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const make = (config: Config): Effect.Effect<Recorder> =>
+  Effect.map(Clock.currentTimeMillis, (startedAt) => ({
+    config,
+    threads: [],
+    callIds: new Map(),
+    failures: [],
+    requests: 0,
+    rewrites: 0,
+    samplerMs: 0,
+    activity: 0,
+    startedAt
+  }))
+
+// ===== Matching =====
+
+type Choice<T extends Thread> =
+  | { readonly _tag: "Continue"; readonly thread: T; readonly from: number }
+  | { readonly _tag: "Rewrite"; readonly thread: T }
+  | { readonly _tag: "New"; readonly parent: number | undefined }
+
+const commonPrefix = (a: ReadonlyArray<unknown>, b: ReadonlyArray<unknown>): number => {
+  const n = Math.min(a.length, b.length)
+  let i = 0
+  while (i < n && a[i] === b[i]) i++
+  return i
+}
+
+/**
+ * Where a chat request belongs (see the module docs). Pure: nothing is marked busy.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const chooseChat = (
+  recorder: Recorder,
+  keys: ReadonlyArray<string>,
+  toolsKey: string
+): Choice<ChatThread> => {
+  const threads = recorder.threads.filter((t): t is ChatThread => t._tag === "Chat" && t.toolsKey === toolsKey)
+  let continuation: ChatThread | undefined
+  let busyPrefix: ChatThread | undefined
+  for (const t of threads) {
+    const k = commonPrefix(t.keys, keys)
+    if (k !== t.keys.length) continue
+    const rest = keys.slice(k)
+    const extends_ = rest.length > 0 ? rest.every((key) => !key.startsWith("a\u0000")) : t.pendingSample
+    if (!extends_) continue
+    if (t.busy) busyPrefix ??= t
+    else if (continuation === undefined || t.keys.length > continuation.keys.length) continuation = t
+  }
+  if (continuation !== undefined) return { _tag: "Continue", thread: continuation, from: continuation.keys.length }
+  if (busyPrefix !== undefined) return { _tag: "New", parent: busyPrefix.index }
+  const rewritten = threads
+    .filter((t) => !t.busy && commonPrefix(t.keys, keys) >= t.startCount && t.startCount > 0)
+    .sort((a, b) => b.lastActive - a.lastActive)[0]
+  if (rewritten !== undefined) return { _tag: "Rewrite", thread: rewritten }
+  const sibling = threads.find((t) => t.busy && commonPrefix(t.keys, keys) > 0)
+  return { _tag: "New", parent: sibling?.index }
+}
+
+const chooseTokens = (recorder: Recorder, ids: ReadonlyArray<number>): Choice<TokenThread> => {
+  const threads = recorder.threads.filter((t): t is TokenThread => t._tag === "Tokens" && !t.busy)
+  const extendsIds = (prefix: ReadonlyArray<number>) =>
+    prefix.length <= ids.length && commonPrefix(prefix, ids) === prefix.length
+  const continued = threads.filter((t) => extendsIds(t.ids)).sort((a, b) => b.ids.length - a.ids.length)[0]
+  if (continued !== undefined) return { _tag: "Continue", thread: continued, from: continued.ids.length }
+  const rewritten = threads.filter((t) => extendsIds(t.start)).sort((a, b) => b.lastActive - a.lastActive)[0]
+  return rewritten !== undefined ? { _tag: "Rewrite", thread: rewritten } : { _tag: "New", parent: undefined }
+}
+
+// ===== Sampling =====
+
+const record = (recorder: Recorder, error: RolloutError.RolloutError) => {
+  recorder.failures.push(error)
+  return error
+}
+
+const defaultRetry = Schedule.max([Schedule.exponential(100), Schedule.recurs(3)])
+
+const samplerApiError = (e: SamplerError): Wire.ApiError =>
+  new Wire.ApiError(
+    e.reason === "BadRequest"
+      ? { status: 400, message: e.message, code: "sampler_rejected" }
+      : e.reason === "Overloaded"
+      ? { status: 429, message: e.message, code: "overloaded" }
+      : { status: e.reason === "Closed" ? 503 : 500, message: e.message, code: e.reason }
+  )
+
+const templateApiError = (recorder: Recorder, e: RolloutError.RolloutError): Wire.ApiError => {
+  record(recorder, e)
+  return Wire.invalid(`the conversation cannot be rendered: ${e.message}`, "messages", "template_failed")
+}
+
+/** The sampling of one request under the episode's rules; `maxTokens` capped by the remaining context. */
+const samplingOf = (
+  config: Config,
+  body: Pick<Wire.ChatBody, "maxTokens" | "temperature" | "topP" | "topK" | "seed" | "stopTokenIds">,
+  remaining: number
+): SamplingParams => {
+  const base = config.sampling
+  const own = config.requestSampling === "honour"
+  const pick = <A>(requested: A | undefined, fallback: A | undefined) => (own ? requested ?? fallback : fallback)
+  const temperature = pick(body.temperature, base.temperature) ?? 1
+  const topP = pick(body.topP, base.topP)
+  const topK = pick(body.topK, base.topK)
+  const seed = pick(body.seed, base.seed)
+  const asked = body.maxTokens ?? base.maxTokens
+  const maxTokens = Math.min(own ? asked : Math.min(asked, base.maxTokens), remaining)
+  const stopTokenIds = [...(base.stopTokenIds ?? []), ...body.stopTokenIds, ...config.format.stopTokenIds]
+  return {
+    temperature,
+    ...(topP === undefined ? {} : { topP }),
+    ...(topK === undefined ? {} : { topK }),
+    maxTokens,
+    stopTokenIds,
+    ...(seed === undefined ? {} : { seed })
+  }
+}
+
+/** Samples one completion for `prompt`; failures are recorded on the episode and answered as API errors. */
+const sample = (
+  recorder: Recorder,
+  prompt: ReadonlyArray<number>,
+  sampling: SamplingParams
+): Effect.Effect<GenerateResult, Wire.ApiError> =>
+  Effect.gen(function*() {
+    const t0 = yield* Clock.currentTimeMillis
+    const result = yield* recorder.config.sampler.generate({ promptTokenIds: prompt, sampling }).pipe(
+      Effect.retry({ schedule: recorder.config.retry ?? defaultRetry, while: (e: SamplerError) => e.isRetryable }),
+      Effect.ensuring(Effect.map(Clock.currentTimeMillis, (t1) => void (recorder.samplerMs += t1 - t0))),
+      Effect.mapError((e) => {
+        record(recorder, RolloutError.fromSamplerError(e, recorder.config.id))
+        return samplerApiError(e)
+      })
+    )
+    return result
+  })
+
+const contextLeft = (recorder: Recorder, thread: Common, length: number): Effect.Effect<number, Wire.ApiError> => {
+  const budget = recorder.config.maxContextTokens
+  const remaining = budget === undefined ? Number.POSITIVE_INFINITY : budget - length
+  if (remaining > 0) return Effect.succeed(remaining)
+  thread.contextEnded = true
+  return Effect.fail(
+    Wire.invalid(
+      `the conversation has ${length} tokens; this episode's context holds ${budget}`,
+      "messages",
+      "context_length_exceeded"
+    )
+  )
+}
+
+/** Marks a thread busy for the duration of `effect` (synchronously, so two requests never share a thread). */
+const occupying = <A, E>(recorder: Recorder, thread: Thread, effect: Effect.Effect<A, E>): Effect.Effect<A, E> => {
+  thread.busy = true
+  return Effect.ensuring(
+    effect,
+    Effect.sync(() => {
+      thread.busy = false
+      thread.lastActive = ++recorder.activity
+    })
+  )
+}
+
+const newCommon = (recorder: Recorder, parent: number | undefined): Common => ({
+  index: recorder.threads.length,
+  parent,
+  closed: [],
+  busy: false,
+  lastActive: ++recorder.activity,
+  turns: 0,
+  tokens: 0,
+  lastFinish: undefined,
+  contextEnded: false
+})
+
+// ===== Chat =====
+
+/** A client message with its tool-call ids mapped to the transcript's own. */
+const toTranscriptIds = (recorder: Recorder, m: Message.Message): Message.Message => {
+  const own = (id: string) => recorder.callIds.get(id) ?? id
+  if (m.role === "tool") return { ...m, tool_call_id: own(m.tool_call_id) }
+  if (m.role === "assistant" && m.tool_calls !== undefined) {
+    return { ...m, tool_calls: m.tool_calls.map((c) => ({ ...c, id: own(c.id) })) }
+  }
+  return m
+}
+
+const startTranscript = (
+  recorder: Recorder,
+  messages: ReadonlyArray<Message.Message>,
+  tools: ReadonlyArray<ChatTemplate.ToolSpec>
+) =>
+  recorder.config.format.start(messages.map((m) => toTranscriptIds(recorder, m)), tools).pipe(
+    Effect.mapError((e) => templateApiError(recorder, e))
+  )
+
+/**
+ * Answers a chat request: matches it to a thread (continuing, rewriting or starting one), samples the next turn
+ * token-in / token-out and records it.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const chat = (recorder: Recorder, body: Wire.ChatBody): Effect.Effect<Wire.Turn, Wire.ApiError> =>
+  Effect.suspend(() => {
+    recorder.requests++
+    const tools = recorder.config.renderTools === false ? [] : body.tools
+    const keys = body.messages.map(Wire.messageKey)
+    const toolsKey = Wire.toolsKey(tools)
+    const choice = chooseChat(recorder, keys, toolsKey)
+    if (choice._tag !== "New") {
+      return occupying(recorder, choice.thread, continueChat(recorder, choice, body, keys, tools))
+    }
+    // A placeholder holds the new thread's place (and its busy mark) while its prompt is rendered.
+    const thread: ChatThread = {
+      ...newCommon(recorder, choice.parent),
+      _tag: "Chat",
+      transcript: undefined as unknown as RolloutChain.Transcript,
+      keys: [...keys],
+      startCount: keys.length,
+      toolsKey,
+      pendingSample: true,
+      toolCalls: 0,
+      parseErrors: 0
+    }
+    recorder.threads.push(thread)
+    return occupying(
+      recorder,
+      thread,
+      Effect.gen(function*() {
+        thread.transcript = yield* startTranscript(recorder, body.messages, tools).pipe(
+          // A thread whose prompt cannot be rendered never existed.
+          Effect.tapError(() => Effect.sync(() => recorder.threads.splice(recorder.threads.indexOf(thread), 1)))
+        )
+        return yield* sampleChat(recorder, thread, body)
+      })
+    )
+  })
+
+const continueChat = Effect.fnUntraced(function*(
+  recorder: Recorder,
+  choice: Exclude<Choice<ChatThread>, { readonly _tag: "New" }>,
+  body: Wire.ChatBody,
+  keys: ReadonlyArray<string>,
+  tools: ReadonlyArray<ChatTemplate.ToolSpec>
+) {
+  const thread = choice.thread
+  if (choice._tag === "Rewrite") {
+    const transcript = yield* startTranscript(recorder, body.messages, tools)
+    thread.closed.push(...thread.transcript.segments())
+    thread.transcript = transcript
+    thread.keys = [...keys]
+    thread.startCount = keys.length
+    thread.pendingSample = true
+    recorder.rewrites++
+  } else if (keys.length > choice.from) {
+    const observations = body.messages.slice(choice.from).map((m) => toTranscriptIds(recorder, m))
+    yield* thread.transcript.appendObservations(observations).pipe(
+      Effect.mapError((e) => templateApiError(recorder, e))
+    )
+    thread.keys.push(...keys.slice(choice.from))
+    thread.pendingSample = true
+  }
+  return yield* sampleChat(recorder, thread, body)
+})
+
+const sampleChat = Effect.fnUntraced(function*(recorder: Recorder, thread: ChatThread, body: Wire.ChatBody) {
+  const transcript = thread.transcript
+  const remaining = yield* contextLeft(recorder, thread, transcript.length())
+  const sampling = samplingOf(recorder.config, body, remaining)
+  const prompt = transcript.promptTokenIds()
+  const result = yield* sample(recorder, prompt, sampling)
+  const turn = yield* transcript.appendSampled(result).pipe(Effect.mapError((e) => templateApiError(recorder, e)))
+  thread.pendingSample = false
+  const calls = turn.toolCalls.map((c) => {
+    const id = `call_${recorder.callIds.size}`
+    recorder.callIds.set(id, c.id)
+    return { ...c, id }
+  })
+  const content = Message.text(turn.message.content)
+  const finishReason: Wire.Turn["finishReason"] = !turn.complete ? "length" : calls.length > 0 ? "tool_calls" : "stop"
+  thread.keys.push(
+    Wire.messageKey({ role: "assistant", content, ...(calls.length > 0 ? { tool_calls: calls } : {}) })
+  )
+  thread.turns++
+  thread.tokens += result.tokenIds.length
+  thread.toolCalls += calls.length
+  if (turn.parseErrors.length > 0) thread.parseErrors++
+  thread.lastFinish = finishReason
+  thread.contextEnded = !turn.complete && sampling.maxTokens < recorder.config.sampling.maxTokens
+  const answered: Wire.Turn = {
+    content,
+    toolCalls: calls,
+    finishReason,
+    tokenIds: result.tokenIds,
+    logprobs: result.logprobs,
+    policyVersion: result.policyVersion,
+    promptTokens: prompt.length
+  }
+  return answered
+})
+
+// ===== Completions =====
+
+/**
+ * Answers a `/v1/completions` request on a thread of token ids. Returns the turn and its text.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const completion = (
+  recorder: Recorder,
+  body: Wire.CompletionBody
+): Effect.Effect<{ readonly turn: Wire.Turn; readonly text: string }, Wire.ApiError> =>
+  Effect.suspend(() => {
+    const tokenizer = recorder.config.tokenizer
+    if (tokenizer === undefined) {
+      return Effect.fail(
+        new Wire.ApiError({
+          status: 501,
+          message: "/v1/completions needs the model's tokenizer, which this gateway was started without",
+          code: "unsupported"
+        })
+      )
+    }
+    recorder.requests++
+    const ids = typeof body.prompt === "string" ? tokenizer.encode(body.prompt) : body.prompt
+    const bad = ids.find((id) => !tokenizer.isValidId(id))
+    if (bad !== undefined) return Effect.fail(Wire.invalid(`token id ${bad} is outside the vocabulary`, "prompt"))
+    const choice = chooseTokens(recorder, ids)
+    let thread: TokenThread
+    if (choice._tag === "New") {
+      thread = { ...newCommon(recorder, undefined), _tag: "Tokens", spans: [], ids: [], start: ids }
+      recorder.threads.push(thread)
+    } else thread = choice.thread
+    return occupying(
+      recorder,
+      thread,
+      Effect.gen(function*() {
+        const remaining = yield* contextLeft(recorder, thread, ids.length)
+        const sampling = samplingOf(recorder.config, body, remaining)
+        const result = yield* sample(recorder, ids, sampling)
+        if (choice._tag === "Rewrite") {
+          thread.closed.push({ spans: thread.spans, messageCount: 0 })
+          recorder.rewrites++
+        }
+        if (choice._tag !== "Continue") {
+          thread.spans = [{ source: "prompt", tokenIds: [...ids] }]
+          thread.start = ids
+        } else if (ids.length > choice.from) thread.spans.push({ source: "env", tokenIds: ids.slice(choice.from) })
+        thread.spans.push({
+          source: "policy",
+          tokenIds: [...result.tokenIds],
+          logprobs: [...result.logprobs],
+          policyVersion: result.policyVersion
+        })
+        thread.ids = [...ids, ...result.tokenIds]
+        thread.turns++
+        thread.tokens += result.tokenIds.length
+        const stops = new Set(sampling.stopTokenIds)
+        const shown = result.finishReason === "stop" && stops.has(result.tokenIds.at(-1)!)
+          ? result.tokenIds.slice(0, -1)
+          : result.tokenIds
+        thread.lastFinish = result.finishReason
+        return {
+          turn: {
+            content: "",
+            toolCalls: [],
+            finishReason: result.finishReason,
+            tokenIds: result.tokenIds,
+            logprobs: result.logprobs,
+            policyVersion: result.policyVersion,
+            promptTokens: ids.length
+          },
+          text: tokenizer.decode(shown)
+        }
+      })
+    )
+  })
+
+// ===== Trajectories =====
+
+/**
+ * One thread's record: its segments (closed ones first) and its message view.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface ThreadRecord {
+  readonly index: number
+  readonly parent: number | undefined
+  readonly segments: ReadonlyArray<Trajectory.Segment>
+  readonly messages: Message.Conversation
+  readonly turns: number
+}
+
+const segmentsOf = (thread: Thread): Array<Trajectory.Segment> =>
+  thread._tag === "Chat"
+    ? [...thread.closed, ...thread.transcript.segments()]
+    : [...thread.closed, ...(thread.spans.length === 0 ? [] : [{ spans: thread.spans, messageCount: 0 }])]
+
+/**
+ * The threads that sampled at least one turn, in the order they started.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const threads = (recorder: Recorder): Array<ThreadRecord> =>
+  recorder.threads.filter((t) => t.turns > 0).map((t) => ({
+    index: t.index,
+    parent: t.parent,
+    segments: segmentsOf(t),
+    messages: t._tag === "Chat" ? t.transcript.messages() : [],
+    turns: t.turns
+  }))
+
+/**
+ * How an episode ended, as the runner saw it.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type Ending =
+  | { readonly _tag: "Returned" }
+  | { readonly _tag: "Failed"; readonly error: RolloutError.RolloutError; readonly masked: boolean }
+  | { readonly _tag: "Abandoned"; readonly message: string }
+
+/**
+ * The episode as one trajectory: every thread's segments (a training sequence each, sharing the episode's reward),
+ * the message view of the thread that answered last (the final transcript), and figures under `gateway/`.
+ * Unscored: `rewardStatus` is `pending` (or `failed` when masked).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const trajectory = Effect.fnUntraced(function*(recorder: Recorder, ending: Ending) {
+  const endedAt = yield* Clock.currentTimeMillis
+  const config = recorder.config
+  const sampled = recorder.threads.filter((t) => t.turns > 0)
+  const last = [...sampled].sort((a, b) => b.lastActive - a.lastActive)[0]
+  const budget = config.maxContextTokens
+  const segments = sampled.flatMap(segmentsOf).map((s) => (budget === undefined ? s : Trajectory.clipSegment(s, budget)))
+  const chats = sampled.filter((t): t is ChatThread => t._tag === "Chat")
+  const masked = ending._tag === "Abandoned" || (ending._tag === "Failed" && ending.masked)
+  const termination: Trajectory.Termination = ending._tag === "Abandoned"
+    ? "interrupted"
+    : last?.contextEnded === true
+    ? "context_length"
+    : ending._tag === "Failed"
+    ? "error"
+    : last === undefined
+    ? "episode_end"
+    : last.lastFinish === "length"
+    ? "stop"
+    : last.lastFinish === "tool_calls"
+    ? "episode_end"
+    : "no_tool_call"
+  const error = ending._tag === "Failed"
+    ? { error: `${ending.error.reason}: ${ending.error.message}`, errorReason: ending.error.reason }
+    : ending._tag === "Abandoned"
+    ? { error: ending.message }
+    : {}
+  const result: Trajectory.Trajectory = {
+    trajectoryId: config.id,
+    groupId: config.groupId,
+    chainId: config.id,
+    messages: last?._tag === "Chat" ? last.transcript.messages() : [],
+    segments,
+    termination,
+    reward: 0,
+    rewardStatus: masked ? "failed" : "pending",
+    metrics: {
+      turns: sampled.reduce((n, t) => n + t.turns, 0),
+      tool_calls: chats.reduce((n, t) => n + t.toolCalls, 0),
+      tokens_generated: sampled.reduce((n, t) => n + t.tokens, 0),
+      sampler_latency_ms: recorder.samplerMs,
+      rollout_time_ms: endedAt - recorder.startedAt,
+      "gateway/requests": recorder.requests,
+      "gateway/threads": sampled.length,
+      "gateway/segments": segments.length,
+      "gateway/rewrites": recorder.rewrites,
+      ...(chats.some((t) => t.parseErrors > 0)
+        ? { "tool_errors/ParseFailed": chats.reduce((n, t) => n + t.parseErrors, 0) }
+        : {})
+    },
+    trainable: true,
+    masked,
+    ...(config.row === undefined ? {} : { row: config.row }),
+    ...error,
+    ...(termination === "episode_end" ? { episodeEnd: last === undefined ? "no_requests" : "after_tool_calls" } : {})
+  }
+  return result
+})
