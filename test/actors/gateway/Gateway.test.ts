@@ -96,8 +96,9 @@ describe("Gateway", () => {
         assert.strictEqual(Trajectory.sources(segment)[0], "prompt")
         // The message view keeps the transcript's own call ids (the tool result is matched back to its call).
         const view = t.messages
-        assert.strictEqual((view[2] as { tool_calls: Array<{ id: string }> }).tool_calls[0]!.id, "call_0_0")
-        assert.strictEqual((view[3] as { tool_call_id: string }).tool_call_id, "call_0_0")
+        const [asked, answered] = [view[2]!, view[3]!]
+        assert.strictEqual(asked.role === "assistant" ? asked.tool_calls?.[0]?.id : undefined, "call_0_0")
+        assert.strictEqual(answered.role === "tool" ? answered.tool_call_id : undefined, "call_0_0")
       }
     }))
 
