@@ -10,7 +10,25 @@
  *
  * **Errors.** A bad request gets an OpenAI-style body `{ error: { message, type, param, code } }` with a 4xx
  * status (400 invalid request, 404 unknown route or model, 405, 413 body too large); an engine failure is a 5xx.
- * The server never crashes on input.
+ * The server never crashes on input. Every check (the body, the parameters, the chat template, tokenization, the
+ * context, the vocabulary, the limits below) runs before the status line is written, so a bad `stream: true`
+ * request gets the same 4xx JSON body as the same request without streaming; only an engine failure during
+ * sampling can end a stream with an error event.
+ *
+ * **Limits** ({@link Options}, checked in this order, each before the work it bounds): the body size (from
+ * `Content-Length`, then as it is read); the number of prompts (before the body is decoded); the tokens a request
+ * asks for, its prompts' tokens plus `max_tokens` per prompt (token-id prompts and `max_tokens` are counted before
+ * any text is tokenized; text is tokenized prompt by prompt against what is left). A text longer than the context
+ * (or the budget) by its length alone is refused untokenized, and a long text is tokenized in pieces only until it
+ * passes the limit ({@link encodeWithin}).
+ *
+ * **Fair scheduling.** The server, not the engine's first-come queue, decides which sequence joins the batch: at most
+ * `maxRunning` sequences are in the engine at once, at most `maxRunningPerRequest` of one request, and a free place
+ * goes to the requests with a waiting sequence in turn. A request of 20,000 prompts then holds a few places of the
+ * batch, and a small request sent beside it starts at the next step and decodes in a batch that is not full (the
+ * tiny model's step takes about 5× longer at batch 32 than at batch 1). The price is a lone many-prompt request's
+ * batch: `maxRunningPerRequest` instead of the engine's `maxBatchSize` (BENCHMARKS.md, `bench/server.ts`).
+ * Requests of one prompt each (what `OpenAiCompatSampler` sends) are one lane each and fill the batch as before.
  *
  * **Streaming.** Tokens are written as they are sampled (the engine's per-token callback). With `tools`, text is
  * streamed until a tool-call tag starts; the parsed calls follow in one `tool_calls` delta at the end.
@@ -22,14 +40,15 @@
  */
 import * as Http from "node:http"
 import type { AddressInfo } from "node:net"
-import { Clock, Data, Effect, Fiber, FiberSet, Option, Schema } from "effect"
+import { Clock, Data, Deferred, Effect, Fiber, FiberSet, Option, Schema } from "effect"
 import type { Scope } from "effect"
 import * as ChatTemplate from "../src/ChatTemplate.ts"
 import type * as Message from "../src/Message.ts"
-import type { FinishReason, GenerateRequest, GenerateResult } from "../src/Sampler.ts"
+import type { ModelConfig } from "../src/model/ModelConfig.ts"
+import type { FinishReason, GenerateRequest, GenerateResult, SamplingParams } from "../src/Sampler.ts"
 import type * as Tokenizer from "../src/Tokenizer.ts"
 import * as ToolCallParser from "../src/ToolCallParser.ts"
-import { PolicyEngine } from "./PolicyEngine.ts"
+import { PolicyEngine, validateRequest } from "./PolicyEngine.ts"
 
 // ===== Models =====
 
@@ -56,9 +75,42 @@ export interface Options {
   readonly host?: string
   /** Default 0: a free port. */
   readonly port?: number
-  /** Largest request body accepted (default 4 MiB). */
+  /** Largest request body accepted, in bytes (default 4 MiB: 20,000 prompts of 40 token ids). */
   readonly maxBodyBytes?: number
+  /** Most prompts in one `/v1/completions` request (default 32,768). */
+  readonly maxPrompts?: number
+  /**
+   * Most tokens one request may ask for: the sum over its prompts of the prompt's tokens plus its `max_tokens`
+   * (capped at the context, which no sequence outgrows). Default 2,097,152: 32,768 prompts of 64 tokens, or about
+   * two minutes of the tiny model's decoding.
+   */
+  readonly maxRequestTokens?: number
+  /**
+   * Most sequences the server keeps in the engine at once (default 32): set it to the engine's `maxBatchSize`, so
+   * that every sequence the server admits joins the batch at the next step instead of queueing in the engine.
+   */
+  readonly maxRunning?: number
+  /**
+   * Most sequences of one request in the engine at once (default 8). Lower it for latency beside large requests,
+   * raise it (up to `maxRunning`) for the throughput of a lone many-prompt request.
+   */
+  readonly maxRunningPerRequest?: number
 }
+
+/**
+ * The defaults of {@link Options} (the `agentfly serve` flags show the same values).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const defaults = {
+  host: "127.0.0.1",
+  maxBodyBytes: 4 * 1024 * 1024,
+  maxPrompts: 32_768,
+  maxRequestTokens: 2_097_152,
+  maxRunning: 32,
+  maxRunningPerRequest: 8
+} as const
 
 /**
  * A running server.
@@ -143,20 +195,31 @@ const makeText = (model: Model, skipSpecial: boolean) => {
     model.tokenizer.decode(ids.filter((id) => model.tokenizer.isValidId(id) && !(skipSpecial && special.has(id))))
 }
 
-const generateRequest = Effect.fnUntraced(function*(
-  model: Model,
-  body: SamplingFields,
-  promptTokenIds: ReadonlyArray<number>,
-  chat: boolean
-) {
+// ===== Parameters and limits =====
+
+/**
+ * The sampling parameters of a request, checked in the API's own names (the engine checks them again, in its names,
+ * with {@link validateRequest}).
+ */
+const samplingOf = Effect.fnUntraced(function*(model: Model, config: ModelConfig, body: SamplingFields, chat: boolean) {
   if (body.n !== undefined && body.n !== null && body.n !== 1) return yield* invalid("only n = 1 is supported", "n")
+  const maxTokens = body.max_completion_tokens ?? body.max_tokens ?? (chat ? 256 : 16)
+  if (maxTokens < 1) return yield* invalid(`max_tokens must be at least 1, got ${maxTokens}`, "max_tokens")
+  const temperature = body.temperature ?? 1
+  if (!Number.isFinite(temperature) || temperature < 0) {
+    return yield* invalid(`temperature must be a finite number ≥ 0, got ${temperature}`, "temperature")
+  }
+  const topP = body.top_p ?? undefined
+  if (topP !== undefined && !(topP > 0 && topP <= 1)) return yield* invalid(`top_p must be in (0, 1], got ${topP}`, "top_p")
+  const topK = body.top_k ?? undefined
+  if (topK !== undefined && topK < -1) return yield* invalid(`top_k must be -1 (off) or ≥ 0, got ${topK}`, "top_k")
   const stopIds = new Set(body.stop_token_ids ?? [])
+  const badStop = [...stopIds].find((id) => id < 0 || id >= config.vocabSize)
+  if (badStop !== undefined) {
+    return yield* invalid(`stop_token_ids: ${badStop} is outside the vocabulary [0, ${config.vocabSize})`, "stop_token_ids")
+  }
   if (body.ignore_eos !== true) for (const id of model.stopTokenIds) stopIds.add(id)
-  const stops = body.stop === undefined || body.stop === null ?
-    [] :
-    typeof body.stop === "string" ?
-    [body.stop] :
-    body.stop
+  const stops = body.stop === undefined || body.stop === null ? [] : typeof body.stop === "string" ? [body.stop] : body.stop
   for (const s of stops) {
     const id = model.tokenizer.tokenToId(s)
     if (id === undefined) {
@@ -164,20 +227,161 @@ const generateRequest = Effect.fnUntraced(function*(
     }
     stopIds.add(id)
   }
-  const topK = body.top_k ?? undefined
-  const request: GenerateRequest = {
-    promptTokenIds,
-    sampling: {
-      temperature: body.temperature ?? 1,
-      maxTokens: body.max_completion_tokens ?? body.max_tokens ?? (chat ? 256 : 16),
-      stopTokenIds: [...stopIds],
-      ...(body.top_p === undefined || body.top_p === null ? {} : { topP: body.top_p }),
-      ...(topK === undefined || topK === -1 ? {} : { topK }),
-      ...(body.seed === undefined || body.seed === null ? {} : { seed: body.seed })
+  const sampling: SamplingParams = {
+    temperature,
+    maxTokens,
+    stopTokenIds: [...stopIds],
+    ...(topP === undefined ? {} : { topP }),
+    ...(topK === undefined || topK === -1 ? {} : { topK }),
+    ...(body.seed === undefined || body.seed === null ? {} : { seed: body.seed })
+  }
+  return sampling
+})
+
+/** The engine's own checks (prompt, context, vocabulary, parameters) as a 400, before anything is answered. */
+const checked = (config: ModelConfig, request: GenerateRequest, param: string) => {
+  const error = validateRequest(config, request)
+  return error === undefined ? Effect.succeed(request) : Effect.fail(invalid(error.message, param))
+}
+
+/**
+ * The most characters one token can stand for. A vocabulary's token strings are at least as long as the text they
+ * decode to (byte-level BPE writes one character per byte, SentencePiece `▁` per space, byte fallback `<0xNN>` per
+ * byte); the factor 4 covers normalizers that shorten text before it is split (NFC composes at most 3 code units
+ * into one).
+ */
+const charsPerTokenBound = (tokenizer: Tokenizer.Tokenizer): number => {
+  let longest = 1
+  for (let id = 0; id < tokenizer.vocabSize; id++) longest = Math.max(longest, tokenizer.idToToken(id)?.length ?? 0)
+  for (const token of tokenizer.addedTokens.keys()) longest = Math.max(longest, token.length)
+  return 4 * longest
+}
+
+/** Texts longer than this are counted in pieces of about `piece` characters before they are tokenized whole. */
+const piece = 4096
+
+/**
+ * Where to cut `text` near `at`: at a space between two non-spaces, where the pre-tokenizers of GPT-2-style
+ * byte-level BPE (Qwen, Llama 3) and SentencePiece split anyway, so the pieces' tokens are the whole text's; else
+ * (a run of `piece / 2` characters without such a space) right at `at`, keeping surrogate pairs whole.
+ */
+const isSpace = (c: string | undefined) => c === undefined || /\s/.test(c)
+
+const cutNear = (text: string, at: number): { readonly at: number; readonly exact: boolean } => {
+  for (let i = at; i > at - piece / 2; i--) {
+    if (text[i] === " " && !isSpace(text[i - 1]) && !isSpace(text[i + 1])) return { at: i, exact: true }
+  }
+  const code = text.charCodeAt(at)
+  return { at: code >= 0xdc00 && code <= 0xdfff ? at - 1 : at, exact: false }
+}
+
+/**
+ * The token ids of `text` if there are at most `limit`, else a count known to exceed it (`exact: false`: a lower
+ * bound). A text longer than `limit × charsPerToken` is refused from its length; one longer than two pieces is
+ * first tokenized piece by piece, stopping as soon as the count passes `limit` (with a slack of 16 tokens per cut
+ * that is not at a space, where a piece's tokens may differ from the whole text's). Only a text within the limit
+ * is tokenized whole, so a 4 MB prompt costs at most about `limit` tokens' worth of tokenizing.
+ *
+ * **Gotchas**: a single word of hundreds of thousands of letters is still slow to tokenize within the limit
+ * (@huggingface/tokenizers' BPE is quadratic in a word's length); the body limit bounds it.
+ */
+export const encodeWithin = (
+  tokenizer: Tokenizer.Tokenizer,
+  charsPerToken: number,
+  text: string,
+  limit: number
+): { readonly ids: ReadonlyArray<number> } | { readonly over: number; readonly exact: boolean } => {
+  const lower = Math.ceil(text.length / charsPerToken)
+  if (lower > limit) return { over: lower, exact: false }
+  if (text.length > 2 * piece) {
+    let count = 0, slack = 0
+    for (let from = 0; from < text.length;) {
+      const cut = from + piece >= text.length ? { at: text.length, exact: true } : cutNear(text, from + piece)
+      count += tokenizer.encode(text.slice(from, cut.at)).length
+      if (!cut.exact) slack += 16
+      if (count > limit + slack) return { over: count - slack, exact: false }
+      from = cut.at
     }
   }
-  return request
-})
+  const ids = tokenizer.encode(text)
+  return ids.length > limit ? { over: ids.length, exact: true } : { ids }
+}
+
+/** What a prompt of `n` known tokens adds to a request's token budget: its tokens and its completion's. */
+const asked = (config: ModelConfig, sampling: SamplingParams, promptTokens: number) =>
+  promptTokens + Math.min(sampling.maxTokens, config.maxPositionEmbeddings)
+
+const tooManyTokens = (n: number, exact: boolean, max: number, param: string) =>
+  invalid(
+    `the request asks for ${exact ? "" : "at least "}${n} tokens (its prompts' tokens plus max_tokens per prompt); ` +
+      `this server takes at most ${max} per request`,
+    param
+  )
+
+const overContext = (n: number, exact: boolean, config: ModelConfig, param: string) =>
+  invalid(
+    `the prompt has ${exact ? "" : "at least "}${n} tokens; the context holds ${config.maxPositionEmbeddings}`,
+    param
+  )
+
+// ===== Fair scheduling =====
+
+/** One request's sequences waiting for a place in the batch. */
+interface Lane {
+  readonly waiting: Array<Deferred.Deferred<void>>
+  /** In `Slots.turns`. */
+  queued: boolean
+}
+
+/** The places in the engine's batch, given to the requests with a waiting sequence in turn. */
+interface Slots {
+  readonly capacity: number
+  running: number
+  readonly turns: Array<Lane>
+}
+
+const grant = (slots: Slots): void => {
+  while (slots.running < slots.capacity && slots.turns.length > 0) {
+    const lane = slots.turns.shift()!
+    const next = lane.waiting.shift()!
+    if (lane.waiting.length > 0) slots.turns.push(lane)
+    else lane.queued = false
+    slots.running++
+    Deferred.doneUnsafe(next, Effect.void)
+  }
+}
+
+const leave = (slots: Slots): void => {
+  slots.running--
+  grant(slots)
+}
+
+/**
+ * Runs `effect` (one sequence) once its lane's turn comes and the batch has a free place, and frees the place when
+ * it ends. A sequence interrupted while it waits gives its turn up (or its place, if it was granted meanwhile).
+ */
+const withSlot = <A, E, R>(slots: Slots, lane: Lane, effect: Effect.Effect<A, E, R>): Effect.Effect<A, E, R> =>
+  Effect.uninterruptibleMask((restore) => {
+    const turn = Deferred.makeUnsafe<void>()
+    lane.waiting.push(turn)
+    if (!lane.queued) {
+      lane.queued = true
+      slots.turns.push(lane)
+    }
+    grant(slots)
+    const giveUp = Effect.sync(() => {
+      if (Deferred.isDoneUnsafe(turn)) return leave(slots)
+      lane.waiting.splice(lane.waiting.indexOf(turn), 1)
+      if (lane.waiting.length === 0 && lane.queued) {
+        lane.queued = false
+        slots.turns.splice(slots.turns.indexOf(lane), 1)
+      }
+    })
+    return restore(Deferred.await(turn)).pipe(
+      Effect.onInterrupt(() => giveUp),
+      Effect.andThen(Effect.ensuring(restore(effect), Effect.sync(() => leave(slots))))
+    )
+  })
 
 const samplerError = (e: { readonly reason: string; readonly message: string }) =>
   new ApiError(
@@ -231,15 +435,22 @@ const usage = (prompt: number, completion: number) => ({
   total_tokens: prompt + completion
 })
 
+const tooLarge = (maxBody: number) =>
+  new ApiError({ status: 413, message: `the request body exceeds ${maxBody} bytes` })
+
+/** The body as JSON; a body over `maxBody` is refused from its `Content-Length`, or as soon as it passes the limit. */
 const readBody = (req: Http.IncomingMessage, maxBody: number) =>
   Effect.callback<unknown, ApiError>((resume) => {
+    if (Number(req.headers["content-length"] ?? 0) > maxBody) return resume(Effect.fail(tooLarge(maxBody)))
     const chunks: Array<Buffer> = []
     let size = 0, done = false
     req.on("data", (c: Buffer) => {
+      if (done) return
       size += c.length
-      if (size > maxBody && !done) {
+      if (size > maxBody) {
         done = true
-        resume(Effect.fail(new ApiError({ status: 413, message: `the request body exceeds ${maxBody} bytes` })))
+        chunks.length = 0
+        resume(Effect.fail(tooLarge(maxBody)))
       } else chunks.push(c)
     })
     req.on("end", () => {
@@ -256,6 +467,12 @@ const readBody = (req: Http.IncomingMessage, maxBody: number) =>
       done = true
     })
   })
+
+/** Prompts in a raw `/v1/completions` body, counted before it is decoded. */
+const promptCount = (raw: unknown): number => {
+  const prompt = (raw as { prompt?: unknown } | null)?.prompt
+  return Array.isArray(prompt) && prompt.length > 0 && typeof prompt[0] !== "number" ? prompt.length : 1
+}
 
 const sendJson = (res: Http.ServerResponse, status: number, value: unknown) =>
   Effect.sync(() => {
@@ -283,14 +500,31 @@ const errorBody = (e: ApiError) => ({
  */
 export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, options: Options = {}) {
   const engine = yield* PolicyEngine
+  const config = engine.config
   const run = yield* FiberSet.makeRuntime<never>()
-  const maxBody = options.maxBodyBytes ?? 4 * 1024 * 1024
+  const limits = { ...defaults, ...options }
+  const perRequest = Math.max(1, Math.min(limits.maxRunningPerRequest, limits.maxRunning))
+  const slots: Slots = { capacity: Math.max(1, limits.maxRunning), running: 0, turns: [] }
+  const charsPerToken = charsPerTokenBound(model.tokenizer)
   let counter = 0
   const nextId = (prefix: string) => `${prefix}-${++counter}`
   const now = Effect.map(Clock.currentTimeMillis, (ms) => Math.floor(ms / 1000))
 
-  const generate = (request: GenerateRequest, onToken?: (id: number, lp: number) => void) =>
-    engine.generate(request, { onToken }).pipe(Effect.mapError(samplerError))
+  /** One sequence of a request (its lane), once the fair scheduler gives it a place in the batch. */
+  const generate = (lane: Lane, request: GenerateRequest, onToken?: (id: number, lp: number) => void) =>
+    withSlot(slots, lane, engine.generate(request, { onToken }).pipe(Effect.mapError(samplerError)))
+  const newLane = (): Lane => ({ waiting: [], queued: false })
+
+  /** Tokenizes `text` (a prompt, or a rendered chat) within the context and what is left of the budget. */
+  const encodePrompt = (text: string, left: number, param: string) => {
+    const encoded = encodeWithin(model.tokenizer, charsPerToken, text, Math.min(config.maxPositionEmbeddings, left))
+    if ("ids" in encoded) return Effect.succeed(encoded.ids)
+    return Effect.fail(
+      encoded.over > config.maxPositionEmbeddings ?
+        overContext(encoded.over, encoded.exact, config, param) :
+        tooManyTokens(limits.maxRequestTokens - left + encoded.over, false, limits.maxRequestTokens, param)
+    )
+  }
 
   const completionText = (result: GenerateResult, ids: ReadonlyArray<number>, body: SamplingFields) => {
     const keepStop = body.include_stop_str_in_output === true
@@ -298,7 +532,13 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
     return makeText(model, body.skip_special_tokens ?? true)(shown)
   }
 
-  const completionRequests = Effect.fnUntraced(function*(raw: unknown) {
+  /** Every check of a `/v1/completions` body, cheapest first; nothing is sampled and no status line is written. */
+  const completionRequests = Effect.fnUntraced(function*(raw: unknown, stream: boolean) {
+    const count = promptCount(raw)
+    if (count > limits.maxPrompts) {
+      return yield* invalid(`the request has ${count} prompts; this server takes at most ${limits.maxPrompts}`, "prompt")
+    }
+    if (stream && count !== 1) return yield* invalid("stream: true takes a single prompt", "prompt")
     const body = yield* decode(CompletionRequest, raw)
     if (body.echo === true) return yield* invalid("echo is not supported", "echo")
     const prompts: ReadonlyArray<string | ReadonlyArray<number>> =
@@ -306,10 +546,27 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
       ? [body.prompt as ReadonlyArray<number>]
       : (body.prompt as ReadonlyArray<string | ReadonlyArray<number>>)
     if (prompts.length === 0) return yield* invalid("the prompt is empty", "prompt")
-    const requests = yield* Effect.forEach(prompts, (p) => {
-      const ids = typeof p === "string" ? model.tokenizer.encode(p) : p
-      return generateRequest(model, body, ids, false)
-    })
+    const sampling = yield* samplingOf(model, config, body, false)
+    // The budget before any text is tokenized: token-id prompts exactly, text prompts by their length.
+    let known = 0, bound = 0
+    for (const p of prompts) {
+      known += typeof p === "string" ? asked(config, sampling, 0) : asked(config, sampling, p.length)
+      if (typeof p === "string") bound += Math.ceil(p.length / charsPerToken)
+    }
+    if (known + bound > limits.maxRequestTokens) {
+      return yield* tooManyTokens(known + bound, bound === 0, limits.maxRequestTokens, "prompt")
+    }
+    const requests: Array<GenerateRequest> = []
+    for (const p of prompts) {
+      let ids = p as ReadonlyArray<number>
+      if (typeof p === "string") {
+        ids = yield* encodePrompt(p, limits.maxRequestTokens - known, "prompt")
+        known += ids.length
+        // Tokenizing thousands of prompts must not stall the decode loop (the same thread) for long.
+        if (requests.length % 64 === 63) yield* Effect.yieldNow
+      }
+      requests.push(yield* checked(config, { promptTokenIds: ids, sampling }, "prompt"))
+    }
     return { body, requests }
   })
 
@@ -317,8 +574,7 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
 
   /** `stream: true` on /v1/completions: one event per sampled token (its text delta may be empty). */
   const completionsStream = Effect.fnUntraced(function*(raw: unknown, res: Http.ServerResponse) {
-    const { body, requests } = yield* completionRequests(raw)
-    if (requests.length !== 1) return yield* invalid("stream: true takes a single prompt", "prompt")
+    const { body, requests } = yield* completionRequests(raw, true)
     const request = requests[0]!
     const id = nextId("cmpl"), created = yield* now
     const event = (choice: Record<string, unknown>) =>
@@ -350,7 +606,7 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
         finish_reason: null
       }))
     }
-    const result = yield* generate(request, onToken)
+    const result = yield* generate(newLane(), request, onToken)
     const full = text(shown)
     res.write(event({
       text: full.length > sent ? full.slice(sent) : "",
@@ -362,8 +618,9 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
   })
 
   const completions = Effect.fnUntraced(function*(raw: unknown) {
-    const { body, requests } = yield* completionRequests(raw)
-    const results = yield* Effect.forEach(requests, (r) => generate(r), { concurrency: "unbounded" })
+    const { body, requests } = yield* completionRequests(raw, false)
+    const lane = newLane()
+    const results = yield* Effect.forEach(requests, (r) => generate(lane, r), { concurrency: perRequest })
     const asIds = body.return_tokens_as_token_ids === true
     const choices = results.map((result, index) => ({
       index,
@@ -392,12 +649,17 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
     }
   })
 
-  const chatPrompt = Effect.fnUntraced(function*(body: typeof ChatCompletionRequest.Type) {
+  /** Every check of a `/v1/chat/completions` body; the rendered conversation is tokenized within the limits. */
+  const chatRequest = Effect.fnUntraced(function*(raw: unknown) {
+    const body = yield* decode(ChatCompletionRequest, raw)
+    const sampling = yield* samplingOf(model, config, body, true)
     const { messages, tools } = yield* conversation(body)
     const text = yield* model.template.render(messages, { addGenerationPrompt: true, tools }).pipe(
       Effect.mapError((e) => invalid(e.message, "messages"))
     )
-    return { ids: model.tokenizer.encode(text), tools }
+    const ids = yield* encodePrompt(text, limits.maxRequestTokens - asked(config, sampling, 0), "messages")
+    const request = yield* checked(config, { promptTokenIds: ids, sampling }, "messages")
+    return { body, tools, request }
   })
 
   const toolCallsOf = (text: string, tools: ReadonlyArray<unknown>) => {
@@ -414,10 +676,9 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
   })
 
   const chat = Effect.fnUntraced(function*(raw: unknown) {
-    const body = yield* decode(ChatCompletionRequest, raw)
-    const { ids, tools } = yield* chatPrompt(body)
-    const request = yield* generateRequest(model, body, ids, true)
-    const result = yield* generate(request)
+    const { body, tools, request } = yield* chatRequest(raw)
+    const ids = request.promptTokenIds
+    const result = yield* generate(newLane(), request)
     const text = completionText(result, result.tokenIds, { ...body, include_stop_str_in_output: false })
     const { content, toolCalls } = toolCallsOf(text, tools)
     return {
@@ -444,9 +705,7 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
   })
 
   const chatStream = Effect.fnUntraced(function*(raw: unknown, res: Http.ServerResponse) {
-    const body = yield* decode(ChatCompletionRequest, raw)
-    const { ids, tools } = yield* chatPrompt(body)
-    const request = yield* generateRequest(model, body, ids, true)
+    const { body, tools, request } = yield* chatRequest(raw)
     const id = nextId("chatcmpl"), created = yield* now
     const chunk = (delta: Record<string, unknown>, finish: string | null, extra: Record<string, unknown> = {}) =>
       `data: ${
@@ -490,7 +749,7 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
         sent = current.length
       }
     }
-    const result = yield* generate(request, onToken)
+    const result = yield* generate(newLane(), request, onToken)
     const full = text(sampled)
     const { content, toolCalls } = toolCallsOf(full, tools)
     if (toolCalls.length === 0 && full.length > sent) res.write(chunk({ content: full.slice(sent) }, null))
@@ -525,7 +784,7 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
     ) =>
       req.method !== "POST" ?
         Effect.fail(new ApiError({ status: 405, message: `${req.method} is not allowed on ${path}; use POST` })) :
-        readBody(req, maxBody).pipe(
+        readBody(req, limits.maxBodyBytes).pipe(
           Effect.tap(checkModel),
           Effect.flatMap((body) =>
             (body as { stream?: unknown } | null)?.stream === true ?
@@ -571,7 +830,7 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
   const server = Http.createServer(handle)
   yield* Effect.acquireRelease(
     Effect.callback<void>((resume) => {
-      server.listen(options.port ?? 0, options.host ?? "127.0.0.1", () => resume(Effect.void))
+      server.listen(options.port ?? 0, limits.host, () => resume(Effect.void))
     }),
     () =>
       Effect.callback<void>((resume) => {
@@ -580,6 +839,6 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
       })
   )
   const port = (server.address() as AddressInfo).port
-  const result: Server = { port, baseUrl: `http://${options.host ?? "127.0.0.1"}:${port}/v1` }
+  const result: Server = { port, baseUrl: `http://${limits.host}:${port}/v1` }
   return result
 }) satisfies (model: Model, options?: Options) => Effect.Effect<Server, never, PolicyEngine | Scope.Scope>

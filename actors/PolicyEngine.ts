@@ -217,7 +217,15 @@ const validateWeights = (c: ModelConfig.ModelConfig, weights: Qwen2.Weights): Po
 
 const badRequest = (message: string) => new SamplerError({ reason: "BadRequest", message })
 
-const validateRequest = (c: ModelConfig.ModelConfig, r: GenerateRequest): SamplerError | undefined => {
+/**
+ * What `generate` refuses with `SamplerError { reason: "BadRequest" }` (an empty prompt, one longer than the
+ * context, an id outside the vocabulary, bad sampling parameters), as a pure check: the HTTP server runs it before
+ * it answers a streaming request's status line.
+ *
+ * @category validation
+ * @since 0.1.0
+ */
+export const validateRequest = (c: ModelConfig.ModelConfig, r: GenerateRequest): SamplerError | undefined => {
   const { promptTokenIds: ids, sampling: s } = r
   if (ids.length === 0) return badRequest("the prompt is empty")
   if (ids.length > c.maxPositionEmbeddings) {

@@ -1,4 +1,8 @@
-/** A `PolicyEngine` whose `generate` is a test's script, at policy version 9, for servers and rollouts under test. */
+/**
+ * A `PolicyEngine` whose `generate` is a test's script, at policy version 9, for servers and rollouts under test.
+ * A script computes no positions, so its config holds a 32,768-token context (the server checks prompts against the
+ * engine's config before it calls `generate`): a rendered conversation with tools fits, as on a real model.
+ */
 import { Effect } from "effect"
 import { PolicyEngine } from "../../actors/PolicyEngine.ts"
 import type * as ModelFolder from "../../src/ModelFolder.ts"
@@ -8,7 +12,7 @@ export const scriptedEngine = (
   generate: PolicyEngine["Service"]["generate"]
 ): PolicyEngine["Service"] =>
   PolicyEngine.of({
-    config: folder.config,
+    config: { ...folder.config, maxPositionEmbeddings: 32_768 },
     generate,
     updateWeights: () => Effect.void,
     policyVersion: Effect.succeed(9),
