@@ -44,13 +44,14 @@ export interface Options {
 }
 
 /**
- * The defaults: 3 results (at most 5), 4 searches per episode, passages cut at 120 characters and observations at
- * 400.
+ * The defaults: 2 results (at most 5), 4 searches per episode, passages cut at 120 characters and observations at
+ * 400. Two results hold every fact a generated question needs (a name's own passages rank first: their titles
+ * match) and keep a two-hop episode inside the tiny policy's 512 positions; a larger model may ask for more.
  *
  * @category constants
  * @since 0.1.0
  */
-export const defaults: Options = { k: 3, maxK: 5, maxSearches: 4, passageChars: 120, observationChars: 400 }
+export const defaults: Options = { k: 2, maxK: 5, maxSearches: 4, passageChars: 120, observationChars: 400 }
 
 /**
  * What a session has done: the searches it ran, their queries in order.

@@ -17,7 +17,7 @@ import { SearchSession } from "./SearchSession.ts"
  */
 export const make = (maxK: number) =>
   Tool.make("search", {
-    description: "Search the passages. Returns the top k (default 3).",
+    description: "Search the passages; returns the top k of them.",
     parameters: Schema.Struct({
       query: Schema.String.annotate({ description: "Words to look for, e.g. a name" }),
       k: Schema.optionalKey(

@@ -10,7 +10,7 @@
  *
  * **The passages** (one fact each, titled with their subject): `Kavo Meli was born in Tobar.`, `Kavo Meli works
  * as a baker.`, `Dilumo was founded by Kavo Meli.`, `Dilumo is based in Tobar.`, `Tobar is a city in Sanoria.`
- * They are short on purpose: an observation of three of them is about 90 bytes, and a two-hop episode (two
+ * They are short on purpose: an observation of two of them is about 60 bytes, and a two-hop episode (two
  * searches and an answer) fits the 512 positions of the tiny byte-level policy.
  *
  * **The questions.** One hop: `Where was P born?` (a city), `Who founded C?` (a person), `Which country is T in?`
