@@ -31,12 +31,14 @@
  */
 import { Clock, Context, Duration, Effect, Fiber, FileSystem, Queue, Schema, Semaphore, Stream } from "effect"
 import type { Scope } from "effect"
+import * as AgentTask from "../src/AgentTask.ts"
 import * as Dataset from "../src/Dataset.ts"
 import * as Sampling from "../src/Sampling.ts"
 import type { Sampler } from "../src/Sampler.ts"
 import * as Task from "../src/Task.ts"
 import type * as TrainConfig from "../src/TrainConfig.ts"
 import * as Trajectory from "../src/Trajectory.ts"
+import * as AgentRollout from "./gateway/AgentRollout.ts"
 import * as Journal from "./Journal.ts"
 import * as Metrics from "./Metrics.ts"
 import * as Rollout from "./Rollout.ts"
@@ -294,7 +296,18 @@ export const infrastructureFailures = (
 }
 
 /**
- * Rollout figures of a set of groups, under `prefix` (`rollout` or `eval`): `reward_mean`, `accuracy`,
+ * The standard error of a mean over independent units (here: questions, each the mean of its samples), the
+ * yardstick a held-out gain is read against.
+ */
+const standardError = (xs: ReadonlyArray<number>): number => {
+  if (xs.length < 2) return 0
+  const m = mean(xs)
+  return Math.sqrt(xs.reduce((s, x) => s + (x - m) ** 2, 0) / (xs.length - 1) / xs.length)
+}
+
+/**
+ * Rollout figures of a set of groups, under `prefix` (`rollout` or `eval`): `reward_mean`, `accuracy` and its
+ * standard error over groups (`accuracy_se`: a group is one question's samples),
  * `invalid_tool_call_rate`, `turns_mean`, `tool_calls/<tool>` (calls per trajectory), `policy_tokens` and, with
  * `policyVersion`, `staleness_mean`.
  *
@@ -315,6 +328,7 @@ export const rolloutFigures = (
   const out: Record<string, number> = {
     [`${p}/reward_mean`]: mean(trajectories.map((t) => t.reward)),
     [`${p}/accuracy`]: mean(trajectories.map((t) => (correct(t) ? 1 : 0))),
+    [`${p}/accuracy_se`]: standardError(groups.map((g) => mean(g.trajectories.map((t) => (correct(t) ? 1 : 0))))),
     [`${p}/invalid_tool_call_rate`]: mean(trajectories.map((t) => (hasInvalidCall(t) ? 1 : 0))),
     [`${p}/turns_mean`]: mean(trajectories.map(Trajectory.turnCount)),
     [`${p}/policy_tokens`]: trajectories.reduce((n, t) => n + Trajectory.policyTokenCount(t), 0),
@@ -431,6 +445,10 @@ export const collectGroups = (
   }
 ): Effect.Effect<Array<Trajectory.Group>, TrainerError, Sampler> => {
   const { config, runtime } = agent
+  // An agent function's episodes run through the gateway, with the same ids, seeds and figures.
+  if (AgentTask.isAgentTask(runtime.task)) {
+    return AgentRollout.collectGroups(agent, rows, sampling).pipe(Effect.mapError(fail("Rollout")))
+  }
   return Rollout.run({
     rows: rows.map((row) => ({
       ...row.fields,

@@ -1,0 +1,248 @@
+/**
+ * Agent-function tasks rolled out through the gateway (`AgentRollout.runTask`), with an agent written with the real
+ * `openai` SDK against a scripted token sampler: groups of `numChains` concurrent episodes with the chains' seeds;
+ * rewards returned, posted to `/episodes/ID/reward`, or scored by the task's reward on the final transcript; crashes,
+ * timeouts and missing rewards follow the error policies (a crashed or abandoned episode is masked and freed); a
+ * group reward rescores a group together.
+ */
+import { assert, describe, it } from "@effect/vitest"
+import { Effect, Schema, Stream } from "effect"
+import OpenAI from "openai"
+import * as AgentRollout from "../../../actors/gateway/AgentRollout.ts"
+import * as AgentTask from "../../../src/AgentTask.ts"
+import * as Reward from "../../../src/Reward.ts"
+import * as Sampler from "../../../src/Sampler.ts"
+import * as Trajectory from "../../../src/Trajectory.ts"
+import { calculatorTool, evaluate, format, scriptedSampler } from "./fixtures.ts"
+
+type Msg = OpenAI.Chat.Completions.ChatCompletionMessageParam
+
+/** A calculator agent written with the openai SDK: its own tool loop, then the final text. */
+const calculatorAgent = async (input: AgentTask.Input<unknown>, client: AgentTask.Client): Promise<string> => {
+  const openai = new OpenAI({ baseURL: client.baseURL, apiKey: client.apiKey, maxRetries: 0 })
+  const messages: Array<Msg> = input.messages.map((m) => ({ role: m.role, content: m.content }) as Msg)
+  for (let step = 0; step < 4; step++) {
+    const reply = await openai.chat.completions.create({ model: client.model, messages, tools: [calculatorTool] }, {
+      signal: client.signal
+    })
+    const message = reply.choices[0]!.message
+    messages.push(message)
+    const calls = message.tool_calls ?? []
+    if (calls.length === 0) return message.content ?? ""
+    for (const c of calls) {
+      if (c.type !== "function") continue
+      messages.push({ role: "tool", tool_call_id: c.id, content: evaluate(JSON.parse(c.function.arguments).expression) })
+    }
+  }
+  return ""
+}
+
+const answerOf = (text: string) => /The answer is (-?\d+)/.exec(text)?.[1]
+
+const exact = Reward.make("exact", {
+  row: Schema.Struct({ answer: Schema.String }),
+  score: ({ trajectory, row }) => Effect.succeed(answerOf(Trajectory.lastAssistantText(trajectory)) === row.answer ? 1 : 0)
+})
+
+const rows = [
+  { question: "What is 17*23?", answer: "391" },
+  { question: "What is 6*7?", answer: "41" }
+]
+
+const run = (task: AgentTask.AgentTask, sampler?: Sampler.Sampler["Service"], numChains = 3) =>
+  Effect.gen(function*() {
+    const s = sampler ?? (yield* scriptedSampler(5))
+    return yield* AgentRollout.runTask({
+      task,
+      rows,
+      numChains,
+      sampling: { temperature: 1, maxTokens: 256, seed: 100 },
+      format,
+      systemPrompt: "Use the calculator tool.",
+      runId: "r"
+    }).pipe(Stream.runCollect, Effect.provideService(Sampler.Sampler, s))
+  })
+
+describe("AgentRollout", () => {
+  it.live("groups of concurrent episodes with the chains' ids and seeds, scored by the task's reward", () =>
+    Effect.gen(function*() {
+      const seeds: Array<number | undefined> = []
+      const base = yield* scriptedSampler(5)
+      const sampler = Sampler.Sampler.of({
+        ...base,
+        generate: (r) => Effect.suspend(() => {
+          seeds.push(r.sampling.seed)
+          return base.generate(r)
+        })
+      })
+      let inFlight = 0
+      let most = 0
+      const task = AgentTask.make("calc", {
+        row: Schema.Struct({ answer: Schema.String }),
+        agent: async (input, client) => {
+          most = Math.max(most, ++inFlight)
+          await new Promise((r) => setTimeout(r, 20))
+          await calculatorAgent(input, client)
+          inFlight--
+        },
+        reward: exact
+      })
+      const groups = yield* run(task, sampler)
+      assert.deepStrictEqual(groups.map((g) => g.groupId), ["r-g0", "r-g1"])
+      assert.deepStrictEqual(groups[0]!.trajectories.map((t) => t.chainId), ["r-g0-c0", "r-g0-c1", "r-g0-c2"])
+      assert.isAbove(most, 1, "episodes run concurrently")
+      // Every request of episode k of row i samples with seed + i·numChains + k, as a chain does.
+      assert.deepStrictEqual([...new Set(seeds)].sort((a, b) => a! - b!), [100, 101, 102, 103, 104, 105])
+      const [g0, g1] = groups
+      assert.deepStrictEqual(g0!.trajectories.map((t) => t.reward), [1, 1, 1])
+      assert.deepStrictEqual(g1!.trajectories.map((t) => t.reward), [0, 0, 0], "6*7 is not 41")
+      for (const t of groups.flatMap((g) => g.trajectories)) {
+        assert.strictEqual(t.rewardStatus, "scored")
+        assert.isFalse(t.masked)
+        assert.isTrue(t.trainable)
+        assert.strictEqual(t.termination, "no_tool_call")
+        assert.deepStrictEqual(t.row, { answer: t.groupId === "r-g0" ? "391" : "41" })
+        const sources = new Set(t.segments.flatMap((s) => s.spans.map((span) => span.source)))
+        assert.deepStrictEqual([...sources].sort(), ["policy", "prompt", "template", "tool"])
+        assert.strictEqual(t.metrics["reward/exact/reward"], t.reward)
+      }
+    }))
+
+  it.live("a returned reward wins, a posted one comes next; with neither and no task reward the reward is missing", () =>
+    Effect.gen(function*() {
+      const returning = AgentTask.make("returns", {
+        agent: async (input, client) => ({ reward: (await calculatorAgent(input, client)).length / 100, metrics: { chars: 1 } })
+      })
+      const posting = AgentTask.make("posts", {
+        agent: async (input, client) => {
+          await calculatorAgent(input, client)
+          const r = await fetch(client.rewardURL, { method: "POST", body: JSON.stringify({ reward: 0.25 }) })
+          if (!r.ok) throw new Error(`reward: ${r.status}`)
+        }
+      })
+      const silent = AgentTask.make("silent", { agent: async (input, client) => void (await calculatorAgent(input, client)) })
+      const a = (yield* run(returning, undefined, 1)).flatMap((g) => g.trajectories)
+      assert.deepStrictEqual(a.map((t) => t.reward), [0.18, 0.17])
+      assert.strictEqual(a[0]!.metrics["reward/agent/returned"], 1)
+      assert.strictEqual(a[0]!.metrics["chars"], 1)
+      const b = (yield* run(posting, undefined, 1)).flatMap((g) => g.trajectories)
+      assert.deepStrictEqual(b.map((t) => [t.reward, t.metrics["reward/agent/posted"]]), [[0.25, 1], [0.25, 1]])
+      // RewardFailed's default policy: scored 0 and kept, with the reason named (it counts as a failure).
+      const c = (yield* run(silent, undefined, 1)).flatMap((g) => g.trajectories)
+      assert.deepStrictEqual(c.map((t) => [t.reward, t.rewardStatus, t.masked, t.errorReason]), [
+        [0, "scored", false, "RewardFailed"],
+        [0, "scored", false, "RewardFailed"]
+      ])
+    }))
+
+  it.live("a crash is masked (EnvFailed); a drop_group policy drops the group; a request refused first names the reason", () =>
+    Effect.gen(function*() {
+      const flaky = (policies?: AgentTask.Options<unknown>["policies"]) =>
+        AgentTask.make("flaky", {
+          agent: async (input, client) => {
+            const text = await calculatorAgent(input, client)
+            if (client.episodeId.endsWith("-c1")) throw new Error("the agent's own bug")
+            return text.length > 0 ? 1 : 0
+          },
+          ...(policies === undefined ? {} : { policies })
+        })
+      const groups = yield* run(flaky())
+      const all = groups.flatMap((g) => g.trajectories)
+      const crashed = all.filter((t) => t.masked)
+      assert.strictEqual(crashed.length, 2)
+      for (const t of crashed) {
+        assert.strictEqual(t.termination, "error")
+        assert.strictEqual(t.errorReason, "EnvFailed")
+        assert.strictEqual(t.rewardStatus, "failed")
+        assert.include(t.error, "the agent's own bug")
+        assert.isAbove(t.segments.length, 0, "what it sampled is kept, masked")
+      }
+      const dropped = yield* run(flaky({ overrides: { EnvFailed: "drop_group" } }))
+      assert.strictEqual(dropped.length, 0, "both groups had a crash")
+
+      // The sampler refuses every request: the agent's SDK throws, and the episode's reason is the sampler's.
+      const refusing = Sampler.Sampler.of({
+        generate: () => Effect.fail(new Sampler.SamplerError({ reason: "BadRequest", message: "no" })),
+        policyVersion: Effect.succeed(0)
+      })
+      const refused = (yield* run(AgentTask.make("refused", { agent: calculatorAgent }), refusing, 1)).flatMap((g) =>
+        g.trajectories
+      )
+      assert.deepStrictEqual(refused.map((t) => [t.errorReason, t.masked]), [["SamplerRejected", true], ["SamplerRejected", true]])
+    }))
+
+  it.live("an abandoned episode (the agent hangs past its timeout): masked, its signal aborted, its requests refused", () =>
+    Effect.gen(function*() {
+      const seen: Array<{ aborted: boolean; later: number }> = []
+      const releases = new Map<string, () => void>()
+      const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms))
+      // One episode at a time: chain 0 of a group hangs (its client abandoned it) and is released, as a zombie, by
+      // chain 1 while the gateway still serves.
+      const task = AgentTask.make("hangs", {
+        timeout: "400 millis",
+        agent: async (input, client) => {
+          await calculatorAgent(input, client)
+          const group = client.episodeId.slice(0, -3)
+          if (client.episodeId.endsWith("-c1")) {
+            releases.get(group)?.()
+            await sleep(100)
+            return 1
+          }
+          await new Promise<void>((r) => releases.set(group, r))
+          const aborted = client.signal.aborted
+          const later = await fetch(`${client.baseURL}/chat/completions`, {
+            method: "POST",
+            body: JSON.stringify({ messages: [{ role: "user", content: "still there?" }] })
+          }).then((r) => r.status, () => -1)
+          seen.push({ aborted, later })
+        }
+      })
+      const groups = yield* AgentRollout.runTask({
+        task,
+        rows,
+        numChains: 2,
+        maxConcurrentChains: 1,
+        sampling: { temperature: 1, maxTokens: 256, seed: 1 },
+        format,
+        runId: "r"
+      }).pipe(Stream.runCollect, Effect.provideService(Sampler.Sampler, yield* scriptedSampler()))
+      const all = groups.flatMap((g) => g.trajectories)
+      assert.deepStrictEqual(all.map((t) => [t.chainId, t.masked, t.errorReason ?? null, t.rewardStatus]), [
+        ["r-g0-c0", true, "EnvFailed", "failed"],
+        ["r-g0-c1", false, null, "scored"],
+        ["r-g1-c0", true, "EnvFailed", "failed"],
+        ["r-g1-c1", false, null, "scored"]
+      ])
+      assert.include(all[0]!.error, "timeout")
+      // The abandoned episodes were closed and freed while the gateway kept serving the others.
+      assert.deepStrictEqual(seen, [{ aborted: true, later: 404 }, { aborted: true, later: 404 }])
+    }))
+
+  it.live("a group reward rescores each group's scored trajectories together; masked ones are left out", () =>
+    Effect.gen(function*() {
+      const calls: Array<number> = []
+      const ranking: AgentTask.GroupReward = {
+        name: "rank",
+        score: (ts) =>
+          Effect.sync(() => {
+            calls.push(ts.length)
+            return ts.map((_, i) => ({ reward: i / ts.length, metrics: { size: ts.length } }))
+          })
+      }
+      let n = 0
+      const task = AgentTask.make("ranked", {
+        agent: async (input, client) => {
+          await calculatorAgent(input, client)
+          if (n++ === 0) throw new Error("crash")
+          return 1
+        },
+        groupReward: ranking
+      })
+      const groups = yield* run(task)
+      assert.deepStrictEqual(calls, [2, 3])
+      const [g0, g1] = groups
+      assert.deepStrictEqual(g0!.trajectories.map((t) => t.reward), [0, 0, 0.5])
+      assert.deepStrictEqual(g1!.trajectories.map((t) => t.reward), [0, 1 / 3, 2 / 3])
+      assert.strictEqual(g1!.trajectories[2]!.metrics["reward/rank/size"], 3)
+    }))
+})
