@@ -296,7 +296,18 @@ export const infrastructureFailures = (
 }
 
 /**
- * Rollout figures of a set of groups, under `prefix` (`rollout` or `eval`): `reward_mean`, `accuracy`,
+ * The standard error of a mean over independent units (here: questions, each the mean of its samples), the
+ * yardstick a held-out gain is read against.
+ */
+const standardError = (xs: ReadonlyArray<number>): number => {
+  if (xs.length < 2) return 0
+  const m = mean(xs)
+  return Math.sqrt(xs.reduce((s, x) => s + (x - m) ** 2, 0) / (xs.length - 1) / xs.length)
+}
+
+/**
+ * Rollout figures of a set of groups, under `prefix` (`rollout` or `eval`): `reward_mean`, `accuracy` and its
+ * standard error over groups (`accuracy_se`: a group is one question's samples),
  * `invalid_tool_call_rate`, `turns_mean`, `tool_calls/<tool>` (calls per trajectory), `policy_tokens` and, with
  * `policyVersion`, `staleness_mean`.
  *
@@ -317,6 +328,7 @@ export const rolloutFigures = (
   const out: Record<string, number> = {
     [`${p}/reward_mean`]: mean(trajectories.map((t) => t.reward)),
     [`${p}/accuracy`]: mean(trajectories.map((t) => (correct(t) ? 1 : 0))),
+    [`${p}/accuracy_se`]: standardError(groups.map((g) => mean(g.trajectories.map((t) => (correct(t) ? 1 : 0))))),
     [`${p}/invalid_tool_call_rate`]: mean(trajectories.map((t) => (hasInvalidCall(t) ? 1 : 0))),
     [`${p}/turns_mean`]: mean(trajectories.map(Trajectory.turnCount)),
     [`${p}/policy_tokens`]: trajectories.reduce((n, t) => n + Trajectory.policyTokenCount(t), 0),

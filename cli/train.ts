@@ -127,11 +127,19 @@ export const run = Effect.fn("cli.train")(function*(
   const last = evals.at(-1)
   if (first !== undefined && last !== undefined) {
     const f = (x: number | undefined) => (x === undefined ? "–" : x.toFixed(3))
+    const se = (x: number | undefined) => (x === undefined ? "" : ` ± ${x.toFixed(3)}`)
+    const before = first.figures["eval/accuracy"]
+    const after = last.figures["eval/accuracy"]
+    const afterSe = last.figures["eval/accuracy_se"]
+    // The gain in standard errors of the final figure: what tells a real gain from evaluation noise.
+    const gain = before === undefined || after === undefined || afterSe === undefined || afterSe === 0 ||
+        last === first
+      ? ""
+      : ` (gain ${after >= before ? "+" : ""}${(after - before).toFixed(3)}, ${((after - before) / afterSe).toFixed(1)} SE)`
     yield* say(
-      `held-out accuracy ${f(first.figures["eval/accuracy"])} (step ${first.step}) → ` +
-        `${f(last.figures["eval/accuracy"])}` +
-        ` (step ${last.step}); invalid tool-call rate ${f(first.figures["eval/invalid_tool_call_rate"])} → ` +
-        `${f(last.figures["eval/invalid_tool_call_rate"])}`
+      `held-out accuracy ${f(before)}${se(first.figures["eval/accuracy_se"])} (step ${first.step}) → ` +
+        `${f(after)}${se(afterSe)} (step ${last.step})${gain}; invalid tool-call rate ` +
+        `${f(first.figures["eval/invalid_tool_call_rate"])} → ${f(last.figures["eval/invalid_tool_call_rate"])}`
     )
   }
   yield* say(

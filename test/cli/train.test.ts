@@ -86,7 +86,7 @@ describe("agentfly train", () => {
       const resumed = yield* train([config, "--output", b, "--resume"])
       assert.strictEqual(resumed.code, 0, resumed.output)
       // The closing line covers the whole run, not only the resumed part.
-      assert.match(resumed.output, /held-out accuracy [\d.]+ \(step 0\) → [\d.]+ \(step 6\)/)
+      assert.match(resumed.output, /held-out accuracy [\d.]+ ± [\d.]+ \(step 0\) → [\d.]+ ± [\d.]+ \(step 6\)/)
       const journal = yield* entries(b)
       assert.deepStrictEqual(stepsIn(journal), [1, 2, 3, 4, 5, 6], "every learner step exactly once")
       const checkpoints = journal.flatMap((e) => (e.kind === "checkpoint" ? [e.step] : []))

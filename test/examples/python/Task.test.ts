@@ -194,7 +194,7 @@ describe("python task", () => {
       )
       const run = yield* train([join(dir, "config.json")])
       assert.strictEqual(run.code, 0, run.output)
-      assert.match(run.output, /held-out accuracy [\d.]+ \(step 0\) → [\d.]+ \(step \d+\)/)
+      assert.match(run.output, /held-out accuracy [\d.]+ ± [\d.]+ \(step 0\) → [\d.]+ ± [\d.]+ \(step \d+\)( \(gain [+-]?[\d.]+, -?[\d.]+ SE\))?;/)
       assert.isTrue(existsSync(join(dir, "run", "report.html")))
       const records = readFileSync(join(dir, "run", "metrics.jsonl"), "utf8").trim().split("\n").map((l) =>
         JSON.parse(l) as { phase: string; figures: Record<string, number> }
