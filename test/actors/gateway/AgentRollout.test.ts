@@ -165,7 +165,7 @@ describe("AgentRollout", () => {
         generate: () => Effect.fail(new Sampler.SamplerError({ reason: "BadRequest", message: "no" })),
         policyVersion: Effect.succeed(0)
       })
-      const refused = (yield* run(AgentTask.make("refused", { agent: calculatorAgent }), refusing, 1)).flatMap((g) =>
+      const refused = (yield* run(AgentTask.make("refused", { agent: async (i, c) => void (await calculatorAgent(i, c)) }), refusing, 1)).flatMap((g) =>
         g.trajectories
       )
       assert.deepStrictEqual(refused.map((t) => [t.errorReason, t.masked]), [["SamplerRejected", true], ["SamplerRejected", true]])
