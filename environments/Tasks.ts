@@ -7,6 +7,7 @@
 import type * as Task from "../src/Task.ts"
 import * as CalculatorTask from "./calculator/CalculatorTask.ts"
 import * as SearchTask from "./search/SearchTask.ts"
+import * as WebShopTask from "./webshop/WebShopTask.ts"
 
 /**
  * Built-in tasks by name.
@@ -16,5 +17,6 @@ import * as SearchTask from "./search/SearchTask.ts"
  */
 export const builtins: Readonly<Record<string, Task.Definition>> = {
   calculator: CalculatorTask.task,
-  search: SearchTask.task
+  search: SearchTask.task,
+  webshop: WebShopTask.task
 }
