@@ -6,6 +6,7 @@
  */
 import type * as Task from "../src/Task.ts"
 import * as CalculatorTask from "./calculator/CalculatorTask.ts"
+import * as HouseholdTask from "./household/HouseholdTask.ts"
 import * as SearchTask from "./search/SearchTask.ts"
 import * as WebShopTask from "./webshop/WebShopTask.ts"
 
@@ -17,6 +18,8 @@ import * as WebShopTask from "./webshop/WebShopTask.ts"
  */
 export const builtins: Readonly<Record<string, Task.Definition>> = {
   calculator: CalculatorTask.task,
+  household: HouseholdTask.household,
+  science: HouseholdTask.science,
   search: SearchTask.task,
   webshop: WebShopTask.task
 }
