@@ -8,13 +8,14 @@
  *
  * - `alone`: median latency of `SMALL` small requests sent one after another on an idle server, measured before and
  *   after the other rounds (the baseline is their mean: the machine is shared and drifts).
- * - `beside.fair`: the same small requests while the large request runs on a server with the default options
- *   (`maxRunning` 32, `maxRunningPerRequest` 8); `beside.roundRobin`: turns only (`maxRunningPerRequest` 32, the
- *   large request may fill the batch); `beside.firstCome`: what the server did before (every sequence handed to the
- *   engine at once, first come first served), one small request, its wait cut at `FIRST_COME_CUTOFF_S`.
- * - `large`: the engine's tokens/s while the large request runs alone under each option (what the per-request cap
- *   costs a lone many-prompt request), over `LARGE_WINDOW_S`. The large request is cut off (the client disconnects,
- *   which cancels its sequences) once a round has what it measures.
+ * - `beside.defaults`: the same small requests while the large request runs, on a server with the default options
+ *   (`maxRunning` 32 and `maxRunningPerRequest` from `OpenAiServer.defaults`); `beside.firstCome`: what the server
+ *   did before (every sequence handed to the engine at once, first come first served), one small request, its wait
+ *   cut at `FIRST_COME_CUTOFF_S`.
+ * - `perRequestCap`: for `maxRunningPerRequest` 2 … 32 (32: turns only, the large request may fill the batch), the
+ *   small request's latency beside the large one, and the engine's tokens/s with the large request alone over
+ *   `LARGE_WINDOW_S` (what the cap costs a lone many-prompt request). The large request is cut off (the client
+ *   disconnects, which cancels its sequences) once a round has what it measures.
  *
  * Headline: small-beside-large ÷ small alone with the default options (target ≤ 2: one large request may not
  * starve a small one). The load average is reported because the machine is shared.
@@ -127,37 +128,42 @@ const figures = Effect.gen(function*() {
       OpenAiServer.make(folder, options).pipe(Effect.provideService(PolicyEngine.PolicyEngine, engine)),
       (s) => s.baseUrl
     )
+  const caps = [2, 4, 8, 16, 32]
+  const servers = yield* Effect.forEach(caps, (cap) => serve({ maxRunningPerRequest: cap }))
   const fair = yield* serve({})
-  const roundRobin = yield* serve({ maxRunningPerRequest: 32 })
   // Before fair scheduling every sequence went to the engine's first-come queue at once.
   const firstCome = yield* serve({ maxRunning: 1e9, maxRunningPerRequest: 1e9 })
 
   yield* aloneRound(fair, 0) // warm-up: sessions, JIT
   const aloneBefore = yield* aloneRound(fair, 0)
   const besideFair = yield* besideRound(engine, fair, SMALL)
-  const besideRoundRobin = yield* besideRound(engine, roundRobin, SMALL)
+  const sweep: Array<{ cap: number; besideMs: number; largeTokensPerSecond: number }> = []
+  for (const [k, cap] of caps.entries()) {
+    const beside = cap === OpenAiServer.defaults.maxRunningPerRequest ? besideFair : yield* besideRound(engine, servers[k]!, SMALL)
+    sweep.push({ cap, besideMs: beside.medianMs, largeTokensPerSecond: yield* largeRound(engine, servers[k]!) })
+  }
   const besideFirstCome = yield* besideRound(engine, firstCome, 1, FIRST_COME_CUTOFF_S * 1000)
-  const largeFair = yield* largeRound(engine, fair)
-  const largeWholeBatch = yield* largeRound(engine, roundRobin)
   const aloneAfter = yield* aloneRound(fair, 0)
   const alone = (aloneBefore + aloneAfter) / 2
+  const wholeBatch = sweep.at(-1)!.largeTokensPerSecond
   return {
     ratio: besideFair.medianMs / alone,
     alone: { medianMs: alone, beforeMs: aloneBefore, afterMs: aloneAfter },
     beside: {
-      fair: { ...besideFair, ratio: besideFair.medianMs / alone },
-      roundRobin: { ...besideRoundRobin, ratio: besideRoundRobin.medianMs / alone },
+      defaults: { ...besideFair, ratio: besideFair.medianMs / alone },
       firstCome: {
         ...besideFirstCome,
         ratio: besideFirstCome.medianMs / alone,
         censored: besideFirstCome.medianMs >= FIRST_COME_CUTOFF_S * 1000
       }
     },
-    large: {
-      tokensPerSecondPerRequest8: largeFair,
-      tokensPerSecondPerRequest32: largeWholeBatch,
-      ratio: largeFair / largeWholeBatch
-    },
+    // Per maxRunningPerRequest: the small request's latency beside the large one (÷ alone), and the large request's
+    // tokens/s alone (÷ with the whole batch, cap 32).
+    perRequestCap: sweep.map((r) => ({
+      ...r,
+      besideRatio: r.besideMs / alone,
+      largeThroughputRatio: r.largeTokensPerSecond / wholeBatch
+    })),
     settings: {
       largePrompts: LARGE,
       smallRequests: SMALL,

@@ -1,6 +1,11 @@
 /**
- * `agentfly serve --model-dir DIR [--host 127.0.0.1] [--port 8000]`: serves a model folder over an
+ * `agentfly serve --model-dir DIR [--host 127.0.0.1] [--port 8000] [limits…]`: serves a model folder over an
  * OpenAI-compatible HTTP API (see `actors/OpenAiServer.ts`) until interrupted.
+ *
+ * The limits are `OpenAiServer.Options` with the same defaults: `--max-body-bytes`, `--max-prompts` (per
+ * `/v1/completions` request), `--max-request-tokens` (prompt tokens plus `max_tokens` per prompt, summed over a
+ * request) and `--max-running-per-request` (sequences of one request in the batch at once; the server keeps at most
+ * `--max-batch-size` sequences in the engine, its batch).
  *
  * @since 0.1.0
  */
@@ -9,6 +14,14 @@ import { Command, Flag } from "effect/cli"
 import * as OpenAiServer from "../actors/OpenAiServer.ts"
 import * as PolicyEngine from "../actors/PolicyEngine.ts"
 import * as ModelFolder from "../src/ModelFolder.ts"
+
+/** A positive integer flag with a default. */
+const count = (name: string, description: string, value: number) =>
+  Flag.Int(name).pipe(
+    Flag.withDescription(description),
+    Flag.withDefault(value),
+    Flag.filter((n) => n >= 1, (n) => `--${name} must be at least 1, got ${n}`)
+  )
 
 /**
  * @category commands
@@ -21,14 +34,28 @@ export const serve = Command.make(
       Flag.withDescription("A model folder: config.json, model.safetensors, tokenizer.json, tokenizer_config.json")
     ),
     host: Flag.String("host").pipe(Flag.withDescription("Address to listen on"), Flag.withDefault("127.0.0.1")),
-    port: Flag.Int("port").pipe(Flag.withDescription("Port to listen on (0: any free port)"), Flag.withDefault(8000)),
-    maxBatchSize: Flag.Int("max-batch-size").pipe(
-      Flag.withDescription("Most sequences decoded together"),
-      Flag.withDefault(32)
+    port: Flag.Int("port").pipe(
+      Flag.withDescription("Port to listen on (0: any free port)"),
+      Flag.withDefault(8000),
+      Flag.filter((p) => p >= 0 && p <= 65535, (p) => `--port must be in [0, 65535], got ${p}`)
     ),
-    threads: Flag.Int("threads").pipe(Flag.withDescription("onnxruntime intra-op threads"), Flag.withDefault(1))
+    maxBatchSize: count("max-batch-size", "Most sequences decoded together (and in the engine at once)", 32),
+    threads: count("threads", "onnxruntime intra-op threads", 1),
+    maxBodyBytes: count("max-body-bytes", "Largest request body accepted", OpenAiServer.defaults.maxBodyBytes),
+    maxPrompts: count("max-prompts", "Most prompts in one /v1/completions request", OpenAiServer.defaults.maxPrompts),
+    maxRequestTokens: count(
+      "max-request-tokens",
+      "Most tokens one request may ask for: its prompts' tokens plus max_tokens per prompt",
+      OpenAiServer.defaults.maxRequestTokens
+    ),
+    maxRunningPerRequest: count(
+      "max-running-per-request",
+      "Most sequences of one request in the batch at once (lower: latency beside large requests; higher: a lone " +
+        "many-prompt request's throughput)",
+      OpenAiServer.defaults.maxRunningPerRequest
+    )
   },
-  Effect.fn("serve")(function*({ modelDir, host, port, maxBatchSize, threads }) {
+  Effect.fn("serve")(function*({ modelDir, host, port, maxBatchSize, threads, ...limits }) {
     const folder = yield* ModelFolder.load(modelDir)
     const engine = yield* PolicyEngine.make({
       config: folder.config,
@@ -36,7 +63,7 @@ export const serve = Command.make(
       maxBatchSize,
       intraOpNumThreads: threads
     })
-    const server = yield* OpenAiServer.make(folder, { host, port }).pipe(
+    const server = yield* OpenAiServer.make(folder, { host, port, maxRunning: maxBatchSize, ...limits }).pipe(
       Effect.provideService(PolicyEngine.PolicyEngine, engine)
     )
     yield* Console.log(`serving ${folder.name} (qwen2, vocab ${folder.config.vocabSize}) at ${server.baseUrl}`)

@@ -1,0 +1,78 @@
+import * as NodeServices from "@effect/platform-node/NodeServices"
+import { assert, describe, it } from "@effect/vitest"
+import { Effect } from "effect"
+import { spawn, spawnSync } from "node:child_process"
+import { mkdtempSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { dirname, join, resolve } from "node:path"
+import { fileURLToPath } from "node:url"
+import * as ModelFolder from "../../src/ModelFolder.ts"
+
+const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), "../..")
+const tsx = join(repoRoot, "node_modules/.bin/tsx")
+const main = join(repoRoot, "cli/main.ts")
+
+/** Starts `agentfly serve ARGS…`, runs `use` with its API root, then stops it. */
+const serving = <A>(args: ReadonlyArray<string>, use: (baseUrl: string) => Promise<A>) =>
+  Effect.acquireUseRelease(
+    Effect.sync(() => spawn(tsx, [main, "serve", ...args], { cwd: repoRoot })),
+    (child) =>
+      Effect.promise(() =>
+        new Promise<A>((resolve, reject) => {
+          let text = ""
+          const onData = (chunk: Buffer) => {
+            text += chunk.toString()
+            const url = /at (http:\/\/\S+\/v1)/.exec(text)?.[1]
+            if (url !== undefined) {
+              child.stdout.off("data", onData)
+              use(url).then(resolve, reject)
+            }
+          }
+          child.stdout.on("data", onData)
+          child.on("exit", (code) => reject(new Error(`serve exited with ${code}: ${text}`)))
+        })
+      ),
+    (child) => Effect.sync(() => child.kill("SIGTERM"))
+  )
+
+const post = (url: string, body: object) =>
+  fetch(url, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) }).then(
+    async (r) => ({ status: r.status, type: r.headers.get("content-type"), json: await r.json() })
+  )
+
+describe("agentfly serve", () => {
+  it.live("the request limits are flags; a bad streaming request gets a 4xx JSON error; bad limits exit non-zero", () =>
+    Effect.gen(function*() {
+      const dir = join(mkdtempSync(join(tmpdir(), "agentfly-serve-cli-")), "tiny-cli")
+      yield* ModelFolder.init(dir, { preset: "tiny", seed: 2 }).pipe(Effect.provide(NodeServices.layer))
+      const ids = Array.from({ length: 10 }, (_, i) => 30 + i)
+      const answers = yield* serving(
+        ["--model-dir", dir, "--port", "0", "--max-prompts", "2", "--max-request-tokens", "50"],
+        (url) =>
+          Promise.all([
+            post(`${url}/completions`, { prompt: [ids, ids, ids], max_tokens: 1 }),
+            post(`${url}/completions`, { prompt: [ids, ids], max_tokens: 30 }),
+            post(`${url}/completions`, { prompt: [ids, ids], max_tokens: 10 }),
+            post(`${url}/completions`, { prompt: [1, 99999], stream: true })
+          ])
+      )
+      const [three, overBudget, fits, badStream] = answers
+      assert.strictEqual(three.status, 400)
+      assert.match(three.json.error.message, /3 prompts; this server takes at most 2/)
+      assert.strictEqual(overBudget.status, 400)
+      assert.match(overBudget.json.error.message, /80 tokens .*at most 50/)
+      assert.strictEqual(fits.status, 200)
+      assert.strictEqual(fits.json.choices.length, 2)
+      assert.strictEqual(badStream.status, 400)
+      assert.strictEqual(badStream.type, "application/json")
+      assert.match(badStream.json.error.message, /outside the vocabulary/)
+
+      const bad = spawnSync(tsx, [main, "serve", "--model-dir", dir, "--port", "0", "--max-running-per-request", "0"], {
+        cwd: repoRoot,
+        encoding: "utf8",
+        timeout: 60_000
+      })
+      assert.notStrictEqual(bad.status, 0)
+      assert.include(bad.stdout + bad.stderr, "--max-running-per-request must be at least 1, got 0")
+    }), { timeout: 120_000 })
+})
