@@ -12,7 +12,11 @@
  *   chain's current step on the fresh instance.
  * - **Reset on release** (or recreate, by policy); instances are destroyed when the manager's scope closes.
  * - **Global caps** across processes through a `Resource.Coordinator` (Redis leases with TTL, heartbeat and
- *   fencing tokens: `actors/resources/Redis.ts`).
+ *   fencing tokens: `actors/resources/Redis.ts`). An instance acts only under a live global lease: each use checks
+ *   it first, and a lost one (expired, taken, or granted by a Redis that has restarted since) destroys the
+ *   instance; the holder gets `EnvError(Crashed)` once and its retried step runs on a replacement started under a
+ *   new lease with a greater fencing token. If no slot frees within `timeouts.acquireMillis` the lease fails with
+ *   `LeaseError(LeaseLost)` for good (the chain's error policy ends the chain, which releases it).
  *
  * @since 0.1.0
  */
@@ -47,13 +51,23 @@ export interface Lease<A> {
    * Runs `f` on the current instance. If the instance crashed (`f` failed with `EnvError(Crashed)`, or a health
    * check found it dead) it is replaced for every holder of the key and this holder gets `EnvError(Crashed)`
    * once: its state is lost.
+   *
+   * With a global cap, the global lease is checked first (one coordinator round trip): while the coordinator is
+   * unreachable `use` fails with `LeaseError(CoordinatorUnavailable)` (retryable; the instance is kept); a lost
+   * lease replaces the instance as a crash does, the replacement holding a new lease, and a call that was running
+   * when the loss was found gives `EnvError(Crashed)` instead of its result. When no new lease could be had,
+   * every call fails with `LeaseError(LeaseLost)`.
    */
   readonly use: <X, E, R>(
     f: (instance: A) => Effect.Effect<X, E, R>
   ) => Effect.Effect<X, E | Environment.EnvError | Resource.LeaseError, R>
   /** The current instance's id (it changes when the instance is replaced). */
   readonly instanceId: Effect.Effect<string, Resource.LeaseError>
-  /** The fencing token of the global lease, when the spec has a global cap and a coordinator is configured. */
+  /**
+   * The fencing token of the global lease the current instance runs under, when the spec has a global cap and a
+   * coordinator is configured. While a lost lease is being replaced it waits for the new one; `undefined` once
+   * none could be had. After the lease is released, the last token.
+   */
   readonly fencingToken: Effect.Effect<number | undefined>
   /** Declare the current instance dead: it is replaced, as after a crash. */
   readonly invalidate: Effect.Effect<void>
@@ -194,9 +208,30 @@ const makeLease = <A>(pool: ResourcePool.Pool<A>, binding: ResourcePool.Binding<
     new Environment.EnvError({ env: name, method: "use", reason: "Crashed", message })
   const current: Effect.Effect<ResourcePool.Instance<A>, Resource.LeaseError> = Effect.suspend(() =>
     binding.status === "done"
-      ? Effect.fail(new Resource.LeaseError({ resource: name, reason: new Resource.PoolClosed() }))
+      ? Effect.fail(binding.failure ?? new Resource.LeaseError({ resource: name, reason: new Resource.PoolClosed() }))
       : Deferred.await(binding.ready)
   )
+  /** Fails unless the global lease is still this binding's; a lost one is replaced (the holder is told Crashed). */
+  const checkGlobal = (
+    instance: ResourcePool.Instance<A>
+  ): Effect.Effect<void, Environment.EnvError | Resource.LeaseError> => {
+    const global = binding.global
+    if (global === undefined) return Effect.void
+    return Effect.catchIf(
+      global.check,
+      (error) => error.reason._tag === "LeaseLost",
+      () =>
+        Effect.andThen(
+          pool.leaseLost(binding, global),
+          Effect.suspend(() => {
+            seen = binding.generation
+            return Effect.fail(crashed(
+              `instance ${instance.id} lost its global lease (token ${global.token}); its replacement gets a new one`
+            ))
+          })
+        )
+    )
+  }
   return {
     resource: name,
     key: binding.key,
@@ -212,13 +247,24 @@ const makeLease = <A>(pool: ResourcePool.Pool<A>, binding: ResourcePool.Binding<
           seen = binding.generation
           return yield* crashed(`instance ${instance.id} replaces one that crashed; the previous state is lost`)
         }
-        return yield* Effect.tapError(f(instance.value as A), (error) =>
+        yield* checkGlobal(instance)
+        const result = yield* Effect.tapError(f(instance.value as A), (error) =>
           Resource.isCrash(error)
             ? Effect.andThen(pool.replace(binding, instance), Effect.sync(() => void (seen = binding.generation)))
             : Effect.void)
+        if (instance.leaseLost) {
+          // The lease was lost while `f` ran: another holder may have acted on the slot meanwhile.
+          seen = binding.generation
+          return yield* crashed(`instance ${instance.id} lost its global lease during the call; its result is dropped`)
+        }
+        return result
       }),
     instanceId: Effect.map(current, (instance) => instance.id),
-    fencingToken: Effect.sync(() => binding.global?.token),
+    fencingToken: Effect.suspend(() =>
+      binding.status === "assigning"
+        ? Effect.map(Effect.exit(Deferred.await(binding.ready)), () => binding.global?.token)
+        : Effect.sync(() => binding.global?.token)
+    ),
     invalidate: Effect.suspend(() =>
       binding.instance !== undefined ? pool.replace(binding, binding.instance) : Effect.void
     )

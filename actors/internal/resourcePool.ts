@@ -6,6 +6,15 @@
  *
  * A *binding* ties a sharing key (spec, scope, owner) to an instance while at least one holder uses it. Waiting
  * is per binding, not per holder: a second chain of the same group joins the first's wait.
+ *
+ * **Global leases.** With a coordinator and `pool.globalMax`, a binding holds a global lease (a slot and a fencing
+ * token) for as long as its instance may act. When that lease is lost (its heartbeat found it taken, expired or
+ * granted by a coordinator that has since restarted, or a holder's check did), the instance is destroyed first and
+ * the binding then *relets*: it asks for a new lease, within `timeouts.acquireMillis`, and only under that new
+ * lease (a greater token) is a fresh instance started and handed over. If none is granted in time the binding
+ * fails with `LeaseError(LeaseLost)` for good. An instance is therefore never run under a lease that is known to
+ * be lost, and no two holders ever share a slot longer than the lost holder takes to notice (a heartbeat, or its
+ * next use, which checks the lease first).
  */
 import { Cause, Clock, Deferred, Effect, Exit, FiberSet, Metric, Option, Schedule, Scope } from "effect"
 import { EnvError } from "../../src/Environment.ts"
@@ -20,6 +29,8 @@ export interface Instance<A> {
   state: InstanceState
   idleSince: number
   binding: Binding<A> | undefined
+  /** Its binding's global lease was lost while it ran: a call in flight must not report success. */
+  leaseLost: boolean
 }
 
 export interface Binding<A> {
@@ -32,7 +43,12 @@ export interface Binding<A> {
   generation: number
   /** Holds the global (coordinator) lease while the binding lives. */
   scope: Scope.Closeable | undefined
+  /** The global lease the instance runs under; `undefined` while none is held (before a grant, while reletting). */
   global: Resource.GlobalLease | undefined
+  /** The global lease was lost while the instance was still starting: it must not be handed over. */
+  leaseLost: boolean
+  /** Why the binding ended, if it failed: every later use fails with it. */
+  failure: Resource.LeaseError | undefined
 }
 
 /**
@@ -145,10 +161,18 @@ export interface Pool<A> {
   readonly leave: (binding: Binding<A>) => Effect.Effect<void>
   /** Replace a crashed instance of `binding` with a fresh one (no-op if it was already replaced). */
   readonly replace: (binding: Binding<A>, instance: Instance<A>) => Effect.Effect<void>
+  /**
+   * The binding's global lease `lease` is lost (a holder's check said so): destroy its instance and relet (no-op
+   * if that lease was already replaced).
+   */
+  readonly leaseLost: (binding: Binding<A>, lease: Resource.GlobalLease) => Effect.Effect<void>
   readonly recordAcquire: (millis: number) => Effect.Effect<void>
   readonly stats: Effect.Effect<PoolStats>
   readonly close: Effect.Effect<void>
 }
+
+/** How long to wait before asking an unreachable coordinator again (within the acquire wait). */
+const coordinatorRetryMillis = 100
 
 const envError = (env: string, method: string, reason: EnvError["reason"], message: string) =>
   new EnvError({ env, method, reason, message })
@@ -247,7 +271,8 @@ export const make = Effect.fnUntraced(function*<A>(
       value: undefined,
       state: "starting",
       idleSince: 0,
-      binding
+      binding,
+      leaseLost: false
     }
     instances.set(instance.id, instance)
     return instance
@@ -331,6 +356,7 @@ export const make = Effect.fnUntraced(function*<A>(
     Effect.gen(function*() {
       binding.status = "done"
       binding.instance = undefined
+      binding.failure = error
       if (bindings.get(binding.key) === binding) bindings.delete(binding.key)
       if (binding.scope) yield* Scope.close(binding.scope, Exit.void)
       yield* Deferred.fail(binding.ready, error)
@@ -349,6 +375,15 @@ export const make = Effect.fnUntraced(function*<A>(
         if (bindings.get(binding.key) === binding) bindings.delete(binding.key)
         if (binding.scope) yield* Scope.close(binding.scope, Exit.void)
         return yield* recycle(instance)
+      }
+      if (binding.leaseLost) {
+        // It started under a lease that is gone meanwhile: never hand it over; start again under a new lease.
+        binding.leaseLost = false
+        instance.leaseLost = true
+        instances.delete(instance.id)
+        const fresh = newInstance(binding)
+        binding.instance = fresh
+        return yield* relet(binding, instance, fresh)
       }
       instance.state = "leased"
       instance.binding = binding
@@ -411,25 +446,35 @@ export const make = Effect.fnUntraced(function*<A>(
       yield* publish
     })
 
-  /** Acquire the binding's global lease (if the spec has a global cap), then run `next`. */
-  const withGlobal = (binding: Binding<A>, next: Effect.Effect<void>): Effect.Effect<void> => {
+  /**
+   * Acquire the binding's global lease (if the spec has a global cap), then run `next`. The wait is bounded by
+   * `timeouts.acquireMillis`, within which an unreachable coordinator is asked again (a short outage or a restart
+   * does not fail the binding). When the binding is reletting after losing `lost`, failing to get a new lease is
+   * `LeaseLost` (the reason it could not get one is logged).
+   */
+  const withGlobal = (
+    binding: Binding<A>,
+    next: Effect.Effect<void>,
+    lost?: Resource.GlobalLease
+  ): Effect.Effect<void> => {
     const coordinator = options.coordinator
     const cap = spec.pool.globalMax
     if (coordinator === undefined || cap === undefined) return next
     return Effect.gen(function*() {
       const scope = yield* Scope.fork(managerScope)
       binding.scope = scope
-      const exit = yield* coordinator.acquire({
-        resource: name,
-        cap,
-        waitMillis: spec.timeouts.acquireMillis,
-        onLost: () => onGlobalLost(binding)
-      }).pipe(Scope.provide(scope), Effect.exit)
+      const exit = yield* acquireGlobal(coordinator, cap, binding).pipe(Scope.provide(scope), Effect.exit)
       if (Exit.isFailure(exit)) {
-        const leaseErr = Option.getOrElse(
+        const cause = Option.getOrElse(
           Cause.findErrorOption(exit.cause),
           () => leaseError(new Resource.CoordinatorUnavailable({ message: Cause.pretty(exit.cause) }))
         )
+        const leaseErr = lost === undefined ? cause : leaseError(
+          new Resource.LeaseLost({ slot: lost.slot, token: lost.token })
+        )
+        if (lost !== undefined) {
+          yield* Effect.logWarning(`${name}: lost lease ${lost.token} not relet: ${cause.message}`)
+        }
         const assigned = binding.instance
         binding.instance = undefined
         if (assigned) {
@@ -447,12 +492,80 @@ export const make = Effect.fnUntraced(function*<A>(
     })
   }
 
-  /** A holder that lost its global lease must stop acting: its instance is treated as crashed. */
-  const onGlobalLost = (binding: Binding<A>): Effect.Effect<void> =>
+  /** One grant from the coordinator, asked again while it is unreachable, all within `timeouts.acquireMillis`. */
+  const acquireGlobal = (
+    coordinator: Resource.Coordinator,
+    cap: number,
+    binding: Binding<A>
+  ): Effect.Effect<Resource.GlobalLease, Resource.LeaseError, Scope.Scope> =>
+    Effect.gen(function*() {
+      const deadline = (yield* Clock.currentTimeMillis) + spec.timeouts.acquireMillis
+      while (true) {
+        const now = yield* Clock.currentTimeMillis
+        const exit = yield* Effect.exit(coordinator.acquire({
+          resource: name,
+          cap,
+          waitMillis: Math.max(1, deadline - now),
+          onLost: (lease) => onGlobalLost(binding, lease)
+        }))
+        if (Exit.isSuccess(exit)) return exit.value
+        const error = Cause.findErrorOption(exit.cause)
+        const after = yield* Clock.currentTimeMillis
+        if (
+          Option.isNone(error) || error.value.reason._tag !== "CoordinatorUnavailable" ||
+          after + coordinatorRetryMillis >= deadline
+        ) return yield* Effect.failCause(exit.cause)
+        yield* Effect.sleep(coordinatorRetryMillis)
+      }
+    })
+
+  /**
+   * The binding's global lease `lease` is lost: another holder may have the slot now, so its instance must stop.
+   * A ready binding relets at once (its holders learn of it on their next use, as after a crash); one still
+   * starting its instance relets when the start completes.
+   */
+  const onGlobalLost = (binding: Binding<A>, lease: Resource.GlobalLease): Effect.Effect<void> =>
     Effect.suspend(() => {
-      if (binding.status !== "ready" || binding.instance === undefined) return Effect.void
-      binding.instance.state = "unhealthy"
-      return publish
+      if (binding.global !== lease || binding.status === "done") return Effect.void
+      if (binding.status !== "ready" || binding.instance === undefined) {
+        binding.leaseLost = true
+        return Effect.void
+      }
+      const instance = binding.instance
+      instance.leaseLost = true
+      instance.state = "unhealthy"
+      instances.delete(instance.id)
+      binding.generation++
+      binding.status = "assigning"
+      binding.ready = Deferred.makeUnsafe()
+      const fresh = newInstance(binding)
+      binding.instance = fresh
+      return Effect.all([crashed, fork(relet(binding, instance, fresh)), publish], { discard: true })
+    })
+
+  /**
+   * Start over under a new global lease: destroy `old` (it ran under the lost lease), give the lost lease back
+   * (a compare-and-delete: a no-op if the slot is someone else's now), then acquire a new one and only then start
+   * `fresh`.
+   */
+  const relet = (binding: Binding<A>, old: Instance<A>, fresh: Instance<A>): Effect.Effect<void> =>
+    Effect.gen(function*() {
+      const lost = binding.global!
+      const scope = binding.scope
+      binding.global = undefined
+      binding.scope = undefined
+      yield* Effect.ignore(Scope.close(old.scope, Exit.void))
+      if (scope) yield* Scope.close(scope, Exit.void)
+      if (binding.holders === 0 || closed) {
+        // Everybody left meanwhile (or the pool closed): nothing to start.
+        instances.delete(fresh.id)
+        yield* Effect.ignore(Scope.close(fresh.scope, Exit.void))
+        const reason = closed
+          ? new Resource.PoolClosed()
+          : new Resource.LeaseLost({ slot: lost.slot, token: lost.token })
+        return yield* failBinding(binding, leaseError(reason))
+      }
+      return yield* withGlobal(binding, startInto(binding, fresh), lost)
     })
 
   // ----- dispatch: give waiting bindings an idle instance or a free slot -----
@@ -498,7 +611,9 @@ export const make = Effect.fnUntraced(function*<A>(
         instance: undefined,
         generation: 0,
         scope: undefined,
-        global: undefined
+        global: undefined,
+        leaseLost: false,
+        failure: undefined
       }
       bindings.set(key, binding)
       waiting.push(binding)
@@ -604,6 +719,7 @@ export const make = Effect.fnUntraced(function*<A>(
     join,
     leave,
     replace,
+    leaseLost: onGlobalLost,
     recordAcquire: (millis: number) =>
       Effect.suspend(() => {
         counters.acquires++
