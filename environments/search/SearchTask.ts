@@ -20,6 +20,7 @@
  */
 import { NodeFileSystem } from "@effect/platform-node"
 import { Effect, Schema } from "effect"
+import type { Layer } from "effect"
 import * as Answer from "../answer/Answer.ts"
 import * as Qa from "../rewards/Qa.ts"
 import * as ToolCallFormat from "../rewards/ToolCallFormat.ts"
@@ -126,15 +127,15 @@ const correct = (t: Trajectory.Trajectory): boolean =>
   (t.metrics["reward/exactMatch/em"] ?? t.metrics["reward/f1/em"]) === 1
 
 /**
- * The task on the options' corpus, or on the passages `source` produces (a corpus built in code; it runs once per
- * run, when the task's layer is built).
+ * The task on the options' corpus, or on the index `index` builds (a corpus built in code, a prebuilt index); it
+ * is the task's layer, built once per run.
  *
  * @category constructors
  * @since 0.1.0
  */
 export const make = (
   options: Options = {},
-  source: Effect.Effect<ReadonlyArray<Corpus.Passage>, Corpus.CorpusError> = passagesOf(options)
+  index: Layer.Layer<SearchIndex.SearchIndex, Corpus.CorpusError> = SearchIndex.layer(passagesOf(options))
 ) => {
   const session: SearchSession.Options = {
     k: options.k ?? SearchSession.defaults.k,
@@ -149,7 +150,7 @@ export const make = (
     tools: [SearchTool.make(session.maxK), Answer.answer],
     reward: reward(options),
     // The index is built once per run (the task's layer); each chain gets its own session over it.
-    layer: SearchIndex.layer(source),
+    layer: index,
     environment: Environment.perChain(SearchSession.layer(session)),
     correct,
     defaults: { systemPrompt, renderTools: false, maxTurns: 4, maxNewTokens: 64, maxContextTokens: 768 }

@@ -39,7 +39,9 @@ const rollout = (
   } = {}
 ) =>
   Rollout.runTaskChat({
-    task: SearchTask.make(options.task, options.passages),
+    task: options.passages === undefined
+      ? SearchTask.make(options.task)
+      : SearchTask.make(options.task, SearchIndex.layer(options.passages)),
     rows,
     numChains: options.numChains ?? 1,
     maxTurns: 4,
