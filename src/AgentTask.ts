@@ -124,6 +124,8 @@ export interface AgentTask extends Task.Task<never> {
   /** How long one episode may run (default 2 minutes). */
   readonly timeout: Duration.Duration
   readonly groupReward: GroupReward | undefined
+  /** Type-level only: an agent task needs nothing from the run. */
+  readonly "~requires"?: never
 }
 
 /**
@@ -171,8 +173,9 @@ export const make = <Fields = Readonly<Record<string, unknown>>>(name: string, o
     defaults: options.defaults,
     correct: options.correct
   })
+  const { "~requires": _never, ...task } = base
   return {
-    ...base,
+    ...task,
     [TypeId]: TypeId,
     agent: options.agent as AgentFunction<any>,
     timeout: Duration.fromInputUnsafe(options.timeout ?? Duration.minutes(2)),
