@@ -1,5 +1,5 @@
 import { assert, describe, it } from "@effect/vitest"
-import { Context, Effect, Exit, Fiber, Layer, Metric, Ref, Schema, Scope } from "effect"
+import { Context, Deferred, Effect, Exit, Fiber, Layer, Metric, Ref, Schedule, Schema, Scope } from "effect"
 import { TestClock } from "effect/testing"
 import * as ResourceManager from "../../actors/ResourceManager.ts"
 import * as InProcess from "../../actors/resources/InProcess.ts"
@@ -39,6 +39,90 @@ const chain = (chainId: string, groupId = "g0"): Resource.Owner => ({ chainId, g
 
 const withManager = <A, E>(effect: Effect.Effect<A, E, ResourceManager.ResourceManager | Scope.Scope>) =>
   Effect.provide(Effect.scoped(effect), ResourceManager.ResourceManager.layer)
+
+/**
+ * An in-memory coordinator with `cap` slots per resource, logging grants to `log`. `forget` loses every lease at
+ * once (as a coordinator restart without persistence does: their checks fail with `LeaseLost`, their slots are
+ * free) without telling the holders; `notify` tells them, as their heartbeat would. `take` grants a slot to
+ * another process; `down` makes every call fail with `CoordinatorUnavailable`.
+ */
+const makeFakeCoordinator = (log: Array<string>) => {
+  const held = new Map<string, number>()
+  const live = new Set<{ readonly lease: Resource.GlobalLease; readonly onLost: () => Effect.Effect<void> }>()
+  let nextToken = 1
+  let down = false
+  const slotKey = (resource: string, slot: number) => `${resource}/${slot}`
+  const error = (resource: string, reason: Resource.LeaseErrorReason) => new Resource.LeaseError({ resource, reason })
+  const unavailable = (resource: string) => error(resource, new Resource.CoordinatorUnavailable({ message: "down" }))
+  const grant = (resource: string, cap: number) =>
+    Effect.suspend(() => {
+      if (down) return Effect.fail(unavailable(resource))
+      for (let slot = 0; slot < cap; slot++) {
+        if (held.has(slotKey(resource, slot))) continue
+        const token = nextToken++
+        held.set(slotKey(resource, slot), token)
+        log.push(`grant ${token}`)
+        return Effect.succeed({ slot, token })
+      }
+      return Effect.succeed(undefined)
+    })
+  const coordinator: Resource.Coordinator = {
+    acquire: ({ cap, onLost, resource, waitMillis }) =>
+      Effect.gen(function*() {
+        const granted = yield* grant(resource, cap).pipe(
+          Effect.repeat({ schedule: Schedule.spaced("10 millis"), until: (g) => g !== undefined }),
+          Effect.timeoutOrElse({
+            duration: waitMillis,
+            orElse: () => Effect.fail(error(resource, new Resource.LeaseTimeout({ waitedMillis: waitMillis })))
+          })
+        )
+        const { slot, token } = granted!
+        const key = slotKey(resource, slot)
+        const lease: Resource.GlobalLease = {
+          resource,
+          slot,
+          token,
+          check: Effect.suspend(() =>
+            down
+              ? Effect.fail(unavailable(resource))
+              : held.get(key) === token
+              ? Effect.void
+              : Effect.fail(error(resource, new Resource.LeaseLost({ slot, token })))
+          )
+        }
+        const entry = { lease, onLost: () => onLost(lease) }
+        live.add(entry)
+        yield* Effect.addFinalizer(() =>
+          Effect.sync(() => {
+            live.delete(entry)
+            if (held.get(key) === token) held.delete(key)
+          })
+        )
+        return lease
+      })
+  }
+  return {
+    coordinator,
+    held,
+    forget: Effect.sync(() => held.clear()),
+    notify: Effect.suspend(() =>
+      Effect.forEach(
+        [...live].filter(({ lease }) => held.get(slotKey(lease.resource, lease.slot)) !== lease.token),
+        ({ onLost }) => onLost(),
+        { discard: true }
+      )
+    ),
+    take: (resource: string, slot: number) =>
+      Effect.sync(() => {
+        const token = nextToken++
+        held.set(slotKey(resource, slot), token)
+        log.push(`grant ${token} to another process`)
+        const key = slotKey(resource, slot)
+        return Effect.sync(() => void (held.get(key) === token && held.delete(key)))
+      }),
+    setDown: (value: boolean) => Effect.sync(() => void (down = value))
+  }
+}
 
 describe("ResourceManager", () => {
   describe("sharing and isolation", () => {
@@ -369,6 +453,179 @@ describe("ResourceManager", () => {
         assert.strictEqual(error.reason._tag, "StartFailed")
         assert.strictEqual((yield* manager.stats("counter"))?.starting, 0)
       })))
+  })
+
+  describe("global leases (a coordinator that loses them)", () => {
+    const coordinated = <A, E>(
+      log: Array<string>,
+      body: (
+        fake: ReturnType<typeof makeFakeCoordinator>,
+        manager: ResourceManager.ResourceManager["Service"]
+      ) => Effect.Effect<A, E, Scope.Scope>
+    ) =>
+      Effect.scoped(Effect.gen(function*() {
+        const fake = makeFakeCoordinator(log)
+        const manager = yield* ResourceManager.make({ coordinator: fake.coordinator })
+        return yield* body(fake, manager)
+      }))
+    const capped = (backend: Resource.Backend<any>, acquireMillis = 5_000) =>
+      Resource.resource(spec({ pool: { max: 4, globalMax: 1 }, timeouts: { acquireMillis } }), backend)
+
+    it.effect("use checks the lease first: a lost one is Crashed once, then the step runs with a greater token", () => {
+      const fake = makeFake()
+      return coordinated(fake.log, (coordinator, manager) =>
+        Effect.gen(function*() {
+          const lease = yield* manager.acquire(capped(fake.backend), chain("a"))
+          assert.strictEqual(yield* lease.use(fake.incr), 1)
+          const before = (yield* lease.fencingToken)!
+          yield* coordinator.forget // nobody is told: only the check on the next use can find out
+          const ran = yield* Ref.make(0)
+          const counted = (c: Parameters<typeof fake.incr>[0]) =>
+            Effect.andThen(Ref.update(ran, (n) => n + 1), fake.incr(c))
+          const error = yield* Effect.flip(lease.use(counted))
+          assert.isTrue(Resource.isCrash(error), String(error))
+          assert.strictEqual(yield* Ref.get(ran), 0, "the step did not run under the lost lease")
+          assert.include(fake.log, "destroy counter-0")
+          assert.strictEqual(yield* lease.use(fake.incr), 1, "the next step runs on a fresh instance")
+          assert.strictEqual(yield* lease.instanceId, "counter-1")
+          assert.isAbove((yield* lease.fencingToken)!, before)
+          assert.deepStrictEqual(
+            fake.log.filter((line) => line !== "start counter-0"),
+            ["grant 1", "destroy counter-0", "grant 2", "start counter-1"],
+            "the old instance is gone before the new lease is asked for, the new one starts under it"
+          )
+        }))
+    })
+
+    it.effect("a lease lost while a call runs: its result is dropped (Crashed), never reported as a success", () => {
+      const fake = makeFake()
+      return coordinated(fake.log, (coordinator, manager) =>
+        Effect.gen(function*() {
+          const lease = yield* manager.acquire(capped(fake.backend), chain("a"))
+          const latch = yield* Deferred.make<void>()
+          const call = yield* Effect.forkChild(lease.use((c) => Effect.as(Deferred.await(latch), c.id)))
+          yield* Effect.yieldNow
+          yield* coordinator.forget
+          yield* coordinator.notify // the heartbeat finds the lease gone
+          yield* Effect.yieldNow
+          assert.include(fake.log, "destroy counter-0", "stopped without waiting for the holder")
+          yield* Deferred.succeed(latch, undefined)
+          const error = yield* Effect.flip(Fiber.join(call))
+          assert.isTrue(Resource.isCrash(error), String(error))
+          assert.strictEqual(yield* lease.use((c) => Effect.succeed(c.id)), "counter-1", "told once")
+          assert.strictEqual(yield* lease.fencingToken, 2)
+        }))
+    })
+
+    it.effect("lost while its instance starts: that one is never handed over; the next starts with a new lease", () => {
+      const log: Array<string> = []
+      const gate = Deferred.makeUnsafe<void>()
+      const backend: Resource.Backend<string> = {
+        start: (_spec, id) =>
+          Effect.gen(function*() {
+            log.push(`start ${id}`)
+            yield* Effect.addFinalizer(() => Effect.sync(() => log.push(`destroy ${id}`)))
+            if (id === "counter-0") yield* Deferred.await(gate)
+            return id
+          }),
+        reset: () => Effect.void,
+        health: () => Effect.void
+      }
+      return coordinated(log, (coordinator, manager) =>
+        Effect.gen(function*() {
+          const acquiring = yield* Effect.forkChild(
+            Effect.scoped(Effect.flatMap(manager.acquire(capped(backend), chain("a")), (lease) =>
+              Effect.all([lease.use(Effect.succeed), lease.fencingToken])))
+          )
+          yield* Effect.yieldNow
+          assert.deepStrictEqual(log, ["grant 1", "start counter-0"])
+          yield* coordinator.forget
+          yield* coordinator.notify
+          yield* Deferred.succeed(gate, undefined)
+          assert.deepStrictEqual(yield* Fiber.join(acquiring), ["counter-1", 2])
+          assert.deepStrictEqual(log.slice(0, 5), [
+            "grant 1",
+            "start counter-0",
+            "destroy counter-0",
+            "grant 2",
+            "start counter-1"
+          ])
+        }))
+    })
+
+    it.effect("slot taken elsewhere past acquireMillis: LeaseLost for good; a holder that left leaks nothing", () => {
+      const fake = makeFake()
+      return coordinated(fake.log, (coordinator, manager) =>
+        Effect.gen(function*() {
+          const resource = capped(fake.backend, 1_000)
+          const lease = yield* manager.acquire(resource, chain("a"))
+          yield* coordinator.forget
+          const giveBack = yield* coordinator.take("counter", 0)
+          assert.isTrue(Resource.isCrash(yield* Effect.flip(lease.use(fake.incr))))
+          const waiting = yield* Effect.forkChild(Effect.flip(lease.use(fake.incr)))
+          yield* TestClock.adjust("999 millis")
+          assert.isUndefined(waiting.pollUnsafe(), "waits for the slot within acquireMillis")
+          yield* TestClock.adjust("1 millis")
+          const error = yield* Fiber.join(waiting)
+          assert.instanceOf(error, Resource.LeaseError)
+          assert.deepStrictEqual((error as Resource.LeaseError).reason, new Resource.LeaseLost({ slot: 0, token: 1 }))
+          yield* giveBack
+          const again = yield* Effect.flip(lease.use(fake.incr))
+          assert.strictEqual((again as Resource.LeaseError).reason._tag, "LeaseLost", "never again on this lease")
+          assert.isUndefined(yield* lease.fencingToken)
+          assert.deepInclude(yield* manager.stats("counter"), { leased: 0, starting: 0, idle: 0 })
+
+          // Another holder loses its lease and leaves while its binding waits for a new one: nothing is left.
+          const scope = yield* Scope.make()
+          const other = yield* manager.acquire(resource, chain("b")).pipe(Scope.provide(scope))
+          assert.strictEqual(yield* other.fencingToken, 3)
+          yield* coordinator.forget
+          yield* coordinator.take("counter", 0)
+          yield* coordinator.notify
+          yield* Effect.yieldNow
+          yield* Scope.close(scope, Exit.void)
+          yield* TestClock.adjust("1 second")
+          assert.deepInclude(yield* manager.stats("counter"), { leased: 0, starting: 0, idle: 0, waiters: 0 })
+          assert.deepStrictEqual([...coordinator.held.values()], [4], "only the other process's slot is held")
+          assert.deepStrictEqual([...fake.alive], [])
+        }))
+    })
+
+    it.effect("coordinator unreachable: use fails typed, the instance kept; acquires retry within their wait", () => {
+      const fake = makeFake()
+      return coordinated(fake.log, (coordinator, manager) =>
+        Effect.gen(function*() {
+          const resource = Resource.resource(
+            spec({ pool: { max: 4, globalMax: 2 }, timeouts: { acquireMillis: 1_000 } }),
+            fake.backend
+          )
+          const lease = yield* manager.acquire(resource, chain("a"))
+          yield* lease.use(fake.incr)
+          yield* coordinator.setDown(true)
+          const down = yield* Effect.flip(lease.use(fake.incr))
+          assert.instanceOf(down, Resource.LeaseError)
+          assert.strictEqual((down as Resource.LeaseError).reason._tag, "CoordinatorUnavailable")
+          assert.isTrue((down as Resource.LeaseError).isRetryable)
+
+          // A new chain's acquire keeps asking within its wait: an outage shorter than that is not seen...
+          const waiter = yield* Effect.forkChild(
+            Effect.scoped(Effect.flatMap(manager.acquire(resource, chain("b")), (l) => l.fencingToken))
+          )
+          yield* TestClock.adjust("500 millis")
+          yield* coordinator.setDown(false)
+          yield* TestClock.adjust("200 millis")
+          assert.strictEqual(yield* Fiber.join(waiter), 2)
+          assert.strictEqual(yield* lease.use(fake.incr), 2, "the same instance, its state kept")
+          assert.strictEqual(yield* lease.fencingToken, 1)
+          // ...a longer one fails it with a typed error, leaving nothing behind.
+          yield* coordinator.setDown(true)
+          const failing = yield* Effect.forkChild(Effect.flip(Effect.scoped(manager.acquire(resource, chain("c")))))
+          yield* TestClock.adjust("1 second")
+          const error = yield* Fiber.join(failing)
+          assert.strictEqual(error.reason._tag, "CoordinatorUnavailable")
+          assert.deepInclude(yield* manager.stats("counter"), { leased: 1, starting: 0, waiters: 0, crashes: 0 })
+        }))
+    })
   })
 
   it.effect("stats count instances by state, starts, failures and acquires", () =>
