@@ -70,7 +70,7 @@ export interface PoolStats {
   readonly failures: number
   /**
    * Instances found dead and replaced or destroyed: a crash in use, a failed health check (on acquire or
-   * periodic), or a holder's `invalidate`.
+   * periodic), a holder's `invalidate`, or a lost global lease.
    */
   readonly crashes: number
   /** Releases whose instance was reset and went back to the idle pool for reuse. */
@@ -381,9 +381,7 @@ export const make = Effect.fnUntraced(function*<A>(
         binding.leaseLost = false
         instance.leaseLost = true
         instances.delete(instance.id)
-        const fresh = newInstance(binding)
-        binding.instance = fresh
-        return yield* relet(binding, instance, fresh)
+        return yield* relet(binding, instance)
       }
       instance.state = "leased"
       instance.binding = binding
@@ -538,22 +536,23 @@ export const make = Effect.fnUntraced(function*<A>(
       binding.generation++
       binding.status = "assigning"
       binding.ready = Deferred.makeUnsafe()
-      const fresh = newInstance(binding)
-      binding.instance = fresh
-      return Effect.all([crashed, fork(relet(binding, instance, fresh)), publish], { discard: true })
+      return Effect.all([crashed, fork(relet(binding, instance)), publish], { discard: true })
     })
 
   /**
    * Start over under a new global lease: destroy `old` (it ran under the lost lease), give the lost lease back
    * (a compare-and-delete: a no-op if the slot is someone else's now), then acquire a new one and only then start
-   * `fresh`.
+   * a fresh instance. The binding lets go of the lost lease at once (before the first step), so that a second
+   * report of the same loss is ignored.
    */
-  const relet = (binding: Binding<A>, old: Instance<A>, fresh: Instance<A>): Effect.Effect<void> =>
-    Effect.gen(function*() {
-      const lost = binding.global!
-      const scope = binding.scope
-      binding.global = undefined
-      binding.scope = undefined
+  const relet = (binding: Binding<A>, old: Instance<A>): Effect.Effect<void> => {
+    const lost = binding.global!
+    const scope = binding.scope
+    binding.global = undefined
+    binding.scope = undefined
+    const fresh = newInstance(binding)
+    binding.instance = fresh
+    return Effect.gen(function*() {
       yield* Effect.ignore(Scope.close(old.scope, Exit.void))
       if (scope) yield* Scope.close(scope, Exit.void)
       if (binding.holders === 0 || closed) {
@@ -567,6 +566,7 @@ export const make = Effect.fnUntraced(function*<A>(
       }
       return yield* withGlobal(binding, startInto(binding, fresh), lost)
     })
+  }
 
   // ----- dispatch: give waiting bindings an idle instance or a free slot -----
   const dispatch: Effect.Effect<void> = Effect.suspend(() => {

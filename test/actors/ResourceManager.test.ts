@@ -517,6 +517,21 @@ describe("ResourceManager", () => {
         }))
     })
 
+    it.effect("a loss reported twice (the heartbeat, then a holder's check) is one relet", () => {
+      const fake = makeFake()
+      return coordinated(fake.log, (coordinator, manager) =>
+        Effect.gen(function*() {
+          const lease = yield* manager.acquire(capped(fake.backend), chain("a"))
+          yield* coordinator.forget
+          yield* coordinator.notify
+          yield* coordinator.notify
+          assert.isTrue(Resource.isCrash(yield* Effect.flip(lease.use(fake.incr))))
+          assert.strictEqual(yield* lease.use(fake.incr), 1)
+          assert.deepStrictEqual(fake.log, ["grant 1", "start counter-0", "destroy counter-0", "grant 2", "start counter-1"])
+          assert.deepInclude(yield* manager.stats("counter"), { crashes: 1, leased: 1, starting: 0 })
+        }))
+    })
+
     it.effect("lost while its instance starts: that one is never handed over; the next starts with a new lease", () => {
       const log: Array<string> = []
       const gate = Deferred.makeUnsafe<void>()
