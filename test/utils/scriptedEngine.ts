@@ -16,5 +16,14 @@ export const scriptedEngine = (
     generate,
     updateWeights: () => Effect.void,
     policyVersion: Effect.succeed(9),
-    stats: Effect.succeed({ decodeSteps: 0, prefills: 0, prefillTokens: 0, reusedTokens: 0, generatedTokens: 0, largestBatch: 0, sessions: 1, running: {} })
+    stats: Effect.succeed({
+      decodeSteps: 0,
+      prefills: 0,
+      prefillTokens: 0,
+      reusedTokens: 0,
+      generatedTokens: 0,
+      largestBatch: 0,
+      sessions: 1,
+      running: {}
+    })
   })
