@@ -96,10 +96,16 @@ const price = ([min, max]: readonly [number, number], next: () => number): numbe
   return Math.round((dollars + cents) * 100) / 100
 }
 
-/** One product of a type: 3–4 attributes (1–2 of them in the title), 2–5 values of each option dimension. */
+/**
+ * One product of a type: 3–4 attributes (one alternative of each slot drawn; 1–2 of them in the title), 2–5 values
+ * of each option dimension.
+ */
 const product = (id: string, type: Taxonomy.ProductType, next: () => number): Product => {
   const brand = Taxonomy.brands[Math.floor(next() * Taxonomy.brands.length)]!
-  const attributes = pick(type.attributes, between(3, 4, next), next)
+  const attributes = pick(type.attributes, between(3, 4, next), next).map((slot) => {
+    const alternatives = slot.split("|")
+    return alternatives[Math.floor(next() * alternatives.length)]!
+  })
   const inTitle = attributes.slice(0, between(1, 2, next))
   const options: Record<string, Array<string>> = {}
   for (const [dim, values] of Object.entries(type.options)) {

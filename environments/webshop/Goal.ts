@@ -51,7 +51,7 @@ export const Row = Schema.Struct({ goal: Goal })
  * @category models
  * @since 0.1.0
  */
-export interface Instruction {
+export type Instruction = {
   readonly question: string
   readonly goal: Goal
 }

@@ -27,6 +27,7 @@
  * @since 0.1.0
  */
 import { Context, Effect, Layer } from "effect"
+import type { Scope } from "effect"
 import * as Environment from "../../src/Environment.ts"
 import * as Catalog from "./Catalog.ts"
 
@@ -331,3 +332,35 @@ export const layer = (settings: Settings = defaultSettings): Layer.Layer<Shop, n
       })
     })
   )
+
+/**
+ * The task's provider: a fresh visit per chain ({@link layer} through `Environment.perChain`), with the run's
+ * figures `env/webshop/visits` (visits started) and `env/webshop/open` (visits whose chain has not ended: 0 once
+ * every chain is done, or a chain leaked its visit). Build it in the run's scope.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const provider = (
+  settings: Settings = defaultSettings
+): Effect.Effect<Environment.Provider<Shop, never, Catalog.Catalog>, never, Scope.Scope> =>
+  Effect.sync(() => {
+    const visits = Environment.perChain(layer(settings))
+    let started = 0
+    let open = 0
+    const count = Effect.acquireRelease(
+      Effect.sync(() => {
+        started++
+        open++
+      }),
+      () =>
+        Effect.sync(() => {
+          open--
+        })
+    )
+    return Environment.make(
+      "perChain",
+      (chain) => Effect.andThen(count, visits.acquire(chain)),
+      Effect.sync(() => ({ "env/webshop/visits": started, "env/webshop/open": open }))
+    )
+  })

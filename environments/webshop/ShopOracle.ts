@@ -16,9 +16,20 @@
  *
  * @since 0.1.0
  */
+import { Effect, Stream } from "effect"
+import type { Schema } from "effect"
+import * as ChainFormat from "../../actors/ChainFormat.ts"
 import * as Oracle from "../../actors/Oracle.ts"
+import * as Rollout from "../../actors/Rollout.ts"
+import type * as RolloutChain from "../../actors/RolloutChain.ts"
+import * as ByteTokenizer from "../../src/ByteTokenizer.ts"
+import * as ChatTemplate from "../../src/ChatTemplate.ts"
 import type { Conversation, Message } from "../../src/Message.ts"
+import type * as RolloutError from "../../src/RolloutError.ts"
 import * as Sampling from "../../src/Sampling.ts"
+import type * as Task from "../../src/Task.ts"
+import * as Tokenizer from "../../src/Tokenizer.ts"
+import type { Trajectory } from "../../src/Trajectory.ts"
 import type * as Catalog from "./Catalog.ts"
 import * as Shop from "./Shop.ts"
 
@@ -232,3 +243,48 @@ const toAction = (name: string, args: unknown): Shop.Action | undefined => {
       return undefined
   }
 }
+
+// ===== Through the runtime =====
+
+/**
+ * The chat format the shop's oracle plays through: Qwen2.5's template on the byte-level tokenizer, without the
+ * tools' schemas in the system turn (as a run with `renderTools: false`, the task's default), so that the lengths
+ * of the oracle's visits are what a policy's would be.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const format = (): RolloutChain.Format => {
+  const tokenizer = Effect.runSync(Tokenizer.make(ByteTokenizer.tokenizerJson(), ByteTokenizer.tokenizerConfig("")))
+  const base = ChainFormat.fromTemplate({ tokenizer, template: ChatTemplate.builtinTemplate("qwen2.5") })
+  return { ...base, start: (messages) => base.start(messages, []) }
+}
+
+/**
+ * Rolls a policy out on rows of a task through `Rollout.runTaskChat` (the task's tools, environment, episode and
+ * reward), one chain per row, `concurrency` at a time, within the task's default turn and context budgets.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const rollout = (options: {
+  readonly task: Task.Task
+  readonly rows: ReadonlyArray<Rollout.TaskRow>
+  readonly policy: Oracle.Policy
+  readonly concurrency?: number | undefined
+  readonly format?: RolloutChain.Format | undefined
+}): Effect.Effect<Array<Trajectory>, RolloutError.RolloutError | Schema.SchemaError | Task.TaskError> =>
+  Rollout.runTaskChat({
+    task: options.task,
+    rows: options.rows,
+    numChains: 1,
+    maxTurns: options.task.defaults.maxTurns ?? 8,
+    maxContextTokens: options.task.defaults.maxContextTokens,
+    maxConcurrentChains: options.concurrency ?? 64,
+    sampling: { temperature: 1, maxTokens: options.task.defaults.maxNewTokens ?? 96, seed: 1 },
+    format: options.format ?? format()
+  }).pipe(
+    Stream.runCollect,
+    Effect.map((events) => events.flatMap((e) => (e._tag === "Trajectory" ? [e.trajectory] : []))),
+    Effect.provide(Oracle.layer(options.policy))
+  )

@@ -23,6 +23,7 @@ export interface ProductType {
   readonly plural?: boolean | undefined
   /** The category path, top level first. */
   readonly category: readonly [string, string, string]
+  /** Attribute slots; a slot of alternatives ("slim fit|relaxed fit") gives a product at most one of them. */
   readonly attributes: ReadonlyArray<string>
   /** Option dimensions and their values (a product offers a subset of each). */
   readonly options: Readonly<Record<string, ReadonlyArray<string>>>
@@ -36,7 +37,7 @@ const shoeSizes = ["6", "7", "8", "9", "10", "11", "12"]
 const deviceColors = ["black", "white", "silver", "blue", "red", "rose gold"]
 
 /**
- * The product types (47, in 7 top-level categories).
+ * The product types (48, in 7 top-level categories).
  *
  * @category constants
  * @since 0.1.0
@@ -46,14 +47,20 @@ export const types: ReadonlyArray<ProductType> = [
   {
     name: "t-shirt",
     category: ["fashion", "tops", "t-shirts"],
-    attributes: ["cotton", "polyester", "slim fit", "relaxed fit", "short sleeve", "long sleeve", "v-neck", "crew neck", "machine wash", "moisture wicking"],
+    attributes: [
+      "cotton|polyester", "slim fit|relaxed fit", "short sleeve|long sleeve", "v-neck|crew neck", "machine wash",
+      "moisture wicking", "graphic print", "pocket"
+    ],
     options: { size: sizes, color: colors },
     price: [8, 40]
   },
   {
     name: "hoodie",
     category: ["fashion", "tops", "hoodies"],
-    attributes: ["fleece", "cotton", "zip up", "pullover", "kangaroo pocket", "relaxed fit", "machine wash", "lined hood"],
+    attributes: [
+      "fleece|cotton", "zip up|pullover", "kangaroo pocket", "relaxed fit", "machine wash", "lined hood", "thumb holes",
+      "heavyweight"
+    ],
     options: { size: sizes, color: colors },
     price: [20, 70]
   },
@@ -61,29 +68,39 @@ export const types: ReadonlyArray<ProductType> = [
     name: "jeans",
     plural: true,
     category: ["fashion", "bottoms", "jeans"],
-    attributes: ["slim fit", "straight leg", "stretch", "high waist", "relaxed fit", "distressed", "button fly", "machine wash"],
-    options: { size: ["28w", "30w", "32w", "34w", "36w", "38w"], color: ["blue", "black", "light blue", "grey", "white"] },
+    attributes: [
+      "slim fit|straight leg|relaxed fit", "stretch", "high waist", "distressed", "button fly", "machine wash",
+      "raw denim", "cropped"
+    ],
+    options: {
+      size: ["28w", "30w", "32w", "34w", "36w", "38w"],
+      color: ["blue", "black", "light blue", "grey", "white"]
+    },
     price: [25, 90]
   },
   {
     name: "leggings",
     plural: true,
     category: ["fashion", "bottoms", "leggings"],
-    attributes: ["high waist", "squat proof", "tummy control", "moisture wicking", "side pockets", "stretch", "yoga", "seamless"],
+    attributes: [
+      "high waist", "squat proof", "tummy control", "moisture wicking", "side pockets", "stretch", "yoga", "seamless"
+    ],
     options: { size: sizes, color: colors },
     price: [12, 50]
   },
   {
     name: "dress",
     category: ["fashion", "dresses", "casual dresses"],
-    attributes: ["floral", "maxi", "midi", "sleeveless", "v-neck", "wrap", "chiffon", "cotton"],
+    attributes: ["floral", "maxi|midi", "sleeveless", "v-neck", "wrap", "chiffon|cotton", "pockets", "belted"],
     options: { size: sizes, color: colors },
     price: [20, 80]
   },
   {
     name: "jacket",
     category: ["fashion", "outerwear", "jackets"],
-    attributes: ["waterproof", "hooded", "insulated", "windproof", "packable", "fleece lined", "lightweight", "zip pockets"],
+    attributes: [
+      "waterproof", "hooded", "insulated", "windproof", "packable", "fleece lined", "lightweight", "zip pockets"
+    ],
     options: { size: sizes, color: colors },
     price: [35, 160]
   },
@@ -107,7 +124,10 @@ export const types: ReadonlyArray<ProductType> = [
     name: "socks",
     plural: true,
     category: ["fashion", "accessories", "socks"],
-    attributes: ["cotton", "wool", "cushioned", "ankle", "crew", "moisture wicking", "compression", "no show"],
+    attributes: [
+      "cotton|wool", "cushioned", "ankle|crew|no show", "moisture wicking", "compression", "arch support", "breathable",
+      "reinforced heel"
+    ],
     options: { size: ["s", "m", "l"], pack: ["3 pack", "6 pack", "12 pack"] },
     price: [6, 30]
   },
@@ -122,7 +142,10 @@ export const types: ReadonlyArray<ProductType> = [
   {
     name: "pillow",
     category: ["home", "bedding", "pillows"],
-    attributes: ["memory foam", "down alternative", "cooling", "hypoallergenic", "machine washable", "firm", "soft", "adjustable"],
+    attributes: [
+      "memory foam|down alternative", "cooling", "hypoallergenic", "machine washable", "firm|soft", "adjustable",
+      "side sleeper", "zippered cover"
+    ],
     options: { size: ["standard", "queen", "king"], pack: ["1 pack", "2 pack", "4 pack"] },
     price: [15, 70]
   },
@@ -144,7 +167,9 @@ export const types: ReadonlyArray<ProductType> = [
     name: "curtains",
     plural: true,
     category: ["home", "decor", "curtains"],
-    attributes: ["blackout", "thermal insulated", "sheer", "grommet", "linen", "room darkening", "noise reducing", "rod pocket"],
+    attributes: [
+      "blackout", "thermal insulated", "sheer", "grommet", "linen", "room darkening", "noise reducing", "rod pocket"
+    ],
     options: { size: ["52x63", "52x84", "52x95"], color: colors },
     price: [15, 60]
   },
@@ -166,7 +191,10 @@ export const types: ReadonlyArray<ProductType> = [
     name: "candle",
     category: ["home", "decor", "candles"],
     attributes: ["soy wax", "long lasting", "glass jar", "natural", "3 wick", "gift", "lead free", "aromatherapy"],
-    options: { scent: ["lavender", "vanilla", "cedar", "citrus", "rose", "eucalyptus"], size: ["8 oz", "12 oz", "16 oz"] },
+    options: {
+      scent: ["lavender", "vanilla", "cedar", "citrus", "rose", "eucalyptus"],
+      size: ["8 oz", "12 oz", "16 oz"]
+    },
     price: [8, 40]
   },
   {
@@ -179,21 +207,29 @@ export const types: ReadonlyArray<ProductType> = [
   {
     name: "mug",
     category: ["kitchen", "drinkware", "mugs"],
-    attributes: ["ceramic", "insulated", "stainless steel", "dishwasher safe", "microwave safe", "with lid", "travel", "handle"],
+    attributes: [
+      "ceramic", "insulated", "stainless steel", "dishwasher safe", "microwave safe", "with lid", "travel", "handle"
+    ],
     options: { size: ["12 oz", "16 oz", "20 oz"], color: colors },
     price: [8, 35]
   },
   {
     name: "water bottle",
     category: ["kitchen", "drinkware", "water bottles"],
-    attributes: ["insulated", "stainless steel", "bpa free", "leak proof", "wide mouth", "straw lid", "lightweight", "dishwasher safe"],
+    attributes: [
+      "insulated", "stainless steel", "bpa free", "leak proof", "wide mouth", "straw lid", "lightweight",
+      "dishwasher safe"
+    ],
     options: { size: ["20 oz", "32 oz", "40 oz"], color: colors },
     price: [10, 45]
   },
   {
     name: "frying pan",
     category: ["kitchen", "cookware", "pans"],
-    attributes: ["nonstick", "cast iron", "stainless steel", "induction compatible", "oven safe", "dishwasher safe", "with lid", "pfoa free"],
+    attributes: [
+      "nonstick", "cast iron", "stainless steel", "induction compatible", "oven safe", "dishwasher safe", "with lid",
+      "pfoa free"
+    ],
     options: { size: ["8 inch", "10 inch", "12 inch"] },
     price: [15, 90]
   },
@@ -210,7 +246,9 @@ export const types: ReadonlyArray<ProductType> = [
     name: "headphones",
     plural: true,
     category: ["electronics", "audio", "headphones"],
-    attributes: ["wireless", "noise cancelling", "bluetooth", "over ear", "foldable", "microphone", "long battery", "deep bass"],
+    attributes: [
+      "wireless", "noise cancelling", "bluetooth", "over ear", "foldable", "microphone", "long battery", "deep bass"
+    ],
     options: { color: deviceColors },
     price: [20, 250]
   },
@@ -218,7 +256,10 @@ export const types: ReadonlyArray<ProductType> = [
     name: "earbuds",
     plural: true,
     category: ["electronics", "audio", "earbuds"],
-    attributes: ["wireless", "bluetooth", "waterproof", "charging case", "noise cancelling", "sport", "touch control", "microphone"],
+    attributes: [
+      "wireless", "bluetooth", "waterproof", "charging case", "noise cancelling", "sport", "touch control",
+      "microphone"
+    ],
     options: { color: deviceColors },
     price: [15, 180]
   },
@@ -233,7 +274,10 @@ export const types: ReadonlyArray<ProductType> = [
     name: "phone case",
     category: ["electronics", "phone accessories", "cases"],
     attributes: ["shockproof", "slim", "clear", "magnetic", "kickstand", "wallet", "silicone", "card holder"],
-    options: { model: ["iphone 14", "iphone 15", "iphone 16", "galaxy s23", "galaxy s24", "pixel 8"], color: deviceColors },
+    options: {
+      model: ["iphone 14", "iphone 15", "iphone 16", "galaxy s23", "galaxy s24", "pixel 8"],
+      color: deviceColors
+    },
     price: [8, 40]
   },
   {
@@ -274,7 +318,10 @@ export const types: ReadonlyArray<ProductType> = [
   {
     name: "smart watch",
     category: ["electronics", "wearables", "smart watches"],
-    attributes: ["fitness tracker", "heart rate", "waterproof", "sleep monitor", "gps", "bluetooth", "long battery", "touch screen"],
+    attributes: [
+      "fitness tracker", "heart rate", "waterproof", "sleep monitor", "gps", "bluetooth", "long battery",
+      "touch screen"
+    ],
     options: { color: deviceColors },
     price: [30, 300]
   },
@@ -282,35 +329,49 @@ export const types: ReadonlyArray<ProductType> = [
   {
     name: "shampoo",
     category: ["beauty", "hair care", "shampoo"],
-    attributes: ["sulfate free", "moisturizing", "argan oil", "for dry hair", "natural", "volumizing", "paraben free", "anti dandruff"],
+    attributes: [
+      "sulfate free", "moisturizing", "argan oil", "for dry hair", "natural", "volumizing", "paraben free",
+      "anti dandruff"
+    ],
     options: { size: ["8 fl oz", "16 fl oz", "32 fl oz"] },
     price: [6, 35]
   },
   {
     name: "hair oil",
     category: ["beauty", "hair care", "hair oils"],
-    attributes: ["argan oil", "for dry hair", "natural", "lightweight", "heat protection", "coconut", "frizz control", "shine"],
+    attributes: [
+      "argan oil", "for dry hair", "natural", "lightweight", "heat protection", "coconut", "frizz control", "shine"
+    ],
     options: { size: ["2 fl oz", "4 fl oz", "8 fl oz"] },
     price: [8, 40]
   },
   {
     name: "face serum",
     category: ["beauty", "skin care", "serums"],
-    attributes: ["vitamin c", "hyaluronic acid", "anti aging", "retinol", "for sensitive skin", "oil free", "brightening", "fragrance free"],
+    attributes: [
+      "vitamin c", "hyaluronic acid", "anti aging", "retinol", "for sensitive skin", "oil free", "brightening",
+      "fragrance free"
+    ],
     options: { size: ["1 fl oz", "2 fl oz"] },
     price: [10, 60]
   },
   {
     name: "body lotion",
     category: ["beauty", "skin care", "lotions"],
-    attributes: ["unscented", "shea butter", "for dry skin", "non greasy", "fast absorbing", "natural", "cocoa butter", "for sensitive skin"],
+    attributes: [
+      "unscented", "shea butter", "for dry skin", "non greasy", "fast absorbing", "natural", "cocoa butter",
+      "for sensitive skin"
+    ],
     options: { size: ["8 fl oz", "16 fl oz"], scent: ["lavender", "vanilla", "coconut", "original", "rose"] },
     price: [6, 30]
   },
   {
     name: "sunscreen",
     category: ["beauty", "skin care", "sunscreen"],
-    attributes: ["spf 50", "water resistant", "mineral", "reef safe", "broad spectrum", "oil free", "fragrance free", "lightweight"],
+    attributes: [
+      "spf 50", "water resistant", "mineral", "reef safe", "broad spectrum", "oil free", "fragrance free",
+      "lightweight"
+    ],
     options: { size: ["3 fl oz", "6 fl oz"] },
     price: [8, 35]
   },
@@ -332,15 +393,24 @@ export const types: ReadonlyArray<ProductType> = [
   {
     name: "coffee",
     category: ["grocery", "beverages", "coffee"],
-    attributes: ["whole bean", "ground", "dark roast", "medium roast", "organic", "decaf", "single origin", "fair trade"],
+    attributes: [
+      "whole bean|ground", "dark roast|medium roast", "organic", "decaf", "single origin", "fair trade", "arabica",
+      "low acid"
+    ],
     options: { size: ["12 oz", "2 lb"], flavor: ["vanilla", "hazelnut", "caramel", "original", "mocha"] },
     price: [8, 40]
   },
   {
     name: "tea",
     category: ["grocery", "beverages", "tea"],
-    attributes: ["green tea", "black tea", "herbal", "organic", "decaf", "loose leaf", "caffeine free", "matcha"],
-    options: { flavor: ["mint", "lemon", "peach", "original", "chai", "ginger"], pack: ["20 bags", "50 bags", "100 bags"] },
+    attributes: [
+      "green|black|herbal", "organic", "decaf", "loose leaf", "caffeine free", "matcha", "sugar free",
+      "individually wrapped"
+    ],
+    options: {
+      flavor: ["mint", "lemon", "peach", "original", "chai", "ginger"],
+      pack: ["20 bags", "50 bags", "100 bags"]
+    },
     price: [4, 30]
   },
   {
@@ -348,13 +418,18 @@ export const types: ReadonlyArray<ProductType> = [
     plural: true,
     category: ["grocery", "snacks", "bars"],
     attributes: ["protein", "gluten free", "low sugar", "keto", "vegan", "high fiber", "nut free", "organic"],
-    options: { flavor: ["chocolate", "peanut butter", "vanilla", "berry", "almond"], pack: ["6 pack", "12 pack", "24 pack"] },
+    options: {
+      flavor: ["chocolate", "peanut butter", "vanilla", "berry", "almond"],
+      pack: ["6 pack", "12 pack", "24 pack"]
+    },
     price: [6, 40]
   },
   {
     name: "olive oil",
     category: ["grocery", "pantry", "oils"],
-    attributes: ["extra virgin", "cold pressed", "organic", "first press", "imported", "non gmo", "italian", "unfiltered"],
+    attributes: [
+      "extra virgin", "cold pressed", "organic", "first press", "imported", "non gmo", "italian", "unfiltered"
+    ],
     options: { size: ["500 ml", "1 l", "3 l"] },
     price: [8, 50]
   },
@@ -369,21 +444,29 @@ export const types: ReadonlyArray<ProductType> = [
     name: "protein powder",
     category: ["grocery", "nutrition", "protein"],
     attributes: ["whey", "plant based", "low sugar", "gluten free", "keto", "non gmo", "grass fed", "vegan"],
-    options: { flavor: ["chocolate", "vanilla", "strawberry", "unflavored", "cookies and cream"], size: ["1 lb", "2 lb", "5 lb"] },
+    options: {
+      flavor: ["chocolate", "vanilla", "strawberry", "unflavored", "cookies and cream"],
+      size: ["1 lb", "2 lb", "5 lb"]
+    },
     price: [15, 80]
   },
   // Sports
   {
     name: "yoga mat",
     category: ["sports", "fitness", "yoga"],
-    attributes: ["non slip", "extra thick", "eco friendly", "carrying strap", "lightweight", "foldable", "cushioned", "tpe"],
+    attributes: [
+      "non slip", "extra thick", "eco friendly", "carrying strap", "lightweight", "foldable", "cushioned", "tpe"
+    ],
     options: { color: colors },
     price: [12, 60]
   },
   {
     name: "backpack",
     category: ["sports", "outdoors", "backpacks"],
-    attributes: ["waterproof", "laptop sleeve", "lightweight", "anti theft", "usb charging port", "hiking", "large capacity", "padded straps"],
+    attributes: [
+      "waterproof", "laptop sleeve", "lightweight", "anti theft", "usb charging port", "hiking", "large capacity",
+      "padded straps"
+    ],
     options: { color: colors },
     price: [20, 100]
   },

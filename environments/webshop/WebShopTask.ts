@@ -4,8 +4,7 @@
  * with the tools `search`, `click`, `select` and `buy`; scored by WebShop's score (`Score.ts`).
  *
  * - The catalogue and its BM25 index are built once per run (the task's `layer`) and shared read-only by every
- *   chain; each chain has its own visit (`Environment.perChain(Shop.layer)`): its page, selected options and
- *   purchase.
+ *   chain; each chain has its own visit (`Shop.provider`, per chain): its page, selected options and purchase.
  * - The episode ends when the agent buys (`episodeEnd: "bought"`), runs out of steps (`"out_of_steps"`), or
  *   ends a turn without a call; `maxTurns` bounds it too.
  * - Rows: `{ question, goal }` (see `Goal.ts`), from `examples/webshop/generate.ts` or a user's own JSONL.
@@ -18,7 +17,6 @@
  * @since 0.1.0
  */
 import { Effect, Schema } from "effect"
-import * as Environment from "../../src/Environment.ts"
 import * as Reward from "../../src/Reward.ts"
 import * as Task from "../../src/Task.ts"
 import * as ToolCallFormat from "../rewards/ToolCallFormat.ts"
@@ -129,7 +127,7 @@ export const make = (options: Options = {}): Task.Task =>
     row: Goal.Row,
     tools: Tools.all,
     reward: reward(options.toolCallFormat ?? 0),
-    environment: Environment.perChain(Shop.layer(settings(options))),
+    environment: Shop.provider(settings(options)),
     layer: Catalog.layer(source(options)),
     episode: {
       start: () => Effect.flatMap(Shop.Shop, (shop) => shop.reset),
