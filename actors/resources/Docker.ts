@@ -2,9 +2,11 @@
  * The Docker backend (dockerode): long-lived sandbox containers, one `exec` per action.
  *
  * Every limit of the spec is enforced by the engine: memory (swap capped at the same value), CPU, pids,
- * `NetworkMode: none`, a read-only root with uid-owned tmpfs mounts, all capabilities dropped,
- * `no-new-privileges`, a non-root user. Containers carry labels (`agentfly.run`, `agentfly.pid`,
- * `agentfly.host`, `agentfly.resource`) so the {@link reapOrphans reaper} can find what a dead run left behind:
+ * `NetworkMode: none`, a private IPC namespace, a read-only root with uid-owned tmpfs mounts (and `/dev/shm` of
+ * the spec's size), all capabilities dropped, `no-new-privileges`, a non-root user, and the sandboxes' seccomp
+ * filter (`Seccomp.ts`: Docker's default profile without io_uring and ptrace). Containers carry labels
+ * (`agentfly.run`, `agentfly.pid`, `agentfly.host`, `agentfly.resource`) so the {@link reapOrphans reaper} can
+ * find what a dead run left behind:
  * {@link DockerEngine.layer} reaps at start-up, removes this run's containers at shutdown, and on SIGINT/SIGTERM.
  *
  * Images are built locally without a registry (`scripts/build-images`).
@@ -19,6 +21,8 @@ import { hostname } from "node:os"
 import { PassThrough } from "node:stream"
 import { EnvError } from "../../src/Environment.ts"
 import type * as Resource from "../../src/Resource.ts"
+import * as Lines from "./internal/lineChannel.ts"
+import * as Seccomp from "./Seccomp.ts"
 
 // ===== Engine =====
 
@@ -176,18 +180,29 @@ export interface Container {
   readonly id: string
   readonly name: string
   /**
-   * Runs `cmd` in the container (one exec), feeding `stdin`. Past `timeoutMillis` the process is stopped by
-   * `timeout` inside the container and the call fails with `EnvError(Timeout)`. A container that is gone fails
-   * with `EnvError(Crashed)`.
+   * Runs `cmd` in the container (one exec), feeding `stdin`, as `user` (default: the container's). Past
+   * `timeoutMillis` the process is stopped by `timeout` inside the container and the call fails with
+   * `EnvError(Timeout)`. A container that is gone fails with `EnvError(Crashed)`.
    */
-  readonly exec: (
-    cmd: ReadonlyArray<string>,
-    options?: { readonly stdin?: string; readonly timeoutMillis?: number; readonly maxOutputBytes?: number }
-  ) => Effect.Effect<ExecResult, EnvError>
+  readonly exec: (cmd: ReadonlyArray<string>, options?: ExecOptions) => Effect.Effect<ExecResult, EnvError>
   /** Whether the container is running, and whether the kernel OOM-killed its main process. */
   readonly inspect: Effect.Effect<{ readonly running: boolean; readonly oomKilled: boolean }, EnvError>
   /** The main process's stdin/stdout as lines, when the container was started with `attachStdio`. */
   readonly stdio: LineChannel | undefined
+}
+
+/**
+ * Options of one exec.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface ExecOptions {
+  readonly stdin?: string
+  readonly timeoutMillis?: number
+  readonly maxOutputBytes?: number
+  /** `uid:gid` (or a name) to run as instead of the container's user. */
+  readonly user?: string
 }
 
 /**
@@ -196,14 +211,7 @@ export interface Container {
  * @category models
  * @since 0.1.0
  */
-export interface LineChannel {
-  readonly send: (line: string) => void
-  /** Called with every line the main process writes to stdout. */
-  readonly onLine: (f: (line: string) => void) => void
-  /** Called once when the stream ends (the container stopped or was killed). */
-  readonly onClose: (f: () => void) => void
-  readonly isOpen: () => boolean
-}
+export type LineChannel = Lines.LineChannel
 
 /**
  * How the backend runs a resource's containers.
@@ -235,15 +243,21 @@ export const hostConfig = (limits: Resource.Limits): Dockerode.HostConfig => {
   const [uid, gid] = limits.user.split(":")
   const owner = uid !== undefined && /^\d+$/.test(uid) ? `,uid=${uid},gid=${gid ?? uid}` : ""
   const tmpfs: Record<string, string> = {}
-  for (const [path, bytes] of Object.entries(limits.tmpfs)) tmpfs[path] = `rw,nosuid,nodev,size=${bytes}${owner}`
+  for (const [path, bytes] of Object.entries(limits.tmpfs)) {
+    // The engine mounts /dev/shm itself (64 MiB unless told): its size is `ShmSize`.
+    if (path !== "/dev/shm") tmpfs[path] = `rw,nosuid,nodev,size=${bytes}${owner}`
+  }
+  const shm = limits.tmpfs["/dev/shm"]
   return {
     NetworkMode: limits.network === "none" ? "none" : "host",
+    IpcMode: "private",
+    ...(shm !== undefined ? { ShmSize: shm } : {}),
     ...(limits.memoryBytes !== undefined ? { Memory: limits.memoryBytes, MemorySwap: limits.memoryBytes } : {}),
     ...(limits.cpus !== undefined ? { NanoCpus: Math.round(limits.cpus * 1e9) } : {}),
     ...(limits.pids !== undefined ? { PidsLimit: limits.pids } : {}),
     ReadonlyRootfs: limits.readOnlyRoot,
     CapDrop: ["ALL"],
-    SecurityOpt: ["no-new-privileges"],
+    SecurityOpt: ["no-new-privileges", `seccomp=${Seccomp.dockerProfile()}`],
     Tmpfs: tmpfs,
     // A sandbox's output is read per exec; an engine log on the host would be a disk nobody caps.
     LogConfig: { Type: "none", Config: {} },
@@ -254,7 +268,7 @@ export const hostConfig = (limits: Resource.Limits): Dockerode.HostConfig => {
 const execIn = (docker: Dockerode, handle: Dockerode.Container, env: string) =>
 (
   cmd: ReadonlyArray<string>,
-  options?: { readonly stdin?: string; readonly timeoutMillis?: number; readonly maxOutputBytes?: number }
+  options?: ExecOptions
 ): Effect.Effect<ExecResult, EnvError> => {
   const limit = options?.maxOutputBytes ?? 1 << 20
   const timeout = options?.timeoutMillis
@@ -265,7 +279,13 @@ const execIn = (docker: Dockerode, handle: Dockerode.Container, env: string) =>
     const fail = (e: unknown) => resume(Effect.fail(engineError(env, "exec", e)))
     // One chain with one `catch`: a failure at any stage (e.g. `start` on a container being removed) resumes the
     // effect with a typed error instead of escaping as an unhandled rejection.
-    void handle.exec({ Cmd: full, AttachStdout: true, AttachStderr: true, AttachStdin: stdin !== undefined })
+    void handle.exec({
+      Cmd: full,
+      AttachStdout: true,
+      AttachStderr: true,
+      AttachStdin: stdin !== undefined,
+      ...(options?.user !== undefined ? { User: options.user } : {})
+    })
       .then((exec) =>
         exec.start({ hijack: true, stdin: stdin !== undefined }).then((stream) => {
           const out = capture(limit)
@@ -378,41 +398,17 @@ const attachLines = (docker: Dockerode, handle: Dockerode.Container, env: string
     Effect.tryPromise({
       try: () => handle.attach({ stream: true, stdin: true, stdout: true, stderr: true, hijack: true }),
       catch: (e) => engineError(env, "attach", e)
-    }).pipe(Effect.map((stream): LineChannel => {
+    }).pipe(Effect.map((stream) => {
       const out = new PassThrough()
       docker.modem.demuxStream(stream, out, new PassThrough())
-      const lineHandlers: Array<(line: string) => void> = []
-      const closeHandlers: Array<() => void> = []
-      let open = true
-      let buffer = ""
-      out.on("data", (chunk: Buffer) => {
-        buffer += chunk.toString("utf8")
-        let newline = buffer.indexOf("\n")
-        while (newline >= 0) {
-          const line = buffer.slice(0, newline)
-          buffer = buffer.slice(newline + 1)
-          for (const f of lineHandlers) f(line)
-          newline = buffer.indexOf("\n")
-        }
-      })
-      const close = () => {
-        if (!open) return
-        open = false
-        for (const f of closeHandlers) f()
-      }
-      stream.on("end", close)
-      stream.on("close", close)
-      stream.on("error", close)
-      return {
-        send: (line) => void (open && stream.write(line + "\n")),
-        onLine: (f) => void lineHandlers.push(f),
-        onClose: (f) => void closeHandlers.push(f),
-        isOpen: () => open,
-        destroy: () => (stream as unknown as { destroy?: () => void }).destroy?.()
-      } as LineChannel & { destroy: () => void }
+      const channel = Lines.make(out, (text) => void stream.write(text))
+      stream.on("end", channel.closed)
+      stream.on("close", channel.closed)
+      stream.on("error", channel.closed)
+      return { channel, destroy: () => (stream as unknown as { destroy?: () => void }).destroy?.() }
     })),
-    (channel) => Effect.sync(() => (channel as LineChannel & { destroy: () => void }).destroy())
-  )
+    ({ destroy }) => Effect.sync(destroy)
+  ).pipe(Effect.map(({ channel }): LineChannel => channel))
 
 const makeContainer = (
   docker: Dockerode,

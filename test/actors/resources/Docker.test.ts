@@ -1,7 +1,7 @@
 /**
  * The Docker backend's cleanup on a real engine: a run's labelled containers are gone after SIGTERM (its signal
  * handler removes them) and after SIGKILL (the next run's reaper removes orphans of dead runs). Engine limits are
- * checked on the container's own configuration.
+ * checked on the container's own configuration (the sandboxes' seccomp profile included).
  */
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
@@ -10,6 +10,7 @@ import { fileURLToPath } from "node:url"
 import DockerodeClient from "dockerode"
 import * as ResourceManager from "../../../actors/ResourceManager.ts"
 import * as Docker from "../../../actors/resources/Docker.ts"
+import * as Seccomp from "../../../actors/resources/Seccomp.ts"
 import * as Resource from "../../../src/Resource.ts"
 
 const holderScript = fileURLToPath(new URL("./fixtures/dockerHolder.ts", import.meta.url))
@@ -116,7 +117,8 @@ describe("Docker reaper", () => {
       assert.strictEqual(host.NetworkMode, "none")
       assert.isTrue(host.ReadonlyRootfs)
       assert.deepStrictEqual(host.CapDrop, ["ALL"])
-      assert.deepStrictEqual(host.SecurityOpt, ["no-new-privileges"])
+      assert.deepStrictEqual(host.SecurityOpt, ["no-new-privileges", `seccomp=${Seccomp.dockerProfile()}`])
+      assert.strictEqual(host.IpcMode, "private")
       assert.strictEqual(host.LogConfig?.Type, "none")
       assert.strictEqual(host.Tmpfs?.["/work"], "rw,nosuid,nodev,size=8388608,uid=65534,gid=65534")
       assert.strictEqual(info.Config.User, "65534:65534")
