@@ -1,23 +1,43 @@
 /**
- * The bubblewrap backend: long-lived sandboxed processes where no Docker engine runs. Each instance is one
- * `bwrap` process with every namespace unshared (only a loopback interface unless the spec asks for the host
- * network), the host's `/usr` bound read-only, a read-only root, size-capped tmpfs mounts, user nobody, all
- * capabilities dropped, and a process group that dies with its parent. Memory and pids are capped by cgroup v1
- * (`/sys/fs/cgroup/{memory,pids}/agentfly/<id>`, needs root); where those cannot be written the instance fails to
- * start rather than run without the limits the spec asked for.
+ * The bubblewrap backend: long-lived sandboxed processes where no Docker engine runs. Each instance is one `bwrap`
+ * process, started with an empty environment as the spec's unprivileged user on the host (never root: bwrap then
+ * needs unprivileged user namespaces), with every namespace unshared (only a loopback interface unless the spec
+ * asks for the host network) and no further user namespaces (`--disable-userns`), the command as PID 1 of its
+ * PID namespace, the host's `/usr` bound read-only, a read-only root and `/dev`, size-capped tmpfs mounts
+ * (`/dev/shm` included), a private mqueue, all capabilities dropped, no new privileges, the sandboxes' seccomp
+ * filter (`Seccomp.ts`, loaded through `--seccomp`), and a process that dies with its parent.
  *
- * One host directory per instance is bound at `/sock` for the instance's unix socket, the only way in.
+ * Memory and pids are capped by cgroup v1 (`/sys/fs/cgroup/{memory,pids}/agentfly/run-<pid>-<start>/<id>`, needs
+ * root); where those cannot be written the instance fails to start rather than run without the limits the spec
+ * asked for. The cgroups (and socket directories) of a run that died without cleaning up (SIGKILL) are removed by
+ * {@link reapOrphans}, which every run does once before its first sandbox, as Docker's backend reaps its orphans.
+ *
+ * Two channels into the sandbox: `stdio` (lines over the command's stdin and stdout: nothing on the host's file
+ * system, and nothing code in the sandbox can reach when the command is not dumpable) or `socket` (one host
+ * directory per instance bound at `/sock`, writable by the sandbox's user).
  *
  * @since 0.1.0
  */
 import { Effect, Schedule } from "effect"
 import type { Scope } from "effect"
 import { spawn } from "node:child_process"
-import { chmodSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmdirSync, rmSync, writeFileSync } from "node:fs"
+import {
+  chmodSync,
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  rmdirSync,
+  rmSync,
+  writeFileSync
+} from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { EnvError } from "../../src/Environment.ts"
 import type * as Resource from "../../src/Resource.ts"
+import * as Lines from "./internal/lineChannel.ts"
+import * as Seccomp from "./Seccomp.ts"
 
 /**
  * A running sandboxed process.
@@ -27,8 +47,10 @@ import type * as Resource from "../../src/Resource.ts"
  */
 export interface Sandbox {
   readonly pid: number
-  /** The host directory bound at `/sock` inside the sandbox. */
+  /** The host directory bound at `/sock` inside the sandbox (channel `socket`); empty with the `stdio` channel. */
   readonly socketDir: string
+  /** The command's stdin and stdout as lines (channel `stdio`). */
+  readonly stdio: Lines.LineChannel | undefined
   readonly alive: () => boolean
   /** What the process wrote to stderr (last 4 KiB), for diagnostics. */
   readonly stderr: () => string
@@ -37,15 +59,22 @@ export interface Sandbox {
 /**
  * What to run.
  *
+ * **Gotchas**
+ *
+ * With the `socket` channel the socket directory is writable by the sandbox's user: code in the sandbox can
+ * replace a socket there with its own. Use `stdio` for a channel that code cannot reach.
+ *
  * @category models
  * @since 0.1.0
  */
 export interface Options {
-  /** The command, given the socket directory as seen inside the sandbox (`/sock`). */
+  /** The command, given the socket directory as seen inside the sandbox (`/sock`; empty with `stdio`). */
   readonly cmd: (socketDir: string) => ReadonlyArray<string>
   readonly env?: Readonly<Record<string, string>>
   /** The working directory inside the sandbox (one of the spec's tmpfs mounts). */
   readonly workDir: string
+  /** `socket` (default): a host directory bound at `/sock`; `stdio`: lines over the command's stdin/stdout. */
+  readonly channel?: "socket" | "stdio"
 }
 
 /**
@@ -57,9 +86,35 @@ export interface Options {
 export const readyPoll = Schedule.spaced("20 millis")
 
 const CGROUP_ROOT = "/sys/fs/cgroup"
+const CONTROLLERS = ["memory", "pids"] as const
+/** `/dev/shm`'s size when the spec gives none (Docker's default). */
+const DEFAULT_SHM_BYTES = 64 * 1024 * 1024
 
 const startError = (env: string, message: string) =>
   new EnvError({ env, method: "start", reason: "Unavailable", message })
+
+// ===== Runs =====
+
+/** The start time of a process in clock ticks since boot (field 22 of its stat), or undefined if it is gone. */
+const startTimeOf = (pid: number): string | undefined => {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, "utf8")
+    return stat.slice(stat.lastIndexOf(")") + 2).split(" ")[19]
+  } catch {
+    return undefined
+  }
+}
+
+/** This run's name in cgroup and directory names: its pid and start time (a reused pid has another start). */
+const runName = `run-${process.pid}-${startTimeOf(process.pid) ?? "0"}`
+
+/** Whether the run named `name` (`run-<pid>-<start>`) is still alive. */
+const runAlive = (name: string): boolean => {
+  const match = /^run-(\d+)-(\d+)$/.exec(name)
+  return match === null || startTimeOf(Number(match[1])) === match[2]
+}
+
+// ===== Cgroups =====
 
 /** Creates the instance's cgroups and writes its limits; returns the `cgroup.procs` files to join. */
 const makeCgroups = (env: string, id: string, limits: Resource.Limits) =>
@@ -67,7 +122,7 @@ const makeCgroups = (env: string, id: string, limits: Resource.Limits) =>
     try: () => {
       const procs: Array<string> = []
       const make = (controller: string, files: Record<string, string>) => {
-        const dir = join(CGROUP_ROOT, controller, "agentfly", id)
+        const dir = join(CGROUP_ROOT, controller, "agentfly", runName, id)
         mkdirSync(dir, { recursive: true })
         for (const [file, value] of Object.entries(files)) {
           if (existsSync(join(dir, file))) writeFileSync(join(dir, file), value)
@@ -115,16 +170,79 @@ const removeCgroups = (procs: ReadonlyArray<string>) =>
       Effect.ignore
     ), { discard: true })
 
-/** The bwrap argument list for a spec. */
+const entries = (dir: string): Array<string> => {
+  try {
+    return readdirSync(dir)
+  } catch {
+    return []
+  }
+}
+
+/**
+ * Removes what dead runs left: the cgroups under `agentfly/run-<pid>-<start>` of every controller (killing any
+ * process still in them) and the `agentfly-run-<pid>-<start>-*` socket directories in the temporary directory,
+ * for every run whose process is gone. Returns how many cgroups were removed.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const reapOrphans: Effect.Effect<number> = Effect.gen(function*() {
+  let reaped = 0
+  for (const controller of CONTROLLERS) {
+    const root = join(CGROUP_ROOT, controller, "agentfly")
+    for (const run of entries(root).filter((name) => name.startsWith("run-") && !runAlive(name))) {
+      const procs = entries(join(root, run)).map((name) => join(root, run, name, "cgroup.procs")).filter(existsSync)
+      yield* removeCgroups(procs)
+      reaped += procs.length
+      yield* Effect.sync(() => {
+        try {
+          rmdirSync(join(root, run))
+        } catch {
+          // a member would not die: the next reap tries again
+        }
+      })
+    }
+  }
+  yield* Effect.sync(() => {
+    for (const name of entries(tmpdir())) {
+      const run = /^agentfly-(run-\d+-\d+)-/.exec(name)?.[1]
+      if (run !== undefined && !runAlive(run)) rmSync(join(tmpdir(), name), { recursive: true, force: true })
+    }
+  })
+  return reaped
+})
+
+/** Whether this process has reaped yet: once, before its first sandbox. */
+let reaped = false
+
+// ===== Arguments =====
+
+/** The sandbox's user as numbers; never root. */
+const userOf = (limits: Resource.Limits): { readonly uid: number; readonly gid: number } | undefined => {
+  const [uid, gid] = limits.user.split(":")
+  if (uid === undefined || !/^\d+$/.test(uid) || (gid !== undefined && !/^\d+$/.test(gid))) return undefined
+  const user = { uid: Number(uid), gid: Number(gid ?? uid) }
+  return user.uid === 0 || user.gid === 0 ? undefined : user
+}
+
+/**
+ * The bwrap argument list for a spec (the seccomp program is read from descriptor 3).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
 export const bwrapArgs = (
   limits: Resource.Limits,
-  socketDir: string,
+  socketDir: string | undefined,
   options: Options
 ): ReadonlyArray<string> => {
   const [uid, gid] = limits.user.split(":")
   const args = [
     "--unshare-all",
+    "--unshare-user",
     ...(limits.network === "host" ? ["--share-net"] : []),
+    "--disable-userns",
+    "--as-pid-1",
     "--die-with-parent",
     "--new-session",
     "--ro-bind", "/usr", "/usr",
@@ -132,17 +250,81 @@ export const bwrapArgs = (
     "--symlink", "usr/lib", "/lib",
     "--symlink", "usr/lib64", "/lib64",
     "--proc", "/proc",
-    "--dev", "/dev"
+    "--dev", "/dev",
+    "--size", String(limits.tmpfs["/dev/shm"] ?? DEFAULT_SHM_BYTES), "--tmpfs", "/dev/shm",
+    "--mqueue", "/dev/mqueue",
+    "--remount-ro", "/dev"
   ]
-  for (const [path, bytes] of Object.entries(limits.tmpfs)) args.push("--size", String(bytes), "--tmpfs", path)
-  args.push("--bind", socketDir, "/sock")
-  if (limits.readOnlyRoot) args.push("--remount-ro", "/")
+  for (const [path, bytes] of Object.entries(limits.tmpfs)) {
+    if (path !== "/dev/shm") args.push("--size", String(bytes), "--tmpfs", path)
+  }
+  if (socketDir !== undefined) args.push("--bind", socketDir, "/sock")
+  args.push("--remount-ro", "/")
   args.push("--chdir", options.workDir, "--uid", uid ?? "65534", "--gid", gid ?? uid ?? "65534", "--cap-drop", "ALL")
-  args.push("--clearenv")
+  args.push("--seccomp", "3", "--clearenv")
   for (const [key, value] of Object.entries({ PATH: "/usr/bin:/bin", ...options.env })) {
     args.push("--setenv", key, value)
   }
-  return [...args, "--", ...options.cmd("/sock")]
+  return [...args, "--", ...options.cmd(socketDir === undefined ? "" : "/sock")]
+}
+
+// ===== Backend =====
+
+/** A socket directory for one instance, named after this run so that a reaper can tell whose it is. */
+const makeSocketDir = (env: string, id: string) =>
+  Effect.acquireRelease(
+    Effect.try({
+      try: () => {
+        const dir = mkdtempSync(join(tmpdir(), `agentfly-${runName}-${id.replace(/[^a-zA-Z0-9_.-]/g, "-")}-`))
+        chmodSync(dir, 0o777) // the sandbox's user creates its socket here
+        return dir
+      },
+      catch: (e) => startError(env, String(e))
+    }),
+    (dir) => Effect.sync(() => rmSync(dir, { recursive: true, force: true }))
+  )
+
+/** Spawns bwrap: a root shell joins the cgroups, then becomes bwrap as the unprivileged user, with no environment. */
+const spawnSandbox = (
+  spec: Resource.ResourceSpec,
+  user: { readonly uid: number; readonly gid: number },
+  procs: ReadonlyArray<string>,
+  socketDir: string | undefined,
+  options: Options,
+  filter: Buffer
+): Sandbox => {
+  const enter = procs.map((file) => `echo $$ > '${file}'`).join(" && ")
+  const become = `exec setpriv --reuid=${user.uid} --regid=${user.gid} --clear-groups --nnp bwrap "$@"`
+  const stdio = options.channel === "stdio"
+  const child = spawn("/bin/sh", ["-c", enter === "" ? become : `${enter} && ${become}`, "sh", ...bwrapArgs(
+    spec.limits,
+    socketDir,
+    options
+  )], {
+    stdio: [stdio ? "pipe" : "ignore", stdio ? "pipe" : "ignore", "pipe", "pipe"],
+    detached: true,
+    env: { PATH: "/usr/sbin:/usr/bin:/sbin:/bin" }
+  })
+  const seccomp = child.stdio[3] as NodeJS.WritableStream & { on: (e: string, f: () => void) => void }
+  seccomp.on("error", () => {})
+  seccomp.end(filter)
+  let stderr = ""
+  child.stderr!.on("data", (chunk: Buffer) => (stderr = (stderr + chunk.toString("utf8")).slice(-4096)))
+  child.on("error", () => {})
+  let lines: Lines.LineChannel | undefined
+  if (stdio) {
+    child.stdin!.on("error", () => {})
+    const channel = Lines.make(child.stdout!, (text) => void child.stdin!.write(text))
+    child.on("exit", channel.closed)
+    lines = channel
+  }
+  return {
+    pid: child.pid ?? -1,
+    socketDir: socketDir ?? "",
+    stdio: lines,
+    alive: () => child.exitCode === null && child.signalCode === null,
+    stderr: () => stderr
+  }
 }
 
 /**
@@ -155,39 +337,26 @@ export const bwrapArgs = (
 export const backend = (options: Options) => ({
   start: (spec: Resource.ResourceSpec, id: string): Effect.Effect<Sandbox, EnvError, Scope.Scope> =>
     Effect.gen(function*() {
-      const socketDir = yield* Effect.acquireRelease(
-        Effect.try({
-          try: () => {
-            const dir = mkdtempSync(join(tmpdir(), `agentfly-${id}-`))
-            chmodSync(dir, 0o777) // the sandbox's user creates its socket here
-            return dir
-          },
-          catch: (e) => startError(spec.name, String(e))
-        }),
-        (dir) => Effect.sync(() => rmSync(dir, { recursive: true, force: true }))
-      )
+      const user = userOf(spec.limits)
+      if (user === undefined) {
+        return yield* startError(spec.name, `limits.user must be a numeric, non-root uid:gid (got ${spec.limits.user})`)
+      }
+      if (!spec.limits.readOnlyRoot) {
+        return yield* startError(spec.name, "bubblewrap needs readOnlyRoot: true (its root is an unsized tmpfs)")
+      }
+      const filter = Seccomp.bpf()
+      if (filter === undefined) {
+        return yield* startError(spec.name, `no seccomp filter for ${process.arch}; refusing to start without one`)
+      }
+      if (!reaped) {
+        reaped = true
+        yield* reapOrphans
+      }
+      const socketDir = options.channel === "stdio" ? undefined : yield* makeSocketDir(spec.name, id)
       const procs = yield* Effect.acquireRelease(makeCgroups(spec.name, id, spec.limits), removeCgroups)
-      // A shell joins the cgroups, then becomes bwrap: every process of the sandbox is inside the limits.
-      const enter = procs.map((file) => `echo $$ > '${file}'`).join(" && ")
-      const script = `${enter === "" ? "" : `${enter} && `}exec bwrap "$@"`
       return yield* Effect.acquireRelease(
         Effect.try({
-          try: () => {
-            const child = spawn("/bin/sh", ["-c", script, "sh", ...bwrapArgs(spec.limits, socketDir, options)], {
-              stdio: ["ignore", "ignore", "pipe"],
-              detached: true
-            })
-            let stderr = ""
-            child.stderr.on("data", (chunk: Buffer) => (stderr = (stderr + chunk.toString("utf8")).slice(-4096)))
-            child.on("error", () => {})
-            const sandbox: Sandbox = {
-              pid: child.pid ?? -1,
-              socketDir,
-              alive: () => child.exitCode === null && child.signalCode === null,
-              stderr: () => stderr
-            }
-            return sandbox
-          },
+          try: () => spawnSandbox(spec, user, procs, socketDir, options, filter),
           catch: (e) => startError(spec.name, String(e))
         }),
         (sandbox) =>
