@@ -302,7 +302,8 @@ export const make = Effect.fn("Gateway.make")(function*(options: Options = {}) {
       )
       entry.posted = score.metrics === undefined ? { reward: score.reward } : score
       yield* Wire.sendJson(res, 200, { ok: true, episode: entry.episode.id, reward: score.reward })
-      if (entry.auto) yield* finish(entry, { _tag: "Returned" })
+      // Finishing closes the episode, which interrupts its requests: this one's too, so it runs on its own.
+      if (entry.auto) yield* Effect.forkIn(finish(entry, { _tag: "Returned" }), scope)
     })
 
   const describe = (entry: Entry, res: Http.ServerResponse) =>
@@ -376,7 +377,10 @@ export const make = Effect.fn("Gateway.make")(function*(options: Options = {}) {
         return scoped === null || auto === undefined
           ? Effect.fail(notFound(`no route ${method} ${path}`))
           : episodeRoute((entry, _body, res) =>
-            Effect.andThen(Wire.sendJson(res, 200, { ok: true, episode: entry.episode.id }), finish(entry, { _tag: "Returned" }))
+            Effect.andThen(
+              Wire.sendJson(res, 200, { ok: true, episode: entry.episode.id }),
+              Effect.forkIn(finish(entry, { _tag: "Returned" }), scope)
+            )
           )
       case "":
         if (scoped !== null && id !== undefined) {

@@ -11,6 +11,7 @@ import * as NodeServices from "@effect/platform-node/NodeServices"
 import { Effect } from "effect"
 import { Command } from "effect/cli"
 import { evaluate } from "./eval.ts"
+import { gateway } from "./gateway.ts"
 import { initModel } from "./initModel.ts"
 import { serve } from "./serve.ts"
 import { report } from "./report.ts"
@@ -26,6 +27,7 @@ import { train } from "./train.ts"
 const subcommands = [
   initModel,
   serve,
+  gateway,
   train,
   evaluate,
   report,
