@@ -3,18 +3,26 @@
  * chain (a variable set in one call is visible in the next), with a time limit per call, truncated output, no
  * network, capped memory and pids, a read-only root and a writable tmpfs work dir.
  *
- * Inside the sandbox a small supervisor (`repl_server.py`, standard library only) owns one long-lived worker
- * interpreter and listens on a unix socket in the work dir. Each call is one request: on Docker, one `exec` of a
- * tiny client in the container; under bubblewrap, a connection to the socket from the host. A call that runs
- * past its limit, or an interpreter killed by the out-of-memory killer, fails with {@link PythonError} and the
- * next call runs on a fresh interpreter. A container that dies is replaced by the resource manager
- * (`EnvError(Crashed)`, retried by `ResourceManager.withRetryOnCrash`).
+ * Inside the sandbox a small supervisor (`repl_server.py`, standard library only) is PID 1 and owns one long-lived
+ * worker interpreter, forked by a zygote (`repl_worker.py`: a fresh program started once, which never sees a
+ * request, so that no worker holds anything of an earlier chain and a new one costs a fork). Each call is one request: with the Docker `exec`
+ * transport, one `exec` of a tiny client, as another user than the code under test, that talks to the
+ * supervisor's abstract unix socket; with `attach` and under bubblewrap, a JSON line over the supervisor's stdin
+ * and stdout. A call that runs past its limit, or an interpreter killed by the out-of-memory killer, fails with
+ * {@link PythonError} and the next call runs on a fresh interpreter. A container that dies is replaced by the
+ * resource manager (`EnvError(Crashed)`, retried by `ResourceManager.withRetryOnCrash`).
+ *
+ * **What a chain cannot do.** Trace or read the supervisor (it is not dumpable; ptrace is filtered), take its
+ * channel over or forge its replies, or leave anything for the next chain: a reset kills every process of the
+ * sandbox but the supervisor and the zygote, empties the work dir, `/tmp` and `/dev/shm`, removes IPC objects,
+ * puts back limits, priority and affinity a chain changed on them, and checks that all of it held; a sandbox that cannot prove it is clean (or has a writable root) fails its reset with
+ * `EnvError(ResetFailed)` and the resource manager destroys it. Processes a cell starts do not outlive the cell,
+ * and a `fresh` run (a reward's) runs while the chain's own interpreter is stopped.
  *
  * @since 0.1.0
  */
 import { Context, Effect, Schema } from "effect"
 import { readFileSync } from "node:fs"
-import { connect } from "node:net"
 import * as Bubblewrap from "../../actors/resources/Bubblewrap.ts"
 import * as Docker from "../../actors/resources/Docker.ts"
 import * as ResourceManager from "../../actors/ResourceManager.ts"
@@ -98,16 +106,17 @@ const defaultOptions: Options = { timeoutMillis: 10_000, maxOutputChars: 8192 }
 // ===== The in-sandbox programs =====
 
 const serverSource = readFileSync(new URL("./repl_server.py", import.meta.url), "utf8")
+const workerSource = readFileSync(new URL("./repl_worker.py", import.meta.url), "utf8")
 
 /**
- * The per-call client run by `docker exec`: forwards stdin to the supervisor's socket and prints the reply. It
- * gives up after argv[2] seconds by itself, so an exec needs no `timeout` wrapper process.
+ * The per-call client run by `docker exec`: forwards stdin to the supervisor's abstract socket and prints the
+ * reply. It gives up after argv[1] seconds by itself, so an exec needs no `timeout` wrapper process.
  */
 const clientSource = [
   "import socket, sys",
   "s = socket.socket(socket.AF_UNIX)",
-  "s.settimeout(float(sys.argv[2]))",
-  "s.connect(sys.argv[1])",
+  "s.settimeout(float(sys.argv[1]))",
+  "s.connect('\\0agentfly-repl')",
   "s.sendall(sys.stdin.buffer.read())",
   "s.shutdown(socket.SHUT_WR)",
   "while True:",
@@ -117,14 +126,32 @@ const clientSource = [
 ].join("\n")
 
 const WORK = "/work"
-const SOCKET_DIR = "/work/.agentfly"
-const SOCKET = `${SOCKET_DIR}/repl.sock`
+
+/**
+ * The supervisor's command line: its channel, the work dir, the worker's source and the writable places a reset
+ * empties (the spec's tmpfs mounts and `/dev/shm`).
+ */
+const supervisor = (python: string, spec: Resource.ResourceSpec, channel: string): Array<string> => [
+  python,
+  "-I",
+  "-S",
+  "-c",
+  serverSource,
+  channel,
+  WORK,
+  workerSource,
+  ...new Set([...Object.keys(spec.limits.tmpfs), "/dev/shm"])
+]
+
+/** The exec transport's client user: not the sandbox's, so that code under test can neither trace nor pose as it. */
+const clientUser = (limits: Resource.Limits): number => (limits.user.split(":")[0] === "65533" ? 65532 : 65533)
 
 // ===== Specs =====
 
 /**
  * A spec for the sandbox with hardened defaults: image `agentfly/python:1`, 512 MiB memory, 64 pids, one CPU,
- * no network, read-only root, a 64 MiB work dir and a 16 MiB `/tmp`, user nobody, one instance per chain.
+ * no network, read-only root, a 64 MiB work dir, a 16 MiB `/tmp` and `/dev/shm`, user nobody, one instance per
+ * chain.
  *
  * @category constructors
  * @since 0.1.0
@@ -138,7 +165,7 @@ export const spec = (input: Partial<Resource.SpecInput> & { readonly kind: "dock
       memoryBytes: 512 * 1024 * 1024,
       pids: 64,
       cpus: 1,
-      tmpfs: { [WORK]: 64 * 1024 * 1024, "/tmp": 16 * 1024 * 1024 },
+      tmpfs: { [WORK]: 64 * 1024 * 1024, "/tmp": 16 * 1024 * 1024, "/dev/shm": 16 * 1024 * 1024 },
       ...input.limits
     },
     timeouts: { startMillis: 20_000, ...input.timeouts }
@@ -164,7 +191,8 @@ const Reply = Schema.Struct({
   restarted: Schema.optionalKey(Schema.Boolean),
   timed_out: Schema.optionalKey(Schema.Boolean),
   killed: Schema.optionalKey(Schema.String),
-  ok: Schema.optionalKey(Schema.Boolean)
+  ok: Schema.optionalKey(Schema.Boolean),
+  dirty: Schema.optionalKey(Schema.String)
 })
 const decodeReply = Schema.decodeUnknownEffect(Schema.fromJsonString(Reply))
 
@@ -210,7 +238,22 @@ const runOn = (env: string, instance: Instance, options: Options) =>
   })
 
 const ping = (instance: Instance) => Effect.asVoid(instance.request({ op: "ping" }, 5_000))
-const resetOn = (instance: Instance) => Effect.asVoid(instance.request({ op: "reset" }, 10_000))
+
+const dirty = (env: string, why: string) =>
+  new EnvError({ env, method: "reset", reason: "ResetFailed", message: `the sandbox cannot prove it is clean: ${why}` })
+
+/** Resets through the supervisor, which answers `ok: true` only once it has checked the sandbox is clean. */
+const resetOn = (env: string) => (instance: Instance): Effect.Effect<void, EnvError> =>
+  Effect.flatMap(instance.request({ op: "reset" }, 10_000), (raw) => {
+    const reply = raw as typeof Reply.Type
+    return reply.ok === true ? Effect.void : Effect.fail(dirty(env, reply.dirty ?? JSON.stringify(reply)))
+  })
+
+/** A release's reset: only a read-only root can be proven clean, so a writable one is recreated instead. */
+const releaseReset = (spec: Resource.ResourceSpec) => (instance: Instance): Effect.Effect<void, EnvError> =>
+  spec.limits.readOnlyRoot
+    ? resetOn(spec.name)(instance)
+    : Effect.fail(dirty(spec.name, "its root is writable (readOnlyRoot: false); it is recreated instead"))
 
 // ===== Docker =====
 
@@ -228,10 +271,11 @@ const timeoutError = (env: string, timeoutMillis: number) =>
   new EnvError({ env, method: "request", reason: "Timeout", message: `no reply in ${timeoutMillis} ms` })
 
 /** One process per call (`-I -S`: no site import, a faster start); the client bounds its own wait. */
-const execInstance = (env: string, container: Docker.Container): Instance => ({
+const execInstance = (env: string, container: Docker.Container, user: number): Instance => ({
   request: (body, timeoutMillis) =>
-    container.exec(["python3", "-I", "-S", "-c", clientSource, SOCKET, String(timeoutMillis / 1000)], {
-      stdin: JSON.stringify(body)
+    container.exec(["python3", "-I", "-S", "-c", clientSource, String(timeoutMillis / 1000)], {
+      stdin: JSON.stringify(body),
+      user: `${user}:${user}`
     }).pipe(
       Effect.timeoutOrElse({
         duration: timeoutMillis + 2_000,
@@ -245,8 +289,11 @@ const execInstance = (env: string, container: Docker.Container): Instance => ({
     )
 })
 
-/** Requests tagged with an id over the attached stdio; a reply is matched to its request by id. */
-const attachInstance = (env: string, channel: Docker.LineChannel): Instance => {
+/**
+ * Requests tagged with an id over the supervisor's stdin and stdout (Docker's attached stream, bubblewrap's
+ * pipes); a reply is matched to its request by the id it ends with. Only the supervisor can write there.
+ */
+const lineInstance = (env: string, channel: Docker.LineChannel): Instance => {
   const pending = new Map<number, (reply: Effect.Effect<string, EnvError>) => void>()
   let nextId = 0
   const gone = () => new EnvError({ env, method: "request", reason: "Crashed", message: "the sandbox's stdio closed" })
@@ -293,13 +340,15 @@ export const docker = (
     const toInstance = (container: Docker.Container): Instance => {
       let instance = byContainer.get(container)
       if (instance === undefined) {
-        instance = attach ? attachInstance(spec.name, container.stdio!) : execInstance(spec.name, container)
+        instance = attach
+          ? lineInstance(spec.name, container.stdio!)
+          : execInstance(spec.name, container, clientUser(spec.limits))
         byContainer.set(container, instance)
       }
       return instance
     }
     const containers = yield* Docker.backend({
-      cmd: ["python3", "-c", serverSource, attach ? "-" : SOCKET, WORK],
+      cmd: supervisor("python3", spec, attach ? "stdio" : `socket:${clientUser(spec.limits)}`),
       env: ["PYTHONDONTWRITEBYTECODE=1", "PYTHONUNBUFFERED=1", "HOME=/work"],
       workingDir: WORK,
       attachStdio: attach,
@@ -313,7 +362,7 @@ export const docker = (
           instances.set(instance, c)
           return instance
         }),
-      reset: resetOn,
+      reset: releaseReset(spec),
       // The container must run and its supervisor answer.
       health: (instance) => Effect.andThen(containers.health(instances.get(instance)!), ping(instance))
     })
@@ -323,24 +372,21 @@ export const docker = (
 
 /**
  * The sandbox as bubblewrap processes, where no Docker engine runs: the host's `/usr` (and its python3) bound
- * read-only, a tmpfs work dir, no network, cgroup memory/pids caps; `spec.kind` must be `bubblewrap`.
+ * read-only, tmpfs work dir, `/tmp` and `/dev/shm`, no network, cgroup memory/pids caps, an unprivileged host
+ * user, the seccomp filter; requests as lines over the supervisor's stdin and stdout. `spec.kind` must be
+ * `bubblewrap`.
  *
  * @category constructors
  * @since 0.1.0
  */
 export const bubblewrap = (spec: Resource.ResourceSpec): Resource.Resource<Instance> => {
   const processes = Bubblewrap.backend({
-    cmd: (sock) => ["/usr/bin/python3", "-c", serverSource, `${sock}/repl.sock`, WORK],
+    cmd: () => supervisor("/usr/bin/python3", spec, "stdio"),
     env: { PYTHONDONTWRITEBYTECODE: "1", PYTHONUNBUFFERED: "1", HOME: WORK },
-    workDir: WORK
+    workDir: WORK,
+    channel: "stdio"
   })
-  const toInstance = (sandbox: Bubblewrap.Sandbox): Instance => ({
-    request: (body, timeoutMillis) =>
-      Effect.flatMap(
-        socketRequest(spec.name, `${sandbox.socketDir}/repl.sock`, JSON.stringify(body), timeoutMillis),
-        (raw) => parse(spec.name, "request", raw)
-      )
-  })
+  const toInstance = (sandbox: Bubblewrap.Sandbox): Instance => lineInstance(spec.name, sandbox.stdio!)
   const sandboxes = new WeakMap<Instance, Bubblewrap.Sandbox>()
   return Resource.resource<Instance>(spec, {
     start: (s, id) =>
@@ -351,31 +397,10 @@ export const bubblewrap = (spec: Resource.ResourceSpec): Resource.Resource<Insta
         yield* Effect.retry(ping(instance), { schedule: Bubblewrap.readyPoll, while: () => sandbox.alive() })
         return instance
       }),
-    reset: resetOn,
+    reset: releaseReset(spec),
     health: (instance) => Effect.andThen(processes.health(sandboxes.get(instance)!), ping(instance))
   })
 }
-
-/** One request over the supervisor's unix socket (bubblewrap: the socket dir is bound from the host). */
-const socketRequest = (env: string, path: string, body: string, timeoutMillis: number) =>
-  Effect.callback<string, EnvError>((resume) => {
-    const chunks: Array<Buffer> = []
-    const socket = connect(path)
-    socket.on("connect", () => socket.end(body))
-    socket.on("data", (chunk: Buffer) => chunks.push(chunk))
-    socket.on("end", () => resume(Effect.succeed(Buffer.concat(chunks).toString("utf8"))))
-    socket.on("error", (e) =>
-      resume(Effect.fail(new EnvError({ env, method: "request", reason: "Crashed", message: e.message }))))
-    return Effect.sync(() => socket.destroy())
-  }).pipe(
-    Effect.timeoutOrElse({
-      duration: timeoutMillis,
-      orElse: () =>
-        Effect.fail(
-          new EnvError({ env, method: "request", reason: "Timeout", message: `no reply in ${timeoutMillis} ms` })
-        )
-    })
-  )
 
 // ===== Provider =====
 
@@ -396,7 +421,11 @@ export const fromLease = (lease: ResourceManager.Lease<Instance>, options: Parti
       lease.use((instance) => runOn(lease.resource, instance, resolved)(code, run)).pipe(
         Effect.catchTag("LeaseError", (e) => Effect.fail(unavailable(e)))
       ),
-    reset: lease.use(resetOn).pipe(Effect.catchTag("LeaseError", (e) => Effect.fail(unavailable(e))))
+    // A sandbox that cannot prove it is clean is replaced: the chain's next call runs on a fresh one.
+    reset: lease.use(resetOn(lease.resource)).pipe(
+      Effect.tapError((e) => e._tag === "EnvError" && e.reason === "ResetFailed" ? lease.invalidate : Effect.void),
+      Effect.catchTag("LeaseError", (e) => Effect.fail(unavailable(e)))
+    )
   })
 }
 

@@ -1,10 +1,12 @@
 /**
  * The Python sandbox under bubblewrap (no Docker engine): the host's python3 bound read-only, cgroup v1 limits.
+ * Escapes and attacks on every transport are in `SandboxAttacks.test.ts`.
  * Real time throughout: time limits and process deaths are the subject.
  */
 import { assert, layer } from "@effect/vitest"
 import { Context, Effect } from "effect"
-import { existsSync } from "node:fs"
+import { existsSync, readdirSync } from "node:fs"
+import { join } from "node:path"
 import * as ResourceManager from "../../../actors/ResourceManager.ts"
 import * as PythonSandbox from "../../../environments/python/PythonSandbox.ts"
 
@@ -14,6 +16,16 @@ const spec = Effect.runSync(PythonSandbox.spec({
   limits: { memoryBytes: 128 * 1024 * 1024, pids: 32 }
 }))
 const resource = PythonSandbox.bubblewrap(spec)
+
+/** This process's cgroups (`agentfly/run-<pid>-<start>/<instance>`) of the resource `name`. */
+const cgroupsOf = (name: string) =>
+  ["memory", "pids"].flatMap((controller) => {
+    const root = `/sys/fs/cgroup/${controller}/agentfly`
+    const runs = existsSync(root) ? readdirSync(root).filter((r) => r.startsWith(`run-${process.pid}-`)) : []
+    return runs.flatMap((run) =>
+      readdirSync(join(root, run)).filter((i) => i.startsWith(name)).map((i) => join(root, run, i))
+    )
+  })
 
 const withSandbox = <A, E, R>(
   chainId: string,
@@ -42,72 +54,16 @@ layer(ResourceManager.ResourceManager.layer, { timeout: 60_000, excludeTestServi
         assert.strictEqual(b.stdout, "False\n")
       }))
 
-    it.effect("escapes contained: network, read-only root, infinite loop, memory bomb, fork bomb", () =>
-      withSandbox("c", (sandbox) =>
-        Effect.gen(function*() {
-          const net = yield* sandbox.run([
-            "import socket",
-            "for addr in [('127.0.0.1', 6390), ('10.0.0.1', 80)]:",
-            "    s = socket.socket()",
-            "    s.settimeout(1)",
-            "    try:",
-            "        s.connect(addr)",
-            "        print('CONNECTED')",
-            "    except OSError as e:",
-            "        print(type(e).__name__)"
-          ].join("\n"))
-          assert.strictEqual(net.stdout, "ConnectionRefusedError\nOSError\n")
-
-          const fs = yield* sandbox.run([
-            "for path in ['/evil', '/usr/evil', '/work/ok', '/tmp/ok']:",
-            "    try:",
-            "        open(path, 'w').write('x')",
-            "        print(path, 'written')",
-            "    except OSError as e:",
-            "        print(path, e.strerror)"
-          ].join("\n"))
-          assert.strictEqual(
-            fs.stdout,
-            "/evil Read-only file system\n/usr/evil Read-only file system\n/work/ok written\n/tmp/ok written\n"
-          )
-
-          const loop = yield* Effect.flip(sandbox.run("while True:\n    pass", { timeoutMillis: 1_000 }))
-          assert.strictEqual(loop._tag === "PythonError" ? loop.reason : loop._tag, "Timeout")
-
-          const memory = yield* Effect.flip(sandbox.run("x = bytearray(1024 * 1024 * 1024)"))
-          assert.strictEqual(memory._tag === "PythonError" ? memory.reason : memory._tag, "Killed")
-
-          const forks = yield* sandbox.run([
-            "import os, time",
-            "n = 0",
-            "for _ in range(200):",
-            "    try:",
-            "        if os.fork() == 0:",
-            "            time.sleep(30)",
-            "            os._exit(0)",
-            "        n += 1",
-            "    except OSError:",
-            "        break",
-            "print(n)"
-          ].join("\n"))
-          assert.isBelow(Number(forks.stdout.trim()), 32)
-
-          const after = yield* sandbox.run("print('alive')")
-          assert.strictEqual(after.stdout, "alive\n")
-        })))
-
     it.effect("the sandbox's cgroups are removed when its instance is destroyed", () =>
       Effect.gen(function*() {
         const manager = yield* ResourceManager.ResourceManager
         yield* withSandbox("d", (sandbox) => sandbox.run("pass"))
+        assert.isNotEmpty(cgroupsOf(spec.name), "the sandbox had cgroups")
         yield* manager.close(spec.name)
         yield* Effect.sleep("300 millis")
         const stats = yield* manager.stats(spec.name)
         assert.strictEqual(stats!.idle + stats!.leased + stats!.starting, 0)
-        for (let i = 0; i < stats!.starts; i++) {
-          assert.isFalse(existsSync(`/sys/fs/cgroup/memory/agentfly/${spec.name}-${i}`))
-          assert.isFalse(existsSync(`/sys/fs/cgroup/pids/agentfly/${spec.name}-${i}`))
-        }
+        assert.deepStrictEqual(cgroupsOf(spec.name), [])
       }))
   }
 )
