@@ -19,6 +19,8 @@ import * as ByteTokenizer from "../../src/ByteTokenizer.ts"
 import * as ChatTemplate from "../../src/ChatTemplate.ts"
 import * as Dataset from "../../src/Dataset.ts"
 import * as Sampling from "../../src/Sampling.ts"
+import type * as Task from "../../src/Task.ts"
+import type * as Trajectory from "../../src/Trajectory.ts"
 import * as Tokenizer from "../../src/Tokenizer.ts"
 import * as Goal from "./Goal.ts"
 import * as HouseholdTask from "./HouseholdTask.ts"
@@ -140,36 +142,44 @@ export const noisy = (noise: number): Oracle.Policy => (messages) => {
 }
 
 /**
- * Rolls a policy out on rows through the task (one chain a row) and returns the trajectories in row order.
+ * Rolls a policy out on a task's rows through the rollout machinery and returns the trajectories in row order
+ * (chain order within a row).
  *
  * @category constructors
  * @since 0.1.0
  */
 export const rollout = (
-  family: "household" | "science",
+  task: Task.Any,
   policy: Oracle.Policy,
   rows: ReadonlyArray<Rollout.TaskRow>,
-  options: { readonly maxContextTokens?: number | undefined; readonly maxSteps?: number | undefined } = {}
-) => {
-  const task = HouseholdTask.make(family, options.maxSteps === undefined ? {} : { maxSteps: options.maxSteps })
-  return Rollout.runTaskChat({
+  options: { readonly maxContextTokens?: number | undefined; readonly numChains?: number | undefined } = {}
+) =>
+  Rollout.runTaskChat({
     task,
     rows,
-    numChains: 1,
-    maxTurns: task.defaults.maxTurns!,
+    numChains: options.numChains ?? 1,
+    maxTurns: task.defaults.maxTurns ?? HouseholdTask.defaultMaxSteps + 1,
     maxContextTokens: options.maxContextTokens,
     sampling: { temperature: 1, maxTokens: 48, seed: 1 },
     format
   }).pipe(
     Stream.runCollect,
     Effect.map((events) =>
-      events.flatMap((e) => (e._tag === "Trajectory" ? [e] : [])).sort((a, b) => a.rowIndex - b.rowIndex).map((e) =>
-        e.trajectory
-      )
+      events.flatMap((e) => (e._tag === "Trajectory" ? [e] : [])).sort((a, b) =>
+        a.rowIndex - b.rowIndex || a.trajectory.chainId.localeCompare(b.trajectory.chainId)
+      ).map((e) => e.trajectory)
     ),
     Effect.provide(Oracle.layer(policy))
   )
-}
+
+/**
+ * The tokens of a trajectory (every segment's spans).
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const tokens = (t: Trajectory.Trajectory): number =>
+  t.segments.reduce((n, s) => n + s.spans.reduce((m, span) => m + span.tokenIds.length, 0), 0)
 
 /**
  * Generates and writes `train.jsonl`, `heldout.jsonl`, `validation.jsonl` and `demos.jsonl` under `options.dir`.
@@ -179,8 +189,11 @@ export const rollout = (
  */
 export const write = Effect.fn("household.Data.write")(function*(options: Options) {
   const sets = rows(options)
-  const trajectories = yield* rollout(options.family, noisy(options.noise), sets.demos, options)
-  const demos = Oracle.demonstrations(trajectories)
+  const task = HouseholdTask.make(options.family, { maxSteps: options.maxSteps })
+  // Rolled out without a budget (a cut transcript keeps its whole messages), then kept when the whole
+  // conversation fits the policy's positions.
+  const trajectories = yield* rollout(task, noisy(options.noise), sets.demos)
+  const demos = Oracle.demonstrations(trajectories.filter((t) => tokens(t) <= options.maxContextTokens))
   return yield* Dataset.writeSplits(options.dir, {
     train: sets.train,
     heldOut: sets.heldOut,

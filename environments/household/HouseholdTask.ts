@@ -15,12 +15,13 @@
  * it, then `Your task is to: ...`, built from the row by the seeded generator (`World.generate`), which also builds
  * the chain's world when the episode starts. What is in closed receptacles is found by exploring.
  *
- * **Reward**: 1 when the goal is reached, else 0 (no shaping: every step the agent takes is on the way or not,
- * and a partial-credit term would pay for wandering). Metrics: `acc`, `steps`, `refused` (commands that did
- * nothing) and `acc_<type>` for the row's task type.
+ * **Reward**: 1 when the goal is reached, else 0. No progress shaping: every step is on the way or not, and a
+ * partial-credit term would pay for wandering. Metrics: `acc`, `steps`, `refused` (commands that did nothing) and
+ * `acc_<type>` for the row's task type. The one optional term, `validCommands` (how many commands parsed and how
+ * many the world accepted, weighted ≤ 0.5), plays the role of the other tasks' tool-call format term for a cold policy.
  *
  * Options (`{ "name": "household", "options": { ... } }`): `maxObservation`, the characters of an answer kept
- * (default 300), and `maxSteps`, the step limit of rows that set none.
+ * (default 300); `maxSteps`, the step limit of rows that set none; `validCommands`, that term's weight (default 0).
  *
  * @since 0.1.0
  */
@@ -57,7 +58,8 @@ export type Row = typeof Row.Type
  */
 export const Options = Schema.Struct({
   maxObservation: Schema.optionalKey(Schema.Int.check(Schema.isGreaterThanOrEqualTo(40))),
-  maxSteps: Schema.optionalKey(Schema.Int.check(Schema.isGreaterThanOrEqualTo(1)))
+  maxSteps: Schema.optionalKey(Schema.Int.check(Schema.isGreaterThanOrEqualTo(1))),
+  validCommands: Schema.optionalKey(Schema.Number.check(Schema.isBetween({ minimum: 0, maximum: 0.5 })))
 })
 export type Options = typeof Options.Type
 
@@ -76,8 +78,8 @@ export const defaultMaxSteps = 30
  * @since 0.1.0
  */
 export const systemPrompts = {
-  household: "Solve the task. Reply with one command.",
-  science: "Do the experiment. Reply with one command."
+  household: "Reply with one command.",
+  science: "Reply with one command."
 } as const
 
 // ===== Parts =====
@@ -122,6 +124,38 @@ export const solved = Reward.make("solved", {
       }
     })
 })
+
+/**
+ * How well-formed an episode's commands were: half a point a command in the engine's grammar, half a point one
+ * the world accepted, averaged over the episode's steps (0 without any). The household's analogue of the other
+ * tasks' tool-call format term, for a cold policy whose episodes all fail (0/1 success alone gives GRPO no signal).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const validCommands = Reward.make("validCommands", {
+  dependencies: [Household],
+  score: () =>
+    Effect.map(Effect.flatMap(Household, (h) => h.snapshot), (s) => {
+      if (s.steps === 0) return 0
+      const refused = Object.values(s.refused).reduce((a, b) => a + b, 0)
+      const parsed = s.steps - (s.refused.Unparsed ?? 0)
+      return (parsed + s.steps - refused) / (2 * s.steps)
+    })
+})
+
+/**
+ * The task's reward: `solved`, or `solved + w·validCommands` (w ≤ 0.5, so that a solved episode always scores
+ * more than any unsolved one).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const reward = (weight: number): Reward.Reward<Household> =>
+  weight === 0 ? solved : Reward.combine(`solved + ${weight}·validCommands`, [
+    { reward: solved, weight: 1 },
+    { reward: validCommands, weight }
+  ])
 
 /**
  * The episode protocol: the world is built from the row; every turn's command is run and answered; the episode
@@ -173,7 +207,7 @@ export const make = (family: "household" | "science", options: Options = {}): Ta
       : "ScienceWorld-style experiments (phase change, thermometer, circuit, growth) in a seeded text world",
     row: Row,
     prompt,
-    reward: solved,
+    reward: reward(options.validCommands ?? 0),
     environment: Environment.perChain(Household.layer(options.maxObservation ?? 300)),
     episode: episode(options.maxSteps ?? defaultMaxSteps),
     defaults: {

@@ -142,7 +142,9 @@ const explore = (b: Beliefs): string => {
   const here = [...(b.rooms.get(b.room) ?? [])].sort((x, y) => Number(named(x)) - Number(named(y)))
   const unknown = here.find((r) => b.seen.get(r) === undefined || b.seen.get(r) === "closed")
   if (unknown !== undefined) return b.at === unknown ? `open ${unknown}` : `go to ${unknown}`
-  const room = [...b.rooms.keys()].find((r) => !b.visited.has(r))
+  const room = [...b.rooms.entries()].find(([r, rs]) =>
+    r !== b.room && (!b.visited.has(r) || rs.some((x) => b.seen.get(x) === undefined || b.seen.get(x) === "closed"))
+  )?.[0]
   return room === undefined ? "look" : `go to ${room}`
 }
 
@@ -190,7 +192,12 @@ const household = (b: Beliefs): string | undefined => {
     const kind = m[2] ?? m[4]!
     const two = m[1] !== undefined
     const treatment = m[3] as "clean" | "hot" | "cool" | undefined
-    const target = receptacle(b, m[5]!)
+    const holdsOne = (r: string) => {
+      const contents = b.seen.get(r)
+      return Array.isArray(contents) && contents.some((id) => kindOf(id) === kind)
+    }
+    // Two of a kind go to one receptacle: the one that holds the first.
+    const target = (two ? receptacle(b, m[5]!, (r) => !holdsOne(r)) : undefined) ?? receptacle(b, m[5]!)
     const placed = target === undefined ? [] : (b.seen.get(target) ?? [])
     const held = b.carrying.find((id) => kindOf(id) === kind)
     if (held === undefined) {
