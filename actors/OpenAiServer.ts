@@ -92,8 +92,10 @@ export interface Options {
    */
   readonly maxRunning?: number
   /**
-   * Most sequences of one request in the engine at once (default 8). Lower it for latency beside large requests,
-   * raise it (up to `maxRunning`) for the throughput of a lone many-prompt request.
+   * Most sequences of one request in the engine at once (default 6). Lower it for latency beside large requests,
+   * raise it (up to `maxRunning`) for the throughput of a lone many-prompt request. On the tiny model (CPU, batch 32)
+   * a small request beside a 20,000-prompt one took 1.5–1.6× its time alone at 4, 1.6–1.7× at 6, 1.7–2.4× at 8 and
+   * 5–7× at 32; the lone large request decoded at roughly 40–90 % of its whole-batch rate at 6 (`bench/server.ts`).
    */
   readonly maxRunningPerRequest?: number
 }
@@ -110,7 +112,7 @@ export const defaults = {
   maxPrompts: 32_768,
   maxRequestTokens: 2_097_152,
   maxRunning: 32,
-  maxRunningPerRequest: 8
+  maxRunningPerRequest: 6
 } as const
 
 /**

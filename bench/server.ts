@@ -6,13 +6,13 @@
  * served, against the same small request on an idle server, over loopback HTTP on the tiny preset (engine batch 32,
  * one onnxruntime thread). Every completion is exactly 16 tokens (`ignore_eos`).
  *
- * - `alone`: median latency of `SMALL` small requests sent one after another on an idle server, measured before and
- *   after the other rounds (the baseline is their mean: the machine is shared and drifts).
+ * - `alone`: median latency of `SMALL` small requests sent one after another on an idle server, measured right before
+ *   and right after the headline's beside round (the baseline is their mean: the machine is shared and drifts).
  * - `beside.defaults`: the same small requests while the large request runs, on a server with the default options
  *   (`maxRunning` 32 and `maxRunningPerRequest` from `OpenAiServer.defaults`); `beside.firstCome`: what the server
  *   did before (every sequence handed to the engine at once, first come first served), one small request, its wait
  *   cut at `FIRST_COME_CUTOFF_S`.
- * - `perRequestCap`: for `maxRunningPerRequest` 2 … 32 (32: turns only, the large request may fill the batch), the
+ * - `perRequestCap`: for `maxRunningPerRequest` 4, 6, 8 and 32 (32: turns only, the large request may fill the batch), the
  *   small request's latency beside the large one, and the engine's tokens/s with the large request alone over
  *   `LARGE_WINDOW_S` (what the cap costs a lone many-prompt request). The large request is cut off (the client
  *   disconnects, which cancels its sequences) once a round has what it measures.
@@ -128,25 +128,27 @@ const figures = Effect.gen(function*() {
       OpenAiServer.make(folder, options).pipe(Effect.provideService(PolicyEngine.PolicyEngine, engine)),
       (s) => s.baseUrl
     )
-  const caps = [2, 4, 8, 16, 32]
+  const caps = [4, 6, 8, 32]
   const servers = yield* Effect.forEach(caps, (cap) => serve({ maxRunningPerRequest: cap }))
   const fair = yield* serve({})
   // Before fair scheduling every sequence went to the engine's first-come queue at once.
   const firstCome = yield* serve({ maxRunning: 1e9, maxRunningPerRequest: 1e9 })
 
   yield* aloneRound(fair, 0) // warm-up: sessions, JIT
+  // Each beside round is compared with alone rounds measured right next to it: the machine is shared and drifts.
   const aloneBefore = yield* aloneRound(fair, 0)
   const besideFair = yield* besideRound(engine, fair, SMALL)
-  const sweep: Array<{ cap: number; besideMs: number; largeTokensPerSecond: number }> = []
-  for (const [k, cap] of caps.entries()) {
-    const beside = cap === OpenAiServer.defaults.maxRunningPerRequest ?
-      besideFair :
-      yield* besideRound(engine, servers[k]!, SMALL)
-    sweep.push({ cap, besideMs: beside.medianMs, largeTokensPerSecond: yield* largeRound(engine, servers[k]!) })
-  }
-  const besideFirstCome = yield* besideRound(engine, firstCome, 1, FIRST_COME_CUTOFF_S * 1000)
   const aloneAfter = yield* aloneRound(fair, 0)
   const alone = (aloneBefore + aloneAfter) / 2
+  const sweep: Array<{ cap: number; aloneMs: number; besideMs: number; largeTokensPerSecond: number }> = []
+  for (const [k, cap] of caps.entries()) {
+    const aloneMs = yield* aloneRound(servers[k]!, 0)
+    const beside = yield* besideRound(engine, servers[k]!, SMALL)
+    const largeTokensPerSecond = yield* largeRound(engine, servers[k]!)
+    sweep.push({ cap, aloneMs, besideMs: beside.medianMs, largeTokensPerSecond })
+  }
+  const firstComeAlone = yield* aloneRound(firstCome, 0)
+  const besideFirstCome = yield* besideRound(engine, firstCome, 1, FIRST_COME_CUTOFF_S * 1000)
   const wholeBatch = sweep.at(-1)!.largeTokensPerSecond
   return {
     ratio: besideFair.medianMs / alone,
@@ -155,15 +157,16 @@ const figures = Effect.gen(function*() {
       defaults: { ...besideFair, ratio: besideFair.medianMs / alone },
       firstCome: {
         ...besideFirstCome,
-        ratio: besideFirstCome.medianMs / alone,
+        aloneMs: firstComeAlone,
+        ratio: besideFirstCome.medianMs / firstComeAlone,
         censored: besideFirstCome.medianMs >= FIRST_COME_CUTOFF_S * 1000
       }
     },
-    // Per maxRunningPerRequest: the small request's latency beside the large one (÷ alone), and the large request's
-    // tokens/s alone (÷ with the whole batch, cap 32).
+    // Per maxRunningPerRequest: the small request's latency beside the large one (÷ alone, measured just before), and
+    // the large request's tokens/s alone (÷ with the whole batch, cap 32).
     perRequestCap: sweep.map((r) => ({
       ...r,
-      besideRatio: r.besideMs / alone,
+      besideRatio: r.besideMs / r.aloneMs,
       largeThroughputRatio: r.largeTokensPerSecond / wholeBatch
     })),
     settings: {
