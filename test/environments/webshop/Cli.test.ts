@@ -1,0 +1,100 @@
+/**
+ * The web shop through the real command line: the seeded generator (the same options write the same bytes, the
+ * demonstrations are the oracle's purchases, `products.jsonl` is the catalogue the rows refer to), then the shipped
+ * short config (`examples/webshop/short.json`: the built-in task `webshop`, a small policy, a few warm-up and RL
+ * steps) through `agentfly train` and the run's last checkpoint through `agentfly eval`. Every chain's visit is
+ * closed when its step ends (`env/webshop/open` is 0 in every record).
+ *
+ * Real time: the child processes are the subject. The train case takes ≈ 40 s on 2 idle cores.
+ */
+import { NodeServices } from "@effect/platform-node"
+import { assert, describe, it } from "@effect/vitest"
+import { Effect } from "effect"
+import { existsSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join, resolve } from "node:path"
+import * as Catalog from "../../../environments/webshop/Catalog.ts"
+import * as Generate from "../../../examples/webshop/generate.ts"
+import { agentfly } from "../../utils/agentfly.ts"
+
+const root = resolve(import.meta.dirname, "../../..")
+
+const generated = (options: Partial<Generate.Options>) =>
+  Effect.gen(function*() {
+    const dir = mkdtempSync(join(tmpdir(), "webshop-data-"))
+    yield* Generate.write({ ...Generate.defaults, train: 16, heldOut: 8, validation: 4, demos: 24, ...options, dir })
+    const read = (name: string) =>
+      readFileSync(join(dir, name), "utf8").trim().split("\n").map((l) => JSON.parse(l) as Record<string, any>)
+    return { dir, read, text: (name: string) => readFileSync(join(dir, name), "utf8") }
+  }).pipe(Effect.provide(NodeServices.layer))
+
+describe("webshop from the command line", () => {
+  it.live("the generator is seeded; its demonstrations are the oracle's purchases; products.jsonl is the catalogue", () =>
+    Effect.gen(function*() {
+      const a = yield* generated({ seed: 5 })
+      const b = yield* generated({ seed: 5 })
+      const c = yield* generated({ seed: 6 })
+      for (const f of ["train.jsonl", "heldout.jsonl", "validation.jsonl", "demos.jsonl", "products.jsonl"]) {
+        assert.strictEqual(a.text(f), b.text(f), f)
+        if (f !== "products.jsonl") assert.notStrictEqual(a.text(f), c.text(f), f)
+      }
+      const rows = ["train.jsonl", "heldout.jsonl", "validation.jsonl"].flatMap((f) => a.read(f))
+      assert.strictEqual(new Set(rows.map((r) => r["goal"].asin)).size, rows.length, "disjoint target products")
+      for (const row of rows) assert.match(row["question"], /^i want .+, under \d+ dollars$/)
+      const demos = a.read("demos.jsonl")
+      assert.isAtLeast(demos.length, 22, "the oracle solves nearly every demonstration row")
+      for (const demo of demos) {
+        const messages: Array<Record<string, any>> = demo["messages"]
+        assert.strictEqual(messages[0]!["role"], "system")
+        assert.strictEqual(messages.at(-2)!["tool_calls"][0].function.name, "buy")
+        assert.match(messages.at(-1)!["content"], /^bought B[A-Z0-9]{4}/)
+      }
+      const products = yield* Catalog.parse("products.jsonl", a.text("products.jsonl"))
+      assert.deepStrictEqual(products, Catalog.generate(Catalog.defaultSource.seed, Catalog.defaultSource.size))
+    }), { timeout: 120_000 })
+
+  it.live("the short config trains through `agentfly train` and its checkpoint evaluates with `agentfly eval`", () =>
+    Effect.gen(function*() {
+      const data = yield* generated({})
+      const dir = mkdtempSync(join(tmpdir(), "webshop-short-"))
+      const short = JSON.parse(readFileSync(join(root, "examples/webshop/short.json"), "utf8"))
+      const config = join(dir, "config.json")
+      writeFileSync(
+        config,
+        JSON.stringify({
+          ...short,
+          output: join(dir, "run"),
+          model: { ...short.model, path: join(dir, "model") },
+          data: { train: join(data.dir, "train.jsonl"), eval: join(data.dir, "heldout.jsonl") },
+          warmup: { ...short.warmup, data: join(data.dir, "demos.jsonl") }
+        })
+      )
+      const run = yield* agentfly(["train", config])
+      assert.strictEqual(run.code, 0, run.output)
+      assert.match(run.output, /on task webshop/)
+      assert.match(run.output, /held-out accuracy [\d.]+ ± [\d.]+ \(step 0\) → [\d.]+ ± [\d.]+ \(step 2\)/)
+      assert.isTrue(existsSync(join(dir, "run", "report.html")))
+      const records = readFileSync(join(dir, "run", "metrics.jsonl"), "utf8").trim().split("\n").map((l) =>
+        JSON.parse(l) as { phase: string; figures: Record<string, number> }
+      )
+      const train = records.filter((r) => r.phase === "train")
+      assert.lengthOf(train, 2)
+      assert.isTrue(train.every((r) => r.figures["learner/applied"] === 1), "both RL steps reached the learner")
+      assert.isAbove(train.at(-1)!.figures["env/webshop/visits"]!, 8, "the chains visited the shop")
+      assert.isTrue(train.every((r) => r.figures["env/webshop/open"] === 0), "no visit outlived its step")
+      const evaluated = yield* agentfly([
+        "eval",
+        config,
+        "--checkpoint",
+        join(dir, "run", "checkpoints", "step-000002"),
+        "--output",
+        join(dir, "eval.json")
+      ])
+      assert.strictEqual(evaluated.code, 0, evaluated.output)
+      assert.match(evaluated.output, /held-out accuracy [\d.]+/)
+      const result = JSON.parse(readFileSync(join(dir, "eval.json"), "utf8"))
+      assert.strictEqual(result.questions, 4)
+      assert.isNumber(result.figures["eval/accuracy"])
+      assert.isNumber(result.figures["eval/reward_mean"])
+    }), { timeout: 300_000 })
+})
