@@ -149,7 +149,7 @@ export const noisy = (noise: number): Oracle.Policy => (messages) => {
  * @since 0.1.0
  */
 export const rollout = (
-  task: Task.Any,
+  task: Task.Task,
   policy: Oracle.Policy,
   rows: ReadonlyArray<Rollout.TaskRow>,
   options: { readonly maxContextTokens?: number | undefined; readonly numChains?: number | undefined } = {}
