@@ -424,7 +424,8 @@ export const make = Effect.fn("Gateway.make")(function*(options: Options = {}) {
   server.keepAliveTimeout = 60_000
   yield* Effect.acquireRelease(
     Effect.callback<void>((resume) => {
-      server.listen(options.port ?? 0, host, () => resume(Effect.void))
+      // A deep accept queue: a training step opens hundreds of agents' connections at once.
+      server.listen({ port: options.port ?? 0, host, backlog: 4096 }, () => resume(Effect.void))
     }),
     () =>
       Effect.callback<void>((resume) => {
