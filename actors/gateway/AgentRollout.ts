@@ -79,8 +79,6 @@ interface Outcome {
 
 // ===== Episodes =====
 
-const reasonOf = (recorder: Recorder.Recorder): RolloutError.Reason | undefined => recorder.failures.at(-1)?.reason
-
 /** A failure's ending under the task's policies, or the error itself for `abort_run`. */
 const failed = (
   options: Options,
@@ -182,27 +180,18 @@ const episode = (
     yield* opened.close
     const envFailed = (message: string) =>
       new RolloutError.RolloutError({ reason: "EnvFailed", message, chainId: spec.id })
-    if (recorder.threads.every((t) => t.turns === 0) && !recorder.threads.some((t) => t.contextEnded)) {
-      const known = reasonOf(recorder)
-      return yield* failed(
-        options,
-        recorder,
-        known !== undefined
-          ? recorder.failures.at(-1)!
-          : envFailed(
-            result._tag === "Failure"
-              ? `the agent function failed before any turn was sampled: ${result.failure.message}`
-              : "the agent function made no request to the gateway"
-          )
-      )
-    }
+    const known = recorder.failures.at(-1)
     const contextEnded = recorder.threads.some((t) => t.contextEnded)
+    const sampled = recorder.threads.some((t) => t.turns > 0)
     if (result._tag === "Success" && Option.isNone(result.success)) {
       return yield* failed(options, recorder, envFailed(`the agent function ran past its timeout (${Duration.format(task.timeout)})`))
     }
     if (result._tag === "Failure" && !contextEnded) {
-      const known = recorder.failures.at(-1)
       return yield* failed(options, recorder, known ?? envFailed(`the agent function failed: ${result.failure.message}`))
+    }
+    if (!sampled && !contextEnded) {
+      // Nothing to train on: a function that never reached the model is broken, whatever it returned.
+      return yield* failed(options, recorder, known ?? envFailed("the agent function made no request to the gateway"))
     }
     const returned = result._tag === "Success" && Option.isSome(result.success)
       ? AgentTask.scoreOf(result.success.value)

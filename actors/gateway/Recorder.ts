@@ -570,7 +570,8 @@ export type Ending =
 export const trajectory = Effect.fnUntraced(function*(recorder: Recorder, ending: Ending) {
   const endedAt = yield* Clock.currentTimeMillis
   const config = recorder.config
-  const sampled = recorder.threads.filter((t) => t.turns > 0)
+  // A thread refused for the context budget before its first turn still holds its prompt, as a chain would.
+  const sampled = recorder.threads.filter((t) => t.turns > 0 || t.contextEnded)
   const last = [...sampled].sort((a, b) => b.lastActive - a.lastActive)[0]
   const budget = config.maxContextTokens
   const segments = sampled.flatMap(segmentsOf).map((s) => (budget === undefined ? s : Trajectory.clipSegment(s, budget)))

@@ -171,6 +171,30 @@ describe("AgentRollout", () => {
       assert.deepStrictEqual(refused.map((t) => [t.errorReason, t.masked]), [["SamplerRejected", true], ["SamplerRejected", true]])
     }))
 
+  it.live("a request past the context budget ends the episode as context_length (scored); no request at all is masked", () =>
+    Effect.gen(function*() {
+      const task = AgentTask.make("long", {
+        row: Schema.Struct({ answer: Schema.String }),
+        agent: async (input, client) => void (await calculatorAgent(input, client)),
+        reward: exact
+      })
+      const groups = yield* AgentRollout.runTask({
+        task,
+        rows,
+        numChains: 1,
+        maxContextTokens: 100,
+        sampling: { temperature: 1, maxTokens: 256, seed: 1 },
+        format
+      }).pipe(Stream.runCollect, Effect.provideService(Sampler.Sampler, yield* scriptedSampler()))
+      for (const t of groups.flatMap((g) => g.trajectories)) {
+        assert.deepStrictEqual([t.termination, t.masked, t.rewardStatus, t.reward], ["context_length", false, "scored", 0])
+        assert.deepStrictEqual(t.segments.flatMap((s) => s.spans.map((span) => span.source)), ["prompt"], "the prompt, as a chain keeps it")
+      }
+      const idle = (yield* run(AgentTask.make("idle", { agent: async () => 1 }), undefined, 1)).flatMap((g) => g.trajectories)
+      assert.deepStrictEqual(idle.map((t) => [t.masked, t.errorReason]), [[true, "EnvFailed"], [true, "EnvFailed"]])
+      assert.include(idle[0]!.error, "no request")
+    }))
+
   it.live("an abandoned episode (the agent hangs past its timeout): masked, its signal aborted, its requests refused", () =>
     Effect.gen(function*() {
       const seen: Array<{ aborted: boolean; later: number }> = []
