@@ -181,7 +181,9 @@ const entries = (dir: string): Array<string> => {
 /**
  * Removes what dead runs left: the cgroups under `agentfly/run-<pid>-<start>` of every controller (killing any
  * process still in them) and the `agentfly-run-<pid>-<start>-*` socket directories in the temporary directory,
- * for every run whose process is gone. Returns how many cgroups were removed.
+ * for every run whose process is gone; and the empty cgroups directly under `agentfly/` that earlier versions left
+ * (`agentfly/<id>`, no owner recorded: only removed when no process is in them). Returns how many cgroups were
+ * removed.
  *
  * @category constructors
  * @since 0.1.0
@@ -199,6 +201,18 @@ export const reapOrphans: Effect.Effect<number> = Effect.gen(function*() {
           rmdirSync(join(root, run))
         } catch {
           // a member would not die: the next reap tries again
+        }
+      })
+    }
+    for (const legacy of entries(root).filter((name) => !name.startsWith("run-"))) {
+      const procs = join(root, legacy, "cgroup.procs")
+      yield* Effect.sync(() => {
+        try {
+          if (readFileSync(procs, "utf8").trim() !== "") return
+          rmdirSync(join(root, legacy))
+          reaped++
+        } catch {
+          // not a cgroup, or gone
         }
       })
     }

@@ -10,7 +10,7 @@ import { assert, layer } from "@effect/vitest"
 import DockerodeClient from "dockerode"
 import { Effect, Layer } from "effect"
 import { execFile, spawn } from "node:child_process"
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from "node:fs"
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { fileURLToPath } from "node:url"
@@ -383,7 +383,11 @@ for (const transport of ["exec", "attach", "bubblewrap"] as const) {
         holder.child.kill("SIGKILL")
         yield* holder.exited.pipe(Effect.timeout("30 seconds"))
         if (transport === "bubblewrap") {
+          // An empty cgroup in the layout of earlier versions (`agentfly/<id>`, no owner recorded) goes too.
+          const legacy = `/sys/fs/cgroup/pids/agentfly/legacy-${process.pid}`
+          mkdirSync(legacy, { recursive: true })
           yield* Bubblewrap.reapOrphans
+          assert.isFalse(existsSync(legacy), "no empty cgroup of an earlier layout left")
           yield* Effect.sleep("200 millis")
           assert.deepStrictEqual(cgroupsWith(name), [], "no cgroup left")
           assert.deepStrictEqual(cgroupsWith(`run-${holder.pid}-`), [], "no cgroup of the run left")
