@@ -152,8 +152,8 @@ export const rooms: Readonly<Record<string, RoomKind>> = {
     family: "household",
     receptacles: ["cabinet", "countertop", "diningtable", "drawer", "fridge", "garbagecan", "microwave", "shelf",
       "sinkbasin", "stoveburner"],
-    objects: ["apple", "bowl", "bread", "cup", "egg", "fork", "kettle", "knife", "lettuce", "mug", "pan", "plate", "pot",
-      "potato", "saltshaker", "spatula", "spoon", "tomato", "winebottle"]
+    objects: ["apple", "bowl", "bread", "cup", "egg", "fork", "kettle", "knife", "lettuce", "mug", "pan", "plate",
+      "pot", "potato", "saltshaker", "spatula", "spoon", "tomato", "winebottle"]
   },
   livingroom: {
     family: "household",

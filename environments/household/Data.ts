@@ -137,7 +137,9 @@ export const noisy = (noise: number): Oracle.Policy => (messages) => {
   const beliefs = Solver.beliefs(opening, pairs)
   const next = Sampling.mulberry32(opening.length * 7919 + pairs.length * 104729 + (opening.charCodeAt(40) || 0))
   const here = beliefs.rooms.get(beliefs.room) ?? []
-  if (noise > 0 && next() < noise && here.length > 0) return { content: `go to ${here[Math.floor(next() * here.length)]}` }
+  if (noise > 0 && next() < noise && here.length > 0) {
+    return { content: `go to ${here[Math.floor(next() * here.length)]}` }
+  }
   return { content: Solver.decide(beliefs) }
 }
 

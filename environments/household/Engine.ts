@@ -159,6 +159,10 @@ const standingAt = (world: World.World, id: string): World.Receptacle | undefine
 
 const notHere = (name: string) => no("NotHere", `you see no ${name} here`)
 
+/** The refusal of a command at a receptacle the agent does not stand at (or that is not in this room). */
+const away = (world: World.World, id: string): Checked =>
+  world.receptacles[id]?.room === world.room ? no("NotHere", `you are not at ${id}`) : notHere(id)
+
 const carried = (world: World.World, id: string): World.Thing | undefined =>
   world.things[id]?.at === "inventory" ? world.things[id] : undefined
 
@@ -183,7 +187,7 @@ const checkGo = (world: World.World, x: string): Checked => {
 
 const checkOpenClose = (world: World.World, x: string, open: boolean): Checked => {
   const r = standingAt(world, x)
-  if (r === undefined) return world.receptacles[x]?.room === world.room ? no("NotHere", `you are not at ${x}`) : notHere(x)
+  if (r === undefined) return away(world, x)
   if (!World.kindOf(r).openable) return no("NotAllowed", `${x} does not open`)
   if (r.open === open) return no("NoEffect", `${x} is ${open ? "open" : "closed"} already`)
   return () => {
@@ -194,7 +198,7 @@ const checkOpenClose = (world: World.World, x: string, open: boolean): Checked =
 
 const checkTake = (world: World.World, x: string, y: string): Checked => {
   const r = standingAt(world, y)
-  if (r === undefined) return world.receptacles[y]?.room === world.room ? no("NotHere", `you are not at ${y}`) : notHere(y)
+  if (r === undefined) return away(world, y)
   if (!r.open) return no("Closed", `${y} is closed`)
   const thing = world.things[x]
   if (thing === undefined || thing.at !== y) return no("NotHere", `you see no ${x} ${World.kindOf(r).prep} ${y}`)
@@ -212,7 +216,7 @@ const checkPut = (world: World.World, x: string, y: string): Checked => {
   const thing = carried(world, x)
   if (thing === undefined) return no("NotHolding", `you are not carrying ${x}`)
   const r = standingAt(world, y)
-  if (r === undefined) return world.receptacles[y]?.room === world.room ? no("NotHere", `you are not at ${y}`) : notHere(y)
+  if (r === undefined) return away(world, y)
   if (!r.open) return no("Closed", `${y} is closed`)
   return () => {
     world.inventory.splice(world.inventory.indexOf(x), 1)
@@ -238,7 +242,7 @@ const checkExamine = (world: World.World, x: string): Checked => {
   if (thing !== undefined) return () => describeThing(thing)
   const r = standingAt(world, x)
   if (r !== undefined) return () => `${cap(x)}.${contents(world, r)}`
-  return world.receptacles[x]?.room === world.room ? no("NotHere", `you are not at ${x}`) : notHere(x)
+  return away(world, x)
 }
 
 const checkUse = (world: World.World, x: string): Checked => {
@@ -272,7 +276,7 @@ const checkApply = (world: World.World, x: string, y: string): Checked => {
   }
   if (role === "water") {
     const pot = standingAt(world, y)
-    if (pot === undefined) return world.receptacles[y]?.room === world.room ? no("NotHere", `you are not at ${y}`) : notHere(y)
+    if (pot === undefined) return away(world, y)
     if (World.kindOf(pot).role !== "pot") return no("NotAllowed", `only a flower pot is watered`)
     return () => {
       pot.watered = true
@@ -288,9 +292,11 @@ const checkTreat = (world: World.World, verb: "heat" | "cool" | "clean", x: stri
   const thing = carried(world, x)
   if (thing === undefined) return no("NotHolding", `you are not carrying ${x}`)
   const r = standingAt(world, y)
-  if (r === undefined) return world.receptacles[y]?.room === world.room ? no("NotHere", `you are not at ${y}`) : notHere(y)
+  if (r === undefined) return away(world, y)
   const needed = appliances[verb]
-  if (World.kindOf(r).role !== needed) return no("NotAllowed", `you ${verb} with a ${needed === "sink" ? "sinkbasin" : needed}`)
+  if (World.kindOf(r).role !== needed) {
+    return no("NotAllowed", `you ${verb} with a ${needed === "sink" ? "sinkbasin" : needed}`)
+  }
   return () => {
     if (verb === "clean") thing.clean = true
     else if (verb === "heat") [thing.hot, thing.cold] = [true, false]
@@ -309,7 +315,8 @@ const checkConnect = (world: World.World, x: string, y: string, connect: boolean
   const b = reachable(world, y)
   if (a === undefined) return notHere(x)
   if (b === undefined) return notHere(y)
-  if (!isComponent(a) || !isComponent(b) || a === b) return no("NotAllowed", `${a === b ? x : !isComponent(a) ? x : y} has no terminals to connect`)
+  if (a === b || !isComponent(a)) return no("NotAllowed", `${x} has no terminals to connect to ${y}`)
+  if (!isComponent(b)) return no("NotAllowed", `${y} has no terminals to connect`)
   const linked = a.links.includes(y)
   if (!connect) {
     if (!linked) return no("NoEffect", `${x} is not connected to ${y}`)
@@ -371,7 +378,10 @@ export const check = (world: World.World, command: Command): Checked => {
     case "look":
       return () => World.describeRoom(world) + (world.at === undefined ? "" : ` You are at ${world.at}.`)
     case "inventory":
-      return () => (world.inventory.length === 0 ? "You carry nothing." : `You carry ${world.inventory.map((id) => World.label(world.things[id]!)).join(", ")}.`)
+      return () => {
+        const carrying = world.inventory.map((id) => World.label(world.things[id]!))
+        return carrying.length === 0 ? "You carry nothing." : `You carry ${carrying.join(", ")}.`
+      }
     case "help":
       return () => help
     case "admissible":
@@ -518,6 +528,8 @@ export const admissible = (world: World.World): Array<string> => {
 
 // ===== Goal =====
 
+const phaseOf = { melt: "liquid", boil: "gas", freeze: "solid" } as const
+
 const holds = (world: World.World, kind: string, target: string, flag?: "clean" | "hot" | "cold") =>
   Object.values(world.things).some((t) =>
     t.kind === kind && t.at !== "inventory" && world.receptacles[t.at]!.kind === target &&
@@ -548,11 +560,12 @@ export const status = (world: World.World, goal: Goal.Goal = world.goal): Status
       ))
     case "look": {
       const at = world.at === undefined ? undefined : world.receptacles[world.at]!
-      const lit = at !== undefined && at.contents.some((id) => Catalog.objectKind(world.things[id]!.kind).role === "lamp" && world.things[id]!.on)
+      const lit = at !== undefined &&
+        at.contents.some((id) => Catalog.objectKind(world.things[id]!.kind).role === "lamp" && world.things[id]!.on)
       return reached(lit && world.inventory.some((id) => world.things[id]!.kind === goal.object))
     }
     case "phase":
-      return reached(named !== undefined && World.phase(named) === { melt: "liquid", boil: "gas", freeze: "solid" }[goal.change!])
+      return reached(named !== undefined && World.phase(named) === phaseOf[goal.change!])
     case "measure": {
       if (named === undefined || named.at === "inventory") return "open"
       const box = world.receptacles[named.at]!.kind

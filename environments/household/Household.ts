@@ -118,7 +118,8 @@ export class Household extends Context.Service<Household, {
 const step = (state: State, line: string, maxObservation: number): Step => {
   const world = state.world
   if (world === undefined) {
-    return { text: "Nothing happens: the episode has not started.", reason: "NotAllowed", status: "open", steps: 0, outOfSteps: true }
+    const text = "Nothing happens: the episode has not started."
+    return { text, reason: "NotAllowed", status: "open", steps: 0, outOfSteps: true }
   }
   const outcome = Engine.act(world, line)
   state.steps++

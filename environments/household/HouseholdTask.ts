@@ -17,8 +17,9 @@
  *
  * **Reward**: 1 when the goal is reached, else 0. No progress shaping: every step is on the way or not, and a
  * partial-credit term would pay for wandering. Metrics: `acc`, `steps`, `refused` (commands that did nothing) and
- * `acc_<type>` for the row's task type. The one optional term, `validCommands` (how many commands parsed and how
- * many the world accepted, weighted ≤ 0.5), plays the role of the other tasks' tool-call format term for a cold policy.
+ * `acc_<type>` for the row's task type. The one optional term, `validCommands` (how many commands parsed and
+ * how many the world accepted, weighted ≤ 0.5), plays the role of the other tasks' tool-call format term for a
+ * cold policy.
  *
  * Options (`{ "name": "household", "options": { ... } }`): `maxObservation`, the characters of an answer kept
  * (default 300); `maxSteps`, the step limit of rows that set none; `validCommands`, that term's weight (default 0).

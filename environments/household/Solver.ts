@@ -186,6 +186,8 @@ const receptacle = (b: Beliefs, kind: string, skip: (r: string) => boolean = () 
 const deliver = (b: Beliefs, id: string, r: string | undefined): string =>
   r === undefined ? explore(b) : approach(b, r) ?? `put ${id} in/on ${r}`
 
+const treatments = { clean: ["clean", "sinkbasin"], hot: ["heat", "microwave"], cool: ["cool", "fridge"] } as const
+
 const household = (b: Beliefs): string | undefined => {
   const m = /^put (?:(two) (.+)|an? (?:(clean|hot|cool) )?(.+)) (?:in|on) (.+)\.$/.exec(b.task)
   if (m !== null) {
@@ -204,7 +206,7 @@ const household = (b: Beliefs): string | undefined => {
       return fetch(b, (id) => kindOf(id) === kind && !(two && Array.isArray(placed) && placed.includes(id)))
     }
     if (treatment !== undefined && !b.treated.has(held)) {
-      const [verb, appliance] = { clean: ["clean", "sinkbasin"], hot: ["heat", "microwave"], cool: ["cool", "fridge"] }[treatment]
+      const [verb, appliance] = treatments[treatment]
       const r = receptacle(b, appliance!)
       return r === undefined ? explore(b) : b.at === r ? `${verb} ${held} with ${r}` : approach(b, r)!
     }
@@ -277,10 +279,14 @@ const grow = (b: Beliefs, seed: string): string => {
   return b.watered.has(pot) ? "wait" : `use ${can} on ${pot}`
 }
 
+const measureGoal = new RegExp(
+  "^measure the temperature of the (.+)\\. If it is above (\\d+) degrees, put it in the (.+), else in the (.+)\\.$"
+)
+
 const science = (b: Beliefs): string | undefined => {
   let m: RegExpExecArray | null
   if ((m = /^(melt|boil|freeze) the (.+)\.$/.exec(b.task)) !== null) return phase(b, m[1]!, m[2]!)
-  if ((m = /^measure the temperature of the (.+)\. If it is above (\d+) degrees, put it in the (.+), else in the (.+)\.$/.exec(b.task)) !== null) {
+  if ((m = measureGoal.exec(b.task)) !== null) {
     return measure(b, m[1]!, Number(m[2]), m[3]!, m[4]!)
   }
   if ((m = /^turn on the (.+): connect it to the (.+) and the (.+)\.$/.exec(b.task)) !== null) {

@@ -149,7 +149,10 @@ const mainRoom = (goal: Goal.Goal, d: Draw): { readonly room: string; readonly n
       return { room: "science kitchen", needs: [goal.change === "freeze" ? "freezer" : "stove", d.pick(start.keep)] }
     }
     case "measure":
-      return { room: "science kitchen", needs: ["red box", "blue box", d.pick(["counter", "cupboard", "shelf", "table"])] }
+      return {
+        room: "science kitchen",
+        needs: ["red box", "blue box", d.pick(["counter", "cupboard", "shelf", "table"])]
+      }
     case "circuit":
       return { room: "workshop", needs: ["workbench"] }
     case "grow":
@@ -159,7 +162,8 @@ const mainRoom = (goal: Goal.Goal, d: Draw): { readonly room: string; readonly n
       const kinds = Catalog.rooms[room]!.receptacles
       const appliance = { clean: ["sinkbasin"], heat: ["microwave"], cool: ["fridge"] } as Record<string, Array<string>>
       const stand = goal.type === "look" ? [d.pick(Catalog.lampStands.filter((k) => kinds.includes(k)))] : []
-      return { room, needs: [...(goal.target === undefined ? [] : [goal.target]), ...(appliance[goal.type] ?? []), ...stand] }
+      const target = goal.target === undefined ? [] : [goal.target]
+      return { room, needs: [...target, ...(appliance[goal.type] ?? []), ...stand] }
     }
   }
 }
@@ -245,7 +249,15 @@ export const generate = (source: Source): World => {
     const avoid = new Set([...noStart, ...(i === 0 && goal.target !== undefined ? [goal.target] : [])])
     const ids = roomKinds(kind, i === 0 ? main.needs : [], count, avoid, d)
       .map((k) => {
-        const r: Receptacle = { id: id(k), kind: k, room: name, open: false, active: false, watered: false, contents: [] }
+        const r: Receptacle = {
+          id: id(k),
+          kind: k,
+          room: name,
+          open: false,
+          active: false,
+          watered: false,
+          contents: []
+        }
         receptacles[r.id] = r
         return r.id
       })

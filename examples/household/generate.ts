@@ -2,8 +2,8 @@
  * Writes the household task's data (`train.jsonl`, `heldout.jsonl`, `validation.jsonl`, `demos.jsonl`) for the
  * configs beside this file: the curriculum a tiny byte-level policy with a 512-token context can hold, pick-and-place
  * and look-under-the-lamp in one room of three receptacles that start open (an episode of 4–5 commands is ≈ 450
- * tokens). Demonstrations are the oracle's solved episodes that fit those 512 tokens (about half of them). Seeded: the same options write
- * the same bytes.
+ * tokens). Demonstrations are the oracle's solved episodes that fit those 512 tokens (about half of them).
+ * Seeded: the same options write the same bytes.
  *
  *   npx tsx examples/household/generate.ts [OUT_DIR] [SEED] [NOISE]
  *
