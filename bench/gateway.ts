@@ -35,7 +35,7 @@ import type { SamplingParams } from "../src/Sampler.ts"
 
 const TURNS = 4
 const CONVERSATIONS = 8
-const ROUNDS = 7
+const ROUNDS = 9
 const EPISODES = 1000
 const NEW_TOKENS = 16
 
@@ -153,10 +153,15 @@ export default () =>
         })
     })
 
-    // Warm-up: sessions, JIT.
-    yield* viaGateway(engineSampler)
-    yield* direct(engineSampler, 10_000)
+    // Warm-up: sessions, JIT (the first rounds of each path run several times slower).
     const plainPost = yield* loopback
+    for (let i = 0; i < 3; i++) {
+      yield* viaGateway(engineSampler)
+      yield* direct(engineSampler, 10_000 + 100 * i)
+      yield* viaGateway(scripted)
+      yield* direct(scripted, 0)
+      yield* plainPost()
+    }
     const rounds = { gateway: [] as Array<number>, direct: [] as Array<number>, scripted: [] as Array<number>, scriptedDirect: [] as Array<number>, loopback: [] as Array<number> }
     for (let round = 0; round < ROUNDS; round++) {
       // Different questions each round and each side: no side reuses the other's cached prefixes.
