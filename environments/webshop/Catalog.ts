@@ -97,8 +97,8 @@ const price = ([min, max]: readonly [number, number], next: () => number): numbe
 }
 
 /**
- * One product of a type: 3–4 attributes (one alternative of each slot drawn; 1–2 of them in the title), 2–5 values
- * of each option dimension.
+ * One product of a type: 3–4 attributes (one alternative of each slot drawn; 1–2 of them in the title), 2–5
+ * values of each option dimension.
  */
 const product = (id: string, type: Taxonomy.ProductType, next: () => number): Product => {
   const brand = Taxonomy.brands[Math.floor(next() * Taxonomy.brands.length)]!

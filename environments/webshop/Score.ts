@@ -15,10 +15,10 @@
  *   0.5; then 0.1 when under 10 % of those words match and 0 when none does.
  *
  * Three departures, all stated: WebShop's fall-back looks for substrings (so the size `s` "appears" in "slim fit"
- * and every size would match); here it looks for whole words. WebShop keeps only the nouns of the titles (spaCy's part-of-speech tagger) for
- * the title match; here every word but a few stop words counts. Its token-set ratio is `thefuzz`'s, here
- * reimplemented on the same definition (the indel similarity of the sorted token intersection and differences),
- * and its colour normalisation is not needed (the generated values are already normal).
+ * and every size would match); here it looks for whole words. WebShop keeps only the nouns of the titles (spaCy's
+ * part-of-speech tagger) for the title match; here every word but a few stop words counts. Its token-set ratio is
+ * `thefuzz`'s, here reimplemented on the same definition (the indel similarity of the sorted token intersection and
+ * differences), and its colour normalisation is not needed (the generated values are already normal).
  *
  * The reward (`webshop`) reads the chain's purchase from its {@link Shop.Shop} and the goal from the row; nothing
  * bought scores 0. Its metrics are the components: `r_type`, `r_att`, `r_option`, `r_price`, `bought`, `steps`,
@@ -107,7 +107,8 @@ const stopWords = new Set(["a", "an", "the", "and", "or", "for", "with", "of", "
 const titleWords = (title: string): Set<string> => new Set(tokens(title).filter((t) => !stopWords.has(t)))
 
 /** The words the attribute and option matches fall back to: the title's and the description's. */
-const haystack = (product: Catalog.Product): string => ` ${tokens(`${product.title} ${product.description ?? ""}`).join(" ")} `
+const haystack = (product: Catalog.Product): string =>
+  ` ${tokens(`${product.title} ${product.description ?? ""}`).join(" ")} `
 
 /** Whether a phrase's words appear, in order and whole, in a haystack. */
 const mentions = (text: string, phrase: string): boolean => {

@@ -14,8 +14,9 @@
  * ```
  *
  * **Actions** ({@link act}): `search` (from any page: a new list of results), `click` (a result id on the
- * results page, or the buttons `next`, `prev`, `back`; `back` or `prev` on an item page), `select` (an option value of the open item, e.g. `m`;
- * `size m` and `size: m` also work), `buy` (the open item with the options selected: the episode is over). A
+ * results page, or the buttons `next`, `prev`, `back`; `back` or `prev` on an item page), `select` (an option
+ * value of the open item, e.g. `m`; `size m` and `size: m` also work), `buy` (the open item with the options
+ * selected: the episode is over). A
  * refused action (a button not on the page, an unknown option, anything after the purchase or past the step
  * limit) is an error message for the model, never a crash, and leaves the page as it was. Every action counts
  * towards the step limit, refused ones included.

@@ -6,8 +6,8 @@
  *
  * 1. Read the instruction: the wanted words (attributes and type), the option phrases and the price bound.
  * 2. `search` the wanted words and the option phrases.
- * 3. On a results page, `click` the first result not seen yet whose price is within the bound, preferring titles
- *    with more of the wanted words; `next` when the page has none.
+ * 3. On a results page, `click` the first result (in the search's order) not opened yet whose price is within
+ *    the bound; `next` when the page has none.
  * 4. On an item page, check it (every wanted word in its title or attributes, every option offered, the price);
  *    `back` if it fails, else `select` each option, then `buy`.
  *
@@ -140,12 +140,14 @@ export const policy = (
   const page = Oracle.text(messages[pageAt])
   const results = readResults(page)
   if (results !== undefined) {
-    const detour = clicked.size === 0 && Sampling.mulberry32(hash(wish.head + wish.options.join()))() < (options.detour ?? 0)
+    const draw = Sampling.mulberry32(hash(wish.head + wish.options.join()))()
+    const detour = clicked.size === 0 && draw < (options.detour ?? 0)
     const want = new Set(words(wish.head))
     const score = (r: Result) => words(r.title).filter((w) => want.has(w)).length
     const open = results.results.filter((r) => !clicked.has(r.id) && r.price <= wish.price)
     const ranked = open
-    const pick = detour ? results.results.find((r) => !clicked.has(r.id) && score(r) < want.size) ?? ranked[0] : ranked[0]
+    const wrong = results.results.find((r) => !clicked.has(r.id) && score(r) < want.size)
+    const pick = detour ? wrong ?? ranked[0] : ranked[0]
     if (pick !== undefined) return call("click", { id: pick.id })
     return results.next ? call("click", { id: "next" }) : { content: "Nothing fits." }
   }
@@ -207,7 +209,11 @@ export const playDirect = (
   for (let turn = 0; turn < (options.maxTurns ?? 8) && Shop.ended(state, settings) === undefined; turn++) {
     const reply = policy(messages)
     const calls = reply.toolCalls ?? []
-    messages.push({ role: "assistant", content: reply.content ?? "", ...(calls.length > 0 ? { tool_calls: calls } : {}) })
+    messages.push({
+      role: "assistant",
+      content: reply.content ?? "",
+      ...(calls.length > 0 ? { tool_calls: calls } : {})
+    })
     if (calls.length === 0) break
     for (const call of calls) {
       actions++

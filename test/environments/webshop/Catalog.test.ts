@@ -46,7 +46,8 @@ describe("webshop catalogue", () => {
 
   it.effect("JSON Lines round trip; a bad line is reported with its number, as are duplicates and empty files", () =>
     Effect.gen(function*() {
-      assert.deepStrictEqual(yield* Catalog.parse("p.jsonl", Catalog.toJsonl(products.slice(0, 50))), products.slice(0, 50))
+      const some = products.slice(0, 50)
+      assert.deepStrictEqual(yield* Catalog.parse("p.jsonl", Catalog.toJsonl(some)), some)
       const good = JSON.stringify(products[0])
       const bad = (text: string) => Effect.flip(Catalog.parse("p.jsonl", text))
       const notJson = yield* bad(`${good}\n\n{oops\n`)
@@ -66,13 +67,14 @@ describe("webshop catalogue", () => {
     Effect.gen(function*() {
       const dir = mkdtempSync(join(tmpdir(), "webshop-catalog-"))
       writeFileSync(join(dir, "products.jsonl"), Catalog.toJsonl(products.slice(0, 300)))
-      const fromFile = yield* Effect.provide(Catalog.Catalog, Catalog.layer({ _tag: "File", path: join(dir, "products.jsonl") }))
+      const file = (name: string) => Catalog.layer({ _tag: "File", path: join(dir, name) })
+      const fromFile = yield* Effect.provide(Catalog.Catalog, file("products.jsonl"))
       const generated = Catalog.make(Catalog.generate(1, 300))
       assert.strictEqual(fromFile.size, 300)
       for (const q of ["cotton t-shirt", "wireless headphones black", "organic honey 16 oz"]) {
         assert.deepStrictEqual(fromFile.search(q, 10), generated.search(q, 10), q)
       }
-      const missing = yield* Effect.flip(Effect.provide(Catalog.Catalog, Catalog.layer({ _tag: "File", path: join(dir, "nope") })))
+      const missing = yield* Effect.flip(Effect.provide(Catalog.Catalog, file("nope")))
       assert.match(missing.message, /cannot read/)
     }))
 

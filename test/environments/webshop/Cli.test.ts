@@ -29,7 +29,7 @@ const generated = (options: Partial<Generate.Options>) =>
   }).pipe(Effect.provide(NodeServices.layer))
 
 describe("webshop from the command line", () => {
-  it.live("the generator is seeded; its demonstrations are the oracle's purchases; products.jsonl is the catalogue", () =>
+  it.live("the generator is seeded; demonstrations are the oracle's purchases; products.jsonl is the catalogue", () =>
     Effect.gen(function*() {
       const a = yield* generated({ seed: 5 })
       const b = yield* generated({ seed: 5 })

@@ -61,7 +61,8 @@ describe("webshop visit", () => {
 
   it("refused actions say why and leave the page as it was; back goes up a level", () => {
     const state = Shop.initial()
-    const run = (state: Shop.State, action: Shop.Action) => Shop.act(state, catalog, { ...settings, maxSteps: 50 }, action)
+    const roomy = { ...settings, maxSteps: 50 }
+    const run = (state: Shop.State, action: Shop.Action) => Shop.act(state, catalog, roomy, action)
     assert.match(text(run(state, { _tag: "click", id: "B0000" })), /^refused: nothing to click yet: search first/)
     assert.match(text(run(state, { _tag: "select", o: "m" })), /^refused: no item open/)
     assert.match(text(run(state, { _tag: "buy" })), /^refused: no item open/)

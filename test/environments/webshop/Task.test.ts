@@ -119,7 +119,10 @@ describe("webshop task", () => {
       const runtime = yield* TaskRuntime.make(task, { renderTools: false })
       const rows = heldOut.slice(0, 40).map((row) => ({
         goal: row.goal,
-        messages: [{ role: "system" as const, content: WebShopTask.systemPrompt }, { role: "user" as const, content: row.question }]
+        messages: [
+          { role: "system" as const, content: WebShopTask.systemPrompt },
+          { role: "user" as const, content: row.question }
+        ]
       }))
       const options = {
         rows,
