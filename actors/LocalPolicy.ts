@@ -1,12 +1,15 @@
 /**
- * The local `Trainer.Policy` and `Sampler`: everything in this process, on onnxruntime-node. The sampler is the
- * `PolicyEngine` (KV cache, continuous batching); RL steps are `Learner.update` over an `OnnxTrainer` built with
- * the run's loss and optimiser; the SFT warm-up uses its own `OnnxTrainer` with the NLL loss and the warm-up's
- * learning rate, whose weights seed the RL trainer (with a fresh optimiser) when the warm-up ends.
+ * The local `Trainer.Policy` and `Sampler`: everything in this process, on onnxruntime-node. Sampling runs on
+ * `PolicyEngine`s (KV cache, continuous batching): `Policy.sampler(version)` builds one per rollout batch,
+ * evaluation or warm-up check from that published version's weights, so that no two of them ever share an engine
+ * batch (what a batch samples then depends on its own requests only; see `Trainer.ts`). RL steps are
+ * `Learner.update` over an `OnnxTrainer` built with the run's loss and optimiser; the SFT warm-up uses its own
+ * `OnnxTrainer` with the NLL loss and the warm-up's learning rate, whose weights seed the RL trainer (with a fresh
+ * optimiser) when the warm-up ends.
  *
  * @since 0.1.0
  */
-import { Context, Effect, Exit, FileSystem, Layer, Scope } from "effect"
+import { Context, Effect, Exit, FileSystem, Layer, Scope, Semaphore } from "effect"
 import * as Dataset from "../src/Dataset.ts"
 import * as Loss from "../src/Loss.ts"
 import * as LrSchedule from "../src/LrSchedule.ts"
@@ -17,7 +20,7 @@ import * as Optimizer from "../src/Optimizer.ts"
 import * as Packing from "../src/Packing.ts"
 import * as PolicyTrainer from "../src/PolicyTrainer.ts"
 import * as Safetensors from "../src/Safetensors.ts"
-import { Sampler } from "../src/Sampler.ts"
+import { Sampler, SamplerError } from "../src/Sampler.ts"
 import type * as TrainConfig from "../src/TrainConfig.ts"
 import type * as Trajectory from "../src/Trajectory.ts"
 import * as TrajectoryBuilder from "../src/TrajectoryBuilder.ts"
@@ -93,11 +96,7 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
   config: TrainConfig.TrainConfig,
   options: { readonly maxBatchSize?: number; readonly intraOpThreads?: number } = {}
 ): Effect.fn.Return<
-  {
-    readonly policy: Policy["Service"]
-    readonly sampler: Sampler["Service"]
-    readonly engine: PolicyEngine.PolicyEngine["Service"]
-  },
+  { readonly policy: Policy["Service"]; readonly sampler: Sampler["Service"] },
   TrainerError,
   FileSystem.FileSystem | Scope.Scope
 > {
@@ -111,14 +110,18 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
     })
   }
   const fsContext = yield* Effect.context<FileSystem.FileSystem | Scope.Scope>()
-  // The engine starts below every version the trainer publishes (versions must increase): the folder's weights come
-  // before the warm-up's checks (negative versions) and version 0 (after the warm-up, or the same weights).
-  const engine = yield* PolicyEngine.make({
-    config: folder.config,
-    weights: folder.weights,
-    version: -1 - (config.warmup?.steps ?? 0),
-    maxBatchSize: options.maxBatchSize ?? 64
-  }).pipe(Effect.mapError(learnerError))
+  // Published weights, newest last: the versions the trainer may still sample (a batch of an async run is sampled
+  // by a version up to `maxStaleness` behind the newest). The folder's weights come first, below every version the
+  // trainer publishes (versions increase): before the warm-up's checks (negative versions) and version 0.
+  const retained = (config.mode === "async" ? config.maxStaleness : 0) + 2
+  const published: Array<{ readonly version: number; readonly weights: Qwen2.Weights }> = [
+    { version: -1 - (config.warmup?.steps ?? 0), weights: folder.weights }
+  ]
+  const newest = () => published[published.length - 1]!
+  const engineOf = (version: number, weights: Qwen2.Weights) =>
+    PolicyEngine.make({ config: folder.config, weights, version, maxBatchSize: options.maxBatchSize ?? 64 }).pipe(
+      Effect.mapError(learnerError)
+    )
   const model = OnnxTrainer.qwen2(folder.config)
   const optimizer: Optimizer.Config = {
     ...Optimizer.defaultConfig,
@@ -145,8 +148,10 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
       optimizer,
       schedule,
       workers: config.learner.workers,
-      // one intra-op thread per worker by default: the workers already occupy the cores
-      intraOpThreads: options.intraOpThreads ?? (config.learner.workers > 1 ? 1 : 2)
+      // One intra-op thread: onnxruntime's multi-threaded kernels do not sum in a fixed order, so with two threads
+      // the same step on the same batch gave different weights from run to run (and a resumed run other weights
+      // than the unbroken one). Parallelism comes from `learner.workers`, which split rows, not sums.
+      intraOpThreads: options.intraOpThreads ?? 1
     }).pipe(
       Effect.map((t) => t.trainer),
       Effect.mapError(learnerError),
@@ -179,7 +184,7 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
     | { readonly weights: PolicyTrainer.Weights; readonly logprobs: NonNullable<Learner.Options["reference"]> }
     | undefined
   const setReference = (weights: PolicyTrainer.Weights) =>
-    OnnxTrainer.makeReference(model, weights, { intraOpThreads: options.intraOpThreads ?? 2 }).pipe(
+    OnnxTrainer.makeReference(model, weights, { intraOpThreads: options.intraOpThreads ?? 1 }).pipe(
       Effect.map((logprobs) => void (reference = { weights, logprobs })),
       Effect.mapError(learnerError),
       Effect.provide(fsContext)
@@ -292,9 +297,28 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
         // RL starts from version 0: the KL term's reference is frozen there (a resumed run loaded it instead).
         if (algorithm.klCoef > 0 && reference === undefined && v >= 0) yield* setReference(yield* trainer.weights)
         version = v
-        if (!dirty && v === (yield* engine.policyVersion)) return
-        yield* engine.updateWeights(v, (yield* trainer.weights) as Qwen2.Weights).pipe(Effect.mapError(learnerError))
+        const last = newest()
+        if (v < last.version || (v === last.version && dirty)) {
+          return yield* new TrainerError({
+            reason: "Learner",
+            message: `policy version ${v} is not newer than the published version ${last.version}`
+          })
+        }
+        if (v === last.version) return
+        published.push({ version: v, weights: dirty ? (yield* trainer.weights) as Qwen2.Weights : last.weights })
+        if (published.length > retained) published.shift()
         dirty = false
+      }),
+    sampler: (v) =>
+      Effect.gen(function*() {
+        const entry = published.find((p) => p.version === v)
+        if (entry === undefined) {
+          return yield* new TrainerError({
+            reason: "Learner",
+            message: `policy version ${v} is not among the published versions ${published.map((p) => p.version)}`
+          })
+        }
+        return prefillAlone(yield* engineOf(v, entry.weights))
       }),
     save: (dir) =>
       trainer.save(dir, { policyVersion: version, rngState: [] }).pipe(
@@ -316,9 +340,93 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
       ),
     fingerprint: Effect.map(Effect.suspend(() => trainer.weights), fingerprintOf)
   })
-  const sampler = Sampler.of({ generate: engine.generate, policyVersion: engine.policyVersion })
-  return { policy, sampler, engine }
+  // The ambient sampler (for callers outside a run's pipeline): one engine, built on first use, following the newest
+  // published version.
+  let ambient: { readonly engine: PolicyEngine.PolicyEngine["Service"]; readonly sampler: Sampler["Service"] } | undefined
+  const ambientLock = yield* Semaphore.make(1)
+  const ambientEngine = Semaphore.withPermits(ambientLock, 1)(Effect.gen(function*() {
+    const { version: v, weights } = newest()
+    if (ambient === undefined) {
+      const engine = yield* engineOf(v, weights).pipe(Effect.provideService(Scope.Scope, runScope))
+      ambient = { engine, sampler: prefillAlone(engine) }
+    } else if ((yield* ambient.engine.policyVersion) < v) {
+      yield* ambient.engine.updateWeights(v, weights).pipe(Effect.mapError(learnerError))
+    }
+    return ambient.sampler
+  }))
+  const sampler = Sampler.of({
+    generate: (request) =>
+      ambientEngine.pipe(
+        Effect.mapError((e) => new SamplerError({ reason: "ServerError", message: e.message })),
+        Effect.flatMap((gated) => gated.generate(request))
+      ),
+    policyVersion: Effect.sync(() => newest().version)
+  })
+  return { policy, sampler }
 })
+
+/**
+ * A sampler on `engine` that lets one distinct prompt at a time into the engine's prefill: a request waits until the
+ * requests admitted before it with another prompt have sampled their first token (requests with the same prompt,
+ * such as a group's chains, go in together).
+ *
+ * **Why.** A prefill batch left-pads its prompts to the longest, which shifts where each prompt's keys sit in the
+ * attention rows: the float32 sums then group differently and the logits move in their last bits, so what a
+ * sequence samples would depend on which other prompts arrived in the same millisecond. Prefilled alone, a prompt
+ * always has the same shapes; decode steps do not depend on their neighbours (every row has its own positions and
+ * mask, and the cache grows in whole chunks). Cost: one prefill call per distinct prompt instead of one per
+ * arrival burst.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const prefillAlone = (engine: PolicyEngine.PolicyEngine["Service"]): Sampler["Service"] => {
+  let admitting: string | undefined
+  let admitted = 0
+  const waiting: Array<() => boolean> = []
+  const tryEnter = (key: string) => {
+    if (admitting !== undefined && admitting !== key) return false
+    admitting = key
+    admitted++
+    return true
+  }
+  const leave = () => {
+    if (--admitted > 0) return
+    admitting = undefined
+    // In arrival order: the first prompt waiting is admitted, with every other request for that same prompt.
+    for (let i = 0; i < waiting.length;) {
+      if (waiting[i]!()) waiting.splice(i, 1)
+      else i++
+    }
+  }
+  const enter = (key: string) =>
+    Effect.callback<void>((resume) => {
+      const attempt = () => {
+        if (!tryEnter(key)) return false
+        resume(Effect.void)
+        return true
+      }
+      if (attempt()) return
+      waiting.push(attempt)
+      return Effect.sync(() => {
+        const i = waiting.indexOf(attempt)
+        if (i >= 0) waiting.splice(i, 1)
+      })
+    })
+  return Sampler.of({
+    generate: (request) =>
+      Effect.flatMap(enter(request.promptTokenIds.join(",")), () => {
+        let inside = true
+        const out = () => {
+          if (!inside) return
+          inside = false
+          leave()
+        }
+        return engine.generate(request, { onToken: out }).pipe(Effect.ensuring(Effect.sync(out)))
+      }),
+    policyVersion: engine.policyVersion
+  })
+}
 
 /**
  * FNV-1a over the bytes of every weight tensor, in name order: equal fingerprints mean bit-identical weights (with

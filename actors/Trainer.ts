@@ -10,12 +10,18 @@
  * figures are logged and before the learner trains on it.
  *
  * **One pipeline for both modes.** Learner step `s` trains on batch `s - 1`: the `groupsPerStep` rows at
- * positions `[(s - 1)·B, s·B)` of the run's row order (a seeded shuffle per epoch). A batch may start rolling out
- * once the policy is at most `maxStaleness` versions behind the step that will consume it: a semaphore with
- * `maxStaleness + 1` permits, taken when a batch starts and given back when a step publishes its weights. `sync`
- * is `maxStaleness = 0` (generate, update, publish, repeat); `async` lets the next batches roll out while the
- * learner trains, and their sampler logprobs and policy versions travel in the trajectories for the learner's
- * importance-weight correction. Groups within a batch are ordered by row, so a sync run is deterministic.
+ * positions `[(s - 1)·B, s·B)` of the run's row order (a seeded shuffle per epoch). Every token of batch `s - 1` is
+ * sampled by one policy version, {@link samplingVersion}: `s - 1` in `sync` mode (generate, update, publish,
+ * repeat); in `async` mode `s - 1 - maxStaleness`, so the next batches roll out while the learner trains (their
+ * sampler logprobs and policy versions travel in the trajectories for the learner's importance-weight
+ * correction), but never older than the last checkpoint before step `s`, so that a run resumed from that
+ * checkpoint has the weights its next batches need (a pipeline bubble of one rollout per checkpoint).
+ *
+ * **Rollouts that depend on nothing else.** Each batch, each evaluation and each warm-up check samples from a
+ * sampler of its own (`Policy.sampler`), pinned to its version, whose engine batches only its own requests: its
+ * tokens and logprobs depend on its rows, seeds and weights, not on what else was running beside it (an
+ * evaluation beside the next step's rollouts in an unbroken run, nothing in a resumed one). Groups within a batch
+ * are ordered by row, so a run is deterministic in both modes and resumes bit for bit.
  *
  * **Warm-up.** SFT steps on demonstrations, then policy version 0. With `warmup.stopAt` the warm-up ends at the
  * first check where greedy accuracy on a validation split reaches a target; a check publishes the weights as a
@@ -29,12 +35,12 @@
  *
  * @since 0.1.0
  */
-import { Clock, Context, Duration, Effect, Fiber, FileSystem, Queue, Schema, Semaphore, Stream } from "effect"
+import { Clock, Context, Deferred, Duration, Effect, Fiber, FileSystem, Queue, Schema, Stream } from "effect"
 import type { Scope } from "effect"
 import * as AgentTask from "../src/AgentTask.ts"
 import * as Dataset from "../src/Dataset.ts"
 import * as Sampling from "../src/Sampling.ts"
-import type { Sampler } from "../src/Sampler.ts"
+import { Sampler } from "../src/Sampler.ts"
 import * as Task from "../src/Task.ts"
 import type * as TrainConfig from "../src/TrainConfig.ts"
 import * as Trajectory from "../src/Trajectory.ts"
@@ -94,8 +100,15 @@ export class Policy extends Context.Service<Policy, {
   readonly learn: (step: number, groups: ReadonlyArray<Trajectory.Group>) => Effect.Effect<Figures, TrainerError>
   /** One SFT step (masked NLL on assistant tokens) on demonstration conversations; returns `warmup/...` figures. */
   readonly sft: (step: number, rows: ReadonlyArray<Dataset.Row>) => Effect.Effect<Figures, TrainerError>
-  /** Makes the learner's current weights the sampler's, as policy `version`. */
+  /** Makes the learner's current weights policy `version` (versions increase), for {@link Policy} `sampler`. */
   readonly publish: (version: number) => Effect.Effect<void, TrainerError>
+  /**
+   * A sampler of published version `version` for one rollout batch, evaluation or warm-up check, alive in the
+   * scope: every token it samples comes from that version, and its engine batches its own requests only, so what it
+   * samples does not depend on any other batch running beside it. The versions a run still asks for are the last
+   * `maxStaleness + 2` published.
+   */
+  readonly sampler: (version: number) => Effect.Effect<Sampler["Service"], TrainerError, Scope.Scope>
   /** Saves weights and optimiser state into `dir` (which exists and is empty). */
   readonly save: (dir: string) => Effect.Effect<void, TrainerError>
   readonly load: (dir: string) => Effect.Effect<void, TrainerError>
@@ -211,6 +224,26 @@ export const rowsAt = (n: number, seed: number, from: number, count: number): Ar
  * @since 0.1.0
  */
 export const warmupVersion = (step: number, steps: number): number => step - steps - 1
+
+/**
+ * The policy version that samples the batch of learner step `step`: the one before it (`step - 1`) in sync mode
+ * (`ahead = 0`), `ahead` versions older in async mode (`ahead = maxStaleness`), but never older than the last
+ * checkpoint step before `step` (a multiple of `checkpointEvery`) nor than `from` (the step a run resumed from):
+ * the versions a resumed run can rebuild. A function of the config alone, so that a resumed run samples every
+ * replayed batch with the weights the unbroken run used.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const samplingVersion = (
+  step: number,
+  options: { readonly ahead: number; readonly checkpointEvery: number; readonly from: number }
+): number =>
+  Math.max(
+    options.from,
+    step - 1 - options.ahead,
+    Math.floor((step - 1) / options.checkpointEvery) * options.checkpointEvery
+  )
 
 /**
  * Whether warm-up step `step` of `steps` checks the validation accuracy: every `every` steps from `from` (default
@@ -518,11 +551,11 @@ const checkpointName = (step: number) => `step-${String(step).padStart(6, "0")}`
  */
 export const run: <RE = never>(
   options: Options<RE>
-) => Effect.Effect<Summary, TrainerError, Sampler | Policy | FileSystem.FileSystem | Scope.Scope | RE> = Effect.fn(
+) => Effect.Effect<Summary, TrainerError, Policy | FileSystem.FileSystem | Scope.Scope | RE> = Effect.fn(
   "Trainer.run"
 )(function*(
   input: Options<any>
-): Effect.fn.Return<Summary, TrainerError, Sampler | Policy | FileSystem.FileSystem | Scope.Scope | any> {
+): Effect.fn.Return<Summary, TrainerError, Policy | FileSystem.FileSystem | Scope.Scope | any> {
   const { config } = input
   const fs = yield* FileSystem.FileSystem
   const policy = yield* Policy
@@ -584,8 +617,22 @@ export const run: <RE = never>(
     yield* policy.load(`${checkpoints}/${point.checkpoint}`).pipe(Effect.mapError(fail("Checkpoint")))
   }
   const warmupRuns = config.warmup !== undefined && options.demos !== undefined && !point.warmupDone && point.step === 0
+  // Published versions, awaited by the batches they sample (see `samplingVersion`).
+  const published = new Map<number, Deferred.Deferred<void>>()
+  const publishedDeferred = (version: number) => {
+    const existing = published.get(version)
+    if (existing !== undefined) return existing
+    const made = Deferred.makeUnsafe<void>()
+    published.set(version, made)
+    return made
+  }
+  const publish = (version: number) =>
+    Effect.andThen(policy.publish(version), Deferred.succeed(publishedDeferred(version), undefined))
+  // Rollouts on a sampler of their own, pinned to `version`, closed when they end.
+  const sampledBy = (version: number) => <A, E>(rollouts: Effect.Effect<A, E, Sampler>) =>
+    Effect.scoped(Effect.flatMap(policy.sampler(version), (sampler) => Effect.provideService(rollouts, Sampler, sampler)))
   // Versions only increase: with a warm-up, version 0 is its result, published when it ends.
-  if (!warmupRuns) yield* policy.publish(point.step)
+  if (!warmupRuns) yield* publish(point.step)
 
   // ----- Checkpoints -----
   const saveCheckpoint = Effect.fnUntraced(function*(step: number) {
@@ -609,7 +656,7 @@ export const run: <RE = never>(
   const evals: Array<{ step: number; figures: Figures }> = []
   const evaluate = Effect.fnUntraced(function*(step: number) {
     if (options.eval === undefined) return
-    const { groups, figures } = yield* evaluation(agentOf, options.eval.rows)
+    const { groups, figures } = yield* evaluation(agentOf, options.eval.rows).pipe(sampledBy(step))
     const record = { phase: "eval" as const, step, elapsed: yield* elapsed, figures }
     evals.push({ step, figures })
     yield* metrics.log(record).pipe(Effect.mapError(io))
@@ -626,13 +673,14 @@ export const run: <RE = never>(
     steps: number,
     stopAt: TrainConfig.WarmupStopConfig
   ) {
-    yield* policy.publish(warmupVersion(step, steps))
+    const version = warmupVersion(step, steps)
+    yield* publish(version)
     const groups = yield* collectGroups(agentOf, options.validation!.rows.slice(0, stopAt.size), {
       firstSeq: 0,
       chains: 1,
       temperature: 0,
       seed: 8_000_000 + config.seed
-    })
+    }).pipe(sampledBy(version))
     yield* checkFailures(groups, `warm-up check at step ${step}`)
     const figures = rolloutFigures(groups, { prefix: "validation", correct })
     return {
@@ -702,20 +750,21 @@ export const run: <RE = never>(
       })
     }
     yield* journal.append({ kind: "warmup", steps: done }).pipe(Effect.mapError(io))
-    yield* policy.publish(0)
+    yield* publish(0)
   }
 
   // ----- The pipeline -----
   const lastStep = config.algorithm.steps
   const ahead = config.mode === "sync" ? 0 : config.maxStaleness
-  const permits = yield* Semaphore.make(ahead + 1)
+  const schedule = { ahead, checkpointEvery: config.checkpoint.every, from: point.step }
   const batches = yield* Queue.bounded<Fiber.Fiber<Effect.Success<ReturnType<typeof batchFor>>, TrainerError>>(
     ahead + 1
   )
   yield* Effect.gen(function*() {
     for (let step = point.step + 1; step <= lastStep; step++) {
-      yield* Semaphore.take(permits, 1)
-      const fiber = yield* Effect.forkScoped(batchFor(step))
+      const version = samplingVersion(step, schedule)
+      yield* Deferred.await(publishedDeferred(version))
+      const fiber = yield* Effect.forkScoped(batchFor(step).pipe(sampledBy(version)))
       yield* Queue.offer(batches, fiber)
     }
   }).pipe(Effect.forkScoped)
@@ -748,8 +797,7 @@ export const run: <RE = never>(
     const learned = yield* policy.learn(step, batch.groups)
     if (learned["learner/applied"] === 0) skipped++
     else trained++
-    yield* policy.publish(step)
-    yield* Semaphore.release(permits, 1)
+    yield* publish(step)
     const t2 = yield* Clock.currentTimeMillis
     const figures: Record<string, number> = {
       ...rollout,

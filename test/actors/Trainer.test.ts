@@ -269,6 +269,57 @@ describe("Trainer", () => {
       assert.isTrue(existsSync(join(options.config.output, "checkpoints", "step-000002")))
     }).pipe(Effect.provide(NodeServices.layer)))
 
+  it("sampling versions: the step before in sync mode, maxStaleness older in async, never before a checkpoint", () => {
+    const versions = (ahead: number, checkpointEvery: number, from = 0) =>
+      Array.from({ length: 9 - from }, (_, i) => Trainer.samplingVersion(from + i + 1, { ahead, checkpointEvery, from }))
+    assert.deepStrictEqual(versions(0, 3), [0, 1, 2, 3, 4, 5, 6, 7, 8])
+    assert.deepStrictEqual(versions(1, 3), [0, 0, 1, 3, 3, 4, 6, 6, 7])
+    assert.deepStrictEqual(versions(2, 100), [0, 0, 0, 1, 2, 3, 4, 5, 6])
+    // Resumed from step 4 (a forced resume off the checkpoint schedule): nothing older than its weights.
+    assert.deepStrictEqual(versions(1, 3, 4), [4, 4, 6, 6, 7])
+  })
+
+  it.effect("every batch, evaluation and warm-up check samples from a sampler of its own, pinned to its version", () =>
+    Effect.gen(function*() {
+      const requested: Array<number> = []
+      const { policy } = yield* Toy.make()
+      const spy = { ...policy, sampler: (v: number) => Effect.andThen(Effect.sync(() => requested.push(v)), policy.sampler(v)) }
+      const base = yield* setup({
+        mode: "async",
+        maxStaleness: 1,
+        warmup: { data: "unused", steps: 4, batchSize: 2, stopAt: { data: "unused", accuracy: 1, every: 2, size: 2 } }
+      }, { steps: 6 })
+      yield* Effect.scoped(Trainer.run({ ...base, validation: yield* rows(4, "validation"), task: neverCorrect })).pipe(
+        Effect.provideService(Trainer.Policy, spy)
+      )
+      // A warm-up check at step 2 (version -3), the evaluation at 0, batches 1…6 (versions 0 0 1 3 3 4), evaluations
+      // at 4 and 6; no Sampler service was provided.
+      assert.deepStrictEqual(
+        [...requested].sort((a, b) => a - b),
+        [-3, 0, 0, 0, 1, 3, 3, 4, 4, 6]
+      )
+      const journal = (yield* Journal.read(join(base.config.output, "journal.jsonl"))).entries.map((e) => e.entry)
+      const versions = journal.flatMap((e) => (e.kind === "group" ? [e.policyVersion] : []))
+      assert.deepStrictEqual(versions, [0, 0, 0, 0, 0, 0, 1, 1, 1, 3, 3, 3, 3, 3, 3, 4, 4, 4], "every group's version")
+    }).pipe(Effect.provide(NodeServices.layer)))
+
+  it.live("async: a crash and a resume end with the weights of an unbroken run, whatever the timing", () =>
+    Effect.gen(function*() {
+      const timing = { samplerMs: 5, learnMs: 20 }
+      const unbroken = yield* setup({ mode: "async", maxStaleness: 1 })
+      const reference = yield* run(unbroken, timing)
+      const options = yield* setup({ mode: "async", maxStaleness: 1 })
+      const crashed = yield* Effect.result(run(options, { ...timing, failAt: 6 }))
+      assert.isTrue(Result.isFailure(crashed))
+      // The resumed run's learner is slower: in-flight batches would have met other versions.
+      const resumed = yield* run({ ...options, resume: true }, { samplerMs: 1, learnMs: 60 })
+      assert.strictEqual(resumed.fromStep, 3)
+      assert.strictEqual(resumed.fingerprint, reference.fingerprint)
+      const groups = (o: string) =>
+        Effect.map(Journal.read(join(o, "journal.jsonl")), (r) => r.entries.flatMap((e) => (e.entry.kind === "group" ? [e.entry] : [])))
+      assert.deepStrictEqual(yield* groups(options.config.output), yield* groups(unbroken.config.output), "every group")
+    }).pipe(Effect.provide(NodeServices.layer)))
+
   it.live("async: rollouts run ahead by at most maxStaleness versions and overlap the learner", () =>
     Effect.gen(function*() {
       const options = yield* setup({ mode: "async", maxStaleness: 1 }, { steps: 6 })

@@ -1,0 +1,84 @@
+/**
+ * The local policy's samplers on the real engine (tiny Qwen2 policy on onnxruntime, calculator rows): what a batch
+ * samples depends on its own requests only, not on what else the engine runs beside it, and a batch's sampler is
+ * pinned to the version it was made for.
+ */
+import { NodeServices } from "@effect/platform-node"
+import { assert, describe, it } from "@effect/vitest"
+import { Effect, Fiber } from "effect"
+import { mkdtempSync, readFileSync, writeFileSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import * as LocalPolicy from "../../actors/LocalPolicy.ts"
+import * as Trainer from "../../actors/Trainer.ts"
+import * as Setup from "../../cli/setup.ts"
+import * as CalculatorTask from "../../environments/calculator/CalculatorTask.ts"
+import * as Generate from "../../examples/calculator/generate.ts"
+import * as Dataset from "../../src/Dataset.ts"
+import * as ModelFolder from "../../src/ModelFolder.ts"
+import { Sampler } from "../../src/Sampler.ts"
+import * as TrainConfig from "../../src/TrainConfig.ts"
+import * as Trajectory from "../../src/Trajectory.ts"
+
+const fixture = Effect.gen(function*() {
+  const dir = mkdtempSync(join(tmpdir(), "local-policy-"))
+  yield* Generate.write({ dir, seed: 5, train: 8, heldOut: 6, validation: 1, demos: 1, noise: 0 })
+  // Held-out questions much longer than the training ones: a prefill shared with them left-pads the training prompts.
+  const long = readFileSync(join(dir, "heldout.jsonl"), "utf8").trim().split("\n").map((line) => {
+    const row = JSON.parse(line)
+    return JSON.stringify({ ...row, question: `${row.question} ${"Show the calculator call, then the answer. ".repeat(4)}` })
+  })
+  writeFileSync(join(dir, "long.jsonl"), long.join("\n") + "\n")
+  yield* ModelFolder.init(join(dir, "model"), { preset: "tiny", seed: 3 })
+  const folder = yield* ModelFolder.load(join(dir, "model"))
+  const config = LocalPolicy.onModel(
+    folder,
+    yield* TrainConfig.decode({
+      output: join(dir, "run"),
+      model: { path: join(dir, "model") },
+      data: { train: join(dir, "train.jsonl") },
+      task: "calculator",
+      agent: { renderTools: false, maxTurns: 2, numChains: 3, maxNewTokens: 48, maxContextTokens: 512 },
+      algorithm: { steps: 2, groupsPerStep: 2 },
+      eval: { size: 6 }
+    })
+  )
+  const train = yield* Dataset.load(join(dir, "train.jsonl"), { onInvalid: "stop" })
+  const heldOut = yield* Dataset.load(join(dir, "long.jsonl"), { onInvalid: "stop" })
+  const agent = yield* Trainer.agent({ task: CalculatorTask.make(), config, format: Setup.formatOf(config, folder) })
+  const batch = Trainer.collectGroups(agent, train.rows.slice(0, 2), { firstSeq: 0, chains: 3, temperature: 1, seed: 1234 })
+  return { folder, config, agent, batch, heldOut }
+})
+
+const sampled = (groups: ReadonlyArray<Trajectory.Group>) =>
+  groups.flatMap((g) =>
+    g.trajectories.map((t) => ({
+      tokens: t.segments.flatMap((s) => Array.from(Trajectory.tokenIds(s))),
+      // NaN (a token the policy did not sample) as null, so that equal arrays compare equal
+      logprobs: t.segments.flatMap((s) => Array.from(Trajectory.logprobs(s), (x) => (Number.isNaN(x) ? null : x)))
+    }))
+  )
+
+describe("LocalPolicy", () => {
+  for (const maxBatchSize of [4, 8]) {
+    it.live(`a batch samples the same tokens and logprobs alone and beside an evaluation (${maxBatchSize} slots)`, () =>
+      Effect.gen(function*() {
+        const { folder, config, agent, batch, heldOut } = yield* fixture
+        const once = <A, E>(rollouts: Effect.Effect<A, E, Sampler>) =>
+          Effect.scoped(Effect.flatMap(
+            LocalPolicy.make(folder, config, { maxBatchSize }),
+            ({ sampler }) => Effect.provideService(rollouts, Sampler, sampler)
+          ))
+        const alone = yield* once(batch)
+        const beside = yield* once(Effect.gen(function*() {
+          // Both start together: their first prompts reach the engine in the same instant.
+          const rollouts = yield* Effect.forkChild(batch)
+          yield* Trainer.evaluation(agent, heldOut.rows)
+          return yield* Fiber.join(rollouts)
+        }))
+        const a = sampled(alone)
+        assert.strictEqual(a.length, 6)
+        assert.deepStrictEqual(sampled(beside), a, "bit-identical tokens and logprobs")
+      }).pipe(Effect.provide(NodeServices.layer)), 120_000)
+  }
+})
