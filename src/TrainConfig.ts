@@ -7,6 +7,13 @@
  * known key is close, a suggestion (`algorithm.lrr: unknown key (did you mean "lr"?)`). Relative paths in the
  * config are resolved against the config file's directory, so a config and its data move together.
  *
+ * **Bounds.** Every number has finite bounds, checked when the config is decoded (command-line overrides go through
+ * the same Schema), and the error names them: `algorithm.lr: Expected a value between 0 (excluded) and 1`. They
+ * are generous for the models this runtime trains and tight enough that a typo cannot crash or hang a run
+ * (`groupsPerStep: 1e9` exhausted V8's heap, `numChains: 1e7` hung, `learner.workers: 1000` took 3 GiB, `lr: 1e400`
+ * is Infinity and made every weight NaN). One step's rollouts (`groupsPerStep × numChains`) are at most
+ * {@link maxTrajectoriesPerStep}.
+ *
  * @since 0.1.0
  */
 import { Effect, FileSystem, Path, Schema, SchemaAST, SchemaIssue } from "effect"
@@ -15,11 +22,29 @@ import { Ref as TaskRef } from "./Task.ts"
 
 // ===== Schema =====
 
-const PositiveInt = Schema.Int.check(Schema.isGreaterThanOrEqualTo(1))
-const NonNegativeInt = Schema.Int.check(Schema.isGreaterThanOrEqualTo(0))
-const NonNegative = Schema.Number.check(Schema.isGreaterThanOrEqualTo(0))
-const Positive = Schema.Number.check(Schema.isGreaterThan(0))
-const Probability = Schema.Number.check(Schema.isBetween({ minimum: 0, maximum: 1 }))
+/** An integer in `[minimum, maximum]`. */
+const IntIn = (minimum: number, maximum: number) => Schema.Int.check(Schema.isBetween({ minimum, maximum }))
+/** A number in `[minimum, maximum]` (NaN and ±Infinity fail). */
+const NumberIn = (minimum: number, maximum: number) => Schema.Number.check(Schema.isBetween({ minimum, maximum }))
+/** A number in `(0, maximum]`. */
+const PositiveUpTo = (maximum: number) =>
+  Schema.Number.check(Schema.isBetween({ minimum: 0, maximum, exclusiveMinimum: true }))
+const Probability = NumberIn(0, 1)
+/** Step counts, intervals and dataset sizes. */
+const Steps = IntIn(1, 10_000_000)
+const Seed = IntIn(0, 0xffff_ffff)
+/** A learning rate. */
+const LearningRate = PositiveUpTo(1)
+/** A sampling temperature (0: greedy). */
+const Temperature = NumberIn(0, 10)
+
+/**
+ * The most trajectories one learner step may roll out (`algorithm.groupsPerStep × agent.numChains`).
+ *
+ * @category constants
+ * @since 0.1.0
+ */
+export const maxTrajectoriesPerStep = 65_536
 
 const withDefault = <S extends Schema.Top>(schema: S, value: S["Encoded"]) =>
   schema.pipe(Schema.withDecodingDefaultKey<S, never>(Effect.succeed(value)))
@@ -34,7 +59,7 @@ const withDefault = <S extends Schema.Top>(schema: S, value: S["Encoded"]) =>
 export const ModelConfig = Schema.Struct({
   path: Schema.String,
   preset: Schema.optionalKey(Schema.String),
-  initSeed: withDefault(NonNegativeInt, 0)
+  initSeed: withDefault(Seed, 0)
 })
 
 /**
@@ -65,14 +90,14 @@ export const AgentConfig = Schema.Struct({
   systemPrompt: Schema.optionalKey(Schema.String),
   /** Render the tool list into the prompt (off for tiny policies that learn the tools from demonstrations). */
   renderTools: withDefault(Schema.Boolean, true),
-  maxTurns: withDefault(PositiveInt, 4),
-  numChains: withDefault(PositiveInt, 8),
-  maxNewTokens: withDefault(PositiveInt, 256),
-  maxContextTokens: Schema.optionalKey(PositiveInt),
-  temperature: withDefault(NonNegative, 1),
+  maxTurns: withDefault(IntIn(1, 1_000), 4),
+  numChains: withDefault(IntIn(1, 1_024), 8),
+  maxNewTokens: withDefault(IntIn(1, 1_048_576), 256),
+  maxContextTokens: Schema.optionalKey(IntIn(1, 1_048_576)),
+  temperature: withDefault(Temperature, 1),
   topP: withDefault(Probability, 1),
   /** Seconds a tool call may run when its tool sets no `timeout` (a hang becomes a `Timeout` observation). */
-  toolTimeout: withDefault(Positive, 30)
+  toolTimeout: withDefault(PositiveUpTo(86_400), 30)
 })
 
 /**
@@ -111,23 +136,23 @@ export type LossAggregation = typeof LossAggregation.Type
 export const AlgorithmConfig = Schema.Struct({
   advantage: withDefault(AdvantageEstimator, "grpo"),
   aggregation: withDefault(LossAggregation, "token-mean"),
-  clipLow: withDefault(NonNegative, 0.2),
-  clipHigh: withDefault(NonNegative, 0.2),
-  klCoef: withDefault(NonNegative, 0),
-  entropyCoef: withDefault(NonNegative, 0),
-  lr: withDefault(Positive, 3e-4),
+  clipLow: withDefault(NumberIn(0, 1), 0.2),
+  clipHigh: withDefault(NumberIn(0, 100), 0.2),
+  klCoef: withDefault(NumberIn(0, 100), 0),
+  entropyCoef: withDefault(NumberIn(0, 100), 0),
+  lr: withDefault(LearningRate, 3e-4),
   lrSchedule: withDefault(Schema.Literals(["constant", "cosine"]), "constant"),
-  lrWarmupSteps: withDefault(NonNegativeInt, 0),
-  tisCap: Schema.optionalKey(Positive),
-  weightDecay: withDefault(NonNegative, 0),
-  gradClip: withDefault(Positive, 1),
-  groupsPerStep: withDefault(PositiveInt, 8),
+  lrWarmupSteps: withDefault(IntIn(0, 10_000_000), 0),
+  tisCap: Schema.optionalKey(PositiveUpTo(1e6)),
+  weightDecay: withDefault(NumberIn(0, 1), 0),
+  gradClip: withDefault(PositiveUpTo(1e6), 1),
+  groupsPerStep: withDefault(IntIn(1, 4_096), 8),
   /** Optimiser steps per learner step, each on whole groups (verl's `ppo_mini_batch_size` as a count). */
-  miniBatches: withDefault(PositiveInt, 1),
+  miniBatches: withDefault(IntIn(1, 4_096), 1),
   /** Passes over a step's mini-batches (verl's `ppo_epochs`). */
-  epochs: withDefault(PositiveInt, 1),
-  microBatchSize: withDefault(PositiveInt, 16),
-  steps: PositiveInt
+  epochs: withDefault(IntIn(1, 100), 1),
+  microBatchSize: withDefault(IntIn(1, 4_096), 16),
+  steps: Steps
 })
 
 /**
@@ -145,9 +170,9 @@ export const AlgorithmConfig = Schema.Struct({
 export const WarmupStopConfig = Schema.Struct({
   data: Schema.String,
   accuracy: Probability,
-  every: withDefault(PositiveInt, 50),
-  from: Schema.optionalKey(PositiveInt),
-  size: Schema.optionalKey(PositiveInt),
+  every: withDefault(Steps, 50),
+  from: Schema.optionalKey(Steps),
+  size: Schema.optionalKey(Steps),
   onMiss: withDefault(Schema.Literals(["continue", "fail"]), "continue")
 })
 export type WarmupStopConfig = typeof WarmupStopConfig.Type
@@ -161,13 +186,13 @@ export type WarmupStopConfig = typeof WarmupStopConfig.Type
  */
 export const WarmupConfig = Schema.Struct({
   data: Schema.String,
-  steps: PositiveInt,
+  steps: Steps,
   stopAt: Schema.optionalKey(WarmupStopConfig),
-  lr: withDefault(Positive, 2e-3),
+  lr: withDefault(LearningRate, 2e-3),
   lrSchedule: withDefault(Schema.Literals(["constant", "cosine"]), "constant"),
-  minLr: withDefault(NonNegative, 0),
-  warmupSteps: withDefault(NonNegativeInt, 0),
-  batchSize: withDefault(PositiveInt, 16)
+  minLr: withDefault(NumberIn(0, 1), 0),
+  warmupSteps: withDefault(IntIn(0, 10_000_000), 0),
+  batchSize: withDefault(IntIn(1, 4_096), 16)
 })
 
 /**
@@ -179,10 +204,10 @@ export const WarmupConfig = Schema.Struct({
  * @since 0.1.0
  */
 export const EvalConfig = Schema.Struct({
-  every: withDefault(PositiveInt, 10),
-  size: Schema.optionalKey(PositiveInt),
-  temperature: withDefault(NonNegative, 0),
-  samples: withDefault(PositiveInt, 1)
+  every: withDefault(Steps, 10),
+  size: Schema.optionalKey(Steps),
+  temperature: withDefault(Temperature, 0),
+  samples: withDefault(IntIn(1, 1_024), 1)
 })
 
 /**
@@ -192,8 +217,8 @@ export const EvalConfig = Schema.Struct({
  * @since 0.1.0
  */
 export const CheckpointConfig = Schema.Struct({
-  every: withDefault(PositiveInt, 10),
-  keep: withDefault(PositiveInt, 2)
+  every: withDefault(Steps, 10),
+  keep: withDefault(IntIn(1, 1_000), 2)
 })
 
 /**
@@ -204,7 +229,7 @@ export const CheckpointConfig = Schema.Struct({
  * @since 0.1.0
  */
 export const LearnerConfig = Schema.Struct({
-  workers: withDefault(PositiveInt, 2)
+  workers: withDefault(IntIn(1, 64), 2)
 })
 
 /**
@@ -222,7 +247,7 @@ export const TrainConfig = Schema.Struct({
    * exports its task beside the config.
    */
   task: Schema.optionalKey(TaskRef),
-  seed: withDefault(NonNegativeInt, 0),
+  seed: withDefault(Seed, 0),
   output: Schema.String,
   model: ModelConfig,
   data: DataConfig,
@@ -230,11 +255,11 @@ export const TrainConfig = Schema.Struct({
   algorithm: AlgorithmConfig,
   warmup: Schema.optionalKey(WarmupConfig),
   mode: withDefault(Schema.Literals(["sync", "async"]), "sync"),
-  maxStaleness: withDefault(NonNegativeInt, 1),
+  maxStaleness: withDefault(IntIn(0, 16), 1),
   eval: withDefault(EvalConfig, {}),
   checkpoint: withDefault(CheckpointConfig, {}),
   learner: withDefault(LearnerConfig, {}),
-  sampleTrajectories: withDefault(NonNegativeInt, 4),
+  sampleTrajectories: withDefault(IntIn(0, 1_000), 4),
   /**
    * The largest share of a step's trajectories that may fail for infrastructure reasons (environment, lease,
    * reward, sampler, chain defects) before the run stops with a typed error naming the reason; 1 never stops.
@@ -370,8 +395,24 @@ export const decode = (input: unknown, source = "config"): Effect.Effect<TrainCo
   decodeStrict(input, { onExcessProperty: "error", errors: "all" }).pipe(
     Effect.mapError((e) =>
       new ConfigError({ source, reason: "Invalid", issues: formatIssues(TrainConfig, e.issue) })
-    )
+    ),
+    Effect.flatMap((config) => {
+      const issues = crossKeyIssues(config)
+      return issues.length === 0 ? Effect.succeed(config) : Effect.fail(new ConfigError({ source, reason: "Invalid", issues }))
+    })
   )
+
+/** Bounds that involve several keys, one line per problem in {@link formatIssues}' style. */
+const crossKeyIssues = (config: TrainConfig): Array<string> => {
+  const { groupsPerStep } = config.algorithm
+  const trajectories = groupsPerStep * config.agent.numChains
+  return trajectories > maxTrajectoriesPerStep
+    ? [
+      `algorithm.groupsPerStep: ${groupsPerStep} groups × agent.numChains ${config.agent.numChains} is ` +
+      `${trajectories} trajectories per step; expected at most ${maxTrajectoriesPerStep}`
+    ]
+    : []
+}
 
 /**
  * Resolves the config's relative paths (model, datasets, warm-up data and its validation split, output) against a

@@ -71,6 +71,45 @@ describe("TrainConfig", () => {
       assert.include(byPath("agent.maxTurns")[0], "integer")
     }))
 
+  it.effect("every number has finite bounds, checked at decode time and named in the error", () =>
+    Effect.gen(function*() {
+      // What JSON makes of 1e400: Infinity.
+      const huge = JSON.parse("1e400") as number
+      assert.strictEqual(huge, Infinity)
+      const cases: Array<[string, Record<string, unknown>, string]> = [
+        ["algorithm.lr", { algorithm: { steps: 10, lr: huge } }, "between 0 (excluded) and 1"],
+        ["algorithm.lr", { algorithm: { steps: 10, lr: Number.NaN } }, "between 0 (excluded) and 1"],
+        ["agent.temperature", { agent: { temperature: huge } }, "between 0 and 10"],
+        ["eval.temperature", { eval: { temperature: -1 } }, "between 0 and 10"],
+        ["algorithm.groupsPerStep", { algorithm: { steps: 10, groupsPerStep: 1e9 } }, "between 1 and 4096"],
+        ["learner.workers", { learner: { workers: 1000 } }, "between 1 and 64"],
+        ["agent.numChains", { agent: { numChains: 1e7 } }, "between 1 and 1024"],
+        ["algorithm.steps", { algorithm: { steps: 0 } }, "between 1 and 10000000"],
+        ["seed", { seed: -7 }, "between 0 and 4294967295"],
+        ["maxStaleness", { maxStaleness: 1000 }, "between 0 and 16"],
+        ["algorithm.gradClip", { algorithm: { steps: 10, gradClip: huge } }, "between 0 (excluded) and 1000000"],
+        ["agent.toolTimeout", { agent: { toolTimeout: huge } }, "between 0 (excluded) and 86400"],
+        ["checkpoint.keep", { checkpoint: { keep: 1e6 } }, "between 1 and 1000"]
+      ]
+      for (const [path, over, bounds] of cases) {
+        const error = yield* failure(TrainConfig.decode({ ...minimal, ...over }))
+        const line = error.issues.find((i) => i.startsWith(path + ":"))
+        assert.isDefined(line, `${path}: ${error.issues.join("; ")}`)
+        assert.include(line, bounds, path)
+      }
+      // Within bounds each key alone, but one step's rollouts are bounded too.
+      const product = yield* failure(TrainConfig.decode({
+        ...minimal,
+        agent: { numChains: 1024 },
+        algorithm: { steps: 10, groupsPerStep: 4096 }
+      }))
+      assert.deepStrictEqual(product.issues, [
+        "algorithm.groupsPerStep: 4096 groups × agent.numChains 1024 is 4194304 trajectories per step; expected at most 65536"
+      ])
+      const ok = yield* TrainConfig.decode({ ...minimal, agent: { numChains: 64 }, algorithm: { steps: 10, groupsPerStep: 1024 } })
+      assert.strictEqual(ok.algorithm.groupsPerStep, 1024)
+    }))
+
   it.effect("loads JSON, YAML and TypeScript configs and resolves paths against the config's folder", () =>
     Effect.gen(function*() {
       const dir = mkdtempSync(join(tmpdir(), "config-"))
