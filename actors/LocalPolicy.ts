@@ -10,6 +10,7 @@
  * @since 0.1.0
  */
 import { Context, Effect, Exit, FileSystem, Layer, Scope, Semaphore } from "effect"
+import * as Checkpoint from "../src/Checkpoint.ts"
 import * as Dataset from "../src/Dataset.ts"
 import * as Loss from "../src/Loss.ts"
 import * as LrSchedule from "../src/LrSchedule.ts"
@@ -29,6 +30,7 @@ import * as PolicyEngine from "./PolicyEngine.ts"
 import { Policy, TrainerError } from "./Trainer.ts"
 
 const learnerError = (e: { readonly message: string }) => new TrainerError({ reason: "Learner", message: e.message })
+const nonFinite = (message: string) => new TrainerError({ reason: "NonFinite", message })
 const checkpointError = (e: { readonly message: string }) =>
   new TrainerError({ reason: "Checkpoint", message: e.message })
 
@@ -238,8 +240,18 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
         )
       )).pipe(Effect.map((xs) => xs.flat()))
 
+  // A step that left a weight NaN or infinite (a learning rate too large, an overflow) stops the run before the
+  // weights are published, journaled or saved.
+  const finiteWeights = (after: string) =>
+    Effect.flatMap(Effect.suspend(() => trainer.weights), (weights) => {
+      const bad = Checkpoint.firstNonFinite(weights)
+      return bad === undefined
+        ? Effect.void
+        : Effect.fail(nonFinite(`${after} made the weights non-finite (${bad}); nothing was published or saved`))
+    })
+
   const policy = Policy.of({
-    learn: (_step, all) => {
+    learn: (step, all) => {
       // Under a group-relative estimator a group whose rewards are all equal has zero advantages: no signal. A step
       // without any signal is skipped, because AdamW would still move every weight along its stale momentum (with
       // sparse early rewards that alone wrecks a freshly warmed-up policy). Otherwise every group goes to the
@@ -252,15 +264,20 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
       return Learner.update(all, options).pipe(
         Effect.provideService(PolicyTrainer.PolicyTrainer, trainer),
         Effect.tap(() => Effect.sync(() => (dirty = true))),
+        Effect.mapError(learnerError),
+        Effect.tap((report) =>
+          report.outcome === "non_finite"
+            ? Effect.fail(nonFinite(`step ${step}: the loss or the gradients of every mini-batch were not finite`))
+            : finiteWeights(`step ${step}`)
+        ),
         Effect.map((report) => ({
           ...report.figures,
           "learner/applied": report.outcome === "applied" ? 1 : 0,
           "learner/groups_with_signal": withSignal
-        })),
-        Effect.mapError(learnerError)
+        }))
       )
     },
-    sft: (_step, rows) =>
+    sft: (step, rows) =>
       Effect.gen(function*() {
         if (phase !== "sft") yield* startSft
         const sequences = yield* sftSequences(rows)
@@ -276,8 +293,13 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
           tokens += r.tokens
           rowTokens += mb.attentionMask.reduce((a, v) => a + v, 0)
         }
+        if (!Number.isFinite(loss)) {
+          yield* trainer.discard
+          return yield* nonFinite(`warm-up step ${step}: the loss is ${loss}`)
+        }
         const optim = yield* trainer.optimStep.pipe(Effect.mapError(learnerError))
         dirty = true
+        yield* finiteWeights(`warm-up step ${step}`)
         return {
           "warmup/loss": loss,
           "warmup/tokens": tokens,

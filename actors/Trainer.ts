@@ -66,7 +66,9 @@ export const TrainerErrorReason = Schema.Literals([
   "Warmup", // the warm-up reached its step cap short of its target (`warmup.stopAt.onMiss: "fail"`)
   "Failures", // more than `maxFailureShare` of a step's trajectories failed for infrastructure reasons
   "Task", // the task cannot run: missing environment services, an environment that cannot start
-  "Data" // a dataset row does not match the task's row Schema
+  "Data", // a dataset row does not match the task's row Schema
+  "NonFinite", // a learner or warm-up step made the loss or the weights NaN or infinite (nothing is saved after it)
+  "DiskFull" // a write found no space left on the device (ENOSPC)
 ])
 export type TrainerErrorReason = typeof TrainerErrorReason.Type
 
@@ -541,6 +543,14 @@ export const evaluation = (
 
 // ===== The run =====
 
+/** Stops the run when a step's loss is not finite (whatever the policy behind it checks itself). */
+const finiteLoss = (what: string, key: string) => (figures: Figures) => {
+  const loss = figures[key]
+  return loss === undefined || Number.isFinite(loss)
+    ? Effect.void
+    : Effect.fail(new TrainerError({ reason: "NonFinite", message: `${what}: ${key} is ${loss}; nothing was saved after it` }))
+}
+
 const checkpointName = (step: number) => `step-${String(step).padStart(6, "0")}`
 
 /**
@@ -718,7 +728,7 @@ export const run: <RE = never>(
       const t0 = yield* Clock.currentTimeMillis
       const batch = rowsAt(demos.length, config.seed ^ 0x51f7, (step - 1) * warmup.batchSize, warmup.batchSize)
         .map((i) => demos[i]!)
-      const figures = yield* policy.sft(step, batch)
+      const figures = yield* policy.sft(step, batch).pipe(Effect.tap(finiteLoss(`warm-up step ${step}`, "warmup/loss")))
       const seconds = ((yield* Clock.currentTimeMillis) - t0) / 1000
       const tokensPerS = (figures["perf/row_tokens"] ?? 0) / Math.max(1e-3, seconds)
       const check = stopAt !== undefined && isCheckStep(step, warmup.steps, stopAt)
@@ -794,7 +804,7 @@ export const run: <RE = never>(
       yield* metrics.log({ phase: "train", step, elapsed: yield* elapsed, figures: rollout }).pipe(Effect.mapError(io))
       yield* checkFailures(batch.groups, `step ${step}`)
     }
-    const learned = yield* policy.learn(step, batch.groups)
+    const learned = yield* policy.learn(step, batch.groups).pipe(Effect.tap(finiteLoss(`step ${step}`, "learner/loss")))
     if (learned["learner/applied"] === 0) skipped++
     else trained++
     yield* publish(step)

@@ -59,13 +59,32 @@ const decodeStateFile = Schema.decodeUnknownEffect(Schema.fromJsonString(StateFi
  * @since 0.1.0
  */
 export class CheckpointError extends Schema.TaggedError<CheckpointError>()("CheckpointError", {
-  reason: Schema.Literals(["NotFound", "Incomplete", "Corrupt", "Mismatch", "Io"]),
+  reason: Schema.Literals(["NotFound", "Incomplete", "Corrupt", "Mismatch", "NonFinite", "Io"]),
   path: Schema.String,
   message: Schema.String
 }) {}
 
 const io = (path: string) => (e: { readonly message: string }) =>
   new CheckpointError({ reason: "Io", path, message: e.message })
+
+/**
+ * The first value that is NaN or ±Infinity in named tensors, as `name[index] = value` (undefined when all are
+ * finite). A learner step that produced one, or a checkpoint that holds one, is refused: such weights only ever
+ * sample garbage.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const firstNonFinite = (
+  tensors: Iterable<readonly [string, Float32Array]>
+): string | undefined => {
+  for (const [name, data] of tensors) {
+    for (let i = 0; i < data.length; i++) {
+      if (!Number.isFinite(data[i]!)) return `${name}[${i}] = ${data[i]}`
+    }
+  }
+  return undefined
+}
 
 // ===== Save =====
 
@@ -77,6 +96,11 @@ const io = (path: string) => (e: { readonly message: string }) =>
  */
 export const save = Effect.fn("Checkpoint.save")(function*(dir: string, state: State) {
   const fs = yield* FileSystem.FileSystem
+  const bad = firstNonFinite(state.weights.map((w) => [w.name, w.data] as const)) ??
+    firstNonFinite(state.optimizer.m) ?? firstNonFinite(state.optimizer.v)
+  if (bad !== undefined) {
+    return yield* new CheckpointError({ reason: "NonFinite", path: dir, message: `not saved: ${bad} is not finite` })
+  }
   yield* fs.makeDirectory(dir, { recursive: true }).pipe(Effect.mapError(io(dir)))
   const statePath = `${dir}/trainer_state.json`
   // Remove the commit marker first: a crash below leaves an Incomplete checkpoint, not a mix of old and new.

@@ -1,15 +1,17 @@
 /**
- * The local policy's samplers on the real engine (tiny Qwen2 policy on onnxruntime, calculator rows): what a batch
- * samples depends on its own requests only, not on what else the engine runs beside it, and a batch's sampler is
- * pinned to the version it was made for.
+ * The local policy on the real parts (tiny Qwen2 policy on onnxruntime, calculator rows): what a batch samples
+ * depends on its own requests only, not on what else the engine runs beside it; a step that makes the weights
+ * non-finite stops the run before anything is saved.
  */
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Fiber } from "effect"
-import { mkdtempSync, readFileSync, writeFileSync } from "node:fs"
+import { existsSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
+import * as Journal from "../../actors/Journal.ts"
 import * as LocalPolicy from "../../actors/LocalPolicy.ts"
+import * as ResourceManager from "../../actors/ResourceManager.ts"
 import * as Trainer from "../../actors/Trainer.ts"
 import * as Setup from "../../cli/setup.ts"
 import * as CalculatorTask from "../../environments/calculator/CalculatorTask.ts"
@@ -47,7 +49,7 @@ const fixture = Effect.gen(function*() {
   const heldOut = yield* Dataset.load(join(dir, "long.jsonl"), { onInvalid: "stop" })
   const agent = yield* Trainer.agent({ task: CalculatorTask.make(), config, format: Setup.formatOf(config, folder) })
   const batch = Trainer.collectGroups(agent, train.rows.slice(0, 2), { firstSeq: 0, chains: 3, temperature: 1, seed: 1234 })
-  return { folder, config, agent, batch, heldOut }
+  return { folder, config, agent, batch, heldOut, train }
 })
 
 const sampled = (groups: ReadonlyArray<Trajectory.Group>) =>
@@ -81,4 +83,28 @@ describe("LocalPolicy", () => {
         assert.deepStrictEqual(sampled(beside), a, "bit-identical tokens and logprobs")
       }).pipe(Effect.provide(NodeServices.layer)), 120_000)
   }
+
+  it.live("a step that makes the weights non-finite stops the run with a typed error before anything is saved", () =>
+    Effect.gen(function*() {
+      const { folder, config: decoded, train } = yield* fixture
+      // lr Infinity (what JSON makes of 1e400) is refused by the config's Schema; a program may still build one.
+      const config = {
+        ...decoded,
+        algorithm: { ...decoded.algorithm, lr: Infinity, advantage: "reinforce++" as const, entropyCoef: 0.01 },
+        checkpoint: { every: 1, keep: 5 }
+      }
+      const error = yield* Effect.flip(Effect.scoped(Trainer.run({
+        task: CalculatorTask.make(),
+        config,
+        format: Setup.formatOf(config, folder),
+        train
+      })).pipe(Effect.provide(LocalPolicy.layer(folder, config)), Effect.provide(ResourceManager.ResourceManager.layer)))
+      assert.strictEqual(error.reason, "NonFinite")
+      assert.match(error.message, /step 1 made the weights non-finite \(.+\[\d+\] = (NaN|-?Infinity)\)/)
+      const journal = (yield* Journal.read(join(config.output, "journal.jsonl"))).entries.map((e) => e.entry.kind)
+      assert.notInclude(journal, "step", "no learner step journaled")
+      assert.notInclude(journal, "checkpoint")
+      const checkpoints = join(config.output, "checkpoints")
+      assert.deepStrictEqual(existsSync(checkpoints) ? readdirSync(checkpoints) : [], [], "no checkpoint written")
+    }).pipe(Effect.provide(NodeServices.layer)), 120_000)
 })

@@ -361,6 +361,25 @@ describe("Trainer", () => {
       assert.strictEqual(summary.steps, 2)
     }).pipe(Effect.provide(NodeServices.layer)))
 
+  it.effect("a non-finite loss stops the run with a typed error before the step is published, journaled or saved", () =>
+    Effect.gen(function*() {
+      const options = yield* setup({ checkpoint: { every: 1, keep: 10 } }, { steps: 4 })
+      const { policy, sampler } = yield* Toy.make()
+      const nan = {
+        ...policy,
+        learn: (step: number, groups: ReadonlyArray<Trajectory.Group>) =>
+          Effect.map(policy.learn(step, groups), (f) => (step === 3 ? { ...f, "learner/loss": Number.NaN } : f))
+      }
+      const error = yield* Effect.flip(Effect.scoped(Trainer.run(options)).pipe(
+        Effect.provideService(Trainer.Policy, nan),
+        Effect.provideService(Sampler, sampler)
+      ))
+      assert.strictEqual(error.reason, "NonFinite")
+      assert.include(error.message, "step 3: learner/loss is NaN")
+      assert.deepStrictEqual(yield* steps(options.config.output), [1, 2])
+      assert.deepStrictEqual(readdirSync(join(options.config.output, "checkpoints")).sort(), ["step-000001", "step-000002"])
+    }).pipe(Effect.provide(NodeServices.layer)))
+
   it.effect("the summary counts trained steps and steps skipped for lack of signal", () =>
     Effect.gen(function*() {
       const options = yield* setup({}, { steps: 4 })
