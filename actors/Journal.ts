@@ -79,7 +79,9 @@ export const WarmupDone = Schema.Struct({
 export const CheckpointDone = Schema.Struct({
   kind: Schema.Literal("checkpoint"),
   step: Schema.Int,
-  path: Schema.String
+  path: Schema.String,
+  /** The fingerprint of the weights saved (a resume checks the checkpoint it loads against it). */
+  weightsHash: Schema.optionalKey(Schema.String)
 })
 
 /**
@@ -155,6 +157,26 @@ export const replay = (bytes: Uint8Array, path = "journal"): Effect.Effect<Repla
     }
     return { entries, validBytes: bytes.length, tornBytes: 0 }
   })
+
+/**
+ * The journal's checkpoints, newest first, each with the fingerprint its weights must have: the one journaled
+ * with it or, in journals written before checkpoints carried one, that of the learner step it followed (none for a
+ * warm-up's checkpoint 0 there).
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const checkpoints = (
+  journal: Replay
+): Array<{ readonly entry: typeof CheckpointDone.Type; readonly weightsHash: string | undefined }> => {
+  const stepHash = new Map<number, string | undefined>()
+  const out: Array<{ entry: typeof CheckpointDone.Type; weightsHash: string | undefined }> = []
+  for (const { entry } of journal.entries) {
+    if (entry.kind === "step") stepHash.set(entry.step, entry.weightsHash)
+    if (entry.kind === "checkpoint") out.push({ entry, weightsHash: entry.weightsHash ?? stepHash.get(entry.step) })
+  }
+  return out.reverse()
+}
 
 /**
  * Where a resumed run starts: after the last checkpoint accepted by `usable` (e.g. its files exist), with the

@@ -451,25 +451,12 @@ export const prefillAlone = (engine: PolicyEngine.PolicyEngine["Service"]): Samp
 }
 
 /**
- * FNV-1a over the bytes of every weight tensor, in name order: equal fingerprints mean bit-identical weights (with
- * overwhelming probability).
+ * A fingerprint of weights: `Checkpoint.fingerprint` (equal fingerprints mean bit-identical weights).
  *
  * @category getters
  * @since 0.1.0
  */
-export const fingerprintOf = (weights: PolicyTrainer.Weights): string => {
-  let h1 = 0x811c9dc5
-  let h2 = 0x01000193
-  for (const name of [...weights.keys()].sort()) {
-    const w = weights.get(name)!
-    const bytes = new Uint8Array(w.buffer, w.byteOffset, w.byteLength)
-    for (let i = 0; i < bytes.length; i++) {
-      h1 = Math.imul(h1 ^ bytes[i]!, 0x01000193)
-      h2 = Math.imul(h2 ^ bytes[i]!, 0x5bd1e995)
-    }
-  }
-  return (h1 >>> 0).toString(16).padStart(8, "0") + (h2 >>> 0).toString(16).padStart(8, "0")
-}
+export const fingerprintOf = (weights: PolicyTrainer.Weights): string => Checkpoint.fingerprint(weights)
 
 /**
  * The local policy and sampler as a layer.

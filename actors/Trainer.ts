@@ -29,20 +29,23 @@
  *
  * **Exact resume.** Policy version `v` is the weights after step `v` (0 after the warm-up). Every finished group
  * and learner step is journaled (fsync'ed) and every `checkpoint.every` steps the policy (weights and optimiser
- * state) is saved to a fresh directory that is renamed into place, then journaled. `resume` rolls the journal back
- * to its last checkpoint that exists, loads it and replays the following steps: the row order and every chain's
- * sampling seed are functions of the run seed and the row position, so the replayed steps are the ones lost.
+ * state) is saved to a fresh directory that is renamed into place, then journaled with its weights' fingerprint.
+ * `resume` first checks that the run is the same (its recorded `config.json` against this config, naming every
+ * key that changed; `forceResume` overrides), then loads the newest checkpoint that is intact (it loads, its
+ * weights are finite and their fingerprint is the journal's), saying which newer ones it refused and why, rolls
+ * the journal back to it and replays the following steps: the row order and every chain's sampling seed are
+ * functions of the run seed and the row position, so the replayed steps are the ones lost.
  *
  * @since 0.1.0
  */
-import { Clock, Context, Deferred, Duration, Effect, Fiber, FileSystem, Queue, Schema, Stream } from "effect"
+import { Clock, Context, Deferred, Duration, Effect, Fiber, FileSystem, Queue, Result, Schema, Stream } from "effect"
 import type { Scope } from "effect"
 import * as AgentTask from "../src/AgentTask.ts"
 import * as Dataset from "../src/Dataset.ts"
 import * as Sampling from "../src/Sampling.ts"
 import { Sampler } from "../src/Sampler.ts"
 import * as Task from "../src/Task.ts"
-import type * as TrainConfig from "../src/TrainConfig.ts"
+import * as TrainConfig from "../src/TrainConfig.ts"
 import * as Trajectory from "../src/Trajectory.ts"
 import * as AgentRollout from "./gateway/AgentRollout.ts"
 import * as Journal from "./Journal.ts"
@@ -146,8 +149,15 @@ export interface Options<RE = never> {
   readonly validation?: Dataset.Dataset | undefined
   readonly format: RolloutChain.Format
   readonly maxConcurrentChains?: number | undefined
-  /** Continue from the last checkpoint in `config.output` (a fresh run when there is none). */
+  /**
+   * Continue from the newest intact checkpoint in `config.output` (a fresh run when there is none). The run's
+   * recorded config must equal this one (`output` aside) unless `forceResume` is set.
+   */
   readonly resume?: boolean | undefined
+  /** Resume although the config (seed included) differs from the one the run was started with. */
+  readonly forceResume?: boolean | undefined
+  /** Where the run says what the user should know: a checkpoint refused on resume, a forced resume (default: log). */
+  readonly notice?: ((message: string) => Effect.Effect<void>) | undefined
   /** The text of a token, for the trajectory viewer (default: its id). */
   readonly tokenText?: ((id: number) => string) | undefined
   readonly display?: { readonly update: (status: Metrics.Status) => Effect.Effect<void> } | undefined
@@ -543,6 +553,33 @@ export const evaluation = (
 
 // ===== The run =====
 
+/**
+ * What differs between the config a run was started with and `config`: its recorded `config.json` (`output`
+ * aside: a run may move), or for a run without one the seed and mode its journal's first start recorded.
+ */
+const changesSinceStart = Effect.fnUntraced(function*(
+  fs: FileSystem.FileSystem,
+  out: string,
+  journal: Journal.Replay,
+  config: TrainConfig.TrainConfig
+) {
+  const io = fail("Journal")
+  const file = `${out}/config.json`
+  const current = JSON.parse(JSON.stringify(config)) as unknown
+  if (yield* fs.exists(file).pipe(Effect.mapError(io))) {
+    const text = yield* fs.readFileString(file).pipe(Effect.mapError(io))
+    const recorded = yield* Effect.try({
+      try: () => JSON.parse(text) as unknown,
+      catch: (e) => new TrainerError({ reason: "Resume", message: `${file} is not the run's config: ${String(e)}` })
+    })
+    return TrainConfig.changes(recorded, current, ["output"])
+  }
+  const start = journal.entries.map((e) => e.entry).find((e) => e.kind === "start")
+  return start?.kind === "start"
+    ? TrainConfig.changes({ seed: start.seed, mode: start.mode }, { seed: config.seed, mode: config.mode })
+    : []
+})
+
 /** Stops the run when a step's loss is not finite (whatever the policy behind it checks itself). */
 const finiteLoss = (what: string, key: string) => (figures: Figures) => {
   const loss = figures[key]
@@ -605,13 +642,64 @@ export const run: <RE = never>(
   yield* fs.makeDirectory(checkpoints, { recursive: true }).pipe(Effect.mapError(io))
 
   // ----- Resume point -----
+  const notice = options.notice ?? ((message: string) => Effect.logWarning(message))
   const existing = options.resume === true ? yield* Journal.read(`${out}/journal.jsonl`).pipe(Effect.mapError(io)) : {
     entries: [],
     validBytes: 0,
     tornBytes: 0
   }
+  if (existing.entries.length > 0) {
+    const changed = yield* changesSinceStart(fs, out, existing, config)
+    if (changed.length > 0 && options.forceResume !== true) {
+      return yield* new TrainerError({
+        reason: "Resume",
+        message: `${out} was started with another config: ${changed.join("; ")}. Resume it with its own config ` +
+          `(${out}/config.json), or force the resume with this one (--force-resume)`
+      })
+    }
+    if (changed.length > 0) yield* notice(`resuming ${out} with a changed config (forced): ${changed.join("; ")}`)
+  }
   const present = new Set(yield* fs.readDirectory(checkpoints).pipe(Effect.mapError(io)))
-  const point = Journal.resumePoint(existing, (c) => present.has(c.path))
+  // The newest intact checkpoint, loaded: newer ones that do not load, hold non-finite weights or weights other than
+  // the journal's are refused (and named), and the run goes on from an older one.
+  const refused: Array<string> = []
+  let resumeFrom: typeof Journal.CheckpointDone.Type | undefined
+  for (const candidate of Journal.checkpoints(existing).filter((c) => present.has(c.entry.path))) {
+    const loaded = yield* Effect.result(
+      policy.load(`${checkpoints}/${candidate.entry.path}`).pipe(
+        Effect.andThen(policy.fingerprint),
+        Effect.flatMap((hash) =>
+          candidate.weightsHash === undefined || hash === candidate.weightsHash
+            ? Effect.void
+            : Effect.fail(
+              new TrainerError({
+                reason: "Checkpoint",
+                message: `its weights (fingerprint ${hash}) are not the ones the journal recorded ` +
+                  `(${candidate.weightsHash})`
+              })
+            )
+        )
+      )
+    )
+    if (Result.isSuccess(loaded)) {
+      resumeFrom = candidate.entry
+      break
+    }
+    refused.push(`${candidate.entry.path}: ${loaded.failure.message}`)
+  }
+  if (resumeFrom === undefined && refused.length > 0) {
+    return yield* new TrainerError({
+      reason: "Checkpoint",
+      message: `no intact checkpoint to resume ${out} from: ${refused.join("; ")}`
+    })
+  }
+  if (resumeFrom !== undefined && refused.length > 0) {
+    yield* notice(
+      `resuming from ${resumeFrom.path} (step ${resumeFrom.step}), the newest intact checkpoint; refused: ` +
+        refused.join("; ")
+    )
+  }
+  const point = Journal.resumePoint(existing, (c) => c === resumeFrom)
   const journal = yield* Journal.open(`${out}/journal.jsonl`, { cutAt: point.cutAt }).pipe(Effect.mapError(io))
   const metrics = yield* Metrics.open(out, point.checkpoint === undefined ? {} : { resumeFrom: point.step })
     .pipe(Effect.mapError(io))
@@ -623,9 +711,6 @@ export const run: <RE = never>(
   const display = options.display ?? { update: () => Effect.void }
   const tokenText = options.tokenText ?? ((id: number) => String(id))
 
-  if (point.checkpoint !== undefined) {
-    yield* policy.load(`${checkpoints}/${point.checkpoint}`).pipe(Effect.mapError(fail("Checkpoint")))
-  }
   const warmupRuns = config.warmup !== undefined && options.demos !== undefined && !point.warmupDone && point.step === 0
   // Published versions, awaited by the batches they sample (see `samplingVersion`).
   const published = new Map<number, Deferred.Deferred<void>>()
@@ -654,7 +739,8 @@ export const run: <RE = never>(
     yield* policy.save(tmp)
     yield* fs.remove(`${checkpoints}/${name}`, { recursive: true, force: true }).pipe(Effect.mapError(ck))
     yield* fs.rename(tmp, `${checkpoints}/${name}`).pipe(Effect.mapError(ck))
-    yield* journal.append({ kind: "checkpoint", step, path: name }).pipe(Effect.mapError(io))
+    yield* journal.append({ kind: "checkpoint", step, path: name, weightsHash: yield* policy.fingerprint })
+      .pipe(Effect.mapError(io))
     const all = (yield* fs.readDirectory(checkpoints).pipe(Effect.mapError(ck))).filter((n) => n.startsWith("step-"))
       .sort()
     for (const old of all.slice(0, Math.max(0, all.length - config.checkpoint.keep))) {

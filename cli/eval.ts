@@ -8,9 +8,10 @@
  *
  * @since 0.1.0
  */
-import { Effect, FileSystem, Option, Schema } from "effect"
+import { Effect, FileSystem, Option, Path, Schema } from "effect"
 import type { Scope } from "effect"
 import { Argument, Command, Flag } from "effect/cli"
+import * as Journal from "../actors/Journal.ts"
 import * as LocalPolicy from "../actors/LocalPolicy.ts"
 import * as PolicyEngine from "../actors/PolicyEngine.ts"
 import * as ResourceManager from "../actors/ResourceManager.ts"
@@ -61,6 +62,32 @@ const usage = (message: string) =>
   new TrainConfig.ConfigError({ source: "config", reason: "Invalid", issues: [message] })
 
 /**
+ * A run's checkpoint, loaded (its tensors, finite values and saved fingerprint checked by `Checkpoint.load`) and, when
+ * it sits in a run (`RUN/checkpoints/NAME` beside `RUN/journal.jsonl`), checked against the journal's fingerprint.
+ */
+const verifiedCheckpoint = Effect.fnUntraced(function*(
+  dir: string,
+  expected: ReadonlyArray<{ readonly name: string; readonly shape: ReadonlyArray<number> }>
+) {
+  const fs = yield* FileSystem.FileSystem
+  const path = yield* Path.Path
+  const loaded = yield* Checkpoint.load(dir, expected)
+  const journalPath = path.join(path.dirname(path.dirname(path.resolve(dir))), "journal.jsonl")
+  if (!(yield* fs.exists(journalPath))) return loaded.weights
+  const recorded = Journal.checkpoints(yield* Journal.read(journalPath))
+    .find((c) => c.entry.path === path.basename(path.resolve(dir)))?.weightsHash
+  if (recorded !== undefined && recorded !== loaded.weightsHash) {
+    return yield* new Checkpoint.CheckpointError({
+      reason: "Corrupt",
+      path: dir,
+      message: `${dir}: its weights (fingerprint ${loaded.weightsHash}) are not the ones the run's journal ` +
+        `recorded (${recorded})`
+    })
+  }
+  return loaded.weights
+})
+
+/**
  * Runs `agentfly eval`: everything but argument parsing.
  *
  * @category constructors
@@ -83,7 +110,7 @@ export const run = Effect.fn("cli.eval")(function*(
   const config = LocalPolicy.onModel(folder, { ...requested, eval: evalConfig })
   const weights = options.checkpoint === undefined
     ? folder.weights
-    : (yield* Checkpoint.load(options.checkpoint, Qwen2.parameters(folder.config))).weights
+    : yield* verifiedCheckpoint(options.checkpoint, Qwen2.parameters(folder.config))
   const engine = yield* PolicyEngine.make({ config: folder.config, weights, maxBatchSize: 64 })
   // The task's environment lives (and its pools with it) for the evaluation only.
   const { figures, groups } = yield* Effect.scoped(

@@ -1,5 +1,5 @@
 /**
- * `agentfly train CONFIG [--resume] [--seed N] [--output DIR] [--steps N]`: the main job. Loads the config and its
+ * `agentfly train CONFIG [--resume [--force-resume]] [--seed N] [--output DIR] [--steps N]`: the main job. Loads the config and its
  * task (`cli/setup.ts`: a built-in name, a module path, or the config module's own `task` export), the model
  * folder (initialising it from `model.preset` when missing) and the datasets; runs the SFT
  * warm-up and the RL loop (`actors/Trainer.ts`) on the local policy (`actors/LocalPolicy.ts`); shows a progress bar
@@ -35,6 +35,8 @@ const usage = (message: string) =>
 export interface RunOptions {
   readonly config: string
   readonly resume?: boolean
+  /** Resume although the config differs from the run's recorded one (the changes are printed). */
+  readonly forceResume?: boolean | undefined
   readonly seed?: number | undefined
   readonly output?: string | undefined
   readonly steps?: number | undefined
@@ -109,6 +111,8 @@ export const run = Effect.fn("cli.train")(function*(
     demos,
     validation,
     resume: options.resume === true,
+    forceResume: options.forceResume === true,
+    notice: say,
     tokenText: (id) => folder.tokenizer.decode([id]),
     display
   }).pipe(
@@ -180,7 +184,11 @@ export const train = Command.make(
       Argument.withDescription("The run's config (.json, .yaml) naming its task, or a task module (.ts) exporting task and config")
     ),
     resume: Flag.Boolean("resume").pipe(
-      Flag.withDescription("Continue from the last checkpoint in the output directory"),
+      Flag.withDescription("Continue from the newest intact checkpoint in the output directory"),
+      Flag.withDefault(false)
+    ),
+    forceResume: Flag.Boolean("force-resume").pipe(
+      Flag.withDescription("With --resume: continue although the config (seed, steps, ...) differs from the run's"),
       Flag.withDefault(false)
     ),
     seed: Flag.Int("seed").pipe(Flag.withDescription("Override the config's seed"), Flag.optional),
@@ -190,7 +198,8 @@ export const train = Command.make(
   Effect.fn("train")(function*(args) {
     yield* Effect.scoped(run({
       config: args.config,
-      resume: args.resume,
+      resume: args.resume || args.forceResume,
+      forceResume: args.forceResume,
       seed: Option.getOrUndefined(args.seed),
       output: Option.getOrUndefined(args.output),
       steps: Option.getOrUndefined(args.steps)

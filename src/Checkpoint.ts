@@ -4,11 +4,14 @@
  * A checkpoint is a directory:
  * - `model.safetensors`: the weights (float32, Hugging Face names), loadable by any safetensors reader;
  * - `optimizer.safetensors`: AdamW moments as `m.<name>` and `v.<name>`;
- * - `trainer_state.json`: format tag, optimiser step, policy version, the run's RNG state and the weight names.
+ * - `trainer_state.json`: format tag, optimiser step, policy version, the run's RNG state, the weight names and the
+ *   weights' {@link fingerprint}.
  *
  * `trainer_state.json` is written last, after both tensor files, so a checkpoint interrupted mid-write has no state
- * file and is reported as `Incomplete` rather than loaded half-written. Anything unreadable is a typed
- * `CheckpointError`, never a crash.
+ * file and is reported as `Incomplete` rather than loaded half-written. A load checks what it read: every tensor
+ * present with its shape, every value finite (`NonFinite`), and the weights' fingerprint equal to the one saved
+ * (`Corrupt`: a file altered or damaged after the save). Anything unreadable is a typed `CheckpointError`, never a
+ * crash.
  *
  * @since 0.1.0
  */
@@ -48,7 +51,9 @@ const StateFile = Schema.Struct({
   step: Schema.Int,
   policyVersion: Schema.Int,
   rngState: Schema.Array(Schema.Number),
-  weights: Schema.Array(Schema.String)
+  weights: Schema.Array(Schema.String),
+  /** Absent in checkpoints written before it was added. */
+  weightsHash: Schema.optionalKey(Schema.String)
 })
 const decodeStateFile = Schema.decodeUnknownEffect(Schema.fromJsonString(StateFile))
 
@@ -66,6 +71,27 @@ export class CheckpointError extends Schema.TaggedError<CheckpointError>()("Chec
 
 const io = (path: string) => (e: { readonly message: string }) =>
   new CheckpointError({ reason: "Io", path, message: e.message })
+
+/**
+ * FNV-1a over the bytes of every tensor, in name order: equal fingerprints mean bit-identical weights (with
+ * overwhelming probability). The run journal records it after every learner step and checkpoint.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const fingerprint = (weights: ReadonlyMap<string, Float32Array>): string => {
+  let h1 = 0x811c9dc5
+  let h2 = 0x01000193
+  for (const name of [...weights.keys()].sort()) {
+    const w = weights.get(name)!
+    const bytes = new Uint8Array(w.buffer, w.byteOffset, w.byteLength)
+    for (let i = 0; i < bytes.length; i++) {
+      h1 = Math.imul(h1 ^ bytes[i]!, 0x01000193)
+      h2 = Math.imul(h2 ^ bytes[i]!, 0x5bd1e995)
+    }
+  }
+  return (h1 >>> 0).toString(16).padStart(8, "0") + (h2 >>> 0).toString(16).padStart(8, "0")
+}
 
 /**
  * The first value that is NaN or ±Infinity in named tensors, as `name[index] = value` (undefined when all are
@@ -121,7 +147,8 @@ export const save = Effect.fn("Checkpoint.save")(function*(dir: string, state: S
     step: state.optimizer.step,
     policyVersion: state.policyVersion,
     rngState: state.rngState,
-    weights: state.weights.map((w) => w.name)
+    weights: state.weights.map((w) => w.name),
+    weightsHash: fingerprint(new Map(state.weights.map((w) => [w.name, w.data])))
   })
   yield* fs.writeFileString(`${statePath}.tmp`, json).pipe(Effect.mapError(io(statePath)))
   yield* fs.rename(`${statePath}.tmp`, statePath).pipe(Effect.mapError(io(statePath)))
@@ -188,16 +215,29 @@ export const load = Effect.fn("Checkpoint.load")(function*(
   const meta = yield* decodeStateFile(text).pipe(
     Effect.mapError((e) => new CheckpointError({ reason: "Corrupt", path: statePath, message: e.message }))
   )
-  const weights = yield* readTensors(fs, `${dir}/model.safetensors`, expected)
+  const modelPath = `${dir}/model.safetensors`
+  const weights = yield* readTensors(fs, modelPath, expected)
   const moments = yield* readTensors(
     fs,
     `${dir}/optimizer.safetensors`,
     expected.flatMap((e) => [{ name: `m.${e.name}`, shape: e.shape }, { name: `v.${e.name}`, shape: e.shape }])
   )
+  const bad = firstNonFinite(weights) ?? firstNonFinite(moments)
+  if (bad !== undefined) {
+    return yield* new CheckpointError({ reason: "NonFinite", path: dir, message: `${dir}: ${bad} is not finite` })
+  }
+  const hash = fingerprint(weights)
+  if (meta.weightsHash !== undefined && meta.weightsHash !== hash) {
+    return yield* new CheckpointError({
+      reason: "Corrupt",
+      path: modelPath,
+      message: `${modelPath} does not hold the weights saved (fingerprint ${hash}, saved ${meta.weightsHash})`
+    })
+  }
   const optimizer: Optimizer.State = {
     step: meta.step,
     m: new Map(expected.map((e) => [e.name, moments.get(`m.${e.name}`)!])),
     v: new Map(expected.map((e) => [e.name, moments.get(`v.${e.name}`)!]))
   }
-  return { weights, optimizer, policyVersion: meta.policyVersion, rngState: meta.rngState }
+  return { weights, optimizer, policyVersion: meta.policyVersion, rngState: meta.rngState, weightsHash: hash }
 })

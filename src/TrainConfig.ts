@@ -415,6 +415,33 @@ const crossKeyIssues = (config: TrainConfig): Array<string> => {
 }
 
 /**
+ * What differs between two configs (as JSON values, e.g. a run's recorded `config.json` and the one it is resumed
+ * with), one line per key by dotted path: `seed: 11 → 12`, `algorithm.lr: 0.001 → 0.002`, `warmup: removed`.
+ * Keys in `ignore` (dotted paths) are skipped.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const changes = (before: unknown, after: unknown, ignore: ReadonlyArray<string> = []): Array<string> => {
+  const out: Array<string> = []
+  const show = (v: unknown) => (v === undefined ? "unset" : JSON.stringify(v))
+  const isRecord = (v: unknown): v is Record<string, unknown> =>
+    typeof v === "object" && v !== null && !Array.isArray(v)
+  const walk = (a: unknown, b: unknown, path: string): void => {
+    if (ignore.includes(path)) return
+    if (isRecord(a) && isRecord(b)) {
+      for (const key of [...new Set([...Object.keys(a), ...Object.keys(b)])].sort()) {
+        walk(a[key], b[key], path === "" ? key : `${path}.${key}`)
+      }
+      return
+    }
+    if (JSON.stringify(a) !== JSON.stringify(b)) out.push(`${path || "(root)"}: ${show(a)} → ${show(b)}`)
+  }
+  walk(before, after, "")
+  return out
+}
+
+/**
  * Resolves the config's relative paths (model, datasets, warm-up data and its validation split, output) against a
  * directory.
  *

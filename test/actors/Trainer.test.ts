@@ -1,7 +1,7 @@
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Result } from "effect"
-import { existsSync, mkdtempSync, readdirSync, readFileSync } from "node:fs"
+import { existsSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as Journal from "../../actors/Journal.ts"
@@ -256,6 +256,80 @@ describe("Trainer", () => {
       const again = yield* run({ ...options, resume: true })
       assert.strictEqual(again.fingerprint, reference.fingerprint)
       assert.deepStrictEqual(yield* steps(options.config.output), [1, 2, 3, 4, 5, 6, 7, 8])
+    }).pipe(Effect.provide(NodeServices.layer)))
+
+  it.effect("resume falls back to the newest intact checkpoint, saying which it refused and why", () =>
+    Effect.gen(function*() {
+      const reference = yield* run(yield* setup())
+      const options = yield* setup()
+      yield* Effect.result(run(options, { failAt: 8 }))
+      const dir = (step: number) => join(options.config.output, "checkpoints", `step-00000${step}`, "toy.json")
+      // The newest checkpoint (step 6) cut short, as by a full disk or a crash the rename did not cover.
+      writeFileSync(dir(6), readFileSync(dir(6), "utf8").slice(0, 10))
+      const notices: Array<string> = []
+      const resumed = yield* run({ ...options, resume: true, notice: (m) => Effect.sync(() => notices.push(m)) })
+      assert.strictEqual(resumed.fromStep, 3)
+      assert.strictEqual(resumed.fingerprint, reference.fingerprint)
+      assert.deepStrictEqual(yield* steps(options.config.output), [1, 2, 3, 4, 5, 6, 7, 8])
+      assert.strictEqual(notices.length, 1)
+      assert.match(notices[0]!, /resuming from step-000003 \(step 3\), the newest intact checkpoint; refused: step-000006: /)
+    }).pipe(Effect.provide(NodeServices.layer)))
+
+  it.effect("a checkpoint whose weights are not the journal's is refused; with none intact the resume fails", () =>
+    Effect.gen(function*() {
+      const options = yield* setup()
+      yield* Effect.result(run(options, { failAt: 8 }))
+      const dir = (step: number) => join(options.config.output, "checkpoints", `step-00000${step}`, "toy.json")
+      const alter = (step: number) => {
+        const state = JSON.parse(readFileSync(dir(step), "utf8"))
+        writeFileSync(dir(step), JSON.stringify({ ...state, w: state.w.map((x: number) => x + 1e-9) }))
+      }
+      alter(6)
+      const notices: Array<string> = []
+      const resumed = yield* run({ ...options, resume: true, notice: (m) => Effect.sync(() => notices.push(m)) })
+      assert.strictEqual(resumed.fromStep, 3)
+      assert.include(notices[0], "step-000006: its weights (fingerprint")
+      assert.include(notices[0], "are not the ones the journal recorded")
+
+      const broken = yield* setup()
+      yield* Effect.result(run(broken, { failAt: 8 }))
+      const at = (step: number) => join(broken.config.output, "checkpoints", `step-00000${step}`, "toy.json")
+      writeFileSync(at(6), "{")
+      const state = JSON.parse(readFileSync(at(3), "utf8"))
+      writeFileSync(at(3), JSON.stringify({ ...state, m: state.m.map((x: number) => -x) }))
+      const journalBefore = readFileSync(join(broken.config.output, "journal.jsonl"), "utf8")
+      const error = yield* Effect.flip(run({ ...broken, resume: true }))
+      assert.strictEqual(error.reason, "Checkpoint")
+      assert.include(error.message, "no intact checkpoint to resume")
+      assert.include(error.message, "step-000006: ")
+      assert.include(error.message, "step-000003: its weights")
+      assert.strictEqual(readFileSync(join(broken.config.output, "journal.jsonl"), "utf8"), journalBefore, "journal untouched")
+    }).pipe(Effect.provide(NodeServices.layer)))
+
+  it.effect("resume refuses a changed seed or config, naming what changed, unless forced", () =>
+    Effect.gen(function*() {
+      const options = yield* setup()
+      yield* Effect.result(run(options, { failAt: 5 }))
+      const journalBefore = readFileSync(join(options.config.output, "journal.jsonl"), "utf8")
+      const changed = {
+        ...options,
+        config: { ...options.config, seed: 4, algorithm: { ...options.config.algorithm, lr: 0.001 } },
+        resume: true
+      }
+      const error = yield* Effect.flip(run(changed))
+      assert.strictEqual(error.reason, "Resume")
+      assert.include(error.message, "algorithm.lr: 0.0003 → 0.001; seed: 3 → 4")
+      assert.include(error.message, "--force-resume")
+      assert.strictEqual(readFileSync(join(options.config.output, "journal.jsonl"), "utf8"), journalBefore, "nothing written")
+      // Another output directory is not a change (a run may move).
+      const notices: Array<string> = []
+      const forced = yield* run({ ...changed, forceResume: true, notice: (m) => Effect.sync(() => notices.push(m)) })
+      assert.strictEqual(forced.fromStep, 3)
+      assert.include(notices[0], "resuming")
+      assert.include(notices[0], "seed: 3 → 4")
+      // The forced config is the run's now: resuming again with it is no change.
+      const again = yield* run({ ...changed })
+      assert.strictEqual(again.fromStep, 8)
     }).pipe(Effect.provide(NodeServices.layer)))
 
   it.effect("resume without a checkpoint starts over; a missing checkpoint directory is skipped", () =>

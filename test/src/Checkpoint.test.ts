@@ -5,10 +5,13 @@
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
-import { existsSync, mkdtempSync, readdirSync } from "node:fs"
+import { existsSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as Checkpoint from "../../src/Checkpoint.ts"
+import * as Safetensors from "../../src/Safetensors.ts"
+
+const specs = [{ name: "a", shape: [2, 2] }, { name: "b", shape: [3] }]
 
 const state = (a: ArrayLike<number> = [1, 2, 3, 4]): Checkpoint.State => ({
   weights: [
@@ -36,5 +39,43 @@ describe("Checkpoint", () => {
       moments.optimizer.v.set("b", Float32Array.from([0, Infinity, 0]))
       assert.include((yield* Effect.flip(Checkpoint.save(dir, moments))).message, "b[1] = Infinity")
       assert.isUndefined(Checkpoint.firstNonFinite([["x", Float32Array.from([0, -1, 3e38])]]))
+    }).pipe(Effect.provide(NodeServices.layer)))
+
+  it.effect("a load checks what it read: a truncated file, NaN weights and altered weights are typed errors", () =>
+    Effect.gen(function*() {
+      const base = mkdtempSync(join(tmpdir(), "checkpoint-"))
+      const saved = (name: string) =>
+        Effect.as(Checkpoint.save(join(base, name), state()), join(base, name))
+      const intact = yield* saved("intact")
+      const loaded = yield* Checkpoint.load(intact, specs)
+      assert.deepStrictEqual(Array.from(loaded.weights.get("a")!), [1, 2, 3, 4])
+      assert.strictEqual(loaded.weightsHash, Checkpoint.fingerprint(loaded.weights))
+
+      const truncated = yield* saved("truncated")
+      const bytes = readFileSync(join(truncated, "model.safetensors"))
+      writeFileSync(join(truncated, "model.safetensors"), bytes.subarray(0, bytes.length - 5))
+      assert.strictEqual((yield* Effect.flip(Checkpoint.load(truncated, specs))).reason, "Corrupt")
+
+      const rewrite = (dir: string, a: ArrayLike<number>) =>
+        writeFileSync(join(dir, "model.safetensors"), Safetensors.serialize(state(a).weights, { format: "pt" }))
+      const nan = yield* saved("nan")
+      rewrite(nan, [1, 2, Number.NaN, 4])
+      const nanError = yield* Effect.flip(Checkpoint.load(nan, specs))
+      assert.strictEqual(nanError.reason, "NonFinite")
+      assert.include(nanError.message, "a[2] = NaN")
+
+      const altered = yield* saved("altered")
+      rewrite(altered, [1, 2, 3, 4.000001])
+      const alteredError = yield* Effect.flip(Checkpoint.load(altered, specs))
+      assert.strictEqual(alteredError.reason, "Corrupt")
+      assert.include(alteredError.message, "does not hold the weights saved")
+
+      // A checkpoint written before the state file carried a fingerprint still loads (nothing to compare with).
+      const legacy = yield* saved("legacy")
+      const stateFile = join(legacy, "trainer_state.json")
+      const { weightsHash: _, ...old } = JSON.parse(readFileSync(stateFile, "utf8"))
+      writeFileSync(stateFile, JSON.stringify(old))
+      rewrite(legacy, [1, 2, 3, 5])
+      assert.deepStrictEqual(Array.from((yield* Checkpoint.load(legacy, specs)).weights.get("a")!), [1, 2, 3, 5])
     }).pipe(Effect.provide(NodeServices.layer)))
 })
