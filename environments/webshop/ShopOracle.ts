@@ -261,9 +261,24 @@ const toAction = (name: string, args: unknown): Shop.Action | undefined => {
  * @since 0.1.0
  */
 export const format = (): RolloutChain.Format => {
-  const tokenizer = Effect.runSync(Tokenizer.make(ByteTokenizer.tokenizerJson(), ByteTokenizer.tokenizerConfig("")))
-  const base = ChainFormat.fromTemplate({ tokenizer, template: ChatTemplate.builtinTemplate("qwen2.5") })
+  const base = ChainFormat.fromTemplate({ tokenizer: byteTokenizer(), template: ChatTemplate.builtinTemplate("qwen2.5") })
   return { ...base, start: (messages) => base.start(messages, []) }
+}
+
+const byteTokenizer = () =>
+  Effect.runSync(Tokenizer.make(ByteTokenizer.tokenizerJson(), ByteTokenizer.tokenizerConfig("")))
+
+/**
+ * The tokens of a whole conversation in that format (what a warm-up step reads): the test of whether a
+ * demonstration fits a context. A trajectory's own segments cannot say, because the chain cuts them at the budget.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const contextLength = (): (messages: Conversation) => number => {
+  const tokenizer = byteTokenizer()
+  const template = ChatTemplate.builtinTemplate("qwen2.5")
+  return (messages) => tokenizer.encode(Effect.runSync(template.render(messages))).length
 }
 
 /**

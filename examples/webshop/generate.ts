@@ -7,7 +7,8 @@
  *
  *   npx tsx examples/webshop/generate.ts [OUT_DIR] [SEED] [NOISE]
  *
- * `SEED` draws the instructions; the catalogue is the task's default (seed 1, 10,000 products) unless
+ * Demonstrations are the visits the oracle completes within the task's 1,024-token context (as the model will
+ * read them: Qwen2.5's template on the byte-level tokenizer, no tool schemas). `SEED` draws the instructions; the catalogue is the task's default (seed 1, 10,000 products) unless
  * `catalogSeed` / `products` say otherwise, and a run must then pass the same values as task options. `NOISE` is
  * the share of demonstrations that first open a wrong result and go back (`ShopOracle.policy`'s `detour`); a
  * detour costs ≈ 300 bytes, so some of them no longer fit the 1,024-byte context and are left out.
@@ -70,10 +71,14 @@ export const write = Effect.fn("webshop.generate.write")(function*(options: Opti
     demos: options.demos
   })
   const task = WebShopTask.make({ catalogSeed: options.catalogSeed, products: options.products })
-  const played = yield* ShopOracle.rollout({ task, rows: demos, policy: ShopOracle.policy({ detour: options.noise }) })
+  const visits = yield* ShopOracle.rollout({ task, rows: demos, policy: ShopOracle.policy({ detour: options.noise }) })
   // Trajectories finish out of order; the rows' order keeps the file's bytes a function of the options.
-  const byQuestion = new Map(played.map((t) => [Oracle.text(t.messages.find((m) => m.role === "user")), t]))
-  const solved = Oracle.demonstrations(demos.flatMap((row) => byQuestion.get(row.question) ?? []))
+  const byQuestion = new Map(visits.map((t) => [Oracle.text(t.messages.find((m) => m.role === "user")), t]))
+  // The chain lets the purchase's own observation overrun the context budget; a demonstration must fit the model.
+  const budget = task.defaults.maxContextTokens ?? Number.POSITIVE_INFINITY
+  const length = ShopOracle.contextLength()
+  const played = demos.flatMap((row) => byQuestion.get(row.question) ?? [])
+  const solved = Oracle.demonstrations(played).filter((demo) => length(demo.messages) <= budget)
   return yield* Dataset.writeSplits(options.dir, { train, heldOut, validation, demos: solved, products })
 })
 

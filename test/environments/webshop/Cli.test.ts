@@ -15,9 +15,13 @@ import { tmpdir } from "node:os"
 import { join, resolve } from "node:path"
 import * as Catalog from "../../../environments/webshop/Catalog.ts"
 import * as Generate from "../../../examples/webshop/generate.ts"
+import * as ByteTokenizer from "../../../src/ByteTokenizer.ts"
+import * as ChatTemplate from "../../../src/ChatTemplate.ts"
+import * as Tokenizer from "../../../src/Tokenizer.ts"
 import { agentfly } from "../../utils/agentfly.ts"
 
 const root = resolve(import.meta.dirname, "../../..")
+const tokenizer = Effect.runSync(Tokenizer.make(ByteTokenizer.tokenizerJson(), ByteTokenizer.tokenizerConfig("")))
 
 const generated = (options: Partial<Generate.Options>) =>
   Effect.gen(function*() {
@@ -48,6 +52,12 @@ describe("webshop from the command line", () => {
         assert.strictEqual(messages[0]!["role"], "system")
         assert.strictEqual(messages.at(-2)!["tool_calls"][0].function.name, "buy")
         assert.match(messages.at(-1)!["content"], /^bought B[A-Z0-9]{4}/)
+      }
+      // Every demonstration fits the task's context as the warm-up renders it (the purchase included).
+      const template = ChatTemplate.builtinTemplate("qwen2.5")
+      for (const demo of demos) {
+        const rendered = yield* template.render(demo["messages"])
+        assert.isAtMost(tokenizer.encode(rendered).length, 1024)
       }
       const products = yield* Catalog.parse("products.jsonl", a.text("products.jsonl"))
       assert.deepStrictEqual(products, Catalog.generate(Catalog.defaultSource.seed, Catalog.defaultSource.size))
