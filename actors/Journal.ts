@@ -12,6 +12,7 @@
  */
 import { Effect, FileSystem, Schema, Semaphore } from "effect"
 import type { Scope } from "effect"
+import * as DiskFull from "../src/internal/diskFull.ts"
 
 // ===== Entries =====
 
@@ -108,7 +109,8 @@ export type Entry = typeof Entry.Type
  */
 export class JournalError extends Schema.TaggedError<JournalError>()("JournalError", {
   path: Schema.String,
-  reason: Schema.Literals(["Io", "Corrupt"]),
+  /** `DiskFull`: a write found no space left (ENOSPC); free space and resume (a torn last line is cut then). */
+  reason: Schema.Literals(["Io", "Corrupt", "DiskFull"]),
   message: Schema.String
 }) {}
 
@@ -232,7 +234,13 @@ export interface Journal {
 }
 
 const io = (path: string) => (e: { readonly message: string }) =>
-  new JournalError({ path, reason: "Io", message: e.message })
+  DiskFull.isDiskFull(e)
+    ? new JournalError({
+      path,
+      reason: "DiskFull",
+      message: `${DiskFull.marker}: could not write ${path}; free space on its filesystem, then resume`
+    })
+    : new JournalError({ path, reason: "Io", message: e.message })
 
 /**
  * Reads the journal bytes at `path` (empty when the file does not exist).

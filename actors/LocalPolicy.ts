@@ -12,6 +12,7 @@
 import { Context, Effect, Exit, FileSystem, Layer, Scope, Semaphore } from "effect"
 import * as Checkpoint from "../src/Checkpoint.ts"
 import * as Dataset from "../src/Dataset.ts"
+import * as DiskFull from "../src/internal/diskFull.ts"
 import * as Loss from "../src/Loss.ts"
 import * as LrSchedule from "../src/LrSchedule.ts"
 import type * as ModelFolder from "../src/ModelFolder.ts"
@@ -32,7 +33,7 @@ import { Policy, TrainerError } from "./Trainer.ts"
 const learnerError = (e: { readonly message: string }) => new TrainerError({ reason: "Learner", message: e.message })
 const nonFinite = (message: string) => new TrainerError({ reason: "NonFinite", message })
 const checkpointError = (e: { readonly message: string }) =>
-  new TrainerError({ reason: "Checkpoint", message: e.message })
+  new TrainerError({ reason: DiskFull.isDiskFull(e) ? "DiskFull" : "Checkpoint", message: e.message })
 
 const groupRelative = new Set<TrainConfig.AdvantageEstimator>(["grpo", "grpo-no-std", "rloo"])
 

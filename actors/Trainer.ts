@@ -42,6 +42,7 @@ import { Clock, Context, Deferred, Duration, Effect, Fiber, FileSystem, Queue, R
 import type { Scope } from "effect"
 import * as AgentTask from "../src/AgentTask.ts"
 import * as Dataset from "../src/Dataset.ts"
+import * as DiskFull from "../src/internal/diskFull.ts"
 import * as Sampling from "../src/Sampling.ts"
 import { Sampler } from "../src/Sampler.ts"
 import * as Task from "../src/Task.ts"
@@ -84,11 +85,17 @@ export class TrainerError extends Schema.TaggedError<TrainerError>()("TrainerErr
   message: Schema.String
 }) {}
 
-const fail = (reason: TrainerErrorReason) => (e: unknown) =>
-  new TrainerError({
-    reason,
-    message: typeof e === "object" && e !== null && "message" in e ? String(e.message) : String(e)
+const fail = (reason: TrainerErrorReason) => (e: unknown) => {
+  const message = typeof e === "object" && e !== null && "message" in e ? String(e.message) : String(e)
+  if (!DiskFull.isDiskFull(e)) return new TrainerError({ reason, message })
+  return new TrainerError({
+    reason: "DiskFull",
+    message: message.startsWith(DiskFull.marker)
+      ? message
+      : `${DiskFull.marker}: ${message}; free space on its filesystem, then resume`
   })
+}
+
 
 // ===== The policy service =====
 
@@ -701,8 +708,9 @@ export const run: <RE = never>(
   }
   const point = Journal.resumePoint(existing, (c) => c === resumeFrom)
   const journal = yield* Journal.open(`${out}/journal.jsonl`, { cutAt: point.cutAt }).pipe(Effect.mapError(io))
+  // Metrics errors keep only their message: the annotated file system makes it say ENOSPC on a full disk.
   const metrics = yield* Metrics.open(out, point.checkpoint === undefined ? {} : { resumeFrom: point.step })
-    .pipe(Effect.mapError(io))
+    .pipe(Effect.provideService(FileSystem.FileSystem, DiskFull.annotate(fs)), Effect.mapError(io))
   yield* fs.writeFileString(`${out}/config.json`, JSON.stringify(config, null, 2)).pipe(Effect.mapError(io))
   yield* journal.append({ kind: "start", fromStep: point.step, seed: config.seed, mode: config.mode })
     .pipe(Effect.mapError(io))

@@ -17,6 +17,7 @@ import * as Metrics from "../actors/Metrics.ts"
 import * as ResourceManager from "../actors/ResourceManager.ts"
 import * as Trainer from "../actors/Trainer.ts"
 import * as Dataset from "../src/Dataset.ts"
+import * as DiskFull from "../src/internal/diskFull.ts"
 import * as ModelConfig from "../src/model/ModelConfig.ts"
 import * as ModelFolder from "../src/ModelFolder.ts"
 import * as Report from "../src/Report.ts"
@@ -121,7 +122,17 @@ export const run = Effect.fn("cli.train")(function*(
     Effect.provide(ResourceManager.ResourceManager.layer),
     Effect.ensuring(display.done)
   )
-  const report = yield* Report.write(config.output)
+  const report = yield* Report.write(config.output).pipe(
+    Effect.mapError((e) =>
+      DiskFull.isDiskFull(e)
+        ? new Trainer.TrainerError({
+          reason: "DiskFull",
+          message: `${DiskFull.marker}: could not write the report under ${config.output}; free space, then ` +
+            `\`agentfly report\` or --resume`
+        })
+        : e
+    )
+  )
   // The whole run's figures (a resumed run's summary holds only its own).
   const records = (yield* Report.read(config.output)).metrics
   const evals = records.filter((m) => m.phase === "eval")

@@ -17,6 +17,7 @@
  */
 import { Effect, FileSystem, Schema } from "effect"
 import type * as Optimizer from "./Optimizer.ts"
+import * as DiskFull from "./internal/diskFull.ts"
 import * as Safetensors from "./Safetensors.ts"
 
 // ===== Models =====
@@ -64,13 +65,19 @@ const decodeStateFile = Schema.decodeUnknownEffect(Schema.fromJsonString(StateFi
  * @since 0.1.0
  */
 export class CheckpointError extends Schema.TaggedError<CheckpointError>()("CheckpointError", {
-  reason: Schema.Literals(["NotFound", "Incomplete", "Corrupt", "Mismatch", "NonFinite", "Io"]),
+  reason: Schema.Literals(["NotFound", "Incomplete", "Corrupt", "Mismatch", "NonFinite", "DiskFull", "Io"]),
   path: Schema.String,
   message: Schema.String
 }) {}
 
 const io = (path: string) => (e: { readonly message: string }) =>
-  new CheckpointError({ reason: "Io", path, message: e.message })
+  DiskFull.isDiskFull(e)
+    ? new CheckpointError({
+      reason: "DiskFull",
+      path,
+      message: `${DiskFull.marker}: could not write ${path}; free space on its filesystem, then resume`
+    })
+    : new CheckpointError({ reason: "Io", path, message: e.message })
 
 /**
  * FNV-1a over the bytes of every tensor, in name order: equal fingerprints mean bit-identical weights (with
