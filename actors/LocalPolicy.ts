@@ -422,10 +422,12 @@ export const prefillAlone = (engine: PolicyEngine.PolicyEngine["Service"]): Samp
       else i++
     }
   }
-  const enter = (key: string) =>
+  // `ticket.inside` is set when the request is admitted; `out` lets the next prompt in (once per request).
+  const enter = (key: string, ticket: { inside: boolean }) =>
     Effect.callback<void>((resume) => {
       const attempt = () => {
         if (!tryEnter(key)) return false
+        ticket.inside = true
         resume(Effect.void)
         return true
       }
@@ -438,14 +440,18 @@ export const prefillAlone = (engine: PolicyEngine.PolicyEngine["Service"]): Samp
     })
   return Sampler.of({
     generate: (request) =>
-      Effect.flatMap(enter(request.promptTokenIds.join(",")), () => {
-        let inside = true
+      // The release is in place before the wait starts, so that an interruption at any point lets the next one in.
+      Effect.uninterruptibleMask((restore) => {
+        const ticket = { inside: false }
         const out = () => {
-          if (!inside) return
-          inside = false
+          if (!ticket.inside) return
+          ticket.inside = false
           leave()
         }
-        return engine.generate(request, { onToken: out }).pipe(Effect.ensuring(Effect.sync(out)))
+        return restore(enter(request.promptTokenIds.join(","), ticket)).pipe(
+          Effect.andThen(restore(engine.generate(request, { onToken: out }))),
+          Effect.ensuring(Effect.sync(out))
+        )
       }),
     policyVersion: engine.policyVersion
   })

@@ -5,12 +5,13 @@
  */
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Fiber } from "effect"
+import { Deferred, Effect, Fiber } from "effect"
 import { existsSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as Journal from "../../actors/Journal.ts"
 import * as LocalPolicy from "../../actors/LocalPolicy.ts"
+import type * as PolicyEngine from "../../actors/PolicyEngine.ts"
 import * as ResourceManager from "../../actors/ResourceManager.ts"
 import * as Trainer from "../../actors/Trainer.ts"
 import * as Setup from "../../cli/setup.ts"
@@ -19,6 +20,7 @@ import * as Generate from "../../examples/calculator/generate.ts"
 import * as Dataset from "../../src/Dataset.ts"
 import * as ModelFolder from "../../src/ModelFolder.ts"
 import { Sampler } from "../../src/Sampler.ts"
+import type { GenerateRequest } from "../../src/Sampler.ts"
 import * as TrainConfig from "../../src/TrainConfig.ts"
 import * as Trajectory from "../../src/Trajectory.ts"
 
@@ -62,6 +64,52 @@ const sampled = (groups: ReadonlyArray<Trajectory.Group>) =>
   )
 
 describe("LocalPolicy", () => {
+  it.effect("prefillAlone: one distinct prompt at a time; a request interrupted waiting or admitted lets the next in", () =>
+    Effect.gen(function*() {
+      // A fake engine: a request is "prefilled" when it starts, and samples its first token when its prompt's gate
+      // opens.
+      const started: Array<string> = []
+      const firstToken = new Map<string, Deferred.Deferred<void>>()
+      const gate = (prompt: string) => {
+        if (!firstToken.has(prompt)) firstToken.set(prompt, Deferred.makeUnsafe<void>())
+        return firstToken.get(prompt)!
+      }
+      const engine = {
+        generate: (request: GenerateRequest, options?: PolicyEngine.GenerateOptions) =>
+          Effect.gen(function*() {
+            const prompt = String.fromCharCode(...request.promptTokenIds)
+            started.push(prompt)
+            yield* Deferred.await(gate(prompt))
+            options?.onToken?.(1, 0)
+            return { tokenIds: [1], logprobs: [0], finishReason: "stop" as const, policyVersion: 0 }
+          }),
+        policyVersion: Effect.succeed(0)
+      } as unknown as PolicyEngine.PolicyEngine["Service"]
+      const sampler = LocalPolicy.prefillAlone(engine)
+      const ask = (prompt: string) =>
+        Effect.forkChild(sampler.generate({ promptTokenIds: [...prompt].map((c) => c.charCodeAt(0)), sampling: { temperature: 1, maxTokens: 1 } }))
+      const settle = Effect.yieldNow.pipe(Effect.repeat({ times: 20 }))
+      const a1 = yield* ask("A")
+      const b = yield* ask("B")
+      const a2 = yield* ask("A")
+      const c = yield* ask("C")
+      yield* settle
+      assert.deepStrictEqual(started, ["A", "A"], "a group's requests go in together, another prompt waits")
+      yield* Fiber.interrupt(b)
+      yield* Deferred.succeed(gate("A"), undefined)
+      yield* Fiber.join(a1)
+      yield* Fiber.join(a2)
+      yield* settle
+      assert.deepStrictEqual(started, ["A", "A", "C"], "B left while waiting; C is next")
+      const d = yield* ask("D")
+      yield* settle
+      yield* Fiber.interrupt(c)
+      yield* settle
+      assert.deepStrictEqual(started, ["A", "A", "C", "D"], "C interrupted before its first token lets D in")
+      yield* Deferred.succeed(gate("D"), undefined)
+      yield* Fiber.join(d)
+    }))
+
   for (const maxBatchSize of [4, 8]) {
     it.live(`a batch samples the same tokens and logprobs alone and beside an evaluation (${maxBatchSize} slots)`, () =>
       Effect.gen(function*() {
