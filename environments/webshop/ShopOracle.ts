@@ -29,7 +29,8 @@ import type * as RolloutError from "../../src/RolloutError.ts"
 import * as Sampling from "../../src/Sampling.ts"
 import type * as Task from "../../src/Task.ts"
 import * as Tokenizer from "../../src/Tokenizer.ts"
-import type { Trajectory } from "../../src/Trajectory.ts"
+import * as Trajectory from "../../src/Trajectory.ts"
+import * as TrajectoryBuilder from "../../src/TrajectoryBuilder.ts"
 import type * as Catalog from "./Catalog.ts"
 import * as Shop from "./Shop.ts"
 
@@ -269,7 +270,8 @@ const byteTokenizer = () =>
   Effect.runSync(Tokenizer.make(ByteTokenizer.tokenizerJson(), ByteTokenizer.tokenizerConfig("")))
 
 /**
- * The tokens of a whole conversation in that format (what a warm-up step reads): the test of whether a
+ * The tokens of a whole conversation in that format, as a warm-up step reads it (`TrajectoryBuilder`: a
+ * conversation that ends with an observation also gets the next assistant header): the test of whether a
  * demonstration fits a context. A trajectory's own segments cannot say, because the chain cuts them at the budget.
  *
  * @category getters
@@ -278,7 +280,10 @@ const byteTokenizer = () =>
 export const contextLength = (): (messages: Conversation) => number => {
   const tokenizer = byteTokenizer()
   const template = ChatTemplate.builtinTemplate("qwen2.5")
-  return (messages) => tokenizer.encode(Effect.runSync(template.render(messages))).length
+  return (messages) => {
+    const built = Effect.runSync(TrajectoryBuilder.fromConversation({ tokenizer, template, messages }))
+    return built.segments.reduce((n, segment) => n + Trajectory.segmentLength(segment), 0)
+  }
 }
 
 /**
@@ -294,7 +299,7 @@ export const rollout = (options: {
   readonly policy: Oracle.Policy
   readonly concurrency?: number | undefined
   readonly format?: RolloutChain.Format | undefined
-}): Effect.Effect<Array<Trajectory>, RolloutError.RolloutError | Schema.SchemaError | Task.TaskError> =>
+}): Effect.Effect<Array<Trajectory.Trajectory>, RolloutError.RolloutError | Schema.SchemaError | Task.TaskError> =>
   Rollout.runTaskChat({
     task: options.task,
     rows: options.rows,

@@ -18,6 +18,8 @@ import * as Generate from "../../../examples/webshop/generate.ts"
 import * as ByteTokenizer from "../../../src/ByteTokenizer.ts"
 import * as ChatTemplate from "../../../src/ChatTemplate.ts"
 import * as Tokenizer from "../../../src/Tokenizer.ts"
+import * as Trajectory from "../../../src/Trajectory.ts"
+import * as TrajectoryBuilder from "../../../src/TrajectoryBuilder.ts"
 import { agentfly } from "../../utils/agentfly.ts"
 
 const root = resolve(import.meta.dirname, "../../..")
@@ -53,11 +55,11 @@ describe("webshop from the command line", () => {
         assert.strictEqual(messages.at(-2)!["tool_calls"][0].function.name, "buy")
         assert.match(messages.at(-1)!["content"], /^bought B[A-Z0-9]{4}/)
       }
-      // Every demonstration fits the task's context as the warm-up renders it (the purchase included).
+      // Every demonstration fits the task's context as the warm-up builds it (the purchase included).
       const template = ChatTemplate.builtinTemplate("qwen2.5")
       for (const demo of demos) {
-        const rendered = yield* template.render(demo["messages"])
-        assert.isAtMost(tokenizer.encode(rendered).length, 1024)
+        const built = yield* TrajectoryBuilder.fromConversation({ tokenizer, template, messages: demo["messages"] })
+        assert.isAtMost(built.segments.reduce((n, s) => n + Trajectory.segmentLength(s), 0), 1024)
       }
       const products = yield* Catalog.parse("products.jsonl", a.text("products.jsonl"))
       assert.deepStrictEqual(products, Catalog.generate(Catalog.defaultSource.seed, Catalog.defaultSource.size))
