@@ -36,7 +36,7 @@ describe("search task on the command line", () => {
       const run = yield* agentfly(["train", config])
       assert.strictEqual(run.code, 0, run.output)
       assert.match(run.output, /on task search/)
-      assert.match(run.output, /held-out accuracy [\d.]+ \(step 0\) → [\d.]+ \(step 4\)/)
+      assert.match(run.output, /held-out accuracy [\d.]+ ± [\d.]+ \(step 0\) → [\d.]+ ± [\d.]+ \(step 4\)/)
       assert.isTrue(existsSync(join(dir, "run", "report.html")))
       const records = readFileSync(join(dir, "run", "metrics.jsonl"), "utf8").trim().split("\n").map((l) =>
         JSON.parse(l) as { phase: string; figures: Record<string, number> }
