@@ -203,5 +203,5 @@ describe("python task", () => {
       assert.isAbove(last["env/python-docker/leases"]!, 0, "the chains leased Docker sandboxes")
       assert.isAbove(records.filter((r) => r.phase === "train" && r.figures["learner/applied"] !== 0).length, 0)
       assert.strictEqual(containers(`${Docker.Labels.pid}=${run.pid}`), 0, "no container of the run is left")
-    }), { timeout: 150_000 })
+    }), { timeout: 300_000 })
 })
