@@ -30,7 +30,7 @@ export const defaults: Omit<Data.Options, "dir"> = {
   train: 2000,
   heldOut: 200,
   validation: 100,
-  demos: 1500
+  demos: 4000
 }
 
 main(import.meta.url, { ...defaults, dir: "examples/household/data" }, Data.write)
