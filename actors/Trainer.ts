@@ -360,7 +360,8 @@ const standardError = (xs: ReadonlyArray<number>): number => {
 /**
  * Rollout figures of a set of groups, under `prefix` (`rollout` or `eval`): `reward_mean`, `accuracy` and its
  * standard error over groups (`accuracy_se`: a group is one question's samples),
- * `invalid_tool_call_rate`, `turns_mean`, `tool_calls/<tool>` (calls per trajectory), `policy_tokens` and, with
+ * `invalid_tool_call_rate`, `turns_mean`, `tool_calls/<tool>` (calls per trajectory), the reward's metrics
+ * (`reward/<name>/<metric>`, each averaged over the trajectories that carry it), `policy_tokens` and, with
  * `policyVersion`, `staleness_mean`.
  *
  * @category getters
@@ -403,6 +404,18 @@ export const rolloutFigures = (
     }
   }
   for (const [tool, n] of calls) out[`${p}/tool_calls/${tool}`] = n / Math.max(1, trajectories.length)
+  // The reward's own metrics (components, counts: `reward/<name>/<metric>`), each the mean over the trajectories
+  // that carry it; the `/error` flags are counted as failures above.
+  const rewardMetrics = new Map<string, Array<number>>()
+  for (const t of trajectories) {
+    for (const [key, x] of Object.entries(t.metrics)) {
+      if (!key.startsWith("reward/") || key.endsWith("/error")) continue
+      const xs = rewardMetrics.get(key) ?? []
+      xs.push(x)
+      rewardMetrics.set(key, xs)
+    }
+  }
+  for (const [key, xs] of rewardMetrics) out[`${p}/${key}`] = mean(xs)
   if (options.policyVersion !== undefined) {
     const versions = trajectories.flatMap((t) => {
       const v = Trajectory.oldestPolicyVersion(t)

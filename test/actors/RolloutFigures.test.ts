@@ -26,4 +26,20 @@ describe("Trainer.rolloutFigures", () => {
     assert.strictEqual(same["eval/accuracy_se"], 0)
     assert.strictEqual(Trainer.rolloutFigures([group(0, [true, false])], { prefix: "eval" })["eval/accuracy_se"], 0)
   })
+
+  it("the reward's metrics are averaged over the trajectories that carry them; error flags are failures, not figures", () => {
+    const t = (metrics: Record<string, number>) => ({ ...answered("x"), metrics })
+    const figures = Trainer.rolloutFigures([{
+      groupId: "g",
+      rowIndex: 0,
+      trajectories: [
+        t({ "reward/answer/searches": 2, "reward/score/r_price": 1 }),
+        t({ "reward/answer/searches": 1 }),
+        t({ "reward/answer/error": 1 })
+      ]
+    }], { prefix: "rollout" })
+    assert.strictEqual(figures["rollout/reward/answer/searches"], 1.5)
+    assert.strictEqual(figures["rollout/reward/score/r_price"], 1)
+    assert.isUndefined(figures["rollout/reward/answer/error"])
+  })
 })
