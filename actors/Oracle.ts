@@ -8,7 +8,8 @@
  * @since 0.1.0
  */
 import { Effect, Layer } from "effect"
-import type { Conversation, Message, ToolCall } from "../src/Message.ts"
+import * as Message from "../src/Message.ts"
+import type { Conversation, ToolCall } from "../src/Message.ts"
 import { ChatSampler } from "../src/Sampler.ts"
 import type { Trajectory } from "../src/Trajectory.ts"
 
@@ -77,26 +78,18 @@ export const layer = (policy: Policy): Layer.Layer<ChatSampler> => Layer.succeed
  * @category getters
  * @since 0.1.0
  */
-export const last = (messages: Conversation, role: Message["role"]): Message | undefined => {
+export const last = (messages: Conversation, role: Message.Message["role"]): Message.Message | undefined => {
   for (let i = messages.length - 1; i >= 0; i--) if (messages[i]!.role === role) return messages[i]
   return undefined
 }
 
 /**
- * The text of a message (its string content, or its text parts joined).
+ * The text of a message, or "" for none (`Message.text` of its content).
  *
  * @category getters
  * @since 0.1.0
  */
-export const text = (message: Message | undefined): string => {
-  if (message === undefined) return ""
-  const content = (message as { readonly content?: unknown }).content
-  if (typeof content === "string") return content
-  if (Array.isArray(content)) {
-    return content.map((part) => (typeof part?.text === "string" ? part.text : "")).join("")
-  }
-  return ""
-}
+export const text = (message: Message.Message | undefined): string => (message === undefined ? "" : Message.text(message.content))
 
 /**
  * The share of trajectories whose reward reaches `threshold` (default 1): an oracle's solve rate.

@@ -1,7 +1,8 @@
 /** Runs the `agentfly` CLI in a child process, as a user would. */
 import { Effect } from "effect"
 import { spawn } from "node:child_process"
-import { resolve } from "node:path"
+import { readFileSync, writeFileSync } from "node:fs"
+import { join, resolve } from "node:path"
 
 const root = resolve(import.meta.dirname, "../..")
 
@@ -29,3 +30,27 @@ export const agentfly = (args: ReadonlyArray<string>, killWhen?: () => boolean) 
       return Effect.sync(() => child.kill("SIGKILL"))
     }
   )
+
+/**
+ * Writes `dir/config.json`: the shipped config `examples/NAME/short.json` pointed at freshly generated data in
+ * `data` (train, held-out and demos) and at a model and run under `dir`; returns its path.
+ */
+export const shortConfig = (name: string, data: string, dir: string): string => {
+  const short = JSON.parse(readFileSync(resolve(root, "examples", name, "short.json"), "utf8"))
+  const config = join(dir, "config.json")
+  writeFileSync(
+    config,
+    JSON.stringify({
+      ...short,
+      output: join(dir, "run"),
+      model: { ...short.model, path: join(dir, "model") },
+      data: { train: join(data, "train.jsonl"), eval: join(data, "heldout.jsonl") },
+      warmup: { ...short.warmup, data: join(data, "demos.jsonl") }
+    })
+  )
+  return config
+}
+
+/** The records of a run's `metrics.jsonl`. */
+export const metricsOf = (output: string): ReadonlyArray<{ readonly phase: string; readonly figures: Record<string, number> }> =>
+  readFileSync(join(output, "metrics.jsonl"), "utf8").trim().split("\n").map((l) => JSON.parse(l))

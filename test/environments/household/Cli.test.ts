@@ -7,14 +7,13 @@
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
-import { existsSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs"
+import { existsSync, mkdtempSync, readFileSync } from "node:fs"
 import { tmpdir } from "node:os"
-import { join, resolve } from "node:path"
+import { join } from "node:path"
 import * as Data from "../../../environments/household/Data.ts"
 import * as Generate from "../../../examples/household/generate.ts"
-import { agentfly } from "../../utils/agentfly.ts"
+import { agentfly, metricsOf, shortConfig } from "../../utils/agentfly.ts"
 
-const root = resolve(import.meta.dirname, "../../..")
 
 describe("household task on the command line", () => {
   it.live("agentfly train short.json trains the built-in task end to end; agentfly eval reads its checkpoint", () =>
@@ -23,26 +22,13 @@ describe("household task on the command line", () => {
       // The example's curriculum, few rows.
       yield* Data.write({ ...Generate.defaults, train: 64, heldOut: 16, validation: 8, demos: 120, dir: data })
       const dir = mkdtempSync(join(tmpdir(), "household-short-"))
-      const short = JSON.parse(readFileSync(join(root, "examples/household/short.json"), "utf8"))
-      const config = join(dir, "config.json")
-      writeFileSync(
-        config,
-        JSON.stringify({
-          ...short,
-          output: join(dir, "run"),
-          model: { ...short.model, path: join(dir, "model") },
-          data: { train: join(data, "train.jsonl"), eval: join(data, "heldout.jsonl") },
-          warmup: { ...short.warmup, data: join(data, "demos.jsonl") }
-        })
-      )
+      const config = shortConfig("household", data, dir)
       const run = yield* agentfly(["train", config])
       assert.strictEqual(run.code, 0, run.output)
       assert.match(run.output, /on task household/)
       assert.match(run.output, /held-out accuracy [\d.]+ (± [\d.]+ )?\(step 0\) → [\d.]+ (± [\d.]+ )?\(step 4\)/)
       assert.isTrue(existsSync(join(dir, "run", "report.html")))
-      const records = readFileSync(join(dir, "run", "metrics.jsonl"), "utf8").trim().split("\n").map((l) =>
-        JSON.parse(l) as { phase: string; figures: Record<string, number> }
-      )
+      const records = metricsOf(join(dir, "run"))
       const train = records.filter((r) => r.phase === "train")
       assert.strictEqual(train.length, 4)
       assert.isAbove(train.filter((r) => r.figures["learner/applied"] === 1).length, 0, "a GRPO step was applied")

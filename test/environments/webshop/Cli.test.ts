@@ -10,9 +10,9 @@
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
-import { existsSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs"
+import { existsSync, mkdtempSync, readFileSync } from "node:fs"
 import { tmpdir } from "node:os"
-import { join, resolve } from "node:path"
+import { join } from "node:path"
 import * as Catalog from "../../../environments/webshop/Catalog.ts"
 import * as Generate from "../../../examples/webshop/generate.ts"
 import * as ByteTokenizer from "../../../src/ByteTokenizer.ts"
@@ -20,9 +20,8 @@ import * as ChatTemplate from "../../../src/ChatTemplate.ts"
 import * as Tokenizer from "../../../src/Tokenizer.ts"
 import * as Trajectory from "../../../src/Trajectory.ts"
 import * as TrajectoryBuilder from "../../../src/TrajectoryBuilder.ts"
-import { agentfly } from "../../utils/agentfly.ts"
+import { agentfly, metricsOf, shortConfig } from "../../utils/agentfly.ts"
 
-const root = resolve(import.meta.dirname, "../../..")
 const tokenizer = Effect.runSync(Tokenizer.make(ByteTokenizer.tokenizerJson(), ByteTokenizer.tokenizerConfig("")))
 
 const generated = (options: Partial<Generate.Options>) =>
@@ -69,26 +68,13 @@ describe("webshop from the command line", () => {
     Effect.gen(function*() {
       const data = yield* generated({})
       const dir = mkdtempSync(join(tmpdir(), "webshop-short-"))
-      const short = JSON.parse(readFileSync(join(root, "examples/webshop/short.json"), "utf8"))
-      const config = join(dir, "config.json")
-      writeFileSync(
-        config,
-        JSON.stringify({
-          ...short,
-          output: join(dir, "run"),
-          model: { ...short.model, path: join(dir, "model") },
-          data: { train: join(data.dir, "train.jsonl"), eval: join(data.dir, "heldout.jsonl") },
-          warmup: { ...short.warmup, data: join(data.dir, "demos.jsonl") }
-        })
-      )
+      const config = shortConfig("webshop", data.dir, dir)
       const run = yield* agentfly(["train", config])
       assert.strictEqual(run.code, 0, run.output)
       assert.match(run.output, /on task webshop/)
       assert.match(run.output, /held-out accuracy [\d.]+ ± [\d.]+ \(step 0\) → [\d.]+ ± [\d.]+ \(step 2\)/)
       assert.isTrue(existsSync(join(dir, "run", "report.html")))
-      const records = readFileSync(join(dir, "run", "metrics.jsonl"), "utf8").trim().split("\n").map((l) =>
-        JSON.parse(l) as { phase: string; figures: Record<string, number> }
-      )
+      const records = metricsOf(join(dir, "run"))
       const train = records.filter((r) => r.phase === "train")
       assert.lengthOf(train, 2)
       assert.isTrue(train.every((r) => r.figures["learner/applied"] === 1), "both RL steps reached the learner")
