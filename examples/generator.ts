@@ -1,6 +1,8 @@
 /**
  * The command line of the examples' seeded data generators: `npx tsx examples/NAME/generate.ts [OUT_DIR] [SEED]
- * [NOISE]` runs the generator's `write` with its defaults and these three overrides, and logs the counts written.
+ * [NOISE] [--OPTION VALUE ...]` runs the generator's `write` with its defaults and these overrides, and logs the
+ * counts written. `--OPTION` names any other key of the generator's defaults (`--kind sums`, `--heldOut 300`); its
+ * value is read as the default's type, and an unknown key or a bad value stops the command, naming it.
  *
  * @since 0.1.0
  */
@@ -9,6 +11,47 @@ import { Effect } from "effect"
 import type { FileSystem } from "effect"
 import { resolve } from "node:path"
 import { pathToFileURL } from "node:url"
+
+/**
+ * Reads `[OUT_DIR] [SEED] [NOISE] [--OPTION VALUE ...]` over `defaults`: positional arguments first, then named
+ * ones, each typed as its default. Returns the options or the message that explains the first bad argument.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const parseArgs = <O extends { readonly dir: string; readonly seed: number; readonly noise: number }>(
+  argv: ReadonlyArray<string>,
+  defaults: O
+): O | string => {
+  const positional = ["dir", "seed", "noise"] as const
+  const options: Record<string, unknown> = { ...defaults }
+  let i = 0
+  for (; i < argv.length && !argv[i]!.startsWith("--"); i++) {
+    const key = positional[i]
+    if (key === undefined) return `unexpected argument ${argv[i]} (named options are --KEY VALUE)`
+    const value = read(key, argv[i]!, defaults[key])
+    if (typeof value === "string" && key !== "dir") return value
+    options[key] = value
+  }
+  for (; i < argv.length; i += 2) {
+    const key = argv[i]!.slice(2)
+    if (!argv[i]!.startsWith("--") || !(key in defaults)) {
+      return `unknown option ${argv[i]} (known: ${Object.keys(defaults).map((k) => `--${k}`).join(", ")})`
+    }
+    if (argv[i + 1] === undefined) return `--${key} needs a value`
+    const value = read(key, argv[i + 1]!, (defaults as Record<string, unknown>)[key])
+    if (typeof value === "string" && typeof (defaults as Record<string, unknown>)[key] === "number") return value
+    options[key] = value
+  }
+  return options as O
+}
+
+/** A value typed as its default: a number must be finite; a string is taken as it is. */
+const read = (key: string, text: string, current: unknown): unknown => {
+  if (typeof current !== "number") return text
+  const n = Number(text)
+  return text.trim() !== "" && Number.isFinite(n) ? n : `${key} must be a number, got ${JSON.stringify(text)}`
+}
 
 /**
  * Runs `write` when the module at `moduleUrl` is the script Node was started with (not when it is imported).
@@ -22,11 +65,20 @@ export const main = <O extends { readonly seed: number; readonly noise: number }
   write: (options: O & { readonly dir: string }) => Effect.Effect<unknown, unknown, FileSystem.FileSystem>
 ): void => {
   if (process.argv[1] === undefined || moduleUrl !== pathToFileURL(resolve(process.argv[1])).href) return
-  const dir = process.argv[2] ?? defaults.dir
-  const seed = process.argv[3] === undefined ? defaults.seed : Number(process.argv[3])
-  const noise = process.argv[4] === undefined ? defaults.noise : Number(process.argv[4])
-  write({ ...defaults, dir, seed, noise }).pipe(
-    Effect.tap((counts) => Effect.log(`wrote ${JSON.stringify(counts)} to ${dir}`)),
+  const options = parseArgs(process.argv.slice(2), defaults)
+  if (typeof options === "string") {
+    console.error(options)
+    process.exit(2)
+  }
+  write(options).pipe(
+    Effect.tap((counts) => Effect.log(`wrote ${JSON.stringify(counts)} to ${options.dir}`)),
+    // A bad option is the user's, not a bug: its message alone, no stack.
+    Effect.catch((e) =>
+      Effect.sync(() => {
+        console.error(e instanceof Error ? e.message : String(e))
+        process.exit(2)
+      })
+    ),
     Effect.provide(NodeServices.layer),
     NodeRuntime.runMain
   )

@@ -2,9 +2,11 @@
  * The calculator problems: arithmetic word problems that a tiny policy solves by calling a `calculator` tool.
  *
  * Everything here is pure and seeded: the same seed gives the same train / held-out splits (with disjoint
- * expressions) and the same gold demonstrations for the SFT warm-up. Questions have 2–3 operands in 1–99 joined by
- * `+`, `-` or `*`, phrased with one of three templates. A row is AgentFly's format: a `question` plus extra fields
- * (`answer`, `expression`) that flow to the reward.
+ * expressions) and the same gold demonstrations for the SFT warm-up. Two kinds of question ({@link Kind}): `mixed`
+ * has 2–3 operands in 1–99 joined by `+`, `-` or `*`, phrased with one of three templates; `sums` adds six two-digit
+ * numbers, always in one shape ("What is 21+65+61+95+21+12?"), which a tiny policy learns to copy into a call in a
+ * few hundred warm-up steps (`mixed` takes about a thousand). A row is AgentFly's format: a `question` plus extra
+ * fields (`answer`, `expression`) that flow to the reward.
  *
  * @since 0.1.0
  */
@@ -47,6 +49,21 @@ export interface Demonstration {
  */
 export const rng = Sampling.mulberry32
 
+/**
+ * The kinds of question: `mixed` (2–3 operands, `+ - *`, three phrasings) or `sums` (six two-digit numbers added,
+ * one phrasing).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type Kind = "mixed" | "sums"
+
+/**
+ * @category constants
+ * @since 0.1.0
+ */
+export const kinds: ReadonlyArray<Kind> = ["mixed", "sums"]
+
 const templates = ["What is {}?", "Calculate {}.", "Compute {}, please."] as const
 const operators = ["+", "-", "*"] as const
 
@@ -78,12 +95,16 @@ export const evaluate = (expression: string): number | undefined => {
 }
 
 /**
- * Draws one question from the generator.
+ * Draws one question of `kind` (default `mixed`) from the generator.
  *
  * @category constructors
  * @since 0.1.0
  */
-export const question = (next: () => number): Row => {
+export const question = (next: () => number, kind: Kind = "mixed"): Row => {
+  if (kind === "sums") {
+    const expression = Array.from({ length: 6 }, () => 10 + Math.floor(next() * 90)).join("+")
+    return { question: `What is ${expression}?`, answer: String(evaluate(expression)!), expression }
+  }
   const operands = next() < 0.5 ? 2 : 3
   let expression = String(1 + Math.floor(next() * 99))
   for (let i = 1; i < operands; i++) {
@@ -108,6 +129,7 @@ export const splits = (options: {
   readonly heldOut: number
   readonly validation?: number
   readonly demos?: number
+  readonly kind?: Kind
 }): {
   readonly train: ReadonlyArray<Row>
   readonly heldOut: ReadonlyArray<Row>
@@ -119,7 +141,7 @@ export const splits = (options: {
   const draw = (n: number): Array<Row> => {
     const out: Array<Row> = []
     while (out.length < n) {
-      const row = question(next)
+      const row = question(next, options.kind)
       if (seen.has(row.expression)) continue
       seen.add(row.expression)
       out.push(row)

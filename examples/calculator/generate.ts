@@ -3,7 +3,7 @@
  * warm-up's stopping check) and `demos.jsonl` (gold conversations for the SFT warm-up), each on questions of its own
  * (`Problems.splits`). Seeded: the same options always write the same bytes.
  *
- *   npx tsx examples/calculator/generate.ts [OUT_DIR] [SEED] [NOISE]
+ *   npx tsx examples/calculator/generate.ts [OUT_DIR] [SEED] [NOISE] [--kind mixed|sums]
  *
  * `noise` corrupts the final answer of that fraction of demonstrations (one digit changed). A warm-up on noisy
  * demonstrations leaves a policy that formats well but answers wrongly part of the time: room for the reward to
@@ -28,6 +28,8 @@ export interface Options {
   readonly validation: number
   readonly demos: number
   readonly noise: number
+  /** The kind of question (`Problems.Kind`): `mixed` (the default) or `sums` (the README's demo). */
+  readonly kind?: string
 }
 
 /**
@@ -40,7 +42,8 @@ export const defaults: Omit<Options, "dir"> = {
   heldOut: 500,
   validation: 200,
   demos: 5000,
-  noise: 0
+  noise: 0,
+  kind: "mixed"
 }
 
 /** Changes one digit of an integer's text, never producing the same text (and never a leading zero). */
@@ -81,7 +84,11 @@ export const demonstrations = (
  * @since 0.1.0
  */
 export const write = Effect.fn("calculator.generate.write")(function*(options: Options) {
-  const { heldOut, train, validation, demos: demoRows } = Problems.splits(options)
+  const kind = Problems.kinds.find((k) => k === (options.kind ?? "mixed"))
+  if (kind === undefined) {
+    return yield* Effect.fail(new Error(`unknown kind ${options.kind} (known: ${Problems.kinds.join(", ")})`))
+  }
+  const { heldOut, train, validation, demos: demoRows } = Problems.splits({ ...options, kind })
   const demos = demonstrations(demoRows, options)
   return yield* Dataset.writeSplits(options.dir, { train, heldOut, validation, demos })
 })

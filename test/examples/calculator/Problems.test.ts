@@ -31,6 +31,20 @@ describe("calculator task", () => {
     }), { numRuns: 300 })
   })
 
+  it("sums: six two-digit numbers added, in one shape, with the sum as the answer", () => {
+    fc.assert(fc.property(fc.integer(), (seed) => {
+      const row = Problems.question(Problems.rng(seed), "sums")
+      const operands = row.expression.split("+").map(Number)
+      assert.strictEqual(operands.length, 6)
+      for (const n of operands) assert.isTrue(n >= 10 && n <= 99)
+      assert.strictEqual(row.answer, String(operands.reduce((a, b) => a + b, 0)))
+      assert.strictEqual(row.question, `What is ${row.expression}?`)
+    }), { numRuns: 300 })
+    const sums = Problems.splits({ seed: 7, train: 200, heldOut: 50, kind: "sums" })
+    assert.notDeepEqual(sums.heldOut, Problems.splits({ seed: 7, train: 200, heldOut: 50 }).heldOut)
+    assert.isFalse(sums.train.some((r) => sums.heldOut.some((h) => h.expression === r.expression)))
+  })
+
   it("splits are seeded, sized as asked and have disjoint expressions", () => {
     const a = Problems.splits({ seed: 7, train: 500, heldOut: 100, validation: 60, demos: 300 })
     const b = Problems.splits({ seed: 7, train: 500, heldOut: 100, validation: 60, demos: 300 })
@@ -112,5 +126,7 @@ describe("calculator task", () => {
       const before = readFileSync(join(dir, "train.jsonl"), "utf8")
       yield* Generate.write({ dir, seed: 1, train: 50, heldOut: 20, validation: 10, demos: 30, noise: 0 })
       assert.strictEqual(readFileSync(join(dir, "train.jsonl"), "utf8"), before, "byte-identical for a seed")
+      const bad = yield* Effect.flip(Generate.write({ dir, seed: 1, train: 5, heldOut: 2, noise: 0, kind: "sum" }))
+      assert.include(String(bad), "unknown kind sum (known: mixed, sums)")
     }).pipe(Effect.provide(NodeServices.layer)))
 })
