@@ -126,7 +126,7 @@ describe("calculator task", () => {
       const before = readFileSync(join(dir, "train.jsonl"), "utf8")
       yield* Generate.write({ dir, seed: 1, train: 50, heldOut: 20, validation: 10, demos: 30, noise: 0 })
       assert.strictEqual(readFileSync(join(dir, "train.jsonl"), "utf8"), before, "byte-identical for a seed")
-      const bad = yield* Effect.flip(Generate.write({ dir, seed: 1, train: 5, heldOut: 2, noise: 0, kind: "sum" }))
+      const bad = yield* Effect.flip(Generate.write({ dir, seed: 1, train: 5, heldOut: 2, validation: 0, demos: 0, noise: 0, kind: "sum" }))
       assert.include(String(bad), "unknown kind sum (known: mixed, sums)")
     }).pipe(Effect.provide(NodeServices.layer)))
 })
