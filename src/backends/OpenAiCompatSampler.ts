@@ -97,6 +97,11 @@ const ChatResponse = Schema.Struct({
 /**
  * The `/completions` body for a token-id prompt.
  *
+ * The request's `stopTokenIds` are its only stops, as in the local engine: `ignore_eos` (vLLM's extension, also
+ * `agentfly serve`'s) keeps the server from adding its model's end-of-sequence ids, which would end a sample on a
+ * token the chain's format does not count as a turn end (the chain would then record `stop` where the local engine
+ * samples on).
+ *
  * @category constructors
  * @since 0.1.0
  */
@@ -110,6 +115,7 @@ export const completionBody = (model: string, request: GenerateRequest, extra?: 
   return_tokens_as_token_ids: true,
   skip_special_tokens: false,
   include_stop_str_in_output: true,
+  ignore_eos: true,
   ...extra
 })
 

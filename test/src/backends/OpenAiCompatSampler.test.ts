@@ -96,6 +96,8 @@ describe("OpenAiCompatSampler (token mode)", () => {
       assert.deepStrictEqual(seen!.body.stop_token_ids, [151645])
       assert.strictEqual(seen!.body.logprobs, 1)
       assert.strictEqual(seen!.body.return_token_ids, true)
+      // Only the request's stop ids end a sample, as in the local engine (not the server's own end-of-sequence ids).
+      assert.strictEqual(seen!.body.ignore_eos, true)
     })))
 
   it.live("reads choices[0].token_ids, and the configured policy version when the server reports none", () =>
