@@ -17,6 +17,7 @@ import { Template } from "@huggingface/jinja"
 import { Effect, FileSystem, Option, Path, Schema } from "effect"
 import * as Message from "./Message.ts"
 import * as builtin from "./templates/builtin.ts"
+import * as native from "./templates/native.ts"
 import * as Tokenizer from "./Tokenizer.ts"
 
 // ===== Errors =====
@@ -226,6 +227,7 @@ export const make = (options: MakeOptions): Effect.Effect<ChatTemplate, Template
   const endOfTurn = options.endOfTurn ?? knownEndOfTurn.find((t) => options.source.includes(t)) ?? "<|im_end|>"
   const variables = { bos_token: "", eos_token: endOfTurn, ...options.variables }
   const name = options.name ?? "custom"
+  const nativeRender = native.bySource.get(options.source)
   return Effect.succeed({
     [TypeId]: TypeId,
     name,
@@ -234,15 +236,21 @@ export const make = (options: MakeOptions): Effect.Effect<ChatTemplate, Template
     endOfTurn,
     stopTokens: options.stopTokens ?? [endOfTurn],
     variables,
-    render: (messages, renderOptions = {}) =>
-      Effect.try({
+    render: (messages, renderOptions = {}) => {
+      const templateMessages = messages.map(toTemplateMessage)
+      const tools = renderOptions.tools && renderOptions.tools.length > 0 ? renderOptions.tools : null
+      const addGenerationPrompt = renderOptions.addGenerationPrompt ?? false
+      // A built-in source renders natively (the same text, without the interpreter); Jinja renders the rest.
+      const fast = nativeRender?.(templateMessages, tools, addGenerationPrompt)
+      if (fast !== undefined) return Effect.succeed(fast)
+      return Effect.try({
         try: () =>
           template.render({
             ...variables,
             ...renderOptions.variables,
-            messages: messages.map(toTemplateMessage),
-            tools: renderOptions.tools && renderOptions.tools.length > 0 ? renderOptions.tools : null,
-            add_generation_prompt: renderOptions.addGenerationPrompt ?? false
+            messages: templateMessages,
+            tools,
+            add_generation_prompt: addGenerationPrompt
           }),
         catch: (cause) =>
           new TemplateError({
@@ -250,6 +258,7 @@ export const make = (options: MakeOptions): Effect.Effect<ChatTemplate, Template
             message: `template ${name}: ${cause instanceof Error ? cause.message : String(cause)}`
           })
       })
+    }
   })
 }
 

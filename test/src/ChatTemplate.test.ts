@@ -1,4 +1,5 @@
 import * as NodeServices from "@effect/platform-node/NodeServices"
+import { Template } from "@huggingface/jinja"
 import { assert, describe, it, layer } from "@effect/vitest"
 import { Effect } from "effect"
 import fc from "fast-check"
@@ -117,6 +118,66 @@ describe("ChatTemplate built-ins", () => {
       }])
       assert.strictEqual(text, "<|im_start|>user\nlook here<|im_end|>\n")
     }))
+})
+
+describe("ChatTemplate native renderers", () => {
+  // Values as tool arguments and tool specs carry them: nested objects and arrays, floats, unicode, null, undefined.
+  const json: fc.Arbitrary<unknown> = fc.letrec<{ value: unknown }>((tie) => ({
+    value: fc.oneof(
+      { depthSize: "small" },
+      fc.string({ unit: "grapheme" }),
+      fc.integer(),
+      fc.double(),
+      fc.boolean(),
+      fc.constant(null),
+      fc.constant(undefined),
+      fc.array(tie("value"), { maxLength: 3 }),
+      fc.dictionary(fc.string(), tie("value"), { maxKeys: 3 })
+    )
+  })).value
+  const content = fc.oneof(
+    fc.constantFrom("", "ok", "<tool_response>x</tool_response>"),
+    fc.string({ unit: "grapheme" })
+  )
+  const call = fc.record({
+    id: fc.string(),
+    type: fc.constant("function" as const),
+    function: fc.record({ name: fc.string(), arguments: json })
+  })
+  const message: fc.Arbitrary<Message.Message> = fc.oneof(
+    fc.record({ role: fc.constantFrom("system" as const, "user" as const), content }),
+    fc.record({ role: fc.constant("assistant" as const), content }, { requiredKeys: ["role", "content"] }),
+    fc.record({ role: fc.constant("assistant" as const), content, tool_calls: fc.array(call, { maxLength: 3 }) }),
+    fc.record({ role: fc.constant("tool" as const), content, tool_call_id: fc.string() })
+  )
+  const spec = fc.record({
+    type: fc.constant("function" as const),
+    function: fc.record({ name: fc.string(), description: fc.string(), parameters: json }, { requiredKeys: ["name"] })
+  })
+
+  for (const name of ["qwen2.5", "chatml"] as const) {
+    it(`${name} renders natively exactly what its Jinja source renders`, () => {
+      const ours = ChatTemplate.builtinTemplate(name)
+      const jinja = new Template(ChatTemplate.templates[name])
+      fc.assert(
+        fc.property(
+          fc.array(message, { maxLength: 8 }),
+          fc.array(spec, { maxLength: 2 }),
+          fc.boolean(),
+          (messages, tools, addGenerationPrompt) => {
+            const expected = jinja.render({
+              ...ours.variables,
+              messages: messages.map(ChatTemplate.toTemplateMessage),
+              tools: tools.length > 0 ? tools : null,
+              add_generation_prompt: addGenerationPrompt
+            })
+            assert.strictEqual(Effect.runSync(ours.render(messages, { tools, addGenerationPrompt })), expected)
+          }
+        ),
+        { numRuns: 2000, seed: 16 }
+      )
+    })
+  }
 })
 
 describe("ChatTemplate errors", () => {
