@@ -134,13 +134,48 @@ export const make = Effect.fn("Tokenizer.make")(function*(tokenizerJson: unknown
       message: "@huggingface/tokenizers rejected tokenizer.json (unsupported model, normalizer or pre-tokenizer)"
     })
   }
-  return fromHf(hf.value, added, cfg)
+  return fromHf(hf.value, added, cfg, isByteLevel(json as Record<string, unknown>, added.length))
 })
+
+// ===== Byte-level fast path =====
+
+/** GPT-2's printable stand-in for each byte (`bytes_to_unicode`), as byte-level vocabularies write bytes. */
+const byteSymbols: ReadonlyArray<string> = (() => {
+  const printable = (b: number) => (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255)
+  const out: Array<string> = []
+  let next = 256
+  for (let b = 0; b < 256; b++) out.push(String.fromCodePoint(printable(b) ? b : next++))
+  return out
+})()
+
+/**
+ * Whether `tokenizer.json` is a pure byte-level vocabulary (what `ByteTokenizer` writes): a BPE model without
+ * merges whose ids 0–255 are the 256 byte symbols and whose other entries are the added tokens, no normalizer, a
+ * `ByteLevel` pre-tokenizer without prefix space and a `ByteLevel` decoder. Then a text's ids are its UTF-8 bytes
+ * between added tokens, and `encode` / `decode` need no tokenizer model.
+ */
+const isByteLevel = (json: Record<string, unknown>, addedCount: number): boolean => {
+  const model = json["model"] as Record<string, unknown>
+  const pre = json["pre_tokenizer"] as Record<string, unknown> | null | undefined
+  const decoder = json["decoder"] as Record<string, unknown> | null | undefined
+  const vocab = model["vocab"]
+  if (model["type"] !== "BPE" || !Array.isArray(model["merges"]) || model["merges"].length > 0) return false
+  if (model["byte_fallback"] === true || (json["normalizer"] ?? null) !== null) return false
+  if (pre?.["type"] !== "ByteLevel" || pre["add_prefix_space"] === true) return false
+  if (decoder?.["type"] !== "ByteLevel") return false
+  if (typeof vocab !== "object" || vocab === null) return false
+  const entries = vocab as Record<string, unknown>
+  return Object.keys(entries).length === 256 + addedCount && byteSymbols.every((symbol, b) => entries[symbol] === b)
+}
+
+const utf8 = new TextEncoder()
+const utf8Decoder = new TextDecoder()
 
 const fromHf = (
   hf: HfTokenizer,
   added: ReadonlyArray<{ id: number; content: string }>,
-  cfg: Record<string, unknown>
+  cfg: Record<string, unknown>,
+  byteLevel: boolean
 ): Tokenizer => {
   const vocab = hf.get_vocab(true)
   let vocabSize = 0
@@ -158,6 +193,37 @@ const fromHf = (
   const encodeOptions = { add_special_tokens: false } as const
   const cache = new Map<string, Array<number>>()
   const decodeOptions = { skip_special_tokens: false, clean_up_tokenization_spaces: false } as const
+  const splitAdded = (text: string) =>
+    splitter === undefined ? [text] : text.split(splitter).filter((piece) => piece.length > 0)
+  // A pure byte-level vocabulary encodes and decodes natively, with the Hugging Face tokenizer's results (checked
+  // in `test/src/Tokenizer.test.ts`): ids are UTF-8 bytes between added tokens; bytes decode run by run between
+  // added tokens, an invalid sequence as U+FFFD.
+  const addedById = new Map(added.map((t) => [t.id, t.content]))
+  const encodeModel = byteLevel
+    ? (text: string): Array<number> => {
+      const ids: Array<number> = []
+      for (const piece of splitAdded(text)) {
+        const id = addedTokens.get(piece)
+        if (id !== undefined) ids.push(id)
+        else for (const byte of utf8.encode(piece)) ids.push(byte)
+      }
+      return ids
+    }
+    : (text: string): Array<number> => hf.encode(text, encodeOptions).ids
+  const decodeModel = byteLevel
+    ? (ids: ReadonlyArray<number>): string => {
+      let out = ""
+      let start = 0
+      const bytes = (end: number) => (end > start ? utf8Decoder.decode(Uint8Array.from(ids.slice(start, end))) : "")
+      for (let i = 0; i < ids.length; i++) {
+        const content = addedById.get(ids[i]!)
+        if (content === undefined) continue
+        out += bytes(i) + content
+        start = i + 1
+      }
+      return out + bytes(ids.length)
+    }
+    : (ids: ReadonlyArray<number>): string => hf.decode(ids as Array<number>, decodeOptions)
   return {
     [TypeId]: TypeId,
     vocabSize,
@@ -168,12 +234,12 @@ const fromHf = (
     padToken: tokenName(cfg.pad_token),
     encode: (text) => {
       if (text.length === 0) return []
-      if (text.length > shortText) return hf.encode(text, encodeOptions).ids
+      if (byteLevel || text.length > shortText) return encodeModel(text)
       // Short pieces (template scaffolding such as "\n" or "user\n") recur in every turn: memoize them.
       const cached = cache.get(text)
       if (cached !== undefined) return cached.slice()
       if (cache.size >= cacheSize) cache.clear()
-      const ids = hf.encode(text, encodeOptions).ids
+      const ids = encodeModel(text)
       cache.set(text, ids)
       return ids.slice()
     },
@@ -181,24 +247,24 @@ const fromHf = (
       if (input.length === 0) return ""
       // Typed arrays (e.g. `Trajectory.tokenIds`) are accepted; the Hugging Face decoder wants a plain array.
       const ids = Array.isArray(input) ? input as Array<number> : Array.from(input)
-      if (ids.every(isValidId)) return hf.decode(ids, decodeOptions)
+      if (ids.every(isValidId)) return decodeModel(ids)
       // Decode valid runs and mark each bad id, so a display of garbage never throws.
       let out = ""
       let run: Array<number> = []
       for (const id of ids) {
         if (isValidId(id)) run.push(id)
         else {
-          if (run.length > 0) out += hf.decode(run, decodeOptions)
+          if (run.length > 0) out += decodeModel(run)
           run = []
           out += "\uFFFD"
         }
       }
-      return run.length > 0 ? out + hf.decode(run, decodeOptions) : out
+      return run.length > 0 ? out + decodeModel(run) : out
     },
     tokenToId: (token) => hf.token_to_id(token),
     idToToken: (id) => (isValidId(id) ? hf.id_to_token(id) : undefined),
     isValidId,
-    splitAdded: (text) => (splitter === undefined ? [text] : text.split(splitter).filter((piece) => piece.length > 0))
+    splitAdded
   }
 }
 

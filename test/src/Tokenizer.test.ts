@@ -1,4 +1,5 @@
 import * as NodeServices from "@effect/platform-node/NodeServices"
+import { Tokenizer as HfTokenizer } from "@huggingface/tokenizers"
 import { assert, describe, it, layer } from "@effect/vitest"
 import { Effect } from "effect"
 import fc from "fast-check"
@@ -82,6 +83,26 @@ describe("Tokenizer (byte-level tokenizer.json)", () => {
         }
       }),
       { numRuns: 200, seed: 7 }
+    )
+  })
+
+  it("encodes and decodes natively exactly as the Hugging Face tokenizer of the same tokenizer.json (property)", () => {
+    const hf = new HfTokenizer(ByteTokenizer.tokenizerJson(), ByteTokenizer.tokenizerConfig(""))
+    const options = { skip_special_tokens: false, clean_up_tokenization_spaces: false }
+    fc.assert(
+      fc.property(
+        mixedText,
+        // Any ids of the vocabulary: split and invalid UTF-8 sequences, specials between the bytes of a character.
+        fc.array(fc.oneof(fc.integer({ min: 0, max: 264 }), fc.constantFrom(0xe4, 0xbd, 0xa0, 0xf0, 0x9f)), {
+          minLength: 1,
+          maxLength: 40
+        }),
+        (text, ids) => {
+          assert.deepStrictEqual(tokenizer.encode(text), hf.encode(text, { add_special_tokens: false }).ids)
+          assert.strictEqual(tokenizer.decode(ids), hf.decode(ids, options))
+        }
+      ),
+      { numRuns: 2000, seed: 16 }
     )
   })
 })
