@@ -141,6 +141,11 @@ export interface TrajectoryBuilder {
   readonly rendered: string
   /** The decoded text of the last sample while `awaitingObservation`. */
   readonly pending: string
+  /**
+   * The `renderMessages` whose render with the generation prompt `rendered` is (set by `start` and
+   * `appendObservations`), so that `assistantTurnText` need not render it again; any other value means unknown.
+   */
+  readonly promptOf?: ReadonlyArray<Message.Message> | undefined
 }
 
 /**
@@ -290,7 +295,8 @@ export const start = Effect.fnUntraced(function*(options: StartOptions) {
     rewrites: [],
     awaitingObservation: false,
     rendered,
-    pending: ""
+    pending: "",
+    promptOf: options.messages
   }
   return builder
 })
@@ -389,7 +395,8 @@ export const appendObservations = Effect.fnUntraced(function*(
       })),
       awaitingObservation: false,
       rendered: next,
-      pending: ""
+      pending: "",
+      promptOf: renderMessages
     }
     return result
   }
@@ -421,7 +428,8 @@ export const appendObservations = Effect.fnUntraced(function*(
     rewrites: [...builder.rewrites, rewrite],
     awaitingObservation: false,
     rendered: next,
-    pending: ""
+    pending: "",
+    promptOf: renderMessages
   }
   return result
 })
@@ -444,6 +452,7 @@ const retractGenerationPrompt = Effect.fnUntraced(function*(builder: TrajectoryB
   const result: TrajectoryBuilder = {
     ...builder,
     rendered: base,
+    promptOf: undefined,
     segments: withOpenSegment(builder, (s) => Trajectory.clipSegment(s, Trajectory.segmentLength(s) - ids.length))
   }
   return result
@@ -476,7 +485,8 @@ export const finish = Effect.fnUntraced(function*(builder: TrajectoryBuilder) {
     segments,
     awaitingObservation: false,
     rendered: builder.rendered + builder.pending,
-    pending: ""
+    pending: "",
+    promptOf: undefined
   }
   return result
 })
@@ -489,7 +499,10 @@ export const finish = Effect.fnUntraced(function*(builder: TrajectoryBuilder) {
  * @since 0.1.0
  */
 export const assistantTurnText = Effect.fnUntraced(function*(builder: TrajectoryBuilder, message: Message.Message) {
-  const prompt = yield* render(builder, builder.renderMessages, true)
+  // After `start` or observations, the text so far is this render already.
+  const prompt = builder.promptOf === builder.renderMessages && !builder.awaitingObservation
+    ? builder.rendered
+    : yield* render(builder, builder.renderMessages, true)
   const full = yield* render(builder, [...builder.renderMessages, message], false)
   if (!full.startsWith(prompt)) {
     return yield* new BuilderError({

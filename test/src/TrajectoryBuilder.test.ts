@@ -326,6 +326,35 @@ describe("TrajectoryBuilder with the byte-level tokenizer and the chatml templat
       assert.isTrue(Trajectory.tokenIds(builder.segments[0]!).every((id) => id < 265))
     }))
 
+  it.effect("appendAssistant reuses the prompt rendered by start and appendObservations: the same ids as rendering it", () =>
+    Effect.gen(function*() {
+      const tokenizer = yield* Tokenizer.make(ByteTokenizer.tokenizerJson(), ByteTokenizer.tokenizerConfig(""))
+      for (const name of ["chatml", "qwen2.5", "qwen3", "llama3"] as const) {
+        const template = ChatTemplate.builtinTemplate(name)
+        const first = fourTurns.findIndex((m) => m.role === "assistant")
+        let cached = yield* TrajectoryBuilder.start({ tokenizer, template, tools, messages: fourTurns.slice(0, first) })
+        let rendered = cached
+        assert.strictEqual(cached.promptOf, cached.renderMessages)
+        let observations: Array<Message.Message> = []
+        for (const message of fourTurns.slice(first)) {
+          if (message.role !== "assistant") {
+            observations.push(message)
+            continue
+          }
+          if (observations.length > 0) {
+            cached = yield* TrajectoryBuilder.appendObservations(cached, observations)
+            rendered = yield* TrajectoryBuilder.appendObservations(rendered, observations)
+          }
+          observations = []
+          assert.strictEqual(cached.promptOf, cached.renderMessages)
+          cached = yield* TrajectoryBuilder.appendAssistant(cached, message)
+          // Without the cache: the prompt is rendered again.
+          rendered = yield* TrajectoryBuilder.appendAssistant({ ...rendered, promptOf: undefined }, message)
+          assert.deepStrictEqual(cached.segments, rendered.segments, name)
+        }
+      }
+    }))
+
   it.effect("llama3 template: exact on the conversation, end of turn <|eot_id|> trainable", () =>
     Effect.gen(function*() {
       const specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>"]
