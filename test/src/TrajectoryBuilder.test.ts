@@ -326,7 +326,7 @@ describe("TrajectoryBuilder with the byte-level tokenizer and the chatml templat
       assert.isTrue(Trajectory.tokenIds(builder.segments[0]!).every((id) => id < 265))
     }))
 
-  it.effect("appendAssistant reuses the prompt rendered by start and appendObservations: the same ids as rendering it", () =>
+  it.effect("appendAssistant reuses the prompt that start and appendObservations rendered: the same ids", () =>
     Effect.gen(function*() {
       const tokenizer = yield* Tokenizer.make(ByteTokenizer.tokenizerJson(), ByteTokenizer.tokenizerConfig(""))
       for (const name of ["chatml", "qwen2.5", "qwen3", "llama3"] as const) {
