@@ -381,9 +381,9 @@ export const appendObservations = Effect.fnUntraced(function*(
     const retracted = yield* retractGenerationPrompt(builder, next)
     if (retracted !== undefined) builder = retracted
   }
-  const expected = builder.rendered + builder.pending
-  if (next.startsWith(expected)) {
-    const suffix = next.slice(expected.length)
+  // `next` starts with the text so far (compared in two parts: concatenating them would copy the whole text).
+  if (next.startsWith(builder.rendered) && next.startsWith(builder.pending, builder.rendered.length)) {
+    const suffix = next.slice(builder.rendered.length + builder.pending.length)
     const spans = tokenizeWithSources(builder.tokenizer, suffix, observationRegions(suffix, observations), "template")
     const result: TrajectoryBuilder = {
       ...builder,
@@ -403,6 +403,7 @@ export const appendObservations = Effect.fnUntraced(function*(
   // The template rewrote history: close the open segment and start a new one from a fresh render. The new
   // segment's history (through the last end-of-turn before the observations) is its prompt.
   const closed = yield* closeSegment(builder)
+  const expected = builder.rendered + builder.pending
   const at = divergence(expected, next)
   const observed = trailingRegions(next, observations)
   const firstObservation = observed[0]?.start ?? next.length

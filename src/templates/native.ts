@@ -74,27 +74,36 @@ const toolCall = (raw: unknown): string => {
 }
 
 /** The message loop both templates share: tool results merged into user turns, assistant tool calls in Hermes. */
-const turns = (messages: ReadonlyArray<Readonly<Record<string, unknown>>>): string => {
-  let out = ""
+const turns = (messages: ReadonlyArray<Readonly<Record<string, unknown>>>, out: Array<string>): void => {
   for (let i = 0; i < messages.length; i++) {
     const message = messages[i]!
     const role = text(message["role"])
     if (role === "tool") {
-      if (i === 0 || messages[i - 1]!["role"] !== "tool") out += "<|im_start|>user"
-      out += "\n<tool_response>\n" + text(message["content"]) + "\n</tool_response>"
-      if (i === messages.length - 1 || messages[i + 1]!["role"] !== "tool") out += "<|im_end|>\n"
+      if (i === 0 || messages[i - 1]!["role"] !== "tool") out.push("<|im_start|>user")
+      out.push("\n<tool_response>\n", text(message["content"]), "\n</tool_response>")
+      if (i === messages.length - 1 || messages[i + 1]!["role"] !== "tool") out.push("<|im_end|>\n")
     } else if (role === "assistant" && truthy(message["tool_calls"])) {
       const calls = message["tool_calls"]
       if (!Array.isArray(calls)) throw unsupported
-      out += "<|im_start|>assistant"
-      if (truthy(message["content"])) out += "\n" + text(message["content"])
-      for (const call of calls) out += toolCall(call)
-      out += "<|im_end|>\n"
+      out.push("<|im_start|>assistant")
+      if (truthy(message["content"])) out.push("\n", text(message["content"]))
+      for (const call of calls) out.push(toolCall(call))
+      out.push("<|im_end|>\n")
     } else if (!(role === "system" && i === 0)) {
-      out += "<|im_start|>" + role + "\n" + text(message["content"]) + "<|im_end|>\n"
+      out.push("<|im_start|>", role, "\n", text(message["content"]), "<|im_end|>\n")
     }
   }
-  return out
+}
+
+/** The turns after the system part, and the generation prompt, joined into one flat string (one copy, no rope). */
+const finish = (
+  messages: ReadonlyArray<Readonly<Record<string, unknown>>>,
+  out: Array<string>,
+  addGenerationPrompt: boolean
+): string => {
+  turns(messages, out)
+  if (addGenerationPrompt) out.push("<|im_start|>assistant\n")
+  return out.join("")
 }
 
 const guarded = (render: Renderer): Renderer => (messages, tools, addGenerationPrompt) => {
@@ -121,16 +130,16 @@ export const qwen25: Renderer = guarded((messages, tools, addGenerationPrompt) =
   const system = hasSystem(messages)
     ? text(messages[0]!["content"])
     : "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
-  let out = "<|im_start|>system\n" + system
+  const out = ["<|im_start|>system\n", system]
   if (tools !== null && tools.length > 0) {
-    out += "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n" +
+    out.push("\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n" +
       "You are provided with function signatures within <tools></tools> XML tags:\n<tools>" + toolList(tools) +
       "\n</tools>\n\nFor each function call, return a json object with function name and arguments within " +
       "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": " +
-      "<args-json-object>}\n</tool_call>"
+      "<args-json-object>}\n</tool_call>")
   }
-  out += "<|im_end|>\n" + turns(messages)
-  return addGenerationPrompt ? out + "<|im_start|>assistant\n" : out
+  out.push("<|im_end|>\n")
+  return finish(messages, out, addGenerationPrompt)
 })
 
 /**
@@ -142,19 +151,20 @@ export const qwen25: Renderer = guarded((messages, tools, addGenerationPrompt) =
 export const chatml: Renderer = guarded((messages, tools, addGenerationPrompt) => {
   const system = hasSystem(messages)
   const withTools = tools !== null && tools.length > 0
-  let out = ""
+  const out: Array<string> = []
   if (system || withTools) {
-    out += "<|im_start|>system\n"
-    if (system) out += text(messages[0]!["content"])
+    out.push("<|im_start|>system\n")
+    if (system) out.push(text(messages[0]!["content"]))
     if (withTools) {
-      if (system) out += "\n\n"
-      out += "# Tools\n<tools>" + toolList(tools) + "\n</tools>\nCall a tool with <tool_call>\n{\"name\": " +
-        "<function-name>, \"arguments\": <args-json-object>}\n</tool_call>"
+      if (system) out.push("\n\n")
+      out.push(
+        "# Tools\n<tools>" + toolList(tools) + "\n</tools>\nCall a tool with <tool_call>\n{\"name\": " +
+          "<function-name>, \"arguments\": <args-json-object>}\n</tool_call>"
+      )
     }
-    out += "<|im_end|>\n"
+    out.push("<|im_end|>\n")
   }
-  out += turns(messages)
-  return addGenerationPrompt ? out + "<|im_start|>assistant\n" : out
+  return finish(messages, out, addGenerationPrompt)
 })
 
 /**
