@@ -205,7 +205,10 @@ const fromHf = (
       for (const piece of splitAdded(text)) {
         const id = addedTokens.get(piece)
         if (id !== undefined) ids.push(id)
-        else for (const byte of utf8.encode(piece)) ids.push(byte)
+        else {
+          const bytes = utf8.encode(piece)
+          for (let i = 0; i < bytes.length; i++) ids.push(bytes[i]!)
+        }
       }
       return ids
     }
