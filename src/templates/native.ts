@@ -118,7 +118,16 @@ const guarded = (render: Renderer): Renderer => (messages, tools, addGenerationP
 const hasSystem = (messages: ReadonlyArray<Readonly<Record<string, unknown>>>) =>
   messages.length > 0 && messages[0]!["role"] === "system"
 
-const toolList = (tools: ReadonlyArray<unknown>) => tools.map((tool) => "\n" + toJson(tool)).join("")
+// A rollout renders the same tool list (a read-only value) every turn: its JSON is written once per list.
+const toolLists = new WeakMap<ReadonlyArray<unknown>, string>()
+
+const toolList = (tools: ReadonlyArray<unknown>): string => {
+  const cached = toolLists.get(tools)
+  if (cached !== undefined) return cached
+  const text = tools.map((tool) => "\n" + toJson(tool)).join("")
+  toolLists.set(tools, text)
+  return text
+}
 
 /**
  * `builtin.qwen25` (Qwen2.5-Instruct), natively.
