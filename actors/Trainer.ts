@@ -294,6 +294,9 @@ const isCorrect = (t: Trajectory.Trajectory): boolean => {
 const hasInvalidCall = (t: Trajectory.Trajectory): boolean =>
   t.termination === "error" || t.messages.some((m) => m.role === "tool" && m.is_error === true)
 
+const toolNames = (agent: { readonly runtime: { readonly task: { readonly tools: ReadonlyArray<{ readonly name: string }> } } }) =>
+  agent.runtime.task.tools.map((t) => t.name)
+
 const mean = (xs: ReadonlyArray<number>): number => (xs.length === 0 ? 0 : xs.reduce((a, b) => a + b, 0) / xs.length)
 
 /**
@@ -360,7 +363,8 @@ const standardError = (xs: ReadonlyArray<number>): number => {
 /**
  * Rollout figures of a set of groups, under `prefix` (`rollout` or `eval`): `reward_mean`, `accuracy` and its
  * standard error over groups (`accuracy_se`: a group is one question's samples),
- * `invalid_tool_call_rate`, `turns_mean`, `tool_calls/<tool>` (calls per trajectory), the reward's metrics
+ * `invalid_tool_call_rate`, `turns_mean`, `tool_calls/<tool>` (calls per trajectory; with `tools`, calls to any
+ * other name, which a policy misspells in endless ways, are counted once as `tool_calls/(unknown)`), the reward's metrics
  * (`reward/<name>/<metric>`, each averaged over the trajectories that carry it), `policy_tokens` and, with
  * `policyVersion`, `staleness_mean`.
  *
@@ -373,6 +377,8 @@ export const rolloutFigures = (
     readonly prefix: string
     readonly correct?: ((t: Trajectory.Trajectory) => boolean) | undefined
     readonly policyVersion?: number
+    /** The task's tool names. */
+    readonly tools?: ReadonlyArray<string> | undefined
   }
 ): Record<string, number> => {
   const trajectories = groups.flatMap((g) => g.trajectories)
@@ -400,7 +406,12 @@ export const rolloutFigures = (
   for (const t of trajectories) {
     for (const m of t.messages) {
       if (m.role !== "assistant") continue
-      for (const call of m.tool_calls ?? []) calls.set(call.function.name, (calls.get(call.function.name) ?? 0) + 1)
+      for (const call of m.tool_calls ?? []) {
+        const name = options.tools === undefined || options.tools.includes(call.function.name)
+          ? call.function.name
+          : "(unknown)"
+        calls.set(name, (calls.get(name) ?? 0) + 1)
+      }
     }
   }
   for (const [tool, n] of calls) out[`${p}/tool_calls/${tool}`] = n / Math.max(1, trajectories.length)
@@ -567,7 +578,7 @@ export const evaluation = (
       temperature: config.eval.temperature,
       seed: 7_000_000 + config.seed
     }),
-    (groups) => ({ groups, figures: rolloutFigures(groups, { prefix: "eval", correct: agent.runtime.correct }) })
+    (groups) => ({ groups, figures: rolloutFigures(groups, { prefix: "eval", correct: agent.runtime.correct, tools: toolNames(agent) }) })
   )
 }
 
@@ -799,7 +810,7 @@ export const run: <RE = never>(
       seed: 8_000_000 + config.seed
     }).pipe(sampledBy(version))
     yield* checkFailures(groups, `warm-up check at step ${step}`)
-    const figures = rolloutFigures(groups, { prefix: "validation", correct })
+    const figures = rolloutFigures(groups, { prefix: "validation", correct, tools: toolNames(agentOf) })
     return {
       "warmup/validation_accuracy": figures["validation/accuracy"]!,
       "warmup/validation_invalid_tool_call_rate": figures["validation/invalid_tool_call_rate"]!
@@ -905,7 +916,12 @@ export const run: <RE = never>(
       policyVersion: Math.min(...group.trajectories.map((t) => Trajectory.oldestPolicyVersion(t) ?? step - 1)),
       meanReward: mean(group.trajectories.map((t) => t.reward))
     }))).pipe(Effect.mapError(io))
-    const rollout = rolloutFigures(batch.groups, { prefix: "rollout", correct, policyVersion: step - 1 })
+    const rollout = rolloutFigures(batch.groups, {
+      prefix: "rollout",
+      correct,
+      policyVersion: step - 1,
+      tools: toolNames(agentOf)
+    })
     const failures = infrastructureFailures(batch.groups.flatMap((g) => g.trajectories))
     if (failures.share > config.maxFailureShare) {
       yield* metrics.log({ phase: "train", step, elapsed: yield* elapsed, figures: rollout }).pipe(Effect.mapError(io))

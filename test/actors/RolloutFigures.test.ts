@@ -4,7 +4,7 @@
  */
 import { assert, describe, it } from "@effect/vitest"
 import * as Trainer from "../../actors/Trainer.ts"
-import { answered } from "../utils/trajectories.ts"
+import { answered, trajectoryOf } from "../utils/trajectories.ts"
 
 const group = (rowIndex: number, outcomes: ReadonlyArray<boolean>) => ({
   groupId: `g${rowIndex}`,
@@ -41,5 +41,24 @@ describe("Trainer.rolloutFigures", () => {
     assert.strictEqual(figures["rollout/reward/answer/searches"], 1.5)
     assert.strictEqual(figures["rollout/reward/score/r_price"], 1)
     assert.isUndefined(figures["rollout/reward/answer/error"])
+  })
+
+  it("calls to names that are not the task's tools count once, as tool_calls/(unknown)", () => {
+    const calling = (...names: ReadonlyArray<string>) =>
+      trajectoryOf([{ role: "user", content: "q" }, {
+        role: "assistant",
+        content: "",
+        tool_calls: names.map((name, i) => ({ id: `c${i}`, type: "function" as const, function: { name, arguments: {} } }))
+      }])
+    const groups = [{ groupId: "g", rowIndex: 0, trajectories: [calling("calculator", "calc17ator"), calling("ca\ufffdculator")] }]
+    const known = Trainer.rolloutFigures(groups, { prefix: "rollout", tools: ["calculator"] })
+    assert.deepStrictEqual(
+      Object.keys(known).filter((k) => k.startsWith("rollout/tool_calls/")).sort(),
+      ["rollout/tool_calls/(unknown)", "rollout/tool_calls/calculator"]
+    )
+    assert.strictEqual(known["rollout/tool_calls/(unknown)"], 1)
+    assert.strictEqual(known["rollout/tool_calls/calculator"], 0.5)
+    // Without the task's tools (a caller that has none), every name is its own key, as before.
+    assert.strictEqual(Trainer.rolloutFigures(groups, { prefix: "rollout" })["rollout/tool_calls/calc17ator"], 0.5)
   })
 })
