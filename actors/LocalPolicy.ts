@@ -156,10 +156,13 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
       // than the unbroken one). Parallelism comes from `learner.workers`, which split rows, not sums.
       intraOpThreads: options.intraOpThreads ?? 1
     }).pipe(
+      // The trainer's own scope inside `fsContext`, which carries the run's: provided outside, the run's scope won
+      // and every replaced trainer kept its sessions and worker threads until the run ended (measured: the warm-up's
+      // two workers and their sessions, 300–500 MB, held through RL).
+      Effect.provideService(Scope.Scope, scope),
       Effect.map((t) => t.trainer),
       Effect.mapError(learnerError),
-      Effect.provide(fsContext),
-      Effect.provideService(Scope.Scope, scope)
+      Effect.provide(fsContext)
     )))
   const rlSchedule = algorithm.lrSchedule === "cosine"
     ? LrSchedule.cosine(algorithm.lr, { warmupSteps: algorithm.lrWarmupSteps, totalSteps: algorithm.steps })

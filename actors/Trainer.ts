@@ -49,6 +49,7 @@ import * as Task from "../src/Task.ts"
 import * as TrainConfig from "../src/TrainConfig.ts"
 import * as Trajectory from "../src/Trajectory.ts"
 import * as AgentRollout from "./gateway/AgentRollout.ts"
+import * as PeakRss from "./internal/peakRss.ts"
 import * as Journal from "./Journal.ts"
 import * as Metrics from "./Metrics.ts"
 import * as Rollout from "./Rollout.ts"
@@ -733,8 +734,17 @@ export const run: <RE = never>(
   const point = Journal.resumePoint(existing, (c) => c === resumeFrom)
   const journal = yield* Journal.open(`${out}/journal.jsonl`, { cutAt: point.cutAt }).pipe(Effect.mapError(io))
   // Metrics errors keep only their message: the annotated file system makes it say ENOSPC on a full disk.
-  const metrics = yield* Metrics.open(out, point.checkpoint === undefined ? {} : { resumeFrom: point.step })
+  const files = yield* Metrics.open(out, point.checkpoint === undefined ? {} : { resumeFrom: point.step })
     .pipe(Effect.provideService(FileSystem.FileSystem, DiskFull.annotate(fs)), Effect.mapError(io))
+  // Every record carries the process's peak RSS since the previous record (so per phase: warm-up step, RL step,
+  // evaluation) and its RSS when written.
+  const memory = yield* PeakRss.make()
+  const metrics: Metrics.Metrics = {
+    ...files,
+    log: (record) =>
+      Effect.flatMap(memory.take, ({ peakMb, rssMb }) =>
+        files.log({ ...record, figures: { ...record.figures, "perf/peak_rss_mb": peakMb, "perf/rss_mb": rssMb } }))
+  }
   yield* fs.writeFileString(`${out}/config.json`, JSON.stringify(config, null, 2)).pipe(Effect.mapError(io))
   yield* journal.append({ kind: "start", fromStep: point.step, seed: config.seed, mode: config.mode })
     .pipe(Effect.mapError(io))

@@ -2,7 +2,8 @@
  * The run report: one self-contained `report.html` (no network, no scripts from anywhere) with charts of the
  * figures a run logs over steps — reward, held-out accuracy, invalid tool-call rate, turns per trajectory, tool
  * calls per tool, failures and tool errors by reason, episode ends, KL, entropy, clip fraction, throughput,
- * losses, and the environment pools' acquire waits, crashes and resets — and a trajectory viewer that shows sampled
+ * losses, the process's peak memory per warm-up step, RL step and evaluation (`perf/peak_rss_mb`), and the
+ * environment pools' acquire waits, crashes and resets — and a trajectory viewer that shows sampled
  * trajectories token by token, coloured by source (only `policy` tokens are trained on), with their rewards.
  *
  * Charts are inline SVG drawn here; the page works with scripts disabled (a few lines of inline script only filter
@@ -279,6 +280,22 @@ export const charts: ReadonlyArray<ChartSpec> = [
   {
     title: "Warm-up validation accuracy",
     series: [{ name: "greedy", phase: "warmup", key: "warmup/validation_accuracy" }]
+  },
+  {
+    title: "Peak RSS (MB)",
+    series: [{ name: "RL step", phase: "train", key: "perf/peak_rss_mb" }, {
+      name: "evaluation",
+      phase: "eval",
+      key: "perf/peak_rss_mb"
+    }],
+    optional: true,
+    group: "Memory"
+  },
+  {
+    title: "Peak RSS, warm-up (MB)",
+    series: [{ name: "warm-up step", phase: "warmup", key: "perf/peak_rss_mb" }],
+    optional: true,
+    group: "Memory"
   },
   {
     title: "Acquire wait (ms)",

@@ -133,6 +133,11 @@ export interface Options {
   /** Sessions kept per shape (default 8). */
   readonly maxSessions?: number
   /**
+   * onnxruntime's CPU memory arena for the trainer's sessions. Off by default: each session's arena would hold its
+   * peak working set for as long as the session lives (one session per micro-batch shape and worker).
+   */
+  readonly memoryArena?: boolean
+  /**
    * Let idle intra-op threads spin (onnxruntime's default). Off by default: on a machine shared with other
    * processes, spinning threads fight for the cores (measured 2.4× slower steps under load, equal when idle).
    */
@@ -273,6 +278,11 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
     interOpNumThreads: 1,
     executionMode: "sequential",
     graphOptimizationLevel: "all",
+    // onnxruntime's CPU arena keeps each session's largest working set (its activations and gradients, ≈ 100 MB
+    // per worker and shape for the tiny preset at 4,096 tokens) for the session's lifetime, and a trainer keeps up
+    // to `maxSessions` shapes per worker: 3.0 GB of RSS on the calculator demo's RL phase. Without it they go back
+    // to malloc after each run (1.3 GB; no slower, see BENCHMARKS.md).
+    enableCpuMemArena: options.memoryArena === true,
     extra: { session: { intra_op: { allow_spinning: options.allowSpinning === true ? "1" : "0" } } }
   }
 

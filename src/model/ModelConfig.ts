@@ -88,7 +88,7 @@ export const headDim = (c: ModelConfig): number => c.hiddenSize / c.numAttention
  * @category models
  * @since 0.1.0
  */
-export type PresetName = "tiny" | "small"
+export type PresetName = "tiny" | "small" | "medium"
 
 /**
  * Preset architectures for the embedded CPU policy. The vocabulary size is a placeholder that
@@ -97,6 +97,9 @@ export type PresetName = "tiny" | "small"
  * - `tiny`: 2 layers, width 128, 4 heads (each with its own KV head), SwiGLU 512, untied head, learned positions
  *   on top of RoPE: ≈0.6 M parameters besides the embeddings; decodes thousands of tokens/s on 2 CPU cores.
  * - `small`: 4 layers, width 256, 8 query heads sharing 2 KV heads, SwiGLU 1024.
+ * - `medium`: 12 layers, width 768, 12 query heads sharing 4 KV heads, SwiGLU 3072, tied head: ≈104 M parameters
+ *   (GPT-2 small's size), for sizing what a bigger model needs (`bench/memory.ts`); far too slow to train on a
+ *   laptop CPU.
  *
  * @category constructors
  * @since 0.1.0
@@ -130,6 +133,21 @@ export const presets: Readonly<Record<PresetName, ModelConfig>> = {
     numAttentionHeads: 8,
     numKeyValueHeads: 2,
     intermediateSize: 1024,
+    maxPositionEmbeddings: 1024,
+    ropeTheta: 10000,
+    rmsNormEps: 1e-6,
+    tieWordEmbeddings: true,
+    attentionBias: true,
+    learnedPositions: false
+  },
+  medium: {
+    modelType: "qwen2",
+    vocabSize: 288,
+    hiddenSize: 768,
+    numHiddenLayers: 12,
+    numAttentionHeads: 12,
+    numKeyValueHeads: 4,
+    intermediateSize: 3072,
     maxPositionEmbeddings: 1024,
     ropeTheta: 10000,
     rmsNormEps: 1e-6,

@@ -149,6 +149,13 @@ describe("Trainer", () => {
       assert.strictEqual(train[0]!.figures["rollout/staleness_mean"], 0, "sync: sampled by the current policy")
       assert.isTrue(train.every((m) => m.figures["learner/entropy"] !== undefined && m.figures["perf/tokens_per_s"]! > 0))
       assert.isTrue(samples.length > 0 && samples[0]!.spans.some((s) => s.source === "policy"))
+      // Every record, whatever its phase, carries the process's peak RSS since the record before: plausible for a
+      // Node process, never below the RSS when written.
+      assert.deepStrictEqual([...new Set(metrics.map((m) => m.phase))].sort(), ["eval", "train", "warmup"])
+      for (const m of metrics) {
+        const peak = m.figures["perf/peak_rss_mb"]!, rss = m.figures["perf/rss_mb"]!
+        assert.isTrue(peak >= 30 && peak < 256 * 1024 && peak >= rss && rss >= 30, `${m.phase} ${m.step}: ${peak} / ${rss} MB`)
+      }
       const journal = (yield* Journal.read(join(out, "journal.jsonl"))).entries.map((e) => e.entry)
       assert.strictEqual(journal.filter((e) => e.kind === "group").length, 24)
       assert.deepStrictEqual(journal.filter((e) => e.kind === "warmup"), [{ kind: "warmup", steps: 3 }])

@@ -17,7 +17,7 @@ import * as Report from "../../src/Report.ts"
 const run = () => {
   const metrics: Array<Report.MetricsRecord> = []
   for (let step = 1; step <= 20; step++) {
-    metrics.push({ phase: "warmup", step, elapsed: step, figures: { "warmup/loss": 3 / step, "perf/tokens_per_s": 4e4 } })
+    metrics.push({ phase: "warmup", step, elapsed: step, figures: { "warmup/loss": 3 / step, "perf/tokens_per_s": 4e4, "perf/peak_rss_mb": 700 + step } })
   }
   for (let step = 1; step <= 30; step++) {
     metrics.push({
@@ -36,6 +36,7 @@ const run = () => {
         "learner/clip_frac": 0.01,
         "learner/loss": -0.01,
         "perf/tokens_per_s": 3000 + step,
+        "perf/peak_rss_mb": 900 + step,
         "rollout/failure_share": step % 7 === 0 ? 0.125 : 0,
         ...(step % 7 === 0 ? { "rollout/failures/EnvFailed": 1 } : {}),
         ...(step === 10 ? { "rollout/failures/LeaseFailed": 2 } : {}),
@@ -57,7 +58,12 @@ const run = () => {
         phase: "eval",
         step: step === 1 ? 0 : step,
         elapsed: 20 + step,
-        figures: { "eval/accuracy": 0.3 + step / 100, "eval/invalid_tool_call_rate": 0.2 - step / 300, "eval/reward_mean": 0.3 }
+        figures: {
+          "eval/accuracy": 0.3 + step / 100,
+          "eval/invalid_tool_call_rate": 0.2 - step / 300,
+          "eval/reward_mean": 0.3,
+          "perf/peak_rss_mb": 800
+        }
       })
     }
   }
@@ -139,16 +145,28 @@ describe("Report", () => {
     assert.strictEqual(new Set(envFailed.map(([, y]) => y)).size, 2, "ones at steps 7, 14, …; zeros elsewhere")
   })
 
+  it("peak RSS is charted per phase: RL steps and evaluations together, the warm-up on its own steps", () => {
+    const html = Report.render({ title: "t", ...run() })
+    assert.include(html, "<h2>Memory</h2>")
+    assert.include(html, "<title>Peak RSS (MB)</title>")
+    assert.include(html, "<title>Peak RSS, warm-up (MB)</title>")
+    assert.strictEqual(pointsOf(html, "RL step").length, 30)
+    assert.strictEqual(pointsOf(html, "evaluation").length, 7)
+    assert.strictEqual(pointsOf(html, "warm-up step").length, 20)
+  })
+
   it("a run without those figures leaves their charts out; the charts every run has say \"no data\"", () => {
-    const optional = /^(rollout\/(failures|tool_errors|episode_end)\/|env\/)/
+    const optional = /^(rollout\/(failures|tool_errors|episode_end)\/|env\/|perf\/peak_rss_mb$)/
     const metrics = run().metrics.map((r) => ({
       ...r,
       figures: Object.fromEntries(Object.entries(r.figures).filter(([k]) => !optional.test(k)))
     }))
     const html = Report.render({ title: "t", metrics, samples: [] })
-    const titles = ["Failures by reason", "Tool errors by reason", "Episode ends", "Acquire wait", "Crashes", "Resets"]
+    const titles = ["Failures by reason", "Tool errors by reason", "Episode ends", "Acquire wait", "Crashes", "Resets",
+      "Peak RSS"]
     for (const title of titles) assert.notInclude(html, title)
     assert.notInclude(html, "Environment pools", "an empty section is left out too")
+    assert.notInclude(html, "<h2>Memory</h2>")
     assert.include(html, "<title>Warm-up validation accuracy</title>")
     assert.include(html, "no data")
     assert.strictEqual(html.split(`<svg `).length - 1, Report.charts.filter((c) => !c.optional).length)
@@ -244,7 +262,7 @@ describe("Report", () => {
       assert.strictEqual(seen.toolSeries, 1, "one series per tool")
       assert.strictEqual(seen.failureSeries, 1, "one series per failure reason")
       assert.strictEqual(seen.poolSeries, 1, "one series per pool and figure")
-      assert.deepStrictEqual(seen.sections, ["Training curves", "Environment pools", "Sampled trajectories"])
+      assert.deepStrictEqual(seen.sections, ["Training curves", "Memory", "Environment pools", "Sampled trajectories"])
       assert.strictEqual(seen.cards, 3, "the torn sample line is skipped")
       assert.strictEqual(seen.policyTokens, 9)
       assert.isTrue((seen.box?.width ?? 0) > 100 && (seen.box?.height ?? 0) > 100, "charts have a size")
