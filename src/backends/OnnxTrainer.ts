@@ -135,7 +135,7 @@ export interface Options {
   /**
    * onnxruntime's CPU memory arena (and memory pattern) for the trainer's sessions. Off by default: each session's
    * arena would hold its peak working set for as long as the session lives (one session per micro-batch shape and
-   * worker): 3.0 GB instead of about 1.2 GB on the calculator demo's RL phase, for steps about 4 % faster.
+   * worker): 3.4 GB instead of about 1.2 GB on the calculator demo's RL phase, for learner steps 4–9 % faster.
    */
   readonly memoryArena?: boolean
   /**
@@ -284,7 +284,7 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
     // to `maxSessions` shapes per worker: 3.0 GB of RSS on the calculator demo's RL phase. Without it the tensors go
     // back to malloc after each run. The memory pattern goes with the arena: without one it allocates each run's
     // whole plan as one fresh block, mapped and faulted in anew every run (steps 1.45× slower); tensor by tensor,
-    // malloc reuses the memory of the run before (1.04×, see BENCHMARKS.md).
+    // malloc reuses the memory of the run before (1.04–1.09×, see BENCHMARKS.md).
     enableCpuMemArena: options.memoryArena === true,
     enableMemPattern: options.memoryArena === true,
     extra: { session: { intra_op: { allow_spinning: options.allowSpinning === true ? "1" : "0" } } }
