@@ -5,12 +5,13 @@
  *
  * - `lease`: acquire + release of a warm in-process instance through `ResourceManager` (sharing key, health check
  *   on acquire, reset on release, metrics), vs `Pool.get` of effect's own `Pool` (no keys, no checks).
- * - `docker exec`: one `exec` of `true` in a warm sandbox container, vs the Python sandbox's call (one exec of the
- *   client + the supervisor + the persistent interpreter), vs the same call over the container's attached stdio
- *   (`transport: "attach"`), vs under bubblewrap (a unix socket).
+ * - `docker exec`: one `exec` of `true` in a warm sandbox container, vs the Python sandbox's call on the opt-in
+ *   `exec` transport (one exec of the client + the supervisor + the persistent interpreter), vs the same call over
+ *   the container's attached stdio (`attach`, the default), vs under bubblewrap.
  * - `redis`: acquire + release of a global lease (two Lua scripts), vs a `PING`.
  * - `chains`: 16 concurrent chains of (lease → 5 `python` calls → release) through the manager on warm Docker
- *   sandboxes, vs 1 chain; throughput in calls per second (and the same with the attach transport and on
+ *   sandboxes with the `exec` transport, vs 1 chain; throughput in calls per second (and the same with the
+ *   attach transport and on
  *   bubblewrap sandboxes). The rollout
  *   runtime's own chains add sampling on top; this measures the environment side alone.
  *
@@ -89,7 +90,7 @@ const execFigures = Effect.gen(function*() {
   const rawLease = yield* manager.acquire(raw, owner)
   const rawMs = yield* rounds(3, perCall(20, rawLease.use((c) => c.exec(["true"]))))
 
-  const docker = yield* PythonSandbox.docker(yield* sandboxSpec("docker", "py-exec", 1))
+  const docker = yield* PythonSandbox.docker(yield* sandboxSpec("docker", "py-exec", 1), { transport: "exec" })
   const pyLease = yield* manager.acquire(docker, owner)
   const py = PythonSandbox.fromLease(pyLease)
   yield* py.run("x = 0")
@@ -169,7 +170,7 @@ const chainThroughput = (resource: Resource.Resource<PythonSandbox.Instance>, ch
   })
 
 const chainFigures = Effect.gen(function*() {
-  const docker = yield* PythonSandbox.docker(yield* sandboxSpec("docker", "py-chains", 16))
+  const docker = yield* PythonSandbox.docker(yield* sandboxSpec("docker", "py-chains", 16), { transport: "exec" })
   const manager = yield* ResourceManager.ResourceManager
   yield* manager.open(docker)
   yield* warm("py-chains", 16)

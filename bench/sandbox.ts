@@ -9,7 +9,7 @@
  * background process and 8 MiB in `/dev/shm`. Cycles alternate between transports, so that
  * the shared machine's load drifts over all of them alike; figures are medians and 90th percentiles in ms.
  *
- * Headline: the attach transport's median reset time (the default transport of the python task).
+ * Headline: the attach transport's median reset time (Docker's default transport).
  */
 import { Clock, Effect, Layer } from "effect"
 import { loadavg } from "node:os"
@@ -54,7 +54,10 @@ interface Target {
 
 const figures = Effect.gen(function*() {
   const targets: Array<Target> = [
-    { transport: "exec", resource: yield* PythonSandbox.docker(yield* spec("docker", "bench-reset-exec")) },
+    {
+      transport: "exec",
+      resource: yield* PythonSandbox.docker(yield* spec("docker", "bench-reset-exec"), { transport: "exec" })
+    },
     {
       transport: "attach",
       resource: yield* PythonSandbox.docker(yield* spec("docker", "bench-reset-attach"), { transport: "attach" })

@@ -5,19 +5,21 @@
  *
  * Inside the sandbox a small supervisor (`repl_server.py`, standard library only) is PID 1 and owns one long-lived
  * worker interpreter, forked by a zygote (`repl_worker.py`: a fresh program started once, which never sees a
- * request, so that no worker holds anything of an earlier chain and a new one costs a fork). Each call is one request: with the Docker `exec`
- * transport, one `exec` of a tiny client, as another user than the code under test, that talks to the
- * supervisor's abstract unix socket; with `attach` and under bubblewrap, a JSON line over the supervisor's stdin
- * and stdout. A call that runs past its limit, or an interpreter killed by the out-of-memory killer, fails with
- * {@link PythonError} and the next call runs on a fresh interpreter. A container that dies is replaced by the
- * resource manager (`EnvError(Crashed)`, retried by `ResourceManager.withRetryOnCrash`).
+ * request, so that no worker holds anything of an earlier chain and a new one costs a fork). Each call is one
+ * request: a JSON line over the supervisor's stdin and stdout (Docker's default `attach` transport, and
+ * bubblewrap); with the opt-in Docker `exec` transport, one `exec` of a tiny client, as another user than the code
+ * under test, that talks to the supervisor's abstract unix socket (≈ 100 ms of engine CPU per call). A call that
+ * runs past its limit, or an interpreter killed by the out-of-memory killer, fails with {@link PythonError} and the
+ * next call runs on a fresh interpreter. A container that dies is replaced by the resource manager
+ * (`EnvError(Crashed)`, retried by `ResourceManager.withRetryOnCrash`).
  *
  * **What a chain cannot do.** Trace or read the supervisor (it is not dumpable; ptrace is filtered), take its
  * channel over or forge its replies, or leave anything for the next chain: a reset kills every process of the
  * sandbox but the supervisor and the zygote, empties the work dir, `/tmp` and `/dev/shm`, removes IPC objects,
- * puts back limits, priority and affinity a chain changed on them, and checks that all of it held; a sandbox that cannot prove it is clean (or has a writable root) fails its reset with
- * `EnvError(ResetFailed)` and the resource manager destroys it. Processes a cell starts do not outlive the cell,
- * and a `fresh` run (a reward's) runs while the chain's own interpreter is stopped.
+ * puts back limits, priority and affinity a chain changed on them, and checks that all of it held; a sandbox that
+ * cannot prove it is clean (or has a writable root) fails its reset with `EnvError(ResetFailed)` and the resource
+ * manager destroys it. Processes a cell starts do not outlive the cell, and a `fresh` run (a reward's) runs while
+ * the chain's own interpreter is stopped.
  *
  * @since 0.1.0
  */
@@ -258,9 +260,15 @@ const releaseReset = (spec: Resource.ResourceSpec) => (instance: Instance): Effe
 // ===== Docker =====
 
 /**
- * How calls reach a Docker sandbox: `exec` (default): one `docker exec` of a small client per call, as the
- * Docker backend does every action (≈ 100 ms of engine work per call); `attach`: JSON lines over the container's
- * attached stdin/stdout, one stream per container for its whole life (no engine work per call).
+ * How calls reach a Docker sandbox: `attach` (default): JSON lines over the container's attached stdin/stdout, one
+ * stream per container for its whole life (≈ 0.5 ms per call, no engine work but copying); `exec`: one
+ * `docker exec` of a small client per call, as the Docker backend does every action (≈ 100 ms of engine CPU per
+ * call, which bounds a 2-core machine to ≈ 20 calls/s whatever the number of chains).
+ *
+ * Both keep code under test off the channel: the attached stdin/stdout are reachable from inside only through
+ * `/proc/1/fd` of the supervisor, which is not dumpable (its `/proc` entries are root's), and a reply is matched by
+ * the request id the supervisor echoes; the exec client runs as another user than the code under test and talks
+ * to an abstract socket whose peer's uid the supervisor checks (`SandboxAttacks.test.ts` runs on both).
  *
  * @category models
  * @since 0.1.0
@@ -325,7 +333,8 @@ const lineInstance = (env: string, channel: Docker.LineChannel): Instance => {
 }
 
 /**
- * The sandbox as Docker containers (one per instance); `spec.kind` must be `docker`.
+ * The sandbox as Docker containers (one per instance); `spec.kind` must be `docker`. Calls go over the
+ * containers' attached stdio unless `transport: "exec"` is asked for (see {@link Transport}).
  *
  * @category constructors
  * @since 0.1.0
@@ -335,7 +344,7 @@ export const docker = (
   options: { readonly transport?: Transport } = {}
 ): Effect.Effect<Resource.Resource<Instance>, never, Docker.DockerEngine> =>
   Effect.gen(function*() {
-    const attach = options.transport === "attach"
+    const attach = (options.transport ?? "attach") === "attach"
     const byContainer = new WeakMap<Docker.Container, Instance>()
     const toInstance = (container: Docker.Container): Instance => {
       let instance = byContainer.get(container)

@@ -4,9 +4,9 @@
  *
  * Each rollout chain leases its own sandbox from the resource manager for the length of its episode; released
  * sandboxes are reset (fresh interpreter, empty work dir) and handed to the next chain, so a run starts at most
- * `pool` of them. Docker containers with the `attach` transport by default (one stdio stream per container, no
- * engine work per call); bubblewrap processes with `{ "sandbox": "bubblewrap" }` where no Docker engine runs. The
- * Docker engine layer removes the run's containers when the run ends, and on SIGINT/SIGTERM.
+ * `pool` of them. Docker containers by default (the sandbox's default `attach` transport: one stdio stream per
+ * container, no engine work per call); bubblewrap processes with `{ "sandbox": "bubblewrap" }` where no Docker
+ * engine runs. The Docker engine layer removes the run's containers when the run ends, and on SIGINT/SIGTERM.
  *
  *   npx tsx examples/python/generate.ts examples/python/data                      # short.json's data
  *   npx agentfly train examples/python/short.json                                  # a smoke run (< 2 minutes)
@@ -61,10 +61,10 @@ export const spec = (kind: "docker" | "bubblewrap", max: number) =>
     timeouts: { acquireMillis: 60_000 }
   })
 
-/** Each chain's `PythonSandbox`, on Docker containers with the attach transport. */
+/** Each chain's `PythonSandbox`, on Docker containers (the default `attach` transport). */
 const dockerPool = (max: number) =>
   Effect.flatMap(spec("docker", max), (s) =>
-    Effect.flatMap(PythonSandbox.docker(s, { transport: "attach" }), (resource) => PythonSandbox.provider(resource)))
+    Effect.flatMap(PythonSandbox.docker(s), (resource) => PythonSandbox.provider(resource)))
 
 /** Each chain's `PythonSandbox`, on bubblewrap processes. */
 const bubblewrapPool = (max: number) =>

@@ -177,3 +177,31 @@ for (const transport of ["exec", "attach"] as const) {
       }))
   })
 }
+
+layer(Env, { timeout: 120_000, excludeTestServices: true })("PythonSandbox on Docker (default transport)", (it) => {
+  it.effect("calls go over the container's attached stdio: no exec is ever made in it", () =>
+    Effect.scoped(Effect.gen(function*() {
+      const spec = yield* PythonSandbox.spec({
+        kind: "docker",
+        name: "python-test-default",
+        limits: { memoryBytes: 128 * 1024 * 1024, pids: 32 }
+      })
+      const provider = yield* PythonSandbox.provider(yield* PythonSandbox.docker(spec))
+      const context = yield* provider.acquire({ chainId: "d", groupId: "g" })
+      const result = yield* Context.get(context, PythonSandbox.PythonSandbox).run("print(6 * 7)")
+      assert.strictEqual(result.stdout, "42\n")
+      const { runId } = yield* Docker.DockerEngine
+      const id = (yield* dockerCli([
+        "ps",
+        "-q",
+        "--filter",
+        `label=${Docker.Labels.run}=${runId}`,
+        "--filter",
+        `label=${Docker.Labels.resource}=${spec.name}`
+      ])).trim()
+      const [config, execs] = (yield* dockerCli(["inspect", "-f", "{{.Config.OpenStdin}} {{len .ExecIDs}}", id]))
+        .trim().split(" ")
+      assert.strictEqual(config, "true", "the supervisor's stdin is attached")
+      assert.strictEqual(execs, "0", "no docker exec ran in the container")
+    })))
+})
