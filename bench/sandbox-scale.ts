@@ -187,8 +187,8 @@ const latencies = (target: Target, code: string, count: number) =>
   }))
 
 /**
- * The loop length that takes ~5 ms of arithmetic in the sandbox's interpreter: the cell times itself
- * (`time.perf_counter`), so the transport's cost is not counted.
+ * The loop length that takes ~5 ms of arithmetic in the sandbox's interpreter: the cell measures its own CPU time
+ * (`time.process_time`), so neither the transport nor the time other processes take from it is counted.
  */
 const calibrate = (target: Target) =>
   Effect.scoped(Effect.gen(function*() {
@@ -198,7 +198,7 @@ const calibrate = (target: Target) =>
     const seconds: Array<number> = []
     for (let k = 0; k < 21; k++) {
       const result = yield* sandbox.run(
-        `import time\nt = time.perf_counter()\nsum(i * i % 7 for i in range(${n}))\nprint(time.perf_counter() - t)`
+        `import time\nt = time.process_time()\nsum(i * i % 7 for i in range(${n}))\nprint(time.process_time() - t)`
       )
       seconds.push(Number(result.stdout))
     }
