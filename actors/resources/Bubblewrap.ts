@@ -7,9 +7,10 @@
  * (`/dev/shm` included), a private mqueue, all capabilities dropped, no new privileges, the sandboxes' seccomp
  * filter (`Seccomp.ts`, loaded through `--seccomp`), and a process that dies with its parent.
  *
- * Memory and pids are capped by cgroup v1 (`/sys/fs/cgroup/{memory,pids}/agentfly/run-<pid>-<start>/<id>`, needs
- * root); where those cannot be written the instance fails to start rather than run without the limits the spec
- * asked for. The cgroups (and socket directories) of a run that died without cleaning up (SIGKILL) are removed by
+ * Memory, pids and CPU are capped by cgroup v1 (`/sys/fs/cgroup/{memory,pids,cpu}/agentfly/run-<pid>-<start>/<id>`,
+ * needs root); where those cannot be written the instance fails to start rather than run without the limits the
+ * spec asked for. The CPU cgroup also schedules the sandboxes as one group (`agentfly`), as Docker's `docker`
+ * group does its containers: without it every sandbox, a session of its own, would weigh as much as the trainer. The cgroups (and socket directories) of a run that died without cleaning up (SIGKILL) are removed by
  * {@link reapOrphans}, which every run does once before its first sandbox, as Docker's backend reaps its orphans.
  *
  * Two channels into the sandbox: `stdio` (lines over the command's stdin and stdout: nothing on the host's file
@@ -86,7 +87,9 @@ export interface Options {
 export const readyPoll = Schedule.spaced("20 millis")
 
 const CGROUP_ROOT = "/sys/fs/cgroup"
-const CONTROLLERS = ["memory", "pids"] as const
+const CONTROLLERS = ["memory", "pids", "cpu"] as const
+/** The CFS period of a CPU cap, in µs (the kernel's default); the quota is `cpus` periods. */
+const CFS_PERIOD_US = 100_000
 /** `/dev/shm`'s size when the spec gives none (Docker's default). */
 const DEFAULT_SHM_BYTES = 64 * 1024 * 1024
 
@@ -134,6 +137,10 @@ const makeCgroups = (env: string, id: string, limits: Resource.Limits) =>
         make("memory", { "memory.limit_in_bytes": bytes, "memory.memsw.limit_in_bytes": bytes })
       }
       if (limits.pids !== undefined) make("pids", { "pids.max": String(limits.pids) })
+      if (limits.cpus !== undefined) {
+        const quota = String(Math.max(1_000, Math.round(limits.cpus * CFS_PERIOD_US)))
+        make("cpu", { "cpu.cfs_period_us": String(CFS_PERIOD_US), "cpu.cfs_quota_us": quota })
+      }
       return procs
     },
     catch: (e) => startError(env, `cannot set cgroup limits (root and cgroup v1 are needed): ${String(e)}`)

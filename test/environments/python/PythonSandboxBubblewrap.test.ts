@@ -5,7 +5,7 @@
  */
 import { assert, layer } from "@effect/vitest"
 import { Context, Effect } from "effect"
-import { existsSync, readdirSync } from "node:fs"
+import { existsSync, readdirSync, readFileSync } from "node:fs"
 import { join } from "node:path"
 import * as ResourceManager from "../../../actors/ResourceManager.ts"
 import * as PythonSandbox from "../../../environments/python/PythonSandbox.ts"
@@ -19,7 +19,7 @@ const resource = PythonSandbox.bubblewrap(spec)
 
 /** This process's cgroups (`agentfly/run-<pid>-<start>/<instance>`) of the resource `name`. */
 const cgroupsOf = (name: string) =>
-  ["memory", "pids"].flatMap((controller) => {
+  ["memory", "pids", "cpu"].flatMap((controller) => {
     const root = `/sys/fs/cgroup/${controller}/agentfly`
     const runs = existsSync(root) ? readdirSync(root).filter((r) => r.startsWith(`run-${process.pid}-`)) : []
     return runs.flatMap((run) =>
@@ -52,6 +52,28 @@ layer(ResourceManager.ResourceManager.layer, { timeout: 60_000, excludeTestServi
           }))
         assert.strictEqual(a.stdout, "21 65534 /work\n")
         assert.strictEqual(b.stdout, "False\n")
+      }))
+
+    it.effect("the spec's CPU share is a cap: a cell spinning past it is throttled", () =>
+      Effect.gen(function*() {
+        const slow = yield* PythonSandbox.spec({
+          kind: "bubblewrap",
+          name: "python-bwrap-cpu",
+          limits: { memoryBytes: 128 * 1024 * 1024, pids: 32, cpus: 0.2 }
+        })
+        const [cgroup] = yield* Effect.scoped(Effect.gen(function*() {
+          const provider = yield* PythonSandbox.provider(PythonSandbox.bubblewrap(slow))
+          const context = yield* provider.acquire({ chainId: "cpu", groupId: "g" })
+          // 0.3 s of CPU at 20 ms per 100 ms period: throttled in most of the periods it runs in.
+          yield* Context.get(context, PythonSandbox.PythonSandbox).run(
+            "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass"
+          )
+          return cgroupsOf(slow.name).filter((dir) => dir.includes("/cpu/"))
+        }))
+        assert.isDefined(cgroup, "the sandbox has a cpu cgroup")
+        assert.strictEqual(readFileSync(join(cgroup!, "cpu.cfs_quota_us"), "utf8").trim(), "20000")
+        const throttled = Number(/nr_throttled (\d+)/.exec(readFileSync(join(cgroup!, "cpu.stat"), "utf8"))?.[1])
+        assert.isAbove(throttled, 0)
       }))
 
     it.effect("the sandbox's cgroups are removed when its instance is destroyed", () =>
