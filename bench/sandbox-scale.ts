@@ -39,7 +39,7 @@ import type * as Resource from "../src/Resource.ts"
 
 const CHAINS = 16
 const ROUNDS = Number(process.env["SCALE_ROUNDS"] ?? 7)
-/** Calls per chain per round, by kind: a round of one chain lasts ≈ 0.6 s, of 16 chains ≈ 0.7 s (sleep), 4 s (arith). */
+/** Calls per chain per round, by kind: a round of 1 chain lasts ≈ 0.6 s, of 16 chains ≈ 0.7 s (sleep), 4 s (arith). */
 const CALLS = { sleep: 32, arith: 96 } as const
 const LATENCY_CALLS = 200
 const TARGETS = { sleep: 8, arith: 1.7 } as const
@@ -218,8 +218,21 @@ const codeOf = (kind: Kind, n: number) =>
 interface Rates {
   readonly one: Array<number>
   readonly many: Array<number>
-  readonly cpu: Array<{ readonly hostMs: number; readonly engineMs: number; readonly sandboxMs: number }>
+  readonly cpu1: Array<Cpu>
+  readonly cpu: Array<Cpu>
 }
+
+interface Cpu {
+  readonly hostMs: number
+  readonly engineMs: number
+  readonly sandboxMs: number
+}
+
+const cpuMedians = (cpu: ReadonlyArray<Cpu>) => ({
+  host: median(cpu.map((c) => c.hostMs)),
+  engine: median(cpu.map((c) => c.engineMs)),
+  sandbox: median(cpu.map((c) => c.sandboxMs))
+})
 
 const summary = (rates: Rates) => ({
   chains1: median(rates.one),
@@ -227,11 +240,8 @@ const summary = (rates: Rates) => ({
   ratio: median(rates.many) / median(rates.one),
   // Each round's ratio against the 1-chain round just before it: the spread of the figure under a drifting load.
   roundRatios: rates.many.map((m, i) => m / rates.one[i]!),
-  cpuMsPerCallAt16: {
-    host: median(rates.cpu.map((c) => c.hostMs)),
-    engine: median(rates.cpu.map((c) => c.engineMs)),
-    sandbox: median(rates.cpu.map((c) => c.sandboxMs))
-  },
+  cpuMsPerCallAt1: cpuMedians(rates.cpu1),
+  cpuMsPerCallAt16: cpuMedians(rates.cpu),
   rounds1: rates.one,
   rounds16: rates.many
 })
@@ -254,8 +264,8 @@ const figures = Effect.gen(function*() {
     }
   }
   const rates = targets.map(() => ({
-    sleep: { one: [], many: [], cpu: [] } as Rates,
-    arith: { one: [], many: [], cpu: [] } as Rates
+    sleep: { one: [], many: [], cpu1: [], cpu: [] } as Rates,
+    arith: { one: [], many: [], cpu1: [], cpu: [] } as Rates
   }))
   const loads: Array<number> = []
   for (let r = 0; r < ROUNDS; r++) {
@@ -265,7 +275,14 @@ const figures = Effect.gen(function*() {
       for (const kind of kinds) {
         const code = codeOf(kind, n)
         const into = rates[t]![kind]
-        into.one.push(yield* round(actor, target, 1, CALLS[kind], code, `r${r}-${t}-${kind}-1`))
+        const one = yield* cpuPerCall(
+          target,
+          runId,
+          CALLS[kind],
+          round(actor, target, 1, CALLS[kind], code, `r${r}-${t}-${kind}-1`)
+        )
+        into.one.push(one.value)
+        into.cpu1.push(one.cpu)
         const many = yield* cpuPerCall(
           target,
           runId,

@@ -10,7 +10,8 @@
  * Memory, pids and CPU are capped by cgroup v1 (`/sys/fs/cgroup/{memory,pids,cpu}/agentfly/run-<pid>-<start>/<id>`,
  * needs root); where those cannot be written the instance fails to start rather than run without the limits the
  * spec asked for. The CPU cgroup also schedules the sandboxes as one group (`agentfly`), as Docker's `docker`
- * group does its containers: without it every sandbox, a session of its own, would weigh as much as the trainer. The cgroups (and socket directories) of a run that died without cleaning up (SIGKILL) are removed by
+ * group does its containers: without it every sandbox, a session of its own, would weigh as much as the trainer.
+ * The cgroups (and socket directories) of a run that died without cleaning up (SIGKILL) are removed by
  * {@link reapOrphans}, which every run does once before its first sandbox, as Docker's backend reaps its orphans.
  *
  * Two channels into the sandbox: `stdio` (lines over the command's stdin and stdout: nothing on the host's file
