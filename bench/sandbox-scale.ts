@@ -27,7 +27,7 @@
  */
 import { Clock, Context, Effect, Layer } from "effect"
 import { existsSync, readdirSync, readFileSync } from "node:fs"
-import { loadavg } from "node:os"
+import { availableParallelism, loadavg } from "node:os"
 import { join } from "node:path"
 import * as ResourceManager from "../actors/ResourceManager.ts"
 import * as Docker from "../actors/resources/Docker.ts"
@@ -242,6 +242,9 @@ const summary = (rates: Rates) => ({
   roundRatios: rates.many.map((m, i) => m / rates.one[i]!),
   cpuMsPerCallAt1: cpuMedians(rates.cpu1),
   cpuMsPerCallAt16: cpuMedians(rates.cpu),
+  // The 16-chain rate if every core ran this path and nothing else: what the CPU a call costs allows.
+  cpuBound16: (availableParallelism() * 1000) /
+    Object.values(cpuMedians(rates.cpu)).reduce((sum, ms) => sum + ms, 0),
   rounds1: rates.one,
   rounds16: rates.many
 })
