@@ -295,8 +295,9 @@ const isCorrect = (t: Trajectory.Trajectory): boolean => {
 const hasInvalidCall = (t: Trajectory.Trajectory): boolean =>
   t.termination === "error" || t.messages.some((m) => m.role === "tool" && m.is_error === true)
 
-const toolNames = (agent: { readonly runtime: { readonly task: { readonly tools: ReadonlyArray<{ readonly name: string }> } } }) =>
-  agent.runtime.task.tools.map((t) => t.name)
+type WithTaskTools = { readonly runtime: { readonly task: { readonly tools: ReadonlyArray<{ readonly name: string }> } } }
+
+const toolNames = (agent: WithTaskTools) => agent.runtime.task.tools.map((t) => t.name)
 
 const mean = (xs: ReadonlyArray<number>): number => (xs.length === 0 ? 0 : xs.reduce((a, b) => a + b, 0) / xs.length)
 
@@ -365,8 +366,8 @@ const standardError = (xs: ReadonlyArray<number>): number => {
  * Rollout figures of a set of groups, under `prefix` (`rollout` or `eval`): `reward_mean`, `accuracy` and its
  * standard error over groups (`accuracy_se`: a group is one question's samples),
  * `invalid_tool_call_rate`, `turns_mean`, `tool_calls/<tool>` (calls per trajectory; with `tools`, calls to any
- * other name, which a policy misspells in endless ways, are counted once as `tool_calls/(unknown)`), the reward's metrics
- * (`reward/<name>/<metric>`, each averaged over the trajectories that carry it), `policy_tokens` and, with
+ * other name, which a policy misspells in endless ways, are counted once as `tool_calls/(unknown)`), the reward's
+ * metrics (`reward/<name>/<metric>`, each averaged over the trajectories that carry it), `policy_tokens` and, with
  * `policyVersion`, `staleness_mean`.
  *
  * @category getters

@@ -39,7 +39,9 @@ const agentfly = (args: ReadonlyArray<string>) => {
     encoding: "utf8",
     maxBuffer: 64 * 2 ** 20
   })
-  if (child.status !== 0) throw new Error(`agentfly ${args.join(" ")} exited with ${child.status}\n${child.stderr}\n${child.stdout}`)
+  if (child.status !== 0) {
+    throw new Error(`agentfly ${args.join(" ")} exited with ${child.status}\n${child.stderr}\n${child.stdout}`)
+  }
 }
 
 const config = (dir: string, data: string, model: string, rest: object) => ({

@@ -30,8 +30,8 @@ export const parseArgs = <O extends { readonly dir: string; readonly seed: numbe
     const key = positional[i]
     if (key === undefined) return `unexpected argument ${argv[i]} (named options are --KEY VALUE)`
     const value = read(key, argv[i]!, defaults[key])
-    if (typeof value === "string" && key !== "dir") return value
-    options[key] = value
+    if ("error" in value) return value.error
+    options[key] = value.ok
   }
   for (; i < argv.length; i += 2) {
     const key = argv[i]!.slice(2)
@@ -40,17 +40,18 @@ export const parseArgs = <O extends { readonly dir: string; readonly seed: numbe
     }
     if (argv[i + 1] === undefined) return `--${key} needs a value`
     const value = read(key, argv[i + 1]!, (defaults as Record<string, unknown>)[key])
-    if (typeof value === "string" && typeof (defaults as Record<string, unknown>)[key] === "number") return value
-    options[key] = value
+    if ("error" in value) return value.error
+    options[key] = value.ok
   }
   return options as O
 }
 
 /** A value typed as its default: a number must be finite; a string is taken as it is. */
-const read = (key: string, text: string, current: unknown): unknown => {
-  if (typeof current !== "number") return text
+const read = (key: string, text: string, current: unknown): { readonly ok: unknown } | { readonly error: string } => {
+  if (typeof current !== "number") return { ok: text }
   const n = Number(text)
-  return text.trim() !== "" && Number.isFinite(n) ? n : `${key} must be a number, got ${JSON.stringify(text)}`
+  if (text.trim() === "" || !Number.isFinite(n)) return { error: `${key} must be a number, got ${JSON.stringify(text)}` }
+  return { ok: n }
 }
 
 /**

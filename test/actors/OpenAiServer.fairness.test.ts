@@ -122,7 +122,8 @@ describe("OpenAiServer: fair scheduling", () => {
       const small = (i: number) =>
         Effect.gen(function*() {
           const before = (yield* engine.stats).decodeSteps
-          const r = yield* completion(server.baseUrl, { prompt: [[5, 6, 7, 8, 9, 10, 11, i]], max_tokens: 16, ignore_eos: true }).done
+          const body = { prompt: [[5, 6, 7, 8, 9, 10, 11, i]], max_tokens: 16, ignore_eos: true }
+          const r = yield* completion(server.baseUrl, body).done
           assert.strictEqual(r.answer?.json.choices[0]!.token_ids.length, 16)
           return { ms: r.ms, steps: (yield* engine.stats).decodeSteps - before }
         })
@@ -144,8 +145,8 @@ describe("OpenAiServer: fair scheduling", () => {
       const aloneAfter = yield* seven(0)
       // The large request was still running: it had not generated a quarter of its 32,000 tokens.
       assert.isBelow(generated, 8000)
-      const facts = `beside ${beside.steps} steps / ${beside.ms.toFixed(0)} ms, alone ${aloneBefore.steps}/${aloneAfter.steps} ` +
-        `steps, ${aloneBefore.ms.toFixed(1)}/${aloneAfter.ms.toFixed(1)} ms`
+      const facts = `beside ${beside.steps} steps / ${beside.ms.toFixed(0)} ms, ` +
+        `alone ${aloneBefore.steps}/${aloneAfter.steps} steps, ${aloneBefore.ms.toFixed(1)}/${aloneAfter.ms.toFixed(1)} ms`
       // The per-request cap leaves places free, so it is admitted within a step or two and decoded in every step
       // beside the large request's sequences (measured: 17 steps beside, 15 alone). Turns alone (a cap of 32) made
       // it wait for a place: 30 steps; first come first served: thousands.

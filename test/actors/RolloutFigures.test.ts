@@ -48,9 +48,14 @@ describe("Trainer.rolloutFigures", () => {
       trajectoryOf([{ role: "user", content: "q" }, {
         role: "assistant",
         content: "",
-        tool_calls: names.map((name, i) => ({ id: `c${i}`, type: "function" as const, function: { name, arguments: {} } }))
+        tool_calls: names.map((name, i) => ({
+          id: `c${i}`,
+          type: "function" as const,
+          function: { name, arguments: {} }
+        }))
       }])
-    const groups = [{ groupId: "g", rowIndex: 0, trajectories: [calling("calculator", "calc17ator"), calling("ca\ufffdculator")] }]
+    const trajectories = [calling("calculator", "calc17ator"), calling("ca\ufffdculator")]
+    const groups = [{ groupId: "g", rowIndex: 0, trajectories }]
     const known = Trainer.rolloutFigures(groups, { prefix: "rollout", tools: ["calculator"] })
     assert.deepStrictEqual(
       Object.keys(known).filter((k) => k.startsWith("rollout/tool_calls/")).sort(),

@@ -17,7 +17,8 @@ describe("the generators' command line", () => {
   })
 
   it("names an unknown option, a missing value, a bad number or an extra argument", () => {
-    assert.include(String(parseArgs(["out", "--kidn", "sums"], defaults)), "unknown option --kidn (known: --dir, --seed")
+    const typo = String(parseArgs(["out", "--kidn", "sums"], defaults))
+    assert.include(typo, "unknown option --kidn (known: --dir, --seed")
     assert.strictEqual(parseArgs(["--kind"], defaults), "--kind needs a value")
     assert.strictEqual(parseArgs(["out", "x"], defaults), `seed must be a number, got "x"`)
     assert.strictEqual(parseArgs(["--heldOut", "1e400"], defaults), `heldOut must be a number, got "1e400"`)
