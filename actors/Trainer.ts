@@ -295,9 +295,7 @@ const isCorrect = (t: Trajectory.Trajectory): boolean => {
 const hasInvalidCall = (t: Trajectory.Trajectory): boolean =>
   t.termination === "error" || t.messages.some((m) => m.role === "tool" && m.is_error === true)
 
-type WithTaskTools = { readonly runtime: { readonly task: { readonly tools: ReadonlyArray<{ readonly name: string }> } } }
-
-const toolNames = (agent: WithTaskTools) => agent.runtime.task.tools.map((t) => t.name)
+const toolNames = (runtime: TaskRuntime.TaskRuntime) => runtime.task.tools.map((t) => t.name)
 
 const mean = (xs: ReadonlyArray<number>): number => (xs.length === 0 ? 0 : xs.reduce((a, b) => a + b, 0) / xs.length)
 
@@ -580,7 +578,11 @@ export const evaluation = (
       temperature: config.eval.temperature,
       seed: 7_000_000 + config.seed
     }),
-    (groups) => ({ groups, figures: rolloutFigures(groups, { prefix: "eval", correct: agent.runtime.correct, tools: toolNames(agent) }) })
+    (groups) => ({ groups, figures: rolloutFigures(groups, {
+      prefix: "eval",
+      correct: agent.runtime.correct,
+      tools: toolNames(agent.runtime)
+    }) })
   )
 }
 
@@ -821,7 +823,7 @@ export const run: <RE = never>(
       seed: 8_000_000 + config.seed
     }).pipe(sampledBy(version))
     yield* checkFailures(groups, `warm-up check at step ${step}`)
-    const figures = rolloutFigures(groups, { prefix: "validation", correct, tools: toolNames(agentOf) })
+    const figures = rolloutFigures(groups, { prefix: "validation", correct, tools: toolNames(agentOf.runtime) })
     return {
       "warmup/validation_accuracy": figures["validation/accuracy"]!,
       "warmup/validation_invalid_tool_call_rate": figures["validation/invalid_tool_call_rate"]!
@@ -931,7 +933,7 @@ export const run: <RE = never>(
       prefix: "rollout",
       correct,
       policyVersion: step - 1,
-      tools: toolNames(agentOf)
+      tools: toolNames(agentOf.runtime)
     })
     const failures = infrastructureFailures(batch.groups.flatMap((g) => g.trajectories))
     if (failures.share > config.maxFailureShare) {

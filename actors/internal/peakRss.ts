@@ -1,5 +1,6 @@
 /**
- * The process's peak resident set size between two reads, for the `perf/peak_rss_mb` and `perf/rss_mb` figures of `metrics.jsonl`.
+ * The process's peak resident set size between two reads, for the `perf/peak_rss_mb` and `perf/rss_mb` figures of
+ * `metrics.jsonl`.
  *
  * The kernel keeps one high-water mark per process (`getrusage` `maxrss`, `VmHWM`), which only grows: when it rose
  * since the previous read, the new peak was reached in between and is exact. Otherwise the interval stayed below an
