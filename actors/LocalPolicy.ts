@@ -26,6 +26,7 @@ import { Sampler, SamplerError } from "../src/Sampler.ts"
 import type * as TrainConfig from "../src/TrainConfig.ts"
 import type * as Trajectory from "../src/Trajectory.ts"
 import * as TrajectoryBuilder from "../src/TrajectoryBuilder.ts"
+import * as EngineThread from "./EngineThread.ts"
 import * as Learner from "./Learner.ts"
 import * as PolicyEngine from "./PolicyEngine.ts"
 import { Policy, TrainerError } from "./Trainer.ts"
@@ -121,10 +122,15 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
     { version: -1 - (config.warmup?.steps ?? 0), weights: folder.weights }
   ]
   const newest = () => published[published.length - 1]!
+  // Engines decode on a thread of their own when the run asks for it (by default in async mode: see `EngineConfig`).
+  const engineThread = (config.engine.thread ?? config.mode === "async") ? yield* EngineThread.make : undefined
   const engineOf = (version: number, weights: Qwen2.Weights) =>
-    PolicyEngine.make({ config: folder.config, weights, version, maxBatchSize: options.maxBatchSize ?? 64 }).pipe(
-      Effect.mapError(learnerError)
-    )
+    (engineThread?.make ?? PolicyEngine.make)({
+      config: folder.config,
+      weights,
+      version,
+      maxBatchSize: options.maxBatchSize ?? 64
+    }).pipe(Effect.mapError(learnerError))
   const model = OnnxTrainer.qwen2(folder.config)
   const optimizer: Optimizer.Config = {
     ...Optimizer.defaultConfig,

@@ -233,6 +233,19 @@ export const LearnerConfig = Schema.Struct({
 })
 
 /**
+ * The local policy engine. `thread: true` runs it on a worker thread of its own (`actors/EngineThread.ts`): it
+ * decodes while the main thread runs the chains, tools and rewards and coordinates the learner, which is what an
+ * async run's overlap needs. Unset: its own thread in async mode, the main thread in sync mode (nothing there to
+ * overlap with, and one V8 isolate less). Sampled tokens are the same either way.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const EngineConfig = Schema.Struct({
+  thread: Schema.optionalKey(Schema.Boolean)
+})
+
+/**
  * A whole training run. `mode: "async"` lets rollouts run ahead of the learner by at most `maxStaleness` policy
  * versions; `"sync"` generates each batch with the current policy.
  *
@@ -259,6 +272,7 @@ export const TrainConfig = Schema.Struct({
   eval: withDefault(EvalConfig, {}),
   checkpoint: withDefault(CheckpointConfig, {}),
   learner: withDefault(LearnerConfig, {}),
+  engine: withDefault(EngineConfig, {}),
   sampleTrajectories: withDefault(IntIn(0, 1_000), 4),
   /**
    * The largest share of a step's trajectories that may fail for infrastructure reasons (environment, lease,

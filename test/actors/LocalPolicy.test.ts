@@ -132,6 +132,19 @@ describe("LocalPolicy", () => {
       }).pipe(Effect.provide(NodeServices.layer)), 120_000)
   }
 
+  it.live("a batch samples the same tokens and logprobs with the engine on its own thread as on the main thread", () =>
+    Effect.gen(function*() {
+      const { folder, config, batch } = yield* fixture
+      const on = (thread: boolean) =>
+        Effect.scoped(Effect.flatMap(
+          LocalPolicy.make(folder, { ...config, engine: { thread } }),
+          ({ sampler }) => Effect.provideService(batch, Sampler, sampler)
+        ))
+      const main = sampled(yield* on(false))
+      assert.strictEqual(main.length, 6)
+      assert.deepStrictEqual(sampled(yield* on(true)), main, "bit-identical tokens and logprobs")
+    }).pipe(Effect.provide(NodeServices.layer)), 120_000)
+
   it.live("a step that makes the weights non-finite stops the run with a typed error before anything is saved", () =>
     Effect.gen(function*() {
       const { folder, config: decoded, train } = yield* fixture

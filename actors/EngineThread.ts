@@ -1,0 +1,253 @@
+/**
+ * Policy engines on a thread of their own. onnxruntime-node's `session.run` executes synchronously on the thread
+ * that calls it, so an engine on the main thread decodes in turns with everything else there: the chains, their
+ * tools and rewards, and the learner's coordination of its worker threads. On this thread the engine decodes while
+ * the main thread works, and an async run's learner trains on the other core instead of waiting for the main
+ * thread between its messages.
+ *
+ * `make` returns the same `PolicyEngine` service as `PolicyEngine.make`, with the same results: a request's seed is
+ * drawn on the calling side (from its `Random`) when it has none, and an engine's results never depend on batching.
+ * One thread hosts every engine made through it; it starts on the first `make` and again on the next one after it
+ * died, and ends with the scope. A thread that dies fails every request waiting on it with `SamplerError`
+ * ("Closed"), naming the exit.
+ *
+ * @since 0.1.0
+ */
+import { Effect, Random, Scope, Semaphore } from "effect"
+import { Worker } from "node:worker_threads"
+import { SamplerError } from "../src/Sampler.ts"
+import type { GenerateRequest, GenerateResult } from "../src/Sampler.ts"
+import * as PolicyEngine from "./PolicyEngine.ts"
+import type * as EngineWorker from "./internal/engineWorker.ts"
+
+const workerUrl = new URL("./internal/engineWorker.mjs", import.meta.url)
+
+/**
+ * @category models
+ * @since 0.1.0
+ */
+export interface EngineThread {
+  /** A policy engine on the thread, closed with the current scope. */
+  readonly make: (
+    options: PolicyEngine.Options
+  ) => Effect.Effect<PolicyEngine.PolicyEngine["Service"], PolicyEngine.PolicyEngineError, Scope.Scope>
+  /** Makes the thread fail as a bug in it would (for tests of the failure path). */
+  readonly crash: Effect.Effect<void>
+}
+
+interface Thread {
+  readonly worker: Worker
+  dead: string | undefined
+}
+
+type Answer = Effect.Effect<unknown, SamplerError | PolicyEngine.PolicyEngineError>
+
+interface Waiting {
+  readonly engine: number
+  readonly resume: (answer: Answer) => void
+  readonly onToken: ((tokenId: number, logprob: number) => void) | undefined
+}
+
+const errorOf = (e: EngineWorker.WireError) =>
+  e.tag === "PolicyEngineError"
+    ? new PolicyEngine.PolicyEngineError({
+      reason: e.reason as typeof PolicyEngine.PolicyEngineErrorReason.Type,
+      message: e.message
+    })
+    : new SamplerError({ reason: e.reason as SamplerError["reason"], message: e.message })
+
+/** One running thread: its worker and everything waiting on it. */
+const start = Effect.callback<Worker, PolicyEngine.PolicyEngineError>((resume) => {
+  const worker = new Worker(workerUrl, { workerData: { engineThread: true } satisfies EngineWorker.Init })
+  const off = () => {
+    worker.off("message", onReady)
+    worker.off("error", onError)
+    worker.off("exit", onExit)
+  }
+  const failed = (message: string) => {
+    off()
+    resume(Effect.fail(new PolicyEngine.PolicyEngineError({ reason: "SessionFailed", message })))
+  }
+  const onReady = () => {
+    off()
+    resume(Effect.succeed(worker))
+  }
+  const onError = (e: Error) => failed(`the engine thread failed to start: ${e.message}`)
+  const onExit = (code: number) => failed(`the engine thread exited with code ${code} while starting`)
+  worker.once("message", onReady)
+  worker.once("error", onError)
+  worker.once("exit", onExit)
+  return Effect.promise(() => worker.terminate())
+})
+
+/**
+ * The engine thread, ended with the current scope.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const make: Effect.Effect<EngineThread, never, Scope.Scope> = Effect.gen(function*() {
+  /** The thread now; `dead` says why it ended. */
+  let thread: Thread | undefined
+  const waiting = new Map<number, Waiting>()
+  const opening = new Map<number, (answer: Effect.Effect<void, PolicyEngine.PolicyEngineError>) => void>()
+  const closing = new Map<number, () => void>()
+  let nextId = 1
+  let nextEngine = 1
+
+  const onMessage = (reply: EngineWorker.Reply) => {
+    switch (reply.op) {
+      case "tokens": {
+        const data = reply.data
+        for (let i = 0; i < data.length; i += 3) waiting.get(data[i]!)?.onToken?.(data[i + 1]!, data[i + 2]!)
+        return
+      }
+      case "done":
+      case "failed": {
+        const w = waiting.get(reply.id)
+        if (w === undefined) return // an interrupted request
+        waiting.delete(reply.id)
+        return w.resume(reply.op === "done" ? Effect.succeed(reply.result) : Effect.fail(errorOf(reply.error)))
+      }
+      case "opened": {
+        const resume = opening.get(reply.engine)
+        opening.delete(reply.engine)
+        return resume?.(
+          reply.error === undefined
+            ? Effect.void
+            : Effect.fail(
+              reply.error.tag === "PolicyEngineError"
+                ? errorOf(reply.error) as PolicyEngine.PolicyEngineError
+                : new PolicyEngine.PolicyEngineError({ reason: "SessionFailed", message: reply.error.message })
+            )
+        )
+      }
+      case "closed": {
+        const resume = closing.get(reply.engine)
+        closing.delete(reply.engine)
+        return resume?.()
+      }
+    }
+  }
+  /** The thread died: everything waiting on it fails, and the next `make` starts another. */
+  const onDeath = (message: string) => {
+    if (thread === undefined || thread.dead !== undefined) return
+    thread.dead = message
+    const closed = new SamplerError({ reason: "Closed", message })
+    for (const w of waiting.values()) w.resume(Effect.fail(closed))
+    waiting.clear()
+    const failure = new PolicyEngine.PolicyEngineError({ reason: "SessionFailed", message })
+    for (const resume of opening.values()) resume(Effect.fail(failure))
+    opening.clear()
+    for (const resume of closing.values()) resume()
+    closing.clear()
+  }
+
+  // One start at a time: engines made together (an async run's next batch beside this one) share the thread.
+  const starting = yield* Semaphore.make(1)
+  const live = Semaphore.withPermits(starting, 1)(Effect.gen(function*() {
+    if (thread !== undefined && thread.dead === undefined) return thread
+    const worker = yield* start
+    const current: Thread = { worker, dead: undefined }
+    thread = current
+    worker.on("message", onMessage)
+    worker.on("error", (e) => thread === current && onDeath(`the engine thread crashed: ${e.message}`))
+    worker.on("exit", (code) => thread === current && onDeath(`the engine thread exited with code ${code}`))
+    return current
+  }))
+  // The thread closes its engines and exits by itself: terminating it while onnxruntime runs a session aborts the
+  // whole process (onnxruntime-node throws a C++ exception it cannot deliver), so `terminate` is the last resort.
+  yield* Effect.addFinalizer(() =>
+    Effect.suspend(() => {
+      const t = thread
+      if (t === undefined || t.dead !== undefined) return Effect.void
+      onDeath("the engine thread was shut down")
+      return Effect.callback<void>((resume) => {
+        t.worker.once("exit", () => resume(Effect.void))
+        t.worker.postMessage({ op: "exit" } satisfies EngineWorker.Request)
+      }).pipe(
+        Effect.timeout("10 seconds"),
+        Effect.catch(() => Effect.promise(() => t.worker.terminate()))
+      )
+    })
+  )
+
+  /** Posts a request to `engine` and waits for its answer; leaving early interrupts it on the thread. */
+  const call = <A>(
+    on: Thread,
+    engine: number,
+    request: (id: number) => EngineWorker.Request,
+    onToken?: (tokenId: number, logprob: number) => void
+  ) =>
+    Effect.callback<A, SamplerError | PolicyEngine.PolicyEngineError>((resume) => {
+      if (on.dead !== undefined) return resume(Effect.fail(new SamplerError({ reason: "Closed", message: on.dead })))
+      const id = nextId++
+      waiting.set(id, { engine, resume: resume as (answer: Answer) => void, onToken })
+      on.worker.postMessage(request(id))
+      return Effect.sync(() => {
+        if (waiting.delete(id)) on.worker.postMessage({ op: "interrupt", id } satisfies EngineWorker.Request)
+      })
+    })
+
+  const makeEngine = (options: PolicyEngine.Options) =>
+    Effect.gen(function*() {
+      const on = yield* live
+      const { worker } = on
+      const engine = nextEngine++
+      yield* Effect.callback<void, PolicyEngine.PolicyEngineError>((resume) => {
+        opening.set(engine, resume)
+        worker.postMessage({ op: "open", engine, options } satisfies EngineWorker.Request)
+      })
+      yield* Effect.addFinalizer(() =>
+        Effect.callback<void>((resume) => {
+          if (on.dead !== undefined) return resume(Effect.void)
+          closing.set(engine, () => resume(Effect.void))
+          worker.postMessage({ op: "close", engine } satisfies EngineWorker.Request)
+        })
+      )
+      let version = options.version ?? 0
+      const generate = (request: GenerateRequest, generateOptions?: PolicyEngine.GenerateOptions) =>
+        Effect.gen(function*() {
+          // The seed is drawn here, from the caller's `Random`, as the engine would draw it on this thread.
+          const seeded = request.sampling.seed !== undefined
+            ? request
+            : { ...request, sampling: { ...request.sampling, seed: yield* Random.nextInt } }
+          const onToken = generateOptions?.onToken
+          return yield* call<GenerateResult>(
+            on,
+            engine,
+            (id) => ({ op: "generate", engine, id, request: seeded, stream: onToken !== undefined }),
+            onToken
+          )
+        }) as Effect.Effect<GenerateResult, SamplerError>
+      return PolicyEngine.PolicyEngine.of({
+        config: options.config,
+        generate,
+        updateWeights: (v, weights) =>
+          call<null>(on, engine, (id) => ({
+            op: "update",
+            engine,
+            id,
+            version: v,
+            weights: weights as Map<string, Float32Array>
+          })).pipe(
+            Effect.catchTag("SamplerError", (e) =>
+              Effect.fail(new PolicyEngine.PolicyEngineError({ reason: "SessionFailed", message: e.message }))),
+            Effect.tap(() => Effect.sync(() => void (version = v)))
+          ) as Effect.Effect<void, PolicyEngine.PolicyEngineError>,
+        policyVersion: Effect.sync(() => version),
+        stats: call<PolicyEngine.Stats>(on, engine, (id) => ({ op: "stats", engine, id })).pipe(
+          Effect.orDie
+        )
+      })
+    })
+  const crash = Effect.suspend(() => {
+    const t = thread
+    if (t === undefined || t.dead !== undefined) return Effect.void
+    return Effect.callback<void>((resume) => {
+      t.worker.once("exit", () => resume(Effect.void))
+      t.worker.postMessage({ op: "crash" } satisfies EngineWorker.Request)
+    })
+  })
+  return { make: makeEngine, crash } satisfies EngineThread
+})
