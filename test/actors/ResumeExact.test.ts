@@ -36,8 +36,11 @@ const evalsOf = (output: string) =>
     .filter((r) => r.phase === "eval").map((r) => ({ step: r.step, figures: r.figures }))
 
 describe("exact resume", () => {
-  // One learner thread (workers 1) and two workers splitting rows: both must be deterministic.
-  for (const workers of [1, 2]) it.live(`a run resumed from an evaluation step's checkpoint ends with the same weights and journal (learner.workers ${workers})`, () =>
+  // One learner thread (workers 1) and two workers splitting rows: both must be deterministic; so must an async run
+  // (its batches' policy versions are fixed by the schedule, and each batch samples on an engine of its own, here on
+  // the engine thread).
+  const cases = [[1, "sync"], [2, "sync"], [2, "async"]] as const
+  for (const [workers, mode] of cases) it.live(`a run resumed from an evaluation step's checkpoint ends with the same weights and journal (learner.workers ${workers}, ${mode})`, () =>
     Effect.gen(function*() {
       const dir = mkdtempSync(join(tmpdir(), "resume-exact-"))
       yield* Generate.write({ dir: join(dir, "data"), seed: 5, train: 32, heldOut: 6, validation: 2, demos: 2, noise: 0 })
@@ -71,7 +74,9 @@ describe("exact resume", () => {
           },
           eval: { every: 2, size: 6 },
           checkpoint: { every: 2, keep: 3 },
-          learner: { workers }
+          learner: { workers },
+          mode,
+          maxStaleness: 1
         }).pipe(Effect.map((c) => LocalPolicy.onModel(folder, c)))
       const train = yield* Dataset.load(join(dir, "data", "train.jsonl"), { onInvalid: "stop" })
       // Held-out questions much longer than the training ones: an evaluation that shares the engine's decode batch
