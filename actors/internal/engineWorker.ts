@@ -124,6 +124,7 @@ const serve = () => {
             engines.set(message.engine, { engine: exit.value, scope })
             return post({ op: "opened", engine: message.engine })
           }
+          Effect.runFork(Scope.close(scope, exit))
           post({ op: "opened", engine: message.engine, error: wireError(Cause.squash(exit.cause)) })
         })
         return
