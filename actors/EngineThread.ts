@@ -43,7 +43,6 @@ interface Thread {
 type Answer = Effect.Effect<unknown, SamplerError | PolicyEngine.PolicyEngineError>
 
 interface Waiting {
-  readonly engine: number
   readonly resume: (answer: Answer) => void
   readonly onToken: ((tokenId: number, logprob: number) => void) | undefined
 }
@@ -56,7 +55,11 @@ const errorOf = (e: EngineWorker.WireError) =>
     })
     : new SamplerError({ reason: e.reason as SamplerError["reason"], message: e.message })
 
-/** One running thread: its worker and everything waiting on it. */
+/** Building an engine or swapping its weights failed: a sampler-side failure (the thread died) counts as a session's. */
+const engineErrorOf = (e: SamplerError | PolicyEngine.PolicyEngineError) =>
+  e._tag === "PolicyEngineError" ? e : new PolicyEngine.PolicyEngineError({ reason: "SessionFailed", message: e.message })
+
+/** Starts a thread and waits until it is ready to take requests. */
 const start = Effect.callback<Worker, PolicyEngine.PolicyEngineError>((resume) => {
   const worker = new Worker(workerUrl, { workerData: { engineThread: true } satisfies EngineWorker.Init })
   const off = () => {
@@ -112,15 +115,7 @@ export const make: Effect.Effect<EngineThread, never, Scope.Scope> = Effect.gen(
       case "opened": {
         const resume = opening.get(reply.engine)
         opening.delete(reply.engine)
-        return resume?.(
-          reply.error === undefined
-            ? Effect.void
-            : Effect.fail(
-              reply.error.tag === "PolicyEngineError"
-                ? errorOf(reply.error) as PolicyEngine.PolicyEngineError
-                : new PolicyEngine.PolicyEngineError({ reason: "SessionFailed", message: reply.error.message })
-            )
-        )
+        return resume?.(reply.error === undefined ? Effect.void : Effect.fail(engineErrorOf(errorOf(reply.error))))
       }
       case "closed": {
         const resume = closing.get(reply.engine)
@@ -155,34 +150,33 @@ export const make: Effect.Effect<EngineThread, never, Scope.Scope> = Effect.gen(
     worker.on("exit", (code) => thread === current && onDeath(`the engine thread exited with code ${code}`))
     return current
   }))
-  // The thread closes its engines and exits by itself: terminating it while onnxruntime runs a session aborts the
-  // whole process (onnxruntime-node throws a C++ exception it cannot deliver), so `terminate` is the last resort.
-  yield* Effect.addFinalizer(() =>
+  /** Asks the live thread to end (`exit`) or to fail (`crash`), and waits until it has. */
+  const endThread = (op: "exit" | "crash") =>
     Effect.suspend(() => {
       const t = thread
       if (t === undefined || t.dead !== undefined) return Effect.void
-      onDeath("the engine thread was shut down")
       return Effect.callback<void>((resume) => {
         t.worker.once("exit", () => resume(Effect.void))
-        t.worker.postMessage({ op: "exit" } satisfies EngineWorker.Request)
+        t.worker.postMessage({ op } satisfies EngineWorker.Request)
       }).pipe(
+        // The thread closes its engines and exits by itself: terminating it while onnxruntime runs a session aborts
+        // the whole process (onnxruntime-node throws a C++ exception it cannot deliver), so this is the last resort.
         Effect.timeout("10 seconds"),
         Effect.catch(() => Effect.promise(() => t.worker.terminate()))
       )
     })
-  )
+  yield* Effect.addFinalizer(() => endThread("exit"))
 
-  /** Posts a request to `engine` and waits for its answer; leaving early interrupts it on the thread. */
+  /** Posts a request and waits for its answer; leaving early interrupts it on the thread. */
   const call = <A>(
     on: Thread,
-    engine: number,
     request: (id: number) => EngineWorker.Request,
     onToken?: (tokenId: number, logprob: number) => void
   ) =>
     Effect.callback<A, SamplerError | PolicyEngine.PolicyEngineError>((resume) => {
       if (on.dead !== undefined) return resume(Effect.fail(new SamplerError({ reason: "Closed", message: on.dead })))
       const id = nextId++
-      waiting.set(id, { engine, resume: resume as (answer: Answer) => void, onToken })
+      waiting.set(id, { resume: resume as (answer: Answer) => void, onToken })
       on.worker.postMessage(request(id))
       return Effect.sync(() => {
         if (waiting.delete(id)) on.worker.postMessage({ op: "interrupt", id } satisfies EngineWorker.Request)
@@ -215,7 +209,6 @@ export const make: Effect.Effect<EngineThread, never, Scope.Scope> = Effect.gen(
           const onToken = generateOptions?.onToken
           return yield* call<GenerateResult>(
             on,
-            engine,
             (id) => ({ op: "generate", engine, id, request: seeded, stream: onToken !== undefined }),
             onToken
           )
@@ -224,30 +217,21 @@ export const make: Effect.Effect<EngineThread, never, Scope.Scope> = Effect.gen(
         config: options.config,
         generate,
         updateWeights: (v, weights) =>
-          call<null>(on, engine, (id) => ({
+          call<null>(on, (id) => ({
             op: "update",
             engine,
             id,
             version: v,
             weights: weights as Map<string, Float32Array>
           })).pipe(
-            Effect.catchTag("SamplerError", (e) =>
-              Effect.fail(new PolicyEngine.PolicyEngineError({ reason: "SessionFailed", message: e.message }))),
+            Effect.mapError(engineErrorOf),
             Effect.tap(() => Effect.sync(() => void (version = v)))
           ) as Effect.Effect<void, PolicyEngine.PolicyEngineError>,
         policyVersion: Effect.sync(() => version),
-        stats: call<PolicyEngine.Stats>(on, engine, (id) => ({ op: "stats", engine, id })).pipe(
+        stats: call<PolicyEngine.Stats>(on, (id) => ({ op: "stats", engine, id })).pipe(
           Effect.orDie
         )
       })
     })
-  const crash = Effect.suspend(() => {
-    const t = thread
-    if (t === undefined || t.dead !== undefined) return Effect.void
-    return Effect.callback<void>((resume) => {
-      t.worker.once("exit", () => resume(Effect.void))
-      t.worker.postMessage({ op: "crash" } satisfies EngineWorker.Request)
-    })
-  })
-  return { make: makeEngine, crash } satisfies EngineThread
+  return { make: makeEngine, crash: endThread("crash") } satisfies EngineThread
 })
