@@ -146,7 +146,8 @@ const measure = (shape: Shape, data: string) => {
   const configPath = join(dir, "config.json")
   writeFileSync(configPath, JSON.stringify(configOf(shape, dir, data), null, 2))
   const started = performance.now()
-  const child = spawnSync(process.execPath, [join(root, "bin/agentfly.mjs"), "train", configPath], {
+  // The command itself, as a user runs it: its shebang sets MALLOC_ARENA_MAX (`node bin/agentfly.mjs` would not).
+  const child = spawnSync(join(root, "bin/agentfly.mjs"), ["train", configPath], {
     cwd: root,
     encoding: "utf8",
     maxBuffer: 64 * 2 ** 20

@@ -5,21 +5,18 @@
  * @since 0.1.0
  */
 import type * as Task from "../src/Task.ts"
-import * as CalculatorTask from "./calculator/CalculatorTask.ts"
-import * as HouseholdTask from "./household/HouseholdTask.ts"
-import * as SearchTask from "./search/SearchTask.ts"
-import * as WebShopTask from "./webshop/WebShopTask.ts"
 
 /**
- * Built-in tasks by name.
+ * Built-in tasks by name, each loaded when named: a process keeps only its own task's code (and libraries: the
+ * search index, the web shop's catalogue) for its whole life.
  *
  * @category constants
  * @since 0.1.0
  */
-export const builtins: Readonly<Record<string, Task.Definition>> = {
-  calculator: CalculatorTask.task,
-  household: HouseholdTask.household,
-  science: HouseholdTask.science,
-  search: SearchTask.task,
-  webshop: WebShopTask.task
+export const builtins: Readonly<Record<string, Task.Builtin>> = {
+  calculator: () => import("./calculator/CalculatorTask.ts").then((m) => m.task),
+  household: () => import("./household/HouseholdTask.ts").then((m) => m.household),
+  science: () => import("./household/HouseholdTask.ts").then((m) => m.science),
+  search: () => import("./search/SearchTask.ts").then((m) => m.task),
+  webshop: () => import("./webshop/WebShopTask.ts").then((m) => m.task)
 }

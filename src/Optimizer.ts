@@ -4,13 +4,14 @@
  *
  * The update runs in float64 per element and stores float32, in a fixed order, so it is deterministic: the same
  * parameters, gradients and state give bit-identical results (needed for exact resume). The inner loop runs as a
- * WebAssembly SIMD kernel (`internal/adamKernel.ts`), bit-identical to the scalar loop it replaces. Parameters and state are
- * updated **in place**: the learner owns them and copies a snapshot when it publishes weights.
+ * WebAssembly SIMD kernel (`internal/adamKernel.ts`), bit-identical to the scalar loop it replaces; the loop lives in
+ * `internal/adamStep.ts`, which the learner's worker threads load without Effect. Parameters and state are updated
+ * **in place**: the learner owns them and copies a snapshot when it publishes weights.
  *
  * @since 0.1.0
  */
 import { Schema } from "effect"
-import * as AdamKernel from "./internal/adamKernel.ts"
+import * as AdamStep from "./internal/adamStep.ts"
 
 // ===== Models =====
 
@@ -45,11 +46,7 @@ export const defaultConfig: Config = { beta1: 0.9, beta2: 0.98, eps: 1e-8, weigh
  * @category models
  * @since 0.1.0
  */
-export interface State {
-  step: number
-  readonly m: Map<string, Float32Array>
-  readonly v: Map<string, Float32Array>
-}
+export type State = AdamStep.State
 
 /**
  * Norms and biases are not decayed.
@@ -57,7 +54,7 @@ export interface State {
  * @category constructors
  * @since 0.1.0
  */
-export const defaultNoDecay = (name: string): boolean => /norm|bias/.test(name)
+export const defaultNoDecay: (name: string) => boolean = AdamStep.defaultNoDecay
 
 // ===== Constructors =====
 
@@ -111,68 +108,12 @@ export const clipScale = (norm: number, maxNorm: number | undefined): number => 
  * @category combinators
  * @since 0.1.0
  */
-export const step = (
+export const step: (
   params: ReadonlyMap<string, Float32Array>,
   grads: ReadonlyMap<string, Float32Array>,
   state: State,
   lr: number,
   config: Config,
-  gradScale: number = 1,
-  noDecay: (name: string) => boolean = defaultNoDecay
-): number => {
-  const t = state.step + 1
-  const { beta1, beta2, eps } = config
-  const c1 = 1 - beta1 ** t
-  const c2 = 1 - beta2 ** t
-  for (const [name, p] of params) {
-    const g = grads.get(name)
-    if (g === undefined) continue
-    const m = state.m.get(name)!
-    const v = state.v.get(name)!
-    const decay = noDecay(name) ? 0 : lr * config.weightDecay
-    if (kernel === undefined) updateTensor(p, g, m, v, gradScale, beta1, beta2, lr / c1, 1 / Math.sqrt(c2), eps, decay)
-    else {
-      kernel(p, g, m, v, {
-        scale: gradScale,
-        beta1,
-        beta2,
-        stepSize: lr / c1,
-        invSqrtC2: 1 / Math.sqrt(c2),
-        eps,
-        keep: 1 - decay
-      })
-    }
-  }
-  state.step = t
-  return t
-}
-
-/** The WebAssembly SIMD inner loop (bit-identical to {@link updateTensor}, ≈ 2× faster), one per thread. */
-const kernel = AdamKernel.make()
-
-/** The inner loop, kept monomorphic for speed; used where WebAssembly SIMD is unavailable. */
-const updateTensor = (
-  p: Float32Array,
-  g: Float32Array,
-  m: Float32Array,
-  v: Float32Array,
-  scale: number,
-  beta1: number,
-  beta2: number,
-  stepSize: number,
-  invSqrtC2: number,
-  eps: number,
-  decay: number
-): void => {
-  const b1c = 1 - beta1
-  const b2c = 1 - beta2
-  for (let i = 0; i < p.length; i++) {
-    const gi = g[i]! * scale
-    const mi = beta1 * m[i]! + b1c * gi
-    const vi = beta2 * v[i]! + b2c * gi * gi
-    m[i] = mi
-    v[i] = vi
-    const pi = p[i]! * (1 - decay)
-    p[i] = pi - (stepSize * mi) / (Math.sqrt(vi) * invSqrtC2 + eps)
-  }
-}
+  gradScale?: number,
+  noDecay?: (name: string) => boolean
+) => number = AdamStep.step

@@ -128,6 +128,14 @@ export type Any = Task<any>
 export type Definition = Any | ((options: unknown) => Effect.Effect<Any, TaskError>)
 
 /**
+ * A built-in task: loads its module when a config names it.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type Builtin = () => Promise<Definition>
+
+/**
  * A config's reference to its task: a built-in name or a module path, with options.
  *
  * @category models
@@ -389,7 +397,7 @@ export const importModule = (path: string): Effect.Effect<Record<string, unknown
 export const resolve = (
   ref: Ref,
   options: {
-    readonly builtins: Readonly<Record<string, Definition>>
+    readonly builtins: Readonly<Record<string, Builtin>>
     readonly resolvePath: (path: string) => string
   }
 ): Effect.Effect<Any, TaskError> => {
@@ -404,8 +412,8 @@ export const resolve = (
         : instantiate(name, definition, taskOptions)
     })
   }
-  const definition = options.builtins[name]
-  if (definition === undefined) {
+  const load = options.builtins[name]
+  if (load === undefined) {
     return Effect.fail(
       new TaskError({
         task: name,
@@ -415,5 +423,8 @@ export const resolve = (
       })
     )
   }
-  return instantiate(name, definition, taskOptions)
+  return Effect.tryPromise({
+    try: load,
+    catch: (e) => new TaskError({ task: name, reason: "Module", message: `cannot load ${name}: ${String(e)}` })
+  }).pipe(Effect.flatMap((definition) => instantiate(name, definition, taskOptions)))
 }

@@ -9,7 +9,8 @@
  */
 import { parentPort, workerData } from "node:worker_threads"
 import * as ort from "onnxruntime-node"
-import * as Optimizer from "../../Optimizer.ts"
+import * as AdamStep from "../../internal/adamStep.ts"
+import type * as Optimizer from "../../Optimizer.ts"
 
 // ===== Protocol =====
 
@@ -223,7 +224,7 @@ const serve = (init: Init) => {
         // The slice's norm too, so that the global norm needs no pass over every gradient on the main thread.
         return { norm: Math.sqrt(sumSlices(accum, r.sources.map((i) => grads[i]!), start, end)) }
       case "adam":
-        Optimizer.step(adam.params, adam.grads, { step: r.step, m: adam.m, v: adam.v }, r.lr, r.config, r.scale)
+        AdamStep.step(adam.params, adam.grads, { step: r.step, m: adam.m, v: adam.v }, r.lr, r.config, r.scale)
         return {}
       case "close":
         for (const s of sessions.values()) await s.session.release()
