@@ -35,7 +35,8 @@ interface Record {
 }
 
 const agentfly = (args: ReadonlyArray<string>) => {
-  const child = spawnSync(process.execPath, [join(root, "bin/agentfly.mjs"), ...args], {
+  // The command as a user runs it (its shebang sets MALLOC_ARENA_MAX).
+  const child = spawnSync(join(root, "bin/agentfly.mjs"), args, {
     cwd: root,
     encoding: "utf8",
     maxBuffer: 64 * 2 ** 20
@@ -90,6 +91,7 @@ const run = (data: string, model: string, mode: "sync" | "async", engineThread?:
     rlSeconds: last.elapsed - first.elapsed + first.figures["time/step_s"]!,
     waitRolloutS: median(records.map((r) => r.figures["time/wait_rollout_s"] ?? 0)),
     learnS: median(records.map((r) => r.figures["time/learn_s"] ?? 0)),
+    peakRssMb: Math.max(...records.map((r) => r.figures["perf/peak_rss_mb"] ?? 0)),
     meanReward: records.reduce((s, r) => s + (r.figures["rollout/reward_mean"] ?? 0), 0) / records.length
   }
 }
@@ -119,7 +121,8 @@ export default async (): Promise<BenchResult> => {
 
   type Run = ReturnType<typeof run>
   const rounds: Array<{ sync: Run; async: Run; asyncMainThread: Run }> = []
-  const show = (r: Run) => `${r.rlSeconds.toFixed(1)} s (wait ${r.waitRolloutS.toFixed(2)}, learn ${r.learnS.toFixed(2)})`
+  const show = (r: Run) =>
+    `${r.rlSeconds.toFixed(1)} s (wait ${r.waitRolloutS.toFixed(2)}, learn ${r.learnS.toFixed(2)}, peak ${r.peakRssMb} MB)`
   for (let i = 0; i < ROUNDS; i++) {
     const sync = run(data, ready, "sync")
     const async = run(data, ready, "async")
