@@ -24,7 +24,7 @@ export interface Pool {
   readonly request: (index: number, request: Request) => Reply
   /** Why the pool cannot be used any more (a worker crashed or exited), or undefined. */
   readonly broken: () => string | undefined
-  /** Terminates one thread as a crash would (for tests of the failure path). */
+  /** Makes one thread fail as a bug in it would (for tests of the failure path); returns once it has exited. */
   readonly kill: (index: number) => Effect.Effect<void>
   /** Releases the sessions and terminates every thread. */
   readonly close: Effect.Effect<void>
@@ -134,7 +134,13 @@ export const start = (
       size: workers.length,
       request,
       broken: () => broken,
-      kill: (index) => Effect.promise(() => workers[index]!.terminate()).pipe(Effect.asVoid),
+      // Not `terminate`: terminating a thread while onnxruntime runs a session aborts the whole process
+      // (onnxruntime-node throws a C++ exception it cannot deliver). The thread throws from its next turn instead.
+      kill: (index) =>
+        exited[index] ? Effect.void : Effect.callback<void>((resume) => {
+          workers[index]!.once("exit", () => resume(Effect.void))
+          workers[index]!.postMessage({ op: "crash", id: 0 })
+        }),
       close
     } satisfies Pool
   })

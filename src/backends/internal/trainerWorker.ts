@@ -72,6 +72,8 @@ export type Request =
     readonly config: Optimizer.Config
   }
   | { readonly op: "close" }
+  /** Fail at once, as a bug in the thread would (tests of the failure path); never queued or answered. */
+  | { readonly op: "crash" }
 
 export interface RunResult {
   readonly loss: number
@@ -230,12 +232,15 @@ const serve = (init: Init) => {
         for (const s of sessions.values()) await s.session.release()
         sessions.clear()
         return {}
+      case "crash": // handled on arrival, never queued
+        throw new Error("crash requested")
     }
   }
 
   const port = parentPort!
   let queue: Promise<void> = Promise.resolve()
   port.on("message", (message: Request & { readonly id: number }) => {
+    if (message.op === "crash") throw new Error("crash requested")
     queue = queue.then(() =>
       handle(message).then(
         (output) => port.postMessage({ id: message.id, ok: true, output } satisfies Reply),
