@@ -318,12 +318,18 @@ export interface QuestionOptions<Split extends string> {
   readonly counts: { readonly [S in Split]: number }
   /** The chance that a question has two hops (its kind is then `founderBorn` or `bornCountry`). */
   readonly twoHop: number
+  /**
+   * The kinds to ask (default: all five). When they are all of one number of hops, `twoHop` no longer matters:
+   * a fixed-shape variant such as `["born"]` asks one template only.
+   */
+  readonly kinds?: ReadonlyArray<Kind> | undefined
 }
 
 /**
- * Draws the splits' questions: each question's hops by `twoHop`, its kind uniformly among those hops' kinds, and a
- * subject not asked about before in that kind (so splits never share a question). A kind whose subjects run out
- * gives way to another of the same hops; fails with {@link WorldError} when the world is too small for the counts.
+ * Draws the splits' questions: each question's hops by `twoHop`, its kind uniformly among those hops' kinds (of
+ * `kinds`, when given; the other number of hops when none of `kinds` has the one drawn), and a subject not asked
+ * about before in that kind (so splits never share a question). A kind whose subjects run out gives way to another
+ * of the same hops; fails with {@link WorldError} when the world is too small for the counts.
  *
  * @category constructors
  * @since 0.1.0
@@ -346,12 +352,19 @@ export const questions = <Split extends string>(
     founderBorn: shuffle(world.companies.map((c) => c.name), next),
     bornCountry: shuffle(world.people.map((p) => p.name), next)
   }
+  const allowed = (kinds: ReadonlyArray<Kind>) => kinds.filter((k) => options.kinds?.includes(k) ?? true)
   const byHops: { readonly [H in 1 | 2]: ReadonlyArray<Kind> } = {
-    1: ["born", "founder", "country"],
-    2: ["founderBorn", "bornCountry"]
+    1: allowed(["born", "founder", "country"]),
+    2: allowed(["founderBorn", "bornCountry"])
+  }
+  if (byHops[1].length + byHops[2].length === 0) {
+    const known = Object.keys(hops).join(", ")
+    return Effect.fail(new WorldError({ message: `no kind of question to ask (known: ${known})` }))
   }
   const draw = (): Question | undefined => {
-    const kinds = byHops[next() < options.twoHop ? 2 : 1]
+    // The hop draw comes first whatever `kinds` is, so the default draws the same questions as before the option.
+    const drawn = byHops[next() < options.twoHop ? 2 : 1]
+    const kinds = drawn.length > 0 ? drawn : byHops[1].length > 0 ? byHops[1] : byHops[2]
     const first = Math.floor(next() * kinds.length)
     for (let i = 0; i < kinds.length; i++) {
       const kind = kinds[(first + i) % kinds.length]!

@@ -4,11 +4,14 @@
  * `demos.jsonl` (the oracle's conversations through the task's real tools, for the SFT warm-up). A row is a
  * `question` and its `answer`, with its `kind` and `hops`. Seeded: the same options always write the same bytes.
  *
- *   npx tsx examples/search/generate.ts [OUT_DIR] [SEED] [NOISE]
+ *   npx tsx examples/search/generate.ts [OUT_DIR] [SEED] [NOISE] [--kind mixed|born|…] [--passages N] [--train N] …
  *
  * `SEED` builds the world and draws the questions: a run must name the same world (task options `seed` and
  * `passages`; the defaults match) or read this `corpus.jsonl` (`corpus`). `NOISE` is the share of demonstrations
- * whose final answer is a slip of the oracle (see `SearchOracle.noisy`).
+ * whose final answer is a slip of the oracle (see `SearchOracle.noisy`). `--kind` asks one kind of question only
+ * (`World.Kind`; default `mixed`, all five): `born` ("Where was Kavo Meli born?") is the fixed-shape variant the
+ * tiny policy learns in minutes (`lookup.json`): the name always at the same place, its two passages in the same
+ * order (the birthplace first), the answer copied from the first line, and the noisy slip the job on the second.
  *
  * @since 0.1.0
  */
@@ -41,6 +44,8 @@ export interface Options {
   /** The share of two-hop questions in every split. */
   readonly twoHop: number
   readonly noise: number
+  /** The kind of question asked (`World.Kind`), or `mixed` (the default) for all five by `twoHop`. */
+  readonly kind: string
 }
 
 /**
@@ -55,7 +60,8 @@ export const defaults: Omit<Options, "dir"> = {
   validation: 100,
   demos: 1000,
   twoHop: 0.3,
-  noise: 0
+  noise: 0,
+  kind: "mixed"
 }
 
 /** The byte-level tokenizer and Qwen2.5 template the demonstrations are rolled out with (as the tiny policy's). */
@@ -102,11 +108,17 @@ export const demonstrations = Effect.fn("search.generate.demonstrations")(functi
  * @since 0.1.0
  */
 export const write = Effect.fn("search.generate.write")(function*(options: Options) {
+  const kinds = Object.keys(World.hops) as Array<World.Kind>
+  const kind = kinds.find((k) => k === options.kind)
+  if (kind === undefined && options.kind !== "mixed") {
+    return yield* Effect.fail(new Error(`unknown kind ${options.kind} (known: mixed, ${kinds.join(", ")})`))
+  }
   const world = World.make({ seed: options.seed, passages: options.passages })
   // Held-out first: it does not change when the other splits grow.
   const splits = yield* World.questions(world, {
     seed: options.seed + 1,
     twoHop: options.twoHop,
+    kinds: kind === undefined ? undefined : [kind],
     counts: { heldOut: options.heldOut, validation: options.validation, train: options.train, demos: options.demos }
   })
   const row = ({ question, answer, kind, hops }: World.Question) => ({ question, answer, kind, hops })

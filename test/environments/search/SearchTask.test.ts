@@ -124,6 +124,21 @@ describe("search world", () => {
     }
   })
 
+  it("asks only the kinds asked for: one template for a fixed-shape variant, whatever twoHop", () => {
+    const world = World.make({ seed: 3, passages: 3000 })
+    const ask = (kinds: ReadonlyArray<World.Kind>, twoHop: number) =>
+      Effect.runSync(World.questions(world, { seed: 5, counts: { heldOut: 200 }, twoHop, kinds })).heldOut
+    assert.isTrue(ask(["born"], 0.3).every((q) => q.kind === "born" && q.hops === 1))
+    assert.isTrue(ask(["bornCountry"], 0).every((q) => q.kind === "bornCountry"))
+    // Without `kinds` the draw is the one from before the option (the hop draw comes first either way).
+    assert.deepStrictEqual(
+      Effect.runSync(World.questions(world, { seed: 5, counts: { heldOut: 50 }, twoHop: 0.3, kinds: undefined })),
+      Effect.runSync(World.questions(world, { seed: 5, counts: { heldOut: 50 }, twoHop: 0.3 }))
+    )
+    const none = Effect.runSyncExit(World.questions(world, { seed: 5, counts: { heldOut: 1 }, twoHop: 0.3, kinds: [] }))
+    assert.isTrue(Exit.isFailure(none) && Cause.squash(none.cause) instanceof World.WorldError)
+  })
+
   it("fails with a WorldError when a small world runs out of subjects", () => {
     const world = World.make({ seed: 3, passages: 100 })
     const exit = Effect.runSyncExit(World.questions(world, { seed: 1, counts: { heldOut: 500 }, twoHop: 0 }))
@@ -151,6 +166,36 @@ describe("search generator", () => {
         assert.strictEqual(system.content, SearchTask.systemPrompt)
         assert.strictEqual(call.tool_calls[0].function.arguments.query, World.parse(user.content)!.name)
       }
+    }), { timeout: 60_000 })
+
+  it.effect("--kind born: one template, the birthplace on the first line, noisy slips the job on the second", () =>
+    Effect.gen(function*() {
+      const { read } = yield* generated({ seed: 3, demos: 60, noise: 0.5, kind: "born" })
+      // Person names are two words of two consonant–vowel syllables: the name always sits at the same place.
+      const fixed = (r: Record<string, any>) =>
+        r["kind"] === "born" && /^Where was \w{4} \w{4} born\?$/.test(r["question"])
+      for (const f of ["train.jsonl", "heldout.jsonl", "validation.jsonl"]) {
+        assert.isTrue(read(f).every(fixed), f)
+      }
+      const demos = read("demos.jsonl")
+      assert.strictEqual(demos.length, 60)
+      let slips = 0
+      for (const d of demos) {
+        const [, user, , observation] = d["messages"]
+        const name = World.parse(user.content)!.name
+        const [first, second] = observation.content.split("\n")
+        const city = new RegExp(`^${name} was born in (\\w+)\\.$`).exec(first)?.[1]
+        const job = new RegExp(`^${name} works as an? (\\w+)\\.$`).exec(second)?.[1]
+        assert.isDefined(city, first)
+        const answer = d["messages"].at(-1).content
+        if (answer !== city) {
+          assert.strictEqual(answer, job)
+          slips++
+        }
+      }
+      assert.isTrue(slips > 15 && slips < 45, `${slips} of 60 noisy demonstrations answer the job`)
+      const bad = yield* Effect.exit(generated({ kind: "borm" }))
+      assert.isTrue(Exit.isFailure(bad) && String(Cause.squash(bad.cause)).includes("unknown kind borm"))
     }), { timeout: 60_000 })
 
   it.effect("noisy demonstrations misstate a share of their answers; the rest are the oracle's", () =>
@@ -185,6 +230,17 @@ describe("search task", () => {
       }
       // Both kinds of hop are there, and solved.
       assert.isAtLeast(accuracy(ts.filter((t) => t.row?.["hops"] === 2)), 0.95)
+    }), { timeout: 60_000 })
+
+  it.effect("the oracle answers ≥ 95% of the lookup variant's questions (born only, lookup.json's world)", () =>
+    Effect.gen(function*() {
+      const options = { seed: World.defaults.seed, passages: 40_000 }
+      const rows = Effect.runSync(
+        World.questions(World.make(options), { seed: 5, counts: { heldOut: 300 }, twoHop: 0.3, kinds: ["born"] })
+      ).heldOut.map((q): Rollout.TaskRow => ({ ...q }))
+      const ts = yield* rollout(SearchOracle.oracle, rows, { task: options })
+      assert.isAtLeast(accuracy(ts), 0.95)
+      assert.isTrue(ts.every((t) => t.metrics["reward/answer/searches"] === 1))
     }), { timeout: 60_000 })
 
   it.effect("noise policies score near 0: answering a random word of what they read, or without searching", () =>
