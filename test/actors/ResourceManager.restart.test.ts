@@ -281,7 +281,8 @@ describe("a coordinated ResourceManager across a lost connection", () => {
       const a = yield* process_(`redis://127.0.0.1:${proxy.port}`, "a", options)
       const b = yield* process_(server.url, "b", options)
       const { backend, log } = makeBackend()
-      const resource = licensed(backend, { acquireMillis: 800, globalMax: 2 })
+      // 3 s: an acquire that must succeed took past 0.8 s once while CI ran every test file at once.
+      const resource = licensed(backend, { acquireMillis: 3_000, globalMax: 2 })
       const lease = yield* a.manager.acquire(resource, chain("a"))
       const token = (yield* lease.fencingToken)!
       const first = yield* step(lease, log, "a")
