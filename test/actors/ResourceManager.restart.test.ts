@@ -277,7 +277,8 @@ describe("a coordinated ResourceManager across a lost connection", () => {
     Effect.gen(function*() {
       const server = yield* redisServer
       const proxy = yield* tcpProxy(server.port)
-      const options = { ttlMillis: 8_000, heartbeatMillis: 200, pollMillis: 20 }
+      // The cut (two acquires that wait out their 3 s, and the rest) stays well inside the TTL.
+      const options = { ttlMillis: 20_000, heartbeatMillis: 200, pollMillis: 20 }
       const a = yield* process_(`redis://127.0.0.1:${proxy.port}`, "a", options)
       const b = yield* process_(server.url, "b", options)
       const { backend, log } = makeBackend()
