@@ -22,6 +22,7 @@
  * @since 0.1.0
  */
 import { Effect, FileSystem, Layer, Scope, Semaphore } from "effect"
+import type { Duration } from "effect"
 import * as ort from "onnxruntime-node"
 import * as Autodiff from "../autodiff/Autodiff.ts"
 import * as Checkpoint from "../Checkpoint.ts"
@@ -604,10 +605,19 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
     else if (accumulated === 0) for (const a of accum.values()) a.fill(0)
     return new Map([...accum].map(([k, v]) => [k, Float32Array.from(v)]))
   }))
-  /** The worker threads (for tests): how many are alive, and a way to kill one as a crash would. */
+  /**
+   * The worker threads (for tests): how many are alive, a way to kill one as a crash would, and a way to close
+   * them with a given wait (the next call starts fresh threads).
+   */
   const threads = {
     live: Effect.sync(() => liveThreads),
-    kill: (index: number) => Effect.suspend(() => (pool === undefined ? Effect.void : pool.kill(index)))
+    kill: (index: number) => Effect.suspend(() => (pool === undefined ? Effect.void : pool.kill(index))),
+    close: (wait: Duration.Input) =>
+      Effect.suspend(() => {
+        const p = pool
+        pool = undefined
+        return p === undefined ? Effect.void : p.closeWithin(wait)
+      })
   }
   return { trainer, logprobs, gradients, threads }
 })

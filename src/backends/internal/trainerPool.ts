@@ -4,6 +4,7 @@
  * it with a `PolicyTrainerError` ("Run") and marks the pool broken; the trainer then discards the pool.
  */
 import { Effect, Result } from "effect"
+import type { Duration } from "effect"
 import { Worker } from "node:worker_threads"
 import * as PolicyTrainer from "../../PolicyTrainer.ts"
 import type * as TrainerWorker from "./trainerWorker.ts"
@@ -26,8 +27,10 @@ export interface Pool {
   readonly broken: () => string | undefined
   /** Makes one thread fail as a bug in it would (for tests of the failure path); returns once it has exited. */
   readonly kill: (index: number) => Effect.Effect<void>
-  /** Releases the sessions and terminates every thread. */
+  /** Asks every thread to release its sessions and end; waits up to 5 seconds for them. */
   readonly close: Effect.Effect<void>
+  /** `close` with another wait (tests: a thread still busy when the wait ends must not take the process down). */
+  readonly closeWithin: (wait: Duration.Input) => Effect.Effect<void>
 }
 
 interface Waiting {
@@ -120,27 +123,32 @@ export const start = (
         workers[index]!.postMessage({ ...req, id })
         return Effect.sync(() => waiting.delete(id))
       })
-    const close = Effect.suspend(() => {
-      closing = true
-      // Sessions are released in the worker first (a bounded wait: a wedged worker is terminated regardless).
-      return Effect.forEach(workers, (worker, index) =>
-        request(index, { op: "close" }).pipe(
-          Effect.timeout("5 seconds"),
-          Effect.ignore,
-          Effect.andThen(Effect.promise(() => worker.terminate()))
-        ), { concurrency: "unbounded", discard: true })
-    })
+    // Every thread releases its sessions and ends by itself once its queue reaches the close. Never `terminate`:
+    // terminating a thread while onnxruntime runs a session aborts the whole process (onnxruntime-node throws a
+    // C++ exception it cannot deliver), and a big model's step can outlast any wait. A thread still busy after
+    // `wait` is unreferenced (it no longer keeps the process alive) and ends when its step does.
+    const close = (wait: Duration.Input) =>
+      Effect.suspend(() => {
+        closing = true
+        return Effect.forEach(workers, (worker, index) =>
+          exited[index] ? Effect.void : Effect.callback<void>((resume) => {
+            worker.once("exit", () => resume(Effect.void))
+            worker.postMessage({ op: "close", id: 0 })
+          }).pipe(
+            Effect.timeoutOrElse({ duration: wait, orElse: () => Effect.sync(() => worker.unref()) })
+          ), { concurrency: "unbounded", discard: true })
+      })
     return {
       size: workers.length,
       request,
       broken: () => broken,
-      // Not `terminate`: terminating a thread while onnxruntime runs a session aborts the whole process
-      // (onnxruntime-node throws a C++ exception it cannot deliver). The thread throws from its next turn instead.
+      // Not `terminate` (see `close`): the thread throws from its next turn instead.
       kill: (index) =>
         exited[index] ? Effect.void : Effect.callback<void>((resume) => {
           workers[index]!.once("exit", () => resume(Effect.void))
           workers[index]!.postMessage({ op: "crash", id: 0 })
         }),
-      close
+      close: close("5 seconds"),
+      closeWithin: close
     } satisfies Pool
   })

@@ -71,6 +71,7 @@ export type Request =
     readonly scale: number
     readonly config: Optimizer.Config
   }
+  /** Release every session and end the thread (after replying). */
   | { readonly op: "close" }
   /** Fail at once, as a bug in the thread would (tests of the failure path); never queued or answered. */
   | { readonly op: "crash" }
@@ -251,7 +252,10 @@ const serve = (init: Init) => {
             reason: message.op === "compile" ? "Session" : "Run",
             message: e instanceof Error ? e.message : String(e)
           })
-      )
+      ).then(() => {
+        // A closed thread ends itself: the pool never terminates one (see `trainerPool.ts`).
+        if (message.op === "close") process.exit(0)
+      })
     )
   })
   port.postMessage({ id: 0, ok: true, output: {} } satisfies Reply) // ready

@@ -1,6 +1,6 @@
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Fiber, FileSystem, Result } from "effect"
+import { Duration, Effect, Fiber, FileSystem, Result } from "effect"
 import * as fc from "fast-check"
 import * as ort from "onnxruntime-node"
 import * as OnnxTrainer from "../../../src/backends/OnnxTrainer.ts"
@@ -226,6 +226,39 @@ describe("OnnxTrainer with worker threads", () => {
       assert.strictEqual(yield* trainer.threads.live, 2)
       assert.strictEqual((yield* trainer.trainer.optimStep).step, 1)
     }).pipe(Effect.provide(NodeServices.layer), Effect.scoped))
+
+  it.live("closing the threads while they run a long shard neither waits for it nor takes the process down", () =>
+    Effect.gen(function*() {
+      // A shard that runs for a while (≈ 0.5 s here): closing must not terminate a thread inside onnxruntime's run,
+      // which aborts the whole process (this test file would die).
+      const big = tinyConfig({ vocabSize: 256, hiddenSize: 256, numHiddenLayers: 4, intermediateSize: 1024 })
+      const r = Sampling.rng(5)
+      const sequences = Array.from({ length: 16 }, (): Packing.Sequence => ({
+        tokenIds: Int32Array.from({ length: 256 }, () => Math.floor(r.next() * 256)),
+        lossMask: Uint8Array.from({ length: 256 }, () => 1),
+        samplerLogprobs: Float32Array.from({ length: 256 }, () => -5),
+        advantages: Float32Array.from({ length: 256 }, () => 1)
+      }))
+      const mb = (yield* Packing.pack(sequences, { tokenBudget: 16 * 256, lengthMultiple: 16, aggregation: "token-mean" }))
+        .microBatches[0]!
+      const trainer = yield* OnnxTrainer.make(options({
+        workers: 2,
+        model: OnnxTrainer.qwen2(big),
+        weights: Qwen2.initWeights(big, 3)
+      }))
+      yield* trainer.trainer.forwardBackward(mb) // starts the threads and compiles
+      const fiber = yield* Effect.forkChild(trainer.trainer.forwardBackward(mb))
+      yield* Effect.sleep("50 millis") // the shards are running
+      const [closed] = yield* Effect.timed(trainer.threads.close("1 millis"))
+      assert.isBelow(Duration.toMillis(closed), 200, "close does not wait for the running shards")
+      yield* Effect.result(Fiber.join(fiber)) // the shards end on threads that then end themselves
+      for (let i = 0; i < 200 && (yield* trainer.threads.live) > 0; i++) yield* Effect.sleep("50 millis")
+      assert.strictEqual(yield* trainer.threads.live, 0, "the closed threads ended by themselves")
+      yield* Effect.ignore(trainer.trainer.optimStep)
+      const again = yield* trainer.trainer.forwardBackward(mb)
+      assert.isTrue(Number.isFinite(again.loss))
+      assert.strictEqual(yield* trainer.threads.live, 2)
+    }).pipe(Effect.provide(NodeServices.layer), Effect.scoped), 60_000)
 
   it.effect("an onnxruntime error in a worker, a missing provider and a bad worker count are typed errors", () =>
     Effect.gen(function*() {
