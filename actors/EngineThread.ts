@@ -159,10 +159,10 @@ export const make: Effect.Effect<EngineThread, never, Scope.Scope> = Effect.gen(
         t.worker.once("exit", () => resume(Effect.void))
         t.worker.postMessage({ op } satisfies EngineWorker.Request)
       }).pipe(
-        // The thread closes its engines and exits by itself: terminating it while onnxruntime runs a session aborts
-        // the whole process (onnxruntime-node throws a C++ exception it cannot deliver), so this is the last resort.
-        Effect.timeout("10 seconds"),
-        Effect.catch(() => Effect.promise(() => t.worker.terminate()))
+        // The thread closes its engines and exits by itself. Never `terminate`: terminating it while onnxruntime
+        // runs a session aborts the whole process (onnxruntime-node throws a C++ exception it cannot deliver). One
+        // still busy after 10 s is unreferenced (it no longer keeps the process alive) and ends when its run does.
+        Effect.timeoutOrElse({ duration: "10 seconds", orElse: () => Effect.sync(() => t.worker.unref()) })
       )
     })
   yield* Effect.addFinalizer(() => endThread("exit"))
