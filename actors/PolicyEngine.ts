@@ -193,6 +193,8 @@ interface Generation {
   readonly cache: KvCache.KvCache
   /** Finished sequences' keys/values, most recent last, for requests that continue them (the next turn). */
   readonly retained: Array<{ readonly tokens: ReadonlyArray<number>; readonly prefix: KvCache.Prefix }>
+  /** The decode step's attention mask memory, reused from step to step (a new one each step is ≈ 130 KB). */
+  mask: BigInt64Array
 }
 
 const validateWeights = (c: ModelConfig.ModelConfig, weights: Qwen2.Weights): PolicyEngineError | undefined => {
@@ -297,7 +299,8 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
       }
     }
     const cache = KvCache.make(pastNames.length, KV, hd, maxBatch)
-    const generation: Generation = { version, session, weightFeeds, seqs: [], cache, retained: [] }
+    const mask = new BigInt64Array(0)
+    const generation: Generation = { version, session, weightFeeds, seqs: [], cache, retained: [], mask }
     return generation
   })
 
@@ -431,7 +434,9 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
     // Every row needs a free slot for this step's token.
     KvCache.fit(g.cache, g.seqs.reduce((m, s) => Math.max(m, s.filled), 0) + 1, g.seqs.map((s) => s.filled))
     const B = g.seqs.length, T = g.cache.capacity
-    const ids = new BigInt64Array(B), pos = new BigInt64Array(B), mask = new BigInt64Array(B * (T + 1))
+    const ids = new BigInt64Array(B), pos = new BigInt64Array(B)
+    if (g.mask.length < B * (T + 1)) g.mask = new BigInt64Array(maxBatch * (T + 1))
+    const mask = g.mask.subarray(0, B * (T + 1)).fill(0n)
     g.seqs.forEach((s, i) => {
       ids[i] = BigInt(s.tokenIds[s.tokenIds.length - 1]!)
       pos[i] = BigInt(s.filled)
@@ -508,7 +513,13 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
       }))
     )
 
-  const release = (g: Generation) => Effect.promise(() => g.session.release()).pipe(Effect.ignore)
+  // The cache's memory goes back to this thread's pool, for the next engine (`session.run` is synchronous, so no
+  // run still reads it).
+  const release = (g: Generation) =>
+    Effect.promise(() => g.session.release()).pipe(
+      Effect.ignore,
+      Effect.andThen(Effect.sync(() => KvCache.release(g.cache)))
+    )
 
   /**
    * A failed step fails only the requests it touched; a defect (a bug) does the same after logging it, so the loop

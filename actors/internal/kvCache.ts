@@ -7,7 +7,10 @@
  *   slot per row (the graph returns only those);
  * - a finished sequence leaves by moving the last row into its place (one row copied, not the cache);
  * - joining sequences are copied in after the last row;
- * - the capacity grows (and shrinks) in chunks, so the whole cache is copied only once per chunk of length.
+ * - the capacity grows (and shrinks) in chunks, so the whole cache is copied only once per chunk of length;
+ * - the memory of a layout left behind, and of a closed cache ({@link release}), goes to a pool on this thread that
+ *   the next layouts take from: an engine per rollout batch, each allocating 8–30 MB per chunk of length, made V8
+ *   run a full collection every few chunks (external memory pressure: ≈ 10 per RL step of the calculator config).
  *
  * @since 0.1.0
  */
@@ -37,6 +40,32 @@ export const make = (buffers: number, kvHeads: number, headDim: number, maxRows:
 
 const roundUp = (n: number) => Math.ceil(Math.max(n, 1) / CHUNK) * CHUNK
 
+/** Free layouts' memory, largest first; at most {@link POOLED} (two engines' caches: current and previous layout). */
+const pool: Array<ArrayBuffer> = []
+const POOLED = 16
+
+/** `floats` floats of pooled memory (the smallest piece that holds them, old values left in it) or new memory. */
+const acquire = (floats: number): Float32Array => {
+  let best = -1
+  for (let i = 0; i < pool.length; i++) if (pool[i]!.byteLength >= floats * 4) best = i
+  return new Float32Array(best < 0 ? new ArrayBuffer(floats * 4) : pool.splice(best, 1)[0]!, 0, floats)
+}
+
+const recycle = (b: Float32Array) => {
+  if (b.buffer.byteLength === 0) return
+  pool.push(b.buffer as ArrayBuffer)
+  pool.sort((x, y) => y.byteLength - x.byteLength)
+  pool.length = Math.min(pool.length, POOLED)
+}
+
+/** Gives the cache's memory back to the pool; the cache is empty afterwards. */
+export const release = (cache: KvCache): void => {
+  cache.buffers.forEach(recycle)
+  cache.buffers = cache.buffers.map(() => new Float32Array(0))
+  cache.rows = 0
+  cache.capacity = 0
+}
+
 /**
  * Makes room for `slots` slots per row, keeping the first `filled[r]` slots of each row. Grows to the next chunk;
  * shrinks when two chunks or more would be unused, since every step attends over the whole capacity.
@@ -47,7 +76,8 @@ export const fit = (cache: KvCache, slots: number, filled: ArrayLike<number>): v
   const { kvHeads: KV, headDim: hd } = cache
   const old = cache.capacity
   cache.buffers = cache.buffers.map((src) => {
-    const out = new Float32Array(cache.maxRows * KV * target * hd)
+    // Slots past a row's tokens may hold old values, as those a removed row leaves behind do: they are masked.
+    const out = acquire(cache.maxRows * KV * target * hd)
     for (let r = 0; r < cache.rows; r++) {
       const keep = Math.min(filled[r]!, target) * hd
       for (let h = 0; h < KV; h++) {
@@ -55,6 +85,7 @@ export const fit = (cache: KvCache, slots: number, filled: ArrayLike<number>): v
         out.set(src.subarray(from, from + keep), (r * KV + h) * target * hd)
       }
     }
+    recycle(src)
     return out
   })
   cache.capacity = target
