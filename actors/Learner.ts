@@ -44,6 +44,11 @@ export interface Options {
    */
   readonly padRows?: boolean
   /**
+   * See `Packing.Options.rowSteps`. Default 4: a step's last micro-batch pads to a multiple of a quarter of the
+   * capacity instead of all of it, for up to 4 graphs per length instead of 1 (measured on the calculator config: ≈ 9 of its 19 rows were padding, 12 % of the learner's work).
+   */
+  readonly rowSteps?: number
+  /**
    * Optimiser steps per learner step (verl's `train_batch_size / ppo_mini_batch_size`): the step's groups are split
    * into this many mini-batches of whole groups, each packed and normalised on its own, and the optimiser steps
    * after each. Advantages are computed once, over the whole step. Default 1.
@@ -293,6 +298,7 @@ export const update = Effect.fn("Learner.update")(function*(
     ...(options.maxLength === undefined ? {} : { maxLength: options.maxLength }),
     ...(options.lengthMultiple === undefined ? {} : { lengthMultiple: options.lengthMultiple }),
     padRows: options.padRows ?? true,
+    rowSteps: options.rowSteps ?? 4,
     ...(options.loss.normLength === undefined ? {} : { normLength: options.loss.normLength })
   }
   // A sequence whose advantages are all zero (a group without reward variance) has no gradient under a pure

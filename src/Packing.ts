@@ -83,11 +83,18 @@ export interface Options {
   /** For `seq-mean-token-sum-norm`; defaults to the longest padded length. */
   readonly normLength?: number
   /**
-   * Pad every micro-batch with empty rows up to `⌊tokenBudget / length⌋` rows, so that its shape depends on its
-   * padded length only: fewer distinct shapes, hence fewer compiled graphs (each costs ≈ 0.3 s to create), at the
+   * Pad every micro-batch with empty rows up to `⌊tokenBudget / length⌋` rows (the capacity; see `rowSteps`), so
+   * that its shape depends on its padded length only: fewer distinct shapes, hence fewer compiled graphs (each costs ≈ 0.3 s to create), at the
    * price of computing padding rows. Default false.
    */
   readonly padRows?: boolean
+  /**
+   * With `padRows`, how many row counts a micro-batch of a given length may take: its rows are padded up to a
+   * multiple of ⌈capacity / rowSteps⌉ (at most the capacity), so that the last micro-batch of a step, often half
+   * full, computes fewer empty rows, at the price of up to `rowSteps` shapes per length. Default 1: every
+   * micro-batch has the capacity's rows.
+   */
+  readonly rowSteps?: number
   /**
    * The sequences the loss is aggregated over, when they are more than the packed ones (default: the packed ones).
    * Sequences whose advantages are all zero add nothing to a policy-gradient loss but still count in its
@@ -220,7 +227,9 @@ export const packUnsafe = (sequences: ReadonlyArray<Sequence>, options: Options)
     const capacity = Math.floor(options.tokenBudget / length)
     const rows = Math.min(capacity, order.length - start)
     const slice = order.slice(start, start + rows)
-    const padded = options.padRows === true ? [...slice, ...new Array<number>(capacity - rows).fill(-1)] : slice
+    const step = Math.ceil(capacity / Math.max(1, options.rowSteps ?? 1))
+    const padTo = options.padRows === true ? Math.min(capacity, Math.ceil(rows / step) * step) : rows
+    const padded = [...slice, ...new Array<number>(padTo - rows).fill(-1)]
     microBatches.push(fill(sequences, padded, length, totals, options.aggregation, normLength))
     start += rows
   }

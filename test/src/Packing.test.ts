@@ -82,6 +82,20 @@ describe("Packing", () => {
       assert.approximately(sum, 1, 1e-6)
     }))
 
+  it.effect("rowSteps pads a partly filled micro-batch to the next step of the capacity only", () =>
+    Effect.gen(function*() {
+      const seqs = [seq(8, 2), seq(8, 2), seq(8, 2), seq(8, 2), seq(8, 2)]
+      const options = { tokenBudget: 64, lengthMultiple: 8, aggregation: "token-mean" as const, padRows: true }
+      // capacity 8 rows; steps of ⌈8 / 4⌉ = 2 rows: 5 rows pad to 6, not 8
+      const stepped = yield* Packing.pack(seqs, { ...options, rowSteps: 4 })
+      assert.deepStrictEqual(stepped.microBatches.map((m) => [m.batch, m.length]), [[6, 8]])
+      assert.deepStrictEqual([...stepped.microBatches[0]!.sequenceIndex], [0, 1, 2, 3, 4, -1])
+      const full = yield* Packing.pack(seqs, options)
+      assert.deepStrictEqual(full.microBatches.map((m) => [m.batch, m.length]), [[8, 8]])
+      // the same loss weights on the real rows
+      assert.deepStrictEqual([...stepped.microBatches[0]!.weights], [...full.microBatches[0]!.weights.subarray(0, 48)])
+    }))
+
   it.effect("a sequence over the budget and mismatched arrays are typed errors", () =>
     Effect.gen(function*() {
       const long = yield* Effect.flip(Packing.pack([seq(40, 1)], { tokenBudget: 32, aggregation: "token-mean" }))
