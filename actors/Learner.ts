@@ -45,7 +45,8 @@ export interface Options {
   readonly padRows?: boolean
   /**
    * See `Packing.Options.rowSteps`. Default 4: a step's last micro-batch pads to a multiple of a quarter of the
-   * capacity instead of all of it, for up to 4 graphs per length instead of 1 (measured on the calculator config: ≈ 9 of its 19 rows were padding, 12 % of the learner's work).
+   * capacity instead of all of it, for up to 4 graphs per length instead of 1 (on the calculator config ≈ 9 of its
+   * 19 rows were padding, 12 % of the learner's work).
    */
   readonly rowSteps?: number
   /**

@@ -84,8 +84,8 @@ export interface Options {
   readonly normLength?: number
   /**
    * Pad every micro-batch with empty rows up to `⌊tokenBudget / length⌋` rows (the capacity; see `rowSteps`), so
-   * that its shape depends on its padded length only: fewer distinct shapes, hence fewer compiled graphs (each costs ≈ 0.3 s to create), at the
-   * price of computing padding rows. Default false.
+   * that its shape depends on its padded length only: fewer distinct shapes, hence fewer compiled graphs (each costs
+   * ≈ 0.3 s to create), at the price of computing padding rows. Default false.
    */
   readonly padRows?: boolean
   /**

@@ -40,9 +40,12 @@ export const make = (buffers: number, kvHeads: number, headDim: number, maxRows:
 
 const roundUp = (n: number) => Math.ceil(Math.max(n, 1) / CHUNK) * CHUNK
 
-/** Free layouts' memory, largest first; at most {@link POOLED} (two engines' caches: current and previous layout). */
+/**
+ * Free layouts' memory, largest first. A relayout takes one piece and gives one back, so two engines' caches (an
+ * async run's batch and the next one) are enough to keep: more only holds memory (≈ 7 MB a piece on the tiny preset).
+ */
 const pool: Array<ArrayBuffer> = []
-const POOLED = 16
+const POOLED = 8
 
 /** `floats` floats of pooled memory (the smallest piece that holds them, old values left in it) or new memory. */
 const acquire = (floats: number): Float32Array => {
