@@ -188,7 +188,8 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
     tokenBudget,
     maxLength,
     miniBatches: algorithm.miniBatches,
-    epochs: algorithm.epochs
+    epochs: algorithm.epochs,
+    rowSteps: config.learner.rowSteps
   }
 
   // The frozen reference policy of the KL term (only with klCoef > 0).
