@@ -122,8 +122,8 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
     { version: -1 - (config.warmup?.steps ?? 0), weights: folder.weights }
   ]
   const newest = () => published[published.length - 1]!
-  // Engines decode on a thread of their own when the run asks for it (by default in async mode: see `EngineConfig`).
-  const engineThread = (config.engine.thread ?? config.mode === "async") ? yield* EngineThread.make : undefined
+  // Engines decode on a thread of their own when the run asks for it (`engine.thread`; see `EngineConfig`).
+  const engineThread = config.engine.thread === true ? yield* EngineThread.make : undefined
   const engineOf = (version: number, weights: Qwen2.Weights) =>
     (engineThread?.make ?? PolicyEngine.make)({
       config: folder.config,

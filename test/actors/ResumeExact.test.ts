@@ -38,7 +38,7 @@ const evalsOf = (output: string) =>
 describe("exact resume", () => {
   // One learner thread (workers 1) and two workers splitting rows: both must be deterministic; so must an async run
   // (its batches' policy versions are fixed by the schedule, and each batch samples on an engine of its own, here on
-  // the engine thread).
+  // the engine thread, `engine.thread: true`, where messages between threads could reorder work).
   const cases = [[1, "sync"], [2, "sync"], [2, "async"]] as const
   for (const [workers, mode] of cases) it.live(`a run resumed from an evaluation step's checkpoint ends with the same weights and journal (learner.workers ${workers}, ${mode})`, () =>
     Effect.gen(function*() {
@@ -76,7 +76,8 @@ describe("exact resume", () => {
           checkpoint: { every: 2, keep: 3 },
           learner: { workers },
           mode,
-          maxStaleness: 1
+          maxStaleness: 1,
+          ...(mode === "async" ? { engine: { thread: true } } : {})
         }).pipe(Effect.map((c) => LocalPolicy.onModel(folder, c)))
       const train = yield* Dataset.load(join(dir, "data", "train.jsonl"), { onInvalid: "stop" })
       // Held-out questions much longer than the training ones: an evaluation that shares the engine's decode batch
