@@ -229,7 +229,7 @@ export const packUnsafe = (sequences: ReadonlyArray<Sequence>, options: Options)
     const slice = order.slice(start, start + rows)
     const step = Math.ceil(capacity / Math.max(1, options.rowSteps ?? 1))
     const padTo = options.padRows === true ? Math.min(capacity, Math.ceil(rows / step) * step) : rows
-    const padded = [...slice, ...new Array<number>(padTo - rows).fill(-1)]
+    const padded = padTo === rows ? slice : [...slice, ...new Array<number>(padTo - rows).fill(-1)]
     microBatches.push(fill(sequences, padded, length, totals, options.aggregation, normLength))
     start += rows
   }

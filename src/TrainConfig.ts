@@ -243,7 +243,7 @@ export const LearnerConfig = Schema.Struct({
  * The local policy engine. `thread: true` runs it on a worker thread of its own (`actors/EngineThread.ts`): it
  * decodes while the main thread runs the chains, tools and rewards and coordinates the learner. Default false, in
  * both modes: since the engine's KV caches come from a pool, an async run with the engine on the main thread was the
- * faster in 10 of 12 paired runs on 2 cores (`bench/pipeline-real.ts`), with one V8 isolate (≈ 90 MB) less. Sampled
+ * faster in 12 of 14 paired runs on 2 cores (`bench/pipeline-real.ts`), with one V8 isolate (≈ 90 MB) less. Sampled
  * tokens are the same either way.
  *
  * @category models

@@ -412,7 +412,7 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
   const dropPool = Effect.suspend(() => {
     const p = pool
     pool = undefined
-    return p === undefined ? Effect.void : p.close
+    return p === undefined ? Effect.void : p.close("5 seconds")
   })
   yield* Scope.addFinalizer(scope, dropPool)
 
@@ -616,7 +616,7 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
       Effect.suspend(() => {
         const p = pool
         pool = undefined
-        return p === undefined ? Effect.void : p.closeWithin(wait)
+        return p === undefined ? Effect.void : p.close(wait)
       })
   }
   return { trainer, logprobs, gradients, threads }

@@ -37,10 +37,11 @@ const evalsOf = (output: string) =>
 
 describe("exact resume", () => {
   // One learner thread (workers 1) and two workers splitting rows: both must be deterministic; so must an async run
-  // (its batches' policy versions are fixed by the schedule, and each batch samples on an engine of its own, here on
-  // the engine thread, `engine.thread: true`, where messages between threads could reorder work).
-  const cases = [[1, "sync"], [2, "sync"], [2, "async"]] as const
-  for (const [workers, mode] of cases) it.live(`a run resumed from an evaluation step's checkpoint ends with the same weights and journal (learner.workers ${workers}, ${mode})`, () =>
+  // (its batches' policy versions are fixed by the schedule, and each batch samples on an engine of its own), with the
+  // engine on the main thread (the default) and on a thread of its own, where messages between threads could
+  // reorder work.
+  const cases = [[1, "sync", false], [2, "sync", false], [2, "async", false], [2, "async", true]] as const
+  for (const [workers, mode, thread] of cases) it.live(`a run resumed from an evaluation step's checkpoint ends with the same weights and journal (learner.workers ${workers}, ${mode}${thread ? ", engine thread" : ""})`, () =>
     Effect.gen(function*() {
       const dir = mkdtempSync(join(tmpdir(), "resume-exact-"))
       yield* Generate.write({ dir: join(dir, "data"), seed: 5, train: 32, heldOut: 6, validation: 2, demos: 2, noise: 0 })
@@ -77,7 +78,7 @@ describe("exact resume", () => {
           learner: { workers },
           mode,
           maxStaleness: 1,
-          ...(mode === "async" ? { engine: { thread: true } } : {})
+          engine: { thread }
         }).pipe(Effect.map((c) => LocalPolicy.onModel(folder, c)))
       const train = yield* Dataset.load(join(dir, "data", "train.jsonl"), { onInvalid: "stop" })
       // Held-out questions much longer than the training ones: an evaluation that shares the engine's decode batch

@@ -27,10 +27,8 @@ export interface Pool {
   readonly broken: () => string | undefined
   /** Makes one thread fail as a bug in it would (for tests of the failure path); returns once it has exited. */
   readonly kill: (index: number) => Effect.Effect<void>
-  /** Asks every thread to release its sessions and end; waits up to 5 seconds for them. */
-  readonly close: Effect.Effect<void>
-  /** `close` with another wait (tests: a thread still busy when the wait ends must not take the process down). */
-  readonly closeWithin: (wait: Duration.Input) => Effect.Effect<void>
+  /** Asks every thread to release its sessions and end; waits up to `wait` for them (see `start`). */
+  readonly close: (wait: Duration.Input) => Effect.Effect<void>
 }
 
 interface Waiting {
@@ -123,32 +121,29 @@ export const start = (
         workers[index]!.postMessage({ ...req, id })
         return Effect.sync(() => waiting.delete(id))
       })
-    // Every thread releases its sessions and ends by itself once its queue reaches the close. Never `terminate`:
-    // terminating a thread while onnxruntime runs a session aborts the whole process (onnxruntime-node throws a
-    // C++ exception it cannot deliver), and a big model's step can outlast any wait. A thread still busy after
-    // `wait` is unreferenced (it no longer keeps the process alive) and ends when its step does.
-    const close = (wait: Duration.Input) =>
-      Effect.suspend(() => {
-        closing = true
-        return Effect.forEach(workers, (worker, index) =>
-          exited[index] ? Effect.void : Effect.callback<void>((resume) => {
-            worker.once("exit", () => resume(Effect.void))
-            worker.postMessage({ op: "close", id: 0 })
-          }).pipe(
-            Effect.timeoutOrElse({ duration: wait, orElse: () => Effect.sync(() => worker.unref()) })
-          ), { concurrency: "unbounded", discard: true })
+    // A thread is never terminated: terminating one while onnxruntime runs a session aborts the whole process
+    // (onnxruntime-node throws a C++ exception it cannot deliver), and a big model's step can outlast any wait. It is
+    // asked to end (`close`: after releasing its sessions, once its queue reaches the request) or to fail (`crash`:
+    // at once, as a bug in it would), and ends by itself.
+    const end = (index: number, op: "close" | "crash") =>
+      exited[index] ? Effect.void : Effect.callback<void>((resume) => {
+        workers[index]!.once("exit", () => resume(Effect.void))
+        workers[index]!.postMessage({ op, id: 0 })
       })
     return {
       size: workers.length,
       request,
       broken: () => broken,
-      // Not `terminate` (see `close`): the thread throws from its next turn instead.
-      kill: (index) =>
-        exited[index] ? Effect.void : Effect.callback<void>((resume) => {
-          workers[index]!.once("exit", () => resume(Effect.void))
-          workers[index]!.postMessage({ op: "crash", id: 0 })
-        }),
-      close: close("5 seconds"),
-      closeWithin: close
+      kill: (index) => end(index, "crash"),
+      // A thread still busy after `wait` is unreferenced (it no longer keeps the process alive) and ends when its
+      // step does.
+      close: (wait) =>
+        Effect.suspend(() => {
+          closing = true
+          return Effect.forEach(workers, (worker, index) =>
+            end(index, "close").pipe(
+              Effect.timeoutOrElse({ duration: wait, orElse: () => Effect.sync(() => worker.unref()) })
+            ), { concurrency: "unbounded", discard: true })
+        })
     } satisfies Pool
   })

@@ -11,18 +11,20 @@ const Op = fc.oneof(
     fills: fc.array(fc.integer({ min: 1, max: 40 }), { minLength: 1, maxLength: 3 })
   }),
   fc.record({ op: fc.constant("step" as const) }),
-  fc.record({ op: fc.constant("leave" as const), pick: fc.nat() })
+  fc.record({ op: fc.constant("leave" as const), pick: fc.nat() }),
+  // The engine closes: its memory goes to the pool, stale values and all, and the next engine's cache takes it.
+  fc.record({ op: fc.constant("release" as const) })
 )
 
 describe("kvCache", () => {
-  it("joins, decode steps and removals keep every row's tokens in its leading slots (model-based property)", () => {
+  it("joins, decode steps, removals and caches made from pooled memory keep every row's tokens in its leading slots (model-based property)", () => {
     fc.assert(fc.property(
       fc.integer({ min: 1, max: 3 }), // heads
       fc.integer({ min: 1, max: 3 }), // head dim
       fc.array(Op, { minLength: 1, maxLength: 40 }),
       (H, D, ops) => {
         const names = ["a", "b"], maxRows = 6
-        const cache = KvCache.make(names.length, H, D, maxRows)
+        let cache = KvCache.make(names.length, H, D, maxRows)
         let next = 1
         const token = (): Token => names.map(() => Float32Array.from({ length: H * D }, () => next++))
         const rows: Array<Array<Token>> = []
@@ -58,6 +60,11 @@ describe("kvCache", () => {
             })
             KvCache.write(cache, fresh, rows.map((r) => r.length))
             rows.forEach((r, i) => r.push(tokens[i]!))
+          } else if (o.op === "release") {
+            KvCache.release(cache)
+            assert.strictEqual(cache.rows, 0)
+            cache = KvCache.make(names.length, H, D, maxRows)
+            rows.length = 0
           } else {
             if (rows.length === 0) continue
             const i = o.pick % rows.length
