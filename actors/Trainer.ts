@@ -38,21 +38,8 @@
  *
  * @since 0.1.0
  */
-import {
-  Clock,
-  Context,
-  Deferred,
-  Duration,
-  Effect,
-  Exit,
-  Fiber,
-  FileSystem,
-  Queue,
-  Result,
-  Schema,
-  Scope,
-  Stream
-} from "effect"
+import { Clock, Context, Deferred, Duration, Effect, Fiber, FileSystem, Queue, Result, Schema, Stream } from "effect"
+import type { Scope } from "effect"
 import * as AgentTask from "../src/AgentTask.ts"
 import * as Dataset from "../src/Dataset.ts"
 import * as DiskFull from "../src/internal/diskFull.ts"
@@ -601,22 +588,6 @@ export const evaluation = (
 
 // ===== The run =====
 
-/** Whether `metrics.jsonl` holds the evaluation of `step`. */
-const loggedEvaluation = (fs: FileSystem.FileSystem, path: string, step: number) =>
-  fs.readFileString(path).pipe(
-    Effect.map((text) =>
-      text.split("\n").some((line) => {
-        if (!line.includes(`"phase":"eval"`)) return false
-        try {
-          return JSON.parse(line).step === step
-        } catch {
-          return false // a line cut by a crash
-        }
-      })
-    ),
-    Effect.orElseSucceed(() => false)
-  )
-
 /**
  * What differs between the config a run was started with and `config`: its recorded `config.json` (`output`
  * aside: a run may move), or for a run without one the seed and mode its journal's first start recorded.
@@ -777,9 +748,6 @@ export const run: <RE = never>(
       Effect.flatMap(memory.take, ({ peakMb, rssMb }) =>
         files.log({ ...record, figures: { ...record.figures, "perf/peak_rss_mb": peakMb, "perf/rss_mb": rssMb } }))
   }
-  // A run resumed from a checkpoint whose evaluation an async run had not logged yet when it stopped.
-  const missedEvaluation = options.resume && point.checkpoint !== undefined && point.step % config.eval.every === 0 &&
-    !(yield* loggedEvaluation(fs, `${out}/metrics.jsonl`, point.step))
   yield* fs.writeFileString(`${out}/config.json`, JSON.stringify(config, null, 2)).pipe(Effect.mapError(io))
   yield* journal.append({ kind: "start", fromStep: point.step, seed: config.seed, mode: config.mode })
     .pipe(Effect.mapError(io))
@@ -827,13 +795,9 @@ export const run: <RE = never>(
 
   // ----- Evaluation -----
   const evals: Array<{ step: number; figures: Figures }> = []
-  // An evaluation on a sampler pinned to `step`'s weights.
-  const evaluateOn = Effect.fnUntraced(function*(
-    step: number,
-    rows: Dataset.Dataset["rows"],
-    sampler: Sampler["Service"]
-  ) {
-    const { groups, figures } = yield* evaluation(agentOf, rows).pipe(Effect.provideService(Sampler, sampler))
+  const evaluate = Effect.fnUntraced(function*(step: number) {
+    if (options.eval === undefined) return
+    const { groups, figures } = yield* evaluation(agentOf, options.eval.rows).pipe(sampledBy(step))
     const record = { phase: "eval" as const, step, elapsed: yield* elapsed, figures }
     evals.push({ step, figures })
     yield* metrics.log(record).pipe(Effect.mapError(io))
@@ -842,34 +806,6 @@ export const run: <RE = never>(
       yield* metrics.sample(sampleOf(g.trajectories[0]!, "eval", step, tokenText)).pipe(Effect.mapError(io))
     }
     yield* display.update({ ...record, total: config.algorithm.steps })
-  })
-  const evaluate = (step: number) =>
-    options.eval === undefined
-      ? Effect.void
-      : Effect.scoped(Effect.flatMap(policy.sampler(step), (sampler) => evaluateOn(step, options.eval!.rows, sampler)))
-  // In async mode an evaluation runs beside the steps that follow it (sync mode does one thing at a time): its
-  // sampler is pinned to the step's weights before the learner moves on, a failure stops the run at the next step,
-  // and the run waits for it before its next checkpoint and at its end. A run stopped before the evaluation was
-  // logged runs it when it resumes from that step's checkpoint (`evaluatedAt`).
-  const evaluating: Array<{ readonly step: number; readonly fiber: Fiber.Fiber<void, TrainerError> }> = []
-  const evaluateBeside = Effect.fnUntraced(function*(step: number) {
-    if (options.eval === undefined) return
-    const scope = yield* Scope.make()
-    const sampler = yield* Scope.provide(policy.sampler(step), scope)
-    const rows = options.eval.rows
-    const fiber = yield* evaluateOn(step, rows, sampler).pipe(
-      Effect.ensuring(Scope.close(scope, Exit.void)),
-      Effect.forkScoped
-    )
-    evaluating.push({ step, fiber })
-  })
-  /** Joins the evaluations that have ended and those of steps before `before`: a failed one fails the run here. */
-  const settleEvaluations = Effect.fnUntraced(function*(before: number) {
-    for (const running of [...evaluating]) {
-      if (running.step >= before && running.fiber.pollUnsafe() === undefined) continue
-      yield* Fiber.join(running.fiber)
-      evaluating.splice(evaluating.indexOf(running), 1)
-    }
   })
 
   // A warm-up check: the current weights, published as a warm-up version, answer the validation rows greedily.
@@ -975,7 +911,7 @@ export const run: <RE = never>(
   }).pipe(Effect.forkScoped)
 
   // Every evaluation precedes its step's checkpoint, so a run resumed from a checkpoint kept that step's evaluation.
-  if (point.checkpoint === undefined || !options.resume || missedEvaluation) yield* evaluate(point.step)
+  if (point.checkpoint === undefined || !options.resume) yield* evaluate(point.step)
   if (warmupRuns) yield* saveCheckpoint(0)
   let lastSaved = point.step
   let trained = 0
@@ -1031,18 +967,13 @@ export const run: <RE = never>(
       yield* metrics.sample(sampleOf(g.trajectories[0]!, "train", step, tokenText)).pipe(Effect.mapError(io))
     }
     yield* display.update({ ...record, total: lastStep })
-    yield* settleEvaluations(step % config.checkpoint.every === 0 ? step : 0)
-    if (step % config.eval.every === 0 || step === lastStep) {
-      yield* (config.mode === "async" && step < lastStep ? evaluateBeside(step) : evaluate(step))
-    }
+    if (step % config.eval.every === 0 || step === lastStep) yield* evaluate(step)
     if (step % config.checkpoint.every === 0 || step === lastStep) {
       yield* saveCheckpoint(step)
       lastSaved = step
     }
   }
-  yield* settleEvaluations(Number.POSITIVE_INFINITY)
   if (lastSaved !== lastStep && lastStep > point.step) yield* saveCheckpoint(lastStep)
   yield* journal.append({ kind: "finished", step: lastStep }).pipe(Effect.mapError(io))
-  evals.sort((a, b) => a.step - b.step) // an async run's evaluations end in any order
   return { fromStep: point.step, steps: lastStep, trained, skipped, evals, fingerprint: yield* policy.fingerprint }
 })

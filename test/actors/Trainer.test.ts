@@ -417,64 +417,6 @@ describe("Trainer", () => {
       assert.isTrue(waits < learns / 2, `batches mostly ready when the learner asked: wait ${waits}, learn ${learns}`)
     }).pipe(Effect.provide(NodeServices.layer)))
 
-  it.live("async: an evaluation runs beside the next steps; a run stopped before it was logged runs it on resume", () =>
-    Effect.gen(function*() {
-      const shape = { mode: "async", maxStaleness: 1, eval: { every: 4 }, checkpoint: { every: 4, keep: 3 } }
-      const timing = { samplerMs: 2, learnMs: 20 }
-      const records = (output: string) =>
-        readFileSync(join(output, "metrics.jsonl"), "utf8").trim().split("\n").map((l) => JSON.parse(l))
-      const at = (rs: ReadonlyArray<{ phase: string; step: number }>, phase: string, step: number) =>
-        rs.findIndex((r) => r.phase === phase && r.step === step)
-      const unbroken = yield* setup(shape)
-      const summary = yield* run(unbroken, { ...timing, evalMs: 300 })
-      assert.deepStrictEqual(summary.evals.map((e) => e.step), [0, 4, 8])
-      const logged = records(unbroken.config.output)
-      assert.isAbove(at(logged, "eval", 4), at(logged, "train", 6), "steps 5 and 6 trained while step 4 was evaluated")
-      // Sync mode evaluates in line.
-      const sync = yield* setup({ ...shape, mode: "sync" })
-      yield* run(sync, { ...timing, evalMs: 300 })
-      const inLine = records(sync.config.output)
-      assert.isBelow(at(inLine, "eval", 4), at(inLine, "train", 5))
-
-      // Stopped at step 6 while step 4's evaluation still runs: the resumed run (from step 4) evaluates step 4 first.
-      const options = yield* setup(shape)
-      const stopped = yield* Effect.result(run(options, { ...timing, evalMs: 2_000, failAt: 6 }))
-      assert.isTrue(Result.isFailure(stopped))
-      assert.strictEqual(at(records(options.config.output), "eval", 4), -1, "not logged when the run stopped")
-      const resumed = yield* run({ ...options, resume: true }, timing)
-      assert.strictEqual(resumed.fromStep, 4)
-      const evals = records(options.config.output).filter((r) => r.phase === "eval")
-      assert.deepStrictEqual(evals.map((r) => r.step), [0, 4, 8], "each evaluation logged once")
-      const accuracy = (rs: ReadonlyArray<{ phase: string; step: number; figures: Record<string, number> }>) =>
-        rs.filter((r) => r.phase === "eval").map((r) => r.figures["eval/accuracy"])
-      assert.deepStrictEqual(accuracy(evals), accuracy(logged), "the same evaluations as the unbroken run")
-      assert.strictEqual(resumed.fingerprint, summary.fingerprint)
-      // A run resumed from a checkpoint whose evaluation was logged does not repeat it.
-      const again = yield* setup(shape)
-      yield* Effect.result(run(again, { ...timing, failAt: 7 }))
-      const before = records(again.config.output).filter((r) => r.phase === "eval").length
-      yield* run({ ...again, resume: true }, timing)
-      const after = records(again.config.output).filter((r) => r.phase === "eval").map((r) => r.step)
-      assert.strictEqual(before, 2)
-      assert.deepStrictEqual(after, [0, 4, 8])
-    }).pipe(Effect.provide(NodeServices.layer)), 30_000)
-
-  it.live("async: an evaluation that fails beside the next steps stops the run with its typed error", () =>
-    Effect.gen(function*() {
-      // The first evaluation scores; every later one fails (a judge that went down mid-run).
-      let scored = 0
-      const flaky = Reward.make("flaky", {
-        score: ({ trajectory }) => {
-          const evaluating = JSON.stringify(trajectory.messages).includes("eval ")
-          return evaluating && ++scored > 20 ? Effect.fail(new Error("the judge is down")) : Effect.succeed(0)
-        }
-      })
-      const options = yield* setup({ mode: "async", maxStaleness: 1, eval: { every: 4 }, checkpoint: { every: 4, keep: 3 } })
-      const error = yield* Effect.flip(run({ ...options, task: { ...Toy.task(), reward: flaky } }, { samplerMs: 2, learnMs: 20, evalMs: 50 }))
-      assert.strictEqual(error.reason, "Failures")
-      assert.include(error.message, "evaluation at step 4")
-    }).pipe(Effect.provide(NodeServices.layer)), 30_000)
-
   it.effect("a run whose rewards all fail stops at its first step with a typed error naming the reason and count", () =>
     Effect.gen(function*() {
       const failing = Reward.make("broken", { score: () => Effect.fail(new Error("the judge is down")) })
