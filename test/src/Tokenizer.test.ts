@@ -86,6 +86,15 @@ describe("Tokenizer (byte-level tokenizer.json)", () => {
     )
   })
 
+  it("long texts: ASCII read directly past the decoder's 4,096-byte chunks, and a non-ASCII tail after it", () => {
+    const ascii = Array.from({ length: 10_000 }, (_, i) => String.fromCharCode(32 + (i % 95))).join("")
+    assert.deepStrictEqual(tokenizer.encode(ascii), [...new TextEncoder().encode(ascii)])
+    assert.strictEqual(tokenizer.decode(tokenizer.encode(ascii)), ascii)
+    const mixed = ascii.slice(0, 5_000) + "é 你好 🙂" + ascii.slice(0, 5_000)
+    assert.deepStrictEqual(tokenizer.encode(mixed), [...new TextEncoder().encode(mixed)])
+    assert.strictEqual(tokenizer.decode(tokenizer.encode(mixed)), mixed)
+  })
+
   it("encodes and decodes natively exactly as the Hugging Face tokenizer of the same tokenizer.json (property)", () => {
     const hf = new HfTokenizer(ByteTokenizer.tokenizerJson(), ByteTokenizer.tokenizerConfig(""))
     const options = { skip_special_tokens: false, clean_up_tokenization_spaces: false }
