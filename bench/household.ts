@@ -11,8 +11,8 @@
  *
  * Environment steps per second each way; headline: runtime / bare (target ≥ 0.67). Also the environment's own
  * latency per action (`Engine.act` + `Engine.status`, p50 / p99 in microseconds) and the oracle's per decision,
- * so that the bare loop's cost is visible. Medians of `ROUNDS` alternating rounds; the load average is reported
- * because the machine is shared.
+ * so that the bare loop's cost is visible. Medians of `ROUNDS` alternating rounds after `WARMUP_ROUNDS` untimed
+ * ones; the load average is reported because the machine is shared.
  */
 import { Effect } from "effect"
 import { loadavg } from "node:os"
@@ -26,7 +26,7 @@ import * as World from "../environments/household/World.ts"
 
 const CHAINS = 64
 const ROUNDS = 15
-/** Untimed rounds of each side first: a round lasts ≈ 0.1 s, so the first ones measure V8's compiler, not the code. */
+/** Untimed rounds of each side first: a round lasts ≈ 0.1 s, so the first ones measure V8's compiler. */
 const WARMUP_ROUNDS = 10
 
 const median = (xs: ReadonlyArray<number>) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!
@@ -105,7 +105,13 @@ const figures = Effect.gen(function*() {
       bare: { ...last.bare, stepsPerSecond: median(direct), rounds: direct },
       envLatencyUs: { p50: quantile(timings.act, 0.5), p99: quantile(timings.act, 0.99), actions: timings.act.length },
       oracleDecisionUs: { p50: quantile(timings.decide, 0.5), p99: quantile(timings.decide, 0.99) },
-      settings: { chains: CHAINS, rounds: ROUNDS, warmupRounds: WARMUP_ROUNDS, world: World.defaultSpec.household, template: "qwen2.5" },
+      settings: {
+        chains: CHAINS,
+        rounds: ROUNDS,
+        warmupRounds: WARMUP_ROUNDS,
+        world: World.defaultSpec.household,
+        template: "qwen2.5"
+      },
       loadAverage: { before: loadBefore, after: loadavg()[0]! }
     }
   })

@@ -9,7 +9,8 @@
  * - `steps`: environment steps (tool calls: searches and answers) per second of the oracle on 640 held-out
  *   questions, 64 chains at once through the runtime (`Rollout.runTaskChat`: chains, tool actor, reward actor,
  *   per-chain sessions, the format) against a bare loop calling the same functions directly (a session per
- *   question, the oracle's `plan`, `SearchSession.search`, the exact-match check), rounds alternating, medians.
+ *   question, the oracle's `plan`, `SearchSession.search`, the exact-match check), rounds alternating after two
+ *   untimed ones of each side, medians.
  *   Two formats: the byte-level tokenizer with the Qwen2.5 template (what a rollout of the tiny policy pays: the
  *   transcript is rendered and tokenized after every observation) and a messages-only format (what a chat-API
  *   rollout needs: no tokens), which isolates the runtime's own cost.
