@@ -121,6 +121,15 @@ export interface ChatTemplate {
     messages: ReadonlyArray<Message.Message>,
     options?: RenderOptions
   ) => Effect.Effect<string, TemplateError>
+  /**
+   * What `render(messages, { tools, addGenerationPrompt })` writes after `render(messages.slice(0, from), { tools })`
+   * (no generation prompt), where the template guarantees the first is the second followed by it; `undefined`
+   * where it cannot say. Present for the built-in `qwen2.5` and `chatml` sources, whose turns each depend on their
+   * own message alone: a rollout then renders only a turn's new messages instead of the whole conversation.
+   */
+  readonly renderTail?:
+    | ((messages: ReadonlyArray<Message.Message>, from: number, addGenerationPrompt: boolean) => string | undefined)
+    | undefined
 }
 
 /**
@@ -228,6 +237,7 @@ export const make = (options: MakeOptions): Effect.Effect<ChatTemplate, Template
   const variables = { bos_token: "", eos_token: endOfTurn, ...options.variables }
   const name = options.name ?? "custom"
   const nativeRender = native.bySource.get(options.source)
+  const nativeTail = native.tailsBySource.get(options.source)
   return Effect.succeed({
     [TypeId]: TypeId,
     name,
@@ -258,7 +268,14 @@ export const make = (options: MakeOptions): Effect.Effect<ChatTemplate, Template
             message: `template ${name}: ${cause instanceof Error ? cause.message : String(cause)}`
           })
       })
-    }
+    },
+    // Only the turn before `from` and the new messages are read (a tool turn's neighbour decides its closing).
+    ...(nativeTail === undefined ? {} : {
+      renderTail: (messages: ReadonlyArray<Message.Message>, from: number, addGenerationPrompt: boolean) =>
+        from < 1 || from > messages.length
+          ? undefined
+          : nativeTail(messages.slice(from - 1).map(toTemplateMessage), 1, addGenerationPrompt)
+    })
   })
 }
 

@@ -383,6 +383,8 @@ export const appendObservations = Effect.fnUntraced(function*(
   }
   const renderMessages = [...builder.renderMessages, ...observations]
   const messages = [...builder.messages, ...observations]
+  const appended = appendAfterSample(builder, renderMessages, messages, observations)
+  if (appended !== undefined) return appended
   const next = yield* render(builder, renderMessages, true)
   if (!builder.awaitingObservation && !startsWithText(next, builder.rendered)) {
     // Observations right after observations: the generation prompt already appended is taken back first.
@@ -442,6 +444,50 @@ export const appendObservations = Effect.fnUntraced(function*(
   }
   return result
 })
+
+/**
+ * `appendObservations` right after a sample by the template's tail renderer (`ChatTemplate.renderTail`): the
+ * sampled turn and the observations are rendered alone, not the whole conversation. `rendered` is the render of
+ * `promptOf` (the messages before the sample) with the generation prompt, so the whole render would be `rendered`
+ * without that prompt, then the turn's tail and the observations' tail: it extends the text so far exactly when
+ * those two tails start with the generation prompt and the sampled text. `undefined` when the template has no tail
+ * renderer or this condition fails (a rewrite): the whole render then decides.
+ */
+const appendAfterSample = (
+  builder: TrajectoryBuilder,
+  renderMessages: ReadonlyArray<Message.Message>,
+  messages: ReadonlyArray<Message.Message>,
+  observations: ReadonlyArray<Message.Message>
+): TrajectoryBuilder | undefined => {
+  const tail = builder.template.renderTail
+  const before = builder.promptOf
+  const sampledAt = builder.renderMessages.length - 1
+  if (tail === undefined || !builder.awaitingObservation || before === undefined || before.length !== sampledAt) {
+    return undefined
+  }
+  const generation = tail(before, sampledAt, true)
+  const turn = tail(builder.renderMessages, sampledAt, false)
+  const after = tail(renderMessages, sampledAt + 1, true)
+  if (generation === undefined || turn === undefined || after === undefined) return undefined
+  const written = turn + after
+  const sampled = generation + builder.pending
+  if (!startsWithText(written, sampled)) return undefined
+  const suffix = written.slice(sampled.length)
+  const spans = tokenizeWithSources(builder.tokenizer, suffix, observationRegions(suffix, observations), "template")
+  return {
+    ...builder,
+    messages,
+    renderMessages,
+    segments: withOpenSegment(builder, (segment) => ({
+      spans: [...segment.spans, ...spans],
+      messageCount: messages.length
+    })),
+    awaitingObservation: false,
+    rendered: builder.rendered + builder.pending + suffix,
+    pending: "",
+    promptOf: renderMessages
+  }
+}
 
 /**
  * The builder without the trailing generation prompt (`<|im_start|>assistant\n`), when the open segment ends with
@@ -509,10 +555,14 @@ export const finish = Effect.fnUntraced(function*(builder: TrajectoryBuilder) {
  */
 export const assistantTurnText = Effect.fnUntraced(function*(builder: TrajectoryBuilder, message: Message.Message) {
   // After `start` or observations, the text so far is this render already.
-  const prompt = builder.promptOf === builder.renderMessages && !builder.awaitingObservation
-    ? builder.rendered
-    : yield* render(builder, builder.renderMessages, true)
-  const full = yield* render(builder, [...builder.renderMessages, message], false)
+  const known = builder.promptOf === builder.renderMessages && !builder.awaitingObservation
+  const rm = builder.renderMessages
+  // With a tail renderer, the whole render would be the text so far without its generation prompt, then the tail.
+  const generation = known ? builder.template.renderTail?.(rm, rm.length, true) : undefined
+  const tail = generation === undefined ? undefined : builder.template.renderTail?.([...rm, message], rm.length, false)
+  const [prompt, full] = generation !== undefined && tail !== undefined
+    ? [generation, tail]
+    : [known ? builder.rendered : yield* render(builder, rm, true), yield* render(builder, [...rm, message], false)]
   if (!startsWithText(full, prompt)) {
     return yield* new BuilderError({
       reason: "TemplateFailed",

@@ -73,9 +73,12 @@ const toolCall = (raw: unknown): string => {
   return `\n<tool_call>\n{"name": "${text(name)}", "arguments": ${toJson(args)}}\n</tool_call>`
 }
 
-/** The message loop both templates share: tool results merged into user turns, assistant tool calls in Hermes. */
-const turns = (messages: ReadonlyArray<Readonly<Record<string, unknown>>>, out: Array<string>): void => {
-  for (let i = 0; i < messages.length; i++) {
+/**
+ * The message loop both templates share: tool results merged into user turns, assistant tool calls in Hermes.
+ * From message `from` on (a system message first is the head's, whatever `from`).
+ */
+const turns = (messages: ReadonlyArray<Readonly<Record<string, unknown>>>, out: Array<string>, from = 0): void => {
+  for (let i = from; i < messages.length; i++) {
     const message = messages[i]!
     const role = text(message["role"])
     if (role === "tool") {
@@ -175,6 +178,51 @@ export const chatml: Renderer = guarded((messages, tools, addGenerationPrompt) =
   }
   return finish(messages, out, addGenerationPrompt)
 })
+
+/**
+ * What a native template writes for `messages` from message `from` on, after the render of `messages.slice(0,
+ * from)` without the generation prompt: `render(messages, tools, g) === render(messages.slice(0, from), tools,
+ * false) + tail(messages, from, g)`. Both templates here write each turn from its message and its neighbours'
+ * roles alone, so a rollout renders only the new messages of a turn. `undefined` where that equation would not
+ * hold: `from` 0 (the head depends on the first message) and a tool message after a tool message (the earlier one
+ * would lose its `<|im_end|>`), or an input the renderer does not handle.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type TailRenderer = (
+  messages: ReadonlyArray<Readonly<Record<string, unknown>>>,
+  from: number,
+  addGenerationPrompt: boolean
+) => string | undefined
+
+/** The tail renderer of the `turns` loop shared by `qwen25` and `chatml`. */
+const turnsTail: TailRenderer = (messages, from, addGenerationPrompt) => {
+  if (from < 1 || from > messages.length) return undefined
+  if (from < messages.length && messages[from]!["role"] === "tool" && messages[from - 1]!["role"] === "tool") {
+    return undefined
+  }
+  try {
+    const out: Array<string> = []
+    turns(messages, out, from)
+    if (addGenerationPrompt) out.push("<|im_start|>assistant\n")
+    return out.join("")
+  } catch (e) {
+    if (e === unsupported) return undefined
+    throw e
+  }
+}
+
+/**
+ * The tail renderers by template source (see {@link TailRenderer}).
+ *
+ * @category constants
+ * @since 0.1.0
+ */
+export const tailsBySource: ReadonlyMap<string, TailRenderer> = new Map([
+  [builtin.qwen25, turnsTail],
+  [builtin.chatml, turnsTail]
+])
 
 /**
  * The native renderers by template source: a source equal to a built-in one renders natively.

@@ -177,7 +177,49 @@ describe("ChatTemplate native renderers", () => {
         { numRuns: 2000, seed: 16 }
       )
     })
+
+    it(`${name}: the Jinja render of a conversation is its prefix's render followed by the tail`, () => {
+      const ours = ChatTemplate.builtinTemplate(name)
+      const jinja = new Template(ChatTemplate.templates[name])
+      const render = (messages: ReadonlyArray<Message.Message>, tools: ReadonlyArray<unknown>, generation: boolean) =>
+        jinja.render({
+          ...ours.variables,
+          messages: messages.map(ChatTemplate.toTemplateMessage),
+          tools: tools.length > 0 ? tools : null,
+          add_generation_prompt: generation
+        })
+      let tails = 0
+      fc.assert(
+        fc.property(
+          fc.array(message, { minLength: 1, maxLength: 8 }),
+          fc.array(spec, { maxLength: 2 }),
+          fc.boolean(),
+          (messages, tools, addGenerationPrompt) => {
+            const whole = render(messages, tools, addGenerationPrompt)
+            for (let from = 0; from <= messages.length + 1; from++) {
+              const tail = ours.renderTail!(messages, from, addGenerationPrompt)
+              const toolAfterTool = from < messages.length && from > 0 && messages[from]!.role === "tool" &&
+                messages[from - 1]!.role === "tool"
+              if (from === 0 || from > messages.length || toolAfterTool) {
+                assert.isUndefined(tail)
+                continue
+              }
+              if (tail === undefined) continue // a value the native renderer leaves to Jinja
+              tails++
+              assert.strictEqual(render(messages.slice(0, from), tools, false) + tail, whole)
+            }
+          }
+        ),
+        { numRuns: 1000, seed: 19 }
+      )
+      assert.isAbove(tails, 2000)
+    })
   }
+
+  it("a Jinja-only template has no tail renderer", () => {
+    assert.isUndefined(ChatTemplate.builtinTemplate("qwen3").renderTail)
+    assert.isUndefined(ChatTemplate.builtinTemplate("llama3").renderTail)
+  })
 })
 
 describe("ChatTemplate errors", () => {

@@ -184,6 +184,33 @@ layer(Qwen.layer)("TrajectoryBuilder on the real Qwen tokenizer", (it) => {
       }
     }), 120_000)
 
+  it.effect("rendering each turn's tail builds what rendering the whole conversation every turn builds", () =>
+    Effect.gen(function*() {
+      const { qwen25, tokenizer } = yield* Qwen
+      assert.isDefined(qwen25.renderTail)
+      const whole: ChatTemplate.ChatTemplate = { ...qwen25, renderTail: undefined }
+      for (const messages of fc.sample(conversation(false), { numRuns: 50, seed: 3 })) {
+        const tails = yield* buildFrom(tokenizer, qwen25, messages)
+        const renders = yield* buildFrom(tokenizer, whole, messages)
+        assert.deepStrictEqual(tails.segments, renders.segments)
+        assert.deepStrictEqual(tails.messages, renders.messages)
+        assert.strictEqual(tails.rendered, renders.rendered)
+      }
+      // Samples with stray specials, cut without an end of turn, or not valid UTF-8: both ways build the same.
+      const samples = [tokenizer.encode("a<|im_end|>b"), tokenizer.encode("x<|im_start|>user\ny<|im_end|>"), [226, 130]]
+      for (const tokenIds of samples) {
+        const [a, b] = yield* Effect.forEach([qwen25, whole], (template) =>
+          Effect.gen(function*() {
+            let builder = yield* TrajectoryBuilder.start({ tokenizer, template, messages: [{ role: "user", content: "hi" }] })
+            builder = yield* TrajectoryBuilder.appendSampled(builder, { tokenIds })
+            builder = yield* TrajectoryBuilder.appendObservations(builder, [{ role: "user", content: "again" }])
+            return yield* TrajectoryBuilder.finish(builder)
+          }))
+        assert.deepStrictEqual(a!.segments, b!.segments)
+        assert.deepStrictEqual(a!.rewrites, b!.rewrites)
+      }
+    }), 120_000)
+
   it.effect("token-in/token-out: sampled ids are kept verbatim even when they are not the canonical tokenization", () =>
     Effect.gen(function*() {
       const { qwen25, tokenizer } = yield* Qwen
