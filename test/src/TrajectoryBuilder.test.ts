@@ -201,7 +201,8 @@ layer(Qwen.layer)("TrajectoryBuilder on the real Qwen tokenizer", (it) => {
       for (const tokenIds of samples) {
         const [a, b] = yield* Effect.forEach([qwen25, whole], (template) =>
           Effect.gen(function*() {
-            let builder = yield* TrajectoryBuilder.start({ tokenizer, template, messages: [{ role: "user", content: "hi" }] })
+            const messages: ReadonlyArray<Message.Message> = [{ role: "user", content: "hi" }]
+            let builder = yield* TrajectoryBuilder.start({ tokenizer, template, messages })
             builder = yield* TrajectoryBuilder.appendSampled(builder, { tokenIds })
             builder = yield* TrajectoryBuilder.appendObservations(builder, [{ role: "user", content: "again" }])
             return yield* TrajectoryBuilder.finish(builder)
