@@ -7,12 +7,11 @@
  * - `runtime`: `Rollout.runTaskChat` with 64 concurrent chains: the chain fibers, the episode protocol, the byte
  *   tokenizer and the Qwen2.5 template rendering every turn into the trajectory, the reward;
  * - `bare`: a loop calling the same functions directly: `World.generate`, the oracle's `decide(beliefs(...))` on
- *   the same (opening, command, answer) history, `Engine.act` and `Engine.status`, the answer cut to 300 characters.
- *
+ *   the same (opening, command, answer) history, `Engine.act` and `Engine.status`, the answer cut to 300 characters;
  * - `transcript`: the bare loop plus what any token-level rollout pays, and nothing else of the runtime: every
  *   command and answer appended to a `TrajectoryBuilder` (the byte tokenizer, the Qwen2.5 template; a turn through
- *   `Effect.runSync`, ≈ 1 µs). Its ratio to
- *   the bare loop is the ceiling of `runtime / bare` for a runtime that keeps token transcripts.
+ *   `Effect.runSync`, ≈ 1 µs). Its ratio to the bare loop bounds `runtime / bare` for any runtime that keeps
+ *   token transcripts.
  *
  * Environment steps per second each way; headline: runtime / bare (target ≥ 0.67). Also the environment's own
  * latency per action (`Engine.act` + `Engine.status`, p50 / p99 in microseconds) and the oracle's per decision,
