@@ -139,6 +139,8 @@ export interface TaskOptions<RE> extends Omit<Options, "rows" | "messages" | "to
   readonly systemPrompt?: string | undefined
   /** The timeout of tools that set none (default 30 seconds). */
   readonly toolTimeout?: import("effect").Duration.Input | undefined
+  /** Render the tools' schemas into the prompt (default: the task's `defaults.renderTools`, else true). */
+  readonly renderTools?: boolean | undefined
 }
 
 /**
@@ -172,7 +174,10 @@ const taskOptions = <RE>(
 ): Effect.Effect<Options, Schema.SchemaError | Task.TaskError, RE | Scope.Scope> =>
   Effect.gen(function*() {
     const { task } = options
-    const runtime = yield* TaskRuntime.make(task, { toolTimeout: options.toolTimeout })
+    const runtime = yield* TaskRuntime.make(task, {
+      toolTimeout: options.toolTimeout,
+      renderTools: options.renderTools ?? task.defaults.renderTools
+    })
     const decodeFields = task.row === undefined ? undefined : Schema.decodeUnknownEffect(task.row)
     const rows: Array<Row> = []
     for (const [index, row] of options.rows.entries()) {

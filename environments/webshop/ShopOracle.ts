@@ -254,17 +254,15 @@ const toAction = (name: string, args: unknown): Shop.Action | undefined => {
 // ===== Through the runtime =====
 
 /**
- * The chat format the shop's oracle plays through: Qwen2.5's template on the byte-level tokenizer, without the
- * tools' schemas in the system turn (as a run with `renderTools: false`, the task's default), so that the lengths
- * of the oracle's visits are what a policy's would be.
+ * The chat format the shop's oracle plays through: Qwen2.5's template on the byte-level tokenizer, as the tiny
+ * policy's (the runtime leaves the tools' schemas out of the system turn, the task's `renderTools: false`), so
+ * that the lengths of the oracle's visits are what a policy's would be.
  *
  * @category constructors
  * @since 0.1.0
  */
-export const format = (): RolloutChain.Format => {
-  const base = ChainFormat.fromTemplate({ tokenizer: byteTokenizer(), template: ChatTemplate.builtinTemplate("qwen2.5") })
-  return { ...base, start: (messages) => base.start(messages, []) }
-}
+export const format = (): RolloutChain.Format =>
+  ChainFormat.fromTemplate({ tokenizer: byteTokenizer(), template: ChatTemplate.builtinTemplate("qwen2.5") })
 
 const byteTokenizer = () =>
   Effect.runSync(Tokenizer.make(ByteTokenizer.tokenizerJson(), ByteTokenizer.tokenizerConfig("")))

@@ -12,6 +12,7 @@ import { task } from "../../examples/guess/task.ts"
 import * as ByteTokenizer from "../../src/ByteTokenizer.ts"
 import * as ChatTemplate from "../../src/ChatTemplate.ts"
 import * as Tokenizer from "../../src/Tokenizer.ts"
+import type { Trajectory } from "../../src/Trajectory.ts"
 
 const tokenizer = Effect.runSync(Tokenizer.make(ByteTokenizer.tokenizerJson(), ByteTokenizer.tokenizerConfig("")))
 const format = ChainFormat.fromTemplate({ tokenizer, template: ChatTemplate.builtinTemplate("qwen2.5") })
@@ -29,9 +30,13 @@ const bisect: Oracle.Policy = (messages) => {
   return { toolCalls: [Oracle.call(messages, "guess", { n: Math.floor((lo + hi) / 2) })] }
 }
 
-const rollout = (policy: Oracle.Policy) =>
+const rollout = (
+  policy: Oracle.Policy,
+  options: { readonly task?: typeof task; readonly renderTools?: boolean } = {}
+) =>
   Rollout.runTaskChat({
-    task,
+    task: options.task ?? task,
+    renderTools: options.renderTools,
     rows: Array.from({ length: 15 }, (_, i) => ({ secret: i + 1 })),
     numChains: 2,
     maxTurns: 6,
@@ -57,6 +62,19 @@ describe("Oracle", () => {
       // The game's answers stay in the demonstrations (the warm-up masks them: source env).
       assert.isTrue(demos.some((d) => d.messages.some((m) => Oracle.text(m) === "Lower.")))
       assert.isTrue(demos.some((d) => d.messages.some((m) => Oracle.text(m) === "Higher.")))
+    }))
+
+  it.effect("the tools' schemas are in the prompt unless the task's defaults or the options leave them out", () =>
+    Effect.gen(function*() {
+      const prompt = (trajectories: ReadonlyArray<Trajectory>) =>
+        tokenizer.decode(trajectories[0]!.segments[0]!.spans.find((s) => s.source === "prompt")!.tokenIds)
+      const loud = { ...task, defaults: { ...task.defaults, renderTools: true } }
+      const guess = "\"name\": \"guess\""
+      assert.strictEqual(task.defaults.renderTools, false)
+      assert.notInclude(prompt(yield* rollout(bisect)), guess)
+      assert.include(prompt(yield* rollout(bisect, { task: loud })), guess)
+      assert.include(prompt(yield* rollout(bisect, { renderTools: true })), guess)
+      assert.notInclude(prompt(yield* rollout(bisect, { task: loud, renderTools: false })), "# Tools")
     }))
 
   it.effect("a policy that never calls the tool solves nothing", () =>
