@@ -13,7 +13,9 @@
  *   untimed ones of each side, medians.
  *   Two formats: the byte-level tokenizer with the Qwen2.5 template (what a rollout of the tiny policy pays: the
  *   transcript is rendered and tokenized after every observation) and a messages-only format (what a chat-API
- *   rollout needs: no tokens), which isolates the runtime's own cost.
+ *   rollout needs: no tokens), which isolates the runtime's own cost. With the byte format, a third side: the bare
+ *   loop plus a token transcript of every turn (`TrajectoryBuilder`) and nothing else, which bounds runtime ÷ bare
+ *   for any runtime that keeps token transcripts.
  *
  * Headline: runtime ÷ bare steps/s at 10,000 passages with the byte-level format (the issue's target ≥ 0.67).
  */
@@ -33,6 +35,7 @@ import * as ByteTokenizer from "../src/ByteTokenizer.ts"
 import * as ChatTemplate from "../src/ChatTemplate.ts"
 import type { Conversation, Message } from "../src/Message.ts"
 import * as Tokenizer from "../src/Tokenizer.ts"
+import * as TrajectoryBuilder from "../src/TrajectoryBuilder.ts"
 
 const SIZES = [10_000, 100_000] as const
 const QUESTIONS = 640
@@ -46,10 +49,9 @@ const quantile = (xs: ReadonlyArray<number>, q: number) => {
   return s[Math.min(s.length - 1, Math.floor(q * s.length))]!
 }
 
-const byteFormat = ChainFormat.fromTemplate({
-  tokenizer: Effect.runSync(Tokenizer.make(ByteTokenizer.tokenizerJson(), ByteTokenizer.tokenizerConfig(""))),
-  template: ChatTemplate.builtinTemplate("qwen2.5")
-})
+const tokenizer = Effect.runSync(Tokenizer.make(ByteTokenizer.tokenizerJson(), ByteTokenizer.tokenizerConfig("")))
+const template = ChatTemplate.builtinTemplate("qwen2.5")
+const byteFormat = ChainFormat.fromTemplate({ tokenizer, template })
 
 /** A chat-mode format without tokens: the transcript is the message list (a black-box API's rollout). */
 const messagesFormat: RolloutChain.Format = {
@@ -97,8 +99,12 @@ const runtime = (
     return { stepsPerSecond: steps / (ms / 1000), steps, solved }
   })
 
-/** The same episodes as a plain loop over the environment's functions. */
-const bare = (index: SearchIndex.SearchIndex["Service"], rows: ReadonlyArray<World.Question>) =>
+/**
+ * The same episodes as a plain loop over the environment's functions; with `transcript`, every turn is also
+ * appended to a token-level transcript (`TrajectoryBuilder`, the byte format's tokenizer and template) and nothing
+ * else of the runtime: what any token-level rollout pays on top of the environment.
+ */
+const bare = (index: SearchIndex.SearchIndex["Service"], rows: ReadonlyArray<World.Question>, transcript = false) =>
   Effect.gen(function*() {
     const start = now()
     let steps = 0
@@ -109,19 +115,28 @@ const bare = (index: SearchIndex.SearchIndex["Service"], rows: ReadonlyArray<Wor
         { role: "system", content: SearchTask.systemPrompt },
         { role: "user", content: row.question }
       ]
+      let builder = transcript ? yield* TrajectoryBuilder.start({ tokenizer, template, messages }) : undefined
       for (let turn = 0; turn < 4; turn++) {
         const step = SearchOracle.plan(messages)
         const id = `call_${turn}`
         steps++
+        const [name, args] = "answer" in step ? ["answer", { answer: step.answer }] : ["search", { query: step.search }]
+        const call: Message = {
+          role: "assistant",
+          content: "",
+          tool_calls: [{ id, type: "function", function: { name, arguments: args } }]
+        }
+        if (builder !== undefined) builder = yield* TrajectoryBuilder.appendAssistant(builder, call)
         if ("answer" in step) {
           if (Qa.normalizeAnswer(step.answer) === Qa.normalizeAnswer(row.answer)) solved++
+          const answered: Message = { role: "tool", tool_call_id: id, name, content: step.answer }
+          if (builder !== undefined) builder = yield* TrajectoryBuilder.appendObservations(builder, [answered])
           break
         }
         const observation = yield* session.search(step.search)
-        messages.push(
-          { role: "assistant", content: "", tool_calls: [{ id, type: "function", function: { name: "search", arguments: { query: step.search } } }] },
-          { role: "tool", tool_call_id: id, name: "search", content: observation }
-        )
+        const result: Message = { role: "tool", tool_call_id: id, name, content: observation }
+        messages.push(call, result)
+        if (builder !== undefined) builder = yield* TrajectoryBuilder.appendObservations(builder, [result])
       }
     }
     const ms = now() - start
@@ -167,10 +182,12 @@ const figuresAt = (passages: number) =>
       }
       const through: Array<number> = []
       const direct: Array<number> = []
+      const transcribed: Array<number> = []
       let solved = { runtime: 0, bare: 0 }
       for (let r = 0; r < ROUNDS; r++) {
         const a = yield* runtime(index, rows, format)
         const b = yield* bare(index, heldOut)
+        if (name === "byte") transcribed.push((yield* bare(index, heldOut, true)).stepsPerSecond)
         through.push(a.stepsPerSecond)
         direct.push(b.stepsPerSecond)
         solved = { runtime: a.solved, bare: b.solved }
@@ -179,7 +196,10 @@ const figuresAt = (passages: number) =>
         ratio: median(through) / median(direct),
         runtimeStepsPerSecond: median(through),
         bareStepsPerSecond: median(direct),
-        rounds: { runtime: through, bare: direct },
+        ...(name === "byte"
+          ? { transcript: { stepsPerSecond: median(transcribed), ratioToBare: median(transcribed) / median(direct) } }
+          : {}),
+        rounds: { runtime: through, bare: direct, ...(name === "byte" ? { transcript: transcribed } : {}) },
         solved
       }
     }
