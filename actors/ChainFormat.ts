@@ -10,9 +10,11 @@
  * @since 0.1.0
  */
 import { Effect } from "effect"
-import type * as ChatTemplate from "../src/ChatTemplate.ts"
+import * as ChatTemplate from "../src/ChatTemplate.ts"
+import type * as ModelFolder from "../src/ModelFolder.ts"
 import * as RolloutError from "../src/RolloutError.ts"
 import type * as Tokenizer from "../src/Tokenizer.ts"
+import type * as TrainConfig from "../src/TrainConfig.ts"
 import * as ToolCallParser from "../src/ToolCallParser.ts"
 import * as TrajectoryBuilder from "../src/TrajectoryBuilder.ts"
 import type * as RolloutChain from "./RolloutChain.ts"
@@ -111,3 +113,19 @@ export const fromTemplate = (options: TemplateOptions): RolloutChain.Format => {
       })
   }
 }
+
+/**
+ * The format of a run's config on a model folder: the template it names (`agent.template`; `"model"` is the folder's
+ * own) over the folder's tokenizer, and its tool-call parser (`agent.parser`).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const ofConfig = (config: TrainConfig.TrainConfig, folder: ModelFolder.ModelFolder): RolloutChain.Format =>
+  fromTemplate({
+    tokenizer: folder.tokenizer,
+    template: config.agent.template === "model"
+      ? folder.template
+      : ChatTemplate.builtinTemplate(config.agent.template as ChatTemplate.BuiltinName),
+    toolCallFormat: config.agent.parser as ChatTemplate.ToolCallFormat
+  })

@@ -11,6 +11,7 @@
 import { Effect, FileSystem, Option, Path, Schema } from "effect"
 import type { Scope } from "effect"
 import { Argument, Command, Flag } from "effect/cli"
+import * as ChainFormat from "../actors/ChainFormat.ts"
 import * as Journal from "../actors/Journal.ts"
 import * as LocalPolicy from "../actors/LocalPolicy.ts"
 import * as PolicyEngine from "../actors/PolicyEngine.ts"
@@ -115,7 +116,7 @@ export const run = Effect.fn("cli.eval")(function*(
   // The task's environment lives (and its pools with it) for the evaluation only.
   const { figures, groups } = yield* Effect.scoped(
     Effect.flatMap(
-      Trainer.agent({ task, config, format: Setup.formatOf(config, folder) }),
+      Trainer.agent({ task, config, format: ChainFormat.ofConfig(config, folder) }),
       (agent) => Trainer.evaluation(agent, heldOut.rows)
     )
   ).pipe(

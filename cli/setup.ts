@@ -1,6 +1,5 @@
 /**
- * What `agentfly train` and `agentfly eval` share: a config file's task and config, and the rollout format of a
- * model folder.
+ * What `agentfly train` and `agentfly eval` share: a config file's task and config.
  *
  * The task comes from the config module itself when it exports `task` (`agentfly train my-task.ts`), or from the
  * config's `task` key: a built-in name (`environments/Tasks.ts`) or a module path relative to the config. The
@@ -10,25 +9,19 @@
  * @since 0.1.0
  */
 import { Effect, Path, Schema } from "effect"
-import * as ChainFormat from "../actors/ChainFormat.ts"
+import * as Train from "../actors/Train.ts"
 import * as Tasks from "../environments/Tasks.ts"
-import * as ChatTemplate from "../src/ChatTemplate.ts"
-import type * as ModelFolder from "../src/ModelFolder.ts"
 import * as Task from "../src/Task.ts"
 import * as TrainConfig from "../src/TrainConfig.ts"
 
 /**
- * Overrides from the command line.
+ * Overrides from the command line (`Train.Overrides`: `--output` is relative to the working directory, a config's own
+ * paths to the config).
  *
  * @category models
  * @since 0.1.0
  */
-export interface Overrides {
-  readonly seed?: number | undefined
-  /** Relative to the working directory (a config's own paths are relative to the config). */
-  readonly output?: string | undefined
-  readonly steps?: number | undefined
-}
+export type Overrides = Train.Overrides
 
 const configError = (file: string, message: string) =>
   new TrainConfig.ConfigError({ source: file, reason: "Invalid", issues: [message] })
@@ -76,35 +69,8 @@ export const taskOf = (source: TrainConfig.Source): Effect.Effect<Task.Any, Trai
  * @since 0.1.0
  */
 export const load = Effect.fn("cli.setup.load")(function*(file: string, overrides: Overrides = {}) {
-  const path = yield* Path.Path
   const source = yield* TrainConfig.read(file)
   const task = yield* taskOf(source)
-  const config = yield* TrainConfig.fromSource(source, (raw) => {
-    const withDefaults = asRecord(Task.withDefaults(task, raw))
-    return {
-      ...withDefaults,
-      ...(overrides.seed === undefined ? {} : { seed: overrides.seed }),
-      ...(overrides.output === undefined ? {} : { output: path.resolve(overrides.output) }),
-      ...(overrides.steps === undefined
-        ? {}
-        : { algorithm: { ...asRecord(withDefaults["algorithm"]), steps: overrides.steps } })
-    }
-  })
+  const config = yield* Train.configOf(task, source, overrides)
   return { task, config }
 })
-
-/**
- * The rollout format of a config on a model folder: the template it names (or the folder's own) and its tool-call
- * parser.
- *
- * @category constructors
- * @since 0.1.0
- */
-export const formatOf = (config: TrainConfig.TrainConfig, folder: ModelFolder.ModelFolder) =>
-  ChainFormat.fromTemplate({
-    tokenizer: folder.tokenizer,
-    template: config.agent.template === "model"
-      ? folder.template
-      : ChatTemplate.builtinTemplate(config.agent.template as ChatTemplate.BuiltinName),
-    toolCallFormat: config.agent.parser as ChatTemplate.ToolCallFormat
-  })

@@ -13,7 +13,7 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as PolicyEngine from "../../actors/PolicyEngine.ts"
 import * as Trainer from "../../actors/Trainer.ts"
-import * as Setup from "../../cli/setup.ts"
+import * as ChainFormat from "../../actors/ChainFormat.ts"
 import * as CalculatorTask from "../../environments/calculator/CalculatorTask.ts"
 import * as Generate from "../../examples/calculator/generate.ts"
 import * as Dataset from "../../src/Dataset.ts"
@@ -39,7 +39,7 @@ describe("batch invariance", () => {
       })
       const rows = (yield* Dataset.load(join(dir, "train.jsonl"), { onInvalid: "stop" })).rows
       const engine = yield* PolicyEngine.make({ config: folder.config, weights: folder.weights, maxBatchSize: 8 })
-      const agent = yield* Trainer.agent({ task: CalculatorTask.make(), config, format: Setup.formatOf(config, folder) })
+      const agent = yield* Trainer.agent({ task: CalculatorTask.make(), config, format: ChainFormat.ofConfig(config, folder) })
       const collect = (from: number, to: number, maxConcurrentChains: number) =>
         Trainer.collectGroups({ ...agent, maxConcurrentChains }, rows.slice(from, to), {
           firstSeq: from,

@@ -15,7 +15,7 @@ import * as Journal from "../../actors/Journal.ts"
 import * as LocalPolicy from "../../actors/LocalPolicy.ts"
 import * as ResourceManager from "../../actors/ResourceManager.ts"
 import * as Trainer from "../../actors/Trainer.ts"
-import * as Setup from "../../cli/setup.ts"
+import * as ChainFormat from "../../actors/ChainFormat.ts"
 import * as CalculatorTask from "../../environments/calculator/CalculatorTask.ts"
 import * as Generate from "../../examples/calculator/generate.ts"
 import * as Dataset from "../../src/Dataset.ts"
@@ -154,7 +154,7 @@ describe("a full disk", () => {
       const error = yield* Effect.flip(Effect.scoped(Trainer.run({
         task: CalculatorTask.make(),
         config,
-        format: Setup.formatOf(config, folder),
+        format: ChainFormat.ofConfig(config, folder),
         train: yield* Dataset.load(join(data, "train.jsonl"), { onInvalid: "stop" })
       })).pipe(
         Effect.provide(Layer.provide(LocalPolicy.layer(folder, config), Layer.succeed(FileSystem.FileSystem, disk.fs))),

@@ -14,7 +14,7 @@ import * as LocalPolicy from "../../actors/LocalPolicy.ts"
 import type * as PolicyEngine from "../../actors/PolicyEngine.ts"
 import * as ResourceManager from "../../actors/ResourceManager.ts"
 import * as Trainer from "../../actors/Trainer.ts"
-import * as Setup from "../../cli/setup.ts"
+import * as ChainFormat from "../../actors/ChainFormat.ts"
 import * as CalculatorTask from "../../environments/calculator/CalculatorTask.ts"
 import * as Generate from "../../examples/calculator/generate.ts"
 import * as Dataset from "../../src/Dataset.ts"
@@ -49,7 +49,7 @@ const fixture = Effect.gen(function*() {
   )
   const train = yield* Dataset.load(join(dir, "train.jsonl"), { onInvalid: "stop" })
   const heldOut = yield* Dataset.load(join(dir, "long.jsonl"), { onInvalid: "stop" })
-  const agent = yield* Trainer.agent({ task: CalculatorTask.make(), config, format: Setup.formatOf(config, folder) })
+  const agent = yield* Trainer.agent({ task: CalculatorTask.make(), config, format: ChainFormat.ofConfig(config, folder) })
   const batch = Trainer.collectGroups(agent, train.rows.slice(0, 2), { firstSeq: 0, chains: 3, temperature: 1, seed: 1234 })
   return { folder, config, agent, batch, heldOut, train }
 })
@@ -157,7 +157,7 @@ describe("LocalPolicy", () => {
       const error = yield* Effect.flip(Effect.scoped(Trainer.run({
         task: CalculatorTask.make(),
         config,
-        format: Setup.formatOf(config, folder),
+        format: ChainFormat.ofConfig(config, folder),
         train
       })).pipe(Effect.provide(LocalPolicy.layer(folder, config)), Effect.provide(ResourceManager.ResourceManager.layer)))
       assert.strictEqual(error.reason, "NonFinite")

@@ -17,7 +17,7 @@ import * as Journal from "../../actors/Journal.ts"
 import * as LocalPolicy from "../../actors/LocalPolicy.ts"
 import * as ResourceManager from "../../actors/ResourceManager.ts"
 import * as Trainer from "../../actors/Trainer.ts"
-import * as Setup from "../../cli/setup.ts"
+import * as ChainFormat from "../../actors/ChainFormat.ts"
 import * as CalculatorTask from "../../environments/calculator/CalculatorTask.ts"
 import * as Generate from "../../examples/calculator/generate.ts"
 import * as Dataset from "../../src/Dataset.ts"
@@ -115,7 +115,7 @@ describe("exact resume", () => {
           return yield* Trainer.run({
             task,
             config,
-            format: Setup.formatOf(config, folder),
+            format: ChainFormat.ofConfig(config, folder),
             train,
             eval: heldOut,
             resume: options.resume === true

@@ -13,6 +13,7 @@ import { join, resolve } from "node:path"
 import * as Journal from "../../actors/Journal.ts"
 import * as LocalPolicy from "../../actors/LocalPolicy.ts"
 import * as Trainer from "../../actors/Trainer.ts"
+import * as ChainFormat from "../../actors/ChainFormat.ts"
 import * as Setup from "../../cli/setup.ts"
 import * as Dataset from "../../src/Dataset.ts"
 import * as ModelFolder from "../../src/ModelFolder.ts"
@@ -123,7 +124,7 @@ describe("a user's task module", () => {
       const config = LocalPolicy.onModel(folder, loaded)
       const train = yield* Dataset.load(config.data.train, { fields: task.row })
       const demos = yield* Dataset.load(config.warmup!.data, { kind: "conversation" })
-      const format = Setup.formatOf(config, folder)
+      const format = ChainFormat.ofConfig(config, folder)
       // The whole run (a warm-up, then two RL steps), then the groups of a step as the trainer rolls them out.
       const { summary, groups } = yield* Effect.scoped(Effect.gen(function*() {
         const summary = yield* Trainer.run({ task, config, format, train, demos })

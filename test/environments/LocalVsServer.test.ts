@@ -35,6 +35,7 @@ import * as OpenAiServer from "../../actors/OpenAiServer.ts"
 import * as PolicyEngine from "../../actors/PolicyEngine.ts"
 import * as ResourceManager from "../../actors/ResourceManager.ts"
 import * as Trainer from "../../actors/Trainer.ts"
+import * as ChainFormat from "../../actors/ChainFormat.ts"
 import * as Setup from "../../cli/setup.ts"
 import * as Data from "../../environments/household/Data.ts"
 import * as HouseholdGenerate from "../../examples/household/generate.ts"
@@ -95,7 +96,7 @@ const rollOut = (name: keyof typeof generators) =>
     const rows = (yield* Dataset.load(join(data, "heldout.jsonl"), { onInvalid: "stop", fields: task.row })).rows
     const sampling = { firstSeq: 0, chains: CHAINS, temperature: 1, seed: 300 }
     const collect = Effect.scoped(Effect.flatMap(
-      Trainer.agent({ task, config, format: Setup.formatOf(config, folder) }),
+      Trainer.agent({ task, config, format: ChainFormat.ofConfig(config, folder) }),
       (agent) => Trainer.collectGroups(agent, rows, sampling)
     )).pipe(Effect.provide(ResourceManager.ResourceManager.layer))
 

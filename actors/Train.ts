@@ -1,0 +1,301 @@
+/**
+ * A whole training run in one call: what `agentfly train` does, without its command line. From a task and its config
+ * (a plain object, as a config file holds it): the task's `defaults` fill the agent keys the config leaves out; the
+ * datasets are loaded and checked against the task's row Schema; the model folder is loaded (initialised from
+ * `model.preset` when missing); the SFT warm-up and the RL loop run (`Trainer.run`) on the local policy
+ * (`LocalPolicy`); `metrics.jsonl`, samples, the journal, checkpoints and `report.html` go to the output directory.
+ *
+ * ```ts
+ * import { Effect } from "effect"
+ * import * as Train from "agentfly/actors/Train.ts"
+ * import { task } from "./task.ts"
+ *
+ * const { summary, report } = await Effect.runPromise(Train.run({
+ *   task,
+ *   config: {
+ *     model: { path: "runs/models/mine", preset: "tiny" },
+ *     data: { train: "data/train.jsonl", eval: "data/heldout.jsonl" },
+ *     algorithm: { steps: 20 },
+ *     output: "runs/mine"
+ *   }
+ * }))
+ * ```
+ *
+ * A run fails, with a typed error and nothing lost, when the config or a dataset row is invalid, when the output
+ * directory already holds a run (`resume` continues it, `overwrite` starts over), and when no step trained (every
+ * group's rewards were equal: a run that learned nothing does not look like a success).
+ *
+ * @since 0.1.0
+ */
+import * as NodeServices from "@effect/platform-node/NodeServices"
+import { Effect, FileSystem, Path } from "effect"
+import type { Scope } from "effect"
+import * as Dataset from "../src/Dataset.ts"
+import * as DiskFull from "../src/internal/diskFull.ts"
+import * as ModelConfig from "../src/model/ModelConfig.ts"
+import * as ModelFolder from "../src/ModelFolder.ts"
+import * as Report from "../src/Report.ts"
+import * as Task from "../src/Task.ts"
+import * as TrainConfig from "../src/TrainConfig.ts"
+import * as ChainFormat from "./ChainFormat.ts"
+import * as LocalPolicy from "./LocalPolicy.ts"
+import * as Metrics from "./Metrics.ts"
+import * as ResourceManager from "./ResourceManager.ts"
+import * as Trainer from "./Trainer.ts"
+
+// ===== Config =====
+
+/**
+ * What a caller may set over a config: the command line's `--seed`, `--output` (relative to the working directory)
+ * and `--steps`.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Overrides {
+  readonly seed?: number | undefined
+  readonly output?: string | undefined
+  readonly steps?: number | undefined
+}
+
+const asRecord = (u: unknown): Record<string, unknown> =>
+  typeof u === "object" && u !== null && !Array.isArray(u) ? (u as Record<string, unknown>) : {}
+
+/**
+ * Decodes a task's config as read (`TrainConfig.Source`): the task's defaults under the unset agent keys, then the
+ * overrides; relative paths resolved against the source's directory (`--output` against the working directory).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const configOf = (
+  task: Task.Any,
+  source: TrainConfig.Source,
+  overrides: Overrides = {}
+): Effect.Effect<TrainConfig.TrainConfig, TrainConfig.ConfigError, Path.Path> =>
+  Effect.flatMap(Path.Path, (path) =>
+    TrainConfig.fromSource(source, (raw) => {
+      const withDefaults = asRecord(Task.withDefaults(task, raw))
+      return {
+        ...withDefaults,
+        ...(overrides.seed === undefined ? {} : { seed: overrides.seed }),
+        ...(overrides.output === undefined ? {} : { output: path.resolve(overrides.output) }),
+        ...(overrides.steps === undefined
+          ? {}
+          : { algorithm: { ...asRecord(withDefaults["algorithm"]), steps: overrides.steps } })
+      }
+    }))
+
+// ===== Run =====
+
+/**
+ * How a run reports and where it may write.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface RunOptions {
+  /** Continue from the newest intact checkpoint in the output directory. */
+  readonly resume?: boolean | undefined
+  /** With `resume`: continue although the config differs from the run's recorded one (the changes are printed). */
+  readonly forceResume?: boolean | undefined
+  /** Start over in an output directory that holds an earlier run (its files are replaced). */
+  readonly overwrite?: boolean | undefined
+  /** Where progress lines go (default: stderr, as a bar on a terminal). */
+  readonly write?: ((text: string) => void) | undefined
+  readonly tty?: boolean | undefined
+}
+
+/**
+ * The options of {@link run}: a task, its config as a config file holds it, and the directory its relative paths
+ * start from (default: the working directory).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Options extends RunOptions, Overrides {
+  readonly task: Task.Any
+  readonly config: unknown
+  readonly dir?: string | undefined
+}
+
+/**
+ * What a run returns: the trainer's summary, the report's path and the config it ran with.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Result {
+  readonly summary: Trainer.Summary
+  readonly report: string
+  readonly config: TrainConfig.TrainConfig
+}
+
+/**
+ * Trains a task from its config, in one call (see the module docs).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const run = (options: Options): Effect.Effect<Result, unknown> =>
+  Effect.gen(function*() {
+    const path = yield* Path.Path
+    const config = yield* configOf(options.task, {
+      file: "config",
+      dir: path.resolve(options.dir ?? "."),
+      raw: options.config,
+      exports: {}
+    }, options)
+    return yield* runConfig(options.task, config, options)
+  }).pipe(Effect.scoped, Effect.provide(NodeServices.layer))
+
+/**
+ * The files whose presence says that a directory holds a run.
+ */
+const runFiles = ["metrics.jsonl", "journal.jsonl", "checkpoints"]
+
+/**
+ * Trains a task from a decoded config (`agentfly train` decodes its file first): {@link run} after decoding.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const runConfig = Effect.fn("Train.runConfig")(function*(
+  task: Task.Any,
+  requested: TrainConfig.TrainConfig,
+  options: RunOptions = {}
+): Effect.fn.Return<Result, unknown, FileSystem.FileSystem | Path.Path | Scope.Scope> {
+  const fs = yield* FileSystem.FileSystem
+  const path = yield* Path.Path
+  const write = options.write ?? ((text: string) => void process.stderr.write(text))
+  const tty = options.tty ?? process.stderr.isTTY === true
+  const say = (text: string) => Effect.sync(() => write(text + "\n"))
+
+  // An earlier run in the output directory is continued or replaced on request only, never silently.
+  if (options.resume !== true && options.overwrite !== true) {
+    for (const file of runFiles) {
+      if (yield* fs.exists(path.join(requested.output, file))) {
+        return yield* new TrainConfig.ConfigError({
+          source: "config",
+          reason: "Invalid",
+          issues: [
+            `output: ${requested.output} already holds a run (${file}): resume it (--resume), start over in it ` +
+            `(--overwrite: its files are replaced), or give another output directory (--output)`
+          ]
+        })
+      }
+    }
+  }
+
+  // Datasets first: a bad row stops the run before anything is written.
+  const onInvalid = requested.data.onInvalidRow
+  const fields = task.row
+  const train = yield* Dataset.load(requested.data.train, { onInvalid, fields })
+  const evalSet = requested.data.eval === undefined
+    ? undefined
+    : yield* Dataset.load(requested.data.eval, { onInvalid, fields })
+  const demos = requested.warmup === undefined
+    ? undefined
+    : yield* Dataset.load(requested.warmup.data, { onInvalid, kind: "conversation" })
+  const validation = requested.warmup?.stopAt === undefined
+    ? undefined
+    : yield* Dataset.load(requested.warmup.stopAt.data, { onInvalid, fields })
+  for (const ds of [train, evalSet, demos, validation]) {
+    for (const issue of ds?.skipped ?? []) yield* say(`skipped ${ds!.name}:${issue.line}: ${issue.message}`)
+  }
+
+  // Model folder (initialised from the preset when missing).
+  if (!(yield* fs.exists(`${requested.model.path}/config.json`))) {
+    const preset = requested.model.preset
+    if (preset === undefined || !(preset in ModelConfig.presets)) {
+      return yield* new TrainConfig.ConfigError({
+        source: "config",
+        reason: "Invalid",
+        issues: [`model.path ${requested.model.path} has no model and model.preset is not a known preset`]
+      })
+    }
+    yield* say(`initialising ${requested.model.path} from preset ${preset} (seed ${requested.model.initSeed})`)
+    yield* ModelFolder.init(requested.model.path, {
+      preset: preset as ModelConfig.PresetName,
+      seed: requested.model.initSeed
+    })
+  }
+  const folder = yield* ModelFolder.load(requested.model.path)
+  const config = LocalPolicy.onModel(folder, requested)
+
+  yield* fs.makeDirectory(config.output, { recursive: true })
+  const display = Metrics.display({ write, tty, columns: process.stderr.columns ?? 100, everySteps: 5 })
+  yield* say(
+    `training ${folder.name} on task ${task.name}, ${train.rows.length} rows (${config.mode}, ` +
+      `${config.algorithm.steps} steps, seed ${config.seed}) → ${config.output}`
+  )
+  const summary = yield* Trainer.run({
+    task,
+    config,
+    format: ChainFormat.ofConfig(config, folder),
+    train,
+    eval: evalSet,
+    demos,
+    validation,
+    resume: options.resume === true,
+    forceResume: options.forceResume === true,
+    notice: say,
+    tokenText: (id) => folder.tokenizer.decode([id]),
+    display
+  }).pipe(
+    Effect.provide(LocalPolicy.layer(folder, config)),
+    // What a task's environment may need from the run: pools of sandboxes and other leased resources.
+    Effect.provide(ResourceManager.ResourceManager.layer),
+    Effect.ensuring(display.done)
+  )
+  const report = yield* Report.write(config.output).pipe(
+    Effect.mapError((e) =>
+      DiskFull.isDiskFull(e)
+        ? new Trainer.TrainerError({
+          reason: "DiskFull",
+          message: `${DiskFull.marker}: could not write the report under ${config.output}; free space, then ` +
+            `\`agentfly report\` or --resume`
+        })
+        : e
+    )
+  )
+  // The whole run's figures (a resumed run's summary holds only its own).
+  const records = (yield* Report.read(config.output)).metrics
+  const steps = new Map(records.filter((m) => m.phase === "train").map((m) => [m.step, m.figures]))
+  const trained = [...steps.values()].filter((f) => f["learner/applied"] !== 0).length
+  const evals = records.filter((m) => m.phase === "eval")
+  const heldOut = heldOutLine(evals[0], evals.at(-1))
+  if (heldOut !== undefined) yield* say(heldOut)
+  yield* say(
+    `trained ${trained} of ${steps.size} steps` +
+      (steps.size > trained ? ` (${steps.size - trained} skipped: no learning signal, every group's rewards equal)` : "")
+  )
+  yield* say(`report: ${report}`)
+  if (trained === 0 && steps.size > 0) {
+    return yield* new Trainer.TrainerError({
+      reason: "Learner",
+      message: `no step trained: every group's rewards were equal in all ${steps.size} steps (see ${report})`
+    })
+  }
+  return { summary, report, config }
+})
+
+type EvalRecord = { readonly step: number; readonly figures: Readonly<Record<string, number>> }
+
+/** Held-out accuracy and invalid tool-call rate at the first and last evaluations, with the gain in SE. */
+const heldOutLine = (first: EvalRecord | undefined, last: EvalRecord | undefined): string | undefined => {
+  if (first === undefined || last === undefined) return undefined
+  const f = (x: number | undefined) => (x === undefined ? "–" : x.toFixed(3))
+  const se = (x: number | undefined) => (x === undefined ? "" : ` ± ${x.toFixed(3)}`)
+  const before = first.figures["eval/accuracy"]
+  const after = last.figures["eval/accuracy"]
+  const afterSe = last.figures["eval/accuracy_se"]
+  // The gain in standard errors of the final figure: what tells a real gain from evaluation noise.
+  const gain = before === undefined || after === undefined || afterSe === undefined || afterSe === 0 ||
+      last === first
+    ? ""
+    : ` (gain ${after >= before ? "+" : ""}${(after - before).toFixed(3)}, ${((after - before) / afterSe).toFixed(1)} SE)`
+  return `held-out accuracy ${f(before)}${se(first.figures["eval/accuracy_se"])} (step ${first.step}) → ` +
+    `${f(after)}${se(afterSe)} (step ${last.step})${gain}; invalid tool-call rate ` +
+    `${f(first.figures["eval/invalid_tool_call_rate"])} → ${f(last.figures["eval/invalid_tool_call_rate"])}`
+}

@@ -1,0 +1,75 @@
+/**
+ * `Train.run`: a whole training run in one call, from a task and a plain config, on the real parts (the tiny Qwen2
+ * policy on onnxruntime, the guess game's task). The task's defaults fill the agent keys the config leaves out, as
+ * `agentfly train` does; an output directory that holds a run is never replaced silently.
+ */
+import { NodeServices } from "@effect/platform-node"
+import { assert, describe, it } from "@effect/vitest"
+import { Effect } from "effect"
+import { existsSync, mkdtempSync, readFileSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import * as Train from "../../actors/Train.ts"
+import * as Generate from "../../examples/guess/generate.ts"
+import { task } from "../../examples/guess/task.ts"
+import * as TrainConfig from "../../src/TrainConfig.ts"
+
+describe("Train.run", () => {
+  it.live("one call trains a task from a plain config; the task's defaults fill the agent keys; no silent replace", () =>
+    Effect.gen(function*() {
+      const dir = mkdtempSync(join(tmpdir(), "train-run-"))
+      yield* Generate.write(
+        { dir: join(dir, "data"), seed: 3, train: 16, heldOut: 4, validation: 0, demos: 0, noise: 0 },
+        task.defaults.systemPrompt!
+      ).pipe(Effect.provide(NodeServices.layer))
+      const lines: Array<string> = []
+      const options = {
+        task,
+        dir,
+        // Paths relative to `dir`; nothing under `agent` but the chain count: the rest comes from the task.
+        config: {
+          seed: 1,
+          output: "run",
+          model: { path: "model", preset: "tiny", initSeed: 1 },
+          data: { train: "data/train.jsonl", eval: "data/heldout.jsonl" },
+          agent: { numChains: 2 },
+          // A non-group-relative estimator with an entropy bonus moves the weights whatever an untrained policy's
+          // (all-zero) rewards, so that the run trains and does not stop as one that learned nothing.
+          algorithm: { steps: 2, groupsPerStep: 2, microBatchSize: 4, advantage: "reinforce++", entropyCoef: 0.01 },
+          eval: { every: 100, size: 4 }
+        },
+        write: (text: string) => void lines.push(text),
+        tty: false
+      }
+      const first = yield* Train.run(options)
+      assert.strictEqual(first.config.agent.systemPrompt, task.defaults.systemPrompt)
+      assert.strictEqual(first.config.agent.renderTools, false)
+      assert.strictEqual(first.config.agent.maxTurns, task.defaults.maxTurns)
+      assert.strictEqual(first.config.agent.maxNewTokens, task.defaults.maxNewTokens)
+      assert.strictEqual(first.config.output, join(dir, "run"))
+      assert.isTrue(existsSync(first.report))
+      const steps = readFileSync(join(dir, "run", "metrics.jsonl"), "utf8").trim().split("\n")
+        .map((line) => JSON.parse(line) as { phase: string; step: number })
+        .filter((m) => m.phase === "train").map((m) => m.step)
+      assert.deepStrictEqual(steps, [1, 2])
+      // The prompt the policy saw: the task's system prompt, no tool list.
+      const sample = JSON.parse(readFileSync(join(dir, "run", "samples.jsonl"), "utf8").split("\n")[0]!) as {
+        spans: Array<{ source: string; tokens: Array<string> }>
+      }
+      const prompt = sample.spans.find((s) => s.source === "prompt")!.tokens.join("")
+      assert.include(prompt, "Find my number from 1 to 15.")
+      assert.notInclude(prompt, "# Tools")
+      assert.isTrue(lines.some((line) => line.startsWith("trained 2 of 2 steps")))
+
+      // The same output again: refused with a typed error that says how to go on, and the run is left as it was.
+      const before = readFileSync(join(dir, "run", "metrics.jsonl"), "utf8")
+      const refused = yield* Effect.flip(Train.run(options))
+      assert.instanceOf(refused, TrainConfig.ConfigError)
+      assert.include((refused as TrainConfig.ConfigError).message, "already holds a run")
+      assert.include((refused as TrainConfig.ConfigError).message, "--overwrite")
+      assert.strictEqual(readFileSync(join(dir, "run", "metrics.jsonl"), "utf8"), before)
+      // Asked to start over, it does.
+      const again = yield* Train.run({ ...options, overwrite: true })
+      assert.strictEqual(again.summary.steps, first.summary.steps)
+    }), 600_000)
+})
