@@ -8,13 +8,17 @@
  *   scorer), by policy:
  *   - `"zero"`: reward 0, `rewardStatus: "scored"` (the trajectory stays in its group's baseline);
  *   - `"drop"`: reward 0, `rewardStatus: "failed"`, `masked: true` (out of the baseline and the loss).
- *   Either way `reward/<name>/error` and `reward/<name>/errors/<Reason>` are set to 1 and the error is logged.
+ *   Either way `reward/<name>/error` and `reward/<name>/errors/<Reason>` are set to 1 (a run's figures count them
+ *   per step) and the error, whose message names the reward (`reward "buggy" threw: boom`), is returned.
+ *
+ * Logging: the first failure of each reason is logged with its cause (a defect's stack); later ones are counted and
+ * reported in one line at most every 30 seconds, so a reward failing on every trajectory does not flood the console.
  *
  * Interruption is not a failure: it propagates.
  *
  * @since 0.1.0
  */
-import { Cause, Context, Duration, Effect, Exit, Option, Semaphore } from "effect"
+import { Cause, Clock, Context, Duration, Effect, Exit, Option, Semaphore } from "effect"
 import { Reward, Trajectory } from "../src/index.ts"
 
 // ===== Models =====
@@ -72,6 +76,25 @@ export interface RewardActor<R = never> {
 
 // ===== Constructors =====
 
+// Long enough that a run failing on every trajectory logs a line a minute or two, short enough to show it goes on.
+const repeatLogInterval = Duration.seconds(30)
+
+/** The failure with a message naming its reward, whichever part wrote it (`reward "judge": the judge is down`). */
+const named = (failure: Reward.RewardError): Reward.RewardError =>
+  failure.message.startsWith(`reward "${failure.reward}"`)
+    ? failure
+    : new Reward.RewardError({
+      reward: failure.reward,
+      reason: failure.reason,
+      message: `reward "${failure.reward}": ${failure.message}`
+    })
+
+/** What a scorer threw or died with, as text. */
+const defectText = (cause: Cause.Cause<unknown>): string => {
+  const defect = Cause.squash(cause)
+  return defect instanceof Error ? defect.message : String(defect)
+}
+
 /**
  * Makes a reward actor.
  *
@@ -85,6 +108,31 @@ export const make = <R>(reward: Reward.Reward<R>, options: Options): Effect.Effe
     const name = reward.name
     const error = (reason: Reward.RewardErrorReason, message: string) =>
       new Reward.RewardError({ reward: name, reason, message })
+
+    // Per reason, whether its first failure was logged; then the failures counted since the last line logged.
+    const loggedReasons = new Set<Reward.RewardErrorReason>()
+    let repeats = { count: 0, since: 0, last: "" }
+    const logFailure = Effect.fnUntraced(function*(failure: Reward.RewardError, cause: Cause.Cause<unknown>) {
+      const now = yield* Clock.currentTimeMillis
+      if (!loggedReasons.has(failure.reason)) {
+        loggedReasons.add(failure.reason)
+        if (repeats.count === 0) repeats = { count: 0, since: now, last: "" }
+        return yield* Effect.logWarning(
+          `${failure.message} (${failure.reason}; ${options.onError} policy: ` +
+            `${options.onError === "zero" ? "scored 0" : "dropped"}). Later failures of this reward are counted, ` +
+            `at most one line per ${Duration.format(repeatLogInterval)}`,
+          cause
+        )
+      }
+      repeats = { ...repeats, count: repeats.count + 1, last: failure.message }
+      if (now - repeats.since < Duration.toMillis(repeatLogInterval)) return
+      const window = Duration.format(Duration.millis(now - repeats.since))
+      yield* Effect.logWarning(
+        `reward "${name}" failed ${repeats.count} more times in the last ${window} (${options.onError} policy); ` +
+          `last: ${repeats.last}`
+      )
+      repeats = { count: 0, since: now, last: "" }
+    })
 
     const applyFailure = (trajectory: Trajectory.Trajectory, failure: Reward.RewardError): Scored => ({
       trajectory: {
@@ -130,10 +178,10 @@ export const make = <R>(reward: Reward.Reward<R>, options: Options): Effect.Effe
       if (Option.isNone(failure) && !Cause.hasDies(exit.cause)) {
         return yield* Effect.failCause(exit.cause as Cause.Cause<never>) // interrupted: cancellation propagates
       }
-      const rewardError = Option.isSome(failure)
-        ? failure.value
-        : error("Defect", `reward "${name}" failed with an internal error`)
-      yield* Effect.logWarning(`reward ${name} failed (${options.onError} policy)`, exit.cause)
+      const rewardError = named(
+        Option.isSome(failure) ? failure.value : error("Defect", `reward "${name}" threw: ${defectText(exit.cause)}`)
+      )
+      yield* logFailure(rewardError, exit.cause)
       return applyFailure(trajectory, rewardError)
     })
 

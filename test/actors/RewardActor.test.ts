@@ -1,5 +1,5 @@
 import { assert, describe, it } from "@effect/vitest"
-import { Context, Effect, Fiber, Schema } from "effect"
+import { Context, Effect, Fiber, Logger, Schema } from "effect"
 import { TestClock } from "effect/testing"
 import * as RewardActor from "../../actors/RewardActor.ts"
 import { Reward } from "../../src/index.ts"
@@ -44,6 +44,11 @@ describe("RewardActor", () => {
       assert.strictEqual(trajectory.rewardStatus, "scored")
       assert.isFalse(trajectory.masked)
       assert.strictEqual(trajectory.metrics["reward/exact/errors/InvalidRow"], 1)
+      // Every error's message names its reward, once, whoever wrote it.
+      assert.strictEqual(error?.message, `reward "exact": dataset row field ["answer"]: Missing key`)
+      const down = Reward.make("judge", { score: () => Effect.fail(new Error("the judge is down")) })
+      const failed = yield* (yield* RewardActor.make(down, { onError: "zero" })).score(answered("x"))
+      assert.strictEqual(failed.error?.message, `reward "judge": the judge is down`)
     }))
 
   it.effect("error policy \"drop\": failed and masked; a defect in the scorer is a Defect error, not a crash", () =>
@@ -56,6 +61,56 @@ describe("RewardActor", () => {
       assert.isTrue(trajectory.masked)
       assert.strictEqual(trajectory.metrics["reward/buggy/error"], 1)
     }))
+
+  it.effect("a defect's error names the reward and what it threw", () =>
+    Effect.gen(function*() {
+      const buggy = Reward.make("buggy", {
+        score: () =>
+          Effect.sync((): number => {
+            throw new Error("boom: odd target 3")
+          })
+      })
+      const { error } = yield* (yield* RewardActor.make(buggy, { onError: "zero" })).score(answered("x"))
+      assert.strictEqual(error?.reason, "Defect")
+      assert.strictEqual(error?.message, `reward "buggy" threw: boom: odd target 3`)
+    }))
+
+  it.effect("logs a reward's first failure of each reason with its cause, then at most one count line per 30s", () => {
+    const logs: Array<{ message: string; cause: boolean }> = []
+    const collector = Logger.make((o) => {
+      const message = (o.message as ReadonlyArray<unknown>).map(String).join(" ")
+      logs.push({ message, cause: o.cause.reasons.length > 0 })
+    })
+    return Effect.gen(function*() {
+      const target = (t: ReturnType<typeof answered>) => Number(t.row?.["target"])
+      const buggy = Reward.make("buggy", {
+        score: ({ trajectory }) =>
+          Effect.sync(() => {
+            if (target(trajectory) % 2 === 1) throw new Error(`boom: odd target ${target(trajectory)}`)
+            return 1
+          })
+      })
+      const actor = yield* RewardActor.make(buggy, { onError: "zero" })
+      const scoreAll = (targets: ReadonlyArray<number>) =>
+        Effect.forEach(targets, (n) => actor.score(answered("x", { target: n })), { discard: true })
+      yield* scoreAll([1, 2, 3, 5, 7])
+      assert.deepStrictEqual(logs, [{
+        message: `reward "buggy" threw: boom: odd target 1 (Defect; zero policy: scored 0). Later failures of this ` +
+          `reward are counted, at most one line per 30s`,
+        cause: true
+      }])
+      yield* TestClock.adjust("30 seconds")
+      yield* scoreAll([9, 11])
+      assert.strictEqual(logs.length, 2)
+      assert.deepStrictEqual(logs[1], {
+        message: `reward "buggy" failed 4 more times in the last 30s (zero policy); last: reward "buggy" threw: ` +
+          `boom: odd target 9`,
+        cause: false
+      })
+      yield* scoreAll([13])
+      assert.strictEqual(logs.length, 2, "the next count waits for the next 30s")
+    }).pipe(Effect.provideService(Logger.CurrentLoggers, new Set([collector])))
+  })
 
   it.effect("a scorer that outlives the timeout (TestClock)", () =>
     Effect.gen(function*() {
