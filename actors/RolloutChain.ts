@@ -140,6 +140,8 @@ export interface Score {
   readonly metrics?: Readonly<Record<string, number>> | undefined
   /** The reward decided the trajectory must not train (e.g. a `drop` reward error policy). */
   readonly masked?: boolean | undefined
+  /** The reward failed and its own error policy scored it (`RewardFailed`): the trajectory's `error`. */
+  readonly failure?: RolloutError.RolloutError | undefined
 }
 
 /**
@@ -210,12 +212,33 @@ export const toolsFromActor = <R>(actor: ToolActor.Service<R>): Tools => ({
  * @since 0.1.0
  */
 export const rewardFromActor = <R>(actor: RewardActor.RewardActor<R>): Reward => (trajectory, context) =>
-  Effect.map(actor.score(trajectory, { context: context as Context.Context<R> }), ({ trajectory: scored }) => ({
+  Effect.map(actor.score(trajectory, { context: context as Context.Context<R> }), ({ trajectory: scored, error }) => ({
     reward: scored.reward,
     status: scored.rewardStatus,
     metrics: scored.metrics,
-    masked: scored.masked
+    masked: scored.masked,
+    failure: error === undefined
+      ? undefined
+      : new RolloutError.RolloutError({ reason: "RewardFailed", message: error.message })
   }))
+
+/**
+ * A trajectory with a reward's verdict applied: reward, status, metrics, mask and, when the reward failed, its
+ * `error` (`RewardFailed: reward "buggy" threw: …`), so that the failure's message reaches the run's summary.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const applyScore = (trajectory: Trajectory, score: Score): Trajectory => ({
+  ...trajectory,
+  reward: score.reward,
+  rewardStatus: score.status,
+  metrics: { ...trajectory.metrics, ...score.metrics },
+  masked: trajectory.masked || score.masked === true,
+  ...(score.failure === undefined
+    ? {}
+    : { error: `${score.failure.reason}: ${score.failure.message}`, errorReason: score.failure.reason })
+})
 
 // ===== Stats =====
 
@@ -739,14 +762,5 @@ const score = Effect.fnUntraced(function*(
       dropGroup: scored.policy === "drop_group"
     }
   }
-  return {
-    trajectory: {
-      ...trajectory,
-      reward: scored.reward,
-      rewardStatus: scored.status,
-      metrics: { ...trajectory.metrics, ...scored.metrics },
-      masked: trajectory.masked || scored.masked === true
-    },
-    dropGroup: false
-  }
+  return { trajectory: applyScore(trajectory, scored), dropGroup: false }
 })

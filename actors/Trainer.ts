@@ -6,8 +6,9 @@
  * **Honest runs.** Every step's figures count failed trajectories by reason (`rollout/failures/<Reason>`) and
  * failed tool calls by reason (`rollout/tool_errors/<Reason>`). A step (or an evaluation) where more than
  * `maxFailureShare` of the trajectories failed for infrastructure reasons (environment, lease, reward, sampler,
- * chain defects) stops the run with `TrainerError(Failures)` naming the main reason and its count, after its
- * figures are logged and before the learner trains on it.
+ * chain defects) stops the run with `TrainerError(Failures)` naming the main reason, its count and its first
+ * failure's message, after its figures are logged and before the learner trains on it. A record whose trajectories
+ * failed carries the first one's error (`firstFailure`), so the message outlives the console.
  *
  * **One pipeline for both modes.** Learner step `s` trains on batch `s - 1`: the `groupsPerStep` rows at
  * positions `[(s - 1)·B, s·B)` of the run's row order (a seeded shuffle per epoch). Every token of batch `s - 1` is
@@ -328,6 +329,32 @@ export const failureOf = (t: Trajectory.Trajectory): string | undefined => {
     if (value > 0 && key.startsWith("reward/") && key.endsWith("/error")) return "RewardFailed"
   }
   return undefined
+}
+
+/**
+ * The error of the first trajectory that failed (for `reason`, when given), e.g.
+ * `RewardFailed: reward "buggy" threw: boom`; one whose failure left only a metric reads as its reason.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const firstFailure = (
+  trajectories: ReadonlyArray<Trajectory.Trajectory>,
+  reason?: string
+): string | undefined => {
+  for (const t of trajectories) {
+    const failure = failureOf(t)
+    if (failure !== undefined && (reason === undefined || failure === reason)) {
+      return t.error ?? `${failure} (no message recorded)`
+    }
+  }
+  return undefined
+}
+
+/** A metrics record's `firstFailure`, when any of its trajectories failed: the message outlives the console. */
+const failureNote = (groups: ReadonlyArray<Trajectory.Group>): { readonly firstFailure?: string } => {
+  const first = firstFailure(groups.flatMap((g) => g.trajectories))
+  return first === undefined ? {} : { firstFailure: first }
 }
 
 /**
@@ -663,10 +690,7 @@ export const run: <RE = never>(
           reason: "Failures",
           message: `${what}: ${failures.count} of ${failures.total} trajectories failed with ${failures.reason} ` +
             `(${(failures.share * 100).toFixed(0)}% infrastructure failures, more than maxFailureShare ` +
-            `${config.maxFailureShare}); first: ${
-              groups.flatMap((g) => g.trajectories).find((t) => failureOf(t) === failures.reason)?.error ??
-                "see rollout/failures in metrics.jsonl"
-            }`
+            `${config.maxFailureShare}); first: ${firstFailure(groups.flatMap((g) => g.trajectories), failures.reason)}`
         })
       )
       : Effect.void
@@ -798,7 +822,7 @@ export const run: <RE = never>(
   const evaluate = Effect.fnUntraced(function*(step: number) {
     if (options.eval === undefined) return
     const { groups, figures } = yield* evaluation(agentOf, options.eval.rows).pipe(sampledBy(step))
-    const record = { phase: "eval" as const, step, elapsed: yield* elapsed, figures }
+    const record = { phase: "eval" as const, step, elapsed: yield* elapsed, figures, ...failureNote(groups) }
     evals.push({ step, figures })
     yield* metrics.log(record).pipe(Effect.mapError(io))
     yield* checkFailures(groups, `evaluation at step ${step}`)
@@ -937,7 +961,8 @@ export const run: <RE = never>(
     })
     const failures = infrastructureFailures(batch.groups.flatMap((g) => g.trajectories))
     if (failures.share > config.maxFailureShare) {
-      yield* metrics.log({ phase: "train", step, elapsed: yield* elapsed, figures: rollout }).pipe(Effect.mapError(io))
+      const failed = { phase: "train" as const, step, elapsed: yield* elapsed, figures: rollout }
+      yield* metrics.log({ ...failed, ...failureNote(batch.groups) }).pipe(Effect.mapError(io))
       yield* checkFailures(batch.groups, `step ${step}`)
     }
     const learned = yield* policy.learn(step, batch.groups).pipe(Effect.tap(finiteLoss(`step ${step}`, "learner/loss")))
@@ -961,7 +986,7 @@ export const run: <RE = never>(
       policyVersion: step,
       weightsHash: yield* policy.fingerprint
     }).pipe(Effect.mapError(io))
-    const record = { phase: "train" as const, step, elapsed: yield* elapsed, figures }
+    const record = { phase: "train" as const, step, elapsed: yield* elapsed, figures, ...failureNote(batch.groups) }
     yield* metrics.log(record).pipe(Effect.mapError(io))
     for (const g of batch.groups.slice(0, config.sampleTrajectories)) {
       yield* metrics.sample(sampleOf(g.trajectories[0]!, "train", step, tokenText)).pipe(Effect.mapError(io))

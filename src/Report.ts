@@ -18,7 +18,8 @@ import { Effect, FileSystem, Schema } from "effect"
 /**
  * One line of `metrics.jsonl`. `step` is the learner step (warm-up records count their own steps), `elapsed`
  * the seconds since the run started; every figure is a number under a namespaced key (`rollout/reward_mean`,
- * `learner/kl`, `eval/accuracy`, ...).
+ * `learner/kl`, `eval/accuracy`, ...). `firstFailure` is the error of the record's first failed trajectory
+ * (`RewardFailed: reward "buggy" threw: boom`), when one failed.
  *
  * @category models
  * @since 0.1.0
@@ -27,7 +28,8 @@ export const MetricsRecord = Schema.Struct({
   phase: Schema.Literals(["warmup", "train", "eval"]),
   step: Schema.Int,
   elapsed: Schema.Number,
-  figures: Schema.Record(Schema.String, Schema.Number)
+  figures: Schema.Record(Schema.String, Schema.Number),
+  firstFailure: Schema.optionalKey(Schema.String)
 })
 export type MetricsRecord = typeof MetricsRecord.Type
 

@@ -107,7 +107,7 @@ export const Trajectory = Schema.Struct({
   masked: Schema.Boolean,
   /** The dataset row's extra fields, passed through to rewards. */
   row: Schema.optionalKey(Schema.Record(Schema.String, Schema.Unknown)),
-  /** A short description of the error that ended the chain, when `termination === "error"`. */
+  /** A short description of the error that ended the chain (`termination === "error"`) or failed its reward. */
   error: Schema.optionalKey(Schema.String),
   /** The `RolloutError` reason behind `error` (`EnvFailed`, `RewardFailed`, ...), for per-reason counts. */
   errorReason: Schema.optionalKey(Schema.String),

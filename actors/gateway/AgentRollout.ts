@@ -30,7 +30,7 @@ import type { SamplingParams } from "../../src/Sampler.ts"
 import * as Task from "../../src/Task.ts"
 import type * as Trajectory from "../../src/Trajectory.ts"
 import * as Gateway from "../Gateway.ts"
-import type * as RolloutChain from "../RolloutChain.ts"
+import * as RolloutChain from "../RolloutChain.ts"
 import * as TaskRuntime from "../TaskRuntime.ts"
 import type * as Trainer from "../Trainer.ts"
 import * as Recorder from "./Recorder.ts"
@@ -128,13 +128,7 @@ const score = (
     )
   }
   return Effect.map(options.reward(trajectory, Context.empty()), (s) => ({
-    trajectory: {
-      ...trajectory,
-      reward: s.reward,
-      rewardStatus: s.status,
-      metrics: { ...trajectory.metrics, ...s.metrics },
-      masked: trajectory.masked || s.masked === true
-    },
+    trajectory: RolloutChain.applyScore(trajectory, s),
     dropGroup: false
   }))
 }

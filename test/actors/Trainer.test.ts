@@ -426,9 +426,13 @@ describe("Trainer", () => {
       assert.strictEqual(error.reason, "Failures")
       assert.include(error.message, "step 1: 12 of 12 trajectories failed with RewardFailed")
       assert.include(error.message, "maxFailureShare 0.5")
+      // The first failure's own message, in the error and in the step's record, which outlives the console.
+      const first = `RewardFailed: reward "broken": the judge is down`
+      assert.include(error.message, `; first: ${first}`)
       // The step's figures are logged before the run stops, and nothing was trained on them.
       const records = (yield* Report.read(options.config.output)).metrics.filter((m) => m.phase === "train")
       assert.strictEqual(records.length, 1)
+      assert.strictEqual(records[0]!.firstFailure, first)
       assert.strictEqual(records[0]!.figures["rollout/failures/RewardFailed"], 12)
       assert.strictEqual(records[0]!.figures["rollout/failure_share"], 1)
       assert.deepStrictEqual(yield* steps(options.config.output), [])
@@ -436,6 +440,7 @@ describe("Trainer", () => {
       const withEval = yield* setup()
       const atEval = yield* Effect.flip(run({ ...withEval, task }))
       assert.include(atEval.message, "evaluation at step 0: 20 of 20 trajectories failed with RewardFailed")
+      assert.include(atEval.message, `; first: ${first}`)
       // maxFailureShare 1 never stops: the run trains on zero rewards (here: no signal, every step skipped).
       const tolerant = yield* setup({ maxFailureShare: 1, algorithm: { steps: 2, groupsPerStep: 3 } })
       const summary = yield* run({ ...tolerant, eval: undefined, task })
