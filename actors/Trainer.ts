@@ -392,8 +392,9 @@ const standardError = (xs: ReadonlyArray<number>): number => {
  * standard error over groups (`accuracy_se`: a group is one question's samples),
  * `invalid_tool_call_rate`, `turns_mean`, `tool_calls/<tool>` (calls per trajectory; with `tools`, calls to any
  * other name, which a policy misspells in endless ways, are counted once as `tool_calls/(unknown)`), the reward's
- * metrics (`reward/<name>/<metric>`, each averaged over the trajectories that carry it), `policy_tokens` and, with
- * `policyVersion`, `staleness_mean`.
+ * metrics (`reward/<name>/<metric>`, each averaged over the trajectories that carry it), the reward's failed
+ * evaluations by reason (`reward/<name>/errors/<Reason>`, counts), `policy_tokens` and, with `policyVersion`,
+ * `staleness_mean`.
  *
  * @category getters
  * @since 0.1.0
@@ -443,11 +444,16 @@ export const rolloutFigures = (
   }
   for (const [tool, n] of calls) out[`${p}/tool_calls/${tool}`] = n / Math.max(1, trajectories.length)
   // The reward's own metrics (components, counts: `reward/<name>/<metric>`), each the mean over the trajectories
-  // that carry it; the `/error` flags are counted as failures above.
+  // that carry it; the `/error` flags are counted as failures above. Only failed evaluations carry the
+  // `/errors/<Reason>` flags, so their mean would always be 1: they are counted, as failures are.
   const rewardMetrics = new Map<string, Array<number>>()
   for (const t of trajectories) {
     for (const [key, x] of Object.entries(t.metrics)) {
       if (!key.startsWith("reward/") || key.endsWith("/error")) continue
+      if (key.includes("/errors/")) {
+        bumpKey(`${p}/${key}`, x)
+        continue
+      }
       const xs = rewardMetrics.get(key) ?? []
       xs.push(x)
       rewardMetrics.set(key, xs)

@@ -43,6 +43,18 @@ describe("Trainer.rolloutFigures", () => {
     assert.isUndefined(figures["rollout/reward/answer/error"])
   })
 
+  it("a reward's errors by reason are counted per step, as rollout/failures/<Reason> is", () => {
+    const failed = (reason: string) => ({
+      ...answered("x"),
+      metrics: { "reward/buggy/error": 1, [`reward/buggy/errors/${reason}`]: 1 }
+    })
+    const trajectories = [failed("Defect"), failed("Defect"), failed("Timeout"), answered("x")]
+    const figures = Trainer.rolloutFigures([{ groupId: "g", rowIndex: 0, trajectories }], { prefix: "rollout" })
+    assert.strictEqual(figures["rollout/reward/buggy/errors/Defect"], 2)
+    assert.strictEqual(figures["rollout/reward/buggy/errors/Timeout"], 1)
+    assert.strictEqual(figures["rollout/failures/RewardFailed"], 3)
+  })
+
   it("calls to names that are not the task's tools count once, as tool_calls/(unknown)", () => {
     const calling = (...names: ReadonlyArray<string>) =>
       trajectoryOf([{ role: "user", content: "q" }, {
