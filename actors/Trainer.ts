@@ -946,6 +946,7 @@ export const run: <RE = never>(
   let lastSaved = point.step
   let trained = 0
   let skipped = 0
+  let warnedCut = false
   for (let step = point.step + 1; step <= lastStep; step++) {
     const t0 = yield* Clock.currentTimeMillis
     const batch = yield* Fiber.join(yield* Queue.take(batches))
@@ -965,6 +966,16 @@ export const run: <RE = never>(
       policyVersion: step - 1,
       tools: toolNames(agentOf.runtime)
     })
+    // Turns cut by the token budget look like a policy that cannot call tools: say so once, with the setting.
+    const cut = rollout["rollout/termination/stop"] ?? 0
+    if (cut >= 0.5 && !warnedCut) {
+      warnedCut = true
+      yield* notice(
+        `step ${step}: ${(cut * 100).toFixed(0)}% of the chains ended with a turn cut at agent.maxNewTokens ` +
+          `(${config.agent.maxNewTokens}) before its end-of-turn token (termination "stop"); if the policy's turns ` +
+          `are longer than that, raise agent.maxNewTokens`
+      )
+    }
     const failures = infrastructureFailures(batch.groups.flatMap((g) => g.trajectories))
     if (failures.share > config.maxFailureShare) {
       const failed = { phase: "train" as const, step, elapsed: yield* elapsed, figures: rollout }

@@ -60,6 +60,9 @@ describe("Train.run", () => {
       assert.include(prompt, "Find my number from 1 to 15.")
       assert.notInclude(prompt, "# Tools")
       assert.isTrue(lines.some((line) => line.startsWith("trained 2 of 2 steps")))
+      // An untrained policy rarely samples its end-of-turn token within 48: the run says which setting cuts it, once.
+      const cut = lines.filter((line) => line.includes("cut at agent.maxNewTokens (48)"))
+      assert.strictEqual(cut.length, 1, lines.join("\n"))
 
       // The same output again: refused with a typed error that says how to go on, and the run is left as it was.
       const before = readFileSync(join(dir, "run", "metrics.jsonl"), "utf8")
