@@ -414,7 +414,7 @@ const decodeStrict = Schema.decodeUnknownEffect(TrainConfig)
  * @since 0.1.0
  */
 export const decode = (input: unknown, source = "config"): Effect.Effect<TrainConfig, ConfigError> =>
-  decodeStrict(input, { onExcessProperty: "error", errors: "all" }).pipe(
+  decodeStrict(withoutUndefined(input), { onExcessProperty: "error", errors: "all" }).pipe(
     Effect.mapError((e) =>
       new ConfigError({ source, reason: "Invalid", issues: formatIssues(TrainConfig, e.issue) })
     ),
@@ -423,6 +423,18 @@ export const decode = (input: unknown, source = "config"): Effect.Effect<TrainCo
       return issues.length === 0 ? Effect.succeed(config) : Effect.fail(new ConfigError({ source, reason: "Invalid", issues }))
     })
   )
+
+/**
+ * The input without keys whose value is `undefined`, at any depth: a TypeScript config's `warmup: undefined` means
+ * what a JSON file's missing key does (JSON cannot say `undefined`).
+ */
+const withoutUndefined = (input: unknown): unknown => {
+  if (Array.isArray(input)) return input.map(withoutUndefined)
+  if (typeof input !== "object" || input === null || Object.getPrototypeOf(input) !== Object.prototype) return input
+  return Object.fromEntries(
+    Object.entries(input).flatMap(([key, value]) => (value === undefined ? [] : [[key, withoutUndefined(value)]]))
+  )
+}
 
 /** Bounds that involve several keys, one line per problem in {@link formatIssues}' style. */
 const crossKeyIssues = (config: TrainConfig): Array<string> => {

@@ -35,6 +35,15 @@ describe("TrainConfig", () => {
       assert.isUndefined(config.warmup)
     }))
 
+  it.effect("a key set to undefined (a TypeScript config) is a missing key; a required one is still named", () =>
+    Effect.gen(function*() {
+      const config = yield* TrainConfig.decode({ ...minimal, warmup: undefined, agent: { numChains: undefined } })
+      assert.isUndefined(config.warmup)
+      assert.strictEqual(config.agent.numChains, 8)
+      const error = yield* failure(TrainConfig.decode({ ...minimal, output: undefined }))
+      assert.include(error.message, "output")
+    }))
+
   it.effect("an unknown or mistyped key fails fast with its path and a suggestion", () =>
     Effect.gen(function*() {
       const error = yield* failure(TrainConfig.decode({
