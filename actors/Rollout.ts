@@ -20,6 +20,7 @@
  * @since 0.1.0
  */
 import { Cause, Effect, FiberSet, Queue, Random, Result, Schedule, Schema, Semaphore, Stream } from "effect"
+import * as Dataset from "../src/Dataset.ts"
 import * as Environment from "../src/Environment.ts"
 import { Conversation } from "../src/Message.ts"
 import * as Task from "../src/Task.ts"
@@ -145,14 +146,19 @@ export interface TaskOptions<RE> extends Omit<Options, "rows" | "messages" | "to
 
 /**
  * Rolls out a task's rows: the task's tools, reward, environment (built in the stream's scope, checked before any
- * chain starts) and episode protocol, as `Trainer.run` does. Rows are checked against the task's row Schema.
+ * chain starts) and episode protocol, as `Trainer.run` does. Rows are checked against the task's row Schema: a bad
+ * one fails the stream with `DatasetError(InvalidRow)` naming it (`rows[3]: Expected number at ["secret"]`).
  *
  * @category constructors
  * @since 0.1.0
  */
 export const runTask = <RE = never>(
   options: TaskOptions<RE>
-): Stream.Stream<Event, RolloutError.RolloutError | Schema.SchemaError | Task.TaskError, Sampler | RE> =>
+): Stream.Stream<
+  Event,
+  RolloutError.RolloutError | Schema.SchemaError | Dataset.DatasetError | Task.TaskError,
+  Sampler | RE
+> =>
   Stream.unwrap(Effect.map(taskOptions(options), run))
 
 /**
@@ -165,26 +171,38 @@ export const runTask = <RE = never>(
  */
 export const runTaskChat = <RE = never>(
   options: TaskOptions<RE>
-): Stream.Stream<Event, RolloutError.RolloutError | Schema.SchemaError | Task.TaskError, ChatSampler | RE> =>
+): Stream.Stream<
+  Event,
+  RolloutError.RolloutError | Schema.SchemaError | Dataset.DatasetError | Task.TaskError,
+  ChatSampler | RE
+> =>
   Stream.unwrap(Effect.map(taskOptions(options), runChat))
 
 /** A task's rows checked against its row Schema and rendered, and its runtime's ports, as the options of `run`. */
 const taskOptions = <RE>(
   options: TaskOptions<RE>
-): Effect.Effect<Options, Schema.SchemaError | Task.TaskError, RE | Scope.Scope> =>
+): Effect.Effect<Options, Dataset.DatasetError | Task.TaskError, RE | Scope.Scope> =>
   Effect.gen(function*() {
     const { task } = options
     const runtime = yield* TaskRuntime.make(task, {
       toolTimeout: options.toolTimeout,
       renderTools: options.renderTools ?? task.defaults.renderTools
     })
-    const decodeFields = task.row === undefined ? undefined : Schema.decodeUnknownEffect(task.row)
+    const decodeFields = task.row === undefined ? undefined : Schema.decodeUnknownResult(task.row)
     const rows: Array<Row> = []
     for (const [index, row] of options.rows.entries()) {
       const { question, messages, ...rest } = row
-      const fields = decodeFields === undefined
-        ? rest
-        : { ...rest, ...(yield* decodeFields(rest) as Effect.Effect<Record<string, unknown>, Schema.SchemaError>) }
+      const decoded = decodeFields?.(rest, { errors: "all" })
+      if (decoded !== undefined && Result.isFailure(decoded)) {
+        // As a dataset file's bad row is reported (`FILE:LINE: why`): which row, and why.
+        return yield* new Dataset.DatasetError({
+          dataset: "rows",
+          reason: "InvalidRow",
+          line: index + 1,
+          message: `rows[${index}]: ${decoded.failure.message.replace(/\n\s*/g, " ")}`
+        })
+      }
+      const fields = decoded === undefined ? rest : { ...rest, ...(decoded.success as Record<string, unknown>) }
       const prompt = Task.conversation(task, {
         index,
         line: index + 1,

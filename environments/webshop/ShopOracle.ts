@@ -24,6 +24,7 @@ import * as Rollout from "../../actors/Rollout.ts"
 import type * as RolloutChain from "../../actors/RolloutChain.ts"
 import * as ByteTokenizer from "../../src/ByteTokenizer.ts"
 import * as ChatTemplate from "../../src/ChatTemplate.ts"
+import type * as Dataset from "../../src/Dataset.ts"
 import type { Conversation, Message } from "../../src/Message.ts"
 import type * as RolloutError from "../../src/RolloutError.ts"
 import * as Sampling from "../../src/Sampling.ts"
@@ -297,7 +298,10 @@ export const rollout = (options: {
   readonly policy: Oracle.Policy
   readonly concurrency?: number | undefined
   readonly format?: RolloutChain.Format | undefined
-}): Effect.Effect<Array<Trajectory.Trajectory>, RolloutError.RolloutError | Schema.SchemaError | Task.TaskError> =>
+}): Effect.Effect<
+  Array<Trajectory.Trajectory>,
+  RolloutError.RolloutError | Schema.SchemaError | Dataset.DatasetError | Task.TaskError
+> =>
   Rollout.runTaskChat({
     task: options.task,
     rows: options.rows,

@@ -77,6 +77,21 @@ describe("Oracle", () => {
       assert.notInclude(prompt(yield* rollout(bisect, { task: loud, renderTools: false })), "# Tools")
     }))
 
+  it.effect("a row that does not match the task's row Schema fails the rollout, named by its index", () =>
+    Effect.gen(function*() {
+      const error = yield* Rollout.runTaskChat({
+        task,
+        rows: [{ secret: 3 }, { secret: "three" }],
+        numChains: 1,
+        maxTurns: 2,
+        sampling: { temperature: 1, maxTokens: 48 },
+        format
+      }).pipe(Stream.runCollect, Effect.provide(Oracle.layer(bisect)), Effect.flip)
+      assert.strictEqual(error._tag, "DatasetError")
+      assert.include(error.message, "rows[1]: ")
+      assert.include(error.message, "secret")
+    }))
+
   it.effect("a policy that never calls the tool solves nothing", () =>
     Effect.gen(function*() {
       const trajectories = yield* rollout(() => ({ content: "I give up." }))
