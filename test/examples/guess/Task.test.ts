@@ -99,6 +99,7 @@ describe("guess the number", () => {
   it.effect("a row whose secret is out of range is refused before any chain starts", () =>
     Effect.gen(function*() {
       const error = yield* Effect.flip(rollout(oracle, [{ question: "Guess my number.", secret: 99 }]))
-      assert.strictEqual(error._tag, "SchemaError")
+      assert.strictEqual(error._tag, "DatasetError")
+      assert.include(error.message, "rows[0]: ")
     }))
 })
