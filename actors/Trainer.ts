@@ -393,7 +393,8 @@ const standardError = (xs: ReadonlyArray<number>): number => {
  * `invalid_tool_call_rate`, `turns_mean`, `tool_calls/<tool>` (calls per trajectory; with `tools`, calls to any
  * other name, which a policy misspells in endless ways, are counted once as `tool_calls/(unknown)`), the reward's
  * metrics (`reward/<name>/<metric>`, each averaged over the trajectories that carry it), the reward's failed
- * evaluations by reason (`reward/<name>/errors/<Reason>`, counts), `policy_tokens` and, with `policyVersion`,
+ * evaluations by reason (`reward/<name>/errors/<Reason>`, counts) and its unscored ones
+ * (`reward/<name>/not_applicable`, a count), `policy_tokens` and, with `policyVersion`,
  * `staleness_mean`.
  *
  * @category getters
@@ -445,12 +446,13 @@ export const rolloutFigures = (
   for (const [tool, n] of calls) out[`${p}/tool_calls/${tool}`] = n / Math.max(1, trajectories.length)
   // The reward's own metrics (components, counts: `reward/<name>/<metric>`), each the mean over the trajectories
   // that carry it; the `/error` flags are counted as failures above. Only failed evaluations carry the
-  // `/errors/<Reason>` flags, so their mean would always be 1: they are counted, as failures are.
+  // `/errors/<Reason>` flags, and only unscored ones `/not_applicable`, so their mean would always be 1: they are
+  // counted, as failures are.
   const rewardMetrics = new Map<string, Array<number>>()
   for (const t of trajectories) {
     for (const [key, x] of Object.entries(t.metrics)) {
       if (!key.startsWith("reward/") || key.endsWith("/error")) continue
-      if (key.includes("/errors/")) {
+      if (key.includes("/errors/") || key.endsWith("/not_applicable")) {
         bumpKey(`${p}/${key}`, x)
         continue
       }

@@ -55,6 +55,13 @@ describe("Trainer.rolloutFigures", () => {
     assert.strictEqual(figures["rollout/failures/RewardFailed"], 3)
   })
 
+  it("a reward's not-applicable verdicts are counted per step", () => {
+    const unscored = { ...answered("x"), metrics: { "reward/judge/not_applicable": 1 } }
+    const trajectories = [unscored, unscored, answered("x"), answered("x")]
+    const figures = Trainer.rolloutFigures([{ groupId: "g", rowIndex: 0, trajectories }], { prefix: "rollout" })
+    assert.strictEqual(figures["rollout/reward/judge/not_applicable"], 2)
+  })
+
   it("calls to names that are not the task's tools count once, as tool_calls/(unknown)", () => {
     const calling = (...names: ReadonlyArray<string>) =>
       trajectoryOf([{ role: "user", content: "q" }, {
