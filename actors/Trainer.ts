@@ -539,6 +539,54 @@ export const agent = <RE>(options: {
   )
 
 /**
+ * Checks that the prompts of a run's first rows (system prompt, question, and the tools' schemas when rendered) leave
+ * room to sample within `agent.maxContextTokens`: a prompt that fills the context ends its chain before a single
+ * token, and a run of such chains would only report that its rewards were all equal. Fails with `TrainerError(Task)`
+ * when none of the first `sample` rows fits, naming the sizes and the ways out; warns when only some do. An agent
+ * function's prompts are its SDK's, built at run time: not checked here.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const checkPromptsFit = Effect.fnUntraced(function*(
+  agent: Agent,
+  rows: ReadonlyArray<Dataset.Row>,
+  notice: (message: string) => Effect.Effect<void>,
+  sample = 32
+) {
+  const { config, runtime } = agent
+  const budget = config.agent.maxContextTokens
+  if (AgentTask.isAgentTask(runtime.task) || rows.length === 0 || budget === undefined) return
+  const lengthOf = (row: Dataset.Row, tools: ReadonlyArray<unknown>) =>
+    Effect.map(
+      agent.format.start(Task.conversation(runtime.task, row, config.agent.systemPrompt), tools),
+      (transcript) => transcript.length()
+    ).pipe(Effect.mapError(fail("Task")))
+  const checked = rows.slice(0, sample)
+  const lengths = yield* Effect.forEach(checked, (row) => lengthOf(row, runtime.tools.schemas))
+  const over = lengths.filter((n) => n >= budget).length
+  if (over === 0) return
+  const longest = Math.max(...lengths)
+  const schemas = runtime.tools.schemas.length === 0
+    ? ""
+    : ` (the tools' schemas: ${longest - (yield* lengthOf(checked[lengths.indexOf(longest)]!, []))} of them)`
+  const ways = `shorten the system prompt or the questions` +
+    (schemas === "" ? "" : `, set agent.renderTools: false (the policy then learns the tools from demonstrations)`) +
+    `, or raise agent.maxContextTokens with a model whose context holds more`
+  if (over === checked.length) {
+    return yield* new TrainerError({
+      reason: "Task",
+      message: `no prompt fits the context: the first ${checked.length} rows' prompts are up to ${longest} tokens` +
+        `${schemas}, agent.maxContextTokens is ${budget}, so no chain could sample a token; ${ways}`
+    })
+  }
+  yield* notice(
+    `${over} of the first ${checked.length} rows' prompts fill agent.maxContextTokens (${budget}; the longest is ` +
+      `${longest} tokens${schemas}): their chains end before sampling; ${ways}`
+  )
+})
+
+/**
  * Rolls out one group of `chains` chains per row with a run's agent; the groups in row order. Chain `k` of row `i`
  * samples with `seed + i·chains + k`; the environment's episode of row `i` starts from `seed + i·chains`.
  *
@@ -689,6 +737,7 @@ export const run: <RE = never>(
     validation: yield* refine(input.validation)
   }
   const agentOf = yield* agent(options)
+  yield* checkPromptsFit(agentOf, options.train.rows, options.notice ?? ((message) => Effect.logWarning(message)))
   const correct = agentOf.runtime.correct
   const checkFailures = (groups: ReadonlyArray<Trajectory.Group>, what: string) => {
     const failures = infrastructureFailures(groups.flatMap((g) => g.trajectories))

@@ -74,5 +74,16 @@ describe("Train.run", () => {
       // Asked to start over, it does.
       const again = yield* Train.run({ ...options, overwrite: true })
       assert.strictEqual(again.summary.steps, first.summary.steps)
+
+      // Prompts that fill the context (here the tools' schemas) stop the run before any rollout, saying why.
+      const crowded = yield* Effect.flip(Train.run({
+        ...options,
+        output: join(dir, "crowded"),
+        config: { ...options.config, agent: { numChains: 2, renderTools: true, maxContextTokens: 96 } }
+      }))
+      assert.include(String((crowded as Error).message), "no prompt fits the context")
+      assert.include(String((crowded as Error).message), "tools' schemas")
+      assert.include(String((crowded as Error).message), "agent.renderTools: false")
+      assert.isFalse(existsSync(join(dir, "crowded", "metrics.jsonl")))
     }), 600_000)
 })
