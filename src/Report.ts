@@ -485,6 +485,33 @@ const decodeMetrics = Schema.decodeUnknownResult(Schema.fromJsonString(MetricsRe
 const decodeSample = Schema.decodeUnknownResult(Schema.fromJsonString(SampleRecord))
 
 /**
+ * A directory that holds no training run (no `metrics.jsonl`), or none at all: there is nothing to report.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class ReportError extends Schema.TaggedError<ReportError>()("ReportError", {
+  dir: Schema.String,
+  message: Schema.String
+}) {}
+
+/**
+ * Fails with {@link ReportError} unless `dir` holds a training run's `metrics.jsonl`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const requireRun = Effect.fn("Report.requireRun")(function*(dir: string) {
+  const fs = yield* FileSystem.FileSystem
+  if (yield* fs.exists(`${dir}/metrics.jsonl`)) return
+  const what = (yield* fs.exists(dir)) ? "holds no training run (no metrics.jsonl)" : "does not exist"
+  return yield* new ReportError({
+    dir,
+    message: `${dir} ${what}: give a run's output directory (its config's output, or the --output it ran with)`
+  })
+})
+
+/**
  * Reads a run directory's `metrics.jsonl` and `samples.jsonl` (a missing file reads as empty; invalid lines, such
  * as a torn last line after a crash, are skipped).
  *

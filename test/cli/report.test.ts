@@ -1,6 +1,6 @@
 import { assert, describe, it } from "@effect/vitest"
-import { execFileSync } from "node:child_process"
-import { mkdtempSync, readFileSync, writeFileSync } from "node:fs"
+import { execFileSync, spawnSync } from "node:child_process"
+import { existsSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join, resolve } from "node:path"
 
@@ -25,5 +25,20 @@ describe("agentfly report", () => {
     const html = readFileSync(join(dir, "report.html"), "utf8")
     assert.include(html, "<svg")
     assert.include(html, "No sampled trajectories were recorded.")
+  })
+
+  it("a folder without a run, or no folder, is refused with a sentence and exit code 1", () => {
+    const empty = mkdtempSync(join(tmpdir(), "report-empty-"))
+    for (const [dir, says] of [[empty, "holds no training run"], [join(empty, "nope"), "does not exist"]] as const) {
+      const result = spawnSync(process.execPath, ["--import", "tsx", "cli/main.ts", "report", dir], {
+        cwd: root,
+        encoding: "utf8",
+        timeout: 60_000
+      })
+      assert.strictEqual(result.status, 1)
+      assert.include(result.stderr, says)
+      assert.notInclude(result.stderr, "PlatformError")
+    }
+    assert.isFalse(existsSync(join(empty, "report.html")))
   })
 })
