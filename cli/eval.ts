@@ -65,8 +65,11 @@ const usage = (message: string) =>
 /**
  * A run's checkpoint, loaded (its tensors, finite values and saved fingerprint checked by `Checkpoint.load`) and, when
  * it sits in a run (`RUN/checkpoints/NAME` beside `RUN/journal.jsonl`), checked against the journal's fingerprint.
+ *
+ * @category constructors
+ * @since 0.1.0
  */
-const verifiedCheckpoint = Effect.fnUntraced(function*(
+export const verifiedCheckpoint = Effect.fnUntraced(function*(
   dir: string,
   expected: ReadonlyArray<{ readonly name: string; readonly shape: ReadonlyArray<number> }>
 ) {

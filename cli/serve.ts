@@ -1,6 +1,8 @@
 /**
- * `agentfly serve --model-dir DIR [--host 127.0.0.1] [--port 8000] [limits…]`: serves a model folder over an
- * OpenAI-compatible HTTP API (see `actors/OpenAiServer.ts`) until interrupted.
+ * `agentfly serve --model-dir DIR [--checkpoint RUN/checkpoints/step-NNNNNN] [--host 127.0.0.1] [--port 8000]
+ * [limits…]`: serves a model folder over an OpenAI-compatible HTTP API (see `actors/OpenAiServer.ts`) until
+ * interrupted; with `--checkpoint`, the folder's model with a training run's weights at that checkpoint (checked as
+ * `agentfly eval --checkpoint` checks them).
  *
  * The limits are `OpenAiServer.Options` with the same defaults: `--max-body-bytes`, `--max-prompts` (per
  * `/v1/completions` request), `--max-request-tokens` (prompt tokens plus `max_tokens` per prompt, summed over a
@@ -9,11 +11,14 @@
  *
  * @since 0.1.0
  */
-import { Console, Effect } from "effect"
+import { Console, Effect, Option } from "effect"
 import { Command, Flag } from "effect/cli"
 import * as OpenAiServer from "../actors/OpenAiServer.ts"
 import * as PolicyEngine from "../actors/PolicyEngine.ts"
+import * as Qwen2 from "../src/model/Qwen2.ts"
 import * as ModelFolder from "../src/ModelFolder.ts"
+import { verifiedCheckpoint } from "./eval.ts"
+import { exitOnFailure } from "./train.ts"
 
 /** A positive integer flag with a default. */
 const count = (name: string, description: string, value: number) =>
@@ -32,6 +37,10 @@ export const serve = Command.make(
   {
     modelDir: Flag.Directory("model-dir", { mustExist: true }).pipe(
       Flag.withDescription("A model folder: config.json, model.safetensors, tokenizer.json, tokenizer_config.json")
+    ),
+    checkpoint: Flag.Directory("checkpoint").pipe(
+      Flag.withDescription("Serve a training run's weights at this checkpoint (RUN/checkpoints/step-NNNNNN)"),
+      Flag.optional
     ),
     host: Flag.String("host").pipe(Flag.withDescription("Address to listen on"), Flag.withDefault("127.0.0.1")),
     port: Flag.Int("port").pipe(
@@ -55,18 +64,24 @@ export const serve = Command.make(
       OpenAiServer.defaults.maxRunningPerRequest
     )
   },
-  Effect.fn("serve")(function*({ modelDir, host, port, maxBatchSize, threads, ...limits }) {
+  Effect.fn("serve")(function*({ modelDir, checkpoint, host, port, maxBatchSize, threads, ...limits }) {
     const folder = yield* ModelFolder.load(modelDir)
+    const from = Option.getOrUndefined(checkpoint)
     const engine = yield* PolicyEngine.make({
       config: folder.config,
-      weights: folder.weights,
+      weights: from === undefined
+        ? folder.weights
+        : yield* verifiedCheckpoint(from, Qwen2.parameters(folder.config)),
       maxBatchSize,
       intraOpNumThreads: threads
     })
     const server = yield* OpenAiServer.make(folder, { host, port, maxRunning: maxBatchSize, ...limits }).pipe(
       Effect.provideService(PolicyEngine.PolicyEngine, engine)
     )
-    yield* Console.log(`serving ${folder.name} (qwen2, vocab ${folder.config.vocabSize}) at ${server.baseUrl}`)
+    yield* Console.log(
+      `serving ${folder.name}${from === undefined ? "" : ` with the weights of ${from}`} (qwen2, vocab ` +
+        `${folder.config.vocabSize}) at ${server.baseUrl}`
+    )
     return yield* Effect.never
-  }, Effect.scoped)
+  }, Effect.scoped, exitOnFailure)
 ).pipe(Command.withDescription("Serve a model folder over an OpenAI-compatible HTTP API"))

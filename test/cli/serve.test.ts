@@ -2,10 +2,13 @@ import * as NodeServices from "@effect/platform-node/NodeServices"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { spawn, spawnSync } from "node:child_process"
-import { mkdtempSync } from "node:fs"
+import { cpSync, mkdtempSync, truncateSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { dirname, join, resolve } from "node:path"
 import { fileURLToPath } from "node:url"
+import * as Train from "../../actors/Train.ts"
+import * as Generate from "../../examples/guess/generate.ts"
+import { task } from "../../examples/guess/task.ts"
 import * as ModelFolder from "../../src/ModelFolder.ts"
 
 const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), "../..")
@@ -75,4 +78,46 @@ describe("agentfly serve", () => {
       assert.notStrictEqual(bad.status, 0)
       assert.include(bad.stdout + bad.stderr, "--max-running-per-request must be at least 1, got 0")
     }), { timeout: 120_000 })
+
+  it.live("--checkpoint serves a training run's weights at that checkpoint; a corrupt one exits with its reason", () =>
+    Effect.gen(function*() {
+      const dir = mkdtempSync(join(tmpdir(), "agentfly-serve-ckpt-"))
+      yield* Generate.write(
+        { dir: join(dir, "data"), seed: 3, train: 8, heldOut: 2, validation: 0, demos: 0, noise: 0 },
+        task.defaults.systemPrompt!
+      ).pipe(Effect.provide(NodeServices.layer))
+      yield* Train.run({
+        task,
+        dir,
+        config: {
+          output: "run",
+          model: { path: "model", preset: "tiny", initSeed: 1 },
+          data: { train: "data/train.jsonl" },
+          agent: { numChains: 2 },
+          algorithm: { steps: 2, groupsPerStep: 2, lr: 0.01, advantage: "reinforce++", entropyCoef: 0.01 }
+        },
+        write: () => {},
+        tty: false
+      })
+      const checkpoint = join(dir, "run", "checkpoints", "step-000002")
+      const request = { prompt: [30, 31, 32], max_tokens: 4, temperature: 1, seed: 0, logprobs: 1 }
+      const logprobs = (args: ReadonlyArray<string>) =>
+        serving(["--model-dir", join(dir, "model"), "--port", "0", ...args], (url) =>
+          post(`${url}/completions`, request).then((r) => r.json.choices[0].logprobs.token_logprobs as Array<number>))
+      const initial = yield* logprobs([])
+      const trained = yield* logprobs(["--checkpoint", checkpoint])
+      assert.notDeepEqual(trained, initial, "the checkpoint's weights, not the folder's")
+      assert.deepStrictEqual(yield* logprobs(["--checkpoint", checkpoint]), trained)
+
+      const broken = join(dir, "broken")
+      cpSync(checkpoint, broken, { recursive: true })
+      truncateSync(join(broken, "model.safetensors"), 100)
+      const bad = spawnSync(tsx, [main, "serve", "--model-dir", join(dir, "model"), "--checkpoint", broken], {
+        cwd: repoRoot,
+        encoding: "utf8",
+        timeout: 60_000
+      })
+      assert.strictEqual(bad.status, 1)
+      assert.include(bad.stderr, "model.safetensors")
+    }), { timeout: 180_000 })
 })
