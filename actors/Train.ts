@@ -29,6 +29,7 @@
  */
 import * as NodeServices from "@effect/platform-node/NodeServices"
 import { Effect, FileSystem, Path } from "effect"
+import type { PlatformError } from "effect"
 import type { Scope } from "effect"
 import * as Dataset from "../src/Dataset.ts"
 import * as DiskFull from "../src/internal/diskFull.ts"
@@ -115,7 +116,8 @@ export interface RunOptions {
  */
 export interface Options extends RunOptions, Overrides {
   readonly task: Task.Any
-  readonly config: unknown
+  /** The config as a config file holds it (type-checked: a misspelt key does not compile). */
+  readonly config: TrainConfig.Input
   readonly dir?: string | undefined
 }
 
@@ -132,12 +134,27 @@ export interface Result {
 }
 
 /**
+ * Why a run stops: a config that cannot be used, a bad dataset row, a model folder that cannot be read or made, a
+ * trainer failure (rollouts, the learner, a checkpoint, the journal, no step trained, ...), a file system failure
+ * around them (an output directory that cannot be written).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export type Failure =
+  | TrainConfig.ConfigError
+  | Dataset.DatasetError
+  | ModelFolder.ModelFolderError
+  | Trainer.TrainerError
+  | PlatformError.PlatformError
+
+/**
  * Trains a task from its config, in one call (see the module docs).
  *
  * @category constructors
  * @since 0.1.0
  */
-export const run = (options: Options): Effect.Effect<Result, unknown> =>
+export const run = (options: Options): Effect.Effect<Result, Failure> =>
   Effect.gen(function*() {
     const path = yield* Path.Path
     const config = yield* configOf(options.task, {
@@ -164,7 +181,7 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
   task: Task.Any,
   requested: TrainConfig.TrainConfig,
   options: RunOptions = {}
-): Effect.fn.Return<Result, unknown, FileSystem.FileSystem | Path.Path | Scope.Scope> {
+): Effect.fn.Return<Result, Failure, FileSystem.FileSystem | Path.Path | Scope.Scope> {
   const fs = yield* FileSystem.FileSystem
   const path = yield* Path.Path
   const write = options.write ?? ((text: string) => void process.stderr.write(text))
@@ -179,8 +196,8 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
           source: "config",
           reason: "Invalid",
           issues: [
-            `output: ${requested.output} already holds a run (${file}): resume it (--resume), start over in it ` +
-            `(--overwrite: its files are replaced), or give another output directory (--output)`
+            `output: ${requested.output} already holds a run (${file}): resume it (--resume; in code resume: true), ` +
+            `start over in it (--overwrite; overwrite: true; its files are replaced), or give another output directory`
           ]
         })
       }
@@ -266,9 +283,10 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
   const evals = records.filter((m) => m.phase === "eval")
   const heldOut = heldOutLine(evals[0], evals.at(-1))
   if (heldOut !== undefined) yield* say(heldOut)
+  const skipped = steps.size - trained
   yield* say(
     `trained ${trained} of ${steps.size} steps` +
-      (steps.size > trained ? ` (${steps.size - trained} skipped: no learning signal, every group's rewards equal)` : "")
+      (skipped > 0 ? ` (${skipped} skipped: no learning signal, every group's rewards equal)` : "")
   )
   yield* say(`report: ${report}`)
   if (trained === 0 && steps.size > 0) {
@@ -294,8 +312,10 @@ const heldOutLine = (first: EvalRecord | undefined, last: EvalRecord | undefined
   const gain = before === undefined || after === undefined || afterSe === undefined || afterSe === 0 ||
       last === first
     ? ""
-    : ` (gain ${after >= before ? "+" : ""}${(after - before).toFixed(3)}, ${((after - before) / afterSe).toFixed(1)} SE)`
+    : ` (gain ${after >= before ? "+" : ""}${(after - before).toFixed(3)}, ` +
+      `${((after - before) / afterSe).toFixed(1)} SE)`
   return `held-out accuracy ${f(before)}${se(first.figures["eval/accuracy_se"])} (step ${first.step}) → ` +
     `${f(after)}${se(afterSe)} (step ${last.step})${gain}; invalid tool-call rate ` +
     `${f(first.figures["eval/invalid_tool_call_rate"])} → ${f(last.figures["eval/invalid_tool_call_rate"])}`
 }
+

@@ -290,6 +290,15 @@ export const TrainConfig = Schema.Struct({
 })
 export type TrainConfig = typeof TrainConfig.Type
 
+/**
+ * A config as written (a config file's object, or one built in code): what {@link decode} takes, every default
+ * left out. Typing a config in code with it catches a misspelt key at compile time.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type Input = typeof TrainConfig.Encoded
+
 // ===== Errors =====
 
 /**

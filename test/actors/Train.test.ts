@@ -15,7 +15,7 @@ import { task } from "../../examples/guess/task.ts"
 import * as TrainConfig from "../../src/TrainConfig.ts"
 
 describe("Train.run", () => {
-  it.live("one call trains a task from a plain config; the task's defaults fill the agent keys; no silent replace", () =>
+  it.live("one call trains a task from a config; the task's defaults fill the agent keys; no silent replace", () =>
     Effect.gen(function*() {
       const dir = mkdtempSync(join(tmpdir(), "train-run-"))
       yield* Generate.write(
@@ -23,7 +23,7 @@ describe("Train.run", () => {
         task.defaults.systemPrompt!
       ).pipe(Effect.provide(NodeServices.layer))
       const lines: Array<string> = []
-      const options = {
+      const options: Train.Options = {
         task,
         dir,
         // Paths relative to `dir`; nothing under `agent` but the chain count: the rest comes from the task.
@@ -74,6 +74,11 @@ describe("Train.run", () => {
       // Asked to start over, it does.
       const again = yield* Train.run({ ...options, overwrite: true })
       assert.strictEqual(again.summary.steps, first.summary.steps)
+
+      // A config in code is typed: a misspelt key does not compile.
+      // @ts-expect-error: `stepz` is not a key of `algorithm`
+      const typo: TrainConfig.Input = { ...options.config, algorithm: { stepz: 2 } }
+      assert.isDefined(typo)
 
       // Prompts that fill the context (here the tools' schemas) stop the run before any rollout, saying why.
       const crowded = yield* Effect.flip(Train.run({

@@ -156,7 +156,7 @@ describe("agentfly train", () => {
       writeFileSync(join(dir, "unset.json"), JSON.stringify({
         ...base,
         data: { train: "ok.jsonl" },
-        agent: { numChains: 2, maxNewTokens: 8 },
+        agent: { numChains: 2, maxNewTokens: 8, renderTools: false },
         algorithm: { steps: 1, groupsPerStep: 1 }
       }))
       const unset = yield* train([join(dir, "unset.json")])
@@ -167,5 +167,19 @@ describe("agentfly train", () => {
       assert.include(unset.output, "no step trained")
       const recorded = JSON.parse(readFileSync(join(dir, "run", "config.json"), "utf8"))
       assert.strictEqual(recorded.agent.maxContextTokens, 512)
+
+      // With the calculator's tool schemas rendered, no prompt fits the 512 positions: refused before any rollout
+      // (it used to run and report only that every group's rewards were equal).
+      writeFileSync(join(dir, "crowded.json"), JSON.stringify({
+        ...base,
+        output: "crowded",
+        data: { train: "ok.jsonl" },
+        agent: { numChains: 2, maxNewTokens: 8 },
+        algorithm: { steps: 1, groupsPerStep: 1 }
+      }))
+      const crowded = yield* train([join(dir, "crowded.json")])
+      assert.strictEqual(crowded.code, 1, crowded.output)
+      assert.include(crowded.output, "no prompt fits the context")
+      assert.include(crowded.output, "agent.renderTools: false")
     }).pipe(Effect.provide(NodeServices.layer)), 300_000) // five CLI starts: ~25 s quiet, 165 s at load 10
 })
