@@ -374,9 +374,15 @@ const sourceColours: Record<string, string> = {
   template: "#dbeafe"
 }
 
-/** Makes whitespace and control characters of a token visible without changing its meaning. */
+/**
+ * Makes whitespace and control characters of a token visible without changing its meaning: other C0 controls and
+ * DEL (a byte-level policy samples them; HTML does not allow them in text) as their Unicode control pictures (␛).
+ */
 const showToken = (token: string): string =>
-  escape(token).replace(/\n/g, "↵\n").replace(/\t/g, "→").replace(/ /g, "&#183;")
+  escape(token).replace(/\n/g, "↵\n").replace(/\t/g, "→").replace(/ /g, "&#183;").replace(
+    /[\u0000-\u0008\u000b-\u001f\u007f]/g,
+    (c) => String.fromCharCode(c === "\u007f" ? 0x2421 : 0x2400 + c.charCodeAt(0))
+  )
 
 /**
  * The samples the viewer shows: those of at most `maxSteps` steps per phase, evenly spread and always including

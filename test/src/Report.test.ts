@@ -191,6 +191,16 @@ describe("Report", () => {
     assert.strictEqual(kept.filter((s) => s.phase === "eval").length, 2)
   })
 
+  it("shows a token's control characters as their control pictures: no raw control byte reaches the HTML", () => {
+    const { metrics, samples } = run()
+    const sample = { ...samples[0]!, spans: [{ source: "policy" as const, tokens: ["\u001b", "a\u0000b", "\u007f"] }] }
+    const html = Report.render({ title: "t", metrics, samples: [sample] })
+    assert.notMatch(html, /[\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f]/)
+    assert.include(html, "␛")
+    assert.include(html, "a␀b")
+    assert.include(html, "␡")
+  })
+
   it("escapes token text so a trajectory cannot inject markup", () => {
     const html = Report.render({ title: "t<x>", ...run() })
     assert.notInclude(html, "</script><b>")
