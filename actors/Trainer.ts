@@ -971,6 +971,13 @@ export const run: <RE = never>(
           } (warmup.stopAt.onMiss: "fail"; try more steps or another model.initSeed)`
       })
     }
+    if (stopAt !== undefined && !reached) {
+      yield* notice(
+        `the warm-up ran its ${warmup.steps} steps short of its target validation accuracy ${stopAt.accuracy} (` +
+          `${best === undefined ? "no check ran" : `best ${best.accuracy.toFixed(3)} at step ${best.step}`}); going ` +
+          `on to RL from its last step (warmup.stopAt.onMiss: "fail" stops a run here instead)`
+      )
+    }
     yield* journal.append({ kind: "warmup", steps: done }).pipe(Effect.mapError(io))
     yield* publish(0)
   }

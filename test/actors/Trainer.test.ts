@@ -201,7 +201,17 @@ describe("Trainer", () => {
       const unreachable = yield* setup({
         warmup: { data: "unused", steps: 7, batchSize: 2, stopAt: { data: "unused", accuracy: 1, every: 3 } }
       })
-      yield* runWith({ ...unreachable, validation: yield* rows(8, "validation"), task: neverCorrect })
+      const notices: Array<string> = []
+      yield* runWith({
+        ...unreachable,
+        validation: yield* rows(8, "validation"),
+        task: neverCorrect,
+        notice: (message) => Effect.sync(() => void notices.push(message))
+      })
+      // The miss is said, once, before RL goes on from the last warm-up step.
+      const said = notices.filter((n) => n.includes("short of its target validation accuracy 1"))
+      assert.strictEqual(said.length, 1, notices.join("\n"))
+      assert.include(said[0]!, "best 0.000 at step 3")
       const warmAll = (yield* Report.read(unreachable.config.output)).metrics.filter((m) => m.phase === "warmup")
       assert.deepStrictEqual(warmAll.map((m) => m.step), [1, 2, 3, 4, 5, 6, 7], "the cap: every step")
       assert.deepStrictEqual(warmAll.flatMap((m) => m.figures["warmup/validation_accuracy"] ?? []), [0, 0])
