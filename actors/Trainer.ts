@@ -1005,6 +1005,7 @@ export const run: <RE = never>(
   let trained = 0
   let skipped = 0
   let warnedCut = false
+  let warnedUnfit = false
   for (let step = point.step + 1; step <= lastStep; step++) {
     const t0 = yield* Clock.currentTimeMillis
     const batch = yield* Fiber.join(yield* Queue.take(batches))
@@ -1034,7 +1035,19 @@ export const run: <RE = never>(
           `are longer than that, raise agent.maxNewTokens`
       )
     }
-    const failures = infrastructureFailures(batch.groups.flatMap((g) => g.trajectories))
+    // Prompts that fill the context end their chains before a token: an agent function's prompts (its SDK's) are
+    // only known here, and a task's rows past the first ones `checkPromptsFit` read.
+    const trajectories = batch.groups.flatMap((g) => g.trajectories)
+    const unfit = trajectories.filter((t) => t.termination === "context_length" && t.metrics["tokens_generated"] === 0)
+    if (unfit.length > 0 && !warnedUnfit) {
+      warnedUnfit = true
+      yield* notice(
+        `step ${step}: ${unfit.length} of ${trajectories.length} chains ended before sampling a token: their prompt ` +
+          `(system prompt, messages, and the tools' schemas with agent.renderTools) fills agent.maxContextTokens ` +
+          `(${config.agent.maxContextTokens})`
+      )
+    }
+    const failures = infrastructureFailures(trajectories)
     if (failures.share > config.maxFailureShare) {
       const failed = { phase: "train" as const, step, elapsed: yield* elapsed, figures: rollout }
       yield* metrics.log({ ...failed, ...failureNote(batch.groups) }).pipe(Effect.mapError(io))

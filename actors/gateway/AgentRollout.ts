@@ -113,16 +113,21 @@ const score = (
   options: Options,
   recorder: Recorder.Recorder,
   trajectory: Trajectory.Trajectory,
+  /** What the function threw after its context ran out, if it did not return. */
+  thrown: string | undefined,
   explicit: { readonly score: AgentTask.Score; readonly source: "returned" | "posted" } | undefined
 ): Effect.Effect<Outcome, RolloutError.RolloutError> => {
   if (explicit !== undefined) return Effect.succeed({ trajectory: scored(trajectory, explicit.score, explicit.source), dropGroup: false })
   if (options.reward === undefined) {
+    const ended = thrown === undefined
+      ? "the agent function returned none"
+      : `the agent function failed after its context ran out (${thrown}) and returned none`
     return failed(
       options,
       recorder,
       new RolloutError.RolloutError({
         reason: "RewardFailed",
-        message: "no reward: the agent function returned none, none was posted, and the task has no reward",
+        message: `no reward: ${ended}, none was posted, and the task has no reward`,
         chainId: recorder.config.id
       })
     )
@@ -196,6 +201,7 @@ const episode = (
       options,
       recorder,
       trajectory,
+      result._tag === "Failure" ? result.failure.message : undefined,
       returned !== undefined
         ? { score: returned, source: "returned" }
         : posted !== undefined

@@ -255,6 +255,31 @@ describe("Trainer", () => {
       assert.notStrictEqual(a.fingerprint, c.fingerprint)
     }).pipe(Effect.provide(NodeServices.layer)))
 
+  it.effect("prompts that fill the context: none fits, the run stops before a rollout; some, it says so twice", () =>
+    Effect.gen(function*() {
+      const questions = (long: (i: number) => boolean) =>
+        Dataset.parse(
+          "train",
+          Array.from({ length: 10 }, (_, i) => JSON.stringify({ question: long(i) ? "x".repeat(200) : `train ${i}` }))
+            .join("\n")
+        )
+      const options = yield* setup({ agent: { numChains: 4, maxTurns: 2, maxNewTokens: 16, maxContextTokens: 60 } }, {
+        steps: 4
+      })
+      const notices: Array<string> = []
+      const notice = (m: string) => Effect.sync(() => void notices.push(m))
+      yield* run({ ...options, train: yield* questions((i) => i === 2), notice })
+      assert.isTrue(notices.some((n) => n.startsWith("1 of the first 10 rows' prompts fill agent.maxContextTokens (60")))
+      // Row 2 is in the first epoch's 10 rows: its chains end before a token, said at that step.
+      assert.strictEqual(notices.filter((n) => n.includes("ended before sampling a token")).length, 1, notices.join("\n"))
+
+      const crowded = yield* setup({ agent: { numChains: 4, maxTurns: 2, maxNewTokens: 16, maxContextTokens: 60 } })
+      const error = yield* Effect.flip(run({ ...crowded, train: yield* questions(() => true) }))
+      assert.strictEqual(error.reason, "Task")
+      assert.include(error.message, "no prompt fits the context: the first 10 rows' prompts are up to")
+      assert.isFalse(existsSync(join(crowded.config.output, "metrics.jsonl")), "nothing written")
+    }).pipe(Effect.provide(NodeServices.layer)))
+
   it.effect("a crash mid-run resumes from the last checkpoint: each step journaled once, same final weights", () =>
     Effect.gen(function*() {
       const reference = yield* run(yield* setup())
