@@ -292,11 +292,17 @@ const isCorrect = (t: Trajectory.Trajectory): boolean => {
   return metric !== undefined ? metric >= 1 : t.reward >= 1
 }
 
-/** A trajectory made a tool call that failed to parse or to run (an `is_error` observation), or errored. */
+/**
+ * A trajectory made a tool call that failed to parse or to run (an `is_error` observation, or a `tool_errors/<Reason>`
+ * count: an agent function's SDK reads a malformed call as text, and the gateway counts it), or errored.
+ */
 const hasInvalidCall = (t: Trajectory.Trajectory): boolean =>
-  t.termination === "error" || t.messages.some((m) => m.role === "tool" && m.is_error === true)
+  t.termination === "error" || t.messages.some((m) => m.role === "tool" && m.is_error === true) ||
+  Object.entries(t.metrics).some(([key, n]) => key.startsWith("tool_errors/") && n > 0)
 
-const toolNames = (runtime: TaskRuntime.TaskRuntime) => runtime.task.tools.map((t) => t.name)
+/** The task's tool names, to tell misspelt calls apart; none for an agent function, whose tools are its SDK's. */
+const toolNames = (runtime: TaskRuntime.TaskRuntime): ReadonlyArray<string> | undefined =>
+  AgentTask.isAgentTask(runtime.task) ? undefined : runtime.task.tools.map((t) => t.name)
 
 const mean = (xs: ReadonlyArray<number>): number => (xs.length === 0 ? 0 : xs.reduce((a, b) => a + b, 0) / xs.length)
 

@@ -55,6 +55,14 @@ describe("Trainer.rolloutFigures", () => {
     assert.strictEqual(figures["rollout/failures/RewardFailed"], 3)
   })
 
+  it("a call counted as a tool error (a gateway's malformed call the SDK read as text) makes the call invalid", () => {
+    const malformed = { ...answered("x"), metrics: { "tool_errors/ParseFailed": 1 } }
+    const none = { ...answered("x"), metrics: { "tool_errors/Timeout": 0 } }
+    const trajectories = [malformed, answered("x"), answered("x"), none]
+    const figures = Trainer.rolloutFigures([{ groupId: "g", rowIndex: 0, trajectories }], { prefix: "eval" })
+    assert.strictEqual(figures["eval/invalid_tool_call_rate"], 0.25)
+  })
+
   it("a reward's not-applicable verdicts are counted per step", () => {
     const unscored = { ...answered("x"), metrics: { "reward/judge/not_applicable": 1 } }
     const trajectories = [unscored, unscored, answered("x"), answered("x")]
