@@ -546,7 +546,19 @@ export const read = Effect.fn("TrainConfig.read")(function*(file: string) {
   const dir = path.dirname(absolute)
   if ([".ts", ".mts", ".js", ".mjs"].includes(extension)) {
     const exports = yield* readModule(absolute)
-    return { file, dir, raw: exports["default"] ?? exports["config"], exports } satisfies Source
+    const raw = exports["default"] ?? exports["config"]
+    if (raw === undefined) {
+      // A task module without a config: say that, not every key the missing config would have had.
+      return yield* new ConfigError({
+        source: file,
+        reason: "Invalid",
+        issues: [
+          `the module exports no config (a default export or \`export const config\`)` +
+          (exports["task"] === undefined ? "" : `; to train its task, name the module from a config: "task": "${file}"`)
+        ]
+      })
+    }
+    return { file, dir, raw, exports } satisfies Source
   }
   if ([".json", ".yaml", ".yml"].includes(extension)) {
     const text = yield* fs.readFileString(absolute).pipe(

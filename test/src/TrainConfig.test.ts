@@ -162,5 +162,10 @@ describe("TrainConfig", () => {
       assert.strictEqual((yield* failure(TrainConfig.load(join(dir, "dup.yaml")))).reason, "Syntax")
       assert.strictEqual((yield* failure(TrainConfig.load(join(dir, "x.toml")))).reason, "UnsupportedFormat")
       assert.strictEqual((yield* failure(TrainConfig.load(join(dir, "none.json")))).reason, "Unreadable")
+      // A task module without a config says so, and how to train its task.
+      writeFileSync(join(dir, "task.mjs"), "export const task = {}\n")
+      const bare = yield* failure(TrainConfig.load(join(dir, "task.mjs")))
+      assert.include(bare.message, "the module exports no config")
+      assert.include(bare.message, `"task": "${join(dir, "task.mjs")}"`)
     }).pipe(Effect.provide(NodeServices.layer)))
 })
