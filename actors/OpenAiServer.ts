@@ -408,8 +408,19 @@ const samplerError = (e: { readonly reason: string; readonly message: string }) 
 const parseArguments = (args: string): unknown =>
   Option.getOrElse(Schema.decodeUnknownOption(Schema.fromJsonString(Schema.Unknown))(args), () => args)
 
+const roles = ["system", "user", "assistant", "tool"]
+
 /** OpenAI messages → our Message schema: tool-call arguments arrive as JSON strings. */
 const conversation = (body: typeof ChatCompletionRequest.Type) => {
+  // A role the API does not know is named as such, not as a mismatch with each of the union's members.
+  const badRole = body.messages.findIndex((m) => !roles.includes((m as { role?: unknown })?.role as string))
+  if (badRole !== -1) {
+    const role = (body.messages[badRole] as { role?: unknown })?.role
+    return Effect.fail(invalid(
+      `messages[${badRole}].role: expected "system", "user", "assistant" or "tool", got ${JSON.stringify(role)}`,
+      `messages[${badRole}].role`
+    ))
+  }
   const messages = body.messages.map((m) => {
     const calls = (m as { tool_calls?: unknown }).tool_calls
     if (!Array.isArray(calls)) return m

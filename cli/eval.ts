@@ -75,6 +75,19 @@ export const verifiedCheckpoint = Effect.fnUntraced(function*(
 ) {
   const fs = yield* FileSystem.FileSystem
   const path = yield* Path.Path
+  // A run's folder, or a path that is not there: say which checkpoints there are rather than a missing file's name.
+  const inRun = path.join(dir, "checkpoints")
+  if (!(yield* fs.exists(dir)) || (yield* fs.exists(inRun))) {
+    const names = (yield* fs.exists(inRun)) ? (yield* fs.readDirectory(inRun)).filter((n) => n.startsWith("step-")) : []
+    return yield* new Checkpoint.CheckpointError({
+      reason: "NotFound",
+      path: dir,
+      message: names.length === 0
+        ? `${dir}: no such checkpoint`
+        : `${dir} is a run's output directory: give one of its checkpoints, e.g. ` +
+          path.join(inRun, names.sort().at(-1)!)
+    })
+  }
   const loaded = yield* Checkpoint.load(dir, expected)
   const journalPath = path.join(path.dirname(path.dirname(path.resolve(dir))), "journal.jsonl")
   if (!(yield* fs.exists(journalPath))) return loaded.weights
@@ -152,7 +165,7 @@ export const evaluate = Command.make(
   "eval",
   {
     config: Argument.String("config").pipe(Argument.withDescription("A train config: .json, .yaml or .ts")),
-    checkpoint: Flag.Directory("checkpoint", { mustExist: true }).pipe(
+    checkpoint: Flag.Directory("checkpoint").pipe(
       Flag.withDescription("A run's checkpoint directory (default: the model folder's weights)"),
       Flag.optional
     ),

@@ -219,10 +219,10 @@ describe("OpenAiServer", () => {
         ["/chat/completions", JSON.stringify({ messages: [] }), "POST", 400, /messages/],
         [
           "/chat/completions",
-          JSON.stringify({ messages: [{ role: "wizard", content: 1 }] }),
+          JSON.stringify({ messages: [{ role: "user", content: "hi" }, { role: "wizard", content: 1 }] }),
           "POST",
           400,
-          /messages|role/
+          /^messages\[1\]\.role: expected "system", "user", "assistant" or "tool", got "wizard"$/
         ],
         ["/completions", "", "GET", 405, /use POST/],
         ["/nothing", "{}", "POST", 404, /no route/]
