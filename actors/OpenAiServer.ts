@@ -98,6 +98,12 @@ export interface Options {
    * 5–7× at 32; the lone large request decoded at roughly 40–90 % of its whole-batch rate at 6 (`bench/server.ts`).
    */
   readonly maxRunningPerRequest?: number
+  /**
+   * Render a chat request's `tools` into the prompt (default true). A policy trained with `agent.renderTools: false`
+   * learned its tools from demonstrations and never saw their schemas: serve it with false, and its tool calls are
+   * still parsed against the request's `tools`.
+   */
+  readonly renderTools?: boolean
 }
 
 /**
@@ -679,7 +685,8 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
     const body = yield* decode(ChatCompletionRequest, raw)
     const sampling = yield* samplingOf(model, config, body, true)
     const { messages, tools } = yield* conversation(body)
-    const text = yield* model.template.render(messages, { addGenerationPrompt: true, tools }).pipe(
+    const rendered = options.renderTools === false ? [] : tools
+    const text = yield* model.template.render(messages, { addGenerationPrompt: true, tools: rendered }).pipe(
       Effect.mapError((e) => invalid(e.message, "messages"))
     )
     const ids = yield* encodePrompt(text, limits.maxRequestTokens - asked(config, sampling, 0), "messages")

@@ -42,6 +42,13 @@ export const serve = Command.make(
       Flag.withDescription("Serve a training run's weights at this checkpoint (RUN/checkpoints/step-NNNNNN)"),
       Flag.optional
     ),
+    omitToolSchemas: Flag.Boolean("omit-tool-schemas").pipe(
+      Flag.withDescription(
+        "Leave a chat request's tools out of the prompt (a policy trained with agent.renderTools: false); its tool " +
+          "calls are still parsed"
+      ),
+      Flag.withDefault(false)
+    ),
     host: Flag.String("host").pipe(Flag.withDescription("Address to listen on"), Flag.withDefault("127.0.0.1")),
     port: Flag.Int("port").pipe(
       Flag.withDescription("Port to listen on (0: any free port)"),
@@ -64,7 +71,7 @@ export const serve = Command.make(
       OpenAiServer.defaults.maxRunningPerRequest
     )
   },
-  Effect.fn("serve")(function*({ modelDir, checkpoint, host, port, maxBatchSize, threads, ...limits }) {
+  Effect.fn("serve")(function*({ modelDir, checkpoint, omitToolSchemas, host, port, maxBatchSize, threads, ...rest }) {
     const folder = yield* ModelFolder.load(modelDir)
     const from = Option.getOrUndefined(checkpoint)
     const engine = yield* PolicyEngine.make({
@@ -75,7 +82,8 @@ export const serve = Command.make(
       maxBatchSize,
       intraOpNumThreads: threads
     })
-    const server = yield* OpenAiServer.make(folder, { host, port, maxRunning: maxBatchSize, ...limits }).pipe(
+    const options = { host, port, maxRunning: maxBatchSize, renderTools: !omitToolSchemas, ...rest }
+    const server = yield* OpenAiServer.make(folder, options).pipe(
       Effect.provideService(PolicyEngine.PolicyEngine, engine)
     )
     yield* Console.log(

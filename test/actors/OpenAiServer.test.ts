@@ -202,6 +202,22 @@ describe("OpenAiServer", () => {
       assert.strictEqual(calls.length, 1)
       assert.deepStrictEqual(JSON.parse(calls[0]!.function!.arguments!), { a: 2, b: 3 })
       assert.strictEqual(chunks.at(-1)!.choices[0]!.finish_reason, "tool_calls")
+
+      // A policy trained without the tools' schemas is served without them; its calls are still parsed.
+      const quiet = yield* OpenAiServer.make(folder, { renderTools: false }).pipe(
+        Effect.provideService(PolicyEngine, scripted(folder, output))
+      )
+      const quietClient = new OpenAI({ baseURL: quiet.baseUrl, apiKey: "unused", maxRetries: 0 })
+      const without = yield* Effect.promise(() =>
+        quietClient.chat.completions.create({ model: "tiny-test", messages, tools })
+      )
+      const promptOf = (r: unknown) =>
+        folder.tokenizer.decode((r as { prompt_token_ids: Array<number> }).prompt_token_ids)
+      assert.include(promptOf(plain), "# Tools")
+      assert.notInclude(promptOf(without), "# Tools")
+      const quietCall = without.choices[0]!.message.tool_calls![0]! as { function: { name: string; arguments: string } }
+      assert.strictEqual(quietCall.function.name, "add")
+      assert.deepStrictEqual(JSON.parse(quietCall.function.arguments), { a: 2, b: 3 })
     })))
 
   it.live("bad requests get OpenAI-style 4xx error bodies and the server keeps serving", () =>
