@@ -514,6 +514,16 @@ export interface TokenCodec {
 export const truncationMarker = (dropped: number, unit: "characters" | "tokens"): string =>
   `\n[... truncated: ${dropped} more ${unit}]`
 
+/** A character marker written upstream (a sandbox cutting its output first, in the same words). */
+const upstreamMarker = /\n\[\.\.\. truncated: (\d+) more characters\]/g
+
+/** The characters of the original that `text` stands for: its own, with each upstream marker read as what it cut. */
+const originalLength = (text: string): number => {
+  let n = text.length
+  for (const m of text.matchAll(upstreamMarker)) n += Number(m[1]) - m[0].length
+  return n
+}
+
 /** Cuts `text` to `keep` UTF-16 units without splitting a surrogate pair. */
 const cutChars = (text: string, keep: number): string => {
   const code = text.charCodeAt(keep - 1)
@@ -522,7 +532,9 @@ const cutChars = (text: string, keep: number): string => {
 
 /**
  * Truncates an observation to a budget of characters and/or tokens. The result, marker included, fits the
- * budget; it ends with {@link truncationMarker} exactly when something was cut.
+ * budget; it ends with {@link truncationMarker} exactly when something was cut. The character count includes what an
+ * upstream cut in the dropped part had already removed (a sandbox that truncated its output with the same marker):
+ * the policy is told how much of the original it does not see.
  *
  * @category combinators
  * @since 0.1.0
@@ -535,9 +547,10 @@ export const truncate = (
   let out = text
   let truncated = false
   if (budget.chars !== undefined && out.length > budget.chars) {
-    const room = Math.max(0, budget.chars - truncationMarker(out.length, "characters").length)
+    // The whole text's original length bounds the count, so the marker's room is never short of its digits.
+    const room = Math.max(0, budget.chars - truncationMarker(originalLength(out), "characters").length)
     const head = cutChars(out, room)
-    out = head + truncationMarker(out.length - head.length, "characters")
+    out = head + truncationMarker(originalLength(out.slice(head.length)), "characters")
     if (out.length > budget.chars) out = out.slice(0, budget.chars) // budget smaller than the marker itself
     truncated = true
   }

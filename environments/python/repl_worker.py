@@ -58,7 +58,8 @@ class Capture:
     def text(self):
         body = "".join(self.parts)
         if self.total > self.kept:
-            body += "\n...[truncated %d characters]" % (self.total - self.kept)
+            # The tool's own cut (src/Tool.ts truncate) reads this marker and adds its count to its own.
+            body += "\n[... truncated: %d more characters]" % (self.total - self.kept)
         return body
 
 

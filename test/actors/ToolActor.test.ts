@@ -198,6 +198,11 @@ describe("ToolActor", () => {
         assert.isTrue(turn.results[0]!.truncated)
         assert.strictEqual(turn.messages[1]!.content, "short")
         assert.strictEqual((yield* actor.metrics)["tool/long/truncated"], 1)
+        // A text an upstream already cut (a sandbox's marker): the count is of the original's characters.
+        const cut = Tool.truncate("y".repeat(500) + Tool.truncationMarker(9_999_500, "characters"), { chars: 100 })
+        assert.isAtMost(cut.text.length, 100)
+        const kept = cut.text.length - cut.text.replace(/^y+/, "").length
+        assert.strictEqual(kept + Number(/(\d+) more/.exec(cut.text)![1]), 10_000_000)
       }))
 
     it("fits any text into any character budget (property)", async () => {
