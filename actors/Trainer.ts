@@ -820,6 +820,8 @@ export const run: <RE = never>(
       `resuming from ${resumeFrom.path} (step ${resumeFrom.step}), the newest intact checkpoint; refused: ` +
         refused.join("; ")
     )
+  } else if (resumeFrom !== undefined) {
+    yield* notice(`resuming ${out} from ${resumeFrom.path} (step ${resumeFrom.step})`)
   }
   const point = Journal.resumePoint(existing, (c) => c === resumeFrom)
   const journal = yield* Journal.open(`${out}/journal.jsonl`, { cutAt: point.cutAt }).pipe(Effect.mapError(io))

@@ -369,6 +369,7 @@ describe("Trainer", () => {
       assert.strictEqual(forced.fromStep, 3)
       assert.include(notices[0], "resuming")
       assert.include(notices[0], "seed: 3 → 4")
+      assert.include(notices[1], `resuming ${options.config.output} from step-000003 (step 3)`)
       // The forced config is the run's now: resuming again with it is no change.
       const again = yield* run({ ...changed })
       assert.strictEqual(again.fromStep, 8)
