@@ -149,7 +149,9 @@ export const run = Effect.fn("cli.eval")(function*(
   }
   const write = options.write ?? ((text: string) => void process.stdout.write(text))
   write(
-    `${result.weights}: held-out accuracy ${figures["eval/accuracy"]!.toFixed(3)}, invalid tool-call rate ` +
+    `${options.checkpoint === undefined ? `${result.weights} (the model folder's own weights, not a run's: ` +
+      `--checkpoint RUN/checkpoints/step-N for those)` : result.weights}: held-out accuracy ` +
+      `${figures["eval/accuracy"]!.toFixed(3)}, invalid tool-call rate ` +
       `${figures["eval/invalid_tool_call_rate"]!.toFixed(3)} (${result.questions} questions × ${result.samples}, ` +
       `${result.temperature === 0 ? "greedy" : `temperature ${result.temperature}`}, seed ${result.seed})\n`
   )

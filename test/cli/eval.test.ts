@@ -54,7 +54,9 @@ describe("agentfly eval", () => {
       assert.notDeepEqual(reseeded.figures, last.figures)
       const more = yield* Eval.run({ config: join(dir, "config.json"), checkpoint, samples: 3, size: 4, ...quiet })
       assert.strictEqual(more.figures["eval/trajectories"], 12)
-      const initial = yield* Eval.run({ config: join(dir, "config.json"), ...quiet })
+      const initialLines: Array<string> = []
+      const initial = yield* Eval.run({ config: join(dir, "config.json"), write: (t) => initialLines.push(t) })
+      assert.include(initialLines.join(""), "model (the model folder's own weights, not a run's")
       assert.strictEqual(initial.weights, "model")
       assert.notDeepEqual(initial.figures, last.figures, "the checkpoint's weights, not the folder's")
 
