@@ -68,9 +68,10 @@ describe("agentfly eval", () => {
       assert.strictEqual((corrupt as { _tag: string })._tag, "CheckpointError")
       assert.include((corrupt as Error).message, "model.safetensors")
       // The run's folder in place of a checkpoint names its newest one; a path that is not there says so.
-      const folder = yield* Effect.flip(Eval.run({ config: join(dir, "config.json"), checkpoint: join(dir, "run"), ...quiet }))
+      const at = (path: string) => Effect.flip(Eval.run({ config: join(dir, "config.json"), checkpoint: path, ...quiet }))
+      const folder = yield* at(join(dir, "run"))
       assert.include((folder as Error).message, `give one of its checkpoints, e.g. ${checkpoint}`)
-      const nowhere = yield* Effect.flip(Eval.run({ config: join(dir, "config.json"), checkpoint: join(dir, "x"), ...quiet }))
+      const nowhere = yield* at(join(dir, "x"))
       assert.include((nowhere as Error).message, "no such checkpoint")
       const flag = yield* Effect.flip(Eval.run({ config: join(dir, "config.json"), samples: 0, ...quiet }))
       assert.include((flag as Error).message, "eval flags")
