@@ -373,6 +373,32 @@ const suggestion = (key: string, known: ReadonlyArray<string>): string => {
   return best !== undefined && best.d <= Math.max(2, Math.floor(key.length / 3)) ? ` (did you mean "${best.k}"?)` : ""
 }
 
+/** The dotted paths where the schema has a key named `key` (any depth): a key put in the wrong section. */
+const pathsOfKey = (ast: SchemaAST.AST, key: string): Array<string> => {
+  const found: Array<string> = []
+  const visit = (node: SchemaAST.AST, at: ReadonlyArray<string>, depth: number): void => {
+    if (depth > 4) return
+    for (const o of objectsIn(node)) {
+      for (const p of o.propertySignatures) {
+        const name = String(p.name)
+        if (name.toLowerCase() === key.toLowerCase()) found.push([...at, name].join("."))
+        visit(p.type, [...at, name], depth + 1)
+      }
+    }
+  }
+  visit(ast, [], 0)
+  return [...new Set(found)]
+}
+
+/** A same-section suggestion, else where a key of that name lives in the config. */
+const unknownKeyHint = (schema: Schema.Top, path: ReadonlyArray<PathKey>): string => {
+  const key = String(path.at(-1))
+  const near = suggestion(key, knownKeysAt(schema.ast, path.slice(0, -1)))
+  if (near !== "") return near
+  const elsewhere = pathsOfKey(schema.ast, key)
+  return elsewhere.length === 0 ? "" : ` (it belongs at ${elsewhere.map((p) => `"${p}"`).join(" or ")})`
+}
+
 const dotted = (path: ReadonlyArray<PathKey>): string =>
   path.length === 0 ? "(root)" : path.map((k) => (typeof k === "number" ? `[${k}]` : String(k))).join(".")
     .replace(/\.\[/g, "[")
@@ -398,10 +424,8 @@ export const formatIssues = (schema: Schema.Top, issue: SchemaIssue.Issue): Arra
         return node.issues.forEach((child) => walk(child, path))
       case "Encoding":
         return walk(node.issue, path)
-      case "UnexpectedKey": {
-        const key = String(path.at(-1))
-        return void out.push(`${dotted(path)}: unknown key${suggestion(key, knownKeysAt(schema.ast, path.slice(0, -1)))}`)
-      }
+      case "UnexpectedKey":
+        return void out.push(`${dotted(path)}: unknown key${unknownKeyHint(schema, path)}`)
       case "MissingKey":
         return void out.push(`${dotted(path)}: missing`)
       default:
