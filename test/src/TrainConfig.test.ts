@@ -64,7 +64,9 @@ describe("TrainConfig", () => {
   it.effect("a key in the wrong section names where it belongs", () =>
     Effect.gen(function*() {
       const error = yield* failure(TrainConfig.decode({ ...minimal, algorithm: { steps: 10, maxStaleness: 2 } }))
-      assert.deepStrictEqual([...error.issues], ["algorithm.maxStaleness: unknown key (it belongs at \"maxStaleness\")"])
+      assert.deepStrictEqual([...error.issues], [
+        "algorithm.maxStaleness: unknown key (it belongs at \"maxStaleness\")"
+      ])
     }))
 
   it.effect("wrong types, bad literals, out-of-range numbers and missing keys each name their path", () =>
