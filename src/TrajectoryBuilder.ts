@@ -394,21 +394,7 @@ export const appendObservations = Effect.fnUntraced(function*(
   // `next` starts with the text so far (compared in two parts: concatenating them would copy the whole text).
   if (startsWithText(next, builder.rendered) && startsWithText(next, builder.pending, builder.rendered.length)) {
     const suffix = next.slice(builder.rendered.length + builder.pending.length)
-    const spans = tokenizeWithSources(builder.tokenizer, suffix, observationRegions(suffix, observations), "template")
-    const result: TrajectoryBuilder = {
-      ...builder,
-      messages,
-      renderMessages,
-      segments: withOpenSegment(builder, (segment) => ({
-        spans: [...segment.spans, ...spans],
-        messageCount: messages.length
-      })),
-      awaitingObservation: false,
-      rendered: next,
-      pending: "",
-      promptOf: renderMessages
-    }
-    return result
+    return extended(builder, { messages, renderMessages, observations, suffix, rendered: next })
   }
   // The template rewrote history: close the open segment and start a new one from a fresh render. The new
   // segment's history (through the last end-of-turn before the observations) is its prompt.
@@ -473,7 +459,29 @@ const appendAfterSample = (
   const sampled = generation + builder.pending
   if (!startsWithText(written, sampled)) return undefined
   const suffix = written.slice(sampled.length)
-  const spans = tokenizeWithSources(builder.tokenizer, suffix, observationRegions(suffix, observations), "template")
+  return extended(builder, {
+    messages,
+    renderMessages,
+    observations,
+    suffix,
+    rendered: builder.rendered + builder.pending + suffix
+  })
+}
+
+/** The open segment extended by `suffix` (the observations and the template text around them), tokenized. */
+const extended = (
+  builder: TrajectoryBuilder,
+  next: {
+    readonly messages: ReadonlyArray<Message.Message>
+    readonly renderMessages: ReadonlyArray<Message.Message>
+    readonly observations: ReadonlyArray<Message.Message>
+    readonly suffix: string
+    /** The whole text so far: the render, or the text before plus `suffix`. */
+    readonly rendered: string
+  }
+): TrajectoryBuilder => {
+  const { messages, renderMessages, suffix } = next
+  const spans = tokenizeWithSources(builder.tokenizer, suffix, observationRegions(suffix, next.observations), "template")
   return {
     ...builder,
     messages,
@@ -483,7 +491,7 @@ const appendAfterSample = (
       messageCount: messages.length
     })),
     awaitingObservation: false,
-    rendered: builder.rendered + builder.pending + suffix,
+    rendered: next.rendered,
     pending: "",
     promptOf: renderMessages
   }
