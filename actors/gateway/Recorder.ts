@@ -421,7 +421,8 @@ const sampleChat = Effect.fnUntraced(function*(recorder: Recorder, thread: ChatT
   thread.toolCalls += calls.length
   if (turn.parseErrors.length > 0) thread.parseErrors++
   thread.lastFinish = finishReason
-  thread.contextEnded = !turn.complete && sampling.maxTokens < recorder.config.sampling.maxTokens
+  // Cut by the context budget only when the budget, not the request's own max_tokens, set the limit.
+  thread.contextEnded = !turn.complete && sampling.maxTokens >= remaining
   const answered: Wire.Turn = {
     content,
     toolCalls: calls,

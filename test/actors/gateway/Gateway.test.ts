@@ -102,6 +102,25 @@ describe("Gateway", () => {
       }
     }))
 
+  it.live("a turn cut by its request's max_tokens ends as stop; one cut by the context budget, context_length", () =>
+    Effect.gen(function*() {
+      const { open } = yield* setup(yield* scriptedSampler(3))
+      const ask = (baseURL: string, maxTokens: number) =>
+        Effect.tryPromise(() =>
+          client(baseURL).chat.completions.create({
+            model: "any",
+            messages: [{ role: "user", content: "What is 17*23?" }],
+            max_tokens: maxTokens
+          })
+        ).pipe(Effect.ignore)
+      const cut = yield* open("cut")
+      yield* ask(cut.baseURL, 2)
+      assert.strictEqual((yield* Recorder.trajectory(cut.recorder, { _tag: "Returned" })).termination, "stop")
+      const tight = yield* open("tight", { maxContextTokens: 120 })
+      yield* ask(tight.baseURL, 256)
+      assert.strictEqual((yield* Recorder.trajectory(tight.recorder, { _tag: "Returned" })).termination, "context_length")
+    }))
+
   it.live("parallel tool calls: two calls in one turn, unique ids, both results recorded as tool spans", () =>
     Effect.gen(function*() {
       const { open } = yield* setup(yield* scriptedSampler())
