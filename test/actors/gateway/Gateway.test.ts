@@ -118,7 +118,8 @@ describe("Gateway", () => {
       assert.strictEqual((yield* Recorder.trajectory(cut.recorder, { _tag: "Returned" })).termination, "stop")
       const tight = yield* open("tight", { maxContextTokens: 120 })
       yield* ask(tight.baseURL, 256)
-      assert.strictEqual((yield* Recorder.trajectory(tight.recorder, { _tag: "Returned" })).termination, "context_length")
+      const ended = yield* Recorder.trajectory(tight.recorder, { _tag: "Returned" })
+      assert.strictEqual(ended.termination, "context_length")
     }))
 
   it.live("parallel tool calls: two calls in one turn, unique ids, both results recorded as tool spans", () =>
