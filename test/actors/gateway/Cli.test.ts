@@ -105,5 +105,18 @@ describe("agentfly gateway", () => {
         fetch(`${url}/episodes/first`).then((r) => r.status)
       )
       assert.strictEqual(again, 404)
+      // `/end` takes no body (as `curl -X POST …/end` sends none).
+      yield* Effect.promise(() =>
+        new OpenAI({ baseURL: `${url}/episodes/short/v1`, apiKey: "x", maxRetries: 0 }).chat.completions.create({
+          model: "x",
+          messages: [{ role: "user", content: "Hi" }]
+        })
+      )
+      const ended = yield* Effect.promise(() =>
+        fetch(`${url}/episodes/short/end`, { method: "POST" }).then((r) => r.status)
+      )
+      assert.strictEqual(ended, 200)
+      assert.isTrue(yield* waitFor(() => lines(output).length === 3, 15_000), "the ended episode was written")
+      assert.strictEqual(lines(output)[2]!.trajectory.chainId, "short")
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 60_000)
 })
