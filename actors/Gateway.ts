@@ -285,13 +285,12 @@ export const make = Effect.fn("Gateway.make")(function*(options: Options = {}) {
   const completions = (entry: Entry, raw: unknown, res: Http.ServerResponse) =>
     Effect.gen(function*() {
       const body = yield* Wire.decodeCompletion(raw)
-      const { turn, text } = yield* Recorder.completion(entry.episode.recorder, body)
+      const { turn, text, promptTokenIds } = yield* Recorder.completion(entry.episode.recorder, body)
       const id = `cmpl-${++counters.ids}`
       const created = yield* now
       if (body.stream) yield* Wire.sendEvents(res, Wire.completionChunks(id, created, model, turn, text))
       else {
-        const prompt = typeof body.prompt === "string" ? [] : body.prompt
-        yield* Wire.sendJson(res, 200, Wire.textCompletion(id, created, model, turn, text, prompt, body.logprobs))
+        yield* Wire.sendJson(res, 200, Wire.textCompletion(id, created, model, turn, text, promptTokenIds, body.logprobs))
       }
     })
 

@@ -438,7 +438,8 @@ const sampleChat = Effect.fnUntraced(function*(recorder: Recorder, thread: ChatT
 // ===== Completions =====
 
 /**
- * Answers a `/v1/completions` request on a thread of token ids. Returns the turn and its text.
+ * Answers a `/v1/completions` request on a thread of token ids. Returns the turn, its text and the prompt's ids (a
+ * text prompt's, tokenized).
  *
  * @category constructors
  * @since 0.1.0
@@ -446,7 +447,10 @@ const sampleChat = Effect.fnUntraced(function*(recorder: Recorder, thread: ChatT
 export const completion = (
   recorder: Recorder,
   body: Wire.CompletionBody
-): Effect.Effect<{ readonly turn: Wire.Turn; readonly text: string }, Wire.ApiError> =>
+): Effect.Effect<
+  { readonly turn: Wire.Turn; readonly text: string; readonly promptTokenIds: ReadonlyArray<number> },
+  Wire.ApiError
+> =>
   Effect.suspend(() => {
     const tokenizer = recorder.config.tokenizer
     if (tokenizer === undefined) {
@@ -507,7 +511,8 @@ export const completion = (
             policyVersion: result.policyVersion,
             promptTokens: ids.length
           },
-          text: tokenizer.decode(shown)
+          text: tokenizer.decode(shown),
+          promptTokenIds: ids
         }
       })
     )

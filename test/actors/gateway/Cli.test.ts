@@ -78,6 +78,9 @@ describe("agentfly gateway", () => {
       assert.strictEqual(chat.usage?.completion_tokens, 16)
       const text = yield* Effect.promise(() => openai.completions.create({ model: "x", prompt: "Once upon", max_tokens: 8 }))
       assert.strictEqual((text.choices[0] as unknown as { token_ids: Array<number> }).token_ids.length, 8)
+      // A text prompt's ids, as the model read them (the byte tokenizer: one id per byte).
+      const promptIds = (text.choices[0] as unknown as { prompt_token_ids: Array<number> }).prompt_token_ids
+      assert.deepStrictEqual(promptIds, [..."Once upon"].map((c) => c.charCodeAt(0)))
       // An idle episode beside it.
       yield* Effect.promise(() =>
         new OpenAI({ baseURL: `${url}/episodes/idle/v1`, apiKey: "x", maxRetries: 0 }).chat.completions.create({
