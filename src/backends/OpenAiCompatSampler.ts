@@ -153,6 +153,15 @@ export const readChoice = (
 
 // ===== Transport =====
 
+/** A transport error's message with its cause's (`connect ECONNREFUSED 127.0.0.1:8009`): what a user must fix. */
+const transportMessage = (error: { readonly message: string; readonly cause?: unknown }): string => {
+  const cause = error.cause
+  const detail = cause instanceof Error
+    ? [(cause as { code?: unknown }).code, cause.message].filter((x) => typeof x === "string" && x !== "").join(": ")
+    : ""
+  return detail === "" || error.message.includes(detail) ? error.message : `${error.message}: ${detail}`
+}
+
 /**
  * Milliseconds to wait from an HTTP `Retry-After` value (delta-seconds or an HTTP date), given the current time.
  *
@@ -204,7 +213,7 @@ const makePost = Effect.fnUntraced(function*(config: Config) {
     )
     if (config.apiKey !== undefined) request = HttpClientRequest.bearerToken(request, Redacted.value(config.apiKey))
     const attempt = client.execute(request).pipe(
-      Effect.mapError((error) => new SamplerError({ reason: "Transport", message: String(error.message) })),
+      Effect.mapError((error) => new SamplerError({ reason: "Transport", message: transportMessage(error) })),
       Effect.flatMap((response: HttpClientResponse.HttpClientResponse) =>
         response.status >= 200 && response.status < 300
           ? Effect.flatMap(

@@ -229,6 +229,8 @@ describe("OpenAiCompatSampler (token mode)", () => {
       const sampler = yield* OpenAiCompatSampler.make({ baseUrl: server.baseUrl, model: "m", retries: 0 })
       const error = yield* Effect.flip(sampler.generate(request))
       assert.strictEqual(error.reason, "Transport")
+      // The cause a user must fix, not only that the transport failed.
+      assert.include(error.message, "ECONNREFUSED")
     })))
 })
 
