@@ -563,19 +563,24 @@ export const checkPromptsFit = Effect.fnUntraced(function*(
   const { config, runtime } = agent
   const budget = config.agent.maxContextTokens
   if (AgentTask.isAgentTask(runtime.task) || rows.length === 0 || budget === undefined) return
+  // A row the template cannot render is left to its chains' error policy (`TemplateFailed`), not judged here.
   const lengthOf = (row: Dataset.Row, tools: ReadonlyArray<unknown>) =>
-    Effect.map(
-      agent.format.start(Task.conversation(runtime.task, row, config.agent.systemPrompt), tools),
-      (transcript) => transcript.length()
-    ).pipe(Effect.mapError(fail("Task")))
-  const checked = rows.slice(0, sample)
-  const lengths = yield* Effect.forEach(checked, (row) => lengthOf(row, runtime.tools.schemas))
+    Effect.match(agent.format.start(Task.conversation(runtime.task, row, config.agent.systemPrompt), tools), {
+      onFailure: () => undefined,
+      onSuccess: (transcript) => transcript.length()
+    })
+  const rendered = yield* Effect.forEach(rows.slice(0, sample), (row) =>
+    Effect.map(lengthOf(row, runtime.tools.schemas), (length) => ({ row, length })))
+  const measured = rendered.flatMap((r) => (r.length === undefined ? [] : [{ row: r.row, length: r.length }]))
+  if (measured.length === 0) return
+  const checked = measured.map((r) => r.row)
+  const lengths = measured.map((r) => r.length)
   const over = lengths.filter((n) => n >= budget).length
   if (over === 0) return
   const longest = Math.max(...lengths)
   const schemas = runtime.tools.schemas.length === 0
     ? ""
-    : ` (the tools' schemas: ${longest - (yield* lengthOf(checked[lengths.indexOf(longest)]!, []))} of them)`
+    : ` (the tools' schemas: ${longest - ((yield* lengthOf(checked[lengths.indexOf(longest)]!, [])) ?? 0)} of them)`
   const ways = `shorten the system prompt or the questions` +
     (schemas === "" ? "" : `, set agent.renderTools: false (the policy then learns the tools from demonstrations)`) +
     `, or raise agent.maxContextTokens with a model whose context holds more`
