@@ -105,6 +105,8 @@ export interface RunOptions {
   /** Where progress lines go (default: stderr, as a bar on a terminal). */
   readonly write?: ((text: string) => void) | undefined
   readonly tty?: boolean | undefined
+  /** What a config error names as its source (`agentfly train` gives the config file; default `config`). */
+  readonly source?: string | undefined
 }
 
 /**
@@ -193,7 +195,7 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
     for (const file of runFiles) {
       if (yield* fs.exists(path.join(requested.output, file))) {
         return yield* new TrainConfig.ConfigError({
-          source: "config",
+          source: options.source ?? "config",
           reason: "Invalid",
           issues: [
             `output: ${requested.output} already holds a run (${file}): resume it (--resume; in code resume: true), ` +
@@ -226,7 +228,7 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
     const preset = requested.model.preset
     if (preset === undefined || !(preset in ModelConfig.presets)) {
       return yield* new TrainConfig.ConfigError({
-        source: "config",
+        source: options.source ?? "config",
         reason: "Invalid",
         issues: [`model.path ${requested.model.path} has no model and model.preset is not a known preset`]
       })

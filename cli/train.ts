@@ -34,7 +34,7 @@ export const run = Effect.fn("cli.train")(function*(
   options: RunOptions
 ): Effect.fn.Return<Train.Result, unknown, FileSystem.FileSystem | import("effect").Path.Path | Scope.Scope> {
   const { task, config } = yield* Setup.load(options.config, options)
-  return yield* Train.runConfig(task, config, options)
+  return yield* Train.runConfig(task, config, { ...options, source: options.config })
 })
 
 /**
