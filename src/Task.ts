@@ -35,6 +35,7 @@ import type * as Message from "./Message.ts"
 import type * as Reward from "./Reward.ts"
 import type * as RolloutError from "./RolloutError.ts"
 import type * as Tool from "./Tool.ts"
+import * as SchemaIssues from "./internal/schemaIssues.ts"
 import type * as Trajectory from "./Trajectory.ts"
 
 // ===== Models =====
@@ -298,7 +299,14 @@ export const withOptions = <S extends Schema.Top>(
     errors: "all"
   }).pipe(
     Effect.map(make),
-    Effect.mapError((e) => new TaskError({ task: name, reason: "Options", message: `task options: ${e.message}` }))
+    // As a config's keys are reported: `task options: redis: unknown key`, with a suggestion when one is near.
+    Effect.mapError((e) =>
+      new TaskError({
+        task: name,
+        reason: "Options",
+        message: `task options: ${SchemaIssues.formatIssues(schema, e.issue).join("; ")}`
+      })
+    )
   )
 
 // ===== Getters =====

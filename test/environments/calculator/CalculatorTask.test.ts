@@ -34,6 +34,8 @@ describe("the calculator task", () => {
       const badOption = yield* Effect.flip(resolve({ name: "calculator", options: { toolCallFormt: 1 } }))
       assert.strictEqual(badOption.reason, "Options")
       assert.include(badOption.message, "toolCallFormt")
+      // Reported as a config's keys are: the key, and the option it is near.
+      assert.include(badOption.message, `task options: toolCallFormt: unknown key (did you mean "toolCallFormat"?)`)
       const unknown = yield* Effect.flip(resolve("calculater"))
       assert.strictEqual(unknown.reason, "Unknown")
       assert.include(unknown.message, "built-in: calculator")
