@@ -1,7 +1,6 @@
 /**
  * Schema issues as one line per problem, `dotted.path: message`, with a suggestion for a mistyped key (a near key of
  * its section, or where a key of that name belongs): what a config file's and a task's options' errors print.
- *
  */
 import type { Schema } from "effect"
 import { SchemaAST, SchemaIssue } from "effect"
