@@ -748,7 +748,8 @@ export const run: <RE = never>(
     validation: yield* refine(input.validation)
   }
   const agentOf = yield* agent(options)
-  yield* checkPromptsFit(agentOf, options.train.rows, options.notice ?? ((message) => Effect.logWarning(message)))
+  const notice = options.notice ?? ((message: string) => Effect.logWarning(message))
+  yield* checkPromptsFit(agentOf, options.train.rows, notice)
   const correct = agentOf.runtime.correct
   const checkFailures = (groups: ReadonlyArray<Trajectory.Group>, what: string) => {
     const failures = infrastructureFailures(groups.flatMap((g) => g.trajectories))
@@ -769,7 +770,6 @@ export const run: <RE = never>(
   yield* fs.makeDirectory(checkpoints, { recursive: true }).pipe(Effect.mapError(io))
 
   // ----- Resume point -----
-  const notice = options.notice ?? ((message: string) => Effect.logWarning(message))
   const existing = options.resume === true ? yield* Journal.read(`${out}/journal.jsonl`).pipe(Effect.mapError(io)) : {
     entries: [],
     validBytes: 0,

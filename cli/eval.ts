@@ -77,8 +77,9 @@ export const verifiedCheckpoint = Effect.fnUntraced(function*(
   const path = yield* Path.Path
   // A run's folder, or a path that is not there: say which checkpoints there are rather than a missing file's name.
   const inRun = path.join(dir, "checkpoints")
-  if (!(yield* fs.exists(dir)) || (yield* fs.exists(inRun))) {
-    const names = (yield* fs.exists(inRun)) ? (yield* fs.readDirectory(inRun)).filter((n) => n.startsWith("step-")) : []
+  const isRun = yield* fs.exists(inRun)
+  if (isRun || !(yield* fs.exists(dir))) {
+    const names = isRun ? (yield* fs.readDirectory(inRun)).filter((n) => n.startsWith("step-")) : []
     return yield* new Checkpoint.CheckpointError({
       reason: "NotFound",
       path: dir,
