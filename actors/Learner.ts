@@ -50,6 +50,8 @@ export interface Options {
    * (other shard sizes sum in another order), so runs recorded with 1 do not repeat to the digit with 4.
    */
   readonly rowSteps?: number
+  /** See `Packing.Options.sharePrefix`: a group's chains share one row and its prompt. Default false. */
+  readonly sharePrefix?: boolean
   /**
    * Optimiser steps per learner step (verl's `train_batch_size / ppo_mini_batch_size`): the step's groups are split
    * into this many mini-batches of whole groups, each packed and normalised on its own, and the optimiser steps
@@ -223,7 +225,7 @@ const accumulate = Effect.fnUntraced(function*(
     sums.approxKl += r.approxKl
     sums.entropy += r.entropy
     sums.kl += r.kl
-    sums.rowTokens += mb.attentionMask.reduce((a, v) => a + v, 0)
+    sums.rowTokens += mb.attentionMask.reduce((a, v) => a + (v !== 0 ? 1 : 0), 0)
   }
 })
 
@@ -301,6 +303,7 @@ export const update = Effect.fn("Learner.update")(function*(
     ...(options.lengthMultiple === undefined ? {} : { lengthMultiple: options.lengthMultiple }),
     padRows: options.padRows ?? true,
     rowSteps: options.rowSteps ?? 1,
+    ...(options.sharePrefix === true ? { sharePrefix: {} } : {}),
     ...(options.loss.normLength === undefined ? {} : { normLength: options.loss.normLength })
   }
   // A sequence whose advantages are all zero (a group without reward variance) has no gradient under a pure

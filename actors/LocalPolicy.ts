@@ -189,7 +189,8 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
     maxLength,
     miniBatches: algorithm.miniBatches,
     epochs: algorithm.epochs,
-    rowSteps: config.learner.rowSteps
+    rowSteps: config.learner.rowSteps,
+    sharePrefix: config.learner.sharePrefix
   }
 
   // The frozen reference policy of the KL term (only with klCoef > 0).
@@ -302,7 +303,7 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
           const r = yield* trainer.forwardBackward(mb).pipe(Effect.mapError(learnerError))
           loss += r.loss
           tokens += r.tokens
-          rowTokens += mb.attentionMask.reduce((a, v) => a + v, 0)
+          rowTokens += mb.attentionMask.reduce((a, v) => a + (v !== 0 ? 1 : 0), 0)
         }
         if (!Number.isFinite(loss)) {
           yield* trainer.discard

@@ -11,6 +11,12 @@
  * Aggregation weights (`Loss.aggregationWeights`) are computed from the totals of **all** sequences packed
  * together, so that summing micro-batch gradients equals the gradient of the whole mini-batch loss.
  *
+ * With `sharePrefix`, sequences that begin with the same tokens before their first loss token (a GRPO group's
+ * chains: one prompt, several continuations) share a row: the common tokens once (segment 1), then each
+ * sequence's rest as a segment of its own that attends to the common tokens and to itself, with positions that
+ * continue theirs. The loss is the same as with a row each (the same tokens see the same context); the learner
+ * computes the prompt once instead of once per chain.
+ *
  * @since 0.1.0
  */
 import { Effect, Schema } from "effect"
@@ -47,8 +53,13 @@ export interface MicroBatch {
   readonly batch: number
   readonly length: number
   readonly inputIds: Int32Array
-  /** 1 on real tokens, 0 on padding. */
+  /**
+   * 1 on real tokens, 0 on padding; with `sharePrefix`, a shared row's segment ids: 1 on the common tokens, 2, 3, …
+   * on each sequence's own (see the model's `attention_mask`).
+   */
   readonly attentionMask: Uint8Array
+  /** Each token's position in its sequence; absent = counted along the row's real tokens. */
+  readonly positionIds?: Int32Array | undefined
   readonly targets: Int32Array
   readonly mask: Uint8Array
   readonly weights: Float32Array
@@ -60,7 +71,10 @@ export interface MicroBatch {
    * the sampler's logprobs stand in for them (then truncated importance weights are all 1).
    */
   readonly oldLogprobs?: Float32Array | undefined
-  /** `[batch]`: index of each row's sequence in the input; −1 for an empty padding row (`padRows`). */
+  /**
+   * `[batch]`: index of each row's sequence in the input (a shared row's first); −1 for an empty padding row
+   * (`padRows`).
+   */
   readonly sequenceIndex: Int32Array
   /** Loss tokens in this micro-batch. */
   readonly lossTokens: number
@@ -101,6 +115,12 @@ export interface Options {
    * normalisation (verl's `token-mean` over the whole batch), so a caller may leave them out of the compute only.
    */
   readonly aggregateOver?: ReadonlyArray<Sequence>
+  /**
+   * Lay sequences with a common beginning in one row (see the module's description). A shared row is at most
+   * `rowLength` times as long as its longest sequence (default 1.5: a longer row costs more attention than the
+   * prompt copies it saves on small models). Default: off, one row a sequence.
+   */
+  readonly sharePrefix?: { readonly rowLength?: number } | undefined
 }
 
 /**
@@ -216,74 +236,169 @@ export const packUnsafe = (sequences: ReadonlyArray<Sequence>, options: Options)
     nonEmpty += n > 0 ? 1 : 0
   }
   const totals: Loss.Totals = { tokens, sequences: nonEmpty }
-  const order = sequences.map((_, i) => i).sort((a, b) =>
-    sequences[b]!.tokenIds.length - sequences[a]!.tokenIds.length || a - b
-  )
+  const units = options.sharePrefix === undefined
+    ? sequences.map((_, i): Unit => ({ members: [i], shared: 0, length: sequences[i]!.tokenIds.length }))
+    : shareUnits(sequences, options.sharePrefix.rowLength ?? 1.5, multiple, options.tokenBudget)
+  // Longest first, ties by input order: deterministic.
+  units.sort((a, b) => b.length - a.length || a.members[0]! - b.members[0]!)
   const normLength = options.normLength ?? roundUp(Math.max(1, ...over.map((s) => s.tokenIds.length)), multiple)
   const microBatches: Array<MicroBatch> = []
   let start = 0
-  while (start < order.length) {
-    const length = roundUp(Math.max(1, sequences[order[start]!]!.tokenIds.length), multiple)
+  while (start < units.length) {
+    const length = roundUp(Math.max(1, units[start]!.length), multiple)
     const capacity = Math.floor(options.tokenBudget / length)
-    const rows = Math.min(capacity, order.length - start)
-    const slice = order.slice(start, start + rows)
+    const rows = Math.min(capacity, units.length - start)
+    const slice = units.slice(start, start + rows)
     const step = Math.ceil(capacity / Math.max(1, options.rowSteps ?? 1))
     const padTo = options.padRows === true ? Math.min(capacity, Math.ceil(rows / step) * step) : rows
-    const padded = padTo === rows ? slice : [...slice, ...new Array<number>(padTo - rows).fill(-1)]
-    microBatches.push(fill(sequences, padded, length, totals, options.aggregation, normLength))
+    const padded = padTo === rows ? slice : [...slice, ...new Array<Unit>(padTo - rows).fill(emptyRow)]
+    const positions = options.sharePrefix !== undefined
+    microBatches.push(fill(sequences, padded, length, totals, options.aggregation, normLength, positions))
     start += rows
   }
   return { microBatches, totals }
 }
 
+/** One row: its sequences (one unless shared) and the common tokens they share (0 unless shared). */
+interface Unit {
+  readonly members: ReadonlyArray<number>
+  readonly shared: number
+  readonly length: number
+}
+
+const emptyRow: Unit = { members: [], shared: 0, length: 0 }
+
+/** Fewer common tokens than this stay unshared: a short prompt is cheaper copied than attended across. */
+const minShared = 8
+
+/**
+ * Groups sequences by the tokens before their first loss token but one (the last common token's prediction is
+ * each sequence's first loss token, so it starts each segment), then fills rows of at most `rowLength` × the
+ * group's longest sequence, first fit by decreasing length.
+ */
+const shareUnits = (
+  sequences: ReadonlyArray<Sequence>,
+  rowLength: number,
+  multiple: number,
+  tokenBudget: number
+): Array<Unit> => {
+  const groups = new Map<string, { readonly shared: number; readonly members: Array<number> }>()
+  const units: Array<Unit> = []
+  sequences.forEach((s, i) => {
+    let firstLoss = 1
+    while (firstLoss < s.lossMask.length && s.lossMask[firstLoss] === 0) firstLoss++
+    if (firstLoss === s.lossMask.length) firstLoss = -1
+    const shared = firstLoss - 1
+    if (firstLoss === -1 || shared < minShared) {
+      units.push({ members: [i], shared: 0, length: s.tokenIds.length })
+      return
+    }
+    const key = `${shared}:${s.tokenIds.subarray(0, shared).join(",")}`
+    const group = groups.get(key)
+    if (group === undefined) groups.set(key, { shared, members: [i] })
+    else group.members.push(i)
+  })
+  for (const { shared, members } of groups.values()) {
+    const longest = Math.max(...members.map((i) => sequences[i]!.tokenIds.length))
+    // Within the budget's whole multiples, which hold any one sequence padded (`check`).
+    const limit = Math.min(
+      Math.floor(tokenBudget / multiple) * multiple,
+      Math.max(roundUp(longest, multiple), Math.floor(longest * rowLength))
+    )
+    const rows: Array<{ members: Array<number>; length: number }> = []
+    const byLength = [...members].sort((a, b) => sequences[b]!.tokenIds.length - sequences[a]!.tokenIds.length || a - b)
+    for (const i of byLength) {
+      const rest = sequences[i]!.tokenIds.length - shared
+      const row = rows.find((r) => r.length + rest <= limit && r.members.length < maxSegments)
+      if (row === undefined) rows.push({ members: [i], length: shared + rest })
+      else {
+        row.members.push(i)
+        row.length += rest
+      }
+    }
+    for (const row of rows) {
+      row.members.sort((a, b) => a - b)
+      units.push(row.members.length === 1 ? { ...row, shared: 0 } : { ...row, shared })
+    }
+  }
+  return units
+}
+
+/** Segment ids are bytes: 1 is the common tokens, so a row holds at most 254 sequences. */
+const maxSegments = 254
+
 const fill = (
   sequences: ReadonlyArray<Sequence>,
-  rows: ReadonlyArray<number>,
+  rows: ReadonlyArray<Unit>,
   length: number,
   totals: Loss.Totals,
   aggregation: Loss.AggregationMode,
-  normLength: number
+  normLength: number,
+  withPositions: boolean
 ): MicroBatch => {
   const batch = rows.length
   const cells = batch * length
   const inputIds = new Int32Array(cells)
   const attentionMask = new Uint8Array(cells)
+  const positionIds = withPositions ? new Int32Array(cells) : undefined
   const targets = new Int32Array(cells)
   const mask = new Uint8Array(cells)
   const advantages = new Float32Array(cells)
   const samplerLogprobs = new Float32Array(cells)
   const refLogprobs = new Float32Array(cells)
   let lossTokens = 0
-  rows.forEach((index, b) => {
-    if (index < 0) return // an empty padding row: no tokens, no loss
-    const s = sequences[index]!
-    const n = s.tokenIds.length
-    const o = b * length
-    inputIds.set(s.tokenIds, o)
-    attentionMask.fill(1, o, o + n)
-    for (let t = 0; t + 1 < n; t++) {
-      targets[o + t] = s.tokenIds[t + 1]!
-      if (s.lossMask[t + 1] === 0) continue
-      mask[o + t] = 1
-      lossTokens++
-      advantages[o + t] = s.advantages?.[t + 1] ?? 0
-      samplerLogprobs[o + t] = s.samplerLogprobs?.[t + 1] ?? 0
-      refLogprobs[o + t] = s.refLogprobs?.[t + 1] ?? 0
+  rows.forEach((unit, b) => {
+    let o = b * length
+    // Tokens [from, to) of sequence s from cell o on, in segment `segment`, each trained on the token after it.
+    const place = (s: Sequence, from: number, to: number, segment: number) => {
+      const n = s.tokenIds.length
+      inputIds.set(s.tokenIds.subarray(from, to), o)
+      attentionMask.fill(segment, o, o + to - from)
+      for (let t = from; t < to; t++) {
+        const cell = o + t - from
+        if (positionIds !== undefined) positionIds[cell] = t
+        if (t + 1 === n) continue
+        targets[cell] = s.tokenIds[t + 1]!
+        if (s.lossMask[t + 1] === 0) continue
+        mask[cell] = 1
+        lossTokens++
+        advantages[cell] = s.advantages?.[t + 1] ?? 0
+        samplerLogprobs[cell] = s.samplerLogprobs?.[t + 1] ?? 0
+        refLogprobs[cell] = s.refLogprobs?.[t + 1] ?? 0
+      }
+      o += to - from
     }
+    if (unit.shared === 0) {
+      for (const index of unit.members) place(sequences[index]!, 0, sequences[index]!.tokenIds.length, 1)
+      return
+    }
+    // The common tokens once (their targets carry no loss: they end before every member's first loss token), then
+    // each sequence's rest.
+    place(sequences[unit.members[0]!]!, 0, unit.shared, 1)
+    unit.members.forEach((index, k) => place(sequences[index]!, unit.shared, sequences[index]!.tokenIds.length, k + 2))
   })
-  const weights = Loss.aggregationWeights(aggregation, mask, batch, length, totals, normLength)
+  const weights = Loss.aggregationWeights(
+    aggregation,
+    mask,
+    batch,
+    length,
+    totals,
+    normLength,
+    positionIds === undefined ? undefined : attentionMask
+  )
   return {
     batch,
     length,
     inputIds,
     attentionMask,
+    ...(positionIds === undefined ? {} : { positionIds }),
     targets,
     mask,
     weights,
     advantages,
     samplerLogprobs,
     refLogprobs,
-    sequenceIndex: Int32Array.from(rows),
+    sequenceIndex: Int32Array.from(rows, (unit) => unit.members[0] ?? -1),
     lossTokens
   }
 }

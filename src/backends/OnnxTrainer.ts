@@ -54,8 +54,8 @@ export interface Model {
 }
 
 /**
- * The Qwen2 model of `model/Qwen2.ts`: inputs `input_ids`, `attention_mask`, `position_ids` (positions count real
- * tokens only, so right padding does not shift them).
+ * The Qwen2 model of `model/Qwen2.ts`: inputs `input_ids`, `attention_mask`, `position_ids` (the micro-batch's
+ * own, or counted along real tokens only, so right padding does not shift them).
  *
  * @category constructors
  * @since 0.1.0
@@ -66,8 +66,8 @@ export const qwen2 = (config: ModelConfig.ModelConfig): Model => ({
   forward: () => Qwen2.trainingGraph(config),
   inputs: (mb) => {
     const dims = [mb.batch, mb.length]
-    const positions = new Int32Array(mb.batch * mb.length)
-    for (let b = 0; b < mb.batch; b++) {
+    const positions = mb.positionIds ?? new Int32Array(mb.batch * mb.length)
+    for (let b = 0; b < mb.batch && mb.positionIds === undefined; b++) {
       let p = 0
       for (let t = 0; t < mb.length; t++) {
         const i = b * mb.length + t
@@ -175,6 +175,7 @@ const shardOf = (mb: Packing.MicroBatch, r0: number, r1: number): Packing.MicroB
     length: mb.length,
     inputIds: mb.inputIds.slice(from, to),
     attentionMask: mb.attentionMask.slice(from, to),
+    positionIds: mb.positionIds?.slice(from, to),
     targets: mb.targets.slice(from, to),
     mask,
     weights: mb.weights.slice(from, to),

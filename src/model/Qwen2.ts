@@ -10,6 +10,9 @@
  * **Graph interface.** Inputs: `input_ids [B, T]` int64; `attention_mask [B, P + T]` int64 (1 = real token,
  * 0 = padding; `P` is the cached length, 0 without a cache); `position_ids [B, T]` int64 (each token's index among
  * its sequence's real tokens, see {@link positionIds}); with a KV cache, `past.{i}.key|value [B, KV, P, hd]`.
+ * Without a cache (the learner's graph), `attention_mask` may also hold **segment ids** ≥ 2: a row packing one
+ * shared prompt (segment 1) and several continuations of it (segments 2, 3, …, each seeing segment 1 and itself,
+ * with positions that continue the prompt's), as `Packing`'s `sharePrefix` lays them out.
  * Outputs: `logits [B, T, V]` float32 (`[B, 1, V]` with `lastTokenOnly`) and, with a cache, `new.{i}.key|value
  * [B, KV, T, hd]`: the new tokens' keys (rotated) and values only. The caller keeps the cache and appends them, so
  * that a decode step does not copy the whole cache out of onnxruntime; the cache's slots need not be contiguous
@@ -19,7 +22,7 @@
  *
  * **Ops used** (what the learner's autodiff must handle): Gather, MatMul, Add, Mul, Sub, Sigmoid, Softmax,
  * Transpose, Reshape, Concat, Slice, Unsqueeze, ReduceMean, Sqrt, Reciprocal, Where; index/mask-only (no gradient):
- * Shape, Range, LessOrEqual, Cast, And; decoding only: Identity (the `new.*` outputs).
+ * Shape, Range, LessOrEqual, Cast, And, Equal, Or; decoding only: Identity (the `new.*` outputs).
  *
  * @since 0.1.0
  */
@@ -39,7 +42,7 @@ export const forwardOps = {
     "Gather", "MatMul", "Add", "Mul", "Sub", "Sigmoid", "Softmax", "Transpose", "Reshape", "Concat", "Slice",
     "Unsqueeze", "ReduceMean", "Sqrt", "Reciprocal", "Where"
   ],
-  nonDifferentiable: ["Shape", "Range", "LessOrEqual", "Cast", "And", "Identity"]
+  nonDifferentiable: ["Shape", "Range", "LessOrEqual", "Cast", "And", "Equal", "Or", "Identity"]
 } as const
 
 // ===== Parameters =====
@@ -204,7 +207,14 @@ interface Context {
   readonly maskBias: string // [B, 1, 1, T, P + T]: 0 where attention is allowed, -1e9 elsewhere
 }
 
-const context = (g: Graph.Graph, c: ModelConfig.ModelConfig, ids: string, mask: string, pos: string): Context => {
+const context = (
+  g: Graph.Graph,
+  c: ModelConfig.ModelConfig,
+  ids: string,
+  mask: string,
+  pos: string,
+  segments: boolean
+): Context => {
   const hd = ModelConfig.headDim(c), tables = ropeTables(c)
   const dims = [c.maxPositionEmbeddings, hd]
   const cosT = g.op("Gather", [g.constant({ dtype: "float32", dims, data: fullWidth(tables.cos, hd) }), pos])
@@ -216,7 +226,15 @@ const context = (g: Graph.Graph, c: ModelConfig.ModelConfig, ids: string, mask: 
   const cols = g.op("Range", [zero, total, one])
   const causal = g.op("LessOrEqual", [g.op("Unsqueeze", [cols, i64(g, [0])]), g.op("Unsqueeze", [rows, i64(g, [1])])])
   const pad = g.op("Unsqueeze", [g.op("Cast", [mask], { to: Graph.int(Graph.dataTypeCode.bool) }), i64(g, [1, 2, 3])])
-  const allowed = g.op("And", [causal, pad])
+  let allowed = g.op("And", [causal, pad])
+  if (segments) {
+    // Segment ids (see `forward`): a token sees the shared segment 1 and its own segment. With a mask of 0s and 1s
+    // every real key is in segment 1, so this changes nothing.
+    const key = g.op("Unsqueeze", [mask, i64(g, [1, 2, 3])]) // [B, 1, 1, 1, T]
+    const query = g.op("Unsqueeze", [mask, i64(g, [1, 2, 4])]) // [B, 1, 1, T, 1]
+    const shared = g.op("Equal", [key, g.constant(Graph.int64([], [1]))])
+    allowed = g.op("And", [allowed, g.op("Or", [shared, g.op("Equal", [key, query])])])
+  }
   return {
     cos4: g.op("Unsqueeze", [cosT, i64(g, [1])]),
     sin4: g.op("Unsqueeze", [sinT, i64(g, [1])]),
@@ -356,7 +374,7 @@ export const forward = (g: Graph.Graph, c: ModelConfig.ModelConfig, options: For
   const ids = g.input("input_ids", "int64", ["batch", "seq"])
   const mask = g.input("attention_mask", "int64", ["batch", options.kvCache ? "total" : "seq"])
   const pos = g.input("position_ids", "int64", ["batch", "seq"])
-  const ctx = context(g, c, ids, mask, pos)
+  const ctx = context(g, c, ids, mask, pos, !options.kvCache)
   const hd = ModelConfig.headDim(c), KV = c.numKeyValueHeads
   let x = g.op("Gather", [param("model.embed_tokens.weight"), ids], { axis: Graph.int(0) })
   if (c.learnedPositions) {
