@@ -118,7 +118,8 @@ export interface Options {
   /**
    * Lay sequences with a common beginning in one row (see the module's description). A shared row is at most
    * `rowLength` times as long as its longest sequence (default 1.5: a longer row costs more attention than the
-   * prompt copies it saves on small models). Default: off, one row a sequence.
+   * prompt copies it saves on small models), and a sequence whose own tokens outnumber the common ones keeps a row
+   * of its own. Default: off, one row a sequence.
    */
   readonly sharePrefix?: { readonly rowLength?: number } | undefined
 }
@@ -309,6 +310,12 @@ const shareUnits = (
     const byLength = [...members].sort((a, b) => sequences[b]!.tokenIds.length - sequences[a]!.tokenIds.length || a - b)
     for (const i of byLength) {
       const rest = sequences[i]!.tokenIds.length - shared
+      // A chain longer than the common part keeps a row of its own: the attention across a longer row then costs
+      // more than the copy it saves (measured, `bench/share-prefix.ts`).
+      if (rest > shared) {
+        units.push({ members: [i], shared: 0, length: shared + rest })
+        continue
+      }
       const row = rows.find((r) => r.length + rest <= limit && r.members.length < maxSegments)
       if (row === undefined) rows.push({ members: [i], length: shared + rest })
       else {

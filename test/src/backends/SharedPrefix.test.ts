@@ -13,8 +13,9 @@ import { tinyConfig } from "../../utils/tinyModel.ts"
 const config = tinyConfig({ vocabSize: 32, hiddenSize: 32, numHiddenLayers: 2, intermediateSize: 64 })
 
 /**
- * GRPO-shaped data: `groups` prompts of 12–20 tokens, each continued by `members` chains (a sampled turn, a tool
- * output, a sampled turn; signed advantages, sampler logprobs), plus one sequence whose prompt is its own.
+ * GRPO-shaped data: `groups` prompts of 20–30 tokens, each continued by `members` chains of 7–16 tokens (a sampled
+ * turn, a tool output, a sampled turn; signed advantages, sampler logprobs), plus one sequence whose prompt is its
+ * own.
  */
 const dataset = (seed: number, groups = 3, members = 4): Array<Packing.Sequence> => {
   const r = Sampling.rng(seed)
@@ -23,7 +24,7 @@ const dataset = (seed: number, groups = 3, members = 4): Array<Packing.Sequence>
   const out: Array<Packing.Sequence> = []
   const sequence = (prompt: ReadonlyArray<number>, advantage: number): Packing.Sequence => {
     const ids = [...prompt], loss = prompt.map(() => 0)
-    for (const [lo, hi, l] of [[4, 9, 1], [2, 5, 0], [2, 6, 1]] as const) {
+    for (const [lo, hi, l] of [[3, 7, 1], [2, 4, 0], [2, 5, 1]] as const) {
       for (let n = length(lo, hi); n > 0; n--) {
         ids.push(token())
         loss.push(l)
@@ -37,7 +38,7 @@ const dataset = (seed: number, groups = 3, members = 4): Array<Packing.Sequence>
     }
   }
   for (let g = 0; g < groups; g++) {
-    const prompt = Array.from({ length: length(12, 20) }, token)
+    const prompt = Array.from({ length: length(20, 30) }, token)
     for (let m = 0; m < members; m++) out.push(sequence(prompt, m % 2 === 0 ? 1 - 0.1 * g : -0.7))
   }
   out.splice(5, 0, sequence(Array.from({ length: 14 }, token), 0.5))
@@ -117,15 +118,33 @@ describe("Packing with sharePrefix", () => {
       const shared = yield* Packing.pack(data, { tokenBudget: 4096, aggregation: "token-mean", sharePrefix: {} })
       const plain = yield* Packing.pack(data, { tokenBudget: 4096, aggregation: "token-mean" })
       const rows = shared.microBatches.flatMap((mb) =>
-        Array.from({ length: mb.batch }, (_, b) => new Set(mb.attentionMask.subarray(b * mb.length, (b + 1) * mb.length)))
-      )
-      // 13 sequences: the lone one keeps a row of segment 1; at 1.5× its longest chain a group's row holds 2 chains
-      assert.strictEqual(rows.length, 7)
-      assert.strictEqual(rows.filter((r) => r.has(3) && !r.has(4)).length, 6)
+        Array.from({ length: mb.batch }, (_, b) => [...mb.attentionMask.subarray(b * mb.length, (b + 1) * mb.length)])
+      ).filter((row) => row[0] !== 0)
+      // the lone sequence keeps a row of segment 1; the 12 chains share rows, each at most 1.5× its longest chain
+      assert.strictEqual(rows.filter((row) => !row.includes(2)).length, 1)
+      assert.strictEqual(rows.reduce((n, row) => n + new Set(row.filter((x) => x > 1)).size, 0), 12)
+      assert.isTrue(rows.every((row) => row.filter((x) => x > 0).length <= 1.5 * 46))
+      assert.isAtLeast(rows.length, 5)
       assert.isBelow(cellsOf(shared), cellsOf(plain))
       assert.strictEqual(shared.totals.tokens, plain.totals.tokens)
+      // a chain with more tokens of its own than the common ones keeps a row of its own
+      const long = data.slice(0, 3)
+      const tail = Int32Array.from({ length: 40 }, (_, i) => i % 30)
+      long[2] = {
+        tokenIds: Int32Array.from([...long[2]!.tokenIds, ...tail]),
+        lossMask: Uint8Array.from([...long[2]!.lossMask, ...tail].map((_, i) => (i < long[2]!.lossMask.length ? long[2]!.lossMask[i]! : 1)))
+      }
+      const apart = yield* Packing.pack(long.map((s) => ({ tokenIds: s.tokenIds, lossMask: s.lossMask })), {
+        tokenBudget: 4096,
+        aggregation: "token-mean",
+        sharePrefix: { rowLength: 4 }
+      })
+      assert.deepStrictEqual(apart.microBatches.map((mb) => mb.batch), [2])
+      assert.strictEqual(apart.microBatches[0]!.sequenceIndex[0], 2, "the long chain, alone in the longer row")
       // a prompt of fewer than 8 tokens is copied, not shared
-      const short = dataset(3, 1, 2).slice(0, 2).map((s) => ({ ...s, tokenIds: s.tokenIds.slice(10), lossMask: s.lossMask.slice(10) }))
+      const pair = dataset(3, 1, 2).slice(0, 2)
+      const cut = pair[0]!.lossMask.indexOf(1) - 6 // 5 common tokens before the first loss token but one
+      const short = pair.map((s) => ({ ...s, tokenIds: s.tokenIds.slice(cut), lossMask: s.lossMask.slice(cut) }))
       assert.isTrue(short.every((s) => s.lossMask.indexOf(1) - 1 < 8))
       const unshared = yield* Packing.pack(short.map((s) => ({ tokenIds: s.tokenIds, lossMask: s.lossMask })), {
         tokenBudget: 4096,
