@@ -145,6 +145,29 @@ describe("Learner.update", () => {
       for (const mb of microBatches) assert.approximately(mb.weights.reduce((a, w) => a + w, 0), 1, 1e-6)
     }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
 
+  it.effect("sharePrefix: a group's chains share one row after their common prompt; the weights are unchanged", () =>
+    Effect.gen(function*() {
+      const recording = yield* PolicyTrainer.RecordingRef
+      const prompt = Array.from({ length: 12 }, (_, i) => 20 + i)
+      const groups: Array<Trajectory.Group> = [0, 1].map((g) => ({
+        groupId: `g${g}`,
+        rowIndex: g,
+        trajectories: [0, 1, 3].map((c) => trajectory(`t${g}${c}`, `g${g}`, [g, ...prompt], 10 + c, -1, c))
+      }))
+      const unpadded = { ...options, tokenBudget: 128, padRows: false }
+      yield* Learner.update(groups, { ...unpadded, sharePrefix: true })
+      yield* Learner.update(groups, unpadded)
+      const [shared, plain] = (yield* Ref.get(recording)).microBatches
+      // 6 rows of 13 + 1 tokens → 2 rows (one a group) of 12 common tokens and 3 × 2 of each chain's own
+      assert.strictEqual(plain!.batch, 6)
+      assert.strictEqual(shared!.batch, 2)
+      assert.deepStrictEqual([...shared!.attentionMask.subarray(0, 18)], [...Array(12).fill(1), 2, 2, 3, 3, 4, 4])
+      assert.deepStrictEqual([...shared!.positionIds!.subarray(10, 18)], [10, 11, 12, 13, 12, 13, 12, 13])
+      const weights = (mb: Packing.MicroBatch) => Array.from(mb.weights).filter((w) => w !== 0).sort()
+      assert.deepStrictEqual(weights(shared!), weights(plain!))
+      assert.strictEqual(shared!.lossTokens, plain!.lossTokens)
+    }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
+
   it.effect("groups without reward variance cost no compute but count in the normalisation (a weaker step)", () =>
     Effect.gen(function*() {
       const recording = yield* PolicyTrainer.RecordingRef
