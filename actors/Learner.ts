@@ -303,7 +303,7 @@ export const update = Effect.fn("Learner.update")(function*(
     ...(options.lengthMultiple === undefined ? {} : { lengthMultiple: options.lengthMultiple }),
     padRows: options.padRows ?? true,
     rowSteps: options.rowSteps ?? 1,
-    ...(options.sharePrefix === true ? { sharePrefix: {} } : {}),
+    sharePrefix: options.sharePrefix === true,
     ...(options.loss.normLength === undefined ? {} : { normLength: options.loss.normLength })
   }
   // A sequence whose advantages are all zero (a group without reward variance) has no gradient under a pure

@@ -69,14 +69,15 @@ const config = (dir: string, data: string, model: string, rest: object) => ({
 })
 
 /** One measured run: RL seconds by its own clock, and the steps' rollout-wait and learn figures. */
-const run = (data: string, model: string, mode: "sync" | "async", engineThread?: boolean) => {
+const run = (data: string, model: string, mode: "sync" | "async", engineThread?: boolean, sharePrefix = false) => {
   const dir = mkdtempSync(join(tmpdir(), `bench-pipeline-real-${mode}-`))
   const path = join(dir, "config.json")
   writeFileSync(path, JSON.stringify(config(dir, data, model, {
     algorithm: { steps: STEPS, groupsPerStep: 8, lr: 0.0003, lrSchedule: "cosine", microBatchSize: 16 },
     mode,
     maxStaleness: 1,
-    ...(engineThread === undefined ? {} : { engine: { thread: engineThread } })
+    ...(engineThread === undefined ? {} : { engine: { thread: engineThread } }),
+    learner: { workers: 2, sharePrefix }
   })))
   agentfly(["train", path])
   const records: Array<Record> = readFileSync(join(dir, "run", "metrics.jsonl"), "utf8").trim().split("\n")
@@ -88,6 +89,7 @@ const run = (data: string, model: string, mode: "sync" | "async", engineThread?:
   return {
     mode,
     engineThread: engineThread ?? false,
+    sharePrefix,
     steps: records.length,
     rlSeconds: last.elapsed - first.elapsed + first.figures["time/step_s"]!,
     waitRolloutS: median(records.map((r) => r.figures["time/wait_rollout_s"] ?? 0)),
@@ -121,7 +123,7 @@ export default async (): Promise<BenchResult> => {
   copyFileSync(join(dir, "run", "checkpoints", "step-000000", "model.safetensors"), join(ready, "model.safetensors"))
 
   type Run = ReturnType<typeof run>
-  const rounds: Array<{ sync: Run; async: Run; asyncEngineThread: Run }> = []
+  const rounds: Array<{ sync: Run; async: Run; asyncEngineThread: Run; syncShared: Run; asyncShared: Run }> = []
   const show = (r: Run) =>
     `${r.rlSeconds.toFixed(1)} s (wait ${r.waitRolloutS.toFixed(2)}, learn ${r.learnS.toFixed(2)}, peak ${r.peakRssMb} MB)`
   for (let i = 0; i < ROUNDS; i++) {
@@ -129,8 +131,12 @@ export default async (): Promise<BenchResult> => {
     const async = run(data, ready, "async")
     // Async with the engine on a thread of its own (`engine.thread: true`), for comparison.
     const asyncEngineThread = run(data, ready, "async", true)
+    // Both modes with a group's chains sharing their prompt in the learner's rows (`learner.sharePrefix`).
+    const syncShared = run(data, ready, "sync", undefined, true)
+    const asyncShared = run(data, ready, "async", undefined, true)
     console.log(`  round ${i + 1}: sync ${show(sync)}, async ${show(async)}, async, engine thread ${show(asyncEngineThread)}`)
-    rounds.push({ sync, async, asyncEngineThread })
+    console.log(`    sharePrefix: sync ${show(syncShared)}, async ${show(asyncShared)}`)
+    rounds.push({ sync, async, asyncEngineThread, syncShared, asyncShared })
   }
   rmSync(dir, { recursive: true, force: true })
   return {
@@ -142,6 +148,16 @@ export default async (): Promise<BenchResult> => {
     },
     steps: STEPS,
     speedupEngineThread: median(rounds.map((r) => r.sync.rlSeconds / r.asyncEngineThread.rlSeconds)),
+    sharePrefix: {
+      /** Sync time without ÷ with shared prompts: what sharing saves a step. */
+      syncSpeedup: median(rounds.map((r) => r.sync.rlSeconds / r.syncShared.rlSeconds)),
+      /** Learn time a step without ÷ with, in sync mode. */
+      learnSpeedup: median(rounds.map((r) => r.sync.learnS / r.syncShared.learnS)),
+      /** Async over sync, both sharing. */
+      asyncOverSync: median(rounds.map((r) => r.syncShared.rlSeconds / r.asyncShared.rlSeconds)),
+      /** Async sharing over the plain sync run. */
+      asyncOverPlainSync: median(rounds.map((r) => r.sync.rlSeconds / r.asyncShared.rlSeconds))
+    },
     rounds,
     loadAverage: { before: loadBefore, after: loadavg()[0]! }
   }

@@ -64,7 +64,7 @@ const figures = Effect.gen(function*() {
         maxLength: c.maxPositionEmbeddings,
         aggregation: "token-mean",
         padRows: true,
-        ...(share ? { sharePrefix: {} } : {})
+        sharePrefix: share
       })
     const variants = { rows: yield* pack(false), shared: yield* pack(true) }
     const run = (p: Packing.Packed) =>
@@ -82,8 +82,10 @@ const figures = Effect.gen(function*() {
       times.shared.push(yield* run(variants.shared))
     }
     const describe = (p: Packing.Packed) => ({
-      microBatches: p.microBatches.map((mb) => `${mb.batch}×${mb.length}`),
-      cells: p.microBatches.reduce((n, mb) => n + mb.batch * mb.length, 0)
+      microBatches: p.microBatches.map((mb) =>
+        `${mb.batch}×${mb.length}${mb.prefix === undefined ? "" : ` + ${mb.prefix.batch}×${mb.prefix.length}`}`
+      ),
+      cells: p.microBatches.reduce((n, mb) => n + mb.batch * mb.length + (mb.prefix?.batch ?? 0) * (mb.prefix?.length ?? 0), 0)
     })
     result[name] = {
       rows: { ms: median(times.rows), rounds: times.rows, ...describe(variants.rows) },

@@ -261,9 +261,7 @@ export const totals = (mask: Uint8Array, batch: number, length: number): Totals 
 
 /**
  * Per-token weights `w` such that the aggregated loss is `Σ w_t·ℓ_t`. `totals` are those of the whole mini-batch
- * (pass the micro-batch's own for a single batch). Zero off the mask. A row is one sequence, unless `segments`
- * (`[batch × length]`, as `Packing`'s `attentionMask`) lays several in it: each segment id ≥ 2 is a sequence of its
- * own (its mask counts apart for `seq-mean-token-mean`).
+ * (pass the micro-batch's own for a single batch). Zero off the mask.
  *
  * @category combinators
  * @since 0.1.0
@@ -274,26 +272,21 @@ export const aggregationWeights = (
   batch: number,
   length: number,
   all: Totals,
-  normLength: number = length,
-  segments?: Uint8Array
+  normLength: number = length
 ): Float32Array => {
   const w = new Float32Array(batch * length)
-  const counts = new Float64Array(256) // mask tokens per segment id of the row
   for (let b = 0; b < batch; b++) {
-    const o = b * length
-    counts.fill(0)
-    for (let t = 0; t < length; t++) if (mask[o + t] !== 0) counts[segments?.[o + t] ?? 1]++
-    for (let t = 0; t < length; t++) {
-      if (mask[o + t] === 0) continue
-      const n = counts[segments?.[o + t] ?? 1]!
-      w[o + t] = mode === "token-mean"
-        ? 1 / all.tokens
-        : mode === "seq-mean-token-sum"
-        ? 1 / all.sequences
-        : mode === "seq-mean-token-mean"
-        ? 1 / (n * all.sequences)
-        : 1 / normLength
-    }
+    let n = 0
+    for (let t = 0; t < length; t++) n += mask[b * length + t] !== 0 ? 1 : 0
+    if (n === 0) continue
+    const perToken = mode === "token-mean"
+      ? 1 / all.tokens
+      : mode === "seq-mean-token-sum"
+      ? 1 / all.sequences
+      : mode === "seq-mean-token-mean"
+      ? 1 / (n * all.sequences)
+      : 1 / normLength
+    for (let t = 0; t < length; t++) if (mask[b * length + t] !== 0) w[b * length + t] = perToken
   }
   return w
 }

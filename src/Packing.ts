@@ -12,10 +12,10 @@
  * together, so that summing micro-batch gradients equals the gradient of the whole mini-batch loss.
  *
  * With `sharePrefix`, sequences that begin with the same tokens before their first loss token (a GRPO group's
- * chains: one prompt, several continuations) share a row: the common tokens once (segment 1), then each
- * sequence's rest as a segment of its own that attends to the common tokens and to itself, with positions that
- * continue theirs. The loss is the same as with a row each (the same tokens see the same context); the learner
- * computes the prompt once instead of once per chain.
+ * chains: one prompt, several continuations) are packed as their common tokens once (the micro-batch's `prefix`
+ * rows) and each sequence's rest in a row of its own, whose tokens attend to their prompt's and to themselves
+ * (`Qwen2.sharedPrefixGraph`), with positions that continue the prompt's. The loss is the same as with whole rows;
+ * the learner computes each prompt once instead of once per chain.
  *
  * @since 0.1.0
  */
@@ -53,13 +53,12 @@ export interface MicroBatch {
   readonly batch: number
   readonly length: number
   readonly inputIds: Int32Array
-  /**
-   * 1 on real tokens, 0 on padding; with `sharePrefix`, a shared row's segment ids: 1 on the common tokens, 2, 3, …
-   * on each sequence's own (see the model's `attention_mask`).
-   */
+  /** 1 on real tokens, 0 on padding. */
   readonly attentionMask: Uint8Array
-  /** Each token's position in its sequence; absent = counted along the row's real tokens. */
+  /** Each token's position in its sequence; absent = counted along the row's real tokens from 0. */
   readonly positionIds?: Int32Array | undefined
+  /** The common tokens the rows continue (`sharePrefix`); absent = every row is a whole sequence. */
+  readonly prefix?: Prefix | undefined
   readonly targets: Int32Array
   readonly mask: Uint8Array
   readonly weights: Float32Array
@@ -71,13 +70,27 @@ export interface MicroBatch {
    * the sampler's logprobs stand in for them (then truncated importance weights are all 1).
    */
   readonly oldLogprobs?: Float32Array | undefined
-  /**
-   * `[batch]`: index of each row's sequence in the input (a shared row's first); −1 for an empty padding row
-   * (`padRows`).
-   */
+  /** `[batch]`: index of each row's sequence in the input; −1 for an empty padding row (`padRows`). */
   readonly sequenceIndex: Int32Array
   /** Loss tokens in this micro-batch. */
   readonly lossTokens: number
+}
+
+/**
+ * The prompts of a micro-batch's rows, `[batch × length]`, each row's continuing from position `length` of its own
+ * (its real tokens are the first ones).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Prefix {
+  readonly batch: number
+  readonly length: number
+  readonly inputIds: Int32Array
+  /** 1 on real tokens, 0 on padding. */
+  readonly attentionMask: Uint8Array
+  /** `[rows]`: the prompt each row of the micro-batch continues. */
+  readonly index: Int32Array
 }
 
 /**
@@ -116,12 +129,11 @@ export interface Options {
    */
   readonly aggregateOver?: ReadonlyArray<Sequence>
   /**
-   * Lay sequences with a common beginning in one row (see the module's description). A shared row is at most
-   * `rowLength` times as long as its longest sequence (default 1.5: a longer row costs more attention than the
-   * prompt copies it saves on small models), and a sequence whose own tokens outnumber the common ones keeps a row
-   * of its own. Default: off, one row a sequence.
+   * Pack sequences that share their tokens before their first loss token (at least 8 of them, at least two
+   * sequences) as one prompt and their rests (see the module's description); others as whole rows. `rowSteps`
+   * applies to the whole rows only. Default false.
    */
-  readonly sharePrefix?: { readonly rowLength?: number } | undefined
+  readonly sharePrefix?: boolean
 }
 
 /**
@@ -237,162 +249,206 @@ export const packUnsafe = (sequences: ReadonlyArray<Sequence>, options: Options)
     nonEmpty += n > 0 ? 1 : 0
   }
   const totals: Loss.Totals = { tokens, sequences: nonEmpty }
-  const units = options.sharePrefix === undefined
-    ? sequences.map((_, i): Unit => ({ members: [i], shared: 0, length: sequences[i]!.tokenIds.length }))
-    : shareUnits(sequences, options.sharePrefix.rowLength ?? 1.5, multiple, options.tokenBudget)
-  // Longest first, ties by input order: deterministic.
-  units.sort((a, b) => b.length - a.length || a.members[0]! - b.members[0]!)
+  const groups = options.sharePrefix === true ? shareGroups(sequences) : []
+  const inGroup = new Set(groups.flatMap((g) => g.members))
+  const order = sequences.map((_, i) => i).filter((i) => !inGroup.has(i)).sort((a, b) =>
+    sequences[b]!.tokenIds.length - sequences[a]!.tokenIds.length || a - b
+  )
   const normLength = options.normLength ?? roundUp(Math.max(1, ...over.map((s) => s.tokenIds.length)), multiple)
   const microBatches: Array<MicroBatch> = []
   let start = 0
-  while (start < units.length) {
-    const length = roundUp(Math.max(1, units[start]!.length), multiple)
+  while (start < order.length) {
+    const length = roundUp(Math.max(1, sequences[order[start]!]!.tokenIds.length), multiple)
     const capacity = Math.floor(options.tokenBudget / length)
-    const rows = Math.min(capacity, units.length - start)
-    const slice = units.slice(start, start + rows)
+    const rows = Math.min(capacity, order.length - start)
+    const slice = order.slice(start, start + rows)
     const step = Math.ceil(capacity / Math.max(1, options.rowSteps ?? 1))
     const padTo = options.padRows === true ? Math.min(capacity, Math.ceil(rows / step) * step) : rows
-    const padded = padTo === rows ? slice : [...slice, ...new Array<Unit>(padTo - rows).fill(emptyRow)]
-    const positions = options.sharePrefix !== undefined
-    microBatches.push(fill(sequences, padded, length, totals, options.aggregation, normLength, positions))
+    const padded = padTo === rows ? slice : [...slice, ...new Array<number>(padTo - rows).fill(-1)]
+    microBatches.push(fill(sequences, padded, length, totals, options.aggregation, normLength))
     start += rows
+  }
+  for (const batch of sharedBatches(sequences, groups, options.tokenBudget, multiple, options.padRows === true)) {
+    microBatches.push(fillShared(sequences, batch, totals, options.aggregation, normLength, multiple))
   }
   return { microBatches, totals }
 }
 
-/** One row: its sequences (one unless shared) and the common tokens they share (0 unless shared). */
-interface Unit {
-  readonly members: ReadonlyArray<number>
+/** Sequences sharing their first `shared` tokens, and no loss on them. */
+interface Group {
   readonly shared: number
-  readonly length: number
+  readonly members: ReadonlyArray<number>
 }
 
-const emptyRow: Unit = { members: [], shared: 0, length: 0 }
-
-/** Fewer common tokens than this stay unshared: a short prompt is cheaper copied than attended across. */
+/** Fewer common tokens than this are copied, not shared: not worth a graph of their own. */
 const minShared = 8
 
 /**
- * Groups sequences by the tokens before their first loss token but one (the last common token's prediction is
- * each sequence's first loss token, so it starts each segment), then fills rows of at most `rowLength` × the
- * group's longest sequence, first fit by decreasing length.
+ * Groups sequences by their tokens before their first loss token but one: the last common token's prediction is
+ * each sequence's first loss token, so each sequence's own row starts with it. Groups of one are left out.
  */
-const shareUnits = (
-  sequences: ReadonlyArray<Sequence>,
-  rowLength: number,
-  multiple: number,
-  tokenBudget: number
-): Array<Unit> => {
+const shareGroups = (sequences: ReadonlyArray<Sequence>): Array<Group> => {
   const groups = new Map<string, { readonly shared: number; readonly members: Array<number> }>()
-  const units: Array<Unit> = []
   sequences.forEach((s, i) => {
     let firstLoss = 1
     while (firstLoss < s.lossMask.length && s.lossMask[firstLoss] === 0) firstLoss++
-    if (firstLoss === s.lossMask.length) firstLoss = -1
     const shared = firstLoss - 1
-    if (firstLoss === -1 || shared < minShared) {
-      units.push({ members: [i], shared: 0, length: s.tokenIds.length })
-      return
-    }
+    if (firstLoss === s.lossMask.length || shared < minShared) return
     const key = `${shared}:${s.tokenIds.subarray(0, shared).join(",")}`
     const group = groups.get(key)
     if (group === undefined) groups.set(key, { shared, members: [i] })
     else group.members.push(i)
   })
-  for (const { shared, members } of groups.values()) {
-    const longest = Math.max(...members.map((i) => sequences[i]!.tokenIds.length))
-    // Within the budget's whole multiples, which hold any one sequence padded (`check`).
-    const limit = Math.min(
-      Math.floor(tokenBudget / multiple) * multiple,
-      Math.max(roundUp(longest, multiple), Math.floor(longest * rowLength))
-    )
-    const rows: Array<{ members: Array<number>; length: number }> = []
-    const byLength = [...members].sort((a, b) => sequences[b]!.tokenIds.length - sequences[a]!.tokenIds.length || a - b)
-    for (const i of byLength) {
-      const rest = sequences[i]!.tokenIds.length - shared
-      // A chain longer than the common part keeps a row of its own: the attention across a longer row then costs
-      // more than the copy it saves (measured, `bench/share-prefix.ts`).
-      if (rest > shared) {
-        units.push({ members: [i], shared: 0, length: shared + rest })
-        continue
-      }
-      const row = rows.find((r) => r.length + rest <= limit && r.members.length < maxSegments)
-      if (row === undefined) rows.push({ members: [i], length: shared + rest })
-      else {
-        row.members.push(i)
-        row.length += rest
-      }
-    }
-    for (const row of rows) {
-      row.members.sort((a, b) => a - b)
-      units.push(row.members.length === 1 ? { ...row, shared: 0 } : { ...row, shared })
-    }
-  }
-  return units
+  return [...groups.values()].filter((g) => g.members.length > 1)
 }
 
-/** Segment ids are bytes: 1 is the common tokens, so a row holds at most 254 sequences. */
-const maxSegments = 254
+/**
+ * A shared micro-batch: its rows (sequence, its group's place among the prompts; −1: padding), its prompts and how
+ * many prompt rows it takes (more with padding: empty ones).
+ */
+interface SharedBatch {
+  readonly rows: ReadonlyArray<{ readonly sequence: number; readonly prefix: number }>
+  readonly prefixes: ReadonlyArray<Group>
+  readonly promptRows: number
+}
+
+/**
+ * Fills micro-batches with the groups' rows, groups with the longest rests first and each group's longest rest
+ * first, while `rows × rest length + prompts × prompt length` (both padded) fits the budget; a group that does not
+ * fit whole goes on in the next micro-batch with its prompt again.
+ *
+ * With `padRows`, shapes depend on the padded lengths only (each shape costs a compiled graph, on every worker):
+ * a micro-batch of `n` rows takes `⌈n / k⌉ + 1` prompt rows (`k` the largest group: the most prompts `n` rows in
+ * group order can touch), and its rows are padded to the most that fit beside them.
+ */
+const sharedBatches = (
+  sequences: ReadonlyArray<Sequence>,
+  groups: ReadonlyArray<Group>,
+  budget: number,
+  multiple: number,
+  padRows: boolean
+): Array<SharedBatch> => {
+  const rest = (g: Group, i: number) => sequences[i]!.tokenIds.length - g.shared
+  const k = Math.max(...groups.map((g) => g.members.length))
+  const promptRows = (n: number, used: number) => (padRows ? Math.ceil(n / k) + 1 : used)
+  const sorted = groups.map((g) => ({
+    shared: g.shared,
+    members: [...g.members].sort((a, b) => rest(g, b) - rest(g, a) || a - b)
+  })).sort((a, b) => rest(b, b.members[0]!) - rest(a, a.members[0]!) || a.members[0]! - b.members[0]!)
+  const out: Array<SharedBatch> = []
+  let rows: Array<{ sequence: number; prefix: number }> = []
+  let prefixes: Array<Group> = []
+  let rowLength = 0
+  let prefixLength = 0
+  const cost = (n: number, used: number, r: number, p: number) => n * r + promptRows(n, used) * p
+  const close = () => {
+    let n = rows.length
+    while (padRows && cost(n + 1, prefixes.length, rowLength, prefixLength) <= budget) n++
+    while (rows.length < n) rows.push({ sequence: -1, prefix: 0 })
+    out.push({ rows, prefixes, promptRows: promptRows(n, prefixes.length) })
+    rows = []
+    prefixes = []
+    rowLength = prefixLength = 0
+  }
+  for (const group of sorted) {
+    for (const sequence of group.members) {
+      const r = Math.max(rowLength, roundUp(rest(group, sequence), multiple))
+      const p = Math.max(prefixLength, roundUp(group.shared, multiple))
+      const used = prefixes.length + (prefixes.at(-1) === group ? 0 : 1)
+      if (rows.length > 0 && cost(rows.length + 1, used, r, p) > budget) close()
+      if (prefixes.at(-1) !== group) prefixes.push(group)
+      rows.push({ sequence, prefix: prefixes.length - 1 })
+      rowLength = Math.max(rowLength, roundUp(rest(group, sequence), multiple))
+      prefixLength = Math.max(prefixLength, roundUp(group.shared, multiple))
+    }
+  }
+  if (rows.length > 0) close()
+  return out
+}
+
+const fillShared = (
+  sequences: ReadonlyArray<Sequence>,
+  { prefixes, promptRows, rows }: SharedBatch,
+  totals: Loss.Totals,
+  aggregation: Loss.AggregationMode,
+  normLength: number,
+  multiple: number
+): MicroBatch => {
+  const prefixLength = roundUp(Math.max(...prefixes.map((g) => g.shared)), multiple)
+  const prefixIds = new Int32Array(promptRows * prefixLength)
+  const prefixMask = new Uint8Array(promptRows * prefixLength)
+  prefixes.forEach((g, k) => {
+    prefixIds.set(sequences[g.members[0]!]!.tokenIds.subarray(0, g.shared), k * prefixLength)
+    prefixMask.fill(1, k * prefixLength, k * prefixLength + g.shared)
+  })
+  const real = rows.filter((r) => r.sequence >= 0)
+  const length = roundUp(
+    Math.max(...real.map((r) => sequences[r.sequence]!.tokenIds.length - prefixes[r.prefix]!.shared)),
+    multiple
+  )
+  const mb = fill(
+    sequences,
+    rows.map((r) => r.sequence),
+    length,
+    totals,
+    aggregation,
+    normLength,
+    rows.map((r) => prefixes[r.prefix]!.shared)
+  )
+  return {
+    ...mb,
+    prefix: {
+      batch: promptRows,
+      length: prefixLength,
+      inputIds: prefixIds,
+      attentionMask: prefixMask,
+      index: Int32Array.from(rows, (r) => r.prefix)
+    }
+  }
+}
 
 const fill = (
   sequences: ReadonlyArray<Sequence>,
-  rows: ReadonlyArray<Unit>,
+  rows: ReadonlyArray<number>,
   length: number,
   totals: Loss.Totals,
   aggregation: Loss.AggregationMode,
   normLength: number,
-  withPositions: boolean
+  from?: ReadonlyArray<number>
 ): MicroBatch => {
   const batch = rows.length
   const cells = batch * length
   const inputIds = new Int32Array(cells)
   const attentionMask = new Uint8Array(cells)
-  const positionIds = withPositions ? new Int32Array(cells) : undefined
   const targets = new Int32Array(cells)
   const mask = new Uint8Array(cells)
   const advantages = new Float32Array(cells)
   const samplerLogprobs = new Float32Array(cells)
   const refLogprobs = new Float32Array(cells)
+  // With `from`, row b holds tokens from[b]… of its sequence, at positions from[b]… (after its shared prompt).
+  const positionIds = from === undefined ? undefined : new Int32Array(cells)
   let lossTokens = 0
-  rows.forEach((unit, b) => {
-    let o = b * length
-    // Tokens [from, to) of sequence s from cell o on, in segment `segment`, each trained on the token after it.
-    const place = (s: Sequence, from: number, to: number, segment: number) => {
-      const n = s.tokenIds.length
-      inputIds.set(s.tokenIds.subarray(from, to), o)
-      attentionMask.fill(segment, o, o + to - from)
-      for (let t = from; t < to; t++) {
-        const cell = o + t - from
-        if (positionIds !== undefined) positionIds[cell] = t
-        if (t + 1 === n) continue
-        targets[cell] = s.tokenIds[t + 1]!
-        if (s.lossMask[t + 1] === 0) continue
-        mask[cell] = 1
-        lossTokens++
-        advantages[cell] = s.advantages?.[t + 1] ?? 0
-        samplerLogprobs[cell] = s.samplerLogprobs?.[t + 1] ?? 0
-        refLogprobs[cell] = s.refLogprobs?.[t + 1] ?? 0
-      }
-      o += to - from
+  rows.forEach((index, b) => {
+    if (index < 0) return // an empty padding row: no tokens, no loss
+    const s = sequences[index]!
+    const start = from?.[b] ?? 0
+    const n = s.tokenIds.length - start
+    const o = b * length - start // cell of token t: o + t
+    inputIds.set(s.tokenIds.subarray(start), o + start)
+    attentionMask.fill(1, o + start, o + start + n)
+    for (let t = start; t < s.tokenIds.length; t++) {
+      if (positionIds !== undefined) positionIds[o + t] = t
+      if (t + 1 === s.tokenIds.length) break
+      targets[o + t] = s.tokenIds[t + 1]!
+      if (s.lossMask[t + 1] === 0) continue
+      mask[o + t] = 1
+      lossTokens++
+      advantages[o + t] = s.advantages?.[t + 1] ?? 0
+      samplerLogprobs[o + t] = s.samplerLogprobs?.[t + 1] ?? 0
+      refLogprobs[o + t] = s.refLogprobs?.[t + 1] ?? 0
     }
-    if (unit.shared === 0) {
-      for (const index of unit.members) place(sequences[index]!, 0, sequences[index]!.tokenIds.length, 1)
-      return
-    }
-    // The common tokens once (their targets carry no loss: they end before every member's first loss token), then
-    // each sequence's rest.
-    place(sequences[unit.members[0]!]!, 0, unit.shared, 1)
-    unit.members.forEach((index, k) => place(sequences[index]!, unit.shared, sequences[index]!.tokenIds.length, k + 2))
   })
-  const weights = Loss.aggregationWeights(
-    aggregation,
-    mask,
-    batch,
-    length,
-    totals,
-    normLength,
-    positionIds === undefined ? undefined : attentionMask
-  )
+  const weights = Loss.aggregationWeights(aggregation, mask, batch, length, totals, normLength)
   return {
     batch,
     length,
@@ -405,7 +461,7 @@ const fill = (
     advantages,
     samplerLogprobs,
     refLogprobs,
-    sequenceIndex: Int32Array.from(rows, (unit) => unit.members[0] ?? -1),
+    sequenceIndex: Int32Array.from(rows),
     lossTokens
   }
 }

@@ -239,10 +239,11 @@ export const LearnerConfig = Schema.Struct({
    */
   rowSteps: withDefault(IntIn(1, 64), 1),
   /**
-   * One row per GRPO group's prompt instead of one per chain (`Packing.Options.sharePrefix`): the chains of a group
-   * share their prompt's tokens in one row, computed once, each chain's own tokens seeing the prompt and themselves.
-   * The same loss and gradients up to float rounding, ≈ 20 % less learner work where the prompt is half of a row.
-   * Default false, with which the recorded runs were made.
+   * A GRPO group's prompt computed once instead of once per chain (`Packing.Options.sharePrefix`,
+   * `Qwen2.sharedPrefixGraph`): the learner runs each group's common tokens once and each chain's own tokens in a
+   * row that attends to them. The same loss, logprobs and gradients up to float rounding (the sums run in another
+   * order, so a run's figures differ in their last digits from one without). Default false, with which the recorded
+   * runs were made.
    */
   sharePrefix: withDefault(Schema.Boolean, false)
 })

@@ -50,12 +50,15 @@ export interface Model {
   readonly parameters: ReadonlyArray<{ readonly name: string; readonly shape: ReadonlyArray<number> }>
   readonly vocabSize: number
   readonly forward: () => Autodiff.Forward
+  /** The forward of micro-batches with shared prompts (`Packing.MicroBatch.prefix`); absent = not supported. */
+  readonly sharedForward?: (() => Autodiff.Forward) | undefined
   readonly inputs: (batch: Packing.MicroBatch) => Record<string, ort.Tensor>
 }
 
 /**
- * The Qwen2 model of `model/Qwen2.ts`: inputs `input_ids`, `attention_mask`, `position_ids` (the micro-batch's
- * own, or counted along real tokens only, so right padding does not shift them).
+ * The Qwen2 model of `model/Qwen2.ts`: inputs `input_ids`, `attention_mask`, `position_ids` (the micro-batch's own,
+ * or counted along real tokens only, so right padding does not shift them); with shared prompts
+ * (`Qwen2.sharedPrefixGraph`), also `prefix_ids`, `prefix_mask`, `prefix_positions` and `prefix_index`.
  *
  * @category constructors
  * @since 0.1.0
@@ -64,8 +67,10 @@ export const qwen2 = (config: ModelConfig.ModelConfig): Model => ({
   parameters: Qwen2.parameters(config),
   vocabSize: config.vocabSize,
   forward: () => Qwen2.trainingGraph(config),
+  sharedForward: () => Qwen2.sharedPrefixGraph(config),
   inputs: (mb) => {
     const dims = [mb.batch, mb.length]
+    const prefix = mb.prefix === undefined ? {} : prefixInputs(mb.prefix)
     const positions = mb.positionIds ?? new Int32Array(mb.batch * mb.length)
     for (let b = 0; b < mb.batch && mb.positionIds === undefined; b++) {
       let p = 0
@@ -77,10 +82,22 @@ export const qwen2 = (config: ModelConfig.ModelConfig): Model => ({
     return {
       input_ids: new ort.Tensor("int64", int64s(mb.inputIds), dims),
       attention_mask: new ort.Tensor("int64", int64s(mb.attentionMask), dims),
-      position_ids: new ort.Tensor("int64", int64s(positions), dims)
+      position_ids: new ort.Tensor("int64", int64s(positions), dims),
+      ...prefix
     }
   }
 })
+
+const prefixInputs = (prefix: Packing.Prefix): Record<string, ort.Tensor> => {
+  const dims = [prefix.batch, prefix.length]
+  const positions = Int32Array.from(prefix.attentionMask, (m, i) => (m ? i % prefix.length : 0))
+  return {
+    prefix_ids: new ort.Tensor("int64", int64s(prefix.inputIds), dims),
+    prefix_mask: new ort.Tensor("int64", int64s(prefix.attentionMask), dims),
+    prefix_positions: new ort.Tensor("int64", int64s(positions), dims),
+    prefix_index: new ort.Tensor("int64", int64s(prefix.index), [prefix.index.length])
+  }
+}
 
 const littleEndian = new Uint8Array(Uint32Array.of(1).buffer)[0] === 1
 
@@ -176,6 +193,7 @@ const shardOf = (mb: Packing.MicroBatch, r0: number, r1: number): Packing.MicroB
     inputIds: mb.inputIds.slice(from, to),
     attentionMask: mb.attentionMask.slice(from, to),
     positionIds: mb.positionIds?.slice(from, to),
+    prefix: mb.prefix === undefined ? undefined : prefixShard(mb.prefix, r0, r1),
     targets: mb.targets.slice(from, to),
     mask,
     weights: mb.weights.slice(from, to),
@@ -186,6 +204,23 @@ const shardOf = (mb: Packing.MicroBatch, r0: number, r1: number): Packing.MicroB
     sequenceIndex: mb.sequenceIndex.slice(r0, r1),
     lossTokens: mask.reduce((n, m) => n + (m !== 0 ? 1 : 0), 0)
   }
+}
+
+/**
+ * The prompts rows `[r0, r1)` continue, in their order, renumbered; as many prompt rows as the micro-batch's (the
+ * rest empty), so that a shard's shape does not depend on how the groups fell.
+ */
+const prefixShard = (prefix: Packing.Prefix, r0: number, r1: number): Packing.Prefix => {
+  const used = [...new Set(prefix.index.subarray(r0, r1))]
+  const L = prefix.length
+  const inputIds = new Int32Array(prefix.batch * L)
+  const attentionMask = new Uint8Array(prefix.batch * L)
+  used.forEach((k, j) => {
+    inputIds.set(prefix.inputIds.subarray(k * L, (k + 1) * L), j * L)
+    attentionMask.set(prefix.attentionMask.subarray(k * L, (k + 1) * L), j * L)
+  })
+  const index = Int32Array.from(prefix.index.subarray(r0, r1), (k) => used.indexOf(k))
+  return { batch: prefix.batch, length: L, inputIds, attentionMask, index }
 }
 
 /** Shard results in shard order: losses and statistics summed, token logprobs concatenated along rows. */
@@ -299,19 +334,34 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
       return Effect.tryPromise(() => c.session.release()).pipe(Effect.ignore)
     })
 
-  const buildGraph = (batch: number, length: number, withGradients: boolean) =>
-    Autodiff.trainingGraph(model.forward(), { batch, length, loss: options.loss, withGradients })
+  const buildGraph = (mb: Packing.MicroBatch, withGradients: boolean) => {
+    const { batch, length, prefix } = mb
+    if (prefix === undefined) {
+      return Autodiff.trainingGraph(model.forward(), { batch, length, loss: options.loss, withGradients })
+        .pipe(Effect.mapError((e) => fail("Graph", e.message)))
+    }
+    if (model.sharedForward === undefined) {
+      return Effect.fail(fail("BadBatch", "this model has no graph for micro-batches with shared prompts"))
+    }
+    const dims = { groups: prefix.batch, prefix: prefix.length }
+    return Autodiff.trainingGraph(model.sharedForward(), { batch, length, dims, loss: options.loss, withGradients })
       .pipe(Effect.mapError((e) => fail("Graph", e.message)))
+  }
 
-  const compile = Effect.fnUntraced(function*(batch: number, length: number, withGradients: boolean) {
-    const key = `${withGradients ? "train" : "fwd"}:${batch}x${length}`
+  /** One graph a shape: the rows', and the shared prompts' if any. */
+  const shapeKey = (mb: Packing.MicroBatch, withGradients: boolean) =>
+    `${withGradients ? "train" : "fwd"}:${mb.batch}x${mb.length}` +
+    (mb.prefix === undefined ? "" : `+${mb.prefix.batch}x${mb.prefix.length}`)
+
+  const compile = Effect.fnUntraced(function*(mb: Packing.MicroBatch, withGradients: boolean) {
+    const key = shapeKey(mb, withGradients)
     const hit = sessions.get(key)
     if (hit !== undefined) {
       sessions.delete(key)
       sessions.set(key, hit) // most recently used last
       return hit
     }
-    const graph = yield* buildGraph(batch, length, withGradients)
+    const graph = yield* buildGraph(mb, withGradients)
     const bytes = Graph.toModelBytes(graph.graph)
     const session = yield* Effect.tryPromise({
       try: () => ort.InferenceSession.create(bytes, sessionOptions),
@@ -336,14 +386,26 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
         return fail("BadBatch", `${name} has ${(a as Uint8Array).length} entries, expected ${cells}`)
       }
     }
-    for (const ids of [mb.inputIds, mb.targets]) {
-      for (let i = 0; i < cells; i++) {
+    for (const ids of [mb.inputIds, mb.targets, mb.prefix?.inputIds ?? []]) {
+      for (let i = 0; i < ids.length; i++) {
         if (ids[i]! < 0 || ids[i]! >= model.vocabSize) {
           return fail("BadBatch", `token id ${ids[i]} at ${i} is outside the vocabulary of ${model.vocabSize}`)
         }
       }
     }
-    return undefined
+    return mb.prefix === undefined ? undefined : validatePrefix(mb.prefix, mb.batch)
+  }
+
+  const validatePrefix = (prefix: Packing.Prefix, rows: number): PolicyTrainer.PolicyTrainerError | undefined => {
+    const cells = prefix.batch * prefix.length
+    if (!(prefix.batch > 0 && prefix.length > 0)) {
+      return fail("BadBatch", `empty prompts ${prefix.batch} × ${prefix.length}`)
+    }
+    if (prefix.inputIds.length !== cells || prefix.attentionMask.length !== cells || prefix.index.length !== rows) {
+      return fail("BadBatch", `prompts ${prefix.batch} × ${prefix.length} for ${rows} rows: arrays of other sizes`)
+    }
+    const bad = prefix.index.findIndex((k) => !(k >= 0 && k < prefix.batch))
+    return bad === -1 ? undefined : fail("BadBatch", `row ${bad} continues prompt ${prefix.index[bad]} of ${prefix.batch}`)
   }
 
   /** The graph's non-weight inputs for a micro-batch: the model's own and the loss head's. */
@@ -452,11 +514,11 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
       return broken ? dropPool : Effect.void
     })
 
-  const graphFor = Effect.fnUntraced(function*(p: TrainerPool.Pool, batch: number, length: number, grads: boolean) {
-    const key = `${grads ? "train" : "fwd"}:${batch}x${length}`
+  const graphFor = Effect.fnUntraced(function*(p: TrainerPool.Pool, mb: Packing.MicroBatch, grads: boolean) {
+    const key = shapeKey(mb, grads)
     const hit = graphs.get(key)
     graphs.delete(key)
-    const entry = hit ?? (yield* Effect.map(buildGraph(batch, length, grads), (graph) => ({
+    const entry = hit ?? (yield* Effect.map(buildGraph(mb, grads), (graph) => ({
       graph,
       bytes: Graph.toModelBytes(graph.graph)
     })))
@@ -474,9 +536,10 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
   const runShards = Effect.fnUntraced(function*(mb: Packing.MicroBatch, withGradients: boolean) {
     const p = yield* usePool
     const shards = shardRanges(mb.batch, p.size)
+    const pieces = shards.map(([r0, r1]) => shardOf(mb, r0, r1))
     const entries: Array<Effect.Success<ReturnType<typeof graphFor>>> = []
-    for (const [r0, r1] of shards) entries.push(yield* graphFor(p, r1 - r0, mb.length, withGradients))
-    const results = yield* Effect.forEach(shards, ([r0, r1], j) =>
+    for (const piece of pieces) entries.push(yield* graphFor(p, piece, withGradients))
+    const results = yield* Effect.forEach(shards, (_, j) =>
       Effect.gen(function*() {
         const { key, graph, bytes } = entries[j]!
         if (!compiledOn[j]!.has(key)) {
@@ -485,7 +548,7 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
           compiledOn[j]!.add(key)
         }
         const plain: Record<string, TrainerWorker.Feed> = {}
-        for (const [name, t] of Object.entries(batchFeeds(graph, shardOf(mb, r0, r1)))) plain[name] = toFeed(t)
+        for (const [name, t] of Object.entries(batchFeeds(graph, pieces[j]!))) plain[name] = toFeed(t)
         const accumulate = !withGradients ? "none" : shardsAccumulated[j] === 0 ? "set" : "add"
         const out = yield* p.request(j, { op: "run", key, version: weightsVersion, feeds: plain, accumulate })
         return out.run!
@@ -515,7 +578,7 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
         accumulated++
         return result
       }
-      const c = yield* compile(mb.batch, mb.length, true)
+      const c = yield* compile(mb, true)
       const out = yield* run(c, mb)
       for (const [w, gradName] of c.graph.gradients) {
         const g = out[gradName]!.data as Float32Array
@@ -558,7 +621,7 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
       const bad = validate(mb)
       if (bad !== undefined) return yield* bad
       if (shared !== undefined) return yield* runShards(mb, false).pipe(Effect.onError(() => afterFailure(false)))
-      return summarize(yield* run(yield* compile(mb.batch, mb.length, false), mb))
+      return summarize(yield* run(yield* compile(mb, false), mb))
     }))
 
   const snapshot = () => new Map([...params].map(([k, v]) => [k, Float32Array.from(v)]))

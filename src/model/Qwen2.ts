@@ -10,9 +10,6 @@
  * **Graph interface.** Inputs: `input_ids [B, T]` int64; `attention_mask [B, P + T]` int64 (1 = real token,
  * 0 = padding; `P` is the cached length, 0 without a cache); `position_ids [B, T]` int64 (each token's index among
  * its sequence's real tokens, see {@link positionIds}); with a KV cache, `past.{i}.key|value [B, KV, P, hd]`.
- * Without a cache (the learner's graph), `attention_mask` may also hold **segment ids** ≥ 2: a row packing one
- * shared prompt (segment 1) and several continuations of it (segments 2, 3, …, each seeing segment 1 and itself,
- * with positions that continue the prompt's), as `Packing`'s `sharePrefix` lays them out.
  * Outputs: `logits [B, T, V]` float32 (`[B, 1, V]` with `lastTokenOnly`) and, with a cache, `new.{i}.key|value
  * [B, KV, T, hd]`: the new tokens' keys (rotated) and values only. The caller keeps the cache and appends them, so
  * that a decode step does not copy the whole cache out of onnxruntime; the cache's slots need not be contiguous
@@ -22,7 +19,7 @@
  *
  * **Ops used** (what the learner's autodiff must handle): Gather, MatMul, Add, Mul, Sub, Sigmoid, Softmax,
  * Transpose, Reshape, Concat, Slice, Unsqueeze, ReduceMean, Sqrt, Reciprocal, Where; index/mask-only (no gradient):
- * Shape, Range, LessOrEqual, Cast, And, Equal, Or; decoding only: Identity (the `new.*` outputs).
+ * Shape, Range, LessOrEqual, Cast, And; decoding only: Identity (the `new.*` outputs).
  *
  * @since 0.1.0
  */
@@ -42,7 +39,7 @@ export const forwardOps = {
     "Gather", "MatMul", "Add", "Mul", "Sub", "Sigmoid", "Softmax", "Transpose", "Reshape", "Concat", "Slice",
     "Unsqueeze", "ReduceMean", "Sqrt", "Reciprocal", "Where"
   ],
-  nonDifferentiable: ["Shape", "Range", "LessOrEqual", "Cast", "And", "Equal", "Or", "Identity"]
+  nonDifferentiable: ["Shape", "Range", "LessOrEqual", "Cast", "And", "Identity"]
 } as const
 
 // ===== Parameters =====
@@ -207,14 +204,7 @@ interface Context {
   readonly maskBias: string // [B, 1, 1, T, P + T]: 0 where attention is allowed, -1e9 elsewhere
 }
 
-const context = (
-  g: Graph.Graph,
-  c: ModelConfig.ModelConfig,
-  ids: string,
-  mask: string,
-  pos: string,
-  segments: boolean
-): Context => {
+const context = (g: Graph.Graph, c: ModelConfig.ModelConfig, ids: string, mask: string, pos: string): Context => {
   const hd = ModelConfig.headDim(c), tables = ropeTables(c)
   const dims = [c.maxPositionEmbeddings, hd]
   const cosT = g.op("Gather", [g.constant({ dtype: "float32", dims, data: fullWidth(tables.cos, hd) }), pos])
@@ -226,15 +216,7 @@ const context = (
   const cols = g.op("Range", [zero, total, one])
   const causal = g.op("LessOrEqual", [g.op("Unsqueeze", [cols, i64(g, [0])]), g.op("Unsqueeze", [rows, i64(g, [1])])])
   const pad = g.op("Unsqueeze", [g.op("Cast", [mask], { to: Graph.int(Graph.dataTypeCode.bool) }), i64(g, [1, 2, 3])])
-  let allowed = g.op("And", [causal, pad])
-  if (segments) {
-    // Segment ids (see `forward`): a token sees the shared segment 1 and its own segment. With a mask of 0s and 1s
-    // every real key is in segment 1, so this changes nothing.
-    const key = g.op("Unsqueeze", [mask, i64(g, [1, 2, 3])]) // [B, 1, 1, 1, T]
-    const query = g.op("Unsqueeze", [mask, i64(g, [1, 2, 4])]) // [B, 1, 1, T, 1]
-    const shared = g.op("Equal", [key, g.constant(Graph.int64([], [1]))])
-    allowed = g.op("And", [allowed, g.op("Or", [shared, g.op("Equal", [key, query])])])
-  }
+  const allowed = g.op("And", [causal, pad])
   return {
     cos4: g.op("Unsqueeze", [cosT, i64(g, [1])]),
     sin4: g.op("Unsqueeze", [sinT, i64(g, [1])]),
@@ -247,11 +229,80 @@ const context = (
 /** A parameter reference: a graph input or initializer name. */
 type Param = (name: string) => string
 
+/** Layer `i`'s rotated queries `[B, KV, G, T, hd]`, rotated keys and values `[B, KV, T, hd]` of normalised `h`. */
+interface Projections {
+  readonly q: string
+  readonly k: string
+  readonly v: string
+}
+
+const projections = (
+  g: Graph.Graph,
+  c: ModelConfig.ModelConfig,
+  i: number,
+  h: string,
+  ctx: Context,
+  param: Param
+): Projections => {
+  const hd = ModelConfig.headDim(c), KV = c.numKeyValueHeads, G = c.numAttentionHeads / KV
+  const p = `model.layers.${i}.self_attn`
+  const bias = (n: string) => (c.attentionBias ? param(`${p}.${n}_proj.bias`) : undefined)
+  const q = g.op("Reshape", [linear(g, h, param(`${p}.q_proj.weight`), bias("q")), i64(g, [0, 0, KV, G, hd])])
+  const k = g.op("Reshape", [linear(g, h, param(`${p}.k_proj.weight`), bias("k")), i64(g, [0, 0, KV, hd])])
+  const v = g.op("Reshape", [linear(g, h, param(`${p}.v_proj.weight`), bias("v")), i64(g, [0, 0, KV, hd])])
+  return {
+    q: g.op("Transpose", [rope(g, q, ctx.cos5, ctx.sin5, hd)], { perm: Graph.ints([0, 2, 3, 1, 4]) }),
+    // Keys are rotated after the head transpose, so that no other Transpose precedes the one in `kT` below.
+    k: rope(g, g.op("Transpose", [k], { perm: Graph.ints([0, 2, 1, 3]) }), ctx.cos4, ctx.sin4, hd),
+    v: g.op("Transpose", [v], { perm: Graph.ints([0, 2, 1, 3]) })
+  }
+}
+
+/**
+ * Layer `i`'s attention output (after `o_proj`) for projected tokens, over themselves and, with `past`, over keys
+ * and values before them (`[B, KV, P, hd]`: a decoding cache, or a shared prompt's).
+ */
+const attend = (
+  g: Graph.Graph,
+  c: ModelConfig.ModelConfig,
+  i: number,
+  { k, q, v }: Projections,
+  ctx: Context,
+  param: Param,
+  past?: { readonly key: string; readonly value: string }
+): string => {
+  const hd = ModelConfig.headDim(c)
+  // Unsqueeze, then swap the last two axes: onnxruntime folds this swap into the product (FusedMatMul) where a
+  // merged Transpose moving the time axis last was a strided copy, and the learner's MatMul rule recognises Xᵀ.
+  const scoresWith = (keys: string) => {
+    const kT = g.op("Transpose", [g.op("Unsqueeze", [keys, i64(g, [2])])], { perm: Graph.ints([0, 1, 2, 4, 3]) })
+    return g.op("Mul", [g.op("MatMul", [q, kT]), f32(g, 1 / Math.sqrt(hd))])
+  }
+  const weighted = (probs: string, values: string) => g.op("MatMul", [probs, g.op("Unsqueeze", [values, i64(g, [2])])])
+  let o: string // [B, KV, G, T, hd]
+  if (past === undefined) {
+    o = weighted(g.op("Softmax", [g.op("Add", [scoresWith(k), ctx.maskBias])], { axis: Graph.int(-1) }), v)
+  } else {
+    // Attention over the cache and the new tokens without concatenating them: only the scores (one per cached
+    // slot) are joined. (Returning the whole cache cost 17 of the 25 ms of a batch-64 decode step at 200 cached
+    // slots: onnxruntime-node copies every output out.)
+    const scores = g.op("Concat", [scoresWith(past.key), scoresWith(k)], { axis: Graph.int(-1) })
+    const probs = g.op("Softmax", [g.op("Add", [scores, ctx.maskBias])], { axis: Graph.int(-1) })
+    const cached = g.op("Gather", [g.op("Shape", [past.key]), i64(g, [2])], { axis: Graph.int(0) })
+    const last = i64(g, [-1])
+    const toCache = g.op("Slice", [probs, i64(g, [0]), cached, last])
+    const toNew = g.op("Slice", [probs, cached, i64(g, [2 ** 62]), last])
+    o = g.op("Add", [weighted(toCache, past.value), weighted(toNew, v)])
+  }
+  const merged = g.op("Reshape", [g.op("Transpose", [o], { perm: Graph.ints([0, 3, 1, 2, 4]) }), i64(g, [0, 0, -1])])
+  return linear(g, merged, param(`model.layers.${i}.self_attn.o_proj.weight`))
+}
+
 /**
  * Grouped-query self-attention of layer `i` on normalised `h [B, T, D]`. Query head `kv·G + j` shares KV head `kv`
  * (Hugging Face's `repeat_kv` order); keys and values are never repeated in memory: queries are shaped
  * `[B, KV, G, T, hd]` and MatMul broadcasts over the group axis. With `past`, the new tokens attend to the cache
- * and to themselves, and their keys/values are returned as `new`.
+ * and to themselves, and their keys/values are returned as `new` (only they leave the graph).
  *
  * @category math
  * @since 0.1.0
@@ -265,42 +316,12 @@ export const attention = (
   param: Param,
   past?: { readonly key: string; readonly value: string; readonly newKey: string; readonly newValue: string }
 ): string => {
-  const hd = ModelConfig.headDim(c), KV = c.numKeyValueHeads, G = c.numAttentionHeads / KV
-  const p = `model.layers.${i}.self_attn`
-  const bias = (n: string) => (c.attentionBias ? param(`${p}.${n}_proj.bias`) : undefined)
-  const q = g.op("Reshape", [linear(g, h, param(`${p}.q_proj.weight`), bias("q")), i64(g, [0, 0, KV, G, hd])])
-  const k = g.op("Reshape", [linear(g, h, param(`${p}.k_proj.weight`), bias("k")), i64(g, [0, 0, KV, hd])])
-  const v = g.op("Reshape", [linear(g, h, param(`${p}.v_proj.weight`), bias("v")), i64(g, [0, 0, KV, hd])])
-  const qr = g.op("Transpose", [rope(g, q, ctx.cos5, ctx.sin5, hd)], { perm: Graph.ints([0, 2, 3, 1, 4]) })
-  // Keys are rotated after the head transpose, so that no other Transpose precedes the one in `kT` below.
-  const kr = rope(g, g.op("Transpose", [k], { perm: Graph.ints([0, 2, 1, 3]) }), ctx.cos4, ctx.sin4, hd)
-  const vr = g.op("Transpose", [v], { perm: Graph.ints([0, 2, 1, 3]) })
-  // Unsqueeze, then swap the last two axes: onnxruntime folds this swap into the product (FusedMatMul) where a
-  // merged Transpose moving the time axis last was a strided copy, and the learner's MatMul rule recognises Xᵀ.
-  const scoresWith = (keys: string) => {
-    const kT = g.op("Transpose", [g.op("Unsqueeze", [keys, i64(g, [2])])], { perm: Graph.ints([0, 1, 2, 4, 3]) })
-    return g.op("Mul", [g.op("MatMul", [qr, kT]), f32(g, 1 / Math.sqrt(hd))])
+  const projected = projections(g, c, i, h, ctx, param)
+  if (past !== undefined) {
+    g.node("Identity", [projected.k], [past.newKey])
+    g.node("Identity", [projected.v], [past.newValue])
   }
-  const weighted = (probs: string, values: string) => g.op("MatMul", [probs, g.op("Unsqueeze", [values, i64(g, [2])])])
-  let o: string // [B, KV, G, T, hd]
-  if (past === undefined) {
-    o = weighted(g.op("Softmax", [g.op("Add", [scoresWith(kr), ctx.maskBias])], { axis: Graph.int(-1) }), vr)
-  } else {
-    // Attention over the cache and the new tokens without concatenating them: only the scores (one per cached
-    // slot) are joined, and only the new keys/values leave the graph. Returning the whole cache cost 17 of the
-    // 25 ms of a batch-64 decode step at 200 cached slots (onnxruntime-node copies every output out).
-    g.node("Identity", [kr], [past.newKey])
-    g.node("Identity", [vr], [past.newValue])
-    const scores = g.op("Concat", [scoresWith(past.key), scoresWith(kr)], { axis: Graph.int(-1) })
-    const probs = g.op("Softmax", [g.op("Add", [scores, ctx.maskBias])], { axis: Graph.int(-1) })
-    const cached = g.op("Gather", [g.op("Shape", [past.key]), i64(g, [2])], { axis: Graph.int(0) })
-    const last = i64(g, [-1])
-    const toCache = g.op("Slice", [probs, i64(g, [0]), cached, last])
-    const toNew = g.op("Slice", [probs, cached, i64(g, [2 ** 62]), last])
-    o = g.op("Add", [weighted(toCache, past.value), weighted(toNew, vr)])
-  }
-  const merged = g.op("Reshape", [g.op("Transpose", [o], { perm: Graph.ints([0, 3, 1, 2, 4]) }), i64(g, [0, 0, -1])])
-  return linear(g, merged, param(`${p}.o_proj.weight`))
+  return attend(g, c, i, projected, ctx, param, past)
 }
 
 /**
@@ -352,8 +373,113 @@ export interface ForwardOutputs {
  * @since 0.1.0
  */
 export const forward = (g: Graph.Graph, c: ModelConfig.ModelConfig, options: ForwardOptions): ForwardOutputs => {
+  const { param, weightInputs } = paramsOf(g, c, options.weights)
+  const ids = g.input("input_ids", "int64", ["batch", "seq"])
+  const mask = g.input("attention_mask", "int64", ["batch", options.kvCache ? "total" : "seq"])
+  const pos = g.input("position_ids", "int64", ["batch", "seq"])
+  const ctx = context(g, c, ids, mask, pos)
+  const hd = ModelConfig.headDim(c), KV = c.numKeyValueHeads
+  let x = embed(g, c, ids, pos, param)
+  for (let i = 0; i < c.numHiddenLayers; i++) {
+    const p = `model.layers.${i}`
+    const past = options.kvCache ?
+      {
+        key: g.input(`past.${i}.key`, "float32", ["batch", KV, "past", hd]),
+        value: g.input(`past.${i}.value`, "float32", ["batch", KV, "past", hd]),
+        newKey: `new.${i}.key`,
+        newValue: `new.${i}.value`
+      } :
+      undefined
+    const h = rmsNorm(g, x, param(`${p}.input_layernorm.weight`), c.rmsNormEps)
+    x = g.op("Add", [x, attention(g, c, i, h, ctx, param, past)])
+    x = g.op("Add", [x, mlpBlock(g, c, i, x, param)])
+    if (past !== undefined) {
+      g.output(past.newKey, "float32", ["batch", KV, "seq", hd])
+      g.output(past.newValue, "float32", ["batch", KV, "seq", hd])
+    }
+  }
+  if (options.lastTokenOnly === true) x = g.op("Slice", [x, i64(g, [-1]), i64(g, [2 ** 62]), i64(g, [1])])
+  const logits = head(g, c, x, param)
+  g.output(logits, "float32", ["batch", options.lastTokenOnly === true ? 1 : "seq", c.vocabSize])
+  return { logits, weightInputs }
+}
+
+/**
+ * The training-shaped forward of a GRPO group's chains sharing their prompt: the prompts' tokens run once,
+ * `prefix_ids [groups, prefix]` (`prefix_mask` 1 on real tokens, `prefix_positions`), and each chain's own tokens,
+ * `input_ids [batch, seq]` (`attention_mask`, `position_ids` continuing its prompt's), attend to their prompt's keys
+ * and values (`prefix_index [batch]`: which prompt) and to themselves, as a decoding step attends to its cache.
+ * Logits `[batch, seq, V]` for the chains' tokens only: a prompt's tokens carry no loss. The maths of every token
+ * are those of {@link trainingGraph} on the prompt and the chain in one row; the prompts' projections, attention
+ * and MLP run once per group instead of once per chain.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const sharedPrefixGraph = (c: ModelConfig.ModelConfig): { readonly graph: Graph.Graph } & ForwardOutputs => {
+  const g = Graph.make("qwen2_train_shared")
+  const { param, weightInputs } = paramsOf(g, c, "inputs")
+  const prefixIds = g.input("prefix_ids", "int64", ["groups", "prefix"])
+  const prefixMask = g.input("prefix_mask", "int64", ["groups", "prefix"])
+  const prefixPos = g.input("prefix_positions", "int64", ["groups", "prefix"])
+  const ids = g.input("input_ids", "int64", ["batch", "seq"])
+  const mask = g.input("attention_mask", "int64", ["batch", "seq"])
+  const pos = g.input("position_ids", "int64", ["batch", "seq"])
+  const index = g.input("prefix_index", "int64", ["batch"])
+  const ofChain = (value: string) => g.op("Gather", [value, index], { axis: Graph.int(0) })
+  const prefixCtx = context(g, c, prefixIds, prefixMask, prefixPos)
+  // A chain's mask covers its prompt's slots then its own: the decoding layout, with the prompt as the cache.
+  const ctx = context(g, c, ids, g.op("Concat", [ofChain(prefixMask), mask], { axis: Graph.int(1) }), pos)
+  let prefix = embed(g, c, prefixIds, prefixPos, param)
+  let x = embed(g, c, ids, pos, param)
+  for (let i = 0; i < c.numHiddenLayers; i++) {
+    const norm = param(`model.layers.${i}.input_layernorm.weight`)
+    const shared = projections(g, c, i, rmsNorm(g, prefix, norm, c.rmsNormEps), prefixCtx, param)
+    const own = projections(g, c, i, rmsNorm(g, x, norm, c.rmsNormEps), ctx, param)
+    // The prompt's keys and values joined before the chain's own: the gradient of a Concat of keys is a Split of
+    // keys, where joining the scores (as decoding does) made it a Pad of every score, ≈ 7× the bytes.
+    const keys = g.op("Concat", [ofChain(shared.k), own.k], { axis: Graph.int(2) })
+    const values = g.op("Concat", [ofChain(shared.v), own.v], { axis: Graph.int(2) })
+    x = g.op("Add", [x, attend(g, c, i, { q: own.q, k: keys, v: values }, ctx, param)])
+    x = g.op("Add", [x, mlpBlock(g, c, i, x, param)])
+    // The last layer needs only the prompt's keys and values.
+    if (i + 1 < c.numHiddenLayers) {
+      prefix = g.op("Add", [prefix, attend(g, c, i, shared, prefixCtx, param)])
+      prefix = g.op("Add", [prefix, mlpBlock(g, c, i, prefix, param)])
+    }
+  }
+  const logits = head(g, c, x, param)
+  g.output(logits, "float32", ["batch", "seq", c.vocabSize])
+  return { graph: g, logits, weightInputs }
+}
+
+/** Token (and learned position) embeddings of `ids`. */
+const embed = (g: Graph.Graph, c: ModelConfig.ModelConfig, ids: string, pos: string, param: Param): string => {
+  const x = g.op("Gather", [param("model.embed_tokens.weight"), ids], { axis: Graph.int(0) })
+  if (!c.learnedPositions) return x
+  return g.op("Add", [x, g.op("Gather", [param("model.embed_positions.weight"), pos], { axis: Graph.int(0) })])
+}
+
+/** Layer `i`'s MLP on its normalised input (the residual is the caller's). */
+const mlpBlock = (g: Graph.Graph, c: ModelConfig.ModelConfig, i: number, x: string, param: Param): string =>
+  mlp(g, i, rmsNorm(g, x, param(`model.layers.${i}.post_attention_layernorm.weight`), c.rmsNormEps), param)
+
+/** The final norm and the output head: `logits`. */
+const head = (g: Graph.Graph, c: ModelConfig.ModelConfig, x: string, param: Param): string => {
+  const normed = rmsNorm(g, x, param("model.norm.weight"), c.rmsNormEps)
+  const w = param(c.tieWordEmbeddings ? "model.embed_tokens.weight" : "lm_head.weight")
+  return g.node("MatMul", [normed, g.op("Transpose", [w], { perm: Graph.ints([1, 0]) })], ["logits"])[0]!
+}
+
+/** Weight references: graph inputs (declared on first use, in order) or initializers from `weights`. */
+const paramsOf = (
+  g: Graph.Graph,
+  c: ModelConfig.ModelConfig,
+  weights: "inputs" | Weights
+): { readonly param: Param; readonly weightInputs: Array<string> } => {
   const specs = new Map(parameters(c).map((s) => [s.name, s]))
   const weightInputs: Array<string> = []
+  const options = { weights }
   const param: Param = (name) => {
     const spec = specs.get(name)!
     if (options.weights === "inputs") {
@@ -371,40 +497,7 @@ export const forward = (g: Graph.Graph, c: ModelConfig.ModelConfig, options: For
     }
     return g.initializer(name, { dtype: "float32", dims: spec.shape, data })
   }
-  const ids = g.input("input_ids", "int64", ["batch", "seq"])
-  const mask = g.input("attention_mask", "int64", ["batch", options.kvCache ? "total" : "seq"])
-  const pos = g.input("position_ids", "int64", ["batch", "seq"])
-  const ctx = context(g, c, ids, mask, pos, !options.kvCache)
-  const hd = ModelConfig.headDim(c), KV = c.numKeyValueHeads
-  let x = g.op("Gather", [param("model.embed_tokens.weight"), ids], { axis: Graph.int(0) })
-  if (c.learnedPositions) {
-    x = g.op("Add", [x, g.op("Gather", [param("model.embed_positions.weight"), pos], { axis: Graph.int(0) })])
-  }
-  for (let i = 0; i < c.numHiddenLayers; i++) {
-    const p = `model.layers.${i}`
-    const past = options.kvCache ?
-      {
-        key: g.input(`past.${i}.key`, "float32", ["batch", KV, "past", hd]),
-        value: g.input(`past.${i}.value`, "float32", ["batch", KV, "past", hd]),
-        newKey: `new.${i}.key`,
-        newValue: `new.${i}.value`
-      } :
-      undefined
-    const h = rmsNorm(g, x, param(`${p}.input_layernorm.weight`), c.rmsNormEps)
-    x = g.op("Add", [x, attention(g, c, i, h, ctx, param, past)])
-    const h2 = rmsNorm(g, x, param(`${p}.post_attention_layernorm.weight`), c.rmsNormEps)
-    x = g.op("Add", [x, mlp(g, i, h2, param)])
-    if (past !== undefined) {
-      g.output(past.newKey, "float32", ["batch", KV, "seq", hd])
-      g.output(past.newValue, "float32", ["batch", KV, "seq", hd])
-    }
-  }
-  if (options.lastTokenOnly === true) x = g.op("Slice", [x, i64(g, [-1]), i64(g, [2 ** 62]), i64(g, [1])])
-  const normed = rmsNorm(g, x, param("model.norm.weight"), c.rmsNormEps)
-  const head = param(c.tieWordEmbeddings ? "model.embed_tokens.weight" : "lm_head.weight")
-  const logits = g.node("MatMul", [normed, g.op("Transpose", [head], { perm: Graph.ints([1, 0]) })], ["logits"])[0]!
-  g.output(logits, "float32", ["batch", options.lastTokenOnly === true ? 1 : "seq", c.vocabSize])
-  return { logits, weightInputs }
+  return { param, weightInputs }
 }
 
 /**

@@ -145,7 +145,7 @@ describe("Learner.update", () => {
       for (const mb of microBatches) assert.approximately(mb.weights.reduce((a, w) => a + w, 0), 1, 1e-6)
     }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
 
-  it.effect("sharePrefix: a group's chains share one row after their common prompt; the weights are unchanged", () =>
+  it.effect("sharePrefix: a group's prompt packed once, each chain's rest in its row; the weights are unchanged", () =>
     Effect.gen(function*() {
       const recording = yield* PolicyTrainer.RecordingRef
       const prompt = Array.from({ length: 12 }, (_, i) => 20 + i)
@@ -158,11 +158,11 @@ describe("Learner.update", () => {
       yield* Learner.update(groups, { ...unpadded, sharePrefix: true })
       yield* Learner.update(groups, unpadded)
       const [shared, plain] = (yield* Ref.get(recording)).microBatches
-      // 6 rows of 13 + 1 tokens → 2 rows (one a group) of 12 common tokens and 3 × 2 of each chain's own
-      assert.strictEqual(plain!.batch, 6)
-      assert.strictEqual(shared!.batch, 2)
-      assert.deepStrictEqual([...shared!.attentionMask.subarray(0, 18)], [...Array(12).fill(1), 2, 2, 3, 3, 4, 4])
-      assert.deepStrictEqual([...shared!.positionIds!.subarray(10, 18)], [10, 11, 12, 13, 12, 13, 12, 13])
+      // 6 rows of 13 + 1 tokens → the 2 groups' 12 common tokens once, and 6 rows of each chain's last 2
+      assert.deepStrictEqual([plain!.batch, plain!.length], [6, 16])
+      assert.deepStrictEqual([shared!.batch, shared!.length, shared!.prefix!.batch, shared!.prefix!.length], [6, 4, 2, 12])
+      assert.deepStrictEqual([...shared!.prefix!.index], [0, 0, 0, 1, 1, 1])
+      assert.deepStrictEqual([...shared!.positionIds!.subarray(0, 4)], [12, 13, 0, 0])
       const weights = (mb: Packing.MicroBatch) => Array.from(mb.weights).filter((w) => w !== 0).sort()
       assert.deepStrictEqual(weights(shared!), weights(plain!))
       assert.strictEqual(shared!.lossTokens, plain!.lossTokens)

@@ -67,127 +67,138 @@ const maxDiff = (a: ReadonlyMap<string, Float32Array>, b: ReadonlyMap<string, Fl
   return { diff, scale }
 }
 
-const cellsOf = (p: Packing.Packed) => p.microBatches.reduce((n, mb) => n + mb.batch * mb.length, 0)
+const cellsOf = (p: Packing.Packed) =>
+  p.microBatches.reduce((n, mb) => n + mb.batch * mb.length + (mb.prefix ? mb.prefix.batch * mb.prefix.length : 0), 0)
 
 describe("Packing with sharePrefix", () => {
-  it.effect("lays a group's prompt once and each chain's rest after it, with continued positions", () =>
+  it.effect("packs a group's prompt once and each chain's rest in a row of its own, positions continued", () =>
     Effect.gen(function*() {
-      const data = dataset(1, 1, 3)
-      const packed = yield* Packing.pack(data.slice(0, 3), {
-        tokenBudget: 1024,
-        aggregation: "seq-mean-token-mean",
-        sharePrefix: { rowLength: 4 }
-      })
+      const data = dataset(1, 1, 3).slice(0, 3)
+      const packed = yield* Packing.pack(data, { tokenBudget: 1024, aggregation: "seq-mean-token-mean", sharePrefix: true })
       assert.strictEqual(packed.microBatches.length, 1)
       const mb = packed.microBatches[0]!
-      assert.strictEqual(mb.batch, 1, "the three chains share one row")
-      const firstLoss = data[0]!.lossMask.indexOf(1)
-      const shared = firstLoss - 1
-      const positions = mb.positionIds!
-      // the common part: segment 1, positions 0…shared − 1, no loss
-      for (let t = 0; t < shared; t++) {
-        assert.strictEqual(mb.attentionMask[t], 1)
-        assert.strictEqual(positions[t], t)
-        assert.strictEqual(mb.inputIds[t], data[0]!.tokenIds[t])
-        assert.strictEqual(mb.mask[t], 0)
-      }
-      // then each chain from token `shared` on, in segments 2, 3, 4, trained on its own next tokens
-      let o = shared
-      data.slice(0, 3).forEach((s, k) => {
-        for (let t = shared; t < s.tokenIds.length; t++, o++) {
-          assert.strictEqual(mb.attentionMask[o], k + 2)
-          assert.strictEqual(positions[o], t)
-          assert.strictEqual(mb.inputIds[o], s.tokenIds[t])
-          assert.strictEqual(mb.mask[o], t + 1 < s.tokenIds.length ? s.lossMask[t + 1] : 0)
-          if (mb.mask[o] === 1) {
-            assert.strictEqual(mb.targets[o], s.tokenIds[t + 1])
-            assert.strictEqual(mb.advantages[o], s.advantages![t + 1])
+      const shared = data[0]!.lossMask.indexOf(1) - 1
+      const prefix = mb.prefix!
+      assert.deepStrictEqual([prefix.batch, prefix.length], [1, 32])
+      assert.deepStrictEqual([...prefix.inputIds.subarray(0, shared)], [...data[0]!.tokenIds.subarray(0, shared)])
+      assert.deepStrictEqual([...prefix.attentionMask], [...Array(shared).fill(1), ...Array(32 - shared).fill(0)])
+      assert.deepStrictEqual([...prefix.index], [0, 0, 0])
+      assert.strictEqual(mb.batch, 3)
+      // rows longest first
+      assert.deepStrictEqual(
+        [...mb.sequenceIndex],
+        [0, 1, 2].sort((x, y) => data[y]!.tokenIds.length - data[x]!.tokenIds.length || x - y)
+      )
+      mb.sequenceIndex.forEach((index, b) => {
+        const s = data[index]!
+        for (let t = shared; t < s.tokenIds.length; t++) {
+          const i = b * mb.length + t - shared
+          assert.strictEqual(mb.inputIds[i], s.tokenIds[t])
+          assert.strictEqual(mb.positionIds![i], t)
+          assert.strictEqual(mb.attentionMask[i], 1)
+          assert.strictEqual(mb.mask[i], t + 1 < s.tokenIds.length ? s.lossMask[t + 1] : 0)
+          if (mb.mask[i] === 1) {
+            assert.strictEqual(mb.targets[i], s.tokenIds[t + 1])
+            assert.strictEqual(mb.advantages[i], s.advantages![t + 1])
             // seq-mean-token-mean: each chain is a sequence of its own
             const tokens = s.lossMask.slice(1).reduce((a, v) => a + v, 0)
-            assert.approximately(mb.weights[o]!, 1 / (tokens * 3), 1e-7)
+            assert.approximately(mb.weights[i]!, 1 / (tokens * 3), 1e-7)
           }
         }
+        const end = b * mb.length + s.tokenIds.length - shared
+        assert.isTrue(mb.attentionMask.subarray(end, (b + 1) * mb.length).every((m) => m === 0), "padding")
       })
-      for (; o < mb.length; o++) assert.strictEqual(mb.attentionMask[o], 0, "padding after the last chain")
       assert.strictEqual(mb.lossTokens, packed.totals.tokens)
     }))
 
-  it.effect("keeps apart sequences with other prompts, short prompts and rows over the row length", () =>
+  it.effect("whole rows for sequences alone or with short prompts; groups split at the budget, prompt repeated", () =>
     Effect.gen(function*() {
       const data = dataset(2)
-      const shared = yield* Packing.pack(data, { tokenBudget: 4096, aggregation: "token-mean", sharePrefix: {} })
+      const shared = yield* Packing.pack(data, { tokenBudget: 4096, aggregation: "token-mean", sharePrefix: true })
       const plain = yield* Packing.pack(data, { tokenBudget: 4096, aggregation: "token-mean" })
-      const rows = shared.microBatches.flatMap((mb) =>
-        Array.from({ length: mb.batch }, (_, b) => [...mb.attentionMask.subarray(b * mb.length, (b + 1) * mb.length)])
-      ).filter((row) => row[0] !== 0)
-      // the lone sequence keeps a row of segment 1; the 12 chains share rows, each at most 1.5× its longest chain
-      assert.strictEqual(rows.filter((row) => !row.includes(2)).length, 1)
-      assert.strictEqual(rows.reduce((n, row) => n + new Set(row.filter((x) => x > 1)).size, 0), 12)
-      assert.isTrue(rows.every((row) => row.filter((x) => x > 0).length <= 1.5 * 46))
-      assert.isAtLeast(rows.length, 5)
+      // the lone sequence in a micro-batch of whole rows; the 3 groups' 12 chains with their 3 prompts
+      const [whole, grouped] = shared.microBatches
+      assert.strictEqual(shared.microBatches.length, 2)
+      assert.deepStrictEqual([...whole!.sequenceIndex], [5])
+      assert.isUndefined(whole!.prefix)
+      assert.strictEqual(grouped!.batch, 12)
+      assert.strictEqual(grouped!.prefix!.batch, 3)
       assert.isBelow(cellsOf(shared), cellsOf(plain))
       assert.strictEqual(shared.totals.tokens, plain.totals.tokens)
-      // a chain with more tokens of its own than the common ones keeps a row of its own
-      const long = data.slice(0, 3)
-      const tail = Int32Array.from({ length: 40 }, (_, i) => i % 30)
-      long[2] = {
-        tokenIds: Int32Array.from([...long[2]!.tokenIds, ...tail]),
-        lossMask: Uint8Array.from([...long[2]!.lossMask, ...tail].map((_, i) => (i < long[2]!.lossMask.length ? long[2]!.lossMask[i]! : 1)))
-      }
-      const apart = yield* Packing.pack(long.map((s) => ({ tokenIds: s.tokenIds, lossMask: s.lossMask })), {
-        tokenBudget: 4096,
+      // a budget of one prompt and 3 rows: each group of 4 splits in two micro-batches, each with its prompt
+      const small = yield* Packing.pack(data, {
+        tokenBudget: 32 + 3 * 16,
+        lengthMultiple: 16,
         aggregation: "token-mean",
-        sharePrefix: { rowLength: 4 }
+        sharePrefix: true
       })
-      assert.deepStrictEqual(apart.microBatches.map((mb) => mb.batch), [2])
-      assert.strictEqual(apart.microBatches[0]!.sequenceIndex[0], 2, "the long chain, alone in the longer row")
-      // a prompt of fewer than 8 tokens is copied, not shared
+      const groupedBatches = small.microBatches.filter((mb) => mb.prefix !== undefined)
+      assert.strictEqual(groupedBatches.length, 6)
+      assert.isTrue(groupedBatches.every((mb) => mb.prefix!.batch === 1 && mb.batch <= 3))
+      assert.strictEqual(small.totals.tokens, plain.totals.tokens)
+      // fewer than 8 common tokens: copied, not shared
       const pair = dataset(3, 1, 2).slice(0, 2)
       const cut = pair[0]!.lossMask.indexOf(1) - 6 // 5 common tokens before the first loss token but one
-      const short = pair.map((s) => ({ ...s, tokenIds: s.tokenIds.slice(cut), lossMask: s.lossMask.slice(cut) }))
-      assert.isTrue(short.every((s) => s.lossMask.indexOf(1) - 1 < 8))
-      const unshared = yield* Packing.pack(short.map((s) => ({ tokenIds: s.tokenIds, lossMask: s.lossMask })), {
-        tokenBudget: 4096,
-        aggregation: "token-mean",
-        sharePrefix: { rowLength: 4 }
-      })
-      assert.strictEqual(unshared.microBatches[0]!.batch, 2)
+      const short = pair.map((s) => ({ tokenIds: s.tokenIds.slice(cut), lossMask: s.lossMask.slice(cut) }))
+      const unshared = yield* Packing.pack(short, { tokenBudget: 4096, aggregation: "token-mean", sharePrefix: true })
+      assert.isUndefined(unshared.microBatches[0]!.prefix)
     }))
 
-  for (const [name, loss] of [["token-mean", Loss.grpo], ["seq-mean-token-mean", { ...Loss.grpo, aggregation: "seq-mean-token-mean" as const }]] as const) {
-    it.effect(`gives a row each's loss, statistics, logprobs and gradients (${name})`, () =>
+  it.effect("a micro-batch whose rows name a prompt it does not hold is a BadBatch error, before any compute", () =>
+    Effect.gen(function*() {
+      const packed = yield* Packing.pack(dataset(5, 1, 2).slice(0, 2), {
+        tokenBudget: 1024,
+        aggregation: "token-mean",
+        sharePrefix: true
+      })
+      const mb = packed.microBatches[0]!
+      const trainer = yield* OnnxTrainer.make(options(Loss.grpo))
+      const bad = { ...mb, prefix: { ...mb.prefix!, index: Int32Array.of(0, 1) } }
+      const error = yield* Effect.flip(trainer.trainer.forwardBackward(bad))
+      assert.strictEqual(error.reason, "BadBatch")
+      assert.include(error.message, "row 1 continues prompt 1 of 1")
+      const short = { ...mb, prefix: { ...mb.prefix!, index: Int32Array.of(0) } }
+      assert.strictEqual((yield* Effect.flip(trainer.trainer.forwardBackward(short))).reason, "BadBatch")
+      // nothing was accumulated: the next good micro-batch's loss is its own
+      assert.isAbove((yield* trainer.trainer.forwardBackward(mb)).tokens, 0)
+    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)))
+
+  for (
+    const [name, loss, workers] of [
+      ["token-mean, one thread", Loss.grpo, 1],
+      ["seq-mean-token-mean, 2 workers", { ...Loss.grpo, aggregation: "seq-mean-token-mean" as const }, 2]
+    ] as const
+  ) {
+    it.effect(`gives whole rows' loss, statistics, logprobs and gradients (${name})`, () =>
       Effect.gen(function*() {
         const data = dataset(4)
-        const pack = (sharePrefix?: { readonly rowLength: number }) =>
-          Packing.pack(data, { tokenBudget: 256, lengthMultiple: 16, aggregation: loss.aggregation, sharePrefix })
-        const plain = yield* pack()
-        const shared = yield* pack({ rowLength: 3 })
-        assert.isBelow(cellsOf(shared), cellsOf(plain) * 0.8, "the prompts are computed once")
+        // with 2 workers, rows padded as `agentfly train` pads them: empty rows and empty prompt rows
+        const padRows = workers === 2
+        const pack = (sharePrefix: boolean) =>
+          Packing.pack(data, { tokenBudget: 256, lengthMultiple: 16, aggregation: loss.aggregation, sharePrefix, padRows })
+        const plain = yield* pack(false)
+        const shared = yield* pack(true)
+        if (!padRows) assert.isBelow(cellsOf(shared), cellsOf(plain) * 0.8, "the prompts are computed once")
+        // 2 workers split a micro-batch's rows: a group's rows may land on both, each with its prompt
+        assert.isTrue(shared.microBatches.some((mb) => mb.prefix !== undefined && mb.prefix.batch > 1))
+        if (padRows) {
+          assert.isTrue(shared.microBatches.some((mb) => mb.sequenceIndex.includes(-1)), "padding rows")
+          assert.isTrue(
+            shared.microBatches.some((mb) => mb.prefix !== undefined && Math.max(...mb.prefix.index) + 1 < mb.prefix.batch),
+            "empty prompt rows"
+          )
+        }
         const run = (packed: Packing.Packed) =>
           Effect.gen(function*() {
-            const trainer = yield* OnnxTrainer.make(options(loss))
+            const trainer = yield* OnnxTrainer.make({ ...options(loss), workers })
             const sums = { loss: 0, tokens: 0, clipped: 0, approxKl: 0, entropy: 0 }
-            // each trained token's logprob, keyed by (sequence, position)
-            const logprobs = new Map<string, number>()
+            const logprobs = new Map<string, number>() // each trained token's, by (sequence, position)
             for (const mb of packed.microBatches) {
               const r = yield* trainer.trainer.forwardBackward(mb)
               for (const key of Object.keys(sums) as Array<keyof typeof sums>) sums[key] += r[key]
-              for (let b = 0; b < mb.batch; b++) {
-                let sequence = mb.sequenceIndex[b]!
-                let segment = 1
-                for (let t = 0; t < mb.length; t++) {
-                  const i = b * mb.length + t
-                  if (mb.attentionMask[i]! > 1 && mb.attentionMask[i] !== segment) {
-                    // the next chain of a shared row: the one whose tokens these are
-                    segment = mb.attentionMask[i]!
-                    sequence = data.findIndex((s) =>
-                      s.tokenIds.length > mb.positionIds![i]! &&
-                      s.tokenIds.subarray(mb.positionIds![i]!).every((x, j) => mb.inputIds[i + j] === x)
-                    )
-                  }
-                  const position = mb.positionIds?.[i] ?? t
-                  if (mb.mask[i] === 1) logprobs.set(`${sequence}:${position + 1}`, r.tokenLogprobs[i]!)
-                }
+              for (let i = 0; i < mb.batch * mb.length; i++) {
+                const position = mb.positionIds?.[i] ?? i % mb.length
+                if (mb.mask[i] === 1) logprobs.set(`${mb.sequenceIndex[Math.floor(i / mb.length)]}:${position}`, r.tokenLogprobs[i]!)
               }
             }
             return { sums, logprobs, gradients: yield* trainer.gradients }
@@ -198,6 +209,7 @@ describe("Packing with sharePrefix", () => {
           assert.approximately(b.sums[key], a.sums[key], 1e-5 * Math.max(1, Math.abs(a.sums[key])), key)
         }
         assert.isAbove(a.sums.tokens, 0)
+        assert.isAbove(a.sums.clipped + a.sums.entropy, 0)
         assert.strictEqual(b.logprobs.size, a.logprobs.size)
         for (const [key, x] of a.logprobs) assert.approximately(b.logprobs.get(key)!, x, 1e-5, key)
         const g = maxDiff(b.gradients, a.gradients)
