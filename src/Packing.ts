@@ -313,13 +313,13 @@ interface SharedBatch {
 }
 
 /**
- * Fills micro-batches with the groups' rows, groups with the longest rests first and each group's longest rest
- * first, while `rows × rest length + prompts × prompt length` (both padded) fits the budget; a group that does not
- * fit whole goes on in the next micro-batch with its prompt again.
+ * Fills micro-batches with the groups' rows, longest rest first (as whole rows are packed: little padding), while
+ * `rows × rest length + prompts × prompt length` (both padded) fits the budget; each micro-batch holds the prompts
+ * of the groups its rows belong to.
  *
  * With `padRows`, shapes depend on the padded lengths only (each shape costs a compiled graph, on every worker):
- * a micro-batch of `n` rows takes `⌈n / k⌉ + 1` prompt rows (`k` the largest group: the most prompts `n` rows in
- * group order can touch), and its rows are padded to the most that fit beside them.
+ * every micro-batch takes as many prompt rows as there are groups (the empty ones cost a prompt's length each),
+ * and its rows are padded to the most that fit beside them.
  */
 const sharedBatches = (
   sequences: ReadonlyArray<Sequence>,
@@ -328,39 +328,33 @@ const sharedBatches = (
   multiple: number,
   padRows: boolean
 ): Array<SharedBatch> => {
-  const rest = (g: Group, i: number) => sequences[i]!.tokenIds.length - g.shared
-  const k = Math.max(...groups.map((g) => g.members.length))
-  const promptRows = (n: number, used: number) => (padRows ? Math.ceil(n / k) + 1 : used)
-  const sorted = groups.map((g) => ({
-    shared: g.shared,
-    members: [...g.members].sort((a, b) => rest(g, b) - rest(g, a) || a - b)
-  })).sort((a, b) => rest(b, b.members[0]!) - rest(a, a.members[0]!) || a.members[0]! - b.members[0]!)
+  const chains = groups.flatMap((group) => group.members.map((sequence) => ({ group, sequence })))
+  const rest = (c: { readonly group: Group; readonly sequence: number }) =>
+    sequences[c.sequence]!.tokenIds.length - c.group.shared
+  chains.sort((a, b) => rest(b) - rest(a) || a.sequence - b.sequence)
+  const promptRows = (used: number) => (padRows ? groups.length : used)
   const out: Array<SharedBatch> = []
   let rows: Array<{ sequence: number; prefix: number }> = []
   let prefixes: Array<Group> = []
   let rowLength = 0
   let prefixLength = 0
-  const cost = (n: number, used: number, r: number, p: number) => n * r + promptRows(n, used) * p
   const close = () => {
-    let n = rows.length
-    while (padRows && cost(n + 1, prefixes.length, rowLength, prefixLength) <= budget) n++
-    while (rows.length < n) rows.push({ sequence: -1, prefix: 0 })
-    out.push({ rows, prefixes, promptRows: promptRows(n, prefixes.length) })
+    const capacity = Math.floor((budget - promptRows(prefixes.length) * prefixLength) / rowLength)
+    while (padRows && rows.length < capacity) rows.push({ sequence: -1, prefix: 0 })
+    out.push({ rows, prefixes, promptRows: promptRows(prefixes.length) })
     rows = []
     prefixes = []
     rowLength = prefixLength = 0
   }
-  for (const group of sorted) {
-    for (const sequence of group.members) {
-      const r = Math.max(rowLength, roundUp(rest(group, sequence), multiple))
-      const p = Math.max(prefixLength, roundUp(group.shared, multiple))
-      const used = prefixes.length + (prefixes.at(-1) === group ? 0 : 1)
-      if (rows.length > 0 && cost(rows.length + 1, used, r, p) > budget) close()
-      if (prefixes.at(-1) !== group) prefixes.push(group)
-      rows.push({ sequence, prefix: prefixes.length - 1 })
-      rowLength = Math.max(rowLength, roundUp(rest(group, sequence), multiple))
-      prefixLength = Math.max(prefixLength, roundUp(group.shared, multiple))
-    }
+  for (const chain of chains) {
+    const r = Math.max(rowLength, roundUp(rest(chain), multiple))
+    const p = Math.max(prefixLength, roundUp(chain.group.shared, multiple))
+    const used = prefixes.length + (prefixes.includes(chain.group) ? 0 : 1)
+    if (rows.length > 0 && (rows.length + 1) * r + promptRows(used) * p > budget) close()
+    if (!prefixes.includes(chain.group)) prefixes.push(chain.group)
+    rows.push({ sequence: chain.sequence, prefix: prefixes.indexOf(chain.group) })
+    rowLength = Math.max(rowLength, roundUp(rest(chain), multiple))
+    prefixLength = Math.max(prefixLength, roundUp(chain.group.shared, multiple))
   }
   if (rows.length > 0) close()
   return out
