@@ -50,7 +50,10 @@ export interface Options {
    * (other shard sizes sum in another order), so runs recorded with 1 do not repeat to the digit with 4.
    */
   readonly rowSteps?: number
-  /** See `Packing.Options.sharePrefix`: a group's chains share one row and its prompt. Default false. */
+  /**
+   * See `Packing.Options.sharePrefix`: a group's prompt computed once, each chain's own tokens in a row attending to
+   * it. Default false here; `agentfly train` turns it on (`learner.sharePrefix`, default true).
+   */
   readonly sharePrefix?: boolean
   /**
    * Optimiser steps per learner step (verl's `train_batch_size / ppo_mini_batch_size`): the step's groups are split

@@ -269,7 +269,7 @@ export const packUnsafe = (sequences: ReadonlyArray<Sequence>, options: Options)
     start += rows
   }
   for (const batch of sharedBatches(sequences, groups, options.tokenBudget, multiple, options.padRows === true)) {
-    microBatches.push(fillShared(sequences, batch, totals, options.aggregation, normLength, multiple))
+    microBatches.push(fillShared(sequences, batch, totals, options.aggregation, normLength))
   }
   return { microBatches, totals }
 }
@@ -310,16 +310,19 @@ interface SharedBatch {
   readonly rows: ReadonlyArray<{ readonly sequence: number; readonly prefix: number }>
   readonly prefixes: ReadonlyArray<Group>
   readonly promptRows: number
+  readonly rowLength: number
+  readonly prefixLength: number
 }
 
 /**
- * Fills micro-batches with the groups' rows, longest rest first (as whole rows are packed: little padding), while
- * `rows × rest length + prompts × prompt length` (both padded) fits the budget; each micro-batch holds the prompts
- * of the groups its rows belong to.
+ * Fills micro-batches with the groups' rows while `rows × rest length + prompt rows × prompt length` (both padded)
+ * fits the budget, each micro-batch holding the prompts of its rows' groups, in the cheaper (fewer cells) of two
+ * orders: longest rest first across groups (little padding of rests, but a micro-batch may need every group's
+ * prompt) or group by group (a prompt or two a micro-batch, rests padded to their group's longest).
  *
  * With `padRows`, shapes depend on the padded lengths only (each shape costs a compiled graph, on every worker):
- * every micro-batch takes as many prompt rows as there are groups (the empty ones cost a prompt's length each),
- * and its rows are padded to the most that fit beside them.
+ * a micro-batch takes the most prompt rows its order can need (every group's across groups, `⌈rows / k⌉ + 1` group
+ * by group, `k` the largest group), the unused ones empty, and its rows are padded to the most that fit beside them.
  */
 const sharedBatches = (
   sequences: ReadonlyArray<Sequence>,
@@ -328,20 +331,46 @@ const sharedBatches = (
   multiple: number,
   padRows: boolean
 ): Array<SharedBatch> => {
-  const chains = groups.flatMap((group) => group.members.map((sequence) => ({ group, sequence })))
-  const rest = (c: { readonly group: Group; readonly sequence: number }) =>
-    sequences[c.sequence]!.tokenIds.length - c.group.shared
-  chains.sort((a, b) => rest(b) - rest(a) || a.sequence - b.sequence)
-  const promptRows = (used: number) => (padRows ? groups.length : used)
+  const rest = (c: Chain) => sequences[c.sequence]!.tokenIds.length - c.group.shared
+  const byRest = (a: Chain, b: Chain) => rest(b) - rest(a) || a.sequence - b.sequence
+  const chainsOf = (group: Group) => group.members.map((sequence) => ({ group, sequence })).sort(byRest)
+  const across = groups.flatMap(chainsOf).sort(byRest)
+  const byGroup = groups.map(chainsOf).sort((a, b) => byRest(a[0]!, b[0]!)).flat()
+  const k = Math.max(...groups.map((g) => g.members.length))
+  const candidates = [
+    fillBatches(across, rest, budget, multiple, (_, used) => (padRows ? groups.length : used), padRows),
+    fillBatches(byGroup, rest, budget, multiple, (n, used) => (padRows ? Math.ceil(n / k) + 1 : used), padRows)
+  ]
+  const cells = (batches: ReadonlyArray<SharedBatch>) =>
+    batches.reduce((n, b) => n + b.rows.length * b.rowLength + b.promptRows * b.prefixLength, 0)
+  return cells(candidates[1]!) < cells(candidates[0]!) ? candidates[1]! : candidates[0]!
+}
+
+interface Chain {
+  readonly group: Group
+  readonly sequence: number
+}
+
+/** Micro-batches of `chains` in their order; `promptRows(rows, prompts used)`: the prompt rows a micro-batch takes. */
+const fillBatches = (
+  chains: ReadonlyArray<Chain>,
+  rest: (c: Chain) => number,
+  budget: number,
+  multiple: number,
+  promptRows: (rows: number, used: number) => number,
+  padRows: boolean
+): Array<SharedBatch> => {
   const out: Array<SharedBatch> = []
   let rows: Array<{ sequence: number; prefix: number }> = []
   let prefixes: Array<Group> = []
   let rowLength = 0
   let prefixLength = 0
+  const cost = (n: number, used: number, r: number, p: number) => n * r + promptRows(n, used) * p
   const close = () => {
-    const capacity = Math.floor((budget - promptRows(prefixes.length) * prefixLength) / rowLength)
-    while (padRows && rows.length < capacity) rows.push({ sequence: -1, prefix: 0 })
-    out.push({ rows, prefixes, promptRows: promptRows(prefixes.length) })
+    let n = rows.length
+    while (padRows && cost(n + 1, prefixes.length, rowLength, prefixLength) <= budget) n++
+    while (rows.length < n) rows.push({ sequence: -1, prefix: 0 })
+    out.push({ rows, prefixes, promptRows: promptRows(n, prefixes.length), rowLength, prefixLength })
     rows = []
     prefixes = []
     rowLength = prefixLength = 0
@@ -350,7 +379,7 @@ const sharedBatches = (
     const r = Math.max(rowLength, roundUp(rest(chain), multiple))
     const p = Math.max(prefixLength, roundUp(chain.group.shared, multiple))
     const used = prefixes.length + (prefixes.includes(chain.group) ? 0 : 1)
-    if (rows.length > 0 && (rows.length + 1) * r + promptRows(used) * p > budget) close()
+    if (rows.length > 0 && cost(rows.length + 1, used, r, p) > budget) close()
     if (!prefixes.includes(chain.group)) prefixes.push(chain.group)
     rows.push({ sequence: chain.sequence, prefix: prefixes.indexOf(chain.group) })
     rowLength = Math.max(rowLength, roundUp(rest(chain), multiple))
@@ -362,28 +391,21 @@ const sharedBatches = (
 
 const fillShared = (
   sequences: ReadonlyArray<Sequence>,
-  { prefixes, promptRows, rows }: SharedBatch,
+  { prefixes, prefixLength, promptRows, rowLength, rows }: SharedBatch,
   totals: Loss.Totals,
   aggregation: Loss.AggregationMode,
-  normLength: number,
-  multiple: number
+  normLength: number
 ): MicroBatch => {
-  const prefixLength = roundUp(Math.max(...prefixes.map((g) => g.shared)), multiple)
   const prefixIds = new Int32Array(promptRows * prefixLength)
   const prefixMask = new Uint8Array(promptRows * prefixLength)
   prefixes.forEach((g, k) => {
     prefixIds.set(sequences[g.members[0]!]!.tokenIds.subarray(0, g.shared), k * prefixLength)
     prefixMask.fill(1, k * prefixLength, k * prefixLength + g.shared)
   })
-  const real = rows.filter((r) => r.sequence >= 0)
-  const length = roundUp(
-    Math.max(...real.map((r) => sequences[r.sequence]!.tokenIds.length - prefixes[r.prefix]!.shared)),
-    multiple
-  )
   const mb = fill(
     sequences,
     rows.map((r) => r.sequence),
-    length,
+    rowLength,
     totals,
     aggregation,
     normLength,

@@ -22,5 +22,5 @@ export const config = {
   algorithm: { steps: 150, groupsPerStep: 8, lr: 0.0003, lrSchedule: "cosine", microBatchSize: 16 },
   eval: { every: 50, size: 300, temperature: 1 },
   checkpoint: { every: 50 },
-  learner: { workers: 2 }
+  learner: { workers: 2, sharePrefix: false }
 }

@@ -126,10 +126,10 @@ describe("Packing with sharePrefix", () => {
       assert.isBelow(cellsOf(shared), cellsOf(plain))
       assert.strictEqual(shared.totals.tokens, plain.totals.tokens)
       // a small budget: each micro-batch within it, holding the prompt of every row it holds
-      const budget = 2 * 32 + 3 * 16
+      const budget = 32 + 2 * 16 // one prompt and two rests: a group of 4 cannot fit whole
       const small = yield* Packing.pack(data, { tokenBudget: budget, lengthMultiple: 16, aggregation: "token-mean", sharePrefix: true })
       const groupedBatches = small.microBatches.filter((mb) => mb.prefix !== undefined)
-      assert.isAbove(groupedBatches.length, 3)
+      assert.isAtLeast(groupedBatches.length, 6)
       for (const mb of groupedBatches) {
         const prefix = mb.prefix!
         assert.isAtMost(mb.batch * mb.length + prefix.batch * prefix.length, budget)
