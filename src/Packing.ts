@@ -249,7 +249,7 @@ export const packUnsafe = (sequences: ReadonlyArray<Sequence>, options: Options)
     nonEmpty += n > 0 ? 1 : 0
   }
   const totals: Loss.Totals = { tokens, sequences: nonEmpty }
-  const groups = options.sharePrefix === true ? shareGroups(sequences) : []
+  const groups = options.sharePrefix === true ? shareGroups(sequences, options.tokenBudget, multiple) : []
   const inGroup = new Set(groups.flatMap((g) => g.members))
   const order = sequences.map((_, i) => i).filter((i) => !inGroup.has(i)).sort((a, b) =>
     sequences[b]!.tokenIds.length - sequences[a]!.tokenIds.length || a - b
@@ -287,7 +287,7 @@ const minShared = 8
  * Groups sequences by their tokens before their first loss token but one: the last common token's prediction is
  * each sequence's first loss token, so each sequence's own row starts with it. Groups of one are left out.
  */
-const shareGroups = (sequences: ReadonlyArray<Sequence>): Array<Group> => {
+const shareGroups = (sequences: ReadonlyArray<Sequence>, budget: number, multiple: number): Array<Group> => {
   const groups = new Map<string, { readonly shared: number; readonly members: Array<number> }>()
   sequences.forEach((s, i) => {
     let firstLoss = 1
@@ -299,7 +299,11 @@ const shareGroups = (sequences: ReadonlyArray<Sequence>): Array<Group> => {
     if (group === undefined) groups.set(key, { shared, members: [i] })
     else group.members.push(i)
   })
-  return [...groups.values()].filter((g) => g.members.length > 1)
+  // A prompt and a rest padded apart take up to one multiple more than the sequence padded whole: a group whose
+  // longest does not fit the budget that way stays in whole rows.
+  const fits = (g: Group) =>
+    g.members.every((i) => roundUp(g.shared, multiple) + roundUp(sequences[i]!.tokenIds.length - g.shared, multiple) <= budget)
+  return [...groups.values()].filter((g) => g.members.length > 1 && fits(g))
 }
 
 /**
@@ -338,8 +342,8 @@ const sharedBatches = (
   const byGroup = groups.map(chainsOf).sort((a, b) => byRest(a[0]!, b[0]!)).flat()
   const k = Math.max(...groups.map((g) => g.members.length))
   const candidates = [
-    fillBatches(across, rest, budget, multiple, (_, used) => (padRows ? groups.length : used), padRows),
-    fillBatches(byGroup, rest, budget, multiple, (n, used) => (padRows ? Math.ceil(n / k) + 1 : used), padRows)
+    fillBatches(across, rest, budget, multiple, padRows ? () => groups.length : undefined),
+    fillBatches(byGroup, rest, budget, multiple, padRows ? (n) => Math.ceil(n / k) + 1 : undefined)
   ]
   const cells = (batches: ReadonlyArray<SharedBatch>) =>
     batches.reduce((n, b) => n + b.rows.length * b.rowLength + b.promptRows * b.prefixLength, 0)
@@ -351,15 +355,20 @@ interface Chain {
   readonly sequence: number
 }
 
-/** Micro-batches of `chains` in their order; `promptRows(rows, prompts used)`: the prompt rows a micro-batch takes. */
+/**
+ * Micro-batches of `chains` in their order. With `padPrompts(rows)`, prompt rows are padded to that many (never
+ * fewer than the prompts used: smaller groups than the largest may put more prompts beside the same rows), and rows
+ * to what fits beside them.
+ */
 const fillBatches = (
   chains: ReadonlyArray<Chain>,
   rest: (c: Chain) => number,
   budget: number,
   multiple: number,
-  promptRows: (rows: number, used: number) => number,
-  padRows: boolean
+  padPrompts?: (rows: number) => number
 ): Array<SharedBatch> => {
+  const padRows = padPrompts !== undefined
+  const promptRows = (n: number, used: number) => (padPrompts === undefined ? used : Math.max(used, padPrompts(n)))
   const out: Array<SharedBatch> = []
   let rows: Array<{ sequence: number; prefix: number }> = []
   let prefixes: Array<Group> = []
@@ -370,7 +379,10 @@ const fillBatches = (
     let n = rows.length
     while (padRows && cost(n + 1, prefixes.length, rowLength, prefixLength) <= budget) n++
     while (rows.length < n) rows.push({ sequence: -1, prefix: 0 })
-    out.push({ rows, prefixes, promptRows: promptRows(n, prefixes.length), rowLength, prefixLength })
+    // Fewer empty prompt rows where a lone row and its padding would not fit (only with budgets of a few rows).
+    const fit = Math.floor((budget - n * rowLength) / prefixLength)
+    const prompts = Math.max(prefixes.length, Math.min(promptRows(n, prefixes.length), fit))
+    out.push({ rows, prefixes, promptRows: prompts, rowLength, prefixLength })
     rows = []
     prefixes = []
     rowLength = prefixLength = 0
