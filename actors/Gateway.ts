@@ -20,7 +20,8 @@
  *
  * **Errors.** A malformed request gets an OpenAI-style body `{ error: { message, type, param, code } }` with a 4xx
  * status (400 invalid request or `context_length_exceeded`, 404 unknown route or episode, 405, 410 an episode
- * closed while its request ran, 413 body too large, 501 `/v1/completions` without a tokenizer); a sampler failure
+ * closed while its request ran, 409 an ended episode's id used again in serving mode, 413 body too large, 501
+ * `/v1/completions` without a tokenizer); a sampler failure
  * is 429 or 5xx after retries. The gateway never crashes on input.
  *
  * **Streaming.** `stream: true` is answered as server-sent events once the turn is sampled (the text in one delta,
@@ -164,6 +165,9 @@ const validId = /^[A-Za-z0-9._~-]{1,200}$/
 
 const notFound = (message: string, code?: string) => new Wire.ApiError({ status: 404, message, code })
 
+/** How many finished episodes' ids serving mode remembers (to refuse their reuse). */
+const endedKept = 100_000
+
 const Reward = Schema.Struct({
   reward: Schema.Finite,
   metrics: Schema.optionalKey(Schema.Record(Schema.String, Schema.Finite))
@@ -229,10 +233,15 @@ export const make = Effect.fn("Gateway.make")(function*(options: Options = {}) {
 
   // ----- Serving mode: finishing and abandoning episodes -----
   const auto = options.autoOpen
+  // Ids of finished episodes (the latest `endedKept`): a request naming one is refused rather than opening a second
+  // episode under the same id, whose record would share its trajectory id with the first's.
+  const ended = new Set<string>()
   const finish = (entry: Entry, ending: Recorder.Ending) =>
     Effect.gen(function*() {
       if (entry.closed || auto === undefined) return
       yield* closeEntry(entry)
+      ended.add(entry.episode.id)
+      if (ended.size > endedKept) ended.delete(ended.values().next().value!)
       const base = yield* Recorder.trajectory(entry.episode.recorder, ending)
       const score = entry.posted
       const trajectory: Trajectory.Trajectory = score === undefined ? base : {
@@ -261,6 +270,14 @@ export const make = Effect.fn("Gateway.make")(function*(options: Options = {}) {
       if (found !== undefined) return found
       if (auto === undefined || !validId.test(id)) {
         return yield* notFound(`no open episode ${JSON.stringify(id)}`, "episode_not_found")
+      }
+      if (ended.has(id)) {
+        return yield* new Wire.ApiError({
+          status: 409,
+          message: `episode ${JSON.stringify(id)} has ended (a reward or /end was posted, or it was abandoned): ` +
+            `give each episode an id of its own`,
+          code: "episode_ended"
+        })
       }
       return yield* openEntry({ ...auto.episode, id, groupId: id }, true).pipe(
         Effect.mapError((e) => Wire.invalid(e.message))

@@ -103,11 +103,18 @@ describe("agentfly gateway", () => {
       assert.isTrue(idle!.trajectory.masked)
       assert.strictEqual(idle!.trajectory.termination, "interrupted")
       assert.include(idle!.trajectory.error, "abandoned")
-      // A finished episode's id is free: it opens afresh.
+      // A finished episode's id is not opened again (two records would share a trajectory id): 409, named.
+      const gone = yield* Effect.promise(() => fetch(`${url}/episodes/first`).then((r) => r.status))
+      assert.strictEqual(gone, 404)
       const again = yield* Effect.promise(() =>
-        fetch(`${url}/episodes/first`).then((r) => r.status)
+        fetch(`${url}/episodes/first/v1/chat/completions`, {
+          method: "POST",
+          body: JSON.stringify({ model: "x", messages: [{ role: "user", content: "Hi" }] })
+        }).then(async (r) => ({ status: r.status, body: await r.json() as { error: { code: string; message: string } } }))
       )
-      assert.strictEqual(again, 404)
+      assert.strictEqual(again.status, 409)
+      assert.strictEqual(again.body.error.code, "episode_ended")
+      assert.include(again.body.error.message, `episode "first" has ended`)
       // `/end` takes no body (as `curl -X POST …/end` sends none).
       yield* Effect.promise(() =>
         new OpenAI({ baseURL: `${url}/episodes/short/v1`, apiKey: "x", maxRetries: 0 }).chat.completions.create({
