@@ -437,7 +437,7 @@ export const sharedPrefixGraph = (c: ModelConfig.ModelConfig): { readonly graph:
     const shared = projections(g, c, i, rmsNorm(g, prefix, norm, c.rmsNormEps), prefixCtx, param)
     const own = projections(g, c, i, rmsNorm(g, x, norm, c.rmsNormEps), ctx, param)
     // The prompt's keys and values joined before the chain's own: the gradient of a Concat of keys is a Split of
-    // keys, where joining the scores (as decoding does) made it a Pad of every score, ≈ 7× the bytes.
+    // keys, where joining the scores (as decoding does) made it a Pad of every score (1.4 s of 9.4 s profiled).
     const keys = g.op("Concat", [ofChain(shared.k), own.k], { axis: Graph.int(2) })
     const values = g.op("Concat", [ofChain(shared.v), own.v], { axis: Graph.int(2) })
     x = g.op("Add", [x, attend(g, c, i, { q: own.q, k: keys, v: values }, ctx, param)])
