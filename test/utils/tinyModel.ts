@@ -49,3 +49,18 @@ export const makeReference = (c: ModelConfig.ModelConfig) =>
         return out["logits"]!.data as Float32Array
       })
   })
+
+/** max |a − b| over every tensor, and max |b| (the scale the difference is judged against). */
+export const maxDiff = (a: ReadonlyMap<string, Float32Array>, b: ReadonlyMap<string, Float32Array>) => {
+  let diff = 0
+  let scale = 0
+  if ([...a.keys()].sort().join() !== [...b.keys()].sort().join()) throw new Error("the tensors differ in names")
+  for (const [name, x] of a) {
+    const y = b.get(name)!
+    for (let i = 0; i < x.length; i++) {
+      diff = Math.max(diff, Math.abs(x[i]! - y[i]!))
+      scale = Math.max(scale, Math.abs(y[i]!))
+    }
+  }
+  return { diff, scale }
+}

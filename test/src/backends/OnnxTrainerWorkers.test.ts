@@ -10,7 +10,7 @@ import * as Qwen2 from "../../../src/model/Qwen2.ts"
 import * as Optimizer from "../../../src/Optimizer.ts"
 import * as Packing from "../../../src/Packing.ts"
 import * as Sampling from "../../../src/Sampling.ts"
-import { tinyConfig } from "../../utils/tinyModel.ts"
+import { maxDiff, tinyConfig } from "../../utils/tinyModel.ts"
 
 // GQA, untied head and learned positions: every kind of parameter the tiny preset has.
 const config = tinyConfig({ vocabSize: 32, hiddenSize: 32, numHiddenLayers: 2, intermediateSize: 64 })
@@ -61,21 +61,6 @@ const steps = (trainer: Trainer, batches: ReadonlyArray<Packing.MicroBatch>, n: 
 
 const bits = (w: ReadonlyMap<string, Float32Array>) =>
   [...w].map(([k, v]) => `${k}:${Buffer.from(v.buffer, v.byteOffset, v.byteLength).toString("base64")}`).join("|")
-
-/** max |a − b| over every tensor, and max |b| (the scale the difference is judged against). */
-const maxDiff = (a: ReadonlyMap<string, Float32Array>, b: ReadonlyMap<string, Float32Array>) => {
-  let diff = 0
-  let scale = 0
-  assert.deepStrictEqual([...a.keys()], [...b.keys()])
-  for (const [name, x] of a) {
-    const y = b.get(name)!
-    for (let i = 0; i < x.length; i++) {
-      diff = Math.max(diff, Math.abs(x[i]! - y[i]!))
-      scale = Math.max(scale, Math.abs(y[i]!))
-    }
-  }
-  return { diff, scale }
-}
 
 describe("OnnxTrainer with worker threads", () => {
   it("shardRanges: contiguous, covering, at most `workers` shards whose sizes differ by at most one", () => {

@@ -8,7 +8,7 @@ import * as Qwen2 from "../../../src/model/Qwen2.ts"
 import * as Optimizer from "../../../src/Optimizer.ts"
 import * as Packing from "../../../src/Packing.ts"
 import * as Sampling from "../../../src/Sampling.ts"
-import { tinyConfig } from "../../utils/tinyModel.ts"
+import { maxDiff, tinyConfig } from "../../utils/tinyModel.ts"
 
 const config = tinyConfig({ vocabSize: 32, hiddenSize: 32, numHiddenLayers: 2, intermediateSize: 64 })
 
@@ -52,20 +52,6 @@ const options = (loss: Loss.Config): OnnxTrainer.Options => ({
   optimizer: Optimizer.defaultConfig,
   schedule: LrSchedule.constant(1e-3)
 })
-
-/** max |a − b| over every tensor, and max |b|. */
-const maxDiff = (a: ReadonlyMap<string, Float32Array>, b: ReadonlyMap<string, Float32Array>) => {
-  let diff = 0
-  let scale = 0
-  for (const [name, x] of a) {
-    const y = b.get(name)!
-    for (let i = 0; i < x.length; i++) {
-      diff = Math.max(diff, Math.abs(x[i]! - y[i]!))
-      scale = Math.max(scale, Math.abs(y[i]!))
-    }
-  }
-  return { diff, scale }
-}
 
 const cellsOf = (p: Packing.Packed) =>
   p.microBatches.reduce((n, mb) => n + mb.batch * mb.length + (mb.prefix ? mb.prefix.batch * mb.prefix.length : 0), 0)
