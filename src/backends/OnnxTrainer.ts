@@ -336,15 +336,12 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
 
   const buildGraph = (mb: Packing.MicroBatch, withGradients: boolean) => {
     const { batch, length, prefix } = mb
-    if (prefix === undefined) {
-      return Autodiff.trainingGraph(model.forward(), { batch, length, loss: options.loss, withGradients })
-        .pipe(Effect.mapError((e) => fail("Graph", e.message)))
-    }
-    if (model.sharedForward === undefined) {
+    const forward = prefix === undefined ? model.forward : model.sharedForward
+    if (forward === undefined) {
       return Effect.fail(fail("BadBatch", "this model has no graph for micro-batches with shared prompts"))
     }
-    const dims = { groups: prefix.batch, prefix: prefix.length }
-    return Autodiff.trainingGraph(model.sharedForward(), { batch, length, dims, loss: options.loss, withGradients })
+    const dims = prefix === undefined ? {} : { groups: prefix.batch, prefix: prefix.length }
+    return Autodiff.trainingGraph(forward(), { batch, length, dims, loss: options.loss, withGradients })
       .pipe(Effect.mapError((e) => fail("Graph", e.message)))
   }
 
