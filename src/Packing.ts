@@ -342,7 +342,8 @@ const sharedBatches = (
   const byGroup = groups.map(chainsOf).sort((a, b) => byRest(a[0]!, b[0]!)).flat()
   const k = Math.max(...groups.map((g) => g.members.length))
   const candidates = [
-    fillBatches(across, rest, budget, multiple, padRows ? () => groups.length : undefined),
+    // Every group's prompt, padded to a power of two: how many groups carry a signal varies from step to step.
+    fillBatches(across, rest, budget, multiple, padRows ? () => 2 ** Math.ceil(Math.log2(groups.length)) : undefined),
     fillBatches(byGroup, rest, budget, multiple, padRows ? (n) => Math.ceil(n / k) + 1 : undefined)
   ]
   const cells = (batches: ReadonlyArray<SharedBatch>) =>
