@@ -228,7 +228,7 @@ const accumulate = Effect.fnUntraced(function*(
     sums.approxKl += r.approxKl
     sums.entropy += r.entropy
     sums.kl += r.kl
-    sums.rowTokens += mb.attentionMask.reduce((a, v) => a + (v !== 0 ? 1 : 0), 0)
+    sums.rowTokens += Packing.computedTokens(mb)
   }
 })
 

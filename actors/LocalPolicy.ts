@@ -303,7 +303,7 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
           const r = yield* trainer.forwardBackward(mb).pipe(Effect.mapError(learnerError))
           loss += r.loss
           tokens += r.tokens
-          rowTokens += mb.attentionMask.reduce((a, v) => a + (v !== 0 ? 1 : 0), 0)
+          rowTokens += Packing.computedTokens(mb)
         }
         if (!Number.isFinite(loss)) {
           yield* trainer.discard

@@ -14,6 +14,9 @@
  * engine on a thread of its own (`engine.thread: true`), for comparison: onnxruntime-node runs a session's `run`
  * synchronously on its calling thread, so on the main thread the engine's decoding and the learner's coordination
  * take turns, while on its own thread it costs an isolate and messages between threads.
+ *
+ * These runs pin `learner.sharePrefix: false` (the learner as issue 19 measured it, and as the earlier records ran);
+ * each round also runs both modes with it on (the default since 2026-12-02), reported under `sharePrefix`.
  */
 import { spawnSync } from "node:child_process"
 import { copyFileSync, cpSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs"

@@ -150,6 +150,19 @@ export class PackingError extends Schema.TaggedError<PackingError>()("PackingErr
 // ===== Constructors =====
 
 /**
+ * The tokens a micro-batch computes: its rows' real tokens and its shared prompts' (`learner/tokens_per_s`).
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const computedTokens = (mb: MicroBatch): number => {
+  let n = 0
+  for (const m of mb.attentionMask) n += m
+  for (const m of mb.prefix?.attentionMask ?? []) n += m
+  return n
+}
+
+/**
  * Turns one trajectory segment plus per-token advantages into a {@link Sequence}.
  *
  * @category constructors

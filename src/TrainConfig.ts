@@ -244,7 +244,7 @@ export const LearnerConfig = Schema.Struct({
    * row that attends to them. The same loss, logprobs and gradients up to float rounding; the sums run in another
    * order, so a run's figures differ in their last digits from one without (the shipped configs whose runs are
    * recorded in `BENCHMARKS.md` set it to false so that they repeat to the digit). Default true: the calculator
-   * demo's learner steps take 0.54 s instead of 0.63 s.
+   * demo's learner steps take 0.54–0.58 s instead of 0.63 s.
    */
   sharePrefix: withDefault(Schema.Boolean, true)
 })

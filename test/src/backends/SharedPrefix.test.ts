@@ -95,6 +95,8 @@ describe("Packing with sharePrefix", () => {
         assert.isTrue(mb.attentionMask.subarray(end, (b + 1) * mb.length).every((m) => m === 0), "padding")
       })
       assert.strictEqual(mb.lossTokens, packed.totals.tokens)
+      // what the learner computes (learner/tokens_per_s): the prompt once, then each chain's own tokens
+      assert.strictEqual(Packing.computedTokens(mb), shared + data.reduce((n, s) => n + s.tokenIds.length - shared, 0))
     }))
 
   it.effect("whole rows for sequences alone or with short prompts; groups split at the budget, prompt repeated", () =>
