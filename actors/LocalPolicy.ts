@@ -5,7 +5,8 @@
  * batch (what a batch samples then depends on its own requests only; see `Trainer.ts`). RL steps are
  * `Learner.update` over an `OnnxTrainer` built with the run's loss and optimiser; the SFT warm-up uses its own
  * `OnnxTrainer` with the NLL loss and the warm-up's learning rate, whose weights seed the RL trainer (with a fresh
- * optimiser) when the warm-up ends.
+ * optimiser) when the warm-up ends. With `engine.servers`, rollouts are sampled by those inference servers instead,
+ * and every published version is pushed to them (`InferenceServers`).
  *
  * @since 0.1.0
  */
@@ -27,6 +28,7 @@ import type * as TrainConfig from "../src/TrainConfig.ts"
 import type * as Trajectory from "../src/Trajectory.ts"
 import * as TrajectoryBuilder from "../src/TrajectoryBuilder.ts"
 import * as EngineThread from "./EngineThread.ts"
+import * as InferenceServers from "./InferenceServers.ts"
 import * as Learner from "./Learner.ts"
 import * as PolicyEngine from "./PolicyEngine.ts"
 import { Policy, TrainerError } from "./Trainer.ts"
@@ -122,8 +124,14 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
     { version: -1 - (config.warmup?.steps ?? 0), weights: folder.weights }
   ]
   const newest = () => published[published.length - 1]!
+  // Inference servers sample instead of local engines when the run lists them (`engine.servers`).
+  const servers = config.engine.servers === undefined ? undefined : yield* InferenceServers.make({
+    urls: config.engine.servers,
+    parameters: OnnxTrainer.qwen2(folder.config).parameters,
+    token: process.env["AGENTFLY_WEIGHTS_TOKEN"] || undefined
+  })
   // Engines decode on a thread of their own when the run asks for it (`engine.thread`; see `EngineConfig`).
-  const engineThread = config.engine.thread === true ? yield* EngineThread.make : undefined
+  const engineThread = servers === undefined && config.engine.thread === true ? yield* EngineThread.make : undefined
   const engineOf = (version: number, weights: Qwen2.Weights) =>
     (engineThread?.make ?? PolicyEngine.make)({
       config: folder.config,
@@ -339,7 +347,9 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
           })
         }
         if (v === last.version) return
-        published.push({ version: v, weights: dirty ? (yield* trainer.weights) as Qwen2.Weights : last.weights })
+        const weights = dirty ? (yield* trainer.weights) as Qwen2.Weights : last.weights
+        if (servers !== undefined) yield* servers.push(v, weights)
+        published.push({ version: v, weights })
         if (published.length > retained) published.shift()
         dirty = false
       }),
@@ -352,7 +362,7 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
             message: `policy version ${v} is not among the published versions ${published.map((p) => p.version)}`
           })
         }
-        return prefillAlone(yield* engineOf(v, entry.weights))
+        return servers === undefined ? prefillAlone(yield* engineOf(v, entry.weights)) : servers.sampler(v)
       }),
     save: (dir) =>
       trainer.save(dir, { policyVersion: version, rngState: [] }).pipe(
@@ -380,6 +390,7 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
   const ambientLock = yield* Semaphore.make(1)
   const ambientEngine = Semaphore.withPermits(ambientLock, 1)(Effect.gen(function*() {
     const { version: v, weights } = newest()
+    if (servers !== undefined) return servers.sampler(v)
     if (ambient === undefined) {
       const engine = yield* engineOf(v, weights).pipe(Effect.provideService(Scope.Scope, runScope))
       ambient = { engine, sampler: prefillAlone(engine) }

@@ -31,6 +31,15 @@
  * batch: `maxRunningPerRequest` instead of the engine's `maxBatchSize` (BENCHMARKS.md, `bench/server.ts`).
  * Requests of one prompt each (what `OpenAiCompatSampler` sends) are one lane each and fill the batch as before.
  *
+ * **Weights that follow a learner** ({@link Options} `acceptWeights`, `agentfly serve --accept-weights`): `PUT
+ * /v1/weights` with a safetensors body (every parameter of the model, float32 or 16-bit, Hugging Face names) and an
+ * `x-policy-version` header swaps the engine's weights; requests already decoding finish on their version, new ones
+ * use the new one. A request may carry `min_policy_version` (this server's extension): a server whose weights are
+ * older answers 409 `policy_version_behind` instead of sampling, so that a trainer's rollouts never use weights
+ * older than it asked for (`actors/InferenceServers.ts`). The versions are the pushing run's (`x-run-id`): within a
+ * run they must increase (else 409 `stale_policy_version`), and another run's push replaces the weights whatever
+ * its version. A bad body is a 400 naming the tensor, a missing or wrong bearer token (when one is set) a 401.
+ *
  * **Streaming.** Tokens are written as they are sampled (the engine's per-token callback). With `tools`, text is
  * streamed until a tool-call tag starts; the parsed calls follow in one `tool_calls` delta at the end.
  *
@@ -41,11 +50,14 @@
  */
 import * as Http from "node:http"
 import type { AddressInfo } from "node:net"
-import { Clock, Data, Deferred, Effect, Fiber, FiberSet, Option, Schema } from "effect"
+import { Clock, Data, Deferred, Effect, Fiber, FiberSet, Option, Schema, Semaphore } from "effect"
 import type { Scope } from "effect"
 import * as ChatTemplate from "../src/ChatTemplate.ts"
+import * as Checkpoint from "../src/Checkpoint.ts"
 import type * as Message from "../src/Message.ts"
 import type { ModelConfig } from "../src/model/ModelConfig.ts"
+import * as Qwen2 from "../src/model/Qwen2.ts"
+import * as Safetensors from "../src/Safetensors.ts"
 import type { FinishReason, GenerateRequest, GenerateResult, SamplingParams } from "../src/Sampler.ts"
 import type * as Tokenizer from "../src/Tokenizer.ts"
 import * as ToolCallParser from "../src/ToolCallParser.ts"
@@ -104,6 +116,11 @@ export interface Options {
    * still parsed against the request's `tools`.
    */
   readonly renderTools?: boolean
+  /**
+   * Accept new weights from a learner over `PUT /v1/weights` (default: not accepted, a 404). With `token`, the
+   * request must carry `Authorization: Bearer <token>`.
+   */
+  readonly acceptWeights?: { readonly token?: string | undefined } | undefined
 }
 
 /**
@@ -162,7 +179,9 @@ const Sampling = {
   skip_special_tokens: Schema.optionalKey(Schema.Boolean),
   include_stop_str_in_output: Schema.optionalKey(Schema.Boolean),
   return_token_ids: Schema.optionalKey(Schema.NullOr(Schema.Boolean)),
-  return_tokens_as_token_ids: Schema.optionalKey(Schema.NullOr(Schema.Boolean))
+  return_tokens_as_token_ids: Schema.optionalKey(Schema.NullOr(Schema.Boolean)),
+  /** This server's extension: refuse (409) rather than sample with weights older than this policy version. */
+  min_policy_version: Schema.optionalKey(Schema.NullOr(Schema.Int))
 }
 
 const CompletionRequest = Schema.Struct({
@@ -468,9 +487,9 @@ const usage = (prompt: number, completion: number) => ({
 const tooLarge = (maxBody: number) =>
   new ApiError({ status: 413, message: `the request body exceeds ${maxBody} bytes` })
 
-/** The body as JSON; a body over `maxBody` is refused from its `Content-Length`, or as soon as it passes the limit. */
-const readBody = (req: Http.IncomingMessage, maxBody: number) =>
-  Effect.callback<unknown, ApiError>((resume) => {
+/** The body's bytes; a body over `maxBody` is refused from its `Content-Length`, or as soon as it passes the limit. */
+const readBytes = (req: Http.IncomingMessage, maxBody: number) =>
+  Effect.callback<Buffer, ApiError>((resume) => {
     if (Number(req.headers["content-length"] ?? 0) > maxBody) return resume(Effect.fail(tooLarge(maxBody)))
     const chunks: Array<Buffer> = []
     let size = 0, done = false
@@ -486,17 +505,21 @@ const readBody = (req: Http.IncomingMessage, maxBody: number) =>
     req.on("end", () => {
       if (done) return
       done = true
-      const text = Buffer.concat(chunks).toString("utf8")
-      resume(Effect.try({
-        try: () => JSON.parse(text) as unknown,
-        catch: () => invalid("the request body is not valid JSON")
-      }))
+      resume(Effect.succeed(Buffer.concat(chunks)))
     })
     req.on("error", () => {
       if (!done) resume(Effect.fail(new ApiError({ status: 400, message: "the request body could not be read" })))
       done = true
     })
   })
+
+/** The body as JSON; a body over `maxBody` is refused from its `Content-Length`, or as soon as it passes the limit. */
+const readBody = (req: Http.IncomingMessage, maxBody: number) =>
+  Effect.flatMap(readBytes(req, maxBody), (bytes) =>
+    Effect.try({
+      try: () => JSON.parse(bytes.toString("utf8")) as unknown,
+      catch: () => invalid("the request body is not valid JSON")
+    }))
 
 /** Prompts in a raw `/v1/completions` body, counted before it is decoded. */
 const promptCount = (raw: unknown): number => {
@@ -542,8 +565,87 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
 
   /** One sequence of a request (its lane), once the fair scheduler gives it a place in the batch. */
   const generate = (lane: Lane, request: GenerateRequest, onToken?: (id: number, lp: number) => void) =>
-    withSlot(slots, lane, engine.generate(request, { onToken }).pipe(Effect.mapError(samplerError)))
+    withSlot(slots, lane, engine.generate(request, { onToken }).pipe(Effect.mapError(samplerError))).pipe(
+      Effect.map((result) => ({ ...result, policyVersion: labelOf(result.policyVersion) }))
+    )
   const newLane = (): Lane => ({ waiting: [], queued: false })
+
+  // The policy version a client sees is the label its learner pushed the weights with. The engine's own versions
+  // count pushes (they must increase), and a new run may push versions below the last run's: `owner` is the run
+  // whose weights these are, and a push from another run replaces them whatever its version (one run at a time).
+  const labels = new Map<number, number>()
+  let owner: string | undefined
+  const labelOf = (engineVersion: number) => labels.get(engineVersion) ?? engineVersion
+  const currentLabel = Effect.map(engine.policyVersion, labelOf)
+  const pushing = yield* Semaphore.make(1)
+
+  /** A request's `min_policy_version` against the weights new requests get now. */
+  const atLeast = (min: number | null | undefined) =>
+    min === undefined || min === null ? Effect.void : Effect.flatMap(currentLabel, (current) =>
+      current >= min ? Effect.void : Effect.fail(
+        new ApiError({
+          status: 409,
+          message: `this server's weights are policy version ${current}; the request asks for at least ${min}`,
+          param: "min_policy_version",
+          code: "policy_version_behind"
+        })
+      ))
+
+  const parameters = Qwen2.parameters(config)
+  // Every parameter's float32 bytes, plus room for the safetensors header.
+  const maxWeightBytes = parameters.reduce((n, p) => n + 4 * p.shape.reduce((a, b) => a * b, 1), 0) + (1 << 20)
+
+  /** `PUT /v1/weights`: a learner's new weights, checked tensor by tensor before the engine swaps them in. */
+  const putWeights = (req: Http.IncomingMessage) =>
+    Effect.gen(function*() {
+      const accept = options.acceptWeights
+      if (accept === undefined) {
+        return yield* new ApiError({
+          status: 404,
+          message: "this server does not accept weights (start it with --accept-weights)",
+          code: "weights_not_accepted"
+        })
+      }
+      if (req.method !== "PUT") {
+        return yield* new ApiError({ status: 405, message: `${req.method} is not allowed on /v1/weights; use PUT` })
+      }
+      if (accept.token !== undefined && req.headers.authorization !== `Bearer ${accept.token}`) {
+        const message = "a valid bearer token is required to replace the weights"
+        return yield* new ApiError({ status: 401, message, code: "unauthorized" })
+      }
+      const header = req.headers["x-policy-version"]
+      const version = typeof header === "string" && /^-?\d+$/.test(header.trim()) ? Number(header) : undefined
+      if (version === undefined || !Number.isSafeInteger(version)) {
+        return yield* invalid("the x-policy-version header must be an integer policy version", "x-policy-version")
+      }
+      const bytes = yield* readBytes(req, maxWeightBytes)
+      const weights = yield* Safetensors.parse(bytes, "the request body").pipe(
+        Effect.flatMap((parsed) => Safetensors.readFloat32(parsed, "the request body", parameters)),
+        Effect.mapError((e) => invalid(e.message))
+      )
+      const bad = Checkpoint.firstNonFinite(weights)
+      if (bad !== undefined) return yield* invalid(`the weights are not finite (${bad}); nothing was replaced`)
+      const from = typeof req.headers["x-run-id"] === "string" ? req.headers["x-run-id"] : ""
+      return yield* pushing.withPermits(1)(Effect.gen(function*() {
+        const current = yield* currentLabel
+        if (from === owner && version <= current) {
+          return yield* new ApiError({
+            status: 409,
+            message: `policy version ${version} is not newer than this server's ${current}`,
+            code: "stale_policy_version"
+          })
+        }
+        const next = (yield* engine.policyVersion) + 1
+        yield* engine.updateWeights(next, weights).pipe(Effect.mapError((e) =>
+          new ApiError({ status: e.reason === "SessionFailed" ? 500 : 400, message: e.message })
+        ))
+        labels.set(next, version)
+        // Results of older generations may still be decoding; a few dozen pushes back is plenty.
+        if (labels.size > 64) labels.delete(labels.keys().next().value!)
+        owner = from
+        return { policy_version: version }
+      }))
+    })
 
   /** Tokenizes `text` (a prompt, or a rendered chat) within the context and what is left of the budget. */
   const encodePrompt = (text: string, left: number, param: string) => {
@@ -571,6 +673,7 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
     }
     if (stream && count !== 1) return yield* invalid("stream: true takes a single prompt", "prompt")
     const body = yield* decode(CompletionRequest, raw)
+    yield* atLeast(body.min_policy_version)
     if (body.echo === true) return yield* invalid("echo is not supported", "echo")
     const prompts: ReadonlyArray<string | ReadonlyArray<number>> =
       typeof body.prompt === "string" ? [body.prompt] : body.prompt.length > 0 && typeof body.prompt[0] === "number"
@@ -683,6 +786,7 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
   /** Every check of a `/v1/chat/completions` body; the rendered conversation is tokenized within the limits. */
   const chatRequest = Effect.fnUntraced(function*(raw: unknown) {
     const body = yield* decode(ChatCompletionRequest, raw)
+    yield* atLeast(body.min_policy_version)
     const sampling = yield* samplingOf(model, config, body, true)
     const { messages, tools } = yield* conversation(body)
     const rendered = options.renderTools === false ? [] : tools
@@ -826,11 +930,13 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
         )
     switch (path) {
       case "/v1/models":
-        return Effect.flatMap(now, (created) =>
+        return Effect.flatMap(Effect.all([now, currentLabel]), ([created, version]) =>
           sendJson(res, 200, {
             object: "list",
-            data: [{ id: model.name, object: "model", created, owned_by: "agentfly" }]
+            data: [{ id: model.name, object: "model", created, owned_by: "agentfly", policy_version: version }]
           }))
+      case "/v1/weights":
+        return Effect.flatMap(putWeights(req), (value) => sendJson(res, 200, value))
       case "/v1/completions":
         return post(completions, completionsStream)
       case "/v1/chat/completions":

@@ -74,7 +74,8 @@ export const TrainerErrorReason = Schema.Literals([
   "Task", // the task cannot run: missing environment services, an environment that cannot start
   "Data", // a dataset row does not match the task's row Schema
   "NonFinite", // a learner or warm-up step made the loss or the weights NaN or infinite (nothing is saved after it)
-  "DiskFull" // a write found no space left on the device (ENOSPC)
+  "DiskFull", // a write found no space left on the device (ENOSPC)
+  "Servers" // the inference servers of `engine.servers` cannot be reached, or refuse the learner's weights
 ])
 export type TrainerErrorReason = typeof TrainerErrorReason.Type
 

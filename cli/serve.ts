@@ -9,6 +9,9 @@
  * request) and `--max-running-per-request` (sequences of one request in the batch at once; the server keeps at most
  * `--max-batch-size` sequences in the engine, its batch).
  *
+ * `--accept-weights` lets a training run push its weights to this server as it learns (`PUT /v1/weights`, a run
+ * with `engine.servers`); when `AGENTFLY_WEIGHTS_TOKEN` is set, only requests bearing it may replace them.
+ *
  * @since 0.1.0
  */
 import { Console, Effect, Option } from "effect"
@@ -49,6 +52,13 @@ export const serve = Command.make(
       ),
       Flag.withDefault(false)
     ),
+    acceptWeights: Flag.Boolean("accept-weights").pipe(
+      Flag.withDescription(
+        "Let a training run push new weights (PUT /v1/weights; with AGENTFLY_WEIGHTS_TOKEN set, only with that " +
+          "bearer token)"
+      ),
+      Flag.withDefault(false)
+    ),
     host: Flag.String("host").pipe(Flag.withDescription("Address to listen on"), Flag.withDefault("127.0.0.1")),
     port: Flag.Int("port").pipe(
       Flag.withDescription("Port to listen on (0: any free port)"),
@@ -71,7 +81,9 @@ export const serve = Command.make(
       OpenAiServer.defaults.maxRunningPerRequest
     )
   },
-  Effect.fn("serve")(function*({ modelDir, checkpoint, omitToolSchemas, host, port, maxBatchSize, threads, ...rest }) {
+  Effect.fn("serve")(function*(
+    { modelDir, checkpoint, omitToolSchemas, acceptWeights, host, port, maxBatchSize, threads, ...rest }
+  ) {
     const folder = yield* ModelFolder.load(modelDir)
     const from = Option.getOrUndefined(checkpoint)
     const engine = yield* PolicyEngine.make({
@@ -82,13 +94,22 @@ export const serve = Command.make(
       maxBatchSize,
       intraOpNumThreads: threads
     })
-    const options = { host, port, maxRunning: maxBatchSize, renderTools: !omitToolSchemas, ...rest }
+    const token = process.env["AGENTFLY_WEIGHTS_TOKEN"]
+    const options: OpenAiServer.Options = {
+      host,
+      port,
+      maxRunning: maxBatchSize,
+      renderTools: !omitToolSchemas,
+      ...(acceptWeights ? { acceptWeights: { token: token === "" ? undefined : token } } : {}),
+      ...rest
+    }
     const server = yield* OpenAiServer.make(folder, options).pipe(
       Effect.provideService(PolicyEngine.PolicyEngine, engine)
     )
     yield* Console.log(
       `serving ${folder.name}${from === undefined ? "" : ` with the weights of ${from}`} (qwen2, vocab ` +
-        `${folder.config.vocabSize}) at ${server.baseUrl}`
+        `${folder.config.vocabSize}) at ${server.baseUrl}` +
+        (acceptWeights ? `, accepting weights${token ? " with a token" : ""} (PUT /v1/weights)` : "")
     )
     return yield* Effect.never
   }, Effect.scoped, exitOnFailure)

@@ -260,7 +260,23 @@ export const LearnerConfig = Schema.Struct({
  * @since 0.1.0
  */
 export const EngineConfig = Schema.Struct({
-  thread: Schema.optionalKey(Schema.Boolean)
+  thread: Schema.optionalKey(Schema.Boolean),
+  /**
+   * Inference servers that sample the rollouts instead of the local engine: the API roots of `agentfly serve
+   * --accept-weights` processes (`http://HOST:PORT/v1`), here or on other machines. The learner stays in this
+   * process and pushes every version it publishes to all of them (`actors/InferenceServers.ts`); a run goes on while
+   * one of them answers. Runs with servers do not repeat to the digit (each server batches what arrives).
+   */
+  servers: Schema.optionalKey(
+    Schema.Array(
+      Schema.String.check(
+        Schema.makeFilter((url) =>
+          /^https?:\/\/[^/\s]+/.test(url) ||
+          `expected an http(s) API root such as http://10.0.0.2:8000/v1, got ${JSON.stringify(url)}`
+        )
+      )
+    ).check(Schema.isMinLength(1))
+  )
 })
 
 /**

@@ -1,0 +1,345 @@
+/**
+ * Inference servers that follow the learner: a run's rollouts are sampled by `agentfly serve --accept-weights`
+ * processes (on this machine or others, `engine.servers`), and every policy version the learner publishes is pushed
+ * to all of them (`PUT /v1/weights`, safetensors) before any rollout asks for it.
+ *
+ * - **Sampling.** Each request goes to the least busy server that holds the version asked for or a newer one, as a
+ *   token-in / token-out `/completions` call carrying `min_policy_version` (`OpenAiCompatSampler`); a server whose
+ *   weights turn out older answers 409 and the request moves on. A server that fails (connection refused, a
+ *   timeout, a 5xx, a 429) rests for a moment and the request is retried on the others, so a run survives a dead
+ *   server while one is left; a request the servers refuse as bad (a 400) fails as it would on the local engine.
+ * - **Weights.** `push` serializes the weights once and sends them to every server at once. It succeeds when at
+ *   least one server took them; the others (down, restarted, slow) are brought up to date as soon as they answer
+ *   again, before they serve anything. A server that refuses the weights themselves (wrong model, a bad token,
+ *   started without `--accept-weights`) stops the run with a sentence naming it.
+ * - **Versions.** A sample's `policyVersion` is the version the server sampled it with: in `async` mode a rollout
+ *   may run on weights newer than the version it asked for (never older); in `sync` mode nothing is pushed while a
+ *   batch samples, so every token comes from the version asked for.
+ *
+ * Sampling on several servers batches each server's requests with whatever else it decodes, so a run with servers
+ * does not repeat to the digit as a local run does (what is sampled depends on timing); resume works the same.
+ *
+ * @since 0.1.0
+ */
+import { Clock, Effect, FiberSet } from "effect"
+import type { Scope } from "effect"
+import { FetchHttpClient } from "effect/http"
+import { randomUUID } from "node:crypto"
+import * as OpenAiCompatSampler from "../src/backends/OpenAiCompatSampler.ts"
+import * as Safetensors from "../src/Safetensors.ts"
+import { Sampler, SamplerError } from "../src/Sampler.ts"
+import type { GenerateRequest, GenerateResult } from "../src/Sampler.ts"
+import { TrainerError } from "./Trainer.ts"
+
+// ===== Models =====
+
+/**
+ * @category models
+ * @since 0.1.0
+ */
+export interface Options {
+  /** The servers' API roots, e.g. `http://10.0.0.2:8000/v1`. */
+  readonly urls: ReadonlyArray<string>
+  /** The model's parameters, in the order the weights are serialized. */
+  readonly parameters: ReadonlyArray<{ readonly name: string; readonly shape: ReadonlyArray<number> }>
+  /** The bearer token the servers were started with (`AGENTFLY_WEIGHTS_TOKEN`), if any. */
+  readonly token?: string | undefined
+  /** Time limit of one sampling attempt on one server (default 60 s). */
+  readonly timeoutMs?: number | undefined
+  /** Time limit of one push to one server (default 120 s). */
+  readonly pushTimeoutMs?: number | undefined
+  /** How long a request waits for a server able to serve it before it fails (default 60 s). */
+  readonly giveUpMs?: number | undefined
+  /** How long a failed server rests before it is tried again (default 1 s). */
+  readonly restMs?: number | undefined
+}
+
+/**
+ * One server as the run sees it.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface ServerStatus {
+  readonly url: string
+  /** The version of this run's weights the server holds (undefined: none yet, or it lost them). */
+  readonly version: number | undefined
+  readonly inflight: number
+  readonly served: number
+  readonly failures: number
+  readonly lastError: string | undefined
+}
+
+/**
+ * @category models
+ * @since 0.1.0
+ */
+export interface InferenceServers {
+  /** Sends version `version`'s weights to every server; fails only when no server took them, or one refused them. */
+  readonly push: (version: number, weights: ReadonlyMap<string, Float32Array>) => Effect.Effect<void, TrainerError>
+  /** A sampler whose every request is served with weights of version `version` or newer. */
+  readonly sampler: (version: number) => Sampler["Service"]
+  readonly status: Effect.Effect<ReadonlyArray<ServerStatus>>
+}
+
+interface Server {
+  readonly url: string
+  /** Its sampler for requests of at least a version (one per version asked for; a few live at a time). */
+  readonly samplers: Map<number, Sampler["Service"]>
+  readonly model: string
+  version: number | undefined
+  inflight: number
+  served: number
+  failures: number
+  restUntil: number
+  lastError: string | undefined
+  catchingUp: boolean
+}
+
+// ===== Helpers =====
+
+const serversError = (message: string) => new TrainerError({ reason: "Servers", message })
+
+/** What a failed `fetch` says, with its cause (`ECONNREFUSED`), which is what a user must fix. */
+const fetchMessage = (e: unknown): string => {
+  const error = e as { message?: string; cause?: { code?: string; message?: string } }
+  const cause = error.cause?.code ?? error.cause?.message
+  return [error.message ?? String(e), cause].filter((x) => x !== undefined && x !== "").join(": ")
+}
+
+/** A 409 saying the server's weights are older than the request asked for. */
+const isBehind = (e: SamplerError) => e.reason === "BadRequest" && e.message.includes("policy_version_behind")
+
+// ===== Constructor =====
+
+/**
+ * Connects to the servers (each must answer `GET /v1/models` now) for the life of the scope.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const make = Effect.fn("InferenceServers.make")(function*(
+  options: Options
+): Effect.fn.Return<InferenceServers, TrainerError, Scope.Scope> {
+  if (options.urls.length === 0) return yield* serversError("engine.servers lists no server")
+  const runId = randomUUID()
+  const headers = options.token === undefined ? {} : { authorization: `Bearer ${options.token}` }
+  const restMs = options.restMs ?? 1_000
+  const background = yield* FiberSet.makeRuntime<never>()
+
+  const modelOf = (url: string) =>
+    Effect.tryPromise({
+      try: async () => {
+        const response = await fetch(`${url}/models`, { headers, signal: AbortSignal.timeout(10_000) })
+        if (!response.ok) throw new Error(`HTTP ${response.status}: ${(await response.text()).slice(0, 300)}`)
+        const body = await response.json() as { data?: Array<{ id?: unknown }> }
+        const id = body.data?.[0]?.id
+        if (typeof id !== "string") throw new Error("GET /models named no model")
+        return id
+      },
+      catch: (e) =>
+        serversError(
+          `inference server ${url} did not answer GET /models (${fetchMessage(e)}); start it with ` +
+            "`agentfly serve --model-dir DIR --accept-weights --host HOST --port PORT` and list its API root " +
+            "(http://HOST:PORT/v1) in engine.servers"
+        )
+    })
+
+  const servers: Array<Server> = yield* Effect.forEach(
+    options.urls.map((u) => u.replace(/\/+$/, "")),
+    (url) =>
+      Effect.map(modelOf(url), (model): Server => ({
+        url,
+        model,
+        samplers: new Map(),
+        version: undefined,
+        inflight: 0,
+        served: 0,
+        failures: 0,
+        restUntil: 0,
+        lastError: undefined,
+        catchingUp: false
+      })),
+    { concurrency: "unbounded" }
+  )
+
+  // ----- Weights -----
+
+  let latest: { readonly version: number; readonly bytes: Uint8Array } | undefined
+
+  /** One server takes `bytes` as `version`: undefined when it did, else why not (and whether that is fatal). */
+  const put = (server: Server, version: number, bytes: Uint8Array) =>
+    Effect.promise(async (): Promise<{ readonly fatal: boolean; readonly message: string } | undefined> => {
+      try {
+        const response = await fetch(`${server.url}/weights`, {
+          method: "PUT",
+          headers: {
+            ...headers,
+            "content-type": "application/octet-stream",
+            "x-policy-version": String(version),
+            "x-run-id": runId
+          },
+          body: bytes as Uint8Array<ArrayBuffer>,
+          signal: AbortSignal.timeout(options.pushTimeoutMs ?? 120_000)
+        })
+        if (response.ok) return undefined
+        const text = (await response.text()).slice(0, 500)
+        // A 4xx is about the weights or the server's setup, which retrying cannot mend.
+        return { fatal: response.status >= 400 && response.status < 500, message: `HTTP ${response.status}: ${text}` }
+      } catch (e) {
+        return { fatal: false, message: fetchMessage(e) }
+      }
+    }).pipe(Effect.tap((failure) =>
+      Clock.currentTimeMillis.pipe(Effect.map((now) => {
+        if (failure === undefined) {
+          server.version = version
+          server.lastError = undefined
+          return
+        }
+        server.failures++
+        server.lastError = failure.message
+        server.restUntil = now + restMs
+      }))
+    ))
+
+  /** `server`'s sampler for requests of at least `min`: one attempt per call, a failing server is left at once. */
+  const samplerOf = (server: Server, min: number) => {
+    const cached = server.samplers.get(min)
+    if (cached !== undefined) return Effect.succeed(cached)
+    return OpenAiCompatSampler.make({
+      baseUrl: server.url,
+      model: server.model,
+      retries: 0,
+      timeoutMs: options.timeoutMs,
+      extraBody: { min_policy_version: min }
+    }).pipe(
+      Effect.provide(FetchHttpClient.layer),
+      Effect.tap((sampler) =>
+        Effect.sync(() => {
+          server.samplers.set(min, sampler)
+          for (const v of server.samplers.keys()) if (v < min - 16) server.samplers.delete(v)
+        })
+      )
+    )
+  }
+
+  /** Brings a server that missed a push (down, restarted) up to date, once it answers; in the background. */
+  const catchUp = (server: Server) => {
+    const target = latest
+    if (target === undefined || server.catchingUp || server.version === target.version) return
+    server.catchingUp = true
+    background(put(server, target.version, target.bytes).pipe(
+      Effect.ensuring(Effect.sync(() => (server.catchingUp = false)))
+    ))
+  }
+
+  const push = (version: number, weights: ReadonlyMap<string, Float32Array>) =>
+    Effect.gen(function*() {
+      const tensors = options.parameters.map((p) => {
+        const data = weights.get(p.name)
+        return { name: p.name, shape: p.shape, data: data ?? new Float32Array(0) }
+      })
+      const missing = tensors.find((t) => t.data.length === 0)
+      if (missing !== undefined) return yield* serversError(`the learner's weights have no tensor ${missing.name}`)
+      const bytes = Safetensors.serialize(tensors)
+      latest = { version, bytes }
+      const failures = yield* Effect.forEach(servers, (s) => put(s, version, bytes), { concurrency: "unbounded" })
+      const refused = failures.findIndex((f) => f?.fatal === true)
+      if (refused >= 0) {
+        return yield* serversError(
+          `inference server ${servers[refused]!.url} refused policy version ${version}'s weights ` +
+            `(${failures[refused]!.message}); it must serve this model and run with --accept-weights ` +
+            "(and AGENTFLY_WEIGHTS_TOKEN, when set, must match)"
+        )
+      }
+      if (failures.every((f) => f !== undefined)) {
+        return yield* serversError(
+          `no inference server took policy version ${version}: ` +
+            servers.map((s, i) => `${s.url} (${failures[i]!.message})`).join("; ")
+        )
+      }
+    })
+
+  // ----- Sampling -----
+
+  let turn = 0
+  /** The least busy server able to serve `min` now (ties in turn), starting catch-ups on the way. */
+  const pick = (min: number, now: number): Server | undefined => {
+    let best: Server | undefined
+    for (let k = 0; k < servers.length; k++) {
+      const s = servers[(turn + k) % servers.length]!
+      if (now < s.restUntil) continue
+      if (latest !== undefined && s.version !== latest.version) catchUp(s)
+      if (s.version === undefined || s.version < min) continue
+      if (best === undefined || s.inflight < best.inflight) best = s
+    }
+    turn++
+    return best
+  }
+
+  const generate = (min: number, request: GenerateRequest): Effect.Effect<GenerateResult, SamplerError> =>
+    Effect.gen(function*() {
+      const start = yield* Clock.currentTimeMillis
+      const giveUp = start + (options.giveUpMs ?? 60_000)
+      for (let attempt = 0;; attempt++) {
+        const now = yield* Clock.currentTimeMillis
+        const server = pick(min, now)
+        if (server === undefined) {
+          if (now > giveUp) {
+            return yield* new SamplerError({
+              reason: "Transport",
+              message: `no inference server could serve policy version ≥ ${min} for ` +
+                `${Math.round((now - start) / 1000)} s: ` +
+                servers.map((s) => `${s.url} (holds ${s.version ?? "no weights of this run"}` +
+                  `${s.lastError === undefined ? "" : `; ${s.lastError}`})`).join("; ")
+            })
+          }
+          yield* Effect.sleep(Math.min(500, 20 * 2 ** Math.min(attempt, 5)))
+          continue
+        }
+        server.inflight++
+        const result = yield* samplerOf(server, min).pipe(
+          Effect.flatMap((sampler) => sampler.generate(request)),
+          Effect.ensuring(Effect.sync(() => server.inflight--)),
+          Effect.result
+        )
+        if (result._tag === "Success") {
+          server.served++
+          if (server.version === undefined || result.success.policyVersion > server.version) {
+            server.version = result.success.policyVersion
+          }
+          return result.success
+        }
+        const e = result.failure
+        if (isBehind(e)) {
+          // Restarted, or it missed a push: it gets the newest weights before it serves again.
+          server.version = undefined
+          catchUp(server)
+        } else if (e.isRetryable) {
+          server.failures++
+          server.lastError = `${e.reason}: ${e.message}`
+          server.restUntil = (yield* Clock.currentTimeMillis) + Math.max(restMs, e.retryAfterMs ?? 0)
+        } else {
+          return yield* e
+        }
+      }
+    })
+
+  const sampler = (version: number) =>
+    Sampler.of({
+      generate: (request) => generate(version, request),
+      policyVersion: Effect.succeed(version)
+    })
+
+  const status = Effect.sync(() =>
+    servers.map((s): ServerStatus => ({
+      url: s.url,
+      version: s.version,
+      inflight: s.inflight,
+      served: s.served,
+      failures: s.failures,
+      lastError: s.lastError
+    }))
+  )
+  return { push, sampler, status }
+})
