@@ -94,6 +94,8 @@ interface Server {
   restUntil: number
   lastError: string | undefined
   catchingUp: boolean
+  /** False from a failure until it serves or takes weights again (each change is logged once). */
+  healthy: boolean
 }
 
 // ===== Helpers =====
@@ -109,6 +111,28 @@ const fetchMessage = (e: unknown): string => {
 
 /** A 409 saying the server's weights are older than the request asked for. */
 const isBehind = (e: SamplerError) => e.reason === "BadRequest" && e.message.includes("policy_version_behind")
+
+/** Records a failure of `server`; the first after a success is logged (the run goes on with the others). */
+const failed = (server: Server, message: string, now: number, restMs: number) =>
+  Effect.suspend(() => {
+    server.failures++
+    server.lastError = message
+    server.restUntil = now + restMs
+    if (!server.healthy) return Effect.void
+    server.healthy = false
+    return Effect.logWarning(
+      `inference server ${server.url} failed (${message}); its requests go to the other servers until it answers`
+    )
+  })
+
+/** Records that `server` works (it served, or took weights); logged when it had failed. */
+const works = (server: Server) =>
+  Effect.suspend(() => {
+    server.lastError = undefined
+    if (server.healthy) return Effect.void
+    server.healthy = true
+    return Effect.logInfo(`inference server ${server.url} is back, at policy version ${server.version}`)
+  })
 
 // ===== Constructor =====
 
@@ -158,7 +182,8 @@ export const make = Effect.fn("InferenceServers.make")(function*(
         failures: 0,
         restUntil: 0,
         lastError: undefined,
-        catchingUp: false
+        catchingUp: false,
+        healthy: true
       })),
     { concurrency: "unbounded" }
   )
@@ -189,18 +214,13 @@ export const make = Effect.fn("InferenceServers.make")(function*(
       } catch (e) {
         return { fatal: false, message: fetchMessage(e) }
       }
-    }).pipe(Effect.tap((failure) =>
-      Clock.currentTimeMillis.pipe(Effect.map((now) => {
-        if (failure === undefined) {
-          server.version = version
-          server.lastError = undefined
-          return
-        }
-        server.failures++
-        server.lastError = failure.message
-        server.restUntil = now + restMs
-      }))
-    ))
+    }).pipe(Effect.tap((failure) => {
+      if (failure === undefined) {
+        server.version = version
+        return works(server)
+      }
+      return Effect.flatMap(Clock.currentTimeMillis, (now) => failed(server, failure.message, now, restMs))
+    }))
 
   /** `server`'s sampler for requests of at least `min`: one attempt per call, a failing server is left at once. */
   const samplerOf = (server: Server, min: number) => {
@@ -308,6 +328,7 @@ export const make = Effect.fn("InferenceServers.make")(function*(
           if (server.version === undefined || result.success.policyVersion > server.version) {
             server.version = result.success.policyVersion
           }
+          yield* works(server)
           return result.success
         }
         const e = result.failure
@@ -316,9 +337,8 @@ export const make = Effect.fn("InferenceServers.make")(function*(
           server.version = undefined
           catchUp(server)
         } else if (e.isRetryable) {
-          server.failures++
-          server.lastError = `${e.reason}: ${e.message}`
-          server.restUntil = (yield* Clock.currentTimeMillis) + Math.max(restMs, e.retryAfterMs ?? 0)
+          const rest = Math.max(restMs, e.retryAfterMs ?? 0)
+          yield* failed(server, `${e.reason}: ${e.message}`, yield* Clock.currentTimeMillis, rest)
         } else {
           return yield* e
         }
