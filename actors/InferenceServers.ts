@@ -79,6 +79,8 @@ export interface InferenceServers {
   readonly push: (version: number, weights: ReadonlyMap<string, Float32Array>) => Effect.Effect<void, TrainerError>
   /** A sampler whose every request is served with weights of version `version` or newer. */
   readonly sampler: (version: number) => Sampler["Service"]
+  /** The last version pushed (undefined before the first push: no server holds this run's weights yet). */
+  readonly pushed: Effect.Effect<number | undefined>
   readonly status: Effect.Effect<ReadonlyArray<ServerStatus>>
 }
 
@@ -361,5 +363,5 @@ export const make = Effect.fn("InferenceServers.make")(function*(
       lastError: s.lastError
     }))
   )
-  return { push, sampler, status }
+  return { push, sampler, pushed: Effect.sync(() => latest?.version), status }
 })

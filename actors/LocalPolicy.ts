@@ -390,7 +390,11 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
   const ambientLock = yield* Semaphore.make(1)
   const ambientEngine = Semaphore.withPermits(ambientLock, 1)(Effect.gen(function*() {
     const { version: v, weights } = newest()
-    if (servers !== undefined) return servers.sampler(v)
+    if (servers !== undefined) {
+      // Before the run's first push the servers hold no weights of this run: the newest version goes first.
+      if ((yield* servers.pushed) === undefined) yield* servers.push(v, weights)
+      return servers.sampler(v)
+    }
     if (ambient === undefined) {
       const engine = yield* engineOf(v, weights).pipe(Effect.provideService(Scope.Scope, runScope))
       ambient = { engine, sampler: prefillAlone(engine) }
