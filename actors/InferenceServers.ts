@@ -285,14 +285,18 @@ export const make = Effect.fn("InferenceServers.make")(function*(
   // ----- Sampling -----
 
   let turn = 0
-  /** The least busy server able to serve `min` now (ties in turn), starting catch-ups on the way. */
+  /**
+   * The least busy server able to serve `min` now (ties in turn), starting catch-ups on the way. A client that never
+   * pushed (a rollout worker: the trainer pushes) cannot know what the servers hold and tries each one that is not
+   * resting; a server's 409 keeps it from sampling with older weights.
+   */
   const pick = (min: number, now: number): Server | undefined => {
     let best: Server | undefined
     for (let k = 0; k < servers.length; k++) {
       const s = servers[(turn + k) % servers.length]!
       if (now < s.restUntil) continue
       if (latest !== undefined && s.version !== latest.version) catchUp(s)
-      if (s.version === undefined || s.version < min) continue
+      if (latest !== undefined && (s.version === undefined || s.version < min)) continue
       if (best === undefined || s.inflight < best.inflight) best = s
     }
     turn++
@@ -335,8 +339,10 @@ export const make = Effect.fn("InferenceServers.make")(function*(
         }
         const e = result.failure
         if (isBehind(e)) {
-          // Restarted, or it missed a push: it gets the newest weights before it serves again.
+          // Restarted, or it missed a push: it gets the newest weights before it serves again (from the trainer,
+          // when this client never pushes: it waits a moment for them).
           server.version = undefined
+          if (latest === undefined) server.restUntil = (yield* Clock.currentTimeMillis) + Math.min(restMs, 200)
           catchUp(server)
         } else if (e.isRetryable) {
           const rest = Math.max(restMs, e.retryAfterMs ?? 0)

@@ -113,6 +113,11 @@ export interface Options {
   readonly stats?: RolloutChain.Stats | undefined
   /** Prefix of group, chain and trajectory ids (default: random). */
   readonly runId?: string | undefined
+  /**
+   * The index of the first row (default 0): rows are numbered from it in ids, `rowIndex`, and seeds, so that a
+   * batch's rows split over several calls (rollout workers) get the ids and seeds one call would give them.
+   */
+  readonly rowOffset?: number | undefined
 }
 
 const Limits = Schema.Struct({
@@ -308,8 +313,9 @@ const runWith = (
         const chains = yield* FiberSet.make<void>()
         let aborted = false
 
-        for (let rowIndex = 0; rowIndex < rows.length && !aborted; rowIndex++) {
-          const row = rows[rowIndex]!
+        const rowOffset = options.rowOffset ?? 0
+        for (let rowIndex = rowOffset; rowIndex < rowOffset + rows.length && !aborted; rowIndex++) {
+          const row = rows[rowIndex - rowOffset]!
           const { messages, ...fields } = row
           const groupId = `${runId}-g${rowIndex}`
           const group = makeCollector(groupId, rowIndex, options.numChains, stats)

@@ -42,6 +42,7 @@ import * as ChainFormat from "./ChainFormat.ts"
 import * as LocalPolicy from "./LocalPolicy.ts"
 import * as Metrics from "./Metrics.ts"
 import * as ResourceManager from "./ResourceManager.ts"
+import * as RolloutWorker from "./RolloutWorker.ts"
 import * as Trainer from "./Trainer.ts"
 
 // ===== Config =====
@@ -248,8 +249,22 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
     `training ${folder.name} on task ${task.name}, ${train.rows.length} rows (${config.mode}, ` +
       `${config.algorithm.steps} steps, seed ${config.seed}) → ${config.output}`
   )
+  // Training batches on rollout workers when the run lists them; they sample on the run's inference servers.
+  const workers = config.rollout.workers
+  if (workers !== undefined && config.engine.servers === undefined) {
+    return yield* new Trainer.TrainerError({
+      reason: "Workers",
+      message: "rollout.workers sample on inference servers: list them in engine.servers (agentfly serve " +
+        "--accept-weights), which every worker and this run reach"
+    })
+  }
+  const rollouts = workers === undefined ? undefined : yield* RolloutWorker.client({
+    urls: workers,
+    agentKey: RolloutWorker.agentKey(task.name, config)
+  })
   const summary = yield* Trainer.run({
     task,
+    rollouts,
     config,
     format: ChainFormat.ofConfig(config, folder),
     train,

@@ -75,7 +75,8 @@ export const TrainerErrorReason = Schema.Literals([
   "Data", // a dataset row does not match the task's row Schema
   "NonFinite", // a learner or warm-up step made the loss or the weights NaN or infinite (nothing is saved after it)
   "DiskFull", // a write found no space left on the device (ENOSPC)
-  "Servers" // the inference servers of `engine.servers` cannot be reached, or refuse the learner's weights
+  "Servers", // the inference servers of `engine.servers` cannot be reached, or refuse the learner's weights
+  "Workers" // the rollout workers of `rollout.workers` cannot be reached, disagree with the run, or all failed
 ])
 export type TrainerErrorReason = typeof TrainerErrorReason.Type
 
@@ -171,6 +172,28 @@ export interface Options<RE = never> {
   /** The text of a token, for the trajectory viewer (default: its id). */
   readonly tokenText?: ((id: number) => string) | undefined
   readonly display?: { readonly update: (status: Metrics.Status) => Effect.Effect<void> } | undefined
+  /** Where training batches roll out when not in this process (`RolloutWorker.client`); evaluations stay here. */
+  readonly rollouts?: RemoteRollouts | undefined
+}
+
+/**
+ * Training batches rolled out elsewhere (rollout workers): the groups of `rows` sampled with policy version
+ * `version` or newer, with the ids, seeds and row indices {@link collectGroups} gives them here.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface RemoteRollouts {
+  readonly collect: (
+    rows: ReadonlyArray<Dataset.Row>,
+    sampling: {
+      readonly firstSeq: number
+      readonly chains: number
+      readonly temperature: number
+      readonly seed: number
+    },
+    version: number
+  ) => Effect.Effect<Array<Trajectory.Group>, TrainerError>
 }
 
 /**
@@ -613,6 +636,8 @@ export const collectGroups = (
     readonly chains: number
     readonly temperature: number
     readonly seed: number
+    /** The first row's index in the batch when `rows` is a part of it (a rollout worker's share); default 0. */
+    readonly rowOffset?: number | undefined
   }
 ): Effect.Effect<Array<Trajectory.Group>, TrainerError, Sampler> => {
   const { config, runtime } = agent
@@ -641,7 +666,8 @@ export const collectGroups = (
     environment: runtime.environment,
     episode: runtime.episode,
     policies: runtime.policies,
-    runId: `s${sampling.firstSeq}`
+    runId: `s${sampling.firstSeq}`,
+    rowOffset: sampling.rowOffset
   }).pipe(
     Stream.runFold(() => [] as Array<Trajectory.Group>, (acc, event) => {
       if (event._tag === "Group") acc.push(event.group)
@@ -928,15 +954,21 @@ export const run: <RE = never>(
   // ----- Rollouts -----
   const B = config.algorithm.groupsPerStep
   const numChains = config.agent.numChains
-  const batchFor = (step: number) => {
+  // A training batch, sampled by `version`: here, or by the rollout workers when the run has them.
+  const batchFor = (step: number, version: number) => {
     const firstSeq = (step - 1) * B
     const indices = rowsAt(options.train.rows.length, config.seed, firstSeq, B)
-    return collectGroups(agentOf, indices.map((i) => options.train.rows[i]!), {
+    const rows = indices.map((i) => options.train.rows[i]!)
+    const sampling = {
       firstSeq,
       chains: numChains,
       temperature: config.agent.temperature,
       seed: config.seed * 1_000_000 + firstSeq * numChains
-    }).pipe(Effect.map((groups) => ({ step, firstSeq, indices, groups })))
+    }
+    const groups = options.rollouts === undefined
+      ? collectGroups(agentOf, rows, sampling).pipe(sampledBy(version))
+      : options.rollouts.collect(rows, sampling, version)
+    return groups.pipe(Effect.map((groups) => ({ step, firstSeq, indices, groups })))
   }
 
   // ----- Warm-up (SFT) -----
@@ -1007,7 +1039,7 @@ export const run: <RE = never>(
     for (let step = point.step + 1; step <= lastStep; step++) {
       const version = samplingVersion(step, schedule)
       yield* Deferred.await(publishedDeferred(version))
-      const fiber = yield* Effect.forkScoped(batchFor(step).pipe(sampledBy(version)))
+      const fiber = yield* Effect.forkScoped(batchFor(step, version))
       yield* Queue.offer(batches, fiber)
     }
   }).pipe(Effect.forkScoped)

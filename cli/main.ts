@@ -15,6 +15,7 @@ import { gateway } from "./gateway.ts"
 import { initModel } from "./initModel.ts"
 import { serve } from "./serve.ts"
 import { report } from "./report.ts"
+import { rolloutWorker } from "./rolloutWorker.ts"
 import { tokens } from "./tokens.ts"
 import { train } from "./train.ts"
 
@@ -27,6 +28,7 @@ import { train } from "./train.ts"
 const subcommands = [
   initModel,
   serve,
+  rolloutWorker,
   gateway,
   train,
   evaluate,

@@ -249,6 +249,14 @@ export const LearnerConfig = Schema.Struct({
   sharePrefix: withDefault(Schema.Boolean, true)
 })
 
+/** An HTTP(S) address of a server or worker. */
+const ApiRoot = Schema.String.check(
+  Schema.makeFilter((url) =>
+    /^https?:\/\/[^/\s]+/.test(url) ||
+    `expected an http(s) address such as http://10.0.0.2:8000/v1, got ${JSON.stringify(url)}`
+  )
+)
+
 /**
  * The local policy engine. `thread: true` runs it on a worker thread of its own (`actors/EngineThread.ts`): it
  * decodes while the main thread runs the chains, tools and rewards and coordinates the learner. Default false, in
@@ -267,16 +275,21 @@ export const EngineConfig = Schema.Struct({
    * process and pushes every version it publishes to all of them (`actors/InferenceServers.ts`); a run goes on while
    * one of them answers. Runs with servers do not repeat to the digit (each server batches what arrives).
    */
-  servers: Schema.optionalKey(
-    Schema.Array(
-      Schema.String.check(
-        Schema.makeFilter((url) =>
-          /^https?:\/\/[^/\s]+/.test(url) ||
-          `expected an http(s) API root such as http://10.0.0.2:8000/v1, got ${JSON.stringify(url)}`
-        )
-      )
-    ).check(Schema.isMinLength(1))
-  )
+  servers: Schema.optionalKey(Schema.Array(ApiRoot).check(Schema.isMinLength(1)))
+})
+
+/**
+ * Rollout workers: `agentfly rollout-worker` processes (here or on other machines) that run a training batch's
+ * chains, tools, rewards and environments instead of this process (`actors/RolloutWorker.ts`). Each takes a
+ * contiguous share of a batch's rows with the ids and seeds this process would give them; a share whose worker fails
+ * goes to another. The workers sample on `engine.servers` (required with workers); evaluations and warm-up checks
+ * still run in this process.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const RolloutConfig = Schema.Struct({
+  workers: Schema.optionalKey(Schema.Array(ApiRoot).check(Schema.isMinLength(1)))
 })
 
 /**
@@ -307,6 +320,7 @@ export const TrainConfig = Schema.Struct({
   checkpoint: withDefault(CheckpointConfig, {}),
   learner: withDefault(LearnerConfig, {}),
   engine: withDefault(EngineConfig, {}),
+  rollout: withDefault(RolloutConfig, {}),
   sampleTrajectories: withDefault(IntIn(0, 1_000), 4),
   /**
    * The largest share of a step's trajectories that may fail for infrastructure reasons (environment, lease,

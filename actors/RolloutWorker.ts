@@ -1,0 +1,346 @@
+/**
+ * Rollout workers: a run's training batches rolled out in other processes, here or on other machines. A worker
+ * (`agentfly rollout-worker CONFIG`) loads the same config and task as the trainer and runs chains, tools, rewards
+ * and environments (its own resource manager) for the rows it is sent, sampling on the run's inference servers
+ * (`engine.servers`, `InferenceServers` without pushing: the trainer pushes); the trainer (`rollout.workers`) splits
+ * each batch's rows into contiguous shares, one per worker, and gathers the groups.
+ *
+ * - **The same batch as at home.** A share carries its first row's index in the batch (`Rollout.Options.rowOffset`),
+ *   so its groups get the ids, row indices and seeds one process would give them; the trainer orders them by row.
+ * - **The same run.** Each request names the run's *agent key* (the task's name and the config's `agent` section,
+ *   hashed): a worker started with another config answers 409 and the run stops with a `TrainerError` (`Workers`)
+ *   naming the difference, instead of training on someone else's rollouts.
+ * - **A dead worker.** A share whose worker fails (refused connection, reset, timeout, 5xx) goes to the next worker
+ *   that answers, with a log line; the run stops (`Workers`) only when every worker failed the same share.
+ *
+ * The wire: `GET /v1/worker` → `{ task, agentKey }`; `POST /v1/rollouts` with `{ agentKey, rows, firstSeq,
+ * rowOffset, chains, temperature, seed, version }` → `{ groups }` (`Trajectory.Group`, JSON codec).
+ *
+ * @since 0.1.0
+ */
+import { Clock, Effect, FiberSet, Schema } from "effect"
+import type { Scope } from "effect"
+import { createHash } from "node:crypto"
+import * as Http from "node:http"
+import type { AddressInfo } from "node:net"
+import type * as Dataset from "../src/Dataset.ts"
+import { Conversation } from "../src/Message.ts"
+import { Sampler } from "../src/Sampler.ts"
+import type * as TrainConfig from "../src/TrainConfig.ts"
+import * as Trajectory from "../src/Trajectory.ts"
+import type * as InferenceServers from "./InferenceServers.ts"
+import { collectGroups, TrainerError } from "./Trainer.ts"
+import type { Agent, RemoteRollouts } from "./Trainer.ts"
+
+// ===== Wire =====
+
+const WireRow = Schema.Struct({
+  index: Schema.Int,
+  line: Schema.Int,
+  question: Schema.optionalKey(Schema.String),
+  messages: Schema.optionalKey(Conversation),
+  fields: Schema.Record(Schema.String, Schema.Unknown)
+})
+
+const RolloutRequest = Schema.Struct({
+  agentKey: Schema.String,
+  rows: Schema.Array(WireRow),
+  firstSeq: Schema.Int,
+  rowOffset: Schema.Int,
+  chains: Schema.Int,
+  temperature: Schema.Number,
+  seed: Schema.Int,
+  version: Schema.Int
+})
+
+const RolloutResponse = Schema.toCodecJson(Schema.Struct({ groups: Schema.Array(Trajectory.Group) }))
+const WorkerInfo = Schema.Struct({ task: Schema.String, agentKey: Schema.String })
+
+/**
+ * What must agree between a trainer and its workers for a worker's rollouts to be the run's: the task's name and
+ * the config's `agent` section (prompt, turns, chains, budgets, temperature, template, tools), hashed.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const agentKey = (taskName: string, config: TrainConfig.TrainConfig): string =>
+  createHash("sha256").update(JSON.stringify([taskName, config.agent])).digest("hex").slice(0, 16)
+
+// ===== Worker =====
+
+/**
+ * @category models
+ * @since 0.1.0
+ */
+export interface WorkerOptions {
+  /** Default `127.0.0.1`. */
+  readonly host?: string | undefined
+  /** Default 0: a free port. */
+  readonly port?: number | undefined
+  /** Largest request body, in bytes (default 64 MiB). */
+  readonly maxBodyBytes?: number | undefined
+}
+
+const send = (res: Http.ServerResponse, status: number, body: unknown) =>
+  Effect.sync(() => {
+    if (res.headersSent) return
+    res.writeHead(status, { "content-type": "application/json" })
+    res.end(JSON.stringify(body))
+  })
+
+const errorBody = (message: string, code: string) => ({ error: { message, code } })
+
+const readJson = (req: Http.IncomingMessage, maxBytes: number) =>
+  Effect.callback<unknown, { readonly status: number; readonly message: string }>((resume) => {
+    const chunks: Array<Buffer> = []
+    let size = 0, done = false
+    req.on("data", (c: Buffer) => {
+      if (done) return
+      size += c.length
+      if (size > maxBytes) {
+        done = true
+        resume(Effect.fail({ status: 413, message: `the request body exceeds ${maxBytes} bytes` }))
+      } else chunks.push(c)
+    })
+    req.on("end", () => {
+      if (done) return
+      done = true
+      try {
+        resume(Effect.succeed(JSON.parse(Buffer.concat(chunks).toString("utf8")) as unknown))
+      } catch {
+        resume(Effect.fail({ status: 400, message: "the request body is not valid JSON" }))
+      }
+    })
+    req.on("error", () => {
+      if (!done) resume(Effect.fail({ status: 400, message: "the request body could not be read" }))
+      done = true
+    })
+  })
+
+/**
+ * Serves `agent`'s rollouts over HTTP in the current scope, sampling on `servers`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const serve = Effect.fn("RolloutWorker.serve")(function*(
+  agent: Agent,
+  servers: InferenceServers.InferenceServers,
+  options: WorkerOptions = {}
+): Effect.fn.Return<{ readonly port: number; readonly baseUrl: string }, never, Scope.Scope> {
+  const key = agentKey(agent.runtime.task.name, agent.config)
+  const run = yield* FiberSet.makeRuntime<never>()
+  const host = options.host ?? "127.0.0.1"
+
+  const rollouts = (body: unknown) =>
+    Effect.gen(function*() {
+      const request = yield* Schema.decodeUnknownEffect(RolloutRequest)(body).pipe(
+        Effect.mapError((e) => ({ status: 400, body: errorBody(e.message, "invalid_request") }))
+      )
+      if (request.agentKey !== key) {
+        return yield* Effect.fail({
+          status: 409,
+          body: errorBody(
+            `this worker runs task ${JSON.stringify(agent.runtime.task.name)} with another agent config ` +
+              `(key ${key}, the run's ${request.agentKey}): start it with the run's config`,
+            "agent_mismatch"
+          )
+        })
+      }
+      const groups = yield* collectGroups(agent, request.rows as ReadonlyArray<Dataset.Row>, request).pipe(
+        Effect.provideService(Sampler, servers.sampler(request.version)),
+        Effect.mapError((e) => ({ status: 500, body: errorBody(e.message, e.reason) }))
+      )
+      return yield* Schema.encodeEffect(RolloutResponse)({ groups }).pipe(
+        Effect.mapError((e) => ({ status: 500, body: errorBody(e.message, "unencodable") }))
+      )
+    })
+
+  const route = (req: Http.IncomingMessage, res: Http.ServerResponse) => {
+    const path = (req.url ?? "/").split("?")[0]!.replace(/\/+$/, "")
+    if (path === "/v1/worker" && req.method === "GET") {
+      return send(res, 200, { task: agent.runtime.task.name, agentKey: key })
+    }
+    if (path === "/v1/rollouts" && req.method === "POST") {
+      return readJson(req, options.maxBodyBytes ?? 64 * 1024 * 1024).pipe(
+        Effect.mapError((e) => ({ status: e.status, body: errorBody(e.message, "invalid_request") })),
+        Effect.flatMap(rollouts),
+        Effect.matchEffect({
+          onSuccess: (value) => send(res, 200, value),
+          onFailure: (e) => send(res, e.status, e.body)
+        })
+      )
+    }
+    return send(res, 404, errorBody(`no route ${req.method} ${path}`, "not_found"))
+  }
+
+  const server = Http.createServer((req, res) => {
+    const fiber = run(route(req, res).pipe(
+      Effect.catchDefect((defect) => send(res, 500, errorBody(`internal error: ${String(defect)}`, "defect")))
+    ))
+    // A trainer that gave up on the share (or died) stops its chains.
+    res.on("close", () => {
+      if (!res.writableFinished) fiber.interruptUnsafe()
+    })
+  })
+  yield* Effect.acquireRelease(
+    Effect.callback<void>((resume) => {
+      server.listen(options.port ?? 0, host, () => resume(Effect.void))
+    }),
+    () =>
+      Effect.callback<void>((resume) => {
+        server.closeAllConnections()
+        server.close(() => resume(Effect.void))
+      })
+  )
+  const port = (server.address() as AddressInfo).port
+  return { port, baseUrl: `http://${host}:${port}/v1` }
+})
+
+// ===== Trainer side =====
+
+const workersError = (message: string) => new TrainerError({ reason: "Workers", message })
+
+const fetchMessage = (e: unknown): string => {
+  const error = e as { message?: string; cause?: { code?: string; message?: string } }
+  const cause = error.cause?.code ?? error.cause?.message
+  return [error.message ?? String(e), cause].filter((x) => x !== undefined && x !== "").join(": ")
+}
+
+/**
+ * @category models
+ * @since 0.1.0
+ */
+export interface ClientOptions {
+  /** The workers' API roots, e.g. `http://10.0.0.4:8300/v1`. */
+  readonly urls: ReadonlyArray<string>
+  /** The run's {@link agentKey}. */
+  readonly agentKey: string
+  /** Time limit of one share on one worker (default 30 minutes). */
+  readonly timeoutMs?: number | undefined
+  /** How long a failed worker rests before it gets a share again (default 2 s). */
+  readonly restMs?: number | undefined
+}
+
+interface Worker {
+  readonly url: string
+  restUntil: number
+  healthy: boolean
+  shares: number
+}
+
+/**
+ * Connects to the workers (each must answer now, for this run's agent key) and rolls batches out on them.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const client = Effect.fn("RolloutWorker.client")(function*(
+  options: ClientOptions
+): Effect.fn.Return<RemoteRollouts & { readonly shares: Effect.Effect<ReadonlyArray<number>> }, TrainerError> {
+  if (options.urls.length === 0) return yield* workersError("rollout.workers lists no worker")
+  const restMs = options.restMs ?? 2_000
+  const workers: Array<Worker> = yield* Effect.forEach(
+    options.urls.map((u) => u.replace(/\/+$/, "")),
+    (url) =>
+      Effect.tryPromise({
+        try: async () => {
+          const response = await fetch(`${url}/worker`, { signal: AbortSignal.timeout(10_000) })
+          if (!response.ok) throw new Error(`HTTP ${response.status}`)
+          return Schema.decodeUnknownSync(WorkerInfo)(await response.json())
+        },
+        catch: (e) =>
+          workersError(
+            `rollout worker ${url} did not answer GET /worker (${fetchMessage(e)}); start it with ` +
+              "`agentfly rollout-worker CONFIG --host HOST --port PORT` (the run's config) and list " +
+              "http://HOST:PORT/v1 in rollout.workers"
+          )
+      }).pipe(Effect.flatMap((info) =>
+        info.agentKey === options.agentKey
+          ? Effect.succeed({ url, restUntil: 0, healthy: true, shares: 0 })
+          : Effect.fail(workersError(
+            `rollout worker ${url} runs task ${JSON.stringify(info.task)} with another config (agent key ` +
+              `${info.agentKey}, this run's ${options.agentKey}): start it with this run's config`
+          ))
+      )),
+    { concurrency: "unbounded" }
+  )
+
+  /** One share on one worker: its groups, or why not (`fatal`: the worker refuses it, another would too). */
+  const post = (worker: Worker, body: string) =>
+    Effect.promise(async () => {
+      try {
+        const response = await fetch(`${worker.url}/rollouts`, {
+          method: "POST",
+          headers: { "content-type": "application/json" },
+          body,
+          signal: AbortSignal.timeout(options.timeoutMs ?? 30 * 60_000)
+        })
+        const text = await response.text()
+        if (response.ok) return { ok: true as const, text }
+        return {
+          ok: false as const,
+          fatal: response.status >= 400 && response.status < 500,
+          message: `HTTP ${response.status}: ${text.slice(0, 500)}`
+        }
+      } catch (e) {
+        return { ok: false as const, fatal: false, message: fetchMessage(e) }
+      }
+    })
+
+  let turn = 0
+  const share = (rows: ReadonlyArray<Dataset.Row>, body: Record<string, unknown>, first: number) =>
+    Effect.gen(function*() {
+      const json = JSON.stringify({ ...body, agentKey: options.agentKey, rows })
+      const failures: Array<string> = []
+      // Start at the share's own worker, then the next ones in turn; a resting worker waits for its turn to come.
+      for (let k = 0; k < workers.length; k++) {
+        const worker = workers[(first + k) % workers.length]!
+        const now = yield* Clock.currentTimeMillis
+        if (now < worker.restUntil && k < workers.length - 1) {
+          failures.push(`${worker.url} (resting after a failure)`)
+          continue
+        }
+        const answer = yield* post(worker, json)
+        if (answer.ok) {
+          worker.shares++
+          if (!worker.healthy) {
+            worker.healthy = true
+            yield* Effect.logInfo(`rollout worker ${worker.url} is back`)
+          }
+          const decoded = yield* Schema.decodeUnknownEffect(Schema.fromJsonString(RolloutResponse))(answer.text).pipe(
+            Effect.mapError((e) => workersError(`rollout worker ${worker.url} answered groups that do not decode: ${e.message}`))
+          )
+          return decoded.groups
+        }
+        if (answer.fatal) {
+          return yield* workersError(`rollout worker ${worker.url} refused a share of the batch (${answer.message})`)
+        }
+        failures.push(`${worker.url} (${answer.message})`)
+        worker.restUntil = (yield* Clock.currentTimeMillis) + restMs
+        if (worker.healthy) {
+          worker.healthy = false
+          yield* Effect.logWarning(
+            `rollout worker ${worker.url} failed (${answer.message}); its share goes to another worker`
+          )
+        }
+      }
+      return yield* workersError(`every rollout worker failed a share of the batch: ${failures.join("; ")}`)
+    })
+
+  const collect: RemoteRollouts["collect"] = (rows, sampling, version) =>
+    Effect.gen(function*() {
+      // Contiguous shares, as equal as possible, one per worker (fewer when the batch has fewer rows).
+      const k = Math.max(1, Math.min(workers.length, rows.length))
+      const start = turn++
+      const shares = Array.from({ length: k }, (_, i) => {
+        const r0 = Math.floor(rows.length * i / k), r1 = Math.floor(rows.length * (i + 1) / k)
+        return { rows: rows.slice(r0, r1), rowOffset: r0, worker: (start + i) % workers.length }
+      })
+      const parts = yield* Effect.forEach(shares, (s) =>
+        share(s.rows, { ...sampling, rowOffset: s.rowOffset, version }, s.worker), { concurrency: "unbounded" })
+      return parts.flat().sort((a, b) => a.rowIndex - b.rowIndex)
+    })
+
+  return { collect, shares: Effect.sync(() => workers.map((w) => w.shares)) }
+})
