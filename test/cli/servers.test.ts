@@ -1,7 +1,8 @@
 /**
- * `agentfly train` with `engine.servers`, as a user runs it: two `agentfly serve --accept-weights` processes sample
- * the rollouts and follow the learner's weights; one is killed with SIGKILL mid-run and the run still trains every
- * step on the other, says so, and leaves the survivor at the last version.
+ * `agentfly train` with `engine.servers` and `rollout.workers`, as a user runs it: `agentfly serve --accept-weights`
+ * processes sample the rollouts and follow the learner's weights, `agentfly rollout-worker` processes run the
+ * training batches' chains. A server, then a worker, is killed with SIGKILL mid-run; the run still trains every step
+ * on the others and says so.
  */
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
@@ -17,11 +18,11 @@ import { agentfly, metricsOf } from "../utils/agentfly.ts"
 
 const root = resolve(import.meta.dirname, "../..")
 
-/** `agentfly serve ARGS…` in a child process, and its API root once it listens; the scope kills it. */
-const serve = (args: ReadonlyArray<string>) =>
+/** `agentfly COMMAND ARGS…` (`serve`, `rollout-worker`) in a child process, and its API root once it listens. */
+const start = (command: string, args: ReadonlyArray<string>) =>
   Effect.acquireRelease(
     Effect.callback<{ readonly child: ChildProcess; readonly url: string }, Error>((resume) => {
-      const child = spawn(process.execPath, ["--import", "tsx", "cli/main.ts", "serve", ...args], {
+      const child = spawn(process.execPath, ["--import", "tsx", "cli/main.ts", command, ...args], {
         cwd: root,
         stdio: ["ignore", "pipe", "pipe"]
       })
@@ -32,68 +33,75 @@ const serve = (args: ReadonlyArray<string>) =>
         if (url !== undefined) resume(Effect.succeed({ child, url }))
       })
       child.stderr.on("data", (chunk: Buffer) => (text += chunk.toString()))
-      child.on("exit", (code) => resume(Effect.fail(new Error(`serve exited with ${code}: ${text}`))))
+      child.on("exit", (code) => resume(Effect.fail(new Error(`${command} exited with ${code}: ${text}`))))
       return Effect.sync(() => child.kill("SIGKILL"))
     }),
     ({ child }) => Effect.sync(() => child.kill("SIGKILL"))
   )
 
-describe("agentfly train with inference servers", () => {
+
+/** The run's config: the calculator task on the tiny preset, `steps` RL steps, with `engine` and `rollout` keys. */
+const configOf = (steps: number, engine: object, rollout: object = {}) => ({
+  seed: 11,
+  output: "run",
+  model: { path: "model", preset: "tiny", initSeed: 3 },
+  data: { train: "data/train.jsonl", eval: "data/heldout.jsonl" },
+  task: "calculator",
+  agent: {
+    systemPrompt: "Use the calculator tool.",
+    renderTools: false,
+    maxTurns: 2,
+    numChains: 4,
+    maxNewTokens: 24,
+    maxContextTokens: 256
+  },
+  warmup: { data: "data/demos.jsonl", steps: 4, batchSize: 8, lr: 0.003 },
+  // Every step moves the weights (an entropy bonus under a non-group-relative estimator), so that every push
+  // is a new version.
+  algorithm: { steps, groupsPerStep: 4, microBatchSize: 8, lr: 0.001, advantage: "reinforce++", entropyCoef: 0.01 },
+  eval: { every: 4, size: 8 },
+  engine,
+  rollout
+})
+
+/** SIGKILLs `child` once the run's `metrics.jsonl` holds `after` train records. */
+const killAfter = (metrics: string, after: number, child: ChildProcess) => {
+  let killedAt: number | undefined
+  const watch = setInterval(() => {
+    if (killedAt !== undefined || !existsSync(metrics)) return
+    const trained = readFileSync(metrics, "utf8").split("\n").filter((l) => l.includes('"phase":"train"')).length
+    if (trained >= after) {
+      killedAt = trained
+      child.kill("SIGKILL")
+    }
+  }, 20)
+  return { killedAt: () => killedAt, stop: Effect.sync(() => clearInterval(watch)) }
+}
+
+/** A run's directory with the calculator's data and the model folder its servers serve. */
+const runDir = Effect.gen(function*() {
+  const dir = mkdtempSync(join(tmpdir(), "train-servers-"))
+  yield* Generate.write({ dir: join(dir, "data"), seed: 5, train: 64, heldOut: 8, validation: 4, demos: 64, noise: 0 })
+  // The servers serve the same model folder the run trains (its tokenizer and shapes); its weights are replaced.
+  yield* ModelFolder.init(join(dir, "model"), { preset: "tiny", seed: 3 })
+  return dir
+})
+
+describe("agentfly train with inference servers and rollout workers", () => {
   it.live("two servers sample and follow the learner; one SIGKILLed mid-run, the run trains every step", () =>
     Effect.scoped(Effect.gen(function*() {
-      const dir = mkdtempSync(join(tmpdir(), "train-servers-"))
-      yield* Generate.write({ dir: join(dir, "data"), seed: 5, train: 64, heldOut: 8, validation: 4, demos: 64, noise: 0 })
-      // The servers serve the same model folder the run trains (its tokenizer and shapes); its weights are replaced.
-      yield* ModelFolder.init(join(dir, "model"), { preset: "tiny", seed: 3 })
+      const dir = yield* runDir
       const flags = ["--model-dir", join(dir, "model"), "--port", "0", "--accept-weights"]
-      const a = yield* serve(flags)
-      const b = yield* serve(flags)
+      const a = yield* start("serve", flags)
+      const b = yield* start("serve", flags)
       const steps = 8
-      writeFileSync(join(dir, "config.json"), JSON.stringify({
-        seed: 11,
-        output: "run",
-        model: { path: "model", preset: "tiny", initSeed: 3 },
-        data: { train: "data/train.jsonl", eval: "data/heldout.jsonl" },
-        task: "calculator",
-        agent: {
-          systemPrompt: "Use the calculator tool.",
-          renderTools: false,
-          maxTurns: 2,
-          numChains: 4,
-          maxNewTokens: 24,
-          maxContextTokens: 256
-        },
-        warmup: { data: "data/demos.jsonl", steps: 4, batchSize: 8, lr: 0.003 },
-        // Every step moves the weights (an entropy bonus under a non-group-relative estimator), so that every push
-        // is a new version.
-        algorithm: {
-          steps,
-          groupsPerStep: 4,
-          microBatchSize: 8,
-          lr: 0.001,
-          advantage: "reinforce++",
-          entropyCoef: 0.01
-        },
-        eval: { every: 4, size: 8 },
-        engine: { servers: [a.url, b.url] }
-      }))
+      writeFileSync(join(dir, "config.json"), JSON.stringify(configOf(steps, { servers: [a.url, b.url] })))
       // Server b dies once the run has logged its second step.
-      const metrics = join(dir, "run", "metrics.jsonl")
-      let killedAt: number | undefined
-      const watch = setInterval(() => {
-        if (killedAt !== undefined || !existsSync(metrics)) return
-        const trained = readFileSync(metrics, "utf8").split("\n").filter((l) => l.includes('"phase":"train"')).length
-        if (trained >= 2) {
-          killedAt = trained
-          b.child.kill("SIGKILL")
-        }
-      }, 20)
-      const run = yield* agentfly(["train", join(dir, "config.json")]).pipe(
-        Effect.ensuring(Effect.sync(() => clearInterval(watch)))
-      )
+      const killer = killAfter(join(dir, "run", "metrics.jsonl"), 2, b.child)
+      const run = yield* agentfly(["train", join(dir, "config.json")]).pipe(Effect.ensuring(killer.stop))
       assert.strictEqual(run.code, 0, run.output)
-      assert.isDefined(killedAt, "server b was never killed")
-      assert.isBelow(killedAt!, steps)
+      assert.isDefined(killer.killedAt(), "server b was never killed")
+      assert.isBelow(killer.killedAt()!, steps)
       assert.include(run.output, `trained ${steps} of ${steps} steps`)
       assert.include(run.output, `inference server ${b.url} failed`)
       const trainSteps = metricsOf(join(dir, "run")).filter((m) => m.phase === "train")
@@ -102,5 +110,38 @@ describe("agentfly train with inference servers", () => {
       const models = yield* Effect.promise(() => fetch(`${a.url}/models`).then((r) => r.json()))
       assert.strictEqual((models as { data: Array<{ policy_version: number }> }).data[0]!.policy_version, steps)
       for (const m of trainSteps) assert.isAbove(m.figures["rollout/policy_tokens"]!, 0)
+    }).pipe(Effect.provide(NodeServices.layer))), { timeout: 240_000 })
+
+  it.live("two rollout workers run the batches' chains; one SIGKILLed mid-run, its shares go to the other", () =>
+    Effect.scoped(Effect.gen(function*() {
+      const dir = yield* runDir
+      const server = yield* start("serve", ["--model-dir", join(dir, "model"), "--port", "0", "--accept-weights"])
+      const steps = 6
+      // The workers load the run's config (their agent key does not depend on the workers list, written after).
+      const config = join(dir, "config.json")
+      writeFileSync(config, JSON.stringify(configOf(steps, { servers: [server.url] })))
+      const w1 = yield* start("rollout-worker", [config, "--port", "0"])
+      const w2 = yield* start("rollout-worker", [config, "--port", "0"])
+      writeFileSync(config, JSON.stringify(configOf(steps, { servers: [server.url] }, { workers: [w1.url, w2.url] })))
+      const killer = killAfter(join(dir, "run", "metrics.jsonl"), 2, w2.child)
+      const run = yield* agentfly(["train", config]).pipe(Effect.ensuring(killer.stop))
+      assert.strictEqual(run.code, 0, run.output)
+      assert.isDefined(killer.killedAt(), "worker 2 was never killed")
+      assert.include(run.output, `trained ${steps} of ${steps} steps`)
+      assert.include(run.output, `rollout worker ${w2.url} failed`)
+      const trainSteps = metricsOf(join(dir, "run")).filter((m) => m.phase === "train")
+      assert.strictEqual(trainSteps.length, steps)
+      for (const m of trainSteps) assert.isAbove(m.figures["rollout/policy_tokens"]!, 0)
+
+      // A worker started with another config is refused by the trainer before anything trains.
+      const other = join(dir, "other.json")
+      writeFileSync(other, JSON.stringify({
+        ...configOf(steps, { servers: [server.url] }, { workers: [w1.url] }),
+        agent: { systemPrompt: "Another prompt.", renderTools: false, maxContextTokens: 256 },
+        output: "other"
+      }))
+      const refused = yield* agentfly(["train", other])
+      assert.notStrictEqual(refused.code, 0)
+      assert.include(refused.output, `rollout worker ${w1.url} runs task "calculator" with another config`)
     }).pipe(Effect.provide(NodeServices.layer))), { timeout: 240_000 })
 })
