@@ -29,6 +29,7 @@ import * as OpenAiCompatSampler from "../src/backends/OpenAiCompatSampler.ts"
 import * as Safetensors from "../src/Safetensors.ts"
 import { Sampler, SamplerError } from "../src/Sampler.ts"
 import type { GenerateRequest, GenerateResult } from "../src/Sampler.ts"
+import { fetchMessage } from "./internal/http.ts"
 import { TrainerError } from "./Trainer.ts"
 
 // ===== Models =====
@@ -103,13 +104,6 @@ interface Server {
 // ===== Helpers =====
 
 const serversError = (message: string) => new TrainerError({ reason: "Servers", message })
-
-/** What a failed `fetch` says, with its cause (`ECONNREFUSED`), which is what a user must fix. */
-const fetchMessage = (e: unknown): string => {
-  const error = e as { message?: string; cause?: { code?: string; message?: string } }
-  const cause = error.cause?.code ?? error.cause?.message
-  return [error.message ?? String(e), cause].filter((x) => x !== undefined && x !== "").join(": ")
-}
 
 /** A 409 saying the server's weights are older than the request asked for. */
 const isBehind = (e: SamplerError) => e.reason === "BadRequest" && e.message.includes("policy_version_behind")
@@ -196,7 +190,7 @@ export const make = Effect.fn("InferenceServers.make")(function*(
 
   /** One server takes `bytes` as `version`: undefined when it did, else why not (and whether that is fatal). */
   const put = (server: Server, version: number, bytes: Uint8Array) =>
-    Effect.promise(async (): Promise<{ readonly fatal: boolean; readonly message: string } | undefined> => {
+    Effect.promise(async (): Promise<{ readonly fatal: boolean; readonly message: string } | "newer" | undefined> => {
       try {
         const response = await fetch(`${server.url}/weights`, {
           method: "PUT",
@@ -211,18 +205,24 @@ export const make = Effect.fn("InferenceServers.make")(function*(
         })
         if (response.ok) return undefined
         const text = (await response.text()).slice(0, 500)
+        // Already newer (a catch-up that arrived after the next push): nothing to do.
+        if (response.status === 409 && text.includes("stale_policy_version")) return "newer" as const
         // A 4xx is about the weights or the server's setup, which retrying cannot mend.
         return { fatal: response.status >= 400 && response.status < 500, message: `HTTP ${response.status}: ${text}` }
       } catch (e) {
         return { fatal: false, message: fetchMessage(e) }
       }
-    }).pipe(Effect.tap((failure) => {
-      if (failure === undefined) {
-        server.version = version
-        return works(server)
-      }
-      return Effect.flatMap(Clock.currentTimeMillis, (now) => failed(server, failure.message, now, restMs))
-    }))
+    }).pipe(
+      Effect.tap((failure) => {
+        if (failure === "newer") return Effect.void
+        if (failure === undefined) {
+          server.version = version
+          return works(server)
+        }
+        return Effect.flatMap(Clock.currentTimeMillis, (now) => failed(server, failure.message, now, restMs))
+      }),
+      Effect.map((failure) => (failure === "newer" ? undefined : failure))
+    )
 
   /** `server`'s sampler for requests of at least `min`: one attempt per call, a failing server is left at once. */
   const samplerOf = (server: Server, min: number) => {

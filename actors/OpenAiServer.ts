@@ -61,6 +61,7 @@ import * as Safetensors from "../src/Safetensors.ts"
 import type { FinishReason, GenerateRequest, GenerateResult, SamplingParams } from "../src/Sampler.ts"
 import type * as Tokenizer from "../src/Tokenizer.ts"
 import * as ToolCallParser from "../src/ToolCallParser.ts"
+import * as HttpBody from "./internal/http.ts"
 import { PolicyEngine, validateRequest } from "./PolicyEngine.ts"
 
 // ===== Models =====
@@ -484,34 +485,9 @@ const usage = (prompt: number, completion: number) => ({
   total_tokens: prompt + completion
 })
 
-const tooLarge = (maxBody: number) =>
-  new ApiError({ status: 413, message: `the request body exceeds ${maxBody} bytes` })
-
-/** The body's bytes; a body over `maxBody` is refused from its `Content-Length`, or as soon as it passes the limit. */
+/** The body's bytes within `maxBody` (`internal/http.ts`), its failures as API errors. */
 const readBytes = (req: Http.IncomingMessage, maxBody: number) =>
-  Effect.callback<Buffer, ApiError>((resume) => {
-    if (Number(req.headers["content-length"] ?? 0) > maxBody) return resume(Effect.fail(tooLarge(maxBody)))
-    const chunks: Array<Buffer> = []
-    let size = 0, done = false
-    req.on("data", (c: Buffer) => {
-      if (done) return
-      size += c.length
-      if (size > maxBody) {
-        done = true
-        chunks.length = 0
-        resume(Effect.fail(tooLarge(maxBody)))
-      } else chunks.push(c)
-    })
-    req.on("end", () => {
-      if (done) return
-      done = true
-      resume(Effect.succeed(Buffer.concat(chunks)))
-    })
-    req.on("error", () => {
-      if (!done) resume(Effect.fail(new ApiError({ status: 400, message: "the request body could not be read" })))
-      done = true
-    })
-  })
+  Effect.mapError(HttpBody.readBody(req, maxBody), (e) => new ApiError({ status: e.status, message: e.message }))
 
 /** The body as JSON; a body over `maxBody` is refused from its `Content-Length`, or as soon as it passes the limit. */
 const readBody = (req: Http.IncomingMessage, maxBody: number) =>

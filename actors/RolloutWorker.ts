@@ -29,6 +29,7 @@ import { Sampler } from "../src/Sampler.ts"
 import type * as TrainConfig from "../src/TrainConfig.ts"
 import * as Trajectory from "../src/Trajectory.ts"
 import type * as InferenceServers from "./InferenceServers.ts"
+import { fetchMessage, readBody } from "./internal/http.ts"
 import { collectGroups, TrainerError } from "./Trainer.ts"
 import type { Agent, RemoteRollouts } from "./Trainer.ts"
 
@@ -54,6 +55,7 @@ const RolloutRequest = Schema.Struct({
 })
 
 const RolloutResponse = Schema.toCodecJson(Schema.Struct({ groups: Schema.Array(Trajectory.Group) }))
+const decodeResponse = Schema.decodeUnknownEffect(Schema.fromJsonString(RolloutResponse))
 const WorkerInfo = Schema.Struct({ task: Schema.String, agentKey: Schema.String })
 
 /**
@@ -91,31 +93,11 @@ const send = (res: Http.ServerResponse, status: number, body: unknown) =>
 const errorBody = (message: string, code: string) => ({ error: { message, code } })
 
 const readJson = (req: Http.IncomingMessage, maxBytes: number) =>
-  Effect.callback<unknown, { readonly status: number; readonly message: string }>((resume) => {
-    const chunks: Array<Buffer> = []
-    let size = 0, done = false
-    req.on("data", (c: Buffer) => {
-      if (done) return
-      size += c.length
-      if (size > maxBytes) {
-        done = true
-        resume(Effect.fail({ status: 413, message: `the request body exceeds ${maxBytes} bytes` }))
-      } else chunks.push(c)
-    })
-    req.on("end", () => {
-      if (done) return
-      done = true
-      try {
-        resume(Effect.succeed(JSON.parse(Buffer.concat(chunks).toString("utf8")) as unknown))
-      } catch {
-        resume(Effect.fail({ status: 400, message: "the request body is not valid JSON" }))
-      }
-    })
-    req.on("error", () => {
-      if (!done) resume(Effect.fail({ status: 400, message: "the request body could not be read" }))
-      done = true
-    })
-  })
+  Effect.flatMap(readBody(req, maxBytes), (bytes) =>
+    Effect.try({
+      try: () => JSON.parse(bytes.toString("utf8")) as unknown,
+      catch: () => ({ status: 400, message: "the request body is not valid JSON" })
+    }))
 
 /**
  * Serves `agent`'s rollouts over HTTP in the current scope, sampling on `servers`.
@@ -200,12 +182,6 @@ export const serve = Effect.fn("RolloutWorker.serve")(function*(
 // ===== Trainer side =====
 
 const workersError = (message: string) => new TrainerError({ reason: "Workers", message })
-
-const fetchMessage = (e: unknown): string => {
-  const error = e as { message?: string; cause?: { code?: string; message?: string } }
-  const cause = error.cause?.code ?? error.cause?.message
-  return [error.message ?? String(e), cause].filter((x) => x !== undefined && x !== "").join(": ")
-}
 
 /**
  * @category models
@@ -308,8 +284,10 @@ export const client = Effect.fn("RolloutWorker.client")(function*(
             worker.healthy = true
             yield* Effect.logInfo(`rollout worker ${worker.url} is back`)
           }
-          const decoded = yield* Schema.decodeUnknownEffect(Schema.fromJsonString(RolloutResponse))(answer.text).pipe(
-            Effect.mapError((e) => workersError(`rollout worker ${worker.url} answered groups that do not decode: ${e.message}`))
+          const decoded = yield* decodeResponse(answer.text).pipe(
+            Effect.mapError((e) =>
+              workersError(`rollout worker ${worker.url} answered groups that do not decode: ${e.message}`)
+            )
           )
           return decoded.groups
         }

@@ -55,7 +55,8 @@ export const rolloutWorker = Command.make(
     const folder = yield* ModelFolder.load(requested.model.path)
     const config = LocalPolicy.onModel(folder, requested)
     // A task module's environment needs only what a run provides (the resource manager), as in `Train.runConfig`.
-    const agent = yield* (Trainer.agent({ task, config, format: ChainFormat.ofConfig(config, folder) }) as Effect.Effect<
+    const format = ChainFormat.ofConfig(config, folder)
+    const agent = yield* (Trainer.agent({ task, config, format }) as Effect.Effect<
       Trainer.Agent,
       Trainer.TrainerError,
       ResourceManager.ResourceManager | Scope.Scope
