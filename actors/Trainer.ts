@@ -186,14 +186,25 @@ export interface Options<RE = never> {
 export interface RemoteRollouts {
   readonly collect: (
     rows: ReadonlyArray<Dataset.Row>,
-    sampling: {
-      readonly firstSeq: number
-      readonly chains: number
-      readonly temperature: number
-      readonly seed: number
-    },
+    sampling: BatchSampling,
     version: number
   ) => Effect.Effect<Array<Trajectory.Group>, TrainerError>
+}
+
+/**
+ * How a batch's rows are sampled: `chains` per row at `temperature`; row `r`'s chain `k` samples with seed
+ * `seed + (rowOffset + r) · chains + k`, and its group's id is `s<firstSeq>-g<rowOffset + r>`.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface BatchSampling {
+  readonly firstSeq: number
+  readonly chains: number
+  readonly temperature: number
+  readonly seed: number
+  /** The first row's index in the batch when the rows are a part of it (a rollout worker's share); default 0. */
+  readonly rowOffset?: number | undefined
 }
 
 /**
@@ -631,14 +642,7 @@ export const checkPromptsFit = Effect.fnUntraced(function*(
 export const collectGroups = (
   agent: Agent,
   rows: ReadonlyArray<Dataset.Row>,
-  sampling: {
-    readonly firstSeq: number
-    readonly chains: number
-    readonly temperature: number
-    readonly seed: number
-    /** The first row's index in the batch when `rows` is a part of it (a rollout worker's share); default 0. */
-    readonly rowOffset?: number | undefined
-  }
+  sampling: BatchSampling
 ): Effect.Effect<Array<Trajectory.Group>, TrainerError, Sampler> => {
   const { config, runtime } = agent
   // An agent function's episodes run through the gateway, with the same ids, seeds and figures.

@@ -289,12 +289,7 @@ export const groups = (
 export const collectGroups = (
   agent: Trainer.Agent,
   rows: ReadonlyArray<Dataset.Row>,
-  sampling: {
-    readonly firstSeq: number
-    readonly chains: number
-    readonly temperature: number
-    readonly seed: number
-  }
+  sampling: Trainer.BatchSampling
 ): Effect.Effect<Array<Trajectory.Group>, RolloutError.RolloutError, Sampler> => {
   const { config, runtime } = agent
   return groups({
