@@ -23,7 +23,7 @@
  *
  * @since 0.1.0
  */
-import { Context, Effect, Schema } from "effect"
+import { Context, Effect, Schedule, Schema } from "effect"
 import { readFileSync } from "node:fs"
 import * as Bubblewrap from "../../actors/resources/Bubblewrap.ts"
 import * as Docker from "../../actors/resources/Docker.ts"
@@ -278,13 +278,27 @@ export type Transport = "exec" | "attach"
 const timeoutError = (env: string, timeoutMillis: number) =>
   new EnvError({ env, method: "request", reason: "Timeout", message: `no reply in ${timeoutMillis} ms` })
 
-/** One process per call (`-I -S`: no site import, a faster start); the client bounds its own wait. */
+/** `docker exec`'s status when the runtime could not start the command (nothing ran: safe to try again). */
+const notStarted = 126
+
+/**
+ * One process per call (`-I -S`: no site import, a faster start); the client bounds its own wait. A client the
+ * runtime could not start (126: the container's process cap still full of the previous cell's children, which the
+ * supervisor is killing) is started again a few times, 50 ms apart and doubling, within the call's time.
+ */
 const execInstance = (env: string, container: Docker.Container, user: number): Instance => ({
-  request: (body, timeoutMillis) =>
-    container.exec(["python3", "-I", "-S", "-c", clientSource, String(timeoutMillis / 1000)], {
+  request: (body, timeoutMillis) => {
+    const start = container.exec(["python3", "-I", "-S", "-c", clientSource, String(timeoutMillis / 1000)], {
       stdin: JSON.stringify(body),
       user: `${user}:${user}`
-    }).pipe(
+    })
+    const started = start.pipe(
+      Effect.repeat({
+        while: (result) => result.exitCode === notStarted,
+        schedule: Schedule.max([Schedule.exponential(50), Schedule.recurs(5)])
+      })
+    )
+    return started.pipe(
       Effect.timeoutOrElse({
         duration: timeoutMillis + 2_000,
         orElse: () => Effect.fail(timeoutError(env, timeoutMillis))
@@ -295,6 +309,7 @@ const execInstance = (env: string, container: Docker.Container, user: number): I
           : Effect.fail(protocolError(env, "request", `client exited ${result.exitCode}: ${result.stderr}`))
       )
     )
+  }
 })
 
 /**

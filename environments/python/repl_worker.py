@@ -19,6 +19,7 @@ import ast
 import ctypes
 import json
 import os
+import select
 import signal
 import socket
 import struct
@@ -108,6 +109,23 @@ def read_exact(fd, n):
     return b"".join(chunks)
 
 
+def wait_for_request(rx):
+    """Between cells, reaps the worker's children as the supervisor kills a cell's strays: their zombies would hold
+    the container's pids cap, and a full cap stops the next call's client from starting. (Nothing of a cell's own
+    runs between cells, so no status is taken from code that waits for its children.)"""
+    while True:
+        ready, _, _ = select.select([rx], [], [], 0.02)
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+        if ready:
+            return
+
+
 def worker(rx, tx):
     """A worker's life: requests from `rx`, replies to `tx`, until `rx` closes."""
     os.setsid()
@@ -120,6 +138,7 @@ def worker(rx, tx):
     sys.argv = [""]
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
     while True:
+        wait_for_request(rx)
         head = read_exact(rx, 4)
         body = None if head is None else read_exact(rx, struct.unpack(">I", head)[0])
         if body is None:
