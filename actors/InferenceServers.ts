@@ -82,6 +82,11 @@ export interface InferenceServers {
   readonly sampler: (version: number) => Sampler["Service"]
   /** The last version pushed (undefined before the first push: no server holds this run's weights yet). */
   readonly pushed: Effect.Effect<number | undefined>
+  /**
+   * Figures for a step's metrics: `servers/up_to_date` (servers holding the last pushed version), and since the
+   * previous read `servers/requests` (served) and `servers/failures` (failed requests and pushes).
+   */
+  readonly figures: Effect.Effect<Readonly<Record<string, number>>>
   readonly status: Effect.Effect<ReadonlyArray<ServerStatus>>
 }
 
@@ -369,5 +374,17 @@ export const make = Effect.fn("InferenceServers.make")(function*(
       lastError: s.lastError
     }))
   )
-  return { push, sampler, pushed: Effect.sync(() => latest?.version), status }
+  let counted = { served: 0, failures: 0 }
+  const figures = Effect.sync(() => {
+    const served = servers.reduce((n, s) => n + s.served, 0)
+    const failures = servers.reduce((n, s) => n + s.failures, 0)
+    const out = {
+      "servers/up_to_date": servers.filter((s) => latest !== undefined && s.version === latest.version).length,
+      "servers/requests": served - counted.served,
+      "servers/failures": failures - counted.failures
+    }
+    counted = { served, failures }
+    return out
+  })
+  return { push, sampler, pushed: Effect.sync(() => latest?.version), figures, status }
 })

@@ -382,7 +382,8 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
         Effect.asVoid,
         Effect.mapError(checkpointError)
       ),
-    fingerprint: Effect.map(Effect.suspend(() => trainer.weights), fingerprintOf)
+    fingerprint: Effect.map(Effect.suspend(() => trainer.weights), fingerprintOf),
+    figures: servers?.figures
   })
   // The ambient sampler (for callers outside a run's pipeline): one engine, built on first use, following the newest
   // published version.

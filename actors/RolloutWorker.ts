@@ -203,6 +203,7 @@ interface Worker {
   restUntil: number
   healthy: boolean
   shares: number
+  failures: number
 }
 
 /**
@@ -233,7 +234,7 @@ export const client = Effect.fn("RolloutWorker.client")(function*(
           )
       }).pipe(Effect.flatMap((info) =>
         info.agentKey === options.agentKey
-          ? Effect.succeed({ url, restUntil: 0, healthy: true, shares: 0 })
+          ? Effect.succeed({ url, restUntil: 0, healthy: true, shares: 0, failures: 0 })
           : Effect.fail(workersError(
             `rollout worker ${url} runs task ${JSON.stringify(info.task)} with another config (agent key ` +
               `${info.agentKey}, this run's ${options.agentKey}): start it with this run's config`
@@ -295,6 +296,7 @@ export const client = Effect.fn("RolloutWorker.client")(function*(
           return yield* workersError(`rollout worker ${worker.url} refused a share of the batch (${answer.message})`)
         }
         failures.push(`${worker.url} (${answer.message})`)
+        worker.failures++
         worker.restUntil = (yield* Clock.currentTimeMillis) + restMs
         if (worker.healthy) {
           worker.healthy = false
@@ -320,5 +322,13 @@ export const client = Effect.fn("RolloutWorker.client")(function*(
       return parts.flat().sort((a, b) => a.rowIndex - b.rowIndex)
     })
 
-  return { collect, shares: Effect.sync(() => workers.map((w) => w.shares)) }
+  let counted = { shares: 0, failures: 0 }
+  const figures = Effect.sync(() => {
+    const shares = workers.reduce((n, w) => n + w.shares, 0)
+    const failures = workers.reduce((n, w) => n + w.failures, 0)
+    const out = { "workers/shares": shares - counted.shares, "workers/failures": failures - counted.failures }
+    counted = { shares, failures }
+    return out
+  })
+  return { collect, figures, shares: Effect.sync(() => workers.map((w) => w.shares)) }
 })

@@ -130,6 +130,8 @@ export class Policy extends Context.Service<Policy, {
   readonly load: (dir: string) => Effect.Effect<void, TrainerError>
   /** A fingerprint of the learner's weights (journaled after every step). */
   readonly fingerprint: Effect.Effect<string>
+  /** Figures of the policy's own machinery for a step's metrics (inference servers: `servers/…`), if any. */
+  readonly figures?: Effect.Effect<Figures> | undefined
 }>()("agentfly/actors/Trainer/Policy") {}
 
 /**
@@ -189,6 +191,8 @@ export interface RemoteRollouts {
     sampling: BatchSampling,
     version: number
   ) => Effect.Effect<Array<Trajectory.Group>, TrainerError>
+  /** Figures since the previous read, for a step's metrics (`workers/…`). */
+  readonly figures?: Effect.Effect<Figures> | undefined
 }
 
 /**
@@ -1112,6 +1116,8 @@ export const run: <RE = never>(
       ...rollout,
       ...learned,
       ...(yield* agentOf.runtime.environmentStats),
+      ...(policy.figures === undefined ? {} : yield* policy.figures),
+      ...(options.rollouts?.figures === undefined ? {} : yield* options.rollouts.figures),
       "perf/tokens_per_s": rollout["rollout/policy_tokens"]! / Math.max(1e-3, (t2 - t0) / 1000),
       "time/step_s": (t2 - t0) / 1000,
       "time/wait_rollout_s": (t1 - t0) / 1000,

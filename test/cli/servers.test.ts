@@ -110,6 +110,11 @@ describe("agentfly train with inference servers and rollout workers", () => {
       const models = yield* Effect.promise(() => fetch(`${a.url}/models`).then((r) => r.json()))
       assert.strictEqual((models as { data: Array<{ policy_version: number }> }).data[0]!.policy_version, steps)
       for (const m of trainSteps) assert.isAbove(m.figures["rollout/policy_tokens"]!, 0)
+      // The metrics say it too: requests served every step, failures after the kill, one server up to date at the end.
+      for (const m of trainSteps) assert.isAbove(m.figures["servers/requests"]!, 0)
+      assert.isAbove(trainSteps.reduce((n, m) => n + m.figures["servers/failures"]!, 0), 0)
+      assert.strictEqual(trainSteps[0]!.figures["servers/up_to_date"], 2)
+      assert.strictEqual(trainSteps[steps - 1]!.figures["servers/up_to_date"], 1)
     }).pipe(Effect.provide(NodeServices.layer))), { timeout: 240_000 })
 
   it.live("two rollout workers run the batches' chains; one SIGKILLed mid-run, its shares go to the other", () =>
@@ -132,6 +137,9 @@ describe("agentfly train with inference servers and rollout workers", () => {
       const trainSteps = metricsOf(join(dir, "run")).filter((m) => m.phase === "train")
       assert.strictEqual(trainSteps.length, steps)
       for (const m of trainSteps) assert.isAbove(m.figures["rollout/policy_tokens"]!, 0)
+      // Every batch in two shares (the survivor takes both once its peer is gone); the failed attempts are counted.
+      for (const m of trainSteps) assert.strictEqual(m.figures["workers/shares"], 2)
+      assert.isAbove(trainSteps.reduce((n, m) => n + m.figures["workers/failures"]!, 0), 0)
 
       // A worker started with another config is refused by the trainer before anything trains.
       const other = join(dir, "other.json")
