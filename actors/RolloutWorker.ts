@@ -81,6 +81,11 @@ export interface WorkerOptions {
   readonly port?: number | undefined
   /** Largest request body, in bytes (default 64 MiB). */
   readonly maxBodyBytes?: number | undefined
+  /**
+   * A shared secret every request must bear (`Authorization: Bearer`); a worker runs the task's tools and sandboxes
+   * on whatever rows it is sent, so one listening beyond loopback should have one (`AGENTFLY_WORKER_TOKEN`).
+   */
+  readonly token?: string | undefined
 }
 
 const send = (res: Http.ServerResponse, status: number, body: unknown) =>
@@ -140,6 +145,9 @@ export const serve = Effect.fn("RolloutWorker.serve")(function*(
 
   const route = (req: Http.IncomingMessage, res: Http.ServerResponse) => {
     const path = (req.url ?? "/").split("?")[0]!.replace(/\/+$/, "")
+    if (options.token !== undefined && req.headers.authorization !== `Bearer ${options.token}`) {
+      return send(res, 401, errorBody("a valid bearer token is required (AGENTFLY_WORKER_TOKEN)", "unauthorized"))
+    }
     if (path === "/v1/worker" && req.method === "GET") {
       return send(res, 200, { task: agent.runtime.task.name, agentKey: key })
     }
@@ -196,6 +204,8 @@ export interface ClientOptions {
   readonly timeoutMs?: number | undefined
   /** How long a failed worker rests before it gets a share again (default 2 s). */
   readonly restMs?: number | undefined
+  /** The workers' shared secret, if they were started with one (`AGENTFLY_WORKER_TOKEN`). */
+  readonly token?: string | undefined
 }
 
 interface Worker {
@@ -217,13 +227,14 @@ export const client = Effect.fn("RolloutWorker.client")(function*(
 ): Effect.fn.Return<RemoteRollouts & { readonly shares: Effect.Effect<ReadonlyArray<number>> }, TrainerError> {
   if (options.urls.length === 0) return yield* workersError("rollout.workers lists no worker")
   const restMs = options.restMs ?? 2_000
+  const auth: Record<string, string> = options.token === undefined ? {} : { authorization: `Bearer ${options.token}` }
   const workers: Array<Worker> = yield* Effect.forEach(
     options.urls.map((u) => u.replace(/\/+$/, "")),
     (url) =>
       Effect.tryPromise({
         try: async () => {
-          const response = await fetch(`${url}/worker`, { signal: AbortSignal.timeout(10_000) })
-          if (!response.ok) throw new Error(`HTTP ${response.status}`)
+          const response = await fetch(`${url}/worker`, { headers: auth, signal: AbortSignal.timeout(10_000) })
+          if (!response.ok) throw new Error(`HTTP ${response.status}: ${(await response.text()).slice(0, 300)}`)
           return Schema.decodeUnknownSync(WorkerInfo)(await response.json())
         },
         catch: (e) =>
@@ -249,7 +260,7 @@ export const client = Effect.fn("RolloutWorker.client")(function*(
       try {
         const response = await fetch(`${worker.url}/rollouts`, {
           method: "POST",
-          headers: { "content-type": "application/json" },
+          headers: { ...auth, "content-type": "application/json" },
           body,
           signal: AbortSignal.timeout(options.timeoutMs ?? 30 * 60_000)
         })

@@ -260,7 +260,8 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
   }
   const rollouts = workers === undefined ? undefined : yield* RolloutWorker.client({
     urls: workers,
-    agentKey: RolloutWorker.agentKey(task.name, config)
+    agentKey: RolloutWorker.agentKey(task.name, config),
+    token: process.env["AGENTFLY_WORKER_TOKEN"] || undefined
   })
   const summary = yield* Trainer.run({
     task,

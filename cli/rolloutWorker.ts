@@ -2,7 +2,8 @@
  * `agentfly rollout-worker CONFIG [--host 127.0.0.1] [--port 8300]`: runs a training run's rollouts for its trainer
  * (`rollout.workers`), here or on another machine, until interrupted (see `actors/RolloutWorker.ts`). It loads the
  * run's own config and task (the same file the trainer runs, so that its agent key matches), the model folder's
- * tokenizer and template (`model.path`, which must exist), and samples on the run's `engine.servers`.
+ * tokenizer and template (`model.path`, which must exist), and samples on the run's `engine.servers`. With
+ * `AGENTFLY_WORKER_TOKEN` set, only requests bearing it are served (the trainer sends its own).
  *
  * @since 0.1.0
  */
@@ -66,10 +67,12 @@ export const rolloutWorker = Command.make(
       parameters: Qwen2.parameters(folder.config),
       token: process.env["AGENTFLY_WEIGHTS_TOKEN"] || undefined
     })
-    const worker = yield* RolloutWorker.serve(agent, servers, { host, port })
+    const token = process.env["AGENTFLY_WORKER_TOKEN"] || undefined
+    const worker = yield* RolloutWorker.serve(agent, servers, { host, port, token })
     yield* Console.log(
       `rollout worker for task ${task.name} (agent key ${RolloutWorker.agentKey(task.name, config)}) at ` +
-        `${worker.baseUrl}, sampling on ${urls.length} inference server${urls.length === 1 ? "" : "s"}`
+        `${worker.baseUrl}, sampling on ${urls.length} inference server${urls.length === 1 ? "" : "s"}` +
+        (token === undefined ? "" : ", requests must bear AGENTFLY_WORKER_TOKEN")
     )
     return yield* Effect.never
   }, Effect.scoped, Effect.provide(ResourceManager.ResourceManager.layer), exitOnFailure)

@@ -47,10 +47,10 @@ const view = (groups: ReadonlyArray<Trajectory.Group>) =>
   }))
 
 /** A worker on its own scope (closing it is the worker dying). */
-const startWorker = (agent: Trainer.Agent, servers: InferenceServers.InferenceServers) =>
+const startWorker = (agent: Trainer.Agent, servers: InferenceServers.InferenceServers, token?: string) =>
   Effect.gen(function*() {
     const scope = yield* Scope.make()
-    const worker = yield* RolloutWorker.serve(agent, servers).pipe(Scope.provide(scope))
+    const worker = yield* RolloutWorker.serve(agent, servers, { token }).pipe(Scope.provide(scope))
     return { ...worker, close: Scope.close(scope, Exit.void) }
   })
 
@@ -137,6 +137,17 @@ describe("RolloutWorker", () => {
       const refused = yield* Effect.flip(RolloutWorker.client({ urls: [stranger.baseUrl], agentKey: key }))
       assert.strictEqual(refused.reason, "Workers")
       assert.match(refused.message, /runs task "calculator" with another config/)
+      // A worker with a token serves only requests that bear it.
+      const guarded = yield* startWorker(agent, workerSide, "s3cret")
+      const unauthorized = yield* Effect.flip(RolloutWorker.client({ urls: [guarded.baseUrl], agentKey: key }))
+      assert.match(unauthorized.message, /HTTP 401: .*AGENTFLY_WORKER_TOKEN/)
+      const rawShare = yield* Effect.promise(() =>
+        fetch(`${guarded.baseUrl}/rollouts`, { method: "POST", body: "{}" }).then((r) => r.status)
+      )
+      assert.strictEqual(rawShare, 401)
+      const authorized = yield* RolloutWorker.client({ urls: [guarded.baseUrl], agentKey: key, token: "s3cret" })
+      assert.deepStrictEqual(view(yield* authorized.collect(rows.slice(0, 2), sampling, 1)), view(here.slice(0, 2)))
+
       const absent = yield* Effect.flip(RolloutWorker.client({ urls: ["http://127.0.0.1:9/v1"], agentKey: key }))
       assert.include(absent.message, "rollout worker http://127.0.0.1:9/v1 did not answer GET /worker")
     }).pipe(Effect.provide([NodeServices.layer, ResourceManager.ResourceManager.layer]))), { timeout: 120_000 })
