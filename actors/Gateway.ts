@@ -34,12 +34,12 @@
  * @since 0.1.0
  */
 import * as Http from "node:http"
-import type { AddressInfo } from "node:net"
 import { Clock, Context, Duration, Effect, Fiber, FiberSet, Layer, Schedule, Schema, Scope } from "effect"
 import type * as AgentTask from "../src/AgentTask.ts"
 import type * as Trajectory from "../src/Trajectory.ts"
 import * as Wire from "./gateway/OpenAiWire.ts"
 import * as Recorder from "./gateway/Recorder.ts"
+import * as HttpActor from "./internal/http.ts"
 
 // ===== Models =====
 
@@ -438,18 +438,8 @@ export const make = Effect.fn("Gateway.make")(function*(options: Options = {}) {
 
   const server = Http.createServer(handle)
   server.keepAliveTimeout = 60_000
-  yield* Effect.acquireRelease(
-    Effect.callback<void>((resume) => {
-      // A deep accept queue: a training step opens hundreds of agents' connections at once.
-      server.listen({ port: options.port ?? 0, host, backlog: 4096 }, () => resume(Effect.void))
-    }),
-    () =>
-      Effect.callback<void>((resume) => {
-        server.closeAllConnections()
-        server.close(() => resume(Effect.void))
-      })
-  )
-  const port = (server.address() as AddressInfo).port
+  // A deep accept queue: a training step opens hundreds of agents' connections at once.
+  const port = yield* HttpActor.listen(server, { port: options.port ?? 0, host, backlog: 4096 })
   url = `http://${host}:${port}`
 
   return Gateway.of({

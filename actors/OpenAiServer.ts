@@ -49,7 +49,6 @@
  * @since 0.1.0
  */
 import * as Http from "node:http"
-import type { AddressInfo } from "node:net"
 import { Clock, Data, Deferred, Effect, Fiber, FiberSet, Option, Schema, Semaphore } from "effect"
 import type { Scope } from "effect"
 import * as ChatTemplate from "../src/ChatTemplate.ts"
@@ -61,7 +60,7 @@ import * as Safetensors from "../src/Safetensors.ts"
 import type { FinishReason, GenerateRequest, GenerateResult, SamplingParams } from "../src/Sampler.ts"
 import type * as Tokenizer from "../src/Tokenizer.ts"
 import * as ToolCallParser from "../src/ToolCallParser.ts"
-import * as HttpBody from "./internal/http.ts"
+import * as HttpActor from "./internal/http.ts"
 import { PolicyEngine, validateRequest } from "./PolicyEngine.ts"
 
 // ===== Models =====
@@ -487,7 +486,7 @@ const usage = (prompt: number, completion: number) => ({
 
 /** The body's bytes within `maxBody` (`internal/http.ts`), its failures as API errors. */
 const readBytes = (req: Http.IncomingMessage, maxBody: number) =>
-  Effect.mapError(HttpBody.readBody(req, maxBody), (e) => new ApiError({ status: e.status, message: e.message }))
+  Effect.mapError(HttpActor.readBody(req, maxBody), (e) => new ApiError({ status: e.status, message: e.message }))
 
 /** The body as JSON; a body over `maxBody` is refused from its `Content-Length`, or as soon as it passes the limit. */
 const readBody = (req: Http.IncomingMessage, maxBody: number) =>
@@ -942,17 +941,7 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
   }
 
   const server = Http.createServer(handle)
-  yield* Effect.acquireRelease(
-    Effect.callback<void>((resume) => {
-      server.listen(options.port ?? 0, limits.host, () => resume(Effect.void))
-    }),
-    () =>
-      Effect.callback<void>((resume) => {
-        server.closeAllConnections()
-        server.close(() => resume(Effect.void))
-      })
-  )
-  const port = (server.address() as AddressInfo).port
+  const port = yield* HttpActor.listen(server, { port: options.port ?? 0, host: limits.host })
   const result: Server = { port, baseUrl: `http://${limits.host}:${port}/v1` }
   return result
 }) satisfies (model: Model, options?: Options) => Effect.Effect<Server, never, PolicyEngine | Scope.Scope>

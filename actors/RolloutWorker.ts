@@ -22,14 +22,13 @@ import { Clock, Effect, FiberSet, Schema } from "effect"
 import type { Scope } from "effect"
 import { createHash } from "node:crypto"
 import * as Http from "node:http"
-import type { AddressInfo } from "node:net"
 import type * as Dataset from "../src/Dataset.ts"
 import { Conversation } from "../src/Message.ts"
 import { Sampler } from "../src/Sampler.ts"
 import type * as TrainConfig from "../src/TrainConfig.ts"
 import * as Trajectory from "../src/Trajectory.ts"
 import type * as InferenceServers from "./InferenceServers.ts"
-import { fetchMessage, readBody } from "./internal/http.ts"
+import { fetchMessage, listen, readBody } from "./internal/http.ts"
 import { collectGroups, TrainerError } from "./Trainer.ts"
 import type { Agent, RemoteRollouts } from "./Trainer.ts"
 
@@ -173,17 +172,7 @@ export const serve = Effect.fn("RolloutWorker.serve")(function*(
       if (!res.writableFinished) fiber.interruptUnsafe()
     })
   })
-  yield* Effect.acquireRelease(
-    Effect.callback<void>((resume) => {
-      server.listen(options.port ?? 0, host, () => resume(Effect.void))
-    }),
-    () =>
-      Effect.callback<void>((resume) => {
-        server.closeAllConnections()
-        server.close(() => resume(Effect.void))
-      })
-  )
-  const port = (server.address() as AddressInfo).port
+  const port = yield* listen(server, { port: options.port ?? 0, host })
   return { port, baseUrl: `http://${host}:${port}/v1` }
 })
 

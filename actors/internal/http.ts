@@ -1,11 +1,13 @@
 /**
- * What the HTTP actors (the OpenAI-compatible server, inference servers, rollout workers) share: reading a request
- * body within a limit, and saying why a `fetch` failed.
+ * What the HTTP actors (the OpenAI-compatible server, the gateway, inference servers, rollout workers) share:
+ * listening for the life of a scope, reading a request body within a limit, and saying why a `fetch` failed.
  *
  * @since 0.1.0
  */
 import { Effect } from "effect"
+import type { Scope } from "effect"
 import type * as Http from "node:http"
+import type { AddressInfo } from "node:net"
 
 /**
  * Why a body could not be read: 413 past the limit, 400 when the connection broke.
@@ -61,3 +63,25 @@ export const fetchMessage = (e: unknown): string => {
   const cause = error.cause?.code ?? error.cause?.message
   return [error.message ?? String(e), cause].filter((x) => x !== undefined && x !== "").join(": ")
 }
+
+/**
+ * Listens on `port` (0: a free one) for the life of the scope, and returns the port; closing the scope ends open
+ * connections and stops listening.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const listen = (
+  server: Http.Server,
+  options: { readonly port: number; readonly host: string; readonly backlog?: number | undefined }
+): Effect.Effect<number, never, Scope.Scope> =>
+  Effect.acquireRelease(
+    Effect.callback<void>((resume) => {
+      server.listen({ port: options.port, host: options.host, backlog: options.backlog }, () => resume(Effect.void))
+    }),
+    () =>
+      Effect.callback<void>((resume) => {
+        server.closeAllConnections()
+        server.close(() => resume(Effect.void))
+      })
+  ).pipe(Effect.map(() => (server.address() as AddressInfo).port))
