@@ -7,11 +7,19 @@
  *
  * @since 0.1.0
  */
-import { Effect, Layer } from "effect"
+import { Effect, Layer, Stream } from "effect"
+import * as ByteTokenizer from "../src/ByteTokenizer.ts"
+import * as ChatTemplate from "../src/ChatTemplate.ts"
 import * as Message from "../src/Message.ts"
 import type { Conversation, ToolCall } from "../src/Message.ts"
 import { ChatSampler } from "../src/Sampler.ts"
-import type { Trajectory } from "../src/Trajectory.ts"
+import type * as Task from "../src/Task.ts"
+import * as Tokenizer from "../src/Tokenizer.ts"
+import * as Trajectory from "../src/Trajectory.ts"
+import * as TrajectoryBuilder from "../src/TrajectoryBuilder.ts"
+import * as ChainFormat from "./ChainFormat.ts"
+import * as Rollout from "./Rollout.ts"
+import type * as RolloutChain from "./RolloutChain.ts"
 
 /**
  * The next assistant turn of a scripted policy: text, tool calls, or both.
@@ -97,7 +105,7 @@ export const text = (message: Message.Message | undefined): string => (message =
  * @category getters
  * @since 0.1.0
  */
-export const solveRate = (trajectories: ReadonlyArray<Trajectory>, threshold = 1): number =>
+export const solveRate = (trajectories: ReadonlyArray<Trajectory.Trajectory>, threshold = 1): number =>
   trajectories.length === 0 ? 0 : trajectories.filter((t) => t.reward >= threshold).length / trajectories.length
 
 /**
@@ -108,7 +116,71 @@ export const solveRate = (trajectories: ReadonlyArray<Trajectory>, threshold = 1
  * @since 0.1.0
  */
 export const demonstrations = (
-  trajectories: ReadonlyArray<Trajectory>,
+  trajectories: ReadonlyArray<Trajectory.Trajectory>,
   threshold = 1
 ): ReadonlyArray<{ readonly messages: Conversation }> =>
   trajectories.filter((t) => t.reward >= threshold).map((t) => ({ messages: t.messages }))
+
+// ===== Through the runtime =====
+
+const byteTokenizer = () =>
+  Effect.runSync(Tokenizer.make(ByteTokenizer.tokenizerJson(), ByteTokenizer.tokenizerConfig("")))
+
+/**
+ * The format oracles play through by default: Qwen2.5's template on the byte-level tokenizer, the tiny policy's,
+ * so that an oracle's trajectories are as long as a policy's would be.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const byteFormat = (): RolloutChain.Format =>
+  ChainFormat.fromTemplate({ tokenizer: byteTokenizer(), template: ChatTemplate.builtinTemplate("qwen2.5") })
+
+/**
+ * The tokens of a whole conversation in {@link byteFormat}, as a warm-up step reads it: the test of whether a
+ * demonstration fits a context (a trajectory's own segments cannot say: the chain cuts them at the budget).
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const contextLength = (): (messages: Conversation) => number => {
+  const tokenizer = byteTokenizer()
+  const template = ChatTemplate.builtinTemplate("qwen2.5")
+  return (messages) => {
+    const built = Effect.runSync(TrajectoryBuilder.fromConversation({ tokenizer, template, messages }))
+    return built.segments.reduce((n, segment) => n + Trajectory.segmentLength(segment), 0)
+  }
+}
+
+/**
+ * Rolls a policy out on a task's rows through `Rollout.runTaskChat` (the task's tools, environment, episode and
+ * reward), one chain per row, `concurrency` at a time (default 64), within the task's default turn and context
+ * budgets; the trajectories come back in row order.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const rollout = (options: {
+  readonly task: Task.Task
+  readonly rows: ReadonlyArray<Rollout.TaskRow>
+  readonly policy: Policy
+  readonly concurrency?: number | undefined
+  readonly format?: RolloutChain.Format | undefined
+}) =>
+  Rollout.runTaskChat({
+    task: options.task,
+    rows: options.rows,
+    numChains: 1,
+    maxTurns: options.task.defaults.maxTurns ?? 8,
+    maxContextTokens: options.task.defaults.maxContextTokens,
+    maxConcurrentChains: options.concurrency ?? 64,
+    sampling: { temperature: 1, maxTokens: options.task.defaults.maxNewTokens ?? 96, seed: 1 },
+    format: options.format ?? byteFormat()
+  }).pipe(
+    Stream.runCollect,
+    Effect.map((events) =>
+      events.flatMap((e) => (e._tag === "Trajectory" ? [e] : [])).sort((a, b) => a.rowIndex - b.rowIndex)
+        .map((e) => e.trajectory)
+    ),
+    Effect.provide(layer(options.policy))
+  )
