@@ -59,8 +59,9 @@ export const systemPrompt = "Solve the chess puzzle: move, legal, board."
 
 /**
  * The agent settings the task suggests for a view: a mate in two takes two moves, a look at the legal moves and a
- * mistake fit in `maxTurns` 4; a mate in two with a look at the legal moves fits 1,024 tokens of the byte-level
- * tokenizer with diagrams, 512 with FENs alone (the `tiny` preset's positions).
+ * mistake fit in `maxTurns` 4. In tokens of the byte-level tokenizer, the oracle's mates in two take ≈ 480 with
+ * FENs alone, within the `tiny` preset's 512 positions (a look at the legal moves adds ≈ 150); with diagrams,
+ * ≈ 800, and 2,048 hold a Lichess puzzle of three moves (a language model's tokenizer needs a quarter of that).
  *
  * @category constants
  * @since 0.1.0
@@ -70,7 +71,7 @@ export const defaults = (view: Board.View = "board"): Task.Defaults => ({
   renderTools: false,
   maxTurns: 4,
   maxNewTokens: 48,
-  maxContextTokens: view === "board" ? 1024 : 512
+  maxContextTokens: view === "board" ? 2048 : 512
 })
 
 // ===== Tools =====
