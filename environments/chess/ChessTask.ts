@@ -40,14 +40,28 @@ export const Options = Schema.Struct({
 export type Options = typeof Options.Type
 
 /**
+ * Replays of rows already checked, by FEN and moves (the latest 10,000): `chess.js` takes ≈ 150 µs a move, and
+ * `Rollout.runTask` checks its rows on every call (a run checks its files once, when it loads them).
+ */
+const replayed = new Map<string, string | true>()
+
+const replayOnce = (fen: string, moves: ReadonlyArray<string>): string | true => {
+  const key = `${fen}|${moves.join(" ")}`
+  const known = replayed.get(key)
+  if (known !== undefined) return known
+  const verdict = Puzzle.replay(fen, moves) ?? true
+  replayed.set(key, verdict)
+  if (replayed.size > 10_000) replayed.delete(replayed.keys().next().value!)
+  return verdict
+}
+
+/**
  * A row's fields, checked when the data loads: the moves must replay on the FEN.
  *
  * @category models
  * @since 0.1.0
  */
-export const Row = Puzzle.Row.check(
-  Schema.makeFilter((row) => Puzzle.replay(row.fen, row.moves) ?? true)
-)
+export const Row = Puzzle.Row.check(Schema.makeFilter((row) => replayOnce(row.fen, row.moves)))
 
 /**
  * The one-line system prompt.

@@ -173,7 +173,7 @@ export const generate = (spec: Spec): Array<Line> => {
     const chess = new Chess()
     for (let ply = 0; ply < 160; ply++) {
       const moves = chess.moves()
-      if (moves.length === 0 || chess.isDraw()) break
+      if (moves.length === 0) break
       // `chess.js` marks mating moves with `#`, so a mate in one costs nothing to spot; a mate in two is searched
       // for only where the game reached a mate in one two plies later (searching every position costs ≈ 10 ms).
       if (ply >= 16 && moves.some((m) => m.endsWith("#"))) {
