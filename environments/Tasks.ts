@@ -19,5 +19,6 @@ export const builtins: Readonly<Record<string, Task.Builtin>> = {
   household: () => import("./household/HouseholdTask.ts").then((m) => m.household),
   science: () => import("./household/HouseholdTask.ts").then((m) => m.science),
   search: () => import("./search/SearchTask.ts").then((m) => m.task),
+  swe: () => import("./swe/SweTask.ts").then((m) => m.task),
   webshop: () => import("./webshop/WebShopTask.ts").then((m) => m.task)
 }

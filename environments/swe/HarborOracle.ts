@@ -1,0 +1,48 @@
+/**
+ * Scripted players of the SWE task, run by the rollout machinery (`Oracle.rollout`) through the same tools,
+ * containers and verifier as a model:
+ *
+ * - {@link oracle}: Harbor's oracle agent: runs the task's reference solution (`solution/solve.sh`) with the
+ *   `shell` tool (after reading a file first, with `look`), then submits. It finds the task by its instruction (the row's question), so it proves each task
+ *   solvable in its own container and the verifier right;
+ * - {@link idle}: submits at once: the baseline that must score 0 (the planted bug is still there).
+ *
+ * @since 0.1.0
+ */
+import * as Oracle from "../../actors/Oracle.ts"
+import type { Conversation } from "../../src/Message.ts"
+import type * as HarborTask from "./HarborTask.ts"
+
+/**
+ * The oracle over the given tasks: the solution of the task whose instruction the conversation asks, then
+ * `submit`. A task without a solution, or an instruction it does not know, gets a reply without a call.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const oracle = (
+  tasks: ReadonlyArray<HarborTask.HarborTask>,
+  options: { readonly look?: string | undefined } = {}
+): Oracle.Policy => {
+  const byInstruction = new Map(tasks.map((t) => [t.instruction, t.solution]))
+  const plan = (solution: string) => [
+    ...(options.look === undefined ? [] : [["read", { path: options.look }] as const]),
+    ["shell", { cmd: solution }] as const,
+    ["submit", {}] as const
+  ]
+  return (messages: Conversation) => {
+    const question = Oracle.text(messages.find((m) => m.role === "user")).trim()
+    const solution = byInstruction.get(question)
+    if (solution === undefined) return { content: "I do not know this task." }
+    const next = plan(solution)[messages.filter((m) => m.role === "assistant").length]
+    return next === undefined ? { content: "done" } : { toolCalls: [Oracle.call(messages, next[0], next[1])] }
+  }
+}
+
+/**
+ * Submits at once.
+ *
+ * @category constants
+ * @since 0.1.0
+ */
+export const idle: Oracle.Policy = (messages) => ({ toolCalls: [Oracle.call(messages, "submit", {})] })

@@ -1,0 +1,398 @@
+/**
+ * A chain's SWE workspace: a Docker container of its Harbor task's environment, leased from the resource manager
+ * for the chain's episode, with the actions the tools take (`shell`, `read`, `edit`, `submit`) and the verifier the
+ * reward runs.
+ *
+ * - **Images.** A task's `environment/` is built once per machine with the engine's builder (no registry: its
+ *   `FROM` must be a local image, e.g. the project's `agentfly/python:1`), tagged by the digest of its files, so
+ *   tasks with the same environment share an image and a second run builds nothing.
+ * - **Containers.** One per chain (`Resource` spec `harbor-<digest>`, scope `chain`, `recreate` on release: an
+ *   agent's edits never reach another chain), no network, every capability dropped, seccomp, the task's memory and
+ *   CPUs (default 1 GiB, 1 CPU), 256 processes; the main process sleeps and every action is one `exec` in the task's
+ *   working directory.
+ * - **Verifier** (Harbor's contract): after the episode the task's `tests/` are copied to `/tests`, `test.sh` runs
+ *   (bash, else sh) within the task's verifier timeout, and the reward is the number in
+ *   `/logs/verifier/reward.txt` (or `reward.json`'s `reward`). A verifier that writes neither fails typed.
+ *
+ * @since 0.1.0
+ */
+import { NodeServices } from "@effect/platform-node"
+import { Context, Effect, Scope, Semaphore } from "effect"
+import { resolve } from "node:path"
+import * as ResourceManager from "../../actors/ResourceManager.ts"
+import * as Docker from "../../actors/resources/Docker.ts"
+import * as Environment from "../../src/Environment.ts"
+import * as Resource from "../../src/Resource.ts"
+import * as HarborTask from "./HarborTask.ts"
+
+// ===== Models =====
+
+/**
+ * Settings of the workspaces of a run.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Settings {
+  /** Where rows' relative `task` paths are resolved (default: the working directory). */
+  readonly root: string
+  /** Most containers at once, over every task (default 16). */
+  readonly pool: number
+  /** Per `shell` call (default 10 s). */
+  readonly shellTimeoutMillis: number
+  /** Characters of a command's output or a file the agent is shown (default 2,000). */
+  readonly maxOutputChars: number
+  /** Actions before the episode ends (default 12). */
+  readonly maxSteps: number
+}
+
+/**
+ * @category constants
+ * @since 0.1.0
+ */
+export const defaultSettings: Settings = {
+  root: ".",
+  pool: 16,
+  shellTimeoutMillis: 10_000,
+  maxOutputChars: 2_000,
+  maxSteps: 12
+}
+
+/**
+ * What the verifier said.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Verdict {
+  readonly reward: number
+  readonly exitCode: number
+  /** The end of the verifier's output (stdout and stderr), for the trajectory's record. */
+  readonly output: string
+}
+
+/**
+ * A chain's workspace.
+ *
+ * @category services
+ * @since 0.1.0
+ */
+export class Workspace extends Context.Service<Workspace, {
+  readonly settings: Settings
+  /** `sh -c cmd` in the working directory: `exit N` and the output, cut to `maxOutputChars`. */
+  readonly shell: (cmd: string) => Effect.Effect<string, Environment.EnvError>
+  readonly read: (path: string) => Effect.Effect<string, Environment.EnvError>
+  /** Replaces the one occurrence of `old` in the file by `replacement`. */
+  readonly edit: (path: string, old: string, replacement: string) => Effect.Effect<string, Environment.EnvError>
+  readonly submit: Effect.Effect<string, Environment.EnvError>
+  /** The working directory and its files (`ls -R`, the first 40 lines), not counted as a step. */
+  readonly overview: Effect.Effect<string, Environment.EnvError>
+  readonly state: Effect.Effect<{ readonly steps: number; readonly submitted: boolean }>
+  /** Runs the task's verifier in the container. */
+  readonly verify: Effect.Effect<Verdict, Environment.EnvError>
+}>()("agentfly/environments/swe/Workspace") {}
+
+// ===== Images =====
+
+const building = new Map<string, Promise<void>>()
+
+/**
+ * The image of a task's environment, built once per digest (concurrent chains wait for one build).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const image = (task: HarborTask.HarborTask): Effect.Effect<string, Environment.EnvError, Docker.DockerEngine> =>
+  Effect.flatMap(Docker.DockerEngine, ({ docker }) => {
+    const tag = `agentfly-harbor/${task.digest}:1`
+    const fail = (message: string) =>
+      new Environment.EnvError({ env: `harbor:${task.name}`, method: "build", reason: "Unavailable", message })
+    const build = async () => {
+      const exists = await docker.getImage(tag).inspect().then(() => true, () => false)
+      if (exists) return
+      const stream = await docker.buildImage(
+        { context: `${task.folder}/environment`, src: [...task.environment] },
+        { t: tag, rm: true, forcerm: true }
+      )
+      await new Promise<void>((done, reject) =>
+        docker.modem.followProgress(stream, (error, output: Array<{ error?: string; errorDetail?: unknown }>) => {
+          const failed = output?.find((o) => o.error !== undefined)
+          if (error !== null || failed !== undefined) reject(new Error(String(failed?.error ?? error)))
+          else done()
+        })
+      )
+    }
+    return Effect.tryPromise({
+      try: () => {
+        let pending = building.get(tag)
+        if (pending === undefined) {
+          pending = build()
+          building.set(tag, pending)
+          pending.catch(() => building.delete(tag))
+        }
+        return pending
+      },
+      catch: (e) => fail(`building ${task.folder}/environment: ${e instanceof Error ? e.message : String(e)}`)
+    }).pipe(Effect.as(tag))
+  })
+
+// ===== Workspaces =====
+
+/** `text` cut to `max` characters, saying how much was left out. */
+const cut = (text: string, max: number) =>
+  text.length <= max ? text : `${text.slice(0, max)}\n[… ${text.length - max} more characters]`
+
+/** Single-quoted for `sh`. */
+const quote = (s: string) => `'${s.replace(/'/g, `'"'"'`)}'`
+
+/**
+ * The chain's container, leased when the chain first acts (`Effect.cached`): a chain that never acts starts none,
+ * and the start-up check's probe chain (a row without a task) gets a workspace whose actions fail.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type Ready = Effect.Effect<
+  { readonly task: HarborTask.HarborTask; readonly lease: ResourceManager.Lease<Docker.Container> },
+  Environment.EnvError
+>
+
+/**
+ * The workspace over the chain's (lazily leased) container.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const make = (ready: Ready, settings: Settings): Workspace["Service"] => {
+  let steps = 0
+  let submitted = false
+  const exec = (cmd: ReadonlyArray<string>, options: Docker.ExecOptions = {}) =>
+    Effect.flatMap(ready, ({ lease, task }) =>
+      lease.use((c) => c.exec(cmd, options)).pipe(
+        Effect.mapError((e) =>
+          e instanceof Environment.EnvError
+            ? e
+            : new Environment.EnvError({
+              env: `harbor:${task.name}`,
+              method: "exec",
+              reason: "Unavailable",
+              message: e.message
+            })
+        )
+      ))
+  const invalid = (method: string, message: string) =>
+    Effect.flatMap(ready, ({ task }) =>
+      Effect.fail(new Environment.EnvError({ env: `harbor:${task.name}`, method, reason: "InvalidAction", message })))
+  const step = (method: string) =>
+    Effect.suspend(() => {
+      if (submitted) return invalid(method, "the work was submitted")
+      if (steps >= settings.maxSteps) return invalid(method, `no steps left (${settings.maxSteps})`)
+      steps++
+      return Effect.void
+    })
+  const readFile = (path: string) =>
+    Effect.flatMap(exec(["cat", "--", path], { maxOutputBytes: 1 << 20 }), (r) =>
+      r.exitCode === 0
+        ? Effect.succeed(r.stdout)
+        : invalid("read", `cannot read ${path}: ${r.stderr.trim().replace(/^cat: /, "")}`))
+  return {
+    settings,
+    shell: (cmd) =>
+      Effect.andThen(
+        step("shell"),
+        Effect.map(
+          exec(["sh", "-c", cmd], { timeoutMillis: settings.shellTimeoutMillis, maxOutputBytes: 64 * 1024 }),
+          (r) => cut(`exit ${r.exitCode}\n${r.stdout}${r.stderr}`, settings.maxOutputChars)
+        )
+      ),
+    read: (path) => Effect.andThen(step("read"), Effect.map(readFile(path), (text) => cut(text, settings.maxOutputChars))),
+    edit: (path, old, replacement) =>
+      Effect.gen(function*() {
+        yield* step("edit")
+        if (old.length === 0) return yield* invalid("edit", "old is empty: give the exact text to replace")
+        const text = yield* readFile(path)
+        const first = text.indexOf(old)
+        if (first === -1) return yield* invalid("edit", `the text to replace is not in ${path}`)
+        if (text.indexOf(old, first + 1) !== -1) {
+          return yield* invalid("edit", `the text to replace occurs more than once in ${path}: give more of it`)
+        }
+        const next = text.slice(0, first) + replacement + text.slice(first + old.length)
+        const written = yield* exec(["sh", "-c", `cat > ${quote(path)}`], { stdin: next })
+        if (written.exitCode !== 0) return yield* invalid("edit", `cannot write ${path}: ${written.stderr.trim()}`)
+        return `edited ${path}`
+      }),
+    submit: Effect.andThen(step("submit"), Effect.sync(() => {
+      submitted = true
+      return "submitted"
+    })),
+    overview: Effect.flatMap(ready, ({ task }) =>
+      Effect.map(
+        exec(["sh", "-c", "ls -R . | head -40"], { timeoutMillis: settings.shellTimeoutMillis }),
+        (r) => cut(`Working directory ${task.workdir}:\n${r.stdout}`, settings.maxOutputChars)
+      )),
+    state: Effect.sync(() => ({ steps, submitted })),
+    verify: Effect.gen(function*() {
+      const { task } = yield* ready
+      for (const [file, contents] of task.tests) {
+        const path = `/tests/${file}`
+        yield* exec(["sh", "-c", `mkdir -p "$(dirname ${quote(path)})" && cat > ${quote(path)}`], { stdin: contents })
+      }
+      const run = yield* exec(
+        [
+          "sh",
+          "-c",
+          `mkdir -p /logs/verifier && cd ${quote(task.workdir)} && ` +
+          `if command -v bash >/dev/null; then bash /tests/test.sh; else sh /tests/test.sh; fi`
+        ],
+        { timeoutMillis: task.verifierTimeoutMillis, maxOutputBytes: 64 * 1024 }
+      )
+      const output = `${run.stdout}${run.stderr}`.slice(-2_000)
+      const text = yield* exec(["sh", "-c", "cat /logs/verifier/reward.txt 2>/dev/null || cat /logs/verifier/reward.json"])
+      const reward = parseReward(text.stdout)
+      if (reward === undefined) {
+        return yield* new Environment.EnvError({
+          env: `harbor:${task.name}`,
+          method: "verify",
+          reason: "Crashed",
+          message: `the verifier (exit ${run.exitCode}) wrote no reward to /logs/verifier/reward.txt: ${output.slice(-300)}`
+        })
+      }
+      return { reward, exitCode: run.exitCode, output }
+    })
+  }
+}
+
+/**
+ * A verifier's reward file: a number (`reward.txt`), or JSON with a numeric `reward` (`reward.json`).
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const parseReward = (text: string): number | undefined => {
+  const trimmed = text.trim()
+  if (trimmed.length === 0) return undefined
+  if (/^-?\d+(\.\d+)?([eE][-+]?\d+)?$/.test(trimmed)) return Number(trimmed)
+  try {
+    const json = JSON.parse(trimmed) as { reward?: unknown }
+    return typeof json.reward === "number" && Number.isFinite(json.reward) ? json.reward : undefined
+  } catch {
+    return undefined
+  }
+}
+
+/**
+ * The resource spec of a task's containers.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const spec = (task: HarborTask.HarborTask, tag: string, settings: Settings) =>
+  Resource.make({
+    name: `harbor-${task.digest}`,
+    kind: "docker",
+    image: tag,
+    limits: {
+      network: "none",
+      readOnlyRoot: false,
+      tmpfs: { "/tmp": 64 * 1024 * 1024 },
+      user: "0:0",
+      memoryBytes: task.memoryBytes ?? 1 << 30,
+      cpus: task.cpus ?? 1,
+      pids: 256
+    },
+    pool: { max: settings.pool },
+    timeouts: { acquireMillis: 300_000, startMillis: 60_000 },
+    resetPolicy: "recreate",
+    scope: "chain"
+  })
+
+/**
+ * The task's provider: for each chain, its row's task folder (`row.task`, resolved against `settings.root`), the
+ * folder's image and a container of it from the resource manager, as the chain's {@link Workspace}. A folder is
+ * read and its image built once per run (or machine); a bad folder fails the chain's lease with its reason.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const provider = (
+  settings: Settings
+): Effect.Effect<
+  Environment.Provider<Workspace>,
+  never,
+  ResourceManager.ResourceManager | Docker.DockerEngine | Scope.Scope
+> =>
+  Effect.gen(function*() {
+    const manager = yield* ResourceManager.ResourceManager
+    const engine = yield* Docker.DockerEngine
+    const backends = new Map<string, Resource.Resource<Docker.Container>>()
+    const tasks = new Map<string, HarborTask.HarborTask>()
+    const lock = yield* Semaphore.make(1)
+    const resourceOf = (task: HarborTask.HarborTask) =>
+      lock.withPermits(1)(Effect.gen(function*() {
+        const known = backends.get(task.digest)
+        if (known !== undefined) return known
+        const tag = yield* image(task)
+        const s = yield* Effect.orDie(spec(task, tag, settings))
+        const backend = yield* Docker.backend({ cmd: ["sleep", "infinity"], workingDir: task.workdir })
+        const resource = Resource.resource(s, backend)
+        backends.set(task.digest, resource)
+        return resource
+      })).pipe(Effect.provideService(Docker.DockerEngine, engine))
+    const taskOf = (folder: string) =>
+      Effect.suspend(() => {
+        const known = tasks.get(folder)
+        if (known !== undefined) return Effect.succeed(known)
+        return HarborTask.load(folder).pipe(
+          Effect.provide(NodeServices.layer),
+          Effect.tap((t) => Effect.sync(() => tasks.set(folder, t))),
+          Effect.mapError((e) =>
+            new Environment.EnvError({
+              env: "harbor",
+              method: "load",
+              reason: "ResetFailed",
+              message: e._tag === "HarborError" ? `${e.folder}: ${e.message}` : `${folder}: ${e.message}`
+            })
+          )
+        )
+      })
+    return Environment.make<Workspace>(
+      "perChain",
+      (chain) =>
+        Effect.gen(function*() {
+          const scope = yield* Effect.scope
+          const path = chain.row?.["task"]
+          const setup = Effect.gen(function*() {
+            if (typeof path !== "string") {
+              return yield* new Environment.EnvError({
+                env: "harbor",
+                method: "load",
+                reason: "ResetFailed",
+                message: "the row has no task folder (a `task` field)"
+              })
+            }
+            const task = yield* taskOf(resolve(settings.root, path))
+            const resource = yield* resourceOf(task)
+            // In the chain's scope: the container goes back (and is recreated) when the chain ends.
+            const lease = yield* Scope.provide(manager.acquire(resource, chain), scope).pipe(
+              Effect.mapError((e) =>
+                new Environment.EnvError({ env: `harbor:${task.name}`, method: "lease", reason: "Unavailable", message: e.message })
+              )
+            )
+            return { task, lease }
+          })
+          return Context.make(Workspace, make(yield* Effect.cached(setup), settings))
+        }),
+      Effect.gen(function*() {
+        const figures: Record<string, number> = {}
+        for (const resource of backends.values()) {
+          const stats = yield* manager.stats(resource.spec.name)
+          if (stats === undefined) continue
+          // Over every task's pool: counts add up, waits take the worst.
+          for (const [k, v] of Object.entries(ResourceManager.poolFigures("harbor", stats))) {
+            figures[k] = k.includes("_ms") ? Math.max(figures[k] ?? 0, v) : (figures[k] ?? 0) + v
+          }
+        }
+        return figures
+      })
+    )
+  })
