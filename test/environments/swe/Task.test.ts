@@ -42,9 +42,9 @@ const scripted = (script: ReadonlyArray<readonly [string, Record<string, unknown
   return step === undefined ? { content: "done" } : { toolCalls: [Oracle.call(messages, step[0], step[1])] }
 }
 
-/** The agentfly containers on the engine now. */
+/** The containers this test process created that are still on the engine (other test files run beside it). */
 const containers = () =>
-  execFileSync("docker", ["ps", "-aq", "--filter", "label=agentfly.managed=1"], { encoding: "utf8" }).trim()
+  execFileSync("docker", ["ps", "-aq", "--filter", `label=agentfly.pid=${process.pid}`], { encoding: "utf8" }).trim()
 
 describe("swe task (Harbor folders, Docker)", () => {
   it.effect("Harbor's oracle solves every task (one per bug); submitting at once scores 0", () =>
