@@ -1,5 +1,5 @@
 /**
- * Each text environment (search, household, web shop) behaves the same whether its policy runs in the local engine
+ * Each text environment (search, household, web shop, chess) behaves the same whether its policy runs in the local engine
  * or behind an OpenAI-compatible server (`agentfly serve`'s `OpenAiServer`, started here on a loopback port and
  * reached through `OpenAiCompatSampler`, token mode).
  *
@@ -38,6 +38,7 @@ import * as Trainer from "../../actors/Trainer.ts"
 import * as ChainFormat from "../../actors/ChainFormat.ts"
 import * as Setup from "../../cli/setup.ts"
 import * as Data from "../../environments/household/Data.ts"
+import * as ChessGenerate from "../../examples/chess/generate.ts"
 import * as HouseholdGenerate from "../../examples/household/generate.ts"
 import * as SearchGenerate from "../../examples/search/generate.ts"
 import * as WebShopGenerate from "../../examples/webshop/generate.ts"
@@ -56,7 +57,9 @@ const generators = {
   household: (dir: string) =>
     Data.write({ ...HouseholdGenerate.defaults, train: 4, heldOut: 6, validation: 2, demos: 1, dir }),
   webshop: (dir: string) =>
-    WebShopGenerate.write({ ...WebShopGenerate.defaults, train: 4, heldOut: 6, validation: 2, demos: 1, dir })
+    WebShopGenerate.write({ ...WebShopGenerate.defaults, train: 4, heldOut: 6, validation: 2, demos: 1, dir }),
+  chess: (dir: string) =>
+    ChessGenerate.write({ ...ChessGenerate.defaults, train: 4, heldOut: 6, validation: 2, demos: 1, view: "fen", dir })
 } as const
 
 const CHAINS = 3
@@ -173,5 +176,12 @@ describe("the environments against the local engine and against an OpenAI-compat
       const scoredUnlessFailed = local.every((t) => t.rewardStatus === "scored" || t.termination === "error")
       assert.isTrue(scoredUnlessFailed, "the reward scored each chain that did not fail")
       assert.isAtLeast(local.filter(answeredAfterTurn).length, 1, "some turn's observations reached the policy")
+    }), 180_000)
+
+  it.live("chess: the same tokens, masks, terminations and rewards both ways", () =>
+    Effect.gen(function*() {
+      const { local } = yield* sameBothWays("chess")
+      assert.isTrue(local.every((t) => t.rewardStatus === "scored"), "the reward scored each chain")
+      assert.isTrue(local.every((t) => Message.text(t.messages[2]!.content).includes("FEN: ")), "shown its puzzle")
     }), 180_000)
 })
