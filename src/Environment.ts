@@ -232,6 +232,37 @@ export const perChain = <ROut, E, R>(layer: Layer.Layer<ROut, E, R>): Provider<R
   make("perChain", () => buildFresh(layer))
 
 /**
+ * The provider with its instances counted in its `stats`: `started` (every acquire so far) and `open` (acquired and
+ * not yet released), under the given metric names (e.g. `env/chess/boards`, `env/chess/open`). `open` at 0 after a
+ * step says that no chain leaked its instance.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const counted = <ROut, E, R>(
+  provider: Provider<ROut, E, R>,
+  names: { readonly started: string; readonly open: string }
+): Provider<ROut, E, R> => {
+  let started = 0
+  let open = 0
+  const count = Effect.acquireRelease(
+    Effect.sync(() => {
+      started++
+      open++
+    }),
+    () =>
+      Effect.sync(() => {
+        open--
+      })
+  )
+  return make<ROut, E, R>(
+    provider.sharing,
+    (chain) => Effect.andThen(count, provider.acquire(chain)),
+    Effect.map(provider.stats ?? Effect.succeed({}), (own) => ({ ...own, [names.started]: started, [names.open]: open }))
+  )
+}
+
+/**
  * One instance per group (`groupId`): the chains of one group share it; it is built when the group's first chain
  * asks and released when the group's last chain's scope closes. Must be created in the run's scope.
  *

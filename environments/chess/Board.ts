@@ -263,23 +263,6 @@ export const layer = (settings: Settings = defaultSettings): Layer.Layer<Board> 
 export const provider = (
   settings: Settings = defaultSettings
 ): Effect.Effect<Environment.Provider<Board, never, never>, never, Scope.Scope> =>
-  Effect.sync(() => {
-    const boards = Environment.perChain(layer(settings))
-    let started = 0
-    let open = 0
-    const count = Effect.acquireRelease(
-      Effect.sync(() => {
-        started++
-        open++
-      }),
-      () =>
-        Effect.sync(() => {
-          open--
-        })
-    )
-    return Environment.make<Board>(
-      "perChain",
-      (chain) => Effect.andThen(count, boards.acquire(chain)),
-      Effect.sync(() => ({ "env/chess/boards": started, "env/chess/open": open }))
-    )
-  })
+  Effect.sync(() =>
+    Environment.counted(Environment.perChain(layer(settings)), { started: "env/chess/boards", open: "env/chess/open" })
+  )

@@ -345,23 +345,9 @@ export const layer = (settings: Settings = defaultSettings): Layer.Layer<Shop, n
 export const provider = (
   settings: Settings = defaultSettings
 ): Effect.Effect<Environment.Provider<Shop, never, Catalog.Catalog>, never, Scope.Scope> =>
-  Effect.sync(() => {
-    const visits = Environment.perChain(layer(settings))
-    let started = 0
-    let open = 0
-    const count = Effect.acquireRelease(
-      Effect.sync(() => {
-        started++
-        open++
-      }),
-      () =>
-        Effect.sync(() => {
-          open--
-        })
-    )
-    return Environment.make(
-      "perChain",
-      (chain) => Effect.andThen(count, visits.acquire(chain)),
-      Effect.sync(() => ({ "env/webshop/visits": started, "env/webshop/open": open }))
-    )
-  })
+  Effect.sync(() =>
+    Environment.counted(Environment.perChain(layer(settings)), {
+      started: "env/webshop/visits",
+      open: "env/webshop/open"
+    })
+  )

@@ -16,22 +16,10 @@
  *
  * @since 0.1.0
  */
-import { Effect, Stream } from "effect"
-import type { Schema } from "effect"
-import * as ChainFormat from "../../actors/ChainFormat.ts"
 import * as Oracle from "../../actors/Oracle.ts"
-import * as Rollout from "../../actors/Rollout.ts"
 import type * as RolloutChain from "../../actors/RolloutChain.ts"
-import * as ByteTokenizer from "../../src/ByteTokenizer.ts"
-import * as ChatTemplate from "../../src/ChatTemplate.ts"
-import type * as Dataset from "../../src/Dataset.ts"
 import type { Conversation, Message } from "../../src/Message.ts"
-import type * as RolloutError from "../../src/RolloutError.ts"
 import * as Sampling from "../../src/Sampling.ts"
-import type * as Task from "../../src/Task.ts"
-import * as Tokenizer from "../../src/Tokenizer.ts"
-import * as Trajectory from "../../src/Trajectory.ts"
-import * as TrajectoryBuilder from "../../src/TrajectoryBuilder.ts"
 import type * as Catalog from "./Catalog.ts"
 import * as Shop from "./Shop.ts"
 
@@ -257,62 +245,27 @@ const toAction = (name: string, args: unknown): Shop.Action | undefined => {
 /**
  * The chat format the shop's oracle plays through: Qwen2.5's template on the byte-level tokenizer, as the tiny
  * policy's (the runtime leaves the tools' schemas out of the system turn, the task's `renderTools: false`), so
- * that the lengths of the oracle's visits are what a policy's would be.
+ * that the lengths of the oracle's visits are what a policy's would be (`Oracle.byteFormat`).
  *
  * @category constructors
  * @since 0.1.0
  */
-export const format = (): RolloutChain.Format =>
-  ChainFormat.fromTemplate({ tokenizer: byteTokenizer(), template: ChatTemplate.builtinTemplate("qwen2.5") })
-
-const byteTokenizer = () =>
-  Effect.runSync(Tokenizer.make(ByteTokenizer.tokenizerJson(), ByteTokenizer.tokenizerConfig("")))
+export const format = (): RolloutChain.Format => Oracle.byteFormat()
 
 /**
- * The tokens of a whole conversation in that format, as a warm-up step reads it (`TrajectoryBuilder`: a
- * conversation that ends with an observation also gets the next assistant header): the test of whether a
- * demonstration fits a context. A trajectory's own segments cannot say, because the chain cuts them at the budget.
+ * The tokens of a whole conversation in that format, as a warm-up step reads it (`Oracle.contextLength`): the
+ * test of whether a demonstration fits a context.
  *
  * @category getters
  * @since 0.1.0
  */
-export const contextLength = (): (messages: Conversation) => number => {
-  const tokenizer = byteTokenizer()
-  const template = ChatTemplate.builtinTemplate("qwen2.5")
-  return (messages) => {
-    const built = Effect.runSync(TrajectoryBuilder.fromConversation({ tokenizer, template, messages }))
-    return built.segments.reduce((n, segment) => n + Trajectory.segmentLength(segment), 0)
-  }
-}
+export const contextLength = (): (messages: Conversation) => number => Oracle.contextLength()
 
 /**
- * Rolls a policy out on rows of a task through `Rollout.runTaskChat` (the task's tools, environment, episode and
- * reward), one chain per row, `concurrency` at a time, within the task's default turn and context budgets.
+ * Rolls a policy out on rows of a task (`Oracle.rollout`: one chain per row, `concurrency` at a time, within the
+ * task's default turn and context budgets).
  *
  * @category constructors
  * @since 0.1.0
  */
-export const rollout = (options: {
-  readonly task: Task.Task
-  readonly rows: ReadonlyArray<Rollout.TaskRow>
-  readonly policy: Oracle.Policy
-  readonly concurrency?: number | undefined
-  readonly format?: RolloutChain.Format | undefined
-}): Effect.Effect<
-  Array<Trajectory.Trajectory>,
-  RolloutError.RolloutError | Schema.SchemaError | Dataset.DatasetError | Task.TaskError
-> =>
-  Rollout.runTaskChat({
-    task: options.task,
-    rows: options.rows,
-    numChains: 1,
-    maxTurns: options.task.defaults.maxTurns ?? 8,
-    maxContextTokens: options.task.defaults.maxContextTokens,
-    maxConcurrentChains: options.concurrency ?? 64,
-    sampling: { temperature: 1, maxTokens: options.task.defaults.maxNewTokens ?? 96, seed: 1 },
-    format: options.format ?? format()
-  }).pipe(
-    Stream.runCollect,
-    Effect.map((events) => events.flatMap((e) => (e._tag === "Trajectory" ? [e.trajectory] : []))),
-    Effect.provide(Oracle.layer(options.policy))
-  )
+export const rollout = Oracle.rollout

@@ -54,3 +54,16 @@ export const shortConfig = (name: string, data: string, dir: string): string => 
 /** The records of a run's `metrics.jsonl`. */
 export const metricsOf = (output: string): ReadonlyArray<{ readonly phase: string; readonly figures: Record<string, number> }> =>
   readFileSync(join(output, "metrics.jsonl"), "utf8").trim().split("\n").map((l) => JSON.parse(l))
+
+/**
+ * `agentfly eval CONFIG --checkpoint DIR/run/checkpoints/STEP --output DIR/eval.json`: the command's exit and
+ * output, and the written result when it succeeded.
+ */
+export const evalCheckpoint = (config: string, dir: string, step: string) =>
+  Effect.map(
+    agentfly(["eval", config, "--checkpoint", join(dir, "run", "checkpoints", step), "--output", join(dir, "eval.json")]),
+    (run) => ({
+      ...run,
+      result: run.code === 0 ? JSON.parse(readFileSync(join(dir, "eval.json"), "utf8")) as Record<string, any> : undefined
+    })
+  )

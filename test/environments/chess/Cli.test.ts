@@ -17,7 +17,7 @@ import { join } from "node:path"
 import * as Oracle from "../../../actors/Oracle.ts"
 import * as Puzzle from "../../../environments/chess/Puzzle.ts"
 import * as Generate from "../../../examples/chess/generate.ts"
-import { agentfly, metricsOf, shortConfig } from "../../utils/agentfly.ts"
+import { agentfly, evalCheckpoint, metricsOf, shortConfig } from "../../utils/agentfly.ts"
 
 const generated = (options: Partial<Generate.Options>) =>
   Effect.gen(function*() {
@@ -92,16 +92,9 @@ describe("chess from the command line", () => {
       assert.isTrue(train.every((r) => r.figures["learner/applied"] === 1), "both RL steps reached the learner")
       assert.isAbove(train.at(-1)!.figures["env/chess/boards"]!, 8, "the chains played on boards")
       assert.isTrue(train.every((r) => r.figures["env/chess/open"] === 0), "no board outlived its step")
-      const evaluated = yield* agentfly([
-        "eval",
-        config,
-        "--checkpoint",
-        join(dir, "run", "checkpoints", "step-000002"),
-        "--output",
-        join(dir, "eval.json")
-      ])
+      const evaluated = yield* evalCheckpoint(config, dir, "step-000002")
       assert.strictEqual(evaluated.code, 0, evaluated.output)
-      const result = JSON.parse(readFileSync(join(dir, "eval.json"), "utf8"))
+      const result = evaluated.result!
       assert.strictEqual(result.questions, 8)
       assert.isNumber(result.figures["eval/accuracy"])
     }), { timeout: 300_000 })

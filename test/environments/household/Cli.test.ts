@@ -7,12 +7,12 @@
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
-import { existsSync, mkdtempSync, readFileSync } from "node:fs"
+import { existsSync, mkdtempSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as Data from "../../../environments/household/Data.ts"
 import * as Generate from "../../../examples/household/generate.ts"
-import { agentfly, metricsOf, shortConfig } from "../../utils/agentfly.ts"
+import { agentfly, evalCheckpoint, metricsOf, shortConfig } from "../../utils/agentfly.ts"
 
 
 describe("household task on the command line", () => {
@@ -37,16 +37,9 @@ describe("household task on the command line", () => {
       assert.isTrue(train.every((r) => (r.figures["rollout/turns_mean"] ?? 0) > 1), JSON.stringify(train[0]))
       assert.isTrue(train.some((r) => (r.figures["rollout/reward_mean"] ?? 0) > 0), JSON.stringify(train[0]))
 
-      const evaluated = yield* agentfly([
-        "eval",
-        config,
-        "--checkpoint",
-        join(dir, "run", "checkpoints", "step-000004"),
-        "--output",
-        join(dir, "eval.json")
-      ])
+      const evaluated = yield* evalCheckpoint(config, dir, "step-000004")
       assert.strictEqual(evaluated.code, 0, evaluated.output)
       assert.match(evaluated.output, /held-out accuracy [\d.]+/)
-      assert.strictEqual(JSON.parse(readFileSync(join(dir, "eval.json"), "utf8")).questions, 16)
+      assert.strictEqual(evaluated.result!["questions"], 16)
     }).pipe(Effect.provide(NodeServices.layer)), 300_000)
 })

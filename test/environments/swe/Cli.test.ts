@@ -14,7 +14,7 @@ import { existsSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as Generate from "../../../examples/swe/generate.ts"
-import { agentfly, metricsOf, shortConfig } from "../../utils/agentfly.ts"
+import { agentfly, evalCheckpoint, metricsOf, shortConfig } from "../../utils/agentfly.ts"
 
 const generated = (options: Partial<Generate.Options>) =>
   Effect.gen(function*() {
@@ -67,15 +67,8 @@ describe("swe from the command line", () => {
       assert.isTrue(train.every((r) => r.figures["learner/applied"] === 1), "both RL steps reached the learner")
       assert.isAbove(train.at(-1)!.figures["env/harbor/leases"]!, 3, "the chains leased containers")
       assert.isTrue(train.every((r) => r.figures["env/harbor/in_use"] === 0), "no container outlived its step")
-      const evaluated = yield* agentfly([
-        "eval",
-        config,
-        "--checkpoint",
-        join(dir, "run", "checkpoints", "step-000002"),
-        "--output",
-        join(dir, "eval.json")
-      ])
+      const evaluated = yield* evalCheckpoint(config, dir, "step-000002")
       assert.strictEqual(evaluated.code, 0, evaluated.output)
-      assert.strictEqual(JSON.parse(readFileSync(join(dir, "eval.json"), "utf8")).questions, 4)
+      assert.strictEqual(evaluated.result!.questions, 4)
     }), { timeout: 300_000 })
 })

@@ -20,7 +20,7 @@ import * as ChatTemplate from "../../../src/ChatTemplate.ts"
 import * as Tokenizer from "../../../src/Tokenizer.ts"
 import * as Trajectory from "../../../src/Trajectory.ts"
 import * as TrajectoryBuilder from "../../../src/TrajectoryBuilder.ts"
-import { agentfly, metricsOf, shortConfig } from "../../utils/agentfly.ts"
+import { agentfly, evalCheckpoint, metricsOf, shortConfig } from "../../utils/agentfly.ts"
 
 const tokenizer = Effect.runSync(Tokenizer.make(ByteTokenizer.tokenizerJson(), ByteTokenizer.tokenizerConfig("")))
 
@@ -80,17 +80,10 @@ describe("webshop from the command line", () => {
       assert.isTrue(train.every((r) => r.figures["learner/applied"] === 1), "both RL steps reached the learner")
       assert.isAbove(train.at(-1)!.figures["env/webshop/visits"]!, 8, "the chains visited the shop")
       assert.isTrue(train.every((r) => r.figures["env/webshop/open"] === 0), "no visit outlived its step")
-      const evaluated = yield* agentfly([
-        "eval",
-        config,
-        "--checkpoint",
-        join(dir, "run", "checkpoints", "step-000002"),
-        "--output",
-        join(dir, "eval.json")
-      ])
+      const evaluated = yield* evalCheckpoint(config, dir, "step-000002")
       assert.strictEqual(evaluated.code, 0, evaluated.output)
       assert.match(evaluated.output, /held-out accuracy [\d.]+/)
-      const result = JSON.parse(readFileSync(join(dir, "eval.json"), "utf8"))
+      const result = evaluated.result!
       assert.strictEqual(result.questions, 4)
       assert.isNumber(result.figures["eval/accuracy"])
       assert.isNumber(result.figures["eval/reward_mean"])
