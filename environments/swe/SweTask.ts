@@ -10,7 +10,8 @@
  * seeded bug-fix tasks; any Harbor folders whose `FROM` image exists locally run the same way.
  *
  * Options (`{ "name": "swe", "options": { … } }`): `root`, `pool` (containers at once, default 16), `maxSteps`
- * (actions, default 12), `shellTimeoutMillis` (default 10 s), `maxOutputChars` (default 2,000), `toolCallFormat`
+ * (actions, default 12), `shellTimeoutMillis` (default 10 s), `maxOutputChars` (default 2,000), `transport`
+ * (`attach`, default, or `exec`: how actions reach the container, see `Workspace.Settings`), `toolCallFormat`
  * (weight of a format term added to the verifier's reward, default 0).
  *
  * @since 0.1.0
@@ -41,6 +42,7 @@ export const Options = Schema.Struct({
   maxSteps: Schema.optionalKey(Positive),
   shellTimeoutMillis: Schema.optionalKey(Positive),
   maxOutputChars: Schema.optionalKey(Positive),
+  transport: Schema.optionalKey(Schema.Literals(["attach", "exec"])),
   toolCallFormat: Schema.optionalKey(Schema.Number.check(Schema.isGreaterThanOrEqualTo(0)))
 })
 export type Options = typeof Options.Type
@@ -191,7 +193,8 @@ export const settings = (options: Options): Workspace.Settings => ({
   pool: options.pool ?? Workspace.defaultSettings.pool,
   shellTimeoutMillis: options.shellTimeoutMillis ?? Workspace.defaultSettings.shellTimeoutMillis,
   maxOutputChars: options.maxOutputChars ?? Workspace.defaultSettings.maxOutputChars,
-  maxSteps: options.maxSteps ?? Workspace.defaultSettings.maxSteps
+  maxSteps: options.maxSteps ?? Workspace.defaultSettings.maxSteps,
+  transport: options.transport ?? Workspace.defaultSettings.transport
 })
 
 /**

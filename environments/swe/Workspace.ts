@@ -44,6 +44,13 @@ export interface Settings {
   readonly maxOutputChars: number
   /** Actions before the episode ends (default 12). */
   readonly maxSteps: number
+  /**
+   * How actions reach the container (default `attach`): `attach` sends each as a line to a small `sh` supervisor,
+   * the container's main process, over its attached stdio (no engine work per action; the image needs `base64`
+   * and `timeout`, as coreutils and busybox have); `exec` makes one engine exec per action (≈ 100 ms of the
+   * engine's CPU each).
+   */
+  readonly transport: "attach" | "exec"
 }
 
 /**
@@ -55,7 +62,8 @@ export const defaultSettings: Settings = {
   pool: 16,
   shellTimeoutMillis: 10_000,
   maxOutputChars: 2_000,
-  maxSteps: 12
+  maxSteps: 12,
+  transport: "attach"
 }
 
 /**
@@ -168,7 +176,7 @@ export const make = (ready: Ready, settings: Settings): Workspace["Service"] => 
   let submitted = false
   const exec = (cmd: ReadonlyArray<string>, options: Docker.ExecOptions = {}) =>
     Effect.flatMap(ready, ({ lease, task }) =>
-      lease.use((c) => c.exec(cmd, options)).pipe(
+      lease.use((c) => (c.stdio === undefined ? c.exec(cmd, options) : attached(c.stdio, task.name, cmd, options))).pipe(
         Effect.mapError((e) =>
           e instanceof Environment.EnvError
             ? e
@@ -194,7 +202,7 @@ export const make = (ready: Ready, settings: Settings): Workspace["Service"] => 
     Effect.flatMap(exec(["cat", "--", path], { maxOutputBytes: 1 << 20 }), (r) =>
       r.exitCode === 0
         ? Effect.succeed(r.stdout)
-        : invalid("read", `cannot read ${path}: ${r.stderr.trim().replace(/^cat: /, "")}`))
+        : invalid("read", `cannot read ${path}: ${(r.stderr || r.stdout).trim().replace(/^cat: /, "")}`))
   return {
     settings,
     shell: (cmd) =>
@@ -218,7 +226,9 @@ export const make = (ready: Ready, settings: Settings): Workspace["Service"] => 
         }
         const next = text.slice(0, first) + replacement + text.slice(first + old.length)
         const written = yield* exec(["sh", "-c", `cat > ${quote(path)}`], { stdin: next })
-        if (written.exitCode !== 0) return yield* invalid("edit", `cannot write ${path}: ${written.stderr.trim()}`)
+        if (written.exitCode !== 0) {
+          return yield* invalid("edit", `cannot write ${path}: ${(written.stderr || written.stdout).trim()}`)
+        }
         return `edited ${path}`
       }),
     submit: Effect.andThen(step("submit"), Effect.sync(() => {
@@ -258,6 +268,87 @@ export const make = (ready: Ready, settings: Settings): Workspace["Service"] => 
       return { reward, exitCode, output }
     })
   }
+}
+
+// ===== The attach transport =====
+
+/**
+ * The container's main process with the `attach` transport: one request a line (`id timeout command stdin`, the
+ * last two base64), run in a subshell in the working directory under `timeout`, stdout and stderr together in a file
+ * that is answered as one line (`id exit output`, the output's first 64 KiB base64). One request at a time: a
+ * chain acts in turn.
+ */
+const supervisor = (workdir: string) =>
+  [
+    "while IFS=' ' read -r id t c i; do",
+    "  printf '%s' \"$c\" | base64 -d > /tmp/.agentfly-cmd",
+    "  if [ \"$i\" = - ]; then : > /tmp/.agentfly-in; else printf '%s' \"$i\" | base64 -d > /tmp/.agentfly-in; fi",
+    `  (cd ${quote(workdir)} && timeout -k 1 "$t" sh /tmp/.agentfly-cmd < /tmp/.agentfly-in > /tmp/.agentfly-out 2>&1)`,
+    "  code=$?",
+    "  printf '%s %s ' \"$id\" \"$code\"; head -c 65536 /tmp/.agentfly-out | base64 | tr -d '\\n'; printf '\\n'",
+    "done"
+  ].join("\n")
+
+let nextRequest = 0
+
+/** The pending requests of each channel, answered by one line handler installed with the first request. */
+const pendingOf = new WeakMap<Docker.LineChannel, Map<string, (line: string | undefined) => void>>()
+
+const pending = (channel: Docker.LineChannel) => {
+  let map = pendingOf.get(channel)
+  if (map !== undefined) return map
+  const requests = new Map<string, (line: string | undefined) => void>()
+  channel.onLine((line) => {
+    const id = line.slice(0, line.indexOf(" "))
+    const resume = requests.get(id)
+    if (resume === undefined) return
+    requests.delete(id)
+    resume(line)
+  })
+  channel.onClose(() => {
+    for (const resume of requests.values()) resume(undefined)
+    requests.clear()
+  })
+  pendingOf.set(channel, (map = requests))
+  return map
+}
+
+/** One action over the supervisor: the same result as an exec (stdout and stderr together in `stdout`). */
+const attached = (
+  channel: Docker.LineChannel,
+  name: string,
+  cmd: ReadonlyArray<string>,
+  options: Docker.ExecOptions
+): Effect.Effect<Docker.ExecResult, Environment.EnvError> => {
+  const env = `harbor:${name}`
+  const seconds = Math.max(1, Math.ceil((options.timeoutMillis ?? 600_000) / 1000))
+  const b64 = (text: string) => (text.length === 0 ? "-" : Buffer.from(text).toString("base64"))
+  const id = `r${nextRequest++}`
+  const request = `${id} ${seconds} ${b64(cmd.map(quote).join(" "))} ${b64(options.stdin ?? "")}`
+  const fail = (reason: "Crashed" | "Timeout", message: string) =>
+    new Environment.EnvError({ env, method: "exec", reason, message })
+  return Effect.callback<Docker.ExecResult, Environment.EnvError>((resume) => {
+    if (!channel.isOpen()) return resume(Effect.fail(fail("Crashed", "the container's stdio closed")))
+    const requests = pending(channel)
+    requests.set(id, (line) => {
+      if (line === undefined) return resume(Effect.fail(fail("Crashed", "the container's stdio closed")))
+      const [, code, output = ""] = line.split(" ")
+      const text = Buffer.from(output, "base64").toString("utf8").slice(0, options.maxOutputBytes ?? 1 << 20)
+      resume(Effect.succeed({ stdout: text, stderr: "", exitCode: Number(code) }))
+    })
+    channel.send(request)
+    return Effect.sync(() => void requests.delete(id))
+  }).pipe(
+    Effect.timeoutOrElse({
+      duration: seconds * 1000 + 5_000,
+      orElse: () => Effect.fail(fail("Crashed", "the container stopped answering"))
+    }),
+    Effect.flatMap((r) =>
+      r.exitCode === 124 || r.exitCode === 137
+        ? Effect.fail(fail("Timeout", `exceeded ${options.timeoutMillis} ms`))
+        : Effect.succeed(r)
+    )
+  )
 }
 
 const marker = "\n@@agentfly-verifier@@"
@@ -349,7 +440,11 @@ export const provider = (
         if (known !== undefined) return known
         const tag = yield* image(task)
         const s = yield* Effect.orDie(spec(task, tag, settings))
-        const backend = yield* Docker.backend({ cmd: ["sleep", "infinity"], workingDir: task.workdir })
+        const backend = yield* Docker.backend(
+          settings.transport === "attach"
+            ? { cmd: ["sh", "-c", supervisor(task.workdir)], workingDir: task.workdir, attachStdio: true }
+            : { cmd: ["sleep", "infinity"], workingDir: task.workdir }
+        )
         const resource = Resource.resource(s, backend)
         backends.set(task.digest, resource)
         return resource

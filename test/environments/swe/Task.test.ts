@@ -133,7 +133,7 @@ describe("swe task (Harbor folders, Docker)", () => {
       const [t] = yield* Oracle.rollout({ task, rows: rows.slice(0, 1), policy: killer })
       const seen = tools(t!)
       // The call that found the container dead is told so (its work is lost); the next runs on a fresh container.
-      assert.match(seen[1]!, /^Error: .*is not running/)
+      assert.match(seen[1]!, /^Error: .*(is not running|stdio closed)/)
       assert.match(seen[2]!, /^exit 0\n[0-9a-f]{12}\n$/)
       assert.notStrictEqual(seen[2], seen[0], "a new container")
       assert.strictEqual(t!.episodeEnd, "submitted")
@@ -158,6 +158,47 @@ describe("swe task (Harbor folders, Docker)", () => {
       assert.match(both[0]!.error!, /^EnvFailed: episode start: building .*broken\/environment: /)
       assert.strictEqual(containers(), "", "no container outlived its chain")
     }).pipe(Effect.provide(NodeServices.layer)), { timeout: 300_000 })
+
+  it.effect("actions go over the container's attached stdio (no engine exec); the exec transport runs the same", () =>
+    Effect.gen(function*() {
+      const tasks = yield* Effect.promise(() => loaded)
+      const execs: Array<string> = []
+      // Asks the container's name, then counts the engine's execs in it, then solves the task as the oracle does.
+      const fixer = HarborOracle.oracle(tasks)
+      const policy = (messages: Conversation) => {
+        const turn = messages.filter((m) => m.role === "assistant").length
+        if (turn === 0) return { toolCalls: [Oracle.call(messages, "shell", { cmd: "hostname" })] }
+        if (turn === 1) {
+          const id = Oracle.text(messages.at(-1)).split("\n")[1]!
+          // The engine's exec_start events in this container since it was created.
+          const events = execFileSync("docker", [
+            "events",
+            "--since",
+            execFileSync("docker", ["inspect", "-f", "{{.Created}}", id], { encoding: "utf8" }).trim(),
+            "--until",
+            new Date().toISOString(),
+            "--filter",
+            `container=${id}`,
+            "--filter",
+            "event=exec_start",
+            "--format",
+            "x"
+          ], { encoding: "utf8" })
+          execs.push(String(events.split("\n").filter((l) => l === "x").length))
+        }
+        return fixer(messages.filter((_, i) => i < 3 || i > 4))
+      }
+      const viaStdio = yield* Oracle.rollout({ task, rows: rows.slice(0, 2), policy })
+      const viaExec = yield* Oracle.rollout({
+        task: SweTask.make({ root, transport: "exec" }),
+        rows: rows.slice(0, 2),
+        policy
+      })
+      assert.deepStrictEqual(viaStdio.map((t) => t.reward), [1, 1])
+      assert.deepStrictEqual(viaExec.map((t) => t.reward), [1, 1])
+      assert.deepStrictEqual(execs.slice(0, 2), ["0", "0"], "attach: no exec in the container")
+      assert.isTrue(execs.slice(2).every((n) => Number(n) >= 2), `exec: one per action (${execs.slice(2)})`)
+    }), { timeout: 300_000 })
 
   it.effect("resolves as the built-in task swe, with options checked strictly", () =>
     Effect.gen(function*() {
