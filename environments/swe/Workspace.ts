@@ -8,8 +8,9 @@
  *   tasks with the same environment share an image and a second run builds nothing.
  * - **Containers.** One per chain (`Resource` spec `harbor-<digest>`, scope `chain`, `recreate` on release: an
  *   agent's edits never reach another chain), no network, every capability dropped, seccomp, the task's memory and
- *   CPUs (default 1 GiB, 1 CPU), 256 processes; the main process sleeps and every action is one `exec` in the task's
- *   working directory.
+ *   CPUs (default 1 GiB, 1 CPU), 256 processes. Actions go to a `sh` supervisor, the container's main process, over
+ *   its attached stdio (`transport: "attach"`, default), or one engine `exec` each (`"exec"`), in the task's working
+ *   directory.
  * - **Verifier** (Harbor's contract): after the episode the task's `tests/` are copied to `/tests`, `test.sh` runs
  *   (bash, else sh) within the task's verifier timeout, and the reward is the number in
  *   `/logs/verifier/reward.txt` (or `reward.json`'s `reward`). A verifier that writes neither fails typed.
