@@ -84,7 +84,8 @@ export const defaults = (view: Board.View = "board"): Task.Defaults => ({
   systemPrompt,
   renderTools: false,
   maxTurns: 4,
-  maxNewTokens: 48,
+  // A move call is ≈ 70 byte-level tokens (`<tool_call>` and its JSON): 48 cut every turn short.
+  maxNewTokens: 96,
   maxContextTokens: view === "board" ? 2048 : 512
 })
 
