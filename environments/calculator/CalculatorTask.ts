@@ -32,10 +32,7 @@ export const Options = Schema.Struct({
  * @since 0.1.0
  */
 export const reward = (formatWeight: number): Reward.Reward<never> =>
-  formatWeight === 0 ? MathEqual.mathEqual : Reward.combine(`1·mathEqual + ${formatWeight}·toolCallFormat`, [
-    { reward: MathEqual.mathEqual, weight: 1 },
-    { reward: ToolCallFormat.toolCallFormat, weight: formatWeight }
-  ])
+  ToolCallFormat.withFormat(MathEqual.mathEqual, formatWeight, "1·mathEqual")
 
 /**
  * The calculator task with a format weight.

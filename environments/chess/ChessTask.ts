@@ -173,10 +173,7 @@ export const puzzle = Reward.make("chess", {
  * @since 0.1.0
  */
 export const reward = (formatWeight: number) =>
-  formatWeight === 0 ? puzzle : Reward.combine(`chess + ${formatWeight}·toolCallFormat`, [
-    { reward: puzzle, weight: 1 },
-    { reward: ToolCallFormat.toolCallFormat, weight: formatWeight }
-  ])
+  ToolCallFormat.withFormat(puzzle, formatWeight)
 
 // ===== Task =====
 

@@ -86,3 +86,16 @@ export const make = (marker: string) =>
  * @since 0.1.0
  */
 export const toolCallFormat = make("<tool_call>")
+
+/**
+ * `reward`, or with weight `w > 0` the sum `reward + w·toolCallFormat` named `<name> + <w>·toolCallFormat`: the
+ * format term a task's `toolCallFormat` option adds (a signal for well-formed calls while every answer is wrong).
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const withFormat = <R>(reward: Reward.Reward<R>, w: number, name: string = reward.name): Reward.Reward<R> =>
+  w === 0 ? reward : Reward.combine(`${name} + ${w}·toolCallFormat`, [
+    { reward, weight: 1 },
+    { reward: toolCallFormat, weight: w }
+  ])

@@ -116,10 +116,7 @@ export const answered = (qa: Reward.Reward<never>) =>
 export const reward = (options: Pick<Options, "reward" | "toolCallFormat">) => {
   const qa = answered(options.reward === "f1" ? Qa.f1 : Qa.exactMatch)
   const w = options.toolCallFormat ?? 0
-  return w === 0 ? qa : Reward.combine(`qa + ${w}·toolCallFormat`, [
-    { reward: qa, weight: 1 },
-    { reward: ToolCallFormat.toolCallFormat, weight: w }
-  ])
+  return ToolCallFormat.withFormat(qa, w, "qa")
 }
 
 /** A trajectory is correct when its answer matches a reference exactly (under either QA reward). */

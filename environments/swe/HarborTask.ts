@@ -149,16 +149,3 @@ export const load = Effect.fnUntraced(function*(folder: string) {
   }
   return task
 })
-
-/**
- * The task folders directly under `root` (those with a `task.toml`), sorted by name.
- *
- * @category constructors
- * @since 0.1.0
- */
-export const list = Effect.fnUntraced(function*(root: string) {
-  const fs = yield* FileSystem.FileSystem
-  const entries = yield* fs.readDirectory(root)
-  const folders = yield* Effect.filter(entries, (e) => fs.exists(`${root}/${e}/task.toml`))
-  return [...folders].sort()
-})

@@ -175,10 +175,7 @@ export const verifier = Reward.make("harbor", {
  * @since 0.1.0
  */
 export const reward = (formatWeight: number) =>
-  formatWeight === 0 ? verifier : Reward.combine(`harbor + ${formatWeight}·toolCallFormat`, [
-    { reward: verifier, weight: 1 },
-    { reward: ToolCallFormat.toolCallFormat, weight: formatWeight }
-  ])
+  ToolCallFormat.withFormat(verifier, formatWeight)
 
 // ===== Task =====
 

@@ -17,7 +17,6 @@
  * @since 0.1.0
  */
 import { Effect, Schema } from "effect"
-import * as Reward from "../../src/Reward.ts"
 import * as Task from "../../src/Task.ts"
 import * as ToolCallFormat from "../rewards/ToolCallFormat.ts"
 import * as Catalog from "./Catalog.ts"
@@ -108,10 +107,7 @@ export const settings = (options: Options): Shop.Settings => ({
  * @since 0.1.0
  */
 export const reward = (formatWeight: number) =>
-  formatWeight === 0 ? Score.webshop : Reward.combine(`webshop + ${formatWeight}·toolCallFormat`, [
-    { reward: Score.webshop, weight: 1 },
-    { reward: ToolCallFormat.toolCallFormat, weight: formatWeight }
-  ])
+  ToolCallFormat.withFormat(Score.webshop, formatWeight)
 
 const state = Effect.flatMap(Shop.Shop, (shop) => Effect.map(shop.state, (s) => [s, shop.settings] as const))
 
