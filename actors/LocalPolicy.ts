@@ -19,6 +19,7 @@ import * as LrSchedule from "../src/LrSchedule.ts"
 import type * as ModelFolder from "../src/ModelFolder.ts"
 import type * as Qwen2 from "../src/model/Qwen2.ts"
 import * as OnnxTrainer from "../src/backends/OnnxTrainer.ts"
+import * as RemoteTrainer from "../src/backends/RemoteTrainer.ts"
 import * as Optimizer from "../src/Optimizer.ts"
 import * as Packing from "../src/Packing.ts"
 import * as PolicyTrainer from "../src/PolicyTrainer.ts"
@@ -37,6 +38,9 @@ const learnerError = (e: { readonly message: string }) => new TrainerError({ rea
 const nonFinite = (message: string) => new TrainerError({ reason: "NonFinite", message })
 const checkpointError = (e: { readonly message: string }) =>
   new TrainerError({ reason: DiskFull.isDiskFull(e) ? "DiskFull" : "Checkpoint", message: e.message })
+
+/** The trainer's current weights; a remote trainer that cannot send them stops the run. */
+const weightsOf = (trainer: PolicyTrainer.PolicyTrainer["Service"]) => Effect.mapError(trainer.weights, learnerError)
 
 const groupRelative = new Set<TrainConfig.AdvantageEstimator>(["grpo", "grpo-no-std", "rloo"])
 
@@ -148,6 +152,14 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
   const rlLoss = lossConfig(algorithm, config.agent.temperature)
   // Each trainer lives in its own scope, closed when the next one replaces it (its sessions and worker threads go).
   const runScope = yield* Effect.scope
+  // `learner.url`: the learner's steps run in an `agentfly trainer` process (here or on another machine).
+  const remote = config.learner.url === undefined ? undefined : {
+    url: config.learner.url,
+    token: process.env["AGENTFLY_TRAINER_TOKEN"] || undefined,
+    model: folder.config,
+    parameters: model.parameters,
+    workers: config.learner.workers
+  }
   let trainerScope: Scope.Closeable | undefined
   const makeTrainer = (
     weights: PolicyTrainer.Weights,
@@ -158,26 +170,29 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
       if (trainerScope !== undefined) yield* Scope.close(trainerScope, Exit.void)
       trainerScope = yield* Scope.fork(runScope)
       return trainerScope
-    }).pipe(Effect.flatMap((scope) => OnnxTrainer.make({
-      model,
-      weights,
-      loss,
-      optimizer,
-      schedule,
-      workers: config.learner.workers,
-      // One intra-op thread: onnxruntime's multi-threaded kernels do not sum in a fixed order, so with two threads
-      // the same step on the same batch gave different weights from run to run (and a resumed run other weights
-      // than the unbroken one). Parallelism comes from `learner.workers`, which split rows, not sums.
-      intraOpThreads: options.intraOpThreads ?? 1
-    }).pipe(
-      // The trainer's own scope inside `fsContext`, which carries the run's: provided outside, the run's scope won
-      // and every replaced trainer kept its sessions and worker threads until the run ended (measured: the warm-up's
-      // two workers and their sessions, 300–500 MB, held through RL).
-      Effect.provideService(Scope.Scope, scope),
-      Effect.map((t) => t.trainer),
-      Effect.mapError(learnerError),
-      Effect.provide(fsContext)
-    )))
+    }).pipe(Effect.flatMap((scope) =>
+      (remote === undefined
+        ? OnnxTrainer.make({
+          model,
+          weights,
+          loss,
+          optimizer,
+          schedule,
+          workers: config.learner.workers,
+          // One intra-op thread: onnxruntime's multi-threaded kernels do not sum in a fixed order, so with two
+          // threads the same step on the same batch gave different weights from run to run (and a resumed run other
+          // weights than the unbroken one). Parallelism comes from `learner.workers`, which split rows, not sums.
+          intraOpThreads: options.intraOpThreads ?? 1
+        }).pipe(Effect.map((t) => t.trainer))
+        : RemoteTrainer.make({ ...remote, weights, loss, optimizer, schedule })).pipe(
+          // The trainer's own scope inside `fsContext`, which carries the run's: provided outside, the run's scope
+          // won and every replaced trainer kept its sessions and worker threads until the run ended (measured: the
+          // warm-up's two workers and their sessions, 300–500 MB, held through RL).
+          Effect.provideService(Scope.Scope, scope),
+          Effect.mapError(learnerError),
+          Effect.provide(fsContext)
+        )
+    ))
   const rlSchedule = algorithm.lrSchedule === "cosine"
     ? LrSchedule.cosine(algorithm.lr, { warmupSteps: algorithm.lrWarmupSteps, totalSteps: algorithm.steps })
     : LrSchedule.constant(algorithm.lr, algorithm.lrWarmupSteps)
@@ -206,11 +221,23 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
     | { readonly weights: PolicyTrainer.Weights; readonly logprobs: NonNullable<Learner.Options["reference"]> }
     | undefined
   const setReference = (weights: PolicyTrainer.Weights) =>
-    OnnxTrainer.makeReference(model, weights, { intraOpThreads: options.intraOpThreads ?? 1 }).pipe(
-      Effect.map((logprobs) => void (reference = { weights, logprobs })),
-      Effect.mapError(learnerError),
-      Effect.provide(fsContext)
-    )
+    (remote === undefined
+      ? OnnxTrainer.makeReference(model, weights, { intraOpThreads: options.intraOpThreads ?? 1 })
+      : Effect.map(
+        RemoteTrainer.make({
+          ...remote,
+          name: "reference",
+          weights,
+          loss: Loss.sft,
+          optimizer,
+          schedule: LrSchedule.constant(0)
+        }).pipe(Effect.provideService(Scope.Scope, runScope)),
+        (frozen) => frozen.logprobs
+      )).pipe(
+        Effect.map((logprobs) => void (reference = { weights, logprobs })),
+        Effect.mapError(learnerError),
+        Effect.provide(fsContext)
+      )
   const referenceFile = (dir: string) => `${dir}/reference.safetensors`
   const saveReference = (dir: string) =>
     Effect.gen(function*() {
@@ -243,7 +270,7 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
     const schedule = warmup.lrSchedule === "cosine"
       ? LrSchedule.cosine(warmup.lr, { warmupSteps: warmup.warmupSteps, totalSteps: warmup.steps, minLr: warmup.minLr })
       : LrSchedule.constant(warmup.lr, warmup.warmupSteps)
-    trainer = yield* makeTrainer(yield* trainer.weights, Loss.sft, schedule)
+    trainer = yield* makeTrainer(yield* weightsOf(trainer), Loss.sft, schedule)
     phase = "sft"
   })
 
@@ -263,7 +290,7 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
   // A step that left a weight NaN or infinite (a learning rate too large, an overflow) stops the run before the
   // weights are published, journaled or saved.
   const finiteWeights = (after: string) =>
-    Effect.flatMap(Effect.suspend(() => trainer.weights), (weights) => {
+    Effect.flatMap(Effect.suspend(() => weightsOf(trainer)), (weights) => {
       const bad = Checkpoint.firstNonFinite(weights)
       return bad === undefined
         ? Effect.void
@@ -333,11 +360,11 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
         // The end of the warm-up (a negative version is one of its checks): the RL trainer starts from the SFT
         // weights with a fresh optimiser.
         if (phase === "sft" && v >= 0) {
-          trainer = yield* makeTrainer(yield* trainer.weights, rlLoss, rlSchedule)
+          trainer = yield* makeTrainer(yield* weightsOf(trainer), rlLoss, rlSchedule)
           phase = "rl"
         }
         // RL starts from version 0: the KL term's reference is frozen there (a resumed run loaded it instead).
-        if (algorithm.klCoef > 0 && reference === undefined && v >= 0) yield* setReference(yield* trainer.weights)
+        if (algorithm.klCoef > 0 && reference === undefined && v >= 0) yield* setReference(yield* weightsOf(trainer))
         version = v
         const last = newest()
         if (v < last.version || (v === last.version && dirty)) {
@@ -347,7 +374,7 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
           })
         }
         if (v === last.version) return
-        const weights = dirty ? (yield* trainer.weights) as Qwen2.Weights : last.weights
+        const weights = dirty ? (yield* weightsOf(trainer)) as Qwen2.Weights : last.weights
         if (servers !== undefined) yield* servers.push(v, weights)
         published.push({ version: v, weights })
         if (published.length > retained) published.shift()
@@ -382,7 +409,7 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
         Effect.asVoid,
         Effect.mapError(checkpointError)
       ),
-    fingerprint: Effect.map(Effect.suspend(() => trainer.weights), fingerprintOf),
+    fingerprint: Effect.map(Effect.suspend(() => weightsOf(trainer)), fingerprintOf),
     figures: servers?.figures
   })
   // The ambient sampler (for callers outside a run's pipeline): one engine, built on first use, following the newest

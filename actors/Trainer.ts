@@ -129,7 +129,7 @@ export class Policy extends Context.Service<Policy, {
   readonly save: (dir: string) => Effect.Effect<void, TrainerError>
   readonly load: (dir: string) => Effect.Effect<void, TrainerError>
   /** A fingerprint of the learner's weights (journaled after every step). */
-  readonly fingerprint: Effect.Effect<string>
+  readonly fingerprint: Effect.Effect<string, TrainerError>
   /** Figures of the policy's own machinery for a step's metrics (inference servers: `servers/…`), if any. */
   readonly figures?: Effect.Effect<Figures> | undefined
 }>()("agentfly/actors/Trainer/Policy") {}

@@ -17,6 +17,7 @@ import { serve } from "./serve.ts"
 import { report } from "./report.ts"
 import { rolloutWorker } from "./rolloutWorker.ts"
 import { tokens } from "./tokens.ts"
+import { trainer } from "./trainer.ts"
 import { train } from "./train.ts"
 
 /**
@@ -31,6 +32,7 @@ const subcommands = [
   rolloutWorker,
   gateway,
   train,
+  trainer,
   evaluate,
   report,
   tokens

@@ -80,7 +80,9 @@ export const PolicyTrainerErrorReason = Schema.Literals([
   "Run", // onnxruntime failed while running
   "NonFiniteGradient", // NaN/Inf gradients: the update was skipped and the accumulators cleared
   "NothingAccumulated", // optimStep without a forwardBackward since the last step
-  "Checkpoint" // saving or loading failed
+  "Checkpoint", // saving or loading failed
+  "Unavailable", // a remote trainer could not be reached (for longer than its retry window)
+  "Remote" // a remote trainer refused the call or lost the run's state (it restarted): resume from a checkpoint
 ])
 export type PolicyTrainerErrorReason = typeof PolicyTrainerErrorReason.Type
 
@@ -117,10 +119,10 @@ export class PolicyTrainer extends Context.Service<PolicyTrainer, {
   readonly optimStep: Effect.Effect<OptimResult, PolicyTrainerError>
   /** Clears the accumulated gradients without an update (a step abandoned half-way must not leak into the next). */
   readonly discard: Effect.Effect<void>
-  /** A snapshot copy of the current weights. */
-  readonly weights: Effect.Effect<Weights>
+  /** A snapshot copy of the current weights (a remote trainer may fail to send them). */
+  readonly weights: Effect.Effect<Weights, PolicyTrainerError>
   /** Optimiser steps applied so far. */
-  readonly step: Effect.Effect<number>
+  readonly step: Effect.Effect<number, PolicyTrainerError>
   /** Writes weights, optimiser state, step and `meta` to a checkpoint directory. */
   readonly save: (dir: string, meta: CheckpointMeta) => Effect.Effect<void, PolicyTrainerError>
   /** Restores a checkpoint written by `save`; returns its meta. */

@@ -222,8 +222,16 @@ export const CheckpointConfig = Schema.Struct({
   keep: withDefault(IntIn(1, 1_000), 2)
 })
 
+/** An HTTP(S) address of a server or worker. */
+const ApiRoot = Schema.String.check(
+  Schema.makeFilter((url) =>
+    /^https?:\/\/[^/\s]+/.test(url) ||
+    `expected an http(s) address such as http://10.0.0.2:8000/v1, got ${JSON.stringify(url)}`
+  )
+)
+
 /**
- * The local learner's engine settings. `workers` splits each micro-batch's rows over that many threads, each
+ * The learner's settings. `workers` splits each micro-batch's rows over that many threads, each
  * running its share on its own core (`OnnxTrainer.Options.workers`; 1 = everything on the main thread).
  *
  * @category models
@@ -246,16 +254,16 @@ export const LearnerConfig = Schema.Struct({
    * recorded in `BENCHMARKS.md` set it to false so that they repeat to the digit). Default true: the calculator
    * demo's learner steps take 0.54–0.58 s instead of 0.63 s.
    */
-  sharePrefix: withDefault(Schema.Boolean, true)
+  sharePrefix: withDefault(Schema.Boolean, true),
+  /**
+   * A trainer server (`agentfly trainer`, here or on another machine, `http://HOST:PORT/v1`) that runs the
+   * learner's forward/backward passes and optimiser steps instead of this process (`RemoteTrainer`): the run sends it
+   * the packed micro-batches and gets the weights back to publish. Checkpoints stay in the run's folder. A step
+   * computes the same numbers as a local one (same code, one intra-op thread), so a run repeats to the digit either
+   * way when the server has the same `workers`. With `AGENTFLY_TRAINER_TOKEN` set, requests bear it.
+   */
+  url: Schema.optionalKey(ApiRoot)
 })
-
-/** An HTTP(S) address of a server or worker. */
-const ApiRoot = Schema.String.check(
-  Schema.makeFilter((url) =>
-    /^https?:\/\/[^/\s]+/.test(url) ||
-    `expected an http(s) address such as http://10.0.0.2:8000/v1, got ${JSON.stringify(url)}`
-  )
-)
 
 /**
  * The local policy engine. `thread: true` runs it on a worker thread of its own (`actors/EngineThread.ts`): it

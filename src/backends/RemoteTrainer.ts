@@ -1,0 +1,262 @@
+/**
+ * A `PolicyTrainer` in another process: the client of `agentfly trainer` (`actors/TrainerServer.ts`), so that a
+ * run's learner steps can run on another machine (a GPU box, a larger CPU host) while chains, tools and rewards run
+ * here. Every call of the service is one HTTP request whose body and reply are frames of typed arrays
+ * (`internal/trainerWire.ts`): micro-batches go as their bytes, logprobs and weights come back as theirs.
+ *
+ * - **Exactly once.** Calls of a trainer are numbered; a call whose connection broke (refused, reset, a 502/503 on
+ *   the way) is sent again with its number until `retryMillis` have passed, and the server answers a number it has
+ *   already run with the reply it gave, so a step is never applied twice nor lost.
+ * - **A trainer that lost its state** (the server restarted, or another run took the name over) answers with an
+ *   unknown session: the call fails `Remote`, naming the fix (resume the run from its last checkpoint). One that
+ *   stays unreachable fails `Unavailable`.
+ * - **Checkpoints stay with the run**: `save` brings the trainer's checkpoint files (weights, AdamW moments, state)
+ *   into `dir` here, `load` sends them back, so `--resume` works whichever trainer serves the resumed run.
+ *
+ * @since 0.1.0
+ */
+import { Effect, FileSystem, Scope, Semaphore } from "effect"
+import { randomUUID } from "node:crypto"
+import * as ModelConfig from "../model/ModelConfig.ts"
+import type * as Loss from "../Loss.ts"
+import type * as LrSchedule from "../LrSchedule.ts"
+import type * as Optimizer from "../Optimizer.ts"
+import type * as Packing from "../Packing.ts"
+import * as PolicyTrainer from "../PolicyTrainer.ts"
+import * as Wire from "./internal/trainerWire.ts"
+
+// ===== Models =====
+
+/**
+ * @category models
+ * @since 0.1.0
+ */
+export interface Options {
+  /** The trainer's API root, `http://HOST:PORT/v1`. */
+  readonly url: string
+  /** A shared secret (`Authorization: Bearer`, `AGENTFLY_TRAINER_TOKEN` on the server). */
+  readonly token?: string | undefined
+  /**
+   * The trainer's name on the server (default `policy`): a run's policy and its frozen KL reference are two names.
+   * Initialising a name replaces the trainer that held it.
+   */
+  readonly name?: string | undefined
+  readonly model: ModelConfig.ModelConfig
+  readonly parameters: ReadonlyArray<{ readonly name: string; readonly shape: ReadonlyArray<number> }>
+  readonly weights: PolicyTrainer.Weights
+  readonly loss: Loss.Config
+  readonly optimizer: Optimizer.Config
+  readonly schedule: LrSchedule.Config
+  /** The server's learner threads (its own `--workers` wins); default 1. */
+  readonly workers?: number | undefined
+  /** How long a call is sent again while the trainer cannot be reached (default 60 s). */
+  readonly retryMillis?: number | undefined
+}
+
+/** The checkpoint files a trainer's `save` writes (`Checkpoint.save`), the state file last. */
+export const checkpointFiles = ["model.safetensors", "optimizer.safetensors", "trainer_state.json"] as const
+
+/** Where the server's messages name the checkpoint directory it wrote or read, the client's `dir` goes. */
+export const checkpointMarker = "<checkpoint>"
+
+const fail = (reason: PolicyTrainer.PolicyTrainerErrorReason, message: string) =>
+  new PolicyTrainer.PolicyTrainerError({ reason, message })
+
+const reasons = new Set<string>(PolicyTrainer.PolicyTrainerErrorReason.literals)
+
+/** Connection failures worth sending a call again for (the request may or may not have arrived). */
+const transient = (status: number) => status === 502 || status === 503 || status === 504
+
+// ===== Constructors =====
+
+/**
+ * Initialises a trainer on the server with `options.weights` and a fresh optimiser, and returns it as a
+ * `PolicyTrainer`; closing the scope frees it there.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const make = Effect.fn("RemoteTrainer.make")(function*(
+  options: Options
+): Effect.fn.Return<PolicyTrainer.PolicyTrainer["Service"], PolicyTrainer.PolicyTrainerError, Scope.Scope | FileSystem.FileSystem> {
+  const fs = yield* FileSystem.FileSystem
+  const root = options.url.replace(/\/+$/, "")
+  const name = options.name ?? "policy"
+  const base = `${root}/trainer/${encodeURIComponent(name)}`
+  const retryMillis = options.retryMillis ?? 60_000
+  const auth: Record<string, string> = options.token === undefined ? {} : { authorization: `Bearer ${options.token}` }
+  const where = `the trainer at ${root}`
+
+  /** One request, sent again while the connection fails; the reply's frame or a typed failure. */
+  const request = (op: string, body: Uint8Array, headers: Record<string, string>) =>
+    Effect.gen(function*() {
+      const deadline = Date.now() + retryMillis
+      let wait = 100
+      while (true) {
+        const attempt = yield* Effect.tryPromise({
+          try: async (signal) => {
+            const response = await fetch(`${base}/${op}`, {
+              method: "POST",
+              headers: { ...auth, ...headers, "content-type": "application/octet-stream" },
+              body: body as Uint8Array<ArrayBuffer>,
+              signal
+            })
+            return { status: response.status, bytes: new Uint8Array(await response.arrayBuffer()) }
+          },
+          catch: (e) => String((e as { cause?: { code?: string } }).cause?.code ?? (e as Error).message ?? e)
+        }).pipe(Effect.result)
+        if (attempt._tag === "Success" && !transient(attempt.success.status)) return attempt.success
+        const why = attempt._tag === "Failure" ? attempt.failure : `HTTP ${attempt.success.status}`
+        if (Date.now() + wait > deadline) {
+          return yield* fail(
+            "Unavailable",
+            `${where} could not be reached for ${Math.round(retryMillis / 1000)} s (${op}: ${why}); start it with ` +
+              "`agentfly trainer --host HOST --port PORT` and resume the run from its last checkpoint"
+          )
+        }
+        yield* Effect.sleep(wait)
+        wait = Math.min(wait * 2, 2_000)
+      }
+    })
+
+  /** A reply's frame, or the failure it carries. */
+  const replyOf = (op: string, reply: { readonly status: number; readonly bytes: Uint8Array }) => {
+    if (reply.status === 200) {
+      const frame = Wire.decode(reply.bytes)
+      return typeof frame === "string" ? Effect.fail(fail("Remote", `${where} answered ${op} with ${frame}`)) : Effect.succeed(frame)
+    }
+    let error: { message?: unknown; code?: unknown } = {}
+    try {
+      error = (JSON.parse(Buffer.from(reply.bytes).toString("utf8")) as { error?: typeof error }).error ?? {}
+    } catch {
+      // Not JSON: the status and the first bytes say enough.
+    }
+    const message = typeof error.message === "string" ? error.message : Buffer.from(reply.bytes).toString("utf8").slice(0, 300)
+    if (typeof error.code === "string" && reasons.has(error.code)) {
+      return Effect.fail(fail(error.code as PolicyTrainer.PolicyTrainerErrorReason, message))
+    }
+    if (error.code === "unknown_session") {
+      return Effect.fail(fail(
+        "Remote",
+        `${where} no longer holds this run's trainer "${name}" (${message}): it restarted or another run took the ` +
+          "name over; resume the run from its last checkpoint"
+      ))
+    }
+    return Effect.fail(fail("Remote", `${where} refused ${op} (HTTP ${reply.status}): ${message}`))
+  }
+
+  // ----- Init -----
+
+  const init = Wire.encode({
+    model: ModelConfig.toJson(options.model),
+    loss: options.loss,
+    optimizer: options.optimizer,
+    schedule: options.schedule,
+    workers: options.workers ?? 1
+  }, options.parameters.map((p) => [p.name, options.weights.get(p.name)!] as const))
+  const opened = yield* Effect.flatMap(request("init", init, {}), (r) => replyOf("init", r))
+  const session = opened.header["session"]
+  if (typeof session !== "string") return yield* fail("Remote", `${where} answered init without a session`)
+
+  // One call in flight, numbered: the server runs each number once.
+  const lock = yield* Semaphore.make(1)
+  let seq = 0
+  const call = (op: string, body: Uint8Array = Wire.encode({})) =>
+    lock.withPermits(1)(Effect.suspend(() => {
+      seq++
+      return Effect.flatMap(
+        request(op, body, { "x-agentfly-session": session, "x-agentfly-seq": String(seq) }),
+        (r) => replyOf(op, r)
+      )
+    }))
+
+  yield* Effect.addFinalizer(() =>
+    // Frees the trainer's memory on the server; a server already gone has nothing to free.
+    Effect.tryPromise((signal) =>
+      fetch(`${base}/close`, {
+        method: "POST",
+        headers: { ...auth, "x-agentfly-session": session, "x-agentfly-seq": "0" },
+        signal: AbortSignal.any([signal, AbortSignal.timeout(5_000)])
+      })
+    ).pipe(Effect.ignore)
+  )
+
+  const numbers = (frame: Wire.Frame, keys: ReadonlyArray<string>, op: string) => {
+    const missing = keys.find((k) => typeof frame.header[k] !== "number")
+    return missing === undefined
+      ? Effect.succeed(frame.header as Record<string, number>)
+      : Effect.fail(fail("Remote", `${where} answered ${op} without ${missing}`))
+  }
+
+  const save = (dir: string, meta: PolicyTrainer.CheckpointMeta) =>
+    Effect.gen(function*() {
+      const frame = yield* call("save", Wire.encode({ meta }))
+      const files = checkpointFiles.map((f) => [f, frame.arrays.get(f)] as const)
+      const missing = files.find(([, bytes]) => !(bytes instanceof Uint8Array))
+      if (missing !== undefined) return yield* fail("Remote", `${where} answered save without ${missing[0]}`)
+      const io = (e: { message: string }) => fail("Checkpoint", `${dir}: ${e.message}`)
+      yield* fs.makeDirectory(dir, { recursive: true }).pipe(Effect.mapError(io))
+      // As `Checkpoint.save`: the state file goes last, by rename, so a crash leaves an incomplete checkpoint.
+      yield* fs.remove(`${dir}/trainer_state.json`, { force: true }).pipe(Effect.mapError(io))
+      for (const [file, bytes] of files) {
+        const path = file === "trainer_state.json" ? `${dir}/${file}.tmp` : `${dir}/${file}`
+        yield* fs.writeFile(path, bytes as Uint8Array).pipe(Effect.mapError(io))
+      }
+      yield* fs.rename(`${dir}/trainer_state.json.tmp`, `${dir}/trainer_state.json`).pipe(Effect.mapError(io))
+    })
+
+  const load = (dir: string) =>
+    Effect.gen(function*() {
+      const files: Array<readonly [string, Uint8Array]> = []
+      for (const file of checkpointFiles) {
+        const path = `${dir}/${file}`
+        const exists = yield* fs.exists(path).pipe(Effect.orElseSucceed(() => false))
+        if (!exists) return yield* fail("Checkpoint", `${path} is missing`)
+        files.push([file, yield* fs.readFile(path).pipe(Effect.mapError((e) => fail("Checkpoint", e.message)))])
+      }
+      const frame = yield* call("load", Wire.encode({}, files)).pipe(
+        Effect.mapError((e) => fail(e.reason, e.message.replaceAll(checkpointMarker, dir)))
+      )
+      const meta = frame.header["meta"] as PolicyTrainer.CheckpointMeta | undefined
+      if (typeof meta?.policyVersion !== "number" || !Array.isArray(meta.rngState)) {
+        return yield* fail("Remote", `${where} answered load without the checkpoint's meta`)
+      }
+      return { policyVersion: meta.policyVersion, rngState: meta.rngState }
+    })
+
+  return PolicyTrainer.PolicyTrainer.of({
+    forwardBackward: (batch: Packing.MicroBatch) =>
+      Effect.flatMap(call("forward_backward", Wire.encodeBatch(batch)), (frame) => {
+        const result = Wire.decodeResult(frame)
+        return typeof result === "string" ? Effect.fail(fail("Remote", `${where}: ${result}`)) : Effect.succeed(result)
+      }),
+    logprobs: (batch: Packing.MicroBatch) =>
+      Effect.flatMap(call("logprobs", Wire.encodeBatch(batch)), (frame) => {
+        const lp = frame.arrays.get("tokenLogprobs")
+        return lp instanceof Float32Array
+          ? Effect.succeed(lp)
+          : Effect.fail(fail("Remote", `${where} answered logprobs without tokenLogprobs`))
+      }),
+    optimStep: Effect.flatMap(
+      call("optim_step"),
+      (frame) => numbers(frame, ["step", "gradNorm", "lr"], "optim_step")
+    ).pipe(Effect.map((h) => ({ step: h["step"]!, gradNorm: h["gradNorm"]!, lr: h["lr"]! }))),
+    // A discard that cannot reach the trainer leaves nothing to clear here; the next call reports the trainer.
+    discard: Effect.ignore(call("discard")),
+    weights: Effect.flatMap(call("weights"), (frame) => {
+      const weights = Wire.decodeWeights(frame, options.parameters)
+      return typeof weights === "string" ? Effect.fail(fail("Remote", `${where}: ${weights}`)) : Effect.succeed(weights)
+    }),
+    step: Effect.map(Effect.flatMap(call("step"), (f) => numbers(f, ["step"], "step")), (h) => h["step"]!),
+    save,
+    load
+  })
+})
+
+/**
+ * A new trainer name for a session of its own (tests, benches): `prefix-<random>`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const uniqueName = (prefix: string): string => `${prefix}-${randomUUID().slice(0, 8)}`

@@ -1,0 +1,250 @@
+/**
+ * The remote trainer (`RemoteTrainer` against `TrainerServer` on loopback): the same numbers as a local
+ * `OnnxTrainer` to the bit, checkpoints that move between the two, a broken connection that loses nothing and runs
+ * nothing twice, a restarted server that says so, and bad input refused with typed errors.
+ */
+import { NodeServices } from "@effect/platform-node"
+import { assert, describe, it } from "@effect/vitest"
+import { Effect, Exit, FileSystem, Scope } from "effect"
+import * as net from "node:net"
+import * as TrainerServer from "../../actors/TrainerServer.ts"
+import * as OnnxTrainer from "../../src/backends/OnnxTrainer.ts"
+import * as RemoteTrainer from "../../src/backends/RemoteTrainer.ts"
+import * as Wire from "../../src/backends/internal/trainerWire.ts"
+import * as Loss from "../../src/Loss.ts"
+import * as LrSchedule from "../../src/LrSchedule.ts"
+import * as ModelConfig from "../../src/model/ModelConfig.ts"
+import * as Qwen2 from "../../src/model/Qwen2.ts"
+import * as Optimizer from "../../src/Optimizer.ts"
+import * as Packing from "../../src/Packing.ts"
+import type * as PolicyTrainer from "../../src/PolicyTrainer.ts"
+import * as Sampling from "../../src/Sampling.ts"
+import { tinyConfig } from "../utils/tinyModel.ts"
+
+const config = tinyConfig({ vocabSize: 32, hiddenSize: 32, numHiddenLayers: 2, intermediateSize: 64 })
+const model = OnnxTrainer.qwen2(config)
+
+/** 4 groups of 3 chains: each group's chains share a prompt of 6–9 tokens, then 5–10 sampled tokens of their own. */
+const sequences = (): ReadonlyArray<Packing.Sequence> => {
+  const r = Sampling.rng(5)
+  const token = () => Math.floor(r.next() * config.vocabSize)
+  return Array.from({ length: 4 }, (_, g) => {
+    const prompt = Array.from({ length: 6 + g }, token)
+    return Array.from({ length: 3 }, (_, c) => {
+      const own = 5 + ((g + c * 2) % 6)
+      const n = prompt.length + own
+      return {
+        tokenIds: Int32Array.from([...prompt, ...Array.from({ length: own }, token)]),
+        lossMask: Uint8Array.from({ length: n }, (_, t) => (t >= prompt.length ? 1 : 0)),
+        samplerLogprobs: Float32Array.from({ length: n }, () => -3.5 + r.next()),
+        advantages: Float32Array.from({ length: n }, () => (c === 0 ? 1 : -0.5))
+      }
+    })
+  }).flat()
+}
+
+const batches = (sharePrefix: boolean) =>
+  Effect.map(
+    Packing.pack(sequences(), { tokenBudget: 4 * 32, lengthMultiple: 16, aggregation: "seq-mean-token-mean", sharePrefix }),
+    (p) => p.microBatches
+  )
+
+const weights = Qwen2.initWeights(config, 3)
+const settings = {
+  weights,
+  loss: Loss.grpo,
+  optimizer: Optimizer.defaultConfig,
+  schedule: LrSchedule.constant(1e-3)
+}
+
+const local = (workers: number) =>
+  Effect.map(OnnxTrainer.make({ ...settings, model, workers, intraOpThreads: 1 }), (t) => t.trainer)
+
+const remote = (url: string, workers: number, extra: Partial<RemoteTrainer.Options> = {}) =>
+  RemoteTrainer.make({ ...settings, url, model: config, parameters: model.parameters, workers, ...extra })
+
+const bits = (a: Float32Array) => Buffer.from(a.buffer, a.byteOffset, a.byteLength).toString("base64")
+const weightBits = (w: PolicyTrainer.Weights) => [...w].map(([k, v]) => `${k}:${bits(v)}`).join("|")
+
+/** Every figure of `steps` optimiser steps over `mbs`, as strings (bit patterns for arrays). */
+const run = (trainer: PolicyTrainer.PolicyTrainer["Service"], mbs: ReadonlyArray<Packing.MicroBatch>, steps: number) =>
+  Effect.gen(function*() {
+    const out: Array<string> = []
+    for (let s = 0; s < steps; s++) {
+      for (const mb of mbs) {
+        const r = yield* trainer.forwardBackward(mb)
+        out.push(`${r.loss} ${r.tokens} ${r.clipped} ${r.approxKl} ${r.entropy} ${bits(r.tokenLogprobs)}`)
+      }
+      const o = yield* trainer.optimStep
+      out.push(`${o.step} ${o.gradNorm} ${o.lr}`)
+    }
+    out.push(bits(yield* trainer.logprobs(mbs[0]!)))
+    return out
+  })
+
+/** A TCP proxy to `port` that cuts the connection of the next `drops` calls of `op` once the server answers them. */
+const cuttingProxy = (port: number, op: string, drops: { count: number }) =>
+  Effect.acquireRelease(
+    Effect.callback<{ readonly server: net.Server; readonly port: number }>((resume) => {
+      const server = net.createServer((client) => {
+        const upstream = net.connect(port, "127.0.0.1")
+        let pending: string | undefined
+        client.on("data", (chunk) => {
+          const m = /POST \/v1\/trainer\/[^/]+\/(\w+) HTTP/.exec(chunk.toString("latin1"))
+          if (m !== null) pending = m[1]
+          upstream.write(chunk)
+        })
+        upstream.on("data", (chunk) => {
+          if (pending === op && drops.count > 0) {
+            drops.count--
+            client.destroy()
+            upstream.destroy()
+            return
+          }
+          client.write(chunk)
+        })
+        const end = () => {
+          client.destroy()
+          upstream.destroy()
+        }
+        client.on("error", end).on("close", end)
+        upstream.on("error", end).on("close", end)
+      })
+      server.listen(0, "127.0.0.1", () => resume(Effect.succeed({ server, port: (server.address() as net.AddressInfo).port })))
+    }),
+    ({ server }) => Effect.sync(() => server.close())
+  )
+
+describe("RemoteTrainer and TrainerServer", () => {
+  it.effect("compute what a local trainer computes, to the bit (whole rows and shared prompts, 1 and 2 workers)", () =>
+    Effect.gen(function*() {
+      const { baseUrl } = yield* TrainerServer.serve()
+      for (const [sharePrefix, workers] of [[false, 1], [true, 2]] as const) {
+        const mbs = yield* batches(sharePrefix)
+        assert.strictEqual(mbs.some((mb) => mb.prefix !== undefined), sharePrefix)
+        const here = yield* local(workers)
+        const there = yield* remote(baseUrl, workers)
+        const expected = yield* run(here, mbs, 3)
+        assert.deepStrictEqual(yield* run(there, mbs, 3), expected)
+        assert.strictEqual(weightBits(yield* there.weights), weightBits(yield* here.weights))
+        assert.strictEqual(yield* there.step, 3)
+        // The weights moved: a trainer that ignored the steps would pass the comparisons above only by accident.
+        assert.notStrictEqual(weightBits(yield* there.weights), weightBits(weights))
+      }
+    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 60_000)
+
+  it.effect("checkpoints move between a remote and a local trainer and resume the same steps", () =>
+    Effect.gen(function*() {
+      const fs = yield* FileSystem.FileSystem
+      const { baseUrl } = yield* TrainerServer.serve()
+      const mbs = yield* batches(false)
+      const dir = yield* fs.makeTempDirectoryScoped()
+      const there = yield* remote(baseUrl, 1)
+      yield* run(there, mbs, 2)
+      yield* there.save(`${dir}/remote`, { policyVersion: 2, rngState: [7, 8] })
+      assert.deepStrictEqual((yield* fs.readDirectory(`${dir}/remote`)).sort(), [...RemoteTrainer.checkpointFiles].sort())
+      // Loaded locally, it continues as the remote trainer does.
+      const here = yield* local(1)
+      assert.deepStrictEqual(yield* here.load(`${dir}/remote`), { policyVersion: 2, rngState: [7, 8] })
+      assert.deepStrictEqual(yield* run(here, mbs, 1), yield* run(there, mbs, 1))
+      // And the other way: a local checkpoint into a fresh remote trainer.
+      yield* here.save(`${dir}/local`, { policyVersion: 3, rngState: [] })
+      const fresh = yield* remote(baseUrl, 1, { name: "fresh" })
+      assert.strictEqual((yield* fresh.load(`${dir}/local`)).policyVersion, 3)
+      assert.strictEqual(yield* fresh.step, 3)
+      assert.strictEqual(weightBits(yield* fresh.weights), weightBits(yield* here.weights))
+      // A corrupt checkpoint is refused by the server, naming the run's own path.
+      const file = `${dir}/local/model.safetensors`
+      const bytes = yield* fs.readFile(file)
+      bytes[bytes.length - 1] ^= 0xff
+      yield* fs.writeFile(file, bytes)
+      const corrupt = yield* Effect.flip(fresh.load(`${dir}/local`))
+      assert.strictEqual(corrupt.reason, "Checkpoint")
+      assert.include(corrupt.message, `${dir}/local/model.safetensors`)
+      assert.notInclude(corrupt.message, "agentfly-trainer-")
+      const missing = yield* Effect.flip(fresh.load(`${dir}/nowhere`))
+      assert.strictEqual(missing.reason, "Checkpoint")
+    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 60_000)
+
+  // Live clock: the client waits between attempts.
+  it.live("a call whose connection broke after the server ran it is answered again, not run twice", () =>
+    Effect.gen(function*() {
+      const { port } = yield* TrainerServer.serve()
+      const drops = { count: 0 }
+      const proxy = yield* cuttingProxy(port, "forward_backward", drops)
+      const mbs = yield* batches(false)
+      const here = yield* local(1)
+      const there = yield* remote(`http://127.0.0.1:${proxy.port}/v1`, 1)
+      drops.count = 2
+      const expected = yield* run(here, mbs, 2)
+      // Gradients accumulate: a forward/backward run twice would double its share and change every weight after.
+      assert.deepStrictEqual(yield* run(there, mbs, 2), expected)
+      assert.strictEqual(drops.count, 0)
+      assert.strictEqual(weightBits(yield* there.weights), weightBits(yield* here.weights))
+    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 60_000)
+
+  it.live("a server that went away fails the call Unavailable; a restarted one says it lost the run's trainer", () =>
+    Effect.gen(function*() {
+      const first = yield* Scope.make()
+      const { port, baseUrl } = yield* TrainerServer.serve().pipe(Effect.provideService(Scope.Scope, first))
+      const there = yield* remote(baseUrl, 1, { retryMillis: 400 })
+      const mbs = yield* batches(false)
+      yield* there.forwardBackward(mbs[0]!)
+      yield* Scope.close(first, Exit.void)
+      const gone = yield* Effect.flip(there.optimStep)
+      assert.strictEqual(gone.reason, "Unavailable")
+      assert.include(gone.message, "could not be reached")
+      yield* TrainerServer.serve({ port })
+      const lost = yield* Effect.flip(there.optimStep)
+      assert.strictEqual(lost.reason, "Remote")
+      assert.include(lost.message, "resume the run from its last checkpoint")
+    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 60_000)
+
+  it.effect("bad input gets typed refusals and the trainer goes on", () =>
+    Effect.gen(function*() {
+      const { baseUrl } = yield* TrainerServer.serve({ token: "s3cret" })
+      const mbs = yield* batches(false)
+      // No token, then a wrong one.
+      const unauthorised = yield* Effect.flip(remote(baseUrl, 1, { token: "wrong" }))
+      assert.strictEqual(unauthorised.reason, "Remote")
+      assert.include(unauthorised.message, "AGENTFLY_TRAINER_TOKEN")
+      const there = yield* remote(baseUrl, 1, { token: "s3cret" })
+      // A token id outside the vocabulary: the trainer's own check, typed, and nothing accumulated.
+      const bad = { ...mbs[0]!, targets: mbs[0]!.targets.map((t, i) => (i === 3 ? 999 : t)) }
+      const refused = yield* Effect.flip(there.forwardBackward(bad))
+      assert.strictEqual(refused.reason, "BadBatch")
+      assert.include(refused.message, "999")
+      assert.strictEqual((yield* Effect.flip(there.optimStep)).reason, "NothingAccumulated")
+      yield* there.forwardBackward(mbs[0]!)
+      assert.strictEqual((yield* there.optimStep).step, 1)
+      // Weights of another model, a frame that is not one, a call out of order.
+      const post = (path: string, body: Uint8Array, headers: Record<string, string> = {}) =>
+        Effect.promise(async () => {
+          const r = await fetch(`${baseUrl}/trainer/${path}`, {
+            method: "POST",
+            headers: { authorization: "Bearer s3cret", ...headers },
+            body: body as Uint8Array<ArrayBuffer>
+          })
+          return { status: r.status, error: (await r.json() as { error: { code: string; message: string } }).error }
+        })
+      const header = { model: ModelConfig.toJson(config), loss: Loss.grpo, optimizer: Optimizer.defaultConfig, schedule: LrSchedule.constant(0), workers: 1 }
+      const short = yield* post("other/init", Wire.encode(header, model.parameters.map((p, i) => [p.name, new Float32Array(i === 0 ? 3 : weights.get(p.name)!.length)] as const)))
+      assert.strictEqual(short.status, 400)
+      assert.include(short.error.message, model.parameters[0]!.name)
+      const garbage = yield* post("other/init", Buffer.from("{\"not\": \"a frame\"}"))
+      assert.deepStrictEqual([garbage.status, garbage.error.code], [400, "invalid_request"])
+      const stranger = yield* post("policy/optim_step", Wire.encode({}), { "x-agentfly-session": "nobody", "x-agentfly-seq": "1" })
+      assert.deepStrictEqual([stranger.status, stranger.error.code], [404, "unknown_session"])
+    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 60_000)
+
+  it("the wire carries a micro-batch with shared prompts unchanged", async () => {
+    const mbs = await Effect.runPromise(batches(true))
+    for (const mb of mbs) {
+      const back = Wire.decodeBatch(Wire.decode(Wire.encodeBatch(mb)) as Wire.Frame)
+      assert.deepStrictEqual(back, mb)
+    }
+    assert.include(Wire.decode(Buffer.from("AFT1")) as string, "frame of 4 bytes")
+    const frame = Wire.decode(Wire.encode({ batch: 1, length: 1, lossTokens: 0 }, [["inputIds", new Float32Array(1)]])) as Wire.Frame
+    assert.include(Wire.decodeBatch(frame) as string, "inputIds must be i32")
+  })
+})
