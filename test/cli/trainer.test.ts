@@ -1,0 +1,126 @@
+/**
+ * `agentfly train` with `learner.url`, as a user runs it: an `agentfly trainer` process runs the learner's steps. The
+ * run ends with the same weights as the same run trained in-process; with the trainer SIGKILLed mid-run and started
+ * again, the run stops naming the fix, and `--resume` ends on those same weights.
+ */
+import { NodeServices } from "@effect/platform-node"
+import { assert, describe, it } from "@effect/vitest"
+import { Effect, Fiber } from "effect"
+import { spawn } from "node:child_process"
+import type { ChildProcess } from "node:child_process"
+import { existsSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs"
+import * as net from "node:net"
+import { tmpdir } from "node:os"
+import { join, resolve } from "node:path"
+import * as Generate from "../../examples/calculator/generate.ts"
+import * as ModelFolder from "../../src/ModelFolder.ts"
+import { agentfly, metricsOf } from "../utils/agentfly.ts"
+
+const root = resolve(import.meta.dirname, "../..")
+
+/** `agentfly trainer ARGS…` in a child process, its output so far, and its API root once it listens. */
+const startTrainer = (args: ReadonlyArray<string>) =>
+  Effect.acquireRelease(
+    Effect.callback<{ readonly child: ChildProcess; readonly url: string; readonly output: () => string }, Error>(
+      (resume) => {
+        const child = spawn(process.execPath, ["--import", "tsx", "cli/main.ts", "trainer", ...args], {
+          cwd: root,
+          stdio: ["ignore", "pipe", "pipe"]
+        })
+        let text = ""
+        child.stdout.on("data", (chunk: Buffer) => {
+          text += chunk.toString()
+          const url = /at (http:\/\/\S+\/v1)/.exec(text)?.[1]
+          if (url !== undefined) resume(Effect.succeed({ child, url, output: () => text }))
+        })
+        child.stderr.on("data", (chunk: Buffer) => (text += chunk.toString()))
+        child.on("exit", (code) => resume(Effect.fail(new Error(`agentfly trainer exited with ${code}: ${text}`))))
+        return Effect.sync(() => child.kill("SIGKILL"))
+      }
+    ),
+    ({ child }) => Effect.sync(() => child.kill("SIGKILL"))
+  )
+
+const freePort = Effect.callback<number>((resume) => {
+  const server = net.createServer()
+  server.listen(0, "127.0.0.1", () => {
+    const { port } = server.address() as net.AddressInfo
+    server.close(() => resume(Effect.succeed(port)))
+  })
+})
+
+const steps = 6
+
+/** The calculator task on the tiny preset, checkpoints every 2 steps; `learner` as given. */
+const configOf = (output: string, learner: object) => ({
+  seed: 13,
+  output,
+  model: { path: "model", preset: "tiny", initSeed: 3 },
+  data: { train: "data/train.jsonl", eval: "data/heldout.jsonl" },
+  task: "calculator",
+  agent: {
+    systemPrompt: "Use the calculator tool.",
+    renderTools: false,
+    maxTurns: 2,
+    numChains: 4,
+    maxNewTokens: 24,
+    maxContextTokens: 256
+  },
+  warmup: { data: "data/demos.jsonl", steps: 4, batchSize: 8, lr: 0.003 },
+  algorithm: { steps, groupsPerStep: 4, microBatchSize: 8, lr: 0.001, advantage: "reinforce++", entropyCoef: 0.01 },
+  eval: { every: 3, size: 8 },
+  checkpoint: { every: 2 },
+  learner: { workers: 2, ...learner }
+})
+
+/** The weights' fingerprint in a run's last checkpoint. */
+const finalWeights = (dir: string, output: string): string =>
+  JSON.parse(readFileSync(join(dir, output, "checkpoints", `step-${String(steps).padStart(6, "0")}`, "trainer_state.json"), "utf8")).weightsHash
+
+describe("agentfly train with a trainer server (learner.url)", () => {
+  it.live("trains to the weights an in-process run reaches; after a trainer's death, --resume reaches them too", () =>
+    Effect.scoped(Effect.gen(function*() {
+      const dir = mkdtempSync(join(tmpdir(), "train-trainer-"))
+      yield* Generate.write({ dir: join(dir, "data"), seed: 5, train: 64, heldOut: 8, validation: 4, demos: 64, noise: 0 })
+      yield* ModelFolder.init(join(dir, "model"), { preset: "tiny", seed: 3 })
+      const train = (name: string, learner: object, extra: ReadonlyArray<string> = []) => {
+        const file = join(dir, `${name}.json`)
+        writeFileSync(file, JSON.stringify(configOf(name, learner)))
+        return agentfly(["train", file, ...extra])
+      }
+
+      const here = yield* train("local", {})
+      assert.strictEqual(here.code, 0, here.output)
+      const expected = finalWeights(dir, "local")
+
+      const port = yield* freePort
+      const first = yield* startTrainer(["--port", String(port)])
+      const url = first.url
+      const there = yield* train("remote", { url })
+      assert.strictEqual(there.code, 0, there.output)
+      assert.include(there.output, `trained ${steps} of ${steps} steps`)
+      assert.strictEqual(finalWeights(dir, "remote"), expected)
+      // The steps ran there: the warm-up's trainer, then the RL one.
+      assert.match(first.output(), /trainer policy: 0\.\d+ M parameters, 2 worker\(s\), cpu[\s\S]*trainer policy:/)
+      assert.deepStrictEqual(
+        metricsOf(join(dir, "remote")).filter((m) => m.phase === "train").map((m) => m.figures["learner/loss"]),
+        metricsOf(join(dir, "local")).filter((m) => m.phase === "train").map((m) => m.figures["learner/loss"])
+      )
+
+      // The trainer dies after the run's third step and comes back empty on the same port.
+      const metrics = join(dir, "killed", "metrics.jsonl")
+      const trained = () =>
+        existsSync(metrics) ? readFileSync(metrics, "utf8").split("\n").filter((l) => l.includes('"phase":"train"')).length : 0
+      const fiber = yield* Effect.forkChild(train("killed", { url }))
+      while (trained() < 3) yield* Effect.sleep(20)
+      first.child.kill("SIGKILL")
+      yield* startTrainer(["--port", String(port)])
+      const killed = yield* Fiber.join(fiber)
+      assert.notStrictEqual(killed.code, 0, killed.output)
+      assert.include(killed.output, "no longer holds this run's trainer")
+      assert.include(killed.output, "resume the run from its last checkpoint")
+      const resumed = yield* train("killed", { url }, ["--resume"])
+      assert.strictEqual(resumed.code, 0, resumed.output)
+      assert.strictEqual(finalWeights(dir, "killed"), expected)
+    }).pipe(Effect.provide(NodeServices.layer))), { timeout: 300_000 })
+})
