@@ -188,6 +188,14 @@ export const make = Effect.fn("RemoteTrainer.make")(function*(
       : Effect.fail(fail("Remote", `${where} answered ${op} without ${missing}`))
   }
 
+  // The weights change only with an optimiser step or a load: between them a run asks for them several times (the
+  // finite check, publishing, the journal's fingerprint), and they come over the wire once.
+  let cached: PolicyTrainer.Weights | undefined
+  const changes = <A, E, R>(effect: Effect.Effect<A, E, R>) =>
+    Effect.ensuring(effect, Effect.sync(() => (cached = undefined)))
+  const copy = (w: PolicyTrainer.Weights): PolicyTrainer.Weights =>
+    new Map([...w].map(([k, v]) => [k, Float32Array.from(v)]))
+
   const save = (dir: string, meta: PolicyTrainer.CheckpointMeta) =>
     Effect.gen(function*() {
       const frame = yield* call("save", Wire.encode({ meta }))
@@ -238,18 +246,22 @@ export const make = Effect.fn("RemoteTrainer.make")(function*(
           : Effect.fail(fail("Remote", `${where} answered logprobs without tokenLogprobs`))
       }),
     optimStep: Effect.flatMap(
-      call("optim_step"),
+      changes(call("optim_step")),
       (frame) => numbers(frame, ["step", "gradNorm", "lr"], "optim_step")
     ).pipe(Effect.map((h) => ({ step: h["step"]!, gradNorm: h["gradNorm"]!, lr: h["lr"]! }))),
     // A discard that cannot reach the trainer leaves nothing to clear here; the next call reports the trainer.
     discard: Effect.ignore(call("discard")),
-    weights: Effect.flatMap(call("weights"), (frame) => {
-      const weights = Wire.decodeWeights(frame, options.parameters)
-      return typeof weights === "string" ? Effect.fail(fail("Remote", `${where}: ${weights}`)) : Effect.succeed(weights)
-    }),
+    weights: Effect.suspend(() =>
+      cached !== undefined ? Effect.succeed(copy(cached)) : Effect.flatMap(call("weights"), (frame) => {
+        const weights = Wire.decodeWeights(frame, options.parameters)
+        if (typeof weights === "string") return Effect.fail(fail("Remote", `${where}: ${weights}`))
+        cached = weights
+        return Effect.succeed(copy(weights))
+      })
+    ),
     step: Effect.map(Effect.flatMap(call("step"), (f) => numbers(f, ["step"], "step")), (h) => h["step"]!),
     save,
-    load
+    load: (dir) => changes(load(dir))
   })
 })
 
