@@ -67,7 +67,16 @@ const configOf = (output: string, learner: object) => ({
     maxContextTokens: 256
   },
   warmup: { data: "data/demos.jsonl", steps: 4, batchSize: 8, lr: 0.003 },
-  algorithm: { steps, groupsPerStep: 4, microBatchSize: 8, lr: 0.001, advantage: "reinforce++", entropyCoef: 0.01 },
+  // A KL term: its frozen reference is a second trainer on the server, and goes into every checkpoint.
+  algorithm: {
+    steps,
+    groupsPerStep: 4,
+    microBatchSize: 8,
+    lr: 0.001,
+    advantage: "reinforce++",
+    entropyCoef: 0.01,
+    klCoef: 0.05
+  },
   eval: { every: 3, size: 8 },
   checkpoint: { every: 2 },
   learner: { workers: 2, ...learner }
@@ -102,10 +111,13 @@ describe("agentfly train with a trainer server (learner.url)", () => {
       assert.strictEqual(finalWeights(dir, "remote"), expected)
       // The steps ran there: the warm-up's trainer, then the RL one.
       assert.match(first.output(), /trainer policy: 0\.\d+ M parameters, 2 worker\(s\), cpu[\s\S]*trainer policy:/)
+      assert.include(first.output(), "trainer reference:")
       assert.deepStrictEqual(
         metricsOf(join(dir, "remote")).filter((m) => m.phase === "train").map((m) => m.figures["learner/loss"]),
         metricsOf(join(dir, "local")).filter((m) => m.phase === "train").map((m) => m.figures["learner/loss"])
       )
+      // The KL term was computed (against the reference there), not zero.
+      assert.isAbove(Math.max(...metricsOf(join(dir, "remote")).filter((m) => m.phase === "train").map((m) => m.figures["learner/kl"]!)), 0)
 
       // The trainer dies after the run's third step and comes back empty on the same port.
       const metrics = join(dir, "killed", "metrics.jsonl")
