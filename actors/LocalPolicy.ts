@@ -158,8 +158,21 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
     token: process.env["AGENTFLY_TRAINER_TOKEN"] || undefined,
     model: folder.config,
     parameters: model.parameters,
-    workers: config.learner.workers
+    workers: config.learner.workers,
+    traffic: RemoteTrainer.makeTraffic()
   }
+  let trafficCounted = RemoteTrainer.makeTraffic()
+  const trainerFigures = Effect.sync(() => {
+    const now = { ...remote!.traffic }
+    const out = {
+      "trainer/calls": now.calls - trafficCounted.calls,
+      "trainer/retries": now.retries - trafficCounted.retries,
+      "trainer/sent_mb": (now.sentBytes - trafficCounted.sentBytes) / 1e6,
+      "trainer/received_mb": (now.receivedBytes - trafficCounted.receivedBytes) / 1e6
+    }
+    trafficCounted = now
+    return out
+  })
   let trainerScope: Scope.Closeable | undefined
   const makeTrainer = (
     weights: PolicyTrainer.Weights,
@@ -410,7 +423,10 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
         Effect.mapError(checkpointError)
       ),
     fingerprint: Effect.map(Effect.suspend(() => weightsOf(trainer)), fingerprintOf),
-    figures: servers?.figures
+    figures: servers === undefined && remote === undefined ? undefined : Effect.all([
+      servers?.figures ?? Effect.succeed({}),
+      remote === undefined ? Effect.succeed({}) : trainerFigures
+    ]).pipe(Effect.map(([a, b]) => ({ ...a, ...b })))
   })
   // The ambient sampler (for callers outside a run's pipeline): one engine, built on first use, following the newest
   // published version.

@@ -51,7 +51,28 @@ export interface Options {
   readonly workers?: number | undefined
   /** How long a call is sent again while the trainer cannot be reached (default 60 s). */
   readonly retryMillis?: number | undefined
+  /** Counters to add this trainer's traffic to (a run shares one between its trainers: {@link makeTraffic}). */
+  readonly traffic?: Traffic | undefined
 }
+
+/**
+ * What went over the wire: calls, calls sent again after a broken connection, bytes each way.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Traffic {
+  calls: number
+  retries: number
+  sentBytes: number
+  receivedBytes: number
+}
+
+/**
+ * @category constructors
+ * @since 0.1.0
+ */
+export const makeTraffic = (): Traffic => ({ calls: 0, retries: 0, sentBytes: 0, receivedBytes: 0 })
 
 /** The checkpoint files a trainer's `save` writes (`Checkpoint.save`), the state file last. */
 export const checkpointFiles = ["model.safetensors", "optimizer.safetensors", "trainer_state.json"] as const
@@ -86,14 +107,18 @@ export const make = Effect.fn("RemoteTrainer.make")(function*(
   const retryMillis = options.retryMillis ?? 60_000
   const auth: Record<string, string> = options.token === undefined ? {} : { authorization: `Bearer ${options.token}` }
   const where = `the trainer at ${root}`
+  const traffic = options.traffic ?? makeTraffic()
 
   /** One request, sent again while the connection fails; the reply's frame or a typed failure. */
   const request = (op: string, body: Uint8Array, headers: Record<string, string>) =>
     Effect.gen(function*() {
       const deadline = Date.now() + retryMillis
       let wait = 100
-      while (true) {
-        const attempt = yield* Effect.tryPromise({
+      traffic.calls++
+      for (let attempt = 0;; attempt++) {
+        if (attempt > 0) traffic.retries++
+        traffic.sentBytes += body.byteLength
+        const reply = yield* Effect.tryPromise({
           try: async (signal) => {
             const response = await fetch(`${base}/${op}`, {
               method: "POST",
@@ -105,8 +130,10 @@ export const make = Effect.fn("RemoteTrainer.make")(function*(
           },
           catch: (e) => String((e as { cause?: { code?: string } }).cause?.code ?? (e as Error).message ?? e)
         }).pipe(Effect.result)
-        if (attempt._tag === "Success" && !transient(attempt.success.status)) return attempt.success
-        const why = attempt._tag === "Failure" ? attempt.failure : `HTTP ${attempt.success.status}`
+        if (reply._tag === "Success") traffic.receivedBytes += reply.success.bytes.byteLength
+        if (reply._tag === "Success" && !transient(reply.success.status)) return reply.success
+        const why = reply._tag === "Failure" ? reply.failure : `HTTP ${reply.success.status}`
+        if (attempt === 0) yield* Effect.logWarning(`${where}: ${op} failed (${why}); sending it again`)
         if (Date.now() + wait > deadline) {
           return yield* fail(
             "Unavailable",

@@ -174,12 +174,16 @@ describe("RemoteTrainer and TrainerServer", () => {
       const proxy = yield* cuttingProxy(port, "forward_backward", drops)
       const mbs = yield* batches(false)
       const here = yield* local(1)
-      const there = yield* remote(`http://127.0.0.1:${proxy.port}/v1`, 1)
+      const traffic = RemoteTrainer.makeTraffic()
+      const there = yield* remote(`http://127.0.0.1:${proxy.port}/v1`, 1, { traffic })
       drops.count = 2
       const expected = yield* run(here, mbs, 2)
       // Gradients accumulate: a forward/backward run twice would double its share and change every weight after.
       assert.deepStrictEqual(yield* run(there, mbs, 2), expected)
       assert.strictEqual(drops.count, 0)
+      assert.strictEqual(traffic.retries, 2)
+      // init, then 2 × (3 forward/backward + optim_step) and the logprobs: counted once each, whatever the retries.
+      assert.strictEqual(traffic.calls, 1 + 2 * (mbs.length + 1) + 1)
       assert.strictEqual(weightBits(yield* there.weights), weightBits(yield* here.weights))
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 60_000)
 

@@ -116,6 +116,12 @@ describe("agentfly train with a trainer server (learner.url)", () => {
         metricsOf(join(dir, "remote")).filter((m) => m.phase === "train").map((m) => m.figures["learner/loss"]),
         metricsOf(join(dir, "local")).filter((m) => m.phase === "train").map((m) => m.figures["learner/loss"])
       )
+      // Every step's record says what went over the wire: the step's calls, the weights (≈ 2.7 MB) back once.
+      for (const m of metricsOf(join(dir, "remote")).filter((m) => m.phase === "train")) {
+        assert.isAbove(m.figures["trainer/calls"]!, 2)
+        assert.isAbove(m.figures["trainer/received_mb"]!, 2.5)
+        assert.strictEqual(m.figures["trainer/retries"], 0)
+      }
       // The KL term was computed (against the reference there), not zero.
       assert.isAbove(Math.max(...metricsOf(join(dir, "remote")).filter((m) => m.phase === "train").map((m) => m.figures["learner/kl"]!)), 0)
 
@@ -130,6 +136,7 @@ describe("agentfly train with a trainer server (learner.url)", () => {
       const killed = yield* Fiber.join(fiber)
       assert.notStrictEqual(killed.code, 0, killed.output)
       assert.include(killed.output, "no longer holds this run's trainer")
+      assert.include(killed.output, "sending it again")
       assert.include(killed.output, "resume the run from its last checkpoint")
       const resumed = yield* train("killed", { url }, ["--resume"])
       assert.strictEqual(resumed.code, 0, resumed.output)
