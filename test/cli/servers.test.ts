@@ -7,62 +7,28 @@
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
-import { spawn } from "node:child_process"
 import type { ChildProcess } from "node:child_process"
 import { existsSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
-import { join, resolve } from "node:path"
+import { join } from "node:path"
 import * as Generate from "../../examples/calculator/generate.ts"
 import * as ModelFolder from "../../src/ModelFolder.ts"
-import { agentfly, metricsOf } from "../utils/agentfly.ts"
+import { agentfly, calculatorRun, metricsOf, startCommand } from "../utils/agentfly.ts"
 
-const root = resolve(import.meta.dirname, "../..")
-
-/** `agentfly COMMAND ARGS…` (`serve`, `rollout-worker`) in a child process, and its API root once it listens. */
-const start = (command: string, args: ReadonlyArray<string>) =>
-  Effect.acquireRelease(
-    Effect.callback<{ readonly child: ChildProcess; readonly url: string }, Error>((resume) => {
-      const child = spawn(process.execPath, ["--import", "tsx", "cli/main.ts", command, ...args], {
-        cwd: root,
-        stdio: ["ignore", "pipe", "pipe"]
-      })
-      let text = ""
-      child.stdout.on("data", (chunk: Buffer) => {
-        text += chunk.toString()
-        const url = /at (http:\/\/\S+\/v1)/.exec(text)?.[1]
-        if (url !== undefined) resume(Effect.succeed({ child, url }))
-      })
-      child.stderr.on("data", (chunk: Buffer) => (text += chunk.toString()))
-      child.on("exit", (code) => resume(Effect.fail(new Error(`${command} exited with ${code}: ${text}`))))
-      return Effect.sync(() => child.kill("SIGKILL"))
-    }),
-    ({ child }) => Effect.sync(() => child.kill("SIGKILL"))
-  )
-
+const start = startCommand
 
 /** The run's config: the calculator task on the tiny preset, `steps` RL steps, with `engine` and `rollout` keys. */
-const configOf = (steps: number, engine: object, rollout: object = {}) => ({
-  seed: 11,
-  output: "run",
-  model: { path: "model", preset: "tiny", initSeed: 3 },
-  data: { train: "data/train.jsonl", eval: "data/heldout.jsonl" },
-  task: "calculator",
-  agent: {
-    systemPrompt: "Use the calculator tool.",
-    renderTools: false,
-    maxTurns: 2,
-    numChains: 4,
-    maxNewTokens: 24,
-    maxContextTokens: 256
-  },
-  warmup: { data: "data/demos.jsonl", steps: 4, batchSize: 8, lr: 0.003 },
-  // Every step moves the weights (an entropy bonus under a non-group-relative estimator), so that every push
-  // is a new version.
-  algorithm: { steps, groupsPerStep: 4, microBatchSize: 8, lr: 0.001, advantage: "reinforce++", entropyCoef: 0.01 },
-  eval: { every: 4, size: 8 },
-  engine,
-  rollout
-})
+const configOf = (steps: number, engine: object, rollout: object = {}) =>
+  calculatorRun({
+    seed: 11,
+    output: "run",
+    // Every step moves the weights (an entropy bonus under a non-group-relative estimator), so that every push
+    // is a new version.
+    algorithm: { steps, groupsPerStep: 4, microBatchSize: 8, lr: 0.001, advantage: "reinforce++", entropyCoef: 0.01 },
+    eval: { every: 4, size: 8 },
+    engine,
+    rollout
+  })
 
 /** SIGKILLs `child` once the run's `metrics.jsonl` holds `after` train records. */
 const killAfter = (metrics: string, after: number, child: ChildProcess) => {

@@ -6,40 +6,15 @@
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Fiber } from "effect"
-import { spawn } from "node:child_process"
-import type { ChildProcess } from "node:child_process"
 import { existsSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs"
 import * as net from "node:net"
 import { tmpdir } from "node:os"
-import { join, resolve } from "node:path"
+import { join } from "node:path"
 import * as Generate from "../../examples/calculator/generate.ts"
 import * as ModelFolder from "../../src/ModelFolder.ts"
-import { agentfly, metricsOf } from "../utils/agentfly.ts"
+import { agentfly, calculatorRun, metricsOf, startCommand } from "../utils/agentfly.ts"
 
-const root = resolve(import.meta.dirname, "../..")
-
-/** `agentfly trainer ARGS…` in a child process, its output so far, and its API root once it listens. */
-const startTrainer = (args: ReadonlyArray<string>) =>
-  Effect.acquireRelease(
-    Effect.callback<{ readonly child: ChildProcess; readonly url: string; readonly output: () => string }, Error>(
-      (resume) => {
-        const child = spawn(process.execPath, ["--import", "tsx", "cli/main.ts", "trainer", ...args], {
-          cwd: root,
-          stdio: ["ignore", "pipe", "pipe"]
-        })
-        let text = ""
-        child.stdout.on("data", (chunk: Buffer) => {
-          text += chunk.toString()
-          const url = /at (http:\/\/\S+\/v1)/.exec(text)?.[1]
-          if (url !== undefined) resume(Effect.succeed({ child, url, output: () => text }))
-        })
-        child.stderr.on("data", (chunk: Buffer) => (text += chunk.toString()))
-        child.on("exit", (code) => resume(Effect.fail(new Error(`agentfly trainer exited with ${code}: ${text}`))))
-        return Effect.sync(() => child.kill("SIGKILL"))
-      }
-    ),
-    ({ child }) => Effect.sync(() => child.kill("SIGKILL"))
-  )
+const startTrainer = (args: ReadonlyArray<string>) => startCommand("trainer", args)
 
 const freePort = Effect.callback<number>((resume) => {
   const server = net.createServer()
@@ -52,35 +27,24 @@ const freePort = Effect.callback<number>((resume) => {
 const steps = 6
 
 /** The calculator task on the tiny preset, checkpoints every 2 steps; `learner` as given. */
-const configOf = (output: string, learner: object) => ({
-  seed: 13,
-  output,
-  model: { path: "model", preset: "tiny", initSeed: 3 },
-  data: { train: "data/train.jsonl", eval: "data/heldout.jsonl" },
-  task: "calculator",
-  agent: {
-    systemPrompt: "Use the calculator tool.",
-    renderTools: false,
-    maxTurns: 2,
-    numChains: 4,
-    maxNewTokens: 24,
-    maxContextTokens: 256
-  },
-  warmup: { data: "data/demos.jsonl", steps: 4, batchSize: 8, lr: 0.003 },
-  // A KL term: its frozen reference is a second trainer on the server, and goes into every checkpoint.
-  algorithm: {
-    steps,
-    groupsPerStep: 4,
-    microBatchSize: 8,
-    lr: 0.001,
-    advantage: "reinforce++",
-    entropyCoef: 0.01,
-    klCoef: 0.05
-  },
-  eval: { every: 3, size: 8 },
-  checkpoint: { every: 2 },
-  learner: { workers: 2, ...learner }
-})
+const configOf = (output: string, learner: object) =>
+  calculatorRun({
+    seed: 13,
+    output,
+    // A KL term: its frozen reference is a second trainer on the server, and goes into every checkpoint.
+    algorithm: {
+      steps,
+      groupsPerStep: 4,
+      microBatchSize: 8,
+      lr: 0.001,
+      advantage: "reinforce++",
+      entropyCoef: 0.01,
+      klCoef: 0.05
+    },
+    eval: { every: 3, size: 8 },
+    checkpoint: { every: 2 },
+    learner: { workers: 2, ...learner }
+  })
 
 /** The weights' fingerprint in a run's last checkpoint. */
 const finalWeights = (dir: string, output: string): string =>

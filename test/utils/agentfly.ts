@@ -1,6 +1,7 @@
 /** Runs the `agentfly` CLI in a child process, as a user would. */
 import { Effect } from "effect"
 import { spawn } from "node:child_process"
+import type { ChildProcess } from "node:child_process"
 import { readFileSync, writeFileSync } from "node:fs"
 import { join, resolve } from "node:path"
 
@@ -67,3 +68,49 @@ export const evalCheckpoint = (config: string, dir: string, step: string) =>
       result: run.code === 0 ? JSON.parse(readFileSync(join(dir, "eval.json"), "utf8")) as Record<string, any> : undefined
     })
   )
+
+/**
+ * `agentfly COMMAND ARGS…` (`serve`, `rollout-worker`, `trainer`) in a child process for the life of the scope: the
+ * child, its API root once it says it listens (`… at http://HOST:PORT/v1`), and its output so far.
+ */
+export const startCommand = (command: string, args: ReadonlyArray<string>) =>
+  Effect.acquireRelease(
+    Effect.callback<{ readonly child: ChildProcess; readonly url: string; readonly output: () => string }, Error>(
+      (resume) => {
+        const child = spawn(process.execPath, ["--import", "tsx", "cli/main.ts", command, ...args], {
+          cwd: root,
+          stdio: ["ignore", "pipe", "pipe"]
+        })
+        let text = ""
+        child.stdout.on("data", (chunk: Buffer) => {
+          text += chunk.toString()
+          const url = /at (http:\/\/\S+\/v1)/.exec(text)?.[1]
+          if (url !== undefined) resume(Effect.succeed({ child, url, output: () => text }))
+        })
+        child.stderr.on("data", (chunk: Buffer) => (text += chunk.toString()))
+        child.on("exit", (code) => resume(Effect.fail(new Error(`${command} exited with ${code}: ${text}`))))
+        return Effect.sync(() => child.kill("SIGKILL"))
+      }
+    ),
+    ({ child }) => Effect.sync(() => child.kill("SIGKILL"))
+  )
+
+/**
+ * A short run of the calculator task on the tiny preset (data in `data/`, the model in `model/`, relative to the
+ * config file), four chains a row and a 4-step warm-up; `rest` adds or replaces top-level sections.
+ */
+export const calculatorRun = (rest: Record<string, unknown>) => ({
+  model: { path: "model", preset: "tiny", initSeed: 3 },
+  data: { train: "data/train.jsonl", eval: "data/heldout.jsonl" },
+  task: "calculator",
+  agent: {
+    systemPrompt: "Use the calculator tool.",
+    renderTools: false,
+    maxTurns: 2,
+    numChains: 4,
+    maxNewTokens: 24,
+    maxContextTokens: 256
+  },
+  warmup: { data: "data/demos.jsonl", steps: 4, batchSize: 8, lr: 0.003 },
+  ...rest
+})
