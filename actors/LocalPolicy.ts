@@ -11,6 +11,7 @@
  * @since 0.1.0
  */
 import { Context, Effect, Exit, FileSystem, Layer, Scope, Semaphore } from "effect"
+import { createHash } from "node:crypto"
 import * as Checkpoint from "../src/Checkpoint.ts"
 import * as Dataset from "../src/Dataset.ts"
 import * as DiskFull from "../src/internal/diskFull.ts"
@@ -153,8 +154,12 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
   // Each trainer lives in its own scope, closed when the next one replaces it (its sessions and worker threads go).
   const runScope = yield* Effect.scope
   // `learner.url`: the learner's steps run in an `agentfly trainer` process (here or on another machine).
+  // Its trainers are named after the run's output directory and seed, so that runs sharing a trainer server keep
+  // their own, and a resumed run replaces what its earlier process left there.
+  const runName = createHash("sha256").update(JSON.stringify([config.output, config.seed])).digest("hex").slice(0, 12)
   const remote = config.learner.url === undefined ? undefined : {
     url: config.learner.url,
+    name: `policy-${runName}`,
     token: process.env["AGENTFLY_TRAINER_TOKEN"] || undefined,
     model: folder.config,
     parameters: model.parameters,
@@ -239,7 +244,7 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
       : Effect.map(
         RemoteTrainer.make({
           ...remote,
-          name: "reference",
+          name: `reference-${runName}`,
           weights,
           loss: Loss.sft,
           optimizer,

@@ -48,6 +48,11 @@ export interface Options {
   readonly executionProvider?: "cpu" | "cuda" | undefined
   /** Largest request body, in bytes (default 2 GiB: a checkpoint is three times the weights). */
   readonly maxBodyBytes?: number | undefined
+  /**
+   * A trainer no call reached for this long is closed (default 1 hour): a run killed without closing its trainers
+   * leaves them here otherwise. A run that comes back later resumes from a checkpoint, which starts new ones.
+   */
+  readonly idleMillis?: number | undefined
   /** Told of every trainer a run initialises (the CLI prints it). */
   readonly onInit?: ((name: string, parameters: number, workers: number) => Effect.Effect<void>) | undefined
 }
@@ -65,6 +70,8 @@ interface Hosted {
   readonly parameters: ReadonlyArray<{ readonly name: string; readonly shape: ReadonlyArray<number> }>
   seq: number
   reply: Deferred.Deferred<Reply> | undefined
+  lastCall: number
+  running: boolean
 }
 
 const json = (status: number, message: string, code: string): Reply => ({
@@ -110,6 +117,18 @@ export const serve = Effect.fn("TrainerServer.serve")(function*(
       return h === undefined ? Effect.void : Scope.close(h.scope, Exit.void)
     })
   yield* Effect.addFinalizer(() => Effect.forEach([...hosted.keys()], drop, { discard: true }))
+  const idleMillis = options.idleMillis ?? 3_600_000
+  yield* lifecycle.withPermits(1)(Effect.suspend(() =>
+    Effect.forEach(
+      [...hosted].filter(([, h]) => !h.running && Date.now() - h.lastCall > idleMillis),
+      ([name]) => Effect.andThen(drop(name), Effect.logInfo(`trainer ${name}: closed after ${idleMillis / 1000} s without a call`)),
+      { discard: true }
+    )
+  )).pipe(
+    Effect.delay(Math.min(idleMillis, 60_000)),
+    Effect.forever,
+    Effect.forkScoped
+  )
 
   const init = (name: string, body: Wire.Frame) =>
     lifecycle.withPermits(1)(Effect.gen(function*() {
@@ -142,7 +161,16 @@ export const serve = Effect.fn("TrainerServer.serve")(function*(
         Effect.mapError(refused)
       )
       const session = `${name}-${++sessions}-${Date.now().toString(36)}`
-      hosted.set(name, { session, scope, trainer: made.trainer, parameters: model.parameters, seq: 0, reply: undefined })
+      hosted.set(name, {
+        session,
+        scope,
+        trainer: made.trainer,
+        parameters: model.parameters,
+        seq: 0,
+        reply: undefined,
+        lastCall: Date.now(),
+        running: false
+      })
       if (options.onInit !== undefined) {
         yield* options.onInit(name, model.parameters.reduce((n, p) => n + p.shape.reduce((a, b) => a * b, 1), 0), workers)
       }
@@ -242,6 +270,7 @@ export const serve = Effect.fn("TrainerServer.serve")(function*(
       if (h === undefined || h.session !== session) {
         return json(404, `no trainer "${name}" with session ${session} here`, "unknown_session")
       }
+      h.lastCall = Date.now()
       if (op === "close") {
         yield* lifecycle.withPermits(1)(hosted.get(name) === h ? drop(name) : Effect.void)
         return frame(Wire.encode({}))
@@ -253,7 +282,13 @@ export const serve = Effect.fn("TrainerServer.serve")(function*(
       const reply = yield* Deferred.make<Reply>()
       h.seq = seq
       h.reply = reply
-      const result = yield* Effect.match(operate(h, op, body), { onFailure: (r) => r, onSuccess: (r) => r })
+      h.running = true
+      const result = yield* Effect.match(operate(h, op, body), { onFailure: (r) => r, onSuccess: (r) => r }).pipe(
+        Effect.ensuring(Effect.sync(() => {
+          h.running = false
+          h.lastCall = Date.now()
+        }))
+      )
       yield* Deferred.succeed(reply, result)
       return result
     })

@@ -1,5 +1,5 @@
 /**
- * `agentfly trainer [--host 127.0.0.1] [--port 8400] [--workers N] [--device cpu|cuda]`: serves the learner's
+ * `agentfly trainer [--host 127.0.0.1] [--port 8400] [--workers N] [--idle-minutes 60] [--device cpu|cuda]`: serves the learner's
  * forward/backward passes and optimiser steps to runs whose `learner.url` points here, until interrupted (see
  * `actors/TrainerServer.ts`). It needs no model folder: each run sends its model's config and weights. With
  * `AGENTFLY_TRAINER_TOKEN` set, only requests bearing it are served (the run sends its own).
@@ -29,12 +29,17 @@ export const trainer = Command.make(
       Flag.filter((w) => w >= 1 && w <= 64, (w) => `--workers must be in [1, 64], got ${w}`),
       Flag.optional
     ),
+    idleMinutes: Flag.Int("idle-minutes").pipe(
+      Flag.withDescription("Close a trainer no call reached for this long (a run killed without closing it)"),
+      Flag.withDefault(60),
+      Flag.filter((m) => m >= 1, (m) => `--idle-minutes must be at least 1, got ${m}`)
+    ),
     device: Flag.Literals("device", ["cpu", "cuda"]).pipe(
       Flag.withDescription("onnxruntime's execution provider"),
       Flag.withDefault("cpu" as const)
     )
   },
-  Effect.fn("trainer")(function*({ host, port, workers, device }) {
+  Effect.fn("trainer")(function*({ host, port, workers, idleMinutes, device }) {
     const token = process.env["AGENTFLY_TRAINER_TOKEN"] || undefined
     const server = yield* TrainerServer.serve({
       host,
@@ -42,6 +47,7 @@ export const trainer = Command.make(
       token,
       workers: Option.getOrUndefined(workers),
       executionProvider: device,
+      idleMillis: idleMinutes * 60_000,
       onInit: (name, parameters, threads) =>
         Console.log(`trainer ${name}: ${(parameters / 1e6).toFixed(2)} M parameters, ${threads} worker(s), ${device}`)
     })

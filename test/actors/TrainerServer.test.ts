@@ -204,6 +204,34 @@ describe("RemoteTrainer and TrainerServer", () => {
       assert.include(lost.message, "resume the run from its last checkpoint")
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 60_000)
 
+  it.live("two runs' trainers live side by side; one left without calls is closed", () =>
+    Effect.gen(function*() {
+      const { baseUrl } = yield* TrainerServer.serve({ idleMillis: 1_000 })
+      const mbs = yield* batches(false)
+      const a = yield* remote(baseUrl, 1, { name: "policy-a" })
+      const b = yield* remote(baseUrl, 1, { name: "policy-b" })
+      const here = yield* local(1)
+      // Interleaved: each trainer's gradients are its own.
+      for (const mb of mbs) {
+        yield* a.forwardBackward(mb)
+        yield* b.forwardBackward(mb)
+        yield* here.forwardBackward(mb)
+      }
+      yield* Effect.all([a.optimStep, b.optimStep, here.optimStep])
+      const expected = weightBits(yield* here.weights)
+      assert.strictEqual(weightBits(yield* a.weights), expected)
+      assert.strictEqual(weightBits(yield* b.weights), expected)
+      // b keeps calling; a does not.
+      for (let i = 0; i < 8; i++) {
+        yield* Effect.sleep(250)
+        yield* b.step
+      }
+      const closed = yield* Effect.flip(a.step)
+      assert.strictEqual(closed.reason, "Remote")
+      assert.include(closed.message, "no longer holds")
+      assert.strictEqual(yield* b.step, 1)
+    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 60_000)
+
   it.effect("bad input gets typed refusals and the trainer goes on", () =>
     Effect.gen(function*() {
       const { baseUrl } = yield* TrainerServer.serve({ token: "s3cret" })
