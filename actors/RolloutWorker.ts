@@ -34,7 +34,8 @@ import type { Agent, RemoteRollouts } from "./Trainer.ts"
 
 // ===== Wire =====
 
-const WireRow = Schema.Struct({
+/** @internal */
+export const WireRow = Schema.Struct({
   index: Schema.Int,
   line: Schema.Int,
   question: Schema.optionalKey(Schema.String),
@@ -42,7 +43,8 @@ const WireRow = Schema.Struct({
   fields: Schema.Record(Schema.String, Schema.Unknown)
 })
 
-const RolloutRequest = Schema.Struct({
+/** @internal */
+export const RolloutRequest = Schema.Struct({
   agentKey: Schema.String,
   rows: Schema.Array(WireRow),
   firstSeq: Schema.Int,
@@ -53,8 +55,10 @@ const RolloutRequest = Schema.Struct({
   version: Schema.Int
 })
 
-const RolloutResponse = Schema.toCodecJson(Schema.Struct({ groups: Schema.Array(Trajectory.Group) }))
-const decodeResponse = Schema.decodeUnknownEffect(Schema.fromJsonString(RolloutResponse))
+/** @internal */
+export const RolloutResponse = Schema.toCodecJson(Schema.Struct({ groups: Schema.Array(Trajectory.Group) }))
+/** @internal */
+export const decodeResponse = Schema.decodeUnknownEffect(Schema.fromJsonString(RolloutResponse))
 const WorkerInfo = Schema.Struct({ task: Schema.String, agentKey: Schema.String })
 
 /**

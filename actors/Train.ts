@@ -42,6 +42,7 @@ import * as ChainFormat from "./ChainFormat.ts"
 import * as LocalPolicy from "./LocalPolicy.ts"
 import * as Metrics from "./Metrics.ts"
 import * as ResourceManager from "./ResourceManager.ts"
+import * as RolloutQueue from "./RolloutQueue.ts"
 import * as RolloutWorker from "./RolloutWorker.ts"
 import * as Trainer from "./Trainer.ts"
 
@@ -250,19 +251,31 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
       `${config.algorithm.steps} steps, seed ${config.seed}) → ${config.output}`
   )
   // Training batches on rollout workers when the run lists them; they sample on the run's inference servers.
-  const workers = config.rollout.workers
-  if (workers !== undefined && config.engine.servers === undefined) {
+  const { workers, queue } = config.rollout
+  if ((workers !== undefined || queue !== undefined) && config.engine.servers === undefined) {
     return yield* new Trainer.TrainerError({
       reason: "Workers",
-      message: "rollout.workers sample on inference servers: list them in engine.servers (agentfly serve " +
-        "--accept-weights), which every worker and this run reach"
+      message: `rollout.${workers !== undefined ? "workers" : "queue"} workers sample on inference servers: list ` +
+        "them in engine.servers (agentfly serve --accept-weights), which every worker and this run reach"
     })
   }
-  const rollouts = workers === undefined ? undefined : yield* RolloutWorker.client({
-    urls: workers,
-    agentKey: RolloutWorker.agentKey(task.name, config),
-    token: process.env["AGENTFLY_WORKER_TOKEN"] || undefined
-  })
+  if (workers !== undefined && queue !== undefined) {
+    return yield* new Trainer.TrainerError({
+      reason: "Workers",
+      message: "rollout.workers and rollout.queue are two ways to reach rollout workers: give one"
+    })
+  }
+  const agentKey = RolloutWorker.agentKey(task.name, config)
+  const rollouts = workers !== undefined
+    ? yield* RolloutWorker.client({ urls: workers, agentKey, token: process.env["AGENTFLY_WORKER_TOKEN"] || undefined })
+    : queue !== undefined
+    ? yield* RolloutQueue.client({
+      url: queue,
+      agentKey,
+      shareRows: config.rollout.shareRows,
+      timeoutSeconds: config.rollout.timeoutSeconds
+    })
+    : undefined
   const summary = yield* Trainer.run({
     task,
     rollouts,

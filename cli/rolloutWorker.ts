@@ -1,19 +1,22 @@
 /**
- * `agentfly rollout-worker CONFIG [--host 127.0.0.1] [--port 8300]`: runs a training run's rollouts for its trainer
- * (`rollout.workers`), here or on another machine, until interrupted (see `actors/RolloutWorker.ts`). It loads the
+ * `agentfly rollout-worker CONFIG [--host 127.0.0.1] [--port 8300] [--queue redis://… [--concurrency 2]]`: runs a
+ * training run's rollouts for its trainer, here or on another machine, until interrupted: listening for the shares
+ * its trainer sends (`rollout.workers`, `actors/RolloutWorker.ts`) or, with `--queue`, taking them from the run's
+ * Redis queue (`rollout.queue`, `actors/RolloutQueue.ts`). It loads the
  * run's own config and task (the same file the trainer runs, so that its agent key matches), the model folder's
  * tokenizer and template (`model.path`, which must exist), and samples on the run's `engine.servers`. With
  * `AGENTFLY_WORKER_TOKEN` set, only requests bearing it are served (the trainer sends its own).
  *
  * @since 0.1.0
  */
-import { Console, Effect } from "effect"
+import { Console, Effect, Option } from "effect"
 import type { Scope } from "effect"
 import { Argument, Command, Flag } from "effect/cli"
 import * as ChainFormat from "../actors/ChainFormat.ts"
 import * as InferenceServers from "../actors/InferenceServers.ts"
 import * as LocalPolicy from "../actors/LocalPolicy.ts"
 import * as ResourceManager from "../actors/ResourceManager.ts"
+import * as RolloutQueue from "../actors/RolloutQueue.ts"
 import * as RolloutWorker from "../actors/RolloutWorker.ts"
 import * as Trainer from "../actors/Trainer.ts"
 import * as AgentTask from "../src/AgentTask.ts"
@@ -39,9 +42,23 @@ export const rolloutWorker = Command.make(
       Flag.withDescription("Port to listen on (0: any free port)"),
       Flag.withDefault(8300),
       Flag.filter((p) => p >= 0 && p <= 65535, (p) => `--port must be in [0, 65535], got ${p}`)
+    ),
+    queue: Flag.String("queue").pipe(
+      Flag.withDescription("Take shares from this Redis queue (the run's rollout.queue) instead of listening"),
+      Flag.optional
+    ),
+    concurrency: Flag.Int("concurrency").pipe(
+      Flag.withDescription("With --queue: shares run at once"),
+      Flag.withDefault(2),
+      Flag.filter((n) => n >= 1 && n <= 256, (n) => `--concurrency must be in [1, 256], got ${n}`)
+    ),
+    claimSeconds: Flag.Int("claim-seconds").pipe(
+      Flag.withDescription("With --queue: take over a share another worker left untouched this long"),
+      Flag.withDefault(30),
+      Flag.filter((n) => n >= 1, (n) => `--claim-seconds must be at least 1, got ${n}`)
     )
   },
-  Effect.fn("rollout-worker")(function*({ config: file, host, port }) {
+  Effect.fn("rollout-worker")(function*({ config: file, host, port, queue, concurrency, claimSeconds }) {
     const { task, config: requested } = yield* Setup.load(file)
     if (AgentTask.isAgentTask(task)) {
       return yield* workerError("rollout workers run tasks of tools, rewards and environments, not agent functions")
@@ -67,10 +84,24 @@ export const rolloutWorker = Command.make(
       parameters: Qwen2.parameters(folder.config),
       token: process.env["AGENTFLY_WEIGHTS_TOKEN"] || undefined
     })
+    const key = RolloutWorker.agentKey(task.name, config)
+    if (Option.isSome(queue)) {
+      yield* Console.log(
+        `rollout worker for task ${task.name} (agent key ${key}) on the queue ${queue.value}, ${concurrency} share(s) ` +
+          `at once, sampling on ${urls.length} inference server${urls.length === 1 ? "" : "s"}`
+      )
+      return yield* RolloutQueue.work(agent, servers, key, {
+        url: queue.value,
+        concurrency,
+        claimSeconds,
+        onShare: (id, rows, claimed) =>
+          Console.log(`share ${id}: ${rows} row(s)${claimed ? ", claimed from a worker that stopped" : ""}`)
+      })
+    }
     const token = process.env["AGENTFLY_WORKER_TOKEN"] || undefined
     const worker = yield* RolloutWorker.serve(agent, servers, { host, port, token })
     yield* Console.log(
-      `rollout worker for task ${task.name} (agent key ${RolloutWorker.agentKey(task.name, config)}) at ` +
+      `rollout worker for task ${task.name} (agent key ${key}) at ` +
         `${worker.baseUrl}, sampling on ${urls.length} inference server${urls.length === 1 ? "" : "s"}` +
         (token === undefined ? "" : ", requests must bear AGENTFLY_WORKER_TOKEN")
     )

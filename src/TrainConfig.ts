@@ -297,7 +297,19 @@ export const EngineConfig = Schema.Struct({
  * @since 0.1.0
  */
 export const RolloutConfig = Schema.Struct({
-  workers: Schema.optionalKey(Schema.Array(ApiRoot).check(Schema.isMinLength(1)))
+  workers: Schema.optionalKey(Schema.Array(ApiRoot).check(Schema.isMinLength(1))),
+  /**
+   * Instead of `workers`: a Redis server (`redis://HOST:PORT`) whose streams carry the batches' shares to whichever
+   * `agentfly rollout-worker CONFIG --queue URL` processes are running, and their groups back
+   * (`actors/RolloutQueue.ts`): workers may join and leave during the run; a dead worker's share goes to another.
+   */
+  queue: Schema.optionalKey(Schema.String.check(Schema.makeFilter((url) =>
+    /^rediss?:\/\/[^/\s]+/.test(url) || `expected a Redis address such as redis://10.0.0.7:6379, got ${JSON.stringify(url)}`
+  ))),
+  /** Rows a share of the queue (default: each batch in 8 shares). */
+  shareRows: Schema.optionalKey(Schema.Int.check(Schema.isBetween({ minimum: 1, maximum: 1_000_000 }))),
+  /** How long a batch on the queue may wait for its groups before the run stops (default 1,800 s). */
+  timeoutSeconds: Schema.optionalKey(Schema.Int.check(Schema.isBetween({ minimum: 1, maximum: 86_400 })))
 })
 
 /**

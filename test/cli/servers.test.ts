@@ -14,6 +14,7 @@ import { join } from "node:path"
 import * as Generate from "../../examples/calculator/generate.ts"
 import * as ModelFolder from "../../src/ModelFolder.ts"
 import { agentfly, calculatorRun, metricsOf, startCommand } from "../utils/agentfly.ts"
+import { redisServer } from "../utils/redisServer.ts"
 
 const start = startCommand
 
@@ -118,4 +119,69 @@ describe("agentfly train with inference servers and rollout workers", () => {
       assert.notStrictEqual(refused.code, 0)
       assert.include(refused.output, `rollout worker ${w1.url} runs task "calculator" with another config`)
     }).pipe(Effect.provide(NodeServices.layer))), { timeout: 240_000 })
+
+  it.live("rollout workers on a Redis queue: one SIGKILLed mid-share, the other claims its share; no worker, a typed stop", () =>
+    Effect.scoped(Effect.gen(function*() {
+      const dir = yield* runDir
+      const redis = yield* redisServer
+      const server = yield* start("serve", ["--model-dir", join(dir, "model"), "--port", "0", "--accept-weights"])
+      const steps = 6
+      const config = join(dir, "config.json")
+      writeFileSync(config, JSON.stringify(configOf(steps, { servers: [server.url] }, { queue: redis.url, shareRows: 1 })))
+      const onQueue = /on the queue (\S+),/
+      const worker = (file: string) =>
+        start("rollout-worker", [file, "--queue", redis.url, "--claim-seconds", "2", "--concurrency", "2"], onQueue)
+      const w1 = yield* worker(config)
+      const w2 = yield* worker(config)
+      // Worker 2 dies right after it takes a share, once the run has logged two steps.
+      const metrics = join(dir, "run", "metrics.jsonl")
+      const shareLines = () => (w2.output().match(/^share /gm) ?? []).length
+      let killedAt: number | undefined
+      let sharesThen: number | undefined
+      const watch = setInterval(() => {
+        if (killedAt !== undefined || !existsSync(metrics)) return
+        const trained = readFileSync(metrics, "utf8").split("\n").filter((l) => l.includes('"phase":"train"')).length
+        if (trained < 2) return
+        if (sharesThen === undefined) sharesThen = shareLines()
+        else if (shareLines() > sharesThen) {
+          killedAt = trained
+          w2.child.kill("SIGKILL")
+        }
+      }, 5)
+      const run = yield* agentfly(["train", config]).pipe(Effect.ensuring(Effect.sync(() => clearInterval(watch))))
+      assert.strictEqual(run.code, 0, run.output)
+      assert.isDefined(killedAt, "worker 2 was never killed")
+      assert.include(run.output, `trained ${steps} of ${steps} steps`)
+      assert.include(w1.output(), "claimed from a worker that stopped")
+      const trainSteps = metricsOf(join(dir, "run")).filter((m) => m.phase === "train")
+      assert.strictEqual(trainSteps.length, steps)
+      // Every batch in 4 shares (a row each), every step's rollouts sampled.
+      for (const m of trainSteps) {
+        assert.strictEqual(m.figures["workers/shares"], 4)
+        assert.isAbove(m.figures["rollout/policy_tokens"]!, 0)
+      }
+      // Both workers took shares before the kill.
+      assert.isAbove(shareLines(), 0)
+      assert.isAbove((w1.output().match(/^share /gm) ?? []).length, 0)
+
+      // No worker of this config left, one of another config running: the run stops, naming what it saw.
+      w1.child.kill("SIGKILL")
+      const otherConfig = join(dir, "other.json")
+      writeFileSync(otherConfig, JSON.stringify({
+        ...configOf(steps, { servers: [server.url] }, { queue: redis.url }),
+        agent: { systemPrompt: "Another prompt.", renderTools: false, maxContextTokens: 256 },
+        output: "other"
+      }))
+      const other = yield* worker(otherConfig)
+      const alone = join(dir, "alone.json")
+      writeFileSync(alone, JSON.stringify({
+        ...configOf(steps, { servers: [server.url] }, { queue: redis.url, timeoutSeconds: 3 }),
+        output: "alone"
+      }))
+      const stopped = yield* agentfly(["train", alone])
+      assert.notStrictEqual(stopped.code, 0)
+      assert.include(stopped.output, "got no result from the rollout queue")
+      assert.match(stopped.output, /workers seen in the last 30 s: .*agent key/)
+      assert.include(other.output(), "on the queue")
+    }).pipe(Effect.provide(NodeServices.layer))), { timeout: 300_000 })
 })

@@ -71,9 +71,10 @@ export const evalCheckpoint = (config: string, dir: string, step: string) =>
 
 /**
  * `agentfly COMMAND ARGS…` (`serve`, `rollout-worker`, `trainer`) in a child process for the life of the scope: the
- * child, its API root once it says it listens (`… at http://HOST:PORT/v1`), and its output so far.
+ * child, its API root once it says it listens (`… at http://HOST:PORT/v1`; or what `ready` captures), and its output
+ * so far.
  */
-export const startCommand = (command: string, args: ReadonlyArray<string>) =>
+export const startCommand = (command: string, args: ReadonlyArray<string>, ready = /at (http:\/\/\S+\/v1)/) =>
   Effect.acquireRelease(
     Effect.callback<{ readonly child: ChildProcess; readonly url: string; readonly output: () => string }, Error>(
       (resume) => {
@@ -84,7 +85,7 @@ export const startCommand = (command: string, args: ReadonlyArray<string>) =>
         let text = ""
         child.stdout.on("data", (chunk: Buffer) => {
           text += chunk.toString()
-          const url = /at (http:\/\/\S+\/v1)/.exec(text)?.[1]
+          const url = ready.exec(text)?.[1]
           if (url !== undefined) resume(Effect.succeed({ child, url, output: () => text }))
         })
         child.stderr.on("data", (chunk: Buffer) => (text += chunk.toString()))
