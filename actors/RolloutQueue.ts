@@ -17,7 +17,7 @@
  *
  * @since 0.1.0
  */
-import { Effect, Schema } from "effect"
+import { Cause, Effect, Schema } from "effect"
 import type { Scope } from "effect"
 import { Redis } from "ioredis"
 import { randomUUID } from "node:crypto"
@@ -42,8 +42,9 @@ const connect = (url: string) =>
   Effect.acquireRelease(
     Effect.tryPromise({
       try: () => {
-        const redis = new Redis(url, { lazyConnect: true, maxRetriesPerRequest: null })
-        redis.on("error", (_: unknown) => undefined) // reconnects in the background; commands wait for it
+        // A command waits through 20 reconnection attempts (≈ 10 s) for a lost connection, then fails.
+        const redis = new Redis(url, { lazyConnect: true, maxRetriesPerRequest: 20 })
+        redis.on("error", (_: unknown) => undefined) // reconnects in the background
         return redis.connect().then(() => redis, (e) => (redis.disconnect(), Promise.reject(e)))
       },
       catch: (e) => workersError(`the rollout queue ${url} cannot be reached (${String((e as Error).message ?? e)})`)
@@ -111,14 +112,18 @@ export const client = Effect.fn("RolloutQueue.client")(function*(
   yield* Effect.addFinalizer(() => Effect.promise(() => redis.del(results, `${results}:alive`)).pipe(Effect.ignore))
 
   let lastId = "0-0"
-  let counted = { shares: 0, duplicates: 0 }
-  const totals = { shares: 0, duplicates: 0 }
+  let counted = { shares: 0, duplicates: 0, resent: 0 }
+  const totals = { shares: 0, duplicates: 0, resent: 0 }
 
-  const seenWorkers = Effect.promise(() => redis.hgetall(WORKERS)).pipe(
+  const seenWorkers = Effect.promise(() => redis.hgetall(WORKERS).catch(() => ({}))).pipe(
     Effect.map((all) =>
       Object.entries(all).flatMap(([id, json]) => {
-        const w = JSON.parse(json) as { agentKey: string; task: string; seen: number }
-        return Date.now() - w.seen < 30_000 ? [`${id} (task ${w.task}, agent key ${w.agentKey})`] : []
+        try {
+          const w = JSON.parse(json) as { agentKey: string; task: string; seen: number }
+          return Date.now() - w.seen < 30_000 ? [`${id} (task ${w.task}, agent key ${w.agentKey})`] : []
+        } catch {
+          return []
+        }
       })
     )
   )
@@ -128,7 +133,18 @@ export const client = Effect.fn("RolloutQueue.client")(function*(
       const size = Math.max(1, options.shareRows ?? Math.ceil(rows.length / 8))
       const batch = randomUUID().slice(0, 8)
       const shares = new Map<string, Array<Trajectory.Group> | undefined>()
-      const pipeline = redis.multi()
+      // Each share's payload and stream entry, to send it again if the queue loses it (Redis restarted).
+      const sent = new Map<string, { payload: string; entry: string; lost: number }>()
+      const send = (ids: ReadonlyArray<string>) =>
+        Effect.gen(function*() {
+          const pipeline = redis.multi()
+          for (const id of ids) pipeline.xadd(keys.shares, "*", "p", sent.get(id)!.payload)
+          const replies = (yield* command("XADD", () => pipeline.exec())) ?? []
+          ids.forEach((id, i) => {
+            const entry = replies[i]?.[1]
+            if (typeof entry === "string") sent.set(id, { ...sent.get(id)!, entry, lost: 0 })
+          })
+        })
       for (let r0 = 0; r0 < rows.length; r0 += size) {
         const id = `${batch}-${r0}`
         shares.set(id, undefined)
@@ -139,11 +155,12 @@ export const client = Effect.fn("RolloutQueue.client")(function*(
           rowOffset: r0,
           version
         }
-        pipeline.xadd(keys.shares, "*", "p", JSON.stringify({ id, replyTo: results, request }))
+        sent.set(id, { payload: JSON.stringify({ id, replyTo: results, request }), entry: "", lost: 0 })
       }
-      yield* command("XADD", () => pipeline.exec())
+      yield* send([...shares.keys()])
       const deadline = Date.now() + (options.timeoutSeconds ?? 1800) * 1000
       let missing = shares.size
+      let checked = Date.now()
       while (missing > 0) {
         if (Date.now() > deadline) {
           const seen = yield* seenWorkers
@@ -153,6 +170,26 @@ export const client = Effect.fn("RolloutQueue.client")(function*(
               `the last 30 s: ${seen.length === 0 ? "none" : seen.join(", ")}. Start ` +
               "`agentfly rollout-worker CONFIG --queue URL` with this run's config"
           )
+        }
+        if (Date.now() - checked > 10_000) {
+          // A share neither answered nor on the stream at two checks in a row was lost with the queue's memory.
+          checked = Date.now()
+          const lost: Array<string> = []
+          for (const [id, s] of sent) {
+            if (shares.get(id) !== undefined) continue
+            const there = yield* command("XRANGE", () => redis.xrange(keys.shares, s.entry, s.entry))
+            s.lost = there.length === 0 ? s.lost + 1 : 0
+            if (s.lost >= 2) lost.push(id)
+          }
+          if (lost.length > 0) {
+            yield* Effect.logWarning(
+              `the rollout queue ${options.url} lost ${lost.length} share(s) of a batch (restarted?): sending them again`
+            )
+            yield* ensureGroup(redis, keys.shares)
+            yield* command("SET", alive)
+            yield* send(lost)
+            totals.resent += lost.length
+          }
         }
         const raw = yield* command("XREAD", () => reader.xread("COUNT", 100, "BLOCK", 1000, "STREAMS", results, lastId))
         const got = raw === null ? [] : entries(raw[0]![1])
@@ -180,7 +217,8 @@ export const client = Effect.fn("RolloutQueue.client")(function*(
   const figures = Effect.sync(() => {
     const out = {
       "workers/shares": totals.shares - counted.shares,
-      "workers/duplicates": totals.duplicates - counted.duplicates
+      "workers/duplicates": totals.duplicates - counted.duplicates,
+      "workers/resent": totals.resent - counted.resent
     }
     counted = { ...totals }
     return out
@@ -225,7 +263,7 @@ export const work = Effect.fn("RolloutQueue.work")(function*(
   yield* ensureGroup(control, keys.shares)
   const beat = () =>
     control.hset(WORKERS, name, JSON.stringify({ agentKey, task: agent.runtime.task.name, seen: Date.now() }))
-  yield* Effect.promise(beat).pipe(Effect.andThen(Effect.sleep("5 seconds")), Effect.forever, Effect.forkScoped)
+  yield* Effect.tryPromise(beat).pipe(Effect.ignore, Effect.andThen(Effect.sleep("5 seconds")), Effect.forever, Effect.forkScoped)
   yield* Effect.addFinalizer(() => Effect.promise(() => control.hdel(WORKERS, name)).pipe(Effect.ignore))
 
   const run = (id: string, raw: string, claimed: boolean) =>
@@ -257,7 +295,8 @@ export const work = Effect.fn("RolloutQueue.work")(function*(
 
   const slot = Effect.gen(function*() {
     const reader = yield* connect(options.url)
-    while (true) {
+    // One share at a time; a lost Redis connection or a share that failed here is logged and the loop goes on.
+    const next = Effect.gen(function*() {
       // A dead worker's share first, then a new one.
       const claimed = yield* Effect.promise(() =>
         reader.xautoclaim(keys.shares, GROUP, name, claimMs, "0-0", "COUNT", 1)
@@ -265,12 +304,18 @@ export const work = Effect.fn("RolloutQueue.work")(function*(
       const taken = claimed.length > 0 ? claimed : yield* Effect.promise(() =>
         reader.xreadgroup("GROUP", GROUP, name, "COUNT", 1, "BLOCK", 1000, "STREAMS", keys.shares, ">")
       ).pipe(Effect.map((r) => r === null ? [] : entries((r as Array<[string, unknown]>)[0]![1])))
-      for (const { id, payload } of taken) {
-        yield* run(id, payload, claimed.length > 0).pipe(
-          Effect.catchCause((cause) => Effect.logWarning(`rollout share ${id} failed here: ${String(cause)}`))
+      for (const { id, payload } of taken) yield* run(id, payload, claimed.length > 0)
+    }).pipe(
+      Effect.catchCause((cause) => {
+        const why = Cause.pretty(cause).split("\n")[0]!
+        return Effect.logWarning(`rollout queue: ${why}; going on in 1 s`).pipe(
+          Effect.andThen(Effect.sleep("1 second")),
+          // A Redis that restarted without persistence forgot the consumer group.
+          Effect.andThen(why.includes("NOGROUP") ? Effect.ignore(ensureGroup(control, keys.shares)) : Effect.void)
         )
-      }
-    }
+      })
+    )
+    return yield* Effect.forever(next)
   }).pipe(Effect.scoped)
   yield* Effect.all(Array.from({ length: options.concurrency ?? 2 }, () => slot), { concurrency: "unbounded" })
   return yield* Effect.never

@@ -120,7 +120,7 @@ describe("agentfly train with inference servers and rollout workers", () => {
       assert.include(refused.output, `rollout worker ${w1.url} runs task "calculator" with another config`)
     }).pipe(Effect.provide(NodeServices.layer))), { timeout: 240_000 })
 
-  it.live("rollout workers on a Redis queue: one SIGKILLed mid-share, the other claims its share; no worker, a typed stop", () =>
+  it.live("rollout workers on a Redis queue: one SIGKILLed mid-share, the other claims its share; Redis restarted mid-batch, lost shares sent again; no worker, a typed stop", () =>
     Effect.scoped(Effect.gen(function*() {
       const dir = yield* runDir
       const redis = yield* redisServer
@@ -129,8 +129,8 @@ describe("agentfly train with inference servers and rollout workers", () => {
       const config = join(dir, "config.json")
       writeFileSync(config, JSON.stringify(configOf(steps, { servers: [server.url] }, { queue: redis.url, shareRows: 1 })))
       const onQueue = /on the queue (\S+),/
-      const worker = (file: string) =>
-        start("rollout-worker", [file, "--queue", redis.url, "--claim-seconds", "2", "--concurrency", "2"], onQueue)
+      const worker = (file: string, concurrency = 2) =>
+        start("rollout-worker", [file, "--queue", redis.url, "--claim-seconds", "2", "--concurrency", String(concurrency)], onQueue)
       const w1 = yield* worker(config)
       const w2 = yield* worker(config)
       // Worker 2 dies right after it takes a share, once the run has logged two steps.
@@ -164,8 +164,37 @@ describe("agentfly train with inference servers and rollout workers", () => {
       assert.isAbove(shareLines(), 0)
       assert.isAbove((w1.output().match(/^share /gm) ?? []).length, 0)
 
-      // No worker of this config left, one of another config running: the run stops, naming what it saw.
+      // Redis restarts (no persistence) while a batch waits on the queue: the run sends the lost shares again.
       w1.child.kill("SIGKILL")
+      const w3 = yield* worker(config, 1)
+      const restart = join(dir, "restart.json")
+      writeFileSync(restart, JSON.stringify({
+        ...configOf(3, { servers: [server.url] }, { queue: redis.url, shareRows: 1 }),
+        output: "restart"
+      }))
+      const restartMetrics = join(dir, "restart", "metrics.jsonl")
+      const w3Shares = () => (w3.output().match(/^share /gm) ?? []).length
+      let restarted = false
+      let w3Then: number | undefined
+      const watchRestart = setInterval(() => {
+        if (restarted || !existsSync(restartMetrics)) return
+        if (!readFileSync(restartMetrics, "utf8").includes('"phase":"train"')) return
+        if (w3Then === undefined) w3Then = w3Shares()
+        else if (w3Shares() > w3Then) {
+          restarted = true
+          Effect.runFork(Effect.andThen(redis.kill, redis.start))
+        }
+      }, 5)
+      const survived = yield* agentfly(["train", restart]).pipe(Effect.ensuring(Effect.sync(() => clearInterval(watchRestart))))
+      assert.strictEqual(survived.code, 0, survived.output)
+      assert.isTrue(restarted, "redis was never restarted")
+      assert.include(survived.output, "trained 3 of 3 steps")
+      assert.include(survived.output, "sending them again")
+      const resent = metricsOf(join(dir, "restart")).filter((m) => m.phase === "train").map((m) => m.figures["workers/resent"]!)
+      assert.isAbove(Math.max(...resent), 0)
+      w3.child.kill("SIGKILL")
+
+      // No worker of this config left, one of another config running: the run stops, naming what it saw.
       const otherConfig = join(dir, "other.json")
       writeFileSync(otherConfig, JSON.stringify({
         ...configOf(steps, { servers: [server.url] }, { queue: redis.url }),
