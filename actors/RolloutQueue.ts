@@ -17,7 +17,7 @@
  *
  * @since 0.1.0
  */
-import { Cause, Effect, Schema } from "effect"
+import { Effect, Schema } from "effect"
 import type { Scope } from "effect"
 import { Redis } from "ioredis"
 import { randomUUID } from "node:crypto"
@@ -37,6 +37,11 @@ const keysOf = (agentKey: string) => {
 }
 
 const workersError = (message: string) => new TrainerError({ reason: "Workers", message })
+const messageOf = (e: unknown) => String((e as Error).message ?? e)
+
+/** One Redis command, its failure typed (`Workers`, naming the queue and the command). */
+const call = (url: string) => <A>(what: string, f: () => Promise<A>) =>
+  Effect.tryPromise({ try: f, catch: (e) => workersError(`the rollout queue ${url}: ${what} failed (${messageOf(e)})`) })
 
 const connect = (url: string) =>
   Effect.acquireRelease(
@@ -47,26 +52,30 @@ const connect = (url: string) =>
         redis.on("error", (_: unknown) => undefined) // reconnects in the background
         return redis.connect().then(() => redis, (e) => (redis.disconnect(), Promise.reject(e)))
       },
-      catch: (e) => workersError(`the rollout queue ${url} cannot be reached (${String((e as Error).message ?? e)})`)
+      catch: (e) => workersError(`the rollout queue ${url} cannot be reached (${messageOf(e)})`)
     }),
     (redis) => Effect.sync(() => redis.disconnect())
   )
 
+/** The shares stream's consumer group, created with the stream unless it exists. */
 const ensureGroup = (redis: Redis, stream: string) =>
-  Effect.tryPromise({
-    try: () => redis.xgroup("CREATE", stream, GROUP, "$", "MKSTREAM"),
-    catch: (e) => e
-  }).pipe(Effect.catch((e) =>
-    String((e as Error).message ?? e).includes("BUSYGROUP")
-      ? Effect.void
-      : Effect.fail(workersError(`the rollout queue: ${String((e as Error).message ?? e)}`))
-  ))
+  Effect.tryPromise({ try: () => redis.xgroup("CREATE", stream, GROUP, "$", "MKSTREAM"), catch: messageOf }).pipe(
+    Effect.catch((why) => why.includes("BUSYGROUP") ? Effect.void : Effect.fail(workersError(`the rollout queue: ${why}`)))
+  )
 
-/** `[id, [field, value, …]]` entries → `{ id, payload }` (the one field is `p`). */
+/** `[id, [field, value, …]]` entries → `{ id, payload }` (the one field is `p`); deleted entries are skipped. */
 const entries = (raw: unknown): Array<{ readonly id: string; readonly payload: string }> =>
   ((raw ?? []) as Array<[string, Array<string> | null]>).flatMap(([id, fields]) =>
     fields === null ? [] : [{ id, payload: fields[fields.indexOf("p") + 1] ?? "" }]
   )
+
+const parse = <A>(text: string): A | undefined => {
+  try {
+    return JSON.parse(text) as A
+  } catch {
+    return undefined
+  }
+}
 
 // ===== Trainer side =====
 
@@ -85,6 +94,15 @@ export interface ClientOptions {
   readonly timeoutSeconds?: number | undefined
 }
 
+/** A share on its way: what was sent (to send it again), where it sits on the stream, its groups once back. */
+interface Pending {
+  readonly payload: string
+  entry: string
+  /** Checks in a row that found it neither answered nor on the stream. */
+  lost: number
+  groups: Array<Trajectory.Group> | undefined
+}
+
 /**
  * The trainer's side: batches put on the queue and their groups gathered.
  *
@@ -96,122 +114,120 @@ export const client = Effect.fn("RolloutQueue.client")(function*(
 ): Effect.fn.Return<RemoteRollouts, TrainerError, Scope.Scope> {
   const redis = yield* connect(options.url)
   const reader = yield* connect(options.url)
+  const command = call(options.url)
   const keys = keysOf(options.agentKey)
-  const token = randomUUID()
-  const results = keys.results(token)
+  const results = keys.results(randomUUID())
+  const timeoutSeconds = options.timeoutSeconds ?? 1800
   yield* ensureGroup(redis, keys.shares)
-  const command = <A>(what: string, f: () => Promise<A>) =>
-    Effect.tryPromise({
-      try: f,
-      catch: (e) => workersError(`the rollout queue ${options.url}: ${what} failed (${String((e as Error).message ?? e)})`)
-    })
   // Workers run a share only while its trainer is alive.
-  const alive = () => redis.set(`${results}:alive`, "1", "EX", 30)
-  yield* command("SET", alive)
-  yield* command("SET", alive).pipe(Effect.delay("10 seconds"), Effect.forever, Effect.ignore, Effect.forkScoped)
-  yield* Effect.addFinalizer(() => Effect.promise(() => redis.del(results, `${results}:alive`)).pipe(Effect.ignore))
+  const alive = command("SET", () => redis.set(`${results}:alive`, "1", "EX", 30))
+  yield* alive
+  yield* alive.pipe(Effect.delay("10 seconds"), Effect.forever, Effect.ignore, Effect.forkScoped)
+  yield* Effect.addFinalizer(() => Effect.ignore(command("DEL", () => redis.del(results, `${results}:alive`))))
 
   let lastId = "0-0"
-  let counted = { shares: 0, duplicates: 0, resent: 0 }
   const totals = { shares: 0, duplicates: 0, resent: 0 }
+  let counted = { ...totals }
 
-  const seenWorkers = Effect.promise(() => redis.hgetall(WORKERS).catch(() => ({}))).pipe(
-    Effect.map((all) =>
+  const seenWorkers = Effect.map(
+    Effect.orElseSucceed(command("HGETALL", () => redis.hgetall(WORKERS)), () => ({} as Record<string, string>)),
+    (all) =>
       Object.entries(all).flatMap(([id, json]) => {
-        try {
-          const w = JSON.parse(json) as { agentKey: string; task: string; seen: number }
-          return Date.now() - w.seen < 30_000 ? [`${id} (task ${w.task}, agent key ${w.agentKey})`] : []
-        } catch {
-          return []
-        }
+        const w = parse<{ agentKey: string; task: string; seen: number }>(json)
+        return w !== undefined && Date.now() - w.seen < 30_000 ? [`${id} (task ${w.task}, agent key ${w.agentKey})`] : []
       })
-    )
   )
+
+  const send = (shares: ReadonlyArray<Pending>) =>
+    Effect.gen(function*() {
+      const pipeline = redis.multi()
+      for (const share of shares) pipeline.xadd(keys.shares, "*", "p", share.payload)
+      const replies = (yield* command("XADD", () => pipeline.exec())) ?? []
+      shares.forEach((share, i) => {
+        const entry = replies[i]?.[1]
+        if (typeof entry === "string") share.entry = entry
+        share.lost = 0
+      })
+    })
+
+  /** Shares neither answered nor on the stream at two checks in a row were lost with the queue's memory. */
+  const resendLost = (batch: ReadonlyMap<string, Pending>) =>
+    Effect.gen(function*() {
+      const lost: Array<Pending> = []
+      for (const share of batch.values()) {
+        if (share.groups !== undefined) continue
+        const there = yield* command("XRANGE", () => redis.xrange(keys.shares, share.entry, share.entry))
+        share.lost = there.length === 0 ? share.lost + 1 : 0
+        if (share.lost >= 2) lost.push(share)
+      }
+      if (lost.length === 0) return
+      yield* Effect.logWarning(
+        `the rollout queue ${options.url} lost ${lost.length} share(s) of a batch (restarted?): sending them again`
+      )
+      yield* ensureGroup(redis, keys.shares)
+      yield* alive
+      yield* send(lost)
+      totals.resent += lost.length
+    })
+
+  /** Results that arrived (waiting up to a second); the count of shares answered for the first time. */
+  const readResults = (batch: ReadonlyMap<string, Pending>) =>
+    Effect.gen(function*() {
+      const raw = yield* command("XREAD", () => reader.xread("COUNT", 100, "BLOCK", 1000, "STREAMS", results, lastId))
+      const got = raw === null ? [] : entries(raw[0]![1])
+      let answered = 0
+      for (const { id, payload } of got) {
+        lastId = id
+        const reply = parse<{ id: string; groups?: unknown; error?: string }>(payload)
+        const share = reply === undefined ? undefined : batch.get(reply.id)
+        if (reply === undefined || share === undefined) continue
+        if (share.groups !== undefined) {
+          totals.duplicates++
+          continue
+        }
+        if (reply.error !== undefined) return yield* workersError(`a rollout worker failed a share: ${reply.error}`)
+        const decoded = yield* decodeResponse(JSON.stringify({ groups: reply.groups })).pipe(
+          Effect.mapError((e) => workersError(`a rollout worker answered groups that do not decode: ${e.message}`))
+        )
+        share.groups = [...decoded.groups]
+        totals.shares++
+        answered++
+      }
+      if (got.length > 0) yield* command("XTRIM", () => redis.xtrim(results, "MINID", lastId))
+      return answered
+    })
 
   const collect: RemoteRollouts["collect"] = (rows, sampling, version) =>
     Effect.gen(function*() {
       const size = Math.max(1, options.shareRows ?? Math.ceil(rows.length / 8))
-      const batch = randomUUID().slice(0, 8)
-      const shares = new Map<string, Array<Trajectory.Group> | undefined>()
-      // Each share's payload and stream entry, to send it again if the queue loses it (Redis restarted).
-      const sent = new Map<string, { payload: string; entry: string; lost: number }>()
-      const send = (ids: ReadonlyArray<string>) =>
-        Effect.gen(function*() {
-          const pipeline = redis.multi()
-          for (const id of ids) pipeline.xadd(keys.shares, "*", "p", sent.get(id)!.payload)
-          const replies = (yield* command("XADD", () => pipeline.exec())) ?? []
-          ids.forEach((id, i) => {
-            const entry = replies[i]?.[1]
-            if (typeof entry === "string") sent.set(id, { ...sent.get(id)!, entry, lost: 0 })
-          })
-        })
+      const id = randomUUID().slice(0, 8)
+      const batch = new Map<string, Pending>()
       for (let r0 = 0; r0 < rows.length; r0 += size) {
-        const id = `${batch}-${r0}`
-        shares.set(id, undefined)
-        const request = {
-          agentKey: options.agentKey,
-          rows: rows.slice(r0, r0 + size),
-          ...sampling,
-          rowOffset: r0,
-          version
-        }
-        sent.set(id, { payload: JSON.stringify({ id, replyTo: results, request }), entry: "", lost: 0 })
+        const request = { agentKey: options.agentKey, rows: rows.slice(r0, r0 + size), ...sampling, rowOffset: r0, version }
+        const payload = JSON.stringify({ id: `${id}-${r0}`, replyTo: results, request })
+        batch.set(`${id}-${r0}`, { payload, entry: "", lost: 0, groups: undefined })
       }
-      yield* send([...shares.keys()])
-      const deadline = Date.now() + (options.timeoutSeconds ?? 1800) * 1000
-      let missing = shares.size
+      yield* send([...batch.values()])
+      const deadline = Date.now() + timeoutSeconds * 1000
+      let missing = batch.size
       let checked = Date.now()
       while (missing > 0) {
         if (Date.now() > deadline) {
           const seen = yield* seenWorkers
           return yield* workersError(
-            `${missing} of ${shares.size} shares of a batch got no result from the rollout queue ${options.url} ` +
-              `within ${options.timeoutSeconds ?? 1800} s (this run's agent key ${options.agentKey}); workers seen in ` +
-              `the last 30 s: ${seen.length === 0 ? "none" : seen.join(", ")}. Start ` +
+            `${missing} of ${batch.size} shares of a batch got no result from the rollout queue ${options.url} ` +
+              `within ${timeoutSeconds} s (this run's agent key ${options.agentKey}); workers seen in the last 30 s: ` +
+              `${seen.length === 0 ? "none" : seen.join(", ")}. Start ` +
               "`agentfly rollout-worker CONFIG --queue URL` with this run's config"
           )
         }
         if (Date.now() - checked > 10_000) {
-          // A share neither answered nor on the stream at two checks in a row was lost with the queue's memory.
           checked = Date.now()
-          const lost: Array<string> = []
-          for (const [id, s] of sent) {
-            if (shares.get(id) !== undefined) continue
-            const there = yield* command("XRANGE", () => redis.xrange(keys.shares, s.entry, s.entry))
-            s.lost = there.length === 0 ? s.lost + 1 : 0
-            if (s.lost >= 2) lost.push(id)
-          }
-          if (lost.length > 0) {
-            yield* Effect.logWarning(
-              `the rollout queue ${options.url} lost ${lost.length} share(s) of a batch (restarted?): sending them again`
-            )
-            yield* ensureGroup(redis, keys.shares)
-            yield* command("SET", alive)
-            yield* send(lost)
-            totals.resent += lost.length
-          }
+          yield* resendLost(batch)
         }
-        const raw = yield* command("XREAD", () => reader.xread("COUNT", 100, "BLOCK", 1000, "STREAMS", results, lastId))
-        const got = raw === null ? [] : entries(raw[0]![1])
-        for (const { id, payload } of got) {
-          lastId = id
-          const reply = JSON.parse(payload) as { id: string; groups?: unknown; error?: string }
-          if (!shares.has(reply.id)) continue
-          if (shares.get(reply.id) !== undefined) {
-            totals.duplicates++
-            continue
-          }
-          if (reply.error !== undefined) return yield* workersError(`a rollout worker failed a share: ${reply.error}`)
-          const decoded = yield* decodeResponse(JSON.stringify({ groups: reply.groups })).pipe(
-            Effect.mapError((e) => workersError(`a rollout worker answered groups that do not decode: ${e.message}`))
-          )
-          shares.set(reply.id, [...decoded.groups])
-          totals.shares++
-          missing--
-        }
-        if (got.length > 0) yield* command("XTRIM", () => redis.xtrim(results, "MINID", lastId))
+        missing -= yield* readResults(batch)
       }
-      return [...shares.values()].flatMap((g) => g!).sort((a, b) => a.rowIndex - b.rowIndex)
+      return [...batch.values()].flatMap((s) => s.groups!).sort((a, b) => a.rowIndex - b.rowIndex)
     })
 
   const figures = Effect.sync(() => {
@@ -245,7 +261,8 @@ export interface WorkerOptions {
 }
 
 /**
- * Takes `agent`'s shares from the queue and rolls them out on `servers`, until interrupted.
+ * Takes `agent`'s shares from the queue and rolls them out on `servers`, until interrupted. A lost connection or a
+ * share that cannot be read is logged and the worker goes on.
  *
  * @category constructors
  * @since 0.1.0
@@ -257,63 +274,75 @@ export const work = Effect.fn("RolloutQueue.work")(function*(
   options: WorkerOptions
 ): Effect.fn.Return<never, TrainerError, Scope.Scope> {
   const keys = keysOf(agentKey)
+  const command = call(options.url)
   const name = options.name ?? `${process.env["HOSTNAME"] ?? "worker"}-${process.pid}`
   const claimMs = (options.claimSeconds ?? 30) * 1000
   const control = yield* connect(options.url)
   yield* ensureGroup(control, keys.shares)
-  const beat = () =>
-    control.hset(WORKERS, name, JSON.stringify({ agentKey, task: agent.runtime.task.name, seen: Date.now() }))
-  yield* Effect.tryPromise(beat).pipe(Effect.ignore, Effect.andThen(Effect.sleep("5 seconds")), Effect.forever, Effect.forkScoped)
-  yield* Effect.addFinalizer(() => Effect.promise(() => control.hdel(WORKERS, name)).pipe(Effect.ignore))
+  const beat = command("HSET", () =>
+    control.hset(WORKERS, name, JSON.stringify({ agentKey, task: agent.runtime.task.name, seen: Date.now() })))
+  yield* beat.pipe(Effect.ignore, Effect.andThen(Effect.sleep("5 seconds")), Effect.forever, Effect.forkScoped)
+  yield* Effect.addFinalizer(() => Effect.ignore(command("HDEL", () => control.hdel(WORKERS, name))))
 
-  const run = (id: string, raw: string, claimed: boolean) =>
+  /** The share's groups (or why not), encoded for its trainer; touched while it runs, so nobody claims it. */
+  const rollOut = (entry: string, id: string, request: typeof RolloutRequest.Type) => {
+    const touch = command("XCLAIM", () => control.xclaim(keys.shares, GROUP, name, 0, entry, "JUSTID")).pipe(
+      Effect.ignore,
+      Effect.delay(claimMs / 3),
+      Effect.forever
+    )
+    return collectGroups(agent, request.rows as ReadonlyArray<Dataset.Row>, request).pipe(
+      Effect.provideService(Sampler, servers.sampler(request.version)),
+      Effect.flatMap((groups) => Schema.encodeEffect(RolloutResponse)({ groups })),
+      Effect.map((encoded) => ({ id, groups: (encoded as { readonly groups: unknown }).groups })),
+      Effect.catch((e) => Effect.succeed({ id, error: e.message })),
+      Effect.raceFirst(touch)
+    )
+  }
+
+  const run = (entry: string, payload: string, claimed: boolean) =>
     Effect.gen(function*() {
-      const share = JSON.parse(raw) as { id: string; replyTo: string; request: unknown }
-      const done = Effect.promise(() => control.multi().xack(keys.shares, GROUP, id).xdel(keys.shares, id).exec())
-      if ((yield* Effect.promise(() => control.exists(`${share.replyTo}:alive`))) === 0) return yield* done
-      const request = yield* Schema.decodeUnknownEffect(RolloutRequest)(share.request).pipe(
-        Effect.mapError((e) => workersError(`share ${share.id}: ${e.message}`))
-      )
-      if (options.onShare !== undefined) yield* options.onShare(share.id, request.rows.length, claimed)
-      // Touched while it runs, so that nobody claims it from a live worker.
-      const touch = Effect.promise(() => control.xclaim(keys.shares, GROUP, name, 0, id, "JUSTID")).pipe(
-        Effect.delay(claimMs / 3),
-        Effect.forever
-      )
-      const reply = yield* collectGroups(agent, request.rows as ReadonlyArray<Dataset.Row>, request).pipe(
-        Effect.provideService(Sampler, servers.sampler(request.version)),
-        Effect.flatMap((groups) => Schema.encodeEffect(RolloutResponse)({ groups })),
-        Effect.map((encoded) => ({ id: share.id, groups: (encoded as { readonly groups: unknown }).groups })),
-        Effect.catch((e) => Effect.succeed({ id: share.id, error: e.message })),
-        Effect.raceFirst(Effect.andThen(touch, Effect.never))
-      )
-      yield* Effect.promise(() =>
-        control.multi().xadd(share.replyTo, "*", "p", JSON.stringify(reply)).expire(share.replyTo, 3600).exec()
-      )
+      const done = command("XACK", () => control.multi().xack(keys.shares, GROUP, entry).xdel(keys.shares, entry).exec())
+      const share = parse<{ id: string; replyTo: string; request: unknown }>(payload)
+      if (share === undefined || typeof share.replyTo !== "string") {
+        yield* Effect.logWarning(`rollout queue: entry ${entry} is not a share; dropped`)
+        return yield* done
+      }
+      // A trainer that is gone: nobody reads the result.
+      if ((yield* command("EXISTS", () => control.exists(`${share.replyTo}:alive`))) === 0) return yield* done
+      const decoded = yield* Effect.result(Schema.decodeUnknownEffect(RolloutRequest)(share.request))
+      if (decoded._tag === "Success" && options.onShare !== undefined) {
+        yield* options.onShare(share.id, decoded.success.rows.length, claimed)
+      }
+      // A share this worker cannot read goes back to its trainer as a failure (another worker could not either).
+      const reply = decoded._tag === "Success"
+        ? yield* rollOut(entry, share.id, decoded.success)
+        : { id: share.id, error: `the share could not be read: ${decoded.failure.message}` }
+      yield* command("XADD", () =>
+        control.multi().xadd(share.replyTo, "*", "p", JSON.stringify(reply)).expire(share.replyTo, 3600).exec())
       yield* done
     })
 
   const slot = Effect.gen(function*() {
     const reader = yield* connect(options.url)
-    // One share at a time; a lost Redis connection or a share that failed here is logged and the loop goes on.
     const next = Effect.gen(function*() {
       // A dead worker's share first, then a new one.
-      const claimed = yield* Effect.promise(() =>
-        reader.xautoclaim(keys.shares, GROUP, name, claimMs, "0-0", "COUNT", 1)
-      ).pipe(Effect.map((r) => entries((r as [string, unknown])[1])))
-      const taken = claimed.length > 0 ? claimed : yield* Effect.promise(() =>
-        reader.xreadgroup("GROUP", GROUP, name, "COUNT", 1, "BLOCK", 1000, "STREAMS", keys.shares, ">")
-      ).pipe(Effect.map((r) => r === null ? [] : entries((r as Array<[string, unknown]>)[0]![1])))
+      const claimed = entries(
+        (yield* command("XAUTOCLAIM", () => reader.xautoclaim(keys.shares, GROUP, name, claimMs, "0-0", "COUNT", 1)))[1]
+      )
+      const taken = claimed.length > 0 ? claimed : yield* command("XREADGROUP", () =>
+        reader.xreadgroup("GROUP", GROUP, name, "COUNT", 1, "BLOCK", 1000, "STREAMS", keys.shares, ">")).pipe(
+          Effect.map((r) => r === null ? [] : entries((r as Array<[string, unknown]>)[0]![1]))
+        )
       for (const { id, payload } of taken) yield* run(id, payload, claimed.length > 0)
     }).pipe(
-      Effect.catchCause((cause) => {
-        const why = Cause.pretty(cause).split("\n")[0]!
-        return Effect.logWarning(`rollout queue: ${why}; going on in 1 s`).pipe(
+      Effect.catch((e) =>
+        Effect.logWarning(`${e.message}; going on in 1 s`).pipe(
           Effect.andThen(Effect.sleep("1 second")),
           // A Redis that restarted without persistence forgot the consumer group.
-          Effect.andThen(why.includes("NOGROUP") ? Effect.ignore(ensureGroup(control, keys.shares)) : Effect.void)
+          Effect.andThen(e.message.includes("NOGROUP") ? Effect.ignore(ensureGroup(control, keys.shares)) : Effect.void)
         )
-      })
+      )
     )
     return yield* Effect.forever(next)
   }).pipe(Effect.scoped)
