@@ -92,6 +92,8 @@ export interface ClientOptions {
   readonly shareRows?: number | undefined
   /** How long a batch may wait for its results (default 30 minutes). */
   readonly timeoutSeconds?: number | undefined
+  /** How often a waiting batch looks for shares the queue lost (default 10 s). */
+  readonly checkMillis?: number | undefined
 }
 
 /** A share on its way: what was sent (to send it again), where it sits on the stream, its groups once back. */
@@ -221,7 +223,7 @@ export const client = Effect.fn("RolloutQueue.client")(function*(
               "`agentfly rollout-worker CONFIG --queue URL` with this run's config"
           )
         }
-        if (Date.now() - checked > 10_000) {
+        if (Date.now() - checked > (options.checkMillis ?? 10_000)) {
           checked = Date.now()
           yield* resendLost(batch)
         }

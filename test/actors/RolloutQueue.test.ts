@@ -1,0 +1,114 @@
+/**
+ * The trainer's side of the rollout queue against a real redis-server, with a scripted worker reading the streams
+ * directly: groups gathered in row order whatever the order of the replies, a share answered twice used once, shares
+ * the queue lost sent again, a worker's failure and a batch nobody takes stopped with typed errors.
+ */
+import { assert, describe, it } from "@effect/vitest"
+import { Effect, Fiber, Schema } from "effect"
+import { Redis } from "ioredis"
+import * as RolloutQueue from "../../actors/RolloutQueue.ts"
+import { RolloutResponse } from "../../actors/RolloutWorker.ts"
+import type * as Dataset from "../../src/Dataset.ts"
+import { redisServer } from "../utils/redisServer.ts"
+import { trajectoryOf } from "../utils/trajectories.ts"
+
+const shares = "agentfly:rollouts:k1:shares"
+const rows: ReadonlyArray<Dataset.Row> = Array.from({ length: 5 }, (_, i) => ({
+  index: i,
+  line: i + 1,
+  question: `q${i}`,
+  fields: {}
+}))
+const sampling = { firstSeq: 0, chains: 2, temperature: 1, seed: 7 }
+
+interface Share {
+  readonly entry: string
+  readonly id: string
+  readonly replyTo: string
+  readonly request: { readonly rows: ReadonlyArray<Dataset.Row>; readonly rowOffset: number; readonly version: number }
+}
+
+/** The shares waiting on the stream (read as a worker of the group would). */
+const take = (redis: Redis, count: number) =>
+  Effect.promise(async () => {
+    const out: Array<Share> = []
+    while (out.length < count) {
+      const raw = await redis.xreadgroup("GROUP", "workers", "test", "COUNT", 10, "BLOCK", 500, "STREAMS", shares, ">") as
+        | Array<[string, Array<[string, Array<string>]>]>
+        | null
+      for (const [entry, fields] of raw?.[0]?.[1] ?? []) out.push({ entry, ...JSON.parse(fields[1]!) })
+    }
+    return out
+  })
+
+/** A share's groups, one per row, as a worker encodes them. */
+const answer = (share: Share) => {
+  const groups = share.request.rows.map((_, r) => ({
+    groupId: `s0-g${share.request.rowOffset + r}`,
+    rowIndex: share.request.rowOffset + r,
+    trajectories: [trajectoryOf([{ role: "assistant", content: `v${share.request.version}` }])]
+  }))
+  return JSON.stringify({ id: share.id, groups: (Schema.encodeSync(RolloutResponse)({ groups }) as { groups: unknown }).groups })
+}
+
+const reply = (redis: Redis, share: Share, payload: string) => Effect.promise(() => redis.xadd(share.replyTo, "*", "p", payload))
+
+describe("RolloutQueue (trainer's side)", () => {
+  it.live("gathers a batch's groups in row order, keeps one answer per share, sends lost shares again", () =>
+    Effect.gen(function*() {
+      const server = yield* redisServer
+      const redis = new Redis(server.url)
+      yield* Effect.addFinalizer(() => Effect.sync(() => redis.disconnect()))
+      const queue = yield* RolloutQueue.client({ url: server.url, agentKey: "k1", shareRows: 2, checkMillis: 300 })
+
+      // Three shares (rows 0–1, 2–3, 4), answered last first, the middle one twice.
+      const fiber = yield* Effect.forkChild(queue.collect(rows, sampling, 3))
+      const taken = yield* take(redis, 3)
+      assert.deepStrictEqual(taken.map((s) => s.request.rowOffset), [0, 2, 4])
+      assert.deepStrictEqual(taken.map((s) => s.request.version), [3, 3, 3])
+      for (const share of [taken[2]!, taken[1]!, taken[1]!, taken[0]!]) yield* reply(redis, share, answer(share))
+      const groups = yield* Fiber.join(fiber)
+      assert.deepStrictEqual(groups.map((g) => g.rowIndex), [0, 1, 2, 3, 4])
+      assert.deepStrictEqual(groups.map((g) => g.groupId), ["s0-g0", "s0-g1", "s0-g2", "s0-g3", "s0-g4"])
+      const first = yield* queue.figures!
+      assert.strictEqual(first["workers/shares"], 3)
+      assert.strictEqual(first["workers/resent"], 0)
+
+      // The queue forgets the shares (a Redis restarted without persistence): they come again.
+      const again = yield* Effect.forkChild(queue.collect(rows.slice(0, 2), sampling, 4))
+      const lost = yield* take(redis, 1)
+      yield* Effect.promise(() => redis.del(shares))
+      yield* Effect.promise(() => redis.xgroup("CREATE", shares, "workers", "$", "MKSTREAM").catch(() => undefined))
+      const resent = yield* take(redis, 1)
+      assert.strictEqual(resent[0]!.id, lost[0]!.id)
+      assert.notStrictEqual(resent[0]!.entry, lost[0]!.entry)
+      yield* reply(redis, resent[0]!, answer(resent[0]!))
+      assert.deepStrictEqual((yield* Fiber.join(again)).map((g) => g.rowIndex), [0, 1])
+      const second = yield* queue.figures!
+      assert.strictEqual(second["workers/resent"], 1)
+      // The first batch's duplicate was counted when it arrived.
+      assert.strictEqual(first["workers/duplicates"] + second["workers/duplicates"], 1)
+    }).pipe(Effect.scoped), 60_000)
+
+  it.live("a worker's failure and a batch nobody takes stop the run with typed errors", () =>
+    Effect.gen(function*() {
+      const server = yield* redisServer
+      const redis = new Redis(server.url)
+      yield* Effect.addFinalizer(() => Effect.sync(() => redis.disconnect()))
+      const queue = yield* RolloutQueue.client({ url: server.url, agentKey: "k1", shareRows: 5, timeoutSeconds: 1 })
+      const fiber = yield* Effect.forkChild(Effect.flip(queue.collect(rows, sampling, 0)))
+      const [share] = yield* take(redis, 1)
+      yield* reply(redis, share!, JSON.stringify({ id: share!.id, error: "the sampler is gone" }))
+      const failed = yield* Fiber.join(fiber)
+      assert.strictEqual(failed.reason, "Workers")
+      assert.include(failed.message, "the sampler is gone")
+
+      const alone = yield* Effect.flip(queue.collect(rows, sampling, 0))
+      assert.strictEqual(alone.reason, "Workers")
+      assert.include(alone.message, "got no result from the rollout queue")
+      assert.include(alone.message, "workers seen in the last 30 s: none")
+      // An unreachable queue at start is typed too.
+      const nowhere = yield* Effect.flip(RolloutQueue.client({ url: "redis://127.0.0.1:1", agentKey: "k1" }))
+      assert.include(nowhere.message, "cannot be reached")
+    }).pipe(Effect.scoped), 60_000)
+})
