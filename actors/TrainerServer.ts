@@ -193,6 +193,40 @@ export const serve = Effect.fn("TrainerServer.serve")(function*(
       (dir) => fs.remove(dir, { recursive: true }).pipe(Effect.ignore)
     )
 
+  const checkpointError = (e: { readonly message: string }) =>
+    new PolicyTrainer.PolicyTrainerError({ reason: "Checkpoint", message: e.message })
+
+  /** The trainer's checkpoint, written here and sent back as its files. */
+  const save = (t: PolicyTrainer.PolicyTrainer["Service"], body: Wire.Frame) => {
+    const meta = body.header["meta"] as PolicyTrainer.CheckpointMeta | undefined
+    if (typeof meta?.policyVersion !== "number" || !Array.isArray(meta.rngState)) {
+      return Effect.fail(json(400, "save: the header holds no meta { policyVersion, rngState }", "invalid_request"))
+    }
+    return viaDirectory((dir) =>
+      Effect.gen(function*() {
+        yield* t.save(dir, meta)
+        const files: Array<readonly [string, Uint8Array]> = []
+        for (const file of RemoteTrainer.checkpointFiles) {
+          files.push([file, yield* fs.readFile(`${dir}/${file}`).pipe(Effect.mapError(checkpointError))])
+        }
+        return frame(Wire.encode({}, files))
+      })
+    )
+  }
+
+  /** A checkpoint's files, written here and loaded. */
+  const load = (t: PolicyTrainer.PolicyTrainer["Service"], body: Wire.Frame) =>
+    viaDirectory((dir) =>
+      Effect.gen(function*() {
+        for (const file of RemoteTrainer.checkpointFiles) {
+          const bytes = body.arrays.get(file)
+          if (!(bytes instanceof Uint8Array)) return yield* checkpointError({ message: `load: no ${file} sent` })
+          yield* fs.writeFile(`${dir}/${file}`, bytes).pipe(Effect.mapError(checkpointError))
+        }
+        return frame(Wire.encode({ meta: yield* t.load(dir) }))
+      })
+    )
+
   const operate = (h: Hosted, op: string, body: Wire.Frame): Effect.Effect<Reply, Reply> => {
     const batch = Effect.suspend(() => {
       const mb = Wire.decodeBatch(body)
@@ -221,43 +255,10 @@ export const serve = Effect.fn("TrainerServer.serve")(function*(
         )
       case "step":
         return Effect.map(Effect.mapError(t.step, refused), (step) => frame(Wire.encode({ step })))
-      case "save": {
-        const meta = body.header["meta"] as PolicyTrainer.CheckpointMeta | undefined
-        if (typeof meta?.policyVersion !== "number" || !Array.isArray(meta.rngState)) {
-          return Effect.fail(json(400, "save: the header holds no meta { policyVersion, rngState }", "invalid_request"))
-        }
-        return viaDirectory((dir) =>
-          Effect.gen(function*() {
-            yield* t.save(dir, meta)
-            const files: Array<readonly [string, Uint8Array]> = []
-            for (const file of RemoteTrainer.checkpointFiles) {
-              files.push([
-                file,
-                yield* fs.readFile(`${dir}/${file}`).pipe(
-                  Effect.mapError((e) => new PolicyTrainer.PolicyTrainerError({ reason: "Checkpoint", message: e.message }))
-                )
-              ])
-            }
-            return frame(Wire.encode({}, files))
-          })
-        )
-      }
+      case "save":
+        return save(t, body)
       case "load":
-        return viaDirectory((dir) =>
-          Effect.gen(function*() {
-            for (const file of RemoteTrainer.checkpointFiles) {
-              const bytes = body.arrays.get(file)
-              if (!(bytes instanceof Uint8Array)) {
-                return yield* new PolicyTrainer.PolicyTrainerError({ reason: "Checkpoint", message: `load: no ${file} sent` })
-              }
-              yield* fs.writeFile(`${dir}/${file}`, bytes).pipe(
-                Effect.mapError((e) => new PolicyTrainer.PolicyTrainerError({ reason: "Checkpoint", message: e.message }))
-              )
-            }
-            const meta = yield* t.load(dir)
-            return frame(Wire.encode({ meta }))
-          })
-        )
+        return load(t, body)
       default:
         return Effect.fail(json(404, `no operation ${op}`, "not_found"))
     }
