@@ -89,6 +89,20 @@ describe("agentfly train with a trainer server (learner.url)", () => {
       // The KL term was computed (against the reference there), not zero.
       assert.isAbove(Math.max(...metricsOf(join(dir, "remote")).filter((m) => m.phase === "train").map((m) => m.figures["learner/kl"]!)), 0)
 
+      // Async mode (rollouts a version ahead of the learner) repeats in-process to the bit as well.
+      const asyncMode = { mode: "async", maxStaleness: 1 }
+      const asyncFile = (name: string, learner: object) => {
+        const file = join(dir, `${name}.json`)
+        writeFileSync(file, JSON.stringify({ ...configOf(name, learner), ...asyncMode }))
+        return file
+      }
+      const asyncHere = yield* agentfly(["train", asyncFile("async-local", {})])
+      assert.strictEqual(asyncHere.code, 0, asyncHere.output)
+      const asyncThere = yield* agentfly(["train", asyncFile("async-remote", { url })])
+      assert.strictEqual(asyncThere.code, 0, asyncThere.output)
+      assert.strictEqual(finalWeights(dir, "async-remote"), finalWeights(dir, "async-local"))
+      assert.notStrictEqual(finalWeights(dir, "async-local"), expected)
+
       // The trainer dies after the run's third step and comes back empty on the same port.
       const metrics = join(dir, "killed", "metrics.jsonl")
       const trained = () =>
