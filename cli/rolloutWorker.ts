@@ -19,7 +19,6 @@ import * as ResourceManager from "../actors/ResourceManager.ts"
 import * as RolloutQueue from "../actors/RolloutQueue.ts"
 import * as RolloutWorker from "../actors/RolloutWorker.ts"
 import * as Trainer from "../actors/Trainer.ts"
-import * as AgentTask from "../src/AgentTask.ts"
 import * as Qwen2 from "../src/model/Qwen2.ts"
 import * as ModelFolder from "../src/ModelFolder.ts"
 import * as Setup from "./setup.ts"
@@ -60,9 +59,6 @@ export const rolloutWorker = Command.make(
   },
   Effect.fn("rollout-worker")(function*({ config: file, host, port, queue, concurrency, claimSeconds }) {
     const { task, config: requested } = yield* Setup.load(file)
-    if (AgentTask.isAgentTask(task)) {
-      return yield* workerError("rollout workers run tasks of tools, rewards and environments, not agent functions")
-    }
     const urls = requested.engine.servers
     if (urls === undefined) {
       return yield* workerError(

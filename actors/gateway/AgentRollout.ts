@@ -62,6 +62,11 @@ export interface Options {
   readonly policies?: RolloutError.Policies | undefined
   /** Prefix of group and episode ids (default: random). */
   readonly runId?: string | undefined
+  /**
+   * The first row's index in a larger batch (a rollout worker's share of it): row `i` is row `rowOffset + i` in its
+   * group's id, its `rowIndex` and its episodes' seeds, as the whole batch rolled out at once would number it.
+   */
+  readonly rowOffset?: number | undefined
 }
 
 interface Spec {
@@ -254,12 +259,13 @@ export const groups = (
     const sampler = yield* Sampler
     const gateway = yield* Gateway.make()
     const runId = options.runId ?? (yield* Random.nextIntBetween(0, 0x7fffffff)).toString(16)
-    const specs: Array<Spec> = options.rows.flatMap((row, rowIndex) =>
+    const offset = options.rowOffset ?? 0
+    const specs: Array<Spec> = options.rows.flatMap((row, i) =>
       Array.from({ length: options.numChains }, (_, chainIndex) => ({
-        rowIndex,
+        rowIndex: offset + i,
         chainIndex,
-        groupId: `${runId}-g${rowIndex}`,
-        id: `${runId}-g${rowIndex}-c${chainIndex}`,
+        groupId: `${runId}-g${offset + i}`,
+        id: `${runId}-g${offset + i}-c${chainIndex}`,
         row
       }))
     )
@@ -267,12 +273,12 @@ export const groups = (
       concurrency: options.maxConcurrentChains ?? 64
     })
     const out: Array<Trajectory.Group> = []
-    for (let rowIndex = 0; rowIndex < options.rows.length; rowIndex++) {
-      const own = outcomes.slice(rowIndex * options.numChains, (rowIndex + 1) * options.numChains)
+    for (let i = 0; i < options.rows.length; i++) {
+      const own = outcomes.slice(i * options.numChains, (i + 1) * options.numChains)
       if (own.some((o) => o.dropGroup)) continue
       out.push({
-        groupId: `${runId}-g${rowIndex}`,
-        rowIndex,
+        groupId: `${runId}-g${offset + i}`,
+        rowIndex: offset + i,
         trajectories: yield* rescore(options.task.groupReward, own.map((o) => o.trajectory))
       })
     }
@@ -309,7 +315,8 @@ export const collectGroups = (
     renderTools: config.agent.renderTools,
     reward: runtime.reward,
     policies: runtime.policies,
-    runId: `s${sampling.firstSeq}`
+    runId: `s${sampling.firstSeq}`,
+    rowOffset: sampling.rowOffset
   })
 }
 

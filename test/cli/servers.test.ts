@@ -10,12 +10,13 @@ import { Effect } from "effect"
 import type { ChildProcess } from "node:child_process"
 import { existsSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
-import { join } from "node:path"
+import { join, resolve } from "node:path"
 import * as Generate from "../../examples/calculator/generate.ts"
 import * as ModelFolder from "../../src/ModelFolder.ts"
 import { agentfly, calculatorRun, metricsOf, startCommand } from "../utils/agentfly.ts"
 import { redisServer } from "../utils/redisServer.ts"
 
+const root = resolve(import.meta.dirname, "../..")
 const start = startCommand
 
 /** The run's config: the calculator task on the tiny preset, `steps` RL steps, with `engine` and `rollout` keys. */
@@ -213,4 +214,28 @@ describe("agentfly train with inference servers and rollout workers", () => {
       assert.match(stopped.output, /workers seen in the last 30 s: .*agent key/)
       assert.include(other.output(), "on the queue")
     }).pipe(Effect.provide(NodeServices.layer))), { timeout: 300_000 })
+
+  it.live("an agent function (the openai SDK example) rolled out by a queue worker through the worker's own gateway", () =>
+    Effect.scoped(Effect.gen(function*() {
+      const dir = yield* runDir
+      const redis = yield* redisServer
+      const server = yield* start("serve", ["--model-dir", join(dir, "model"), "--port", "0", "--accept-weights"])
+      const config = join(dir, "sdk.json")
+      writeFileSync(config, JSON.stringify({
+        ...configOf(2, { servers: [server.url] }, { queue: redis.url, shareRows: 1 }),
+        task: join(root, "examples", "sdk-agents", "openai.ts"),
+        output: "sdk"
+      }))
+      const worker = yield* start("rollout-worker", [config, "--queue", redis.url], /on the queue (\S+),/)
+      const run = yield* agentfly(["train", config])
+      assert.strictEqual(run.code, 0, run.output)
+      assert.include(run.output, "trained 2 of 2 steps")
+      assert.include(worker.output(), "task calculator-openai")
+      const trainSteps = metricsOf(join(dir, "sdk")).filter((m) => m.phase === "train")
+      for (const m of trainSteps) {
+        assert.strictEqual(m.figures["workers/shares"], 4)
+        assert.isAbove(m.figures["rollout/policy_tokens"]!, 0)
+        assert.strictEqual(m.figures["rollout/failure_share"], 0)
+      }
+    }).pipe(Effect.provide(NodeServices.layer))), { timeout: 240_000 })
 })

@@ -108,6 +108,44 @@ describe("AgentRollout", () => {
       }
     }))
 
+  it.live("a batch split in shares (rowOffset, as rollout workers get it) has the whole batch's ids, rows and seeds", () =>
+    Effect.gen(function*() {
+      const task = AgentTask.make("calc", {
+        row: Schema.Struct({ answer: Schema.String }),
+        agent: async (input, client) => void (await calculatorAgent(input, client)),
+        reward: exact
+      })
+      const recorded = (share: ReadonlyArray<typeof rows[number]>, rowOffset: number) =>
+        Effect.gen(function*() {
+          const seeds: Array<number | undefined> = []
+          const base = yield* scriptedSampler(5)
+          const sampler = Sampler.Sampler.of({
+            ...base,
+            generate: (r) => Effect.suspend(() => (seeds.push(r.sampling.seed), base.generate(r)))
+          })
+          const groups = yield* AgentRollout.runTask({
+            task,
+            rows: share,
+            numChains: 3,
+            sampling: { temperature: 1, maxTokens: 256, seed: 100 },
+            format,
+            systemPrompt: "Use the calculator tool.",
+            runId: "r",
+            rowOffset
+          }).pipe(Stream.runCollect, Effect.provideService(Sampler.Sampler, sampler))
+          return { groups, seeds: [...new Set(seeds)].sort((a, b) => a! - b!) }
+        })
+      const whole = yield* recorded(rows, 0)
+      const first = yield* recorded(rows.slice(0, 1), 0)
+      const second = yield* recorded(rows.slice(1), 1)
+      const shape = (gs: ReadonlyArray<Trajectory.Group>) =>
+        gs.map((g) => ({ groupId: g.groupId, rowIndex: g.rowIndex, chains: g.trajectories.map((t) => t.chainId), rewards: g.trajectories.map((t) => t.reward) }))
+      assert.deepStrictEqual(shape([...first.groups, ...second.groups]), shape(whole.groups))
+      assert.deepStrictEqual([...first.seeds, ...second.seeds], whole.seeds)
+      assert.deepStrictEqual(second.seeds, [103, 104, 105])
+      assert.deepStrictEqual(second.groups.map((g) => g.groupId), ["r-g1"])
+    }))
+
   it.live("a returned reward wins, a posted one comes next; with neither and no task reward the reward is missing", () =>
     Effect.gen(function*() {
       const returning = AgentTask.make("returns", {
