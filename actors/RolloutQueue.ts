@@ -25,7 +25,7 @@ import type * as Dataset from "../src/Dataset.ts"
 import { Sampler } from "../src/Sampler.ts"
 import type * as Trajectory from "../src/Trajectory.ts"
 import type * as InferenceServers from "./InferenceServers.ts"
-import { decodeResponse, RolloutRequest, RolloutResponse } from "./RolloutWorker.ts"
+import { decodeResponse, mergeEnvFigures, RolloutRequest, RolloutResponse } from "./RolloutWorker.ts"
 import { collectGroups, TrainerError } from "./Trainer.ts"
 import type { Agent, RemoteRollouts } from "./Trainer.ts"
 
@@ -128,6 +128,8 @@ export const client = Effect.fn("RolloutQueue.client")(function*(
   yield* Effect.addFinalizer(() => Effect.ignore(command("DEL", () => redis.del(results, `${results}:alive`))))
 
   let lastId = "0-0"
+  // Each worker's latest environment figures.
+  const env = new Map<string, Readonly<Record<string, number>>>()
   const totals = { shares: 0, duplicates: 0, resent: 0 }
   let counted = { ...totals }
 
@@ -180,7 +182,7 @@ export const client = Effect.fn("RolloutQueue.client")(function*(
       let answered = 0
       for (const { id, payload } of got) {
         lastId = id
-        const reply = parse<{ id: string; groups?: unknown; error?: string }>(payload)
+        const reply = parse<{ id: string; worker?: string; groups?: unknown; env?: unknown; error?: string }>(payload)
         const share = reply === undefined ? undefined : batch.get(reply.id)
         if (reply === undefined || share === undefined) continue
         if (share.groups !== undefined) {
@@ -188,10 +190,11 @@ export const client = Effect.fn("RolloutQueue.client")(function*(
           continue
         }
         if (reply.error !== undefined) return yield* workersError(`a rollout worker failed a share: ${reply.error}`)
-        const decoded = yield* decodeResponse(JSON.stringify({ groups: reply.groups })).pipe(
+        const decoded = yield* decodeResponse(JSON.stringify({ groups: reply.groups, env: reply.env })).pipe(
           Effect.mapError((e) => workersError(`a rollout worker answered groups that do not decode: ${e.message}`))
         )
         share.groups = [...decoded.groups]
+        if (decoded.env !== undefined) env.set(reply.worker ?? "", decoded.env)
         totals.shares++
         answered++
       }
@@ -234,6 +237,7 @@ export const client = Effect.fn("RolloutQueue.client")(function*(
 
   const figures = Effect.sync(() => {
     const out = {
+      ...mergeEnvFigures(env.values()),
       "workers/shares": totals.shares - counted.shares,
       "workers/duplicates": totals.duplicates - counted.duplicates,
       "workers/resent": totals.resent - counted.resent
@@ -295,8 +299,13 @@ export const work = Effect.fn("RolloutQueue.work")(function*(
     )
     return collectGroups(agent, request.rows as ReadonlyArray<Dataset.Row>, request).pipe(
       Effect.provideService(Sampler, servers.sampler(request.version)),
-      Effect.flatMap((groups) => Schema.encodeEffect(RolloutResponse)({ groups })),
-      Effect.map((encoded) => ({ id, groups: (encoded as { readonly groups: unknown }).groups })),
+      Effect.flatMap((groups) =>
+        Effect.flatMap(agent.runtime.environmentStats, (env) => Schema.encodeEffect(RolloutResponse)({ groups, env }))
+      ),
+      Effect.map((encoded) => {
+        const { groups, env } = encoded as { readonly groups: unknown; readonly env?: unknown }
+        return { id, worker: name, groups, env }
+      }),
       Effect.catch((e) => Effect.succeed({ id, error: e.message })),
       Effect.raceFirst(touch)
     )

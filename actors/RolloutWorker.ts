@@ -56,7 +56,11 @@ export const RolloutRequest = Schema.Struct({
 })
 
 /** @internal */
-export const RolloutResponse = Schema.toCodecJson(Schema.Struct({ groups: Schema.Array(Trajectory.Group) }))
+export const RolloutResponse = Schema.toCodecJson(Schema.Struct({
+  groups: Schema.Array(Trajectory.Group),
+  /** The worker's environment figures after the share (`env/<resource>/…`, `TaskRuntime.environmentStats`). */
+  env: Schema.optionalKey(Schema.Record(Schema.String, Schema.Number))
+}))
 /** @internal */
 export const decodeResponse = Schema.decodeUnknownEffect(Schema.fromJsonString(RolloutResponse))
 const WorkerInfo = Schema.Struct({ task: Schema.String, agentKey: Schema.String })
@@ -70,6 +74,23 @@ const WorkerInfo = Schema.Struct({ task: Schema.String, agentKey: Schema.String 
  */
 export const agentKey = (taskName: string, config: TrainConfig.TrainConfig): string =>
   createHash("sha256").update(JSON.stringify([taskName, config.agent])).digest("hex").slice(0, 16)
+
+/**
+ * The environment figures of several workers as one run's: the latest snapshot of each, counts and gauges summed,
+ * wait-time percentiles and maxima the largest of them (the pools' own percentiles cannot be merged exactly).
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const mergeEnvFigures = (snapshots: Iterable<Readonly<Record<string, number>>>): Record<string, number> => {
+  const out: Record<string, number> = {}
+  for (const snapshot of snapshots) {
+    for (const [key, value] of Object.entries(snapshot)) {
+      out[key] = key.endsWith("_ms") ? Math.max(out[key] ?? 0, value) : (out[key] ?? 0) + value
+    }
+  }
+  return out
+}
 
 // ===== Worker =====
 
@@ -141,7 +162,8 @@ export const serve = Effect.fn("RolloutWorker.serve")(function*(
         Effect.provideService(Sampler, servers.sampler(request.version)),
         Effect.mapError((e) => ({ status: 500, body: errorBody(e.message, e.reason) }))
       )
-      return yield* Schema.encodeEffect(RolloutResponse)({ groups }).pipe(
+      const env = yield* agent.runtime.environmentStats
+      return yield* Schema.encodeEffect(RolloutResponse)({ groups, env }).pipe(
         Effect.mapError((e) => ({ status: 500, body: errorBody(e.message, "unencodable") }))
       )
     })
@@ -269,6 +291,8 @@ export const client = Effect.fn("RolloutWorker.client")(function*(
       }
     })
 
+  // Each worker's latest environment figures.
+  const env = new Map<string, Readonly<Record<string, number>>>()
   let turn = 0
   const share = (rows: ReadonlyArray<Dataset.Row>, body: Record<string, unknown>, first: number) =>
     Effect.gen(function*() {
@@ -294,6 +318,7 @@ export const client = Effect.fn("RolloutWorker.client")(function*(
               workersError(`rollout worker ${worker.url} answered groups that do not decode: ${e.message}`)
             )
           )
+          if (decoded.env !== undefined) env.set(worker.url, decoded.env)
           return decoded.groups
         }
         if (answer.fatal) {
@@ -330,7 +355,11 @@ export const client = Effect.fn("RolloutWorker.client")(function*(
   const figures = Effect.sync(() => {
     const shares = workers.reduce((n, w) => n + w.shares, 0)
     const failures = workers.reduce((n, w) => n + w.failures, 0)
-    const out = { "workers/shares": shares - counted.shares, "workers/failures": failures - counted.failures }
+    const out = {
+      ...mergeEnvFigures(env.values()),
+      "workers/shares": shares - counted.shares,
+      "workers/failures": failures - counted.failures
+    }
     counted = { shares, failures }
     return out
   })

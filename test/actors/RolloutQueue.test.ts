@@ -48,7 +48,10 @@ const answer = (share: Share) => {
     rowIndex: share.request.rowOffset + r,
     trajectories: [trajectoryOf([{ role: "assistant", content: `v${share.request.version}` }])]
   }))
-  return JSON.stringify({ id: share.id, groups: (Schema.encodeSync(RolloutResponse)({ groups }) as { groups: unknown }).groups })
+  const encoded = Schema.encodeSync(RolloutResponse)({ groups }) as { groups: unknown }
+  // Its worker's environment figures after the share (two workers here, by the share's parity).
+  const worker = share.request.rowOffset % 4 === 0 ? "even" : "odd"
+  return JSON.stringify({ id: share.id, worker, groups: encoded.groups, env: { "env/box/leases": share.request.rowOffset + 1 } })
 }
 
 const reply = (redis: Redis, share: Share, payload: string) => Effect.promise(() => redis.xadd(share.replyTo, "*", "p", payload))
@@ -73,6 +76,8 @@ describe("RolloutQueue (trainer's side)", () => {
       const first = yield* queue.figures!
       assert.strictEqual(first["workers/shares"], 3)
       assert.strictEqual(first["workers/resent"], 0)
+      // The latest figures of each worker, summed: "even" last answered rows 0–1 (1), "odd" rows 2–3 (3).
+      assert.strictEqual(first["env/box/leases"], 1 + 3)
 
       // The queue forgets the shares (a Redis restarted without persistence): they come again.
       const again = yield* Effect.forkChild(queue.collect(rows.slice(0, 2), sampling, 4))

@@ -87,8 +87,13 @@ describe("RolloutWorker", () => {
       })
       const agent = yield* Trainer.agent({ task, config, format: ChainFormat.ofConfig(config, folder) })
       const workerSide = yield* InferenceServers.make({ urls: [server.baseUrl], parameters, restMs: 50 })
-      const w1 = yield* startWorker(agent, workerSide)
-      const w2 = yield* startWorker(agent, workerSide)
+      // Each worker's environment reports its own pool figures, which the trainer's record merges.
+      const withEnv = (figures: Record<string, number>) => ({
+        ...agent,
+        runtime: { ...agent.runtime, environmentStats: Effect.succeed(figures) }
+      })
+      const w1 = yield* startWorker(withEnv({ "env/box/leases": 3, "env/box/acquire_wait_p99_ms": 7, "env/box/in_use": 1 }), workerSide)
+      const w2 = yield* startWorker(withEnv({ "env/box/leases": 5, "env/box/acquire_wait_p99_ms": 2, "env/box/in_use": 0 }), workerSide)
       const key = RolloutWorker.agentKey(task.name, config)
       const client = yield* RolloutWorker.client({ urls: [w1.baseUrl, w2.baseUrl], agentKey: key, restMs: 50 })
 
@@ -107,6 +112,11 @@ describe("RolloutWorker", () => {
         assert.isTrue(t.segments.some((segment) => segment.spans.some((span) => span.source === "policy")))
       }
       assert.deepStrictEqual(yield* client.shares, [1, 1])
+      const figures = yield* client.figures!
+      assert.deepStrictEqual(
+        [figures["env/box/leases"], figures["env/box/acquire_wait_p99_ms"], figures["env/box/in_use"]],
+        [8, 7, 1]
+      )
 
       // A worker dies: its share goes to the other, and the batch is the same.
       yield* w2.close
