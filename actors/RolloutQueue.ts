@@ -14,6 +14,9 @@
  *   trainer that is gone (its results stream no longer marked alive) are dropped unrun.
  * - **The same batch as at home.** A share carries its first row's index in the batch, so its groups get the ids,
  *   seeds and row indices the trainer's own process would give them, as with HTTP workers.
+ * - **A Redis that restarts** (no persistence) forgets the queue: the trainer sends again a share that is neither
+ *   answered nor on the stream at two checks in a row, and workers re-create their consumer group. Every command is
+ *   typed (`TrainerError` `Workers`); a worker logs a failed one and goes on.
  *
  * @since 0.1.0
  */
