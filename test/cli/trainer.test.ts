@@ -7,22 +7,14 @@ import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Fiber } from "effect"
 import { existsSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs"
-import * as net from "node:net"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as Generate from "../../examples/calculator/generate.ts"
 import * as ModelFolder from "../../src/ModelFolder.ts"
 import { agentfly, calculatorRun, metricsOf, startCommand } from "../utils/agentfly.ts"
+import { freePort } from "../utils/redisServer.ts"
 
 const startTrainer = (args: ReadonlyArray<string>) => startCommand("trainer", args)
-
-const freePort = Effect.callback<number>((resume) => {
-  const server = net.createServer()
-  server.listen(0, "127.0.0.1", () => {
-    const { port } = server.address() as net.AddressInfo
-    server.close(() => resume(Effect.succeed(port)))
-  })
-})
 
 const steps = 6
 

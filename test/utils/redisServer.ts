@@ -13,7 +13,8 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { Redis } from "ioredis"
 
-const freePort = Effect.callback<number>((resume) => {
+/** A port nothing listens on now (for a server to be started on it, and again after a restart). */
+export const freePort = Effect.callback<number>((resume) => {
   const server = createServer()
   server.listen(0, "127.0.0.1", () => {
     const address = server.address()
