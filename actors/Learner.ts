@@ -80,6 +80,13 @@ export interface Options {
    * (e.g. `OnnxTrainer.makeReference`).
    */
   readonly reference?: (batch: Packing.MicroBatch) => Effect.Effect<Float32Array, PolicyTrainer.PolicyTrainerError>
+  /**
+   * The critic of the `gae` estimator (required by it): a trainer over a value model (`OnnxTrainer.qwen2Value`)
+   * built with `Loss.value`. Before the update it gives every policy token its value (its "logprobs"); GAE turns
+   * rewards and values into advantages and returns, and the critic then learns the returns over the same
+   * mini-batches and epochs as the policy (`critic/*` figures).
+   */
+  readonly critic?: PolicyTrainer.PolicyTrainer["Service"]
 }
 
 /**
@@ -143,6 +150,62 @@ const advantageInput = (rows: ReadonlyArray<Row>): Advantage.Input => {
   }
 }
 
+/** Each included segment of each row, with its offset in the row's concatenated tokens. */
+const includedSegments = (rows: ReadonlyArray<Row>) => {
+  const segments: Array<{ readonly row: number; readonly offset: number; readonly segment: Trajectory.Segment }> = []
+  rows.forEach((row, b) => {
+    if (!row.included) return
+    let offset = 0
+    for (const segment of row.trajectory.segments) {
+      segments.push({ row: b, offset, segment })
+      offset += Trajectory.segmentLength(segment)
+    }
+  })
+  return segments
+}
+
+/**
+ * Runs `score` (a forward pass: the reference's logprobs, the critic's values) over every included segment and
+ * lays its outputs out as the advantage input's cells, beside the sampler's logprobs; `mask` marks policy tokens.
+ */
+const scoreTokens = Effect.fnUntraced(function*(
+  rows: ReadonlyArray<Row>,
+  input: Advantage.Input,
+  options: Options,
+  score: (batch: Packing.MicroBatch) => Effect.Effect<Float32Array, PolicyTrainer.PolicyTrainerError>
+) {
+  const segments = includedSegments(rows)
+  const packed = yield* Packing.pack(segments.map((s) => Packing.fromSegment(s.segment)), {
+    tokenBudget: options.tokenBudget,
+    aggregation: "token-mean",
+    ...(options.maxLength === undefined ? {} : { maxLength: options.maxLength }),
+    ...(options.lengthMultiple === undefined ? {} : { lengthMultiple: options.lengthMultiple })
+  }).pipe(Effect.mapError((e) => new LearnerError({ reason: "Packing", message: e.message })))
+  const cells = input.batch * input.length
+  const sampler = new Float64Array(cells)
+  const scores = new Float64Array(cells)
+  const mask = new Uint8Array(cells)
+  for (const mb of packed.microBatches) {
+    const scored = yield* score(mb).pipe(
+      Effect.mapError((e) => new LearnerError({ reason: "Trainer", message: e.message }))
+    )
+    mb.sequenceIndex.forEach((index, r) => {
+      if (index < 0) return
+      const { row, offset } = segments[index]!
+      for (let t = 0; t < mb.length; t++) {
+        const i = r * mb.length + t
+        if (mb.mask[i] === 0) continue
+        // position t predicts token t + 1 of the segment
+        const cell = row * input.length + offset + t + 1
+        sampler[cell] = mb.samplerLogprobs[i]!
+        scores[cell] = scored[i]!
+        mask[cell] = 1
+      }
+    })
+  }
+  return { sampler, scores, mask }
+})
+
 /**
  * KL in the reward: runs the reference policy over every included segment and returns the advantage input with
  * `r_t − β·(log π_sampler − log π_ref)` on policy tokens, plus the mean of `log π_sampler − log π_ref`.
@@ -156,48 +219,110 @@ const penalizeWithReference = Effect.fnUntraced(function*(
   if (options.reference === undefined) {
     return yield* new LearnerError({ reason: "Config", message: "klInReward is set but no reference policy is given" })
   }
-  const segments: Array<{ readonly row: number; readonly offset: number; readonly segment: Trajectory.Segment }> = []
-  rows.forEach((row, b) => {
-    if (!row.included) return
-    let offset = 0
-    for (const segment of row.trajectory.segments) {
-      segments.push({ row: b, offset, segment })
-      offset += Trajectory.segmentLength(segment)
-    }
-  })
-  const packed = yield* Packing.pack(segments.map((s) => Packing.fromSegment(s.segment)), {
-    tokenBudget: options.tokenBudget,
-    aggregation: "token-mean",
-    ...(options.maxLength === undefined ? {} : { maxLength: options.maxLength }),
-    ...(options.lengthMultiple === undefined ? {} : { lengthMultiple: options.lengthMultiple })
-  }).pipe(Effect.mapError((e) => new LearnerError({ reason: "Packing", message: e.message })))
-  const cells = input.batch * input.length
-  const sampler = new Float64Array(cells)
-  const ref = new Float64Array(cells)
-  const mask = new Uint8Array(cells)
-  for (const mb of packed.microBatches) {
-    const refLogprobs = yield* options.reference(mb).pipe(
-      Effect.mapError((e) => new LearnerError({ reason: "Trainer", message: e.message }))
-    )
-    mb.sequenceIndex.forEach((index, r) => {
-      if (index < 0) return
-      const { row, offset } = segments[index]!
-      for (let t = 0; t < mb.length; t++) {
-        const i = r * mb.length + t
-        if (mb.mask[i] === 0) continue
-        // position t predicts token t + 1 of the segment
-        const cell = row * input.length + offset + t + 1
-        sampler[cell] = mb.samplerLogprobs[i]!
-        ref[cell] = refLogprobs[i]!
-        mask[cell] = 1
-      }
-    })
-  }
+  const { sampler, scores: ref, mask } = yield* scoreTokens(rows, input, options, options.reference)
   let kl = 0
-  for (let i = 0; i < cells; i++) kl += mask[i] ? sampler[i]! - ref[i]! : 0
+  for (let i = 0; i < mask.length; i++) kl += mask[i] ? sampler[i]! - ref[i]! : 0
   const tokens = mask.reduce((a, m) => a + m, 0)
   const tokenRewards = Loss.penalizeRewards(input.tokenRewards, sampler, ref, mask, coef)
   return { input: { ...input, tokenRewards }, meanKl: tokens > 0 ? kl / tokens : 0 }
+})
+
+/**
+ * The critic's step: its values' targets are the GAE returns, over the policy's mini-batches (`chunks` of row
+ * indices) and epochs. Returns the `critic/*` figures.
+ */
+const trainCritic = Effect.fnUntraced(function*(
+  critic: PolicyTrainer.PolicyTrainer["Service"],
+  rows: ReadonlyArray<Row>,
+  input: Advantage.Input,
+  values: Float64Array,
+  returns: Float64Array,
+  chunks: ReadonlyArray<ReadonlyArray<number>>,
+  options: Options
+) {
+  const trainerError = (e: PolicyTrainer.PolicyTrainerError) =>
+    new LearnerError({ reason: "Trainer", message: `critic: ${e.message}` })
+  const ofRow = new Map<number, Array<Packing.Sequence>>()
+  rows.forEach((row, b) => {
+    if (!row.included) return
+    const sequences: Array<Packing.Sequence> = []
+    let offset = b * input.length
+    for (const segment of row.trajectory.segments) {
+      const n = Trajectory.segmentLength(segment)
+      // Token-aligned, as advantages are: the old values where the sampler's logprobs go, the returns as advantages.
+      sequences.push({
+        tokenIds: Trajectory.tokenIds(segment),
+        lossMask: Trajectory.lossMask(segment),
+        samplerLogprobs: Float32Array.from(values.subarray(offset, offset + n)),
+        advantages: Float32Array.from(returns.subarray(offset, offset + n))
+      })
+      offset += n
+    }
+    ofRow.set(b, sequences)
+  })
+  const packed: Array<Packing.Packed> = []
+  for (const chunk of chunks) {
+    const sequences = chunk.flatMap((b) => ofRow.get(b) ?? [])
+    const p = yield* Packing.pack(sequences, {
+      tokenBudget: options.tokenBudget,
+      aggregation: "token-mean",
+      ...(options.maxLength === undefined ? {} : { maxLength: options.maxLength }),
+      ...(options.lengthMultiple === undefined ? {} : { lengthMultiple: options.lengthMultiple }),
+      padRows: options.padRows ?? true
+    }).pipe(Effect.mapError((e) => new LearnerError({ reason: "Packing", message: `critic: ${e.message}` })))
+    if (p.totals.tokens > 0 && p.microBatches.length > 0) packed.push(p)
+  }
+  const sums = { loss: 0, tokens: 0, clipped: 0, squaredError: 0 }
+  let applied = 0
+  let gradNorm = 0
+  for (let epoch = 0; epoch < Math.max(1, options.epochs ?? 1); epoch++) {
+    for (const p of packed) {
+      for (const mb of p.microBatches) {
+        const r = yield* critic.forwardBackward(mb).pipe(
+          Effect.mapError(trainerError),
+          Effect.onError(() => critic.discard)
+        )
+        sums.loss += r.loss
+        sums.tokens += r.tokens
+        sums.clipped += r.clipped
+        sums.squaredError += r.approxKl
+      }
+      const optim = yield* Effect.result(critic.optimStep)
+      if (optim._tag === "Failure") {
+        if (optim.failure.reason === "NonFiniteGradient") continue
+        return yield* trainerError(optim.failure)
+      }
+      applied++
+      gradNorm += optim.success.gradNorm
+    }
+  }
+  // verl's `vf_explained_var` over the policy tokens, and the means of the values and returns the critic saw.
+  const mask = input.responseMask
+  const include = input.include
+  let n = 0, sumV = 0, sumR = 0, sumR2 = 0, sumD = 0, sumD2 = 0
+  for (let i = 0; i < mask.length; i++) {
+    if (mask[i] === 0 || (include !== undefined && include[Math.floor(i / input.length)] === 0)) continue
+    const d = returns[i]! - values[i]!
+    n++
+    sumV += values[i]!
+    sumR += returns[i]!
+    sumR2 += returns[i]! ** 2
+    sumD += d
+    sumD2 += d * d
+  }
+  const variance = (s: number, s2: number) => Math.max(0, s2 / Math.max(1, n) - (s / Math.max(1, n)) ** 2)
+  const varR = variance(sumR, sumR2)
+  const updates = Math.max(1, packed.length * Math.max(1, options.epochs ?? 1))
+  return {
+    "critic/loss": sums.loss / updates,
+    "critic/clip_frac": sums.clipped / Math.max(1, sums.tokens),
+    "critic/mse": sums.squaredError / Math.max(1, sums.tokens),
+    "critic/value_mean": sumV / Math.max(1, n),
+    "critic/return_mean": sumR / Math.max(1, n),
+    "critic/explained_variance": varR > 0 ? 1 - variance(sumD, sumD2) / varR : 0,
+    "critic/grad_norm": applied > 0 ? gradNorm / applied : 0,
+    "critic/optimizer_steps": applied
+  }
 })
 
 /** Forward and backward over every micro-batch, adding the results into `sums`. */
@@ -273,8 +398,16 @@ export const update = Effect.fn("Learner.update")(function*(
   const penalized = options.klInReward !== undefined && options.klInReward !== 0
     ? yield* penalizeWithReference(rows, raw, options, options.klInReward)
     : undefined
-  const input = penalized?.input ?? raw
-  const { advantages } = yield* Advantage.compute(options.estimator, input, options.advantage).pipe(
+  const critic = options.critic
+  if (options.estimator === "gae" && critic === undefined) {
+    return yield* new LearnerError({ reason: "Config", message: "the gae estimator needs a critic (options.critic)" })
+  }
+  // The critic's values of every policy token, before any update (verl's `compute_values`).
+  const values = critic === undefined || options.estimator !== "gae"
+    ? undefined
+    : (yield* scoreTokens(rows, raw, options, critic.logprobs)).scores
+  const input = { ...(penalized?.input ?? raw), values }
+  const { advantages, returns } = yield* Advantage.compute(options.estimator, input, options.advantage).pipe(
     Effect.mapError((e) => new LearnerError({ reason: "Advantage", message: e.message }))
   )
   const sequences: Array<Packing.Sequence> = []
@@ -323,7 +456,16 @@ export const update = Effect.fn("Learner.update")(function*(
     )
     if (p.totals.tokens > 0 && p.microBatches.length > 0) packed.push(p)
   }
-  if (packed.length === 0) return { outcome: "empty" as const, figures: base }
+  const criticFigures = values === undefined ? {} : yield* trainCritic(
+    critic!,
+    rows,
+    input,
+    values,
+    returns,
+    Array.from({ length: k }, (_, j) => rows.flatMap((r, b) => (Math.floor((r.group * k) / groups.length) === j ? [b] : []))),
+    options
+  )
+  if (packed.length === 0) return { outcome: "empty" as const, figures: { ...base, ...criticFigures } }
   const sums = { loss: 0, tokens: 0, clipped: 0, clippedLower: 0, approxKl: 0, entropy: 0, kl: 0, rowTokens: 0 }
   const trainerError = (e: PolicyTrainer.PolicyTrainerError) =>
     new LearnerError({ reason: "Trainer", message: e.message })
@@ -346,7 +488,7 @@ export const update = Effect.fn("Learner.update")(function*(
       lr = optim.success.lr
     }
   }
-  if (applied === 0) return { outcome: "non_finite" as const, figures: base }
+  if (applied === 0) return { outcome: "non_finite" as const, figures: { ...base, ...criticFigures } }
   const elapsed = Math.max(1, (yield* Clock.currentTimeMillis) - started)
   const per = (x: number) => x / Math.max(1, sums.tokens)
   const updates = packed.length * Math.max(1, options.epochs ?? 1)
@@ -354,6 +496,7 @@ export const update = Effect.fn("Learner.update")(function*(
     outcome: "applied" as const,
     figures: {
       ...base,
+      ...criticFigures,
       "learner/loss": sums.loss / updates,
       "learner/clip_frac": per(sums.clipped),
       "learner/clip_frac_lower": per(sums.clippedLower),

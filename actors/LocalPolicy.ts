@@ -18,7 +18,7 @@ import * as DiskFull from "../src/internal/diskFull.ts"
 import * as Loss from "../src/Loss.ts"
 import * as LrSchedule from "../src/LrSchedule.ts"
 import type * as ModelFolder from "../src/ModelFolder.ts"
-import type * as Qwen2 from "../src/model/Qwen2.ts"
+import * as Qwen2 from "../src/model/Qwen2.ts"
 import * as OnnxTrainer from "../src/backends/OnnxTrainer.ts"
 import * as RemoteTrainer from "../src/backends/RemoteTrainer.ts"
 import * as Optimizer from "../src/Optimizer.ts"
@@ -26,7 +26,7 @@ import * as Packing from "../src/Packing.ts"
 import * as PolicyTrainer from "../src/PolicyTrainer.ts"
 import * as Safetensors from "../src/Safetensors.ts"
 import { Sampler, SamplerError } from "../src/Sampler.ts"
-import type * as TrainConfig from "../src/TrainConfig.ts"
+import * as TrainConfig from "../src/TrainConfig.ts"
 import type * as Trajectory from "../src/Trajectory.ts"
 import * as TrajectoryBuilder from "../src/TrajectoryBuilder.ts"
 import * as EngineThread from "./EngineThread.ts"
@@ -225,6 +225,12 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
   const maxLength = folder.config.maxPositionEmbeddings
   const learnerOptions: Learner.Options = {
     estimator: algorithm.advantage,
+    ...(algorithm.gamma === undefined && algorithm.lambda === undefined ? {} : {
+      advantage: {
+        ...(algorithm.gamma === undefined ? {} : { gamma: algorithm.gamma }),
+        ...(algorithm.lambda === undefined ? {} : { lambda: algorithm.lambda })
+      }
+    }),
     loss: rlLoss,
     tokenBudget,
     maxLength,
@@ -283,6 +289,33 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
       Effect.provide(fsContext)
     )
 
+  // The critic of `gae` (PPO with a value model): started from the policy RL starts from (version 0), in a scope of
+  // its own; a resumed run loads it from the checkpoint's `critic/` folder instead.
+  const criticSettings = TrainConfig.criticOf(config)
+  let critic: PolicyTrainer.PolicyTrainer["Service"] | undefined
+  const startCritic = (policyWeights: PolicyTrainer.Weights) =>
+    Scope.fork(runScope).pipe(
+      Effect.flatMap((scope) =>
+        OnnxTrainer.make({
+          model: OnnxTrainer.qwen2Value(folder.config),
+          weights: Qwen2.criticWeights(folder.config, policyWeights),
+          loss: { ...Loss.value, clipLow: criticSettings.valueClip, clipHigh: criticSettings.valueClip },
+          optimizer: {
+            ...Optimizer.defaultConfig,
+            weightDecay: criticSettings.weightDecay,
+            maxGradNorm: criticSettings.gradClip
+          },
+          schedule: LrSchedule.constant(criticSettings.lr, criticSettings.lrWarmupSteps),
+          workers: config.learner.workers,
+          intraOpThreads: options.intraOpThreads ?? 1
+        }).pipe(Effect.provideService(Scope.Scope, scope))
+      ),
+      Effect.map((made) => void (critic = made.trainer)),
+      Effect.mapError(learnerError),
+      Effect.provide(fsContext)
+    )
+  const criticDir = (dir: string) => `${dir}/critic`
+
   const startSft = Effect.gen(function*() {
     const warmup = config.warmup!
     const schedule = warmup.lrSchedule === "cosine"
@@ -325,7 +358,11 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
       if (withSignal === 0) {
         return Effect.succeed({ "learner/applied": 0, "learner/groups_with_signal": 0 })
       }
-      const options = reference === undefined ? learnerOptions : { ...learnerOptions, reference: reference.logprobs }
+      const options = {
+        ...learnerOptions,
+        ...(reference === undefined ? {} : { reference: reference.logprobs }),
+        ...(critic === undefined ? {} : { critic })
+      }
       return Learner.update(all, options).pipe(
         Effect.provideService(PolicyTrainer.PolicyTrainer, trainer),
         Effect.tap(() => Effect.sync(() => (dirty = true))),
@@ -383,6 +420,7 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
         }
         // RL starts from version 0: the KL term's reference is frozen there (a resumed run loaded it instead).
         if (algorithm.klCoef > 0 && reference === undefined && v >= 0) yield* setReference(yield* weightsOf(trainer))
+        if (algorithm.advantage === "gae" && critic === undefined && v >= 0) yield* startCritic(yield* weightsOf(trainer))
         version = v
         const last = newest()
         if (v < last.version || (v === last.version && dirty)) {
@@ -410,7 +448,9 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
         return servers === undefined ? prefillAlone(yield* engineOf(v, entry.weights)) : servers.sampler(v)
       }),
     save: (dir) =>
-      trainer.save(dir, { policyVersion: version, rngState: [] }).pipe(
+      // The critic first: the policy's state file, written last, marks the checkpoint complete.
+      (critic === undefined ? Effect.void : critic.save(criticDir(dir), { policyVersion: version, rngState: [] })).pipe(
+        Effect.andThen(trainer.save(dir, { policyVersion: version, rngState: [] })),
         Effect.mapError(checkpointError),
         Effect.andThen(saveReference(dir))
       ),
@@ -418,6 +458,12 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
       trainer.load(dir).pipe(
         Effect.mapError(checkpointError),
         Effect.tap(() => (algorithm.klCoef > 0 ? loadReference(dir) : Effect.void)),
+        Effect.tap(() =>
+          algorithm.advantage !== "gae" ? Effect.void : Effect.gen(function*() {
+            if (critic === undefined) yield* startCritic(yield* weightsOf(trainer))
+            yield* critic!.load(criticDir(dir)).pipe(Effect.mapError(checkpointError))
+          })
+        ),
         Effect.tap((meta) =>
           Effect.sync(() => {
             version = meta.policyVersion

@@ -14,6 +14,9 @@
  * - KL to a frozen reference: `k1 = log π − log π_ref`; `k3 = exp(d) − d − 1` with `d = log π_ref − log π`, clamped
  *   to ±10 (verl's `low_var_kl`); or KL folded into the reward with {@link penalizeRewards}.
  * - entropy bonus: `−β·H(π(·|x_t))`.
+ * - `value`: a critic's clipped value loss (verl's `compute_value_loss`) on a value head `v` (logits of one output):
+ *   `ℓ = ½·max((v − R)², (v_old + clip(v − v_old, ±ε) − R)²)` with the returns `R` in the advantages' place and
+ *   the old values `v_old` in the old logprobs' place (ε = `clipLow`); its "logprobs" are the values.
  *
  * Aggregation (verl's names) is always a weighted sum `Σ w_t·ℓ_t` whose weights {@link aggregationWeights} computes
  * from the loss mask and the **whole mini-batch's** token and sequence counts, so that summing the gradients of
@@ -59,8 +62,11 @@ export type KlEstimator = typeof KlEstimator.Type
  * @since 0.1.0
  */
 export const Config = Schema.Struct({
-  /** `nll` for SFT, `ppo` for every policy-gradient method (vanilla PG is PPO with one update per batch). */
-  policyLoss: Schema.Literals(["nll", "ppo"]),
+  /**
+   * `nll` for SFT, `ppo` for every policy-gradient method (vanilla PG is PPO with one update per batch), `value` for
+   * a critic (a value head, see the module notes).
+   */
+  policyLoss: Schema.Literals(["nll", "ppo", "value"]),
   aggregation: AggregationMode,
   /** ε_low of the clip range (`ppo`). */
   clipLow: Schema.Number,
@@ -126,6 +132,14 @@ export const drGrpo: Config = { ...sft, policyLoss: "ppo", aggregation: "seq-mea
  */
 export const ppo: Config = { ...sft, policyLoss: "ppo", aggregation: "token-mean", dualClip: 3 }
 
+/**
+ * A critic's loss as in verl's defaults: the clipped value loss, token-mean, `cliprange_value` 0.5.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const value: Config = { ...sft, policyLoss: "value", aggregation: "token-mean", clipLow: 0.5, clipHigh: 0.5 }
+
 // ===== Per-token maths =====
 
 /**
@@ -183,6 +197,24 @@ export const ppoToken = (
   }
   const loss3 = -advantage * config.dualClip
   return { loss: Math.min(loss3, clippedLoss), clipped: loss2 > loss1, clippedLower: clippedLoss > loss3 }
+}
+
+/**
+ * The clipped value loss of one token (verl's `compute_value_loss`), with whether the clipped term was the larger
+ * and the unclipped squared error.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const valueToken = (
+  value: number,
+  oldValue: number,
+  target: number,
+  clip: number
+): { readonly loss: number; readonly clipped: boolean; readonly squaredError: number } => {
+  const e1 = (value - target) ** 2
+  const e2 = (oldValue + Math.min(Math.max(value - oldValue, -clip), clip) - target) ** 2
+  return { loss: 0.5 * Math.max(e1, e2), clipped: e2 > e1, squaredError: e1 }
 }
 
 /**
@@ -369,7 +401,7 @@ export interface StatSums {
   readonly tokens: number
   readonly clipped: number
   readonly clippedLower: number
-  /** Σ (log π_old − log π): verl's `ppo_kl`. */
+  /** Σ (log π_old − log π): verl's `ppo_kl`; for the `value` loss, Σ (v − R)². */
   readonly approxKl: number
   readonly entropy: number
   /** Σ KL-to-reference (the configured estimator). */
@@ -393,6 +425,17 @@ export const reference = (
   let loss = 0
   const stats = { tokens: 0, clipped: 0, clippedLower: 0, approxKl: 0, entropy: 0, kl: 0 }
   for (let i = 0; i < n; i++) {
+    if (config.policyLoss === "value") {
+      const v = logits[i * vocab]!
+      tokenLogprobs[i] = v
+      if (batch.mask[i] === 0) continue
+      const token = valueToken(v, batch.oldLogprobs![i]!, batch.advantages![i]!, config.clipLow)
+      loss += batch.weights[i]! * token.loss
+      stats.tokens++
+      stats.clipped += token.clipped ? 1 : 0
+      stats.approxKl += token.squaredError
+      continue
+    }
     const lsm = logSoftmax(logits, i * vocab, vocab, config.temperature ?? 1)
     const logprob = lsm[batch.targets[i]!]!
     tokenLogprobs[i] = logprob

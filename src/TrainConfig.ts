@@ -107,7 +107,14 @@ export const AgentConfig = Schema.Struct({
  * @category models
  * @since 0.1.0
  */
-export const AdvantageEstimator = Schema.Literals(["grpo", "grpo-no-std", "rloo", "reinforce++", "reinforce++-baseline"])
+export const AdvantageEstimator = Schema.Literals([
+  "grpo",
+  "grpo-no-std",
+  "rloo",
+  "reinforce++",
+  "reinforce++-baseline",
+  "gae"
+])
 export type AdvantageEstimator = typeof AdvantageEstimator.Type
 
 /**
@@ -135,7 +142,12 @@ export type LossAggregation = typeof LossAggregation.Type
  * @since 0.1.0
  */
 export const AlgorithmConfig = Schema.Struct({
+  /** `gae`: PPO with a critic (the `critic` section); the others need none. */
   advantage: withDefault(AdvantageEstimator, "grpo"),
+  /** Discount of `reinforce++` and `gae` (verl's default 1). */
+  gamma: Schema.optionalKey(NumberIn(0, 1)),
+  /** GAE's λ (verl's default 1: the return minus the critic's value). */
+  lambda: Schema.optionalKey(NumberIn(0, 1)),
   aggregation: withDefault(LossAggregation, "token-mean"),
   clipLow: withDefault(NumberIn(0, 1), 0.2),
   clipHigh: withDefault(NumberIn(0, 100), 0.2),
@@ -266,6 +278,25 @@ export const LearnerConfig = Schema.Struct({
 })
 
 /**
+ * The critic of `algorithm.advantage: "gae"` (PPO with a value model, as verl's): a second model of the policy's
+ * shape whose output head gives one value per token (`Qwen2.Head` `value`), started from the policy RL starts from
+ * with a value head of zeros, and trained beside it on the GAE returns with the clipped value loss (`Loss.value`,
+ * `valueClip` verl's `cliprange_value`). It follows the policy's mini-batches and epochs and is saved in every
+ * checkpoint (`critic/`).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const CriticConfig = Schema.Struct({
+  lr: withDefault(LearningRate, 1e-3),
+  lrWarmupSteps: withDefault(IntIn(0, 10_000_000), 0),
+  valueClip: withDefault(PositiveUpTo(1e6), 0.5),
+  weightDecay: withDefault(NumberIn(0, 1), 0),
+  gradClip: withDefault(PositiveUpTo(1e6), 1)
+})
+export type CriticConfig = typeof CriticConfig.Type
+
+/**
  * The local policy engine. `thread: true` runs it on a worker thread of its own (`actors/EngineThread.ts`): it
  * decodes while the main thread runs the chains, tools and rewards and coordinates the learner. Default false, in
  * both modes: since the engine's KV caches come from a pool, an async run with the engine on the main thread was the
@@ -333,6 +364,8 @@ export const TrainConfig = Schema.Struct({
   data: DataConfig,
   agent: withDefault(AgentConfig, {}),
   algorithm: AlgorithmConfig,
+  /** The critic of `algorithm.advantage: "gae"`; its defaults apply when the section is left out. */
+  critic: Schema.optionalKey(CriticConfig),
   warmup: Schema.optionalKey(WarmupConfig),
   mode: withDefault(Schema.Literals(["sync", "async"]), "sync"),
   maxStaleness: withDefault(IntIn(0, 16), 1),
@@ -430,15 +463,32 @@ const withoutUndefined = (input: unknown): unknown => {
 
 /** Bounds that involve several keys, one line per problem in {@link formatIssues}' style. */
 const crossKeyIssues = (config: TrainConfig): Array<string> => {
-  const { groupsPerStep } = config.algorithm
+  const { groupsPerStep, advantage } = config.algorithm
   const trajectories = groupsPerStep * config.agent.numChains
-  return trajectories > maxTrajectoriesPerStep
-    ? [
-      `algorithm.groupsPerStep: ${groupsPerStep} groups × agent.numChains ${config.agent.numChains} is ` +
-      `${trajectories} trajectories per step; expected at most ${maxTrajectoriesPerStep}`
-    ]
-    : []
+  return [
+    ...(trajectories > maxTrajectoriesPerStep
+      ? [
+        `algorithm.groupsPerStep: ${groupsPerStep} groups × agent.numChains ${config.agent.numChains} is ` +
+        `${trajectories} trajectories per step; expected at most ${maxTrajectoriesPerStep}`
+      ]
+      : []),
+    ...(config.critic !== undefined && advantage !== "gae"
+      ? [`critic: only algorithm.advantage "gae" has a critic (the advantage is "${advantage}")`]
+      : []),
+    ...(advantage === "gae" && config.learner.url !== undefined
+      ? [`algorithm.advantage: "gae" trains a critic in this process; a trainer server (learner.url) has none yet`]
+      : [])
+  ]
 }
+
+/**
+ * The critic's settings of a config (its defaults where the section is left out).
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const criticOf = (config: TrainConfig): CriticConfig =>
+  config.critic ?? { lr: 1e-3, lrWarmupSteps: 0, valueClip: 0.5, weightDecay: 0, gradClip: 1 }
 
 /**
  * What differs between two configs (as JSON values, e.g. a run's recorded `config.json` and the one it is resumed

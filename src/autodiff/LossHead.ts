@@ -35,7 +35,8 @@ export interface Head {
  * @category combinators
  * @since 0.1.0
  */
-export const inputNames = (config: Loss.Config): ReadonlyArray<string> => [
+export const inputNames = (config: Loss.Config): ReadonlyArray<string> =>
+  config.policyLoss === "value" ? ["loss_weights", "loss_mask", "advantages", "old_logprobs"] : [
   "targets",
   "loss_weights",
   "loss_mask",
@@ -68,6 +69,7 @@ export const emit = (
   }
   const data = new Map(inputNames(config).map((name) => [name, declare(name, name === "targets" ? "int64" : dtype)]))
   const input = (name: string) => data.get(name)!
+  if (config.policyLoss === "value") return valueHead(e, logits, config, batch, length, input)
   const reshaped = e.op("Reshape", [logits, e.ints([n, vocab])])
   const temperature = config.temperature ?? 1
   const flat = temperature === 1 ? reshaped : e.op("Div", [reshaped, c(temperature)])
@@ -140,4 +142,39 @@ export const emit = (
   })
   const tokenLogprobs = e.op("Reshape", [logprob, e.ints([batch, length])])
   return { loss, tokenLogprobs, stats, inputs: [...data.keys()] }
+}
+
+/**
+ * The critic's clipped value loss on `logits [batch, length, 1]` (the values): returns in `advantages`, old values
+ * in `old_logprobs`. Its "token logprobs" are the values; stats = (tokens, clipped, 0, Σ (v − R)², 0, 0).
+ */
+const valueHead = (
+  e: Backward.Emitter,
+  logits: string,
+  config: Loss.Config,
+  batch: number,
+  length: number,
+  input: (name: string) => string
+): Head => {
+  const dtype = e.dtype(logits)
+  const c = (x: number) => e.scalar(x, dtype)
+  const value = e.op("Reshape", [logits, e.ints([batch * length])])
+  const target = input("advantages")
+  const old = input("old_logprobs")
+  const square = (x: string) => e.op("Mul", [x, x])
+  const e1 = square(e.op("Sub", [value, target]))
+  const moved = e.op("Clip", [e.op("Sub", [value, old]), c(-config.clipLow), c(config.clipLow)])
+  const e2 = square(e.op("Sub", [e.op("Add", [old, moved]), target]))
+  const tokenLoss = e.op("Mul", [e.op("Max", [e1, e2]), c(0.5)])
+  const clipped = e.op("Cast", [e.op("Greater", [e2, e1])], { to: Graph.int(Graph.dataTypeCode[dtype]) })
+  const loss = e.op("ReduceSum", [e.op("Mul", [tokenLoss, input("loss_weights")]), e.ints([0])], {
+    keepdims: Graph.int(0)
+  })
+  const mask = input("loss_mask")
+  const sums = [mask, clipped, c(0), e1, c(0), c(0)].map((t) =>
+    e.op("ReduceSum", [e.op("Mul", [t, mask]), e.ints([0])], { keepdims: Graph.int(1) })
+  )
+  const stats = e.op("Concat", sums, { axis: Graph.int(0) })
+  const tokenLogprobs = e.op("Reshape", [value, e.ints([batch, length])])
+  return { loss, tokenLogprobs, stats, inputs: inputNames(config) }
 }

@@ -65,12 +65,21 @@ export interface ParameterSpec {
 export type Weights = ReadonlyMap<string, Float32Array>
 
 /**
+ * The model's output: `lm` the language-model head (logits over the vocabulary), `value` a critic's value head
+ * (`value_head.weight [1, hidden]`, zeros at first; one value per position, in place of the logits).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type Head = "lm" | "value"
+
+/**
  * Every parameter of the model in a fixed order (embedding, layers, final norm, untied head).
  *
  * @category getters
  * @since 0.1.0
  */
-export const parameters = (c: ModelConfig.ModelConfig): ReadonlyArray<ParameterSpec> => {
+export const parameters = (c: ModelConfig.ModelConfig, output: Head = "lm"): ReadonlyArray<ParameterSpec> => {
   const D = c.hiddenSize, hd = ModelConfig.headDim(c), F = c.intermediateSize
   const qOut = c.numAttentionHeads * hd, kvOut = c.numKeyValueHeads * hd
   const specs: Array<ParameterSpec> = [{ name: "model.embed_tokens.weight", shape: [c.vocabSize, D], init: "normal" }]
@@ -91,9 +100,25 @@ export const parameters = (c: ModelConfig.ModelConfig): ReadonlyArray<ParameterS
     specs.push({ name: `${p}.mlp.down_proj.weight`, shape: [D, F], init: "normal" })
   }
   specs.push({ name: "model.norm.weight", shape: [D], init: "ones" })
-  if (!c.tieWordEmbeddings) specs.push({ name: "lm_head.weight", shape: [c.vocabSize, D], init: "normal" })
+  if (output === "value") specs.push({ name: "value_head.weight", shape: [1, D], init: "zeros" })
+  else if (!c.tieWordEmbeddings) specs.push({ name: "lm_head.weight", shape: [c.vocabSize, D], init: "normal" })
   return specs
 }
+
+/**
+ * A critic's first weights: the policy's trunk (everything but its output head) and a value head of zeros, as verl
+ * starts its critic from the actor's model.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const criticWeights = (c: ModelConfig.ModelConfig, policy: Weights): Map<string, Float32Array> =>
+  new Map(parameters(c, "value").map((spec) => [
+    spec.name,
+    spec.name === "value_head.weight"
+      ? new Float32Array(c.hiddenSize)
+      : Float32Array.from(policy.get(spec.name) ?? new Float32Array(0))
+  ]))
 
 /**
  * Deterministic random initialisation from a seed: projections and embeddings ~ N(0, 0.02²) (Hugging Face's
@@ -351,6 +376,8 @@ export interface ForwardOptions {
   readonly weights: "inputs" | Weights
   /** Compute logits for the last position only (`[B, 1, V]`), as decoding needs. */
   readonly lastTokenOnly?: boolean
+  /** The output head (default `lm`); `value` gives `logits [B, T, 1]`, the values. */
+  readonly head?: Head
 }
 
 /**
@@ -374,7 +401,8 @@ export interface ForwardOutputs {
  * @since 0.1.0
  */
 export const forward = (g: Graph.Graph, c: ModelConfig.ModelConfig, options: ForwardOptions): ForwardOutputs => {
-  const { param, weightInputs } = paramsOf(g, c, options.weights)
+  const output = options.head ?? "lm"
+  const { param, weightInputs } = paramsOf(g, c, options.weights, output)
   const ids = g.input("input_ids", "int64", ["batch", "seq"])
   const mask = g.input("attention_mask", "int64", ["batch", options.kvCache ? "total" : "seq"])
   const pos = g.input("position_ids", "int64", ["batch", "seq"])
@@ -400,8 +428,12 @@ export const forward = (g: Graph.Graph, c: ModelConfig.ModelConfig, options: For
     }
   }
   if (options.lastTokenOnly === true) x = g.op("Slice", [x, i64(g, [-1]), i64(g, [2 ** 62]), i64(g, [1])])
-  const logits = head(g, c, x, param)
-  g.output(logits, "float32", ["batch", options.lastTokenOnly === true ? 1 : "seq", c.vocabSize])
+  const logits = head(g, c, x, param, output)
+  g.output(logits, "float32", [
+    "batch",
+    options.lastTokenOnly === true ? 1 : "seq",
+    output === "value" ? 1 : c.vocabSize
+  ])
   return { logits, weightInputs }
 }
 
@@ -465,10 +497,12 @@ const embed = (g: Graph.Graph, c: ModelConfig.ModelConfig, ids: string, pos: str
 const mlpBlock = (g: Graph.Graph, c: ModelConfig.ModelConfig, i: number, x: string, param: Param): string =>
   mlp(g, i, rmsNorm(g, x, param(`model.layers.${i}.post_attention_layernorm.weight`), c.rmsNormEps), param)
 
-/** The final norm and the output head: `logits`. */
-const head = (g: Graph.Graph, c: ModelConfig.ModelConfig, x: string, param: Param): string => {
+/** The final norm and the output head: `logits` (the values, for a value head). */
+const head = (g: Graph.Graph, c: ModelConfig.ModelConfig, x: string, param: Param, output: Head = "lm"): string => {
   const normed = rmsNorm(g, x, param("model.norm.weight"), c.rmsNormEps)
-  const w = param(c.tieWordEmbeddings ? "model.embed_tokens.weight" : "lm_head.weight")
+  const w = param(
+    output === "value" ? "value_head.weight" : c.tieWordEmbeddings ? "model.embed_tokens.weight" : "lm_head.weight"
+  )
   return g.node("MatMul", [normed, g.op("Transpose", [w], { perm: Graph.ints([1, 0]) })], ["logits"])[0]!
 }
 
@@ -476,9 +510,10 @@ const head = (g: Graph.Graph, c: ModelConfig.ModelConfig, x: string, param: Para
 const paramsOf = (
   g: Graph.Graph,
   c: ModelConfig.ModelConfig,
-  weights: "inputs" | Weights
+  weights: "inputs" | Weights,
+  output: Head = "lm"
 ): { readonly param: Param; readonly weightInputs: Array<string> } => {
-  const specs = new Map(parameters(c).map((s) => [s.name, s]))
+  const specs = new Map(parameters(c, output).map((s) => [s.name, s]))
   const weightInputs: Array<string> = []
   const options = { weights }
   const param: Param = (name) => {
@@ -508,9 +543,12 @@ const paramsOf = (
  * @category constructors
  * @since 0.1.0
  */
-export const trainingGraph = (c: ModelConfig.ModelConfig): { readonly graph: Graph.Graph } & ForwardOutputs => {
-  const graph = Graph.make("qwen2_train")
-  return { graph, ...forward(graph, c, { kvCache: false, weights: "inputs" }) }
+export const trainingGraph = (
+  c: ModelConfig.ModelConfig,
+  output: Head = "lm"
+): { readonly graph: Graph.Graph } & ForwardOutputs => {
+  const graph = Graph.make(output === "value" ? "qwen2_value_train" : "qwen2_train")
+  return { graph, ...forward(graph, c, { kvCache: false, weights: "inputs", head: output }) }
 }
 
 /**

@@ -39,9 +39,16 @@ describe("exact resume", () => {
   // One learner thread (workers 1) and two workers splitting rows: both must be deterministic; so must an async run
   // (its batches' policy versions are fixed by the schedule, and each batch samples on an engine of its own), with the
   // engine on the main thread (the default) and on a thread of its own, where messages between threads could
-  // reorder work.
-  const cases = [[1, "sync", false], [2, "sync", false], [2, "async", false], [2, "async", true]] as const
-  for (const [workers, mode, thread] of cases) it.live(`a run resumed from an evaluation step's checkpoint ends with the same weights and journal (learner.workers ${workers}, ${mode}${thread ? ", engine thread" : ""})`, () =>
+  // reorder work; and PPO with a critic (`gae`), whose values decide the advantages: a critic not saved or not
+  // loaded would give the resumed run other advantages, hence other weights.
+  const cases = [
+    [1, "sync", false, "reinforce++"],
+    [2, "sync", false, "reinforce++"],
+    [2, "async", false, "reinforce++"],
+    [2, "async", true, "reinforce++"],
+    [2, "sync", false, "gae"]
+  ] as const
+  for (const [workers, mode, thread, advantage] of cases) it.live(`a run resumed from an evaluation step's checkpoint ends with the same weights and journal (learner.workers ${workers}, ${mode}${thread ? ", engine thread" : ""}, ${advantage})`, () =>
     Effect.gen(function*() {
       const dir = mkdtempSync(join(tmpdir(), "resume-exact-"))
       yield* Generate.write({ dir: join(dir, "data"), seed: 5, train: 32, heldOut: 6, validation: 2, demos: 2, noise: 0 })
@@ -70,7 +77,7 @@ describe("exact resume", () => {
             microBatchSize: 4,
             lr: 0.001,
             lrSchedule: "cosine",
-            advantage: "reinforce++",
+            advantage,
             entropyCoef: 0.01
           },
           eval: { every: 2, size: 6 },
@@ -145,6 +152,13 @@ describe("exact resume", () => {
       assert.deepStrictEqual(evalsOf(b.output).map(figures), evalsOf(a.output).map(figures), "the same evaluations")
       const weights = (run: string) => readFileSync(join(run, "checkpoints", "step-000004", "model.safetensors"))
       assert.isTrue(weights(a.output).equals(weights(b.output)), "bit-identical final checkpoints")
+      if (advantage === "gae") {
+        const critic = (run: string) => readFileSync(join(run, "checkpoints", "step-000004", "critic", "model.safetensors"))
+        assert.isTrue(critic(a.output).equals(critic(b.output)), "bit-identical final critics")
+        const trained = evalsOf(a.output).length > 0 &&
+          readFileSync(join(a.output, "metrics.jsonl"), "utf8").includes("\"critic/optimizer_steps\":1")
+        assert.isTrue(trained, "the critic took optimiser steps")
+      }
       const hashes = reference.flatMap((e) => (e.kind === "step" ? [e.weightsHash] : []))
       assert.strictEqual(new Set(hashes).size, 4, "every step changed the weights")
     }).pipe(Effect.provide(NodeServices.layer)), 120_000)

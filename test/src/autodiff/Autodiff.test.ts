@@ -92,6 +92,53 @@ describe("Autodiff loss head", () => {
   }
 })
 
+describe("Autodiff value head (a critic's clipped value loss)", () => {
+  it.effect("matches Loss.reference and central differences, with some tokens clipped and some not", () =>
+    Effect.gen(function*() {
+      const graph = Graph.make("values")
+      const z = graph.input("z", "float32", ["batch", "seq", 1])
+      const forward = { graph, logits: graph.op("Identity", [z]), weightInputs: [z] }
+      const config = { ...Loss.value, clipLow: 0.2 }
+      const tg = yield* Autodiff.trainingGraph(forward, { batch: B, length: T, loss: config, dtype: "float64" })
+      assert.deepStrictEqual([...tg.lossInputs], ["loss_weights", "loss_mask", "advantages", "old_logprobs"])
+      const n = B * T
+      // Per token: the value, the old value and the return; the clipped term is the larger where the value moved
+      // more than ε away from the old one, towards the return (tokens 1, 3, 6 and 9).
+      const values = [0.1, 2.0, -0.4, -1.5, 0.3, 0.7, 0.9, 0.05, -0.2, 1.1]
+      const old = Float64Array.from([0.5, 0.2, -0.3, 0.4, 0.35, -0.9, 0.1, 0.0, 0.6, -0.3])
+      const returns = [1.0, 2.5, 0.2, -2.0, -0.6, 0.6, 1.5, 0.3, -1.0, 1.0]
+      const mask = Uint8Array.from({ length: n }, (_, i) => (i % T === 0 ? 0 : 1))
+      const weights = Loss.aggregationWeights(config.aggregation, mask, B, T, Loss.totals(mask, B, T))
+      const feeds: Record<string, Feed> = {
+        z: { dtype: "float64", dims: [B, T, 1], data: values },
+        loss_weights: { dtype: "float64", dims: [B, T], data: weights },
+        loss_mask: { dtype: "float64", dims: [B, T], data: mask },
+        advantages: { dtype: "float64", dims: [B, T], data: returns },
+        old_logprobs: { dtype: "float64", dims: [B, T], data: old }
+      }
+      const s = yield* session(tg.graph)
+      const out = yield* runWith(s, feeds)
+      const batch: Loss.TokenBatch = {
+        batch: B,
+        length: T,
+        targets: new Int32Array(n),
+        mask,
+        weights,
+        advantages: Float32Array.from(returns),
+        oldLogprobs: Float32Array.from(old)
+      }
+      const ref = Loss.reference(config, batch, values, 1)
+      assert.approximately(out["loss"]![0]!, ref.loss, 1e-6)
+      for (let i = 0; i < n; i++) assert.approximately(out["token_logprobs"]![i]!, values[i]!, 1e-12)
+      const r = ref.stats
+      const expected = [r.tokens, r.clipped, 0, r.approxKl, 0, 0]
+      expected.forEach((v, i) => assert.approximately(out["stats"]![i]!, v, 1e-5, `stat ${i}`))
+      assert.isTrue(r.clipped > 0 && r.clipped < r.tokens, `some tokens clipped: ${r.clipped} of ${r.tokens}`)
+      const { worst } = yield* check(s, feeds, ["z"])
+      assert.isBelow(worst["z"]!, 1e-6)
+    }))
+})
+
 describe("Autodiff on the Qwen2 model", () => {
   const c = tinyConfig({
     vocabSize: 13,
@@ -154,6 +201,31 @@ describe("Autodiff on the Qwen2 model", () => {
         for (const w of forward.weightInputs) assert.isBelow(worst[w]!, 1e-5, `${w}: ${worst[w]}`)
       }))
   }
+
+  it.effect("a critic's whole-model gradients (value head, clipped value loss) match central differences", () =>
+    Effect.gen(function*() {
+      const forward = Qwen2.trainingGraph(c, "value")
+      const tg = yield* Autodiff.trainingGraph(forward, { batch: B, length: T, loss: Loss.value, dtype: "float64" })
+      assert.strictEqual(tg.gradients.size, Qwen2.parameters(c, "value").length)
+      assert.isTrue(tg.weights.some((w) => w.name === "value_head.weight" && w.dims.join() === "1,8"))
+      const s = yield* session(tg.graph)
+      // A value head of random weights (zeros at first in a run) so that gradients reach the trunk.
+      const weights = new Map(Qwen2.criticWeights(c, randomWeights(c, 11)))
+      weights.set("value_head.weight", Float32Array.from(noise(8, 12)))
+      const feeds = modelFeeds("float64", new Map(), c)
+      for (const spec of Qwen2.parameters(c)) delete feeds[spec.name]
+      for (const spec of Qwen2.parameters(c, "value")) {
+        feeds[spec.name] = { dtype: "float64", dims: spec.shape, data: weights.get(spec.name)! }
+      }
+      const mask = Uint8Array.from({ length: B * T }, (_, i) => (i % T === 0 ? 0 : 1))
+      const f64 = (data: ArrayLike<number>): Feed => ({ dtype: "float64", dims: [B, T], data })
+      feeds["loss_weights"] = f64(Loss.aggregationWeights("token-mean", mask, B, T, Loss.totals(mask, B, T)))
+      feeds["loss_mask"] = f64(mask)
+      feeds["advantages"] = f64(noise(B * T, 13))
+      feeds["old_logprobs"] = f64(noise(B * T, 14).map((v) => 0.1 * v))
+      const { worst } = yield* check(s, feeds, forward.weightInputs, { samples: 4, h: 1e-5 })
+      for (const w of forward.weightInputs) assert.isBelow(worst[w]!, 1e-5, `${w}: ${worst[w]}`)
+    }))
 
   it.effect("the float32 training graph agrees with float64 (max rel. error < 1e-3)", () =>
     Effect.gen(function*() {
