@@ -241,11 +241,12 @@ export const charts: ReadonlyArray<ChartSpec> = [
     }]
   },
   {
+    // Train first in every chart with both, so that each keeps its colour from chart to chart.
     title: "Accuracy",
-    series: [{ name: "held-out", phase: "eval", key: "eval/accuracy" }, {
-      name: "train (sampled)",
-      phase: "train",
-      key: "rollout/accuracy"
+    series: [{ name: "train (sampled)", phase: "train", key: "rollout/accuracy" }, {
+      name: "held-out",
+      phase: "eval",
+      key: "eval/accuracy"
     }]
   },
   {
@@ -278,6 +279,26 @@ export const charts: ReadonlyArray<ChartSpec> = [
   { title: "Clip fraction", series: [{ name: "clip fraction", phase: "train", key: "learner/clip_frac" }] },
   { title: "Throughput (tokens/s)", series: [{ name: "train", phase: "train", key: "perf/tokens_per_s" }] },
   { title: "Policy loss", series: [{ name: "loss", phase: "train", key: "learner/loss" }] },
+  {
+    title: "Values and returns",
+    series: [{ name: "critic's value (mean)", phase: "train", key: "critic/value_mean" }, {
+      name: "return (mean)",
+      phase: "train",
+      key: "critic/return_mean"
+    }],
+    optional: true,
+    group: "Critic"
+  },
+  {
+    title: "Critic loss and explained variance",
+    series: [{ name: "value loss", phase: "train", key: "critic/loss" }, {
+      name: "explained variance",
+      phase: "train",
+      key: "critic/explained_variance"
+    }],
+    optional: true,
+    group: "Critic"
+  },
   { title: "Warm-up loss (SFT)", series: [{ name: "masked NLL", phase: "warmup", key: "warmup/loss" }] },
   {
     title: "Warm-up validation accuracy",

@@ -577,3 +577,147 @@ describe("Learner step failures", () => {
       for (const [name, w] of a) assert.deepStrictEqual(Array.from(w), Array.from(b.get(name)!), name)
     }).pipe(Effect.provide(NodeServices.layer)), 60_000)
 })
+
+describe("Learner with a critic (PPO with GAE)", () => {
+  /** A critic that values every token at `value` and records what it is trained on. */
+  const scriptedCritic = (value: number) => {
+    const trained: Array<Packing.MicroBatch> = []
+    let steps = 0
+    const critic: PolicyTrainer.PolicyTrainer["Service"] = {
+      forwardBackward: (batch) =>
+        Effect.sync(() => {
+          trained.push(batch)
+          return {
+            loss: 0.5,
+            tokenLogprobs: new Float32Array(batch.batch * batch.length),
+            tokens: batch.lossTokens,
+            clipped: 0,
+            clippedLower: 0,
+            approxKl: 0,
+            entropy: 0,
+            kl: 0
+          }
+        }),
+      logprobs: (batch) => Effect.succeed(new Float32Array(batch.batch * batch.length).fill(value)),
+      optimStep: Effect.sync(() => ({ step: ++steps, gradNorm: 1, lr: 1e-3 })),
+      discard: Effect.void,
+      weights: Effect.succeed(new Map()),
+      step: Effect.sync(() => steps),
+      save: () => Effect.void,
+      load: () => Effect.succeed({ policyVersion: 0, rngState: [] })
+    }
+    return { critic, trained, steps: () => steps }
+  }
+
+  it.effect("advantages are the returns minus the critic's values (whitened); the critic learns the returns", () =>
+    Effect.gen(function*() {
+      const recording = yield* PolicyTrainer.RecordingRef
+      const { critic, trained, steps } = scriptedCritic(0.25)
+      const group = {
+        groupId: "g",
+        rowIndex: 0,
+        trajectories: [
+          trajectory("a", "g", [1], 5, -2, 1),
+          trajectory("b", "g", [1], 6, -2, 0),
+          trajectory("c", "g", [1], 7, -2, 0.5)
+        ]
+      }
+      const result = yield* Learner.update([group], { ...options, estimator: "gae", loss: Loss.ppo, critic })
+      assert.strictEqual(result.outcome, "applied")
+      const { microBatches } = yield* Ref.get(recording)
+      const at = (mbs: ReadonlyArray<Packing.MicroBatch>, target: number, field: "advantages" | "samplerLogprobs") => {
+        for (const mb of mbs) for (let i = 0; i < mb.mask.length; i++) if (mb.mask[i] && mb.targets[i] === target) return mb[field][i]!
+        return Number.NaN
+      }
+      // γ = λ = 1: each one-token answer's advantage is r − 0.25 (0.75, −0.25, 0.25), whitened over the batch.
+      const raw = [0.75, -0.25, 0.25]
+      const mean = raw.reduce((a, b) => a + b, 0) / 3
+      const std = Math.sqrt(raw.reduce((a, b) => a + (b - mean) ** 2, 0) / 2)
+      // The third is the mean: a zero advantage, so its row costs the policy no compute.
+      ;[5, 6].forEach((t, i) => assert.approximately(at(microBatches, t, "advantages"), (raw[i]! - mean) / std, 1e-4))
+      assert.isNaN(at(microBatches, 7, "advantages"))
+      // The critic's rows: the returns (the rewards, γ = λ = 1) as targets, its own values as the old ones.
+      ;[5, 6, 7].forEach((t, i) => assert.approximately(at(trained, t, "advantages"), [1, 0, 0.5][i]!, 1e-6))
+      for (const t of [5, 6, 7]) assert.approximately(at(trained, t, "samplerLogprobs"), 0.25, 1e-6)
+      assert.strictEqual(steps(), 1)
+      assert.approximately(result.figures["critic/value_mean"]!, 0.25, 1e-6)
+      assert.approximately(result.figures["critic/return_mean"]!, 0.5, 1e-6)
+      assert.strictEqual(result.figures["critic/optimizer_steps"], 1)
+      const missing = yield* Effect.flip(Learner.update([group], { ...options, estimator: "gae", loss: Loss.ppo }))
+      assert.strictEqual(missing.reason, "Config")
+      assert.include(missing.message, "critic")
+    }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
+
+  it.effect("PPO with a real critic on a one-step bandit: the critic's value approaches the mean reward and the rewarded token's probability rises", () =>
+    Effect.gen(function*() {
+      const config = tinyConfig({
+        vocabSize: 16,
+        hiddenSize: 16,
+        numAttentionHeads: 2,
+        numKeyValueHeads: 1,
+        intermediateSize: 32,
+        numHiddenLayers: 1
+      })
+      const weights = Qwen2.initWeights(config, 3)
+      const policy = yield* OnnxTrainer.make({
+        model: OnnxTrainer.qwen2(config),
+        weights,
+        loss: Loss.ppo,
+        optimizer: Optimizer.defaultConfig,
+        schedule: LrSchedule.constant(1e-2)
+      })
+      const critic = yield* OnnxTrainer.make({
+        model: OnnxTrainer.qwen2Value(config),
+        weights: Qwen2.criticWeights(config, weights),
+        loss: Loss.value,
+        optimizer: Optimizer.defaultConfig,
+        schedule: LrSchedule.constant(1e-2)
+      })
+      const prompt = [3, 9]
+      const rewarded = 7
+      const probe = Packing.packUnsafe(
+        Array.from(
+          { length: config.vocabSize },
+          (_, v) => ({ tokenIds: Int32Array.of(...prompt, v), lossMask: Uint8Array.of(0, 0, 1) })
+        ),
+        { tokenBudget: 1024, lengthMultiple: 4, aggregation: "token-mean" }
+      ).microBatches[0]!
+      const read = (trainer: typeof policy) =>
+        Effect.map(trainer.logprobs(probe), ({ tokenLogprobs }) => {
+          const out = new Float64Array(config.vocabSize)
+          probe.sequenceIndex.forEach((v, r) => (out[v] = tokenLogprobs[r * probe.length + prompt.length - 1]!))
+          return out
+        })
+      const rng = Sampling.rng(17)
+      const probabilities: Array<number> = []
+      const values: Array<number> = []
+      const rewards: Array<number> = []
+      for (let step = 0; step < 30; step++) {
+        const lp = yield* read(policy)
+        probabilities.push(Math.exp(lp[rewarded]!))
+        values.push((yield* read(critic))[0]!) // the value of the state after the prompt (any action row)
+        const trajectories = Array.from({ length: 32 }, (_, i) => {
+          let u = rng.next()
+          let action = 0
+          while (action < config.vocabSize - 1 && (u -= Math.exp(lp[action]!)) > 0) action++
+          return trajectory(`${step}.${i}`, `${step}`, prompt, action, lp[action]!, action === rewarded ? 1 : 0)
+        })
+        rewards.push(trajectories.filter((t) => t.reward === 1).length / trajectories.length)
+        yield* Learner.update([{ groupId: `${step}`, rowIndex: step, trajectories }], {
+          ...options,
+          estimator: "gae",
+          loss: Loss.ppo,
+          tokenBudget: 256,
+          critic: critic.trainer
+        }).pipe(Effect.provideService(PolicyTrainer.PolicyTrainer, policy.trainer))
+      }
+      const first = probabilities[0]!
+      const last = probabilities.at(-1)!
+      assert.isBelow(first, 0.15, `starts near uniform: ${first}`)
+      assert.isAbove(last, 0.5, `curve: ${probabilities.map((p) => p.toFixed(3)).join(" ")}`)
+      // The value head starts at 0 and tracks the rising mean reward: close to the last steps' rewards.
+      assert.strictEqual(values[0], 0)
+      const recent = rewards.slice(-5).reduce((a, b) => a + b, 0) / 5
+      assert.isBelow(Math.abs(values.at(-1)! - recent), 0.2, `values ${values.map((v) => v.toFixed(2)).join(" ")} vs rewards ${recent}`)
+    }).pipe(Effect.provide(NodeServices.layer)), 120_000)
+})

@@ -35,6 +35,10 @@ const run = () => {
         "learner/entropy": 0.8 - step / 100,
         "learner/clip_frac": 0.01,
         "learner/loss": -0.01,
+        "critic/value_mean": 0.2 + step / 120,
+        "critic/return_mean": 0.2 + step / 100,
+        "critic/loss": 0.3 / step,
+        "critic/explained_variance": step / 100,
         "perf/tokens_per_s": 3000 + step,
         "perf/peak_rss_mb": 900 + step,
         "rollout/failure_share": step % 7 === 0 ? 0.125 : 0,
@@ -156,14 +160,14 @@ describe("Report", () => {
   })
 
   it("a run without those figures leaves their charts out; the charts every run has say \"no data\"", () => {
-    const optional = /^(rollout\/(failures|tool_errors|episode_end)\/|env\/|perf\/peak_rss_mb$)/
+    const optional = /^(rollout\/(failures|tool_errors|episode_end)\/|env\/|critic\/|perf\/peak_rss_mb$)/
     const metrics = run().metrics.map((r) => ({
       ...r,
       figures: Object.fromEntries(Object.entries(r.figures).filter(([k]) => !optional.test(k)))
     }))
     const html = Report.render({ title: "t", metrics, samples: [] })
     const titles = ["Failures by reason", "Tool errors by reason", "Episode ends", "Acquire wait", "Crashes", "Resets",
-      "Peak RSS"]
+      "Peak RSS", "Values and returns", "Critic loss"]
     for (const title of titles) assert.notInclude(html, title)
     assert.notInclude(html, "Environment pools", "an empty section is left out too")
     assert.notInclude(html, "<h2>Memory</h2>")
@@ -272,7 +276,7 @@ describe("Report", () => {
       assert.strictEqual(seen.toolSeries, 1, "one series per tool")
       assert.strictEqual(seen.failureSeries, 1, "one series per failure reason")
       assert.strictEqual(seen.poolSeries, 1, "one series per pool and figure")
-      assert.deepStrictEqual(seen.sections, ["Training curves", "Memory", "Environment pools", "Sampled trajectories"])
+      assert.deepStrictEqual(seen.sections, ["Training curves", "Critic", "Memory", "Environment pools", "Sampled trajectories"])
       assert.strictEqual(seen.cards, 3, "the torn sample line is skipped")
       assert.strictEqual(seen.policyTokens, 9)
       assert.isTrue((seen.box?.width ?? 0) > 100 && (seen.box?.height ?? 0) > 100, "charts have a size")

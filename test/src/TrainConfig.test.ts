@@ -127,6 +127,26 @@ describe("TrainConfig", () => {
       assert.strictEqual(ok.algorithm.groupsPerStep, 1024)
     }))
 
+  it.effect("a critic only with gae, gae only in this process; the critic's defaults", () =>
+    Effect.gen(function*() {
+      const stray = yield* failure(TrainConfig.decode({ ...minimal, critic: { lr: 0.01 } }))
+      assert.deepStrictEqual(stray.issues, [`critic: only algorithm.advantage "gae" has a critic (the advantage is "grpo")`])
+      const remote = yield* failure(TrainConfig.decode({
+        ...minimal,
+        algorithm: { steps: 3, advantage: "gae" },
+        learner: { url: "http://127.0.0.1:8400/v1" }
+      }))
+      assert.include(remote.issues[0], "a trainer server (learner.url) has none yet")
+      const typo = yield* failure(TrainConfig.decode({ ...minimal, algorithm: { steps: 3, advantage: "gae" }, critic: { lrr: 1 } }))
+      assert.include(typo.issues.join(), "critic.lrr")
+      const gae = yield* TrainConfig.decode({ ...minimal, algorithm: { steps: 3, advantage: "gae", lambda: 0.95 } })
+      assert.deepStrictEqual(TrainConfig.criticOf(gae), { lr: 1e-3, lrWarmupSteps: 0, valueClip: 0.5, weightDecay: 0, gradClip: 1 })
+      assert.strictEqual(gae.algorithm.lambda, 0.95)
+      const set = yield* TrainConfig.decode({ ...minimal, algorithm: { steps: 3, advantage: "gae" }, critic: { lr: 0.01 } })
+      assert.strictEqual(TrainConfig.criticOf(set).lr, 0.01)
+      assert.strictEqual(TrainConfig.criticOf(set).valueClip, 0.5)
+    }))
+
   it.effect("loads JSON, YAML and TypeScript configs and resolves paths against the config's folder", () =>
     Effect.gen(function*() {
       const dir = mkdtempSync(join(tmpdir(), "config-"))
