@@ -32,11 +32,13 @@ import { Effect, FileSystem, Path } from "effect"
 import type { PlatformError } from "effect"
 import type { Scope } from "effect"
 import * as Dataset from "../src/Dataset.ts"
+import type * as Message from "../src/Message.ts"
 import * as DiskFull from "../src/internal/diskFull.ts"
 import * as ModelConfig from "../src/model/ModelConfig.ts"
 import * as ModelFolder from "../src/ModelFolder.ts"
 import * as Report from "../src/Report.ts"
 import * as Task from "../src/Task.ts"
+import * as Tool from "../src/Tool.ts"
 import * as TrainConfig from "../src/TrainConfig.ts"
 import * as ChainFormat from "./ChainFormat.ts"
 import * as LocalPolicy from "./LocalPolicy.ts"
@@ -224,6 +226,27 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
   for (const ds of [train, evalSet, demos, validation]) {
     for (const issue of ds?.skipped ?? []) yield* say(`skipped ${ds!.name}:${issue.line}: ${issue.message}`)
   }
+  // Demonstrations that call a tool the task lacks, or with arguments it refuses, would teach the policy calls that
+  // fail: they stop the run here (or are skipped, with data.onInvalidRow "skip") instead of after the warm-up.
+  const demoProblems = demos === undefined ? [] : demos.rows.flatMap((row) => {
+    const problem = demonstrationProblem(task, row.messages ?? [])
+    return problem === undefined ? [] : [{ row, problem }]
+  })
+  if (demoProblems.length > 0 && onInvalid !== "skip") {
+    return yield* new TrainConfig.ConfigError({
+      source: requested.warmup!.data,
+      reason: "Invalid",
+      issues: [
+        ...demoProblems.slice(0, 5).map(({ problem, row }) => `line ${row.line}: ${problem}`),
+        ...(demoProblems.length > 5 ? [`… and ${demoProblems.length - 5} more demonstrations`] : [])
+      ]
+    })
+  }
+  for (const { problem, row } of demoProblems) yield* say(`skipped ${demos!.name}:${row.line}: ${problem}`)
+  const warmupRows = demoProblems.length === 0 ? demos : {
+    ...demos!,
+    rows: demos!.rows.filter((row) => !demoProblems.some((p) => p.row === row))
+  }
 
   // Model folder (initialised from the preset when missing).
   if (!(yield* fs.exists(`${requested.model.path}/config.json`))) {
@@ -283,7 +306,7 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
     format: ChainFormat.ofConfig(config, folder),
     train,
     eval: evalSet,
-    demos,
+    demos: warmupRows,
     validation,
     resume: options.resume === true,
     forceResume: options.forceResume === true,
@@ -350,3 +373,27 @@ const heldOutLine = (first: EvalRecord | undefined, last: EvalRecord | undefined
     `${f(first.figures["eval/invalid_tool_call_rate"])} → ${f(last.figures["eval/invalid_tool_call_rate"])}`
 }
 
+
+/**
+ * Why a demonstration would teach failing calls: an assistant turn calling a tool the task does not have, or with
+ * arguments the tool refuses (as the tool actor would refuse them in a rollout). Undefined when every call is good.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const demonstrationProblem = (task: Task.Any, messages: ReadonlyArray<Message.Message>): string | undefined => {
+  const tools = new Map(task.tools.map((t) => [t.name, t]))
+  for (const [i, m] of messages.entries()) {
+    if (m.role !== "assistant") continue
+    for (const call of m.tool_calls ?? []) {
+      const tool = tools.get(call.function.name)
+      if (tool === undefined) {
+        return `messages[${i}] calls "${call.function.name}", which task ${task.name} does not have (its tools: ` +
+          `${[...tools.keys()].join(", ") || "none"})`
+      }
+      const problem = Tool.argumentsProblem(tool, call.function.arguments)
+      if (problem !== undefined) return `messages[${i}]: invalid arguments for tool "${tool.name}": ${problem}`
+    }
+  }
+  return undefined
+}

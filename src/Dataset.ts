@@ -119,7 +119,9 @@ const validate = (text: string, kind: Kind): Result.Result<Omit<Row, "index" | "
   if (!isRecord(value)) return Result.fail(`expected an object, got ${Array.isArray(value) ? "an array" : typeof value}`)
   const decoded = decodeFields(value)
   if (Result.isFailure(decoded)) return Result.fail(decoded.failure.message.replace(/\n\s*/g, " "))
-  const { messages, question } = decoded.success
+  const { question } = decoded.success
+  const messages = decoded.success.messages === undefined ? undefined : withObjectArguments(decoded.success.messages)
+  if (typeof messages === "string") return Result.fail(messages)
   if (kind === "conversation") {
     if (messages === undefined) return Result.fail("a demonstration needs `messages`")
     if (!messages.some((m) => m.role === "assistant")) return Result.fail("`messages` has no assistant message")
@@ -133,6 +135,33 @@ const validate = (text: string, kind: Kind): Result.Result<Omit<Row, "index" | "
     ...(messages === undefined ? {} : { messages }),
     fields
   })
+}
+
+/**
+ * Tool-call arguments written as OpenAI's API returns them, a JSON string, become the object they encode (chat
+ * templates render an object; a string would be rendered quoted, and the policy would learn to escape JSON). A string
+ * that does not encode an object is an error.
+ */
+const withObjectArguments = (messages: Message.Conversation): Message.Conversation | string => {
+  let problem: string | undefined
+  const out = messages.map((m, i) => {
+    if (m.role !== "assistant" || m.tool_calls === undefined) return m
+    return {
+      ...m,
+      tool_calls: m.tool_calls.map((call) => {
+        const args = call.function.arguments
+        if (typeof args !== "string") return call
+        const parsed = Result.try(() => JSON.parse(args) as unknown)
+        if (Result.isFailure(parsed) || !isRecord(parsed.success)) {
+          problem ??= `messages[${i}]: the arguments of tool call "${call.function.name}" are a string that is not ` +
+            `a JSON object: ${JSON.stringify(args.slice(0, 80))}`
+          return call
+        }
+        return { ...call, function: { ...call.function, arguments: parsed.success } }
+      })
+    }
+  })
+  return problem ?? out
 }
 
 // ===== Splitting =====

@@ -20,7 +20,7 @@
  *
  * @since 0.1.0
  */
-import { Context, Duration, Effect, Schema } from "effect"
+import { Cause, Context, Duration, Effect, Exit, Option, Schema } from "effect"
 import type { Schedule } from "effect"
 import { Tool as AiTool } from "effect/ai"
 
@@ -404,6 +404,27 @@ export const methods = <
       handler: (params) => Effect.flatMap(Effect.service(service), (instance) => invoke(instance, params))
     }) as Tool<string, Schema.Top, Schema.Top, Schema.Top, I>]
   })
+
+// ===== Arguments =====
+
+/**
+ * Why `args` would be refused as the arguments of a call to `tool` (decoded as the tool actor decodes them: strict
+ * tools refuse unknown keys), or undefined when they would be taken. For checking demonstrations before training.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const argumentsProblem = (tool: Any, args: unknown): string | undefined => {
+  const decoded = Schema.decodeUnknownExit(tool.parametersSchema as Schema.Codec<unknown, unknown>)(
+    args,
+    tool.strict ? { onExcessProperty: "error", errors: "all" } : { errors: "all" }
+  )
+  if (Exit.isSuccess(decoded)) return undefined
+  return Option.match(Cause.findErrorOption(decoded.cause), {
+    onNone: () => "invalid arguments",
+    onSome: (e) => e.message.replace(/\n\s*/g, " ")
+  })
+}
 
 // ===== JSON Schema =====
 

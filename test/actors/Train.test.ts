@@ -6,7 +6,7 @@
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
-import { existsSync, mkdtempSync, readFileSync } from "node:fs"
+import { existsSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as Train from "../../actors/Train.ts"
@@ -91,4 +91,46 @@ describe("Train.run", () => {
       assert.include(String((crowded as Error).message), "agent.renderTools: false")
       assert.isFalse(existsSync(join(dir, "crowded", "metrics.jsonl")))
     }), 600_000)
+
+  it.live("demonstrations that call a tool the task lacks, or with arguments it refuses, stop the run before training", () =>
+    Effect.gen(function*() {
+      const dir = mkdtempSync(join(tmpdir(), "train-demos-"))
+      yield* Generate.write(
+        { dir: join(dir, "data"), seed: 3, train: 8, heldOut: 2, validation: 0, demos: 0, noise: 0 },
+        task.defaults.systemPrompt!
+      ).pipe(Effect.provide(NodeServices.layer))
+      const toolName = task.tools[0]!.name
+      const demo = (name: string, args: unknown) =>
+        JSON.stringify({
+          messages: [{ role: "user", content: "Find my number from 1 to 15." }, {
+            role: "assistant",
+            content: "",
+            tool_calls: [{ id: "c", type: "function", function: { name, arguments: args } }]
+          }]
+        })
+      const good = (Train.demonstrationProblem(task, [{ role: "assistant", content: "" }]))
+      assert.isUndefined(good)
+      writeFileSync(
+        join(dir, "data", "demos.jsonl"),
+        [demo("search_web", {}), demo(toolName, { guesss: 3 }), demo(toolName, JSON.stringify({ guesss: 3 }))]
+          .join("\n") + "\n"
+      )
+      const config = {
+        seed: 1,
+        output: "run",
+        model: { path: "model", preset: "tiny" as const, initSeed: 1 },
+        data: { train: "data/train.jsonl" },
+        warmup: { data: "data/demos.jsonl", steps: 2 },
+        algorithm: { steps: 1 }
+      }
+      const lines: Array<string> = []
+      const refused = yield* Effect.flip(Train.run({ task, dir, config, write: (t) => void lines.push(t), tty: false }))
+      assert.instanceOf(refused, TrainConfig.ConfigError)
+      const message = (refused as TrainConfig.ConfigError).message
+      assert.include(message, `line 1: messages[1] calls "search_web", which task ${task.name} does not have`)
+      assert.include(message, `line 2: messages[1]: invalid arguments for tool "${toolName}"`)
+      assert.include(message, `line 3: messages[1]: invalid arguments for tool "${toolName}"`, "string arguments too")
+      assert.isFalse(existsSync(join(dir, "run", "metrics.jsonl")), "nothing trained")
+      assert.isFalse(existsSync(join(dir, "model")), "stopped before the model folder")
+    }).pipe(Effect.provide(NodeServices.layer)))
 })
