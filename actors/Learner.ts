@@ -172,12 +172,14 @@ const scoreTokens = Effect.fnUntraced(function*(
   rows: ReadonlyArray<Row>,
   input: Advantage.Input,
   options: Options,
-  score: (batch: Packing.MicroBatch) => Effect.Effect<Float32Array, PolicyTrainer.PolicyTrainerError>
+  score: (batch: Packing.MicroBatch) => Effect.Effect<Float32Array, PolicyTrainer.PolicyTrainerError>,
+  padRows = false
 ) {
   const segments = includedSegments(rows)
   const packed = yield* Packing.pack(segments.map((s) => Packing.fromSegment(s.segment)), {
     tokenBudget: options.tokenBudget,
     aggregation: "token-mean",
+    padRows,
     ...(options.maxLength === undefined ? {} : { maxLength: options.maxLength }),
     ...(options.lengthMultiple === undefined ? {} : { lengthMultiple: options.lengthMultiple })
   }).pipe(Effect.mapError((e) => new LearnerError({ reason: "Packing", message: e.message })))
@@ -405,7 +407,7 @@ export const update = Effect.fn("Learner.update")(function*(
   // The critic's values of every policy token, before any update (verl's `compute_values`).
   const values = critic === undefined || options.estimator !== "gae"
     ? undefined
-    : (yield* scoreTokens(rows, raw, options, critic.logprobs)).scores
+    : (yield* scoreTokens(rows, raw, options, critic.logprobs, options.padRows ?? true)).scores
   const input = { ...(penalized?.input ?? raw), values }
   const { advantages, returns } = yield* Advantage.compute(options.estimator, input, options.advantage).pipe(
     Effect.mapError((e) => new LearnerError({ reason: "Advantage", message: e.message }))

@@ -321,6 +321,38 @@ export const isCheckStep = (
   return step >= from && (step - from) % stopAt.every === 0 && step < steps
 }
 
+/**
+ * What a step's terminations say about the token budgets: half the chains or more ending with a turn cut at
+ * `maxNewTokens` (termination `stop`), a quarter or more ending at `maxContextTokens` (`context_length`).
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const budgetWarnings = (
+  step: number,
+  rollout: Readonly<Record<string, number>>,
+  agent: { readonly maxNewTokens: number; readonly maxContextTokens?: number | undefined }
+): { readonly cut?: string; readonly full?: string } => {
+  const cut = rollout["rollout/termination/stop"] ?? 0
+  const full = rollout["rollout/termination/context_length"] ?? 0
+  return {
+    ...(cut >= 0.5
+      ? {
+        cut: `step ${step}: ${(cut * 100).toFixed(0)}% of the chains ended with a turn cut at agent.maxNewTokens ` +
+          `(${agent.maxNewTokens}) before its end-of-turn token (termination "stop"); if the policy's turns ` +
+          `are longer than that, raise agent.maxNewTokens`
+      }
+      : {}),
+    ...(full >= 0.25
+      ? {
+        full: `step ${step}: ${(full * 100).toFixed(0)}% of the chains ended at agent.maxContextTokens ` +
+          `(${agent.maxContextTokens ?? "the model's"} tokens) before their episode ended (termination "context_length"); ` +
+          `if their conversations need more, raise agent.maxContextTokens (up to the model's positions)`
+      }
+      : {})
+  }
+}
+
 /** A reward's accuracy metric: `accuracy` or `acc`, bare or in a reward's namespace (`reward/mathEqual/acc`). */
 const accuracyMetric = (metrics: Trajectory.Trajectory["metrics"]): number | undefined =>
   metrics["accuracy"] ?? metrics["acc"] ??
@@ -1059,6 +1091,7 @@ export const run: <RE = never>(
   let trained = 0
   let skipped = 0
   let warnedCut = false
+  let warnedFull = false
   let warnedUnfit = false
   for (let step = point.step + 1; step <= lastStep; step++) {
     const t0 = yield* Clock.currentTimeMillis
@@ -1079,15 +1112,15 @@ export const run: <RE = never>(
       policyVersion: step - 1,
       tools: toolNames(agentOf.runtime)
     })
-    // Turns cut by the token budget look like a policy that cannot call tools: say so once, with the setting.
-    const cut = rollout["rollout/termination/stop"] ?? 0
-    if (cut >= 0.5 && !warnedCut) {
+    // Turns cut by a token budget look like a policy that cannot call tools or answer: say so once, with the setting.
+    const budgets = budgetWarnings(step, rollout, config.agent)
+    if (budgets.cut !== undefined && !warnedCut) {
       warnedCut = true
-      yield* notice(
-        `step ${step}: ${(cut * 100).toFixed(0)}% of the chains ended with a turn cut at agent.maxNewTokens ` +
-          `(${config.agent.maxNewTokens}) before its end-of-turn token (termination "stop"); if the policy's turns ` +
-          `are longer than that, raise agent.maxNewTokens`
-      )
+      yield* notice(budgets.cut)
+    }
+    if (budgets.full !== undefined && !warnedFull) {
+      warnedFull = true
+      yield* notice(budgets.full)
     }
     // Prompts that fill the context end their chains before a token: an agent function's prompts (its SDK's) are
     // only known here, and a task's rows past the first ones `checkPromptsFit` read.

@@ -280,6 +280,16 @@ describe("Trainer", () => {
       assert.isFalse(existsSync(join(crowded.config.output, "metrics.jsonl")), "nothing written")
     }).pipe(Effect.provide(NodeServices.layer)))
 
+  it("token budgets: turns cut at maxNewTokens (half the chains or more) and conversations cut at maxContextTokens (a quarter or more) are named", () => {
+    const agent = { maxNewTokens: 48, maxContextTokens: 256 }
+    const none = Trainer.budgetWarnings(3, { "rollout/termination/stop": 0.4, "rollout/termination/context_length": 0.2 }, agent)
+    assert.deepStrictEqual(none, {})
+    const both = Trainer.budgetWarnings(3, { "rollout/termination/stop": 0.5, "rollout/termination/context_length": 0.52 }, agent)
+    assert.include(both.cut, "step 3: 50% of the chains ended with a turn cut at agent.maxNewTokens (48)")
+    assert.include(both.full, "step 3: 52% of the chains ended at agent.maxContextTokens (256 tokens)")
+    assert.include(both.full, "raise agent.maxContextTokens")
+  })
+
   it.effect("a crash mid-run resumes from the last checkpoint: each step journaled once, same final weights", () =>
     Effect.gen(function*() {
       const reference = yield* run(yield* setup())
