@@ -78,7 +78,15 @@ export const configOf = (
   source: TrainConfig.Source,
   overrides: Overrides = {}
 ): Effect.Effect<TrainConfig.TrainConfig, TrainConfig.ConfigError, Path.Path> =>
-  Effect.flatMap(Path.Path, (path) =>
+  overrides.steps !== undefined && !(Number.isInteger(overrides.steps) && overrides.steps >= 1)
+    ? Effect.fail(
+      new TrainConfig.ConfigError({
+        source: "--steps",
+        reason: "Invalid",
+        issues: [`steps: the override (--steps, or steps in code) must be a whole number ≥ 1, got ${overrides.steps}`]
+      })
+    )
+    : Effect.flatMap(Path.Path, (path) =>
     TrainConfig.fromSource(source, (raw) => {
       const withDefaults = asRecord(Task.withDefaults(task, raw))
       return {

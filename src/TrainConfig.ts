@@ -587,7 +587,10 @@ export const read = Effect.fn("TrainConfig.read")(function*(file: string) {
         reason: "Invalid",
         issues: [
           `the module exports no config (a default export or \`export const config\`)` +
-          (exports["task"] === undefined ? "" : `; to train its task, name the module from a config: "task": "${file}"`)
+          (exports["task"] === undefined
+            ? ""
+            : `; to train its task, name the module from a config (paths are relative to the config file; from a ` +
+              `config beside it: "task": "./${file.split(/[\\/]/).at(-1)}")`)
         ]
       })
     }

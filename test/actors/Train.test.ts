@@ -133,4 +133,17 @@ describe("Train.run", () => {
       assert.isFalse(existsSync(join(dir, "run", "metrics.jsonl")), "nothing trained")
       assert.isFalse(existsSync(join(dir, "model")), "stopped before the model folder")
     }).pipe(Effect.provide(NodeServices.layer)))
+
+  it.effect("a steps override below 1 names the override, not the config file", () =>
+    Effect.gen(function*() {
+      const refused = yield* Effect.flip(Train.run({
+        task,
+        dir: mkdtempSync(join(tmpdir(), "train-steps-")),
+        config: { output: "run", model: { path: "model", preset: "tiny" }, data: { train: "t.jsonl" }, algorithm: { steps: 3 } },
+        steps: 0
+      }))
+      assert.instanceOf(refused, TrainConfig.ConfigError)
+      assert.strictEqual((refused as TrainConfig.ConfigError).source, "--steps")
+      assert.include((refused as TrainConfig.ConfigError).message, "must be a whole number ≥ 1, got 0")
+    }).pipe(Effect.provide(NodeServices.layer)))
 })

@@ -194,6 +194,6 @@ describe("TrainConfig", () => {
       writeFileSync(join(dir, "task.mjs"), "export const task = {}\n")
       const bare = yield* failure(TrainConfig.load(join(dir, "task.mjs")))
       assert.include(bare.message, "the module exports no config")
-      assert.include(bare.message, `"task": "${join(dir, "task.mjs")}"`)
+      assert.include(bare.message, `from a config beside it: "task": "./task.mjs"`)
     }).pipe(Effect.provide(NodeServices.layer)))
 })
