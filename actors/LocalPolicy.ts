@@ -293,27 +293,39 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
   // its own; a resumed run loads it from the checkpoint's `critic/` folder instead.
   const criticSettings = TrainConfig.criticOf(config)
   let critic: PolicyTrainer.PolicyTrainer["Service"] | undefined
-  const startCritic = (policyWeights: PolicyTrainer.Weights) =>
-    Scope.fork(runScope).pipe(
+  const startCritic = (policyWeights: PolicyTrainer.Weights) => {
+    const criticModel = OnnxTrainer.qwen2Value(folder.config)
+    const settings = {
+      weights: Qwen2.criticWeights(folder.config, policyWeights),
+      loss: { ...Loss.value, clipLow: criticSettings.valueClip, clipHigh: criticSettings.valueClip },
+      optimizer: { ...Optimizer.defaultConfig, weightDecay: criticSettings.weightDecay, maxGradNorm: criticSettings.gradClip },
+      schedule: LrSchedule.constant(criticSettings.lr, criticSettings.lrWarmupSteps)
+    }
+    return Scope.fork(runScope).pipe(
       Effect.flatMap((scope) =>
-        OnnxTrainer.make({
-          model: OnnxTrainer.qwen2Value(folder.config),
-          weights: Qwen2.criticWeights(folder.config, policyWeights),
-          loss: { ...Loss.value, clipLow: criticSettings.valueClip, clipHigh: criticSettings.valueClip },
-          optimizer: {
-            ...Optimizer.defaultConfig,
-            weightDecay: criticSettings.weightDecay,
-            maxGradNorm: criticSettings.gradClip
-          },
-          schedule: LrSchedule.constant(criticSettings.lr, criticSettings.lrWarmupSteps),
-          workers: config.learner.workers,
-          intraOpThreads: options.intraOpThreads ?? 1
-        }).pipe(Effect.provideService(Scope.Scope, scope))
+        (remote === undefined
+          ? Effect.map(
+            OnnxTrainer.make({
+              model: criticModel,
+              ...settings,
+              workers: config.learner.workers,
+              intraOpThreads: options.intraOpThreads ?? 1
+            }),
+            (made) => made.trainer
+          )
+          : RemoteTrainer.make({
+            ...remote,
+            name: `critic-${runName}`,
+            head: "value",
+            parameters: criticModel.parameters,
+            ...settings
+          })).pipe(Effect.provideService(Scope.Scope, scope))
       ),
-      Effect.map((made) => void (critic = made.trainer)),
+      Effect.map((made) => void (critic = made)),
       Effect.mapError(learnerError),
       Effect.provide(fsContext)
     )
+  }
   const criticDir = (dir: string) => `${dir}/critic`
 
   const startSft = Effect.gen(function*() {

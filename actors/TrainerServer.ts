@@ -86,6 +86,8 @@ const refused = (e: PolicyTrainer.PolicyTrainerError): Reply => json(e.reason ==
 
 const InitHeader = Schema.Struct({
   model: Schema.Unknown,
+  /** The model's output head: `value` for a critic (`OnnxTrainer.qwen2Value`); default the language-model head. */
+  head: Schema.optionalKey(Schema.Literals(["lm", "value"])),
   loss: Loss.Config,
   optimizer: Optimizer.Config,
   schedule: LrSchedule.Config,
@@ -138,7 +140,7 @@ export const serve = Effect.fn("TrainerServer.serve")(function*(
       const config = yield* ModelConfig.decode(header.model).pipe(
         Effect.mapError((e) => json(400, `init: the model config: ${e.message}`, "invalid_request"))
       )
-      const model = OnnxTrainer.qwen2(config)
+      const model = header.head === "value" ? OnnxTrainer.qwen2Value(config) : OnnxTrainer.qwen2(config)
       const weights = Wire.decodeWeights(body, model.parameters)
       if (typeof weights === "string") return yield* Effect.fail(json(400, `init: ${weights}`, "invalid_request"))
       yield* drop(name)

@@ -474,9 +474,6 @@ const crossKeyIssues = (config: TrainConfig): Array<string> => {
       : []),
     ...(config.critic !== undefined && advantage !== "gae"
       ? [`critic: only algorithm.advantage "gae" has a critic (the advantage is "${advantage}")`]
-      : []),
-    ...(advantage === "gae" && config.learner.url !== undefined
-      ? [`algorithm.advantage: "gae" trains a critic in this process; a trainer server (learner.url) has none yet`]
       : [])
   ]
 }

@@ -18,6 +18,7 @@
 import { Effect, FileSystem, Scope, Semaphore } from "effect"
 import { randomUUID } from "node:crypto"
 import * as ModelConfig from "../model/ModelConfig.ts"
+import type * as Qwen2 from "../model/Qwen2.ts"
 import type * as Loss from "../Loss.ts"
 import type * as LrSchedule from "../LrSchedule.ts"
 import type * as Optimizer from "../Optimizer.ts"
@@ -42,6 +43,8 @@ export interface Options {
    */
   readonly name?: string | undefined
   readonly model: ModelConfig.ModelConfig
+  /** The model's output head: `value` trains a critic there (`OnnxTrainer.qwen2Value`); default `lm`. */
+  readonly head?: Qwen2.Head | undefined
   readonly parameters: ReadonlyArray<{ readonly name: string; readonly shape: ReadonlyArray<number> }>
   readonly weights: PolicyTrainer.Weights
   readonly loss: Loss.Config
@@ -176,6 +179,7 @@ export const make = Effect.fn("RemoteTrainer.make")(function*(
 
   const init = Wire.encode({
     model: ModelConfig.toJson(options.model),
+    ...(options.head === undefined || options.head === "lm" ? {} : { head: options.head }),
     loss: options.loss,
     optimizer: options.optimizer,
     schedule: options.schedule,

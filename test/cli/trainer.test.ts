@@ -112,4 +112,40 @@ describe("agentfly train with a trainer server (learner.url)", () => {
       assert.strictEqual(resumed.code, 0, resumed.output)
       assert.strictEqual(finalWeights(dir, "killed"), expected)
     }).pipe(Effect.provide(NodeServices.layer))), { timeout: 300_000 })
+
+  it.live("PPO with a critic (gae) through a trainer server: the policy and the critic end as in-process", () =>
+    Effect.scoped(Effect.gen(function*() {
+      const dir = mkdtempSync(join(tmpdir(), "train-trainer-gae-"))
+      yield* Generate.write({ dir: join(dir, "data"), seed: 5, train: 64, heldOut: 8, validation: 4, demos: 64, noise: 0 })
+      yield* ModelFolder.init(join(dir, "model"), { preset: "tiny", seed: 3 })
+      const train = (name: string, learner: object) => {
+        const file = join(dir, `${name}.json`)
+        const config = configOf(name, learner) as unknown as { readonly algorithm: object; readonly agent: object }
+        // A warm-up long enough and turns long enough for tool calls, scored in part for their format: rewards that
+        // differ from 0, for the critic to learn.
+        writeFileSync(file, JSON.stringify({
+          ...config,
+          task: { name: "calculator", options: { toolCallFormat: 0.5 } },
+          agent: { ...config.agent, maxNewTokens: 96 },
+          warmup: { data: "data/demos.jsonl", steps: 40, batchSize: 8, lr: 0.003 },
+          algorithm: { ...config.algorithm, advantage: "gae", lambda: 0.95, klCoef: 0 },
+          critic: { lr: 0.003 }
+        }))
+        return agentfly(["train", file])
+      }
+      const here = yield* train("local", {})
+      assert.strictEqual(here.code, 0, here.output)
+      const server = yield* startTrainer(["--port", String(yield* freePort)])
+      const there = yield* train("remote", { url: server.url })
+      assert.strictEqual(there.code, 0, there.output)
+      assert.match(server.output(), /trainer critic-\w+:/)
+      assert.strictEqual(finalWeights(dir, "remote"), finalWeights(dir, "local"))
+      const critic = (output: string) =>
+        readFileSync(join(dir, output, "checkpoints", `step-${String(steps).padStart(6, "0")}`, "critic", "model.safetensors"))
+      assert.isTrue(critic("remote").equals(critic("local")), "the same critic, saved into the run's folder")
+      const values = (output: string) =>
+        metricsOf(join(dir, output)).filter((m) => m.phase === "train").map((m) => m.figures["critic/value_mean"])
+      assert.deepStrictEqual(values("remote"), values("local"))
+      assert.isAbove(Math.max(...values("local").map((v) => Math.abs(v ?? 0))), 0, "the critic learned")
+    }).pipe(Effect.provide(NodeServices.layer))), { timeout: 300_000 })
 })
