@@ -173,13 +173,14 @@ const scoreTokens = Effect.fnUntraced(function*(
   input: Advantage.Input,
   options: Options,
   score: (batch: Packing.MicroBatch) => Effect.Effect<Float32Array, PolicyTrainer.PolicyTrainerError>,
-  padRows = false
+  pack: { readonly padRows?: boolean; readonly sharePrefix?: boolean } = {}
 ) {
   const segments = includedSegments(rows)
   const packed = yield* Packing.pack(segments.map((s) => Packing.fromSegment(s.segment)), {
     tokenBudget: options.tokenBudget,
     aggregation: "token-mean",
-    padRows,
+    padRows: pack.padRows === true,
+    sharePrefix: pack.sharePrefix === true,
     ...(options.maxLength === undefined ? {} : { maxLength: options.maxLength }),
     ...(options.lengthMultiple === undefined ? {} : { lengthMultiple: options.lengthMultiple })
   }).pipe(Effect.mapError((e) => new LearnerError({ reason: "Packing", message: e.message })))
@@ -197,8 +198,8 @@ const scoreTokens = Effect.fnUntraced(function*(
       for (let t = 0; t < mb.length; t++) {
         const i = r * mb.length + t
         if (mb.mask[i] === 0) continue
-        // position t predicts token t + 1 of the segment
-        const cell = row * input.length + offset + t + 1
+        // position t (of the segment: rows after a shared prompt start past it) predicts the token after it
+        const cell = row * input.length + offset + (mb.positionIds?.[i] ?? t) + 1
         sampler[cell] = mb.samplerLogprobs[i]!
         scores[cell] = scored[i]!
         mask[cell] = 1
@@ -270,7 +271,9 @@ const trainCritic = Effect.fnUntraced(function*(
       aggregation: "token-mean",
       ...(options.maxLength === undefined ? {} : { maxLength: options.maxLength }),
       ...(options.lengthMultiple === undefined ? {} : { lengthMultiple: options.lengthMultiple }),
-      padRows: options.padRows ?? true
+      padRows: options.padRows ?? true,
+      rowSteps: options.rowSteps ?? 1,
+      sharePrefix: options.sharePrefix === true
     }).pipe(Effect.mapError((e) => new LearnerError({ reason: "Packing", message: `critic: ${e.message}` })))
     if (p.totals.tokens > 0 && p.microBatches.length > 0) packed.push(p)
   }
@@ -407,7 +410,10 @@ export const update = Effect.fn("Learner.update")(function*(
   // The critic's values of every policy token, before any update (verl's `compute_values`).
   const values = critic === undefined || options.estimator !== "gae"
     ? undefined
-    : (yield* scoreTokens(rows, raw, options, critic.logprobs, options.padRows ?? true)).scores
+    : (yield* scoreTokens(rows, raw, options, critic.logprobs, {
+      padRows: options.padRows ?? true,
+      sharePrefix: options.sharePrefix === true
+    })).scores
   const input = { ...(penalized?.input ?? raw), values }
   const { advantages, returns } = yield* Advantage.compute(options.estimator, input, options.advantage).pipe(
     Effect.mapError((e) => new LearnerError({ reason: "Advantage", message: e.message }))

@@ -89,22 +89,19 @@ export const qwen2 = (config: ModelConfig.ModelConfig): Model => ({
 })
 
 /**
- * A critic on the Qwen2 trunk (`Qwen2.Head` `value`): the same inputs as {@link qwen2}, one value per position in
- * place of the logits; trained with `Loss.value`, whose "token logprobs" are the values. Whole rows only (no
- * shared prompts).
+ * A critic on the Qwen2 trunk (`Qwen2.Head` `value`): the same inputs as {@link qwen2} (shared prompts included),
+ * one value per position in place of the logits; trained with `Loss.value`, whose "token logprobs" are the values.
  *
  * @category constructors
  * @since 0.1.0
  */
-export const qwen2Value = (config: ModelConfig.ModelConfig): Model => {
-  const policy = qwen2(config)
-  return {
-    parameters: Qwen2.parameters(config, "value"),
-    vocabSize: config.vocabSize,
-    forward: () => Qwen2.trainingGraph(config, "value"),
-    inputs: (mb) => policy.inputs({ ...mb, prefix: undefined })
-  }
-}
+export const qwen2Value = (config: ModelConfig.ModelConfig): Model => ({
+  parameters: Qwen2.parameters(config, "value"),
+  vocabSize: config.vocabSize,
+  forward: () => Qwen2.trainingGraph(config, "value"),
+  sharedForward: () => Qwen2.sharedPrefixGraph(config, "value"),
+  inputs: qwen2(config).inputs
+})
 
 const prefixInputs = (prefix: Packing.Prefix): Record<string, ort.Tensor> => {
   const dims = [prefix.batch, prefix.length]

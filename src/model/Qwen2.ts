@@ -449,9 +449,12 @@ export const forward = (g: Graph.Graph, c: ModelConfig.ModelConfig, options: For
  * @category constructors
  * @since 0.1.0
  */
-export const sharedPrefixGraph = (c: ModelConfig.ModelConfig): { readonly graph: Graph.Graph } & ForwardOutputs => {
-  const g = Graph.make("qwen2_train_shared")
-  const { param, weightInputs } = paramsOf(g, c, "inputs")
+export const sharedPrefixGraph = (
+  c: ModelConfig.ModelConfig,
+  output: Head = "lm"
+): { readonly graph: Graph.Graph } & ForwardOutputs => {
+  const g = Graph.make(output === "value" ? "qwen2_value_train_shared" : "qwen2_train_shared")
+  const { param, weightInputs } = paramsOf(g, c, "inputs", output)
   const prefixIds = g.input("prefix_ids", "int64", ["groups", "prefix"])
   const prefixMask = g.input("prefix_mask", "int64", ["groups", "prefix"])
   const prefixPos = g.input("prefix_positions", "int64", ["groups", "prefix"])
@@ -481,8 +484,8 @@ export const sharedPrefixGraph = (c: ModelConfig.ModelConfig): { readonly graph:
       prefix = g.op("Add", [prefix, mlpBlock(g, c, i, prefix, param)])
     }
   }
-  const logits = head(g, c, x, param)
-  g.output(logits, "float32", ["batch", "seq", c.vocabSize])
+  const logits = head(g, c, x, param, output)
+  g.output(logits, "float32", ["batch", "seq", output === "value" ? 1 : c.vocabSize])
   return { graph: g, logits, weightInputs }
 }
 

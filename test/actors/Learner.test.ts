@@ -720,4 +720,73 @@ describe("Learner with a critic (PPO with GAE)", () => {
       const recent = rewards.slice(-5).reduce((a, b) => a + b, 0) / 5
       assert.isBelow(Math.abs(values.at(-1)! - recent), 0.2, `values ${values.map((v) => v.toFixed(2)).join(" ")} vs rewards ${recent}`)
     }).pipe(Effect.provide(NodeServices.layer)), 120_000)
+
+  it.effect("a critic with shared prompts (sharePrefix) values and learns as with whole rows", () =>
+    Effect.gen(function*() {
+      const config = tinyConfig({
+        vocabSize: 16,
+        hiddenSize: 16,
+        numAttentionHeads: 2,
+        numKeyValueHeads: 1,
+        intermediateSize: 32,
+        numHiddenLayers: 2
+      })
+      // A value head of random weights, so that values differ from token to token.
+      const start = Qwen2.criticWeights(config, Qwen2.initWeights(config, 5))
+      start.set("value_head.weight", Float32Array.from({ length: 16 }, (_, i) => Math.sin(i + 1) * 0.3))
+      const prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+      const groups = [0, 1].map((g): Trajectory.Group => ({
+        groupId: `g${g}`,
+        rowIndex: g,
+        trajectories: [0, 1, 2, 3].map((i) => ({
+          ...trajectory(`${g}.${i}`, `g${g}`, prompt.map((t) => (t + g) % 16), 11, -1, (i + g) % 3 === 0 ? 1 : 0),
+          segments: [{
+            spans: [
+              { source: "prompt" as const, tokenIds: prompt.map((t) => (t + g) % 16) },
+              { source: "policy" as const, tokenIds: [11 + (i % 3), 12, 13 - g], logprobs: [-1, -1, -1] }
+            ],
+            messageCount: 0
+          }]
+        }))
+      }))
+      const stepWith = (sharePrefix: boolean) =>
+        Effect.gen(function*() {
+          const critic = yield* OnnxTrainer.make({
+            model: OnnxTrainer.qwen2Value(config),
+            weights: start,
+            loss: Loss.value,
+            optimizer: Optimizer.defaultConfig,
+            schedule: LrSchedule.constant(1e-2)
+          })
+          const result = yield* Effect.gen(function*() {
+            const result = yield* Learner.update(groups, {
+              ...options,
+              estimator: "gae",
+              loss: Loss.ppo,
+              tokenBudget: 256,
+              sharePrefix,
+              critic: critic.trainer
+            })
+            const { microBatches } = yield* Ref.get(yield* PolicyTrainer.RecordingRef)
+            return { result, microBatches }
+          }).pipe(Effect.provide(PolicyTrainer.layerRecording()))
+          return { ...result, weights: yield* critic.trainer.weights }
+        })
+      const whole = yield* stepWith(false)
+      const shared = yield* stepWith(true)
+      assert.isTrue(shared.microBatches.some((mb) => mb.prefix !== undefined), "the policy's rows shared their prompts")
+      for (const key of ["critic/value_mean", "critic/mse", "critic/loss", "critic/explained_variance"]) {
+        assert.approximately(shared.result.figures[key]!, whole.result.figures[key]!, 1e-5, key)
+      }
+      assert.notStrictEqual(whole.result.figures["critic/value_mean"], 0)
+      const advantages = (mbs: ReadonlyArray<Packing.MicroBatch>) =>
+        mbs.flatMap((mb) => [...mb.advantages].filter((_, i) => mb.mask[i] === 1)).sort((a, b) => a - b)
+      const a = advantages(whole.microBatches), b = advantages(shared.microBatches)
+      assert.strictEqual(a.length, 24)
+      a.forEach((x, i) => assert.approximately(b[i]!, x, 1e-4))
+      for (const [name, w] of whole.weights) {
+        const v = shared.weights.get(name)!
+        w.forEach((x, i) => assert.approximately(v[i]!, x, 1e-5, name))
+      }
+    }).pipe(Effect.provide(NodeServices.layer)))
 })
