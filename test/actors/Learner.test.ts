@@ -1,6 +1,6 @@
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Ref } from "effect"
+import { Context, Effect, Layer, Ref } from "effect"
 import * as Learner from "../../actors/Learner.ts"
 import {
   Advantage,
@@ -52,6 +52,47 @@ const options: Learner.Options = {
   tokenBudget: 64,
   lengthMultiple: 4
 }
+
+/**
+ * The one-step bandit of the learning tests: after the prompt [3, 9] the policy picks one of 16 tokens, and token 7 is
+ * rewarded. `read` gives a trainer's per-action outputs after the prompt (a policy's logprobs, a critic's values)
+ * from its forward-only pass; `sample` draws `n` trajectories from logprobs `lp`.
+ */
+const bandit = (() => {
+  const config = tinyConfig({
+    vocabSize: 16,
+    hiddenSize: 16,
+    numAttentionHeads: 2,
+    numKeyValueHeads: 1,
+    intermediateSize: 32,
+    numHiddenLayers: 1
+  })
+  const prompt = [3, 9]
+  const rewarded = 7
+  const probe = Packing.packUnsafe(
+    Array.from(
+      { length: config.vocabSize },
+      (_, v) => ({ tokenIds: Int32Array.of(...prompt, v), lossMask: Uint8Array.of(0, 0, 1) })
+    ),
+    { tokenBudget: 1024, lengthMultiple: 4, aggregation: "token-mean" }
+  ).microBatches[0]!
+  const read = <E>(trainer: {
+    readonly logprobs: (mb: Packing.MicroBatch) => Effect.Effect<{ readonly tokenLogprobs: Float32Array }, E>
+  }) =>
+    Effect.map(trainer.logprobs(probe), ({ tokenLogprobs }) => {
+      const out = new Float64Array(config.vocabSize)
+      probe.sequenceIndex.forEach((v, r) => (out[v] = tokenLogprobs[r * probe.length + prompt.length - 1]!))
+      return out
+    })
+  const sample = (lp: Float64Array, rng: ReturnType<typeof Sampling.rng>, n: number, groupId: string) =>
+    Array.from({ length: n }, (_, i) => {
+      let u = rng.next()
+      let action = 0
+      while (action < config.vocabSize - 1 && (u -= Math.exp(lp[action]!)) > 0) action++
+      return trajectory(`${groupId}.${i}`, groupId, prompt, action, lp[action]!, action === rewarded ? 1 : 0)
+    })
+  return { config, rewarded, read, sample }
+})()
 
 describe("Learner.update", () => {
   it.effect("advantages exclude not-applicable and masked trajectories; one optimiser step reports its figures", () =>
@@ -363,14 +404,7 @@ describe("Learner.update", () => {
 
   it.effect("GRPO on a one-step bandit: the probability of the rewarded token rises monotonically (within noise)", () =>
     Effect.gen(function*() {
-      const config = tinyConfig({
-        vocabSize: 16,
-        hiddenSize: 16,
-        numAttentionHeads: 2,
-        numKeyValueHeads: 1,
-        intermediateSize: 32,
-        numHiddenLayers: 1
-      })
+      const { config, rewarded } = bandit
       const trainer = yield* OnnxTrainer.make({
         model: OnnxTrainer.qwen2(config),
         weights: Qwen2.initWeights(config, 3),
@@ -378,44 +412,18 @@ describe("Learner.update", () => {
         optimizer: Optimizer.defaultConfig,
         schedule: LrSchedule.constant(1e-2)
       })
-      const prompt = [3, 9]
-      const rewarded = 7
-      // π(·|prompt): one row per candidate action, read with the trainer's forward-only pass.
-      const probe = Packing.packUnsafe(
-        Array.from(
-          { length: config.vocabSize },
-          (_, v) => ({ tokenIds: Int32Array.of(...prompt, v), lossMask: Uint8Array.of(0, 0, 1) })
-        ),
-        { tokenBudget: 1024, lengthMultiple: 4, aggregation: "token-mean" }
-      ).microBatches[0]!
-      const policy = Effect.gen(function*() {
-        const { tokenLogprobs } = yield* trainer.logprobs(probe)
-        const lp = new Float64Array(config.vocabSize)
-        probe.sequenceIndex.forEach((v, r) => (lp[v] = tokenLogprobs[r * probe.length + prompt.length - 1]!))
-        return lp
-      })
+      const policy = bandit.read(trainer)
       let applied = 0
       const rng = Sampling.rng(17)
       const probabilities: Array<number> = []
       for (let step = 0; step < 30; step++) {
         const lp = yield* policy
         probabilities.push(Math.exp(lp[rewarded]!))
-        const groups = Array.from({ length: 2 }, (_, g): Trajectory.Group => {
-          const trajectories = Array.from({ length: 16 }, (_, i) => {
-            let u = rng.next()
-            let action = 0
-            while (action < config.vocabSize - 1 && (u -= Math.exp(lp[action]!)) > 0) action++
-            return trajectory(
-              `${step}.${g}.${i}`,
-              `${step}.${g}`,
-              prompt,
-              action,
-              lp[action]!,
-              action === rewarded ? 1 : 0
-            )
-          })
-          return { groupId: `${step}.${g}`, rowIndex: step, trajectories }
-        })
+        const groups = Array.from({ length: 2 }, (_, g): Trajectory.Group => ({
+          groupId: `${step}.${g}`,
+          rowIndex: step,
+          trajectories: bandit.sample(lp, rng, 16, `${step}.${g}`)
+        }))
         // A step where no chain found the rewarded action has no signal: nothing is applied.
         const before = yield* trainer.trainer.step
         const report = yield* Learner.update(groups, { ...options, tokenBudget: 256 }).pipe(
@@ -579,40 +587,17 @@ describe("Learner step failures", () => {
 })
 
 describe("Learner with a critic (PPO with GAE)", () => {
-  /** A critic that values every token at `value` and records what it is trained on. */
-  const scriptedCritic = (value: number) => {
-    const trained: Array<Packing.MicroBatch> = []
-    let steps = 0
-    const critic: PolicyTrainer.PolicyTrainer["Service"] = {
-      forwardBackward: (batch) =>
-        Effect.sync(() => {
-          trained.push(batch)
-          return {
-            loss: 0.5,
-            tokenLogprobs: new Float32Array(batch.batch * batch.length),
-            tokens: batch.lossTokens,
-            clipped: 0,
-            clippedLower: 0,
-            approxKl: 0,
-            entropy: 0,
-            kl: 0
-          }
-        }),
-      logprobs: (batch) => Effect.succeed(new Float32Array(batch.batch * batch.length).fill(value)),
-      optimStep: Effect.sync(() => ({ step: ++steps, gradNorm: 1, lr: 1e-3 })),
-      discard: Effect.void,
-      weights: Effect.succeed(new Map()),
-      step: Effect.sync(() => steps),
-      save: () => Effect.void,
-      load: () => Effect.succeed({ policyVersion: 0, rngState: [] })
-    }
-    return { critic, trained, steps: () => steps }
-  }
+  /** A critic that values every token at `value` and records what it is trained on (a second recording trainer). */
+  const scriptedCritic = (value: number) =>
+    Effect.map(Layer.build(PolicyTrainer.layerRecording(new Map(), value)), (context) => ({
+      critic: Context.get(context, PolicyTrainer.PolicyTrainer),
+      recording: Context.get(context, PolicyTrainer.RecordingRef)
+    }))
 
   it.effect("advantages are the returns minus the critic's values (whitened); the critic learns the returns", () =>
     Effect.gen(function*() {
       const recording = yield* PolicyTrainer.RecordingRef
-      const { critic, trained, steps } = scriptedCritic(0.25)
+      const { critic, recording: criticRecording } = yield* scriptedCritic(0.25)
       const group = {
         groupId: "g",
         rowIndex: 0,
@@ -625,6 +610,7 @@ describe("Learner with a critic (PPO with GAE)", () => {
       const result = yield* Learner.update([group], { ...options, estimator: "gae", loss: Loss.ppo, critic })
       assert.strictEqual(result.outcome, "applied")
       const { microBatches } = yield* Ref.get(recording)
+      const { microBatches: trained, steps } = yield* Ref.get(criticRecording)
       const at = (mbs: ReadonlyArray<Packing.MicroBatch>, target: number, field: "advantages" | "samplerLogprobs") => {
         for (const mb of mbs) for (let i = 0; i < mb.mask.length; i++) if (mb.mask[i] && mb.targets[i] === target) return mb[field][i]!
         return Number.NaN
@@ -639,25 +625,18 @@ describe("Learner with a critic (PPO with GAE)", () => {
       // The critic's rows: the returns (the rewards, γ = λ = 1) as targets, its own values as the old ones.
       ;[5, 6, 7].forEach((t, i) => assert.approximately(at(trained, t, "advantages"), [1, 0, 0.5][i]!, 1e-6))
       for (const t of [5, 6, 7]) assert.approximately(at(trained, t, "samplerLogprobs"), 0.25, 1e-6)
-      assert.strictEqual(steps(), 1)
+      assert.strictEqual(steps, 1)
       assert.approximately(result.figures["critic/value_mean"]!, 0.25, 1e-6)
       assert.approximately(result.figures["critic/return_mean"]!, 0.5, 1e-6)
       assert.strictEqual(result.figures["critic/optimizer_steps"], 1)
       const missing = yield* Effect.flip(Learner.update([group], { ...options, estimator: "gae", loss: Loss.ppo }))
       assert.strictEqual(missing.reason, "Config")
       assert.include(missing.message, "critic")
-    }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
+    }).pipe(Effect.scoped, Effect.provide(PolicyTrainer.layerRecording())))
 
   it.effect("PPO with a real critic on a one-step bandit: the critic's value approaches the mean reward and the rewarded token's probability rises", () =>
     Effect.gen(function*() {
-      const config = tinyConfig({
-        vocabSize: 16,
-        hiddenSize: 16,
-        numAttentionHeads: 2,
-        numKeyValueHeads: 1,
-        intermediateSize: 32,
-        numHiddenLayers: 1
-      })
+      const { config, rewarded } = bandit
       const weights = Qwen2.initWeights(config, 3)
       const policy = yield* OnnxTrainer.make({
         model: OnnxTrainer.qwen2(config),
@@ -673,35 +652,15 @@ describe("Learner with a critic (PPO with GAE)", () => {
         optimizer: Optimizer.defaultConfig,
         schedule: LrSchedule.constant(1e-2)
       })
-      const prompt = [3, 9]
-      const rewarded = 7
-      const probe = Packing.packUnsafe(
-        Array.from(
-          { length: config.vocabSize },
-          (_, v) => ({ tokenIds: Int32Array.of(...prompt, v), lossMask: Uint8Array.of(0, 0, 1) })
-        ),
-        { tokenBudget: 1024, lengthMultiple: 4, aggregation: "token-mean" }
-      ).microBatches[0]!
-      const read = (trainer: typeof policy) =>
-        Effect.map(trainer.logprobs(probe), ({ tokenLogprobs }) => {
-          const out = new Float64Array(config.vocabSize)
-          probe.sequenceIndex.forEach((v, r) => (out[v] = tokenLogprobs[r * probe.length + prompt.length - 1]!))
-          return out
-        })
       const rng = Sampling.rng(17)
       const probabilities: Array<number> = []
       const values: Array<number> = []
       const rewards: Array<number> = []
       for (let step = 0; step < 30; step++) {
-        const lp = yield* read(policy)
+        const lp = yield* bandit.read(policy)
         probabilities.push(Math.exp(lp[rewarded]!))
-        values.push((yield* read(critic))[0]!) // the value of the state after the prompt (any action row)
-        const trajectories = Array.from({ length: 32 }, (_, i) => {
-          let u = rng.next()
-          let action = 0
-          while (action < config.vocabSize - 1 && (u -= Math.exp(lp[action]!)) > 0) action++
-          return trajectory(`${step}.${i}`, `${step}`, prompt, action, lp[action]!, action === rewarded ? 1 : 0)
-        })
+        values.push((yield* bandit.read(critic))[0]!) // the value of the state after the prompt (any action row)
+        const trajectories = bandit.sample(lp, rng, 32, `${step}`)
         rewards.push(trajectories.filter((t) => t.reward === 1).length / trajectories.length)
         yield* Learner.update([{ groupId: `${step}`, rowIndex: step, trajectories }], {
           ...options,
