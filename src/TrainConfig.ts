@@ -484,8 +484,9 @@ const crossKeyIssues = (config: TrainConfig): Array<string> => {
  * @category getters
  * @since 0.1.0
  */
-export const criticOf = (config: TrainConfig): CriticConfig =>
-  config.critic ?? { lr: 1e-3, lrWarmupSteps: 0, valueClip: 0.5, weightDecay: 0, gradClip: 1 }
+export const criticOf = (config: TrainConfig): CriticConfig => config.critic ?? criticDefaults
+
+const criticDefaults: CriticConfig = Schema.decodeUnknownSync(CriticConfig)({})
 
 /**
  * What differs between two configs (as JSON values, e.g. a run's recorded `config.json` and the one it is resumed
