@@ -3,7 +3,8 @@ import { assert, describe, it } from "@effect/vitest"
 import { Effect, Result } from "effect"
 import { mkdtempSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
-import { join } from "node:path"
+import { dirname, join } from "node:path"
+import { fileURLToPath } from "node:url"
 import * as TrainConfig from "../../src/TrainConfig.ts"
 
 const minimal = {
@@ -136,10 +137,14 @@ describe("TrainConfig", () => {
       const gae = yield* TrainConfig.decode({ ...minimal, algorithm: { steps: 3, advantage: "gae", lambda: 0.95 } })
       assert.deepStrictEqual(TrainConfig.criticOf(gae), { lr: 1e-3, lrWarmupSteps: 0, valueClip: 0.5, weightDecay: 0, gradClip: 1 })
       assert.strictEqual(gae.algorithm.lambda, 0.95)
+      // The shipped PPO config: the demo's, with a critic.
+      const ppo = yield* TrainConfig.load(join(dirname(fileURLToPath(import.meta.url)), "../../examples/calculator/ppo.json"))
+      assert.strictEqual(ppo.algorithm.advantage, "gae")
+      assert.strictEqual(TrainConfig.criticOf(ppo).lr, 0.001)
       const set = yield* TrainConfig.decode({ ...minimal, algorithm: { steps: 3, advantage: "gae" }, critic: { lr: 0.01 } })
       assert.strictEqual(TrainConfig.criticOf(set).lr, 0.01)
       assert.strictEqual(TrainConfig.criticOf(set).valueClip, 0.5)
-    }))
+    }).pipe(Effect.provide(NodeServices.layer)))
 
   it.effect("loads JSON, YAML and TypeScript configs and resolves paths against the config's folder", () =>
     Effect.gen(function*() {
