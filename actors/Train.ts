@@ -31,6 +31,7 @@ import * as NodeServices from "@effect/platform-node/NodeServices"
 import { Effect, FileSystem, Path } from "effect"
 import type { PlatformError } from "effect"
 import type { Scope } from "effect"
+import * as AgentTask from "../src/AgentTask.ts"
 import * as Dataset from "../src/Dataset.ts"
 import type * as Message from "../src/Message.ts"
 import * as DiskFull from "../src/internal/diskFull.ts"
@@ -83,7 +84,9 @@ export const configOf = (
       new TrainConfig.ConfigError({
         source: "--steps",
         reason: "Invalid",
-        issues: [`steps: the override (--steps, or steps in code) must be a whole number ≥ 1, got ${overrides.steps}`]
+        issues: [
+          `algorithm.steps: the override (--steps, or steps in code) must be a whole number ≥ 1, got ${overrides.steps}`
+        ]
       })
     )
     : Effect.flatMap(Path.Path, (path) =>
@@ -390,6 +393,8 @@ const heldOutLine = (first: EvalRecord | undefined, last: EvalRecord | undefined
  * @since 0.1.0
  */
 export const demonstrationProblem = (task: Task.Any, messages: ReadonlyArray<Message.Message>): string | undefined => {
+  // An agent function's tools live in its own code (its SDK's), which the run cannot see.
+  if (AgentTask.isAgentTask(task)) return undefined
   const tools = new Map(task.tools.map((t) => [t.name, t]))
   for (const [i, m] of messages.entries()) {
     if (m.role !== "assistant") continue
