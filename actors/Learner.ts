@@ -87,6 +87,8 @@ export interface Options {
    * mini-batches and epochs as the policy (`critic/*` figures).
    */
   readonly critic?: PolicyTrainer.PolicyTrainer["Service"]
+  /** Train the critic alone this step (its warm-up): the policy's trainer is not touched. */
+  readonly criticOnly?: boolean
 }
 
 /**
@@ -109,8 +111,11 @@ export class LearnerError extends Schema.TaggedError<LearnerError>()("LearnerErr
  * @since 0.1.0
  */
 export interface UpdateResult {
-  /** `applied`, or why no update happened: no loss token with a gradient, or every mini-batch non-finite. */
-  readonly outcome: "applied" | "empty" | "non_finite"
+  /**
+   * `applied`, or why no update of the policy happened: no loss token with a gradient, every mini-batch non-finite, or
+   * a step of the critic's warm-up (`criticOnly`).
+   */
+  readonly outcome: "applied" | "empty" | "non_finite" | "critic_only"
   /** The `learner/*` metrics, plus the step's `groups`, `trajectories` and `excluded` counts. */
   readonly figures: Readonly<Record<string, number>>
 }
@@ -473,6 +478,9 @@ export const update = Effect.fn("Learner.update")(function*(
     Array.from({ length: k }, (_, j) => rows.flatMap((r, b) => (Math.floor((r.group * k) / groups.length) === j ? [b] : []))),
     options
   )
+  if (options.criticOnly === true && values !== undefined) {
+    return { outcome: "critic_only" as const, figures: { ...base, ...criticFigures } }
+  }
   if (packed.length === 0) return { outcome: "empty" as const, figures: { ...base, ...criticFigures } }
   const sums = { loss: 0, tokens: 0, clipped: 0, clippedLower: 0, approxKl: 0, entropy: 0, kl: 0, rowTokens: 0 }
   const trainerError = (e: PolicyTrainer.PolicyTrainerError) =>

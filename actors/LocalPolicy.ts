@@ -373,7 +373,7 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
       const options = {
         ...learnerOptions,
         ...(reference === undefined ? {} : { reference: reference.logprobs }),
-        ...(critic === undefined ? {} : { critic })
+        ...(critic === undefined ? {} : { critic, criticOnly: step <= criticSettings.warmupSteps })
       }
       return Learner.update(all, options).pipe(
         Effect.provideService(PolicyTrainer.PolicyTrainer, trainer),
@@ -387,6 +387,7 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
         Effect.map((report) => ({
           ...report.figures,
           "learner/applied": report.outcome === "applied" ? 1 : 0,
+          ...(report.outcome === "critic_only" ? { "learner/critic_only": 1 } : {}),
           "learner/groups_with_signal": withSignal
         }))
       )

@@ -348,11 +348,13 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
   const evals = records.filter((m) => m.phase === "eval")
   const heldOut = heldOutLine(evals[0], evals.at(-1))
   if (heldOut !== undefined) yield* say(heldOut)
-  const skipped = steps.size - trained
-  yield* say(
-    `trained ${trained} of ${steps.size} steps` +
-      (skipped > 0 ? ` (${skipped} skipped: no learning signal, every group's rewards equal)` : "")
-  )
+  const criticOnly = [...steps.values()].filter((f) => f["learner/critic_only"] === 1).length
+  const skipped = steps.size - trained - criticOnly
+  const notTrained = [
+    ...(criticOnly > 0 ? [`${criticOnly} training the critic alone: critic.warmupSteps`] : []),
+    ...(skipped > 0 ? [`${skipped} skipped: no learning signal, every group's rewards equal`] : [])
+  ]
+  yield* say(`trained ${trained} of ${steps.size} steps` + (notTrained.length > 0 ? ` (${notTrained.join("; ")})` : ""))
   yield* say(`report: ${report}`)
   if (trained === 0 && steps.size > 0) {
     return yield* new Trainer.TrainerError({

@@ -289,6 +289,11 @@ export const LearnerConfig = Schema.Struct({
  */
 export const CriticConfig = Schema.Struct({
   lr: withDefault(LearningRate, 1e-3),
+  /**
+   * RL steps at the start that train the critic alone, the policy unchanged (verl's `trainer.critic_warmup`): its
+   * values start at zero, and a few steps let them approach the returns before they shape the policy's advantages.
+   */
+  warmupSteps: withDefault(IntIn(0, 10_000_000), 0),
   lrWarmupSteps: withDefault(IntIn(0, 10_000_000), 0),
   valueClip: withDefault(PositiveUpTo(1e6), 0.5),
   weightDecay: withDefault(NumberIn(0, 1), 0),
@@ -474,6 +479,12 @@ const crossKeyIssues = (config: TrainConfig): Array<string> => {
       : []),
     ...(config.critic !== undefined && advantage !== "gae"
       ? [`critic: only algorithm.advantage "gae" has a critic (the advantage is "${advantage}")`]
+      : []),
+    ...(config.critic !== undefined && config.critic.warmupSteps >= config.algorithm.steps
+      ? [
+        `critic.warmupSteps: ${config.critic.warmupSteps} of algorithm.steps ${config.algorithm.steps} train the ` +
+        `critic alone, which leaves no step for the policy`
+      ]
       : [])
   ]
 }

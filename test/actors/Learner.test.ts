@@ -629,6 +629,12 @@ describe("Learner with a critic (PPO with GAE)", () => {
       assert.approximately(result.figures["critic/value_mean"]!, 0.25, 1e-6)
       assert.approximately(result.figures["critic/return_mean"]!, 0.5, 1e-6)
       assert.strictEqual(result.figures["critic/optimizer_steps"], 1)
+      // The critic's warm-up: the critic trains, the policy's trainer is not touched.
+      const warmup = yield* Learner.update([group], { ...options, estimator: "gae", loss: Loss.ppo, critic, criticOnly: true })
+      assert.strictEqual(warmup.outcome, "critic_only")
+      assert.strictEqual((yield* Ref.get(criticRecording)).steps, 2)
+      assert.deepStrictEqual((yield* Ref.get(recording)).microBatches.length, microBatches.length, "no policy compute")
+      assert.strictEqual((yield* Ref.get(recording)).steps, 1, "no policy step")
       const missing = yield* Effect.flip(Learner.update([group], { ...options, estimator: "gae", loss: Loss.ppo }))
       assert.strictEqual(missing.reason, "Config")
       assert.include(missing.message, "critic")

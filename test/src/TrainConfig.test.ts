@@ -135,12 +135,16 @@ describe("TrainConfig", () => {
       const typo = yield* failure(TrainConfig.decode({ ...minimal, algorithm: { steps: 3, advantage: "gae" }, critic: { lrr: 1 } }))
       assert.include(typo.issues.join(), "critic.lrr")
       const gae = yield* TrainConfig.decode({ ...minimal, algorithm: { steps: 3, advantage: "gae", lambda: 0.95 } })
-      assert.deepStrictEqual(TrainConfig.criticOf(gae), { lr: 1e-3, lrWarmupSteps: 0, valueClip: 0.5, weightDecay: 0, gradClip: 1 })
+      assert.deepStrictEqual(TrainConfig.criticOf(gae), { lr: 1e-3, warmupSteps: 0, lrWarmupSteps: 0, valueClip: 0.5, weightDecay: 0, gradClip: 1 })
       assert.strictEqual(gae.algorithm.lambda, 0.95)
       // The shipped PPO config: the demo's, with a critic.
       const ppo = yield* TrainConfig.load(join(dirname(fileURLToPath(import.meta.url)), "../../examples/calculator/ppo.json"))
       assert.strictEqual(ppo.algorithm.advantage, "gae")
       assert.strictEqual(TrainConfig.criticOf(ppo).lr, 0.001)
+      const allWarmup = yield* failure(
+        TrainConfig.decode({ ...minimal, algorithm: { steps: 3, advantage: "gae" }, critic: { warmupSteps: 3 } })
+      )
+      assert.include(allWarmup.issues.join(), "critic.warmupSteps: 3 of algorithm.steps 3")
       const set = yield* TrainConfig.decode({ ...minimal, algorithm: { steps: 3, advantage: "gae" }, critic: { lr: 0.01 } })
       assert.strictEqual(TrainConfig.criticOf(set).lr, 0.01)
       assert.strictEqual(TrainConfig.criticOf(set).valueClip, 0.5)
