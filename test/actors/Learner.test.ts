@@ -53,20 +53,23 @@ const options: Learner.Options = {
   lengthMultiple: 4
 }
 
+/** The model of the tests that run a real trainer: one layer, 16 tokens. */
+const smallModel = tinyConfig({
+  vocabSize: 16,
+  hiddenSize: 16,
+  numAttentionHeads: 2,
+  numKeyValueHeads: 1,
+  intermediateSize: 32,
+  numHiddenLayers: 1
+})
+
 /**
  * The one-step bandit of the learning tests: after the prompt [3, 9] the policy picks one of 16 tokens, and token 7 is
  * rewarded. `read` gives a trainer's per-action outputs after the prompt (a policy's logprobs, a critic's values)
  * from its forward-only pass; `sample` draws `n` trajectories from logprobs `lp`.
  */
 const bandit = (() => {
-  const config = tinyConfig({
-    vocabSize: 16,
-    hiddenSize: 16,
-    numAttentionHeads: 2,
-    numKeyValueHeads: 1,
-    intermediateSize: 32,
-    numHiddenLayers: 1
-  })
+  const config = smallModel
   const prompt = [3, 9]
   const rewarded = 7
   const probe = Packing.packUnsafe(
@@ -455,14 +458,7 @@ describe("Learner.update", () => {
 describe("Learner with a KL penalty to a frozen reference", () => {
   it.effect("KL starts at 0 (same weights) and grows as the policy moves away from the reference", () =>
     Effect.gen(function*() {
-      const config = tinyConfig({
-        vocabSize: 16,
-        hiddenSize: 16,
-        numAttentionHeads: 2,
-        numKeyValueHeads: 1,
-        intermediateSize: 32,
-        numHiddenLayers: 1
-      })
+      const config = smallModel
       const weights = Qwen2.initWeights(config, 3)
       const loss: Loss.Config = { ...Loss.grpo, klCoef: 0.05, klEstimator: "k3" }
       const trainer = yield* OnnxTrainer.make({
@@ -497,14 +493,7 @@ describe("Learner with a KL penalty to a frozen reference", () => {
 describe("Learner with recomputed old logprobs and truncated importance weights", () => {
   it.effect("stale sampler logprobs move the PPO ratio unless the old policy is recomputed (then TIS corrects)", () =>
     Effect.gen(function*() {
-      const config = tinyConfig({
-        vocabSize: 16,
-        hiddenSize: 16,
-        numAttentionHeads: 2,
-        numKeyValueHeads: 1,
-        intermediateSize: 32,
-        numHiddenLayers: 1
-      })
+      const config = smallModel
       const loss: Loss.Config = { ...Loss.grpo, tisCap: 2 }
       const run = (recomputeOldLogprobs: boolean) =>
         Effect.gen(function*() {
@@ -541,14 +530,7 @@ describe("Learner with recomputed old logprobs and truncated importance weights"
 describe("Learner step failures", () => {
   it.effect("a step abandoned after some micro-batches leaves no gradient behind", () =>
     Effect.gen(function*() {
-      const config = tinyConfig({
-        vocabSize: 16,
-        hiddenSize: 16,
-        numAttentionHeads: 2,
-        numKeyValueHeads: 1,
-        intermediateSize: 32,
-        numHiddenLayers: 1
-      })
+      const config = smallModel
       const make = OnnxTrainer.make({
         model: OnnxTrainer.qwen2(config),
         weights: Qwen2.initWeights(config, 3),
@@ -688,14 +670,7 @@ describe("Learner with a critic (PPO with GAE)", () => {
 
   it.effect("a critic with shared prompts (sharePrefix) values and learns as with whole rows", () =>
     Effect.gen(function*() {
-      const config = tinyConfig({
-        vocabSize: 16,
-        hiddenSize: 16,
-        numAttentionHeads: 2,
-        numKeyValueHeads: 1,
-        intermediateSize: 32,
-        numHiddenLayers: 2
-      })
+      const config = { ...smallModel, numHiddenLayers: 2 }
       // A value head of random weights, so that values differ from token to token.
       const start = Qwen2.criticWeights(config, Qwen2.initWeights(config, 5))
       start.set("value_head.weight", Float32Array.from({ length: 16 }, (_, i) => Math.sin(i + 1) * 0.3))
