@@ -144,14 +144,14 @@ export interface Recording {
 
 /**
  * A fake trainer that records micro-batches and counts steps, with fixed weights; returns `logprob` (default 0) for
- * every token (a critic's value, for a fake critic). For testing learners, trainers and pipelines without a model.
+ * every token, or what `logprob(batch)` gives (a critic's values, for a fake critic). For testing learners, trainers and pipelines without a model.
  *
  * @category layers
  * @since 0.1.0
  */
 export const layerRecording = (
   weights: Weights = new Map(),
-  logprob = 0
+  logprob: number | ((batch: Packing.MicroBatch) => Float32Array) = 0
 ): Layer.Layer<PolicyTrainer | RecordingRef> =>
   Layer.effectContext(Effect.gen(function*() {
     const ref = yield* Ref.make<Recording>({ microBatches: [], steps: 0 })
@@ -167,7 +167,10 @@ export const layerRecording = (
           entropy: 0,
           kl: 0
         })),
-      logprobs: (batch) => Effect.succeed(new Float32Array(batch.batch * batch.length).fill(logprob)),
+      logprobs: (batch) =>
+        Effect.sync(() =>
+          typeof logprob === "number" ? new Float32Array(batch.batch * batch.length).fill(logprob) : logprob(batch)
+        ),
       optimStep: Ref.modify(ref, (r) => [{ step: r.steps + 1, gradNorm: 0, lr: 0 }, { ...r, steps: r.steps + 1 }]),
       discard: Effect.void,
       weights: Effect.sync(() => new Map([...weights].map(([k, v]) => [k, Float32Array.from(v)]))),

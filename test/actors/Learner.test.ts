@@ -569,8 +569,8 @@ describe("Learner step failures", () => {
 })
 
 describe("Learner with a critic (PPO with GAE)", () => {
-  /** A critic that values every token at `value` and records what it is trained on (a second recording trainer). */
-  const scriptedCritic = (value: number) =>
+  /** A critic that values tokens by `value` and records what it is trained on (a second recording trainer). */
+  const scriptedCritic = (value: number | ((batch: Packing.MicroBatch) => Float32Array)) =>
     Effect.map(Layer.build(PolicyTrainer.layerRecording(new Map(), value)), (context) => ({
       critic: Context.get(context, PolicyTrainer.PolicyTrainer),
       recording: Context.get(context, PolicyTrainer.RecordingRef)
@@ -620,6 +620,45 @@ describe("Learner with a critic (PPO with GAE)", () => {
       const missing = yield* Effect.flip(Learner.update([group], { ...options, estimator: "gae", loss: Loss.ppo }))
       assert.strictEqual(missing.reason, "Config")
       assert.include(missing.message, "critic")
+    }).pipe(Effect.scoped, Effect.provide(PolicyTrainer.layerRecording())))
+
+  it.effect("multi-turn: each policy token gets the value of the state before it, tool tokens carry none (GAE skips them)", () =>
+    Effect.gen(function*() {
+      const recording = yield* PolicyTrainer.RecordingRef
+      // The critic values the state before token y at y / 10, so every value shows which token it was given to.
+      const { critic, recording: criticRecording } = yield* scriptedCritic((mb) =>
+        Float32Array.from(mb.targets, (y) => y / 10)
+      )
+      const turns = (id: string, policy: ReadonlyArray<ReadonlyArray<number>>, reward: number) => ({
+        ...trajectory(id, "g", [1, 2], 0, -1, reward),
+        segments: [{
+          spans: [
+            { source: "prompt" as const, tokenIds: [1, 2] },
+            { source: "policy" as const, tokenIds: [...policy[0]!], logprobs: policy[0]!.map(() => -1) },
+            { source: "tool" as const, tokenIds: [3, 4] },
+            { source: "policy" as const, tokenIds: [...policy[1]!], logprobs: policy[1]!.map(() => -1) }
+          ],
+          messageCount: 0
+        }]
+      })
+      const group = { groupId: "g", rowIndex: 0, trajectories: [turns("a", [[5, 6], [9]], 1), turns("b", [[10], [11]], 0)] }
+      yield* Learner.update([group], { ...options, estimator: "gae", loss: Loss.ppo, critic })
+      // γ = λ = 1: the advantage of a policy token is R − V(before it): a 0.5, 0.4, 0.1; b −1.0, −1.1; then whitened.
+      const raw = new Map([[5, 0.5], [6, 0.4], [9, 0.1], [10, -1.0], [11, -1.1]])
+      const mean = [...raw.values()].reduce((x, y) => x + y, 0) / raw.size
+      const std = Math.sqrt([...raw.values()].reduce((x, y) => x + (y - mean) ** 2, 0) / (raw.size - 1))
+      const seen = (mbs: ReadonlyArray<Packing.MicroBatch>, field: "advantages" | "samplerLogprobs") => {
+        const out = new Map<number, number>()
+        for (const mb of mbs) for (let i = 0; i < mb.mask.length; i++) if (mb.mask[i]) out.set(mb.targets[i]!, mb[field][i]!)
+        return out
+      }
+      const advantages = seen((yield* Ref.get(recording)).microBatches, "advantages")
+      assert.deepStrictEqual([...advantages.keys()].sort((x, y) => x - y), [5, 6, 9, 10, 11], "tool tokens carry no loss")
+      for (const [token, a] of raw) assert.approximately(advantages.get(token)!, (a - mean) / std, 1e-4, `token ${token}`)
+      // The critic's own rows: its old values where it valued them, the returns (the reward) as targets.
+      const trained = (yield* Ref.get(criticRecording)).microBatches
+      for (const [token, value] of seen(trained, "samplerLogprobs")) assert.approximately(value, token / 10, 1e-6)
+      for (const [token, target] of seen(trained, "advantages")) assert.approximately(target, token < 10 ? 1 : 0, 1e-6)
     }).pipe(Effect.scoped, Effect.provide(PolicyTrainer.layerRecording())))
 
   it.effect("PPO with a real critic on a one-step bandit: the critic's value approaches the mean reward and the rewarded token's probability rises", () =>
