@@ -11,7 +11,7 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as Journal from "../../actors/Journal.ts"
 import * as Generate from "../../examples/calculator/generate.ts"
-import { agentfly } from "../utils/agentfly.ts"
+import { agentfly, calculatorRun } from "../utils/agentfly.ts"
 
 /** Runs `agentfly train ARGS…` in a child process (see `test/utils/agentfly.ts`). */
 const train = (args: ReadonlyArray<string>, killWhen?: () => boolean) => agentfly(["train", ...args], killWhen)
@@ -27,20 +27,9 @@ describe("agentfly train", () => {
     Effect.gen(function*() {
       const dir = mkdtempSync(join(tmpdir(), "train-resume-"))
       yield* Generate.write({ dir: join(dir, "data"), seed: 5, train: 64, heldOut: 4, validation: 4, demos: 64, noise: 0 })
-      writeFileSync(join(dir, "config.json"), JSON.stringify({
+      writeFileSync(join(dir, "config.json"), JSON.stringify(calculatorRun({
         seed: 11,
         output: "run",
-        model: { path: "model", preset: "tiny", initSeed: 3 },
-        data: { train: "data/train.jsonl", eval: "data/heldout.jsonl" },
-        task: "calculator",
-        agent: {
-          systemPrompt: "Use the calculator tool.",
-          renderTools: false,
-          maxTurns: 2,
-          numChains: 2,
-          maxNewTokens: 24,
-          maxContextTokens: 256
-        },
         // Validation checks after warm-up steps 1 and 2 publish warm-up versions to the real engine (a target of 1
         // is out of reach, so the warm-up runs all 3 steps).
         warmup: {
@@ -64,7 +53,7 @@ describe("agentfly train", () => {
         },
         eval: { every: 100, size: 2 },
         checkpoint: { every: 2, keep: 2 }
-      }))
+      }, { numChains: 2 })))
       const config = join(dir, "config.json")
       const a = join(dir, "a")
       const b = join(dir, "b")

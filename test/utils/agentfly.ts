@@ -98,9 +98,9 @@ export const startCommand = (command: string, args: ReadonlyArray<string>, ready
 
 /**
  * A short run of the calculator task on the tiny preset (data in `data/`, the model in `model/`, relative to the
- * config file), four chains a row and a 4-step warm-up; `rest` adds or replaces top-level sections.
+ * config file), four chains a row and a 4-step warm-up; `rest` adds or replaces top-level sections, `agent` agent keys.
  */
-export const calculatorRun = (rest: Record<string, unknown>) => ({
+export const calculatorRun = (rest: Record<string, unknown>, agent: Record<string, unknown> = {}) => ({
   model: { path: "model", preset: "tiny", initSeed: 3 },
   data: { train: "data/train.jsonl", eval: "data/heldout.jsonl" },
   task: "calculator",
@@ -110,7 +110,8 @@ export const calculatorRun = (rest: Record<string, unknown>) => ({
     maxTurns: 2,
     numChains: 4,
     maxNewTokens: 24,
-    maxContextTokens: 256
+    maxContextTokens: 256,
+    ...agent
   },
   warmup: { data: "data/demos.jsonl", steps: 4, batchSize: 8, lr: 0.003 },
   ...rest
