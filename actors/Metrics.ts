@@ -161,8 +161,13 @@ export const formatFigures = (status: Status): string => {
     return `accuracy ${fixed(f["eval/accuracy"], 3)}  ` +
       `invalid tool calls ${fixed(f["eval/invalid_tool_call_rate"], 3)}${failureShare(f["eval/failure_share"])}`
   }
+  // A critic's value (PPO with GAE) against the return it learns: the pair that says whether it keeps up.
+  const critic = f["critic/value_mean"] === undefined
+    ? ""
+    : `  value ${fixed(f["critic/value_mean"], 3)}/${fixed(f["critic/return_mean"], 3)}`
   return `reward ${fixed(f["rollout/reward_mean"], 3)}  acc ${fixed(f["rollout/accuracy"], 3)}  ` +
-    `kl ${fixed(f["learner/kl"], 4)}  tok/s ${rate(f["perf/tokens_per_s"])}${failureShare(f["rollout/failure_share"])}`
+    `kl ${fixed(f["learner/kl"], 4)}${critic}  tok/s ${rate(f["perf/tokens_per_s"])}` +
+    failureShare(f["rollout/failure_share"])
 }
 
 /**

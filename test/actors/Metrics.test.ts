@@ -79,6 +79,12 @@ describe("Metrics", () => {
     }
     const line = Metrics.formatLine(status)
     assert.strictEqual(line, "[train] step 15/60  reward 0.412  acc 0.375  kl –  tok/s 3.5k  elapsed 30s")
+    // With a critic: its mean value against the mean return it learns.
+    const ppo = { ...status, figures: { ...status.figures, "critic/value_mean": 0.31, "critic/return_mean": 0.4 } }
+    assert.strictEqual(
+      Metrics.formatLine(ppo),
+      "[train] step 15/60  reward 0.412  acc 0.375  kl –  value 0.310/0.400  tok/s 3.5k  elapsed 30s"
+    )
     for (const columns of [40, 80, 160]) {
       const bar = Metrics.formatBar(status, columns)
       assert.isTrue(bar.length < columns, `fits in ${columns}: ${bar}`)
