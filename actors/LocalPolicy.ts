@@ -237,10 +237,13 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
     miniBatches: algorithm.miniBatches,
     epochs: algorithm.epochs,
     rowSteps: config.learner.rowSteps,
-    sharePrefix: config.learner.sharePrefix
+    sharePrefix: config.learner.sharePrefix,
+    ...(algorithm.klInReward === undefined ? {} : { klInReward: algorithm.klInReward }),
+    ...(algorithm.recomputeOldLogprobs === undefined ? {} : { recomputeOldLogprobs: algorithm.recomputeOldLogprobs })
   }
 
-  // The frozen reference policy of the KL term (only with klCoef > 0).
+  // The frozen reference policy of the KL term (only with klCoef > 0) or of KL in the reward (klInReward > 0).
+  const needsReference = algorithm.klCoef > 0 || (algorithm.klInReward ?? 0) > 0
   let reference:
     | { readonly weights: PolicyTrainer.Weights; readonly logprobs: NonNullable<Learner.Options["reference"]> }
     | undefined
@@ -278,7 +281,8 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
       if (!(yield* fs.exists(file))) {
         return yield* new TrainerError({
           reason: "Checkpoint",
-          message: `${file} is missing: algorithm.klCoef > 0 needs the reference policy the run started with`
+          message: `${file} is missing: a KL term (algorithm.klCoef or klInReward > 0) needs the reference policy ` +
+            `the run started with`
         })
       }
       const parsed = yield* Safetensors.parse(yield* fs.readFile(file), file)
@@ -432,7 +436,7 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
           phase = "rl"
         }
         // RL starts from version 0: the KL term's reference is frozen there (a resumed run loaded it instead).
-        if (algorithm.klCoef > 0 && reference === undefined && v >= 0) yield* setReference(yield* weightsOf(trainer))
+        if (needsReference && reference === undefined && v >= 0) yield* setReference(yield* weightsOf(trainer))
         if (algorithm.advantage === "gae" && critic === undefined && v >= 0) yield* startCritic(yield* weightsOf(trainer))
         version = v
         const last = newest()
@@ -470,7 +474,7 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
     load: (dir) =>
       trainer.load(dir).pipe(
         Effect.mapError(checkpointError),
-        Effect.tap(() => (algorithm.klCoef > 0 ? loadReference(dir) : Effect.void)),
+        Effect.tap(() => (needsReference ? loadReference(dir) : Effect.void)),
         Effect.tap(() =>
           algorithm.advantage !== "gae" ? Effect.void : Effect.gen(function*() {
             if (critic === undefined) yield* startCritic(yield* weightsOf(trainer))

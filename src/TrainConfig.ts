@@ -152,6 +152,18 @@ export const AlgorithmConfig = Schema.Struct({
   clipLow: withDefault(NumberIn(0, 1), 0.2),
   clipHigh: withDefault(NumberIn(0, 100), 0.2),
   klCoef: withDefault(NumberIn(0, 100), 0),
+  /**
+   * KL to the reference in the reward instead of (or besides) the loss (verl's `use_kl_in_reward`): every policy
+   * token's reward becomes `r − β·(log π_sampler − log π_ref)` before advantages are computed (figure
+   * `learner/reward_kl`). The reference is the policy RL starts from, as for `klCoef`.
+   */
+  klInReward: Schema.optionalKey(NumberIn(0, 100)),
+  /**
+   * Recompute the old policy's logprobs with the learner's weights before the update (verl's `compute_log_prob`),
+   * instead of trusting the sampler's: the PPO ratio starts at exactly 1, and `tisCap` corrects the train/inference
+   * mismatch with truncated importance weights. One forward pass per micro-batch more.
+   */
+  recomputeOldLogprobs: Schema.optionalKey(Schema.Boolean),
   entropyCoef: withDefault(NumberIn(0, 100), 0),
   lr: withDefault(LearningRate, 3e-4),
   lrSchedule: withDefault(Schema.Literals(["constant", "cosine"]), "constant"),

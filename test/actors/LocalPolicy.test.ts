@@ -168,4 +168,34 @@ describe("LocalPolicy", () => {
       const checkpoints = join(config.output, "checkpoints")
       assert.deepStrictEqual(existsSync(checkpoints) ? readdirSync(checkpoints) : [], [], "no checkpoint written")
     }).pipe(Effect.provide(NodeServices.layer)), 120_000)
+
+  it.live("KL in the reward and recomputed old logprobs from the config: the reward's KL is recorded, the reference saved", () =>
+    Effect.gen(function*() {
+      const { folder, config: decoded, train } = yield* fixture
+      const config = {
+        ...decoded,
+        algorithm: {
+          ...decoded.algorithm,
+          advantage: "reinforce++" as const,
+          entropyCoef: 0.01,
+          klInReward: 0.1,
+          recomputeOldLogprobs: true
+        },
+        checkpoint: { every: 2, keep: 5 }
+      }
+      yield* Effect.scoped(Trainer.run({
+        task: CalculatorTask.make(),
+        config,
+        format: ChainFormat.ofConfig(config, folder),
+        train
+      })).pipe(Effect.provide(LocalPolicy.layer(folder, config)), Effect.provide(ResourceManager.ResourceManager.layer))
+      const steps = readFileSync(join(config.output, "metrics.jsonl"), "utf8").trim().split("\n")
+        .map((l) => JSON.parse(l) as { phase: string; figures: Record<string, number> })
+        .filter((r) => r.phase === "train")
+      assert.strictEqual(steps.length, 2)
+      // Step 1 samples with the reference itself (KL 0); step 2 with the policy one update away from it.
+      for (const r of steps) assert.isTrue(Number.isFinite(r.figures["learner/reward_kl"]), JSON.stringify(r.figures))
+      assert.notStrictEqual(steps[1]!.figures["learner/reward_kl"], 0)
+      assert.isTrue(existsSync(join(config.output, "checkpoints", "step-000002", "reference.safetensors")))
+    }).pipe(Effect.provide(NodeServices.layer)), 120_000)
 })
