@@ -282,7 +282,8 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
   const display = Metrics.display({ write, tty, columns: process.stderr.columns ?? 100, everySteps: 5 })
   yield* say(
     `training ${folder.name} on task ${task.name}, ${train.rows.length} rows (${config.mode}, ` +
-      `${config.algorithm.steps} steps, seed ${config.seed}) → ${config.output}`
+      `${config.algorithm.steps} steps, seed ${config.seed}, ${estimatorName(config.algorithm.advantage)}) → ` +
+      config.output
   )
   // Training batches on rollout workers when the run lists them; they sample on the run's inference servers.
   const { workers, queue } = config.rollout
@@ -364,6 +365,10 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
   }
   return { summary, report, config }
 })
+
+/** The advantage estimator as the start of a run names it. */
+const estimatorName = (advantage: TrainConfig.AdvantageEstimator): string =>
+  advantage === "gae" ? "PPO with a critic (gae)" : advantage === "grpo-no-std" ? "Dr.GRPO (grpo-no-std)" : advantage
 
 type EvalRecord = { readonly step: number; readonly figures: Readonly<Record<string, number>> }
 

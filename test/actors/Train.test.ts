@@ -60,6 +60,7 @@ describe("Train.run", () => {
       assert.include(prompt, "Find my number from 1 to 15.")
       assert.notInclude(prompt, "# Tools")
       assert.isTrue(lines.some((line) => line.startsWith("trained 2 of 2 steps")))
+      assert.isTrue(lines.some((line) => line.includes("(sync, 2 steps, seed 1, reinforce++) →")), lines.join("\n"))
       // An untrained policy rarely samples its end-of-turn token within 48: the run says which setting cuts it, once.
       const cut = lines.filter((line) => line.includes("cut at agent.maxNewTokens (48)"))
       assert.strictEqual(cut.length, 1, lines.join("\n"))
