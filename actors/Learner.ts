@@ -235,6 +235,45 @@ const penalizeWithReference = Effect.fnUntraced(function*(
   return { input: { ...input, tokenRewards }, meanKl: tokens > 0 ? kl / tokens : 0 }
 })
 
+/** The packing every trained pass of a step shares (the policy's and the critic's); each adds its aggregation. */
+const packingOf = (options: Options) => ({
+  tokenBudget: options.tokenBudget,
+  ...(options.maxLength === undefined ? {} : { maxLength: options.maxLength }),
+  ...(options.lengthMultiple === undefined ? {} : { lengthMultiple: options.lengthMultiple }),
+  padRows: options.padRows ?? true,
+  rowSteps: options.rowSteps ?? 1,
+  sharePrefix: options.sharePrefix === true
+})
+
+/**
+ * `epochs` passes over the mini-batches: each one's micro-batches through `accumulate`, then an optimiser step. A
+ * non-finite mini-batch is skipped (the trainer dropped its gradients) and the others still apply.
+ */
+const optimize = Effect.fnUntraced(function*(
+  trainer: PolicyTrainer.PolicyTrainer["Service"],
+  packed: ReadonlyArray<Packing.Packed>,
+  epochs: number,
+  accumulate: (microBatches: ReadonlyArray<Packing.MicroBatch>) => Effect.Effect<void, LearnerError>,
+  trainerError: (e: PolicyTrainer.PolicyTrainerError) => LearnerError
+) {
+  let applied = 0, gradNorm = 0, lr = 0, microBatches = 0
+  for (let epoch = 0; epoch < Math.max(1, epochs); epoch++) {
+    for (const p of packed) {
+      yield* accumulate(p.microBatches).pipe(Effect.onError(() => trainer.discard))
+      microBatches += p.microBatches.length
+      const optim = yield* Effect.result(trainer.optimStep)
+      if (optim._tag === "Failure") {
+        if (optim.failure.reason === "NonFiniteGradient") continue
+        return yield* trainerError(optim.failure)
+      }
+      applied++
+      gradNorm += optim.success.gradNorm
+      lr = optim.success.lr
+    }
+  }
+  return { applied, gradNorm, lr, microBatches }
+})
+
 /**
  * The critic's step: its values' targets are the GAE returns, over the policy's mini-batches (`chunks` of row
  * indices) and epochs. Returns the `critic/*` figures.
@@ -271,41 +310,20 @@ const trainCritic = Effect.fnUntraced(function*(
   const packed: Array<Packing.Packed> = []
   for (const chunk of chunks) {
     const sequences = chunk.flatMap((b) => ofRow.get(b) ?? [])
-    const p = yield* Packing.pack(sequences, {
-      tokenBudget: options.tokenBudget,
-      aggregation: "token-mean",
-      ...(options.maxLength === undefined ? {} : { maxLength: options.maxLength }),
-      ...(options.lengthMultiple === undefined ? {} : { lengthMultiple: options.lengthMultiple }),
-      padRows: options.padRows ?? true,
-      rowSteps: options.rowSteps ?? 1,
-      sharePrefix: options.sharePrefix === true
-    }).pipe(Effect.mapError((e) => new LearnerError({ reason: "Packing", message: `critic: ${e.message}` })))
+    const p = yield* Packing.pack(sequences, { ...packingOf(options), aggregation: "token-mean" }).pipe(
+      Effect.mapError((e) => new LearnerError({ reason: "Packing", message: `critic: ${e.message}` }))
+    )
     if (p.totals.tokens > 0 && p.microBatches.length > 0) packed.push(p)
   }
   const sums = { loss: 0, tokens: 0, clipped: 0, squaredError: 0 }
-  let applied = 0
-  let gradNorm = 0
-  for (let epoch = 0; epoch < Math.max(1, options.epochs ?? 1); epoch++) {
-    for (const p of packed) {
-      for (const mb of p.microBatches) {
-        const r = yield* critic.forwardBackward(mb).pipe(
-          Effect.mapError(trainerError),
-          Effect.onError(() => critic.discard)
-        )
+  const { applied, gradNorm } = yield* optimize(critic, packed, options.epochs ?? 1, (microBatches) =>
+    Effect.forEach(microBatches, (mb) =>
+      Effect.map(Effect.mapError(critic.forwardBackward(mb), trainerError), (r) => {
         sums.loss += r.loss
         sums.tokens += r.tokens
         sums.clipped += r.clipped
         sums.squaredError += r.approxKl
-      }
-      const optim = yield* Effect.result(critic.optimStep)
-      if (optim._tag === "Failure") {
-        if (optim.failure.reason === "NonFiniteGradient") continue
-        return yield* trainerError(optim.failure)
-      }
-      applied++
-      gradNorm += optim.success.gradNorm
-    }
-  }
+      }), { discard: true }), trainerError)
   // verl's `vf_explained_var` over the policy tokens, and the means of the values and returns the critic saw.
   const mask = input.responseMask
   const include = input.include
@@ -443,16 +461,12 @@ export const update = Effect.fn("Learner.update")(function*(
   }
   // Whole groups per mini-batch, in order: group g goes to mini-batch ⌊g·k / groups⌋.
   const k = Math.max(1, Math.min(options.miniBatches ?? 1, groups.length))
+  const miniBatchOf = (group: number) => Math.floor((group * k) / groups.length)
   const chunks: Array<Array<Packing.Sequence>> = Array.from({ length: k }, () => [])
-  sequences.forEach((sequence, i) => chunks[Math.floor((sequenceGroup[i]! * k) / groups.length)]!.push(sequence))
+  sequences.forEach((sequence, i) => chunks[miniBatchOf(sequenceGroup[i]!)]!.push(sequence))
   const packOptions = {
-    tokenBudget: options.tokenBudget,
+    ...packingOf(options),
     aggregation: options.loss.aggregation,
-    ...(options.maxLength === undefined ? {} : { maxLength: options.maxLength }),
-    ...(options.lengthMultiple === undefined ? {} : { lengthMultiple: options.lengthMultiple }),
-    padRows: options.padRows ?? true,
-    rowSteps: options.rowSteps ?? 1,
-    sharePrefix: options.sharePrefix === true,
     ...(options.loss.normLength === undefined ? {} : { normLength: options.loss.normLength })
   }
   // A sequence whose advantages are all zero (a group without reward variance) has no gradient under a pure
@@ -475,7 +489,7 @@ export const update = Effect.fn("Learner.update")(function*(
     input,
     values,
     returns,
-    Array.from({ length: k }, (_, j) => rows.flatMap((r, b) => (Math.floor((r.group * k) / groups.length) === j ? [b] : []))),
+    Array.from({ length: k }, (_, j) => rows.flatMap((r, b) => (miniBatchOf(r.group) === j ? [b] : []))),
     options
   )
   if (options.criticOnly === true && values !== undefined) {
@@ -485,25 +499,17 @@ export const update = Effect.fn("Learner.update")(function*(
   const sums = { loss: 0, tokens: 0, clipped: 0, clippedLower: 0, approxKl: 0, entropy: 0, kl: 0, rowTokens: 0 }
   const trainerError = (e: PolicyTrainer.PolicyTrainerError) =>
     new LearnerError({ reason: "Trainer", message: e.message })
-  let applied = 0
-  let gradNorm = 0
-  let lr = 0
-  let microBatches = 0
-  for (let epoch = 0; epoch < Math.max(1, options.epochs ?? 1); epoch++) {
-    for (const p of packed) {
-      yield* accumulate(p.microBatches, options, sums, trainerError).pipe(Effect.onError(() => trainer.discard))
-      microBatches += p.microBatches.length
-      const optim = yield* Effect.result(trainer.optimStep)
-      if (optim._tag === "Failure") {
-        // A non-finite mini-batch is skipped (the trainer dropped its gradients); the others still apply.
-        if (optim.failure.reason === "NonFiniteGradient") continue
-        return yield* trainerError(optim.failure)
-      }
-      applied++
-      gradNorm += optim.success.gradNorm
-      lr = optim.success.lr
-    }
-  }
+  const { applied, gradNorm, lr, microBatches } = yield* optimize(
+    trainer,
+    packed,
+    options.epochs ?? 1,
+    (microBatches) =>
+      accumulate(microBatches, options, sums, trainerError).pipe(
+        Effect.asVoid,
+        Effect.provideService(PolicyTrainer.PolicyTrainer, trainer)
+      ),
+    trainerError
+  )
   if (applied === 0) return { outcome: "non_finite" as const, figures: { ...base, ...criticFigures } }
   const elapsed = Math.max(1, (yield* Clock.currentTimeMillis) - started)
   const per = (x: number) => x / Math.max(1, sums.tokens)
