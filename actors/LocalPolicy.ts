@@ -370,7 +370,9 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
       // without any signal is skipped, because AdamW would still move every weight along its stale momentum (with
       // sparse early rewards that alone wrecks a freshly warmed-up policy). Otherwise every group goes to the
       // learner: the ones without signal cost no compute there but keep the step's size proportional to its signal.
-      const withSignal = groupRelative.has(algorithm.advantage) ? all.filter(hasSignal).length : all.length
+      // KL in the reward makes equal outcomes differ (each chain pays its own divergence): every group has signal.
+      const rewardsDecide = groupRelative.has(algorithm.advantage) && (algorithm.klInReward ?? 0) === 0
+      const withSignal = rewardsDecide ? all.filter(hasSignal).length : all.length
       if (withSignal === 0) {
         return Effect.succeed({ "learner/applied": 0, "learner/groups_with_signal": 0 })
       }

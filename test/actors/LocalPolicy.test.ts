@@ -169,6 +169,33 @@ describe("LocalPolicy", () => {
       assert.deepStrictEqual(existsSync(checkpoints) ? readdirSync(checkpoints) : [], [], "no checkpoint written")
     }).pipe(Effect.provide(NodeServices.layer)), 120_000)
 
+  it.live("with KL in the reward a GRPO step whose groups' outcomes are all equal is not skipped (each chain pays its own KL)", () =>
+    Effect.gen(function*() {
+      const { folder, config: decoded, batch } = yield* fixture
+      const on = (klInReward: number | undefined) =>
+        Effect.scoped(Effect.gen(function*() {
+          const config = {
+            ...decoded,
+            algorithm: { ...decoded.algorithm, advantage: "grpo" as const, ...(klInReward === undefined ? {} : { klInReward }) }
+          }
+          const { policy, sampler } = yield* LocalPolicy.make(folder, config)
+          yield* policy.publish(0) // RL starts: the reference is frozen here
+          const groups = yield* Effect.provideService(batch, Sampler, sampler)
+          // Every chain scored 0: no outcome differs within any group.
+          const equal = groups.map((g) => ({
+            ...g,
+            trajectories: g.trajectories.map((t) => ({ ...t, reward: 0, rewardStatus: "scored" as const }))
+          }))
+          return yield* policy.learn(1, equal)
+        }))
+      const plain = yield* on(undefined)
+      assert.strictEqual(plain["learner/applied"], 0, "outcomes alone: no signal, the step is skipped")
+      assert.strictEqual(plain["learner/groups_with_signal"], 0)
+      const kl = yield* on(0.5)
+      assert.strictEqual(kl["learner/groups_with_signal"], 2, JSON.stringify(kl))
+      assert.isTrue(Number.isFinite(kl["learner/reward_kl"]), "the step reached the learner and scored the reference")
+    }).pipe(Effect.provide(NodeServices.layer)), 120_000)
+
   it.live("KL in the reward and recomputed old logprobs from the config: the reward's KL is recorded, the reference saved", () =>
     Effect.gen(function*() {
       const { folder, config: decoded, train } = yield* fixture
