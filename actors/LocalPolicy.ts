@@ -27,7 +27,7 @@ import * as PolicyTrainer from "../src/PolicyTrainer.ts"
 import * as Safetensors from "../src/Safetensors.ts"
 import { Sampler, SamplerError } from "../src/Sampler.ts"
 import * as TrainConfig from "../src/TrainConfig.ts"
-import type * as Trajectory from "../src/Trajectory.ts"
+import * as Trajectory from "../src/Trajectory.ts"
 import * as TrajectoryBuilder from "../src/TrajectoryBuilder.ts"
 import * as EngineThread from "./EngineThread.ts"
 import * as InferenceServers from "./InferenceServers.ts"
@@ -42,15 +42,6 @@ const checkpointError = (e: { readonly message: string }) =>
 
 /** The trainer's current weights; a remote trainer that cannot send them stops the run. */
 const weightsOf = (trainer: PolicyTrainer.PolicyTrainer["Service"]) => Effect.mapError(trainer.weights, learnerError)
-
-const groupRelative = new Set<TrainConfig.AdvantageEstimator>(["grpo", "grpo-no-std", "rloo"])
-
-/** Whether a group's scored, trainable trajectories have different rewards (a learning signal). */
-const hasSignal = (group: Trajectory.Group): boolean => {
-  const rewards = group.trajectories.filter((t) => t.trainable && !t.masked && t.rewardStatus === "scored")
-    .map((t) => t.reward)
-  return rewards.some((r) => r !== rewards[0])
-}
 
 /**
  * The RL loss of a config.
@@ -371,8 +362,8 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
       // sparse early rewards that alone wrecks a freshly warmed-up policy). Otherwise every group goes to the
       // learner: the ones without signal cost no compute there but keep the step's size proportional to its signal.
       // KL in the reward makes equal outcomes differ (each chain pays its own divergence): every group has signal.
-      const rewardsDecide = groupRelative.has(algorithm.advantage) && (algorithm.klInReward ?? 0) === 0
-      const withSignal = rewardsDecide ? all.filter(hasSignal).length : all.length
+      const rewardsDecide = TrainConfig.isGroupRelative(algorithm.advantage) && (algorithm.klInReward ?? 0) === 0
+      const withSignal = rewardsDecide ? all.filter(Trajectory.rewardsDiffer).length : all.length
       if (withSignal === 0) {
         return Effect.succeed({ "learner/applied": 0, "learner/groups_with_signal": 0 })
       }

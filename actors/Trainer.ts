@@ -211,6 +211,19 @@ export interface BatchSampling {
   readonly rowOffset?: number | undefined
 }
 
+/** A group of a training batch, with its seq (its place among everything the run sampled) and its dataset row. */
+interface SampledGroup {
+  readonly group: Trajectory.Group
+  readonly seq: number
+  readonly row: number
+}
+
+/**
+ * Where the seqs of dynamic sampling's further batches start: past any seq of the run's row order (steps ×
+ * `groupsPerStep` ≤ 10⁷ × 4,096 < 2³⁶), and small enough that seeds derived from them stay exact integers.
+ */
+const extraSeqs = 2 ** 36
+
 /**
  * What a run did: its steps (`fromStep` + 1 … `steps`), how many of them trained and how many were skipped for lack
  * of signal (every group's rewards equal under a group-relative estimator).
@@ -994,10 +1007,8 @@ export const run: <RE = never>(
   // ----- Rollouts -----
   const B = config.algorithm.groupsPerStep
   const numChains = config.agent.numChains
-  // A training batch, sampled by `version`: here, or by the rollout workers when the run has them.
-  const batchFor = (step: number, version: number) => {
-    const firstSeq = (step - 1) * B
-    const indices = rowsAt(options.train.rows.length, config.seed, firstSeq, B)
+  const dynamic = config.algorithm.dynamicSampling
+  const rolledOut = (indices: ReadonlyArray<number>, firstSeq: number, version: number) => {
     const rows = indices.map((i) => options.train.rows[i]!)
     const sampling = {
       firstSeq,
@@ -1008,8 +1019,30 @@ export const run: <RE = never>(
     const groups = options.rollouts === undefined
       ? collectGroups(agentOf, rows, sampling).pipe(sampledBy(version))
       : options.rollouts.collect(rows, sampling, version)
-    return groups.pipe(Effect.map((groups) => ({ step, firstSeq, indices, groups })))
+    return Effect.map(groups, (groups) =>
+      groups.map((group): SampledGroup => ({
+        group,
+        seq: firstSeq + group.rowIndex,
+        row: indices[group.rowIndex]!
+      })))
   }
+  // A training batch, sampled by `version`: here, or by the rollout workers when the run has them. Its first rows
+  // are the run's row order at `(step − 1) · B`; dynamic sampling's further batches come from rows of a second order
+  // and seqs of their own (`extraSeqs`), fixed by the step alone, so that batches sampled at once stay independent
+  // and a resumed run samples each step's batch as the unbroken run did.
+  const batchFor = (step: number, version: number) =>
+    Effect.gen(function*() {
+      const sampled = yield* rolledOut(rowsAt(options.train.rows.length, config.seed, (step - 1) * B, B), (step - 1) * B, version)
+      let batches = 1
+      const signal = () => sampled.filter((s) => Trajectory.rewardsDiffer(s.group))
+      while (dynamic !== undefined && batches < dynamic.maxBatches && signal().length < B) {
+        const position = ((step - 1) * (dynamic.maxBatches - 1) + batches - 1) * B
+        const indices = rowsAt(options.train.rows.length, config.seed ^ 0x5eed_d5, position, B)
+        sampled.push(...yield* rolledOut(indices, extraSeqs + position, version))
+        batches++
+      }
+      return { step, sampled, kept: dynamic === undefined ? sampled : signal().slice(0, B), batches }
+    })
 
   // ----- Warm-up (SFT) -----
   if (warmupRuns && config.warmup !== undefined && options.demos !== undefined) {
@@ -1093,25 +1126,42 @@ export const run: <RE = never>(
   let warnedCut = false
   let warnedFull = false
   let warnedUnfit = false
+  let warnedShort = false
   for (let step = point.step + 1; step <= lastStep; step++) {
     const t0 = yield* Clock.currentTimeMillis
     const batch = yield* Fiber.join(yield* Queue.take(batches))
     const t1 = yield* Clock.currentTimeMillis
-    // `group.rowIndex` is the row's position in the batch. One fsync for the whole batch.
-    yield* journal.appendAll(batch.groups.map((group) => ({
+    // Every group sampled is journaled (one fsync for the batch), the ones dynamic sampling left out too.
+    yield* journal.appendAll(batch.sampled.map(({ group, row, seq }) => ({
       kind: "group" as const,
-      seq: batch.firstSeq + group.rowIndex,
+      seq,
       groupId: group.groupId,
-      rowIndex: batch.indices[group.rowIndex]!,
+      rowIndex: row,
       policyVersion: Math.min(...group.trajectories.map((t) => Trajectory.oldestPolicyVersion(t) ?? step - 1)),
       meanReward: mean(group.trajectories.map((t) => t.reward))
     }))).pipe(Effect.mapError(io))
-    const rollout = rolloutFigures(batch.groups, {
-      prefix: "rollout",
-      correct,
-      policyVersion: step - 1,
-      tools: toolNames(agentOf.runtime)
-    })
+    // The rollout figures are the policy's, over everything it sampled; the learner gets the kept groups.
+    const sampledGroups = batch.sampled.map((s) => s.group)
+    const rollout: Figures = {
+      ...rolloutFigures(sampledGroups, {
+        prefix: "rollout",
+        correct,
+        policyVersion: step - 1,
+        tools: toolNames(agentOf.runtime)
+      }),
+      ...(dynamic === undefined ? {} : {
+        "rollout/dynamic_batches": batch.batches,
+        "rollout/groups_sampled": batch.sampled.length,
+        "rollout/groups_kept": batch.kept.length
+      })
+    }
+    if (dynamic !== undefined && batch.kept.length < B && !warnedShort) {
+      warnedShort = true
+      yield* notice(
+        `step ${step}: dynamic sampling found ${batch.kept.length} of ${B} groups whose rewards differ in ` +
+          `${batch.batches} batches (algorithm.dynamicSampling.maxBatches); the step trains on those (said once)`
+      )
+    }
     // Turns cut by a token budget look like a policy that cannot call tools or answer: say so once, with the setting.
     const budgets = budgetWarnings(step, rollout, config.agent)
     if (budgets.cut !== undefined && !warnedCut) {
@@ -1124,7 +1174,7 @@ export const run: <RE = never>(
     }
     // Prompts that fill the context end their chains before a token: an agent function's prompts (its SDK's) are
     // only known here, and a task's rows past the first ones `checkPromptsFit` read.
-    const trajectories = batch.groups.flatMap((g) => g.trajectories)
+    const trajectories = sampledGroups.flatMap((g) => g.trajectories)
     const unfit = trajectories.filter((t) => t.termination === "context_length" && t.metrics["tokens_generated"] === 0)
     if (unfit.length > 0 && !warnedUnfit) {
       warnedUnfit = true
@@ -1137,10 +1187,10 @@ export const run: <RE = never>(
     const failures = infrastructureFailures(trajectories)
     if (failures.share > config.maxFailureShare) {
       const failed = { phase: "train" as const, step, elapsed: yield* elapsed, figures: rollout }
-      yield* metrics.log({ ...failed, ...failureNote(batch.groups) }).pipe(Effect.mapError(io))
-      yield* checkFailures(batch.groups, `step ${step}`)
+      yield* metrics.log({ ...failed, ...failureNote(sampledGroups) }).pipe(Effect.mapError(io))
+      yield* checkFailures(sampledGroups, `step ${step}`)
     }
-    const learned = yield* policy.learn(step, batch.groups).pipe(Effect.tap(finiteLoss(`step ${step}`, "learner/loss")))
+    const learned = yield* policy.learn(step, batch.kept.map((s) => s.group)).pipe(Effect.tap(finiteLoss(`step ${step}`, "learner/loss")))
     if (learned["learner/applied"] === 0) skipped++
     else trained++
     yield* publish(step)
@@ -1159,13 +1209,13 @@ export const run: <RE = never>(
     yield* journal.append({
       kind: "step",
       step,
-      seqs: batch.indices.map((_, i) => batch.firstSeq + i),
+      seqs: batch.kept.map((s) => s.seq),
       policyVersion: step,
       weightsHash: yield* policy.fingerprint
     }).pipe(Effect.mapError(io))
-    const record = { phase: "train" as const, step, elapsed: yield* elapsed, figures, ...failureNote(batch.groups) }
+    const record = { phase: "train" as const, step, elapsed: yield* elapsed, figures, ...failureNote(sampledGroups) }
     yield* metrics.log(record).pipe(Effect.mapError(io))
-    for (const g of batch.groups.slice(0, config.sampleTrajectories)) {
+    for (const g of sampledGroups.slice(0, config.sampleTrajectories)) {
       yield* metrics.sample(sampleOf(g.trajectories[0]!, "train", step, tokenText)).pipe(Effect.mapError(io))
     }
     yield* display.update({ ...record, total: lastStep })

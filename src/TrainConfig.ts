@@ -118,6 +118,28 @@ export const AdvantageEstimator = Schema.Literals([
 export type AdvantageEstimator = typeof AdvantageEstimator.Type
 
 /**
+ * Whether an estimator's advantages are rewards relative to their group's (GRPO, Dr.GRPO, RLOO): a group whose
+ * rewards are all equal then has none.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const isGroupRelative = (estimator: AdvantageEstimator): boolean =>
+  estimator === "grpo" || estimator === "grpo-no-std" || estimator === "rloo"
+
+/**
+ * DAPO's dynamic sampling (verl's `filter_groups`): more rows are rolled out, a batch of `groupsPerStep` at a
+ * time and at most `maxBatches` batches a step (the first included), until `groupsPerStep` groups whose rewards
+ * differ are found; the learner trains on those.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const DynamicSamplingConfig = Schema.Struct({
+  maxBatches: withDefault(IntIn(2, 100), 3)
+})
+
+/**
  * Loss aggregation modes (verl's names).
  *
  * @category models
@@ -177,6 +199,11 @@ export const AlgorithmConfig = Schema.Struct({
   /** Passes over a step's mini-batches (verl's `ppo_epochs`). */
   epochs: withDefault(IntIn(1, 100), 1),
   microBatchSize: withDefault(IntIn(1, 4_096), 16),
+  /**
+   * Roll out more rows until a step has `groupsPerStep` groups with a learning signal (DAPO's dynamic sampling);
+   * group-relative estimators only.
+   */
+  dynamicSampling: Schema.optionalKey(DynamicSamplingConfig),
   steps: Steps
 })
 
@@ -487,6 +514,12 @@ const crossKeyIssues = (config: TrainConfig): Array<string> => {
       ? [
         `algorithm.groupsPerStep: ${groupsPerStep} groups × agent.numChains ${config.agent.numChains} is ` +
         `${trajectories} trajectories per step; expected at most ${maxTrajectoriesPerStep}`
+      ]
+      : []),
+    ...(config.algorithm.dynamicSampling !== undefined && !isGroupRelative(advantage)
+      ? [
+        `algorithm.dynamicSampling: only a group-relative estimator ("grpo", "grpo-no-std", "rloo") loses groups ` +
+        `whose rewards are equal (the advantage is "${advantage}")`
       ]
       : []),
     ...(config.critic !== undefined && advantage !== "gae"

@@ -305,3 +305,16 @@ export const toolCallCount = (trajectory: Trajectory): number =>
  */
 export const turnCount = (trajectory: Trajectory): number =>
   trajectory.messages.reduce((n, m) => n + (m.role === "assistant" ? 1 : 0), 0)
+
+/**
+ * Whether a group's scored, trainable trajectories have different rewards: the only source of a learning signal
+ * under a group-relative estimator (GRPO, Dr.GRPO, RLOO), whose advantages are rewards relative to the group's.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const rewardsDiffer = (group: Group): boolean => {
+  const rewards = group.trajectories.filter((t) => t.trainable && !t.masked && t.rewardStatus === "scored")
+    .map((t) => t.reward)
+  return rewards.some((r) => r !== rewards[0])
+}
