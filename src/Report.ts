@@ -275,6 +275,15 @@ export const charts: ReadonlyArray<ChartSpec> = [
       key: "learner/approx_kl"
     }]
   },
+  {
+    title: "Groups with a learning signal",
+    series: [{ name: "trained on, rewards differ", phase: "train", key: "learner/groups_with_signal" }, {
+      name: "sampled (dynamic sampling)",
+      phase: "train",
+      key: "rollout/groups_sampled"
+    }],
+    optional: true
+  },
   { title: "Entropy", series: [{ name: "entropy", phase: "train", key: "learner/entropy" }] },
   { title: "Clip fraction", series: [{ name: "clip fraction", phase: "train", key: "learner/clip_frac" }] },
   { title: "Throughput (tokens/s)", series: [{ name: "train", phase: "train", key: "perf/tokens_per_s" }] },

@@ -35,6 +35,8 @@ const run = () => {
         "learner/entropy": 0.8 - step / 100,
         "learner/clip_frac": 0.01,
         "learner/loss": -0.01,
+        "learner/groups_with_signal": 8 - (step % 3),
+        "rollout/groups_sampled": 8 * (1 + (step % 3)),
         "critic/value_mean": 0.2 + step / 120,
         "critic/return_mean": 0.2 + step / 100,
         "critic/loss": 0.3 / step,
@@ -160,14 +162,14 @@ describe("Report", () => {
   })
 
   it("a run without those figures leaves their charts out; the charts every run has say \"no data\"", () => {
-    const optional = /^(rollout\/(failures|tool_errors|episode_end)\/|env\/|critic\/|perf\/peak_rss_mb$)/
+    const optional = /^(rollout\/(failures|tool_errors|episode_end)\/|env\/|critic\/|perf\/peak_rss_mb$|learner\/groups_with_signal$|rollout\/groups_sampled$)/
     const metrics = run().metrics.map((r) => ({
       ...r,
       figures: Object.fromEntries(Object.entries(r.figures).filter(([k]) => !optional.test(k)))
     }))
     const html = Report.render({ title: "t", metrics, samples: [] })
     const titles = ["Failures by reason", "Tool errors by reason", "Episode ends", "Acquire wait", "Crashes", "Resets",
-      "Peak RSS", "Values and returns", "Critic loss"]
+      "Peak RSS", "Values and returns", "Critic loss", "Groups with a learning signal"]
     for (const title of titles) assert.notInclude(html, title)
     assert.notInclude(html, "Environment pools", "an empty section is left out too")
     assert.notInclude(html, "<h2>Memory</h2>")

@@ -128,6 +128,23 @@ describe("TrainConfig", () => {
       assert.strictEqual(ok.algorithm.groupsPerStep, 1024)
     }))
 
+  it.effect("dynamic sampling: maxBatches 3 by default, at least 2; group-relative estimators only", () =>
+    Effect.gen(function*() {
+      const on = yield* TrainConfig.decode({ ...minimal, algorithm: { steps: 3, dynamicSampling: {} } })
+      assert.deepStrictEqual(on.algorithm.dynamicSampling, { maxBatches: 3 })
+      const rloo = yield* TrainConfig.decode({ ...minimal, algorithm: { steps: 3, advantage: "rloo", dynamicSampling: { maxBatches: 5 } } })
+      assert.strictEqual(rloo.algorithm.dynamicSampling?.maxBatches, 5)
+      const one = yield* failure(TrainConfig.decode({ ...minimal, algorithm: { steps: 3, dynamicSampling: { maxBatches: 1 } } }))
+      assert.include(one.issues.join(), "algorithm.dynamicSampling.maxBatches")
+      const reinforce = yield* failure(
+        TrainConfig.decode({ ...minimal, algorithm: { steps: 3, advantage: "reinforce++", dynamicSampling: {} } })
+      )
+      assert.deepStrictEqual(reinforce.issues, [
+        `algorithm.dynamicSampling: only a group-relative estimator ("grpo", "grpo-no-std", "rloo") loses groups ` +
+        `whose rewards are equal (the advantage is "reinforce++")`
+      ])
+    }))
+
   it.effect("a critic only with gae; the critic's defaults", () =>
     Effect.gen(function*() {
       const stray = yield* failure(TrainConfig.decode({ ...minimal, critic: { lr: 0.01 } }))
