@@ -76,6 +76,31 @@ describe("Train.run", () => {
       const again = yield* Train.run({ ...options, overwrite: true })
       assert.strictEqual(again.summary.steps, first.summary.steps)
 
+      // Dynamic sampling on the real engine: the untrained policy's groups rarely differ, so the step rolls out its
+      // further batch; every group sampled is journaled and counted, the learner gets the ones that differ.
+      const dynamicLines: Array<string> = []
+      const dynamic = yield* Effect.result(Train.run({
+        ...options,
+        output: join(dir, "dynamic"),
+        config: { ...options.config, algorithm: { steps: 1, groupsPerStep: 2, microBatchSize: 4, dynamicSampling: { maxBatches: 3 } } },
+        write: (text: string) => void dynamicLines.push(text)
+      }))
+      const record = readFileSync(join(dir, "dynamic", "metrics.jsonl"), "utf8").trim().split("\n")
+        .map((line) => JSON.parse(line) as { phase: string; figures: Record<string, number> })
+        .find((m) => m.phase === "train")!.figures
+      const journal = readFileSync(join(dir, "dynamic", "journal.jsonl"), "utf8").trim().split("\n")
+        .map((line) => JSON.parse(line) as { kind: string; seq: number })
+      const kept = record["rollout/groups_kept"]!
+      assert.isAbove(record["rollout/dynamic_batches"]!, 1, JSON.stringify(record))
+      assert.strictEqual(record["rollout/groups_sampled"], 2 * record["rollout/dynamic_batches"]!)
+      assert.strictEqual(journal.filter((e) => e.kind === "group").length, record["rollout/groups_sampled"])
+      assert.isTrue(journal.some((e) => e.kind === "group" && e.seq >= 2 ** 36))
+      assert.strictEqual(record["learner/groups_with_signal"], kept)
+      if (kept < 2) {
+        assert.isTrue(dynamicLines.some((l) => l.includes(`dynamic sampling found ${kept} of 2 groups`)), dynamicLines.join("\n"))
+      }
+      assert.strictEqual(dynamic._tag === "Success", kept > 0, "a run whose only step had no signal ends as one that trained nothing")
+
       // A config in code is typed: a misspelt key does not compile.
       // @ts-expect-error: `stepz` is not a key of `algorithm`
       const typo: TrainConfig.Input = { ...options.config, algorithm: { stepz: 2 } }
