@@ -96,6 +96,7 @@ describe("Train.run", () => {
       assert.strictEqual(journal.filter((e) => e.kind === "group").length, record["rollout/groups_sampled"])
       assert.isTrue(journal.some((e) => e.kind === "group" && e.seq >= 2 ** 36))
       assert.strictEqual(record["learner/groups_with_signal"], kept)
+      assert.isTrue(dynamicLines.some((l) => l.includes("grpo, dynamic sampling (≤ 3 batches a step)) →")), dynamicLines.join("\n"))
       if (kept < 2) {
         assert.isTrue(dynamicLines.some((l) => l.includes(`dynamic sampling found ${kept} of 2 groups`)), dynamicLines.join("\n"))
       }
