@@ -13,6 +13,7 @@
 import { Effect, FileSystem, Schema, Semaphore } from "effect"
 import type { Scope } from "effect"
 import * as DiskFull from "../src/internal/diskFull.ts"
+import * as SchemaIssues from "../src/internal/schemaIssues.ts"
 
 // ===== Entries =====
 
@@ -150,7 +151,14 @@ export const replay = (bytes: Uint8Array, path = "journal"): Effect.Effect<Repla
       const decoded = newline === -1 ? undefined : decodeEntry(decoder.decode(bytes.subarray(start, newline)))
       if (decoded === undefined || decoded._tag === "Failure") {
         if (end < bytes.length) {
-          return yield* new JournalError({ path, reason: "Corrupt", message: `invalid entry at byte ${start}` })
+          const line = decoder.decode(bytes.subarray(start, newline))
+          const why = decoded === undefined ? [] : SchemaIssues.formatIssues(Entry, decoded.failure.issue)
+          return yield* new JournalError({
+            path,
+            reason: "Corrupt",
+            message: `${path}:${entries.length + 1}: invalid entry at byte ${start}` +
+              `${why.length === 0 ? "" : ` (${why.join("; ")})`}: ${line.length > 160 ? `${line.slice(0, 160)}…` : line}`
+          })
         }
         return { entries, validBytes: start, tornBytes: bytes.length - start }
       }
@@ -268,7 +276,8 @@ export const open = Effect.fn("Journal.open")(function*(
   options: { readonly cutAt?: number } = {}
 ): Effect.fn.Return<Journal, JournalError, FileSystem.FileSystem | Scope.Scope> {
   const fs = yield* FileSystem.FileSystem
-  const existing = yield* read(path)
+  // A run that starts over keeps nothing, so what the file held (even a damaged journal) is not read.
+  const existing: Replay = options.cutAt === 0 ? { entries: [], validBytes: 0, tornBytes: 0 } : yield* read(path)
   const keepBytes = Math.min(options.cutAt ?? existing.validBytes, existing.validBytes)
   const kept = existing.entries.filter((e) => e.end <= keepBytes).map((e) => e.entry)
   const file = yield* fs.open(path, { flag: "a+" }).pipe(Effect.mapError(io(path)))

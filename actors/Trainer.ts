@@ -211,6 +211,8 @@ export interface BatchSampling {
   readonly rowOffset?: number | undefined
 }
 
+const finiteOr0 = (x: number) => (Number.isFinite(x) ? x : 0)
+
 /** A group of a training batch, with its seq (its place among everything the run sampled) and its dataset row. */
 interface SampledGroup {
   readonly group: Trajectory.Group
@@ -1138,7 +1140,8 @@ export const run: <RE = never>(
       groupId: group.groupId,
       rowIndex: row,
       policyVersion: Math.min(...group.trajectories.map((t) => Trajectory.oldestPolicyVersion(t) ?? step - 1)),
-      meanReward: mean(group.trajectories.map((t) => t.reward))
+      // Finite by construction (rewards are checked where they are made); a guard keeps the journal readable anyway.
+      meanReward: finiteOr0(mean(group.trajectories.map((t) => t.reward)))
     }))).pipe(Effect.mapError(io))
     // The rollout figures are the policy's, over everything it sampled; the learner gets the kept groups.
     const sampledGroups = batch.sampled.map((s) => s.group)

@@ -207,6 +207,24 @@ export const scoreOf = (result: unknown): Score | undefined => {
 }
 
 /**
+ * What is wrong with a function's result as a score, if anything: a number (or `{ reward }`) that is not finite, or
+ * metrics that are not finite numbers. Results that are no score at all (`void`, its answer text) are not wrong:
+ * the episode is then scored by a posted reward or the task's `reward`.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const scoreProblem = (result: unknown): string | undefined => {
+  const score = scoreOf(result)
+  if (score === undefined) return undefined
+  if (!Number.isFinite(score.reward)) return `returned ${score.reward} as its reward (expected a finite number)`
+  const bad = Object.entries(score.metrics ?? {}).find(([, v]) => typeof v !== "number" || !Number.isFinite(v))
+  return bad === undefined
+    ? undefined
+    : `returned metric ${JSON.stringify(bad[0])} = ${String(bad[1])} (expected a finite number)`
+}
+
+/**
  * Runs the function once, as an Effect: its resolution or its rejection (a crash, as a defect-free failure carrying
  * what it threw). Interruption aborts `client.signal`.
  *

@@ -197,9 +197,20 @@ const episode = (
       // Nothing to train on: a function that never reached the model is broken, whatever it returned.
       return yield* failed(options, recorder, known ?? envFailed("the agent function made no request to the gateway"))
     }
-    const returned = result._tag === "Success" && Option.isSome(result.success)
-      ? AgentTask.scoreOf(result.success.value)
-      : undefined
+    const value = result._tag === "Success" && Option.isSome(result.success) ? result.success.value : undefined
+    const problem = AgentTask.scoreProblem(value)
+    if (problem !== undefined) {
+      return yield* failed(
+        options,
+        recorder,
+        new RolloutError.RolloutError({
+          reason: "RewardFailed",
+          message: `the agent function of task "${task.name}" ${problem}`,
+          chainId: spec.id
+        })
+      )
+    }
+    const returned = AgentTask.scoreOf(value)
     const posted = opened.posted()
     const trajectory = yield* Recorder.trajectory(recorder, { _tag: "Returned" })
     return yield* score(
@@ -232,6 +243,11 @@ const rescore = (
       eligible.forEach((i, j) => {
         const s = scores[j]
         if (s === undefined) return
+        // A score that is not a finite number keeps the trajectory's own, flagged like a failed group reward.
+        if (!Number.isFinite(s.reward)) {
+          out[i] = { ...out[i]!, metrics: { ...out[i]!.metrics, [`${prefix}error`]: 1 } }
+          return
+        }
         const metrics = Object.fromEntries(
           Object.entries(s.metrics ?? {}).map(([k, v]) => [k.startsWith("reward/") ? k : prefix + k, v])
         )

@@ -52,6 +52,17 @@ describe("Journal", () => {
       writeFileSync(path, JSON.stringify(step(1, [0])) + "\nnot json\n" + JSON.stringify(step(2, [1])) + "\n")
       const result = yield* Effect.result(Journal.read(path))
       assert.isTrue(Result.isFailure(result) && result.failure.reason === "Corrupt")
+      // The message names the file, the line and what is wrong with it.
+      const group = { kind: "group", seq: 0, groupId: "g", rowIndex: 0, policyVersion: 0, meanReward: null }
+      writeFileSync(path, JSON.stringify(step(1, [0])) + "\n" + JSON.stringify(group) + "\n" + JSON.stringify(step(2, [1])) + "\n")
+      const named = yield* Effect.flip(Journal.read(path))
+      assert.match(named.message, /journal\.jsonl:2: invalid entry at byte \d+ \(.*meanReward.*\): \{"kind":"group"/)
+      // A run that starts over (cut to 0 bytes) does not read it: the damaged file is simply replaced.
+      yield* Effect.scoped(Effect.gen(function*() {
+        const journal = yield* Journal.open(path, { cutAt: 0 })
+        yield* journal.append(step(1, [0]))
+      }))
+      assert.deepStrictEqual((yield* Journal.read(path)).entries.map((e) => e.entry), [step(1, [0])])
     }).pipe(Effect.provide(NodeServices.layer)))
 
   it.effect("resume rolls back to the last usable checkpoint: later steps are cut and replayed", () =>

@@ -173,6 +173,30 @@ describe("AgentRollout", () => {
       ])
     }))
 
+  it.live("a returned reward that is not a finite number fails the trajectory's reward, naming the agent; nothing NaN reaches it", () =>
+    Effect.gen(function*() {
+      const returning = (name: string, value: (text: string) => unknown) =>
+        AgentTask.make(name, { agent: async (input, client) => value(await calculatorAgent(input, client)) })
+      for (
+        const [name, value, says] of [
+          ["nan", () => NaN, `the agent function of task "nan" returned NaN as its reward (expected a finite number)`],
+          ["inf", () => ({ reward: Infinity }), `returned Infinity as its reward`],
+          ["metric", () => ({ reward: 1, metrics: { chars: NaN } }), `returned metric "chars" = NaN`]
+        ] as const
+      ) {
+        const all = (yield* run(returning(name, value), undefined, 1)).flatMap((g) => g.trajectories)
+        for (const t of all) {
+          assert.strictEqual(t.errorReason, "RewardFailed", name)
+          assert.include(t.error, says)
+          assert.isTrue(Number.isFinite(t.reward) && Object.values(t.metrics).every(Number.isFinite), name)
+        }
+      }
+      // Its answer text is no score: the task's reward scores the episode.
+      const text = AgentTask.make("text", { agent: calculatorAgent, reward: exact })
+      const scored = (yield* run(text, undefined, 1)).flatMap((g) => g.trajectories)
+      assert.deepStrictEqual(scored.map((t) => [t.rewardStatus, t.errorReason]), [["scored", undefined], ["scored", undefined]])
+    }))
+
   it.live("a crash is masked (EnvFailed); a drop_group policy drops the group; a request refused first names the reason", () =>
     Effect.gen(function*() {
       const flaky = (policies?: AgentTask.Options<unknown>["policies"]) =>
