@@ -238,7 +238,11 @@ export const call = (
 ): Effect.Effect<void | number | Score, AgentCrashed> =>
   Effect.tryPromise({
     try: (signal) => task.agent(input, { ...client, signal }),
-    catch: (cause) => new AgentCrashed({ message: describe(cause) })
+    catch: (cause) =>
+      new AgentCrashed({
+        message: describe(cause),
+        ...(cause instanceof Error && cause.stack !== undefined ? { stack: cause.stack } : {})
+      })
   })
 
 const describe = (cause: unknown): string =>
@@ -253,5 +257,7 @@ const describe = (cause: unknown): string =>
  * @since 0.1.0
  */
 export class AgentCrashed extends Schema.TaggedError<AgentCrashed>()("AgentCrashed", {
-  message: Schema.String
+  message: Schema.String,
+  /** Where it threw (an `Error`'s stack), for the first crash's log line. */
+  stack: Schema.optionalKey(Schema.String)
 }) {}

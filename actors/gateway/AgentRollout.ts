@@ -143,6 +143,9 @@ const score = (
   }))
 }
 
+/** Tasks whose function's first crash was logged (once per task and process). */
+const crashLogged = new WeakSet<AgentTask.AgentTask>()
+
 /** Runs one episode: opens it, calls the function under the task's timeout, and turns what happened into a trajectory. */
 const episode = (
   options: Options,
@@ -191,6 +194,15 @@ const episode = (
       return yield* failed(options, recorder, envFailed(`the agent function ran past its timeout (${Duration.format(task.timeout)})`))
     }
     if (result._tag === "Failure" && !contextEnded) {
+      if (known === undefined && !crashLogged.has(task)) {
+        // Its first crash with where it threw (as a reward's); the later ones are counted (rollout/failures/EnvFailed).
+        crashLogged.add(task)
+        yield* Effect.logWarning(
+          `the agent function of task "${task.name}" failed: ${result.failure.stack ?? result.failure.message}\n` +
+            `(EnvFailed: its trajectory is masked; later crashes are counted in rollout/failures/EnvFailed, the first ` +
+            `of each step in metrics.jsonl's firstFailure)`
+        )
+      }
       return yield* failed(options, recorder, known ?? envFailed(`the agent function failed: ${result.failure.message}`))
     }
     if (!sampled && !contextEnded) {

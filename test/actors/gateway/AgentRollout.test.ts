@@ -6,7 +6,7 @@
  * group reward rescores a group together.
  */
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Schema, Stream } from "effect"
+import { Effect, Logger, Schema, Stream } from "effect"
 import OpenAI from "openai"
 import * as AgentRollout from "../../../actors/gateway/AgentRollout.ts"
 import * as AgentTask from "../../../src/AgentTask.ts"
@@ -176,7 +176,10 @@ describe("AgentRollout", () => {
   it.live("a returned reward that is not a finite number fails the trajectory's reward, naming the agent; nothing NaN reaches it", () =>
     Effect.gen(function*() {
       const returning = (name: string, value: (text: string) => unknown) =>
-        AgentTask.make(name, { agent: async (input, client) => value(await calculatorAgent(input, client)) })
+        AgentTask.make(name, {
+          // What a JavaScript function may return whatever its declared type.
+          agent: (async (input, client) => value(await calculatorAgent(input, client))) as AgentTask.AgentFunction<unknown>
+        })
       for (
         const [name, value, says] of [
           ["nan", () => NaN, `the agent function of task "nan" returned NaN as its reward (expected a finite number)`],
@@ -192,7 +195,7 @@ describe("AgentRollout", () => {
         }
       }
       // Its answer text is no score: the task's reward scores the episode.
-      const text = AgentTask.make("text", { agent: calculatorAgent, reward: exact })
+      const text = AgentTask.make("text", { agent: calculatorAgent as unknown as AgentTask.AgentFunction<unknown>, reward: exact })
       const scored = (yield* run(text, undefined, 1)).flatMap((g) => g.trajectories)
       assert.deepStrictEqual(scored.map((t) => [t.rewardStatus, t.errorReason]), [["scored", undefined], ["scored", undefined]])
     }))
@@ -208,7 +211,13 @@ describe("AgentRollout", () => {
           },
           ...(policies === undefined ? {} : { policies })
         })
-      const groups = yield* run(flaky())
+      const logs: Array<string> = []
+      const collector = Logger.make((o) => void logs.push((o.message as ReadonlyArray<unknown>).map(String).join(" ")))
+      const groups = yield* run(flaky()).pipe(Effect.provideService(Logger.CurrentLoggers, new Set([collector])))
+      // The first crash is logged with where it threw; the second is only counted.
+      assert.strictEqual(logs.length, 1, logs.join("\n"))
+      assert.include(logs[0], `the agent function of task "flaky" failed: Error: the agent's own bug\n    at `)
+      assert.include(logs[0], "AgentRollout.test.ts")
       const all = groups.flatMap((g) => g.trajectories)
       const crashed = all.filter((t) => t.masked)
       assert.strictEqual(crashed.length, 2)
