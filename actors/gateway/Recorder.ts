@@ -94,6 +94,8 @@ interface ChatThread extends Common {
   pendingSample: boolean
   toolCalls: number
   parseErrors: number
+  /** Calls of a tool the request did not declare (its SDK cannot run them). */
+  unknownCalls: number
 }
 
 interface TokenThread extends Common {
@@ -355,7 +357,8 @@ export const chat = (recorder: Recorder, body: Wire.ChatBody): Effect.Effect<Wir
       toolsKey,
       pendingSample: true,
       toolCalls: 0,
-      parseErrors: 0
+      parseErrors: 0,
+      unknownCalls: 0
     }
     recorder.threads.push(thread)
     return occupying(
@@ -420,6 +423,8 @@ const sampleChat = Effect.fnUntraced(function*(recorder: Recorder, thread: ChatT
   thread.tokens += result.tokenIds.length
   thread.toolCalls += calls.length
   if (turn.parseErrors.length > 0) thread.parseErrors++
+  const declared = new Set(body.tools.map((t) => t.function.name))
+  thread.unknownCalls += calls.filter((c) => !declared.has(c.function.name)).length
   thread.lastFinish = finishReason
   // Cut by the context budget only when the budget, not the request's own max_tokens, set the limit.
   thread.contextEnded = !turn.complete && sampling.maxTokens >= remaining
@@ -622,6 +627,9 @@ export const trajectory = Effect.fnUntraced(function*(recorder: Recorder, ending
       "gateway/rewrites": recorder.rewrites,
       ...(chats.some((t) => t.parseErrors > 0)
         ? { "tool_errors/ParseFailed": chats.reduce((n, t) => n + t.parseErrors, 0) }
+        : {}),
+      ...(chats.some((t) => t.unknownCalls > 0)
+        ? { "tool_errors/UnknownTool": chats.reduce((n, t) => n + t.unknownCalls, 0) }
         : {})
     },
     trainable: true,

@@ -9,6 +9,7 @@ import { assert, describe, it } from "@effect/vitest"
 import { Effect, Logger, Schema, Stream } from "effect"
 import OpenAI from "openai"
 import * as AgentRollout from "../../../actors/gateway/AgentRollout.ts"
+import * as Trainer from "../../../actors/Trainer.ts"
 import * as AgentTask from "../../../src/AgentTask.ts"
 import * as Reward from "../../../src/Reward.ts"
 import * as Sampler from "../../../src/Sampler.ts"
@@ -198,6 +199,40 @@ describe("AgentRollout", () => {
       const text = AgentTask.make("text", { agent: calculatorAgent as unknown as AgentTask.AgentFunction<unknown>, reward: exact })
       const scored = (yield* run(text, undefined, 1)).flatMap((g) => g.trajectories)
       assert.deepStrictEqual(scored.map((t) => [t.rewardStatus, t.errorReason]), [["scored", undefined], ["scored", undefined]])
+    }))
+
+  it.live("a call of a tool the request did not declare counts as an invalid tool call (tool_errors/UnknownTool)", () =>
+    Effect.gen(function*() {
+      // The agent declares `calc`, the policy calls `calculator`; this loop runs the call anyway, as some do.
+      const calc = { ...calculatorTool, function: { ...calculatorTool.function, name: "calc" } }
+      const misnamed = AgentTask.make("misnamed", {
+        agent: async (input, client) => {
+          const openai = new OpenAI({ baseURL: client.baseURL, apiKey: client.apiKey, maxRetries: 0 })
+          const messages: Array<Msg> = input.messages.map((m) => ({ role: m.role, content: m.content }) as Msg)
+          for (let step = 0; step < 4; step++) {
+            const reply = await openai.chat.completions.create({ model: client.model, messages, tools: [calc] })
+            const message = reply.choices[0]!.message
+            messages.push(message)
+            const calls = (message.tool_calls ?? []).flatMap((c) => (c.type === "function" ? [c] : []))
+            if (calls.length === 0) return 1
+            for (const c of calls) {
+              messages.push({ role: "tool", tool_call_id: c.id, content: evaluate(JSON.parse(c.function.arguments).expression) })
+            }
+          }
+          return 0
+        }
+      })
+      const all = (yield* run(misnamed, undefined, 1)).flatMap((g) => g.trajectories)
+      for (const t of all) {
+        assert.strictEqual(t.metrics["tool_calls"], 1)
+        assert.strictEqual(t.metrics["tool_errors/UnknownTool"], 1)
+      }
+      const figures = Trainer.rolloutFigures([{ groupId: "g", rowIndex: 0, trajectories: all }], { prefix: "rollout" })
+      assert.strictEqual(figures["rollout/invalid_tool_call_rate"], 1)
+      // Declared, the same calls are valid.
+      const right = (yield* run(AgentTask.make("right", { agent: async (i, c) => void (await calculatorAgent(i, c)) }), undefined, 1))
+        .flatMap((g) => g.trajectories)
+      assert.isTrue(right.every((t) => t.metrics["tool_errors/UnknownTool"] === undefined && t.metrics["tool_calls"] === 1))
     }))
 
   it.live("a crash is masked (EnvFailed); a drop_group policy drops the group; a request refused first names the reason", () =>
