@@ -346,12 +346,24 @@ export const isCheckStep = (
 export const budgetWarnings = (
   step: number,
   rollout: Readonly<Record<string, number>>,
-  agent: { readonly maxNewTokens: number; readonly maxContextTokens?: number | undefined }
+  agent: { readonly maxNewTokens: number; readonly maxContextTokens?: number | undefined },
+  /** The caps of the cut turns that an agent function's own request (`max_tokens`) set, one per such chain. */
+  requestCaps: ReadonlyArray<number> = []
 ): { readonly cut?: string; readonly full?: string } => {
   const cut = rollout["rollout/termination/stop"] ?? 0
   const full = rollout["rollout/termination/context_length"] ?? 0
+  const chains = rollout["rollout/trajectories"] ?? 0
+  const byRequest = chains > 0 && requestCaps.length >= (cut * chains) / 2
   return {
-    ...(cut >= 0.5
+    ...(cut >= 0.5 && byRequest
+      ? {
+        cut: `step ${step}: ${(cut * 100).toFixed(0)}% of the chains ended with a turn cut before its end-of-turn ` +
+          `token (termination "stop"), most at their agent's own request max_tokens (${
+            [...new Set(requestCaps)].sort((a, b) => a - b).join(", ")
+          }, below agent.maxNewTokens ${agent.maxNewTokens}); if the policy's turns are longer than that, raise ` +
+          `max_tokens in the agent's requests`
+      }
+      : cut >= 0.5
       ? {
         cut: `step ${step}: ${(cut * 100).toFixed(0)}% of the chains ended with a turn cut at agent.maxNewTokens ` +
           `(${agent.maxNewTokens}) before its end-of-turn token (termination "stop"); if the policy's turns ` +
@@ -1166,7 +1178,13 @@ export const run: <RE = never>(
       )
     }
     // Turns cut by a token budget look like a policy that cannot call tools or answer: say so once, with the setting.
-    const budgets = budgetWarnings(step, rollout, config.agent)
+    const requestCaps = sampledGroups.flatMap((g) =>
+      g.trajectories.flatMap((t) => {
+        const cap = t.termination === "stop" ? t.metrics["gateway/cut_at_request_max_tokens"] : undefined
+        return cap === undefined ? [] : [cap]
+      })
+    )
+    const budgets = budgetWarnings(step, rollout, config.agent, requestCaps)
     if (budgets.cut !== undefined && !warnedCut) {
       warnedCut = true
       yield* notice(budgets.cut)

@@ -96,6 +96,8 @@ interface ChatThread extends Common {
   parseErrors: number
   /** Calls of a tool the request did not declare (its SDK cannot run them). */
   unknownCalls: number
+  /** The request's own `max_tokens` when it, below the run's `maxNewTokens`, cut the last turn. */
+  cutAtRequest: number | undefined
 }
 
 interface TokenThread extends Common {
@@ -358,7 +360,8 @@ export const chat = (recorder: Recorder, body: Wire.ChatBody): Effect.Effect<Wir
       pendingSample: true,
       toolCalls: 0,
       parseErrors: 0,
-      unknownCalls: 0
+      unknownCalls: 0,
+      cutAtRequest: undefined
     }
     recorder.threads.push(thread)
     return occupying(
@@ -426,6 +429,10 @@ const sampleChat = Effect.fnUntraced(function*(recorder: Recorder, thread: ChatT
   const declared = new Set(body.tools.map((t) => t.function.name))
   thread.unknownCalls += calls.filter((c) => !declared.has(c.function.name)).length
   thread.lastFinish = finishReason
+  thread.cutAtRequest = finishReason === "length" && body.maxTokens !== undefined &&
+      body.maxTokens < recorder.config.sampling.maxTokens && sampling.maxTokens === body.maxTokens
+    ? body.maxTokens
+    : undefined
   // Cut by the context budget only when the budget, not the request's own max_tokens, set the limit.
   thread.contextEnded = !turn.complete && sampling.maxTokens >= remaining
   const answered: Wire.Turn = {
@@ -627,6 +634,9 @@ export const trajectory = Effect.fnUntraced(function*(recorder: Recorder, ending
       "gateway/rewrites": recorder.rewrites,
       ...(chats.some((t) => t.parseErrors > 0)
         ? { "tool_errors/ParseFailed": chats.reduce((n, t) => n + t.parseErrors, 0) }
+        : {}),
+      ...(termination === "stop" && last?._tag === "Chat" && last.cutAtRequest !== undefined
+        ? { "gateway/cut_at_request_max_tokens": last.cutAtRequest }
         : {}),
       ...(chats.some((t) => t.unknownCalls > 0)
         ? { "tool_errors/UnknownTool": chats.reduce((n, t) => n + t.unknownCalls, 0) }

@@ -288,6 +288,12 @@ describe("Trainer", () => {
     assert.include(both.cut, "step 3: 50% of the chains ended with a turn cut at agent.maxNewTokens (48)")
     assert.include(both.full, "step 3: 52% of the chains ended at agent.maxContextTokens (256 tokens)")
     assert.include(both.full, "raise agent.maxContextTokens")
+    // An agent function's own max_tokens cut most of them: that is the setting to name.
+    const figures = { "rollout/termination/stop": 0.75, "rollout/trajectories": 8 }
+    const own = Trainer.budgetWarnings(3, figures, agent, [16, 16, 16])
+    assert.include(own.cut, "most at their agent's own request max_tokens (16, below agent.maxNewTokens 48)")
+    assert.include(own.cut, "raise max_tokens in the agent's requests")
+    assert.include(Trainer.budgetWarnings(3, figures, agent, [16, 16]).cut, "cut at agent.maxNewTokens (48)", "a third of the cut chains")
   })
 
   it.effect("a crash mid-run resumes from the last checkpoint: each step journaled once, same final weights", () =>

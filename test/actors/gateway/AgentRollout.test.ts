@@ -229,6 +229,17 @@ describe("AgentRollout", () => {
       }
       const figures = Trainer.rolloutFigures([{ groupId: "g", rowIndex: 0, trajectories: all }], { prefix: "rollout" })
       assert.strictEqual(figures["rollout/invalid_tool_call_rate"], 1)
+      // An agent asking for fewer tokens than its turn needs: the cut is the request's, and the trajectory says so.
+      const terse = AgentTask.make("terse", {
+        agent: async (input, client) => {
+          const openai = new OpenAI({ baseURL: client.baseURL, apiKey: client.apiKey, maxRetries: 0 })
+          const messages = input.messages.map((m) => ({ role: m.role, content: m.content }) as Msg)
+          await openai.chat.completions.create({ model: client.model, messages, tools: [calculatorTool], max_tokens: 5 })
+          return 0
+        }
+      })
+      const cut = (yield* run(terse, undefined, 1)).flatMap((g) => g.trajectories)
+      assert.deepStrictEqual(cut.map((t) => [t.termination, t.metrics["gateway/cut_at_request_max_tokens"]]), [["stop", 5], ["stop", 5]])
       // Declared, the same calls are valid.
       const right = (yield* run(AgentTask.make("right", { agent: async (i, c) => void (await calculatorAgent(i, c)) }), undefined, 1))
         .flatMap((g) => g.trajectories)
