@@ -1,5 +1,6 @@
 /**
- * `agentfly gateway --model-dir DIR [--upstream URL --upstream-model NAME] [--port 8100] [--output FILE]`: the
+ * `agentfly gateway --model-dir DIR [--checkpoint RUN/checkpoints/step-N] [--omit-tool-schemas] [--upstream URL
+ * --upstream-model NAME] [--port 8100] [--output FILE]`: the
  * recording gateway (`actors/Gateway.ts`) in serving mode, until interrupted. Point any SDK at
  * `http://HOST:PORT/episodes/<ID>/v1` (a fresh `<ID>` per episode); an episode opens with its first request, ends
  * with `POST /episodes/<ID>/reward {"reward": r}` (or `POST /episodes/<ID>/end`), and is abandoned (masked) after
@@ -8,7 +9,10 @@
  *
  * Sampling is on the model folder's weights (the local engine), or, with `--upstream`, on an OpenAI-compatible
  * server that returns token ids and logprobs (vLLM, SGLang, `agentfly serve`); the folder then gives only the
- * tokenizer and the chat template. A request's own `temperature`, `top_p`, `seed` and `max_tokens` are honoured.
+ * tokenizer and the chat template. With `--checkpoint`, a training run's weights at that checkpoint sample (checked
+ * as `agentfly eval --checkpoint` checks them); `--omit-tool-schemas` leaves the requests' tools out of the prompt,
+ * as a policy trained with `agent.renderTools: false` expects. A request's own `temperature`, `top_p`, `seed` and
+ * `max_tokens` are honoured.
  *
  * @since 0.1.0
  */
@@ -21,9 +25,11 @@ import * as Gateway from "../actors/Gateway.ts"
 import * as PolicyEngine from "../actors/PolicyEngine.ts"
 import * as OpenAiCompatSampler from "../src/backends/OpenAiCompatSampler.ts"
 import * as ChatTemplate from "../src/ChatTemplate.ts"
+import * as Qwen2 from "../src/model/Qwen2.ts"
 import * as ModelFolder from "../src/ModelFolder.ts"
 import { Sampler } from "../src/Sampler.ts"
 import * as Tokenizer from "../src/Tokenizer.ts"
+import { verifiedCheckpoint } from "./eval.ts"
 
 /**
  * What `agentfly gateway` runs with.
@@ -33,6 +39,10 @@ import * as Tokenizer from "../src/Tokenizer.ts"
  */
 export interface Options {
   readonly modelDir: string
+  /** A training run's checkpoint whose weights sample instead of the folder's. */
+  readonly checkpoint?: string | undefined
+  /** Render the requests' tools into the prompt (default true). */
+  readonly renderTools?: boolean | undefined
   readonly upstream?: { readonly baseUrl: string; readonly model: string } | undefined
   readonly host: string
   readonly port: number
@@ -64,13 +74,18 @@ export const start = Effect.fn("cli.gateway.start")(function*(
     const folder = yield* ModelFolder.load(options.modelDir)
     const engine = yield* PolicyEngine.make({
       config: folder.config,
-      weights: folder.weights,
+      weights: options.checkpoint === undefined
+        ? folder.weights
+        : yield* verifiedCheckpoint(options.checkpoint, Qwen2.parameters(folder.config)),
       intraOpNumThreads: options.threads
     })
     sampler = Sampler.of({ generate: (r) => engine.generate(r), policyVersion: engine.policyVersion })
     ;({ tokenizer, template, name } = folder)
     positions = folder.config.maxPositionEmbeddings
   } else {
+    if (options.checkpoint !== undefined) {
+      return yield* Effect.fail(new Error("--checkpoint needs the local engine: with --upstream the upstream's weights sample"))
+    }
     tokenizer = yield* Tokenizer.load(options.modelDir)
     template = yield* ChatTemplate.load(options.modelDir)
     name = options.upstream.model
@@ -90,6 +105,7 @@ export const start = Effect.fn("cli.gateway.start")(function*(
         sampling: { temperature: options.temperature, maxTokens: options.maxNewTokens },
         requestSampling: "honour",
         maxContextTokens: options.maxContextTokens ?? positions,
+        renderTools: options.renderTools ?? true,
         tokenizer
       },
       idleTimeout: `${options.idleTimeoutSeconds} seconds`,
@@ -115,6 +131,17 @@ export const gateway = Command.make(
   {
     modelDir: Flag.Directory("model-dir", { mustExist: true }).pipe(
       Flag.withDescription("A model folder: its weights sample (or, with --upstream, only its tokenizer and template)")
+    ),
+    checkpoint: Flag.Directory("checkpoint").pipe(
+      Flag.withDescription("Sample with a training run's weights at this checkpoint (RUN/checkpoints/step-NNNNNN)"),
+      Flag.optional
+    ),
+    omitToolSchemas: Flag.Boolean("omit-tool-schemas").pipe(
+      Flag.withDescription(
+        "Leave a chat request's tools out of the prompt (a policy trained with agent.renderTools: false); its tool " +
+          "calls are still parsed"
+      ),
+      Flag.withDefault(false)
     ),
     upstream: Flag.String("upstream").pipe(
       Flag.withDescription("An OpenAI-compatible API root that returns token ids and logprobs (vLLM, SGLang)"),
@@ -159,6 +186,8 @@ export const gateway = Command.make(
     }
     yield* start({
       modelDir: args.modelDir,
+      checkpoint: Option.getOrUndefined(args.checkpoint),
+      renderTools: !args.omitToolSchemas,
       upstream: upstream === undefined ? undefined : { baseUrl: upstream, model: upstreamModel! },
       host: args.host,
       port: args.port,

@@ -129,4 +129,33 @@ describe("agentfly gateway", () => {
       assert.isTrue(yield* waitFor(() => lines(output).length === 3, 15_000), "the ended episode was written")
       assert.strictEqual(lines(output)[2]!.trajectory.chainId, "short")
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 60_000)
+
+  it.live("--omit-tool-schemas leaves the requests' tools out of the prompt; a --checkpoint that is none is refused, named", () =>
+    Effect.gen(function*() {
+      const dir = mkdtempSync(join(tmpdir(), "gateway-cli-"))
+      yield* ModelFolder.init(join(dir, "model"), { preset: "tiny", seed: 2 })
+      const base = ["--model-dir", join(dir, "model"), "--port", "0", "--output", join(dir, "e.jsonl"), "--max-new-tokens", "4"]
+      const tool = {
+        type: "function" as const,
+        function: { name: "convert", description: "Convert units", parameters: { type: "object", properties: {} } }
+      }
+      const promptTokens = (url: string, id: string, tools: boolean) =>
+        Effect.promise(() =>
+          new OpenAI({ baseURL: `${url}/episodes/${id}/v1`, apiKey: "x", maxRetries: 0 }).chat.completions.create({
+            model: "x",
+            messages: [{ role: "user", content: "2 km in m?" }],
+            ...(tools ? { tools: [tool] } : {})
+          })
+        ).pipe(Effect.map((r) => r.usage!.prompt_tokens))
+      const omitting = yield* startCli([...base, "--omit-tool-schemas"])
+      assert.strictEqual(yield* promptTokens(omitting.url, "a", true), yield* promptTokens(omitting.url, "b", false))
+      omitting.kill()
+      // Without it the tiny model's 512 positions cannot hold Qwen2.5's tool preamble.
+      const rendering = yield* startCli(base)
+      const refused = yield* Effect.flip(promptTokens(rendering.url, "a", true).pipe(Effect.orDie, Effect.catchDefect(Effect.fail)))
+      assert.include(String(refused), "this episode's context holds 512")
+      rendering.kill()
+      const missing = yield* Effect.flip(startCli([...base, "--checkpoint", join(dir, "nope")]))
+      assert.include(missing.message, `${join(dir, "nope")}: no such checkpoint`)
+    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 60_000)
 })
