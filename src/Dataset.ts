@@ -263,7 +263,13 @@ export const parse = (name: string, text: string, options: Options = {}): Effect
 export const load = Effect.fn("Dataset.load")(function*(path: string, options: Options = {}) {
   const fs = yield* FileSystem.FileSystem
   const text = yield* fs.readFileString(path).pipe(
-    Effect.mapError((e) => new DatasetError({ dataset: path, reason: "Unreadable", message: `${path}: ${e.message}` }))
+    Effect.mapError((e) =>
+      new DatasetError({
+        dataset: path,
+        reason: "Unreadable",
+        message: `${path}: ${e.reason._tag === "NotFound" ? "no such file" : e.message}`
+      })
+    )
   )
   const dataset = yield* parse(path, text, options)
   return options.fields === undefined ? dataset : yield* refine(dataset, options.fields, options)

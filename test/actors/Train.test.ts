@@ -151,6 +151,9 @@ describe("Train.run", () => {
         algorithm: { steps: 1 }
       }
       const lines: Array<string> = []
+      // A missing file is named with the key that gave it.
+      const misspelt = yield* Effect.flip(Train.run({ task, dir, config: { ...config, data: { train: "data/trian.jsonl" } }, tty: false }))
+      assert.strictEqual((misspelt as Error).message, `data.train: ${join(dir, "data/trian.jsonl")}: no such file`)
       const refused = yield* Effect.flip(Train.run({ task, dir, config, write: (t) => void lines.push(t), tty: false }))
       assert.instanceOf(refused, TrainConfig.ConfigError)
       const message = (refused as TrainConfig.ConfigError).message

@@ -98,6 +98,7 @@ describe("Dataset", () => {
       assert.strictEqual((yield* failure(Dataset.parse("x.jsonl", "\n\n"))).reason, "Empty")
       const missing = yield* failure(Dataset.load("/nonexistent/rows.jsonl"))
       assert.strictEqual(missing.reason, "Unreadable")
+      assert.strictEqual(missing.message, "/nonexistent/rows.jsonl: no such file")
     }).pipe(Effect.provide(NodeServices.layer)))
 
   it.effect("loads a file from disk", () =>
