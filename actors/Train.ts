@@ -35,6 +35,7 @@ import * as AgentTask from "../src/AgentTask.ts"
 import * as Dataset from "../src/Dataset.ts"
 import type * as Message from "../src/Message.ts"
 import * as DiskFull from "../src/internal/diskFull.ts"
+import * as SchemaIssues from "../src/internal/schemaIssues.ts"
 import * as ModelConfig from "../src/model/ModelConfig.ts"
 import * as ModelFolder from "../src/ModelFolder.ts"
 import * as Report from "../src/Report.ts"
@@ -67,6 +68,18 @@ export interface Overrides {
 const asRecord = (u: unknown): Record<string, unknown> =>
   typeof u === "object" && u !== null && !Array.isArray(u) ? (u as Record<string, unknown>) : {}
 
+/** The agent settings a task's `defaults` may fill. */
+const defaultKeys: ReadonlyArray<keyof Task.Defaults> = [
+  "systemPrompt", "renderTools", "maxTurns", "numChains", "maxNewTokens", "maxContextTokens", "temperature", "toolTimeout"
+]
+
+/** A task's `defaults` keys that are no agent setting (a JavaScript task's typo), each named where it was written. */
+const unknownDefaults = (task: Task.Any): Array<string> =>
+  Object.keys(task.defaults).filter((key) => !(defaultKeys as ReadonlyArray<string>).includes(key)).map((key) =>
+    `task ${task.name}'s defaults.${key}: unknown key${SchemaIssues.suggestion(key, defaultKeys)} (its defaults fill ` +
+    `the config's agent keys: ${defaultKeys.join(", ")})`
+  )
+
 /**
  * Decodes a task's config as read (`TrainConfig.Source`): the task's defaults under the unset agent keys, then the
  * overrides; relative paths resolved against the source's directory (`--output` against the working directory).
@@ -89,6 +102,8 @@ export const configOf = (
         ]
       })
     )
+    : unknownDefaults(task).length > 0
+    ? Effect.fail(new TrainConfig.ConfigError({ source: `task ${task.name}`, reason: "Invalid", issues: unknownDefaults(task) }))
     : Effect.flatMap(Path.Path, (path) =>
     TrainConfig.fromSource(source, (raw) => {
       const withDefaults = asRecord(Task.withDefaults(task, raw))

@@ -44,7 +44,7 @@ const editDistance = (a: string, b: string): number => {
 }
 
 /** The closest known key: within a small edit distance, or one of the two a prefix of the other. */
-const suggestion = (key: string, known: ReadonlyArray<string>): string => {
+export const suggestion = (key: string, known: ReadonlyArray<string>): string => {
   const lower = key.toLowerCase()
   const prefix = (k: string) => lower.startsWith(k.toLowerCase()) || k.toLowerCase().startsWith(lower)
   const best = known

@@ -12,6 +12,7 @@ import { join } from "node:path"
 import * as Train from "../../actors/Train.ts"
 import * as Generate from "../../examples/guess/generate.ts"
 import { task } from "../../examples/guess/task.ts"
+import type * as Task from "../../src/Task.ts"
 import * as TrainConfig from "../../src/TrainConfig.ts"
 
 describe("Train.run", () => {
@@ -175,5 +176,18 @@ describe("Train.run", () => {
       assert.instanceOf(refused, TrainConfig.ConfigError)
       assert.strictEqual((refused as TrainConfig.ConfigError).source, "--steps")
       assert.include((refused as TrainConfig.ConfigError).message, "must be a whole number ≥ 1, got 0")
+    }).pipe(Effect.provide(NodeServices.layer)))
+
+  it.effect("a task's defaults with a key that is no agent setting (a JavaScript task's typo) is named as the task's", () =>
+    Effect.gen(function*() {
+      const typo = { ...task, defaults: { ...task.defaults, numChain: 4 } as Task.Defaults }
+      const refused = yield* Effect.flip(Train.run({
+        task: typo,
+        dir: mkdtempSync(join(tmpdir(), "train-defaults-")),
+        config: { output: "run", model: { path: "model", preset: "tiny" }, data: { train: "t.jsonl" }, algorithm: { steps: 3 } }
+      }))
+      assert.instanceOf(refused, TrainConfig.ConfigError)
+      assert.strictEqual((refused as TrainConfig.ConfigError).source, `task ${task.name}`)
+      assert.include((refused as TrainConfig.ConfigError).message, `task ${task.name}'s defaults.numChain: unknown key (did you mean "numChains"?)`)
     }).pipe(Effect.provide(NodeServices.layer)))
 })
