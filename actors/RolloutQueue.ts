@@ -46,19 +46,36 @@ const messageOf = (e: unknown) => String((e as Error).message ?? e)
 const call = (url: string) => <A>(what: string, f: () => Promise<A>) =>
   Effect.tryPromise({ try: f, catch: (e) => workersError(`the rollout queue ${url}: ${what} failed (${messageOf(e)})`) })
 
-const connect = (url: string) =>
+/** Since when a connection has been down (undefined while up), and the last error it reported. */
+interface Link {
+  downSince: number | undefined
+  lastError: string
+}
+
+const connect = (url: string, link?: Link) =>
   Effect.acquireRelease(
     Effect.tryPromise({
       try: () => {
-        // A command waits through 20 reconnection attempts (≈ 10 s) for a lost connection, then fails.
-        const redis = new Redis(url, { lazyConnect: true, maxRetriesPerRequest: 20 })
-        redis.on("error", (_: unknown) => undefined) // reconnects in the background
-        return redis.connect().then(() => redis, (e) => (redis.disconnect(), Promise.reject(e)))
+        // A command waits through 20 reconnection attempts, 0.5 s apart (≈ 10 s), for a lost connection, then fails.
+        const redis = new Redis(url, { lazyConnect: true, maxRetriesPerRequest: 20, retryStrategy: () => 500 })
+        redis.on("error", (e: unknown) => {
+          if (link !== undefined) link.lastError = messageOf(e)
+        }) // reconnects in the background
+        return redis.connect().then(() => {
+          if (link !== undefined) {
+            redis.on("close", () => void (link.downSince ??= Date.now()))
+            redis.on("ready", () => void (link.downSince = undefined))
+          }
+          return redis
+        }, (e) => (redis.disconnect(), Promise.reject(e)))
       },
       catch: (e) => workersError(`the rollout queue ${url} cannot be reached (${messageOf(e)})`)
     }),
     (redis) => Effect.sync(() => redis.disconnect())
   )
+
+/** How long a run waits for a lost queue before it stops (workers wait for it as long as it takes). */
+const giveUpMs = 10_000
 
 /** The shares stream's consumer group, created with the stream unless it exists. */
 const ensureGroup = (redis: Redis, stream: string) =>
@@ -117,9 +134,40 @@ interface Pending {
 export const client = Effect.fn("RolloutQueue.client")(function*(
   options: ClientOptions
 ): Effect.fn.Return<RemoteRollouts, TrainerError, Scope.Scope> {
-  const redis = yield* connect(options.url)
-  const reader = yield* connect(options.url)
-  const command = call(options.url)
+  const link: Link = { downSince: undefined, lastError: "" }
+  const redis = yield* connect(options.url, link)
+  const reader = yield* connect(options.url, link)
+  const lost = () =>
+    workersError(
+      `lost the rollout queue ${options.url} for ${((Date.now() - link.downSince!) / 1000).toFixed(0)} s ` +
+        `(${link.lastError || "connection closed"}): the run stops. Start Redis again (its workers reconnect by ` +
+        "themselves) and resume the run: agentfly train CONFIG --resume"
+    )
+  // Every command fails at once, with what to do, once the queue has been gone for `giveUpMs`; a command that failed
+  // while it was gone says the same.
+  const command = <A>(what: string, f: () => Promise<A>) =>
+    Effect.suspend(() =>
+      link.downSince !== undefined && Date.now() - link.downSince >= giveUpMs
+        ? Effect.fail(lost())
+        : call(options.url)(what, f).pipe(Effect.mapError((e) => (link.downSince === undefined ? e : lost())))
+    )
+  // Said as soon as the connection drops, and when it is back.
+  yield* Effect.gen(function*() {
+    let said = false
+    while (true) {
+      yield* Effect.sleep("1 second")
+      if (link.downSince !== undefined && !said) {
+        said = true
+        yield* Effect.logWarning(
+          `the rollout queue ${options.url} is unreachable (${link.lastError || "connection closed"}); the run waits ` +
+            `${giveUpMs / 1000} s for it, then stops`
+        )
+      } else if (link.downSince === undefined && said) {
+        said = false
+        yield* Effect.logInfo(`the rollout queue ${options.url} is back`)
+      }
+    }
+  }).pipe(Effect.forkScoped)
   const keys = keysOf(options.agentKey)
   const results = keys.results(randomUUID())
   const timeoutSeconds = options.timeoutSeconds ?? 1800

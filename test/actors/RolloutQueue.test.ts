@@ -4,7 +4,7 @@
  * the queue lost sent again, a worker's failure and a batch nobody takes stopped with typed errors.
  */
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Fiber, Schema } from "effect"
+import { Effect, Fiber, Logger, Schema } from "effect"
 import { Redis } from "ioredis"
 import * as RolloutQueue from "../../actors/RolloutQueue.ts"
 import { RolloutResponse } from "../../actors/RolloutWorker.ts"
@@ -115,5 +115,44 @@ describe("RolloutQueue (trainer's side)", () => {
       // An unreachable queue at start is typed too.
       const nowhere = yield* Effect.flip(RolloutQueue.client({ url: "redis://127.0.0.1:1", agentKey: "k1" }))
       assert.include(nowhere.message, "cannot be reached")
+    }).pipe(Effect.scoped), 60_000)
+
+  it.live("a queue lost mid-batch stops the run within about 10 s, saying so at once and how to go on; one back in time is not", () =>
+    Effect.gen(function*() {
+      const server = yield* redisServer
+      const redis = new Redis(server.url, { maxRetriesPerRequest: null })
+      redis.on("error", () => undefined)
+      yield* Effect.addFinalizer(() => Effect.sync(() => redis.disconnect()))
+      const logs: Array<string> = []
+      const collector = Logger.make((o) => void logs.push((o.message as ReadonlyArray<unknown>).map(String).join(" ")))
+      const queue = yield* RolloutQueue.client({ url: server.url, agentKey: "k1", shareRows: 5, checkMillis: 300 }).pipe(
+        Effect.provideService(Logger.CurrentLoggers, new Set([collector]))
+      )
+
+      // Down for 3 s, then back: the batch goes on (its share is sent again to the restarted, empty queue).
+      const survives = yield* Effect.forkChild(queue.collect(rows, sampling, 0))
+      yield* take(redis, 1)
+      yield* server.kill
+      yield* Effect.sleep("3 seconds")
+      yield* server.start
+      // As a worker does after a restart: its consumer group again (from the start: the resent share may come first).
+      yield* Effect.promise(() => redis.xgroup("CREATE", shares, "workers", "0", "MKSTREAM").catch(() => undefined))
+      const [again] = yield* take(redis, 1)
+      yield* reply(redis, again!, answer(again!))
+      assert.strictEqual((yield* Fiber.join(survives)).length, 5)
+      assert.isTrue(logs.some((l) => l.includes("is unreachable") && l.includes("waits 10 s for it, then stops")), logs.join("\n"))
+      assert.isTrue(logs.some((l) => l.includes("is back")), logs.join("\n"))
+
+      // Gone for good: the run stops within about 10 s (it waited minutes before), naming what to do.
+      const fiber = yield* Effect.forkChild(Effect.flip(queue.collect(rows, sampling, 1)))
+      yield* take(redis, 1)
+      const killedAt = Date.now()
+      yield* server.kill
+      const lost = yield* Fiber.join(fiber)
+      const waited = (Date.now() - killedAt) / 1000
+      assert.strictEqual(lost.reason, "Workers")
+      assert.include(lost.message, `lost the rollout queue ${server.url}`)
+      assert.include(lost.message, "agentfly train CONFIG --resume")
+      assert.isTrue(waited >= 9 && waited < 16, `stopped after ${waited} s`)
     }).pipe(Effect.scoped), 60_000)
 })
