@@ -170,10 +170,30 @@ export const make = Effect.fn("InferenceServers.make")(function*(
         )
     })
 
+  // Whether a server will take this run's weights, asked before anything is trained (a wrong token or a server
+  // without --accept-weights would otherwise surface at the first push, after the warm-up): a PUT without a version
+  // is refused by its first check that fails, and changes nothing.
+  const acceptsWeights = (url: string) =>
+    Effect.tryPromise({
+      try: async () => {
+        const response = await fetch(`${url}/weights`, { method: "PUT", headers, signal: AbortSignal.timeout(10_000) })
+        const body = (await response.text()).slice(0, 300)
+        if (response.status === 401) {
+          throw new Error(
+            `it refuses this run's token (${body}): set AGENTFLY_WEIGHTS_TOKEN to the token the server was started with`
+          )
+        }
+        if (response.status === 404 || response.status === 405) {
+          throw new Error(`it does not take weights (HTTP ${response.status}: ${body}): start it with --accept-weights`)
+        }
+      },
+      catch: (e) => serversError(`inference server ${url} cannot follow this run's learner: ${(e as Error).message}`)
+    })
+
   const servers: Array<Server> = yield* Effect.forEach(
     options.urls.map((u) => u.replace(/\/+$/, "")),
     (url) =>
-      Effect.map(modelOf(url), (model): Server => ({
+      Effect.map(Effect.tap(modelOf(url), () => acceptsWeights(url)), (model): Server => ({
         url,
         model,
         samplers: new Map(),

@@ -114,6 +114,8 @@ export interface ClientOptions {
   readonly timeoutSeconds?: number | undefined
   /** How often a waiting batch looks for shares the queue lost (default 10 s). */
   readonly checkMillis?: number | undefined
+  /** How long a batch waits without any answer before it says so (default 30 s; again every twice that). */
+  readonly quietMillis?: number | undefined
 }
 
 /** A share on its way: what was sent (to send it again), where it sits on the stream, its groups once back. */
@@ -267,7 +269,22 @@ export const client = Effect.fn("RolloutQueue.client")(function*(
       const deadline = Date.now() + timeoutSeconds * 1000
       let missing = batch.size
       let checked = Date.now()
+      // A batch nobody answers for 30 s says so (and again every minute), with the workers seen, long before its
+      // deadline stops the run.
+      const quiet = options.quietMillis ?? 30_000
+      let progress = Date.now()
+      let warned = 0
       while (missing > 0) {
+        if (Date.now() - progress > quiet && Date.now() - warned > 2 * quiet) {
+          warned = Date.now()
+          const seen = yield* seenWorkers
+          yield* Effect.logWarning(
+            `no rollout worker answered a share of this batch in ${((Date.now() - progress) / 1000).toFixed(0)} s ` +
+              `(${missing} of ${batch.size} waiting on ${options.url}); workers seen in the last 30 s: ` +
+              `${seen.length === 0 ? "none" : seen.join(", ")}. Start \`agentfly rollout-worker CONFIG --queue ` +
+              `${options.url}\` with this run's config; the run waits up to ${timeoutSeconds} s`
+          )
+        }
         if (Date.now() > deadline) {
           const seen = yield* seenWorkers
           return yield* workersError(
@@ -281,7 +298,9 @@ export const client = Effect.fn("RolloutQueue.client")(function*(
           checked = Date.now()
           yield* resendLost(batch)
         }
-        missing -= yield* readResults(batch)
+        const answered = yield* readResults(batch)
+        if (answered > 0) progress = Date.now()
+        missing -= answered
       }
       return [...batch.values()].flatMap((s) => s.groups!).sort((a, b) => a.rowIndex - b.rowIndex)
     })

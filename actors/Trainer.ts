@@ -870,7 +870,16 @@ export const run: <RE = never>(
     tornBytes: 0
   }
   if (existing.entries.length > 0) {
-    const changed = yield* changesSinceStart(fs, out, existing, config)
+    const all = yield* changesSinceStart(fs, out, existing, config)
+    // More (or fewer) steps continue the same run: no need to force that.
+    const stepsChange = all.find((c) => c.startsWith("algorithm.steps: "))
+    const changed = all.filter((c) => c !== stepsChange)
+    if (stepsChange !== undefined) {
+      yield* notice(
+        `resuming ${out} for ${config.algorithm.steps} steps (${stepsChange})` +
+          (config.algorithm.lrSchedule === "cosine" ? `: the cosine learning-rate schedule now spans them` : "")
+      )
+    }
     if (changed.length > 0 && options.forceResume !== true) {
       return yield* new TrainerError({
         reason: "Resume",
@@ -921,6 +930,11 @@ export const run: <RE = never>(
     )
   } else if (resumeFrom !== undefined) {
     yield* notice(`resuming ${out} from ${resumeFrom.path} (step ${resumeFrom.step})`)
+  } else if (existing.entries.length > 0) {
+    yield* notice(
+      `${out} has no checkpoint yet (the first is written when the warm-up ends, or at step ` +
+        `${config.checkpoint.every}): the run starts over`
+    )
   }
   const point = Journal.resumePoint(existing, (c) => c === resumeFrom)
   const journal = yield* Journal.open(`${out}/journal.jsonl`, { cutAt: point.cutAt }).pipe(Effect.mapError(io))

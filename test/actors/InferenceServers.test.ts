@@ -176,19 +176,16 @@ describe("InferenceServers", () => {
         })
       const good = bytesOf(randomWeights(folder.config, 7))
 
-      // A server started without accepting weights, and a wrong token: the run stops with the server's answer.
-      const notAccepted = yield* Effect.flip(
-        Effect.flatMap(InferenceServers.make({ urls: [open.baseUrl], parameters }), (s) => s.push(0, folder.weights))
-      )
+      // A server started without accepting weights, and a wrong token: refused when the run connects, before it
+      // trains anything, naming the fix.
+      const notAccepted = yield* Effect.flip(InferenceServers.make({ urls: [open.baseUrl], parameters }))
       assert.strictEqual(notAccepted.reason, "Servers")
-      assert.match(notAccepted.message, /refused policy version 0's weights \(HTTP 404: .*--accept-weights/)
-      const wrongToken = yield* Effect.flip(
-        Effect.flatMap(
-          InferenceServers.make({ urls: [locked.baseUrl], parameters, token: "guess" }),
-          (s) => s.push(0, folder.weights)
-        )
-      )
-      assert.match(wrongToken.message, /HTTP 401/)
+      assert.match(notAccepted.message, /cannot follow this run's learner: it does not take weights \(HTTP 404: .*start it with --accept-weights/)
+      const before = yield* versionOf(locked.baseUrl)
+      const wrongToken = yield* Effect.flip(InferenceServers.make({ urls: [locked.baseUrl], parameters, token: "guess" }))
+      assert.include(wrongToken.message, "it refuses this run's token")
+      assert.include(wrongToken.message, "set AGENTFLY_WEIGHTS_TOKEN")
+      assert.strictEqual(yield* versionOf(locked.baseUrl), before, "the probe changed nothing")
       const withToken = yield* InferenceServers.make({ urls: [locked.baseUrl], parameters, token: "s3cret" })
       yield* withToken.push(5, folder.weights)
       assert.strictEqual(yield* versionOf(locked.baseUrl), 5)

@@ -100,7 +100,9 @@ describe("RolloutQueue (trainer's side)", () => {
       const server = yield* redisServer
       const redis = new Redis(server.url)
       yield* Effect.addFinalizer(() => Effect.sync(() => redis.disconnect()))
-      const queue = yield* RolloutQueue.client({ url: server.url, agentKey: "k1", shareRows: 5, timeoutSeconds: 1 })
+      const logs: Array<string> = []
+      const collector = Logger.make((o) => void logs.push((o.message as ReadonlyArray<unknown>).map(String).join(" ")))
+      const queue = yield* RolloutQueue.client({ url: server.url, agentKey: "k1", shareRows: 5, timeoutSeconds: 2, quietMillis: 500 })
       const fiber = yield* Effect.forkChild(Effect.flip(queue.collect(rows, sampling, 0)))
       const [share] = yield* take(redis, 1)
       yield* reply(redis, share!, JSON.stringify({ id: share!.id, error: "the sampler is gone" }))
@@ -108,7 +110,12 @@ describe("RolloutQueue (trainer's side)", () => {
       assert.strictEqual(failed.reason, "Workers")
       assert.include(failed.message, "the sampler is gone")
 
-      const alone = yield* Effect.flip(queue.collect(rows, sampling, 0))
+      const alone = yield* Effect.flip(queue.collect(rows, sampling, 0)).pipe(
+        Effect.provideService(Logger.CurrentLoggers, new Set([collector]))
+      )
+      // Said while it waited, long before the deadline.
+      assert.isTrue(logs.some((l) => l.startsWith("no rollout worker answered a share of this batch in")), logs.join("\n"))
+      assert.isTrue(logs.some((l) => l.includes("workers seen in the last 30 s: none")))
       assert.strictEqual(alone.reason, "Workers")
       assert.include(alone.message, "got no result from the rollout queue")
       assert.include(alone.message, "workers seen in the last 30 s: none")

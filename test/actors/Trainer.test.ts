@@ -389,6 +389,17 @@ describe("Trainer", () => {
       // The forced config is the run's now: resuming again with it is no change.
       const again = yield* run({ ...changed })
       assert.strictEqual(again.fromStep, 8)
+      // More steps continue the same run: no force needed, and said.
+      const extended: Array<string> = []
+      const longer = yield* run({
+        ...changed,
+        config: { ...changed.config, algorithm: { ...changed.config.algorithm, steps: 10 } },
+        notice: (m) => Effect.sync(() => extended.push(m))
+      })
+      assert.strictEqual(longer.fromStep, 8)
+      assert.strictEqual(longer.steps, 10)
+      assert.include(extended[0], `resuming ${options.config.output} for 10 steps (algorithm.steps: 8 → 10)`)
+      assert.deepStrictEqual(yield* steps(options.config.output), [1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
     }).pipe(Effect.provide(NodeServices.layer)))
 
   it.effect("resume without a checkpoint starts over; a missing checkpoint directory is skipped", () =>
@@ -396,8 +407,11 @@ describe("Trainer", () => {
       const options = yield* setup({}, { steps: 2 })
       const crashed = yield* Effect.result(run(options, { failAt: 2 }))
       assert.isTrue(Result.isFailure(crashed))
-      const resumed = yield* run({ ...options, resume: true })
+      const notices: Array<string> = []
+      const resumed = yield* run({ ...options, resume: true, notice: (m) => Effect.sync(() => notices.push(m)) })
       assert.strictEqual(resumed.fromStep, 0)
+      assert.include(notices[0], "has no checkpoint yet")
+      assert.include(notices[0], "the run starts over")
       assert.deepStrictEqual(yield* steps(options.config.output), [1, 2])
       assert.isTrue(existsSync(join(options.config.output, "checkpoints", "step-000002")))
     }).pipe(Effect.provide(NodeServices.layer)))
