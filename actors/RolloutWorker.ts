@@ -223,6 +223,9 @@ export interface ClientOptions {
   readonly token?: string | undefined
 }
 
+/** A worker's answer that this run's token is not its own. */
+class Unauthorized extends Error {}
+
 interface Worker {
   readonly url: string
   restUntil: number
@@ -249,14 +252,20 @@ export const client = Effect.fn("RolloutWorker.client")(function*(
       Effect.tryPromise({
         try: async () => {
           const response = await fetch(`${url}/worker`, { headers: auth, signal: AbortSignal.timeout(10_000) })
+          if (response.status === 401) {
+            throw new Unauthorized(`HTTP 401: ${(await response.text()).slice(0, 300)}`)
+          }
           if (!response.ok) throw new Error(`HTTP ${response.status}: ${(await response.text()).slice(0, 300)}`)
           return Schema.decodeUnknownSync(WorkerInfo)(await response.json())
         },
         catch: (e) =>
           workersError(
-            `rollout worker ${url} did not answer GET /worker (${fetchMessage(e)}); start it with ` +
-              "`agentfly rollout-worker CONFIG --host HOST --port PORT` (the run's config) and list " +
-              "http://HOST:PORT/v1 in rollout.workers"
+            e instanceof Unauthorized
+              ? `rollout worker ${url} refuses this run's token (${e.message}): set AGENTFLY_WORKER_TOKEN to the ` +
+                "token the worker was started with"
+              : `rollout worker ${url} did not answer GET /worker (${fetchMessage(e)}); start it with ` +
+                "`agentfly rollout-worker CONFIG --host HOST --port PORT` (the run's config) and list " +
+                "http://HOST:PORT/v1 in rollout.workers"
           )
       }).pipe(Effect.flatMap((info) =>
         info.agentKey === options.agentKey
@@ -330,11 +339,15 @@ export const client = Effect.fn("RolloutWorker.client")(function*(
         if (worker.healthy) {
           worker.healthy = false
           yield* Effect.logWarning(
-            `rollout worker ${worker.url} failed (${answer.message}); its share goes to another worker`
+            `rollout worker ${worker.url} failed (${answer.message}); ` +
+              (workers.length > 1 ? "its share goes to another worker" : "it is the run's only worker")
           )
         }
       }
-      return yield* workersError(`every rollout worker failed a share of the batch: ${failures.join("; ")}`)
+      return yield* workersError(
+        `every rollout worker failed a share of the batch: ${failures.join("; ")}. Start them again and resume the ` +
+          "run (agentfly train CONFIG --resume): nothing of its finished steps is lost"
+      )
     })
 
   const collect: RemoteRollouts["collect"] = (rows, sampling, version) =>

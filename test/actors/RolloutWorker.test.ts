@@ -132,6 +132,7 @@ describe("RolloutWorker", () => {
       assert.strictEqual(none.reason, "Workers")
       assert.include(none.message, "every rollout worker failed")
       assert.include(none.message, w1.baseUrl)
+      assert.include(none.message, "agentfly train CONFIG --resume")
 
       // A worker started with another config is refused before anything runs.
       const other = yield* TrainConfig.decode({
@@ -150,7 +151,8 @@ describe("RolloutWorker", () => {
       // A worker with a token serves only requests that bear it.
       const guarded = yield* startWorker(agent, workerSide, "s3cret")
       const unauthorized = yield* Effect.flip(RolloutWorker.client({ urls: [guarded.baseUrl], agentKey: key }))
-      assert.match(unauthorized.message, /HTTP 401: .*AGENTFLY_WORKER_TOKEN/)
+      assert.match(unauthorized.message, /refuses this run's token \(HTTP 401: .*\): set AGENTFLY_WORKER_TOKEN to the token/)
+      assert.notInclude(unauthorized.message, "start it with")
       const rawShare = yield* Effect.promise(() =>
         fetch(`${guarded.baseUrl}/rollouts`, { method: "POST", body: "{}" }).then((r) => r.status)
       )
