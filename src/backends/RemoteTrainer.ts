@@ -113,9 +113,9 @@ export const make = Effect.fn("RemoteTrainer.make")(function*(
   const traffic = options.traffic ?? makeTraffic()
 
   /** One request, sent again while the connection fails; the reply's frame or a typed failure. */
-  const request = (op: string, body: Uint8Array, headers: Record<string, string>) =>
+  const request = (op: string, body: Uint8Array, headers: Record<string, string>, patience = retryMillis) =>
     Effect.gen(function*() {
-      const deadline = Date.now() + retryMillis
+      const deadline = Date.now() + patience
       let wait = 100
       traffic.calls++
       for (let attempt = 0;; attempt++) {
@@ -140,8 +140,9 @@ export const make = Effect.fn("RemoteTrainer.make")(function*(
         if (Date.now() + wait > deadline) {
           return yield* fail(
             "Unavailable",
-            `${where} could not be reached for ${Math.round(retryMillis / 1000)} s (${op}: ${why}); start it with ` +
-              "`agentfly trainer --host HOST --port PORT` and resume the run from its last checkpoint"
+            `${where} could not be reached for ${Math.round(patience / 1000)} s (${op}: ${why}); start it with ` +
+              "`agentfly trainer --host HOST --port PORT`" +
+              (op === "init" ? " (learner.url names it)" : " and resume the run from its last checkpoint")
           )
         }
         yield* Effect.sleep(wait)
@@ -185,7 +186,8 @@ export const make = Effect.fn("RemoteTrainer.make")(function*(
     schedule: options.schedule,
     workers: options.workers ?? 1
   }, options.parameters.map((p) => [p.name, options.weights.get(p.name)!] as const))
-  const opened = yield* Effect.flatMap(request("init", init, {}), (r) => replyOf("init", r))
+  // A trainer that is not there when the run starts is not waited for as long as one lost mid-run.
+  const opened = yield* Effect.flatMap(request("init", init, {}, Math.min(retryMillis, 5_000)), (r) => replyOf("init", r))
   const session = opened.header["session"]
   if (typeof session !== "string") return yield* fail("Remote", `${where} answered init without a session`)
 

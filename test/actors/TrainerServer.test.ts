@@ -202,6 +202,14 @@ describe("RemoteTrainer and TrainerServer", () => {
       const lost = yield* Effect.flip(there.optimStep)
       assert.strictEqual(lost.reason, "Remote")
       assert.include(lost.message, "resume the run from its last checkpoint")
+      // One that is not there when the run starts: refused within 5 s (not its 60 s mid-run patience), and with
+      // nothing to resume yet.
+      const started = Date.now()
+      const absent = yield* Effect.flip(remote(`http://127.0.0.1:${port + 1}/v1`, 1))
+      assert.strictEqual(absent.reason, "Unavailable")
+      assert.isBelow(Date.now() - started, 8_000)
+      assert.include(absent.message, "could not be reached for 5 s (init: ECONNREFUSED)")
+      assert.notInclude(absent.message, "resume")
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 60_000)
 
   it.live("two runs' trainers live side by side; one left without calls is closed", () =>
