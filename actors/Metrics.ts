@@ -202,7 +202,7 @@ export const formatBar = (status: Status, columns: number): string => {
 /**
  * A live display writing to `write`: on a TTY the bar is redrawn in place (`\r`, clear to end of line) and
  * evaluations and phase changes are kept as lines above it; elsewhere every update is a plain line, at most one per
- * `everySteps` steps (evaluations and the last step always print).
+ * `everySteps` steps (evaluations and the last step always print; a phase of at most 20 steps prints each).
  *
  * @category constructors
  * @since 0.1.0
@@ -221,7 +221,9 @@ export const display = (options: {
       const keep = status.phase === "eval" || (lastPhase !== undefined && lastPhase !== status.phase)
       lastPhase = status.phase
       if (!options.tty) {
-        if (keep || status.step % every === 0 || status.step === status.total) options.write(formatLine(status) + "\n")
+        // A short phase prints every step: one that skipped most of its few steps would look as if it lost them.
+        const stride = status.total <= 20 ? 1 : every
+        if (keep || status.step % stride === 0 || status.step === status.total) options.write(formatLine(status) + "\n")
         return
       }
       // A phase change keeps the finished bar on its line; evaluations print a line and the bar redraws below.

@@ -99,10 +99,10 @@ describe("Metrics", () => {
 
   it.effect("on a TTY the bar redraws in place; elsewhere plain lines, thinned to every N steps", () =>
     Effect.gen(function*() {
-      const status = (phase: Metrics.Status["phase"], step: number): Metrics.Status => ({
+      const status = (phase: Metrics.Status["phase"], step: number, total = 10): Metrics.Status => ({
         phase,
         step,
-        total: 10,
+        total,
         elapsed: step,
         figures: { "eval/accuracy": 0.5 }
       })
@@ -118,13 +118,21 @@ describe("Metrics", () => {
       assert.strictEqual(tty.split("\r\x1b[2K").length - 1, 4)
       let plain = ""
       const log = Metrics.display({ write: (t) => (plain += t), tty: false, everySteps: 5 })
-      for (let step = 1; step <= 10; step++) yield* log.update(status("train", step))
-      yield* log.update(status("eval", 10))
+      for (let step = 1; step <= 30; step++) yield* log.update(status("train", step, 30))
+      yield* log.update(status("eval", 30, 30))
       assert.deepStrictEqual(plain.trim().split("\n").map((l) => l.slice(0, 18)), [
-        "[train] step 5/10 ",
-        "[train] step 10/10",
-        "[eval] step 10/10 "
+        "[train] step 5/30 ",
+        "[train] step 10/30",
+        "[train] step 15/30",
+        "[train] step 20/30",
+        "[train] step 25/30",
+        "[train] step 30/30",
+        "[eval] step 30/30 "
       ])
+      // A short phase prints every step.
+      plain = ""
+      for (let step = 1; step <= 4; step++) yield* log.update(status("train", step, 4))
+      assert.strictEqual(plain.trim().split("\n").length, 4)
       assert.notInclude(plain, "\r")
     }))
 
