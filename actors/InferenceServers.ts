@@ -280,6 +280,8 @@ export const make = Effect.fn("InferenceServers.make")(function*(
     ))
   }
 
+  // Negative versions are the warm-up's checks (`Trainer.warmupVersion`), not a number a user knows.
+  const versionName = (version: number) => (version < 0 ? "the warm-up's weights (a validation check)" : `policy version ${version}`)
   const push = (version: number, weights: ReadonlyMap<string, Float32Array>) =>
     Effect.gen(function*() {
       const tensors = options.parameters.map((p) => {
@@ -294,14 +296,14 @@ export const make = Effect.fn("InferenceServers.make")(function*(
       const refused = failures.findIndex((f) => f?.fatal === true)
       if (refused >= 0) {
         return yield* serversError(
-          `inference server ${servers[refused]!.url} refused policy version ${version}'s weights ` +
+          `inference server ${servers[refused]!.url} refused ${versionName(version)}'s weights ` +
             `(${failures[refused]!.message}); it must serve this model and run with --accept-weights ` +
             "(and AGENTFLY_WEIGHTS_TOKEN, when set, must match)"
         )
       }
       if (failures.every((f) => f !== undefined)) {
         return yield* serversError(
-          `no inference server took policy version ${version}: ` +
+          `no inference server took ${versionName(version)}: ` +
             servers.map((s, i) => `${s.url} (${failures[i]!.message})`).join("; ")
         )
       }
