@@ -30,6 +30,7 @@ import * as ModelFolder from "../src/ModelFolder.ts"
 import { Sampler } from "../src/Sampler.ts"
 import * as Tokenizer from "../src/Tokenizer.ts"
 import { verifiedCheckpoint } from "./eval.ts"
+import { trainedPolicyFlags } from "./serve.ts"
 
 /**
  * What `agentfly gateway` runs with.
@@ -132,17 +133,7 @@ export const gateway = Command.make(
     modelDir: Flag.Directory("model-dir", { mustExist: true }).pipe(
       Flag.withDescription("A model folder: its weights sample (or, with --upstream, only its tokenizer and template)")
     ),
-    checkpoint: Flag.Directory("checkpoint").pipe(
-      Flag.withDescription("Sample with a training run's weights at this checkpoint (RUN/checkpoints/step-NNNNNN)"),
-      Flag.optional
-    ),
-    omitToolSchemas: Flag.Boolean("omit-tool-schemas").pipe(
-      Flag.withDescription(
-        "Leave a chat request's tools out of the prompt (a policy trained with agent.renderTools: false); its tool " +
-          "calls are still parsed"
-      ),
-      Flag.withDefault(false)
-    ),
+    ...trainedPolicyFlags,
     upstream: Flag.String("upstream").pipe(
       Flag.withDescription("An OpenAI-compatible API root that returns token ids and logprobs (vLLM, SGLang)"),
       Flag.optional

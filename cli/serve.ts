@@ -32,6 +32,27 @@ const count = (name: string, description: string, value: number) =>
   )
 
 /**
+ * The flags of a command that samples with a trained policy (`serve`, `gateway`): its checkpoint, and the tool
+ * lists its training left out of the prompt.
+ *
+ * @category flags
+ * @since 0.1.0
+ */
+export const trainedPolicyFlags = {
+  checkpoint: Flag.Directory("checkpoint").pipe(
+    Flag.withDescription("Sample with a training run's weights at this checkpoint (RUN/checkpoints/step-NNNNNN)"),
+    Flag.optional
+  ),
+  omitToolSchemas: Flag.Boolean("omit-tool-schemas").pipe(
+    Flag.withDescription(
+      "Leave a chat request's tools out of the prompt (a policy trained with agent.renderTools: false); its tool " +
+        "calls are still parsed"
+    ),
+    Flag.withDefault(false)
+  )
+}
+
+/**
  * @category commands
  * @since 0.1.0
  */
@@ -41,17 +62,7 @@ export const serve = Command.make(
     modelDir: Flag.Directory("model-dir", { mustExist: true }).pipe(
       Flag.withDescription("A model folder: config.json, model.safetensors, tokenizer.json, tokenizer_config.json")
     ),
-    checkpoint: Flag.Directory("checkpoint").pipe(
-      Flag.withDescription("Serve a training run's weights at this checkpoint (RUN/checkpoints/step-NNNNNN)"),
-      Flag.optional
-    ),
-    omitToolSchemas: Flag.Boolean("omit-tool-schemas").pipe(
-      Flag.withDescription(
-        "Leave a chat request's tools out of the prompt (a policy trained with agent.renderTools: false); its tool " +
-          "calls are still parsed"
-      ),
-      Flag.withDefault(false)
-    ),
+    ...trainedPolicyFlags,
     acceptWeights: Flag.Boolean("accept-weights").pipe(
       Flag.withDescription(
         "Let a training run push new weights (PUT /v1/weights; with AGENTFLY_WEIGHTS_TOKEN set, only with that " +
