@@ -183,7 +183,7 @@ export const client = Effect.fn("RolloutQueue.client")(function*(
   let lastId = "0-0"
   // Each worker's latest environment figures.
   const env = new Map<string, Readonly<Record<string, number>>>()
-  const totals = { shares: 0, duplicates: 0, resent: 0 }
+  const totals = { shares: 0, duplicates: 0, resent: 0, reclaimed: 0 }
   let counted = { ...totals }
 
   const seenWorkers = Effect.map(
@@ -235,7 +235,9 @@ export const client = Effect.fn("RolloutQueue.client")(function*(
       let answered = 0
       for (const { id, payload } of got) {
         lastId = id
-        const reply = parse<{ id: string; worker?: string; groups?: unknown; env?: unknown; error?: string }>(payload)
+        const reply = parse<
+          { id: string; worker?: string; groups?: unknown; env?: unknown; error?: string; claimed?: boolean }
+        >(payload)
         const share = reply === undefined ? undefined : batch.get(reply.id)
         if (reply === undefined || share === undefined) continue
         if (share.groups !== undefined) {
@@ -248,6 +250,13 @@ export const client = Effect.fn("RolloutQueue.client")(function*(
         )
         share.groups = [...decoded.groups]
         if (decoded.env !== undefined) env.set(reply.worker ?? "", decoded.env)
+        if (reply.claimed === true) {
+          totals.reclaimed++
+          yield* Effect.logInfo(
+            `share ${reply.id} was run by ${reply.worker ?? "a worker"} after the worker that took it stopped (its claim ` +
+              "expired)"
+          )
+        }
         totals.shares++
         answered++
       }
@@ -310,7 +319,8 @@ export const client = Effect.fn("RolloutQueue.client")(function*(
       ...mergeEnvFigures(env.values()),
       "workers/shares": totals.shares - counted.shares,
       "workers/duplicates": totals.duplicates - counted.duplicates,
-      "workers/resent": totals.resent - counted.resent
+      "workers/resent": totals.resent - counted.resent,
+      "workers/reclaimed": totals.reclaimed - counted.reclaimed
     }
     counted = { ...totals }
     return out
@@ -397,7 +407,7 @@ export const work = Effect.fn("RolloutQueue.work")(function*(
       }
       // A share this worker cannot read goes back to its trainer as a failure (another worker could not either).
       const reply = decoded._tag === "Success"
-        ? yield* rollOut(entry, share.id, decoded.success)
+        ? { ...yield* rollOut(entry, share.id, decoded.success), ...(claimed ? { claimed: true } : {}) }
         : { id: share.id, error: `the share could not be read: ${decoded.failure.message}` }
       yield* command("XADD", () =>
         control.multi().xadd(share.replyTo, "*", "p", JSON.stringify(reply)).expire(share.replyTo, 3600).exec())

@@ -156,6 +156,9 @@ describe("agentfly train with inference servers and rollout workers", () => {
       assert.include(w1.output(), "claimed from a worker that stopped")
       const trainSteps = metricsOf(join(dir, "run")).filter((m) => m.phase === "train")
       assert.strictEqual(trainSteps.length, steps)
+      // The run counts and says the takeover too.
+      assert.isAtLeast(trainSteps.reduce((n, m) => n + (m.figures["workers/reclaimed"] ?? 0), 0), 1)
+      assert.include(run.output, "after the worker that took it stopped")
       // Every batch in 4 shares (a row each), every step's rollouts sampled.
       for (const m of trainSteps) {
         assert.strictEqual(m.figures["workers/shares"], 4)
