@@ -351,6 +351,24 @@ export const make = <const Tools extends ReadonlyArray<Tool.Any>>(
       })
     }
     const available = `Available tools: ${tools.map((t) => t.name).join(", ") || "none"}.`
+    // A tool's first death is logged with its cause (a bug's stack); later ones are counted, one line per 30 s at most.
+    const deaths = new Map<string, { count: number; since: number }>()
+    const logDeath = Effect.fnUntraced(function*(name: string, cause: Cause.Cause<unknown>) {
+      const now = yield* Clock.currentTimeMillis
+      const seen = deaths.get(name)
+      if (seen === undefined) {
+        deaths.set(name, { count: 0, since: now })
+        return yield* Effect.logWarning(
+          `tool ${name} died (a defect in its handler: the model reads a Defect error; rollout/tool_errors/Defect ` +
+            `counts them). Later deaths of this tool are counted, at most one line per 30s`,
+          cause
+        )
+      }
+      seen.count++
+      if (now - seen.since < 30_000) return
+      yield* Effect.logWarning(`tool ${name} died ${seen.count} more times in the last ${Math.round((now - seen.since) / 1000)}s`)
+      deaths.set(name, { count: 0, since: now })
+    })
     const stats = new Map<string, Stats>()
     const statsOf = (name: string): Stats => {
       let s = stats.get(name)
@@ -429,7 +447,7 @@ export const make = <const Tools extends ReadonlyArray<Tool.Any>>(
       const outcome = classify(entry, call, exit)
       if (Cause.isCause(outcome)) {
         if (Cause.hasInterruptsOnly(outcome)) return yield* Effect.failCause(outcome) // cancellation propagates
-        yield* Effect.logWarning(`tool ${entry.tool.name} died`, outcome)
+        yield* logDeath(entry.tool.name, outcome)
         const error = toolError(call, "Defect", "")
         return yield* done({ text: error.message, error, attempts })
       }

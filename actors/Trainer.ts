@@ -1155,6 +1155,7 @@ export const run: <RE = never>(
   let warnedFull = false
   let warnedUnfit = false
   let warnedShort = false
+  let warnedDefect = false
   for (let step = point.step + 1; step <= lastStep; step++) {
     const t0 = yield* Clock.currentTimeMillis
     const batch = yield* Fiber.join(yield* Queue.take(batches))
@@ -1202,6 +1203,15 @@ export const run: <RE = never>(
     if (budgets.cut !== undefined && !warnedCut) {
       warnedCut = true
       yield* notice(budgets.cut)
+    }
+    // A tool whose handler dies is a bug in the task, which the policy cannot learn around: say so once.
+    const defects = rollout["rollout/tool_errors/Defect"] ?? 0
+    if (defects > 0 && !warnedDefect) {
+      warnedDefect = true
+      yield* notice(
+        `step ${step}: ${defects} tool call(s) died in the tool's own code (rollout/tool_errors/Defect): a bug in the ` +
+          `task's tools, not the model's; the first one's stack is logged above (said once)`
+      )
     }
     if (budgets.full !== undefined && !warnedFull) {
       warnedFull = true

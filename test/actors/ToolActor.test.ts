@@ -1,6 +1,6 @@
 import { assert, describe, it } from "@effect/vitest"
 import { Tokenizer } from "@huggingface/tokenizers"
-import { Context, Effect, Exit, Fiber, Layer, Ref, Schedule, Schema, Scope } from "effect"
+import { Context, Effect, Exit, Fiber, Layer, Logger, Ref, Schedule, Schema, Scope } from "effect"
 import { Tool as AiTool } from "effect/ai"
 import { TestClock } from "effect/testing"
 import { readFileSync } from "node:fs"
@@ -144,6 +144,24 @@ describe("ToolActor", () => {
         assert.strictEqual(turn.messages[0]!.content, `Error: tool "buggy" failed with an internal error.`)
         assert.strictEqual(turn.messages[1]!.content, "still here")
       }))
+
+    it.effect("a tool's first death is logged with its cause, later ones counted at most once per 30 s", () => {
+      const logs: Array<{ message: string; cause: boolean }> = []
+      const collector = Logger.make((o) =>
+        void logs.push({ message: (o.message as ReadonlyArray<unknown>).map(String).join(" "), cause: o.cause.reasons.length > 0 })
+      )
+      return Effect.gen(function*() {
+        const actor = yield* ToolActor.make([Buggy])
+        for (let i = 0; i < 4; i++) yield* actor.executeTurn([call("buggy", {})])
+        assert.strictEqual(logs.length, 1)
+        assert.isTrue(logs[0]!.cause)
+        assert.include(logs[0]!.message, "tool buggy died (a defect in its handler")
+        yield* TestClock.adjust("30 seconds")
+        yield* actor.executeTurn([call("buggy", {})])
+        assert.strictEqual(logs.length, 2)
+        assert.strictEqual(logs[1]!.message, "tool buggy died 4 more times in the last 30s")
+      }).pipe(Effect.provideService(Logger.CurrentLoggers, new Set([collector])))
+    })
 
     it.effect("interrupting a turn interrupts its calls: cancellation is never an observation", () =>
       Effect.gen(function*() {

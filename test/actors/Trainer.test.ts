@@ -10,6 +10,7 @@ import * as Dataset from "../../src/Dataset.ts"
 import * as Report from "../../src/Report.ts"
 import * as Reward from "../../src/Reward.ts"
 import * as Task from "../../src/Task.ts"
+import * as Tool from "../../src/Tool.ts"
 import { Sampler } from "../../src/Sampler.ts"
 import * as TrainConfig from "../../src/TrainConfig.ts"
 import * as Trajectory from "../../src/Trajectory.ts"
@@ -595,6 +596,20 @@ describe("Trainer", () => {
       const groups = (o: string) =>
         Effect.map(Journal.read(join(o, "journal.jsonl")), (r) => r.entries.flatMap((e) => (e.entry.kind === "group" ? [e.entry] : [])))
       assert.deepStrictEqual(yield* groups(options.config.output), yield* groups(unbroken.config.output), "every group")
+    }).pipe(Effect.provide(NodeServices.layer)))
+
+  it.effect("a tool whose handler dies is said once as a bug in the task's tools, naming the figure", () =>
+    Effect.gen(function*() {
+      const buggy = Task.make("toy", {
+        tools: [Tool.make("calc", { description: "calc", handler: () => Effect.sync((): string => { throw new Error("bug") }) })],
+        reward: Toy.reward
+      })
+      const notices: Array<string> = []
+      const options = yield* setup({}, { steps: 3 })
+      yield* run({ ...options, task: buggy, eval: undefined, notice: (m) => Effect.sync(() => notices.push(m)) })
+      const said = notices.filter((m) => m.includes("died in the tool's own code"))
+      assert.strictEqual(said.length, 1, notices.join("\n"))
+      assert.match(said[0]!, /^step 1: 12 tool call\(s\) died in the tool's own code \(rollout\/tool_errors\/Defect\)/)
     }).pipe(Effect.provide(NodeServices.layer)))
 
   it.effect("the summary counts trained steps and steps skipped for lack of signal", () =>
