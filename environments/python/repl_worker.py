@@ -80,7 +80,9 @@ def run_cell(code, namespace, max_output):
             if value is not None:
                 print(repr(value))
     except SystemExit as e:
+        # sys.exit() in a cell ends the cell, not the interpreter (its variables stay): the model reads that it ran.
         error = "SystemExit: %s" % (e.code,)
+        err.write(error + "\n")
     except BaseException as e:
         # Show the cell's frames only, not the worker's.
         tb = e.__traceback__

@@ -54,6 +54,18 @@ layer(ResourceManager.ResourceManager.layer, { timeout: 60_000, excludeTestServi
         assert.strictEqual(b.stdout, "False\n")
       }))
 
+    it.effect("sys.exit() ends its cell, saying so; the interpreter and its variables stay", () =>
+      Effect.gen(function*() {
+        const [exited, after] = yield* withSandbox("exit", (sandbox) =>
+          Effect.gen(function*() {
+            const exited = yield* sandbox.run("kept = 5\nprint('before')\nimport sys\nsys.exit(3)")
+            return [exited, yield* sandbox.run("kept")]
+          }))
+        assert.strictEqual(PythonSandbox.observation(exited), "before\nSystemExit: 3")
+        assert.strictEqual(after.stdout, "5\n")
+        assert.isFalse(after.restarted)
+      }))
+
     it.effect("the spec's CPU share is a cap: a cell spinning past it is throttled", () =>
       Effect.gen(function*() {
         const slow = yield* PythonSandbox.spec({
