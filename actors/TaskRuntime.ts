@@ -16,7 +16,7 @@
  *
  * @since 0.1.0
  */
-import { Context, Duration, Effect, Exit, Layer, Scope } from "effect"
+import { Cause, Context, Duration, Effect, Exit, Layer, Scope } from "effect"
 import * as Environment from "../src/Environment.ts"
 import type * as RolloutError from "../src/RolloutError.ts"
 import * as Task from "../src/Task.ts"
@@ -60,12 +60,14 @@ export interface Options {
 
 // ===== Constructors =====
 
-const taskError = (task: Task.Any, reason: Task.TaskErrorReason) => (e: unknown) =>
-  new Task.TaskError({
+const taskError = (task: Task.Any, reason: Task.TaskErrorReason) => (e: unknown) => {
+  const message = typeof e === "object" && e !== null && "message" in e ? String(e.message) : String(e)
+  return new Task.TaskError({
     task: task.name,
     reason,
-    message: typeof e === "object" && e !== null && "message" in e ? String(e.message) : String(e)
+    message: reason === "Environment" ? `the environment of task "${task.name}" could not start: ${message}` : message
   })
+}
 
 /** The task's provider, built in the run's scope, with what it needs from the run provided to every acquire. */
 const environmentOf = <RE>(
@@ -102,9 +104,8 @@ const checkServices = (task: Task.Any, environment: Environment.Provider<any, an
       Scope.provide(environment.acquire({ chainId: "probe", groupId: "probe", rowIndex: -1, row: {}, seed: 0 }), scope)
     )
     yield* Scope.close(scope, Exit.void)
-    if (Exit.isFailure(acquired)) {
-      return yield* Effect.failCause(acquired.cause).pipe(Effect.mapError(taskError(task, "Environment")))
-    }
+    // A failure or a defect (a layer that threw) alike: the task's environment could not start.
+    if (Exit.isFailure(acquired)) return yield* Effect.fail(taskError(task, "Environment")(Cause.squash(acquired.cause)))
     const missing = Task.missingServices(task, acquired.value as Context.Context<never>)
     if (missing.length > 0) {
       const what = task.environment === undefined ? "the task has no environment" : "its environment lacks them"

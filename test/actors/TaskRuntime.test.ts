@@ -80,7 +80,15 @@ describe("TaskRuntime", () => {
       })
       const down = yield* Effect.flip(TaskRuntime.make(broken))
       assert.strictEqual(down.reason, "Environment")
-      assert.include(down.message, "engine down")
+      assert.strictEqual(down.message, `the environment of task "broken" could not start: engine down`)
+      // A layer that dies (throws) is the same typed error, not a defect of the run.
+      const dying = Task.make("dying", {
+        tools: [counted],
+        environment: Environment.perChain(Layer.effect(Counter, Effect.die(new Error("layer boom"))))
+      })
+      const died = yield* Effect.flip(TaskRuntime.make(dying))
+      assert.strictEqual(died.reason, "Environment")
+      assert.strictEqual(died.message, `the environment of task "dying" could not start: layer boom`)
     }))
 
   it.effect("the row Schema decodes every row before a chain starts; the prompt comes from the task", () =>
