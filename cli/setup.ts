@@ -49,7 +49,8 @@ export const taskOf = (source: TrainConfig.Source): Effect.Effect<Task.Any, Trai
       return yield* Task.instantiate(
         ref === undefined ? source.file : Task.refName(ref),
         exported,
-        typeof ref === "object" ? ref.options : undefined
+        typeof ref === "object" ? ref.options : undefined,
+        { resolvePath: (p) => path.resolve(source.dir, p) }
       )
     }
     if (ref === undefined) {

@@ -282,8 +282,21 @@ export const make = <
 export const isTask = (u: unknown): u is Any => typeof u === "object" && u !== null && TypeId in u
 
 /**
+ * Where a task's options come from: `resolvePath` makes a path option relative to the config file that holds it
+ * (identity for options given in code).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface OptionsContext {
+  readonly resolvePath: (path: string) => string
+}
+
+const inCode: OptionsContext = { resolvePath: (path) => path }
+
+/**
  * A task that takes options (a config's `task: { name, options }`): they are decoded strictly with `schema`
- * (unknown keys are errors) before `make` builds the task.
+ * (unknown keys are errors) before `make` builds the task; paths among them go through `context.resolvePath`.
  *
  * @category constructors
  * @since 0.1.0
@@ -291,14 +304,14 @@ export const isTask = (u: unknown): u is Any => typeof u === "object" && u !== n
 export const withOptions = <S extends Schema.Top>(
   name: string,
   schema: S,
-  make: (options: S["Type"]) => Any
-): (options: unknown) => Effect.Effect<Any, TaskError> =>
-(options) =>
+  make: (options: S["Type"], context: OptionsContext) => Any
+): (options: unknown, context?: OptionsContext) => Effect.Effect<Any, TaskError> =>
+(options, context = inCode) =>
   Schema.decodeUnknownEffect(schema as unknown as Schema.Codec<S["Type"], unknown>)(options ?? {}, {
     onExcessProperty: "error",
     errors: "all"
   }).pipe(
-    Effect.map(make),
+    Effect.map((decoded) => make(decoded, context)),
     // As a config's keys are reported: `task options: redis: unknown key`, with a suggestion when one is near.
     Effect.mapError((e) =>
       new TaskError({
@@ -371,13 +384,20 @@ const isModulePath = (name: string): boolean => /\.(m?[jt]s)$/.test(name) || nam
  * @category constructors
  * @since 0.1.0
  */
-export const instantiate = (name: string, definition: unknown, options: unknown): Effect.Effect<Any, TaskError> => {
+export const instantiate = (
+  name: string,
+  definition: unknown,
+  options: unknown,
+  context: OptionsContext = inCode
+): Effect.Effect<Any, TaskError> => {
   if (isTask(definition)) {
     return options === undefined
       ? Effect.succeed(definition)
       : Effect.fail(new TaskError({ task: name, reason: "Options", message: "this task takes no options" }))
   }
-  if (typeof definition === "function") return (definition as (o: unknown) => Effect.Effect<Any, TaskError>)(options)
+  if (typeof definition === "function") {
+    return (definition as (o: unknown, c: OptionsContext) => Effect.Effect<Any, TaskError>)(options, context)
+  }
   return Effect.fail(
     new TaskError({ task: name, reason: "Module", message: "expected a task (Task.make) or a Task.withOptions function" })
   )
@@ -417,7 +437,7 @@ export const resolve = (
       const definition = module["task"] ?? module["default"]
       return definition === undefined
         ? Effect.fail(new TaskError({ task: name, reason: "Module", message: `${path} exports no \`task\`` }))
-        : instantiate(name, definition, taskOptions)
+        : instantiate(name, definition, taskOptions, { resolvePath: options.resolvePath })
     })
   }
   const load = options.builtins[name]
@@ -434,5 +454,5 @@ export const resolve = (
   return Effect.tryPromise({
     try: load,
     catch: (e) => new TaskError({ task: name, reason: "Module", message: `cannot load ${name}: ${String(e)}` })
-  }).pipe(Effect.flatMap((definition) => instantiate(name, definition, taskOptions)))
+  }).pipe(Effect.flatMap((definition) => instantiate(name, definition, taskOptions, { resolvePath: options.resolvePath })))
 }

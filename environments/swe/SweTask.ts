@@ -200,8 +200,11 @@ export const settings = (options: Options): Workspace.Settings => ({
  * @category constructors
  * @since 0.1.0
  */
-export const make = (options: Options = {}): Task.Task => {
-  const set = settings(options)
+export const make = (options: Options = {}, context?: Task.OptionsContext): Task.Task => {
+  // A config's `root` is relative to the config file, as its other paths are.
+  const set = settings(
+    options.root === undefined || context === undefined ? options : { ...options, root: context.resolvePath(options.root) }
+  )
   return Task.make("swe", {
     description: "Fix a repository in a container until its tests pass (Harbor task folders)",
     row: Row,

@@ -19,6 +19,7 @@
  */
 import { NodeServices } from "@effect/platform-node"
 import { Context, Effect, Scope, Semaphore } from "effect"
+import { existsSync } from "node:fs"
 import { resolve } from "node:path"
 import * as ResourceManager from "../../actors/ResourceManager.ts"
 import * as Docker from "../../actors/resources/Docker.ts"
@@ -426,10 +427,20 @@ export const provider = (
   settings: Settings
 ): Effect.Effect<
   Environment.Provider<Workspace>,
-  never,
+  Environment.EnvError,
   ResourceManager.ResourceManager | Docker.DockerEngine | Scope.Scope
 > =>
   Effect.gen(function*() {
+    // A root that is not there fails the run at its start, not every chain after a warm-up.
+    if (!existsSync(settings.root)) {
+      return yield* new Environment.EnvError({
+        env: "harbor",
+        method: "provider",
+        reason: "ResetFailed",
+        message: `the task folders' root ${settings.root} does not exist (task option root: relative to the config ` +
+          `file; the working directory when unset)`
+      })
+    }
     const manager = yield* ResourceManager.ResourceManager
     const engine = yield* Docker.DockerEngine
     const backends = new Map<string, Resource.Resource<Docker.Container>>()

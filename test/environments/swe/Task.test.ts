@@ -14,6 +14,7 @@ import { mkdtempSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as Oracle from "../../../actors/Oracle.ts"
+import * as TaskRuntime from "../../../actors/TaskRuntime.ts"
 import * as Tasks from "../../../environments/Tasks.ts"
 import * as BugFix from "../../../environments/swe/BugFix.ts"
 import * as HarborOracle from "../../../environments/swe/HarborOracle.ts"
@@ -207,5 +208,20 @@ describe("swe task (Harbor folders, Docker)", () => {
       assert.strictEqual(named.reward?.name, "harbor + 0.2·toolCallFormat")
       assert.deepStrictEqual(named.tools.map((t) => t.name), ["shell", "read", "edit", "submit"])
       assert.strictEqual((yield* Effect.flip(resolve({ name: "swe", options: { pool: 0 } }))).reason, "Options")
-    }))
+      // A config's root is relative to the config file: it resolves where the config's other paths do.
+      const fromConfig = yield* Task.resolve({ name: "swe", options: { root: "swe-task-folders" } }, {
+        builtins: Tasks.builtins,
+        resolvePath: (p) => join(root, "..", p)
+      })
+      const runtime = yield* Effect.flip(TaskRuntime.make(fromConfig))
+      // A root that is not there stops the run at its start (it failed every chain after the warm-up before).
+      assert.strictEqual(runtime.reason, "Environment")
+      assert.include(runtime.message, `the task folders' root ${join(root, "..", "swe-task-folders")} does not exist`)
+      const there = yield* Task.resolve({ name: "swe", options: { root: root.split("/").at(-1)! } }, {
+        builtins: Tasks.builtins,
+        resolvePath: (p) => join(root, "..", p)
+      })
+      const solved = yield* Oracle.rollout({ task: there as Task.Task, rows: rows.slice(0, 1), policy: HarborOracle.oracle(yield* Effect.promise(() => loaded)) })
+      assert.strictEqual(solved[0]!.reward, 1, "the folders found under the resolved root")
+    }).pipe(Effect.scoped), { timeout: 300_000 })
 })
