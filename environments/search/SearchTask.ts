@@ -5,7 +5,7 @@
  *
  * - **The corpus** is the seeded world of `World.ts` (options `seed` and `passages`: the run rebuilds exactly the
  *   corpus its questions were generated from), or a user's own `corpus.jsonl` (option `corpus`, a path relative to
- *   the working directory; see `Corpus.ts` for the format). It is indexed once per run, in the task's `layer`, and
+ *   the config file; see `Corpus.ts` for the format). It is indexed once per run, in the task's `layer`, and
  *   every chain searches that one index.
  * - **Each chain** has its own search session (`SearchSession`): its budget of searches and its queries.
  * - **The reward** counts only an answer given with the `answer` tool (an episode that runs out of turns scores 0,
@@ -160,4 +160,5 @@ export const make = (
  * @category constructors
  * @since 0.1.0
  */
-export const task = Task.withOptions("search", Options, (options) => make(options))
+export const task = Task.withOptions("search", Options, (options, context) =>
+  make(options.corpus === undefined ? options : { ...options, corpus: context.resolvePath(options.corpus) }))

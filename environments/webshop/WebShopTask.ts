@@ -9,7 +9,8 @@
  *   ends a turn without a call; `maxTurns` bounds it too.
  * - Rows: `{ question, goal }` (see `Goal.ts`), from `examples/webshop/generate.ts` or a user's own JSONL.
  *
- * Options (`{ "name": "webshop", "options": { … } }`): `catalog` (a JSONL file of products, as the generator's
+ * Options (`{ "name": "webshop", "options": { … } }`): `catalog` (a JSONL file of products, relative to the config
+ * file, as the generator's
  * `products.jsonl`; default: the generated catalogue of `catalogSeed` 1 and `products` 10,000), `pageSize`,
  * `maxResults`, `titleChars`, `maxSteps` (see `Shop.Settings`), and `toolCallFormat`, the weight of a tool-call
  * format term added to the score (default 0).
@@ -142,4 +143,5 @@ export const make = (options: Options = {}): Task.Task =>
  * @category constructors
  * @since 0.1.0
  */
-export const task = Task.withOptions("webshop", Options, make)
+export const task = Task.withOptions("webshop", Options, (options, context) =>
+  make(options.catalog === undefined ? options : { ...options, catalog: context.resolvePath(options.catalog) }))

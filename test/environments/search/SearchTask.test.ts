@@ -13,6 +13,8 @@ import { join } from "node:path"
 import * as ChainFormat from "../../../actors/ChainFormat.ts"
 import * as Oracle from "../../../actors/Oracle.ts"
 import * as Rollout from "../../../actors/Rollout.ts"
+import * as TaskRuntime from "../../../actors/TaskRuntime.ts"
+import * as Tasks from "../../../environments/Tasks.ts"
 import type * as Corpus from "../../../environments/search/Corpus.ts"
 import * as SearchIndex from "../../../environments/search/SearchIndex.ts"
 import * as SearchOracle from "../../../environments/search/SearchOracle.ts"
@@ -24,6 +26,7 @@ import * as ByteTokenizer from "../../../src/ByteTokenizer.ts"
 import * as ChatTemplate from "../../../src/ChatTemplate.ts"
 import * as Message from "../../../src/Message.ts"
 import * as Tokenizer from "../../../src/Tokenizer.ts"
+import * as Task from "../../../src/Task.ts"
 import type * as Trajectory from "../../../src/Trajectory.ts"
 
 const tokenizer = Effect.runSync(Tokenizer.make(ByteTokenizer.tokenizerJson(), ByteTokenizer.tokenizerConfig("")))
@@ -377,5 +380,19 @@ describe("search task", () => {
       const bad = yield* Effect.flip(rollout(SearchOracle.oracle, rows, { task: { corpus } }))
       assert.match(bad.message, /line 2/)
       assert.match(bad.message, /needs `text` or `contents`/)
+
+      // Named from a config, the corpus is relative to the config file.
+      writeFileSync(corpus, `${JSON.stringify({ text: "Rome is the capital of Italy." })}\n`)
+      const fromConfig = yield* Task.resolve({ name: "search", options: { corpus: "corpus.jsonl" } }, {
+        builtins: Tasks.builtins,
+        resolvePath: (p) => join(dir, p)
+      })
+      yield* Effect.scoped(TaskRuntime.make(fromConfig))
+      const elsewhere = yield* Task.resolve({ name: "search", options: { corpus: "corpus.jsonl" } }, {
+        builtins: Tasks.builtins,
+        resolvePath: (p) => join(dir, "nested", p)
+      })
+      const missing = yield* Effect.flip(Effect.scoped(TaskRuntime.make(elsewhere)))
+      assert.include(missing.message, join(dir, "nested", "corpus.jsonl"))
     }))
 })
