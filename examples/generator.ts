@@ -9,7 +9,7 @@
 import { NodeRuntime, NodeServices } from "@effect/platform-node"
 import { Effect } from "effect"
 import type { FileSystem } from "effect"
-import { resolve } from "node:path"
+import { relative, resolve } from "node:path"
 import { pathToFileURL } from "node:url"
 
 /**
@@ -46,13 +46,50 @@ export const parseArgs = <O extends { readonly dir: string; readonly seed: numbe
   return options as O
 }
 
-/** A value typed as its default: a number must be finite; a string is taken as it is. */
+/**
+ * A value typed as its default: a number must be finite (a count, a whole number ≥ 0; `noise`, a probability); a
+ * list is comma-separated (`--types pick,clean`); an object is JSON (`--world '{"receptacles":4}'`); a string is
+ * taken as it is.
+ */
 const read = (key: string, text: string, current: unknown): { readonly ok: unknown } | { readonly error: string } => {
+  if (Array.isArray(current)) {
+    const items = text.split(",").map((item) => item.trim()).filter((item) => item !== "")
+    if (items.length === 0) return { error: `--${key} needs a comma-separated list, got ${JSON.stringify(text)}` }
+    if (typeof current[0] !== "number") return { ok: items }
+    const numbers = items.map(Number)
+    return numbers.every(Number.isFinite) ? { ok: numbers } : { error: `--${key} must be numbers, got ${JSON.stringify(text)}` }
+  }
+  if (typeof current === "object" && current !== null) {
+    try {
+      const parsed: unknown = JSON.parse(text)
+      if (typeof parsed === "object" && parsed !== null && !Array.isArray(parsed)) return { ok: parsed }
+    } catch {
+      // Reported below.
+    }
+    return { error: `--${key} must be a JSON object such as ${JSON.stringify(JSON.stringify(current))}, got ${JSON.stringify(text)}` }
+  }
   if (typeof current !== "number") return { ok: text }
   const n = Number(text)
   if (text.trim() === "" || !Number.isFinite(n)) return { error: `${key} must be a number, got ${JSON.stringify(text)}` }
+  if (key === "noise") return n < 0 || n > 1 ? { error: `noise is a probability: expected 0 to 1, got ${n}` } : { ok: n }
+  if (Number.isInteger(current) && current >= 0 && !(Number.isInteger(n) && n >= 0)) {
+    return { error: `${key} must be a whole number ≥ 0, got ${JSON.stringify(text)}` }
+  }
   return { ok: n }
 }
+
+/**
+ * The usage line and every option with its default.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const usage = (script: string, defaults: Readonly<Record<string, unknown>>): string =>
+  [
+    `usage: npx tsx ${script} [OUT_DIR] [SEED] [NOISE] [--OPTION VALUE ...]`,
+    "options (lists comma-separated, objects as JSON):",
+    ...Object.entries(defaults).map(([key, value]) => `  --${key} ${JSON.stringify(value)}`)
+  ].join("\n")
 
 /**
  * Runs `write` when the module at `moduleUrl` is the script Node was started with (not when it is imported).
@@ -66,6 +103,10 @@ export const main = <O extends { readonly seed: number; readonly noise: number }
   write: (options: O & { readonly dir: string }) => Effect.Effect<unknown, unknown, FileSystem.FileSystem>
 ): void => {
   if (process.argv[1] === undefined || moduleUrl !== pathToFileURL(resolve(process.argv[1])).href) return
+  if (process.argv.includes("--help") || process.argv.includes("-h")) {
+    console.log(usage(relative(process.cwd(), process.argv[1]), defaults))
+    process.exit(0)
+  }
   const options = parseArgs(process.argv.slice(2), defaults)
   if (typeof options === "string") {
     console.error(options)

@@ -190,6 +190,17 @@ export const tokens = (t: Trajectory.Trajectory): number =>
  * @since 0.1.0
  */
 export const write = Effect.fn("household.Data.write")(function*(options: Options) {
+  // Options from a command line are checked here: a misspelt family or type would otherwise write other data.
+  if (options.family !== "household" && options.family !== "science") {
+    return yield* Effect.fail(new Error(`family must be "household" or "science", got ${JSON.stringify(options.family)}`))
+  }
+  const allowed: ReadonlyArray<string> = options.family === "household" ? Goal.householdTypes : Goal.scienceTypes
+  const unknown = (options.types ?? []).filter((type) => !allowed.includes(type))
+  if (unknown.length > 0) {
+    return yield* Effect.fail(
+      new Error(`types ${unknown.join(", ")} are not ${options.family} types (${allowed.join(", ")})`)
+    )
+  }
   const sets = rows(options)
   const task = HouseholdTask.make(options.family, { maxSteps: options.maxSteps })
   // Rolled out without a budget (a cut transcript keeps its whole messages), then kept when the whole

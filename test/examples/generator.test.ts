@@ -23,5 +23,19 @@ describe("the generators' command line", () => {
     assert.strictEqual(parseArgs(["out", "x"], defaults), `seed must be a number, got "x"`)
     assert.strictEqual(parseArgs(["--heldOut", "1e400"], defaults), `heldOut must be a number, got "1e400"`)
     assert.include(String(parseArgs(["out", "1", "0", "extra"], defaults)), "unexpected argument extra")
+    assert.strictEqual(parseArgs(["--heldOut", "-5"], defaults), `heldOut must be a whole number ≥ 0, got "-5"`)
+    assert.strictEqual(parseArgs(["out", "1", "7"], defaults), "noise is a probability: expected 0 to 1, got 7")
+  })
+
+  it("reads a list comma-separated and an object as JSON, typed as the default", () => {
+    const rich = { ...defaults, types: ["pick", "look"], world: { receptacles: 3 }, sizes: [1, 2] }
+    assert.deepStrictEqual(parseArgs(["--types", "pick, clean", "--sizes", "4,5"], rich), {
+      ...rich,
+      types: ["pick", "clean"],
+      sizes: [4, 5]
+    })
+    assert.deepStrictEqual(parseArgs(["--world", `{"receptacles":4}`], rich), { ...rich, world: { receptacles: 4 } })
+    assert.include(String(parseArgs(["--world", "4"], rich)), "--world must be a JSON object")
+    assert.include(String(parseArgs(["--sizes", "a,b"], rich)), "--sizes must be numbers")
   })
 })
