@@ -36,8 +36,8 @@ export const agentfly = (args: ReadonlyArray<string>, killWhen?: () => boolean) 
  * Writes `dir/config.json`: the shipped config `examples/NAME/short.json` pointed at freshly generated data in
  * `data` (train, held-out and demos) and at a model and run under `dir`; returns its path.
  */
-export const shortConfig = (name: string, data: string, dir: string): string => {
-  const short = JSON.parse(readFileSync(resolve(root, "examples", name, "short.json"), "utf8"))
+export const shortConfig = (name: string, data: string, dir: string, file = "short.json"): string => {
+  const short = JSON.parse(readFileSync(resolve(root, "examples", name, file), "utf8"))
   const config = join(dir, "config.json")
   writeFileSync(
     config,

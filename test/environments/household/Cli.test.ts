@@ -12,6 +12,7 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as Data from "../../../environments/household/Data.ts"
 import * as Generate from "../../../examples/household/generate.ts"
+import * as Science from "../../../examples/household/generate-science.ts"
 import { agentfly, evalCheckpoint, metricsOf, shortConfig } from "../../utils/agentfly.ts"
 
 
@@ -41,5 +42,19 @@ describe("household task on the command line", () => {
       assert.strictEqual(evaluated.code, 0, evaluated.output)
       assert.match(evaluated.output, /held-out accuracy [\d.]+/)
       assert.strictEqual(evaluated.result!["questions"], 16)
+    }).pipe(Effect.provide(NodeServices.layer)), 300_000)
+
+  it.live("agentfly train science-short.json: the science family's smoke run (small preset, a few steps)", () =>
+    Effect.gen(function*() {
+      const data = mkdtempSync(join(tmpdir(), "science-short-data-"))
+      yield* Data.write({ ...Science.defaults, train: 16, heldOut: 4, validation: 4, demos: 40, dir: data })
+      const dir = mkdtempSync(join(tmpdir(), "science-short-"))
+      const config = shortConfig("household", data, dir, "science-short.json")
+      const run = yield* agentfly(["train", config])
+      assert.strictEqual(run.code, 0, run.output)
+      assert.match(run.output, /on task science/)
+      const train = metricsOf(join(dir, "run")).filter((r) => r.phase === "train")
+      assert.strictEqual(train.length, 2)
+      assert.isTrue(train.every((r) => (r.figures["rollout/turns_mean"] ?? 0) > 1), JSON.stringify(train[0]))
     }).pipe(Effect.provide(NodeServices.layer)), 300_000)
 })
