@@ -138,6 +138,17 @@ export const formatDuration = (seconds: number): string => {
   return `${s}s`
 }
 
+/**
+ * Whether a phase's figures come from a task with tools (a per-tool count, or an invalid call): a task without any
+ * (the household's commands are its replies) has no tool-call rate to show.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const usesTools = (figures: Readonly<Record<string, number>>, prefix: string): boolean =>
+  (figures[`${prefix}/invalid_tool_call_rate`] ?? 0) > 0 ||
+  Object.keys(figures).some((key) => key.startsWith(`${prefix}/tool_calls/`))
+
 /** `  fail 12%` when some trajectories failed (`<prefix>/failure_share` above 0), else nothing. */
 const failureShare = (share: number | undefined): string =>
   share === undefined || !(share > 0) ? "" : `  fail ${share < 0.01 ? "<1" : Math.round(share * 100)}%`
@@ -158,8 +169,9 @@ export const formatFigures = (status: Status): string => {
     return `loss ${fixed(f["warmup/loss"], 4)}  tok/s ${rate(f["perf/tokens_per_s"])}${check}`
   }
   if (status.phase === "eval") {
-    return `accuracy ${fixed(f["eval/accuracy"], 3)}  ` +
-      `invalid tool calls ${fixed(f["eval/invalid_tool_call_rate"], 3)}${failureShare(f["eval/failure_share"])}`
+    return `accuracy ${fixed(f["eval/accuracy"], 3)}  reward ${fixed(f["eval/reward_mean"], 3)}` +
+      (usesTools(f, "eval") ? `  invalid tool calls ${fixed(f["eval/invalid_tool_call_rate"], 3)}` : "") +
+      failureShare(f["eval/failure_share"])
   }
   // A critic's value (PPO with GAE) against the return it learns: the pair that says whether it keeps up.
   const critic = f["critic/value_mean"] === undefined

@@ -410,9 +410,14 @@ const heldOutLine = (first: EvalRecord | undefined, last: EvalRecord | undefined
     ? ""
     : ` (gain ${after >= before ? "+" : ""}${(after - before).toFixed(3)}, ` +
       `${((after - before) / afterSe).toFixed(1)} SE)`
+  const tools = Metrics.usesTools(first.figures, "eval") || Metrics.usesTools(last.figures, "eval")
   return `held-out accuracy ${f(before)}${se(first.figures["eval/accuracy_se"])} (step ${first.step}) → ` +
-    `${f(after)}${se(afterSe)} (step ${last.step})${gain}; invalid tool-call rate ` +
-    `${f(first.figures["eval/invalid_tool_call_rate"])} → ${f(last.figures["eval/invalid_tool_call_rate"])}`
+    `${f(after)}${se(afterSe)} (step ${last.step})${gain}; mean reward ${f(first.figures["eval/reward_mean"])} → ` +
+    `${f(last.figures["eval/reward_mean"])}` +
+    (tools
+      ? `; invalid tool-call rate ${f(first.figures["eval/invalid_tool_call_rate"])} → ` +
+        f(last.figures["eval/invalid_tool_call_rate"])
+      : "")
 }
 
 

@@ -547,6 +547,8 @@ export const rolloutFigures = (
       }
     }
   }
+  // Every tool of the task has its figure, 0 when unused (so a task with tools is told from one without).
+  for (const tool of options.tools ?? []) out[`${p}/tool_calls/${tool}`] = 0
   for (const [tool, n] of calls) out[`${p}/tool_calls/${tool}`] = n / Math.max(1, trajectories.length)
   // The reward's own metrics (components, counts: `reward/<name>/<metric>`), each the mean over the trajectories
   // that carry it; the `/error` flags are counted as failures above. Only failed evaluations carry the

@@ -14,6 +14,7 @@ import { Argument, Command, Flag } from "effect/cli"
 import * as ChainFormat from "../actors/ChainFormat.ts"
 import * as Journal from "../actors/Journal.ts"
 import * as LocalPolicy from "../actors/LocalPolicy.ts"
+import * as Metrics from "../actors/Metrics.ts"
 import * as PolicyEngine from "../actors/PolicyEngine.ts"
 import * as ResourceManager from "../actors/ResourceManager.ts"
 import * as Trainer from "../actors/Trainer.ts"
@@ -152,8 +153,11 @@ export const run = Effect.fn("cli.eval")(function*(
   write(
     `${options.checkpoint === undefined ? `${result.weights} (the model folder's own weights, not a run's: ` +
       `--checkpoint RUN/checkpoints/step-N for those)` : result.weights}: held-out accuracy ` +
-      `${figures["eval/accuracy"]!.toFixed(3)}, invalid tool-call rate ` +
-      `${figures["eval/invalid_tool_call_rate"]!.toFixed(3)} (${result.questions} questions × ${result.samples}, ` +
+      `${figures["eval/accuracy"]!.toFixed(3)}, mean reward ${figures["eval/reward_mean"]!.toFixed(3)}` +
+      (Metrics.usesTools(figures, "eval")
+        ? `, invalid tool-call rate ${figures["eval/invalid_tool_call_rate"]!.toFixed(3)}`
+        : "") +
+      ` (${result.questions} questions × ${result.samples}, ` +
       `${result.temperature === 0 ? "greedy" : `temperature ${result.temperature}`}, seed ${result.seed})\n`
   )
   if (options.output !== undefined) yield* fs.writeFileString(options.output, JSON.stringify(result, null, 2) + "\n")

@@ -149,6 +149,17 @@ describe("Metrics", () => {
     assert.include(Metrics.formatBar({ phase: "train", step: 3, total: 10, elapsed: 3, figures }, 160), "fail 12%")
   })
 
+  it("eval lines show the mean reward, and the invalid tool-call rate only for a task with tools", () => {
+    const evalOf = (figures: Record<string, number>) =>
+      Metrics.formatFigures({ phase: "eval", step: 3, total: 10, elapsed: 1, figures })
+    const commands = { "eval/accuracy": 0.5, "eval/reward_mean": 0.625, "eval/invalid_tool_call_rate": 0 }
+    assert.strictEqual(evalOf(commands), "accuracy 0.500  reward 0.625")
+    assert.strictEqual(
+      evalOf({ ...commands, "eval/tool_calls/search": 1.5 }),
+      "accuracy 0.500  reward 0.625  invalid tool calls 0.000"
+    )
+  })
+
   it("warm-up lines show the validation accuracy of the steps that checked it", () => {
     const warm = (figures: Record<string, number>): Metrics.Status => ({ phase: "warmup", step: 50, total: 900, elapsed: 1, figures })
     assert.strictEqual(Metrics.formatFigures(warm({ "warmup/loss": 0.5 })), "loss 0.5000  tok/s –")

@@ -47,7 +47,7 @@ describe("agentfly eval", () => {
       assert.deepStrictEqual(again.figures, last.figures, "the run's own evaluation at step 2")
       assert.strictEqual(again.questions, 6)
       assert.deepStrictEqual(JSON.parse(readFileSync(output, "utf8")), JSON.parse(JSON.stringify(again)))
-      assert.match(lines.join(""), /held-out accuracy \d\.\d{3}, invalid tool-call rate \d\.\d{3} \(6 questions × 1/)
+      assert.match(lines.join(""), /held-out accuracy \d\.\d{3}, mean reward \d\.\d{3}, invalid tool-call rate \d\.\d{3} \(6 questions × 1/)
 
       // Another seed samples other answers; more samples per question are all counted; the folder's own weights.
       const reseeded = yield* Eval.run({ config: join(dir, "config.json"), checkpoint, seed: 6, ...quiet })
