@@ -374,7 +374,8 @@ export const budgetWarnings = (
       ? {
         full: `step ${step}: ${(full * 100).toFixed(0)}% of the chains ended at agent.maxContextTokens ` +
           `(${agent.maxContextTokens ?? "the model's"} tokens) before their episode ended (termination "context_length"); ` +
-          `if their conversations need more, raise agent.maxContextTokens (up to the model's positions)`
+          `if their conversations need more, raise agent.maxContextTokens (up to the model's positions; a model at ` +
+          `its positions needs a larger preset, or shorter episodes: fewer turns, shorter observations)`
       }
       : {})
   }
