@@ -124,7 +124,16 @@ export const run = Effect.fn("cli.eval")(function*(
     ...(options.size === undefined ? {} : { size: options.size }),
     ...(options.samples === undefined ? {} : { samples: options.samples }),
     ...(options.temperature === undefined ? {} : { temperature: options.temperature })
-  }).pipe(Effect.mapError((e) => usage(`eval flags: ${e.message}`)))
+  }).pipe(Effect.mapError((e) =>
+    new TrainConfig.ConfigError({
+      source: "agentfly eval's flags",
+      reason: "Invalid",
+      // Named as the flags that gave them: `--size: Expected a value between 1 and 10000000, got 0`.
+      issues: TrainConfig.formatIssues(TrainConfig.EvalConfig, e.issue).map((line) =>
+        line.replace(/^(size|samples|temperature)\b/, "--$1")
+      )
+    })
+  ))
   const folder = yield* ModelFolder.load(requested.model.path)
   const config = LocalPolicy.onModel(folder, { ...requested, eval: evalConfig })
   const weights = options.checkpoint === undefined
