@@ -302,7 +302,8 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
   const display = Metrics.display({ write, tty, columns: process.stderr.columns ?? 100, everySteps: 5 })
   yield* say(
     `training ${folder.name} on task ${task.name}, ${train.rows.length} rows (${config.mode}, ` +
-      `${config.algorithm.steps} steps, seed ${config.seed}, ${estimatorName(config.algorithm.advantage)}${
+      `${config.algorithm.steps} step${config.algorithm.steps === 1 ? "" : "s"}, seed ${config.seed}, ` +
+      `${estimatorName(config.algorithm.advantage)}${
         config.algorithm.dynamicSampling === undefined
           ? ""
           : `, dynamic sampling (≤ ${config.algorithm.dynamicSampling.maxBatches} batches a step)`
