@@ -1,6 +1,7 @@
 /**
- * `agentfly eval CONFIG [--checkpoint DIR] [--size N] [--samples K] [--temperature T] [--seed N] [--output FILE]`:
- * evaluates a policy on a config's held-out split (`data.eval`) with the config's task and agent settings, as a
+ * `agentfly eval CONFIG [--checkpoint DIR] [--data FILE] [--size N] [--samples K] [--temperature T] [--seed N]
+ * [--output FILE]`: evaluates a policy on a config's held-out split (`data.eval`, or `--data`, e.g. its validation or
+ * train split) with the config's task and agent settings, as a
  * run's periodic evaluation does (`Trainer.evaluation`): the model folder's weights, or those of a run's
  * checkpoint. With the config's own evaluation settings, a checkpoint's figures repeat the run's evaluation at that
  * step; the flags override them (greedy figures of a run evaluated sampled, more answers per question, ...). Prints
@@ -37,6 +38,8 @@ export interface EvalOptions {
   readonly config: string
   /** A run's checkpoint directory (`RUN/checkpoints/step-NNNNNN`); the model folder's weights when unset. */
   readonly checkpoint?: string | undefined
+  /** Rows to evaluate on instead of the config's `data.eval` (relative to the working directory). */
+  readonly data?: string | undefined
   readonly size?: number | undefined
   readonly samples?: number | undefined
   readonly temperature?: number | undefined
@@ -53,6 +56,8 @@ export interface EvalOptions {
  */
 export interface EvalResult {
   readonly weights: string
+  /** The rows evaluated: the config's `data.eval`, or `--data`. */
+  readonly data: string
   readonly questions: number
   readonly samples: number
   readonly temperature: number
@@ -117,8 +122,17 @@ export const run = Effect.fn("cli.eval")(function*(
 ): Effect.fn.Return<EvalResult, unknown, FileSystem.FileSystem | import("effect").Path.Path | Scope.Scope> {
   const fs = yield* FileSystem.FileSystem
   const { task, config: requested } = yield* Setup.load(options.config, { seed: options.seed })
-  if (requested.data.eval === undefined) return yield* usage("data.eval: the config names no held-out split")
-  const heldOut = yield* Dataset.load(requested.data.eval, { onInvalid: requested.data.onInvalidRow, fields: task.row })
+  const rows = options.data ?? requested.data.eval
+  if (rows === undefined) {
+    return yield* usage("data.eval: the config names no held-out split (or give one with --data FILE)")
+  }
+  const heldOut = yield* Dataset.load(rows, { onInvalid: requested.data.onInvalidRow, fields: task.row }).pipe(
+    Effect.mapError((e) =>
+      e.reason === "Unreadable"
+        ? new Dataset.DatasetError({ ...e, message: `${options.data === undefined ? "data.eval" : "--data"}: ${e.message}` })
+        : e
+    )
+  )
   const evalConfig = yield* Schema.decodeUnknownEffect(TrainConfig.EvalConfig)({
     ...requested.eval,
     ...(options.size === undefined ? {} : { size: options.size }),
@@ -152,6 +166,7 @@ export const run = Effect.fn("cli.eval")(function*(
   )
   const result: EvalResult = {
     weights: options.checkpoint ?? folder.name,
+    data: rows,
     questions: groups.length,
     samples: config.eval.samples,
     temperature: config.eval.temperature,
@@ -166,7 +181,7 @@ export const run = Effect.fn("cli.eval")(function*(
       (Metrics.usesTools(figures, "eval")
         ? `, invalid tool-call rate ${figures["eval/invalid_tool_call_rate"]!.toFixed(3)}`
         : "") +
-      ` (${result.questions} questions × ${result.samples}, ` +
+      ` (${result.questions} questions${options.data === undefined ? "" : ` of ${options.data}`} × ${result.samples}, ` +
       `${result.temperature === 0 ? "greedy" : `temperature ${result.temperature}`}, seed ${result.seed})\n`
   )
   if (options.output !== undefined) yield* fs.writeFileString(options.output, JSON.stringify(result, null, 2) + "\n")
@@ -185,6 +200,10 @@ export const evaluate = Command.make(
       Flag.withDescription("A run's checkpoint directory (default: the model folder's weights)"),
       Flag.optional
     ),
+    data: Flag.String("data").pipe(
+      Flag.withDescription("Evaluate on these rows (JSONL) instead of the config's data.eval"),
+      Flag.optional
+    ),
     size: Flag.Int("size").pipe(Flag.withDescription("Override eval.size (held-out questions)"), Flag.optional),
     samples: Flag.Int("samples").pipe(Flag.withDescription("Override eval.samples (answers per question)"), Flag.optional),
     temperature: Flag.Finite("temperature").pipe(
@@ -198,6 +217,7 @@ export const evaluate = Command.make(
     yield* Effect.scoped(run({
       config: args.config,
       checkpoint: Option.getOrUndefined(args.checkpoint),
+      data: Option.getOrUndefined(args.data),
       size: Option.getOrUndefined(args.size),
       samples: Option.getOrUndefined(args.samples),
       temperature: Option.getOrUndefined(args.temperature),

@@ -73,6 +73,13 @@ describe("agentfly eval", () => {
       assert.include((folder as Error).message, `give one of its checkpoints, e.g. ${checkpoint}`)
       const nowhere = yield* at(join(dir, "x"))
       assert.include((nowhere as Error).message, "no such checkpoint")
+      // Another split: --data.
+      const validation = join(dir, "data", "validation.jsonl")
+      const other = yield* Eval.run({ config: join(dir, "config.json"), checkpoint, data: validation, ...quiet })
+      assert.strictEqual(other.questions, 2)
+      assert.strictEqual(other.data, validation)
+      const typo = yield* Effect.flip(Eval.run({ config: join(dir, "config.json"), data: join(dir, "nope.jsonl"), ...quiet }))
+      assert.include((typo as Error).message, `--data: ${join(dir, "nope.jsonl")}: no such file`)
       const flag = yield* Effect.flip(Eval.run({ config: join(dir, "config.json"), samples: 0, ...quiet }))
       assert.include((flag as Error).message, "agentfly eval's flags")
       assert.include((flag as Error).message, "--samples: Expected a value between 1 and")
