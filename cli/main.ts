@@ -13,6 +13,7 @@ import { Command } from "effect/cli"
 import { evaluate } from "./eval.ts"
 import { gateway } from "./gateway.ts"
 import { initModel } from "./initModel.ts"
+import { oracle } from "./oracle.ts"
 import { serve } from "./serve.ts"
 import { report } from "./report.ts"
 import { rolloutWorker } from "./rolloutWorker.ts"
@@ -35,6 +36,7 @@ const subcommands = [
   trainer,
   evaluate,
   report,
+  oracle,
   tokens
 ] as const
 

@@ -1,0 +1,83 @@
+/**
+ * `agentfly oracle CONFIG [--rows N]`: plays a prebuilt environment's oracle on a config's held-out rows, through the
+ * config's own task (its tools, environment, episode and reward, with the config's task options), and prints the
+ * solve rate, the mean reward and one episode as the model would see it: the quickest look at an environment, and
+ * the proof that its tasks are solvable and its reward right.
+ *
+ * Oracles: `search`, `webshop`, `chess`, `household`, `science` (the swe task's needs its task folders:
+ * `environments/swe/HarborOracle.ts`).
+ *
+ * @since 0.1.0
+ */
+import { Console, Effect } from "effect"
+import { Argument, Command, Flag } from "effect/cli"
+import * as Oracle from "../actors/Oracle.ts"
+import * as ChessOracle from "../environments/chess/ChessOracle.ts"
+import * as Solver from "../environments/household/Solver.ts"
+import * as SearchOracle from "../environments/search/SearchOracle.ts"
+import * as ShopOracle from "../environments/webshop/ShopOracle.ts"
+import * as Dataset from "../src/Dataset.ts"
+import type * as Task from "../src/Task.ts"
+import * as Setup from "./setup.ts"
+import { exitOnFailure } from "./train.ts"
+
+/**
+ * The oracle of each built-in task that has one.
+ *
+ * @category constants
+ * @since 0.1.0
+ */
+export const oracles: Readonly<Record<string, Oracle.Policy>> = {
+  search: SearchOracle.oracle,
+  webshop: ShopOracle.policy(),
+  chess: ChessOracle.oracle,
+  household: Solver.oracle,
+  science: Solver.oracle
+}
+
+/**
+ * The oracle's trajectories on the first `rows` held-out rows of the config at `file`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const play = Effect.fn("cli.oracle.play")(function*(file: string, rows = 100) {
+  const { task, config } = yield* Setup.load(file)
+  const policy = oracles[task.name]
+  if (policy === undefined) {
+    return yield* Effect.fail(
+      new Error(`task ${task.name} has no oracle here (oracles: ${Object.keys(oracles).join(", ")})`)
+    )
+  }
+  if (config.data.eval === undefined) return yield* Effect.fail(new Error(`${file}: data.eval names no held-out rows`))
+  const data = yield* Dataset.load(config.data.eval, { fields: task.row })
+  const played = data.rows.slice(0, rows).map((r) => ({ question: r.question, ...r.fields }))
+  return yield* Oracle.rollout({ task: task as Task.Task, rows: played, policy })
+})
+
+/**
+ * @category commands
+ * @since 0.1.0
+ */
+export const oracle = Command.make(
+  "oracle",
+  {
+    config: Argument.String("config").pipe(Argument.withDescription("A config of a prebuilt environment's task")),
+    rows: Flag.Int("rows").pipe(
+      Flag.withDescription("Held-out rows to play (default 100)"),
+      Flag.withDefault(100),
+      Flag.filter((n) => n >= 1, (n) => `--rows must be at least 1, got ${n}`)
+    )
+  },
+  Effect.fn("oracle")(function*({ config, rows }) {
+    yield* Effect.gen(function*() {
+      const trajectories = yield* play(config, rows)
+      const mean = trajectories.reduce((s, t) => s + t.reward, 0) / Math.max(1, trajectories.length)
+      yield* Console.log(
+        `${trajectories.length} rows: solved ${(Oracle.solveRate(trajectories) * 100).toFixed(1)} %, mean reward ` +
+          `${mean.toFixed(3)}\n`
+      )
+      for (const m of trajectories[0]?.messages ?? []) yield* Console.log(`${m.role}: ${Oracle.text(m)}`)
+    }).pipe(exitOnFailure)
+  })
+).pipe(Command.withDescription("Play a prebuilt environment's oracle on a config's held-out rows"))
