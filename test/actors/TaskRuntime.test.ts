@@ -74,21 +74,18 @@ describe("TaskRuntime", () => {
       const missing = yield* Effect.flip(TaskRuntime.make(wrong))
       assert.strictEqual(missing.reason, "MissingServices")
       assert.include(missing.message, "its environment lacks them")
-      const broken = Task.make("broken", {
-        tools: [counted],
-        environment: Environment.perChain(Layer.effect(Counter, Effect.fail(new Error("engine down"))))
-      })
-      const down = yield* Effect.flip(TaskRuntime.make(broken))
-      assert.strictEqual(down.reason, "Environment")
-      assert.strictEqual(down.message, `the environment of task "broken" could not start: engine down`)
-      // A layer that dies (throws) is the same typed error, not a defect of the run.
-      const dying = Task.make("dying", {
-        tools: [counted],
-        environment: Environment.perChain(Layer.effect(Counter, Effect.die(new Error("layer boom"))))
-      })
-      const died = yield* Effect.flip(TaskRuntime.make(dying))
-      assert.strictEqual(died.reason, "Environment")
-      assert.strictEqual(died.message, `the environment of task "dying" could not start: layer boom`)
+      // A layer that fails, or dies (throws): the same typed error naming the task, not a defect of the run.
+      for (
+        const [name, build, why] of [
+          ["broken", Effect.fail(new Error("engine down")), "engine down"],
+          ["dying", Effect.die(new Error("layer boom")), "layer boom"]
+        ] as const
+      ) {
+        const task = Task.make(name, { tools: [counted], environment: Environment.perChain(Layer.effect(Counter, build)) })
+        const down = yield* Effect.flip(TaskRuntime.make(task))
+        assert.strictEqual(down.reason, "Environment")
+        assert.strictEqual(down.message, `the environment of task "${name}" could not start: ${why}`)
+      }
     }))
 
   it.effect("the row Schema decodes every row before a chain starts; the prompt comes from the task", () =>
