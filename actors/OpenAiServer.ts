@@ -48,6 +48,7 @@
  *
  * @since 0.1.0
  */
+import { createHash } from "node:crypto"
 import * as Http from "node:http"
 import { Clock, Data, Deferred, Effect, Fiber, FiberSet, Option, Schema, Semaphore } from "effect"
 import type { Scope } from "effect"
@@ -255,12 +256,18 @@ const samplingOf = Effect.fnUntraced(function*(model: Model, config: ModelConfig
     typeof body.stop === "string" ?
     [body.stop] :
     body.stop
+  // A stop string is text: its tokens as the model writes it ("\n", "é" in two bytes, "<|im_end|>"); this server
+  // stops on single tokens, so a string of several is refused rather than matched on something else.
   for (const s of stops) {
-    const id = model.tokenizer.tokenToId(s)
-    if (id === undefined) {
-      return yield* invalid(`stop string ${JSON.stringify(s)} is not a single token; use stop_token_ids`, "stop")
+    const ids = model.tokenizer.encode(s)
+    if (ids.length !== 1) {
+      return yield* invalid(
+        `stop string ${JSON.stringify(s)} is ${ids.length} tokens, not a single token; this server stops on single ` +
+          "tokens: use stop_token_ids",
+        "stop"
+      )
     }
-    stopIds.add(id)
+    stopIds.add(ids[0]!)
   }
   const sampling: SamplingParams = {
     temperature,
@@ -773,9 +780,12 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
     return { body, tools, request }
   })
 
-  const toolCallsOf = (text: string, tools: ReadonlyArray<unknown>) => {
+  const toolCallsOf = (text: string, tools: ReadonlyArray<unknown>, prompt: ReadonlyArray<number>) => {
     if (tools.length === 0) return { content: text, toolCalls: [] as ReadonlyArray<Message.ToolCall> }
-    const parsed = ToolCallParser.parse(model.template.toolCallFormat, text)
+    // Ids unique across a conversation's answers (as OpenAI's: its history holds every turn's calls), and the same
+    // for the same seeded answer: a hash of the prompt and the answer.
+    const digest = createHash("sha256").update(Int32Array.from(prompt)).update(text).digest("hex").slice(0, 12)
+    const parsed = ToolCallParser.parse(model.template.toolCallFormat, text, { idPrefix: `call_${digest}_` })
     return { content: parsed.content, toolCalls: parsed.toolCalls }
   }
 
@@ -791,7 +801,7 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
     const ids = request.promptTokenIds
     const result = yield* generate(newLane(), request)
     const text = completionText(result, result.tokenIds, { ...body, include_stop_str_in_output: false })
-    const { content, toolCalls } = toolCallsOf(text, tools)
+    const { content, toolCalls } = toolCallsOf(text, tools, ids)
     return {
       id: nextId("chatcmpl"),
       object: "chat.completion",
@@ -862,7 +872,7 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
     }
     const result = yield* generate(newLane(), request, onToken)
     const full = text(sampled)
-    const { content, toolCalls } = toolCallsOf(full, tools)
+    const { content, toolCalls } = toolCallsOf(full, tools, request.promptTokenIds)
     if (toolCalls.length === 0 && full.length > sent) res.write(chunk({ content: full.slice(sent) }, null))
     else if (toolCalls.length > 0) {
       const rest = content.length > sent ? content.slice(sent) : ""

@@ -201,6 +201,18 @@ describe("OpenAiServer", () => {
       const calls = chunks.flatMap((c) => c.choices[0]!.delta.tool_calls ?? [])
       assert.strictEqual(calls.length, 1)
       assert.deepStrictEqual(JSON.parse(calls[0]!.function!.arguments!), { a: 2, b: 3 })
+      // The same answer to the same prompt: the same id, streamed or not; the next turn's call another one (ids
+      // were call_0 in every answer, so a history's tool results could not tell its calls apart).
+      assert.strictEqual((calls[0] as { id?: string }).id, call.id)
+      assert.match(call.id, /^call_[0-9a-f]{12}_0$/)
+      const next = yield* Effect.promise(() =>
+        client.chat.completions.create({
+          model: "tiny-test",
+          tools,
+          messages: [...messages, choice.message, { role: "tool" as const, tool_call_id: call.id, content: "5" }]
+        })
+      )
+      assert.notStrictEqual(next.choices[0]!.message.tool_calls![0]!.id, call.id)
       assert.strictEqual(chunks.at(-1)!.choices[0]!.finish_reason, "tool_calls")
 
       // A policy trained without the tools' schemas is served without them; its calls are still parsed.
@@ -231,6 +243,8 @@ describe("OpenAiServer", () => {
         ["/completions", JSON.stringify({ prompt: [1, 99999] }), "POST", 400, /outside the vocabulary/],
         ["/completions", JSON.stringify({ prompt: new Array(600).fill(5) }), "POST", 400, /context holds 512/],
         ["/completions", JSON.stringify({ prompt: "x", stop: ["never seen"] }), "POST", 400, /not a single token/],
+        // "é" is two bytes: two tokens of the byte-level tokenizer (it once stopped on the one byte 0xE9 instead).
+        ["/completions", JSON.stringify({ prompt: "x", stop: ["é"] }), "POST", 400, /"é" is 2 tokens/],
         ["/completions", JSON.stringify({ model: "gpt-4", prompt: "x" }), "POST", 404, /does not exist/],
         ["/chat/completions", JSON.stringify({ messages: [] }), "POST", 400, /messages/],
         [
@@ -243,6 +257,8 @@ describe("OpenAiServer", () => {
         ["/completions", "", "GET", 405, /use POST/],
         ["/nothing", "{}", "POST", 404, /no route/]
       ]
+      // "\n", the commonest stop string, is the text's own token.
+      assert.strictEqual((yield* post(`${url}/completions`, JSON.stringify({ prompt: "x", max_tokens: 2, stop: ["\n"] }))).status, 200)
       for (const [path, body, method, status, pattern] of cases) {
         const r = yield* post(`${url}${path}`, body, method)
         assert.strictEqual(r.status, status, `${method} ${path} ${body.slice(0, 40)}`)
