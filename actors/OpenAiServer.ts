@@ -177,6 +177,10 @@ const Sampling = {
   stop_token_ids: Schema.optionalKey(Schema.NullOr(Schema.Array(Schema.Int))),
   ignore_eos: Schema.optionalKey(Schema.Boolean),
   stream: Schema.optionalKey(Schema.NullOr(Schema.Boolean)),
+  /** `include_usage`: a streamed chat ends with a chunk of usage (no choices), as OpenAI's does. */
+  stream_options: Schema.optionalKey(
+    Schema.NullOr(Schema.Struct({ include_usage: Schema.optionalKey(Schema.NullOr(Schema.Boolean)) }))
+  ),
   skip_special_tokens: Schema.optionalKey(Schema.Boolean),
   include_stop_str_in_output: Schema.optionalKey(Schema.Boolean),
   return_token_ids: Schema.optionalKey(Schema.NullOr(Schema.Boolean)),
@@ -880,6 +884,10 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
     }
     const finish = finishOf(result.finishReason, toolCalls.length)
     res.write(chunk({}, finish, { token_ids: result.tokenIds, policy_version: result.policyVersion }))
+    if (body.stream_options?.include_usage === true) {
+      const counts = usage(request.promptTokenIds.length, result.tokenIds.length)
+      res.write(`data: ${JSON.stringify({ id, object: "chat.completion.chunk", created, model: model.name, choices: [], usage: counts })}\n\n`)
+    }
     res.end("data: [DONE]\n\n")
   })
 

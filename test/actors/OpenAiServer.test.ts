@@ -214,6 +214,12 @@ describe("OpenAiServer", () => {
       )
       assert.notStrictEqual(next.choices[0]!.message.tool_calls![0]!.id, call.id)
       assert.strictEqual(chunks.at(-1)!.choices[0]!.finish_reason, "tool_calls")
+      // Asked for, a streamed chat ends with its usage, as OpenAI's does (the SDK's final completion reads it).
+      const final = yield* Effect.promise(() =>
+        client.chat.completions.stream({ model: "tiny-test", messages, tools, stream_options: { include_usage: true } })
+          .finalChatCompletion()
+      )
+      assert.deepStrictEqual(final.usage, plain.usage)
 
       // A policy trained without the tools' schemas is served without them; its calls are still parsed.
       const quiet = yield* OpenAiServer.make(folder, { renderTools: false }).pipe(
