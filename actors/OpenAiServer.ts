@@ -60,6 +60,7 @@ import * as Qwen2 from "../src/model/Qwen2.ts"
 import * as Safetensors from "../src/Safetensors.ts"
 import type { FinishReason, GenerateRequest, GenerateResult, SamplingParams } from "../src/Sampler.ts"
 import type * as Tokenizer from "../src/Tokenizer.ts"
+import * as SchemaIssues from "../src/internal/schemaIssues.ts"
 import * as ToolCallParser from "../src/ToolCallParser.ts"
 import * as HttpActor from "./internal/http.ts"
 import { PolicyEngine, validateRequest } from "./PolicyEngine.ts"
@@ -212,8 +213,13 @@ const ChatCompletionRequest = Schema.Struct({
 
 type SamplingFields = { readonly [K in keyof typeof Sampling]?: (typeof Sampling)[K]["Type"] }
 
+// A Schema refusal as OpenAI's: `max_tokens: Expected number | null, got "5"`, the field in `param`.
 const decode = <S extends Schema.Top & { readonly DecodingServices: never }>(schema: S, body: unknown) =>
-  Schema.decodeUnknownEffect(schema)(body).pipe(Effect.mapError((e) => invalid(e.message)))
+  Schema.decodeUnknownEffect(schema)(body).pipe(Effect.mapError((e) => {
+    const [first] = SchemaIssues.formatIssues(schema, e.issue)
+    const param = first === undefined ? undefined : /^([A-Za-z_]+)/.exec(first)?.[1]
+    return invalid(first ?? e.message, param)
+  }))
 
 // ===== Helpers =====
 

@@ -396,6 +396,18 @@ const chartSections = (metrics: ReadonlyArray<MetricsRecord>): string => {
     .join("")
 }
 
+/** A trajectory's termination as a reader says it (`no_tool_call`: the last turn answered without a call). */
+const endings: Record<string, string> = {
+  no_tool_call: "answered (last turn without a tool call)",
+  stop: "turn cut at maxNewTokens",
+  context_length: "context full",
+  max_turns: "turn limit",
+  episode_end: "episode ended",
+  answer: "a terminal tool (answer)",
+  error: "error",
+  interrupted: "interrupted"
+}
+
 const sourceColours: Record<string, string> = {
   prompt: "#e5e7eb",
   policy: "#bbf7d0",
@@ -450,7 +462,8 @@ const viewer = (all: ReadonlyArray<SampleRecord>): string => {
     const total = sample.spans.reduce((n, s) => n + s.tokens.length, 0)
     return `<div class="card" data-step="${escape(`${sample.phase} ${sample.step}`)}" id="sample-${i}">` +
       `<div class="meta">${escape(sample.phase)} step ${sample.step} · group ${escape(sample.groupId)} · ` +
-      `<b>reward ${sample.reward.toFixed(3)}</b> · ${escape(sample.termination)} · ${trained}/${total} tokens trained` +
+      `<b>reward ${sample.reward.toFixed(3)}</b> · ended: ${escape(endings[sample.termination] ?? sample.termination)} · ` +
+      `${trained}/${total} tokens trained` +
       `</div><pre class="tokens">${tokens}</pre></div>`
   }).join("")
   const legend = Object.entries(sourceColours).map(([source, colour]) =>

@@ -265,6 +265,11 @@ describe("OpenAiServer", () => {
       ]
       // "\n", the commonest stop string, is the text's own token.
       assert.strictEqual((yield* post(`${url}/completions`, JSON.stringify({ prompt: "x", max_tokens: 2, stop: ["\n"] }))).status, 200)
+      // A Schema refusal names its field in `param`, as OpenAI's errors do.
+      const typed = yield* post(`${url}/completions`, JSON.stringify({ prompt: "x", max_tokens: "5" }))
+      assert.strictEqual(typed.status, 400)
+      assert.strictEqual(typed.json.error!.param, "max_tokens")
+      assert.match(typed.json.error!.message, /^max_tokens: Expected number \| null/)
       for (const [path, body, method, status, pattern] of cases) {
         const r = yield* post(`${url}${path}`, body, method)
         assert.strictEqual(r.status, status, `${method} ${path} ${body.slice(0, 40)}`)
