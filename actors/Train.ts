@@ -239,21 +239,17 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
   // Datasets first: a bad row stops the run before anything is written.
   const onInvalid = requested.data.onInvalidRow
   const fields = task.row
-  // A file that cannot be read is named with the config key that gave it.
-  const fromKey = (key: string) =>
-    Effect.mapError((e: Dataset.DatasetError) =>
-      e.reason === "Unreadable" ? new Dataset.DatasetError({ ...e, message: `${key}: ${e.message}` }) : e
-    )
-  const train = yield* Dataset.load(requested.data.train, { onInvalid, fields }).pipe(fromKey("data.train"))
+  // A file that cannot be read is named with the config key that gave it (`from`).
+  const train = yield* Dataset.load(requested.data.train, { onInvalid, fields, from: "data.train" })
   const evalSet = requested.data.eval === undefined
     ? undefined
-    : yield* Dataset.load(requested.data.eval, { onInvalid, fields }).pipe(fromKey("data.eval"))
+    : yield* Dataset.load(requested.data.eval, { onInvalid, fields, from: "data.eval" })
   const demos = requested.warmup === undefined
     ? undefined
-    : yield* Dataset.load(requested.warmup.data, { onInvalid, kind: "conversation" }).pipe(fromKey("warmup.data"))
+    : yield* Dataset.load(requested.warmup.data, { onInvalid, kind: "conversation", from: "warmup.data" })
   const validation = requested.warmup?.stopAt === undefined
     ? undefined
-    : yield* Dataset.load(requested.warmup.stopAt.data, { onInvalid, fields }).pipe(fromKey("warmup.stopAt.data"))
+    : yield* Dataset.load(requested.warmup.stopAt.data, { onInvalid, fields, from: "warmup.stopAt.data" })
   for (const ds of [train, evalSet, demos, validation]) {
     for (const issue of ds?.skipped ?? []) yield* say(`skipped ${ds!.name}:${issue.line}: ${issue.message}`)
   }

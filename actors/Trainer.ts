@@ -1064,15 +1064,18 @@ export const run: <RE = never>(
   const batchFor = (step: number, version: number) =>
     Effect.gen(function*() {
       const sampled = yield* rolledOut(rowsAt(options.train.rows.length, config.seed, (step - 1) * B, B), (step - 1) * B, version)
+      if (dynamic === undefined) return { step, sampled, kept: sampled, batches: 1 }
+      const kept = sampled.filter((s) => Trajectory.rewardsDiffer(s.group))
       let batches = 1
-      const signal = () => sampled.filter((s) => Trajectory.rewardsDiffer(s.group))
-      while (dynamic !== undefined && batches < dynamic.maxBatches && signal().length < B) {
+      while (batches < dynamic.maxBatches && kept.length < B) {
         const position = ((step - 1) * (dynamic.maxBatches - 1) + batches - 1) * B
         const indices = rowsAt(options.train.rows.length, config.seed ^ 0x5eed_d5, position, B)
-        sampled.push(...yield* rolledOut(indices, extraSeqs + position, version))
+        const more = yield* rolledOut(indices, extraSeqs + position, version)
+        sampled.push(...more)
+        kept.push(...more.filter((s) => Trajectory.rewardsDiffer(s.group)))
         batches++
       }
-      return { step, sampled, kept: dynamic === undefined ? sampled : signal().slice(0, B), batches }
+      return { step, sampled, kept: kept.slice(0, B), batches }
     })
 
   // ----- Warm-up (SFT) -----

@@ -126,13 +126,11 @@ export const run = Effect.fn("cli.eval")(function*(
   if (rows === undefined) {
     return yield* usage("data.eval: the config names no held-out split (or give one with --data FILE)")
   }
-  const heldOut = yield* Dataset.load(rows, { onInvalid: requested.data.onInvalidRow, fields: task.row }).pipe(
-    Effect.mapError((e) =>
-      e.reason === "Unreadable"
-        ? new Dataset.DatasetError({ ...e, message: `${options.data === undefined ? "data.eval" : "--data"}: ${e.message}` })
-        : e
-    )
-  )
+  const heldOut = yield* Dataset.load(rows, {
+    onInvalid: requested.data.onInvalidRow,
+    fields: task.row,
+    from: options.data === undefined ? "data.eval" : "--data"
+  })
   const evalConfig = yield* Schema.decodeUnknownEffect(TrainConfig.EvalConfig)({
     ...requested.eval,
     ...(options.size === undefined ? {} : { size: options.size }),

@@ -70,6 +70,8 @@ export interface Options {
   readonly onInvalid?: "skip" | "stop"
   /** A Schema the rows' fields must also decode with (a task's `row`; see {@link refine}). */
   readonly fields?: Schema.Codec<any, any> | undefined
+  /** Where the path came from (`data.train`, `--data`): a file that cannot be read is named with it. */
+  readonly from?: string | undefined
 }
 
 // ===== Errors =====
@@ -267,7 +269,9 @@ export const load = Effect.fn("Dataset.load")(function*(path: string, options: O
       new DatasetError({
         dataset: path,
         reason: "Unreadable",
-        message: `${path}: ${e.reason._tag === "NotFound" ? "no such file" : e.message}`
+        message: `${options.from === undefined ? "" : `${options.from}: `}${path}: ${
+          e.reason._tag === "NotFound" ? "no such file" : e.message
+        }`
       })
     )
   )
