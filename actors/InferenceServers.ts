@@ -26,10 +26,10 @@ import type { Scope } from "effect"
 import { FetchHttpClient } from "effect/http"
 import { randomUUID } from "node:crypto"
 import * as OpenAiCompatSampler from "../src/backends/OpenAiCompatSampler.ts"
-import * as Safetensors from "../src/Safetensors.ts"
 import { Sampler, SamplerError } from "../src/Sampler.ts"
 import type { GenerateRequest, GenerateResult } from "../src/Sampler.ts"
 import { fetchMessage } from "./internal/http.ts"
+import * as WeightsPut from "./internal/weightsPut.ts"
 import { TrainerError } from "./Trainer.ts"
 
 // ===== Models =====
@@ -53,6 +53,28 @@ export interface Options {
   readonly giveUpMs?: number | undefined
   /** How long a failed server rests before it is tried again (default 1 s). */
   readonly restMs?: number | undefined
+  /**
+   * Who carries the weights to the servers: by default this process (`push` is given them); a trainer server that
+   * holds them pushes them itself (`learner.url` with `learner.pushWeights`), so that they do not cross the network
+   * twice, and `push` is called without them.
+   */
+  readonly carrier?: Carrier | undefined
+}
+
+/**
+ * A pusher of weights other than this process: the trainer server that holds them.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Carrier {
+  /** Puts its current weights on every server in `urls` as `push.version`; per server what happened. */
+  readonly pushAll: (
+    push: WeightsPut.Push,
+    urls: ReadonlyArray<string>
+  ) => Effect.Effect<ReadonlyArray<WeightsPut.Outcome>, TrainerError>
+  /** Puts version `push.version` on `url` again (a catch-up); `"newer"` when it holds newer weights by now. */
+  readonly pushOne: (push: WeightsPut.Push, url: string) => Effect.Effect<WeightsPut.Outcome>
 }
 
 /**
@@ -76,8 +98,11 @@ export interface ServerStatus {
  * @since 0.1.0
  */
 export interface InferenceServers {
-  /** Sends version `version`'s weights to every server; fails only when no server took them, or one refused them. */
-  readonly push: (version: number, weights: ReadonlyMap<string, Float32Array>) => Effect.Effect<void, TrainerError>
+  /**
+   * Sends version `version`'s weights to every server; fails only when no server took them, or one refused them.
+   * Without `weights` the `carrier` pushes its own.
+   */
+  readonly push: (version: number, weights?: ReadonlyMap<string, Float32Array>) => Effect.Effect<void, TrainerError>
   /** A sampler whose every request is served with weights of version `version` or newer. */
   readonly sampler: (version: number) => Sampler["Service"]
   /** The last version pushed (undefined before the first push: no server holds this run's weights yet). */
@@ -211,43 +236,35 @@ export const make = Effect.fn("InferenceServers.make")(function*(
 
   // ----- Weights -----
 
-  let latest: { readonly version: number; readonly bytes: Uint8Array } | undefined
+  // The newest version pushed, with its bytes when this process carries them (for catch-ups).
+  let latest: { readonly version: number; readonly bytes: Uint8Array | undefined } | undefined
+  const pushOf = (version: number): WeightsPut.Push => ({
+    version,
+    runId,
+    token: options.token,
+    timeoutMs: options.pushTimeoutMs ?? 120_000
+  })
 
-  /** One server takes `bytes` as `version`: undefined when it did, else why not (and whether that is fatal). */
-  const put = (server: Server, version: number, bytes: Uint8Array) =>
-    Effect.promise(async (): Promise<{ readonly fatal: boolean; readonly message: string } | "newer" | undefined> => {
-      try {
-        const response = await fetch(`${server.url}/weights`, {
-          method: "PUT",
-          headers: {
-            ...headers,
-            "content-type": "application/octet-stream",
-            "x-policy-version": String(version),
-            "x-run-id": runId
-          },
-          body: bytes as Uint8Array<ArrayBuffer>,
-          signal: AbortSignal.timeout(options.pushTimeoutMs ?? 120_000)
-        })
-        if (response.ok) return undefined
-        const text = (await response.text()).slice(0, 500)
-        // Already newer (a catch-up that arrived after the next push): nothing to do.
-        if (response.status === 409 && text.includes("stale_policy_version")) return "newer" as const
-        // A 4xx is about the weights or the server's setup, which retrying cannot mend.
-        return { fatal: response.status >= 400 && response.status < 500, message: `HTTP ${response.status}: ${text}` }
-      } catch (e) {
-        return { fatal: false, message: fetchMessage(e) }
+  /** Books what a push did to `server`: undefined when it took the weights (or holds newer), else the failure. */
+  const book = (server: Server, version: number, outcome: WeightsPut.Outcome) =>
+    Effect.gen(function*() {
+      if (outcome === "newer") return undefined
+      if (outcome === undefined) {
+        server.version = version
+        yield* works(server)
+        return undefined
       }
-    }).pipe(
-      Effect.tap((failure) => {
-        if (failure === "newer") return Effect.void
-        if (failure === undefined) {
-          server.version = version
-          return works(server)
-        }
-        return Effect.flatMap(Clock.currentTimeMillis, (now) => failed(server, failure.message, now, restMs))
-      }),
-      Effect.map((failure) => (failure === "newer" ? undefined : failure))
-    )
+      yield* failed(server, outcome.message, yield* Clock.currentTimeMillis, restMs)
+      return outcome
+    })
+
+  /** One server takes version `version` again (from `bytes`, or from the carrier). */
+  const putOne = (server: Server, version: number, bytes: Uint8Array | undefined) =>
+    (bytes !== undefined || options.carrier === undefined
+      ? Effect.promise(() => WeightsPut.put(server.url, bytes!, pushOf(version)))
+      : options.carrier.pushOne(pushOf(version), server.url)).pipe(
+        Effect.flatMap((outcome) => book(server, version, outcome))
+      )
 
   /** `server`'s sampler for requests of at least `min`: one attempt per call, a failing server is left at once. */
   const samplerOf = (server: Server, min: number) => {
@@ -275,24 +292,29 @@ export const make = Effect.fn("InferenceServers.make")(function*(
     const target = latest
     if (target === undefined || server.catchingUp || server.version === target.version) return
     server.catchingUp = true
-    background(put(server, target.version, target.bytes).pipe(
+    background(putOne(server, target.version, target.bytes).pipe(
       Effect.ensuring(Effect.sync(() => (server.catchingUp = false)))
     ))
   }
 
   // Negative versions are the warm-up's checks (`Trainer.warmupVersion`), not a number a user knows.
   const versionName = (version: number) => (version < 0 ? "the warm-up's weights (a validation check)" : `policy version ${version}`)
-  const push = (version: number, weights: ReadonlyMap<string, Float32Array>) =>
+  const push = (version: number, weights?: ReadonlyMap<string, Float32Array>) =>
     Effect.gen(function*() {
-      const tensors = options.parameters.map((p) => {
-        const data = weights.get(p.name)
-        return { name: p.name, shape: p.shape, data: data ?? new Float32Array(0) }
-      })
-      const missing = tensors.find((t) => t.data.length === 0)
-      if (missing !== undefined) return yield* serversError(`the learner's weights have no tensor ${missing.name}`)
-      const bytes = Safetensors.serialize(tensors)
-      latest = { version, bytes }
-      const failures = yield* Effect.forEach(servers, (s) => put(s, version, bytes), { concurrency: "unbounded" })
+      let outcomes: ReadonlyArray<WeightsPut.Outcome>
+      if (weights === undefined && options.carrier !== undefined) {
+        latest = { version, bytes: undefined }
+        outcomes = yield* options.carrier.pushAll(pushOf(version), servers.map((s) => s.url))
+      } else {
+        if (weights === undefined) return yield* serversError(`no weights to push as ${versionName(version)}`)
+        const bytes = WeightsPut.serialize(options.parameters, weights)
+        if (typeof bytes === "string") return yield* serversError(bytes)
+        latest = { version, bytes }
+        outcomes = yield* Effect.forEach(servers, (s) => Effect.promise(() => WeightsPut.put(s.url, bytes, pushOf(version))), {
+          concurrency: "unbounded"
+        })
+      }
+      const failures = yield* Effect.forEach(servers, (s, i) => book(s, version, outcomes[i]))
       const refused = failures.findIndex((f) => f?.fatal === true)
       if (refused >= 0) {
         return yield* serversError(

@@ -116,15 +116,40 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
   // by a version up to `maxStaleness` behind the newest). The folder's weights come first, below every version the
   // trainer publishes (versions increase): before the warm-up's checks (negative versions) and version 0.
   const retained = (config.mode === "async" ? config.maxStaleness : 0) + 2
-  const published: Array<{ readonly version: number; readonly weights: Qwen2.Weights }> = [
+  // With a trainer server pushing to the inference servers (`learner.pushWeights`) the weights stay there: entries
+  // after the first hold none (only local engines need them, and there are none then).
+  const published: Array<{ readonly version: number; readonly weights: Qwen2.Weights | undefined }> = [
     { version: -1 - (config.warmup?.steps ?? 0), weights: folder.weights }
   ]
   const newest = () => published[published.length - 1]!
+  // The remote trainer in use (`learner.url`), which carries the weights to the servers when it pushes them.
+  let remoteTrainer: RemoteTrainer.RemoteTrainer | undefined
+  const trainerPushes = config.learner.url !== undefined && config.engine.servers !== undefined &&
+    config.learner.pushWeights
+  const fromTrainer = (e: { readonly message: string }) =>
+    new TrainerError({ reason: "Servers", message: `the trainer server could not push the weights: ${e.message}` })
+  const carrier: InferenceServers.Carrier = {
+    pushAll: (push, urls) =>
+      Effect.suspend(() => remoteTrainer!.push(push, urls)).pipe(
+        Effect.mapError(fromTrainer),
+        Effect.map((outcomes) =>
+          outcomes.map((o) =>
+            typeof o === "object" ? { ...o, message: `pushed by the trainer server: ${o.message}` } : o
+          )
+        )
+      ),
+    pushOne: (push, url) =>
+      Effect.suspend(() => remoteTrainer!.catchUp(push, [url])).pipe(
+        Effect.map((outcomes) => outcomes[0]),
+        Effect.catch((e) => Effect.succeed({ fatal: false, message: `the trainer server: ${e.message}` }))
+      )
+  }
   // Inference servers sample instead of local engines when the run lists them (`engine.servers`).
   const servers = config.engine.servers === undefined ? undefined : yield* InferenceServers.make({
     urls: config.engine.servers,
     parameters: OnnxTrainer.qwen2(folder.config).parameters,
-    token: process.env["AGENTFLY_WEIGHTS_TOKEN"] || undefined
+    token: process.env["AGENTFLY_WEIGHTS_TOKEN"] || undefined,
+    carrier: trainerPushes ? carrier : undefined
   })
   // Engines decode on a thread of their own when the run asks for it (`engine.thread`; see `EngineConfig`).
   const engineThread = servers === undefined && config.engine.thread === true ? yield* EngineThread.make : undefined
@@ -193,7 +218,9 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
           // weights than the unbroken one). Parallelism comes from `learner.workers`, which split rows, not sums.
           intraOpThreads: options.intraOpThreads ?? 1
         }).pipe(Effect.map((t) => t.trainer))
-        : RemoteTrainer.make({ ...remote, weights, loss, optimizer, schedule })).pipe(
+        : RemoteTrainer.make({ ...remote, weights, loss, optimizer, schedule }).pipe(
+          Effect.tap((t) => Effect.sync(() => (remoteTrainer = t)))
+        )).pipe(
           // The trainer's own scope inside `fsContext`, which carries the run's: provided outside, the run's scope
           // won and every replaced trainer kept its sessions and worker threads until the run ended (measured: the
           // warm-up's two workers and their sessions, 300–500 MB, held through RL).
@@ -347,9 +374,14 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
 
   // A step that left a weight NaN or infinite (a learning rate too large, an overflow) stops the run before the
   // weights are published, journaled or saved.
+  // A remote trainer summarises its weights where they are (a fingerprint and the first non-finite value).
+  const summary = Effect.suspend(() =>
+    remoteTrainer !== undefined && remote !== undefined
+      ? Effect.mapError(remoteTrainer.summary, learnerError)
+      : Effect.map(weightsOf(trainer), (w) => ({ fingerprint: fingerprintOf(w), nonFinite: Checkpoint.firstNonFinite(w) }))
+  )
   const finiteWeights = (after: string) =>
-    Effect.flatMap(Effect.suspend(() => weightsOf(trainer)), (weights) => {
-      const bad = Checkpoint.firstNonFinite(weights)
+    Effect.flatMap(summary, ({ nonFinite: bad }) => {
       return bad === undefined
         ? Effect.void
         : Effect.fail(nonFinite(`${after} made the weights non-finite (${bad}); nothing was published or saved`))
@@ -440,7 +472,7 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
           })
         }
         if (v === last.version) return
-        const weights = dirty ? (yield* weightsOf(trainer)) as Qwen2.Weights : last.weights
+        const weights = trainerPushes ? undefined : dirty ? (yield* weightsOf(trainer)) as Qwen2.Weights : last.weights
         if (servers !== undefined) yield* servers.push(v, weights)
         published.push({ version: v, weights })
         if (published.length > retained) published.shift()
@@ -455,7 +487,8 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
             message: `policy version ${v} is not among the published versions ${published.map((p) => p.version)}`
           })
         }
-        return servers === undefined ? prefillAlone(yield* engineOf(v, entry.weights)) : servers.sampler(v)
+        // Without servers every entry holds its weights (only a trainer pushing to servers keeps them).
+        return servers === undefined ? prefillAlone(yield* engineOf(v, entry.weights!)) : servers.sampler(v)
       }),
     save: (dir) =>
       // The critic first: the policy's state file, written last, marks the checkpoint complete.
@@ -483,7 +516,7 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
         Effect.asVoid,
         Effect.mapError(checkpointError)
       ),
-    fingerprint: Effect.map(Effect.suspend(() => weightsOf(trainer)), fingerprintOf),
+    fingerprint: Effect.map(summary, (s) => s.fingerprint),
     figures: servers === undefined && remote === undefined ? undefined : Effect.all([
       servers?.figures ?? Effect.succeed({}),
       remote === undefined ? Effect.succeed({}) : trainerFigures
@@ -500,11 +533,12 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
       if ((yield* servers.pushed) === undefined) yield* servers.push(v, weights)
       return servers.sampler(v)
     }
+    // Without servers every published entry holds its weights.
     if (ambient === undefined) {
-      const engine = yield* engineOf(v, weights).pipe(Effect.provideService(Scope.Scope, runScope))
+      const engine = yield* engineOf(v, weights!).pipe(Effect.provideService(Scope.Scope, runScope))
       ambient = { engine, sampler: prefillAlone(engine) }
     } else if ((yield* ambient.engine.policyVersion) < v) {
-      yield* ambient.engine.updateWeights(v, weights).pipe(Effect.mapError(learnerError))
+      yield* ambient.engine.updateWeights(v, weights!).pipe(Effect.mapError(learnerError))
     }
     return ambient.sampler
   }))

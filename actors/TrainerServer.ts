@@ -15,7 +15,10 @@
  * The wire: `GET /v1/trainer` → `{ service, executionProvider, workers, trainers }`;
  * `POST /v1/trainer/NAME/init` (frame: model config, loss, optimizer, schedule, workers; the weights) → `{ session }`;
  * `POST /v1/trainer/NAME/OP` with `x-agentfly-session` and `x-agentfly-seq`, OP one of `forward_backward`,
- * `logprobs`, `optim_step`, `discard`, `weights`, `step`, `save`, `load`, `close` (frames: `internal/trainerWire.ts`).
+ * `logprobs`, `optim_step`, `discard`, `weights`, `summary` (the weights' fingerprint and first non-finite value),
+ * `push` (the current weights to inference servers as a version: `PUT /v1/weights` from here), `step`, `save`, `load`,
+ * `close`, and `catch_up` (not numbered: the last pushed version to servers that missed it) (frames:
+ * `internal/trainerWire.ts`).
  *
  * @since 0.1.0
  */
@@ -27,9 +30,11 @@ import * as ModelConfig from "../src/model/ModelConfig.ts"
 import * as OnnxTrainer from "../src/backends/OnnxTrainer.ts"
 import * as RemoteTrainer from "../src/backends/RemoteTrainer.ts"
 import * as Wire from "../src/backends/internal/trainerWire.ts"
+import * as Checkpoint from "../src/Checkpoint.ts"
 import * as Optimizer from "../src/Optimizer.ts"
 import * as PolicyTrainer from "../src/PolicyTrainer.ts"
 import { listen, readBody } from "./internal/http.ts"
+import * as WeightsPut from "./internal/weightsPut.ts"
 
 /**
  * @category models
@@ -72,6 +77,8 @@ interface Hosted {
   reply: Deferred.Deferred<Reply> | undefined
   lastCall: number
   running: boolean
+  /** The version last pushed to inference servers, as the bytes they take (kept for catch-ups). */
+  pushed: { readonly version: number; readonly bytes: Uint8Array } | undefined
 }
 
 const json = (status: number, message: string, code: string): Reply => ({
@@ -171,7 +178,8 @@ export const serve = Effect.fn("TrainerServer.serve")(function*(
         seq: 0,
         reply: undefined,
         lastCall: Date.now(),
-        running: false
+        running: false,
+        pushed: undefined
       })
       if (options.onInit !== undefined) {
         yield* options.onInit(name, model.parameters.reduce((n, p) => n + p.shape.reduce((a, b) => a * b, 1), 0), workers)
@@ -229,6 +237,41 @@ export const serve = Effect.fn("TrainerServer.serve")(function*(
       })
     )
 
+  const PushHeader = Schema.Struct({
+    version: Schema.Int,
+    runId: Schema.String,
+    token: Schema.optionalKey(Schema.String),
+    timeoutMs: Schema.Int.check(Schema.isGreaterThan(0)),
+    urls: Schema.Array(Schema.String)
+  })
+  const pushHeader = (op: string, body: Wire.Frame) =>
+    Schema.decodeUnknownEffect(PushHeader)(body.header).pipe(
+      Effect.mapError((e) => json(400, `${op}: ${e.message}`, "invalid_request"))
+    )
+  const outcomes = (list: ReadonlyArray<WeightsPut.Outcome>) => frame(Wire.encode({ outcomes: list.map((o) => o ?? null) }))
+
+  /** The trainer's current weights to every server listed, as a new version (kept for catch-ups). */
+  const push = (h: Hosted, body: Wire.Frame) =>
+    Effect.gen(function*() {
+      const header = yield* pushHeader("push", body)
+      const weights = yield* Effect.mapError(h.trainer.weights, refused)
+      const bytes = WeightsPut.serialize(h.parameters, weights)
+      if (typeof bytes === "string") return json(500, `push: ${bytes}`, "Remote")
+      h.pushed = { version: header.version, bytes }
+      return outcomes(yield* Effect.promise(() => Promise.all(header.urls.map((url) => WeightsPut.put(url, bytes, header)))))
+    })
+
+  /** A version pushed before, to one server again (it missed it); not numbered: it changes nothing here. */
+  const catchUp = (h: Hosted, body: Wire.Frame) =>
+    Effect.gen(function*() {
+      const header = yield* pushHeader("catch_up", body)
+      if (h.pushed === undefined || h.pushed.version !== header.version) {
+        return outcomes(header.urls.map(() => "newer" as const))
+      }
+      const bytes = h.pushed.bytes
+      return outcomes(yield* Effect.promise(() => Promise.all(header.urls.map((url) => WeightsPut.put(url, bytes, header)))))
+    })
+
   const operate = (h: Hosted, op: string, body: Wire.Frame): Effect.Effect<Reply, Reply> => {
     const batch = Effect.suspend(() => {
       const mb = Wire.decodeBatch(body)
@@ -257,6 +300,16 @@ export const serve = Effect.fn("TrainerServer.serve")(function*(
         )
       case "step":
         return Effect.map(Effect.mapError(t.step, refused), (step) => frame(Wire.encode({ step })))
+      case "summary":
+        return Effect.map(Effect.mapError(t.weights, refused), (w) => {
+          const own = new Map(h.parameters.map((p) => [p.name, w.get(p.name)!] as const))
+          return frame(Wire.encode({
+            fingerprint: Checkpoint.fingerprint(own),
+            nonFinite: Checkpoint.firstNonFinite(own) ?? null
+          }))
+        })
+      case "push":
+        return push(h, body)
       case "save":
         return save(t, body)
       case "load":
@@ -274,6 +327,7 @@ export const serve = Effect.fn("TrainerServer.serve")(function*(
         return json(404, `no trainer "${name}" with session ${session} here`, "unknown_session")
       }
       h.lastCall = Date.now()
+      if (op === "catch_up") return yield* Effect.match(catchUp(h, body), { onFailure: (r) => r, onSuccess: (r) => r })
       if (op === "close") {
         yield* lifecycle.withPermits(1)(hosted.get(name) === h ? drop(name) : Effect.void)
         return frame(Wire.encode({}))

@@ -313,7 +313,14 @@ export const LearnerConfig = Schema.Struct({
    * computes the same numbers as a local one (same code, one intra-op thread), so a run repeats to the digit either
    * way when the server has the same `workers`. With `AGENTFLY_TRAINER_TOKEN` set, requests bear it.
    */
-  url: Schema.optionalKey(ApiRoot)
+  url: Schema.optionalKey(ApiRoot),
+  /**
+   * With `url` and `engine.servers`: the trainer server pushes each published version to the inference servers
+   * itself (`PUT /v1/weights` from its machine, the servers' `AGENTFLY_WEIGHTS_TOKEN` passed along), and the run
+   * gets only their fingerprint, so the weights cross the network once instead of twice (trainer → run → servers).
+   * The trainer's machine must reach the servers. False: the run fetches the weights and pushes them. Default true.
+   */
+  pushWeights: withDefault(Schema.Boolean, true)
 })
 
 /**

@@ -77,6 +77,56 @@ export interface Traffic {
  */
 export const makeTraffic = (): Traffic => ({ calls: 0, retries: 0, sentBytes: 0, receivedBytes: 0 })
 
+/**
+ * A `PolicyTrainer` on a trainer server, with what only a remote one offers: its weights' summary without sending
+ * them, and pushing them to inference servers from there (`learner.pushWeights`).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type RemoteTrainer = PolicyTrainer.PolicyTrainer["Service"] & {
+  /** The weights' fingerprint (`Checkpoint.fingerprint`) and first non-finite value, computed on the server. */
+  readonly summary: Effect.Effect<Summary, PolicyTrainer.PolicyTrainerError>
+  /**
+   * Has the server put its current weights on each inference server in `urls` (`PUT /v1/weights`) as `push.version`;
+   * per server what happened (`WeightsPut.Outcome`, as JSON: `null`, `"newer"` or `{ fatal, message }`).
+   */
+  readonly push: (push: PushRequest, urls: ReadonlyArray<string>) => Effect.Effect<ReadonlyArray<PushOutcome>, PolicyTrainer.PolicyTrainerError>
+  /** The last pushed version to `urls` again (servers that missed it); `"newer"` each when the server holds a later one. */
+  readonly catchUp: (push: PushRequest, urls: ReadonlyArray<string>) => Effect.Effect<ReadonlyArray<PushOutcome>, PolicyTrainer.PolicyTrainerError>
+}
+
+/**
+ * @category models
+ * @since 0.1.0
+ */
+export interface Summary {
+  readonly fingerprint: string
+  /** `name[index] = value` of the first NaN or infinite weight; undefined when all are finite. */
+  readonly nonFinite: string | undefined
+}
+
+/**
+ * A push as the trainer server makes it: the version, the run's id, the servers' token, a time limit per server.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface PushRequest {
+  readonly version: number
+  readonly runId: string
+  readonly token?: string | undefined
+  readonly timeoutMs: number
+}
+
+/**
+ * What a push did to one server: taken (`undefined`), `"newer"`, or why not (`fatal`: retrying cannot mend it).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type PushOutcome = undefined | "newer" | { readonly fatal: boolean; readonly message: string }
+
 /** The checkpoint files a trainer's `save` writes (`Checkpoint.save`), the state file last. */
 export const checkpointFiles = ["model.safetensors", "optimizer.safetensors", "trainer_state.json"] as const
 
@@ -102,7 +152,7 @@ const transient = (status: number) => status === 502 || status === 503 || status
  */
 export const make = Effect.fn("RemoteTrainer.make")(function*(
   options: Options
-): Effect.fn.Return<PolicyTrainer.PolicyTrainer["Service"], PolicyTrainer.PolicyTrainerError, Scope.Scope | FileSystem.FileSystem> {
+): Effect.fn.Return<RemoteTrainer, PolicyTrainer.PolicyTrainerError, Scope.Scope | FileSystem.FileSystem> {
   const fs = yield* FileSystem.FileSystem
   const root = options.url.replace(/\/+$/, "")
   const name = options.name ?? "policy"
@@ -224,8 +274,31 @@ export const make = Effect.fn("RemoteTrainer.make")(function*(
   // The weights change only with an optimiser step or a load: between them a run asks for them several times (the
   // finite check, publishing, the journal's fingerprint), and they come over the wire once.
   let cached: PolicyTrainer.Weights | undefined
+  let summarized: Summary | undefined
   const changes = <A, E, R>(effect: Effect.Effect<A, E, R>) =>
-    Effect.ensuring(effect, Effect.sync(() => (cached = undefined)))
+    Effect.ensuring(effect, Effect.sync(() => {
+      cached = undefined
+      summarized = undefined
+    }))
+
+  const outcomesOf = (op: string, urls: ReadonlyArray<string>) => (frame: Wire.Frame) => {
+    const list = frame.header["outcomes"]
+    const valid = (o: unknown): o is PushOutcome | null =>
+      o === null || o === "newer" ||
+      (typeof o === "object" && typeof (o as { message?: unknown }).message === "string" &&
+        typeof (o as { fatal?: unknown }).fatal === "boolean")
+    if (!Array.isArray(list) || list.length !== urls.length || !list.every(valid)) {
+      return Effect.fail(fail("Remote", `${where} answered ${op} without an outcome per server`))
+    }
+    return Effect.succeed(list.map((o: PushOutcome | null) => o ?? undefined))
+  }
+  const pushHeader = (push: PushRequest, urls: ReadonlyArray<string>) => ({
+    version: push.version,
+    runId: push.runId,
+    ...(push.token === undefined ? {} : { token: push.token }),
+    timeoutMs: push.timeoutMs,
+    urls
+  })
   const copy = (w: PolicyTrainer.Weights): PolicyTrainer.Weights =>
     new Map([...w].map(([k, v]) => [k, Float32Array.from(v)]))
 
@@ -265,7 +338,7 @@ export const make = Effect.fn("RemoteTrainer.make")(function*(
       return { policyVersion: meta.policyVersion, rngState: meta.rngState }
     })
 
-  return PolicyTrainer.PolicyTrainer.of({
+  return {
     forwardBackward: (batch: Packing.MicroBatch) =>
       Effect.flatMap(call("forward_backward", Wire.encodeBatch(batch)), (frame) => {
         const result = Wire.decodeResult(frame)
@@ -293,9 +366,25 @@ export const make = Effect.fn("RemoteTrainer.make")(function*(
       })
     ),
     step: Effect.map(Effect.flatMap(call("step"), (f) => numbers(f, ["step"], "step")), (h) => h["step"]!),
+    summary: Effect.suspend(() =>
+      summarized !== undefined ? Effect.succeed(summarized) : Effect.flatMap(call("summary"), (frame) => {
+        const { fingerprint, nonFinite } = frame.header
+        if (typeof fingerprint !== "string" || (nonFinite !== null && typeof nonFinite !== "string")) {
+          return Effect.fail(fail("Remote", `${where} answered summary without a fingerprint`))
+        }
+        summarized = { fingerprint, nonFinite: nonFinite ?? undefined }
+        return Effect.succeed(summarized)
+      })
+    ),
+    push: (push, urls) =>
+      Effect.flatMap(call("push", Wire.encode(pushHeader(push, urls))), outcomesOf("push", urls)),
+    // Not numbered (it changes nothing on the server), so it does not wait behind the learner's calls.
+    catchUp: (push, urls) =>
+      request("catch_up", Wire.encode(pushHeader(push, urls)), { "x-agentfly-session": session, "x-agentfly-seq": "0" })
+        .pipe(Effect.flatMap((r) => replyOf("catch_up", r)), Effect.flatMap(outcomesOf("catch_up", urls))),
     save,
     load: (dir) => changes(load(dir))
-  })
+  }
 })
 
 /**

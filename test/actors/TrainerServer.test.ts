@@ -6,10 +6,13 @@
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Exit, FileSystem, Scope } from "effect"
+import * as Http from "node:http"
 import * as net from "node:net"
 import * as TrainerServer from "../../actors/TrainerServer.ts"
 import * as OnnxTrainer from "../../src/backends/OnnxTrainer.ts"
 import * as RemoteTrainer from "../../src/backends/RemoteTrainer.ts"
+import * as Checkpoint from "../../src/Checkpoint.ts"
+import * as Safetensors from "../../src/Safetensors.ts"
 import * as Wire from "../../src/backends/internal/trainerWire.ts"
 import * as Loss from "../../src/Loss.ts"
 import * as LrSchedule from "../../src/LrSchedule.ts"
@@ -63,6 +66,15 @@ const local = (workers: number) =>
 const remote = (url: string, workers: number, extra: Partial<RemoteTrainer.Options> = {}) =>
   RemoteTrainer.make({ ...settings, url, model: config, parameters: model.parameters, workers, ...extra })
 
+/** A port nothing listens on. */
+const freePortOf = Effect.callback<number>((resume) => {
+  const server = net.createServer()
+  server.listen(0, "127.0.0.1", () => {
+    const port = (server.address() as net.AddressInfo).port
+    server.close(() => resume(Effect.succeed(port)))
+  })
+})
+
 const bits = (a: Float32Array) => Buffer.from(a.buffer, a.byteOffset, a.byteLength).toString("base64")
 const weightBits = (w: PolicyTrainer.Weights) => [...w].map(([k, v]) => `${k}:${bits(v)}`).join("|")
 
@@ -115,7 +127,95 @@ const cuttingProxy = (port: number, op: string, drops: { count: number }) =>
     ({ server }) => Effect.sync(() => server.close())
   )
 
+/** An inference server's weights route that records every PUT, answering `status` (200 until set). */
+const weightsRecorder = Effect.acquireRelease(
+  Effect.callback<{
+    readonly url: string
+    readonly puts: Array<{ readonly headers: Http.IncomingHttpHeaders; readonly bytes: Buffer }>
+    readonly answer: { status: number; body: string }
+    readonly server: Http.Server
+  }>((resume) => {
+    const puts: Array<{ readonly headers: Http.IncomingHttpHeaders; readonly bytes: Buffer }> = []
+    const answer = { status: 200, body: "{}" }
+    const server = Http.createServer((req, res) => {
+      const chunks: Array<Buffer> = []
+      req.on("data", (c: Buffer) => chunks.push(c))
+      req.on("end", () => {
+        if (req.method === "PUT" && req.url === "/v1/weights") puts.push({ headers: req.headers, bytes: Buffer.concat(chunks) })
+        res.writeHead(answer.status, { "content-type": "application/json" })
+        res.end(answer.body)
+      })
+    })
+    server.listen(0, "127.0.0.1", () =>
+      resume(Effect.succeed({
+        url: `http://127.0.0.1:${(server.address() as net.AddressInfo).port}/v1`,
+        puts,
+        answer,
+        server
+      })))
+  }),
+  ({ server }) => Effect.sync(() => server.close())
+)
+
 describe("RemoteTrainer and TrainerServer", () => {
+  it.live("summarise the weights and push them to inference servers from the trainer's machine", () =>
+    Effect.gen(function*() {
+      const { baseUrl } = yield* TrainerServer.serve()
+      const mbs = yield* batches(false)
+      const traffic = RemoteTrainer.makeTraffic()
+      const there = yield* remote(baseUrl, 1, { traffic })
+      yield* run(there, mbs, 1)
+      const sent = traffic.receivedBytes
+      const summary = yield* there.summary
+      // The summary is a few bytes, not the weights; and the fingerprint is the one the run computes from them.
+      assert.isBelow(traffic.receivedBytes - sent, 1_000)
+      assert.strictEqual(summary.nonFinite, undefined)
+      const current = yield* there.weights
+      assert.strictEqual(summary.fingerprint, Checkpoint.fingerprint(current))
+      assert.notStrictEqual(summary.fingerprint, Checkpoint.fingerprint(weights))
+
+      const a = yield* weightsRecorder
+      const b = yield* weightsRecorder
+      const dead = `http://127.0.0.1:${yield* freePortOf}/v1`
+      const push = { version: 5, runId: "run-1", token: "w-token", timeoutMs: 5_000 }
+      const outcomes = yield* there.push(push, [a.url, b.url, dead])
+      assert.strictEqual(outcomes[0], undefined)
+      assert.strictEqual(outcomes[1], undefined)
+      const failed = outcomes[2] as { fatal: boolean; message: string }
+      assert.isFalse(failed.fatal)
+      assert.include(failed.message, "ECONNREFUSED")
+      // What a server got: this trainer's weights as safetensors, the version, the run's id and the servers' token.
+      for (const server of [a, b]) {
+        assert.strictEqual(server.puts.length, 1)
+        const { headers, bytes } = server.puts[0]!
+        assert.strictEqual(headers["x-policy-version"], "5")
+        assert.strictEqual(headers["x-run-id"], "run-1")
+        assert.strictEqual(headers["authorization"], "Bearer w-token")
+        const parsed = yield* Safetensors.parse(bytes)
+        const got = yield* Safetensors.readFloat32(parsed, "push", model.parameters)
+        assert.strictEqual(weightBits(got), weightBits(current))
+      }
+      // A server that missed it gets the same version again; a version the trainer no longer holds is "newer".
+      const again = yield* there.catchUp(push, [a.url])
+      assert.deepStrictEqual(again, [undefined])
+      assert.strictEqual(weightBits(
+        yield* Safetensors.readFloat32(yield* Safetensors.parse(a.puts[1]!.bytes), "again", model.parameters)
+      ), weightBits(current))
+      assert.deepStrictEqual(yield* there.catchUp({ ...push, version: 4 }, [a.url]), ["newer"])
+      assert.strictEqual(a.puts.length, 2)
+      // A server that refuses the weights (a 4xx) is a fatal outcome, its answer quoted.
+      b.answer.status = 401
+      b.answer.body = `{"error":{"message":"a valid bearer token is required"}}`
+      const refused = (yield* there.push({ ...push, version: 6 }, [b.url]))[0] as { fatal: boolean; message: string }
+      assert.isTrue(refused.fatal)
+      assert.include(refused.message, "HTTP 401")
+      assert.include(refused.message, "bearer token")
+      // The catch-up is not a numbered call: the learner's next calls go on in order.
+      yield* run(there, mbs, 1)
+      assert.notStrictEqual((yield* there.summary).fingerprint, summary.fingerprint)
+    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 60_000)
+
+
   it.effect("compute what a local trainer computes, to the bit (whole rows and shared prompts, 1 and 2 workers)", () =>
     Effect.gen(function*() {
       const { baseUrl } = yield* TrainerServer.serve()

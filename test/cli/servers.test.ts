@@ -6,15 +6,16 @@
  */
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect } from "effect"
+import { Effect, Fiber } from "effect"
 import type { ChildProcess } from "node:child_process"
+import * as net from "node:net"
 import { existsSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join, resolve } from "node:path"
 import * as Generate from "../../examples/calculator/generate.ts"
 import * as ModelFolder from "../../src/ModelFolder.ts"
 import { agentfly, calculatorRun, metricsOf, startCommand } from "../utils/agentfly.ts"
-import { redisServer } from "../utils/redisServer.ts"
+import { freePort, redisServer } from "../utils/redisServer.ts"
 
 const root = resolve(import.meta.dirname, "../..")
 const start = startCommand
@@ -45,6 +46,45 @@ const killAfter = (metrics: string, after: number, child: ChildProcess) => {
   }, 20)
   return { killedAt: () => killedAt, stop: Effect.sync(() => clearInterval(watch)) }
 }
+
+/**
+ * A TCP proxy on loopback to `port`: `cut()` drops its connections and refuses new ones (a dead server),
+ * `switchTo(other)` takes connections again, to another port (the server restarted, empty).
+ */
+const switchingProxy = (port: number) =>
+  Effect.acquireRelease(
+    Effect.callback<{ readonly url: string; readonly cut: () => void; readonly switchTo: (p: number) => void; readonly server: net.Server }>(
+      (resume) => {
+        let upstream: number | undefined = port
+        const open = new Set<net.Socket>()
+        const server = net.createServer((client) => {
+          if (upstream === undefined) return client.destroy()
+          const target = net.connect(upstream, "127.0.0.1")
+          open.add(client).add(target)
+          client.pipe(target).pipe(client)
+          const end = () => {
+            client.destroy()
+            target.destroy()
+            open.delete(client)
+            open.delete(target)
+          }
+          client.on("error", end).on("close", end)
+          target.on("error", end).on("close", end)
+        })
+        server.listen(0, "127.0.0.1", () =>
+          resume(Effect.succeed({
+            url: `http://127.0.0.1:${(server.address() as net.AddressInfo).port}/v1`,
+            cut: () => {
+              upstream = undefined
+              for (const socket of open) socket.destroy()
+            },
+            switchTo: (p: number) => void (upstream = p),
+            server
+          })))
+      }
+    ),
+    ({ server }) => Effect.sync(() => server.close())
+  )
 
 /** A run's directory with the calculator's data and the model folder its servers serve. */
 const runDir = Effect.gen(function*() {
@@ -83,6 +123,62 @@ describe("agentfly train with inference servers and rollout workers", () => {
       assert.isAbove(trainSteps.reduce((n, m) => n + m.figures["servers/failures"]!, 0), 0)
       assert.strictEqual(trainSteps[0]!.figures["servers/up_to_date"], 2)
       assert.strictEqual(trainSteps[steps - 1]!.figures["servers/up_to_date"], 1)
+    }).pipe(Effect.provide(NodeServices.layer))), { timeout: 240_000 })
+
+  it.live("a trainer server pushes the weights to the servers itself; a server replaced mid-run follows again", () =>
+    Effect.scoped(Effect.gen(function*() {
+      const dir = yield* runDir
+      const trainer = yield* start("trainer", ["--port", String(yield* freePort)])
+      const flags = ["--model-dir", join(dir, "model"), "--accept-weights", "--port", "0"]
+      const a = yield* start("serve", flags)
+      const b = yield* start("serve", flags)
+      // b's replacement is started now (a server takes seconds to start on a busy machine): the run knows b by a
+      // proxy's address, which is switched to the replacement half a second after b is killed.
+      const replacement = yield* start("serve", flags)
+      const proxy = yield* switchingProxy(Number(new URL(b.url).port))
+      const steps = 8
+      writeFileSync(
+        join(dir, "config.json"),
+        JSON.stringify({ ...configOf(steps, { servers: [a.url, proxy.url] }), learner: { url: trainer.url }, checkpoint: { every: 4 } })
+      )
+      const killer = killAfter(join(dir, "run", "metrics.jsonl"), 2, b.child)
+      const switched = yield* Effect.forkChild(Effect.gen(function*() {
+        while (killer.killedAt() === undefined) yield* Effect.sleep(20)
+        proxy.cut()
+        yield* Effect.sleep(500)
+        proxy.switchTo(Number(new URL(replacement.url).port))
+      }))
+      const run = yield* agentfly(["train", join(dir, "config.json")]).pipe(Effect.ensuring(killer.stop))
+      assert.strictEqual(run.code, 0, run.output)
+      assert.include(run.output, `trained ${steps} of ${steps} steps`)
+      assert.isDefined(killer.killedAt(), "server b was never killed")
+      assert.isBelow(killer.killedAt()!, steps - 2)
+      yield* Fiber.join(switched)
+      assert.include(run.output, `inference server ${proxy.url} failed`)
+      const trainSteps = metricsOf(join(dir, "run")).filter((m) => m.phase === "train")
+      assert.strictEqual(trainSteps.length, steps)
+      // The weights never came back to the run: a step's traffic from the trainer is its logprobs and figures
+      // (≈ 5 KB), not the tiny preset's 2.7 MB. Two records carry more: the first (the warm-up's trainers) and the one
+      // after the checkpoint of step 4 (a checkpoint's files come back: the run keeps them).
+      const received = trainSteps.map((m) => m.figures["trainer/received_mb"]!)
+      assert.strictEqual(received.filter((mb) => mb < 0.1).length, steps - 2, String(received))
+      for (const m of trainSteps) assert.isAbove(m.figures["servers/requests"]!, 0)
+      // Both servers hold the last version at the end, the replacement too: the trainer pushed to it (or caught it up).
+      assert.strictEqual(trainSteps[steps - 1]!.figures["servers/up_to_date"], 2, run.output.slice(-2000))
+      for (const url of [a.url, replacement.url]) {
+        const models = yield* Effect.promise(() => fetch(`${url}/models`).then((r) => r.json()))
+        assert.strictEqual((models as { data: Array<{ policy_version: number }> }).data[0]!.policy_version, steps)
+      }
+      // The fingerprints the run journaled (the trainer's summaries) are those of the checkpoints' weights.
+      const journal = readFileSync(join(dir, "run", "journal.jsonl"), "utf8").split("\n").filter((l) => l !== "")
+        .map((l) => JSON.parse(l) as { kind: string; path?: string; weightsHash?: string })
+      // (Those still on disk: a run keeps its last few.)
+      const checkpoints = journal.filter((e) => e.kind === "checkpoint" && existsSync(join(dir, "run", "checkpoints", e.path!)))
+      assert.isAtLeast(checkpoints.length, 2)
+      for (const c of checkpoints) {
+        const state = JSON.parse(readFileSync(join(dir, "run", "checkpoints", c.path!, "trainer_state.json"), "utf8"))
+        assert.strictEqual(c.weightsHash, state.weightsHash)
+      }
     }).pipe(Effect.provide(NodeServices.layer))), { timeout: 240_000 })
 
   it.live("two rollout workers run the batches' chains; one SIGKILLed mid-run, its shares go to the other", () =>
