@@ -314,7 +314,9 @@ const classify = (
 
 /**
  * Makes a tool actor for a set of tools. Fails with a `ToolError` (reason `DecodeError`) when two tools share a
- * name.
+ * name, or when a tool's parameters cannot be decoded from JSON arguments (`Tool.jsonProblem`: a declaration with
+ * no JSON form, named by its field). Arguments are decoded with the parameters' JSON codec (`Tool.argumentsCodec`),
+ * the one whose JSON Schema the model is shown.
  *
  * @category constructors
  * @since 0.1.0
@@ -336,8 +338,12 @@ export const make = <const Tools extends ReadonlyArray<Tool.Any>>(
           message: `two tools are named "${tool.name}"`
         })
       }
+      const opaque = Tool.jsonProblem(tool)
+      if (opaque !== undefined) {
+        return yield* new Tool.ToolError({ tool: tool.name, toolCallId: "", reason: "DecodeError", message: opaque })
+      }
       // Synchronous decoding: parameter and success Schemas of tools must not need effects to decode.
-      const decode = Schema.decodeUnknownExit(tool.parametersSchema as Schema.Codec<unknown, unknown>)
+      const decode = Schema.decodeUnknownExit(Tool.argumentsCodec(tool))
       entries.set(tool.name, {
         tool,
         decode: (u) => decode(u, tool.strict ? { onExcessProperty: "error" } : undefined),

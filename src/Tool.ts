@@ -20,7 +20,7 @@
  *
  * @since 0.1.0
  */
-import { Cause, Context, Duration, Effect, Exit, Option, Schema } from "effect"
+import { Cause, Context, Duration, Effect, Exit, Option, Schema, SchemaAST } from "effect"
 import type { Schedule } from "effect"
 import { Tool as AiTool } from "effect/ai"
 
@@ -408,14 +408,111 @@ export const methods = <
 // ===== Arguments =====
 
 /**
- * Why `args` would be refused as the arguments of a call to `tool` (decoded as the tool actor decodes them: strict
- * tools refuse unknown keys), or undefined when they would be taken. For checking demonstrations before training.
+ * The codec a call's JSON arguments are decoded with: the parameters' canonical JSON codec
+ * (`Schema.toCodecJson`), the one whose JSON Schema the model is shown (`effect/ai` renders
+ * `Schema.toJsonSchemaDocument`, which describes that codec). So a `Schema.Date` field takes the ISO string its JSON
+ * Schema asks for, `Schema.BigInt` a string of digits, an optional field `null`, a class its encoded fields; the
+ * handler gets the decoded values (a `Date`, a `bigint`, an instance).
+ *
+ * **Gotchas**
+ *
+ * Decoding with `parametersSchema` itself (as `effect/ai`'s `LanguageModel` does) refuses what the prompt's JSON
+ * Schema allows: a `Date` field wants a `Date` instance, which no JSON argument is.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const argumentsCodec = (tool: Any): Schema.Codec<unknown, unknown> =>
+  Schema.toCodecJson(tool.parametersSchema as Schema.Top) as unknown as Schema.Codec<unknown, unknown>
+
+/** Where a field path is shown (`["when"]`, `["dates"][number]`); the parameters themselves are `(parameters)`. */
+const fieldPath = (path: ReadonlyArray<string>): string => (path.length === 0 ? "(parameters)" : path.join(""))
+
+/**
+ * The first part of an encoded AST that no JSON value decodes to: a declaration without a JSON codec, or a symbol
+ * key (JSON keys are strings).
+ */
+const opaquePart = (
+  ast: SchemaAST.AST,
+  path: ReadonlyArray<string>,
+  seen: Set<SchemaAST.AST>
+): { readonly path: ReadonlyArray<string>; readonly why: string } | undefined => {
+  if (seen.has(ast)) return undefined
+  seen.add(ast)
+  const first = (parts: ReadonlyArray<readonly [SchemaAST.AST, ReadonlyArray<string>]>) => {
+    for (const [part, at] of parts) {
+      const found = opaquePart(part, at, seen)
+      if (found !== undefined) return found
+    }
+    return undefined
+  }
+  switch (ast._tag) {
+    case "Declaration": {
+      const codec = ast.annotations?.toCodecJson ?? ast.annotations?.toCodec
+      if (typeof codec !== "function") {
+        return {
+          path,
+          why: "is a declaration with no JSON form (Schema.declare or Schema.instanceOf without a toCodecJson " +
+            "annotation); give it one, or use a Schema that has one (Schema.Date, a Schema.Class, a transformation " +
+            "from a JSON type)"
+        }
+      }
+      return first(ast.typeParameters.map((tp) => [tp, path] as const))
+    }
+    case "Objects": {
+      const symbol = ast.propertySignatures.find((ps) => typeof ps.name !== "string")
+      if (symbol !== undefined) {
+        return { path: [...path, `[${String(symbol.name)}]`], why: "is keyed by a symbol, which JSON cannot write" }
+      }
+      return first([
+        ...ast.propertySignatures.map((ps) => [ps.type, [...path, `[${JSON.stringify(ps.name)}]`]] as const),
+        ...ast.indexSignatures.map((is) => [is.type, [...path, "[string]"]] as const)
+      ])
+    }
+    case "Arrays":
+      return first([
+        ...ast.elements.map((e, i) => [e, [...path, `[${i}]`]] as const),
+        ...ast.rest.map((r) => [r, [...path, "[number]"]] as const)
+      ])
+    case "Union":
+      return first(ast.types.map((t) => [t, path] as const))
+    case "Suspend":
+      return opaquePart(ast.thunk(), path, seen)
+    default:
+      return undefined
+  }
+}
+
+/**
+ * Why a tool's parameters cannot be read from the JSON arguments a model writes, naming the field, or undefined
+ * when they can (see {@link argumentsCodec}). A declaration without a JSON codec (`Schema.instanceOf(Foo)`, a bare
+ * `Schema.declare`) renders as `{}` in the prompt ("anything") yet no JSON value decodes to it, and a symbol key
+ * cannot be written in JSON: a tool with either could never be called. `ToolActor.make` refuses such a tool
+ * (`ToolError`, reason `DecodeError`), so a task holding one fails before any rollout.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const jsonProblem = (tool: Any): string | undefined => {
+  const found = opaquePart(SchemaAST.toEncoded((tool.parametersSchema as Schema.Top).ast), [], new Set())
+  return found === undefined
+    ? undefined
+    : `tool "${tool.name}" can never be called: no JSON arguments decode to its parameter field ` +
+      `${fieldPath(found.path)}, which ${found.why}`
+}
+
+/**
+ * Why `args` would be refused as the arguments of a call to `tool` (decoded as the tool actor decodes them, with
+ * {@link argumentsCodec}: strict tools refuse unknown keys), or undefined when they would be taken. For checking
+ * demonstrations before training.
  *
  * @category getters
  * @since 0.1.0
  */
 export const argumentsProblem = (tool: Any, args: unknown): string | undefined => {
-  const decoded = Schema.decodeUnknownExit(tool.parametersSchema as Schema.Codec<unknown, unknown>)(
+  const problem = jsonProblem(tool)
+  if (problem !== undefined) return problem
+  const decoded = Schema.decodeUnknownExit(argumentsCodec(tool))(
     args,
     tool.strict ? { onExcessProperty: "error", errors: "all" } : { errors: "all" }
   )

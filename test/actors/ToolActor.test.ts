@@ -196,6 +196,62 @@ describe("ToolActor", () => {
         const error = yield* Effect.flip(ToolActor.make([Echo, Echo]))
         assert.include(error.message, `two tools are named "echo"`)
       }))
+
+    it.effect("a tool whose parameters have no JSON form is refused, naming the tool and the field", () =>
+      Effect.gen(function*() {
+        class Point {
+          readonly x: number
+          constructor(x: number) {
+            this.x = x
+          }
+        }
+        const plot = Tool.make("plot", {
+          description: "Plot points",
+          parameters: Schema.Struct({ title: Schema.String, points: Schema.Array(Schema.instanceOf(Point)) }),
+          handler: ({ points }) => Effect.succeed(String(points.length))
+        })
+        // Rendered, its items read as "anything"; no JSON value is a Point, so no call could ever run.
+        assert.deepStrictEqual(Tool.parametersJsonSchema(plot)["properties"], {
+          title: { type: "string" },
+          points: { type: "array" }
+        })
+        const error = yield* Effect.flip(ToolActor.make([Echo, plot]))
+        assert.strictEqual(error.tool, "plot")
+        assert.strictEqual(error.reason, "DecodeError")
+        assert.include(error.message, `tool "plot" can never be called`)
+        assert.include(error.message, `parameter field ["points"][number]`)
+        assert.include(error.message, "Schema.instanceOf")
+        assert.include(Tool.argumentsProblem(plot, { title: "t", points: [] })!, `["points"][number]`)
+      }))
+
+    it.effect("arguments decode with the JSON codec the prompt's JSON Schema describes (a Date is an ISO string)", () =>
+      Effect.gen(function*() {
+        const seen: Array<unknown> = []
+        const remind = Tool.make("remind", {
+          description: "Set a reminder",
+          parameters: Schema.Struct({ at: Schema.Date, count: Schema.BigInt, note: Schema.optional(Schema.String) }),
+          handler: ({ at, count, note }) => {
+            seen.push(at, count, note)
+            return Effect.succeed(`${at.toISOString()} x${count}`)
+          }
+        })
+        // The model is told to write strings, and null for an absent optional field ...
+        const properties = Tool.parametersJsonSchema(remind)["properties"] as Record<string, unknown>
+        assert.deepStrictEqual(properties["at"], { type: "string" })
+        assert.deepStrictEqual(properties["count"], { type: "string", pattern: "^-?\\d+$" })
+        assert.deepStrictEqual(properties["note"], { anyOf: [{ type: "string" }, { type: "null" }] })
+        // ... and what it was told to write decodes: the handler gets a Date and a bigint.
+        const actor = yield* ToolActor.make([remind])
+        const r = yield* actor.execute(call("remind", { at: "2024-05-01T09:00:00.000Z", count: "3", note: null }))
+        assert.isUndefined(r.error, r.message.content as string)
+        assert.strictEqual(r.message.content, "2024-05-01T09:00:00.000Z x3")
+        assert.instanceOf(seen[0], Date)
+        assert.strictEqual(seen[1], 3n)
+        assert.isUndefined(seen[2])
+        assert.isUndefined(Tool.argumentsProblem(remind, { at: "2024-05-01T09:00:00.000Z", count: "3" }))
+        const bad = yield* actor.execute(call("remind", { at: "not a date", count: "3" }))
+        assert.strictEqual(bad.error?.reason, "DecodeError")
+      }))
   })
 
   describe("truncation", () => {
