@@ -6,10 +6,12 @@
  * - The reward runs in a `RewardActor` (`onError: "zero"`: a failed reward scores 0 and is counted).
  * - The environment provider is built once (a per-group or shared provider, a resource-manager pool), with what
  *   it needs from the run provided.
- * - **The start check**: when the tools or the reward declare services, a probe chain acquires its environment
- *   once, before any rollout; a service missing from what it got fails with `TaskError(MissingServices)` naming
- *   it (a task assembled from untyped parts: a module loaded by the CLI), and an environment that cannot be built
- *   or leased fails with `TaskError(Environment)`.
+ * - **The start check**: when the task has an environment, or its tools or reward declare services, a probe chain
+ *   acquires its environment once, before any rollout. A service missing from what it got, or one that building
+ *   the environment (the task's `layer`, its provider, the probe's lease) asked for and did not get, fails with
+ *   `TaskError(MissingServices)` naming the task and the service (a task assembled from untyped parts: a module
+ *   loaded by the CLI, a `withOptions` task without its `layer`); an environment that cannot be built or leased for
+ *   another reason fails with `TaskError(Environment)`. Neither reaches a chain as a defect.
  *
  * These are the only adapters from the task's parts to the rollout chain's ports (`RolloutChain.toolsFromActor`,
  * `rewardFromActor`): the trainer, the CLI and `Rollout.run` all go through here.
@@ -69,6 +71,28 @@ const taskError = (task: Task.Any, reason: Task.TaskErrorReason) => (e: unknown)
   })
 }
 
+/**
+ * A failure or a defect of building or leasing the task's environment, as its typed error. A service that the
+ * build asked for and did not get (Effect's `Service not found: <key>` defect) is `MissingServices`, naming it.
+ */
+const startError = (task: Task.Any, cause: Cause.Cause<unknown>): Task.TaskError => {
+  const error = Cause.squash(cause)
+  const missing = error instanceof Error ? /^Service not found: (.+)$/.exec(error.message)?.[1] : undefined
+  return missing === undefined ? taskError(task, "Environment")(error) : new Task.TaskError({
+    task: task.name,
+    reason: "MissingServices",
+    message: `task "${task.name}": its environment needs ${missing}, but neither the task's layer nor the run ` +
+      `provides it`
+  })
+}
+
+/** Any failure or defect of `effect` as the task's start error; interruption stays interruption. */
+const atStart = <A, R>(task: Task.Any, effect: Effect.Effect<A, unknown, R>): Effect.Effect<A, Task.TaskError, R> =>
+  Effect.catchCause(effect, (cause) =>
+    Cause.hasInterruptsOnly(cause)
+      ? Effect.failCause(cause as Cause.Cause<never>)
+      : Effect.fail(startError(task, cause)))
+
 /** The task's provider, built in the run's scope, with what it needs from the run provided to every acquire. */
 const environmentOf = <RE>(
   task: Task.Task<RE>
@@ -79,14 +103,14 @@ const environmentOf = <RE>(
     // The task's own layer (a resource manager, a Docker engine) lives as long as the run.
     const own = task.layer === undefined
       ? Context.empty()
-      : yield* Layer.build(task.layer).pipe(Effect.mapError(taskError(task, "Environment")))
+      : yield* atStart(task, Layer.build(task.layer))
     // Without the run's Scope: every acquire must register its release on the chain's own scope.
     const context = Context.omit(Scope.Scope)(Context.merge(yield* Effect.context<RE>(), own)) as Context.Context<any>
     const provider = Environment.isProvider(source)
       ? source
-      : yield* (source as Effect.Effect<Environment.Provider<any, any, any>, unknown, any>).pipe(
-        Effect.provideContext(context),
-        Effect.mapError(taskError(task, "Environment"))
+      : yield* atStart(
+        task,
+        Effect.provideContext(source as Effect.Effect<Environment.Provider<any, any, any>, unknown, any>, context)
       )
     return Environment.make<any, any, never>(
       provider.sharing,
@@ -98,14 +122,18 @@ const environmentOf = <RE>(
 /** Acquires the environment for a probe chain and checks that it holds every service the task declared. */
 const checkServices = (task: Task.Any, environment: Environment.Provider<any, any, never>) =>
   Effect.gen(function*() {
-    if (task.needs.length === 0) return
+    if (task.needs.length === 0 && task.environment === undefined) return
     const scope = yield* Scope.make()
     const acquired = yield* Effect.exit(
       Scope.provide(environment.acquire({ chainId: "probe", groupId: "probe", rowIndex: -1, row: {}, seed: 0 }), scope)
     )
     yield* Scope.close(scope, Exit.void)
-    // A failure or a defect (a layer that threw) alike: the task's environment could not start.
-    if (Exit.isFailure(acquired)) return yield* Effect.fail(taskError(task, "Environment")(Cause.squash(acquired.cause)))
+    // A failure or a defect (a layer that threw, a service it asked for) alike: the environment could not start.
+    if (Exit.isFailure(acquired)) {
+      return yield* Cause.hasInterruptsOnly(acquired.cause)
+        ? Effect.failCause(acquired.cause as Cause.Cause<never>)
+        : Effect.fail(startError(task, acquired.cause))
+    }
     const missing = Task.missingServices(task, acquired.value as Context.Context<never>)
     if (missing.length > 0) {
       const what = task.environment === undefined ? "the task has no environment" : "its environment lacks them"

@@ -147,7 +147,8 @@ export interface RunOptions {
  * @since 0.1.0
  */
 export interface Options extends RunOptions, Overrides {
-  readonly task: Task.Any
+  /** The task: a `Task<never>`, since a run provides nothing to its environment beyond the task's own `layer`. */
+  readonly task: Task.Task
   /** The config as a config file holds it (type-checked: a misspelt key does not compile). */
   readonly config: TrainConfig.Input
   readonly dir?: string | undefined
@@ -210,7 +211,7 @@ const runFiles = ["metrics.jsonl", "journal.jsonl", "checkpoints"]
  * @since 0.1.0
  */
 export const runConfig = Effect.fn("Train.runConfig")(function*(
-  task: Task.Any,
+  task: Task.Task,
   requested: TrainConfig.TrainConfig,
   options: RunOptions = {}
 ): Effect.fn.Return<Result, Failure, FileSystem.FileSystem | Path.Path | Scope.Scope> {

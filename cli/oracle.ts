@@ -17,7 +17,6 @@ import * as Solver from "../environments/household/Solver.ts"
 import * as SearchOracle from "../environments/search/SearchOracle.ts"
 import * as ShopOracle from "../environments/webshop/ShopOracle.ts"
 import * as Dataset from "../src/Dataset.ts"
-import type * as Task from "../src/Task.ts"
 import * as Setup from "./setup.ts"
 import { exitOnFailure } from "./train.ts"
 
@@ -52,7 +51,7 @@ export const play = Effect.fn("cli.oracle.play")(function*(file: string, rows = 
   if (config.data.eval === undefined) return yield* Effect.fail(new Error(`${file}: data.eval names no held-out rows`))
   const data = yield* Dataset.load(config.data.eval, { fields: task.row })
   const played = data.rows.slice(0, rows).map((r) => ({ question: r.question, ...r.fields }))
-  return yield* Oracle.rollout({ task: task as Task.Task, rows: played, policy })
+  return yield* Oracle.rollout({ task, rows: played, policy })
 })
 
 /**

@@ -16,9 +16,13 @@
  *   run's config may override.
  *
  * **Typed wiring.** {@link make} does not type-check when a tool, the reward or the episode needs a service the
- * environment does not provide (the error names the missing services). A task assembled from untyped parts (a
- * module loaded by the CLI) is checked when a run starts: {@link missingServices} against the services its
- * environment handed a probe chain.
+ * environment does not provide (the error names the missing services). What building the environment needs beyond
+ * the task's own `layer` stays in the task's type (`Task<RE>`): a task reached by name or path gets nothing from its
+ * runner, so {@link withOptions} and {@link resolve} deal in `Task<never>` only, and a task whose `layer` is missing
+ * does not type-check there (nor in `Oracle.rollout`, `Train.run`). A task assembled from untyped parts (a module
+ * loaded by the CLI) is checked when a run starts: {@link missingServices} against the services its environment
+ * handed a probe chain, and a service its environment's build asked for and did not get, are a
+ * `TaskError(MissingServices)` naming the task and the service.
  *
  * **By name or by path.** A run's config names its task: a built-in name (`"calculator"`), or a module path
  * (`"./task.ts"`, exporting `task`), with options for tasks that take some ({@link withOptions}). The same
@@ -126,7 +130,7 @@ export type Any = Task<any>
  * @category models
  * @since 0.1.0
  */
-export type Definition = Any | ((options: unknown) => Effect.Effect<Any, TaskError>)
+export type Definition = Task | ((options: unknown) => Effect.Effect<Task, TaskError>)
 
 /**
  * A built-in task: loads its module when a config names it.
@@ -226,8 +230,8 @@ export interface Options<Fields, Tools extends ReadonlyArray<Tool.Any>, RW, ROut
  *   reward: solved,                               // dependencies: [Game]
  *   environment: Environment.perChain(Game.layer),
  *   episode: {
- *     start: ({ row }) => Effect.flatMap(Game.asEffect(), (g) => g.reset(row.secret as number)),
- *     step: () => Effect.map(Game.asEffect(), (g) => (g.solved ? { end: "solved" } : {}))
+ *     start: ({ row }) => Effect.flatMap(Game, (g) => g.reset(row["secret"] as number)),
+ *     step: () => Effect.map(Game, (g) => (g.solved ? { end: "solved" } : {}))
  *   },
  *   defaults: { maxTurns: 6, systemPrompt: "Find the number." }
  * })
@@ -298,14 +302,19 @@ const inCode: OptionsContext = { resolvePath: (path) => path }
  * A task that takes options (a config's `task: { name, options }`): they are decoded strictly with `schema`
  * (unknown keys are errors) before `make` builds the task; paths among them go through `context.resolvePath`.
  *
+ * **Gotchas**
+ *
+ * `make` returns a `Task<never>`: a config's task runs with nothing from its runner, so its `layer` provides
+ * everything its environment needs. One whose `layer` is missing (`Task<Catalog>`) does not type-check here.
+ *
  * @category constructors
  * @since 0.1.0
  */
 export const withOptions = <S extends Schema.Top>(
   name: string,
   schema: S,
-  make: (options: S["Type"], context: OptionsContext) => Any
-): (options: unknown, context?: OptionsContext) => Effect.Effect<Any, TaskError> =>
+  make: (options: S["Type"], context: OptionsContext) => Task
+): (options: unknown, context?: OptionsContext) => Effect.Effect<Task, TaskError> =>
 (options, context = inCode) =>
   Schema.decodeUnknownEffect(schema as unknown as Schema.Codec<S["Type"], unknown>)(options ?? {}, {
     onExcessProperty: "error",
@@ -380,6 +389,8 @@ const isModulePath = (name: string): boolean => /\.(m?[jt]s)$/.test(name) || nam
 
 /**
  * The task of a definition: a task as is (it takes no options), or a {@link withOptions} function applied to them.
+ * A definition from a module is untyped: it is taken as a `Task<never>` (what a config's task must be), and what
+ * its environment needs and does not get is the start check's `TaskError(MissingServices)`.
  *
  * @category constructors
  * @since 0.1.0
@@ -389,14 +400,14 @@ export const instantiate = (
   definition: unknown,
   options: unknown,
   context: OptionsContext = inCode
-): Effect.Effect<Any, TaskError> => {
+): Effect.Effect<Task, TaskError> => {
   if (isTask(definition)) {
     return options === undefined
-      ? Effect.succeed(definition)
+      ? Effect.succeed(definition as Task)
       : Effect.fail(new TaskError({ task: name, reason: "Options", message: "this task takes no options" }))
   }
   if (typeof definition === "function") {
-    return (definition as (o: unknown, c: OptionsContext) => Effect.Effect<Any, TaskError>)(options, context)
+    return (definition as (o: unknown, c: OptionsContext) => Effect.Effect<Task, TaskError>)(options, context)
   }
   return Effect.fail(
     new TaskError({ task: name, reason: "Module", message: "expected a task (Task.make) or a Task.withOptions function" })
@@ -428,7 +439,7 @@ export const resolve = (
     readonly builtins: Readonly<Record<string, Builtin>>
     readonly resolvePath: (path: string) => string
   }
-): Effect.Effect<Any, TaskError> => {
+): Effect.Effect<Task, TaskError> => {
   const name = refName(ref)
   const taskOptions = typeof ref === "string" ? undefined : ref.options
   if (isModulePath(name)) {

@@ -1,6 +1,7 @@
 import { assert, describe, it } from "@effect/vitest"
-import { Context, Effect, Fiber, Layer, Schema, Stream } from "effect"
+import { Cause, Context, Effect, Exit, Fiber, Layer, Schema, Stream } from "effect"
 import { TestClock } from "effect/testing"
+import * as Oracle from "../../actors/Oracle.ts"
 import * as Rollout from "../../actors/Rollout.ts"
 import * as TaskRuntime from "../../actors/TaskRuntime.ts"
 import * as Environment from "../../src/Environment.ts"
@@ -85,6 +86,39 @@ describe("TaskRuntime", () => {
         const down = yield* Effect.flip(TaskRuntime.make(task))
         assert.strictEqual(down.reason, "Environment")
         assert.strictEqual(down.message, `the environment of task "${name}" could not start: ${why}`)
+      }
+    }))
+
+  it.effect("an environment built without a service it asks for fails at start, naming the task and the service", () =>
+    Effect.gen(function*() {
+      // The environment's layer needs a Catalog that only the task's `layer` would provide, and the layer was left
+      // out; as a module loaded by the CLI is, the task is untyped (`Task<never>` by assertion), so this is the start
+      // check's to catch, not a chain's defect.
+      class Catalog extends Context.Service<Catalog, { readonly size: number }>()("test/TaskRuntime/Catalog") {}
+      const counterLayer = Layer.effect(Counter, Effect.map(Catalog, (c) => Counter.of({ n: c.size })))
+      const untyped = (name: string, parts: object) => Task.make(name, parts as never) as unknown as Task.Task
+      const tasks = [
+        // A provider built once for the run (its build asks for Catalog) ...
+        untyped("shared", { tools: [counted], environment: Environment.shared(counterLayer) }),
+        // ... and one built per chain for an episode whose tools declare nothing (the probe's lease asks for it).
+        untyped("episodic", {
+          environment: Environment.perChain(counterLayer),
+          episode: { start: () => Effect.asVoid(Counter) }
+        })
+      ]
+      for (const task of tasks) {
+        const exit = yield* Effect.exit(
+          Oracle.rollout({ task, rows: [{ question: "go" }], policy: () => ({ content: "done" }) })
+        )
+        assert.isTrue(Exit.isFailure(exit))
+        const error = Exit.isFailure(exit) ? Cause.squash(exit.cause) : undefined
+        assert.instanceOf(error, Task.TaskError, `${task.name}: a typed error, not a defect`)
+        assert.strictEqual((error as Task.TaskError).reason, "MissingServices")
+        assert.strictEqual(
+          (error as Task.TaskError).message,
+          `task "${task.name}": its environment needs test/TaskRuntime/Catalog, but neither the task's layer nor ` +
+            `the run provides it`
+        )
       }
     }))
 
