@@ -12,6 +12,11 @@
  * - `context_length`: the context budget (`maxContextTokens`) ran out; the remaining budget caps `maxTokens`
  *   of every request, so a turn cut by it also ends here;
  * - `stop`: the sampler stopped (max tokens) without a complete turn;
+ *
+ * A turn cut by max tokens or the context budget inside a tool call (`<tool_call>{"name": "calc", "argu` and no
+ * `</tool_call>`) made a failed call: each call its parser could not read counts as `tool_errors/ParseFailed` (an
+ * invalid tool call in the run's figures), and the trajectory's `error` says so (`errorReason: "ParseFailed"`) while
+ * its termination stays `stop` / `context_length`, the reason the chain ended.
  * - `episode_end`: the environment ended the episode (`Environment.Episode.step` returned an `end` reason);
  * - `error`: an error whose policy ends the chain (see `src/RolloutError.ts`).
  *
@@ -386,6 +391,7 @@ export interface Outcome {
 /** A policy's verdict that ends the chain, carried to the finishing code. */
 interface Ending {
   readonly termination: Termination
+  /** The error that ended the chain, or (without a policy) the tool call a cut turn left unreadable. */
   readonly error?: RolloutError.RolloutError | undefined
   readonly policy?: RolloutError.Policy | undefined
   readonly episodeEnd?: string | undefined
@@ -513,9 +519,7 @@ const runScoped = Effect.fnUntraced(function*(
       local.tokens += generated
       local.turns++
       stats.turns++
-      if (!turn.complete) {
-        return { termination: maxTokens < config.sampling.maxTokens ? "context_length" : "stop" }
-      }
+      if (!turn.complete) return cutTurn(spec, config, turn, local, maxTokens < config.sampling.maxTokens)
       // Parse failures: with `feedback` the model reads what was wrong; valid calls of the same turn still run.
       const feedback: Array<Message> = []
       if (turn.parseErrors.length > 0) {
@@ -659,6 +663,27 @@ interface Local {
   tokens: number
   samplerMs: number
   readonly toolErrors: Map<string, number>
+}
+
+/**
+ * The ending of a turn cut by max tokens (`stop`) or by the context budget (`context_length`). A tool call the cut
+ * left unreadable (opened and never closed) is a failed call, counted as `tool_errors/ParseFailed`; no policy
+ * applies (the chain ends either way), but the trajectory's `error` says what was cut.
+ */
+const cutTurn = (spec: Spec, config: Config, turn: AssistantTurn, local: Local, byContext: boolean): Ending => {
+  const termination = byContext ? "context_length" : "stop"
+  if (turn.parseErrors.length === 0) return { termination }
+  bump(local.toolErrors, "ParseFailed", turn.parseErrors.length)
+  bump(config.stats.errors, "ParseFailed")
+  const limit = byContext ? "the context budget" : "max tokens"
+  return {
+    termination,
+    error: new RolloutError.RolloutError({
+      reason: "ParseFailed",
+      message: `the turn was cut by ${limit} inside a tool call: ${turn.parseErrors.join("; ")}`,
+      chainId: spec.chainId
+    })
+  }
 }
 
 /** An episode method run with the chain's environment services; its failures are the environment's. */

@@ -393,7 +393,8 @@ const isCorrect = (t: Trajectory.Trajectory): boolean => {
 
 /**
  * A trajectory made a tool call that failed to parse or to run (an `is_error` observation, or a `tool_errors/<Reason>`
- * count: an agent function's SDK reads a malformed call as text, and the gateway counts it), or errored.
+ * count: an agent function's SDK reads a malformed call as text, and the gateway counts it; a turn cut by max tokens
+ * inside a call counts it as `tool_errors/ParseFailed`), or errored.
  */
 const hasInvalidCall = (t: Trajectory.Trajectory): boolean =>
   t.termination === "error" || t.messages.some((m) => m.role === "tool" && m.is_error === true) ||
