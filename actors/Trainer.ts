@@ -496,8 +496,9 @@ const standardError = (xs: ReadonlyArray<number>): number => {
 /**
  * Rollout figures of a set of groups, under `prefix` (`rollout` or `eval`): `reward_mean`, `accuracy` and its
  * standard error over groups (`accuracy_se`: a group is one question's samples),
- * `invalid_tool_call_rate`, `turns_mean`, `tool_calls/<tool>` (calls per trajectory; with `tools`, calls to any
- * other name, which a policy misspells in endless ways, are counted once as `tool_calls/(unknown)`), the reward's
+ * `invalid_tool_call_rate`, `turns_mean`, `tool_calls/<tool>` (calls per trajectory; with `tools`, only the task's
+ * tools: a call of any other name, which a policy misspells in endless ways, is no series of its own but an error,
+ * counted in `tool_errors/UnknownTool` as the tool actor recorded it in the trajectory), the reward's
  * metrics (`reward/<name>/<metric>`, each averaged over the trajectories that carry it), the reward's failed
  * evaluations by reason (`reward/<name>/errors/<Reason>`, counts) and its unscored ones
  * (`reward/<name>/not_applicable`, a count), `policy_tokens` and, with `policyVersion`,
@@ -542,10 +543,9 @@ export const rolloutFigures = (
     for (const m of t.messages) {
       if (m.role !== "assistant") continue
       for (const call of m.tool_calls ?? []) {
-        const name = options.tools === undefined || options.tools.includes(call.function.name)
-          ? call.function.name
-          : "(unknown)"
-        calls.set(name, (calls.get(name) ?? 0) + 1)
+        const name = call.function.name
+        // Another name is an `UnknownTool` error, already among the `tool_errors/` counts above.
+        if (options.tools === undefined || options.tools.includes(name)) calls.set(name, (calls.get(name) ?? 0) + 1)
       }
     }
   }

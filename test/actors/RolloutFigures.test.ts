@@ -1,9 +1,14 @@
 /**
  * `Trainer.rolloutFigures`' accuracy standard error: over questions (groups), each the mean of its samples, so
- * samples of one question do not count as independent evidence.
+ * samples of one question do not count as independent evidence; tool calls and tool errors, reward metrics and
+ * failures as the trainer logs them.
  */
 import { assert, describe, it } from "@effect/vitest"
+import { Context, Effect } from "effect"
+import * as RolloutChain from "../../actors/RolloutChain.ts"
+import * as ToolActor from "../../actors/ToolActor.ts"
 import * as Trainer from "../../actors/Trainer.ts"
+import * as Tool from "../../src/Tool.ts"
 import { answered, trajectoryOf } from "../utils/trajectories.ts"
 
 const group = (rowIndex: number, outcomes: ReadonlyArray<boolean>) => ({
@@ -70,27 +75,32 @@ describe("Trainer.rolloutFigures", () => {
     assert.strictEqual(figures["rollout/reward/judge/not_applicable"], 2)
   })
 
-  it("calls to names that are not the task's tools count once, as tool_calls/(unknown)", () => {
-    const calling = (...names: ReadonlyArray<string>) =>
-      trajectoryOf([{ role: "user", content: "q" }, {
-        role: "assistant",
-        content: "",
-        tool_calls: names.map((name, i) => ({
-          id: `c${i}`,
-          type: "function" as const,
-          function: { name, arguments: {} }
-        }))
-      }])
-    const trajectories = [calling("calculator", "calc17ator"), calling("ca\ufffdculator")]
-    const groups = [{ groupId: "g", rowIndex: 0, trajectories }]
-    const known = Trainer.rolloutFigures(groups, { prefix: "rollout", tools: ["calculator"] })
-    assert.deepStrictEqual(
-      Object.keys(known).filter((k) => k.startsWith("rollout/tool_calls/")).sort(),
-      ["rollout/tool_calls/(unknown)", "rollout/tool_calls/calculator"]
-    )
-    assert.strictEqual(known["rollout/tool_calls/(unknown)"], 1)
-    assert.strictEqual(known["rollout/tool_calls/calculator"], 0.5)
-    // Without the task's tools (a caller that has none), every name is its own key, as before.
-    assert.strictEqual(Trainer.rolloutFigures(groups, { prefix: "rollout" })["rollout/tool_calls/calc17ator"], 0.5)
-  })
+  it.effect("a call of a name that is not the task's tool is no tool_calls series: it is tool_errors/UnknownTool", () =>
+    Effect.gen(function*() {
+      // The tool actor answers such a call with an UnknownTool error, which the chain records in the trajectory.
+      const calculator = Tool.make("calculator", { description: "calc", handler: () => Effect.succeed("1") })
+      const tools = RolloutChain.toolsFromActor(yield* ToolActor.make([calculator]))
+      const call = (id: string, name: string) => ({ id, type: "function" as const, function: { name, arguments: {} } })
+      const turn = yield* tools.executeTurn([call("c0", "calculator"), call("c1", "calc17ator")], Context.empty())
+      assert.deepStrictEqual(turn.errors, ["UnknownTool"])
+      const calling = (names: ReadonlyArray<string>, unknown: number) => ({
+        ...trajectoryOf([{ role: "user", content: "q" }, {
+          role: "assistant",
+          content: "",
+          tool_calls: names.map((name, i) => call(`c${i}`, name))
+        }]),
+        metrics: { "tool_errors/UnknownTool": unknown }
+      })
+      const trajectories = [calling(["calculator", "calc17ator"], 1), calling(["ca\ufffdculator"], 1)]
+      const groups = [{ groupId: "g", rowIndex: 0, trajectories }]
+      const known = Trainer.rolloutFigures(groups, { prefix: "rollout", tools: ["calculator"] })
+      assert.deepStrictEqual(Object.keys(known).filter((k) => k.startsWith("rollout/tool_calls/")), [
+        "rollout/tool_calls/calculator"
+      ])
+      assert.strictEqual(known["rollout/tool_calls/calculator"], 0.5)
+      assert.strictEqual(known["rollout/tool_errors/UnknownTool"], 2)
+      assert.strictEqual(known["rollout/invalid_tool_call_rate"], 1)
+      // Without the task's tools (an agent function, whose tools are its SDK's), every name is its own key.
+      assert.strictEqual(Trainer.rolloutFigures(groups, { prefix: "rollout" })["rollout/tool_calls/calc17ator"], 0.5)
+    }))
 })
