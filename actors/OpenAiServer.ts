@@ -8,6 +8,11 @@
  * vLLM extensions `return_token_ids`, `return_tokens_as_token_ids` (logprob tokens written `token_id:<id>`),
  * `stop_token_ids`, `top_k`, `skip_special_tokens` and `include_stop_str_in_output` are accepted.
  *
+ * **Fields** (`internal/openAiRequest.ts`, shared with the gateway): every field of OpenAI's documented request is
+ * accepted, those not served ignored (`tool_choice`, penalties, `user`, `metadata`, ...); a field that is neither
+ * OpenAI's nor read here, or a value outside OpenAI's range (`temperature` 0–2, `n` ≥ 1, ...), is a 400 naming it
+ * in `param`, in OpenAI's words.
+ *
  * **Errors.** A bad request gets an OpenAI-style body `{ error: { message, type, param, code } }` with a 4xx
  * status (400 invalid request, 404 unknown route or model, 405, 413 body too large); an engine failure is a 5xx.
  * The server never crashes on input. Every check (the body, the parameters, the chat template, tokenization, the
@@ -63,6 +68,7 @@ import type * as Tokenizer from "../src/Tokenizer.ts"
 import * as SchemaIssues from "../src/internal/schemaIssues.ts"
 import * as ToolCallParser from "../src/ToolCallParser.ts"
 import * as HttpActor from "./internal/http.ts"
+import * as OpenAiRequest from "./internal/openAiRequest.ts"
 import { PolicyEngine, validateRequest } from "./PolicyEngine.ts"
 
 // ===== Models =====
@@ -213,13 +219,27 @@ const ChatCompletionRequest = Schema.Struct({
 
 type SamplingFields = { readonly [K in keyof typeof Sampling]?: (typeof Sampling)[K]["Type"] }
 
-// A Schema refusal as OpenAI's: `max_tokens: Expected number | null, got "5"`, the field in `param`.
-const decode = <S extends Schema.Top & { readonly DecodingServices: never }>(schema: S, body: unknown) =>
-  Schema.decodeUnknownEffect(schema)(body).pipe(Effect.mapError((e) => {
-    const [first] = SchemaIssues.formatIssues(schema, e.issue)
-    const param = first === undefined ? undefined : /^([A-Za-z_]+)/.exec(first)?.[1]
-    return invalid(first ?? e.message, param)
-  }))
+// A Schema refusal as OpenAI's: `max_tokens: Expected number | null, got "5"`, the field in `param`; then the rules
+// both servers share (`internal/openAiRequest.ts`): a field that is neither OpenAI's nor read here, a value out of
+// OpenAI's range, `n` > 1.
+const decode = <S extends Schema.Struct<Schema.Struct.Fields> & { readonly DecodingServices: never }>(
+  schema: S,
+  body: unknown,
+  endpoint: OpenAiRequest.Endpoint
+) =>
+  Schema.decodeUnknownEffect(schema)(body).pipe(
+    Effect.mapError((e) => {
+      const [first] = SchemaIssues.formatIssues(schema, e.issue)
+      const param = first === undefined ? undefined : /^([A-Za-z_]+)/.exec(first)?.[1]
+      return invalid(first ?? e.message, param)
+    }),
+    Effect.tap(() => {
+      const refused = OpenAiRequest.check(body as Record<string, unknown>, endpoint, Object.keys(schema.fields))
+      if (refused === undefined) return Effect.void
+      const { code, ...rest } = refused
+      return Effect.fail(new ApiError({ status: 400, ...rest, ...(code === undefined ? {} : { code }) }))
+    })
+  )
 
 // ===== Helpers =====
 
@@ -237,23 +257,14 @@ const makeText = (model: Model, skipSpecial: boolean) => {
 // ===== Parameters and limits =====
 
 /**
- * The sampling parameters of a request, checked in the API's own names (the engine checks them again, in its names,
- * with {@link validateRequest}).
+ * The sampling parameters of a request, whose ranges `decode` checked (the engine checks them again, in its names,
+ * with {@link validateRequest}); the stops checked against the model.
  */
 const samplingOf = Effect.fnUntraced(function*(model: Model, config: ModelConfig, body: SamplingFields, chat: boolean) {
-  if (body.n !== undefined && body.n !== null && body.n !== 1) return yield* invalid("only n = 1 is supported", "n")
   const maxTokens = body.max_completion_tokens ?? body.max_tokens ?? (chat ? 256 : 16)
-  if (maxTokens < 1) return yield* invalid(`max_tokens must be at least 1, got ${maxTokens}`, "max_tokens")
   const temperature = body.temperature ?? 1
-  if (!Number.isFinite(temperature) || temperature < 0) {
-    return yield* invalid(`temperature must be a finite number ≥ 0, got ${temperature}`, "temperature")
-  }
   const topP = body.top_p ?? undefined
-  if (topP !== undefined && !(topP > 0 && topP <= 1)) {
-    return yield* invalid(`top_p must be in (0, 1], got ${topP}`, "top_p")
-  }
   const topK = body.top_k ?? undefined
-  if (topK !== undefined && topK < -1) return yield* invalid(`top_k must be -1 (off) or ≥ 0, got ${topK}`, "top_k")
   const stopIds = new Set(body.stop_token_ids ?? [])
   const badStop = [...stopIds].find((id) => id < 0 || id >= config.vocabSize)
   if (badStop !== undefined) {
@@ -664,9 +675,8 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
       return yield* invalid(message, "prompt")
     }
     if (stream && count !== 1) return yield* invalid("stream: true takes a single prompt", "prompt")
-    const body = yield* decode(CompletionRequest, raw)
+    const body = yield* decode(CompletionRequest, raw, "completion")
     yield* atLeast(body.min_policy_version)
-    if (body.echo === true) return yield* invalid("echo is not supported", "echo")
     const prompts: ReadonlyArray<string | ReadonlyArray<number>> =
       typeof body.prompt === "string" ? [body.prompt] : body.prompt.length > 0 && typeof body.prompt[0] === "number"
       ? [body.prompt as ReadonlyArray<number>]
@@ -777,7 +787,7 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
 
   /** Every check of a `/v1/chat/completions` body; the rendered conversation is tokenized within the limits. */
   const chatRequest = Effect.fnUntraced(function*(raw: unknown) {
-    const body = yield* decode(ChatCompletionRequest, raw)
+    const body = yield* decode(ChatCompletionRequest, raw, "chat")
     yield* atLeast(body.min_policy_version)
     const sampling = yield* samplingOf(model, config, body, true)
     const { messages, tools } = yield* conversation(body)

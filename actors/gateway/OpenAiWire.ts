@@ -4,10 +4,12 @@
  * the project's `Message` schema and back, the canonical key of a message (how a conversation sent back is matched
  * to what was sampled), and the response, chunk and error bodies.
  *
- * Only what the SDKs send is read: `messages`, `tools`, `max_tokens` / `max_completion_tokens`, `temperature`,
- * `top_p`, `top_k`, `seed`, `n` (1 only), `stream`, `stream_options.include_usage`, `logprobs`, `stop_token_ids`;
- * `tool_choice`, `parallel_tool_calls`, penalties, `user`, `metadata` and the like are accepted and ignored. `stop`
- * strings are refused: a sampled sequence cut inside a token is not token-in/token-out.
+ * Read: `messages`, `tools`, `max_tokens` / `max_completion_tokens`, `temperature`, `top_p`, `top_k`, `seed`, `n`
+ * (1 only), `stream`, `stream_options.include_usage`, `logprobs`, `stop_token_ids`. The rest of OpenAI's documented
+ * fields (`tool_choice`, `parallel_tool_calls`, penalties, `user`, `metadata`, `store`, ...) are range-checked,
+ * accepted and ignored; any other field is refused as OpenAI refuses it, and so is a value out of OpenAI's range
+ * (`internal/openAiRequest.ts`, shared with `agentfly serve`). `stop` strings are refused: a sampled sequence cut
+ * inside a token is not token-in/token-out.
  *
  * @since 0.1.0
  */
@@ -15,6 +17,7 @@ import * as Http from "node:http"
 import { Data, Effect, Option, Schema } from "effect"
 import type * as ChatTemplate from "../../src/ChatTemplate.ts"
 import * as Message from "../../src/Message.ts"
+import * as OpenAiRequest from "../internal/openAiRequest.ts"
 
 // ===== Errors =====
 
@@ -93,35 +96,29 @@ const isRecord = (u: unknown): u is Record<string, unknown> => typeof u === "obj
 
 type Check<A> = A | ApiError
 
-const optionalNumber = (
-  body: Record<string, unknown>,
-  key: string,
-  valid: (n: number) => boolean,
-  rule: string
-): Check<number | undefined> => {
+/** The fields the gateway reads beyond OpenAI's documented ones (vLLM's). */
+const extensions: { readonly [E in OpenAiRequest.Endpoint]: ReadonlyArray<string> } = {
+  chat: ["top_k", "stop_token_ids"],
+  completion: ["top_k", "stop_token_ids", "max_completion_tokens"]
+}
+
+/** The shared rules (`internal/openAiRequest.ts`): known fields, OpenAI's ranges and types, one choice. */
+const checkShared = (body: Record<string, unknown>, endpoint: OpenAiRequest.Endpoint): ApiError | undefined => {
+  const refused = OpenAiRequest.check(body, endpoint, extensions[endpoint])
+  return refused === undefined ? undefined : invalid(refused.message, refused.param, refused.code)
+}
+
+/** A number field `checkShared` has checked: a number of its range, or absent. */
+const numberOf = (body: Record<string, unknown>, key: string): number | undefined => {
   const v = body[key]
-  if (v === undefined || v === null) return undefined
-  return typeof v === "number" && Number.isFinite(v) && valid(v) ? v : invalid(`${key} must be ${rule}`, key)
+  return typeof v === "number" ? v : undefined
 }
 
 const isInt = (n: number) => Number.isInteger(n)
 
-/** The sampling fields both endpoints share. */
+/** The sampling fields both endpoints share, once `checkShared` passed. */
 const samplingOf = (body: Record<string, unknown>): Check<Omit<ChatBody, "messages" | "tools" | "logprobs">> => {
-  const maxTokens = optionalNumber(body, "max_completion_tokens", (n) => isInt(n) && n >= 1, "an integer ≥ 1")
-  if (maxTokens instanceof ApiError) return maxTokens
-  const legacyMax = optionalNumber(body, "max_tokens", (n) => isInt(n) && n >= 1, "an integer ≥ 1")
-  if (legacyMax instanceof ApiError) return legacyMax
-  const temperature = optionalNumber(body, "temperature", (n) => n >= 0 && n <= 2, "a number from 0 to 2")
-  if (temperature instanceof ApiError) return temperature
-  const topP = optionalNumber(body, "top_p", (n) => n > 0 && n <= 1, "a number in (0, 1]")
-  if (topP instanceof ApiError) return topP
-  const topK = optionalNumber(body, "top_k", (n) => isInt(n) && n >= -1, "an integer ≥ -1")
-  if (topK instanceof ApiError) return topK
-  const seed = optionalNumber(body, "seed", isInt, "an integer")
-  if (seed instanceof ApiError) return seed
-  const n = optionalNumber(body, "n", (x) => x === 1, "1 (one choice per request)")
-  if (n instanceof ApiError) return n
+  const topK = numberOf(body, "top_k")
   const stop = body["stop"]
   if (stop !== undefined && stop !== null && !(Array.isArray(stop) && stop.length === 0)) {
     return invalid("stop sequences are not supported (a cut inside a token breaks token-in/token-out); " +
@@ -138,11 +135,11 @@ const samplingOf = (body: Record<string, unknown>): Check<Omit<ChatBody, "messag
     return invalid("stream_options must be an object", "stream_options")
   }
   return {
-    maxTokens: maxTokens ?? legacyMax,
-    temperature,
-    topP,
+    maxTokens: numberOf(body, "max_completion_tokens") ?? numberOf(body, "max_tokens"),
+    temperature: numberOf(body, "temperature"),
+    topP: numberOf(body, "top_p"),
     topK: topK === -1 ? undefined : topK,
-    seed,
+    seed: numberOf(body, "seed"),
     stopTokenIds: stopIds as ReadonlyArray<number>,
     stream,
     includeUsage: isRecord(options) && options["include_usage"] === true
@@ -268,6 +265,8 @@ const lift = <A>(check: Check<A>): Effect.Effect<A, ApiError> =>
 export const decodeChat = (body: unknown): Effect.Effect<ChatBody, ApiError> =>
   Effect.suspend(() => {
     if (!isRecord(body)) return Effect.fail(invalid("the request body must be a JSON object"))
+    const refused = checkShared(body, "chat")
+    if (refused !== undefined) return Effect.fail(refused)
     const raw = body["messages"]
     if (!Array.isArray(raw) || raw.length === 0) {
       return Effect.fail(invalid("messages must be a non-empty list", "messages"))
@@ -294,16 +293,14 @@ export const decodeChat = (body: unknown): Effect.Effect<ChatBody, ApiError> =>
 export const decodeCompletion = (body: unknown): Effect.Effect<CompletionBody, ApiError> =>
   Effect.suspend(() => {
     if (!isRecord(body)) return Effect.fail(invalid("the request body must be a JSON object"))
+    const refused = checkShared(body, "completion")
+    if (refused !== undefined) return Effect.fail(refused)
     const prompt = body["prompt"]
     const ids = Array.isArray(prompt) && prompt.length > 0 && prompt.every((t) => typeof t === "number" && isInt(t))
     if (typeof prompt !== "string" && !ids) {
       return Effect.fail(invalid("prompt must be a string or a non-empty list of token ids (one prompt)", "prompt"))
     }
-    if (body["echo"] === true) return Effect.fail(invalid("echo is not supported", "echo"))
     const logprobs = body["logprobs"]
-    if (logprobs !== undefined && logprobs !== null && typeof logprobs !== "number") {
-      return Effect.fail(invalid("logprobs must be an integer", "logprobs"))
-    }
     return Effect.map(lift(samplingOf(body)), (sampling) => ({
       ...sampling,
       prompt: prompt as string | ReadonlyArray<number>,

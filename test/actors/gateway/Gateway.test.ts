@@ -3,7 +3,8 @@
  * calls and parallel tool calls, plain and streamed, recorded token-in / token-out (the policy spans are exactly the
  * sampled ids, the tool results are `tool` spans, the loss mask is the policy's tokens); a history rewrite starts a
  * new segment; parallel requests become linked threads; malformed requests get OpenAI-style 4xx bodies and the
- * gateway keeps serving; an episode closed mid-request answers 410, interrupts the sampler and is freed.
+ * gateway keeps serving (every field OpenAI documents is accepted, an unknown one or a value out of range is a 400
+ * naming it); an episode closed mid-request answers 410, interrupts the sampler and is freed.
  */
 import { assert, describe, it } from "@effect/vitest"
 import { Deferred, Effect, Scope } from "effect"
@@ -13,6 +14,7 @@ import * as Gateway from "../../../actors/Gateway.ts"
 import * as Recorder from "../../../actors/gateway/Recorder.ts"
 import * as Sampler from "../../../src/Sampler.ts"
 import * as Trajectory from "../../../src/Trajectory.ts"
+import { everyChatField, everyCompletionField, refused } from "../fixtures/openAiRequests.ts"
 import { calculatorTool, evaluate, format, scriptedSampler, tokenizer, turn } from "./fixtures.ts"
 
 const sampling = { temperature: 1, maxTokens: 256 }
@@ -252,6 +254,46 @@ describe("Gateway", () => {
       assert.deepStrictEqual(episode.posted(), { reward: 0.5, metrics: { acc: 1 } })
       // Refused requests left nothing behind: the one thread is the header request's.
       assert.strictEqual(Recorder.threads(episode.recorder).length, 1)
+    }))
+
+  it.live("every field OpenAI documents is accepted (openai SDK); an unknown field or a value out of OpenAI's range is a 400 naming it", () =>
+    Effect.gen(function*() {
+      const { open } = yield* setup(yield* scriptedSampler())
+      const episode = yield* open("fields", { tokenizer })
+      const openai = client(episode.baseURL)
+      const question: Msg = { role: "user", content: "What is 2+2?" }
+      const chat = yield* Effect.promise(() =>
+        openai.chat.completions.create(everyChatField([question], [calculatorTool], 64))
+      )
+      assert.strictEqual(chat.choices[0]!.finish_reason, "tool_calls")
+      const text = yield* Effect.promise(() => openai.completions.create(everyCompletionField("Once upon", 4)))
+      assert.strictEqual(text.choices[0]!.finish_reason, "length")
+      const base = {
+        chat: { messages: [{ role: "user", content: "What is 1+1?" }] },
+        completion: { prompt: "Once upon" }
+      }
+      for (const r of refused) {
+        const path = r.endpoint === "chat" ? "chat/completions" : "completions"
+        const answer = yield* Effect.promise(async () => {
+          const response = await fetch(`${episode.baseURL}/${path}`, {
+            method: "POST",
+            headers: { "content-type": "application/json" },
+            body: JSON.stringify({ ...base[r.endpoint], ...r.fields })
+          })
+          return { status: response.status, json: (await response.json()) as { error: unknown } }
+        })
+        const label = `${path} ${JSON.stringify(r.fields)}`
+        assert.strictEqual(answer.status, 400, label)
+        assert.deepStrictEqual(answer.json.error, {
+          message: r.message,
+          type: "invalid_request_error",
+          param: r.param,
+          code: r.code
+        }, label)
+      }
+      // The refused requests left nothing behind: the two threads and requests are the SDK's.
+      assert.strictEqual(episode.recorder.requests, 2)
+      assert.strictEqual(Recorder.threads(episode.recorder).length, 2)
     }))
 
   it.live("an episode closed while its request runs: the client gets 410, the sampler is interrupted, nothing leaks", () =>
