@@ -57,60 +57,65 @@ export const fromTemplate = (options: TemplateOptions): RolloutChain.Format => {
   })
   const stops = new Set(stopTokenIds)
   const parseFormat = options.toolCallFormat ?? template.toolCallFormat
+  /** A transcript over `initial`; the builder is immutable, so a fork is a second transcript over the same one. */
+  const transcriptOf = (initial: TrajectoryBuilder.TrajectoryBuilder, turnsSoFar: number): RolloutChain.Transcript => {
+    let builder = initial
+    let turns = turnsSoFar
+    return {
+      length: () => builder.segments.at(-1)!.spans.reduce((n, span) => n + span.tokenIds.length, 0),
+      promptTokenIds: () => TrajectoryBuilder.promptTokenIds(builder),
+      appendSampled: (result) =>
+        Effect.gen(function*() {
+          const ids = result.tokenIds
+          const complete = ids.length > 0 && stops.has(ids[ids.length - 1]!)
+          const text = tokenizer.decode(complete ? ids.slice(0, -1) : ids)
+          const parsed = ToolCallParser.parse(parseFormat, text, { idPrefix: `call_${turns}_` })
+          const message = ToolCallParser.toAssistantMessage(parsed)
+          builder = yield* TrajectoryBuilder.appendSampled(builder, {
+            tokenIds: ids,
+            logprobs: result.logprobs,
+            policyVersion: result.policyVersion,
+            message
+          }).pipe(Effect.mapError(templateFailed))
+          turns++
+          return {
+            message: message as RolloutChain.AssistantTurn["message"],
+            toolCalls: parsed.toolCalls,
+            parseErrors: parsed.errors.map((e) => e.message),
+            complete
+          }
+        }),
+      appendAssistant: (message) =>
+        Effect.gen(function*() {
+          builder = yield* TrajectoryBuilder.appendAssistant(builder, message).pipe(Effect.mapError(templateFailed))
+          turns++
+          return { message, toolCalls: message.tool_calls ?? [], parseErrors: [], complete: true }
+        }),
+      appendObservations: (observations) =>
+        Effect.map(
+          Effect.mapError(TrajectoryBuilder.appendObservations(builder, observations), templateFailed),
+          (next) => {
+            builder = next
+          }
+        ),
+      messages: () => builder.messages,
+      segments: () => builder.segments,
+      fork: () => transcriptOf(builder, turns)
+    }
+  }
   return {
     stopTokenIds,
     start: (messages, tools) =>
-      Effect.gen(function*() {
-        let builder = yield* TrajectoryBuilder.start({
+      Effect.map(
+        TrajectoryBuilder.start({
           tokenizer,
           template,
           messages,
           tools: tools as ReadonlyArray<ChatTemplate.ToolSpec>,
           ...(options.variables === undefined ? {} : { variables: options.variables })
-        }).pipe(Effect.mapError(templateFailed))
-        let turns = 0
-        const transcript: RolloutChain.Transcript = {
-          length: () => builder.segments.at(-1)!.spans.reduce((n, span) => n + span.tokenIds.length, 0),
-          promptTokenIds: () => TrajectoryBuilder.promptTokenIds(builder),
-          appendSampled: (result) =>
-            Effect.gen(function*() {
-              const ids = result.tokenIds
-              const complete = ids.length > 0 && stops.has(ids[ids.length - 1]!)
-              const text = tokenizer.decode(complete ? ids.slice(0, -1) : ids)
-              const parsed = ToolCallParser.parse(parseFormat, text, { idPrefix: `call_${turns}_` })
-              const message = ToolCallParser.toAssistantMessage(parsed)
-              builder = yield* TrajectoryBuilder.appendSampled(builder, {
-                tokenIds: ids,
-                logprobs: result.logprobs,
-                policyVersion: result.policyVersion,
-                message
-              }).pipe(Effect.mapError(templateFailed))
-              turns++
-              return {
-                message: message as RolloutChain.AssistantTurn["message"],
-                toolCalls: parsed.toolCalls,
-                parseErrors: parsed.errors.map((e) => e.message),
-                complete
-              }
-            }),
-          appendAssistant: (message) =>
-            Effect.gen(function*() {
-              builder = yield* TrajectoryBuilder.appendAssistant(builder, message).pipe(Effect.mapError(templateFailed))
-              turns++
-              return { message, toolCalls: message.tool_calls ?? [], parseErrors: [], complete: true }
-            }),
-          appendObservations: (observations) =>
-            Effect.map(
-              Effect.mapError(TrajectoryBuilder.appendObservations(builder, observations), templateFailed),
-              (next) => {
-                builder = next
-              }
-            ),
-          messages: () => builder.messages,
-          segments: () => builder.segments
-        }
-        return transcript
-      })
+        }).pipe(Effect.mapError(templateFailed)),
+        (builder) => transcriptOf(builder, 0)
+      )
   }
 }
 

@@ -16,7 +16,9 @@
  * on history rewrites, parallel requests as linked threads). A program opens an episode with {@link Gateway.open}
  * (scoped: closing the scope closes it) and reads its trajectory when its agent is done; in **serving mode**
  * (`autoOpen`), a request to an unknown episode opens one, a posted reward or `end` finishes it, and an episode idle
- * for `idleTimeout` is abandoned (masked); each finished episode goes to `onEnd`.
+ * for `idleTimeout` is abandoned (masked); each finished episode goes to `onEnd`. In serving mode a request answered
+ * with an error is not recorded (`Recorder.Config.keepRefused: false`): the episode stays as it was, and one that
+ * recorded nothing (only refused requests, or none) ends without going to `onEnd`, its id free again.
  *
  * **Errors.** A malformed request gets an OpenAI-style body `{ error: { message, type, param, code } }` with a 4xx
  * status (400 invalid request or `context_length_exceeded`, 404 unknown route or episode, 405, 410 an episode
@@ -79,7 +81,8 @@ export interface Finished {
  * @since 0.1.0
  */
 export interface AutoOpen {
-  readonly episode: Omit<Recorder.Config, "id" | "groupId">
+  /** `keepRefused` is false here: the client got an error, so the record is as if the request never came. */
+  readonly episode: Omit<Recorder.Config, "id" | "groupId" | "keepRefused">
   /** An episode without a request for this long is abandoned: masked and freed (default 10 minutes). */
   readonly idleTimeout?: Duration.Input | undefined
   readonly onEnd: (finished: Finished) => Effect.Effect<void>
@@ -240,6 +243,9 @@ export const make = Effect.fn("Gateway.make")(function*(options: Options = {}) {
     Effect.gen(function*() {
       if (entry.closed || auto === undefined) return
       yield* closeEntry(entry)
+      // Nothing recorded (no request, or only refused ones, which leave nothing): nothing to write, and the id was
+      // never written under, so it stays free.
+      if (entry.episode.recorder.threads.length === 0) return
       ended.add(entry.episode.id)
       if (ended.size > endedKept) ended.delete(ended.values().next().value!)
       const base = yield* Recorder.trajectory(entry.episode.recorder, ending)
@@ -279,7 +285,7 @@ export const make = Effect.fn("Gateway.make")(function*(options: Options = {}) {
           code: "episode_ended"
         })
       }
-      return yield* openEntry({ ...auto.episode, id, groupId: id }, true).pipe(
+      return yield* openEntry({ ...auto.episode, id, groupId: id, keepRefused: false }, true).pipe(
         Effect.mapError((e) => Wire.invalid(e.message))
       )
     })

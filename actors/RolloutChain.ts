@@ -69,6 +69,11 @@ export interface Transcript {
   ) => Effect.Effect<AssistantTurn, RolloutError.RolloutError>
   readonly messages: () => Conversation
   readonly segments: () => ReadonlyArray<Segment>
+  /**
+   * An independent copy: appending to either leaves the other as it was (the gateway puts a thread back with it
+   * when a request is refused).
+   */
+  readonly fork: () => Transcript
 }
 
 /**

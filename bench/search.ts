@@ -53,26 +53,29 @@ const tokenizer = Effect.runSync(Tokenizer.make(ByteTokenizer.tokenizerJson(), B
 const template = ChatTemplate.builtinTemplate("qwen2.5")
 const byteFormat = ChainFormat.fromTemplate({ tokenizer, template })
 
+/** A message-list transcript over a copy of `messages` (a fork is another one). */
+const transcriptOf = (messages: ReadonlyArray<Message>): RolloutChain.Transcript => {
+  const history: Array<Message> = [...messages]
+  return {
+    length: () => 0,
+    promptTokenIds: () => [],
+    appendSampled: () => Effect.die("messagesFormat: chat mode only"),
+    appendAssistant: (message) =>
+      Effect.sync(() => {
+        history.push(message)
+        return { message, toolCalls: message.tool_calls ?? [], parseErrors: [], complete: true }
+      }),
+    appendObservations: (observations) => Effect.sync(() => void history.push(...observations)),
+    messages: (): Conversation => [...history],
+    segments: () => [],
+    fork: () => transcriptOf(history)
+  }
+}
+
 /** A chat-mode format without tokens: the transcript is the message list (a black-box API's rollout). */
 const messagesFormat: RolloutChain.Format = {
   stopTokenIds: [],
-  start: (messages) =>
-    Effect.sync(() => {
-      const history: Array<Message> = [...messages]
-      return {
-        length: () => 0,
-        promptTokenIds: () => [],
-        appendSampled: () => Effect.die("messagesFormat: chat mode only"),
-        appendAssistant: (message) =>
-          Effect.sync(() => {
-            history.push(message)
-            return { message, toolCalls: message.tool_calls ?? [], parseErrors: [], complete: true }
-          }),
-        appendObservations: (observations) => Effect.sync(() => void history.push(...observations)),
-        messages: (): Conversation => [...history],
-        segments: () => []
-      }
-    })
+  start: (messages) => Effect.sync(() => transcriptOf(messages))
 }
 
 /** The oracle's episodes through the runtime: tool calls per second. */

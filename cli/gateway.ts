@@ -5,7 +5,9 @@
  * `http://HOST:PORT/episodes/<ID>/v1` (a fresh `<ID>` per episode); an episode opens with its first request, ends
  * with `POST /episodes/<ID>/reward {"reward": r}` (or `POST /episodes/<ID>/end`), and is abandoned (masked) after
  * `--idle-timeout` seconds without a request. Every finished episode is appended to `--output` as one JSON line:
- * `{ trajectory, threads }` (the token-level trajectory and each thread's segments).
+ * `{ trajectory, threads }` (the token-level trajectory and each thread's segments). A request answered with an error
+ * (400 `context_length_exceeded`, a bad field, ...) is not recorded, and an episode with nothing recorded is not
+ * written.
  *
  * Sampling is on the model folder's weights (the local engine), or, with `--upstream`, on an OpenAI-compatible
  * server that returns token ids and logprobs (vLLM, SGLang, `agentfly serve`); the folder then gives only the

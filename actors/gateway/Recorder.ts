@@ -58,6 +58,12 @@ export interface Config {
   readonly requestSampling: "cap" | "honour"
   /** Token budget of one sequence; a request past it is refused with `context_length_exceeded`. */
   readonly maxContextTokens?: number | undefined
+  /**
+   * What a request answered with an error leaves in the record. `true` (default; training): what it reached, so a
+   * request refused for the context budget ends the episode as `context_length` with its prompt, as a chain's does.
+   * `false` (serving mode): nothing; the episode is as it was before the request, which the client may retry.
+   */
+  readonly keepRefused?: boolean | undefined
   /** Render the request's `tools` into the prompt (default true). */
   readonly renderTools?: boolean | undefined
   /** Needed by `/v1/completions` (text prompts, the answer's text). */
@@ -287,6 +293,45 @@ const contextLeft = (recorder: Recorder, thread: Common, length: number): Effect
   )
 }
 
+const dropThread = (recorder: Recorder, thread: Thread): void => {
+  const at = recorder.threads.indexOf(thread)
+  if (at !== -1) recorder.threads.splice(at, 1)
+}
+
+/**
+ * With `keepRefused: false`, a request that fails (or is interrupted) puts back what it changed: a new thread is
+ * dropped, a continued or rewritten one gets its segments, transcript (a fork taken before) and keys back, and the
+ * request is not counted. The state is captured when this is called, before `effect` runs.
+ */
+const undoneOnFailure = <A, E>(
+  recorder: Recorder,
+  thread: Thread,
+  isNew: boolean,
+  effect: Effect.Effect<A, E>
+): Effect.Effect<A, E> => {
+  if (recorder.config.keepRefused !== false) return effect
+  const { rewrites } = recorder
+  const closed = thread.closed.length
+  const contextEnded = thread.contextEnded
+  const chat = thread._tag === "Chat" && !isNew
+    ? {
+      transcript: thread.transcript.fork(),
+      keys: [...thread.keys],
+      startCount: thread.startCount,
+      pendingSample: thread.pendingSample
+    }
+    : undefined
+  return Effect.onError(effect, () =>
+    Effect.sync(() => {
+      recorder.requests--
+      recorder.rewrites = rewrites
+      if (isNew) return dropThread(recorder, thread)
+      thread.closed.length = closed
+      thread.contextEnded = contextEnded
+      if (chat !== undefined) Object.assign(thread, chat)
+    }))
+}
+
 /** Marks a thread busy for the duration of `effect` (synchronously, so two requests never share a thread). */
 const occupying = <A, E>(recorder: Recorder, thread: Thread, effect: Effect.Effect<A, E>): Effect.Effect<A, E> => {
   thread.busy = true
@@ -347,7 +392,8 @@ export const chat = (recorder: Recorder, body: Wire.ChatBody): Effect.Effect<Wir
     const toolsKey = Wire.toolsKey(tools)
     const choice = chooseChat(recorder, keys, toolsKey)
     if (choice._tag !== "New") {
-      return occupying(recorder, choice.thread, continueChat(recorder, choice, body, keys, tools))
+      const continued = continueChat(recorder, choice, body, keys, tools)
+      return occupying(recorder, choice.thread, undoneOnFailure(recorder, choice.thread, false, continued))
     }
     // A placeholder holds the new thread's place (and its busy mark) while its prompt is rendered.
     const thread: ChatThread = {
@@ -367,13 +413,18 @@ export const chat = (recorder: Recorder, body: Wire.ChatBody): Effect.Effect<Wir
     return occupying(
       recorder,
       thread,
-      Effect.gen(function*() {
-        thread.transcript = yield* startTranscript(recorder, body.messages, tools).pipe(
-          // A thread whose prompt cannot be rendered never existed.
-          Effect.tapError(() => Effect.sync(() => recorder.threads.splice(recorder.threads.indexOf(thread), 1)))
-        )
-        return yield* sampleChat(recorder, thread, body)
-      })
+      undoneOnFailure(
+        recorder,
+        thread,
+        true,
+        Effect.gen(function*() {
+          thread.transcript = yield* startTranscript(recorder, body.messages, tools).pipe(
+            // A thread whose prompt cannot be rendered never existed.
+            Effect.tapError(() => Effect.sync(() => dropThread(recorder, thread)))
+          )
+          return yield* sampleChat(recorder, thread, body)
+        })
+      )
     )
   })
 
@@ -474,10 +525,10 @@ export const completion = (
         })
       )
     }
-    recorder.requests++
     const ids = typeof body.prompt === "string" ? tokenizer.encode(body.prompt) : body.prompt
     const bad = ids.find((id) => !tokenizer.isValidId(id))
     if (bad !== undefined) return Effect.fail(Wire.invalid(`token id ${bad} is outside the vocabulary`, "prompt"))
+    recorder.requests++
     const choice = chooseTokens(recorder, ids)
     let thread: TokenThread
     if (choice._tag === "New") {
@@ -487,7 +538,7 @@ export const completion = (
     return occupying(
       recorder,
       thread,
-      Effect.gen(function*() {
+      undoneOnFailure(recorder, thread, choice._tag === "New", Effect.gen(function*() {
         const remaining = yield* contextLeft(recorder, thread, ids.length)
         const sampling = samplingOf(recorder.config, body, remaining)
         const result = yield* sample(recorder, ids, sampling)
@@ -526,7 +577,7 @@ export const completion = (
           text: tokenizer.decode(shown),
           promptTokenIds: ids
         }
-      })
+      }))
     )
   })
 

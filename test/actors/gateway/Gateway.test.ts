@@ -4,7 +4,8 @@
  * sampled ids, the tool results are `tool` spans, the loss mask is the policy's tokens); a history rewrite starts a
  * new segment; parallel requests become linked threads; malformed requests get OpenAI-style 4xx bodies and the
  * gateway keeps serving (every field OpenAI documents is accepted, an unknown one or a value out of range is a 400
- * naming it); an episode closed mid-request answers 410, interrupts the sampler and is freed.
+ * naming it); in serving mode a refused request leaves nothing behind; an episode closed mid-request answers 410,
+ * interrupts the sampler and is freed.
  */
 import { assert, describe, it } from "@effect/vitest"
 import { Deferred, Effect, Scope } from "effect"
@@ -294,6 +295,79 @@ describe("Gateway", () => {
       // The refused requests left nothing behind: the two threads and requests are the SDK's.
       assert.strictEqual(episode.recorder.requests, 2)
       assert.strictEqual(Recorder.threads(episode.recorder).length, 2)
+    }))
+
+  it.live("serving mode: a refused request records nothing; an episode with only refused requests is never written", () =>
+    Effect.gen(function*() {
+      const finished: Array<Gateway.Finished> = []
+      const gateway = yield* Gateway.make({
+        autoOpen: {
+          episode: {
+            format,
+            sampler: yield* scriptedSampler(),
+            sampling,
+            requestSampling: "honour",
+            maxContextTokens: 400,
+            renderTools: false
+          },
+          idleTimeout: "300 millis",
+          onEnd: (f) => Effect.sync(() => void finished.push(f))
+        }
+      })
+      const post = (path: string, body: unknown) =>
+        Effect.promise(async () => {
+          const r = await fetch(`${gateway.url}${path}`, { method: "POST", body: JSON.stringify(body) })
+          const json = (await r.json()) as { error?: { param: string | null; code: string | null } }
+          return { status: r.status, json }
+        })
+      const question: Msg = { role: "user", content: "What is 1+1?" }
+      const long = yield* post("/episodes/long/v1/chat/completions", {
+        messages: [{ role: "user", content: "x".repeat(500) }]
+      })
+      assert.deepStrictEqual(
+        [long.status, long.json.error?.code, long.json.error?.param],
+        [400, "context_length_exceeded", "messages"]
+      )
+      const hot = yield* post("/episodes/hot/v1/chat/completions", { messages: [question], temperature: 5 })
+      assert.deepStrictEqual([hot.status, hot.json.error?.param], [400, "temperature"])
+      // A tool loop whose second request (a long tool result) is refused for the context, then retried shorter.
+      const openai = client(`${gateway.url}/episodes/kept/v1`)
+      const messages: Array<Msg> = [question]
+      const first = (yield* Effect.promise(() =>
+        openai.chat.completions.create({ model: "any", messages, tools: [calculatorTool] })
+      )).choices[0]!.message
+      const call = first.tool_calls![0]!
+      messages.push(first)
+      const refusedStatus = yield* Effect.promise(() =>
+        openai.chat.completions.create({
+          model: "any",
+          messages: [...messages, { role: "tool", tool_call_id: call.id, content: "x".repeat(600) }],
+          tools: [calculatorTool]
+        }).then(() => 200, (e: { status?: number }) => e.status ?? -1)
+      )
+      assert.strictEqual(refusedStatus, 400)
+      const answer = yield* Effect.promise(() =>
+        openai.chat.completions.create({
+          model: "any",
+          messages: [...messages, { role: "tool", tool_call_id: call.id, content: "2" }],
+          tools: [calculatorTool]
+        })
+      )
+      assert.strictEqual(answer.choices[0]!.message.content, "The answer is 2.")
+      assert.strictEqual((yield* post("/episodes/kept/reward", { reward: 1 })).status, 200)
+      yield* Effect.sleep("1 second") // past the idle timeout of the episodes that were only refused
+      assert.deepStrictEqual(finished.map((f) => f.trajectory.chainId), ["kept"], "the refused-only episodes: not written")
+      const kept = finished[0]!.trajectory
+      // The retry continued the thread as if the refused request had never come: one segment, no trace of it.
+      assert.strictEqual(kept.segments.length, 1)
+      const sources = kept.segments[0]!.spans.map((span) => span.source)
+      assert.deepStrictEqual(sources, ["prompt", "policy", "template", "tool", "template", "policy"])
+      assert.notInclude(tokenizer.decode(Trajectory.tokenIds(kept.segments[0]!)), "xxxx")
+      const { metrics, termination } = kept
+      assert.deepStrictEqual([metrics["gateway/requests"], metrics["gateway/rewrites"], termination], [2, 0, "no_tool_call"])
+      // The refused episodes' ids were never written under: free for a new episode.
+      const again = yield* post("/episodes/long/v1/chat/completions", { messages: [question] })
+      assert.strictEqual(again.status, 200)
     }))
 
   it.live("an episode closed while its request runs: the client gets 410, the sampler is interrupted, nothing leaks", () =>
