@@ -36,8 +36,8 @@ const Steps = IntIn(1, 10_000_000)
 const Seed = IntIn(0, 0xffff_ffff)
 /** A learning rate. */
 const LearningRate = PositiveUpTo(1)
-/** A sampling temperature (0: greedy). */
-const Temperature = NumberIn(0, 10)
+/** A sampling temperature (0: greedy), in the range OpenAI's API and `agentfly serve` take. */
+const Temperature = NumberIn(0, 2)
 
 /**
  * The most trajectories one learner step may roll out (`algorithm.groupsPerStep × agent.numChains`).

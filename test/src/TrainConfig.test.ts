@@ -97,8 +97,10 @@ describe("TrainConfig", () => {
       const cases: Array<[string, Record<string, unknown>, string]> = [
         ["algorithm.lr", { algorithm: { steps: 10, lr: huge } }, "between 0 (excluded) and 1"],
         ["algorithm.lr", { algorithm: { steps: 10, lr: Number.NaN } }, "between 0 (excluded) and 1"],
-        ["agent.temperature", { agent: { temperature: huge } }, "between 0 and 10"],
-        ["eval.temperature", { eval: { temperature: -1 } }, "between 0 and 10"],
+        ["agent.temperature", { agent: { temperature: huge } }, "between 0 and 2"],
+        // Above OpenAI's 2, which `agentfly serve` (and so `engine.servers`) refuses.
+        ["agent.temperature", { agent: { temperature: 2.5 } }, "between 0 and 2"],
+        ["eval.temperature", { eval: { temperature: -1 } }, "between 0 and 2"],
         ["algorithm.groupsPerStep", { algorithm: { steps: 10, groupsPerStep: 1e9 } }, "between 1 and 4096"],
         ["learner.workers", { learner: { workers: 1000 } }, "between 1 and 64"],
         ["agent.numChains", { agent: { numChains: 1e7 } }, "between 1 and 1024"],
