@@ -175,17 +175,34 @@ const describeFailure = (error: unknown): string => {
 const formatSchemaIssues = (message: string): string =>
   message.replace(/([^\n]+)\n\s*at (\[[^\n]*\])/g, "field $2: $1").replace(/\n\s*/g, "; ")
 
-/** Namespaces a scorer's metrics and checks that every number is finite. */
-const finishScore = (name: string, raw: Score | number | NotApplicable): Outcome | string => {
+/** A scorer's value as a message shows it: a string quoted, so that `"0"` does not read as the number 0. */
+const shown = (u: unknown): string => (typeof u === "string" ? `${JSON.stringify(u)} (a string)` : String(u))
+
+/**
+ * Namespaces a scorer's metrics and checks that every number is finite. The value is checked as it came (a scorer
+ * written in plain JavaScript, or cast, may return a string such as `"1"`).
+ */
+const finishScore = (name: string, raw: unknown): Outcome | string => {
   const prefix = `reward/${name}/`
-  if (typeof raw === "object" && "_tag" in raw) {
-    return { _tag: "NotApplicable", reason: raw.reason, metrics: { [prefix + "not_applicable"]: 1 } }
+  if (typeof raw !== "number" && (typeof raw !== "object" || raw === null)) {
+    return `the score is ${shown(raw)}, not a number or { reward, metrics }`
   }
-  const score: Score = typeof raw === "number" ? { reward: raw } : raw
-  if (!Number.isFinite(score.reward)) return `reward is ${score.reward}`
+  if (typeof raw === "object" && "_tag" in raw) {
+    const reason = (raw as NotApplicable).reason
+    return { _tag: "NotApplicable", reason, metrics: { [prefix + "not_applicable"]: 1 } }
+  }
+  const score = (typeof raw === "number" ? { reward: raw } : raw) as {
+    readonly reward: unknown
+    readonly metrics?: unknown
+  }
+  if (typeof score.reward !== "number" || !Number.isFinite(score.reward)) {
+    return `reward is ${shown(score.reward)}, not a finite number`
+  }
   const metrics: Record<string, number> = {}
   for (const [key, value] of Object.entries(score.metrics ?? {})) {
-    if (!Number.isFinite(value)) return `metric "${key}" is ${value}`
+    if (typeof value !== "number" || !Number.isFinite(value)) {
+      return `metric "${key}" is ${shown(value)}, not a finite number`
+    }
     metrics[key.startsWith("reward/") ? key : prefix + key] = value
   }
   metrics[prefix + "reward"] = score.reward

@@ -43,12 +43,33 @@ describe("Reward", () => {
       assert.strictEqual((yield* Effect.flip(nan.evaluate({ trajectory: answered("x") }))).reason, "InvalidScore")
       const badMetric = Reward.make("bad", { score: () => Effect.succeed({ reward: 1, metrics: { m: Infinity } }) })
       const e = yield* Effect.flip(badMetric.evaluate({ trajectory: answered("x") }))
-      assert.strictEqual(e.message, `metric "m" is Infinity`)
+      assert.strictEqual(e.message, `metric "m" is Infinity, not a finite number`)
       const failing = Reward.make("failing", { score: () => Effect.fail(new Error("judge unreachable")) })
       const f = yield* Effect.flip(failing.evaluate({ trajectory: answered("x") }))
       assert.strictEqual(f.reason, "ScoreFailed")
       assert.strictEqual(f.message, "judge unreachable")
       assert.isTrue(f.isRetryable)
+    }))
+
+  it.effect("a score that is not a number says what it is: a string reads quoted, not as the number it spells", () =>
+    Effect.gen(function*() {
+      // A scorer in plain JavaScript, or one that casts, can return anything.
+      const message = (value: unknown) => {
+        const reward = Reward.make("r", { score: () => Effect.succeed(value as number) })
+        const error = Effect.flip(reward.evaluate({ trajectory: answered("x") }))
+        return Effect.map(error, (e) => `${e.reason}: ${e.message}`)
+      }
+      assert.strictEqual(
+        yield* message("1"),
+        `InvalidScore: the score is "1" (a string), not a number or { reward, metrics }`
+      )
+      assert.strictEqual(yield* message(null), "InvalidScore: the score is null, not a number or { reward, metrics }")
+      assert.strictEqual(yield* message({ reward: "0" }), `InvalidScore: reward is "0" (a string), not a finite number`)
+      assert.strictEqual(yield* message({ reward: NaN }), "InvalidScore: reward is NaN, not a finite number")
+      assert.strictEqual(
+        yield* message({ reward: 1, metrics: { dials: "3" } }),
+        `InvalidScore: metric "dials" is "3" (a string), not a finite number`
+      )
     }))
 
   it.effect("not applicable", () =>
