@@ -43,6 +43,7 @@ import { Clock, Context, Deferred, Duration, Effect, Fiber, FileSystem, Queue, R
 import type { Scope } from "effect"
 import * as AgentTask from "../src/AgentTask.ts"
 import * as Dataset from "../src/Dataset.ts"
+import type * as Message from "../src/Message.ts"
 import * as DiskFull from "../src/internal/diskFull.ts"
 import * as Sampling from "../src/Sampling.ts"
 import { Sampler } from "../src/Sampler.ts"
@@ -700,6 +701,52 @@ export const checkPromptsFit = Effect.fnUntraced(function*(
 })
 
 /**
+ * Says, before the warm-up, when demonstrations teach assistant turns longer than `agent.maxNewTokens`: a rollout
+ * cuts such a turn before its end (termination `stop`), which otherwise shows only at the first RL step, after the
+ * whole warm-up. Measures the first `sample` demonstrations' turns in the run's format; a format that cannot render a
+ * turn it did not sample (no `appendAssistant`), or a demonstration that does not render, is not measured.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const checkDemosFit = Effect.fnUntraced(function*(
+  agent: Agent,
+  demos: ReadonlyArray<Dataset.Row>,
+  notice: (message: string) => Effect.Effect<void>,
+  sample = 32
+) {
+  const budget = agent.config.agent.maxNewTokens
+  const longestTurn = (messages: Message.Conversation) =>
+    Effect.gen(function*() {
+      const first = messages.findIndex((m) => m.role === "assistant")
+      if (first === -1) return 0
+      const transcript = yield* agent.format.start(messages.slice(0, first), [])
+      if (transcript.appendAssistant === undefined) return 0
+      let observations: Array<Message.Message> = []
+      for (const m of messages.slice(first)) {
+        if (m.role !== "assistant") {
+          observations.push(m)
+          continue
+        }
+        if (observations.length > 0) yield* transcript.appendObservations(observations)
+        observations = []
+        yield* transcript.appendAssistant(m)
+      }
+      const turns = transcript.segments().flatMap((s) => s.spans.filter((span) => span.source === "policy"))
+      return Math.max(0, ...turns.map((span) => span.tokenIds.length))
+    }).pipe(Effect.orElseSucceed(() => 0))
+  const lengths = yield* Effect.forEach(demos.slice(0, sample), (row) => longestTurn(row.messages ?? []))
+  const over = lengths.filter((n) => n > budget).length
+  if (over === 0) return
+  yield* notice(
+    `${over} of the first ${lengths.length} demonstrations ${over === 1 ? "has" : "have"} an assistant turn longer ` +
+      `than agent.maxNewTokens (${budget}; the longest is ${Math.max(...lengths)} tokens): a rollout cuts such a ` +
+      `turn before its end (termination "stop"), so the policy cannot finish what it learns there; raise ` +
+      `agent.maxNewTokens or shorten the demonstrations' turns`
+  )
+})
+
+/**
  * Rolls out one group of `chains` chains per row with a run's agent; the groups in row order. Chain `k` of row `i`
  * samples with `seed + i·chains + k`; the environment's episode of row `i` starts from `seed + i·chains`.
  *
@@ -1083,6 +1130,7 @@ export const run: <RE = never>(
   if (warmupRuns && config.warmup !== undefined && options.demos !== undefined) {
     const warmup = config.warmup
     const demos = options.demos.rows
+    yield* checkDemosFit(agentOf, demos, notice)
     const stopAt = warmup.stopAt
     if (stopAt !== undefined && options.validation === undefined) {
       return yield* new TrainerError({ reason: "Learner", message: "warmup.stopAt needs its validation split" })

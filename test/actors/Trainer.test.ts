@@ -165,6 +165,36 @@ describe("Trainer", () => {
       assert.include(readFileSync(join(out, "report.html"), "utf8"), "Invalid tool-call rate")
     }).pipe(Effect.provide(NodeServices.layer)))
 
+  it.effect("demonstrations whose turns are longer than agent.maxNewTokens are named before the warm-up", () =>
+    Effect.gen(function*() {
+      // The char format: one token a character, END closing the turn. maxNewTokens is 16.
+      const demos = (answers: ReadonlyArray<string>) =>
+        Dataset.parse(
+          "demos",
+          answers.map((a) =>
+            JSON.stringify({ messages: [{ role: "user", content: "q" }, { role: "assistant", content: a }] })
+          ).join("\n"),
+          { kind: "conversation" }
+        )
+      const noticesOf = Effect.fnUntraced(function*(answers: ReadonlyArray<string>) {
+        const notices: Array<string> = []
+        const options = yield* setup({ warmup: { data: "unused", steps: 1, batchSize: 2 } }, { steps: 1 })
+        yield* run({
+          ...options,
+          demos: yield* demos(answers),
+          notice: (m) => Effect.sync(() => void notices.push(m))
+        })
+        return notices.filter((n) => n.includes("demonstration"))
+      })
+      const long = yield* noticesOf(["A", "x".repeat(20), "x".repeat(15)])
+      assert.deepStrictEqual(long, [
+        `1 of the first 3 demonstrations has an assistant turn longer than agent.maxNewTokens (16; the longest is 21 ` +
+        `tokens): a rollout cuts such a turn before its end (termination "stop"), so the policy cannot finish what ` +
+        `it learns there; raise agent.maxNewTokens or shorten the demonstrations' turns`
+      ])
+      assert.deepStrictEqual(yield* noticesOf(["A", "x".repeat(15)]), [], "16 tokens fit")
+    }).pipe(Effect.provide(NodeServices.layer)))
+
   it.effect("warm-up stopAt: ends at the first check that reaches the target, checks publish warm-up versions", () =>
     Effect.gen(function*() {
       const published: Array<number> = []
