@@ -63,6 +63,8 @@ export interface EvalResult {
   readonly temperature: number
   readonly seed: number
   readonly figures: Trainer.Figures
+  /** The error of the first trajectory that failed (an environment, a reward, a chain's defect), when one did. */
+  readonly firstFailure?: string
 }
 
 const usage = (message: string) =>
@@ -162,6 +164,10 @@ export const run = Effect.fn("cli.eval")(function*(
     Effect.provideService(Sampler, Sampler.of({ generate: engine.generate, policyVersion: engine.policyVersion })),
     Effect.provide(ResourceManager.ResourceManager.layer)
   )
+  // Failed trajectories score 0: said here, or a broken environment reads as a weak policy.
+  const trajectories = groups.flatMap((g) => g.trajectories)
+  const failures = Trainer.infrastructureFailures(trajectories)
+  const firstFailure = Trainer.firstFailure(trajectories, failures.reason)
   const result: EvalResult = {
     weights: options.checkpoint ?? folder.name,
     data: rows,
@@ -169,7 +175,8 @@ export const run = Effect.fn("cli.eval")(function*(
     samples: config.eval.samples,
     temperature: config.eval.temperature,
     seed: config.seed,
-    figures
+    figures,
+    ...(firstFailure === undefined ? {} : { firstFailure })
   }
   const write = options.write ?? ((text: string) => void process.stdout.write(text))
   write(
@@ -180,7 +187,12 @@ export const run = Effect.fn("cli.eval")(function*(
         ? `, invalid tool-call rate ${figures["eval/invalid_tool_call_rate"]!.toFixed(3)}`
         : "") +
       ` (${result.questions} questions${options.data === undefined ? "" : ` of ${options.data}`} × ${result.samples}, ` +
-      `${result.temperature === 0 ? "greedy" : `temperature ${result.temperature}`}, seed ${result.seed})\n`
+      `${result.temperature === 0 ? "greedy" : `temperature ${result.temperature}`}, seed ${result.seed})` +
+      (firstFailure === undefined
+        ? ""
+        : `; ${Math.round(failures.share * failures.total)} of ${failures.total} trajectories failed ` +
+          `(${failures.reason}), counted as wrong; first: ${firstFailure}`) +
+      "\n"
   )
   if (options.output !== undefined) yield* fs.writeFileString(options.output, JSON.stringify(result, null, 2) + "\n")
   return result

@@ -1,17 +1,19 @@
 /**
  * `agentfly eval` on the real parts (tiny Qwen2 policy on onnxruntime, calculator tool, mathEqual reward): a run's
  * checkpoint evaluated with the run's settings repeats the run's own evaluation at that step; flags override the
- * settings; a corrupt checkpoint and a config without a held-out split fail with their reasons.
+ * settings; a corrupt checkpoint and a config without a held-out split fail with their reasons; trajectories that
+ * failed (an environment whose reset throws) are said in the summary line, not only counted as wrong.
  */
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
-import { cpSync, mkdtempSync, readFileSync, truncateSync, writeFileSync } from "node:fs"
+import { cpSync, mkdirSync, mkdtempSync, readFileSync, truncateSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
-import { join } from "node:path"
+import { join, resolve } from "node:path"
 import * as Eval from "../../cli/eval.ts"
 import * as Train from "../../cli/train.ts"
 import * as Generate from "../../examples/calculator/generate.ts"
+import * as ModelFolder from "../../src/ModelFolder.ts"
 
 describe("agentfly eval", () => {
   it.live("a checkpoint repeats its run's evaluation; flags override; bad inputs fail with their reasons", () =>
@@ -87,4 +89,53 @@ describe("agentfly eval", () => {
       const noEval = yield* Effect.flip(Eval.run({ config: join(dir, "noeval.json"), ...quiet }))
       assert.include((noEval as Error).message, "data.eval: the config names no held-out split")
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 120_000)
+
+  it.live("trajectories that failed are said with the first failure, in the line and in --output", () =>
+    Effect.gen(function*() {
+      // A user's task whose environment cannot be reset for one row of two (a module inside the checkout, where
+      // `effect` resolves).
+      const root = resolve(import.meta.dirname, "../..")
+      mkdirSync(join(root, ".tmp"), { recursive: true })
+      const dir = mkdtempSync(join(root, ".tmp", "eval-failures-"))
+      writeFileSync(
+        join(dir, "rusty.ts"),
+        `import { Context, Effect, Layer, Schema } from "effect"
+import { Environment, Reward, Task, Tool } from "${root}/src/index.ts"
+class Lock extends Context.Service<Lock, { readonly reset: (code: string) => Effect.Effect<void> }>()("user/Lock") {
+  static readonly layer = Layer.succeed(Lock, Lock.of({
+    reset: (code) => code === "rusty" ? Effect.die(new Error("lock rusty does not turn")) : Effect.void
+  }))
+}
+const turn = Tool.make("turn", { parameters: Schema.Struct({}), handler: () => Effect.succeed("") })
+export const task = Task.make("rusty", {
+  row: Schema.Struct({ code: Schema.String }),
+  tools: [turn],
+  reward: Reward.make("none", { score: () => Effect.succeed(0) }),
+  environment: Environment.perChain(Lock.layer),
+  episode: { start: ({ row }) => Effect.flatMap(Lock, (lock) => lock.reset(row["code"] as string)) },
+  defaults: { systemPrompt: "Open.", maxTurns: 1, maxNewTokens: 4, renderTools: false }
+})
+export const config = {
+  output: "run",
+  model: { path: "model", preset: "tiny" },
+  data: { train: "rows.jsonl", eval: "rows.jsonl" },
+  algorithm: { steps: 1 },
+  eval: { samples: 2 }
+}
+`
+      )
+      const rows = ["fine", "rusty", "fine", "rusty"].map((code) => JSON.stringify({ question: "Open.", code }))
+      writeFileSync(join(dir, "rows.jsonl"), rows.join("\n") + "\n")
+      yield* ModelFolder.init(join(dir, "model"), { preset: "tiny", seed: 0 })
+      const lines: Array<string> = []
+      const output = join(dir, "eval.json")
+      const result = yield* Eval.run({ config: join(dir, "rusty.ts"), output, write: (t) => lines.push(t) })
+      assert.include(
+        lines.join(""),
+        "; 4 of 8 trajectories failed (ChainDefect), counted as wrong; first: ChainDefect: Error: lock rusty does " +
+          "not turn"
+      )
+      assert.include(result.firstFailure, "lock rusty does not turn")
+      assert.strictEqual(JSON.parse(readFileSync(output, "utf8")).firstFailure, result.firstFailure)
+    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 60_000)
 })
