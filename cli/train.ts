@@ -34,8 +34,35 @@ export const run = Effect.fn("cli.train")(function*(
   options: RunOptions
 ): Effect.fn.Return<Train.Result, unknown, FileSystem.FileSystem | import("effect").Path.Path | Scope.Scope> {
   const { task, config } = yield* Setup.load(options.config, options)
-  return yield* Train.runConfig(task, config, { ...options, source: options.config })
+  const write = options.write ?? ((text: string) => void process.stderr.write(text))
+  return yield* Train.runConfig(task, config, { ...options, source: options.config }).pipe(
+    // Ctrl-C or SIGTERM: what was saved and the command that continues the run.
+    Effect.onInterrupt(() =>
+      Train.interruptedNote(config).pipe(
+        Effect.flatMap((note) => Effect.sync(() => write(`${note}\nto resume: ${resumeCommand(options)}\n`)))
+      )
+    )
+  )
 })
+
+/** A word as a POSIX shell reads it back. */
+const shellWord = (word: string): string => /^[\w@%+=:,./-]+$/.test(word) ? word : `'${word.replaceAll("'", `'\\''`)}'`
+
+/**
+ * The command that resumes a run started with these options.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const resumeCommand = (options: RunOptions): string =>
+  [
+    "agentfly train",
+    shellWord(options.config),
+    "--resume",
+    ...(options.output === undefined ? [] : ["--output", shellWord(options.output)]),
+    ...(options.seed === undefined ? [] : ["--seed", String(options.seed)]),
+    ...(options.steps === undefined ? [] : ["--steps", String(options.steps)])
+  ].join(" ")
 
 /**
  * Ends a command's expected failures (a bad config, a bad dataset row, a corrupt checkpoint, ...) with their message

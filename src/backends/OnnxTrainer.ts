@@ -682,11 +682,12 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
     return new Map([...accum].map(([k, v]) => [k, Float32Array.from(v)]))
   }))
   /**
-   * The worker threads (for tests): how many are alive, a way to kill one as a crash would, and a way to close
-   * them with a given wait (the next call starts fresh threads).
+   * The worker threads (for tests): how many are alive, how many requests they are running (or have queued), a way
+   * to kill one as a crash would, and a way to close them with a given wait (the next call starts fresh threads).
    */
   const threads = {
     live: Effect.sync(() => liveThreads),
+    inFlight: Effect.sync(() => pool?.inFlight() ?? 0),
     kill: (index: number) => Effect.suspend(() => (pool === undefined ? Effect.void : pool.kill(index))),
     close: (wait: Duration.Input) =>
       Effect.suspend(() => {

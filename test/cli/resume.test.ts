@@ -2,12 +2,14 @@
  * `agentfly train --resume` and `agentfly eval --checkpoint` on the real parts (tiny Qwen2 policy on onnxruntime,
  * calculator task), against damaged checkpoints: a truncated newest checkpoint makes the resume fall back to the
  * previous one (saying so) and end with the unbroken run's weights; a checkpoint with NaN weights, or weights that
- * are not the journal's, is refused with a typed error; a changed seed is refused unless forced.
+ * are not the journal's, is refused with a typed error; a changed seed is refused unless forced. And against
+ * signals, in a child process as a user sends them: SIGTERM during the warm-up and Ctrl-C (SIGINT) during RL stop
+ * the run saying what was saved and how to resume, and the resume finishes it.
  */
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
-import { readFileSync, truncateSync, writeFileSync, mkdtempSync } from "node:fs"
+import { existsSync, mkdtempSync, readFileSync, truncateSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as Journal from "../../actors/Journal.ts"
@@ -18,6 +20,7 @@ import * as Checkpoint from "../../src/Checkpoint.ts"
 import * as Qwen2 from "../../src/model/Qwen2.ts"
 import * as ModelFolder from "../../src/ModelFolder.ts"
 import * as Safetensors from "../../src/Safetensors.ts"
+import { agentfly, calculatorRun } from "../utils/agentfly.ts"
 
 const stepsIn = (run: string) =>
   Effect.map(Journal.read(join(run, "journal.jsonl")), (r) =>
@@ -95,4 +98,57 @@ describe("agentfly train --resume", () => {
       assert.strictEqual((reseeded as { reason: string }).reason, "Resume")
       assert.include((reseeded as Error).message, "seed: 5 → 6")
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 180_000)
+
+  it.live("SIGTERM in the warm-up and SIGINT in RL stop the run cleanly, saying what a resume starts from", () =>
+    Effect.gen(function*() {
+      const dir = mkdtempSync(join(tmpdir(), "interrupt-"))
+      yield* Generate.write({ dir: join(dir, "data"), seed: 4, train: 16, heldOut: 4, validation: 2, demos: 64, noise: 0 })
+      const config = join(dir, "config.json")
+      writeFileSync(config, JSON.stringify(calculatorRun({
+        seed: 5,
+        output: "run",
+        // The format term gives the chains of a warmed-up policy rewards that differ: every RL step trains.
+        task: { name: "calculator", options: { toolCallFormat: 0.2 } },
+        // Two learner threads (the default), busy with SFT steps the whole warm-up.
+        warmup: { data: "data/demos.jsonl", steps: 60, batchSize: 8, lr: 0.003 },
+        algorithm: { steps: 4, groupsPerStep: 2, lr: 0.01, advantage: "reinforce++" },
+        eval: { every: 4, size: 2 },
+        checkpoint: { every: 2 }
+      }, { maxNewTokens: 64 })))
+      const records = () => {
+        const file = join(dir, "run", "metrics.jsonl")
+        if (!existsSync(file)) return []
+        return readFileSync(file, "utf8").split("\n").filter((l) => l.endsWith("}")).map((l) => JSON.parse(l))
+      }
+      const resumeLine = `to resume: agentfly train ${config} --resume`
+
+      const warm = yield* agentfly(["train", config], () => records().length >= 2, "SIGTERM")
+      assert.strictEqual(warm.code, 130, warm.output)
+      assert.notInclude(warm.output, "Napi")
+      assert.match(
+        warm.output,
+        /interrupted during the warm-up, after its step \d+ of 60: no checkpoint yet \(the first, step-000000, is written when the warm-up ends\), so a resume starts the run over/
+      )
+      assert.include(warm.output, resumeLine)
+
+      const rl = yield* agentfly(
+        ["train", config, "--resume"],
+        () => records().some((r) => r.phase === "train"),
+        "SIGINT"
+      )
+      assert.strictEqual(rl.code, 130, rl.output)
+      assert.match(rl.output, /has no checkpoint yet .*: the run starts over/)
+      assert.notInclude(rl.output, "Napi")
+      assert.match(
+        rl.output,
+        /interrupted after step [1-4] of 4: its newest checkpoint is \S+step-00000[024] \(step [024]\), which a resume continues from/
+      )
+      assert.include(rl.output, resumeLine)
+
+      const done = yield* agentfly(["train", config, "--resume"])
+      assert.strictEqual(done.code, 0, done.output)
+      assert.match(done.output, /resuming \S+ from step-00000[024]/)
+      assert.match(done.output, /trained [1-4] of 4 steps/)
+      assert.deepStrictEqual(yield* stepsIn(join(dir, "run")), [1, 2, 3, 4])
+    }).pipe(Effect.provide(NodeServices.layer)), 300_000)
 })

@@ -9,9 +9,13 @@ const root = resolve(import.meta.dirname, "../..")
 
 /**
  * Runs `agentfly ARGS…` from the repository root and collects its output; `killWhen` is polled every 20 ms and,
- * once true, the child gets SIGKILL. Interrupting the effect kills the child.
+ * once true, the child gets `signal` (default SIGKILL), once. Interrupting the effect kills the child.
  */
-export const agentfly = (args: ReadonlyArray<string>, killWhen?: () => boolean) =>
+export const agentfly = (
+  args: ReadonlyArray<string>,
+  killWhen?: () => boolean,
+  signal: NodeJS.Signals = "SIGKILL"
+) =>
   Effect.callback<{ readonly code: number | null; readonly signal: string | null; readonly output: string }>(
     (resume) => {
       const child = spawn(process.execPath, ["--import", "tsx", "cli/main.ts", ...args], {
@@ -22,7 +26,10 @@ export const agentfly = (args: ReadonlyArray<string>, killWhen?: () => boolean) 
       child.stdout.on("data", (d: Buffer) => (output += d.toString()))
       child.stderr.on("data", (d: Buffer) => (output += d.toString()))
       const timer = killWhen === undefined ? undefined : setInterval(() => {
-        if (killWhen()) child.kill("SIGKILL")
+        if (killWhen()) {
+          clearInterval(timer)
+          child.kill(signal)
+        }
       }, 20)
       child.on("exit", (code, signal) => {
         if (timer !== undefined) clearInterval(timer)

@@ -21,8 +21,13 @@ type Reply = Effect.Effect<TrainerWorker.Output, PolicyTrainer.PolicyTrainerErro
 
 export interface Pool {
   readonly size: number
-  /** Sends one request to worker `index` and waits for its reply. */
+  /**
+   * Sends one request to worker `index` and waits for its reply. Interrupted, it still waits for the reply before
+   * it ends (the thread cannot be stopped inside onnxruntime).
+   */
   readonly request: (index: number, request: Request) => Reply
+  /** Requests sent and not answered yet, interrupted ones included. */
+  readonly inFlight: () => number
   /** Why the pool cannot be used any more (a worker crashed or exited), or undefined. */
   readonly broken: () => string | undefined
   /** Makes one thread fail as a bug in it would (for tests of the failure path); returns once it has exited. */
@@ -83,6 +88,8 @@ export const start = (
       return yield* failed.failure
     }
     const waiting = new Map<number, Waiting>()
+    // Requests posted and not answered, by id (with their thread): whether their callers still wait or not.
+    const unanswered = new Map<number, number>()
     let nextId = 1
     let broken: string | undefined
     let closing = false
@@ -97,8 +104,9 @@ export const start = (
     }
     workers.forEach((worker, index) => {
       worker.on("message", (reply: TrainerWorker.Reply) => {
+        unanswered.delete(reply.id)
         const w = waiting.get(reply.id)
-        if (w === undefined) return // an interrupted request
+        if (w === undefined) return // already failed (the thread crashed or exited)
         waiting.delete(reply.id)
         w.resume(
           reply.ok ? Effect.succeed(reply.output) : Effect.fail(fail(reply.reason, `worker ${index}: ${reply.message}`))
@@ -107,6 +115,7 @@ export const start = (
       worker.on("error", (e) => failWaiting(index, `worker ${index} crashed: ${e.message}`))
       worker.on("exit", (code) => {
         exited[index] = true
+        for (const [id, i] of unanswered) if (i === index) unanswered.delete(id)
         onExit()
         failWaiting(index, `worker ${index} exited with code ${code}`)
       })
@@ -118,8 +127,15 @@ export const start = (
         }
         const id = nextId++
         waiting.set(id, { index, resume })
+        unanswered.set(id, index)
         workers[index]!.postMessage({ ...req, id })
-        return Effect.sync(() => waiting.delete(id))
+        // An interrupted caller still waits for the reply (or the thread's end): the thread may be inside
+        // onnxruntime, which cannot stop there, and a process that exits meanwhile aborts with a `Napi::Error` (as a
+        // SIGTERM during a warm-up did: a closing pool waits 5 s for its threads, a big model's shard takes longer).
+        return Effect.callback<void>((done) => {
+          if (waiting.has(id)) waiting.set(id, { index, resume: () => done(Effect.void) })
+          else done(Effect.void)
+        })
       })
     // A thread is never terminated: terminating one while onnxruntime runs a session aborts the whole process
     // (onnxruntime-node throws a C++ exception it cannot deliver), and a big model's step can outlast any wait. It is
@@ -133,6 +149,7 @@ export const start = (
     return {
       size: workers.length,
       request,
+      inFlight: () => unanswered.size,
       broken: () => broken,
       kill: (index) => end(index, "crash"),
       // A thread still busy after `wait` is unreferenced (it no longer keeps the process alive) and ends when its

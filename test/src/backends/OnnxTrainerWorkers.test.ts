@@ -2,6 +2,8 @@ import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Duration, Effect, Fiber, FileSystem, Result } from "effect"
 import * as fc from "fast-check"
+import { spawn } from "node:child_process"
+import { join } from "node:path"
 import * as ort from "onnxruntime-node"
 import * as OnnxTrainer from "../../../src/backends/OnnxTrainer.ts"
 import * as Loss from "../../../src/Loss.ts"
@@ -244,6 +246,24 @@ describe("OnnxTrainer with worker threads", () => {
       assert.isTrue(Number.isFinite(again.loss))
       assert.strictEqual(yield* trainer.threads.live, 2)
     }).pipe(Effect.provide(NodeServices.layer), Effect.scoped), 60_000)
+
+  it.live("an interrupted call waits for the shards it started, so the process may exit at once after it", () =>
+    Effect.gen(function*() {
+      // In a child process: exiting while a thread runs inside onnxruntime aborts the process (`Napi::Error`), which
+      // is what a SIGTERM during a warm-up did once the closing pool stopped waiting for a long shard.
+      const fixture = join(import.meta.dirname, "fixtures", "interruptedShards.ts")
+      const run = yield* Effect.callback<{ readonly code: number | null; readonly output: string }>((resume) => {
+        const child = spawn(process.execPath, ["--import", "tsx", fixture], { stdio: ["ignore", "pipe", "pipe"] })
+        let output = ""
+        child.stdout.on("data", (d: Buffer) => (output += d.toString()))
+        child.stderr.on("data", (d: Buffer) => (output += d.toString()))
+        child.on("exit", (code) => resume(Effect.succeed({ code, output })))
+        return Effect.sync(() => child.kill("SIGKILL"))
+      })
+      assert.include(run.output, "in flight after the interruption: 0", run.output)
+      assert.notInclude(run.output, "Napi")
+      assert.strictEqual(run.code, 130, run.output)
+    }), 60_000)
 
   it.effect("an onnxruntime error in a worker, a missing provider and a bad worker count are typed errors", () =>
     Effect.gen(function*() {
