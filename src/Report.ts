@@ -111,7 +111,9 @@ const label = (x: number): string => {
 /**
  * A line chart as an SVG string: axes with ticks, one polyline (and dots when points are few) per series, and a
  * legend (wrapping onto more rows, which make the chart taller, when the names do not fit on one). Series without
- * points are left out; with none at all the chart says "no data".
+ * points are left out; with none at all the chart says "no data". The y axis spans the points (padded when they are
+ * all equal); a `fraction` chart's (rates, accuracies, shares) stays within [0, 1], so that an accuracy of 0 sits on
+ * the x axis instead of mid-chart between -0.1 and 0.1.
  *
  * @category charts
  * @since 0.1.0
@@ -122,6 +124,7 @@ export const lineChart = (options: {
   readonly width?: number
   readonly height?: number
   readonly xLabel?: string
+  readonly fraction?: boolean
 }): string => {
   const width = options.width ?? 420
   const height = options.height ?? 240
@@ -141,7 +144,10 @@ export const lineChart = (options: {
   const ys = all.map(([, y]) => y)
   let [x0, x1, y0, y1] = [Math.min(...xs), Math.max(...xs), Math.min(...ys), Math.max(...ys)]
   if (x1 === x0) [x0, x1] = [x0 - 1, x1 + 1]
+  const [lowest, highest] = [y0, y1]
   if (y1 === y0) [y0, y1] = [y0 - (Math.abs(y0) || 1) * 0.1, y1 + (Math.abs(y1) || 1) * 0.1]
+  // Within [0, 1], unless a point lies outside (then the axis still shows it).
+  if (options.fraction) [y0, y1] = [Math.max(y0, Math.min(0, lowest)), Math.min(y1, Math.max(1, highest))]
   const px = (x: number) => m.left + ((x - x0) / (x1 - x0)) * (width - m.left - m.right)
   const py = (y: number) => height - m.bottom - ((y - y0) / (y1 - y0)) * (height - m.top - m.bottom)
   const grid = ticks(y0, y1, 4).map((t) =>
@@ -208,6 +214,8 @@ export interface ChartSpec {
   readonly families?: ReadonlyArray<SeriesFamily>
   readonly optional?: boolean
   readonly group?: string
+  /** Its figures are fractions (rates, accuracies, shares): the y axis stays within [0, 1]. */
+  readonly fraction?: boolean
 }
 
 const trainCounts = (prefix: string): ReadonlyArray<SeriesFamily> => [{ phase: "train", prefix, absentIsZero: true }]
@@ -243,6 +251,7 @@ export const charts: ReadonlyArray<ChartSpec> = [
   {
     // Train first in every chart with both, so that each keeps its colour from chart to chart.
     title: "Accuracy",
+    fraction: true,
     series: [{ name: "train (sampled)", phase: "train", key: "rollout/accuracy" }, {
       name: "held-out",
       phase: "eval",
@@ -251,6 +260,7 @@ export const charts: ReadonlyArray<ChartSpec> = [
   },
   {
     title: "Invalid tool-call rate",
+    fraction: true,
     series: [{ name: "train", phase: "train", key: "rollout/invalid_tool_call_rate" }, {
       name: "held-out",
       phase: "eval",
@@ -266,7 +276,13 @@ export const charts: ReadonlyArray<ChartSpec> = [
     optional: true
   },
   { title: "Tool errors by reason", series: [], families: trainCounts("rollout/tool_errors/"), optional: true },
-  { title: "Episode ends", series: [], families: trainCounts("rollout/episode_end/"), optional: true },
+  {
+    title: "Episode ends",
+    series: [],
+    families: trainCounts("rollout/episode_end/"),
+    optional: true,
+    fraction: true
+  },
   {
     title: "KL",
     series: [{ name: "to reference", phase: "train", key: "learner/kl" }, {
@@ -285,7 +301,11 @@ export const charts: ReadonlyArray<ChartSpec> = [
     optional: true
   },
   { title: "Entropy", series: [{ name: "entropy", phase: "train", key: "learner/entropy" }] },
-  { title: "Clip fraction", series: [{ name: "clip fraction", phase: "train", key: "learner/clip_frac" }] },
+  {
+    title: "Clip fraction",
+    series: [{ name: "clip fraction", phase: "train", key: "learner/clip_frac" }],
+    fraction: true
+  },
   { title: "Throughput (tokens/s)", series: [{ name: "train", phase: "train", key: "perf/tokens_per_s" }] },
   { title: "Policy loss", series: [{ name: "loss", phase: "train", key: "learner/loss" }] },
   {
@@ -311,6 +331,7 @@ export const charts: ReadonlyArray<ChartSpec> = [
   { title: "Warm-up loss (SFT)", series: [{ name: "masked NLL", phase: "warmup", key: "warmup/loss" }] },
   {
     title: "Warm-up validation accuracy",
+    fraction: true,
     series: [{ name: "greedy", phase: "warmup", key: "warmup/validation_accuracy" }]
   },
   {
@@ -390,7 +411,8 @@ const chartSections = (metrics: ReadonlyArray<MetricsRecord>): string => {
     const series = chartSeries(metrics, chart)
     if (chart.optional && !series.some((s) => finitePoints(s).length > 0)) continue
     const group = chart.group ?? "Training curves"
-    sections.set(group, [...(sections.get(group) ?? []), lineChart({ title: chart.title, series })])
+    const svg = lineChart({ title: chart.title, series, fraction: chart.fraction === true })
+    sections.set(group, [...(sections.get(group) ?? []), svg])
   }
   return [...sections].map(([group, svgs]) => `<h2>${escape(group)}</h2><div class="charts">${svgs.join("")}</div>`)
     .join("")

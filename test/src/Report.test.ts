@@ -114,6 +114,26 @@ describe("Report", () => {
     assert.isTrue(points[0]![1]! > points[1]![1]!, "a rising series goes up the page")
   })
 
+  it("a fraction chart's y axis stays within [0, 1]; the other charts keep the range of their points", () => {
+    const yTicks = (svg: string) =>
+      [...svg.matchAll(/text-anchor="end" class="tick">([^<]+)</g)].map((m) => m[1]!).filter((t) => t !== "step")
+        .map(Number)
+    const flat = (y: number) => [{ name: "a", points: [[1, y], [2, y], [3, y]] as const }]
+    const zero = Report.lineChart({ title: "Accuracy", series: flat(0), fraction: true })
+    assert.strictEqual(Math.min(...yTicks(zero)), 0, yTicks(zero).join(" "))
+    const [, axisY] = /<line x1="52" x2="\d+" y1="([\d.]+)"[^>]*class="axis"/.exec(zero.slice(zero.indexOf("class=\"axis\"") + 1))!
+    assert.isTrue(pointsOf(zero, "a").every(([, y]) => Math.abs(y! - Number(axisY)) < 0.1), "0 sits on the x axis")
+    const one = Report.lineChart({ title: "Accuracy", series: flat(1), fraction: true })
+    assert.strictEqual(Math.max(...yTicks(one)), 1, yTicks(one).join(" "))
+    const rising = Report.lineChart({ title: "Rate", series: [{ name: "a", points: [[0, 0], [5, 0.02]] }], fraction: true })
+    assert.isTrue(yTicks(rising).every((t) => t >= 0 && t <= 0.02), `auto range kept inside [0, 1]: ${yTicks(rising)}`)
+    // Not a fraction: a flat loss of 0 keeps its symmetric range, a negative one goes below 0.
+    assert.isBelow(Math.min(...yTicks(Report.lineChart({ title: "Loss", series: flat(0) }))), 0)
+    assert.isBelow(Math.max(...yTicks(Report.lineChart({ title: "Loss", series: flat(-0.5) }))), 0)
+    const fractions = Report.charts.filter((c) => c.fraction === true).map((c) => c.title)
+    assert.deepStrictEqual(fractions, ["Accuracy", "Invalid tool-call rate", "Episode ends", "Clip fraction", "Warm-up validation accuracy"])
+  })
+
   it("a legend too long for one row wraps and makes the chart taller", () => {
     const series = ["EnvFailed", "LeaseFailed", "RewardFailed", "SamplerTransient", "ChainDefect"].map((name) => ({
       name,
@@ -218,7 +238,11 @@ describe("Report", () => {
     Effect.gen(function*() {
       const dir = mkdtempSync(join(tmpdir(), "report-"))
       const { metrics, samples } = run()
-      writeFileSync(join(dir, "metrics.jsonl"), metrics.map((m) => JSON.stringify(m)).join("\n") + "\n")
+      // Greedy validation accuracy stuck at 0 in the warm-up: its fraction chart's axis must not dip below 0.
+      const checked = metrics.map((m) =>
+        m.phase === "warmup" ? { ...m, figures: { ...m.figures, "warmup/validation_accuracy": 0 } } : m
+      )
+      writeFileSync(join(dir, "metrics.jsonl"), checked.map((m) => JSON.stringify(m)).join("\n") + "\n")
       writeFileSync(join(dir, "samples.jsonl"), samples.map((m) => JSON.stringify(m)).join("\n") + "\n{\"torn")
       writeFileSync(join(dir, "config.json"), JSON.stringify({ seed: 1 }))
       const path = yield* Report.write(dir, { title: "demo" })
@@ -250,6 +274,11 @@ describe("Report", () => {
             const cards = await page.locator("#viewer .card").count()
             const policyTokens = await page.locator("#viewer .src-policy").count()
             const box = await page.locator("svg.chart").first().boundingBox()
+            // The warm-up's validation accuracy, 0 throughout: drawn on the x axis, with no tick below 0.
+            const validation = page.locator("svg.chart", { has: page.locator("title", { hasText: "Warm-up validation accuracy" }) })
+            const zeroLine = await validation.locator("polyline.series").boundingBox()
+            const xAxis = await validation.locator("line.axis").nth(1).boundingBox()
+            const validationTicks = await validation.locator("text.tick").allTextContents()
             await page.selectOption("#step-filter", "train 20")
             const visible = await page.locator("#viewer .card:visible").count()
             const summary = await page.locator("table.summary").innerText()
@@ -265,6 +294,9 @@ describe("Report", () => {
               cards,
               policyTokens,
               box,
+              zeroLine,
+              xAxis,
+              validationTicks,
               visible,
               summary
             }
@@ -282,6 +314,12 @@ describe("Report", () => {
       assert.strictEqual(seen.cards, 3, "the torn sample line is skipped")
       assert.strictEqual(seen.policyTokens, 9)
       assert.isTrue((seen.box?.width ?? 0) > 100 && (seen.box?.height ?? 0) > 100, "charts have a size")
+      assert.isBelow(
+        Math.abs(seen.zeroLine!.y + seen.zeroLine!.height / 2 - (seen.xAxis!.y + seen.xAxis!.height / 2)),
+        1.5,
+        `validation accuracy 0 is drawn on the x axis: ${JSON.stringify([seen.zeroLine, seen.xAxis])}`
+      )
+      assert.isFalse(seen.validationTicks.some((t) => t.startsWith("-") || t.startsWith("−")), seen.validationTicks.join(" "))
       assert.strictEqual(seen.visible, 1, "the step filter works")
       assert.include(seen.summary, "accuracy")
       assert.include(seen.summary, "+0.290")
