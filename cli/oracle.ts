@@ -4,19 +4,24 @@
  * solve rate, the mean reward and one episode as the model would see it: the quickest look at an environment, and
  * the proof that its tasks are solvable and its reward right.
  *
- * Oracles: `search`, `webshop`, `chess`, `household`, `science` (the swe task's needs its task folders:
- * `environments/swe/HarborOracle.ts`).
+ * Oracles: `search`, `webshop`, `chess`, `household`, `science`, and `swe`: Harbor's oracle agent
+ * (`environments/swe/HarborOracle.ts`), which runs each row's task folder's `solution/solve.sh` in the chain's
+ * container and submits; it needs the Docker engine, and says so at once when the engine does not answer.
  *
  * @since 0.1.0
  */
-import { Console, Effect } from "effect"
+import { Console, Effect, Path } from "effect"
 import { Argument, Command, Flag } from "effect/cli"
 import * as Oracle from "../actors/Oracle.ts"
 import * as ChessOracle from "../environments/chess/ChessOracle.ts"
 import * as Solver from "../environments/household/Solver.ts"
 import * as SearchOracle from "../environments/search/SearchOracle.ts"
+import * as HarborOracle from "../environments/swe/HarborOracle.ts"
+import * as HarborTask from "../environments/swe/HarborTask.ts"
+import * as SweTask from "../environments/swe/SweTask.ts"
 import * as ShopOracle from "../environments/webshop/ShopOracle.ts"
 import * as Dataset from "../src/Dataset.ts"
+import type * as Task from "../src/Task.ts"
 import * as Setup from "./setup.ts"
 import { exitOnFailure } from "./train.ts"
 
@@ -35,6 +40,28 @@ export const oracles: Readonly<Record<string, Oracle.Policy>> = {
 }
 
 /**
+ * The swe task's oracle for the rows it plays: Harbor's oracle agent over their task folders (each row's `task`,
+ * under the config's `root` task option, relative to the config file, as the task resolves it), read and checked
+ * before any container starts.
+ */
+const sweOracle = Effect.fn("cli.oracle.swe")(function*(
+  file: string,
+  ref: Task.Ref | undefined,
+  rows: ReadonlyArray<Readonly<Record<string, unknown>>>
+) {
+  const path = yield* Path.Path
+  const root = typeof ref === "object" && typeof ref.options?.["root"] === "string"
+    ? path.resolve(path.dirname(path.resolve(file)), ref.options["root"])
+    : path.resolve(SweTask.settings({}).root)
+  const folders = [...new Set(rows.map((r) => String(r["task"])))]
+  const tasks = yield* Effect.forEach(folders, (folder) =>
+    HarborTask.load(path.resolve(root, folder)).pipe(
+      Effect.mapError((e) => new Error(`${folder}: ${e.message} (task option root: ${root})`))
+    ))
+  return HarborOracle.oracle(tasks)
+})
+
+/**
  * The oracle's trajectories on the first `rows` held-out rows of the config at `file`.
  *
  * @category constructors
@@ -42,15 +69,14 @@ export const oracles: Readonly<Record<string, Oracle.Policy>> = {
  */
 export const play = Effect.fn("cli.oracle.play")(function*(file: string, rows = 100) {
   const { task, config } = yield* Setup.load(file)
-  const policy = oracles[task.name]
-  if (policy === undefined) {
-    return yield* Effect.fail(
-      new Error(`task ${task.name} has no oracle here (oracles: ${Object.keys(oracles).join(", ")})`)
-    )
+  const names = [...Object.keys(oracles), "swe"]
+  if (!names.includes(task.name)) {
+    return yield* Effect.fail(new Error(`task ${task.name} has no oracle here (oracles: ${names.join(", ")})`))
   }
   if (config.data.eval === undefined) return yield* Effect.fail(new Error(`${file}: data.eval names no held-out rows`))
   const data = yield* Dataset.load(config.data.eval, { fields: task.row })
   const played = data.rows.slice(0, rows).map((r) => ({ question: r.question, ...r.fields }))
+  const policy = task.name === "swe" ? yield* sweOracle(file, config.task, played) : oracles[task.name]!
   return yield* Oracle.rollout({ task, rows: played, policy })
 })
 
@@ -76,7 +102,13 @@ export const oracle = Command.make(
         `${trajectories.length} rows: solved ${(Oracle.solveRate(trajectories) * 100).toFixed(1)} %, mean reward ` +
           `${mean.toFixed(3)}\n`
       )
-      for (const m of trajectories[0]?.messages ?? []) yield* Console.log(`${m.role}: ${Oracle.text(m)}`)
+      for (const m of trajectories[0]?.messages ?? []) {
+        // A tool call as the model wrote it: its name and arguments.
+        const calls = m.role === "assistant"
+          ? (m.tool_calls ?? []).map((c) => `${c.function.name} ${JSON.stringify(c.function.arguments)}`)
+          : []
+        yield* Console.log(`${m.role}: ${[Oracle.text(m), ...calls].filter((part) => part !== "").join(" ")}`)
+      }
     }).pipe(exitOnFailure)
   })
 ).pipe(Command.withDescription("Play a prebuilt environment's oracle on a config's held-out rows"))

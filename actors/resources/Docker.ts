@@ -49,15 +49,33 @@ export const Labels = {
 export class DockerEngine extends Context.Service<DockerEngine, {
   readonly docker: Dockerode
   readonly runId: string
+  /**
+   * Succeeds when the engine answers within 5 seconds; else an `EnvError` ("Unavailable") saying that it is not
+   * running and where it was looked for: what a run checks before its first container, instead of failing every
+   * chain (or waiting on an engine that does not answer).
+   */
+  readonly ping: Effect.Effect<void, EnvError>
 }>()("agentfly/actors/resources/DockerEngine") {
   /**
-   * The engine at `/var/run/docker.sock`: reaps orphans of dead runs now, removes this run's containers when the
+   * The engine at {@link socketPath}: reaps orphans of dead runs now, removes this run's containers when the
    * layer's scope closes and when the process gets SIGINT or SIGTERM.
    *
    * @category layers
    * @since 0.1.0
    */
   static readonly layer: Layer.Layer<DockerEngine> = Layer.effect(DockerEngine, Effect.suspend(() => make()))
+}
+
+/**
+ * The local engine's socket: `DOCKER_HOST` when it names a unix socket (`unix:///run/user/1000/docker.sock`, a
+ * rootless engine), else `/var/run/docker.sock`.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const socketPath = (): string => {
+  const host = process.env["DOCKER_HOST"]
+  return host !== undefined && host.startsWith("unix://") ? host.slice("unix://".length) : "/var/run/docker.sock"
 }
 
 /**
@@ -71,12 +89,19 @@ export const make = Effect.fnUntraced(function*(options?: {
   /** Install SIGINT/SIGTERM handlers that remove this run's containers before the process exits (default true). */
   readonly handleSignals?: boolean
 }) {
-  const docker = new DockerodeClient({ socketPath: options?.socketPath ?? "/var/run/docker.sock" })
+  const socket = options?.socketPath ?? socketPath()
+  const docker = new DockerodeClient({ socketPath: socket })
   const now = yield* Clock.currentTimeMillis
   const salt = yield* Random.nextIntBetween(0, 1 << 30)
   const runId = `${hostname()}-${process.pid}-${now.toString(36)}-${salt.toString(36)}`
-  yield* Effect.ignore(reapOrphans(docker))
-  yield* Effect.addFinalizer(() => Effect.ignore(removeRun(docker, runId)))
+  // Whether the engine ever answered: one that did not (not running, or hung) holds no container of this run, and
+  // neither reaping nor the clean-up waits long on it.
+  let answered = false
+  const heard = Effect.tap(() => Effect.sync(() => void (answered = true)))
+  yield* Effect.ignore(reapOrphans(docker).pipe(heard, Effect.timeout("5 seconds")))
+  yield* Effect.addFinalizer(() =>
+    Effect.ignore(answered ? removeRun(docker, runId) : removeRun(docker, runId).pipe(Effect.timeout("2 seconds")))
+  )
   if (options?.handleSignals ?? true) {
     // Closing scopes is the normal path; this covers a process killed by a signal before its scopes close.
     const onSignal = (signal: NodeJS.Signals) => {
@@ -91,7 +116,27 @@ export const make = Effect.fnUntraced(function*(options?: {
       () => Effect.sync(() => (process.off("SIGINT", onSignal), process.off("SIGTERM", onSignal)))
     )
   }
-  return DockerEngine.of({ docker, runId })
+  const down = (why: string) =>
+    new EnvError({
+      env: "docker",
+      method: "ping",
+      reason: "Unavailable",
+      message: `the Docker engine at ${socket} is not running or does not answer (${why}): start it (dockerd, or ` +
+        "systemctl start docker), or point DOCKER_HOST at its socket"
+    })
+  const ping = Effect.tryPromise({
+    // The typings leave ping's options out; dockerode takes `abortSignal` there as in its other calls.
+    try: (signal) =>
+      (docker as unknown as { ping: (options: { abortSignal: AbortSignal }) => Promise<unknown> }).ping({
+        abortSignal: signal
+      }),
+    catch: (e) => down(e instanceof Error ? e.message : String(e))
+  }).pipe(
+    heard,
+    Effect.timeoutOrElse({ duration: "5 seconds", orElse: () => Effect.fail(down("no answer in 5 s")) }),
+    Effect.asVoid
+  )
+  return DockerEngine.of({ docker, runId, ping })
 })
 
 const engineError = (env: string, method: string, cause: unknown): EnvError => {
@@ -121,7 +166,9 @@ const isAlive = (pid: number): boolean => {
 export const reapOrphans: (docker: Dockerode) => Effect.Effect<number, EnvError> = Effect.fn("Docker.reapOrphans")(
   function*(docker: Dockerode) {
     const containers = yield* Effect.tryPromise({
-      try: () => docker.listContainers({ all: true, filters: { label: [`${Labels.managed}=1`] } }),
+      // Aborted when interrupted (a timeout): an open request to an engine that does not answer keeps Node alive.
+      try: (signal) =>
+        docker.listContainers({ all: true, filters: { label: [`${Labels.managed}=1`] }, abortSignal: signal }),
       catch: (e) => engineError("docker", "reapOrphans", e)
     })
     const host = hostname()
@@ -145,7 +192,8 @@ export const removeRun: (docker: Dockerode, runId: string) => Effect.Effect<numb
 )(
   function*(docker: Dockerode, runId: string) {
     const containers = yield* Effect.tryPromise({
-      try: () => docker.listContainers({ all: true, filters: { label: [`${Labels.run}=${runId}`] } }),
+      try: (signal) =>
+        docker.listContainers({ all: true, filters: { label: [`${Labels.run}=${runId}`] }, abortSignal: signal }),
       catch: (e) => engineError("docker", "removeRun", e)
     })
     yield* Effect.forEach(containers, (c) => removeContainer(docker, c.Id), { concurrency: 8, discard: true })

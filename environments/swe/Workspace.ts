@@ -443,6 +443,17 @@ export const provider = (
     }
     const manager = yield* ResourceManager.ResourceManager
     const engine = yield* Docker.DockerEngine
+    // Every chain runs in a container: an engine that is down fails the run here, saying so, not each chain.
+    yield* engine.ping.pipe(
+      Effect.mapError((e) =>
+        new Environment.EnvError({
+          env: e.env,
+          method: e.method,
+          reason: e.reason,
+          message: `the swe task runs each chain in a container: ${e.message}`
+        })
+      )
+    )
     const backends = new Map<string, Resource.Resource<Docker.Container>>()
     const tasks = new Map<string, HarborTask.HarborTask>()
     const lock = yield* Semaphore.make(1)

@@ -1,36 +1,116 @@
 /**
  * `agentfly oracle`: a prebuilt environment's oracle played on a config's held-out rows through the config's own
  * task (here search, with its generated world), solving them; a task without an oracle is a sentence, not a crash.
+ * The swe task's oracle (Harbor's: each folder's `solve.sh`, then submit) on the real Docker engine, which the
+ * suite's global setup starts; from the command line, an engine that is not running or does not answer is said at
+ * once, in a sentence, with exit code 1.
  */
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
+import { spawn } from "node:child_process"
 import { mkdtempSync, writeFileSync } from "node:fs"
+import { createServer } from "node:net"
 import { tmpdir } from "node:os"
-import { join } from "node:path"
+import { join, resolve } from "node:path"
 import * as OracleCli from "../../cli/oracle.ts"
+import * as BugFix from "../../environments/swe/BugFix.ts"
 import * as Generate from "../../examples/search/generate.ts"
+
+const root = resolve(import.meta.dirname, "../..")
+
+/** `dir/NAME.json`: a config of `task` whose held-out rows are `data/heldout.jsonl`. */
+const configOf = (dir: string, name: string, task: unknown) => {
+  const file = join(dir, `${name}.json`)
+  writeFileSync(file, JSON.stringify({
+    task,
+    output: "run",
+    model: { path: "model" },
+    data: { train: "data/heldout.jsonl", eval: "data/heldout.jsonl" },
+    algorithm: { steps: 1 }
+  }))
+  return file
+}
+
+/** Three generated bug-fix tasks as Harbor folders under `dir/data/tasks`, and their rows. */
+const sweData = (dir: string) =>
+  Effect.gen(function*() {
+    const tasks = BugFix.generate(3, 3, "heldout")
+    yield* BugFix.write(join(dir, "data", "tasks"), tasks)
+    const rows = tasks.map((t) => JSON.stringify({ question: t.instruction, task: `tasks/${t.name}` }))
+    writeFileSync(join(dir, "data", "heldout.jsonl"), rows.join("\n") + "\n")
+    return configOf(dir, "swe", { name: "swe", options: { root: "data" } })
+  })
+
+/** `agentfly oracle ARGS…` in a child process with `env` added to its environment. */
+const oracleCommand = (args: ReadonlyArray<string>, env: Record<string, string>) =>
+  Effect.callback<{ readonly code: number | null; readonly output: string; readonly seconds: number }>((resume) => {
+    const started = Date.now()
+    const child = spawn(process.execPath, ["--import", "tsx", "cli/main.ts", "oracle", ...args], {
+      cwd: root,
+      env: { ...process.env, ...env },
+      stdio: ["ignore", "pipe", "pipe"]
+    })
+    let output = ""
+    child.stdout.on("data", (d: Buffer) => (output += d.toString()))
+    child.stderr.on("data", (d: Buffer) => (output += d.toString()))
+    child.on("exit", (code) => resume(Effect.succeed({ code, output, seconds: (Date.now() - started) / 1000 })))
+    return Effect.sync(() => child.kill("SIGKILL"))
+  })
 
 describe("agentfly oracle", () => {
   it.effect("plays the task's oracle on the config's held-out rows; a task without one is named", () =>
     Effect.gen(function*() {
       const dir = mkdtempSync(join(tmpdir(), "oracle-"))
       yield* Generate.write({ ...Generate.defaults, train: 4, heldOut: 12, validation: 2, demos: 4, dir: join(dir, "data") })
-      const config = (task: string) => {
-        const file = join(dir, `${task}.json`)
-        writeFileSync(file, JSON.stringify({
-          task,
-          output: "run",
-          model: { path: "model" },
-          data: { train: "data/train.jsonl", eval: "data/heldout.jsonl" },
-          algorithm: { steps: 1 }
-        }))
-        return file
-      }
+      const config = (task: string) => configOf(dir, task, task)
       const played = yield* OracleCli.play(config("search"), 10)
       assert.strictEqual(played.length, 10)
       assert.isTrue(played.every((t) => t.reward === 1), played.map((t) => t.reward).join(","))
       const none = yield* Effect.flip(OracleCli.play(config("calculator")))
       assert.include((none as Error).message, "task calculator has no oracle here (oracles: search, webshop")
+      assert.include((none as Error).message, "science, swe)")
     }).pipe(Effect.provide(NodeServices.layer)), 120_000)
+
+  it.effect("swe: Harbor's oracle solves every held-out task in its own container (Docker)", () =>
+    Effect.gen(function*() {
+      const dir = mkdtempSync(join(tmpdir(), "oracle-swe-"))
+      const config = yield* sweData(dir)
+      const played = yield* OracleCli.play(config, 3)
+      assert.strictEqual(played.length, 3)
+      for (const t of played) {
+        assert.strictEqual(t.reward, 1, `${t.row?.["task"]}: ${t.error}`)
+        assert.strictEqual(t.episodeEnd, "submitted")
+      }
+      // A row whose folder is not there is named before any container starts.
+      writeFileSync(join(dir, "data", "heldout.jsonl"), JSON.stringify({ question: "Fix it.", task: "tasks/nope" }) + "\n")
+      const missing = yield* Effect.flip(OracleCli.play(config, 1))
+      assert.include((missing as Error).message, "tasks/nope: task.toml (task.toml) is missing")
+    }).pipe(Effect.provide(NodeServices.layer)), 300_000)
+
+  it.live("swe from the command line: an engine that is not running, or does not answer, is said with exit 1", () =>
+    Effect.gen(function*() {
+      const dir = mkdtempSync(join(tmpdir(), "oracle-nodocker-"))
+      const config = yield* sweData(dir).pipe(Effect.provide(NodeServices.layer))
+      const absent = yield* oracleCommand([config, "--rows", "1"], { DOCKER_HOST: `unix://${dir}/absent.sock` })
+      assert.strictEqual(absent.code, 1, absent.output)
+      assert.include(
+        absent.output,
+        `the swe task runs each chain in a container: the Docker engine at ${dir}/absent.sock is not running or does ` +
+          "not answer"
+      )
+      // A socket that takes connections and never answers (a hung engine): said after the ping's 5 s, not a hang.
+      const socket = join(dir, "hung.sock")
+      const hung = yield* Effect.acquireUseRelease(
+        Effect.callback<ReturnType<typeof createServer>>((resume) => {
+          const server = createServer(() => {})
+          server.listen(socket, () => resume(Effect.succeed(server)))
+        }),
+        () => oracleCommand([config, "--rows", "1"], { DOCKER_HOST: `unix://${socket}` }),
+        (server) => Effect.sync(() => server.close())
+      )
+      assert.strictEqual(hung.code, 1, hung.output)
+      assert.include(hung.output, `the Docker engine at ${socket} is not running or does not answer (no answer in 5 s)`)
+      assert.isBelow(hung.seconds, 45, "it does not wait on the engine")
+    }), 120_000)
 })
