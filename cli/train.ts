@@ -35,6 +35,13 @@ export const run = Effect.fn("cli.train")(function*(
 ): Effect.fn.Return<Train.Result, unknown, FileSystem.FileSystem | import("effect").Path.Path | Scope.Scope> {
   const { task, config } = yield* Setup.load(options.config, options)
   const write = options.write ?? ((text: string) => void process.stderr.write(text))
+  // Said at once: a big model's learner threads can take a while to finish the onnxruntime call they are in.
+  const onSignal = (signal: NodeJS.Signals) =>
+    write(`${signal}: stopping (the learner's threads first finish the onnxruntime call they are in)\n`)
+  yield* Effect.acquireRelease(
+    Effect.sync(() => (process.once("SIGINT", onSignal), process.once("SIGTERM", onSignal))),
+    () => Effect.sync(() => (process.off("SIGINT", onSignal), process.off("SIGTERM", onSignal)))
+  )
   return yield* Train.runConfig(task, config, { ...options, source: options.config }).pipe(
     // Ctrl-C or SIGTERM: what was saved and the command that continues the run.
     Effect.onInterrupt(() =>

@@ -124,6 +124,7 @@ describe("agentfly train --resume", () => {
 
       const warm = yield* agentfly(["train", config], () => records().length >= 2, "SIGTERM")
       assert.strictEqual(warm.code, 130, warm.output)
+      assert.include(warm.output, "SIGTERM: stopping")
       assert.notInclude(warm.output, "Napi")
       assert.match(
         warm.output,
@@ -137,6 +138,7 @@ describe("agentfly train --resume", () => {
         "SIGINT"
       )
       assert.strictEqual(rl.code, 130, rl.output)
+      assert.include(rl.output, "SIGINT: stopping")
       assert.match(rl.output, /has no checkpoint yet .*: the run starts over/)
       assert.notInclude(rl.output, "Napi")
       assert.match(
