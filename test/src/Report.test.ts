@@ -121,17 +121,28 @@ describe("Report", () => {
     const flat = (y: number) => [{ name: "a", points: [[1, y], [2, y], [3, y]] as const }]
     const zero = Report.lineChart({ title: "Accuracy", series: flat(0), fraction: true })
     assert.strictEqual(Math.min(...yTicks(zero)), 0, yTicks(zero).join(" "))
-    const [, axisY] = /<line x1="52" x2="\d+" y1="([\d.]+)"[^>]*class="axis"/.exec(zero.slice(zero.indexOf("class=\"axis\"") + 1))!
+    const xAxis = zero.slice(zero.indexOf("class=\"axis\"") + 1) // the second axis line is the x axis
+    const [, axisY] = /<line x1="52" x2="\d+" y1="([\d.]+)"[^>]*class="axis"/.exec(xAxis)!
     assert.isTrue(pointsOf(zero, "a").every(([, y]) => Math.abs(y! - Number(axisY)) < 0.1), "0 sits on the x axis")
     const one = Report.lineChart({ title: "Accuracy", series: flat(1), fraction: true })
     assert.strictEqual(Math.max(...yTicks(one)), 1, yTicks(one).join(" "))
-    const rising = Report.lineChart({ title: "Rate", series: [{ name: "a", points: [[0, 0], [5, 0.02]] }], fraction: true })
+    const rising = Report.lineChart({
+      title: "Rate",
+      series: [{ name: "a", points: [[0, 0], [5, 0.02]] }],
+      fraction: true
+    })
     assert.isTrue(yTicks(rising).every((t) => t >= 0 && t <= 0.02), `auto range kept inside [0, 1]: ${yTicks(rising)}`)
     // Not a fraction: a flat loss of 0 keeps its symmetric range, a negative one goes below 0.
     assert.isBelow(Math.min(...yTicks(Report.lineChart({ title: "Loss", series: flat(0) }))), 0)
     assert.isBelow(Math.max(...yTicks(Report.lineChart({ title: "Loss", series: flat(-0.5) }))), 0)
     const fractions = Report.charts.filter((c) => c.fraction === true).map((c) => c.title)
-    assert.deepStrictEqual(fractions, ["Accuracy", "Invalid tool-call rate", "Episode ends", "Clip fraction", "Warm-up validation accuracy"])
+    assert.deepStrictEqual(fractions, [
+      "Accuracy",
+      "Invalid tool-call rate",
+      "Episode ends",
+      "Clip fraction",
+      "Warm-up validation accuracy"
+    ])
   })
 
   it("a legend too long for one row wraps and makes the chart taller", () => {
