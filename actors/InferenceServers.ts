@@ -310,9 +310,11 @@ export const make = Effect.fn("InferenceServers.make")(function*(
         const bytes = WeightsPut.serialize(options.parameters, weights)
         if (typeof bytes === "string") return yield* serversError(bytes)
         latest = { version, bytes }
-        outcomes = yield* Effect.forEach(servers, (s) => Effect.promise(() => WeightsPut.put(s.url, bytes, pushOf(version))), {
-          concurrency: "unbounded"
-        })
+        outcomes = yield* Effect.forEach(
+          servers,
+          (s) => Effect.promise(() => WeightsPut.put(s.url, bytes, pushOf(version))),
+          { concurrency: "unbounded" }
+        )
       }
       const failures = yield* Effect.forEach(servers, (s, i) => book(s, version, outcomes[i]))
       const refused = failures.findIndex((f) => f?.fatal === true)

@@ -378,7 +378,10 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
   const summary = Effect.suspend(() =>
     remoteTrainer !== undefined && remote !== undefined
       ? Effect.mapError(remoteTrainer.summary, learnerError)
-      : Effect.map(weightsOf(trainer), (w) => ({ fingerprint: fingerprintOf(w), nonFinite: Checkpoint.firstNonFinite(w) }))
+      : Effect.map(weightsOf(trainer), (w) => ({
+        fingerprint: fingerprintOf(w),
+        nonFinite: Checkpoint.firstNonFinite(w)
+      }))
   )
   const finiteWeights = (after: string) =>
     Effect.flatMap(summary, ({ nonFinite: bad }) => {

@@ -248,7 +248,12 @@ export const serve = Effect.fn("TrainerServer.serve")(function*(
     Schema.decodeUnknownEffect(PushHeader)(body.header).pipe(
       Effect.mapError((e) => json(400, `${op}: ${e.message}`, "invalid_request"))
     )
-  const outcomes = (list: ReadonlyArray<WeightsPut.Outcome>) => frame(Wire.encode({ outcomes: list.map((o) => o ?? null) }))
+  /** `bytes` on every server in `header.urls`, and what each did. */
+  const putAll = (bytes: Uint8Array, header: typeof PushHeader.Type) =>
+    Effect.map(
+      Effect.promise(() => Promise.all(header.urls.map((url) => WeightsPut.put(url, bytes, header)))),
+      (list) => frame(Wire.encode({ outcomes: list.map((o) => o ?? null) }))
+    )
 
   /** The trainer's current weights to every server listed, as a new version (kept for catch-ups). */
   const push = (h: Hosted, body: Wire.Frame) =>
@@ -258,7 +263,7 @@ export const serve = Effect.fn("TrainerServer.serve")(function*(
       const bytes = WeightsPut.serialize(h.parameters, weights)
       if (typeof bytes === "string") return json(500, `push: ${bytes}`, "Remote")
       h.pushed = { version: header.version, bytes }
-      return outcomes(yield* Effect.promise(() => Promise.all(header.urls.map((url) => WeightsPut.put(url, bytes, header)))))
+      return yield* putAll(bytes, header)
     })
 
   /** A version pushed before, to one server again (it missed it); not numbered: it changes nothing here. */
@@ -266,10 +271,9 @@ export const serve = Effect.fn("TrainerServer.serve")(function*(
     Effect.gen(function*() {
       const header = yield* pushHeader("catch_up", body)
       if (h.pushed === undefined || h.pushed.version !== header.version) {
-        return outcomes(header.urls.map(() => "newer" as const))
+        return frame(Wire.encode({ outcomes: header.urls.map(() => "newer") }))
       }
-      const bytes = h.pushed.bytes
-      return outcomes(yield* Effect.promise(() => Promise.all(header.urls.map((url) => WeightsPut.put(url, bytes, header)))))
+      return yield* putAll(h.pushed.bytes, header)
     })
 
   const operate = (h: Hosted, op: string, body: Wire.Frame): Effect.Effect<Reply, Reply> => {

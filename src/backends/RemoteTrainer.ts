@@ -91,9 +91,9 @@ export type RemoteTrainer = PolicyTrainer.PolicyTrainer["Service"] & {
    * Has the server put its current weights on each inference server in `urls` (`PUT /v1/weights`) as `push.version`;
    * per server what happened (`WeightsPut.Outcome`, as JSON: `null`, `"newer"` or `{ fatal, message }`).
    */
-  readonly push: (push: PushRequest, urls: ReadonlyArray<string>) => Effect.Effect<ReadonlyArray<PushOutcome>, PolicyTrainer.PolicyTrainerError>
-  /** The last pushed version to `urls` again (servers that missed it); `"newer"` each when the server holds a later one. */
-  readonly catchUp: (push: PushRequest, urls: ReadonlyArray<string>) => Effect.Effect<ReadonlyArray<PushOutcome>, PolicyTrainer.PolicyTrainerError>
+  readonly push: (push: PushRequest, urls: ReadonlyArray<string>) => Effect.Effect<Outcomes, PolicyTrainer.PolicyTrainerError>
+  /** The last pushed version to `urls` again (servers that missed it); `"newer"` when the trainer holds a later one. */
+  readonly catchUp: (push: PushRequest, urls: ReadonlyArray<string>) => Effect.Effect<Outcomes, PolicyTrainer.PolicyTrainerError>
 }
 
 /**
@@ -126,6 +126,8 @@ export interface PushRequest {
  * @since 0.1.0
  */
 export type PushOutcome = undefined | "newer" | { readonly fatal: boolean; readonly message: string }
+
+type Outcomes = ReadonlyArray<PushOutcome>
 
 /** The checkpoint files a trainer's `save` writes (`Checkpoint.save`), the state file last. */
 export const checkpointFiles = ["model.safetensors", "optimizer.safetensors", "trainer_state.json"] as const

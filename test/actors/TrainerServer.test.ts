@@ -141,7 +141,9 @@ const weightsRecorder = Effect.acquireRelease(
       const chunks: Array<Buffer> = []
       req.on("data", (c: Buffer) => chunks.push(c))
       req.on("end", () => {
-        if (req.method === "PUT" && req.url === "/v1/weights") puts.push({ headers: req.headers, bytes: Buffer.concat(chunks) })
+        if (req.method === "PUT" && req.url === "/v1/weights") {
+          puts.push({ headers: req.headers, bytes: Buffer.concat(chunks) })
+        }
         res.writeHead(answer.status, { "content-type": "application/json" })
         res.end(answer.body)
       })

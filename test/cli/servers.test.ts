@@ -53,7 +53,12 @@ const killAfter = (metrics: string, after: number, child: ChildProcess) => {
  */
 const switchingProxy = (port: number) =>
   Effect.acquireRelease(
-    Effect.callback<{ readonly url: string; readonly cut: () => void; readonly switchTo: (p: number) => void; readonly server: net.Server }>(
+    Effect.callback<{
+      readonly url: string
+      readonly cut: () => void
+      readonly switchTo: (p: number) => void
+      readonly server: net.Server
+    }>(
       (resume) => {
         let upstream: number | undefined = port
         const open = new Set<net.Socket>()
@@ -139,7 +144,11 @@ describe("agentfly train with inference servers and rollout workers", () => {
       const steps = 8
       writeFileSync(
         join(dir, "config.json"),
-        JSON.stringify({ ...configOf(steps, { servers: [a.url, proxy.url] }), learner: { url: trainer.url }, checkpoint: { every: 4 } })
+        JSON.stringify({
+          ...configOf(steps, { servers: [a.url, proxy.url] }),
+          learner: { url: trainer.url },
+          checkpoint: { every: 4 }
+        })
       )
       const killer = killAfter(join(dir, "run", "metrics.jsonl"), 2, b.child)
       const switched = yield* Effect.forkChild(Effect.gen(function*() {
@@ -158,8 +167,8 @@ describe("agentfly train with inference servers and rollout workers", () => {
       const trainSteps = metricsOf(join(dir, "run")).filter((m) => m.phase === "train")
       assert.strictEqual(trainSteps.length, steps)
       // The weights never came back to the run: a step's traffic from the trainer is its logprobs and figures
-      // (≈ 5 KB), not the tiny preset's 2.7 MB. Two records carry more: the first (the warm-up's trainers) and the one
-      // after the checkpoint of step 4 (a checkpoint's files come back: the run keeps them).
+      // (≈ 5 KB), not the tiny preset's 2.7 MB. Two records carry more: the first (the warm-up's checkpoint, and the
+      // weights handed from one trainer to the next) and the one after step 4's checkpoint (the run keeps its files).
       const received = trainSteps.map((m) => m.figures["trainer/received_mb"]!)
       assert.strictEqual(received.filter((mb) => mb < 0.1).length, steps - 2, String(received))
       for (const m of trainSteps) assert.isAbove(m.figures["servers/requests"]!, 0)
@@ -173,7 +182,9 @@ describe("agentfly train with inference servers and rollout workers", () => {
       const journal = readFileSync(join(dir, "run", "journal.jsonl"), "utf8").split("\n").filter((l) => l !== "")
         .map((l) => JSON.parse(l) as { kind: string; path?: string; weightsHash?: string })
       // (Those still on disk: a run keeps its last few.)
-      const checkpoints = journal.filter((e) => e.kind === "checkpoint" && existsSync(join(dir, "run", "checkpoints", e.path!)))
+      const checkpoints = journal.filter((e) =>
+        e.kind === "checkpoint" && existsSync(join(dir, "run", "checkpoints", e.path!))
+      )
       assert.isAtLeast(checkpoints.length, 2)
       for (const c of checkpoints) {
         const state = JSON.parse(readFileSync(join(dir, "run", "checkpoints", c.path!, "trainer_state.json"), "utf8"))
