@@ -11,7 +11,8 @@
  * - **Weights.** `push` serializes the weights once and sends them to every server at once. It succeeds when at
  *   least one server took them; the others (down, restarted, slow) are brought up to date as soon as they answer
  *   again, before they serve anything. A server that refuses the weights themselves (wrong model, a bad token,
- *   started without `--accept-weights`) stops the run with a sentence naming it.
+ *   started without `--accept-weights`) stops the run with a sentence naming it. A run whose learner is a trainer
+ *   server has it push them instead (a `Carrier`): the weights then never come to this process.
  * - **Versions.** A sample's `policyVersion` is the version the server sampled it with: in `async` mode a rollout
  *   may run on weights newer than the version it asked for (never older); in `sync` mode nothing is pushed while a
  *   batch samples, so every token comes from the version asked for.
