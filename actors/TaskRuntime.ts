@@ -40,7 +40,7 @@ export interface TaskRuntime {
   readonly tools: RolloutChain.Tools
   readonly reward: RolloutChain.Reward | undefined
   readonly environment: Environment.Provider<any, any, never>
-  readonly episode: Environment.Episode<any> | undefined
+  readonly episode: Environment.Episode<any, any> | undefined
   readonly policies: RolloutError.Policies | undefined
   readonly correct: ((trajectory: Trajectory.Trajectory) => boolean) | undefined
   /** The environment's pool figures (`env/<resource>/...`), empty for in-process environments. */

@@ -54,16 +54,17 @@ export interface ChainInfo {
 }
 
 /**
- * What an episode starts from: the chain (with its row and seed) and the prompt it was given.
+ * What an episode starts from: the chain (with its row and seed) and the prompt it was given. `Row` is the row's
+ * fields as the task's `row` Schema decodes them (`Task.make` infers it; without a Schema, a record of unknowns).
  *
  * @category models
  * @since 0.1.0
  */
-export interface EpisodeStart {
+export interface EpisodeStart<Row = Readonly<Record<string, unknown>>> {
   readonly chainId: string
   readonly groupId: string
   readonly rowIndex: number
-  readonly row: Readonly<Record<string, unknown>>
+  readonly row: Row
   readonly seed: number
   readonly messages: Message.Conversation
 }
@@ -97,7 +98,7 @@ export interface EpisodeStep {
 
 /**
  * The episode protocol a rollout chain follows with its environment, run with the chain's environment services
- * (`R`) in context:
+ * (`R`) in context, for rows whose fields are `Row` (see {@link EpisodeStart}):
  * - `start` resets the environment for the chain's row and seed, before the first sample; its messages (plain
  *   strings are user messages) are appended to the prompt, e.g. the first observation of a text world;
  * - `step` runs after every assistant turn (after its tool calls ran; also after a turn without tool calls, which
@@ -108,9 +109,9 @@ export interface EpisodeStep {
  * @category models
  * @since 0.1.0
  */
-export interface Episode<R = never> {
+export interface Episode<R = never, Row = Readonly<Record<string, unknown>>> {
   readonly start?:
-    | ((episode: EpisodeStart) => Effect.Effect<ReadonlyArray<Message.Message | string> | void, EnvError, R>)
+    | ((episode: EpisodeStart<Row>) => Effect.Effect<ReadonlyArray<Message.Message | string> | void, EnvError, R>)
     | undefined
   readonly step?: ((turn: EpisodeTurn) => Effect.Effect<EpisodeStep | void, EnvError, R>) | undefined
 }

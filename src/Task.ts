@@ -89,23 +89,25 @@ export interface PromptRow<Fields> {
 }
 
 /**
- * A task. `RE` is what building its environment needs from the run.
+ * A task. `RE` is what building its environment needs from the run; `Services`, what its environment provides,
+ * which its tools, reward and episode may use (so that another task can reuse them, checked against its own
+ * environment; `any` for a task whose parts are untyped).
  *
  * @category models
  * @since 0.1.0
  */
-export interface Task<RE = never> {
+export interface Task<RE = never, Services = any> {
   readonly [TypeId]: typeof TypeId
   readonly name: string
   readonly description: string | undefined
   readonly row: Schema.Codec<any, any> | undefined
   readonly prompt: ((row: PromptRow<any>, systemPrompt: string | undefined) => Message.Conversation) | undefined
-  readonly tools: ReadonlyArray<Tool.Any>
-  readonly reward: Reward.Reward<any> | undefined
+  readonly tools: ReadonlyArray<Tool.Tool<string, any, any, any, Services>>
+  readonly reward: Reward.Reward<Services> | undefined
   readonly environment: EnvironmentOf<any, any> | undefined
   /** Services the environment needs, built once in the run's scope (what it still needs is `RE`). */
   readonly layer: Layer.Layer<any, any, never> | undefined
-  readonly episode: Environment.Episode<any> | undefined
+  readonly episode: Environment.Episode<Services, any> | undefined
   readonly policies: RolloutError.Policies | undefined
   readonly defaults: Defaults
   /** Is a trajectory correct (the `accuracy` figures)? Default: its `acc`/`accuracy` metric, else `reward >= 1`. */
@@ -183,14 +185,32 @@ export class TaskError extends Schema.TaggedError<TaskError>()("TaskError", {
 /** The services of a list of tools, a reward and an episode that the environment must provide. */
 type Needed<Tools extends ReadonlyArray<Tool.Any>, RW, RP> = Tool.Requirements<Tools[number]> | RW | RP
 
+type IsAny<T> = 0 extends 1 & T ? true : false
+
 /**
- * Fails to type-check, naming the services, when the environment provides fewer than the task needs.
+ * The parts whose services are `any`, which no environment can be checked against (a tool typed `Tool.Any`, the
+ * parts of a task typed `Task`).
+ */
+type Untyped<Tools extends ReadonlyArray<Tool.Any>, RW, RP> =
+  | (IsAny<Tool.Requirements<Tools[number]>> extends true ? "tools" : never)
+  | (IsAny<RW> extends true ? "reward" : never)
+  | (IsAny<RP> extends true ? "episode" : never)
+
+/**
+ * Fails to type-check, naming the services, when the environment provides fewer than the task needs; or naming
+ * the parts (`Untyped`: `"tools"`, `"reward"`, `"episode"`) whose services are `any`, which cannot be checked.
  *
  * @category models
  * @since 0.1.0
  */
-export type Wiring<Needs, Provided> = [Exclude<Needs, Provided>] extends [never] ? unknown
-  : { readonly environment: { readonly "missing environment services": Exclude<Needs, Provided> } }
+export type Wiring<Needs, Provided, Untyped = never> = IsAny<Provided> extends true ? unknown
+  : [Untyped] extends [never] ? [Exclude<Needs, Provided>] extends [never] ? unknown
+    : { readonly environment: { readonly "missing environment services": Exclude<Needs, Provided> } }
+  : {
+    readonly environment: {
+      readonly "cannot check the services of these parts, typed any (give them their types)": Untyped
+    }
+  }
 
 /**
  * The options of {@link make}.
@@ -212,7 +232,8 @@ export interface Options<Fields, Tools extends ReadonlyArray<Tool.Any>, RW, ROut
    * `Docker.DockerEngine.layer` for a sandbox pool); what it leaves out, the runner must provide.
    */
   readonly layer?: Layer.Layer<RL, any, never> | undefined
-  readonly episode?: Environment.Episode<RP> | undefined
+  /** The episode protocol; `start` gets the row's fields as `row` decodes them. */
+  readonly episode?: Environment.Episode<RP, Fields> | undefined
   readonly policies?: RolloutError.Policies | undefined
   readonly defaults?: Defaults | undefined
   readonly correct?: ((trajectory: Trajectory.Trajectory) => boolean) | undefined
@@ -230,7 +251,7 @@ export interface Options<Fields, Tools extends ReadonlyArray<Tool.Any>, RW, ROut
  *   reward: solved,                               // dependencies: [Game]
  *   environment: Environment.perChain(Game.layer),
  *   episode: {
- *     start: ({ row }) => Effect.flatMap(Game, (g) => g.reset(row["secret"] as number)),
+ *     start: ({ row }) => Effect.flatMap(Game, (g) => g.reset(row.secret)), // row: { readonly secret: number }
  *     step: () => Effect.map(Game, (g) => (g.solved ? { end: "solved" } : {}))
  *   },
  *   defaults: { maxTurns: 6, systemPrompt: "Find the number." }
@@ -240,7 +261,10 @@ export interface Options<Fields, Tools extends ReadonlyArray<Tool.Any>, RW, ROut
  * **Gotchas**
  *
  * Leaving out `environment` (or giving one that lacks a service) is a type error at `make`, listing the missing
- * services under `environment`.
+ * services under `environment`. Another task's tools, reward or episode can be reused: they may use its
+ * environment's services, which this task's environment must then provide. Parts whose services are `any` (a task
+ * typed `Task`, a tool typed `Tool.Any`) cannot be checked and are a type error naming them, unless the
+ * environment is untyped too.
  *
  * @category constructors
  * @since 0.1.0
@@ -255,8 +279,8 @@ export const make = <
   RL = never
 >(
   name: string,
-  options: Options<Fields, Tools, RW, ROut, RE, RP, RL> & Wiring<Needed<Tools, RW, RP>, ROut>
-): Task<Exclude<RE, RL>> => {
+  options: Options<Fields, Tools, RW, ROut, RE, RP, RL> & Wiring<Needed<Tools, RW, RP>, ROut, Untyped<Tools, RW, RP>>
+): Task<Exclude<RE, RL>, ROut> => {
   const tools = options.tools ?? []
   const needs = [...tools.flatMap((t) => t.dependencies), ...(options.reward?.dependencies ?? [])]
   return {
@@ -265,11 +289,12 @@ export const make = <
     description: options.description,
     row: options.row,
     prompt: options.prompt as Task["prompt"],
-    tools,
-    reward: options.reward,
+    // Their services are among the environment's (`Wiring` checked it).
+    tools: tools as ReadonlyArray<Tool.Tool<string, any, any, any, ROut>>,
+    reward: options.reward as Reward.Reward<ROut> | undefined,
     environment: options.environment,
     layer: options.layer,
-    episode: options.episode,
+    episode: options.episode as Environment.Episode<ROut, any> | undefined,
     policies: options.policies,
     defaults: options.defaults ?? {},
     correct: options.correct,

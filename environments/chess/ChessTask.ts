@@ -204,7 +204,7 @@ export const make = (options: Options = {}): Task.Task => {
     environment: Board.provider(set),
     episode: {
       start: ({ row }) =>
-        Effect.flatMap(Board.Board, (b) => Effect.map(b.reset(row as Puzzle.Row), (text) => [text])),
+        Effect.flatMap(Board.Board, (b) => Effect.map(b.reset(row), (text) => [text])),
       step: () =>
         Effect.flatMap(Board.Board, (b) =>
           Effect.map(b.state, (state) => {

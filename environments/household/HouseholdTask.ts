@@ -165,15 +165,10 @@ export const reward = (weight: number): Reward.Reward<Household> =>
  * @category constructors
  * @since 0.1.0
  */
-export const episode = (maxSteps: number): Environment.Episode<Household> => ({
+export const episode = (maxSteps: number): Environment.Episode<Household, Row> => ({
   start: ({ row }) =>
     Effect.flatMap(Household, (h) =>
-      Effect.asVoid(h.reset({
-        seed: row["seed"] as number,
-        goal: row["goal"] as Goal.Goal,
-        world: row["world"] as World.Spec | undefined,
-        maxSteps: (row["maxSteps"] as number | undefined) ?? maxSteps
-      }))),
+      Effect.asVoid(h.reset({ seed: row.seed, goal: row.goal, world: row.world, maxSteps: row.maxSteps ?? maxSteps }))),
   step: ({ assistant }) =>
     Effect.map(Effect.flatMap(Household, (h) => h.act(commandOf(assistant))), (step) => {
       if (step.status !== "open") return { messages: [step.text], end: step.status }

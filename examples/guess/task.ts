@@ -63,7 +63,7 @@ export const task = Task.make("guess", {
   reward: Reward.combine("found + 0.2·format", [{ reward: found, weight: 1 }, { reward: toolCallFormat, weight: 0.2 }]),
   environment: Environment.perChain(Game.layer),
   episode: {
-    start: ({ row }) => Effect.flatMap(Game, (game) => game.reset(row["secret"] as number)),
+    start: ({ row }) => Effect.flatMap(Game, (game) => game.reset(row.secret)),
     step: ({ observations }) =>
       Effect.map(Effect.flatMap(Game, (game) => game.state), (s) => {
         const last = s.guesses.at(-1)!

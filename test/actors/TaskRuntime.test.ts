@@ -148,6 +148,25 @@ describe("TaskRuntime", () => {
       assert.strictEqual(events.filter((e) => e._tag === "Group").length, 1)
     }))
 
+  it.effect("episode.start gets the row as the task's row Schema decodes it, typed as its Type", () =>
+    Effect.gen(function*() {
+      const seen: Array<number> = []
+      const task = Task.make("decoded", {
+        row: Schema.Struct({ code: Schema.NumberFromString }),
+        // No cast: `row.code` is a number (the Schema's Type), as the rows' strings decode to.
+        episode: { start: ({ row }) => Effect.sync(() => void seen.push(row.code + 1)) }
+      })
+      yield* Rollout.runTask({
+        task,
+        rows: [{ question: "go", code: "41" }],
+        numChains: 1,
+        maxTurns: 1,
+        sampling: { temperature: 1, maxTokens: 8 },
+        format: charFormat
+      }).pipe(Stream.runDrain, Effect.provide(Sampler.layerScripted(() => turn("done"))))
+      assert.deepStrictEqual(seen, [42])
+    }))
+
   it.effect("each chain's environment is released when the chain ends, not when the run does", () =>
     Effect.gen(function*() {
       let live = 0

@@ -48,6 +48,57 @@ describe("Task", () => {
     })
   })
 
+  it("episode.start gets the row Schema's Type: no casts, and a misspelt field does not type-check", () => {
+    const typed = Task.make("typed", {
+      row: Schema.Struct({ secret: Schema.Int }),
+      environment: Environment.perChain(gameLayer),
+      episode: {
+        start: ({ row }) => {
+          // @ts-expect-error `row.secret` is a number (the Schema's Type), not `any` nor `unknown`
+          const text: string = row.secret
+          return Effect.asVoid(Effect.flatMap(Game, (g) => g.guess(row.secret + text.length)))
+        }
+      }
+    })
+    assert.isFunction(typed.episode?.start)
+    Task.make("misspelt", {
+      row: Schema.Struct({ secret: Schema.Int }),
+      // @ts-expect-error `row` is `{ readonly secret: number }`: it has no `secrte`
+      episode: { start: ({ row }) => Effect.log(row.secrte) }
+    })
+    // Without a row Schema, a record of unknowns, as before.
+    Task.make("untyped rows", { episode: { start: ({ row }) => Effect.log(row["anything"]) } })
+  })
+
+  it("another task's tools, reward and episode can be reused, checked against this task's environment", () => {
+    const original = Task.make("original", {
+      tools: [guess],
+      reward: won,
+      environment: Environment.perChain(gameLayer),
+      episode: { start: () => Effect.asVoid(Game) }
+    })
+    const again = Task.make("again", {
+      tools: original.tools,
+      reward: original.reward,
+      environment: Environment.perChain(gameLayer),
+      episode: original.episode
+    })
+    assert.strictEqual(again.episode, original.episode)
+    assert.deepStrictEqual(again.needs.map((k) => k.key), ["test/Task/Game"])
+    Task.make("reused without its services", {
+      // @ts-expect-error the reused episode may use Game (its task's environment), which Other's does not provide
+      environment: Environment.perChain(Layer.succeed(Other, Other.of({ x: 1 }))),
+      episode: original.episode
+    })
+    // A part typed `any` (a task typed `Task`, as a module's is) cannot be checked: a type error that names it
+    // ("cannot check the services of these parts, typed any": "episode"), not "missing environment services: any".
+    Task.make("untyped part", {
+      // @ts-expect-error the episode's services are `any`
+      environment: Environment.perChain(gameLayer),
+      episode: (original as Task.Task).episode
+    })
+  })
+
   it("a task reached by name or path gets nothing from its runner: withOptions refuses one whose layer is missing", () => {
     class Catalog extends Context.Service<Catalog, { readonly size: number }>()("test/Task/Catalog") {}
     const catalog = Layer.succeed(Catalog, Catalog.of({ size: 3 }))
