@@ -12,13 +12,17 @@
  *   `TaskError(MissingServices)` naming the task and the service (a task assembled from untyped parts: a module
  *   loaded by the CLI, a `withOptions` task without its `layer`); an environment that cannot be built or leased for
  *   another reason fails with `TaskError(Environment)`. Neither reaches a chain as a defect.
+ * - **A failing episode start is logged**, as a tool's death and a reward's failure are: an environment whose reset
+ *   with the row fails ends its chain (`EnvFailed`, masked by default), which the progress line shows only as a
+ *   failure share. Its first failure is logged with its cause (a bug's stack), the task, the row and the error;
+ *   later ones are counted, one line per 30 s at most.
  *
  * These are the only adapters from the task's parts to the rollout chain's ports (`RolloutChain.toolsFromActor`,
  * `rewardFromActor`): the trainer, the CLI and `Rollout.run` all go through here.
  *
  * @since 0.1.0
  */
-import { Cause, Context, Duration, Effect, Exit, Layer, Scope } from "effect"
+import { Cause, Clock, Context, Duration, Effect, Exit, Layer, Scope } from "effect"
 import * as Environment from "../src/Environment.ts"
 import type * as RolloutError from "../src/RolloutError.ts"
 import * as Task from "../src/Task.ts"
@@ -145,6 +149,63 @@ const checkServices = (task: Task.Any, environment: Environment.Provider<any, an
     }
   })
 
+/** How often the failures of an episode's start after its first are said. */
+const repeatLogInterval = Duration.seconds(30)
+
+const causeText = (cause: Cause.Cause<unknown>): string => {
+  const error = Cause.squash(cause)
+  return typeof error === "object" && error !== null && "message" in error ? String(error.message) : String(error)
+}
+
+/** A row as a log line shows it: its fields as JSON, cut to 200 characters. */
+const rowText = (row: unknown): string => {
+  const text = JSON.stringify(row) ?? String(row)
+  return text.length > 200 ? `${text.slice(0, 200)}…` : text
+}
+
+/**
+ * The task's episode, its `start`'s failures and defects logged (interruption is not a failure): the first with
+ * its cause, the task, the row and the error; later ones counted, one line per {@link repeatLogInterval} at most.
+ */
+const loggingStarts = (
+  task: Task.Any,
+  episode: Environment.Episode<any, any> | undefined
+): Environment.Episode<any, any> | undefined => {
+  const start = episode?.start
+  if (episode === undefined || start === undefined) return episode
+  let logged = false
+  let repeats = { count: 0, since: 0, last: "" }
+  const log = Effect.fnUntraced(function*(chain: Environment.EpisodeStart<any>, cause: Cause.Cause<unknown>) {
+    const now = yield* Clock.currentTimeMillis
+    const where = `row ${chain.rowIndex} (group ${chain.groupId}, chain ${chain.chainId})`
+    if (!logged) {
+      logged = true
+      repeats = { count: 0, since: now, last: "" }
+      return yield* Effect.logWarning(
+        `the episode start of task "${task.name}" failed for ${where}: ${causeText(cause)}\n` +
+          `row: ${rowText(chain.row)}\n(the environment's reset with the row failed: its chain ends, EnvFailed, ` +
+          `masked by default, and counts in rollout/failures/<reason> and metrics.jsonl's firstFailure. Later ` +
+          `failures of this start are counted, at most one line per ${Duration.format(repeatLogInterval)})`,
+        cause
+      )
+    }
+    repeats = { ...repeats, count: repeats.count + 1, last: `${where}: ${causeText(cause)}` }
+    if (now - repeats.since < Duration.toMillis(repeatLogInterval)) return
+    yield* Effect.logWarning(
+      `the episode start of task "${task.name}" failed ${repeats.count} more times in the last ` +
+        `${Duration.format(Duration.millis(now - repeats.since))}; last: ${repeats.last}`
+    )
+    repeats = { count: 0, since: now, last: "" }
+  })
+  return {
+    ...episode,
+    start: (chain) =>
+      start(chain).pipe(
+        Effect.tapCause((cause) => (Cause.hasInterruptsOnly(cause) ? Effect.void : log(chain, cause)))
+      )
+  }
+}
+
 /**
  * Builds a task's runtime in the current scope and runs the start check.
  *
@@ -170,7 +231,7 @@ export const make = <RE>(
       tools: options.renderTools === false ? { ...tools, schemas: [] } : tools,
       reward,
       environment,
-      episode: task.episode,
+      episode: loggingStarts(task, task.episode),
       policies: task.policies,
       correct: task.correct,
       environmentStats: environment.stats ?? Effect.succeed({})

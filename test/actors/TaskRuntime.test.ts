@@ -1,5 +1,5 @@
 import { assert, describe, it } from "@effect/vitest"
-import { Cause, Context, Effect, Exit, Fiber, Layer, Schema, Stream } from "effect"
+import { Cause, Context, Effect, Exit, Fiber, Layer, Logger, Schema, Stream } from "effect"
 import { TestClock } from "effect/testing"
 import * as Oracle from "../../actors/Oracle.ts"
 import * as Rollout from "../../actors/Rollout.ts"
@@ -166,6 +166,61 @@ describe("TaskRuntime", () => {
       }).pipe(Stream.runDrain, Effect.provide(Sampler.layerScripted(() => turn("done"))))
       assert.deepStrictEqual(seen, [42])
     }))
+
+  it.effect("a failing episode start is logged once with its cause, the task, the row and the error", () => {
+    const logs: Array<{ message: string; cause: boolean }> = []
+    const collector = Logger.make((o) =>
+      void logs.push({
+        message: (o.message as ReadonlyArray<unknown>).map(String).join(" "),
+        cause: o.cause.reasons.length > 0
+      })
+    )
+    return Effect.gen(function*() {
+      class Lock extends Context.Service<Lock, {
+        readonly reset: (code: number) => Effect.Effect<void, Environment.EnvError>
+      }>()("test/TaskRuntime/Lock") {}
+      const noDial = (code: number) =>
+        new Environment.EnvError({ env: "lock", method: "reset", reason: "ResetFailed", message: `no dial ${code}` })
+      const lock = Layer.succeed(
+        Lock,
+        Lock.of({ reset: (code) => (code < 1000 ? Effect.void : Effect.fail(noDial(code))) })
+      )
+      const task = Task.make("lock", {
+        row: Schema.Struct({ id: Schema.String, code: Schema.Int }),
+        environment: Environment.perChain(lock),
+        episode: { start: ({ row }) => Effect.flatMap(Lock, (l) => l.reset(row.code)) }
+      })
+      // As the trainer does: one runtime for the run, its ports given to every batch's rollout.
+      const runtime = yield* TaskRuntime.make(task)
+      const batch = (codes: ReadonlyArray<number>) =>
+        Rollout.run({
+          rows: codes.map((code, i) => ({ messages: [{ role: "user" as const, content: "open" }], id: `r${i}`, code })),
+          numChains: 2,
+          maxTurns: 1,
+          sampling: { temperature: 1, maxTokens: 8 },
+          format: charFormat,
+          tools: runtime.tools,
+          environment: runtime.environment,
+          episode: runtime.episode
+        }).pipe(Stream.runCollect, Effect.provide(Sampler.layerScripted(() => turn("hi"))))
+      const events = yield* batch([123, 4321, 5555])
+      const failed = events.flatMap((e) => (e._tag === "Trajectory" && e.trajectory.masked ? [e.trajectory] : []))
+      assert.strictEqual(failed.length, 4, "two rows × two chains, masked")
+      assert.strictEqual(logs.length, 1, "said once")
+      assert.isTrue(logs[0]!.cause, "with its cause")
+      assert.include(logs[0]!.message, `the episode start of task "lock" failed for row 1 (group`)
+      assert.include(logs[0]!.message, "no dial 4321")
+      assert.include(logs[0]!.message, `row: {"id":"r1","code":4321}`)
+      yield* TestClock.adjust("30 seconds")
+      yield* batch([9999])
+      assert.strictEqual(logs.length, 2)
+      // The three after the first, and the one that found 30 s gone by (the next is counted for the next line).
+      assert.match(
+        logs[1]!.message,
+        /^the episode start of task "lock" failed 4 more times in the last 30s; last: row 0 /
+      )
+    }).pipe(Effect.provideService(Logger.CurrentLoggers, new Set([collector])))
+  })
 
   it.effect("each chain's environment is released when the chain ends, not when the run does", () =>
     Effect.gen(function*() {
