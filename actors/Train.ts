@@ -201,6 +201,27 @@ export const run = (options: Options): Effect.Effect<Result, Failure> =>
   }).pipe(Effect.scoped, Effect.provide(NodeServices.layer))
 
 /**
+ * What to say of a config's model folder that holds no model yet (no `config.json`): how to create it. `agentfly
+ * train` initialises it from a known `model.preset`; `agentfly init-model` writes one with random weights.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const missingModel = (
+  model: { readonly path: string; readonly preset?: string | undefined },
+  config: string
+): string => {
+  const known = Object.keys(ModelConfig.presets)
+  const preset = model.preset !== undefined && known.includes(model.preset) ? model.preset : undefined
+  const initModel = `agentfly init-model --out ${model.path} --preset ${preset ?? "tiny"}`
+  return `model.path ${model.path}: the model folder does not exist yet (no config.json): ` + (preset === undefined
+    ? `set model.preset (${known.join(", ")}; ${model.preset === undefined ? "unset" : `"${model.preset}" is none`}) ` +
+      `for agentfly train to initialise it, or create it with ${initModel}`
+    : `train first (agentfly train ${config} initialises it from model.preset "${preset}"), or create it with ` +
+      initModel)
+}
+
+/**
  * The files whose presence says that a directory holds a run.
  */
 const runFiles = ["metrics.jsonl", "journal.jsonl", "checkpoints"]
@@ -284,7 +305,7 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
       return yield* new TrainConfig.ConfigError({
         source: options.source ?? "config",
         reason: "Invalid",
-        issues: [`model.path ${requested.model.path} has no model and model.preset is not a known preset`]
+        issues: [missingModel(requested.model, options.source ?? "CONFIG")]
       })
     }
     yield* say(`initialising ${requested.model.path} from preset ${preset} (seed ${requested.model.initSeed})`)

@@ -18,6 +18,7 @@ import * as LocalPolicy from "../actors/LocalPolicy.ts"
 import * as Metrics from "../actors/Metrics.ts"
 import * as PolicyEngine from "../actors/PolicyEngine.ts"
 import * as ResourceManager from "../actors/ResourceManager.ts"
+import * as Train from "../actors/Train.ts"
 import * as Trainer from "../actors/Trainer.ts"
 import * as Checkpoint from "../src/Checkpoint.ts"
 import * as Dataset from "../src/Dataset.ts"
@@ -148,6 +149,15 @@ export const run = Effect.fn("cli.eval")(function*(
       )
     })
   ))
+  // A folder not made yet: how to make it, rather than a missing file's name.
+  const modelFile = `${requested.model.path}/config.json`
+  if (!(yield* fs.exists(modelFile))) {
+    return yield* new ModelFolder.ModelFolderError({
+      reason: "NotFound",
+      file: modelFile,
+      message: Train.missingModel(requested.model, options.config)
+    })
+  }
   const folder = yield* ModelFolder.load(requested.model.path)
   const config = LocalPolicy.onModel(folder, { ...requested, eval: evalConfig })
   const weights = options.checkpoint === undefined

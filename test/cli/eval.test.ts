@@ -1,8 +1,9 @@
 /**
  * `agentfly eval` on the real parts (tiny Qwen2 policy on onnxruntime, calculator tool, mathEqual reward): a run's
  * checkpoint evaluated with the run's settings repeats the run's own evaluation at that step; flags override the
- * settings; a corrupt checkpoint and a config without a held-out split fail with their reasons; trajectories that
- * failed (an environment whose reset throws) are said in the summary line, not only counted as wrong.
+ * settings; a corrupt checkpoint, a config without a held-out split and a model folder not made yet fail with their
+ * reasons; trajectories that failed (an environment whose reset throws) are said in the summary line, not only
+ * counted as wrong.
  */
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
@@ -112,7 +113,7 @@ export const task = Task.make("rusty", {
   tools: [turn],
   reward: Reward.make("none", { score: () => Effect.succeed(0) }),
   environment: Environment.perChain(Lock.layer),
-  episode: { start: ({ row }) => Effect.flatMap(Lock, (lock) => lock.reset(row["code"] as string)) },
+  episode: { start: ({ row }) => Effect.flatMap(Lock, (lock) => lock.reset(row.code)) },
   defaults: { systemPrompt: "Open.", maxTurns: 1, maxNewTokens: 4, renderTools: false }
 })
 export const config = {
@@ -126,6 +127,15 @@ export const config = {
       )
       const rows = ["fine", "rusty", "fine", "rusty"].map((code) => JSON.stringify({ question: "Open.", code }))
       writeFileSync(join(dir, "rows.jsonl"), rows.join("\n") + "\n")
+      // Before its model folder exists: said so, with how to make it, not as a file that cannot be read.
+      const unmade = yield* Effect.flip(Eval.run({ config: join(dir, "rusty.ts"), write: () => {} }))
+      assert.strictEqual((unmade as { _tag: string })._tag, "ModelFolderError")
+      assert.strictEqual(
+        (unmade as Error).message,
+        `model.path ${join(dir, "model")}: the model folder does not exist yet (no config.json): train first ` +
+          `(agentfly train ${join(dir, "rusty.ts")} initialises it from model.preset "tiny"), or create it with ` +
+          `agentfly init-model --out ${join(dir, "model")} --preset tiny`
+      )
       yield* ModelFolder.init(join(dir, "model"), { preset: "tiny", seed: 0 })
       const lines: Array<string> = []
       const output = join(dir, "eval.json")
