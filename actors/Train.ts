@@ -247,12 +247,13 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
   if (options.resume !== true && options.overwrite !== true) {
     for (const file of runFiles) {
       if (yield* fs.exists(path.join(requested.output, file))) {
+        // Not the config's fault: the directory it names is taken.
         return yield* new TrainConfig.ConfigError({
-          source: options.source ?? "config",
-          reason: "Invalid",
+          source: requested.output,
+          reason: "OutputInUse",
           issues: [
-            `output: ${requested.output} already holds a run (${file}): resume it (--resume; in code resume: true), ` +
-            `start over in it (--overwrite; overwrite: true; its files are replaced), or give another output directory`
+            `${file} is there: resume it (--resume; in code resume: true), start over in it (--overwrite; ` +
+            `overwrite: true; its files are replaced), or give another output directory (--output DIR)`
           ]
         })
       }

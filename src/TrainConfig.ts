@@ -446,10 +446,20 @@ export type Input = typeof TrainConfig.Encoded
 // ===== Errors =====
 
 /**
+ * Why a config cannot be used: `Unreadable`, `Syntax`, `Invalid` (a key's value; its heading is "invalid config"),
+ * `UnsupportedFormat`; or `OutputInUse`: the config is fine, but its output directory already holds a run (the
+ * source is that directory; `--resume` or `--overwrite` go on).
+ *
  * @category errors
  * @since 0.1.0
  */
-export const ConfigErrorReason = Schema.Literals(["Unreadable", "Syntax", "Invalid", "UnsupportedFormat"])
+export const ConfigErrorReason = Schema.Literals([
+  "Unreadable",
+  "Syntax",
+  "Invalid",
+  "UnsupportedFormat",
+  "OutputInUse"
+])
 
 /**
  * A config that cannot be used. `issues` lists one line per problem, each starting with the dotted path of the
@@ -464,7 +474,12 @@ export class ConfigError extends Schema.TaggedError<ConfigError>()("ConfigError"
   issues: Schema.Array(Schema.String)
 }) {
   override get message(): string {
-    return `${this.source}: ${this.reason === "Invalid" ? "invalid config" : this.reason}\n  ` + this.issues.join("\n  ")
+    const heading = this.reason === "Invalid"
+      ? "invalid config"
+      : this.reason === "OutputInUse"
+      ? "the output directory already holds a run"
+      : this.reason
+    return `${this.source}: ${heading}\n  ` + this.issues.join("\n  ")
   }
 }
 

@@ -6,7 +6,7 @@
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
-import { existsSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs"
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as Train from "../../actors/Train.ts"
@@ -163,6 +163,31 @@ describe("Train.run", () => {
       assert.include(message, `line 3: messages[1]: invalid arguments for tool "${toolName}"`, "string arguments too")
       assert.isFalse(existsSync(join(dir, "run", "metrics.jsonl")), "nothing trained")
       assert.isFalse(existsSync(join(dir, "model")), "stopped before the model folder")
+    }).pipe(Effect.provide(NodeServices.layer)))
+
+  it.effect("an output directory that holds a run is refused as such, not as an invalid config", () =>
+    Effect.gen(function*() {
+      const dir = mkdtempSync(join(tmpdir(), "train-taken-"))
+      mkdirSync(join(dir, "run"))
+      writeFileSync(join(dir, "run", "metrics.jsonl"), "")
+      const refused = yield* Effect.flip(Train.run({
+        task,
+        dir,
+        config: {
+          output: "run",
+          model: { path: "model", preset: "tiny" },
+          data: { train: "t.jsonl" },
+          algorithm: { steps: 3 }
+        }
+      }))
+      assert.instanceOf(refused, TrainConfig.ConfigError)
+      assert.strictEqual((refused as TrainConfig.ConfigError).reason, "OutputInUse")
+      assert.strictEqual(
+        (refused as TrainConfig.ConfigError).message,
+        `${join(dir, "run")}: the output directory already holds a run\n  metrics.jsonl is there: resume it (--resume; ` +
+          `in code resume: true), start over in it (--overwrite; overwrite: true; its files are replaced), or give ` +
+          `another output directory (--output DIR)`
+      )
     }).pipe(Effect.provide(NodeServices.layer)))
 
   it.effect("a steps override below 1 names the override, not the config file", () =>
