@@ -139,7 +139,7 @@ export const run = Effect.fn("cli.eval")(function*(
     ...(options.size === undefined ? {} : { size: options.size }),
     ...(options.samples === undefined ? {} : { samples: options.samples }),
     ...(options.temperature === undefined ? {} : { temperature: options.temperature })
-  }).pipe(Effect.mapError((e) =>
+  }, TrainConfig.decodeOptions).pipe(Effect.mapError((e) =>
     new TrainConfig.ConfigError({
       source: "agentfly eval's flags",
       reason: "Invalid",

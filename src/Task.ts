@@ -342,8 +342,8 @@ export const withOptions = <S extends Schema.Top>(
 ): (options: unknown, context?: OptionsContext) => Effect.Effect<Task, TaskError> =>
 (options, context = inCode) =>
   Schema.decodeUnknownEffect(schema as unknown as Schema.Codec<S["Type"], unknown>)(options ?? {}, {
-    onExcessProperty: "error",
-    errors: "all"
+    ...SchemaIssues.decodeOptions,
+    onExcessProperty: "error"
   }).pipe(
     Effect.map((decoded) => make(decoded, context)),
     // As a config's keys are reported: `task options: redis: unknown key`, with a suggestion when one is near.

@@ -487,12 +487,21 @@ export class ConfigError extends Schema.TaggedError<ConfigError>()("ConfigError"
 
 /**
  * One line per problem, `path: message`, with a suggestion for mistyped keys (`SchemaIssues.formatIssues`, shared with
- * task options).
+ * task options), and the value given when the decode kept it ({@link decodeOptions}): `algorithm.steps: Expected
+ * number, got "12"` (cut to 60 characters).
  *
  * @category formatting
  * @since 0.1.0
  */
 export const formatIssues: (schema: Schema.Top, issue: SchemaIssue.Issue) => Array<string> = SchemaIssues.formatIssues
+
+/**
+ * The parse options for a decode whose issues {@link formatIssues} prints: every problem, the values given kept.
+ *
+ * @category formatting
+ * @since 0.1.0
+ */
+export const decodeOptions = SchemaIssues.decodeOptions
 
 // ===== Constructors =====
 
@@ -505,7 +514,7 @@ const decodeStrict = Schema.decodeUnknownEffect(TrainConfig)
  * @since 0.1.0
  */
 export const decode = (input: unknown, source = "config"): Effect.Effect<TrainConfig, ConfigError> =>
-  decodeStrict(withoutUndefined(input), { onExcessProperty: "error", errors: "all" }).pipe(
+  decodeStrict(withoutUndefined(input), { ...SchemaIssues.decodeOptions, onExcessProperty: "error" }).pipe(
     Effect.mapError((e) =>
       new ConfigError({ source, reason: "Invalid", issues: formatIssues(TrainConfig, e.issue) })
     ),

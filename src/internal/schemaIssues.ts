@@ -1,9 +1,12 @@
 /**
  * Schema issues as one line per problem, `dotted.path: message`, with a suggestion for a mistyped key (a near key of
  * its section, or where a key of that name belongs): what a config file's and a task's options' errors print.
+ *
+ * A value given where the schema wanted another is shown when the decode kept it (`reportInput: true`, which
+ * {@link decodeOptions} sets): `algorithm.steps: Expected number, got "12"`, cut to {@link maxInputChars}.
  */
 import type { Schema } from "effect"
-import { SchemaAST, SchemaIssue } from "effect"
+import { Formatter, SchemaAST, SchemaIssue } from "effect"
 
 type PathKey = PropertyKey
 
@@ -83,8 +86,26 @@ const dotted = (path: ReadonlyArray<PathKey>): string =>
   path.length === 0 ? "(root)" : path.map((k) => (typeof k === "number" ? `[${k}]` : String(k))).join(".")
     .replace(/\.\[/g, "[")
 
+/**
+ * The parse options of a decode whose issues {@link formatIssues} formats: every problem, and the values given
+ * kept, so that a line can say what it got.
+ */
+export const decodeOptions = { errors: "all", reportInput: true } as const
+
+/** How much of a value given a problem line shows (the rest is cut, with "…"). */
+const maxInputChars = 60
+
 const formatter = SchemaIssue.makeFormatterDefault()
-const leafMessage = (issue: SchemaIssue.Issue): string => formatter(issue).split("\n")[0]!.trim()
+
+/** The issue's message, its `, got <value>` (Effect's, when the input was kept) cut to {@link maxInputChars}. */
+const leafMessage = (issue: SchemaIssue.Issue): string => {
+  const full = formatter(issue)
+  const value = SchemaIssue.hasInput(issue) ? Formatter.format(issue.input) : undefined
+  const at = value === undefined ? -1 : full.indexOf(`, got ${value}`)
+  if (value === undefined || at < 0) return full.split("\n")[0]!.trim()
+  const shown = value.length > maxInputChars ? `${value.slice(0, maxInputChars)}…` : value
+  return `${full.slice(0, at).split("\n")[0]!.trim()}, got ${shown}`
+}
 
 /** One line per problem, `path: message`, with a suggestion for mistyped keys. */
 export const formatIssues = (schema: Schema.Top, issue: SchemaIssue.Issue): Array<string> => {

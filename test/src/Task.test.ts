@@ -115,6 +115,14 @@ describe("Task", () => {
       Task.make("no layer", { tools: [guess], environment }))
   })
 
+  it.effect("a task option of the wrong type is reported with the value given, as a config's keys are", () =>
+    Effect.gen(function*() {
+      const counted = Task.withOptions("counted", Schema.Struct({ n: Schema.optionalKey(Schema.Int) }), () =>
+        Task.make("counted", {}))
+      const error = yield* Effect.flip(counted({ n: "3" }))
+      assert.strictEqual(error.message, `task options: n: Expected number, got "3"`)
+    }))
+
   it("defaults fill a config's unset agent keys; the config's own values win", () => {
     const task = Task.make("t", { defaults: { maxTurns: 6, systemPrompt: "Be brief.", temperature: undefined } })
     assert.deepStrictEqual(Task.withDefaults(task, { agent: { maxTurns: 2 }, seed: 1 }), {

@@ -89,6 +89,24 @@ describe("TrainConfig", () => {
       assert.include(byPath("agent.maxTurns")[0], "integer")
     }))
 
+  it.effect("a wrong value is shown beside what was expected, cut to 60 characters when long", () =>
+    Effect.gen(function*() {
+      const error = yield* failure(TrainConfig.decode({
+        ...minimal,
+        mode: "asink",
+        algorithm: { steps: "12", lr: -1 },
+        agent: { systemPrompt: 5, maxTurns: "x".repeat(100) }
+      }))
+      assert.deepStrictEqual([...error.issues].sort(), [
+        `agent.maxTurns: Expected number, got "${"x".repeat(59)}…`,
+        "agent.systemPrompt: Expected string, got 5",
+        "algorithm.lr: Expected a value between 0 (excluded) and 1, got -1",
+        `algorithm.steps: Expected number, got "12"`,
+        `mode: Expected "sync" | "async", got "asink"`
+      ])
+      assert.include(error.message, "config: invalid config\n  agent.systemPrompt: Expected string, got 5")
+    }))
+
   it.effect("every number has finite bounds, checked at decode time and named in the error", () =>
     Effect.gen(function*() {
       // What JSON makes of 1e400: Infinity.
