@@ -13,6 +13,7 @@ import * as Optimizer from "../../../src/Optimizer.ts"
 import * as Packing from "../../../src/Packing.ts"
 import * as Sampling from "../../../src/Sampling.ts"
 import { maxDiff, tinyConfig } from "../../utils/tinyModel.ts"
+import { bigConfig, longMicroBatch } from "./fixtures/longShard.ts"
 
 // GQA, untied head and learned positions: every kind of parameter the tiny preset has.
 const config = tinyConfig({ vocabSize: 32, hiddenSize: 32, numHiddenLayers: 2, intermediateSize: 64 })
@@ -218,16 +219,8 @@ describe("OnnxTrainer with worker threads", () => {
     Effect.gen(function*() {
       // A shard that runs for a while (≈ 0.5 s here): closing must not terminate a thread inside onnxruntime's run,
       // which aborts the whole process (this test file would die).
-      const big = tinyConfig({ vocabSize: 256, hiddenSize: 256, numHiddenLayers: 4, intermediateSize: 1024 })
-      const r = Sampling.rng(5)
-      const sequences = Array.from({ length: 16 }, (): Packing.Sequence => ({
-        tokenIds: Int32Array.from({ length: 256 }, () => Math.floor(r.next() * 256)),
-        lossMask: Uint8Array.from({ length: 256 }, () => 1),
-        samplerLogprobs: Float32Array.from({ length: 256 }, () => -5),
-        advantages: Float32Array.from({ length: 256 }, () => 1)
-      }))
-      const mb = (yield* Packing.pack(sequences, { tokenBudget: 16 * 256, lengthMultiple: 16, aggregation: "token-mean" }))
-        .microBatches[0]!
+      const big = bigConfig
+      const mb = yield* longMicroBatch
       const trainer = yield* OnnxTrainer.make(options({
         workers: 2,
         model: OnnxTrainer.qwen2(big),
