@@ -11,7 +11,8 @@
  * - `grpo`: `(r − mean_g) / (std_g + ε)`, `std` with Bessel's correction; a group of one has mean 0 and std 1.
  * - `grpo-no-std` (Dr.GRPO, arXiv:2503.20783): `r − mean_g`.
  * - `rloo` (arXiv:2402.14740): `r·n/(n−1) − mean_g·n/(n−1)`, i.e. `r` minus the mean of the others.
- * - `reinforce++` (arXiv:2501.03262): discounted returns, reset after each masked-out token, whitened over the batch.
+ * - `reinforce++` (arXiv:2501.03262): discounted returns over the response tokens (observation tokens between turns
+ *   carry the return through undiscounted), whitened over the batch.
  * - `reinforce++-baseline`: `r − mean_g` broadcast over the response, whitened over the batch.
  * - `gae` (arXiv:1506.02438): GAE with a value head; TD errors and values skip observation tokens; whitened.
  *
@@ -223,20 +224,22 @@ const rloo = (input: Input): Output => {
 }
 
 const reinforcePlusPlus = (input: Input, config: Config): Output => {
-  const { batch, length, tokenRewards } = input
-  const mask = effectiveMask(input)
+  const { batch, length, tokenRewards, responseMask } = input
   const returns = new Float64Array(batch * length)
   for (let b = 0; b < batch; b++) {
     let running = 0
     for (let t = length - 1; t >= 0; t--) {
       const i = b * length + t
+      // Observation tokens (a tool's or the environment's reply between turns, a later segment's prompt) are not
+      // actions: the return passes through them undiscounted, as GAE skips them, so an earlier turn still gets the
+      // outcome reward. verl reset it at every masked-out token, which left every turn but the last with a return
+      // of 0 (verl issue #7278, fixed in #7300); trailing padding stays 0, since each row's scan starts at 0.
+      if (responseMask[i] === 0) continue
       running = tokenRewards[i]! + config.gamma * running
       returns[i] = running
-      // Reset after EOS: a masked-out token ends the discounted sum, as in verl.
-      running *= mask[i]!
     }
   }
-  return { advantages: maskedWhiten(Float64Array.from(returns), mask), returns }
+  return { advantages: maskedWhiten(Float64Array.from(returns), effectiveMask(input)), returns }
 }
 
 const reinforcePlusPlusBaseline = (input: Input): Output => {

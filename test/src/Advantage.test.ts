@@ -86,15 +86,28 @@ describe("Advantage", () => {
       close(advantages, [a, a, a, -a, -a, -a])
     })
 
-    it("reinforce++: γ < 1 discounts and a masked token resets the return", () => {
+    it("reinforce++: γ < 1 discounts policy tokens; an observation between turns carries the return through", () => {
       const input = {
         ...outcome([0, 0], [0, 1], 3),
         tokenRewards: Float64Array.of(1, 0, 2, 0, 0, 4),
         responseMask: Uint8Array.of(1, 0, 1, 1, 1, 1)
       }
       const { returns } = run("reinforce++", input, { gamma: 0.5 })
-      // row 0: t2 = 2; t1 = 0 + 0.5·2 = 1, then reset (mask 0); t0 = 1
-      close(returns, [1, 1, 2, 1, 2, 4])
+      // row 0: t2 = 2; t1 is an observation (0, skipped); t0 = 1 + 0.5·2 = 2
+      close(returns, [2, 0, 2, 1, 2, 4])
+    })
+
+    it("reinforce++: the outcome reward reaches the first turn of a multi-turn trajectory", () => {
+      // [call, call, tool reply, tool reply, answer, answer] with reward 1 at the end, and a row that earned 0: the
+      // call's tokens get the same advantage as the answer's (verl issue #7278 gave them a return of 0).
+      const input = {
+        ...outcome([1, 0], [0, 1], 6),
+        responseMask: Uint8Array.of(1, 1, 0, 0, 1, 1, 1, 1, 0, 0, 1, 1)
+      }
+      const { advantages, returns } = run("reinforce++", input)
+      close(returns, [1, 1, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0])
+      const a = 0.5 / Math.sqrt(2 / 7 + 1e-8)
+      close(advantages, [a, a, 0, 0, a, a, -a, -a, 0, 0, -a, -a])
     })
 
     it("reinforce++-baseline: group-centred scores whitened over response tokens", () => {
@@ -252,7 +265,7 @@ describe("Advantage", () => {
     const effectiveMask = (input: Advantage.Input) =>
       Array.from(input.responseMask, (m, i) => (m === 1 && input.include![Math.floor(i / input.length)] === 1 ? 1 : 0))
 
-    it("reinforce++ equals discounted returns (reset after masked tokens) whitened", () =>
+    it("reinforce++ equals discounted returns over response tokens (observations skipped) whitened", () =>
       fc.assert(fc.property(arbitraryRows, (x) => {
         const input = toInput(x)
         const mask = effectiveMask(input)
@@ -261,9 +274,9 @@ describe("Advantage", () => {
           const row: Array<number> = []
           let g = 0
           for (let t = input.length - 1; t >= 0; t--) {
-            g = input.tokenRewards[b * input.length + t]! + x.gamma * g
-            row.unshift(g)
-            if (mask[b * input.length + t] === 0) g = 0
+            const i = b * input.length + t
+            if (input.responseMask[i] === 1) g = input.tokenRewards[i]! + x.gamma * g
+            row.unshift(input.responseMask[i] === 1 ? g : 0)
           }
           returns.push(...row)
         }
