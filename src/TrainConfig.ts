@@ -394,6 +394,8 @@ export const RolloutConfig = Schema.Struct({
   timeoutSeconds: Schema.optionalKey(Schema.Int.check(Schema.isBetween({ minimum: 1, maximum: 86_400 })))
 })
 
+const maxStalenessDefault = 1
+
 /**
  * A whole training run. `mode: "async"` lets rollouts run ahead of the learner by at most `maxStaleness` policy
  * versions; `"sync"` generates each batch with the current policy.
@@ -419,7 +421,8 @@ export const TrainConfig = Schema.Struct({
   critic: Schema.optionalKey(CriticConfig),
   warmup: Schema.optionalKey(WarmupConfig),
   mode: withDefault(Schema.Literals(["sync", "async"]), "sync"),
-  maxStaleness: withDefault(IntIn(0, 16), 1),
+  /** Async mode only: a sync run, which would ignore it, refuses a value above the default (0 and 1 pass). */
+  maxStaleness: withDefault(IntIn(0, 16), maxStalenessDefault),
   eval: withDefault(EvalConfig, {}),
   checkpoint: withDefault(CheckpointConfig, {}),
   learner: withDefault(LearnerConfig, {}),
@@ -555,6 +558,25 @@ const crossKeyIssues = (config: TrainConfig): Array<string> => {
       : []),
     ...(config.critic !== undefined && advantage !== "gae"
       ? [`critic: only algorithm.advantage "gae" has a critic (the advantage is "${advantage}")`]
+      : []),
+    // Keys the chosen estimator or mode would ignore: a run that silently trains without them is not the run asked for.
+    ...(config.algorithm.lambda !== undefined && advantage !== "gae"
+      ? [`algorithm.lambda: only algorithm.advantage "gae" uses GAE's λ (the advantage is "${advantage}")`]
+      : []),
+    ...(config.algorithm.gamma !== undefined && advantage !== "gae" && advantage !== "reinforce++"
+      ? [`algorithm.gamma: only algorithm.advantage "reinforce++" and "gae" discount (the advantage is "${advantage}")`]
+      : []),
+    ...(config.algorithm.miniBatches > groupsPerStep
+      ? [
+        `algorithm.miniBatches: ${config.algorithm.miniBatches} mini-batches of whole groups need at least as many ` +
+        `groups a step (algorithm.groupsPerStep is ${groupsPerStep})`
+      ]
+      : []),
+    ...(config.mode === "sync" && config.maxStaleness > maxStalenessDefault
+      ? [
+        `maxStaleness: ${config.maxStaleness} applies only in async mode (every sync batch samples with the current ` +
+        `policy): set "mode": "async"`
+      ]
       : []),
     ...(config.critic !== undefined && config.critic.warmupSteps >= config.algorithm.steps
       ? [

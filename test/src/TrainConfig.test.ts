@@ -187,6 +187,33 @@ describe("TrainConfig", () => {
       assert.strictEqual(TrainConfig.criticOf(set).valueClip, 0.5)
     }).pipe(Effect.provide(NodeServices.layer)))
 
+  it.effect("keys the estimator or the mode would ignore are refused, naming what uses them", () =>
+    Effect.gen(function*() {
+      const issues = (input: object) =>
+        Effect.map(failure(TrainConfig.decode({ ...minimal, ...input })), (e) => e.issues)
+      assert.deepStrictEqual(yield* issues({ algorithm: { steps: 3, lambda: 0.95 } }), [
+        `algorithm.lambda: only algorithm.advantage "gae" uses GAE's λ (the advantage is "grpo")`
+      ])
+      assert.deepStrictEqual(yield* issues({ algorithm: { steps: 3, advantage: "rloo", gamma: 0.99 } }), [
+        `algorithm.gamma: only algorithm.advantage "reinforce++" and "gae" discount (the advantage is "rloo")`
+      ])
+      assert.deepStrictEqual(yield* issues({ algorithm: { steps: 3, groupsPerStep: 8, miniBatches: 16 } }), [
+        "algorithm.miniBatches: 16 mini-batches of whole groups need at least as many groups a step " +
+        "(algorithm.groupsPerStep is 8)"
+      ])
+      assert.deepStrictEqual(yield* issues({ maxStaleness: 4 }), [
+        `maxStaleness: 4 applies only in async mode (every sync batch samples with the current policy): ` +
+        `set "mode": "async"`
+      ])
+      // What uses them is accepted, and a run's recorded config.json (the default maxStaleness written out) decodes.
+      yield* TrainConfig.decode({ ...minimal, algorithm: { steps: 3, advantage: "gae", gamma: 0.99, lambda: 0.95 } })
+      yield* TrainConfig.decode({ ...minimal, algorithm: { steps: 3, advantage: "reinforce++", gamma: 0.99 } })
+      yield* TrainConfig.decode({ ...minimal, algorithm: { steps: 3, groupsPerStep: 8, miniBatches: 8 } })
+      yield* TrainConfig.decode({ ...minimal, mode: "async", maxStaleness: 4 })
+      yield* TrainConfig.decode({ ...minimal, mode: "sync", maxStaleness: 1 })
+      yield* TrainConfig.decode({ ...minimal, mode: "sync", maxStaleness: 0 })
+    }))
+
   it.effect("loads JSON, YAML and TypeScript configs and resolves paths against the config's folder", () =>
     Effect.gen(function*() {
       const dir = mkdtempSync(join(tmpdir(), "config-"))
