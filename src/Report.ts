@@ -308,6 +308,10 @@ export const charts: ReadonlyArray<ChartSpec> = [
   },
   { title: "Throughput (tokens/s)", series: [{ name: "train", phase: "train", key: "perf/tokens_per_s" }] },
   { title: "Policy loss", series: [{ name: "loss", phase: "train", key: "learner/loss" }] },
+  // What the optimiser did: the schedule's rate (a cosine or warm-up is seen, not inferred) and the gradient's norm
+  // before clipping at algorithm.gradClip (Dr.GRPO's sums run an order of magnitude above GRPO's means).
+  { title: "Learning rate", series: [{ name: "learning rate", phase: "train", key: "learner/lr" }] },
+  { title: "Gradient norm", series: [{ name: "before clipping", phase: "train", key: "learner/grad_norm" }] },
   {
     title: "Values and returns",
     series: [{ name: "critic's value (mean)", phase: "train", key: "critic/value_mean" }, {

@@ -35,6 +35,8 @@ const run = () => {
         "learner/entropy": 0.8 - step / 100,
         "learner/clip_frac": 0.01,
         "learner/loss": -0.01,
+        "learner/lr": 3e-4 * (1 + Math.cos((Math.PI * (step - 1)) / 30)) / 2,
+        "learner/grad_norm": 0.3,
         "learner/groups_with_signal": 8 - (step % 3),
         "rollout/groups_sampled": 8 * (1 + (step % 3)),
         "critic/value_mean": 0.2 + step / 120,
@@ -180,6 +182,16 @@ describe("Report", () => {
     const envFailed = pointsOf(html, "EnvFailed")
     assert.strictEqual(envFailed.length, 30, "a point at every training step")
     assert.strictEqual(new Set(envFailed.map(([, y]) => y)).size, 2, "ones at steps 7, 14, …; zeros elsewhere")
+  })
+
+  it("the learning rate and the gradient norm are charted at every training step", () => {
+    const html = Report.render({ title: "t", ...run() })
+    assert.include(html, "<title>Learning rate</title>")
+    assert.include(html, "<title>Gradient norm</title>")
+    const lr = pointsOf(html, "learning rate")
+    assert.strictEqual(lr.length, 30)
+    assert.isAbove(lr.at(-1)![1]!, lr[0]![1]!, "the cosine schedule falls (SVG y grows downwards)")
+    assert.strictEqual(pointsOf(html, "before clipping").length, 30)
   })
 
   it("peak RSS is charted per phase: RL steps and evaluations together, the warm-up on its own steps", () => {
