@@ -398,7 +398,10 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
   const skipped = steps.size - trained - criticOnly
   const notTrained = [
     ...(criticOnly > 0 ? [`${criticOnly} training the critic alone: critic.warmupSteps`] : []),
-    ...(skipped > 0 ? [`${skipped} skipped: no learning signal, every group's rewards equal`] : [])
+    // Every advantage was 0: a group-relative estimator's groups each had equal rewards; another's whole step did.
+    ...(skipped > 0 ? [`${skipped} skipped: no learning signal, ${
+      TrainConfig.isGroupRelative(config.algorithm.advantage) ? "every group's rewards equal" : "every reward equal"
+    }`] : [])
   ]
   yield* say(`trained ${trained} of ${steps.size} steps` + (notTrained.length > 0 ? ` (${notTrained.join("; ")})` : ""))
   yield* say(`report: ${report}`)
