@@ -10,8 +10,9 @@
  *
  * @since 0.1.0
  */
-import { Effect, FileSystem, Schema, Semaphore } from "effect"
+import { Effect, FileSystem, Path, Schema, Semaphore } from "effect"
 import type { Scope } from "effect"
+import * as Checkpoint from "../src/Checkpoint.ts"
 import * as DiskFull from "../src/internal/diskFull.ts"
 import * as SchemaIssues from "../src/internal/schemaIssues.ts"
 
@@ -294,4 +295,47 @@ export const open = Effect.fn("Journal.open")(function*(
       })
     )
   return { path, append: (entry) => appendAll([entry]), appendAll, entries: Effect.sync(() => [...all]) }
+})
+
+/**
+ * A run's checkpoint, loaded (its tensors, finite values and saved fingerprint checked by `Checkpoint.load`) and, when
+ * it sits in a run (`RUN/checkpoints/NAME` beside `RUN/journal.jsonl`), checked against the journal's fingerprint.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const verifiedCheckpoint = Effect.fnUntraced(function*(
+  dir: string,
+  expected: ReadonlyArray<{ readonly name: string; readonly shape: ReadonlyArray<number> }>
+) {
+  const fs = yield* FileSystem.FileSystem
+  const path = yield* Path.Path
+  // A run's folder, or a path that is not there: say which checkpoints there are rather than a missing file's name.
+  const inRun = path.join(dir, "checkpoints")
+  const isRun = yield* fs.exists(inRun)
+  if (isRun || !(yield* fs.exists(dir))) {
+    const names = isRun ? (yield* fs.readDirectory(inRun)).filter((n) => n.startsWith("step-")) : []
+    return yield* new Checkpoint.CheckpointError({
+      reason: "NotFound",
+      path: dir,
+      message: names.length === 0
+        ? `${dir}: no such checkpoint`
+        : `${dir} is a run's output directory: give one of its checkpoints, e.g. ` +
+          path.join(inRun, names.sort().at(-1)!)
+    })
+  }
+  const loaded = yield* Checkpoint.load(dir, expected)
+  const journalPath = path.join(path.dirname(path.dirname(path.resolve(dir))), "journal.jsonl")
+  if (!(yield* fs.exists(journalPath))) return loaded.weights
+  const recorded = checkpoints(yield* read(journalPath))
+    .find((c) => c.entry.path === path.basename(path.resolve(dir)))?.weightsHash
+  if (recorded !== undefined && recorded !== loaded.weightsHash) {
+    return yield* new Checkpoint.CheckpointError({
+      reason: "Corrupt",
+      path: dir,
+      message: `${dir}: its weights (fingerprint ${loaded.weightsHash}) are not the ones the run's journal ` +
+        `recorded (${recorded})`
+    })
+  }
+  return loaded.weights
 })

@@ -37,6 +37,7 @@ import type * as Message from "../src/Message.ts"
 import * as DiskFull from "../src/internal/diskFull.ts"
 import * as SchemaIssues from "../src/internal/schemaIssues.ts"
 import * as ModelConfig from "../src/model/ModelConfig.ts"
+import * as Qwen2 from "../src/model/Qwen2.ts"
 import * as ModelFolder from "../src/ModelFolder.ts"
 import * as Report from "../src/Report.ts"
 import * as Task from "../src/Task.ts"
@@ -315,7 +316,21 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
       seed: requested.model.initSeed
     })
   }
-  const folder = yield* ModelFolder.load(requested.model.path)
+  const loaded = yield* ModelFolder.load(requested.model.path)
+  // `model.from`: another run's checkpoint (a shared warm-up, say) over the folder's weights.
+  const from = requested.model.from
+  const folder = from === undefined ? loaded : {
+    ...loaded,
+    weights: yield* Journal.verifiedCheckpoint(from, Qwen2.parameters(loaded.config)).pipe(
+      Effect.mapError((e) =>
+        new TrainConfig.ConfigError({
+          source: options.source ?? "config",
+          reason: "Invalid",
+          issues: [`model.from: ${e.message}`]
+        })
+      )
+    )
+  }
   const config = LocalPolicy.onModel(folder, requested)
 
   yield* fs.makeDirectory(config.output, { recursive: true })
@@ -330,6 +345,7 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
       }) → ` +
       config.output
   )
+  if (from !== undefined) yield* say(`starting from the weights of ${from} (model.from)`)
   // Training batches on rollout workers when the run lists them; they sample on the run's inference servers.
   const { workers, queue } = config.rollout
   if ((workers !== undefined || queue !== undefined) && config.engine.servers === undefined) {

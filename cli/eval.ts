@@ -9,7 +9,7 @@
  *
  * @since 0.1.0
  */
-import { Effect, FileSystem, Option, Path, Schema } from "effect"
+import { Effect, FileSystem, Option, Schema } from "effect"
 import type { Scope } from "effect"
 import { Argument, Command, Flag } from "effect/cli"
 import * as ChainFormat from "../actors/ChainFormat.ts"
@@ -20,7 +20,6 @@ import * as PolicyEngine from "../actors/PolicyEngine.ts"
 import * as ResourceManager from "../actors/ResourceManager.ts"
 import * as Train from "../actors/Train.ts"
 import * as Trainer from "../actors/Trainer.ts"
-import * as Checkpoint from "../src/Checkpoint.ts"
 import * as Dataset from "../src/Dataset.ts"
 import * as Qwen2 from "../src/model/Qwen2.ts"
 import * as ModelFolder from "../src/ModelFolder.ts"
@@ -72,47 +71,12 @@ const usage = (message: string) =>
   new TrainConfig.ConfigError({ source: "config", reason: "Invalid", issues: [message] })
 
 /**
- * A run's checkpoint, loaded (its tensors, finite values and saved fingerprint checked by `Checkpoint.load`) and, when
- * it sits in a run (`RUN/checkpoints/NAME` beside `RUN/journal.jsonl`), checked against the journal's fingerprint.
+ * A run's checkpoint, checked against its run's journal (`Journal.verifiedCheckpoint`).
  *
  * @category constructors
  * @since 0.1.0
  */
-export const verifiedCheckpoint = Effect.fnUntraced(function*(
-  dir: string,
-  expected: ReadonlyArray<{ readonly name: string; readonly shape: ReadonlyArray<number> }>
-) {
-  const fs = yield* FileSystem.FileSystem
-  const path = yield* Path.Path
-  // A run's folder, or a path that is not there: say which checkpoints there are rather than a missing file's name.
-  const inRun = path.join(dir, "checkpoints")
-  const isRun = yield* fs.exists(inRun)
-  if (isRun || !(yield* fs.exists(dir))) {
-    const names = isRun ? (yield* fs.readDirectory(inRun)).filter((n) => n.startsWith("step-")) : []
-    return yield* new Checkpoint.CheckpointError({
-      reason: "NotFound",
-      path: dir,
-      message: names.length === 0
-        ? `${dir}: no such checkpoint`
-        : `${dir} is a run's output directory: give one of its checkpoints, e.g. ` +
-          path.join(inRun, names.sort().at(-1)!)
-    })
-  }
-  const loaded = yield* Checkpoint.load(dir, expected)
-  const journalPath = path.join(path.dirname(path.dirname(path.resolve(dir))), "journal.jsonl")
-  if (!(yield* fs.exists(journalPath))) return loaded.weights
-  const recorded = Journal.checkpoints(yield* Journal.read(journalPath))
-    .find((c) => c.entry.path === path.basename(path.resolve(dir)))?.weightsHash
-  if (recorded !== undefined && recorded !== loaded.weightsHash) {
-    return yield* new Checkpoint.CheckpointError({
-      reason: "Corrupt",
-      path: dir,
-      message: `${dir}: its weights (fingerprint ${loaded.weightsHash}) are not the ones the run's journal ` +
-        `recorded (${recorded})`
-    })
-  }
-  return loaded.weights
-})
+export const verifiedCheckpoint = Journal.verifiedCheckpoint
 
 /**
  * Runs `agentfly eval`: everything but argument parsing.

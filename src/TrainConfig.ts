@@ -60,7 +60,13 @@ const withDefault = <S extends Schema.Top>(schema: S, value: S["Encoded"]) =>
 export const ModelConfig = Schema.Struct({
   path: Schema.String,
   preset: Schema.optionalKey(Schema.String),
-  initSeed: withDefault(Seed, 0)
+  initSeed: withDefault(Seed, 0),
+  /**
+   * A run's checkpoint (`RUN/checkpoints/step-NNNNNN`) whose weights this run starts from instead of the folder's
+   * (checked as `agentfly eval --checkpoint` checks one: shapes, finite values, its run's journal); the folder still
+   * gives the architecture, tokenizer and template. One warm-up shared by several RL variants, for instance.
+   */
+  from: Schema.optionalKey(Schema.String)
 })
 
 /**
@@ -634,7 +640,11 @@ export const changes = (before: unknown, after: unknown, ignore: ReadonlyArray<s
 export const resolvePaths = (config: TrainConfig, resolve: (p: string) => string): TrainConfig => ({
   ...config,
   output: resolve(config.output),
-  model: { ...config.model, path: resolve(config.model.path) },
+  model: {
+    ...config.model,
+    path: resolve(config.model.path),
+    ...(config.model.from === undefined ? {} : { from: resolve(config.model.from) })
+  },
   data: {
     ...config.data,
     train: resolve(config.data.train),

@@ -11,7 +11,7 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as Journal from "../../actors/Journal.ts"
 import * as Generate from "../../examples/calculator/generate.ts"
-import { agentfly, calculatorRun } from "../utils/agentfly.ts"
+import { agentfly, calculatorRun, metricsOf } from "../utils/agentfly.ts"
 
 /** Runs `agentfly train ARGS…` in a child process (see `test/utils/agentfly.ts`). */
 const train = (args: ReadonlyArray<string>, killWhen?: () => boolean) => agentfly(["train", ...args], killWhen)
@@ -171,4 +171,45 @@ describe("agentfly train", () => {
       assert.include(crowded.output, "no prompt fits the context")
       assert.include(crowded.output, "agent.renderTools: false")
     }).pipe(Effect.provide(NodeServices.layer)), 300_000) // five CLI starts: ~25 s quiet, 165 s at load 10
+
+  it.live("model.from: a run starts from another run's checkpoint (one warm-up shared by RL variants)", () =>
+    Effect.gen(function*() {
+      const dir = mkdtempSync(join(tmpdir(), "train-from-"))
+      yield* Generate.write({ dir: join(dir, "data"), seed: 5, train: 64, heldOut: 8, validation: 4, demos: 64, noise: 0 })
+      const settings = {
+        seed: 11,
+        algorithm: { steps: 1, groupsPerStep: 2, lr: 0.001, advantage: "reinforce++", entropyCoef: 0.01 },
+        eval: { every: 1, size: 8 }
+      }
+      writeFileSync(join(dir, "base.json"), JSON.stringify(calculatorRun({ ...settings, output: "base" })))
+      const base = yield* train([join(dir, "base.json")])
+      assert.strictEqual(base.code, 0, base.output)
+      // No warm-up of its own: it starts where the base's warm-up ended (its step-0 checkpoint).
+      const variantOf = (from: string) => {
+        const { warmup: _, ...config } = calculatorRun({
+          ...settings,
+          output: "variant",
+          model: { path: "model", preset: "tiny", initSeed: 3, from }
+        })
+        return config
+      }
+      writeFileSync(join(dir, "variant.json"), JSON.stringify(variantOf("base/checkpoints/step-000000")))
+      const variant = yield* train([join(dir, "variant.json")])
+      assert.strictEqual(variant.code, 0, variant.output)
+      assert.include(variant.output, "starting from the weights of")
+      assert.notInclude(variant.output, "[warmup]")
+      // Its RL step starts from the base's RL start: the same rollouts, the same loss, the same weights after it.
+      const trainStep = (output: string) => metricsOf(join(dir, output)).find((m) => m.phase === "train")!.figures
+      assert.strictEqual(trainStep("variant")["learner/loss"], trainStep("base")["learner/loss"])
+      const hash = (output: string, step: string) =>
+        JSON.parse(readFileSync(join(dir, output, "checkpoints", step, "trainer_state.json"), "utf8")).weightsHash
+      assert.strictEqual(hash("variant", "step-000001"), hash("base", "step-000001"))
+      assert.notStrictEqual(hash("base", "step-000001"), hash("base", "step-000000"))
+      // A checkpoint that is not one is a config error naming the key, before anything runs.
+      writeFileSync(join(dir, "bad.json"), JSON.stringify({ ...variantOf("base/checkpoints/step-999999"), output: "bad" }))
+      const bad = yield* train([join(dir, "bad.json")])
+      assert.strictEqual(bad.code, 1, bad.output)
+      assert.include(bad.output, "model.from: ")
+      assert.include(bad.output, "no such checkpoint")
+    }).pipe(Effect.provide(NodeServices.layer)), 300_000)
 })
