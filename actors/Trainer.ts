@@ -913,6 +913,15 @@ export const run: <RE = never>(
   const checkpoints = `${out}/checkpoints`
   const io = fail("Journal")
   yield* fs.makeDirectory(checkpoints, { recursive: true }).pipe(Effect.mapError(io))
+  // A run that starts over (not a resume: `--overwrite`) replaces an earlier run's checkpoints: kept, they would be
+  // "newer" than this run's own, which the pruning below would then delete as they are written.
+  if (options.resume !== true) {
+    for (const name of yield* fs.readDirectory(checkpoints).pipe(Effect.mapError(io))) {
+      if (/^\.?step-/.test(name)) {
+        yield* fs.remove(`${checkpoints}/${name}`, { recursive: true, force: true }).pipe(Effect.mapError(io))
+      }
+    }
+  }
 
   // ----- Resume point -----
   const existing = options.resume === true ? yield* Journal.read(`${out}/journal.jsonl`).pipe(Effect.mapError(io)) : {

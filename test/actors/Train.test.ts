@@ -6,7 +6,7 @@
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs"
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as Train from "../../actors/Train.ts"
@@ -163,6 +163,39 @@ describe("Train.run", () => {
       assert.include(message, `line 3: messages[1]: invalid arguments for tool "${toolName}"`, "string arguments too")
       assert.isFalse(existsSync(join(dir, "run", "metrics.jsonl")), "nothing trained")
       assert.isFalse(existsSync(join(dir, "model")), "stopped before the model folder")
+    }).pipe(Effect.provide(NodeServices.layer)))
+
+  it.live("--overwrite replaces an earlier run's checkpoints, so that the new run keeps its own", () =>
+    Effect.gen(function*() {
+      const dir = mkdtempSync(join(tmpdir(), "train-overwrite-"))
+      yield* Generate.write(
+        { dir: join(dir, "data"), seed: 3, train: 8, heldOut: 2, validation: 0, demos: 0, noise: 0 },
+        task.defaults.systemPrompt!
+      ).pipe(Effect.provide(NodeServices.layer))
+      // A longer earlier run left checkpoints with higher step numbers than this run will reach.
+      for (const stale of ["step-000098", "step-000099"]) {
+        mkdirSync(join(dir, "run", "checkpoints", stale), { recursive: true })
+        writeFileSync(join(dir, "run", "checkpoints", stale, "model.safetensors"), "an earlier run's")
+      }
+      writeFileSync(join(dir, "run", "journal.jsonl"), "")
+      yield* Train.run({
+        task,
+        dir,
+        config: {
+          seed: 1,
+          output: "run",
+          model: { path: "model", preset: "tiny", initSeed: 1 },
+          data: { train: "data/train.jsonl" },
+          agent: { numChains: 2 },
+          algorithm: { steps: 2, groupsPerStep: 2, microBatchSize: 4, advantage: "reinforce++", entropyCoef: 0.01 },
+          checkpoint: { every: 1 }
+        },
+        overwrite: true,
+        write: () => {},
+        tty: false
+      })
+      // The run's last two checkpoints are there (a resume starts from them); the earlier run's are gone.
+      assert.deepStrictEqual(readdirSync(join(dir, "run", "checkpoints")).sort(), ["step-000001", "step-000002"])
     }).pipe(Effect.provide(NodeServices.layer)))
 
   it.effect("an output directory that holds a run is refused as such, not as an invalid config", () =>
