@@ -46,6 +46,11 @@ export interface Options {
   readonly parameters: ReadonlyArray<{ readonly name: string; readonly shape: ReadonlyArray<number> }>
   /** The bearer token the servers were started with (`AGENTFLY_WEIGHTS_TOKEN`), if any. */
   readonly token?: string | undefined
+  /**
+   * Whether this process pushes weights (default true). A rollout worker only samples (the run, or its trainer
+   * server, pushes): its servers are not asked whether they take its weights, so it needs no weights token.
+   */
+  readonly pushes?: boolean | undefined
   /** Time limit of one sampling attempt on one server (default 60 s). */
   readonly timeoutMs?: number | undefined
   /** Time limit of one push to one server (default 120 s). */
@@ -219,19 +224,22 @@ export const make = Effect.fn("InferenceServers.make")(function*(
   const servers: Array<Server> = yield* Effect.forEach(
     options.urls.map((u) => u.replace(/\/+$/, "")),
     (url) =>
-      Effect.map(Effect.tap(modelOf(url), () => acceptsWeights(url)), (model): Server => ({
-        url,
-        model,
-        samplers: new Map(),
-        version: undefined,
-        inflight: 0,
-        served: 0,
-        failures: 0,
-        restUntil: 0,
-        lastError: undefined,
-        catchingUp: false,
-        healthy: true
-      })),
+      Effect.map(
+        Effect.tap(modelOf(url), () => (options.pushes === false ? Effect.void : acceptsWeights(url))),
+        (model): Server => ({
+          url,
+          model,
+          samplers: new Map(),
+          version: undefined,
+          inflight: 0,
+          served: 0,
+          failures: 0,
+          restUntil: 0,
+          lastError: undefined,
+          catchingUp: false,
+          healthy: true
+        })
+      ),
     { concurrency: "unbounded" }
   )
 

@@ -75,11 +75,8 @@ export const rolloutWorker = Command.make(
       Trainer.TrainerError,
       ResourceManager.ResourceManager | Scope.Scope
     >)
-    const servers = yield* InferenceServers.make({
-      urls,
-      parameters: Qwen2.parameters(folder.config),
-      token: process.env["AGENTFLY_WEIGHTS_TOKEN"] || undefined
-    })
+    // A worker samples; the run (or its trainer server) pushes the weights: it needs no AGENTFLY_WEIGHTS_TOKEN.
+    const servers = yield* InferenceServers.make({ urls, parameters: Qwen2.parameters(folder.config), pushes: false })
     const key = RolloutWorker.agentKey(task.name, config)
     if (Option.isSome(queue)) {
       yield* Console.log(

@@ -189,6 +189,10 @@ describe("InferenceServers", () => {
       const withToken = yield* InferenceServers.make({ urls: [locked.baseUrl], parameters, token: "s3cret" })
       yield* withToken.push(5, folder.weights)
       assert.strictEqual(yield* versionOf(locked.baseUrl), 5)
+      // A rollout worker only samples (the run pushes): it connects without the weights token, and samples.
+      const sampling = yield* InferenceServers.make({ urls: [locked.baseUrl], parameters, pushes: false })
+      const sampled = yield* sampling.sampler(5).generate(greedy(prompts[0]!))
+      assert.strictEqual(sampled.policyVersion, 5)
 
       // Bodies that are not the model's weights: 400 with the reason, and the server keeps what it had.
       const garbage = yield* put(plain.baseUrl, new Uint8Array([1, 2, 3, 4, 5, 6, 7, 8, 9]), "1")
