@@ -299,7 +299,8 @@ export const open = Effect.fn("Journal.open")(function*(
 
 /**
  * A run's checkpoint, loaded (its tensors, finite values and saved fingerprint checked by `Checkpoint.load`) and, when
- * it sits in a run (`RUN/checkpoints/NAME` beside `RUN/journal.jsonl`), checked against the journal's fingerprint.
+ * it sits in a run (`RUN/checkpoints/NAME` beside `RUN/journal.jsonl`), checked against the journal's fingerprint:
+ * its weights and the policy version they are (what a server serving them answers as `policy_version`).
  *
  * @category constructors
  * @since 0.1.0
@@ -326,7 +327,7 @@ export const verifiedCheckpoint = Effect.fnUntraced(function*(
   }
   const loaded = yield* Checkpoint.load(dir, expected)
   const journalPath = path.join(path.dirname(path.dirname(path.resolve(dir))), "journal.jsonl")
-  if (!(yield* fs.exists(journalPath))) return loaded.weights
+  if (!(yield* fs.exists(journalPath))) return loaded
   const recorded = checkpoints(yield* read(journalPath))
     .find((c) => c.entry.path === path.basename(path.resolve(dir)))?.weightsHash
   if (recorded !== undefined && recorded !== loaded.weightsHash) {
@@ -337,5 +338,5 @@ export const verifiedCheckpoint = Effect.fnUntraced(function*(
         `recorded (${recorded})`
     })
   }
-  return loaded.weights
+  return loaded
 })

@@ -322,6 +322,7 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
   const folder = from === undefined ? loaded : {
     ...loaded,
     weights: yield* Journal.verifiedCheckpoint(from, Qwen2.parameters(loaded.config)).pipe(
+      Effect.map((checkpoint) => checkpoint.weights),
       Effect.mapError((e) =>
         new TrainConfig.ConfigError({
           source: options.source ?? "config",

@@ -126,7 +126,7 @@ export const run = Effect.fn("cli.eval")(function*(
   const config = LocalPolicy.onModel(folder, { ...requested, eval: evalConfig })
   const weights = options.checkpoint === undefined
     ? folder.weights
-    : yield* verifiedCheckpoint(options.checkpoint, Qwen2.parameters(folder.config))
+    : (yield* verifiedCheckpoint(options.checkpoint, Qwen2.parameters(folder.config))).weights
   const engine = yield* PolicyEngine.make({ config: folder.config, weights, maxBatchSize: 64 })
   // The task's environment lives (and its pools with it) for the evaluation only.
   const { figures, groups } = yield* Effect.scoped(

@@ -75,11 +75,13 @@ export const start = Effect.fn("cli.gateway.start")(function*(
   let positions: number | undefined
   if (options.upstream === undefined) {
     const folder = yield* ModelFolder.load(options.modelDir)
+    const trained = options.checkpoint === undefined
+      ? undefined
+      : yield* verifiedCheckpoint(options.checkpoint, Qwen2.parameters(folder.config))
     const engine = yield* PolicyEngine.make({
       config: folder.config,
-      weights: options.checkpoint === undefined
-        ? folder.weights
-        : yield* verifiedCheckpoint(options.checkpoint, Qwen2.parameters(folder.config)),
+      weights: trained?.weights ?? folder.weights,
+      version: trained?.policyVersion ?? 0,
       intraOpNumThreads: options.threads
     })
     sampler = Sampler.of({ generate: (r) => engine.generate(r), policyVersion: engine.policyVersion })

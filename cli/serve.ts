@@ -97,11 +97,12 @@ export const serve = Command.make(
   ) {
     const folder = yield* ModelFolder.load(modelDir)
     const from = Option.getOrUndefined(checkpoint)
+    const trained = from === undefined ? undefined : yield* verifiedCheckpoint(from, Qwen2.parameters(folder.config))
     const engine = yield* PolicyEngine.make({
       config: folder.config,
-      weights: from === undefined
-        ? folder.weights
-        : yield* verifiedCheckpoint(from, Qwen2.parameters(folder.config)),
+      weights: trained?.weights ?? folder.weights,
+      // A checkpoint's weights answer with the run's policy version at that step (the folder's are 0).
+      version: trained?.policyVersion ?? 0,
       maxBatchSize,
       intraOpNumThreads: threads
     })

@@ -101,13 +101,20 @@ describe("agentfly serve", () => {
       })
       const checkpoint = join(dir, "run", "checkpoints", "step-000002")
       const request = { prompt: [30, 31, 32], max_tokens: 4, temperature: 1, seed: 0, logprobs: 1 }
-      const logprobs = (args: ReadonlyArray<string>) =>
+      // An answer's logprobs, and the policy version it names.
+      const answer = (args: ReadonlyArray<string>) =>
         serving(["--model-dir", join(dir, "model"), "--port", "0", ...args], (url) =>
-          post(`${url}/completions`, request).then((r) => r.json.choices[0].logprobs.token_logprobs as Array<number>))
-      const initial = yield* logprobs([])
-      const trained = yield* logprobs(["--checkpoint", checkpoint])
-      assert.notDeepEqual(trained, initial, "the checkpoint's weights, not the folder's")
-      assert.deepStrictEqual(yield* logprobs(["--checkpoint", checkpoint]), trained)
+          post(`${url}/completions`, request).then((r) => ({
+            logprobs: r.json.choices[0].logprobs.token_logprobs as Array<number>,
+            version: r.json.choices[0].policy_version as number
+          })))
+      const initial = yield* answer([])
+      const trained = yield* answer(["--checkpoint", checkpoint])
+      assert.notDeepEqual(trained.logprobs, initial.logprobs, "the checkpoint's weights, not the folder's")
+      assert.deepStrictEqual(yield* answer(["--checkpoint", checkpoint]), trained)
+      // A checkpoint's answers name the run's policy version at that step; the folder's weights are version 0.
+      assert.strictEqual(initial.version, 0)
+      assert.strictEqual(trained.version, 2)
 
       const broken = join(dir, "broken")
       cpSync(checkpoint, broken, { recursive: true })
