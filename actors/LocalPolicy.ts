@@ -376,7 +376,7 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
   // weights are published, journaled or saved.
   // A remote trainer summarises its weights where they are (a fingerprint and the first non-finite value).
   const summary = Effect.suspend(() =>
-    remoteTrainer !== undefined && remote !== undefined
+    remoteTrainer !== undefined
       ? Effect.mapError(remoteTrainer.summary, learnerError)
       : Effect.map(weightsOf(trainer), (w) => ({
         fingerprint: fingerprintOf(w),
@@ -384,11 +384,11 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
       }))
   )
   const finiteWeights = (after: string) =>
-    Effect.flatMap(summary, ({ nonFinite: bad }) => {
-      return bad === undefined
+    Effect.flatMap(summary, ({ nonFinite: bad }) =>
+      bad === undefined
         ? Effect.void
         : Effect.fail(nonFinite(`${after} made the weights non-finite (${bad}); nothing was published or saved`))
-    })
+    )
 
   const policy = Policy.of({
     learn: (step, all) => {

@@ -4,31 +4,25 @@
  *
  * @since 0.1.0
  */
+import type * as RemoteTrainer from "../../src/backends/RemoteTrainer.ts"
 import * as Safetensors from "../../src/Safetensors.ts"
 import { fetchMessage } from "./http.ts"
 
 /**
- * What a push did to one server: taken (`undefined`), `"newer"` (it holds newer weights of the run already, or the
- * pusher no longer holds the version asked for: a later push carries newer ones), or why not (`fatal` when retrying
- * cannot mend it: a 4xx is about the weights or the server's setup).
+ * What a push did to one server (the trainer server's wire carries the same: `RemoteTrainer.PushOutcome`).
  *
  * @category models
  * @since 0.1.0
  */
-export type Outcome = undefined | "newer" | { readonly fatal: boolean; readonly message: string }
+export type Outcome = RemoteTrainer.PushOutcome
 
 /**
- * Who pushes, and with what: the run's id (`x-run-id`), the servers' token, a time limit per server.
+ * Who pushes, and with what: the version, the run's id (`x-run-id`), the servers' token, a time limit per server.
  *
  * @category models
  * @since 0.1.0
  */
-export interface Push {
-  readonly version: number
-  readonly runId: string
-  readonly token?: string | undefined
-  readonly timeoutMs: number
-}
+export type Push = RemoteTrainer.PushRequest
 
 /**
  * Named weights as the safetensors bytes a server takes, in the model's parameter order.
