@@ -28,7 +28,14 @@ import type * as Dataset from "../src/Dataset.ts"
 import { Sampler } from "../src/Sampler.ts"
 import type * as Trajectory from "../src/Trajectory.ts"
 import type * as InferenceServers from "./InferenceServers.ts"
-import { decodeResponse, mergeEnvFigures, RolloutRequest, RolloutResponse } from "./RolloutWorker.ts"
+import {
+  addCounts,
+  decodeResponse,
+  mergeEnvFigures,
+  RolloutRequest,
+  RolloutResponse,
+  samplingCounts
+} from "./RolloutWorker.ts"
 import { collectGroups, TrainerError } from "./Trainer.ts"
 import type { Agent, RemoteRollouts } from "./Trainer.ts"
 
@@ -183,6 +190,8 @@ export const client = Effect.fn("RolloutQueue.client")(function*(
   let lastId = "0-0"
   // Each worker's latest environment figures.
   const env = new Map<string, Readonly<Record<string, number>>>()
+  // The workers' sampling counts since the step's figures.
+  let sampled: Record<string, number> = {}
   const totals = { shares: 0, duplicates: 0, resent: 0, reclaimed: 0 }
   let counted = { ...totals }
 
@@ -236,7 +245,15 @@ export const client = Effect.fn("RolloutQueue.client")(function*(
       for (const { id, payload } of got) {
         lastId = id
         const reply = parse<
-          { id: string; worker?: string; groups?: unknown; env?: unknown; error?: string; claimed?: boolean }
+          {
+            id: string
+            worker?: string
+            groups?: unknown
+            env?: unknown
+            servers?: unknown
+            error?: string
+            claimed?: boolean
+          }
         >(payload)
         const share = reply === undefined ? undefined : batch.get(reply.id)
         if (reply === undefined || share === undefined) continue
@@ -245,11 +262,14 @@ export const client = Effect.fn("RolloutQueue.client")(function*(
           continue
         }
         if (reply.error !== undefined) return yield* workersError(`a rollout worker failed a share: ${reply.error}`)
-        const decoded = yield* decodeResponse(JSON.stringify({ groups: reply.groups, env: reply.env })).pipe(
+        const decoded = yield* decodeResponse(
+          JSON.stringify({ groups: reply.groups, env: reply.env, servers: reply.servers })
+        ).pipe(
           Effect.mapError((e) => workersError(`a rollout worker answered groups that do not decode: ${e.message}`))
         )
         share.groups = [...decoded.groups]
         if (decoded.env !== undefined) env.set(reply.worker ?? "", decoded.env)
+        if (decoded.servers !== undefined) addCounts(sampled, decoded.servers)
         if (reply.claimed === true) {
           totals.reclaimed++
           yield* Effect.logInfo(
@@ -317,12 +337,14 @@ export const client = Effect.fn("RolloutQueue.client")(function*(
   const figures = Effect.sync(() => {
     const out = {
       ...mergeEnvFigures(env.values()),
+      ...sampled,
       "workers/shares": totals.shares - counted.shares,
       "workers/duplicates": totals.duplicates - counted.duplicates,
       "workers/resent": totals.resent - counted.resent,
       "workers/reclaimed": totals.reclaimed - counted.reclaimed
     }
     counted = { ...totals }
+    sampled = {}
     return out
   })
   return { collect, figures }
@@ -380,11 +402,18 @@ export const work = Effect.fn("RolloutQueue.work")(function*(
     return collectGroups(agent, request.rows as ReadonlyArray<Dataset.Row>, request).pipe(
       Effect.provideService(Sampler, servers.sampler(request.version)),
       Effect.flatMap((groups) =>
-        Effect.flatMap(agent.runtime.environmentStats, (env) => Schema.encodeEffect(RolloutResponse)({ groups, env }))
+        Effect.flatMap(
+          Effect.all({ env: agent.runtime.environmentStats, sampled: samplingCounts(servers) }),
+          ({ env, sampled }) => Schema.encodeEffect(RolloutResponse)({ groups, env, servers: sampled })
+        )
       ),
       Effect.map((encoded) => {
-        const { groups, env } = encoded as { readonly groups: unknown; readonly env?: unknown }
-        return { id, worker: name, groups, env }
+        const { groups, env, servers: counts } = encoded as {
+          readonly groups: unknown
+          readonly env?: unknown
+          readonly servers?: unknown
+        }
+        return { id, worker: name, groups, env, servers: counts }
       }),
       Effect.catch((e) => Effect.succeed({ id, error: e.message })),
       Effect.raceFirst(touch)

@@ -12,20 +12,26 @@
  *   naming the difference, instead of training on someone else's rollouts.
  * - **A dead worker.** A share whose worker fails (refused connection, reset, timeout, 5xx) goes to the next worker
  *   that answers, with a log line; the run stops (`Workers`) only when every worker failed the same share.
+ * - **A long share, a hung worker.** A worker answers a share's headers at once and then writes a heartbeat line
+ *   every few seconds until its groups are ready, so a share may last as long as `rollout.timeoutSeconds` (no HTTP
+ *   client's header timeout cuts it) and a worker that stops writing (hung, stopped, its machine cut off) is given up
+ *   after `silenceMs` instead of at the end of that limit.
  *
- * The wire: `GET /v1/worker` → `{ task, agentKey }`; `POST /v1/rollouts` with `{ agentKey, rows, firstSeq,
- * rowOffset, chains, temperature, seed, version }` → `{ groups }` (`Trajectory.Group`, JSON codec).
+ * The wire: `GET /v1/worker` → `{ task, agentKey, agent }`; `POST /v1/rollouts` with `{ agentKey, rows, firstSeq,
+ * rowOffset, chains, temperature, seed, version }` → 200 and NDJSON: `{ "heartbeat": true }` lines, then one line
+ * `{ groups, env }` (`Trajectory.Group`, JSON codec) or `{ error: { message, code } }`. A request refused before
+ * it runs (bad body, another config, a wrong token) is a plain 4xx.
  *
  * @since 0.1.0
  */
-import { Clock, Effect, FiberSet, Schema } from "effect"
+import { Cause, Clock, Effect, FiberSet, Option, Schema } from "effect"
 import type { Scope } from "effect"
 import { createHash } from "node:crypto"
 import * as Http from "node:http"
 import type * as Dataset from "../src/Dataset.ts"
 import { Conversation } from "../src/Message.ts"
 import { Sampler } from "../src/Sampler.ts"
-import type * as TrainConfig from "../src/TrainConfig.ts"
+import * as TrainConfig from "../src/TrainConfig.ts"
 import * as Trajectory from "../src/Trajectory.ts"
 import type * as InferenceServers from "./InferenceServers.ts"
 import { fetchMessage, listen, readBody } from "./internal/http.ts"
@@ -59,11 +65,21 @@ export const RolloutRequest = Schema.Struct({
 export const RolloutResponse = Schema.toCodecJson(Schema.Struct({
   groups: Schema.Array(Trajectory.Group),
   /** The worker's environment figures after the share (`env/<resource>/…`, `TaskRuntime.environmentStats`). */
-  env: Schema.optionalKey(Schema.Record(Schema.String, Schema.Number))
+  env: Schema.optionalKey(Schema.Record(Schema.String, Schema.Number)),
+  /** The worker's sampling requests since its previous answer (`servers/requests`, `servers/failures`). */
+  servers: Schema.optionalKey(Schema.Record(Schema.String, Schema.Number))
 }))
 /** @internal */
 export const decodeResponse = Schema.decodeUnknownEffect(Schema.fromJsonString(RolloutResponse))
-const WorkerInfo = Schema.Struct({ task: Schema.String, agentKey: Schema.String })
+const WorkerInfo = Schema.Struct({
+  task: Schema.String,
+  agentKey: Schema.String,
+  /** The worker's `agent` section, so that a mismatch can name its keys (absent from older workers). */
+  agent: Schema.optionalKey(Schema.Unknown)
+})
+
+/** A heartbeat line of a share's answer. */
+const heartbeat = `${JSON.stringify({ heartbeat: true })}\n`
 
 /**
  * What must agree between a trainer and its workers for a worker's rollouts to be the run's: the task's name and
@@ -74,6 +90,37 @@ const WorkerInfo = Schema.Struct({ task: Schema.String, agentKey: Schema.String 
  */
 export const agentKey = (taskName: string, config: TrainConfig.TrainConfig): string =>
   createHash("sha256").update(JSON.stringify([taskName, config.agent])).digest("hex").slice(0, 16)
+
+/**
+ * The counts of a run's inference servers that a worker's sampling adds to: what it asked of them since it last said.
+ *
+ * @category constants
+ * @since 0.1.0
+ */
+export const serverCounts = ["servers/requests", "servers/failures"] as const
+
+/**
+ * A worker's sampling counts since its previous read (`InferenceServers.figures`), to send with a share's groups.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const samplingCounts = (
+  servers: InferenceServers.InferenceServers
+): Effect.Effect<Record<string, number>> =>
+  Effect.map(servers.figures, (figures) =>
+    Object.fromEntries(serverCounts.map((key) => [key, figures[key] ?? 0]))
+  )
+
+/**
+ * Adds `more`'s counts to `into` (missing keys count 0).
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const addCounts = (into: Record<string, number>, more: Readonly<Record<string, number>>): void => {
+  for (const [key, value] of Object.entries(more)) into[key] = (into[key] ?? 0) + value
+}
 
 /**
  * The environment figures of several workers as one run's: the latest snapshot of each, counts and gauges summed,
@@ -110,6 +157,8 @@ export interface WorkerOptions {
    * on whatever rows it is sent, so one listening beyond loopback should have one (`AGENTFLY_WORKER_TOKEN`).
    */
   readonly token?: string | undefined
+  /** How often a share's answer says the worker is alive while its chains run (default 5 s). */
+  readonly heartbeatMs?: number | undefined
 }
 
 const send = (res: Http.ServerResponse, status: number, body: unknown) =>
@@ -143,7 +192,8 @@ export const serve = Effect.fn("RolloutWorker.serve")(function*(
   const run = yield* FiberSet.makeRuntime<never>()
   const host = options.host ?? "127.0.0.1"
 
-  const rollouts = (body: unknown) =>
+  /** A share's request, or why it is refused before anything runs (a plain 4xx). */
+  const check = (body: unknown) =>
     Effect.gen(function*() {
       const request = yield* Schema.decodeUnknownEffect(RolloutRequest)(body).pipe(
         Effect.mapError((e) => ({ status: 400, body: errorBody(e.message, "invalid_request") }))
@@ -158,15 +208,49 @@ export const serve = Effect.fn("RolloutWorker.serve")(function*(
           )
         })
       }
+      return request
+    })
+
+  /** A share's groups, as the answer's last line. */
+  const rollouts = (request: typeof RolloutRequest.Type) =>
+    Effect.gen(function*() {
       const groups = yield* collectGroups(agent, request.rows as ReadonlyArray<Dataset.Row>, request).pipe(
         Effect.provideService(Sampler, servers.sampler(request.version)),
-        Effect.mapError((e) => ({ status: 500, body: errorBody(e.message, e.reason) }))
+        Effect.mapError((e) => errorBody(e.message, e.reason))
       )
       const env = yield* agent.runtime.environmentStats
-      return yield* Schema.encodeEffect(RolloutResponse)({ groups, env }).pipe(
-        Effect.mapError((e) => ({ status: 500, body: errorBody(e.message, "unencodable") }))
+      const sampled = yield* samplingCounts(servers)
+      const answer = yield* Schema.encodeEffect(RolloutResponse)({ groups, env, servers: sampled }).pipe(
+        Effect.mapError((e) => errorBody(e.message, "unencodable"))
       )
+      return JSON.stringify(answer)
     })
+
+  /**
+   * Answers at once and writes a heartbeat line every `heartbeatMs` while `work` runs, then its line: a client's
+   * header and body timeouts (Node's fetch: 5 minutes) never cut a long share, and a silent worker is a dead one.
+   */
+  const streamed = (res: Http.ServerResponse, work: Effect.Effect<string, ReturnType<typeof errorBody>>) =>
+    Effect.acquireUseRelease(
+      Effect.sync(() => {
+        res.writeHead(200, { "content-type": "application/x-ndjson", "cache-control": "no-store" })
+        res.write(heartbeat)
+        return setInterval(() => res.write(heartbeat), options.heartbeatMs ?? 5_000)
+      }),
+      () =>
+        Effect.exit(work).pipe(Effect.map((exit) =>
+          exit._tag === "Success"
+            ? exit.value
+            : JSON.stringify(
+              Cause.hasInterruptsOnly(exit.cause)
+                ? errorBody("the share was interrupted", "interrupted")
+                : Cause.findErrorOption(exit.cause).pipe(Option.getOrElse(() =>
+                  errorBody(`internal error: ${String(Cause.squash(exit.cause))}`, "defect")
+                ))
+            )
+        ), Effect.flatMap((line) => Effect.sync(() => res.end(`${line}\n`)))),
+      (timer) => Effect.sync(() => clearInterval(timer))
+    )
 
   const route = (req: Http.IncomingMessage, res: Http.ServerResponse) => {
     const path = (req.url ?? "/").split("?")[0]!.replace(/\/+$/, "")
@@ -174,14 +258,14 @@ export const serve = Effect.fn("RolloutWorker.serve")(function*(
       return send(res, 401, errorBody("a valid bearer token is required (AGENTFLY_WORKER_TOKEN)", "unauthorized"))
     }
     if (path === "/v1/worker" && req.method === "GET") {
-      return send(res, 200, { task: agent.runtime.task.name, agentKey: key })
+      return send(res, 200, { task: agent.runtime.task.name, agentKey: key, agent: agent.config.agent })
     }
     if (path === "/v1/rollouts" && req.method === "POST") {
       return readJson(req, options.maxBodyBytes ?? 64 * 1024 * 1024).pipe(
         Effect.mapError((e) => ({ status: e.status, body: errorBody(e.message, "invalid_request") })),
-        Effect.flatMap(rollouts),
+        Effect.flatMap(check),
         Effect.matchEffect({
-          onSuccess: (value) => send(res, 200, value),
+          onSuccess: (request) => streamed(res, rollouts(request)),
           onFailure: (e) => send(res, e.status, e.body)
         })
       )
@@ -206,6 +290,76 @@ export const serve = Effect.fn("RolloutWorker.serve")(function*(
 
 const workersError = (message: string) => new TrainerError({ reason: "Workers", message })
 
+/** What became of one share on one worker. */
+type ShareAnswer =
+  | { readonly ok: true; readonly text: string }
+  | { readonly ok: false; readonly fatal: boolean; readonly message: string }
+
+/**
+ * Posts a share and reads its NDJSON answer: heartbeat lines, then the groups (or an error) on the last line. The
+ * share fails after `silenceMs` without a byte (headers included), or after `timeoutMs` in all.
+ */
+const postShare = async (
+  url: string,
+  headers: Record<string, string>,
+  body: string,
+  limits: { readonly timeoutMs: number; readonly silenceMs: number; readonly interrupted: AbortSignal }
+): Promise<ShareAnswer> => {
+  const silence = new AbortController()
+  const total = AbortSignal.timeout(limits.timeoutMs)
+  let timer: ReturnType<typeof setTimeout> | undefined
+  const alive = () => {
+    clearTimeout(timer)
+    timer = setTimeout(() => silence.abort(), limits.silenceMs)
+  }
+  alive()
+  try {
+    const signal = AbortSignal.any([limits.interrupted, silence.signal, total])
+    const response = await fetch(url, { method: "POST", headers, body, signal })
+    if (!response.ok) {
+      const text = await response.text()
+      return {
+        ok: false,
+        fatal: response.status >= 400 && response.status < 500,
+        message: `HTTP ${response.status}: ${text.slice(0, 500)}`
+      }
+    }
+    const chunks: Array<Buffer> = []
+    for await (const chunk of response.body ?? []) {
+      alive()
+      chunks.push(Buffer.from(chunk))
+    }
+    const lines = Buffer.concat(chunks).toString("utf8").split("\n").filter((line) => line.trim() !== "")
+    const last = lines.at(-1) ?? ""
+    if (last.startsWith("{\"heartbeat\"") || last === "") {
+      return { ok: false, fatal: false, message: "its answer ended before its groups (the worker stopped mid-share)" }
+    }
+    if (last.startsWith("{\"error\"")) {
+      const error = (JSON.parse(last) as { error?: { message?: unknown } }).error
+      return { ok: false, fatal: false, message: `failed the share: ${String(error?.message ?? last.slice(0, 500))}` }
+    }
+    return { ok: true, text: last }
+  } catch (e) {
+    if (silence.signal.aborted) {
+      return {
+        ok: false,
+        fatal: false,
+        message: `no answer and no heartbeat for ${limits.silenceMs / 1000} s (hung, stopped, or cut off)`
+      }
+    }
+    if (total.aborted) {
+      return {
+        ok: false,
+        fatal: false,
+        message: `no groups within ${limits.timeoutMs / 1000} s (rollout.timeoutSeconds)`
+      }
+    }
+    return { ok: false, fatal: false, message: fetchMessage(e) }
+  } finally {
+    clearTimeout(timer)
+  }
+}
+
 /**
  * @category models
  * @since 0.1.0
@@ -215,8 +369,15 @@ export interface ClientOptions {
   readonly urls: ReadonlyArray<string>
   /** The run's {@link agentKey}. */
   readonly agentKey: string
-  /** Time limit of one share on one worker (default 30 minutes). */
+  /** Time limit of one share on one worker (default 30 minutes: `rollout.timeoutSeconds`). */
   readonly timeoutMs?: number | undefined
+  /**
+   * How long a share's answer may go without a line (a heartbeat) before its worker counts as dead: hung, stopped
+   * or cut off (default 60 s; workers write one every 5 s).
+   */
+  readonly silenceMs?: number | undefined
+  /** The run's `agent` section, so that a worker with another one is told which keys differ. */
+  readonly agent?: unknown
   /** How long a failed worker rests before it gets a share again (default 2 s). */
   readonly restMs?: number | undefined
   /** The workers' shared secret, if they were started with one (`AGENTFLY_WORKER_TOKEN`). */
@@ -244,6 +405,12 @@ export const client = Effect.fn("RolloutWorker.client")(function*(
   options: ClientOptions
 ): Effect.fn.Return<RemoteRollouts & { readonly shares: Effect.Effect<ReadonlyArray<number>> }, TrainerError> {
   if (options.urls.length === 0) return yield* workersError("rollout.workers lists no worker")
+  /** Which keys of the `agent` section differ (this run's → the worker's), where the worker says what it runs. */
+  const mismatch = (info: typeof WorkerInfo.Type): string => {
+    if (info.agent === undefined || options.agent === undefined) return ""
+    const keys = TrainConfig.changes({ agent: options.agent }, { agent: info.agent }).slice(0, 5)
+    return keys.length === 0 ? "" : `; this run's → the worker's: ${keys.join("; ")}`
+  }
   const restMs = options.restMs ?? 2_000
   const auth: Record<string, string> = options.token === undefined ? {} : { authorization: `Bearer ${options.token}` }
   const workers: Array<Worker> = yield* Effect.forEach(
@@ -272,7 +439,7 @@ export const client = Effect.fn("RolloutWorker.client")(function*(
           ? Effect.succeed({ url, restUntil: 0, healthy: true, shares: 0, failures: 0 })
           : Effect.fail(workersError(
             `rollout worker ${url} runs task ${JSON.stringify(info.task)} with another config (agent key ` +
-              `${info.agentKey}, this run's ${options.agentKey}): start it with this run's config`
+              `${info.agentKey}, this run's ${options.agentKey}${mismatch(info)}): start it with this run's config`
           ))
       )),
     { concurrency: "unbounded" }
@@ -280,28 +447,17 @@ export const client = Effect.fn("RolloutWorker.client")(function*(
 
   /** One share on one worker: its groups, or why not (`fatal`: the worker refuses it, another would too). */
   const post = (worker: Worker, body: string) =>
-    Effect.promise(async () => {
-      try {
-        const response = await fetch(`${worker.url}/rollouts`, {
-          method: "POST",
-          headers: { ...auth, "content-type": "application/json" },
-          body,
-          signal: AbortSignal.timeout(options.timeoutMs ?? 30 * 60_000)
-        })
-        const text = await response.text()
-        if (response.ok) return { ok: true as const, text }
-        return {
-          ok: false as const,
-          fatal: response.status >= 400 && response.status < 500,
-          message: `HTTP ${response.status}: ${text.slice(0, 500)}`
-        }
-      } catch (e) {
-        return { ok: false as const, fatal: false, message: fetchMessage(e) }
-      }
-    })
+    Effect.promise((interrupted) =>
+      postShare(`${worker.url}/rollouts`, { ...auth, "content-type": "application/json" }, body, {
+        timeoutMs: options.timeoutMs ?? 30 * 60_000,
+        silenceMs: options.silenceMs ?? 60_000,
+        interrupted
+      })
+    )
 
-  // Each worker's latest environment figures.
+  // Each worker's latest environment figures, and the workers' sampling counts since the step's figures.
   const env = new Map<string, Readonly<Record<string, number>>>()
+  let sampled: Record<string, number> = {}
   let turn = 0
   const share = (rows: ReadonlyArray<Dataset.Row>, body: Record<string, unknown>, first: number) =>
     Effect.gen(function*() {
@@ -328,6 +484,7 @@ export const client = Effect.fn("RolloutWorker.client")(function*(
             )
           )
           if (decoded.env !== undefined) env.set(worker.url, decoded.env)
+          if (decoded.servers !== undefined) addCounts(sampled, decoded.servers)
           return decoded.groups
         }
         if (answer.fatal) {
@@ -370,10 +527,12 @@ export const client = Effect.fn("RolloutWorker.client")(function*(
     const failures = workers.reduce((n, w) => n + w.failures, 0)
     const out = {
       ...mergeEnvFigures(env.values()),
+      ...sampled,
       "workers/shares": shares - counted.shares,
       "workers/failures": failures - counted.failures
     }
     counted = { shares, failures }
+    sampled = {}
     return out
   })
   return { collect, figures, shares: Effect.sync(() => workers.map((w) => w.shares)) }

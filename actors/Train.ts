@@ -364,7 +364,13 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
   }
   const agentKey = RolloutWorker.agentKey(task.name, config)
   const rollouts = workers !== undefined
-    ? yield* RolloutWorker.client({ urls: workers, agentKey, token: process.env["AGENTFLY_WORKER_TOKEN"] || undefined })
+    ? yield* RolloutWorker.client({
+      urls: workers,
+      agentKey,
+      agent: config.agent,
+      token: process.env["AGENTFLY_WORKER_TOKEN"] || undefined,
+      timeoutMs: config.rollout.timeoutSeconds === undefined ? undefined : config.rollout.timeoutSeconds * 1000
+    })
     : queue !== undefined
     ? yield* RolloutQueue.client({
       url: queue,

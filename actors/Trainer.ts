@@ -1030,6 +1030,15 @@ export const run: <RE = never>(
   }
   const publish = (version: number) =>
     Effect.andThen(policy.publish(version), Deferred.succeed(publishedDeferred(version), undefined))
+  // A step's figures from the policy (its servers, its trainer server) and the rollout workers; a count both report
+  // (`servers/requests`: this process's evaluations and the workers' batches) is the sum of the two.
+  const stepCounts = Effect.gen(function*() {
+    const own = policy.figures === undefined ? {} : yield* policy.figures
+    const remote = options.rollouts?.figures === undefined ? {} : yield* options.rollouts.figures
+    const out: Record<string, number> = { ...own, ...remote }
+    for (const key of Object.keys(remote)) if (key in own) out[key] = own[key]! + remote[key]!
+    return out
+  })
   // Rollouts on a sampler of their own, pinned to `version`, closed when they end.
   const sampledBy = (version: number) => <A, E>(rollouts: Effect.Effect<A, E, Sampler>) =>
     Effect.scoped(Effect.flatMap(policy.sampler(version), (sampler) => Effect.provideService(rollouts, Sampler, sampler)))
@@ -1308,8 +1317,7 @@ export const run: <RE = never>(
       ...rollout,
       ...learned,
       ...(yield* agentOf.runtime.environmentStats),
-      ...(policy.figures === undefined ? {} : yield* policy.figures),
-      ...(options.rollouts?.figures === undefined ? {} : yield* options.rollouts.figures),
+      ...(yield* stepCounts),
       "perf/tokens_per_s": rollout["rollout/policy_tokens"]! / Math.max(1e-3, (t2 - t0) / 1000),
       "time/step_s": (t2 - t0) / 1000,
       "time/wait_rollout_s": (t1 - t0) / 1000,

@@ -396,7 +396,10 @@ export const RolloutConfig = Schema.Struct({
   ))),
   /** Rows a share of the queue (default: each batch in 8 shares). */
   shareRows: Schema.optionalKey(Schema.Int.check(Schema.isBetween({ minimum: 1, maximum: 1_000_000 }))),
-  /** How long a batch on the queue may wait for its groups before the run stops (default 1,800 s). */
+  /**
+   * How long a share may take (`workers`: on one worker, then it goes to the next) or a batch on the queue may wait
+   * for its groups before the run stops (default 1,800 s).
+   */
   timeoutSeconds: Schema.optionalKey(Schema.Int.check(Schema.isBetween({ minimum: 1, maximum: 86_400 })))
 })
 

@@ -8,6 +8,8 @@
 import * as NodeServices from "@effect/platform-node/NodeServices"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Exit, FileSystem, Scope } from "effect"
+import * as Http from "node:http"
+import type { AddressInfo } from "node:net"
 import * as ChainFormat from "../../actors/ChainFormat.ts"
 import * as InferenceServers from "../../actors/InferenceServers.ts"
 import * as OpenAiServer from "../../actors/OpenAiServer.ts"
@@ -20,7 +22,7 @@ import type * as Dataset from "../../src/Dataset.ts"
 import * as Task from "../../src/Task.ts"
 import * as ModelFolder from "../../src/ModelFolder.ts"
 import * as Qwen2 from "../../src/model/Qwen2.ts"
-import { Sampler } from "../../src/Sampler.ts"
+import { Sampler, SamplerError } from "../../src/Sampler.ts"
 import * as TrainConfig from "../../src/TrainConfig.ts"
 import * as Trajectory from "../../src/Trajectory.ts"
 import { randomWeights } from "../utils/tinyModel.ts"
@@ -54,39 +56,49 @@ const startWorker = (agent: Trainer.Agent, servers: InferenceServers.InferenceSe
     return { ...worker, close: Scope.close(scope, Exit.void) }
   })
 
+/** The real parts both tests use: a tiny model served with pushed weights, the calculator agent, a worker side. */
+const fixture = Effect.gen(function*() {
+  const fs = yield* FileSystem.FileSystem
+  const dir = `${yield* fs.makeTempDirectoryScoped({ prefix: "agentfly-workers-" })}/tiny`
+  yield* ModelFolder.init(dir, { preset: "tiny", seed: 3 })
+  const folder = yield* ModelFolder.load(dir)
+  const engine = yield* makeEngine({ config: folder.config, weights: folder.weights })
+  const server = yield* OpenAiServer.make(folder, { acceptWeights: {} }).pipe(
+    Effect.provideService(PolicyEngine, engine)
+  )
+  const task = yield* Task.instantiate("calculator", calculator, undefined)
+  const parameters = Qwen2.parameters(folder.config)
+  const trainerSide = yield* InferenceServers.make({ urls: [server.baseUrl], parameters })
+  yield* trainerSide.push(1, randomWeights(folder.config, 7))
+
+  const config = yield* TrainConfig.decode({
+    output: `${dir}/run`,
+    model: { path: dir },
+    data: { train: "train.jsonl" },
+    agent: {
+      systemPrompt: "Use the calculator tool.",
+      renderTools: false,
+      numChains: 3,
+      maxTurns: 2,
+      maxNewTokens: 16,
+      maxContextTokens: 256
+    },
+    algorithm: { steps: 1 },
+    engine: { servers: [server.baseUrl] }
+  })
+  const agent = yield* Trainer.agent({ task, config, format: ChainFormat.ofConfig(config, folder) })
+  const workerSide = yield* InferenceServers.make({ urls: [server.baseUrl], parameters, restMs: 50 })
+  const key = RolloutWorker.agentKey(task.name, config)
+  return { dir, folder, engine, server, task, agent, config, key, parameters, trainerSide, workerSide }
+})
+
+// Greedy, so that what is sampled does not depend on which requests share the server's batch.
+const sampling = { firstSeq: 40, chains: 3, temperature: 0, seed: 1234 }
+
 describe("RolloutWorker", () => {
   it.live("a batch split over two workers is the batch one process rolls out; a dead worker's share moves", () =>
     Effect.scoped(Effect.gen(function*() {
-      const fs = yield* FileSystem.FileSystem
-      const dir = `${yield* fs.makeTempDirectoryScoped({ prefix: "agentfly-workers-" })}/tiny`
-      yield* ModelFolder.init(dir, { preset: "tiny", seed: 3 })
-      const folder = yield* ModelFolder.load(dir)
-      const engine = yield* makeEngine({ config: folder.config, weights: folder.weights })
-      const server = yield* OpenAiServer.make(folder, { acceptWeights: {} }).pipe(
-        Effect.provideService(PolicyEngine, engine)
-      )
-      const task = yield* Task.instantiate("calculator", calculator, undefined)
-      const parameters = Qwen2.parameters(folder.config)
-      const trainerSide = yield* InferenceServers.make({ urls: [server.baseUrl], parameters })
-      yield* trainerSide.push(1, randomWeights(folder.config, 7))
-
-      const config = yield* TrainConfig.decode({
-        output: `${dir}/run`,
-        model: { path: dir },
-        data: { train: "train.jsonl" },
-        agent: {
-          systemPrompt: "Use the calculator tool.",
-          renderTools: false,
-          numChains: 3,
-          maxTurns: 2,
-          maxNewTokens: 16,
-          maxContextTokens: 256
-        },
-        algorithm: { steps: 1 },
-        engine: { servers: [server.baseUrl] }
-      })
-      const agent = yield* Trainer.agent({ task, config, format: ChainFormat.ofConfig(config, folder) })
-      const workerSide = yield* InferenceServers.make({ urls: [server.baseUrl], parameters, restMs: 50 })
+      const { dir, folder, server, task, agent, key, trainerSide, workerSide } = yield* fixture
       // Each worker's environment reports its own pool figures, which the trainer's record merges.
       const withEnv = (figures: Record<string, number>) => ({
         ...agent,
@@ -94,11 +106,8 @@ describe("RolloutWorker", () => {
       })
       const w1 = yield* startWorker(withEnv({ "env/box/leases": 3, "env/box/acquire_wait_p99_ms": 7, "env/box/in_use": 1 }), workerSide)
       const w2 = yield* startWorker(withEnv({ "env/box/leases": 5, "env/box/acquire_wait_p99_ms": 2, "env/box/in_use": 0 }), workerSide)
-      const key = RolloutWorker.agentKey(task.name, config)
       const client = yield* RolloutWorker.client({ urls: [w1.baseUrl, w2.baseUrl], agentKey: key, restMs: 50 })
 
-      // Greedy, so that what is sampled does not depend on which requests share the server's batch.
-      const sampling = { firstSeq: 40, chains: 3, temperature: 0, seed: 1234 }
       const here = yield* Trainer.collectGroups(agent, rows, sampling).pipe(
         Effect.provideService(Sampler, trainerSide.sampler(1))
       )
@@ -117,6 +126,14 @@ describe("RolloutWorker", () => {
         [figures["env/box/leases"], figures["env/box/acquire_wait_p99_ms"], figures["env/box/in_use"]],
         [8, 7, 1]
       )
+      // The workers' requests to the servers reach the run's figures: one per sampled turn.
+      const turns = there.flatMap((g) => g.trajectories).reduce(
+        (n, t) => n + t.segments.filter((segment) => segment.spans.some((span) => span.source === "policy")).length,
+        0
+      )
+      assert.isAbove(turns, 0)
+      assert.deepStrictEqual([figures["servers/requests"], figures["servers/failures"]], [turns, 0])
+      assert.strictEqual((yield* client.figures!)["servers/requests"], undefined)
 
       // A worker dies: its share goes to the other, and the batch is the same.
       yield* w2.close
@@ -145,9 +162,15 @@ describe("RolloutWorker", () => {
       })
       const otherAgent = yield* Trainer.agent({ task, config: other, format: ChainFormat.ofConfig(other, folder) })
       const stranger = yield* startWorker(otherAgent, workerSide)
-      const refused = yield* Effect.flip(RolloutWorker.client({ urls: [stranger.baseUrl], agentKey: key }))
+      const refused = yield* Effect.flip(
+        RolloutWorker.client({ urls: [stranger.baseUrl], agentKey: key, agent: agent.config.agent })
+      )
       assert.strictEqual(refused.reason, "Workers")
       assert.match(refused.message, /runs task "calculator" with another config/)
+      // The keys that differ are named, both sides given.
+      assert.include(refused.message, `this run's → the worker's: `)
+      assert.include(refused.message, `agent.systemPrompt: "Use the calculator tool." → "Another prompt."`)
+      assert.include(refused.message, "agent.maxNewTokens: 16 → ")
       // A worker with a token serves only requests that bear it.
       const guarded = yield* startWorker(agent, workerSide, "s3cret")
       const unauthorized = yield* Effect.flip(RolloutWorker.client({ urls: [guarded.baseUrl], agentKey: key }))
@@ -162,5 +185,103 @@ describe("RolloutWorker", () => {
 
       const absent = yield* Effect.flip(RolloutWorker.client({ urls: ["http://127.0.0.1:9/v1"], agentKey: key }))
       assert.include(absent.message, "rollout worker http://127.0.0.1:9/v1 did not answer GET /worker")
+    }).pipe(Effect.provide([NodeServices.layer, ResourceManager.ResourceManager.layer]))), { timeout: 120_000 })
+
+  it.live("a share longer than the silence limit lives on heartbeats; a silent worker's share moves; a failed share says why", () =>
+    Effect.scoped(Effect.gen(function*() {
+      const { folder, engine, agent, key, parameters, trainerSide, workerSide } = yield* fixture
+      const here = yield* Trainer.collectGroups(agent, rows, sampling).pipe(
+        Effect.provideService(Sampler, trainerSide.sampler(1))
+      )
+      // Every request waits 400 ms first: a share lasts ≥ 400 ms, past the 250 ms silence limit, which the worker's
+      // heartbeats (every 50 ms) keep from firing.
+      const slow: InferenceServers.InferenceServers = {
+        ...workerSide,
+        sampler: (version) => {
+          const inner = workerSide.sampler(version)
+          return { ...inner, generate: (request) => Effect.delay(inner.generate(request), 400) }
+        }
+      }
+      const scope = yield* Scope.make()
+      const slowWorker = yield* RolloutWorker.serve(agent, slow, { heartbeatMs: 50 }).pipe(Scope.provide(scope))
+      const patient = yield* RolloutWorker.client({ urls: [slowWorker.baseUrl], agentKey: key, silenceMs: 250 })
+      const started = Date.now()
+      const slowGroups = yield* patient.collect(rows.slice(0, 2), sampling, 1)
+      assert.isAbove(Date.now() - started, 400)
+      assert.deepStrictEqual(view(slowGroups), view(here.slice(0, 2)))
+
+      // A worker that takes the share and says nothing more (hung, stopped): given up after the silence limit, its
+      // share goes to the other worker.
+      const heldOpen: Array<Http.ServerResponse> = []
+      const silent = Http.createServer((req, res) => {
+        if (req.method === "GET") {
+          res.writeHead(200, { "content-type": "application/json" })
+          res.end(JSON.stringify({ task: "calculator", agentKey: key }))
+        } else heldOpen.push(res)
+      })
+      yield* Effect.acquireRelease(
+        Effect.promise(() => new Promise<void>((resolve) => silent.listen(0, "127.0.0.1", resolve))),
+        () => Effect.sync(() => silent.close())
+      )
+      const silentUrl = `http://127.0.0.1:${(silent.address() as AddressInfo).port}/v1`
+      const good = yield* startWorker(agent, workerSide)
+      const failover = yield* RolloutWorker.client({
+        urls: [silentUrl, good.baseUrl],
+        agentKey: key,
+        silenceMs: 400,
+        restMs: 50
+      })
+      const t0 = Date.now()
+      const moved = yield* failover.collect(rows.slice(0, 2), sampling, 1)
+      assert.deepStrictEqual(view(moved), view(here.slice(0, 2)))
+      assert.isBelow(Date.now() - t0, 20_000)
+      assert.strictEqual(heldOpen.length, 1)
+      // Two shares: the good worker's own, and the silent one's after 0.4 s.
+      assert.deepStrictEqual(yield* failover.shares, [0, 2])
+      assert.strictEqual((yield* failover.figures!)["workers/failures"], 1)
+      // Alone, the silent worker fails the batch with the reason.
+      const alone = yield* RolloutWorker.client({ urls: [silentUrl], agentKey: key, silenceMs: 300 })
+      const silence = yield* Effect.flip(alone.collect(rows.slice(0, 1), sampling, 1))
+      assert.include(silence.message, `${silentUrl} (no answer and no heartbeat for 0.3 s (hung, stopped, or cut off))`)
+      for (const res of heldOpen) res.destroy()
+
+      // A share that fails after its answer began (here a sampler that cannot give token ids: the run's chains
+      // abort) reaches the run as the worker's own error.
+      const unusable: InferenceServers.InferenceServers = {
+        ...workerSide,
+        sampler: (version) => ({
+          ...workerSide.sampler(version),
+          generate: () => Effect.fail(new SamplerError({ reason: "NoTokenIds", message: "this backend returns no token ids" }))
+        })
+      }
+      const broken = yield* startWorker(agent, unusable)
+      const failing = yield* RolloutWorker.client({ urls: [broken.baseUrl], agentKey: key })
+      const failed = yield* Effect.flip(failing.collect(rows.slice(0, 1), sampling, 1))
+      assert.strictEqual(failed.reason, "Workers")
+      assert.include(failed.message, `${broken.baseUrl} (failed the share: `)
+      assert.include(failed.message, "this backend returns no token ids")
+
+      // Every inference server down: the worker still answers, its chains failed for the servers' reason (what the
+      // run's maxFailureShare check then names), not a silent worker.
+      const doomedScope = yield* Scope.make()
+      const doomed = yield* OpenAiServer.make(folder, { acceptWeights: {} }).pipe(
+        Effect.provideService(PolicyEngine, engine),
+        Scope.provide(doomedScope)
+      )
+      const noServers = yield* InferenceServers.make({
+        urls: [doomed.baseUrl],
+        parameters,
+        pushes: false,
+        giveUpMs: 200,
+        restMs: 50
+      })
+      yield* Scope.close(doomedScope, Exit.void)
+      const stranded = yield* RolloutWorker.serve(agent, noServers, { heartbeatMs: 100 }).pipe(Scope.provide(scope))
+      const asked = yield* RolloutWorker.client({ urls: [stranded.baseUrl], agentKey: key, silenceMs: 2_000 })
+      const strandedGroups = yield* asked.collect(rows.slice(0, 1), sampling, 1)
+      const failures = Trainer.infrastructureFailures(strandedGroups.flatMap((g) => g.trajectories))
+      assert.deepStrictEqual([failures.share, failures.reason, failures.total], [1, "SamplerTransient", 3])
+      assert.include(Trainer.firstFailure(strandedGroups.flatMap((g) => g.trajectories)), doomed.baseUrl)
+      yield* Scope.close(scope, Exit.void)
     }).pipe(Effect.provide([NodeServices.layer, ResourceManager.ResourceManager.layer]))), { timeout: 120_000 })
 })

@@ -215,6 +215,8 @@ describe("agentfly train with inference servers and rollout workers", () => {
       // Every batch in two shares (the survivor takes both once its peer is gone); the failed attempts are counted.
       for (const m of trainSteps) assert.strictEqual(m.figures["workers/shares"], 2)
       assert.isAbove(trainSteps.reduce((n, m) => n + m.figures["workers/failures"]!, 0), 0)
+      // The workers' sampling requests are the run's: every step's batch was sampled on the server through them.
+      for (const m of trainSteps) assert.isAbove(m.figures["servers/requests"]!, 0)
 
       // A worker started with another config is refused by the trainer before anything trains.
       const other = join(dir, "other.json")
@@ -226,6 +228,7 @@ describe("agentfly train with inference servers and rollout workers", () => {
       const refused = yield* agentfly(["train", other])
       assert.notStrictEqual(refused.code, 0)
       assert.include(refused.output, `rollout worker ${w1.url} runs task "calculator" with another config`)
+      assert.include(refused.output, `agent.systemPrompt: "Another prompt." → "Use the calculator tool."`)
     }).pipe(Effect.provide(NodeServices.layer))), { timeout: 240_000 })
 
   it.live("rollout workers on a Redis queue: one SIGKILLed mid-share, the other claims its share; Redis restarted mid-batch, lost shares sent again; no worker, a typed stop", () =>
