@@ -587,6 +587,26 @@ const crossKeyIssues = (config: TrainConfig): Array<string> => {
         `policy): set "mode": "async"`
       ]
       : []),
+    // A learning rate still ramping up when the run ends never reaches the `lr` asked for (often a warm-up's step
+    // count written where the RL phase's belongs).
+    ...(config.algorithm.lrWarmupSteps > config.algorithm.steps
+      ? [
+        `algorithm.lrWarmupSteps: ${config.algorithm.lrWarmupSteps} is more than algorithm.steps ` +
+        `${config.algorithm.steps}: the learning rate would never reach algorithm.lr`
+      ]
+      : []),
+    ...(config.warmup !== undefined && config.warmup.warmupSteps > config.warmup.steps
+      ? [
+        `warmup.warmupSteps: ${config.warmup.warmupSteps} is more than warmup.steps ${config.warmup.steps}: the ` +
+        `learning rate would never reach warmup.lr`
+      ]
+      : []),
+    ...(config.critic !== undefined && config.critic.lrWarmupSteps > config.algorithm.steps
+      ? [
+        `critic.lrWarmupSteps: ${config.critic.lrWarmupSteps} is more than algorithm.steps ` +
+        `${config.algorithm.steps}: the critic's learning rate would never reach critic.lr`
+      ]
+      : []),
     ...(config.critic !== undefined && config.critic.warmupSteps >= config.algorithm.steps
       ? [
         `critic.warmupSteps: ${config.critic.warmupSteps} of algorithm.steps ${config.algorithm.steps} train the ` +

@@ -205,6 +205,22 @@ describe("TrainConfig", () => {
         `maxStaleness: 4 applies only in async mode (every sync batch samples with the current policy): ` +
         `set "mode": "async"`
       ])
+      // A learning-rate warm-up longer than its phase: the rate asked for is never reached.
+      assert.deepStrictEqual(yield* issues({ algorithm: { steps: 3, lrWarmupSteps: 4 } }), [
+        "algorithm.lrWarmupSteps: 4 is more than algorithm.steps 3: the learning rate would never reach algorithm.lr"
+      ])
+      assert.deepStrictEqual(yield* issues({ warmup: { data: "d.jsonl", steps: 50, warmupSteps: 100 } }), [
+        "warmup.warmupSteps: 100 is more than warmup.steps 50: the learning rate would never reach warmup.lr"
+      ])
+      assert.deepStrictEqual(
+        yield* issues({ algorithm: { steps: 3, advantage: "gae" }, critic: { lrWarmupSteps: 5 } }),
+        [
+          "critic.lrWarmupSteps: 5 is more than algorithm.steps 3: the critic's learning rate would never reach " +
+          "critic.lr"
+        ]
+      )
+      yield* TrainConfig.decode({ ...minimal, algorithm: { steps: 3, lrWarmupSteps: 3 } })
+      yield* TrainConfig.decode({ ...minimal, warmup: { data: "d.jsonl", steps: 50, warmupSteps: 50 } })
       // What uses them is accepted, and a run's recorded config.json (the default maxStaleness written out) decodes.
       yield* TrainConfig.decode({ ...minimal, algorithm: { steps: 3, advantage: "gae", gamma: 0.99, lambda: 0.95 } })
       yield* TrainConfig.decode({ ...minimal, algorithm: { steps: 3, advantage: "reinforce++", gamma: 0.99 } })
