@@ -846,7 +846,12 @@ const changesSinceStart = Effect.fnUntraced(function*(
       try: () => JSON.parse(text) as unknown,
       catch: (e) => new TrainerError({ reason: "Resume", message: `${file} is not the run's config: ${String(e)}` })
     })
-    return TrainConfig.changes(recorded, current, ["output"])
+    // Decoded as this version decodes it, so that defaults written out since the run started are not changes.
+    const normalized = yield* TrainConfig.decode(recorded).pipe(
+      Effect.map((config) => JSON.parse(JSON.stringify(config)) as unknown),
+      Effect.orElseSucceed(() => recorded)
+    )
+    return TrainConfig.changes(normalized, current, ["output"])
   }
   const start = journal.entries.map((e) => e.entry).find((e) => e.kind === "start")
   return start?.kind === "start"

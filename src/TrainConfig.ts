@@ -18,6 +18,7 @@
  */
 import { Effect, FileSystem, Path, Schema, SchemaIssue } from "effect"
 import * as Yaml from "yaml"
+import * as Advantage from "./Advantage.ts"
 import * as SchemaIssues from "./internal/schemaIssues.ts"
 import { Ref as TaskRef } from "./Task.ts"
 
@@ -532,9 +533,25 @@ export const decode = (input: unknown, source = "config"): Effect.Effect<TrainCo
     ),
     Effect.flatMap((config) => {
       const issues = crossKeyIssues(config)
-      return issues.length === 0 ? Effect.succeed(config) : Effect.fail(new ConfigError({ source, reason: "Invalid", issues }))
+      return issues.length === 0
+        ? Effect.succeed(withDiscounts(config))
+        : Effect.fail(new ConfigError({ source, reason: "Invalid", issues }))
     })
   )
+
+/**
+ * The discounts the estimator uses, written out with their defaults (verl's γ = λ = 1) where unset, so that a run's
+ * recorded `config.json` says what it trained with; an estimator that uses none gets none.
+ */
+const withDiscounts = (config: TrainConfig): TrainConfig => {
+  const { advantage, gamma, lambda } = config.algorithm
+  const discounts = advantage === "gae"
+    ? { gamma: gamma ?? Advantage.defaultConfig.gamma, lambda: lambda ?? Advantage.defaultConfig.lambda }
+    : advantage === "reinforce++"
+    ? { gamma: gamma ?? Advantage.defaultConfig.gamma }
+    : {}
+  return { ...config, algorithm: { ...config.algorithm, ...discounts } }
+}
 
 /**
  * The input without keys whose value is `undefined`, at any depth: a TypeScript config's `warmup: undefined` means

@@ -431,6 +431,14 @@ describe("Trainer", () => {
       assert.strictEqual(longer.steps, 10)
       assert.include(extended[0], `resuming ${options.config.output} for 10 steps (algorithm.steps: 8 → 10)`)
       assert.deepStrictEqual(yield* steps(options.config.output), [1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
+      // A config recorded by a version that wrote out fewer defaults (here: no algorithm.clipLow) is the same
+      // config: its defaults are this version's.
+      const recordedFile = join(options.config.output, "config.json")
+      const recorded = JSON.parse(readFileSync(recordedFile, "utf8"))
+      delete recorded.algorithm.clipLow
+      writeFileSync(recordedFile, JSON.stringify(recorded))
+      const older = yield* run({ ...changed, config: { ...changed.config, algorithm: { ...changed.config.algorithm, steps: 10 } } })
+      assert.strictEqual(older.fromStep, 10)
     }).pipe(Effect.provide(NodeServices.layer)))
 
   it.effect("resume without a checkpoint starts over; a missing checkpoint directory is skipped", () =>

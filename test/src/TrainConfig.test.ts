@@ -205,6 +205,14 @@ describe("TrainConfig", () => {
         `maxStaleness: 4 applies only in async mode (every sync batch samples with the current policy): ` +
         `set "mode": "async"`
       ])
+      // The discounts an estimator uses are written out (a run's recorded config.json says them), and decode again.
+      const discounted = (algorithm: object) =>
+        Effect.map(TrainConfig.decode({ ...minimal, algorithm: { steps: 3, ...algorithm } }), (c) => [c.algorithm.gamma, c.algorithm.lambda])
+      assert.deepStrictEqual(yield* discounted({ advantage: "reinforce++" }), [1, undefined])
+      assert.deepStrictEqual(yield* discounted({ advantage: "gae", lambda: 0.95 }), [1, 0.95])
+      assert.deepStrictEqual(yield* discounted({ advantage: "grpo" }), [undefined, undefined])
+      const recorded = yield* TrainConfig.decode({ ...minimal, algorithm: { steps: 3, advantage: "gae" } })
+      assert.deepStrictEqual(yield* TrainConfig.decode(JSON.parse(JSON.stringify(recorded))), recorded)
       // A learning-rate warm-up longer than its phase: the rate asked for is never reached.
       assert.deepStrictEqual(yield* issues({ algorithm: { steps: 3, lrWarmupSteps: 4 } }), [
         "algorithm.lrWarmupSteps: 4 is more than algorithm.steps 3: the learning rate would never reach algorithm.lr"
