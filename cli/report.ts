@@ -1,11 +1,12 @@
 /**
- * `agentfly report RUN_DIR`: regenerates `report.html` in a run directory from its `metrics.jsonl`,
- * `samples.jsonl` and `config.json` (self-contained: charts and the trajectory viewer, no network).
+ * `agentfly report RUN_DIR [RUN_DIR ...] [--out FILE]`: with one run directory, regenerates its `report.html` from
+ * its `metrics.jsonl`, `samples.jsonl` and `config.json` (self-contained: charts and the trajectory viewer, no
+ * network); with several, writes one page comparing them (`--out`, default `compare.html` here).
  *
  * @since 0.1.0
  */
-import { Console, Effect } from "effect"
-import { Argument, Command } from "effect/cli"
+import { Console, Effect, Option } from "effect"
+import { Argument, Command, Flag } from "effect/cli"
 import * as Report from "../src/Report.ts"
 import { exitOnFailure } from "./train.ts"
 
@@ -15,9 +16,30 @@ import { exitOnFailure } from "./train.ts"
  */
 export const report = Command.make(
   "report",
-  { dir: Argument.Directory("run-dir").pipe(Argument.withDescription("The run's output directory")) },
-  Effect.fn("report")(function*({ dir }) {
+  {
+    dirs: Argument.Directory("run-dir").pipe(
+      Argument.withDescription("A run's output directory; several to compare them on one page"),
+      Argument.variadic({ min: 1 })
+    ),
+    out: Flag.String("out").pipe(
+      Flag.withDescription("Where a comparison of several runs is written (default compare.html)"),
+      Flag.optional
+    )
+  },
+  Effect.fn("report")(function*({ dirs, out }) {
     yield* Effect.gen(function*() {
+      if (dirs.length > 1) {
+        const path = yield* Report.writeComparison(dirs, Option.getOrElse(out, () => "compare.html"))
+        yield* Console.log(`wrote ${path} (${dirs.length} runs compared)`)
+        return
+      }
+      const dir = dirs[0]!
+      if (Option.isSome(out)) {
+        return yield* new Report.ReportError({
+          dir,
+          message: `--out is where a comparison of several runs goes; one run's report is ${dir}/report.html`
+        })
+      }
       // A folder without a run gets a sentence, not an empty report or a file system error.
       yield* Report.requireRun(dir)
       const { metrics, samples } = yield* Report.read(dir)
@@ -25,4 +47,4 @@ export const report = Command.make(
       yield* Console.log(`wrote ${path} (${metrics.length} metric records, ${samples.length} sampled trajectories)`)
     }).pipe(exitOnFailure)
   })
-).pipe(Command.withDescription("Regenerate report.html for a training run"))
+).pipe(Command.withDescription("Regenerate report.html for a training run, or compare several runs on one page"))

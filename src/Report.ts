@@ -12,6 +12,7 @@
  * @since 0.1.0
  */
 import { Effect, FileSystem, Schema } from "effect"
+import * as TrainConfig from "./TrainConfig.ts"
 
 // ===== Records (the files a run writes) =====
 
@@ -554,6 +555,142 @@ export const render = (input: {
     `<h2>Sampled trajectories</h2>${viewer(input.samples)}${config}<script>${script}</script></body></html>\n`
 }
 
+// ===== Comparison of runs =====
+
+/**
+ * One run of a comparison: a name for its legend entries, its metric records and its recorded config.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface RunFigures {
+  readonly name: string
+  readonly metrics: ReadonlyArray<MetricsRecord>
+  readonly config?: unknown
+}
+
+/**
+ * The charts of a comparison: every fixed series of {@link charts} that some run logged, one series per run (a
+ * family's keys differ from run to run, so families are left to each run's own report).
+ *
+ * @category constants
+ * @since 0.1.0
+ */
+export const comparedSeries: ReadonlyArray<{
+  readonly title: string
+  readonly phase: MetricsRecord["phase"]
+  readonly key: string
+  readonly fraction: boolean
+  readonly group: string
+}> = charts.flatMap((chart) =>
+  chart.series.map((s) => ({
+    title: chart.series.length === 1 ? chart.title : `${chart.title}: ${s.name}`,
+    phase: s.phase,
+    key: s.key,
+    fraction: chart.fraction === true,
+    group: chart.group ?? "Training curves"
+  }))
+)
+
+/** Seconds of the RL phase: from the record before the first RL step (the warm-up's end, or the first evaluation) to the last RL step. */
+const rlSeconds = (metrics: ReadonlyArray<MetricsRecord>): number | undefined => {
+  const first = metrics.findIndex((r) => r.phase === "train")
+  if (first < 0) return undefined
+  const last = metrics.filter((r) => r.phase === "train").at(-1)!
+  return last.elapsed - (first === 0 ? 0 : metrics[first - 1]!.elapsed)
+}
+
+const pick = (config: unknown, path: ReadonlyArray<string>): unknown =>
+  path.reduce<unknown>((v, k) => (typeof v === "object" && v !== null ? (v as Record<string, unknown>)[k] : undefined), config)
+
+/** The table of a comparison: per run what it was (seed, mode, estimator), how long its RL took, and its held-out figures. */
+const comparisonTable = (runs: ReadonlyArray<RunFigures>): string => {
+  const fmt = (x: number | undefined, digits = 3) => (x === undefined ? "–" : x.toFixed(digits))
+  const rows = runs.map((run) => {
+    const evals = run.metrics.filter((r) => r.phase === "eval")
+    const [first, last] = [evals[0], evals.at(-1)]
+    const before = first?.figures["eval/accuracy"]
+    const after = last?.figures["eval/accuracy"]
+    const se = last?.figures["eval/accuracy_se"]
+    const change = before !== undefined && after !== undefined && evals.length > 1
+      ? `${after - before >= 0 ? "+" : ""}${(after - before).toFixed(3)}`
+      : "–"
+    const cells = [
+      run.name,
+      String(pick(run.config, ["seed"]) ?? "–"),
+      String(pick(run.config, ["mode"]) ?? "–"),
+      String(pick(run.config, ["algorithm", "advantage"]) ?? "–"),
+      String(run.metrics.filter((r) => r.phase === "train").length),
+      fmt(rlSeconds(run.metrics), 1),
+      fmt(before),
+      `${fmt(after)}${se === undefined ? "" : ` ± ${se.toFixed(3)}`}`,
+      change,
+      fmt(last?.figures["eval/invalid_tool_call_rate"]),
+      fmt(last?.figures["eval/reward_mean"])
+    ]
+    return `<tr>${cells.map((c, i) => (i === 0 ? `<td class="name">${escape(c)}</td>` : `<td>${escape(c)}</td>`)).join("")}</tr>`
+  })
+  const head = ["run", "seed", "mode", "advantage", "RL steps", "RL time (s)", "held-out accuracy first", "last",
+    "change", "invalid tool-call rate (last)", "reward (last)"]
+  return `<table class="summary"><tr>${head.map((h) => `<th>${escape(h)}</th>`).join("")}</tr>${rows.join("")}</table>`
+}
+
+/** What each run's config changes from the first run's (paths aside): what the comparison is about. */
+const configChanges = (runs: ReadonlyArray<RunFigures>): string => {
+  const [base, ...others] = runs
+  if (base === undefined || base.config === undefined) return ""
+  const ignore = ["output", "model.path", "model.from", "data.train", "data.eval", "data.validation", "warmup.data",
+    "warmup.stopAt.data", "name"]
+  const items = others.map((run) => {
+    const changes = run.config === undefined ? ["no config.json"] : TrainConfig.changes(base.config, run.config, ignore)
+    return `<li><b>${escape(run.name)}</b>: ${changes.length === 0 ? "the same config" : escape(changes.join("; "))}</li>`
+  })
+  return items.length === 0 ? "" : `<p>Configs against <b>${escape(base.name)}</b>:</p><ul class="changes">${items.join("")}</ul>`
+}
+
+/**
+ * Renders a page comparing runs: a table (seed, mode, estimator, RL steps and time, held-out figures first and
+ * last), what each config changes from the first run's, held-out accuracy and RL progress over wall-clock time (what
+ * sync against async or one machine against several is about), and every chart of the run report with one series
+ * per run.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const renderComparison = (input: { readonly title: string; readonly runs: ReadonlyArray<RunFigures> }): string => {
+  const minutes = (run: RunFigures, phase: MetricsRecord["phase"], y: (r: MetricsRecord) => number | undefined) =>
+    run.metrics.flatMap((r) => {
+      const value = r.phase === phase ? y(r) : undefined
+      return value === undefined ? [] : [[r.elapsed / 60, value] as const]
+    })
+  const overTime = [
+    lineChart({
+      title: "Held-out accuracy over time",
+      xLabel: "minutes",
+      fraction: true,
+      series: input.runs.map((run) => ({ name: run.name, points: minutes(run, "eval", (r) => r.figures["eval/accuracy"]) }))
+    }),
+    lineChart({
+      title: "RL steps over time",
+      xLabel: "minutes",
+      series: input.runs.map((run) => ({ name: run.name, points: minutes(run, "train", (r) => r.step) }))
+    })
+  ]
+  const sections = new Map<string, Array<string>>([["Over time", overTime]])
+  for (const chart of comparedSeries) {
+    const series = input.runs.map((run) => ({ name: run.name, points: seriesOf(run.metrics, chart.phase, chart.key) }))
+    if (!series.some((s) => finitePoints(s).length > 0)) continue
+    const svg = lineChart({ title: chart.title, series, fraction: chart.fraction })
+    sections.set(chart.group, [...(sections.get(chart.group) ?? []), svg])
+  }
+  const body = [...sections].map(([group, svgs]) => `<h2>${escape(group)}</h2><div class="charts">${svgs.join("")}</div>`)
+    .join("")
+  return `<!doctype html><html lang="en"><head><meta charset="utf-8"><title>${escape(input.title)}</title>` +
+    `<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; img-src data:">` +
+    `<style>${style}.summary td.name{text-align:left}</style></head><body><h1>${escape(input.title)}</h1>` +
+    comparisonTable(input.runs) + configChanges(input.runs) + body + `</body></html>\n`
+}
+
 // ===== Files =====
 
 const decodeMetrics = Schema.decodeUnknownResult(Schema.fromJsonString(MetricsRecord))
@@ -629,4 +766,34 @@ export const write = Effect.fn("Report.write")(function*(dir: string, options: {
   const path = `${dir}/report.html`
   yield* fs.writeFileString(path, render({ title, metrics, samples, config }))
   return path
+})
+
+/**
+ * Writes a page comparing the runs in `dirs` (each a run directory, named in the legends by its folder, or by its
+ * path when two folders share a name) to `out`. Returns `out`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const writeComparison = Effect.fn("Report.writeComparison")(function*(
+  dirs: ReadonlyArray<string>,
+  out: string
+) {
+  const fs = yield* FileSystem.FileSystem
+  const trimmed = dirs.map((d) => d.replace(/\/+$/, ""))
+  const base = (d: string) => d.split("/").at(-1) ?? d
+  const runs: Array<RunFigures> = []
+  for (const dir of trimmed) {
+    yield* requireRun(dir)
+    const { metrics } = yield* read(dir)
+    const config = yield* fs.readFileString(`${dir}/config.json`).pipe(
+      Effect.flatMap(Schema.decodeUnknownEffect(Schema.fromJsonString(Schema.Unknown))),
+      Effect.orElseSucceed((): unknown => undefined)
+    )
+    const name = trimmed.filter((d) => base(d) === base(dir)).length > 1 ? dir : base(dir)
+    runs.push({ name, metrics, config })
+  }
+  const title = `agentfly runs: ${runs.map((r) => r.name).join(" · ")}`
+  yield* fs.writeFileString(out, renderComparison({ title, runs }))
+  return out
 })

@@ -1,6 +1,6 @@
 import { assert, describe, it } from "@effect/vitest"
 import { execFileSync, spawnSync } from "node:child_process"
-import { existsSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs"
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join, resolve } from "node:path"
 
@@ -49,5 +49,62 @@ describe("agentfly report", () => {
       assert.notInclude(result.stderr, "PlatformError")
     }
     assert.isFalse(existsSync(join(empty, "report.html")))
+  })
+
+  it("several run directories make one comparison page (--out); a folder without a run among them is refused", () => {
+    const parent = mkdtempSync(join(tmpdir(), "report-compare-"))
+    const runDir = (name: string, seed: number, mode: string, gain: number) => {
+      const dir = join(parent, name)
+      mkdirSync(dir)
+      const records = [
+        { phase: "eval", step: 0, elapsed: 10, figures: { "eval/accuracy": 0.4, "eval/accuracy_se": 0.02 } },
+        ...[1, 2, 3].map((step) => ({
+          phase: "train",
+          step,
+          elapsed: 10 + step * (mode === "async" ? 2 : 3),
+          figures: { "rollout/reward_mean": step / 4, "rollout/accuracy": step / 5, "learner/loss": 0.1 }
+        })),
+        { phase: "eval", step: 3, elapsed: 30, figures: { "eval/accuracy": 0.4 + gain, "eval/accuracy_se": 0.02 } }
+      ]
+      writeFileSync(join(dir, "metrics.jsonl"), records.map((m) => JSON.stringify(m)).join("\n") + "\n")
+      writeFileSync(join(dir, "config.json"), JSON.stringify({ seed, mode, output: dir, algorithm: { advantage: "grpo" } }))
+      return dir
+    }
+    const sync = runDir("sync-1", 1, "sync", 0.2)
+    const async = runDir("async-1", 1, "async", 0.25)
+    const out = join(parent, "both.html")
+    const said = execFileSync(process.execPath, ["--import", "tsx", "cli/main.ts", "report", sync, async, "--out", out], {
+      cwd: root,
+      encoding: "utf8",
+      timeout: 60_000
+    })
+    assert.include(said, `wrote ${out} (2 runs compared)`)
+    const html = readFileSync(out, "utf8")
+    assert.include(html, "<title>agentfly runs: sync-1 · async-1</title>")
+    // The table: RL time from the first evaluation to the last RL step (9 s and 6 s), the held-out change.
+    assert.match(html, /<td class="name">sync-1<\/td><td>1<\/td><td>sync<\/td><td>grpo<\/td><td>3<\/td><td>9\.0<\/td>/)
+    assert.match(html, /<td class="name">async-1<\/td><td>1<\/td><td>async<\/td><td>grpo<\/td><td>3<\/td><td>6\.0<\/td>/)
+    assert.include(html, "<td>+0.250</td>")
+    assert.include(html, `<b>async-1</b>: mode: &quot;sync&quot; → &quot;async&quot;`)
+    // One series per run in each chart.
+    const accuracy = html.split("<svg ").find((c) => c.includes("<title>Held-out accuracy over time</title>"))!
+    assert.strictEqual(accuracy.split('class="series"').length - 1, 2)
+    assert.include(html, "<title>Reward: train (sampled)</title>")
+
+    const empty = mkdtempSync(join(tmpdir(), "report-empty-"))
+    const refused = spawnSync(process.execPath, ["--import", "tsx", "cli/main.ts", "report", sync, empty], {
+      cwd: root,
+      encoding: "utf8",
+      timeout: 60_000
+    })
+    assert.strictEqual(refused.status, 1)
+    assert.include(refused.stderr, `${empty} holds no training run`)
+    const one = spawnSync(process.execPath, ["--import", "tsx", "cli/main.ts", "report", sync, "--out", out], {
+      cwd: root,
+      encoding: "utf8",
+      timeout: 60_000
+    })
+    assert.strictEqual(one.status, 1)
+    assert.include(one.stderr, "--out is where a comparison of several runs goes")
   })
 })

@@ -2,7 +2,7 @@ import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import * as fc from "fast-check"
-import { mkdtempSync, writeFileSync } from "node:fs"
+import { mkdirSync, mkdtempSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { pathToFileURL } from "node:url"
@@ -346,5 +346,63 @@ describe("Report", () => {
       assert.strictEqual(seen.visible, 1, "the step filter works")
       assert.include(seen.summary, "accuracy")
       assert.include(seen.summary, "+0.290")
+    }).pipe(Effect.provide(NodeServices.layer)), 60_000)
+
+  it.effect("a comparison of runs renders in headless Chromium: its table, what each config changes, one series per run", () =>
+    Effect.gen(function*() {
+      const parent = mkdtempSync(join(tmpdir(), "compare-"))
+      const dirs = [["seed-1", 1, 0], ["seed-2", 2, 0.05], ["seed-3", 3, -0.05]] as const
+      for (const [name, seed, shift] of dirs) {
+        const dir = join(parent, name)
+        mkdirSync(dir)
+        const { metrics } = run()
+        const moved = metrics.map((m) =>
+          m.phase === "eval" ? { ...m, figures: { ...m.figures, "eval/accuracy": m.figures["eval/accuracy"]! + shift } } : m
+        )
+        writeFileSync(join(dir, "metrics.jsonl"), moved.map((m) => JSON.stringify(m)).join("\n") + "\n")
+        writeFileSync(join(dir, "config.json"), JSON.stringify({ seed, mode: "sync", output: dir }))
+      }
+      const path = yield* Report.writeComparison(dirs.map(([name]) => join(parent, name)), join(parent, "compare.html"))
+      const seen = yield* Effect.acquireUseRelease(
+        Effect.promise(() =>
+          chromium.launch({
+            executablePath: "/usr/bin/chromium",
+            args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+              "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+          })
+        ),
+        (browser) =>
+          Effect.promise(async () => {
+            const page = await browser.newPage()
+            const errors: Array<string> = []
+            const requests: Array<string> = []
+            page.on("console", (m) => {
+              if (m.type() === "error" || m.type() === "warning") errors.push(m.text())
+            })
+            page.on("pageerror", (e) => errors.push(String(e)))
+            page.on("request", (r) => requests.push(r.url()))
+            await page.goto(pathToFileURL(path).href, { waitUntil: "load" })
+            const accuracy = page.locator("svg.chart", { has: page.locator("title", { hasText: "Held-out accuracy over time" }) })
+            return {
+              errors,
+              requests,
+              charts: await page.locator("svg.chart").count(),
+              accuracySeries: await accuracy.locator("polyline.series").evaluateAll((ps) => ps.map((p) => p.getAttribute("data-name"))),
+              rows: await page.locator("table.summary tr").count(),
+              changes: await page.locator("ul.changes li").allInnerTexts(),
+              sections: await page.locator("h2").allInnerTexts()
+            }
+          }),
+        (browser) => Effect.promise(() => browser.close())
+      )
+      assert.deepStrictEqual(seen.errors, [])
+      assert.deepStrictEqual(seen.requests, [pathToFileURL(path).href], "the page loads nothing but itself")
+      assert.deepStrictEqual(seen.accuracySeries, ["seed-1", "seed-2", "seed-3"])
+      assert.strictEqual(seen.rows, 4, "a header and a row per run")
+      assert.deepStrictEqual(seen.changes, ["seed-2: seed: 1 → 2", "seed-3: seed: 1 → 3"])
+      // The two charts over time, then every fixed series of the run report that the runs logged.
+      const logged = Report.comparedSeries.filter((c) => run().metrics.some((m) => m.phase === c.phase && m.figures[c.key] !== undefined))
+      assert.strictEqual(seen.charts, 2 + logged.length)
+      assert.strictEqual(seen.sections[0], "Over time")
     }).pipe(Effect.provide(NodeServices.layer)), 60_000)
 })
