@@ -7,6 +7,7 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { pathToFileURL } from "node:url"
 import { chromium } from "playwright-core"
+import type { Page } from "playwright-core"
 import * as Report from "../../src/Report.ts"
 
 /**
@@ -95,6 +96,35 @@ const run = () => {
 const pointsOf = (html: string, name: string): Array<Array<number>> =>
   /points="([^"]+)"/.exec(html.slice(html.indexOf(`data-name="${name}"`)))![1]!.split(" ").map((p) =>
     p.split(",").map(Number)
+  )
+
+/**
+ * Opens `path` in headless Chromium and runs `look` on the page; also returns what the page logged as an error or
+ * warning and every URL it requested.
+ */
+const inChromium = <A>(path: string, look: (page: Page) => Promise<A>) =>
+  Effect.acquireUseRelease(
+    Effect.promise(() =>
+      chromium.launch({
+        executablePath: "/usr/bin/chromium",
+        args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+      })
+    ),
+    (browser) =>
+      Effect.promise(async () => {
+        const page = await browser.newPage()
+        const errors: Array<string> = []
+        const requests: Array<string> = []
+        page.on("console", (m) => {
+          if (m.type() === "error" || m.type() === "warning") errors.push(m.text())
+        })
+        page.on("pageerror", (e) => errors.push(String(e)))
+        page.on("request", (r) => requests.push(r.url()))
+        await page.goto(pathToFileURL(path).href, { waitUntil: "load" })
+        return { errors, requests, ...(await look(page)) }
+      }),
+    (browser) => Effect.promise(() => browser.close())
   )
 
 describe("Report", () => {
@@ -269,63 +299,41 @@ describe("Report", () => {
       writeFileSync(join(dir, "samples.jsonl"), samples.map((m) => JSON.stringify(m)).join("\n") + "\n{\"torn")
       writeFileSync(join(dir, "config.json"), JSON.stringify({ seed: 1 }))
       const path = yield* Report.write(dir, { title: "demo" })
-      const seen = yield* Effect.acquireUseRelease(
-        Effect.promise(() =>
-          chromium.launch({
-            executablePath: "/usr/bin/chromium",
-            args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-              "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-          })
-        ),
-        (browser) =>
-          Effect.promise(async () => {
-            const page = await browser.newPage()
-            const errors: Array<string> = []
-            const requests: Array<string> = []
-            page.on("console", (m) => {
-              if (m.type() === "error" || m.type() === "warning") errors.push(m.text())
-            })
-            page.on("pageerror", (e) => errors.push(String(e)))
-            page.on("request", (r) => requests.push(r.url()))
-            await page.goto(pathToFileURL(path).href, { waitUntil: "load" })
-            const charts = await page.locator("svg.chart").count()
-            const polylines = await page.locator("svg.chart polyline.series").count()
-            const toolSeries = await page.locator("svg.chart polyline[data-name='search']").count()
-            const failureSeries = await page.locator("svg.chart polyline[data-name='LeaseFailed']").count()
-            const poolSeries = await page.locator("svg.chart polyline[data-name='docker/calc p99']").count()
-            const sections = await page.locator("h2").allInnerTexts()
-            const cards = await page.locator("#viewer .card").count()
-            const policyTokens = await page.locator("#viewer .src-policy").count()
-            const box = await page.locator("svg.chart").first().boundingBox()
-            // The warm-up's validation accuracy, 0 throughout: drawn on the x axis, with no tick below 0.
-            const validation = page.locator("svg.chart", { has: page.locator("title", { hasText: "Warm-up validation accuracy" }) })
-            const zeroLine = await validation.locator("polyline.series").boundingBox()
-            const xAxis = await validation.locator("line.axis").nth(1).boundingBox()
-            const validationTicks = await validation.locator("text.tick").allTextContents()
-            await page.selectOption("#step-filter", "train 20")
-            const visible = await page.locator("#viewer .card:visible").count()
-            const summary = await page.locator("table.summary").innerText()
-            return {
-              errors,
-              requests,
-              charts,
-              polylines,
-              toolSeries,
-              failureSeries,
-              poolSeries,
-              sections,
-              cards,
-              policyTokens,
-              box,
-              zeroLine,
-              xAxis,
-              validationTicks,
-              visible,
-              summary
-            }
-          }),
-        (browser) => Effect.promise(() => browser.close())
-      )
+      const seen = yield* inChromium(path, async (page) => {
+        const charts = await page.locator("svg.chart").count()
+        const polylines = await page.locator("svg.chart polyline.series").count()
+        const toolSeries = await page.locator("svg.chart polyline[data-name='search']").count()
+        const failureSeries = await page.locator("svg.chart polyline[data-name='LeaseFailed']").count()
+        const poolSeries = await page.locator("svg.chart polyline[data-name='docker/calc p99']").count()
+        const sections = await page.locator("h2").allInnerTexts()
+        const cards = await page.locator("#viewer .card").count()
+        const policyTokens = await page.locator("#viewer .src-policy").count()
+        const box = await page.locator("svg.chart").first().boundingBox()
+        // The warm-up's validation accuracy, 0 throughout: drawn on the x axis, with no tick below 0.
+        const validation = page.locator("svg.chart", { has: page.locator("title", { hasText: "Warm-up validation accuracy" }) })
+        const zeroLine = await validation.locator("polyline.series").boundingBox()
+        const xAxis = await validation.locator("line.axis").nth(1).boundingBox()
+        const validationTicks = await validation.locator("text.tick").allTextContents()
+        await page.selectOption("#step-filter", "train 20")
+        const visible = await page.locator("#viewer .card:visible").count()
+        const summary = await page.locator("table.summary").innerText()
+        return {
+          charts,
+          polylines,
+          toolSeries,
+          failureSeries,
+          poolSeries,
+          sections,
+          cards,
+          policyTokens,
+          box,
+          zeroLine,
+          xAxis,
+          validationTicks,
+          visible,
+          summary
+        }
+      })
       assert.deepStrictEqual(seen.errors, [])
       assert.deepStrictEqual(seen.requests, [pathToFileURL(path).href], "the page loads nothing but itself")
       assert.strictEqual(seen.charts, Report.charts.length)
@@ -363,38 +371,16 @@ describe("Report", () => {
         writeFileSync(join(dir, "config.json"), JSON.stringify({ seed, mode: "sync", output: dir }))
       }
       const path = yield* Report.writeComparison(dirs.map(([name]) => join(parent, name)), join(parent, "compare.html"))
-      const seen = yield* Effect.acquireUseRelease(
-        Effect.promise(() =>
-          chromium.launch({
-            executablePath: "/usr/bin/chromium",
-            args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-              "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-          })
-        ),
-        (browser) =>
-          Effect.promise(async () => {
-            const page = await browser.newPage()
-            const errors: Array<string> = []
-            const requests: Array<string> = []
-            page.on("console", (m) => {
-              if (m.type() === "error" || m.type() === "warning") errors.push(m.text())
-            })
-            page.on("pageerror", (e) => errors.push(String(e)))
-            page.on("request", (r) => requests.push(r.url()))
-            await page.goto(pathToFileURL(path).href, { waitUntil: "load" })
-            const accuracy = page.locator("svg.chart", { has: page.locator("title", { hasText: "Held-out accuracy over time" }) })
-            return {
-              errors,
-              requests,
-              charts: await page.locator("svg.chart").count(),
-              accuracySeries: await accuracy.locator("polyline.series").evaluateAll((ps) => ps.map((p) => p.getAttribute("data-name"))),
-              rows: await page.locator("table.summary tr").count(),
-              changes: await page.locator("ul.changes li").allInnerTexts(),
-              sections: await page.locator("h2").allInnerTexts()
-            }
-          }),
-        (browser) => Effect.promise(() => browser.close())
-      )
+      const seen = yield* inChromium(path, async (page) => {
+        const accuracy = page.locator("svg.chart", { has: page.locator("title", { hasText: "Held-out accuracy over time" }) })
+        return {
+          charts: await page.locator("svg.chart").count(),
+          accuracySeries: await accuracy.locator("polyline.series").evaluateAll((ps) => ps.map((p) => p.getAttribute("data-name"))),
+          rows: await page.locator("table.summary tr").count(),
+          changes: await page.locator("ul.changes li").allInnerTexts(),
+          sections: await page.locator("h2").allInnerTexts()
+        }
+      })
       assert.deepStrictEqual(seen.errors, [])
       assert.deepStrictEqual(seen.requests, [pathToFileURL(path).href], "the page loads nothing but itself")
       assert.deepStrictEqual(seen.accuracySeries, ["seed-1", "seed-2", "seed-3"])
