@@ -180,6 +180,7 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
     model: folder.config,
     parameters: model.parameters,
     workers: config.learner.workers,
+    callMillis: config.learner.timeoutSeconds === undefined ? undefined : config.learner.timeoutSeconds * 1000,
     traffic: RemoteTrainer.makeTraffic()
   }
   let trafficCounted = RemoteTrainer.makeTraffic()

@@ -327,7 +327,12 @@ export const LearnerConfig = Schema.Struct({
    * gets only their fingerprint, so the weights cross the network once instead of twice (trainer → run → servers).
    * The trainer's machine must reach the servers. False: the run fetches the weights and pushes them. Default true.
    */
-  pushWeights: withDefault(Schema.Boolean, true)
+  pushWeights: withDefault(Schema.Boolean, true),
+  /**
+   * With `url`: how long one call of the trainer server (a step, a checkpoint) may take before the run gives up on
+   * it (default 1,800 s; a large model's step on a CPU host can take minutes).
+   */
+  timeoutSeconds: Schema.optionalKey(Schema.Int.check(Schema.isBetween({ minimum: 1, maximum: 86_400 })))
 })
 
 /**

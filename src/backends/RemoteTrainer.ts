@@ -9,7 +9,9 @@
  *   already run with the reply it gave, so a step is never applied twice nor lost.
  * - **A trainer that lost its state** (the server restarted, or another run took the name over) answers with an
  *   unknown session: the call fails `Remote`, naming the fix (resume the run from its last checkpoint). One that
- *   stays unreachable fails `Unavailable`.
+ *   stays unreachable fails `Unavailable`, and so does a call without an answer after `callMillis` (not sent again).
+ * - **Long calls.** Calls go through `node:http`, not `fetch`, whose answers must begin within 5 minutes: a large
+ *   model's step may take longer.
  * - **Checkpoints stay with the run**: `save` brings the trainer's checkpoint files (weights, AdamW moments, state)
  *   into `dir` here, `load` sends them back, so `--resume` works whichever trainer serves the resumed run.
  *
@@ -23,6 +25,7 @@ import type * as Loss from "../Loss.ts"
 import type * as LrSchedule from "../LrSchedule.ts"
 import type * as Optimizer from "../Optimizer.ts"
 import type * as Packing from "../Packing.ts"
+import * as HttpPost from "../internal/httpPost.ts"
 import * as PolicyTrainer from "../PolicyTrainer.ts"
 import * as Wire from "./internal/trainerWire.ts"
 
@@ -54,6 +57,8 @@ export interface Options {
   readonly workers?: number | undefined
   /** How long a call is sent again while the trainer cannot be reached (default 60 s). */
   readonly retryMillis?: number | undefined
+  /** How long one call may wait for its answer (default 30 minutes: `learner.timeoutSeconds`). */
+  readonly callMillis?: number | undefined
   /** Counters to add this trainer's traffic to (a run shares one between its trainers: {@link makeTraffic}). */
   readonly traffic?: Traffic | undefined
 }
@@ -160,6 +165,7 @@ export const make = Effect.fn("RemoteTrainer.make")(function*(
   const name = options.name ?? "policy"
   const base = `${root}/trainer/${encodeURIComponent(name)}`
   const retryMillis = options.retryMillis ?? 60_000
+  const callMillis = options.callMillis ?? 30 * 60_000
   const auth: Record<string, string> = options.token === undefined ? {} : { authorization: `Bearer ${options.token}` }
   const where = `the trainer at ${root}`
   const traffic = options.traffic ?? makeTraffic()
@@ -174,21 +180,29 @@ export const make = Effect.fn("RemoteTrainer.make")(function*(
         if (attempt > 0) traffic.retries++
         traffic.sentBytes += body.byteLength
         const reply = yield* Effect.tryPromise({
-          try: async (signal) => {
-            const response = await fetch(`${base}/${op}`, {
-              method: "POST",
+          // Not `fetch`: it gives up on an answer after 5 minutes, and a large model's step may take longer.
+          try: (signal) =>
+            HttpPost.post(`${base}/${op}`, {
               headers: { ...auth, ...headers, "content-type": "application/octet-stream" },
-              body: body as Uint8Array<ArrayBuffer>,
+              body,
+              timeoutMs: callMillis,
               signal
-            })
-            return { status: response.status, bytes: new Uint8Array(await response.arrayBuffer()) }
-          },
-          catch: (e) => String((e as { cause?: { code?: string } }).cause?.code ?? (e as Error).message ?? e)
+            }),
+          catch: (e) => (e as Error).message ?? String(e)
         }).pipe(Effect.result)
         if (reply._tag === "Success") traffic.receivedBytes += reply.success.bytes.byteLength
         if (reply._tag === "Success" && !transient(reply.success.status)) return reply.success
         const why = reply._tag === "Failure" ? reply.failure : `HTTP ${reply.success.status}`
         if (attempt === 0) yield* Effect.logWarning(`${where}: ${op} failed (${why}); sending it again`)
+        if (why.startsWith("no answer within")) {
+          // The server took the call and is still at it, or hung: sending it again would only wait behind it.
+          return yield* fail(
+            "Unavailable",
+            `${where} gave no answer to ${op} within ${callMillis / 1000} s (learner.timeoutSeconds): ` +
+              "it is hung or slower than that limit; raise it, or restart the trainer and resume the run from its " +
+              "last checkpoint"
+          )
+        }
         if (Date.now() + wait > deadline) {
           return yield* fail(
             "Unavailable",

@@ -314,6 +314,50 @@ describe("RemoteTrainer and TrainerServer", () => {
       assert.notInclude(absent.message, "resume")
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 60_000)
 
+  it.live("a call waits as long as learner.timeoutSeconds allows, and a hung trainer fails it naming that limit", () =>
+    Effect.gen(function*() {
+      const { baseUrl } = yield* TrainerServer.serve()
+      // In front of the trainer, a proxy that holds every call 1.2 s before passing it on: a slow step.
+      const held: Array<Http.ServerResponse> = []
+      const proxy = (delayMs: number | "forever") =>
+        Effect.acquireRelease(
+          Effect.callback<{ readonly url: string; readonly server: Http.Server }>((resume) => {
+            const server = Http.createServer(async (req, res) => {
+              const chunks: Array<Buffer> = []
+              for await (const chunk of req) chunks.push(chunk as Buffer)
+              if (delayMs === "forever") return void held.push(res)
+              await new Promise((r) => setTimeout(r, delayMs))
+              const headers = Object.fromEntries(
+                Object.entries(req.headers).filter(([k]) => k.startsWith("x-agentfly") || k === "content-type")
+              ) as Record<string, string>
+              const reply = await fetch(`${baseUrl}${req.url!.replace(/^\/v1/, "")}`, {
+                method: "POST",
+                headers,
+                body: Buffer.concat(chunks)
+              })
+              res.writeHead(reply.status, { "content-type": reply.headers.get("content-type") ?? "" })
+              res.end(Buffer.from(await reply.arrayBuffer()))
+            })
+            server.listen(0, "127.0.0.1", () =>
+              resume(Effect.succeed({ url: `http://127.0.0.1:${(server.address() as net.AddressInfo).port}/v1`, server })))
+          }),
+          ({ server }) => Effect.sync(() => server.close())
+        )
+      const slow = yield* proxy(1_200)
+      const patient = yield* remote(slow.url, 1, { callMillis: 5_000 })
+      const mbs = yield* batches(false)
+      const started = Date.now()
+      yield* patient.forwardBackward(mbs[0]!)
+      assert.isAtLeast(Date.now() - started, 1_200)
+      const hung = yield* proxy("forever")
+      const t0 = Date.now()
+      const gaveUp = yield* Effect.flip(remote(hung.url, 1, { callMillis: 800 }))
+      assert.strictEqual(gaveUp.reason, "Unavailable")
+      assert.include(gaveUp.message, "gave no answer to init within 0.8 s (learner.timeoutSeconds)")
+      assert.isBelow(Date.now() - t0, 5_000, "given up once, not sent again behind the call it still runs")
+      for (const res of held) res.destroy()
+    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 60_000)
+
   it.live("two runs' trainers live side by side; one left without calls is closed", () =>
     Effect.gen(function*() {
       const { baseUrl } = yield* TrainerServer.serve({ idleMillis: 1_000 })
