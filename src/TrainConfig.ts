@@ -20,6 +20,7 @@ import { Effect, FileSystem, Path, Schema, SchemaIssue } from "effect"
 import * as Yaml from "yaml"
 import * as Advantage from "./Advantage.ts"
 import * as SchemaIssues from "./internal/schemaIssues.ts"
+import * as ModelPresets from "./model/ModelConfig.ts"
 import { Ref as TaskRef } from "./Task.ts"
 
 // ===== Schema =====
@@ -60,7 +61,9 @@ const withDefault = <S extends Schema.Top>(schema: S, value: S["Encoded"]) =>
  */
 export const ModelConfig = Schema.Struct({
   path: Schema.String,
-  preset: Schema.optionalKey(Schema.String),
+  // A preset's name is checked even when the folder exists (and the preset is unused): a typo would otherwise pass
+  // until the day the folder is missing.
+  preset: Schema.optionalKey(Schema.Literals(Object.keys(ModelPresets.presets) as Array<ModelPresets.PresetName>)),
   initSeed: withDefault(Seed, 0),
   /**
    * A run's checkpoint (`RUN/checkpoints/step-NNNNNN`) whose weights this run starts from instead of the folder's

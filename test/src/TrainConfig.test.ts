@@ -107,6 +107,12 @@ describe("TrainConfig", () => {
       assert.include(error.message, "config: invalid config\n  agent.systemPrompt: Expected string, got 5")
     }))
 
+  it.effect("an unknown model preset is refused at decode time, even for a folder that exists already", () =>
+    Effect.gen(function*() {
+      const error = yield* failure(TrainConfig.decode({ ...minimal, model: { path: "model", preset: "tiny2" } }))
+      assert.deepStrictEqual([...error.issues], [`model.preset: Expected "tiny" | "small" | "medium", got "tiny2"`])
+    }))
+
   it.effect("every number has finite bounds, checked at decode time and named in the error", () =>
     Effect.gen(function*() {
       // What JSON makes of 1e400: Infinity.
