@@ -223,6 +223,27 @@ export const missingModel = (
 }
 
 /**
+ * What to say when `model.preset` names another architecture than the existing model folder's: the preset only
+ * initialises a missing folder, so a preset changed from `tiny` to `small` would otherwise train the old tiny model
+ * without a word. `undefined` when they agree (the vocabulary is the tokenizer's, not the preset's).
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const presetMismatch = (
+  model: { readonly path: string; readonly preset?: string | undefined },
+  folder: ModelConfig.ModelConfig
+): string | undefined => {
+  const preset = model.preset === undefined ? undefined : ModelConfig.presets[model.preset as ModelConfig.PresetName]
+  if (preset === undefined) return undefined
+  const keys = ["hiddenSize", "numHiddenLayers", "numAttentionHeads", "numKeyValueHeads", "intermediateSize"] as const
+  if (keys.every((key) => preset[key] === folder[key])) return undefined
+  return `model.preset "${model.preset}" is not used: ${model.path} already holds a model of another architecture ` +
+    `(${folder.numHiddenLayers} layers, width ${folder.hiddenSize}), which this run trains; for a ${model.preset} ` +
+    `model give another model.path (a missing folder is initialised from the preset)`
+}
+
+/**
  * The files whose presence says that a directory holds a run.
  */
 const runFiles = ["metrics.jsonl", "journal.jsonl", "checkpoints"]
@@ -317,6 +338,8 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
     })
   }
   const loaded = yield* ModelFolder.load(requested.model.path)
+  const mismatch = presetMismatch(requested.model, loaded.config)
+  if (mismatch !== undefined) yield* say(mismatch)
   // `model.from`: another run's checkpoint (a shared warm-up, say) over the folder's weights.
   const from = requested.model.from
   const folder = from === undefined ? loaded : {

@@ -11,6 +11,7 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as Train from "../../actors/Train.ts"
 import * as Generate from "../../examples/guess/generate.ts"
+import * as ModelConfig from "../../src/model/ModelConfig.ts"
 import { task } from "../../examples/guess/task.ts"
 import type * as Task from "../../src/Task.ts"
 import * as TrainConfig from "../../src/TrainConfig.ts"
@@ -235,6 +236,16 @@ describe("Train.run", () => {
       assert.strictEqual((refused as TrainConfig.ConfigError).source, "--steps")
       assert.include((refused as TrainConfig.ConfigError).message, "must be a whole number ≥ 1, got 0")
     }).pipe(Effect.provide(NodeServices.layer)))
+
+  it("a model.preset other than the existing folder's architecture is said, since only a missing folder uses it", () => {
+    const model = { path: "runs/models/m", preset: "small" }
+    const said = Train.presetMismatch(model, ModelConfig.presets.tiny)
+    assert.include(said, `model.preset "small" is not used: runs/models/m already holds a model of another architecture`)
+    assert.include(said, "(2 layers, width 128)")
+    // The folder's vocabulary is its tokenizer's (raised by init-model), not a difference of architecture.
+    assert.isUndefined(Train.presetMismatch(model, { ...ModelConfig.presets.small, vocabSize: 265 }))
+    assert.isUndefined(Train.presetMismatch({ path: "m" }, ModelConfig.presets.tiny))
+  })
 
   it.effect("a task's defaults with a key that is no agent setting (a JavaScript task's typo) is named as the task's", () =>
     Effect.gen(function*() {
