@@ -435,9 +435,18 @@ export const instantiate = (
     return (definition as (o: unknown, c: OptionsContext) => Effect.Effect<Task, TaskError>)(options, context)
   }
   return Effect.fail(
-    new TaskError({ task: name, reason: "Module", message: "expected a task (Task.make) or a Task.withOptions function" })
+    new TaskError({
+      task: name,
+      reason: "Module",
+      message: `${name}: expected a task (Task.make) or a Task.withOptions function, got ${shapeOf(definition)}`
+    })
   )
 }
+
+/** What a value that should have been a task is, for the error that refuses it (its keys say what it was meant as). */
+const shapeOf = (u: unknown): string =>
+  u === null ? "null" : Array.isArray(u) ? "an array" : typeof u !== "object" ? `a ${typeof u}` :
+  Object.keys(u).length === 0 ? "an empty object" : `an object with keys ${Object.keys(u).slice(0, 6).join(", ")}`
 
 /**
  * Loads the task a module exports as `task` (or as its default export), from an absolute path or `file:` URL.
@@ -471,9 +480,19 @@ export const resolve = (
     const path = options.resolvePath(name)
     return Effect.flatMap(importModule(path), (module) => {
       const definition = module["task"] ?? module["default"]
-      return definition === undefined
-        ? Effect.fail(new TaskError({ task: name, reason: "Module", message: `${path} exports no \`task\`` }))
-        : instantiate(name, definition, taskOptions, { resolvePath: options.resolvePath })
+      if (definition === undefined) {
+        return Effect.fail(new TaskError({ task: name, reason: "Module", message: `${path} exports no \`task\`` }))
+      }
+      return isTask(definition) || typeof definition === "function"
+        ? instantiate(name, definition, taskOptions, { resolvePath: options.resolvePath })
+        : Effect.fail(
+          new TaskError({
+            task: name,
+            reason: "Module",
+            message: `${path}: its \`${module["task"] === undefined ? "default" : "task"}\` export is not a task ` +
+              `(Task.make) or a Task.withOptions function but ${shapeOf(definition)}`
+          })
+        )
     })
   }
   const load = options.builtins[name]

@@ -5,6 +5,9 @@
  */
 import { assert, describe, it } from "@effect/vitest"
 import { Context, Effect, Layer, Schema } from "effect"
+import { mkdtempSync, writeFileSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
 import * as Environment from "../../src/Environment.ts"
 import * as Reward from "../../src/Reward.ts"
 import * as Task from "../../src/Task.ts"
@@ -148,4 +151,22 @@ describe("Task", () => {
     })
     assert.deepStrictEqual(Task.conversation(prompted, row, undefined), [{ role: "user", content: "n=2" }])
   })
+
+  it.effect("a module whose task export is no task is refused naming the module and what it exports", () =>
+    Effect.gen(function*() {
+      const dir = mkdtempSync(join(tmpdir(), "task-export-"))
+      writeFileSync(join(dir, "named.mjs"), `export const task = { name: "rooms" }\n`)
+      writeFileSync(join(dir, "default.mjs"), `export default 3\n`)
+      const resolve = (ref: string) => Effect.flip(Task.resolve(ref, { builtins: {}, resolvePath: (p) => join(dir, p) }))
+      const named = yield* resolve("./named.mjs")
+      assert.strictEqual(named.reason, "Module")
+      assert.strictEqual(
+        named.message,
+        `${join(dir, "named.mjs")}: its \`task\` export is not a task (Task.make) or a Task.withOptions function but ` +
+          `an object with keys name`
+      )
+      assert.include((yield* resolve("./default.mjs")).message, "its `default` export is not a task")
+      const inCode = yield* Effect.flip(Task.instantiate("rooms", [], undefined))
+      assert.include(inCode.message, "rooms: expected a task (Task.make) or a Task.withOptions function, got an array")
+    }))
 })
