@@ -1002,6 +1002,13 @@ export const run: <RE = never>(
     )
   }
   const point = Journal.resumePoint(existing, (c) => c === resumeFrom)
+  // A finished run resumed, or fewer steps than it has done: the loops below have nothing to do, which said nothing.
+  if (point.checkpoint !== undefined && point.step >= config.algorithm.steps) {
+    yield* notice(
+      `${out} is at step ${point.step} and algorithm.steps is ${config.algorithm.steps}: nothing left to train ` +
+        `(more steps continue it: --steps N, or algorithm.steps raised)`
+    )
+  }
   const journal = yield* Journal.open(`${out}/journal.jsonl`, { cutAt: point.cutAt }).pipe(Effect.mapError(io))
   // Metrics errors keep only their message: the annotated file system makes it say ENOSPC on a full disk.
   const files = yield* Metrics.open(out, point.checkpoint === undefined ? {} : { resumeFrom: point.step })

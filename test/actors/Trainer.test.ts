@@ -418,8 +418,12 @@ describe("Trainer", () => {
       assert.include(notices[0], "seed: 3 → 4")
       assert.include(notices[1], `resuming ${options.config.output} from step-000003 (step 3)`)
       // The forced config is the run's now: resuming again with it is no change.
-      const again = yield* run({ ...changed })
+      const finished: Array<string> = []
+      const again = yield* run({ ...changed, notice: (m) => Effect.sync(() => finished.push(m)) })
       assert.strictEqual(again.fromStep, 8)
+      // A finished run resumed has nothing to do, and says so with the way on.
+      assert.include(finished.at(-1), `${options.config.output} is at step 8 and algorithm.steps is 8: nothing left`)
+      assert.include(finished.at(-1), "--steps N")
       // More steps continue the same run: no force needed, and said.
       const extended: Array<string> = []
       const longer = yield* run({
