@@ -532,13 +532,17 @@ export const rolloutFigures = (
     [`${p}/failure_share`]: infrastructureFailures(trajectories).share
   }
   const bumpKey = (key: string, by = 1) => (out[key] = (out[key] ?? 0) + by)
+  // Shares are counted, then divided: a sum of 1/n's gave 0.9999999999999999 for "all of them".
+  const shares = new Map<string, number>()
+  const bumpShare = (key: string) => shares.set(key, (shares.get(key) ?? 0) + 1)
   for (const t of trajectories) {
     const failure = failureOf(t)
     if (failure !== undefined) bumpKey(`${p}/failures/${failure}`)
-    bumpKey(`${p}/termination/${t.termination}`, 1 / trajectories.length)
-    if (t.episodeEnd !== undefined) bumpKey(`${p}/episode_end/${t.episodeEnd}`, 1 / trajectories.length)
+    bumpShare(`${p}/termination/${t.termination}`)
+    if (t.episodeEnd !== undefined) bumpShare(`${p}/episode_end/${t.episodeEnd}`)
     for (const [key, n] of Object.entries(t.metrics)) if (key.startsWith("tool_errors/")) bumpKey(`${p}/${key}`, n)
   }
+  for (const [key, n] of shares) out[key] = n / trajectories.length
   const calls = new Map<string, number>()
   for (const t of trajectories) {
     for (const m of t.messages) {

@@ -26,6 +26,15 @@ describe("Trainer.rolloutFigures", () => {
     assert.closeTo(figures["eval/accuracy_se"]!, Math.sqrt(1 / 6) / 2, 1e-12)
   })
 
+  it("termination and episode-end shares are exact: all of 10 trajectories is 1, not a sum of tenths", () => {
+    const ended = (t: ReturnType<typeof answered>, episodeEnd: string) => ({ ...t, episodeEnd })
+    const trajectories = Array.from({ length: 10 }, (_, i) => ended(answered("x"), i < 3 ? "solved" : "out"))
+    const figures = Trainer.rolloutFigures([{ groupId: "g0", rowIndex: 0, trajectories }], { prefix: "eval" })
+    assert.strictEqual(figures["eval/termination/no_tool_call"], 1)
+    assert.strictEqual(figures["eval/episode_end/solved"], 0.3)
+    assert.strictEqual(figures["eval/episode_end/out"], 0.7)
+  })
+
   it("a question answered alike by every sample adds no spread; one question has no standard error", () => {
     const same = Trainer.rolloutFigures([group(0, [true, true]), group(1, [true, true])], { prefix: "eval" })
     assert.strictEqual(same["eval/accuracy_se"], 0)
