@@ -10,6 +10,7 @@
  * @since 0.1.0
  */
 import { Effect, FileSystem, Result, Schema } from "effect"
+import * as SchemaIssues from "./internal/schemaIssues.ts"
 import * as Message from "./Message.ts"
 
 // ===== Models =====
@@ -312,13 +313,14 @@ export const refine = (
     const rows: Array<Row> = []
     const skipped: Array<RowIssue> = [...dataset.skipped]
     for (const row of dataset.rows) {
-      const decoded = decode(row.fields, { errors: "all" })
+      const decoded = decode(row.fields, SchemaIssues.decodeOptions)
       if (Result.isSuccess(decoded)) {
         // Fields the Schema does not name pass through (they may still reach a reward).
         rows.push({ ...row, index: rows.length, fields: { ...row.fields, ...(decoded.success as Record<string, unknown>) } })
         continue
       }
-      const message = decoded.failure.message.replace(/\n\s*/g, " ")
+      // As a config's problems are said: `field: what was expected, got what was given` (cut when long).
+      const message = SchemaIssues.formatIssues(fields, decoded.failure.issue).join("; ")
       if (options.onInvalid === "skip") {
         skipped.push({ line: row.line, message })
       } else {

@@ -1,6 +1,6 @@
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Result } from "effect"
+import { Effect, Result, Schema } from "effect"
 import * as fc from "fast-check"
 import { mkdtempSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
@@ -100,6 +100,22 @@ describe("Dataset", () => {
       assert.strictEqual(missing.reason, "Unreadable")
       assert.strictEqual(missing.message, "/nonexistent/rows.jsonl: no such file")
     }).pipe(Effect.provide(NodeServices.layer)))
+
+  it.effect("a row whose fields the task's Schema refuses is named by line and field, with the value given", () =>
+    Effect.gen(function*() {
+      const text = `{"question": "q", "key": "red"}\n{"question": "q"}\n{"question": "q", "key": "purple"}\n`
+      const fields = Schema.Struct({ key: Schema.Literals(["red", "blue"]) })
+      const missing = yield* failure(Effect.flatMap(Dataset.parse("t.jsonl", text), (ds) => Dataset.refine(ds, fields)))
+      assert.strictEqual(missing.message, "t.jsonl:2: key: missing")
+      const skipped = yield* Effect.flatMap(
+        Dataset.parse("t.jsonl", text),
+        (ds) => Dataset.refine(ds, fields, { onInvalid: "skip" })
+      )
+      assert.deepStrictEqual(skipped.skipped.map((s) => s.message), [
+        "key: missing",
+        `key: Expected "red" | "blue", got "purple"`
+      ])
+    }))
 
   it.effect("loads a file from disk", () =>
     Effect.gen(function*() {
