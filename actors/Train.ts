@@ -244,6 +244,20 @@ export const presetMismatch = (
 }
 
 /**
+ * A dataset's bad row, with the config key that skips such rows instead of stopping (`data.onInvalidRow`).
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const withSkipHint = <E>(error: E): E =>
+  error instanceof Dataset.DatasetError && error.reason === "InvalidRow"
+    ? new Dataset.DatasetError({
+      ...error,
+      message: `${error.message} (fix the row, or skip such rows: "data": { "onInvalidRow": "skip" })`
+    }) as E
+    : error
+
+/**
  * The files whose presence says that a directory holds a run.
  */
 const runFiles = ["metrics.jsonl", "journal.jsonl", "checkpoints"]
@@ -285,17 +299,19 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
   // Datasets first: a bad row stops the run before anything is written.
   const onInvalid = requested.data.onInvalidRow
   const fields = task.row
-  // A file that cannot be read is named with the config key that gave it (`from`).
-  const train = yield* Dataset.load(requested.data.train, { onInvalid, fields, from: "data.train" })
+  // A file that cannot be read is named with the config key that gave it (`from`); a bad row, with the way past it.
+  const load = (file: string, options: Dataset.Options) =>
+    Dataset.load(file, { onInvalid, ...options }).pipe(Effect.mapError(withSkipHint))
+  const train = yield* load(requested.data.train, { fields, from: "data.train" })
   const evalSet = requested.data.eval === undefined
     ? undefined
-    : yield* Dataset.load(requested.data.eval, { onInvalid, fields, from: "data.eval" })
+    : yield* load(requested.data.eval, { fields, from: "data.eval" })
   const demos = requested.warmup === undefined
     ? undefined
-    : yield* Dataset.load(requested.warmup.data, { onInvalid, kind: "conversation", from: "warmup.data" })
+    : yield* load(requested.warmup.data, { kind: "conversation", from: "warmup.data" })
   const validation = requested.warmup?.stopAt === undefined
     ? undefined
-    : yield* Dataset.load(requested.warmup.stopAt.data, { onInvalid, fields, from: "warmup.stopAt.data" })
+    : yield* load(requested.warmup.stopAt.data, { fields, from: "warmup.stopAt.data" })
   for (const ds of [train, evalSet, demos, validation]) {
     for (const issue of ds?.skipped ?? []) yield* say(`skipped ${ds!.name}:${issue.line}: ${issue.message}`)
   }

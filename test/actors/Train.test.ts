@@ -237,6 +237,21 @@ describe("Train.run", () => {
       assert.include((refused as TrainConfig.ConfigError).message, "must be a whole number ≥ 1, got 0")
     }).pipe(Effect.provide(NodeServices.layer)))
 
+  it.effect("a dataset's bad row stops the run naming the key that skips such rows", () =>
+    Effect.gen(function*() {
+      const dir = mkdtempSync(join(tmpdir(), "train-badrow-"))
+      writeFileSync(join(dir, "t.jsonl"), `{"question": "Guess my number.", "secret": 3}\n{"question": "Guess my number."}\n`)
+      const refused = yield* Effect.flip(Train.run({
+        task,
+        dir,
+        config: { output: "run", model: { path: "model", preset: "tiny" }, data: { train: "t.jsonl" }, algorithm: { steps: 1 } }
+      }))
+      assert.strictEqual(
+        refused.message,
+        `${join(dir, "t.jsonl")}:2: secret: missing (fix the row, or skip such rows: "data": { "onInvalidRow": "skip" })`
+      )
+    }).pipe(Effect.provide(NodeServices.layer)))
+
   it("a model.preset other than the existing folder's architecture is said, since only a missing folder uses it", () => {
     const model = { path: "runs/models/m", preset: "small" }
     const said = Train.presetMismatch(model, ModelConfig.presets.tiny)
