@@ -855,13 +855,31 @@ const changesSinceStart = Effect.fnUntraced(function*(
       Effect.map((config) => JSON.parse(JSON.stringify(config)) as unknown),
       Effect.orElseSucceed(() => recorded)
     )
-    return TrainConfig.changes(normalized, current, ["output"])
+    return TrainConfig.changes(withRecordedTask(normalized, current), current, ["output"])
   }
   const start = journal.entries.map((e) => e.entry).find((e) => e.kind === "start")
   return start?.kind === "start"
     ? TrainConfig.changes({ seed: start.seed, mode: start.mode }, { seed: config.seed, mode: config.mode })
     : []
 })
+
+/**
+ * A recorded config whose task module path is relative (written before such paths were resolved) names it from a
+ * config file no longer known: the current config's absolute path to a module of the same file name is taken as it.
+ */
+export const withRecordedTask = (recorded: unknown, current: unknown): unknown => {
+  const nameOf = (config: unknown) => {
+    const task = typeof config === "object" && config !== null ? (config as { task?: unknown }).task : undefined
+    return typeof task === "string" ? task : (task as { name?: unknown } | undefined)?.name
+  }
+  const [before, after] = [nameOf(recorded), nameOf(current)]
+  if (typeof before !== "string" || typeof after !== "string" || !Task.isModulePath(before)) return recorded
+  if (before.startsWith("/") || !after.startsWith("/") || before.split("/").at(-1) !== after.split("/").at(-1)) {
+    return recorded
+  }
+  const task = (recorded as { task: unknown }).task
+  return { ...(recorded as object), task: typeof task === "string" ? after : { ...(task as object), name: after } }
+}
 
 /** Stops the run when a step's loss is not finite (whatever the policy behind it checks itself). */
 const finiteLoss = (what: string, key: string) => (figures: Figures) => {

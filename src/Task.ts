@@ -409,8 +409,13 @@ export const withDefaults = (task: Any, raw: unknown): unknown => {
  */
 export const refName = (ref: Ref): string => (typeof ref === "string" ? ref : ref.name)
 
-/** Module paths are relative or absolute and end in a script extension; anything else is a built-in name. */
-const isModulePath = (name: string): boolean => /\.(m?[jt]s)$/.test(name) || name.startsWith(".") || name.startsWith("/")
+/**
+ * Module paths are relative or absolute and end in a script extension; anything else is a built-in name.
+ *
+ * @category predicates
+ * @since 0.1.0
+ */
+export const isModulePath = (name: string): boolean => /\.(m?[jt]s)$/.test(name) || name.startsWith(".") || name.startsWith("/")
 
 /**
  * The task of a definition: a task as is (it takes no options), or a {@link withOptions} function applied to them.

@@ -21,7 +21,7 @@ import * as Yaml from "yaml"
 import * as Advantage from "./Advantage.ts"
 import * as SchemaIssues from "./internal/schemaIssues.ts"
 import * as ModelPresets from "./model/ModelConfig.ts"
-import { Ref as TaskRef } from "./Task.ts"
+import { isModulePath, Ref as TaskRef } from "./Task.ts"
 
 // ===== Schema =====
 
@@ -687,6 +687,9 @@ export const changes = (before: unknown, after: unknown, ignore: ReadonlyArray<s
  */
 export const resolvePaths = (config: TrainConfig, resolve: (p: string) => string): TrainConfig => ({
   ...config,
+  // A task module's path too: the run's recorded config.json is then a config that `agentfly eval` and a resume
+  // can be given from anywhere (left relative, it named a module beside the run's output).
+  ...(config.task === undefined ? {} : { task: resolveTask(config.task, resolve) }),
   output: resolve(config.output),
   model: {
     ...config.model,
@@ -708,6 +711,11 @@ export const resolvePaths = (config: TrainConfig, resolve: (p: string) => string
     }
   })
 })
+
+const resolveTask = (ref: TaskRef, resolve: (p: string) => string): TaskRef =>
+  typeof ref === "string"
+    ? (isModulePath(ref) ? resolve(ref) : ref)
+    : (isModulePath(ref.name) ? { ...ref, name: resolve(ref.name) } : ref)
 
 const readModule = (file: string) =>
   Effect.tryPromise({

@@ -445,6 +445,19 @@ describe("Trainer", () => {
       assert.strictEqual(older.fromStep, 10)
     }).pipe(Effect.provide(NodeServices.layer)))
 
+  it("a recorded config's relative task module path is the current absolute one of the same file, for resume", () => {
+    const current = { seed: 1, task: "/work/rooms/task.ts" }
+    assert.deepStrictEqual(Trainer.withRecordedTask({ seed: 1, task: "./task.ts" }, current), current)
+    assert.deepStrictEqual(
+      Trainer.withRecordedTask({ task: { name: "./task.ts", options: { a: 1 } } }, { task: { name: "/r/task.ts" } }),
+      { task: { name: "/r/task.ts", options: { a: 1 } } }
+    )
+    // Another module, a built-in name or an absolute recorded path stay what they were: a change.
+    for (const task of ["./other.ts", "calculator", "/elsewhere/task.ts"]) {
+      assert.deepStrictEqual(Trainer.withRecordedTask({ task }, current), { task })
+    }
+  })
+
   it.effect("resume without a checkpoint starts over; a missing checkpoint directory is skipped", () =>
     Effect.gen(function*() {
       const options = yield* setup({}, { steps: 2 })

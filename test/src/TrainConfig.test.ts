@@ -261,6 +261,14 @@ describe("TrainConfig", () => {
       assert.strictEqual(b.model.path, join(dir, "m"))
       const c = yield* TrainConfig.load(join(dir, "c.ts"))
       assert.strictEqual(c.task, "calculator")
+      // A task module's path is resolved too (the run records it: its config.json then works from anywhere).
+      writeFileSync(join(dir, "f.json"), JSON.stringify({ ...minimal, task: "./task.ts" }))
+      assert.strictEqual((yield* TrainConfig.load(join(dir, "f.json"))).task, join(dir, "task.ts"))
+      writeFileSync(join(dir, "g.json"), JSON.stringify({ ...minimal, task: { name: "../t/task.ts", options: { n: 1 } } }))
+      assert.deepStrictEqual((yield* TrainConfig.load(join(dir, "g.json"))).task, {
+        name: join(dir, "../t/task.ts"),
+        options: { n: 1 }
+      })
       writeFileSync(join(dir, "d.json"), JSON.stringify({
         ...minimal,
         warmup: { data: "demos.jsonl", steps: 900, stopAt: { data: "data/validation.jsonl", accuracy: 0.3 } }
