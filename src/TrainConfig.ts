@@ -771,7 +771,13 @@ export const read = Effect.fn("TrainConfig.read")(function*(file: string) {
   }
   if ([".json", ".yaml", ".yml"].includes(extension)) {
     const text = yield* fs.readFileString(absolute).pipe(
-      Effect.mapError((e) => new ConfigError({ source: file, reason: "Unreadable", issues: [e.message] }))
+      Effect.mapError((e) =>
+        new ConfigError({
+          source: file,
+          reason: "Unreadable",
+          issues: [e.reason._tag === "NotFound" ? `no such file (${absolute})` : e.message]
+        })
+      )
     )
     const raw = yield* Effect.try({
       // YAML is a superset of JSON; the yaml parser reports line and column for both.
@@ -780,10 +786,19 @@ export const read = Effect.fn("TrainConfig.read")(function*(file: string) {
     })
     return { file, dir, raw, exports: {} } satisfies Source
   }
+  // A run's output directory is the usual slip (`agentfly eval runs/x`): it holds the config the run resolved.
+  const isDirectory = yield* fs.stat(absolute).pipe(Effect.map((info) => info.type === "Directory"), Effect.orElseSucceed(() => false))
+  const recorded = path.join(absolute, "config.json")
   return yield* new ConfigError({
     source: file,
     reason: "UnsupportedFormat",
-    issues: [`expected .json, .yaml, .yml, .ts or .js, got "${extension}"`]
+    issues: [
+      !isDirectory
+        ? `expected .json, .yaml, .yml, .ts or .js, got "${extension}"`
+        : (yield* fs.exists(recorded).pipe(Effect.orElseSucceed(() => false)))
+        ? `a directory, not a config file; the run there recorded its config: give ${recorded}`
+        : `a directory, not a config file (.json, .yaml, .yml, .ts or .js)`
+    ]
   })
 })
 

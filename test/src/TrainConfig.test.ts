@@ -1,7 +1,7 @@
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Result } from "effect"
-import { mkdtempSync, writeFileSync } from "node:fs"
+import { mkdirSync, mkdtempSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { dirname, join } from "node:path"
 import { fileURLToPath } from "node:url"
@@ -294,7 +294,17 @@ describe("TrainConfig", () => {
       assert.strictEqual((yield* failure(TrainConfig.load(join(dir, "bad.json")))).reason, "Syntax")
       assert.strictEqual((yield* failure(TrainConfig.load(join(dir, "dup.yaml")))).reason, "Syntax")
       assert.strictEqual((yield* failure(TrainConfig.load(join(dir, "x.toml")))).reason, "UnsupportedFormat")
-      assert.strictEqual((yield* failure(TrainConfig.load(join(dir, "none.json")))).reason, "Unreadable")
+      const none = yield* failure(TrainConfig.load(join(dir, "none.json")))
+      assert.strictEqual(none.reason, "Unreadable")
+      assert.deepStrictEqual(none.issues, [`no such file (${join(dir, "none.json")})`])
+      // A directory is no config; a run's output directory names the config it recorded.
+      mkdirSync(join(dir, "run"))
+      assert.include((yield* failure(TrainConfig.load(join(dir, "run")))).message, "a directory, not a config file (")
+      writeFileSync(join(dir, "run", "config.json"), "{}")
+      assert.include(
+        (yield* failure(TrainConfig.load(join(dir, "run")))).message,
+        `a directory, not a config file; the run there recorded its config: give ${join(dir, "run", "config.json")}`
+      )
       // A task module without a config says so, and how to train its task.
       writeFileSync(join(dir, "task.mjs"), "export const task = {}\n")
       const bare = yield* failure(TrainConfig.load(join(dir, "task.mjs")))
