@@ -121,7 +121,8 @@ export const make = <R>(reward: Reward.Reward<R>, options: Options): Effect.Effe
           `${failure.message} (${failure.reason}; ${options.onError} policy: ` +
             `${options.onError === "zero" ? "scored 0" : "dropped"}). Later failures of this reward are counted, ` +
             `at most one line per ${Duration.format(repeatLogInterval)}`,
-          cause
+          // A bug's stack points at the scorer; a score, a row or a timeout refused by the runtime, only at it.
+          failure.reason === "Defect" || failure.reason === "ScoreFailed" ? cause : Cause.empty
         )
       }
       repeats = { ...repeats, count: repeats.count + 1, last: failure.message }

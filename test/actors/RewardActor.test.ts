@@ -109,6 +109,14 @@ describe("RewardActor", () => {
       })
       yield* scoreAll([13])
       assert.strictEqual(logs.length, 2, "the next count waits for the next 30s")
+      // A score the runtime refuses (NaN) is said without a stack: it would point into the runtime, not the scorer.
+      const nan = yield* RewardActor.make(Reward.make("nan", { score: () => Effect.succeed(NaN) }), { onError: "zero" })
+      yield* nan.score(answered("x"))
+      assert.deepStrictEqual(logs[2], {
+        message: `reward "nan": reward is NaN, not a finite number (InvalidScore; zero policy: scored 0). Later ` +
+          `failures of this reward are counted, at most one line per 30s`,
+        cause: false
+      })
     }).pipe(Effect.provideService(Logger.CurrentLoggers, new Set([collector])))
   })
 
