@@ -104,6 +104,19 @@ export const configOf = (
         ]
       })
     )
+    // The override's own error, as for --steps: the config file does not hold the value refused.
+    : overrides.seed !== undefined &&
+        !(Number.isInteger(overrides.seed) && overrides.seed >= 0 && overrides.seed <= 0xffff_ffff)
+    ? Effect.fail(
+      new TrainConfig.ConfigError({
+        source: "--seed",
+        reason: "Invalid",
+        issues: [
+          `seed: the override (--seed, or seed in code) must be a whole number from 0 to 4294967295, got ` +
+          overrides.seed
+        ]
+      })
+    )
     : unknownDefaults(task).length > 0
     ? Effect.fail(new TrainConfig.ConfigError({ source: `task ${task.name}`, reason: "Invalid", issues: unknownDefaults(task) }))
     : Effect.flatMap(Path.Path, (path) =>

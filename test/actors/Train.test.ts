@@ -224,7 +224,7 @@ describe("Train.run", () => {
       )
     }).pipe(Effect.provide(NodeServices.layer)))
 
-  it.effect("a steps override below 1 names the override, not the config file", () =>
+  it.effect("a steps override below 1 or a seed override out of range names the override, not the config file", () =>
     Effect.gen(function*() {
       const refused = yield* Effect.flip(Train.run({
         task,
@@ -235,6 +235,17 @@ describe("Train.run", () => {
       assert.instanceOf(refused, TrainConfig.ConfigError)
       assert.strictEqual((refused as TrainConfig.ConfigError).source, "--steps")
       assert.include((refused as TrainConfig.ConfigError).message, "must be a whole number ≥ 1, got 0")
+      const seed = yield* Effect.flip(Train.run({
+        task,
+        dir: mkdtempSync(join(tmpdir(), "train-seed-")),
+        config: { output: "run", model: { path: "model", preset: "tiny" }, data: { train: "t.jsonl" }, algorithm: { steps: 3 } },
+        seed: -1
+      }))
+      assert.strictEqual(
+        seed.message,
+        "--seed: invalid config\n  seed: the override (--seed, or seed in code) must be a whole number from 0 to " +
+          "4294967295, got -1"
+      )
     }).pipe(Effect.provide(NodeServices.layer)))
 
   it.effect("a dataset's bad row stops the run naming the key that skips such rows", () =>
