@@ -335,14 +335,18 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
     return problem === undefined ? [] : [{ row, problem }]
   })
   if (demoProblems.length > 0 && onInvalid !== "skip") {
-    return yield* new TrainConfig.ConfigError({
-      source: requested.warmup!.data,
-      reason: "Invalid",
-      issues: [
-        ...demoProblems.slice(0, 5).map(({ problem, row }) => `line ${row.line}: ${problem}`),
-        ...(demoProblems.length > 5 ? [`… and ${demoProblems.length - 5} more demonstrations`] : [])
-      ]
-    })
+    // A dataset's bad rows, as a training file's are (`FILE:LINE: why`), not an "invalid config".
+    return yield* Effect.fail(withSkipHint(
+      new Dataset.DatasetError({
+        dataset: demos!.name,
+        reason: "InvalidRow",
+        line: demoProblems[0]!.row.line,
+        message: [
+          ...demoProblems.slice(0, 5).map(({ problem, row }) => `${demos!.name}:${row.line}: ${problem}`),
+          ...(demoProblems.length > 5 ? [`… and ${demoProblems.length - 5} more demonstrations`] : [])
+        ].join("\n")
+      })
+    ))
   }
   for (const { problem, row } of demoProblems) yield* say(`skipped ${demos!.name}:${row.line}: ${problem}`)
   const warmupRows = demoProblems.length === 0 ? demos : {

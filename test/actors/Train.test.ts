@@ -11,6 +11,7 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as Train from "../../actors/Train.ts"
 import * as Generate from "../../examples/guess/generate.ts"
+import * as Dataset from "../../src/Dataset.ts"
 import * as ModelConfig from "../../src/model/ModelConfig.ts"
 import { task } from "../../examples/guess/task.ts"
 import type * as Task from "../../src/Task.ts"
@@ -157,11 +158,15 @@ describe("Train.run", () => {
       const misspelt = yield* Effect.flip(Train.run({ task, dir, config: { ...config, data: { train: "data/trian.jsonl" } }, tty: false }))
       assert.strictEqual((misspelt as Error).message, `data.train: ${join(dir, "data/trian.jsonl")}: no such file`)
       const refused = yield* Effect.flip(Train.run({ task, dir, config, write: (t) => void lines.push(t), tty: false }))
-      assert.instanceOf(refused, TrainConfig.ConfigError)
-      const message = (refused as TrainConfig.ConfigError).message
-      assert.include(message, `line 1: messages[1] calls "search_web", which task ${task.name} does not have`)
-      assert.include(message, `line 2: messages[1]: invalid arguments for tool "${toolName}"`)
-      assert.include(message, `line 3: messages[1]: invalid arguments for tool "${toolName}"`, "string arguments too")
+      // A data file's bad lines, each named FILE:LINE as a training file's rows are (not an "invalid config").
+      assert.instanceOf(refused, Dataset.DatasetError)
+      const message = (refused as Dataset.DatasetError).message
+      const demos = join(dir, "data", "demos.jsonl")
+      assert.include(message, `${demos}:1: messages[1] calls "search_web", which task ${task.name} does not have`)
+      assert.include(message, `${demos}:2: messages[1]: invalid arguments for tool "${toolName}"`)
+      assert.include(message, `${demos}:3: messages[1]: invalid arguments for tool "${toolName}"`, "string arguments too")
+      assert.notInclude(message, "invalid config")
+      assert.include(message, `skip such rows: "data": { "onInvalidRow": "skip" }`)
       assert.isFalse(existsSync(join(dir, "run", "metrics.jsonl")), "nothing trained")
       assert.isFalse(existsSync(join(dir, "model")), "stopped before the model folder")
     }).pipe(Effect.provide(NodeServices.layer)))
