@@ -122,8 +122,12 @@ export const configOf = (
     : Effect.flatMap(Path.Path, (path) =>
     TrainConfig.fromSource(source, (raw) => {
       const withDefaults = asRecord(Task.withDefaults(task, raw))
+      // A module run directly (`agentfly train task.ts`) records itself as the task: the run's config.json then
+      // names it, for `agentfly eval RUN/config.json` and the resume that names that file.
+      const itself = source.exports["task"] !== undefined && withDefaults["task"] === undefined
       return {
         ...withDefaults,
+        ...(itself ? { task: path.resolve(source.file) } : {}),
         ...(overrides.seed === undefined ? {} : { seed: overrides.seed }),
         ...(overrides.output === undefined ? {} : { output: path.resolve(overrides.output) }),
         ...(overrides.steps === undefined

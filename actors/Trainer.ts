@@ -865,7 +865,11 @@ const changesSinceStart = Effect.fnUntraced(function*(
 
 /**
  * A recorded config whose task module path is relative (written before such paths were resolved) names it from a
- * config file no longer known: the current config's absolute path to a module of the same file name is taken as it.
+ * config file no longer known: the current config's absolute path to a module of the same file name is taken as it;
+ * so is the current module when none was recorded (a module run directly, before it recorded itself).
+ *
+ * @category getters
+ * @since 0.1.0
  */
 export const withRecordedTask = (recorded: unknown, current: unknown): unknown => {
   const nameOf = (config: unknown) => {
@@ -873,6 +877,10 @@ export const withRecordedTask = (recorded: unknown, current: unknown): unknown =
     return typeof task === "string" ? task : (task as { name?: unknown } | undefined)?.name
   }
   const [before, after] = [nameOf(recorded), nameOf(current)]
+  // Unset: a module run directly, recorded before it named itself.
+  if (before === undefined && typeof after === "string" && Task.isModulePath(after) && typeof recorded === "object") {
+    return { ...(recorded as object), task: (current as { task: unknown }).task }
+  }
   if (typeof before !== "string" || typeof after !== "string" || !Task.isModulePath(before)) return recorded
   if (before.startsWith("/") || !after.startsWith("/") || before.split("/").at(-1) !== after.split("/").at(-1)) {
     return recorded

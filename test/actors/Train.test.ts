@@ -268,6 +268,16 @@ describe("Train.run", () => {
       )
     }).pipe(Effect.provide(NodeServices.layer)))
 
+  it.effect("a module run directly records itself as the task; a config's own task key is kept", () =>
+    Effect.gen(function*() {
+      const raw = { output: "run", model: { path: "model" }, data: { train: "t.jsonl" }, algorithm: { steps: 1 } }
+      const source = { file: "mytask/task.ts", dir: join(process.cwd(), "mytask"), raw, exports: { task, config: raw } }
+      assert.strictEqual((yield* Train.configOf(task, source)).task, join(process.cwd(), "mytask", "task.ts"))
+      const named = { ...source, raw: { ...raw, task: "./other.ts" } }
+      assert.strictEqual((yield* Train.configOf(task, named)).task, join(process.cwd(), "mytask", "other.ts"))
+      assert.isUndefined((yield* Train.configOf(task, { ...source, exports: {} })).task, "a task given in code")
+    }).pipe(Effect.provide(NodeServices.layer)))
+
   it("a model.preset other than the existing folder's architecture is said, since only a missing folder uses it", () => {
     const model = { path: "runs/models/m", preset: "small" }
     const said = Train.presetMismatch(model, ModelConfig.presets.tiny)

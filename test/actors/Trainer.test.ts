@@ -452,6 +452,9 @@ describe("Trainer", () => {
       Trainer.withRecordedTask({ task: { name: "./task.ts", options: { a: 1 } } }, { task: { name: "/r/task.ts" } }),
       { task: { name: "/r/task.ts", options: { a: 1 } } }
     )
+    // None recorded: a module run directly, recorded before it named itself.
+    assert.deepStrictEqual(Trainer.withRecordedTask({ seed: 1 }, current), current)
+    assert.deepStrictEqual(Trainer.withRecordedTask({ seed: 1 }, { seed: 1, task: "calculator" }), { seed: 1 })
     // Another module, a built-in name or an absolute recorded path stay what they were: a change.
     for (const task of ["./other.ts", "calculator", "/elsewhere/task.ts"]) {
       assert.deepStrictEqual(Trainer.withRecordedTask({ task }, current), { task })
