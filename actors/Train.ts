@@ -332,6 +332,14 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
   for (const ds of [train, evalSet, demos, validation]) {
     for (const issue of ds?.skipped ?? []) yield* say(`skipped ${ds!.name}:${issue.line}: ${issue.message}`)
   }
+  // A size above the split's rows evaluates on all of them: said, since the figures' questions are fewer than asked.
+  const evalSize = requested.eval.size
+  if (evalSet !== undefined && evalSize !== undefined && evalSize > evalSet.rows.length) {
+    yield* say(
+      `eval.size ${evalSize} is more than the ${evalSet.rows.length} rows of data.eval (${evalSet.name}): ` +
+        `every evaluation uses all ${evalSet.rows.length}`
+    )
+  }
   // Demonstrations that call a tool the task lacks, or with arguments it refuses, would teach the policy calls that
   // fail: they stop the run here (or are skipped, with data.onInvalidRow "skip") instead of after the warm-up.
   const demoProblems = demos === undefined ? [] : demos.rows.flatMap((row) => {

@@ -278,6 +278,31 @@ describe("Train.run", () => {
       assert.isUndefined((yield* Train.configOf(task, { ...source, exports: {} })).task, "a task given in code")
     }).pipe(Effect.provide(NodeServices.layer)))
 
+  it.effect("an eval.size above the held-out rows is said: every evaluation uses all of them", () =>
+    Effect.gen(function*() {
+      const dir = mkdtempSync(join(tmpdir(), "train-evalsize-"))
+      writeFileSync(join(dir, "t.jsonl"), `{"question": "Guess my number.", "secret": 3}\n`)
+      const lines: Array<string> = []
+      // No model folder and no preset: the run stops after the datasets are read.
+      yield* Effect.flip(Train.run({
+        task,
+        dir,
+        config: {
+          output: "run",
+          model: { path: "model" },
+          data: { train: "t.jsonl", eval: "t.jsonl" },
+          eval: { size: 50 },
+          algorithm: { steps: 1 }
+        },
+        write: (t) => void lines.push(t),
+        tty: false
+      }))
+      assert.include(
+        lines.join(""),
+        `eval.size 50 is more than the 1 rows of data.eval (${join(dir, "t.jsonl")}): every evaluation uses all 1`
+      )
+    }).pipe(Effect.provide(NodeServices.layer)))
+
   it("a model.preset other than the existing folder's architecture is said, since only a missing folder uses it", () => {
     const model = { path: "runs/models/m", preset: "small" }
     const said = Train.presetMismatch(model, ModelConfig.presets.tiny)
