@@ -9,7 +9,7 @@
  *
  * @since 0.1.0
  */
-import { Console, Effect, Option } from "effect"
+import { Console, Effect, FileSystem, Option } from "effect"
 import { CliError, Command, Flag } from "effect/cli"
 import * as ChatTemplate from "../src/ChatTemplate.ts"
 import * as Tokenizer from "../src/Tokenizer.ts"
@@ -79,6 +79,32 @@ const toUserError = (error: { readonly _tag: string; readonly reason: string; re
   new CliError.UserError({ cause: error, userMessage: `${error._tag} (${error.reason}): ${error.message}` })
 
 /**
+ * The value on line `line` (1-based, as a dataset's errors number them) of a JSONL file.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const readJsonlLine = Effect.fn("agentfly.tokens.readJsonlLine")(function*(file: string, line: number) {
+  const fs = yield* FileSystem.FileSystem
+  const text = yield* fs.readFileString(file).pipe(
+    Effect.mapError(() => new Tokenizer.TokenizerError({ reason: "NotFound", message: `cannot read ${file}` }))
+  )
+  const lines = text.split("\n")
+  const picked = lines[line - 1]?.trim() ?? ""
+  if (line < 1 || picked === "") {
+    const count = lines.filter((l) => l.trim() !== "").length
+    return yield* new Tokenizer.TokenizerError({
+      reason: "InvalidJson",
+      message: `${file}:${line}: no conversation on that line (the file has ${count} non-empty lines; --line N picks one)`
+    })
+  }
+  return yield* Effect.try({
+    try: () => JSON.parse(picked) as unknown,
+    catch: () => new Tokenizer.TokenizerError({ reason: "InvalidJson", message: `${file}:${line} is not valid JSON` })
+  })
+})
+
+/**
  * @category commands
  * @since 0.1.0
  */
@@ -95,14 +121,21 @@ export const tokens = Command.make(
       Flag.withDescription("Use a built-in template instead of the folder's chat_template"),
       Flag.optional
     ),
+    line: Flag.Int("line").pipe(
+      Flag.withDescription("For a JSONL file (a dataset, demonstrations): the line whose conversation to show (default 1)"),
+      Flag.optional
+    ),
     json: Flag.Boolean("json").pipe(
       Flag.withDescription("Print { ids, mask, sources, segments, segmentLengths } as JSON"),
       Flag.withDefault(false)
     )
   },
-  Effect.fn("agentfly.tokens")(function*({ conversation, json, modelDir, template }) {
-    // The conversation first: a malformed file fails before the (slow) tokenizer load.
-    const file = yield* Tokenizer.readJsonFile(conversation)
+  Effect.fn("agentfly.tokens")(function*({ conversation, json, line, modelDir, template }) {
+    // The conversation first: a malformed file fails before the (slow) tokenizer load. A JSONL file (the
+    // demonstrations a run trains on) gives one line's: the line an error named (`demos.jsonl:7: …`).
+    const file = conversation.endsWith(".jsonl") || Option.isSome(line)
+      ? yield* readJsonlLine(conversation, Option.getOrElse(line, () => 1))
+      : yield* Tokenizer.readJsonFile(conversation)
     const { messages, tools } = yield* ChatTemplate.decodeConversation(file)
     const tokenizer = yield* Tokenizer.load(modelDir)
     const chatTemplate = Option.isSome(template)
