@@ -71,7 +71,12 @@ export const play = Effect.fn("cli.oracle.play")(function*(file: string, rows = 
   const { task, config } = yield* Setup.load(file)
   const names = [...Object.keys(oracles), "swe"]
   if (!names.includes(task.name)) {
-    return yield* Effect.fail(new Error(`task ${task.name} has no oracle here (oracles: ${names.join(", ")})`))
+    return yield* Effect.fail(
+      new Error(
+        `task ${task.name} has no oracle here (the prebuilt ones: ${names.join(", ")}); a task of your own plays its ` +
+          "oracle from code: Oracle.rollout({ task, rows, policy }) (README: Write your own environment, An oracle)"
+      )
+    )
   }
   if (config.data.eval === undefined) return yield* Effect.fail(new Error(`${file}: data.eval names no held-out rows`))
   const data = yield* Dataset.load(config.data.eval, { fields: task.row })

@@ -5,10 +5,24 @@
  *
  * @since 0.1.0
  */
-import { Console, Effect, Option } from "effect"
+import { Console, Effect, FileSystem, Option } from "effect"
 import { Argument, Command, Flag } from "effect/cli"
 import * as Report from "../src/Report.ts"
+import * as TrainConfig from "../src/TrainConfig.ts"
 import { exitOnFailure } from "./train.ts"
+
+/** A file given where a run's folder belongs; a config file is read for the folder its run wrote. */
+const notAFile = Effect.fnUntraced(function*(path: string) {
+  const fs = yield* FileSystem.FileSystem
+  const info = yield* Effect.option(fs.stat(path))
+  if (info._tag === "None" || info.value.type !== "File") return
+  const output = yield* TrainConfig.load(path).pipe(Effect.map((c) => c.output), Effect.option)
+  return yield* new Report.ReportError({
+    dir: path,
+    message: `${path} is a file: give a run's output directory` +
+      (output._tag === "Some" ? ` (this config's run writes to ${output.value})` : "")
+  })
+})
 
 /**
  * @category commands
@@ -17,7 +31,8 @@ import { exitOnFailure } from "./train.ts"
 export const report = Command.make(
   "report",
   {
-    dirs: Argument.Directory("run-dir").pipe(
+    // Paths, checked here: a config file given for its run gets a sentence naming the run's folder, not the help.
+    dirs: Argument.String("run-dir").pipe(
       Argument.withDescription("A run's output directory; several to compare them on one page"),
       Argument.variadic({ min: 1 })
     ),
@@ -28,6 +43,7 @@ export const report = Command.make(
   },
   Effect.fn("report")(function*({ dirs, out }) {
     yield* Effect.gen(function*() {
+      yield* Effect.forEach(dirs, notAFile, { discard: true })
       if (dirs.length > 1) {
         const path = yield* Report.writeComparison(dirs, Option.getOrElse(out, () => "compare.html"))
         yield* Console.log(`wrote ${path} (${dirs.length} runs compared)`)

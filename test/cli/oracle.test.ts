@@ -68,7 +68,8 @@ describe("agentfly oracle", () => {
       assert.strictEqual(played.length, 10)
       assert.isTrue(played.every((t) => t.reward === 1), played.map((t) => t.reward).join(","))
       const none = yield* Effect.flip(OracleCli.play(config("calculator")))
-      assert.include((none as Error).message, "task calculator has no oracle here (oracles: search, webshop")
+      assert.include((none as Error).message, "task calculator has no oracle here (the prebuilt ones: search, webshop")
+      assert.include((none as Error).message, "Oracle.rollout({ task, rows, policy })")
       assert.include((none as Error).message, "science, swe)")
     }).pipe(Effect.provide(NodeServices.layer)), 120_000)
 

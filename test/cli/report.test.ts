@@ -49,6 +49,19 @@ describe("agentfly report", () => {
       assert.notInclude(result.stderr, "PlatformError")
     }
     assert.isFalse(existsSync(join(empty, "report.html")))
+    // A config given for its run: the folder it writes is named, not the command's help.
+    const config = join(root, "examples/calculator/demo.json")
+    const file = spawnSync(process.execPath, ["--import", "tsx", "cli/main.ts", "report", config], {
+      cwd: root,
+      encoding: "utf8",
+      timeout: 60_000
+    })
+    assert.strictEqual(file.status, 1)
+    assert.include(
+      file.stderr,
+      `${config} is a file: give a run's output directory (this config's run writes to ${join(root, "runs/calculator-demo")})`
+    )
+    assert.notInclude(file.stdout + file.stderr, "USAGE")
   })
 
   it("several run directories make one comparison page (--out); a folder without a run among them is refused", () => {
