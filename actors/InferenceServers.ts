@@ -22,9 +22,10 @@
  *
  * @since 0.1.0
  */
+import * as NodeHttpClient from "@effect/platform-node/NodeHttpClient"
 import { Clock, Effect, FiberSet } from "effect"
 import type { Scope } from "effect"
-import { FetchHttpClient } from "effect/http"
+import { HttpClient } from "effect/http"
 import { randomUUID } from "node:crypto"
 import * as OpenAiCompatSampler from "../src/backends/OpenAiCompatSampler.ts"
 import { Sampler, SamplerError } from "../src/Sampler.ts"
@@ -51,7 +52,7 @@ export interface Options {
    * server, pushes): its servers are not asked whether they take its weights, so it needs no weights token.
    */
   readonly pushes?: boolean | undefined
-  /** Time limit of one sampling attempt on one server (default 60 s). */
+  /** Time limit of one sampling attempt on one server (default 60 s: `engine.timeoutSeconds`). */
   readonly timeoutMs?: number | undefined
   /** Time limit of one push to one server (default 120 s). */
   readonly pushTimeoutMs?: number | undefined
@@ -182,6 +183,11 @@ export const make = Effect.fn("InferenceServers.make")(function*(
   const headers = options.token === undefined ? {} : { authorization: `Bearer ${options.token}` }
   const restMs = options.restMs ?? 1_000
   const background = yield* FiberSet.makeRuntime<never>()
+  // Sampling goes through node:http, not `fetch`: fetch gives up on an answer after 5 minutes whatever the
+  // request's own limit (`timeoutMs`), and a long answer of a large model on a loaded server can take that long.
+  const http = yield* NodeHttpClient.makeNodeHttp.pipe(
+    Effect.provideService(NodeHttpClient.HttpAgent, yield* NodeHttpClient.makeAgent({ keepAlive: true }))
+  )
 
   const modelOf = (url: string) =>
     Effect.tryPromise({
@@ -286,7 +292,7 @@ export const make = Effect.fn("InferenceServers.make")(function*(
       timeoutMs: options.timeoutMs,
       extraBody: { min_policy_version: min }
     }).pipe(
-      Effect.provide(FetchHttpClient.layer),
+      Effect.provideService(HttpClient.HttpClient, http),
       Effect.tap((sampler) =>
         Effect.sync(() => {
           server.samplers.set(min, sampler)

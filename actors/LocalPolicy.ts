@@ -149,7 +149,8 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
     urls: config.engine.servers,
     parameters: OnnxTrainer.qwen2(folder.config).parameters,
     token: process.env["AGENTFLY_WEIGHTS_TOKEN"] || undefined,
-    carrier: trainerPushes ? carrier : undefined
+    carrier: trainerPushes ? carrier : undefined,
+    timeoutMs: config.engine.timeoutSeconds === undefined ? undefined : config.engine.timeoutSeconds * 1000
   })
   // Engines decode on a thread of their own when the run asks for it (`engine.thread`; see `EngineConfig`).
   const engineThread = servers === undefined && config.engine.thread === true ? yield* EngineThread.make : undefined

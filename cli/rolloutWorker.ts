@@ -76,7 +76,12 @@ export const rolloutWorker = Command.make(
       ResourceManager.ResourceManager | Scope.Scope
     >)
     // A worker samples; the run (or its trainer server) pushes the weights: it needs no AGENTFLY_WEIGHTS_TOKEN.
-    const servers = yield* InferenceServers.make({ urls, parameters: Qwen2.parameters(folder.config), pushes: false })
+    const servers = yield* InferenceServers.make({
+      urls,
+      parameters: Qwen2.parameters(folder.config),
+      pushes: false,
+      timeoutMs: config.engine.timeoutSeconds === undefined ? undefined : config.engine.timeoutSeconds * 1000
+    })
     const key = RolloutWorker.agentKey(task.name, config)
     if (Option.isSome(queue)) {
       yield* Console.log(

@@ -380,7 +380,12 @@ export const EngineConfig = Schema.Struct({
    * process and pushes every version it publishes to all of them (`actors/InferenceServers.ts`); a run goes on while
    * one of them answers. Runs with servers do not repeat to the digit (each server batches what arrives).
    */
-  servers: Schema.optionalKey(Schema.Array(ApiRoot).check(Schema.isMinLength(1)))
+  servers: Schema.optionalKey(Schema.Array(ApiRoot).check(Schema.isMinLength(1))),
+  /**
+   * With `servers`: how long one sampling request may wait for a server's answer before it is tried elsewhere
+   * (default 60 s; a long answer of a large model on a busy server may need more).
+   */
+  timeoutSeconds: Schema.optionalKey(Schema.Int.check(Schema.isBetween({ minimum: 1, maximum: 86_400 })))
 })
 
 /**

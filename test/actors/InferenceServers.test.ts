@@ -8,6 +8,8 @@
 import * as NodeServices from "@effect/platform-node/NodeServices"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Exit, FileSystem, Scope } from "effect"
+import * as Http from "node:http"
+import type { AddressInfo } from "node:net"
 import * as InferenceServers from "../../actors/InferenceServers.ts"
 import * as OpenAiServer from "../../actors/OpenAiServer.ts"
 import { make as makeEngine, PolicyEngine } from "../../actors/PolicyEngine.ts"
@@ -157,6 +159,51 @@ describe("InferenceServers", () => {
       const request = yield* Effect.flip(servers.sampler(2).generate(greedy([1, 2, 3])))
       assert.strictEqual(request.reason, "Transport")
       assert.include(request.message, b.baseUrl)
+    }))), { timeout: 60_000 })
+
+  it.live("a request waits for a slow answer as long as its limit (engine.timeoutSeconds) allows, and not longer", () =>
+    live(Effect.scoped(Effect.gen(function*() {
+      const folder = yield* folderOf
+      const a = yield* startServer(folder)
+      // In front of the server, a proxy that holds every completion 1.2 s: a long answer of a busy server.
+      const proxy = yield* Effect.acquireRelease(
+        Effect.callback<Http.Server>((resume) => {
+          const server = Http.createServer(async (req, res) => {
+            const chunks: Array<Buffer> = []
+            for await (const chunk of req) chunks.push(chunk as Buffer)
+            if (req.url!.includes("completions")) await new Promise((r) => setTimeout(r, 1_200))
+            const reply = await fetch(`${a.baseUrl}${req.url!.replace(/^\/v1/, "")}`, {
+              method: req.method!,
+              headers: { "content-type": "application/json" },
+              ...(req.method === "GET" ? {} : { body: Buffer.concat(chunks) })
+            })
+            res.writeHead(reply.status, { "content-type": reply.headers.get("content-type") ?? "application/json" })
+            res.end(Buffer.from(await reply.arrayBuffer()))
+          })
+          server.listen(0, "127.0.0.1", () => resume(Effect.succeed(server)))
+        }),
+        (server) => Effect.sync(() => server.close())
+      )
+      const url = `http://127.0.0.1:${(proxy.address() as AddressInfo).port}/v1`
+      const parameters = Qwen2.parameters(folder.config)
+      const pusher = yield* InferenceServers.make({ urls: [a.baseUrl], parameters })
+      yield* pusher.push(1, randomWeights(folder.config, 7))
+      const patient = yield* InferenceServers.make({ urls: [url], parameters, pushes: false, timeoutMs: 5_000 })
+      const started = Date.now()
+      const answer = yield* patient.sampler(1).generate(greedy(prompts[0]!))
+      assert.isAtLeast(Date.now() - started, 1_200)
+      assert.strictEqual(answer.policyVersion, 1)
+      const hasty = yield* InferenceServers.make({
+        urls: [url],
+        parameters,
+        pushes: false,
+        timeoutMs: 400,
+        giveUpMs: 1_000,
+        restMs: 100
+      })
+      const cut = yield* Effect.flip(hasty.sampler(1).generate(greedy(prompts[0]!)))
+      assert.include(cut.message, "no inference server could serve policy version ≥ 1")
+      assert.include(cut.message, "in 400 ms")
     }))), { timeout: 60_000 })
 
   it.live("bad weights, a stale version, a wrong token and a server that takes no weights are refused", () =>
