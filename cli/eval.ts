@@ -25,6 +25,7 @@ import * as Qwen2 from "../src/model/Qwen2.ts"
 import * as ModelFolder from "../src/ModelFolder.ts"
 import { Sampler } from "../src/Sampler.ts"
 import * as TrainConfig from "../src/TrainConfig.ts"
+import type * as Trajectory from "../src/Trajectory.ts"
 import * as Setup from "./setup.ts"
 import { exitOnFailure } from "./train.ts"
 
@@ -65,6 +66,28 @@ export interface EvalResult {
   readonly figures: Trainer.Figures
   /** The error of the first trajectory that failed (an environment, a reward, a chain's defect), when one did. */
   readonly firstFailure?: string
+}
+
+/**
+ * The sentence `agentfly eval` adds for failed trajectories: how many failed for the infrastructure's reasons, the
+ * most frequent one and the first such error. A policy's own failures (a tool call cut by max tokens:
+ * `ParseFailed`) are its score, said by the invalid tool-call rate, so alone they add nothing.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const failureSentence = (
+  trajectories: ReadonlyArray<Trajectory.Trajectory>
+): { readonly sentence: string; readonly first: string } | undefined => {
+  const failures = Trainer.infrastructureFailures(trajectories)
+  const first = failures.reason === undefined ? undefined : Trainer.firstFailure(trajectories, failures.reason)
+  if (first === undefined) return undefined
+  const count = Math.round(failures.share * failures.total)
+  return {
+    sentence: `; ${count} of ${failures.total} trajectories failed (${failures.reason}), counted as wrong; ` +
+      `first: ${first}`,
+    first
+  }
 }
 
 const usage = (message: string) =>
@@ -140,8 +163,8 @@ export const run = Effect.fn("cli.eval")(function*(
   )
   // Failed trajectories score 0: said here, or a broken environment reads as a weak policy.
   const trajectories = groups.flatMap((g) => g.trajectories)
-  const failures = Trainer.infrastructureFailures(trajectories)
-  const firstFailure = Trainer.firstFailure(trajectories, failures.reason)
+  const failed = failureSentence(trajectories)
+  const firstFailure = failed?.first
   const result: EvalResult = {
     weights: options.checkpoint ?? folder.name,
     data: rows,
@@ -162,10 +185,7 @@ export const run = Effect.fn("cli.eval")(function*(
         : "") +
       ` (${result.questions} questions${options.data === undefined ? "" : ` of ${options.data}`} × ${result.samples}, ` +
       `${result.temperature === 0 ? "greedy" : `temperature ${result.temperature}`}, seed ${result.seed})` +
-      (firstFailure === undefined
-        ? ""
-        : `; ${Math.round(failures.share * failures.total)} of ${failures.total} trajectories failed ` +
-          `(${failures.reason}), counted as wrong; first: ${firstFailure}`) +
+      (failed?.sentence ?? "") +
       "\n"
   )
   if (options.output !== undefined) yield* fs.writeFileString(options.output, JSON.stringify(result, null, 2) + "\n")

@@ -15,8 +15,35 @@ import * as Eval from "../../cli/eval.ts"
 import * as Train from "../../cli/train.ts"
 import * as Generate from "../../examples/calculator/generate.ts"
 import * as ModelFolder from "../../src/ModelFolder.ts"
+import type * as Trajectory from "../../src/Trajectory.ts"
+
+const ended = (errorReason?: string, error?: string): Trajectory.Trajectory => ({
+  trajectoryId: "t",
+  groupId: "g",
+  chainId: "c",
+  messages: [],
+  segments: [],
+  termination: errorReason === undefined ? "stop" : "error",
+  reward: 0,
+  rewardStatus: "scored",
+  metrics: {},
+  trainable: true,
+  masked: false,
+  ...(errorReason === undefined ? {} : { errorReason, error: error ?? "" })
+})
 
 describe("agentfly eval", () => {
+  it("a policy's own failures (a tool call cut by max tokens) add no failure sentence; the infrastructure's do", () => {
+    const cut = ended("ParseFailed", "ParseFailed: the turn was cut by max tokens inside a tool call")
+    // It read "0 of 8 trajectories failed (undefined), counted as wrong; first: ParseFailed: ...".
+    assert.isUndefined(Eval.failureSentence([cut, ended(), cut, ended()]))
+    const broken = ended("EnvFailed", "EnvFailed: reset threw")
+    assert.deepStrictEqual(Eval.failureSentence([cut, broken, ended(), broken]), {
+      sentence: "; 2 of 4 trajectories failed (EnvFailed), counted as wrong; first: EnvFailed: reset threw",
+      first: "EnvFailed: reset threw"
+    })
+  })
+
   it.live("a checkpoint repeats its run's evaluation; flags override; bad inputs fail with their reasons", () =>
     Effect.gen(function*() {
       const dir = mkdtempSync(join(tmpdir(), "eval-"))
