@@ -53,6 +53,8 @@ describe("household task on the command line", () => {
       const run = yield* agentfly(["train", config])
       assert.strictEqual(run.code, 0, run.output)
       assert.match(run.output, /on task science/)
+      // The shipped config's turn budget holds its generator's demonstrations (it warned about itself at 32).
+      assert.notInclude(run.output, "longer than agent.maxNewTokens")
       const train = metricsOf(join(dir, "run")).filter((r) => r.phase === "train")
       assert.strictEqual(train.length, 2)
       assert.isTrue(train.every((r) => (r.figures["rollout/turns_mean"] ?? 0) > 1), JSON.stringify(train[0]))
