@@ -72,6 +72,8 @@ describe("webshop from the command line", () => {
       const run = yield* agentfly(["train", config])
       assert.strictEqual(run.code, 0, run.output)
       assert.match(run.output, /on task webshop/)
+      // The shipped config's turn budget holds the oracle's calls (it warned about itself at 80).
+      assert.notInclude(run.output, "longer than agent.maxNewTokens")
       assert.match(run.output, /held-out accuracy [\d.]+ ± [\d.]+ \(step 0\) → [\d.]+ ± [\d.]+ \(step 2\)/)
       assert.isTrue(existsSync(join(dir, "run", "report.html")))
       const records = metricsOf(join(dir, "run"))
