@@ -497,7 +497,11 @@ export const client = Effect.fn("RolloutWorker.client")(function*(
           worker.healthy = false
           yield* Effect.logWarning(
             `rollout worker ${worker.url} failed (${answer.message}); ` +
-              (workers.length > 1 ? "its share goes to another worker" : "it is the run's only worker")
+              (workers.length === 1
+                ? "it is the run's only worker"
+                : k < workers.length - 1
+                ? "its share goes to another worker"
+                : "no other worker is left to take its share")
           )
         }
       }

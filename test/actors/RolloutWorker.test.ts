@@ -7,7 +7,7 @@
  */
 import * as NodeServices from "@effect/platform-node/NodeServices"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Exit, FileSystem, Scope } from "effect"
+import { Effect, Exit, FileSystem, Logger, Scope } from "effect"
 import * as Http from "node:http"
 import type { AddressInfo } from "node:net"
 import * as ChainFormat from "../../actors/ChainFormat.ts"
@@ -243,6 +243,17 @@ describe("RolloutWorker", () => {
       const alone = yield* RolloutWorker.client({ urls: [silentUrl], agentKey: key, silenceMs: 300 })
       const silence = yield* Effect.flip(alone.collect(rows.slice(0, 1), sampling, 1))
       assert.include(silence.message, `${silentUrl} (no answer and no heartbeat for 0.3 s (hung, stopped, or cut off))`)
+      // Two workers failing one share: the second's warning says that none is left (not that another takes it).
+      const logs: Array<string> = []
+      const collector = Logger.make((o) => void logs.push((o.message as ReadonlyArray<unknown>).map(String).join(" ")))
+      const pair = yield* RolloutWorker.client({ urls: [silentUrl, silentUrl], agentKey: key, silenceMs: 300 })
+      yield* Effect.flip(pair.collect(rows.slice(0, 1), sampling, 1)).pipe(
+        Effect.provideService(Logger.CurrentLoggers, new Set([collector]))
+      )
+      assert.deepStrictEqual(logs.map((l) => l.slice(l.indexOf("); ") + 3)), [
+        "its share goes to another worker",
+        "no other worker is left to take its share"
+      ])
       for (const res of heldOpen) res.destroy()
 
       // A share that fails after its answer began (here a sampler that cannot give token ids: the run's chains
