@@ -273,6 +273,8 @@ describe("agentfly train with inference servers and rollout workers", () => {
       for (const m of trainSteps) {
         assert.strictEqual(m.figures["workers/shares"], 4)
         assert.isAbove(m.figures["rollout/policy_tokens"]!, 0)
+        // The queue workers' sampling requests are the run's.
+        assert.isAbove(m.figures["servers/requests"]!, 0)
       }
       // Both workers took shares before the kill.
       assert.isAbove(shareLines(), 0)
