@@ -19,7 +19,8 @@
  *
  * The wire: `GET /v1/worker` → `{ task, agentKey, agent }`; `POST /v1/rollouts` with `{ agentKey, rows, firstSeq,
  * rowOffset, chains, temperature, seed, version }` → 200 and NDJSON: `{ "heartbeat": true }` lines, then one line
- * `{ groups, env }` (`Trajectory.Group`, JSON codec) or `{ error: { message, code } }`. A request refused before
+ * `{ groups, env, servers }` (`Trajectory.Group`, JSON codec; the worker's environment figures and its sampling
+ * counts) or `{ error: { message, code } }`. A request refused before
  * it runs (bad body, another config, a wrong token) is a plain 4xx.
  *
  * @since 0.1.0
@@ -91,13 +92,8 @@ const heartbeat = `${JSON.stringify({ heartbeat: true })}\n`
 export const agentKey = (taskName: string, config: TrainConfig.TrainConfig): string =>
   createHash("sha256").update(JSON.stringify([taskName, config.agent])).digest("hex").slice(0, 16)
 
-/**
- * The counts of a run's inference servers that a worker's sampling adds to: what it asked of them since it last said.
- *
- * @category constants
- * @since 0.1.0
- */
-export const serverCounts = ["servers/requests", "servers/failures"] as const
+/** The counts of a run's inference servers that a worker's sampling adds to. */
+const serverCounts = ["servers/requests", "servers/failures"] as const
 
 /**
  * A worker's sampling counts since its previous read (`InferenceServers.figures`), to send with a share's groups.
