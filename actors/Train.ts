@@ -125,8 +125,14 @@ export const configOf = (
       // A module run directly (`agentfly train task.ts`) records itself as the task: the run's config.json then
       // names it, for `agentfly eval RUN/config.json` and the resume that names that file.
       const itself = source.exports["task"] !== undefined && withDefaults["task"] === undefined
+      // Its path options too (the SWE task folders' root, a catalogue): the task read them relative to this config.
+      const ref = withDefaults["task"]
+      const withPaths = Schema.is(Task.Ref)(ref)
+        ? { task: Task.resolvePathOptions(ref, task, (p) => path.resolve(source.dir, p)) }
+        : {}
       return {
         ...withDefaults,
+        ...withPaths,
         ...(itself ? { task: path.resolve(source.file) } : {}),
         ...(overrides.seed === undefined ? {} : { seed: overrides.seed }),
         ...(overrides.output === undefined ? {} : { output: path.resolve(overrides.output) }),

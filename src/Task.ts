@@ -114,6 +114,8 @@ export interface Task<RE = never, Services = any> {
   readonly correct: ((trajectory: Trajectory.Trajectory) => boolean) | undefined
   /** The services the tools and the reward declared (`dependencies`), checked when a run starts. */
   readonly needs: ReadonlyArray<Context.Key<any, any>>
+  /** The keys of its options that are paths ({@link PathOption}): a run records them absolute. */
+  readonly pathOptions: ReadonlyArray<string>
   /** Type-level only: the services the runner must provide (never set at run time). */
   readonly "~requires"?: RE | undefined
 }
@@ -298,7 +300,8 @@ export const make = <
     policies: options.policies,
     defaults: options.defaults ?? {},
     correct: options.correct,
-    needs: [...new Map(needs.map((key) => [key.key, key])).values()]
+    needs: [...new Map(needs.map((key) => [key.key, key])).values()],
+    pathOptions: []
   }
 }
 
@@ -312,7 +315,8 @@ export const isTask = (u: unknown): u is Any => typeof u === "object" && u !== n
 
 /**
  * Where a task's options come from: `resolvePath` makes a path option relative to the config file that holds it
- * (identity for options given in code).
+ * (identity for options given in code). A top-level {@link PathOption} is resolved before `make` runs; a path
+ * nested deeper is `make`'s to resolve, and a run records it as written (relative to the config, not the run).
  *
  * @category models
  * @since 0.1.0
@@ -323,9 +327,58 @@ export interface OptionsContext {
 
 const inCode: OptionsContext = { resolvePath: (path) => path }
 
+const pathAnnotation = "agentfly/Task/PathOption"
+
+/**
+ * A task option that is a path (a folder, a data file): {@link withOptions} resolves it against the config file's
+ * directory before the task is made, and a run's recorded `config.json` holds it absolute, so that the recorded
+ * config works from any directory (`agentfly eval RUN/config.json`, a resume).
+ *
+ * **Example** (an option struct)
+ *
+ * ```ts
+ * const Options = Schema.Struct({ root: Schema.optionalKey(Task.PathOption), pool: Schema.optionalKey(Schema.Int) })
+ * ```
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const PathOption = Schema.String.annotate({ [pathAnnotation]: true })
+
+/** The keys of an option struct's fields that are {@link PathOption}s (none for a schema that is not a struct). */
+const pathOptionKeys = (schema: Schema.Top): ReadonlyArray<string> => {
+  const fields = (schema as { readonly fields?: Readonly<Record<string, Schema.Top>> }).fields ?? {}
+  return Object.keys(fields).filter((key) => Schema.resolveAnnotations(fields[key]!)?.[pathAnnotation] === true)
+}
+
+/**
+ * A task reference with its path options ({@link PathOption}, the `task`'s `pathOptions`) resolved by `resolvePath`;
+ * a name, the other options and a value that is not a string are kept.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const resolvePathOptions = (ref: Ref, task: Any, resolvePath: (path: string) => string): Ref =>
+  typeof ref === "string" || ref.options === undefined
+    ? ref
+    : { ...ref, options: withResolvedPaths(ref.options, task.pathOptions, resolvePath) }
+
+const withResolvedPaths = (
+  options: Readonly<Record<string, unknown>>,
+  keys: ReadonlyArray<string>,
+  resolvePath: (path: string) => string
+): Record<string, unknown> => ({
+  ...options,
+  ...Object.fromEntries(keys.flatMap((key) => {
+    const value = options[key]
+    return typeof value === "string" ? [[key, resolvePath(value)]] : []
+  }))
+})
+
 /**
  * A task that takes options (a config's `task: { name, options }`): they are decoded strictly with `schema`
- * (unknown keys are errors) before `make` builds the task; paths among them go through `context.resolvePath`.
+ * (unknown keys are errors) before `make` builds the task; its {@link PathOption}s are resolved by
+ * `context.resolvePath` first (against the config file's directory).
  *
  * **Gotchas**
  *
@@ -339,22 +392,27 @@ export const withOptions = <S extends Schema.Top>(
   name: string,
   schema: S,
   make: (options: S["Type"], context: OptionsContext) => Task
-): (options: unknown, context?: OptionsContext) => Effect.Effect<Task, TaskError> =>
-(options, context = inCode) =>
-  Schema.decodeUnknownEffect(schema as unknown as Schema.Codec<S["Type"], unknown>)(options ?? {}, {
-    ...SchemaIssues.decodeOptions,
-    onExcessProperty: "error"
-  }).pipe(
-    Effect.map((decoded) => make(decoded, context)),
-    // As a config's keys are reported: `task options: redis: unknown key`, with a suggestion when one is near.
-    Effect.mapError((e) =>
-      new TaskError({
-        task: name,
-        reason: "Options",
-        message: `task options: ${SchemaIssues.formatIssues(schema, e.issue).join("; ")}`
-      })
+): (options: unknown, context?: OptionsContext) => Effect.Effect<Task, TaskError> => {
+  const pathOptions = pathOptionKeys(schema)
+  return (options, context = inCode) =>
+    Schema.decodeUnknownEffect(schema as unknown as Schema.Codec<S["Type"], unknown>)(options ?? {}, {
+      ...SchemaIssues.decodeOptions,
+      onExcessProperty: "error"
+    }).pipe(
+      Effect.map((decoded) => ({
+        ...make(withResolvedPaths(decoded as Record<string, unknown>, pathOptions, context.resolvePath), context),
+        pathOptions
+      })),
+      // As a config's keys are reported: `task options: redis: unknown key`, with a suggestion when one is near.
+      Effect.mapError((e) =>
+        new TaskError({
+          task: name,
+          reason: "Options",
+          message: `task options: ${SchemaIssues.formatIssues(schema, e.issue).join("; ")}`
+        })
+      )
     )
-  )
+}
 
 // ===== Getters =====
 

@@ -49,7 +49,7 @@ const Count = Schema.Int.check(Schema.isGreaterThanOrEqualTo(1))
 export const Options = Schema.Struct({
   seed: Schema.optionalKey(Schema.Int),
   passages: Schema.optionalKey(Count),
-  corpus: Schema.optionalKey(Schema.String),
+  corpus: Schema.optionalKey(Task.PathOption),
   k: Schema.optionalKey(Count),
   maxK: Schema.optionalKey(Count),
   maxSearches: Schema.optionalKey(Count),
@@ -160,5 +160,4 @@ export const make = (
  * @category constructors
  * @since 0.1.0
  */
-export const task = Task.withOptions("search", Options, (options, context) =>
-  make(options.corpus === undefined ? options : { ...options, corpus: context.resolvePath(options.corpus) }))
+export const task = Task.withOptions("search", Options, (options) => make(options)) // make's 2nd parameter: an index

@@ -37,7 +37,7 @@ const Positive = Schema.Int.check(Schema.isGreaterThanOrEqualTo(1))
  * @since 0.1.0
  */
 export const Options = Schema.Struct({
-  root: Schema.optionalKey(Schema.String),
+  root: Schema.optionalKey(Task.PathOption),
   pool: Schema.optionalKey(Positive),
   maxSteps: Schema.optionalKey(Positive),
   shellTimeoutMillis: Schema.optionalKey(Positive),
@@ -200,11 +200,9 @@ export const settings = (options: Options): Workspace.Settings => ({
  * @category constructors
  * @since 0.1.0
  */
-export const make = (options: Options = {}, context?: Task.OptionsContext): Task.Task => {
-  // A config's `root` is relative to the config file, as its other paths are.
-  const set = settings(
-    options.root === undefined || context === undefined ? options : { ...options, root: context.resolvePath(options.root) }
-  )
+export const make = (options: Options = {}): Task.Task => {
+  // A config's `root` is relative to the config file: `Task.withOptions` resolves it (a `Task.PathOption`).
+  const set = settings(options)
   return Task.make("swe", {
     description: "Fix a repository in a container until its tests pass (Harbor task folders)",
     row: Row,

@@ -37,7 +37,7 @@ const Count = Schema.Int.check(Schema.isGreaterThanOrEqualTo(1))
  * @since 0.1.0
  */
 export const Options = Schema.Struct({
-  catalog: Schema.optionalKey(Schema.String),
+  catalog: Schema.optionalKey(Task.PathOption),
   catalogSeed: Schema.optionalKey(Schema.Int),
   products: Schema.optionalKey(Count),
   pageSize: Schema.optionalKey(Count),
@@ -143,5 +143,4 @@ export const make = (options: Options = {}): Task.Task =>
  * @category constructors
  * @since 0.1.0
  */
-export const task = Task.withOptions("webshop", Options, (options, context) =>
-  make(options.catalog === undefined ? options : { ...options, catalog: context.resolvePath(options.catalog) }))
+export const task = Task.withOptions("webshop", Options, make)

@@ -1,11 +1,12 @@
 /**
  * `cli/setup.ts`: command-line overrides (`--steps`, `--seed`, `--output`) are decoded with the config file, by the
- * same Schema, so an override out of bounds fails as the key in the file would, naming it.
+ * same Schema, so an override out of bounds fails as the key in the file would, naming it. A task's path options
+ * are resolved against the config file, and the config a run records holds them absolute.
  */
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Result } from "effect"
-import { mkdtempSync, writeFileSync } from "node:fs"
+import { mkdirSync, mkdtempSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as Setup from "../../cli/setup.ts"
@@ -38,5 +39,23 @@ describe("cli setup", () => {
       const { config } = yield* Setup.load(file, { steps: 3, seed: 7 })
       assert.strictEqual(config.algorithm.steps, 3)
       assert.strictEqual(config.seed, 7)
+    }).pipe(Effect.provide(NodeServices.layer)))
+
+  it.effect("a task's path options are recorded absolute: the run's config.json loads the same from elsewhere", () =>
+    Effect.gen(function*() {
+      const dir = mkdtempSync(join(tmpdir(), "config-"))
+      const file = join(dir, "c.json")
+      writeFileSync(file, JSON.stringify({ ...minimal, task: { name: "swe", options: { root: "folders", pool: 2 } } }))
+      const { config } = yield* Setup.load(file)
+      assert.deepStrictEqual(config.task, { name: "swe", options: { root: join(dir, "folders"), pool: 2 } })
+      // As `agentfly eval RUN/config.json` reads it: the run's directory is not the config's.
+      const run = join(dir, "runs", "x")
+      mkdirSync(run, { recursive: true })
+      writeFileSync(join(run, "config.json"), JSON.stringify(config))
+      const recorded = yield* Setup.load(join(run, "config.json"))
+      assert.deepStrictEqual(recorded.config.task, config.task)
+      // A built-in name or a task without path options is kept as written.
+      writeFileSync(file, JSON.stringify({ ...minimal, task: { name: "calculator", options: { toolCallFormat: 0.2 } } }))
+      assert.deepStrictEqual((yield* Setup.load(file)).config.task, { name: "calculator", options: { toolCallFormat: 0.2 } })
     }).pipe(Effect.provide(NodeServices.layer)))
 })

@@ -126,6 +126,22 @@ describe("Task", () => {
       assert.strictEqual(error.message, `task options: n: Expected number, got "3"`)
     }))
 
+  it.effect("withOptions resolves the path options before make sees them, and the task names them", () =>
+    Effect.gen(function*() {
+      const seen: Array<unknown> = []
+      const options = Schema.Struct({ root: Schema.optionalKey(Task.PathOption), label: Schema.optionalKey(Schema.String) })
+      const pathed = Task.withOptions("pathed", options, (o) => (seen.push(o), Task.make("pathed", {})))
+      const task = yield* pathed({ root: "folders", label: "folders" }, { resolvePath: (p) => `/configs/${p}` })
+      assert.deepStrictEqual(seen, [{ root: "/configs/folders", label: "folders" }])
+      assert.deepStrictEqual(task.pathOptions, ["root"])
+      const ref = { name: "pathed", options: { root: "folders", label: "folders" } }
+      assert.deepStrictEqual(Task.resolvePathOptions(ref, task, (p) => `/configs/${p}`), {
+        name: "pathed",
+        options: { root: "/configs/folders", label: "folders" }
+      })
+      assert.deepStrictEqual(Task.make("plain", {}).pathOptions, [])
+    }))
+
   it("defaults fill a config's unset agent keys; the config's own values win", () => {
     const task = Task.make("t", { defaults: { maxTurns: 6, systemPrompt: "Be brief.", temperature: undefined } })
     assert.deepStrictEqual(Task.withDefaults(task, { agent: { maxTurns: 2 }, seed: 1 }), {
