@@ -8,8 +8,8 @@
  */
 import * as NodeRuntime from "@effect/platform-node/NodeRuntime"
 import * as NodeServices from "@effect/platform-node/NodeServices"
-import { Effect } from "effect"
-import { Command } from "effect/cli"
+import { Console, Effect } from "effect"
+import { CliOutput, Command } from "effect/cli"
 import { evaluate } from "./eval.ts"
 import { gateway } from "./gateway.ts"
 import { initModel } from "./initModel.ts"
@@ -51,7 +51,24 @@ export const agentfly = Command.make("agentfly").pipe(
   Command.withSubcommands(subcommands)
 )
 
+/**
+ * A bad invocation (an unknown flag, a value that does not parse, a missing argument) says only what was wrong and
+ * where the usage is, as a bad config does: the default printed the whole help first, which buried the one line
+ * that mattered. `--help` and a command without a subcommand still print the help.
+ *
+ * @category layers
+ * @since 0.1.0
+ */
+export const presenter = CliOutput.layerPresenter({
+  present: (event) =>
+    event._tag === "InvalidInvocation"
+      ? Console.error(
+        [...event.errors.map((e) => e.message), `See \`${event.commandPath.join(" ")} --help\`.`].join("\n")
+      )
+      : CliOutput.defaultPresenter.present(event)
+})
+
 Command.run(agentfly, { version: "0.1.0" }).pipe(
-  Effect.provide(NodeServices.layer),
+  Effect.provide([NodeServices.layer, presenter]),
   NodeRuntime.runMain
 )
