@@ -67,7 +67,7 @@ export const defaults: Task.Defaults = {
   systemPrompt,
   renderTools: false,
   maxTurns: 8,
-  maxNewTokens: 96,
+  maxNewTokens: 128,
   maxContextTokens: 1024
 }
 

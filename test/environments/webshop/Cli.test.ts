@@ -13,7 +13,9 @@ import { Effect } from "effect"
 import { existsSync, mkdtempSync, readFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
+import { fileURLToPath } from "node:url"
 import * as Catalog from "../../../environments/webshop/Catalog.ts"
+import * as WebShopTask from "../../../environments/webshop/WebShopTask.ts"
 import * as Generate from "../../../examples/webshop/generate.ts"
 import * as ByteTokenizer from "../../../src/ByteTokenizer.ts"
 import * as ChatTemplate from "../../../src/ChatTemplate.ts"
@@ -22,6 +24,7 @@ import * as Trajectory from "../../../src/Trajectory.ts"
 import * as TrajectoryBuilder from "../../../src/TrajectoryBuilder.ts"
 import { agentfly, evalCheckpoint, metricsOf, shortConfig } from "../../utils/agentfly.ts"
 
+const examples = fileURLToPath(new URL("../../../examples/webshop/", import.meta.url))
 const tokenizer = Effect.runSync(Tokenizer.make(ByteTokenizer.tokenizerJson(), ByteTokenizer.tokenizerConfig("")))
 
 const generated = (options: Partial<Generate.Options>) =>
@@ -62,6 +65,32 @@ describe("webshop from the command line", () => {
       }
       const products = yield* Catalog.parse("products.jsonl", a.text("products.jsonl"))
       assert.deepStrictEqual(products, Catalog.generate(Catalog.defaultSource.seed, Catalog.defaultSource.size))
+    }), { timeout: 120_000 })
+
+  it.live("the oracle's longest call fits the task's maxNewTokens and the shipped configs', so no turn is cut", () =>
+    Effect.gen(function*() {
+      // 200 demonstrations hold ≈ 900 calls, ≈ 4 % longer than the old budget of 96 (the longest: 107 here, 118 in
+      // 1,000 demonstrations of the generator's default seed).
+      const data = yield* generated({ demos: 200 })
+      const template = ChatTemplate.builtinTemplate("qwen2.5")
+      let longest = 0
+      for (const demo of data.read("demos.jsonl")) {
+        const built = yield* TrajectoryBuilder.fromConversation({ tokenizer, template, messages: demo["messages"] })
+        for (const span of built.segments.flatMap((s) => s.spans)) {
+          if (span.source === "policy") longest = Math.max(longest, span.tokenIds.length)
+        }
+      }
+      assert.isAbove(longest, 96, "the sample holds calls as long as those that were cut")
+      const budgets = {
+        "task default": WebShopTask.defaults.maxNewTokens!,
+        ...Object.fromEntries(["short.json", "full.json"].map((file) => [
+          file,
+          JSON.parse(readFileSync(join(examples, file), "utf8")).agent.maxNewTokens as number
+        ]))
+      }
+      for (const [where, budget] of Object.entries(budgets)) {
+        assert.isAtLeast(budget, longest, `${where}: maxNewTokens ${budget} cuts the oracle's ${longest}-token call`)
+      }
     }), { timeout: 120_000 })
 
   it.live("the short config trains through `agentfly train` and its checkpoint evaluates with `agentfly eval`", () =>
