@@ -337,6 +337,23 @@ export const isCheckStep = (
   return step >= from && (step - from) % stopAt.every === 0 && step < steps
 }
 
+/** What the warnings read of a task: its name and its defaults. */
+type TaskDefaults = Pick<Task.Any, "name" | "defaults">
+
+/**
+ * How a warning names the turn budget: its value, said to be the task's default when it is (`agent.maxNewTokens (96,
+ * task webshop's default)`), and where to raise it: a user who never wrote `agent.maxNewTokens` would otherwise look
+ * for it in their config and not find it. Known by value (the config's origin is gone by here): a config that sets
+ * the task's own value reads the same, and raising it in the config is the fix either way.
+ */
+const turnBudget = (maxNewTokens: number, task: TaskDefaults | undefined) =>
+  task?.defaults.maxNewTokens === maxNewTokens
+    ? {
+      value: `${maxNewTokens}, task ${task.name}'s default`,
+      raise: `raise agent.maxNewTokens in the config (it overrides the task's default)`
+    }
+    : { value: `${maxNewTokens}`, raise: `raise agent.maxNewTokens` }
+
 /**
  * What a step's terminations say about the token budgets: half the chains or more ending with a turn cut at
  * `maxNewTokens` (termination `stop`), a quarter or more ending at `maxContextTokens` (`context_length`).
@@ -349,8 +366,11 @@ export const budgetWarnings = (
   rollout: Readonly<Record<string, number>>,
   agent: { readonly maxNewTokens: number; readonly maxContextTokens?: number | undefined },
   /** The caps of the cut turns that an agent function's own request (`max_tokens`) set, one per such chain. */
-  requestCaps: ReadonlyArray<number> = []
+  requestCaps: ReadonlyArray<number> = [],
+  /** The run's task: a budget that is its default is named so. */
+  task?: TaskDefaults
 ): { readonly cut?: string; readonly full?: string } => {
+  const budget = turnBudget(agent.maxNewTokens, task)
   const cut = rollout["rollout/termination/stop"] ?? 0
   const full = rollout["rollout/termination/context_length"] ?? 0
   const chains = rollout["rollout/trajectories"] ?? 0
@@ -361,14 +381,14 @@ export const budgetWarnings = (
         cut: `step ${step}: ${(cut * 100).toFixed(0)}% of the chains ended with a turn cut before its end-of-turn ` +
           `token (termination "stop"), most at their agent's own request max_tokens (${
             [...new Set(requestCaps)].sort((a, b) => a - b).join(", ")
-          }, below agent.maxNewTokens ${agent.maxNewTokens}); if the policy's turns are longer than that, raise ` +
+          }, below agent.maxNewTokens ${budget.value}); if the policy's turns are longer than that, raise ` +
           `max_tokens in the agent's requests`
       }
       : cut >= 0.5
       ? {
         cut: `step ${step}: ${(cut * 100).toFixed(0)}% of the chains ended with a turn cut at agent.maxNewTokens ` +
-          `(${agent.maxNewTokens}) before its end-of-turn token (termination "stop"); if the policy's turns ` +
-          `are longer than that, raise agent.maxNewTokens`
+          `(${budget.value}) before its end-of-turn token (termination "stop"); if the policy's turns ` +
+          `are longer than that, ${budget.raise}`
       }
       : {}),
     ...(full >= 0.25
@@ -720,6 +740,7 @@ export const checkDemosFit = Effect.fnUntraced(function*(
   sample = 32
 ) {
   const budget = agent.config.agent.maxNewTokens
+  const named = turnBudget(budget, agent.runtime.task)
   const longestTurn = (messages: Message.Conversation) =>
     Effect.gen(function*() {
       const first = messages.findIndex((m) => m.role === "assistant")
@@ -744,9 +765,9 @@ export const checkDemosFit = Effect.fnUntraced(function*(
   if (over === 0) return
   yield* notice(
     `${over} of the first ${lengths.length} demonstrations ${over === 1 ? "has" : "have"} an assistant turn longer ` +
-      `than agent.maxNewTokens (${budget}; the longest is ${Math.max(...lengths)} tokens): a rollout cuts such a ` +
-      `turn before its end (termination "stop"), so the policy cannot finish what it learns there; raise ` +
-      `agent.maxNewTokens or shorten the demonstrations' turns`
+      `than agent.maxNewTokens (${named.value}; the longest is ${Math.max(...lengths)} tokens): a rollout cuts ` +
+      `such a turn before its end (termination "stop"), so the policy cannot finish what it learns there; ` +
+      `${named.raise} or shorten the demonstrations' turns`
   )
 })
 
@@ -1314,7 +1335,7 @@ export const run: <RE = never>(
         return cap === undefined ? [] : [cap]
       })
     )
-    const budgets = budgetWarnings(step, rollout, config.agent, requestCaps)
+    const budgets = budgetWarnings(step, rollout, config.agent, requestCaps, agentOf.runtime.task)
     if (budgets.cut !== undefined && !warnedCut) {
       warnedCut = true
       yield* notice(budgets.cut)

@@ -64,8 +64,9 @@ describe("Train.run", () => {
       assert.notInclude(prompt, "# Tools")
       assert.isTrue(lines.some((line) => line.startsWith("trained 2 of 2 steps")))
       assert.isTrue(lines.some((line) => line.includes("(sync, 2 steps, seed 1, reinforce++) →")), lines.join("\n"))
-      // An untrained policy rarely samples its end-of-turn token within 48: the run says which setting cuts it, once.
-      const cut = lines.filter((line) => line.includes("cut at agent.maxNewTokens (48)"))
+      // An untrained policy rarely samples its end-of-turn token within 48: the run says which setting cuts it, once,
+      // and that its value is the task's default (the config does not set it).
+      const cut = lines.filter((line) => line.includes(`cut at agent.maxNewTokens (48, task ${task.name}'s default)`))
       assert.strictEqual(cut.length, 1, lines.join("\n"))
 
       // The same output again: refused with a typed error that says how to go on, and the run is left as it was.

@@ -176,11 +176,12 @@ describe("Trainer", () => {
           ).join("\n"),
           { kind: "conversation" }
         )
-      const noticesOf = Effect.fnUntraced(function*(answers: ReadonlyArray<string>) {
+      const noticesOf = Effect.fnUntraced(function*(answers: ReadonlyArray<string>, task = Toy.task()) {
         const notices: Array<string> = []
         const options = yield* setup({ warmup: { data: "unused", steps: 1, batchSize: 2 } }, { steps: 1 })
         yield* run({
           ...options,
+          task,
           demos: yield* demos(answers),
           notice: (m) => Effect.sync(() => void notices.push(m))
         })
@@ -193,6 +194,10 @@ describe("Trainer", () => {
         `it learns there; raise agent.maxNewTokens or shorten the demonstrations' turns`
       ])
       assert.deepStrictEqual(yield* noticesOf(["A", "x".repeat(15)]), [], "16 tokens fit")
+      // The task's default, not a key of the config: the notice says so and where to override it.
+      const [fromTask] = yield* noticesOf(["x".repeat(20)], { ...Toy.task(), defaults: { maxNewTokens: 16 } })
+      assert.include(fromTask, "longer than agent.maxNewTokens (16, task toy's default; the longest is 21 tokens)")
+      assert.include(fromTask, "raise agent.maxNewTokens in the config (it overrides the task's default)")
     }).pipe(Effect.provide(NodeServices.layer)))
 
   it.effect("warm-up stopAt: ends at the first check that reaches the target, checks publish warm-up versions", () =>
@@ -325,6 +330,13 @@ describe("Trainer", () => {
     assert.include(own.cut, "most at their agent's own request max_tokens (16, below agent.maxNewTokens 48)")
     assert.include(own.cut, "raise max_tokens in the agent's requests")
     assert.include(Trainer.budgetWarnings(3, figures, agent, [16, 16]).cut, "cut at agent.maxNewTokens (48)", "a third of the cut chains")
+    // A budget the config does not set is the task's default: the warning says so, and where to override it.
+    const webshop = { name: "webshop", defaults: { maxNewTokens: 48 } }
+    const fromTask = Trainer.budgetWarnings(3, { "rollout/termination/stop": 0.5 }, agent, [], webshop).cut
+    assert.include(fromTask, "cut at agent.maxNewTokens (48, task webshop's default)")
+    assert.include(fromTask, "raise agent.maxNewTokens in the config (it overrides the task's default)")
+    const ownValue = Trainer.budgetWarnings(3, { "rollout/termination/stop": 0.5 }, { maxNewTokens: 64 }, [], webshop).cut
+    assert.include(ownValue, "cut at agent.maxNewTokens (64) before")
   })
 
   it.effect("a crash mid-run resumes from the last checkpoint: each step journaled once, same final weights", () =>
