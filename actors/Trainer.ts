@@ -876,7 +876,8 @@ const changesSinceStart = Effect.fnUntraced(function*(
       Effect.map((config) => JSON.parse(JSON.stringify(config)) as unknown),
       Effect.orElseSucceed(() => recorded)
     )
-    return TrainConfig.changes(withRecordedTask(normalized, current), current, ["output"])
+    const comparable = withRecordedPathOptions(withRecordedTask(normalized, current), current)
+    return TrainConfig.changes(comparable, current, ["output"])
   }
   const start = journal.entries.map((e) => e.entry).find((e) => e.kind === "start")
   return start?.kind === "start"
@@ -908,6 +909,34 @@ export const withRecordedTask = (recorded: unknown, current: unknown): unknown =
   }
   const task = (recorded as { task: unknown }).task
   return { ...(recorded as object), task: typeof task === "string" ? after : { ...(task as object), name: after } }
+}
+
+/**
+ * A recorded config whose task's path options are relative (written before a run recorded them absolute) names them
+ * from a config file no longer known: the current absolute value of an option is taken as it when it ends with the
+ * recorded path (`../data/folders` and `/work/data/folders`). Only a path option is relative before and absolute now.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const withRecordedPathOptions = (recorded: unknown, current: unknown): unknown => {
+  const optionsOf = (config: unknown): Record<string, unknown> | undefined => {
+    const task = typeof config === "object" && config !== null ? (config as { task?: unknown }).task : undefined
+    const options = typeof task === "object" && task !== null ? (task as { options?: unknown }).options : undefined
+    return typeof options === "object" && options !== null ? options as Record<string, unknown> : undefined
+  }
+  const [before, after] = [optionsOf(recorded), optionsOf(current)]
+  if (before === undefined || after === undefined) return recorded
+  // `../data/folders/` ends `/work/data/folders` as `data/folders`.
+  const tail = (path: string) => path.replace(/^(\.\.?\/)+/, "").replace(/\/+$/, "")
+  const options = Object.fromEntries(Object.entries(before).map(([key, value]) => {
+    const now = after[key]
+    const same = typeof value === "string" && !value.startsWith("/") && tail(value) !== "" && typeof now === "string" &&
+      now.startsWith("/") && now.endsWith(`/${tail(value)}`)
+    return [key, same ? now : value]
+  }))
+  const task = (recorded as { task: object }).task
+  return { ...(recorded as object), task: { ...task, options } }
 }
 
 /** Stops the run when a step's loss is not finite (whatever the policy behind it checks itself). */

@@ -455,6 +455,13 @@ describe("Trainer", () => {
       writeFileSync(recordedFile, JSON.stringify(recorded))
       const older = yield* run({ ...changed, config: { ...changed.config, algorithm: { ...changed.config.algorithm, steps: 10 } } })
       assert.strictEqual(older.fromStep, 10)
+      // So is one whose task's path option was recorded relative, before runs recorded such options absolute.
+      const ten = { ...changed.config, algorithm: { ...changed.config.algorithm, steps: 10 } }
+      const toy = (root: string) => ({ name: "toy", options: { root } })
+      const before = JSON.parse(readFileSync(recordedFile, "utf8"))
+      writeFileSync(recordedFile, JSON.stringify({ ...before, task: toy("data/f") }))
+      const moved = yield* run({ ...changed, config: { ...ten, task: toy("/work/data/f") } })
+      assert.strictEqual(moved.fromStep, 10)
     }).pipe(Effect.provide(NodeServices.layer)))
 
   it("a recorded config's relative task module path is the current absolute one of the same file, for resume", () => {
@@ -471,6 +478,23 @@ describe("Trainer", () => {
     for (const task of ["./other.ts", "calculator", "/elsewhere/task.ts"]) {
       assert.deepStrictEqual(Trainer.withRecordedTask({ task }, current), { task })
     }
+  })
+
+  it("a recorded config's relative task path option is the current absolute one of the same path, for resume", () => {
+    const current = { task: { name: "swe", options: { root: "/work/data/folders", pool: 2 } } }
+    for (const root of ["data/folders", "../data/folders/", "./folders"]) {
+      const recorded = { task: { name: "swe", options: { root, pool: 2 } } }
+      assert.deepStrictEqual(Trainer.withRecordedPathOptions(recorded, current), current, root)
+    }
+    // Another folder, an absolute recorded path or another option stay what they were: a change.
+    for (const root of ["other", "/elsewhere/folders"]) {
+      const recorded = { task: { name: "swe", options: { root, pool: 2 } } }
+      assert.deepStrictEqual(Trainer.withRecordedPathOptions(recorded, current), recorded, root)
+    }
+    const recordedPool = { task: { name: "swe", options: { root: "folders", pool: 4 } } }
+    const pool = Trainer.withRecordedPathOptions(recordedPool, current)
+    assert.deepStrictEqual(pool, { task: { name: "swe", options: { root: "/work/data/folders", pool: 4 } } })
+    assert.deepStrictEqual(Trainer.withRecordedPathOptions({ task: "swe" }, current), { task: "swe" })
   })
 
   it.effect("resume without a checkpoint starts over; a missing checkpoint directory is skipped", () =>
