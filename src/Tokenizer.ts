@@ -14,7 +14,7 @@
  * @since 0.1.0
  */
 import { Tokenizer as HfTokenizer } from "@huggingface/tokenizers"
-import { Effect, FileSystem, Option, Path, Schema } from "effect"
+import { Effect, FileSystem, Option, Path, Result, Schema } from "effect"
 
 // ===== Errors =====
 
@@ -54,6 +54,7 @@ const TypeId = "~agentfly/Tokenizer"
  * - `addedTokens`: every added token (content → id); each is always encoded as one token.
  * - `splitAdded(text)`: `text` cut into pieces that are either exactly one added token or plain text; encoding
  *   the pieces one by one gives the ids of the whole text.
+ * - `encodePieces(text)`: the pieces of `splitAdded` with their ids, read in one pass (no piece is looked up again).
  *
  * @category models
  * @since 0.1.0
@@ -74,6 +75,19 @@ export interface Tokenizer {
   readonly idToToken: (id: number) => string | undefined
   readonly isValidId: (id: number) => boolean
   readonly splitAdded: (text: string) => Array<string>
+  readonly encodePieces: (text: string) => EncodedPieces
+}
+
+/**
+ * `text` as `splitAdded` cuts it: piece `i` ends at `ends[i]` and has the ids `ids[i]` (an added token's id, or the
+ * model's ids of the plain text). Concatenated, the ids are `encode(text)`.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface EncodedPieces {
+  readonly ends: Array<number>
+  readonly ids: Array<Array<number>>
 }
 
 /**
@@ -93,8 +107,6 @@ const tokenName = (value: unknown): string | undefined =>
 
 const shortText = 64
 const cacheSize = 4096
-
-const escapeRegExp = (s: string): string => s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")
 
 const construct = (tokenizerJson: object, config: Record<string, unknown>): Option.Option<HfTokenizer> =>
   Option.liftThrowable(() => new HfTokenizer(tokenizerJson, config))()
@@ -117,7 +129,7 @@ export const make = Effect.fn("Tokenizer.make")(function*(tokenizerJson: unknown
   const added: Array<{ id: number; content: string; lstrip?: boolean; rstrip?: boolean }> =
     Array.isArray(json.added_tokens) ? json.added_tokens : []
   for (const token of added) {
-    if (typeof token?.content !== "string" || !Number.isInteger(token.id)) {
+    if (typeof token?.content !== "string" || token.content.length === 0 || !Number.isInteger(token.id)) {
       return yield* new TokenizerError({ reason: "InvalidTokenizer", message: "an added token lacks `id`/`content`" })
     }
     if (token.lstrip === true || token.rstrip === true) {
@@ -174,13 +186,12 @@ const utf8Decoder = new TextDecoder()
 // Rollouts tokenize every observation and decode every sample: most of that text is ASCII, whose UTF-8 bytes are its
 // char codes. A TextEncoder / TextDecoder call allocates a buffer per piece, several times the cost of this loop.
 
-/** Appends the UTF-8 bytes of `text` to `out`. */
-const pushUtf8 = (text: string, out: Array<number>): void => {
-  const n = text.length
-  for (let i = 0; i < n; i++) {
+/** Appends the UTF-8 bytes of `text.slice(start, end)` to `out`. */
+const pushUtf8 = (text: string, start: number, end: number, out: Array<number>): void => {
+  for (let i = start; i < end; i++) {
     const c = text.charCodeAt(i)
     if (c >= 0x80) {
-      const bytes = utf8.encode(i === 0 ? text : text.slice(i))
+      const bytes = utf8.encode(text.slice(i, end))
       for (let k = 0; k < bytes.length; k++) out.push(bytes[k]!)
       return
     }
@@ -201,6 +212,40 @@ const decodeUtf8 = (ids: ReadonlyArray<number>, start: number, end: number): str
   return out
 }
 
+/** An added token found in a text: where it starts, its content and id. */
+interface AddedMatch {
+  readonly at: number
+  readonly content: string
+  readonly id: number
+}
+
+/**
+ * The first added token in `text` at or after `from`, as the regular expression `(a|b|…)` over the added tokens,
+ * longest first (as Hugging Face matches them), would find it: the leftmost start, the longest token there. A scan
+ * over char codes: a rollout tokenizes every observation, and a regular expression with one alternative per added
+ * token (22 for Qwen) costs several times more, once to split and once more to look each piece up.
+ */
+const addedMatcher = (addedTokens: ReadonlyMap<string, number>) => {
+  const byFirst = new Map<number, Array<AddedMatch>>()
+  for (const [content, id] of [...addedTokens].sort(([a], [b]) => b.length - a.length)) {
+    const first = content.charCodeAt(0)
+    const candidates = byFirst.get(first) ?? []
+    candidates.push({ at: 0, content, id })
+    byFirst.set(first, candidates)
+  }
+  const starts = new Uint8Array(65536)
+  for (const first of byFirst.keys()) starts[first] = 1
+  return (text: string, from: number): AddedMatch | undefined => {
+    for (let i = from; i < text.length; i++) {
+      if (starts[text.charCodeAt(i)] === 0) continue
+      for (const candidate of byFirst.get(text.charCodeAt(i))!) {
+        if (text.startsWith(candidate.content, i)) return { at: i, content: candidate.content, id: candidate.id }
+      }
+    }
+    return undefined
+  }
+}
+
 const fromHf = (
   hf: HfTokenizer,
   added: ReadonlyArray<{ id: number; content: string }>,
@@ -211,10 +256,7 @@ const fromHf = (
   let vocabSize = 0
   for (const id of vocab.values()) if (id >= vocabSize) vocabSize = id + 1
   const addedTokens = new Map(added.map((t) => [t.content, t.id]))
-  // Longest first, as Hugging Face matches added tokens.
-  const splitter = added.length === 0
-    ? undefined
-    : new RegExp(`(${[...addedTokens.keys()].sort((a, b) => b.length - a.length).map(escapeRegExp).join("|")})`)
+  const nextAdded = addedMatcher(addedTokens)
   // Most vocabularies have no holes: then a range check is enough (this runs on every sampled id).
   const dense = vocab.size === vocabSize
   const isValidId = (id: number) =>
@@ -223,8 +265,22 @@ const fromHf = (
   const encodeOptions = { add_special_tokens: false } as const
   const cache = new Map<string, Array<number>>()
   const decodeOptions = { skip_special_tokens: false, clean_up_tokenization_spaces: false } as const
-  const splitAdded = (text: string) =>
-    splitter === undefined ? [text] : text.split(splitter).filter((piece) => piece.length > 0)
+  /** Calls `plain(start, end)` for each plain run of `text` and `token(match)` for each added token, in order. */
+  const scan = (text: string, plain: (start: number, end: number) => void, token: (match: AddedMatch) => void) => {
+    let from = 0
+    for (let match = nextAdded(text, 0); match !== undefined; match = nextAdded(text, from)) {
+      if (match.at > from) plain(from, match.at)
+      token(match)
+      from = match.at + match.content.length
+    }
+    if (from < text.length) plain(from, text.length)
+  }
+  const splitAdded = (text: string): Array<string> => {
+    if (added.length === 0) return [text]
+    const pieces: Array<string> = []
+    scan(text, (start, end) => pieces.push(text.slice(start, end)), (match) => pieces.push(match.content))
+    return pieces
+  }
   // A pure byte-level vocabulary encodes and decodes natively, with the Hugging Face tokenizer's results (checked
   // in `test/src/Tokenizer.test.ts`): ids are UTF-8 bytes between added tokens; bytes decode run by run between
   // added tokens, an invalid sequence as U+FFFD.
@@ -232,11 +288,7 @@ const fromHf = (
   const encodeModel = byteLevel
     ? (text: string): Array<number> => {
       const ids: Array<number> = []
-      for (const piece of splitAdded(text)) {
-        const id = addedTokens.get(piece)
-        if (id !== undefined) ids.push(id)
-        else pushUtf8(piece, ids)
-      }
+      scan(text, (start, end) => pushUtf8(text, start, end, ids), (match) => ids.push(match.id))
       return ids
     }
     : (text: string): Array<number> => hf.encode(text, encodeOptions).ids
@@ -254,6 +306,40 @@ const fromHf = (
       return out + bytes(ids.length)
     }
     : (ids: ReadonlyArray<number>): string => hf.decode(ids as Array<number>, decodeOptions)
+  const encode = (text: string): Array<number> => {
+    if (text.length === 0) return []
+    if (byteLevel || text.length > shortText) return encodeModel(text)
+    // Short pieces (template scaffolding such as "\n" or "user\n") recur in every turn: memoize them.
+    const cached = cache.get(text)
+    if (cached !== undefined) return cached.slice()
+    if (cache.size >= cacheSize) cache.clear()
+    const ids = encodeModel(text)
+    cache.set(text, ids)
+    return ids.slice()
+  }
+  const encodePlain = byteLevel
+    ? (text: string, start: number, end: number): Array<number> => {
+      const ids: Array<number> = []
+      pushUtf8(text, start, end, ids)
+      return ids
+    }
+    : (text: string, start: number, end: number): Array<number> => encode(text.slice(start, end))
+  const encodePieces = (text: string): EncodedPieces => {
+    const pieces: EncodedPieces = { ends: [], ids: [] }
+    if (added.length === 0) {
+      pieces.ends.push(text.length)
+      pieces.ids.push(encode(text))
+      return pieces
+    }
+    scan(text, (start, end) => {
+      pieces.ends.push(end)
+      pieces.ids.push(encodePlain(text, start, end))
+    }, (match) => {
+      pieces.ends.push(match.at + match.content.length)
+      pieces.ids.push([match.id])
+    })
+    return pieces
+  }
   return {
     [TypeId]: TypeId,
     vocabSize,
@@ -262,17 +348,7 @@ const fromHf = (
     eosTokenId: eosToken === undefined ? undefined : hf.token_to_id(eosToken),
     bosToken: tokenName(cfg.bos_token),
     padToken: tokenName(cfg.pad_token),
-    encode: (text) => {
-      if (text.length === 0) return []
-      if (byteLevel || text.length > shortText) return encodeModel(text)
-      // Short pieces (template scaffolding such as "\n" or "user\n") recur in every turn: memoize them.
-      const cached = cache.get(text)
-      if (cached !== undefined) return cached.slice()
-      if (cache.size >= cacheSize) cache.clear()
-      const ids = encodeModel(text)
-      cache.set(text, ids)
-      return ids.slice()
-    },
+    encode,
     decode: (input) => {
       if (input.length === 0) return ""
       // Typed arrays (e.g. `Trajectory.tokenIds`) are accepted; the Hugging Face decoder wants a plain array.
@@ -294,7 +370,8 @@ const fromHf = (
     tokenToId: (token) => hf.token_to_id(token),
     idToToken: (id) => (isValidId(id) ? hf.id_to_token(id) : undefined),
     isValidId,
-    splitAdded
+    splitAdded,
+    encodePieces
   }
 }
 
@@ -304,9 +381,18 @@ const fromHf = (
  * @category combinators
  * @since 0.1.0
  */
-export const validateIds = (tokenizer: Tokenizer, ids: ReadonlyArray<number>): Effect.Effect<void, TokenizerError> => {
+export const validateIds = (tokenizer: Tokenizer, ids: ReadonlyArray<number>): Effect.Effect<void, TokenizerError> =>
+  Effect.fromResult(checkIds(tokenizer, ids))
+
+/**
+ * `validateIds` as a `Result`, for callers that run synchronously.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const checkIds = (tokenizer: Tokenizer, ids: ReadonlyArray<number>): Result.Result<void, TokenizerError> => {
   const bad = ids.findIndex((id) => !tokenizer.isValidId(id))
-  return bad === -1 ? Effect.void : Effect.fail(
+  return bad === -1 ? Result.void : Result.fail(
     new TokenizerError({
       reason: "InvalidTokenId",
       message: `token id ${ids[bad]} at position ${bad} is outside the vocabulary (size ${tokenizer.vocabSize})`

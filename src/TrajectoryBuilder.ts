@@ -8,7 +8,9 @@
  *    (source `policy`, the only trainable tokens; the end-of-turn token the policy sampled is among them).
  * 2. `appendObservations`: tool results and environment messages are appended by rendering the template over the
  *    extended message list and tokenizing **only the new suffix** (`\n<|im_start|>user\n<tool_response>...` up to
- *    the next assistant header), after checking that the rendered text still starts with everything so far.
+ *    the next assistant header), after checking that the rendered text still starts with everything so far. A
+ *    template with a tail renderer (`ChatTemplate.renderTail`: the built-in `qwen2.5` and `chatml`) renders only
+ *    the new messages, so a turn's render does not grow with the conversation.
  *
  * **How assistant turns are rendered.** The template never sees an assistant turn's structured `tool_calls`:
  * for rendering, each sampled turn is the assistant message whose content is the decoded sampled text (without the
@@ -28,7 +30,7 @@
  *
  * @since 0.1.0
  */
-import { Effect, Schema } from "effect"
+import { Effect, Result, Schema } from "effect"
 import * as ChatTemplate from "./ChatTemplate.ts"
 import * as Message from "./Message.ts"
 import * as Tokenizer from "./Tokenizer.ts"
@@ -174,21 +176,25 @@ const tokenizeWithSources = (
   fallback: Trajectory.Source
 ): Array<Trajectory.Span> => {
   const spans: Array<{ source: Trajectory.Source; tokenIds: Array<number> }> = []
+  const pieces = tokenizer.encodePieces(text)
   let offset = 0
   let r = 0
-  for (const piece of tokenizer.splitAdded(text)) {
-    const end = offset + piece.length
+  let empty = false
+  for (let i = 0; i < pieces.ends.length; i++) {
+    const end = pieces.ends[i]!
     while (r < regions.length && regions[r]!.end <= offset) r++
     const region = regions[r]
     const source = region !== undefined && region.start < end && region.end > offset ? region.source : fallback
-    const added = tokenizer.addedTokens.get(piece)
-    const ids = added === undefined ? tokenizer.encode(piece) : [added]
+    const ids = pieces.ids[i]!
     const last = spans[spans.length - 1]
     if (last !== undefined && last.source === source) for (const id of ids) last.tokenIds.push(id)
-    else spans.push({ source, tokenIds: ids })
+    else {
+      spans.push({ source, tokenIds: ids })
+      empty ||= ids.length === 0
+    }
     offset = end
   }
-  return spans.filter((span) => span.tokenIds.length > 0)
+  return empty ? spans.filter((span) => span.tokenIds.length > 0) : spans
 }
 
 /** Where each observation's content sits in the rendered suffix (searched in order; absent contents are skipped). */
@@ -254,13 +260,54 @@ const divergence = (a: string, b: string): number => {
 const withOpenSegment = (
   builder: TrajectoryBuilder,
   update: (segment: Trajectory.Segment) => Trajectory.Segment
-): ReadonlyArray<Trajectory.Segment> => [...builder.segments.slice(0, -1), update(builder.segments.at(-1)!)]
+): ReadonlyArray<Trajectory.Segment> => {
+  const segments = builder.segments.slice()
+  segments[segments.length - 1] = update(segments[segments.length - 1]!)
+  return segments
+}
+
+/** `items` and then `item`, in a new array. */
+const appended = <A>(items: ReadonlyArray<A>, item: A): Array<A> => {
+  const out = items.slice()
+  out.push(item)
+  return out
+}
+
+/** What a step changes; the tokenizer, template, tools and variables stay. */
+type State = Omit<TrajectoryBuilder, typeof TypeId | "tokenizer" | "template" | "tools" | "variables">
+
+/**
+ * The builder with a new state. Every builder is made here, with its fields in one order, so that V8 gives all of
+ * them one shape (`{ ...builder, ... }` made a new one per step, and property reads on them slower).
+ */
+const withState = (builder: TrajectoryBuilder, state: State): TrajectoryBuilder => ({
+  [TypeId]: TypeId,
+  tokenizer: builder.tokenizer,
+  template: builder.template,
+  tools: builder.tools,
+  variables: builder.variables,
+  messages: state.messages,
+  segments: state.segments,
+  rewrites: state.rewrites,
+  awaitingObservation: state.awaitingObservation,
+  renderMessages: state.renderMessages,
+  rendered: state.rendered,
+  pending: state.pending,
+  promptOf: state.promptOf
+})
+
+/** `withState` for steps off the hot path that change a few fields. */
+const withChanges = (builder: TrajectoryBuilder, changes: Partial<State>): TrajectoryBuilder =>
+  withState(builder, { ...builder, ...changes })
 
 const stopIdCache = new WeakMap<ChatTemplate.ChatTemplate, WeakMap<Tokenizer.Tokenizer, ReadonlySet<number>>>()
 
 const stopIds = (builder: Pick<TrajectoryBuilder, "template" | "tokenizer">): ReadonlySet<number> => {
-  const byTokenizer = stopIdCache.get(builder.template) ?? new WeakMap()
-  stopIdCache.set(builder.template, byTokenizer)
+  let byTokenizer = stopIdCache.get(builder.template)
+  if (byTokenizer === undefined) {
+    byTokenizer = new WeakMap()
+    stopIdCache.set(builder.template, byTokenizer)
+  }
   const cached = byTokenizer.get(builder.tokenizer)
   if (cached !== undefined) return cached
   const ids = computeStopIds(builder)
@@ -298,10 +345,10 @@ export const start = Effect.fnUntraced(function*(options: StartOptions) {
     tools,
     variables,
     messages: options.messages,
-    renderMessages: options.messages,
     segments: [{ spans, messageCount: options.messages.length }],
     rewrites: [],
     awaitingObservation: false,
+    renderMessages: options.messages,
     rendered,
     pending: "",
     promptOf: options.messages
@@ -319,47 +366,59 @@ export const start = Effect.fnUntraced(function*(options: StartOptions) {
  * @category combinators
  * @since 0.1.0
  */
-export const appendSampled = Effect.fnUntraced(function*(builder: TrajectoryBuilder, sample: Sample) {
+export const appendSampled = (
+  builder: TrajectoryBuilder,
+  sample: Sample
+): Effect.Effect<TrajectoryBuilder, BuilderError> => Effect.suspend(() => Effect.fromResult(sampled(builder, sample)))
+
+/** `appendSampled` as a plain function: a rollout appends a turn every step, without the cost of an effect. */
+const sampled = (builder: TrajectoryBuilder, sample: Sample): Result.Result<TrajectoryBuilder, BuilderError> => {
   if (builder.awaitingObservation) {
-    return yield* new BuilderError({
-      reason: "OutOfOrder",
-      message: "two samples in a row: append the observations (or finish) before sampling again"
-    })
-  }
-  yield* Tokenizer.validateIds(builder.tokenizer, sample.tokenIds).pipe(
-    Effect.mapError((e) => new BuilderError({ reason: "InvalidTokenIds", message: e.message }))
-  )
-  if (sample.logprobs !== undefined && sample.logprobs.length !== sample.tokenIds.length) {
-    return yield* new BuilderError({
-      reason: "LogprobsMismatch",
-      message: `${sample.logprobs.length} logprobs for ${sample.tokenIds.length} sampled ids`
-    })
+    return Result.fail(
+      new BuilderError({
+        reason: "OutOfOrder",
+        message: "two samples in a row: append the observations (or finish) before sampling again"
+      })
+    )
   }
   const ids = sample.tokenIds
+  const valid = Tokenizer.checkIds(builder.tokenizer, ids)
+  if (Result.isFailure(valid)) {
+    return Result.fail(new BuilderError({ reason: "InvalidTokenIds", message: valid.failure.message }))
+  }
+  if (sample.logprobs !== undefined && sample.logprobs.length !== ids.length) {
+    return Result.fail(
+      new BuilderError({
+        reason: "LogprobsMismatch",
+        message: `${sample.logprobs.length} logprobs for ${ids.length} sampled ids`
+      })
+    )
+  }
   const endsWithStop = ids.length > 0 && stopIds(builder).has(ids[ids.length - 1]!)
   const body = builder.tokenizer.decode(endsWithStop ? ids.slice(0, -1) : ids)
   const text = endsWithStop ? body + builder.tokenizer.decode(ids.slice(-1)) : body
   const span: Trajectory.Span = {
     source: "policy",
-    tokenIds: [...ids],
-    ...(sample.logprobs !== undefined ? { logprobs: [...sample.logprobs] } : {}),
+    tokenIds: ids.slice(),
+    ...(sample.logprobs !== undefined ? { logprobs: sample.logprobs.slice() } : {}),
     ...(sample.policyVersion !== undefined ? { policyVersion: sample.policyVersion } : {})
   }
   const message: Message.Message = sample.message ?? { role: "assistant", content: body }
-  const messages = [...builder.messages, message]
-  const result: TrajectoryBuilder = {
-    ...builder,
+  const messages = appended(builder.messages, message)
+  return Result.succeed(withState(builder, {
     messages,
-    renderMessages: [...builder.renderMessages, { role: "assistant", content: body }],
     segments: withOpenSegment(builder, (segment) => ({
-      spans: ids.length === 0 ? segment.spans : [...segment.spans, span],
+      spans: ids.length === 0 ? segment.spans : appended(segment.spans, span),
       messageCount: messages.length
     })),
+    rewrites: builder.rewrites,
     awaitingObservation: true,
-    pending: text
-  }
-  return result
-})
+    renderMessages: appended<Message.Message>(builder.renderMessages, { role: "assistant", content: body }),
+    rendered: builder.rendered,
+    pending: text,
+    promptOf: builder.promptOf
+  }))
+}
 
 /**
  * Appends observations: tool results (source `tool`), environment messages such as a user turn (source `env`),
@@ -370,21 +429,33 @@ export const appendSampled = Effect.fnUntraced(function*(builder: TrajectoryBuil
  * @category combinators
  * @since 0.1.0
  */
-export const appendObservations = Effect.fnUntraced(function*(
+export const appendObservations = (
+  builder: TrajectoryBuilder,
+  observations: ReadonlyArray<Message.Message>
+): Effect.Effect<TrajectoryBuilder, BuilderError> =>
+  Effect.suspend(() => {
+    if (observations.some((m) => m.role === "assistant")) {
+      return Effect.fail(
+        new BuilderError({
+          reason: "OutOfOrder",
+          message: "an assistant message is not an observation: append what the policy sampled with appendSampled"
+        })
+      )
+    }
+    const renderMessages = builder.renderMessages.concat(observations)
+    const messages = builder.messages.concat(observations)
+    const fast = appendAfterSample(builder, renderMessages, messages, observations)
+    return fast !== undefined ? Effect.succeed(fast) : appendByRender(builder, renderMessages, messages, observations)
+  })
+
+/** `appendObservations` by rendering the whole conversation (no tail renderer, observations after observations). */
+const appendByRender = Effect.fnUntraced(function*(
   current: TrajectoryBuilder,
+  renderMessages: ReadonlyArray<Message.Message>,
+  messages: ReadonlyArray<Message.Message>,
   observations: ReadonlyArray<Message.Message>
 ) {
   let builder = current
-  if (observations.some((m) => m.role === "assistant")) {
-    return yield* new BuilderError({
-      reason: "OutOfOrder",
-      message: "an assistant message is not an observation: append what the policy sampled with appendSampled"
-    })
-  }
-  const renderMessages = [...builder.renderMessages, ...observations]
-  const messages = [...builder.messages, ...observations]
-  const appended = appendAfterSample(builder, renderMessages, messages, observations)
-  if (appended !== undefined) return appended
   const next = yield* render(builder, renderMessages, true)
   if (!builder.awaitingObservation && !startsWithText(next, builder.rendered)) {
     // Observations right after observations: the generation prompt already appended is taken back first.
@@ -417,27 +488,25 @@ export const appendObservations = Effect.fnUntraced(function*(
   yield* Effect.logDebug("TrajectoryBuilder: the chat template rewrote history; starting a new segment").pipe(
     Effect.annotateLogs({ template: builder.template.name, atMessage: rewrite.atMessage, offset: at })
   )
-  const result: TrajectoryBuilder = {
-    ...builder,
+  return withState(builder, {
     messages,
-    renderMessages,
-    segments: [...closed, { spans, messageCount: messages.length }],
-    rewrites: [...builder.rewrites, rewrite],
+    segments: appended(closed, { spans, messageCount: messages.length }),
+    rewrites: appended(builder.rewrites, rewrite),
     awaitingObservation: false,
+    renderMessages,
     rendered: next,
     pending: "",
     promptOf: renderMessages
-  }
-  return result
+  })
 })
 
 /**
  * `appendObservations` right after a sample by the template's tail renderer (`ChatTemplate.renderTail`): the
  * sampled turn and the observations are rendered alone, not the whole conversation. `rendered` is the render of
  * `promptOf` (the messages before the sample) with the generation prompt, so the whole render would be `rendered`
- * without that prompt, then the turn's tail and the observations' tail: it extends the text so far exactly when
- * those two tails start with the generation prompt and the sampled text. `undefined` when the template has no tail
- * renderer or this condition fails (a rewrite): the whole render then decides.
+ * without that prompt, then the tail from the sampled turn on: it extends the text so far exactly when that tail
+ * starts with the generation prompt and the sampled text. `undefined` when the template has no tail renderer or
+ * this condition fails (a rewrite): the whole render then decides.
  */
 const appendAfterSample = (
   builder: TrajectoryBuilder,
@@ -452,10 +521,10 @@ const appendAfterSample = (
     return undefined
   }
   const generation = tail(before, sampledAt, true)
-  const turn = tail(builder.renderMessages, sampledAt, false)
-  const after = tail(renderMessages, sampledAt + 1, true)
-  if (generation === undefined || turn === undefined || after === undefined) return undefined
-  const written = turn + after
+  // One tail from the sampled turn on: by the tail renderer's contract, the sampled turn's tail then the
+  // observations' tail, in one render.
+  const written = tail(renderMessages, sampledAt, true)
+  if (generation === undefined || written === undefined) return undefined
   const sampled = generation + builder.pending
   if (!startsWithText(written, sampled)) return undefined
   const suffix = written.slice(sampled.length)
@@ -482,19 +551,19 @@ const extended = (
 ): TrajectoryBuilder => {
   const { messages, renderMessages, suffix } = next
   const spans = tokenizeWithSources(builder.tokenizer, suffix, observationRegions(suffix, next.observations), "template")
-  return {
-    ...builder,
+  return withState(builder, {
     messages,
-    renderMessages,
     segments: withOpenSegment(builder, (segment) => ({
-      spans: [...segment.spans, ...spans],
+      spans: segment.spans.concat(spans),
       messageCount: messages.length
     })),
+    rewrites: builder.rewrites,
     awaitingObservation: false,
+    renderMessages,
     rendered: next.rendered,
     pending: "",
     promptOf: renderMessages
-  }
+  })
 }
 
 /**
@@ -512,13 +581,11 @@ const retractGenerationPrompt = Effect.fnUntraced(function*(builder: TrajectoryB
   const ids = tokenizeWithSources(builder.tokenizer, generationPrompt, [], "template").flatMap((s) => s.tokenIds)
   const open = promptTokenIds(builder)
   if (open.length < ids.length || ids.some((id, i) => open[open.length - ids.length + i] !== id)) return undefined
-  const result: TrajectoryBuilder = {
-    ...builder,
+  return withChanges(builder, {
+    segments: withOpenSegment(builder, (s) => Trajectory.clipSegment(s, Trajectory.segmentLength(s) - ids.length)),
     rendered: base,
-    promptOf: undefined,
-    segments: withOpenSegment(builder, (s) => Trajectory.clipSegment(s, Trajectory.segmentLength(s) - ids.length))
-  }
-  return result
+    promptOf: undefined
+  })
 })
 
 /**
@@ -531,7 +598,7 @@ const closeSegment = Effect.fnUntraced(function*(builder: TrajectoryBuilder) {
   const full = yield* render(builder, builder.renderMessages, false)
   if (!startsWithText(full, expected) || full.length === expected.length) return builder.segments
   const spans = tokenizeWithSources(builder.tokenizer, full.slice(expected.length), [], "template")
-  return withOpenSegment(builder, (segment) => ({ ...segment, spans: [...segment.spans, ...spans] }))
+  return withOpenSegment(builder, (segment) => ({ ...segment, spans: segment.spans.concat(spans) }))
 })
 
 /**
@@ -543,15 +610,13 @@ const closeSegment = Effect.fnUntraced(function*(builder: TrajectoryBuilder) {
  */
 export const finish = Effect.fnUntraced(function*(builder: TrajectoryBuilder) {
   const segments = yield* closeSegment(builder)
-  const result: TrajectoryBuilder = {
-    ...builder,
+  return withChanges(builder, {
     segments,
     awaitingObservation: false,
     rendered: builder.rendered + builder.pending,
     pending: "",
     promptOf: undefined
-  }
-  return result
+  })
 })
 
 /**
@@ -561,25 +626,51 @@ export const finish = Effect.fnUntraced(function*(builder: TrajectoryBuilder) {
  * @category combinators
  * @since 0.1.0
  */
-export const assistantTurnText = Effect.fnUntraced(function*(builder: TrajectoryBuilder, message: Message.Message) {
-  // After `start` or observations, the text so far is this render already.
-  const known = builder.promptOf === builder.renderMessages && !builder.awaitingObservation
-  const rm = builder.renderMessages
-  // With a tail renderer, the whole render would be the text so far without its generation prompt, then the tail.
-  const generation = known ? builder.template.renderTail?.(rm, rm.length, true) : undefined
-  const tail = generation === undefined ? undefined : builder.template.renderTail?.([...rm, message], rm.length, false)
-  const [prompt, full] = generation !== undefined && tail !== undefined
-    ? [generation, tail]
-    : [known ? builder.rendered : yield* render(builder, rm, true), yield* render(builder, [...rm, message], false)]
-  if (!startsWithText(full, prompt)) {
-    return yield* new BuilderError({
-      reason: "TemplateFailed",
-      message: "the template renders the next assistant turn over a different history (not append-only)"
-    })
-  }
+export const assistantTurnText = (
+  builder: TrajectoryBuilder,
+  message: Message.Message
+): Effect.Effect<string, BuilderError> =>
+  Effect.suspend(() => {
+    const fast = turnTextByTail(builder, message)
+    return fast !== undefined ? Effect.fromResult(fast) : turnTextByRender(builder, message)
+  })
+
+const notAppendOnly = () =>
+  new BuilderError({
+    reason: "TemplateFailed",
+    message: "the template renders the next assistant turn over a different history (not append-only)"
+  })
+
+/** The turn in `full`, the render that extends `prompt` by it, through its end-of-turn token. */
+const turnText = (builder: TrajectoryBuilder, prompt: string, full: string): Result.Result<string, BuilderError> => {
+  if (!startsWithText(full, prompt)) return Result.fail(notAppendOnly())
   const turn = full.slice(prompt.length)
   const end = turn.indexOf(builder.template.endOfTurn)
-  return end === -1 ? turn : turn.slice(0, end + builder.template.endOfTurn.length)
+  return Result.succeed(end === -1 ? turn : turn.slice(0, end + builder.template.endOfTurn.length))
+}
+
+/**
+ * `assistantTurnText` by the template's tail renderer, when the text so far is the render of `renderMessages`
+ * (after `start` or observations): the whole render would be that text without its generation prompt, then the
+ * tail. `undefined` where it cannot tell (no tail renderer, a text so far of unknown render).
+ */
+const turnTextByTail = (
+  builder: TrajectoryBuilder,
+  message: Message.Message
+): Result.Result<string, BuilderError> | undefined => {
+  const tail = builder.template.renderTail
+  const rm = builder.renderMessages
+  if (tail === undefined || builder.promptOf !== rm || builder.awaitingObservation) return undefined
+  const generation = tail(rm, rm.length, true)
+  const full = generation === undefined ? undefined : tail(appended(rm, message), rm.length, false)
+  return generation === undefined || full === undefined ? undefined : turnText(builder, generation, full)
+}
+
+const turnTextByRender = Effect.fnUntraced(function*(builder: TrajectoryBuilder, message: Message.Message) {
+  const known = builder.promptOf === builder.renderMessages && !builder.awaitingObservation
+  const prompt = known ? builder.rendered : yield* render(builder, builder.renderMessages, true)
+  const full = yield* render(builder, appended(builder.renderMessages, message), false)
+  return yield* Effect.fromResult(turnText(builder, prompt, full))
 })
 
 /**
@@ -589,18 +680,20 @@ export const assistantTurnText = Effect.fnUntraced(function*(builder: Trajectory
  * @category combinators
  * @since 0.1.0
  */
-export const appendAssistant = Effect.fnUntraced(function*(
+export const appendAssistant = (
   builder: TrajectoryBuilder,
   message: Message.Message,
   options: { readonly policyVersion?: number | undefined } = {}
-) {
-  const text = yield* assistantTurnText(builder, message)
-  return yield* appendSampled(builder, {
-    tokenIds: builder.tokenizer.encode(text),
-    message,
-    policyVersion: options.policyVersion
+): Effect.Effect<TrajectoryBuilder, BuilderError> => {
+  const append = (text: string) =>
+    sampled(builder, { tokenIds: builder.tokenizer.encode(text), message, policyVersion: options.policyVersion })
+  return Effect.suspend(() => {
+    const fast = turnTextByTail(builder, message)
+    return fast !== undefined
+      ? Effect.fromResult(Result.flatMap(fast, append))
+      : Effect.flatMap(turnTextByRender(builder, message), (text) => Effect.fromResult(append(text)))
   })
-})
+}
 
 /**
  * Builds a trajectory from a recorded conversation, treating every assistant message as sampled by the policy

@@ -21,6 +21,13 @@ const mixedText = fc.array(
   { maxLength: 12 }
 ).map((parts) => parts.join(""))
 
+/** The reference cut: a regular expression over the added tokens, longest first, as Hugging Face matches them. */
+const splitByRegExp = (tokenizer: Tokenizer.Tokenizer, text: string): Array<string> => {
+  const escape = (s: string) => s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")
+  const tokens = [...tokenizer.addedTokens.keys()].sort((a, b) => b.length - a.length)
+  return text.split(new RegExp(`(${tokens.map(escape).join("|")})`)).filter((piece) => piece.length > 0)
+}
+
 layer(Qwen.layer)("Tokenizer (real Qwen tokenizer.json)", (it) => {
   it.effect("added tokens are single ids; encode adds no BOS; decode round-trips a rendered chat", () =>
     Effect.gen(function*() {
@@ -45,6 +52,10 @@ layer(Qwen.layer)("Tokenizer (real Qwen tokenizer.json)", (it) => {
           const pieces = tokenizer.splitAdded(text)
           assert.strictEqual(pieces.join(""), text)
           assert.deepStrictEqual(pieces.flatMap((p) => tokenizer.encode(p)), whole)
+          assert.deepStrictEqual(pieces, splitByRegExp(tokenizer, text))
+          const encoded = tokenizer.encodePieces(text)
+          assert.deepStrictEqual(encoded.ends, pieces.map((_, i) => pieces.slice(0, i + 1).join("").length))
+          assert.deepStrictEqual(encoded.ids.flat(), whole)
         }),
         { numRuns: 200, seed: 42 }
       )
@@ -108,6 +119,8 @@ describe("Tokenizer (byte-level tokenizer.json)", () => {
         }),
         (text, ids) => {
           assert.deepStrictEqual(tokenizer.encode(text), hf.encode(text, { add_special_tokens: false }).ids)
+          assert.deepStrictEqual(tokenizer.splitAdded(text), splitByRegExp(tokenizer, text))
+          assert.deepStrictEqual(tokenizer.encodePieces(text).ids.flat(), tokenizer.encode(text))
           assert.strictEqual(tokenizer.decode(ids), hf.decode(ids, options))
         }
       ),
