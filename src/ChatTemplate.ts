@@ -222,6 +222,16 @@ export const toTemplateMessage = (message: Message.Message): Record<string, unkn
 }
 
 /**
+ * Whether the messages from `from` on have text contents. The native turns read `role`, `content` and `tool_calls`
+ * alone, which such a message holds as `toTemplateMessage` writes them (an empty `tool_calls` is falsy either way),
+ * so a rollout's tail renders read its messages as they are, without a template copy of each.
+ */
+const textOnly = (messages: ReadonlyArray<Message.Message>, from: number): boolean => {
+  for (let i = from; i < messages.length; i++) if (typeof messages[i]!.content !== "string") return false
+  return true
+}
+
+/**
  * Compiles a template. Fails with `InvalidSyntax` when the Jinja source does not parse.
  *
  * @category constructors
@@ -274,6 +284,8 @@ export const make = (options: MakeOptions): Effect.Effect<ChatTemplate, Template
       renderTail: (messages: ReadonlyArray<Message.Message>, from: number, addGenerationPrompt: boolean) =>
         from < 1 || from > messages.length
           ? undefined
+          : textOnly(messages, from - 1)
+          ? nativeTail(messages as ReadonlyArray<Readonly<Record<string, unknown>>>, from, addGenerationPrompt)
           : nativeTail(messages.slice(from - 1).map(toTemplateMessage), 1, addGenerationPrompt)
     })
   })

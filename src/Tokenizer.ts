@@ -79,15 +79,17 @@ export interface Tokenizer {
 }
 
 /**
- * `text` as `splitAdded` cuts it: piece `i` ends at `ends[i]` and has the ids `ids[i]` (an added token's id, or the
- * model's ids of the plain text). Concatenated, the ids are `encode(text)`.
+ * `text` as `splitAdded` cuts it, with its ids: `ids` is `encode(text)`, and piece `i` ends at character
+ * `textEnds[i]` of `text` and at index `idEnds[i]` of `ids` (its ids are an added token's id, or the model's ids of
+ * the plain text).
  *
  * @category models
  * @since 0.1.0
  */
 export interface EncodedPieces {
-  readonly ends: Array<number>
-  readonly ids: Array<Array<number>>
+  readonly ids: Array<number>
+  readonly textEnds: Array<number>
+  readonly idEnds: Array<number>
 }
 
 /**
@@ -212,6 +214,13 @@ const decodeUtf8 = (ids: ReadonlyArray<number>, start: number, end: number): str
   return out
 }
 
+/** Whether `token` is at `text[at]`, whose first char is known to match (most candidates differ in a char or two). */
+const followsAt = (text: string, at: number, token: string): boolean => {
+  if (at + token.length > text.length) return false
+  for (let k = 1; k < token.length; k++) if (text.charCodeAt(at + k) !== token.charCodeAt(k)) return false
+  return true
+}
+
 /** An added token found in a text: where it starts, its content and id. */
 interface AddedMatch {
   readonly at: number
@@ -239,7 +248,7 @@ const addedMatcher = (addedTokens: ReadonlyMap<string, number>) => {
     for (let i = from; i < text.length; i++) {
       if (starts[text.charCodeAt(i)] === 0) continue
       for (const candidate of byFirst.get(text.charCodeAt(i))!) {
-        if (text.startsWith(candidate.content, i)) return { at: i, content: candidate.content, id: candidate.id }
+        if (followsAt(text, i, candidate.content)) return { at: i, content: candidate.content, id: candidate.id }
       }
     }
     return undefined
@@ -285,6 +294,8 @@ const fromHf = (
   // in `test/src/Tokenizer.test.ts`): ids are UTF-8 bytes between added tokens; bytes decode run by run between
   // added tokens, an invalid sequence as U+FFFD.
   const addedById = new Map(added.map((t) => [t.id, t.content]))
+  // Below the smallest added id there is nothing to look up (a byte-level vocabulary's bytes come first).
+  const firstAddedId = added.reduce((min, t) => Math.min(min, t.id), Infinity)
   const encodeModel = byteLevel
     ? (text: string): Array<number> => {
       const ids: Array<number> = []
@@ -298,7 +309,7 @@ const fromHf = (
       let start = 0
       const bytes = (end: number) => (end > start ? decodeUtf8(ids, start, end) : "")
       for (let i = 0; i < ids.length; i++) {
-        const content = addedById.get(ids[i]!)
+        const content = ids[i]! < firstAddedId ? undefined : addedById.get(ids[i]!)
         if (content === undefined) continue
         out += bytes(i) + content
         start = i + 1
@@ -317,27 +328,27 @@ const fromHf = (
     cache.set(text, ids)
     return ids.slice()
   }
-  const encodePlain = byteLevel
-    ? (text: string, start: number, end: number): Array<number> => {
-      const ids: Array<number> = []
-      pushUtf8(text, start, end, ids)
-      return ids
+  // Plain text appended to `ids`: byte-level ids directly, others through `encode` (and its cache).
+  const pushPlain = byteLevel
+    ? (text: string, start: number, end: number, ids: Array<number>): void => pushUtf8(text, start, end, ids)
+    : (text: string, start: number, end: number, ids: Array<number>): void => {
+      for (const id of encode(text.slice(start, end))) ids.push(id)
     }
-    : (text: string, start: number, end: number): Array<number> => encode(text.slice(start, end))
   const encodePieces = (text: string): EncodedPieces => {
-    const pieces: EncodedPieces = { ends: [], ids: [] }
-    if (added.length === 0) {
-      pieces.ends.push(text.length)
-      pieces.ids.push(encode(text))
-      return pieces
+    const pieces: EncodedPieces = { ids: [], textEnds: [], idEnds: [] }
+    const plain = (start: number, end: number) => {
+      pushPlain(text, start, end, pieces.ids)
+      pieces.textEnds.push(end)
+      pieces.idEnds.push(pieces.ids.length)
     }
-    scan(text, (start, end) => {
-      pieces.ends.push(end)
-      pieces.ids.push(encodePlain(text, start, end))
-    }, (match) => {
-      pieces.ends.push(match.at + match.content.length)
-      pieces.ids.push([match.id])
-    })
+    if (added.length === 0) plain(0, text.length)
+    else {
+      scan(text, plain, (match) => {
+        pieces.ids.push(match.id)
+        pieces.textEnds.push(match.at + match.content.length)
+        pieces.idEnds.push(pieces.ids.length)
+      })
+    }
     return pieces
   }
   return {

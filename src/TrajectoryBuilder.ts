@@ -175,26 +175,32 @@ const tokenizeWithSources = (
   regions: ReadonlyArray<Region>,
   fallback: Trajectory.Source
 ): Array<Trajectory.Span> => {
-  const spans: Array<{ source: Trajectory.Source; tokenIds: Array<number> }> = []
+  const spans: Array<Trajectory.Span> = []
   const pieces = tokenizer.encodePieces(text)
+  // The open span: pieces of one source, ids [spanStart, idEnd).
+  let source: Trajectory.Source | undefined
+  let spanStart = 0
+  let idEnd = 0
+  const close = () => {
+    if (source !== undefined && idEnd > spanStart) spans.push({ source, tokenIds: pieces.ids.slice(spanStart, idEnd) })
+  }
   let offset = 0
   let r = 0
-  let empty = false
-  for (let i = 0; i < pieces.ends.length; i++) {
-    const end = pieces.ends[i]!
+  for (let i = 0; i < pieces.textEnds.length; i++) {
+    const end = pieces.textEnds[i]!
     while (r < regions.length && regions[r]!.end <= offset) r++
     const region = regions[r]
-    const source = region !== undefined && region.start < end && region.end > offset ? region.source : fallback
-    const ids = pieces.ids[i]!
-    const last = spans[spans.length - 1]
-    if (last !== undefined && last.source === source) for (const id of ids) last.tokenIds.push(id)
-    else {
-      spans.push({ source, tokenIds: ids })
-      empty ||= ids.length === 0
+    const next = region !== undefined && region.start < end && region.end > offset ? region.source : fallback
+    if (next !== source) {
+      close()
+      source = next
+      spanStart = idEnd
     }
+    idEnd = pieces.idEnds[i]!
     offset = end
   }
-  return empty ? spans.filter((span) => span.tokenIds.length > 0) : spans
+  close()
+  return spans
 }
 
 /** Where each observation's content sits in the rendered suffix (searched in order; absent contents are skipped). */
@@ -371,6 +377,16 @@ export const appendSampled = (
   sample: Sample
 ): Effect.Effect<TrajectoryBuilder, BuilderError> => Effect.suspend(() => Effect.fromResult(sampled(builder, sample)))
 
+/** The span of a sample: copies of its ids and logprobs, its policy version when known. */
+const policySpan = (ids: ReadonlyArray<number>, sample: Sample): Trajectory.Span => {
+  type Mutable = { -readonly [K in keyof Trajectory.Span]: Trajectory.Span[K] }
+  // Assigned, not spread in: a spread of `{}` or `{ logprobs }` allocates an object per sample.
+  const span: Mutable = { source: "policy", tokenIds: ids.slice() }
+  if (sample.logprobs !== undefined) span.logprobs = sample.logprobs.slice()
+  if (sample.policyVersion !== undefined) span.policyVersion = sample.policyVersion
+  return span
+}
+
 /** `appendSampled` as a plain function: a rollout appends a turn every step, without the cost of an effect. */
 const sampled = (builder: TrajectoryBuilder, sample: Sample): Result.Result<TrajectoryBuilder, BuilderError> => {
   if (builder.awaitingObservation) {
@@ -397,12 +413,7 @@ const sampled = (builder: TrajectoryBuilder, sample: Sample): Result.Result<Traj
   const endsWithStop = ids.length > 0 && stopIds(builder).has(ids[ids.length - 1]!)
   const body = builder.tokenizer.decode(endsWithStop ? ids.slice(0, -1) : ids)
   const text = endsWithStop ? body + builder.tokenizer.decode(ids.slice(-1)) : body
-  const span: Trajectory.Span = {
-    source: "policy",
-    tokenIds: ids.slice(),
-    ...(sample.logprobs !== undefined ? { logprobs: sample.logprobs.slice() } : {}),
-    ...(sample.policyVersion !== undefined ? { policyVersion: sample.policyVersion } : {})
-  }
+  const span: Trajectory.Span = policySpan(ids, sample)
   const message: Message.Message = sample.message ?? { role: "assistant", content: body }
   const messages = appended(builder.messages, message)
   return Result.succeed(withState(builder, {
@@ -550,7 +561,8 @@ const extended = (
   }
 ): TrajectoryBuilder => {
   const { messages, renderMessages, suffix } = next
-  const spans = tokenizeWithSources(builder.tokenizer, suffix, observationRegions(suffix, next.observations), "template")
+  const regions = observationRegions(suffix, next.observations)
+  const spans = tokenizeWithSources(builder.tokenizer, suffix, regions, "template")
   return withState(builder, {
     messages,
     segments: withOpenSegment(builder, (segment) => ({

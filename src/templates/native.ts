@@ -199,6 +199,8 @@ export type TailRenderer = (
 /** The tail renderer of the `turns` loop shared by `qwen25` and `chatml`. */
 const turnsTail: TailRenderer = (messages, from, addGenerationPrompt) => {
   if (from < 1 || from > messages.length) return undefined
+  // No new message: only the generation prompt (asked for twice a rollout turn).
+  if (from === messages.length) return addGenerationPrompt ? "<|im_start|>assistant\n" : ""
   if (from < messages.length && messages[from]!["role"] === "tool" && messages[from - 1]!["role"] === "tool") {
     return undefined
   }

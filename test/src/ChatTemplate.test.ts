@@ -135,9 +135,15 @@ describe("ChatTemplate native renderers", () => {
       fc.dictionary(fc.string(), tie("value"), { maxKeys: 3 })
     )
   })).value
+  // Parts too: templates see them flattened to text (and tail renders read text contents as they are).
+  const part = fc.oneof(
+    fc.record({ type: fc.constant("text" as const), text: fc.string() }),
+    fc.record({ type: fc.constant("image_url" as const), image_url: fc.record({ url: fc.string() }) })
+  )
   const content = fc.oneof(
     fc.constantFrom("", "ok", "<tool_response>x</tool_response>"),
-    fc.string({ unit: "grapheme" })
+    fc.string({ unit: "grapheme" }),
+    fc.array(part, { maxLength: 3 })
   )
   const call = fc.record({
     id: fc.string(),
