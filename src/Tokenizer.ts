@@ -244,15 +244,59 @@ const addedMatcher = (addedTokens: ReadonlyMap<string, number>) => {
   }
   const starts = new Uint8Array(65536)
   for (const first of byFirst.keys()) starts[first] = 1
-  return (text: string, from: number): AddedMatch | undefined => {
-    for (let i = from; i < text.length; i++) {
-      if (starts[text.charCodeAt(i)] === 0) continue
-      for (const candidate of byFirst.get(text.charCodeAt(i))!) {
-        if (followsAt(text, i, candidate.content)) return { at: i, content: candidate.content, id: candidate.id }
-      }
+  /** The longest added token starting at `text[i]`. */
+  const at = (text: string, i: number): AddedMatch | undefined => {
+    if (starts[text.charCodeAt(i)] === 0) return undefined
+    for (const candidate of byFirst.get(text.charCodeAt(i))!) {
+      if (followsAt(text, i, candidate.content)) return { at: i, content: candidate.content, id: candidate.id }
     }
     return undefined
   }
+  const next = (text: string, from: number): AddedMatch | undefined => {
+    for (let i = from; i < text.length; i++) {
+      const match = at(text, i)
+      if (match !== undefined) return match
+    }
+    return undefined
+  }
+  return { at, next }
+}
+
+/**
+ * A byte-level vocabulary's `encodePieces` in one pass over the text: added tokens and ASCII bytes as they come, and
+ * from a plain run's first non-ASCII character on, the run's remaining UTF-8 bytes at once (what `pushUtf8` does).
+ */
+const encodeBytePieces = (matcher: ReturnType<typeof addedMatcher>, text: string): EncodedPieces => {
+  const pieces: EncodedPieces = { ids: [], textEnds: [], idEnds: [] }
+  const { ids } = pieces
+  const cut = (end: number) => {
+    pieces.textEnds.push(end)
+    pieces.idEnds.push(ids.length)
+  }
+  let runStart = 0
+  let i = 0
+  while (i < text.length) {
+    const match = matcher.at(text, i)
+    if (match !== undefined) {
+      if (i > runStart) cut(i)
+      ids.push(match.id)
+      i += match.content.length
+      cut(i)
+      runStart = i
+      continue
+    }
+    const c = text.charCodeAt(i)
+    if (c < 0x80) {
+      ids.push(c)
+      i++
+      continue
+    }
+    const end = matcher.next(text, i)?.at ?? text.length
+    pushUtf8(text, i, end, ids)
+    i = end
+  }
+  if (i > runStart) cut(i)
+  return pieces
 }
 
 const fromHf = (
@@ -265,7 +309,7 @@ const fromHf = (
   let vocabSize = 0
   for (const id of vocab.values()) if (id >= vocabSize) vocabSize = id + 1
   const addedTokens = new Map(added.map((t) => [t.content, t.id]))
-  const nextAdded = addedMatcher(addedTokens)
+  const matcher = addedMatcher(addedTokens)
   // Most vocabularies have no holes: then a range check is enough (this runs on every sampled id).
   const dense = vocab.size === vocabSize
   const isValidId = (id: number) =>
@@ -277,7 +321,7 @@ const fromHf = (
   /** Calls `plain(start, end)` for each plain run of `text` and `token(match)` for each added token, in order. */
   const scan = (text: string, plain: (start: number, end: number) => void, token: (match: AddedMatch) => void) => {
     let from = 0
-    for (let match = nextAdded(text, 0); match !== undefined; match = nextAdded(text, from)) {
+    for (let match = matcher.next(text, 0); match !== undefined; match = matcher.next(text, from)) {
       if (match.at > from) plain(from, match.at)
       token(match)
       from = match.at + match.content.length
@@ -297,11 +341,7 @@ const fromHf = (
   // Below the smallest added id there is nothing to look up (a byte-level vocabulary's bytes come first).
   const firstAddedId = added.reduce((min, t) => Math.min(min, t.id), Infinity)
   const encodeModel = byteLevel
-    ? (text: string): Array<number> => {
-      const ids: Array<number> = []
-      scan(text, (start, end) => pushUtf8(text, start, end, ids), (match) => ids.push(match.id))
-      return ids
-    }
+    ? (text: string): Array<number> => encodeBytePieces(matcher, text).ids
     : (text: string): Array<number> => hf.encode(text, encodeOptions).ids
   const decodeModel = byteLevel
     ? (ids: ReadonlyArray<number>): string => {
@@ -328,29 +368,27 @@ const fromHf = (
     cache.set(text, ids)
     return ids.slice()
   }
-  // Plain text appended to `ids`: byte-level ids directly, others through `encode` (and its cache).
-  const pushPlain = byteLevel
-    ? (text: string, start: number, end: number, ids: Array<number>): void => pushUtf8(text, start, end, ids)
-    : (text: string, start: number, end: number, ids: Array<number>): void => {
-      for (const id of encode(text.slice(start, end))) ids.push(id)
-    }
-  const encodePieces = (text: string): EncodedPieces => {
+  // Plain pieces through `encode` (and its cache of short pieces).
+  const encodeModelPieces = (text: string): EncodedPieces => {
     const pieces: EncodedPieces = { ids: [], textEnds: [], idEnds: [] }
-    const plain = (start: number, end: number) => {
-      pushPlain(text, start, end, pieces.ids)
+    const cut = (end: number) => {
       pieces.textEnds.push(end)
       pieces.idEnds.push(pieces.ids.length)
+    }
+    const plain = (start: number, end: number) => {
+      for (const id of encode(text.slice(start, end))) pieces.ids.push(id)
+      cut(end)
     }
     if (added.length === 0) plain(0, text.length)
     else {
       scan(text, plain, (match) => {
         pieces.ids.push(match.id)
-        pieces.textEnds.push(match.at + match.content.length)
-        pieces.idEnds.push(pieces.ids.length)
+        cut(match.at + match.content.length)
       })
     }
     return pieces
   }
+  const encodePieces = byteLevel ? (text: string) => encodeBytePieces(matcher, text) : encodeModelPieces
   return {
     [TypeId]: TypeId,
     vocabSize,
