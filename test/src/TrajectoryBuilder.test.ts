@@ -196,6 +196,15 @@ layer(Qwen.layer)("TrajectoryBuilder on the real Qwen tokenizer", (it) => {
         assert.deepStrictEqual(tails.messages, renders.messages)
         assert.strictEqual(tails.rendered, renders.rendered)
       }
+      // chatml over the byte-level vocabulary (the embedded policy's), whose tokenizer encodes natively.
+      const bytes = yield* Tokenizer.make(ByteTokenizer.tokenizerJson(), ByteTokenizer.tokenizerConfig(""))
+      const chatml = ChatTemplate.builtinTemplate("chatml")
+      for (const messages of fc.sample(conversation(false), { numRuns: 50, seed: 4 })) {
+        const tails = yield* buildFrom(bytes, chatml, messages)
+        const renders = yield* buildFrom(bytes, { ...chatml, renderTail: undefined }, messages)
+        assert.deepStrictEqual(tails.segments, renders.segments)
+        assert.strictEqual(tails.rendered, renders.rendered)
+      }
       // Samples with stray specials, cut without an end of turn, or not valid UTF-8: both ways build the same.
       const samples = [tokenizer.encode("a<|im_end|>b"), tokenizer.encode("x<|im_start|>user\ny<|im_end|>"), [226, 130]]
       for (const tokenIds of samples) {
