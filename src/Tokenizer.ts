@@ -217,10 +217,11 @@ interface AddedMatch {
 }
 
 /**
- * The first added token in `text` at or after `from`, as the regular expression `(a|b|…)` over the added tokens,
- * longest first (as Hugging Face matches them), would find it: the leftmost start, the longest token there. A scan
- * over char codes: a rollout tokenizes every observation, and a regular expression with one alternative per added
- * token (22 for Qwen) costs several times more, once to split and once more to look each piece up.
+ * Added tokens found as the regular expression `(a|b|…)` over them, longest first (as Hugging Face matches them),
+ * would find them: `at(text, i)` is the longest one starting at `i`, `next(text, from)` the first one at or after
+ * `from` (the leftmost start, the longest token there). A scan over char codes: a rollout tokenizes every
+ * observation, and a regular expression with one alternative per added token (22 for Qwen) costs several times
+ * more, once to split and once more to look each piece up.
  */
 const addedMatcher = (addedTokens: ReadonlyMap<string, number>) => {
   const byFirst = new Map<number, Array<AddedMatch>>()
