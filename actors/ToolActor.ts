@@ -24,6 +24,7 @@ import {
   Duration,
   Effect,
   Exit,
+  Fiber,
   Layer,
   Option,
   Result,
@@ -200,7 +201,7 @@ const parseArguments = (
 
 const decodeJson = Schema.decodeUnknownExit(Schema.fromJsonString(Schema.Unknown))
 
-const nowMs = Effect.map(Clock.currentTimeNanos, (n) => Number(n) / 1e6)
+const nowMs = (clock: Clock.Clock): number => Number(clock.currentTimeNanosUnsafe()) / 1e6
 
 const defaultRetrySchedule = Schedule.exponential("100 millis")
 
@@ -260,6 +261,25 @@ const validate = (
   return { value: decoded.value }
 }
 
+/**
+ * `Effect.timeoutOrElse` (a race of the attempt against a timer, each in a fiber of its own) without the race
+ * for the attempts that finish without suspending, most of them (in-process environments): the attempt starts at
+ * once in a fiber of its own; only if it suspends is it awaited under the timer, and interrupted (and awaited)
+ * when the timer wins or the caller is interrupted, as the race's loser would be.
+ */
+const timeoutAfter = <A>(
+  attempt: Effect.Effect<A, AttemptFailure>,
+  duration: Duration.Duration
+): Effect.Effect<A, AttemptFailure> =>
+  Effect.flatMap(Effect.forkDetach(attempt, { startImmediately: true }), (fiber) => {
+    const exit = fiber.pollUnsafe()
+    if (exit !== undefined) return exit
+    return Effect.timeoutOrElse(Fiber.join(fiber), {
+      duration,
+      orElse: () => Effect.fail<AttemptFailure>({ _tag: "Timeout" })
+    }).pipe(Effect.ensuring(Fiber.interrupt(fiber)))
+  })
+
 /** The handler under the tool's environment, timeout, concurrency limit and retry policy. */
 const guarded = (
   entry: Entry,
@@ -271,12 +291,7 @@ const guarded = (
     (error): AttemptFailure => ({ _tag: "Failure", error })
   ) as Effect.Effect<unknown, AttemptFailure>
   if (context !== undefined) attempt = Effect.provideContext(attempt, context)
-  if (entry.timeout !== undefined) {
-    attempt = Effect.timeoutOrElse(attempt, {
-      duration: entry.timeout,
-      orElse: () => Effect.fail<AttemptFailure>({ _tag: "Timeout" })
-    })
-  }
+  if (entry.timeout !== undefined) attempt = timeoutAfter(attempt, entry.timeout)
   if (entry.semaphore !== undefined) attempt = Semaphore.withPermits(entry.semaphore, 1)(attempt)
   if (entry.retry !== undefined) attempt = retryAfterFailure(attempt, entry.retry)
   return attempt
@@ -308,6 +323,21 @@ const classify = (
   const encoded = Schema.encodeUnknownExit(tool.failureSchema)(value)
   const detail = failureDetail(value, Exit.isSuccess(encoded) ? encoded.value : undefined)
   return toolError(call, "HandlerFailure", detail, isRetryableFailure(failure.value) ? true : undefined)
+}
+
+/** A turn's results in call order, with its counts and its answer (the first terminal call's). */
+const summarize = (results: ReadonlyArray<CallResult>): TurnResult => {
+  let errors = 0
+  let formatErrors = 0
+  let answer: string | undefined
+  for (const r of results) {
+    if (r.error !== undefined) {
+      errors++
+      if (r.error.isFormatError) formatErrors++
+    }
+    if (r.terminal && answer === undefined) answer = r.answer
+  }
+  return { results, messages: results.map((r) => r.message), answer, terminal: answer !== undefined, errors, formatErrors }
 }
 
 // ===== Constructors =====
@@ -385,7 +415,9 @@ export const make = <const Tools extends ReadonlyArray<Tool.Any>>(
       return s
     }
 
+    /** The call's result and its figures; `start` and the end are read from the same clock. */
     const finish = (
+      clock: Clock.Clock,
       call: typeof Message.ToolCall.Type,
       statsKey: string,
       start: number,
@@ -397,101 +429,88 @@ export const make = <const Tools extends ReadonlyArray<Tool.Any>>(
         readonly attempts: number
         readonly budget: Tool.OutputBudget
       }
-    ) =>
-      Effect.map(nowMs, (end): CallResult => {
-        const { text, truncated } = Tool.truncate(outcome.text, outcome.budget, options.tokenizer)
-        const latencyMs = end - start
-        const s = statsOf(statsKey)
-        s.calls++
-        s.retries += Math.max(0, outcome.attempts - 1)
-        s.latencySum += latencyMs
-        if (latencyMs > s.latencyMax) s.latencyMax = latencyMs
-        if (truncated) s.truncated++
-        if (outcome.error !== undefined) {
-          s.errors++
-          s.byReason.set(outcome.error.reason, (s.byReason.get(outcome.error.reason) ?? 0) + 1)
-        }
-        const isError = outcome.error !== undefined
-        const terminal = !isError && outcome.terminal === true
-        return {
-          toolCallId: call.id,
-          name: call.function.name,
-          message: isError
-            ? { role: "tool", content: text, tool_call_id: call.id, name: call.function.name, is_error: true }
-            : { role: "tool", content: text, tool_call_id: call.id, name: call.function.name },
-          error: outcome.error,
-          value: outcome.value,
-          terminal,
-          answer: terminal ? outcome.text : undefined,
-          truncated,
-          attempts: outcome.attempts,
-          latencyMs
-        }
-      })
+    ): CallResult => {
+      const { text, truncated } = Tool.truncate(outcome.text, outcome.budget, options.tokenizer)
+      const latencyMs = nowMs(clock) - start
+      const s = statsOf(statsKey)
+      s.calls++
+      s.retries += Math.max(0, outcome.attempts - 1)
+      s.latencySum += latencyMs
+      if (latencyMs > s.latencyMax) s.latencyMax = latencyMs
+      if (truncated) s.truncated++
+      if (outcome.error !== undefined) {
+        s.errors++
+        s.byReason.set(outcome.error.reason, (s.byReason.get(outcome.error.reason) ?? 0) + 1)
+      }
+      const isError = outcome.error !== undefined
+      const terminal = !isError && outcome.terminal === true
+      return {
+        toolCallId: call.id,
+        name: call.function.name,
+        message: isError
+          ? { role: "tool", content: text, tool_call_id: call.id, name: call.function.name, is_error: true }
+          : { role: "tool", content: text, tool_call_id: call.id, name: call.function.name },
+        error: outcome.error,
+        value: outcome.value,
+        terminal,
+        answer: terminal ? outcome.text : undefined,
+        truncated,
+        attempts: outcome.attempts,
+        latencyMs
+      }
+    }
 
-    const execute = Effect.fnUntraced(function*(
+    // Plain combinators rather than generators: this runs for every tool call of every chain. The clock is looked
+    // up once a call; its arrival and its observation are read from it.
+    const execute = (
       call: typeof Message.ToolCall.Type,
       turn?: TurnOptions<any>
-    ): Effect.fn.Return<CallResult, Tool.ToolError> {
-      const start = yield* nowMs
-      const entry = entries.get(call.function.name)
-      if (entry === undefined) {
-        const error = toolError(call, "UnknownTool", available)
-        const outcome = { text: error.message, error, attempts: 0, budget: defaultBudget }
-        return yield* finish(call, "_unknown", start, outcome)
-      }
-      const done = (outcome: Omit<Parameters<typeof finish>[3], "budget">) =>
-        finish(call, entry.tool.name, start, { ...outcome, budget: entry.budget })
-      const params = validate(entry, call, turn?.context)
-      if (params instanceof Tool.ToolError) return yield* done({ text: params.message, error: params, attempts: 0 })
+    ): Effect.Effect<CallResult, Tool.ToolError> =>
+      Clock.clockWith((clock) => {
+        const start = nowMs(clock)
+        const entry = entries.get(call.function.name)
+        if (entry === undefined) {
+          const error = toolError(call, "UnknownTool", available)
+          const outcome = { text: error.message, error, attempts: 0, budget: defaultBudget }
+          return Effect.sync(() => finish(clock, call, "_unknown", start, outcome))
+        }
+        const done = (outcome: Omit<Parameters<typeof finish>[4], "budget">) =>
+          Effect.sync(() => finish(clock, call, entry.tool.name, start, { ...outcome, budget: entry.budget }))
+        const params = validate(entry, call, turn?.context)
+        if (params instanceof Tool.ToolError) return done({ text: params.message, error: params, attempts: 0 })
 
-      let attempts = 0
-      const exit = yield* Effect.exit(guarded(entry, turn?.context, () => {
-        attempts++
-        return entry.tool.handler(params.value, { toolCallId: call.id })
-      }))
-      const outcome = classify(entry, call, exit)
-      if (Cause.isCause(outcome)) {
-        if (Cause.hasInterruptsOnly(outcome)) return yield* Effect.failCause(outcome) // cancellation propagates
-        yield* logDeath(entry.tool.name, outcome)
-        const error = toolError(call, "Defect", "")
-        return yield* done({ text: error.message, error, attempts })
-      }
-      if (outcome instanceof Tool.ToolError) {
-        const result = yield* done({ text: outcome.message, error: outcome, attempts })
-        if (outcome.reason === "HandlerFailure" && entry.tool.failureMode === "error") return yield* outcome
-        return result
-      }
-      return yield* done({ ...outcome, terminal: entry.tool.terminal, attempts })
-    })
+        let attempts = 0
+        const attempt = guarded(entry, turn?.context, () => {
+          attempts++
+          return entry.tool.handler(params.value, { toolCallId: call.id })
+        })
+        return Effect.flatMap(Effect.exit(attempt), (exit): Effect.Effect<CallResult, Tool.ToolError> => {
+          const outcome = classify(entry, call, exit)
+          if (Cause.isCause(outcome)) {
+            if (Cause.hasInterruptsOnly(outcome)) return Effect.failCause(outcome) // cancellation propagates
+            const error = toolError(call, "Defect", "")
+            return Effect.andThen(logDeath(entry.tool.name, outcome), done({ text: error.message, error, attempts }))
+          }
+          if (outcome instanceof Tool.ToolError) {
+            const result = done({ text: outcome.message, error: outcome, attempts })
+            return outcome.reason === "HandlerFailure" && entry.tool.failureMode === "error"
+              ? Effect.andThen(result, Effect.fail(outcome))
+              : result
+          }
+          return done({ ...outcome, terminal: entry.tool.terminal, attempts })
+        })
+      })
 
-    const executeTurn = Effect.fnUntraced(function*(
+    const executeTurn = (
       calls: ReadonlyArray<typeof Message.ToolCall.Type>,
       turn?: TurnOptions<any>
-    ): Effect.fn.Return<TurnResult, Tool.ToolError> {
+    ): Effect.Effect<TurnResult, Tool.ToolError> => {
       const sequential = turn?.sequential ?? options.sequential ?? false
       const results = calls.length === 1
-        ? [yield* execute(calls[0]!, turn)]
-        : yield* Effect.forEach(calls, (call) => execute(call, turn), { concurrency: sequential ? 1 : "unbounded" })
-      let errors = 0
-      let formatErrors = 0
-      let answer: string | undefined
-      for (const r of results) {
-        if (r.error !== undefined) {
-          errors++
-          if (r.error.isFormatError) formatErrors++
-        }
-        if (r.terminal && answer === undefined) answer = r.answer
-      }
-      return {
-        results,
-        messages: results.map((r) => r.message),
-        answer,
-        terminal: answer !== undefined,
-        errors,
-        formatErrors
-      } satisfies TurnResult
-    })
+        ? Effect.map(execute(calls[0]!, turn), (result) => [result])
+        : Effect.forEach(calls, (call) => execute(call, turn), { concurrency: sequential ? 1 : "unbounded" })
+      return Effect.map(results, summarize)
+    }
 
     const metrics = Effect.sync(() => {
       const out: Record<string, number> = {}
