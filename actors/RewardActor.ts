@@ -18,7 +18,7 @@
  *
  * @since 0.1.0
  */
-import { Cause, Clock, Context, Duration, Effect, Exit, Option, Semaphore } from "effect"
+import { Cause, Clock, Context, Duration, Effect, Option, Semaphore } from "effect"
 import { Reward, Trajectory } from "../src/index.ts"
 
 // ===== Models =====
@@ -150,7 +150,29 @@ export const make = <R>(reward: Reward.Reward<R>, options: Options): Effect.Effe
       error: failure
     })
 
-    const score = Effect.fnUntraced(function*(trajectory: Trajectory.Trajectory, scoreOptions?: ScoreOptions<R>) {
+    const scored = (trajectory: Trajectory.Trajectory, outcome: Reward.Outcome): Scored => ({
+      trajectory: {
+        ...trajectory,
+        reward: outcome._tag === "Scored" ? outcome.reward : 0,
+        rewardStatus: outcome._tag === "Scored" ? "scored" : "not_applicable",
+        metrics: { ...trajectory.metrics, ...outcome.metrics }
+      },
+      error: undefined
+    })
+
+    const failed = (trajectory: Trajectory.Trajectory, cause: Cause.Cause<Reward.RewardError>): Effect.Effect<Scored> => {
+      const failure = Cause.findErrorOption(cause)
+      if (Option.isNone(failure) && !Cause.hasDies(cause)) {
+        return Effect.failCause(cause as Cause.Cause<never>) // interrupted: cancellation propagates
+      }
+      const rewardError = named(
+        Option.isSome(failure) ? failure.value : error("Defect", `reward "${name}" threw: ${defectText(cause)}`)
+      )
+      return Effect.as(logFailure(rewardError, cause), applyFailure(trajectory, rewardError))
+    }
+
+    // Plain combinators rather than a generator: a trajectory is scored once per episode, on every chain.
+    const evaluate = (trajectory: Trajectory.Trajectory, scoreOptions?: ScoreOptions<R>): Effect.Effect<Scored> => {
       let evaluation: Effect.Effect<Reward.Outcome, Reward.RewardError> = reward.evaluate({
         trajectory,
         row: scoreOptions?.row
@@ -162,29 +184,14 @@ export const make = <R>(reward: Reward.Reward<R>, options: Options): Effect.Effe
         })
       }
       if (semaphore !== undefined) evaluation = Semaphore.withPermits(semaphore, 1)(evaluation)
-      const exit = yield* Effect.exit(evaluation)
-      if (Exit.isSuccess(exit)) {
-        const outcome = exit.value
-        return {
-          trajectory: {
-            ...trajectory,
-            reward: outcome._tag === "Scored" ? outcome.reward : 0,
-            rewardStatus: outcome._tag === "Scored" ? "scored" : "not_applicable",
-            metrics: { ...trajectory.metrics, ...outcome.metrics }
-          },
-          error: undefined
-        } satisfies Scored
-      }
-      const failure = Cause.findErrorOption(exit.cause)
-      if (Option.isNone(failure) && !Cause.hasDies(exit.cause)) {
-        return yield* Effect.failCause(exit.cause as Cause.Cause<never>) // interrupted: cancellation propagates
-      }
-      const rewardError = named(
-        Option.isSome(failure) ? failure.value : error("Defect", `reward "${name}" threw: ${defectText(exit.cause)}`)
-      )
-      yield* logFailure(rewardError, exit.cause)
-      return applyFailure(trajectory, rewardError)
-    })
+      return Effect.matchCauseEffect(evaluation, {
+        onSuccess: (outcome) => Effect.succeed(scored(trajectory, outcome)),
+        onFailure: (cause) => failed(trajectory, cause)
+      })
+    }
+
+    const score = (trajectory: Trajectory.Trajectory, scoreOptions?: ScoreOptions<R>): Effect.Effect<Scored> =>
+      Effect.suspend(() => evaluate(trajectory, scoreOptions))
 
     return { reward, score }
   })
