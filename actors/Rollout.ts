@@ -384,19 +384,29 @@ const supervise = (
   spec: RolloutChain.Spec,
   config: RolloutChain.Config,
   restart: Schedule.Schedule<unknown, unknown>
-): Effect.Effect<RolloutChain.Outcome, RolloutError.RolloutError> =>
-  RolloutChain.run(spec, config).pipe(
-    Effect.sandbox,
-    Effect.retry({
-      schedule: Schedule.tap(restart, () => Effect.sync(() => config.stats.restarts++)),
-      while: (cause: Cause.Cause<RolloutError.RolloutError>) => !Cause.hasFails(cause) && Cause.hasDies(cause)
-    }),
-    Effect.catch((cause) =>
-      Cause.hasFails(cause) || !Cause.hasDies(cause)
-        ? Effect.failCause(cause)
-        : Effect.sync(() => defectOutcome(spec, config, cause))
+): Effect.Effect<RolloutChain.Outcome, RolloutError.RolloutError> => {
+  const chain = RolloutChain.run(spec, config)
+  // The restart schedule is only set up once the chain has died: the happy path pays for one `catchCause`. The
+  // first death is replayed into `retry` so that the schedule's delays and count apply from the first restart on.
+  return Effect.catchCause(chain, (first) => {
+    if (!isDefect(first)) return Effect.failCause(first)
+    let replayed = false
+    return Effect.suspend(() => (replayed ? chain : ((replayed = true), Effect.failCause(first)))).pipe(
+      Effect.sandbox,
+      Effect.retry({
+        schedule: Schedule.tap(restart, () => Effect.sync(() => config.stats.restarts++)),
+        while: isDefect
+      }),
+      Effect.catch((cause) =>
+        isDefect(cause) ? Effect.sync(() => defectOutcome(spec, config, cause)) : Effect.failCause(cause)
+      )
     )
-  )
+  })
+}
+
+/** A death to restart after: a defect, and no typed failure (those follow their policy). */
+const isDefect = (cause: Cause.Cause<RolloutError.RolloutError>): boolean =>
+  !Cause.hasFails(cause) && Cause.hasDies(cause)
 
 const defectOutcome = (
   spec: RolloutChain.Spec,
@@ -431,32 +441,32 @@ const defectOutcome = (
 const makeCollector = (groupId: string, rowIndex: number, size: number, stats: RolloutChain.Stats) => {
   const outcomes: Array<RolloutChain.Outcome | undefined> = new Array(size)
   let remaining = size
+  /** The group's event, once every chain delivered: the group, or its drop when a chain asked for one. */
+  const groupEvent = (queue: Queue.Queue<Event, any>): Effect.Effect<void> => {
+    const done = outcomes as Array<RolloutChain.Outcome>
+    if (done.some((o) => o.dropGroup)) {
+      const reasons = done.flatMap((o) => o.dropGroup && o.trajectory.error !== undefined ? [o.trajectory.error] : [])
+      stats.groupsDropped++
+      return Effect.asVoid(Queue.offer(queue, { _tag: "GroupDropped", groupId, rowIndex, reasons }))
+    }
+    stats.groupsEmitted++
+    return Effect.asVoid(Queue.offer(queue, {
+      _tag: "Group",
+      group: { groupId, rowIndex, trajectories: done.map((o) => o.trajectory) }
+    }))
+  }
   return {
     deliver: (
       chainIndex: number,
       outcome: RolloutChain.Outcome,
       queue: Queue.Queue<Event, any>
     ): Effect.Effect<void> =>
-      Effect.gen(function*() {
+      Effect.suspend(() => {
         outcomes[chainIndex] = outcome
         // Decide before offering: the offer may suspend while a sibling finishes.
         const last = --remaining === 0
-        yield* Queue.offer(queue, { _tag: "Trajectory", rowIndex, trajectory: outcome.trajectory })
-        if (!last) return
-        const done = outcomes as Array<RolloutChain.Outcome>
-        if (done.some((o) => o.dropGroup)) {
-          const reasons = done.flatMap((o) =>
-            o.dropGroup && o.trajectory.error !== undefined ? [o.trajectory.error] : []
-          )
-          stats.groupsDropped++
-          yield* Queue.offer(queue, { _tag: "GroupDropped", groupId, rowIndex, reasons })
-        } else {
-          stats.groupsEmitted++
-          yield* Queue.offer(queue, {
-            _tag: "Group",
-            group: { groupId, rowIndex, trajectories: done.map((o) => o.trajectory) }
-          })
-        }
+        const offered = Queue.offer(queue, { _tag: "Trajectory", rowIndex, trajectory: outcome.trajectory })
+        return last ? Effect.flatMap(offered, () => groupEvent(queue)) : Effect.asVoid(offered)
       })
   }
 }
