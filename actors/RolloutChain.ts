@@ -507,6 +507,9 @@ const runScoped = Effect.fnUntraced(function*(
   }
   const transcript = started
   const stopTokenIds = [...(config.sampling.stopTokenIds ?? []), ...config.format.stopTokenIds]
+  // One request's parameters, rebuilt only when the context budget lowers `maxTokens`.
+  let sampling: SamplingParams = { ...config.sampling, stopTokenIds }
+  const clock = yield* Clock.Clock
 
   const ending: Ending = yield* Effect.gen(function*(): Effect.fn.Return<Ending, RolloutError.RolloutError> {
     while (true) {
@@ -516,8 +519,9 @@ const runScoped = Effect.fnUntraced(function*(
         : config.maxContextTokens - transcript.length()
       if (remaining <= 0) return { termination: "context_length" }
       const maxTokens = Math.min(config.sampling.maxTokens, remaining)
+      if (maxTokens !== sampling.maxTokens) sampling = { ...config.sampling, maxTokens, stopTokenIds }
       const before = transcript.length()
-      const turn = yield* sampleTurn(spec, config, transcript, { ...config.sampling, maxTokens, stopTokenIds }, local)
+      const turn = yield* sampleTurn(spec, config, transcript, sampling, local, clock)
       if (turn instanceof ResolvedError) return toEnding(turn)
       const generated = transcript.length() - before
       stats.tokensGenerated += generated
@@ -553,7 +557,7 @@ const runScoped = Effect.fnUntraced(function*(
           }
           observations = [...turn.toolCalls.map((call) => feedbackMessage(executed.error, call.id)), ...feedback]
         } else {
-          observations = [...executed.messages, ...feedback]
+          observations = feedback.length === 0 ? executed.messages : [...executed.messages, ...feedback]
           terminal = executed.terminal
           for (const reason of executed.errors ?? []) bump(local.toolErrors, reason)
         }
@@ -568,7 +572,8 @@ const runScoped = Effect.fnUntraced(function*(
         )
         if (said instanceof ResolvedError) return toEnding(said)
         if (said !== undefined) {
-          observations = [...observations, ...Environment.toMessages(said.messages ?? [])]
+          const spoken = Environment.toMessages(said.messages ?? [])
+          observations = observations.length === 0 ? spoken : [...observations, ...spoken]
           end = said.end
         }
         if (observations.length === 0 && end === undefined) return { termination: "no_tool_call" }
@@ -597,20 +602,24 @@ const sampleTurn = (
   config: Config,
   transcript: Transcript,
   sampling: SamplingParams,
-  local: Local
+  local: Local,
+  clock: Clock.Clock
 ): Effect.Effect<AssistantTurn | ResolvedError, RolloutError.RolloutError> => {
   const backend = config.backend
-  // Latency of the backend call itself (retries included), without parsing and tokenizing.
-  const timed = <A, E>(call: Effect.Effect<A, E>): Effect.Effect<A, E> =>
-    Effect.flatMap(Clock.currentTimeMillis, (t0) =>
-      Effect.ensuring(
-        call,
-        Effect.map(Clock.currentTimeMillis, (t1) => {
-          config.stats.samplerCalls++
-          config.stats.samplerLatencyMs += t1 - t0
-          local.samplerMs += t1 - t0
-        })
-      ))
+  // Latency of the backend call itself (retries included), without parsing and tokenizing; the chain's clock is
+  // read directly (it is the fiber's, a `TestClock` in tests) instead of looked up twice a turn.
+  const timed = <A, E>(call: Effect.Effect<A, E>): Effect.Effect<A, E> => {
+    const t0 = clock.currentTimeMillisUnsafe()
+    return Effect.ensuring(
+      call,
+      Effect.sync(() => {
+        const ms = clock.currentTimeMillisUnsafe() - t0
+        config.stats.samplerCalls++
+        config.stats.samplerLatencyMs += ms
+        local.samplerMs += ms
+      })
+    )
+  }
   const fromSampler = (e: SamplerError) => RolloutError.fromSamplerError(e, spec.chainId)
   if (backend._tag === "Tokens") {
     return Effect.flatMap(
@@ -655,7 +664,10 @@ const sampleTurn = (
             content: reply.content,
             ...(reply.toolCalls.length === 0 ? {} : { tool_calls: reply.toolCalls })
           }),
-          (turn) => ({ ...turn, complete: reply.finishReason !== "length" })
+          (turn) => {
+            const complete = reply.finishReason !== "length"
+            return turn.complete === complete ? turn : { ...turn, complete }
+          }
         )
       )
   )
@@ -720,8 +732,11 @@ const errorText = (e: unknown): string =>
 const clipped = (segments: ReadonlyArray<Segment>, maxTokens: number | undefined) =>
   maxTokens === undefined ? segments : segments.map((segment) => clipSegment(segment, maxTokens))
 
-/** Builds the trajectory, scores it (in the chain's scope, with its environment) and counts the ending. */
-const finish = Effect.fnUntraced(function*(
+/**
+ * Builds the trajectory, scores it (in the chain's scope, with its environment) and counts the ending. Plain
+ * combinators rather than a generator: this runs once per episode on every chain.
+ */
+const finish = (
   spec: Spec,
   config: Config,
   transcript: Transcript | undefined,
@@ -729,56 +744,56 @@ const finish = Effect.fnUntraced(function*(
   local: Local,
   startedAt: number,
   ending: Ending
-): Effect.fn.Return<Outcome, RolloutError.RolloutError> {
-  const endedAt = yield* Clock.currentTimeMillis
-  const masked = ending.policy === "mask" || ending.policy === "drop_group"
-  let trajectory: Trajectory = {
-    trajectoryId: spec.trajectoryId,
-    groupId: spec.groupId,
-    chainId: spec.chainId,
-    messages: transcript?.messages() ?? spec.messages,
-    segments: clipped(transcript?.segments() ?? [], config.maxContextTokens),
-    termination: ending.termination,
-    reward: 0,
-    rewardStatus: masked ? "failed" : "pending",
-    metrics: {
+): Effect.Effect<Outcome, RolloutError.RolloutError> =>
+  Effect.flatMap(Clock.currentTimeMillis, (endedAt) => {
+    const masked = ending.policy === "mask" || ending.policy === "drop_group"
+    const metrics: Record<string, number> = {
       turns: local.turns,
       tool_calls: local.toolCalls,
       tokens_generated: local.tokens,
       sampler_latency_ms: local.samplerMs,
-      rollout_time_ms: endedAt - startedAt,
-      ...Object.fromEntries([...local.toolErrors].map(([reason, n]) => [`tool_errors/${reason}`, n]))
-    },
-    trainable: config.backend._tag === "Tokens",
-    masked,
-    ...(spec.row === undefined ? {} : { row: spec.row }),
-    ...(ending.error === undefined
-      ? {}
-      : { error: `${ending.error.reason}: ${ending.error.message}`, errorReason: ending.error.reason }),
-    ...(ending.episodeEnd === undefined ? {} : { episodeEnd: ending.episodeEnd })
-  }
-  let dropGroup = ending.policy === "drop_group"
-  if (ending.policy === "zero_reward") {
-    trajectory = { ...trajectory, reward: 0, rewardStatus: "scored" }
-  } else if (!masked) {
-    const scored = yield* score(trajectory, config, env)
-    trajectory = scored.trajectory
-    dropGroup = scored.dropGroup
-  }
-  bump(config.stats.terminations, trajectory.termination)
-  return { trajectory, dropGroup }
-})
+      rollout_time_ms: endedAt - startedAt
+    }
+    for (const [reason, n] of local.toolErrors) metrics[`tool_errors/${reason}`] = n
+    const trajectory: Trajectory = {
+      trajectoryId: spec.trajectoryId,
+      groupId: spec.groupId,
+      chainId: spec.chainId,
+      messages: transcript?.messages() ?? spec.messages,
+      segments: clipped(transcript?.segments() ?? [], config.maxContextTokens),
+      termination: ending.termination,
+      reward: 0,
+      rewardStatus: masked ? "failed" : "pending",
+      metrics,
+      trainable: config.backend._tag === "Tokens",
+      masked,
+      ...(spec.row === undefined ? {} : { row: spec.row }),
+      ...(ending.error === undefined
+        ? {}
+        : { error: `${ending.error.reason}: ${ending.error.message}`, errorReason: ending.error.reason }),
+      ...(ending.episodeEnd === undefined ? {} : { episodeEnd: ending.episodeEnd })
+    }
+    const outcome: Effect.Effect<Outcome, RolloutError.RolloutError> = ending.policy === "zero_reward"
+      ? Effect.succeed({ trajectory: { ...trajectory, reward: 0, rewardStatus: "scored" }, dropGroup: false })
+      : masked
+      ? Effect.succeed({ trajectory, dropGroup: ending.policy === "drop_group" })
+      : score(trajectory, config, env)
+    return Effect.map(outcome, (done) => {
+      bump(config.stats.terminations, done.trajectory.termination)
+      return done
+    })
+  })
 
-const score = Effect.fnUntraced(function*(
+const score = (
   trajectory: Trajectory,
   config: Config,
   env: Context.Context<never>
-): Effect.fn.Return<Outcome, RolloutError.RolloutError> {
+): Effect.Effect<Outcome, RolloutError.RolloutError> => {
   if (config.reward === undefined) {
-    return { trajectory: { ...trajectory, rewardStatus: "not_applicable" }, dropGroup: false }
+    return Effect.succeed({ trajectory: { ...trajectory, rewardStatus: "not_applicable" }, dropGroup: false })
   }
-  const scored = yield* withPolicy(config, config.reward(trajectory, env))
-  if (scored instanceof ResolvedError) {
+  return Effect.map(withPolicy(config, config.reward(trajectory, env)), (scored): Outcome => {
+    if (!(scored instanceof ResolvedError)) return { trajectory: applyScore(trajectory, scored), dropGroup: false }
     const masked = scored.policy === "mask" || scored.policy === "drop_group"
     return {
       trajectory: {
@@ -791,6 +806,5 @@ const score = Effect.fnUntraced(function*(
       },
       dropGroup: scored.policy === "drop_group"
     }
-  }
-  return { trajectory: applyScore(trajectory, scored), dropGroup: false }
-})
+  })
+}
