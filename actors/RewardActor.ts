@@ -160,7 +160,10 @@ export const make = <R>(reward: Reward.Reward<R>, options: Options): Effect.Effe
       error: undefined
     })
 
-    const failed = (trajectory: Trajectory.Trajectory, cause: Cause.Cause<Reward.RewardError>): Effect.Effect<Scored> => {
+    const failed = (
+      trajectory: Trajectory.Trajectory,
+      cause: Cause.Cause<Reward.RewardError>
+    ): Effect.Effect<Scored> => {
       const failure = Cause.findErrorOption(cause)
       if (Option.isNone(failure) && !Cause.hasDies(cause)) {
         return Effect.failCause(cause as Cause.Cause<never>) // interrupted: cancellation propagates

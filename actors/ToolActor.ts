@@ -337,7 +337,14 @@ const summarize = (results: ReadonlyArray<CallResult>): TurnResult => {
     }
     if (r.terminal && answer === undefined) answer = r.answer
   }
-  return { results, messages: results.map((r) => r.message), answer, terminal: answer !== undefined, errors, formatErrors }
+  return {
+    results,
+    messages: results.map((r) => r.message),
+    answer,
+    terminal: answer !== undefined,
+    errors,
+    formatErrors
+  }
 }
 
 // ===== Constructors =====
