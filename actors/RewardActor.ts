@@ -66,11 +66,44 @@ export interface Scored {
 }
 
 /**
+ * A reward's verdict on a trajectory, before it is applied (see {@link applyVerdict}).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Verdict {
+  readonly reward: number
+  readonly rewardStatus: Trajectory.RewardStatus
+  /** The reward's own metrics (`reward/<name>/...`), or its failure's (`reward/<name>/error`, `errors/<Reason>`). */
+  readonly metrics: Readonly<Record<string, number>>
+  /** The `drop` policy masks the trajectory of a failed reward. */
+  readonly masked: boolean
+  readonly error: Reward.RewardError | undefined
+}
+
+/**
+ * A trajectory with a verdict applied: its reward and status, the verdict's metrics merged into its own, masked
+ * when the verdict masks it.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const applyVerdict = (trajectory: Trajectory.Trajectory, verdict: Verdict): Trajectory.Trajectory => ({
+  ...trajectory,
+  reward: verdict.reward,
+  rewardStatus: verdict.rewardStatus,
+  masked: trajectory.masked || verdict.masked,
+  metrics: { ...trajectory.metrics, ...verdict.metrics }
+})
+
+/**
  * @category models
  * @since 0.1.0
  */
 export interface RewardActor<R = never> {
   readonly reward: Reward.Reward<R>
+  /** The verdict alone, for a caller that applies it itself (the rollout chain's `Reward` port). */
+  readonly evaluate: (trajectory: Trajectory.Trajectory, options?: ScoreOptions<R>) => Effect.Effect<Verdict>
   readonly score: (trajectory: Trajectory.Trajectory, options?: ScoreOptions<R>) => Effect.Effect<Scored>
 }
 
@@ -135,35 +168,23 @@ export const make = <R>(reward: Reward.Reward<R>, options: Options): Effect.Effe
       repeats = { count: 0, since: now, last: "" }
     })
 
-    const applyFailure = (trajectory: Trajectory.Trajectory, failure: Reward.RewardError): Scored => ({
-      trajectory: {
-        ...trajectory,
-        reward: 0,
-        rewardStatus: options.onError === "zero" ? "scored" : "failed",
-        masked: options.onError === "drop" ? true : trajectory.masked,
-        metrics: {
-          ...trajectory.metrics,
-          [`reward/${name}/error`]: 1,
-          [`reward/${name}/errors/${failure.reason}`]: 1
-        }
-      },
+    const failureVerdict = (failure: Reward.RewardError): Verdict => ({
+      reward: 0,
+      rewardStatus: options.onError === "zero" ? "scored" : "failed",
+      metrics: { [`reward/${name}/error`]: 1, [`reward/${name}/errors/${failure.reason}`]: 1 },
+      masked: options.onError === "drop",
       error: failure
     })
 
-    const scored = (trajectory: Trajectory.Trajectory, outcome: Reward.Outcome): Scored => ({
-      trajectory: {
-        ...trajectory,
-        reward: outcome._tag === "Scored" ? outcome.reward : 0,
-        rewardStatus: outcome._tag === "Scored" ? "scored" : "not_applicable",
-        metrics: { ...trajectory.metrics, ...outcome.metrics }
-      },
+    const outcomeVerdict = (outcome: Reward.Outcome): Verdict => ({
+      reward: outcome._tag === "Scored" ? outcome.reward : 0,
+      rewardStatus: outcome._tag === "Scored" ? "scored" : "not_applicable",
+      metrics: outcome.metrics ?? {},
+      masked: false,
       error: undefined
     })
 
-    const failed = (
-      trajectory: Trajectory.Trajectory,
-      cause: Cause.Cause<Reward.RewardError>
-    ): Effect.Effect<Scored> => {
+    const failed = (cause: Cause.Cause<Reward.RewardError>): Effect.Effect<Verdict> => {
       const failure = Cause.findErrorOption(cause)
       if (Option.isNone(failure) && !Cause.hasDies(cause)) {
         return Effect.failCause(cause as Cause.Cause<never>) // interrupted: cancellation propagates
@@ -171,30 +192,34 @@ export const make = <R>(reward: Reward.Reward<R>, options: Options): Effect.Effe
       const rewardError = named(
         Option.isSome(failure) ? failure.value : error("Defect", `reward "${name}" threw: ${defectText(cause)}`)
       )
-      return Effect.as(logFailure(rewardError, cause), applyFailure(trajectory, rewardError))
+      return Effect.as(logFailure(rewardError, cause), failureVerdict(rewardError))
     }
 
     // Plain combinators rather than a generator: a trajectory is scored once per episode, on every chain.
-    const evaluate = (trajectory: Trajectory.Trajectory, scoreOptions?: ScoreOptions<R>): Effect.Effect<Scored> => {
-      let evaluation: Effect.Effect<Reward.Outcome, Reward.RewardError> = reward.evaluate({
-        trajectory,
-        row: scoreOptions?.row
-      }).pipe(Effect.provideContext(scoreOptions?.context ?? Context.empty() as Context.Context<R>))
-      if (timeout !== undefined) {
-        evaluation = Effect.timeoutOrElse(evaluation, {
-          duration: timeout,
-          orElse: () => Effect.fail(error("Timeout", `reward "${name}" timed out after ${Duration.format(timeout)}`))
+    const evaluate = (trajectory: Trajectory.Trajectory, scoreOptions?: ScoreOptions<R>): Effect.Effect<Verdict> =>
+      Effect.suspend(() => {
+        let evaluation: Effect.Effect<Reward.Outcome, Reward.RewardError> = reward.evaluate({
+          trajectory,
+          row: scoreOptions?.row
+        }).pipe(Effect.provideContext(scoreOptions?.context ?? Context.empty() as Context.Context<R>))
+        if (timeout !== undefined) {
+          evaluation = Effect.timeoutOrElse(evaluation, {
+            duration: timeout,
+            orElse: () => Effect.fail(error("Timeout", `reward "${name}" timed out after ${Duration.format(timeout)}`))
+          })
+        }
+        if (semaphore !== undefined) evaluation = Semaphore.withPermits(semaphore, 1)(evaluation)
+        return Effect.matchCauseEffect(evaluation, {
+          onSuccess: (outcome) => Effect.succeed(outcomeVerdict(outcome)),
+          onFailure: failed
         })
-      }
-      if (semaphore !== undefined) evaluation = Semaphore.withPermits(semaphore, 1)(evaluation)
-      return Effect.matchCauseEffect(evaluation, {
-        onSuccess: (outcome) => Effect.succeed(scored(trajectory, outcome)),
-        onFailure: (cause) => failed(trajectory, cause)
       })
-    }
 
     const score = (trajectory: Trajectory.Trajectory, scoreOptions?: ScoreOptions<R>): Effect.Effect<Scored> =>
-      Effect.suspend(() => evaluate(trajectory, scoreOptions))
+      Effect.map(evaluate(trajectory, scoreOptions), (verdict) => ({
+        trajectory: applyVerdict(trajectory, verdict),
+        error: verdict.error
+      }))
 
-    return { reward, score }
+    return { reward, evaluate, score }
   })

@@ -222,14 +222,15 @@ export const toolsFromActor = <R>(actor: ToolActor.Service<R>): Tools => ({
  * @since 0.1.0
  */
 export const rewardFromActor = <R>(actor: RewardActor.RewardActor<R>): Reward => (trajectory, context) =>
-  Effect.map(actor.score(trajectory, { context: context as Context.Context<R> }), ({ trajectory: scored, error }) => ({
-    reward: scored.reward,
-    status: scored.rewardStatus,
-    metrics: scored.metrics,
-    masked: scored.masked,
-    failure: error === undefined
+  // The verdict, not the scored trajectory: `applyScore` merges its metrics into the trajectory's, once.
+  Effect.map(actor.evaluate(trajectory, { context: context as Context.Context<R> }), (verdict) => ({
+    reward: verdict.reward,
+    status: verdict.rewardStatus,
+    metrics: verdict.metrics,
+    masked: verdict.masked,
+    failure: verdict.error === undefined
       ? undefined
-      : new RolloutError.RolloutError({ reason: "RewardFailed", message: error.message })
+      : new RolloutError.RolloutError({ reason: "RewardFailed", message: verdict.error.message })
   }))
 
 /**
