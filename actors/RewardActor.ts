@@ -20,6 +20,7 @@
  */
 import { Cause, Clock, Context, Duration, Effect, Option, Semaphore } from "effect"
 import { Reward, Trajectory } from "../src/index.ts"
+import { mergeMetrics } from "./internal/mergeMetrics.ts"
 
 // ===== Models =====
 
@@ -93,7 +94,7 @@ export const applyVerdict = (trajectory: Trajectory.Trajectory, verdict: Verdict
   reward: verdict.reward,
   rewardStatus: verdict.rewardStatus,
   masked: trajectory.masked || verdict.masked,
-  metrics: { ...trajectory.metrics, ...verdict.metrics }
+  metrics: mergeMetrics(trajectory.metrics, verdict.metrics)
 })
 
 /**

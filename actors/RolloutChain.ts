@@ -41,6 +41,7 @@ import * as RolloutError from "../src/RolloutError.ts"
 import type { ChatSampler, GenerateResult, Sampler, SamplerError, SamplingParams } from "../src/Sampler.ts"
 import { clipSegment } from "../src/Trajectory.ts"
 import type { RewardStatus, Segment, Termination, Trajectory } from "../src/Trajectory.ts"
+import { mergeMetrics } from "./internal/mergeMetrics.ts"
 
 // ===== Ports =====
 
@@ -244,7 +245,7 @@ export const applyScore = (trajectory: Trajectory, score: Score): Trajectory => 
   ...trajectory,
   reward: score.reward,
   rewardStatus: score.status,
-  metrics: { ...trajectory.metrics, ...score.metrics },
+  metrics: mergeMetrics(trajectory.metrics, score.metrics),
   masked: trajectory.masked || score.masked === true,
   ...(score.failure === undefined
     ? {}
