@@ -271,14 +271,17 @@ const timeoutAfter = <A>(
   attempt: Effect.Effect<A, AttemptFailure>,
   duration: Duration.Duration
 ): Effect.Effect<A, AttemptFailure> =>
-  Effect.flatMap(Effect.forkDetach(attempt, { startImmediately: true }), (fiber) => {
-    const exit = fiber.pollUnsafe()
-    if (exit !== undefined) return exit
-    return Effect.timeoutOrElse(Fiber.join(fiber), {
-      duration,
-      orElse: () => Effect.fail<AttemptFailure>({ _tag: "Timeout" })
-    }).pipe(Effect.ensuring(Fiber.interrupt(fiber)))
-  })
+  // Masked so that no interruption lands between the fork and the `ensuring` that would leave the fiber running.
+  Effect.uninterruptibleMask((restore) =>
+    Effect.flatMap(Effect.forkDetach(restore(attempt), { startImmediately: true }), (fiber) => {
+      const exit = fiber.pollUnsafe()
+      if (exit !== undefined) return exit
+      return restore(Effect.timeoutOrElse(Fiber.join(fiber), {
+        duration,
+        orElse: () => Effect.fail<AttemptFailure>({ _tag: "Timeout" })
+      })).pipe(Effect.ensuring(Fiber.interrupt(fiber)))
+    })
+  )
 
 /** The handler under the tool's environment, timeout, concurrency limit and retry policy. */
 const guarded = (

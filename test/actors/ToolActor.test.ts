@@ -180,6 +180,26 @@ describe("ToolActor", () => {
         assert.deepStrictEqual(yield* actor.metrics, {})
       }))
 
+    it.effect("under a timeout, a timed-out handler and an interrupted turn's handler are both interrupted", () =>
+      Effect.gen(function*() {
+        let released = 0
+        const Hung = Tool.make("hung", {
+          description: "Never returns",
+          timeout: "1 second",
+          handler: () => Effect.ensuring(Effect.never, Effect.sync(() => released++))
+        })
+        const actor = yield* ToolActor.make([Hung])
+        const timedOut = yield* Effect.forkChild(actor.execute(call("hung", {})))
+        yield* TestClock.adjust("1 second")
+        assert.strictEqual((yield* Fiber.join(timedOut)).error?.reason, "Timeout")
+        assert.strictEqual(released, 1)
+        const interrupted = yield* Effect.forkChild(actor.executeTurn([call("hung", {})]))
+        yield* TestClock.adjust("500 millis")
+        yield* Fiber.interrupt(interrupted)
+        assert.isTrue(Exit.hasInterrupts(yield* Fiber.await(interrupted)))
+        assert.strictEqual(released, 2)
+      }))
+
     it.effect("a value that does not match the success Schema gives InvalidResult", () =>
       Effect.gen(function*() {
         const Liar = Tool.make("liar", {
