@@ -391,7 +391,12 @@ const supervise = (
   return Effect.catchCause(chain, (first) => {
     if (!isDefect(first)) return Effect.failCause(first)
     let replayed = false
-    return Effect.suspend(() => (replayed ? chain : ((replayed = true), Effect.failCause(first)))).pipe(
+    const again = Effect.suspend(() => {
+      if (replayed) return chain
+      replayed = true
+      return Effect.failCause(first)
+    })
+    return again.pipe(
       Effect.sandbox,
       Effect.retry({
         schedule: Schedule.tap(restart, () => Effect.sync(() => config.stats.restarts++)),

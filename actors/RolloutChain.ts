@@ -610,18 +610,20 @@ const sampleTurn = (
   const backend = config.backend
   // Latency of the backend call itself (retries included), without parsing and tokenizing; the chain's clock is
   // read directly (it is the fiber's, a `TestClock` in tests) instead of looked up twice a turn.
-  const timed = <A, E>(call: Effect.Effect<A, E>): Effect.Effect<A, E> => {
-    const t0 = clock.currentTimeMillisUnsafe()
-    return Effect.ensuring(
-      call,
-      Effect.sync(() => {
-        const ms = clock.currentTimeMillisUnsafe() - t0
-        config.stats.samplerCalls++
-        config.stats.samplerLatencyMs += ms
-        local.samplerMs += ms
-      })
-    )
-  }
+  const timed = <A, E>(call: Effect.Effect<A, E>): Effect.Effect<A, E> =>
+    Effect.suspend(() => {
+      // Read when the call starts, not when it is built.
+      const t0 = clock.currentTimeMillisUnsafe()
+      return Effect.ensuring(
+        call,
+        Effect.sync(() => {
+          const ms = clock.currentTimeMillisUnsafe() - t0
+          config.stats.samplerCalls++
+          config.stats.samplerLatencyMs += ms
+          local.samplerMs += ms
+        })
+      )
+    })
   const fromSampler = (e: SamplerError) => RolloutError.fromSamplerError(e, spec.chainId)
   if (backend._tag === "Tokens") {
     return Effect.flatMap(
