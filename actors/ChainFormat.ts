@@ -1,6 +1,6 @@
 /**
  * Agent formats for rollout chains: how a chain turns messages into prompt tokens and sampled tokens back into
- * an assistant message (the `RolloutChain.Format` port).
+ * an assistant message (the `ChainPorts.Format` port).
  *
  * `fromTemplate` is the standard format: a chat template and its tokenizer through `TrajectoryBuilder`
  * (token-in / token-out: sampled ids are appended verbatim; only observation suffixes are tokenized; a template
@@ -17,7 +17,7 @@ import type * as Tokenizer from "../src/Tokenizer.ts"
 import type * as TrainConfig from "../src/TrainConfig.ts"
 import * as ToolCallParser from "../src/ToolCallParser.ts"
 import * as TrajectoryBuilder from "../src/TrajectoryBuilder.ts"
-import type * as RolloutChain from "./RolloutChain.ts"
+import type * as ChainPorts from "../src/ChainPorts.ts"
 
 /**
  * Options of `fromTemplate`.
@@ -49,7 +49,7 @@ const templateFailed = (error: { readonly message: string }) =>
  * @category constructors
  * @since 0.1.0
  */
-export const fromTemplate = (options: TemplateOptions): RolloutChain.Format => {
+export const fromTemplate = (options: TemplateOptions): ChainPorts.Format => {
   const { template, tokenizer } = options
   const stopTokenIds = template.stopTokens.flatMap((token) => {
     const id = tokenizer.tokenToId(token)
@@ -58,7 +58,7 @@ export const fromTemplate = (options: TemplateOptions): RolloutChain.Format => {
   const stops = new Set(stopTokenIds)
   const parseFormat = options.toolCallFormat ?? template.toolCallFormat
   /** A transcript over `initial`; the builder is immutable, so a fork is a second transcript over the same one. */
-  const transcriptOf = (initial: TrajectoryBuilder.TrajectoryBuilder, turnsSoFar: number): RolloutChain.Transcript => {
+  const transcriptOf = (initial: TrajectoryBuilder.TrajectoryBuilder, turnsSoFar: number): ChainPorts.Transcript => {
     let builder = initial
     let turns = turnsSoFar
     return {
@@ -79,7 +79,7 @@ export const fromTemplate = (options: TemplateOptions): RolloutChain.Format => {
           }).pipe(Effect.mapError(templateFailed))
           turns++
           return {
-            message: message as RolloutChain.AssistantTurn["message"],
+            message: message as ChainPorts.AssistantTurn["message"],
             toolCalls: parsed.toolCalls,
             parseErrors: parsed.errors.map((e) => e.message),
             complete
@@ -126,7 +126,7 @@ export const fromTemplate = (options: TemplateOptions): RolloutChain.Format => {
  * @category constructors
  * @since 0.1.0
  */
-export const ofConfig = (config: TrainConfig.TrainConfig, folder: ModelFolder.ModelFolder): RolloutChain.Format =>
+export const ofConfig = (config: TrainConfig.TrainConfig, folder: ModelFolder.ModelFolder): ChainPorts.Format =>
   fromTemplate({
     tokenizer: folder.tokenizer,
     template: config.agent.template === "model"

@@ -19,7 +19,7 @@ import * as Trajectory from "../src/Trajectory.ts"
 import * as TrajectoryBuilder from "../src/TrajectoryBuilder.ts"
 import * as ChainFormat from "./ChainFormat.ts"
 import * as Rollout from "./Rollout.ts"
-import type * as RolloutChain from "./RolloutChain.ts"
+import type * as ChainPorts from "../src/ChainPorts.ts"
 
 /**
  * The next assistant turn of a scripted policy: text, tool calls, or both.
@@ -133,7 +133,7 @@ const byteTokenizer = () =>
  * @category constructors
  * @since 0.1.0
  */
-export const byteFormat = (): RolloutChain.Format =>
+export const byteFormat = (): ChainPorts.Format =>
   ChainFormat.fromTemplate({ tokenizer: byteTokenizer(), template: ChatTemplate.builtinTemplate("qwen2.5") })
 
 /**
@@ -165,7 +165,7 @@ export const rollout = (options: {
   readonly rows: ReadonlyArray<Rollout.TaskRow>
   readonly policy: Policy
   readonly concurrency?: number | undefined
-  readonly format?: RolloutChain.Format | undefined
+  readonly format?: ChainPorts.Format | undefined
 }) =>
   Rollout.runTaskChat({
     task: options.task,

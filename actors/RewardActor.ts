@@ -19,7 +19,8 @@
  * @since 0.1.0
  */
 import { Cause, Clock, Context, Duration, Effect, Option, Semaphore } from "effect"
-import { Reward, Trajectory } from "../src/index.ts"
+import type { Scorer } from "../src/ChainPorts.ts"
+import { Reward, RolloutError, Trajectory } from "../src/index.ts"
 import { mergeMetrics } from "./internal/mergeMetrics.ts"
 
 // ===== Models =====
@@ -103,7 +104,7 @@ export const applyVerdict = (trajectory: Trajectory.Trajectory, verdict: Verdict
  */
 export interface RewardActor<R = never> {
   readonly reward: Reward.Reward<R>
-  /** The verdict alone, for a caller that applies it itself (the rollout chain's `Reward` port). */
+  /** The verdict alone, for a caller that applies it itself (the rollout chain's reward port, `toPort`). */
   readonly evaluate: (trajectory: Trajectory.Trajectory, options?: ScoreOptions<R>) => Effect.Effect<Verdict>
   readonly score: (trajectory: Trajectory.Trajectory, options?: ScoreOptions<R>) => Effect.Effect<Scored>
 }
@@ -224,3 +225,24 @@ export const make = <R>(reward: Reward.Reward<R>, options: Options): Effect.Effe
 
     return { reward, evaluate, score }
   })
+
+// ===== Adapters =====
+
+/**
+ * The rollout chain's reward port over a reward actor, which applies its own error policy (`zero` / `drop`) and
+ * never fails.
+ *
+ * @category adapters
+ * @since 0.1.0
+ */
+export const toPort = <R>(actor: RewardActor<R>): Scorer => (trajectory, context) =>
+  // The verdict, not the scored trajectory: `RolloutChain.applyScore` merges its metrics into the trajectory's, once.
+  Effect.map(actor.evaluate(trajectory, { context: context as Context.Context<R> }), (verdict) => ({
+    reward: verdict.reward,
+    status: verdict.rewardStatus,
+    metrics: verdict.metrics,
+    masked: verdict.masked,
+    failure: verdict.error === undefined
+      ? undefined
+      : new RolloutError.RolloutError({ reason: "RewardFailed", message: verdict.error.message })
+  }))

@@ -30,6 +30,7 @@ import type { SamplingParams } from "../src/Sampler.ts"
 import type { Scope } from "effect"
 import type { Group, Trajectory } from "../src/Trajectory.ts"
 import * as RolloutChain from "./RolloutChain.ts"
+import * as ChainPorts from "../src/ChainPorts.ts"
 import * as TaskRuntime from "./TaskRuntime.ts"
 
 // ===== Models =====
@@ -95,9 +96,9 @@ export interface Options {
    * chains of a group differ and a run is reproducible.
    */
   readonly sampling: SamplingParams
-  readonly format: RolloutChain.Format
-  readonly tools?: RolloutChain.Tools | undefined
-  readonly reward?: RolloutChain.Reward | undefined
+  readonly format: ChainPorts.Format
+  readonly tools?: ChainPorts.ToolRunner | undefined
+  readonly reward?: ChainPorts.Scorer | undefined
   /** Where each chain gets its environment (default: none). */
   readonly environment?: Environment.Provider<any, any, never> | undefined
   /** The episode protocol each chain follows with its environment (see `Environment.Episode`). */
@@ -234,8 +235,8 @@ const taskOptions = <RE>(
  * **Example** (GRPO groups from a local model, with tools and a reward)
  *
  * ```ts
- * const tools = RolloutChain.toolsFromActor(yield* ToolActor.make([Calculator, Answer]))
- * const reward = RolloutChain.rewardFromActor(yield* RewardActor.make(MathEqual, { onError: "zero" }))
+ * const tools = ToolActor.toPort(yield* ToolActor.make([Calculator, Answer]))
+ * const reward = RewardActor.toPort(yield* RewardActor.make(MathEqual, { onError: "zero" }))
  * const groups = yield* Rollout.groups({
  *   rows: [{ messages: [{ role: "user", content: "What is 17 * 23?" }], answer: "391" }],
  *   numChains: 8,
@@ -297,7 +298,7 @@ const runWith = (
         const config: RolloutChain.Config = {
           backend,
           format: options.format,
-          tools: options.tools ?? RolloutChain.noTools,
+          tools: options.tools ?? ChainPorts.noTools,
           reward: options.reward,
           environment: options.environment ?? (Environment.none as unknown as Environment.Provider<any, any, never>),
           episode: options.episode,

@@ -24,9 +24,9 @@
  * first sample (`start`, whose messages join the prompt) and lets it speak after every turn (`step`: messages of
  * source `env`, appended after the tool observations, and an optional end of the episode).
  *
- * The chain speaks to three ports, so that any chat template, parser, tool runtime or reward plugs in:
- * a {@link Format} (messages ↔ tokens, token-in/token-out), {@link Tools} (runs one turn's tool calls against the
- * chain's environment) and a {@link Reward}. The environment context comes from an `Environment.Provider`,
+ * The chain speaks to three ports (`src/ChainPorts.ts`), so that any chat template, parser, tool runtime or reward
+ * plugs in: a `Format` (messages ↔ tokens, token-in/token-out), a `ToolRunner` (runs one turn's tool calls against
+ * the chain's environment) and a `Scorer`. The environment context comes from an `Environment.Provider`,
  * acquired in the chain's scope, so that interruption releases it.
  *
  * @since 0.1.0
@@ -34,205 +34,13 @@
 import { Clock, Context, Effect, Schedule } from "effect"
 import type { Scope } from "effect"
 import * as Environment from "../src/Environment.ts"
-import type * as RewardActor from "./RewardActor.ts"
-import type * as ToolActor from "./ToolActor.ts"
-import type { AssistantMessage, Conversation, Message, ToolCall } from "../src/Message.ts"
+import type { AssistantTurn, Format, Score, Scorer, ToolRunner, Transcript } from "../src/ChainPorts.ts"
+import type { Conversation, Message } from "../src/Message.ts"
 import * as RolloutError from "../src/RolloutError.ts"
-import type { ChatSampler, GenerateResult, Sampler, SamplerError, SamplingParams } from "../src/Sampler.ts"
+import type { ChatSampler, Sampler, SamplerError, SamplingParams } from "../src/Sampler.ts"
 import { clipSegment } from "../src/Trajectory.ts"
-import type { RewardStatus, Segment, Termination, Trajectory } from "../src/Trajectory.ts"
+import type { Segment, Termination, Trajectory } from "../src/Trajectory.ts"
 import { mergeMetrics } from "./internal/mergeMetrics.ts"
-
-// ===== Ports =====
-
-/**
- * A growing token-level transcript, owned by one chain. It holds the exact token ids sent to and sampled from the
- * policy; only observation suffixes are tokenized.
- *
- * @category models
- * @since 0.1.0
- */
-export interface Transcript {
-  /** Tokens of the current segment: the length of the next prompt. */
-  readonly length: () => number
-  /** The next prompt: the current segment's ids, ending with the assistant header. */
-  readonly promptTokenIds: () => ReadonlyArray<number>
-  /** Appends sampled ids verbatim (a policy span) and parses them into the assistant turn. */
-  readonly appendSampled: (result: GenerateResult) => Effect.Effect<AssistantTurn, RolloutError.RolloutError>
-  /** Appends observation messages (tool results, env messages); only their suffix is tokenized. */
-  readonly appendObservations: (messages: ReadonlyArray<Message>) => Effect.Effect<void, RolloutError.RolloutError>
-  /**
-   * Appends an assistant message that the policy did not sample (chat mode: a black-box API's reply), rendered
-   * by the template as a policy turn without logprobs. Optional: formats without it cannot run in chat mode.
-   */
-  readonly appendAssistant?: (
-    message: typeof AssistantMessage.Type
-  ) => Effect.Effect<AssistantTurn, RolloutError.RolloutError>
-  readonly messages: () => Conversation
-  readonly segments: () => ReadonlyArray<Segment>
-  /**
-   * An independent copy: appending to either leaves the other as it was (the gateway puts a thread back with it
-   * when a request is refused).
-   */
-  readonly fork: () => Transcript
-}
-
-/**
- * An assistant turn as parsed from sampled ids.
- *
- * @category models
- * @since 0.1.0
- */
-export interface AssistantTurn {
-  readonly message: typeof AssistantMessage.Type
-  readonly toolCalls: ReadonlyArray<ToolCall>
-  /** Malformed tool calls the parser found (the turn's `ParseFailed` reasons). */
-  readonly parseErrors: ReadonlyArray<string>
-  /** Whether the sampled ids ended the turn (an end-of-turn token); false when cut by `maxTokens`. */
-  readonly complete: boolean
-}
-
-/**
- * The agent format: chat template plus tool-call parser.
- *
- * @category models
- * @since 0.1.0
- */
-export interface Format {
-  readonly start: (
-    messages: Conversation,
-    tools: ReadonlyArray<unknown>
-  ) => Effect.Effect<Transcript, RolloutError.RolloutError>
-  /** Token ids that end an assistant turn, added to every request's stop ids. */
-  readonly stopTokenIds: ReadonlyArray<number>
-}
-
-/**
- * The result of one turn's tool calls.
- *
- * @category models
- * @since 0.1.0
- */
-export interface ToolTurn {
-  /** One tool message per call, in call order. */
-  readonly messages: ReadonlyArray<Message>
-  /** A terminal tool succeeded: the chain ends with `answer`. */
-  readonly terminal: boolean
-  /** The reason of every failed call (`Timeout`, `DecodeError`, ...), counted in the trajectory's metrics. */
-  readonly errors?: ReadonlyArray<string> | undefined
-}
-
-/**
- * The tool runtime of a run: tool definitions for the template, and one turn's execution against the chain's
- * environment context. Failures the model should see are observations (tool messages with `is_error`);
- * the error channel carries failures that the chain's policy decides on (`ToolFailed`, `EnvFailed`).
- *
- * @category models
- * @since 0.1.0
- */
-export interface Tools {
-  readonly schemas: ReadonlyArray<unknown>
-  readonly executeTurn: (
-    calls: ReadonlyArray<ToolCall>,
-    context: Context.Context<never>
-  ) => Effect.Effect<ToolTurn, RolloutError.RolloutError>
-}
-
-/**
- * A reward's verdict on a finished trajectory.
- *
- * @category models
- * @since 0.1.0
- */
-export interface Score {
-  readonly reward: number
-  readonly status: RewardStatus
-  /** Merged into the trajectory's metrics as given (use CleanRL names, e.g. `reward/<Name>/acc`). */
-  readonly metrics?: Readonly<Record<string, number>> | undefined
-  /** The reward decided the trajectory must not train (e.g. a `drop` reward error policy). */
-  readonly masked?: boolean | undefined
-  /** The reward failed and its own error policy scored it (`RewardFailed`): the trajectory's `error`. */
-  readonly failure?: RolloutError.RolloutError | undefined
-}
-
-/**
- * Scores a finished trajectory, with the chain's environment context (a reward may read the same lease).
- *
- * @category models
- * @since 0.1.0
- */
-export type Reward = (
-  trajectory: Trajectory,
-  context: Context.Context<never>
-) => Effect.Effect<Score, RolloutError.RolloutError>
-
-/**
- * No tools: every turn ends the chain with `no_tool_call`.
- *
- * @category constructors
- * @since 0.1.0
- */
-export const noTools: Tools = {
-  schemas: [],
-  executeTurn: (calls) =>
-    Effect.succeed({
-      messages: calls.map((call) => ({
-        role: "tool" as const,
-        content: `unknown tool: ${call.function.name}`,
-        tool_call_id: call.id,
-        is_error: true
-      })),
-      terminal: false
-    })
-}
-
-/**
- * The `Tools` port over a `ToolActor`: its function schemas for the template, and its `executeTurn` with the
- * chain's environment context. Failed calls are already observations; a tool declared with
- * `failureMode: "error"` fails the turn with `ToolFailed`, or with `EnvFailed` when the failure is the
- * environment's (a declared environment service is missing, or the handler failed with a retryable failure such
- * as `EnvError { reason: "Crashed" }`).
- *
- * @category constructors
- * @since 0.1.0
- */
-export const toolsFromActor = <R>(actor: ToolActor.Service<R>): Tools => ({
-  schemas: actor.functionSchemas,
-  executeTurn: (calls, context) =>
-    actor.executeTurn(calls, { context: context as Context.Context<R> }).pipe(
-      Effect.map((turn) => ({
-        messages: turn.messages,
-        terminal: turn.terminal,
-        errors: turn.results.flatMap((r) => (r.error === undefined ? [] : [r.error.reason]))
-      })),
-      Effect.mapError((error) =>
-        new RolloutError.RolloutError({
-          reason: error.reason === "MissingEnvironment" || (error.reason === "HandlerFailure" && error.isRetryable)
-            ? "EnvFailed"
-            : "ToolFailed",
-          message: `${error.tool}: ${error.message}`
-        })
-      )
-    )
-})
-
-/**
- * The `Reward` port over a `RewardActor`, which applies its own error policy (`zero` / `drop`) and never fails.
- *
- * @category constructors
- * @since 0.1.0
- */
-export const rewardFromActor = <R>(actor: RewardActor.RewardActor<R>): Reward => (trajectory, context) =>
-  // The verdict, not the scored trajectory: `applyScore` merges its metrics into the trajectory's, once.
-  Effect.map(actor.evaluate(trajectory, { context: context as Context.Context<R> }), (verdict) => ({
-    reward: verdict.reward,
-    status: verdict.rewardStatus,
-    metrics: verdict.metrics,
-    masked: verdict.masked,
-    failure: verdict.error === undefined
-      ? undefined
-      : new RolloutError.RolloutError({ reason: "RewardFailed", message: verdict.error.message })
-  }))
 
 /**
  * A trajectory with a reward's verdict applied: reward, status, metrics, mask and, when the reward failed, its
@@ -358,8 +166,8 @@ export interface Config {
   /** Where assistant turns come from: a token-in/token-out `Sampler`, or a black-box chat API. */
   readonly backend: Backend
   readonly format: Format
-  readonly tools: Tools
-  readonly reward?: Reward | undefined
+  readonly tools: ToolRunner
+  readonly reward?: Scorer | undefined
   readonly environment: Environment.Provider<any, any, never>
   /** The episode protocol, run with the chain's environment services (none: tools alone drive the episode). */
   readonly episode?: Environment.Episode<any> | undefined

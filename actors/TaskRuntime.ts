@@ -17,8 +17,8 @@
  *   failure share. Its first failure is logged with its cause (a bug's stack), the task, the row and the error;
  *   later ones are counted, one line per 30 s at most.
  *
- * These are the only adapters from the task's parts to the rollout chain's ports (`RolloutChain.toolsFromActor`,
- * `rewardFromActor`): the trainer, the CLI and `Rollout.run` all go through here.
+ * These are the only adapters from the task's parts to the rollout chain's ports (`ToolActor.toPort`,
+ * `RewardActor.toPort`): the trainer, the CLI and `Rollout.run` all go through here.
  *
  * @since 0.1.0
  */
@@ -28,7 +28,7 @@ import type * as RolloutError from "../src/RolloutError.ts"
 import * as Task from "../src/Task.ts"
 import type * as Trajectory from "../src/Trajectory.ts"
 import * as RewardActor from "./RewardActor.ts"
-import * as RolloutChain from "./RolloutChain.ts"
+import type * as ChainPorts from "../src/ChainPorts.ts"
 import * as ToolActor from "./ToolActor.ts"
 
 // ===== Models =====
@@ -41,8 +41,8 @@ import * as ToolActor from "./ToolActor.ts"
  */
 export interface TaskRuntime {
   readonly task: Task.Any
-  readonly tools: RolloutChain.Tools
-  readonly reward: RolloutChain.Reward | undefined
+  readonly tools: ChainPorts.ToolRunner
+  readonly reward: ChainPorts.Scorer | undefined
   readonly environment: Environment.Provider<any, any, never>
   readonly episode: Environment.Episode<any, any> | undefined
   readonly policies: RolloutError.Policies | undefined
@@ -220,10 +220,10 @@ export const make = <RE>(
     const toolActor = yield* ToolActor.make(task.tools, {
       timeout: options.toolTimeout ?? Duration.seconds(30)
     }).pipe(Effect.mapError(taskError(task, "Module")))
-    const tools = RolloutChain.toolsFromActor(toolActor)
+    const tools = ToolActor.toPort(toolActor)
     const reward = task.reward === undefined
       ? undefined
-      : RolloutChain.rewardFromActor(yield* RewardActor.make(task.reward, { onError: "zero" }))
+      : RewardActor.toPort(yield* RewardActor.make(task.reward, { onError: "zero" }))
     const environment = yield* environmentOf(task)
     yield* checkServices(task, environment)
     return {

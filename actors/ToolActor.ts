@@ -32,8 +32,9 @@ import {
   Schema,
   Semaphore
 } from "effect"
+import type { ToolRunner } from "../src/ChainPorts.ts"
 import type { Message } from "../src/index.ts"
-import { Tool } from "../src/index.ts"
+import { RolloutError, Tool } from "../src/index.ts"
 
 // ===== Models =====
 
@@ -546,3 +547,35 @@ export const make = <const Tools extends ReadonlyArray<Tool.Any>>(
       metrics
     } satisfies Service<any> as Service<any> as Service<Tool.Requirements<Tools[number]>>
   })
+
+// ===== Adapters =====
+
+/**
+ * The rollout chain's tools port over a tool actor: its function schemas for the template, and its `executeTurn`
+ * with the chain's environment context. Failed calls are already observations; a tool declared with
+ * `failureMode: "error"` fails the turn with `ToolFailed`, or with `EnvFailed` when the failure is the
+ * environment's (a declared environment service is missing, or the handler failed with a retryable failure such
+ * as `EnvError { reason: "Crashed" }`).
+ *
+ * @category adapters
+ * @since 0.1.0
+ */
+export const toPort = <R>(actor: Service<R>): ToolRunner => ({
+  schemas: actor.functionSchemas,
+  executeTurn: (calls, context) =>
+    actor.executeTurn(calls, { context: context as Context.Context<R> }).pipe(
+      Effect.map((turn) => ({
+        messages: turn.messages,
+        terminal: turn.terminal,
+        errors: turn.results.flatMap((r) => (r.error === undefined ? [] : [r.error.reason]))
+      })),
+      Effect.mapError((error) =>
+        new RolloutError.RolloutError({
+          reason: error.reason === "MissingEnvironment" || (error.reason === "HandlerFailure" && error.isRetryable)
+            ? "EnvFailed"
+            : "ToolFailed",
+          message: `${error.tool}: ${error.message}`
+        })
+      )
+    )
+})

@@ -55,7 +55,7 @@ import * as PeakRss from "./internal/peakRss.ts"
 import * as Journal from "./Journal.ts"
 import * as Metrics from "./Metrics.ts"
 import * as Rollout from "./Rollout.ts"
-import type * as RolloutChain from "./RolloutChain.ts"
+import type * as ChainPorts from "../src/ChainPorts.ts"
 import * as TaskRuntime from "./TaskRuntime.ts"
 
 // ===== Errors =====
@@ -161,7 +161,7 @@ export interface Options<RE = never> {
   readonly demos?: Dataset.Dataset | undefined
   /** The validation split of `warmup.stopAt` (required with it). */
   readonly validation?: Dataset.Dataset | undefined
-  readonly format: RolloutChain.Format
+  readonly format: ChainPorts.Format
   readonly maxConcurrentChains?: number | undefined
   /**
    * Continue from the newest intact checkpoint in `config.output` (a fresh run when there is none). The run's
@@ -640,7 +640,7 @@ export const sampleOf = (
  */
 export interface Agent {
   readonly config: TrainConfig.TrainConfig
-  readonly format: RolloutChain.Format
+  readonly format: ChainPorts.Format
   readonly runtime: TaskRuntime.TaskRuntime
   readonly maxConcurrentChains?: number | undefined
 }
@@ -655,7 +655,7 @@ export interface Agent {
 export const agent = <RE>(options: {
   readonly task: Task.Task<RE>
   readonly config: TrainConfig.TrainConfig
-  readonly format: RolloutChain.Format
+  readonly format: ChainPorts.Format
   readonly maxConcurrentChains?: number | undefined
 }): Effect.Effect<Agent, TrainerError, RE | Scope.Scope> =>
   Effect.map(

@@ -14,6 +14,7 @@ import { runInNewContext } from "node:vm"
 import { setFlagsFromString } from "node:v8"
 import * as Rollout from "../actors/Rollout.ts"
 import * as RolloutChain from "../actors/RolloutChain.ts"
+import type * as ChainPorts from "../src/ChainPorts.ts"
 import * as Sampler from "../src/Sampler.ts"
 import { charFormat, turn } from "../test/actors/fixtures/charFormat.ts"
 
@@ -52,7 +53,7 @@ const countHeaders = (ids: ReadonlyArray<number>): number => {
   return n
 }
 
-const noopTools: RolloutChain.Tools = {
+const noopTools: ChainPorts.ToolRunner = {
   schemas: [{ type: "function", function: { name: "noop" } }],
   executeTurn: (calls) =>
     Effect.succeed({

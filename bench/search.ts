@@ -24,7 +24,7 @@ import { loadavg } from "node:os"
 import * as ChainFormat from "../actors/ChainFormat.ts"
 import * as Oracle from "../actors/Oracle.ts"
 import * as Rollout from "../actors/Rollout.ts"
-import type * as RolloutChain from "../actors/RolloutChain.ts"
+import type * as ChainPorts from "../src/ChainPorts.ts"
 import * as Qa from "../environments/rewards/Qa.ts"
 import * as SearchIndex from "../environments/search/SearchIndex.ts"
 import * as SearchOracle from "../environments/search/SearchOracle.ts"
@@ -54,7 +54,7 @@ const template = ChatTemplate.builtinTemplate("qwen2.5")
 const byteFormat = ChainFormat.fromTemplate({ tokenizer, template })
 
 /** A message-list transcript over a copy of `messages` (a fork is another one). */
-const transcriptOf = (messages: ReadonlyArray<Message>): RolloutChain.Transcript => {
+const transcriptOf = (messages: ReadonlyArray<Message>): ChainPorts.Transcript => {
   const history: Array<Message> = [...messages]
   return {
     length: () => 0,
@@ -73,7 +73,7 @@ const transcriptOf = (messages: ReadonlyArray<Message>): RolloutChain.Transcript
 }
 
 /** A chat-mode format without tokens: the transcript is the message list (a black-box API's rollout). */
-const messagesFormat: RolloutChain.Format = {
+const messagesFormat: ChainPorts.Format = {
   stopTokenIds: [],
   start: (messages) => Effect.sync(() => transcriptOf(messages))
 }
@@ -82,7 +82,7 @@ const messagesFormat: RolloutChain.Format = {
 const runtime = (
   index: SearchIndex.SearchIndex["Service"],
   rows: ReadonlyArray<Rollout.TaskRow>,
-  format: RolloutChain.Format
+  format: ChainPorts.Format
 ) =>
   Effect.gen(function*() {
     const start = now()

@@ -10,7 +10,6 @@ import { Effect, FileSystem, Layer, Stream } from "effect"
 import * as ChainFormat from "../actors/ChainFormat.ts"
 import * as PolicyEngine from "../actors/PolicyEngine.ts"
 import * as Rollout from "../actors/Rollout.ts"
-import * as RolloutChain from "../actors/RolloutChain.ts"
 import * as RewardActor from "../actors/RewardActor.ts"
 import * as ToolActor from "../actors/ToolActor.ts"
 import * as Answer from "../environments/answer/Answer.ts"
@@ -31,8 +30,8 @@ const program = Effect.gen(function*() {
   const dir = `${yield* fs.makeTempDirectoryScoped({ prefix: "agentfly-example-" })}/tiny`
   yield* ModelFolder.init(dir, { preset: config.preset, seed: config.seed })
   const folder = yield* ModelFolder.load(dir)
-  const tools = RolloutChain.toolsFromActor(yield* ToolActor.make([Calculator.calculator, Answer.answer]))
-  const reward = RolloutChain.rewardFromActor(yield* RewardActor.make(MathEqual.mathEqual, { onError: "zero" }))
+  const tools = ToolActor.toPort(yield* ToolActor.make([Calculator.calculator, Answer.answer]))
+  const reward = RewardActor.toPort(yield* RewardActor.make(MathEqual.mathEqual, { onError: "zero" }))
   const engine = PolicyEngine.PolicyEngine.layer({ config: folder.config, weights: folder.weights })
   const events = yield* Rollout.run({
     ...config.rollout,

@@ -31,6 +31,7 @@ import * as Task from "../../src/Task.ts"
 import type * as Trajectory from "../../src/Trajectory.ts"
 import * as Gateway from "../Gateway.ts"
 import * as RolloutChain from "../RolloutChain.ts"
+import type * as ChainPorts from "../../src/ChainPorts.ts"
 import * as TaskRuntime from "../TaskRuntime.ts"
 import type * as Trainer from "../Trainer.ts"
 import * as Recorder from "./Recorder.ts"
@@ -54,11 +55,11 @@ export interface Options {
   readonly maxConcurrentChains?: number | undefined
   /** Every request's sampling; with a seed, episode `k` of row `i` uses `seed + i·numChains + k`. */
   readonly sampling: SamplingParams
-  readonly format: RolloutChain.Format
+  readonly format: ChainPorts.Format
   readonly maxContextTokens?: number | undefined
   readonly renderTools?: boolean | undefined
   /** The task's reward as a port (`TaskRuntime`); scores episodes that returned and posted none. */
-  readonly reward?: RolloutChain.Reward | undefined
+  readonly reward?: ChainPorts.Scorer | undefined
   readonly policies?: RolloutError.Policies | undefined
   /** Prefix of group and episode ids (default: random). */
   readonly runId?: string | undefined

@@ -1,7 +1,7 @@
 /**
  * What the gateway records for one episode: its **threads** (one per conversation the agent keeps), each a
  * token-level transcript built token-in / token-out exactly as a rollout chain builds one (the same
- * `RolloutChain.Format`, the same sampler call), and the trajectory they add up to.
+ * `ChainPorts.Format`, the same sampler call), and the trajectory they add up to.
  *
  * **Matching a request to a thread.** A chat request's messages are compared with each thread's conversation by
  * their canonical keys (`OpenAiWire.messageKey`); the assistant turns in a thread's conversation are exactly what
@@ -33,7 +33,7 @@ import * as RolloutError from "../../src/RolloutError.ts"
 import type { GenerateResult, Sampler, SamplerError, SamplingParams } from "../../src/Sampler.ts"
 import type * as Tokenizer from "../../src/Tokenizer.ts"
 import * as Trajectory from "../../src/Trajectory.ts"
-import type * as RolloutChain from "../RolloutChain.ts"
+import type * as ChainPorts from "../../src/ChainPorts.ts"
 import * as Wire from "./OpenAiWire.ts"
 
 // ===== Models =====
@@ -47,7 +47,7 @@ import * as Wire from "./OpenAiWire.ts"
 export interface Config {
   readonly id: string
   readonly groupId: string
-  readonly format: RolloutChain.Format
+  readonly format: ChainPorts.Format
   readonly sampler: Sampler["Service"]
   /**
    * The episode's sampling. With `requestSampling: "cap"` (training) its temperature, `topP`, `topK` and seed are
@@ -90,7 +90,7 @@ interface Common {
 
 interface ChatThread extends Common {
   readonly _tag: "Chat"
-  transcript: RolloutChain.Transcript
+  transcript: ChainPorts.Transcript
   /** Canonical keys of the conversation in the client's terms (assistant turns as answered). */
   keys: Array<string>
   /** How many of `keys` the open segment started from. */
@@ -399,7 +399,7 @@ export const chat = (recorder: Recorder, body: Wire.ChatBody): Effect.Effect<Wir
     const thread: ChatThread = {
       ...newCommon(recorder, choice.parent),
       _tag: "Chat",
-      transcript: undefined as unknown as RolloutChain.Transcript,
+      transcript: undefined as unknown as ChainPorts.Transcript,
       keys: [...keys],
       startCount: keys.length,
       toolsKey,

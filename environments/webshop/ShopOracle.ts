@@ -17,7 +17,7 @@
  * @since 0.1.0
  */
 import * as Oracle from "../../actors/Oracle.ts"
-import type * as RolloutChain from "../../actors/RolloutChain.ts"
+import type * as ChainPorts from "../../src/ChainPorts.ts"
 import type { Conversation, Message } from "../../src/Message.ts"
 import * as Sampling from "../../src/Sampling.ts"
 import type * as Catalog from "./Catalog.ts"
@@ -250,7 +250,7 @@ const toAction = (name: string, args: unknown): Shop.Action | undefined => {
  * @category constructors
  * @since 0.1.0
  */
-export const format = (): RolloutChain.Format => Oracle.byteFormat()
+export const format = (): ChainPorts.Format => Oracle.byteFormat()
 
 /**
  * The tokens of a whole conversation in that format, as a warm-up step reads it (`Oracle.contextLength`): the

@@ -6,7 +6,6 @@ import { assert, layer } from "@effect/vitest"
 import { Effect, Schedule, Schema, Stream } from "effect"
 import * as ChainFormat from "../../actors/ChainFormat.ts"
 import * as Rollout from "../../actors/Rollout.ts"
-import * as RolloutChain from "../../actors/RolloutChain.ts"
 import * as ToolActor from "../../actors/ToolActor.ts"
 import * as ChatTemplate from "../../src/ChatTemplate.ts"
 import * as Sampler from "../../src/Sampler.ts"
@@ -30,7 +29,7 @@ layer(Qwen.layer)("ChainFormat.fromTemplate with the real Qwen tokenizer", (it) 
         const index = prompt.split("<|im_start|>assistant").length - 2
         return turnIds(turns[index] ?? "I am done.")
       }, { policyVersion: 4 })
-    const tools = RolloutChain.toolsFromActor(yield* ToolActor.make([Add, Answer]))
+    const tools = ToolActor.toPort(yield* ToolActor.make([Add, Answer]))
     return { tokenizer, format, imEnd, turnIds, sampler, tools }
   })
 
@@ -131,7 +130,7 @@ layer(Qwen.layer)("Rollout.runChat (black-box chat API)", (it) => {
     Effect.gen(function*() {
       const { tokenizer } = yield* Qwen
       const format = ChainFormat.fromTemplate({ tokenizer, template: ChatTemplate.builtinTemplate("qwen2.5") })
-      const tools = RolloutChain.toolsFromActor(yield* ToolActor.make([Add, Answer]))
+      const tools = ToolActor.toPort(yield* ToolActor.make([Add, Answer]))
       const seen: Array<Sampler.ChatRequest> = []
       const chat = Sampler.ChatSampler.of({
         complete: (request) =>

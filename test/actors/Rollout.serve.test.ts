@@ -12,7 +12,6 @@ import * as ChainFormat from "../../actors/ChainFormat.ts"
 import * as OpenAiServer from "../../actors/OpenAiServer.ts"
 import { PolicyEngine } from "../../actors/PolicyEngine.ts"
 import * as Rollout from "../../actors/Rollout.ts"
-import * as RolloutChain from "../../actors/RolloutChain.ts"
 import * as SamplerBatcher from "../../actors/SamplerBatcher.ts"
 import * as ToolActor from "../../actors/ToolActor.ts"
 import * as OpenAiCompatSampler from "../../src/backends/OpenAiCompatSampler.ts"
@@ -54,7 +53,7 @@ describe("Rollout over HTTP against agentfly's own OpenAI-compatible server", ()
         Layer.provideMerge(OpenAiCompatSampler.layer({ baseUrl: server.baseUrl, model: folder.name })),
         Layer.provide(NodeHttpClient.layerNodeHttp)
       )
-      const tools = RolloutChain.toolsFromActor(yield* ToolActor.make([Add, Answer]))
+      const tools = ToolActor.toPort(yield* ToolActor.make([Add, Answer]))
       const format = ChainFormat.fromTemplate({ tokenizer: folder.tokenizer, template: folder.template })
       const { events, stats } = yield* Effect.gen(function*() {
         const batcher = yield* SamplerBatcher.SamplerBatcher

@@ -6,6 +6,7 @@ import * as ChainFormat from "../../actors/ChainFormat.ts"
 import * as Rollout from "../../actors/Rollout.ts"
 import * as RewardActor from "../../actors/RewardActor.ts"
 import * as RolloutChain from "../../actors/RolloutChain.ts"
+import type * as ChainPorts from "../../src/ChainPorts.ts"
 import * as ToolActor from "../../actors/ToolActor.ts"
 import * as Trainer from "../../actors/Trainer.ts"
 import * as ByteTokenizer from "../../src/ByteTokenizer.ts"
@@ -51,7 +52,7 @@ const scripted = (
 /** Tool calls interrupted while running (the `hang` tool never returns). */
 let interruptedToolCalls = 0
 
-const tools = (log?: Array<string>): RolloutChain.Tools => ({
+const tools = (log?: Array<string>): ChainPorts.ToolRunner => ({
   schemas: [{ type: "function", function: { name: "add" } }, { type: "function", function: { name: "answer" } }],
   executeTurn: (calls) =>
     Effect.gen(function*() {
@@ -91,7 +92,7 @@ const tools = (log?: Array<string>): RolloutChain.Tools => ({
     })
 })
 
-const exactReward: RolloutChain.Reward = (trajectory) =>
+const exactReward: ChainPorts.Scorer = (trajectory) =>
   Effect.succeed({
     reward: Trajectory.finalResponse(trajectory) === "answer: 5" ? 1 : 0,
     status: "scored",
@@ -645,8 +646,8 @@ describe("Rollout.run with the ToolActor and RewardActor", () => {
         ...base,
         numChains: 3,
         rows: [{ messages: user("go"), answer: "5" }, { messages: user("go"), answer: "6" }],
-        tools: RolloutChain.toolsFromActor(actor),
-        reward: RolloutChain.rewardFromActor(rewardActor),
+        tools: ToolActor.toPort(actor),
+        reward: RewardActor.toPort(rewardActor),
         environment: provider
       }).pipe(Effect.provide(layer))
       const all = trajectories(events)
@@ -686,7 +687,7 @@ describe("Rollout.run with the ToolActor and RewardActor", () => {
         terminal: true,
         handler: ({ value }) => Effect.succeed(String(value))
       })
-      const tools = RolloutChain.toolsFromActor(yield* ToolActor.make([Step, Answer]))
+      const tools = ToolActor.toPort(yield* ToolActor.make([Step, Answer]))
       const layer = scripted({
         crash: [turn(`CALL step {"crash":true}`)],
         invalid: [turn(`CALL step {"crash":false}`), turn(`CALL answer {"value":5}`)]

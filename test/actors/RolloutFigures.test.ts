@@ -5,7 +5,6 @@
  */
 import { assert, describe, it } from "@effect/vitest"
 import { Context, Effect } from "effect"
-import * as RolloutChain from "../../actors/RolloutChain.ts"
 import * as ToolActor from "../../actors/ToolActor.ts"
 import * as Trainer from "../../actors/Trainer.ts"
 import * as Tool from "../../src/Tool.ts"
@@ -88,7 +87,7 @@ describe("Trainer.rolloutFigures", () => {
     Effect.gen(function*() {
       // The tool actor answers such a call with an UnknownTool error, which the chain records in the trajectory.
       const calculator = Tool.make("calculator", { description: "calc", handler: () => Effect.succeed("1") })
-      const tools = RolloutChain.toolsFromActor(yield* ToolActor.make([calculator]))
+      const tools = ToolActor.toPort(yield* ToolActor.make([calculator]))
       const call = (id: string, name: string) => ({ id, type: "function" as const, function: { name, arguments: {} } })
       const turn = yield* tools.executeTurn([call("c0", "calculator"), call("c1", "calc17ator")], Context.empty())
       assert.deepStrictEqual(turn.errors, ["UnknownTool"])

@@ -17,7 +17,6 @@ import * as ChainFormat from "../../../actors/ChainFormat.ts"
 import * as AgentRollout from "../../../actors/gateway/AgentRollout.ts"
 import * as PolicyEngine from "../../../actors/PolicyEngine.ts"
 import * as Rollout from "../../../actors/Rollout.ts"
-import * as RolloutChain from "../../../actors/RolloutChain.ts"
 import type * as ToolActorModule from "../../../actors/ToolActor.ts"
 import * as ToolActor from "../../../actors/ToolActor.ts"
 import * as Calculator from "../../../environments/calculator/Calculator.ts"
@@ -135,7 +134,7 @@ describe("gateway parity with Rollout.runTask", () => {
 
       // The agent runs its calls with a ToolActor of the same tools, so the observations are the chain's.
       const actor: ToolActorModule.Service = yield* ToolActor.make(tools)
-      const port = RolloutChain.toolsFromActor(actor)
+      const port = ToolActor.toPort(actor)
       const agentTask = AgentTask.make("calc", {
         agent: async (input, client) => {
           const openai = new OpenAI({ baseURL: client.baseURL, apiKey: client.apiKey, maxRetries: 0 })

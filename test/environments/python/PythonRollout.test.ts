@@ -7,7 +7,6 @@
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Schedule, Stream } from "effect"
 import * as Rollout from "../../../actors/Rollout.ts"
-import * as RolloutChain from "../../../actors/RolloutChain.ts"
 import * as ResourceManager from "../../../actors/ResourceManager.ts"
 import * as ToolActor from "../../../actors/ToolActor.ts"
 import * as PythonSandbox from "../../../environments/python/PythonSandbox.ts"
@@ -37,7 +36,7 @@ describe("python tool in rollouts", () => {
       const manager = yield* ResourceManager.ResourceManager
       const spec = yield* PythonSandbox.spec({ kind: "bubblewrap", name: "python-rollout", pool: { max: 8 } })
       const environment = yield* PythonSandbox.provider(PythonSandbox.bubblewrap(spec))
-      const tools = RolloutChain.toolsFromActor(yield* ToolActor.make([python]))
+      const tools = ToolActor.toPort(yield* ToolActor.make([python]))
       const events = yield* Rollout.run({
         rows: Array.from({ length: 8 }, (_, k) => ({ messages: [{ role: "user" as const, content: `chain ${k}` }] })),
         numChains: 1,
