@@ -950,66 +950,22 @@ const finiteLoss = (what: string, key: string) => (figures: Figures) => {
 const checkpointName = (step: number) => `step-${String(step).padStart(6, "0")}`
 
 /**
- * Runs (or resumes) a training run to `config.algorithm.steps` learner steps.
- *
- * @category constructors
- * @since 0.1.0
+ * Where a run starts. A new run (not `--resume`): step 0. A resumed one: its journal read, the config compared with
+ * the one it was started with (a changed config is refused unless forced; more steps need no force), and the newest
+ * intact checkpoint loaded into the policy; newer ones that do not load, hold non-finite weights or weights other
+ * than the journal's are refused (and named), and the run goes on from an older one.
  */
-export const run: <RE = never>(
-  options: Options<RE>
-) => Effect.Effect<Summary, TrainerError, Policy | FileSystem.FileSystem | Scope.Scope | RE> = Effect.fn(
-  "Trainer.run"
-)(function*(
-  input: Options<any>
-): Effect.fn.Return<Summary, TrainerError, Policy | FileSystem.FileSystem | Scope.Scope | any> {
-  const { config } = input
+const resumeRun = Effect.fnUntraced(function*(
+  policy: Policy["Service"],
+  config: TrainConfig.TrainConfig,
+  resume: { readonly resume?: boolean | undefined; readonly forceResume?: boolean | undefined },
+  notice: (message: string) => Effect.Effect<void>
+): Effect.fn.Return<ReturnType<typeof Journal.resumePoint>, TrainerError, FileSystem.FileSystem> {
   const fs = yield* FileSystem.FileSystem
-  const policy = yield* Policy
-  // The task's rows and its runtime first: a bad row or a task that cannot run stops before anything is written.
-  const task = input.task
-  const refine = (ds: Dataset.Dataset | undefined) =>
-    ds === undefined || task.row === undefined
-      ? Effect.succeed(ds)
-      : Dataset.refine(ds, task.row, { onInvalid: config.data.onInvalidRow }).pipe(Effect.mapError(fail("Data")))
-  const options = {
-    ...input,
-    train: (yield* refine(input.train))!,
-    eval: yield* refine(input.eval),
-    validation: yield* refine(input.validation)
-  }
-  const agentOf = yield* agent(options)
-  const notice = options.notice ?? ((message: string) => Effect.logWarning(message))
-  yield* checkPromptsFit(agentOf, options.train.rows, notice)
-  const correct = agentOf.runtime.correct
-  const checkFailures = (groups: ReadonlyArray<Trajectory.Group>, what: string) => {
-    const failures = infrastructureFailures(groups.flatMap((g) => g.trajectories))
-    return failures.share > config.maxFailureShare && failures.reason !== undefined
-      ? Effect.fail(
-        new TrainerError({
-          reason: "Failures",
-          message: `${what}: ${failures.count} of ${failures.total} trajectories failed with ${failures.reason} ` +
-            `(${(failures.share * 100).toFixed(0)}% infrastructure failures, more than maxFailureShare ` +
-            `${config.maxFailureShare}); first: ${firstFailure(groups.flatMap((g) => g.trajectories), failures.reason)}`
-        })
-      )
-      : Effect.void
-  }
   const out = config.output
   const checkpoints = `${out}/checkpoints`
   const io = fail("Journal")
-  yield* fs.makeDirectory(checkpoints, { recursive: true }).pipe(Effect.mapError(io))
-  // A run that starts over (not a resume: `--overwrite`) replaces an earlier run's checkpoints: kept, they would be
-  // "newer" than this run's own, which the pruning below would then delete as they are written.
-  if (options.resume !== true) {
-    for (const name of yield* fs.readDirectory(checkpoints).pipe(Effect.mapError(io))) {
-      if (/^\.?step-/.test(name)) {
-        yield* fs.remove(`${checkpoints}/${name}`, { recursive: true, force: true }).pipe(Effect.mapError(io))
-      }
-    }
-  }
-
-  // ----- Resume point -----
-  const existing = options.resume === true ? yield* Journal.read(`${out}/journal.jsonl`).pipe(Effect.mapError(io)) : {
+  const existing = resume.resume === true ? yield* Journal.read(`${out}/journal.jsonl`).pipe(Effect.mapError(io)) : {
     entries: [],
     validBytes: 0,
     tornBytes: 0
@@ -1025,7 +981,7 @@ export const run: <RE = never>(
           (config.algorithm.lrSchedule === "cosine" ? `: the cosine learning-rate schedule now spans them` : "")
       )
     }
-    if (changed.length > 0 && options.forceResume !== true) {
+    if (changed.length > 0 && resume.forceResume !== true) {
       return yield* new TrainerError({
         reason: "Resume",
         message: `${out} was started with another config: ${changed.join("; ")}. Resume it with its own config ` +
@@ -1089,6 +1045,70 @@ export const run: <RE = never>(
         `(more steps continue it: --steps N, or algorithm.steps raised)`
     )
   }
+  return point
+})
+
+/**
+ * Runs (or resumes) a training run to `config.algorithm.steps` learner steps.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const run: <RE = never>(
+  options: Options<RE>
+) => Effect.Effect<Summary, TrainerError, Policy | FileSystem.FileSystem | Scope.Scope | RE> = Effect.fn(
+  "Trainer.run"
+)(function*(
+  input: Options<any>
+): Effect.fn.Return<Summary, TrainerError, Policy | FileSystem.FileSystem | Scope.Scope | any> {
+  const { config } = input
+  const fs = yield* FileSystem.FileSystem
+  const policy = yield* Policy
+  // The task's rows and its runtime first: a bad row or a task that cannot run stops before anything is written.
+  const task = input.task
+  const refine = (ds: Dataset.Dataset | undefined) =>
+    ds === undefined || task.row === undefined
+      ? Effect.succeed(ds)
+      : Dataset.refine(ds, task.row, { onInvalid: config.data.onInvalidRow }).pipe(Effect.mapError(fail("Data")))
+  const options = {
+    ...input,
+    train: (yield* refine(input.train))!,
+    eval: yield* refine(input.eval),
+    validation: yield* refine(input.validation)
+  }
+  const agentOf = yield* agent(options)
+  const notice = options.notice ?? ((message: string) => Effect.logWarning(message))
+  yield* checkPromptsFit(agentOf, options.train.rows, notice)
+  const correct = agentOf.runtime.correct
+  const checkFailures = (groups: ReadonlyArray<Trajectory.Group>, what: string) => {
+    const failures = infrastructureFailures(groups.flatMap((g) => g.trajectories))
+    return failures.share > config.maxFailureShare && failures.reason !== undefined
+      ? Effect.fail(
+        new TrainerError({
+          reason: "Failures",
+          message: `${what}: ${failures.count} of ${failures.total} trajectories failed with ${failures.reason} ` +
+            `(${(failures.share * 100).toFixed(0)}% infrastructure failures, more than maxFailureShare ` +
+            `${config.maxFailureShare}); first: ${firstFailure(groups.flatMap((g) => g.trajectories), failures.reason)}`
+        })
+      )
+      : Effect.void
+  }
+  const out = config.output
+  const checkpoints = `${out}/checkpoints`
+  const io = fail("Journal")
+  yield* fs.makeDirectory(checkpoints, { recursive: true }).pipe(Effect.mapError(io))
+  // A run that starts over (not a resume: `--overwrite`) replaces an earlier run's checkpoints: kept, they would be
+  // "newer" than this run's own, which the pruning below would then delete as they are written.
+  if (options.resume !== true) {
+    for (const name of yield* fs.readDirectory(checkpoints).pipe(Effect.mapError(io))) {
+      if (/^\.?step-/.test(name)) {
+        yield* fs.remove(`${checkpoints}/${name}`, { recursive: true, force: true }).pipe(Effect.mapError(io))
+      }
+    }
+  }
+
+  // ----- Resume point -----
+  const point = yield* resumeRun(policy, config, options, notice)
   const journal = yield* Journal.open(`${out}/journal.jsonl`, { cutAt: point.cutAt }).pipe(Effect.mapError(io))
   // Metrics errors keep only their message: the annotated file system makes it say ENOSPC on a full disk.
   const files = yield* Metrics.open(out, point.checkpoint === undefined ? {} : { resumeFrom: point.step })
