@@ -278,7 +278,7 @@ export const runChat = (
 
 const runWith = (
   options: Options,
-  backend: RolloutChain.Backend
+  turnSource: RolloutChain.TurnSource
 ): Stream.Stream<Event, RolloutError.RolloutError | Schema.SchemaError> => {
   const bufferSize = options.bufferSize ?? 2 * options.numChains
   return Stream.callback<Event, RolloutError.RolloutError | Schema.SchemaError>(
@@ -296,7 +296,7 @@ const runWith = (
         const runId = options.runId ?? (yield* Random.nextIntBetween(0, 0x7fffffff)).toString(16)
         const stats = options.stats ?? RolloutChain.makeStats()
         const config: RolloutChain.Config = {
-          backend,
+          turnSource,
           format: options.format,
           tools: options.tools ?? ChainPorts.noTools,
           reward: options.reward,

@@ -164,7 +164,7 @@ export interface Spec {
  */
 export interface Config {
   /** Where assistant turns come from: a token-in/token-out `Sampler`, or a black-box chat API. */
-  readonly backend: Backend
+  readonly turnSource: TurnSource
   readonly format: Format
   readonly tools: ToolRunner
   readonly reward?: Scorer | undefined
@@ -187,7 +187,7 @@ export interface Config {
  * @category models
  * @since 0.1.0
  */
-export type Backend =
+export type TurnSource =
   | { readonly _tag: "Tokens"; readonly sampler: Sampler["Service"] }
   | { readonly _tag: "Chat"; readonly chat: ChatSampler["Service"] }
 
@@ -404,7 +404,7 @@ const runScoped = Effect.fnUntraced(function*(
 })
 
 /**
- * One assistant turn from the backend: token mode samples ids and appends them verbatim; chat mode asks a
+ * One assistant turn from the turn source: token mode samples ids and appends them verbatim; chat mode asks a
  * black-box API for a message and appends its rendering (no logprobs: the trajectory is not trainable).
  */
 const sampleTurn = (
@@ -415,8 +415,8 @@ const sampleTurn = (
   local: Local,
   clock: Clock.Clock
 ): Effect.Effect<AssistantTurn | ResolvedError, RolloutError.RolloutError> => {
-  const backend = config.backend
-  // Latency of the backend call itself (retries included), without parsing and tokenizing; the chain's clock is
+  const source = config.turnSource
+  // Latency of the sampler call itself (retries included), without parsing and tokenizing; the chain's clock is
   // read directly (it is the fiber's, a `TestClock` in tests) instead of looked up twice a turn.
   const timed = <A, E>(call: Effect.Effect<A, E>): Effect.Effect<A, E> =>
     Effect.suspend(() => {
@@ -433,12 +433,12 @@ const sampleTurn = (
       )
     })
   const fromSampler = (e: SamplerError) => RolloutError.fromSamplerError(e, spec.chainId)
-  if (backend._tag === "Tokens") {
+  if (source._tag === "Tokens") {
     return Effect.flatMap(
       timed(withPolicy(
         config,
         Effect.mapError(
-          backend.sampler.generate({ promptTokenIds: transcript.promptTokenIds(), sampling }),
+          source.sampler.generate({ promptTokenIds: transcript.promptTokenIds(), sampling }),
           fromSampler
         )
       )),
@@ -463,7 +463,7 @@ const sampleTurn = (
     timed(withPolicy(
       config,
       Effect.mapError(
-        backend.chat.complete({ messages: transcript.messages(), tools: config.tools.schemas, sampling }),
+        source.chat.complete({ messages: transcript.messages(), tools: config.tools.schemas, sampling }),
         fromSampler
       )
     )),
@@ -577,7 +577,7 @@ const finish = (
       reward: 0,
       rewardStatus: masked ? "failed" : "pending",
       metrics,
-      trainable: config.backend._tag === "Tokens",
+      trainable: config.turnSource._tag === "Tokens",
       masked,
       ...(spec.row === undefined ? {} : { row: spec.row }),
       ...(ending.error === undefined
