@@ -492,7 +492,14 @@ export const instantiate = (
   if (isTask(definition)) {
     return options === undefined
       ? Effect.succeed(definition as Task)
-      : Effect.fail(new TaskError({ task: name, reason: "Options", message: "this task takes no options" }))
+      : Effect.fail(
+        new TaskError({
+          task: name,
+          reason: "Options",
+          message: `${name}: task "${(definition as Task).name}" takes no options (made by Task.make, not ` +
+            `Task.withOptions), got ${optionKeys(options)}: leave out task.options, or make it with Task.withOptions`
+        })
+      )
   }
   if (typeof definition === "function") {
     return (definition as (o: unknown, c: OptionsContext) => Effect.Effect<Task, TaskError>)(options, context)
@@ -505,6 +512,12 @@ export const instantiate = (
     })
   )
 }
+
+/** The keys of options a task does not take, as its refusal names them. */
+const optionKeys = (options: unknown): string =>
+  typeof options === "object" && options !== null && !Array.isArray(options)
+    ? Object.keys(options).join(", ") || "{}"
+    : JSON.stringify(options)
 
 /** What a value that should have been a task is, for the error that refuses it (its keys say what it was meant as). */
 const shapeOf = (u: unknown): string =>

@@ -126,6 +126,19 @@ describe("Task", () => {
       assert.strictEqual(error.message, `task options: n: Expected number, got "3"`)
     }))
 
+  it.effect("options given to a task that takes none are refused naming the module, the task and the options", () =>
+    Effect.gen(function*() {
+      const plain = Task.make("plain", {})
+      const error = yield* Effect.flip(Task.instantiate("./plain.ts", plain, { maxTurns: 3, formatWeight: 0 }))
+      assert.strictEqual(error.reason, "Options")
+      assert.strictEqual(
+        error.message,
+        `./plain.ts: task "plain" takes no options (made by Task.make, not Task.withOptions), got maxTurns, ` +
+          `formatWeight: leave out task.options, or make it with Task.withOptions`
+      )
+      assert.strictEqual(yield* Task.instantiate("./plain.ts", plain, undefined), plain)
+    }))
+
   it.effect("withOptions resolves the path options before make sees them, and the task names them", () =>
     Effect.gen(function*() {
       const seen: Array<unknown> = []
