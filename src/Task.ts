@@ -533,8 +533,22 @@ const shapeOf = (u: unknown): string =>
 export const importModule = (path: string): Effect.Effect<Record<string, unknown>, TaskError> =>
   Effect.tryPromise({
     try: () => import(path) as Promise<Record<string, unknown>>,
-    catch: (e) => new TaskError({ task: path, reason: "Module", message: `cannot load ${path}: ${String(e)}` })
+    catch: (e) =>
+      new TaskError({ task: path, reason: "Module", message: `cannot load ${path}: ${String(e)}${commonJsHint(e)}` })
   })
+
+/**
+ * What to do when Node refused to `require` an ES module for the task's module (`ERR_REQUIRE_ESM`,
+ * `ERR_REQUIRE_CYCLE_MODULE`, `ERR_REQUIRE_ASYNC_MODULE`): the module was loaded as CommonJS, a `.ts` file in a
+ * folder whose `package.json` does not say `"type": "module"`.
+ */
+const commonJsHint = (e: unknown): string => {
+  const code = typeof e === "object" && e !== null ? (e as { readonly code?: unknown }).code : undefined
+  return typeof code === "string" && code.startsWith("ERR_REQUIRE")
+    ? `; it was loaded as CommonJS: a task module must be ESM (name it .mts, or keep it in a folder whose ` +
+      `package.json says "type": "module")`
+    : ""
+}
 
 /**
  * Resolves a reference: a built-in name from `builtins`, or a module path (resolved with `resolvePath`) whose

@@ -181,6 +181,22 @@ describe("Task", () => {
     assert.deepStrictEqual(Task.conversation(prompted, row, undefined), [{ role: "user", content: "n=2" }])
   })
 
+  it.effect("a module loaded as CommonJS that cannot require its ESM is refused saying how to make it ESM", () =>
+    Effect.gen(function*() {
+      const dir = mkdtempSync(join(tmpdir(), "task-cjs-"))
+      // A CommonJS module requiring an ES module graph with top-level await: Node refuses it (ERR_REQUIRE_…).
+      writeFileSync(join(dir, "task.cjs"), `module.exports = require("./game.mjs")\n`)
+      writeFileSync(join(dir, "game.mjs"), `await 0\nexport const task = 1\n`)
+      const error = yield* Effect.flip(Task.importModule(join(dir, "task.cjs")))
+      assert.strictEqual(error.reason, "Module")
+      assert.include(error.message, `cannot load ${join(dir, "task.cjs")}: `)
+      assert.include(
+        error.message,
+        `; it was loaded as CommonJS: a task module must be ESM (name it .mts, or keep it in a folder whose ` +
+          `package.json says "type": "module")`
+      )
+    }))
+
   it.effect("a module whose task export is no task is refused naming the module and what it exports", () =>
     Effect.gen(function*() {
       const dir = mkdtempSync(join(tmpdir(), "task-export-"))
