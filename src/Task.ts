@@ -399,16 +399,30 @@ export const withOptions = <S extends Schema.Top>(
       ...SchemaIssues.decodeOptions,
       onExcessProperty: "error"
     }).pipe(
-      Effect.map((decoded) => ({
-        ...make(withResolvedPaths(decoded as Record<string, unknown>, pathOptions, context.resolvePath), context),
-        pathOptions
-      })),
       // As a config's keys are reported: `task options: redis: unknown key`, with a suggestion when one is near.
       Effect.mapError((e) =>
         new TaskError({
           task: name,
           reason: "Options",
           message: `task options: ${SchemaIssues.formatIssues(schema, e.issue).join("; ")}`
+        })
+      ),
+      // A `make` that throws (a path option's file that is missing, an option it refuses itself) is the options'
+      // error, named with the task, not a defect with a stack trace.
+      Effect.flatMap((decoded) =>
+        Effect.try({
+          try: () => ({
+            ...make(withResolvedPaths(decoded as Record<string, unknown>, pathOptions, context.resolvePath), context),
+            pathOptions
+          }),
+          catch: (cause) =>
+            new TaskError({
+              task: name,
+              reason: "Options",
+              message: `task options: task "${name}" could not be made from its options: ${
+                cause instanceof Error ? cause.message : String(cause)
+              }`
+            })
         })
       )
     )

@@ -139,6 +139,24 @@ describe("Task", () => {
       assert.strictEqual(yield* Task.instantiate("./plain.ts", plain, undefined), plain)
     }))
 
+  it.effect("a make that throws (a path option's missing file) is a TaskError naming the task, not a defect", () =>
+    Effect.gen(function*() {
+      const options = Schema.Struct({ phrases: Schema.optionalKey(Task.PathOption) })
+      const reading = Task.withOptions("reading", options, (o) => {
+        if (o.phrases !== undefined) throw new Error(`ENOENT: no such file or directory, open '${o.phrases}'`)
+        return Task.make("reading", {})
+      })
+      const error = yield* Effect.flip(reading({ phrases: "nope.json" }, { resolvePath: (p) => `/configs/${p}` }))
+      assert.strictEqual(error._tag, "TaskError")
+      assert.strictEqual(error.reason, "Options")
+      assert.strictEqual(
+        error.message,
+        `task options: task "reading" could not be made from its options: ` +
+          `ENOENT: no such file or directory, open '/configs/nope.json'`
+      )
+      assert.deepStrictEqual((yield* reading({})).pathOptions, ["phrases"])
+    }))
+
   it.effect("withOptions resolves the path options before make sees them, and the task names them", () =>
     Effect.gen(function*() {
       const seen: Array<unknown> = []
