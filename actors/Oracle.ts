@@ -100,26 +100,46 @@ export const last = (messages: Conversation, role: Message.Message["role"]): Mes
 export const text = (message: Message.Message | undefined): string => (message === undefined ? "" : Message.text(message.content))
 
 /**
- * The share of trajectories whose reward reaches `threshold` (default 1): an oracle's solve rate.
+ * Which trajectories count as solved: a predicate, or a reward threshold (`1`: reward ≥ 1).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type Solved = number | ((trajectory: Trajectory.Trajectory) => boolean)
+
+const solvedBy = (solved: Solved) =>
+  typeof solved === "number" ? (t: Trajectory.Trajectory) => t.reward >= solved : solved
+
+/**
+ * An oracle's solve rate: the share of trajectories that are `solved`, by default as a run's accuracy counts them
+ * (`Trajectory.isCorrect`: the reward's `acc` metric, else reward ≥ 1), so that a partial-credit reward's solved
+ * games count here as they do in `agentfly train` and `eval`. A task with its own `correct` passes it.
  *
  * @category getters
  * @since 0.1.0
  */
-export const solveRate = (trajectories: ReadonlyArray<Trajectory.Trajectory>, threshold = 1): number =>
-  trajectories.length === 0 ? 0 : trajectories.filter((t) => t.reward >= threshold).length / trajectories.length
+export const solveRate = (
+  trajectories: ReadonlyArray<Trajectory.Trajectory>,
+  solved: Solved = Trajectory.isCorrect
+): number => {
+  const is = solvedBy(solved)
+  return trajectories.length === 0 ? 0 : trajectories.filter(is).length / trajectories.length
+}
 
 /**
- * SFT demonstrations from an oracle's trajectories: the conversations of those whose reward reaches `threshold`
- * (default 1), as `{ messages }` lines for a warm-up's `demos.jsonl`.
+ * SFT demonstrations from an oracle's trajectories: the conversations of the `solved` ones (by default as
+ * {@link solveRate} counts them), as `{ messages }` lines for a warm-up's `demos.jsonl`.
  *
  * @category constructors
  * @since 0.1.0
  */
 export const demonstrations = (
   trajectories: ReadonlyArray<Trajectory.Trajectory>,
-  threshold = 1
-): ReadonlyArray<{ readonly messages: Conversation }> =>
-  trajectories.filter((t) => t.reward >= threshold).map((t) => ({ messages: t.messages }))
+  solved: Solved = Trajectory.isCorrect
+): ReadonlyArray<{ readonly messages: Conversation }> => {
+  const is = solvedBy(solved)
+  return trajectories.filter(is).map((t) => ({ messages: t.messages }))
+}
 
 // ===== Through the runtime =====
 

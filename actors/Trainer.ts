@@ -402,16 +402,6 @@ export const budgetWarnings = (
   }
 }
 
-/** A reward's accuracy metric: `accuracy` or `acc`, bare or in a reward's namespace (`reward/mathEqual/acc`). */
-const accuracyMetric = (metrics: Trajectory.Trajectory["metrics"]): number | undefined =>
-  metrics["accuracy"] ?? metrics["acc"] ??
-    Object.entries(metrics).find(([key]) => key.endsWith("/accuracy") || key.endsWith("/acc"))?.[1]
-
-const isCorrect = (t: Trajectory.Trajectory): boolean => {
-  const metric = accuracyMetric(t.metrics)
-  return metric !== undefined ? metric >= 1 : t.reward >= 1
-}
-
 /**
  * A trajectory made a tool call that failed to parse or to run (an `is_error` observation, or a `tool_errors/<Reason>`
  * count: an agent function's SDK reads a malformed call as text, and the gateway counts it; a turn cut by max tokens
@@ -540,7 +530,7 @@ export const rolloutFigures = (
 ): Record<string, number> => {
   const trajectories = groups.flatMap((g) => g.trajectories)
   const p = options.prefix
-  const correct = options.correct ?? isCorrect
+  const correct = options.correct ?? Trajectory.isCorrect
   const out: Record<string, number> = {
     [`${p}/reward_mean`]: mean(trajectories.map((t) => t.reward)),
     [`${p}/accuracy`]: mean(trajectories.map((t) => (correct(t) ? 1 : 0))),

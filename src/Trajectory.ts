@@ -307,6 +307,29 @@ export const turnCount = (trajectory: Trajectory): number =>
   trajectory.messages.reduce((n, m) => n + (m.role === "assistant" ? 1 : 0), 0)
 
 /**
+ * A reward's accuracy metric: `accuracy` or `acc`, bare or in a reward's namespace (`reward/mathEqual/acc`).
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const accuracyMetric = (metrics: Trajectory["metrics"]): number | undefined =>
+  metrics["accuracy"] ?? metrics["acc"] ??
+    Object.entries(metrics).find(([key]) => key.endsWith("/accuracy") || key.endsWith("/acc"))?.[1]
+
+/**
+ * Whether a trajectory solved its task, as a run's accuracy counts it when the task sets no `correct`: its reward's
+ * accuracy metric is 1 ({@link accuracyMetric}), or, without one, its reward is at least 1. A partial-credit reward
+ * (a hint's penalty, a format term) still counts a solved task through its `acc` metric.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const isCorrect = (trajectory: Trajectory): boolean => {
+  const metric = accuracyMetric(trajectory.metrics)
+  return metric !== undefined ? metric >= 1 : trajectory.reward >= 1
+}
+
+/**
  * Whether a group's scored, trainable trajectories have different rewards: the only source of a learning signal
  * under a group-relative estimator (GRPO, Dr.GRPO, RLOO), whose advantages are rewards relative to the group's.
  *

@@ -98,4 +98,18 @@ describe("Oracle", () => {
       assert.strictEqual(Oracle.solveRate(trajectories, 1), 0)
       assert.deepStrictEqual(Oracle.demonstrations(trajectories), [])
     }))
+
+  it.effect("a solved game counts as a run's accuracy counts it: a partial-credit reward with acc 1 is solved", () =>
+    Effect.gen(function*() {
+      const [won] = yield* rollout(bisect)
+      // A hint's penalty: the game was won (acc 1) for a reward below 1; and a reward of 1 whose acc says lost.
+      const hinted: Trajectory = { ...won!, reward: 0.7, metrics: { "reward/found/acc": 1 } }
+      const lost: Trajectory = { ...won!, reward: 1, metrics: { "reward/found/acc": 0 } }
+      assert.strictEqual(Oracle.solveRate([hinted, lost]), 0.5)
+      assert.deepStrictEqual(Oracle.demonstrations([hinted, lost]), [{ messages: hinted.messages }])
+      // A threshold counts rewards alone, and a predicate decides as the task's own `correct` would.
+      assert.strictEqual(Oracle.solveRate([hinted, lost], 1), 0.5)
+      assert.deepStrictEqual(Oracle.demonstrations([hinted, lost], 1), [{ messages: lost.messages }])
+      assert.strictEqual(Oracle.solveRate([hinted, lost], (t) => t.reward > 0.5), 1)
+    }))
 })
