@@ -13,7 +13,8 @@
  *   loaded by the CLI, a `withOptions` task without its `layer`); an environment that cannot be built or leased for
  *   another reason fails with `TaskError(Environment)`. Neither reaches a chain as a defect.
  * - **A failing episode start is logged**, as a tool's death and a reward's failure are: an environment whose reset
- *   with the row fails ends its chain (`EnvFailed`, masked by default), which the progress line shows only as a
+ *   with the row fails ends its chain (`EnvFailed`, or `ChainDefect` when it throws or dies rather than failing
+ *   with an `EnvError`; masked by default), which the progress line shows only as a
  *   failure share. Its first failure is logged with its cause (a bug's stack), the task, the row and the error;
  *   later ones are counted, one line per 30 s at most.
  *
@@ -183,7 +184,12 @@ const loggingStarts = (
       repeats = { count: 0, since: now, last: "" }
       return yield* Effect.logWarning(
         `the episode start of task "${task.name}" failed for ${where}: ${causeText(cause)}\n` +
-          `row: ${rowText(chain.row)}\n(the environment's reset with the row failed: its chain ends, EnvFailed, ` +
+          `row: ${rowText(chain.row)}\n(the environment's reset with the row ${
+          // As the chain classifies it: a typed failure (an EnvError) is EnvFailed, a throw or a die ChainDefect.
+          Cause.hasFails(cause)
+            ? "failed: its chain ends, EnvFailed"
+            : "died (a defect, not an EnvError): its chain ends, ChainDefect"
+        }, ` +
           `masked by default, and counts in rollout/failures/<reason> and metrics.jsonl's firstFailure. Later ` +
           `failures of this start are counted, at most one line per ${Duration.format(repeatLogInterval)})`,
         cause

@@ -1,5 +1,5 @@
 import { assert, describe, it } from "@effect/vitest"
-import { Cause, Context, Effect, Exit, Fiber, Layer, Logger, Schema, Stream } from "effect"
+import { Cause, Context, Effect, Exit, Fiber, Layer, Logger, Schedule, Schema, Stream } from "effect"
 import { TestClock } from "effect/testing"
 import * as Oracle from "../../actors/Oracle.ts"
 import * as Rollout from "../../actors/Rollout.ts"
@@ -211,6 +211,7 @@ describe("TaskRuntime", () => {
       assert.include(logs[0]!.message, `the episode start of task "lock" failed for row 1 (group`)
       assert.include(logs[0]!.message, "no dial 4321")
       assert.include(logs[0]!.message, `row: {"id":"r1","code":4321}`)
+      assert.include(logs[0]!.message, "failed: its chain ends, EnvFailed", "a typed failure is EnvFailed")
       yield* TestClock.adjust("30 seconds")
       yield* batch([9999])
       assert.strictEqual(logs.length, 2)
@@ -219,6 +220,38 @@ describe("TaskRuntime", () => {
         logs[1]!.message,
         /^the episode start of task "lock" failed 4 more times in the last 30s; last: row 0 /
       )
+    }).pipe(Effect.provideService(Logger.CurrentLoggers, new Set([collector])))
+  })
+
+  it.effect("an episode start that throws is logged as the ChainDefect its chain records, not as EnvFailed", () => {
+    const logs: Array<string> = []
+    const collector = Logger.make((o) => void logs.push((o.message as ReadonlyArray<unknown>).map(String).join(" ")))
+    return Effect.gen(function*() {
+      const task = Task.make("rusty", {
+        episode: {
+          start: () =>
+            Effect.sync(() => {
+              throw new Error("lock rusted")
+            })
+        }
+      })
+      const runtime = yield* TaskRuntime.make(task)
+      const events = yield* Rollout.run({
+        rows: [{ messages: [{ role: "user" as const, content: "open" }] }],
+        numChains: 1,
+        maxTurns: 1,
+        sampling: { temperature: 1, maxTokens: 8 },
+        format: charFormat,
+        tools: runtime.tools,
+        environment: runtime.environment,
+        episode: runtime.episode,
+        restart: Schedule.recurs(0) // the chain's restarts would wait on the test clock
+      }).pipe(Stream.runCollect, Effect.provide(Sampler.layerScripted(() => turn("hi"))))
+      const failed = events.flatMap((e) => (e._tag === "Trajectory" ? [e.trajectory] : []))
+      assert.strictEqual(failed[0]!.errorReason, "ChainDefect")
+      assert.include(logs[0]!, `the episode start of task "rusty" failed for row 0`)
+      assert.include(logs[0]!, "died (a defect, not an EnvError): its chain ends, ChainDefect")
+      assert.notInclude(logs[0]!, "EnvFailed")
     }).pipe(Effect.provideService(Logger.CurrentLoggers, new Set([collector])))
   })
 
