@@ -4,6 +4,8 @@
  *
  * @since 0.1.0
  */
+import type { TrainConfig } from "../../src/index.ts"
+
 export const config = {
   name: "guess",
   seed: 1,
@@ -23,4 +25,4 @@ export const config = {
   eval: { every: 50, size: 300, temperature: 1 },
   checkpoint: { every: 50 },
   learner: { workers: 2, sharePrefix: false }
-}
+} satisfies TrainConfig.Input
