@@ -500,12 +500,14 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
       TrainConfig.isGroupRelative(config.algorithm.advantage) ? "every group's rewards equal" : "every reward equal"
     }`] : [])
   ]
-  yield* say(`trained ${trained} of ${steps.size} steps` + (notTrained.length > 0 ? ` (${notTrained.join("; ")})` : ""))
+  yield* say(`trained ${trained} of ${steps.size} step${steps.size === 1 ? "" : "s"}` + (notTrained.length > 0 ? ` (${notTrained.join("; ")})` : ""))
   yield* say(`report: ${report}`)
   if (trained === 0 && steps.size > 0) {
     return yield* new Trainer.TrainerError({
       reason: "Learner",
-      message: `no step trained: every group's rewards were equal in all ${steps.size} steps (see ${report})`
+      message: `no step trained: every group's rewards were equal in ${
+        steps.size === 1 ? "its one step" : `all ${steps.size} steps`
+      } (see ${report})`
     })
   }
   return { summary, report, config }

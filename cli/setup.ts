@@ -40,9 +40,17 @@ export const taskOf = (source: TrainConfig.Source): Effect.Effect<Task.Task, Tra
     const path = yield* Path.Path
     const rawRef = asRecord(source.raw)["task"]
     const ref = rawRef === undefined ? undefined : yield* Schema.decodeUnknownEffect(Task.Ref)(rawRef).pipe(
-      Effect.mapError(() =>
-        configError(source.file, `task: expected a task name, a module path or { name, options }`)
-      )
+      Effect.mapError(() => {
+        // `{ name, options }` whose options are not an object: say so, not that the whole key is wrong.
+        const options = asRecord(rawRef)["options"]
+        return typeof rawRef === "object" && rawRef !== null && "name" in rawRef && options !== undefined &&
+            asRecord(options) !== options
+          ? configError(
+            source.file,
+            `task.options: expected an object of the task's options, got ${JSON.stringify(options)}`
+          )
+          : configError(source.file, `task: expected a task name, a module path or { name, options }`)
+      })
     )
     const exported = source.exports["task"]
     if (exported !== undefined) {

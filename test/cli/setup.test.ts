@@ -41,6 +41,18 @@ describe("cli setup", () => {
       assert.strictEqual(config.seed, 7)
     }).pipe(Effect.provide(NodeServices.layer)))
 
+  it.effect("task options that are not an object are named as task.options, not as a wrong task", () =>
+    Effect.gen(function*() {
+      const dir = mkdtempSync(join(tmpdir(), "config-"))
+      for (const options of ["toolCallFormat=0.2", null, [1]]) {
+        writeFileSync(join(dir, "c.json"), JSON.stringify({ ...minimal, task: { name: "calculator", options } }))
+        const error = yield* failure(Setup.load(join(dir, "c.json")))
+        assert.include(error.message, `task.options: expected an object of the task's options, got ${JSON.stringify(options)}`)
+      }
+      writeFileSync(join(dir, "c.json"), JSON.stringify({ ...minimal, task: 7 }))
+      assert.include((yield* failure(Setup.load(join(dir, "c.json")))).message, "task: expected a task name")
+    }).pipe(Effect.provide(NodeServices.layer)))
+
   it.effect("a task's path options are recorded absolute: the run's config.json loads the same from elsewhere", () =>
     Effect.gen(function*() {
       const dir = mkdtempSync(join(tmpdir(), "config-"))

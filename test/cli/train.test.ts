@@ -152,8 +152,8 @@ describe("agentfly train", () => {
       // An untrained policy's 2 chains score equal rewards: the one step has no signal, and a run that trained
       // nothing is not a success.
       assert.strictEqual(unset.code, 1, unset.output)
-      assert.include(unset.output, "trained 0 of 1 steps (1 skipped: no learning signal")
-      assert.include(unset.output, "no step trained")
+      assert.include(unset.output, "trained 0 of 1 step (1 skipped: no learning signal")
+      assert.include(unset.output, "no step trained: every group's rewards were equal in its one step")
       const recorded = JSON.parse(readFileSync(join(dir, "run", "config.json"), "utf8"))
       assert.strictEqual(recorded.agent.maxContextTokens, 512)
 
