@@ -178,13 +178,18 @@ export const run = Effect.fn("cli.eval")(function*(
   const write = options.write ?? ((text: string) => void process.stdout.write(text))
   write(
     `${options.checkpoint === undefined ? `${result.weights} (the model folder's own weights, not a run's: ` +
-      `--checkpoint RUN/checkpoints/step-N for those)` : result.weights}: held-out accuracy ` +
+      `--checkpoint RUN/checkpoints/step-N for those)` : result.weights}: ` +
+      `${options.data === undefined ? "held-out accuracy" : "accuracy"} ` +
       `${figures["eval/accuracy"]!.toFixed(3)}, mean reward ${figures["eval/reward_mean"]!.toFixed(3)}` +
       (Metrics.usesTools(figures, "eval")
         ? `, invalid tool-call rate ${figures["eval/invalid_tool_call_rate"]!.toFixed(3)}`
         : "") +
       ` (${result.questions} questions${options.data === undefined ? "" : ` of ${options.data}`} × ${result.samples}, ` +
       `${result.temperature === 0 ? "greedy" : `temperature ${result.temperature}`}, seed ${result.seed})` +
+      // Greedy decoding gives a question the same answer every time: K samples are K copies.
+      (result.temperature === 0 && result.samples > 1
+        ? `; greedy answers repeat, so the ${result.samples} samples of a question are one answer (give --temperature)`
+        : "") +
       (failed?.sentence ?? "") +
       "\n"
   )

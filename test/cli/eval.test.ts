@@ -105,9 +105,27 @@ describe("agentfly eval", () => {
       assert.include((nowhere as Error).message, "no such checkpoint")
       // Another split: --data.
       const validation = join(dir, "data", "validation.jsonl")
-      const other = yield* Eval.run({ config: join(dir, "config.json"), checkpoint, data: validation, ...quiet })
+      const otherLines: Array<string> = []
+      const other = yield* Eval.run({
+        config: join(dir, "config.json"),
+        checkpoint,
+        data: validation,
+        write: (t) => otherLines.push(t)
+      })
       assert.strictEqual(other.questions, 2)
       assert.strictEqual(other.data, validation)
+      assert.match(otherLines.join(""), /: accuracy \d\.\d{3}, .* \(2 questions of .*validation\.jsonl × 1/)
+      // Greedy answers repeat: several samples of a question at temperature 0 are said to be one answer.
+      const greedyLines: Array<string> = []
+      yield* Eval.run({
+        config: join(dir, "config.json"),
+        checkpoint,
+        samples: 2,
+        temperature: 0,
+        size: 2,
+        write: (t) => greedyLines.push(t)
+      })
+      assert.include(greedyLines.join(""), "greedy answers repeat, so the 2 samples of a question are one answer")
       const typo = yield* Effect.flip(Eval.run({ config: join(dir, "config.json"), data: join(dir, "nope.jsonl"), ...quiet }))
       assert.include((typo as Error).message, `--data: ${join(dir, "nope.jsonl")}: no such file`)
       const flag = yield* Effect.flip(Eval.run({ config: join(dir, "config.json"), samples: 0, ...quiet }))
