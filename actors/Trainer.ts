@@ -965,18 +965,19 @@ const resumeRun = Effect.fnUntraced(function*(
     // More (or fewer) steps continue the same run: no need to force that.
     const stepsChange = all.find((c) => c.startsWith("algorithm.steps: "))
     const changed = all.filter((c) => c !== stepsChange)
-    if (stepsChange !== undefined) {
-      yield* notice(
-        `resuming ${out} for ${config.algorithm.steps} steps (${stepsChange})` +
-          (config.algorithm.lrSchedule === "cosine" ? `: the cosine learning-rate schedule now spans them` : "")
-      )
-    }
+    // A refused resume says only why (the steps' notice would announce a resume that does not happen).
     if (changed.length > 0 && resume.forceResume !== true) {
       return yield* new TrainerError({
         reason: "Resume",
         message: `${out} was started with another config: ${changed.join("; ")}. Resume it with its own config ` +
           `(${out}/config.json), or force the resume with this one (--force-resume)`
       })
+    }
+    if (stepsChange !== undefined) {
+      yield* notice(
+        `resuming ${out} for ${config.algorithm.steps} steps (${stepsChange})` +
+          (config.algorithm.lrSchedule === "cosine" ? `: the cosine learning-rate schedule now spans them` : "")
+      )
     }
     if (changed.length > 0) yield* notice(`resuming ${out} with a changed config (forced): ${changed.join("; ")}`)
   }

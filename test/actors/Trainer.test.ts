@@ -422,6 +422,15 @@ describe("Trainer", () => {
       assert.include(error.message, "algorithm.lr: 0.0003 → 0.001; seed: 3 → 4")
       assert.include(error.message, "--force-resume")
       assert.strictEqual(readFileSync(join(options.config.output, "journal.jsonl"), "utf8"), journalBefore, "nothing written")
+      // More steps beside the change: the refusal is all it says (no "resuming … for N steps" first).
+      const said: Array<string> = []
+      const longerToo = {
+        ...changed,
+        config: { ...changed.config, algorithm: { ...changed.config.algorithm, steps: 12 } },
+        notice: (m: string) => Effect.sync(() => said.push(m))
+      }
+      assert.strictEqual((yield* Effect.flip(run(longerToo))).reason, "Resume")
+      assert.deepStrictEqual(said, [])
       // Another output directory is not a change (a run may move).
       const notices: Array<string> = []
       const forced = yield* run({ ...changed, forceResume: true, notice: (m) => Effect.sync(() => notices.push(m)) })
