@@ -315,14 +315,23 @@ export const verifiedCheckpoint = Effect.fnUntraced(function*(
   const inRun = path.join(dir, "checkpoints")
   const isRun = yield* fs.exists(inRun)
   if (isRun || !(yield* fs.exists(dir))) {
-    const names = isRun ? (yield* fs.readDirectory(inRun)).filter((n) => n.startsWith("step-")) : []
+    const stepsIn = (folder: string) =>
+      Effect.map(fs.readDirectory(folder), (all) => all.filter((n) => n.startsWith("step-")).sort())
+    const names = isRun ? yield* stepsIn(inRun) : []
+    // A step that is not there in a run's checkpoints (pruned, or never written): the ones that are.
+    const siblings = path.basename(path.dirname(path.resolve(dir))) === "checkpoints" &&
+        (yield* fs.exists(path.dirname(dir)))
+      ? yield* stepsIn(path.dirname(dir))
+      : []
     return yield* new Checkpoint.CheckpointError({
       reason: "NotFound",
       path: dir,
-      message: names.length === 0
-        ? `${dir}: no such checkpoint`
-        : `${dir} is a run's output directory: give one of its checkpoints, e.g. ` +
-          path.join(inRun, names.sort().at(-1)!)
+      message: names.length > 0
+        ? `${dir} is a run's output directory: give one of its checkpoints, e.g. ` + path.join(inRun, names.at(-1)!)
+        : siblings.length > 0
+        ? `${dir}: no such checkpoint; the run has ${siblings.join(", ")} (it keeps the newest checkpoint.keep ` +
+          `of them, 2 by default)`
+        : `${dir}: no such checkpoint`
     })
   }
   const loaded = yield* Checkpoint.load(dir, expected)

@@ -103,6 +103,10 @@ describe("agentfly eval", () => {
       assert.include((folder as Error).message, `give one of its checkpoints, e.g. ${checkpoint}`)
       const nowhere = yield* at(join(dir, "x"))
       assert.include((nowhere as Error).message, "no such checkpoint")
+      // A step the run does not have (pruned, or never written): the ones it has.
+      const pruned = yield* at(join(dir, "run", "checkpoints", "step-000099"))
+      assert.include((pruned as Error).message, "step-000099: no such checkpoint; the run has ")
+      assert.include((pruned as Error).message, "step-000002")
       // Another split: --data.
       const validation = join(dir, "data", "validation.jsonl")
       const otherLines: Array<string> = []
