@@ -6,7 +6,9 @@
  *
  * Oracles: `search`, `webshop`, `chess`, `household`, `science`, and `swe`: Harbor's oracle agent
  * (`environments/swe/HarborOracle.ts`), which runs each row's task folder's `solution/solve.sh` in the chain's
- * container and submits; it needs the Docker engine, and says so at once when the engine does not answer.
+ * container and submits; it needs the Docker engine, and says so at once when the engine does not answer. A task of
+ * your own plays the `oracle` (an `Oracle.Policy`) its module exports beside `task`: the module run directly
+ * (`agentfly oracle my-task.ts`) or the one a config's `task` names.
  *
  * @since 0.1.0
  */
@@ -21,7 +23,8 @@ import * as HarborTask from "../environments/swe/HarborTask.ts"
 import * as SweTask from "../environments/swe/SweTask.ts"
 import * as ShopOracle from "../environments/webshop/ShopOracle.ts"
 import * as Dataset from "../src/Dataset.ts"
-import type * as Task from "../src/Task.ts"
+import * as Task from "../src/Task.ts"
+import * as TrainConfig from "../src/TrainConfig.ts"
 import * as Setup from "./setup.ts"
 import { exitOnFailure } from "./train.ts"
 
@@ -69,20 +72,44 @@ const sweOracle = Effect.fn("cli.oracle.swe")(function*(
  */
 export const play = Effect.fn("cli.oracle.play")(function*(file: string, rows = 100) {
   const { task, config } = yield* Setup.load(file)
+  const own = yield* moduleOracle(file, config.task)
   const names = [...Object.keys(oracles), "swe"]
-  if (!names.includes(task.name)) {
+  if (own === undefined && !names.includes(task.name)) {
     return yield* Effect.fail(
       new Error(
-        `task ${task.name} has no oracle here (the prebuilt ones: ${names.join(", ")}); a task of your own plays its ` +
-          "oracle from code: Oracle.rollout({ task, rows, policy }) (README: Write your own environment, An oracle)"
+        `task ${task.name} has no oracle here (the prebuilt ones: ${names.join(", ")}); a task of your own plays the ` +
+          "`oracle` (an Oracle.Policy) its module exports beside `task`, or from code: Oracle.rollout({ task, rows, " +
+          "policy }) (README: Write your own environment, An oracle)"
       )
     )
   }
   if (config.data.eval === undefined) return yield* Effect.fail(new Error(`${file}: data.eval names no held-out rows`))
   const data = yield* Dataset.load(config.data.eval, { fields: task.row })
   const played = data.rows.slice(0, rows).map((r) => ({ question: r.question, ...r.fields }))
-  const policy = task.name === "swe" ? yield* sweOracle(file, config.task, played) : oracles[task.name]!
+  const policy = own ?? (task.name === "swe" ? yield* sweOracle(file, config.task, played) : oracles[task.name]!)
   return yield* Oracle.rollout({ task, rows: played, policy })
+})
+
+/**
+ * The `oracle` a task's module exports: the config file's own (a module run directly), else the module its `task`
+ * names; undefined when neither exports one. An `oracle` that is not a function is refused by name.
+ */
+const moduleOracle = Effect.fn("cli.oracle.module")(function*(file: string, ref: Task.Ref | undefined) {
+  const path = yield* Path.Path
+  const source = yield* TrainConfig.read(file)
+  const name = ref === undefined ? undefined : Task.refName(ref)
+  const named: Record<string, unknown> = name !== undefined && Task.isModulePath(name)
+    ? yield* Task.importModule(path.resolve(source.dir, name))
+    : {}
+  const own: Readonly<Record<string, unknown>> = source.exports
+  const exported = own["oracle"] ?? named["oracle"]
+  if (exported === undefined) return undefined
+  if (typeof exported !== "function") {
+    return yield* Effect.fail(
+      new Error(`the task's module exports an \`oracle\` that is not a function (an Oracle.Policy)`)
+    )
+  }
+  return exported as Oracle.Policy
 })
 
 /**
@@ -92,7 +119,9 @@ export const play = Effect.fn("cli.oracle.play")(function*(file: string, rows = 
 export const oracle = Command.make(
   "oracle",
   {
-    config: Argument.String("config").pipe(Argument.withDescription("A config of a prebuilt environment's task")),
+    config: Argument.String("config").pipe(
+      Argument.withDescription("A config of a prebuilt environment's task, or of a task whose module exports `oracle`")
+    ),
     rows: Flag.Int("rows").pipe(
       Flag.withDescription("Held-out rows to play (default 100)"),
       Flag.withDefault(100),
@@ -116,4 +145,4 @@ export const oracle = Command.make(
       }
     }).pipe(exitOnFailure)
   })
-).pipe(Command.withDescription("Play a prebuilt environment's oracle on a config's held-out rows"))
+).pipe(Command.withDescription("Play a task's oracle (prebuilt, or its module's `oracle`) on a config's held-out rows"))

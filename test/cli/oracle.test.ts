@@ -1,6 +1,7 @@
 /**
  * `agentfly oracle`: a prebuilt environment's oracle played on a config's held-out rows through the config's own
- * task (here search, with its generated world), solving them; a task without an oracle is a sentence, not a crash.
+ * task (here search, with its generated world), solving them; a task of your own plays the `oracle` its module
+ * exports; a task without an oracle is a sentence, not a crash.
  * The swe task's oracle (Harbor's: each folder's `solve.sh`, then submit) on the real Docker engine, which the
  * suite's global setup starts; from the command line, an engine that is not running or does not answer is said at
  * once, in a sentence, with exit code 1.
@@ -9,7 +10,7 @@ import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { spawn } from "node:child_process"
-import { mkdtempSync, writeFileSync } from "node:fs"
+import { mkdirSync, mkdtempSync, writeFileSync } from "node:fs"
 import { createServer } from "node:net"
 import { tmpdir } from "node:os"
 import { join, resolve } from "node:path"
@@ -71,6 +72,34 @@ describe("agentfly oracle", () => {
       assert.include((none as Error).message, "task calculator has no oracle here (the prebuilt ones: search, webshop")
       assert.include((none as Error).message, "Oracle.rollout({ task, rows, policy })")
       assert.include((none as Error).message, "science, swe)")
+    }).pipe(Effect.provide(NodeServices.layer)), 120_000)
+
+  it.effect("a task of your own plays the oracle its module exports; an oracle that is not a function is named", () =>
+    Effect.gen(function*() {
+      const dir = mkdtempSync(join(tmpdir(), "oracle-own-"))
+      mkdirSync(join(dir, "data"))
+      const rows = Array.from({ length: 15 }, (_, i) => JSON.stringify({ question: "Find my number.", secret: i + 1 }))
+      writeFileSync(join(dir, "data", "heldout.jsonl"), rows.join("\n") + "\n")
+      const module = (oracle: string) => `
+import * as Oracle from "${root}/actors/Oracle.ts"
+export { task } from "${root}/examples/guess/task.ts"
+export const oracle = ${oracle}`
+      // Bisection from the game's answers (the README's oracle).
+      writeFileSync(join(dir, "mine.mts"), module(`(messages) => {
+  let [lo, hi] = [1, 15]
+  for (const [i, m] of messages.entries()) {
+    const n = Number(m.role === "assistant" ? m.tool_calls?.[0]?.function.arguments?.n ?? NaN : NaN)
+    const said = Oracle.text(messages.slice(i + 1).find((later) => later.role === "user"))
+    if (!Number.isNaN(n)) [lo, hi] = said.startsWith("Higher") ? [n + 1, hi] : [lo, n - 1]
+  }
+  return { toolCalls: [Oracle.call(messages, "guess", { n: Math.floor((lo + hi) / 2) })] }
+}`))
+      const played = yield* OracleCli.play(configOf(dir, "mine", "./mine.mts"), 15)
+      assert.strictEqual(played.length, 15)
+      assert.isTrue(played.every((t) => t.episodeEnd === "solved"), played.map((t) => t.episodeEnd).join(","))
+      writeFileSync(join(dir, "odd.mts"), module(`"bisect"`))
+      const odd = yield* Effect.flip(OracleCli.play(configOf(dir, "odd", "./odd.mts"), 1))
+      assert.include((odd as Error).message, "exports an `oracle` that is not a function")
     }).pipe(Effect.provide(NodeServices.layer)), 120_000)
 
   it.effect("swe: Harbor's oracle solves every held-out task in its own container (Docker)", () =>
