@@ -1,11 +1,12 @@
 /**
  * `agentfly eval CONFIG [--checkpoint DIR] [--data FILE] [--size N] [--samples K] [--temperature T] [--seed N]
- * [--output FILE]`: evaluates a policy on a config's held-out split (`data.eval`, or `--data`, e.g. its validation or
+ * [--output FILE] [--episodes N]`: evaluates a policy on a config's held-out split (`data.eval`, or `--data`, e.g. its validation or
  * train split) with the config's task and agent settings, as a
  * run's periodic evaluation does (`Trainer.evaluation`): the model folder's weights, or those of a run's
  * checkpoint. With the config's own evaluation settings, a checkpoint's figures repeat the run's evaluation at that
  * step; the flags override them (greedy figures of a run evaluated sampled, more answers per question, ...). Prints
- * accuracy and invalid tool-call rate; `--output` writes every figure as JSON.
+ * accuracy and invalid tool-call rate; `--output` writes every figure as JSON; `--episodes N` prints the first N
+ * questions' episodes as the model saw them (what a checkpoint does, not only how well).
  *
  * @since 0.1.0
  */
@@ -27,6 +28,7 @@ import { Sampler } from "../src/Sampler.ts"
 import * as TrainConfig from "../src/TrainConfig.ts"
 import type * as Trajectory from "../src/Trajectory.ts"
 import * as Setup from "./setup.ts"
+import { episodeText } from "./oracle.ts"
 import { exitOnFailure } from "./train.ts"
 
 /**
@@ -46,6 +48,8 @@ export interface EvalOptions {
   readonly temperature?: number | undefined
   readonly seed?: number | undefined
   readonly output?: string | undefined
+  /** Episodes to print after the figures, as the model saw them (the first questions' first samples). */
+  readonly episodes?: number | undefined
   readonly write?: ((text: string) => void) | undefined
 }
 
@@ -193,6 +197,15 @@ export const run = Effect.fn("cli.eval")(function*(
       (failed?.sentence ?? "") +
       "\n"
   )
+  for (const [i, group] of groups.slice(0, options.episodes ?? 0).entries()) {
+    const t = group.trajectories[0]
+    if (t === undefined) continue
+    write(
+      `\nepisode ${i + 1} (reward ${t.reward.toFixed(3)}, ${t.termination}` +
+        `${t.episodeEnd === undefined ? "" : ` ${t.episodeEnd}`}${t.error === undefined ? "" : `, ${t.error}`}):\n` +
+        episodeText(t.messages) + "\n"
+    )
+  }
   if (options.output !== undefined) yield* fs.writeFileString(options.output, JSON.stringify(result, null, 2) + "\n")
   return result
 })
@@ -220,7 +233,12 @@ export const evaluate = Command.make(
       Flag.optional
     ),
     seed: Flag.Int("seed").pipe(Flag.withDescription("Override the config's seed"), Flag.optional),
-    output: Flag.String("output").pipe(Flag.withDescription("Write the figures to this JSON file"), Flag.optional)
+    output: Flag.String("output").pipe(Flag.withDescription("Write the figures to this JSON file"), Flag.optional),
+    episodes: Flag.Int("episodes").pipe(
+      Flag.withDescription("Print this many episodes as the model saw them (default 0)"),
+      Flag.withDefault(0),
+      Flag.filter((n) => n >= 0, (n) => `--episodes must be at least 0, got ${n}`)
+    )
   },
   Effect.fn("eval")(function*(args) {
     yield* Effect.scoped(run({
@@ -231,7 +249,8 @@ export const evaluate = Command.make(
       samples: Option.getOrUndefined(args.samples),
       temperature: Option.getOrUndefined(args.temperature),
       seed: Option.getOrUndefined(args.seed),
-      output: Option.getOrUndefined(args.output)
+      output: Option.getOrUndefined(args.output),
+      episodes: args.episodes
     })).pipe(exitOnFailure)
   })
 ).pipe(Command.withDescription("Evaluate a model folder or a run's checkpoint on a config's held-out split"))

@@ -23,6 +23,7 @@ import * as HarborTask from "../environments/swe/HarborTask.ts"
 import * as SweTask from "../environments/swe/SweTask.ts"
 import * as ShopOracle from "../environments/webshop/ShopOracle.ts"
 import * as Dataset from "../src/Dataset.ts"
+import type * as Message from "../src/Message.ts"
 import * as Task from "../src/Task.ts"
 import * as TrainConfig from "../src/TrainConfig.ts"
 import * as Setup from "./setup.ts"
@@ -113,6 +114,21 @@ const moduleOracle = Effect.fn("cli.oracle.module")(function*(file: string, ref:
 })
 
 /**
+ * An episode as the model saw it, a line a message: its role, its text and its tool calls (name and arguments, as
+ * the model wrote them).
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const episodeText = (messages: ReadonlyArray<Message.Message>): string =>
+  messages.map((m) => {
+    const calls = m.role === "assistant"
+      ? (m.tool_calls ?? []).map((c) => `${c.function.name} ${JSON.stringify(c.function.arguments)}`)
+      : []
+    return `${m.role}: ${[Oracle.text(m), ...calls].filter((part) => part !== "").join(" ")}`
+  }).join("\n")
+
+/**
  * @category commands
  * @since 0.1.0
  */
@@ -136,13 +152,7 @@ export const oracle = Command.make(
         `${trajectories.length} rows: solved ${(Oracle.solveRate(trajectories) * 100).toFixed(1)} %, mean reward ` +
           `${mean.toFixed(3)}\n`
       )
-      for (const m of trajectories[0]?.messages ?? []) {
-        // A tool call as the model wrote it: its name and arguments.
-        const calls = m.role === "assistant"
-          ? (m.tool_calls ?? []).map((c) => `${c.function.name} ${JSON.stringify(c.function.arguments)}`)
-          : []
-        yield* Console.log(`${m.role}: ${[Oracle.text(m), ...calls].filter((part) => part !== "").join(" ")}`)
-      }
+      if (trajectories[0] !== undefined) yield* Console.log(episodeText(trajectories[0].messages))
     }).pipe(exitOnFailure)
   })
 ).pipe(Command.withDescription("Play a task's oracle (prebuilt, or its module's `oracle`) on a config's held-out rows"))

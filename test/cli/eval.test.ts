@@ -130,6 +130,12 @@ describe("agentfly eval", () => {
         write: (t) => greedyLines.push(t)
       })
       assert.include(greedyLines.join(""), "greedy answers repeat, so the 2 samples of a question are one answer")
+      // --episodes: the first questions' episodes as the model saw them, after the figures.
+      const shown: Array<string> = []
+      yield* Eval.run({ config: join(dir, "config.json"), checkpoint, size: 3, episodes: 2, write: (t) => shown.push(t) })
+      const text = shown.join("")
+      assert.strictEqual(text.match(/\nepisode \d \(reward \d\.\d{3}, \w+/g)?.length, 2, text)
+      assert.match(text, /\nuser: .+\nassistant: /)
       const typo = yield* Effect.flip(Eval.run({ config: join(dir, "config.json"), data: join(dir, "nope.jsonl"), ...quiet }))
       assert.include((typo as Error).message, `--data: ${join(dir, "nope.jsonl")}: no such file`)
       const flag = yield* Effect.flip(Eval.run({ config: join(dir, "config.json"), samples: 0, ...quiet }))
