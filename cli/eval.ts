@@ -1,12 +1,12 @@
 /**
  * `agentfly eval CONFIG [--checkpoint DIR] [--data FILE] [--size N] [--samples K] [--temperature T] [--seed N]
- * [--output FILE] [--episodes N]`: evaluates a policy on a config's held-out split (`data.eval`, or `--data`, e.g. its validation or
- * train split) with the config's task and agent settings, as a
- * run's periodic evaluation does (`Trainer.evaluation`): the model folder's weights, or those of a run's
- * checkpoint. With the config's own evaluation settings, a checkpoint's figures repeat the run's evaluation at that
- * step; the flags override them (greedy figures of a run evaluated sampled, more answers per question, ...). Prints
- * accuracy and invalid tool-call rate; `--output` writes every figure as JSON; `--episodes N` prints the first N
- * questions' episodes as the model saw them (what a checkpoint does, not only how well).
+ * [--output FILE] [--episodes N]`: evaluates a policy on a config's held-out split (`data.eval`, or `--data`, e.g.
+ * its validation or train split) with the config's task and agent settings, as a run's periodic evaluation does
+ * (`Trainer.evaluation`): the model folder's weights, or those of a run's checkpoint. With the config's own
+ * evaluation settings, a checkpoint's figures repeat the run's evaluation at that step; the flags override them
+ * (greedy figures of a run evaluated sampled, more answers per question, ...). Prints accuracy and invalid
+ * tool-call rate; `--output` writes every figure as JSON; `--episodes N` prints the first N questions' episodes as
+ * the model saw them (what a checkpoint does, not only how well).
  *
  * @since 0.1.0
  */
@@ -192,7 +192,8 @@ export const run = Effect.fn("cli.eval")(function*(
       `${result.temperature === 0 ? "greedy" : `temperature ${result.temperature}`}, seed ${result.seed})` +
       // Greedy decoding gives a question the same answer every time: K samples are K copies.
       (result.temperature === 0 && result.samples > 1
-        ? `; greedy answers repeat, so the ${result.samples} samples of a question are one answer (give --temperature)`
+        ? `; greedy answers repeat, so the ${result.samples} samples of a question are one answer ` +
+          `(give --temperature)`
         : "") +
       (failed?.sentence ?? "") +
       "\n"

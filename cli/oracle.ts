@@ -25,7 +25,7 @@ import * as ShopOracle from "../environments/webshop/ShopOracle.ts"
 import * as Dataset from "../src/Dataset.ts"
 import type * as Message from "../src/Message.ts"
 import * as Task from "../src/Task.ts"
-import * as TrainConfig from "../src/TrainConfig.ts"
+import type * as TrainConfig from "../src/TrainConfig.ts"
 import * as Setup from "./setup.ts"
 import { exitOnFailure } from "./train.ts"
 
@@ -72,8 +72,8 @@ const sweOracle = Effect.fn("cli.oracle.swe")(function*(
  * @since 0.1.0
  */
 export const play = Effect.fn("cli.oracle.play")(function*(file: string, rows = 100) {
-  const { task, config } = yield* Setup.load(file)
-  const own = yield* moduleOracle(file, config.task)
+  const { task, config, source } = yield* Setup.load(file)
+  const own = yield* moduleOracle(source, config.task)
   const names = [...Object.keys(oracles), "swe"]
   if (own === undefined && !names.includes(task.name)) {
     return yield* Effect.fail(
@@ -95,9 +95,8 @@ export const play = Effect.fn("cli.oracle.play")(function*(file: string, rows = 
  * The `oracle` a task's module exports: the config file's own (a module run directly), else the module its `task`
  * names; undefined when neither exports one. An `oracle` that is not a function is refused by name.
  */
-const moduleOracle = Effect.fn("cli.oracle.module")(function*(file: string, ref: Task.Ref | undefined) {
+const moduleOracle = Effect.fn("cli.oracle.module")(function*(source: TrainConfig.Source, ref: Task.Ref | undefined) {
   const path = yield* Path.Path
-  const source = yield* TrainConfig.read(file)
   const name = ref === undefined ? undefined : Task.refName(ref)
   const named: Record<string, unknown> = name !== undefined && Task.isModulePath(name)
     ? yield* Task.importModule(path.resolve(source.dir, name))

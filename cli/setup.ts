@@ -72,7 +72,8 @@ export const taskOf = (source: TrainConfig.Source): Effect.Effect<Task.Task, Tra
   })
 
 /**
- * Loads a config file and its task, with the task's defaults and the command line's overrides.
+ * Loads a config file and its task, with the task's defaults and the command line's overrides; `source` is the file
+ * as read (a module's other exports, e.g. its `oracle`).
  *
  * @category constructors
  * @since 0.1.0
@@ -81,5 +82,5 @@ export const load = Effect.fn("cli.setup.load")(function*(file: string, override
   const source = yield* TrainConfig.read(file)
   const task = yield* taskOf(source)
   const config = yield* Train.configOf(task, source, overrides)
-  return { task, config }
+  return { task, config, source }
 })

@@ -10,7 +10,7 @@ import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { spawn } from "node:child_process"
-import { mkdirSync, mkdtempSync, writeFileSync } from "node:fs"
+import { mkdirSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs"
 import { createServer } from "node:net"
 import { tmpdir } from "node:os"
 import { join, resolve } from "node:path"
@@ -97,6 +97,17 @@ export const oracle = ${oracle}`
       const played = yield* OracleCli.play(configOf(dir, "mine", "./mine.mts"), 15)
       assert.strictEqual(played.length, 15)
       assert.isTrue(played.every((t) => t.episodeEnd === "solved"), played.map((t) => t.episodeEnd).join(","))
+      // The module run directly (its own `config` beside `task` and `oracle`).
+      const config = {
+        output: "run",
+        model: { path: "model" },
+        data: { train: "data/heldout.jsonl", eval: "data/heldout.jsonl" },
+        algorithm: { steps: 1 }
+      }
+      const mine = readFileSync(join(dir, "mine.mts"), "utf8")
+      writeFileSync(join(dir, "direct.mts"), `${mine}\nexport const config = ${JSON.stringify(config)}\n`)
+      const direct = yield* OracleCli.play(join(dir, "direct.mts"), 4)
+      assert.deepStrictEqual(direct.map((t) => t.episodeEnd), ["solved", "solved", "solved", "solved"])
       writeFileSync(join(dir, "odd.mts"), module(`"bisect"`))
       const odd = yield* Effect.flip(OracleCli.play(configOf(dir, "odd", "./odd.mts"), 1))
       assert.include((odd as Error).message, "exports an `oracle` that is not a function")
