@@ -409,6 +409,8 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
   const config = LocalPolicy.onModel(folder, requested)
 
   yield* fs.makeDirectory(config.output, { recursive: true })
+  // A refused resume says only why: checked before the header announces a run that would not start.
+  if (options.resume === true) yield* Trainer.checkResume(config, options)
   const display = Metrics.display({ write, tty, columns: process.stderr.columns ?? 100, everySteps: 5 })
   yield* say(
     `training ${folder.name} on task ${task.name}, ${train.rows.length} rows (${config.mode}, ` +

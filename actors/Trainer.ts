@@ -940,10 +940,47 @@ const finiteLoss = (what: string, key: string) => (figures: Figures) => {
 const checkpointName = (step: number) => `step-${String(step).padStart(6, "0")}`
 
 /**
+ * What a resume finds before it loads anything: the run's journal, and the changes of `config` from the config the
+ * run was started with. A changed config is refused unless forced (more or fewer steps need no force). `run` does
+ * this first; a caller that prints something of its own before the run (the CLI's header) can do it before that,
+ * so that a refused resume says only why.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const checkResume = Effect.fnUntraced(function*(
+  config: TrainConfig.TrainConfig,
+  resume: { readonly resume?: boolean | undefined; readonly forceResume?: boolean | undefined }
+): Effect.fn.Return<
+  { readonly existing: Journal.Replay; readonly stepsChange?: string; readonly changed: ReadonlyArray<string> },
+  TrainerError,
+  FileSystem.FileSystem
+> {
+  const fs = yield* FileSystem.FileSystem
+  const out = config.output
+  const existing = resume.resume === true
+    ? yield* Journal.read(`${out}/journal.jsonl`).pipe(Effect.mapError(fail("Journal")))
+    : { entries: [], validBytes: 0, tornBytes: 0 }
+  if (existing.entries.length === 0) return { existing, changed: [] }
+  const all = yield* changesSinceStart(fs, out, existing, config)
+  // More (or fewer) steps continue the same run: no need to force that.
+  const stepsChange = all.find((c) => c.startsWith("algorithm.steps: "))
+  const changed = all.filter((c) => c !== stepsChange)
+  if (changed.length > 0 && resume.forceResume !== true) {
+    return yield* new TrainerError({
+      reason: "Resume",
+      message: `${out} was started with another config: ${changed.join("; ")}. Resume it with its own config ` +
+        `(${out}/config.json), or force the resume with this one (--force-resume)`
+    })
+  }
+  return stepsChange === undefined ? { existing, changed } : { existing, stepsChange, changed }
+})
+
+/**
  * Where a run starts. A new run (not `--resume`): step 0. A resumed one: its journal read, the config compared with
- * the one it was started with (a changed config is refused unless forced; more steps need no force), and the newest
- * intact checkpoint loaded into the policy; newer ones that do not load, hold non-finite weights or weights other
- * than the journal's are refused (and named), and the run goes on from an older one.
+ * the one it was started with (`checkResume`), and the newest intact checkpoint loaded into the policy; newer ones
+ * that do not load, hold non-finite weights or weights other than the journal's are refused (and named), and the
+ * run goes on from an older one.
  */
 const resumeRun = Effect.fnUntraced(function*(
   policy: Policy["Service"],
@@ -955,32 +992,15 @@ const resumeRun = Effect.fnUntraced(function*(
   const out = config.output
   const checkpoints = `${out}/checkpoints`
   const io = fail("Journal")
-  const existing = resume.resume === true ? yield* Journal.read(`${out}/journal.jsonl`).pipe(Effect.mapError(io)) : {
-    entries: [],
-    validBytes: 0,
-    tornBytes: 0
+  // A refused resume says only why (the steps' notice would announce a resume that does not happen).
+  const { existing, stepsChange, changed } = yield* checkResume(config, resume)
+  if (stepsChange !== undefined) {
+    yield* notice(
+      `resuming ${out} for ${config.algorithm.steps} steps (${stepsChange})` +
+        (config.algorithm.lrSchedule === "cosine" ? `: the cosine learning-rate schedule now spans them` : "")
+    )
   }
-  if (existing.entries.length > 0) {
-    const all = yield* changesSinceStart(fs, out, existing, config)
-    // More (or fewer) steps continue the same run: no need to force that.
-    const stepsChange = all.find((c) => c.startsWith("algorithm.steps: "))
-    const changed = all.filter((c) => c !== stepsChange)
-    // A refused resume says only why (the steps' notice would announce a resume that does not happen).
-    if (changed.length > 0 && resume.forceResume !== true) {
-      return yield* new TrainerError({
-        reason: "Resume",
-        message: `${out} was started with another config: ${changed.join("; ")}. Resume it with its own config ` +
-          `(${out}/config.json), or force the resume with this one (--force-resume)`
-      })
-    }
-    if (stepsChange !== undefined) {
-      yield* notice(
-        `resuming ${out} for ${config.algorithm.steps} steps (${stepsChange})` +
-          (config.algorithm.lrSchedule === "cosine" ? `: the cosine learning-rate schedule now spans them` : "")
-      )
-    }
-    if (changed.length > 0) yield* notice(`resuming ${out} with a changed config (forced): ${changed.join("; ")}`)
-  }
+  if (changed.length > 0) yield* notice(`resuming ${out} with a changed config (forced): ${changed.join("; ")}`)
   const present = new Set(yield* fs.readDirectory(checkpoints).pipe(Effect.mapError(io)))
   // The newest intact checkpoint, loaded: newer ones that do not load, hold non-finite weights or weights other than
   // the journal's are refused (and named), and the run goes on from an older one.

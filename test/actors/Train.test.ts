@@ -79,6 +79,16 @@ describe("Train.run", () => {
       // Asked to start over, it does.
       const again = yield* Train.run({ ...options, overwrite: true })
       assert.strictEqual(again.summary.steps, first.summary.steps)
+      // A resume with another seed is refused before the header announces a run that would not start.
+      const resumeLines: Array<string> = []
+      const reseeded = yield* Effect.flip(Train.run({
+        ...options,
+        config: { ...options.config, seed: 2 },
+        resume: true,
+        write: (text: string) => void resumeLines.push(text)
+      }))
+      assert.include(String((reseeded as Error).message), "was started with another config: seed: 1 → 2")
+      assert.isFalse(resumeLines.some((line) => line.startsWith("training ")), resumeLines.join("\n"))
 
       // Dynamic sampling on the real engine: the untrained policy's groups rarely differ, so the step rolls out its
       // further batch; every group sampled is journaled and counted, the learner gets the ones that differ.
