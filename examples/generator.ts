@@ -10,7 +10,7 @@ import { NodeRuntime, NodeServices } from "@effect/platform-node"
 import { Effect } from "effect"
 import type { FileSystem } from "effect"
 import { relative, resolve } from "node:path"
-import { pathToFileURL } from "node:url"
+import { fileURLToPath, pathToFileURL } from "node:url"
 
 /**
  * Reads `[OUT_DIR] [SEED] [NOISE] [--OPTION VALUE ...]` over `defaults`: positional arguments first, then named
@@ -92,7 +92,19 @@ export const usage = (script: string, defaults: Readonly<Record<string, unknown>
   ].join("\n")
 
 /**
+ * A generator's default `OUT_DIR`, `dir` taken relative to the generator's own module (`data` beside its
+ * `generate.ts`), as a path from `cwd`: the command writes the folder its configs name from wherever it is run. An
+ * `OUT_DIR` given on the command line is relative to the working directory, as any path argument is.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const besideModule = (moduleUrl: string, dir: string, cwd = process.cwd()): string =>
+  relative(cwd, fileURLToPath(new URL(dir, moduleUrl))) || "."
+
+/**
  * Runs `write` when the module at `moduleUrl` is the script Node was started with (not when it is imported).
+ * `defaults.dir` is relative to that module (`besideModule`).
  *
  * @category constructors
  * @since 0.1.0
@@ -103,11 +115,12 @@ export const main = <O extends { readonly seed: number; readonly noise: number }
   write: (options: O & { readonly dir: string }) => Effect.Effect<unknown, unknown, FileSystem.FileSystem>
 ): void => {
   if (process.argv[1] === undefined || moduleUrl !== pathToFileURL(resolve(process.argv[1])).href) return
+  const home = { ...defaults, dir: besideModule(moduleUrl, defaults.dir) }
   if (process.argv.includes("--help") || process.argv.includes("-h")) {
-    console.log(usage(relative(process.cwd(), process.argv[1]), defaults))
+    console.log(usage(relative(process.cwd(), process.argv[1]), home))
     process.exit(0)
   }
-  const options = parseArgs(process.argv.slice(2), defaults)
+  const options = parseArgs(process.argv.slice(2), home)
   if (typeof options === "string") {
     console.error(options)
     process.exit(2)

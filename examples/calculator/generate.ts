@@ -93,4 +93,4 @@ export const write = Effect.fn("calculator.generate.write")(function*(options: O
   return yield* Dataset.writeSplits(options.dir, { train, heldOut, validation, demos })
 })
 
-main(import.meta.url, { ...defaults, dir: "examples/calculator/data" }, write)
+main(import.meta.url, { ...defaults, dir: "data" }, write)

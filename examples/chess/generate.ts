@@ -103,4 +103,4 @@ export const write = Effect.fn("chess.generate.write")(function*(options: Option
   })
 })
 
-main(import.meta.url, { ...defaults, dir: "examples/chess/data" }, write)
+main(import.meta.url, { ...defaults, dir: "data" }, write)

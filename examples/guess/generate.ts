@@ -118,4 +118,4 @@ export const write = Effect.fn("guess.generate.write")(function*(options: Option
   return yield* Dataset.writeSplits(options.dir, { train, heldOut, validation, demos })
 })
 
-main(import.meta.url, { ...defaults, dir: "examples/guess/data" }, (options) => write(options, task.defaults.systemPrompt!))
+main(import.meta.url, { ...defaults, dir: "data" }, (options) => write(options, task.defaults.systemPrompt!))

@@ -33,4 +33,4 @@ export const defaults: Omit<Data.Options, "dir"> = {
   demos: 4000
 }
 
-main(import.meta.url, { ...defaults, dir: "examples/household/data" }, Data.write)
+main(import.meta.url, { ...defaults, dir: "data" }, Data.write)

@@ -202,4 +202,4 @@ export const write = Effect.fn("python.generate.write")(function*(options: Optio
   return yield* Dataset.writeSplits(options.dir, { train, heldOut, validation, demos })
 })
 
-main(import.meta.url, { ...defaults, dir: "examples/python/data" }, write)
+main(import.meta.url, { ...defaults, dir: "data" }, write)

@@ -131,4 +131,4 @@ export const write = Effect.fn("search.generate.write")(function*(options: Optio
   })
 })
 
-main(import.meta.url, { ...defaults, dir: "examples/search/data" }, write)
+main(import.meta.url, { ...defaults, dir: "data" }, write)

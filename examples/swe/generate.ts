@@ -80,4 +80,4 @@ export const write = Effect.fn("swe.generate.write")(function*(options: Options)
   })
 })
 
-main(import.meta.url, { ...defaults, dir: "examples/swe/data" }, write)
+main(import.meta.url, { ...defaults, dir: "data" }, write)

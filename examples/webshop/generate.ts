@@ -82,4 +82,4 @@ export const write = Effect.fn("webshop.generate.write")(function*(options: Opti
   return yield* Dataset.writeSplits(options.dir, { train, heldOut, validation, demos: solved, products })
 })
 
-main(import.meta.url, { ...defaults, dir: "examples/webshop/data" }, write)
+main(import.meta.url, { ...defaults, dir: "data" }, write)

@@ -1,5 +1,5 @@
 import { assert, describe, it } from "@effect/vitest"
-import { parseArgs } from "../../examples/generator.ts"
+import { besideModule, parseArgs } from "../../examples/generator.ts"
 
 const defaults = { dir: "data", seed: 1, noise: 0, heldOut: 300, kind: "mixed" }
 
@@ -37,5 +37,14 @@ describe("the generators' command line", () => {
     assert.deepStrictEqual(parseArgs(["--world", `{"receptacles":4}`], rich), { ...rich, world: { receptacles: 4 } })
     assert.include(String(parseArgs(["--world", "4"], rich)), "--world must be a JSON object")
     assert.include(String(parseArgs(["--sizes", "a,b"], rich)), "--sizes must be numbers")
+  })
+
+  it("writes its default OUT_DIR beside the generator from any working directory; a given one is the caller's", () => {
+    const module = "file:///repo/examples/guess/generate.ts"
+    assert.strictEqual(besideModule(module, "data", "/repo"), "examples/guess/data")
+    assert.strictEqual(besideModule(module, "data", "/repo/examples/guess"), "data")
+    assert.strictEqual(besideModule(module, "data", "/elsewhere"), "../repo/examples/guess/data")
+    // OUT_DIR on the command line is taken as given (relative to the working directory).
+    assert.strictEqual((parseArgs(["out"], defaults) as typeof defaults).dir, "out")
   })
 })
