@@ -8,16 +8,17 @@
  * `make` returns the same `PolicyEngine` service as `PolicyEngine.make`, with the same results: a request's seed is
  * drawn on the calling side (from its `Random`) when it has none, and an engine's results never depend on batching.
  * One thread hosts every engine made through it; it starts on the first `make` and again on the next one after it
- * died, and ends with the scope. A thread that dies fails every request waiting on it with `SamplerError`
- * ("Closed"), naming the exit.
+ * died, and ends with the scope. A thread that dies fails every request waiting on it with a `SamplerError` of
+ * reason `Closed`, naming the exit. Errors cross the thread with their reasons (`engineWorker.toWire`).
  *
  * @since 0.1.0
  */
 import { Effect, Random, Scope, Semaphore } from "effect"
 import { Worker } from "node:worker_threads"
-import { SamplerError } from "../src/Sampler.ts"
-import type { GenerateRequest, GenerateResult } from "../src/Sampler.ts"
+import { samplerError } from "../src/Sampler.ts"
+import type { GenerateRequest, GenerateResult, SamplerError } from "../src/Sampler.ts"
 import * as PolicyEngine from "./PolicyEngine.ts"
+import { fromWire } from "./internal/engineWorker.ts"
 import type * as EngineWorker from "./internal/engineWorker.ts"
 
 const workerUrl = new URL("./internal/engineWorker.mjs", import.meta.url)
@@ -46,14 +47,6 @@ interface Waiting {
   readonly resume: (answer: Answer) => void
   readonly onToken: ((tokenId: number, logprob: number) => void) | undefined
 }
-
-const errorOf = (e: EngineWorker.WireError) =>
-  e.tag === "PolicyEngineError"
-    ? new PolicyEngine.PolicyEngineError({
-      reason: e.reason as typeof PolicyEngine.PolicyEngineErrorReason.Type,
-      message: e.message
-    })
-    : new SamplerError({ reason: e.reason as SamplerError["reason"], message: e.message })
 
 /** Building an engine or swapping its weights failed: a sampler-side failure (the thread died) counts as a session's. */
 const engineErrorOf = (e: SamplerError | PolicyEngine.PolicyEngineError) =>
@@ -110,12 +103,12 @@ export const make: Effect.Effect<EngineThread, never, Scope.Scope> = Effect.gen(
         const w = waiting.get(reply.id)
         if (w === undefined) return // an interrupted request
         waiting.delete(reply.id)
-        return w.resume(reply.op === "done" ? Effect.succeed(reply.result) : Effect.fail(errorOf(reply.error)))
+        return w.resume(reply.op === "done" ? Effect.succeed(reply.result) : Effect.fail(fromWire(reply.error)))
       }
       case "opened": {
         const resume = opening.get(reply.engine)
         opening.delete(reply.engine)
-        return resume?.(reply.error === undefined ? Effect.void : Effect.fail(engineErrorOf(errorOf(reply.error))))
+        return resume?.(reply.error === undefined ? Effect.void : Effect.fail(engineErrorOf(fromWire(reply.error))))
       }
       case "closed": {
         const resume = closing.get(reply.engine)
@@ -128,7 +121,7 @@ export const make: Effect.Effect<EngineThread, never, Scope.Scope> = Effect.gen(
   const onDeath = (message: string) => {
     if (thread === undefined || thread.dead !== undefined) return
     thread.dead = message
-    const closed = new SamplerError({ reason: "Closed", message })
+    const closed = samplerError("Closed", message)
     for (const w of waiting.values()) w.resume(Effect.fail(closed))
     waiting.clear()
     const failure = new PolicyEngine.PolicyEngineError({ reason: "SessionFailed", message })
@@ -174,7 +167,7 @@ export const make: Effect.Effect<EngineThread, never, Scope.Scope> = Effect.gen(
     onToken?: (tokenId: number, logprob: number) => void
   ) =>
     Effect.callback<A, SamplerError | PolicyEngine.PolicyEngineError>((resume) => {
-      if (on.dead !== undefined) return resume(Effect.fail(new SamplerError({ reason: "Closed", message: on.dead })))
+      if (on.dead !== undefined) return resume(Effect.fail(samplerError("Closed", on.dead)))
       const id = nextId++
       waiting.set(id, { resume: resume as (answer: Answer) => void, onToken })
       on.worker.postMessage(request(id))

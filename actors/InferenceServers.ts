@@ -28,7 +28,8 @@ import type { Scope } from "effect"
 import { HttpClient } from "effect/http"
 import { randomUUID } from "node:crypto"
 import * as OpenAiCompatSampler from "../src/backends/OpenAiCompatSampler.ts"
-import { Sampler, SamplerError } from "../src/Sampler.ts"
+import { Sampler, samplerError } from "../src/Sampler.ts"
+import type { SamplerError } from "../src/Sampler.ts"
 import type { GenerateRequest, GenerateResult } from "../src/Sampler.ts"
 import { fetchMessage } from "./internal/http.ts"
 import * as WeightsPut from "./internal/weightsPut.ts"
@@ -143,7 +144,7 @@ interface Server {
 const serversError = (message: string) => new TrainerError({ reason: "Servers", message })
 
 /** A 409 saying the server's weights are older than the request asked for. */
-const isBehind = (e: SamplerError) => e.reason === "BadRequest" && e.message.includes("policy_version_behind")
+const isBehind = (e: SamplerError) => e.reason._tag === "BadRequest" && e.message.includes("policy_version_behind")
 
 /** Records a failure of `server`; the first after a success is logged (the run goes on with the others). */
 const failed = (server: Server, message: string, now: number, restMs: number) =>
@@ -378,13 +379,13 @@ export const make = Effect.fn("InferenceServers.make")(function*(
         const server = pick(min, now)
         if (server === undefined) {
           if (now > giveUp) {
-            return yield* new SamplerError({
-              reason: "Transport",
-              message: `no inference server could serve policy version ≥ ${min} for ` +
+            return yield* samplerError(
+              "Transport",
+              `no inference server could serve policy version ≥ ${min} for ` +
                 `${Math.round((now - start) / 1000)} s: ` +
                 servers.map((s) => `${s.url} (holds ${s.version ?? "no weights of this run"}` +
                   `${s.lastError === undefined ? "" : `; ${s.lastError}`})`).join("; ")
-            })
+            )
           }
           yield* Effect.sleep(Math.min(500, 20 * 2 ** Math.min(attempt, 5)))
           continue
@@ -412,7 +413,7 @@ export const make = Effect.fn("InferenceServers.make")(function*(
           catchUp(server)
         } else if (e.isRetryable) {
           const rest = Math.max(restMs, e.retryAfterMs ?? 0)
-          yield* failed(server, `${e.reason}: ${e.message}`, yield* Clock.currentTimeMillis, rest)
+          yield* failed(server, `${e.reason._tag}: ${e.message}`, yield* Clock.currentTimeMillis, rest)
         } else {
           return yield* e
         }

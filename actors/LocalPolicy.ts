@@ -25,7 +25,7 @@ import * as Optimizer from "../src/Optimizer.ts"
 import * as Packing from "../src/Packing.ts"
 import * as PolicyTrainer from "../src/PolicyTrainer.ts"
 import * as Safetensors from "../src/Safetensors.ts"
-import { Sampler, SamplerError } from "../src/Sampler.ts"
+import { Sampler, samplerError } from "../src/Sampler.ts"
 import * as TrainConfig from "../src/TrainConfig.ts"
 import * as Trajectory from "../src/Trajectory.ts"
 import * as TrajectoryBuilder from "../src/TrajectoryBuilder.ts"
@@ -550,7 +550,7 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
   const sampler = Sampler.of({
     generate: (request) =>
       ambientEngine.pipe(
-        Effect.mapError((e) => new SamplerError({ reason: "ServerError", message: e.message })),
+        Effect.mapError((e) => samplerError("ServerError", e.message)),
         Effect.flatMap((gated) => gated.generate(request))
       ),
     policyVersion: Effect.sync(() => newest().version)

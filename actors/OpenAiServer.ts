@@ -63,7 +63,7 @@ import type * as Message from "../src/Message.ts"
 import type { ModelConfig } from "../src/model/ModelConfig.ts"
 import * as Qwen2 from "../src/model/Qwen2.ts"
 import * as Safetensors from "../src/Safetensors.ts"
-import type { FinishReason, GenerateRequest, GenerateResult, SamplingParams } from "../src/Sampler.ts"
+import type { FinishReason, GenerateRequest, GenerateResult, SamplerError, SamplingParams } from "../src/Sampler.ts"
 import type * as Tokenizer from "../src/Tokenizer.ts"
 import * as SchemaIssues from "../src/internal/schemaIssues.ts"
 import * as ToolCallParser from "../src/ToolCallParser.ts"
@@ -449,13 +449,13 @@ const withSlot = <A, E, R>(slots: Slots, lane: Lane, effect: Effect.Effect<A, E,
     )
   })
 
-const samplerError = (e: { readonly reason: string; readonly message: string }) =>
+const samplerError = (e: SamplerError) =>
   new ApiError(
-    e.reason === "BadRequest" ?
+    e.reason._tag === "BadRequest" ?
       { status: 400, message: e.message } :
-      e.reason === "Overloaded" ?
+      e.reason._tag === "Overloaded" ?
       { status: 429, message: e.message } :
-      { status: e.reason === "Closed" ? 503 : 500, message: e.message, code: e.reason }
+      { status: e.reason._tag === "Closed" ? 503 : 500, message: e.message, code: e.reason._tag }
   )
 
 const parseArguments = (args: string): unknown =>

@@ -36,8 +36,8 @@ import * as ort from "onnxruntime-node"
 import * as ModelConfig from "../src/model/ModelConfig.ts"
 import * as Qwen2 from "../src/model/Qwen2.ts"
 import * as Graph from "../src/onnx/Graph.ts"
-import { Sampler, SamplerEngine, SamplerError } from "../src/Sampler.ts"
-import type { FinishReason, GenerateRequest, GenerateResult } from "../src/Sampler.ts"
+import { Sampler, SamplerEngine, samplerError } from "../src/Sampler.ts"
+import type { FinishReason, GenerateRequest, GenerateResult, SamplerError } from "../src/Sampler.ts"
 import * as Sampling from "../src/Sampling.ts"
 import * as KvCache from "./internal/kvCache.ts"
 
@@ -217,10 +217,10 @@ const validateWeights = (c: ModelConfig.ModelConfig, weights: Qwen2.Weights): Po
   return undefined
 }
 
-const badRequest = (message: string) => new SamplerError({ reason: "BadRequest", message })
+const badRequest = (message: string) => samplerError("BadRequest", message)
 
 /**
- * What `generate` refuses with `SamplerError { reason: "BadRequest" }` (an empty prompt, one longer than the
+ * What `generate` refuses with a `SamplerError` of reason `BadRequest` (an empty prompt, one longer than the
  * context, an id outside the vocabulary, bad sampling parameters), as a pure check: the HTTP server runs it before
  * it answers a streaming request's status line.
  *
@@ -256,7 +256,7 @@ const int64 = (values: ArrayLike<number>, dims: ReadonlyArray<number>): ort.Tens
 
 /**
  * Builds the engine in the current scope: creates the first session and forks the decode loop. Closing the
- * scope fails every unfinished request, and any submitted later, with `SamplerError { reason: "Closed" }` and
+ * scope fails every unfinished request, and any submitted later, with a `SamplerError` of reason `Closed` and
  * releases the sessions.
  *
  * @category constructors
@@ -341,7 +341,7 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
     Effect.callback<ort.InferenceSession.ReturnType, SamplerError>((resume) => {
       g.session.run({ ...g.weightFeeds, ...feeds }).then(
         (out) => resume(Effect.succeed(out)),
-        (e) => resume(Effect.fail(new SamplerError({ reason: "ServerError", message: `onnxruntime: ${String(e)}` })))
+        (e) => resume(Effect.fail(samplerError("ServerError", `onnxruntime: ${String(e)}`)))
       )
     })
 
@@ -494,7 +494,7 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
           },
           (e) => {
             if (stopped) return
-            resume(Effect.fail(new SamplerError({ reason: "ServerError", message: `onnxruntime: ${String(e)}` })))
+            resume(Effect.fail(samplerError("ServerError", `onnxruntime: ${String(e)}`)))
           }
         )
       }
@@ -531,7 +531,7 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
       Effect.catchDefect((defect) =>
         Effect.logError("PolicyEngine: defect in the decode loop", defect).pipe(
           Effect.andThen(onError(
-            new SamplerError({ reason: "ServerError", message: `policy engine defect: ${String(defect)}` })
+            samplerError("ServerError", `policy engine defect: ${String(defect)}`)
           ))
         )
       )
@@ -573,7 +573,7 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
   // held by the step fiber between the two), and a request submitted after close fails at once.
   const pending = new Set<Seq>()
   let closed = false
-  const closedError = () => new SamplerError({ reason: "Closed", message: "the policy engine was shut down" })
+  const closedError = () => samplerError("Closed", "the policy engine was shut down")
   yield* Effect.forever(step).pipe(Effect.forkScoped)
   yield* Effect.addFinalizer(() =>
     Effect.gen(function*() {

@@ -6,20 +6,20 @@
  *
  * Back-pressure: when the engine is saturated the batcher stops taking requests, its bounded mailbox
  * (`mailboxCapacity`) fills up and further `generate` calls suspend until there is room (`overflow: "suspend"`),
- * or fail at once with `SamplerError { reason: "Overloaded" }` (`overflow: "fail"`, for callers that must not
+ * or fail at once with a `SamplerError` of reason `Overloaded` (`overflow: "fail"`, for callers that must not
  * block).
  *
  * Supervision: the receive loop restarts under `restart` (a `Schedule`) after a defect, keeping the requests in
  * its mailbox. A defect inside one engine batch fails only that batch's requests. When the batcher's scope
- * closes, queued and in-flight requests fail with `SamplerError { reason: "Closed" }`.
+ * closes, queued and in-flight requests fail with a `SamplerError` of reason `Closed`.
  *
  * @since 0.1.0
  */
 import { Clock, Context, Deferred, Duration, Effect, Exit, FiberSet, Layer, Option, Queue, Result, Schedule,
   Schema, Semaphore } from "effect"
 import type { Scope } from "effect"
-import { engineFromSampler, Sampler, SamplerEngine, SamplerError } from "../src/Sampler.ts"
-import type { GenerateRequest, GenerateResult } from "../src/Sampler.ts"
+import { engineFromSampler, Sampler, SamplerEngine, samplerError } from "../src/Sampler.ts"
+import type { GenerateRequest, GenerateResult, SamplerError } from "../src/Sampler.ts"
 
 // ===== Models =====
 
@@ -93,7 +93,7 @@ interface Pending {
   cancelled: boolean
 }
 
-const closed = new SamplerError({ reason: "Closed", message: "the sampler batcher was shut down" })
+const closed = samplerError("Closed", "the sampler batcher was shut down")
 
 // ===== Constructors =====
 
@@ -138,10 +138,10 @@ export const make = Effect.fnUntraced(function*(
               batch[i]!.deferred,
               result === undefined
                 ? Exit.fail(
-                  new SamplerError({
-                    reason: "ServerError",
-                    message: `engine answered ${results.length} results for a batch of ${batch.length}`
-                  })
+                  samplerError(
+                    "ServerError",
+                    `engine answered ${results.length} results for a batch of ${batch.length}`
+                  )
                 )
                 : Result.isSuccess(result)
                 ? Exit.succeed(result.success)
@@ -203,7 +203,7 @@ export const make = Effect.fnUntraced(function*(
     if (opts.overflow === "fail") {
       if (Queue.offerUnsafe(queue, pending)) return Effect.void
       counters.rejected++
-      return Effect.fail(new SamplerError({ reason: "Overloaded", message: "sampler batcher mailbox is full" }))
+      return Effect.fail(samplerError("Overloaded", "sampler batcher mailbox is full"))
     }
     return Effect.flatMap(Queue.offer(queue, pending), (accepted) => accepted ? Effect.void : Effect.fail(closed))
   }

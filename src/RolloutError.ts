@@ -146,10 +146,10 @@ export const fromSamplerError = (error: SamplerError, chainId?: string): Rollout
   new RolloutError({
     reason: error.isRetryable
       ? "SamplerTransient"
-      : error.reason === "BadRequest"
+      : error.reason._tag === "BadRequest"
       ? "SamplerRejected"
       : "SamplerUnusable",
-    message: `sampler ${error.reason}: ${error.message}`,
+    message: `sampler ${error.reason._tag}: ${error.message}`,
     ...(chainId === undefined ? {} : { chainId })
   })
 

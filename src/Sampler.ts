@@ -62,38 +62,173 @@ export const GenerateResult = Schema.Struct({
 export type GenerateResult = typeof GenerateResult.Type
 
 /**
- * Why a sampler request failed.
+ * The backend did not answer in time (or answered HTTP 408).
  *
  * @category errors
  * @since 0.1.0
  */
-export const SamplerErrorReason = Schema.Literals([
-  "Timeout", // the backend did not answer in time
-  "Overloaded", // 429 or a full queue: retry later
-  "ServerError", // 5xx
-  "BadRequest", // the request itself is invalid (e.g. prompt longer than the context)
-  "NoTokenIds", // the backend cannot return token ids: unusable for token-in/token-out training
-  "Transport", // connection refused / reset
-  "Closed" // the sampler was shut down
-])
-export type SamplerErrorReason = typeof SamplerErrorReason.Type
+export class Timeout extends Schema.TaggedError<Timeout>()("Timeout", { message: Schema.String }) {
+  get isRetryable(): boolean {
+    return true
+  }
+}
 
 /**
- * A failed generate call.
+ * The backend is busy (HTTP 429, a full queue): retry later, after `retryAfterMs` when it said how long.
  *
  * @category errors
  * @since 0.1.0
  */
-export class SamplerError extends Schema.TaggedError<SamplerError>()("SamplerError", {
-  reason: SamplerErrorReason,
+export class Overloaded extends Schema.TaggedError<Overloaded>()("Overloaded", {
   message: Schema.String,
   /** How long the backend asked us to wait before retrying (an HTTP `Retry-After`), when it said. */
   retryAfterMs: Schema.optionalKey(Schema.Number)
 }) {
   get isRetryable(): boolean {
-    return this.reason === "Timeout" || this.reason === "Overloaded" || this.reason === "ServerError" ||
-      this.reason === "Transport"
+    return true
   }
+}
+
+/**
+ * The backend failed (HTTP 5xx, an unreadable answer, an engine fault). `retryAfterMs` is kept because a 503 may
+ * say how long to wait (an HTTP `Retry-After`), as a 429 does.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class ServerError extends Schema.TaggedError<ServerError>()("ServerError", {
+  message: Schema.String,
+  /** The HTTP status, when the backend answered one. */
+  status: Schema.optionalKey(Schema.Int),
+  retryAfterMs: Schema.optionalKey(Schema.Number)
+}) {
+  get isRetryable(): boolean {
+    return true
+  }
+}
+
+/**
+ * The request itself is invalid (e.g. a prompt longer than the context, an HTTP 4xx): retrying cannot help.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class BadRequest extends Schema.TaggedError<BadRequest>()("BadRequest", {
+  message: Schema.String,
+  /** The HTTP status, when the backend answered one. */
+  status: Schema.optionalKey(Schema.Int)
+}) {
+  get isRetryable(): boolean {
+    return false
+  }
+}
+
+/**
+ * The backend cannot return token ids: unusable for token-in/token-out training.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class NoTokenIds extends Schema.TaggedError<NoTokenIds>()("NoTokenIds", { message: Schema.String }) {
+  get isRetryable(): boolean {
+    return false
+  }
+}
+
+/**
+ * The connection was refused or reset, or no server could take the request.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class Transport extends Schema.TaggedError<Transport>()("Transport", { message: Schema.String }) {
+  get isRetryable(): boolean {
+    return true
+  }
+}
+
+/**
+ * The sampler was shut down.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class Closed extends Schema.TaggedError<Closed>()("Closed", { message: Schema.String }) {
+  get isRetryable(): boolean {
+    return false
+  }
+}
+
+/**
+ * Why a sampler request failed.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export const SamplerErrorReason = Schema.Union([
+  Timeout,
+  Overloaded,
+  ServerError,
+  BadRequest,
+  NoTokenIds,
+  Transport,
+  Closed
+])
+export type SamplerErrorReason = typeof SamplerErrorReason.Type
+
+/**
+ * A failed generate call. Handle reasons with `Effect.catchReason("SamplerError", "Overloaded", …)`; `message` is
+ * the reason's.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class SamplerError extends Schema.TaggedError<SamplerError>()("SamplerError", {
+  reason: SamplerErrorReason
+}) {
+  get isRetryable(): boolean {
+    return this.reason.isRetryable
+  }
+  /** How long the backend asked us to wait before retrying (`Overloaded`, `ServerError`), when it said. */
+  get retryAfterMs(): number | undefined {
+    return "retryAfterMs" in this.reason ? this.reason.retryAfterMs : undefined
+  }
+  override get message(): string {
+    return this.reason.message
+  }
+}
+
+/** Each reason's class by its tag, for `samplerError`; a reason left out is a compile error. */
+const reasons = { Timeout, Overloaded, ServerError, BadRequest, NoTokenIds, Transport, Closed } satisfies Record<
+  SamplerErrorReason["_tag"],
+  unknown
+>
+
+/**
+ * The facts a reason carries besides its message (`retryAfterMs` of `Overloaded`, `status` of `BadRequest`).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export type SamplerErrorFacts<Tag extends SamplerErrorReason["_tag"]> = Omit<
+  ConstructorParameters<(typeof reasons)[Tag]>[0],
+  "message"
+>
+
+/**
+ * A `SamplerError` of the reason tagged `tag`: `samplerError("Closed", "the batcher was shut down")`,
+ * `samplerError("Overloaded", text, { retryAfterMs })`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const samplerError = <Tag extends SamplerErrorReason["_tag"]>(
+  tag: Tag,
+  message: string,
+  facts?: SamplerErrorFacts<Tag>
+): SamplerError => {
+  const Reason = reasons[tag] as new(fields: { readonly message: string }) => SamplerErrorReason
+  return new SamplerError({ reason: new Reason({ ...facts, message }) })
 }
 
 /**
@@ -259,7 +394,7 @@ export const makeScripted = (script: Script, options?: ScriptedOptions): Effect.
       const completion = script[call]
       return completion === undefined
         ? Effect.fail(
-          new SamplerError({ reason: "BadRequest", message: `scripted sampler exhausted after ${script.length} calls` })
+          samplerError("BadRequest", `scripted sampler exhausted after ${script.length} calls`)
         )
         : Effect.succeed(completion)
     }

@@ -222,11 +222,11 @@ const defaultRetry = Schedule.max([Schedule.exponential(100), Schedule.recurs(3)
 
 const samplerApiError = (e: SamplerError): Wire.ApiError =>
   new Wire.ApiError(
-    e.reason === "BadRequest"
+    e.reason._tag === "BadRequest"
       ? { status: 400, message: e.message, code: "sampler_rejected" }
-      : e.reason === "Overloaded"
+      : e.reason._tag === "Overloaded"
       ? { status: 429, message: e.message, code: "overloaded" }
-      : { status: e.reason === "Closed" ? 503 : 500, message: e.message, code: e.reason }
+      : { status: e.reason._tag === "Closed" ? 503 : 500, message: e.message, code: e.reason._tag }
   )
 
 const templateApiError = (recorder: Recorder, e: RolloutError.RolloutError): Wire.ApiError => {

@@ -9,19 +9,21 @@
  *
  * This is an edge like a CLI main: the Effect runtime is entered per message.
  */
-import { Cause, Effect, Exit, Fiber, Scope } from "effect"
+import { Cause, Effect, Exit, Fiber, Option, Schema, Scope } from "effect"
 import { parentPort, workerData } from "node:worker_threads"
+import { SamplerError, SamplerErrorReason, samplerError, ServerError } from "../../src/Sampler.ts"
 import type { GenerateRequest, GenerateResult } from "../../src/Sampler.ts"
 import * as PolicyEngine from "../PolicyEngine.ts"
 
 // ===== Protocol =====
 
-/** An error as it crosses the thread boundary: the tagged error's tag, reason and message. */
-export interface WireError {
-  readonly tag: "SamplerError" | "PolicyEngineError"
-  readonly reason: string
-  readonly message: string
-}
+/**
+ * An error as it crosses the thread boundary: a sampler error's reason encoded by its schema (a plain object, which
+ * the structured clone of `postMessage` keeps, with the reason's facts), or an engine error's reason and message.
+ */
+export type WireError =
+  | { readonly tag: "SamplerError"; readonly reason: typeof SamplerErrorReason.Encoded }
+  | { readonly tag: "PolicyEngineError"; readonly reason: string; readonly message: string }
 
 export type Request =
   | { readonly op: "open"; readonly engine: number; readonly options: PolicyEngine.Options }
@@ -61,18 +63,35 @@ export interface Init {
   readonly engineThread: true
 }
 
-// ===== Serving =====
-
-const wireError = (e: unknown): WireError => {
+/**
+ * The wire form of a failure on the thread: a typed error as it is, anything else as a sampler `ServerError`.
+ */
+export const toWire = (e: unknown): WireError => {
   if (e instanceof PolicyEngine.PolicyEngineError) {
     return { tag: "PolicyEngineError", reason: e.reason, message: e.message }
   }
-  const tagged = e as { readonly _tag?: unknown; readonly reason?: unknown; readonly message?: unknown }
-  if (tagged?._tag === "SamplerError") {
-    return { tag: "SamplerError", reason: String(tagged.reason), message: String(tagged.message) }
-  }
-  return { tag: "SamplerError", reason: "ServerError", message: e instanceof Error ? e.message : String(e) }
+  const error = e instanceof SamplerError ? e : samplerError("ServerError", e instanceof Error ? e.message : String(e))
+  return { tag: "SamplerError", reason: Schema.encodeSync(SamplerErrorReason)(error.reason) }
 }
+
+/**
+ * The typed error a wire error stands for, on the calling thread. A reason that does not decode (never, while both
+ * threads run this file) becomes a `ServerError` naming it, rather than an exception in a message handler.
+ */
+export const fromWire = (e: WireError): SamplerError | PolicyEngine.PolicyEngineError =>
+  e.tag === "PolicyEngineError"
+    ? new PolicyEngine.PolicyEngineError({
+      reason: e.reason as typeof PolicyEngine.PolicyEngineErrorReason.Type,
+      message: e.message
+    })
+    : new SamplerError({
+      reason: Option.getOrElse(
+        Schema.decodeUnknownOption(SamplerErrorReason)(e.reason),
+        () => new ServerError({ message: `an unreadable error from the engine thread: ${JSON.stringify(e.reason)}` })
+      )
+    })
+
+// ===== Serving =====
 
 const serve = () => {
   const port = parentPort!
@@ -105,14 +124,14 @@ const serve = () => {
       flush()
       if (Exit.isSuccess(exit)) return post(wrap(exit.value))
       if (Cause.hasInterruptsOnly(exit.cause)) return // the caller left
-      post({ op: "failed", id, error: wireError(Cause.squash(exit.cause)) })
+      post({ op: "failed", id, error: toWire(Cause.squash(exit.cause)) })
     })
   }
 
   const withEngine = (engine: number, id: number, f: (e: PolicyEngine.PolicyEngine["Service"]) => void) => {
     const entry = engines.get(engine)
     if (entry !== undefined) return f(entry.engine)
-    post({ op: "failed", id, error: { tag: "SamplerError", reason: "Closed", message: `engine ${engine} is closed` } })
+    post({ op: "failed", id, error: toWire(samplerError("Closed", `engine ${engine} is closed`)) })
   }
 
   port.on("message", (message: Request) => {
@@ -125,7 +144,7 @@ const serve = () => {
             return post({ op: "opened", engine: message.engine })
           }
           Effect.runFork(Scope.close(scope, exit))
-          post({ op: "opened", engine: message.engine, error: wireError(Cause.squash(exit.cause)) })
+          post({ op: "opened", engine: message.engine, error: toWire(Cause.squash(exit.cause)) })
         })
         return
       }

@@ -5,7 +5,7 @@
  * and their logprobs (`logprobs: 1`, vLLM's `return_token_ids` and `return_tokens_as_token_ids`). Token ids are
  * read from `choices[0].token_ids`, or from `logprobs.tokens` entries of the form `token_id:<id>`. A server that
  * returns neither cannot serve token-in/token-out training: the call fails with
- * `SamplerError { reason: "NoTokenIds" }` (not retried).
+ * a `SamplerError` of reason `NoTokenIds` (not retried).
  *
  * **Chat mode** (`makeChat` / `layerChat`) posts messages to `/chat/completions` of a black-box API and provides
  * `ChatSampler`; it returns text and tool calls only, so the trajectories built from it are marked not
@@ -24,9 +24,16 @@ import { HttpClient, HttpClientRequest } from "effect/http"
 import type { HttpClientResponse } from "effect/http"
 import { ToolCall } from "../Message.ts"
 import type { Conversation } from "../Message.ts"
-import { ChatSampler, Sampler, SamplerError } from "../Sampler.ts"
-import type { ChatRequest, ChatResult, FinishReason, GenerateRequest, GenerateResult, SamplingParams } from
-  "../Sampler.ts"
+import { ChatSampler, Sampler, samplerError } from "../Sampler.ts"
+import type {
+  ChatRequest,
+  ChatResult,
+  FinishReason,
+  GenerateRequest,
+  GenerateResult,
+  SamplerError,
+  SamplingParams
+} from "../Sampler.ts"
 
 // ===== Config =====
 
@@ -176,18 +183,17 @@ export const retryAfterMs = (header: string | undefined, nowMs: number): number 
   return Number.isNaN(at) ? undefined : Math.max(0, at - nowMs)
 }
 
-const statusError = (status: number, body: string, waitMs: number | undefined): SamplerError =>
-  new SamplerError({
-    ...(waitMs === undefined ? {} : { retryAfterMs: waitMs }),
-    reason: status === 429
-      ? "Overloaded"
-      : status === 408
-      ? "Timeout"
-      : status >= 500
-      ? "ServerError"
-      : "BadRequest",
-    message: `HTTP ${status}: ${body.slice(0, 500)}`
-  })
+const statusError = (status: number, body: string, waitMs: number | undefined): SamplerError => {
+  const message = `HTTP ${status}: ${body.slice(0, 500)}`
+  const wait = waitMs === undefined ? {} : { retryAfterMs: waitMs }
+  return status === 429
+    ? samplerError("Overloaded", message, wait)
+    : status === 408
+    ? samplerError("Timeout", message)
+    : status >= 500
+    ? samplerError("ServerError", message, { status, ...wait })
+    : samplerError("BadRequest", message, { status })
+}
 
 const makePost = Effect.fnUntraced(function*(config: Config) {
   const client = yield* HttpClient.HttpClient
@@ -213,15 +219,14 @@ const makePost = Effect.fnUntraced(function*(config: Config) {
     )
     if (config.apiKey !== undefined) request = HttpClientRequest.bearerToken(request, Redacted.value(config.apiKey))
     const attempt = client.execute(request).pipe(
-      Effect.mapError((error) => new SamplerError({ reason: "Transport", message: transportMessage(error) })),
+      Effect.mapError((error) => samplerError("Transport", transportMessage(error))),
       Effect.flatMap((response: HttpClientResponse.HttpClientResponse) =>
         response.status >= 200 && response.status < 300
           ? Effect.flatMap(
-            Effect.mapError(response.json, (e) =>
-              new SamplerError({ reason: "ServerError", message: `unreadable body: ${e.message}` })),
+            Effect.mapError(response.json, (e) => samplerError("ServerError", `unreadable body: ${e.message}`)),
             (json) =>
               Effect.mapError(Schema.decodeUnknownEffect(schema)(json), (e) =>
-                new SamplerError({ reason: "ServerError", message: `unexpected response: ${e.message}` }))
+                samplerError("ServerError", `unexpected response: ${e.message}`))
           )
           : Effect.flatMap(
             Effect.orElseSucceed(response.text, () => ""),
@@ -232,8 +237,7 @@ const makePost = Effect.fnUntraced(function*(config: Config) {
       ),
       Effect.timeoutOrElse({
         duration: timeoutMs,
-        orElse: () =>
-          Effect.fail(new SamplerError({ reason: "Timeout", message: `no answer from ${path} in ${timeoutMs} ms` }))
+        orElse: () => Effect.fail(samplerError("Timeout", `no answer from ${path} in ${timeoutMs} ms`))
       })
     )
     return attempt.pipe(
@@ -265,11 +269,11 @@ export const make = Effect.fnUntraced(function*(config: Config) {
       const choice = response.choices[0]!
       const read = readChoice(choice)
       if (read === undefined) {
-        return yield* new SamplerError({
-          reason: "NoTokenIds",
-          message: "the server returned no token ids or logprobs for the completion " +
+        return yield* samplerError(
+          "NoTokenIds",
+          "the server returned no token ids or logprobs for the completion " +
             "(vLLM needs return_token_ids or return_tokens_as_token_ids; this backend needs both ids and logprobs)"
-        })
+        )
       }
       const result: GenerateResult = {
         tokenIds: read.tokenIds,

@@ -1,7 +1,9 @@
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Exit, Fiber, Random } from "effect"
 import * as EngineThread from "../../actors/EngineThread.ts"
+import { fromWire, toWire } from "../../actors/internal/engineWorker.ts"
 import { PolicyEngineError, make } from "../../actors/PolicyEngine.ts"
+import { BadRequest, samplerError, SamplerError } from "../../src/Sampler.ts"
 import type { GenerateRequest } from "../../src/Sampler.ts"
 import { randomWeights, tinyConfig } from "../utils/tinyModel.ts"
 
@@ -15,6 +17,32 @@ const requests: ReadonlyArray<GenerateRequest> = [[1, 2, 3], [7, 8, 9, 10, 11, 1
 ) => ({ promptTokenIds, sampling: { temperature: 0.9, maxTokens: 24, seed: 100 + i } }))
 
 describe("EngineThread", () => {
+  it("an error keeps its reason and the reason's facts through postMessage (a structured clone)", () => {
+    const cross = (e: unknown) => fromWire(structuredClone(toWire(e)))
+    for (
+      const error of [
+        samplerError("Overloaded", "busy", { retryAfterMs: 250 }),
+        samplerError("ServerError", "HTTP 503", { status: 503, retryAfterMs: 10 }),
+        samplerError("BadRequest", "too long", { status: 400 }),
+        samplerError("Closed", "engine 3 is closed")
+      ]
+    ) {
+      const back = cross(error)
+      assert.instanceOf(back, SamplerError)
+      assert.deepStrictEqual((back as SamplerError).reason, error.reason)
+      assert.strictEqual(back.message, error.message)
+    }
+    const engine = cross(new PolicyEngineError({ reason: "StaleVersion", message: "2 < 3" }))
+    assert.deepStrictEqual([engine._tag, engine.reason, engine.message], ["PolicyEngineError", "StaleVersion", "2 < 3"])
+    // Anything else (a defect's value) arrives as a ServerError naming it.
+    const defect = cross(new Error("boom"))
+    assert.deepStrictEqual([defect._tag, (defect as SamplerError).reason._tag, defect.message], [
+      "SamplerError",
+      "ServerError",
+      "boom"
+    ])
+  })
+
   it.effect("an engine on the thread gives the same tokens and logprobs as one on this thread", () =>
     Effect.gen(function*() {
       const here = yield* make({ config: c, weights: w0 })
@@ -61,7 +89,9 @@ describe("EngineThread", () => {
       const bad = yield* engine.generate({ promptTokenIds: [c.vocabSize + 5], sampling: { temperature: 1, maxTokens: 4 } })
         .pipe(Effect.flip)
       assert.strictEqual(bad._tag, "SamplerError")
-      assert.strictEqual(bad.reason, "BadRequest")
+      assert.strictEqual(bad.reason._tag, "BadRequest")
+      assert.instanceOf(bad.reason, BadRequest)
+      assert.include(bad.message, "outside the vocabulary")
       const stale = yield* engine.updateWeights(2, w1).pipe(Effect.flip)
       assert.instanceOf(stale, PolicyEngineError)
       assert.strictEqual(stale.reason, "StaleVersion")
@@ -88,14 +118,14 @@ describe("EngineThread", () => {
       const exit = yield* Fiber.await(running)
       assert.isTrue(Exit.isFailure(exit))
       const failure = yield* engine.generate(requests[0]!).pipe(Effect.flip)
-      assert.strictEqual(failure.reason, "Closed")
+      assert.strictEqual(failure.reason._tag, "Closed")
       // Engines made at the same moment share the one thread: its failure fails both.
       const [a, b] = yield* Effect.all([thread.make({ config: c, weights: w0 }), thread.make({ config: c, weights: w1 })], {
         concurrency: 2
       })
       yield* thread.crash
-      assert.strictEqual((yield* a.generate(requests[0]!).pipe(Effect.flip)).reason, "Closed")
-      assert.strictEqual((yield* b.generate(requests[0]!).pipe(Effect.flip)).reason, "Closed")
+      assert.strictEqual((yield* a.generate(requests[0]!).pipe(Effect.flip)).reason._tag, "Closed")
+      assert.strictEqual((yield* b.generate(requests[0]!).pipe(Effect.flip)).reason._tag, "Closed")
       const fresh = yield* thread.make({ config: c, weights: w0 })
       const again = yield* fresh.generate(requests[0]!)
       assert.deepStrictEqual(again, after)

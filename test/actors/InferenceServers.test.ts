@@ -157,7 +157,7 @@ describe("InferenceServers", () => {
       assert.include(push.message, "no inference server took policy version 3")
       assert.include(push.message, a.baseUrl)
       const request = yield* Effect.flip(servers.sampler(2).generate(greedy([1, 2, 3])))
-      assert.strictEqual(request.reason, "Transport")
+      assert.strictEqual(request.reason._tag, "Transport")
       assert.include(request.message, b.baseUrl)
     }))), { timeout: 60_000 })
 

@@ -181,7 +181,7 @@ describe("Rollout.run", () => {
           case "flood":
             return turn(`CALL flood {"n":1000}`)
           default:
-            return new Sampler.SamplerError({ reason: "BadRequest", message: "prompt too long" })
+            return Sampler.samplerError("BadRequest", "prompt too long")
         }
       })
       const run = (task: string, extra?: Partial<Rollout.Options>) =>
@@ -345,7 +345,7 @@ describe("Rollout.run error policies", () => {
     Effect.gen(function*() {
       let calls = 0
       const layer = Sampler.layerScripted(() =>
-        ++calls <= 2 ? new Sampler.SamplerError({ reason: "Overloaded", message: "429" }) : turn("fine")
+        ++calls <= 2 ? Sampler.samplerError("Overloaded", "429") : turn("fine")
       )
       const stats = RolloutChain.makeStats()
       const [t] = trajectories(yield* runAll({ ...base, messages: user("x"), stats }).pipe(Effect.provide(layer)))
@@ -357,7 +357,7 @@ describe("Rollout.run error policies", () => {
 
   it.effect("retry exhausted: afterRetry (mask) applies", () =>
     Effect.gen(function*() {
-      const layer = Sampler.layerScripted(() => new Sampler.SamplerError({ reason: "Timeout", message: "slow" }))
+      const layer = Sampler.layerScripted(() => Sampler.samplerError("Timeout", "slow"))
       const [t] = trajectories(yield* runAll({ ...base, messages: user("x") }).pipe(Effect.provide(layer)))
       assert.strictEqual(t!.termination, "error")
       assert.isTrue(t!.masked)
@@ -433,7 +433,7 @@ describe("Rollout.run error policies", () => {
 
   it.effect("abort_run: a backend without token ids fails the run with a typed error", () =>
     Effect.gen(function*() {
-      const layer = Sampler.layerScripted(() => new Sampler.SamplerError({ reason: "NoTokenIds", message: "chat api" }))
+      const layer = Sampler.layerScripted(() => Sampler.samplerError("NoTokenIds", "chat api"))
       const error = yield* Effect.flip(runAll({ ...base, numChains: 4, rows: [{ messages: user("x") }] }).pipe(
         Effect.provide(layer)
       ))
@@ -739,10 +739,10 @@ describe("Rollout.run invariants (property)", () => {
             case "envfail":
               return turnIndex === 0 ? turn(`CALL envfail {}`) : turn("ok")
             case "reject":
-              return new Sampler.SamplerError({ reason: "BadRequest", message: "no" })
+              return Sampler.samplerError("BadRequest", "no")
             case "transient":
               return transientFailures++ % 2 === 0
-                ? new Sampler.SamplerError({ reason: "ServerError", message: "503" })
+                ? Sampler.samplerError("ServerError", "503")
                 : turn("recovered")
           }
         })

@@ -22,7 +22,7 @@ import type * as Dataset from "../../src/Dataset.ts"
 import * as Task from "../../src/Task.ts"
 import * as ModelFolder from "../../src/ModelFolder.ts"
 import * as Qwen2 from "../../src/model/Qwen2.ts"
-import { Sampler, SamplerError } from "../../src/Sampler.ts"
+import { Sampler, samplerError } from "../../src/Sampler.ts"
 import * as TrainConfig from "../../src/TrainConfig.ts"
 import * as Trajectory from "../../src/Trajectory.ts"
 import { randomWeights } from "../utils/tinyModel.ts"
@@ -262,7 +262,7 @@ describe("RolloutWorker", () => {
         ...workerSide,
         sampler: (version) => ({
           ...workerSide.sampler(version),
-          generate: () => Effect.fail(new SamplerError({ reason: "NoTokenIds", message: "this backend returns no token ids" }))
+          generate: () => Effect.fail(samplerError("NoTokenIds", "this backend returns no token ids"))
         })
       }
       const broken = yield* startWorker(agent, unusable)

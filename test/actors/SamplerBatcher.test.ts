@@ -25,7 +25,7 @@ const recordingEngine = (latch?: Deferred.Deferred<void>) => {
         return requests.map((r) => {
           const id = r.promptTokenIds[0]!
           return id < 0
-            ? Result.fail(new Sampler.SamplerError({ reason: "BadRequest", message: `bad ${id}` }))
+            ? Result.fail(Sampler.samplerError("BadRequest", `bad ${id}`))
             : Result.succeed({
               tokenIds: [id, id + 1],
               logprobs: [-0.1, -0.2],
@@ -128,7 +128,7 @@ describe("SamplerBatcher", () => {
       for (let i = 0; i < 5; i++) yield* Effect.yieldNow
       yield* Deferred.succeed(latch, undefined)
       const results = yield* Fiber.join(fiber)
-      const overloaded = results.filter((r) => Result.isFailure(r) && r.failure.reason === "Overloaded")
+      const overloaded = results.filter((r) => Result.isFailure(r) && r.failure.reason._tag === "Overloaded")
       assert.isAbove(overloaded.length, 0)
       assert.strictEqual(results.filter(Result.isSuccess).length + overloaded.length, 6)
       assert.strictEqual((yield* batcher.stats).rejected, overloaded.length)
@@ -147,7 +147,7 @@ describe("SamplerBatcher", () => {
         concurrency: "unbounded"
       })
       assert.isTrue(Result.isSuccess(first[0]!))
-      assert.isTrue(Result.isFailure(first[1]!) && first[1].failure.reason === "BadRequest")
+      assert.isTrue(Result.isFailure(first[1]!) && first[1].failure.reason._tag === "BadRequest")
       const died = yield* Effect.exit(sampler.generate(request(5)))
       assert.isTrue(Exit.hasDies(died))
       const after = yield* sampler.generate(request(6))
@@ -171,11 +171,11 @@ describe("SamplerBatcher", () => {
       yield* Scope.close(scope, Exit.void)
       const results = yield* Fiber.join(fiber)
       assert.deepStrictEqual(
-        results.map((r) => Result.isFailure(r) ? r.failure.reason : "ok"),
+        results.map((r) => Result.isFailure(r) ? r.failure.reason._tag : "ok"),
         ["Closed", "Closed", "Closed"]
       )
       const late = yield* Effect.flip(sampler.generate(request(4)))
-      assert.strictEqual(late.reason, "Closed")
+      assert.strictEqual(late.reason._tag, "Closed")
     }))
 
   it.effect("a caller that gives up before its batch is sent is skipped", () =>

@@ -1,11 +1,50 @@
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Exit, Ref, Result } from "effect"
+import { Effect, Exit, Ref, Result, Schema } from "effect"
 import * as Sampler from "../../src/Sampler.ts"
 
 const params = (maxTokens: number, stopTokenIds?: ReadonlyArray<number>): Sampler.SamplingParams => ({
   temperature: 1,
   maxTokens,
   ...(stopTokenIds === undefined ? {} : { stopTokenIds })
+})
+
+describe("Sampler.SamplerError", () => {
+  it.effect("its reason carries the facts; message, isRetryable and retryAfterMs are the reason's", () =>
+    Effect.gen(function*() {
+      const busy = Sampler.samplerError("Overloaded", "HTTP 429: slow down", { retryAfterMs: 1500 })
+      assert.instanceOf(busy.reason, Sampler.Overloaded)
+      assert.deepStrictEqual(
+        busy.reason,
+        new Sampler.Overloaded({ message: "HTTP 429: slow down", retryAfterMs: 1500 })
+      )
+      assert.strictEqual(busy.message, "HTTP 429: slow down")
+      assert.strictEqual(busy.retryAfterMs, 1500)
+      const tags = ["Timeout", "Overloaded", "ServerError", "BadRequest", "NoTokenIds", "Transport", "Closed"] as const
+      const retryable = tags.filter((tag) => Sampler.samplerError(tag, "x").isRetryable)
+      assert.deepStrictEqual(retryable, ["Timeout", "Overloaded", "ServerError", "Transport"])
+      assert.isUndefined(Sampler.samplerError("Closed", "shut down").retryAfterMs)
+      // One reason is handled; the others stay in the error channel.
+      const handle = (error: Sampler.SamplerError) =>
+        Effect.fail(error).pipe(
+          Effect.catchReason("SamplerError", "Overloaded", (reason) => Effect.succeed(reason.retryAfterMs ?? 0))
+        )
+      assert.strictEqual(yield* handle(busy), 1500)
+      const closed = yield* Effect.flip(handle(Sampler.samplerError("Closed", "shut down")))
+      assert.strictEqual(closed.reason._tag, "Closed")
+    }))
+
+  it("keeps its reason through the schema (as it crosses a thread or a wire)", () => {
+    const error = Sampler.samplerError("ServerError", "HTTP 503: down", { status: 503, retryAfterMs: 100 })
+    const encoded = Schema.encodeSync(Sampler.SamplerError)(error)
+    assert.deepStrictEqual(encoded, {
+      _tag: "SamplerError",
+      reason: { _tag: "ServerError", message: "HTTP 503: down", status: 503, retryAfterMs: 100 }
+    })
+    const decoded = Schema.decodeUnknownSync(Sampler.SamplerError)(structuredClone(encoded))
+    assert.instanceOf(decoded.reason, Sampler.ServerError)
+    assert.deepStrictEqual(decoded.reason, error.reason)
+    assert.strictEqual(decoded.message, "HTTP 503: down")
+  })
 })
 
 describe("Sampler.makeScripted", () => {
@@ -21,7 +60,7 @@ describe("Sampler.makeScripted", () => {
       assert.strictEqual(a.policyVersion, 7)
       assert.strictEqual(a.finishReason, "stop")
       const exhausted = yield* Effect.flip(sampler.generate({ promptTokenIds: [9], sampling: params(10) }))
-      assert.strictEqual(exhausted.reason, "BadRequest")
+      assert.strictEqual(exhausted.reason._tag, "BadRequest")
     }))
 
   it.effect("cuts at the first stop token (kept) and at maxTokens (finish length)", () =>
@@ -40,14 +79,14 @@ describe("Sampler.makeScripted", () => {
     Effect.gen(function*() {
       const sampler = yield* Sampler.makeScripted((request, call) =>
         call === 1
-          ? new Sampler.SamplerError({ reason: "Overloaded", message: "busy" })
+          ? Sampler.samplerError("Overloaded", "busy")
           : Effect.succeed({ tokenIds: [...request.promptTokenIds].reverse(), logprobs: [-0.5, -0.25] })
       )
       const first = yield* sampler.generate({ promptTokenIds: [1, 2], sampling: params(5) })
       assert.deepStrictEqual(first.tokenIds, [2, 1])
       assert.deepStrictEqual(first.logprobs, [-0.5, -0.25])
       const failed = yield* Effect.flip(sampler.generate({ promptTokenIds: [1, 2], sampling: params(5) }))
-      assert.strictEqual(failed.reason, "Overloaded")
+      assert.strictEqual(failed.reason._tag, "Overloaded")
       assert.isTrue(failed.isRetryable)
     }))
 
@@ -84,7 +123,7 @@ describe("Sampler.engineFromSampler", () => {
     Effect.gen(function*() {
       const sampler = yield* Sampler.makeScripted((request) =>
         request.promptTokenIds[0] === 0
-          ? new Sampler.SamplerError({ reason: "BadRequest", message: "empty" })
+          ? Sampler.samplerError("BadRequest", "empty")
           : [request.promptTokenIds[0]!]
       )
       const engine = Sampler.engineFromSampler(sampler)

@@ -279,7 +279,7 @@ describe("AgentRollout", () => {
 
       // The sampler refuses every request: the agent's SDK throws, and the episode's reason is the sampler's.
       const refusing = Sampler.Sampler.of({
-        generate: () => Effect.fail(new Sampler.SamplerError({ reason: "BadRequest", message: "no" })),
+        generate: () => Effect.fail(Sampler.samplerError("BadRequest", "no")),
         policyVersion: Effect.succeed(0)
       })
       const refused = (yield* run(AgentTask.make("refused", { agent: async (i, c) => void (await calculatorAgent(i, c)) }), refusing, 1)).flatMap((g) =>

@@ -8,7 +8,7 @@ import { Effect, Redacted } from "effect"
 import { createServer } from "node:http"
 import type { AddressInfo } from "node:net"
 import * as OpenAiCompatSampler from "../../../src/backends/OpenAiCompatSampler.ts"
-import type * as Sampler from "../../../src/Sampler.ts"
+import * as Sampler from "../../../src/Sampler.ts"
 
 interface Seen {
   readonly path: string
@@ -128,7 +128,7 @@ describe("OpenAiCompatSampler (token mode)", () => {
       }))
       const sampler = yield* OpenAiCompatSampler.make({ baseUrl: server.baseUrl, model: "m", retryBaseMs: 1 })
       const error = yield* Effect.flip(sampler.generate(request))
-      assert.strictEqual(error.reason, "NoTokenIds")
+      assert.strictEqual(error.reason._tag, "NoTokenIds")
       assert.isFalse(error.isRetryable)
       assert.strictEqual(server.seen.length, 1)
     })))
@@ -193,7 +193,7 @@ describe("OpenAiCompatSampler (token mode)", () => {
         retryBaseMs: 1
       })
       const error = yield* Effect.flip(sampler.generate(request))
-      assert.strictEqual(error.reason, "ServerError")
+      assert.strictEqual(error.reason._tag, "ServerError")
       assert.strictEqual(server.seen.length, 3)
     })))
 
@@ -202,9 +202,36 @@ describe("OpenAiCompatSampler (token mode)", () => {
       const server = yield* testServer(() => ({ status: 400, json: { error: { message: "prompt too long" } } }))
       const sampler = yield* OpenAiCompatSampler.make({ baseUrl: server.baseUrl, model: "m", retryBaseMs: 1 })
       const error = yield* Effect.flip(sampler.generate(request))
-      assert.strictEqual(error.reason, "BadRequest")
+      assert.strictEqual(error.reason._tag, "BadRequest")
+      assert.strictEqual(error.reason._tag === "BadRequest" && error.reason.status, 400)
       assert.include(error.message, "prompt too long")
       assert.strictEqual(server.seen.length, 1)
+    })))
+
+  it.live("an HTTP status becomes a reason with its facts: the wait a 429 or a 503 asks for, the status", () =>
+    live(Effect.gen(function*() {
+      const server = yield* testServer((_, i) =>
+        i === 0
+          ? { status: 429, headers: { "retry-after": "2" } }
+          : i === 1
+          ? { status: 503, headers: { "retry-after": "3" } }
+          : { status: 408 }
+      )
+      const sampler = yield* OpenAiCompatSampler.make({ baseUrl: server.baseUrl, model: "m", retries: 0 })
+      const busy = yield* Effect.flip(sampler.generate(request))
+      assert.deepStrictEqual(
+        busy.reason,
+        new Sampler.Overloaded({ message: `HTTP 429: {"error":{"message":"nope"}}`, retryAfterMs: 2000 })
+      )
+      assert.strictEqual(busy.retryAfterMs, 2000)
+      assert.strictEqual(busy.message, `HTTP 429: {"error":{"message":"nope"}}`)
+      const down = yield* Effect.flip(sampler.generate(request))
+      assert.strictEqual(down.reason._tag, "ServerError")
+      assert.deepStrictEqual([down.reason._tag === "ServerError" && down.reason.status, down.retryAfterMs], [503, 3000])
+      const slow = yield* Effect.flip(sampler.generate(request))
+      assert.strictEqual(slow.reason._tag, "Timeout")
+      assert.isUndefined(slow.retryAfterMs)
+      assert.isTrue(busy.isRetryable && down.isRetryable && slow.isRetryable)
     })))
 
   it.live("times out a server that does not answer, retrying each attempt", () =>
@@ -218,7 +245,7 @@ describe("OpenAiCompatSampler (token mode)", () => {
         retryBaseMs: 1
       })
       const error = yield* Effect.flip(sampler.generate(request))
-      assert.strictEqual(error.reason, "Timeout")
+      assert.strictEqual(error.reason._tag, "Timeout")
       assert.strictEqual(server.seen.length, 2)
     })))
 
@@ -228,7 +255,7 @@ describe("OpenAiCompatSampler (token mode)", () => {
       server.close()
       const sampler = yield* OpenAiCompatSampler.make({ baseUrl: server.baseUrl, model: "m", retries: 0 })
       const error = yield* Effect.flip(sampler.generate(request))
-      assert.strictEqual(error.reason, "Transport")
+      assert.strictEqual(error.reason._tag, "Transport")
       // The cause a user must fix, not only that the transport failed.
       assert.include(error.message, "ECONNREFUSED")
     })))
