@@ -1,6 +1,6 @@
 /**
  * The local policy engine: a Qwen2-style model (`src/model/Qwen2.ts`) running on onnxruntime-node with a KV cache
- * and continuous batching, exposed as the token-in / token-out `Sampler` (and `SamplerEngine`) services.
+ * and continuous batching, exposed as the token-in / token-out `Sampler` service.
  *
  * **Batching.** One decode loop (a fiber in the layer's scope) owns every running sequence. Between two decode
  * steps it takes the requests that arrived, prefills their prompts as one left-padded batch, samples their first
@@ -36,7 +36,7 @@ import * as ort from "onnxruntime-node"
 import * as ModelConfig from "../src/model/ModelConfig.ts"
 import * as Qwen2 from "../src/model/Qwen2.ts"
 import * as Graph from "../src/onnx/Graph.ts"
-import { Sampler, SamplerEngine, samplerError } from "../src/Sampler.ts"
+import { Sampler, samplerError } from "../src/Sampler.ts"
 import type { FinishReason, GenerateRequest, GenerateResult, SamplerError } from "../src/Sampler.ts"
 import * as Sampling from "../src/Sampling.ts"
 import * as KvCache from "./internal/kvCache.ts"
@@ -148,20 +148,16 @@ export class PolicyEngine extends Context.Service<PolicyEngine, {
 }
 
 /**
- * `Sampler` and `SamplerEngine` on top of a {@link PolicyEngine}.
+ * `Sampler` on top of a {@link PolicyEngine} (which batches concurrent requests itself).
  *
  * @category layers
  * @since 0.1.0
  */
-export const layerSampler: Layer.Layer<Sampler | SamplerEngine, never, PolicyEngine> = Layer.effectContext(
+export const layerSampler: Layer.Layer<Sampler, never, PolicyEngine> = Layer.effect(
+  Sampler,
   Effect.gen(function*() {
     const engine = yield* PolicyEngine
-    const sampler = Sampler.of({ generate: (r) => engine.generate(r), policyVersion: engine.policyVersion })
-    return Context.make(Sampler, sampler).pipe(Context.add(SamplerEngine, SamplerEngine.of({
-      generateBatch: (requests) =>
-        Effect.forEach(requests, (r) => Effect.result(engine.generate(r)), { concurrency: "unbounded" }),
-      policyVersion: engine.policyVersion
-    })))
+    return Sampler.of({ generate: (r) => engine.generate(r), policyVersion: engine.policyVersion })
   })
 )
 

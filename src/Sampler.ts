@@ -9,7 +9,6 @@
  * @since 0.1.0
  */
 import { Context, Effect, Layer, Schema } from "effect"
-import type { Result } from "effect"
 import { dual } from "effect/Function"
 import { Conversation, ToolCall } from "./Message.ts"
 
@@ -243,44 +242,6 @@ export class Sampler extends Context.Service<Sampler, {
   readonly policyVersion: Effect.Effect<number>
 }>()("agentfly/src/Sampler") {}
 
-// ===== Batch engine =====
-
-/**
- * A backend that samples many requests at once (the local onnxruntime engine, a server that accepts batched
- * prompts). The batching actor (`actors/SamplerBatcher.ts`) coalesces concurrent `Sampler.generate` calls into
- * `generateBatch` calls and provides `Sampler` on top of an engine.
- *
- * **Details**
- *
- * `generateBatch` answers one `Result` per request, in request order, so that one bad prompt fails only its own
- * request. A failure of the whole effect fails every request of the batch.
- *
- * @category services
- * @since 0.1.0
- */
-export class SamplerEngine extends Context.Service<SamplerEngine, {
-  readonly generateBatch: (
-    requests: ReadonlyArray<GenerateRequest>
-  ) => Effect.Effect<ReadonlyArray<Result.Result<GenerateResult, SamplerError>>, SamplerError>
-  /** The policy version new requests will be sampled with. */
-  readonly policyVersion: Effect.Effect<number>
-}>()("agentfly/src/SamplerEngine") {}
-
-/**
- * An engine that runs each request of a batch as its own `generate` call on a sampler, concurrently. Use it to
- * put the batching actor (and its back-pressure) in front of a backend that has no batch entry point, such as an
- * OpenAI-compatible server that batches internally.
- *
- * @category constructors
- * @since 0.1.0
- */
-export const engineFromSampler = (sampler: Sampler["Service"]): SamplerEngine["Service"] =>
-  SamplerEngine.of({
-    generateBatch: (requests) =>
-      Effect.forEach(requests, (request) => Effect.result(sampler.generate(request)), { concurrency: "unbounded" }),
-    policyVersion: sampler.policyVersion
-  })
-
 // ===== Scripted fake =====
 
 /**
@@ -416,16 +377,6 @@ export const makeScripted = (script: Script, options?: ScriptedOptions): Effect.
  */
 export const layerScripted = (script: Script, options?: ScriptedOptions): Layer.Layer<Sampler> =>
   Layer.effect(Sampler, makeScripted(script, options))
-
-/**
- * A layer providing a `SamplerEngine` whose batches are answered by the scripted sampler, request by request
- * (for testing the batching actor).
- *
- * @category layers
- * @since 0.1.0
- */
-export const layerScriptedEngine = (script: Script, options?: ScriptedOptions): Layer.Layer<SamplerEngine> =>
-  Layer.effect(SamplerEngine, Effect.map(makeScripted(script, options), engineFromSampler))
 
 /**
  * Runs an effect with a scripted `Sampler` provided (dual, in the style of effect/ai's `withLanguageModel`).

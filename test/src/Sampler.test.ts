@@ -1,5 +1,5 @@
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Exit, Ref, Result, Schema } from "effect"
+import { Effect, Ref, Schema } from "effect"
 import * as Sampler from "../../src/Sampler.ts"
 
 const params = (maxTokens: number, stopTokenIds?: ReadonlyArray<number>): Sampler.SamplingParams => ({
@@ -115,30 +115,5 @@ describe("Sampler.withScriptedSampler", () => {
       assert.deepStrictEqual(piped.tokenIds, [4, 2])
       assert.strictEqual(piped.policyVersion, 0)
       assert.strictEqual(direct.policyVersion, 1)
-    }))
-})
-
-describe("Sampler.engineFromSampler", () => {
-  it.effect("answers one Result per request, in order, failing only the bad one", () =>
-    Effect.gen(function*() {
-      const sampler = yield* Sampler.makeScripted((request) =>
-        request.promptTokenIds[0] === 0
-          ? Sampler.samplerError("BadRequest", "empty")
-          : [request.promptTokenIds[0]!]
-      )
-      const engine = Sampler.engineFromSampler(sampler)
-      const results = yield* engine.generateBatch([3, 0, 5].map((id) => ({
-        promptTokenIds: [id],
-        sampling: params(4)
-      })))
-      assert.strictEqual(results.length, 3)
-      assert.deepStrictEqual(Result.getOrThrow(results[0]!).tokenIds, [3])
-      assert.isTrue(Result.isFailure(results[1]!))
-      assert.deepStrictEqual(Result.getOrThrow(results[2]!).tokenIds, [5])
-      const exit = yield* Effect.exit(Sampler.makeScripted([]).pipe(Effect.flatMap((s) => s.generate({
-        promptTokenIds: [],
-        sampling: params(1)
-      }))))
-      assert.isTrue(Exit.isFailure(exit))
     }))
 })
