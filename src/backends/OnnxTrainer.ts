@@ -277,6 +277,451 @@ interface Compiled {
   released: boolean
 }
 
+/** With workers, the weights, Adam's moments and the gradients live in shared memory that the threads read. */
+interface SharedMemory {
+  readonly params: SharedArrayBuffer
+  readonly m: SharedArrayBuffer
+  readonly v: SharedArrayBuffer
+  readonly accum: SharedArrayBuffer
+  /** One gradient buffer per worker. */
+  readonly grads: ReadonlyArray<SharedArrayBuffer>
+}
+
+const sharedMemory = (layout: TrainerWorker.Layout, workers: number): SharedMemory => ({
+  params: new SharedArrayBuffer(layout.total * 4),
+  m: new SharedArrayBuffer(layout.total * 4),
+  v: new SharedArrayBuffer(layout.total * 4),
+  accum: new SharedArrayBuffer(layout.total * 4),
+  grads: Array.from({ length: workers }, () => new SharedArrayBuffer(layout.total * 4))
+})
+
+/** A shard shape's training graph and its serialised model, which every worker compiles its own session from. */
+interface GraphEntry {
+  readonly graph: Autodiff.TrainingGraph
+  readonly bytes: Uint8Array
+}
+
+// ===== Trainer state =====
+
+/**
+ * What a trainer holds and changes between calls. `make` builds it; the functions below take it first, as the
+ * functions of Effect's `Pool.ts` take the pool. They do not lock: `make` runs each operation that changes the state
+ * under the trainer's lock, so no two of them interleave.
+ */
+interface Trainer {
+  readonly options: Options
+  readonly model: Model
+  /** Data-parallel worker threads (1: everything runs on the calling thread). */
+  readonly workers: number
+  readonly layout: TrainerWorker.Layout
+  /** Present with workers only. */
+  readonly shared: SharedMemory | undefined
+  /** The weights by parameter name (views of `shared.params` with workers). */
+  readonly params: Map<string, Float32Array>
+  /** AdamW's step and moments; replaced by `load` without workers (with workers, views of `shared.m`, `shared.v`). */
+  optimizerState: Optimizer.State
+  /** The gradients accumulated since the last step (with workers: the workers' sum, written by `reduce`). */
+  readonly accum: Map<string, Float32Array>
+  /** Micro-batches accumulated since the last step. */
+  accumulated: number
+  /** Sessions by shape key, most recently used last (without workers). */
+  readonly sessions: Map<string, Compiled>
+  readonly sessionOptions: ort.InferenceSession.SessionOptions
+  /** The scope the trainer was made in: sessions and threads are released when it closes. */
+  readonly scope: Scope.Scope
+  readonly fs: FileSystem.FileSystem
+
+  // ----- Worker threads (workers > 1) -----
+
+  pool: TrainerPool.Pool | undefined
+  /** Threads started and not yet exited, over every pool this trainer has had. */
+  liveThreads: number
+  /** Session keys compiled on each worker of the current pool. */
+  compiledOn: Array<Set<string>>
+  /** Shards accumulated per worker since the last step (0: the worker's next shard overwrites its buffer). */
+  readonly shardsAccumulated: Array<number>
+  readonly everyWorker: ReadonlyArray<number>
+  /** Bumped whenever the weights change, so that workers refresh their private copies. */
+  weightsVersion: number
+  /** Graphs by shard shape, most recently used last; at least 2 (one call uses up to 2 shard sizes). */
+  readonly graphs: Map<string, GraphEntry>
+}
+
+// ----- Graphs and sessions -----
+
+const sessionOptionsOf = (options: Options, workers: number): ort.InferenceSession.SessionOptions => ({
+  executionProviders: [options.executionProvider ?? "cpu"],
+  intraOpNumThreads: options.intraOpThreads ?? (workers > 1 ? 1 : 2),
+  interOpNumThreads: 1,
+  executionMode: "sequential",
+  graphOptimizationLevel: "all",
+  // onnxruntime's CPU arena keeps each session's largest working set (its activations and gradients, ≈ 100 MB
+  // per worker and shape for the tiny preset at 4,096 tokens) for the session's lifetime, and a trainer keeps up
+  // to `maxSessions` shapes per worker: 3.0 GB of RSS on the calculator demo's RL phase. Without it the tensors go
+  // back to malloc after each run. The memory pattern goes with the arena: without one it allocates each run's
+  // whole plan as one fresh block, mapped and faulted in anew every run (steps 1.45× slower); tensor by tensor,
+  // malloc reuses the memory of the run before (1.04–1.09×, see BENCHMARKS.md).
+  enableCpuMemArena: options.memoryArena === true,
+  enableMemPattern: options.memoryArena === true,
+  extra: { session: { intra_op: { allow_spinning: options.allowSpinning === true ? "1" : "0" } } }
+})
+
+const release = (c: Compiled) =>
+  Effect.suspend(() => {
+    if (c.released) return Effect.void
+    c.released = true
+    return Effect.tryPromise(() => c.session.release()).pipe(Effect.ignore)
+  })
+
+const buildGraph = (trainer: Trainer, mb: Packing.MicroBatch, withGradients: boolean) => {
+  const { batch, length, prefix } = mb
+  const forward = prefix === undefined ? trainer.model.forward : trainer.model.sharedForward
+  if (forward === undefined) {
+    return Effect.fail(fail("BadBatch", "this model has no graph for micro-batches with shared prompts"))
+  }
+  const dims = prefix === undefined ? {} : { groups: prefix.batch, prefix: prefix.length }
+  return Autodiff.trainingGraph(forward(), { batch, length, dims, loss: trainer.options.loss, withGradients })
+    .pipe(Effect.mapError((e) => fail("Graph", e.message)))
+}
+
+/** One graph a shape: the rows', and the shared prompts' if any. */
+const shapeKey = (mb: Packing.MicroBatch, withGradients: boolean) =>
+  `${withGradients ? "train" : "fwd"}:${mb.batch}x${mb.length}` +
+  (mb.prefix === undefined ? "" : `+${mb.prefix.batch}x${mb.prefix.length}`)
+
+/** The session for a micro-batch's shape: from the LRU cache, or created (and released when the scope closes). */
+const compile = Effect.fnUntraced(function*(trainer: Trainer, mb: Packing.MicroBatch, withGradients: boolean) {
+  const { sessions, options } = trainer
+  const key = shapeKey(mb, withGradients)
+  const hit = sessions.get(key)
+  if (hit !== undefined) {
+    sessions.delete(key)
+    sessions.set(key, hit) // most recently used last
+    return hit
+  }
+  const graph = yield* buildGraph(trainer, mb, withGradients)
+  const bytes = Graph.toModelBytes(graph.graph)
+  const session = yield* Effect.tryPromise({
+    try: () => ort.InferenceSession.create(bytes, trainer.sessionOptions),
+    catch: (u) => fail("Session", `${options.executionProvider ?? "cpu"}: ${errorMessage(u)}`)
+  })
+  const compiled: Compiled = { session, graph, released: false }
+  sessions.set(key, compiled)
+  yield* Scope.addFinalizer(trainer.scope, release(compiled))
+  if (sessions.size > (options.maxSessions ?? 8)) {
+    const [oldest, evicted] = sessions.entries().next().value!
+    sessions.delete(oldest)
+    yield* release(evicted)
+  }
+  return compiled
+})
+
+// ----- Micro-batches: checks, feeds, results -----
+
+const validate = (model: Model, mb: Packing.MicroBatch): PolicyTrainer.PolicyTrainerError | undefined => {
+  const cells = mb.batch * mb.length
+  if (!(mb.batch > 0 && mb.length > 0)) return fail("BadBatch", `empty micro-batch ${mb.batch} × ${mb.length}`)
+  for (const [name, a] of Object.entries(mb)) {
+    if (ArrayBuffer.isView(a) && name !== "sequenceIndex" && (a as Uint8Array).length !== cells) {
+      return fail("BadBatch", `${name} has ${(a as Uint8Array).length} entries, expected ${cells}`)
+    }
+  }
+  for (const ids of [mb.inputIds, mb.targets, mb.prefix?.inputIds ?? []]) {
+    for (let i = 0; i < ids.length; i++) {
+      if (ids[i]! < 0 || ids[i]! >= model.vocabSize) {
+        return fail("BadBatch", `token id ${ids[i]} at ${i} is outside the vocabulary of ${model.vocabSize}`)
+      }
+    }
+  }
+  return mb.prefix === undefined ? undefined : validatePrefix(mb.prefix, mb.batch)
+}
+
+const validatePrefix = (prefix: Packing.Prefix, rows: number): PolicyTrainer.PolicyTrainerError | undefined => {
+  const cells = prefix.batch * prefix.length
+  if (!(prefix.batch > 0 && prefix.length > 0)) {
+    return fail("BadBatch", `empty prompts ${prefix.batch} × ${prefix.length}`)
+  }
+  if (prefix.inputIds.length !== cells || prefix.attentionMask.length !== cells || prefix.index.length !== rows) {
+    return fail("BadBatch", `prompts ${prefix.batch} × ${prefix.length} for ${rows} rows: arrays of other sizes`)
+  }
+  const bad = prefix.index.findIndex((k) => !(k >= 0 && k < prefix.batch))
+  if (bad === -1) return undefined
+  return fail("BadBatch", `row ${bad} continues prompt ${prefix.index[bad]} of ${prefix.batch}`)
+}
+
+/** The graph's non-weight inputs for a micro-batch: the model's own and the loss head's. */
+const batchFeeds = (
+  model: Model,
+  graph: Autodiff.TrainingGraph,
+  mb: Packing.MicroBatch
+): Record<string, ort.Tensor> => {
+  const dims = [mb.batch, mb.length]
+  const f32 = (a: Float32Array | Uint8Array) =>
+    new ort.Tensor("float32", a instanceof Float32Array ? a : Float32Array.from(a), dims)
+  const data: Record<string, () => ort.Tensor> = {
+    targets: () => new ort.Tensor("int64", int64s(mb.targets), dims),
+    loss_weights: () => f32(mb.weights),
+    loss_mask: () => f32(mb.mask),
+    advantages: () => f32(mb.advantages),
+    // Without a recomputed proximal policy the sampler's logprobs stand in for the old policy.
+    old_logprobs: () => f32(mb.oldLogprobs ?? mb.samplerLogprobs),
+    sampler_logprobs: () => f32(mb.samplerLogprobs),
+    ref_logprobs: () => f32(mb.refLogprobs)
+  }
+  const out: Record<string, ort.Tensor> = { ...model.inputs(mb) }
+  for (const name of graph.lossInputs) out[name] = data[name]!()
+  return out
+}
+
+/** Every input of a session: the micro-batch's and the weights, fed from the optimiser's own arrays. */
+const feeds = (trainer: Trainer, c: Compiled, mb: Packing.MicroBatch): Record<string, ort.Tensor> => {
+  const out = batchFeeds(trainer.model, c.graph, mb)
+  for (const { name, dims: d } of c.graph.weights) {
+    out[name] = new ort.Tensor("float32", trainer.params.get(name)!, [...d])
+  }
+  return out
+}
+
+const run = (trainer: Trainer, c: Compiled, mb: Packing.MicroBatch) =>
+  Effect.tryPromise({ try: () => c.session.run(feeds(trainer, c, mb)), catch: (u) => fail("Run", errorMessage(u)) })
+
+const summarize = (out: ort.InferenceSession.OnnxValueMapType): PolicyTrainer.MicroBatchResult => {
+  const stats = out["stats"]!.data as Float32Array
+  return {
+    loss: (out["loss"]!.data as Float32Array)[0]!,
+    tokenLogprobs: out["token_logprobs"]!.data as Float32Array,
+    tokens: stats[0]!,
+    clipped: stats[1]!,
+    clippedLower: stats[2]!,
+    approxKl: stats[3]!,
+    entropy: stats[4]!,
+    kl: stats[5]!
+  }
+}
+
+// ----- Worker threads (workers > 1) -----
+
+// No zero fill: the first micro-batch after a clear overwrites the accumulators (and `gradients` zeroes them).
+const clear = (trainer: Trainer) => {
+  trainer.shardsAccumulated.fill(0)
+  trainer.accumulated = 0
+}
+
+/** Closes the pool, if any, waiting up to `wait` for its threads; the next pooled call starts fresh ones. */
+const dropPool = (trainer: Trainer, wait: Duration.Input = "5 seconds") =>
+  Effect.suspend(() => {
+    const p = trainer.pool
+    trainer.pool = undefined
+    return p === undefined ? Effect.void : p.close(wait)
+  })
+
+/** The worker pool, started on first use and replaced when broken (which discards the accumulated gradients). */
+const usePool = Effect.fnUntraced(function*(trainer: Trainer) {
+  const { workers, layout, shared } = trainer
+  const broken = trainer.pool?.broken()
+  if (broken !== undefined) {
+    yield* dropPool(trainer)
+    if (trainer.accumulated > 0) {
+      clear(trainer)
+      return yield* fail("Run", `${broken}; the gradients accumulated since the last step were discarded`)
+    }
+  }
+  if (trainer.pool !== undefined) return trainer.pool
+  const p = yield* TrainerPool.start(Array.from({ length: workers }, (_, index) => ({
+    index,
+    layout,
+    params: shared!.params,
+    m: shared!.m,
+    v: shared!.v,
+    accum: shared!.accum,
+    grads: shared!.grads,
+    slice: [Math.floor(layout.total * index / workers), Math.floor(layout.total * (index + 1) / workers)] as const,
+    sessionOptions: trainer.sessionOptions
+  })), () => trainer.liveThreads--)
+  trainer.liveThreads += p.size
+  trainer.pool = p
+  trainer.compiledOn = Array.from({ length: workers }, () => new Set())
+  return p
+})
+
+/** After a failed pooled call: a broken pool is replaced on the next call, and its gradients are lost. */
+const afterFailure = (trainer: Trainer, clearGradients: boolean) =>
+  Effect.suspend(() => {
+    const broken = trainer.pool?.broken() !== undefined
+    if (clearGradients || broken) clear(trainer)
+    return broken ? dropPool(trainer) : Effect.void
+  })
+
+/** A shard's graph from the LRU cache or built; an evicted graph's sessions are released on every worker. */
+const graphFor = Effect.fnUntraced(
+  function*(trainer: Trainer, p: TrainerPool.Pool, mb: Packing.MicroBatch, grads: boolean) {
+    const { graphs } = trainer
+    const key = shapeKey(mb, grads)
+    const hit = graphs.get(key)
+    graphs.delete(key)
+    const entry = hit ?? (yield* Effect.map(buildGraph(trainer, mb, grads), (graph) => ({
+      graph,
+      bytes: Graph.toModelBytes(graph.graph)
+    })))
+    graphs.set(key, entry)
+    if (graphs.size > Math.max(2, trainer.options.maxSessions ?? 8)) {
+      const oldest = graphs.keys().next().value!
+      graphs.delete(oldest)
+      for (const [j, keys] of trainer.compiledOn.entries()) {
+        if (keys.delete(oldest)) yield* Effect.ignore(p.request(j, { op: "release", key: oldest }))
+      }
+    }
+    return { key, ...entry }
+  }
+)
+
+/**
+ * A micro-batch split into contiguous row shards, one a worker, run concurrently and combined in shard order; with
+ * gradients, each worker adds its shard's to its own buffer.
+ */
+const runShards = Effect.fnUntraced(function*(trainer: Trainer, mb: Packing.MicroBatch, withGradients: boolean) {
+  const { shardsAccumulated } = trainer
+  const p = yield* usePool(trainer)
+  const shards = shardRanges(mb.batch, p.size)
+  const pieces = shards.map(([r0, r1]) => shardOf(mb, r0, r1))
+  const entries: Array<Effect.Success<ReturnType<typeof graphFor>>> = []
+  for (const piece of pieces) entries.push(yield* graphFor(trainer, p, piece, withGradients))
+  const results = yield* Effect.forEach(shards, (_, j) =>
+    Effect.gen(function*() {
+      const { key, graph, bytes } = entries[j]!
+      if (!trainer.compiledOn[j]!.has(key)) {
+        const gradients = [...graph.gradients]
+        yield* p.request(j, { op: "compile", key, bytes, weights: graph.weights, gradients })
+        trainer.compiledOn[j]!.add(key)
+      }
+      const plain: Record<string, TrainerWorker.Feed> = {}
+      for (const [name, t] of Object.entries(batchFeeds(trainer.model, graph, pieces[j]!))) plain[name] = toFeed(t)
+      const accumulate = !withGradients ? "none" : shardsAccumulated[j] === 0 ? "set" : "add"
+      const version = trainer.weightsVersion
+      const out = yield* p.request(j, { op: "run", key, version, feeds: plain, accumulate })
+      return out.run!
+    }), { concurrency: "unbounded" })
+  if (withGradients) for (let j = 0; j < shards.length; j++) shardsAccumulated[j]!++
+  return combine(mb, shards, results)
+})
+
+/**
+ * accum ← Σ over workers of their gradient buffers, each worker summing its own slice; returns the global norm
+ * from the slices' norms (summed in worker order: deterministic, though not in `Optimizer.globalNorm`'s order).
+ */
+const reduce = (trainer: Trainer, p: TrainerPool.Pool) => {
+  const sources = trainer.shardsAccumulated.flatMap((n, j) => (n > 0 ? [j] : []))
+  const request: TrainerWorker.Request = { op: "reduce", sources }
+  return Effect.forEach(trainer.everyWorker, (j) => p.request(j, request), { concurrency: "unbounded" })
+    .pipe(Effect.map((outs) => Math.sqrt(outs.reduce((sum, o) => sum + o.norm! * o.norm!, 0))))
+}
+
+// ----- The trainer's operations -----
+
+const forwardBackward = (trainer: Trainer, mb: Packing.MicroBatch) =>
+  Effect.gen(function*() {
+    const bad = validate(trainer.model, mb)
+    if (bad !== undefined) return yield* bad
+    if (trainer.shared !== undefined) {
+      const result = yield* runShards(trainer, mb, true).pipe(Effect.onError(() => afterFailure(trainer, true)))
+      trainer.accumulated++
+      return result
+    }
+    const c = yield* compile(trainer, mb, true)
+    const out = yield* run(trainer, c, mb)
+    for (const [w, gradName] of c.graph.gradients) {
+      const g = out[gradName]!.data as Float32Array
+      const acc = trainer.accum.get(w)!
+      if (trainer.accumulated === 0) acc.set(g) // the first micro-batch: a copy, not an addition to zeros
+      else for (let i = 0; i < acc.length; i++) acc[i]! += g[i]!
+    }
+    trainer.accumulated++
+    return summarize(out)
+  })
+
+/** AdamW over the accumulated gradients: on this thread, or in the workers over disjoint slices. */
+const applyUpdate = (trainer: Trainer, lr: number, scale: number) => {
+  const { options, optimizerState: state } = trainer
+  if (trainer.shared === undefined) {
+    return Effect.sync(() => Optimizer.step(trainer.params, trainer.accum, state, lr, options.optimizer, scale))
+  }
+  const p = trainer.pool!
+  const request: TrainerWorker.Request = { op: "adam", step: state.step, lr, scale, config: options.optimizer }
+  trainer.weightsVersion++ // before the update: even a failed one may have changed some slices
+  return Effect.forEach(trainer.everyWorker, (j) => p.request(j, request), { concurrency: "unbounded", discard: true })
+    .pipe(Effect.map(() => ++state.step))
+}
+
+const optimStep = (trainer: Trainer) =>
+  Effect.uninterruptible(Effect.gen(function*() {
+    if (trainer.accumulated === 0) return yield* fail("NothingAccumulated", "optimStep before any forwardBackward")
+    const gradNorm = trainer.shared === undefined
+      ? Optimizer.globalNorm(trainer.accum)
+      : yield* reduce(trainer, yield* usePool(trainer))
+    if (!Number.isFinite(gradNorm)) {
+      clear(trainer)
+      return yield* fail("NonFiniteGradient", `gradient norm is ${gradNorm}; the update was skipped`)
+    }
+    const lr = LrSchedule.at(trainer.options.schedule, trainer.optimizerState.step)
+    const scale = Optimizer.clipScale(gradNorm, trainer.options.optimizer.maxGradNorm)
+    const step = yield* applyUpdate(trainer, lr, scale)
+    clear(trainer)
+    return { step, gradNorm, lr }
+  }).pipe(Effect.onError(() => afterFailure(trainer, true))))
+
+const logprobs = (trainer: Trainer, mb: Packing.MicroBatch) =>
+  Effect.gen(function*() {
+    const bad = validate(trainer.model, mb)
+    if (bad !== undefined) return yield* bad
+    if (trainer.shared !== undefined) {
+      return yield* runShards(trainer, mb, false).pipe(Effect.onError(() => afterFailure(trainer, false)))
+    }
+    return summarize(yield* run(trainer, yield* compile(trainer, mb, false), mb))
+  })
+
+const snapshot = (trainer: Trainer) => new Map([...trainer.params].map(([k, v]) => [k, Float32Array.from(v)]))
+
+const save = (trainer: Trainer, dir: string, meta: PolicyTrainer.CheckpointMeta) =>
+  Effect.suspend(() =>
+    Checkpoint.save(dir, {
+      weights: trainer.model.parameters.map(({ name, shape }) => ({ name, shape, data: trainer.params.get(name)! })),
+      optimizer: trainer.optimizerState,
+      policyVersion: meta.policyVersion,
+      rngState: meta.rngState
+    })
+  ).pipe(
+    Effect.provideService(FileSystem.FileSystem, trainer.fs),
+    Effect.mapError((e) => fail("Checkpoint", e.message))
+  )
+
+const load = (trainer: Trainer, dir: string) =>
+  Effect.gen(function*() {
+    const loaded = yield* Checkpoint.load(dir, trainer.model.parameters)
+    for (const [name, w] of loaded.weights) trainer.params.get(name)!.set(w)
+    if (trainer.shared === undefined) trainer.optimizerState = loaded.optimizer
+    else {
+      // The moments stay in shared memory, where the workers update them.
+      const state = trainer.optimizerState
+      for (const [name, m] of loaded.optimizer.m) state.m.get(name)!.set(m)
+      for (const [name, v] of loaded.optimizer.v) state.v.get(name)!.set(v)
+      state.step = loaded.optimizer.step
+    }
+    trainer.weightsVersion++
+    clear(trainer)
+    return { policyVersion: loaded.policyVersion, rngState: loaded.rngState }
+  }).pipe(
+    Effect.provideService(FileSystem.FileSystem, trainer.fs),
+    Effect.mapError((e) => fail("Checkpoint", e.message))
+  )
+
+/** A copy of the gradients accumulated since the last optimiser step (for checks and benchmarks). */
+const gradients = (trainer: Trainer) =>
+  Effect.gen(function*() {
+    if (trainer.pool !== undefined && trainer.accumulated > 0) yield* reduce(trainer, trainer.pool)
+    else if (trainer.accumulated === 0) for (const a of trainer.accum.values()) a.fill(0)
+    return new Map([...trainer.accum].map(([k, v]) => [k, Float32Array.from(v)]))
+  })
+
 // ===== Constructors =====
 
 /**
@@ -292,16 +737,7 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
     return yield* fail("Session", `workers must be a positive integer, got ${workers}`)
   }
   const layout = layoutOf(model.parameters)
-  // With workers, the weights, Adam's moments and the gradients live in shared memory that the threads read.
-  const shared = workers > 1
-    ? {
-      params: new SharedArrayBuffer(layout.total * 4),
-      m: new SharedArrayBuffer(layout.total * 4),
-      v: new SharedArrayBuffer(layout.total * 4),
-      accum: new SharedArrayBuffer(layout.total * 4),
-      grads: Array.from({ length: workers }, () => new SharedArrayBuffer(layout.total * 4))
-    }
-    : undefined
+  const shared = workers > 1 ? sharedMemory(layout, workers) : undefined
   const sharedParams = shared === undefined ? undefined : sharedViews(shared.params, layout)
   const params = new Map<string, Float32Array>()
   for (const { name, shape } of model.parameters) {
@@ -313,390 +749,65 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
     const p = sharedParams?.get(name)
     params.set(name, p === undefined ? Float32Array.from(w) : (p.set(w), p))
   }
-  let state: Optimizer.State = shared === undefined
-    ? Optimizer.makeState(params)
-    : { step: 0, m: sharedViews(shared.m, layout), v: sharedViews(shared.v, layout) }
-  const accum = shared === undefined
-    ? new Map([...params].map(([k, v]) => [k, new Float32Array(v.length)]))
-    : sharedViews(shared.accum, layout)
-  let accumulated = 0
-  const sessions = new Map<string, Compiled>()
   const lock = yield* Semaphore.make(1)
-  const scope = yield* Effect.scope
-  const fs = yield* FileSystem.FileSystem
-
-  const sessionOptions: ort.InferenceSession.SessionOptions = {
-    executionProviders: [options.executionProvider ?? "cpu"],
-    intraOpNumThreads: options.intraOpThreads ?? (workers > 1 ? 1 : 2),
-    interOpNumThreads: 1,
-    executionMode: "sequential",
-    graphOptimizationLevel: "all",
-    // onnxruntime's CPU arena keeps each session's largest working set (its activations and gradients, ≈ 100 MB
-    // per worker and shape for the tiny preset at 4,096 tokens) for the session's lifetime, and a trainer keeps up
-    // to `maxSessions` shapes per worker: 3.0 GB of RSS on the calculator demo's RL phase. Without it the tensors go
-    // back to malloc after each run. The memory pattern goes with the arena: without one it allocates each run's
-    // whole plan as one fresh block, mapped and faulted in anew every run (steps 1.45× slower); tensor by tensor,
-    // malloc reuses the memory of the run before (1.04–1.09×, see BENCHMARKS.md).
-    enableCpuMemArena: options.memoryArena === true,
-    enableMemPattern: options.memoryArena === true,
-    extra: { session: { intra_op: { allow_spinning: options.allowSpinning === true ? "1" : "0" } } }
-  }
-
-  const release = (c: Compiled) =>
-    Effect.suspend(() => {
-      if (c.released) return Effect.void
-      c.released = true
-      return Effect.tryPromise(() => c.session.release()).pipe(Effect.ignore)
-    })
-
-  const buildGraph = (mb: Packing.MicroBatch, withGradients: boolean) => {
-    const { batch, length, prefix } = mb
-    const forward = prefix === undefined ? model.forward : model.sharedForward
-    if (forward === undefined) {
-      return Effect.fail(fail("BadBatch", "this model has no graph for micro-batches with shared prompts"))
-    }
-    const dims = prefix === undefined ? {} : { groups: prefix.batch, prefix: prefix.length }
-    return Autodiff.trainingGraph(forward(), { batch, length, dims, loss: options.loss, withGradients })
-      .pipe(Effect.mapError((e) => fail("Graph", e.message)))
-  }
-
-  /** One graph a shape: the rows', and the shared prompts' if any. */
-  const shapeKey = (mb: Packing.MicroBatch, withGradients: boolean) =>
-    `${withGradients ? "train" : "fwd"}:${mb.batch}x${mb.length}` +
-    (mb.prefix === undefined ? "" : `+${mb.prefix.batch}x${mb.prefix.length}`)
-
-  const compile = Effect.fnUntraced(function*(mb: Packing.MicroBatch, withGradients: boolean) {
-    const key = shapeKey(mb, withGradients)
-    const hit = sessions.get(key)
-    if (hit !== undefined) {
-      sessions.delete(key)
-      sessions.set(key, hit) // most recently used last
-      return hit
-    }
-    const graph = yield* buildGraph(mb, withGradients)
-    const bytes = Graph.toModelBytes(graph.graph)
-    const session = yield* Effect.tryPromise({
-      try: () => ort.InferenceSession.create(bytes, sessionOptions),
-      catch: (u) => fail("Session", `${options.executionProvider ?? "cpu"}: ${errorMessage(u)}`)
-    })
-    const compiled: Compiled = { session, graph, released: false }
-    sessions.set(key, compiled)
-    yield* Scope.addFinalizer(scope, release(compiled))
-    if (sessions.size > (options.maxSessions ?? 8)) {
-      const [oldest, evicted] = sessions.entries().next().value!
-      sessions.delete(oldest)
-      yield* release(evicted)
-    }
-    return compiled
-  })
-
-  const validate = (mb: Packing.MicroBatch): PolicyTrainer.PolicyTrainerError | undefined => {
-    const cells = mb.batch * mb.length
-    if (!(mb.batch > 0 && mb.length > 0)) return fail("BadBatch", `empty micro-batch ${mb.batch} × ${mb.length}`)
-    for (const [name, a] of Object.entries(mb)) {
-      if (ArrayBuffer.isView(a) && name !== "sequenceIndex" && (a as Uint8Array).length !== cells) {
-        return fail("BadBatch", `${name} has ${(a as Uint8Array).length} entries, expected ${cells}`)
-      }
-    }
-    for (const ids of [mb.inputIds, mb.targets, mb.prefix?.inputIds ?? []]) {
-      for (let i = 0; i < ids.length; i++) {
-        if (ids[i]! < 0 || ids[i]! >= model.vocabSize) {
-          return fail("BadBatch", `token id ${ids[i]} at ${i} is outside the vocabulary of ${model.vocabSize}`)
-        }
-      }
-    }
-    return mb.prefix === undefined ? undefined : validatePrefix(mb.prefix, mb.batch)
-  }
-
-  const validatePrefix = (prefix: Packing.Prefix, rows: number): PolicyTrainer.PolicyTrainerError | undefined => {
-    const cells = prefix.batch * prefix.length
-    if (!(prefix.batch > 0 && prefix.length > 0)) {
-      return fail("BadBatch", `empty prompts ${prefix.batch} × ${prefix.length}`)
-    }
-    if (prefix.inputIds.length !== cells || prefix.attentionMask.length !== cells || prefix.index.length !== rows) {
-      return fail("BadBatch", `prompts ${prefix.batch} × ${prefix.length} for ${rows} rows: arrays of other sizes`)
-    }
-    const bad = prefix.index.findIndex((k) => !(k >= 0 && k < prefix.batch))
-    return bad === -1 ? undefined : fail("BadBatch", `row ${bad} continues prompt ${prefix.index[bad]} of ${prefix.batch}`)
-  }
-
-  /** The graph's non-weight inputs for a micro-batch: the model's own and the loss head's. */
-  const batchFeeds = (graph: Autodiff.TrainingGraph, mb: Packing.MicroBatch): Record<string, ort.Tensor> => {
-    const dims = [mb.batch, mb.length]
-    const f32 = (a: Float32Array | Uint8Array) =>
-      new ort.Tensor("float32", a instanceof Float32Array ? a : Float32Array.from(a), dims)
-    const data: Record<string, () => ort.Tensor> = {
-      targets: () => new ort.Tensor("int64", int64s(mb.targets), dims),
-      loss_weights: () => f32(mb.weights),
-      loss_mask: () => f32(mb.mask),
-      advantages: () => f32(mb.advantages),
-      // Without a recomputed proximal policy the sampler's logprobs stand in for the old policy.
-      old_logprobs: () => f32(mb.oldLogprobs ?? mb.samplerLogprobs),
-      sampler_logprobs: () => f32(mb.samplerLogprobs),
-      ref_logprobs: () => f32(mb.refLogprobs)
-    }
-    const out: Record<string, ort.Tensor> = { ...model.inputs(mb) }
-    for (const name of graph.lossInputs) out[name] = data[name]!()
-    return out
-  }
-
-  const feeds = (c: Compiled, mb: Packing.MicroBatch): Record<string, ort.Tensor> => {
-    const out = batchFeeds(c.graph, mb)
-    for (const { name, dims: d } of c.graph.weights) out[name] = new ort.Tensor("float32", params.get(name)!, [...d])
-    return out
-  }
-
-  const run = (c: Compiled, mb: Packing.MicroBatch) =>
-    Effect.tryPromise({ try: () => c.session.run(feeds(c, mb)), catch: (u) => fail("Run", errorMessage(u)) })
-
-  const summarize = (out: ort.InferenceSession.OnnxValueMapType): PolicyTrainer.MicroBatchResult => {
-    const stats = out["stats"]!.data as Float32Array
-    return {
-      loss: (out["loss"]!.data as Float32Array)[0]!,
-      tokenLogprobs: out["token_logprobs"]!.data as Float32Array,
-      tokens: stats[0]!,
-      clipped: stats[1]!,
-      clippedLower: stats[2]!,
-      approxKl: stats[3]!,
-      entropy: stats[4]!,
-      kl: stats[5]!
-    }
-  }
-
-  // ----- Worker threads (workers > 1) -----
-
-  let pool: TrainerPool.Pool | undefined
-  /** Threads started and not yet exited, over every pool this trainer has had. */
-  let liveThreads = 0
-  /** Session keys compiled on each worker of the current pool. */
-  let compiledOn: Array<Set<string>> = []
-  /** Shards accumulated per worker since the last step (0: the worker's next shard overwrites its buffer). */
   const shardsAccumulated = Array.from({ length: workers }, () => 0)
-  const everyWorker = shardsAccumulated.map((_, j) => j)
-  /** Bumped whenever the weights change, so that workers refresh their private copies. */
-  let weightsVersion = 0
-  /** Graphs by shard shape, most recently used last; at least 2 (one call uses up to 2 shard sizes). */
-  const graphs = new Map<string, { readonly graph: Autodiff.TrainingGraph; readonly bytes: Uint8Array }>()
-
-  // No zero fill: the first micro-batch after a clear overwrites the accumulators (and `gradients` zeroes them).
-  const clear = () => {
-    shardsAccumulated.fill(0)
-    accumulated = 0
+  const trainer: Trainer = {
+    options,
+    model,
+    workers,
+    layout,
+    shared,
+    params,
+    optimizerState: shared === undefined
+      ? Optimizer.makeState(params)
+      : { step: 0, m: sharedViews(shared.m, layout), v: sharedViews(shared.v, layout) },
+    accum: shared === undefined
+      ? new Map([...params].map(([k, v]) => [k, new Float32Array(v.length)]))
+      : sharedViews(shared.accum, layout),
+    accumulated: 0,
+    sessions: new Map(),
+    sessionOptions: sessionOptionsOf(options, workers),
+    scope: yield* Effect.scope,
+    fs: yield* FileSystem.FileSystem,
+    pool: undefined,
+    liveThreads: 0,
+    compiledOn: [],
+    shardsAccumulated,
+    everyWorker: shardsAccumulated.map((_, j) => j),
+    weightsVersion: 0,
+    graphs: new Map()
   }
+  yield* Scope.addFinalizer(trainer.scope, dropPool(trainer))
 
-  const dropPool = Effect.suspend(() => {
-    const p = pool
-    pool = undefined
-    return p === undefined ? Effect.void : p.close("5 seconds")
-  })
-  yield* Scope.addFinalizer(scope, dropPool)
-
-  const usePool = Effect.gen(function*() {
-    const broken = pool?.broken()
-    if (broken !== undefined) {
-      yield* dropPool
-      if (accumulated > 0) {
-        clear()
-        return yield* fail("Run", `${broken}; the gradients accumulated since the last step were discarded`)
-      }
-    }
-    if (pool !== undefined) return pool
-    const p = yield* TrainerPool.start(Array.from({ length: workers }, (_, index) => ({
-      index,
-      layout,
-      params: shared!.params,
-      m: shared!.m,
-      v: shared!.v,
-      accum: shared!.accum,
-      grads: shared!.grads,
-      slice: [Math.floor(layout.total * index / workers), Math.floor(layout.total * (index + 1) / workers)] as const,
-      sessionOptions
-    })), () => liveThreads--)
-    liveThreads += p.size
-    pool = p
-    compiledOn = Array.from({ length: workers }, () => new Set())
-    return p
-  })
-
-  /** After a failed pooled call: a broken pool is replaced on the next call, and its gradients are lost. */
-  const afterFailure = (clearGradients: boolean) =>
-    Effect.suspend(() => {
-      const broken = pool?.broken() !== undefined
-      if (clearGradients || broken) clear()
-      return broken ? dropPool : Effect.void
-    })
-
-  const graphFor = Effect.fnUntraced(function*(p: TrainerPool.Pool, mb: Packing.MicroBatch, grads: boolean) {
-    const key = shapeKey(mb, grads)
-    const hit = graphs.get(key)
-    graphs.delete(key)
-    const entry = hit ?? (yield* Effect.map(buildGraph(mb, grads), (graph) => ({
-      graph,
-      bytes: Graph.toModelBytes(graph.graph)
-    })))
-    graphs.set(key, entry)
-    if (graphs.size > Math.max(2, options.maxSessions ?? 8)) {
-      const oldest = graphs.keys().next().value!
-      graphs.delete(oldest)
-      for (const [j, keys] of compiledOn.entries()) {
-        if (keys.delete(oldest)) yield* Effect.ignore(p.request(j, { op: "release", key: oldest }))
-      }
-    }
-    return { key, ...entry }
-  })
-
-  const runShards = Effect.fnUntraced(function*(mb: Packing.MicroBatch, withGradients: boolean) {
-    const p = yield* usePool
-    const shards = shardRanges(mb.batch, p.size)
-    const pieces = shards.map(([r0, r1]) => shardOf(mb, r0, r1))
-    const entries: Array<Effect.Success<ReturnType<typeof graphFor>>> = []
-    for (const piece of pieces) entries.push(yield* graphFor(p, piece, withGradients))
-    const results = yield* Effect.forEach(shards, (_, j) =>
-      Effect.gen(function*() {
-        const { key, graph, bytes } = entries[j]!
-        if (!compiledOn[j]!.has(key)) {
-          const gradients = [...graph.gradients]
-          yield* p.request(j, { op: "compile", key, bytes, weights: graph.weights, gradients })
-          compiledOn[j]!.add(key)
-        }
-        const plain: Record<string, TrainerWorker.Feed> = {}
-        for (const [name, t] of Object.entries(batchFeeds(graph, pieces[j]!))) plain[name] = toFeed(t)
-        const accumulate = !withGradients ? "none" : shardsAccumulated[j] === 0 ? "set" : "add"
-        const out = yield* p.request(j, { op: "run", key, version: weightsVersion, feeds: plain, accumulate })
-        return out.run!
-      }), { concurrency: "unbounded" })
-    if (withGradients) for (let j = 0; j < shards.length; j++) shardsAccumulated[j]!++
-    return combine(mb, shards, results)
-  })
-
-  /**
-   * accum ← Σ over workers of their gradient buffers, each worker summing its own slice; returns the global norm
-   * from the slices' norms (summed in worker order: deterministic, though not in `Optimizer.globalNorm`'s order).
-   */
-  const reduce = (p: TrainerPool.Pool) => {
-    const sources = shardsAccumulated.flatMap((n, j) => (n > 0 ? [j] : []))
-    return Effect.forEach(everyWorker, (j) => p.request(j, { op: "reduce", sources }), { concurrency: "unbounded" })
-      .pipe(Effect.map((outs) => Math.sqrt(outs.reduce((sum, o) => sum + o.norm! * o.norm!, 0))))
-  }
-
-  // ----- The trainer -----
-
-  const forwardBackward = (mb: Packing.MicroBatch) =>
-    lock.withPermits(1)(Effect.gen(function*() {
-      const bad = validate(mb)
-      if (bad !== undefined) return yield* bad
-      if (shared !== undefined) {
-        const result = yield* runShards(mb, true).pipe(Effect.onError(() => afterFailure(true)))
-        accumulated++
-        return result
-      }
-      const c = yield* compile(mb, true)
-      const out = yield* run(c, mb)
-      for (const [w, gradName] of c.graph.gradients) {
-        const g = out[gradName]!.data as Float32Array
-        const acc = accum.get(w)!
-        if (accumulated === 0) acc.set(g) // the first micro-batch: a copy, not an addition to zeros
-        else for (let i = 0; i < acc.length; i++) acc[i]! += g[i]!
-      }
-      accumulated++
-      return summarize(out)
-    }))
-
-  /** AdamW over the accumulated gradients: on this thread, or in the workers over disjoint slices. */
-  const applyUpdate = (lr: number, scale: number) => {
-    if (shared === undefined) {
-      return Effect.sync(() => Optimizer.step(params, accum, state, lr, options.optimizer, scale))
-    }
-    const p = pool!
-    const request: TrainerWorker.Request = { op: "adam", step: state.step, lr, scale, config: options.optimizer }
-    weightsVersion++ // before the update: even a failed one may have changed some slices
-    return Effect.forEach(everyWorker, (j) => p.request(j, request), { concurrency: "unbounded", discard: true })
-      .pipe(Effect.map(() => ++state.step))
-  }
-
-  const optimStep = lock.withPermits(1)(Effect.uninterruptible(Effect.gen(function*() {
-    if (accumulated === 0) return yield* fail("NothingAccumulated", "optimStep before any forwardBackward")
-    const gradNorm = shared === undefined ? Optimizer.globalNorm(accum) : yield* reduce(yield* usePool)
-    if (!Number.isFinite(gradNorm)) {
-      clear()
-      return yield* fail("NonFiniteGradient", `gradient norm is ${gradNorm}; the update was skipped`)
-    }
-    const lr = LrSchedule.at(options.schedule, state.step)
-    const scale = Optimizer.clipScale(gradNorm, options.optimizer.maxGradNorm)
-    const step = yield* applyUpdate(lr, scale)
-    clear()
-    return { step, gradNorm, lr }
-  }).pipe(Effect.onError(() => afterFailure(true)))))
-
-  const logprobs = (mb: Packing.MicroBatch) =>
-    lock.withPermits(1)(Effect.gen(function*() {
-      const bad = validate(mb)
-      if (bad !== undefined) return yield* bad
-      if (shared !== undefined) return yield* runShards(mb, false).pipe(Effect.onError(() => afterFailure(false)))
-      return summarize(yield* run(yield* compile(mb, false), mb))
-    }))
-
-  const snapshot = () => new Map([...params].map(([k, v]) => [k, Float32Array.from(v)]))
-
-  const save = (dir: string, meta: PolicyTrainer.CheckpointMeta) =>
-    lock.withPermits(1)(Effect.suspend(() =>
-      Checkpoint.save(dir, {
-        weights: model.parameters.map((p) => ({ name: p.name, shape: p.shape, data: params.get(p.name)! })),
-        optimizer: state,
-        policyVersion: meta.policyVersion,
-        rngState: meta.rngState
-      })
-    )).pipe(Effect.provideService(FileSystem.FileSystem, fs), Effect.mapError((e) => fail("Checkpoint", e.message)))
-
-  const load = (dir: string) =>
-    lock.withPermits(1)(Effect.gen(function*() {
-      const loaded = yield* Checkpoint.load(dir, model.parameters)
-      for (const [name, w] of loaded.weights) params.get(name)!.set(w)
-      if (shared === undefined) state = loaded.optimizer
-      else {
-        // The moments stay in shared memory, where the workers update them.
-        for (const [name, m] of loaded.optimizer.m) state.m.get(name)!.set(m)
-        for (const [name, v] of loaded.optimizer.v) state.v.get(name)!.set(v)
-        state.step = loaded.optimizer.step
-      }
-      weightsVersion++
-      clear()
-      return { policyVersion: loaded.policyVersion, rngState: loaded.rngState }
-    })).pipe(Effect.provideService(FileSystem.FileSystem, fs), Effect.mapError((e) => fail("Checkpoint", e.message)))
-
-  const trainer = PolicyTrainer.PolicyTrainer.of({
-    forwardBackward,
-    logprobs: (batch) => Effect.map(logprobs(batch), (r) => r.tokenLogprobs),
-    optimStep,
-    discard: lock.withPermits(1)(Effect.sync(clear)),
+  const locked = lock.withPermits(1)
+  const service = PolicyTrainer.PolicyTrainer.of({
+    forwardBackward: (batch) => locked(forwardBackward(trainer, batch)),
+    logprobs: (batch) => Effect.map(locked(logprobs(trainer, batch)), (r) => r.tokenLogprobs),
+    optimStep: locked(optimStep(trainer)),
+    discard: locked(Effect.sync(() => clear(trainer))),
     // With workers, AdamW runs off this thread: a snapshot waits for the step to finish.
-    weights: shared === undefined ? Effect.sync(snapshot) : lock.withPermits(1)(Effect.sync(snapshot)),
-    step: Effect.sync(() => state.step),
-    save,
-    load
+    weights: shared === undefined ? Effect.sync(() => snapshot(trainer)) : locked(Effect.sync(() => snapshot(trainer))),
+    step: Effect.sync(() => trainer.optimizerState.step),
+    save: (dir, meta) => locked(save(trainer, dir, meta)),
+    load: (dir) => locked(load(trainer, dir))
   })
-  /** A copy of the gradients accumulated since the last optimiser step (for checks and benchmarks). */
-  const gradients = lock.withPermits(1)(Effect.gen(function*() {
-    if (pool !== undefined && accumulated > 0) yield* reduce(pool)
-    else if (accumulated === 0) for (const a of accum.values()) a.fill(0)
-    return new Map([...accum].map(([k, v]) => [k, Float32Array.from(v)]))
-  }))
   /**
    * The worker threads (for tests): how many are alive, how many requests they are running (or have queued), a way
    * to kill one as a crash would, and a way to close them with a given wait (the next call starts fresh threads).
    */
   const threads = {
-    live: Effect.sync(() => liveThreads),
-    inFlight: Effect.sync(() => pool?.inFlight() ?? 0),
-    kill: (index: number) => Effect.suspend(() => (pool === undefined ? Effect.void : pool.kill(index))),
-    close: (wait: Duration.Input) =>
-      Effect.suspend(() => {
-        const p = pool
-        pool = undefined
-        return p === undefined ? Effect.void : p.close(wait)
-      })
+    live: Effect.sync(() => trainer.liveThreads),
+    inFlight: Effect.sync(() => trainer.pool?.inFlight() ?? 0),
+    kill: (index: number) =>
+      Effect.suspend(() => (trainer.pool === undefined ? Effect.void : trainer.pool.kill(index))),
+    close: (wait: Duration.Input) => dropPool(trainer, wait)
   }
-  return { trainer, logprobs, gradients, threads }
+  return {
+    trainer: service,
+    logprobs: (batch: Packing.MicroBatch) => locked(logprobs(trainer, batch)),
+    gradients: locked(gradients(trainer)),
+    threads
+  }
 })
 
 /**
