@@ -26,9 +26,8 @@ import * as Qwen2 from "../src/model/Qwen2.ts"
 import * as ModelFolder from "../src/ModelFolder.ts"
 import { Sampler } from "../src/Sampler.ts"
 import * as TrainConfig from "../src/TrainConfig.ts"
-import type * as Trajectory from "../src/Trajectory.ts"
 import * as Setup from "./setup.ts"
-import { episodeText } from "./oracle.ts"
+import { episodeText, failureSentence } from "./oracle.ts"
 import { exitOnFailure } from "./train.ts"
 
 /**
@@ -73,26 +72,12 @@ export interface EvalResult {
 }
 
 /**
- * The sentence `agentfly eval` adds for failed trajectories: how many failed for the infrastructure's reasons, the
- * most frequent one and the first such error. A policy's own failures (a tool call cut by max tokens:
- * `ParseFailed`) are its score, said by the invalid tool-call rate, so alone they add nothing.
+ * The sentence `agentfly eval` (and `agentfly oracle`) adds for failed trajectories (`oracle.ts`'s).
  *
  * @category getters
  * @since 0.1.0
  */
-export const failureSentence = (
-  trajectories: ReadonlyArray<Trajectory.Trajectory>
-): { readonly sentence: string; readonly first: string } | undefined => {
-  const failures = Trainer.infrastructureFailures(trajectories)
-  const first = failures.reason === undefined ? undefined : Trainer.firstFailure(trajectories, failures.reason)
-  if (first === undefined) return undefined
-  const count = Math.round(failures.share * failures.total)
-  return {
-    sentence: `; ${count} of ${failures.total} trajectories failed (${failures.reason}), counted as wrong; ` +
-      `first: ${first}`,
-    first
-  }
-}
+export { failureSentence }
 
 const usage = (message: string) =>
   new TrainConfig.ConfigError({ source: "config", reason: "Invalid", issues: [message] })

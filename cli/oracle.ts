@@ -15,6 +15,7 @@
 import { Console, Effect, Path } from "effect"
 import { Argument, Command, Flag } from "effect/cli"
 import * as Oracle from "../actors/Oracle.ts"
+import * as Trainer from "../actors/Trainer.ts"
 import * as ChessOracle from "../environments/chess/ChessOracle.ts"
 import * as Solver from "../environments/household/Solver.ts"
 import * as SearchOracle from "../environments/search/SearchOracle.ts"
@@ -25,6 +26,7 @@ import * as ShopOracle from "../environments/webshop/ShopOracle.ts"
 import * as Dataset from "../src/Dataset.ts"
 import type * as Message from "../src/Message.ts"
 import * as Task from "../src/Task.ts"
+import type * as Trajectory from "../src/Trajectory.ts"
 import type * as TrainConfig from "../src/TrainConfig.ts"
 import * as Setup from "./setup.ts"
 import { exitOnFailure } from "./train.ts"
@@ -128,6 +130,43 @@ export const episodeText = (messages: ReadonlyArray<Message.Message>): string =>
   }).join("\n")
 
 /**
+ * The sentence `agentfly eval` and `agentfly oracle` add for failed trajectories: how many failed for the
+ * infrastructure's reasons, the most frequent one and the first such error. A policy's own failures (a tool call cut
+ * by max tokens: `ParseFailed`) are its score, said by the invalid tool-call rate, so alone they add nothing.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const failureSentence = (
+  trajectories: ReadonlyArray<Trajectory.Trajectory>
+): { readonly sentence: string; readonly first: string } | undefined => {
+  const failures = Trainer.infrastructureFailures(trajectories)
+  const first = failures.reason === undefined ? undefined : Trainer.firstFailure(trajectories, failures.reason)
+  if (first === undefined) return undefined
+  const count = Math.round(failures.share * failures.total)
+  return {
+    sentence: `; ${count} of ${failures.total} trajectories failed (${failures.reason}), counted as wrong; ` +
+      `first: ${first}`,
+    first
+  }
+}
+
+/**
+ * What `agentfly oracle` prints: the solve rate and mean reward, with the failed trajectories said as `agentfly eval`
+ * says them (an episode's `step` or a reward that threw would otherwise read as an oracle that loses), then the
+ * first episode as the model would see it.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const summary = (trajectories: ReadonlyArray<Trajectory.Trajectory>): string => {
+  const mean = trajectories.reduce((s, t) => s + t.reward, 0) / Math.max(1, trajectories.length)
+  const line = `${trajectories.length} rows: solved ${(Oracle.solveRate(trajectories) * 100).toFixed(1)} %, mean ` +
+    `reward ${mean.toFixed(3)}${failureSentence(trajectories)?.sentence ?? ""}\n`
+  return trajectories[0] === undefined ? line : `${line}\n${episodeText(trajectories[0].messages)}`
+}
+
+/**
  * @category commands
  * @since 0.1.0
  */
@@ -145,13 +184,7 @@ export const oracle = Command.make(
   },
   Effect.fn("oracle")(function*({ config, rows }) {
     yield* Effect.gen(function*() {
-      const trajectories = yield* play(config, rows)
-      const mean = trajectories.reduce((s, t) => s + t.reward, 0) / Math.max(1, trajectories.length)
-      yield* Console.log(
-        `${trajectories.length} rows: solved ${(Oracle.solveRate(trajectories) * 100).toFixed(1)} %, mean reward ` +
-          `${mean.toFixed(3)}\n`
-      )
-      if (trajectories[0] !== undefined) yield* Console.log(episodeText(trajectories[0].messages))
+      yield* Console.log(summary(yield* play(config, rows)))
     }).pipe(exitOnFailure)
   })
 ).pipe(Command.withDescription("Play a task's oracle (prebuilt, or its module's `oracle`) on a config's held-out rows"))

@@ -97,6 +97,7 @@ export const oracle = ${oracle}`
       const played = yield* OracleCli.play(configOf(dir, "mine", "./mine.mts"), 15)
       assert.strictEqual(played.length, 15)
       assert.isTrue(played.every((t) => t.episodeEnd === "solved"), played.map((t) => t.episodeEnd).join(","))
+      assert.match(OracleCli.summary(played), /^15 rows: solved 100\.0 %, mean reward \d\.\d{3}\n\nsystem: /)
       // The module run directly (its own `config` beside `task` and `oracle`).
       const config = {
         output: "run",
@@ -111,6 +112,31 @@ export const oracle = ${oracle}`
       writeFileSync(join(dir, "odd.mts"), module(`"bisect"`))
       const odd = yield* Effect.flip(OracleCli.play(configOf(dir, "odd", "./odd.mts"), 1))
       assert.include((odd as Error).message, "exports an `oracle` that is not a function")
+    }).pipe(Effect.provide(NodeServices.layer)), 120_000)
+
+  it.live("an episode whose step throws is said in the summary, not read as an oracle that loses", () =>
+    Effect.gen(function*() {
+      const dir = mkdtempSync(join(tmpdir(), "oracle-broken-"))
+      mkdirSync(join(dir, "data"))
+      const rows = [3, 8, 12].map((secret) => JSON.stringify({ question: "Find my number.", secret }))
+      writeFileSync(join(dir, "data", "heldout.jsonl"), rows.join("\n") + "\n")
+      writeFileSync(join(dir, "broken.mts"), `
+import * as Oracle from "${root}/actors/Oracle.ts"
+import { Environment, Task } from "${root}/src/index.ts"
+import { found, Game, guess, task as plain } from "${root}/examples/guess/task.ts"
+export const task = Task.make("broken-guess", {
+  row: plain.row, tools: [guess], reward: found, environment: Environment.perChain(Game.layer),
+  episode: { start: plain.episode.start, step: () => { throw new Error("boom in my step") } },
+  defaults: plain.defaults
+})
+export const oracle = (messages) => ({ toolCalls: [Oracle.call(messages, "guess", { n: 8 })] })`)
+      const played = yield* OracleCli.play(configOf(dir, "broken", "./broken.mts"), 3)
+      const text = OracleCli.summary(played)
+      assert.include(
+        text,
+        "3 rows: solved 0.0 %, mean reward 0.000; 3 of 3 trajectories failed (ChainDefect), counted as wrong; first: " +
+          "ChainDefect: Error: boom in my step\n"
+      )
     }).pipe(Effect.provide(NodeServices.layer)), 120_000)
 
   it.effect("swe: Harbor's oracle solves every held-out task in its own container (Docker)", () =>
