@@ -12,11 +12,11 @@
  *   `TaskError(MissingServices)` naming the task and the service (a task assembled from untyped parts: a module
  *   loaded by the CLI, a `withOptions` task without its `layer`); an environment that cannot be built or leased for
  *   another reason fails with `TaskError(Environment)`. Neither reaches a chain as a defect.
- * - **A failing episode start is logged**, as a tool's death and a reward's failure are: an environment whose reset
- *   with the row fails ends its chain (`EnvFailed`, or `ChainDefect` when it throws or dies rather than failing
- *   with an `EnvError`; masked by default), which the progress line shows only as a
- *   failure share. Its first failure is logged with its cause (a bug's stack), the task, the row and the error;
- *   later ones are counted, one line per 30 s at most.
+ * - **A failing episode start or step is logged**, as a tool's death and a reward's failure are: an environment
+ *   whose reset with the row, or whose answer to a turn, fails ends its chain (`EnvFailed`, or `ChainDefect` when it
+ *   throws or dies rather than failing with an `EnvError`; masked by default), which the progress line shows only
+ *   as a failure share. The first failure of each is logged with its cause (a bug's stack), the task, where (the
+ *   row, the turn) and the error; later ones are counted, one line per 30 s at most.
  *
  * These are the only adapters from the task's parts to the rollout chain's ports (`ToolActor.toPort`,
  * `RewardActor.toPort`): the trainer, the CLI and `Rollout.run` all go through here.
@@ -165,50 +165,81 @@ const rowText = (row: unknown): string => {
 }
 
 /**
- * The task's episode, its `start`'s failures and defects logged (interruption is not a failure): the first with
- * its cause, the task, the row and the error; later ones counted, one line per {@link repeatLogInterval} at most.
+ * A logger of one episode method's failures: the first with its cause (a bug's stack) and `first`'s text; later
+ * ones counted, one line per {@link repeatLogInterval} at most, the last one's place and error in it.
  */
-const loggingStarts = (
-  task: Task.Any,
-  episode: Environment.Episode<any, any> | undefined
-): Environment.Episode<any, any> | undefined => {
-  const start = episode?.start
-  if (episode === undefined || start === undefined) return episode
+const failureLog = (method: string, task: Task.Any) => {
   let logged = false
   let repeats = { count: 0, since: 0, last: "" }
-  const log = Effect.fnUntraced(function*(chain: Environment.EpisodeStart<any>, cause: Cause.Cause<unknown>) {
+  return Effect.fnUntraced(function*(where: string, cause: Cause.Cause<unknown>, first: string) {
     const now = yield* Clock.currentTimeMillis
-    const where = `row ${chain.rowIndex} (group ${chain.groupId}, chain ${chain.chainId})`
     if (!logged) {
       logged = true
       repeats = { count: 0, since: now, last: "" }
-      return yield* Effect.logWarning(
-        `the episode start of task "${task.name}" failed for ${where}: ${causeText(cause)}\n` +
-          `row: ${rowText(chain.row)}\n(the environment's reset with the row ${
-          // As the chain classifies it: a typed failure (an EnvError) is EnvFailed, a throw or a die ChainDefect.
-          Cause.hasFails(cause)
-            ? "failed: its chain ends, EnvFailed"
-            : "died (a defect, not an EnvError): its chain ends, ChainDefect"
-        }, ` +
-          `masked by default, and counts in rollout/failures/<reason> and metrics.jsonl's firstFailure. Later ` +
-          `failures of this start are counted, at most one line per ${Duration.format(repeatLogInterval)})`,
-        cause
-      )
+      return yield* Effect.logWarning(first, cause)
     }
     repeats = { ...repeats, count: repeats.count + 1, last: `${where}: ${causeText(cause)}` }
     if (now - repeats.since < Duration.toMillis(repeatLogInterval)) return
     yield* Effect.logWarning(
-      `the episode start of task "${task.name}" failed ${repeats.count} more times in the last ` +
+      `the episode ${method} of task "${task.name}" failed ${repeats.count} more times in the last ` +
         `${Duration.format(Duration.millis(now - repeats.since))}; last: ${repeats.last}`
     )
     repeats = { count: 0, since: now, last: "" }
   })
+}
+
+/** How a chain classifies a failure of `start` or `step`: a typed one (an EnvError) is EnvFailed, else ChainDefect. */
+const chainEnds = (cause: Cause.Cause<unknown>): string =>
+  Cause.hasFails(cause)
+    ? "failed: its chain ends, EnvFailed"
+    : "died (a defect, not an EnvError): its chain ends, ChainDefect"
+
+/**
+ * The task's episode, its `start`'s and `step`'s failures and defects logged (interruption is not a failure): the
+ * first of each with its cause, the task, where (the row for `start`, the turn for `step`) and the error; later ones
+ * counted, one line per {@link repeatLogInterval} at most. A method that throws before returning its Effect is
+ * logged (and classified) as one whose Effect died.
+ */
+const loggingEpisode = (
+  task: Task.Any,
+  episode: Environment.Episode<any, any> | undefined
+): Environment.Episode<any, any> | undefined => {
+  if (episode === undefined) return episode
+  const { start, step } = episode
+  const logStart = failureLog("start", task)
+  const logStep = failureLog("step", task)
+  const logged = <A, E, R>(self: Effect.Effect<A, E, R>, log: (cause: Cause.Cause<E>) => Effect.Effect<void>) =>
+    Effect.tapCause(self, (cause) => (Cause.hasInterruptsOnly(cause) ? Effect.void : log(cause)))
   return {
     ...episode,
-    start: (chain) =>
-      start(chain).pipe(
-        Effect.tapCause((cause) => (Cause.hasInterruptsOnly(cause) ? Effect.void : log(chain, cause)))
-      )
+    ...(start === undefined ? {} : {
+      start: (chain: Environment.EpisodeStart<any>) => {
+        const where = `row ${chain.rowIndex} (group ${chain.groupId}, chain ${chain.chainId})`
+        return logged(Effect.suspend(() => start(chain)), (cause) =>
+          logStart(
+            where,
+            cause,
+            `the episode start of task "${task.name}" failed for ${where}: ${causeText(cause)}\n` +
+              `row: ${rowText(chain.row)}\n(the environment's reset with the row ${chainEnds(cause)}, ` +
+              `masked by default, and counts in rollout/failures/<reason> and metrics.jsonl's firstFailure. Later ` +
+              `failures of this start are counted, at most one line per ${Duration.format(repeatLogInterval)})`
+          ))
+      }
+    }),
+    ...(step === undefined ? {} : {
+      step: (turn: Environment.EpisodeTurn) => {
+        const where = `turn ${turn.turn}`
+        return logged(Effect.suspend(() => step(turn)), (cause) =>
+          logStep(
+            where,
+            cause,
+            `the episode step of task "${task.name}" failed after ${where}: ${causeText(cause)}\n` +
+              `(the environment's answer to the turn ${chainEnds(cause)}, masked by default, and counts in ` +
+              `rollout/failures/<reason> and metrics.jsonl's firstFailure. Later failures of this step are ` +
+              `counted, at most one line per ${Duration.format(repeatLogInterval)})`
+          ))
+      }
+    })
   }
 }
 
@@ -237,7 +268,7 @@ export const make = <RE>(
       tools: options.renderTools === false ? { ...tools, schemas: [] } : tools,
       reward,
       environment,
-      episode: loggingStarts(task, task.episode),
+      episode: loggingEpisode(task, task.episode),
       policies: task.policies,
       correct: task.correct,
       environmentStats: environment.stats ?? Effect.succeed({})

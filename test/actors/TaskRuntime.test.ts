@@ -255,6 +255,59 @@ describe("TaskRuntime", () => {
     }).pipe(Effect.provideService(Logger.CurrentLoggers, new Set([collector])))
   })
 
+  it.effect("an episode step that fails or throws is logged with its cause, as the chain classifies it", () => {
+    const logs: Array<{ message: string; cause: boolean }> = []
+    const collector = Logger.make((o) =>
+      void logs.push({
+        message: (o.message as ReadonlyArray<unknown>).map(String).join(" "),
+        cause: o.cause.reasons.length > 0
+      })
+    )
+    const roll = (task: Task.Task<never>) =>
+      Effect.gen(function*() {
+        const runtime = yield* TaskRuntime.make(task)
+        const events = yield* Rollout.run({
+          rows: [{ messages: [{ role: "user" as const, content: "open" }] }],
+          numChains: 2,
+          maxTurns: 2,
+          sampling: { temperature: 1, maxTokens: 8 },
+          format: charFormat,
+          tools: runtime.tools,
+          environment: runtime.environment,
+          episode: runtime.episode,
+          restart: Schedule.recurs(0) // the chain's restarts would wait on the test clock
+        }).pipe(Stream.runCollect, Effect.provide(Sampler.layerScripted(() => turn("hi"))))
+        return events.flatMap((e) => (e._tag === "Trajectory" ? [e.trajectory] : []))
+      })
+    return Effect.gen(function*() {
+      // A bug in the user's step: thrown inside its Effect, or before it returns one.
+      const inside = () =>
+        Effect.sync(() => {
+          throw new Error("dial fell off")
+        })
+      const before = () => {
+        throw new Error("dial fell off")
+      }
+      for (const step of [inside, before]) {
+        logs.length = 0
+        const failed = yield* roll(Task.make("rusty", { episode: { step } }))
+        assert.deepStrictEqual(failed.map((t) => t.errorReason), ["ChainDefect", "ChainDefect"])
+        assert.strictEqual(logs.length, 1, "said once")
+        assert.isTrue(logs[0]!.cause, "with its cause (the stack)")
+        assert.include(logs[0]!.message, `the episode step of task "rusty" failed after turn 1: dial fell off`)
+        assert.include(logs[0]!.message, "died (a defect, not an EnvError): its chain ends, ChainDefect")
+      }
+      // A typed failure: EnvFailed.
+      logs.length = 0
+      const jammed = new Environment.EnvError({ env: "lock", method: "step", reason: "Crashed", message: "jammed" })
+      const failed = yield* roll(Task.make("jammed", { episode: { step: () => Effect.fail(jammed) } }))
+      assert.deepStrictEqual(failed.map((t) => t.errorReason), ["EnvFailed", "EnvFailed"])
+      assert.strictEqual(logs.length, 1)
+      assert.include(logs[0]!.message, `the episode step of task "jammed" failed after turn 1: jammed`)
+      assert.include(logs[0]!.message, "failed: its chain ends, EnvFailed")
+    }).pipe(Effect.provideService(Logger.CurrentLoggers, new Set([collector])))
+  })
+
   it.effect("each chain's environment is released when the chain ends, not when the run does", () =>
     Effect.gen(function*() {
       let live = 0
