@@ -548,8 +548,54 @@ export const importModule = (path: string): Effect.Effect<Record<string, unknown
   Effect.tryPromise({
     try: () => import(path) as Promise<Record<string, unknown>>,
     catch: (e) =>
-      new TaskError({ task: path, reason: "Module", message: `cannot load ${path}: ${String(e)}${commonJsHint(e)}` })
+      new TaskError({
+        task: path,
+        reason: "Module",
+        message: `cannot load ${path}: ${loadProblem(e, path)}`
+      })
   })
+
+/**
+ * Why a module (a task's, or a config's run directly) could not be loaded, in words: the module itself is missing
+ * ("no such file"), a package it imports cannot be found from its folder (a module outside this package without
+ * the link to its `node_modules`: the command that makes it), it was loaded as CommonJS (how to make it ESM), or
+ * else the error itself (a syntax error, a throw at load).
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const loadProblem = (e: unknown, path: string): string =>
+  missingText(e, path) ?? `${String(e)}${commonJsHint(e)}`
+
+/**
+ * Whether a module's load failed because something was not found (the module, or a package it imports).
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const isNotFound = (e: unknown): boolean =>
+  typeof e === "object" && e !== null && (e as { readonly code?: unknown }).code === "ERR_MODULE_NOT_FOUND"
+
+/** This package's own `node_modules`, where a module outside it must find `effect` (the runtime's copy). */
+const ownModules = decodeURIComponent(new URL("../node_modules", import.meta.url).pathname)
+
+/**
+ * What a module that could not be found means (`ERR_MODULE_NOT_FOUND`): the task's module itself (a misspelt path:
+ * "no such file"), or a package it imports that its folder cannot see (a module outside this package without its
+ * `node_modules` link, the README's "a module outside this package"); undefined for any other error.
+ */
+const missingText = (e: unknown, path: string): string | undefined => {
+  if (!isNotFound(e)) return undefined
+  const message = e instanceof Error ? e.message : String(e)
+  if (message.includes(`'${path}'`)) return "no such file"
+  const found = /Cannot find package '([^']+)' imported from (\S+)/.exec(message)
+  if (found === null) return undefined
+  const [, name, from] = found
+  const dir = from!.replace(/\/[^/]*$/, "")
+  return `${from} imports the package "${name}", which its folder cannot find: a task module outside this ` +
+    `package uses this package's own node_modules (its effect is the runtime's), linked beside it: ` +
+    `ln -s ${ownModules} ${dir}/node_modules`
+}
 
 /**
  * What to do when Node refused to `require` an ES module for the task's module (`ERR_REQUIRE_ESM`,

@@ -21,7 +21,7 @@ import * as Yaml from "yaml"
 import * as Advantage from "./Advantage.ts"
 import * as SchemaIssues from "./internal/schemaIssues.ts"
 import * as ModelPresets from "./model/ModelConfig.ts"
-import { isModulePath, Ref as TaskRef } from "./Task.ts"
+import { isModulePath, isNotFound, loadProblem, Ref as TaskRef } from "./Task.ts"
 
 // ===== Schema =====
 
@@ -725,7 +725,13 @@ const resolveTask = (ref: TaskRef, resolve: (p: string) => string): TaskRef =>
 const readModule = (file: string) =>
   Effect.tryPromise({
     try: () => import(file) as Promise<Record<string, unknown>>,
-    catch: (e) => new ConfigError({ source: file, reason: "Syntax", issues: [String(e)] })
+    // A module that is not there, or whose imports its folder cannot find, is unreadable, not a syntax error.
+    catch: (e) =>
+      new ConfigError({
+        source: file,
+        reason: isNotFound(e) ? "Unreadable" : "Syntax",
+        issues: [loadProblem(e, file)]
+      })
   })
 
 /**

@@ -9,6 +9,7 @@ import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs"
+import { tmpdir } from "node:os"
 import { join, resolve } from "node:path"
 import * as Journal from "../../actors/Journal.ts"
 import * as LocalPolicy from "../../actors/LocalPolicy.ts"
@@ -115,6 +116,21 @@ const stepHashes = (dir: string) =>
   )
 
 describe("a user's task module", () => {
+  it.live("a module outside the package whose folder cannot find effect is refused saying how to link it", () =>
+    Effect.gen(function*() {
+      // Outside the checkout (a user's own folder), without the README's node_modules link.
+      const dir = mkdtempSync(join(tmpdir(), "user-task-unlinked-"))
+      writeFileSync(join(dir, "door.mts"), moduleSource)
+      const run = yield* agentfly(["train", join(dir, "door.mts")])
+      assert.strictEqual(run.code, 1, run.output)
+      assert.include(
+        run.output,
+        `${join(dir, "door.mts")}: Unreadable\n  ${join(dir, "door.mts")} imports the package "effect", which its ` +
+          `folder cannot find: a task module outside this package uses this package's own node_modules (its ` +
+          `effect is the runtime's), linked beside it: ln -s ${join(root, "node_modules")} ${dir}/node_modules`
+      )
+    }), 60_000)
+
   it.live("Trainer.run: every chain's own environment, reset with its row, speaks and ends its episode", () =>
     Effect.gen(function*() {
       const dir = userProject()

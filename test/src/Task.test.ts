@@ -215,6 +215,14 @@ describe("Task", () => {
       )
     }))
 
+  it.effect("a module that is not there is refused as 'no such file', not with Node's resolver's words", () =>
+    Effect.gen(function*() {
+      const dir = mkdtempSync(join(tmpdir(), "task-missing-"))
+      const missing = yield* Effect.flip(Task.importModule(join(dir, "tsak.ts")))
+      assert.strictEqual(missing.reason, "Module")
+      assert.strictEqual(missing.message, `cannot load ${join(dir, "tsak.ts")}: no such file`)
+    }))
+
   it.effect("a module whose task export is no task is refused naming the module and what it exports", () =>
     Effect.gen(function*() {
       const dir = mkdtempSync(join(tmpdir(), "task-export-"))

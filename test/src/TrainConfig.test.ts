@@ -297,6 +297,10 @@ describe("TrainConfig", () => {
       const none = yield* failure(TrainConfig.load(join(dir, "none.json")))
       assert.strictEqual(none.reason, "Unreadable")
       assert.deepStrictEqual(none.issues, [`no such file (${join(dir, "none.json")})`])
+      // So is a module run directly that is not there: unreadable, not a syntax error.
+      const noModule = yield* failure(TrainConfig.load(join(dir, "none.mts")))
+      assert.strictEqual(noModule.reason, "Unreadable")
+      assert.deepStrictEqual(noModule.issues, ["no such file"])
       // A directory is no config; a run's output directory names the config it recorded.
       mkdirSync(join(dir, "run"))
       assert.include((yield* failure(TrainConfig.load(join(dir, "run")))).message, "a directory, not a config file (")
