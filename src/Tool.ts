@@ -519,7 +519,8 @@ export const argumentsProblem = (tool: Any, args: unknown): string | undefined =
   if (Exit.isSuccess(decoded)) return undefined
   return Option.match(Cause.findErrorOption(decoded.cause), {
     onNone: () => "invalid arguments",
-    onSome: (e) => e.message.replace(/\n\s*/g, " ")
+    // One issue a line, its path indented below it: `Missing key at ["n"]; Expected number at ["i"]`.
+    onSome: (e) => e.message.replace(/\n\s+/g, " ").replace(/\n/g, "; ")
   })
 }
 

@@ -151,6 +151,13 @@ describe("Train.run", () => {
         })
       const good = (Train.demonstrationProblem(task, [{ role: "assistant", content: "" }]))
       assert.isUndefined(good)
+      // Each of a call's problems is its own clause, not run together.
+      const call = { id: "c", type: "function" as const, function: { name: toolName, arguments: { guesss: 3 } } }
+      assert.strictEqual(
+        Train.demonstrationProblem(task, [{ role: "assistant", content: "", tool_calls: [call] }]),
+        `messages[0]: invalid arguments for tool "${toolName}": Expected no excess property at ["guesss"]; ` +
+          `Missing key at ["n"]`
+      )
       writeFileSync(
         join(dir, "data", "demos.jsonl"),
         [demo("search_web", {}), demo(toolName, { guesss: 3 }), demo(toolName, JSON.stringify({ guesss: 3 }))]
