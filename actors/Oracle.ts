@@ -15,6 +15,7 @@ import type { Conversation, ToolCall } from "../src/Message.ts"
 import { ChatSampler } from "../src/Sampler.ts"
 import type * as Task from "../src/Task.ts"
 import * as Tokenizer from "../src/Tokenizer.ts"
+import * as Tool from "../src/Tool.ts"
 import * as Trajectory from "../src/Trajectory.ts"
 import * as TrajectoryBuilder from "../src/TrajectoryBuilder.ts"
 import * as ChainFormat from "./ChainFormat.ts"
@@ -127,8 +128,17 @@ export const solveRate = (
 }
 
 /**
+ * Whether a conversation holds a call the runtime refused for its format (arguments its tool's Schema refuses, a
+ * tool the task lacks): a warm-up that loads it stops, naming the line, since the policy would learn calls that fail.
+ */
+const teachesBadCall = (messages: Conversation): boolean =>
+  messages.some((m) => m.role === "tool" && m.is_error === true && Tool.formatErrorOf(text(m)) !== undefined)
+
+/**
  * SFT demonstrations from an oracle's trajectories: the conversations of the `solved` ones (by default as
- * {@link solveRate} counts them), as `{ messages }` lines for a warm-up's `demos.jsonl`.
+ * {@link solveRate} counts them), as `{ messages }` lines for a warm-up's `demos.jsonl`. A solved game with a call
+ * its tool refused (bad arguments, an unknown tool: the game was won anyway) is left out: the warm-up would refuse
+ * the file for it.
  *
  * @category constructors
  * @since 0.1.0
@@ -138,7 +148,7 @@ export const demonstrations = (
   solved: Solved = Trajectory.isCorrect
 ): ReadonlyArray<{ readonly messages: Conversation }> => {
   const is = solvedBy(solved)
-  return trajectories.filter(is).map((t) => ({ messages: t.messages }))
+  return trajectories.filter((t) => is(t) && !teachesBadCall(t.messages)).map((t) => ({ messages: t.messages }))
 }
 
 // ===== Through the runtime =====

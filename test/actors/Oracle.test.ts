@@ -99,6 +99,20 @@ describe("Oracle", () => {
       assert.deepStrictEqual(Oracle.demonstrations(trajectories), [])
     }))
 
+  it.effect("a solved game with a call its tool refused is no demonstration (the warm-up would refuse it)", () =>
+    Effect.gen(function*() {
+      // Bisection, after a first call whose argument the tool's Schema refuses: the games are still won.
+      const bad = { n: "x" }
+      const sloppy: Oracle.Policy = (messages) =>
+        messages.some((m) => m.role === "assistant")
+          ? bisect(messages.filter((m) => m.role !== "assistant" || m.tool_calls?.[0]?.function.arguments !== bad))
+          : { toolCalls: [Oracle.call(messages, "guess", bad)] }
+      const trajectories = yield* rollout(sloppy)
+      assert.strictEqual(Oracle.solveRate(trajectories, 1), 1)
+      assert.isTrue(trajectories.every((t) => t.messages.some((m) => m.role === "tool" && m.is_error === true)))
+      assert.deepStrictEqual(Oracle.demonstrations(trajectories), [])
+    }))
+
   it.effect("a solved game counts as a run's accuracy counts it: a partial-credit reward with acc 1 is solved", () =>
     Effect.gen(function*() {
       const [won] = yield* rollout(bisect)
