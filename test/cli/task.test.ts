@@ -8,7 +8,8 @@
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs"
+import { spawn } from "node:child_process"
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, symlinkSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join, resolve } from "node:path"
 import * as Journal from "../../actors/Journal.ts"
@@ -129,6 +130,29 @@ describe("a user's task module", () => {
           `folder cannot find: a task module outside this package uses this package's own node_modules (its ` +
           `effect is the runtime's), linked beside it: ln -s ${join(root, "node_modules")} ${dir}/node_modules`
       )
+    }), 60_000)
+
+  it.live("linked as the README says, a module outside the package loads, and the command runs from its folder", () =>
+    Effect.gen(function*() {
+      const dir = mkdtempSync(join(tmpdir(), "user-task-linked-"))
+      symlinkSync(join(root, "node_modules"), join(dir, "node_modules"))
+      writeFileSync(join(dir, "package.json"), `{ "type": "module" }\n`)
+      writeFileSync(join(dir, "door.ts"), `${moduleSource}\nexport const oracle = () => ({ content: "No." })\n`)
+      writeFileSync(join(dir, "heldout.jsonl"), JSON.stringify({ question: "Knock.", code: "c1" }) + "\n")
+      // `bin/agentfly.mjs` by its path, in the user's folder (there `npx agentfly` would look in the npm registry).
+      const run = yield* Effect.callback<{ readonly code: number | null; readonly output: string }>((resume) => {
+        const child = spawn(process.execPath, [join(root, "bin", "agentfly.mjs"), "oracle", "door.ts", "--rows", "1"], {
+          cwd: dir,
+          stdio: ["ignore", "pipe", "pipe"]
+        })
+        let output = ""
+        child.stdout.on("data", (d: Buffer) => (output += d.toString()))
+        child.stderr.on("data", (d: Buffer) => (output += d.toString()))
+        child.on("exit", (code) => resume(Effect.succeed({ code, output })))
+        return Effect.sync(() => child.kill("SIGKILL"))
+      })
+      assert.strictEqual(run.code, 0, run.output)
+      assert.include(run.output, "1 rows: solved 0.0 %, mean reward 0.000")
     }), 60_000)
 
   it.live("Trainer.run: every chain's own environment, reset with its row, speaks and ends its episode", () =>
