@@ -72,7 +72,9 @@ const taskError = (task: Task.Any, reason: Task.TaskErrorReason) => (e: unknown)
   return new Task.TaskError({
     task: task.name,
     reason,
-    message: reason === "Environment" ? `the environment of task "${task.name}" could not start: ${message}` : message
+    message: reason === "Environment"
+      ? `the environment of task "${task.name}" could not start: ${message}`
+      : `task "${task.name}": ${message}`
   })
 }
 

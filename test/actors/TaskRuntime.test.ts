@@ -36,6 +36,18 @@ describe("TaskRuntime", () => {
       assert.deepStrictEqual(turn.errors, ["Timeout"])
     }))
 
+  it.effect("a task whose tools cannot be built (two of one name) fails at start naming the task", () =>
+    Effect.gen(function*() {
+      const echo = Tool.make("echo", {
+        description: "Echo",
+        parameters: Schema.Struct({}),
+        handler: () => Effect.succeed("")
+      })
+      const error = yield* Effect.flip(TaskRuntime.make(Task.make("doubled", { tools: [echo, echo] })))
+      assert.strictEqual(error.reason, "Module")
+      assert.strictEqual(error.message, `task "doubled": two tools are named "echo"`)
+    }))
+
   it.effect("a task assembled without its environment fails at start, naming the missing service, before any chain", () =>
     Effect.gen(function*() {
       // As a task loaded from untyped parts would be: the type check that `Task.make` does is bypassed.
