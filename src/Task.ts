@@ -651,8 +651,8 @@ export const resolve = (
       new TaskError({
         task: name,
         reason: "Unknown",
-        message: `unknown task "${name}" (built-in: ${Object.keys(options.builtins).join(", ")}; ` +
-          `or a module path such as ./task.ts)`
+        message: `unknown task "${name}"${SchemaIssues.suggestion(name, Object.keys(options.builtins))} (built-in: ` +
+          `${Object.keys(options.builtins).join(", ")}; or a module path such as ./task.ts)`
       })
     )
   }

@@ -39,6 +39,9 @@ describe("the calculator task", () => {
       const unknown = yield* Effect.flip(resolve("calculater"))
       assert.strictEqual(unknown.reason, "Unknown")
       assert.include(unknown.message, "built-in: calculator")
+      // The near name, as a config's mistyped key gets it.
+      assert.include(unknown.message, `unknown task "calculater" (did you mean "calculator"?) (built-in: `)
+      assert.notInclude((yield* Effect.flip(resolve("sudoku"))).message, "did you mean")
       const byPath = yield* Task.resolve("./task.ts", {
         builtins: Tasks.builtins,
         resolvePath: (p) => new URL(p, new URL("../../../examples/guess/", import.meta.url)).pathname
