@@ -281,6 +281,50 @@ export const withSkipHint = <E>(error: E): E =>
     : error
 
 /**
+ * A dataset's rows checked against the fields its task's reward reads (`Reward.rows`, every part of a combined one),
+ * as the task's own `row` Schema checks them: a row without a field the reward needs is `FILE:LINE: reward "name"
+ * reads …` (or skipped, with `onInvalid: "skip"`), instead of every trajectory of it scoring 0 from the first
+ * rollout on. The rows keep their fields as the task's Schema decoded them.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const checkRewardFields = (
+  task: Task.Any,
+  dataset: Dataset.Dataset,
+  onInvalid: "skip" | "stop" | undefined
+): Effect.Effect<Dataset.Dataset, Dataset.DatasetError> =>
+  Effect.gen(function*() {
+    let kept = dataset
+    for (const { reward, row } of task.reward?.rows ?? []) {
+      const at = (line: number | undefined) => `${dataset.name}:${line}: `
+      const checked = yield* Dataset.refine(kept, row, { onInvalid }).pipe(
+        Effect.mapError((e) =>
+          e.reason === "InvalidRow"
+            ? new Dataset.DatasetError({
+              ...e,
+              message: e.message.replace(at(e.line), `${at(e.line)}reward "${reward}" reads `)
+            })
+            : e
+        )
+      )
+      const lines = new Set(checked.rows.map((r) => r.line))
+      kept = {
+        name: kept.name,
+        rows: kept.rows.filter((r) => lines.has(r.line)).map((r, index) => ({ ...r, index })),
+        skipped: [
+          ...kept.skipped,
+          ...checked.skipped.slice(kept.skipped.length).map((issue) => ({
+            ...issue,
+            message: `reward "${reward}" reads ${issue.message}`
+          }))
+        ]
+      }
+    }
+    return kept
+  })
+
+/**
  * The files whose presence says that a directory holds a run.
  */
 const runFiles = ["metrics.jsonl", "journal.jsonl", "checkpoints"]
@@ -324,7 +368,13 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
   const fields = task.row
   // A file that cannot be read is named with the config key that gave it (`from`); a bad row, with the way past it.
   const load = (file: string, options: Dataset.Options) =>
-    Dataset.load(file, { onInvalid, ...options }).pipe(Effect.mapError(withSkipHint))
+    Dataset.load(file, { onInvalid, ...options }).pipe(
+      // A set of rows (not demonstrations) is scored by the reward: the fields it reads are checked too.
+      Effect.flatMap((ds) =>
+        options.kind === "conversation" ? Effect.succeed(ds) : checkRewardFields(task, ds, onInvalid)
+      ),
+      Effect.mapError(withSkipHint)
+    )
   const train = yield* load(requested.data.train, { fields, from: "data.train" })
   const evalSet = requested.data.eval === undefined
     ? undefined

@@ -109,7 +109,10 @@ export const run = Effect.fn("cli.eval")(function*(
     onInvalid: requested.data.onInvalidRow,
     fields: task.row,
     from: options.data === undefined ? "data.eval" : "--data"
-  })
+  }).pipe(
+    // The fields the task's reward reads too, as a run checks them.
+    Effect.flatMap((ds) => Train.checkRewardFields(task, ds, requested.data.onInvalidRow))
+  )
   const evalConfig = yield* Schema.decodeUnknownEffect(TrainConfig.EvalConfig)({
     ...requested.eval,
     ...(options.size === undefined ? {} : { size: options.size }),

@@ -103,6 +103,12 @@ export interface Reward<R = never> {
   readonly name: string
   readonly dependencies: ReadonlyArray<Context.Key<any, any>>
   readonly evaluate: (input: EvaluateInput) => Effect.Effect<Outcome, RewardError, R>
+  /**
+   * The dataset-row fields it reads, by the reward (or combined part) that reads them: a run checks its datasets'
+   * rows against them when it loads them, so that a field no row has stops it there rather than scoring every
+   * trajectory 0 (`InvalidRow`) from its first rollout on.
+   */
+  readonly rows?: ReadonlyArray<{ readonly reward: string; readonly row: Schema.Codec<any, any> }> | undefined
 }
 
 /**
@@ -237,6 +243,9 @@ export const make = <
     [TypeId]: TypeId,
     name,
     dependencies: options.dependencies ?? [],
+    ...(options.row === undefined
+      ? {}
+      : { rows: [{ reward: name, row: options.row as unknown as Schema.Codec<any, any> }] }),
     evaluate: (input) =>
       Effect.suspend(() => {
         const row = decodeRow(input.row ?? input.trajectory.row ?? {})
@@ -305,6 +314,7 @@ export const combine = <const Parts extends ReadonlyArray<Part<any>>>(
   [TypeId]: TypeId,
   name,
   dependencies: parts.flatMap((p) => p.reward.dependencies),
+  rows: parts.flatMap((p) => p.reward.rows ?? []),
   evaluate: (input) =>
     Effect.map(
       Effect.forEach(parts, (part) => part.reward.evaluate(input), { concurrency: "unbounded" }),

@@ -5,7 +5,7 @@
  */
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect } from "effect"
+import { Effect, Schema } from "effect"
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
@@ -13,8 +13,10 @@ import * as Train from "../../actors/Train.ts"
 import * as Generate from "../../examples/guess/generate.ts"
 import * as Dataset from "../../src/Dataset.ts"
 import * as ModelConfig from "../../src/model/ModelConfig.ts"
-import { task } from "../../examples/guess/task.ts"
-import type * as Task from "../../src/Task.ts"
+import { found, Game, task } from "../../examples/guess/task.ts"
+import * as Environment from "../../src/Environment.ts"
+import * as Reward from "../../src/Reward.ts"
+import * as Task from "../../src/Task.ts"
 import * as TrainConfig from "../../src/TrainConfig.ts"
 
 describe("Train.run", () => {
@@ -132,6 +134,47 @@ describe("Train.run", () => {
       assert.include(String((crowded as Error).message), "agent.renderTools: false")
       assert.isFalse(existsSync(join(dir, "crowded", "metrics.jsonl")))
     }), 600_000)
+
+  it.live("rows without a field the task's reward reads stop the run when they load, naming the reward", () =>
+    Effect.gen(function*() {
+      const dir = mkdtempSync(join(tmpdir(), "train-reward-row-"))
+      yield* Generate.write(
+        { dir: join(dir, "data"), seed: 3, train: 8, heldOut: 2, validation: 0, demos: 0, noise: 0 },
+        task.defaults.systemPrompt!
+      ).pipe(Effect.provide(NodeServices.layer))
+      // The guess game with a combined reward, one part of which reads a field the game's rows do not have.
+      const target = Reward.make("target", {
+        row: Schema.Struct({ target: Schema.Int }),
+        score: ({ row }) => Effect.succeed(row.target)
+      })
+      const mine = Task.make("guess-target", {
+        row: task.row,
+        tools: task.tools,
+        reward: Reward.combine("found + target", [{ reward: found, weight: 1 }, { reward: target, weight: 1 }]),
+        environment: Environment.perChain(Game.layer),
+        episode: task.episode,
+        defaults: task.defaults
+      })
+      const config = {
+        output: "run",
+        model: { path: "model", preset: "tiny" as const },
+        data: { train: "data/train.jsonl" },
+        algorithm: { steps: 1 }
+      }
+      const refused = yield* Effect.flip(Train.run({ task: mine, dir, config, write: () => {}, tty: false }))
+      assert.instanceOf(refused, Dataset.DatasetError)
+      assert.strictEqual(
+        (refused as Dataset.DatasetError).message,
+        `${join(dir, "data", "train.jsonl")}:1: reward "target" reads target: missing (fix the row, or skip such ` +
+          `rows: "data": { "onInvalidRow": "skip" })`
+      )
+      assert.isFalse(existsSync(join(dir, "model")), "stopped before the model folder")
+      // Skipped instead: the rows that have it stay, with the fields the task's Schema gave them.
+      const rows = [{ secret: 3 }, { secret: 4, target: 1 }].map((fields, i) => ({ index: i, line: i + 1, fields }))
+      const kept = yield* Train.checkRewardFields(mine, { name: "rows.jsonl", rows, skipped: [] }, "skip")
+      assert.deepStrictEqual(kept.rows, [{ index: 0, line: 2, fields: { secret: 4, target: 1 } }])
+      assert.deepStrictEqual(kept.skipped, [{ line: 1, message: `reward "target" reads target: missing` }])
+    }))
 
   it.live("demonstrations that call a tool the task lacks, or with arguments it refuses, stop the run before training", () =>
     Effect.gen(function*() {
