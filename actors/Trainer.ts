@@ -994,12 +994,6 @@ const resumeRun = Effect.fnUntraced(function*(
   const io = fail("Journal")
   // A refused resume says only why (the steps' notice would announce a resume that does not happen).
   const { existing, stepsChange, changed } = yield* checkResume(config, resume)
-  if (stepsChange !== undefined) {
-    yield* notice(
-      `resuming ${out} for ${config.algorithm.steps} steps (${stepsChange})` +
-        (config.algorithm.lrSchedule === "cosine" ? `: the cosine learning-rate schedule now spans them` : "")
-    )
-  }
   if (changed.length > 0) yield* notice(`resuming ${out} with a changed config (forced): ${changed.join("; ")}`)
   const present = new Set(yield* fs.readDirectory(checkpoints).pipe(Effect.mapError(io)))
   // The newest intact checkpoint, loaded: newer ones that do not load, hold non-finite weights or weights other than
@@ -1035,6 +1029,16 @@ const resumeRun = Effect.fnUntraced(function*(
       message: `no intact checkpoint to resume ${out} from: ${refused.join("; ")}`
     })
   }
+  const point = Journal.resumePoint(existing, (c) => c === resumeFrom)
+  // A finished run resumed, or fewer steps than it has done: the loops below have nothing to do, which said nothing.
+  const nothingLeft = point.checkpoint !== undefined && point.step >= config.algorithm.steps
+  // Said only when those steps are still to train: fewer steps than the run has done is "nothing left", below.
+  if (stepsChange !== undefined && !nothingLeft) {
+    yield* notice(
+      `resuming ${out} for ${config.algorithm.steps} steps (${stepsChange})` +
+        (config.algorithm.lrSchedule === "cosine" ? `: the cosine learning-rate schedule now spans them` : "")
+    )
+  }
   if (resumeFrom !== undefined && refused.length > 0) {
     yield* notice(
       `resuming from ${resumeFrom.path} (step ${resumeFrom.step}), the newest intact checkpoint; refused: ` +
@@ -1048,9 +1052,7 @@ const resumeRun = Effect.fnUntraced(function*(
         `${config.checkpoint.every}): the run starts over`
     )
   }
-  const point = Journal.resumePoint(existing, (c) => c === resumeFrom)
-  // A finished run resumed, or fewer steps than it has done: the loops below have nothing to do, which said nothing.
-  if (point.checkpoint !== undefined && point.step >= config.algorithm.steps) {
+  if (nothingLeft) {
     yield* notice(
       `${out} is at step ${point.step} and algorithm.steps is ${config.algorithm.steps}: nothing left to train ` +
         `(more steps continue it: --steps N, or algorithm.steps raised)`

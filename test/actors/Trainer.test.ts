@@ -471,6 +471,12 @@ describe("Trainer", () => {
       writeFileSync(recordedFile, JSON.stringify({ ...before, task: toy("data/f") }))
       const moved = yield* run({ ...changed, config: { ...ten, task: toy("/work/data/f") } })
       assert.strictEqual(moved.fromStep, 10)
+      // Fewer steps than the run has done: "nothing left" alone, not first a resume "for 8 steps" that does nothing.
+      const shorter: Array<string> = []
+      const eight = { ...ten, task: toy("/work/data/f"), algorithm: { ...ten.algorithm, steps: 8 } }
+      yield* run({ ...changed, config: eight, notice: (m) => Effect.sync(() => shorter.push(m)) })
+      assert.isFalse(shorter.some((m) => m.includes("for 8 steps")), shorter.join("\n"))
+      assert.include(shorter.at(-1), "is at step 10 and algorithm.steps is 8: nothing left")
     }).pipe(Effect.provide(NodeServices.layer)))
 
   it("a recorded config's relative task module path is the current absolute one of the same file, for resume", () => {
