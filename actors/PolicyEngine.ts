@@ -248,297 +248,375 @@ const int64 = (values: ArrayLike<number>, dims: ReadonlyArray<number>): ort.Tens
   return new ort.Tensor("int64", data, dims)
 }
 
-// ===== Constructor =====
+// ===== Engine state =====
+
+/** What the engine fixes at `make` for its whole life: what every session, cache and step is built from. */
+interface Setup {
+  readonly config: ModelConfig.ModelConfig
+  readonly kvHeads: number
+  readonly headDim: number
+  readonly vocabSize: number
+  /** Most sequences decoded together, over every generation. */
+  readonly maxBatch: number
+  readonly weightsAs: "initializers" | "inputs"
+  readonly sessionOptions: ort.InferenceSession.SessionOptions
+  /** One graph for weights-as-inputs, shared by every version; otherwise one per version. */
+  readonly inputsModel: Uint8Array | undefined
+  /** The graph's past inputs (`past.{l}.key|value`), in the order of the cache's buffers. */
+  readonly pastNames: ReadonlyArray<string>
+  /** The graph's outputs for the new tokens' keys/values (`new.{l}.key|value`), in the same order. */
+  readonly newNames: ReadonlyArray<string>
+}
+
+/** The counting part of {@link Stats}. */
+interface Counters {
+  decodeSteps: number
+  prefills: number
+  prefillTokens: number
+  reusedTokens: number
+  generatedTokens: number
+  largestBatch: number
+}
 
 /**
- * Builds the engine in the current scope: creates the first session and forks the decode loop. Closing the
- * scope fails every unfinished request, and any submitted later, with a `SamplerError` of reason `Closed` and
- * releases the sessions.
- *
- * @category constructors
- * @since 0.1.0
+ * What an engine holds and changes while it runs. `make` builds it; the functions below take it first, as the
+ * functions of Effect's `Pool.ts` take the pool. Only the decode loop (one fiber) changes the batches and caches;
+ * `generate` offers to the mailbox, `updateWeights` adds a generation under `updates`.
  */
-export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
+interface Engine extends Setup {
+  /** The generation new requests join: the latest weights. */
+  current: Generation
+  /** The current generation and every older one that still has running sequences. */
+  readonly generations: Array<Generation>
+  /** Requests submitted and not yet taken by the decode loop. */
+  readonly mailbox: Queue.Queue<Seq>
+  /** Requests taken from the mailbox, waiting for a free slot in the batch. */
+  readonly waiting: Array<Seq>
+  readonly stats: Counters
+  /** One weight update at a time. */
+  readonly updates: Semaphore.Semaphore
+  /**
+   * Every request from submission to its result: on close each fails, wherever it is (queued, waiting, decoding, or
+   * held by the step fiber between the two), and a request submitted after close fails at once.
+   */
+  readonly pending: Set<Seq>
+  closed: boolean
+}
+
+const makeSetup = (options: Options): Setup => {
   const c = options.config
-  const KV = c.numKeyValueHeads, hd = ModelConfig.headDim(c), V = c.vocabSize, L = c.numHiddenLayers
-  const maxBatch = options.maxBatchSize ?? 32
   const weightsAs = options.weightsAs ?? "initializers"
-  const sessionOptions: ort.InferenceSession.SessionOptions = {
-    executionProviders: ["cpu"],
-    graphOptimizationLevel: "all",
-    intraOpNumThreads: options.intraOpNumThreads ?? 1,
-    interOpNumThreads: 1
+  const pastNames = Array.from({ length: c.numHiddenLayers }, (_, l) => [`past.${l}.key`, `past.${l}.value`]).flat()
+  return {
+    config: c,
+    kvHeads: c.numKeyValueHeads,
+    headDim: ModelConfig.headDim(c),
+    vocabSize: c.vocabSize,
+    maxBatch: options.maxBatchSize ?? 32,
+    weightsAs,
+    sessionOptions: {
+      executionProviders: ["cpu"],
+      graphOptimizationLevel: "all",
+      intraOpNumThreads: options.intraOpNumThreads ?? 1,
+      interOpNumThreads: 1
+    },
+    inputsModel: weightsAs === "inputs" ? Graph.toModelBytes(Qwen2.inferenceGraph(c, "inputs")) : undefined,
+    pastNames,
+    newNames: pastNames.map((n) => n.replace("past", "new"))
   }
-  // One graph for weights-as-inputs, shared by every version; otherwise one per version.
-  const inputsModel = weightsAs === "inputs" ? Graph.toModelBytes(Qwen2.inferenceGraph(c, "inputs")) : undefined
+}
 
-  const pastNames = Array.from({ length: L }, (_, l) => [`past.${l}.key`, `past.${l}.value`]).flat()
-  const newNames = pastNames.map((n) => n.replace("past", "new"))
-  const pastFeeds = (cache: KvCache.KvCache): Record<string, ort.Tensor> => {
-    const views = KvCache.views(cache)
-    return Object.fromEntries(pastNames.map((n, i) => [n, new ort.Tensor("float32", views[i]!.data, views[i]!.dims)]))
-  }
-  const newOf = (out: ort.InferenceSession.ReturnType) => newNames.map((n) => out[n]!.data as Float32Array)
+const closedError = () => samplerError("Closed", "the policy engine was shut down")
 
-  const newGeneration = Effect.fnUntraced(function*(version: number, weights: Qwen2.Weights) {
-    const invalid = validateWeights(c, weights)
-    if (invalid !== undefined) return yield* invalid
-    const bytes = inputsModel ?? Graph.toModelBytes(Qwen2.inferenceGraph(c, weights))
-    const session = yield* Effect.tryPromise({
-      try: () => ort.InferenceSession.create(bytes, sessionOptions),
-      catch: (e) => new PolicyEngineError({ reason: "SessionFailed", message: String(e) })
-    })
-    const weightFeeds: Record<string, ort.Tensor> = {}
-    if (weightsAs === "inputs") {
-      for (const spec of Qwen2.parameters(c)) {
-        weightFeeds[spec.name] = new ort.Tensor("float32", weights.get(spec.name)!, spec.shape)
-      }
-    }
-    const cache = KvCache.make(pastNames.length, KV, hd, maxBatch)
-    const mask = new BigInt64Array(0)
-    const generation: Generation = { version, session, weightFeeds, seqs: [], cache, retained: [], mask }
-    return generation
+// ----- Sessions and their inputs -----
+
+/** The cache's buffers as the graph's past inputs (a prefix of each buffer, not a copy). */
+const pastFeeds = (setup: Setup, cache: KvCache.KvCache): Record<string, ort.Tensor> => {
+  const views = KvCache.views(cache)
+  return Object.fromEntries(
+    setup.pastNames.map((n, i) => [n, new ort.Tensor("float32", views[i]!.data, views[i]!.dims)])
+  )
+}
+
+/** The new tokens' keys/values of a run, in the order of the cache's buffers. */
+const newOf = (setup: Setup, out: ort.InferenceSession.ReturnType) =>
+  setup.newNames.map((n) => out[n]!.data as Float32Array)
+
+/** A policy version's session, with an empty batch and cache. */
+const newGeneration = Effect.fnUntraced(function*(setup: Setup, version: number, weights: Qwen2.Weights) {
+  const c = setup.config
+  const invalid = validateWeights(c, weights)
+  if (invalid !== undefined) return yield* invalid
+  const bytes = setup.inputsModel ?? Graph.toModelBytes(Qwen2.inferenceGraph(c, weights))
+  const session = yield* Effect.tryPromise({
+    try: () => ort.InferenceSession.create(bytes, setup.sessionOptions),
+    catch: (e) => new PolicyEngineError({ reason: "SessionFailed", message: String(e) })
   })
+  const weightFeeds: Record<string, ort.Tensor> = {}
+  if (setup.weightsAs === "inputs") {
+    for (const spec of Qwen2.parameters(c)) {
+      weightFeeds[spec.name] = new ort.Tensor("float32", weights.get(spec.name)!, spec.shape)
+    }
+  }
+  const cache = KvCache.make(setup.pastNames.length, setup.kvHeads, setup.headDim, setup.maxBatch)
+  const mask = new BigInt64Array(0)
+  const generation: Generation = { version, session, weightFeeds, seqs: [], cache, retained: [], mask }
+  return generation
+})
 
-  let current = yield* newGeneration(options.version ?? 0, options.weights)
-  const generations: Array<Generation> = [current]
-  const mailbox = yield* Queue.bounded<Seq>(options.mailboxCapacity ?? 1024)
-  const waiting: Array<Seq> = []
-  const stats = { decodeSteps: 0, prefills: 0, prefillTokens: 0, reusedTokens: 0, generatedTokens: 0, largestBatch: 0 }
-  const updates = yield* Semaphore.make(1)
-
-  // Completing a Deferred is synchronous; doing it inline keeps the per-step path free of extra Effect work.
-  const finish = (seq: Seq, version: number, finishReason: FinishReason) =>
-    Deferred.doneUnsafe(
-      seq.deferred,
-      Effect.succeed({ tokenIds: seq.tokenIds, logprobs: seq.logprobs, finishReason, policyVersion: version })
+const run = (g: Generation, feeds: Record<string, ort.Tensor>) =>
+  Effect.callback<ort.InferenceSession.ReturnType, SamplerError>((resume) => {
+    g.session.run({ ...g.weightFeeds, ...feeds }).then(
+      (out) => resume(Effect.succeed(out)),
+      (e) => resume(Effect.fail(samplerError("ServerError", `onnxruntime: ${String(e)}`)))
     )
-
-  /** Samples the next token of each sequence from `logits [B, 1, V]`; returns the indices that go on. */
-  const advance = (g: Generation, seqs: ReadonlyArray<Seq>, logits: Float32Array): Array<number> => {
-    const kept: Array<number> = []
-    for (let i = 0; i < seqs.length; i++) {
-      const seq = seqs[i]!
-      if (seq.cancelled) continue
-      const s = Sampling.sample(logits.subarray(i * V, (i + 1) * V), seq.params, seq.rng)
-      seq.tokenIds.push(s.tokenId)
-      seq.logprobs.push(s.logprob)
-      seq.onToken?.(s.tokenId, s.logprob)
-      stats.generatedTokens++
-      if (seq.stop.has(s.tokenId)) finish(seq, g.version, "stop")
-      else if (seq.tokenIds.length >= seq.maxTokens || seq.filled >= c.maxPositionEmbeddings) {
-        finish(seq, g.version, "length")
-      } else kept.push(i)
-    }
-    return kept
-  }
-
-  const run = (g: Generation, feeds: Record<string, ort.Tensor>) =>
-    Effect.callback<ort.InferenceSession.ReturnType, SamplerError>((resume) => {
-      g.session.run({ ...g.weightFeeds, ...feeds }).then(
-        (out) => resume(Effect.succeed(out)),
-        (e) => resume(Effect.fail(samplerError("ServerError", `onnxruntime: ${String(e)}`)))
-      )
-    })
-
-  /**
-   * Keeps a finished sequence's keys/values: its next turn (a prompt extending its tokens) then prefills only the
-   * new tokens. The cache holds every token but the last sampled one, which was never fed back.
-   */
-  const retain = (g: Generation, row: number) => {
-    const s = g.seqs[row]!
-    const tokens = [...s.prompt, ...s.tokenIds.slice(0, s.filled - s.prompt.length)]
-    g.retained.push({ tokens, prefix: KvCache.take(g.cache, row, s.filled) })
-    if (g.retained.length > 2 * maxBatch) g.retained.shift()
-  }
-
-  /** Takes the longest retained sequence that `prompt` extends by one token or more. */
-  const continued = (g: Generation, prompt: ReadonlyArray<number>): KvCache.Prefix | undefined => {
-    let best = -1
-    g.retained.forEach((e, k) => {
-      if (e.tokens.length >= prompt.length || (best >= 0 && e.tokens.length <= g.retained[best]!.tokens.length)) return
-      for (let i = 0; i < e.tokens.length; i++) if (e.tokens[i] !== prompt[i]) return
-      best = k
-    })
-    return best < 0 ? undefined : g.retained.splice(best, 1)[0]!.prefix
-  }
-
-  /** Removes the given rows (cancelled or finished sequences) from the batch, last first. */
-  const removeRows = (g: Generation, rows: ReadonlyArray<number>) => {
-    for (const r of [...rows].sort((a, b) => b - a)) {
-      KvCache.remove(g.cache, r)
-      g.seqs[r] = g.seqs[g.seqs.length - 1]!
-      g.seqs.pop()
-    }
-  }
-
-  /**
-   * Prefills joining requests in one batch. Each distinct prompt is computed once (the chains of a group share
-   * theirs), and only its tokens after the prefix it continues, if any; its keys/values and logits then serve
-   * every request that has it (each still samples with its own RNG).
-   */
-  const prefill = Effect.fnUntraced(function*(g: Generation, joining: ReadonlyArray<Seq>) {
-    const distinct: Array<Seq> = [], rowOf: Array<number> = [], byPrompt = new Map<string, number>()
-    for (const s of joining) {
-      const key = s.prompt.join(",")
-      let row = byPrompt.get(key)
-      if (row === undefined) byPrompt.set(key, row = distinct.push(s) - 1)
-      rowOf.push(row)
-    }
-    const prefixes = distinct.map((s) => s.prefix ?? KvCache.emptyPrefix(pastNames.length))
-    const N = distinct.length, W = Math.max(...prefixes.map((p) => p.length))
-    const S = Math.max(...distinct.map((s, i) => s.prompt.length - prefixes[i]!.length))
-    const ids = new Array<number>(N * S).fill(0)
-    const mask = new Array<number>(N * (W + S)).fill(0)
-    const pos = new Array<number>(N * S).fill(0)
-    distinct.forEach((s, i) => {
-      const n = prefixes[i]!.length, pad = S - (s.prompt.length - n)
-      mask.fill(1, i * (W + S), i * (W + S) + n) // the prefix, free slots, padding, then the new tokens
-      for (let j = n; j < s.prompt.length; j++) {
-        const t = pad + j - n
-        ids[i * S + t] = s.prompt[j]!
-        mask[i * (W + S) + W + t] = 1
-        pos[i * S + t] = j
-      }
-    })
-    for (const s of joining) {
-      s.filled = s.prompt.length
-      s.prefix = undefined
-    }
-    const past = KvCache.stack(prefixes, W, KV, hd)
-    const out = yield* run(g, {
-      ...Object.fromEntries(pastNames.map((n, k) => [n, new ort.Tensor("float32", past[k]!, [N, KV, W, hd])])),
-      input_ids: int64(ids, [N, S]),
-      attention_mask: int64(mask, [N, W + S]),
-      position_ids: int64(pos, [N, S])
-    })
-    stats.prefills++
-    stats.prefillTokens += N * S
-    stats.reusedTokens += prefixes.reduce((n, p) => n + p.length, 0)
-    const logits = out["logits"]!.data as Float32Array
-    const perSeq = new Float32Array(joining.length * V)
-    rowOf.forEach((row, i) => perSeq.set(logits.subarray(row * V, (row + 1) * V), i * V))
-    const rows = advance(g, joining, perSeq)
-    const filled = g.seqs.map((s) => s.filled)
-    KvCache.fit(g.cache, Math.max(...joining.map((s) => s.filled), ...filled) + 1, filled)
-    const added = rows.map((i) => ({ index: rowOf[i]!, filled: joining[i]!.filled, prefix: prefixes[rowOf[i]!] }))
-    KvCache.append(g.cache, newOf(out), S, added)
-    g.seqs.push(...rows.map((i) => joining[i]!))
   })
 
-  const decodeFeeds = (g: Generation): Record<string, ort.Tensor> => {
-    // Every row needs a free slot for this step's token.
-    KvCache.fit(g.cache, g.seqs.reduce((m, s) => Math.max(m, s.filled), 0) + 1, g.seqs.map((s) => s.filled))
-    const B = g.seqs.length, T = g.cache.capacity
-    const ids = new BigInt64Array(B), pos = new BigInt64Array(B)
-    if (g.mask.length < B * (T + 1)) g.mask = new BigInt64Array(maxBatch * (T + 1))
-    const mask = g.mask.subarray(0, B * (T + 1)).fill(0n)
-    g.seqs.forEach((s, i) => {
-      ids[i] = BigInt(s.tokenIds[s.tokenIds.length - 1]!)
-      pos[i] = BigInt(s.filled)
-      mask.fill(1n, i * (T + 1), i * (T + 1) + s.filled) // the cached tokens, free slots, then the new token
-      mask[i * (T + 1) + T] = 1n
-    })
-    return {
-      ...pastFeeds(g.cache),
-      input_ids: new ort.Tensor("int64", ids, [B, 1]),
-      attention_mask: new ort.Tensor("int64", mask, [B, T + 1]),
-      position_ids: new ort.Tensor("int64", pos, [B, 1])
-    }
+// The cache's memory goes back to this thread's pool, for the next engine (`session.run` is synchronous, so no
+// run still reads it).
+const release = (g: Generation) =>
+  Effect.promise(() => g.session.release()).pipe(
+    Effect.ignore,
+    Effect.andThen(Effect.sync(() => KvCache.release(g.cache)))
+  )
+
+// ----- Sampling -----
+
+// Completing a Deferred is synchronous; doing it inline keeps the per-step path free of extra Effect work.
+const finish = (seq: Seq, version: number, finishReason: FinishReason) =>
+  Deferred.doneUnsafe(
+    seq.deferred,
+    Effect.succeed({ tokenIds: seq.tokenIds, logprobs: seq.logprobs, finishReason, policyVersion: version })
+  )
+
+/** Samples the next token of each sequence from `logits [B, 1, V]`; returns the indices that go on. */
+const advance = (engine: Engine, g: Generation, seqs: ReadonlyArray<Seq>, logits: Float32Array): Array<number> => {
+  const V = engine.vocabSize
+  const kept: Array<number> = []
+  for (let i = 0; i < seqs.length; i++) {
+    const seq = seqs[i]!
+    if (seq.cancelled) continue
+    const s = Sampling.sample(logits.subarray(i * V, (i + 1) * V), seq.params, seq.rng)
+    seq.tokenIds.push(s.tokenId)
+    seq.logprobs.push(s.logprob)
+    seq.onToken?.(s.tokenId, s.logprob)
+    engine.stats.generatedTokens++
+    if (seq.stop.has(s.tokenId)) finish(seq, g.version, "stop")
+    else if (seq.tokenIds.length >= seq.maxTokens || seq.filled >= engine.config.maxPositionEmbeddings) {
+      finish(seq, g.version, "length")
+    } else kept.push(i)
   }
+  return kept
+}
 
-  const afterDecode = (g: Generation, out: ort.InferenceSession.ReturnType): void => {
-    const B = g.seqs.length
-    stats.decodeSteps++
-    stats.largestBatch = Math.max(stats.largestBatch, B)
-    KvCache.write(g.cache, newOf(out), g.seqs.map((s) => s.filled))
-    for (const s of g.seqs) s.filled++
-    const kept = advance(g, g.seqs, out["logits"]!.data as Float32Array)
-    if (kept.length < B) {
-      const staying = new Set(kept)
-      const leaving = g.seqs.flatMap((_, i) => (staying.has(i) ? [] : [i]))
-      for (const i of leaving) if (!g.seqs[i]!.cancelled) retain(g, i)
-      removeRows(g, leaving)
-    }
+// ----- The batch: retained prefixes, rows -----
+
+/**
+ * Keeps a finished sequence's keys/values: its next turn (a prompt extending its tokens) then prefills only the
+ * new tokens. The cache holds every token but the last sampled one, which was never fed back.
+ */
+const retain = (engine: Engine, g: Generation, row: number) => {
+  const s = g.seqs[row]!
+  const tokens = [...s.prompt, ...s.tokenIds.slice(0, s.filled - s.prompt.length)]
+  g.retained.push({ tokens, prefix: KvCache.take(g.cache, row, s.filled) })
+  if (g.retained.length > 2 * engine.maxBatch) g.retained.shift()
+}
+
+/** Takes the longest retained sequence that `prompt` extends by one token or more. */
+const continued = (g: Generation, prompt: ReadonlyArray<number>): KvCache.Prefix | undefined => {
+  let best = -1
+  g.retained.forEach((e, k) => {
+    if (e.tokens.length >= prompt.length || (best >= 0 && e.tokens.length <= g.retained[best]!.tokens.length)) return
+    for (let i = 0; i < e.tokens.length; i++) if (e.tokens[i] !== prompt[i]) return
+    best = k
+  })
+  return best < 0 ? undefined : g.retained.splice(best, 1)[0]!.prefix
+}
+
+/** Removes the given rows (cancelled or finished sequences) from the batch, last first. */
+const removeRows = (g: Generation, rows: ReadonlyArray<number>) => {
+  for (const r of [...rows].sort((a, b) => b - a)) {
+    KvCache.remove(g.cache, r)
+    g.seqs[r] = g.seqs[g.seqs.length - 1]!
+    g.seqs.pop()
   }
+}
 
-  /** One decode step through the fiber (used while several versions share the loop). */
-  const decode = (g: Generation) =>
-    Effect.flatMap(run(g, decodeFeeds(g)), (out) => Effect.sync(() => afterDecode(g, out)))
+/** Fails every sequence of a generation whose step failed, and resets its batch. */
+const failAll = (g: Generation, seqs: ReadonlyArray<Seq>, error: SamplerError) =>
+  Effect.forEach(seqs, (s) => Deferred.fail(s.deferred, error), { discard: true }).pipe(
+    Effect.andThen(Effect.sync(() => {
+      g.seqs = []
+      g.cache.rows = 0
+    }))
+  )
 
-  /**
-   * Decodes steps back to back while nothing else needs the loop: no request waiting for a free slot and a single
-   * policy version running. Each step then costs one onnxruntime promise, as in a raw loop, instead of a fiber
-   * resumption (≈ 60 µs per step, a quarter of a batch-1 step of the tiny model). New requests, cancellations and
-   * weight updates end the burst at the next step boundary.
-   */
-  const decodeBurst = (g: Generation) =>
-    Effect.callback<void, SamplerError>((resume) => {
-      let stopped = false
-      const next = (first: boolean): void => {
-        if (stopped) return
-        const joinable = Queue.sizeUnsafe(mailbox) > 0 || (waiting.length > 0 && g.seqs.length < maxBatch)
-        if (!first && (g.seqs.length === 0 || joinable || g !== current || g.seqs.some((s) => s.cancelled))) {
-          return resume(Effect.void)
+// ----- Prefill -----
+
+/**
+ * Prefills joining requests in one batch. Each distinct prompt is computed once (the chains of a group share
+ * theirs), and only its tokens after the prefix it continues, if any; its keys/values and logits then serve
+ * every request that has it (each still samples with its own RNG).
+ */
+const prefill = Effect.fnUntraced(function*(engine: Engine, g: Generation, joining: ReadonlyArray<Seq>) {
+  const { kvHeads: KV, headDim: hd, vocabSize: V, pastNames, stats } = engine
+  const distinct: Array<Seq> = [], rowOf: Array<number> = [], byPrompt = new Map<string, number>()
+  for (const s of joining) {
+    const key = s.prompt.join(",")
+    let row = byPrompt.get(key)
+    if (row === undefined) byPrompt.set(key, row = distinct.push(s) - 1)
+    rowOf.push(row)
+  }
+  const prefixes = distinct.map((s) => s.prefix ?? KvCache.emptyPrefix(pastNames.length))
+  const N = distinct.length, W = Math.max(...prefixes.map((p) => p.length))
+  const S = Math.max(...distinct.map((s, i) => s.prompt.length - prefixes[i]!.length))
+  const ids = new Array<number>(N * S).fill(0)
+  const mask = new Array<number>(N * (W + S)).fill(0)
+  const pos = new Array<number>(N * S).fill(0)
+  distinct.forEach((s, i) => {
+    const n = prefixes[i]!.length, pad = S - (s.prompt.length - n)
+    mask.fill(1, i * (W + S), i * (W + S) + n) // the prefix, free slots, padding, then the new tokens
+    for (let j = n; j < s.prompt.length; j++) {
+      const t = pad + j - n
+      ids[i * S + t] = s.prompt[j]!
+      mask[i * (W + S) + W + t] = 1
+      pos[i * S + t] = j
+    }
+  })
+  for (const s of joining) {
+    s.filled = s.prompt.length
+    s.prefix = undefined
+  }
+  const past = KvCache.stack(prefixes, W, KV, hd)
+  const out = yield* run(g, {
+    ...Object.fromEntries(pastNames.map((n, k) => [n, new ort.Tensor("float32", past[k]!, [N, KV, W, hd])])),
+    input_ids: int64(ids, [N, S]),
+    attention_mask: int64(mask, [N, W + S]),
+    position_ids: int64(pos, [N, S])
+  })
+  stats.prefills++
+  stats.prefillTokens += N * S
+  stats.reusedTokens += prefixes.reduce((n, p) => n + p.length, 0)
+  const logits = out["logits"]!.data as Float32Array
+  const perSeq = new Float32Array(joining.length * V)
+  rowOf.forEach((row, i) => perSeq.set(logits.subarray(row * V, (row + 1) * V), i * V))
+  const rows = advance(engine, g, joining, perSeq)
+  const filled = g.seqs.map((s) => s.filled)
+  KvCache.fit(g.cache, Math.max(...joining.map((s) => s.filled), ...filled) + 1, filled)
+  const added = rows.map((i) => ({ index: rowOf[i]!, filled: joining[i]!.filled, prefix: prefixes[rowOf[i]!] }))
+  KvCache.append(g.cache, newOf(engine, out), S, added)
+  g.seqs.push(...rows.map((i) => joining[i]!))
+})
+
+// ----- Decode -----
+
+const decodeFeeds = (engine: Engine, g: Generation): Record<string, ort.Tensor> => {
+  // Every row needs a free slot for this step's token.
+  KvCache.fit(g.cache, g.seqs.reduce((m, s) => Math.max(m, s.filled), 0) + 1, g.seqs.map((s) => s.filled))
+  const B = g.seqs.length, T = g.cache.capacity
+  const ids = new BigInt64Array(B), pos = new BigInt64Array(B)
+  if (g.mask.length < B * (T + 1)) g.mask = new BigInt64Array(engine.maxBatch * (T + 1))
+  const mask = g.mask.subarray(0, B * (T + 1)).fill(0n)
+  g.seqs.forEach((s, i) => {
+    ids[i] = BigInt(s.tokenIds[s.tokenIds.length - 1]!)
+    pos[i] = BigInt(s.filled)
+    mask.fill(1n, i * (T + 1), i * (T + 1) + s.filled) // the cached tokens, free slots, then the new token
+    mask[i * (T + 1) + T] = 1n
+  })
+  return {
+    ...pastFeeds(engine, g.cache),
+    input_ids: new ort.Tensor("int64", ids, [B, 1]),
+    attention_mask: new ort.Tensor("int64", mask, [B, T + 1]),
+    position_ids: new ort.Tensor("int64", pos, [B, 1])
+  }
+}
+
+const afterDecode = (engine: Engine, g: Generation, out: ort.InferenceSession.ReturnType): void => {
+  const { stats } = engine
+  const B = g.seqs.length
+  stats.decodeSteps++
+  stats.largestBatch = Math.max(stats.largestBatch, B)
+  KvCache.write(g.cache, newOf(engine, out), g.seqs.map((s) => s.filled))
+  for (const s of g.seqs) s.filled++
+  const kept = advance(engine, g, g.seqs, out["logits"]!.data as Float32Array)
+  if (kept.length < B) {
+    const staying = new Set(kept)
+    const leaving = g.seqs.flatMap((_, i) => (staying.has(i) ? [] : [i]))
+    for (const i of leaving) if (!g.seqs[i]!.cancelled) retain(engine, g, i)
+    removeRows(g, leaving)
+  }
+}
+
+/** One decode step through the fiber (used while several versions share the loop). */
+const decode = (engine: Engine, g: Generation) =>
+  Effect.flatMap(run(g, decodeFeeds(engine, g)), (out) => Effect.sync(() => afterDecode(engine, g, out)))
+
+/**
+ * Decodes steps back to back while nothing else needs the loop: no request waiting for a free slot and a single
+ * policy version running. Each step then costs one onnxruntime promise, as in a raw loop, instead of a fiber
+ * resumption (≈ 60 µs per step, a quarter of a batch-1 step of the tiny model). New requests, cancellations and
+ * weight updates end the burst at the next step boundary.
+ */
+const decodeBurst = (engine: Engine, g: Generation) =>
+  Effect.callback<void, SamplerError>((resume) => {
+    let stopped = false
+    const next = (first: boolean): void => {
+      if (stopped) return
+      const joinable = Queue.sizeUnsafe(engine.mailbox) > 0 ||
+        (engine.waiting.length > 0 && g.seqs.length < engine.maxBatch)
+      if (!first && (g.seqs.length === 0 || joinable || g !== engine.current || g.seqs.some((s) => s.cancelled))) {
+        return resume(Effect.void)
+      }
+      g.session.run({ ...g.weightFeeds, ...decodeFeeds(engine, g) }).then(
+        (out) => {
+          if (stopped) return
+          const done = Result.try(() => afterDecode(engine, g, out))
+          if (Result.isFailure(done)) return resume(Effect.die(done.failure))
+          next(false)
+        },
+        (e) => {
+          if (stopped) return
+          resume(Effect.fail(samplerError("ServerError", `onnxruntime: ${String(e)}`)))
         }
-        g.session.run({ ...g.weightFeeds, ...decodeFeeds(g) }).then(
-          (out) => {
-            if (stopped) return
-            const done = Result.try(() => afterDecode(g, out))
-            if (Result.isFailure(done)) return resume(Effect.die(done.failure))
-            next(false)
-          },
-          (e) => {
-            if (stopped) return
-            resume(Effect.fail(samplerError("ServerError", `onnxruntime: ${String(e)}`)))
-          }
-        )
-      }
-      next(true)
-      return Effect.sync(() => {
-        stopped = true
-      })
+      )
+    }
+    next(true)
+    return Effect.sync(() => {
+      stopped = true
     })
+  })
 
-  /** Fails every sequence of a generation whose step failed, and resets its batch. */
-  const failAll = (g: Generation, seqs: ReadonlyArray<Seq>, error: SamplerError) =>
-    Effect.forEach(seqs, (s) => Deferred.fail(s.deferred, error), { discard: true }).pipe(
-      Effect.andThen(Effect.sync(() => {
-        g.seqs = []
-        g.cache.rows = 0
-      }))
-    )
+// ----- The decode loop -----
 
-  // The cache's memory goes back to this thread's pool, for the next engine (`session.run` is synchronous, so no
-  // run still reads it).
-  const release = (g: Generation) =>
-    Effect.promise(() => g.session.release()).pipe(
-      Effect.ignore,
-      Effect.andThen(Effect.sync(() => KvCache.release(g.cache)))
-    )
-
-  /**
-   * A failed step fails only the requests it touched; a defect (a bug) does the same after logging it, so the loop
-   * keeps serving everyone else instead of leaving callers waiting forever.
-   */
-  const guarded = (effect: Effect.Effect<void, SamplerError>, onError: (e: SamplerError) => Effect.Effect<void>) =>
-    effect.pipe(
-      Effect.catch(onError),
-      Effect.catchDefect((defect) =>
-        Effect.logError("PolicyEngine: defect in the decode loop", defect).pipe(
-          Effect.andThen(onError(
-            samplerError("ServerError", `policy engine defect: ${String(defect)}`)
-          ))
-        )
+/**
+ * A failed step fails only the requests it touched; a defect (a bug) does the same after logging it, so the loop
+ * keeps serving everyone else instead of leaving callers waiting forever.
+ */
+const guarded = (effect: Effect.Effect<void, SamplerError>, onError: (e: SamplerError) => Effect.Effect<void>) =>
+  effect.pipe(
+    Effect.catch(onError),
+    Effect.catchDefect((defect) =>
+      Effect.logError("PolicyEngine: defect in the decode loop", defect).pipe(
+        Effect.andThen(onError(
+          samplerError("ServerError", `policy engine defect: ${String(defect)}`)
+        ))
       )
     )
+  )
 
-  const step = Effect.gen(function*() {
+/**
+ * One turn of the decode loop: takes the requests that arrived, lets waiting ones join the current generation as
+ * far as the batch has room (prefilled), then decodes every generation that has running sequences and releases
+ * the old ones that have none left.
+ */
+const step = (engine: Engine) =>
+  Effect.gen(function*() {
+    const { generations, mailbox, waiting } = engine
     const busy = waiting.length > 0 || generations.some((g) => g.seqs.length > 0)
     const incoming = busy ? yield* Queue.clear(mailbox) : yield* Queue.takeAll(mailbox)
     for (const s of incoming) if (!s.cancelled) waiting.push(s)
-    const g = current
-    const room = maxBatch - generations.reduce((n, x) => n + x.seqs.length, 0)
+    const g = engine.current
+    const room = engine.maxBatch - generations.reduce((n, x) => n + x.seqs.length, 0)
     if (waiting.length > 0 && room > 0) {
       const joining = waiting.splice(0, room)
       for (const s of joining) s.prefix = continued(g, s.prompt)
@@ -548,7 +626,7 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
       for (const part of [fresh, joining.filter((s) => s.prefix !== undefined)]) {
         if (part.length === 0) continue
         yield* guarded(
-          prefill(g, part),
+          prefill(engine, g, part),
           (e) => Effect.forEach(part, (s) => Deferred.fail(s.deferred, e), { discard: true })
         )
       }
@@ -556,32 +634,32 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
     for (const x of [...generations]) {
       if (x.seqs.some((s) => s.cancelled)) removeRows(x, x.seqs.flatMap((s, i) => (s.cancelled ? [i] : [])))
       if (x.seqs.length > 0) {
-        yield* guarded(generations.length === 1 ? decodeBurst(x) : decode(x), (e) => failAll(x, x.seqs, e))
+        yield* guarded(
+          generations.length === 1 ? decodeBurst(engine, x) : decode(engine, x),
+          (e) => failAll(x, x.seqs, e)
+        )
       }
-      if (x !== current && x.seqs.length === 0) {
+      if (x !== engine.current && x.seqs.length === 0) {
         generations.splice(generations.indexOf(x), 1)
         yield* release(x)
       }
     }
   })
 
-  // Every request from submission to its result: on close each fails, wherever it is (queued, waiting, decoding, or
-  // held by the step fiber between the two), and a request submitted after close fails at once.
-  const pending = new Set<Seq>()
-  let closed = false
-  const closedError = () => samplerError("Closed", "the policy engine was shut down")
-  yield* Effect.forever(step).pipe(Effect.forkScoped)
-  yield* Effect.addFinalizer(() =>
-    Effect.gen(function*() {
-      closed = true
-      yield* Queue.clear(mailbox)
-      yield* Effect.forEach([...pending], (s) => Deferred.fail(s.deferred, closedError()), { discard: true })
-      yield* Effect.forEach(generations, release, { discard: true })
-    })
-  )
+/** Fails every unfinished request, and any submitted later, and releases the sessions. */
+const close = (engine: Engine) =>
+  Effect.gen(function*() {
+    engine.closed = true
+    yield* Queue.clear(engine.mailbox)
+    yield* Effect.forEach([...engine.pending], (s) => Deferred.fail(s.deferred, closedError()), { discard: true })
+    yield* Effect.forEach(engine.generations, release, { discard: true })
+  })
 
-  const generate = Effect.fn("PolicyEngine.generate")(function*(request: GenerateRequest, options?: GenerateOptions) {
-    const invalid = validateRequest(c, request)
+// ----- The service's operations -----
+
+const generate = Effect.fn("PolicyEngine.generate")(
+  function*(engine: Engine, request: GenerateRequest, options?: GenerateOptions) {
+    const invalid = validateRequest(engine.config, request)
     if (invalid !== undefined) return yield* invalid
     const s = request.sampling
     const seed = s.seed ?? (yield* Random.nextInt)
@@ -599,39 +677,68 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
       cancelled: false,
       prefix: undefined
     }
-    if (closed) return yield* closedError()
-    pending.add(seq)
-    yield* Queue.offer(mailbox, seq)
+    if (engine.closed) return yield* closedError()
+    engine.pending.add(seq)
+    yield* Queue.offer(engine.mailbox, seq)
     return yield* Deferred.await(seq.deferred).pipe(
       Effect.onInterrupt(() => Effect.sync(() => {
         seq.cancelled = true
       })),
-      Effect.ensuring(Effect.sync(() => pending.delete(seq)))
+      Effect.ensuring(Effect.sync(() => engine.pending.delete(seq)))
     )
-  })
+  }
+)
 
-  const updateWeights = (version: number, weights: Qwen2.Weights) =>
-    Semaphore.withPermits(updates, 1)(Effect.gen(function*() {
-      if (version <= current.version) {
-        return yield* new PolicyEngineError({
-          reason: "StaleVersion",
-          message: `version ${version} is not newer than the current version ${current.version}`
-        })
-      }
-      const g = yield* newGeneration(version, weights)
-      generations.push(g)
-      current = g
-    })).pipe(Effect.withSpan("PolicyEngine.updateWeights"))
+const updateWeights = (engine: Engine, version: number, weights: Qwen2.Weights) =>
+  Semaphore.withPermits(engine.updates, 1)(Effect.gen(function*() {
+    if (version <= engine.current.version) {
+      return yield* new PolicyEngineError({
+        reason: "StaleVersion",
+        message: `version ${version} is not newer than the current version ${engine.current.version}`
+      })
+    }
+    const g = yield* newGeneration(engine, version, weights)
+    engine.generations.push(g)
+    engine.current = g
+  })).pipe(Effect.withSpan("PolicyEngine.updateWeights"))
 
+const snapshot = (engine: Engine): Stats => ({
+  ...engine.stats,
+  sessions: engine.generations.length,
+  running: Object.fromEntries(engine.generations.map((g) => [g.version, g.seqs.length]))
+})
+
+// ===== Constructor =====
+
+/**
+ * Builds the engine in the current scope: creates the first session and forks the decode loop. Closing the
+ * scope fails every unfinished request, and any submitted later, with a `SamplerError` of reason `Closed` and
+ * releases the sessions.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
+  const setup = makeSetup(options)
+  const first = yield* newGeneration(setup, options.version ?? 0, options.weights)
+  const engine: Engine = {
+    ...setup,
+    current: first,
+    generations: [first],
+    mailbox: yield* Queue.bounded<Seq>(options.mailboxCapacity ?? 1024),
+    waiting: [],
+    stats: { decodeSteps: 0, prefills: 0, prefillTokens: 0, reusedTokens: 0, generatedTokens: 0, largestBatch: 0 },
+    updates: yield* Semaphore.make(1),
+    pending: new Set(),
+    closed: false
+  }
+  yield* Effect.forever(step(engine)).pipe(Effect.forkScoped)
+  yield* Effect.addFinalizer(() => close(engine))
   return PolicyEngine.of({
-    config: c,
-    generate,
-    updateWeights,
-    policyVersion: Effect.sync(() => current.version),
-    stats: Effect.sync(() => ({
-      ...stats,
-      sessions: generations.length,
-      running: Object.fromEntries(generations.map((g) => [g.version, g.seqs.length]))
-    }))
+    config: engine.config,
+    generate: (request, options) => generate(engine, request, options),
+    updateWeights: (version, weights) => updateWeights(engine, version, weights),
+    policyVersion: Effect.sync(() => engine.current.version),
+    stats: Effect.sync(() => snapshot(engine))
   })
 }) satisfies (options: Options) => Effect.Effect<unknown, PolicyEngineError, Scope.Scope>
