@@ -215,32 +215,33 @@ const loggingEpisode = (
   return {
     ...episode,
     ...(start === undefined ? {} : {
-      start: (chain: Environment.EpisodeStart<any>) => {
-        const where = `row ${chain.rowIndex} (group ${chain.groupId}, chain ${chain.chainId})`
-        return logged(Effect.suspend(() => start(chain)), (cause) =>
-          logStart(
+      start: (chain: Environment.EpisodeStart<any>) =>
+        logged(Effect.suspend(() => start(chain)), (cause) => {
+          const where = `row ${chain.rowIndex} (group ${chain.groupId}, chain ${chain.chainId})`
+          return logStart(
             where,
             cause,
             `the episode start of task "${task.name}" failed for ${where}: ${causeText(cause)}\n` +
               `row: ${rowText(chain.row)}\n(the environment's reset with the row ${chainEnds(cause)}, ` +
               `masked by default, and counts in rollout/failures/<reason> and metrics.jsonl's firstFailure. Later ` +
               `failures of this start are counted, at most one line per ${Duration.format(repeatLogInterval)})`
-          ))
-      }
+          )
+        })
     }),
     ...(step === undefined ? {} : {
-      step: (turn: Environment.EpisodeTurn) => {
-        const where = `turn ${turn.turn}`
-        return logged(Effect.suspend(() => step(turn)), (cause) =>
-          logStep(
+      // Every turn of every chain passes here: the text is made only when the step failed.
+      step: (turn: Environment.EpisodeTurn) =>
+        logged(Effect.suspend(() => step(turn)), (cause) => {
+          const where = `turn ${turn.turn}`
+          return logStep(
             where,
             cause,
             `the episode step of task "${task.name}" failed after ${where}: ${causeText(cause)}\n` +
               `(the environment's answer to the turn ${chainEnds(cause)}, masked by default, and counts in ` +
               `rollout/failures/<reason> and metrics.jsonl's firstFailure. Later failures of this step are ` +
               `counted, at most one line per ${Duration.format(repeatLogInterval)})`
-          ))
-      }
+          )
+        })
     })
   }
 }

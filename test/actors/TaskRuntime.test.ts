@@ -235,6 +235,23 @@ describe("TaskRuntime", () => {
     }).pipe(Effect.provideService(Logger.CurrentLoggers, new Set([collector])))
   })
 
+  /** One "open" row through the task's runtime, the policy answering "hi": the trajectories. */
+  const rollOpen = (task: Task.Task<never>, shape: { readonly numChains: number; readonly maxTurns: number }) =>
+    Effect.gen(function*() {
+      const runtime = yield* TaskRuntime.make(task)
+      const events = yield* Rollout.run({
+        rows: [{ messages: [{ role: "user" as const, content: "open" }] }],
+        ...shape,
+        sampling: { temperature: 1, maxTokens: 8 },
+        format: charFormat,
+        tools: runtime.tools,
+        environment: runtime.environment,
+        episode: runtime.episode,
+        restart: Schedule.recurs(0) // the chain's restarts would wait on the test clock
+      }).pipe(Stream.runCollect, Effect.provide(Sampler.layerScripted(() => turn("hi"))))
+      return events.flatMap((e) => (e._tag === "Trajectory" ? [e.trajectory] : []))
+    })
+
   it.effect("an episode start that throws is logged as the ChainDefect its chain records, not as EnvFailed", () => {
     const logs: Array<string> = []
     const collector = Logger.make((o) => void logs.push((o.message as ReadonlyArray<unknown>).map(String).join(" ")))
@@ -247,19 +264,7 @@ describe("TaskRuntime", () => {
             })
         }
       })
-      const runtime = yield* TaskRuntime.make(task)
-      const events = yield* Rollout.run({
-        rows: [{ messages: [{ role: "user" as const, content: "open" }] }],
-        numChains: 1,
-        maxTurns: 1,
-        sampling: { temperature: 1, maxTokens: 8 },
-        format: charFormat,
-        tools: runtime.tools,
-        environment: runtime.environment,
-        episode: runtime.episode,
-        restart: Schedule.recurs(0) // the chain's restarts would wait on the test clock
-      }).pipe(Stream.runCollect, Effect.provide(Sampler.layerScripted(() => turn("hi"))))
-      const failed = events.flatMap((e) => (e._tag === "Trajectory" ? [e.trajectory] : []))
+      const failed = yield* rollOpen(task, { numChains: 1, maxTurns: 1 })
       assert.strictEqual(failed[0]!.errorReason, "ChainDefect")
       assert.include(logs[0]!, `the episode start of task "rusty" failed for row 0`)
       assert.include(logs[0]!, "died (a defect, not an EnvError): its chain ends, ChainDefect")
@@ -275,22 +280,7 @@ describe("TaskRuntime", () => {
         cause: o.cause.reasons.length > 0
       })
     )
-    const roll = (task: Task.Task<never>) =>
-      Effect.gen(function*() {
-        const runtime = yield* TaskRuntime.make(task)
-        const events = yield* Rollout.run({
-          rows: [{ messages: [{ role: "user" as const, content: "open" }] }],
-          numChains: 2,
-          maxTurns: 2,
-          sampling: { temperature: 1, maxTokens: 8 },
-          format: charFormat,
-          tools: runtime.tools,
-          environment: runtime.environment,
-          episode: runtime.episode,
-          restart: Schedule.recurs(0) // the chain's restarts would wait on the test clock
-        }).pipe(Stream.runCollect, Effect.provide(Sampler.layerScripted(() => turn("hi"))))
-        return events.flatMap((e) => (e._tag === "Trajectory" ? [e.trajectory] : []))
-      })
+    const roll = (task: Task.Task<never>) => rollOpen(task, { numChains: 2, maxTurns: 2 })
     return Effect.gen(function*() {
       // A bug in the user's step: thrown inside its Effect, or before it returns one.
       const inside = () =>
