@@ -71,14 +71,6 @@ export interface EvalResult {
   readonly firstFailure?: string
 }
 
-/**
- * The sentence `agentfly eval` (and `agentfly oracle`) adds for failed trajectories (`oracle.ts`'s).
- *
- * @category getters
- * @since 0.1.0
- */
-export { failureSentence }
-
 const usage = (message: string) =>
   new TrainConfig.ConfigError({ source: "config", reason: "Invalid", issues: [message] })
 

@@ -12,6 +12,7 @@ import { cpSync, mkdirSync, mkdtempSync, readFileSync, truncateSync, writeFileSy
 import { tmpdir } from "node:os"
 import { join, resolve } from "node:path"
 import * as Eval from "../../cli/eval.ts"
+import { failureSentence } from "../../cli/oracle.ts"
 import * as Train from "../../cli/train.ts"
 import * as Generate from "../../examples/calculator/generate.ts"
 import * as ModelFolder from "../../src/ModelFolder.ts"
@@ -36,9 +37,9 @@ describe("agentfly eval", () => {
   it("a policy's own failures (a tool call cut by max tokens) add no failure sentence; the infrastructure's do", () => {
     const cut = ended("ParseFailed", "ParseFailed: the turn was cut by max tokens inside a tool call")
     // It read "0 of 8 trajectories failed (undefined), counted as wrong; first: ParseFailed: ...".
-    assert.isUndefined(Eval.failureSentence([cut, ended(), cut, ended()]))
+    assert.isUndefined(failureSentence([cut, ended(), cut, ended()]))
     const broken = ended("EnvFailed", "EnvFailed: reset threw")
-    assert.deepStrictEqual(Eval.failureSentence([cut, broken, ended(), broken]), {
+    assert.deepStrictEqual(failureSentence([cut, broken, ended(), broken]), {
       sentence: "; 2 of 4 trajectories failed (EnvFailed), counted as wrong; first: EnvFailed: reset threw",
       first: "EnvFailed: reset threw"
     })
