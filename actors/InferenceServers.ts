@@ -33,7 +33,7 @@ import type { SamplerError } from "../src/Sampler.ts"
 import type { GenerateRequest, GenerateResult } from "../src/Sampler.ts"
 import { fetchMessage } from "./internal/http.ts"
 import * as WeightsPut from "./internal/weightsPut.ts"
-import { TrainerError } from "./Trainer.ts"
+import { type RunError, runError } from "./RunError.ts"
 
 // ===== Models =====
 
@@ -80,7 +80,7 @@ export interface Carrier {
   readonly pushAll: (
     push: WeightsPut.Push,
     urls: ReadonlyArray<string>
-  ) => Effect.Effect<ReadonlyArray<WeightsPut.Outcome>, TrainerError>
+  ) => Effect.Effect<ReadonlyArray<WeightsPut.Outcome>, RunError>
   /** Puts version `push.version` on `url` again (a catch-up); `"newer"` when it holds newer weights by now. */
   readonly pushOne: (push: WeightsPut.Push, url: string) => Effect.Effect<WeightsPut.Outcome>
 }
@@ -110,7 +110,7 @@ export interface InferenceServers {
    * Sends version `version`'s weights to every server; fails only when no server took them, or one refused them.
    * Without `weights` the `carrier` pushes its own.
    */
-  readonly push: (version: number, weights?: ReadonlyMap<string, Float32Array>) => Effect.Effect<void, TrainerError>
+  readonly push: (version: number, weights?: ReadonlyMap<string, Float32Array>) => Effect.Effect<void, RunError>
   /** A sampler whose every request is served with weights of version `version` or newer. */
   readonly sampler: (version: number) => Sampler["Service"]
   /** The last version pushed (undefined before the first push: no server holds this run's weights yet). */
@@ -141,7 +141,7 @@ interface Server {
 
 // ===== Helpers =====
 
-const serversError = (message: string) => new TrainerError({ reason: "Servers", message })
+const serversError = (message: string) => runError("Servers", message)
 
 /** A 409 saying the server's weights are older than the request asked for. */
 const isBehind = (e: SamplerError) => e.reason._tag === "BadRequest" && e.message.includes("policy_version_behind")
@@ -178,7 +178,7 @@ const works = (server: Server) =>
  */
 export const make = Effect.fn("InferenceServers.make")(function*(
   options: Options
-): Effect.fn.Return<InferenceServers, TrainerError, Scope.Scope> {
+): Effect.fn.Return<InferenceServers, RunError, Scope.Scope> {
   if (options.urls.length === 0) return yield* serversError("engine.servers lists no server")
   const runId = randomUUID()
   const headers = options.token === undefined ? {} : { authorization: `Bearer ${options.token}` }

@@ -33,12 +33,13 @@ import * as EngineThread from "./EngineThread.ts"
 import * as InferenceServers from "./InferenceServers.ts"
 import * as Learner from "./Learner.ts"
 import * as PolicyEngine from "./PolicyEngine.ts"
-import { Policy, TrainerError } from "./Trainer.ts"
+import { PolicyVersions } from "./PolicyVersions.ts"
+import { RunError, runError } from "./RunError.ts"
 
-const learnerError = (e: { readonly message: string }) => new TrainerError({ reason: "Learner", message: e.message })
-const nonFinite = (message: string) => new TrainerError({ reason: "NonFinite", message })
+const learnerError = (e: { readonly message: string }) => runError("Learner", e.message, e)
+const nonFinite = (message: string) => runError("NonFinite", message)
 const checkpointError = (e: { readonly message: string }) =>
-  new TrainerError({ reason: DiskFull.isDiskFull(e) ? "DiskFull" : "Checkpoint", message: e.message })
+  runError(DiskFull.isDiskFull(e) ? "DiskFull" : "Checkpoint", e.message, e)
 
 /** The trainer's current weights; a remote trainer that cannot send them stops the run. */
 const weightsOf = (trainer: PolicyTrainer.PolicyTrainer["Service"]) => Effect.mapError(trainer.weights, learnerError)
@@ -98,18 +99,22 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
   config: TrainConfig.TrainConfig,
   options: { readonly maxBatchSize?: number; readonly intraOpThreads?: number } = {}
 ): Effect.fn.Return<
-  { readonly policy: Policy["Service"]; readonly sampler: Sampler["Service"] },
-  TrainerError,
+  {
+    readonly learner: Learner.Learner["Service"]
+    readonly versions: PolicyVersions["Service"]
+    readonly sampler: Sampler["Service"]
+  },
+  RunError,
   FileSystem.FileSystem | Scope.Scope
 > {
   const { algorithm } = config
   const budget = contextTokens(folder, config)
   if (budget > folder.config.maxPositionEmbeddings) {
-    return yield* new TrainerError({
-      reason: "Learner",
-      message: `agent.maxContextTokens is ${budget}, more than the model's ` +
+    return yield* runError(
+      "Learner",
+      `agent.maxContextTokens is ${budget}, more than the model's ` +
         `${folder.config.maxPositionEmbeddings} positions (max_position_embeddings)`
-    })
+    )
   }
   const fsContext = yield* Effect.context<FileSystem.FileSystem | Scope.Scope>()
   // Published weights, newest last: the versions the trainer may still sample (a batch of an async run is sampled
@@ -127,7 +132,7 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
   const trainerPushes = config.learner.url !== undefined && config.engine.servers !== undefined &&
     config.learner.pushWeights
   const fromTrainer = (e: { readonly message: string }) =>
-    new TrainerError({ reason: "Servers", message: `the trainer server could not push the weights: ${e.message}` })
+    runError("Servers", `the trainer server could not push the weights: ${e.message}`, e)
   const carrier: InferenceServers.Carrier = {
     pushAll: (push, urls) =>
       Effect.suspend(() => remoteTrainer!.push(push, urls)).pipe(
@@ -299,16 +304,16 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
       const fs = yield* FileSystem.FileSystem
       const file = referenceFile(dir)
       if (!(yield* fs.exists(file))) {
-        return yield* new TrainerError({
-          reason: "Checkpoint",
-          message: `${file} is missing: a KL term (algorithm.klCoef or klInReward > 0) needs the reference policy ` +
+        return yield* runError(
+          "Checkpoint",
+          `${file} is missing: a KL term (algorithm.klCoef or klInReward > 0) needs the reference policy ` +
             `the run started with`
-        })
+        )
       }
       const parsed = yield* Safetensors.parse(yield* fs.readFile(file), file)
       return yield* Safetensors.readFloat32(parsed, file, model.parameters)
     }).pipe(
-      Effect.mapError((e) => (e instanceof TrainerError ? e : checkpointError(e))),
+      Effect.mapError((e) => (e instanceof RunError ? e : checkpointError(e))),
       Effect.flatMap(setReference),
       Effect.provide(fsContext)
     )
@@ -370,7 +375,7 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
       }).pipe(
         Effect.map((b) => b.segments.map((segment) => Packing.fromSegment(segment))),
         Effect.mapError((e) =>
-          new TrainerError({ reason: "Learner", message: `demonstration line ${row.line}: ${e.message}` })
+          runError("Learner", `demonstration line ${row.line}: ${e.message}`, e)
         )
       )).pipe(Effect.map((xs) => xs.flat()))
 
@@ -392,7 +397,7 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
         : Effect.fail(nonFinite(`${after} made the weights non-finite (${bad}); nothing was published or saved`))
     )
 
-  const policy = Policy.of({
+  const learner = Learner.Learner.of({
     learn: (step, all) => {
       // Under a group-relative estimator a group whose rewards are all equal has zero advantages: no signal. A step
       // without any signal is skipped, because AdamW would still move every weight along its stale momentum (with
@@ -402,7 +407,11 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
       const rewardsDecide = TrainConfig.isGroupRelative(algorithm.advantage) && (algorithm.klInReward ?? 0) === 0
       const withSignal = rewardsDecide ? all.filter(Trajectory.rewardsDiffer).length : all.length
       if (withSignal === 0) {
-        return Effect.succeed({ "learner/applied": 0, "learner/groups_with_signal": 0 })
+        return Effect.succeed({
+          _tag: "Skipped" as const,
+          why: "NoSignal" as const,
+          figures: { "learner/applied": 0, "learner/groups_with_signal": 0 }
+        })
       }
       const options = {
         ...learnerOptions,
@@ -418,12 +427,19 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
             ? Effect.fail(nonFinite(`step ${step}: the loss or the gradients of every mini-batch were not finite`))
             : finiteWeights(`step ${step}`)
         ),
-        Effect.map((report) => ({
-          ...report.figures,
-          "learner/applied": report.outcome === "applied" ? 1 : 0,
-          ...(report.outcome === "critic_only" ? { "learner/critic_only": 1 } : {}),
-          "learner/groups_with_signal": withSignal
-        }))
+        Effect.map((report): Learner.Outcome => {
+          const figures: Learner.Figures = {
+            ...report.figures,
+            "learner/applied": report.outcome === "applied" ? 1 : 0,
+            ...(report.outcome === "critic_only" ? { "learner/critic_only": 1 } : {}),
+            "learner/groups_with_signal": withSignal
+          }
+          return report.outcome === "applied"
+            ? { _tag: "Applied", loss: figures["learner/loss"] ?? 0, figures }
+            : report.outcome === "critic_only"
+            ? { _tag: "CriticOnly", figures }
+            : { _tag: "Skipped", why: "NoSignal", figures }
+        })
       )
     },
     sft: (step, rows) =>
@@ -457,44 +473,6 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
           "perf/row_tokens": rowTokens
         }
       }),
-    publish: (v) =>
-      Effect.gen(function*() {
-        // The end of the warm-up (a negative version is one of its checks): the RL trainer starts from the SFT
-        // weights with a fresh optimiser.
-        if (phase === "sft" && v >= 0) {
-          trainer = yield* makeTrainer(yield* weightsOf(trainer), rlLoss, rlSchedule)
-          phase = "rl"
-        }
-        // RL starts from version 0: the KL term's reference is frozen there (a resumed run loaded it instead).
-        if (needsReference && reference === undefined && v >= 0) yield* setReference(yield* weightsOf(trainer))
-        if (algorithm.advantage === "gae" && critic === undefined && v >= 0) yield* startCritic(yield* weightsOf(trainer))
-        version = v
-        const last = newest()
-        if (v < last.version || (v === last.version && dirty)) {
-          return yield* new TrainerError({
-            reason: "Learner",
-            message: `policy version ${v} is not newer than the published version ${last.version}`
-          })
-        }
-        if (v === last.version) return
-        const weights = trainerPushes ? undefined : dirty ? (yield* weightsOf(trainer)) as Qwen2.Weights : last.weights
-        if (servers !== undefined) yield* servers.push(v, weights)
-        published.push({ version: v, weights })
-        if (published.length > retained) published.shift()
-        dirty = false
-      }),
-    sampler: (v) =>
-      Effect.gen(function*() {
-        const entry = published.find((p) => p.version === v)
-        if (entry === undefined) {
-          return yield* new TrainerError({
-            reason: "Learner",
-            message: `policy version ${v} is not among the published versions ${published.map((p) => p.version)}`
-          })
-        }
-        // Without servers every entry holds its weights (only a trainer pushing to servers keeps them).
-        return servers === undefined ? prefillAlone(yield* engineOf(v, entry.weights!)) : servers.sampler(v)
-      }),
     save: (dir) =>
       // The critic first: the policy's state file, written last, marks the checkpoint complete.
       (critic === undefined ? Effect.void : critic.save(criticDir(dir), { policyVersion: version, rngState: [] })).pipe(
@@ -522,10 +500,48 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
         Effect.mapError(checkpointError)
       ),
     fingerprint: Effect.map(summary, (s) => s.fingerprint),
-    figures: servers === undefined && remote === undefined ? undefined : Effect.all([
-      servers?.figures ?? Effect.succeed({}),
-      remote === undefined ? Effect.succeed({}) : trainerFigures
-    ]).pipe(Effect.map(([a, b]) => ({ ...a, ...b })))
+    figures: remote === undefined ? undefined : trainerFigures
+  })
+  const versions = PolicyVersions.of({
+    publish: (v) =>
+      Effect.gen(function*() {
+        // The end of the warm-up (a negative version is one of its checks): the RL trainer starts from the SFT
+        // weights with a fresh optimiser.
+        if (phase === "sft" && v >= 0) {
+          trainer = yield* makeTrainer(yield* weightsOf(trainer), rlLoss, rlSchedule)
+          phase = "rl"
+        }
+        // RL starts from version 0: the KL term's reference is frozen there (a resumed run loaded it instead).
+        if (needsReference && reference === undefined && v >= 0) yield* setReference(yield* weightsOf(trainer))
+        if (algorithm.advantage === "gae" && critic === undefined && v >= 0) yield* startCritic(yield* weightsOf(trainer))
+        version = v
+        const last = newest()
+        if (v < last.version || (v === last.version && dirty)) {
+          return yield* runError(
+            "Learner",
+            `policy version ${v} is not newer than the published version ${last.version}`
+          )
+        }
+        if (v === last.version) return
+        const weights = trainerPushes ? undefined : dirty ? (yield* weightsOf(trainer)) as Qwen2.Weights : last.weights
+        if (servers !== undefined) yield* servers.push(v, weights)
+        published.push({ version: v, weights })
+        if (published.length > retained) published.shift()
+        dirty = false
+      }),
+    sampler: (v) =>
+      Effect.gen(function*() {
+        const entry = published.find((p) => p.version === v)
+        if (entry === undefined) {
+          return yield* runError(
+            "Learner",
+            `policy version ${v} is not among the published versions ${published.map((p) => p.version)}`
+          )
+        }
+        // Without servers every entry holds its weights (only a trainer pushing to servers keeps them).
+        return servers === undefined ? prefillAlone(yield* engineOf(v, entry.weights!)) : servers.sampler(v)
+      }),
+    figures: servers?.figures
   })
   // The ambient sampler (for callers outside a run's pipeline): one engine, built on first use, following the newest
   // published version.
@@ -555,7 +571,7 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
       ),
     policyVersion: Effect.sync(() => newest().version)
   })
-  return { policy, sampler }
+  return { learner, versions, sampler }
 })
 
 /**
@@ -645,8 +661,8 @@ export const layer = (
   folder: ModelFolder.ModelFolder,
   config: TrainConfig.TrainConfig,
   options: { readonly maxBatchSize?: number; readonly intraOpThreads?: number } = {}
-): Layer.Layer<Policy | Sampler, TrainerError, FileSystem.FileSystem> =>
+): Layer.Layer<Learner.Learner | PolicyVersions | Sampler, RunError, FileSystem.FileSystem> =>
   Layer.effectContext(
-    Effect.map(make(folder, config, options), ({ policy, sampler }) =>
-      Context.make(Policy, policy).pipe(Context.add(Sampler, sampler)))
+    Effect.map(make(folder, config, options), ({ learner, sampler, versions }) =>
+      Context.make(Learner.Learner, learner).pipe(Context.add(PolicyVersions, versions), Context.add(Sampler, sampler)))
   )

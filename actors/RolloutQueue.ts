@@ -16,11 +16,11 @@
  *   seeds and row indices the trainer's own process would give them, as with HTTP workers.
  * - **A Redis that restarts** (no persistence) forgets the queue: the trainer sends again a share that is neither
  *   answered nor on the stream at two checks in a row, and workers re-create their consumer group. Every command is
- *   typed (`TrainerError` `Workers`); a worker logs a failed one and goes on.
+ *   typed (`RunError` `Workers`); a worker logs a failed one and goes on.
  *
  * @since 0.1.0
  */
-import { Effect, Schema } from "effect"
+import { Effect, Layer, Schema } from "effect"
 import type { Scope } from "effect"
 import { Redis } from "ioredis"
 import { randomUUID } from "node:crypto"
@@ -36,8 +36,9 @@ import {
   RolloutResponse,
   samplingCounts
 } from "./RolloutWorker.ts"
-import { collectGroups, TrainerError } from "./Trainer.ts"
-import type { Agent, RemoteRollouts } from "./Trainer.ts"
+import * as Rollouts from "./Rollouts.ts"
+import type { RolloutSetup } from "./RolloutSetup.ts"
+import { type RunError, runError } from "./RunError.ts"
 
 const GROUP = "workers"
 const WORKERS = "agentfly:rollouts:workers"
@@ -46,7 +47,7 @@ const keysOf = (agentKey: string) => {
   return { shares: `${prefix}:shares`, results: (token: string) => `${prefix}:results:${token}` }
 }
 
-const workersError = (message: string) => new TrainerError({ reason: "Workers", message })
+const workersError = (message: string) => runError("Workers", message)
 const messageOf = (e: unknown) => String((e as Error).message ?? e)
 
 /** One Redis command, its failure typed (`Workers`, naming the queue and the command). */
@@ -142,7 +143,7 @@ interface Pending {
  */
 export const client = Effect.fn("RolloutQueue.client")(function*(
   options: ClientOptions
-): Effect.fn.Return<RemoteRollouts, TrainerError, Scope.Scope> {
+): Effect.fn.Return<Rollouts.Remote, RunError, Scope.Scope> {
   const link: Link = { downSince: undefined, lastError: "" }
   const redis = yield* connect(options.url, link)
   const reader = yield* connect(options.url, link)
@@ -284,7 +285,7 @@ export const client = Effect.fn("RolloutQueue.client")(function*(
       return answered
     })
 
-  const collect: RemoteRollouts["collect"] = (rows, sampling, version) =>
+  const collect: Rollouts.Remote["collect"] = (rows, sampling, version) =>
     Effect.gen(function*() {
       const size = Math.max(1, options.shareRows ?? Math.ceil(rows.length / 8))
       const id = randomUUID().slice(0, 8)
@@ -350,6 +351,15 @@ export const client = Effect.fn("RolloutQueue.client")(function*(
   return { collect, figures }
 })
 
+/**
+ * The run's training batches on the Redis queue's workers ({@link client}), as the `Rollouts` service.
+ *
+ * @category layers
+ * @since 0.1.0
+ */
+export const layer = (options: ClientOptions): Layer.Layer<Rollouts.Rollouts, RunError> =>
+  Layer.effect(Rollouts.Rollouts, Effect.map(client(options), Rollouts.fromRemote))
+
 // ===== Worker side =====
 
 /**
@@ -376,11 +386,11 @@ export interface WorkerOptions {
  * @since 0.1.0
  */
 export const work = Effect.fn("RolloutQueue.work")(function*(
-  agent: Agent,
+  agent: RolloutSetup,
   servers: InferenceServers.InferenceServers,
   agentKey: string,
   options: WorkerOptions
-): Effect.fn.Return<never, TrainerError, Scope.Scope> {
+): Effect.fn.Return<never, RunError, Scope.Scope> {
   const keys = keysOf(agentKey)
   const command = call(options.url)
   const name = options.name ?? `${process.env["HOSTNAME"] ?? "worker"}-${process.pid}`
@@ -399,7 +409,7 @@ export const work = Effect.fn("RolloutQueue.work")(function*(
       Effect.delay(claimMs / 3),
       Effect.forever
     )
-    return collectGroups(agent, request.rows as ReadonlyArray<Dataset.Row>, request).pipe(
+    return Rollouts.collectGroups(agent, request.rows as ReadonlyArray<Dataset.Row>, request).pipe(
       Effect.provideService(Sampler, servers.sampler(request.version)),
       Effect.flatMap((groups) =>
         Effect.flatMap(

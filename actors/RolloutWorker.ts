@@ -8,7 +8,7 @@
  * - **The same batch as at home.** A share carries its first row's index in the batch (`Rollout.Options.rowOffset`),
  *   so its groups get the ids, row indices and seeds one process would give them; the trainer orders them by row.
  * - **The same run.** Each request names the run's *agent key* (the task's name and the config's `agent` section,
- *   hashed): a worker started with another config answers 409 and the run stops with a `TrainerError` (`Workers`)
+ *   hashed): a worker started with another config answers 409 and the run stops with a `RunError` (`Workers`)
  *   naming the difference, instead of training on someone else's rollouts.
  * - **A dead worker.** A share whose worker fails (refused connection, reset, timeout, 5xx) goes to the next worker
  *   that answers, with a log line; the run stops (`Workers`) only when every worker failed the same share.
@@ -25,7 +25,7 @@
  *
  * @since 0.1.0
  */
-import { Cause, Clock, Effect, FiberSet, Option, Schema } from "effect"
+import { Cause, Clock, Effect, FiberSet, Layer, Option, Schema } from "effect"
 import type { Scope } from "effect"
 import { createHash } from "node:crypto"
 import * as Http from "node:http"
@@ -36,8 +36,9 @@ import * as TrainConfig from "../src/TrainConfig.ts"
 import * as Trajectory from "../src/Trajectory.ts"
 import type * as InferenceServers from "./InferenceServers.ts"
 import { fetchMessage, listen, readBody } from "./internal/http.ts"
-import { collectGroups, TrainerError } from "./Trainer.ts"
-import type { Agent, RemoteRollouts } from "./Trainer.ts"
+import * as Rollouts from "./Rollouts.ts"
+import type { RolloutSetup } from "./RolloutSetup.ts"
+import { type RunError, runError } from "./RunError.ts"
 
 // ===== Wire =====
 
@@ -180,7 +181,7 @@ const readJson = (req: Http.IncomingMessage, maxBytes: number) =>
  * @since 0.1.0
  */
 export const serve = Effect.fn("RolloutWorker.serve")(function*(
-  agent: Agent,
+  agent: RolloutSetup,
   servers: InferenceServers.InferenceServers,
   options: WorkerOptions = {}
 ): Effect.fn.Return<{ readonly port: number; readonly baseUrl: string }, never, Scope.Scope> {
@@ -210,9 +211,9 @@ export const serve = Effect.fn("RolloutWorker.serve")(function*(
   /** A share's groups, as the answer's last line. */
   const rollouts = (request: typeof RolloutRequest.Type) =>
     Effect.gen(function*() {
-      const groups = yield* collectGroups(agent, request.rows as ReadonlyArray<Dataset.Row>, request).pipe(
+      const groups = yield* Rollouts.collectGroups(agent, request.rows as ReadonlyArray<Dataset.Row>, request).pipe(
         Effect.provideService(Sampler, servers.sampler(request.version)),
-        Effect.mapError((e) => errorBody(e.message, e.reason))
+        Effect.mapError((e) => errorBody(e.message, e.reason._tag))
       )
       const env = yield* agent.runtime.environmentStats
       const sampled = yield* samplingCounts(servers)
@@ -284,7 +285,7 @@ export const serve = Effect.fn("RolloutWorker.serve")(function*(
 
 // ===== Trainer side =====
 
-const workersError = (message: string) => new TrainerError({ reason: "Workers", message })
+const workersError = (message: string) => runError("Workers", message)
 
 /** What became of one share on one worker. */
 type ShareAnswer =
@@ -399,7 +400,7 @@ interface Worker {
  */
 export const client = Effect.fn("RolloutWorker.client")(function*(
   options: ClientOptions
-): Effect.fn.Return<RemoteRollouts & { readonly shares: Effect.Effect<ReadonlyArray<number>> }, TrainerError> {
+): Effect.fn.Return<Rollouts.Remote & { readonly shares: Effect.Effect<ReadonlyArray<number>> }, RunError> {
   if (options.urls.length === 0) return yield* workersError("rollout.workers lists no worker")
   /** Which keys of the `agent` section differ (this run's → the worker's), where the worker says what it runs. */
   const mismatch = (info: typeof WorkerInfo.Type): string => {
@@ -507,7 +508,7 @@ export const client = Effect.fn("RolloutWorker.client")(function*(
       )
     })
 
-  const collect: RemoteRollouts["collect"] = (rows, sampling, version) =>
+  const collect: Rollouts.Remote["collect"] = (rows, sampling, version) =>
     Effect.gen(function*() {
       // Contiguous shares, as equal as possible, one per worker (fewer when the batch has fewer rows).
       const k = Math.max(1, Math.min(workers.length, rows.length))
@@ -537,3 +538,12 @@ export const client = Effect.fn("RolloutWorker.client")(function*(
   })
   return { collect, figures, shares: Effect.sync(() => workers.map((w) => w.shares)) }
 })
+
+/**
+ * The run's training batches on HTTP rollout workers ({@link client}), as the `Rollouts` service.
+ *
+ * @category layers
+ * @since 0.1.0
+ */
+export const layer = (options: ClientOptions): Layer.Layer<Rollouts.Rollouts, RunError> =>
+  Layer.effect(Rollouts.Rollouts, Effect.map(client(options), Rollouts.fromRemote))

@@ -2,7 +2,7 @@
  * `agentfly eval CONFIG [--checkpoint DIR] [--data FILE] [--size N] [--samples K] [--temperature T] [--seed N]
  * [--output FILE] [--episodes N]`: evaluates a policy on a config's held-out split (`data.eval`, or `--data`, e.g.
  * its validation or train split) with the config's task and agent settings, as a run's periodic evaluation does
- * (`Trainer.evaluation`): the model folder's weights, or those of a run's checkpoint. With the config's own
+ * (`Rollouts.evaluation`): the model folder's weights, or those of a run's checkpoint. With the config's own
  * evaluation settings, a checkpoint's figures repeat the run's evaluation at that step; the flags override them
  * (greedy figures of a run evaluated sampled, more answers per question, ...). Prints accuracy and invalid
  * tool-call rate; `--output` writes every figure as JSON; `--episodes N` prints the first N questions' episodes as
@@ -20,7 +20,9 @@ import * as Metrics from "../actors/Metrics.ts"
 import * as PolicyEngine from "../actors/PolicyEngine.ts"
 import * as ResourceManager from "../actors/ResourceManager.ts"
 import * as Train from "../actors/Train.ts"
-import * as Trainer from "../actors/Trainer.ts"
+import type { Figures } from "../actors/Learner.ts"
+import * as Rollouts from "../actors/Rollouts.ts"
+import * as RolloutSetup from "../actors/RolloutSetup.ts"
 import * as Dataset from "../src/Dataset.ts"
 import * as Qwen2 from "../src/model/Qwen2.ts"
 import * as ModelFolder from "../src/ModelFolder.ts"
@@ -66,7 +68,7 @@ export interface EvalResult {
   readonly samples: number
   readonly temperature: number
   readonly seed: number
-  readonly figures: Trainer.Figures
+  readonly figures: Figures
   /** The error of the first trajectory that failed (an environment, a reward, a chain's defect), when one did. */
   readonly firstFailure?: string
 }
@@ -138,8 +140,8 @@ export const run = Effect.fn("cli.eval")(function*(
   // The task's environment lives (and its pools with it) for the evaluation only.
   const { figures, groups } = yield* Effect.scoped(
     Effect.flatMap(
-      Trainer.agent({ task, config, format: ChainFormat.ofConfig(config, folder) }),
-      (agent) => Trainer.evaluation(agent, heldOut.rows)
+      RolloutSetup.make({ task, config, format: ChainFormat.ofConfig(config, folder) }),
+      (setup) => Rollouts.evaluation(setup, heldOut.rows)
     )
   ).pipe(
     Effect.provideService(Sampler, Sampler.of({ generate: engine.generate, policyVersion: engine.policyVersion })),

@@ -33,7 +33,6 @@ import * as Gateway from "../Gateway.ts"
 import * as RolloutChain from "../RolloutChain.ts"
 import type * as ChainPorts from "../../src/ChainPorts.ts"
 import * as TaskRuntime from "../TaskRuntime.ts"
-import type * as Trainer from "../Trainer.ts"
 import * as Recorder from "./Recorder.ts"
 
 // ===== Models =====
@@ -313,41 +312,6 @@ export const groups = (
     }
     return out
   }))
-
-/**
- * The trainer's rollouts of an agent task (`Trainer.collectGroups` for `AgentTask.isAgentTask` tasks): the run's
- * sampling, budgets, tool rendering, reward and policies, and the same group and episode ids and seeds.
- *
- * @category constructors
- * @since 0.1.0
- */
-export const collectGroups = (
-  agent: Trainer.Agent,
-  rows: ReadonlyArray<Dataset.Row>,
-  sampling: Trainer.BatchSampling
-): Effect.Effect<Array<Trajectory.Group>, RolloutError.RolloutError, Sampler> => {
-  const { config, runtime } = agent
-  return groups({
-    task: runtime.task as AgentTask.AgentTask,
-    rows,
-    systemPrompt: config.agent.systemPrompt,
-    numChains: sampling.chains,
-    maxConcurrentChains: agent.maxConcurrentChains ?? 64,
-    sampling: {
-      temperature: sampling.temperature,
-      ...(config.agent.topP < 1 ? { topP: config.agent.topP } : {}),
-      maxTokens: config.agent.maxNewTokens,
-      seed: sampling.seed
-    },
-    format: agent.format,
-    maxContextTokens: config.agent.maxContextTokens,
-    renderTools: config.agent.renderTools,
-    reward: runtime.reward,
-    policies: runtime.policies,
-    runId: `s${sampling.firstSeq}`,
-    rowOffset: sampling.rowOffset
-  })
-}
 
 // ===== Tasks' rows =====
 

@@ -13,8 +13,8 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as Journal from "../../actors/Journal.ts"
 import * as LocalPolicy from "../../actors/LocalPolicy.ts"
+import * as Rollouts from "../../actors/Rollouts.ts"
 import * as ResourceManager from "../../actors/ResourceManager.ts"
-import * as Trainer from "../../actors/Trainer.ts"
 import * as ChainFormat from "../../actors/ChainFormat.ts"
 import * as CalculatorTask from "../../environments/calculator/CalculatorTask.ts"
 import * as Generate from "../../examples/calculator/generate.ts"
@@ -23,6 +23,7 @@ import * as ModelFolder from "../../src/ModelFolder.ts"
 import * as TrainConfig from "../../src/TrainConfig.ts"
 import { charFormat } from "./fixtures/charFormat.ts"
 import * as Toy from "./fixtures/toyPolicy.ts"
+import * as TrainLoop from "../../actors/TrainLoop.ts"
 
 /**
  * A directory of `bytes` bytes: a tmpfs mounted there (unmounted with the scope), or, when mounting is refused, a
@@ -109,8 +110,8 @@ describe("a full disk", () => {
         Effect.gen(function*() {
           return { config, train: yield* rows(10, "train"), eval: yield* rows(8, "eval"), format: charFormat, task: Toy.task() }
         })
-      const run = (o: Trainer.Options, resume = false) =>
-        Effect.scoped(Trainer.run({ ...o, resume })).pipe(
+      const run = (o: TrainLoop.Options, resume = false) =>
+        Effect.scoped(TrainLoop.run({ ...o, resume })).pipe(
           Effect.provide(Toy.layer()),
           Effect.provideService(FileSystem.FileSystem, disk.fs)
         )
@@ -122,7 +123,7 @@ describe("a full disk", () => {
       const o = yield* options(yield* configFor(join(disk.dir, "run")))
       const error = yield* Effect.flip(run(o))
       assert.strictEqual(error._tag, "TrainerError")
-      assert.strictEqual(error.reason, "DiskFull", error.message)
+      assert.strictEqual(error.reason._tag, "DiskFull", error.message)
       assert.match(error.message, /^disk full \(ENOSPC\)/)
       const done = yield* stepsIn(o.config.output)
       assert.isTrue(done.length < 40, `stopped early: ${done.length} steps`)
@@ -151,17 +152,20 @@ describe("a full disk", () => {
         algorithm: { steps: 2, groupsPerStep: 2, advantage: "reinforce++", entropyCoef: 0.01 },
         checkpoint: { every: 1 }
       }))
-      const error = yield* Effect.flip(Effect.scoped(Trainer.run({
+      const error = yield* Effect.flip(Effect.scoped(TrainLoop.run({
         task: CalculatorTask.make(),
         config,
         format: ChainFormat.ofConfig(config, folder),
         train: yield* Dataset.load(join(data, "train.jsonl"), { onInvalid: "stop" })
       })).pipe(
-        Effect.provide(Layer.provide(LocalPolicy.layer(folder, config), Layer.succeed(FileSystem.FileSystem, disk.fs))),
+        Effect.provide(Layer.provideMerge(
+          Rollouts.inProcess,
+          Layer.provide(LocalPolicy.layer(folder, config), Layer.succeed(FileSystem.FileSystem, disk.fs))
+        )),
         Effect.provide(ResourceManager.ResourceManager.layer),
         Effect.provideService(FileSystem.FileSystem, disk.fs)
       ))
-      assert.strictEqual(error.reason, "DiskFull", error.message)
+      assert.strictEqual(error.reason._tag, "DiskFull", error.message)
       assert.include(error.message, "disk full (ENOSPC): could not write")
       assert.include(error.message, "optimizer.safetensors")
       const journal = (yield* Journal.read(join(config.output, "journal.jsonl"))).entries.map((e) => e.entry.kind)

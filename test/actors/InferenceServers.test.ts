@@ -153,7 +153,7 @@ describe("InferenceServers", () => {
       yield* a.close
       yield* b.close
       const push = yield* Effect.flip(servers.push(3, v2))
-      assert.strictEqual(push.reason, "Servers")
+      assert.strictEqual(push.reason._tag, "Servers")
       assert.include(push.message, "no inference server took policy version 3")
       assert.include(push.message, a.baseUrl)
       const request = yield* Effect.flip(servers.sampler(2).generate(greedy([1, 2, 3])))
@@ -226,7 +226,7 @@ describe("InferenceServers", () => {
       // A server started without accepting weights, and a wrong token: refused when the run connects, before it
       // trains anything, naming the fix.
       const notAccepted = yield* Effect.flip(InferenceServers.make({ urls: [open.baseUrl], parameters }))
-      assert.strictEqual(notAccepted.reason, "Servers")
+      assert.strictEqual(notAccepted.reason._tag, "Servers")
       assert.match(notAccepted.message, /cannot follow this run's learner: it does not take weights \(HTTP 404: .*start it with --accept-weights/)
       const before = yield* versionOf(locked.baseUrl)
       const wrongToken = yield* Effect.flip(InferenceServers.make({ urls: [locked.baseUrl], parameters, token: "guess" }))

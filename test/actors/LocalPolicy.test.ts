@@ -5,7 +5,7 @@
  */
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
-import { Deferred, Effect, Fiber } from "effect"
+import { Deferred, Effect, Fiber, Layer } from "effect"
 import { existsSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
@@ -13,7 +13,6 @@ import * as Journal from "../../actors/Journal.ts"
 import * as LocalPolicy from "../../actors/LocalPolicy.ts"
 import type * as PolicyEngine from "../../actors/PolicyEngine.ts"
 import * as ResourceManager from "../../actors/ResourceManager.ts"
-import * as Trainer from "../../actors/Trainer.ts"
 import * as ChainFormat from "../../actors/ChainFormat.ts"
 import * as CalculatorTask from "../../environments/calculator/CalculatorTask.ts"
 import * as Generate from "../../examples/calculator/generate.ts"
@@ -23,6 +22,9 @@ import { Sampler } from "../../src/Sampler.ts"
 import type { GenerateRequest } from "../../src/Sampler.ts"
 import * as TrainConfig from "../../src/TrainConfig.ts"
 import * as Trajectory from "../../src/Trajectory.ts"
+import * as TrainLoop from "../../actors/TrainLoop.ts"
+import * as Rollouts from "../../actors/Rollouts.ts"
+import * as RolloutSetup from "../../actors/RolloutSetup.ts"
 
 const fixture = Effect.gen(function*() {
   const dir = mkdtempSync(join(tmpdir(), "local-policy-"))
@@ -49,8 +51,8 @@ const fixture = Effect.gen(function*() {
   )
   const train = yield* Dataset.load(join(dir, "train.jsonl"), { onInvalid: "stop" })
   const heldOut = yield* Dataset.load(join(dir, "long.jsonl"), { onInvalid: "stop" })
-  const agent = yield* Trainer.agent({ task: CalculatorTask.make(), config, format: ChainFormat.ofConfig(config, folder) })
-  const batch = Trainer.collectGroups(agent, train.rows.slice(0, 2), { firstSeq: 0, chains: 3, temperature: 1, seed: 1234 })
+  const agent = yield* RolloutSetup.make({ task: CalculatorTask.make(), config, format: ChainFormat.ofConfig(config, folder) })
+  const batch = Rollouts.collectGroups(agent, train.rows.slice(0, 2), { firstSeq: 0, chains: 3, temperature: 1, seed: 1234 })
   return { folder, config, agent, batch, heldOut, train }
 })
 
@@ -123,7 +125,7 @@ describe("LocalPolicy", () => {
         const beside = yield* once(Effect.gen(function*() {
           // Both start together: their first prompts reach the engine in the same instant.
           const rollouts = yield* Effect.forkChild(batch)
-          yield* Trainer.evaluation(agent, heldOut.rows)
+          yield* Rollouts.evaluation(agent, heldOut.rows)
           return yield* Fiber.join(rollouts)
         }))
         const a = sampled(alone)
@@ -154,13 +156,13 @@ describe("LocalPolicy", () => {
         algorithm: { ...decoded.algorithm, lr: Infinity, advantage: "reinforce++" as const, entropyCoef: 0.01 },
         checkpoint: { every: 1, keep: 5 }
       }
-      const error = yield* Effect.flip(Effect.scoped(Trainer.run({
+      const error = yield* Effect.flip(Effect.scoped(TrainLoop.run({
         task: CalculatorTask.make(),
         config,
         format: ChainFormat.ofConfig(config, folder),
         train
-      })).pipe(Effect.provide(LocalPolicy.layer(folder, config)), Effect.provide(ResourceManager.ResourceManager.layer)))
-      assert.strictEqual(error.reason, "NonFinite")
+      })).pipe(Effect.provide(Layer.provideMerge(Rollouts.inProcess, LocalPolicy.layer(folder, config))), Effect.provide(ResourceManager.ResourceManager.layer)))
+      assert.strictEqual(error.reason._tag, "NonFinite")
       assert.match(error.message, /step 1 made the weights non-finite \(.+\[\d+\] = (NaN|-?Infinity)\)/)
       const journal = (yield* Journal.read(join(config.output, "journal.jsonl"))).entries.map((e) => e.entry.kind)
       assert.notInclude(journal, "step", "no learner step journaled")
@@ -178,15 +180,15 @@ describe("LocalPolicy", () => {
             ...decoded,
             algorithm: { ...decoded.algorithm, advantage: "grpo" as const, ...(klInReward === undefined ? {} : { klInReward }) }
           }
-          const { policy, sampler } = yield* LocalPolicy.make(folder, config)
-          yield* policy.publish(0) // RL starts: the reference is frozen here
+          const { learner, sampler, versions } = yield* LocalPolicy.make(folder, config)
+          yield* versions.publish(0) // RL starts: the reference is frozen here
           const groups = yield* Effect.provideService(batch, Sampler, sampler)
           // Every chain scored 0: no outcome differs within any group.
           const equal = groups.map((g) => ({
             ...g,
             trajectories: g.trajectories.map((t) => ({ ...t, reward: 0, rewardStatus: "scored" as const }))
           }))
-          return yield* policy.learn(1, equal)
+          return (yield* learner.learn(1, equal)).figures
         }))
       const plain = yield* on(undefined)
       assert.strictEqual(plain["learner/applied"], 0, "outcomes alone: no signal, the step is skipped")
@@ -210,12 +212,12 @@ describe("LocalPolicy", () => {
         },
         checkpoint: { every: 2, keep: 5 }
       }
-      yield* Effect.scoped(Trainer.run({
+      yield* Effect.scoped(TrainLoop.run({
         task: CalculatorTask.make(),
         config,
         format: ChainFormat.ofConfig(config, folder),
         train
-      })).pipe(Effect.provide(LocalPolicy.layer(folder, config)), Effect.provide(ResourceManager.ResourceManager.layer))
+      })).pipe(Effect.provide(Layer.provideMerge(Rollouts.inProcess, LocalPolicy.layer(folder, config))), Effect.provide(ResourceManager.ResourceManager.layer))
       const steps = readFileSync(join(config.output, "metrics.jsonl"), "utf8").trim().split("\n")
         .map((l) => JSON.parse(l) as { phase: string; figures: Record<string, number> })
         .filter((r) => r.phase === "train")

@@ -107,7 +107,7 @@ describe("RolloutQueue (trainer's side)", () => {
       const [share] = yield* take(redis, 1)
       yield* reply(redis, share!, JSON.stringify({ id: share!.id, error: "the sampler is gone" }))
       const failed = yield* Fiber.join(fiber)
-      assert.strictEqual(failed.reason, "Workers")
+      assert.strictEqual(failed.reason._tag, "Workers")
       assert.include(failed.message, "the sampler is gone")
 
       const alone = yield* Effect.flip(queue.collect(rows, sampling, 0)).pipe(
@@ -116,7 +116,7 @@ describe("RolloutQueue (trainer's side)", () => {
       // Said while it waited, long before the deadline.
       assert.isTrue(logs.some((l) => l.startsWith("no rollout worker answered a share of this batch in")), logs.join("\n"))
       assert.isTrue(logs.some((l) => l.includes("workers seen in the last 30 s: none")))
-      assert.strictEqual(alone.reason, "Workers")
+      assert.strictEqual(alone.reason._tag, "Workers")
       assert.include(alone.message, "got no result from the rollout queue")
       assert.include(alone.message, "workers seen in the last 30 s: none")
       // An unreachable queue at start is typed too.
@@ -157,7 +157,7 @@ describe("RolloutQueue (trainer's side)", () => {
       yield* server.kill
       const lost = yield* Fiber.join(fiber)
       const waited = (Date.now() - killedAt) / 1000
-      assert.strictEqual(lost.reason, "Workers")
+      assert.strictEqual(lost.reason._tag, "Workers")
       assert.include(lost.message, `lost the rollout queue ${server.url}`)
       assert.include(lost.message, "agentfly train CONFIG --resume")
       assert.isTrue(waited >= 9 && waited < 16, `stopped after ${waited} s`)

@@ -16,7 +16,6 @@ import * as OpenAiServer from "../../actors/OpenAiServer.ts"
 import { make as makeEngine, PolicyEngine } from "../../actors/PolicyEngine.ts"
 import * as ResourceManager from "../../actors/ResourceManager.ts"
 import * as RolloutWorker from "../../actors/RolloutWorker.ts"
-import * as Trainer from "../../actors/Trainer.ts"
 import { task as calculator } from "../../environments/calculator/CalculatorTask.ts"
 import type * as Dataset from "../../src/Dataset.ts"
 import * as Task from "../../src/Task.ts"
@@ -26,6 +25,9 @@ import { Sampler, samplerError } from "../../src/Sampler.ts"
 import * as TrainConfig from "../../src/TrainConfig.ts"
 import * as Trajectory from "../../src/Trajectory.ts"
 import { randomWeights } from "../utils/tinyModel.ts"
+import * as RolloutFigures from "../../src/RolloutFigures.ts"
+import * as Rollouts from "../../actors/Rollouts.ts"
+import * as RolloutSetup from "../../actors/RolloutSetup.ts"
 
 const rows: ReadonlyArray<Dataset.Row> = Array.from({ length: 5 }, (_, i) => ({
   index: i,
@@ -49,7 +51,7 @@ const view = (groups: ReadonlyArray<Trajectory.Group>) =>
   }))
 
 /** A worker on its own scope (closing it is the worker dying). */
-const startWorker = (agent: Trainer.Agent, servers: InferenceServers.InferenceServers, token?: string) =>
+const startWorker = (agent: RolloutSetup.RolloutSetup, servers: InferenceServers.InferenceServers, token?: string) =>
   Effect.gen(function*() {
     const scope = yield* Scope.make()
     const worker = yield* RolloutWorker.serve(agent, servers, { token }).pipe(Scope.provide(scope))
@@ -86,7 +88,7 @@ const fixture = Effect.gen(function*() {
     algorithm: { steps: 1 },
     engine: { servers: [server.baseUrl] }
   })
-  const agent = yield* Trainer.agent({ task, config, format: ChainFormat.ofConfig(config, folder) })
+  const agent = yield* RolloutSetup.make({ task, config, format: ChainFormat.ofConfig(config, folder) })
   const workerSide = yield* InferenceServers.make({ urls: [server.baseUrl], parameters, restMs: 50 })
   const key = RolloutWorker.agentKey(task.name, config)
   return { dir, folder, engine, server, task, agent, config, key, parameters, trainerSide, workerSide }
@@ -108,7 +110,7 @@ describe("RolloutWorker", () => {
       const w2 = yield* startWorker(withEnv({ "env/box/leases": 5, "env/box/acquire_wait_p99_ms": 2, "env/box/in_use": 0 }), workerSide)
       const client = yield* RolloutWorker.client({ urls: [w1.baseUrl, w2.baseUrl], agentKey: key, restMs: 50 })
 
-      const here = yield* Trainer.collectGroups(agent, rows, sampling).pipe(
+      const here = yield* Rollouts.collectGroups(agent, rows, sampling).pipe(
         Effect.provideService(Sampler, trainerSide.sampler(1))
       )
       const there = yield* client.collect(rows, sampling, 1)
@@ -146,7 +148,7 @@ describe("RolloutWorker", () => {
       // No worker left: a typed error naming them.
       yield* w1.close
       const none = yield* Effect.flip(client.collect(rows, sampling, 1))
-      assert.strictEqual(none.reason, "Workers")
+      assert.strictEqual(none.reason._tag, "Workers")
       assert.include(none.message, "every rollout worker failed")
       assert.include(none.message, w1.baseUrl)
       assert.include(none.message, "agentfly train CONFIG --resume")
@@ -160,12 +162,12 @@ describe("RolloutWorker", () => {
         algorithm: { steps: 1 },
         engine: { servers: [server.baseUrl] }
       })
-      const otherAgent = yield* Trainer.agent({ task, config: other, format: ChainFormat.ofConfig(other, folder) })
+      const otherAgent = yield* RolloutSetup.make({ task, config: other, format: ChainFormat.ofConfig(other, folder) })
       const stranger = yield* startWorker(otherAgent, workerSide)
       const refused = yield* Effect.flip(
         RolloutWorker.client({ urls: [stranger.baseUrl], agentKey: key, agent: agent.config.agent })
       )
-      assert.strictEqual(refused.reason, "Workers")
+      assert.strictEqual(refused.reason._tag, "Workers")
       assert.match(refused.message, /runs task "calculator" with another config/)
       // The keys that differ are named, both sides given.
       assert.include(refused.message, `this run's → the worker's: `)
@@ -190,7 +192,7 @@ describe("RolloutWorker", () => {
   it.live("a share longer than the silence limit lives on heartbeats; a silent worker's share moves; a failed share says why", () =>
     Effect.scoped(Effect.gen(function*() {
       const { folder, engine, agent, key, parameters, trainerSide, workerSide } = yield* fixture
-      const here = yield* Trainer.collectGroups(agent, rows, sampling).pipe(
+      const here = yield* Rollouts.collectGroups(agent, rows, sampling).pipe(
         Effect.provideService(Sampler, trainerSide.sampler(1))
       )
       // Every request waits 400 ms first: a share lasts ≥ 400 ms, past the 250 ms silence limit, which the worker's
@@ -268,7 +270,7 @@ describe("RolloutWorker", () => {
       const broken = yield* startWorker(agent, unusable)
       const failing = yield* RolloutWorker.client({ urls: [broken.baseUrl], agentKey: key })
       const failed = yield* Effect.flip(failing.collect(rows.slice(0, 1), sampling, 1))
-      assert.strictEqual(failed.reason, "Workers")
+      assert.strictEqual(failed.reason._tag, "Workers")
       assert.include(failed.message, `${broken.baseUrl} (failed the share: `)
       assert.include(failed.message, "this backend returns no token ids")
 
@@ -290,9 +292,9 @@ describe("RolloutWorker", () => {
       const stranded = yield* RolloutWorker.serve(agent, noServers, { heartbeatMs: 100 }).pipe(Scope.provide(scope))
       const asked = yield* RolloutWorker.client({ urls: [stranded.baseUrl], agentKey: key, silenceMs: 2_000 })
       const strandedGroups = yield* asked.collect(rows.slice(0, 1), sampling, 1)
-      const failures = Trainer.infrastructureFailures(strandedGroups.flatMap((g) => g.trajectories))
+      const failures = RolloutFigures.infrastructureFailures(strandedGroups.flatMap((g) => g.trajectories))
       assert.deepStrictEqual([failures.share, failures.reason, failures.total], [1, "SamplerTransient", 3])
-      assert.include(Trainer.firstFailure(strandedGroups.flatMap((g) => g.trajectories)), doomed.baseUrl)
+      assert.include(RolloutFigures.firstFailure(strandedGroups.flatMap((g) => g.trajectories)), doomed.baseUrl)
       yield* Scope.close(scope, Exit.void)
     }).pipe(Effect.provide([NodeServices.layer, ResourceManager.ResourceManager.layer]))), { timeout: 120_000 })
 })

@@ -1,14 +1,14 @@
 /**
- * `Trainer.rolloutFigures`' accuracy standard error: over questions (groups), each the mean of its samples, so
+ * `RolloutFigures.rolloutFigures`' accuracy standard error: over questions (groups), each the mean of its samples, so
  * samples of one question do not count as independent evidence; tool calls and tool errors, reward metrics and
  * failures as the trainer logs them.
  */
 import { assert, describe, it } from "@effect/vitest"
 import { Context, Effect } from "effect"
 import * as ToolActor from "../../actors/ToolActor.ts"
-import * as Trainer from "../../actors/Trainer.ts"
 import * as Tool from "../../src/Tool.ts"
 import { answered, trajectoryOf } from "../utils/trajectories.ts"
+import * as RolloutFigures from "../../src/RolloutFigures.ts"
 
 const group = (rowIndex: number, outcomes: ReadonlyArray<boolean>) => ({
   groupId: `g${rowIndex}`,
@@ -16,11 +16,11 @@ const group = (rowIndex: number, outcomes: ReadonlyArray<boolean>) => ({
   trajectories: outcomes.map((ok) => ({ ...answered("x"), reward: ok ? 1 : 0, metrics: { acc: ok ? 1 : 0 } }))
 })
 
-describe("Trainer.rolloutFigures", () => {
+describe("RolloutFigures.rolloutFigures", () => {
   it("accuracy_se is the standard error over questions of their mean accuracy", () => {
     // Question means 1, 0.5, 0, 0.5: mean 0.5, sample sd sqrt(1/6), SE sqrt(1/6)/2.
     const groups = [group(0, [true, true]), group(1, [true, false]), group(2, [false, false]), group(3, [false, true])]
-    const figures = Trainer.rolloutFigures(groups, { prefix: "eval" })
+    const figures = RolloutFigures.rolloutFigures(groups, { prefix: "eval" })
     assert.strictEqual(figures["eval/accuracy"], 0.5)
     assert.closeTo(figures["eval/accuracy_se"]!, Math.sqrt(1 / 6) / 2, 1e-12)
   })
@@ -28,21 +28,21 @@ describe("Trainer.rolloutFigures", () => {
   it("termination and episode-end shares are exact: all of 10 trajectories is 1, not a sum of tenths", () => {
     const ended = (t: ReturnType<typeof answered>, episodeEnd: string) => ({ ...t, episodeEnd })
     const trajectories = Array.from({ length: 10 }, (_, i) => ended(answered("x"), i < 3 ? "solved" : "out"))
-    const figures = Trainer.rolloutFigures([{ groupId: "g0", rowIndex: 0, trajectories }], { prefix: "eval" })
+    const figures = RolloutFigures.rolloutFigures([{ groupId: "g0", rowIndex: 0, trajectories }], { prefix: "eval" })
     assert.strictEqual(figures["eval/termination/no_tool_call"], 1)
     assert.strictEqual(figures["eval/episode_end/solved"], 0.3)
     assert.strictEqual(figures["eval/episode_end/out"], 0.7)
   })
 
   it("a question answered alike by every sample adds no spread; one question has no standard error", () => {
-    const same = Trainer.rolloutFigures([group(0, [true, true]), group(1, [true, true])], { prefix: "eval" })
+    const same = RolloutFigures.rolloutFigures([group(0, [true, true]), group(1, [true, true])], { prefix: "eval" })
     assert.strictEqual(same["eval/accuracy_se"], 0)
-    assert.strictEqual(Trainer.rolloutFigures([group(0, [true, false])], { prefix: "eval" })["eval/accuracy_se"], 0)
+    assert.strictEqual(RolloutFigures.rolloutFigures([group(0, [true, false])], { prefix: "eval" })["eval/accuracy_se"], 0)
   })
 
   it("the reward's metrics are averaged over the trajectories that carry them; error flags are failures, not figures", () => {
     const t = (metrics: Record<string, number>) => ({ ...answered("x"), metrics })
-    const figures = Trainer.rolloutFigures([{
+    const figures = RolloutFigures.rolloutFigures([{
       groupId: "g",
       rowIndex: 0,
       trajectories: [
@@ -62,7 +62,7 @@ describe("Trainer.rolloutFigures", () => {
       metrics: { "reward/buggy/error": 1, [`reward/buggy/errors/${reason}`]: 1 }
     })
     const trajectories = [failed("Defect"), failed("Defect"), failed("Timeout"), answered("x")]
-    const figures = Trainer.rolloutFigures([{ groupId: "g", rowIndex: 0, trajectories }], { prefix: "rollout" })
+    const figures = RolloutFigures.rolloutFigures([{ groupId: "g", rowIndex: 0, trajectories }], { prefix: "rollout" })
     assert.strictEqual(figures["rollout/reward/buggy/errors/Defect"], 2)
     assert.strictEqual(figures["rollout/reward/buggy/errors/Timeout"], 1)
     assert.strictEqual(figures["rollout/failures/RewardFailed"], 3)
@@ -72,14 +72,14 @@ describe("Trainer.rolloutFigures", () => {
     const malformed = { ...answered("x"), metrics: { "tool_errors/ParseFailed": 1 } }
     const none = { ...answered("x"), metrics: { "tool_errors/Timeout": 0 } }
     const trajectories = [malformed, answered("x"), answered("x"), none]
-    const figures = Trainer.rolloutFigures([{ groupId: "g", rowIndex: 0, trajectories }], { prefix: "eval" })
+    const figures = RolloutFigures.rolloutFigures([{ groupId: "g", rowIndex: 0, trajectories }], { prefix: "eval" })
     assert.strictEqual(figures["eval/invalid_tool_call_rate"], 0.25)
   })
 
   it("a reward's not-applicable verdicts are counted per step", () => {
     const unscored = { ...answered("x"), metrics: { "reward/judge/not_applicable": 1 } }
     const trajectories = [unscored, unscored, answered("x"), answered("x")]
-    const figures = Trainer.rolloutFigures([{ groupId: "g", rowIndex: 0, trajectories }], { prefix: "rollout" })
+    const figures = RolloutFigures.rolloutFigures([{ groupId: "g", rowIndex: 0, trajectories }], { prefix: "rollout" })
     assert.strictEqual(figures["rollout/reward/judge/not_applicable"], 2)
   })
 
@@ -101,7 +101,7 @@ describe("Trainer.rolloutFigures", () => {
       })
       const trajectories = [calling(["calculator", "calc17ator"], 1), calling(["ca\ufffdculator"], 1)]
       const groups = [{ groupId: "g", rowIndex: 0, trajectories }]
-      const known = Trainer.rolloutFigures(groups, { prefix: "rollout", tools: ["calculator"] })
+      const known = RolloutFigures.rolloutFigures(groups, { prefix: "rollout", tools: ["calculator"] })
       assert.deepStrictEqual(Object.keys(known).filter((k) => k.startsWith("rollout/tool_calls/")), [
         "rollout/tool_calls/calculator"
       ])
@@ -109,6 +109,6 @@ describe("Trainer.rolloutFigures", () => {
       assert.strictEqual(known["rollout/tool_errors/UnknownTool"], 2)
       assert.strictEqual(known["rollout/invalid_tool_call_rate"], 1)
       // Without the task's tools (an agent function, whose tools are its SDK's), every name is its own key.
-      assert.strictEqual(Trainer.rolloutFigures(groups, { prefix: "rollout" })["rollout/tool_calls/calc17ator"], 0.5)
+      assert.strictEqual(RolloutFigures.rolloutFigures(groups, { prefix: "rollout" })["rollout/tool_calls/calc17ator"], 0.5)
     }))
 })

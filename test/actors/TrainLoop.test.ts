@@ -5,17 +5,19 @@ import { existsSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } fro
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as Journal from "../../actors/Journal.ts"
-import * as Trainer from "../../actors/Trainer.ts"
 import * as Dataset from "../../src/Dataset.ts"
 import * as Report from "../../src/Report.ts"
 import * as Reward from "../../src/Reward.ts"
 import * as Task from "../../src/Task.ts"
 import * as Tool from "../../src/Tool.ts"
-import { Sampler } from "../../src/Sampler.ts"
 import * as TrainConfig from "../../src/TrainConfig.ts"
 import * as Trajectory from "../../src/Trajectory.ts"
 import { charFormat } from "./fixtures/charFormat.ts"
 import * as Toy from "./fixtures/toyPolicy.ts"
+import * as RunSchedule from "../../src/RunSchedule.ts"
+import * as RolloutFigures from "../../src/RolloutFigures.ts"
+import * as Resume from "../../actors/Resume.ts"
+import * as TrainLoop from "../../actors/TrainLoop.ts"
 
 const rows = (n: number, prefix: string) =>
   Dataset.parse(prefix, Array.from({ length: n }, (_, i) => JSON.stringify({ question: `${prefix} ${i}` })).join("\n"))
@@ -55,18 +57,18 @@ const steps = (output: string) =>
     (r) => r.entries.flatMap((e) => (e.entry.kind === "step" ? [e.entry.step] : []))
   )
 
-const run = (options: Trainer.Options, toy: Toy.ToyOptions = {}) =>
-  Effect.scoped(Trainer.run(options)).pipe(Effect.provide(Toy.layer(toy)))
+const run = (options: TrainLoop.Options, toy: Toy.ToyOptions = {}) =>
+  Effect.scoped(TrainLoop.run(options)).pipe(Effect.provide(Toy.layer(toy)))
 
 describe("Trainer", () => {
   it("row order: a seeded permutation per epoch, every row once per epoch", () => {
-    const order = Trainer.rowsAt(10, 3, 0, 30)
+    const order = RunSchedule.rowsAt(10, 3, 0, 30)
     for (let epoch = 0; epoch < 3; epoch++) {
       assert.deepStrictEqual([...order.slice(epoch * 10, epoch * 10 + 10)].sort((a, b) => a - b), [...Array(10).keys()])
     }
     assert.notDeepEqual(order.slice(0, 10), order.slice(10, 20))
-    assert.deepStrictEqual(Trainer.rowsAt(10, 3, 7, 5), order.slice(7, 12))
-    assert.notDeepEqual(Trainer.rowsAt(10, 4, 0, 10), order.slice(0, 10))
+    assert.deepStrictEqual(RunSchedule.rowsAt(10, 3, 7, 5), order.slice(7, 12))
+    assert.notDeepEqual(RunSchedule.rowsAt(10, 4, 0, 10), order.slice(0, 10))
   })
 
   it("rollout figures: reward, accuracy, invalid tool calls, turns, calls per tool and staleness", () => {
@@ -103,7 +105,7 @@ describe("Trainer", () => {
       ]
     }
     // A weighted sum of rewards: its accuracy is the namespaced metric, whatever the sum.
-    const sum = Trainer.rolloutFigures([{
+    const sum = RolloutFigures.rolloutFigures([{
       ...group,
       trajectories: [
         t({ reward: 1.2, metrics: { "reward/mathEqual/acc": 0, "reward/toolCallFormat/reward": 1 } }),
@@ -111,7 +113,7 @@ describe("Trainer", () => {
       ]
     }], { prefix: "rollout" })
     assert.strictEqual(sum["rollout/accuracy"], 0.5)
-    const f = Trainer.rolloutFigures([group], { prefix: "rollout", policyVersion: 4 })
+    const f = RolloutFigures.rolloutFigures([group], { prefix: "rollout", policyVersion: 4 })
     assert.strictEqual(f["rollout/reward_mean"], 2.5 / 4)
     assert.strictEqual(f["rollout/accuracy"], 2 / 4, "acc metric, else reward >= 1")
     assert.strictEqual(f["rollout/invalid_tool_call_rate"], 2 / 4, "an error observation or an errored chain")
@@ -209,17 +211,17 @@ describe("Trainer", () => {
       const options = { ...base, validation: yield* rows(8, "validation") }
       // The toy's A arm wins greedily once its weight is ahead, so a check reaches accuracy 1 early; a target that
       // cannot be reached runs the whole warm-up.
-      const spy = Toy.make().pipe(Effect.map(({ policy, sampler }) => ({
+      const spy = Toy.make().pipe(Effect.map(({ learner, sampler, versions }) => ({
         sampler,
-        policy: { ...policy, publish: (v: number) => Effect.andThen(Effect.sync(() => published.push(v)), policy.publish(v)) }
+        learner,
+        versions: {
+          ...versions,
+          publish: (v: number) => Effect.andThen(Effect.sync(() => published.push(v)), versions.publish(v))
+        }
       })))
-      const runWith = (o: Trainer.Options) =>
+      const runWith = (o: TrainLoop.Options) =>
         Effect.gen(function*() {
-          const { policy, sampler } = yield* spy
-          return yield* Effect.scoped(Trainer.run(o)).pipe(
-            Effect.provideService(Trainer.Policy, policy),
-            Effect.provideService(Sampler, sampler)
-          )
+          return yield* Effect.scoped(TrainLoop.run(o)).pipe(Toy.provideParts(yield* spy))
         })
       yield* runWith(options)
       const out = options.config.output
@@ -230,7 +232,7 @@ describe("Trainer", () => {
       assert.isUndefined(warm[1]!.figures["warmup/validation_accuracy"], "checks every 3 steps")
       const journal = (yield* Journal.read(join(out, "journal.jsonl"))).entries.map((e) => e.entry)
       assert.deepStrictEqual(journal.filter((e) => e.kind === "warmup"), [{ kind: "warmup", steps: 3 }])
-      assert.deepStrictEqual(published.slice(0, 2), [Trainer.warmupVersion(3, 40), 0])
+      assert.deepStrictEqual(published.slice(0, 2), [RunSchedule.warmupVersion(3, 40), 0])
       assert.deepStrictEqual(published.slice(0, 3), [-38, 0, 1], "versions increase")
 
       published.length = 0
@@ -258,7 +260,7 @@ describe("Trainer", () => {
         warmup: { data: "unused", steps: 7, batchSize: 2, stopAt: { data: "unused", accuracy: 1, every: 3, onMiss: "fail" } }
       })
       const missed = yield* Effect.flip(runWith({ ...failing, validation: yield* rows(8, "validation"), task: neverCorrect }))
-      assert.strictEqual(missed.reason, "Warmup")
+      assert.strictEqual(missed.reason._tag, "Warmup")
       assert.include(missed.message, "ran its 7 steps short of its target validation accuracy 1: best 0 at step 3")
       const failed = (yield* Journal.read(join(failing.config.output, "journal.jsonl"))).entries.map((e) => e.entry)
       assert.isFalse(failed.some((e) => e.kind === "warmup" || e.kind === "step"), "no warm-up end, no RL step")
@@ -266,7 +268,7 @@ describe("Trainer", () => {
 
   it("warm-up checks: every `every` steps from `from`, never at the last step", () => {
     const steps = (n: number, stopAt: { every: number; from?: number }) =>
-      Array.from({ length: n }, (_, i) => i + 1).filter((s) => Trainer.isCheckStep(s, n, stopAt))
+      Array.from({ length: n }, (_, i) => i + 1).filter((s) => RunSchedule.isCheckStep(s, n, stopAt))
     assert.deepStrictEqual(steps(10, { every: 3 }), [3, 6, 9])
     assert.deepStrictEqual(steps(10, { every: 3, from: 5 }), [5, 8])
     assert.deepStrictEqual(steps(9, { every: 3 }), [3, 6])
@@ -278,7 +280,7 @@ describe("Trainer", () => {
         warmup: { data: "unused", steps: 5, batchSize: 2, stopAt: { data: "unused", accuracy: 0.5 } }
       })
       const error = yield* Effect.flip(run(options))
-      assert.strictEqual(error.reason, "Learner")
+      assert.strictEqual(error.reason._tag, "Learner")
       assert.include(error.message, "validation")
     }).pipe(Effect.provide(NodeServices.layer)))
 
@@ -311,31 +313,31 @@ describe("Trainer", () => {
 
       const crowded = yield* setup({ agent: { numChains: 4, maxTurns: 2, maxNewTokens: 16, maxContextTokens: 60 } })
       const error = yield* Effect.flip(run({ ...crowded, train: yield* questions(() => true) }))
-      assert.strictEqual(error.reason, "Task")
+      assert.strictEqual(error.reason._tag, "Task")
       assert.include(error.message, "no prompt fits the context: the first 10 rows' prompts are up to")
       assert.isFalse(existsSync(join(crowded.config.output, "metrics.jsonl")), "nothing written")
     }).pipe(Effect.provide(NodeServices.layer)))
 
   it("token budgets: turns cut at maxNewTokens (half the chains or more) and conversations cut at maxContextTokens (a quarter or more) are named", () => {
     const agent = { maxNewTokens: 48, maxContextTokens: 256 }
-    const none = Trainer.budgetWarnings(3, { "rollout/termination/stop": 0.4, "rollout/termination/context_length": 0.2 }, agent)
+    const none = RolloutFigures.budgetWarnings(3, { "rollout/termination/stop": 0.4, "rollout/termination/context_length": 0.2 }, agent)
     assert.deepStrictEqual(none, {})
-    const both = Trainer.budgetWarnings(3, { "rollout/termination/stop": 0.5, "rollout/termination/context_length": 0.52 }, agent)
+    const both = RolloutFigures.budgetWarnings(3, { "rollout/termination/stop": 0.5, "rollout/termination/context_length": 0.52 }, agent)
     assert.include(both.cut, "step 3: 50% of the chains ended with a turn cut at agent.maxNewTokens (48)")
     assert.include(both.full, "step 3: 52% of the chains ended at agent.maxContextTokens (256 tokens)")
     assert.include(both.full, "raise agent.maxContextTokens")
     // An agent function's own max_tokens cut most of them: that is the setting to name.
     const figures = { "rollout/termination/stop": 0.75, "rollout/trajectories": 8 }
-    const own = Trainer.budgetWarnings(3, figures, agent, [16, 16, 16])
+    const own = RolloutFigures.budgetWarnings(3, figures, agent, [16, 16, 16])
     assert.include(own.cut, "most at their agent's own request max_tokens (16, below agent.maxNewTokens 48)")
     assert.include(own.cut, "raise max_tokens in the agent's requests")
-    assert.include(Trainer.budgetWarnings(3, figures, agent, [16, 16]).cut, "cut at agent.maxNewTokens (48)", "a third of the cut chains")
+    assert.include(RolloutFigures.budgetWarnings(3, figures, agent, [16, 16]).cut, "cut at agent.maxNewTokens (48)", "a third of the cut chains")
     // A budget the config does not set is the task's default: the warning says so, and where to override it.
     const webshop = { name: "webshop", defaults: { maxNewTokens: 48 } }
-    const fromTask = Trainer.budgetWarnings(3, { "rollout/termination/stop": 0.5 }, agent, [], webshop).cut
+    const fromTask = RolloutFigures.budgetWarnings(3, { "rollout/termination/stop": 0.5 }, agent, [], webshop).cut
     assert.include(fromTask, "cut at agent.maxNewTokens (48, task webshop's default)")
     assert.include(fromTask, "raise agent.maxNewTokens in the config (it overrides the task's default)")
-    const ownValue = Trainer.budgetWarnings(3, { "rollout/termination/stop": 0.5 }, { maxNewTokens: 64 }, [], webshop).cut
+    const ownValue = RolloutFigures.budgetWarnings(3, { "rollout/termination/stop": 0.5 }, { maxNewTokens: 64 }, [], webshop).cut
     assert.include(ownValue, "cut at agent.maxNewTokens (64) before")
   })
 
@@ -400,7 +402,7 @@ describe("Trainer", () => {
       writeFileSync(at(3), JSON.stringify({ ...state, m: state.m.map((x: number) => -x) }))
       const journalBefore = readFileSync(join(broken.config.output, "journal.jsonl"), "utf8")
       const error = yield* Effect.flip(run({ ...broken, resume: true }))
-      assert.strictEqual(error.reason, "Checkpoint")
+      assert.strictEqual(error.reason._tag, "Checkpoint")
       assert.include(error.message, "no intact checkpoint to resume")
       assert.include(error.message, "step-000006: ")
       assert.include(error.message, "step-000003: its weights")
@@ -418,7 +420,7 @@ describe("Trainer", () => {
         resume: true
       }
       const error = yield* Effect.flip(run(changed))
-      assert.strictEqual(error.reason, "Resume")
+      assert.strictEqual(error.reason._tag, "Resume")
       assert.include(error.message, "algorithm.lr: 0.0003 → 0.001; seed: 3 → 4")
       assert.include(error.message, "--force-resume")
       assert.strictEqual(readFileSync(join(options.config.output, "journal.jsonl"), "utf8"), journalBefore, "nothing written")
@@ -429,7 +431,7 @@ describe("Trainer", () => {
         config: { ...changed.config, algorithm: { ...changed.config.algorithm, steps: 12 } },
         notice: (m: string) => Effect.sync(() => said.push(m))
       }
-      assert.strictEqual((yield* Effect.flip(run(longerToo))).reason, "Resume")
+      assert.strictEqual((yield* Effect.flip(run(longerToo))).reason._tag, "Resume")
       assert.deepStrictEqual(said, [])
       // Another output directory is not a change (a run may move).
       const notices: Array<string> = []
@@ -481,17 +483,17 @@ describe("Trainer", () => {
 
   it("a recorded config's relative task module path is the current absolute one of the same file, for resume", () => {
     const current = { seed: 1, task: "/work/rooms/task.ts" }
-    assert.deepStrictEqual(Trainer.withRecordedTask({ seed: 1, task: "./task.ts" }, current), current)
+    assert.deepStrictEqual(Resume.withRecordedTask({ seed: 1, task: "./task.ts" }, current), current)
     assert.deepStrictEqual(
-      Trainer.withRecordedTask({ task: { name: "./task.ts", options: { a: 1 } } }, { task: { name: "/r/task.ts" } }),
+      Resume.withRecordedTask({ task: { name: "./task.ts", options: { a: 1 } } }, { task: { name: "/r/task.ts" } }),
       { task: { name: "/r/task.ts", options: { a: 1 } } }
     )
     // None recorded: a module run directly, recorded before it named itself.
-    assert.deepStrictEqual(Trainer.withRecordedTask({ seed: 1 }, current), current)
-    assert.deepStrictEqual(Trainer.withRecordedTask({ seed: 1 }, { seed: 1, task: "calculator" }), { seed: 1 })
+    assert.deepStrictEqual(Resume.withRecordedTask({ seed: 1 }, current), current)
+    assert.deepStrictEqual(Resume.withRecordedTask({ seed: 1 }, { seed: 1, task: "calculator" }), { seed: 1 })
     // Another module, a built-in name or an absolute recorded path stay what they were: a change.
     for (const task of ["./other.ts", "calculator", "/elsewhere/task.ts"]) {
-      assert.deepStrictEqual(Trainer.withRecordedTask({ task }, current), { task })
+      assert.deepStrictEqual(Resume.withRecordedTask({ task }, current), { task })
     }
   })
 
@@ -499,17 +501,17 @@ describe("Trainer", () => {
     const current = { task: { name: "swe", options: { root: "/work/data/folders", pool: 2 } } }
     for (const root of ["data/folders", "../data/folders/", "./folders"]) {
       const recorded = { task: { name: "swe", options: { root, pool: 2 } } }
-      assert.deepStrictEqual(Trainer.withRecordedPathOptions(recorded, current), current, root)
+      assert.deepStrictEqual(Resume.withRecordedPathOptions(recorded, current), current, root)
     }
     // Another folder, an absolute recorded path or another option stay what they were: a change.
     for (const root of ["other", "/elsewhere/folders"]) {
       const recorded = { task: { name: "swe", options: { root, pool: 2 } } }
-      assert.deepStrictEqual(Trainer.withRecordedPathOptions(recorded, current), recorded, root)
+      assert.deepStrictEqual(Resume.withRecordedPathOptions(recorded, current), recorded, root)
     }
     const recordedPool = { task: { name: "swe", options: { root: "folders", pool: 4 } } }
-    const pool = Trainer.withRecordedPathOptions(recordedPool, current)
+    const pool = Resume.withRecordedPathOptions(recordedPool, current)
     assert.deepStrictEqual(pool, { task: { name: "swe", options: { root: "/work/data/folders", pool: 4 } } })
-    assert.deepStrictEqual(Trainer.withRecordedPathOptions({ task: "swe" }, current), { task: "swe" })
+    assert.deepStrictEqual(Resume.withRecordedPathOptions({ task: "swe" }, current), { task: "swe" })
   })
 
   it.effect("resume without a checkpoint starts over; a missing checkpoint directory is skipped", () =>
@@ -528,7 +530,7 @@ describe("Trainer", () => {
 
   it("sampling versions: the step before in sync mode, maxStaleness older in async, never before a checkpoint", () => {
     const versions = (ahead: number, checkpointEvery: number, from = 0) =>
-      Array.from({ length: 9 - from }, (_, i) => Trainer.samplingVersion(from + i + 1, { ahead, checkpointEvery, from }))
+      Array.from({ length: 9 - from }, (_, i) => RunSchedule.samplingVersion(from + i + 1, { ahead, checkpointEvery, from }))
     assert.deepStrictEqual(versions(0, 3), [0, 1, 2, 3, 4, 5, 6, 7, 8])
     assert.deepStrictEqual(versions(1, 3), [0, 0, 1, 3, 3, 4, 6, 6, 7])
     assert.deepStrictEqual(versions(2, 100), [0, 0, 0, 1, 2, 3, 4, 5, 6])
@@ -539,15 +541,18 @@ describe("Trainer", () => {
   it.effect("every batch, evaluation and warm-up check samples from a sampler of its own, pinned to its version", () =>
     Effect.gen(function*() {
       const requested: Array<number> = []
-      const { policy } = yield* Toy.make()
-      const spy = { ...policy, sampler: (v: number) => Effect.andThen(Effect.sync(() => requested.push(v)), policy.sampler(v)) }
+      const { learner, versions } = yield* Toy.make()
+      const spy = {
+        ...versions,
+        sampler: (v: number) => Effect.andThen(Effect.sync(() => requested.push(v)), versions.sampler(v))
+      }
       const base = yield* setup({
         mode: "async",
         maxStaleness: 1,
         warmup: { data: "unused", steps: 4, batchSize: 2, stopAt: { data: "unused", accuracy: 1, every: 2, size: 2 } }
       }, { steps: 6 })
-      yield* Effect.scoped(Trainer.run({ ...base, validation: yield* rows(4, "validation"), task: neverCorrect })).pipe(
-        Effect.provideService(Trainer.Policy, spy)
+      yield* Effect.scoped(TrainLoop.run({ ...base, validation: yield* rows(4, "validation"), task: neverCorrect })).pipe(
+        Toy.provideParts({ learner, versions: spy })
       )
       // A warm-up check at step 2 (version -3), the evaluation at 0, batches 1…6 (versions 0 0 1 3 3 4), evaluations
       // at 4 and 6; no Sampler service was provided.
@@ -556,8 +561,8 @@ describe("Trainer", () => {
         [-3, 0, 0, 0, 1, 3, 3, 4, 4, 6]
       )
       const journal = (yield* Journal.read(join(base.config.output, "journal.jsonl"))).entries.map((e) => e.entry)
-      const versions = journal.flatMap((e) => (e.kind === "group" ? [e.policyVersion] : []))
-      assert.deepStrictEqual(versions, [0, 0, 0, 0, 0, 0, 1, 1, 1, 3, 3, 3, 3, 3, 3, 4, 4, 4], "every group's version")
+      const groupVersions = journal.flatMap((e) => (e.kind === "group" ? [e.policyVersion] : []))
+      assert.deepStrictEqual(groupVersions, [0, 0, 0, 0, 0, 0, 1, 1, 1, 3, 3, 3, 3, 3, 3, 4, 4, 4], "every group's version")
     }).pipe(Effect.provide(NodeServices.layer)))
 
   it.live("async: a crash and a resume end with the weights of an unbroken run, whatever the timing", () =>
@@ -599,7 +604,7 @@ describe("Trainer", () => {
       const options = yield* setup({ eval: { every: 100 } })
       const task = Task.make("broken", { reward: failing })
       const error = yield* Effect.flip(run({ ...options, eval: undefined, task }))
-      assert.strictEqual(error.reason, "Failures")
+      assert.strictEqual(error.reason._tag, "Failures")
       assert.include(error.message, "step 1: 12 of 12 trajectories failed with RewardFailed")
       assert.include(error.message, "maxFailureShare 0.5")
       // The first failure's own message, in the error and in the step's record, which outlives the console.
@@ -626,17 +631,16 @@ describe("Trainer", () => {
   it.effect("a non-finite loss stops the run with a typed error before the step is published, journaled or saved", () =>
     Effect.gen(function*() {
       const options = yield* setup({ checkpoint: { every: 1, keep: 10 } }, { steps: 4 })
-      const { policy, sampler } = yield* Toy.make()
+      const { learner, sampler, versions } = yield* Toy.make()
       const nan = {
-        ...policy,
+        ...learner,
         learn: (step: number, groups: ReadonlyArray<Trajectory.Group>) =>
-          Effect.map(policy.learn(step, groups), (f) => (step === 3 ? { ...f, "learner/loss": Number.NaN } : f))
+          Effect.map(learner.learn(step, groups), (o) => (step === 3 ? { ...o, loss: Number.NaN } : o))
       }
-      const error = yield* Effect.flip(Effect.scoped(Trainer.run(options)).pipe(
-        Effect.provideService(Trainer.Policy, nan),
-        Effect.provideService(Sampler, sampler)
+      const error = yield* Effect.flip(Effect.scoped(TrainLoop.run(options)).pipe(
+        Toy.provideParts({ learner: nan, versions, sampler })
       ))
-      assert.strictEqual(error.reason, "NonFinite")
+      assert.strictEqual(error.reason._tag, "NonFinite")
       assert.include(error.message, "step 3: learner/loss is NaN")
       assert.deepStrictEqual(yield* steps(options.config.output), [1, 2])
       assert.deepStrictEqual(readdirSync(join(options.config.output, "checkpoints")).sort(), ["step-000001", "step-000002"])
@@ -645,7 +649,7 @@ describe("Trainer", () => {
   it.effect("dynamic sampling: the learner gets groupsPerStep groups whose rewards differ; everything sampled is journaled", () =>
     Effect.gen(function*() {
       // A fast learner: the bandit soon answers "A" nearly always, and most groups of 4 chains agree.
-      const learnt = (options: Trainer.Options) =>
+      const learnt = (options: TrainLoop.Options) =>
         Effect.gen(function*() {
           const seen: Array<ReadonlyArray<Trajectory.Group>> = []
           yield* run({ ...options, eval: undefined }, { lr: 3, onLearn: (_, groups) => void seen.push(groups) })
