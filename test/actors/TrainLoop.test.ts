@@ -1,6 +1,6 @@
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Result } from "effect"
+import { Effect, Result, Schema } from "effect"
 import { existsSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
@@ -15,8 +15,6 @@ import * as Trajectory from "../../src/Trajectory.ts"
 import { charFormat } from "./fixtures/charFormat.ts"
 import * as Toy from "./fixtures/toyPolicy.ts"
 import * as RunSchedule from "../../src/RunSchedule.ts"
-import * as RolloutFigures from "../../src/RolloutFigures.ts"
-import * as Resume from "../../actors/Resume.ts"
 import * as TrainLoop from "../../actors/TrainLoop.ts"
 
 const rows = (n: number, prefix: string) =>
@@ -60,70 +58,7 @@ const steps = (output: string) =>
 const run = (options: TrainLoop.Options, toy: Toy.ToyOptions = {}) =>
   Effect.scoped(TrainLoop.run(options)).pipe(Effect.provide(Toy.layer(toy)))
 
-describe("Trainer", () => {
-  it("row order: a seeded permutation per epoch, every row once per epoch", () => {
-    const order = RunSchedule.rowsAt(10, 3, 0, 30)
-    for (let epoch = 0; epoch < 3; epoch++) {
-      assert.deepStrictEqual([...order.slice(epoch * 10, epoch * 10 + 10)].sort((a, b) => a - b), [...Array(10).keys()])
-    }
-    assert.notDeepEqual(order.slice(0, 10), order.slice(10, 20))
-    assert.deepStrictEqual(RunSchedule.rowsAt(10, 3, 7, 5), order.slice(7, 12))
-    assert.notDeepEqual(RunSchedule.rowsAt(10, 4, 0, 10), order.slice(0, 10))
-  })
-
-  it("rollout figures: reward, accuracy, invalid tool calls, turns, calls per tool and staleness", () => {
-    const t = (over: Partial<Trajectory.Trajectory>): Trajectory.Trajectory => ({
-      trajectoryId: "t",
-      groupId: "g",
-      chainId: "c",
-      messages: [],
-      segments: [{ spans: [{ source: "policy", tokenIds: [1, 2], policyVersion: 3 }], messageCount: 0 }],
-      termination: "no_tool_call",
-      reward: 0,
-      rewardStatus: "scored",
-      metrics: {},
-      trainable: true,
-      masked: false,
-      ...over
-    })
-    const call = (name: string) => ({ id: name, type: "function" as const, function: { name, arguments: {} } })
-    const group: Trajectory.Group = {
-      groupId: "g",
-      rowIndex: 0,
-      trajectories: [
-        t({ reward: 1, metrics: { acc: 1 }, messages: [{ role: "assistant", content: "", tool_calls: [call("calculator")] }] }),
-        t({
-          reward: 0.5,
-          messages: [
-            { role: "assistant", content: "", tool_calls: [call("calculator"), call("search")] },
-            { role: "tool", content: "bad arguments", tool_call_id: "x", is_error: true },
-            { role: "assistant", content: "done" }
-          ]
-        }),
-        t({ termination: "error" }),
-        t({ reward: 1, segments: [{ spans: [{ source: "policy", tokenIds: [1], policyVersion: 1 }], messageCount: 0 }] })
-      ]
-    }
-    // A weighted sum of rewards: its accuracy is the namespaced metric, whatever the sum.
-    const sum = RolloutFigures.rolloutFigures([{
-      ...group,
-      trajectories: [
-        t({ reward: 1.2, metrics: { "reward/mathEqual/acc": 0, "reward/toolCallFormat/reward": 1 } }),
-        t({ reward: 0.9, metrics: { "reward/mathEqual/acc": 1 } })
-      ]
-    }], { prefix: "rollout" })
-    assert.strictEqual(sum["rollout/accuracy"], 0.5)
-    const f = RolloutFigures.rolloutFigures([group], { prefix: "rollout", policyVersion: 4 })
-    assert.strictEqual(f["rollout/reward_mean"], 2.5 / 4)
-    assert.strictEqual(f["rollout/accuracy"], 2 / 4, "acc metric, else reward >= 1")
-    assert.strictEqual(f["rollout/invalid_tool_call_rate"], 2 / 4, "an error observation or an errored chain")
-    assert.strictEqual(f["rollout/turns_mean"], 3 / 4)
-    assert.strictEqual(f["rollout/tool_calls/calculator"], 2 / 4)
-    assert.strictEqual(f["rollout/tool_calls/search"], 1 / 4)
-    assert.strictEqual(f["rollout/policy_tokens"], 7)
-    assert.strictEqual(f["rollout/staleness_mean"], (1 + 1 + 1 + 3) / 4)
-  })
-
+describe("TrainLoop", () => {
   it.effect("a sampled evaluation with several answers per question: its figures are over all of them", () =>
     Effect.gen(function*() {
       const options = yield* setup({ eval: { every: 4, size: 5, samples: 3, temperature: 1 } }, { steps: 1 })
@@ -266,14 +201,6 @@ describe("Trainer", () => {
       assert.isFalse(failed.some((e) => e.kind === "warmup" || e.kind === "step"), "no warm-up end, no RL step")
     }).pipe(Effect.provide(NodeServices.layer)))
 
-  it("warm-up checks: every `every` steps from `from`, never at the last step", () => {
-    const steps = (n: number, stopAt: { every: number; from?: number }) =>
-      Array.from({ length: n }, (_, i) => i + 1).filter((s) => RunSchedule.isCheckStep(s, n, stopAt))
-    assert.deepStrictEqual(steps(10, { every: 3 }), [3, 6, 9])
-    assert.deepStrictEqual(steps(10, { every: 3, from: 5 }), [5, 8])
-    assert.deepStrictEqual(steps(9, { every: 3 }), [3, 6])
-  })
-
   it.effect("warm-up stopAt without its validation split is a typed error", () =>
     Effect.gen(function*() {
       const options = yield* setup({
@@ -317,29 +244,6 @@ describe("Trainer", () => {
       assert.include(error.message, "no prompt fits the context: the first 10 rows' prompts are up to")
       assert.isFalse(existsSync(join(crowded.config.output, "metrics.jsonl")), "nothing written")
     }).pipe(Effect.provide(NodeServices.layer)))
-
-  it("token budgets: turns cut at maxNewTokens (half the chains or more) and conversations cut at maxContextTokens (a quarter or more) are named", () => {
-    const agent = { maxNewTokens: 48, maxContextTokens: 256 }
-    const none = RolloutFigures.budgetWarnings(3, { "rollout/termination/stop": 0.4, "rollout/termination/context_length": 0.2 }, agent)
-    assert.deepStrictEqual(none, {})
-    const both = RolloutFigures.budgetWarnings(3, { "rollout/termination/stop": 0.5, "rollout/termination/context_length": 0.52 }, agent)
-    assert.include(both.cut, "step 3: 50% of the chains ended with a turn cut at agent.maxNewTokens (48)")
-    assert.include(both.full, "step 3: 52% of the chains ended at agent.maxContextTokens (256 tokens)")
-    assert.include(both.full, "raise agent.maxContextTokens")
-    // An agent function's own max_tokens cut most of them: that is the setting to name.
-    const figures = { "rollout/termination/stop": 0.75, "rollout/trajectories": 8 }
-    const own = RolloutFigures.budgetWarnings(3, figures, agent, [16, 16, 16])
-    assert.include(own.cut, "most at their agent's own request max_tokens (16, below agent.maxNewTokens 48)")
-    assert.include(own.cut, "raise max_tokens in the agent's requests")
-    assert.include(RolloutFigures.budgetWarnings(3, figures, agent, [16, 16]).cut, "cut at agent.maxNewTokens (48)", "a third of the cut chains")
-    // A budget the config does not set is the task's default: the warning says so, and where to override it.
-    const webshop = { name: "webshop", defaults: { maxNewTokens: 48 } }
-    const fromTask = RolloutFigures.budgetWarnings(3, { "rollout/termination/stop": 0.5 }, agent, [], webshop).cut
-    assert.include(fromTask, "cut at agent.maxNewTokens (48, task webshop's default)")
-    assert.include(fromTask, "raise agent.maxNewTokens in the config (it overrides the task's default)")
-    const ownValue = RolloutFigures.budgetWarnings(3, { "rollout/termination/stop": 0.5 }, { maxNewTokens: 64 }, [], webshop).cut
-    assert.include(ownValue, "cut at agent.maxNewTokens (64) before")
-  })
 
   it.effect("a crash mid-run resumes from the last checkpoint: each step journaled once, same final weights", () =>
     Effect.gen(function*() {
@@ -481,39 +385,6 @@ describe("Trainer", () => {
       assert.include(shorter.at(-1), "is at step 10 and algorithm.steps is 8: nothing left")
     }).pipe(Effect.provide(NodeServices.layer)))
 
-  it("a recorded config's relative task module path is the current absolute one of the same file, for resume", () => {
-    const current = { seed: 1, task: "/work/rooms/task.ts" }
-    assert.deepStrictEqual(Resume.withRecordedTask({ seed: 1, task: "./task.ts" }, current), current)
-    assert.deepStrictEqual(
-      Resume.withRecordedTask({ task: { name: "./task.ts", options: { a: 1 } } }, { task: { name: "/r/task.ts" } }),
-      { task: { name: "/r/task.ts", options: { a: 1 } } }
-    )
-    // None recorded: a module run directly, recorded before it named itself.
-    assert.deepStrictEqual(Resume.withRecordedTask({ seed: 1 }, current), current)
-    assert.deepStrictEqual(Resume.withRecordedTask({ seed: 1 }, { seed: 1, task: "calculator" }), { seed: 1 })
-    // Another module, a built-in name or an absolute recorded path stay what they were: a change.
-    for (const task of ["./other.ts", "calculator", "/elsewhere/task.ts"]) {
-      assert.deepStrictEqual(Resume.withRecordedTask({ task }, current), { task })
-    }
-  })
-
-  it("a recorded config's relative task path option is the current absolute one of the same path, for resume", () => {
-    const current = { task: { name: "swe", options: { root: "/work/data/folders", pool: 2 } } }
-    for (const root of ["data/folders", "../data/folders/", "./folders"]) {
-      const recorded = { task: { name: "swe", options: { root, pool: 2 } } }
-      assert.deepStrictEqual(Resume.withRecordedPathOptions(recorded, current), current, root)
-    }
-    // Another folder, an absolute recorded path or another option stay what they were: a change.
-    for (const root of ["other", "/elsewhere/folders"]) {
-      const recorded = { task: { name: "swe", options: { root, pool: 2 } } }
-      assert.deepStrictEqual(Resume.withRecordedPathOptions(recorded, current), recorded, root)
-    }
-    const recordedPool = { task: { name: "swe", options: { root: "folders", pool: 4 } } }
-    const pool = Resume.withRecordedPathOptions(recordedPool, current)
-    assert.deepStrictEqual(pool, { task: { name: "swe", options: { root: "/work/data/folders", pool: 4 } } })
-    assert.deepStrictEqual(Resume.withRecordedPathOptions({ task: "swe" }, current), { task: "swe" })
-  })
-
   it.effect("resume without a checkpoint starts over; a missing checkpoint directory is skipped", () =>
     Effect.gen(function*() {
       const options = yield* setup({}, { steps: 2 })
@@ -527,16 +398,6 @@ describe("Trainer", () => {
       assert.deepStrictEqual(yield* steps(options.config.output), [1, 2])
       assert.isTrue(existsSync(join(options.config.output, "checkpoints", "step-000002")))
     }).pipe(Effect.provide(NodeServices.layer)))
-
-  it("sampling versions: the step before in sync mode, maxStaleness older in async, never before a checkpoint", () => {
-    const versions = (ahead: number, checkpointEvery: number, from = 0) =>
-      Array.from({ length: 9 - from }, (_, i) => RunSchedule.samplingVersion(from + i + 1, { ahead, checkpointEvery, from }))
-    assert.deepStrictEqual(versions(0, 3), [0, 1, 2, 3, 4, 5, 6, 7, 8])
-    assert.deepStrictEqual(versions(1, 3), [0, 0, 1, 3, 3, 4, 6, 6, 7])
-    assert.deepStrictEqual(versions(2, 100), [0, 0, 0, 1, 2, 3, 4, 5, 6])
-    // Resumed from step 4 (a forced resume off the checkpoint schedule): nothing older than its weights.
-    assert.deepStrictEqual(versions(1, 3, 4), [4, 4, 6, 6, 7])
-  })
 
   it.effect("every batch, evaluation and warm-up check samples from a sampler of its own, pinned to its version", () =>
     Effect.gen(function*() {
@@ -732,5 +593,33 @@ describe("Trainer", () => {
       assert.strictEqual(summary.trained + summary.skipped, 4)
       // The toy learner always applies its step.
       assert.strictEqual(summary.trained, 4)
+    }).pipe(Effect.provide(NodeServices.layer)))
+})
+
+describe("TrainLoop: inputs read once", () => {
+  it.effect("a row Schema that transforms its input (a number from a string) decodes each dataset once", () =>
+    Effect.gen(function*() {
+      const options = yield* setup({}, { steps: 2 })
+      const row = Schema.Struct({ n: Schema.NumberFromString })
+      const task: Task.Task = { ...Toy.task(), row }
+      const raw = yield* Dataset.parse("train", ["1", "2", "3"].map((n) => JSON.stringify({ question: "q", n })).join("\n"))
+      // Decoded as `agentfly train` loads it (`Dataset.load` with the task's fields); decoding again would fail.
+      const train = yield* Dataset.refine(raw, row)
+      assert.strictEqual(train.rows[0]!.fields["n"], 1)
+      assert.isTrue(Result.isFailure(yield* Effect.result(Dataset.refine({ ...train, decodedBy: [] }, row))))
+      const summary = yield* run({ ...options, task, train, eval: undefined })
+      assert.strictEqual(summary.trained, 2)
+    }).pipe(Effect.provide(NodeServices.layer)))
+
+  it.effect("a resumed run's summary is the whole run's, read from the journal: its steps and its evaluations", () =>
+    Effect.gen(function*() {
+      const options = yield* setup({}, { steps: 8 })
+      const crashed = yield* Effect.result(run(options, { failAt: 5 }))
+      assert.isTrue(Result.isFailure(crashed))
+      const resumed = yield* run({ ...options, resume: true })
+      assert.strictEqual(resumed.fromStep, 3)
+      assert.strictEqual(resumed.trained, 8, "steps 1–3 trained before the crash count")
+      assert.deepStrictEqual(resumed.evals.map((e) => e.step), [0, 4, 8], "the evaluation at step 0 was the first process's")
+      assert.isNumber(resumed.evals[0]!.figures["eval/accuracy"])
     }).pipe(Effect.provide(NodeServices.layer)))
 })
