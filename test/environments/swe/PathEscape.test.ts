@@ -170,14 +170,14 @@ describe("Harbor paths cannot escape their root (the swe task, Docker)", () => {
         /environment\/textutil\.py is a symbolic link .*secret\.txt/,
         /the folder is a symbolic link .*outside\/fix-0/
       ]
-      escapes.forEach((t, i) => {
+      // Every escaping row, not only the first: the ones that ran or failed otherwise, with what happened.
+      const notRefused = escapes.flatMap((t, i) => {
         const chain = done[i]!
-        assert.isTrue(chain.masked, `${t}: ${chain.error}`)
-        assert.strictEqual(chain.reward, 0, t)
-        assert.match(chain.error ?? "", /^EnvFailed: /, t)
-        assert.match(chain.error ?? "", expected[i]!, t)
-        assert.notInclude(JSON.stringify(chain.messages), "host secret", t)
+        const refused = chain.masked && chain.reward === 0 && /^EnvFailed: /.test(chain.error ?? "") &&
+          expected[i]!.test(chain.error ?? "") && !JSON.stringify(chain.messages).includes("host secret")
+        return refused ? [] : [`${t}: reward ${chain.reward}, ${chain.error ?? "no error"}`]
       })
+      assert.deepStrictEqual(notRefused, [])
       assert.strictEqual(done.at(-1)!.reward, 1, done.at(-1)!.error)
       assert.strictEqual(containers(), "", "no container outlived its chain")
     }), { timeout: 300_000 })
