@@ -51,7 +51,10 @@ const layout = Effect.gen(function*() {
   return { root, outside }
 }).pipe(Effect.provide(NodeServices.layer))
 
-const escaped = (effect: Effect.Effect<unknown, HarborTask.HarborError | HarborTask.PathEscape, FileSystem.FileSystem>) =>
+type Loading = Effect.Effect<unknown, HarborTask.HarborError | HarborTask.PathEscape, FileSystem.FileSystem>
+
+/** The `PathEscape` a load fails with (any other outcome fails the test). */
+const escaped = (effect: Loading) =>
   Effect.flip(effect).pipe(
     Effect.map((e) => {
       assert.strictEqual(e._tag, "PathEscape", e.message)
@@ -66,7 +69,10 @@ describe("Harbor paths cannot escape their root", () => {
       const { root, outside } = yield* layout
       const parent = yield* escaped(HarborTask.loadRow(root, "../outside/fix-0"))
       assert.deepInclude(parent, { folder: "../outside/fix-0", target: `${outside}/fix-0`, root })
-      assert.strictEqual(parent.message, `the row's task leads to ${outside}/fix-0, outside the task folders' root ${root}`)
+      assert.strictEqual(
+        parent.message,
+        `the row's task leads to ${outside}/fix-0, outside the task folders' root ${root}`
+      )
       // Climbing out and back in is still out: `..` is resolved before the comparison, by segments.
       const sibling = yield* escaped(HarborTask.loadRow(root, "fix-0/../../root-other"))
       assert.strictEqual(sibling.target, `${root}-other`)
@@ -75,11 +81,10 @@ describe("Harbor paths cannot escape their root", () => {
       // Even an absolute path inside the root: rows name folders relative to it.
       yield* escaped(HarborTask.loadRow(root, `${root}/fix-0`))
       // The same folders, named inside the root, load.
-      assert.strictEqual((yield* HarborTask.loadRow(root, "fix-0").pipe(Effect.provide(NodeServices.layer))).name, "fix-0")
-      assert.strictEqual(
-        (yield* HarborTask.loadRow(root, "./fix-0/../fix-0").pipe(Effect.provide(NodeServices.layer))).name,
-        "fix-0"
-      )
+      for (const inside of ["fix-0", "./fix-0/../fix-0"]) {
+        const loaded = yield* HarborTask.loadRow(root, inside).pipe(Effect.provide(NodeServices.layer))
+        assert.strictEqual(loaded.name, "fix-0")
+      }
     }))
 
   it.effect("an instruction, tests/, an environment/ file or the folder itself linked out of the root is refused", () =>
@@ -122,7 +127,7 @@ describe("Harbor paths cannot escape their root", () => {
       assert.strictEqual((yield* load(HarborTask.load(`${root}/fix-0`))).name, "fix-0")
     }))
 
-  it.effect("a solution or a file deep in tests/ linked out is refused too; a link to a directory inside tests/ also", () =>
+  it.effect("a solution, a file deep in tests/ or a directory link in tests/ leading out is refused too", () =>
     Effect.gen(function*() {
       const { root, outside } = yield* layout
       const fs = yield* FileSystem.FileSystem
