@@ -33,6 +33,7 @@ import { Sampler } from "../src/Sampler.ts"
 import * as Tokenizer from "../src/Tokenizer.ts"
 import { verifiedCheckpoint } from "./eval.ts"
 import { trainedPolicyFlags } from "./serve.ts"
+import { exitOnFailure } from "./train.ts"
 
 /**
  * What `agentfly gateway` runs with.
@@ -194,5 +195,6 @@ export const gateway = Command.make(
       threads: args.threads
     })
     return yield* Effect.never
-  }, Effect.scoped)
+    // A refused folder or checkpoint (NaN weights, a wrong fingerprint): one line and a non-zero exit, as serve's.
+  }, Effect.scoped, exitOnFailure)
 ).pipe(Command.withDescription("Serve an OpenAI-compatible gateway that records token-level trajectories per episode"))

@@ -11,6 +11,7 @@
 import { Effect, FileSystem, Path, Schema } from "effect"
 import * as ByteTokenizer from "./ByteTokenizer.ts"
 import * as ChatTemplate from "./ChatTemplate.ts"
+import * as Finite from "./internal/finite.ts"
 import * as ModelConfig from "./model/ModelConfig.ts"
 import * as Qwen2 from "./model/Qwen2.ts"
 import * as Safetensors from "./Safetensors.ts"
@@ -87,7 +88,8 @@ export const readConfig = Effect.fn("ModelFolder.readConfig")(function*(dir: str
 })
 
 /**
- * Reads `model.safetensors` and checks it holds exactly the parameters of `config`, with their shapes.
+ * Reads `model.safetensors` and checks it holds exactly the parameters of `config`, with their shapes, every value
+ * finite (`InvalidWeights` naming the first tensor with a NaN or ±Infinity).
  *
  * @category constructors
  * @since 0.1.0
@@ -112,6 +114,12 @@ export const readWeights = Effect.fn("ModelFolder.readWeights")(function*(
   const weights: Qwen2.Weights = yield* Safetensors.readFloat32(parsed, file, Qwen2.parameters(config)).pipe(
     Effect.mapError(invalid)
   )
+  // NaN or ±Infinity would be served and trained on unnoticed (only a checkpoint's save refused them).
+  const bad = Finite.firstNonFinite(weights)
+  if (bad !== undefined) {
+    const message = `${file}: ${Finite.describe(bad)}`
+    return yield* new ModelFolderError({ reason: "InvalidWeights", file, tensor: bad.tensor, message })
+  }
   return weights
 })
 
