@@ -141,7 +141,9 @@ export const envError = (env: string, method: string, reason: EnvError["reason"]
 export const leaseError = <A>(pool: PoolState<A>, reason: Resource.LeaseErrorReason) =>
   new Resource.LeaseError({ resource: pool.name, reason })
 
-export const fork = <A, X>(pool: PoolState<A>, effect: Effect.Effect<X>) => Effect.asVoid(FiberSet.run(pool.fibers, effect))
+/** Runs `effect` in one of the pool's own fibers. */
+export const fork = <A, X>(pool: PoolState<A>, effect: Effect.Effect<X>) =>
+  Effect.asVoid(FiberSet.run(pool.fibers, effect))
 
 /** Forks each of `work`, in order. A loop rather than a closure per call: the lease path dispatches at every step. */
 export const forkAll = <A>(pool: PoolState<A>, work: ReadonlyArray<Effect.Effect<void>>): Effect.Effect<void> => {
