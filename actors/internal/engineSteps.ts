@@ -148,8 +148,8 @@ export const finish = (seq: Seq, version: number, finishReason: FinishReason) =>
 
 /** Samples the next token of each sequence from `logits [B, 1, V]`; returns the indices that go on. */
 export const advance = (
-  engine: Engine,
-  g: Generation,
+  engine: Pick<Engine, "vocabSize" | "config" | "stats">,
+  g: Pick<Generation, "version">,
   seqs: ReadonlyArray<Seq>,
   logits: Float32Array
 ): Array<number> => {
@@ -185,7 +185,10 @@ export const retain = (engine: Engine, g: Generation, row: number) => {
 }
 
 /** Takes the longest retained sequence that `prompt` extends by one token or more. */
-export const continued = (g: Generation, prompt: ReadonlyArray<number>): KvCache.Prefix | undefined => {
+export const continued = (
+  g: Pick<Generation, "retained">,
+  prompt: ReadonlyArray<number>
+): KvCache.Prefix | undefined => {
   let best = -1
   g.retained.forEach((e, k) => {
     if (e.tokens.length >= prompt.length || (best >= 0 && e.tokens.length <= g.retained[best]!.tokens.length)) return
