@@ -48,9 +48,15 @@ interface Waiting {
   readonly onToken: ((tokenId: number, logprob: number) => void) | undefined
 }
 
-/** Building an engine or swapping its weights failed: a sampler-side failure (the thread died) counts as a session's. */
+const sessionFailed = (message: string) =>
+  new PolicyEngine.PolicyEngineError({ reason: new PolicyEngine.SessionFailed({ message }) })
+
+/**
+ * Building an engine or swapping its weights failed: a sampler-side failure (the thread died) counts as a
+ * session's.
+ */
 const engineErrorOf = (e: SamplerError | PolicyEngine.PolicyEngineError) =>
-  e._tag === "PolicyEngineError" ? e : new PolicyEngine.PolicyEngineError({ reason: "SessionFailed", message: e.message })
+  e._tag === "PolicyEngineError" ? e : sessionFailed(e.message)
 
 /** Starts a thread and waits until it is ready to take requests. */
 const start = Effect.callback<Worker, PolicyEngine.PolicyEngineError>((resume) => {
@@ -62,7 +68,7 @@ const start = Effect.callback<Worker, PolicyEngine.PolicyEngineError>((resume) =
   }
   const failed = (message: string) => {
     off()
-    resume(Effect.fail(new PolicyEngine.PolicyEngineError({ reason: "SessionFailed", message })))
+    resume(Effect.fail(sessionFailed(message)))
   }
   const onReady = () => {
     off()
@@ -124,7 +130,7 @@ export const make: Effect.Effect<EngineThread, never, Scope.Scope> = Effect.gen(
     const closed = samplerError("Closed", message)
     for (const w of waiting.values()) w.resume(Effect.fail(closed))
     waiting.clear()
-    const failure = new PolicyEngine.PolicyEngineError({ reason: "SessionFailed", message })
+    const failure = sessionFailed(message)
     for (const resume of opening.values()) resume(Effect.fail(failure))
     opening.clear()
     for (const resume of closing.values()) resume()

@@ -78,27 +78,110 @@ export interface GenerateOptions {
 }
 
 /**
+ * A weight the model needs is not among the weights given.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class MissingWeight extends Schema.TaggedError<MissingWeight>()("MissingWeight", {
+  weight: Schema.String,
+  message: Schema.String
+}) {
+  get isRetryable(): boolean {
+    return false
+  }
+}
+
+/**
+ * A weight holds the wrong number of floats for its shape.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class WeightShape extends Schema.TaggedError<WeightShape>()("WeightShape", {
+  weight: Schema.String,
+  message: Schema.String
+}) {
+  get isRetryable(): boolean {
+    return false
+  }
+}
+
+/**
+ * A weight given is not one of the model's.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class UnknownWeight extends Schema.TaggedError<UnknownWeight>()("UnknownWeight", {
+  weight: Schema.String,
+  message: Schema.String
+}) {
+  get isRetryable(): boolean {
+    return false
+  }
+}
+
+/**
+ * The version given is not newer than the engine's current one: versions must increase.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class StaleVersion extends Schema.TaggedError<StaleVersion>()("StaleVersion", {
+  version: Schema.Number,
+  current: Schema.Number,
+  message: Schema.String
+}) {
+  get isRetryable(): boolean {
+    return false
+  }
+}
+
+/**
+ * onnxruntime rejected the model (or the engine's thread could not be started).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class SessionFailed extends Schema.TaggedError<SessionFailed>()("SessionFailed", { message: Schema.String }) {
+  get isRetryable(): boolean {
+    return false
+  }
+}
+
+/**
  * Why `updateWeights` (or building the engine) failed.
  *
  * @category errors
  * @since 0.1.0
  */
-export const PolicyEngineErrorReason = Schema.Literals([
-  "MissingWeight",
-  "WeightShape",
-  "UnknownWeight",
-  "StaleVersion", // versions must increase
-  "SessionFailed" // onnxruntime rejected the model
+export const PolicyEngineErrorReason = Schema.Union([
+  MissingWeight,
+  WeightShape,
+  UnknownWeight,
+  StaleVersion,
+  SessionFailed
 ])
+export type PolicyEngineErrorReason = typeof PolicyEngineErrorReason.Type
 
 /**
+ * A failed weight update or engine build. Handle reasons with `Effect.catchReason("PolicyEngineError", …)`;
+ * `message` is the reason's.
+ *
  * @category errors
  * @since 0.1.0
  */
 export class PolicyEngineError extends Schema.TaggedError<PolicyEngineError>()("PolicyEngineError", {
-  reason: PolicyEngineErrorReason,
-  message: Schema.String
-}) {}
+  reason: PolicyEngineErrorReason
+}) {
+  get isRetryable(): boolean {
+    return this.reason.isRetryable
+  }
+  override get message(): string {
+    return this.reason.message
+  }
+}
 
 /**
  * Counters for metrics and tests.
@@ -170,17 +253,20 @@ const validateWeights = (c: ModelConfig.ModelConfig, weights: Qwen2.Weights): Po
   for (const spec of specs) {
     const data = weights.get(spec.name)
     const n = spec.shape.reduce((a, b) => a * b, 1)
-    if (data === undefined) return new PolicyEngineError({ reason: "MissingWeight", message: `missing ${spec.name}` })
+    if (data === undefined) {
+      const message = `missing ${spec.name}`
+      return new PolicyEngineError({ reason: new MissingWeight({ weight: spec.name, message }) })
+    }
     if (data.length !== n) {
-      return new PolicyEngineError({
-        reason: "WeightShape",
-        message: `${spec.name}: expected ${n} floats [${spec.shape.join(", ")}], got ${data.length}`
-      })
+      const message = `${spec.name}: expected ${n} floats [${spec.shape.join(", ")}], got ${data.length}`
+      return new PolicyEngineError({ reason: new WeightShape({ weight: spec.name, message }) })
     }
   }
   const known = new Set(specs.map((s) => s.name))
   for (const name of weights.keys()) {
-    if (!known.has(name)) return new PolicyEngineError({ reason: "UnknownWeight", message: `unknown weight ${name}` })
+    if (!known.has(name)) {
+      return new PolicyEngineError({ reason: new UnknownWeight({ weight: name, message: `unknown weight ${name}` }) })
+    }
   }
   return undefined
 }
@@ -249,7 +335,7 @@ const newGeneration = Effect.fnUntraced(function*(setup: Setup, version: number,
   const bytes = setup.inputsModel ?? Graph.toModelBytes(Qwen2.inferenceGraph(c, weights))
   const session = yield* Effect.tryPromise({
     try: () => ort.InferenceSession.create(bytes, setup.sessionOptions),
-    catch: (e) => new PolicyEngineError({ reason: "SessionFailed", message: String(e) })
+    catch: (e) => new PolicyEngineError({ reason: new SessionFailed({ message: String(e) }) })
   })
   const weightFeeds: Record<string, ort.Tensor> = {}
   if (setup.weightsAs === "inputs") {
@@ -370,10 +456,9 @@ const generate = Effect.fn("PolicyEngine.generate")(
 const updateWeights = (engine: Engine, version: number, weights: Qwen2.Weights) =>
   Semaphore.withPermits(engine.updates, 1)(Effect.gen(function*() {
     if (version <= engine.current.version) {
-      return yield* new PolicyEngineError({
-        reason: "StaleVersion",
-        message: `version ${version} is not newer than the current version ${engine.current.version}`
-      })
+      const current = engine.current.version
+      const message = `version ${version} is not newer than the current version ${current}`
+      return yield* new PolicyEngineError({ reason: new StaleVersion({ version, current, message }) })
     }
     const g = yield* newGeneration(engine, version, weights)
     engine.generations.push(g)

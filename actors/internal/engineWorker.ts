@@ -18,12 +18,12 @@ import * as PolicyEngine from "../PolicyEngine.ts"
 // ===== Protocol =====
 
 /**
- * An error as it crosses the thread boundary: a sampler error's reason encoded by its schema (a plain object, which
- * the structured clone of `postMessage` keeps, with the reason's facts), or an engine error's reason and message.
+ * An error as it crosses the thread boundary: a sampler or engine error's reason encoded by its schema (a plain
+ * object, which the structured clone of `postMessage` keeps, with the reason's facts).
  */
 export type WireError =
   | { readonly tag: "SamplerError"; readonly reason: typeof SamplerErrorReason.Encoded }
-  | { readonly tag: "PolicyEngineError"; readonly reason: string; readonly message: string }
+  | { readonly tag: "PolicyEngineError"; readonly reason: typeof PolicyEngine.PolicyEngineErrorReason.Encoded }
 
 export type Request =
   | { readonly op: "open"; readonly engine: number; readonly options: PolicyEngine.Options }
@@ -68,26 +68,31 @@ export interface Init {
  */
 export const toWire = (e: unknown): WireError => {
   if (e instanceof PolicyEngine.PolicyEngineError) {
-    return { tag: "PolicyEngineError", reason: e.reason, message: e.message }
+    return { tag: "PolicyEngineError", reason: Schema.encodeSync(PolicyEngine.PolicyEngineErrorReason)(e.reason) }
   }
   const error = e instanceof SamplerError ? e : samplerError("ServerError", e instanceof Error ? e.message : String(e))
   return { tag: "SamplerError", reason: Schema.encodeSync(SamplerErrorReason)(error.reason) }
 }
 
+const unreadable = (reason: unknown) => `an unreadable error from the engine thread: ${JSON.stringify(reason)}`
+
 /**
  * The typed error a wire error stands for, on the calling thread. A reason that does not decode (never, while both
- * threads run this file) becomes a `ServerError` naming it, rather than an exception in a message handler.
+ * threads run this file) becomes a `ServerError` (a `SessionFailed` for an engine error) naming it, rather than an
+ * exception in a message handler.
  */
 export const fromWire = (e: WireError): SamplerError | PolicyEngine.PolicyEngineError =>
   e.tag === "PolicyEngineError"
     ? new PolicyEngine.PolicyEngineError({
-      reason: e.reason as typeof PolicyEngine.PolicyEngineErrorReason.Type,
-      message: e.message
+      reason: Option.getOrElse(
+        Schema.decodeUnknownOption(PolicyEngine.PolicyEngineErrorReason)(e.reason),
+        () => new PolicyEngine.SessionFailed({ message: unreadable(e.reason) })
+      )
     })
     : new SamplerError({
       reason: Option.getOrElse(
         Schema.decodeUnknownOption(SamplerErrorReason)(e.reason),
-        () => new ServerError({ message: `an unreadable error from the engine thread: ${JSON.stringify(e.reason)}` })
+        () => new ServerError({ message: unreadable(e.reason) })
       )
     })
 
