@@ -4,7 +4,8 @@
  * Exits with status 1 when it lists any. Run: `npx tsx scripts/function-lengths.ts [--max N] [--all]`.
  *
  * A function whose body is little more than one inner function (`(pool) => Effect.gen(function*() { … })`,
- * `Effect.suspend(() => { … })`) is counted once, as that inner function under the outer one's name.
+ * `Effect.suspend(() => { … })`) is counted once, as that inner function under the outer one's name (its
+ * signature, however long, is not counted).
  *
  * Skipped: the model-graph builders, which write one ONNX graph node after another, in the order of the model's
  * own layers, and read best whole: `src/model/Qwen2.ts` (the forward graphs), `src/autodiff/` (the backward
@@ -38,6 +39,8 @@ interface Found {
   readonly file: string
   readonly line: number
   readonly lines: number
+  /** Lines of its body alone (a long signature is not a wrapper's body). */
+  readonly bodyLines: number
   readonly name: string
   /** The functions whose nearest enclosing function this one is. */
   readonly inner: Array<Found>
@@ -123,7 +126,9 @@ const functionsOf = (file: string): Array<Found> => {
       const line = lineOf(node.start)
       const own = nameOf(node["id"]) ?? name
       const lines = lineOf(node.end - 1) - line + 1
-      const found: Found = { file: path, line, lines, name: own, inner: [], wrapper: false }
+      const body = node["body"] as Node
+      const bodyLines = lineOf(body.end - 1) - lineOf(body.start) + 1
+      const found: Found = { file: path, line, lines, bodyLines, name: own, inner: [], wrapper: false }
       enclosing.push(found)
       for (const child of children(node)) visit(child, own, found.inner)
       return
@@ -154,7 +159,7 @@ const flatten = (found: ReadonlyArray<Found>): Array<Found> =>
       (w, g) => (w !== undefined && w.lines >= g.lines ? w : g),
       undefined
     )
-    f.wrapper = widest !== undefined && f.lines - widest.lines <= wrapperSlack
+    f.wrapper = widest !== undefined && f.bodyLines - widest.lines <= wrapperSlack
     return [...(f.wrapper ? [] : [f]), ...flatten(f.inner)]
   })
 
