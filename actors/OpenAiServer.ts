@@ -640,7 +640,7 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
         }
         const next = (yield* engine.policyVersion) + 1
         yield* engine.updateWeights(next, weights).pipe(Effect.mapError((e) =>
-          new ApiError({ status: e.reason === "SessionFailed" ? 500 : 400, message: e.message })
+          new ApiError({ status: e.reason._tag === "SessionFailed" ? 500 : 400, message: e.message })
         ))
         labels.set(next, version)
         // Results of older generations may still be decoding; a few dozen pushes back is plenty.
