@@ -61,7 +61,7 @@ const sweOracle = Effect.fn("cli.oracle.swe")(function*(
     : path.resolve(SweTask.settings({}).root)
   const folders = [...new Set(rows.map((r) => String(r["task"])))]
   const tasks = yield* Effect.forEach(folders, (folder) =>
-    HarborTask.load(path.resolve(root, folder)).pipe(
+    HarborTask.loadRow(root, folder).pipe(
       Effect.mapError((e) => new Error(`${folder}: ${e.message} (task option root: ${root})`))
     ))
   return HarborOracle.oracle(tasks)
