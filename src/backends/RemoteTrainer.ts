@@ -245,7 +245,6 @@ const request = Effect.fnUntraced(function*(
     if (reply._tag === "Success") c.traffic.receivedBytes += reply.success.bytes.byteLength
     if (reply._tag === "Success" && !transient(reply.success.status)) return reply.success
     const why = reply._tag === "Failure" ? reply.failure : `HTTP ${reply.success.status}`
-    if (n === 0) yield* Effect.logWarning(`${c.where}: ${op} failed (${why}); sending it again`)
     if (why.startsWith("no answer within")) {
       // The server took the call and is still at it, or hung: sending it again would only wait behind it.
       return yield* fail(
@@ -256,6 +255,8 @@ const request = Effect.fnUntraced(function*(
       )
     }
     if ((yield* Clock.currentTimeMillis) + wait > deadline) return yield* unreachable(c, op, why, patience)
+    // Said once a call, and only when it is sent again.
+    if (n === 0) yield* Effect.logWarning(`${c.where}: ${op} failed (${why}); sending it again`)
     yield* Effect.sleep(wait)
     wait = Math.min(wait * 2, 2_000)
   }

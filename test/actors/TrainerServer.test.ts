@@ -307,7 +307,7 @@ describe("RemoteTrainer and TrainerServer", () => {
       assert.include(lost.message, "resume the run from its last checkpoint")
       // One that is not there when the run starts: refused within 5 s (not its 60 s mid-run patience), and with
       // nothing to resume yet. Within 5 s the waits (0.1, 0.2, 0.4, 0.8, 1.6 s, then 2 s) leave room for 5 retries
-      // at most, however slow each attempt; 60 s would allow 32.
+      // at most, however slow each attempt; 60 s would allow over 30.
       const traffic = RemoteTrainer.makeTraffic()
       const absent = yield* Effect.flip(remote(`http://127.0.0.1:${port + 1}/v1`, 1, { traffic }))
       assert.strictEqual(absent.reason, "Unavailable")
