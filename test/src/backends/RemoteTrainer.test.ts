@@ -114,7 +114,8 @@ const failureOf = <A, E>(fiber: Fiber.Fiber<A, E>) =>
 describe("RemoteTrainer", () => {
   it.effect("init sends the model, settings and weights; calls carry the session and the next number", () =>
     Effect.gen(function*() {
-      const server = yield* scripted()
+      const newer = ok({ outcomes: ["newer"] })
+      const server = yield* scripted((seen) => (seen.op === "catch_up" ? newer : undefined))
       const traffic = RemoteTrainer.makeTraffic()
       const scope = yield* Scope.make()
       const trainer = yield* connect(`${server.url}/`, { name: "critic a", token: "t0k", workers: 3, traffic }).pipe(
@@ -132,7 +133,10 @@ describe("RemoteTrainer", () => {
       assert.deepStrictEqual(Wire.decodeWeights(frame, parameters), weights)
 
       yield* trainer.discard
-      yield* trainer.catchUp({ version: 2, runId: "r", timeoutMs: 1_000 }, []).pipe(Effect.flip)
+      const push = { version: 2, runId: "r", token: "w", timeoutMs: 1_000 }
+      const urls = ["http://10.0.0.2:8000/v1"]
+      assert.deepStrictEqual(yield* trainer.catchUp(push, urls), ["newer"])
+      assert.deepStrictEqual(frameOf(server.seen[2]!.body).header, { ...push, urls, arrays: [] })
       yield* trainer.discard
       // The catch-up is not numbered: the calls around it are 1 and 2.
       assert.deepStrictEqual(server.seen.slice(1).map(numbered), [
@@ -148,7 +152,8 @@ describe("RemoteTrainer", () => {
       assert.strictEqual(traffic.calls, 4)
       assert.strictEqual(traffic.retries, 0)
       assert.strictEqual(traffic.sentBytes, server.seen.slice(0, 4).reduce((n, s) => n + s.body.length, 0))
-      assert.strictEqual(traffic.receivedBytes, ok({ session: "s-1" }).body.length + 3 * ok().body.length)
+      const answered = ok({ session: "s-1" }).body.length + 2 * ok().body.length + newer.body.length
+      assert.strictEqual(traffic.receivedBytes, answered)
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)))
 
   // Live clock: the client waits 0.1, 0.2 and 0.4 s between attempts.
