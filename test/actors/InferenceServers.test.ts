@@ -122,7 +122,7 @@ describe("InferenceServers", () => {
       assert.strictEqual(yield* versionOf(b.baseUrl), 0)
       const local = yield* makeEngine({ config: folder.config, weights: v2, version: 2 })
       const expected = yield* local.generate(greedy(prompts[0]!))
-      for (let round = 0; round < 40 && (yield* servers.status)[1]!.served === 0; round++) {
+      for (let round = 0; round < 400 && (yield* servers.status)[1]!.served === 0; round++) {
         yield* Effect.sleep(50)
         const rs = yield* Effect.forEach(prompts, () => servers.sampler(2).generate(greedy(prompts[0]!)), {
           concurrency: "unbounded"
@@ -139,7 +139,7 @@ describe("InferenceServers", () => {
       yield* b.close
       b = yield* startServer(folder, { port: b.port })
       const served = (yield* servers.status)[1]!.served
-      for (let round = 0; round < 40 && (yield* servers.status)[1]!.served === served; round++) {
+      for (let round = 0; round < 400 && (yield* servers.status)[1]!.served === served; round++) {
         yield* Effect.sleep(50)
         const rs = yield* Effect.forEach(prompts, () => servers.sampler(2).generate(greedy(prompts[0]!)), {
           concurrency: "unbounded"
