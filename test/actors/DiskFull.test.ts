@@ -1,5 +1,5 @@
 /**
- * A full disk is a typed error, `TrainerError(DiskFull)`, whatever write meets it (journal, metrics, samples,
+ * A full disk is a typed error, `RunError (DiskFull)`, whatever write meets it (journal, metrics, samples,
  * checkpoint), and a run stopped by one resumes exactly once space is freed. The disk is a real tmpfs of a few
  * hundred KiB mounted for the test (the tests run as root); where mounting is not permitted, a file system that
  * fails writes past the same budget with Node's ENOSPC error stands in for it.
@@ -92,7 +92,7 @@ const stepsIn = (output: string) =>
   )
 
 describe("a full disk", () => {
-  it.effect("stops a run with TrainerError(DiskFull) at whichever write meets it; freed, the run resumes exactly", () =>
+  it.effect("stops a run with RunError (DiskFull) at whichever write meets it; freed, the run resumes exactly", () =>
     Effect.gen(function*() {
       const disk = yield* smallDisk(256 * 1024)
       const configFor = (output: string) =>
@@ -122,7 +122,7 @@ describe("a full disk", () => {
       writeFileSync(join(disk.dir, "filler"), new Uint8Array(256 * 1024 - 24 * 1024))
       const o = yield* options(yield* configFor(join(disk.dir, "run")))
       const error = yield* Effect.flip(run(o))
-      assert.strictEqual(error._tag, "TrainerError")
+      assert.strictEqual(error._tag, "RunError")
       assert.strictEqual(error.reason._tag, "DiskFull", error.message)
       assert.match(error.message, /^disk full \(ENOSPC\)/)
       const done = yield* stepsIn(o.config.output)
@@ -134,7 +134,7 @@ describe("a full disk", () => {
       assert.deepStrictEqual(yield* stepsIn(o.config.output), Array.from({ length: 40 }, (_, i) => i + 1))
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)))
 
-  it.live("a checkpoint that does not fit stops the real learner's run with TrainerError(DiskFull)", () =>
+  it.live("a checkpoint that does not fit stops the real learner's run with RunError (DiskFull)", () =>
     Effect.gen(function*() {
       // The tiny model's weights take 2.5 MB and its optimiser state 5 MB: a 3 MiB disk holds the run's files and
       // the weights, not the moments.
