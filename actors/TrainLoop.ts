@@ -132,7 +132,10 @@ interface Run {
   readonly rollouts: Rollouts.Rollouts["Service"]
   readonly fs: FileSystem.FileSystem
   readonly point: Resume.Point
-  readonly journal: Journal.Journal
+  /** Journals entries (one write and fsync for several) and keeps them: the run's summary is read from them. */
+  readonly record: (...entries: ReadonlyArray<Journal.Entry>) => Effect.Effect<void, RunError.RunError>
+  /** The journal's entries: those kept at the resume point, then this process's. */
+  readonly entries: ReadonlyArray<Journal.Entry>
   readonly metrics: Metrics.Metrics
   readonly notice: (message: string) => Effect.Effect<void>
   /** Says `text` the first time `key` comes up in the run. */
@@ -178,7 +181,7 @@ export const run: <RE = never>(
     if (RunSchedule.isDue(step, config.eval.every, lastStep)) yield* evaluate(run, step)
     if (RunSchedule.isDue(step, config.checkpoint.every, lastStep)) yield* checkpoint(run, step)
   }
-  yield* run.journal.append({ kind: "finished", step: lastStep }).pipe(Effect.mapError(io))
+  yield* run.record({ kind: "finished", step: lastStep })
   return yield* summaryOf(run, lastStep)
 })
 
@@ -224,8 +227,13 @@ const prepare = Effect.fnUntraced(function*(options: Options<any>) {
   const journal = yield* Journal.open(`${out}/journal.jsonl`, { cutAt: point.cutAt }).pipe(Effect.mapError(io))
   const metrics = yield* openMetrics(fs, out, point)
   yield* fs.writeFileString(`${out}/config.json`, JSON.stringify(config, null, 2)).pipe(Effect.mapError(io))
-  yield* journal.append({ kind: "start", fromStep: point.step, seed: config.seed, mode: config.mode })
-    .pipe(Effect.mapError(io))
+  const entries = point.existing.entries.filter((e) => e.end <= point.cutAt).map((e) => e.entry)
+  const record = (...added: ReadonlyArray<Journal.Entry>) =>
+    journal.appendAll(added).pipe(
+      Effect.mapError(io),
+      Effect.andThen(Effect.sync(() => void entries.push(...added)))
+    )
+  yield* record({ kind: "start", fromStep: point.step, seed: config.seed, mode: config.mode })
   const startedAt = yield* Clock.currentTimeMillis
   const said = new Set<string>()
   const once = (key: string, text: string) =>
@@ -246,7 +254,8 @@ const prepare = Effect.fnUntraced(function*(options: Options<any>) {
     rollouts,
     fs,
     point,
-    journal,
+    record,
+    entries,
     metrics,
     notice,
     once,
@@ -338,7 +347,7 @@ const warmup = Effect.fnUntraced(function*(run: Run) {
     }
   }
   if (stopAt !== undefined && !reached) yield* missedTarget(run, stopAt, best)
-  yield* run.journal.append({ kind: "warmup", steps: done }).pipe(Effect.mapError(io))
+  yield* run.record({ kind: "warmup", steps: done })
   yield* publish(run, 0)
 })
 
@@ -499,14 +508,14 @@ const trainStep = Effect.fnUntraced(function*(
     "time/wait_rollout_s": (t1 - t0) / 1000,
     "time/learn_s": (t2 - t1) / 1000
   }
-  yield* run.journal.append({
+  yield* run.record({
     kind: "step",
     step,
     seqs: batch.kept.map((s) => s.seq),
     policyVersion: step,
     weightsHash: yield* run.learner.fingerprint,
     outcome: outcome._tag === "Applied" ? "applied" : outcome._tag === "Skipped" ? "skipped" : "critic_only"
-  }).pipe(Effect.mapError(io))
+  })
   const record = { phase: "train" as const, step, elapsed: yield* run.elapsed, figures, ...RolloutFigures.failureNote(groups) }
   yield* run.metrics.log(record).pipe(Effect.mapError(io))
   for (const g of groups.slice(0, run.config.sampleTrajectories)) {
@@ -517,7 +526,7 @@ const trainStep = Effect.fnUntraced(function*(
 
 /** Every group sampled is journaled (one fsync for the batch), the ones dynamic sampling left out too. */
 const journalGroups = (run: Run, step: number, batch: Batch) =>
-  run.journal.appendAll(batch.sampled.map(({ group, row, seq }) => ({
+  run.record(...batch.sampled.map(({ group, row, seq }) => ({
     kind: "group" as const,
     seq,
     groupId: group.groupId,
@@ -525,7 +534,7 @@ const journalGroups = (run: Run, step: number, batch: Batch) =>
     policyVersion: Math.min(...group.trajectories.map((t) => Trajectory.oldestPolicyVersion(t) ?? step - 1)),
     // Finite by construction (rewards are checked where they are made); a guard keeps the journal readable anyway.
     meanReward: finiteOr0(RolloutFigures.mean(group.trajectories.map((t) => t.reward)))
-  }))).pipe(Effect.mapError(io))
+  })))
 
 /** The rollout figures are the policy's, over everything it sampled; the learner gets the kept groups. */
 const rolloutFiguresOf = (run: Run, step: number, batch: Batch): Figures => ({
@@ -589,7 +598,7 @@ const evaluate = Effect.fnUntraced(function*(run: Run, step: number) {
     Rollouts.sampledBy(run.versions, step)
   )
   const record = { phase: "eval" as const, step, elapsed: yield* run.elapsed, figures, ...RolloutFigures.failureNote(groups) }
-  yield* run.journal.append({ kind: "eval", step, figures: finiteFigures(figures) }).pipe(Effect.mapError(io))
+  yield* run.record({ kind: "eval", step, figures: finiteFigures(figures) })
   yield* run.metrics.log(record).pipe(Effect.mapError(io))
   yield* checkFailures(run, groups, `evaluation at step ${step}`)
   for (const g of groups.slice(0, Math.min(2, run.config.sampleTrajectories))) {
@@ -616,8 +625,7 @@ const checkpoint = Effect.fnUntraced(function*(run: Run, step: number) {
   yield* run.learner.save(tmp)
   yield* fs.remove(`${checkpoints}/${name}`, { recursive: true, force: true }).pipe(Effect.mapError(ck))
   yield* fs.rename(tmp, `${checkpoints}/${name}`).pipe(Effect.mapError(ck))
-  yield* run.journal.append({ kind: "checkpoint", step, path: name, weightsHash: yield* run.learner.fingerprint })
-    .pipe(Effect.mapError(io))
+  yield* run.record({ kind: "checkpoint", step, path: name, weightsHash: yield* run.learner.fingerprint })
   const all = (yield* fs.readDirectory(checkpoints).pipe(Effect.mapError(ck))).filter((n) => n.startsWith("step-"))
     .sort()
   for (const old of all.slice(0, Math.max(0, all.length - run.config.checkpoint.keep))) {
@@ -628,15 +636,13 @@ const checkpoint = Effect.fnUntraced(function*(run: Run, step: number) {
 // ===== The summary =====
 
 /**
- * The run's summary from its journal: the entries kept at the resume point and those this process wrote (the
- * journal is append-only, so they are the file's).
+ * The run's summary from its journal, as kept in memory: the entries kept at the resume point and those this process
+ * wrote (the file's, without reading it again).
  */
 const summaryOf = Effect.fnUntraced(function*(run: Run, lastStep: number) {
-  const journal = yield* Journal.read(run.journal.path).pipe(Effect.mapError(io))
-  const entries = journal.entries.map((e) => e.entry)
   const steps = new Map<number, typeof Journal.StepDone.Type>()
   const evals = new Map<number, Figures>()
-  for (const e of entries) {
+  for (const e of run.entries) {
     if (e.kind === "step") steps.set(e.step, e)
     if (e.kind === "eval") evals.set(e.step, e.figures)
   }
