@@ -138,7 +138,11 @@ const outcomeOf = (report: Learner.UpdateResult, withSignal: number): Learner.Ou
 }
 
 /** One RL step, or none when no group has a learning signal. */
-const learn = (local: Local, step: number, all: ReadonlyArray<Trajectory.Group>): Effect.Effect<Learner.Outcome, RunError> => {
+const learn = (
+  local: Local,
+  step: number,
+  all: ReadonlyArray<Trajectory.Group>
+): Effect.Effect<Learner.Outcome, RunError> => {
   const { algorithm } = local.setup.config
   // Under a group-relative estimator a group whose rewards are all equal has zero advantages: no signal. A step
   // without any signal is skipped, because AdamW would still move every weight along its stale momentum (with
@@ -225,7 +229,10 @@ const sft = Effect.fn("LocalPolicy.sft")(function*(local: Local, step: number, r
   }
 })
 
-/** Saves the critic, the policy's trainer (its state file, written last, marks the checkpoint complete), the reference. */
+/**
+ * Saves the critic, then the policy's trainer (its state file, written last, marks the checkpoint complete), then the
+ * reference.
+ */
 const save = Effect.fn("LocalPolicy.save")(function*(local: Local, dir: string) {
   if (local.critic !== undefined) yield* ValueCritic.save(local.critic, dir, local.version)
   yield* local.slot.trainer.save(dir, { policyVersion: local.version, rngState: [] }).pipe(
@@ -276,6 +283,31 @@ const publish = Effect.fn("LocalPolicy.publish")(function*(local: Local, version
 
 // ===== Constructors =====
 
+/** What the learner's pieces share, for a run of `config` on `folder` in the current scope. */
+const setupOf = Effect.fnUntraced(function*(
+  folder: ModelFolder.ModelFolder,
+  config: TrainConfig.TrainConfig,
+  intraOpThreads: number
+) {
+  const { algorithm } = config
+  const model = OnnxTrainer.qwen2(folder.config)
+  const setup: Setup = {
+    folder,
+    config,
+    model,
+    optimizer: { ...Optimizer.defaultConfig, weightDecay: algorithm.weightDecay, maxGradNorm: algorithm.gradClip },
+    rlLoss: lossConfig(algorithm, config.agent.temperature),
+    rlSchedule: algorithm.lrSchedule === "cosine"
+      ? LrSchedule.cosine(algorithm.lr, { warmupSteps: algorithm.lrWarmupSteps, totalSteps: algorithm.steps })
+      : LrSchedule.constant(algorithm.lr, algorithm.lrWarmupSteps),
+    intraOpThreads,
+    runScope: yield* Effect.scope,
+    fsContext: yield* Effect.context<FileSystem.FileSystem | Scope.Scope>(),
+    remote: RemoteLearner.make(folder, config, model.parameters)
+  }
+  return setup
+})
+
 /**
  * Builds the local learner, policy versions and ambient sampler of a run from a loaded model folder. Sessions live in
  * the current scope.
@@ -309,22 +341,8 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
         `${folder.config.maxPositionEmbeddings} positions (max_position_embeddings)`
     )
   }
-  const model = OnnxTrainer.qwen2(folder.config)
-  const setup: Setup = {
-    folder,
-    config,
-    model,
-    optimizer: { ...Optimizer.defaultConfig, weightDecay: algorithm.weightDecay, maxGradNorm: algorithm.gradClip },
-    rlLoss: lossConfig(algorithm, config.agent.temperature),
-    rlSchedule: algorithm.lrSchedule === "cosine"
-      ? LrSchedule.cosine(algorithm.lr, { warmupSteps: algorithm.lrWarmupSteps, totalSteps: algorithm.steps })
-      : LrSchedule.constant(algorithm.lr, algorithm.lrWarmupSteps),
-    // One intra-op thread by default: see `learnerSlot`'s trainers (multi-threaded kernels sum in no fixed order).
-    intraOpThreads: options.intraOpThreads ?? 1,
-    runScope: yield* Effect.scope,
-    fsContext: yield* Effect.context<FileSystem.FileSystem | Scope.Scope>(),
-    remote: RemoteLearner.make(folder, config, model.parameters)
-  }
+  // One intra-op thread by default: see `learnerSlot`'s trainers (multi-threaded kernels sum in no fixed order).
+  const setup = yield* setupOf(folder, config, options.intraOpThreads ?? 1)
   const versions = yield* LocalVersions.make(setup, { maxBatchSize: options.maxBatchSize ?? 64 })
   const tokenBudget = algorithm.microBatchSize * budget
   const local: Local = {

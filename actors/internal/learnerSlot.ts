@@ -139,7 +139,10 @@ export const summary = (slot: Slot): Effect.Effect<RemoteTrainer.Summary, RunErr
     const current = slot.setup.remote?.current
     const computed = current !== undefined
       ? Effect.mapError(current.summary, learnerError)
-      : Effect.map(weights(slot), (w) => ({ fingerprint: Checkpoint.fingerprint(w), nonFinite: Checkpoint.firstNonFinite(w) }))
+      : Effect.map(weights(slot), (w) => ({
+        fingerprint: Checkpoint.fingerprint(w),
+        nonFinite: Checkpoint.firstNonFinite(w)
+      }))
     return Effect.tap(computed, (s) => Effect.sync(() => (slot.summary = s)))
   })
 

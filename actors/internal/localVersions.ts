@@ -100,11 +100,14 @@ export const publish = Effect.fnUntraced(function*(
 ) {
   const last = newest(versions)
   if (version < last.version || (version === last.version && changed)) {
-    return yield* runError("Learner", `policy version ${version} is not newer than the published version ${last.version}`)
+    const message = `policy version ${version} is not newer than the published version ${last.version}`
+    return yield* runError("Learner", message)
   }
   if (version === last.version) return
   const taken = versions.weightless ? undefined : changed ? (yield* weights) as Qwen2.Weights : last.weights
-  if (versions.servers !== undefined) yield* versions.servers.push(version, taken).pipe(Effect.mapError(wrap("Servers")))
+  if (versions.servers !== undefined) {
+    yield* versions.servers.push(version, taken).pipe(Effect.mapError(wrap("Servers")))
+  }
   versions.published.push({ version, weights: taken })
   if (versions.published.length > versions.retained) versions.published.shift()
 })

@@ -55,7 +55,7 @@ export const make = (
   }
 }
 
-/** The traffic since the previous call: `trainer/calls`, `trainer/retries`, `trainer/sent_mb`, `trainer/received_mb`. */
+/** The traffic since the previous call: `trainer/calls`, `trainer/retries`, `trainer/sent_mb` and `…/received_mb`. */
 export const figures = (remote: Remote) =>
   Effect.sync(() => {
     const now = { ...remote.settings.traffic! }
@@ -78,7 +78,9 @@ export const carrier = (remote: Remote): InferenceServers.Carrier => ({
     Effect.suspend(() => remote.current!.push(push, urls)).pipe(
       Effect.mapError(fromTrainer),
       Effect.map((outcomes) =>
-        outcomes.map((o) => (typeof o === "object" ? { ...o, message: `pushed by the trainer server: ${o.message}` } : o))
+        outcomes.map((o) =>
+          typeof o === "object" ? { ...o, message: `pushed by the trainer server: ${o.message}` } : o
+        )
       )
     ),
   pushOne: (push, url) =>

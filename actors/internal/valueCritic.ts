@@ -25,7 +25,11 @@ export const start = (setup: Setup, policyWeights: PolicyTrainer.Weights): Effec
   const settings = {
     weights: Qwen2.criticWeights(folder.config, policyWeights),
     loss: { ...Loss.value, clipLow: criticSettings.valueClip, clipHigh: criticSettings.valueClip },
-    optimizer: { ...Optimizer.defaultConfig, weightDecay: criticSettings.weightDecay, maxGradNorm: criticSettings.gradClip },
+    optimizer: {
+      ...Optimizer.defaultConfig,
+      weightDecay: criticSettings.weightDecay,
+      maxGradNorm: criticSettings.gradClip
+    },
     schedule: LrSchedule.constant(criticSettings.lr, criticSettings.lrWarmupSteps)
   }
   return Scope.fork(setup.runScope).pipe(

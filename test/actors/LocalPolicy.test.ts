@@ -164,7 +164,10 @@ describe("LocalPolicy", () => {
       }))
       assert.instanceOf(error, RunError.RunError)
       assert.instanceOf(error.reason, RunError.NonFinite)
-      assert.match(error.message, /^step 1 made the weights non-finite \(.+\[\d+\] = (NaN|-?Infinity)\); nothing was published or saved$/)
+      assert.match(
+        error.message,
+        /^step 1 made the weights non-finite \(.+\[\d+\] = (NaN|-?Infinity)\); nothing was published or saved$/
+      )
     }).pipe(Effect.provide(NodeServices.layer)), 120_000)
 
   it.live("learn's outcome: Skipped (NoSignal) when no group has signal; with KL in the reward equal outcomes still apply", () =>
@@ -174,7 +177,11 @@ describe("LocalPolicy", () => {
         Effect.scoped(Effect.gen(function*() {
           const config = {
             ...decoded,
-            algorithm: { ...decoded.algorithm, advantage: "grpo" as const, ...(klInReward === undefined ? {} : { klInReward }) }
+            algorithm: {
+              ...decoded.algorithm,
+              advantage: "grpo" as const,
+              ...(klInReward === undefined ? {} : { klInReward })
+            }
           }
           const { learner, versions, sampler } = yield* LocalPolicy.make(folder, config)
           yield* versions.publish(0) // RL starts: the reference is frozen here
@@ -195,14 +202,18 @@ describe("LocalPolicy", () => {
       assert.strictEqual(kl._tag, "Applied", JSON.stringify(kl))
       assert.strictEqual(kl.figures["learner/groups_with_signal"], 2)
       assert.strictEqual(kl.figures["learner/applied"], 1)
-      assert.isTrue(Number.isFinite(kl.figures["learner/reward_kl"]), "the step reached the learner and scored the reference")
+      assert.isTrue(Number.isFinite(kl.figures["learner/reward_kl"]), "the step reached the learner, which scored the KL")
       assert.strictEqual(kl._tag === "Applied" ? kl.loss : NaN, kl.figures["learner/loss"], "the step's loss")
     }).pipe(Effect.provide(NodeServices.layer)), 120_000)
 
   it.live("gae: the critic's warm-up steps are CriticOnly (the policy unchanged), then a step without gradient is Skipped", () =>
     Effect.gen(function*() {
       const { folder, config: decoded, batch } = yield* fixture
-      const config = { ...decoded, algorithm: { ...decoded.algorithm, advantage: "gae" as const }, critic: criticWarmup }
+      const config = {
+        ...decoded,
+        algorithm: { ...decoded.algorithm, advantage: "gae" as const },
+        critic: criticWarmup
+      }
       const outcomes = yield* Effect.scoped(Effect.gen(function*() {
         const { learner, versions, sampler } = yield* LocalPolicy.make(folder, config)
         yield* versions.publish(0) // the critic starts here
@@ -246,12 +257,14 @@ describe("LocalPolicy", () => {
         yield* versions.publish(1)
         yield* learner.save(checkpoint)
         const saved = yield* learner.fingerprint
-        const later = yield* Effect.scoped(Effect.flatMap(versions.sampler(1), (s) => Effect.provideService(batch, Sampler, s)))
+        const later = yield* Effect.scoped(
+          Effect.flatMap(versions.sampler(1), (s) => Effect.provideService(batch, Sampler, s))
+        )
         const step2 = yield* learner.learn(2, later)
         return { later, step1, step2, saved, after: yield* learner.fingerprint }
       }))
-      // Step 1 learns from what the reference itself sampled (KL 0 up to the engine's and the trainer's rounding); step 2
-      // from what the policy one update away from it sampled.
+      // Step 1 learns from what the reference itself sampled (KL 0 up to the engine's and the trainer's rounding);
+      // step 2 from what the policy one update away from it sampled.
       const [kl1, kl2] = [first.step1.figures["learner/reward_kl"]!, first.step2.figures["learner/reward_kl"]!]
       assert.isBelow(Math.abs(kl1), 1e-6)
       assert.isTrue(Number.isFinite(kl2), JSON.stringify(first.step2.figures))

@@ -78,8 +78,10 @@ const fixture = Effect.gen(function*() {
   )
   const train = yield* Dataset.load(join(dir, "train.jsonl"), { onInvalid: "stop" })
   const demos = yield* Dataset.load(join(dir, "demos.jsonl"), { kind: "conversation" })
-  const agent = yield* Trainer.agent({ task: CalculatorTask.make(), config, format: ChainFormat.ofConfig(config, folder) })
-  const batch = Trainer.collectGroups(agent, train.rows.slice(0, 2), { firstSeq: 0, chains: 3, temperature: 1, seed: 1234 })
+  const format = ChainFormat.ofConfig(config, folder)
+  const agent = yield* Trainer.agent({ task: CalculatorTask.make(), config, format })
+  const options = { firstSeq: 0, chains: 3, temperature: 1, seed: 1234 }
+  const batch = Trainer.collectGroups(agent, train.rows.slice(0, 2), options)
   return { dir, folder, config, batch, demos }
 })
 
