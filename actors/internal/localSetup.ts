@@ -42,9 +42,7 @@ export const learnerError = (e: { readonly message: string }) => runError("Learn
 export const nonFinite = (message: string) => runError("NonFinite", message)
 
 /** Saving or loading a checkpoint failed (a full disk says so), whatever failed underneath. */
-export const checkpointError = (e: { readonly message: string }) =>
-  runError(
-    (e instanceof RunError && e.reason._tag === "DiskFull") || DiskFull.isDiskFull(e) ? "DiskFull" : "Checkpoint",
-    e.message,
-    e
-  )
+export const checkpointError = (e: { readonly message: string }): RunError => {
+  if (e instanceof RunError && (e.reason._tag === "Checkpoint" || e.reason._tag === "DiskFull")) return e
+  return runError(DiskFull.isDiskFull(e) ? "DiskFull" : "Checkpoint", e.message, e)
+}
