@@ -4,7 +4,7 @@
  * `ChainPorts.Format`, the same sampler call), and the trajectory they add up to.
  *
  * **Matching a request to a thread.** A chat request's messages are compared with each thread's conversation by
- * their canonical keys (`OpenAiWire.messageKey`); the assistant turns in a thread's conversation are exactly what
+ * their canonical keys (`Bodies.messageKey`); the assistant turns in a thread's conversation are exactly what
  * the gateway answered, so a request that sends the conversation back is matched to the ids that were sampled,
  * which are never re-tokenized:
  * - **continuation**: a thread's whole conversation is a prefix of the request and the rest holds no assistant
@@ -34,7 +34,8 @@ import type { GenerateResult, Sampler, SamplerError, SamplingParams } from "../.
 import type * as Tokenizer from "../../src/Tokenizer.ts"
 import * as Trajectory from "../../src/Trajectory.ts"
 import type * as ChainPorts from "../../src/ChainPorts.ts"
-import * as Wire from "./OpenAiWire.ts"
+import * as Wire from "../internal/openAiWire.ts"
+import * as Bodies from "./Bodies.ts"
 
 // ===== Models =====
 
@@ -83,7 +84,7 @@ interface Common {
   lastActive: number
   turns: number
   tokens: number
-  lastFinish: Wire.Turn["finishReason"] | undefined
+  lastFinish: Bodies.Turn["finishReason"] | undefined
   /** The last turn was cut by the context budget, or a request was refused for it. */
   contextEnded: boolean
 }
@@ -220,15 +221,6 @@ const record = (recorder: Recorder, error: RolloutError.RolloutError) => {
 
 const defaultRetry = Schedule.max([Schedule.exponential(100), Schedule.recurs(3)])
 
-const samplerApiError = (e: SamplerError): Wire.ApiError =>
-  new Wire.ApiError(
-    e.reason._tag === "BadRequest"
-      ? { status: 400, message: e.message, code: "sampler_rejected" }
-      : e.reason._tag === "Overloaded"
-      ? { status: 429, message: e.message, code: "overloaded" }
-      : { status: e.reason._tag === "Closed" ? 503 : 500, message: e.message, code: e.reason._tag }
-  )
-
 const templateApiError = (recorder: Recorder, e: RolloutError.RolloutError): Wire.ApiError => {
   record(recorder, e)
   return Wire.invalid(`the conversation cannot be rendered: ${e.message}`, "messages", "template_failed")
@@ -237,7 +229,7 @@ const templateApiError = (recorder: Recorder, e: RolloutError.RolloutError): Wir
 /** The sampling of one request under the episode's rules; `maxTokens` capped by the remaining context. */
 const samplingOf = (
   config: Config,
-  body: Pick<Wire.ChatBody, "maxTokens" | "temperature" | "topP" | "topK" | "seed" | "stopTokenIds">,
+  body: Pick<Bodies.ChatBody, "maxTokens" | "temperature" | "topP" | "topK" | "seed" | "stopTokenIds">,
   remaining: number
 ): SamplingParams => {
   const base = config.sampling
@@ -273,7 +265,7 @@ const sample = (
       Effect.ensuring(Effect.map(Clock.currentTimeMillis, (t1) => void (recorder.samplerMs += t1 - t0))),
       Effect.mapError((e) => {
         record(recorder, RolloutError.fromSamplerError(e, recorder.config.id))
-        return samplerApiError(e)
+        return Wire.samplerError(e)
       })
     )
     return result
@@ -384,12 +376,12 @@ const startTranscript = (
  * @category constructors
  * @since 0.1.0
  */
-export const chat = (recorder: Recorder, body: Wire.ChatBody): Effect.Effect<Wire.Turn, Wire.ApiError> =>
+export const chat = (recorder: Recorder, body: Bodies.ChatBody): Effect.Effect<Bodies.Turn, Wire.ApiError> =>
   Effect.suspend(() => {
     recorder.requests++
     const tools = recorder.config.renderTools === false ? [] : body.tools
-    const keys = body.messages.map(Wire.messageKey)
-    const toolsKey = Wire.toolsKey(tools)
+    const keys = body.messages.map(Bodies.messageKey)
+    const toolsKey = Bodies.toolsKey(tools)
     const choice = chooseChat(recorder, keys, toolsKey)
     if (choice._tag !== "New") {
       const continued = continueChat(recorder, choice, body, keys, tools)
@@ -431,7 +423,7 @@ export const chat = (recorder: Recorder, body: Wire.ChatBody): Effect.Effect<Wir
 const continueChat = Effect.fnUntraced(function*(
   recorder: Recorder,
   choice: Exclude<Choice<ChatThread>, { readonly _tag: "New" }>,
-  body: Wire.ChatBody,
+  body: Bodies.ChatBody,
   keys: ReadonlyArray<string>,
   tools: ReadonlyArray<ChatTemplate.ToolSpec>
 ) {
@@ -455,7 +447,7 @@ const continueChat = Effect.fnUntraced(function*(
   return yield* sampleChat(recorder, thread, body)
 })
 
-const sampleChat = Effect.fnUntraced(function*(recorder: Recorder, thread: ChatThread, body: Wire.ChatBody) {
+const sampleChat = Effect.fnUntraced(function*(recorder: Recorder, thread: ChatThread, body: Bodies.ChatBody) {
   const transcript = thread.transcript
   const remaining = yield* contextLeft(recorder, thread, transcript.length())
   const sampling = samplingOf(recorder.config, body, remaining)
@@ -469,9 +461,9 @@ const sampleChat = Effect.fnUntraced(function*(recorder: Recorder, thread: ChatT
     return { ...c, id }
   })
   const content = Message.text(turn.message.content)
-  const finishReason: Wire.Turn["finishReason"] = !turn.complete ? "length" : calls.length > 0 ? "tool_calls" : "stop"
+  const finishReason: Bodies.Turn["finishReason"] = !turn.complete ? "length" : calls.length > 0 ? "tool_calls" : "stop"
   thread.keys.push(
-    Wire.messageKey({ role: "assistant", content, ...(calls.length > 0 ? { tool_calls: calls } : {}) })
+    Bodies.messageKey({ role: "assistant", content, ...(calls.length > 0 ? { tool_calls: calls } : {}) })
   )
   thread.turns++
   thread.tokens += result.tokenIds.length
@@ -486,7 +478,7 @@ const sampleChat = Effect.fnUntraced(function*(recorder: Recorder, thread: ChatT
     : undefined
   // Cut by the context budget only when the budget, not the request's own max_tokens, set the limit.
   thread.contextEnded = !turn.complete && sampling.maxTokens >= remaining
-  const answered: Wire.Turn = {
+  const answered: Bodies.Turn = {
     content,
     toolCalls: calls,
     finishReason,
@@ -509,9 +501,9 @@ const sampleChat = Effect.fnUntraced(function*(recorder: Recorder, thread: ChatT
  */
 export const completion = (
   recorder: Recorder,
-  body: Wire.CompletionBody
+  body: Bodies.CompletionBody
 ): Effect.Effect<
-  { readonly turn: Wire.Turn; readonly text: string; readonly promptTokenIds: ReadonlyArray<number> },
+  { readonly turn: Bodies.Turn; readonly text: string; readonly promptTokenIds: ReadonlyArray<number> },
   Wire.ApiError
 > =>
   Effect.suspend(() => {

@@ -1,8 +1,9 @@
 /**
- * The OpenAI chat-completions wire format as the gateway speaks it: request bodies checked field by field (a bad
- * one is an OpenAI-style 4xx `{ error: { message, type, param, code } }` naming the field), messages converted to
- * the project's `Message` schema and back, the canonical key of a message (how a conversation sent back is matched
- * to what was sampled), and the response, chunk and error bodies.
+ * The gateway's request and response bodies: a chat or completions request checked field by field into what the
+ * gateway reads ({@link ChatBody}, {@link CompletionBody}; a bad one is a 400 naming the field), the canonical key of
+ * a message (how a conversation sent back is matched to what was sampled), and a sampled {@link Turn} written as a
+ * response or as the chunks of a stream. The wire format both servers share (errors, message conversion, `usage`,
+ * HTTP) is `internal/openAiWire.ts`'s.
  *
  * Read: `messages`, `tools`, `max_tokens` / `max_completion_tokens`, `temperature`, `top_p`, `top_k`, `seed`, `n`
  * (1 only), `stream`, `stream_options.include_usage`, `logprobs`, `stop_token_ids`. The rest of OpenAI's documented
@@ -13,51 +14,25 @@
  *
  * @since 0.1.0
  */
-import * as Http from "node:http"
-import { Data, Effect, Option, Schema } from "effect"
+import { Effect } from "effect"
 import type * as ChatTemplate from "../../src/ChatTemplate.ts"
 import * as Message from "../../src/Message.ts"
-import * as OpenAiRequest from "../internal/openAiRequest.ts"
-
-// ===== Errors =====
-
-/**
- * An error answered to the client with `status`. (An in-process error: it never leaves the gateway, which writes
- * it as an OpenAI error body.)
- *
- * @category errors
- * @since 0.1.0
- */
-export class ApiError extends Data.TaggedError("ApiError")<{
-  readonly status: number
-  readonly message: string
-  readonly param?: string | undefined
-  readonly code?: string | undefined
-}> {}
-
-/**
- * A 400 `invalid_request_error`.
- *
- * @category errors
- * @since 0.1.0
- */
-export const invalid = (message: string, param?: string, code?: string): ApiError =>
-  new ApiError({ status: 400, message, param, code })
-
-/**
- * The OpenAI error body of an error.
- *
- * @category constructors
- * @since 0.1.0
- */
-export const errorBody = (e: ApiError) => ({
-  error: {
-    message: e.message,
-    type: e.status >= 500 ? "server_error" : e.status === 404 ? "not_found_error" : "invalid_request_error",
-    param: e.param ?? null,
-    code: e.code ?? null
-  }
-})
+import type * as OpenAiRequest from "../internal/openAiRequest.ts"
+import {
+  ApiError,
+  type Check,
+  done,
+  event,
+  invalid,
+  isRecord,
+  lift,
+  parseArguments,
+  refusal,
+  toMessage,
+  toolCalls,
+  toTools,
+  usage
+} from "../internal/openAiWire.ts"
 
 // ===== Requests =====
 
@@ -92,10 +67,6 @@ export interface CompletionBody extends Omit<ChatBody, "messages" | "tools" | "l
   readonly logprobs: boolean
 }
 
-const isRecord = (u: unknown): u is Record<string, unknown> => typeof u === "object" && u !== null && !Array.isArray(u)
-
-type Check<A> = A | ApiError
-
 /** The fields the gateway reads beyond OpenAI's documented ones (vLLM's). */
 const extensions: { readonly [E in OpenAiRequest.Endpoint]: ReadonlyArray<string> } = {
   chat: ["top_k", "stop_token_ids"],
@@ -103,10 +74,8 @@ const extensions: { readonly [E in OpenAiRequest.Endpoint]: ReadonlyArray<string
 }
 
 /** The shared rules (`internal/openAiRequest.ts`): known fields, OpenAI's ranges and types, one choice. */
-const checkShared = (body: Record<string, unknown>, endpoint: OpenAiRequest.Endpoint): ApiError | undefined => {
-  const refused = OpenAiRequest.check(body, endpoint, extensions[endpoint])
-  return refused === undefined ? undefined : invalid(refused.message, refused.param, refused.code)
-}
+const checkShared = (body: Record<string, unknown>, endpoint: OpenAiRequest.Endpoint): ApiError | undefined =>
+  refusal(body, endpoint, extensions[endpoint])
 
 /** A number field `checkShared` has checked: a number of its range, or absent. */
 const numberOf = (body: Record<string, unknown>, key: string): number | undefined => {
@@ -146,116 +115,6 @@ const samplingOf = (body: Record<string, unknown>): Check<Omit<ChatBody, "messag
   }
 }
 
-const decodeJson = Schema.decodeUnknownOption(Schema.fromJsonString(Schema.Unknown))
-
-/** Tool-call arguments arrive as a JSON string: the decoded value, or the string itself when it is not JSON. */
-const parseArguments = (args: unknown): unknown =>
-  typeof args === "string" ? Option.getOrElse(decodeJson(args), () => args) : args
-
-const contentOf = (raw: unknown, param: string, allowNull: boolean): Check<Message.Content> => {
-  if (raw === undefined || raw === null) return allowNull ? "" : invalid(`${param} is required`, param)
-  if (typeof raw === "string") return raw
-  if (!Array.isArray(raw)) return invalid(`${param} must be a string or a list of content parts`, param)
-  const parts: Array<Message.ContentPart> = []
-  for (const [i, part] of raw.entries()) {
-    if (isRecord(part) && (part["type"] === "text" || part["type"] === "input_text") && typeof part["text"] === "string") {
-      parts.push({ type: "text", text: part["text"] })
-    } else if (isRecord(part) && part["type"] === "image_url" && isRecord(part["image_url"])) {
-      const url = part["image_url"]["url"]
-      if (typeof url !== "string") return invalid(`${param}[${i}].image_url.url must be a string`, `${param}[${i}]`)
-      parts.push({ type: "image_url", image_url: { url } })
-    } else {
-      return invalid(`${param}[${i}] is not a text or image_url part`, `${param}[${i}]`)
-    }
-  }
-  return parts
-}
-
-const toolCallsOf = (raw: unknown, param: string): Check<Array<Message.ToolCall>> => {
-  if (!Array.isArray(raw)) return invalid(`${param} must be a list`, param)
-  const calls: Array<Message.ToolCall> = []
-  for (const [j, c] of raw.entries()) {
-    const p = `${param}[${j}]`
-    const fn = isRecord(c) ? c["function"] : undefined
-    if (!isRecord(c) || typeof c["id"] !== "string" || !isRecord(fn) || typeof fn["name"] !== "string") {
-      return invalid(`${p} must be { id, type: "function", function: { name, arguments } }`, p)
-    }
-    calls.push({ id: c["id"], type: "function", function: { name: fn["name"], arguments: parseArguments(fn["arguments"] ?? "{}") } })
-  }
-  return calls
-}
-
-/**
- * One OpenAI message as a `Message` (`developer` is `system`; `content: null` beside tool calls is empty).
- *
- * @category constructors
- * @since 0.1.0
- */
-export const toMessage = (raw: unknown, index: number): Check<Message.Message> => {
-  const param = `messages[${index}]`
-  if (!isRecord(raw)) return invalid(`${param} must be an object`, param)
-  const role = raw["role"]
-  switch (role) {
-    case "system":
-    case "developer":
-    case "user": {
-      const content = contentOf(raw["content"], `${param}.content`, false)
-      if (content instanceof ApiError) return content
-      return { role: role === "user" ? "user" : "system", content }
-    }
-    case "assistant": {
-      const rawCalls = raw["tool_calls"]
-      const calls = rawCalls === undefined || rawCalls === null ? [] : toolCallsOf(rawCalls, `${param}.tool_calls`)
-      if (calls instanceof ApiError) return calls
-      const content = contentOf(raw["content"], `${param}.content`, true)
-      if (content instanceof ApiError) return content
-      const reasoning = raw["reasoning_content"]
-      return {
-        role: "assistant",
-        content,
-        ...(calls.length > 0 ? { tool_calls: calls } : {}),
-        ...(typeof reasoning === "string" ? { reasoning_content: reasoning } : {})
-      }
-    }
-    case "tool": {
-      const id = raw["tool_call_id"]
-      if (typeof id !== "string") return invalid(`${param}.tool_call_id must be a string`, `${param}.tool_call_id`)
-      const content = contentOf(raw["content"], `${param}.content`, true)
-      if (content instanceof ApiError) return content
-      const name = raw["name"]
-      return { role: "tool", content, tool_call_id: id, ...(typeof name === "string" ? { name } : {}) }
-    }
-    default:
-      return invalid(`${param}.role must be system, developer, user, assistant or tool`, `${param}.role`)
-  }
-}
-
-const toolsOf = (raw: unknown): Check<Array<ChatTemplate.ToolSpec>> => {
-  if (raw === undefined || raw === null) return []
-  if (!Array.isArray(raw)) return invalid("tools must be a list", "tools")
-  const tools: Array<ChatTemplate.ToolSpec> = []
-  for (const [i, t] of raw.entries()) {
-    const fn = isRecord(t) ? t["function"] : undefined
-    if (!isRecord(t) || t["type"] !== "function" || !isRecord(fn) || typeof fn["name"] !== "string") {
-      return invalid(`tools[${i}] must be { type: "function", function: { name, description?, parameters? } }`, `tools[${i}]`)
-    }
-    const description = fn["description"]
-    // The shape chat templates render (and `Tool.functionSchema` writes): extra keys such as `strict` are dropped.
-    tools.push({
-      type: "function",
-      function: {
-        name: fn["name"],
-        ...(typeof description === "string" ? { description } : {}),
-        ...(fn["parameters"] === undefined ? {} : { parameters: fn["parameters"] })
-      }
-    })
-  }
-  return tools
-}
-
-const lift = <A>(check: Check<A>): Effect.Effect<A, ApiError> =>
-  check instanceof ApiError ? Effect.fail(check) : Effect.succeed(check)
-
 /**
  * Checks a `/chat/completions` body.
  *
@@ -277,7 +136,7 @@ export const decodeChat = (body: unknown): Effect.Effect<ChatBody, ApiError> =>
       if (message instanceof ApiError) return Effect.fail(message)
       messages.push(message)
     }
-    const tools = toolsOf(body["tools"])
+    const tools = toTools(body["tools"])
     if (tools instanceof ApiError) return Effect.fail(tools)
     const logprobs = body["logprobs"] ?? false
     if (typeof logprobs !== "boolean") return Effect.fail(invalid("logprobs must be a boolean", "logprobs"))
@@ -367,22 +226,7 @@ export interface Turn {
   readonly promptTokens: number
 }
 
-const wireCalls = (calls: ReadonlyArray<Message.ToolCall>) =>
-  calls.map((c, index) => ({
-    index,
-    id: c.id,
-    type: "function" as const,
-    function: {
-      name: c.function.name,
-      arguments: typeof c.function.arguments === "string" ? c.function.arguments : JSON.stringify(c.function.arguments)
-    }
-  }))
-
-const usage = (turn: Turn) => ({
-  prompt_tokens: turn.promptTokens,
-  completion_tokens: turn.tokenIds.length,
-  total_tokens: turn.promptTokens + turn.tokenIds.length
-})
+const turnUsage = (turn: Turn) => usage(turn.promptTokens, turn.tokenIds.length)
 
 const chatLogprobs = (turn: Turn) => ({
   content: turn.tokenIds.map((id, i) => ({ token: `token_id:${id}`, logprob: turn.logprobs[i]!, bytes: null, top_logprobs: [] }))
@@ -397,7 +241,7 @@ const chatLogprobs = (turn: Turn) => ({
 export const assistantMessage = (turn: Turn) => ({
   role: "assistant" as const,
   content: turn.toolCalls.length > 0 && turn.content === "" ? null : turn.content,
-  ...(turn.toolCalls.length > 0 ? { tool_calls: wireCalls(turn.toolCalls).map(({ index: _, ...c }) => c) } : {})
+  ...(turn.toolCalls.length > 0 ? { tool_calls: toolCalls(turn.toolCalls).map(({ index: _, ...c }) => c) } : {})
 })
 
 /**
@@ -418,7 +262,7 @@ export const chatCompletion = (id: string, created: number, model: string, turn:
     finish_reason: turn.finishReason,
     token_ids: turn.tokenIds
   }],
-  usage: usage(turn),
+  usage: turnUsage(turn),
   policy_version: turn.policyVersion
 })
 
@@ -437,14 +281,14 @@ export const chatChunks = (
   options: { readonly includeUsage: boolean; readonly logprobs: boolean }
 ): Array<string> => {
   const chunk = (choices: ReadonlyArray<unknown>, extra: Record<string, unknown> = {}) =>
-    `data: ${JSON.stringify({ id, object: "chat.completion.chunk", created, model, choices, ...extra })}\n\n`
+    event({ id, object: "chat.completion.chunk", created, model, choices, ...extra })
   const delta = (d: Record<string, unknown>, more: Record<string, unknown> = {}) =>
     chunk([{ index: 0, delta: d, logprobs: null, finish_reason: null, ...more }])
   const events = [delta({ role: "assistant", content: "" })]
   if (turn.content !== "") {
     events.push(delta({ content: turn.content }, options.logprobs ? { logprobs: chatLogprobs(turn) } : {}))
   }
-  for (const call of wireCalls(turn.toolCalls)) events.push(delta({ tool_calls: [call] }))
+  for (const call of toolCalls(turn.toolCalls)) events.push(delta({ tool_calls: [call] }))
   events.push(chunk([{
     index: 0,
     delta: {},
@@ -452,8 +296,8 @@ export const chatChunks = (
     finish_reason: turn.finishReason,
     token_ids: turn.tokenIds
   }], { policy_version: turn.policyVersion }))
-  if (options.includeUsage) events.push(chunk([], { usage: usage(turn) }))
-  events.push("data: [DONE]\n\n")
+  if (options.includeUsage) events.push(chunk([], { usage: turnUsage(turn) }))
+  events.push(done)
   return events
 }
 
@@ -486,7 +330,7 @@ export const textCompletion = (
       : null,
     finish_reason: turn.finishReason === "length" ? "length" : "stop"
   }],
-  usage: usage(turn),
+  usage: turnUsage(turn),
   policy_version: turn.policyVersion
 })
 
@@ -497,76 +341,14 @@ export const textCompletion = (
  * @since 0.1.0
  */
 export const completionChunks = (id: string, created: number, model: string, turn: Turn, text: string) => {
-  const event = (choice: Record<string, unknown>, extra: Record<string, unknown> = {}) =>
-    `data: ${JSON.stringify({ id, object: "text_completion", created, model, choices: [{ index: 0, ...choice }], ...extra })}\n\n`
+  const chunk = (choice: Record<string, unknown>, extra: Record<string, unknown> = {}) =>
+    event({ id, object: "text_completion", created, model, choices: [{ index: 0, ...choice }], ...extra })
   return [
-    event({ text, token_ids: turn.tokenIds, logprobs: null, finish_reason: null }),
-    event({ text: "", token_ids: [], logprobs: null, finish_reason: turn.finishReason === "length" ? "length" : "stop" }, {
+    chunk({ text, token_ids: turn.tokenIds, logprobs: null, finish_reason: null }),
+    chunk({ text: "", token_ids: [], logprobs: null, finish_reason: turn.finishReason === "length" ? "length" : "stop" }, {
       policy_version: turn.policyVersion
     }),
-    "data: [DONE]\n\n"
+    done
   ]
 }
 
-// ===== HTTP =====
-
-/**
- * Reads a JSON body of at most `maxBytes` (413 beyond, 400 when it is not JSON).
- *
- * @category constructors
- * @since 0.1.0
- */
-export const readJson = (req: Http.IncomingMessage, maxBytes: number): Effect.Effect<unknown, ApiError> =>
-  Effect.callback<unknown, ApiError>((resume) => {
-    const chunks: Array<Buffer> = []
-    let size = 0
-    let done = false
-    req.on("data", (c: Buffer) => {
-      size += c.length
-      if (size > maxBytes && !done) {
-        done = true
-        resume(Effect.fail(new ApiError({ status: 413, message: `the request body exceeds ${maxBytes} bytes` })))
-      } else if (!done) chunks.push(c)
-    })
-    req.on("end", () => {
-      if (done) return
-      done = true
-      const text = Buffer.concat(chunks).toString("utf8")
-      // No body at all is an empty object (`curl -X POST …/end`); each route's Schema then names what it lacks.
-      if (text.trim() === "") return resume(Effect.succeed({}))
-      // JSON.parse itself: a Schema decode of the same text costs several times more, on every request.
-      resume(Effect.try({ try: () => JSON.parse(text) as unknown, catch: () => invalid("the request body is not valid JSON") }))
-    })
-    req.on("error", () => {
-      if (!done) resume(Effect.fail(invalid("the request body could not be read")))
-      done = true
-    })
-  })
-
-/**
- * Answers `value` as JSON (or just ends the response when headers already went out).
- *
- * @category constructors
- * @since 0.1.0
- */
-export const sendJson = (res: Http.ServerResponse, status: number, value: unknown): Effect.Effect<void> =>
-  Effect.sync(() => {
-    if (res.headersSent) {
-      res.end()
-      return
-    }
-    res.writeHead(status, { "content-type": "application/json" })
-    res.end(JSON.stringify(value))
-  })
-
-/**
- * Writes server-sent events and ends the response.
- *
- * @category constructors
- * @since 0.1.0
- */
-export const sendEvents = (res: Http.ServerResponse, events: ReadonlyArray<string>): Effect.Effect<void> =>
-  Effect.sync(() => {
-    res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache", connection: "keep-alive" })
-    res.end(events.join(""))
-  })
