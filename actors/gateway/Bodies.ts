@@ -229,7 +229,12 @@ export interface Turn {
 const turnUsage = (turn: Turn) => usage(turn.promptTokens, turn.tokenIds.length)
 
 const chatLogprobs = (turn: Turn) => ({
-  content: turn.tokenIds.map((id, i) => ({ token: `token_id:${id}`, logprob: turn.logprobs[i]!, bytes: null, top_logprobs: [] }))
+  content: turn.tokenIds.map((id, i) => ({
+    token: `token_id:${id}`,
+    logprob: turn.logprobs[i]!,
+    bytes: null,
+    top_logprobs: []
+  }))
 })
 
 /**
@@ -326,7 +331,12 @@ export const textCompletion = (
     token_ids: turn.tokenIds,
     prompt_token_ids: promptTokenIds,
     logprobs: logprobs
-      ? { tokens: turn.tokenIds.map((t) => `token_id:${t}`), token_logprobs: turn.logprobs, top_logprobs: null, text_offset: [] }
+      ? {
+        tokens: turn.tokenIds.map((t) => `token_id:${t}`),
+        token_logprobs: turn.logprobs,
+        top_logprobs: null,
+        text_offset: []
+      }
       : null,
     finish_reason: turn.finishReason === "length" ? "length" : "stop"
   }],
@@ -345,9 +355,10 @@ export const completionChunks = (id: string, created: number, model: string, tur
     event({ id, object: "text_completion", created, model, choices: [{ index: 0, ...choice }], ...extra })
   return [
     chunk({ text, token_ids: turn.tokenIds, logprobs: null, finish_reason: null }),
-    chunk({ text: "", token_ids: [], logprobs: null, finish_reason: turn.finishReason === "length" ? "length" : "stop" }, {
-      policy_version: turn.policyVersion
-    }),
+    chunk(
+      { text: "", token_ids: [], logprobs: null, finish_reason: turn.finishReason === "length" ? "length" : "stop" },
+      { policy_version: turn.policyVersion }
+    ),
     done
   ]
 }

@@ -635,7 +635,9 @@ export const trajectory = Effect.fnUntraced(function*(recorder: Recorder, ending
   const sampled = recorder.threads.filter((t) => t.turns > 0 || t.contextEnded)
   const last = [...sampled].sort((a, b) => b.lastActive - a.lastActive)[0]
   const budget = config.maxContextTokens
-  const segments = sampled.flatMap(segmentsOf).map((s) => (budget === undefined ? s : Trajectory.clipSegment(s, budget)))
+  const segments = sampled.flatMap(segmentsOf).map((s) =>
+    budget === undefined ? s : Trajectory.clipSegment(s, budget)
+  )
   const chats = sampled.filter((t): t is ChatThread => t._tag === "Chat")
   const masked = ending._tag === "Abandoned" || (ending._tag === "Failed" && ending.masked)
   const termination: Trajectory.Termination = ending._tag === "Abandoned"

@@ -86,7 +86,11 @@ export const completions = Effect.fnUntraced(function*(state: ServerState, raw: 
  * @category constructors
  * @since 0.1.0
  */
-export const completionsStream = Effect.fnUntraced(function*(state: ServerState, raw: unknown, res: Http.ServerResponse) {
+export const completionsStream = Effect.fnUntraced(function*(
+  state: ServerState,
+  raw: unknown,
+  res: Http.ServerResponse
+) {
   const { model } = state
   const { body, requests } = yield* completionRequests(state, raw, true)
   const request = requests[0]!
@@ -162,7 +166,10 @@ export const chat = Effect.fnUntraced(function*(state: ServerState, raw: unknown
 })
 
 /** How much of `current` a streamed chat may show: all of it, or up to a tool-call tag (or what may start one). */
-const shownBeforeTag = (current: string, toolOpen: string | undefined): { readonly text: string; readonly tag: boolean } => {
+const shownBeforeTag = (
+  current: string,
+  toolOpen: string | undefined
+): { readonly text: string; readonly tag: boolean } => {
   const tag = toolOpen === undefined ? -1 : current.indexOf(toolOpen)
   if (tag >= 0) return { text: current.slice(0, tag), tag: true }
   if (toolOpen !== undefined) {

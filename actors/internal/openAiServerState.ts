@@ -145,7 +145,7 @@ export const generate = (
   request: GenerateRequest,
   onToken?: (id: number, logprob: number) => void
 ): Effect.Effect<GenerateResult, ApiError> =>
-  Fair.withSlot(state.slots, lane, state.engine.generate(request, { onToken }).pipe(Effect.mapError(samplerError))).pipe(
+  Fair.withSlot(state.slots, lane, Effect.mapError(state.engine.generate(request, { onToken }), samplerError)).pipe(
     Effect.map((result) => ({ ...result, policyVersion: labelOf(state, result.policyVersion) }))
   )
 

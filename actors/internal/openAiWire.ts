@@ -186,7 +186,8 @@ const contentOf = (raw: unknown, param: string, allowNull: boolean): Check<Messa
   if (!Array.isArray(raw)) return invalid(`${param} must be a string or a list of content parts`, param)
   const parts: Array<Message.ContentPart> = []
   for (const [i, part] of raw.entries()) {
-    if (isRecord(part) && (part["type"] === "text" || part["type"] === "input_text") && typeof part["text"] === "string") {
+    const text = isRecord(part) && (part["type"] === "text" || part["type"] === "input_text")
+    if (text && typeof part["text"] === "string") {
       parts.push({ type: "text", text: part["text"] })
     } else if (isRecord(part) && part["type"] === "image_url" && isRecord(part["image_url"])) {
       const url = part["image_url"]["url"]
