@@ -8,6 +8,7 @@ import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import * as Bodies from "../../../actors/gateway/Bodies.ts"
 import * as Recorder from "../../../actors/gateway/Recorder.ts"
+import * as Threads from "../../../actors/gateway/Threads.ts"
 import * as Sampler from "../../../src/Sampler.ts"
 import { calculatorTool, format, scriptedSampler, tokenizer, turn } from "./fixtures.ts"
 
@@ -78,15 +79,15 @@ describe("Recorder", () => {
       const toolsKey = Bodies.toolsKey(asked.tools)
       const result = { role: "tool", tool_call_id: "call_0", content: "1" }
       const continued = yield* keys([...question, answered(first), result])
-      const choice = Recorder.chooseChat(r, continued, toolsKey)
+      const choice = Threads.chooseChat(r.threads, continued, toolsKey)
       assert.strictEqual(choice._tag, "Continue")
       assert.isTrue(choice._tag === "Continue" && choice.thread === r.threads[0] && choice.from === 3)
       const other = yield* keys([{ role: "user", content: "Something else" }])
-      assert.deepStrictEqual(Recorder.chooseChat(r, other, toolsKey), { _tag: "New", parent: undefined })
+      assert.deepStrictEqual(Threads.chooseChat(r.threads, other, toolsKey), { _tag: "New", parent: undefined })
       // Other tools render another prompt: never the same thread.
-      assert.strictEqual(Recorder.chooseChat(r, continued, Bodies.toolsKey([]))._tag, "New")
+      assert.strictEqual(Threads.chooseChat(r.threads, continued, Bodies.toolsKey([]))._tag, "New")
       r.threads[0]!.busy = true
-      assert.deepStrictEqual(Recorder.chooseChat(r, continued, toolsKey), { _tag: "New", parent: 0 })
+      assert.deepStrictEqual(Threads.chooseChat(r.threads, continued, toolsKey), { _tag: "New", parent: 0 })
     }))
 
   it.effect("a failed request is kept by default (counted, failure recorded); with keepRefused: false, undone", () =>
