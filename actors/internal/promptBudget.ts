@@ -1,7 +1,7 @@
 /**
  * What a request of the OpenAI-compatible server may cost in tokens, checked before the work it bounds
- * (`OpenAiServer.ts`, "Limits"): a prompt is tokenized only as far as its limit ({@link encodeWithin}), and a request's
- * tokens are its prompts' plus `max_tokens` per prompt ({@link asked}).
+ * (`OpenAiServer.ts`, "Limits"): a prompt is tokenized only as far as its limit ({@link encodeWithin}), and a
+ * request's tokens are its prompts' plus `max_tokens` per prompt ({@link asked}).
  *
  * @since 0.1.0
  */
