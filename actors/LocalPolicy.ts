@@ -17,7 +17,6 @@
  * @since 0.1.0
  */
 import { Context, Effect, FileSystem, Layer, Scope } from "effect"
-import * as Checkpoint from "../src/Checkpoint.ts"
 import * as Dataset from "../src/Dataset.ts"
 import * as Loss from "../src/Loss.ts"
 import * as LrSchedule from "../src/LrSchedule.ts"
@@ -382,14 +381,6 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
  */
 export const prefillAlone: (engine: PolicyEngine.PolicyEngine["Service"]) => Sampler["Service"] =
   LocalVersions.prefillAlone
-
-/**
- * A fingerprint of weights: `Checkpoint.fingerprint` (equal fingerprints mean bit-identical weights).
- *
- * @category getters
- * @since 0.1.0
- */
-export const fingerprintOf = (weights: PolicyTrainer.Weights): string => Checkpoint.fingerprint(weights)
 
 /**
  * The local learner, policy versions and ambient sampler as a layer.

@@ -92,12 +92,6 @@ export interface EncodedPieces {
   readonly idEnds: Array<number>
 }
 
-/**
- * @category guards
- * @since 0.1.0
- */
-export const isTokenizer = (u: unknown): u is Tokenizer => typeof u === "object" && u !== null && TypeId in u
-
 // ===== Constructors =====
 
 const tokenName = (value: unknown): string | undefined =>
