@@ -27,7 +27,9 @@ import * as Dataset from "../src/Dataset.ts"
 import * as Qwen2 from "../src/model/Qwen2.ts"
 import * as ModelFolder from "../src/ModelFolder.ts"
 import { Sampler } from "../src/Sampler.ts"
+import type * as Task from "../src/Task.ts"
 import * as TrainConfig from "../src/TrainConfig.ts"
+import type * as Trajectory from "../src/Trajectory.ts"
 import * as Setup from "./setup.ts"
 import { episodeText, failureSentence } from "./oracle.ts"
 import { exitOnFailure } from "./train.ts"
@@ -84,6 +86,57 @@ const usage = (message: string) =>
  */
 export const verifiedCheckpoint = Journal.verifiedCheckpoint
 
+/** The held-out rows, checked against the task's row Schema and the fields its reward reads, as a run checks them. */
+const loadHeldOut = (task: Task.Task, config: TrainConfig.TrainConfig, rows: string, from: string) =>
+  Dataset.load(rows, { onInvalid: config.data.onInvalidRow, fields: task.row, from }).pipe(
+    Effect.flatMap((ds) => Train.checkRewardFields(task, ds, config.data.onInvalidRow))
+  )
+
+/** The config's `eval` section with the flags over it, refused as the flags that gave it. */
+const evalConfigOf = (section: TrainConfig.TrainConfig["eval"], options: EvalOptions) =>
+  Schema.decodeUnknownEffect(TrainConfig.EvalConfig)({
+    ...section,
+    ...(options.size === undefined ? {} : { size: options.size }),
+    ...(options.samples === undefined ? {} : { samples: options.samples }),
+    ...(options.temperature === undefined ? {} : { temperature: options.temperature })
+  }, TrainConfig.decodeOptions).pipe(Effect.mapError((e) =>
+    new TrainConfig.ConfigError({
+      source: "agentfly eval's flags",
+      reason: "Invalid",
+      // Named as the flags that gave them: `--size: Expected a value between 1 and 10000000, got 0`.
+      issues: TrainConfig.formatIssues(TrainConfig.EvalConfig, e.issue).map((line) =>
+        line.replace(/^(size|samples|temperature)\b/, "--$1")
+      )
+    })
+  ))
+
+/** The evaluation's line: its weights, accuracy, reward, tool calls and how it sampled, and its failures. */
+const resultLine = (result: EvalResult, options: EvalOptions, failures: string | undefined): string => {
+  const { figures } = result
+  return `${options.checkpoint === undefined ? `${result.weights} (the model folder's own weights, not a run's: ` +
+    `--checkpoint RUN/checkpoints/step-N for those)` : result.weights}: ` +
+    `${options.data === undefined ? "held-out accuracy" : "accuracy"} ` +
+    `${figures["eval/accuracy"]!.toFixed(3)}, mean reward ${figures["eval/reward_mean"]!.toFixed(3)}` +
+    (Metrics.usesTools(figures, "eval")
+      ? `, invalid tool-call rate ${figures["eval/invalid_tool_call_rate"]!.toFixed(3)}`
+      : "") +
+    ` (${result.questions} questions${options.data === undefined ? "" : ` of ${options.data}`} × ${result.samples}, ` +
+    `${result.temperature === 0 ? "greedy" : `temperature ${result.temperature}`}, seed ${result.seed})` +
+    // Greedy decoding gives a question the same answer every time: K samples are K copies.
+    (result.temperature === 0 && result.samples > 1
+      ? `; greedy answers repeat, so the ${result.samples} samples of a question are one answer ` +
+        `(give --temperature)`
+      : "") +
+    (failures ?? "") +
+    "\n"
+}
+
+/** Episode `i` as the model saw it (`--episodes N`). */
+const episodeOf = (i: number, t: Trajectory.Trajectory): string =>
+  `\nepisode ${i + 1} (reward ${t.reward.toFixed(3)}, ${t.termination}` +
+  `${t.episodeEnd === undefined ? "" : ` ${t.episodeEnd}`}${t.error === undefined ? "" : `, ${t.error}`}):\n` +
+  episodeText(t.messages) + "\n"
+
 /**
  * Runs `agentfly eval`: everything but argument parsing.
  *
@@ -99,29 +152,8 @@ export const run = Effect.fn("cli.eval")(function*(
   if (rows === undefined) {
     return yield* usage("data.eval: the config names no held-out split (or give one with --data FILE)")
   }
-  const heldOut = yield* Dataset.load(rows, {
-    onInvalid: requested.data.onInvalidRow,
-    fields: task.row,
-    from: options.data === undefined ? "data.eval" : "--data"
-  }).pipe(
-    // The fields the task's reward reads too, as a run checks them.
-    Effect.flatMap((ds) => Train.checkRewardFields(task, ds, requested.data.onInvalidRow))
-  )
-  const evalConfig = yield* Schema.decodeUnknownEffect(TrainConfig.EvalConfig)({
-    ...requested.eval,
-    ...(options.size === undefined ? {} : { size: options.size }),
-    ...(options.samples === undefined ? {} : { samples: options.samples }),
-    ...(options.temperature === undefined ? {} : { temperature: options.temperature })
-  }, TrainConfig.decodeOptions).pipe(Effect.mapError((e) =>
-    new TrainConfig.ConfigError({
-      source: "agentfly eval's flags",
-      reason: "Invalid",
-      // Named as the flags that gave them: `--size: Expected a value between 1 and 10000000, got 0`.
-      issues: TrainConfig.formatIssues(TrainConfig.EvalConfig, e.issue).map((line) =>
-        line.replace(/^(size|samples|temperature)\b/, "--$1")
-      )
-    })
-  ))
+  const heldOut = yield* loadHeldOut(task, requested, rows, options.data === undefined ? "data.eval" : "--data")
+  const evalConfig = yield* evalConfigOf(requested.eval, options)
   // A folder not made yet: how to make it, rather than a missing file's name.
   const modelFile = `${requested.model.path}/config.json`
   if (!(yield* fs.exists(modelFile))) {
@@ -162,32 +194,10 @@ export const run = Effect.fn("cli.eval")(function*(
     ...(firstFailure === undefined ? {} : { firstFailure })
   }
   const write = options.write ?? ((text: string) => void process.stdout.write(text))
-  write(
-    `${options.checkpoint === undefined ? `${result.weights} (the model folder's own weights, not a run's: ` +
-      `--checkpoint RUN/checkpoints/step-N for those)` : result.weights}: ` +
-      `${options.data === undefined ? "held-out accuracy" : "accuracy"} ` +
-      `${figures["eval/accuracy"]!.toFixed(3)}, mean reward ${figures["eval/reward_mean"]!.toFixed(3)}` +
-      (Metrics.usesTools(figures, "eval")
-        ? `, invalid tool-call rate ${figures["eval/invalid_tool_call_rate"]!.toFixed(3)}`
-        : "") +
-      ` (${result.questions} questions${options.data === undefined ? "" : ` of ${options.data}`} × ${result.samples}, ` +
-      `${result.temperature === 0 ? "greedy" : `temperature ${result.temperature}`}, seed ${result.seed})` +
-      // Greedy decoding gives a question the same answer every time: K samples are K copies.
-      (result.temperature === 0 && result.samples > 1
-        ? `; greedy answers repeat, so the ${result.samples} samples of a question are one answer ` +
-          `(give --temperature)`
-        : "") +
-      (failed?.sentence ?? "") +
-      "\n"
-  )
+  write(resultLine(result, options, failed?.sentence))
   for (const [i, group] of groups.slice(0, options.episodes ?? 0).entries()) {
     const t = group.trajectories[0]
-    if (t === undefined) continue
-    write(
-      `\nepisode ${i + 1} (reward ${t.reward.toFixed(3)}, ${t.termination}` +
-        `${t.episodeEnd === undefined ? "" : ` ${t.episodeEnd}`}${t.error === undefined ? "" : `, ${t.error}`}):\n` +
-        episodeText(t.messages) + "\n"
-    )
+    if (t !== undefined) write(episodeOf(i, t))
   }
   if (options.output !== undefined) yield* fs.writeFileString(options.output, JSON.stringify(result, null, 2) + "\n")
   return result
