@@ -120,6 +120,15 @@ export class Servers extends Schema.TaggedError<Servers>()("Servers", fields) {}
 export class Workers extends Schema.TaggedError<Workers>()("Workers", fields) {}
 
 /**
+ * Rollouts returned groups that do not answer their request (rows, ids, chains, policy versions, token ids,
+ * logprobs: `BatchCheck`): a broken or forged answer, refused whole and never trained on.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class Mismatch extends Schema.TaggedError<Mismatch>()("Mismatch", fields) {}
+
+/**
  * Why a run stopped.
  *
  * @category errors
@@ -138,7 +147,8 @@ export const RunErrorReason = Schema.Union([
   NonFinite,
   DiskFull,
   Servers,
-  Workers
+  Workers,
+  Mismatch
 ])
 export type RunErrorReason = typeof RunErrorReason.Type
 
@@ -168,7 +178,8 @@ const reasons = {
   NonFinite,
   DiskFull,
   Servers,
-  Workers
+  Workers,
+  Mismatch
 } satisfies Record<RunErrorReason["_tag"], unknown>
 
 /**

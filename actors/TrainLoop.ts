@@ -39,6 +39,7 @@
  */
 import { Clock, Deferred, Effect, Fiber, FileSystem, Queue } from "effect"
 import type { Scope } from "effect"
+import * as BatchCheck from "../src/BatchCheck.ts"
 import * as Dataset from "../src/Dataset.ts"
 import * as DiskFull from "../src/internal/diskFull.ts"
 import * as RolloutFigures from "../src/RolloutFigures.ts"
@@ -143,8 +144,10 @@ interface Run {
   readonly display: { readonly update: (status: Metrics.Status) => Effect.Effect<void> }
   readonly tokenText: (id: number) => string
   readonly elapsed: Effect.Effect<number>
-  /** Published versions, awaited by the batches they sample (see `RunSchedule.samplingVersion`). */
+  /** Versions to publish or published, awaited by the batches they sample (see `RunSchedule.samplingVersion`). */
   readonly published: Map<number, Deferred.Deferred<void>>
+  /** The newest version published: no batch can hold tokens of a newer one. */
+  readonly newest: { version: number }
   readonly checkpoints: string
 }
 
@@ -263,6 +266,7 @@ const prepare = Effect.fnUntraced(function*(options: Options<any>) {
     tokenText: options.tokenText ?? ((id: number) => String(id)),
     elapsed: Effect.map(Clock.currentTimeMillis, (now) => (now - startedAt) / 1000),
     published: new Map(),
+    newest: { version: -Infinity },
     checkpoints
   } satisfies Run
 })
@@ -296,7 +300,10 @@ const publishedDeferred = (run: Run, version: number) => {
 
 /** Publishes the learner's weights as `version`, releasing the batches that wait for it. */
 const publish = (run: Run, version: number) =>
-  Effect.andThen(run.versions.publish(version), Deferred.succeed(publishedDeferred(run, version), undefined))
+  run.versions.publish(version).pipe(
+    Effect.andThen(Effect.sync(() => (run.newest.version = Math.max(run.newest.version, version)))),
+    Effect.andThen(Deferred.succeed(publishedDeferred(run, version), undefined))
+  )
 
 // ===== Warm-up (SFT) =====
 
@@ -421,8 +428,11 @@ const startBatches = Effect.fnUntraced(function*(run: Run, lastStep: number) {
   return batches
 })
 
-/** Groups of `rows` (dataset indices) at seqs from `firstSeq`, sampled by `version` through the `Rollouts` service. */
-const rolledOut = (run: Run, rows: ReadonlyArray<number>, firstSeq: number, version: number) => {
+/**
+ * Groups of `rows` (dataset indices) at seqs from `firstSeq`, sampled by `version` through the `Rollouts` service,
+ * checked against what was asked (`BatchCheck`) before anything else reads them.
+ */
+const rolledOut = Effect.fnUntraced(function*(run: Run, rows: ReadonlyArray<number>, firstSeq: number, version: number) {
   const { config } = run
   const numChains = config.agent.numChains
   const sampling = {
@@ -431,11 +441,23 @@ const rolledOut = (run: Run, rows: ReadonlyArray<number>, firstSeq: number, vers
     temperature: config.agent.temperature,
     seed: config.seed * 1_000_000 + firstSeq * numChains
   }
-  return Effect.map(
-    run.rollouts.collect(run.setup, rows.map((i) => run.train.rows[i]!), sampling, version),
-    (groups) => groups.map((group): SampledGroup => ({ group, seq: firstSeq + group.rowIndex, row: rows[group.rowIndex]! }))
-  )
-}
+  const groups = yield* run.rollouts.collect(run.setup, rows.map((i) => run.train.rows[i]!), sampling, version)
+  const problems = BatchCheck.problems(groups, {
+    rows: rows.length,
+    chains: numChains,
+    firstSeq,
+    versions: { from: version, to: run.newest.version },
+    vocabSize: run.setup.format.vocabSize
+  })
+  if (problems.length > 0) {
+    return yield* RunError.runError(
+      "Mismatch",
+      `the rollouts of rows ${firstSeq}… (policy version ${version}) do not answer their request, so none of them ` +
+        `is trained on: ${problems.join("; ")}`
+    )
+  }
+  return groups.map((group): SampledGroup => ({ group, seq: firstSeq + group.rowIndex, row: rows[group.rowIndex]! }))
+})
 
 /**
  * A training batch, sampled by `version`: the run's row order at `(step − 1) · B`, then, with dynamic sampling,

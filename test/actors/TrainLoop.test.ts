@@ -16,6 +16,10 @@ import { charFormat } from "./fixtures/charFormat.ts"
 import * as Toy from "./fixtures/toyPolicy.ts"
 import * as RunSchedule from "../../src/RunSchedule.ts"
 import * as TrainLoop from "../../actors/TrainLoop.ts"
+import { Learner } from "../../actors/Learner.ts"
+import { PolicyVersions } from "../../actors/PolicyVersions.ts"
+import * as Rollouts from "../../actors/Rollouts.ts"
+import { Sampler } from "../../src/Sampler.ts"
 
 const rows = (n: number, prefix: string) =>
   Dataset.parse(prefix, Array.from({ length: n }, (_, i) => JSON.stringify({ question: `${prefix} ${i}` })).join("\n"))
@@ -622,4 +626,78 @@ describe("TrainLoop: inputs read once", () => {
       assert.deepStrictEqual(resumed.evals.map((e) => e.step), [0, 4, 8], "the evaluation at step 0 was the first process's")
       assert.isNumber(resumed.evals[0]!.figures["eval/accuracy"])
     }).pipe(Effect.provide(NodeServices.layer)))
+})
+
+describe("TrainLoop: results it can verify", () => {
+  /** Rollouts in this process whose answers `forge` rewrites, as a worker that rewrites what it returns would. */
+  const forging = (forge: (groups: Array<Trajectory.Group>) => Array<Trajectory.Group>) =>
+    Effect.gen(function*() {
+      const { learner, sampler, versions } = yield* Toy.make()
+      const honest = yield* Rollouts.Rollouts.pipe(
+        Effect.provide(Rollouts.inProcess),
+        Effect.provideService(PolicyVersions, versions)
+      )
+      const forged = Rollouts.Rollouts.of({
+        collect: (setup, rows, sampling, version) =>
+          Effect.map(honest.collect(setup, rows, sampling, version), forge)
+      })
+      return { learner, sampler, versions, forged }
+    })
+
+  const rewrites: ReadonlyArray<[string, (groups: Array<Trajectory.Group>) => Array<Trajectory.Group>, string]> = [
+    ["a policy span replaced by other tokens with reward 1", (groups) =>
+      groups.map((g) => ({
+        ...g,
+        trajectories: g.trajectories.map((t) => ({
+          ...t,
+          reward: 1,
+          segments: t.segments.map((s) => ({
+            ...s,
+            spans: s.spans.map((span) =>
+              span.source === "policy" ? { ...span, tokenIds: span.tokenIds.map(() => 1_000_000) } : span
+            )
+          }))
+        }))
+      })), "outside the model's vocabulary"],
+    ["policy version 999999", (groups) =>
+      groups.map((g) => ({
+        ...g,
+        trajectories: g.trajectories.map((t) => ({
+          ...t,
+          segments: t.segments.map((s) => ({
+            ...s,
+            spans: s.spans.map((span) => (span.source === "policy" ? { ...span, policyVersion: 999999 } : span))
+          }))
+        }))
+      })), "policy version 999999"],
+    ["more groups than asked: a row index of 5000 and a duplicate", (groups) =>
+      [...groups, { ...groups[0]!, rowIndex: 5000 }, groups[1]!], "answers row 5000"]
+  ]
+
+  for (const [name, forge, says] of rewrites) {
+    it.effect(`a forged batch is refused, never trained on: ${name}`, () =>
+      Effect.gen(function*() {
+        const options = yield* setup({}, { steps: 2 })
+        const { forged, learner, sampler, versions } = yield* forging(forge)
+        let learned = 0
+        const counting = { ...learner, learn: (s: number, g: ReadonlyArray<Trajectory.Group>) => {
+          learned++
+          return learner.learn(s, g)
+        } }
+        const error = yield* Effect.flip(Effect.scoped(TrainLoop.run({
+          ...options,
+          eval: undefined,
+          format: { ...options.format, vocabSize: 512 }
+        })).pipe(
+          Effect.provideService(Rollouts.Rollouts, forged),
+          Effect.provideService(Learner, counting),
+          Effect.provideService(PolicyVersions, versions),
+          Effect.provideService(Sampler, sampler)
+        ))
+        assert.strictEqual(error.reason._tag, "Mismatch")
+        assert.include(error.message, says)
+        assert.strictEqual(learned, 0, "the learner never saw it")
+        assert.deepStrictEqual(yield* steps(options.config.output), [], "no step journaled")
+      }).pipe(Effect.provide(NodeServices.layer)))
+  }
 })
