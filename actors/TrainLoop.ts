@@ -642,9 +642,14 @@ const checkpoint = Effect.fnUntraced(function*(run: Run, step: number) {
   const name = RunSchedule.checkpointName(step)
   const tmp = `${checkpoints}/.${name}.tmp`
   const ck = RunError.wrap("Checkpoint")
-  yield* fs.remove(tmp, { recursive: true, force: true }).pipe(Effect.mapError(ck))
-  yield* fs.makeDirectory(tmp, { recursive: true }).pipe(Effect.mapError(ck))
-  yield* run.learner.save(tmp)
+  const removeTmp = fs.remove(tmp, { recursive: true, force: true })
+  yield* removeTmp.pipe(Effect.mapError(ck))
+  // A save that fails (a full disk) leaves no half-written directory behind: it would only fill the disk more.
+  yield* fs.makeDirectory(tmp, { recursive: true }).pipe(
+    Effect.mapError(ck),
+    Effect.andThen(run.learner.save(tmp)),
+    Effect.onError(() => Effect.ignore(removeTmp))
+  )
   yield* fs.remove(`${checkpoints}/${name}`, { recursive: true, force: true }).pipe(Effect.mapError(ck))
   yield* fs.rename(tmp, `${checkpoints}/${name}`).pipe(Effect.mapError(ck))
   yield* run.record({ kind: "checkpoint", step, path: name, weightsHash: yield* run.learner.fingerprint })

@@ -8,7 +8,7 @@ import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, FileSystem, Layer, PlatformError } from "effect"
 import { spawnSync } from "node:child_process"
-import { mkdirSync, mkdtempSync, rmSync, statSync, writeFileSync } from "node:fs"
+import { mkdirSync, mkdtempSync, rmSync, statSync, writeFileSync, readdirSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as Journal from "../../actors/Journal.ts"
@@ -170,5 +170,6 @@ describe("a full disk", () => {
       assert.include(error.message, "optimizer.safetensors")
       const journal = (yield* Journal.read(join(config.output, "journal.jsonl"))).entries.map((e) => e.entry.kind)
       assert.notInclude(journal, "checkpoint", "no checkpoint journaled")
+      assert.deepStrictEqual(readdirSync(join(config.output, "checkpoints")), [], "no half-written .step-N.tmp left")
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 120_000)
 })
