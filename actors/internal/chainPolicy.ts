@@ -4,8 +4,9 @@
  *
  * An error whose policy ends the chain leaves the step as a `ChainEnded` failure, carried by the error channel past
  * every later step to the one place that catches it (`RolloutChain.run`), which turns it into the chain's `Ending`.
- * A step whose caller can use the error instead (a tool failure fed back as an observation, a failed reward scored)
- * says so with a `recover` function: the error then never leaves the step.
+ * A step whose caller can use the error instead (a tool failure fed back as an observation) says so with a
+ * `recover` function: the error then never leaves the step. A reward's failure ends nothing (the trajectory is
+ * scored or masked by its policy): `withVerdict` hands every verdict to its step.
  *
  * @since 0.1.0
  */
