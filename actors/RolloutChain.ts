@@ -18,7 +18,9 @@
  * invalid tool call in the run's figures), and the trajectory's `error` says so (`errorReason: "ParseFailed"`) while
  * its termination stays `stop` / `context_length`, the reason the chain ended.
  * - `episode_end`: the environment ended the episode (`Environment.Episode.step` returned an `end` reason);
- * - `error`: an error whose policy ends the chain (see `src/RolloutError.ts`).
+ * - `error`: an error whose policy ends the chain (see `src/RolloutError.ts`). It leaves the failing step as a
+ *   `ChainEnded` failure (`actors/internal/chainPolicy.ts`) and reaches, through the error channel, the one place
+ *   that turns it into the chain's ending (`runScoped`).
  *
  * With an episode protocol (`Config.episode`), the chain resets its environment with its row and seed before the
  * first sample (`start`, whose messages join the prompt) and lets it speak after every turn (`step`: messages of
