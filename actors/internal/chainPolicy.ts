@@ -93,17 +93,21 @@ const policed = <A, R, B, E>(
   step: Effect.Effect<A, RolloutError.RolloutError, R>,
   resolved: (error: RolloutError.RolloutError) => Effect.Effect<B, E>
 ): Effect.Effect<A | B, E, R> =>
-  // The retry schedule is only set up once a step has failed: the happy path pays for one `catch`.
-  Effect.catch(step, (error) =>
-    RolloutError.policyFor(error.reason, settings.policies) === "retry"
-      ? step.pipe(
-        Effect.retry({
-          schedule: settings.retry ?? defaultRetry,
-          while: (e: RolloutError.RolloutError) => RolloutError.policyFor(e.reason, settings.policies) === "retry"
-        }),
-        Effect.catch(resolved)
-      )
-      : resolved(error))
+  // The retry schedule is only set up once a step has failed: the happy path pays for one `catch`. That first
+  // failure is replayed into the schedule, so its first delay comes before the first retry and `recurs(n)` means n
+  // retries, as `retry`'s doc says.
+  Effect.catch(step, (error) => {
+    if (RolloutError.policyFor(error.reason, settings.policies) !== "retry") return resolved(error)
+    let replayed = false
+    const again = Effect.suspend(() => (replayed ? step : ((replayed = true), Effect.fail(error))))
+    return again.pipe(
+      Effect.retry({
+        schedule: settings.retry ?? defaultRetry,
+        while: (e: RolloutError.RolloutError) => RolloutError.policyFor(e.reason, settings.policies) === "retry"
+      }),
+      Effect.catch(resolved)
+    )
+  })
 
 /**
  * Runs a step whose failure never ends the chain (a reward's): as {@link withPolicy}, but every policy other than
