@@ -21,8 +21,8 @@ import * as Generate from "../../examples/calculator/generate.ts"
 import * as Dataset from "../../src/Dataset.ts"
 import * as ModelFolder from "../../src/ModelFolder.ts"
 import * as TrainConfig from "../../src/TrainConfig.ts"
-import { charFormat } from "./fixtures/charFormat.ts"
-import * as Toy from "./fixtures/toyPolicy.ts"
+import { charFormat } from "../actors/fixtures/charFormat.ts"
+import * as Toy from "../actors/fixtures/toyPolicy.ts"
 import * as TrainLoop from "../../actors/TrainLoop.ts"
 
 /**
