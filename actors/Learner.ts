@@ -120,7 +120,8 @@ export interface Options {
   readonly recomputeOldLogprobs?: boolean
   /**
    * KL in the reward (instead of, or besides, `loss.klCoef`): every policy token's reward becomes
-   * `r − β·(log π_sampler − log π_ref)` before advantages are computed (`Loss.penalizeRewards`). Needs `reference`.
+   * `r − β·(log π_sampler − log π_ref)` before advantages are computed (`Loss.penalizeRewards`). Needs
+   * `reference`.
    */
   readonly klInReward?: number
   /**

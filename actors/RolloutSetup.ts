@@ -33,7 +33,8 @@ export interface RolloutSetup {
 }
 
 /**
- * Builds a run's rollout setup in the current scope: the task's runtime with the config's tool timeout and tool rendering
+ * Builds a run's rollout setup in the current scope: the task's runtime with the config's tool timeout and tool
+ * rendering
  * (`TaskRuntime.make`, which checks the task's environment services before any rollout).
  *
  * @category constructors

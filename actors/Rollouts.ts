@@ -86,7 +86,9 @@ export const fromRemote = (remote: Remote): Rollouts["Service"] =>
  */
 export const sampledBy = (versions: PolicyVersions["Service"], version: number) =>
 <A, E>(rollouts: Effect.Effect<A, E, Sampler>): Effect.Effect<A, E | RunError.RunError> =>
-  Effect.scoped(Effect.flatMap(versions.sampler(version), (sampler) => Effect.provideService(rollouts, Sampler, sampler)))
+  Effect.scoped(
+    Effect.flatMap(versions.sampler(version), (sampler) => Effect.provideService(rollouts, Sampler, sampler))
+  )
 
 /**
  * Training batches in this process, each on a sampler of its own version (`PolicyVersions.sampler`).
@@ -170,7 +172,11 @@ export const collectGroups = (
 export const evaluation = (
   setup: RolloutSetup.RolloutSetup,
   rows: ReadonlyArray<Dataset.Row>
-): Effect.Effect<{ readonly groups: Array<Trajectory.Group>; readonly figures: Figures }, RunError.RunError, Sampler> => {
+): Effect.Effect<
+  { readonly groups: Array<Trajectory.Group>; readonly figures: Figures },
+  RunError.RunError,
+  Sampler
+> => {
   const { config } = setup
   const size = Math.min(config.eval.size ?? rows.length, rows.length)
   return Effect.map(

@@ -206,7 +206,9 @@ export const wrap = (tag: RunErrorReason["_tag"]) => (e: unknown): RunError => {
   if (!NoSpace.isDiskFull(e)) return runError(tag, message, e)
   return runError(
     "DiskFull",
-    message.startsWith(NoSpace.marker) ? message : `${NoSpace.marker}: ${message}; free space on its filesystem, then resume`,
+    message.startsWith(NoSpace.marker)
+      ? message
+      : `${NoSpace.marker}: ${message}; free space on its filesystem, then resume`,
     e
   )
 }

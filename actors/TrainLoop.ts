@@ -432,7 +432,12 @@ const startBatches = Effect.fnUntraced(function*(run: Run, lastStep: number) {
  * Groups of `rows` (dataset indices) at seqs from `firstSeq`, sampled by `version` through the `Rollouts` service,
  * checked against what was asked (`BatchCheck`) before anything else reads them.
  */
-const rolledOut = Effect.fnUntraced(function*(run: Run, rows: ReadonlyArray<number>, firstSeq: number, version: number) {
+const rolledOut = Effect.fnUntraced(function*(
+  run: Run,
+  rows: ReadonlyArray<number>,
+  firstSeq: number,
+  version: number
+) {
   const { config } = run
   const numChains = config.agent.numChains
   const sampling = {
@@ -538,10 +543,12 @@ const trainStep = Effect.fnUntraced(function*(
     weightsHash: yield* run.learner.fingerprint,
     outcome: outcome._tag === "Applied" ? "applied" : outcome._tag === "Skipped" ? "skipped" : "critic_only"
   })
-  const record = { phase: "train" as const, step, elapsed: yield* run.elapsed, figures, ...RolloutFigures.failureNote(groups) }
+  const elapsed = yield* run.elapsed
+  const record = { phase: "train" as const, step, elapsed, figures, ...RolloutFigures.failureNote(groups) }
   yield* run.metrics.log(record).pipe(Effect.mapError(io))
   for (const g of groups.slice(0, run.config.sampleTrajectories)) {
-    yield* run.metrics.sample(Metrics.sampleOf(g.trajectories[0]!, "train", step, run.tokenText)).pipe(Effect.mapError(io))
+    const sample = Metrics.sampleOf(g.trajectories[0]!, "train", step, run.tokenText)
+    yield* run.metrics.sample(sample).pipe(Effect.mapError(io))
   }
   yield* run.display.update({ ...record, total: lastStep })
 })
@@ -619,12 +626,14 @@ const evaluate = Effect.fnUntraced(function*(run: Run, step: number) {
   const { groups, figures } = yield* Rollouts.evaluation(run.setup, run.eval.rows).pipe(
     Rollouts.sampledBy(run.versions, step)
   )
-  const record = { phase: "eval" as const, step, elapsed: yield* run.elapsed, figures, ...RolloutFigures.failureNote(groups) }
+  const elapsed = yield* run.elapsed
+  const record = { phase: "eval" as const, step, elapsed, figures, ...RolloutFigures.failureNote(groups) }
   yield* run.record({ kind: "eval", step, figures: finiteFigures(figures) })
   yield* run.metrics.log(record).pipe(Effect.mapError(io))
   yield* checkFailures(run, groups, `evaluation at step ${step}`)
   for (const g of groups.slice(0, Math.min(2, run.config.sampleTrajectories))) {
-    yield* run.metrics.sample(Metrics.sampleOf(g.trajectories[0]!, "eval", step, run.tokenText)).pipe(Effect.mapError(io))
+    const sample = Metrics.sampleOf(g.trajectories[0]!, "eval", step, run.tokenText)
+    yield* run.metrics.sample(sample).pipe(Effect.mapError(io))
   }
   yield* run.display.update({ ...record, total: run.config.algorithm.steps })
 })

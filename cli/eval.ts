@@ -220,7 +220,10 @@ export const evaluate = Command.make(
       Flag.optional
     ),
     size: Flag.Int("size").pipe(Flag.withDescription("Override eval.size (held-out questions)"), Flag.optional),
-    samples: Flag.Int("samples").pipe(Flag.withDescription("Override eval.samples (answers per question)"), Flag.optional),
+    samples: Flag.Int("samples").pipe(
+      Flag.withDescription("Override eval.samples (answers per question)"),
+      Flag.optional
+    ),
     temperature: Flag.Finite("temperature").pipe(
       Flag.withDescription("Override eval.temperature (0: greedy)"),
       Flag.optional

@@ -70,7 +70,9 @@ const trajectoryProblems = (t: Trajectory.Trajectory, at: string, request: Reque
       }
       const vocab = request.vocabSize
       const bad = span.tokenIds.find((id) => !Number.isInteger(id) || id < 0 || (vocab !== undefined && id >= vocab))
-      if (bad !== undefined) found.push(`${at}: token id ${bad}, outside the model's vocabulary (${vocab ?? "ids ≥ 0"})`)
+      if (bad !== undefined) {
+        found.push(`${at}: token id ${bad}, outside the model's vocabulary (${vocab ?? "ids ≥ 0"})`)
+      }
       const nan = span.logprobs?.find((x) => !Number.isFinite(x) || x > 0)
       if (nan !== undefined) found.push(`${at}: a sampled logprob of ${nan}`)
       if (span.logprobs !== undefined && span.logprobs.length !== span.tokenIds.length) {

@@ -66,7 +66,8 @@ export const budgetWarnings = (
     ...(full >= 0.25
       ? {
         full: `step ${step}: ${(full * 100).toFixed(0)}% of the chains ended at agent.maxContextTokens ` +
-          `(${agent.maxContextTokens ?? "the model's"} tokens) before their episode ended (termination "context_length"); ` +
+          `(${agent.maxContextTokens ?? "the model's"} tokens) before their episode ended ` +
+          `(termination "context_length"); ` +
           `if their conversations need more, raise agent.maxContextTokens (up to the model's positions; a model at ` +
           `its positions needs a larger preset, or shorter episodes: fewer turns, shorter observations)`
       }
@@ -83,7 +84,14 @@ const hasInvalidCall = (t: Trajectory.Trajectory): boolean =>
   t.termination === "error" || t.messages.some((m) => m.role === "tool" && m.is_error === true) ||
   Object.entries(t.metrics).some(([key, n]) => key.startsWith("tool_errors/") && n > 0)
 
-export const mean = (xs: ReadonlyArray<number>): number => (xs.length === 0 ? 0 : xs.reduce((a, b) => a + b, 0) / xs.length)
+/**
+ * The mean of `xs`, 0 for none.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const mean = (xs: ReadonlyArray<number>): number =>
+  xs.length === 0 ? 0 : xs.reduce((a, b) => a + b, 0) / xs.length
 
 /**
  * Failure reasons that are the infrastructure's, not the policy's: a step made mostly of them trains on noise.
@@ -164,7 +172,12 @@ export const infrastructureFailures = (
   }
   const failed = [...counts.values()].reduce((a, b) => a + b, 0)
   const top = [...counts].sort((a, b) => b[1] - a[1])[0]
-  return { share: trajectories.length === 0 ? 0 : failed / trajectories.length, reason: top?.[0], count: top?.[1] ?? 0, total: trajectories.length }
+  return {
+    share: trajectories.length === 0 ? 0 : failed / trajectories.length,
+    reason: top?.[0],
+    count: top?.[1] ?? 0,
+    total: trajectories.length
+  }
 }
 
 /**
@@ -305,8 +318,9 @@ export const stepNotices = (
   if (dynamic !== undefined && dynamic.kept < dynamic.wanted) {
     out.push({
       key: "short",
-      text: `step ${step}: dynamic sampling found ${dynamic.kept} of ${dynamic.wanted} groups whose rewards differ in ` +
-        `${dynamic.batches} batches (algorithm.dynamicSampling.maxBatches); the step trains on those (said once)`
+      text: `step ${step}: dynamic sampling found ${dynamic.kept} of ${dynamic.wanted} groups whose rewards ` +
+        `differ in ${dynamic.batches} batches (algorithm.dynamicSampling.maxBatches); the step trains on those ` +
+        `(said once)`
     })
   }
   const trajectories = groups.flatMap((g) => g.trajectories)
@@ -321,8 +335,8 @@ export const stepNotices = (
   if (defects > 0) {
     out.push({
       key: "defect",
-      text: `step ${step}: ${defects} tool call(s) died in the tool's own code (rollout/tool_errors/Defect): a bug in ` +
-        `the task's tools, not the model's; the first one's stack is logged above (said once)`
+      text: `step ${step}: ${defects} tool call(s) died in the tool's own code (rollout/tool_errors/Defect): a bug ` +
+        `in the task's tools, not the model's; the first one's stack is logged above (said once)`
     })
   }
   if (budgets.full !== undefined) out.push({ key: "full", text: budgets.full })

@@ -151,7 +151,10 @@ export const extraBatchRows = (
  * @category getters
  * @since 0.1.0
  */
-export const warmupRows = (step: number, options: { readonly rows: number; readonly seed: number; readonly batchSize: number }) =>
+export const warmupRows = (
+  step: number,
+  options: { readonly rows: number; readonly seed: number; readonly batchSize: number }
+): Array<number> =>
   rowsAt(options.rows, options.seed ^ 0x51f7, (step - 1) * options.batchSize, options.batchSize)
 
 /**
