@@ -3,11 +3,13 @@
  * loopback HTTP) sampling on an `OpenAiServer` (tiny Qwen2 on onnxruntime) that the trainer's `InferenceServers`
  * pushed weights to. A batch split over the workers comes back as the groups one process rolls out (ids, row
  * indices, prompts, sampled tokens, rewards); a dead worker's share goes to the other; a worker of another config
- * is refused, and a batch no worker can take fails with a typed error.
+ * is refused, and a batch no worker can take fails with a typed error. The same batch through the Redis queue
+ * (`RolloutQueue.work` on a private redis-server) comes back the same too.
  */
 import * as NodeServices from "@effect/platform-node/NodeServices"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Exit, FileSystem, Logger, Scope } from "effect"
+import { Redis } from "ioredis"
 import * as Http from "node:http"
 import type { AddressInfo } from "node:net"
 import * as ChainFormat from "../../actors/ChainFormat.ts"
@@ -15,6 +17,7 @@ import * as InferenceServers from "../../actors/InferenceServers.ts"
 import * as OpenAiServer from "../../actors/OpenAiServer.ts"
 import { make as makeEngine, PolicyEngine } from "../../actors/PolicyEngine.ts"
 import * as ResourceManager from "../../actors/ResourceManager.ts"
+import * as RolloutQueue from "../../actors/RolloutQueue.ts"
 import * as RolloutWorker from "../../actors/RolloutWorker.ts"
 import { task as calculator } from "../../environments/calculator/CalculatorTask.ts"
 import type * as Dataset from "../../src/Dataset.ts"
@@ -24,6 +27,7 @@ import * as Qwen2 from "../../src/model/Qwen2.ts"
 import { Sampler, samplerError } from "../../src/Sampler.ts"
 import * as TrainConfig from "../../src/TrainConfig.ts"
 import * as Trajectory from "../../src/Trajectory.ts"
+import { redisServer } from "../utils/redisServer.ts"
 import { randomWeights } from "../utils/tinyModel.ts"
 import * as RolloutFigures from "../../src/RolloutFigures.ts"
 import * as Rollouts from "../../actors/Rollouts.ts"
@@ -302,5 +306,60 @@ describe("RolloutWorker", () => {
       assert.deepStrictEqual([failures.share, failures.reason, failures.total], [1, "SamplerTransient", 3])
       assert.include(RolloutFigures.firstFailure(strandedGroups.flatMap((g) => g.trajectories)), doomed.baseUrl)
       yield* Scope.close(scope, Exit.void)
+    }).pipe(Effect.provide([NodeServices.layer, ResourceManager.ResourceManager.layer]))), { timeout: 120_000 })
+
+  it.live("a queue worker rolls a batch out as one process does; it answers an unreadable share, drops a gone trainer's", () =>
+    Effect.scoped(Effect.gen(function*() {
+      const { agent, key, trainerSide, workerSide } = yield* fixture
+      const server = yield* redisServer
+      const redis = new Redis(server.url)
+      yield* Effect.addFinalizer(() => Effect.sync(() => redis.disconnect()))
+      const here = yield* Rollouts.collectGroups(agent, rows, sampling).pipe(
+        Effect.provideService(Sampler, trainerSide.sampler(1))
+      )
+      const taken: Array<number> = []
+      yield* RolloutQueue.work(agent, workerSide, key, {
+        url: server.url,
+        name: "w1",
+        onShare: (_id, count) => Effect.sync(() => void taken.push(count))
+      }).pipe(Effect.forkScoped)
+      const queue = yield* RolloutQueue.client({ url: server.url, agentKey: key, shareRows: 2 })
+      const there = yield* queue.collect(rows, sampling, 1)
+      assert.deepStrictEqual(view(there), view(here))
+      assert.deepStrictEqual([...taken].sort(), [1, 2, 2])
+      const figures = yield* queue.figures!
+      assert.deepStrictEqual(
+        [figures["workers/shares"], figures["workers/duplicates"], figures["workers/resent"]],
+        [3, 0, 0]
+      )
+      // The worker's requests to the servers reach the run's figures: one per sampled turn.
+      const turns = there.flatMap((g) => g.trajectories).reduce(
+        (n, t) => n + t.segments.filter((segment) => segment.spans.some((span) => span.source === "policy")).length,
+        0
+      )
+      assert.deepStrictEqual([figures["servers/requests"], figures["servers/failures"]], [turns, 0])
+
+      // Written by hand: a share the worker cannot read goes back to its (alive) trainer as a failure; a share of a
+      // trainer that is gone is dropped unrun.
+      const shares = `agentfly:rollouts:${key}:shares`
+      yield* Effect.promise(() => redis.set("t-alive:alive", "1"))
+      yield* Effect.promise(() =>
+        redis.xadd(shares, "*", "p", JSON.stringify({ id: "bad", replyTo: "t-alive", request: { rows: 1 } }))
+      )
+      yield* Effect.promise(() =>
+        redis.xadd(shares, "*", "p", JSON.stringify({ id: "orphan", replyTo: "t-gone", request: { rows: [] } }))
+      )
+      const replies = yield* Effect.promise(() =>
+        redis.xread("BLOCK", 30_000, "STREAMS", "t-alive", "0-0") as Promise<Array<[string, Array<[string, Array<string>]>]>>
+      )
+      const reply = JSON.parse(replies[0]![1][0]![1][1]!) as { id: string; error: string }
+      assert.strictEqual(reply.id, "bad")
+      assert.match(reply.error, /^the share could not be read: /)
+      // Both taken off the stream (acknowledged and deleted), the orphan's trainer never answered.
+      yield* Effect.promise(async () => {
+        while ((await redis.xlen(shares)) > 0) await new Promise((resolve) => setTimeout(resolve, 50))
+      })
+      assert.strictEqual(yield* Effect.promise(() => redis.exists("t-gone")), 0)
+      assert.deepStrictEqual([...taken].sort(), [1, 2, 2])
     }).pipe(Effect.provide([NodeServices.layer, ResourceManager.ResourceManager.layer]))), { timeout: 120_000 })
 })
