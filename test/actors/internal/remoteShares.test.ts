@@ -35,7 +35,7 @@ describe("remoteShares", () => {
     assert.deepStrictEqual(layout(RemoteShares.sharesOf(rowsOf(0), 2)), [])
   })
 
-  it("takeFigures: the workers' latest environment figures merged, sampling counts and totals since the last read", () => {
+  it("takeFigures: the workers' latest environment figures merged, counts and totals since the last read", () => {
     const gathered = RemoteShares.makeGathered({ shares: 0, failures: 0 })
     const env = (leases: number, waitMs: number) => ({ "env/box/leases": leases, "env/box/wait_p99_ms": waitMs })
     RemoteShares.gather(gathered, "a", { env: env(1, 9), servers: { "servers/requests": 2 } })
