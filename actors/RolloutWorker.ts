@@ -235,69 +235,70 @@ type ShareAnswer =
   | { readonly ok: true; readonly text: string }
   | { readonly ok: false; readonly fatal: boolean; readonly message: string }
 
+type Failed = Extract<ShareAnswer, { readonly ok: false }>
+
+const failedWith = (message: string, fatal = false): Failed => ({ ok: false, fatal, message })
+
+/** What the worker's answer says, from its lines: the groups' line, or why there is none. */
+const lastLine = (text: string): ShareAnswer => {
+  const lines = text.split("\n").filter((line) => line.trim() !== "")
+  const last = lines.at(-1) ?? ""
+  if (last.startsWith("{\"heartbeat\"") || last === "") {
+    return failedWith("its answer ended before its groups (the worker stopped mid-share)")
+  }
+  if (!last.startsWith("{\"error\"")) return { ok: true, text: last }
+  const error = Option.getOrUndefined(decodeErrorLine(last))?.error
+  return failedWith(`failed the share: ${String(error?.message ?? last.slice(0, 500))}`)
+}
+
+const decodeErrorLine = Schema.decodeUnknownOption(Schema.fromJsonString(Schema.Struct({
+  error: Schema.optionalKey(Schema.Struct({ message: Schema.optionalKey(Schema.Unknown) }))
+})))
+
 /**
  * Posts a share and reads its NDJSON answer: heartbeat lines, then the groups (or an error) on the last line. The
- * share fails after `silenceMs` without a byte (headers included), or after `timeoutMs` in all.
+ * share fails after `silenceMs` without a byte (headers included), or after `timeoutMs` in all (on `Clock`).
  */
-const postShare = async (
+const postShare = (
   url: string,
   headers: Record<string, string>,
   body: string,
-  limits: { readonly timeoutMs: number; readonly silenceMs: number; readonly interrupted: AbortSignal }
-): Promise<ShareAnswer> => {
-  const silence = new AbortController()
-  const total = AbortSignal.timeout(limits.timeoutMs)
-  let timer: ReturnType<typeof setTimeout> | undefined
-  const alive = () => {
-    clearTimeout(timer)
-    timer = setTimeout(() => silence.abort(), limits.silenceMs)
-  }
-  alive()
-  try {
-    const signal = AbortSignal.any([limits.interrupted, silence.signal, total])
-    const response = await fetch(url, { method: "POST", headers, body, signal })
-    if (!response.ok) {
-      const text = await response.text()
-      return {
-        ok: false,
-        fatal: response.status >= 400 && response.status < 500,
-        message: `HTTP ${response.status}: ${text.slice(0, 500)}`
-      }
-    }
-    const chunks: Array<Buffer> = []
-    for await (const chunk of response.body ?? []) {
-      alive()
-      chunks.push(Buffer.from(chunk))
-    }
-    const lines = Buffer.concat(chunks).toString("utf8").split("\n").filter((line) => line.trim() !== "")
-    const last = lines.at(-1) ?? ""
-    if (last.startsWith("{\"heartbeat\"") || last === "") {
-      return { ok: false, fatal: false, message: "its answer ended before its groups (the worker stopped mid-share)" }
-    }
-    if (last.startsWith("{\"error\"")) {
-      const error = (JSON.parse(last) as { error?: { message?: unknown } }).error
-      return { ok: false, fatal: false, message: `failed the share: ${String(error?.message ?? last.slice(0, 500))}` }
-    }
-    return { ok: true, text: last }
-  } catch (e) {
-    if (silence.signal.aborted) {
-      return {
-        ok: false,
-        fatal: false,
-        message: `no answer and no heartbeat for ${limits.silenceMs / 1000} s (hung, stopped, or cut off)`
-      }
-    }
-    if (total.aborted) {
-      return {
-        ok: false,
-        fatal: false,
-        message: `no groups within ${limits.timeoutMs / 1000} s (rollout.timeoutSeconds)`
-      }
-    }
-    return { ok: false, fatal: false, message: fetchMessage(e) }
-  } finally {
-    clearTimeout(timer)
-  }
+  limits: { readonly timeoutMs: number; readonly silenceMs: number }
+): Effect.Effect<ShareAnswer> => {
+  const silent = failedWith(`no answer and no heartbeat for ${limits.silenceMs / 1000} s (hung, stopped, or cut off)`)
+  const heard = <A>(promise: () => Promise<A>) =>
+    Effect.tryPromise({ try: promise, catch: (e) => failedWith(fetchMessage(e)) }).pipe(
+      Effect.timeoutOrElse({ duration: limits.silenceMs, orElse: () => Effect.fail(silent) })
+    )
+  // The request's own signal, aborted when the share ends however it ends: a worker given up stops being read.
+  return Effect.acquireUseRelease(
+    Effect.sync(() => new AbortController()),
+    (request) =>
+      Effect.gen(function*() {
+        const response = yield* heard(() => fetch(url, { method: "POST", headers, body, signal: request.signal }))
+        if (!response.ok) {
+          const text = yield* heard(() => response.text())
+          const fatal = response.status >= 400 && response.status < 500
+          return failedWith(`HTTP ${response.status}: ${text.slice(0, 500)}`, fatal)
+        }
+        const reader = response.body?.getReader()
+        const chunks: Array<Buffer> = []
+        while (reader !== undefined) {
+          const chunk = yield* heard(() => reader.read())
+          if (chunk.done) break
+          chunks.push(Buffer.from(chunk.value))
+        }
+        return lastLine(Buffer.concat(chunks).toString("utf8"))
+      }).pipe(
+        Effect.timeoutOrElse({
+          duration: limits.timeoutMs,
+          orElse: () =>
+            Effect.fail(failedWith(`no groups within ${limits.timeoutMs / 1000} s (rollout.timeoutSeconds)`))
+        }),
+        Effect.catch((answer) => Effect.succeed<ShareAnswer>(answer))
+      ),
+    (request) => Effect.sync(() => request.abort())
+  )
 }
 
 /**
@@ -323,9 +324,6 @@ export interface ClientOptions {
   /** The workers' shared secret, if they were started with one (`AGENTFLY_WORKER_TOKEN`). */
   readonly token?: string | undefined
 }
-
-/** A worker's answer that this run's token is not its own. */
-class Unauthorized extends Error {}
 
 /** A worker of the run, and how it has fared. */
 interface Worker {
@@ -355,26 +353,33 @@ const mismatch = (options: ClientOptions, info: typeof WorkerInfo.Type): string 
 }
 
 /** What the worker at `url` runs (`GET /worker`), or why it cannot be asked. */
-const describe = (url: string, auth: Record<string, string>) =>
-  Effect.tryPromise({
-    try: async () => {
-      const response = await fetch(`${url}/worker`, { headers: auth, signal: AbortSignal.timeout(10_000) })
-      if (response.status === 401) {
-        throw new Unauthorized(`HTTP 401: ${(await response.text()).slice(0, 300)}`)
-      }
-      if (!response.ok) throw new Error(`HTTP ${response.status}: ${(await response.text()).slice(0, 300)}`)
-      return Schema.decodeUnknownSync(WorkerInfo)(await response.json())
-    },
-    catch: (e) =>
-      workersError(
-        e instanceof Unauthorized
-          ? `rollout worker ${url} refuses this run's token (${e.message}): set AGENTFLY_WORKER_TOKEN to the ` +
-            "token the worker was started with"
-          : `rollout worker ${url} did not answer GET /worker (${fetchMessage(e)}); start it with ` +
-            "`agentfly rollout-worker CONFIG --host HOST --port PORT` (the run's config) and list " +
-            "http://HOST:PORT/v1 in rollout.workers"
+const describe = (url: string, auth: Record<string, string>): Effect.Effect<typeof WorkerInfo.Type, RunError> => {
+  const unanswered = (why: string) =>
+    workersError(
+      `rollout worker ${url} did not answer GET /worker (${why}); start it with ` +
+        "`agentfly rollout-worker CONFIG --host HOST --port PORT` (the run's config) and list " +
+        "http://HOST:PORT/v1 in rollout.workers"
+    )
+  const attempt = <A>(promise: () => Promise<A>) =>
+    Effect.tryPromise({ try: promise, catch: (e) => unanswered(fetchMessage(e)) })
+  return Effect.gen(function*() {
+    const signal = AbortSignal.timeout(10_000)
+    const response = yield* attempt(() => fetch(`${url}/worker`, { headers: auth, signal }))
+    if (response.status === 401) {
+      const text = yield* attempt(() => response.text())
+      return yield* workersError(
+        `rollout worker ${url} refuses this run's token (HTTP 401: ${text.slice(0, 300)}): set ` +
+          "AGENTFLY_WORKER_TOKEN to the token the worker was started with"
       )
+    }
+    if (!response.ok) {
+      const text = yield* attempt(() => response.text())
+      return yield* unanswered(`HTTP ${response.status}: ${text.slice(0, 300)}`)
+    }
+    const json = yield* attempt(() => response.json())
+    return yield* Schema.decodeUnknownEffect(WorkerInfo)(json).pipe(Effect.mapError((e) => unanswered(e.message)))
   })
+}
 
 /** The worker at `url`, if it answers for this run's agent key. */
 const connect = (options: ClientOptions, auth: Record<string, string>, url: string): Effect.Effect<Worker, RunError> =>
@@ -388,13 +393,10 @@ const connect = (options: ClientOptions, auth: Record<string, string>, url: stri
 
 /** One share on one worker: its groups, or why not (`fatal`: the worker refuses it, another would too). */
 const post = (client: Client, worker: Worker, body: string) =>
-  Effect.promise((interrupted) =>
-    postShare(`${worker.url}/rollouts`, { ...client.auth, "content-type": "application/json" }, body, {
-      timeoutMs: client.options.timeoutMs ?? 30 * 60_000,
-      silenceMs: client.options.silenceMs ?? 60_000,
-      interrupted
-    })
-  )
+  postShare(`${worker.url}/rollouts`, { ...client.auth, "content-type": "application/json" }, body, {
+    timeoutMs: client.options.timeoutMs ?? 30 * 60_000,
+    silenceMs: client.options.silenceMs ?? 60_000
+  })
 
 /** A worker's groups for a share: counted, its figures kept, decoded. */
 const accepted = (client: Client, worker: Worker, text: string) =>

@@ -8,7 +8,8 @@
  */
 import * as NodeServices from "@effect/platform-node/NodeServices"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Exit, FileSystem, Logger, Scope } from "effect"
+import { Effect, Exit, Fiber, FileSystem, Logger, Scope } from "effect"
+import { TestClock } from "effect/testing"
 import { Redis } from "ioredis"
 import * as Http from "node:http"
 import type { AddressInfo } from "node:net"
@@ -255,6 +256,18 @@ describe("RolloutWorker", () => {
       const alone = yield* RolloutWorker.client({ urls: [silentUrl], agentKey: key, silenceMs: 300 })
       const silence = yield* Effect.flip(alone.collect(rows.slice(0, 1), sampling, 1))
       assert.include(silence.message, `${silentUrl} (no answer and no heartbeat for 0.3 s (hung, stopped, or cut off))`)
+      // A share's time limit, on a clock the test moves: a worker silent for less than its silence limit but past the
+      // share's limit is given up with that reason.
+      const late = yield* Effect.gen(function*() {
+        const timed = yield* RolloutWorker.client({ urls: [silentUrl], agentKey: key, timeoutMs: 60_000, silenceMs: 120_000 })
+        const waiting = yield* Effect.forkChild(Effect.flip(timed.collect(rows.slice(0, 1), sampling, 1)))
+        while (waiting.pollUnsafe() === undefined) {
+          yield* TestClock.adjust("1 minute")
+          yield* TestClock.withLive(Effect.sleep("50 millis"))
+        }
+        return yield* Fiber.join(waiting)
+      }).pipe(Effect.provide(TestClock.layer()))
+      assert.include(late.message, `${silentUrl} (no groups within 60 s (rollout.timeoutSeconds))`)
       // Two workers failing one share: the second's warning says that none is left (not that another takes it).
       const logs: Array<string> = []
       const collector = Logger.make((o) => void logs.push((o.message as ReadonlyArray<unknown>).map(String).join(" ")))
