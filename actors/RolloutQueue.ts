@@ -18,12 +18,17 @@
  *   answered nor on the stream at two checks in a row, and workers re-create their consumer group. Every command is
  *   typed (`RunError` `Workers`); a worker logs a failed one and goes on.
  *
+ * Each side is a state record (`Client`, `QueueWorker`) with top-level functions over it. Times are `Clock`'s, so
+ * that a test moves a batch's deadline with `TestClock`; the wire and the figures are the HTTP workers' own
+ * (`internal/remoteShares.ts`).
+ *
  * @since 0.1.0
  */
-import { Clock, Effect, Layer, Schema } from "effect"
+import { Clock, Effect, Layer, Option, Schema } from "effect"
 import type { Scope } from "effect"
 import { Redis } from "ioredis"
 import { randomUUID } from "node:crypto"
+import type * as Dataset from "../src/Dataset.ts"
 import type * as Trajectory from "../src/Trajectory.ts"
 import type * as InferenceServers from "./InferenceServers.ts"
 import {
@@ -40,7 +45,6 @@ import {
 import * as Rollouts from "./Rollouts.ts"
 import type { BatchSampling, RolloutSetup } from "./RolloutSetup.ts"
 import type { RunError } from "./RunError.ts"
-import type * as Dataset from "../src/Dataset.ts"
 
 const GROUP = "workers"
 const WORKERS = "agentfly:rollouts:workers"
@@ -105,13 +109,10 @@ const entries = (raw: unknown): Array<{ readonly id: string; readonly payload: s
     fields === null ? [] : [{ id, payload: fields[fields.indexOf("p") + 1] ?? "" }]
   )
 
-const parse = <A>(text: string): A | undefined => {
-  try {
-    return JSON.parse(text) as A
-  } catch {
-    return undefined
-  }
-}
+const decodeJson = Schema.decodeUnknownOption(Schema.fromJsonString(Schema.Unknown))
+
+/** A JSON payload as `A` (unchecked), or undefined when it is not JSON. */
+const parse = <A>(text: string): A | undefined => Option.getOrUndefined(decodeJson(text)) as A | undefined
 
 // ===== Trainer side =====
 

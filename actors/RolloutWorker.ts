@@ -23,6 +23,10 @@
  * counts) or `{ error: { message, code } }`. A request refused before
  * it runs (bad body, another config, a wrong token) is a plain 4xx.
  *
+ * Each side is a state record (`Served`, `Client`) with top-level functions over it; a share's silence and time
+ * limits are `Clock`'s (`TestClock` moves them). The wire, the shares and the figures are shared with the Redis
+ * queue (`internal/remoteShares.ts`).
+ *
  * @since 0.1.0
  */
 import { Cause, Clock, Effect, FiberSet, Layer, Option, Schema } from "effect"
