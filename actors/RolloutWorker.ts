@@ -243,6 +243,11 @@ type Failed = Extract<ShareAnswer, { readonly ok: false }>
 
 const failedWith = (message: string, fatal = false): Failed => ({ ok: false, fatal, message })
 
+/** A worker's `{ error: { message, code } }` line. */
+const decodeErrorLine = Schema.decodeUnknownOption(Schema.fromJsonString(Schema.Struct({
+  error: Schema.optionalKey(Schema.Struct({ message: Schema.optionalKey(Schema.Unknown) }))
+})))
+
 /** What the worker's answer says, from its lines: the groups' line, or why there is none. */
 const lastLine = (text: string): ShareAnswer => {
   const lines = text.split("\n").filter((line) => line.trim() !== "")
@@ -254,10 +259,6 @@ const lastLine = (text: string): ShareAnswer => {
   const error = Option.getOrUndefined(decodeErrorLine(last))?.error
   return failedWith(`failed the share: ${String(error?.message ?? last.slice(0, 500))}`)
 }
-
-const decodeErrorLine = Schema.decodeUnknownOption(Schema.fromJsonString(Schema.Struct({
-  error: Schema.optionalKey(Schema.Struct({ message: Schema.optionalKey(Schema.Unknown) }))
-})))
 
 /**
  * Posts a share and reads its NDJSON answer: heartbeat lines, then the groups (or an error) on the last line. The
