@@ -23,13 +23,13 @@
  * counts) or `{ error: { message, code } }`. A request refused before
  * it runs (bad body, another config, a wrong token) is a plain 4xx.
  *
- * Each side is a state record (`Served`, `Client`) with top-level functions over it; a share's silence and time
- * limits are `Clock`'s (`TestClock` moves them). The wire, the shares and the figures are shared with the Redis
- * queue (`internal/remoteShares.ts`).
+ * Each side is a state record (`Served`, `Client`) with top-level functions over it; a share's heartbeats, silence
+ * and time limits are `Clock`'s (`TestClock` moves them). The wire, the shares and the figures are shared with the
+ * Redis queue (`internal/remoteShares.ts`).
  *
  * @since 0.1.0
  */
-import { Cause, Clock, Effect, FiberSet, Layer, Option, Schema } from "effect"
+import { Cause, Clock, Effect, Fiber, FiberSet, Layer, Option, Schema } from "effect"
 import type { Scope } from "effect"
 import { createHash } from "node:crypto"
 import * as Http from "node:http"
@@ -169,19 +169,22 @@ const failureLine = (cause: Cause.Cause<ErrorBody>): string =>
  * header and body timeouts (Node's fetch: 5 minutes) never cut a long share, and a silent worker is a dead one.
  */
 const streamed = (served: Served, res: Http.ServerResponse, work: Effect.Effect<string, ErrorBody>) =>
-  Effect.acquireUseRelease(
-    Effect.sync(() => {
+  Effect.gen(function*() {
+    yield* Effect.sync(() => {
       res.writeHead(200, { "content-type": "application/x-ndjson", "cache-control": "no-store" })
       res.write(heartbeat)
-      return setInterval(() => res.write(heartbeat), served.options.heartbeatMs ?? 5_000)
-    }),
-    () =>
-      Effect.exit(work).pipe(
-        Effect.map((exit) => exit._tag === "Success" ? exit.value : failureLine(exit.cause)),
-        Effect.flatMap((line) => Effect.sync(() => res.end(`${line}\n`)))
-      ),
-    (timer) => Effect.sync(() => clearInterval(timer))
-  )
+    })
+    // On `Clock`; stopped before the last line is written.
+    const beats = yield* Effect.sync(() => void res.write(heartbeat)).pipe(
+      Effect.delay(served.options.heartbeatMs ?? 5_000),
+      Effect.forever,
+      Effect.forkChild
+    )
+    const exit = yield* Effect.exit(work)
+    yield* Fiber.interrupt(beats)
+    const line = exit._tag === "Success" ? exit.value : failureLine(exit.cause)
+    yield* Effect.sync(() => res.end(`${line}\n`))
+  })
 
 const route = (served: Served, req: Http.IncomingMessage, res: Http.ServerResponse) => {
   const { agent, key, options } = served
