@@ -200,9 +200,11 @@ export const forServer = Effect.fnUntraced(function*(options: {
   readonly env: ReadonlyArray<string>
   readonly file?: string | undefined
   readonly host: string
+  /** Tokens the server also takes (`agentfly serve`'s weights token), counted for the bind check. */
+  readonly also?: ReadonlyArray<string | undefined> | undefined
 }) {
   const list = yield* load(yield* FileSystem.FileSystem, options)
-  const problem = bindProblem(options.host, tokens(list), `${options.env[0]} or --token-file`)
+  const problem = bindProblem(options.host, tokens([...list, ...options.also ?? []]), `${options.env[0]} or --token-file`)
   if (problem !== undefined) return yield* new AuthConfigError({ message: problem })
   return list
 })
