@@ -41,6 +41,7 @@ import type * as AgentTask from "../src/AgentTask.ts"
 import type * as Trajectory from "../src/Trajectory.ts"
 import * as Bodies from "./gateway/Bodies.ts"
 import * as Recorder from "./gateway/Recorder.ts"
+import * as Auth from "./internal/auth.ts"
 import * as HttpActor from "./internal/http.ts"
 import * as Wire from "./internal/openAiWire.ts"
 
@@ -103,6 +104,18 @@ export interface Options {
   /** The model name `/v1/models` lists (default `agentfly`); requests may name any model. */
   readonly model?: string | undefined
   readonly autoOpen?: AutoOpen | undefined
+  /**
+   * Client tokens (`AGENTFLY_GATEWAY_TOKEN`, `agentfly gateway --token-file` with one a line): every route requires
+   * `Authorization: Bearer` one of them (what an SDK's `apiKey` sends), checked in constant time before anything
+   * else, else 401. An episode opened by a request belongs to the token that opened it: another client's requests,
+   * reads and rewards get the 404 an unknown episode gets. Episodes opened with {@link Gateway.open} take any of the
+   * tokens. Without tokens every client is served, and only on loopback: a non-loopback `host` is refused at start.
+   */
+  readonly tokens?: ReadonlyArray<string> | undefined
+  /** Serving mode: most episodes open at once (default 1024); a request that would open one more gets 429. */
+  readonly maxEpisodes?: number | undefined
+  /** Most requests answered at once (default 4096); past it a request gets 503 `overloaded` before its body. */
+  readonly maxConcurrent?: number | undefined
 }
 
 /**
@@ -164,6 +177,8 @@ interface Entry {
   closed: boolean
   /** Opened by its first request (serving mode). */
   readonly auto: boolean
+  /** The client (its token's index) that opened it by a request; undefined: opened by the program, any client's. */
+  readonly owner: number | undefined
 }
 
 /**
@@ -182,6 +197,9 @@ interface GatewayState {
    */
   readonly ended: Set<string>
   readonly counters: { inFlight: number; requests: number; errors: number; ids: number }
+  readonly auth: Auth.Tokens
+  readonly gate: Auth.Gate
+  readonly maxEpisodes: number
   /** `http://host:port`, once listening. */
   url: string
 }
@@ -216,7 +234,12 @@ const closeEntry = (state: GatewayState, entry: Entry): Effect.Effect<void> =>
     return Fiber.interruptAll([...entry.fibers])
   })
 
-const openEntry = Effect.fnUntraced(function*(state: GatewayState, config: Recorder.Config, auto: boolean) {
+const openEntry = Effect.fnUntraced(function*(
+  state: GatewayState,
+  config: Recorder.Config,
+  auto: boolean,
+  owner: number | undefined
+) {
   if (!validId.test(config.id)) {
     const message = `episode id ${JSON.stringify(config.id)}: use [A-Za-z0-9._~-]`
     return yield* new GatewayError({ reason: "InvalidId", message })
@@ -231,7 +254,8 @@ const openEntry = Effect.fnUntraced(function*(state: GatewayState, config: Recor
     posted: undefined,
     lastSeen: yield* Clock.currentTimeMillis,
     closed: false,
-    auto
+    auto,
+    owner
   }
   const episode: Episode = {
     id: config.id,
@@ -278,12 +302,24 @@ const reapIdle = Effect.fnUntraced(function*(state: GatewayState, idleMs: number
   }
 })
 
-/** The open episode `id`; in serving mode, a new one for an id never used. */
-const entryFor = Effect.fnUntraced(function*(state: GatewayState, id: string) {
+/** The open episode `id` if `client` may use it: another client's is as unknown as a missing one. */
+const visible = (state: GatewayState, id: string, client: number): Entry | undefined => {
   const found = state.entries.get(id)
+  return found === undefined || (found.owner !== undefined && found.owner !== client) ? undefined : found
+}
+
+const autoOpened = (state: GatewayState) => {
+  let n = 0
+  for (const entry of state.entries.values()) if (entry.auto) n++
+  return n
+}
+
+/** The open episode `id`; in serving mode, a new one for an id never used. */
+const entryFor = Effect.fnUntraced(function*(state: GatewayState, id: string, client: number) {
+  const found = visible(state, id, client)
   if (found !== undefined) return found
   const auto = state.auto
-  if (auto === undefined || !validId.test(id)) {
+  if (auto === undefined || !validId.test(id) || state.entries.has(id)) {
     return yield* Wire.notFound(`no open episode ${JSON.stringify(id)}`, "episode_not_found")
   }
   if (state.ended.has(id)) {
@@ -294,7 +330,14 @@ const entryFor = Effect.fnUntraced(function*(state: GatewayState, id: string) {
       code: "episode_ended"
     })
   }
-  return yield* openEntry(state, { ...auto.episode, id, groupId: id, keepRefused: false }, true).pipe(
+  if (autoOpened(state) >= state.maxEpisodes) {
+    return yield* new Wire.ApiError({
+      status: 429,
+      message: `${state.maxEpisodes} episodes are open: end one (a reward or /end) before opening another`,
+      code: "too_many_episodes"
+    })
+  }
+  return yield* openEntry(state, { ...auto.episode, id, groupId: id, keepRefused: false }, true, client).pipe(
     Effect.mapError((e) => Wire.invalid(e.message))
   )
 })
@@ -354,12 +397,13 @@ const describe = Effect.fnUntraced(function*(entry: Entry, res: Http.ServerRespo
 const inEpisode = Effect.fnUntraced(function*(
   state: GatewayState,
   id: string,
+  client: number,
   req: Http.IncomingMessage,
   res: Http.ServerResponse,
   handler: EpisodeHandler
 ) {
   const body = yield* Wire.readJson(req, state.maxBody)
-  const entry = yield* entryFor(state, id)
+  const entry = yield* entryFor(state, id, client)
   entry.lastSeen = yield* Clock.currentTimeMillis
   const closed = new Wire.ApiError({ status: 410, message: `episode ${id} was closed`, code: "episode_closed" })
   const fiber = yield* Effect.forkChild(handler(state, entry, body, res).pipe(
@@ -377,6 +421,10 @@ const inEpisode = Effect.fnUntraced(function*(
 
 /** Where a request goes: the episode (from the path or the header) and the route within it. */
 const route = (state: GatewayState, req: Http.IncomingMessage, res: Http.ServerResponse) => {
+  // Before the route, the body or any episode: a stranger gets the same 401 everywhere.
+  const verdict = Auth.authorize(state.auth, req)
+  if (!verdict.ok) return Effect.fail(Wire.unauthorized("AGENTFLY_GATEWAY_TOKEN: the SDK's apiKey"))
+  const client = verdict.client
   const path = (req.url ?? "/").split("?")[0]!.replace(/\/+$/, "")
   const method = req.method ?? "GET"
   const only = (allowed: string, effect: () => Effect.Effect<void, Wire.ApiError>) =>
@@ -393,7 +441,7 @@ const route = (state: GatewayState, req: Http.IncomingMessage, res: Http.ServerR
         undefined,
         "episode_required"
       ))
-      : only("POST", () => inEpisode(state, id, req, res, handler))
+      : only("POST", () => inEpisode(state, id, client, req, res, handler))
   switch (rest) {
     case "/v1/models":
       return only("GET", () => Effect.flatMap(now, (created) => Wire.sendJson(res, 200, models(state, created))))
@@ -408,7 +456,7 @@ const route = (state: GatewayState, req: Http.IncomingMessage, res: Http.ServerR
     case "":
       if (scoped === null || id === undefined) return noRoute
       return only("GET", () => {
-        const entry = state.entries.get(id)
+        const entry = visible(state, id, client)
         const missing = Wire.notFound(`no open episode ${JSON.stringify(id)}`, "episode_not_found")
         return entry === undefined ? Effect.fail(missing) : describe(entry, res)
       })
@@ -427,7 +475,10 @@ const counted = (state: GatewayState, req: Http.IncomingMessage, res: Http.Serve
   Effect.suspend(() => {
     state.counters.requests++
     state.counters.inFlight++
-    return Effect.ensuring(route(state, req, res), Effect.sync(() => void state.counters.inFlight--))
+    return Effect.ensuring(
+      Auth.within(state.gate, route(state, req, res), Effect.fail(Wire.overloaded(state.gate.max))),
+      Effect.sync(() => void state.counters.inFlight--)
+    )
   })
 
 // ===== Constructor =====
@@ -441,6 +492,9 @@ const counted = (state: GatewayState, req: Http.IncomingMessage, res: Http.Serve
 export const make = Effect.fn("Gateway.make")(function*(options: Options = {}) {
   const run = yield* FiberSet.makeRuntime<never>()
   const host = options.host ?? "127.0.0.1"
+  const auth = Auth.tokens(options.tokens ?? [])
+  const problem = Auth.bindProblem(host, auth, "AGENTFLY_GATEWAY_TOKEN or --token-file")
+  if (problem !== undefined) return yield* Effect.die(new Error(problem))
   const state: GatewayState = {
     scope: yield* Effect.scope,
     maxBody: options.maxBodyBytes ?? 16 * 1024 * 1024,
@@ -449,6 +503,9 @@ export const make = Effect.fn("Gateway.make")(function*(options: Options = {}) {
     entries: new Map(),
     ended: new Set(),
     counters: { inFlight: 0, requests: 0, errors: 0, ids: 0 },
+    auth,
+    gate: Auth.gate(options.maxConcurrent ?? 4096),
+    maxEpisodes: options.maxEpisodes ?? 1024,
     url: ""
   }
   if (state.auto !== undefined) {
@@ -468,7 +525,7 @@ export const make = Effect.fn("Gateway.make")(function*(options: Options = {}) {
     url: state.url,
     model: state.model,
     open: (config) =>
-      Effect.acquireRelease(openEntry(state, config, false), (entry) => closeEntry(state, entry)).pipe(
+      Effect.acquireRelease(openEntry(state, config, false, undefined), (entry) => closeEntry(state, entry)).pipe(
         Effect.map((entry) => entry.episode)
       ),
     stats: Effect.sync(() => ({
