@@ -198,6 +198,9 @@ const versionName = (version: number) =>
 
 const authorization = (options: Options): Record<string, string> => Auth.headers(options.token)
 
+/** A server that refused the token (401): the fix is the token, not the server. */
+class Refused extends Error {}
+
 /** The model a server serves (`GET /v1/models`). */
 const modelOf = (options: Options, url: string) =>
   Effect.tryPromise({
@@ -206,6 +209,7 @@ const modelOf = (options: Options, url: string) =>
         headers: authorization(options),
         signal: AbortSignal.timeout(10_000)
       })
+      if (response.status === 401) throw new Refused(`HTTP 401: ${(await response.text()).slice(0, 300)}`)
       if (!response.ok) throw new Error(`HTTP ${response.status}: ${(await response.text()).slice(0, 300)}`)
       const body = await response.json() as { data?: Array<{ id?: unknown }> }
       const id = body.data?.[0]?.id
@@ -214,7 +218,10 @@ const modelOf = (options: Options, url: string) =>
     },
     catch: (e) =>
       serversError(
-        `inference server ${url} did not answer GET /models (${fetchMessage(e)}); start it with ` +
+        e instanceof Refused
+          ? `inference server ${url}: it refuses this run's token (${e.message}): set AGENTFLY_WEIGHTS_TOKEN (or ` +
+            "AGENTFLY_SERVE_TOKEN) to the token the server was started with"
+          : `inference server ${url} did not answer GET /models (${fetchMessage(e)}); start it with ` +
           "`agentfly serve --model-dir DIR --accept-weights --host HOST --port PORT` and list its API root " +
           "(http://HOST:PORT/v1) in engine.servers"
       )
