@@ -137,6 +137,8 @@ describe("trainer server", () => {
       for (const answer of yield* Effect.all(strangers)) {
         assert.strictEqual(answer.status, 401, answer.text)
         assert.include(answer.text, "unauthorized")
+        // The body is not read for a stranger, nor drained: the connection closes.
+        assert.strictEqual(answer.headers.connection, "close")
         assert.notInclude(answer.text, "policy")
       }
       // The run's trainer is still there, with its session.
