@@ -26,6 +26,11 @@
  * `/v1/completions` without a tokenizer); a sampler failure
  * is 429 or 5xx after retries. The gateway never crashes on input.
  *
+ * **Strangers** (`Options.tokens`, `internal/auth.ts`): with tokens, a request without one is 401 on every route,
+ * before its body is read; an episode opened by a request belongs to its token (another client gets 404); serving
+ * mode holds at most `maxEpisodes` open episodes (429 `too_many_episodes` past it); at most `maxConcurrent` requests
+ * are answered at once (503). Without tokens the gateway listens on loopback only.
+ *
  * **Streaming.** `stream: true` is answered as server-sent events once the turn is sampled (the text in one delta,
  * then one delta per tool call): the SDKs see a well-formed stream; time-to-first-token is not the point of a
  * training gateway.

@@ -46,6 +46,10 @@
  * run they must increase (else 409 `stale_policy_version`), and another run's push replaces the weights whatever
  * its version. A bad body is a 400 naming the tensor, a missing or wrong bearer token (when one is set) a 401.
  *
+ * **Strangers** ({@link Options} `token`, `internal/auth.ts`): with a token, every route answers 401 to a request
+ * without it, before its body is read; at most `maxConcurrent` requests are answered at once (503 past it). Without a
+ * token the server listens on loopback only.
+ *
  * **Streaming.** Tokens are written as they are sampled (the engine's per-token callback). With `tools`, text is
  * streamed until a tool-call tag starts; the parsed calls follow in one `tool_calls` delta at the end.
  *

@@ -11,6 +11,10 @@
  *   reply (the client sent it again after a broken connection; if it is still running, once it is done), anything
  *   else is refused (409 `out_of_order`). A call runs to its end even when its client went away.
  * - **Errors** come back as JSON `{ error: { message, code } }`, the code being the `PolicyTrainerError` reason.
+ * - **Strangers** (`Options.token`, `internal/auth.ts`): with a token, every route answers 401 to a request without
+ *   it, before its body is read or anything is looked up (no 404-vs-409 oracle); session ids are 128 random bits;
+ *   at most `maxConcurrent` requests are answered at once (503 past it); a `catch_up` reaches only servers the
+ *   trainer's pushes named. Without a token the server listens on loopback only.
  *
  * The wire: `GET /v1/trainer` → `{ service, executionProvider, workers, trainers }`;
  * `POST /v1/trainer/NAME/init` (frame: model config, loss, optimizer, schedule, workers; weights) → `{ session }`;
@@ -143,8 +147,8 @@ const PushHeader = Schema.Struct({
   version: Schema.Int,
   runId: Schema.String,
   token: Schema.optionalKey(Schema.String),
-  timeoutMs: Schema.Int.check(Schema.isGreaterThan(0)),
-  urls: Schema.Array(Schema.String)
+  timeoutMs: Schema.Int.check(Schema.isBetween({ minimum: 1, maximum: 3_600_000 })),
+  urls: Schema.Array(Schema.String.check(Schema.isPattern(/^https?:\/\/[^\s]+$/))).check(Schema.isMaxLength(256))
 })
 
 // ===== Trainers' lives =====
