@@ -121,6 +121,13 @@ export interface Options {
   readonly maxEpisodes?: number | undefined
   /** Most requests answered at once (default 4096); past it a request gets 503 `overloaded` before its body. */
   readonly maxConcurrent?: number | undefined
+  /**
+   * Episodes opened with {@link Gateway.open} are reached at an unguessable path, `/episodes/ID~KEY` (KEY: 128 random
+   * bits), given in their `baseURL` and `rewardURL`; their plain id does not route (default false). What a training
+   * run's gateway does (`AgentRollout`): its agents use the URLs they are given, and nobody else can read, use or
+   * reward an episode whose id (the run's, the row's, the chain's) they could guess.
+   */
+  readonly privateEpisodes?: boolean | undefined
 }
 
 /**
@@ -175,6 +182,8 @@ export class Gateway extends Context.Service<Gateway, {
 
 /** An open episode and what the gateway keeps beside it. */
 interface Entry {
+  /** Where it is routed: its id, or with `privateEpisodes`, its id and a random key. */
+  readonly key: string
   readonly episode: Episode
   readonly fibers: Set<Fiber.Fiber<void>>
   posted: AgentTask.Score | undefined
@@ -205,6 +214,7 @@ interface GatewayState {
   readonly auth: Auth.Tokens
   readonly gate: Auth.Gate
   readonly maxEpisodes: number
+  readonly privateEpisodes: boolean
   /** `http://host:port`, once listening. */
   url: string
 }
@@ -235,7 +245,7 @@ const closeEntry = (state: GatewayState, entry: Entry): Effect.Effect<void> =>
   Effect.suspend(() => {
     if (entry.closed) return Effect.void
     entry.closed = true
-    if (state.entries.get(entry.episode.id) === entry) state.entries.delete(entry.episode.id)
+    if (state.entries.get(entry.key) === entry) state.entries.delete(entry.key)
     return Fiber.interruptAll([...entry.fibers])
   })
 
@@ -249,11 +259,13 @@ const openEntry = Effect.fnUntraced(function*(
     const message = `episode id ${JSON.stringify(config.id)}: use [A-Za-z0-9._~-]`
     return yield* new GatewayError({ reason: "InvalidId", message })
   }
-  if (state.entries.has(config.id)) {
+  if (state.entries.has(config.id) || [...state.entries.values()].some((e) => e.episode.id === config.id)) {
     return yield* new GatewayError({ reason: "DuplicateEpisode", message: `episode ${config.id} is already open` })
   }
   const recorder = yield* Recorder.make(config)
+  const key = !auto && state.privateEpisodes ? `${config.id}~${Auth.randomId()}` : config.id
   const entry: Entry = {
+    key,
     episode: undefined as unknown as Episode,
     fibers: new Set(),
     posted: undefined,
@@ -264,14 +276,14 @@ const openEntry = Effect.fnUntraced(function*(
   }
   const episode: Episode = {
     id: config.id,
-    baseURL: `${state.url}/episodes/${config.id}/v1`,
-    rewardURL: `${state.url}/episodes/${config.id}/reward`,
+    baseURL: `${state.url}/episodes/${key}/v1`,
+    rewardURL: `${state.url}/episodes/${key}/reward`,
     recorder,
     posted: () => entry.posted,
     close: closeEntry(state, entry)
   }
   ;(entry as { episode: Episode }).episode = episode
-  state.entries.set(config.id, entry)
+  state.entries.set(key, entry)
   return entry
 })
 
@@ -511,6 +523,7 @@ export const make = Effect.fn("Gateway.make")(function*(options: Options = {}) {
     auth,
     gate: Auth.gate(options.maxConcurrent ?? 4096),
     maxEpisodes: options.maxEpisodes ?? 1024,
+    privateEpisodes: options.privateEpisodes ?? false,
     url: ""
   }
   if (state.auto !== undefined) {

@@ -349,4 +349,32 @@ describe("gateway", () => {
       const message = yield* dies(Gateway.make({ host: "0.0.0.0" }))
       assert.include(message, "refusing to listen on 0.0.0.0 without a token")
     }).pipe(Effect.scoped), 60_000)
+
+  it.live("a training run's episodes are reached only at the URLs its agents are given, not at a guessable id", () =>
+    Effect.gen(function*() {
+      const gateway = yield* Gateway.make({ privateEpisodes: true })
+      const episode = yield* gateway.open({
+        id: "run1-g0-c0",
+        groupId: "run1-g0",
+        format,
+        sampler: yield* scriptedSampler(),
+        sampling: { temperature: 1, maxTokens: 64 },
+        requestSampling: "cap"
+      })
+      assert.match(episode.baseURL, /\/episodes\/run1-g0-c0~[0-9a-f]{32}\/v1$/)
+      assert.strictEqual(episode.id, "run1-g0-c0")
+      const guessed = `${gateway.url}/episodes/run1-g0-c0`
+      const stranger = yield* Effect.flip(chat(`${guessed}/v1`, "any"))
+      assert.strictEqual((stranger.cause as { status?: number }).status, 404)
+      const json = { "content-type": "application/json" }
+      const posted = (url: string) => send(url, { method: "POST", headers: json, body: JSON.stringify({ reward: 1e6 }) })
+      assert.strictEqual((yield* posted(`${guessed}/reward`)).status, 404)
+      assert.strictEqual((yield* send(guessed)).status, 404)
+      assert.isUndefined(episode.posted())
+      // The agent, with its URLs: served, and its reward taken.
+      yield* chat(episode.baseURL, "any")
+      assert.strictEqual((yield* posted(episode.rewardURL)).status, 200)
+      assert.strictEqual(episode.posted()?.reward, 1e6)
+      assert.strictEqual(episode.recorder.requests, 1)
+    }).pipe(Effect.scoped), 60_000)
 })
