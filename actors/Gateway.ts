@@ -209,7 +209,7 @@ interface GatewayState {
    * Ids of finished episodes (the latest `endedKept`): a request naming one is refused rather than opening a second
    * episode under the same id, whose record would share its trajectory id with the first's.
    */
-  readonly ended: Set<string>
+  readonly ended: Map<string, number | undefined>
   readonly counters: { inFlight: number; requests: number; errors: number; ids: number }
   readonly auth: Auth.Tokens
   readonly gate: Auth.Gate
@@ -295,8 +295,8 @@ const finish = Effect.fnUntraced(function*(state: GatewayState, entry: Entry, en
   // Nothing recorded (no request, or only refused ones, which leave nothing): nothing to write, and the id was
   // never written under, so it stays free.
   if (entry.episode.recorder.threads.length === 0) return
-  state.ended.add(entry.episode.id)
-  if (state.ended.size > endedKept) state.ended.delete(state.ended.values().next().value!)
+  state.ended.set(entry.episode.id, entry.owner)
+  if (state.ended.size > endedKept) state.ended.delete(state.ended.keys().next().value!)
   const base = yield* Recorder.trajectory(entry.episode.recorder, ending)
   const score = entry.posted
   const trajectory: Trajectory.Trajectory = score === undefined ? base : {
@@ -337,6 +337,10 @@ const entryFor = Effect.fnUntraced(function*(state: GatewayState, id: string, cl
   if (found !== undefined) return found
   const auto = state.auto
   if (auto === undefined || !validId.test(id) || state.entries.has(id)) {
+    return yield* Wire.notFound(`no open episode ${JSON.stringify(id)}`, "episode_not_found")
+  }
+  // Another client's ended id is as unknown as an open one of theirs: no oracle of which ids were used.
+  if (state.ended.has(id) && state.ended.get(id) !== client) {
     return yield* Wire.notFound(`no open episode ${JSON.stringify(id)}`, "episode_not_found")
   }
   if (state.ended.has(id)) {
@@ -518,7 +522,7 @@ export const make = Effect.fn("Gateway.make")(function*(options: Options = {}) {
     model: options.model ?? "agentfly",
     auto: options.autoOpen,
     entries: new Map(),
-    ended: new Set(),
+    ended: new Map(),
     counters: { inFlight: 0, requests: 0, errors: 0, ids: 0 },
     auth,
     gate: Auth.gate(options.maxConcurrent ?? 4096),

@@ -332,6 +332,11 @@ describe("gateway", () => {
       // The end runs on its own fiber: the next request sees the place free once it has.
       while ((yield* gateway.stats).episodes === 2) yield* Effect.yieldNow
       yield* chat(`${gateway.url}/episodes/c/v1`, "alice-token")
+      // An ended id: its client is told it ended (409); another client learns nothing of it (404).
+      const again = yield* Effect.flip(chat(`${gateway.url}/episodes/a/v1`, "alice-token"))
+      assert.strictEqual((again.cause as { status?: number }).status, 409)
+      const other = yield* Effect.flip(chat(`${gateway.url}/episodes/a/v1`, "bob-token"))
+      assert.strictEqual((other.cause as { status?: number }).status, 404)
     }).pipe(Effect.scoped), 60_000)
 
   it.live("a 10 GB Content-Length is refused before a byte is buffered, and the connection closed", () =>
