@@ -496,7 +496,8 @@ const figures = (state: State) =>
 export const make = Effect.fn("InferenceServers.make")(function*(
   given: Options
 ): Effect.fn.Return<InferenceServers, RunError, Scope.Scope> {
-  const options: Options = { ...given, token: given.token ?? Auth.fromEnv("AGENTFLY_SERVE_TOKEN", "AGENTFLY_WEIGHTS_TOKEN") }
+  const token = given.token ?? Auth.fromEnv("AGENTFLY_SERVE_TOKEN", "AGENTFLY_WEIGHTS_TOKEN")
+  const options: Options = { ...given, token }
   if (options.urls.length === 0) return yield* serversError("engine.servers lists no server")
   const background = yield* FiberSet.makeRuntime<never>()
   // Sampling goes through node:http, not `fetch`: fetch gives up on an answer after 5 minutes whatever the

@@ -50,7 +50,8 @@ export const trainer = Command.make(
     )
   },
   Effect.fn("trainer")(function*({ host, port, workers, idleMinutes, device, tokenFile, allowPushUrl }) {
-    const tokens = yield* Auth.forServer({ env: ["AGENTFLY_TRAINER_TOKEN"], file: Option.getOrUndefined(tokenFile), host })
+    const file = Option.getOrUndefined(tokenFile)
+    const tokens = yield* Auth.forServer({ env: ["AGENTFLY_TRAINER_TOKEN"], file, host })
     const server = yield* TrainerServer.serve({
       host,
       port,

@@ -204,7 +204,8 @@ export const forServer = Effect.fnUntraced(function*(options: {
   readonly also?: ReadonlyArray<string | undefined> | undefined
 }) {
   const list = yield* load(yield* FileSystem.FileSystem, options)
-  const problem = bindProblem(options.host, tokens([...list, ...options.also ?? []]), `${options.env[0]} or --token-file`)
+  const all = tokens([...list, ...options.also ?? []])
+  const problem = bindProblem(options.host, all, `${options.env[0]} or --token-file`)
   if (problem !== undefined) return yield* new AuthConfigError({ message: problem })
   return list
 })

@@ -241,7 +241,12 @@ describe("InferenceServers", () => {
       assert.strictEqual(yield* versionOf(locked.baseUrl, "s3cret"), 5)
       // A rollout worker only samples (the run pushes): it is not asked whether the server takes its weights, but
       // the weights token guards every route of the server (folded in), so it samples only with it.
-      const sampling = yield* InferenceServers.make({ urls: [locked.baseUrl], parameters, pushes: false, token: "s3cret" })
+      const sampling = yield* InferenceServers.make({
+        urls: [locked.baseUrl],
+        parameters,
+        pushes: false,
+        token: "s3cret"
+      })
       const sampled = yield* sampling.sampler(5).generate(greedy(prompts[0]!))
       assert.strictEqual(sampled.policyVersion, 5)
       const stranger = yield* Effect.flip(InferenceServers.make({ urls: [locked.baseUrl], parameters, pushes: false }))
