@@ -26,6 +26,11 @@
  * `/v1/completions` without a tokenizer); a sampler failure
  * is 429 or 5xx after retries. The gateway never crashes on input.
  *
+ * **Strangers** (`Options.tokens`, `internal/auth.ts`): with tokens, a request without one is 401 on every route,
+ * before its body is read; an episode opened by a request belongs to its token (another client gets 404); serving
+ * mode holds at most `maxEpisodes` open episodes (429 `too_many_episodes` past it); at most `maxConcurrent` requests
+ * are answered at once (503). Without tokens the gateway listens on loopback only.
+ *
  * **Streaming.** `stream: true` is answered as server-sent events once the turn is sampled (the text in one delta,
  * then one delta per tool call): the SDKs see a well-formed stream; time-to-first-token is not the point of a
  * training gateway.
@@ -41,6 +46,7 @@ import type * as AgentTask from "../src/AgentTask.ts"
 import type * as Trajectory from "../src/Trajectory.ts"
 import * as Bodies from "./gateway/Bodies.ts"
 import * as Recorder from "./gateway/Recorder.ts"
+import * as Auth from "./internal/auth.ts"
 import * as HttpActor from "./internal/http.ts"
 import * as Wire from "./internal/openAiWire.ts"
 
@@ -103,6 +109,25 @@ export interface Options {
   /** The model name `/v1/models` lists (default `agentfly`); requests may name any model. */
   readonly model?: string | undefined
   readonly autoOpen?: AutoOpen | undefined
+  /**
+   * Client tokens (`AGENTFLY_GATEWAY_TOKEN`, `agentfly gateway --token-file` with one a line): every route requires
+   * `Authorization: Bearer` one of them (what an SDK's `apiKey` sends), checked in constant time before anything
+   * else, else 401. An episode opened by a request belongs to the token that opened it: another client's requests,
+   * reads and rewards get the 404 an unknown episode gets. Episodes opened with {@link Gateway.open} take any of the
+   * tokens. Without tokens every client is served, and only on loopback: a non-loopback `host` is refused at start.
+   */
+  readonly tokens?: ReadonlyArray<string> | undefined
+  /** Serving mode: most episodes open at once (default 1024); a request that would open one more gets 429. */
+  readonly maxEpisodes?: number | undefined
+  /** Most requests answered at once (default 4096); past it a request gets 503 `overloaded` before its body. */
+  readonly maxConcurrent?: number | undefined
+  /**
+   * Episodes opened with {@link Gateway.open} are reached at an unguessable path, `/episodes/ID~KEY` (KEY: 128 random
+   * bits), given in their `baseURL` and `rewardURL`; their plain id does not route (default false). What a training
+   * run's gateway does (`AgentRollout`): its agents use the URLs they are given, and nobody else can read, use or
+   * reward an episode whose id (the run's, the row's, the chain's) they could guess.
+   */
+  readonly privateEpisodes?: boolean | undefined
 }
 
 /**
@@ -157,6 +182,8 @@ export class Gateway extends Context.Service<Gateway, {
 
 /** An open episode and what the gateway keeps beside it. */
 interface Entry {
+  /** Where it is routed: its id, or with `privateEpisodes`, its id and a random key. */
+  readonly key: string
   readonly episode: Episode
   readonly fibers: Set<Fiber.Fiber<void>>
   posted: AgentTask.Score | undefined
@@ -164,6 +191,8 @@ interface Entry {
   closed: boolean
   /** Opened by its first request (serving mode). */
   readonly auto: boolean
+  /** The client (its token's index) that opened it by a request; undefined: opened by the program, any client's. */
+  readonly owner: number | undefined
 }
 
 /**
@@ -180,8 +209,12 @@ interface GatewayState {
    * Ids of finished episodes (the latest `endedKept`): a request naming one is refused rather than opening a second
    * episode under the same id, whose record would share its trajectory id with the first's.
    */
-  readonly ended: Set<string>
+  readonly ended: Map<string, number | undefined>
   readonly counters: { inFlight: number; requests: number; errors: number; ids: number }
+  readonly auth: Auth.Tokens
+  readonly gate: Auth.Gate
+  readonly maxEpisodes: number
+  readonly privateEpisodes: boolean
   /** `http://host:port`, once listening. */
   url: string
 }
@@ -212,37 +245,45 @@ const closeEntry = (state: GatewayState, entry: Entry): Effect.Effect<void> =>
   Effect.suspend(() => {
     if (entry.closed) return Effect.void
     entry.closed = true
-    if (state.entries.get(entry.episode.id) === entry) state.entries.delete(entry.episode.id)
+    if (state.entries.get(entry.key) === entry) state.entries.delete(entry.key)
     return Fiber.interruptAll([...entry.fibers])
   })
 
-const openEntry = Effect.fnUntraced(function*(state: GatewayState, config: Recorder.Config, auto: boolean) {
+const openEntry = Effect.fnUntraced(function*(
+  state: GatewayState,
+  config: Recorder.Config,
+  auto: boolean,
+  owner: number | undefined
+) {
   if (!validId.test(config.id)) {
     const message = `episode id ${JSON.stringify(config.id)}: use [A-Za-z0-9._~-]`
     return yield* new GatewayError({ reason: "InvalidId", message })
   }
-  if (state.entries.has(config.id)) {
+  if (state.entries.has(config.id) || [...state.entries.values()].some((e) => e.episode.id === config.id)) {
     return yield* new GatewayError({ reason: "DuplicateEpisode", message: `episode ${config.id} is already open` })
   }
   const recorder = yield* Recorder.make(config)
+  const key = !auto && state.privateEpisodes ? `${config.id}~${Auth.randomId()}` : config.id
   const entry: Entry = {
+    key,
     episode: undefined as unknown as Episode,
     fibers: new Set(),
     posted: undefined,
     lastSeen: yield* Clock.currentTimeMillis,
     closed: false,
-    auto
+    auto,
+    owner
   }
   const episode: Episode = {
     id: config.id,
-    baseURL: `${state.url}/episodes/${config.id}/v1`,
-    rewardURL: `${state.url}/episodes/${config.id}/reward`,
+    baseURL: `${state.url}/episodes/${key}/v1`,
+    rewardURL: `${state.url}/episodes/${key}/reward`,
     recorder,
     posted: () => entry.posted,
     close: closeEntry(state, entry)
   }
   ;(entry as { episode: Episode }).episode = episode
-  state.entries.set(config.id, entry)
+  state.entries.set(key, entry)
   return entry
 })
 
@@ -254,8 +295,8 @@ const finish = Effect.fnUntraced(function*(state: GatewayState, entry: Entry, en
   // Nothing recorded (no request, or only refused ones, which leave nothing): nothing to write, and the id was
   // never written under, so it stays free.
   if (entry.episode.recorder.threads.length === 0) return
-  state.ended.add(entry.episode.id)
-  if (state.ended.size > endedKept) state.ended.delete(state.ended.values().next().value!)
+  state.ended.set(entry.episode.id, entry.owner)
+  if (state.ended.size > endedKept) state.ended.delete(state.ended.keys().next().value!)
   const base = yield* Recorder.trajectory(entry.episode.recorder, ending)
   const score = entry.posted
   const trajectory: Trajectory.Trajectory = score === undefined ? base : {
@@ -278,12 +319,28 @@ const reapIdle = Effect.fnUntraced(function*(state: GatewayState, idleMs: number
   }
 })
 
-/** The open episode `id`; in serving mode, a new one for an id never used. */
-const entryFor = Effect.fnUntraced(function*(state: GatewayState, id: string) {
+/** The open episode `id` if `client` may use it: another client's is as unknown as a missing one. */
+const visible = (state: GatewayState, id: string, client: number): Entry | undefined => {
   const found = state.entries.get(id)
+  return found === undefined || (found.owner !== undefined && found.owner !== client) ? undefined : found
+}
+
+const autoOpened = (state: GatewayState) => {
+  let n = 0
+  for (const entry of state.entries.values()) if (entry.auto) n++
+  return n
+}
+
+/** The open episode `id`; in serving mode, a new one for an id never used. */
+const entryFor = Effect.fnUntraced(function*(state: GatewayState, id: string, client: number) {
+  const found = visible(state, id, client)
   if (found !== undefined) return found
   const auto = state.auto
-  if (auto === undefined || !validId.test(id)) {
+  if (auto === undefined || !validId.test(id) || state.entries.has(id)) {
+    return yield* Wire.notFound(`no open episode ${JSON.stringify(id)}`, "episode_not_found")
+  }
+  // Another client's ended id is as unknown as an open one of theirs: no oracle of which ids were used.
+  if (state.ended.has(id) && state.ended.get(id) !== client) {
     return yield* Wire.notFound(`no open episode ${JSON.stringify(id)}`, "episode_not_found")
   }
   if (state.ended.has(id)) {
@@ -294,7 +351,14 @@ const entryFor = Effect.fnUntraced(function*(state: GatewayState, id: string) {
       code: "episode_ended"
     })
   }
-  return yield* openEntry(state, { ...auto.episode, id, groupId: id, keepRefused: false }, true).pipe(
+  if (autoOpened(state) >= state.maxEpisodes) {
+    return yield* new Wire.ApiError({
+      status: 429,
+      message: `${state.maxEpisodes} episodes are open: end one (a reward or /end) before opening another`,
+      code: "too_many_episodes"
+    })
+  }
+  return yield* openEntry(state, { ...auto.episode, id, groupId: id, keepRefused: false }, true, client).pipe(
     Effect.mapError((e) => Wire.invalid(e.message))
   )
 })
@@ -354,12 +418,13 @@ const describe = Effect.fnUntraced(function*(entry: Entry, res: Http.ServerRespo
 const inEpisode = Effect.fnUntraced(function*(
   state: GatewayState,
   id: string,
+  client: number,
   req: Http.IncomingMessage,
   res: Http.ServerResponse,
   handler: EpisodeHandler
 ) {
   const body = yield* Wire.readJson(req, state.maxBody)
-  const entry = yield* entryFor(state, id)
+  const entry = yield* entryFor(state, id, client)
   entry.lastSeen = yield* Clock.currentTimeMillis
   const closed = new Wire.ApiError({ status: 410, message: `episode ${id} was closed`, code: "episode_closed" })
   const fiber = yield* Effect.forkChild(handler(state, entry, body, res).pipe(
@@ -377,6 +442,10 @@ const inEpisode = Effect.fnUntraced(function*(
 
 /** Where a request goes: the episode (from the path or the header) and the route within it. */
 const route = (state: GatewayState, req: Http.IncomingMessage, res: Http.ServerResponse) => {
+  // Before the route, the body or any episode: a stranger gets the same 401 everywhere.
+  const verdict = Auth.authorize(state.auth, req)
+  if (!verdict.ok) return Effect.fail(Wire.unauthorized("AGENTFLY_GATEWAY_TOKEN: the SDK's apiKey"))
+  const client = verdict.client
   const path = (req.url ?? "/").split("?")[0]!.replace(/\/+$/, "")
   const method = req.method ?? "GET"
   const only = (allowed: string, effect: () => Effect.Effect<void, Wire.ApiError>) =>
@@ -393,7 +462,7 @@ const route = (state: GatewayState, req: Http.IncomingMessage, res: Http.ServerR
         undefined,
         "episode_required"
       ))
-      : only("POST", () => inEpisode(state, id, req, res, handler))
+      : only("POST", () => inEpisode(state, id, client, req, res, handler))
   switch (rest) {
     case "/v1/models":
       return only("GET", () => Effect.flatMap(now, (created) => Wire.sendJson(res, 200, models(state, created))))
@@ -408,7 +477,7 @@ const route = (state: GatewayState, req: Http.IncomingMessage, res: Http.ServerR
     case "":
       if (scoped === null || id === undefined) return noRoute
       return only("GET", () => {
-        const entry = state.entries.get(id)
+        const entry = visible(state, id, client)
         const missing = Wire.notFound(`no open episode ${JSON.stringify(id)}`, "episode_not_found")
         return entry === undefined ? Effect.fail(missing) : describe(entry, res)
       })
@@ -427,7 +496,10 @@ const counted = (state: GatewayState, req: Http.IncomingMessage, res: Http.Serve
   Effect.suspend(() => {
     state.counters.requests++
     state.counters.inFlight++
-    return Effect.ensuring(route(state, req, res), Effect.sync(() => void state.counters.inFlight--))
+    return Effect.ensuring(
+      Auth.within(state.gate, route(state, req, res), Effect.fail(Wire.overloaded(state.gate.max))),
+      Effect.sync(() => void state.counters.inFlight--)
+    )
   })
 
 // ===== Constructor =====
@@ -441,14 +513,21 @@ const counted = (state: GatewayState, req: Http.IncomingMessage, res: Http.Serve
 export const make = Effect.fn("Gateway.make")(function*(options: Options = {}) {
   const run = yield* FiberSet.makeRuntime<never>()
   const host = options.host ?? "127.0.0.1"
+  const auth = Auth.tokens(options.tokens ?? [])
+  const problem = Auth.bindProblem(host, auth, "AGENTFLY_GATEWAY_TOKEN or --token-file")
+  if (problem !== undefined) return yield* Effect.die(new Error(problem))
   const state: GatewayState = {
     scope: yield* Effect.scope,
     maxBody: options.maxBodyBytes ?? 16 * 1024 * 1024,
     model: options.model ?? "agentfly",
     auto: options.autoOpen,
     entries: new Map(),
-    ended: new Set(),
+    ended: new Map(),
     counters: { inFlight: 0, requests: 0, errors: 0, ids: 0 },
+    auth,
+    gate: Auth.gate(options.maxConcurrent ?? 4096),
+    maxEpisodes: options.maxEpisodes ?? 1024,
+    privateEpisodes: options.privateEpisodes ?? false,
     url: ""
   }
   if (state.auto !== undefined) {
@@ -468,7 +547,7 @@ export const make = Effect.fn("Gateway.make")(function*(options: Options = {}) {
     url: state.url,
     model: state.model,
     open: (config) =>
-      Effect.acquireRelease(openEntry(state, config, false), (entry) => closeEntry(state, entry)).pipe(
+      Effect.acquireRelease(openEntry(state, config, false, undefined), (entry) => closeEntry(state, entry)).pipe(
         Effect.map((entry) => entry.episode)
       ),
     stats: Effect.sync(() => ({

@@ -23,7 +23,7 @@
  * @since 0.1.0
  */
 import * as NodeHttpClient from "@effect/platform-node/NodeHttpClient"
-import { Clock, Effect, FiberSet } from "effect"
+import { Clock, Effect, FiberSet, Redacted } from "effect"
 import type { Scope } from "effect"
 import { HttpClient } from "effect/http"
 import { randomUUID } from "node:crypto"
@@ -31,6 +31,7 @@ import * as OpenAiCompatSampler from "../src/backends/OpenAiCompatSampler.ts"
 import { Sampler, samplerError } from "../src/Sampler.ts"
 import type { SamplerError } from "../src/Sampler.ts"
 import type { GenerateRequest, GenerateResult } from "../src/Sampler.ts"
+import * as Auth from "./internal/auth.ts"
 import { fetchMessage } from "./internal/http.ts"
 import * as WeightsPut from "./internal/weightsPut.ts"
 import { type RunError, runError } from "./RunError.ts"
@@ -46,7 +47,10 @@ export interface Options {
   readonly urls: ReadonlyArray<string>
   /** The model's parameters, in the order the weights are serialized. */
   readonly parameters: ReadonlyArray<{ readonly name: string; readonly shape: ReadonlyArray<number> }>
-  /** The bearer token the servers were started with (`AGENTFLY_WEIGHTS_TOKEN`), if any. */
+  /**
+   * The bearer token the servers were started with, sent on every request (health checks, sampling, pushes); default
+   * the environment's `AGENTFLY_SERVE_TOKEN`, else `AGENTFLY_WEIGHTS_TOKEN`, if any.
+   */
   readonly token?: string | undefined
   /**
    * Whether this process pushes weights (default true). A rollout worker only samples (the run, or its trainer
@@ -192,8 +196,10 @@ const versionName = (version: number) =>
 
 // ===== Connecting =====
 
-const authorization = (options: Options): Record<string, string> =>
-  options.token === undefined ? {} : { authorization: `Bearer ${options.token}` }
+const authorization = (options: Options): Record<string, string> => Auth.headers(options.token)
+
+/** A server that refused the token (401): the fix is the token, not the server. */
+class Refused extends Error {}
 
 /** The model a server serves (`GET /v1/models`). */
 const modelOf = (options: Options, url: string) =>
@@ -203,6 +209,7 @@ const modelOf = (options: Options, url: string) =>
         headers: authorization(options),
         signal: AbortSignal.timeout(10_000)
       })
+      if (response.status === 401) throw new Refused(`HTTP 401: ${(await response.text()).slice(0, 300)}`)
       if (!response.ok) throw new Error(`HTTP ${response.status}: ${(await response.text()).slice(0, 300)}`)
       const body = await response.json() as { data?: Array<{ id?: unknown }> }
       const id = body.data?.[0]?.id
@@ -211,7 +218,10 @@ const modelOf = (options: Options, url: string) =>
     },
     catch: (e) =>
       serversError(
-        `inference server ${url} did not answer GET /models (${fetchMessage(e)}); start it with ` +
+        e instanceof Refused
+          ? `inference server ${url}: it refuses this run's token (${e.message}): set AGENTFLY_WEIGHTS_TOKEN (or ` +
+            "AGENTFLY_SERVE_TOKEN) to the token the server was started with"
+          : `inference server ${url} did not answer GET /models (${fetchMessage(e)}); start it with ` +
           "`agentfly serve --model-dir DIR --accept-weights --host HOST --port PORT` and list its API root " +
           "(http://HOST:PORT/v1) in engine.servers"
       )
@@ -354,6 +364,7 @@ const samplerOf = (state: State, server: Server, min: number) => {
     model: server.model,
     retries: 0,
     timeoutMs: state.options.timeoutMs,
+    apiKey: state.options.token === undefined ? undefined : Redacted.make(state.options.token),
     extraBody: { min_policy_version: min }
   }).pipe(
     Effect.provideService(HttpClient.HttpClient, state.http),
@@ -483,8 +494,10 @@ const figures = (state: State) =>
  * @since 0.1.0
  */
 export const make = Effect.fn("InferenceServers.make")(function*(
-  options: Options
+  given: Options
 ): Effect.fn.Return<InferenceServers, RunError, Scope.Scope> {
+  const token = given.token ?? Auth.fromEnv("AGENTFLY_SERVE_TOKEN", "AGENTFLY_WEIGHTS_TOKEN")
+  const options: Options = { ...given, token }
   if (options.urls.length === 0) return yield* serversError("engine.servers lists no server")
   const background = yield* FiberSet.makeRuntime<never>()
   // Sampling goes through node:http, not `fetch`: fetch gives up on an answer after 5 minutes whatever the

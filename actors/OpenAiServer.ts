@@ -46,6 +46,10 @@
  * run they must increase (else 409 `stale_policy_version`), and another run's push replaces the weights whatever
  * its version. A bad body is a 400 naming the tensor, a missing or wrong bearer token (when one is set) a 401.
  *
+ * **Strangers** ({@link Options} `token`, `internal/auth.ts`): with a token, every route answers 401 to a request
+ * without it, before its body is read; at most `maxConcurrent` requests are answered at once (503 past it). Without a
+ * token the server listens on loopback only.
+ *
  * **Streaming.** Tokens are written as they are sampled (the engine's per-token callback). With `tools`, text is
  * streamed until a tool-call tag starts; the parsed calls follow in one `tool_calls` delta at the end.
  *
@@ -60,6 +64,7 @@ import type { Scope } from "effect"
 import * as Checkpoint from "../src/Checkpoint.ts"
 import * as Qwen2 from "../src/model/Qwen2.ts"
 import * as Safetensors from "../src/Safetensors.ts"
+import * as Auth from "./internal/auth.ts"
 import * as HttpActor from "./internal/http.ts"
 import * as Fair from "./internal/fairScheduler.ts"
 import * as Answers from "./internal/openAiServerAnswers.ts"
@@ -120,6 +125,15 @@ export interface Options {
    * request must carry `Authorization: Bearer <token>`.
    */
   readonly acceptWeights?: { readonly token?: string | undefined } | undefined
+  /**
+   * Bearer token(s) every route requires (`AGENTFLY_SERVE_TOKEN` or `agentfly serve --token-file`), checked in
+   * constant time before anything else; the weights token (`acceptWeights.token`, `AGENTFLY_WEIGHTS_TOKEN`) is
+   * accepted on every route too, and when it is set only it may replace the weights. With neither, every client is
+   * served, and the server listens on loopback only: a non-loopback `host` without a token is refused at start.
+   */
+  readonly token?: string | ReadonlyArray<string> | undefined
+  /** Most requests answered at once (default 256); past it a request gets 503 `overloaded` before its body is read. */
+  readonly maxConcurrent?: number
 }
 
 /**
@@ -134,7 +148,8 @@ export const defaults = {
   maxPrompts: 32_768,
   maxRequestTokens: 2_097_152,
   maxRunning: 32,
-  maxRunningPerRequest: 6
+  maxRunningPerRequest: 6,
+  maxConcurrent: 256
 } as const
 
 /**
@@ -159,7 +174,7 @@ const pushedVersion = (state: State.ServerState, req: Http.IncomingMessage): Eff
     return Effect.fail(new Wire.ApiError({ status: 404, message, code: "weights_not_accepted" }))
   }
   if (req.method !== "PUT") return Effect.fail(Wire.notAllowed(req.method ?? "GET", "/v1/weights", "PUT"))
-  if (accept.token !== undefined && req.headers.authorization !== `Bearer ${accept.token}`) {
+  if (state.weightsAuth !== undefined && !Auth.authorize(state.weightsAuth, req).ok) {
     const message = "a valid bearer token is required to replace the weights"
     return Effect.fail(new Wire.ApiError({ status: 401, message, code: "unauthorized" }))
   }
@@ -250,6 +265,10 @@ const route = (
   req: Http.IncomingMessage,
   res: Http.ServerResponse
 ): Effect.Effect<void, Wire.ApiError> => {
+  // Before the route, the body or any state: a stranger gets the same 401 everywhere.
+  if (!Auth.authorize(state.auth, req).ok) {
+    return Effect.fail(Wire.unauthorized("AGENTFLY_SERVE_TOKEN, or AGENTFLY_WEIGHTS_TOKEN"))
+  }
   const path = (req.url ?? "/").split("?")[0]!.replace(/\/+$/, "")
   switch (path) {
     case "/v1/models":
@@ -278,6 +297,11 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
   const config = engine.config
   const run = yield* FiberSet.makeRuntime<never>()
   const limits = { ...defaults, ...options }
+  const weightsToken = options.acceptWeights?.token
+  const own = typeof options.token === "string" ? [options.token] : options.token ?? []
+  const auth = Auth.tokens([...own, weightsToken])
+  const problem = Auth.bindProblem(limits.host, auth, "AGENTFLY_SERVE_TOKEN or --token-file")
+  if (problem !== undefined) return yield* Effect.die(new Error(problem))
   const parameters = Qwen2.parameters(config)
   const state: State.ServerState = {
     engine,
@@ -292,9 +316,14 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
     pushing: yield* Semaphore.make(1),
     parameters,
     maxWeightBytes: parameters.reduce((n, p) => n + 4 * p.shape.reduce((a, b) => a * b, 1), 0) + (1 << 20),
-    ids: 0
+    ids: 0,
+    auth,
+    weightsAuth: weightsToken === undefined || weightsToken === "" ? undefined : Auth.tokens([weightsToken]),
+    gate: Auth.gate(limits.maxConcurrent)
   }
-  const server = Http.createServer(Wire.handler(run, (req, res) => route(state, req, res)))
+  const respond = (req: Http.IncomingMessage, res: Http.ServerResponse) =>
+    Auth.within(state.gate, route(state, req, res), Effect.fail(Wire.overloaded(state.gate.max)))
+  const server = Http.createServer(Wire.handler(run, respond))
   const port = yield* HttpActor.listen(server, { port: options.port ?? 0, host: limits.host })
   const result: Server = { port, baseUrl: `http://${limits.host}:${port}/v1` }
   return result

@@ -11,6 +11,10 @@
  *   reply (the client sent it again after a broken connection; if it is still running, once it is done), anything
  *   else is refused (409 `out_of_order`). A call runs to its end even when its client went away.
  * - **Errors** come back as JSON `{ error: { message, code } }`, the code being the `PolicyTrainerError` reason.
+ * - **Strangers** (`Options.token`, `internal/auth.ts`): with a token, every route answers 401 to a request without
+ *   it, before its body is read or anything is looked up (no 404-vs-409 oracle); session ids are 128 random bits;
+ *   at most `maxConcurrent` requests are answered at once (503 past it); a `catch_up` reaches only servers the
+ *   trainer's pushes named. Without a token the server listens on loopback only.
  *
  * The wire: `GET /v1/trainer` → `{ service, executionProvider, workers, trainers }`;
  * `POST /v1/trainer/NAME/init` (frame: model config, loss, optimizer, schedule, workers; weights) → `{ session }`;
@@ -33,6 +37,7 @@ import * as Wire from "../src/backends/internal/trainerWire.ts"
 import * as Checkpoint from "../src/Checkpoint.ts"
 import * as Optimizer from "../src/Optimizer.ts"
 import * as PolicyTrainer from "../src/PolicyTrainer.ts"
+import * as Auth from "./internal/auth.ts"
 import { listen, readBody } from "./internal/http.ts"
 import * as WeightsPut from "./internal/weightsPut.ts"
 
@@ -45,8 +50,22 @@ export interface Options {
   readonly host?: string | undefined
   /** Default 0: a free port. */
   readonly port?: number | undefined
-  /** A shared secret every request must bear (`Authorization: Bearer`; `AGENTFLY_TRAINER_TOKEN`). */
-  readonly token?: string | undefined
+  /**
+   * The shared secret(s) every request must bear (`Authorization: Bearer`; `AGENTFLY_TRAINER_TOKEN` or
+   * `--token-file`), checked in constant time before anything else (`internal/auth.ts`). Without one the server
+   * listens on loopback only: a non-loopback `host` without a token is refused at start.
+   */
+  readonly token?: string | ReadonlyArray<string> | undefined
+  /**
+   * Most requests answered at once (default 16); past it a request gets 503 `overloaded` before its body is read, so
+   * that bodies (up to `maxBodyBytes` each) cannot pile up without bound.
+   */
+  readonly maxConcurrent?: number | undefined
+  /**
+   * URL prefixes a `push` may send weights to (default: any the authenticated run names). A `catch_up` goes only to
+   * servers an earlier `push` of the same trainer named: a caller cannot send the run's weights elsewhere.
+   */
+  readonly allowPushUrls?: ReadonlyArray<string> | undefined
   /** Learner threads per trainer, whatever a run asks for (default: the run's `learner.workers`). */
   readonly workers?: number | undefined
   /** onnxruntime's execution provider (default `cpu`). */
@@ -82,6 +101,8 @@ interface Hosted {
   running: boolean
   /** The version last pushed to inference servers, as the bytes they take (kept for catch-ups). */
   pushed: { readonly version: number; readonly bytes: Uint8Array } | undefined
+  /** The servers this trainer's pushes named: the only ones a catch-up may reach. */
+  readonly pushedTo: Set<string>
 }
 
 /** The server's state: its trainers by name. */
@@ -90,11 +111,11 @@ interface Server {
   readonly options: Options
   readonly maxBodyBytes: number
   readonly idleMillis: number
+  readonly auth: Auth.Tokens
+  readonly gate: Auth.Gate
   readonly hosted: Map<string, Hosted>
   /** Inits and closes one at a time: a trainer's threads and sessions go before the next one's start. */
   readonly lifecycle: Semaphore.Semaphore
-  /** Trainers initialised so far (a session id's counter). */
-  sessions: number
 }
 
 const json = (status: number, message: string, code: string): Reply => ({
@@ -126,8 +147,8 @@ const PushHeader = Schema.Struct({
   version: Schema.Int,
   runId: Schema.String,
   token: Schema.optionalKey(Schema.String),
-  timeoutMs: Schema.Int.check(Schema.isGreaterThan(0)),
-  urls: Schema.Array(Schema.String)
+  timeoutMs: Schema.Int.check(Schema.isBetween({ minimum: 1, maximum: 3_600_000 })),
+  urls: Schema.Array(Schema.String.check(Schema.isPattern(/^https?:\/\/[^\s]+$/))).check(Schema.isMaxLength(256))
 })
 
 // ===== Trainers' lives =====
@@ -189,7 +210,8 @@ const init = (server: Server, name: string, body: Wire.Frame) =>
       Effect.mapError(refused)
     )
     const now = yield* Clock.currentTimeMillis
-    const session = `${name}-${++server.sessions}-${now.toString(36)}`
+    // 128 random bits: a session id is the only thing that tells one run's calls from another's.
+    const session = Auth.randomId()
     server.hosted.set(name, {
       session,
       scope,
@@ -199,7 +221,8 @@ const init = (server: Server, name: string, body: Wire.Frame) =>
       reply: undefined,
       lastCall: now,
       running: false,
-      pushed: undefined
+      pushed: undefined,
+      pushedTo: new Set()
     })
     if (server.options.onInit !== undefined) {
       const parameters = model.parameters.reduce((n, p) => n + p.shape.reduce((a, b) => a * b, 1), 0)
@@ -270,6 +293,14 @@ const pushHeader = (op: string, body: Wire.Frame) =>
     Effect.mapError((e) => json(400, `${op}: ${e.message}`, "invalid_request"))
   )
 
+/** A push's URLs outside the operator's allow-list (`allowPushUrls`), refused. */
+const disallowed = (server: Server, op: string, urls: ReadonlyArray<string>): Reply | undefined => {
+  const allow = server.options.allowPushUrls
+  const bad = allow === undefined ? undefined : urls.find((u) => !allow.some((prefix) => u.startsWith(prefix)))
+  return bad === undefined ? undefined :
+    json(403, `${op}: ${bad} is not an allowed inference server (--allow-push-url)`, "url_not_allowed")
+}
+
 /** `bytes` on every server in `header.urls`, and what each did. */
 const putAll = (bytes: Uint8Array, header: typeof PushHeader.Type) =>
   Effect.map(
@@ -278,9 +309,12 @@ const putAll = (bytes: Uint8Array, header: typeof PushHeader.Type) =>
   )
 
 /** The trainer's current weights to every server listed, as a new version (kept for catch-ups). */
-const push = (h: Hosted, body: Wire.Frame) =>
+const push = (server: Server, h: Hosted, body: Wire.Frame) =>
   Effect.gen(function*() {
     const header = yield* pushHeader("push", body)
+    const refusedUrl = disallowed(server, "push", header.urls)
+    if (refusedUrl !== undefined) return refusedUrl
+    for (const url of header.urls) h.pushedTo.add(url)
     const weights = yield* Effect.mapError(h.trainer.weights, refused)
     const bytes = WeightsPut.serialize(h.parameters, weights)
     if (typeof bytes === "string") return json(500, `push: ${bytes}`, "Remote")
@@ -292,6 +326,10 @@ const push = (h: Hosted, body: Wire.Frame) =>
 const catchUp = (h: Hosted, body: Wire.Frame) =>
   Effect.gen(function*() {
     const header = yield* pushHeader("catch_up", body)
+    const stranger = header.urls.find((u) => !h.pushedTo.has(u))
+    if (stranger !== undefined) {
+      return json(403, `catch_up: ${stranger} is not a server this trainer pushed to`, "url_not_allowed")
+    }
     if (h.pushed === undefined || h.pushed.version !== header.version) {
       return frame(Wire.encode({ outcomes: header.urls.map(() => "newer") }))
     }
@@ -341,7 +379,7 @@ const operate = (server: Server, h: Hosted, op: string, body: Wire.Frame): Effec
     case "summary":
       return Effect.map(Effect.mapError(t.weights, refused), (w) => summary(h, w))
     case "push":
-      return push(h, body)
+      return push(server, h, body)
     case "save":
       return save(server, t, body)
     case "load":
@@ -412,15 +450,18 @@ const info = (server: Server): Reply => ({
 /** A request's reply: its route, body and headers checked, then the init or the call it asks for. */
 const route = (server: Server, req: Http.IncomingMessage) =>
   replied(Effect.gen(function*() {
-    const path = (req.url ?? "/").split("?")[0]!.replace(/\/+$/, "")
-    const token = server.options.token
-    if (token !== undefined && req.headers.authorization !== `Bearer ${token}`) {
+    // Before anything that reads the body or reveals state: a stranger learns nothing, not even a route.
+    if (!Auth.authorize(server.auth, req).ok) {
       return json(401, "a valid bearer token is required (AGENTFLY_TRAINER_TOKEN)", "unauthorized")
     }
+    const path = (req.url ?? "/").split("?")[0]!.replace(/\/+$/, "")
     if (path === "/v1/trainer" && req.method === "GET") return info(server)
     const match = /^\/v1\/trainer\/([^/]+)\/([a-z_]+)$/.exec(path)
     if (match === null || req.method !== "POST") return json(404, `no route ${req.method} ${path}`, "not_found")
-    const name = decodeURIComponent(match[1]!)
+    const name = yield* Effect.try({
+      try: () => decodeURIComponent(match[1]!),
+      catch: () => json(400, `the trainer name in ${path} is not a valid URL component`, "invalid_request")
+    })
     const op = match[2]!
     const bytes = yield* readBody(req, server.maxBodyBytes).pipe(
       Effect.mapError((e) => json(e.status, e.message, "invalid_request"))
@@ -440,7 +481,9 @@ const route = (server: Server, req: Http.IncomingMessage) =>
 const send = (res: Http.ServerResponse, reply: Reply) =>
   Effect.sync(() => {
     if (res.destroyed || res.headersSent) return
-    res.writeHead(reply.status, { "content-type": reply.type, "content-length": reply.body.length })
+    // A refusal before the body was read closes the connection: Node would drain the rest otherwise.
+    const close = Auth.closesConnection(reply.status) ? { connection: "close" } : {}
+    res.writeHead(reply.status, { "content-type": reply.type, "content-length": reply.body.length, ...close })
     res.end(reply.body)
   })
 
@@ -453,15 +496,20 @@ const send = (res: Http.ServerResponse, reply: Reply) =>
 export const serve = Effect.fn("TrainerServer.serve")(function*(
   options: Options = {}
 ): Effect.fn.Return<{ readonly port: number; readonly baseUrl: string }, never, Scope.Scope | FileSystem.FileSystem> {
+  const host = options.host ?? "127.0.0.1"
+  const auth = Auth.tokens(typeof options.token === "string" ? [options.token] : options.token ?? [])
+  const problem = Auth.bindProblem(host, auth, "AGENTFLY_TRAINER_TOKEN or --token-file")
+  if (problem !== undefined) return yield* Effect.die(new Error(problem))
   const run = yield* FiberSet.makeRuntime<never>()
   const server: Server = {
     fs: yield* FileSystem.FileSystem,
     options,
     maxBodyBytes: options.maxBodyBytes ?? 2 * 1024 * 1024 * 1024,
     idleMillis: options.idleMillis ?? 3_600_000,
+    auth,
+    gate: Auth.gate(options.maxConcurrent ?? 16),
     hosted: new Map(),
-    lifecycle: yield* Semaphore.make(1),
-    sessions: 0
+    lifecycle: yield* Semaphore.make(1)
   }
   yield* Effect.addFinalizer(() =>
     Effect.forEach([...server.hosted.keys()], (name) => drop(server, name), { discard: true })
@@ -474,12 +522,12 @@ export const serve = Effect.fn("TrainerServer.serve")(function*(
   )
   const http = Http.createServer((req, res) => {
     // The call runs to its end when the client goes away: its reply is kept for the client's retry.
-    run(route(server, req).pipe(
+    const overloaded = json(503, `the server is answering ${server.gate.max} requests already; retry`, "overloaded")
+    run(Auth.within(server.gate, route(server, req), Effect.succeed(overloaded)).pipe(
       Effect.catchDefect((defect) => Effect.succeed(json(500, `internal error: ${String(defect)}`, "defect"))),
       Effect.flatMap((reply) => send(res, reply))
     ))
   })
-  const host = options.host ?? "127.0.0.1"
   const port = yield* listen(http, { port: options.port ?? 0, host })
   return { port, baseUrl: `http://${host}:${port}/v1` }
 })

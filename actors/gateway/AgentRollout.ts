@@ -326,7 +326,8 @@ export const groups = (
 ): Effect.Effect<Array<Trajectory.Group>, RolloutError.RolloutError, Sampler> =>
   Effect.scoped(Effect.gen(function*() {
     const sampler = yield* Sampler
-    const gateway = yield* Gateway.make()
+    // Its agents get their episode's URLs; nobody else can reach an episode whose id they could guess.
+    const gateway = yield* Gateway.make({ privateEpisodes: true })
     const runId = options.runId ?? (yield* Random.nextIntBetween(0, 0x7fffffff)).toString(16)
     const offset = options.rowOffset ?? 0
     const specs: Array<Spec> = options.rows.flatMap((row, i) =>

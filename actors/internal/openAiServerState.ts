@@ -14,6 +14,7 @@ import type * as Qwen2 from "../../src/model/Qwen2.ts"
 import type { GenerateRequest, GenerateResult } from "../../src/Sampler.ts"
 import type * as Tokenizer from "../../src/Tokenizer.ts"
 import type { PolicyEngine } from "../PolicyEngine.ts"
+import type * as Auth from "./auth.ts"
 import * as Fair from "./fairScheduler.ts"
 import { ApiError, samplerError } from "./openAiWire.ts"
 import { encodeWithin, overContext, tooManyTokens } from "./promptBudget.ts"
@@ -47,6 +48,7 @@ export interface Limits {
   readonly maxRunningPerRequest: number
   readonly renderTools?: boolean | undefined
   readonly acceptWeights?: { readonly token?: string | undefined } | undefined
+  readonly maxConcurrent: number
 }
 
 /**
@@ -79,6 +81,11 @@ export interface ServerState {
   readonly maxWeightBytes: number
   /** The last response id's number. */
   ids: number
+  /** Tokens any route takes: the server's own and the weights token (`internal/auth.ts`). */
+  readonly auth: Auth.Tokens
+  /** The weights token alone, when set: only it may replace the weights. */
+  readonly weightsAuth: Auth.Tokens | undefined
+  readonly gate: Auth.Gate
 }
 
 /**

@@ -16,6 +16,7 @@ import { Data, Effect, Fiber, Option, Schema } from "effect"
 import type * as ChatTemplate from "../../src/ChatTemplate.ts"
 import type * as Message from "../../src/Message.ts"
 import type { SamplerError } from "../../src/Sampler.ts"
+import * as Auth from "./auth.ts"
 import * as HttpActor from "./http.ts"
 import * as OpenAiRequest from "./openAiRequest.ts"
 
@@ -60,6 +61,24 @@ export const notFound = (message: string, code?: string): ApiError => new ApiErr
  */
 export const notAllowed = (method: string, path: string, allowed: string): ApiError =>
   new ApiError({ status: 405, message: `${method} is not allowed on ${path}; use ${allowed}` })
+
+/**
+ * A 401: no or a wrong bearer token (`how` says where the token is set). Every route answers it alike, known or not.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export const unauthorized = (how: string): ApiError =>
+  new ApiError({ status: 401, message: `a valid bearer token is required (${how})`, code: "unauthorized" })
+
+/**
+ * A 503: more requests in flight than the server answers at once; retry later.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export const overloaded = (max: number): ApiError =>
+  new ApiError({ status: 503, message: `the server is answering ${max} requests already; retry`, code: "overloaded" })
 
 /**
  * A 500 for a defect: the server answers it rather than crash.
@@ -342,7 +361,9 @@ export const sendJson = (res: Http.ServerResponse, status: number, value: unknow
       res.end()
       return
     }
-    res.writeHead(status, { "content-type": "application/json" })
+    // A refusal before (or instead of) reading the body closes the connection: Node would drain the rest otherwise.
+    const close = Auth.closesConnection(status) ? { connection: "close" } : {}
+    res.writeHead(status, { "content-type": "application/json", ...close })
     res.end(JSON.stringify(value))
   })
 
