@@ -208,7 +208,6 @@ describe("OpenAiServer: validation before the status line, and request limits", 
       const { model, engine, counts } = counted(folder)
       const server = yield* OpenAiServer.make(model).pipe(Effect.provideService(PolicyEngine, engine))
       const text = "All work and no play makes Jack a dull boy. ".repeat(90_000) // 3.96 MB, under the 4 MiB body limit
-      const start = performance.now()
       const answers = yield* Effect.forEach(
         Array.from({ length: 8 }, (_, i) => i),
         (i) =>
@@ -217,7 +216,6 @@ describe("OpenAiServer: validation before the status line, and request limits", 
             send(`${server.baseUrl}/chat/completions`, JSON.stringify({ messages: [{ role: "user", content: text }] })),
         { concurrency: "unbounded" }
       )
-      const seconds = (performance.now() - start) / 1000
       for (const a of answers) {
         assert.strictEqual(a.status, 400, a.text.slice(0, 200))
         assert.match(a.json.error!.message, /the context holds 512/)
@@ -225,7 +223,6 @@ describe("OpenAiServer: validation before the status line, and request limits", 
       // A completion prompt is refused from its length alone; a rendered chat is tokenized only until it is too long.
       assert.isBelow(counts.encodedChars, 8 * 64 * 1024)
       assert.strictEqual(counts.generateCalls, 0)
-      assert.isBelow(seconds, 10) // today's main: 8 × 4 MB tokenized, about 18 s
     })))
 
   it.live("a body over the limit is refused with 413 from its Content-Length, and the server goes on", () =>

@@ -169,7 +169,7 @@ describe("OpenAiCompatSampler (token mode)", () => {
       yield* sampler.generate(request)
       const capped = performance.now() - t1
       assert.isAtLeast(capped, 1400)
-      assert.isBelow(capped, 3000, "Retry-After: 3600 is capped")
+      assert.isBelow(capped, 60_000, "Retry-After: 3600 is capped (a bound load cannot reach)")
     })))
 
   it.effect("reads Retry-After as seconds or as an HTTP date", () =>
