@@ -188,130 +188,170 @@ const unavailable = (resource: string, cause: unknown) =>
 const leaseValue = (lease: RedisLease) => `${lease.token}:${lease.generation}:${lease.holder}`
 
 /**
+ * A coordinator's settings and client: the state that its operations below share (nothing in it changes).
+ */
+interface State {
+  readonly redis: IORedis
+  readonly prefix: string
+  readonly holder: string
+  /** Lease TTL in ms. */
+  readonly ttl: number
+  /** Renewal period in ms. */
+  readonly heartbeat: number
+  /** Poll period in ms while waiting for a free slot. */
+  readonly poll: number
+}
+
+const makeState = (redis: IORedis, options: Options): State => {
+  const ttl = options.ttlMillis ?? 10_000
+  return {
+    redis,
+    prefix: options.prefix ?? "agentfly",
+    holder: options.holder ?? String(process.pid),
+    ttl,
+    heartbeat: options.heartbeatMillis ?? Math.max(1, Math.floor(ttl / 3)),
+    poll: options.pollMillis ?? 50
+  }
+}
+
+const leaseKeyOf = (state: State, resource: string, slot: number) => `${state.prefix}:lease:${resource}:${slot}`
+
+/** Runs one Redis command; a failure (lost connection, timeout) is `LeaseError(CoordinatorUnavailable)`. */
+const call = <A>(resource: string, f: () => Promise<unknown>) =>
+  Effect.tryPromise({ try: () => f() as Promise<A>, catch: (e) => unavailable(resource, e) })
+
+const tryAcquire = (state: State, resource: string, cap: number) =>
+  call<[number, string, string] | null>(
+    resource,
+    () => state.redis.eval(ACQUIRE, 0, state.prefix, resource, cap, state.holder, state.ttl)
+  )
+
+/** True while the lease is current: renewed for `ttl` ms, or only checked. */
+const renewOrCheck = (state: State, lease: RedisLease, what: "check" | number) =>
+  Effect.map(
+    call<number>(lease.resource, () => {
+      const leased = leaseKeyOf(state, lease.resource, lease.slot)
+      return state.redis.eval(RENEW_OR_CHECK, 1, leased, leaseValue(lease), lease.generation, what)
+    }),
+    (n) => n === 1
+  )
+
+const release = (state: State, lease: RedisLease) =>
+  call<number>(
+    lease.resource,
+    () => state.redis.eval(RELEASE, 1, leaseKeyOf(state, lease.resource, lease.slot), leaseValue(lease))
+  )
+
+const lost = (lease: Resource.GlobalLease) =>
+  new Resource.LeaseError({
+    resource: lease.resource,
+    reason: new Resource.LeaseLost({ slot: lease.slot, token: lease.token })
+  })
+
+const makeLease = (state: State, resource: string, [slot, token, generation]: [number, string, string]) => {
+  const lease: RedisLease = {
+    resource,
+    slot,
+    token: Number(token),
+    generation,
+    holder: state.holder,
+    check: Effect.suspend(() =>
+      Effect.flatMap(renewOrCheck(state, lease, "check"), (current) => current ? Effect.void : Effect.fail(lost(lease)))
+    )
+  }
+  return lease
+}
+
+/** Renews until the lease is found lost (then `onLost`), or renewal has failed for a whole TTL. */
+const keepAlive = (state: State, lease: RedisLease, onLost: (lease: Resource.GlobalLease) => Effect.Effect<void>) =>
+  Effect.gen(function*() {
+    let lastRenewed = yield* Clock.currentTimeMillis
+    while (true) {
+      yield* Effect.sleep(state.heartbeat)
+      const exit = yield* Effect.exit(renewOrCheck(state, lease, state.ttl))
+      const now = yield* Clock.currentTimeMillis
+      if (Exit.isSuccess(exit) && exit.value) {
+        lastRenewed = now
+        continue
+      }
+      // Taken, expired or from an earlier generation, or unreachable past the TTL: another holder may have the
+      // slot now.
+      if (Exit.isSuccess(exit) || now - lastRenewed >= state.ttl) return yield* onLost(lease)
+    }
+  })
+
+/** Polls for a free slot until one is granted, or `LeaseError(LeaseTimeout)` after `waitMillis`. */
+const waitForSlot = (state: State, resource: string, cap: number, waitMillis: number) =>
+  tryAcquire(state, resource, cap).pipe(
+    Effect.repeat({ schedule: Schedule.spaced(state.poll), until: (r) => r !== null }),
+    Effect.timeoutOrElse({
+      duration: waitMillis,
+      orElse: () =>
+        Effect.fail(
+          new Resource.LeaseError({
+            resource,
+            reason: new Resource.LeaseTimeout({ waitedMillis: waitMillis })
+          })
+        )
+    })
+  )
+
+/**
+ * Waits for a grant and registers its release in the scope; uninterruptible once granted, so a grant is never left
+ * without its release.
+ */
+const grant = (state: State, resource: string, cap: number, waitMillis: number) =>
+  Effect.uninterruptibleMask((restore) =>
+    Effect.gen(function*() {
+      const slot = yield* restore(waitForSlot(state, resource, cap, waitMillis))
+      const lease = makeLease(state, resource, slot!)
+      yield* Effect.addFinalizer(() => Effect.ignore(release(state, lease)))
+      // Past 2^53 µs (the year 2255, or a wildly wrong server clock) a token loses precision as a JS number.
+      if (!Number.isSafeInteger(lease.token)) {
+        return yield* Effect.fail(unavailable(resource, `fencing token ${slot![1]} exceeds 2^53`))
+      }
+      return lease
+    })
+  )
+
+const acquire = (
+  state: State,
+  { cap, onLost, resource, waitMillis }: Parameters<RedisCoordinator["acquire"]>[0]
+) =>
+  Effect.gen(function*() {
+    const started = yield* Clock.currentTimeMillis
+    const granted = yield* grant(state, resource, cap, waitMillis)
+    const fiber = yield* Effect.forkScoped(keepAlive(state, granted, onLost))
+    yield* Effect.addFinalizer(() => Fiber.interrupt(fiber))
+    yield* Effect.annotateCurrentSpan({ waitedMillis: (yield* Clock.currentTimeMillis) - started })
+    return granted
+  })
+
+const fencedSet = (state: State, lease: RedisLease, key: string, value: string) =>
+  Effect.flatMap(
+    call<number>(
+      lease.resource,
+      () => {
+        const leased = leaseKeyOf(state, lease.resource, lease.slot)
+        return state.redis.eval(FENCED_SET, 2, leased, key, leaseValue(lease), lease.generation, value)
+      }
+    ),
+    (n) => (n === 1 ? Effect.void : Effect.fail(lost(lease)))
+  )
+
+/**
  * A coordinator over an ioredis client (not closed by it).
  *
  * @category constructors
  * @since 0.1.0
  */
 export const make = (redis: IORedis, options: Options = {}): RedisCoordinator => {
-  const prefix = options.prefix ?? "agentfly"
-  const holder = options.holder ?? String(process.pid)
-  const ttl = options.ttlMillis ?? 10_000
-  const heartbeat = options.heartbeatMillis ?? Math.max(1, Math.floor(ttl / 3))
-  const poll = options.pollMillis ?? 50
-  const leaseKey = (resource: string, slot: number) => `${prefix}:lease:${resource}:${slot}`
-
-  const call = <A>(resource: string, f: () => Promise<unknown>) =>
-    Effect.tryPromise({ try: () => f() as Promise<A>, catch: (e) => unavailable(resource, e) })
-
-  const tryAcquire = (resource: string, cap: number) =>
-    call<[number, string, string] | null>(
-      resource,
-      () => redis.eval(ACQUIRE, 0, prefix, resource, cap, holder, ttl)
-    )
-
-  /** True while the lease is current: renewed for `ttl` ms, or only checked. */
-  const renewOrCheck = (lease: RedisLease, what: "check" | number) =>
-    Effect.map(
-      call<number>(
-        lease.resource,
-        () =>
-          redis.eval(RENEW_OR_CHECK, 1, leaseKey(lease.resource, lease.slot), leaseValue(lease), lease.generation, what)
-      ),
-      (n) => n === 1
-    )
-
-  const release = (lease: RedisLease) =>
-    call<number>(lease.resource, () => redis.eval(RELEASE, 1, leaseKey(lease.resource, lease.slot), leaseValue(lease)))
-
-  const lost = (lease: Resource.GlobalLease) =>
-    new Resource.LeaseError({
-      resource: lease.resource,
-      reason: new Resource.LeaseLost({ slot: lease.slot, token: lease.token })
-    })
-
-  const makeLease = (resource: string, [slot, token, generation]: [number, string, string]): RedisLease => {
-    const lease: RedisLease = {
-      resource,
-      slot,
-      token: Number(token),
-      generation,
-      holder,
-      check: Effect.suspend(() =>
-        Effect.flatMap(renewOrCheck(lease, "check"), (current) => current ? Effect.void : Effect.fail(lost(lease)))
-      )
-    }
-    return lease
-  }
-
-  /** Renews until the lease is found lost (then `onLost`), or renewal has failed for a whole TTL. */
-  const keepAlive = (lease: RedisLease, onLost: (lease: Resource.GlobalLease) => Effect.Effect<void>) =>
-    Effect.gen(function*() {
-      let lastRenewed = yield* Clock.currentTimeMillis
-      while (true) {
-        yield* Effect.sleep(heartbeat)
-        const exit = yield* Effect.exit(renewOrCheck(lease, ttl))
-        const now = yield* Clock.currentTimeMillis
-        if (Exit.isSuccess(exit) && exit.value) {
-          lastRenewed = now
-          continue
-        }
-        // Taken, expired or from an earlier generation, or unreachable past the TTL: another holder may have the
-        // slot now.
-        if (Exit.isSuccess(exit) || now - lastRenewed >= ttl) return yield* onLost(lease)
-      }
-    })
-
-  const acquire: RedisCoordinator["acquire"] = ({ cap, onLost, resource, waitMillis }) =>
-    Effect.gen(function*() {
-      const started = yield* Clock.currentTimeMillis
-      const granted = yield* Effect.uninterruptibleMask((restore) =>
-        Effect.gen(function*() {
-          const slot = yield* restore(
-            tryAcquire(resource, cap).pipe(
-              Effect.repeat({ schedule: Schedule.spaced(poll), until: (r) => r !== null }),
-              Effect.timeoutOrElse({
-                duration: waitMillis,
-                orElse: () =>
-                  Effect.fail(
-                    new Resource.LeaseError({
-                      resource,
-                      reason: new Resource.LeaseTimeout({ waitedMillis: waitMillis })
-                    })
-                  )
-              })
-            )
-          )
-          const lease = makeLease(resource, slot!)
-          yield* Effect.addFinalizer(() => Effect.ignore(release(lease)))
-          // Past 2^53 µs (the year 2255, or a wildly wrong server clock) a token loses precision as a JS number.
-          if (!Number.isSafeInteger(lease.token)) {
-            return yield* Effect.fail(unavailable(resource, `fencing token ${slot![1]} exceeds 2^53`))
-          }
-          return lease
-        })
-      )
-      const fiber = yield* Effect.forkScoped(keepAlive(granted, onLost))
-      yield* Effect.addFinalizer(() => Fiber.interrupt(fiber))
-      yield* Effect.annotateCurrentSpan({ waitedMillis: (yield* Clock.currentTimeMillis) - started })
-      return granted
-    })
-
+  const state = makeState(redis, options)
   return {
-    acquire,
-    fencedSet: (lease, key, value) =>
-      Effect.flatMap(
-        call<number>(
-          lease.resource,
-          () => {
-            const leased = leaseKey(lease.resource, lease.slot)
-            return redis.eval(FENCED_SET, 2, leased, key, leaseValue(lease), lease.generation, value)
-          }
-        ),
-        (n) => (n === 1 ? Effect.void : Effect.fail(lost(lease)))
-      ),
+    acquire: (request) => acquire(state, request),
+    fencedSet: (lease, key, value) => fencedSet(state, lease, key, value),
     get: (key) => call<string | null>("redis", () => redis.get(key)),
-    leaseKey
+    leaseKey: (resource, slot) => leaseKeyOf(state, resource, slot)
   }
 }
 
