@@ -117,6 +117,143 @@ const memoryOf = (text: string): number | undefined => {
 }
 
 /**
+ * A folder being read: what every step below needs. `base` is the root as given (the folder itself when loaded
+ * alone), `root` its real path, which every file's real path must stay inside.
+ */
+interface Folder {
+  readonly fs: FileSystem.FileSystem
+  readonly folder: string
+  readonly base: string
+  readonly root: string
+}
+
+const openFolder = Effect.fnUntraced(function*(folder: string, options: { readonly root?: string }) {
+  const fs = yield* FileSystem.FileSystem
+  const base = resolve(options.root ?? folder)
+  const root = yield* Effect.orElseSucceed(fs.realPath(base), () => base)
+  return { fs, folder, base, root } satisfies Folder
+})
+
+const fail = (at: Folder, message: string) => new HarborError({ folder: at.folder, message })
+
+/** The real path of `rel` in the folder (undefined when it is not there), refused when it leads out of the root. */
+const real = Effect.fnUntraced(function*(at: Folder, rel: string) {
+  const { base, folder, fs, root } = at
+  const named = rel === "" ? folder : `${folder}/${rel}`
+  const target = Option.getOrUndefined(yield* Effect.option(fs.realPath(named)))
+  if (target === undefined || Paths.isWithin(root, target)) return target
+  const what = rel === "" ? "the folder" : rel
+  return yield* new PathEscape({
+    folder,
+    path: rel === "" ? folder : rel,
+    target,
+    root,
+    message: Paths.isWithin(base, resolve(named))
+      ? `${what} is a symbolic link (or lies under one) to ${target}, outside the root ${root}`
+      : `${what} (${resolve(named)}) lies outside the root ${root}`
+  })
+})
+
+const read = (at: Folder, path: string, what: string) =>
+  Effect.flatMap(real(at, path), (target) =>
+    target === undefined
+      ? Effect.fail(fail(at, `${what} (${path}) is missing`))
+      : at.fs.readFileString(target).pipe(Effect.mapError(() => fail(at, `${what} (${path}) is missing`))))
+
+/** Every file under `dir`: its path relative to `dir` and its real path, sorted (undefined without `dir`). */
+const filesUnder = Effect.fnUntraced(function*(at: Folder, dir: string) {
+  const dirAt = yield* real(at, dir)
+  if (dirAt === undefined) return undefined
+  const entries = yield* Effect.orElseSucceed(at.fs.readDirectory(dirAt, { recursive: true }), () => undefined)
+  if (entries === undefined) return undefined
+  const files: Array<readonly [string, string]> = []
+  for (const entry of [...entries].sort()) {
+    // Every entry, a link to a directory too, is checked, though only files are kept.
+    const target = yield* real(at, `${dir}/${entry}`)
+    if (target === undefined) return yield* fail(at, `${dir}/${entry} cannot be read (a broken symbolic link?)`)
+    const type = yield* at.fs.stat(target).pipe(Effect.map((s) => s.type), Effect.orElseSucceed(() => "Unknown"))
+    if (type === "File") files.push([entry, target])
+  }
+  return files
+})
+
+/** `task.toml`, parsed and decoded. */
+const readToml = Effect.fnUntraced(function*(at: Folder) {
+  const tomlText = yield* read(at, "task.toml", "task.toml")
+  const raw = yield* Effect.try({
+    try: () => parse(tomlText),
+    catch: (e) =>
+      fail(at, `task.toml is not valid TOML: ${e instanceof Error ? e.message.split("\n")[0] : String(e)}`)
+  })
+  return yield* Schema.decodeUnknownEffect(Toml)(raw).pipe(
+    Effect.mapError((e) => fail(at, `task.toml: ${e.message.replace(/\n\s*/g, " ")}`))
+  )
+})
+
+/** `instruction.md`, trimmed; refused when empty. */
+const readInstruction = Effect.fnUntraced(function*(at: Folder) {
+  const instruction = (yield* read(at, "instruction.md", "the instruction")).trim()
+  if (instruction.length === 0) return yield* fail(at, "instruction.md is empty")
+  return instruction
+})
+
+/** The files of `environment/` (relative and real paths), which must hold a `Dockerfile`. */
+const readEnvironment = Effect.fnUntraced(function*(at: Folder) {
+  yield* read(at, "environment/Dockerfile", "the environment's Dockerfile")
+  const files = yield* filesUnder(at, "environment")
+  if (files === undefined) return yield* fail(at, "no environment/")
+  return files
+})
+
+/** The files of `tests/` (relative path → contents), which must hold the verifier `test.sh`. */
+const readTests = Effect.fnUntraced(function*(at: Folder) {
+  const files = yield* filesUnder(at, "tests")
+  if (files === undefined) return yield* fail(at, "no tests/")
+  if (!files.some(([file]) => file === "test.sh")) return yield* fail(at, "the verifier (tests/test.sh) is missing")
+  const tests = new Map<string, string>()
+  for (const [file, target] of files) {
+    const text = yield* at.fs.readFileString(target).pipe(
+      Effect.mapError(() => fail(at, `tests/${file} cannot be read`))
+    )
+    tests.set(file, text)
+  }
+  return tests
+})
+
+/** `solution/solve.sh`, or undefined when it is absent or unreadable. */
+const readSolution = Effect.fnUntraced(function*(at: Folder) {
+  const solutionAt = yield* real(at, "solution/solve.sh")
+  return solutionAt === undefined
+    ? undefined
+    : yield* Effect.orElseSucceed(at.fs.readFileString(solutionAt), () => undefined)
+})
+
+/** A digest of the environment's files (names and bytes): tasks with the same environment share an image. */
+const digestOf = Effect.fnUntraced(function*(at: Folder, files: ReadonlyArray<readonly [string, string]>) {
+  const hash = createHash("sha256")
+  for (const [file, target] of files) {
+    const bytes = yield* at.fs.readFile(target).pipe(
+      Effect.mapError(() => fail(at, `environment/${file} cannot be read`))
+    )
+    hash.update(file).update("\0").update(bytes).update("\0")
+  }
+  return hash.digest("hex").slice(0, 16)
+})
+
+/** `[environment] memory_mb` or `memory` as bytes (undefined when neither is set); refused when unreadable. */
+const memoryBytesOf = (at: Folder, env: typeof Toml.Type["environment"]) => {
+  const memory = env?.memory_mb !== undefined
+    ? env.memory_mb * (1 << 20)
+    : env?.memory !== undefined
+    ? memoryOf(env.memory)
+    : undefined
+  if (env?.memory !== undefined && memory === undefined) {
+    return Effect.fail(fail(at, `environment.memory "${env.memory}"`))
+  }
+  return Effect.succeed(memory)
+}
+
+/**
  * Reads a task folder. Every path is read through its real path, which must stay inside `options.root` (the task
  * folders' root) or, without one, the folder itself; a path that leads out is a {@link PathEscape}.
  *
@@ -124,100 +261,29 @@ const memoryOf = (text: string): number | undefined => {
  * @since 0.1.0
  */
 export const load = Effect.fnUntraced(function*(folder: string, options: { readonly root?: string } = {}) {
-  const fs = yield* FileSystem.FileSystem
-  const fail = (message: string) => new HarborError({ folder, message })
-  const base = resolve(options.root ?? folder)
-  const root = yield* Effect.orElseSucceed(fs.realPath(base), () => base)
-  /** The real path of `rel` in the folder (undefined when it is not there), refused when it leads out of the root. */
-  const real = (rel: string) =>
-    Effect.gen(function*() {
-      const named = rel === "" ? folder : `${folder}/${rel}`
-      const target = Option.getOrUndefined(yield* Effect.option(fs.realPath(named)))
-      if (target === undefined || Paths.isWithin(root, target)) return target
-      const what = rel === "" ? "the folder" : rel
-      return yield* new PathEscape({
-        folder,
-        path: rel === "" ? folder : rel,
-        target,
-        root,
-        message: Paths.isWithin(base, resolve(named))
-          ? `${what} is a symbolic link (or lies under one) to ${target}, outside the root ${root}`
-          : `${what} (${resolve(named)}) lies outside the root ${root}`
-      })
-    })
-  const read = (path: string, what: string) =>
-    Effect.flatMap(real(path), (target) =>
-      target === undefined
-        ? Effect.fail(fail(`${what} (${path}) is missing`))
-        : fs.readFileString(target).pipe(Effect.mapError(() => fail(`${what} (${path}) is missing`))))
-  /** Every file under `dir`: its path relative to `dir` and its real path, sorted (undefined without `dir`). */
-  const filesUnder = (dir: string) =>
-    Effect.gen(function*() {
-      const at = yield* real(dir)
-      if (at === undefined) return undefined
-      const entries = yield* Effect.orElseSucceed(fs.readDirectory(at, { recursive: true }), () => undefined)
-      if (entries === undefined) return undefined
-      const files: Array<readonly [string, string]> = []
-      for (const entry of [...entries].sort()) {
-        // Every entry, a link to a directory too, is checked, though only files are kept.
-        const target = yield* real(`${dir}/${entry}`)
-        if (target === undefined) return yield* fail(`${dir}/${entry} cannot be read (a broken symbolic link?)`)
-        const type = yield* fs.stat(target).pipe(Effect.map((s) => s.type), Effect.orElseSucceed(() => "Unknown"))
-        if (type === "File") files.push([entry, target])
-      }
-      return files
-    })
-  yield* real("")
-  const tomlText = yield* read("task.toml", "task.toml")
-  const raw = yield* Effect.try({
-    try: () => parse(tomlText),
-    catch: (e) => fail(`task.toml is not valid TOML: ${e instanceof Error ? e.message.split("\n")[0] : String(e)}`)
-  })
-  const toml = yield* Schema.decodeUnknownEffect(Toml)(raw).pipe(
-    Effect.mapError((e) => fail(`task.toml: ${e.message.replace(/\n\s*/g, " ")}`))
-  )
-  const instruction = (yield* read("instruction.md", "the instruction")).trim()
-  if (instruction.length === 0) return yield* fail("instruction.md is empty")
-  yield* read("environment/Dockerfile", "the environment's Dockerfile")
-  const environmentFiles = yield* filesUnder("environment")
-  if (environmentFiles === undefined) return yield* fail("no environment/")
-  const environment = environmentFiles.map(([file]) => file)
-  const testFiles = yield* filesUnder("tests")
-  if (testFiles === undefined) return yield* fail("no tests/")
-  if (!testFiles.some(([file]) => file === "test.sh")) return yield* fail("the verifier (tests/test.sh) is missing")
-  const tests = new Map<string, string>()
-  for (const [file, target] of testFiles) {
-    tests.set(file, yield* fs.readFileString(target).pipe(Effect.mapError(() => fail(`tests/${file} cannot be read`))))
-  }
-  const solutionAt = yield* real("solution/solve.sh")
-  const solution = solutionAt === undefined
-    ? undefined
-    : yield* Effect.orElseSucceed(fs.readFileString(solutionAt), () => undefined)
-  const hash = createHash("sha256")
-  for (const [file, target] of environmentFiles) {
-    const bytes = yield* fs.readFile(target).pipe(Effect.mapError(() => fail(`environment/${file} cannot be read`)))
-    hash.update(file).update("\0").update(bytes).update("\0")
-  }
+  const at = yield* openFolder(folder, options)
+  yield* real(at, "")
+  const toml = yield* readToml(at)
+  const instruction = yield* readInstruction(at)
+  const environmentFiles = yield* readEnvironment(at)
+  const tests = yield* readTests(at)
+  const solution = yield* readSolution(at)
+  const digest = yield* digestOf(at, environmentFiles)
   const env = toml.environment
-  const memory = env?.memory_mb !== undefined
-    ? env.memory_mb * (1 << 20)
-    : env?.memory !== undefined
-    ? memoryOf(env.memory)
-    : undefined
-  if (env?.memory !== undefined && memory === undefined) return yield* fail(`environment.memory "${env.memory}"`)
+  const memoryBytes = yield* memoryBytesOf(at, env)
   const task: HarborTask = {
     folder,
     name: toml.task?.name ?? folder.split("/").filter((p) => p.length > 0).at(-1)!,
     instruction,
-    environment,
+    environment: environmentFiles.map(([file]) => file),
     tests,
     solution,
     verifierTimeoutMillis: (toml.verifier?.timeout_sec ?? 120) * 1000,
     agentTimeoutMillis: (toml.agent?.timeout_sec ?? 600) * 1000,
     cpus: env?.cpus,
-    memoryBytes: memory,
+    memoryBytes,
     workdir: env?.workdir ?? "/app",
-    digest: hash.digest("hex").slice(0, 16)
+    digest
   }
   return task
 })
