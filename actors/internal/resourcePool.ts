@@ -18,7 +18,7 @@
  * next use, which checks the lease first).
  */
 import { Cause, Clock, Deferred, Effect, Exit, FiberSet, Metric, Option, Schedule, Scope } from "effect"
-import { EnvError } from "../../src/Environment.ts"
+import { EnvError, envError as makeEnvError } from "../../src/Environment.ts"
 import * as Resource from "../../src/Resource.ts"
 
 type InstanceState = "starting" | "idle" | "leased" | "resetting" | "unhealthy"
@@ -230,8 +230,8 @@ interface PoolMetrics {
   readonly acquireMillis: Metric.Histogram<number>
 }
 
-const envError = (env: string, method: string, reason: EnvError["reason"], message: string) =>
-  new EnvError({ env, method, reason, message })
+const envError = (env: string, method: string, reason: EnvError["reason"]["_tag"], message: string) =>
+  makeEnvError(env, method, reason, message)
 
 const leaseError = <A>(pool: PoolState<A>, reason: Resource.LeaseErrorReason) =>
   new Resource.LeaseError({ resource: pool.name, reason })

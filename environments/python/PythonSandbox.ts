@@ -28,7 +28,7 @@ import { readFileSync } from "node:fs"
 import * as Bubblewrap from "../../actors/resources/Bubblewrap.ts"
 import * as Docker from "../../actors/resources/Docker.ts"
 import * as ResourceManager from "../../actors/ResourceManager.ts"
-import { EnvError } from "../../src/Environment.ts"
+import { EnvError, envError } from "../../src/Environment.ts"
 import * as Resource from "../../src/Resource.ts"
 
 // ===== Models =====
@@ -199,7 +199,7 @@ const Reply = Schema.Struct({
 const decodeReply = Schema.decodeUnknownEffect(Schema.fromJsonString(Reply))
 
 const protocolError = (env: string, method: string, message: string) =>
-  new EnvError({ env, method, reason: "Crashed", message: `bad reply from the sandbox: ${message}` })
+  envError(env, method, "Crashed", `bad reply from the sandbox: ${message}`)
 
 const parse = (env: string, method: string, raw: string) =>
   Effect.mapError(
@@ -242,7 +242,7 @@ const runOn = (env: string, instance: Instance, options: Options) =>
 const ping = (instance: Instance) => Effect.asVoid(instance.request({ op: "ping" }, 5_000))
 
 const dirty = (env: string, why: string) =>
-  new EnvError({ env, method: "reset", reason: "ResetFailed", message: `the sandbox cannot prove it is clean: ${why}` })
+  envError(env, "reset", "ResetFailed", `the sandbox cannot prove it is clean: ${why}`)
 
 /** Resets through the supervisor, which answers `ok: true` only once it has checked the sandbox is clean. */
 const resetOn = (env: string) => (instance: Instance): Effect.Effect<void, EnvError> =>
@@ -276,7 +276,7 @@ const releaseReset = (spec: Resource.ResourceSpec) => (instance: Instance): Effe
 export type Transport = "exec" | "attach"
 
 const timeoutError = (env: string, timeoutMillis: number) =>
-  new EnvError({ env, method: "request", reason: "Timeout", message: `no reply in ${timeoutMillis} ms` })
+  envError(env, "request", "Timeout", `no reply in ${timeoutMillis} ms`, { timeoutMs: timeoutMillis })
 
 /** `docker exec`'s status when the runtime could not start the command (nothing ran: safe to try again). */
 const notStarted = 126
@@ -319,7 +319,7 @@ const execInstance = (env: string, container: Docker.Container, user: number): I
 const lineInstance = (env: string, channel: Docker.LineChannel): Instance => {
   const pending = new Map<number, (reply: Effect.Effect<string, EnvError>) => void>()
   let nextId = 0
-  const gone = () => new EnvError({ env, method: "request", reason: "Crashed", message: "the sandbox's stdio closed" })
+  const gone = () => envError(env, "request", "Crashed", "the sandbox's stdio closed")
   channel.onLine((line) => {
     const id = /"id": (\d+)\}$/.exec(line)?.[1]
     const resume = id === undefined ? undefined : pending.get(Number(id))
@@ -439,7 +439,7 @@ export const fromLease = (lease: ResourceManager.Lease<Instance>, options: Parti
   const resolved = { ...defaultOptions, ...options }
   // Losing the lease itself (pool closed, a replacement that failed to start) is an unavailable environment.
   const unavailable = (e: Resource.LeaseError) =>
-    new EnvError({ env: lease.resource, method: "run", reason: "Unavailable", message: e.message })
+    envError(lease.resource, "run", "Unavailable", e.message, { cause: e })
   return PythonSandbox.of({
     run: (code, run) =>
       lease.use((instance) => runOn(lease.resource, instance, resolved)(code, run)).pipe(
@@ -447,7 +447,7 @@ export const fromLease = (lease: ResourceManager.Lease<Instance>, options: Parti
       ),
     // A sandbox that cannot prove it is clean is replaced: the chain's next call runs on a fresh one.
     reset: lease.use(resetOn(lease.resource)).pipe(
-      Effect.tapError((e) => e._tag === "EnvError" && e.reason === "ResetFailed" ? lease.invalidate : Effect.void),
+      Effect.tapError((e) => e._tag === "EnvError" && e.reason._tag === "ResetFailed" ? lease.invalidate : Effect.void),
       Effect.catchTag("LeaseError", (e) => Effect.fail(unavailable(e)))
     )
   })

@@ -192,7 +192,7 @@ describe("TaskRuntime", () => {
         readonly reset: (code: number) => Effect.Effect<void, Environment.EnvError>
       }>()("test/TaskRuntime/Lock") {}
       const noDial = (code: number) =>
-        new Environment.EnvError({ env: "lock", method: "reset", reason: "ResetFailed", message: `no dial ${code}` })
+        Environment.envError("lock", "reset", "ResetFailed", `no dial ${code}`)
       const lock = Layer.succeed(
         Lock,
         Lock.of({ reset: (code) => (code < 1000 ? Effect.void : Effect.fail(noDial(code))) })
@@ -301,7 +301,7 @@ describe("TaskRuntime", () => {
       }
       // A typed failure: EnvFailed.
       logs.length = 0
-      const jammed = new Environment.EnvError({ env: "lock", method: "step", reason: "Crashed", message: "jammed" })
+      const jammed = Environment.envError("lock", "step", "Crashed", "jammed")
       const failed = yield* roll(Task.make("jammed", { episode: { step: () => Effect.fail(jammed) } }))
       assert.deepStrictEqual(failed.map((t) => t.errorReason), ["EnvFailed", "EnvFailed"])
       assert.strictEqual(logs.length, 1)
