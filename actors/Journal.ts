@@ -323,16 +323,16 @@ export const verifiedCheckpoint = Effect.fnUntraced(function*(
         (yield* fs.exists(path.dirname(dir)))
       ? yield* stepsIn(path.dirname(dir))
       : []
-    return yield* new Checkpoint.CheckpointError({
-      reason: "NotFound",
-      path: dir,
-      message: names.length > 0
+    return yield* Checkpoint.checkpointError(
+      dir,
+      "NotFound",
+      names.length > 0
         ? `${dir} is a run's output directory: give one of its checkpoints, e.g. ` + path.join(inRun, names.at(-1)!)
         : siblings.length > 0
         ? `${dir}: no such checkpoint; the run has ${siblings.join(", ")} (it keeps the newest checkpoint.keep ` +
           `of them, 2 by default)`
         : `${dir}: no such checkpoint`
-    })
+    )
   }
   const loaded = yield* Checkpoint.load(dir, expected)
   const journalPath = path.join(path.dirname(path.dirname(path.resolve(dir))), "journal.jsonl")
@@ -340,12 +340,12 @@ export const verifiedCheckpoint = Effect.fnUntraced(function*(
   const recorded = checkpoints(yield* read(journalPath))
     .find((c) => c.entry.path === path.basename(path.resolve(dir)))?.weightsHash
   if (recorded !== undefined && recorded !== loaded.weightsHash) {
-    return yield* new Checkpoint.CheckpointError({
-      reason: "Corrupt",
-      path: dir,
-      message: `${dir}: its weights (fingerprint ${loaded.weightsHash}) are not the ones the run's journal ` +
+    return yield* Checkpoint.checkpointError(
+      dir,
+      "Corrupt",
+      `${dir}: its weights (fingerprint ${loaded.weightsHash}) are not the ones the run's journal ` +
         `recorded (${recorded})`
-    })
+    )
   }
   return loaded
 })
