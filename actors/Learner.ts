@@ -263,7 +263,7 @@ const optimize = Effect.fnUntraced(function*(
       microBatches += p.microBatches.length
       const optim = yield* Effect.result(trainer.optimStep)
       if (optim._tag === "Failure") {
-        if (optim.failure.reason === "NonFiniteGradient") continue
+        if (optim.failure.reason._tag === "NonFiniteGradient") continue
         return yield* trainerError(optim.failure)
       }
       applied++

@@ -89,7 +89,8 @@ const json = (status: number, message: string, code: string): Reply => ({
 
 const frame = (body: Uint8Array): Reply => ({ status: 200, body, type: "application/octet-stream" })
 
-const refused = (e: PolicyTrainer.PolicyTrainerError): Reply => json(e.reason === "BadBatch" ? 400 : 422, e.message, e.reason)
+const refused = (e: PolicyTrainer.PolicyTrainerError): Reply =>
+  json(e.reason._tag === "BadBatch" ? 400 : 422, e.message, e.reason._tag)
 
 const InitHeader = Schema.Struct({
   model: Schema.Unknown,
@@ -195,16 +196,13 @@ export const serve = Effect.fn("TrainerServer.serve")(function*(
       ),
       (dir) =>
         use(dir).pipe(Effect.mapError((e) =>
-          refused(new PolicyTrainer.PolicyTrainerError({
-            reason: e.reason,
-            message: e.message.replaceAll(dir, RemoteTrainer.checkpointMarker)
-          }))
+          refused(e.withMessage(e.message.replaceAll(dir, RemoteTrainer.checkpointMarker)))
         )),
       (dir) => fs.remove(dir, { recursive: true }).pipe(Effect.ignore)
     )
 
   const checkpointError = (e: { readonly message: string }) =>
-    new PolicyTrainer.PolicyTrainerError({ reason: "Checkpoint", message: e.message })
+    PolicyTrainer.policyTrainerError("Checkpoint", e.message, { cause: e })
 
   /** The trainer's checkpoint, written here and sent back as its files. */
   const save = (t: PolicyTrainer.PolicyTrainer["Service"], body: Wire.Frame) => {

@@ -301,7 +301,7 @@ describe("Learner.update", () => {
       const recorded = yield* PolicyTrainer.PolicyTrainer
       const recording = yield* PolicyTrainer.RecordingRef
       // The recording trainer, whose optimiser steps fail as `failures` says (by call, from 0).
-      const failing = (failures: ReadonlyArray<PolicyTrainer.PolicyTrainerErrorReason | undefined>) => {
+      const failing = (failures: ReadonlyArray<PolicyTrainer.PolicyTrainerErrorReason["_tag"] | undefined>) => {
         let calls = 0
         return PolicyTrainer.PolicyTrainer.of({
           ...recorded,
@@ -309,7 +309,7 @@ describe("Learner.update", () => {
             const reason = failures[calls++]
             return reason === undefined
               ? recorded.optimStep
-              : Effect.fail(new PolicyTrainer.PolicyTrainerError({ reason, message: `step ${calls - 1}` }))
+              : Effect.fail(PolicyTrainer.policyTrainerError(reason, `step ${calls - 1}`))
           })
         })
       }
@@ -318,7 +318,7 @@ describe("Learner.update", () => {
         rowIndex: g,
         trajectories: [0, 1].map((c) => trajectory(`t${g}${c}`, `g${g}`, [1, 2], 10 + g, -1, c))
       }))
-      const step = (failures: ReadonlyArray<PolicyTrainer.PolicyTrainerErrorReason | undefined>) =>
+      const step = (failures: ReadonlyArray<PolicyTrainer.PolicyTrainerErrorReason["_tag"] | undefined>) =>
         Learner.update(groups, { ...options, miniBatches: 2 }).pipe(
           Effect.provideService(PolicyTrainer.PolicyTrainer, failing(failures))
         )

@@ -261,11 +261,11 @@ describe("RemoteTrainer and TrainerServer", () => {
       bytes[bytes.length - 1] ^= 0xff
       yield* fs.writeFile(file, bytes)
       const corrupt = yield* Effect.flip(fresh.load(`${dir}/local`))
-      assert.strictEqual(corrupt.reason, "Checkpoint")
+      assert.strictEqual(corrupt.reason._tag, "Checkpoint")
       assert.include(corrupt.message, `${dir}/local/model.safetensors`)
       assert.notInclude(corrupt.message, "agentfly-trainer-")
       const missing = yield* Effect.flip(fresh.load(`${dir}/nowhere`))
-      assert.strictEqual(missing.reason, "Checkpoint")
+      assert.strictEqual(missing.reason._tag, "Checkpoint")
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 60_000)
 
   // Live clock: the client waits between attempts.
@@ -298,17 +298,17 @@ describe("RemoteTrainer and TrainerServer", () => {
       yield* there.forwardBackward(mbs[0]!)
       yield* Scope.close(first, Exit.void)
       const gone = yield* Effect.flip(there.optimStep)
-      assert.strictEqual(gone.reason, "Unavailable")
+      assert.strictEqual(gone.reason._tag, "Unavailable")
       assert.include(gone.message, "could not be reached")
       yield* TrainerServer.serve({ port })
       const lost = yield* Effect.flip(there.optimStep)
-      assert.strictEqual(lost.reason, "Remote")
+      assert.strictEqual(lost.reason._tag, "Remote")
       assert.include(lost.message, "resume the run from its last checkpoint")
       // One that is not there when the run starts: refused within 5 s (not its 60 s mid-run patience), and with
       // nothing to resume yet.
       const started = Date.now()
       const absent = yield* Effect.flip(remote(`http://127.0.0.1:${port + 1}/v1`, 1))
-      assert.strictEqual(absent.reason, "Unavailable")
+      assert.strictEqual(absent.reason._tag, "Unavailable")
       assert.isBelow(Date.now() - started, 8_000)
       assert.include(absent.message, "could not be reached for 5 s (init: ECONNREFUSED)")
       assert.notInclude(absent.message, "resume")
@@ -352,7 +352,7 @@ describe("RemoteTrainer and TrainerServer", () => {
       const hung = yield* proxy("forever")
       const t0 = Date.now()
       const gaveUp = yield* Effect.flip(remote(hung.url, 1, { callMillis: 800 }))
-      assert.strictEqual(gaveUp.reason, "Unavailable")
+      assert.strictEqual(gaveUp.reason._tag, "Unavailable")
       assert.include(gaveUp.message, "gave no answer to init within 0.8 s (learner.timeoutSeconds)")
       assert.isBelow(Date.now() - t0, 5_000, "given up once, not sent again behind the call it still runs")
       for (const res of held) res.destroy()
@@ -381,7 +381,7 @@ describe("RemoteTrainer and TrainerServer", () => {
         yield* b.step
       }
       const closed = yield* Effect.flip(a.step)
-      assert.strictEqual(closed.reason, "Remote")
+      assert.strictEqual(closed.reason._tag, "Remote")
       assert.include(closed.message, "no longer holds")
       assert.strictEqual(yield* b.step, 1)
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 60_000)
@@ -392,15 +392,15 @@ describe("RemoteTrainer and TrainerServer", () => {
       const mbs = yield* batches(false)
       // No token, then a wrong one.
       const unauthorised = yield* Effect.flip(remote(baseUrl, 1, { token: "wrong" }))
-      assert.strictEqual(unauthorised.reason, "Remote")
+      assert.strictEqual(unauthorised.reason._tag, "Remote")
       assert.include(unauthorised.message, "AGENTFLY_TRAINER_TOKEN")
       const there = yield* remote(baseUrl, 1, { token: "s3cret" })
       // A token id outside the vocabulary: the trainer's own check, typed, and nothing accumulated.
       const bad = { ...mbs[0]!, targets: mbs[0]!.targets.map((t, i) => (i === 3 ? 999 : t)) }
       const refused = yield* Effect.flip(there.forwardBackward(bad))
-      assert.strictEqual(refused.reason, "BadBatch")
+      assert.strictEqual(refused.reason._tag, "BadBatch")
       assert.include(refused.message, "999")
-      assert.strictEqual((yield* Effect.flip(there.optimStep)).reason, "NothingAccumulated")
+      assert.strictEqual((yield* Effect.flip(there.optimStep)).reason._tag, "NothingAccumulated")
       yield* there.forwardBackward(mbs[0]!)
       assert.strictEqual((yield* there.optimStep).step, 1)
       // Weights of another model, a frame that is not one, a call out of order.
