@@ -75,8 +75,13 @@ export const toJson = (builder: TrajectoryBuilder.TrajectoryBuilder) => ({
   segmentLengths: builder.segments.map(Trajectory.segmentLength)
 })
 
-const toUserError = (error: { readonly _tag: string; readonly reason: string; readonly message: string }) =>
-  new CliError.UserError({ cause: error, userMessage: `${error._tag} (${error.reason}): ${error.message}` })
+const toUserError = (
+  error: { readonly _tag: string; readonly reason: string | { readonly _tag: string }; readonly message: string }
+) =>
+  new CliError.UserError({
+    cause: error,
+    userMessage: `${error._tag} (${typeof error.reason === "string" ? error.reason : error.reason._tag}): ${error.message}`
+  })
 
 /**
  * The value on line `line` (1-based, as a dataset's errors number them) of a JSONL file.
