@@ -92,20 +92,20 @@ const toUserError = (
 export const readJsonlLine = Effect.fn("agentfly.tokens.readJsonlLine")(function*(file: string, line: number) {
   const fs = yield* FileSystem.FileSystem
   const text = yield* fs.readFileString(file).pipe(
-    Effect.mapError(() => new Tokenizer.TokenizerError({ reason: "NotFound", message: `cannot read ${file}` }))
+    Effect.mapError((e) => Tokenizer.tokenizerError("NotFound", `cannot read ${file}`, { cause: e }))
   )
   const lines = text.split("\n")
   const picked = lines[line - 1]?.trim() ?? ""
   if (line < 1 || picked === "") {
     const count = lines.filter((l) => l.trim() !== "").length
-    return yield* new Tokenizer.TokenizerError({
-      reason: "InvalidJson",
-      message: `${file}:${line}: no conversation on that line (the file has ${count} non-empty lines; --line N picks one)`
-    })
+    return yield* Tokenizer.tokenizerError(
+      "InvalidJson",
+      `${file}:${line}: no conversation on that line (the file has ${count} non-empty lines; --line N picks one)`
+    )
   }
   return yield* Effect.try({
     try: () => JSON.parse(picked) as unknown,
-    catch: () => new Tokenizer.TokenizerError({ reason: "InvalidJson", message: `${file}:${line} is not valid JSON` })
+    catch: (cause) => Tokenizer.tokenizerError("InvalidJson", `${file}:${line} is not valid JSON`, { cause })
   })
 })
 

@@ -260,7 +260,7 @@ export const load = Effect.fn("ModelFolder.load")(function*(dir: string) {
   const tokenizerFile = path.join(dir, "tokenizer.json")
   const tokenizer = yield* Tokenizer.load(dir).pipe(
     Effect.mapError((e) =>
-      modelFolderError(tokenizerFile, e.reason === "NotFound" ? "NotFound" : "InvalidTokenizer", e.message, {
+      modelFolderError(tokenizerFile, e.reason._tag === "NotFound" ? "NotFound" : "InvalidTokenizer", e.message, {
         cause: e
       })
     )
