@@ -50,18 +50,45 @@ export const RunResult = Schema.Struct({
 export type RunResult = typeof RunResult.Type
 
 /**
+ * The cell ran past its time limit.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class Timeout extends Schema.TaggedError<Timeout>()("Timeout", {
+  message: Schema.String,
+  /** The cell's time limit. */
+  timeoutMs: Schema.Number
+}) {}
+
+/**
+ * The cell's interpreter was killed (usually out of memory).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class Killed extends Schema.TaggedError<Killed>()("Killed", {
+  message: Schema.String,
+  /** What the sandbox said killed it. */
+  why: Schema.String
+}) {}
+
+/**
  * The cell itself was stopped: it ran past its time limit (`Timeout`) or its interpreter was killed (`Killed`,
- * usually out of memory). The interpreter is restarted; its state is lost.
+ * usually out of memory). The interpreter is restarted; its state is lost. `message` is the reason's; handle
+ * reasons with `Effect.catchReason("PythonError", "Timeout", …)`.
  *
  * @category errors
  * @since 0.1.0
  */
 export class PythonError extends Schema.TaggedError<PythonError>()("PythonError", {
-  reason: Schema.Literals(["Timeout", "Killed"]),
-  message: Schema.String
+  reason: Schema.Union([Timeout, Killed])
 }) {
   get isRetryable(): boolean {
     return false
+  }
+  override get message(): string {
+    return this.reason.message
   }
 }
 
@@ -222,12 +249,15 @@ const runOn = (env: string, instance: Instance, options: Options) =>
     const reply = raw as typeof Reply.Type
     if (reply.timed_out) {
       return yield* new PythonError({
-        reason: "Timeout",
-        message: `the code ran longer than ${timeoutMillis} ms and was stopped; the interpreter was restarted`
+        reason: new Timeout({
+          message: `the code ran longer than ${timeoutMillis} ms and was stopped; the interpreter was restarted`,
+          timeoutMs: timeoutMillis
+        })
       })
     }
     if (reply.killed !== undefined) {
-      return yield* new PythonError({ reason: "Killed", message: `${reply.killed}; the interpreter was restarted` })
+      const why = reply.killed
+      return yield* new PythonError({ reason: new Killed({ message: `${why}; the interpreter was restarted`, why }) })
     }
     if (reply.stdout === undefined) return yield* protocolError(env, "run", JSON.stringify(reply))
     return {
