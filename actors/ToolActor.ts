@@ -550,7 +550,7 @@ export const make = <const Tools extends ReadonlyArray<Tool.Any>>(
  * with the chain's environment context. Failed calls are already observations; a tool declared with
  * `failureMode: "error"` fails the turn with `ToolFailed`, or with `EnvFailed` when the failure is the
  * environment's (a declared environment service is missing, or the handler failed with a retryable failure such
- * as `EnvError { reason: "Crashed" }`).
+ * as an `EnvError` of reason `Crashed`).
  *
  * @category adapters
  * @since 0.1.0
