@@ -566,7 +566,8 @@ export const toPort = <R>(actor: Service<R>): ToolRunner => ({
       })),
       Effect.mapError((error) =>
         new RolloutError.RolloutError({
-          reason: error.reason._tag === "MissingEnvironment" || (error.reason._tag === "HandlerFailure" && error.isRetryable)
+          reason: error.reason._tag === "MissingEnvironment" ||
+              (error.reason._tag === "HandlerFailure" && error.isRetryable)
             ? "EnvFailed"
             : "ToolFailed",
           message: `${error.tool}: ${error.message}`

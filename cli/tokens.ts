@@ -77,11 +77,10 @@ export const toJson = (builder: TrajectoryBuilder.TrajectoryBuilder) => ({
 
 const toUserError = (
   error: { readonly _tag: string; readonly reason: string | { readonly _tag: string }; readonly message: string }
-) =>
-  new CliError.UserError({
-    cause: error,
-    userMessage: `${error._tag} (${typeof error.reason === "string" ? error.reason : error.reason._tag}): ${error.message}`
-  })
+) => {
+  const reason = typeof error.reason === "string" ? error.reason : error.reason._tag
+  return new CliError.UserError({ cause: error, userMessage: `${error._tag} (${reason}): ${error.message}` })
+}
 
 /**
  * The value on line `line` (1-based, as a dataset's errors number them) of a JSONL file.

@@ -391,7 +391,8 @@ export const refine = (
       if (options.onInvalid === "skip") {
         skipped.push({ line: row.line, message })
       } else {
-        return yield* datasetError(dataset.name, "InvalidRow", `${dataset.name}:${row.line}: ${message}`, { line: row.line })
+        const text = `${dataset.name}:${row.line}: ${message}`
+        return yield* datasetError(dataset.name, "InvalidRow", text, { line: row.line })
       }
     }
     if (rows.length === 0) {

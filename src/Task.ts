@@ -243,10 +243,13 @@ export class TaskError extends Schema.TaggedError<TaskError>()("TaskError", {
 }
 
 /** Each reason's class by its tag, for `taskError`; a reason left out is a compile error. */
-const reasons = { Unknown, Module, Options: InvalidOptions, MissingServices, Environment: EnvironmentFailed } satisfies Record<
-  TaskErrorReason["_tag"],
-  unknown
->
+const reasons = {
+  Unknown,
+  Module,
+  Options: InvalidOptions,
+  MissingServices,
+  Environment: EnvironmentFailed
+} satisfies Record<TaskErrorReason["_tag"], unknown>
 
 /**
  * The facts a reason carries besides its message (`services` of `MissingServices`, `known` of `Unknown`, `cause`).

@@ -441,7 +441,12 @@ export const provider = (
     // Every chain runs in a container: an engine that is down fails the run here, saying so, not each chain.
     yield* engine.ping.pipe(
       Effect.mapError((e) =>
-        Environment.envError(e.env, e.method, e.reason._tag, `the swe task runs each chain in a container: ${e.message}`)
+        Environment.envError(
+          e.env,
+          e.method,
+          e.reason._tag,
+          `the swe task runs each chain in a container: ${e.message}`
+        )
       )
     )
     const backends = new Map<string, Resource.Resource<Docker.Container>>()

@@ -113,7 +113,8 @@ describe("Environment", () => {
     Effect.gen(function*() {
       const down = Environment.envError("py", "run", "Unavailable", "no sandbox", { cause: new Error("pool closed") })
       const caught = yield* Effect.fail(down).pipe(
-        Effect.catchReason("EnvError", "Unavailable", (reason, error) => Effect.succeed(`${error.env}: ${reason.message}`))
+        Effect.catchReason("EnvError", "Unavailable", (reason, error) =>
+          Effect.succeed(`${error.env}: ${reason.message}`))
       )
       assert.strictEqual(caught, "py: no sandbox")
       const timeout = Environment.envError("py", "exec", "Timeout", "no reply in 5 ms", { timeoutMs: 5 })
