@@ -32,6 +32,8 @@ export interface TemplateOptions {
   readonly toolCallFormat?: ChatTemplate.ToolCallFormat | undefined
   /** Extra template variables, e.g. `{ enable_thinking: false }`. */
   readonly variables?: Readonly<Record<string, unknown>> | undefined
+  /** The model's vocabulary size (`Format.vocabSize`). */
+  readonly vocabSize?: number | undefined
 }
 
 const templateFailed = (error: { readonly message: string }) =>
@@ -105,6 +107,7 @@ export const fromTemplate = (options: TemplateOptions): ChainPorts.Format => {
   }
   return {
     stopTokenIds,
+    vocabSize: options.vocabSize,
     start: (messages, tools) =>
       Effect.map(
         TrajectoryBuilder.start({
@@ -132,5 +135,6 @@ export const ofConfig = (config: TrainConfig.TrainConfig, folder: ModelFolder.Mo
     template: config.agent.template === "model"
       ? folder.template
       : ChatTemplate.builtinTemplate(config.agent.template as ChatTemplate.BuiltinName),
-    toolCallFormat: config.agent.parser as ChatTemplate.ToolCallFormat
+    toolCallFormat: config.agent.parser as ChatTemplate.ToolCallFormat,
+    vocabSize: folder.config.vocabSize
   })

@@ -26,6 +26,11 @@
  * `/v1/completions` without a tokenizer); a sampler failure
  * is 429 or 5xx after retries. The gateway never crashes on input.
  *
+ * **Strangers** (`Options.tokens`, `internal/auth.ts`): with tokens, a request without one is 401 on every route,
+ * before its body is read; an episode opened by a request belongs to its token (another client gets 404); serving
+ * mode holds at most `maxEpisodes` open episodes (429 `too_many_episodes` past it); at most `maxConcurrent` requests
+ * are answered at once (503). Without tokens the gateway listens on loopback only.
+ *
  * **Streaming.** `stream: true` is answered as server-sent events once the turn is sampled (the text in one delta,
  * then one delta per tool call): the SDKs see a well-formed stream; time-to-first-token is not the point of a
  * training gateway.
@@ -39,9 +44,11 @@ import * as Http from "node:http"
 import { Clock, Context, Duration, Effect, Fiber, FiberSet, Layer, Schedule, Schema, Scope } from "effect"
 import type * as AgentTask from "../src/AgentTask.ts"
 import type * as Trajectory from "../src/Trajectory.ts"
-import * as Wire from "./gateway/OpenAiWire.ts"
+import * as Bodies from "./gateway/Bodies.ts"
 import * as Recorder from "./gateway/Recorder.ts"
+import * as Auth from "./internal/auth.ts"
 import * as HttpActor from "./internal/http.ts"
+import * as Wire from "./internal/openAiWire.ts"
 
 // ===== Models =====
 
@@ -102,6 +109,25 @@ export interface Options {
   /** The model name `/v1/models` lists (default `agentfly`); requests may name any model. */
   readonly model?: string | undefined
   readonly autoOpen?: AutoOpen | undefined
+  /**
+   * Client tokens (`AGENTFLY_GATEWAY_TOKEN`, `agentfly gateway --token-file` with one a line): every route requires
+   * `Authorization: Bearer` one of them (what an SDK's `apiKey` sends), checked in constant time before anything
+   * else, else 401. An episode opened by a request belongs to the token that opened it: another client's requests,
+   * reads and rewards get the 404 an unknown episode gets. Episodes opened with {@link Gateway.open} take any of the
+   * tokens. Without tokens every client is served, and only on loopback: a non-loopback `host` is refused at start.
+   */
+  readonly tokens?: ReadonlyArray<string> | undefined
+  /** Serving mode: most episodes open at once (default 1024); a request that would open one more gets 429. */
+  readonly maxEpisodes?: number | undefined
+  /** Most requests answered at once (default 4096); past it a request gets 503 `overloaded` before its body. */
+  readonly maxConcurrent?: number | undefined
+  /**
+   * Episodes opened with {@link Gateway.open} are reached at an unguessable path, `/episodes/ID~KEY` (KEY: 128 random
+   * bits), given in their `baseURL` and `rewardURL`; their plain id does not route (default false). What a training
+   * run's gateway does (`AgentRollout`): its agents use the URLs they are given, and nobody else can read, use or
+   * reward an episode whose id (the run's, the row's, the chain's) they could guess.
+   */
+  readonly privateEpisodes?: boolean | undefined
 }
 
 /**
@@ -152,9 +178,12 @@ export class Gateway extends Context.Service<Gateway, {
   static readonly layer = (options: Options = {}): Layer.Layer<Gateway> => Layer.effect(Gateway, make(options))
 }
 
-// ===== Internals =====
+// ===== State =====
 
+/** An open episode and what the gateway keeps beside it. */
 interface Entry {
+  /** Where it is routed: its id, or with `privateEpisodes`, its id and a random key. */
+  readonly key: string
   readonly episode: Episode
   readonly fibers: Set<Fiber.Fiber<void>>
   posted: AgentTask.Score | undefined
@@ -162,11 +191,43 @@ interface Entry {
   closed: boolean
   /** Opened by its first request (serving mode). */
   readonly auto: boolean
+  /** The client (its token's index) that opened it by a request; undefined: opened by the program, any client's. */
+  readonly owner: number | undefined
 }
 
-const validId = /^[A-Za-z0-9._~-]{1,200}$/
+/**
+ * A gateway's state, one record: every step below is a top-level function over it (the shape of
+ * `internal/resourcePool.ts`); `make` builds it, starts the idle sweep and listens.
+ */
+interface GatewayState {
+  readonly scope: Scope.Scope
+  readonly maxBody: number
+  readonly model: string
+  readonly auto: AutoOpen | undefined
+  readonly entries: Map<string, Entry>
+  /**
+   * Ids of finished episodes (the latest `endedKept`): a request naming one is refused rather than opening a second
+   * episode under the same id, whose record would share its trajectory id with the first's.
+   */
+  readonly ended: Map<string, number | undefined>
+  readonly counters: { inFlight: number; requests: number; errors: number; ids: number }
+  readonly auth: Auth.Tokens
+  readonly gate: Auth.Gate
+  readonly maxEpisodes: number
+  readonly privateEpisodes: boolean
+  /** `http://host:port`, once listening. */
+  url: string
+}
 
-const notFound = (message: string, code?: string) => new Wire.ApiError({ status: 404, message, code })
+/** What an episode route does with its episode and the request's body. */
+type EpisodeHandler = (
+  state: GatewayState,
+  entry: Entry,
+  body: unknown,
+  res: Http.ServerResponse
+) => Effect.Effect<void, Wire.ApiError>
+
+const validId = /^[A-Za-z0-9._~-]{1,200}$/
 
 /** How many finished episodes' ids serving mode remembers (to refuse their reuse). */
 const endedKept = 100_000
@@ -175,6 +236,271 @@ const Reward = Schema.Struct({
   reward: Schema.Finite,
   metrics: Schema.optionalKey(Schema.Record(Schema.String, Schema.Finite))
 })
+
+const now = Effect.map(Clock.currentTimeMillis, (ms) => Math.floor(ms / 1000))
+
+// ===== Episodes =====
+
+const closeEntry = (state: GatewayState, entry: Entry): Effect.Effect<void> =>
+  Effect.suspend(() => {
+    if (entry.closed) return Effect.void
+    entry.closed = true
+    if (state.entries.get(entry.key) === entry) state.entries.delete(entry.key)
+    return Fiber.interruptAll([...entry.fibers])
+  })
+
+const openEntry = Effect.fnUntraced(function*(
+  state: GatewayState,
+  config: Recorder.Config,
+  auto: boolean,
+  owner: number | undefined
+) {
+  if (!validId.test(config.id)) {
+    const message = `episode id ${JSON.stringify(config.id)}: use [A-Za-z0-9._~-]`
+    return yield* new GatewayError({ reason: "InvalidId", message })
+  }
+  if (state.entries.has(config.id) || [...state.entries.values()].some((e) => e.episode.id === config.id)) {
+    return yield* new GatewayError({ reason: "DuplicateEpisode", message: `episode ${config.id} is already open` })
+  }
+  const recorder = yield* Recorder.make(config)
+  const key = !auto && state.privateEpisodes ? `${config.id}~${Auth.randomId()}` : config.id
+  const entry: Entry = {
+    key,
+    episode: undefined as unknown as Episode,
+    fibers: new Set(),
+    posted: undefined,
+    lastSeen: yield* Clock.currentTimeMillis,
+    closed: false,
+    auto,
+    owner
+  }
+  const episode: Episode = {
+    id: config.id,
+    baseURL: `${state.url}/episodes/${key}/v1`,
+    rewardURL: `${state.url}/episodes/${key}/reward`,
+    recorder,
+    posted: () => entry.posted,
+    close: closeEntry(state, entry)
+  }
+  ;(entry as { episode: Episode }).episode = episode
+  state.entries.set(key, entry)
+  return entry
+})
+
+/** Serving mode: closes an episode and hands its trajectory (with the posted reward) to `onEnd`. */
+const finish = Effect.fnUntraced(function*(state: GatewayState, entry: Entry, ending: Recorder.Ending) {
+  const auto = state.auto
+  if (entry.closed || auto === undefined) return
+  yield* closeEntry(state, entry)
+  // Nothing recorded (no request, or only refused ones, which leave nothing): nothing to write, and the id was
+  // never written under, so it stays free.
+  if (entry.episode.recorder.threads.length === 0) return
+  state.ended.set(entry.episode.id, entry.owner)
+  if (state.ended.size > endedKept) state.ended.delete(state.ended.keys().next().value!)
+  const base = yield* Recorder.trajectory(entry.episode.recorder, ending)
+  const score = entry.posted
+  const trajectory: Trajectory.Trajectory = score === undefined ? base : {
+    ...base,
+    reward: score.reward,
+    rewardStatus: base.masked ? "failed" : "scored",
+    metrics: { ...base.metrics, ...score.metrics }
+  }
+  yield* auto.onEnd({ trajectory, threads: Recorder.threads(entry.episode.recorder) })
+})
+
+/** Serving mode: abandons the episodes opened by a request that have had none for `idleMs`. */
+const reapIdle = Effect.fnUntraced(function*(state: GatewayState, idleMs: number) {
+  const t = yield* Clock.currentTimeMillis
+  for (const entry of [...state.entries.values()]) {
+    if (entry.auto && entry.fibers.size === 0 && t - entry.lastSeen >= idleMs) {
+      const message = `abandoned: no request for ${Math.round(idleMs / 1000)} s`
+      yield* finish(state, entry, { _tag: "Abandoned", message })
+    }
+  }
+})
+
+/** The open episode `id` if `client` may use it: another client's is as unknown as a missing one. */
+const visible = (state: GatewayState, id: string, client: number): Entry | undefined => {
+  const found = state.entries.get(id)
+  return found === undefined || (found.owner !== undefined && found.owner !== client) ? undefined : found
+}
+
+const autoOpened = (state: GatewayState) => {
+  let n = 0
+  for (const entry of state.entries.values()) if (entry.auto) n++
+  return n
+}
+
+/** The open episode `id`; in serving mode, a new one for an id never used. */
+const entryFor = Effect.fnUntraced(function*(state: GatewayState, id: string, client: number) {
+  const found = visible(state, id, client)
+  if (found !== undefined) return found
+  const auto = state.auto
+  if (auto === undefined || !validId.test(id) || state.entries.has(id)) {
+    return yield* Wire.notFound(`no open episode ${JSON.stringify(id)}`, "episode_not_found")
+  }
+  // Another client's ended id is as unknown as an open one of theirs: no oracle of which ids were used.
+  if (state.ended.has(id) && state.ended.get(id) !== client) {
+    return yield* Wire.notFound(`no open episode ${JSON.stringify(id)}`, "episode_not_found")
+  }
+  if (state.ended.has(id)) {
+    return yield* new Wire.ApiError({
+      status: 409,
+      message: `episode ${JSON.stringify(id)} has ended (a reward or /end was posted, or it was abandoned): ` +
+        `give each episode an id of its own`,
+      code: "episode_ended"
+    })
+  }
+  if (autoOpened(state) >= state.maxEpisodes) {
+    return yield* new Wire.ApiError({
+      status: 429,
+      message: `${state.maxEpisodes} episodes are open: end one (a reward or /end) before opening another`,
+      code: "too_many_episodes"
+    })
+  }
+  return yield* openEntry(state, { ...auto.episode, id, groupId: id, keepRefused: false }, true, client).pipe(
+    Effect.mapError((e) => Wire.invalid(e.message))
+  )
+})
+
+// ===== Routes =====
+
+const chat: EpisodeHandler = Effect.fnUntraced(function*(state, entry, raw, res) {
+  const body = yield* Bodies.decodeChat(raw)
+  const turn = yield* Recorder.chat(entry.episode.recorder, body)
+  const id = `chatcmpl-${++state.counters.ids}`
+  const created = yield* now
+  if (body.stream) yield* Wire.sendEvents(res, Bodies.chatChunks(id, created, state.model, turn, body))
+  else yield* Wire.sendJson(res, 200, Bodies.chatCompletion(id, created, state.model, turn, body.logprobs))
+})
+
+const completions: EpisodeHandler = Effect.fnUntraced(function*(state, entry, raw, res) {
+  const body = yield* Bodies.decodeCompletion(raw)
+  const { turn, text, promptTokenIds } = yield* Recorder.completion(entry.episode.recorder, body)
+  const id = `cmpl-${++state.counters.ids}`
+  const created = yield* now
+  if (body.stream) yield* Wire.sendEvents(res, Bodies.completionChunks(id, created, state.model, turn, text))
+  else {
+    const value = Bodies.textCompletion(id, created, state.model, turn, text, promptTokenIds, body.logprobs)
+    yield* Wire.sendJson(res, 200, value)
+  }
+})
+
+const reward: EpisodeHandler = Effect.fnUntraced(function*(state, entry, raw, res) {
+  const score = yield* Schema.decodeUnknownEffect(Reward)(raw).pipe(
+    Effect.mapError(() => Wire.invalid(`expected { "reward": number, "metrics"?: { name: number } }`, "reward"))
+  )
+  entry.posted = score.metrics === undefined ? { reward: score.reward } : score
+  yield* Wire.sendJson(res, 200, { ok: true, episode: entry.episode.id, reward: score.reward })
+  // Finishing closes the episode, which interrupts its requests: this one's too, so it runs on its own.
+  if (entry.auto) yield* Effect.forkIn(finish(state, entry, { _tag: "Returned" }), state.scope)
+})
+
+const end: EpisodeHandler = (state, entry, _body, res) =>
+  Effect.andThen(
+    Wire.sendJson(res, 200, { ok: true, episode: entry.episode.id }),
+    Effect.forkIn(finish(state, entry, { _tag: "Returned" }), state.scope)
+  )
+
+const describe = Effect.fnUntraced(function*(entry: Entry, res: Http.ServerResponse) {
+  const recorder = entry.episode.recorder
+  const trajectory = yield* Recorder.trajectory(recorder, { _tag: "Returned" })
+  yield* Wire.sendJson(res, 200, {
+    id: entry.episode.id,
+    requests: recorder.requests,
+    threads: Recorder.threads(recorder).length,
+    reward: entry.posted ?? null,
+    trajectory
+  })
+})
+
+/** An episode request, tracked so that closing the episode interrupts it (answered 410). */
+const inEpisode = Effect.fnUntraced(function*(
+  state: GatewayState,
+  id: string,
+  client: number,
+  req: Http.IncomingMessage,
+  res: Http.ServerResponse,
+  handler: EpisodeHandler
+) {
+  const body = yield* Wire.readJson(req, state.maxBody)
+  const entry = yield* entryFor(state, id, client)
+  entry.lastSeen = yield* Clock.currentTimeMillis
+  const closed = new Wire.ApiError({ status: 410, message: `episode ${id} was closed`, code: "episode_closed" })
+  const fiber = yield* Effect.forkChild(handler(state, entry, body, res).pipe(
+    Effect.onInterrupt(() => Wire.sendJson(res, 410, Wire.errorBody(closed)))
+  ))
+  entry.fibers.add(fiber as Fiber.Fiber<void>)
+  yield* Fiber.join(fiber).pipe(
+    Effect.ensuring(Effect.flatMap(Clock.currentTimeMillis, (t) =>
+      Effect.sync(() => {
+        entry.fibers.delete(fiber as Fiber.Fiber<void>)
+        entry.lastSeen = t
+      })))
+  )
+})
+
+/** Where a request goes: the episode (from the path or the header) and the route within it. */
+const route = (state: GatewayState, req: Http.IncomingMessage, res: Http.ServerResponse) => {
+  // Before the route, the body or any episode: a stranger gets the same 401 everywhere.
+  const verdict = Auth.authorize(state.auth, req)
+  if (!verdict.ok) return Effect.fail(Wire.unauthorized("AGENTFLY_GATEWAY_TOKEN: the SDK's apiKey"))
+  const client = verdict.client
+  const path = (req.url ?? "/").split("?")[0]!.replace(/\/+$/, "")
+  const method = req.method ?? "GET"
+  const only = (allowed: string, effect: () => Effect.Effect<void, Wire.ApiError>) =>
+    method === allowed ? effect() : Effect.fail(Wire.notAllowed(method, path, allowed))
+  const header = req.headers["x-agentfly-episode"]
+  const scoped = /^\/episodes\/([^/]+)(\/.*)?$/.exec(path)
+  const id = scoped !== null ? decodeURIComponent(scoped[1]!) : typeof header === "string" ? header : undefined
+  const rest = scoped !== null ? scoped[2] ?? "" : path
+  const noRoute = Effect.fail(Wire.notFound(`no route ${method} ${path}`))
+  const episodeRoute = (handler: EpisodeHandler) =>
+    id === undefined
+      ? Effect.fail(Wire.invalid(
+        "no episode: use http://host:port/episodes/ID/v1 as the base URL (or an x-agentfly-episode header)",
+        undefined,
+        "episode_required"
+      ))
+      : only("POST", () => inEpisode(state, id, client, req, res, handler))
+  switch (rest) {
+    case "/v1/models":
+      return only("GET", () => Effect.flatMap(now, (created) => Wire.sendJson(res, 200, models(state, created))))
+    case "/v1/chat/completions":
+      return episodeRoute(chat)
+    case "/v1/completions":
+      return episodeRoute(completions)
+    case "/reward":
+      return scoped === null ? noRoute : episodeRoute(reward)
+    case "/end":
+      return scoped === null || state.auto === undefined ? noRoute : episodeRoute(end)
+    case "":
+      if (scoped === null || id === undefined) return noRoute
+      return only("GET", () => {
+        const entry = visible(state, id, client)
+        const missing = Wire.notFound(`no open episode ${JSON.stringify(id)}`, "episode_not_found")
+        return entry === undefined ? Effect.fail(missing) : describe(entry, res)
+      })
+    default:
+      return noRoute
+  }
+}
+
+const models = (state: GatewayState, created: number) => ({
+  object: "list",
+  data: [{ id: state.model, object: "model", created, owned_by: "agentfly" }]
+})
+
+/** A request, counted while it is answered. */
+const counted = (state: GatewayState, req: Http.IncomingMessage, res: Http.ServerResponse) =>
+  Effect.suspend(() => {
+    state.counters.requests++
+    state.counters.inFlight++
+    return Effect.ensuring(
+      Auth.within(state.gate, route(state, req, res), Effect.fail(Wire.overloaded(state.gate.max))),
+      Effect.sync(() => void state.counters.inFlight--)
+    )
+  })
 
 // ===== Constructor =====
 
@@ -186,281 +512,49 @@ const Reward = Schema.Struct({
  */
 export const make = Effect.fn("Gateway.make")(function*(options: Options = {}) {
   const run = yield* FiberSet.makeRuntime<never>()
-  const scope = yield* Effect.scope
-  const maxBody = options.maxBodyBytes ?? 16 * 1024 * 1024
-  const model = options.model ?? "agentfly"
   const host = options.host ?? "127.0.0.1"
-  const entries = new Map<string, Entry>()
-  const counters = { inFlight: 0, requests: 0, errors: 0, ids: 0 }
-  let url = ""
-  const now = Effect.map(Clock.currentTimeMillis, (ms) => Math.floor(ms / 1000))
-
-  const closeEntry = (entry: Entry): Effect.Effect<void> =>
-    Effect.suspend(() => {
-      if (entry.closed) return Effect.void
-      entry.closed = true
-      if (entries.get(entry.episode.id) === entry) entries.delete(entry.episode.id)
-      return Fiber.interruptAll([...entry.fibers])
-    })
-
-  const openEntry = (config: Recorder.Config, auto: boolean) =>
-    Effect.gen(function*() {
-      if (!validId.test(config.id)) {
-        return yield* new GatewayError({ reason: "InvalidId", message: `episode id ${JSON.stringify(config.id)}: use [A-Za-z0-9._~-]` })
-      }
-      if (entries.has(config.id)) {
-        return yield* new GatewayError({ reason: "DuplicateEpisode", message: `episode ${config.id} is already open` })
-      }
-      const recorder = yield* Recorder.make(config)
-      const baseURL = `${url}/episodes/${config.id}/v1`
-      const entry: Entry = {
-        episode: undefined as unknown as Episode,
-        fibers: new Set(),
-        posted: undefined,
-        lastSeen: yield* Clock.currentTimeMillis,
-        closed: false,
-        auto
-      }
-      const episode: Episode = {
-        id: config.id,
-        baseURL,
-        rewardURL: `${url}/episodes/${config.id}/reward`,
-        recorder,
-        posted: () => entry.posted,
-        close: closeEntry(entry)
-      }
-      ;(entry as { episode: Episode }).episode = episode
-      entries.set(config.id, entry)
-      return entry
-    })
-
-  // ----- Serving mode: finishing and abandoning episodes -----
-  const auto = options.autoOpen
-  // Ids of finished episodes (the latest `endedKept`): a request naming one is refused rather than opening a second
-  // episode under the same id, whose record would share its trajectory id with the first's.
-  const ended = new Set<string>()
-  const finish = (entry: Entry, ending: Recorder.Ending) =>
-    Effect.gen(function*() {
-      if (entry.closed || auto === undefined) return
-      yield* closeEntry(entry)
-      // Nothing recorded (no request, or only refused ones, which leave nothing): nothing to write, and the id was
-      // never written under, so it stays free.
-      if (entry.episode.recorder.threads.length === 0) return
-      ended.add(entry.episode.id)
-      if (ended.size > endedKept) ended.delete(ended.values().next().value!)
-      const base = yield* Recorder.trajectory(entry.episode.recorder, ending)
-      const score = entry.posted
-      const trajectory: Trajectory.Trajectory = score === undefined ? base : {
-        ...base,
-        reward: score.reward,
-        rewardStatus: base.masked ? "failed" : "scored",
-        metrics: { ...base.metrics, ...score.metrics }
-      }
-      yield* auto.onEnd({ trajectory, threads: Recorder.threads(entry.episode.recorder) })
-    })
-  if (auto !== undefined) {
-    const idleMs = Duration.toMillis(Duration.fromInputUnsafe(auto.idleTimeout ?? Duration.minutes(10)))
-    yield* Effect.gen(function*() {
-      const t = yield* Clock.currentTimeMillis
-      for (const entry of [...entries.values()]) {
-        if (entry.auto && entry.fibers.size === 0 && t - entry.lastSeen >= idleMs) {
-          yield* finish(entry, { _tag: "Abandoned", message: `abandoned: no request for ${Math.round(idleMs / 1000)} s` })
-        }
-      }
-    }).pipe(Effect.repeat(Schedule.spaced(Math.max(10, Math.min(1000, idleMs / 4)))), Effect.forkIn(scope))
+  const auth = Auth.tokens(options.tokens ?? [])
+  const problem = Auth.bindProblem(host, auth, "AGENTFLY_GATEWAY_TOKEN or --token-file")
+  if (problem !== undefined) return yield* Effect.die(new Error(problem))
+  const state: GatewayState = {
+    scope: yield* Effect.scope,
+    maxBody: options.maxBodyBytes ?? 16 * 1024 * 1024,
+    model: options.model ?? "agentfly",
+    auto: options.autoOpen,
+    entries: new Map(),
+    ended: new Map(),
+    counters: { inFlight: 0, requests: 0, errors: 0, ids: 0 },
+    auth,
+    gate: Auth.gate(options.maxConcurrent ?? 4096),
+    maxEpisodes: options.maxEpisodes ?? 1024,
+    privateEpisodes: options.privateEpisodes ?? false,
+    url: ""
   }
-
-  const entryFor = (id: string): Effect.Effect<Entry, Wire.ApiError> =>
-    Effect.gen(function*() {
-      const found = entries.get(id)
-      if (found !== undefined) return found
-      if (auto === undefined || !validId.test(id)) {
-        return yield* notFound(`no open episode ${JSON.stringify(id)}`, "episode_not_found")
-      }
-      if (ended.has(id)) {
-        return yield* new Wire.ApiError({
-          status: 409,
-          message: `episode ${JSON.stringify(id)} has ended (a reward or /end was posted, or it was abandoned): ` +
-            `give each episode an id of its own`,
-          code: "episode_ended"
-        })
-      }
-      return yield* openEntry({ ...auto.episode, id, groupId: id, keepRefused: false }, true).pipe(
-        Effect.mapError((e) => Wire.invalid(e.message))
-      )
-    })
-
-  // ----- Routes -----
-  const models = Effect.flatMap(now, (created) =>
-    Effect.succeed({ object: "list", data: [{ id: model, object: "model", created, owned_by: "agentfly" }] }))
-
-  const chat = (entry: Entry, raw: unknown, res: Http.ServerResponse) =>
-    Effect.gen(function*() {
-      const body = yield* Wire.decodeChat(raw)
-      const turn = yield* Recorder.chat(entry.episode.recorder, body)
-      const id = `chatcmpl-${++counters.ids}`
-      const created = yield* now
-      if (body.stream) {
-        yield* Wire.sendEvents(res, Wire.chatChunks(id, created, model, turn, body))
-      } else yield* Wire.sendJson(res, 200, Wire.chatCompletion(id, created, model, turn, body.logprobs))
-    })
-
-  const completions = (entry: Entry, raw: unknown, res: Http.ServerResponse) =>
-    Effect.gen(function*() {
-      const body = yield* Wire.decodeCompletion(raw)
-      const { turn, text, promptTokenIds } = yield* Recorder.completion(entry.episode.recorder, body)
-      const id = `cmpl-${++counters.ids}`
-      const created = yield* now
-      if (body.stream) yield* Wire.sendEvents(res, Wire.completionChunks(id, created, model, turn, text))
-      else {
-        yield* Wire.sendJson(res, 200, Wire.textCompletion(id, created, model, turn, text, promptTokenIds, body.logprobs))
-      }
-    })
-
-  const reward = (entry: Entry, raw: unknown, res: Http.ServerResponse) =>
-    Effect.gen(function*() {
-      const score = yield* Schema.decodeUnknownEffect(Reward)(raw).pipe(
-        Effect.mapError(() => Wire.invalid(`expected { "reward": number, "metrics"?: { name: number } }`, "reward"))
-      )
-      entry.posted = score.metrics === undefined ? { reward: score.reward } : score
-      yield* Wire.sendJson(res, 200, { ok: true, episode: entry.episode.id, reward: score.reward })
-      // Finishing closes the episode, which interrupts its requests: this one's too, so it runs on its own.
-      if (entry.auto) yield* Effect.forkIn(finish(entry, { _tag: "Returned" }), scope)
-    })
-
-  const describe = (entry: Entry, res: Http.ServerResponse) =>
-    Effect.gen(function*() {
-      const recorder = entry.episode.recorder
-      const trajectory = yield* Recorder.trajectory(recorder, { _tag: "Returned" })
-      yield* Wire.sendJson(res, 200, {
-        id: entry.episode.id,
-        requests: recorder.requests,
-        threads: Recorder.threads(recorder).length,
-        reward: entry.posted ?? null,
-        trajectory
-      })
-    })
-
-  /** An episode request, tracked so that closing the episode interrupts it (answered 410). */
-  const inEpisode = (
-    id: string,
-    req: Http.IncomingMessage,
-    res: Http.ServerResponse,
-    handler: (entry: Entry, body: unknown, res: Http.ServerResponse) => Effect.Effect<void, Wire.ApiError>
-  ): Effect.Effect<void, Wire.ApiError> =>
-    Effect.gen(function*() {
-      const body = yield* Wire.readJson(req, maxBody)
-      const entry = yield* entryFor(id)
-      entry.lastSeen = yield* Clock.currentTimeMillis
-      const fiber = yield* Effect.forkChild(handler(entry, body, res).pipe(
-        Effect.onInterrupt(() =>
-          Wire.sendJson(res, 410, Wire.errorBody(new Wire.ApiError({ status: 410, message: `episode ${id} was closed`, code: "episode_closed" })))
-        )
-      ))
-      entry.fibers.add(fiber as Fiber.Fiber<void>)
-      yield* Fiber.join(fiber).pipe(
-        Effect.ensuring(Effect.flatMap(Clock.currentTimeMillis, (t) =>
-          Effect.sync(() => {
-            entry.fibers.delete(fiber as Fiber.Fiber<void>)
-            entry.lastSeen = t
-          })))
-      )
-    })
-
-  const route = (req: Http.IncomingMessage, res: Http.ServerResponse): Effect.Effect<void, Wire.ApiError> => {
-    const path = (req.url ?? "/").split("?")[0]!.replace(/\/+$/, "")
-    const method = req.method ?? "GET"
-    const only = (allowed: string, effect: () => Effect.Effect<void, Wire.ApiError>) =>
-      method === allowed
-        ? effect()
-        : Effect.fail(new Wire.ApiError({ status: 405, message: `${method} is not allowed on ${path}; use ${allowed}` }))
-    const header = req.headers["x-agentfly-episode"]
-    const scoped = /^\/episodes\/([^/]+)(\/.*)?$/.exec(path)
-    const id = scoped !== null ? decodeURIComponent(scoped[1]!) : typeof header === "string" ? header : undefined
-    const rest = scoped !== null ? scoped[2] ?? "" : path
-    const episodeRoute = (handler: Parameters<typeof inEpisode>[3]) =>
-      id === undefined
-        ? Effect.fail(Wire.invalid(
-          "no episode: use http://host:port/episodes/ID/v1 as the base URL (or an x-agentfly-episode header)",
-          undefined,
-          "episode_required"
-        ))
-        : only("POST", () => inEpisode(id, req, res, handler))
-    switch (rest) {
-      case "/v1/models":
-        return only("GET", () => Effect.flatMap(models, (m) => Wire.sendJson(res, 200, m)))
-      case "/v1/chat/completions":
-        return episodeRoute(chat)
-      case "/v1/completions":
-        return episodeRoute(completions)
-      case "/reward":
-        return scoped === null ? Effect.fail(notFound(`no route ${method} ${path}`)) : episodeRoute(reward)
-      case "/end":
-        return scoped === null || auto === undefined
-          ? Effect.fail(notFound(`no route ${method} ${path}`))
-          : episodeRoute((entry, _body, res) =>
-            Effect.andThen(
-              Wire.sendJson(res, 200, { ok: true, episode: entry.episode.id }),
-              Effect.forkIn(finish(entry, { _tag: "Returned" }), scope)
-            )
-          )
-      case "":
-        if (scoped !== null && id !== undefined) {
-          return only("GET", () => {
-            const entry = entries.get(id)
-            return entry === undefined ? Effect.fail(notFound(`no open episode ${JSON.stringify(id)}`, "episode_not_found")) : describe(entry, res)
-          })
-        }
-        return Effect.fail(notFound(`no route ${method} ${path}`))
-      default:
-        return Effect.fail(notFound(`no route ${method} ${path}`))
-    }
+  if (state.auto !== undefined) {
+    const idleMs = Duration.toMillis(Duration.fromInputUnsafe(state.auto.idleTimeout ?? Duration.minutes(10)))
+    const every = Schedule.spaced(Math.max(10, Math.min(1000, idleMs / 4)))
+    yield* reapIdle(state, idleMs).pipe(Effect.repeat(every), Effect.forkIn(state.scope))
   }
-
-  const handle = (req: Http.IncomingMessage, res: Http.ServerResponse) => {
-    counters.requests++
-    counters.inFlight++
-    const fiber = run(
-      route(req, res).pipe(
-        Effect.catch((e) => {
-          counters.errors++
-          return Wire.sendJson(res, e.status, Wire.errorBody(e))
-        }),
-        Effect.catchDefect((defect) => {
-          counters.errors++
-          return Wire.sendJson(
-            res,
-            500,
-            Wire.errorBody(new Wire.ApiError({ status: 500, message: `internal error: ${String(defect)}` }))
-          )
-        }),
-        Effect.ensuring(Effect.sync(() => void counters.inFlight--))
-      )
-    )
-    res.on("close", () => {
-      if (!res.writableFinished) run(Fiber.interrupt(fiber))
-    })
-  }
-
-  const server = Http.createServer(handle)
+  const server = Http.createServer(
+    Wire.handler(run, (req, res) => counted(state, req, res), () => void state.counters.errors++)
+  )
   server.keepAliveTimeout = 60_000
   // A deep accept queue: a training step opens hundreds of agents' connections at once.
   const port = yield* HttpActor.listen(server, { port: options.port ?? 0, host, backlog: 4096 })
-  url = `http://${host}:${port}`
-
+  state.url = `http://${host}:${port}`
   return Gateway.of({
     port,
-    url,
-    model,
+    url: state.url,
+    model: state.model,
     open: (config) =>
-      Effect.acquireRelease(openEntry(config, false), (entry) => closeEntry(entry)).pipe(
+      Effect.acquireRelease(openEntry(state, config, false, undefined), (entry) => closeEntry(state, entry)).pipe(
         Effect.map((entry) => entry.episode)
       ),
     stats: Effect.sync(() => ({
-      episodes: entries.size,
-      inFlight: counters.inFlight,
-      requests: counters.requests,
-      errors: counters.errors
+      episodes: state.entries.size,
+      inFlight: state.counters.inFlight,
+      requests: state.counters.requests,
+      errors: state.counters.errors
     }))
   })
 })

@@ -23,7 +23,7 @@
  * @since 0.1.0
  */
 import * as NodeHttpClient from "@effect/platform-node/NodeHttpClient"
-import { Clock, Effect, FiberSet } from "effect"
+import { Clock, Effect, FiberSet, Redacted } from "effect"
 import type { Scope } from "effect"
 import { HttpClient } from "effect/http"
 import { randomUUID } from "node:crypto"
@@ -31,9 +31,10 @@ import * as OpenAiCompatSampler from "../src/backends/OpenAiCompatSampler.ts"
 import { Sampler, samplerError } from "../src/Sampler.ts"
 import type { SamplerError } from "../src/Sampler.ts"
 import type { GenerateRequest, GenerateResult } from "../src/Sampler.ts"
+import * as Auth from "./internal/auth.ts"
 import { fetchMessage } from "./internal/http.ts"
 import * as WeightsPut from "./internal/weightsPut.ts"
-import { TrainerError } from "./Trainer.ts"
+import { type RunError, runError } from "./RunError.ts"
 
 // ===== Models =====
 
@@ -46,7 +47,10 @@ export interface Options {
   readonly urls: ReadonlyArray<string>
   /** The model's parameters, in the order the weights are serialized. */
   readonly parameters: ReadonlyArray<{ readonly name: string; readonly shape: ReadonlyArray<number> }>
-  /** The bearer token the servers were started with (`AGENTFLY_WEIGHTS_TOKEN`), if any. */
+  /**
+   * The bearer token the servers were started with, sent on every request (health checks, sampling, pushes); default
+   * the environment's `AGENTFLY_SERVE_TOKEN`, else `AGENTFLY_WEIGHTS_TOKEN`, if any.
+   */
   readonly token?: string | undefined
   /**
    * Whether this process pushes weights (default true). A rollout worker only samples (the run, or its trainer
@@ -80,7 +84,7 @@ export interface Carrier {
   readonly pushAll: (
     push: WeightsPut.Push,
     urls: ReadonlyArray<string>
-  ) => Effect.Effect<ReadonlyArray<WeightsPut.Outcome>, TrainerError>
+  ) => Effect.Effect<ReadonlyArray<WeightsPut.Outcome>, RunError>
   /** Puts version `push.version` on `url` again (a catch-up); `"newer"` when it holds newer weights by now. */
   readonly pushOne: (push: WeightsPut.Push, url: string) => Effect.Effect<WeightsPut.Outcome>
 }
@@ -110,7 +114,7 @@ export interface InferenceServers {
    * Sends version `version`'s weights to every server; fails only when no server took them, or one refused them.
    * Without `weights` the `carrier` pushes its own.
    */
-  readonly push: (version: number, weights?: ReadonlyMap<string, Float32Array>) => Effect.Effect<void, TrainerError>
+  readonly push: (version: number, weights?: ReadonlyMap<string, Float32Array>) => Effect.Effect<void, RunError>
   /** A sampler whose every request is served with weights of version `version` or newer. */
   readonly sampler: (version: number) => Sampler["Service"]
   /** The last version pushed (undefined before the first push: no server holds this run's weights yet). */
@@ -139,9 +143,27 @@ interface Server {
   healthy: boolean
 }
 
+/** The client's state: its servers, and the newest version pushed to them. */
+interface State {
+  readonly options: Options
+  readonly servers: ReadonlyArray<Server>
+  /** This run's id on the servers (`x-run-id`): versions increase within a run. */
+  readonly runId: string
+  readonly restMs: number
+  /** Runs catch-ups in the background, for the life of the scope. */
+  readonly background: (effect: Effect.Effect<unknown>) => unknown
+  readonly http: HttpClient.HttpClient
+  /** The newest version pushed, with its bytes when this process carries them (for catch-ups). */
+  latest: { readonly version: number; readonly bytes: Uint8Array | undefined } | undefined
+  /** Where `pick` starts, so that ties take turns. */
+  turn: number
+  /** The totals `figures` last reported. */
+  counted: { readonly served: number; readonly failures: number }
+}
+
 // ===== Helpers =====
 
-const serversError = (message: string) => new TrainerError({ reason: "Servers", message })
+const serversError = (message: string) => runError("Servers", message)
 
 /** A 409 saying the server's weights are older than the request asked for. */
 const isBehind = (e: SamplerError) => e.reason._tag === "BadRequest" && e.message.includes("policy_version_behind")
@@ -168,6 +190,301 @@ const works = (server: Server) =>
     return Effect.logInfo(`inference server ${server.url} is back, at policy version ${server.version}`)
   })
 
+// Negative versions are the warm-up's checks (`Trainer.warmupVersion`), not a number a user knows.
+const versionName = (version: number) =>
+  version < 0 ? "the warm-up's weights (a validation check)" : `policy version ${version}`
+
+// ===== Connecting =====
+
+const authorization = (options: Options): Record<string, string> => Auth.headers(options.token)
+
+/** A server that refused the token (401): the fix is the token, not the server. */
+class Refused extends Error {}
+
+/** The model a server serves (`GET /v1/models`). */
+const modelOf = (options: Options, url: string) =>
+  Effect.tryPromise({
+    try: async () => {
+      const response = await fetch(`${url}/models`, {
+        headers: authorization(options),
+        signal: AbortSignal.timeout(10_000)
+      })
+      if (response.status === 401) throw new Refused(`HTTP 401: ${(await response.text()).slice(0, 300)}`)
+      if (!response.ok) throw new Error(`HTTP ${response.status}: ${(await response.text()).slice(0, 300)}`)
+      const body = await response.json() as { data?: Array<{ id?: unknown }> }
+      const id = body.data?.[0]?.id
+      if (typeof id !== "string") throw new Error("GET /models named no model")
+      return id
+    },
+    catch: (e) =>
+      serversError(
+        e instanceof Refused
+          ? `inference server ${url}: it refuses this run's token (${e.message}): set AGENTFLY_WEIGHTS_TOKEN (or ` +
+            "AGENTFLY_SERVE_TOKEN) to the token the server was started with"
+          : `inference server ${url} did not answer GET /models (${fetchMessage(e)}); start it with ` +
+          "`agentfly serve --model-dir DIR --accept-weights --host HOST --port PORT` and list its API root " +
+          "(http://HOST:PORT/v1) in engine.servers"
+      )
+  })
+
+// Whether a server will take this run's weights, asked before anything is trained (a wrong token or a server
+// without --accept-weights would otherwise surface at the first push, after the warm-up): a PUT without a version
+// is refused by its first check that fails, and changes nothing.
+const acceptsWeights = (options: Options, url: string) =>
+  Effect.tryPromise({
+    try: async () => {
+      const response = await fetch(`${url}/weights`, {
+        method: "PUT",
+        headers: authorization(options),
+        signal: AbortSignal.timeout(10_000)
+      })
+      const body = (await response.text()).slice(0, 300)
+      if (response.status === 401) {
+        throw new Error(
+          `it refuses this run's token (${body}): set AGENTFLY_WEIGHTS_TOKEN to the token the server was started with`
+        )
+      }
+      if (response.status === 404 || response.status === 405) {
+        throw new Error(`it does not take weights (HTTP ${response.status}: ${body}): start it with --accept-weights`)
+      }
+    },
+    catch: (e) => serversError(`inference server ${url} cannot follow this run's learner: ${(e as Error).message}`)
+  })
+
+/** A server as the run first sees it: its model known, its weights (when this process pushes) accepted. */
+const connect = (options: Options, url: string) =>
+  Effect.map(
+    Effect.tap(modelOf(options, url), () => (options.pushes === false ? Effect.void : acceptsWeights(options, url))),
+    (model): Server => ({
+      url,
+      model,
+      samplers: new Map(),
+      version: undefined,
+      inflight: 0,
+      served: 0,
+      failures: 0,
+      restUntil: 0,
+      lastError: undefined,
+      catchingUp: false,
+      healthy: true
+    })
+  )
+
+// ===== Weights =====
+
+const pushOf = (state: State, version: number): WeightsPut.Push => ({
+  version,
+  runId: state.runId,
+  token: state.options.token,
+  timeoutMs: state.options.pushTimeoutMs ?? 120_000
+})
+
+/** Books what a push did to `server`: undefined when it took the weights (or holds newer), else the failure. */
+const book = Effect.fnUntraced(function*(state: State, server: Server, version: number, outcome: WeightsPut.Outcome) {
+  if (outcome === "newer") return undefined
+  if (outcome === undefined) {
+    server.version = version
+    yield* works(server)
+    return undefined
+  }
+  yield* failed(server, outcome.message, yield* Clock.currentTimeMillis, state.restMs)
+  return outcome
+})
+
+/** One server takes version `version` again (from `bytes`, or from the carrier). */
+const putOne = (state: State, server: Server, version: number, bytes: Uint8Array | undefined) => {
+  const carrier = state.options.carrier
+  const outcome = bytes !== undefined || carrier === undefined
+    ? Effect.promise(() => WeightsPut.put(server.url, bytes!, pushOf(state, version)))
+    : carrier.pushOne(pushOf(state, version), server.url)
+  return Effect.flatMap(outcome, (o) => book(state, server, version, o))
+}
+
+/** Brings a server that missed a push (down, restarted) up to date, once it answers; in the background. */
+const catchUp = (state: State, server: Server) => {
+  const target = state.latest
+  if (target === undefined || server.catchingUp || server.version === target.version) return
+  server.catchingUp = true
+  state.background(putOne(state, server, target.version, target.bytes).pipe(
+    Effect.ensuring(Effect.sync(() => (server.catchingUp = false)))
+  ))
+}
+
+/** Every server's outcome of pushing `version` (`weights` serialized here, or the carrier's own). */
+const pushAll = Effect.fnUntraced(function*(
+  state: State,
+  version: number,
+  weights?: ReadonlyMap<string, Float32Array>
+) {
+  const urls = state.servers.map((s) => s.url)
+  if (weights === undefined && state.options.carrier !== undefined) {
+    state.latest = { version, bytes: undefined }
+    return yield* state.options.carrier.pushAll(pushOf(state, version), urls)
+  }
+  if (weights === undefined) return yield* serversError(`no weights to push as ${versionName(version)}`)
+  const bytes = WeightsPut.serialize(state.options.parameters, weights)
+  if (typeof bytes === "string") return yield* serversError(bytes)
+  state.latest = { version, bytes }
+  return yield* Effect.forEach(
+    urls,
+    (url) => Effect.promise(() => WeightsPut.put(url, bytes, pushOf(state, version))),
+    { concurrency: "unbounded" }
+  )
+})
+
+/** Pushes `version` to every server; fails when one refused the weights, or none took them. */
+const push = Effect.fnUntraced(function*(state: State, version: number, weights?: ReadonlyMap<string, Float32Array>) {
+  const outcomes = yield* pushAll(state, version, weights)
+  const { servers } = state
+  const failures = yield* Effect.forEach(servers, (s, i) => book(state, s, version, outcomes[i]))
+  const refused = failures.findIndex((f) => f?.fatal === true)
+  if (refused >= 0) {
+    return yield* serversError(
+      `inference server ${servers[refused]!.url} refused ${versionName(version)}'s weights ` +
+        `(${failures[refused]!.message}); it must serve this model and run with --accept-weights ` +
+        "(and AGENTFLY_WEIGHTS_TOKEN, when set, must match)"
+    )
+  }
+  if (failures.every((f) => f !== undefined)) {
+    return yield* serversError(
+      `no inference server took ${versionName(version)}: ` +
+        servers.map((s, i) => `${s.url} (${failures[i]!.message})`).join("; ")
+    )
+  }
+})
+
+// ===== Sampling =====
+
+/** `server`'s sampler for requests of at least `min`: one attempt per call, a failing server is left at once. */
+const samplerOf = (state: State, server: Server, min: number) => {
+  const cached = server.samplers.get(min)
+  if (cached !== undefined) return Effect.succeed(cached)
+  return OpenAiCompatSampler.make({
+    baseUrl: server.url,
+    model: server.model,
+    retries: 0,
+    timeoutMs: state.options.timeoutMs,
+    apiKey: state.options.token === undefined ? undefined : Redacted.make(state.options.token),
+    extraBody: { min_policy_version: min }
+  }).pipe(
+    Effect.provideService(HttpClient.HttpClient, state.http),
+    Effect.tap((sampler) =>
+      Effect.sync(() => {
+        server.samplers.set(min, sampler)
+        for (const v of server.samplers.keys()) if (v < min - 16) server.samplers.delete(v)
+      })
+    )
+  )
+}
+
+/**
+ * The least busy server able to serve `min` now (ties in turn), starting catch-ups on the way. A client that never
+ * pushed (a rollout worker: the trainer pushes) cannot know what the servers hold and tries each one that is not
+ * resting; a server's 409 keeps it from sampling with older weights.
+ */
+const pick = (state: State, min: number, now: number): Server | undefined => {
+  const { servers, latest } = state
+  let best: Server | undefined
+  for (let k = 0; k < servers.length; k++) {
+    const s = servers[(state.turn + k) % servers.length]!
+    if (now < s.restUntil) continue
+    if (latest !== undefined && s.version !== latest.version) catchUp(state, s)
+    if (latest !== undefined && (s.version === undefined || s.version < min)) continue
+    if (best === undefined || s.inflight < best.inflight) best = s
+  }
+  state.turn++
+  return best
+}
+
+/** Why a request found no server able to serve it for `giveUpMs`. */
+const noServer = (state: State, min: number, waitedMs: number) =>
+  samplerError(
+    "Transport",
+    `no inference server could serve policy version ≥ ${min} for ${Math.round(waitedMs / 1000)} s: ` +
+      state.servers.map((s) =>
+        `${s.url} (holds ${s.version ?? "no weights of this run"}` +
+        `${s.lastError === undefined ? "" : `; ${s.lastError}`})`
+      ).join("; ")
+  )
+
+/** One attempt of a request on `server`: its result, or the failure after booking it. */
+const attempt = Effect.fnUntraced(function*(state: State, server: Server, min: number, request: GenerateRequest) {
+  server.inflight++
+  const result = yield* samplerOf(state, server, min).pipe(
+    Effect.flatMap((sampler) => sampler.generate(request)),
+    Effect.ensuring(Effect.sync(() => server.inflight--)),
+    Effect.result
+  )
+  if (result._tag === "Success") {
+    server.served++
+    if (server.version === undefined || result.success.policyVersion > server.version) {
+      server.version = result.success.policyVersion
+    }
+    yield* works(server)
+    return result
+  }
+  const e = result.failure
+  if (isBehind(e)) {
+    // Restarted, or it missed a push: it gets the newest weights before it serves again (from the trainer,
+    // when this client never pushes: it waits a moment for them).
+    server.version = undefined
+    if (state.latest === undefined) server.restUntil = (yield* Clock.currentTimeMillis) + Math.min(state.restMs, 200)
+    catchUp(state, server)
+  } else if (e.isRetryable) {
+    const rest = Math.max(state.restMs, e.retryAfterMs ?? 0)
+    yield* failed(server, `${e.reason._tag}: ${e.message}`, yield* Clock.currentTimeMillis, rest)
+  }
+  return result
+})
+
+/** A request on the servers: moved on from a server that fails or is behind, until `giveUpMs` without one. */
+const generate = Effect.fnUntraced(function*(
+  state: State,
+  min: number,
+  request: GenerateRequest
+): Effect.fn.Return<GenerateResult, SamplerError> {
+  const start = yield* Clock.currentTimeMillis
+  const giveUp = start + (state.options.giveUpMs ?? 60_000)
+  for (let n = 0;; n++) {
+    const now = yield* Clock.currentTimeMillis
+    const server = pick(state, min, now)
+    if (server === undefined) {
+      if (now > giveUp) return yield* noServer(state, min, now - start)
+      yield* Effect.sleep(Math.min(500, 20 * 2 ** Math.min(n, 5)))
+      continue
+    }
+    const result = yield* attempt(state, server, min, request)
+    if (result._tag === "Success") return result.success
+    if (!isBehind(result.failure) && !result.failure.isRetryable) return yield* result.failure
+  }
+})
+
+const status = (state: State) =>
+  Effect.sync(() =>
+    state.servers.map((s): ServerStatus => ({
+      url: s.url,
+      version: s.version,
+      inflight: s.inflight,
+      served: s.served,
+      failures: s.failures,
+      lastError: s.lastError
+    }))
+  )
+
+const figures = (state: State) =>
+  Effect.sync(() => {
+    const served = state.servers.reduce((n, s) => n + s.served, 0)
+    const failures = state.servers.reduce((n, s) => n + s.failures, 0)
+    const { latest, counted } = state
+    const out = {
+      "servers/up_to_date": state.servers.filter((s) => latest !== undefined && s.version === latest.version).length,
+      "servers/requests": served - counted.served,
+      "servers/failures": failures - counted.failures
+    }
+    state.counted = { served, failures }
+    return out
+  })
+
 // ===== Constructor =====
 
 /**
@@ -177,276 +494,42 @@ const works = (server: Server) =>
  * @since 0.1.0
  */
 export const make = Effect.fn("InferenceServers.make")(function*(
-  options: Options
-): Effect.fn.Return<InferenceServers, TrainerError, Scope.Scope> {
+  given: Options
+): Effect.fn.Return<InferenceServers, RunError, Scope.Scope> {
+  const token = given.token ?? Auth.fromEnv("AGENTFLY_SERVE_TOKEN", "AGENTFLY_WEIGHTS_TOKEN")
+  const options: Options = { ...given, token }
   if (options.urls.length === 0) return yield* serversError("engine.servers lists no server")
-  const runId = randomUUID()
-  const headers = options.token === undefined ? {} : { authorization: `Bearer ${options.token}` }
-  const restMs = options.restMs ?? 1_000
   const background = yield* FiberSet.makeRuntime<never>()
   // Sampling goes through node:http, not `fetch`: fetch gives up on an answer after 5 minutes whatever the
   // request's own limit (`timeoutMs`), and a long answer of a large model on a loaded server can take that long.
   const http = yield* NodeHttpClient.makeNodeHttp.pipe(
     Effect.provideService(NodeHttpClient.HttpAgent, yield* NodeHttpClient.makeAgent({ keepAlive: true }))
   )
-
-  const modelOf = (url: string) =>
-    Effect.tryPromise({
-      try: async () => {
-        const response = await fetch(`${url}/models`, { headers, signal: AbortSignal.timeout(10_000) })
-        if (!response.ok) throw new Error(`HTTP ${response.status}: ${(await response.text()).slice(0, 300)}`)
-        const body = await response.json() as { data?: Array<{ id?: unknown }> }
-        const id = body.data?.[0]?.id
-        if (typeof id !== "string") throw new Error("GET /models named no model")
-        return id
-      },
-      catch: (e) =>
-        serversError(
-          `inference server ${url} did not answer GET /models (${fetchMessage(e)}); start it with ` +
-            "`agentfly serve --model-dir DIR --accept-weights --host HOST --port PORT` and list its API root " +
-            "(http://HOST:PORT/v1) in engine.servers"
-        )
-    })
-
-  // Whether a server will take this run's weights, asked before anything is trained (a wrong token or a server
-  // without --accept-weights would otherwise surface at the first push, after the warm-up): a PUT without a version
-  // is refused by its first check that fails, and changes nothing.
-  const acceptsWeights = (url: string) =>
-    Effect.tryPromise({
-      try: async () => {
-        const response = await fetch(`${url}/weights`, { method: "PUT", headers, signal: AbortSignal.timeout(10_000) })
-        const body = (await response.text()).slice(0, 300)
-        if (response.status === 401) {
-          throw new Error(
-            `it refuses this run's token (${body}): set AGENTFLY_WEIGHTS_TOKEN to the token the server was started with`
-          )
-        }
-        if (response.status === 404 || response.status === 405) {
-          throw new Error(`it does not take weights (HTTP ${response.status}: ${body}): start it with --accept-weights`)
-        }
-      },
-      catch: (e) => serversError(`inference server ${url} cannot follow this run's learner: ${(e as Error).message}`)
-    })
-
-  const servers: Array<Server> = yield* Effect.forEach(
+  const servers = yield* Effect.forEach(
     options.urls.map((u) => u.replace(/\/+$/, "")),
-    (url) =>
-      Effect.map(
-        Effect.tap(modelOf(url), () => (options.pushes === false ? Effect.void : acceptsWeights(url))),
-        (model): Server => ({
-          url,
-          model,
-          samplers: new Map(),
-          version: undefined,
-          inflight: 0,
-          served: 0,
-          failures: 0,
-          restUntil: 0,
-          lastError: undefined,
-          catchingUp: false,
-          healthy: true
-        })
-      ),
+    (url) => connect(options, url),
     { concurrency: "unbounded" }
   )
-
-  // ----- Weights -----
-
-  // The newest version pushed, with its bytes when this process carries them (for catch-ups).
-  let latest: { readonly version: number; readonly bytes: Uint8Array | undefined } | undefined
-  const pushOf = (version: number): WeightsPut.Push => ({
-    version,
-    runId,
-    token: options.token,
-    timeoutMs: options.pushTimeoutMs ?? 120_000
-  })
-
-  /** Books what a push did to `server`: undefined when it took the weights (or holds newer), else the failure. */
-  const book = (server: Server, version: number, outcome: WeightsPut.Outcome) =>
-    Effect.gen(function*() {
-      if (outcome === "newer") return undefined
-      if (outcome === undefined) {
-        server.version = version
-        yield* works(server)
-        return undefined
-      }
-      yield* failed(server, outcome.message, yield* Clock.currentTimeMillis, restMs)
-      return outcome
-    })
-
-  /** One server takes version `version` again (from `bytes`, or from the carrier). */
-  const putOne = (server: Server, version: number, bytes: Uint8Array | undefined) =>
-    (bytes !== undefined || options.carrier === undefined
-      ? Effect.promise(() => WeightsPut.put(server.url, bytes!, pushOf(version)))
-      : options.carrier.pushOne(pushOf(version), server.url)).pipe(
-        Effect.flatMap((outcome) => book(server, version, outcome))
-      )
-
-  /** `server`'s sampler for requests of at least `min`: one attempt per call, a failing server is left at once. */
-  const samplerOf = (server: Server, min: number) => {
-    const cached = server.samplers.get(min)
-    if (cached !== undefined) return Effect.succeed(cached)
-    return OpenAiCompatSampler.make({
-      baseUrl: server.url,
-      model: server.model,
-      retries: 0,
-      timeoutMs: options.timeoutMs,
-      extraBody: { min_policy_version: min }
-    }).pipe(
-      Effect.provideService(HttpClient.HttpClient, http),
-      Effect.tap((sampler) =>
-        Effect.sync(() => {
-          server.samplers.set(min, sampler)
-          for (const v of server.samplers.keys()) if (v < min - 16) server.samplers.delete(v)
-        })
-      )
-    )
+  const state: State = {
+    options,
+    servers,
+    runId: randomUUID(),
+    restMs: options.restMs ?? 1_000,
+    background: (effect) => background(effect),
+    http,
+    latest: undefined,
+    turn: 0,
+    counted: { served: 0, failures: 0 }
   }
-
-  /** Brings a server that missed a push (down, restarted) up to date, once it answers; in the background. */
-  const catchUp = (server: Server) => {
-    const target = latest
-    if (target === undefined || server.catchingUp || server.version === target.version) return
-    server.catchingUp = true
-    background(putOne(server, target.version, target.bytes).pipe(
-      Effect.ensuring(Effect.sync(() => (server.catchingUp = false)))
-    ))
+  return {
+    push: (version, weights) => push(state, version, weights),
+    sampler: (version) =>
+      Sampler.of({
+        generate: (request) => generate(state, version, request),
+        policyVersion: Effect.succeed(version)
+      }),
+    pushed: Effect.sync(() => state.latest?.version),
+    figures: figures(state),
+    status: status(state)
   }
-
-  // Negative versions are the warm-up's checks (`Trainer.warmupVersion`), not a number a user knows.
-  const versionName = (version: number) => (version < 0 ? "the warm-up's weights (a validation check)" : `policy version ${version}`)
-  const push = (version: number, weights?: ReadonlyMap<string, Float32Array>) =>
-    Effect.gen(function*() {
-      let outcomes: ReadonlyArray<WeightsPut.Outcome>
-      if (weights === undefined && options.carrier !== undefined) {
-        latest = { version, bytes: undefined }
-        outcomes = yield* options.carrier.pushAll(pushOf(version), servers.map((s) => s.url))
-      } else {
-        if (weights === undefined) return yield* serversError(`no weights to push as ${versionName(version)}`)
-        const bytes = WeightsPut.serialize(options.parameters, weights)
-        if (typeof bytes === "string") return yield* serversError(bytes)
-        latest = { version, bytes }
-        outcomes = yield* Effect.forEach(
-          servers,
-          (s) => Effect.promise(() => WeightsPut.put(s.url, bytes, pushOf(version))),
-          { concurrency: "unbounded" }
-        )
-      }
-      const failures = yield* Effect.forEach(servers, (s, i) => book(s, version, outcomes[i]))
-      const refused = failures.findIndex((f) => f?.fatal === true)
-      if (refused >= 0) {
-        return yield* serversError(
-          `inference server ${servers[refused]!.url} refused ${versionName(version)}'s weights ` +
-            `(${failures[refused]!.message}); it must serve this model and run with --accept-weights ` +
-            "(and AGENTFLY_WEIGHTS_TOKEN, when set, must match)"
-        )
-      }
-      if (failures.every((f) => f !== undefined)) {
-        return yield* serversError(
-          `no inference server took ${versionName(version)}: ` +
-            servers.map((s, i) => `${s.url} (${failures[i]!.message})`).join("; ")
-        )
-      }
-    })
-
-  // ----- Sampling -----
-
-  let turn = 0
-  /**
-   * The least busy server able to serve `min` now (ties in turn), starting catch-ups on the way. A client that never
-   * pushed (a rollout worker: the trainer pushes) cannot know what the servers hold and tries each one that is not
-   * resting; a server's 409 keeps it from sampling with older weights.
-   */
-  const pick = (min: number, now: number): Server | undefined => {
-    let best: Server | undefined
-    for (let k = 0; k < servers.length; k++) {
-      const s = servers[(turn + k) % servers.length]!
-      if (now < s.restUntil) continue
-      if (latest !== undefined && s.version !== latest.version) catchUp(s)
-      if (latest !== undefined && (s.version === undefined || s.version < min)) continue
-      if (best === undefined || s.inflight < best.inflight) best = s
-    }
-    turn++
-    return best
-  }
-
-  const generate = (min: number, request: GenerateRequest): Effect.Effect<GenerateResult, SamplerError> =>
-    Effect.gen(function*() {
-      const start = yield* Clock.currentTimeMillis
-      const giveUp = start + (options.giveUpMs ?? 60_000)
-      for (let attempt = 0;; attempt++) {
-        const now = yield* Clock.currentTimeMillis
-        const server = pick(min, now)
-        if (server === undefined) {
-          if (now > giveUp) {
-            return yield* samplerError(
-              "Transport",
-              `no inference server could serve policy version ≥ ${min} for ` +
-                `${Math.round((now - start) / 1000)} s: ` +
-                servers.map((s) => `${s.url} (holds ${s.version ?? "no weights of this run"}` +
-                  `${s.lastError === undefined ? "" : `; ${s.lastError}`})`).join("; ")
-            )
-          }
-          yield* Effect.sleep(Math.min(500, 20 * 2 ** Math.min(attempt, 5)))
-          continue
-        }
-        server.inflight++
-        const result = yield* samplerOf(server, min).pipe(
-          Effect.flatMap((sampler) => sampler.generate(request)),
-          Effect.ensuring(Effect.sync(() => server.inflight--)),
-          Effect.result
-        )
-        if (result._tag === "Success") {
-          server.served++
-          if (server.version === undefined || result.success.policyVersion > server.version) {
-            server.version = result.success.policyVersion
-          }
-          yield* works(server)
-          return result.success
-        }
-        const e = result.failure
-        if (isBehind(e)) {
-          // Restarted, or it missed a push: it gets the newest weights before it serves again (from the trainer,
-          // when this client never pushes: it waits a moment for them).
-          server.version = undefined
-          if (latest === undefined) server.restUntil = (yield* Clock.currentTimeMillis) + Math.min(restMs, 200)
-          catchUp(server)
-        } else if (e.isRetryable) {
-          const rest = Math.max(restMs, e.retryAfterMs ?? 0)
-          yield* failed(server, `${e.reason._tag}: ${e.message}`, yield* Clock.currentTimeMillis, rest)
-        } else {
-          return yield* e
-        }
-      }
-    })
-
-  const sampler = (version: number) =>
-    Sampler.of({
-      generate: (request) => generate(version, request),
-      policyVersion: Effect.succeed(version)
-    })
-
-  const status = Effect.sync(() =>
-    servers.map((s): ServerStatus => ({
-      url: s.url,
-      version: s.version,
-      inflight: s.inflight,
-      served: s.served,
-      failures: s.failures,
-      lastError: s.lastError
-    }))
-  )
-  let counted = { served: 0, failures: 0 }
-  const figures = Effect.sync(() => {
-    const served = servers.reduce((n, s) => n + s.served, 0)
-    const failures = servers.reduce((n, s) => n + s.failures, 0)
-    const out = {
-      "servers/up_to_date": servers.filter((s) => latest !== undefined && s.version === latest.version).length,
-      "servers/requests": served - counted.served,
-      "servers/failures": failures - counted.failures
-    }
-    counted = { served, failures }
-    return out
-  })
-  return { push, sampler, pushed: Effect.sync(() => latest?.version), figures, status }
 })

@@ -59,7 +59,9 @@ export const StepDone = Schema.Struct({
   seqs: Schema.Array(Schema.Int),
   policyVersion: Schema.Int,
   /** A fingerprint of the weights after the step (cheap, for checking that a replay is exact). */
-  weightsHash: Schema.optionalKey(Schema.String)
+  weightsHash: Schema.optionalKey(Schema.String),
+  /** What the learner did (`Learner.Outcome`); journals written before it was recorded read as `applied`. */
+  outcome: Schema.optionalKey(Schema.Literals(["applied", "skipped", "critic_only"]))
 })
 
 /**
@@ -88,6 +90,19 @@ export const CheckpointDone = Schema.Struct({
 })
 
 /**
+ * A held-out evaluation's figures (`eval/…`) at a step, so that a run's summary holds every evaluation of the run,
+ * a resumed run's included.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const EvalDone = Schema.Struct({
+  kind: Schema.Literal("eval"),
+  step: Schema.Int,
+  figures: Schema.Record(Schema.String, Schema.Number)
+})
+
+/**
  * The run stopped after its last step.
  *
  * @category models
@@ -102,7 +117,7 @@ export const Finished = Schema.Struct({
  * @category models
  * @since 0.1.0
  */
-export const Entry = Schema.Union([Start, GroupDone, StepDone, WarmupDone, CheckpointDone, Finished])
+export const Entry = Schema.Union([Start, GroupDone, StepDone, WarmupDone, CheckpointDone, EvalDone, Finished])
 export type Entry = typeof Entry.Type
 
 /**

@@ -1,11 +1,12 @@
 /**
- * One learner step: {@link update} takes a step's groups of token-masked trajectories, computes advantages, packs
- * micro-batches and runs the optimiser step(s) through the `PolicyTrainer` in context, and returns the step's
- * `learner/*` figures. It is the RL step of `actors/LocalPolicy.ts` (`Policy.learn`).
+ * The learner of a run: the {@link Learner} service the training loop drives (RL and SFT steps, checkpoints, the
+ * weights' fingerprint), and {@link update}, one RL step over the `PolicyTrainer` in context, which the local
+ * learner (`actors/LocalPolicy.ts`) runs for `learn`.
  *
- * It is a function, not an actor: the pipeline around it belongs to `actors/Trainer.ts`, which bounds how far
- * rollouts run ahead (a semaphore of `maxStaleness + 1` permits), hands batches over through a bounded queue, and
- * publishes the weights as the next policy version after each step (`Policy.publish`).
+ * {@link update} takes a step's groups of token-masked trajectories, computes advantages, packs micro-batches, runs
+ * the optimiser step(s) and returns the step's `learner/*` figures. It is a function, not an actor: the pipeline
+ * around it (how far rollouts run ahead, the bounded hand-over of batches, publishing each step's weights as the next
+ * policy version) belongs to the training loop (`actors/TrainLoop.ts`).
  *
  * All maths is in `src/` ({@link update} only moves data between `Advantage`, `Packing` and the trainer):
  * - a trajectory takes part only when it is `trainable`, not `masked` and `rewardStatus === "scored"`; others are
@@ -16,8 +17,55 @@
  *
  * @since 0.1.0
  */
-import { Clock, Effect, Schema } from "effect"
+import { Clock, Context, Effect, Schema } from "effect"
+import type * as Dataset from "../src/Dataset.ts"
 import { Advantage, Loss, Packing, PolicyTrainer, Trajectory } from "../src/index.ts"
+import type { RunError } from "./RunError.ts"
+
+// ===== The service =====
+
+/**
+ * Named figures of one step (`learner/…`, `warmup/…`).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type Figures = Readonly<Record<string, number>>
+
+/**
+ * What one RL step did: `Applied` (the policy moved; `loss` is the step's), `Skipped` (no update: no group had a
+ * learning signal, every advantage was 0), or `CriticOnly` (a step of the critic's warm-up: the policy did not move).
+ * `figures` are the step's `learner/*` figures either way.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type Outcome =
+  | { readonly _tag: "Applied"; readonly loss: number; readonly figures: Figures }
+  | { readonly _tag: "Skipped"; readonly why: "NoSignal"; readonly figures: Figures }
+  | { readonly _tag: "CriticOnly"; readonly figures: Figures }
+
+/**
+ * The learning side of a run as the loop drives it: RL and SFT steps on the learner's weights, checkpoints and the
+ * weights' fingerprint. The local learner is onnxruntime's (`LocalPolicy.layer`); a remote trainer can stand behind
+ * the same service. Publishing the weights as policy versions is `PolicyVersions`' job.
+ *
+ * @category services
+ * @since 0.1.0
+ */
+export class Learner extends Context.Service<Learner, {
+  /** One RL update on these groups (advantages, loss, optimiser step). */
+  readonly learn: (step: number, groups: ReadonlyArray<Trajectory.Group>) => Effect.Effect<Outcome, RunError>
+  /** One SFT step (masked NLL on assistant tokens) on demonstration conversations; returns `warmup/...` figures. */
+  readonly sft: (step: number, rows: ReadonlyArray<Dataset.Row>) => Effect.Effect<Figures, RunError>
+  /** Saves weights and optimiser state into `dir` (which exists and is empty). */
+  readonly save: (dir: string) => Effect.Effect<void, RunError>
+  readonly load: (dir: string) => Effect.Effect<void, RunError>
+  /** A fingerprint of the learner's weights (journaled after every step), computed once per change of weights. */
+  readonly fingerprint: Effect.Effect<string, RunError>
+  /** Figures of the learner's own machinery for a step's metrics (a trainer server: `trainer/…`), if any. */
+  readonly figures?: Effect.Effect<Figures> | undefined
+}>()("agentfly/actors/Learner") {}
 
 // ===== Models =====
 
@@ -72,7 +120,8 @@ export interface Options {
   readonly recomputeOldLogprobs?: boolean
   /**
    * KL in the reward (instead of, or besides, `loss.klCoef`): every policy token's reward becomes
-   * `r − β·(log π_sampler − log π_ref)` before advantages are computed (`Loss.penalizeRewards`). Needs `reference`.
+   * `r − β·(log π_sampler − log π_ref)` before advantages are computed (`Loss.penalizeRewards`). Needs
+   * `reference`.
    */
   readonly klInReward?: number
   /**

@@ -11,6 +11,7 @@
 import { Effect, FileSystem, Schema } from "effect"
 import type { Scope } from "effect"
 import * as Report from "../src/Report.ts"
+import type * as Trajectory from "../src/Trajectory.ts"
 
 // ===== Records =====
 
@@ -103,6 +104,32 @@ export const open = Effect.fn("Metrics.open")(function*(
  * @since 0.1.0
  */
 export const read = Report.read
+
+/**
+ * A trajectory as a viewer sample: its first segment's spans with each token's text.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const sampleOf = (
+  trajectory: Trajectory.Trajectory,
+  phase: "train" | "eval",
+  step: number,
+  tokenText: (id: number) => string
+): SampleRecord => ({
+  phase,
+  step,
+  groupId: trajectory.groupId,
+  reward: trajectory.reward,
+  termination: trajectory.termination,
+  spans: trajectory.segments.flatMap((segment) =>
+    segment.spans.map((span) => ({
+      source: span.source,
+      tokens: span.tokenIds.map(tokenText),
+      ...(span.logprobs === undefined ? {} : { logprobs: span.logprobs })
+    }))
+  )
+})
 
 // ===== Live display =====
 

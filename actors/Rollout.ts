@@ -139,7 +139,9 @@ const Limits = Schema.Struct({
  * @category models
  * @since 0.1.0
  */
-export interface TaskOptions<RE> extends Omit<Options, "rows" | "messages" | "tools" | "reward" | "environment" | "episode"> {
+export interface TaskOptions<RE>
+  extends Omit<Options, "rows" | "messages" | "tools" | "reward" | "environment" | "episode">
+{
   readonly task: Task.Task<RE>
   readonly rows: ReadonlyArray<TaskRow>
   /** The system prompt of rows without `messages` (default: the task's). */
@@ -280,85 +282,138 @@ const runWith = (
   return Stream.callback<Event, RolloutError.RolloutError | Schema.SchemaError>(
     (queue) =>
       Effect.gen(function*() {
-        const rows = options.rows ?? (options.messages === undefined ? [] : [{ messages: options.messages }])
-        yield* Schema.decodeUnknownEffect(Limits)({
-          numChains: options.numChains,
-          maxTurns: options.maxTurns,
-          maxConcurrentChains: options.maxConcurrentChains ?? 64,
-          bufferSize,
-          rows,
-          ...(options.maxContextTokens === undefined ? {} : { maxContextTokens: options.maxContextTokens })
-        })
-        const runId = options.runId ?? (yield* Random.nextIntBetween(0, 0x7fffffff)).toString(16)
+        const rows = yield* checkedRows(options, bufferSize)
         const stats = options.stats ?? RolloutChain.makeStats()
-        const config: RolloutChain.Config = {
-          turnSource,
-          format: options.format,
-          tools: options.tools ?? ChainPorts.noTools,
-          reward: options.reward,
-          environment: options.environment ?? (Environment.none as unknown as Environment.Provider<any, any, never>),
-          episode: options.episode,
-          sampling: options.sampling,
-          maxTurns: options.maxTurns,
-          maxContextTokens: options.maxContextTokens,
-          policies: options.policies,
-          retry: options.retry,
-          stats
+        const run: Run = {
+          options,
+          runId: options.runId ?? (yield* Random.nextIntBetween(0, 0x7fffffff)).toString(16),
+          config: chainConfig(options, turnSource, stats),
+          restart: options.restart ?? Schedule.max([Schedule.spaced(100), Schedule.recurs(2)]),
+          permits: yield* Semaphore.make(options.maxConcurrentChains ?? 64),
+          chains: yield* FiberSet.make<void>(),
+          queue,
+          aborted: false
         }
-        const restart = options.restart ?? Schedule.max([Schedule.spaced(100), Schedule.recurs(2)])
-        const permits = yield* Semaphore.make(options.maxConcurrentChains ?? 64)
-        const chains = yield* FiberSet.make<void>()
-        let aborted = false
-
         const rowOffset = options.rowOffset ?? 0
-        for (let rowIndex = rowOffset; rowIndex < rowOffset + rows.length && !aborted; rowIndex++) {
-          const row = rows[rowIndex - rowOffset]!
-          const { messages, ...fields } = row
-          const groupId = `${runId}-g${rowIndex}`
-          const group = makeCollector(groupId, rowIndex, options.numChains, stats)
-          for (let chainIndex = 0; chainIndex < options.numChains && !aborted; chainIndex++) {
-            yield* Semaphore.take(permits, 1)
-            const chainId = `${groupId}-c${chainIndex}`
-            const seed = options.sampling.seed
-            const spec: RolloutChain.Spec = {
-              trajectoryId: chainId,
-              groupId,
-              chainId,
-              messages,
-              rowIndex,
-              // One world per group: every chain of a row starts its episode from the same seed.
-              episodeSeed: (seed ?? 0) + rowIndex * options.numChains,
-              ...(Object.keys(fields).length === 0 ? {} : { row: fields })
-            }
-            const chainConfig = seed === undefined ? config : {
-              ...config,
-              sampling: { ...config.sampling, seed: seed + rowIndex * options.numChains + chainIndex }
-            }
-            stats.chainsStarted++
-            stats.chainsInFlight++
-            yield* FiberSet.run(
-              chains,
-              supervise(spec, chainConfig, restart).pipe(
-                Effect.flatMap((outcome) => group.deliver(chainIndex, outcome, queue)),
-                Effect.catch((error) =>
-                  Effect.suspend(() => {
-                    aborted = true
-                    return Queue.fail(queue, error)
-                  })
-                ),
-                Effect.ensuring(Effect.suspend(() => {
-                  stats.chainsInFlight--
-                  stats.chainsFinished++
-                  return Semaphore.release(permits, 1)
-                }))
-              )
-            )
-          }
+        for (let rowIndex = rowOffset; rowIndex < rowOffset + rows.length && !run.aborted; rowIndex++) {
+          yield* startRow(run, rowIndex, rows[rowIndex - rowOffset]!)
         }
-        yield* FiberSet.awaitEmpty(chains)
+        yield* FiberSet.awaitEmpty(run.chains)
         yield* Queue.end(queue)
       }),
     { bufferSize, strategy: "suspend" }
+  )
+}
+
+/** One call of `run`: what its rows' chains share, and whether a chain aborted it (no chain starts after that). */
+interface Run {
+  readonly options: Options
+  readonly runId: string
+  readonly config: RolloutChain.Config
+  readonly restart: Schedule.Schedule<unknown, unknown>
+  /** A chain in flight holds one permit. */
+  readonly permits: Semaphore.Semaphore
+  readonly chains: FiberSet.FiberSet<void>
+  readonly queue: Queue.Queue<Event, RolloutError.RolloutError | Schema.SchemaError | Cause.Done>
+  aborted: boolean
+}
+
+/** The rows of `options` (or its single `messages`), checked with the limits before any chain starts. */
+const checkedRows = (
+  options: Options,
+  bufferSize: number
+): Effect.Effect<ReadonlyArray<Row>, Schema.SchemaError> => {
+  const rows = options.rows ?? (options.messages === undefined ? [] : [{ messages: options.messages }])
+  return Effect.as(
+    Schema.decodeUnknownEffect(Limits)({
+      numChains: options.numChains,
+      maxTurns: options.maxTurns,
+      maxConcurrentChains: options.maxConcurrentChains ?? 64,
+      bufferSize,
+      rows,
+      ...(options.maxContextTokens === undefined ? {} : { maxContextTokens: options.maxContextTokens })
+    }),
+    rows
+  )
+}
+
+/** What every chain of a run shares. */
+const chainConfig = (
+  options: Options,
+  turnSource: RolloutChain.TurnSource,
+  stats: RolloutChain.Stats
+): RolloutChain.Config => ({
+  turnSource,
+  format: options.format,
+  tools: options.tools ?? ChainPorts.noTools,
+  reward: options.reward,
+  environment: options.environment ?? (Environment.none as unknown as Environment.Provider<any, any, never>),
+  episode: options.episode,
+  sampling: options.sampling,
+  maxTurns: options.maxTurns,
+  maxContextTokens: options.maxContextTokens,
+  policies: options.policies,
+  retry: options.retry,
+  stats
+})
+
+/** Starts a row's chains (one group), each once a permit is free; stops when a chain aborted the run. */
+const startRow = Effect.fnUntraced(function*(run: Run, rowIndex: number, row: Row) {
+  const { numChains } = run.options
+  const { messages, ...fields } = row
+  const groupId = `${run.runId}-g${rowIndex}`
+  const group = makeCollector(groupId, rowIndex, numChains, run.config.stats)
+  for (let chainIndex = 0; chainIndex < numChains && !run.aborted; chainIndex++) {
+    yield* Semaphore.take(run.permits, 1)
+    const chainId = `${groupId}-c${chainIndex}`
+    const seed = run.options.sampling.seed
+    const spec: RolloutChain.Spec = {
+      trajectoryId: chainId,
+      groupId,
+      chainId,
+      messages,
+      rowIndex,
+      // One world per group: every chain of a row starts its episode from the same seed.
+      episodeSeed: (seed ?? 0) + rowIndex * numChains,
+      ...(Object.keys(fields).length === 0 ? {} : { row: fields })
+    }
+    const config = seed === undefined ? run.config : {
+      ...run.config,
+      sampling: { ...run.config.sampling, seed: seed + rowIndex * numChains + chainIndex }
+    }
+    yield* startChain(run, spec, config, (outcome) => group.deliver(chainIndex, outcome, run.queue))
+  }
+})
+
+/**
+ * Runs a chain in the run's fiber set under supervision: its outcome is delivered to its group; an `abort_run`
+ * error fails the stream and stops the run; its permit is released however it ends.
+ */
+const startChain = (
+  run: Run,
+  spec: RolloutChain.Spec,
+  config: RolloutChain.Config,
+  deliver: (outcome: RolloutChain.Outcome) => Effect.Effect<void>
+): Effect.Effect<unknown> => {
+  const stats = config.stats
+  stats.chainsStarted++
+  stats.chainsInFlight++
+  return FiberSet.run(
+    run.chains,
+    supervise(spec, config, run.restart).pipe(
+      Effect.flatMap(deliver),
+      Effect.catch((error) =>
+        Effect.suspend(() => {
+          run.aborted = true
+          return Queue.fail(run.queue, error)
+        })
+      ),
+      Effect.ensuring(Effect.suspend(() => {
+        stats.chainsInFlight--
+        stats.chainsFinished++
+        return Semaphore.release(run.permits, 1)
+      }))
+    )
   )
 }
 

@@ -18,7 +18,9 @@
  * invalid tool call in the run's figures), and the trajectory's `error` says so (`errorReason: "ParseFailed"`) while
  * its termination stays `stop` / `context_length`, the reason the chain ended.
  * - `episode_end`: the environment ended the episode (`Environment.Episode.step` returned an `end` reason);
- * - `error`: an error whose policy ends the chain (see `src/RolloutError.ts`).
+ * - `error`: an error whose policy ends the chain (see `src/RolloutError.ts`). It leaves the failing step as a
+ *   `ChainEnded` failure (`actors/internal/chainPolicy.ts`) and reaches, through the error channel, the one place
+ *   that turns it into the chain's ending (`runScoped`).
  *
  * With an episode protocol (`Config.episode`), the chain resets its environment with its row and seed before the
  * first sample (`start`, whose messages join the prompt) and lets it speak after every turn (`step`: messages of
@@ -34,12 +36,14 @@
 import { Clock, Context, Effect, Schedule } from "effect"
 import type { Scope } from "effect"
 import * as Environment from "../src/Environment.ts"
-import type { AssistantTurn, Format, Score, Scorer, ToolRunner, Transcript } from "../src/ChainPorts.ts"
+import type { AssistantTurn, Format, Score, Scorer, ToolRunner, ToolTurn, Transcript } from "../src/ChainPorts.ts"
 import type { Conversation, Message } from "../src/Message.ts"
 import * as RolloutError from "../src/RolloutError.ts"
-import type { ChatSampler, Sampler, SamplerError, SamplingParams } from "../src/Sampler.ts"
+import type { ChatSampler, Sampler, SamplingParams } from "../src/Sampler.ts"
 import { clipSegment } from "../src/Trajectory.ts"
 import type { Segment, Termination, Trajectory } from "../src/Trajectory.ts"
+import { ChainEnded, endingOf, feedbackAs, settle, withPolicy, withVerdict } from "./internal/chainPolicy.ts"
+import type { Ending, Verdict } from "./internal/chainPolicy.ts"
 import { mergeMetrics } from "./internal/mergeMetrics.ts"
 
 /**
@@ -203,63 +207,6 @@ export interface Outcome {
   readonly dropGroup: boolean
 }
 
-/** A policy's verdict that ends the chain, carried to the finishing code. */
-interface Ending {
-  readonly termination: Termination
-  /** The error that ended the chain, or (without a policy) the tool call a cut turn left unreadable. */
-  readonly error?: RolloutError.RolloutError | undefined
-  readonly policy?: RolloutError.Policy | undefined
-  readonly episodeEnd?: string | undefined
-}
-
-const defaultRetry = Schedule.max([Schedule.exponential(100).pipe(Schedule.jittered), Schedule.recurs(5)])
-
-/**
- * Runs a step under the reason's policy: `retry` retries it (then applies `afterRetry`), `abort_run` fails the
- * chain with the error; every other policy returns the error as a value for the loop to apply.
- */
-const withPolicy = <A, R>(
-  config: Config,
-  step: Effect.Effect<A, RolloutError.RolloutError, R>
-): Effect.Effect<A | ResolvedError, RolloutError.RolloutError, R> =>
-  // The retry schedule is only set up once a step has failed: the happy path pays for one `catch`.
-  Effect.catch(step, (error) =>
-    RolloutError.policyFor(error.reason, config.policies) === "retry"
-      ? step.pipe(
-        Effect.retry({
-          schedule: config.retry ?? defaultRetry,
-          while: (e: RolloutError.RolloutError) => RolloutError.policyFor(e.reason, config.policies) === "retry"
-        }),
-        Effect.catch((e) => resolve(config, e))
-      )
-      : resolve(config, error))
-
-/** The policy that applies to an error now (after any retries); fails the chain on `abort_run`. */
-const resolve = (
-  config: Config,
-  error: RolloutError.RolloutError
-): Effect.Effect<ResolvedError, RolloutError.RolloutError> => {
-  bump(config.stats.errors, error.reason)
-  const declared = RolloutError.policyFor(error.reason, config.policies)
-  const policy = declared === "retry" ? RolloutError.afterRetry(config.policies) : declared
-  return policy === "abort_run" ? Effect.fail(error) : Effect.succeed(new ResolvedError(error, policy))
-}
-
-class ResolvedError {
-  readonly error: RolloutError.RolloutError
-  readonly policy: Exclude<RolloutError.Policy, "retry" | "abort_run">
-  constructor(error: RolloutError.RolloutError, policy: Exclude<RolloutError.Policy, "retry" | "abort_run">) {
-    this.error = error
-    this.policy = policy
-  }
-}
-
-const feedbackMessage = (error: RolloutError.RolloutError, id: string): Message => ({
-  role: "tool",
-  content: error.message,
-  tool_call_id: id,
-  is_error: true
-})
 
 /**
  * Runs one chain to its end in a scope of its own and returns its trajectory. Fails only with an error whose
@@ -271,186 +218,253 @@ const feedbackMessage = (error: RolloutError.RolloutError, id: string): Message 
 export const run = (spec: Spec, config: Config): Effect.Effect<Outcome, RolloutError.RolloutError> =>
   Effect.scoped(runScoped(spec, config))
 
+// ===== The loop =====
+
+/**
+ * One chain's state, shared by its steps: what it holds so far (read by `finish`, however the chain ends) and its
+ * own counters.
+ */
+interface Chain {
+  readonly spec: Spec
+  readonly config: Config
+  /** The fiber's clock (a `TestClock` in tests), read directly rather than looked up twice a turn. */
+  readonly clock: Clock.Clock
+  readonly startedAt: number
+  /** The environment's services: empty until acquired. */
+  env: Context.Context<never>
+  /** Undefined until the prompt is rendered. */
+  transcript: Transcript | undefined
+  readonly stopTokenIds: ReadonlyArray<number>
+  /** One request's parameters, rebuilt only when the context budget lowers `maxTokens`. */
+  sampling: SamplingParams
+  turns: number
+  toolCalls: number
+  tokens: number
+  samplerMs: number
+  readonly toolErrors: Map<string, number>
+}
+
 const runScoped = Effect.fnUntraced(function*(
   spec: Spec,
   config: Config
 ): Effect.fn.Return<Outcome, RolloutError.RolloutError, Scope.Scope> {
-  const stats = config.stats
   const startedAt = yield* Clock.currentTimeMillis
-  const local: Local = { turns: 0, toolCalls: 0, tokens: 0, samplerMs: 0, toolErrors: new Map() }
-  const rowIndex = spec.rowIndex ?? 0
-  const seed = spec.episodeSeed ?? 0
-  const row = spec.row ?? {}
-
-  const acquired = yield* withPolicy(
+  const stopTokenIds = [...(config.sampling.stopTokenIds ?? []), ...config.format.stopTokenIds]
+  const chain: Chain = {
+    spec,
     config,
-    config.environment.acquire({ chainId: spec.chainId, groupId: spec.groupId, rowIndex, row, seed }).pipe(
+    clock: yield* Clock.Clock,
+    startedAt,
+    env: Context.empty(),
+    transcript: undefined,
+    stopTokenIds,
+    sampling: { ...config.sampling, stopTokenIds },
+    turns: 0,
+    toolCalls: 0,
+    tokens: 0,
+    samplerMs: 0,
+    toolErrors: new Map()
+  }
+  // Every ending meets here: the loop's own, or that of an error whose policy ended the chain at any step.
+  const ending = yield* Effect.catchTag(play(chain), "ChainEnded", (ended) => Effect.succeed(endingOf(ended)))
+  return yield* finish(chain, ending)
+})
+
+/** The chain from its environment to its last turn. */
+const play = Effect.fnUntraced(function*(
+  chain: Chain
+): Effect.fn.Return<Ending, RolloutError.RolloutError | ChainEnded, Scope.Scope> {
+  const transcript = yield* open(chain)
+  while (true) {
+    const ending = yield* playTurn(chain, transcript)
+    if (ending !== undefined) return ending
+  }
+})
+
+/** Acquires the chain's environment (in the chain's scope), starts its episode and renders the prompt. */
+const open = Effect.fnUntraced(function*(
+  chain: Chain
+): Effect.fn.Return<Transcript, RolloutError.RolloutError | ChainEnded, Scope.Scope> {
+  const { config, spec } = chain
+  const episode = { chainId: spec.chainId, groupId: spec.groupId, rowIndex: spec.rowIndex ?? 0, row: spec.row ?? {} }
+  const seed = spec.episodeSeed ?? 0
+  chain.env = yield* withPolicy(
+    config,
+    config.environment.acquire({ ...episode, seed }).pipe(
       Effect.map((context): Context.Context<never> => context),
       Effect.mapError((e) =>
         new RolloutError.RolloutError({ reason: "LeaseFailed", message: errorText(e), chainId: spec.chainId })
       )
     )
   )
-  if (acquired instanceof ResolvedError) {
-    return yield* finish(spec, config, undefined, Context.empty(), local, startedAt, toEnding(acquired))
-  }
-  const env = acquired
   let prompt = spec.messages
   const episodeStart = config.episode?.start
   if (episodeStart !== undefined) {
     const first = yield* withPolicy(
       config,
-      inEnvironment(
-        episodeStart({ chainId: spec.chainId, groupId: spec.groupId, rowIndex, row, seed, messages: spec.messages }),
-        env,
-        "start"
-      )
+      inEnvironment(episodeStart({ ...episode, seed, messages: spec.messages }), chain.env, "start")
     )
-    if (first instanceof ResolvedError) {
-      return yield* finish(spec, config, undefined, env, local, startedAt, toEnding(first))
-    }
     if (first !== undefined && first.length > 0) prompt = [...prompt, ...Environment.toMessages(first)]
   }
-  const started = yield* withPolicy(config, config.format.start(prompt, config.tools.schemas))
-  if (started instanceof ResolvedError) {
-    return yield* finish(spec, config, undefined, env, local, startedAt, toEnding(started))
-  }
-  const transcript = started
-  const stopTokenIds = [...(config.sampling.stopTokenIds ?? []), ...config.format.stopTokenIds]
-  // One request's parameters, rebuilt only when the context budget lowers `maxTokens`.
-  let sampling: SamplingParams = { ...config.sampling, stopTokenIds }
-  const clock = yield* Clock.Clock
-
-  const ending: Ending = yield* Effect.gen(function*(): Effect.fn.Return<Ending, RolloutError.RolloutError> {
-    while (true) {
-      if (local.turns >= config.maxTurns) return { termination: "max_turns" }
-      const remaining = config.maxContextTokens === undefined
-        ? Number.POSITIVE_INFINITY
-        : config.maxContextTokens - transcript.length()
-      if (remaining <= 0) return { termination: "context_length" }
-      const maxTokens = Math.min(config.sampling.maxTokens, remaining)
-      if (maxTokens !== sampling.maxTokens) sampling = { ...config.sampling, maxTokens, stopTokenIds }
-      const before = transcript.length()
-      const turn = yield* sampleTurn(spec, config, transcript, sampling, local, clock)
-      if (turn instanceof ResolvedError) return toEnding(turn)
-      const generated = transcript.length() - before
-      stats.tokensGenerated += generated
-      local.tokens += generated
-      local.turns++
-      stats.turns++
-      if (!turn.complete) return cutTurn(spec, config, turn, local, maxTokens < config.sampling.maxTokens)
-      // Parse failures: with `feedback` the model reads what was wrong; valid calls of the same turn still run.
-      const feedback: Array<Message> = []
-      if (turn.parseErrors.length > 0) {
-        const resolved = yield* resolve(
-          config,
-          new RolloutError.RolloutError({
-            reason: "ParseFailed",
-            message: `could not parse the tool call: ${turn.parseErrors.join("; ")}`,
-            chainId: spec.chainId
-          })
-        )
-        if (resolved.policy !== "feedback") return toEnding(resolved)
-        feedback.push(feedbackMessage(resolved.error, `parse_error_${local.turns}`))
-      } else if (turn.toolCalls.length === 0 && config.episode?.step === undefined) {
-        return { termination: "no_tool_call" }
-      }
-      let observations: ReadonlyArray<Message> = feedback
-      let terminal = false
-      if (turn.toolCalls.length > 0) {
-        local.toolCalls += turn.toolCalls.length
-        for (const call of turn.toolCalls) bump(stats.toolCalls, call.function.name)
-        const executed = yield* withPolicy(config, config.tools.executeTurn(turn.toolCalls, env))
-        if (executed instanceof ResolvedError) {
-          if (executed.policy !== "feedback" || !RolloutError.canFeedBack(executed.error.reason)) {
-            return toEnding(executed)
-          }
-          observations = [...turn.toolCalls.map((call) => feedbackMessage(executed.error, call.id)), ...feedback]
-        } else {
-          observations = feedback.length === 0 ? executed.messages : [...executed.messages, ...feedback]
-          terminal = executed.terminal
-          for (const reason of executed.errors ?? []) bump(local.toolErrors, reason)
-        }
-      }
-      // The environment speaks after the tools ran (not after a terminal tool: the chain ends with `answer`).
-      let end: string | undefined
-      const episodeStep = config.episode?.step
-      if (episodeStep !== undefined && !terminal) {
-        const said = yield* withPolicy(
-          config,
-          inEnvironment(episodeStep({ turn: local.turns, assistant: turn.message, observations }), env, "step")
-        )
-        if (said instanceof ResolvedError) return toEnding(said)
-        if (said !== undefined) {
-          const spoken = Environment.toMessages(said.messages ?? [])
-          observations = observations.length === 0 ? spoken : [...observations, ...spoken]
-          end = said.end
-        }
-        if (observations.length === 0 && end === undefined) return { termination: "no_tool_call" }
-      }
-      if (observations.length > 0) {
-        const appended = yield* withPolicy(config, transcript.appendObservations(observations))
-        if (appended instanceof ResolvedError) return toEnding(appended)
-      }
-      if (terminal) return { termination: "answer" }
-      if (end !== undefined) return { termination: "episode_end", episodeEnd: end }
-      // An observation can overrun the budget (a 1,000-digit result); `finish` cuts the excess.
-      if (config.maxContextTokens !== undefined && transcript.length() >= config.maxContextTokens) {
-        return { termination: "context_length" }
-      }
-    }
-  })
-  return yield* finish(spec, config, transcript, env, local, startedAt, ending)
+  chain.transcript = yield* withPolicy(config, config.format.start(prompt, config.tools.schemas))
+  return chain.transcript
 })
+
+/**
+ * One turn: sample, run its tool calls, let the environment speak, append what they said. Its ending, when the
+ * turn ends the chain.
+ */
+const playTurn = Effect.fnUntraced(function*(
+  chain: Chain,
+  transcript: Transcript
+): Effect.fn.Return<Ending | undefined, RolloutError.RolloutError | ChainEnded> {
+  const { config } = chain
+  if (chain.turns >= config.maxTurns) return { termination: "max_turns" }
+  const remaining = config.maxContextTokens === undefined
+    ? Number.POSITIVE_INFINITY
+    : config.maxContextTokens - transcript.length()
+  if (remaining <= 0) return { termination: "context_length" }
+  const maxTokens = Math.min(config.sampling.maxTokens, remaining)
+  if (maxTokens !== chain.sampling.maxTokens) {
+    chain.sampling = { ...config.sampling, maxTokens, stopTokenIds: chain.stopTokenIds }
+  }
+  const before = transcript.length()
+  const turn = yield* sampleTurn(chain, transcript)
+  const generated = transcript.length() - before
+  config.stats.tokensGenerated += generated
+  chain.tokens += generated
+  chain.turns++
+  config.stats.turns++
+  if (!turn.complete) return cutTurn(chain, turn, maxTokens < config.sampling.maxTokens)
+  // Parse failures: with `feedback` the model reads what was wrong; valid calls of the same turn still run.
+  const parseFailed = turn.parseErrors.length > 0
+  if (!parseFailed && turn.toolCalls.length === 0 && config.episode?.step === undefined) {
+    return { termination: "no_tool_call" }
+  }
+  const feedback = parseFailed ? yield* parseFeedback(chain, turn) : []
+  const ran = turn.toolCalls.length === 0
+    ? { messages: feedback, terminal: false }
+    : yield* runTools(chain, turn, feedback)
+  let observations = ran.messages
+  // The environment speaks after the tools ran (not after a terminal tool: the chain ends with `answer`).
+  let end: string | undefined
+  const episodeStep = config.episode?.step
+  if (episodeStep !== undefined && !ran.terminal) {
+    const said = yield* environmentStep(chain, episodeStep, turn, observations)
+    observations = said.observations
+    end = said.end
+    if (observations.length === 0 && end === undefined) return { termination: "no_tool_call" }
+  }
+  if (observations.length > 0) yield* withPolicy(config, transcript.appendObservations(observations))
+  if (ran.terminal) return { termination: "answer" }
+  if (end !== undefined) return { termination: "episode_end", episodeEnd: end }
+  // An observation can overrun the budget (a 1,000-digit result); `finish` cuts the excess.
+  if (config.maxContextTokens !== undefined && transcript.length() >= config.maxContextTokens) {
+    return { termination: "context_length" }
+  }
+  return undefined
+})
+
+const feedbackMessage = (error: RolloutError.RolloutError, id: string): Message => ({
+  role: "tool",
+  content: error.message,
+  tool_call_id: id,
+  is_error: true
+})
+
+/** A turn's unreadable tool calls as one `ParseFailed` error; with `feedback`, a message the model reads. */
+const parseFeedback = (
+  chain: Chain,
+  turn: AssistantTurn
+): Effect.Effect<ReadonlyArray<Message>, RolloutError.RolloutError | ChainEnded> =>
+  settle(
+    chain.config,
+    new RolloutError.RolloutError({
+      reason: "ParseFailed",
+      message: `could not parse the tool call: ${turn.parseErrors.join("; ")}`,
+      chainId: chain.spec.chainId
+    }),
+    feedbackAs((error) => [feedbackMessage(error, `parse_error_${chain.turns}`)])
+  )
+
+/**
+ * Runs a turn's tool calls; their messages come before the parse feedback. With `feedback`, a failed turn's error
+ * becomes one observation per call.
+ */
+const runTools = (
+  chain: Chain,
+  turn: AssistantTurn,
+  feedback: ReadonlyArray<Message>
+): Effect.Effect<ToolTurn, RolloutError.RolloutError | ChainEnded> => {
+  const { config } = chain
+  chain.toolCalls += turn.toolCalls.length
+  for (const call of turn.toolCalls) bump(config.stats.toolCalls, call.function.name)
+  const failed = feedbackAs((error): ToolTurn => ({
+    messages: turn.toolCalls.map((call) => feedbackMessage(error, call.id)),
+    terminal: false
+  }))
+  return Effect.map(withPolicy(config, config.tools.executeTurn(turn.toolCalls, chain.env), failed), (executed) => {
+    for (const reason of executed.errors ?? []) bump(chain.toolErrors, reason)
+    return feedback.length === 0 ? executed : { ...executed, messages: [...executed.messages, ...feedback] }
+  })
+}
+
+/** A turn's observations, the environment's messages after them, and the end of the episode when it said so. */
+interface Said {
+  readonly observations: ReadonlyArray<Message>
+  readonly end?: string | undefined
+}
+
+/** What the environment says after a turn (`Episode.step`), after the turn's observations; and its episode's end. */
+const environmentStep = (
+  chain: Chain,
+  step: NonNullable<Environment.Episode<any>["step"]>,
+  turn: AssistantTurn,
+  observations: ReadonlyArray<Message>
+): Effect.Effect<Said, RolloutError.RolloutError | ChainEnded> =>
+  Effect.map(
+    withPolicy(
+      chain.config,
+      inEnvironment(step({ turn: chain.turns, assistant: turn.message, observations }), chain.env, "step")
+    ),
+    (said) => {
+      if (said === undefined) return { observations }
+      const spoken = Environment.toMessages(said.messages ?? [])
+      return { observations: observations.length === 0 ? spoken : [...observations, ...spoken], end: said.end }
+    }
+  )
 
 /**
  * One assistant turn from the turn source: token mode samples ids and appends them verbatim; chat mode asks a
  * black-box API for a message and appends its rendering (no logprobs: the trajectory is not trainable).
  */
 const sampleTurn = (
-  spec: Spec,
-  config: Config,
-  transcript: Transcript,
-  sampling: SamplingParams,
-  local: Local,
-  clock: Clock.Clock
-): Effect.Effect<AssistantTurn | ResolvedError, RolloutError.RolloutError> => {
+  chain: Chain,
+  transcript: Transcript
+): Effect.Effect<AssistantTurn, RolloutError.RolloutError | ChainEnded> => {
+  const { config } = chain
   const source = config.turnSource
-  // Latency of the sampler call itself (retries included), without parsing and tokenizing; the chain's clock is
-  // read directly (it is the fiber's, a `TestClock` in tests) instead of looked up twice a turn.
-  const timed = <A, E>(call: Effect.Effect<A, E>): Effect.Effect<A, E> =>
-    Effect.suspend(() => {
-      // Read when the call starts, not when it is built.
-      const t0 = clock.currentTimeMillisUnsafe()
-      return Effect.ensuring(
-        call,
-        Effect.sync(() => {
-          const ms = clock.currentTimeMillisUnsafe() - t0
-          config.stats.samplerCalls++
-          config.stats.samplerLatencyMs += ms
-          local.samplerMs += ms
-        })
-      )
-    })
-  const fromSampler = (e: SamplerError) => RolloutError.fromSamplerError(e, spec.chainId)
-  if (source._tag === "Tokens") {
-    return Effect.flatMap(
-      timed(withPolicy(
-        config,
-        Effect.mapError(
-          source.sampler.generate({ promptTokenIds: transcript.promptTokenIds(), sampling }),
-          fromSampler
-        )
-      )),
-      (sampled) =>
-        sampled instanceof ResolvedError
-          ? Effect.succeed(sampled)
-          : withPolicy(config, transcript.appendSampled(sampled))
-    )
-  }
+  if (source._tag === "Chat") return chatTurn(chain, source.chat, transcript)
+  const sampled = Effect.mapError(
+    source.sampler.generate({ promptTokenIds: transcript.promptTokenIds(), sampling: chain.sampling }),
+    (e) => RolloutError.fromSamplerError(e, chain.spec.chainId)
+  )
+  return Effect.flatMap(
+    timed(chain, withPolicy(config, sampled)),
+    (result) => withPolicy(config, transcript.appendSampled(result))
+  )
+}
+
+/** Chat mode's turn: the API's message, rendered by the format's `appendAssistant`. */
+const chatTurn = (
+  chain: Chain,
+  chat: ChatSampler["Service"],
+  transcript: Transcript
+): Effect.Effect<AssistantTurn, RolloutError.RolloutError | ChainEnded> => {
+  const { config, spec } = chain
   const appendAssistant = transcript.appendAssistant
   if (appendAssistant === undefined) {
-    return resolve(
+    return settle(
       config,
       new RolloutError.RolloutError({
         reason: "TemplateFailed",
@@ -459,58 +473,60 @@ const sampleTurn = (
       })
     )
   }
-  return Effect.flatMap(
-    timed(withPolicy(
-      config,
-      Effect.mapError(
-        source.chat.complete({ messages: transcript.messages(), tools: config.tools.schemas, sampling }),
-        fromSampler
-      )
-    )),
-    (reply) =>
-      reply instanceof ResolvedError ? Effect.succeed(reply) : withPolicy(
-        config,
-        Effect.map(
-          appendAssistant({
-            role: "assistant",
-            content: reply.content,
-            ...(reply.toolCalls.length === 0 ? {} : { tool_calls: reply.toolCalls })
-          }),
-          (turn) => {
-            const complete = reply.finishReason !== "length"
-            return turn.complete === complete ? turn : { ...turn, complete }
-          }
-        )
-      )
+  const completed = Effect.mapError(
+    chat.complete({ messages: transcript.messages(), tools: config.tools.schemas, sampling: chain.sampling }),
+    (e) => RolloutError.fromSamplerError(e, spec.chainId)
   )
+  return Effect.flatMap(timed(chain, withPolicy(config, completed)), (reply) =>
+    withPolicy(
+      config,
+      Effect.map(
+        appendAssistant({
+          role: "assistant",
+          content: reply.content,
+          ...(reply.toolCalls.length === 0 ? {} : { tool_calls: reply.toolCalls })
+        }),
+        (turn) => {
+          const complete = reply.finishReason !== "length"
+          return turn.complete === complete ? turn : { ...turn, complete }
+        }
+      )
+    ))
 }
 
-/** Mutable per-chain counters. */
-interface Local {
-  turns: number
-  toolCalls: number
-  tokens: number
-  samplerMs: number
-  readonly toolErrors: Map<string, number>
-}
+/** Latency of a sampler call itself (retries included), without parsing and tokenizing: per chain and per run. */
+const timed = <A, E>(chain: Chain, call: Effect.Effect<A, E>): Effect.Effect<A, E> =>
+  Effect.suspend(() => {
+    // Read when the call starts, not when it is built.
+    const t0 = chain.clock.currentTimeMillisUnsafe()
+    return Effect.ensuring(
+      call,
+      Effect.sync(() => {
+        const ms = chain.clock.currentTimeMillisUnsafe() - t0
+        chain.config.stats.samplerCalls++
+        chain.config.stats.samplerLatencyMs += ms
+        chain.samplerMs += ms
+      })
+    )
+  })
 
 /**
  * The ending of a turn cut by max tokens (`stop`) or by the context budget (`context_length`). A tool call the cut
  * left unreadable (opened and never closed) is a failed call, counted as `tool_errors/ParseFailed`; no policy
  * applies (the chain ends either way), but the trajectory's `error` says what was cut.
  */
-const cutTurn = (spec: Spec, config: Config, turn: AssistantTurn, local: Local, byContext: boolean): Ending => {
+const cutTurn = (chain: Chain, turn: AssistantTurn, byContext: boolean): Ending => {
   const termination = byContext ? "context_length" : "stop"
   if (turn.parseErrors.length === 0) return { termination }
-  bump(local.toolErrors, "ParseFailed", turn.parseErrors.length)
-  bump(config.stats.errors, "ParseFailed")
+  bump(chain.toolErrors, "ParseFailed", turn.parseErrors.length)
+  bump(chain.config.stats.errors, "ParseFailed")
   const limit = byContext ? "the context budget" : "max tokens"
   return {
     termination,
     error: new RolloutError.RolloutError({
       reason: "ParseFailed",
       message: `the turn was cut by ${limit} inside a tool call: ${turn.parseErrors.join("; ")}`,
-      chainId: spec.chainId
+      chainId: chain.spec.chainId
     })
   }
 }
@@ -531,14 +547,10 @@ const inEnvironment = <A>(
     )
   ) as Effect.Effect<A, RolloutError.RolloutError>
 
-const toEnding = (resolved: ResolvedError): Ending => ({
-  termination: "error",
-  error: resolved.error,
-  policy: resolved.policy === "feedback" ? "mask" : resolved.policy
-})
-
 const errorText = (e: unknown): string =>
   typeof e === "object" && e !== null && "message" in e ? String((e as { message: unknown }).message) : String(e)
+
+// ===== The ending =====
 
 /** Segments cut to the context budget: what a tool returned past it is never trained on nor fed to the model. */
 const clipped = (segments: ReadonlyArray<Segment>, maxTokens: number | undefined) =>
@@ -548,25 +560,18 @@ const clipped = (segments: ReadonlyArray<Segment>, maxTokens: number | undefined
  * Builds the trajectory, scores it (in the chain's scope, with its environment) and counts the ending. Plain
  * combinators rather than a generator: this runs once per episode on every chain.
  */
-const finish = (
-  spec: Spec,
-  config: Config,
-  transcript: Transcript | undefined,
-  env: Context.Context<never>,
-  local: Local,
-  startedAt: number,
-  ending: Ending
-): Effect.Effect<Outcome, RolloutError.RolloutError> =>
+const finish = (chain: Chain, ending: Ending): Effect.Effect<Outcome, RolloutError.RolloutError> =>
   Effect.flatMap(Clock.currentTimeMillis, (endedAt) => {
+    const { config, spec, transcript } = chain
     const masked = ending.policy === "mask" || ending.policy === "drop_group"
     const metrics: Record<string, number> = {
-      turns: local.turns,
-      tool_calls: local.toolCalls,
-      tokens_generated: local.tokens,
-      sampler_latency_ms: local.samplerMs,
-      rollout_time_ms: endedAt - startedAt
+      turns: chain.turns,
+      tool_calls: chain.toolCalls,
+      tokens_generated: chain.tokens,
+      sampler_latency_ms: chain.samplerMs,
+      rollout_time_ms: endedAt - chain.startedAt
     }
-    for (const [reason, n] of local.toolErrors) metrics[`tool_errors/${reason}`] = n
+    for (const [reason, n] of chain.toolErrors) metrics[`tool_errors/${reason}`] = n
     const trajectory: Trajectory = {
       trajectoryId: spec.trajectoryId,
       groupId: spec.groupId,
@@ -589,13 +594,14 @@ const finish = (
       ? Effect.succeed({ trajectory: { ...trajectory, reward: 0, rewardStatus: "scored" }, dropGroup: false })
       : masked
       ? Effect.succeed({ trajectory, dropGroup: ending.policy === "drop_group" })
-      : score(trajectory, config, env)
+      : score(trajectory, config, chain.env)
     return Effect.map(outcome, (done) => {
       bump(config.stats.terminations, done.trajectory.termination)
       return done
     })
   })
 
+/** The reward's verdict on a trajectory (a failed reward ends nothing: its policy scores or masks it). */
 const score = (
   trajectory: Trajectory,
   config: Config,
@@ -604,19 +610,25 @@ const score = (
   if (config.reward === undefined) {
     return Effect.succeed({ trajectory: { ...trajectory, rewardStatus: "not_applicable" }, dropGroup: false })
   }
-  return Effect.map(withPolicy(config, config.reward(trajectory, env)), (scored): Outcome => {
-    if (!(scored instanceof ResolvedError)) return { trajectory: applyScore(trajectory, scored), dropGroup: false }
-    const masked = scored.policy === "mask" || scored.policy === "drop_group"
-    return {
-      trajectory: {
-        ...trajectory,
-        reward: 0,
-        rewardStatus: masked ? "failed" : "scored",
-        masked: trajectory.masked || masked,
-        error: `${scored.error.reason}: ${scored.error.message}`,
-        errorReason: scored.error.reason
-      },
-      dropGroup: scored.policy === "drop_group"
-    }
-  })
+  const scored = Effect.map(
+    config.reward(trajectory, env),
+    (score): Outcome => ({ trajectory: applyScore(trajectory, score), dropGroup: false })
+  )
+  return withVerdict(config, scored, (error, verdict): Outcome => rewardFailed(trajectory, error, verdict))
+}
+
+/** A trajectory whose reward failed: scored 0 (`zero_reward`, `feedback`) or masked (`mask`, `drop_group`). */
+const rewardFailed = (trajectory: Trajectory, error: RolloutError.RolloutError, verdict: Verdict): Outcome => {
+  const masked = verdict === "mask" || verdict === "drop_group"
+  return {
+    trajectory: {
+      ...trajectory,
+      reward: 0,
+      rewardStatus: masked ? "failed" : "scored",
+      masked: trajectory.masked || masked,
+      error: `${error.reason}: ${error.message}`,
+      errorReason: error.reason
+    },
+    dropGroup: verdict === "drop_group"
+  }
 }

@@ -16,28 +16,35 @@
  *   seeds and row indices the trainer's own process would give them, as with HTTP workers.
  * - **A Redis that restarts** (no persistence) forgets the queue: the trainer sends again a share that is neither
  *   answered nor on the stream at two checks in a row, and workers re-create their consumer group. Every command is
- *   typed (`TrainerError` `Workers`); a worker logs a failed one and goes on.
+ *   typed (`RunError` `Workers`); a worker logs a failed one and goes on.
+ *
+ * Each side is a state record (`Client`, `QueueWorker`) with top-level functions over it. Times are `Clock`'s, so
+ * that a test moves a batch's deadline with `TestClock`; the wire and the figures are the HTTP workers' own
+ * (`internal/remoteShares.ts`).
  *
  * @since 0.1.0
  */
-import { Effect, Schema } from "effect"
+import { Clock, Effect, Layer, Option, Schema } from "effect"
 import type { Scope } from "effect"
 import { Redis } from "ioredis"
 import { randomUUID } from "node:crypto"
 import type * as Dataset from "../src/Dataset.ts"
-import { Sampler } from "../src/Sampler.ts"
 import type * as Trajectory from "../src/Trajectory.ts"
 import type * as InferenceServers from "./InferenceServers.ts"
 import {
-  addCounts,
   decodeResponse,
-  mergeEnvFigures,
+  gather,
+  type Gathered,
+  makeGathered,
   RolloutRequest,
-  RolloutResponse,
-  samplingCounts
-} from "./RolloutWorker.ts"
-import { collectGroups, TrainerError } from "./Trainer.ts"
-import type { Agent, RemoteRollouts } from "./Trainer.ts"
+  rollOut,
+  sharesOf,
+  takeFigures,
+  workersError
+} from "./internal/remoteShares.ts"
+import * as Rollouts from "./Rollouts.ts"
+import type { BatchSampling, RolloutSetup } from "./RolloutSetup.ts"
+import type { RunError } from "./RunError.ts"
 
 const GROUP = "workers"
 const WORKERS = "agentfly:rollouts:workers"
@@ -46,40 +53,44 @@ const keysOf = (agentKey: string) => {
   return { shares: `${prefix}:shares`, results: (token: string) => `${prefix}:results:${token}` }
 }
 
-const workersError = (message: string) => new TrainerError({ reason: "Workers", message })
 const messageOf = (e: unknown) => String((e as Error).message ?? e)
 
 /** One Redis command, its failure typed (`Workers`, naming the queue and the command). */
-const call = (url: string) => <A>(what: string, f: () => Promise<A>) =>
-  Effect.tryPromise({ try: f, catch: (e) => workersError(`the rollout queue ${url}: ${what} failed (${messageOf(e)})`) })
+const call = <A>(url: string, what: string, f: () => Promise<A>) =>
+  Effect.tryPromise({
+    try: f,
+    catch: (e) => workersError(`the rollout queue ${url}: ${what} failed (${messageOf(e)})`)
+  })
 
-/** Since when a connection has been down (undefined while up), and the last error it reported. */
+/** Since when (`Clock` milliseconds) a connection has been down (undefined while up), and its last error. */
 interface Link {
   downSince: number | undefined
   lastError: string
 }
 
 const connect = (url: string, link?: Link) =>
-  Effect.acquireRelease(
-    Effect.tryPromise({
-      try: () => {
-        // A command waits through 20 reconnection attempts, 0.5 s apart (≈ 10 s), for a lost connection, then fails.
-        const redis = new Redis(url, { lazyConnect: true, maxRetriesPerRequest: 20, retryStrategy: () => 500 })
-        redis.on("error", (e: unknown) => {
-          if (link !== undefined) link.lastError = messageOf(e)
-        }) // reconnects in the background
-        return redis.connect().then(() => {
-          if (link !== undefined) {
-            redis.on("close", () => void (link.downSince ??= Date.now()))
-            redis.on("ready", () => void (link.downSince = undefined))
-          }
-          return redis
-        }, (e) => (redis.disconnect(), Promise.reject(e)))
-      },
-      catch: (e) => workersError(`the rollout queue ${url} cannot be reached (${messageOf(e)})`)
-    }),
-    (redis) => Effect.sync(() => redis.disconnect())
-  )
+  Effect.flatMap(Effect.clockWith(Effect.succeed), (clock) =>
+    Effect.acquireRelease(
+      Effect.tryPromise({
+        try: () => {
+          // A command waits through 20 reconnection attempts, 0.5 s apart (≈ 10 s), for a lost connection, then
+          // fails.
+          const redis = new Redis(url, { lazyConnect: true, maxRetriesPerRequest: 20, retryStrategy: () => 500 })
+          redis.on("error", (e: unknown) => {
+            if (link !== undefined) link.lastError = messageOf(e)
+          }) // reconnects in the background
+          return redis.connect().then(() => {
+            if (link !== undefined) {
+              redis.on("close", () => void (link.downSince ??= clock.currentTimeMillisUnsafe()))
+              redis.on("ready", () => void (link.downSince = undefined))
+            }
+            return redis
+          }, (e) => (redis.disconnect(), Promise.reject(e)))
+        },
+        catch: (e) => workersError(`the rollout queue ${url} cannot be reached (${messageOf(e)})`)
+      }),
+      (redis) => Effect.sync(() => redis.disconnect())
+    ))
 
 /** How long a run waits for a lost queue before it stops (workers wait for it as long as it takes). */
 const giveUpMs = 10_000
@@ -87,7 +98,9 @@ const giveUpMs = 10_000
 /** The shares stream's consumer group, created with the stream unless it exists. */
 const ensureGroup = (redis: Redis, stream: string) =>
   Effect.tryPromise({ try: () => redis.xgroup("CREATE", stream, GROUP, "$", "MKSTREAM"), catch: messageOf }).pipe(
-    Effect.catch((why) => why.includes("BUSYGROUP") ? Effect.void : Effect.fail(workersError(`the rollout queue: ${why}`)))
+    Effect.catch((why) =>
+      why.includes("BUSYGROUP") ? Effect.void : Effect.fail(workersError(`the rollout queue: ${why}`))
+    )
   )
 
 /** `[id, [field, value, …]]` entries → `{ id, payload }` (the one field is `p`); deleted entries are skipped. */
@@ -96,13 +109,10 @@ const entries = (raw: unknown): Array<{ readonly id: string; readonly payload: s
     fields === null ? [] : [{ id, payload: fields[fields.indexOf("p") + 1] ?? "" }]
   )
 
-const parse = <A>(text: string): A | undefined => {
-  try {
-    return JSON.parse(text) as A
-  } catch {
-    return undefined
-  }
-}
+const decodeJson = Schema.decodeUnknownOption(Schema.fromJsonString(Schema.Unknown))
+
+/** A JSON payload as `A` (unchecked), or undefined when it is not JSON. */
+const parse = <A>(text: string): A | undefined => Option.getOrUndefined(decodeJson(text)) as A | undefined
 
 // ===== Trainer side =====
 
@@ -134,6 +144,263 @@ interface Pending {
   groups: Array<Trajectory.Group> | undefined
 }
 
+/** A batch's shares by id. */
+type Batch = ReadonlyMap<string, Pending>
+
+/** The trainer's counts of the workers' answers, reported as `workers/<count>`. */
+interface Totals {
+  shares: number
+  duplicates: number
+  resent: number
+  reclaimed: number
+}
+
+/** The trainer's side: its connections, its results stream, and what the workers' answers brought so far. */
+interface Client {
+  readonly options: ClientOptions
+  /** Commands, and the blocking reads of the results stream on a connection of their own. */
+  readonly redis: Redis
+  readonly reader: Redis
+  readonly link: Link
+  readonly keys: ReturnType<typeof keysOf>
+  /** This trainer process's results stream. */
+  readonly results: string
+  readonly timeoutSeconds: number
+  readonly totals: Totals
+  readonly gathered: Gathered<keyof Totals>
+  /** The last entry read from the results stream. */
+  lastId: string
+}
+
+/** The run stops: the queue has been gone since `link.downSince`. */
+const lost = (client: Client): Effect.Effect<never, RunError> =>
+  Effect.flatMap(Clock.currentTimeMillis, (now) =>
+    Effect.fail(workersError(
+      `lost the rollout queue ${client.options.url} for ${((now - client.link.downSince!) / 1000).toFixed(0)} s ` +
+        `(${client.link.lastError || "connection closed"}): the run stops. Start Redis again (its workers reconnect ` +
+        "by themselves) and resume the run: agentfly train CONFIG --resume"
+    )))
+
+/**
+ * One command. Every command fails at once, with what to do, once the queue has been gone for `giveUpMs`; a command
+ * that failed while it was gone says the same.
+ */
+const command = <A>(client: Client, what: string, f: () => Promise<A>): Effect.Effect<A, RunError> =>
+  Effect.flatMap(Clock.currentTimeMillis, (now) =>
+    client.link.downSince !== undefined && now - client.link.downSince >= giveUpMs
+      ? lost(client)
+      : call(client.options.url, what, f).pipe(
+        Effect.catch((e) => (client.link.downSince === undefined ? Effect.fail(e) : lost(client)))
+      ))
+
+/** Says as soon as the connection drops, and when it is back (checked every second, forever). */
+const watchLink = (client: Client) =>
+  Effect.gen(function*() {
+    let said = false
+    while (true) {
+      yield* Effect.sleep("1 second")
+      if (client.link.downSince !== undefined && !said) {
+        said = true
+        yield* Effect.logWarning(
+          `the rollout queue ${client.options.url} is unreachable (${client.link.lastError || "connection closed"}); ` +
+            `the run waits ${giveUpMs / 1000} s for it, then stops`
+        )
+      } else if (client.link.downSince === undefined && said) {
+        said = false
+        yield* Effect.logInfo(`the rollout queue ${client.options.url} is back`)
+      }
+    }
+  })
+
+/** Marks this trainer alive: workers run a share only while its trainer is. */
+const alive = (client: Client) =>
+  command(client, "SET", () => client.redis.set(`${client.results}:alive`, "1", "EX", 30))
+
+/** The workers that said they were alive in the last 30 s, with their task and agent key. */
+const seenWorkers = (client: Client) =>
+  Effect.gen(function*() {
+    const all = yield* Effect.orElseSucceed(
+      command(client, "HGETALL", () => client.redis.hgetall(WORKERS)),
+      () => ({} as Record<string, string>)
+    )
+    const now = yield* Clock.currentTimeMillis
+    return Object.entries(all).flatMap(([id, json]) => {
+      const w = parse<{ agentKey: string; task: string; seen: number }>(json)
+      return w !== undefined && now - w.seen < 30_000 ? [`${id} (task ${w.task}, agent key ${w.agentKey})`] : []
+    })
+  })
+
+/** Puts shares on the stream (again, for lost ones), noting where each sits. */
+const send = (client: Client, shares: ReadonlyArray<Pending>) =>
+  Effect.gen(function*() {
+    const pipeline = client.redis.multi()
+    for (const share of shares) pipeline.xadd(client.keys.shares, "*", "p", share.payload)
+    const replies = (yield* command(client, "XADD", () => pipeline.exec())) ?? []
+    shares.forEach((share, i) => {
+      const entry = replies[i]?.[1]
+      if (typeof entry === "string") share.entry = entry
+      share.lost = 0
+    })
+  })
+
+/** Shares neither answered nor on the stream at two checks in a row were lost with the queue's memory. */
+const resendLost = (client: Client, batch: Batch) =>
+  Effect.gen(function*() {
+    const lost: Array<Pending> = []
+    for (const share of batch.values()) {
+      if (share.groups !== undefined) continue
+      const there = yield* command(client, "XRANGE", () =>
+        client.redis.xrange(client.keys.shares, share.entry, share.entry))
+      share.lost = there.length === 0 ? share.lost + 1 : 0
+      if (share.lost >= 2) lost.push(share)
+    }
+    if (lost.length === 0) return
+    yield* Effect.logWarning(
+      `the rollout queue ${client.options.url} lost ${lost.length} share(s) of a batch (restarted?): sending them again`
+    )
+    yield* ensureGroup(client.redis, client.keys.shares)
+    yield* alive(client)
+    yield* send(client, lost)
+    client.totals.resent += lost.length
+  })
+
+/** A worker's reply on the results stream. */
+interface Reply {
+  readonly id: string
+  readonly worker?: string
+  readonly groups?: unknown
+  readonly env?: unknown
+  readonly servers?: unknown
+  readonly error?: string
+  readonly claimed?: boolean
+}
+
+/** Takes one reply: whether it answered one of `batch`'s shares for the first time. */
+const takeReply = (client: Client, batch: Batch, payload: string) =>
+  Effect.gen(function*() {
+    const reply = parse<Reply>(payload)
+    const share = reply === undefined ? undefined : batch.get(reply.id)
+    if (reply === undefined || share === undefined) return false
+    if (share.groups !== undefined) {
+      client.totals.duplicates++
+      return false
+    }
+    if (reply.error !== undefined) return yield* workersError(`a rollout worker failed a share: ${reply.error}`)
+    const { groups, env, servers } = reply
+    const decoded = yield* decodeResponse(JSON.stringify({ groups, env, servers })).pipe(
+      Effect.mapError((e) => workersError(`a rollout worker answered groups that do not decode: ${e.message}`))
+    )
+    share.groups = [...decoded.groups]
+    gather(client.gathered, reply.worker ?? "", decoded)
+    if (reply.claimed === true) {
+      client.totals.reclaimed++
+      yield* Effect.logInfo(
+        `share ${reply.id} was run by ${reply.worker ?? "a worker"} after the worker that took it stopped (its claim ` +
+          "expired)"
+      )
+    }
+    client.totals.shares++
+    return true
+  })
+
+/** Results that arrived (waiting up to a second); the count of shares answered for the first time. */
+const readResults = (client: Client, batch: Batch) =>
+  Effect.gen(function*() {
+    const raw = yield* command(client, "XREAD", () =>
+      client.reader.xread("COUNT", 100, "BLOCK", 1000, "STREAMS", client.results, client.lastId))
+    const got = raw === null ? [] : entries(raw[0]![1])
+    let answered = 0
+    for (const { id, payload } of got) {
+      client.lastId = id
+      if (yield* takeReply(client, batch, payload)) answered++
+    }
+    if (got.length > 0) {
+      yield* command(client, "XTRIM", () => client.redis.xtrim(client.results, "MINID", client.lastId))
+    }
+    return answered
+  })
+
+/** A batch's wait for its results (`Clock` milliseconds). */
+interface Wait {
+  readonly deadline: number
+  missing: number
+  /** When lost shares were last looked for. */
+  checked: number
+  /** When a share was last answered (or the batch sent). */
+  progress: number
+  /** When the batch last said nobody answers. */
+  warned: number
+}
+
+/** A batch nobody answers for `quietMillis` says so, with the workers seen, long before its deadline stops the run. */
+const warnQuiet = (client: Client, batch: Batch, wait: Wait, now: number) =>
+  Effect.gen(function*() {
+    wait.warned = now
+    const seen = yield* seenWorkers(client)
+    const { url } = client.options
+    yield* Effect.logWarning(
+      `no rollout worker answered a share of this batch in ${((now - wait.progress) / 1000).toFixed(0)} s ` +
+        `(${wait.missing} of ${batch.size} waiting on ${url}); workers seen in the last 30 s: ` +
+        `${seen.length === 0 ? "none" : seen.join(", ")}. Start \`agentfly rollout-worker CONFIG --queue ` +
+        `${url}\` with this run's config; the run waits up to ${client.timeoutSeconds} s`
+    )
+  })
+
+/** The run stops: a batch's shares got no result by its deadline. */
+const timedOut = (client: Client, batch: Batch, wait: Wait) =>
+  Effect.gen(function*() {
+    const seen = yield* seenWorkers(client)
+    return yield* workersError(
+      `${wait.missing} of ${batch.size} shares of a batch got no result from the rollout queue ${client.options.url} ` +
+        `within ${client.timeoutSeconds} s (this run's agent key ${client.options.agentKey}); workers seen in the ` +
+        `last 30 s: ${seen.length === 0 ? "none" : seen.join(", ")}. Start ` +
+        "`agentfly rollout-worker CONFIG --queue URL` with this run's config"
+    )
+  })
+
+/** Waits for every share of a sent batch to be answered, sending again those the queue lost. */
+const awaitBatch = (client: Client, batch: Batch) =>
+  Effect.gen(function*() {
+    const quiet = client.options.quietMillis ?? 30_000
+    const start = yield* Clock.currentTimeMillis
+    const wait: Wait = {
+      deadline: start + client.timeoutSeconds * 1000,
+      missing: batch.size,
+      checked: start,
+      progress: start,
+      // Never yet: the first warning comes after `quiet`, whatever the clock's origin (`TestClock` starts at 0).
+      warned: Number.NEGATIVE_INFINITY
+    }
+    while (wait.missing > 0) {
+      const now = yield* Clock.currentTimeMillis
+      if (now - wait.progress > quiet && now - wait.warned > 2 * quiet) yield* warnQuiet(client, batch, wait, now)
+      if (now > wait.deadline) return yield* timedOut(client, batch, wait)
+      if (now - wait.checked > (client.options.checkMillis ?? 10_000)) {
+        wait.checked = now
+        yield* resendLost(client, batch)
+      }
+      const answered = yield* readResults(client, batch)
+      if (answered > 0) wait.progress = yield* Clock.currentTimeMillis
+      wait.missing -= answered
+    }
+  })
+
+/** A batch in shares of `shareRows` rows (default: 8 shares) on the queue; its groups in row order. */
+const collect = (client: Client, rows: ReadonlyArray<Dataset.Row>, sampling: BatchSampling, version: number) =>
+  Effect.gen(function*() {
+    const { options } = client
+    const id = randomUUID().slice(0, 8)
+    const batch = new Map<string, Pending>()
+    for (const share of sharesOf(rows, Math.max(1, options.shareRows ?? Math.ceil(rows.length / 8)))) {
+      const request = { agentKey: options.agentKey, rows: share.rows, ...sampling, rowOffset: share.rowOffset, version }
+      const payload = JSON.stringify({ id: `${id}-${share.rowOffset}`, replyTo: client.results, request })
+      batch.set(`${id}-${share.rowOffset}`, { payload, entry: "", lost: 0, groups: undefined })
+    }
+    yield* send(client, [...batch.values()])
+    yield* awaitBatch(client, batch)
+    return [...batch.values()].flatMap((s) => s.groups!).sort((a, b) => a.rowIndex - b.rowIndex)
+  })
+
 /**
  * The trainer's side: batches put on the queue and their groups gathered.
  *
@@ -142,213 +409,45 @@ interface Pending {
  */
 export const client = Effect.fn("RolloutQueue.client")(function*(
   options: ClientOptions
-): Effect.fn.Return<RemoteRollouts, TrainerError, Scope.Scope> {
+): Effect.fn.Return<Rollouts.Remote, RunError, Scope.Scope> {
   const link: Link = { downSince: undefined, lastError: "" }
   const redis = yield* connect(options.url, link)
   const reader = yield* connect(options.url, link)
-  const lost = () =>
-    workersError(
-      `lost the rollout queue ${options.url} for ${((Date.now() - link.downSince!) / 1000).toFixed(0)} s ` +
-        `(${link.lastError || "connection closed"}): the run stops. Start Redis again (its workers reconnect by ` +
-        "themselves) and resume the run: agentfly train CONFIG --resume"
-    )
-  // Every command fails at once, with what to do, once the queue has been gone for `giveUpMs`; a command that failed
-  // while it was gone says the same.
-  const command = <A>(what: string, f: () => Promise<A>) =>
-    Effect.suspend(() =>
-      link.downSince !== undefined && Date.now() - link.downSince >= giveUpMs
-        ? Effect.fail(lost())
-        : call(options.url)(what, f).pipe(Effect.mapError((e) => (link.downSince === undefined ? e : lost())))
-    )
-  // Said as soon as the connection drops, and when it is back.
-  yield* Effect.gen(function*() {
-    let said = false
-    while (true) {
-      yield* Effect.sleep("1 second")
-      if (link.downSince !== undefined && !said) {
-        said = true
-        yield* Effect.logWarning(
-          `the rollout queue ${options.url} is unreachable (${link.lastError || "connection closed"}); the run waits ` +
-            `${giveUpMs / 1000} s for it, then stops`
-        )
-      } else if (link.downSince === undefined && said) {
-        said = false
-        yield* Effect.logInfo(`the rollout queue ${options.url} is back`)
-      }
-    }
-  }).pipe(Effect.forkScoped)
   const keys = keysOf(options.agentKey)
-  const results = keys.results(randomUUID())
-  const timeoutSeconds = options.timeoutSeconds ?? 1800
+  const totals: Totals = { shares: 0, duplicates: 0, resent: 0, reclaimed: 0 }
+  const state: Client = {
+    options,
+    redis,
+    reader,
+    link,
+    keys,
+    results: keys.results(randomUUID()),
+    timeoutSeconds: options.timeoutSeconds ?? 1800,
+    totals,
+    gathered: makeGathered(totals),
+    lastId: "0-0"
+  }
+  yield* watchLink(state).pipe(Effect.forkScoped)
   yield* ensureGroup(redis, keys.shares)
-  // Workers run a share only while its trainer is alive.
-  const alive = command("SET", () => redis.set(`${results}:alive`, "1", "EX", 30))
-  yield* alive
-  yield* alive.pipe(Effect.delay("10 seconds"), Effect.forever, Effect.ignore, Effect.forkScoped)
-  yield* Effect.addFinalizer(() => Effect.ignore(command("DEL", () => redis.del(results, `${results}:alive`))))
-
-  let lastId = "0-0"
-  // Each worker's latest environment figures.
-  const env = new Map<string, Readonly<Record<string, number>>>()
-  // The workers' sampling counts since the step's figures.
-  let sampled: Record<string, number> = {}
-  const totals = { shares: 0, duplicates: 0, resent: 0, reclaimed: 0 }
-  let counted = { ...totals }
-
-  const seenWorkers = Effect.map(
-    Effect.orElseSucceed(command("HGETALL", () => redis.hgetall(WORKERS)), () => ({} as Record<string, string>)),
-    (all) =>
-      Object.entries(all).flatMap(([id, json]) => {
-        const w = parse<{ agentKey: string; task: string; seen: number }>(json)
-        return w !== undefined && Date.now() - w.seen < 30_000 ? [`${id} (task ${w.task}, agent key ${w.agentKey})`] : []
-      })
+  yield* alive(state)
+  yield* alive(state).pipe(Effect.delay("10 seconds"), Effect.forever, Effect.ignore, Effect.forkScoped)
+  yield* Effect.addFinalizer(() =>
+    Effect.ignore(command(state, "DEL", () => redis.del(state.results, `${state.results}:alive`)))
   )
-
-  const send = (shares: ReadonlyArray<Pending>) =>
-    Effect.gen(function*() {
-      const pipeline = redis.multi()
-      for (const share of shares) pipeline.xadd(keys.shares, "*", "p", share.payload)
-      const replies = (yield* command("XADD", () => pipeline.exec())) ?? []
-      shares.forEach((share, i) => {
-        const entry = replies[i]?.[1]
-        if (typeof entry === "string") share.entry = entry
-        share.lost = 0
-      })
-    })
-
-  /** Shares neither answered nor on the stream at two checks in a row were lost with the queue's memory. */
-  const resendLost = (batch: ReadonlyMap<string, Pending>) =>
-    Effect.gen(function*() {
-      const lost: Array<Pending> = []
-      for (const share of batch.values()) {
-        if (share.groups !== undefined) continue
-        const there = yield* command("XRANGE", () => redis.xrange(keys.shares, share.entry, share.entry))
-        share.lost = there.length === 0 ? share.lost + 1 : 0
-        if (share.lost >= 2) lost.push(share)
-      }
-      if (lost.length === 0) return
-      yield* Effect.logWarning(
-        `the rollout queue ${options.url} lost ${lost.length} share(s) of a batch (restarted?): sending them again`
-      )
-      yield* ensureGroup(redis, keys.shares)
-      yield* alive
-      yield* send(lost)
-      totals.resent += lost.length
-    })
-
-  /** Results that arrived (waiting up to a second); the count of shares answered for the first time. */
-  const readResults = (batch: ReadonlyMap<string, Pending>) =>
-    Effect.gen(function*() {
-      const raw = yield* command("XREAD", () => reader.xread("COUNT", 100, "BLOCK", 1000, "STREAMS", results, lastId))
-      const got = raw === null ? [] : entries(raw[0]![1])
-      let answered = 0
-      for (const { id, payload } of got) {
-        lastId = id
-        const reply = parse<
-          {
-            id: string
-            worker?: string
-            groups?: unknown
-            env?: unknown
-            servers?: unknown
-            error?: string
-            claimed?: boolean
-          }
-        >(payload)
-        const share = reply === undefined ? undefined : batch.get(reply.id)
-        if (reply === undefined || share === undefined) continue
-        if (share.groups !== undefined) {
-          totals.duplicates++
-          continue
-        }
-        if (reply.error !== undefined) return yield* workersError(`a rollout worker failed a share: ${reply.error}`)
-        const decoded = yield* decodeResponse(
-          JSON.stringify({ groups: reply.groups, env: reply.env, servers: reply.servers })
-        ).pipe(
-          Effect.mapError((e) => workersError(`a rollout worker answered groups that do not decode: ${e.message}`))
-        )
-        share.groups = [...decoded.groups]
-        if (decoded.env !== undefined) env.set(reply.worker ?? "", decoded.env)
-        if (decoded.servers !== undefined) addCounts(sampled, decoded.servers)
-        if (reply.claimed === true) {
-          totals.reclaimed++
-          yield* Effect.logInfo(
-            `share ${reply.id} was run by ${reply.worker ?? "a worker"} after the worker that took it stopped (its claim ` +
-              "expired)"
-          )
-        }
-        totals.shares++
-        answered++
-      }
-      if (got.length > 0) yield* command("XTRIM", () => redis.xtrim(results, "MINID", lastId))
-      return answered
-    })
-
-  const collect: RemoteRollouts["collect"] = (rows, sampling, version) =>
-    Effect.gen(function*() {
-      const size = Math.max(1, options.shareRows ?? Math.ceil(rows.length / 8))
-      const id = randomUUID().slice(0, 8)
-      const batch = new Map<string, Pending>()
-      for (let r0 = 0; r0 < rows.length; r0 += size) {
-        const request = { agentKey: options.agentKey, rows: rows.slice(r0, r0 + size), ...sampling, rowOffset: r0, version }
-        const payload = JSON.stringify({ id: `${id}-${r0}`, replyTo: results, request })
-        batch.set(`${id}-${r0}`, { payload, entry: "", lost: 0, groups: undefined })
-      }
-      yield* send([...batch.values()])
-      const deadline = Date.now() + timeoutSeconds * 1000
-      let missing = batch.size
-      let checked = Date.now()
-      // A batch nobody answers for 30 s says so (and again every minute), with the workers seen, long before its
-      // deadline stops the run.
-      const quiet = options.quietMillis ?? 30_000
-      let progress = Date.now()
-      let warned = 0
-      while (missing > 0) {
-        if (Date.now() - progress > quiet && Date.now() - warned > 2 * quiet) {
-          warned = Date.now()
-          const seen = yield* seenWorkers
-          yield* Effect.logWarning(
-            `no rollout worker answered a share of this batch in ${((Date.now() - progress) / 1000).toFixed(0)} s ` +
-              `(${missing} of ${batch.size} waiting on ${options.url}); workers seen in the last 30 s: ` +
-              `${seen.length === 0 ? "none" : seen.join(", ")}. Start \`agentfly rollout-worker CONFIG --queue ` +
-              `${options.url}\` with this run's config; the run waits up to ${timeoutSeconds} s`
-          )
-        }
-        if (Date.now() > deadline) {
-          const seen = yield* seenWorkers
-          return yield* workersError(
-            `${missing} of ${batch.size} shares of a batch got no result from the rollout queue ${options.url} ` +
-              `within ${timeoutSeconds} s (this run's agent key ${options.agentKey}); workers seen in the last 30 s: ` +
-              `${seen.length === 0 ? "none" : seen.join(", ")}. Start ` +
-              "`agentfly rollout-worker CONFIG --queue URL` with this run's config"
-          )
-        }
-        if (Date.now() - checked > (options.checkMillis ?? 10_000)) {
-          checked = Date.now()
-          yield* resendLost(batch)
-        }
-        const answered = yield* readResults(batch)
-        if (answered > 0) progress = Date.now()
-        missing -= answered
-      }
-      return [...batch.values()].flatMap((s) => s.groups!).sort((a, b) => a.rowIndex - b.rowIndex)
-    })
-
-  const figures = Effect.sync(() => {
-    const out = {
-      ...mergeEnvFigures(env.values()),
-      ...sampled,
-      "workers/shares": totals.shares - counted.shares,
-      "workers/duplicates": totals.duplicates - counted.duplicates,
-      "workers/resent": totals.resent - counted.resent,
-      "workers/reclaimed": totals.reclaimed - counted.reclaimed
-    }
-    counted = { ...totals }
-    sampled = {}
-    return out
-  })
-  return { collect, figures }
+  return {
+    collect: (rows, sampling, version) => collect(state, rows, sampling, version),
+    figures: Effect.sync(() => takeFigures(state.gathered, totals))
+  }
 })
+
+/**
+ * The run's training batches on the Redis queue's workers ({@link client}), as the `Rollouts` service.
+ *
+ * @category layers
+ * @since 0.1.0
+ */
+export const layer = (options: ClientOptions): Layer.Layer<Rollouts.Rollouts, RunError> =>
+  Layer.effect(Rollouts.Rollouts, Effect.map(client(options), Rollouts.fromRemote))
 
 // ===== Worker side =====
 
@@ -368,6 +467,100 @@ export interface WorkerOptions {
   readonly onShare?: ((id: string, rows: number, claimed: boolean) => Effect.Effect<void>) | undefined
 }
 
+/** A worker's side: what it rolls out, on which servers, its name in the consumer group, its control connection. */
+interface QueueWorker {
+  readonly agent: RolloutSetup
+  readonly servers: InferenceServers.InferenceServers
+  readonly agentKey: string
+  readonly options: WorkerOptions
+  readonly keys: ReturnType<typeof keysOf>
+  readonly name: string
+  readonly claimMs: number
+  /** Claims, acknowledgements, replies and heartbeats (each share slot reads on a connection of its own). */
+  readonly control: Redis
+}
+
+const workerCommand = <A>(worker: QueueWorker, what: string, f: () => Promise<A>) => call(worker.options.url, what, f)
+
+/** Says this worker is alive, with its task and agent key, for a trainer that waits in vain to name. */
+const beat = (worker: QueueWorker) =>
+  Effect.flatMap(Clock.currentTimeMillis, (now) =>
+    workerCommand(worker, "HSET", () =>
+      worker.control.hset(
+        WORKERS,
+        worker.name,
+        JSON.stringify({ agentKey: worker.agentKey, task: worker.agent.runtime.task.name, seen: now })
+      )))
+
+/** The share's groups (or why not), encoded for its trainer; touched while it runs, so nobody claims it. */
+const rollOutShare = (worker: QueueWorker, entry: string, id: string, request: typeof RolloutRequest.Type) => {
+  const { keys, name, control } = worker
+  const touch = workerCommand(worker, "XCLAIM", () => control.xclaim(keys.shares, GROUP, name, 0, entry, "JUSTID"))
+    .pipe(Effect.ignore, Effect.delay(worker.claimMs / 3), Effect.forever)
+  return rollOut(worker.agent, worker.servers, request).pipe(
+    Effect.map((encoded) => ({ id, worker: name, groups: encoded.groups, env: encoded.env, servers: encoded.servers })),
+    Effect.catch((e) => Effect.succeed({ id, error: e.message })),
+    Effect.raceFirst(touch)
+  )
+}
+
+/** Runs one share taken from the stream (or drops it), replies to its trainer and acknowledges it. */
+const runShare = (worker: QueueWorker, entry: string, payload: string, claimed: boolean) =>
+  Effect.gen(function*() {
+    const { keys, control } = worker
+    const done = workerCommand(worker, "XACK", () =>
+      control.multi().xack(keys.shares, GROUP, entry).xdel(keys.shares, entry).exec())
+    const share = parse<{ id: string; replyTo: string; request: unknown }>(payload)
+    if (share === undefined || typeof share.replyTo !== "string") {
+      yield* Effect.logWarning(`rollout queue: entry ${entry} is not a share; dropped`)
+      return yield* done
+    }
+    // A trainer that is gone: nobody reads the result.
+    if ((yield* workerCommand(worker, "EXISTS", () => control.exists(`${share.replyTo}:alive`))) === 0) {
+      return yield* done
+    }
+    const decoded = yield* Effect.result(Schema.decodeUnknownEffect(RolloutRequest)(share.request))
+    if (decoded._tag === "Success" && worker.options.onShare !== undefined) {
+      yield* worker.options.onShare(share.id, decoded.success.rows.length, claimed)
+    }
+    // A share this worker cannot read goes back to its trainer as a failure (another worker could not either).
+    const reply = decoded._tag === "Success"
+      ? { ...yield* rollOutShare(worker, entry, share.id, decoded.success), ...(claimed ? { claimed: true } : {}) }
+      : { id: share.id, error: `the share could not be read: ${decoded.failure.message}` }
+    yield* workerCommand(worker, "XADD", () =>
+      control.multi().xadd(share.replyTo, "*", "p", JSON.stringify(reply)).expire(share.replyTo, 3600).exec())
+    yield* done
+  })
+
+/** Takes the next share (a dead worker's first, then a new one, waiting up to a second) and runs it. */
+const next = (worker: QueueWorker, reader: Redis) =>
+  Effect.gen(function*() {
+    const { keys, name, claimMs } = worker
+    const claimed = entries(
+      (yield* workerCommand(worker, "XAUTOCLAIM", () =>
+        reader.xautoclaim(keys.shares, GROUP, name, claimMs, "0-0", "COUNT", 1)))[1]
+    )
+    const taken = claimed.length > 0 ? claimed : yield* workerCommand(worker, "XREADGROUP", () =>
+      reader.xreadgroup("GROUP", GROUP, name, "COUNT", 1, "BLOCK", 1000, "STREAMS", keys.shares, ">")).pipe(
+        Effect.map((r) => r === null ? [] : entries((r as Array<[string, unknown]>)[0]![1]))
+      )
+    for (const { id, payload } of taken) yield* runShare(worker, id, payload, claimed.length > 0)
+  }).pipe(
+    Effect.catch((e) =>
+      Effect.logWarning(`${e.message}; going on in 1 s`).pipe(
+        Effect.andThen(Effect.sleep("1 second")),
+        // A Redis that restarted without persistence forgot the consumer group.
+        Effect.andThen(
+          e.message.includes("NOGROUP") ? Effect.ignore(ensureGroup(worker.control, worker.keys.shares)) : Effect.void
+        )
+      )
+    )
+  )
+
+/** One share at a time, forever, on a connection of its own. */
+const slot = (worker: QueueWorker) =>
+  Effect.scoped(Effect.flatMap(connect(worker.options.url), (reader) => Effect.forever(next(worker, reader))))
+
 /**
  * Takes `agent`'s shares from the queue and rolls them out on `servers`, until interrupted. A lost connection or a
  * share that cannot be read is logged and the worker goes on.
@@ -376,96 +569,26 @@ export interface WorkerOptions {
  * @since 0.1.0
  */
 export const work = Effect.fn("RolloutQueue.work")(function*(
-  agent: Agent,
+  agent: RolloutSetup,
   servers: InferenceServers.InferenceServers,
   agentKey: string,
   options: WorkerOptions
-): Effect.fn.Return<never, TrainerError, Scope.Scope> {
-  const keys = keysOf(agentKey)
-  const command = call(options.url)
-  const name = options.name ?? `${process.env["HOSTNAME"] ?? "worker"}-${process.pid}`
-  const claimMs = (options.claimSeconds ?? 30) * 1000
-  const control = yield* connect(options.url)
-  yield* ensureGroup(control, keys.shares)
-  const beat = command("HSET", () =>
-    control.hset(WORKERS, name, JSON.stringify({ agentKey, task: agent.runtime.task.name, seen: Date.now() })))
-  yield* beat.pipe(Effect.ignore, Effect.andThen(Effect.sleep("5 seconds")), Effect.forever, Effect.forkScoped)
-  yield* Effect.addFinalizer(() => Effect.ignore(command("HDEL", () => control.hdel(WORKERS, name))))
-
-  /** The share's groups (or why not), encoded for its trainer; touched while it runs, so nobody claims it. */
-  const rollOut = (entry: string, id: string, request: typeof RolloutRequest.Type) => {
-    const touch = command("XCLAIM", () => control.xclaim(keys.shares, GROUP, name, 0, entry, "JUSTID")).pipe(
-      Effect.ignore,
-      Effect.delay(claimMs / 3),
-      Effect.forever
-    )
-    return collectGroups(agent, request.rows as ReadonlyArray<Dataset.Row>, request).pipe(
-      Effect.provideService(Sampler, servers.sampler(request.version)),
-      Effect.flatMap((groups) =>
-        Effect.flatMap(
-          Effect.all({ env: agent.runtime.environmentStats, sampled: samplingCounts(servers) }),
-          ({ env, sampled }) => Schema.encodeEffect(RolloutResponse)({ groups, env, servers: sampled })
-        )
-      ),
-      Effect.map((encoded) => {
-        const { groups, env, servers: counts } = encoded as {
-          readonly groups: unknown
-          readonly env?: unknown
-          readonly servers?: unknown
-        }
-        return { id, worker: name, groups, env, servers: counts }
-      }),
-      Effect.catch((e) => Effect.succeed({ id, error: e.message })),
-      Effect.raceFirst(touch)
-    )
+): Effect.fn.Return<never, RunError, Scope.Scope> {
+  const worker: QueueWorker = {
+    agent,
+    servers,
+    agentKey,
+    options,
+    keys: keysOf(agentKey),
+    name: options.name ?? `${process.env["HOSTNAME"] ?? "worker"}-${process.pid}`,
+    claimMs: (options.claimSeconds ?? 30) * 1000,
+    control: yield* connect(options.url)
   }
-
-  const run = (entry: string, payload: string, claimed: boolean) =>
-    Effect.gen(function*() {
-      const done = command("XACK", () => control.multi().xack(keys.shares, GROUP, entry).xdel(keys.shares, entry).exec())
-      const share = parse<{ id: string; replyTo: string; request: unknown }>(payload)
-      if (share === undefined || typeof share.replyTo !== "string") {
-        yield* Effect.logWarning(`rollout queue: entry ${entry} is not a share; dropped`)
-        return yield* done
-      }
-      // A trainer that is gone: nobody reads the result.
-      if ((yield* command("EXISTS", () => control.exists(`${share.replyTo}:alive`))) === 0) return yield* done
-      const decoded = yield* Effect.result(Schema.decodeUnknownEffect(RolloutRequest)(share.request))
-      if (decoded._tag === "Success" && options.onShare !== undefined) {
-        yield* options.onShare(share.id, decoded.success.rows.length, claimed)
-      }
-      // A share this worker cannot read goes back to its trainer as a failure (another worker could not either).
-      const reply = decoded._tag === "Success"
-        ? { ...yield* rollOut(entry, share.id, decoded.success), ...(claimed ? { claimed: true } : {}) }
-        : { id: share.id, error: `the share could not be read: ${decoded.failure.message}` }
-      yield* command("XADD", () =>
-        control.multi().xadd(share.replyTo, "*", "p", JSON.stringify(reply)).expire(share.replyTo, 3600).exec())
-      yield* done
-    })
-
-  const slot = Effect.gen(function*() {
-    const reader = yield* connect(options.url)
-    const next = Effect.gen(function*() {
-      // A dead worker's share first, then a new one.
-      const claimed = entries(
-        (yield* command("XAUTOCLAIM", () => reader.xautoclaim(keys.shares, GROUP, name, claimMs, "0-0", "COUNT", 1)))[1]
-      )
-      const taken = claimed.length > 0 ? claimed : yield* command("XREADGROUP", () =>
-        reader.xreadgroup("GROUP", GROUP, name, "COUNT", 1, "BLOCK", 1000, "STREAMS", keys.shares, ">")).pipe(
-          Effect.map((r) => r === null ? [] : entries((r as Array<[string, unknown]>)[0]![1]))
-        )
-      for (const { id, payload } of taken) yield* run(id, payload, claimed.length > 0)
-    }).pipe(
-      Effect.catch((e) =>
-        Effect.logWarning(`${e.message}; going on in 1 s`).pipe(
-          Effect.andThen(Effect.sleep("1 second")),
-          // A Redis that restarted without persistence forgot the consumer group.
-          Effect.andThen(e.message.includes("NOGROUP") ? Effect.ignore(ensureGroup(control, keys.shares)) : Effect.void)
-        )
-      )
-    )
-    return yield* Effect.forever(next)
-  }).pipe(Effect.scoped)
-  yield* Effect.all(Array.from({ length: options.concurrency ?? 2 }, () => slot), { concurrency: "unbounded" })
+  yield* ensureGroup(worker.control, worker.keys.shares)
+  yield* beat(worker).pipe(Effect.ignore, Effect.andThen(Effect.sleep("5 seconds")), Effect.forever, Effect.forkScoped)
+  yield* Effect.addFinalizer(() =>
+    Effect.ignore(workerCommand(worker, "HDEL", () => worker.control.hdel(WORKERS, worker.name)))
+  )
+  yield* Effect.all(Array.from({ length: options.concurrency ?? 2 }, () => slot(worker)), { concurrency: "unbounded" })
   return yield* Effect.never
 })

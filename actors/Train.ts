@@ -2,8 +2,8 @@
  * A whole training run in one call: what `agentfly train` does, without its command line. From a task and its config
  * (a plain object, as a config file holds it): the task's `defaults` fill the agent keys the config leaves out; the
  * datasets are loaded and checked against the task's row Schema; the model folder is loaded (initialised from
- * `model.preset` when missing); the SFT warm-up and the RL loop run (`Trainer.run`) on the local policy
- * (`LocalPolicy`); `metrics.jsonl`, samples, the journal, checkpoints and `report.html` go to the output directory.
+ * `model.preset` when missing); the SFT warm-up and the RL loop run (`TrainLoop.run`) on the local learner
+ * and policy versions (`LocalPolicy`), with the rollouts the config names (`Rollouts`); `metrics.jsonl`, samples, the journal, checkpoints and `report.html` go to the output directory.
  *
  * ```ts
  * import { Effect } from "effect"
@@ -28,7 +28,7 @@
  * @since 0.1.0
  */
 import * as NodeServices from "@effect/platform-node/NodeServices"
-import { Effect, FileSystem, Path, Schema } from "effect"
+import { Effect, FileSystem, Layer, Path, Schema } from "effect"
 import type { PlatformError } from "effect"
 import type { Scope } from "effect"
 import * as AgentTask from "../src/AgentTask.ts"
@@ -50,7 +50,10 @@ import * as Metrics from "./Metrics.ts"
 import * as ResourceManager from "./ResourceManager.ts"
 import * as RolloutQueue from "./RolloutQueue.ts"
 import * as RolloutWorker from "./RolloutWorker.ts"
-import * as Trainer from "./Trainer.ts"
+import * as Resume from "./Resume.ts"
+import * as Rollouts from "./Rollouts.ts"
+import * as RunError from "./RunError.ts"
+import * as TrainLoop from "./TrainLoop.ts"
 
 // ===== Config =====
 
@@ -180,13 +183,13 @@ export interface Options extends RunOptions, Overrides {
 }
 
 /**
- * What a run returns: the trainer's summary, the report's path and the config it ran with.
+ * What a run returns: the training loop's summary, the report's path and the config it ran with.
  *
  * @category models
  * @since 0.1.0
  */
 export interface Result {
-  readonly summary: Trainer.Summary
+  readonly summary: TrainLoop.Summary
   readonly report: string
   readonly config: TrainConfig.TrainConfig
 }
@@ -203,7 +206,7 @@ export type Failure =
   | TrainConfig.ConfigError
   | Dataset.DatasetError
   | ModelFolder.ModelFolderError
-  | Trainer.TrainerError
+  | RunError.RunError
   | PlatformError.PlatformError
 
 /**
@@ -314,7 +317,7 @@ export const checkRewardFields = (
       )
       const lines = new Set(checked.rows.map((r) => r.line))
       kept = {
-        name: kept.name,
+        ...kept,
         rows: kept.rows.filter((r) => lines.has(r.line)).map((r, index) => ({ ...r, index })),
         skipped: [
           ...kept.skipped,
@@ -464,7 +467,7 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
 
   yield* fs.makeDirectory(config.output, { recursive: true })
   // A refused resume says only why: checked before the header announces a run that would not start.
-  if (options.resume === true) yield* Trainer.checkResume(config, options)
+  const checked = options.resume === true ? yield* Resume.check(config, options) : Resume.fresh
   const display = Metrics.display({ write, tty, columns: process.stderr.columns ?? 100, everySteps: 5 })
   yield* say(
     `training ${folder.name} on task ${task.name}, ${train.rows.length} rows (${config.mode}, ` +
@@ -477,41 +480,9 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
       config.output
   )
   if (from !== undefined) yield* say(`starting from the weights of ${from} (model.from)`)
-  // Training batches on rollout workers when the run lists them; they sample on the run's inference servers.
-  const { workers, queue } = config.rollout
-  if ((workers !== undefined || queue !== undefined) && config.engine.servers === undefined) {
-    return yield* new Trainer.TrainerError({
-      reason: "Workers",
-      message: `rollout.${workers !== undefined ? "workers" : "queue"} workers sample on inference servers: list ` +
-        "them in engine.servers (agentfly serve --accept-weights), which every worker and this run reach"
-    })
-  }
-  if (workers !== undefined && queue !== undefined) {
-    return yield* new Trainer.TrainerError({
-      reason: "Workers",
-      message: "rollout.workers and rollout.queue are two ways to reach rollout workers: give one"
-    })
-  }
-  const agentKey = RolloutWorker.agentKey(task.name, config)
-  const rollouts = workers !== undefined
-    ? yield* RolloutWorker.client({
-      urls: workers,
-      agentKey,
-      agent: config.agent,
-      token: process.env["AGENTFLY_WORKER_TOKEN"] || undefined,
-      timeoutMs: config.rollout.timeoutSeconds === undefined ? undefined : config.rollout.timeoutSeconds * 1000
-    })
-    : queue !== undefined
-    ? yield* RolloutQueue.client({
-      url: queue,
-      agentKey,
-      shareRows: config.rollout.shareRows,
-      timeoutSeconds: config.rollout.timeoutSeconds
-    })
-    : undefined
-  const summary = yield* Trainer.run({
+  const rollouts = yield* rolloutsLayer(task, config)
+  const summary = yield* TrainLoop.run({
     task,
-    rollouts,
     config,
     format: ChainFormat.ofConfig(config, folder),
     train,
@@ -520,11 +491,12 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
     validation,
     resume: options.resume === true,
     forceResume: options.forceResume === true,
+    checked,
     notice: say,
     tokenText: (id) => folder.tokenizer.decode([id]),
     display
   }).pipe(
-    Effect.provide(LocalPolicy.layer(folder, config)),
+    Effect.provide(Layer.provideMerge(rollouts, LocalPolicy.layer(folder, config))),
     // What a task's environment may need from the run: pools of sandboxes and other leased resources.
     Effect.provide(ResourceManager.ResourceManager.layer),
     Effect.ensuring(display.done)
@@ -532,23 +504,20 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
   const report = yield* Report.write(config.output).pipe(
     Effect.mapError((e) =>
       DiskFull.isDiskFull(e)
-        ? new Trainer.TrainerError({
-          reason: "DiskFull",
-          message: `${DiskFull.marker}: could not write the report under ${config.output}; free space, then ` +
-            `\`agentfly report\` or --resume`
-        })
+        ? RunError.runError(
+          "DiskFull",
+          `${DiskFull.marker}: could not write the report under ${config.output}; free space, then ` +
+            `\`agentfly report\` or --resume`,
+          e
+        )
         : e
     )
   )
-  // The whole run's figures (a resumed run's summary holds only its own).
-  const records = (yield* Report.read(config.output)).metrics
-  const steps = new Map(records.filter((m) => m.phase === "train").map((m) => [m.step, m.figures]))
-  const trained = [...steps.values()].filter((f) => f["learner/applied"] !== 0).length
-  const evals = records.filter((m) => m.phase === "eval")
-  const heldOut = heldOutLine(evals[0], evals.at(-1))
+  // The whole run's figures, from its journal (a resumed run's earlier steps included).
+  const heldOut = heldOutLine(summary.evals[0], summary.evals.at(-1))
   if (heldOut !== undefined) yield* say(heldOut)
-  const criticOnly = [...steps.values()].filter((f) => f["learner/critic_only"] === 1).length
-  const skipped = steps.size - trained - criticOnly
+  const { trained, skipped, criticOnly } = summary
+  const steps = trained + skipped + criticOnly
   const notTrained = [
     ...(criticOnly > 0 ? [`${criticOnly} training the critic alone: critic.warmupSteps`] : []),
     // Every advantage was 0: a group-relative estimator's groups each had equal rewards; another's whole step did.
@@ -556,18 +525,53 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
       TrainConfig.isGroupRelative(config.algorithm.advantage) ? "every group's rewards equal" : "every reward equal"
     }`] : [])
   ]
-  yield* say(`trained ${trained} of ${steps.size} step${steps.size === 1 ? "" : "s"}` + (notTrained.length > 0 ? ` (${notTrained.join("; ")})` : ""))
+  yield* say(`trained ${trained} of ${steps} step${steps === 1 ? "" : "s"}` + (notTrained.length > 0 ? ` (${notTrained.join("; ")})` : ""))
   yield* say(`report: ${report}`)
-  if (trained === 0 && steps.size > 0) {
-    return yield* new Trainer.TrainerError({
-      reason: "Learner",
-      message: `no step trained: every group's rewards were equal in ${
-        steps.size === 1 ? "its one step" : `all ${steps.size} steps`
+  if (trained === 0 && steps > 0) {
+    return yield* RunError.runError(
+      "Learner",
+      `no step trained: every group's rewards were equal in ${
+        steps === 1 ? "its one step" : `all ${steps} steps`
       } (see ${report})`
-    })
+    )
   }
   return { summary, report, config }
 })
+
+/**
+ * Where a run's training batches roll out, as its config says: on rollout workers (`rollout.workers`), through the
+ * Redis queue (`rollout.queue`), or in this process. Workers sample on the run's inference servers.
+ */
+const rolloutsLayer = (task: Task.Task, config: TrainConfig.TrainConfig) =>
+  Effect.gen(function*() {
+    const { workers, queue } = config.rollout
+    if ((workers !== undefined || queue !== undefined) && config.engine.servers === undefined) {
+      return yield* RunError.runError(
+        "Workers",
+        `rollout.${workers !== undefined ? "workers" : "queue"} workers sample on inference servers: list ` +
+          "them in engine.servers (agentfly serve --accept-weights), which every worker and this run reach"
+      )
+    }
+    if (workers !== undefined && queue !== undefined) {
+      return yield* RunError.runError(
+        "Workers",
+        "rollout.workers and rollout.queue are two ways to reach rollout workers: give one"
+      )
+    }
+    const agentKey = RolloutWorker.agentKey(task.name, config)
+    const timeoutSeconds = config.rollout.timeoutSeconds
+    return workers !== undefined
+      ? RolloutWorker.layer({
+        urls: workers,
+        agentKey,
+        agent: config.agent,
+        token: process.env["AGENTFLY_WORKER_TOKEN"] || undefined,
+        timeoutMs: timeoutSeconds === undefined ? undefined : timeoutSeconds * 1000
+      })
+      : queue !== undefined
+      ? RolloutQueue.layer({ url: queue, agentKey, shareRows: config.rollout.shareRows, timeoutSeconds })
+      : Rollouts.inProcess
+  })
 
 /** The advantage estimator as the start of a run names it. */
 const estimatorName = (advantage: TrainConfig.AdvantageEstimator): string =>

@@ -13,7 +13,7 @@ import { Effect } from "effect"
 import { mkdtempSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
-import * as Trainer from "../actors/Trainer.ts"
+import * as TrainLoop from "../actors/TrainLoop.ts"
 import * as Dataset from "../src/Dataset.ts"
 import * as TrainConfig from "../src/TrainConfig.ts"
 import { charFormat } from "../test/actors/fixtures/charFormat.ts"
@@ -40,7 +40,7 @@ const once = (mode: "sync" | "async", maxStaleness: number) =>
     })
     const train = yield* Dataset.parse("rows", Array.from({ length: 64 }, (_, i) => `{"question":"q${i}"}`).join("\n"))
     const started = performance.now()
-    yield* Effect.scoped(Trainer.run({
+    yield* Effect.scoped(TrainLoop.run({
       config,
       train,
       format: charFormat,

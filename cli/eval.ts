@@ -2,7 +2,7 @@
  * `agentfly eval CONFIG [--checkpoint DIR] [--data FILE] [--size N] [--samples K] [--temperature T] [--seed N]
  * [--output FILE] [--episodes N]`: evaluates a policy on a config's held-out split (`data.eval`, or `--data`, e.g.
  * its validation or train split) with the config's task and agent settings, as a run's periodic evaluation does
- * (`Trainer.evaluation`): the model folder's weights, or those of a run's checkpoint. With the config's own
+ * (`Rollouts.evaluation`): the model folder's weights, or those of a run's checkpoint. With the config's own
  * evaluation settings, a checkpoint's figures repeat the run's evaluation at that step; the flags override them
  * (greedy figures of a run evaluated sampled, more answers per question, ...). Prints accuracy and invalid
  * tool-call rate; `--output` writes every figure as JSON; `--episodes N` prints the first N questions' episodes as
@@ -20,12 +20,16 @@ import * as Metrics from "../actors/Metrics.ts"
 import * as PolicyEngine from "../actors/PolicyEngine.ts"
 import * as ResourceManager from "../actors/ResourceManager.ts"
 import * as Train from "../actors/Train.ts"
-import * as Trainer from "../actors/Trainer.ts"
+import type { Figures } from "../actors/Learner.ts"
+import * as Rollouts from "../actors/Rollouts.ts"
+import * as RolloutSetup from "../actors/RolloutSetup.ts"
 import * as Dataset from "../src/Dataset.ts"
 import * as Qwen2 from "../src/model/Qwen2.ts"
 import * as ModelFolder from "../src/ModelFolder.ts"
 import { Sampler } from "../src/Sampler.ts"
+import type * as Task from "../src/Task.ts"
 import * as TrainConfig from "../src/TrainConfig.ts"
+import type * as Trajectory from "../src/Trajectory.ts"
 import * as Setup from "./setup.ts"
 import { episodeText, failureSentence } from "./oracle.ts"
 import { exitOnFailure } from "./train.ts"
@@ -66,7 +70,7 @@ export interface EvalResult {
   readonly samples: number
   readonly temperature: number
   readonly seed: number
-  readonly figures: Trainer.Figures
+  readonly figures: Figures
   /** The error of the first trajectory that failed (an environment, a reward, a chain's defect), when one did. */
   readonly firstFailure?: string
 }
@@ -81,6 +85,57 @@ const usage = (message: string) =>
  * @since 0.1.0
  */
 export const verifiedCheckpoint = Journal.verifiedCheckpoint
+
+/** The held-out rows, checked against the task's row Schema and the fields its reward reads, as a run checks them. */
+const loadHeldOut = (task: Task.Task, config: TrainConfig.TrainConfig, rows: string, from: string) =>
+  Dataset.load(rows, { onInvalid: config.data.onInvalidRow, fields: task.row, from }).pipe(
+    Effect.flatMap((ds) => Train.checkRewardFields(task, ds, config.data.onInvalidRow))
+  )
+
+/** The config's `eval` section with the flags over it, refused as the flags that gave it. */
+const evalConfigOf = (section: TrainConfig.TrainConfig["eval"], options: EvalOptions) =>
+  Schema.decodeUnknownEffect(TrainConfig.EvalConfig)({
+    ...section,
+    ...(options.size === undefined ? {} : { size: options.size }),
+    ...(options.samples === undefined ? {} : { samples: options.samples }),
+    ...(options.temperature === undefined ? {} : { temperature: options.temperature })
+  }, TrainConfig.decodeOptions).pipe(Effect.mapError((e) =>
+    new TrainConfig.ConfigError({
+      source: "agentfly eval's flags",
+      reason: "Invalid",
+      // Named as the flags that gave them: `--size: Expected a value between 1 and 10000000, got 0`.
+      issues: TrainConfig.formatIssues(TrainConfig.EvalConfig, e.issue).map((line) =>
+        line.replace(/^(size|samples|temperature)\b/, "--$1")
+      )
+    })
+  ))
+
+/** The evaluation's line: its weights, accuracy, reward, tool calls and how it sampled, and its failures. */
+const resultLine = (result: EvalResult, options: EvalOptions, failures: string | undefined): string => {
+  const { figures } = result
+  return `${options.checkpoint === undefined ? `${result.weights} (the model folder's own weights, not a run's: ` +
+    `--checkpoint RUN/checkpoints/step-N for those)` : result.weights}: ` +
+    `${options.data === undefined ? "held-out accuracy" : "accuracy"} ` +
+    `${figures["eval/accuracy"]!.toFixed(3)}, mean reward ${figures["eval/reward_mean"]!.toFixed(3)}` +
+    (Metrics.usesTools(figures, "eval")
+      ? `, invalid tool-call rate ${figures["eval/invalid_tool_call_rate"]!.toFixed(3)}`
+      : "") +
+    ` (${result.questions} questions${options.data === undefined ? "" : ` of ${options.data}`} × ${result.samples}, ` +
+    `${result.temperature === 0 ? "greedy" : `temperature ${result.temperature}`}, seed ${result.seed})` +
+    // Greedy decoding gives a question the same answer every time: K samples are K copies.
+    (result.temperature === 0 && result.samples > 1
+      ? `; greedy answers repeat, so the ${result.samples} samples of a question are one answer ` +
+        `(give --temperature)`
+      : "") +
+    (failures ?? "") +
+    "\n"
+}
+
+/** Episode `i` as the model saw it (`--episodes N`). */
+const episodeOf = (i: number, t: Trajectory.Trajectory): string =>
+  `\nepisode ${i + 1} (reward ${t.reward.toFixed(3)}, ${t.termination}` +
+  `${t.episodeEnd === undefined ? "" : ` ${t.episodeEnd}`}${t.error === undefined ? "" : `, ${t.error}`}):\n` +
+  episodeText(t.messages) + "\n"
 
 /**
  * Runs `agentfly eval`: everything but argument parsing.
@@ -97,29 +152,8 @@ export const run = Effect.fn("cli.eval")(function*(
   if (rows === undefined) {
     return yield* usage("data.eval: the config names no held-out split (or give one with --data FILE)")
   }
-  const heldOut = yield* Dataset.load(rows, {
-    onInvalid: requested.data.onInvalidRow,
-    fields: task.row,
-    from: options.data === undefined ? "data.eval" : "--data"
-  }).pipe(
-    // The fields the task's reward reads too, as a run checks them.
-    Effect.flatMap((ds) => Train.checkRewardFields(task, ds, requested.data.onInvalidRow))
-  )
-  const evalConfig = yield* Schema.decodeUnknownEffect(TrainConfig.EvalConfig)({
-    ...requested.eval,
-    ...(options.size === undefined ? {} : { size: options.size }),
-    ...(options.samples === undefined ? {} : { samples: options.samples }),
-    ...(options.temperature === undefined ? {} : { temperature: options.temperature })
-  }, TrainConfig.decodeOptions).pipe(Effect.mapError((e) =>
-    new TrainConfig.ConfigError({
-      source: "agentfly eval's flags",
-      reason: "Invalid",
-      // Named as the flags that gave them: `--size: Expected a value between 1 and 10000000, got 0`.
-      issues: TrainConfig.formatIssues(TrainConfig.EvalConfig, e.issue).map((line) =>
-        line.replace(/^(size|samples|temperature)\b/, "--$1")
-      )
-    })
-  ))
+  const heldOut = yield* loadHeldOut(task, requested, rows, options.data === undefined ? "data.eval" : "--data")
+  const evalConfig = yield* evalConfigOf(requested.eval, options)
   // A folder not made yet: how to make it, rather than a missing file's name.
   const modelFile = `${requested.model.path}/config.json`
   if (!(yield* fs.exists(modelFile))) {
@@ -135,8 +169,8 @@ export const run = Effect.fn("cli.eval")(function*(
   // The task's environment lives (and its pools with it) for the evaluation only.
   const { figures, groups } = yield* Effect.scoped(
     Effect.flatMap(
-      Trainer.agent({ task, config, format: ChainFormat.ofConfig(config, folder) }),
-      (agent) => Trainer.evaluation(agent, heldOut.rows)
+      RolloutSetup.make({ task, config, format: ChainFormat.ofConfig(config, folder) }),
+      (setup) => Rollouts.evaluation(setup, heldOut.rows)
     )
   ).pipe(
     Effect.provideService(Sampler, Sampler.of({ generate: engine.generate, policyVersion: engine.policyVersion })),
@@ -157,32 +191,10 @@ export const run = Effect.fn("cli.eval")(function*(
     ...(firstFailure === undefined ? {} : { firstFailure })
   }
   const write = options.write ?? ((text: string) => void process.stdout.write(text))
-  write(
-    `${options.checkpoint === undefined ? `${result.weights} (the model folder's own weights, not a run's: ` +
-      `--checkpoint RUN/checkpoints/step-N for those)` : result.weights}: ` +
-      `${options.data === undefined ? "held-out accuracy" : "accuracy"} ` +
-      `${figures["eval/accuracy"]!.toFixed(3)}, mean reward ${figures["eval/reward_mean"]!.toFixed(3)}` +
-      (Metrics.usesTools(figures, "eval")
-        ? `, invalid tool-call rate ${figures["eval/invalid_tool_call_rate"]!.toFixed(3)}`
-        : "") +
-      ` (${result.questions} questions${options.data === undefined ? "" : ` of ${options.data}`} × ${result.samples}, ` +
-      `${result.temperature === 0 ? "greedy" : `temperature ${result.temperature}`}, seed ${result.seed})` +
-      // Greedy decoding gives a question the same answer every time: K samples are K copies.
-      (result.temperature === 0 && result.samples > 1
-        ? `; greedy answers repeat, so the ${result.samples} samples of a question are one answer ` +
-          `(give --temperature)`
-        : "") +
-      (failed?.sentence ?? "") +
-      "\n"
-  )
+  write(resultLine(result, options, failed?.sentence))
   for (const [i, group] of groups.slice(0, options.episodes ?? 0).entries()) {
     const t = group.trajectories[0]
-    if (t === undefined) continue
-    write(
-      `\nepisode ${i + 1} (reward ${t.reward.toFixed(3)}, ${t.termination}` +
-        `${t.episodeEnd === undefined ? "" : ` ${t.episodeEnd}`}${t.error === undefined ? "" : `, ${t.error}`}):\n` +
-        episodeText(t.messages) + "\n"
-    )
+    if (t !== undefined) write(episodeOf(i, t))
   }
   if (options.output !== undefined) yield* fs.writeFileString(options.output, JSON.stringify(result, null, 2) + "\n")
   return result
@@ -205,7 +217,10 @@ export const evaluate = Command.make(
       Flag.optional
     ),
     size: Flag.Int("size").pipe(Flag.withDescription("Override eval.size (held-out questions)"), Flag.optional),
-    samples: Flag.Int("samples").pipe(Flag.withDescription("Override eval.samples (answers per question)"), Flag.optional),
+    samples: Flag.Int("samples").pipe(
+      Flag.withDescription("Override eval.samples (answers per question)"),
+      Flag.optional
+    ),
     temperature: Flag.Finite("temperature").pipe(
       Flag.withDescription("Override eval.temperature (0: greedy)"),
       Flag.optional

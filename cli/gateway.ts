@@ -18,11 +18,12 @@
  *
  * @since 0.1.0
  */
-import { Console, Effect, FileSystem, Option } from "effect"
+import { Console, Effect, FileSystem, Option, Redacted } from "effect"
 import type { Scope } from "effect"
 import { Command, Flag } from "effect/cli"
 import { FetchHttpClient } from "effect/http"
 import * as ChainFormat from "../actors/ChainFormat.ts"
+import * as Auth from "../actors/internal/auth.ts"
 import * as Gateway from "../actors/Gateway.ts"
 import * as PolicyEngine from "../actors/PolicyEngine.ts"
 import * as OpenAiCompatSampler from "../src/backends/OpenAiCompatSampler.ts"
@@ -33,6 +34,7 @@ import { Sampler } from "../src/Sampler.ts"
 import * as Tokenizer from "../src/Tokenizer.ts"
 import { verifiedCheckpoint } from "./eval.ts"
 import { trainedPolicyFlags } from "./serve.ts"
+import { exitOnFailure } from "./train.ts"
 
 /**
  * What `agentfly gateway` runs with.
@@ -56,6 +58,10 @@ export interface Options {
   readonly maxContextTokens?: number | undefined
   readonly temperature: number
   readonly threads: number
+  /** A file of client tokens, one a line, beside `AGENTFLY_GATEWAY_TOKEN` (`Gateway.Options.tokens`). */
+  readonly tokenFile?: string | undefined
+  /** Most episodes open at once (default 1024). */
+  readonly maxEpisodes?: number | undefined
 }
 
 /**
@@ -67,6 +73,8 @@ export interface Options {
 export const start = Effect.fn("cli.gateway.start")(function*(
   options: Options
 ): Effect.fn.Return<Gateway.Gateway["Service"], unknown, FileSystem.FileSystem | import("effect").Path.Path | Scope.Scope> {
+  // Checked before the model loads: a refused bind says so at once.
+  const tokens = yield* Auth.forServer({ env: ["AGENTFLY_GATEWAY_TOKEN"], file: options.tokenFile, host: options.host })
   const fs = yield* FileSystem.FileSystem
   let sampler: Sampler["Service"]
   let tokenizer: Tokenizer.Tokenizer
@@ -94,7 +102,13 @@ export const start = Effect.fn("cli.gateway.start")(function*(
     tokenizer = yield* Tokenizer.load(options.modelDir)
     template = yield* ChatTemplate.load(options.modelDir)
     name = options.upstream.model
-    sampler = yield* OpenAiCompatSampler.make({ baseUrl: options.upstream.baseUrl, model: options.upstream.model }).pipe(
+    // An `agentfly serve` upstream started with a token takes AGENTFLY_SERVE_TOKEN (a vLLM one, its API key).
+    const upstreamToken = Auth.fromEnv("AGENTFLY_SERVE_TOKEN")
+    sampler = yield* OpenAiCompatSampler.make({
+      baseUrl: options.upstream.baseUrl,
+      model: options.upstream.model,
+      apiKey: upstreamToken === undefined ? undefined : Redacted.make(upstreamToken)
+    }).pipe(
       Effect.provide(FetchHttpClient.layer)
     )
   }
@@ -103,6 +117,8 @@ export const start = Effect.fn("cli.gateway.start")(function*(
     host: options.host,
     port: options.port,
     model: name,
+    tokens,
+    maxEpisodes: options.maxEpisodes,
     autoOpen: {
       episode: {
         format: ChainFormat.fromTemplate({ tokenizer, template }),
@@ -169,7 +185,17 @@ export const gateway = Command.make(
       Flag.withDescription("Temperature when a request sets none"),
       Flag.withDefault(1)
     ),
-    threads: Flag.Int("threads").pipe(Flag.withDescription("onnxruntime intra-op threads"), Flag.withDefault(1))
+    threads: Flag.Int("threads").pipe(Flag.withDescription("onnxruntime intra-op threads"), Flag.withDefault(1)),
+    tokenFile: Flag.String("token-file").pipe(
+      Flag.withDescription("A file of client tokens (one a line; each client's episodes are its own), beside " +
+        "AGENTFLY_GATEWAY_TOKEN"),
+      Flag.optional
+    ),
+    maxEpisodes: Flag.Int("max-episodes").pipe(
+      Flag.withDescription("Most episodes open at once; a request opening one more gets 429"),
+      Flag.withDefault(1024),
+      Flag.filter((n) => n >= 1, (n) => `--max-episodes must be at least 1, got ${n}`)
+    )
   },
   Effect.fn("gateway")(function*(args) {
     const upstream = Option.getOrUndefined(args.upstream)
@@ -191,8 +217,11 @@ export const gateway = Command.make(
       maxNewTokens: args.maxNewTokens,
       maxContextTokens: Option.getOrUndefined(args.maxContextTokens),
       temperature: args.temperature,
-      threads: args.threads
+      threads: args.threads,
+      tokenFile: Option.getOrUndefined(args.tokenFile),
+      maxEpisodes: args.maxEpisodes
     })
     return yield* Effect.never
-  }, Effect.scoped)
+    // A refused folder or checkpoint (NaN weights, a wrong fingerprint): one line and a non-zero exit, as serve's.
+  }, Effect.scoped, exitOnFailure)
 ).pipe(Command.withDescription("Serve an OpenAI-compatible gateway that records token-level trajectories per episode"))

@@ -15,7 +15,7 @@
 import { Console, Effect, Path } from "effect"
 import { Argument, Command, Flag } from "effect/cli"
 import * as Oracle from "../actors/Oracle.ts"
-import * as Trainer from "../actors/Trainer.ts"
+import * as RolloutFigures from "../src/RolloutFigures.ts"
 import * as ChessOracle from "../environments/chess/ChessOracle.ts"
 import * as Solver from "../environments/household/Solver.ts"
 import * as SearchOracle from "../environments/search/SearchOracle.ts"
@@ -61,7 +61,7 @@ const sweOracle = Effect.fn("cli.oracle.swe")(function*(
     : path.resolve(SweTask.settings({}).root)
   const folders = [...new Set(rows.map((r) => String(r["task"])))]
   const tasks = yield* Effect.forEach(folders, (folder) =>
-    HarborTask.load(path.resolve(root, folder)).pipe(
+    HarborTask.loadRow(root, folder).pipe(
       Effect.mapError((e) => new Error(`${folder}: ${e.message} (task option root: ${root})`))
     ))
   return HarborOracle.oracle(tasks)
@@ -140,8 +140,8 @@ export const episodeText = (messages: ReadonlyArray<Message.Message>): string =>
 export const failureSentence = (
   trajectories: ReadonlyArray<Trajectory.Trajectory>
 ): { readonly sentence: string; readonly first: string } | undefined => {
-  const failures = Trainer.infrastructureFailures(trajectories)
-  const first = failures.reason === undefined ? undefined : Trainer.firstFailure(trajectories, failures.reason)
+  const failures = RolloutFigures.infrastructureFailures(trajectories)
+  const first = failures.reason === undefined ? undefined : RolloutFigures.firstFailure(trajectories, failures.reason)
   if (first === undefined) return undefined
   const count = Math.round(failures.share * failures.total)
   return {

@@ -18,13 +18,14 @@ import * as LocalPolicy from "../actors/LocalPolicy.ts"
 import * as ResourceManager from "../actors/ResourceManager.ts"
 import * as RolloutQueue from "../actors/RolloutQueue.ts"
 import * as RolloutWorker from "../actors/RolloutWorker.ts"
-import * as Trainer from "../actors/Trainer.ts"
+import * as RolloutSetup from "../actors/RolloutSetup.ts"
+import { runError, type RunError } from "../actors/RunError.ts"
 import * as Qwen2 from "../src/model/Qwen2.ts"
 import * as ModelFolder from "../src/ModelFolder.ts"
 import * as Setup from "./setup.ts"
 import { exitOnFailure } from "./train.ts"
 
-const workerError = (message: string) => new Trainer.TrainerError({ reason: "Workers", message })
+const workerError = (message: string) => runError("Workers", message)
 
 /**
  * @category commands
@@ -70,9 +71,9 @@ export const rolloutWorker = Command.make(
     const config = LocalPolicy.onModel(folder, requested)
     // A task module's environment needs only what a run provides (the resource manager), as in `Train.runConfig`.
     const format = ChainFormat.ofConfig(config, folder)
-    const agent = yield* (Trainer.agent({ task, config, format }) as Effect.Effect<
-      Trainer.Agent,
-      Trainer.TrainerError,
+    const agent = yield* (RolloutSetup.make({ task, config, format }) as Effect.Effect<
+      RolloutSetup.RolloutSetup,
+      RunError,
       ResourceManager.ResourceManager | Scope.Scope
     >)
     // A worker samples; the run (or its trainer server) pushes the weights: it needs no AGENTFLY_WEIGHTS_TOKEN.

@@ -12,10 +12,15 @@
  * `--accept-weights` lets a training run push its weights to this server as it learns (`PUT /v1/weights`, a run
  * with `engine.servers`); when `AGENTFLY_WEIGHTS_TOKEN` is set, only requests bearing it may replace them.
  *
+ * **Tokens.** With `AGENTFLY_SERVE_TOKEN` set (or `--token-file FILE`, one token a line), every route requires
+ * `Authorization: Bearer` one of them; `AGENTFLY_WEIGHTS_TOKEN` is accepted on every route too (folded in). Without
+ * any token only loopback hosts are allowed: `--host 0.0.0.0` without one is refused at start.
+ *
  * @since 0.1.0
  */
 import { Console, Effect, Option } from "effect"
 import { Command, Flag } from "effect/cli"
+import * as Auth from "../actors/internal/auth.ts"
 import * as OpenAiServer from "../actors/OpenAiServer.ts"
 import * as PolicyEngine from "../actors/PolicyEngine.ts"
 import * as Qwen2 from "../src/model/Qwen2.ts"
@@ -66,9 +71,13 @@ export const serve = Command.make(
     acceptWeights: Flag.Boolean("accept-weights").pipe(
       Flag.withDescription(
         "Let a training run push new weights (PUT /v1/weights; with AGENTFLY_WEIGHTS_TOKEN set, only with that " +
-          "bearer token)"
+          "bearer token, which every route then also takes)"
       ),
       Flag.withDefault(false)
+    ),
+    tokenFile: Flag.String("token-file").pipe(
+      Flag.withDescription("A file of bearer tokens (one a line) every request must bear, beside AGENTFLY_SERVE_TOKEN"),
+      Flag.optional
     ),
     host: Flag.String("host").pipe(Flag.withDescription("Address to listen on"), Flag.withDefault("127.0.0.1")),
     port: Flag.Int("port").pipe(
@@ -93,8 +102,16 @@ export const serve = Command.make(
     )
   },
   Effect.fn("serve")(function*(
-    { modelDir, checkpoint, omitToolSchemas, acceptWeights, host, port, maxBatchSize, threads, ...rest }
+    { modelDir, checkpoint, omitToolSchemas, acceptWeights, host, port, maxBatchSize, threads, tokenFile, ...rest }
   ) {
+    // Checked before the model loads: a refused bind says so at once.
+    const token = Auth.fromEnv("AGENTFLY_WEIGHTS_TOKEN")
+    const tokens = yield* Auth.forServer({
+      env: ["AGENTFLY_SERVE_TOKEN"],
+      file: Option.getOrUndefined(tokenFile),
+      host,
+      also: [token]
+    })
     const folder = yield* ModelFolder.load(modelDir)
     const from = Option.getOrUndefined(checkpoint)
     const trained = from === undefined ? undefined : yield* verifiedCheckpoint(from, Qwen2.parameters(folder.config))
@@ -106,13 +123,14 @@ export const serve = Command.make(
       maxBatchSize,
       intraOpNumThreads: threads
     })
-    const token = process.env["AGENTFLY_WEIGHTS_TOKEN"]
     const options: OpenAiServer.Options = {
       host,
       port,
       maxRunning: maxBatchSize,
       renderTools: !omitToolSchemas,
-      ...(acceptWeights ? { acceptWeights: { token: token === "" ? undefined : token } } : {}),
+      // The weights token is a token of this server (folded in): without --accept-weights it guards sampling too.
+      token: acceptWeights || token === undefined ? tokens : [...tokens, token],
+      ...(acceptWeights ? { acceptWeights: { token } } : {}),
       ...rest
     }
     const server = yield* OpenAiServer.make(folder, options).pipe(
@@ -121,7 +139,8 @@ export const serve = Command.make(
     yield* Console.log(
       `serving ${folder.name}${from === undefined ? "" : ` with the weights of ${from}`} (qwen2, vocab ` +
         `${folder.config.vocabSize}) at ${server.baseUrl}` +
-        (acceptWeights ? `, accepting weights${token ? " with a token" : ""} (PUT /v1/weights)` : "")
+        (acceptWeights ? `, accepting weights${token ? " with a token" : ""} (PUT /v1/weights)` : "") +
+        (tokens.length > 0 || token !== undefined ? "; requests must bear a token" : "")
     )
     return yield* Effect.never
   }, Effect.scoped, exitOnFailure)

@@ -62,10 +62,15 @@ export const taskOf = (source: TrainConfig.Source): Effect.Effect<Task.Task, Tra
       )
     }
     if (ref === undefined) {
+      // A config written before tasks held the tools and the reward: say what became of its keys.
+      const old = ["tools", "reward"].filter((key) => key in asRecord(source.raw))
       return yield* configError(
         source.file,
         `task: missing (a built-in task: ${Object.keys(Tasks.builtins).join(", ")}; or a module path such as ` +
-          `"./task.ts"; or run a module that exports \`task\`)`
+          `"./task.ts"; or run a module that exports \`task\`)` +
+          (old.length === 0 ? "" : `; ${old.join(" and ")} ${old.length === 1 ? "is" : "are"} no longer config ` +
+            `keys: a task holds its tools and its reward, so name the task that has them (e.g. task: "calculator") ` +
+            `and remove ${old.length === 1 ? "it" : "them"}`)
       )
     }
     return yield* Task.resolve(ref, { builtins: Tasks.builtins, resolvePath: (p) => path.resolve(source.dir, p) })

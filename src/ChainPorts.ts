@@ -78,6 +78,8 @@ export interface Format {
   ) => Effect.Effect<Transcript, RolloutError.RolloutError>
   /** Token ids that end an assistant turn, added to every request's stop ids. */
   readonly stopTokenIds: ReadonlyArray<number>
+  /** The model's vocabulary size, when known: a sampled id at or above it did not come from this model. */
+  readonly vocabSize?: number | undefined
 }
 
 /**

@@ -206,12 +206,6 @@ export interface ChatTemplate {
     | undefined
 }
 
-/**
- * @category guards
- * @since 0.1.0
- */
-export const isChatTemplate = (u: unknown): u is ChatTemplate => typeof u === "object" && u !== null && TypeId in u
-
 // ===== Constructors =====
 
 /**

@@ -50,6 +50,8 @@ export interface Dataset {
   readonly name: string
   readonly rows: ReadonlyArray<Row>
   readonly skipped: ReadonlyArray<RowIssue>
+  /** The row Schemas whose decoded values the rows' fields hold ({@link refine}): never decoded by them again. */
+  readonly decodedBy?: ReadonlyArray<Schema.Codec<any, any>> | undefined
 }
 
 /**
@@ -365,7 +367,8 @@ export const promptMessages = (row: Row, systemPrompt?: string): Message.Convers
 /**
  * Checks every row's fields against a task's row Schema (`Task.row`), replacing them with the decoded values. A row
  * that fails is reported with its line: the load stops there (`onInvalid: "stop"`, the default) or skips the row
- * and lists it in `skipped`.
+ * and lists it in `skipped`. A dataset already decoded by `fields` is returned as it is: a Schema that transforms
+ * its input (a number from a string) would refuse its own output.
  *
  * @category combinators
  * @since 0.1.0
@@ -376,6 +379,7 @@ export const refine = (
   options: { readonly onInvalid?: "skip" | "stop" | undefined } = {}
 ): Effect.Effect<Dataset, DatasetError> =>
   Effect.gen(function*() {
+    if (dataset.decodedBy?.includes(fields) === true) return dataset
     const decode = Schema.decodeUnknownResult(fields)
     const rows: Array<Row> = []
     const skipped: Array<RowIssue> = [...dataset.skipped]
@@ -398,7 +402,7 @@ export const refine = (
     if (rows.length === 0) {
       return yield* datasetError(dataset.name, "Empty", `${dataset.name}: no valid row`)
     }
-    return { name: dataset.name, rows, skipped }
+    return { name: dataset.name, rows, skipped, decodedBy: [...(dataset.decodedBy ?? []), fields] }
   })
 
 /**

@@ -11,6 +11,7 @@
 import { Effect, FileSystem, Path, Schema } from "effect"
 import * as ByteTokenizer from "./ByteTokenizer.ts"
 import * as ChatTemplate from "./ChatTemplate.ts"
+import * as Finite from "./internal/finite.ts"
 import * as ModelConfig from "./model/ModelConfig.ts"
 import * as Qwen2 from "./model/Qwen2.ts"
 import * as Safetensors from "./Safetensors.ts"
@@ -41,7 +42,8 @@ export class InvalidConfig extends Schema.TaggedError<InvalidConfig>()("InvalidC
 }) {}
 
 /**
- * `model.safetensors` is corrupt or does not match the config (`tensor`: the one at fault, when one is).
+ * `model.safetensors` is corrupt, does not match the config, or holds NaN or ±Infinity (`tensor`: the one at fault,
+ * when one is; for non-finite values, `index` of the first and `count` of them in that tensor).
  *
  * @category errors
  * @since 0.1.0
@@ -49,6 +51,8 @@ export class InvalidConfig extends Schema.TaggedError<InvalidConfig>()("InvalidC
 export class InvalidWeights extends Schema.TaggedError<InvalidWeights>()("InvalidWeights", {
   message: Schema.String,
   tensor: Schema.optionalKey(Schema.String),
+  index: Schema.optionalKey(Schema.Int),
+  count: Schema.optionalKey(Schema.Int),
   cause: Schema.optionalKey(Schema.Defect())
 }) {}
 
@@ -195,7 +199,8 @@ export const readConfig = Effect.fn("ModelFolder.readConfig")(function*(dir: str
 })
 
 /**
- * Reads `model.safetensors` and checks it holds exactly the parameters of `config`, with their shapes.
+ * Reads `model.safetensors` and checks it holds exactly the parameters of `config`, with their shapes, every value
+ * finite (`InvalidWeights` naming the first tensor with a NaN or ±Infinity).
  *
  * @category constructors
  * @since 0.1.0
@@ -221,6 +226,16 @@ export const readWeights = Effect.fn("ModelFolder.readWeights")(function*(
   const weights: Qwen2.Weights = yield* Safetensors.readFloat32(parsed, file, Qwen2.parameters(config)).pipe(
     Effect.mapError(invalid)
   )
+  // NaN or ±Infinity would be served and trained on unnoticed (only a checkpoint's save refused them).
+  const bad = Finite.firstNonFinite(weights)
+  if (bad !== undefined) {
+    const message = `${file}: ${Finite.describe(bad)}`
+    return yield* modelFolderError(file, "InvalidWeights", message, {
+      tensor: bad.tensor,
+      index: bad.index,
+      count: bad.count
+    })
+  }
   return weights
 })
 

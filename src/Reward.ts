@@ -372,14 +372,6 @@ export const make = <
 }
 
 /**
- * Whether a value is a {@link Reward}.
- *
- * @category guards
- * @since 0.1.0
- */
-export const isReward = (u: unknown): u is Reward<unknown> => typeof u === "object" && u !== null && TypeId in u
-
-/**
  * One part of a weighted sum.
  *
  * @category models

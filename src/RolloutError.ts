@@ -153,10 +153,3 @@ export const fromSamplerError = (error: SamplerError, chainId?: string): Rollout
     ...(chainId === undefined ? {} : { chainId })
   })
 
-/**
- * Whether a value is a `RolloutError`.
- *
- * @category guards
- * @since 0.1.0
- */
-export const isRolloutError = (u: unknown): u is RolloutError => u instanceof RolloutError

@@ -171,12 +171,6 @@ export interface EncodedPieces {
   readonly idEnds: Array<number>
 }
 
-/**
- * @category guards
- * @since 0.1.0
- */
-export const isTokenizer = (u: unknown): u is Tokenizer => typeof u === "object" && u !== null && TypeId in u
-
 // ===== Constructors =====
 
 const tokenName = (value: unknown): string | undefined =>
@@ -392,6 +386,106 @@ const encodeBytePieces = (matcher: ReturnType<typeof addedMatcher>, text: string
   return { ids: taken(scratchIds), textEnds: taken(scratchTextEnds), idEnds: taken(scratchIdEnds) }
 }
 
+type AddedMatcher = ReturnType<typeof addedMatcher>
+
+/** Calls `plain(start, end)` for each plain run of `text` and `token(match)` for each added token, in order. */
+const scanAdded = (
+  matcher: AddedMatcher,
+  text: string,
+  plain: (start: number, end: number) => void,
+  token: (match: AddedMatch) => void
+) => {
+  let from = 0
+  for (let match = matcher.next(text, 0); match !== undefined; match = matcher.next(text, from)) {
+    if (match.at > from) plain(from, match.at)
+    token(match)
+    from = match.at + match.content.length
+  }
+  if (from < text.length) plain(from, text.length)
+}
+
+/**
+ * A pure byte-level vocabulary decodes natively, with the Hugging Face tokenizer's results (checked in
+ * `test/src/Tokenizer.test.ts`): bytes decode run by run between added tokens, an invalid sequence as U+FFFD.
+ */
+const byteLevelDecoder = (added: ReadonlyArray<{ id: number; content: string }>) => {
+  const addedById = new Map(added.map((t) => [t.id, t.content]))
+  // Below the smallest added id there is nothing to look up (a byte-level vocabulary's bytes come first).
+  const firstAddedId = added.reduce((min, t) => Math.min(min, t.id), Infinity)
+  return (ids: ReadonlyArray<number>): string => {
+    let out = ""
+    let start = 0
+    const bytes = (end: number) => (end > start ? decodeUtf8(ids, start, end) : "")
+    for (let i = 0; i < ids.length; i++) {
+      const content = ids[i]! < firstAddedId ? undefined : addedById.get(ids[i]!)
+      if (content === undefined) continue
+      out += bytes(i) + content
+      start = i + 1
+    }
+    return out + bytes(ids.length)
+  }
+}
+
+/** `encodeModel` with short pieces memoized (template scaffolding such as "\n" or "user\n" recurs every turn). */
+const memoizedShort = (encodeModel: (text: string) => Array<number>) => {
+  const cache = new Map<string, Array<number>>()
+  return (text: string): Array<number> => {
+    if (text.length === 0) return []
+    if (text.length > shortText) return encodeModel(text)
+    const cached = cache.get(text)
+    if (cached !== undefined) return cached.slice()
+    if (cache.size >= cacheSize) cache.clear()
+    const ids = encodeModel(text)
+    cache.set(text, ids)
+    return ids.slice()
+  }
+}
+
+/** Pieces of `text` with its plain runs through `encode` and each added token as its id. */
+const encodeModelPieces = (
+  matcher: AddedMatcher,
+  hasAdded: boolean,
+  encode: (text: string) => Array<number>,
+  text: string
+): EncodedPieces => {
+  const pieces: EncodedPieces = { ids: [], textEnds: [], idEnds: [] }
+  const cut = (end: number) => {
+    pieces.textEnds.push(end)
+    pieces.idEnds.push(pieces.ids.length)
+  }
+  const plain = (start: number, end: number) => {
+    for (const id of encode(text.slice(start, end))) pieces.ids.push(id)
+    cut(end)
+  }
+  if (!hasAdded) plain(0, text.length)
+  else {
+    scanAdded(matcher, text, plain, (match) => {
+      pieces.ids.push(match.id)
+      cut(match.at + match.content.length)
+    })
+  }
+  return pieces
+}
+
+/** Decodes valid runs and marks each bad id with U+FFFD, so a display of garbage never throws. */
+const decodeMarkingBad = (
+  ids: ReadonlyArray<number>,
+  isValidId: (id: number) => boolean,
+  decodeModel: (ids: ReadonlyArray<number>) => string
+): string => {
+  let out = ""
+  let run: Array<number> = []
+  for (const id of ids) {
+    if (isValidId(id)) run.push(id)
+    else {
+      if (run.length > 0) out += decodeModel(run)
+      run = []
+      out += "\uFFFD"
+    }
+  }
+  return run.length > 0 ? out + decodeModel(run) : out
+}
+
 const fromHf = (
   hf: HfTokenizer,
   added: ReadonlyArray<{ id: number; content: string }>,
@@ -409,79 +503,20 @@ const fromHf = (
     Number.isInteger(id) && id >= 0 && id < vocabSize && (dense || hf.id_to_token(id) !== undefined)
   const eosToken = tokenName(cfg.eos_token)
   const encodeOptions = { add_special_tokens: false } as const
-  const cache = new Map<string, Array<number>>()
   const decodeOptions = { skip_special_tokens: false, clean_up_tokenization_spaces: false } as const
-  /** Calls `plain(start, end)` for each plain run of `text` and `token(match)` for each added token, in order. */
-  const scan = (text: string, plain: (start: number, end: number) => void, token: (match: AddedMatch) => void) => {
-    let from = 0
-    for (let match = matcher.next(text, 0); match !== undefined; match = matcher.next(text, from)) {
-      if (match.at > from) plain(from, match.at)
-      token(match)
-      from = match.at + match.content.length
-    }
-    if (from < text.length) plain(from, text.length)
-  }
   const splitAdded = (text: string): Array<string> => {
     if (added.length === 0) return [text]
     const pieces: Array<string> = []
-    scan(text, (start, end) => pieces.push(text.slice(start, end)), (match) => pieces.push(match.content))
+    scanAdded(matcher, text, (start, end) => pieces.push(text.slice(start, end)), (match) => pieces.push(match.content))
     return pieces
   }
-  // A pure byte-level vocabulary encodes and decodes natively, with the Hugging Face tokenizer's results (checked
-  // in `test/src/Tokenizer.test.ts`): ids are UTF-8 bytes between added tokens; bytes decode run by run between
-  // added tokens, an invalid sequence as U+FFFD.
-  const addedById = new Map(added.map((t) => [t.id, t.content]))
-  // Below the smallest added id there is nothing to look up (a byte-level vocabulary's bytes come first).
-  const firstAddedId = added.reduce((min, t) => Math.min(min, t.id), Infinity)
-  const encodeModel = byteLevel
-    ? (text: string): Array<number> => encodeBytePieces(matcher, text).ids
-    : (text: string): Array<number> => hf.encode(text, encodeOptions).ids
+  // A pure byte-level vocabulary encodes and decodes natively: ids are UTF-8 bytes between added tokens.
+  const encode = byteLevel
+    ? (text: string): Array<number> => (text.length === 0 ? [] : encodeBytePieces(matcher, text).ids)
+    : memoizedShort((text: string): Array<number> => hf.encode(text, encodeOptions).ids)
   const decodeModel = byteLevel
-    ? (ids: ReadonlyArray<number>): string => {
-      let out = ""
-      let start = 0
-      const bytes = (end: number) => (end > start ? decodeUtf8(ids, start, end) : "")
-      for (let i = 0; i < ids.length; i++) {
-        const content = ids[i]! < firstAddedId ? undefined : addedById.get(ids[i]!)
-        if (content === undefined) continue
-        out += bytes(i) + content
-        start = i + 1
-      }
-      return out + bytes(ids.length)
-    }
+    ? byteLevelDecoder(added)
     : (ids: ReadonlyArray<number>): string => hf.decode(ids as Array<number>, decodeOptions)
-  const encode = (text: string): Array<number> => {
-    if (text.length === 0) return []
-    if (byteLevel || text.length > shortText) return encodeModel(text)
-    // Short pieces (template scaffolding such as "\n" or "user\n") recur in every turn: memoize them.
-    const cached = cache.get(text)
-    if (cached !== undefined) return cached.slice()
-    if (cache.size >= cacheSize) cache.clear()
-    const ids = encodeModel(text)
-    cache.set(text, ids)
-    return ids.slice()
-  }
-  // Plain pieces through `encode` (and its cache of short pieces).
-  const encodeModelPieces = (text: string): EncodedPieces => {
-    const pieces: EncodedPieces = { ids: [], textEnds: [], idEnds: [] }
-    const cut = (end: number) => {
-      pieces.textEnds.push(end)
-      pieces.idEnds.push(pieces.ids.length)
-    }
-    const plain = (start: number, end: number) => {
-      for (const id of encode(text.slice(start, end))) pieces.ids.push(id)
-      cut(end)
-    }
-    if (added.length === 0) plain(0, text.length)
-    else {
-      scan(text, plain, (match) => {
-        pieces.ids.push(match.id)
-        cut(match.at + match.content.length)
-      })
-    }
-    return pieces
-  }
-  const encodePieces = byteLevel ? (text: string) => encodeBytePieces(matcher, text) : encodeModelPieces
   return {
     [TypeId]: TypeId,
     vocabSize,
@@ -495,25 +530,15 @@ const fromHf = (
       if (input.length === 0) return ""
       // Typed arrays (e.g. `Trajectory.tokenIds`) are accepted; the Hugging Face decoder wants a plain array.
       const ids = Array.isArray(input) ? input as Array<number> : Array.from(input)
-      if (ids.every(isValidId)) return decodeModel(ids)
-      // Decode valid runs and mark each bad id, so a display of garbage never throws.
-      let out = ""
-      let run: Array<number> = []
-      for (const id of ids) {
-        if (isValidId(id)) run.push(id)
-        else {
-          if (run.length > 0) out += decodeModel(run)
-          run = []
-          out += "\uFFFD"
-        }
-      }
-      return run.length > 0 ? out + decodeModel(run) : out
+      return ids.every(isValidId) ? decodeModel(ids) : decodeMarkingBad(ids, isValidId, decodeModel)
     },
     tokenToId: (token) => hf.token_to_id(token),
     idToToken: (id) => (isValidId(id) ? hf.id_to_token(id) : undefined),
     isValidId,
     splitAdded,
-    encodePieces
+    encodePieces: byteLevel
+      ? (text: string) => encodeBytePieces(matcher, text)
+      : (text: string) => encodeModelPieces(matcher, added.length > 0, encode, text)
   }
 }
 

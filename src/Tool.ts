@@ -454,14 +454,6 @@ export const fromAi = <
   }) as Tool<Name, Config["parameters"], Config["success"], Config["failure"], Identifiers<Deps>>
 
 /**
- * Whether a value is a {@link Tool}.
- *
- * @category guards
- * @since 0.1.0
- */
-export const isTool = (u: unknown): u is Any => typeof u === "object" && u !== null && TypeId in u
-
-/**
  * The spec of one method exposed by {@link methods}.
  *
  * @category models

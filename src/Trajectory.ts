@@ -289,15 +289,6 @@ export const finalResponse = (trajectory: Trajectory): string => {
 }
 
 /**
- * Number of tool calls the assistant made.
- *
- * @category getters
- * @since 0.1.0
- */
-export const toolCallCount = (trajectory: Trajectory): number =>
-  trajectory.messages.reduce((n, m) => n + (m.role === "assistant" ? (m.tool_calls?.length ?? 0) : 0), 0)
-
-/**
  * Number of assistant turns.
  *
  * @category getters

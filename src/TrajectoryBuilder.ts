@@ -227,13 +227,6 @@ export interface TrajectoryBuilder {
   readonly promptOf?: ReadonlyArray<Message.Message> | undefined
 }
 
-/**
- * @category guards
- * @since 0.1.0
- */
-export const isTrajectoryBuilder = (u: unknown): u is TrajectoryBuilder =>
-  typeof u === "object" && u !== null && TypeId in u
-
 // ===== Tokenization with sources =====
 
 interface Region {

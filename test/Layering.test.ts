@@ -3,45 +3,18 @@
  * layer and layers to its left, never to its right. Test and bench code may import anything.
  */
 import { assert, describe, it } from "@effect/vitest"
-import { mkdirSync, mkdtempSync, readdirSync, readFileSync, statSync, writeFileSync } from "node:fs"
+import { mkdirSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { dirname, join, relative, resolve, sep } from "node:path"
 import { fileURLToPath } from "node:url"
+import { importSpecifiers, layers, sourceFiles } from "./utils/sourceTree.ts"
 
 const root = resolve(dirname(fileURLToPath(import.meta.url)), "..")
-const layers = ["src", "actors", "environments", "examples", "cli"] as const
 
-const filesUnder = (dir: string): Array<string> => {
-  let entries: Array<string>
-  try {
-    entries = readdirSync(dir)
-  } catch {
-    return []
-  }
-  return entries.flatMap((name) => {
-    const path = join(dir, name)
-    if (statSync(path).isDirectory()) return name === "node_modules" ? [] : filesUnder(path)
-    return /\.(ts|mts|js|mjs)$/.test(name) ? [path] : []
-  })
-}
-
-/** Every static and dynamic import / re-export specifier in a source text. */
-export const importSpecifiers = (source: string): Array<string> => {
-  const found: Array<string> = []
-  const patterns = [
-    /\b(?:import|export)\s[^'"`;]*?\bfrom\s*["']([^"']+)["']/g,
-    /\bimport\s*["']([^"']+)["']/g,
-    /\bimport\s*\(\s*["']([^"']+)["']\s*\)/g,
-    /\brequire\s*\(\s*["']([^"']+)["']\s*\)/g
-  ]
-  for (const pattern of patterns) for (const m of source.matchAll(pattern)) found.push(m[1]!)
-  return found
-}
-
-export const violations = (root: string): Array<string> => {
+const violations = (root: string): Array<string> => {
   const layerOf = (path: string): number => layers.indexOf(relative(root, path).split(sep)[0] as never)
   return layers.flatMap((layer) =>
-    filesUnder(join(root, layer)).flatMap((file) => {
+    sourceFiles(join(root, layer)).flatMap((file) => {
       const own = layerOf(file)
       return importSpecifiers(readFileSync(file, "utf8"))
         .filter((spec) => spec.startsWith("."))

@@ -19,7 +19,7 @@
  *
  * @since 0.1.0
  */
-import { Context, Duration, Effect, Option, Random, Schema, Stream } from "effect"
+import { Context, Duration, Effect, Option, Random, Result, Schema, Stream } from "effect"
 import type { Scope } from "effect"
 import * as AgentTask from "../../src/AgentTask.ts"
 import type * as Dataset from "../../src/Dataset.ts"
@@ -33,7 +33,6 @@ import * as Gateway from "../Gateway.ts"
 import * as RolloutChain from "../RolloutChain.ts"
 import type * as ChainPorts from "../../src/ChainPorts.ts"
 import * as TaskRuntime from "../TaskRuntime.ts"
-import type * as Trainer from "../Trainer.ts"
 import * as Recorder from "./Recorder.ts"
 
 // ===== Models =====
@@ -123,7 +122,9 @@ const score = (
   thrown: string | undefined,
   explicit: { readonly score: AgentTask.Score; readonly source: "returned" | "posted" } | undefined
 ): Effect.Effect<Outcome, RolloutError.RolloutError> => {
-  if (explicit !== undefined) return Effect.succeed({ trajectory: scored(trajectory, explicit.score, explicit.source), dropGroup: false })
+  if (explicit !== undefined) {
+    return Effect.succeed({ trajectory: scored(trajectory, explicit.score, explicit.source), dropGroup: false })
+  }
   if (options.reward === undefined) {
     const ended = thrown === undefined
       ? "the agent function returned none"
@@ -147,7 +148,10 @@ const score = (
 /** Tasks whose function's first crash was logged (once per task and process). */
 const crashLogged = new WeakSet<AgentTask.AgentTask>()
 
-/** Runs one episode: opens it, calls the function under the task's timeout, and turns what happened into a trajectory. */
+/**
+ * Runs one episode: opens it, calls the function under the task's timeout, and turns what happened into a
+ * trajectory.
+ */
 const episode = (
   options: Options,
   gateway: Gateway.Gateway["Service"],
@@ -155,80 +159,19 @@ const episode = (
   spec: Spec
 ): Effect.Effect<Outcome, RolloutError.RolloutError> =>
   Effect.scoped(Effect.gen(function*() {
-    const { task } = options
-    const seed = options.sampling.seed
-    const opened = yield* gateway.open({
-      id: spec.id,
-      groupId: spec.groupId,
-      format: options.format,
-      sampler,
-      sampling: seed === undefined
-        ? options.sampling
-        : { ...options.sampling, seed: seed + spec.rowIndex * options.numChains + spec.chainIndex },
-      requestSampling: "cap",
-      maxContextTokens: options.maxContextTokens,
-      renderTools: options.renderTools,
-      ...(Object.keys(spec.row.fields).length === 0 ? {} : { row: spec.row.fields })
-    }).pipe(Effect.orDie)
-    const recorder = opened.recorder
-    const input: AgentTask.Input<unknown> = {
-      question: spec.row.question,
-      fields: spec.row.fields,
-      messages: Task.conversation(task, spec.row, options.systemPrompt),
-      systemPrompt: options.systemPrompt
-    }
-    const result = yield* AgentTask.call(task, input, {
-      baseURL: opened.baseURL,
-      apiKey: "agentfly",
-      model: gateway.model,
-      episodeId: opened.id,
-      rewardURL: opened.rewardURL
-    }).pipe(Effect.timeoutOption(task.timeout), Effect.result)
+    const opened = yield* openEpisode(options, gateway, sampler, spec)
+    const result = yield* callAgent(options, gateway, opened, spec)
     // The episode is over: later requests of a function that did not stop are refused.
     yield* opened.close
-    const envFailed = (message: string) =>
-      new RolloutError.RolloutError({ reason: "EnvFailed", message, chainId: spec.id })
-    const known = recorder.failures.at(-1)
-    const contextEnded = recorder.threads.some((t) => t.contextEnded)
-    const sampled = recorder.threads.some((t) => t.turns > 0)
-    if (result._tag === "Success" && Option.isNone(result.success)) {
-      return yield* failed(options, recorder, envFailed(`the agent function ran past its timeout (${Duration.format(task.timeout)})`))
-    }
-    if (result._tag === "Failure" && !contextEnded) {
-      if (known === undefined && !crashLogged.has(task)) {
-        // Its first crash with where it threw (as a reward's); the later ones are counted (rollout/failures/EnvFailed).
-        crashLogged.add(task)
-        yield* Effect.logWarning(
-          `the agent function of task "${task.name}" failed: ${result.failure.stack ?? result.failure.message}\n` +
-            `(EnvFailed: its trajectory is masked; later crashes are counted in rollout/failures/EnvFailed, the first ` +
-            `of each step in metrics.jsonl's firstFailure)`
-        )
-      }
-      return yield* failed(options, recorder, known ?? envFailed(`the agent function failed: ${result.failure.message}`))
-    }
-    if (!sampled && !contextEnded) {
-      // Nothing to train on: a function that never reached the model is broken, whatever it returned.
-      return yield* failed(options, recorder, known ?? envFailed("the agent function made no request to the gateway"))
-    }
-    const value = result._tag === "Success" && Option.isSome(result.success) ? result.success.value : undefined
-    const problem = AgentTask.scoreProblem(value)
-    if (problem !== undefined) {
-      return yield* failed(
-        options,
-        recorder,
-        new RolloutError.RolloutError({
-          reason: "RewardFailed",
-          message: `the agent function of task "${task.name}" ${problem}`,
-          chainId: spec.id
-        })
-      )
-    }
+    const failure = yield* episodeFailure(options, spec, opened.recorder, result)
+    if (failure !== undefined) return yield* failed(options, opened.recorder, failure)
+    const value = returnedValue(result)
     const returned = AgentTask.scoreOf(value)
     const posted = opened.posted()
-    const trajectory = yield* Recorder.trajectory(recorder, { _tag: "Returned" })
+    const trajectory = yield* Recorder.trajectory(opened.recorder, { _tag: "Returned" })
     return yield* score(
       options,
-      recorder,
+      opened.recorder,
       trajectory,
       result._tag === "Failure" ? result.failure.message : undefined,
       returned !== undefined
@@ -238,6 +181,103 @@ const episode = (
         : undefined
     )
   }))
+
+/** What the agent function did: returned (a value, or none when it ran past the task's timeout) or threw. */
+type Called = Result.Result<Option.Option<void | number | AgentTask.Score>, AgentTask.AgentCrashed>
+
+/** Opens the episode on the gateway, with the sampling seed of its row and chain. */
+const openEpisode = (
+  options: Options,
+  gateway: Gateway.Gateway["Service"],
+  sampler: Sampler["Service"],
+  spec: Spec
+): Effect.Effect<Gateway.Episode, never, Scope.Scope> => {
+  const seed = options.sampling.seed
+  return gateway.open({
+    id: spec.id,
+    groupId: spec.groupId,
+    format: options.format,
+    sampler,
+    sampling: seed === undefined
+      ? options.sampling
+      : { ...options.sampling, seed: seed + spec.rowIndex * options.numChains + spec.chainIndex },
+    requestSampling: "cap",
+    maxContextTokens: options.maxContextTokens,
+    renderTools: options.renderTools,
+    ...(Object.keys(spec.row.fields).length === 0 ? {} : { row: spec.row.fields })
+  }).pipe(Effect.orDie)
+}
+
+/** Calls the task's agent function against the episode's endpoints, under the task's timeout. */
+const callAgent = (
+  options: Options,
+  gateway: Gateway.Gateway["Service"],
+  opened: Gateway.Episode,
+  spec: Spec
+): Effect.Effect<Called> => {
+  const { task } = options
+  const input: AgentTask.Input<unknown> = {
+    question: spec.row.question,
+    fields: spec.row.fields,
+    messages: Task.conversation(task, spec.row, options.systemPrompt),
+    systemPrompt: options.systemPrompt
+  }
+  return AgentTask.call(task, input, {
+    baseURL: opened.baseURL,
+    apiKey: "agentfly",
+    model: gateway.model,
+    episodeId: opened.id,
+    rewardURL: opened.rewardURL
+  }).pipe(Effect.timeoutOption(task.timeout), Effect.result)
+}
+
+/** The value the agent function returned, if it returned in time. */
+const returnedValue = (result: Called): void | number | AgentTask.Score | undefined =>
+  result._tag === "Success" && Option.isSome(result.success) ? result.success.value : undefined
+
+/**
+ * Why an episode that is over did not end normally, if it did not: a timeout, a crash (unless its context had run
+ * out; the first crash of a task is logged), no request to the gateway, or a returned score that is no score.
+ */
+const episodeFailure = (
+  options: Options,
+  spec: Spec,
+  recorder: Recorder.Recorder,
+  result: Called
+): Effect.Effect<RolloutError.RolloutError | undefined> =>
+  Effect.gen(function*() {
+    const { task } = options
+    const envFailed = (message: string) =>
+      new RolloutError.RolloutError({ reason: "EnvFailed", message, chainId: spec.id })
+    const known = recorder.failures.at(-1)
+    const contextEnded = recorder.threads.some((t) => t.contextEnded)
+    const sampled = recorder.threads.some((t) => t.turns > 0)
+    if (result._tag === "Success" && Option.isNone(result.success)) {
+      return envFailed(`the agent function ran past its timeout (${Duration.format(task.timeout)})`)
+    }
+    if (result._tag === "Failure" && !contextEnded) {
+      if (known === undefined && !crashLogged.has(task)) {
+        // Its first crash with where it threw (as a reward's); the later ones are counted
+        // (rollout/failures/EnvFailed).
+        crashLogged.add(task)
+        yield* Effect.logWarning(
+          `the agent function of task "${task.name}" failed: ${result.failure.stack ?? result.failure.message}\n` +
+            `(EnvFailed: its trajectory is masked; later crashes are counted in rollout/failures/EnvFailed, ` +
+            `the first of each step in metrics.jsonl's firstFailure)`
+        )
+      }
+      return known ?? envFailed(`the agent function failed: ${result.failure.message}`)
+    }
+    // Nothing to train on: a function that never reached the model is broken, whatever it returned.
+    if (!sampled && !contextEnded) return known ?? envFailed("the agent function made no request to the gateway")
+    const problem = AgentTask.scoreProblem(returnedValue(result))
+    if (problem === undefined) return undefined
+    return new RolloutError.RolloutError({
+      reason: "RewardFailed",
+      message: `the agent function of task "${task.name}" ${problem}`,
+      chainId: spec.id
+    })
+  })
 
 // ===== Groups =====
 
@@ -286,7 +326,8 @@ export const groups = (
 ): Effect.Effect<Array<Trajectory.Group>, RolloutError.RolloutError, Sampler> =>
   Effect.scoped(Effect.gen(function*() {
     const sampler = yield* Sampler
-    const gateway = yield* Gateway.make()
+    // Its agents get their episode's URLs; nobody else can reach an episode whose id they could guess.
+    const gateway = yield* Gateway.make({ privateEpisodes: true })
     const runId = options.runId ?? (yield* Random.nextIntBetween(0, 0x7fffffff)).toString(16)
     const offset = options.rowOffset ?? 0
     const specs: Array<Spec> = options.rows.flatMap((row, i) =>
@@ -313,41 +354,6 @@ export const groups = (
     }
     return out
   }))
-
-/**
- * The trainer's rollouts of an agent task (`Trainer.collectGroups` for `AgentTask.isAgentTask` tasks): the run's
- * sampling, budgets, tool rendering, reward and policies, and the same group and episode ids and seeds.
- *
- * @category constructors
- * @since 0.1.0
- */
-export const collectGroups = (
-  agent: Trainer.Agent,
-  rows: ReadonlyArray<Dataset.Row>,
-  sampling: Trainer.BatchSampling
-): Effect.Effect<Array<Trajectory.Group>, RolloutError.RolloutError, Sampler> => {
-  const { config, runtime } = agent
-  return groups({
-    task: runtime.task as AgentTask.AgentTask,
-    rows,
-    systemPrompt: config.agent.systemPrompt,
-    numChains: sampling.chains,
-    maxConcurrentChains: agent.maxConcurrentChains ?? 64,
-    sampling: {
-      temperature: sampling.temperature,
-      ...(config.agent.topP < 1 ? { topP: config.agent.topP } : {}),
-      maxTokens: config.agent.maxNewTokens,
-      seed: sampling.seed
-    },
-    format: agent.format,
-    maxContextTokens: config.agent.maxContextTokens,
-    renderTools: config.agent.renderTools,
-    reward: runtime.reward,
-    policies: runtime.policies,
-    runId: `s${sampling.firstSeq}`,
-    rowOffset: sampling.rowOffset
-  })
-}
 
 // ===== Tasks' rows =====
 

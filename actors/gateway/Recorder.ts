@@ -3,20 +3,10 @@
  * token-level transcript built token-in / token-out exactly as a rollout chain builds one (the same
  * `ChainPorts.Format`, the same sampler call), and the trajectory they add up to.
  *
- * **Matching a request to a thread.** A chat request's messages are compared with each thread's conversation by
- * their canonical keys (`OpenAiWire.messageKey`); the assistant turns in a thread's conversation are exactly what
- * the gateway answered, so a request that sends the conversation back is matched to the ids that were sampled,
- * which are never re-tokenized:
- * - **continuation**: a thread's whole conversation is a prefix of the request and the rest holds no assistant
- *   message: the rest (tool results, user turns) is appended as observations (only their suffix is tokenized,
- *   sources `tool` / `env` / `template`), then the policy samples;
- * - **rewrite**: otherwise, when the request starts with the messages an idle thread started from, the agent rewrote
- *   that thread's history (trimmed, summarised, reordered, edited a turn): the thread starts a new **segment** from
- *   a fresh render of the request (all of it prompt, never trained on), as `TrajectoryBuilder` does when a template
- *   rewrites history;
- * - **new thread**: anything else, or a continuation of a thread that is busy with another request (parallel
- *   requests: sub-agents, concurrent calls), starts a thread of its own, linked to the episode (and to the busy
- *   thread it shares a prefix with).
+ * **Matching a request to a thread** (`Threads.ts`): a request that sends a thread's conversation back with tool
+ * results or user turns appended continues it (only the new messages are tokenized); one that starts as an idle
+ * thread did but rewrote its history starts a new **segment** of that thread; anything else, or a continuation of
+ * a thread busy with another request, starts a thread of its own, linked to the episode.
  *
  * Tool-call ids are rewritten to be unique within the episode (`call_<n>`) and mapped back to the transcript's own
  * ids when their results arrive, so SDKs that key results by id never see a repeated one.
@@ -34,7 +24,9 @@ import type { GenerateResult, Sampler, SamplerError, SamplingParams } from "../.
 import type * as Tokenizer from "../../src/Tokenizer.ts"
 import * as Trajectory from "../../src/Trajectory.ts"
 import type * as ChainPorts from "../../src/ChainPorts.ts"
-import * as Wire from "./OpenAiWire.ts"
+import * as Wire from "../internal/openAiWire.ts"
+import * as Bodies from "./Bodies.ts"
+import * as Threads from "./Threads.ts"
 
 // ===== Models =====
 
@@ -74,47 +66,6 @@ export interface Config {
   readonly row?: Readonly<Record<string, unknown>> | undefined
 }
 
-interface Common {
-  readonly index: number
-  /** The thread this one forked from (a parallel request sharing its prefix). */
-  readonly parent: number | undefined
-  closed: Array<Trajectory.Segment>
-  busy: boolean
-  lastActive: number
-  turns: number
-  tokens: number
-  lastFinish: Wire.Turn["finishReason"] | undefined
-  /** The last turn was cut by the context budget, or a request was refused for it. */
-  contextEnded: boolean
-}
-
-interface ChatThread extends Common {
-  readonly _tag: "Chat"
-  transcript: ChainPorts.Transcript
-  /** Canonical keys of the conversation in the client's terms (assistant turns as answered). */
-  keys: Array<string>
-  /** How many of `keys` the open segment started from. */
-  startCount: number
-  toolsKey: string
-  /** Observations were appended and the sample has not been (a request failed or was cut in between). */
-  pendingSample: boolean
-  toolCalls: number
-  parseErrors: number
-  /** Calls of a tool the request did not declare (its SDK cannot run them). */
-  unknownCalls: number
-  /** The request's own `max_tokens` when it, below the run's `maxNewTokens`, cut the last turn. */
-  cutAtRequest: number | undefined
-}
-
-interface TokenThread extends Common {
-  readonly _tag: "Tokens"
-  spans: Array<Trajectory.Span>
-  ids: Array<number>
-  start: ReadonlyArray<number>
-}
-
-type Thread = ChatThread | TokenThread
-
 /**
  * The state of one episode (mutated only by this module).
  *
@@ -123,7 +74,7 @@ type Thread = ChatThread | TokenThread
  */
 export interface Recorder {
   readonly config: Config
-  readonly threads: Array<Thread>
+  readonly threads: Array<Threads.Thread>
   /** Client call id → the transcript's call id. */
   readonly callIds: Map<string, string>
   /** Failures of the gateway's own steps (sampler, template), newest last. */
@@ -154,63 +105,6 @@ export const make = (config: Config): Effect.Effect<Recorder> =>
     startedAt
   }))
 
-// ===== Matching =====
-
-type Choice<T extends Thread> =
-  | { readonly _tag: "Continue"; readonly thread: T; readonly from: number }
-  | { readonly _tag: "Rewrite"; readonly thread: T }
-  | { readonly _tag: "New"; readonly parent: number | undefined }
-
-const commonPrefix = (a: ReadonlyArray<unknown>, b: ReadonlyArray<unknown>): number => {
-  const n = Math.min(a.length, b.length)
-  let i = 0
-  while (i < n && a[i] === b[i]) i++
-  return i
-}
-
-/**
- * Where a chat request belongs (see the module docs). Pure: nothing is marked busy.
- *
- * @category getters
- * @since 0.1.0
- */
-export const chooseChat = (
-  recorder: Recorder,
-  keys: ReadonlyArray<string>,
-  toolsKey: string
-): Choice<ChatThread> => {
-  const threads = recorder.threads.filter((t): t is ChatThread => t._tag === "Chat" && t.toolsKey === toolsKey)
-  let continuation: ChatThread | undefined
-  let busyPrefix: ChatThread | undefined
-  for (const t of threads) {
-    const k = commonPrefix(t.keys, keys)
-    if (k !== t.keys.length) continue
-    const rest = keys.slice(k)
-    const extends_ = rest.length > 0 ? rest.every((key) => !key.startsWith("a\u0000")) : t.pendingSample
-    if (!extends_) continue
-    if (t.busy) busyPrefix ??= t
-    else if (continuation === undefined || t.keys.length > continuation.keys.length) continuation = t
-  }
-  if (continuation !== undefined) return { _tag: "Continue", thread: continuation, from: continuation.keys.length }
-  if (busyPrefix !== undefined) return { _tag: "New", parent: busyPrefix.index }
-  const rewritten = threads
-    .filter((t) => !t.busy && commonPrefix(t.keys, keys) >= t.startCount && t.startCount > 0)
-    .sort((a, b) => b.lastActive - a.lastActive)[0]
-  if (rewritten !== undefined) return { _tag: "Rewrite", thread: rewritten }
-  const sibling = threads.find((t) => t.busy && commonPrefix(t.keys, keys) > 0)
-  return { _tag: "New", parent: sibling?.index }
-}
-
-const chooseTokens = (recorder: Recorder, ids: ReadonlyArray<number>): Choice<TokenThread> => {
-  const threads = recorder.threads.filter((t): t is TokenThread => t._tag === "Tokens" && !t.busy)
-  const extendsIds = (prefix: ReadonlyArray<number>) =>
-    prefix.length <= ids.length && commonPrefix(prefix, ids) === prefix.length
-  const continued = threads.filter((t) => extendsIds(t.ids)).sort((a, b) => b.ids.length - a.ids.length)[0]
-  if (continued !== undefined) return { _tag: "Continue", thread: continued, from: continued.ids.length }
-  const rewritten = threads.filter((t) => extendsIds(t.start)).sort((a, b) => b.lastActive - a.lastActive)[0]
-  return rewritten !== undefined ? { _tag: "Rewrite", thread: rewritten } : { _tag: "New", parent: undefined }
-}
-
 // ===== Sampling =====
 
 const record = (recorder: Recorder, error: RolloutError.RolloutError) => {
@@ -220,15 +114,6 @@ const record = (recorder: Recorder, error: RolloutError.RolloutError) => {
 
 const defaultRetry = Schedule.max([Schedule.exponential(100), Schedule.recurs(3)])
 
-const samplerApiError = (e: SamplerError): Wire.ApiError =>
-  new Wire.ApiError(
-    e.reason._tag === "BadRequest"
-      ? { status: 400, message: e.message, code: "sampler_rejected" }
-      : e.reason._tag === "Overloaded"
-      ? { status: 429, message: e.message, code: "overloaded" }
-      : { status: e.reason._tag === "Closed" ? 503 : 500, message: e.message, code: e.reason._tag }
-  )
-
 const templateApiError = (recorder: Recorder, e: RolloutError.RolloutError): Wire.ApiError => {
   record(recorder, e)
   return Wire.invalid(`the conversation cannot be rendered: ${e.message}`, "messages", "template_failed")
@@ -237,7 +122,7 @@ const templateApiError = (recorder: Recorder, e: RolloutError.RolloutError): Wir
 /** The sampling of one request under the episode's rules; `maxTokens` capped by the remaining context. */
 const samplingOf = (
   config: Config,
-  body: Pick<Wire.ChatBody, "maxTokens" | "temperature" | "topP" | "topK" | "seed" | "stopTokenIds">,
+  body: Pick<Bodies.ChatBody, "maxTokens" | "temperature" | "topP" | "topK" | "seed" | "stopTokenIds">,
   remaining: number
 ): SamplingParams => {
   const base = config.sampling
@@ -273,13 +158,17 @@ const sample = (
       Effect.ensuring(Effect.map(Clock.currentTimeMillis, (t1) => void (recorder.samplerMs += t1 - t0))),
       Effect.mapError((e) => {
         record(recorder, RolloutError.fromSamplerError(e, recorder.config.id))
-        return samplerApiError(e)
+        return Wire.samplerError(e)
       })
     )
     return result
   })
 
-const contextLeft = (recorder: Recorder, thread: Common, length: number): Effect.Effect<number, Wire.ApiError> => {
+const contextLeft = (
+  recorder: Recorder,
+  thread: Threads.Common,
+  length: number
+): Effect.Effect<number, Wire.ApiError> => {
   const budget = recorder.config.maxContextTokens
   const remaining = budget === undefined ? Number.POSITIVE_INFINITY : budget - length
   if (remaining > 0) return Effect.succeed(remaining)
@@ -293,7 +182,7 @@ const contextLeft = (recorder: Recorder, thread: Common, length: number): Effect
   )
 }
 
-const dropThread = (recorder: Recorder, thread: Thread): void => {
+const dropThread = (recorder: Recorder, thread: Threads.Thread): void => {
   const at = recorder.threads.indexOf(thread)
   if (at !== -1) recorder.threads.splice(at, 1)
 }
@@ -305,7 +194,7 @@ const dropThread = (recorder: Recorder, thread: Thread): void => {
  */
 const undoneOnFailure = <A, E>(
   recorder: Recorder,
-  thread: Thread,
+  thread: Threads.Thread,
   isNew: boolean,
   effect: Effect.Effect<A, E>
 ): Effect.Effect<A, E> => {
@@ -333,7 +222,11 @@ const undoneOnFailure = <A, E>(
 }
 
 /** Marks a thread busy for the duration of `effect` (synchronously, so two requests never share a thread). */
-const occupying = <A, E>(recorder: Recorder, thread: Thread, effect: Effect.Effect<A, E>): Effect.Effect<A, E> => {
+const occupying = <A, E>(
+  recorder: Recorder,
+  thread: Threads.Thread,
+  effect: Effect.Effect<A, E>
+): Effect.Effect<A, E> => {
   thread.busy = true
   return Effect.ensuring(
     effect,
@@ -344,7 +237,7 @@ const occupying = <A, E>(recorder: Recorder, thread: Thread, effect: Effect.Effe
   )
 }
 
-const newCommon = (recorder: Recorder, parent: number | undefined): Common => ({
+const newCommon = (recorder: Recorder, parent: number | undefined): Threads.Common => ({
   index: recorder.threads.length,
   parent,
   closed: [],
@@ -384,19 +277,19 @@ const startTranscript = (
  * @category constructors
  * @since 0.1.0
  */
-export const chat = (recorder: Recorder, body: Wire.ChatBody): Effect.Effect<Wire.Turn, Wire.ApiError> =>
+export const chat = (recorder: Recorder, body: Bodies.ChatBody): Effect.Effect<Bodies.Turn, Wire.ApiError> =>
   Effect.suspend(() => {
     recorder.requests++
     const tools = recorder.config.renderTools === false ? [] : body.tools
-    const keys = body.messages.map(Wire.messageKey)
-    const toolsKey = Wire.toolsKey(tools)
-    const choice = chooseChat(recorder, keys, toolsKey)
+    const keys = body.messages.map(Bodies.messageKey)
+    const toolsKey = Bodies.toolsKey(tools)
+    const choice = Threads.chooseChat(recorder.threads, keys, toolsKey)
     if (choice._tag !== "New") {
       const continued = continueChat(recorder, choice, body, keys, tools)
       return occupying(recorder, choice.thread, undoneOnFailure(recorder, choice.thread, false, continued))
     }
     // A placeholder holds the new thread's place (and its busy mark) while its prompt is rendered.
-    const thread: ChatThread = {
+    const thread: Threads.ChatThread = {
       ...newCommon(recorder, choice.parent),
       _tag: "Chat",
       transcript: undefined as unknown as ChainPorts.Transcript,
@@ -430,8 +323,8 @@ export const chat = (recorder: Recorder, body: Wire.ChatBody): Effect.Effect<Wir
 
 const continueChat = Effect.fnUntraced(function*(
   recorder: Recorder,
-  choice: Exclude<Choice<ChatThread>, { readonly _tag: "New" }>,
-  body: Wire.ChatBody,
+  choice: Exclude<Threads.Choice<Threads.ChatThread>, { readonly _tag: "New" }>,
+  body: Bodies.ChatBody,
   keys: ReadonlyArray<string>,
   tools: ReadonlyArray<ChatTemplate.ToolSpec>
 ) {
@@ -455,7 +348,7 @@ const continueChat = Effect.fnUntraced(function*(
   return yield* sampleChat(recorder, thread, body)
 })
 
-const sampleChat = Effect.fnUntraced(function*(recorder: Recorder, thread: ChatThread, body: Wire.ChatBody) {
+const sampleChat = Effect.fnUntraced(function*(recorder: Recorder, thread: Threads.ChatThread, body: Bodies.ChatBody) {
   const transcript = thread.transcript
   const remaining = yield* contextLeft(recorder, thread, transcript.length())
   const sampling = samplingOf(recorder.config, body, remaining)
@@ -469,9 +362,9 @@ const sampleChat = Effect.fnUntraced(function*(recorder: Recorder, thread: ChatT
     return { ...c, id }
   })
   const content = Message.text(turn.message.content)
-  const finishReason: Wire.Turn["finishReason"] = !turn.complete ? "length" : calls.length > 0 ? "tool_calls" : "stop"
+  const finishReason: Bodies.Turn["finishReason"] = !turn.complete ? "length" : calls.length > 0 ? "tool_calls" : "stop"
   thread.keys.push(
-    Wire.messageKey({ role: "assistant", content, ...(calls.length > 0 ? { tool_calls: calls } : {}) })
+    Bodies.messageKey({ role: "assistant", content, ...(calls.length > 0 ? { tool_calls: calls } : {}) })
   )
   thread.turns++
   thread.tokens += result.tokenIds.length
@@ -486,7 +379,7 @@ const sampleChat = Effect.fnUntraced(function*(recorder: Recorder, thread: ChatT
     : undefined
   // Cut by the context budget only when the budget, not the request's own max_tokens, set the limit.
   thread.contextEnded = !turn.complete && sampling.maxTokens >= remaining
-  const answered: Wire.Turn = {
+  const answered: Bodies.Turn = {
     content,
     toolCalls: calls,
     finishReason,
@@ -509,9 +402,9 @@ const sampleChat = Effect.fnUntraced(function*(recorder: Recorder, thread: ChatT
  */
 export const completion = (
   recorder: Recorder,
-  body: Wire.CompletionBody
+  body: Bodies.CompletionBody
 ): Effect.Effect<
-  { readonly turn: Wire.Turn; readonly text: string; readonly promptTokenIds: ReadonlyArray<number> },
+  { readonly turn: Bodies.Turn; readonly text: string; readonly promptTokenIds: ReadonlyArray<number> },
   Wire.ApiError
 > =>
   Effect.suspend(() => {
@@ -529,8 +422,8 @@ export const completion = (
     const bad = ids.find((id) => !tokenizer.isValidId(id))
     if (bad !== undefined) return Effect.fail(Wire.invalid(`token id ${bad} is outside the vocabulary`, "prompt"))
     recorder.requests++
-    const choice = chooseTokens(recorder, ids)
-    let thread: TokenThread
+    const choice = Threads.chooseTokens(recorder.threads, ids)
+    let thread: Threads.TokenThread
     if (choice._tag === "New") {
       thread = { ...newCommon(recorder, undefined), _tag: "Tokens", spans: [], ids: [], start: ids }
       recorder.threads.push(thread)
@@ -597,11 +490,6 @@ export interface ThreadRecord {
   readonly turns: number
 }
 
-const segmentsOf = (thread: Thread): Array<Trajectory.Segment> =>
-  thread._tag === "Chat"
-    ? [...thread.closed, ...thread.transcript.segments()]
-    : [...thread.closed, ...(thread.spans.length === 0 ? [] : [{ spans: thread.spans, messageCount: 0 }])]
-
 /**
  * The threads that sampled at least one turn, in the order they started.
  *
@@ -612,7 +500,7 @@ export const threads = (recorder: Recorder): Array<ThreadRecord> =>
   recorder.threads.filter((t) => t.turns > 0).map((t) => ({
     index: t.index,
     parent: t.parent,
-    segments: segmentsOf(t),
+    segments: Threads.segmentsOf(t),
     messages: t._tag === "Chat" ? t.transcript.messages() : [],
     turns: t.turns
   }))
@@ -643,8 +531,10 @@ export const trajectory = Effect.fnUntraced(function*(recorder: Recorder, ending
   const sampled = recorder.threads.filter((t) => t.turns > 0 || t.contextEnded)
   const last = [...sampled].sort((a, b) => b.lastActive - a.lastActive)[0]
   const budget = config.maxContextTokens
-  const segments = sampled.flatMap(segmentsOf).map((s) => (budget === undefined ? s : Trajectory.clipSegment(s, budget)))
-  const chats = sampled.filter((t): t is ChatThread => t._tag === "Chat")
+  const segments = sampled.flatMap(Threads.segmentsOf).map((s) =>
+    budget === undefined ? s : Trajectory.clipSegment(s, budget)
+  )
+  const chats = sampled.filter((t): t is Threads.ChatThread => t._tag === "Chat")
   const masked = ending._tag === "Abandoned" || (ending._tag === "Failed" && ending.masked)
   const termination: Trajectory.Termination = ending._tag === "Abandoned"
     ? "interrupted"

@@ -1,6 +1,7 @@
 /**
  * The request-body rules both OpenAI-compatible servers share (`agentfly serve`, `OpenAiServer.ts`, and the
- * recording gateway, `gateway/OpenAiWire.ts`), checked before each server reads the fields it serves:
+ * recording gateway, `gateway/Bodies.ts`), checked before each server reads the fields it serves (a refusal is
+ * answered by `openAiWire.ts`):
  *
  * - **Known fields.** Every field of OpenAI's documented chat-completions (or completions) request is accepted, plus
  *   the server's own extensions; any other field is refused as OpenAI refuses it ("Unrecognized request argument

@@ -2,8 +2,9 @@
  * The state machine of one resource pool (one spec). Every decision is a synchronous step over plain mutable state
  * (fibers are cooperative, so a step is atomic); the slow work (start, reset, health check, destroy) runs in
  * fibers owned by the pool, never by the chains that wait for it, so interrupting a chain cannot leave a
- * half-started instance behind. That state is one record ({@link PoolState}) and each step a top-level function
- * over it, as in effect's `Pool.ts`; `make` only builds the record and opens the pool.
+ * half-started instance behind. That state is one record (`PoolState`, in `poolState.ts` with the bookkeeping the
+ * steps share) and each step a top-level function over it, as in effect's `Pool.ts`; `make` only builds the record
+ * and opens the pool.
  *
  * A *binding* ties a sharing key (spec, scope, owner) to an instance while at least one holder uses it. Waiting
  * is per binding, not per holder: a second chain of the same group joins the first's wait.
@@ -18,143 +19,26 @@
  * next use, which checks the lease first).
  */
 import { Cause, Clock, Deferred, Effect, Exit, FiberSet, Metric, Option, Schedule, Scope } from "effect"
-import { EnvError, envError as makeEnvError } from "../../src/Environment.ts"
+import type { EnvError } from "../../src/Environment.ts"
 import * as Resource from "../../src/Resource.ts"
+import {
+  count,
+  crashed,
+  envError,
+  fork,
+  forkAll,
+  leaseError,
+  makeMetrics,
+  newBinding,
+  newInstance,
+  publishGauges,
+  recordAcquire,
+  snapshot
+} from "./poolState.ts"
+import type { Binding, Instance, PoolState, PoolStats } from "./poolState.ts"
+import { makeWaitWindow } from "./waitWindow.ts"
 
-type InstanceState = "starting" | "idle" | "leased" | "resetting" | "unhealthy"
-
-export interface Instance<A> {
-  readonly id: string
-  readonly scope: Scope.Closeable
-  value: A | undefined
-  state: InstanceState
-  idleSince: number
-  binding: Binding<A> | undefined
-  /** Its binding's global lease was lost while it ran: a call in flight must not report success. */
-  leaseLost: boolean
-}
-
-export interface Binding<A> {
-  readonly key: string
-  holders: number
-  status: "waiting" | "assigning" | "ready" | "done"
-  ready: Deferred.Deferred<Instance<A>, Resource.LeaseError>
-  instance: Instance<A> | undefined
-  /** Bumped each time the instance is replaced after a crash. */
-  generation: number
-  /** Holds the global (coordinator) lease while the binding lives. */
-  scope: Scope.Closeable | undefined
-  /** The global lease the instance runs under; `undefined` while none is held (before a grant, while reletting). */
-  global: Resource.GlobalLease | undefined
-  /** The global lease was lost while the instance was still starting: it must not be handed over. */
-  leaseLost: boolean
-  /** Why the binding ended, if it failed: every later use fails with it. */
-  failure: Resource.LeaseError | undefined
-}
-
-/**
- * Instances by state (starting, idle, leased, resetting, unhealthy), waiters, starts, failures, crashes, what
- * releases did (reset or recreate), and acquire latency. Also published as metrics (`env/<name>/instances{state}`,
- * `env/<name>/waiters`, `env/<name>/starts`, `env/<name>/failures`, `env/<name>/crashes`, `env/<name>/resets`,
- * `env/<name>/recreations`, `env/<name>/acquire_ms`).
- */
-export interface PoolStats {
-  readonly starting: number
-  readonly idle: number
-  readonly leased: number
-  /** Released by their last holder, being reset for reuse (or torn down). */
-  readonly resetting: number
-  readonly unhealthy: number
-  readonly waiters: number
-  readonly starts: number
-  /** Starts, resets and health checks that failed, and crashes. */
-  readonly failures: number
-  /**
-   * Instances found dead and replaced or destroyed: a crash in use, a failed health check (on acquire or
-   * periodic), a holder's `invalidate`, or a lost global lease.
-   */
-  readonly crashes: number
-  /** Releases whose instance was reset and went back to the idle pool for reuse. */
-  readonly resets: number
-  /**
-   * Releases whose instance was destroyed instead of reused (policy `recreate`, found unhealthy, or its reset
-   * failed); the next acquire starts a fresh one. Not counted when the pool is closing.
-   */
-  readonly recreations: number
-  readonly acquires: number
-  readonly acquireMillisTotal: number
-  readonly acquireMillisMax: number
-  /** Acquire-wait percentiles (nearest rank) over the last {@link waitWindowSize} acquires; 0 before the first. */
-  readonly acquireMillisP50: number
-  readonly acquireMillisP99: number
-  readonly closed: boolean
-}
-
-// ----- acquire-wait window -----
-
-/** How many of the most recent acquire waits the percentiles of {@link PoolStats} are computed over. */
-export const waitWindowSize = 1024
-
-/** A ring buffer of the most recent acquire waits, in milliseconds. */
-export interface WaitWindow {
-  readonly values: Float64Array
-  size: number
-  next: number
-}
-
-export const makeWaitWindow = (capacity: number = waitWindowSize): WaitWindow => ({
-  values: new Float64Array(capacity),
-  size: 0,
-  next: 0
-})
-
-/** Records one wait, overwriting the oldest once the window is full. */
-export const recordWait = (window: WaitWindow, millis: number): void => {
-  window.values[window.next] = millis
-  window.next = (window.next + 1) % window.values.length
-  window.size = Math.min(window.size + 1, window.values.length)
-}
-
-/** The waits held by the window (oldest first is not guaranteed: order does not matter to a quantile). */
-export const waits = (window: WaitWindow): Float64Array => window.values.subarray(0, window.size)
-
-/**
- * The `q`-quantile of `values` by nearest rank: the smallest value such that at least `q · n` of the `n` values are
- * at or below it (`q = 0.5` is the lower median, `q = 1` the maximum); 0 when there are no values.
- *
- * Quickselect (Hoare partition, median-of-three pivot) on a copy: expected O(n), `values` is left untouched.
- */
-export const quantile = (values: ArrayLike<number>, q: number): number => {
-  const n = values.length
-  if (n === 0) return 0
-  // The tolerance keeps q · n that should be an integer (0.07 · 100 = 7.000000000000001) from rounding up a rank.
-  const k = Math.min(n, Math.max(1, Math.ceil(q * n - 1e-9))) - 1
-  const a = Float64Array.from(values)
-  let lo = 0
-  let hi = n - 1
-  while (lo < hi) {
-    const x = a[lo]!
-    const y = a[(lo + hi) >>> 1]!
-    const z = a[hi]!
-    const pivot = x < y ? (y < z ? y : x < z ? z : x) : (x < z ? x : y < z ? z : y)
-    let i = lo
-    let j = hi
-    while (i <= j) {
-      while (a[i]! < pivot) i++
-      while (a[j]! > pivot) j--
-      if (i <= j) {
-        const t = a[i]!
-        a[i++] = a[j]!
-        a[j--] = t
-      }
-    }
-    // Now a[lo..j] <= pivot <= a[i..hi], and everything strictly between j and i equals the pivot.
-    if (k <= j) hi = j
-    else if (k >= i) lo = i
-    else return a[k]!
-  }
-  return a[k]!
-}
+export type { Binding, Instance, PoolState, PoolStats } from "./poolState.ts"
 
 export interface Pool<A> {
   readonly resource: Resource.Resource<A>
@@ -174,76 +58,6 @@ export interface Pool<A> {
 
 /** How long to wait before asking an unreachable coordinator again (within the acquire wait). */
 const coordinatorRetryMillis = 100
-
-/**
- * Everything one pool knows, as plain mutable fields: every function below is a step over it. Built by
- * {@link makeState}; {@link make} adds the background sweeps, the prewarm and the finalizer.
- */
-export interface PoolState<A> {
-  readonly resource: Resource.Resource<A>
-  readonly name: string
-  readonly coordinator: Resource.Coordinator | undefined
-  /** The manager's scope: every instance's scope and every global lease's scope is forked from it. */
-  readonly managerScope: Scope.Scope
-  /** The pool's own fibers (starts, resets, health checks, teardown), never the waiting chains'. */
-  readonly fibers: FiberSet.FiberSet<unknown, never>
-  /** Every instance that holds a slot, by id. */
-  readonly instances: Map<string, Instance<A>>
-  /** Idle instances; the last one (the most recently idled) is handed out first. */
-  readonly idle: Array<Instance<A>>
-  /** Bindings waiting for an instance or a free slot, in arrival order. */
-  readonly waiting: Array<Binding<A>>
-  /** The live binding of each sharing key. */
-  readonly bindings: Map<string, Binding<A>>
-  /** Set once by `close`: from then on nothing is assigned or started, and what comes back is destroyed. */
-  closed: boolean
-  nextId: number
-  readonly counters: Counters
-  readonly recentWaits: WaitWindow
-  readonly metrics: PoolMetrics
-  /** {@link assignWaiters}, then the work forked: built once, as the lease path runs it at every step. */
-  readonly dispatch: Effect.Effect<void>
-  /** The gauges set from a {@link snapshot}: built once, as the lease path runs it several times per acquire. */
-  readonly publish: Effect.Effect<void>
-  /** Keep `min` instances (started idle, in the background). */
-  readonly replenish: Effect.Effect<void>
-}
-
-/** The counting part of {@link PoolStats}. */
-interface Counters {
-  starts: number
-  failures: number
-  crashes: number
-  resets: number
-  recreations: number
-  acquires: number
-  acquireMillisTotal: number
-  acquireMillisMax: number
-}
-
-type PoolEvent = "failures" | "crashes" | "resets" | "recreations"
-
-interface PoolMetrics {
-  readonly gauges: Record<InstanceState | "waiters", Metric.Gauge<number>>
-  readonly starts: Metric.Counter<number>
-  readonly events: Record<PoolEvent, Metric.Counter<number>>
-  readonly acquireMillis: Metric.Histogram<number>
-}
-
-const envError = (env: string, method: string, reason: EnvError["reason"]["_tag"], message: string) =>
-  makeEnvError(env, method, reason, message)
-
-const leaseError = <A>(pool: PoolState<A>, reason: Resource.LeaseErrorReason) =>
-  new Resource.LeaseError({ resource: pool.name, reason })
-
-const fork = <A, X>(pool: PoolState<A>, effect: Effect.Effect<X>) => Effect.asVoid(FiberSet.run(pool.fibers, effect))
-
-/** Forks each of `work`, in order. A loop rather than a closure per call: the lease path dispatches at every step. */
-const forkAll = <A>(pool: PoolState<A>, work: ReadonlyArray<Effect.Effect<void>>): Effect.Effect<void> => {
-  let all: Effect.Effect<void> = Effect.void
-  for (const effect of work) all = Effect.andThen(all, fork(pool, effect))
-  return all
-}
 
 // ----- constructors -----
 
@@ -326,99 +140,6 @@ export const makeState = <A>(
   return pool
 }
 
-// ----- metrics -----
-
-const makeMetrics = (name: string): PoolMetrics => {
-  const attributes = { resource: name }
-  const instances = (state: InstanceState) =>
-    Metric.gauge(`env/${name}/instances`, { attributes: { ...attributes, state } })
-  const counter = (event: string) => Metric.counter(`env/${name}/${event}`, { attributes, incremental: true })
-  return {
-    gauges: {
-      starting: instances("starting"),
-      idle: instances("idle"),
-      leased: instances("leased"),
-      resetting: instances("resetting"),
-      unhealthy: instances("unhealthy"),
-      waiters: Metric.gauge(`env/${name}/waiters`, { attributes })
-    },
-    starts: counter("starts"),
-    events: {
-      failures: counter("failures"),
-      crashes: counter("crashes"),
-      resets: counter("resets"),
-      recreations: counter("recreations")
-    },
-    acquireMillis: Metric.histogram(`env/${name}/acquire_ms`, {
-      attributes,
-      boundaries: Metric.exponentialBoundaries({ start: 0.5, factor: 2, count: 18 })
-    })
-  }
-}
-
-const snapshot = <A>(pool: PoolState<A>): PoolStats => {
-  const by = { starting: 0, idle: 0, leased: 0, resetting: 0, unhealthy: 0 }
-  for (const instance of pool.instances.values()) by[instance.state]++
-  const recent = waits(pool.recentWaits)
-  return {
-    ...by,
-    waiters: pool.waiting.length,
-    ...pool.counters,
-    acquireMillisP50: quantile(recent, 0.5),
-    acquireMillisP99: quantile(recent, 0.99),
-    closed: pool.closed
-  }
-}
-
-const publishGauges = <A>(pool: PoolState<A>): Effect.Effect<void> => {
-  const s = snapshot(pool)
-  const { gauges } = pool.metrics
-  return Effect.all([
-    Metric.update(gauges.starting, s.starting),
-    Metric.update(gauges.idle, s.idle),
-    Metric.update(gauges.leased, s.leased),
-    Metric.update(gauges.resetting, s.resetting),
-    Metric.update(gauges.unhealthy, s.unhealthy),
-    Metric.update(gauges.waiters, s.waiters)
-  ], { discard: true })
-}
-
-const count = <A>(pool: PoolState<A>, event: PoolEvent): Effect.Effect<void> =>
-  Effect.suspend(() => {
-    pool.counters[event]++
-    return Metric.update(pool.metrics.events[event], 1)
-  })
-
-/** An instance found dead: a crash is also a failure. */
-const crashed = <A>(pool: PoolState<A>): Effect.Effect<void> =>
-  Effect.andThen(count(pool, "crashes"), count(pool, "failures"))
-
-const recordAcquire = <A>(pool: PoolState<A>, millis: number): Effect.Effect<void> =>
-  Effect.suspend(() => {
-    const { counters } = pool
-    counters.acquires++
-    counters.acquireMillisTotal += millis
-    counters.acquireMillisMax = Math.max(counters.acquireMillisMax, millis)
-    recordWait(pool.recentWaits, millis)
-    return Metric.update(pool.metrics.acquireMillis, millis)
-  })
-
-// ----- instance lifecycle -----
-
-/** A new instance (state `starting`) holding a slot from now on; `binding` is whom it starts for, if anyone. */
-export const newInstance = <A>(pool: PoolState<A>, binding: Binding<A> | undefined): Instance<A> => {
-  const instance: Instance<A> = {
-    id: `${pool.name}-${pool.nextId++}`,
-    scope: Scope.forkUnsafe(pool.managerScope),
-    value: undefined,
-    state: "starting",
-    idleSince: 0,
-    binding,
-    leaseLost: false
-  }
-  pool.instances.set(instance.id, instance)
-  return instance
-}
 
 /** Removes the instance from the books at once (its slot frees) and tears it down in the background. */
 const destroy = <A>(pool: PoolState<A>, instance: Instance<A>): Effect.Effect<void> =>
@@ -759,19 +480,6 @@ export const assignWaiters = <A>(pool: PoolState<A>): Array<Effect.Effect<void>>
 
 // ----- the holder-facing steps -----
 
-/** A new binding of `key`, waiting, with one holder. */
-export const newBinding = <A>(key: string): Binding<A> => ({
-  key,
-  holders: 1,
-  status: "waiting",
-  ready: Deferred.makeUnsafe(),
-  instance: undefined,
-  generation: 0,
-  scope: undefined,
-  global: undefined,
-  leaseLost: false,
-  failure: undefined
-})
 
 /** Joins the live binding of `key`, or opens one and queues it for an instance. */
 const join = <A>(pool: PoolState<A>, key: string): Effect.Effect<Binding<A>, Resource.LeaseError> =>

@@ -164,10 +164,17 @@ const killAndRemove = (procs: string): boolean => {
   }
   try {
     rmdirSync(join(procs, ".."))
-    return true
   } catch {
     return false // members still dying
   }
+  // The run's own directory goes with its last instance: a clean exit leaves no empty cgroup behind. (Sync calls
+  // on one thread: no instance of this run can be made between the check and the removal.)
+  try {
+    rmdirSync(join(procs, "..", ".."))
+  } catch {
+    // other instances of the run are still there
+  }
+  return true
 }
 
 /** Kills what is left in the cgroups and removes them, waiting (up to ~2 s) for killed members to go. */

@@ -20,7 +20,6 @@
 import { NodeServices } from "@effect/platform-node"
 import { Context, Effect, Scope, Semaphore } from "effect"
 import { existsSync } from "node:fs"
-import { resolve } from "node:path"
 import * as ResourceManager from "../../actors/ResourceManager.ts"
 import * as Docker from "../../actors/resources/Docker.ts"
 import * as Environment from "../../src/Environment.ts"
@@ -413,7 +412,9 @@ export const spec = (task: HarborTask.HarborTask, tag: string, settings: Setting
 /**
  * The task's provider: for each chain, its row's task folder (`row.task`, resolved against `settings.root`), the
  * folder's image and a container of it from the resource manager, as the chain's {@link Workspace}. A folder is
- * read and its image built once per run (or machine); a bad folder fails the chain's lease with its reason.
+ * read and its image built once per run (or machine); a bad folder fails the chain's lease with its reason, and so
+ * does a row whose folder or any of its files leads out of the root (`HarborTask.loadRow`: `../`, an absolute
+ * path, a symbolic link out).
  *
  * @category constructors
  * @since 0.1.0
@@ -467,21 +468,17 @@ export const provider = (
         backends.set(task.digest, resource)
         return resource
       })).pipe(Effect.provideService(Docker.DockerEngine, engine))
-    const taskOf = (folder: string) =>
+    // A row's task may come from another machine (a rollout worker's share): `loadRow` keeps it, and every file of
+    // its folder, inside the root before anything is read, built or run.
+    const taskOf = (path: string) =>
       Effect.suspend(() => {
-        const known = tasks.get(folder)
+        const known = tasks.get(path)
         if (known !== undefined) return Effect.succeed(known)
-        return HarborTask.load(folder).pipe(
+        return HarborTask.loadRow(settings.root, path).pipe(
           Effect.provide(NodeServices.layer),
-          Effect.tap((t) => Effect.sync(() => tasks.set(folder, t))),
+          Effect.tap((t) => Effect.sync(() => tasks.set(path, t))),
           Effect.mapError((e) =>
-            Environment.envError(
-              "harbor",
-              "load",
-              "ResetFailed",
-              e._tag === "HarborError" ? `${e.folder}: ${e.message}` : `${folder}: ${e.message}`,
-              { cause: e }
-            )
+            Environment.envError("harbor", "load", "ResetFailed", `${e.folder}: ${e.message}`, { cause: e })
           )
         )
       })
@@ -496,7 +493,7 @@ export const provider = (
               const message = "the row has no task folder (a `task` field)"
               return yield* Environment.envError("harbor", "load", "ResetFailed", message)
             }
-            const task = yield* taskOf(resolve(settings.root, path))
+            const task = yield* taskOf(path)
             const resource = yield* resourceOf(task)
             // In the chain's scope: the container goes back (and is recreated) when the chain ends.
             const lease = yield* Scope.provide(manager.acquire(resource, chain), scope).pipe(

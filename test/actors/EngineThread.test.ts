@@ -2,7 +2,7 @@ import { assert, describe, it } from "@effect/vitest"
 import { Effect, Exit, Fiber, Random } from "effect"
 import * as EngineThread from "../../actors/EngineThread.ts"
 import { fromWire, toWire } from "../../actors/internal/engineWorker.ts"
-import { PolicyEngineError, make } from "../../actors/PolicyEngine.ts"
+import { MissingWeight, PolicyEngineError, StaleVersion, make } from "../../actors/PolicyEngine.ts"
 import { BadRequest, samplerError, SamplerError } from "../../src/Sampler.ts"
 import type { GenerateRequest } from "../../src/Sampler.ts"
 import { randomWeights, tinyConfig } from "../utils/tinyModel.ts"
@@ -32,8 +32,12 @@ describe("EngineThread", () => {
       assert.deepStrictEqual((back as SamplerError).reason, error.reason)
       assert.strictEqual(back.message, error.message)
     }
-    const engine = cross(new PolicyEngineError({ reason: "StaleVersion", message: "2 < 3" }))
-    assert.deepStrictEqual([engine._tag, engine.reason, engine.message], ["PolicyEngineError", "StaleVersion", "2 < 3"])
+    const stale = new PolicyEngineError({ reason: new StaleVersion({ version: 2, current: 3, message: "2 < 3" }) })
+    const engine = cross(stale)
+    assert.instanceOf(engine, PolicyEngineError)
+    assert.instanceOf((engine as PolicyEngineError).reason, StaleVersion)
+    assert.deepStrictEqual((engine as PolicyEngineError).reason, stale.reason)
+    assert.strictEqual(engine.message, "2 < 3")
     // Anything else (a defect's value) arrives as a ServerError naming it.
     const defect = cross(new Error("boom"))
     assert.deepStrictEqual([defect._tag, (defect as SamplerError).reason._tag, defect.message], [
@@ -94,9 +98,11 @@ describe("EngineThread", () => {
       assert.include(bad.message, "outside the vocabulary")
       const stale = yield* engine.updateWeights(2, w1).pipe(Effect.flip)
       assert.instanceOf(stale, PolicyEngineError)
-      assert.strictEqual(stale.reason, "StaleVersion")
+      assert.instanceOf(stale.reason, StaleVersion)
+      assert.strictEqual(stale.message, "version 2 is not newer than the current version 3")
       const missing = yield* thread.make({ config: c, weights: new Map() }).pipe(Effect.flip)
-      assert.strictEqual(missing.reason, "MissingWeight")
+      assert.instanceOf(missing.reason, MissingWeight)
+      assert.strictEqual(missing.message, `missing ${(missing.reason as MissingWeight).weight}`)
     }).pipe(Effect.scoped))
 
   it.live("an interrupted request stops on the thread; a dead thread fails its requests, and the next engine gets a new one", () =>

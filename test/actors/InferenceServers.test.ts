@@ -53,8 +53,11 @@ const fetchJson = (url: string, init?: RequestInit) =>
     return { status: response.status, json: (await response.json()) as Record<string, any> }
   })
 
-const versionOf = (baseUrl: string) =>
-  Effect.map(fetchJson(`${baseUrl}/models`), (r) => r.json["data"][0].policy_version as number)
+const versionOf = (baseUrl: string, token?: string) =>
+  Effect.map(
+    fetchJson(`${baseUrl}/models`, token === undefined ? undefined : { headers: { authorization: `Bearer ${token}` } }),
+    (r) => r.json["data"][0].policy_version as number
+  )
 
 describe("InferenceServers", () => {
   it.live("pushed weights are the ones the servers sample with; requests spread over the servers", () =>
@@ -122,7 +125,7 @@ describe("InferenceServers", () => {
       assert.strictEqual(yield* versionOf(b.baseUrl), 0)
       const local = yield* makeEngine({ config: folder.config, weights: v2, version: 2 })
       const expected = yield* local.generate(greedy(prompts[0]!))
-      for (let round = 0; round < 40 && (yield* servers.status)[1]!.served === 0; round++) {
+      for (let round = 0; round < 400 && (yield* servers.status)[1]!.served === 0; round++) {
         yield* Effect.sleep(50)
         const rs = yield* Effect.forEach(prompts, () => servers.sampler(2).generate(greedy(prompts[0]!)), {
           concurrency: "unbounded"
@@ -139,7 +142,7 @@ describe("InferenceServers", () => {
       yield* b.close
       b = yield* startServer(folder, { port: b.port })
       const served = (yield* servers.status)[1]!.served
-      for (let round = 0; round < 40 && (yield* servers.status)[1]!.served === served; round++) {
+      for (let round = 0; round < 400 && (yield* servers.status)[1]!.served === served; round++) {
         yield* Effect.sleep(50)
         const rs = yield* Effect.forEach(prompts, () => servers.sampler(2).generate(greedy(prompts[0]!)), {
           concurrency: "unbounded"
@@ -153,7 +156,7 @@ describe("InferenceServers", () => {
       yield* a.close
       yield* b.close
       const push = yield* Effect.flip(servers.push(3, v2))
-      assert.strictEqual(push.reason, "Servers")
+      assert.strictEqual(push.reason._tag, "Servers")
       assert.include(push.message, "no inference server took policy version 3")
       assert.include(push.message, a.baseUrl)
       const request = yield* Effect.flip(servers.sampler(2).generate(greedy([1, 2, 3])))
@@ -226,20 +229,28 @@ describe("InferenceServers", () => {
       // A server started without accepting weights, and a wrong token: refused when the run connects, before it
       // trains anything, naming the fix.
       const notAccepted = yield* Effect.flip(InferenceServers.make({ urls: [open.baseUrl], parameters }))
-      assert.strictEqual(notAccepted.reason, "Servers")
+      assert.strictEqual(notAccepted.reason._tag, "Servers")
       assert.match(notAccepted.message, /cannot follow this run's learner: it does not take weights \(HTTP 404: .*start it with --accept-weights/)
-      const before = yield* versionOf(locked.baseUrl)
+      const before = yield* versionOf(locked.baseUrl, "s3cret")
       const wrongToken = yield* Effect.flip(InferenceServers.make({ urls: [locked.baseUrl], parameters, token: "guess" }))
       assert.include(wrongToken.message, "it refuses this run's token")
       assert.include(wrongToken.message, "set AGENTFLY_WEIGHTS_TOKEN")
-      assert.strictEqual(yield* versionOf(locked.baseUrl), before, "the probe changed nothing")
+      assert.strictEqual(yield* versionOf(locked.baseUrl, "s3cret"), before, "the probe changed nothing")
       const withToken = yield* InferenceServers.make({ urls: [locked.baseUrl], parameters, token: "s3cret" })
       yield* withToken.push(5, folder.weights)
-      assert.strictEqual(yield* versionOf(locked.baseUrl), 5)
-      // A rollout worker only samples (the run pushes): it connects without the weights token, and samples.
-      const sampling = yield* InferenceServers.make({ urls: [locked.baseUrl], parameters, pushes: false })
+      assert.strictEqual(yield* versionOf(locked.baseUrl, "s3cret"), 5)
+      // A rollout worker only samples (the run pushes): it is not asked whether the server takes its weights, but
+      // the weights token guards every route of the server (folded in), so it samples only with it.
+      const sampling = yield* InferenceServers.make({
+        urls: [locked.baseUrl],
+        parameters,
+        pushes: false,
+        token: "s3cret"
+      })
       const sampled = yield* sampling.sampler(5).generate(greedy(prompts[0]!))
       assert.strictEqual(sampled.policyVersion, 5)
+      const stranger = yield* Effect.flip(InferenceServers.make({ urls: [locked.baseUrl], parameters, pushes: false }))
+      assert.include(stranger.message, "HTTP 401")
 
       // Bodies that are not the model's weights: 400 with the reason, and the server keeps what it had.
       const garbage = yield* put(plain.baseUrl, new Uint8Array([1, 2, 3, 4, 5, 6, 7, 8, 9]), "1")

@@ -10,6 +10,7 @@ import { createRequire } from "node:module"
 import { dirname } from "node:path"
 import OpenAI from "openai"
 import * as OpenAiServer from "../../actors/OpenAiServer.ts"
+import { encodeWithin } from "../../actors/internal/promptBudget.ts"
 import { make as makeEngine, PolicyEngine } from "../../actors/PolicyEngine.ts"
 import * as ModelFolder from "../../src/ModelFolder.ts"
 import type { GenerateRequest } from "../../src/Sampler.ts"
@@ -259,19 +260,19 @@ describe("OpenAiServer: validation before the status line, and request limits", 
       const charsPerToken = 4 * 128 // what the server computes for this vocabulary
       for (const text of [natural, blob, natural.slice(0, 3000)]) {
         const ids = qwen.encode(text)
-        const exact = OpenAiServer.encodeWithin(spy, charsPerToken, text, ids.length)
+        const exact = encodeWithin(spy, charsPerToken, text, ids.length)
         assert.deepStrictEqual(exact, { ids }, text.slice(0, 30))
-        const over = OpenAiServer.encodeWithin(spy, charsPerToken, text, ids.length - 1)
+        const over = encodeWithin(spy, charsPerToken, text, ids.length - 1)
         assert.isTrue("over" in over && over.over > ids.length - 1, text.slice(0, 30))
       }
       // Far over the limit: counted piece by piece, and only until the count passes it.
       encoded = 0
-      const early = OpenAiServer.encodeWithin(spy, charsPerToken, natural.repeat(20), 1000)
+      const early = encodeWithin(spy, charsPerToken, natural.repeat(20), 1000)
       assert.isTrue("over" in early)
       assert.isBelow(encoded, 3 * 4096 + 100) // a 750 KB text: a few pieces tokenized, not the whole
       // Refused from its length alone: more than 512 characters per allowed token.
       encoded = 0
-      assert.deepStrictEqual(OpenAiServer.encodeWithin(spy, charsPerToken, "a".repeat(600_000), 1000), {
+      assert.deepStrictEqual(encodeWithin(spy, charsPerToken, "a".repeat(600_000), 1000), {
         over: Math.ceil(600_000 / charsPerToken),
         exact: false
       })

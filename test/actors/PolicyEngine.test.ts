@@ -1,6 +1,6 @@
 import { assert, describe, it } from "@effect/vitest"
 import { Context, Effect, Exit, Fiber, Layer, Scope } from "effect"
-import { PolicyEngine, PolicyEngineError, layerSampler, make } from "../../actors/PolicyEngine.ts"
+import { PolicyEngine, PolicyEngineError, StaleVersion, layerSampler, make } from "../../actors/PolicyEngine.ts"
 import * as Qwen2 from "../../src/model/Qwen2.ts"
 import { Sampler, SamplerError } from "../../src/Sampler.ts"
 import type { GenerateRequest, GenerateResult } from "../../src/Sampler.ts"
@@ -264,9 +264,13 @@ describe("PolicyEngine", () => {
       for (const [weights, reason] of cases) {
         const error = yield* Effect.flip(engine.updateWeights(1, weights))
         assert.instanceOf(error, PolicyEngineError)
-        assert.strictEqual(error.reason, reason)
+        assert.strictEqual(error.reason._tag, reason)
+        assert.strictEqual(error.message, error.reason.message)
       }
-      assert.strictEqual((yield* Effect.flip(engine.updateWeights(0, w1))).reason, "StaleVersion")
+      const stale = yield* Effect.flip(engine.updateWeights(0, w1))
+      assert.instanceOf(stale.reason, StaleVersion)
+      assert.deepStrictEqual([stale.reason.version, stale.reason.current], [0, 0])
+      assert.strictEqual(stale.message, "version 0 is not newer than the current version 0")
       const ok = yield* engine.generate(request([1, 2], { maxTokens: 3 }))
       assert.strictEqual(ok.tokenIds.length, 3)
       assert.strictEqual(ok.policyVersion, 0)

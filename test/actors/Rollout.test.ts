@@ -8,7 +8,6 @@ import * as RewardActor from "../../actors/RewardActor.ts"
 import * as RolloutChain from "../../actors/RolloutChain.ts"
 import type * as ChainPorts from "../../src/ChainPorts.ts"
 import * as ToolActor from "../../actors/ToolActor.ts"
-import * as Trainer from "../../actors/Trainer.ts"
 import * as ByteTokenizer from "../../src/ByteTokenizer.ts"
 import * as ChatTemplate from "../../src/ChatTemplate.ts"
 import * as Environment from "../../src/Environment.ts"
@@ -20,6 +19,7 @@ import * as Tokenizer from "../../src/Tokenizer.ts"
 import * as Tool from "../../src/Tool.ts"
 import * as Trajectory from "../../src/Trajectory.ts"
 import { charFormat, decode, turn } from "./fixtures/charFormat.ts"
+import * as RolloutFigures from "../../src/RolloutFigures.ts"
 
 // ===== Fixtures =====
 
@@ -256,7 +256,7 @@ describe("Rollout.run", () => {
       assert.isUndefined(prose.metrics["tool_errors/ParseFailed"])
       assert.isUndefined(prose.error)
       // The trainer's figures read it as an invalid call and a ParseFailed failure, not an infrastructure one.
-      const figures = Trainer.rolloutFigures([{ groupId: "g", rowIndex: 0, trajectories: [cut, full, prose] }], {
+      const figures = RolloutFigures.rolloutFigures([{ groupId: "g", rowIndex: 0, trajectories: [cut, full, prose] }], {
         prefix: "rollout",
         tools: ["add", "answer"]
       })

@@ -3,11 +3,14 @@
  * loopback HTTP) sampling on an `OpenAiServer` (tiny Qwen2 on onnxruntime) that the trainer's `InferenceServers`
  * pushed weights to. A batch split over the workers comes back as the groups one process rolls out (ids, row
  * indices, prompts, sampled tokens, rewards); a dead worker's share goes to the other; a worker of another config
- * is refused, and a batch no worker can take fails with a typed error.
+ * is refused, and a batch no worker can take fails with a typed error. The same batch through the Redis queue
+ * (`RolloutQueue.work` on a private redis-server) comes back the same too.
  */
 import * as NodeServices from "@effect/platform-node/NodeServices"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Exit, FileSystem, Logger, Scope } from "effect"
+import { Effect, Exit, Fiber, FileSystem, Logger, Scope } from "effect"
+import { TestClock } from "effect/testing"
+import { Redis } from "ioredis"
 import * as Http from "node:http"
 import type { AddressInfo } from "node:net"
 import * as ChainFormat from "../../actors/ChainFormat.ts"
@@ -15,8 +18,8 @@ import * as InferenceServers from "../../actors/InferenceServers.ts"
 import * as OpenAiServer from "../../actors/OpenAiServer.ts"
 import { make as makeEngine, PolicyEngine } from "../../actors/PolicyEngine.ts"
 import * as ResourceManager from "../../actors/ResourceManager.ts"
+import * as RolloutQueue from "../../actors/RolloutQueue.ts"
 import * as RolloutWorker from "../../actors/RolloutWorker.ts"
-import * as Trainer from "../../actors/Trainer.ts"
 import { task as calculator } from "../../environments/calculator/CalculatorTask.ts"
 import type * as Dataset from "../../src/Dataset.ts"
 import * as Task from "../../src/Task.ts"
@@ -25,7 +28,11 @@ import * as Qwen2 from "../../src/model/Qwen2.ts"
 import { Sampler, samplerError } from "../../src/Sampler.ts"
 import * as TrainConfig from "../../src/TrainConfig.ts"
 import * as Trajectory from "../../src/Trajectory.ts"
+import { redisServer } from "../utils/redisServer.ts"
 import { randomWeights } from "../utils/tinyModel.ts"
+import * as RolloutFigures from "../../src/RolloutFigures.ts"
+import * as Rollouts from "../../actors/Rollouts.ts"
+import * as RolloutSetup from "../../actors/RolloutSetup.ts"
 
 const rows: ReadonlyArray<Dataset.Row> = Array.from({ length: 5 }, (_, i) => ({
   index: i,
@@ -49,10 +56,14 @@ const view = (groups: ReadonlyArray<Trajectory.Group>) =>
   }))
 
 /** A worker on its own scope (closing it is the worker dying). */
-const startWorker = (agent: Trainer.Agent, servers: InferenceServers.InferenceServers, token?: string) =>
+const startWorker = (
+  agent: RolloutSetup.RolloutSetup,
+  servers: InferenceServers.InferenceServers,
+  options: RolloutWorker.WorkerOptions = {}
+) =>
   Effect.gen(function*() {
     const scope = yield* Scope.make()
-    const worker = yield* RolloutWorker.serve(agent, servers, { token }).pipe(Scope.provide(scope))
+    const worker = yield* RolloutWorker.serve(agent, servers, options).pipe(Scope.provide(scope))
     return { ...worker, close: Scope.close(scope, Exit.void) }
   })
 
@@ -86,7 +97,7 @@ const fixture = Effect.gen(function*() {
     algorithm: { steps: 1 },
     engine: { servers: [server.baseUrl] }
   })
-  const agent = yield* Trainer.agent({ task, config, format: ChainFormat.ofConfig(config, folder) })
+  const agent = yield* RolloutSetup.make({ task, config, format: ChainFormat.ofConfig(config, folder) })
   const workerSide = yield* InferenceServers.make({ urls: [server.baseUrl], parameters, restMs: 50 })
   const key = RolloutWorker.agentKey(task.name, config)
   return { dir, folder, engine, server, task, agent, config, key, parameters, trainerSide, workerSide }
@@ -108,7 +119,7 @@ describe("RolloutWorker", () => {
       const w2 = yield* startWorker(withEnv({ "env/box/leases": 5, "env/box/acquire_wait_p99_ms": 2, "env/box/in_use": 0 }), workerSide)
       const client = yield* RolloutWorker.client({ urls: [w1.baseUrl, w2.baseUrl], agentKey: key, restMs: 50 })
 
-      const here = yield* Trainer.collectGroups(agent, rows, sampling).pipe(
+      const here = yield* Rollouts.collectGroups(agent, rows, sampling).pipe(
         Effect.provideService(Sampler, trainerSide.sampler(1))
       )
       const there = yield* client.collect(rows, sampling, 1)
@@ -146,7 +157,7 @@ describe("RolloutWorker", () => {
       // No worker left: a typed error naming them.
       yield* w1.close
       const none = yield* Effect.flip(client.collect(rows, sampling, 1))
-      assert.strictEqual(none.reason, "Workers")
+      assert.strictEqual(none.reason._tag, "Workers")
       assert.include(none.message, "every rollout worker failed")
       assert.include(none.message, w1.baseUrl)
       assert.include(none.message, "agentfly train CONFIG --resume")
@@ -160,19 +171,19 @@ describe("RolloutWorker", () => {
         algorithm: { steps: 1 },
         engine: { servers: [server.baseUrl] }
       })
-      const otherAgent = yield* Trainer.agent({ task, config: other, format: ChainFormat.ofConfig(other, folder) })
+      const otherAgent = yield* RolloutSetup.make({ task, config: other, format: ChainFormat.ofConfig(other, folder) })
       const stranger = yield* startWorker(otherAgent, workerSide)
       const refused = yield* Effect.flip(
         RolloutWorker.client({ urls: [stranger.baseUrl], agentKey: key, agent: agent.config.agent })
       )
-      assert.strictEqual(refused.reason, "Workers")
+      assert.strictEqual(refused.reason._tag, "Workers")
       assert.match(refused.message, /runs task "calculator" with another config/)
       // The keys that differ are named, both sides given.
       assert.include(refused.message, `this run's → the worker's: `)
       assert.include(refused.message, `agent.systemPrompt: "Use the calculator tool." → "Another prompt."`)
       assert.include(refused.message, "agent.maxNewTokens: 16 → ")
       // A worker with a token serves only requests that bear it.
-      const guarded = yield* startWorker(agent, workerSide, "s3cret")
+      const guarded = yield* startWorker(agent, workerSide, { token: "s3cret" })
       const unauthorized = yield* Effect.flip(RolloutWorker.client({ urls: [guarded.baseUrl], agentKey: key }))
       assert.match(unauthorized.message, /refuses this run's token \(HTTP 401: .*\): set AGENTFLY_WORKER_TOKEN to the token/)
       assert.notInclude(unauthorized.message, "start it with")
@@ -190,24 +201,24 @@ describe("RolloutWorker", () => {
   it.live("a share longer than the silence limit lives on heartbeats; a silent worker's share moves; a failed share says why", () =>
     Effect.scoped(Effect.gen(function*() {
       const { folder, engine, agent, key, parameters, trainerSide, workerSide } = yield* fixture
-      const here = yield* Trainer.collectGroups(agent, rows, sampling).pipe(
+      const here = yield* Rollouts.collectGroups(agent, rows, sampling).pipe(
         Effect.provideService(Sampler, trainerSide.sampler(1))
       )
-      // Every request waits 400 ms first: a share lasts ≥ 400 ms, past the 250 ms silence limit, which the worker's
-      // heartbeats (every 50 ms) keep from firing.
+      // Every request waits 1 s first: a share lasts over 1 s, past the 750 ms silence limit, which the worker's
+      // heartbeats (every 50 ms: fifteen to a silence, for a loaded machine's late timers) keep from firing.
       const slow: InferenceServers.InferenceServers = {
         ...workerSide,
         sampler: (version) => {
           const inner = workerSide.sampler(version)
-          return { ...inner, generate: (request) => Effect.delay(inner.generate(request), 400) }
+          return { ...inner, generate: (request) => Effect.delay(inner.generate(request), 1_000) }
         }
       }
       const scope = yield* Scope.make()
       const slowWorker = yield* RolloutWorker.serve(agent, slow, { heartbeatMs: 50 }).pipe(Scope.provide(scope))
-      const patient = yield* RolloutWorker.client({ urls: [slowWorker.baseUrl], agentKey: key, silenceMs: 250 })
+      const patient = yield* RolloutWorker.client({ urls: [slowWorker.baseUrl], agentKey: key, silenceMs: 750 })
       const started = Date.now()
       const slowGroups = yield* patient.collect(rows.slice(0, 2), sampling, 1)
-      assert.isAbove(Date.now() - started, 400)
+      assert.isAbove(Date.now() - started, 1_000)
       assert.deepStrictEqual(view(slowGroups), view(here.slice(0, 2)))
 
       // A worker that takes the share and says nothing more (hung, stopped): given up after the silence limit, its
@@ -224,25 +235,39 @@ describe("RolloutWorker", () => {
         () => Effect.sync(() => silent.close())
       )
       const silentUrl = `http://127.0.0.1:${(silent.address() as AddressInfo).port}/v1`
-      const good = yield* startWorker(agent, workerSide)
+      // The good worker's heartbeats keep it from seeming silent however long its chains take here.
+      const good = yield* startWorker(agent, workerSide, { heartbeatMs: 50 })
       const failover = yield* RolloutWorker.client({
         urls: [silentUrl, good.baseUrl],
         agentKey: key,
-        silenceMs: 400,
+        silenceMs: 750,
         restMs: 50
       })
       const t0 = Date.now()
       const moved = yield* failover.collect(rows.slice(0, 2), sampling, 1)
       assert.deepStrictEqual(view(moved), view(here.slice(0, 2)))
-      assert.isBelow(Date.now() - t0, 20_000)
+      // Far below a share's 30-minute limit: the silence limit moved it (a generous bound, for a loaded machine).
+      assert.isBelow(Date.now() - t0, 60_000)
       assert.strictEqual(heldOpen.length, 1)
-      // Two shares: the good worker's own, and the silent one's after 0.4 s.
+      // Two shares: the good worker's own, and the silent one's after 0.75 s.
       assert.deepStrictEqual(yield* failover.shares, [0, 2])
       assert.strictEqual((yield* failover.figures!)["workers/failures"], 1)
       // Alone, the silent worker fails the batch with the reason.
       const alone = yield* RolloutWorker.client({ urls: [silentUrl], agentKey: key, silenceMs: 300 })
       const silence = yield* Effect.flip(alone.collect(rows.slice(0, 1), sampling, 1))
       assert.include(silence.message, `${silentUrl} (no answer and no heartbeat for 0.3 s (hung, stopped, or cut off))`)
+      // A share's time limit, on a clock the test moves: a worker silent for less than its silence limit but past the
+      // share's limit is given up with that reason.
+      const late = yield* Effect.gen(function*() {
+        const timed = yield* RolloutWorker.client({ urls: [silentUrl], agentKey: key, timeoutMs: 60_000, silenceMs: 120_000 })
+        const waiting = yield* Effect.forkChild(Effect.flip(timed.collect(rows.slice(0, 1), sampling, 1)))
+        while (waiting.pollUnsafe() === undefined) {
+          yield* TestClock.adjust("1 minute")
+          yield* TestClock.withLive(Effect.sleep("50 millis"))
+        }
+        return yield* Fiber.join(waiting)
+      }).pipe(Effect.provide(TestClock.layer()))
+      assert.include(late.message, `${silentUrl} (no groups within 60 s (rollout.timeoutSeconds))`)
       // Two workers failing one share: the second's warning says that none is left (not that another takes it).
       const logs: Array<string> = []
       const collector = Logger.make((o) => void logs.push((o.message as ReadonlyArray<unknown>).map(String).join(" ")))
@@ -268,7 +293,7 @@ describe("RolloutWorker", () => {
       const broken = yield* startWorker(agent, unusable)
       const failing = yield* RolloutWorker.client({ urls: [broken.baseUrl], agentKey: key })
       const failed = yield* Effect.flip(failing.collect(rows.slice(0, 1), sampling, 1))
-      assert.strictEqual(failed.reason, "Workers")
+      assert.strictEqual(failed.reason._tag, "Workers")
       assert.include(failed.message, `${broken.baseUrl} (failed the share: `)
       assert.include(failed.message, "this backend returns no token ids")
 
@@ -290,9 +315,64 @@ describe("RolloutWorker", () => {
       const stranded = yield* RolloutWorker.serve(agent, noServers, { heartbeatMs: 100 }).pipe(Scope.provide(scope))
       const asked = yield* RolloutWorker.client({ urls: [stranded.baseUrl], agentKey: key, silenceMs: 2_000 })
       const strandedGroups = yield* asked.collect(rows.slice(0, 1), sampling, 1)
-      const failures = Trainer.infrastructureFailures(strandedGroups.flatMap((g) => g.trajectories))
+      const failures = RolloutFigures.infrastructureFailures(strandedGroups.flatMap((g) => g.trajectories))
       assert.deepStrictEqual([failures.share, failures.reason, failures.total], [1, "SamplerTransient", 3])
-      assert.include(Trainer.firstFailure(strandedGroups.flatMap((g) => g.trajectories)), doomed.baseUrl)
+      assert.include(RolloutFigures.firstFailure(strandedGroups.flatMap((g) => g.trajectories)), doomed.baseUrl)
       yield* Scope.close(scope, Exit.void)
+    }).pipe(Effect.provide([NodeServices.layer, ResourceManager.ResourceManager.layer]))), { timeout: 120_000 })
+
+  it.live("a queue worker rolls a batch out as one process does; it answers an unreadable share, drops a gone trainer's", () =>
+    Effect.scoped(Effect.gen(function*() {
+      const { agent, key, trainerSide, workerSide } = yield* fixture
+      const server = yield* redisServer
+      const redis = new Redis(server.url)
+      yield* Effect.addFinalizer(() => Effect.sync(() => redis.disconnect()))
+      const here = yield* Rollouts.collectGroups(agent, rows, sampling).pipe(
+        Effect.provideService(Sampler, trainerSide.sampler(1))
+      )
+      const taken: Array<number> = []
+      yield* RolloutQueue.work(agent, workerSide, key, {
+        url: server.url,
+        name: "w1",
+        onShare: (_id, count) => Effect.sync(() => void taken.push(count))
+      }).pipe(Effect.forkScoped)
+      const queue = yield* RolloutQueue.client({ url: server.url, agentKey: key, shareRows: 2 })
+      const there = yield* queue.collect(rows, sampling, 1)
+      assert.deepStrictEqual(view(there), view(here))
+      assert.deepStrictEqual([...taken].sort(), [1, 2, 2])
+      const figures = yield* queue.figures!
+      assert.deepStrictEqual(
+        [figures["workers/shares"], figures["workers/duplicates"], figures["workers/resent"]],
+        [3, 0, 0]
+      )
+      // The worker's requests to the servers reach the run's figures: one per sampled turn.
+      const turns = there.flatMap((g) => g.trajectories).reduce(
+        (n, t) => n + t.segments.filter((segment) => segment.spans.some((span) => span.source === "policy")).length,
+        0
+      )
+      assert.deepStrictEqual([figures["servers/requests"], figures["servers/failures"]], [turns, 0])
+
+      // Written by hand: a share the worker cannot read goes back to its (alive) trainer as a failure; a share of a
+      // trainer that is gone is dropped unrun.
+      const shares = `agentfly:rollouts:${key}:shares`
+      yield* Effect.promise(() => redis.set("t-alive:alive", "1"))
+      yield* Effect.promise(() =>
+        redis.xadd(shares, "*", "p", JSON.stringify({ id: "bad", replyTo: "t-alive", request: { rows: 1 } }))
+      )
+      yield* Effect.promise(() =>
+        redis.xadd(shares, "*", "p", JSON.stringify({ id: "orphan", replyTo: "t-gone", request: { rows: [] } }))
+      )
+      const replies = yield* Effect.promise(() =>
+        redis.xread("BLOCK", 30_000, "STREAMS", "t-alive", "0-0") as Promise<Array<[string, Array<[string, Array<string>]>]>>
+      )
+      const reply = JSON.parse(replies[0]![1][0]![1][1]!) as { id: string; error: string }
+      assert.strictEqual(reply.id, "bad")
+      assert.match(reply.error, /^the share could not be read: /)
+      // Both taken off the stream (acknowledged and deleted), the orphan's trainer never answered.
+      yield* Effect.promise(async () => {
+        while ((await redis.xlen(shares)) > 0) await new Promise((resolve) => setTimeout(resolve, 50))
+      })
+      assert.strictEqual(yield* Effect.promise(() => redis.exists("t-gone")), 0)
+      assert.deepStrictEqual([...taken].sort(), [1, 2, 2])
     }).pipe(Effect.provide([NodeServices.layer, ResourceManager.ResourceManager.layer]))), { timeout: 120_000 })
 })

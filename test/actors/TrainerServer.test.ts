@@ -6,6 +6,7 @@
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Exit, FileSystem, Scope } from "effect"
+import { TestClock } from "effect/testing"
 import * as Http from "node:http"
 import * as net from "node:net"
 import * as TrainerServer from "../../actors/TrainerServer.ts"
@@ -305,11 +306,12 @@ describe("RemoteTrainer and TrainerServer", () => {
       assert.strictEqual(lost.reason._tag, "Remote")
       assert.include(lost.message, "resume the run from its last checkpoint")
       // One that is not there when the run starts: refused within 5 s (not its 60 s mid-run patience), and with
-      // nothing to resume yet.
-      const started = Date.now()
-      const absent = yield* Effect.flip(remote(`http://127.0.0.1:${port + 1}/v1`, 1))
+      // nothing to resume yet. Within 5 s the waits (0.1, 0.2, 0.4, 0.8, 1.6 s, then 2 s) leave room for 5 retries
+      // at most, however slow each attempt; 60 s would allow over 30.
+      const traffic = RemoteTrainer.makeTraffic()
+      const absent = yield* Effect.flip(remote(`http://127.0.0.1:${port + 1}/v1`, 1, { traffic }))
       assert.strictEqual(absent.reason._tag, "Unavailable")
-      assert.isBelow(Date.now() - started, 8_000)
+      assert.isAtMost(traffic.retries, 5)
       assert.include(absent.message, "could not be reached for 5 s (init: ECONNREFUSED)")
       assert.notInclude(absent.message, "resume")
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 60_000)
@@ -350,17 +352,21 @@ describe("RemoteTrainer and TrainerServer", () => {
       yield* patient.forwardBackward(mbs[0]!)
       assert.isAtLeast(Date.now() - started, 1_200)
       const hung = yield* proxy("forever")
-      const t0 = Date.now()
-      const gaveUp = yield* Effect.flip(remote(hung.url, 1, { callMillis: 800 }))
+      const traffic = RemoteTrainer.makeTraffic()
+      const gaveUp = yield* Effect.flip(remote(hung.url, 1, { callMillis: 800, traffic }))
       assert.strictEqual(gaveUp.reason._tag, "Unavailable")
       assert.include(gaveUp.message, "gave no answer to init within 0.8 s (learner.timeoutSeconds)")
-      assert.isBelow(Date.now() - t0, 5_000, "given up once, not sent again behind the call it still runs")
+      assert.deepStrictEqual([traffic.calls, traffic.retries], [1, 0], "given up once, not sent again behind it")
       for (const res of held) res.destroy()
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 60_000)
 
-  it.live("two runs' trainers live side by side; one left without calls is closed", () =>
+  // The idle expiry runs on Effect's clock: the test moves it, so no phase of the test can outlast it by being slow.
+  it.effect("two runs' trainers live side by side; one left without calls is closed", () =>
     Effect.gen(function*() {
       const { baseUrl } = yield* TrainerServer.serve({ idleMillis: 1_000 })
+      const trainers = Effect.promise(async () =>
+        (await (await fetch(`${baseUrl}/trainer`)).json() as { trainers: Array<string> }).trainers.sort()
+      )
       const mbs = yield* batches(false)
       const a = yield* remote(baseUrl, 1, { name: "policy-a" })
       const b = yield* remote(baseUrl, 1, { name: "policy-b" })
@@ -375,11 +381,13 @@ describe("RemoteTrainer and TrainerServer", () => {
       const expected = weightBits(yield* here.weights)
       assert.strictEqual(weightBits(yield* a.weights), expected)
       assert.strictEqual(weightBits(yield* b.weights), expected)
-      // b keeps calling; a does not.
-      for (let i = 0; i < 8; i++) {
-        yield* Effect.sleep(250)
+      // b keeps calling every 250 ms; a does not. A sweep every second: at 1 s a has been idle 1 s, not more.
+      for (let i = 1; i <= 8; i++) {
+        yield* TestClock.adjust(250)
         yield* b.step
+        if (i === 4) assert.deepStrictEqual(yield* trainers, ["policy-a", "policy-b"])
       }
+      assert.deepStrictEqual(yield* trainers, ["policy-b"])
       const closed = yield* Effect.flip(a.step)
       assert.strictEqual(closed.reason._tag, "Remote")
       assert.include(closed.message, "no longer holds")

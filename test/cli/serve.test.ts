@@ -127,4 +127,21 @@ describe("agentfly serve", () => {
       assert.strictEqual(bad.status, 1)
       assert.include(bad.stderr, "model.safetensors")
     }), { timeout: 180_000 })
+
+  it("serve, gateway and trainer refuse a non-loopback host without a token, with the reason", () => {
+    const dir = mkdtempSync(join(tmpdir(), "agentfly-bind-"))
+    const env = { ...process.env }
+    for (const name of Object.keys(env)) if (/^AGENTFLY_.*TOKEN$/.test(name)) delete env[name]
+    const commands: ReadonlyArray<readonly [ReadonlyArray<string>, string]> = [
+      [["serve", "--model-dir", dir, "--host", "0.0.0.0", "--port", "0"], "AGENTFLY_SERVE_TOKEN or --token-file"],
+      [["gateway", "--model-dir", dir, "--host", "0.0.0.0", "--port", "0"], "AGENTFLY_GATEWAY_TOKEN or --token-file"],
+      [["trainer", "--host", "0.0.0.0", "--port", "0"], "AGENTFLY_TRAINER_TOKEN or --token-file"]
+    ]
+    for (const [args, how] of commands) {
+      const run = spawnSync(tsx, [main, ...args], { cwd: repoRoot, env, encoding: "utf8", timeout: 120_000 })
+      assert.strictEqual(run.status, 1, `${args[0]}: ${run.stdout}${run.stderr}`)
+      assert.include(run.stderr, "refusing to listen on 0.0.0.0 without a token", args[0])
+      assert.include(run.stderr, how)
+    }
+  }, 360_000)
 })

@@ -70,4 +70,16 @@ describe("cli setup", () => {
       writeFileSync(file, JSON.stringify({ ...minimal, task: { name: "calculator", options: { toolCallFormat: 0.2 } } }))
       assert.deepStrictEqual((yield* Setup.load(file)).config.task, { name: "calculator", options: { toolCallFormat: 0.2 } })
     }).pipe(Effect.provide(NodeServices.layer)))
+
+  it.effect("a config with the old tools and reward keys and no task says what became of them", () =>
+    Effect.gen(function*() {
+      const dir = mkdtempSync(join(tmpdir(), "setup-old-"))
+      const { task: _task, ...withoutTask } = minimal
+      writeFileSync(join(dir, "c.json"), JSON.stringify({ ...withoutTask, tools: ["calculator"], reward: "math" }))
+      const error = yield* failure(Setup.load(join(dir, "c.json")))
+      assert.include(error.message, "task: missing")
+      assert.include(error.message, "tools and reward are no longer config keys: a task holds its tools and its reward")
+      writeFileSync(join(dir, "d.json"), JSON.stringify(withoutTask))
+      assert.notInclude((yield* failure(Setup.load(join(dir, "d.json")))).message, "no longer config keys")
+    }).pipe(Effect.provide(NodeServices.layer)))
 })

@@ -2,24 +2,26 @@
  * A user's own task, written as a module outside the library (its source is below, written to a folder of its own):
  * a stateful per-chain environment (a locked door) that is reset with each chain's row, speaks after every turn and
  * ends episodes, a tool and a reward that read it. On the real parts (tiny Qwen2 policy on onnxruntime, byte
- * tokenizer), it trains through `Trainer.run` and through `agentfly train that-module.ts`, resumes exactly after
+ * tokenizer), it trains through `TrainLoop.run` and through `agentfly train that-module.ts`, resumes exactly after
  * SIGKILL, and evaluates with `agentfly eval`.
  */
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect } from "effect"
+import { Effect, Layer } from "effect"
 import { spawn } from "node:child_process"
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, symlinkSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join, resolve } from "node:path"
 import * as Journal from "../../actors/Journal.ts"
 import * as LocalPolicy from "../../actors/LocalPolicy.ts"
-import * as Trainer from "../../actors/Trainer.ts"
 import * as ChainFormat from "../../actors/ChainFormat.ts"
 import * as Setup from "../../cli/setup.ts"
 import * as Dataset from "../../src/Dataset.ts"
 import * as ModelFolder from "../../src/ModelFolder.ts"
 import { agentfly } from "../utils/agentfly.ts"
+import * as TrainLoop from "../../actors/TrainLoop.ts"
+import * as Rollouts from "../../actors/Rollouts.ts"
+import * as RolloutSetup from "../../actors/RolloutSetup.ts"
 
 const root = resolve(import.meta.dirname, "../..")
 
@@ -155,7 +157,7 @@ describe("a user's task module", () => {
       assert.include(run.output, "1 rows: solved 0.0 %, mean reward 0.000")
     }), 60_000)
 
-  it.live("Trainer.run: every chain's own environment, reset with its row, speaks and ends its episode", () =>
+  it.live("TrainLoop.run: every chain's own environment, reset with its row, speaks and ends its episode", () =>
     Effect.gen(function*() {
       const dir = userProject()
       const { task, config: loaded } = yield* Setup.load(join(dir, "door.ts"), { steps: 2 })
@@ -167,16 +169,16 @@ describe("a user's task module", () => {
       const format = ChainFormat.ofConfig(config, folder)
       // The whole run (a warm-up, then two RL steps), then the groups of a step as the trainer rolls them out.
       const { summary, groups } = yield* Effect.scoped(Effect.gen(function*() {
-        const summary = yield* Trainer.run({ task, config, format, train, demos })
-        const agent = yield* Trainer.agent({ task, config, format })
-        const groups = yield* Trainer.collectGroups(agent, train.rows.slice(0, 4), {
+        const summary = yield* TrainLoop.run({ task, config, format, train, demos })
+        const agent = yield* RolloutSetup.make({ task, config, format })
+        const groups = yield* Rollouts.collectGroups(agent, train.rows.slice(0, 4), {
           firstSeq: 0,
           chains: 2,
           temperature: 1,
           seed: 40
         })
         return { summary, groups }
-      })).pipe(Effect.provide(LocalPolicy.layer(folder, config)))
+      })).pipe(Effect.provide(Layer.provideMerge(Rollouts.inProcess, LocalPolicy.layer(folder, config))))
       assert.strictEqual(summary.steps, 2)
       assert.strictEqual(summary.trained, 2)
       const trajectories = groups.flatMap((g) => g.trajectories)

@@ -156,94 +156,133 @@ interface Session {
   readonly gradients: ReadonlyArray<readonly [string, string]>
 }
 
-const serve = (init: Init) => {
+/** What a worker holds: views of the shared arrays, its private copy of the weights, its sessions. */
+interface WorkerState {
+  readonly init: Init
+  readonly accum: Float32Array
+  readonly grads: ReadonlyArray<Float32Array>
+  /** This worker's gradient accumulator, by parameter. */
+  readonly own: ReadonlyMap<string, Float32Array>
+  /** The shared weights, by parameter. */
+  readonly shared: ReadonlyMap<string, Float32Array>
+  /**
+   * onnxruntime-node rejects SharedArrayBuffer-backed tensors ("Invalid argument"), so the worker feeds a private
+   * copy of the weights, refreshed once per weights version (one memcpy per optimiser step).
+   */
+  readonly local: ReadonlyMap<string, Float32Array>
+  /** The weights version `local` holds (-1: none yet). */
+  version: number
+  /** This worker's slice of the weights, gradients and moments, for AdamW. */
+  readonly adam: {
+    readonly params: Map<string, Float32Array>
+    readonly grads: Map<string, Float32Array>
+    readonly m: Map<string, Float32Array>
+    readonly v: Map<string, Float32Array>
+  }
+  readonly sessions: Map<string, Session>
+}
+
+const makeWorker = (init: Init): WorkerState => {
   const { layout } = init
   const f32 = (b: SharedArrayBuffer) => new Float32Array(b)
   const params = f32(init.params)
   const accum = f32(init.accum)
   const grads = init.grads.map(f32)
-  const own = sliceViews(grads[init.index]!, layout, 0, layout.total)
   const shared = sliceViews(params, layout, 0, layout.total)
-  // onnxruntime-node rejects SharedArrayBuffer-backed tensors ("Invalid argument"), so the worker feeds a private
-  // copy of the weights, refreshed once per weights version (one memcpy per optimiser step).
-  const local = new Map([...shared].map(([k, v]) => [k, Float32Array.from(v)]))
-  let version = -1
   const [start, end] = init.slice
-  const adam = {
-    params: sliceViews(params, layout, start, end),
-    grads: sliceViews(accum, layout, start, end),
-    m: sliceViews(f32(init.m), layout, start, end),
-    v: sliceViews(f32(init.v), layout, start, end)
+  return {
+    init,
+    accum,
+    grads,
+    own: sliceViews(grads[init.index]!, layout, 0, layout.total),
+    shared,
+    local: new Map([...shared].map(([k, v]) => [k, Float32Array.from(v)])),
+    version: -1,
+    adam: {
+      params: sliceViews(params, layout, start, end),
+      grads: sliceViews(accum, layout, start, end),
+      m: sliceViews(f32(init.m), layout, start, end),
+      v: sliceViews(f32(init.v), layout, start, end)
+    },
+    sessions: new Map()
   }
-  const sessions = new Map<string, Session>()
+}
 
-  const run = async (r: Extract<Request, { op: "run" }>): Promise<RunResult> => {
-    const s = sessions.get(r.key)
-    if (s === undefined) throw new Error(`no session for ${r.key}`)
-    if (version !== r.version) {
-      for (const [name, w] of local) w.set(shared.get(name)!)
-      version = r.version
-    }
-    const feeds: Record<string, ort.Tensor> = {}
-    for (const [name, f] of Object.entries(r.feeds)) {
-      feeds[name] = f.type === "int64"
-        ? new ort.Tensor("int64", f.data, [...f.dims])
-        : new ort.Tensor("float32", f.data, [...f.dims])
-    }
-    for (const w of s.weights) feeds[w.name] = new ort.Tensor("float32", local.get(w.name)!, [...w.dims])
-    const out = await s.session.run(feeds)
-    if (r.accumulate !== "none") {
-      for (const [w, gradName] of s.gradients) {
-        const g = out[gradName]!.data as Float32Array
-        const acc = own.get(w)!
-        if (r.accumulate === "set") acc.set(g)
-        else for (let i = 0; i < acc.length; i++) acc[i]! += g[i]!
-      }
-    }
-    const logprobs = out["token_logprobs"]!.data as Float32Array
-    return {
-      loss: (out["loss"]!.data as Float32Array)[0]!,
-      stats: Float32Array.from(out["stats"]!.data as Float32Array),
-      tokenLogprobs: Float32Array.from(logprobs)
-    }
+/** Runs this worker's shard of a micro-batch, accumulating its gradients as asked. */
+const run = async (w: WorkerState, r: Extract<Request, { op: "run" }>): Promise<RunResult> => {
+  const s = w.sessions.get(r.key)
+  if (s === undefined) throw new Error(`no session for ${r.key}`)
+  if (w.version !== r.version) {
+    for (const [name, weights] of w.local) weights.set(w.shared.get(name)!)
+    w.version = r.version
   }
-
-  const handle = async (r: Request): Promise<Output> => {
-    switch (r.op) {
-      case "compile": {
-        const session = await ort.InferenceSession.create(r.bytes, init.sessionOptions)
-        sessions.set(r.key, { session, weights: r.weights, gradients: r.gradients })
-        return {}
-      }
-      case "release": {
-        const s = sessions.get(r.key)
-        sessions.delete(r.key)
-        await s?.session.release()
-        return {}
-      }
-      case "run":
-        return { run: await run(r) }
-      case "reduce":
-        // The slice's norm too, so that the global norm needs no pass over every gradient on the main thread.
-        return { norm: Math.sqrt(sumSlices(accum, r.sources.map((i) => grads[i]!), start, end)) }
-      case "adam":
-        AdamStep.step(adam.params, adam.grads, { step: r.step, m: adam.m, v: adam.v }, r.lr, r.config, r.scale)
-        return {}
-      case "close":
-        for (const s of sessions.values()) await s.session.release()
-        sessions.clear()
-        return {}
-      case "crash": // handled on arrival, never queued
-        throw new Error("crash requested")
+  const feeds: Record<string, ort.Tensor> = {}
+  for (const [name, f] of Object.entries(r.feeds)) {
+    feeds[name] = f.type === "int64"
+      ? new ort.Tensor("int64", f.data, [...f.dims])
+      : new ort.Tensor("float32", f.data, [...f.dims])
+  }
+  for (const weight of s.weights) {
+    feeds[weight.name] = new ort.Tensor("float32", w.local.get(weight.name)!, [...weight.dims])
+  }
+  const out = await s.session.run(feeds)
+  if (r.accumulate !== "none") {
+    for (const [weight, gradName] of s.gradients) {
+      const g = out[gradName]!.data as Float32Array
+      const acc = w.own.get(weight)!
+      if (r.accumulate === "set") acc.set(g)
+      else for (let i = 0; i < acc.length; i++) acc[i]! += g[i]!
     }
   }
+  const logprobs = out["token_logprobs"]!.data as Float32Array
+  return {
+    loss: (out["loss"]!.data as Float32Array)[0]!,
+    stats: Float32Array.from(out["stats"]!.data as Float32Array),
+    tokenLogprobs: Float32Array.from(logprobs)
+  }
+}
 
+const handle = async (w: WorkerState, r: Request): Promise<Output> => {
+  const { adam, sessions } = w
+  switch (r.op) {
+    case "compile": {
+      const session = await ort.InferenceSession.create(r.bytes, w.init.sessionOptions)
+      sessions.set(r.key, { session, weights: r.weights, gradients: r.gradients })
+      return {}
+    }
+    case "release": {
+      const s = sessions.get(r.key)
+      sessions.delete(r.key)
+      await s?.session.release()
+      return {}
+    }
+    case "run":
+      return { run: await run(w, r) }
+    case "reduce": {
+      // The slice's norm too, so that the global norm needs no pass over every gradient on the main thread.
+      const [start, end] = w.init.slice
+      return { norm: Math.sqrt(sumSlices(w.accum, r.sources.map((i) => w.grads[i]!), start, end)) }
+    }
+    case "adam":
+      AdamStep.step(adam.params, adam.grads, { step: r.step, m: adam.m, v: adam.v }, r.lr, r.config, r.scale)
+      return {}
+    case "close":
+      for (const s of sessions.values()) await s.session.release()
+      sessions.clear()
+      return {}
+    case "crash": // handled on arrival, never queued
+      throw new Error("crash requested")
+  }
+}
+
+const serve = (init: Init) => {
+  const worker = makeWorker(init)
   const port = parentPort!
   let queue: Promise<void> = Promise.resolve()
   port.on("message", (message: Request & { readonly id: number }) => {
     if (message.op === "crash") throw new Error("crash requested")
     queue = queue.then(() =>
-      handle(message).then(
+      handle(worker, message).then(
         (output) => port.postMessage({ id: message.id, ok: true, output } satisfies Reply),
         (e: unknown) =>
           port.postMessage({

@@ -9,12 +9,12 @@ import { assert, describe, it } from "@effect/vitest"
 import { Effect, Logger, Schema, Stream } from "effect"
 import OpenAI from "openai"
 import * as AgentRollout from "../../../actors/gateway/AgentRollout.ts"
-import * as Trainer from "../../../actors/Trainer.ts"
 import * as AgentTask from "../../../src/AgentTask.ts"
 import * as Reward from "../../../src/Reward.ts"
 import * as Sampler from "../../../src/Sampler.ts"
 import * as Trajectory from "../../../src/Trajectory.ts"
 import { calculatorTool, evaluate, format, scriptedSampler } from "./fixtures.ts"
+import * as RolloutFigures from "../../../src/RolloutFigures.ts"
 
 type Msg = OpenAI.Chat.Completions.ChatCompletionMessageParam
 
@@ -227,7 +227,7 @@ describe("AgentRollout", () => {
         assert.strictEqual(t.metrics["tool_calls"], 1)
         assert.strictEqual(t.metrics["tool_errors/UnknownTool"], 1)
       }
-      const figures = Trainer.rolloutFigures([{ groupId: "g", rowIndex: 0, trajectories: all }], { prefix: "rollout" })
+      const figures = RolloutFigures.rolloutFigures([{ groupId: "g", rowIndex: 0, trajectories: all }], { prefix: "rollout" })
       assert.strictEqual(figures["rollout/invalid_tool_call_rate"], 1)
       // An agent asking for fewer tokens than its turn needs: the cut is the request's, and the trajectory says so.
       const terse = AgentTask.make("terse", {

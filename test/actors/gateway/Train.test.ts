@@ -1,12 +1,12 @@
 /**
- * An agent function written with the `openai` SDK, trained by `Trainer.run` on the real parts (the tiny Qwen2 policy
+ * An agent function written with the `openai` SDK, trained by `TrainLoop.run` on the real parts (the tiny Qwen2 policy
  * on onnxruntime, its byte tokenizer and template): every step's groups come from the gateway, the learner trains on
  * them, the new weights serve the next step's requests (their policy version is in every policy span), and what the
  * SDK was answered is exactly what the trajectories hold as the policy's tokens.
  */
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect } from "effect"
+import { Effect, Layer } from "effect"
 import { mkdtempSync, readFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
@@ -14,12 +14,14 @@ import OpenAI from "openai"
 import * as ChainFormat from "../../../actors/ChainFormat.ts"
 import * as Journal from "../../../actors/Journal.ts"
 import * as LocalPolicy from "../../../actors/LocalPolicy.ts"
-import * as Trainer from "../../../actors/Trainer.ts"
 import * as AgentTask from "../../../src/AgentTask.ts"
 import * as Dataset from "../../../src/Dataset.ts"
 import * as ModelFolder from "../../../src/ModelFolder.ts"
 import * as TrainConfig from "../../../src/TrainConfig.ts"
 import * as Trajectory from "../../../src/Trajectory.ts"
+import * as TrainLoop from "../../../actors/TrainLoop.ts"
+import * as Rollouts from "../../../actors/Rollouts.ts"
+import * as RolloutSetup from "../../../actors/RolloutSetup.ts"
 
 /** What each episode's SDK saw: the sampled ids of every answer, by episode. */
 const answered = new Map<string, Array<ReadonlyArray<number>>>()
@@ -48,7 +50,7 @@ const rows = (n: number) =>
   Dataset.parse("train", Array.from({ length: n }, (_, i) => JSON.stringify({ question: `What is ${i} + ${i}?` })).join("\n"))
 
 describe("training an agent function", () => {
-  it.live("Trainer.run trains the tiny policy on the gateway's episodes; the policy spans are what the SDK was sent", () =>
+  it.live("TrainLoop.run trains the tiny policy on the gateway's episodes; the policy spans are what the SDK was sent", () =>
     Effect.gen(function*() {
       const dir = mkdtempSync(join(tmpdir(), "agent-train-"))
       yield* ModelFolder.init(join(dir, "model"), { preset: "tiny", seed: 3 })
@@ -66,17 +68,17 @@ describe("training an agent function", () => {
       const format = ChainFormat.fromTemplate({ tokenizer: folder.tokenizer, template: folder.template })
       const train = yield* rows(6)
       const { summary, groups } = yield* Effect.scoped(Effect.gen(function*() {
-        const summary = yield* Trainer.run({ task, config, format, train, eval: yield* rows(2) })
-        const agent = yield* Trainer.agent({ task, config, format })
+        const summary = yield* TrainLoop.run({ task, config, format, train, eval: yield* rows(2) })
+        const agent = yield* RolloutSetup.make({ task, config, format })
         answered.clear()
-        const groups = yield* Trainer.collectGroups(agent, train.rows.slice(0, 2), {
+        const groups = yield* Rollouts.collectGroups(agent, train.rows.slice(0, 2), {
           firstSeq: 0,
           chains: 4,
           temperature: 1,
           seed: 9
         })
         return { summary, groups }
-      })).pipe(Effect.provide(LocalPolicy.layer(folder, config)))
+      })).pipe(Effect.provide(Layer.provideMerge(Rollouts.inProcess, LocalPolicy.layer(folder, config))))
 
       assert.strictEqual(summary.steps, 3)
       assert.strictEqual(summary.trained, 3)

@@ -1,7 +1,9 @@
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, FiberSet } from "effect"
 import * as fc from "fast-check"
+import * as PoolState from "../../../actors/internal/poolState.ts"
 import * as ResourcePool from "../../../actors/internal/resourcePool.ts"
+import * as WaitWindow from "../../../actors/internal/waitWindow.ts"
 import * as Resource from "../../../src/Resource.ts"
 
 /** The reference: sort, then take the value at nearest rank ceil(q · n). */
@@ -27,7 +29,7 @@ describe("resourcePool", () => {
     Effect.gen(function*() {
       const pool = yield* bareState(3)
       const idle = (since: number) => {
-        const instance = ResourcePool.newInstance(pool, undefined)
+        const instance = PoolState.newInstance(pool, undefined)
         instance.state = "idle"
         instance.idleSince = since
         pool.idle.push(instance)
@@ -36,7 +38,7 @@ describe("resourcePool", () => {
       const older = idle(1)
       const newer = idle(2)
       const [a, b, c, d, e] = ["a", "b", "c", "d", "e"].map((key) => {
-        const binding = ResourcePool.newBinding<string>(key)
+        const binding = PoolState.newBinding<string>(key)
         pool.waiting.push(binding)
         return binding
       })
@@ -75,26 +77,26 @@ describe("resourcePool", () => {
     const q = fc.oneof(fc.constantFrom(0, 0.5, 0.9, 0.99, 1), fc.double({ min: 0, max: 1, noNaN: true }))
     fc.assert(fc.property(waits, q, (values, q) => {
       const copy = [...values]
-      assert.strictEqual(ResourcePool.quantile(Float64Array.from(values), q), reference(values, q))
+      assert.strictEqual(WaitWindow.quantile(Float64Array.from(values), q), reference(values, q))
       assert.deepStrictEqual(values, copy)
     }), { numRuns: 2_000 })
   })
 
   it("quantile by hand: the lower median, p99 of 100 values, none gives 0", () => {
-    assert.strictEqual(ResourcePool.quantile([3, 1, 2, 4], 0.5), 2)
-    assert.strictEqual(ResourcePool.quantile(Array.from({ length: 100 }, (_, i) => 100 - i), 0.99), 99)
-    assert.strictEqual(ResourcePool.quantile(Array.from({ length: 100 }, (_, i) => i + 1), 0.07), 7)
-    assert.strictEqual(ResourcePool.quantile([], 0.5), 0)
+    assert.strictEqual(WaitWindow.quantile([3, 1, 2, 4], 0.5), 2)
+    assert.strictEqual(WaitWindow.quantile(Array.from({ length: 100 }, (_, i) => 100 - i), 0.99), 99)
+    assert.strictEqual(WaitWindow.quantile(Array.from({ length: 100 }, (_, i) => i + 1), 0.07), 7)
+    assert.strictEqual(WaitWindow.quantile([], 0.5), 0)
   })
 
   it("the wait window keeps the most recent waits only", () => {
-    const window = ResourcePool.makeWaitWindow(4)
-    assert.strictEqual(ResourcePool.waits(window).length, 0)
-    for (const millis of [100, 100, 100, 100, 1, 2, 3]) ResourcePool.recordWait(window, millis)
-    assert.deepStrictEqual([...ResourcePool.waits(window)].sort((a, b) => a - b), [1, 2, 3, 100])
-    ResourcePool.recordWait(window, 4)
-    assert.deepStrictEqual([...ResourcePool.waits(window)].sort((a, b) => a - b), [1, 2, 3, 4])
-    assert.strictEqual(ResourcePool.waitWindowSize, 1024)
-    assert.strictEqual(ResourcePool.makeWaitWindow().values.length, 1024)
+    const window = WaitWindow.makeWaitWindow(4)
+    assert.strictEqual(WaitWindow.waits(window).length, 0)
+    for (const millis of [100, 100, 100, 100, 1, 2, 3]) WaitWindow.recordWait(window, millis)
+    assert.deepStrictEqual([...WaitWindow.waits(window)].sort((a, b) => a - b), [1, 2, 3, 100])
+    WaitWindow.recordWait(window, 4)
+    assert.deepStrictEqual([...WaitWindow.waits(window)].sort((a, b) => a - b), [1, 2, 3, 4])
+    assert.strictEqual(WaitWindow.waitWindowSize, 1024)
+    assert.strictEqual(WaitWindow.makeWaitWindow().values.length, 1024)
   })
 })

@@ -3,7 +3,7 @@
  * Escapes and attacks on every transport are in `SandboxAttacks.test.ts`.
  * Real time throughout: time limits and process deaths are the subject.
  */
-import { assert, layer } from "@effect/vitest"
+import { assert, describe, it, layer } from "@effect/vitest"
 import { Context, Effect } from "effect"
 import { existsSync, readdirSync, readFileSync } from "node:fs"
 import { join } from "node:path"
@@ -101,3 +101,19 @@ layer(ResourceManager.ResourceManager.layer, { timeout: 60_000, excludeTestServi
       }))
   }
 )
+
+describe("PythonSandbox on bubblewrap, after the run", () => {
+  it.live("a run that closes its pools leaves no cgroup of its own behind, not even an empty one", () =>
+    Effect.gen(function*() {
+      const runDirs = () =>
+        ["memory", "pids", "cpu"].flatMap((controller) => {
+          const root = `/sys/fs/cgroup/${controller}/agentfly`
+          return existsSync(root) ? readdirSync(root).filter((r) => r.startsWith(`run-${process.pid}-`)) : []
+        })
+      const out = yield* withSandbox("closing", (sandbox) => sandbox.run("print(6 * 7)")).pipe(
+        Effect.provide(ResourceManager.ResourceManager.layer)
+      )
+      assert.strictEqual(out.stdout, "42\n")
+      assert.deepStrictEqual(runDirs(), [], "the run's cgroup directories are gone with its last sandbox")
+    }), 60_000)
+})

@@ -1,18 +1,17 @@
 /**
- * Each SDK example's task module trains unchanged on the tiny local policy (`Trainer.run`, two steps on the
+ * Each SDK example's task module trains unchanged on the tiny local policy (`TrainLoop.run`, two steps on the
  * calculator questions, through the gateway): every step trains on the SDK's episodes, none fails, and the episodes'
  * trajectories are masked by provenance (the policy's sampled tokens, with their logprobs and policy version, are
  * the only trainable ones; the prompt never is).
  */
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect } from "effect"
+import { Effect, Layer } from "effect"
 import { mkdtempSync, readFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as ChainFormat from "../../../actors/ChainFormat.ts"
 import * as LocalPolicy from "../../../actors/LocalPolicy.ts"
-import * as Trainer from "../../../actors/Trainer.ts"
 import * as Agents from "../../../examples/sdk-agents/agents.ts"
 import * as OpenAi from "../../../examples/sdk-agents/openai.ts"
 import * as Vercel from "../../../examples/sdk-agents/vercel.ts"
@@ -22,6 +21,9 @@ import * as ModelFolder from "../../../src/ModelFolder.ts"
 import * as Task from "../../../src/Task.ts"
 import * as TrainConfig from "../../../src/TrainConfig.ts"
 import * as Trajectory from "../../../src/Trajectory.ts"
+import * as TrainLoop from "../../../actors/TrainLoop.ts"
+import * as Rollouts from "../../../actors/Rollouts.ts"
+import * as RolloutSetup from "../../../actors/RolloutSetup.ts"
 
 const questions = [["What is 12+30?", "42"], ["Compute 7*8.", "56"], ["What is 90-17?", "73"], ["Calculate 6*6+1.", "37"]]
 
@@ -50,11 +52,11 @@ const trains = (task: AgentTask.AgentTask) =>
     const format = ChainFormat.fromTemplate({ tokenizer: folder.tokenizer, template: folder.template })
     const data = yield* train
     const { summary, groups } = yield* Effect.scoped(Effect.gen(function*() {
-      const summary = yield* Trainer.run({ task, config, format, train: data })
-      const agent = yield* Trainer.agent({ task, config, format })
-      const groups = yield* Trainer.collectGroups(agent, data.rows.slice(0, 2), { firstSeq: 0, chains: 2, temperature: 1, seed: 4 })
+      const summary = yield* TrainLoop.run({ task, config, format, train: data })
+      const agent = yield* RolloutSetup.make({ task, config, format })
+      const groups = yield* Rollouts.collectGroups(agent, data.rows.slice(0, 2), { firstSeq: 0, chains: 2, temperature: 1, seed: 4 })
       return { summary, groups }
-    })).pipe(Effect.provide(LocalPolicy.layer(folder, config)))
+    })).pipe(Effect.provide(Layer.provideMerge(Rollouts.inProcess, LocalPolicy.layer(folder, config))))
     assert.strictEqual(summary.trained, 2, "both steps trained")
     const steps = readFileSync(join(config.output, "metrics.jsonl"), "utf8").trim().split("\n").map((l) =>
       JSON.parse(l) as { phase: string; figures: Record<string, number> }

@@ -1,5 +1,5 @@
 /**
- * A full disk is a typed error, `TrainerError(DiskFull)`, whatever write meets it (journal, metrics, samples,
+ * A full disk is a typed error, `RunError (DiskFull)`, whatever write meets it (journal, metrics, samples,
  * checkpoint), and a run stopped by one resumes exactly once space is freed. The disk is a real tmpfs of a few
  * hundred KiB mounted for the test (the tests run as root); where mounting is not permitted, a file system that
  * fails writes past the same budget with Node's ENOSPC error stands in for it.
@@ -8,21 +8,22 @@ import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, FileSystem, Layer, PlatformError } from "effect"
 import { spawnSync } from "node:child_process"
-import { mkdirSync, mkdtempSync, rmSync, statSync, writeFileSync } from "node:fs"
+import { mkdirSync, mkdtempSync, rmSync, statSync, writeFileSync, readdirSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as Journal from "../../actors/Journal.ts"
 import * as LocalPolicy from "../../actors/LocalPolicy.ts"
+import * as Rollouts from "../../actors/Rollouts.ts"
 import * as ResourceManager from "../../actors/ResourceManager.ts"
-import * as Trainer from "../../actors/Trainer.ts"
 import * as ChainFormat from "../../actors/ChainFormat.ts"
 import * as CalculatorTask from "../../environments/calculator/CalculatorTask.ts"
 import * as Generate from "../../examples/calculator/generate.ts"
 import * as Dataset from "../../src/Dataset.ts"
 import * as ModelFolder from "../../src/ModelFolder.ts"
 import * as TrainConfig from "../../src/TrainConfig.ts"
-import { charFormat } from "./fixtures/charFormat.ts"
-import * as Toy from "./fixtures/toyPolicy.ts"
+import { charFormat } from "../actors/fixtures/charFormat.ts"
+import * as Toy from "../actors/fixtures/toyPolicy.ts"
+import * as TrainLoop from "../../actors/TrainLoop.ts"
 
 /**
  * A directory of `bytes` bytes: a tmpfs mounted there (unmounted with the scope), or, when mounting is refused, a
@@ -91,7 +92,7 @@ const stepsIn = (output: string) =>
   )
 
 describe("a full disk", () => {
-  it.effect("stops a run with TrainerError(DiskFull) at whichever write meets it; freed, the run resumes exactly", () =>
+  it.effect("stops a run with RunError (DiskFull) at whichever write meets it; freed, the run resumes exactly", () =>
     Effect.gen(function*() {
       const disk = yield* smallDisk(256 * 1024)
       const configFor = (output: string) =>
@@ -109,8 +110,8 @@ describe("a full disk", () => {
         Effect.gen(function*() {
           return { config, train: yield* rows(10, "train"), eval: yield* rows(8, "eval"), format: charFormat, task: Toy.task() }
         })
-      const run = (o: Trainer.Options, resume = false) =>
-        Effect.scoped(Trainer.run({ ...o, resume })).pipe(
+      const run = (o: TrainLoop.Options, resume = false) =>
+        Effect.scoped(TrainLoop.run({ ...o, resume })).pipe(
           Effect.provide(Toy.layer()),
           Effect.provideService(FileSystem.FileSystem, disk.fs)
         )
@@ -121,8 +122,8 @@ describe("a full disk", () => {
       writeFileSync(join(disk.dir, "filler"), new Uint8Array(256 * 1024 - 24 * 1024))
       const o = yield* options(yield* configFor(join(disk.dir, "run")))
       const error = yield* Effect.flip(run(o))
-      assert.strictEqual(error._tag, "TrainerError")
-      assert.strictEqual(error.reason, "DiskFull", error.message)
+      assert.strictEqual(error._tag, "RunError")
+      assert.strictEqual(error.reason._tag, "DiskFull", error.message)
       assert.match(error.message, /^disk full \(ENOSPC\)/)
       const done = yield* stepsIn(o.config.output)
       assert.isTrue(done.length < 40, `stopped early: ${done.length} steps`)
@@ -133,7 +134,7 @@ describe("a full disk", () => {
       assert.deepStrictEqual(yield* stepsIn(o.config.output), Array.from({ length: 40 }, (_, i) => i + 1))
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)))
 
-  it.live("a checkpoint that does not fit stops the real learner's run with TrainerError(DiskFull)", () =>
+  it.live("a checkpoint that does not fit stops the real learner's run with RunError (DiskFull)", () =>
     Effect.gen(function*() {
       // The tiny model's weights take 2.5 MB and its optimiser state 5 MB: a 3 MiB disk holds the run's files and
       // the weights, not the moments.
@@ -151,20 +152,24 @@ describe("a full disk", () => {
         algorithm: { steps: 2, groupsPerStep: 2, advantage: "reinforce++", entropyCoef: 0.01 },
         checkpoint: { every: 1 }
       }))
-      const error = yield* Effect.flip(Effect.scoped(Trainer.run({
+      const error = yield* Effect.flip(Effect.scoped(TrainLoop.run({
         task: CalculatorTask.make(),
         config,
         format: ChainFormat.ofConfig(config, folder),
         train: yield* Dataset.load(join(data, "train.jsonl"), { onInvalid: "stop" })
       })).pipe(
-        Effect.provide(Layer.provide(LocalPolicy.layer(folder, config), Layer.succeed(FileSystem.FileSystem, disk.fs))),
+        Effect.provide(Layer.provideMerge(
+          Rollouts.inProcess,
+          Layer.provide(LocalPolicy.layer(folder, config), Layer.succeed(FileSystem.FileSystem, disk.fs))
+        )),
         Effect.provide(ResourceManager.ResourceManager.layer),
         Effect.provideService(FileSystem.FileSystem, disk.fs)
       ))
-      assert.strictEqual(error.reason, "DiskFull", error.message)
+      assert.strictEqual(error.reason._tag, "DiskFull", error.message)
       assert.include(error.message, "disk full (ENOSPC): could not write")
       assert.include(error.message, "optimizer.safetensors")
       const journal = (yield* Journal.read(join(config.output, "journal.jsonl"))).entries.map((e) => e.entry.kind)
       assert.notInclude(journal, "checkpoint", "no checkpoint journaled")
+      assert.deepStrictEqual(readdirSync(join(config.output, "checkpoints")), [], "no half-written .step-N.tmp left")
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 120_000)
 })

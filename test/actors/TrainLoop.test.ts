@@ -1,21 +1,25 @@
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Result } from "effect"
+import { Effect, Result, Schema } from "effect"
 import { existsSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as Journal from "../../actors/Journal.ts"
-import * as Trainer from "../../actors/Trainer.ts"
 import * as Dataset from "../../src/Dataset.ts"
 import * as Report from "../../src/Report.ts"
 import * as Reward from "../../src/Reward.ts"
 import * as Task from "../../src/Task.ts"
 import * as Tool from "../../src/Tool.ts"
-import { Sampler } from "../../src/Sampler.ts"
 import * as TrainConfig from "../../src/TrainConfig.ts"
 import * as Trajectory from "../../src/Trajectory.ts"
 import { charFormat } from "./fixtures/charFormat.ts"
 import * as Toy from "./fixtures/toyPolicy.ts"
+import * as RunSchedule from "../../src/RunSchedule.ts"
+import * as TrainLoop from "../../actors/TrainLoop.ts"
+import { Learner } from "../../actors/Learner.ts"
+import { PolicyVersions } from "../../actors/PolicyVersions.ts"
+import * as Rollouts from "../../actors/Rollouts.ts"
+import { Sampler } from "../../src/Sampler.ts"
 
 const rows = (n: number, prefix: string) =>
   Dataset.parse(prefix, Array.from({ length: n }, (_, i) => JSON.stringify({ question: `${prefix} ${i}` })).join("\n"))
@@ -55,73 +59,10 @@ const steps = (output: string) =>
     (r) => r.entries.flatMap((e) => (e.entry.kind === "step" ? [e.entry.step] : []))
   )
 
-const run = (options: Trainer.Options, toy: Toy.ToyOptions = {}) =>
-  Effect.scoped(Trainer.run(options)).pipe(Effect.provide(Toy.layer(toy)))
+const run = (options: TrainLoop.Options, toy: Toy.ToyOptions = {}) =>
+  Effect.scoped(TrainLoop.run(options)).pipe(Effect.provide(Toy.layer(toy)))
 
-describe("Trainer", () => {
-  it("row order: a seeded permutation per epoch, every row once per epoch", () => {
-    const order = Trainer.rowsAt(10, 3, 0, 30)
-    for (let epoch = 0; epoch < 3; epoch++) {
-      assert.deepStrictEqual([...order.slice(epoch * 10, epoch * 10 + 10)].sort((a, b) => a - b), [...Array(10).keys()])
-    }
-    assert.notDeepEqual(order.slice(0, 10), order.slice(10, 20))
-    assert.deepStrictEqual(Trainer.rowsAt(10, 3, 7, 5), order.slice(7, 12))
-    assert.notDeepEqual(Trainer.rowsAt(10, 4, 0, 10), order.slice(0, 10))
-  })
-
-  it("rollout figures: reward, accuracy, invalid tool calls, turns, calls per tool and staleness", () => {
-    const t = (over: Partial<Trajectory.Trajectory>): Trajectory.Trajectory => ({
-      trajectoryId: "t",
-      groupId: "g",
-      chainId: "c",
-      messages: [],
-      segments: [{ spans: [{ source: "policy", tokenIds: [1, 2], policyVersion: 3 }], messageCount: 0 }],
-      termination: "no_tool_call",
-      reward: 0,
-      rewardStatus: "scored",
-      metrics: {},
-      trainable: true,
-      masked: false,
-      ...over
-    })
-    const call = (name: string) => ({ id: name, type: "function" as const, function: { name, arguments: {} } })
-    const group: Trajectory.Group = {
-      groupId: "g",
-      rowIndex: 0,
-      trajectories: [
-        t({ reward: 1, metrics: { acc: 1 }, messages: [{ role: "assistant", content: "", tool_calls: [call("calculator")] }] }),
-        t({
-          reward: 0.5,
-          messages: [
-            { role: "assistant", content: "", tool_calls: [call("calculator"), call("search")] },
-            { role: "tool", content: "bad arguments", tool_call_id: "x", is_error: true },
-            { role: "assistant", content: "done" }
-          ]
-        }),
-        t({ termination: "error" }),
-        t({ reward: 1, segments: [{ spans: [{ source: "policy", tokenIds: [1], policyVersion: 1 }], messageCount: 0 }] })
-      ]
-    }
-    // A weighted sum of rewards: its accuracy is the namespaced metric, whatever the sum.
-    const sum = Trainer.rolloutFigures([{
-      ...group,
-      trajectories: [
-        t({ reward: 1.2, metrics: { "reward/mathEqual/acc": 0, "reward/toolCallFormat/reward": 1 } }),
-        t({ reward: 0.9, metrics: { "reward/mathEqual/acc": 1 } })
-      ]
-    }], { prefix: "rollout" })
-    assert.strictEqual(sum["rollout/accuracy"], 0.5)
-    const f = Trainer.rolloutFigures([group], { prefix: "rollout", policyVersion: 4 })
-    assert.strictEqual(f["rollout/reward_mean"], 2.5 / 4)
-    assert.strictEqual(f["rollout/accuracy"], 2 / 4, "acc metric, else reward >= 1")
-    assert.strictEqual(f["rollout/invalid_tool_call_rate"], 2 / 4, "an error observation or an errored chain")
-    assert.strictEqual(f["rollout/turns_mean"], 3 / 4)
-    assert.strictEqual(f["rollout/tool_calls/calculator"], 2 / 4)
-    assert.strictEqual(f["rollout/tool_calls/search"], 1 / 4)
-    assert.strictEqual(f["rollout/policy_tokens"], 7)
-    assert.strictEqual(f["rollout/staleness_mean"], (1 + 1 + 1 + 3) / 4)
-  })
-
+describe("TrainLoop", () => {
   it.effect("a sampled evaluation with several answers per question: its figures are over all of them", () =>
     Effect.gen(function*() {
       const options = yield* setup({ eval: { every: 4, size: 5, samples: 3, temperature: 1 } }, { steps: 1 })
@@ -209,17 +150,17 @@ describe("Trainer", () => {
       const options = { ...base, validation: yield* rows(8, "validation") }
       // The toy's A arm wins greedily once its weight is ahead, so a check reaches accuracy 1 early; a target that
       // cannot be reached runs the whole warm-up.
-      const spy = Toy.make().pipe(Effect.map(({ policy, sampler }) => ({
+      const spy = Toy.make().pipe(Effect.map(({ learner, sampler, versions }) => ({
         sampler,
-        policy: { ...policy, publish: (v: number) => Effect.andThen(Effect.sync(() => published.push(v)), policy.publish(v)) }
+        learner,
+        versions: {
+          ...versions,
+          publish: (v: number) => Effect.andThen(Effect.sync(() => published.push(v)), versions.publish(v))
+        }
       })))
-      const runWith = (o: Trainer.Options) =>
+      const runWith = (o: TrainLoop.Options) =>
         Effect.gen(function*() {
-          const { policy, sampler } = yield* spy
-          return yield* Effect.scoped(Trainer.run(o)).pipe(
-            Effect.provideService(Trainer.Policy, policy),
-            Effect.provideService(Sampler, sampler)
-          )
+          return yield* Effect.scoped(TrainLoop.run(o)).pipe(Toy.provideParts(yield* spy))
         })
       yield* runWith(options)
       const out = options.config.output
@@ -230,7 +171,7 @@ describe("Trainer", () => {
       assert.isUndefined(warm[1]!.figures["warmup/validation_accuracy"], "checks every 3 steps")
       const journal = (yield* Journal.read(join(out, "journal.jsonl"))).entries.map((e) => e.entry)
       assert.deepStrictEqual(journal.filter((e) => e.kind === "warmup"), [{ kind: "warmup", steps: 3 }])
-      assert.deepStrictEqual(published.slice(0, 2), [Trainer.warmupVersion(3, 40), 0])
+      assert.deepStrictEqual(published.slice(0, 2), [RunSchedule.warmupVersion(3, 40), 0])
       assert.deepStrictEqual(published.slice(0, 3), [-38, 0, 1], "versions increase")
 
       published.length = 0
@@ -258,19 +199,11 @@ describe("Trainer", () => {
         warmup: { data: "unused", steps: 7, batchSize: 2, stopAt: { data: "unused", accuracy: 1, every: 3, onMiss: "fail" } }
       })
       const missed = yield* Effect.flip(runWith({ ...failing, validation: yield* rows(8, "validation"), task: neverCorrect }))
-      assert.strictEqual(missed.reason, "Warmup")
+      assert.strictEqual(missed.reason._tag, "Warmup")
       assert.include(missed.message, "ran its 7 steps short of its target validation accuracy 1: best 0 at step 3")
       const failed = (yield* Journal.read(join(failing.config.output, "journal.jsonl"))).entries.map((e) => e.entry)
       assert.isFalse(failed.some((e) => e.kind === "warmup" || e.kind === "step"), "no warm-up end, no RL step")
     }).pipe(Effect.provide(NodeServices.layer)))
-
-  it("warm-up checks: every `every` steps from `from`, never at the last step", () => {
-    const steps = (n: number, stopAt: { every: number; from?: number }) =>
-      Array.from({ length: n }, (_, i) => i + 1).filter((s) => Trainer.isCheckStep(s, n, stopAt))
-    assert.deepStrictEqual(steps(10, { every: 3 }), [3, 6, 9])
-    assert.deepStrictEqual(steps(10, { every: 3, from: 5 }), [5, 8])
-    assert.deepStrictEqual(steps(9, { every: 3 }), [3, 6])
-  })
 
   it.effect("warm-up stopAt without its validation split is a typed error", () =>
     Effect.gen(function*() {
@@ -278,7 +211,7 @@ describe("Trainer", () => {
         warmup: { data: "unused", steps: 5, batchSize: 2, stopAt: { data: "unused", accuracy: 0.5 } }
       })
       const error = yield* Effect.flip(run(options))
-      assert.strictEqual(error.reason, "Learner")
+      assert.strictEqual(error.reason._tag, "Learner")
       assert.include(error.message, "validation")
     }).pipe(Effect.provide(NodeServices.layer)))
 
@@ -311,33 +244,10 @@ describe("Trainer", () => {
 
       const crowded = yield* setup({ agent: { numChains: 4, maxTurns: 2, maxNewTokens: 16, maxContextTokens: 60 } })
       const error = yield* Effect.flip(run({ ...crowded, train: yield* questions(() => true) }))
-      assert.strictEqual(error.reason, "Task")
+      assert.strictEqual(error.reason._tag, "Task")
       assert.include(error.message, "no prompt fits the context: the first 10 rows' prompts are up to")
       assert.isFalse(existsSync(join(crowded.config.output, "metrics.jsonl")), "nothing written")
     }).pipe(Effect.provide(NodeServices.layer)))
-
-  it("token budgets: turns cut at maxNewTokens (half the chains or more) and conversations cut at maxContextTokens (a quarter or more) are named", () => {
-    const agent = { maxNewTokens: 48, maxContextTokens: 256 }
-    const none = Trainer.budgetWarnings(3, { "rollout/termination/stop": 0.4, "rollout/termination/context_length": 0.2 }, agent)
-    assert.deepStrictEqual(none, {})
-    const both = Trainer.budgetWarnings(3, { "rollout/termination/stop": 0.5, "rollout/termination/context_length": 0.52 }, agent)
-    assert.include(both.cut, "step 3: 50% of the chains ended with a turn cut at agent.maxNewTokens (48)")
-    assert.include(both.full, "step 3: 52% of the chains ended at agent.maxContextTokens (256 tokens)")
-    assert.include(both.full, "raise agent.maxContextTokens")
-    // An agent function's own max_tokens cut most of them: that is the setting to name.
-    const figures = { "rollout/termination/stop": 0.75, "rollout/trajectories": 8 }
-    const own = Trainer.budgetWarnings(3, figures, agent, [16, 16, 16])
-    assert.include(own.cut, "most at their agent's own request max_tokens (16, below agent.maxNewTokens 48)")
-    assert.include(own.cut, "raise max_tokens in the agent's requests")
-    assert.include(Trainer.budgetWarnings(3, figures, agent, [16, 16]).cut, "cut at agent.maxNewTokens (48)", "a third of the cut chains")
-    // A budget the config does not set is the task's default: the warning says so, and where to override it.
-    const webshop = { name: "webshop", defaults: { maxNewTokens: 48 } }
-    const fromTask = Trainer.budgetWarnings(3, { "rollout/termination/stop": 0.5 }, agent, [], webshop).cut
-    assert.include(fromTask, "cut at agent.maxNewTokens (48, task webshop's default)")
-    assert.include(fromTask, "raise agent.maxNewTokens in the config (it overrides the task's default)")
-    const ownValue = Trainer.budgetWarnings(3, { "rollout/termination/stop": 0.5 }, { maxNewTokens: 64 }, [], webshop).cut
-    assert.include(ownValue, "cut at agent.maxNewTokens (64) before")
-  })
 
   it.effect("a crash mid-run resumes from the last checkpoint: each step journaled once, same final weights", () =>
     Effect.gen(function*() {
@@ -400,7 +310,7 @@ describe("Trainer", () => {
       writeFileSync(at(3), JSON.stringify({ ...state, m: state.m.map((x: number) => -x) }))
       const journalBefore = readFileSync(join(broken.config.output, "journal.jsonl"), "utf8")
       const error = yield* Effect.flip(run({ ...broken, resume: true }))
-      assert.strictEqual(error.reason, "Checkpoint")
+      assert.strictEqual(error.reason._tag, "Checkpoint")
       assert.include(error.message, "no intact checkpoint to resume")
       assert.include(error.message, "step-000006: ")
       assert.include(error.message, "step-000003: its weights")
@@ -418,7 +328,7 @@ describe("Trainer", () => {
         resume: true
       }
       const error = yield* Effect.flip(run(changed))
-      assert.strictEqual(error.reason, "Resume")
+      assert.strictEqual(error.reason._tag, "Resume")
       assert.include(error.message, "algorithm.lr: 0.0003 → 0.001; seed: 3 → 4")
       assert.include(error.message, "--force-resume")
       assert.strictEqual(readFileSync(join(options.config.output, "journal.jsonl"), "utf8"), journalBefore, "nothing written")
@@ -429,7 +339,7 @@ describe("Trainer", () => {
         config: { ...changed.config, algorithm: { ...changed.config.algorithm, steps: 12 } },
         notice: (m: string) => Effect.sync(() => said.push(m))
       }
-      assert.strictEqual((yield* Effect.flip(run(longerToo))).reason, "Resume")
+      assert.strictEqual((yield* Effect.flip(run(longerToo))).reason._tag, "Resume")
       assert.deepStrictEqual(said, [])
       // Another output directory is not a change (a run may move).
       const notices: Array<string> = []
@@ -479,39 +389,6 @@ describe("Trainer", () => {
       assert.include(shorter.at(-1), "is at step 10 and algorithm.steps is 8: nothing left")
     }).pipe(Effect.provide(NodeServices.layer)))
 
-  it("a recorded config's relative task module path is the current absolute one of the same file, for resume", () => {
-    const current = { seed: 1, task: "/work/rooms/task.ts" }
-    assert.deepStrictEqual(Trainer.withRecordedTask({ seed: 1, task: "./task.ts" }, current), current)
-    assert.deepStrictEqual(
-      Trainer.withRecordedTask({ task: { name: "./task.ts", options: { a: 1 } } }, { task: { name: "/r/task.ts" } }),
-      { task: { name: "/r/task.ts", options: { a: 1 } } }
-    )
-    // None recorded: a module run directly, recorded before it named itself.
-    assert.deepStrictEqual(Trainer.withRecordedTask({ seed: 1 }, current), current)
-    assert.deepStrictEqual(Trainer.withRecordedTask({ seed: 1 }, { seed: 1, task: "calculator" }), { seed: 1 })
-    // Another module, a built-in name or an absolute recorded path stay what they were: a change.
-    for (const task of ["./other.ts", "calculator", "/elsewhere/task.ts"]) {
-      assert.deepStrictEqual(Trainer.withRecordedTask({ task }, current), { task })
-    }
-  })
-
-  it("a recorded config's relative task path option is the current absolute one of the same path, for resume", () => {
-    const current = { task: { name: "swe", options: { root: "/work/data/folders", pool: 2 } } }
-    for (const root of ["data/folders", "../data/folders/", "./folders"]) {
-      const recorded = { task: { name: "swe", options: { root, pool: 2 } } }
-      assert.deepStrictEqual(Trainer.withRecordedPathOptions(recorded, current), current, root)
-    }
-    // Another folder, an absolute recorded path or another option stay what they were: a change.
-    for (const root of ["other", "/elsewhere/folders"]) {
-      const recorded = { task: { name: "swe", options: { root, pool: 2 } } }
-      assert.deepStrictEqual(Trainer.withRecordedPathOptions(recorded, current), recorded, root)
-    }
-    const recordedPool = { task: { name: "swe", options: { root: "folders", pool: 4 } } }
-    const pool = Trainer.withRecordedPathOptions(recordedPool, current)
-    assert.deepStrictEqual(pool, { task: { name: "swe", options: { root: "/work/data/folders", pool: 4 } } })
-    assert.deepStrictEqual(Trainer.withRecordedPathOptions({ task: "swe" }, current), { task: "swe" })
-  })
-
   it.effect("resume without a checkpoint starts over; a missing checkpoint directory is skipped", () =>
     Effect.gen(function*() {
       const options = yield* setup({}, { steps: 2 })
@@ -526,28 +403,21 @@ describe("Trainer", () => {
       assert.isTrue(existsSync(join(options.config.output, "checkpoints", "step-000002")))
     }).pipe(Effect.provide(NodeServices.layer)))
 
-  it("sampling versions: the step before in sync mode, maxStaleness older in async, never before a checkpoint", () => {
-    const versions = (ahead: number, checkpointEvery: number, from = 0) =>
-      Array.from({ length: 9 - from }, (_, i) => Trainer.samplingVersion(from + i + 1, { ahead, checkpointEvery, from }))
-    assert.deepStrictEqual(versions(0, 3), [0, 1, 2, 3, 4, 5, 6, 7, 8])
-    assert.deepStrictEqual(versions(1, 3), [0, 0, 1, 3, 3, 4, 6, 6, 7])
-    assert.deepStrictEqual(versions(2, 100), [0, 0, 0, 1, 2, 3, 4, 5, 6])
-    // Resumed from step 4 (a forced resume off the checkpoint schedule): nothing older than its weights.
-    assert.deepStrictEqual(versions(1, 3, 4), [4, 4, 6, 6, 7])
-  })
-
   it.effect("every batch, evaluation and warm-up check samples from a sampler of its own, pinned to its version", () =>
     Effect.gen(function*() {
       const requested: Array<number> = []
-      const { policy } = yield* Toy.make()
-      const spy = { ...policy, sampler: (v: number) => Effect.andThen(Effect.sync(() => requested.push(v)), policy.sampler(v)) }
+      const { learner, versions } = yield* Toy.make()
+      const spy = {
+        ...versions,
+        sampler: (v: number) => Effect.andThen(Effect.sync(() => requested.push(v)), versions.sampler(v))
+      }
       const base = yield* setup({
         mode: "async",
         maxStaleness: 1,
         warmup: { data: "unused", steps: 4, batchSize: 2, stopAt: { data: "unused", accuracy: 1, every: 2, size: 2 } }
       }, { steps: 6 })
-      yield* Effect.scoped(Trainer.run({ ...base, validation: yield* rows(4, "validation"), task: neverCorrect })).pipe(
-        Effect.provideService(Trainer.Policy, spy)
+      yield* Effect.scoped(TrainLoop.run({ ...base, validation: yield* rows(4, "validation"), task: neverCorrect })).pipe(
+        Toy.provideParts({ learner, versions: spy })
       )
       // A warm-up check at step 2 (version -3), the evaluation at 0, batches 1…6 (versions 0 0 1 3 3 4), evaluations
       // at 4 and 6; no Sampler service was provided.
@@ -556,8 +426,8 @@ describe("Trainer", () => {
         [-3, 0, 0, 0, 1, 3, 3, 4, 4, 6]
       )
       const journal = (yield* Journal.read(join(base.config.output, "journal.jsonl"))).entries.map((e) => e.entry)
-      const versions = journal.flatMap((e) => (e.kind === "group" ? [e.policyVersion] : []))
-      assert.deepStrictEqual(versions, [0, 0, 0, 0, 0, 0, 1, 1, 1, 3, 3, 3, 3, 3, 3, 4, 4, 4], "every group's version")
+      const groupVersions = journal.flatMap((e) => (e.kind === "group" ? [e.policyVersion] : []))
+      assert.deepStrictEqual(groupVersions, [0, 0, 0, 0, 0, 0, 1, 1, 1, 3, 3, 3, 3, 3, 3, 4, 4, 4], "every group's version")
     }).pipe(Effect.provide(NodeServices.layer)))
 
   it.live("async: a crash and a resume end with the weights of an unbroken run, whatever the timing", () =>
@@ -599,7 +469,7 @@ describe("Trainer", () => {
       const options = yield* setup({ eval: { every: 100 } })
       const task = Task.make("broken", { reward: failing })
       const error = yield* Effect.flip(run({ ...options, eval: undefined, task }))
-      assert.strictEqual(error.reason, "Failures")
+      assert.strictEqual(error.reason._tag, "Failures")
       assert.include(error.message, "step 1: 12 of 12 trajectories failed with RewardFailed")
       assert.include(error.message, "maxFailureShare 0.5")
       // The first failure's own message, in the error and in the step's record, which outlives the console.
@@ -626,17 +496,16 @@ describe("Trainer", () => {
   it.effect("a non-finite loss stops the run with a typed error before the step is published, journaled or saved", () =>
     Effect.gen(function*() {
       const options = yield* setup({ checkpoint: { every: 1, keep: 10 } }, { steps: 4 })
-      const { policy, sampler } = yield* Toy.make()
+      const { learner, sampler, versions } = yield* Toy.make()
       const nan = {
-        ...policy,
+        ...learner,
         learn: (step: number, groups: ReadonlyArray<Trajectory.Group>) =>
-          Effect.map(policy.learn(step, groups), (f) => (step === 3 ? { ...f, "learner/loss": Number.NaN } : f))
+          Effect.map(learner.learn(step, groups), (o) => (step === 3 ? { ...o, loss: Number.NaN } : o))
       }
-      const error = yield* Effect.flip(Effect.scoped(Trainer.run(options)).pipe(
-        Effect.provideService(Trainer.Policy, nan),
-        Effect.provideService(Sampler, sampler)
+      const error = yield* Effect.flip(Effect.scoped(TrainLoop.run(options)).pipe(
+        Toy.provideParts({ learner: nan, versions, sampler })
       ))
-      assert.strictEqual(error.reason, "NonFinite")
+      assert.strictEqual(error.reason._tag, "NonFinite")
       assert.include(error.message, "step 3: learner/loss is NaN")
       assert.deepStrictEqual(yield* steps(options.config.output), [1, 2])
       assert.deepStrictEqual(readdirSync(join(options.config.output, "checkpoints")).sort(), ["step-000001", "step-000002"])
@@ -645,7 +514,7 @@ describe("Trainer", () => {
   it.effect("dynamic sampling: the learner gets groupsPerStep groups whose rewards differ; everything sampled is journaled", () =>
     Effect.gen(function*() {
       // A fast learner: the bandit soon answers "A" nearly always, and most groups of 4 chains agree.
-      const learnt = (options: Trainer.Options) =>
+      const learnt = (options: TrainLoop.Options) =>
         Effect.gen(function*() {
           const seen: Array<ReadonlyArray<Trajectory.Group>> = []
           yield* run({ ...options, eval: undefined }, { lr: 3, onLearn: (_, groups) => void seen.push(groups) })
@@ -729,4 +598,106 @@ describe("Trainer", () => {
       // The toy learner always applies its step.
       assert.strictEqual(summary.trained, 4)
     }).pipe(Effect.provide(NodeServices.layer)))
+})
+
+describe("TrainLoop: inputs read once", () => {
+  it.effect("a row Schema that transforms its input (a number from a string) decodes each dataset once", () =>
+    Effect.gen(function*() {
+      const options = yield* setup({}, { steps: 2 })
+      const row = Schema.Struct({ n: Schema.NumberFromString })
+      const task: Task.Task = { ...Toy.task(), row }
+      const raw = yield* Dataset.parse("train", ["1", "2", "3"].map((n) => JSON.stringify({ question: "q", n })).join("\n"))
+      // Decoded as `agentfly train` loads it (`Dataset.load` with the task's fields); decoding again would fail.
+      const train = yield* Dataset.refine(raw, row)
+      assert.strictEqual(train.rows[0]!.fields["n"], 1)
+      assert.isTrue(Result.isFailure(yield* Effect.result(Dataset.refine({ ...train, decodedBy: [] }, row))))
+      const summary = yield* run({ ...options, task, train, eval: undefined })
+      assert.strictEqual(summary.trained, 2)
+    }).pipe(Effect.provide(NodeServices.layer)))
+
+  it.effect("a resumed run's summary is the whole run's, read from the journal: its steps and its evaluations", () =>
+    Effect.gen(function*() {
+      const options = yield* setup({}, { steps: 8 })
+      const crashed = yield* Effect.result(run(options, { failAt: 5 }))
+      assert.isTrue(Result.isFailure(crashed))
+      const resumed = yield* run({ ...options, resume: true })
+      assert.strictEqual(resumed.fromStep, 3)
+      assert.strictEqual(resumed.trained, 8, "steps 1–3 trained before the crash count")
+      assert.deepStrictEqual(resumed.evals.map((e) => e.step), [0, 4, 8], "the evaluation at step 0 was the first process's")
+      assert.isNumber(resumed.evals[0]!.figures["eval/accuracy"])
+    }).pipe(Effect.provide(NodeServices.layer)))
+})
+
+describe("TrainLoop: results it can verify", () => {
+  /** Rollouts in this process whose answers `forge` rewrites, as a worker that rewrites what it returns would. */
+  const forging = (forge: (groups: Array<Trajectory.Group>) => Array<Trajectory.Group>) =>
+    Effect.gen(function*() {
+      const { learner, sampler, versions } = yield* Toy.make()
+      const honest = yield* Rollouts.Rollouts.pipe(
+        Effect.provide(Rollouts.inProcess),
+        Effect.provideService(PolicyVersions, versions)
+      )
+      const forged = Rollouts.Rollouts.of({
+        collect: (setup, rows, sampling, version) =>
+          Effect.map(honest.collect(setup, rows, sampling, version), forge)
+      })
+      return { learner, sampler, versions, forged }
+    })
+
+  const rewrites: ReadonlyArray<[string, (groups: Array<Trajectory.Group>) => Array<Trajectory.Group>, string]> = [
+    ["a policy span replaced by other tokens with reward 1", (groups) =>
+      groups.map((g) => ({
+        ...g,
+        trajectories: g.trajectories.map((t) => ({
+          ...t,
+          reward: 1,
+          segments: t.segments.map((s) => ({
+            ...s,
+            spans: s.spans.map((span) =>
+              span.source === "policy" ? { ...span, tokenIds: span.tokenIds.map(() => 1_000_000) } : span
+            )
+          }))
+        }))
+      })), "outside the model's vocabulary"],
+    ["policy version 999999", (groups) =>
+      groups.map((g) => ({
+        ...g,
+        trajectories: g.trajectories.map((t) => ({
+          ...t,
+          segments: t.segments.map((s) => ({
+            ...s,
+            spans: s.spans.map((span) => (span.source === "policy" ? { ...span, policyVersion: 999999 } : span))
+          }))
+        }))
+      })), "policy version 999999"],
+    ["more groups than asked: a row index of 5000 and a duplicate", (groups) =>
+      [...groups, { ...groups[0]!, rowIndex: 5000 }, groups[1]!], "answers row 5000"]
+  ]
+
+  for (const [name, forge, says] of rewrites) {
+    it.effect(`a forged batch is refused, never trained on: ${name}`, () =>
+      Effect.gen(function*() {
+        const options = yield* setup({}, { steps: 2 })
+        const { forged, learner, sampler, versions } = yield* forging(forge)
+        let learned = 0
+        const counting = { ...learner, learn: (s: number, g: ReadonlyArray<Trajectory.Group>) => {
+          learned++
+          return learner.learn(s, g)
+        } }
+        const error = yield* Effect.flip(Effect.scoped(TrainLoop.run({
+          ...options,
+          eval: undefined,
+          format: { ...options.format, vocabSize: 512 }
+        })).pipe(
+          Effect.provideService(Rollouts.Rollouts, forged),
+          Effect.provideService(Learner, counting),
+          Effect.provideService(PolicyVersions, versions),
+          Effect.provideService(Sampler, sampler)
+        ))
+        assert.strictEqual(error.reason._tag, "Mismatch")
+        assert.include(error.message, says)
+        assert.strictEqual(learned, 0, "the learner never saw it")
+        assert.deepStrictEqual(yield* steps(options.config.output), [], "no step journaled")
+      }).pipe(Effect.provide(NodeServices.layer)))
+  }
 })

@@ -12,7 +12,6 @@ import { mkdtempSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as PolicyEngine from "../../actors/PolicyEngine.ts"
-import * as Trainer from "../../actors/Trainer.ts"
 import * as ChainFormat from "../../actors/ChainFormat.ts"
 import * as CalculatorTask from "../../environments/calculator/CalculatorTask.ts"
 import * as Generate from "../../examples/calculator/generate.ts"
@@ -21,6 +20,8 @@ import * as ModelFolder from "../../src/ModelFolder.ts"
 import { Sampler } from "../../src/Sampler.ts"
 import * as TrainConfig from "../../src/TrainConfig.ts"
 import * as Trajectory from "../../src/Trajectory.ts"
+import * as Rollouts from "../../actors/Rollouts.ts"
+import * as RolloutSetup from "../../actors/RolloutSetup.ts"
 
 describe("batch invariance", () => {
   it.live("training-shaped and evaluation-shaped rollouts of the same chains sample the same tokens", () =>
@@ -39,9 +40,9 @@ describe("batch invariance", () => {
       })
       const rows = (yield* Dataset.load(join(dir, "train.jsonl"), { onInvalid: "stop" })).rows
       const engine = yield* PolicyEngine.make({ config: folder.config, weights: folder.weights, maxBatchSize: 8 })
-      const agent = yield* Trainer.agent({ task: CalculatorTask.make(), config, format: ChainFormat.ofConfig(config, folder) })
+      const agent = yield* RolloutSetup.make({ task: CalculatorTask.make(), config, format: ChainFormat.ofConfig(config, folder) })
       const collect = (from: number, to: number, maxConcurrentChains: number) =>
-        Trainer.collectGroups({ ...agent, maxConcurrentChains }, rows.slice(from, to), {
+        Rollouts.collectGroups({ ...agent, maxConcurrentChains }, rows.slice(from, to), {
           firstSeq: from,
           chains: 3,
           temperature: 1,

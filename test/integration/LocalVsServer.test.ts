@@ -4,7 +4,7 @@
  * reached through `OpenAiCompatSampler`, token mode).
  *
  * Both ways roll out the shipped short config's task (`examples/NAME/short.json`, as `agentfly train` loads it) on
- * freshly generated held-out rows with a tiny random-weight model, through `Trainer.collectGroups` (what `agentfly
+ * freshly generated held-out rows with a tiny random-weight model, through `Rollouts.collectGroups` (what `agentfly
  * train` and `agentfly eval` call), with the same sampling seeds. Locally the chains share one `PolicyEngine`; over
  * HTTP the server has its own engine over the same folder. The assertions:
  *
@@ -34,7 +34,6 @@ import { join } from "node:path"
 import * as OpenAiServer from "../../actors/OpenAiServer.ts"
 import * as PolicyEngine from "../../actors/PolicyEngine.ts"
 import * as ResourceManager from "../../actors/ResourceManager.ts"
-import * as Trainer from "../../actors/Trainer.ts"
 import * as ChainFormat from "../../actors/ChainFormat.ts"
 import * as Setup from "../../cli/setup.ts"
 import * as Data from "../../environments/household/Data.ts"
@@ -49,6 +48,8 @@ import * as ModelFolder from "../../src/ModelFolder.ts"
 import { Sampler } from "../../src/Sampler.ts"
 import * as Trajectory from "../../src/Trajectory.ts"
 import { shortConfig } from "../utils/agentfly.ts"
+import * as Rollouts from "../../actors/Rollouts.ts"
+import * as RolloutSetup from "../../actors/RolloutSetup.ts"
 
 /** Each environment's generator, writing a few held-out rows (and the few other rows the short config names). */
 const generators = {
@@ -99,8 +100,8 @@ const rollOut = (name: keyof typeof generators) =>
     const rows = (yield* Dataset.load(join(data, "heldout.jsonl"), { onInvalid: "stop", fields: task.row })).rows
     const sampling = { firstSeq: 0, chains: CHAINS, temperature: 1, seed: 300 }
     const collect = Effect.scoped(Effect.flatMap(
-      Trainer.agent({ task, config, format: ChainFormat.ofConfig(config, folder) }),
-      (agent) => Trainer.collectGroups(agent, rows, sampling)
+      RolloutSetup.make({ task, config, format: ChainFormat.ofConfig(config, folder) }),
+      (agent) => Rollouts.collectGroups(agent, rows, sampling)
     )).pipe(Effect.provide(ResourceManager.ResourceManager.layer))
 
     const localEngine = yield* PolicyEngine.make({ config: folder.config, weights: folder.weights, maxBatchSize: 64 })

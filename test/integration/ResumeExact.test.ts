@@ -16,7 +16,6 @@ import { join } from "node:path"
 import * as Journal from "../../actors/Journal.ts"
 import * as LocalPolicy from "../../actors/LocalPolicy.ts"
 import * as ResourceManager from "../../actors/ResourceManager.ts"
-import * as Trainer from "../../actors/Trainer.ts"
 import * as ChainFormat from "../../actors/ChainFormat.ts"
 import * as CalculatorTask from "../../environments/calculator/CalculatorTask.ts"
 import * as Generate from "../../examples/calculator/generate.ts"
@@ -27,6 +26,11 @@ import { Sampler } from "../../src/Sampler.ts"
 import type * as Task from "../../src/Task.ts"
 import * as TrainConfig from "../../src/TrainConfig.ts"
 import * as Trajectory from "../../src/Trajectory.ts"
+import * as TrainLoop from "../../actors/TrainLoop.ts"
+import * as RunError from "../../actors/RunError.ts"
+import * as Learner from "../../actors/Learner.ts"
+import { PolicyVersions } from "../../actors/PolicyVersions.ts"
+import * as Rollouts from "../../actors/Rollouts.ts"
 
 const journalOf = (output: string) =>
   Effect.map(Journal.read(join(output, "journal.jsonl")), (r) => r.entries.map((e) => e.entry))
@@ -112,14 +116,14 @@ describe("exact resume", () => {
           // Fewer slots than rollouts (as the demo's 64 chains fill the default 64): requests wait for a free slot,
           // and those that find one at the same step are prefilled together, left-padded to the longest.
           const local = yield* LocalPolicy.make(folder, config, { maxBatchSize: 4 })
-          const policy: Trainer.Policy["Service"] = {
-            ...local.policy,
+          const learner: Learner.Learner["Service"] = {
+            ...local.learner,
             learn: (step, groups) =>
               step === options.failAt
-                ? Effect.fail(new Trainer.TrainerError({ reason: "Learner", message: `stopped at step ${step}` }))
-                : local.policy.learn(step, groups)
+                ? Effect.fail(RunError.runError("Learner", `stopped at step ${step}`))
+                : local.learner.learn(step, groups)
           }
-          return yield* Trainer.run({
+          return yield* TrainLoop.run({
             task,
             config,
             format: ChainFormat.ofConfig(config, folder),
@@ -127,7 +131,9 @@ describe("exact resume", () => {
             eval: heldOut,
             resume: options.resume === true
           }).pipe(
-            Effect.provideService(Trainer.Policy, policy),
+            Effect.provide(Rollouts.inProcess),
+            Effect.provideService(Learner.Learner, learner),
+            Effect.provideService(PolicyVersions, local.versions),
             Effect.provideService(Sampler, local.sampler),
             Effect.provide(ResourceManager.ResourceManager.layer)
           )

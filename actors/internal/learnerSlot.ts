@@ -1,0 +1,158 @@
+/**
+ * The learner's trainer slot: the trainer in use (the SFT one during the warm-up, then the RL one, which starts from
+ * the SFT weights with a fresh optimiser when the warm-up ends), each in a scope of its own that is closed when the
+ * next trainer replaces it, so that its sessions and worker threads go with it.
+ *
+ * **The weights, taken once per change.** `trainer.weights` is a copy of every weight (over the network for a
+ * remote trainer), and the summary (fingerprint and first non-finite value) hashes all of them. The slot keeps both
+ * until the weights change ({@link mutating}): a step's finiteness check, its publication and its journaled
+ * fingerprint take them once.
+ */
+import { Effect, Exit, Scope } from "effect"
+import * as Checkpoint from "../../src/Checkpoint.ts"
+import * as Loss from "../../src/Loss.ts"
+import * as LrSchedule from "../../src/LrSchedule.ts"
+import * as OnnxTrainer from "../../src/backends/OnnxTrainer.ts"
+import * as RemoteTrainer from "../../src/backends/RemoteTrainer.ts"
+import type * as PolicyTrainer from "../../src/PolicyTrainer.ts"
+import type { RunError } from "../RunError.ts"
+import { learnerError, nonFinite, type Setup } from "./localSetup.ts"
+
+export interface Slot {
+  readonly setup: Setup
+  phase: "sft" | "rl"
+  trainer: PolicyTrainer.PolicyTrainer["Service"]
+  /** The trainer's own scope, closed when the next one replaces it. */
+  scope: Scope.Closeable
+  /** A copy of the trainer's weights, taken since they last changed. */
+  weights: PolicyTrainer.Weights | undefined
+  /** Their summary, computed since they last changed. */
+  summary: RemoteTrainer.Summary | undefined
+}
+
+/** The slot with the RL trainer on `weights` (the folder's). */
+export const make = Effect.fnUntraced(function*(setup: Setup, weights: PolicyTrainer.Weights) {
+  const { scope, trainer } = yield* open(setup, weights, setup.rlLoss, setup.rlSchedule)
+  const slot: Slot = { setup, phase: "rl", trainer, scope, weights: undefined, summary: undefined }
+  return slot
+})
+
+/** A trainer on `weights`: onnxruntime's here, or the policy's trainer on the trainer server. */
+const build = (setup: Setup, weights: PolicyTrainer.Weights, loss: Loss.Config, schedule: LrSchedule.Config) => {
+  const { config, model, optimizer, remote } = setup
+  if (remote !== undefined) {
+    return RemoteTrainer.make({ ...remote.settings, weights, loss, optimizer, schedule }).pipe(
+      Effect.tap((t) => Effect.sync(() => (remote.current = t)))
+    )
+  }
+  return OnnxTrainer.make({
+    model,
+    weights,
+    loss,
+    optimizer,
+    schedule,
+    workers: config.learner.workers,
+    // One intra-op thread: onnxruntime's multi-threaded kernels do not sum in a fixed order, so with two threads the
+    // same step on the same batch gave different weights from run to run (and a resumed run other weights than the
+    // unbroken one). Parallelism comes from `learner.workers`, which split rows, not sums.
+    intraOpThreads: setup.intraOpThreads
+  }).pipe(Effect.map((t) => t.trainer))
+}
+
+/** A trainer on `weights` in a new scope of its own, forked from the run's. */
+const open = Effect.fnUntraced(function*(
+  setup: Setup,
+  weights: PolicyTrainer.Weights,
+  loss: Loss.Config,
+  schedule: LrSchedule.Config
+) {
+  const scope = yield* Scope.fork(setup.runScope)
+  const trainer = yield* build(setup, weights, loss, schedule).pipe(
+    // The trainer's own scope inside `fsContext`, which carries the run's: provided outside, the run's scope won and
+    // every replaced trainer kept its sessions and worker threads until the run ended (measured: the warm-up's two
+    // workers and their sessions, 300–500 MB, held through RL).
+    Effect.provideService(Scope.Scope, scope),
+    Effect.mapError(learnerError),
+    Effect.provide(setup.fsContext)
+  )
+  return { scope, trainer }
+})
+
+/** Closes the trainer in use, then puts one on `weights` in its place. */
+const replace = Effect.fnUntraced(function*(
+  slot: Slot,
+  weights: PolicyTrainer.Weights,
+  loss: Loss.Config,
+  schedule: LrSchedule.Config
+) {
+  yield* Scope.close(slot.scope, Exit.void)
+  const { scope, trainer } = yield* open(slot.setup, weights, loss, schedule)
+  slot.scope = scope
+  slot.trainer = trainer
+})
+
+/** The warm-up starts: the SFT trainer (NLL loss, the warm-up's learning rate) on the current weights. */
+export const startSft = Effect.fnUntraced(function*(slot: Slot) {
+  const warmup = slot.setup.config.warmup!
+  const schedule = warmup.lrSchedule === "cosine"
+    ? LrSchedule.cosine(warmup.lr, { warmupSteps: warmup.warmupSteps, totalSteps: warmup.steps, minLr: warmup.minLr })
+    : LrSchedule.constant(warmup.lr, warmup.warmupSteps)
+  yield* replace(slot, yield* weights(slot), Loss.sft, schedule)
+  slot.phase = "sft"
+})
+
+/** The warm-up ends (if it ran): the RL trainer starts from the SFT weights with a fresh optimiser. */
+export const endWarmup = Effect.fnUntraced(function*(slot: Slot) {
+  if (slot.phase !== "sft") return
+  yield* replace(slot, yield* weights(slot), slot.setup.rlLoss, slot.setup.rlSchedule)
+  slot.phase = "rl"
+})
+
+/**
+ * `effect` changes the trainer's weights (a step, a checkpoint load): the weights and summary taken before it, or
+ * while it ran, are dropped when it ends, however it ends.
+ */
+export const mutating = <A, E, R>(slot: Slot, effect: Effect.Effect<A, E, R>): Effect.Effect<A, E, R> => {
+  const drop = Effect.sync(() => {
+    slot.weights = undefined
+    slot.summary = undefined
+  })
+  return Effect.andThen(drop, effect).pipe(Effect.ensuring(drop))
+}
+
+/** A copy of the trainer's current weights, taken once per change; a remote trainer that cannot send them fails. */
+export const weights = (slot: Slot): Effect.Effect<PolicyTrainer.Weights, RunError> =>
+  Effect.suspend(() =>
+    slot.weights !== undefined ? Effect.succeed(slot.weights) : slot.trainer.weights.pipe(
+      Effect.mapError(learnerError),
+      Effect.tap((w) => Effect.sync(() => (slot.weights = w)))
+    )
+  )
+
+/**
+ * The weights' fingerprint and first non-finite value, computed once per change. A remote trainer summarises its
+ * weights where they are.
+ */
+export const summary = (slot: Slot): Effect.Effect<RemoteTrainer.Summary, RunError> =>
+  Effect.suspend(() => {
+    if (slot.summary !== undefined) return Effect.succeed(slot.summary)
+    const current = slot.setup.remote?.current
+    const computed = current !== undefined
+      ? Effect.mapError(current.summary, learnerError)
+      : Effect.map(weights(slot), (w) => ({
+        fingerprint: Checkpoint.fingerprint(w),
+        nonFinite: Checkpoint.firstNonFinite(w)
+      }))
+    return Effect.tap(computed, (s) => Effect.sync(() => (slot.summary = s)))
+  })
+
+/**
+ * A step that left a weight NaN or infinite (a learning rate too large, an overflow) stops the run before the
+ * weights are published, journaled or saved.
+ */
+export const finite = (slot: Slot, after: string): Effect.Effect<void, RunError> =>
+  Effect.flatMap(summary(slot), ({ nonFinite: bad }) =>
+    bad === undefined
+      ? Effect.void
+      : Effect.fail(nonFinite(`${after} made the weights non-finite (${bad}); nothing was published or saved`))
+  )

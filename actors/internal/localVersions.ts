@@ -1,0 +1,231 @@
+/**
+ * The published policy versions of the local learner: the weights of the last few versions, an engine per sampler
+ * built from one of them, and the ambient sampler that follows the newest. With `engine.servers` the inference
+ * servers sample instead of local engines, and every published version is pushed to them (`InferenceServers`).
+ *
+ * Each sampler of a version is a `PolicyEngine` of its own (KV cache, continuous batching) behind
+ * {@link prefillAlone}, so that no two rollout batches, evaluations or warm-up checks ever share an engine batch:
+ * what a batch samples then depends on its own requests only.
+ */
+import { Effect, Scope, Semaphore } from "effect"
+import type * as Qwen2 from "../../src/model/Qwen2.ts"
+import type * as PolicyTrainer from "../../src/PolicyTrainer.ts"
+import { Sampler, samplerError } from "../../src/Sampler.ts"
+import * as EngineThread from "../EngineThread.ts"
+import * as InferenceServers from "../InferenceServers.ts"
+import * as PolicyEngine from "../PolicyEngine.ts"
+import { runError, wrap, type RunError } from "../RunError.ts"
+import { learnerError, type Setup } from "./localSetup.ts"
+import * as RemoteLearner from "./remoteLearner.ts"
+
+export interface Published {
+  readonly version: number
+  /** Undefined when the trainer server pushes the weights to the inference servers itself. */
+  readonly weights: Qwen2.Weights | undefined
+}
+
+export interface Versions {
+  readonly setup: Setup
+  readonly maxBatchSize: number
+  /**
+   * Published weights, newest last: the versions the trainer may still sample (a batch of an async run is sampled
+   * by a version up to `maxStaleness` behind the newest). The folder's weights come first, below every version the
+   * trainer publishes (versions increase): before the warm-up's checks (negative versions) and version 0.
+   */
+  readonly published: Array<Published>
+  /** How many versions `published` keeps. */
+  readonly retained: number
+  /** The inference servers of `engine.servers`, which sample instead of local engines. */
+  readonly servers: InferenceServers.InferenceServers | undefined
+  /** The thread engines decode on (`engine.thread`), if any. */
+  readonly engineThread: EngineThread.EngineThread | undefined
+  /**
+   * With a trainer server pushing to the inference servers (`learner.pushWeights`) the weights stay there: entries
+   * after the first hold none (only local engines need them, and there are none then).
+   */
+  readonly weightless: boolean
+  /** The ambient sampler's engine, built on first use. */
+  ambient: { readonly engine: PolicyEngine.PolicyEngine["Service"]; readonly sampler: Sampler["Service"] } | undefined
+  readonly ambientLock: Semaphore.Semaphore
+}
+
+/** The versions, with the folder's weights published below the first version the learner publishes. */
+export const make = Effect.fnUntraced(function*(setup: Setup, options: { readonly maxBatchSize: number }) {
+  const { config, folder, remote } = setup
+  const weightless = remote?.pushes === true
+  // Inference servers sample instead of local engines when the run lists them (`engine.servers`).
+  const servers = config.engine.servers === undefined ? undefined : yield* InferenceServers.make({
+    urls: config.engine.servers,
+    parameters: setup.model.parameters,
+    token: process.env["AGENTFLY_WEIGHTS_TOKEN"] || undefined,
+    carrier: weightless ? RemoteLearner.carrier(remote!) : undefined,
+    timeoutMs: config.engine.timeoutSeconds === undefined ? undefined : config.engine.timeoutSeconds * 1000
+  }).pipe(Effect.mapError(wrap("Servers")))
+  // Engines decode on a thread of their own when the run asks for it (`engine.thread`; see `EngineConfig`).
+  const engineThread = servers === undefined && config.engine.thread === true ? yield* EngineThread.make : undefined
+  const versions: Versions = {
+    setup,
+    maxBatchSize: options.maxBatchSize,
+    published: [{ version: -1 - (config.warmup?.steps ?? 0), weights: folder.weights }],
+    retained: (config.mode === "async" ? config.maxStaleness : 0) + 2,
+    servers,
+    engineThread,
+    weightless,
+    ambient: undefined,
+    ambientLock: yield* Semaphore.make(1)
+  }
+  return versions
+})
+
+/** The newest published version. */
+export const newest = (versions: Versions): Published => versions.published[versions.published.length - 1]!
+
+const engineOf = (versions: Versions, version: number, weights: Qwen2.Weights) =>
+  (versions.engineThread?.make ?? PolicyEngine.make)({
+    config: versions.setup.folder.config,
+    weights,
+    version,
+    maxBatchSize: versions.maxBatchSize
+  }).pipe(Effect.mapError(learnerError))
+
+/**
+ * Publishes the learner's weights as `version`: `changed` says whether they differ from the newest published
+ * version's, and `weights` takes them (only then). Republishing the newest version unchanged does nothing.
+ */
+export const publish = Effect.fnUntraced(function*(
+  versions: Versions,
+  version: number,
+  changed: boolean,
+  weights: Effect.Effect<PolicyTrainer.Weights, RunError>
+) {
+  const last = newest(versions)
+  if (version < last.version || (version === last.version && changed)) {
+    const message = `policy version ${version} is not newer than the published version ${last.version}`
+    return yield* runError("Learner", message)
+  }
+  if (version === last.version) return
+  const taken = versions.weightless ? undefined : changed ? (yield* weights) as Qwen2.Weights : last.weights
+  if (versions.servers !== undefined) {
+    yield* versions.servers.push(version, taken).pipe(Effect.mapError(wrap("Servers")))
+  }
+  versions.published.push({ version, weights: taken })
+  if (versions.published.length > versions.retained) versions.published.shift()
+})
+
+/** A sampler of published `version` alone in its engine (or the servers' sampler of it), alive in the scope. */
+export const sampler = Effect.fnUntraced(function*(versions: Versions, version: number) {
+  const entry = versions.published.find((p) => p.version === version)
+  if (entry === undefined) {
+    return yield* runError(
+      "Learner",
+      `policy version ${version} is not among the published versions ${versions.published.map((p) => p.version)}`
+    )
+  }
+  // Without servers every entry holds its weights (only a trainer pushing to servers keeps them).
+  if (versions.servers !== undefined) return versions.servers.sampler(version)
+  return prefillAlone(yield* engineOf(versions, version, entry.weights!))
+})
+
+/** The ambient sampler's current one: the servers', or one engine following the newest version. */
+const ambientSampler = (versions: Versions) =>
+  Semaphore.withPermits(versions.ambientLock, 1)(Effect.gen(function*() {
+    const { version, weights } = newest(versions)
+    const { servers } = versions
+    if (servers !== undefined) {
+      // Before the run's first push the servers hold no weights of this run: the newest version goes first.
+      if ((yield* servers.pushed) === undefined) {
+        yield* servers.push(version, weights).pipe(Effect.mapError(wrap("Servers")))
+      }
+      return servers.sampler(version)
+    }
+    // Without servers every published entry holds its weights.
+    if (versions.ambient === undefined) {
+      const engine = yield* engineOf(versions, version, weights!).pipe(
+        Effect.provideService(Scope.Scope, versions.setup.runScope)
+      )
+      versions.ambient = { engine, sampler: prefillAlone(engine) }
+    } else if ((yield* versions.ambient.engine.policyVersion) < version) {
+      yield* versions.ambient.engine.updateWeights(version, weights!).pipe(Effect.mapError(learnerError))
+    }
+    return versions.ambient.sampler
+  }))
+
+/**
+ * The ambient sampler (for callers outside a run's pipeline): one engine, built on first use, following the newest
+ * published version.
+ */
+export const ambient = (versions: Versions): Sampler["Service"] =>
+  Sampler.of({
+    generate: (request) =>
+      ambientSampler(versions).pipe(
+        Effect.mapError((e) => samplerError("ServerError", e.message)),
+        Effect.flatMap((current) => current.generate(request))
+      ),
+    policyVersion: Effect.sync(() => newest(versions).version)
+  })
+
+/**
+ * A sampler on `engine` that lets one distinct prompt at a time into the engine's prefill: a request waits until the
+ * requests admitted before it with another prompt have sampled their first token (requests with the same prompt,
+ * such as a group's chains, go in together).
+ *
+ * **Why.** A prefill batch left-pads its prompts to the longest, which shifts where each prompt's keys sit in the
+ * attention rows: the float32 sums then group differently and the logits move in their last bits, so what a
+ * sequence samples would depend on which other prompts arrived in the same millisecond. Prefilled alone, a prompt
+ * always has the same shapes; decode steps do not depend on their neighbours (every row has its own positions and
+ * mask, and the cache grows in whole chunks). Cost: one prefill call per distinct prompt instead of one per
+ * arrival burst.
+ */
+export const prefillAlone = (engine: PolicyEngine.PolicyEngine["Service"]): Sampler["Service"] => {
+  let admitting: string | undefined
+  let admitted = 0
+  const waiting: Array<() => boolean> = []
+  const tryEnter = (key: string) => {
+    if (admitting !== undefined && admitting !== key) return false
+    admitting = key
+    admitted++
+    return true
+  }
+  const leave = () => {
+    if (--admitted > 0) return
+    admitting = undefined
+    // In arrival order: the first prompt waiting is admitted, with every other request for that same prompt.
+    for (let i = 0; i < waiting.length;) {
+      if (waiting[i]!()) waiting.splice(i, 1)
+      else i++
+    }
+  }
+  // `ticket.inside` is set when the request is admitted; `out` lets the next prompt in (once per request).
+  const enter = (key: string, ticket: { inside: boolean }) =>
+    Effect.callback<void>((resume) => {
+      const attempt = () => {
+        if (!tryEnter(key)) return false
+        ticket.inside = true
+        resume(Effect.void)
+        return true
+      }
+      if (attempt()) return
+      waiting.push(attempt)
+      return Effect.sync(() => {
+        const i = waiting.indexOf(attempt)
+        if (i >= 0) waiting.splice(i, 1)
+      })
+    })
+  return Sampler.of({
+    generate: (request) =>
+      // The release is in place before the wait starts, so that an interruption at any point lets the next one in.
+      Effect.uninterruptibleMask((restore) => {
+        const ticket = { inside: false }
+        const out = () => {
+          if (!ticket.inside) return
+          ticket.inside = false
+          leave()
+        }
+        return restore(enter(request.promptTokenIds.join(","), ticket)).pipe(
+          Effect.andThen(restore(engine.generate(request, { onToken: out }))),
+          Effect.ensuring(Effect.sync(out))
+        )
+      }),
+    policyVersion: engine.policyVersion
+  })
+}
