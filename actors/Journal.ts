@@ -13,7 +13,7 @@
 import { Effect, FileSystem, Path, Schema, Semaphore } from "effect"
 import type { Scope } from "effect"
 import * as Checkpoint from "../src/Checkpoint.ts"
-import * as DiskFull from "../src/internal/diskFull.ts"
+import * as DiskFullCheck from "../src/internal/diskFull.ts"
 import * as SchemaIssues from "../src/internal/schemaIssues.ts"
 
 // ===== Entries =====
@@ -121,15 +121,65 @@ export const Entry = Schema.Union([Start, GroupDone, StepDone, WarmupDone, Check
 export type Entry = typeof Entry.Type
 
 /**
+ * Reading or writing the journal failed.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class Io extends Schema.TaggedError<Io>()("Io", {
+  message: Schema.String,
+  cause: Schema.optionalKey(Schema.Defect())
+}) {}
+
+/**
+ * A line before the last is not an entry (a torn last line is not corrupt: it is cut).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class Corrupt extends Schema.TaggedError<Corrupt>()("Corrupt", {
+  message: Schema.String,
+  /** The line's number (1-based). */
+  line: Schema.Int,
+  /** The line's byte offset. */
+  byte: Schema.Int
+}) {}
+
+/**
+ * A write found no space left (ENOSPC); free space and resume (a torn last line is cut then).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class DiskFull extends Schema.TaggedError<DiskFull>()("DiskFull", {
+  message: Schema.String,
+  cause: Schema.optionalKey(Schema.Defect())
+}) {}
+
+/**
+ * Why the journal could not be read or written.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export const JournalErrorReason = Schema.Union([Io, Corrupt, DiskFull])
+export type JournalErrorReason = typeof JournalErrorReason.Type
+
+/**
+ * The journal at `path` could not be read or written. Handle reasons with
+ * `Effect.catchReason("JournalError", "DiskFull", …)`; `message` is the reason's.
+ *
  * @category errors
  * @since 0.1.0
  */
 export class JournalError extends Schema.TaggedError<JournalError>()("JournalError", {
   path: Schema.String,
-  /** `DiskFull`: a write found no space left (ENOSPC); free space and resume (a torn last line is cut then). */
-  reason: Schema.Literals(["Io", "Corrupt", "DiskFull"]),
-  message: Schema.String
-}) {}
+  reason: JournalErrorReason
+}) {
+  override get message(): string {
+    return this.reason.message
+  }
+}
 
 // ===== Replay (pure) =====
 
@@ -171,9 +221,13 @@ export const replay = (bytes: Uint8Array, path = "journal"): Effect.Effect<Repla
           const why = decoded === undefined ? [] : SchemaIssues.formatIssues(Entry, decoded.failure.issue)
           return yield* new JournalError({
             path,
-            reason: "Corrupt",
-            message: `${path}:${entries.length + 1}: invalid entry at byte ${start}` +
-              `${why.length === 0 ? "" : ` (${why.join("; ")})`}: ${line.length > 160 ? `${line.slice(0, 160)}…` : line}`
+            reason: new Corrupt({
+              message: `${path}:${entries.length + 1}: invalid entry at byte ${start}` +
+                `${why.length === 0 ? "" : ` (${why.join("; ")})`}: ` +
+                (line.length > 160 ? `${line.slice(0, 160)}…` : line),
+              line: entries.length + 1,
+              byte: start
+            })
           })
         }
         return { entries, validBytes: start, tornBytes: bytes.length - start }
@@ -258,13 +312,15 @@ export interface Journal {
 }
 
 const io = (path: string) => (e: { readonly message: string }) =>
-  DiskFull.isDiskFull(e)
+  DiskFullCheck.isDiskFull(e)
     ? new JournalError({
       path,
-      reason: "DiskFull",
-      message: `${DiskFull.marker}: could not write ${path}; free space on its filesystem, then resume`
+      reason: new DiskFull({
+        message: `${DiskFullCheck.marker}: could not write ${path}; free space on its filesystem, then resume`,
+        cause: e
+      })
     })
-    : new JournalError({ path, reason: "Io", message: e.message })
+    : new JournalError({ path, reason: new Io({ message: e.message, cause: e }) })
 
 /**
  * Reads the journal bytes at `path` (empty when the file does not exist).
@@ -338,16 +394,16 @@ export const verifiedCheckpoint = Effect.fnUntraced(function*(
         (yield* fs.exists(path.dirname(dir)))
       ? yield* stepsIn(path.dirname(dir))
       : []
-    return yield* new Checkpoint.CheckpointError({
-      reason: "NotFound",
-      path: dir,
-      message: names.length > 0
+    return yield* Checkpoint.checkpointError(
+      dir,
+      "NotFound",
+      names.length > 0
         ? `${dir} is a run's output directory: give one of its checkpoints, e.g. ` + path.join(inRun, names.at(-1)!)
         : siblings.length > 0
         ? `${dir}: no such checkpoint; the run has ${siblings.join(", ")} (it keeps the newest checkpoint.keep ` +
           `of them, 2 by default)`
         : `${dir}: no such checkpoint`
-    })
+    )
   }
   const loaded = yield* Checkpoint.load(dir, expected)
   const journalPath = path.join(path.dirname(path.dirname(path.resolve(dir))), "journal.jsonl")
@@ -355,12 +411,12 @@ export const verifiedCheckpoint = Effect.fnUntraced(function*(
   const recorded = checkpoints(yield* read(journalPath))
     .find((c) => c.entry.path === path.basename(path.resolve(dir)))?.weightsHash
   if (recorded !== undefined && recorded !== loaded.weightsHash) {
-    return yield* new Checkpoint.CheckpointError({
-      reason: "Corrupt",
-      path: dir,
-      message: `${dir}: its weights (fingerprint ${loaded.weightsHash}) are not the ones the run's journal ` +
+    return yield* Checkpoint.checkpointError(
+      dir,
+      "Corrupt",
+      `${dir}: its weights (fingerprint ${loaded.weightsHash}) are not the ones the run's journal ` +
         `recorded (${recorded})`
-    })
+    )
   }
   return loaded
 })

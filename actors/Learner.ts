@@ -141,15 +141,106 @@ export interface Options {
 }
 
 /**
+ * The advantages could not be computed (tag `Advantage`; `cause`: the `AdvantageError`).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class AdvantageFailed extends Schema.TaggedError<AdvantageFailed>()("Advantage", {
+  message: Schema.String,
+  cause: Schema.optionalKey(Schema.Defect())
+}) {}
+
+/**
+ * The batch could not be packed into micro-batches (tag `Packing`; `cause`: the `PackingError`).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class PackingFailed extends Schema.TaggedError<PackingFailed>()("Packing", {
+  message: Schema.String,
+  cause: Schema.optionalKey(Schema.Defect())
+}) {}
+
+/**
+ * The trainer failed (tag `Trainer`; `cause`: the `PolicyTrainerError`).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class TrainerFailed extends Schema.TaggedError<TrainerFailed>()("Trainer", {
+  message: Schema.String,
+  cause: Schema.optionalKey(Schema.Defect())
+}) {}
+
+/**
+ * The options contradict each other (e.g. a gae estimator without a critic).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class Config extends Schema.TaggedError<Config>()("Config", { message: Schema.String }) {}
+
+/**
+ * Policy tokens without sampler logprobs, for a loss that needs them.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class MissingLogprobs extends Schema.TaggedError<MissingLogprobs>()("MissingLogprobs", {
+  message: Schema.String
+}) {}
+
+/**
  * Why the learner failed.
  *
  * @category errors
  * @since 0.1.0
  */
+export const LearnerErrorReason = Schema.Union([AdvantageFailed, PackingFailed, TrainerFailed, Config, MissingLogprobs])
+export type LearnerErrorReason = typeof LearnerErrorReason.Type
+
+/**
+ * The learner failed. Handle reasons with `Effect.catchReason("LearnerError", "Trainer", …)`; `message` is the
+ * reason's.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
 export class LearnerError extends Schema.TaggedError<LearnerError>()("LearnerError", {
-  reason: Schema.Literals(["Advantage", "Packing", "Trainer", "Config", "MissingLogprobs"]),
-  message: Schema.String
-}) {}
+  reason: LearnerErrorReason
+}) {
+  override get message(): string {
+    return this.reason.message
+  }
+}
+
+/** Each reason's class by its tag, for `learnerError`; a reason left out is a compile error. */
+const reasons = {
+  Advantage: AdvantageFailed,
+  Packing: PackingFailed,
+  Trainer: TrainerFailed,
+  Config,
+  MissingLogprobs
+} satisfies Record<
+  LearnerErrorReason["_tag"],
+  unknown
+>
+
+/**
+ * A `LearnerError` of the reason tagged `tag`: `learnerError("Trainer", text, { cause })`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const learnerError = <Tag extends LearnerErrorReason["_tag"]>(
+  tag: Tag,
+  message: string,
+  facts?: Omit<ConstructorParameters<(typeof reasons)[Tag]>[0], "message">
+): LearnerError => {
+  const Reason = reasons[tag] as new(fields: { readonly message: string }) => LearnerErrorReason
+  return new LearnerError({ reason: new Reason({ ...facts, message }) })
+}
 
 // ===== The update =====
 
@@ -237,14 +328,14 @@ const scoreTokens = Effect.fnUntraced(function*(
     sharePrefix: pack.sharePrefix === true,
     ...(options.maxLength === undefined ? {} : { maxLength: options.maxLength }),
     ...(options.lengthMultiple === undefined ? {} : { lengthMultiple: options.lengthMultiple })
-  }).pipe(Effect.mapError((e) => new LearnerError({ reason: "Packing", message: e.message })))
+  }).pipe(Effect.mapError((e) => learnerError("Packing", e.message, { cause: e })))
   const cells = input.batch * input.length
   const sampler = new Float64Array(cells)
   const scores = new Float64Array(cells)
   const mask = new Uint8Array(cells)
   for (const mb of packed.microBatches) {
     const scored = yield* score(mb).pipe(
-      Effect.mapError((e) => new LearnerError({ reason: "Trainer", message: e.message }))
+      Effect.mapError((e) => learnerError("Trainer", e.message, { cause: e }))
     )
     mb.sequenceIndex.forEach((index, r) => {
       if (index < 0) return
@@ -274,7 +365,7 @@ const penalizeWithReference = Effect.fnUntraced(function*(
   coef: number
 ) {
   if (options.reference === undefined) {
-    return yield* new LearnerError({ reason: "Config", message: "klInReward is set but no reference policy is given" })
+    return yield* learnerError("Config", "klInReward is set but no reference policy is given")
   }
   const { sampler, scores: ref, mask } = yield* scoreTokens(rows, input, options, options.reference)
   let kl = 0
@@ -312,7 +403,7 @@ const optimize = Effect.fnUntraced(function*(
       microBatches += p.microBatches.length
       const optim = yield* Effect.result(trainer.optimStep)
       if (optim._tag === "Failure") {
-        if (optim.failure.reason === "NonFiniteGradient") continue
+        if (optim.failure.reason._tag === "NonFiniteGradient") continue
         return yield* trainerError(optim.failure)
       }
       applied++
@@ -337,7 +428,7 @@ const trainCritic = Effect.fnUntraced(function*(
   options: Options
 ) {
   const trainerError = (e: PolicyTrainer.PolicyTrainerError) =>
-    new LearnerError({ reason: "Trainer", message: `critic: ${e.message}` })
+    learnerError("Trainer", `critic: ${e.message}`, { cause: e })
   const ofRow = new Map<number, Array<Packing.Sequence>>()
   rows.forEach((row, b) => {
     if (!row.included) return
@@ -360,7 +451,7 @@ const trainCritic = Effect.fnUntraced(function*(
   for (const chunk of chunks) {
     const sequences = chunk.flatMap((b) => ofRow.get(b) ?? [])
     const p = yield* Packing.pack(sequences, { ...packingOf(options), aggregation: "token-mean" }).pipe(
-      Effect.mapError((e) => new LearnerError({ reason: "Packing", message: `critic: ${e.message}` }))
+      Effect.mapError((e) => learnerError("Packing", `critic: ${e.message}`, { cause: e }))
     )
     if (p.totals.tokens > 0 && p.microBatches.length > 0) packed.push(p)
   }
@@ -415,7 +506,7 @@ const accumulate = Effect.fnUntraced(function*(
     if (options.loss.klCoef !== 0) {
       if (options.reference === undefined) {
         const message = "loss.klCoef is set but no reference policy is given"
-        return yield* new LearnerError({ reason: "Config", message })
+        return yield* learnerError("Config", message)
       }
       batch = { ...mb, refLogprobs: yield* options.reference(mb).pipe(Effect.mapError(trainerError)) }
     }
@@ -465,10 +556,8 @@ export const update = Effect.fn("Learner.update")(function*(
     const unscored = (span: Trajectory.Span) => span.source === "policy" && span.logprobs === undefined
     const missing = rows.find((row) => row.included && row.trajectory.segments.some((s) => s.spans.some(unscored)))
     if (missing !== undefined) {
-      return yield* new LearnerError({
-        reason: "MissingLogprobs",
-        message: `trajectory ${missing.trajectory.trajectoryId} has policy tokens without sampler logprobs`
-      })
+      const message = `trajectory ${missing.trajectory.trajectoryId} has policy tokens without sampler logprobs`
+      return yield* learnerError("MissingLogprobs", message)
     }
   }
   const raw = advantageInput(rows)
@@ -477,7 +566,7 @@ export const update = Effect.fn("Learner.update")(function*(
     : undefined
   const critic = options.critic
   if (options.estimator === "gae" && critic === undefined) {
-    return yield* new LearnerError({ reason: "Config", message: "the gae estimator needs a critic (options.critic)" })
+    return yield* learnerError("Config", "the gae estimator needs a critic (options.critic)")
   }
   // The critic's values of every policy token, before any update (verl's `compute_values`).
   const values = critic === undefined || options.estimator !== "gae"
@@ -488,7 +577,7 @@ export const update = Effect.fn("Learner.update")(function*(
     })).scores
   const input = { ...(penalized?.input ?? raw), values }
   const { advantages, returns } = yield* Advantage.compute(options.estimator, input, options.advantage).pipe(
-    Effect.mapError((e) => new LearnerError({ reason: "Advantage", message: e.message }))
+    Effect.mapError((e) => learnerError("Advantage", e.message, { cause: e }))
   )
   const sequences: Array<Packing.Sequence> = []
   const sequenceGroup: Array<number> = []
@@ -528,7 +617,7 @@ export const update = Effect.fn("Learner.update")(function*(
   const packed: Array<Packing.Packed> = []
   for (const chunk of chunks) {
     const p = yield* Packing.pack(chunk.filter(hasGradient), { ...packOptions, aggregateOver: chunk }).pipe(
-      Effect.mapError((e) => new LearnerError({ reason: "Packing", message: e.message }))
+      Effect.mapError((e) => learnerError("Packing", e.message, { cause: e }))
     )
     if (p.totals.tokens > 0 && p.microBatches.length > 0) packed.push(p)
   }
@@ -547,7 +636,7 @@ export const update = Effect.fn("Learner.update")(function*(
   if (packed.length === 0) return { outcome: "empty" as const, figures: { ...base, ...criticFigures } }
   const sums = { loss: 0, tokens: 0, clipped: 0, clippedLower: 0, approxKl: 0, entropy: 0, kl: 0, rowTokens: 0 }
   const trainerError = (e: PolicyTrainer.PolicyTrainerError) =>
-    new LearnerError({ reason: "Trainer", message: e.message })
+    learnerError("Trainer", e.message, { cause: e })
   const { applied, gradNorm, lr, microBatches } = yield* optimize(
     trainer,
     packed,

@@ -205,7 +205,7 @@ const makeLease = <A>(pool: ResourcePool.Pool<A>, binding: ResourcePool.Binding<
   const name = pool.resource.spec.name
   let seen = binding.generation
   const crashed = (message: string) =>
-    new Environment.EnvError({ env: name, method: "use", reason: "Crashed", message })
+    Environment.envError(name, "use", "Crashed", message)
   const current: Effect.Effect<ResourcePool.Instance<A>, Resource.LeaseError> = Effect.suspend(() =>
     binding.status === "done"
       ? Effect.fail(binding.failure ?? new Resource.LeaseError({ resource: name, reason: new Resource.PoolClosed() }))

@@ -118,11 +118,7 @@ const repeatLogInterval = Duration.seconds(30)
 const named = (failure: Reward.RewardError): Reward.RewardError =>
   failure.message.startsWith(`reward "${failure.reward}"`)
     ? failure
-    : new Reward.RewardError({
-      reward: failure.reward,
-      reason: failure.reason,
-      message: `reward "${failure.reward}": ${failure.message}`
-    })
+    : failure.withMessage(`reward "${failure.reward}": ${failure.message}`)
 
 /** What a scorer threw or died with, as text. */
 const defectText = (cause: Cause.Cause<unknown>): string => {
@@ -141,23 +137,26 @@ export const make = <R>(reward: Reward.Reward<R>, options: Options): Effect.Effe
     const semaphore = options.concurrency === undefined ? undefined : yield* Semaphore.make(options.concurrency)
     const timeout = options.timeout === undefined ? undefined : Duration.fromInputUnsafe(options.timeout)
     const name = reward.name
-    const error = (reason: Reward.RewardErrorReason, message: string) =>
-      new Reward.RewardError({ reward: name, reason, message })
+    const error = <Tag extends Reward.RewardErrorReason["_tag"]>(
+      reason: Tag,
+      message: string,
+      facts?: Reward.RewardErrorFacts<Tag>
+    ) => Reward.rewardError(name, reason, message, facts)
 
     // Per reason, whether its first failure was logged; then the failures counted since the last line logged.
-    const loggedReasons = new Set<Reward.RewardErrorReason>()
+    const loggedReasons = new Set<Reward.RewardErrorReason["_tag"]>()
     let repeats = { count: 0, since: 0, last: "" }
     const logFailure = Effect.fnUntraced(function*(failure: Reward.RewardError, cause: Cause.Cause<unknown>) {
       const now = yield* Clock.currentTimeMillis
-      if (!loggedReasons.has(failure.reason)) {
-        loggedReasons.add(failure.reason)
+      if (!loggedReasons.has(failure.reason._tag)) {
+        loggedReasons.add(failure.reason._tag)
         if (repeats.count === 0) repeats = { count: 0, since: now, last: "" }
         return yield* Effect.logWarning(
-          `${failure.message} (${failure.reason}; ${options.onError} policy: ` +
+          `${failure.message} (${failure.reason._tag}; ${options.onError} policy: ` +
             `${options.onError === "zero" ? "scored 0" : "dropped"}). Later failures of this reward are counted, ` +
             `at most one line per ${Duration.format(repeatLogInterval)}`,
           // A bug's stack points at the scorer; a score, a row or a timeout refused by the runtime, only at it.
-          failure.reason === "Defect" || failure.reason === "ScoreFailed" ? cause : Cause.empty
+          failure.reason._tag === "Defect" || failure.reason._tag === "ScoreFailed" ? cause : Cause.empty
         )
       }
       repeats = { ...repeats, count: repeats.count + 1, last: failure.message }
@@ -173,7 +172,7 @@ export const make = <R>(reward: Reward.Reward<R>, options: Options): Effect.Effe
     const failureVerdict = (failure: Reward.RewardError): Verdict => ({
       reward: 0,
       rewardStatus: options.onError === "zero" ? "scored" : "failed",
-      metrics: { [`reward/${name}/error`]: 1, [`reward/${name}/errors/${failure.reason}`]: 1 },
+      metrics: { [`reward/${name}/error`]: 1, [`reward/${name}/errors/${failure.reason._tag}`]: 1 },
       masked: options.onError === "drop",
       error: failure
     })
@@ -192,7 +191,9 @@ export const make = <R>(reward: Reward.Reward<R>, options: Options): Effect.Effe
         return Effect.failCause(cause as Cause.Cause<never>) // interrupted: cancellation propagates
       }
       const rewardError = named(
-        Option.isSome(failure) ? failure.value : error("Defect", `reward "${name}" threw: ${defectText(cause)}`)
+        Option.isSome(failure)
+          ? failure.value
+          : error("Defect", `reward "${name}" threw: ${defectText(cause)}`, { cause: Cause.squash(cause) })
       )
       return Effect.as(logFailure(rewardError, cause), failureVerdict(rewardError))
     }
@@ -207,7 +208,12 @@ export const make = <R>(reward: Reward.Reward<R>, options: Options): Effect.Effe
         if (timeout !== undefined) {
           evaluation = Effect.timeoutOrElse(evaluation, {
             duration: timeout,
-            orElse: () => Effect.fail(error("Timeout", `reward "${name}" timed out after ${Duration.format(timeout)}`))
+            orElse: () =>
+              Effect.fail(
+                error("Timeout", `reward "${name}" timed out after ${Duration.format(timeout)}`, {
+                  timeoutMs: Duration.toMillis(timeout)
+                })
+              )
           })
         }
         if (semaphore !== undefined) evaluation = Semaphore.withPermits(semaphore, 1)(evaluation)

@@ -203,12 +203,8 @@ const taskOptions = <RE>(
       const decoded = decodeFields?.(rest, { errors: "all" })
       if (decoded !== undefined && Result.isFailure(decoded)) {
         // As a dataset file's bad row is reported (`FILE:LINE: why`): which row, and why.
-        return yield* new Dataset.DatasetError({
-          dataset: "rows",
-          reason: "InvalidRow",
-          line: index + 1,
-          message: `rows[${index}]: ${decoded.failure.message.replace(/\n\s*/g, " ")}`
-        })
+        const why = decoded.failure.message.replace(/\n\s*/g, " ")
+        return yield* Dataset.datasetError("rows", "InvalidRow", `rows[${index}]: ${why}`, { line: index + 1 })
       }
       const fields = decoded === undefined ? rest : { ...rest, ...(decoded.success as Record<string, unknown>) }
       const prompt = Task.conversation(task, {

@@ -67,15 +67,16 @@ export interface Options {
 
 // ===== Constructors =====
 
-const taskError = (task: Task.Any, reason: Task.TaskErrorReason) => (e: unknown) => {
+const taskError = (task: Task.Any, reason: "Module" | "Environment") => (e: unknown) => {
   const message = typeof e === "object" && e !== null && "message" in e ? String(e.message) : String(e)
-  return new Task.TaskError({
-    task: task.name,
+  return Task.taskError(
+    task.name,
     reason,
-    message: reason === "Environment"
+    reason === "Environment"
       ? `the environment of task "${task.name}" could not start: ${message}`
-      : `task "${task.name}": ${message}`
-  })
+      : `task "${task.name}": ${message}`,
+    { cause: e }
+  )
 }
 
 /**
@@ -85,12 +86,12 @@ const taskError = (task: Task.Any, reason: Task.TaskErrorReason) => (e: unknown)
 const startError = (task: Task.Any, cause: Cause.Cause<unknown>): Task.TaskError => {
   const error = Cause.squash(cause)
   const missing = error instanceof Error ? /^Service not found: (.+)$/.exec(error.message)?.[1] : undefined
-  return missing === undefined ? taskError(task, "Environment")(error) : new Task.TaskError({
-    task: task.name,
-    reason: "MissingServices",
-    message: `task "${task.name}": its environment needs ${missing}, but neither the task's layer nor the run ` +
-      `provides it`
-  })
+  return missing === undefined ? taskError(task, "Environment")(error) : Task.taskError(
+    task.name,
+    "MissingServices",
+    `task "${task.name}": its environment needs ${missing}, but neither the task's layer nor the run provides it`,
+    { services: [missing] }
+  )
 }
 
 /** Any failure or defect of `effect` as the task's start error; interruption stays interruption. */
@@ -144,11 +145,8 @@ const checkServices = (task: Task.Any, environment: Environment.Provider<any, an
     const missing = Task.missingServices(task, acquired.value as Context.Context<never>)
     if (missing.length > 0) {
       const what = task.environment === undefined ? "the task has no environment" : "its environment lacks them"
-      return yield* new Task.TaskError({
-        task: task.name,
-        reason: "MissingServices",
-        message: `task "${task.name}": its tools or reward need ${missing.join(", ")}, but ${what}`
-      })
+      const message = `task "${task.name}": its tools or reward need ${missing.join(", ")}, but ${what}`
+      return yield* Task.taskError(task.name, "MissingServices", message, { services: missing })
     }
   })
 

@@ -224,19 +224,12 @@ const retryAfterFailure = <A>(
     )
   })
 
-const toolError = (
+const toolError = <Tag extends Tool.ToolErrorReason["_tag"]>(
   call: typeof Message.ToolCall.Type,
-  reason: Tool.ToolErrorReason,
+  reason: Tag,
   detail: string,
-  retryable?: boolean
-) =>
-  new Tool.ToolError({
-    tool: call.function.name,
-    toolCallId: call.id,
-    reason,
-    message: Tool.errorText(reason, call.function.name, detail),
-    ...(retryable === undefined ? {} : { retryable })
-  })
+  ...facts: {} extends Tool.ToolErrorFacts<Tag> ? [facts?: Tool.ToolErrorFacts<Tag>] : [facts: Tool.ToolErrorFacts<Tag>]
+) => Tool.toolError(call.function.name, call.id, reason, Tool.errorText(reason, call.function.name, detail), ...facts)
 
 /** Parses and decodes the arguments and checks the chain provides the tool's environment. */
 const validate = (
@@ -256,7 +249,7 @@ const validate = (
   }
   for (const key of entry.tool.dependencies) {
     if (context === undefined || Option.isNone(Context.getOption(context, key))) {
-      return toolError(call, "MissingEnvironment", `the chain provides no ${key.key}`)
+      return toolError(call, "MissingEnvironment", `the chain provides no ${key.key}`, { service: key.key })
     }
   }
   return { value: decoded.value }
@@ -322,11 +315,18 @@ const classify = (
   }
   const failure = Cause.findErrorOption(exit.cause)
   if (Option.isNone(failure)) return exit.cause as Cause.Cause<never>
-  if (failure.value._tag === "Timeout") return toolError(call, "Timeout", Duration.format(entry.timeout!))
+  if (failure.value._tag === "Timeout") {
+    return toolError(call, "Timeout", Duration.format(entry.timeout!), { timeoutMs: Duration.toMillis(entry.timeout!) })
+  }
   const value = failure.value.error
   const encoded = Schema.encodeUnknownExit(tool.failureSchema)(value)
   const detail = failureDetail(value, Exit.isSuccess(encoded) ? encoded.value : undefined)
-  return toolError(call, "HandlerFailure", detail, isRetryableFailure(failure.value) ? true : undefined)
+  return toolError(
+    call,
+    "HandlerFailure",
+    detail,
+    isRetryableFailure(failure.value) ? { retryable: true, cause: value } : { cause: value }
+  )
 }
 
 /** A turn's results in call order, with its counts and its answer (the first terminal call's). */
@@ -372,16 +372,11 @@ export const make = <const Tools extends ReadonlyArray<Tool.Any>>(
     const defaultTimeout = options.timeout === undefined ? undefined : Duration.fromInputUnsafe(options.timeout)
     for (const tool of tools) {
       if (entries.has(tool.name)) {
-        return yield* new Tool.ToolError({
-          tool: tool.name,
-          toolCallId: "",
-          reason: "DecodeError",
-          message: `two tools are named "${tool.name}"`
-        })
+        return yield* Tool.toolError(tool.name, "", "DecodeError", `two tools are named "${tool.name}"`)
       }
       const opaque = Tool.jsonProblem(tool)
       if (opaque !== undefined) {
-        return yield* new Tool.ToolError({ tool: tool.name, toolCallId: "", reason: "DecodeError", message: opaque })
+        return yield* Tool.toolError(tool.name, "", "DecodeError", opaque)
       }
       // Synchronous decoding: parameter and success Schemas of tools must not need effects to decode.
       const decode = Schema.decodeUnknownExit(Tool.argumentsCodec(tool))
@@ -451,7 +446,7 @@ export const make = <const Tools extends ReadonlyArray<Tool.Any>>(
       if (truncated) s.truncated++
       if (outcome.error !== undefined) {
         s.errors++
-        s.byReason.set(outcome.error.reason, (s.byReason.get(outcome.error.reason) ?? 0) + 1)
+        s.byReason.set(outcome.error.reason._tag, (s.byReason.get(outcome.error.reason._tag) ?? 0) + 1)
       }
       const isError = outcome.error !== undefined
       const terminal = !isError && outcome.terminal === true
@@ -500,12 +495,12 @@ export const make = <const Tools extends ReadonlyArray<Tool.Any>>(
           const outcome = classify(entry, call, exit)
           if (Cause.isCause(outcome)) {
             if (Cause.hasInterruptsOnly(outcome)) return Effect.failCause(outcome) // cancellation propagates
-            const error = toolError(call, "Defect", "")
+            const error = toolError(call, "Defect", "", { cause: Cause.squash(outcome) })
             return Effect.andThen(logDeath(entry.tool.name, outcome), done({ text: error.message, error, attempts }))
           }
           if (outcome instanceof Tool.ToolError) {
             const result = done({ text: outcome.message, error: outcome, attempts })
-            return outcome.reason === "HandlerFailure" && entry.tool.failureMode === "error"
+            return outcome.reason._tag === "HandlerFailure" && entry.tool.failureMode === "error"
               ? Effect.andThen(result, Effect.fail(outcome))
               : result
           }
@@ -555,7 +550,7 @@ export const make = <const Tools extends ReadonlyArray<Tool.Any>>(
  * with the chain's environment context. Failed calls are already observations; a tool declared with
  * `failureMode: "error"` fails the turn with `ToolFailed`, or with `EnvFailed` when the failure is the
  * environment's (a declared environment service is missing, or the handler failed with a retryable failure such
- * as `EnvError { reason: "Crashed" }`).
+ * as an `EnvError` of reason `Crashed`).
  *
  * @category adapters
  * @since 0.1.0
@@ -567,11 +562,12 @@ export const toPort = <R>(actor: Service<R>): ToolRunner => ({
       Effect.map((turn) => ({
         messages: turn.messages,
         terminal: turn.terminal,
-        errors: turn.results.flatMap((r) => (r.error === undefined ? [] : [r.error.reason]))
+        errors: turn.results.flatMap((r) => (r.error === undefined ? [] : [r.error.reason._tag]))
       })),
       Effect.mapError((error) =>
         new RolloutError.RolloutError({
-          reason: error.reason === "MissingEnvironment" || (error.reason === "HandlerFailure" && error.isRetryable)
+          reason: error.reason._tag === "MissingEnvironment" ||
+              (error.reason._tag === "HandlerFailure" && error.isRetryable)
             ? "EnvFailed"
             : "ToolFailed",
           message: `${error.tool}: ${error.message}`

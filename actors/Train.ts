@@ -276,11 +276,13 @@ export const presetMismatch = (
  * @since 0.1.0
  */
 export const withSkipHint = <E>(error: E): E =>
-  error instanceof Dataset.DatasetError && error.reason === "InvalidRow"
-    ? new Dataset.DatasetError({
-      ...error,
-      message: `${error.message} (fix the row, or skip such rows: "data": { "onInvalidRow": "skip" })`
-    }) as E
+  error instanceof Dataset.DatasetError && error.reason._tag === "InvalidRow"
+    ? Dataset.datasetError(
+      error.dataset,
+      "InvalidRow",
+      `${error.message} (fix the row, or skip such rows: "data": { "onInvalidRow": "skip" })`,
+      { line: error.reason.line }
+    ) as E
     : error
 
 /**
@@ -303,11 +305,13 @@ export const checkRewardFields = (
       const at = (line: number | undefined) => `${dataset.name}:${line}: `
       const checked = yield* Dataset.refine(kept, row, { onInvalid }).pipe(
         Effect.mapError((e) =>
-          e.reason === "InvalidRow"
-            ? new Dataset.DatasetError({
-              ...e,
-              message: e.message.replace(at(e.line), `${at(e.line)}reward "${reward}" reads `)
-            })
+          e.reason._tag === "InvalidRow"
+            ? Dataset.datasetError(
+              e.dataset,
+              "InvalidRow",
+              e.message.replace(at(e.reason.line), `${at(e.reason.line)}reward "${reward}" reads `),
+              { line: e.reason.line }
+            )
             : e
         )
       )
@@ -408,15 +412,15 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
   if (demoProblems.length > 0 && onInvalid !== "skip") {
     // A dataset's bad rows, as a training file's are (`FILE:LINE: why`), not an "invalid config".
     return yield* Effect.fail(withSkipHint(
-      new Dataset.DatasetError({
-        dataset: demos!.name,
-        reason: "InvalidRow",
-        line: demoProblems[0]!.row.line,
-        message: [
+      Dataset.datasetError(
+        demos!.name,
+        "InvalidRow",
+        [
           ...demoProblems.slice(0, 5).map(({ problem, row }) => `${demos!.name}:${row.line}: ${problem}`),
           ...(demoProblems.length > 5 ? [`… and ${demoProblems.length - 5} more demonstrations`] : [])
-        ].join("\n")
-      })
+        ].join("\n"),
+        { line: demoProblems[0]!.row.line }
+      )
     ))
   }
   for (const { problem, row } of demoProblems) yield* say(`skipped ${demos!.name}:${row.line}: ${problem}`)

@@ -127,7 +127,7 @@ const json = (status: number, message: string, code: string): Reply => ({
 const frame = (body: Uint8Array): Reply => ({ status: 200, body, type: "application/octet-stream" })
 
 const refused = (e: PolicyTrainer.PolicyTrainerError): Reply =>
-  json(e.reason === "BadBatch" ? 400 : 422, e.message, e.reason)
+  json(e.reason._tag === "BadBatch" ? 400 : 422, e.message, e.reason._tag)
 
 /** Failures are replies too: the one channel a caller reads. */
 const replied = <R>(effect: Effect.Effect<Reply, Reply, R>) =>
@@ -234,7 +234,7 @@ const init = (server: Server, name: string, body: Wire.Frame) =>
 // ===== Checkpoints =====
 
 const checkpointError = (e: { readonly message: string }) =>
-  new PolicyTrainer.PolicyTrainerError({ reason: "Checkpoint", message: e.message })
+  PolicyTrainer.policyTrainerError("Checkpoint", e.message, { cause: e })
 
 /** A checkpoint's files through a directory of this machine's, its path hidden from messages. */
 const viaDirectory = <A>(
@@ -247,12 +247,7 @@ const viaDirectory = <A>(
     ),
     (dir) =>
       use(dir).pipe(Effect.mapError((e) =>
-        refused(
-          new PolicyTrainer.PolicyTrainerError({
-            reason: e.reason,
-            message: e.message.replaceAll(dir, RemoteTrainer.checkpointMarker)
-          })
-        )
+        refused(e.withMessage(e.message.replaceAll(dir, RemoteTrainer.checkpointMarker)))
       )),
     (dir) => server.fs.remove(dir, { recursive: true }).pipe(Effect.ignore)
   )

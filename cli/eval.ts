@@ -157,11 +157,8 @@ export const run = Effect.fn("cli.eval")(function*(
   // A folder not made yet: how to make it, rather than a missing file's name.
   const modelFile = `${requested.model.path}/config.json`
   if (!(yield* fs.exists(modelFile))) {
-    return yield* new ModelFolder.ModelFolderError({
-      reason: "NotFound",
-      file: modelFile,
-      message: Train.missingModel(requested.model, options.config)
-    })
+    const message = Train.missingModel(requested.model, options.config)
+    return yield* ModelFolder.modelFolderError(modelFile, "NotFound", message)
   }
   const folder = yield* ModelFolder.load(requested.model.path)
   const config = LocalPolicy.onModel(folder, { ...requested, eval: evalConfig })

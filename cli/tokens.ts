@@ -75,8 +75,12 @@ export const toJson = (builder: TrajectoryBuilder.TrajectoryBuilder) => ({
   segmentLengths: builder.segments.map(Trajectory.segmentLength)
 })
 
-const toUserError = (error: { readonly _tag: string; readonly reason: string; readonly message: string }) =>
-  new CliError.UserError({ cause: error, userMessage: `${error._tag} (${error.reason}): ${error.message}` })
+const toUserError = (
+  error: { readonly _tag: string; readonly reason: string | { readonly _tag: string }; readonly message: string }
+) => {
+  const reason = typeof error.reason === "string" ? error.reason : error.reason._tag
+  return new CliError.UserError({ cause: error, userMessage: `${error._tag} (${reason}): ${error.message}` })
+}
 
 /**
  * The value on line `line` (1-based, as a dataset's errors number them) of a JSONL file.
@@ -87,20 +91,20 @@ const toUserError = (error: { readonly _tag: string; readonly reason: string; re
 export const readJsonlLine = Effect.fn("agentfly.tokens.readJsonlLine")(function*(file: string, line: number) {
   const fs = yield* FileSystem.FileSystem
   const text = yield* fs.readFileString(file).pipe(
-    Effect.mapError(() => new Tokenizer.TokenizerError({ reason: "NotFound", message: `cannot read ${file}` }))
+    Effect.mapError((e) => Tokenizer.tokenizerError("NotFound", `cannot read ${file}`, { cause: e }))
   )
   const lines = text.split("\n")
   const picked = lines[line - 1]?.trim() ?? ""
   if (line < 1 || picked === "") {
     const count = lines.filter((l) => l.trim() !== "").length
-    return yield* new Tokenizer.TokenizerError({
-      reason: "InvalidJson",
-      message: `${file}:${line}: no conversation on that line (the file has ${count} non-empty lines; --line N picks one)`
-    })
+    return yield* Tokenizer.tokenizerError(
+      "InvalidJson",
+      `${file}:${line}: no conversation on that line (the file has ${count} non-empty lines; --line N picks one)`
+    )
   }
   return yield* Effect.try({
     try: () => JSON.parse(picked) as unknown,
-    catch: () => new Tokenizer.TokenizerError({ reason: "InvalidJson", message: `${file}:${line} is not valid JSON` })
+    catch: (cause) => Tokenizer.tokenizerError("InvalidJson", `${file}:${line} is not valid JSON`, { cause })
   })
 })
 

@@ -88,24 +88,102 @@ export interface Output {
 }
 
 /**
- * Why an estimator rejected its input.
+ * No estimator has that name (`known` lists them).
  *
  * @category errors
  * @since 0.1.0
  */
-export const AdvantageErrorReason = Schema.Literals(["UnknownEstimator", "ShapeMismatch", "MissingValues", "NotFinite"])
+export class UnknownEstimator extends Schema.TaggedError<UnknownEstimator>()("UnknownEstimator", {
+  message: Schema.String,
+  estimator: Schema.String,
+  known: Schema.Array(Schema.String)
+}) {}
+
+/**
+ * An array's size does not match the batch and length (or those are not sizes).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class ShapeMismatch extends Schema.TaggedError<ShapeMismatch>()("ShapeMismatch", { message: Schema.String }) {}
+
+/**
+ * The estimator needs value estimates and none were given.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class MissingValues extends Schema.TaggedError<MissingValues>()("MissingValues", { message: Schema.String }) {}
+
+/**
+ * An input holds NaN or an infinity.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class NotFinite extends Schema.TaggedError<NotFinite>()("NotFinite", {
+  message: Schema.String,
+  /** Which input. */
+  array: Schema.String,
+  /** Where in it. */
+  index: Schema.Int
+}) {}
+
+/**
+ * Why an estimator rejected its input (a clear typed error instead of `NaN` advantages).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export const AdvantageErrorReason = Schema.Union([UnknownEstimator, ShapeMismatch, MissingValues, NotFinite])
 export type AdvantageErrorReason = typeof AdvantageErrorReason.Type
 
 /**
- * Bad estimator input: a clear typed error instead of `NaN` advantages.
+ * An estimator rejected its input (a clear typed error instead of `NaN` advantages). `message` is the reason's.
+ * Handle reasons with `Effect.catchReason("AdvantageError", "UnknownEstimator", …)`.
  *
  * @category errors
  * @since 0.1.0
  */
 export class AdvantageError extends Schema.TaggedError<AdvantageError>()("AdvantageError", {
-  reason: AdvantageErrorReason,
-  message: Schema.String
-}) {}
+  reason: AdvantageErrorReason
+}) {
+  override get message(): string {
+    return this.reason.message
+  }
+}
+
+/** Each reason's class by its tag, for `advantageError`; a reason left out is a compile error. */
+const reasons = { UnknownEstimator, ShapeMismatch, MissingValues, NotFinite } satisfies Record<
+  AdvantageErrorReason["_tag"],
+  unknown
+>
+
+/**
+ * The facts a reason carries besides its message.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export type AdvantageErrorFacts<Tag extends AdvantageErrorReason["_tag"]> = Omit<
+  ConstructorParameters<(typeof reasons)[Tag]>[0],
+  "message"
+>
+
+/**
+ * A `AdvantageError` of the reason tagged `tag`: `advantageError("MissingValues", "gae needs value estimates")`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const advantageError = <Tag extends AdvantageErrorReason["_tag"]>(
+  tag: Tag,
+  message: string,
+  facts?: AdvantageErrorFacts<Tag>
+): AdvantageError => {
+  const Reason = reasons[tag] as new(fields: { readonly message: string }) => AdvantageErrorReason
+  return new AdvantageError({ reason: new Reason({ ...facts, message }) })
+}
 
 // ===== Helpers =====
 
@@ -290,7 +368,7 @@ export const registry: { readonly [K in Estimator]: (input: Input, config: Confi
   "gae": gae
 }
 
-const fail = (reason: AdvantageErrorReason, message: string) => new AdvantageError({ reason, message })
+const fail = advantageError
 
 /**
  * Checks shapes and finiteness; returns the first problem found.
@@ -300,7 +378,9 @@ const fail = (reason: AdvantageErrorReason, message: string) => new AdvantageErr
  */
 export const validate = (estimator: string, input: Input): AdvantageError | undefined => {
   if (!Object.hasOwn(registry, estimator)) {
-    return fail("UnknownEstimator", `unknown estimator "${estimator}"; known: ${Object.keys(registry).join(", ")}`)
+    const known = Object.keys(registry)
+    const message = `unknown estimator "${estimator}"; known: ${known.join(", ")}`
+    return fail("UnknownEstimator", message, { estimator, known })
   }
   const { batch, length } = input
   const cells = batch * length
@@ -324,7 +404,9 @@ export const validate = (estimator: string, input: Input): AdvantageError | unde
   for (const [name, array] of [["tokenRewards", input.tokenRewards], ["values", input.values]] as const) {
     if (array === undefined) continue
     for (let i = 0; i < array.length; i++) {
-      if (!Number.isFinite(array[i]!)) return fail("NotFinite", `${name}[${i}] is ${array[i]}`)
+      if (!Number.isFinite(array[i]!)) {
+        return fail("NotFinite", `${name}[${i}] is ${array[i]}`, { array: name, index: i })
+      }
     }
   }
   return undefined

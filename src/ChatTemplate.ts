@@ -23,27 +23,101 @@ import * as Tokenizer from "./Tokenizer.ts"
 // ===== Errors =====
 
 /**
+ * The model folder has no chat template.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class NotFound extends Schema.TaggedError<NotFound>()("NotFound", {
+  message: Schema.String,
+  cause: Schema.optionalKey(Schema.Defect())
+}) {}
+
+/**
+ * The Jinja source does not parse.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class InvalidSyntax extends Schema.TaggedError<InvalidSyntax>()("InvalidSyntax", { message: Schema.String }) {}
+
+/**
+ * The template raised (e.g. `raise_exception`) or hit a runtime error on these messages.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class RenderFailed extends Schema.TaggedError<RenderFailed>()("RenderFailed", {
+  message: Schema.String,
+  cause: Schema.optionalKey(Schema.Defect())
+}) {}
+
+/**
+ * The conversation does not decode as OpenAI-style messages.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class InvalidMessages extends Schema.TaggedError<InvalidMessages>()("InvalidMessages", {
+  message: Schema.String,
+  cause: Schema.optionalKey(Schema.Defect())
+}) {}
+
+/**
  * Why a template could not be loaded or rendered.
  *
  * @category errors
  * @since 0.1.0
  */
-export const TemplateErrorReason = Schema.Literals([
-  "NotFound", // the model folder has no chat template
-  "InvalidSyntax", // the Jinja source does not parse
-  "RenderFailed", // the template raised (e.g. `raise_exception`) or hit a runtime error on these messages
-  "InvalidMessages" // the conversation does not decode as OpenAI-style messages
-])
+export const TemplateErrorReason = Schema.Union([NotFound, InvalidSyntax, RenderFailed, InvalidMessages])
 export type TemplateErrorReason = typeof TemplateErrorReason.Type
 
 /**
+ * A template could not be loaded or rendered. `message` is the reason's. Handle reasons with
+ * `Effect.catchReason("TemplateError", "NotFound", …)`.
+ *
  * @category errors
  * @since 0.1.0
  */
 export class TemplateError extends Schema.TaggedError<TemplateError>()("TemplateError", {
-  reason: TemplateErrorReason,
-  message: Schema.String
-}) {}
+  reason: TemplateErrorReason
+}) {
+  override get message(): string {
+    return this.reason.message
+  }
+}
+
+/** Each reason's class by its tag, for `templateError`; a reason left out is a compile error. */
+const reasons = { NotFound, InvalidSyntax, RenderFailed, InvalidMessages } satisfies Record<
+  TemplateErrorReason["_tag"],
+  unknown
+>
+
+/**
+ * The facts a reason carries besides its message.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export type TemplateErrorFacts<Tag extends TemplateErrorReason["_tag"]> = Omit<
+  ConstructorParameters<(typeof reasons)[Tag]>[0],
+  "message"
+>
+
+/**
+ * A `TemplateError` of the reason tagged `tag`: `templateError("RenderFailed", text, { cause })`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const templateError = <Tag extends TemplateErrorReason["_tag"]>(
+  tag: Tag,
+  message: string,
+  facts?: TemplateErrorFacts<Tag>
+): TemplateError => {
+  const Reason = reasons[tag] as new(fields: { readonly message: string }) => TemplateErrorReason
+  return new TemplateError({ reason: new Reason({ ...facts, message }) })
+}
 
 // ===== Models =====
 
@@ -234,7 +308,7 @@ const textOnly = (messages: ReadonlyArray<Message.Message>, from: number): boole
 export const make = (options: MakeOptions): Effect.Effect<ChatTemplate, TemplateError> => {
   const compiled = compile(options.source)
   if (Option.isNone(compiled)) {
-    return Effect.fail(new TemplateError({ reason: "InvalidSyntax", message: "the chat template does not parse" }))
+    return Effect.fail(templateError("InvalidSyntax", "the chat template does not parse"))
   }
   const template = compiled.value
   const endOfTurn = options.endOfTurn ?? knownEndOfTurn.find((t) => options.source.includes(t)) ?? "<|im_end|>"
@@ -267,10 +341,11 @@ export const make = (options: MakeOptions): Effect.Effect<ChatTemplate, Template
             add_generation_prompt: addGenerationPrompt
           }),
         catch: (cause) =>
-          new TemplateError({
-            reason: "RenderFailed",
-            message: `template ${name}: ${cause instanceof Error ? cause.message : String(cause)}`
-          })
+          templateError(
+            "RenderFailed",
+            `template ${name}: ${cause instanceof Error ? cause.message : String(cause)}`,
+            { cause }
+          )
       })
     },
     // Only the turn before `from` and the new messages are read (a tool turn's neighbour decides its closing).
@@ -310,21 +385,19 @@ export const load = Effect.fn("ChatTemplate.load")(function*(modelDir: string) {
   const hasConfig = yield* fs.exists(configFile).pipe(Effect.orElseSucceed(() => false))
   const config = (hasConfig
     ? yield* Tokenizer.readJsonFile(configFile).pipe(
-      Effect.mapError((e) => new TemplateError({ reason: "NotFound", message: e.message }))
+      Effect.mapError((e) => templateError("NotFound", e.message, { cause: e }))
     )
     : {}) as Record<string, unknown>
   const jinjaFile = path.join(modelDir, "chat_template.jinja")
   const hasJinja = yield* fs.exists(jinjaFile).pipe(Effect.orElseSucceed(() => false))
   const source = hasJinja
     ? yield* fs.readFileString(jinjaFile).pipe(
-      Effect.mapError(() => new TemplateError({ reason: "NotFound", message: `cannot read ${jinjaFile}` }))
+      Effect.mapError((e) => templateError("NotFound", `cannot read ${jinjaFile}`, { cause: e }))
     )
     : pickTemplate(config.chat_template)
   if (source === undefined) {
-    return yield* new TemplateError({
-      reason: "NotFound",
-      message: `${modelDir} has no chat_template.jinja and no chat_template in tokenizer_config.json`
-    })
+    const message = `${modelDir} has no chat_template.jinja and no chat_template in tokenizer_config.json`
+    return yield* templateError("NotFound", message)
   }
   const token = (value: unknown) =>
     typeof value === "string" ? value : (value as { content?: string } | null)?.content ?? undefined
@@ -363,7 +436,7 @@ export const decodeConversation = (
   const shape = Array.isArray(input) ? { messages: input } : input
   return Schema.decodeUnknownEffect(ConversationFile)(lenient(shape)).pipe(
     Effect.map((file) => ({ messages: file.messages, tools: file.tools ?? [] })),
-    Effect.mapError((error) => new TemplateError({ reason: "InvalidMessages", message: error.message }))
+    Effect.mapError((error) => templateError("InvalidMessages", error.message, { cause: error }))
   )
 }
 

@@ -17,7 +17,7 @@
  */
 import { Effect, FileSystem, Schema } from "effect"
 import type * as Optimizer from "./Optimizer.ts"
-import * as DiskFull from "./internal/diskFull.ts"
+import * as DiskFullCheck from "./internal/diskFull.ts"
 import * as Safetensors from "./Safetensors.ts"
 
 // ===== Models =====
@@ -59,25 +59,138 @@ const StateFile = Schema.Struct({
 const decodeStateFile = Schema.decodeUnknownEffect(Schema.fromJsonString(StateFile))
 
 /**
+ * No checkpoint at the path.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class NotFound extends Schema.TaggedError<NotFound>()("NotFound", { message: Schema.String }) {}
+
+/**
+ * A file of the checkpoint is missing (a save that did not finish).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class Incomplete extends Schema.TaggedError<Incomplete>()("Incomplete", { message: Schema.String }) {}
+
+/**
+ * A file was altered or damaged after the save (unreadable, or not the weights saved).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class Corrupt extends Schema.TaggedError<Corrupt>()("Corrupt", {
+  message: Schema.String,
+  /** The parse error, when a file could not be read. */
+  cause: Schema.optionalKey(Schema.Defect())
+}) {}
+
+/**
+ * The checkpoint does not hold the weights expected (a tensor missing, of another shape, or one too many).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class Mismatch extends Schema.TaggedError<Mismatch>()("Mismatch", { message: Schema.String }) {}
+
+/**
+ * A weight or optimizer moment is NaN or infinite.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class NonFinite extends Schema.TaggedError<NonFinite>()("NonFinite", { message: Schema.String }) {}
+
+/**
+ * A write found no space left on the device (ENOSPC).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class DiskFull extends Schema.TaggedError<DiskFull>()("DiskFull", {
+  message: Schema.String,
+  cause: Schema.optionalKey(Schema.Defect())
+}) {}
+
+/**
+ * Any other file system failure.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class Io extends Schema.TaggedError<Io>()("Io", {
+  message: Schema.String,
+  cause: Schema.optionalKey(Schema.Defect())
+}) {}
+
+/**
  * Why a checkpoint could not be saved or loaded.
  *
  * @category errors
  * @since 0.1.0
  */
+export const CheckpointErrorReason = Schema.Union([NotFound, Incomplete, Corrupt, Mismatch, NonFinite, DiskFull, Io])
+export type CheckpointErrorReason = typeof CheckpointErrorReason.Type
+
+/**
+ * A checkpoint could not be saved or loaded at `path`. Handle reasons with
+ * `Effect.catchReason("CheckpointError", "NotFound", …)`; `message` is the reason's.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
 export class CheckpointError extends Schema.TaggedError<CheckpointError>()("CheckpointError", {
-  reason: Schema.Literals(["NotFound", "Incomplete", "Corrupt", "Mismatch", "NonFinite", "DiskFull", "Io"]),
   path: Schema.String,
-  message: Schema.String
-}) {}
+  reason: CheckpointErrorReason
+}) {
+  override get message(): string {
+    return this.reason.message
+  }
+}
+
+/** Each reason's class by its tag, for `checkpointError`; a reason left out is a compile error. */
+const reasons = { NotFound, Incomplete, Corrupt, Mismatch, NonFinite, DiskFull, Io } satisfies Record<
+  CheckpointErrorReason["_tag"],
+  unknown
+>
+
+/**
+ * The facts a reason carries besides its message (the `cause` of `Corrupt`, `DiskFull` and `Io`).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export type CheckpointErrorFacts<Tag extends CheckpointErrorReason["_tag"]> = Omit<
+  ConstructorParameters<(typeof reasons)[Tag]>[0],
+  "message"
+>
+
+/**
+ * A `CheckpointError` at `path` for the reason tagged `tag`: `checkpointError(dir, "NotFound", text)`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const checkpointError = <Tag extends CheckpointErrorReason["_tag"]>(
+  path: string,
+  tag: Tag,
+  message: string,
+  facts?: CheckpointErrorFacts<Tag>
+): CheckpointError => {
+  const Reason = reasons[tag] as new(fields: { readonly message: string }) => CheckpointErrorReason
+  return new CheckpointError({ path, reason: new Reason({ ...facts, message }) })
+}
 
 const io = (path: string) => (e: { readonly message: string }) =>
-  DiskFull.isDiskFull(e)
-    ? new CheckpointError({
-      reason: "DiskFull",
+  DiskFullCheck.isDiskFull(e)
+    ? checkpointError(
       path,
-      message: `${DiskFull.marker}: could not write ${path}; free space on its filesystem, then resume`
-    })
-    : new CheckpointError({ reason: "Io", path, message: e.message })
+      "DiskFull",
+      `${DiskFullCheck.marker}: could not write ${path}; free space on its filesystem, then resume`,
+      { cause: e }
+    )
+    : checkpointError(path, "Io", e.message, { cause: e })
 
 /**
  * FNV-1a over the bytes of every tensor, in name order: equal fingerprints mean bit-identical weights (with
@@ -132,7 +245,7 @@ export const save = Effect.fn("Checkpoint.save")(function*(dir: string, state: S
   const bad = firstNonFinite(state.weights.map((w) => [w.name, w.data] as const)) ??
     firstNonFinite(state.optimizer.m) ?? firstNonFinite(state.optimizer.v)
   if (bad !== undefined) {
-    return yield* new CheckpointError({ reason: "NonFinite", path: dir, message: `not saved: ${bad} is not finite` })
+    return yield* checkpointError(dir, "NonFinite", `not saved: ${bad} is not finite`)
   }
   yield* fs.makeDirectory(dir, { recursive: true }).pipe(Effect.mapError(io(dir)))
   const statePath = `${dir}/trainer_state.json`
@@ -169,24 +282,21 @@ const readTensors = Effect.fnUntraced(function*(
   expected: ReadonlyArray<{ readonly name: string; readonly shape: ReadonlyArray<number> }>
 ) {
   if (!(yield* fs.exists(path).pipe(Effect.mapError(io(path))))) {
-    return yield* new CheckpointError({ reason: "Incomplete", path, message: `${path} is missing` })
+    return yield* checkpointError(path, "Incomplete", `${path} is missing`)
   }
   const bytes = yield* fs.readFile(path).pipe(Effect.mapError(io(path)))
   const file = yield* Safetensors.parse(bytes, path).pipe(
-    Effect.mapError((e) => new CheckpointError({ reason: "Corrupt", path, message: e.message }))
+    Effect.mapError((e) => checkpointError(path, "Corrupt", e.message, { cause: e }))
   )
   const out = new Map<string, Float32Array>()
   for (const { name, shape } of expected) {
     const t = file.tensors.get(name)
     if (t === undefined) {
-      return yield* new CheckpointError({ reason: "Mismatch", path, message: `tensor ${name} is missing` })
+      return yield* checkpointError(path, "Mismatch", `tensor ${name} is missing`)
     }
     if (t.dtype !== "F32" || t.shape.length !== shape.length || t.shape.some((d, i) => d !== shape[i])) {
-      return yield* new CheckpointError({
-        reason: "Mismatch",
-        path,
-        message: `tensor ${name}: ${t.dtype} [${t.shape}] where F32 [${shape}] is expected`
-      })
+      const what = `tensor ${name}: ${t.dtype} [${t.shape}] where F32 [${shape}] is expected`
+      return yield* checkpointError(path, "Mismatch", what)
     }
     // Copy into a fresh aligned array (the bytes may be a view into a pooled Node Buffer).
     const data = new Float32Array(t.bytes.byteLength / 4)
@@ -195,7 +305,7 @@ const readTensors = Effect.fnUntraced(function*(
   }
   if (file.tensors.size !== expected.length) {
     const extra = [...file.tensors.keys()].filter((k) => !expected.some((e) => e.name === k))
-    return yield* new CheckpointError({ reason: "Mismatch", path, message: `unexpected tensors: ${extra.join(", ")}` })
+    return yield* checkpointError(path, "Mismatch", `unexpected tensors: ${extra.join(", ")}`)
   }
   return out
 })
@@ -212,15 +322,15 @@ export const load = Effect.fn("Checkpoint.load")(function*(
 ) {
   const fs = yield* FileSystem.FileSystem
   if (!(yield* fs.exists(dir).pipe(Effect.mapError(io(dir))))) {
-    return yield* new CheckpointError({ reason: "NotFound", path: dir, message: `no checkpoint at ${dir}` })
+    return yield* checkpointError(dir, "NotFound", `no checkpoint at ${dir}`)
   }
   const statePath = `${dir}/trainer_state.json`
   if (!(yield* fs.exists(statePath).pipe(Effect.mapError(io(statePath))))) {
-    return yield* new CheckpointError({ reason: "Incomplete", path: statePath, message: `${statePath} is missing` })
+    return yield* checkpointError(statePath, "Incomplete", `${statePath} is missing`)
   }
   const text = yield* fs.readFileString(statePath).pipe(Effect.mapError(io(statePath)))
   const meta = yield* decodeStateFile(text).pipe(
-    Effect.mapError((e) => new CheckpointError({ reason: "Corrupt", path: statePath, message: e.message }))
+    Effect.mapError((e) => checkpointError(statePath, "Corrupt", e.message, { cause: e }))
   )
   const modelPath = `${dir}/model.safetensors`
   const weights = yield* readTensors(fs, modelPath, expected)
@@ -231,15 +341,15 @@ export const load = Effect.fn("Checkpoint.load")(function*(
   )
   const bad = firstNonFinite(weights) ?? firstNonFinite(moments)
   if (bad !== undefined) {
-    return yield* new CheckpointError({ reason: "NonFinite", path: dir, message: `${dir}: ${bad} is not finite` })
+    return yield* checkpointError(dir, "NonFinite", `${dir}: ${bad} is not finite`)
   }
   const hash = fingerprint(weights)
   if (meta.weightsHash !== undefined && meta.weightsHash !== hash) {
-    return yield* new CheckpointError({
-      reason: "Corrupt",
-      path: modelPath,
-      message: `${modelPath} does not hold the weights saved (fingerprint ${hash}, saved ${meta.weightsHash})`
-    })
+    return yield* checkpointError(
+      modelPath,
+      "Corrupt",
+      `${modelPath} does not hold the weights saved (fingerprint ${hash}, saved ${meta.weightsHash})`
+    )
   }
   const optimizer: Optimizer.State = {
     step: meta.step,

@@ -80,29 +80,100 @@ export interface Options {
 // ===== Errors =====
 
 /**
+ * The file does not exist or cannot be read.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class Unreadable extends Schema.TaggedError<Unreadable>()("Unreadable", {
+  message: Schema.String,
+  path: Schema.String,
+  /** The file system's error. */
+  cause: Schema.optionalKey(Schema.Defect())
+}) {}
+
+/**
+ * Not a JSON array or JSONL at all.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class Malformed extends Schema.TaggedError<Malformed>()("Malformed", { message: Schema.String }) {}
+
+/**
+ * A row failed validation and `onInvalid` is "stop".
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class InvalidRow extends Schema.TaggedError<InvalidRow>()("InvalidRow", {
+  message: Schema.String,
+  /** The row's line in its file (1-based; a row of an in-memory list: its index + 1). */
+  line: Schema.Int
+}) {}
+
+/**
+ * No valid row.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class Empty extends Schema.TaggedError<Empty>()("Empty", { message: Schema.String }) {}
+
+/**
  * Why a dataset could not be loaded.
  *
  * @category errors
  * @since 0.1.0
  */
-export const DatasetErrorReason = Schema.Literals([
-  "Unreadable", // the file does not exist or cannot be read
-  "Malformed", // not a JSON array or JSONL at all
-  "InvalidRow", // a row failed validation and `onInvalid` is "stop"
-  "Empty" // no valid row
-])
+export const DatasetErrorReason = Schema.Union([Unreadable, Malformed, InvalidRow, Empty])
 export type DatasetErrorReason = typeof DatasetErrorReason.Type
 
 /**
+ * A dataset could not be loaded. Handle reasons with `Effect.catchReason("DatasetError", "InvalidRow", …)`;
+ * `message` is the reason's.
+ *
  * @category errors
  * @since 0.1.0
  */
 export class DatasetError extends Schema.TaggedError<DatasetError>()("DatasetError", {
   dataset: Schema.String,
-  reason: DatasetErrorReason,
-  line: Schema.optionalKey(Schema.Int),
-  message: Schema.String
-}) {}
+  reason: DatasetErrorReason
+}) {
+  override get message(): string {
+    return this.reason.message
+  }
+}
+
+/** Each reason's class by its tag, for `datasetError`; a reason left out is a compile error. */
+const reasons = { Unreadable, Malformed, InvalidRow, Empty } satisfies Record<DatasetErrorReason["_tag"], unknown>
+
+/**
+ * The facts a reason carries besides its message (`line` of `InvalidRow`, `path` and `cause` of `Unreadable`).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export type DatasetErrorFacts<Tag extends DatasetErrorReason["_tag"]> = Omit<
+  ConstructorParameters<(typeof reasons)[Tag]>[0],
+  "message"
+>
+
+/**
+ * A `DatasetError` of `dataset` for the reason tagged `tag`: `datasetError(name, "InvalidRow", text, { line })`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const datasetError = <Tag extends DatasetErrorReason["_tag"]>(
+  dataset: string,
+  tag: Tag,
+  message: string,
+  ...[facts]: {} extends DatasetErrorFacts<Tag> ? [facts?: DatasetErrorFacts<Tag>] : [facts: DatasetErrorFacts<Tag>]
+): DatasetError => {
+  const Reason = reasons[tag] as new(fields: { readonly message: string }) => DatasetErrorReason
+  return new DatasetError({ dataset, reason: new Reason({ ...facts, message }) })
+}
 
 // ===== Validation =====
 
@@ -234,7 +305,7 @@ export const parse = (name: string, text: string, options: Options = {}): Effect
     const isArray = text.trimStart().startsWith("[")
     const pieces = isArray ? splitJsonArray(text) : splitJsonl(text)
     if (pieces === undefined) {
-      return yield* new DatasetError({ dataset: name, reason: "Malformed", message: "unterminated JSON array" })
+      return yield* datasetError(name, "Malformed", "unterminated JSON array")
     }
     const rows: Array<Row> = []
     const skipped: Array<RowIssue> = []
@@ -245,16 +316,11 @@ export const parse = (name: string, text: string, options: Options = {}): Effect
       } else if (options.onInvalid === "skip") {
         skipped.push({ line: piece.line, message: result.failure })
       } else {
-        return yield* new DatasetError({
-          dataset: name,
-          reason: "InvalidRow",
-          line: piece.line,
-          message: `${name}:${piece.line}: ${result.failure}`
-        })
+        return yield* datasetError(name, "InvalidRow", `${name}:${piece.line}: ${result.failure}`, { line: piece.line })
       }
     }
     if (rows.length === 0) {
-      return yield* new DatasetError({ dataset: name, reason: "Empty", message: `${name}: no valid row` })
+      return yield* datasetError(name, "Empty", `${name}: no valid row`)
     }
     return { name, rows, skipped }
   })
@@ -269,13 +335,14 @@ export const load = Effect.fn("Dataset.load")(function*(path: string, options: O
   const fs = yield* FileSystem.FileSystem
   const text = yield* fs.readFileString(path).pipe(
     Effect.mapError((e) =>
-      new DatasetError({
-        dataset: path,
-        reason: "Unreadable",
-        message: `${options.from === undefined ? "" : `${options.from}: `}${path}: ${
+      datasetError(
+        path,
+        "Unreadable",
+        `${options.from === undefined ? "" : `${options.from}: `}${path}: ${
           e.reason._tag === "NotFound" ? "no such file" : e.message
-        }`
-      })
+        }`,
+        { path, cause: e }
+      )
     )
   )
   const dataset = yield* parse(path, text, options)
@@ -328,16 +395,12 @@ export const refine = (
       if (options.onInvalid === "skip") {
         skipped.push({ line: row.line, message })
       } else {
-        return yield* new DatasetError({
-          dataset: dataset.name,
-          reason: "InvalidRow",
-          line: row.line,
-          message: `${dataset.name}:${row.line}: ${message}`
-        })
+        const text = `${dataset.name}:${row.line}: ${message}`
+        return yield* datasetError(dataset.name, "InvalidRow", text, { line: row.line })
       }
     }
     if (rows.length === 0) {
-      return yield* new DatasetError({ dataset: dataset.name, reason: "Empty", message: `${dataset.name}: no valid row` })
+      return yield* datasetError(dataset.name, "Empty", `${dataset.name}: no valid row`)
     }
     return { name: dataset.name, rows, skipped, decodedBy: [...(dataset.decodedBy ?? []), fields] }
   })

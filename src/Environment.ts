@@ -158,21 +158,70 @@ export interface Provider<in out ROut, out E = never, out R = never> {
 // ===== Errors =====
 
 /**
- * Why an environment method failed.
- * - `Crashed`: the instance died (process exited, container gone); retryable on a fresh instance.
- * - `Timeout`: the method did not answer in time.
- * - `ResetFailed`: a new episode could not start.
- * - `InvalidAction`: the action was refused by the environment (the model should see this).
- * - `Unavailable`: no instance could be obtained (pool closed, lease lost).
+ * The instance died (process exited, container gone); retryable on a fresh instance.
  *
  * @category errors
  * @since 0.1.0
  */
-export const EnvErrorReason = Schema.Literals(["Crashed", "Timeout", "ResetFailed", "InvalidAction", "Unavailable"])
+export class Crashed extends Schema.TaggedError<Crashed>()("Crashed", {
+  message: Schema.String,
+  cause: Schema.optionalKey(Schema.Defect())
+}) {}
+
+/**
+ * The method did not answer in time.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class Timeout extends Schema.TaggedError<Timeout>()("Timeout", {
+  message: Schema.String,
+  /** How long the method was given, when one limit applied. */
+  timeoutMs: Schema.optionalKey(Schema.Number)
+}) {}
+
+/**
+ * A new episode could not start.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class ResetFailed extends Schema.TaggedError<ResetFailed>()("ResetFailed", {
+  message: Schema.String,
+  cause: Schema.optionalKey(Schema.Defect())
+}) {}
+
+/**
+ * The action was refused by the environment (the model should see this).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class InvalidAction extends Schema.TaggedError<InvalidAction>()("InvalidAction", { message: Schema.String }) {}
+
+/**
+ * No instance could be obtained (pool closed, lease lost, the container engine down).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class Unavailable extends Schema.TaggedError<Unavailable>()("Unavailable", {
+  message: Schema.String,
+  cause: Schema.optionalKey(Schema.Defect())
+}) {}
+
+/**
+ * Why an environment method failed.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export const EnvErrorReason = Schema.Union([Crashed, Timeout, ResetFailed, InvalidAction, Unavailable])
 export type EnvErrorReason = typeof EnvErrorReason.Type
 
 /**
- * A failed environment method.
+ * A failed environment method. Handle reasons with `Effect.catchReason("EnvError", "Crashed", …)`; `message` is
+ * the reason's.
  *
  * @category errors
  * @since 0.1.0
@@ -180,12 +229,50 @@ export type EnvErrorReason = typeof EnvErrorReason.Type
 export class EnvError extends Schema.TaggedError<EnvError>()("EnvError", {
   env: Schema.String,
   method: Schema.String,
-  reason: EnvErrorReason,
-  message: Schema.String
+  reason: EnvErrorReason
 }) {
   get isRetryable(): boolean {
-    return this.reason === "Crashed" || this.reason === "Timeout" || this.reason === "Unavailable"
+    const tag = this.reason._tag
+    return tag === "Crashed" || tag === "Timeout" || tag === "Unavailable"
   }
+  override get message(): string {
+    return this.reason.message
+  }
+}
+
+/** Each reason's class by its tag, for `envError`; a reason left out is a compile error. */
+const reasons = { Crashed, Timeout, ResetFailed, InvalidAction, Unavailable } satisfies Record<
+  EnvErrorReason["_tag"],
+  unknown
+>
+
+/**
+ * The facts a reason carries besides its message (`cause`, `timeoutMs` of `Timeout`).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export type EnvErrorFacts<Tag extends EnvErrorReason["_tag"]> = Omit<
+  ConstructorParameters<(typeof reasons)[Tag]>[0],
+  "message"
+>
+
+/**
+ * An `EnvError` of `env`'s method `method` for the reason tagged `tag`:
+ * `envError("python", "exec", "Timeout", text, { timeoutMs })`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const envError = <Tag extends EnvErrorReason["_tag"]>(
+  env: string,
+  method: string,
+  tag: Tag,
+  message: string,
+  facts?: EnvErrorFacts<Tag>
+): EnvError => {
+  const Reason = reasons[tag] as new(fields: { readonly message: string }) => EnvErrorReason
+  return new EnvError({ env, method, reason: new Reason({ ...facts, message }) })
 }
 
 // ===== Constructors =====

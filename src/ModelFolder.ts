@@ -20,28 +20,139 @@ import * as Tokenizer from "./Tokenizer.ts"
 // ===== Models =====
 
 /**
+ * The folder or a required file is missing.
+ *
  * @category errors
  * @since 0.1.0
  */
-export const ModelFolderErrorReason = Schema.Literals([
-  "NotFound", // the folder or a required file is missing
-  "InvalidConfig", // config.json is not valid JSON or not a valid Qwen2 config
-  "InvalidWeights", // model.safetensors is corrupt or does not match the config
-  "InvalidTokenizer", // tokenizer files are unusable, or the tokenizer has ids outside the model's vocabulary
-  "InvalidTemplate", // no usable chat template
-  "Io" // reading or writing failed
-])
+export class NotFound extends Schema.TaggedError<NotFound>()("NotFound", {
+  message: Schema.String,
+  cause: Schema.optionalKey(Schema.Defect())
+}) {}
 
 /**
+ * `config.json` is not valid JSON or not a valid Qwen2 config.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class InvalidConfig extends Schema.TaggedError<InvalidConfig>()("InvalidConfig", {
+  message: Schema.String,
+  cause: Schema.optionalKey(Schema.Defect())
+}) {}
+
+/**
+ * `model.safetensors` is corrupt, does not match the config, or holds NaN or ±Infinity (`tensor`: the one at fault,
+ * when one is; for non-finite values, `index` of the first and `count` of them in that tensor).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class InvalidWeights extends Schema.TaggedError<InvalidWeights>()("InvalidWeights", {
+  message: Schema.String,
+  tensor: Schema.optionalKey(Schema.String),
+  index: Schema.optionalKey(Schema.Int),
+  count: Schema.optionalKey(Schema.Int),
+  cause: Schema.optionalKey(Schema.Defect())
+}) {}
+
+/**
+ * The tokenizer files are unusable, or the tokenizer has ids outside the model's vocabulary.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class InvalidTokenizer extends Schema.TaggedError<InvalidTokenizer>()("InvalidTokenizer", {
+  message: Schema.String,
+  cause: Schema.optionalKey(Schema.Defect())
+}) {}
+
+/**
+ * No usable chat template.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class InvalidTemplate extends Schema.TaggedError<InvalidTemplate>()("InvalidTemplate", {
+  message: Schema.String,
+  cause: Schema.optionalKey(Schema.Defect())
+}) {}
+
+/**
+ * Reading or writing failed.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class Io extends Schema.TaggedError<Io>()("Io", {
+  message: Schema.String,
+  cause: Schema.optionalKey(Schema.Defect())
+}) {}
+
+/**
+ * Why a model folder could not be read or written.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export const ModelFolderErrorReason = Schema.Union([
+  NotFound,
+  InvalidConfig,
+  InvalidWeights,
+  InvalidTokenizer,
+  InvalidTemplate,
+  Io
+])
+export type ModelFolderErrorReason = typeof ModelFolderErrorReason.Type
+
+/**
+ * A model folder's `file` could not be read or written. Handle reasons with
+ * `Effect.catchReason("ModelFolderError", "NotFound", …)`; `message` is the reason's.
+ *
  * @category errors
  * @since 0.1.0
  */
 export class ModelFolderError extends Schema.TaggedError<ModelFolderError>()("ModelFolderError", {
-  reason: ModelFolderErrorReason,
   file: Schema.String,
-  tensor: Schema.optionalKey(Schema.String),
-  message: Schema.String
-}) {}
+  reason: ModelFolderErrorReason
+}) {
+  override get message(): string {
+    return this.reason.message
+  }
+}
+
+/** Each reason's class by its tag, for `modelFolderError`; a reason left out is a compile error. */
+const reasons = { NotFound, InvalidConfig, InvalidWeights, InvalidTokenizer, InvalidTemplate, Io } satisfies Record<
+  ModelFolderErrorReason["_tag"],
+  unknown
+>
+
+/**
+ * The facts a reason carries besides its message (`cause`, the `tensor` of `InvalidWeights`).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export type ModelFolderErrorFacts<Tag extends ModelFolderErrorReason["_tag"]> = Omit<
+  ConstructorParameters<(typeof reasons)[Tag]>[0],
+  "message"
+>
+
+/**
+ * A `ModelFolderError` of `file` for the reason tagged `tag`: `modelFolderError(file, "NotFound", text, { cause })`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const modelFolderError = <Tag extends ModelFolderErrorReason["_tag"]>(
+  file: string,
+  tag: Tag,
+  message: string,
+  facts?: ModelFolderErrorFacts<Tag>
+): ModelFolderError => {
+  const Reason = reasons[tag] as new(fields: { readonly message: string }) => ModelFolderErrorReason
+  return new ModelFolderError({ file, reason: new Reason({ ...facts, message }) })
+}
 
 /**
  * A loaded model folder.
@@ -66,7 +177,7 @@ export interface ModelFolder {
 const parseJson = (text: string, file: string) =>
   Effect.try({
     try: () => JSON.parse(text) as unknown,
-    catch: () => new ModelFolderError({ reason: "InvalidConfig", file, message: `${file} is not valid JSON` })
+    catch: (cause) => modelFolderError(file, "InvalidConfig", `${file} is not valid JSON`, { cause })
   })
 
 /**
@@ -80,10 +191,10 @@ export const readConfig = Effect.fn("ModelFolder.readConfig")(function*(dir: str
   const path = yield* Path.Path
   const file = path.join(dir, "config.json")
   const text = yield* fs.readFileString(file).pipe(
-    Effect.mapError(() => new ModelFolderError({ reason: "NotFound", file, message: `cannot read ${file}` }))
+    Effect.mapError((cause) => modelFolderError(file, "NotFound", `cannot read ${file}`, { cause }))
   )
   return yield* ModelConfig.decode(yield* parseJson(text, file)).pipe(
-    Effect.mapError((e) => new ModelFolderError({ reason: "InvalidConfig", file, message: `${file}: ${e.message}` }))
+    Effect.mapError((e) => modelFolderError(file, "InvalidConfig", `${file}: ${e.message}`, { cause: e }))
   )
 })
 
@@ -102,13 +213,14 @@ export const readWeights = Effect.fn("ModelFolder.readWeights")(function*(
   const path = yield* Path.Path
   const file = path.join(dir, "model.safetensors")
   const bytes = yield* fs.readFile(file).pipe(
-    Effect.mapError(() => new ModelFolderError({ reason: "NotFound", file, message: `cannot read ${file}` }))
+    Effect.mapError((cause) => modelFolderError(file, "NotFound", `cannot read ${file}`, { cause }))
   )
   const invalid = (e: Safetensors.SafetensorsError) =>
-    new ModelFolderError(
-      e.tensor === undefined ?
-        { reason: "InvalidWeights", file, message: e.message } :
-        { reason: "InvalidWeights", file, tensor: e.tensor, message: e.message }
+    modelFolderError(
+      file,
+      "InvalidWeights",
+      e.message,
+      e.tensor === undefined ? { cause: e } : { tensor: e.tensor, cause: e }
     )
   const parsed = yield* Safetensors.parse(bytes, file).pipe(Effect.mapError(invalid))
   const weights: Qwen2.Weights = yield* Safetensors.readFloat32(parsed, file, Qwen2.parameters(config)).pipe(
@@ -118,7 +230,11 @@ export const readWeights = Effect.fn("ModelFolder.readWeights")(function*(
   const bad = Finite.firstNonFinite(weights)
   if (bad !== undefined) {
     const message = `${file}: ${Finite.describe(bad)}`
-    return yield* new ModelFolderError({ reason: "InvalidWeights", file, tensor: bad.tensor, message })
+    return yield* modelFolderError(file, "InvalidWeights", message, {
+      tensor: bad.tensor,
+      index: bad.index,
+      count: bad.count
+    })
   }
   return weights
 })
@@ -138,7 +254,7 @@ const stopIds = Effect.fnUntraced(function*(
   const file = path.join(dir, "generation_config.json")
   if (yield* fs.exists(file).pipe(Effect.orElseSucceed(() => false))) {
     const text = yield* fs.readFileString(file).pipe(
-      Effect.mapError(() => new ModelFolderError({ reason: "Io", file, message: `cannot read ${file}` }))
+      Effect.mapError((cause) => modelFolderError(file, "Io", `cannot read ${file}`, { cause }))
     )
     const eos = ((yield* parseJson(text, file)) as { eos_token_id?: unknown } | null)?.eos_token_id
     for (const id of Array.isArray(eos) ? eos : [eos]) if (Number.isInteger(id)) ids.add(id as number)
@@ -159,27 +275,21 @@ export const load = Effect.fn("ModelFolder.load")(function*(dir: string) {
   const tokenizerFile = path.join(dir, "tokenizer.json")
   const tokenizer = yield* Tokenizer.load(dir).pipe(
     Effect.mapError((e) =>
-      new ModelFolderError({
-        reason: e.reason === "NotFound" ? "NotFound" : "InvalidTokenizer",
-        file: tokenizerFile,
-        message: e.message
+      modelFolderError(tokenizerFile, e.reason._tag === "NotFound" ? "NotFound" : "InvalidTokenizer", e.message, {
+        cause: e
       })
     )
   )
   if (tokenizer.vocabSize > config.vocabSize) {
-    return yield* new ModelFolderError({
-      reason: "InvalidTokenizer",
-      file: tokenizerFile,
-      message: `the tokenizer has ${tokenizer.vocabSize} ids but config.json's vocab_size is ${config.vocabSize}`
-    })
+    return yield* modelFolderError(
+      tokenizerFile,
+      "InvalidTokenizer",
+      `the tokenizer has ${tokenizer.vocabSize} ids but config.json's vocab_size is ${config.vocabSize}`
+    )
   }
   const template = yield* ChatTemplate.load(dir).pipe(
     Effect.mapError((e) =>
-      new ModelFolderError({
-        reason: "InvalidTemplate",
-        file: path.join(dir, "tokenizer_config.json"),
-        message: e.message
-      })
+      modelFolderError(path.join(dir, "tokenizer_config.json"), "InvalidTemplate", e.message, { cause: e })
     )
   )
   const stopTokenIds = yield* stopIds(dir, tokenizer, template)
@@ -203,7 +313,7 @@ export const writeModel = Effect.fn("ModelFolder.writeModel")(function*(
 ) {
   const fs = yield* FileSystem.FileSystem
   const path = yield* Path.Path
-  const io = (file: string) => () => new ModelFolderError({ reason: "Io", file, message: `cannot write ${file}` })
+  const io = (file: string) => (cause: unknown) => modelFolderError(file, "Io", `cannot write ${file}`, { cause })
   yield* fs.makeDirectory(dir, { recursive: true }).pipe(Effect.mapError(io(dir)))
   const tensors = Qwen2.parameters(config).map((spec) => ({
     name: spec.name,
@@ -212,12 +322,8 @@ export const writeModel = Effect.fn("ModelFolder.writeModel")(function*(
   }))
   const missing = tensors.find((t) => t.data === undefined)
   if (missing !== undefined) {
-    return yield* new ModelFolderError({
-      reason: "InvalidWeights",
-      file: path.join(dir, "model.safetensors"),
-      tensor: missing.name,
-      message: `no weights for ${missing.name}`
-    })
+    const file = path.join(dir, "model.safetensors")
+    return yield* modelFolderError(file, "InvalidWeights", `no weights for ${missing.name}`, { tensor: missing.name })
   }
   const configFile = path.join(dir, "config.json"), weightsFile = path.join(dir, "model.safetensors")
   yield* fs.writeFileString(configFile, JSON.stringify(ModelConfig.toJson(config), null, 2) + "\n").pipe(
@@ -262,16 +368,16 @@ export const init = Effect.fn("ModelFolder.init")(function*(dir: string, options
   }
   yield* writeModel(dir, config, Qwen2.initWeights(config, options.seed ?? 0))
   yield* ByteTokenizer.writeModelFiles(dir, { chatTemplate: ChatTemplate.templates["qwen2.5"] }).pipe(
-    Effect.mapError(() =>
-      new ModelFolderError({ reason: "Io", file: dir, message: `cannot write tokenizer files in ${dir}` })
+    Effect.mapError((cause) =>
+      modelFolderError(dir, "Io", `cannot write tokenizer files in ${dir}`, { cause })
     )
   )
   const generationFile = path.join(dir, "generation_config.json")
   yield* fs.writeFileString(
     generationFile,
     JSON.stringify({ eos_token_id: [eos, endOfText], pad_token_id: endOfText, do_sample: true }, null, 2) + "\n"
-  ).pipe(Effect.mapError(() =>
-    new ModelFolderError({ reason: "Io", file: generationFile, message: `cannot write ${generationFile}` })
+  ).pipe(Effect.mapError((cause) =>
+    modelFolderError(generationFile, "Io", `cannot write ${generationFile}`, { cause })
   ))
   return config
 })

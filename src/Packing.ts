@@ -137,15 +137,90 @@ export interface Options {
 }
 
 /**
+ * A sequence is longer than the model's positions or the token budget.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class SequenceTooLong extends Schema.TaggedError<SequenceTooLong>()("SequenceTooLong", {
+  message: Schema.String,
+  /** Its index. */
+  sequence: Schema.Int,
+  /** Its length. */
+  tokens: Schema.Int
+}) {}
+
+/**
+ * A sequence's arrays do not have one entry per token.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class ShapeMismatch extends Schema.TaggedError<ShapeMismatch>()("ShapeMismatch", { message: Schema.String }) {}
+
+/**
+ * The token budget or the multiple is not positive.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class BadBudget extends Schema.TaggedError<BadBudget>()("BadBudget", { message: Schema.String }) {}
+
+/**
  * Why packing failed.
  *
  * @category errors
  * @since 0.1.0
  */
+export const PackingErrorReason = Schema.Union([SequenceTooLong, ShapeMismatch, BadBudget])
+export type PackingErrorReason = typeof PackingErrorReason.Type
+
+/**
+ * Packing failed. `message` is the reason's. Handle reasons with
+ * `Effect.catchReason("PackingError", "SequenceTooLong", …)`.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
 export class PackingError extends Schema.TaggedError<PackingError>()("PackingError", {
-  reason: Schema.Literals(["SequenceTooLong", "ShapeMismatch", "BadBudget"]),
-  message: Schema.String
-}) {}
+  reason: PackingErrorReason
+}) {
+  override get message(): string {
+    return this.reason.message
+  }
+}
+
+/** Each reason's class by its tag, for `packingError`; a reason left out is a compile error. */
+const reasons = { SequenceTooLong, ShapeMismatch, BadBudget } satisfies Record<
+  PackingErrorReason["_tag"],
+  unknown
+>
+
+/**
+ * The facts a reason carries besides its message.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export type PackingErrorFacts<Tag extends PackingErrorReason["_tag"]> = Omit<
+  ConstructorParameters<(typeof reasons)[Tag]>[0],
+  "message"
+>
+
+/**
+ * A `PackingError` of the reason tagged `tag`: `packingError("SequenceTooLong", text, { sequence, tokens })`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const packingError = <Tag extends PackingErrorReason["_tag"]>(
+  tag: Tag,
+  message: string,
+  facts?: PackingErrorFacts<Tag>
+): PackingError => {
+  const Reason = reasons[tag] as new(fields: { readonly message: string }) => PackingErrorReason
+  return new PackingError({ reason: new Reason({ ...facts, message }) })
+}
 
 // ===== Constructors =====
 
@@ -185,7 +260,7 @@ const roundUp = (n: number, multiple: number) => Math.ceil(n / multiple) * multi
 const check = (sequences: ReadonlyArray<Sequence>, options: Options, multiple: number): PackingError | undefined => {
   if (!(options.tokenBudget > 0) || !(multiple > 0)) {
     const message = `token budget ${options.tokenBudget}, multiple ${multiple}`
-    return new PackingError({ reason: "BadBudget", message })
+    return packingError("BadBudget", message)
   }
   for (const [i, s] of sequences.entries()) {
     const n = s.tokenIds.length
@@ -195,22 +270,22 @@ const check = (sequences: ReadonlyArray<Sequence>, options: Options, multiple: n
     ], ["refLogprobs", s.refLogprobs]] as const) {
       if (a !== undefined && a.length !== n) {
         const message = `sequence ${i}: ${name} has ${a.length} entries, ${n} tokens`
-        return new PackingError({ reason: "ShapeMismatch", message })
+        return packingError("ShapeMismatch", message)
       }
     }
     if (options.maxLength !== undefined && n > options.maxLength) {
-      return new PackingError({
-        reason: "SequenceTooLong",
-        message: `sequence ${i} has ${n} tokens, more than the model's ${options.maxLength} positions`
-      })
+      return packingError(
+        "SequenceTooLong",
+        `sequence ${i} has ${n} tokens, more than the model's ${options.maxLength} positions`,
+        { sequence: i, tokens: n }
+      )
     }
     if (roundUp(n, multiple) > options.tokenBudget) {
-      return new PackingError({
-        reason: "SequenceTooLong",
-        message: `sequence ${i} has ${n} tokens (padded ${roundUp(n, multiple)}), over the budget of ${
-          options.tokenBudget
-        }`
-      })
+      return packingError(
+        "SequenceTooLong",
+        `sequence ${i} has ${n} tokens (padded ${roundUp(n, multiple)}), over the budget of ${options.tokenBudget}`,
+        { sequence: i, tokens: n }
+      )
     }
   }
   return undefined

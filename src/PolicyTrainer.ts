@@ -68,38 +68,190 @@ export interface CheckpointMeta {
 }
 
 /**
+ * The micro-batch is malformed (array sizes, token ids outside the vocabulary).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class BadBatch extends Schema.TaggedError<BadBatch>()("BadBatch", { message: Schema.String }) {}
+
+/**
+ * The training graph could not be built (autodiff).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class Graph extends Schema.TaggedError<Graph>()("Graph", {
+  message: Schema.String,
+  cause: Schema.optionalKey(Schema.Defect())
+}) {}
+
+/**
+ * onnxruntime could not create a session (e.g. the execution provider is missing).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class Session extends Schema.TaggedError<Session>()("Session", {
+  message: Schema.String,
+  cause: Schema.optionalKey(Schema.Defect())
+}) {}
+
+/**
+ * onnxruntime failed while running.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class Run extends Schema.TaggedError<Run>()("Run", {
+  message: Schema.String,
+  cause: Schema.optionalKey(Schema.Defect())
+}) {}
+
+/**
+ * NaN/Inf gradients: the update was skipped and the accumulators cleared.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class NonFiniteGradient extends Schema.TaggedError<NonFiniteGradient>()("NonFiniteGradient", {
+  message: Schema.String
+}) {}
+
+/**
+ * `optimStep` without a `forwardBackward` since the last step.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class NothingAccumulated extends Schema.TaggedError<NothingAccumulated>()("NothingAccumulated", {
+  message: Schema.String
+}) {}
+
+/**
+ * Saving or loading failed.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class Checkpoint extends Schema.TaggedError<Checkpoint>()("Checkpoint", {
+  message: Schema.String,
+  cause: Schema.optionalKey(Schema.Defect())
+}) {}
+
+/**
+ * A remote trainer could not be reached (for longer than its retry window).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class Unavailable extends Schema.TaggedError<Unavailable>()("Unavailable", {
+  message: Schema.String,
+  cause: Schema.optionalKey(Schema.Defect())
+}) {}
+
+/**
+ * A remote trainer refused the call or lost the run's state (it restarted): resume from a checkpoint.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class Remote extends Schema.TaggedError<Remote>()("Remote", { message: Schema.String }) {}
+
+/**
  * Why a trainer call failed.
  *
  * @category errors
  * @since 0.1.0
  */
-export const PolicyTrainerErrorReason = Schema.Literals([
-  "BadBatch", // the micro-batch is malformed (array sizes, token ids outside the vocabulary)
-  "Graph", // the training graph could not be built (autodiff)
-  "Session", // onnxruntime could not create a session (e.g. the execution provider is missing)
-  "Run", // onnxruntime failed while running
-  "NonFiniteGradient", // NaN/Inf gradients: the update was skipped and the accumulators cleared
-  "NothingAccumulated", // optimStep without a forwardBackward since the last step
-  "Checkpoint", // saving or loading failed
-  "Unavailable", // a remote trainer could not be reached (for longer than its retry window)
-  "Remote" // a remote trainer refused the call or lost the run's state (it restarted): resume from a checkpoint
+export const PolicyTrainerErrorReason = Schema.Union([
+  BadBatch,
+  Graph,
+  Session,
+  Run,
+  NonFiniteGradient,
+  NothingAccumulated,
+  Checkpoint,
+  Unavailable,
+  Remote
 ])
 export type PolicyTrainerErrorReason = typeof PolicyTrainerErrorReason.Type
 
 /**
- * A failed trainer call.
+ * A failed trainer call. Handle reasons with `Effect.catchReason("PolicyTrainerError", "NonFiniteGradient", …)`;
+ * `message` is the reason's.
  *
  * @category errors
  * @since 0.1.0
  */
 export class PolicyTrainerError extends Schema.TaggedError<PolicyTrainerError>()("PolicyTrainerError", {
-  reason: PolicyTrainerErrorReason,
-  message: Schema.String
+  reason: PolicyTrainerErrorReason
 }) {
   /** A skipped non-finite step can be retried with the next batch; the others need a fix. */
   get isRetryable(): boolean {
-    return this.reason === "NonFiniteGradient"
+    return this.reason._tag === "NonFiniteGradient"
   }
+  override get message(): string {
+    return this.reason.message
+  }
+  /** The same error, its reason's cause kept, saying `message`. */
+  withMessage(message: string): PolicyTrainerError {
+    const { cause } = this.reason
+    const Reason = reasons[this.reason._tag] as new(fields: {
+      readonly message: string
+      readonly cause?: unknown
+    }) => PolicyTrainerErrorReason
+    return new PolicyTrainerError({ reason: new Reason(cause === undefined ? { message } : { message, cause }) })
+  }
+}
+
+/** Each reason's class by its tag, for `policyTrainerError`; a reason left out is a compile error. */
+const reasons = {
+  BadBatch,
+  Graph,
+  Session,
+  Run,
+  NonFiniteGradient,
+  NothingAccumulated,
+  Checkpoint,
+  Unavailable,
+  Remote
+} satisfies Record<PolicyTrainerErrorReason["_tag"], unknown>
+
+/**
+ * Whether `tag` names a reason (a remote trainer's or a worker thread's answer carries the tag as text).
+ *
+ * @category guards
+ * @since 0.1.0
+ */
+export const isPolicyTrainerErrorTag = (tag: string): tag is PolicyTrainerErrorReason["_tag"] =>
+  Object.hasOwn(reasons, tag)
+
+/**
+ * The facts a reason carries besides its message (the `cause` of `Graph`, `Session`, `Run`, `Checkpoint`,
+ * `Unavailable`).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export type PolicyTrainerErrorFacts<Tag extends PolicyTrainerErrorReason["_tag"]> = Omit<
+  ConstructorParameters<(typeof reasons)[Tag]>[0],
+  "message"
+>
+
+/**
+ * A `PolicyTrainerError` of the reason tagged `tag`: `policyTrainerError("Run", text, { cause })`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const policyTrainerError = <Tag extends PolicyTrainerErrorReason["_tag"]>(
+  tag: Tag,
+  message: string,
+  facts?: PolicyTrainerErrorFacts<Tag>
+): PolicyTrainerError => {
+  const Reason = reasons[tag] as new(fields: { readonly message: string }) => PolicyTrainerErrorReason
+  return new PolicyTrainerError({ reason: new Reason({ ...facts, message }) })
 }
 
 // ===== Service =====

@@ -340,7 +340,7 @@ export class LeaseError extends Schema.TaggedError<LeaseError>()("LeaseError", {
  * @category guards
  * @since 0.1.0
  */
-export const isCrash = (u: unknown): u is EnvError => u instanceof EnvError && u.reason === "Crashed"
+export const isCrash = (u: unknown): u is EnvError => u instanceof EnvError && u.reason._tag === "Crashed"
 
 // ===== Backends =====
 

@@ -122,33 +122,126 @@ export type Requirements<T> = T extends Reward<infer R> ? R : never
 // ===== Errors =====
 
 /**
- * Why a reward could not score a trajectory.
- * - `InvalidRow`: a row field the reward reads is missing or mistyped.
- * - `ScoreFailed`: the scorer failed (e.g. the sandbox it re-checks in crashed).
- * - `InvalidScore`: the scorer returned a non-finite reward or metric.
- * - `Timeout`: the scorer did not finish in time.
- * - `Defect`: the scorer threw (a bug in the reward).
+ * A row field the reward reads is missing or mistyped.
  *
  * @category errors
  * @since 0.1.0
  */
-export const RewardErrorReason = Schema.Literals(["InvalidRow", "ScoreFailed", "InvalidScore", "Timeout", "Defect"])
+export class InvalidRow extends Schema.TaggedError<InvalidRow>()("InvalidRow", {
+  message: Schema.String,
+  /** The row Schema's error. */
+  cause: Schema.optionalKey(Schema.Defect())
+}) {}
+
+/**
+ * The scorer failed (e.g. the sandbox it re-checks in crashed, the judge is down).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class ScoreFailed extends Schema.TaggedError<ScoreFailed>()("ScoreFailed", {
+  message: Schema.String,
+  /** The scorer's failure. */
+  cause: Schema.optionalKey(Schema.Defect())
+}) {}
+
+/**
+ * The scorer returned a non-finite reward or metric, or not a score at all.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class InvalidScore extends Schema.TaggedError<InvalidScore>()("InvalidScore", { message: Schema.String }) {}
+
+/**
+ * The scorer did not finish in time.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class Timeout extends Schema.TaggedError<Timeout>()("Timeout", {
+  message: Schema.String,
+  timeoutMs: Schema.optionalKey(Schema.Number)
+}) {}
+
+/**
+ * The scorer threw or died (a bug in the reward).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class Defect extends Schema.TaggedError<Defect>()("Defect", {
+  message: Schema.String,
+  cause: Schema.optionalKey(Schema.Defect())
+}) {}
+
+/**
+ * Why a reward could not score a trajectory.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export const RewardErrorReason = Schema.Union([InvalidRow, ScoreFailed, InvalidScore, Timeout, Defect])
 export type RewardErrorReason = typeof RewardErrorReason.Type
 
 /**
- * A reward that could not score a trajectory.
+ * A reward that could not score a trajectory. Handle reasons with `Effect.catchReason("RewardError", "Timeout", …)`;
+ * `message` is the reason's.
  *
  * @category errors
  * @since 0.1.0
  */
 export class RewardError extends Schema.TaggedError<RewardError>()("RewardError", {
   reward: Schema.String,
-  reason: RewardErrorReason,
-  message: Schema.String
+  reason: RewardErrorReason
 }) {
   get isRetryable(): boolean {
-    return this.reason === "Timeout" || this.reason === "ScoreFailed"
+    return this.reason._tag === "Timeout" || this.reason._tag === "ScoreFailed"
   }
+  override get message(): string {
+    return this.reason.message
+  }
+  /** The same error, its reason's facts and cause kept, saying `message`. */
+  withMessage(message: string): RewardError {
+    const { cause } = this.reason
+    return rewardError(this.reward, this.reason._tag, message, {
+      ...(this.reason as RewardErrorFacts<RewardErrorReason["_tag"]>),
+      ...(cause === undefined ? {} : { cause })
+    })
+  }
+}
+
+/** Each reason's class by its tag, for `rewardError`; a reason left out is a compile error. */
+const reasons = { InvalidRow, ScoreFailed, InvalidScore, Timeout, Defect } satisfies Record<
+  RewardErrorReason["_tag"],
+  unknown
+>
+
+/**
+ * The facts a reason carries besides its message (`cause`, `timeoutMs` of `Timeout`).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export type RewardErrorFacts<Tag extends RewardErrorReason["_tag"]> = Omit<
+  ConstructorParameters<(typeof reasons)[Tag]>[0],
+  "message"
+>
+
+/**
+ * A `RewardError` of `reward` for the reason tagged `tag`: `rewardError(name, "ScoreFailed", text, { cause })`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const rewardError = <Tag extends RewardErrorReason["_tag"]>(
+  reward: string,
+  tag: Tag,
+  message: string,
+  facts?: RewardErrorFacts<Tag>
+): RewardError => {
+  const Reason = reasons[tag] as new(fields: { readonly message: string }) => RewardErrorReason
+  return new RewardError({ reward, reason: new Reason({ ...facts, message }) })
 }
 
 // ===== Constructors =====
@@ -254,21 +347,23 @@ export const make = <
             onNone: () => "invalid row",
             onSome: (e) => formatSchemaIssues((e as Schema.SchemaError).message)
           })
-          return Effect.fail(
-            new RewardError({ reward: name, reason: "InvalidRow", message: `reward "${name}": dataset row ${detail}` })
-          )
+          const facts = Option.match(Cause.findErrorOption(row.cause), {
+            onNone: () => ({}),
+            onSome: (cause) => ({ cause })
+          })
+          return Effect.fail(rewardError(name, "InvalidRow", `reward "${name}": dataset row ${detail}`, facts))
         }
         const response = input.response ?? Trajectory.finalResponse(input.trajectory)
         return options.score({ trajectory: input.trajectory, response, row: row.value as Row["Type"] }).pipe(
           Effect.mapError((error) =>
             error instanceof RewardError
               ? error
-              : new RewardError({ reward: name, reason: "ScoreFailed", message: describeFailure(error) })
+              : rewardError(name, "ScoreFailed", describeFailure(error), { cause: error })
           ),
           Effect.flatMap((raw) => {
             const outcome = finishScore(name, raw)
             return typeof outcome === "string"
-              ? Effect.fail(new RewardError({ reward: name, reason: "InvalidScore", message: outcome }))
+              ? Effect.fail(rewardError(name, "InvalidScore", outcome))
               : Effect.succeed(outcome)
           })
         )

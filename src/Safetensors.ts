@@ -56,29 +56,136 @@ export interface File {
 }
 
 /**
+ * Truncated, a bad header, offsets outside the data or overlapping (`tensor`: the entry at fault, when one is).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class Corrupt extends Schema.TaggedError<Corrupt>()("Corrupt", {
+  message: Schema.String,
+  tensor: Schema.optionalKey(Schema.String)
+}) {}
+
+/**
+ * A tensor the model needs is absent.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class MissingTensor extends Schema.TaggedError<MissingTensor>()("MissingTensor", {
+  message: Schema.String,
+  tensor: Schema.String,
+  /** The shape the model needs. */
+  expected: Schema.Array(Schema.Int)
+}) {}
+
+/**
+ * A tensor the model does not have.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class UnexpectedTensor extends Schema.TaggedError<UnexpectedTensor>()("UnexpectedTensor", {
+  message: Schema.String,
+  tensor: Schema.String
+}) {}
+
+/**
+ * A tensor present with the wrong shape.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class ShapeMismatch extends Schema.TaggedError<ShapeMismatch>()("ShapeMismatch", {
+  message: Schema.String,
+  tensor: Schema.String,
+  /** The tensor's shape in the file. */
+  shape: Schema.Array(Schema.Int),
+  /** The shape the model needs. */
+  expected: Schema.Array(Schema.Int)
+}) {}
+
+/**
+ * A tensor present with a dtype that cannot be used.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class DTypeMismatch extends Schema.TaggedError<DTypeMismatch>()("DTypeMismatch", {
+  message: Schema.String,
+  tensor: Schema.String,
+  dtype: Schema.String
+}) {}
+
+/**
  * Why a safetensors file was rejected.
  *
  * @category errors
  * @since 0.1.0
  */
-export const SafetensorsErrorReason = Schema.Literals([
-  "Corrupt", // truncated, bad header, offsets outside the data or overlapping
-  "MissingTensor", // a tensor the model needs is absent
-  "UnexpectedTensor", // a tensor the model does not have
-  "ShapeMismatch", // present with the wrong shape
-  "DTypeMismatch" // present with a dtype that cannot be used
+export const SafetensorsErrorReason = Schema.Union([
+  Corrupt,
+  MissingTensor,
+  UnexpectedTensor,
+  ShapeMismatch,
+  DTypeMismatch
 ])
+export type SafetensorsErrorReason = typeof SafetensorsErrorReason.Type
 
 /**
+ * A safetensors `file` was rejected. Handle reasons with
+ * `Effect.catchReason("SafetensorsError", "MissingTensor", …)`; `message` is the reason's.
+ *
  * @category errors
  * @since 0.1.0
  */
 export class SafetensorsError extends Schema.TaggedError<SafetensorsError>()("SafetensorsError", {
-  reason: SafetensorsErrorReason,
   file: Schema.String,
-  tensor: Schema.optionalKey(Schema.String),
-  message: Schema.String
-}) {}
+  reason: SafetensorsErrorReason
+}) {
+  override get message(): string {
+    return this.reason.message
+  }
+  /** The tensor at fault, when one is. */
+  get tensor(): string | undefined {
+    return this.reason.tensor
+  }
+}
+
+/** Each reason's class by its tag, for `safetensorsError`; a reason left out is a compile error. */
+const reasons = { Corrupt, MissingTensor, UnexpectedTensor, ShapeMismatch, DTypeMismatch } satisfies Record<
+  SafetensorsErrorReason["_tag"],
+  unknown
+>
+
+/**
+ * The facts a reason carries besides its message (`tensor`, the shapes of `ShapeMismatch`, `dtype`).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export type SafetensorsErrorFacts<Tag extends SafetensorsErrorReason["_tag"]> = Omit<
+  ConstructorParameters<(typeof reasons)[Tag]>[0],
+  "message"
+>
+
+/**
+ * A `SafetensorsError` of `file` for the reason tagged `tag`: `safetensorsError(file, "UnexpectedTensor", text,
+ * { tensor })`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const safetensorsError = <Tag extends SafetensorsErrorReason["_tag"]>(
+  file: string,
+  tag: Tag,
+  message: string,
+  ...[facts]: {} extends SafetensorsErrorFacts<Tag> ? [facts?: SafetensorsErrorFacts<Tag>]
+    : [facts: SafetensorsErrorFacts<Tag>]
+): SafetensorsError => {
+  const Reason = reasons[tag] as new(fields: { readonly message: string }) => SafetensorsErrorReason
+  return new SafetensorsError({ file, reason: new Reason({ ...facts, message }) })
+}
 
 // ===== Parsing =====
 
@@ -96,9 +203,7 @@ const HeaderEntry = Schema.Struct({
  */
 export const parse = Effect.fnUntraced(function*(bytes: Uint8Array, file = "<memory>") {
   const corrupt = (message: string, tensor?: string) =>
-    new SafetensorsError(
-      tensor === undefined ? { reason: "Corrupt", file, message } : { reason: "Corrupt", file, tensor, message }
-    )
+    safetensorsError(file, "Corrupt", message, tensor === undefined ? {} : { tensor })
   if (bytes.length < 8) return yield* corrupt(`${file}: ${bytes.length} bytes is too short for a safetensors file`)
   const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength)
   const headerLength = Number(view.getBigUint64(0, true))
@@ -191,12 +296,12 @@ export const toFloat32 = (t: Tensor, file: string, name: string): Effect.Effect<
     }
     default:
       return Effect.fail(
-        new SafetensorsError({
-          reason: "DTypeMismatch",
+        safetensorsError(
           file,
-          tensor: name,
-          message: `${file}: tensor "${name}" has dtype ${t.dtype}; a floating-point tensor is required`
-        })
+          "DTypeMismatch",
+          `${file}: tensor "${name}" has dtype ${t.dtype}; a floating-point tensor is required`,
+          { tensor: name, dtype: t.dtype }
+        )
       )
   }
 }
@@ -257,31 +362,23 @@ export const readFloat32 = Effect.fnUntraced(function*(
   for (const { name, shape } of expected) {
     const t = parsed.tensors.get(name)
     if (t === undefined) {
-      return yield* new SafetensorsError({
-        reason: "MissingTensor",
-        file,
-        tensor: name,
-        message: `${file}: tensor "${name}" [${shape.join(", ")}] is missing`
-      })
+      const message = `${file}: tensor "${name}" [${shape.join(", ")}] is missing`
+      return yield* safetensorsError(file, "MissingTensor", message, { tensor: name, expected: shape })
     }
     if (t.shape.length !== shape.length || t.shape.some((d, i) => d !== shape[i])) {
-      return yield* new SafetensorsError({
-        reason: "ShapeMismatch",
+      return yield* safetensorsError(
         file,
-        tensor: name,
-        message: `${file}: tensor "${name}" has shape [${t.shape.join(", ")}], the model needs [${shape.join(", ")}]`
-      })
+        "ShapeMismatch",
+        `${file}: tensor "${name}" has shape [${t.shape.join(", ")}], the model needs [${shape.join(", ")}]`,
+        { tensor: name, shape: t.shape, expected: shape }
+      )
     }
     out.set(name, yield* toFloat32(t, file, name))
   }
   for (const name of parsed.tensors.keys()) {
     if (!out.has(name)) {
-      return yield* new SafetensorsError({
-        reason: "UnexpectedTensor",
-        file,
-        tensor: name,
-        message: `${file}: tensor "${name}" is not a parameter of this model`
-      })
+      const message = `${file}: tensor "${name}" is not a parameter of this model`
+      return yield* safetensorsError(file, "UnexpectedTensor", message, { tensor: name })
     }
   }
   return out

@@ -159,28 +159,124 @@ export type Ref = typeof Ref.Type
 // ===== Errors =====
 
 /**
- * Why a task cannot be used.
- * - `Unknown`: no built-in task has that name (the known ones are listed);
- * - `Module`: the module could not be loaded or exports no task;
- * - `Options`: the task's options do not decode;
- * - `MissingServices`: a tool, the reward or the episode needs a service the environment does not provide;
- * - `Environment`: the environment could not be built or leased for the start check.
+ * No built-in task has that name (`known` lists them).
  *
  * @category errors
  * @since 0.1.0
  */
-export const TaskErrorReason = Schema.Literals(["Unknown", "Module", "Options", "MissingServices", "Environment"])
+export class Unknown extends Schema.TaggedError<Unknown>()("Unknown", {
+  message: Schema.String,
+  /** The names of the built-in tasks. */
+  known: Schema.Array(Schema.String)
+}) {}
+
+/**
+ * The module could not be loaded or exports no task.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class Module extends Schema.TaggedError<Module>()("Module", {
+  message: Schema.String,
+  /** What the import threw. */
+  cause: Schema.optionalKey(Schema.Defect())
+}) {}
+
+/**
+ * The task's options do not decode, or its `make` refused them (tag `Options`).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class InvalidOptions extends Schema.TaggedError<InvalidOptions>()("Options", {
+  message: Schema.String,
+  /** What `make` threw. */
+  cause: Schema.optionalKey(Schema.Defect())
+}) {}
+
+/**
+ * A tool, the reward or the episode needs a service the environment does not provide.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class MissingServices extends Schema.TaggedError<MissingServices>()("MissingServices", {
+  message: Schema.String,
+  /** The keys of the services not provided. */
+  services: Schema.Array(Schema.String)
+}) {}
+
+/**
+ * The environment could not be built or leased for the start check (tag `Environment`).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class EnvironmentFailed extends Schema.TaggedError<EnvironmentFailed>()("Environment", {
+  message: Schema.String,
+  cause: Schema.optionalKey(Schema.Defect())
+}) {}
+
+/**
+ * Why a task cannot be used.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export const TaskErrorReason = Schema.Union([Unknown, Module, InvalidOptions, MissingServices, EnvironmentFailed])
 export type TaskErrorReason = typeof TaskErrorReason.Type
 
 /**
+ * A task cannot be used. Handle reasons with `Effect.catchReason("TaskError", "MissingServices", …)`; `message` is
+ * the reason's.
+ *
  * @category errors
  * @since 0.1.0
  */
 export class TaskError extends Schema.TaggedError<TaskError>()("TaskError", {
   task: Schema.String,
-  reason: TaskErrorReason,
-  message: Schema.String
-}) {}
+  reason: TaskErrorReason
+}) {
+  override get message(): string {
+    return this.reason.message
+  }
+}
+
+/** Each reason's class by its tag, for `taskError`; a reason left out is a compile error. */
+const reasons = {
+  Unknown,
+  Module,
+  Options: InvalidOptions,
+  MissingServices,
+  Environment: EnvironmentFailed
+} satisfies Record<TaskErrorReason["_tag"], unknown>
+
+/**
+ * The facts a reason carries besides its message (`services` of `MissingServices`, `known` of `Unknown`, `cause`).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export type TaskErrorFacts<Tag extends TaskErrorReason["_tag"]> = Omit<
+  ConstructorParameters<(typeof reasons)[Tag]>[0],
+  "message"
+>
+
+/**
+ * A `TaskError` of `task` for the reason tagged `tag`: `taskError(name, "MissingServices", text, { services })`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const taskError = <Tag extends TaskErrorReason["_tag"]>(
+  task: string,
+  tag: Tag,
+  message: string,
+  ...[facts]: {} extends TaskErrorFacts<Tag> ? [facts?: TaskErrorFacts<Tag>] : [facts: TaskErrorFacts<Tag>]
+): TaskError => {
+  const Reason = reasons[tag] as new(fields: { readonly message: string }) => TaskErrorReason
+  return new TaskError({ task, reason: new Reason({ ...facts, message }) })
+}
 
 // ===== Constructors =====
 
@@ -401,11 +497,7 @@ export const withOptions = <S extends Schema.Top>(
     }).pipe(
       // As a config's keys are reported: `task options: redis: unknown key`, with a suggestion when one is near.
       Effect.mapError((e) =>
-        new TaskError({
-          task: name,
-          reason: "Options",
-          message: `task options: ${SchemaIssues.formatIssues(schema, e.issue).join("; ")}`
-        })
+        taskError(name, "Options", `task options: ${SchemaIssues.formatIssues(schema, e.issue).join("; ")}`)
       ),
       // A `make` that throws (a path option's file that is missing, an option it refuses itself) is the options'
       // error, named with the task, not a defect with a stack trace.
@@ -416,13 +508,14 @@ export const withOptions = <S extends Schema.Top>(
             pathOptions
           }),
           catch: (cause) =>
-            new TaskError({
-              task: name,
-              reason: "Options",
-              message: `task options: task "${name}" could not be made from its options: ${
+            taskError(
+              name,
+              "Options",
+              `task options: task "${name}" could not be made from its options: ${
                 cause instanceof Error ? cause.message : String(cause)
-              }`
-            })
+              }`,
+              { cause }
+            )
         })
       )
     )
@@ -507,23 +600,23 @@ export const instantiate = (
     return options === undefined
       ? Effect.succeed(definition as Task)
       : Effect.fail(
-        new TaskError({
-          task: name,
-          reason: "Options",
-          message: `${name}: task "${(definition as Task).name}" takes no options (made by Task.make, not ` +
+        taskError(
+          name,
+          "Options",
+          `${name}: task "${(definition as Task).name}" takes no options (made by Task.make, not ` +
             `Task.withOptions), got ${optionKeys(options)}: leave out task.options, or make it with Task.withOptions`
-        })
+        )
       )
   }
   if (typeof definition === "function") {
     return (definition as (o: unknown, c: OptionsContext) => Effect.Effect<Task, TaskError>)(options, context)
   }
   return Effect.fail(
-    new TaskError({
-      task: name,
-      reason: "Module",
-      message: `${name}: expected a task (Task.make) or a Task.withOptions function, got ${shapeOf(definition)}`
-    })
+    taskError(
+      name,
+      "Module",
+      `${name}: expected a task (Task.make) or a Task.withOptions function, got ${shapeOf(definition)}`
+    )
   )
 }
 
@@ -548,11 +641,7 @@ export const importModule = (path: string): Effect.Effect<Record<string, unknown
   Effect.tryPromise({
     try: () => import(path) as Promise<Record<string, unknown>>,
     catch: (e) =>
-      new TaskError({
-        task: path,
-        reason: "Module",
-        message: `cannot load ${path}: ${loadProblem(e, path)}`
-      })
+      taskError(path, "Module", `cannot load ${path}: ${loadProblem(e, path)}`, { cause: e })
   })
 
 /**
@@ -631,33 +720,34 @@ export const resolve = (
     return Effect.flatMap(importModule(path), (module) => {
       const definition = module["task"] ?? module["default"]
       if (definition === undefined) {
-        return Effect.fail(new TaskError({ task: name, reason: "Module", message: `${path} exports no \`task\`` }))
+        return Effect.fail(taskError(name, "Module", `${path} exports no \`task\``))
       }
       return isTask(definition) || typeof definition === "function"
         ? instantiate(name, definition, taskOptions, { resolvePath: options.resolvePath })
         : Effect.fail(
-          new TaskError({
-            task: name,
-            reason: "Module",
-            message: `${path}: its \`${module["task"] === undefined ? "default" : "task"}\` export is not a task ` +
+          taskError(
+            name,
+            "Module",
+            `${path}: its \`${module["task"] === undefined ? "default" : "task"}\` export is not a task ` +
               `(Task.make) or a Task.withOptions function but ${shapeOf(definition)}`
-          })
+          )
         )
     })
   }
   const load = options.builtins[name]
   if (load === undefined) {
     return Effect.fail(
-      new TaskError({
-        task: name,
-        reason: "Unknown",
-        message: `unknown task "${name}"${SchemaIssues.suggestion(name, Object.keys(options.builtins))} (built-in: ` +
-          `${Object.keys(options.builtins).join(", ")}; or a module path such as ./task.ts)`
-      })
+      taskError(
+        name,
+        "Unknown",
+        `unknown task "${name}"${SchemaIssues.suggestion(name, Object.keys(options.builtins))} (built-in: ` +
+          `${Object.keys(options.builtins).join(", ")}; or a module path such as ./task.ts)`,
+        { known: Object.keys(options.builtins) }
+      )
     )
   }
   return Effect.tryPromise({
     try: load,
-    catch: (e) => new TaskError({ task: name, reason: "Module", message: `cannot load ${name}: ${String(e)}` })
+    catch: (e) => taskError(name, "Module", `cannot load ${name}: ${String(e)}`, { cause: e })
   }).pipe(Effect.flatMap((definition) => instantiate(name, definition, taskOptions, { resolvePath: options.resolvePath })))
 }

@@ -19,27 +19,106 @@ import { Effect, FileSystem, Option, Path, Result, Schema } from "effect"
 // ===== Errors =====
 
 /**
+ * A file (`tokenizer.json`) is missing or cannot be read.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class NotFound extends Schema.TaggedError<NotFound>()("NotFound", {
+  message: Schema.String,
+  cause: Schema.optionalKey(Schema.Defect())
+}) {}
+
+/**
+ * A file is not JSON.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class InvalidJson extends Schema.TaggedError<InvalidJson>()("InvalidJson", {
+  message: Schema.String,
+  cause: Schema.optionalKey(Schema.Defect())
+}) {}
+
+/**
+ * The JSON is not a tokenizer the runtime understands.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class InvalidTokenizer extends Schema.TaggedError<InvalidTokenizer>()("InvalidTokenizer", {
+  message: Schema.String
+}) {}
+
+/**
+ * An id outside the vocabulary, or not an integer.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class InvalidTokenId extends Schema.TaggedError<InvalidTokenId>()("InvalidTokenId", {
+  message: Schema.String,
+  /** The id. */
+  id: Schema.Number,
+  /** Its position in the ids given. */
+  position: Schema.Int
+}) {}
+
+/**
  * Why a tokenizer could not be loaded or used.
  *
  * @category errors
  * @since 0.1.0
  */
-export const TokenizerErrorReason = Schema.Literals([
-  "NotFound", // tokenizer.json is missing from the model folder
-  "InvalidJson", // a file is not JSON
-  "InvalidTokenizer", // the JSON is not a tokenizer the runtime understands
-  "InvalidTokenId" // an id outside the vocabulary, or not an integer
-])
+export const TokenizerErrorReason = Schema.Union([NotFound, InvalidJson, InvalidTokenizer, InvalidTokenId])
 export type TokenizerErrorReason = typeof TokenizerErrorReason.Type
 
 /**
+ * A tokenizer could not be loaded or used. `message` is the reason's. Handle reasons with
+ * `Effect.catchReason("TokenizerError", "NotFound", …)`.
+ *
  * @category errors
  * @since 0.1.0
  */
 export class TokenizerError extends Schema.TaggedError<TokenizerError>()("TokenizerError", {
-  reason: TokenizerErrorReason,
-  message: Schema.String
-}) {}
+  reason: TokenizerErrorReason
+}) {
+  override get message(): string {
+    return this.reason.message
+  }
+}
+
+/** Each reason's class by its tag, for `tokenizerError`; a reason left out is a compile error. */
+const reasons = { NotFound, InvalidJson, InvalidTokenizer, InvalidTokenId } satisfies Record<
+  TokenizerErrorReason["_tag"],
+  unknown
+>
+
+/**
+ * The facts a reason carries besides its message.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export type TokenizerErrorFacts<Tag extends TokenizerErrorReason["_tag"]> = Omit<
+  ConstructorParameters<(typeof reasons)[Tag]>[0],
+  "message"
+>
+
+/**
+ * A `TokenizerError` of the reason tagged `tag`: `tokenizerError("InvalidTokenId", text, { id, position })`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const tokenizerError = <Tag extends TokenizerErrorReason["_tag"]>(
+  tag: Tag,
+  message: string,
+  facts?: TokenizerErrorFacts<Tag>
+): TokenizerError => {
+  const Reason = reasons[tag] as new(fields: { readonly message: string }) => TokenizerErrorReason
+  return new TokenizerError({ reason: new Reason({ ...facts, message }) })
+}
 
 // ===== Models =====
 
@@ -119,28 +198,28 @@ const construct = (tokenizerJson: object, config: Record<string, unknown>): Opti
 export const make = Effect.fn("Tokenizer.make")(function*(tokenizerJson: unknown, config: unknown = {}) {
   const json = tokenizerJson as { model?: { vocab?: unknown }; added_tokens?: unknown }
   if (typeof json !== "object" || json === null || typeof json.model !== "object" || json.model === null) {
-    return yield* new TokenizerError({ reason: "InvalidTokenizer", message: "tokenizer.json has no `model` object" })
+    return yield* tokenizerError("InvalidTokenizer", "tokenizer.json has no `model` object")
   }
   const cfg = (typeof config === "object" && config !== null ? config : {}) as Record<string, unknown>
   const added: Array<{ id: number; content: string; lstrip?: boolean; rstrip?: boolean }> =
     Array.isArray(json.added_tokens) ? json.added_tokens : []
   for (const token of added) {
     if (typeof token?.content !== "string" || token.content.length === 0 || !Number.isInteger(token.id)) {
-      return yield* new TokenizerError({ reason: "InvalidTokenizer", message: "an added token lacks `id`/`content`" })
+      return yield* tokenizerError("InvalidTokenizer", "an added token lacks `id`/`content`")
     }
     if (token.lstrip === true || token.rstrip === true) {
-      return yield* new TokenizerError({
-        reason: "InvalidTokenizer",
-        message: `added token ${JSON.stringify(token.content)} strips whitespace (lstrip/rstrip): not supported`
-      })
+      return yield* tokenizerError(
+        "InvalidTokenizer",
+        `added token ${JSON.stringify(token.content)} strips whitespace (lstrip/rstrip): not supported`
+      )
     }
   }
   const hf = construct(tokenizerJson as object, cfg)
   if (Option.isNone(hf)) {
-    return yield* new TokenizerError({
-      reason: "InvalidTokenizer",
-      message: "@huggingface/tokenizers rejected tokenizer.json (unsupported model, normalizer or pre-tokenizer)"
-    })
+    return yield* tokenizerError(
+      "InvalidTokenizer",
+      "@huggingface/tokenizers rejected tokenizer.json (unsupported model, normalizer or pre-tokenizer)"
+    )
   }
   return fromHf(hf.value, added, cfg, isByteLevel(json as Record<string, unknown>, added.length))
 })
@@ -481,10 +560,11 @@ export const validateIds = (tokenizer: Tokenizer, ids: ReadonlyArray<number>): E
 export const checkIds = (tokenizer: Tokenizer, ids: ReadonlyArray<number>): Result.Result<void, TokenizerError> => {
   const bad = ids.findIndex((id) => !tokenizer.isValidId(id))
   return bad === -1 ? Result.void : Result.fail(
-    new TokenizerError({
-      reason: "InvalidTokenId",
-      message: `token id ${ids[bad]} at position ${bad} is outside the vocabulary (size ${tokenizer.vocabSize})`
-    })
+    tokenizerError(
+      "InvalidTokenId",
+      `token id ${ids[bad]} at position ${bad} is outside the vocabulary (size ${tokenizer.vocabSize})`,
+      { id: ids[bad]!, position: bad }
+    )
   )
 }
 
@@ -499,11 +579,11 @@ const parseJson = Option.liftThrowable((text: string): unknown => JSON.parse(tex
 export const readJsonFile = Effect.fn("Tokenizer.readJsonFile")(function*(file: string) {
   const fs = yield* FileSystem.FileSystem
   const text = yield* fs.readFileString(file).pipe(
-    Effect.mapError(() => new TokenizerError({ reason: "NotFound", message: `cannot read ${file}` }))
+    Effect.mapError((e) => tokenizerError("NotFound", `cannot read ${file}`, { cause: e }))
   )
   const value = parseJson(text)
   if (Option.isNone(value)) {
-    return yield* new TokenizerError({ reason: "InvalidJson", message: `${file} is not valid JSON` })
+    return yield* tokenizerError("InvalidJson", `${file} is not valid JSON`)
   }
   return value.value
 })

@@ -187,31 +187,101 @@ export interface Options<
 // ===== Errors =====
 
 /**
- * Why a tool call failed.
- * - `DecodeError`: the arguments are not JSON or do not match the parameter Schema.
- * - `UnknownTool`: no tool has that name.
- * - `Timeout`: the handler did not finish within the tool's timeout (after any retries).
- * - `HandlerFailure`: the handler failed with a typed failure.
- * - `InvalidResult`: the handler's value does not match the success Schema, or cannot be rendered.
- * - `Defect`: the handler threw or died (a bug in the tool); the model sees a generic message.
- * - `MissingEnvironment`: the chain did not provide a service the tool declared (a wiring bug, not the model's).
+ * The arguments are not JSON or do not match the parameter Schema (or, when a tool actor is made, a tool's name
+ * is taken or its parameters have no JSON form).
  *
  * @category errors
  * @since 0.1.0
  */
-export const ToolErrorReason = Schema.Literals([
-  "DecodeError",
-  "UnknownTool",
-  "Timeout",
-  "HandlerFailure",
-  "InvalidResult",
-  "Defect",
-  "MissingEnvironment"
+export class DecodeError extends Schema.TaggedError<DecodeError>()("DecodeError", { message: Schema.String }) {}
+
+/**
+ * No tool has that name.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class UnknownTool extends Schema.TaggedError<UnknownTool>()("UnknownTool", { message: Schema.String }) {}
+
+/**
+ * The handler did not finish within the tool's timeout (after any retries).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class Timeout extends Schema.TaggedError<Timeout>()("Timeout", {
+  message: Schema.String,
+  /** The tool's timeout. */
+  timeoutMs: Schema.Number
+}) {}
+
+/**
+ * The handler failed with a typed failure (`cause`).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class HandlerFailure extends Schema.TaggedError<HandlerFailure>()("HandlerFailure", {
+  message: Schema.String,
+  /** Set when the handler's failure declared itself retryable. */
+  retryable: Schema.optionalKey(Schema.Boolean),
+  /** The handler's failure. */
+  cause: Schema.optionalKey(Schema.Defect())
+}) {}
+
+/**
+ * The handler's value does not match the success Schema, or cannot be rendered.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class InvalidResult extends Schema.TaggedError<InvalidResult>()("InvalidResult", {
+  message: Schema.String
+}) {}
+
+/**
+ * The handler threw or died (a bug in the tool); the model sees a generic message, `cause` holds the defect.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class Defect extends Schema.TaggedError<Defect>()("Defect", {
+  message: Schema.String,
+  cause: Schema.optionalKey(Schema.Defect())
+}) {}
+
+/**
+ * The chain did not provide a service the tool declared (a wiring bug, not the model's).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class MissingEnvironment extends Schema.TaggedError<MissingEnvironment>()("MissingEnvironment", {
+  message: Schema.String,
+  /** The key of the service the chain did not provide. */
+  service: Schema.String
+}) {}
+
+/**
+ * Why a tool call failed.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export const ToolErrorReason = Schema.Union([
+  DecodeError,
+  UnknownTool,
+  Timeout,
+  HandlerFailure,
+  InvalidResult,
+  Defect,
+  MissingEnvironment
 ])
 export type ToolErrorReason = typeof ToolErrorReason.Type
 
 /**
- * A failed tool call. `message` is the text the model observes.
+ * A failed tool call. `message` is the text the model observes (the reason's). Handle reasons with
+ * `Effect.catchReason("ToolError", "HandlerFailure", …)`.
  *
  * @category errors
  * @since 0.1.0
@@ -219,18 +289,58 @@ export type ToolErrorReason = typeof ToolErrorReason.Type
 export class ToolError extends Schema.TaggedError<ToolError>()("ToolError", {
   tool: Schema.String,
   toolCallId: Schema.String,
-  reason: ToolErrorReason,
-  message: Schema.String,
-  /** Set when the handler's failure declared itself retryable. */
-  retryable: Schema.optionalKey(Schema.Boolean)
+  reason: ToolErrorReason
 }) {
   get isRetryable(): boolean {
-    return this.reason === "Timeout" || this.retryable === true
+    return this.reason._tag === "Timeout" || (this.reason._tag === "HandlerFailure" && this.reason.retryable === true)
   }
   /** The model's fault (a malformed call), as opposed to a failure at run time. */
   get isFormatError(): boolean {
-    return this.reason === "DecodeError" || this.reason === "UnknownTool"
+    return this.reason._tag === "DecodeError" || this.reason._tag === "UnknownTool"
   }
+  override get message(): string {
+    return this.reason.message
+  }
+}
+
+/** Each reason's class by its tag, for `toolError`; a reason left out is a compile error. */
+const reasons = {
+  DecodeError,
+  UnknownTool,
+  Timeout,
+  HandlerFailure,
+  InvalidResult,
+  Defect,
+  MissingEnvironment
+} satisfies Record<ToolErrorReason["_tag"], unknown>
+
+/**
+ * The facts a reason carries besides its message (`timeoutMs` of `Timeout`, `service` of `MissingEnvironment`).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export type ToolErrorFacts<Tag extends ToolErrorReason["_tag"]> = Omit<
+  ConstructorParameters<(typeof reasons)[Tag]>[0],
+  "message"
+>
+
+/**
+ * A `ToolError` of the call `toolCallId` to `tool`, for the reason tagged `tag`:
+ * `toolError("search", id, "Timeout", text, { timeoutMs })`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const toolError = <Tag extends ToolErrorReason["_tag"]>(
+  tool: string,
+  toolCallId: string,
+  tag: Tag,
+  message: string,
+  ...[facts]: {} extends ToolErrorFacts<Tag> ? [facts?: ToolErrorFacts<Tag>] : [facts: ToolErrorFacts<Tag>]
+): ToolError => {
+  const Reason = reasons[tag] as new(fields: { readonly message: string }) => ToolErrorReason
+  return new ToolError({ tool, toolCallId, reason: new Reason({ ...facts, message }) })
 }
 
 // ===== Constructors =====
@@ -557,7 +667,7 @@ export const functionSchema = (tool: Any): FunctionSchema => ({
  * @since 0.1.0
  */
 export const errorText = (
-  reason: ToolErrorReason,
+  reason: ToolErrorReason["_tag"],
   tool: string,
   detail: string
 ): string => {
@@ -579,7 +689,7 @@ export const errorText = (
   }
 }
 
-const formatPrefixes: ReadonlyArray<readonly [RegExp, ToolErrorReason]> = [
+const formatPrefixes: ReadonlyArray<readonly [RegExp, ToolErrorReason["_tag"]]> = [
   [/^Error: invalid arguments for tool "/, "DecodeError"],
   [/^Error: unknown tool "/, "UnknownTool"]
 ]
@@ -591,7 +701,7 @@ const formatPrefixes: ReadonlyArray<readonly [RegExp, ToolErrorReason]> = [
  * @category getters
  * @since 0.1.0
  */
-export const formatErrorOf = (observation: string): ToolErrorReason | undefined =>
+export const formatErrorOf = (observation: string): ToolErrorReason["_tag"] | undefined =>
   formatPrefixes.find(([re]) => re.test(observation))?.[1]
 
 /**

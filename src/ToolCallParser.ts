@@ -25,30 +25,69 @@ import type * as Message from "./Message.ts"
 // ===== Models =====
 
 /**
+ * The call body is not JSON (and could not be repaired where repair is on).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class InvalidJson extends Schema.TaggedError<InvalidJson>()("InvalidJson", { message: Schema.String }) {}
+
+/**
+ * `<tool_call>` or a code fence opened and never closed (often: output truncated).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class UnclosedTag extends Schema.TaggedError<UnclosedTag>()("UnclosedTag", { message: Schema.String }) {}
+
+/**
+ * Valid JSON, but not `{ name: string, arguments: object }`; or a stray closing tag.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class UnknownShape extends Schema.TaggedError<UnknownShape>()("UnknownShape", { message: Schema.String }) {}
+
+/**
+ * Several code blocks where exactly one is expected.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class AmbiguousBlocks extends Schema.TaggedError<AmbiguousBlocks>()("AmbiguousBlocks", {
+  message: Schema.String
+}) {}
+
+/**
  * Why some of the output could not be read as a tool call.
  *
  * @category errors
  * @since 0.1.0
  */
-export const ParseErrorReason = Schema.Literals([
-  "InvalidJson", // the call body is not JSON (and could not be repaired where repair is on)
-  "UnclosedTag", // `<tool_call>` or a code fence opened and never closed (often: output truncated)
-  "UnknownShape", // valid JSON, but not `{ name: string, arguments: object }`; or a stray closing tag
-  "AmbiguousBlocks" // several code blocks where exactly one is expected
-])
+export const ParseErrorReason = Schema.Union([InvalidJson, UnclosedTag, UnknownShape, AmbiguousBlocks])
 export type ParseErrorReason = typeof ParseErrorReason.Type
 
 /**
- * A part of the output that is not a usable tool call. `raw` is the offending text (at most 200 characters).
+ * A part of the output that is not a usable tool call. `raw` is the offending text (at most 200 characters);
+ * `message` is the reason's.
  *
  * @category errors
  * @since 0.1.0
  */
 export class ParseError extends Schema.TaggedError<ParseError>()("ToolCallParseError", {
-  reason: ParseErrorReason,
-  message: Schema.String,
-  raw: Schema.String
-}) {}
+  raw: Schema.String,
+  reason: ParseErrorReason
+}) {
+  override get message(): string {
+    return this.reason.message
+  }
+}
+
+/** Each reason's class by its tag; a reason left out is a compile error. */
+const reasons = { InvalidJson, UnclosedTag, UnknownShape, AmbiguousBlocks } satisfies Record<
+  ParseErrorReason["_tag"],
+  new(fields: { readonly message: string }) => ParseErrorReason
+>
 
 /**
  * @category models
@@ -89,8 +128,8 @@ export interface CodeBlockOptions extends Options {
 
 const clip = (text: string): string => (text.length > 200 ? `${text.slice(0, 197)}...` : text)
 
-const error = (reason: ParseErrorReason, message: string, raw: string): ParseError =>
-  new ParseError({ reason, message, raw: clip(raw) })
+const error = (reason: ParseErrorReason["_tag"], message: string, raw: string): ParseError =>
+  new ParseError({ raw: clip(raw), reason: new reasons[reason]({ message }) })
 
 const isRecord = (u: unknown): u is Record<string, unknown> => typeof u === "object" && u !== null && !Array.isArray(u)
 

@@ -39,27 +39,104 @@ import * as Trajectory from "./Trajectory.ts"
 // ===== Errors =====
 
 /**
+ * Sampled ids outside the vocabulary (`cause`: the tokenizer's error).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class InvalidTokenIds extends Schema.TaggedError<InvalidTokenIds>()("InvalidTokenIds", {
+  message: Schema.String,
+  cause: Schema.optionalKey(Schema.Defect())
+}) {}
+
+/**
+ * Logprobs given, but not one per sampled id.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class LogprobsMismatch extends Schema.TaggedError<LogprobsMismatch>()("LogprobsMismatch", {
+  message: Schema.String,
+  /** How many logprobs were given. */
+  logprobs: Schema.Int,
+  /** How many ids were sampled. */
+  tokenIds: Schema.Int
+}) {}
+
+/**
+ * A sample right after a sample, or an assistant message passed as an observation.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class OutOfOrder extends Schema.TaggedError<OutOfOrder>()("OutOfOrder", { message: Schema.String }) {}
+
+/**
+ * The chat template could not render the conversation (`cause`: its `TemplateError`, when it failed).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class TemplateFailed extends Schema.TaggedError<TemplateFailed>()("TemplateFailed", {
+  message: Schema.String,
+  cause: Schema.optionalKey(Schema.Defect())
+}) {}
+
+/**
  * Why a builder step failed.
  *
  * @category errors
  * @since 0.1.0
  */
-export const BuilderErrorReason = Schema.Literals([
-  "InvalidTokenIds", // sampled ids outside the vocabulary
-  "LogprobsMismatch", // logprobs given, but not one per sampled id
-  "OutOfOrder", // a sample right after a sample, or an assistant message passed as an observation
-  "TemplateFailed" // the chat template could not render the conversation
-])
+export const BuilderErrorReason = Schema.Union([InvalidTokenIds, LogprobsMismatch, OutOfOrder, TemplateFailed])
 export type BuilderErrorReason = typeof BuilderErrorReason.Type
 
 /**
+ * A builder step failed. `message` is the reason's. Handle reasons with
+ * `Effect.catchReason("TrajectoryBuilderError", "InvalidTokenIds", …)`.
+ *
  * @category errors
  * @since 0.1.0
  */
 export class BuilderError extends Schema.TaggedError<BuilderError>()("TrajectoryBuilderError", {
-  reason: BuilderErrorReason,
-  message: Schema.String
-}) {}
+  reason: BuilderErrorReason
+}) {
+  override get message(): string {
+    return this.reason.message
+  }
+}
+
+/** Each reason's class by its tag, for `builderError`; a reason left out is a compile error. */
+const reasons = { InvalidTokenIds, LogprobsMismatch, OutOfOrder, TemplateFailed } satisfies Record<
+  BuilderErrorReason["_tag"],
+  unknown
+>
+
+/**
+ * The facts a reason carries besides its message.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export type BuilderErrorFacts<Tag extends BuilderErrorReason["_tag"]> = Omit<
+  ConstructorParameters<(typeof reasons)[Tag]>[0],
+  "message"
+>
+
+/**
+ * A `BuilderError` of the reason tagged `tag`: `builderError("OutOfOrder", text)`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const builderError = <Tag extends BuilderErrorReason["_tag"]>(
+  tag: Tag,
+  message: string,
+  facts?: BuilderErrorFacts<Tag>
+): BuilderError => {
+  const Reason = reasons[tag] as new(fields: { readonly message: string }) => BuilderErrorReason
+  return new BuilderError({ reason: new Reason({ ...facts, message }) })
+}
 
 // ===== Models =====
 
@@ -230,7 +307,7 @@ const trailingRegions = (text: string, observations: ReadonlyArray<Message.Messa
 // ===== Helpers =====
 
 const templateFailed = (error: ChatTemplate.TemplateError) =>
-  new BuilderError({ reason: "TemplateFailed", message: error.message })
+  builderError("TemplateFailed", error.message, { cause: error })
 
 const render = (
   builder: Pick<TrajectoryBuilder, "template" | "tools" | "variables">,
@@ -384,22 +461,19 @@ const policySpan = (ids: ReadonlyArray<number>, sample: Sample): Trajectory.Span
 const sampled = (builder: TrajectoryBuilder, sample: Sample): Result.Result<TrajectoryBuilder, BuilderError> => {
   if (builder.awaitingObservation) {
     return Result.fail(
-      new BuilderError({
-        reason: "OutOfOrder",
-        message: "two samples in a row: append the observations (or finish) before sampling again"
-      })
+      builderError("OutOfOrder", "two samples in a row: append the observations (or finish) before sampling again")
     )
   }
   const ids = sample.tokenIds
   const valid = Tokenizer.checkIds(builder.tokenizer, ids)
   if (Result.isFailure(valid)) {
-    return Result.fail(new BuilderError({ reason: "InvalidTokenIds", message: valid.failure.message }))
+    return Result.fail(builderError("InvalidTokenIds", valid.failure.message, { cause: valid.failure }))
   }
   if (sample.logprobs !== undefined && sample.logprobs.length !== ids.length) {
     return Result.fail(
-      new BuilderError({
-        reason: "LogprobsMismatch",
-        message: `${sample.logprobs.length} logprobs for ${ids.length} sampled ids`
+      builderError("LogprobsMismatch", `${sample.logprobs.length} logprobs for ${ids.length} sampled ids`, {
+        logprobs: sample.logprobs.length,
+        tokenIds: ids.length
       })
     )
   }
@@ -440,10 +514,10 @@ export const appendObservations = (
   Effect.suspend(() => {
     if (observations.some((m) => m.role === "assistant")) {
       return Effect.fail(
-        new BuilderError({
-          reason: "OutOfOrder",
-          message: "an assistant message is not an observation: append what the policy sampled with appendSampled"
-        })
+        builderError(
+          "OutOfOrder",
+          "an assistant message is not an observation: append what the policy sampled with appendSampled"
+        )
       )
     }
     const renderMessages = builder.renderMessages.concat(observations)
@@ -641,10 +715,10 @@ export const assistantTurnText = (
   })
 
 const notAppendOnly = () =>
-  new BuilderError({
-    reason: "TemplateFailed",
-    message: "the template renders the next assistant turn over a different history (not append-only)"
-  })
+  builderError(
+    "TemplateFailed",
+    "the template renders the next assistant turn over a different history (not append-only)"
+  )
 
 /** The turn in `full`, the render that extends `prompt` by it, through its end-of-turn token. */
 const turnText = (builder: TrajectoryBuilder, prompt: string, full: string): Result.Result<string, BuilderError> => {

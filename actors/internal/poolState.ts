@@ -5,7 +5,8 @@
  * constructors and the bookkeeping the steps share.
  */
 import { Deferred, Effect, FiberSet, Metric, Scope } from "effect"
-import { EnvError } from "../../src/Environment.ts"
+import { envError as makeEnvError } from "../../src/Environment.ts"
+import type { EnvError } from "../../src/Environment.ts"
 import * as Resource from "../../src/Resource.ts"
 import { quantile, recordWait, waits } from "./waitWindow.ts"
 import type { WaitWindow } from "./waitWindow.ts"
@@ -135,8 +136,8 @@ export interface PoolMetrics {
   readonly acquireMillis: Metric.Histogram<number>
 }
 
-export const envError = (env: string, method: string, reason: EnvError["reason"], message: string) =>
-  new EnvError({ env, method, reason, message })
+export const envError = (env: string, method: string, reason: EnvError["reason"]["_tag"], message: string) =>
+  makeEnvError(env, method, reason, message)
 
 export const leaseError = <A>(pool: PoolState<A>, reason: Resource.LeaseErrorReason) =>
   new Resource.LeaseError({ resource: pool.name, reason })

@@ -36,7 +36,7 @@ import {
 } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
-import { EnvError } from "../../src/Environment.ts"
+import { EnvError, envError } from "../../src/Environment.ts"
 import type * as Resource from "../../src/Resource.ts"
 import * as Lines from "./internal/lineChannel.ts"
 import * as Seccomp from "./Seccomp.ts"
@@ -95,7 +95,7 @@ const CFS_PERIOD_US = 100_000
 const DEFAULT_SHM_BYTES = 64 * 1024 * 1024
 
 const startError = (env: string, message: string) =>
-  new EnvError({ env, method: "start", reason: "Unavailable", message })
+  envError(env, "start", "Unavailable", message)
 
 // ===== Runs =====
 
@@ -402,11 +402,11 @@ export const backend = (options: Options) => ({
     sandbox.alive()
       ? Effect.void
       : Effect.fail(
-        new EnvError({
-          env: "bubblewrap",
-          method: "health",
-          reason: "Crashed",
-          message: `sandbox process ${sandbox.pid} exited: ${sandbox.stderr().slice(-500)}`
-        })
+        envError(
+          "bubblewrap",
+          "health",
+          "Crashed",
+          `sandbox process ${sandbox.pid} exited: ${sandbox.stderr().slice(-500)}`
+        )
       )
 })

@@ -19,7 +19,7 @@ import { Clock, Context, Effect, Layer, Random, Schedule } from "effect"
 import type { Scope } from "effect"
 import { hostname } from "node:os"
 import { PassThrough } from "node:stream"
-import { EnvError } from "../../src/Environment.ts"
+import { EnvError, envError } from "../../src/Environment.ts"
 import type * as Resource from "../../src/Resource.ts"
 import * as Lines from "./internal/lineChannel.ts"
 import * as Seccomp from "./Seccomp.ts"
@@ -117,13 +117,13 @@ export const make = Effect.fnUntraced(function*(options?: {
     )
   }
   const down = (why: string) =>
-    new EnvError({
-      env: "docker",
-      method: "ping",
-      reason: "Unavailable",
-      message: `the Docker engine at ${socket} is not running or does not answer (${why}): start it (dockerd, or ` +
+    envError(
+      "docker",
+      "ping",
+      "Unavailable",
+      `the Docker engine at ${socket} is not running or does not answer (${why}): start it (dockerd, or ` +
         "systemctl start docker), or point DOCKER_HOST at its socket"
-    })
+    )
   const ping = Effect.tryPromise({
     // The typings leave ping's options out; dockerode takes `abortSignal` there as in its other calls.
     try: (signal) =>
@@ -144,7 +144,7 @@ const engineError = (env: string, method: string, cause: unknown): EnvError => {
   const message = cause instanceof Error ? cause.message : String(cause)
   // 404: the container is gone; 409: it exists but is not running. Either way its state is lost.
   const gone = status === 404 || status === 409 || /is not running|No such container/i.test(message)
-  return new EnvError({ env, method, reason: gone ? "Crashed" : "Unavailable", message })
+  return envError(env, method, gone ? "Crashed" : "Unavailable", message, { cause })
 }
 
 const isAlive = (pid: number): boolean => {
@@ -353,7 +353,7 @@ const execIn = (docker: Dockerode, handle: Dockerode.Container, env: string) =>
       .catch(fail)
   })
   if (timeout === undefined) return run
-  const timedOut = () => new EnvError({ env, method: "exec", reason: "Timeout", message: `exceeded ${timeout} ms` })
+  const timedOut = () => envError(env, "exec", "Timeout", `exceeded ${timeout} ms`, { timeoutMs: timeout })
   return Effect.gen(function*() {
     const started = yield* Clock.currentTimeMillis
     const result = yield* Effect.timeoutOrElse(run, {
@@ -435,7 +435,7 @@ export const backend = (
       Effect.flatMap(c.inspect, (s) =>
         s.running
           ? Effect.void
-          : Effect.fail(new EnvError({ env: c.name, method: "health", reason: "Crashed", message: "not running" }))))
+          : Effect.fail(envError(c.name, "health", "Crashed", "not running"))))
   }))
 
 const readyPoll = Schedule.spaced("20 millis")

@@ -8,7 +8,7 @@
  */
 import { Cause, Context, Effect, Layer } from "effect"
 import type { Scope } from "effect"
-import { EnvError } from "../../src/Environment.ts"
+import { EnvError, envError } from "../../src/Environment.ts"
 import * as Resource from "../../src/Resource.ts"
 import * as ResourceManager from "../ResourceManager.ts"
 
@@ -38,14 +38,14 @@ export const backend = <ROut, E>(
     Effect.flatMap(Effect.scope, (scope) => Layer.buildWithMemoMap(layer, Layer.makeMemoMapUnsafe(), scope)).pipe(
       Effect.catchCause((cause) =>
         Effect.fail(
-          new EnvError({ env: spec.name, method: "start", reason: "Unavailable", message: Cause.pretty(cause) })
+          envError(spec.name, "start", "Unavailable", Cause.pretty(cause), { cause: Cause.squash(cause) })
         )
       )
     ),
   reset: options.reset ??
     (() =>
       Effect.fail(
-        new EnvError({ env: "in-process", method: "reset", reason: "ResetFailed", message: "no reset given" })
+        envError("in-process", "reset", "ResetFailed", "no reset given")
       )),
   health: options.health ?? (() => Effect.void)
 })

@@ -223,7 +223,7 @@ export class Board extends Context.Service<Board, {
 }>()("agentfly/environments/chess/Board") {}
 
 const invalid = (method: string, message: string, reason: "InvalidAction" | "ResetFailed" = "InvalidAction") =>
-  new Environment.EnvError({ env: "chess", method, reason, message })
+  Environment.envError("chess", method, reason, message)
 
 /**
  * One puzzle per build (use with `Environment.perChain`).

@@ -28,7 +28,7 @@ import { readFileSync } from "node:fs"
 import * as Bubblewrap from "../../actors/resources/Bubblewrap.ts"
 import * as Docker from "../../actors/resources/Docker.ts"
 import * as ResourceManager from "../../actors/ResourceManager.ts"
-import { EnvError } from "../../src/Environment.ts"
+import { EnvError, envError } from "../../src/Environment.ts"
 import * as Resource from "../../src/Resource.ts"
 
 // ===== Models =====
@@ -50,18 +50,45 @@ export const RunResult = Schema.Struct({
 export type RunResult = typeof RunResult.Type
 
 /**
+ * The cell ran past its time limit.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class Timeout extends Schema.TaggedError<Timeout>()("Timeout", {
+  message: Schema.String,
+  /** The cell's time limit. */
+  timeoutMs: Schema.Number
+}) {}
+
+/**
+ * The cell's interpreter was killed (usually out of memory).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class Killed extends Schema.TaggedError<Killed>()("Killed", {
+  message: Schema.String,
+  /** What the sandbox said killed it. */
+  why: Schema.String
+}) {}
+
+/**
  * The cell itself was stopped: it ran past its time limit (`Timeout`) or its interpreter was killed (`Killed`,
- * usually out of memory). The interpreter is restarted; its state is lost.
+ * usually out of memory). The interpreter is restarted; its state is lost. `message` is the reason's; handle
+ * reasons with `Effect.catchReason("PythonError", "Timeout", …)`.
  *
  * @category errors
  * @since 0.1.0
  */
 export class PythonError extends Schema.TaggedError<PythonError>()("PythonError", {
-  reason: Schema.Literals(["Timeout", "Killed"]),
-  message: Schema.String
+  reason: Schema.Union([Timeout, Killed])
 }) {
   get isRetryable(): boolean {
     return false
+  }
+  override get message(): string {
+    return this.reason.message
   }
 }
 
@@ -199,7 +226,7 @@ const Reply = Schema.Struct({
 const decodeReply = Schema.decodeUnknownEffect(Schema.fromJsonString(Reply))
 
 const protocolError = (env: string, method: string, message: string) =>
-  new EnvError({ env, method, reason: "Crashed", message: `bad reply from the sandbox: ${message}` })
+  envError(env, method, "Crashed", `bad reply from the sandbox: ${message}`)
 
 const parse = (env: string, method: string, raw: string) =>
   Effect.mapError(
@@ -222,12 +249,15 @@ const runOn = (env: string, instance: Instance, options: Options) =>
     const reply = raw as typeof Reply.Type
     if (reply.timed_out) {
       return yield* new PythonError({
-        reason: "Timeout",
-        message: `the code ran longer than ${timeoutMillis} ms and was stopped; the interpreter was restarted`
+        reason: new Timeout({
+          message: `the code ran longer than ${timeoutMillis} ms and was stopped; the interpreter was restarted`,
+          timeoutMs: timeoutMillis
+        })
       })
     }
     if (reply.killed !== undefined) {
-      return yield* new PythonError({ reason: "Killed", message: `${reply.killed}; the interpreter was restarted` })
+      const why = reply.killed
+      return yield* new PythonError({ reason: new Killed({ message: `${why}; the interpreter was restarted`, why }) })
     }
     if (reply.stdout === undefined) return yield* protocolError(env, "run", JSON.stringify(reply))
     return {
@@ -242,7 +272,7 @@ const runOn = (env: string, instance: Instance, options: Options) =>
 const ping = (instance: Instance) => Effect.asVoid(instance.request({ op: "ping" }, 5_000))
 
 const dirty = (env: string, why: string) =>
-  new EnvError({ env, method: "reset", reason: "ResetFailed", message: `the sandbox cannot prove it is clean: ${why}` })
+  envError(env, "reset", "ResetFailed", `the sandbox cannot prove it is clean: ${why}`)
 
 /** Resets through the supervisor, which answers `ok: true` only once it has checked the sandbox is clean. */
 const resetOn = (env: string) => (instance: Instance): Effect.Effect<void, EnvError> =>
@@ -276,7 +306,7 @@ const releaseReset = (spec: Resource.ResourceSpec) => (instance: Instance): Effe
 export type Transport = "exec" | "attach"
 
 const timeoutError = (env: string, timeoutMillis: number) =>
-  new EnvError({ env, method: "request", reason: "Timeout", message: `no reply in ${timeoutMillis} ms` })
+  envError(env, "request", "Timeout", `no reply in ${timeoutMillis} ms`, { timeoutMs: timeoutMillis })
 
 /** `docker exec`'s status when the runtime could not start the command (nothing ran: safe to try again). */
 const notStarted = 126
@@ -319,7 +349,7 @@ const execInstance = (env: string, container: Docker.Container, user: number): I
 const lineInstance = (env: string, channel: Docker.LineChannel): Instance => {
   const pending = new Map<number, (reply: Effect.Effect<string, EnvError>) => void>()
   let nextId = 0
-  const gone = () => new EnvError({ env, method: "request", reason: "Crashed", message: "the sandbox's stdio closed" })
+  const gone = () => envError(env, "request", "Crashed", "the sandbox's stdio closed")
   channel.onLine((line) => {
     const id = /"id": (\d+)\}$/.exec(line)?.[1]
     const resume = id === undefined ? undefined : pending.get(Number(id))
@@ -439,7 +469,7 @@ export const fromLease = (lease: ResourceManager.Lease<Instance>, options: Parti
   const resolved = { ...defaultOptions, ...options }
   // Losing the lease itself (pool closed, a replacement that failed to start) is an unavailable environment.
   const unavailable = (e: Resource.LeaseError) =>
-    new EnvError({ env: lease.resource, method: "run", reason: "Unavailable", message: e.message })
+    envError(lease.resource, "run", "Unavailable", e.message, { cause: e })
   return PythonSandbox.of({
     run: (code, run) =>
       lease.use((instance) => runOn(lease.resource, instance, resolved)(code, run)).pipe(
@@ -447,7 +477,7 @@ export const fromLease = (lease: ResourceManager.Lease<Instance>, options: Parti
       ),
     // A sandbox that cannot prove it is clean is replaced: the chain's next call runs on a fresh one.
     reset: lease.use(resetOn(lease.resource)).pipe(
-      Effect.tapError((e) => e._tag === "EnvError" && e.reason === "ResetFailed" ? lease.invalidate : Effect.void),
+      Effect.tapError((e) => e._tag === "EnvError" && e.reason._tag === "ResetFailed" ? lease.invalidate : Effect.void),
       Effect.catchTag("LeaseError", (e) => Effect.fail(unavailable(e)))
     )
   })

@@ -180,16 +180,16 @@ const ask = (options: Options, name: string, messages: Conversation) =>
   }).pipe(
     Effect.provide(FetchHttpClient.layer),
     Effect.mapError((e) =>
-      new Reward.RewardError({ reward: name, reason: "ScoreFailed", message: `the judge failed: ${e.message}` })
+      Reward.rewardError(name, "ScoreFailed", `the judge failed: ${e.message}`, { cause: e })
     )
   )
 
 const unreadable = (name: string, raw: string) =>
-  new Reward.RewardError({
-    reward: name,
-    reason: "ScoreFailed",
-    message: `the judge's answer has no readable score: ${JSON.stringify(raw.slice(0, 200))}`
-  })
+  Reward.rewardError(
+    name,
+    "ScoreFailed",
+    `the judge's answer has no readable score: ${JSON.stringify(raw.slice(0, 200))}`
+  )
 
 /**
  * A judge that grades each trajectory's transcript against the rubric, as a `Reward` (metrics under

@@ -18,7 +18,7 @@
  * @since 0.1.0
  */
 import { Context, Effect, Layer, Ref } from "effect"
-import { EnvError } from "../../src/Environment.ts"
+import { EnvError, envError } from "../../src/Environment.ts"
 import type * as Corpus from "./Corpus.ts"
 import { SearchIndex } from "./SearchIndex.ts"
 
@@ -103,7 +103,7 @@ export const render = (
 
 // ===== Constructors =====
 
-const invalid = (message: string) => new EnvError({ env: "search", method: "search", reason: "InvalidAction", message })
+const invalid = (message: string) => envError("search", "search", "InvalidAction", message)
 
 /**
  * A session over an index.

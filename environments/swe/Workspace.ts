@@ -115,7 +115,7 @@ export const image = (task: HarborTask.HarborTask): Effect.Effect<string, Enviro
   Effect.flatMap(Docker.DockerEngine, ({ docker }) => {
     const tag = `agentfly-harbor/${task.digest}:1`
     const fail = (message: string) =>
-      new Environment.EnvError({ env: `harbor:${task.name}`, method: "build", reason: "Unavailable", message })
+      Environment.envError(`harbor:${task.name}`, "build", "Unavailable", message)
     const build = async () => {
       const exists = await docker.getImage(tag).inspect().then(() => true, () => false)
       if (exists) return
@@ -181,17 +181,12 @@ export const make = (ready: Ready, settings: Settings): Workspace["Service"] => 
         Effect.mapError((e) =>
           e instanceof Environment.EnvError
             ? e
-            : new Environment.EnvError({
-              env: `harbor:${task.name}`,
-              method: "exec",
-              reason: "Unavailable",
-              message: e.message
-            })
+            : Environment.envError(`harbor:${task.name}`, "exec", "Unavailable", e.message, { cause: e })
         )
       ))
   const invalid = (method: string, message: string) =>
     Effect.flatMap(ready, ({ task }) =>
-      Effect.fail(new Environment.EnvError({ env: `harbor:${task.name}`, method, reason: "InvalidAction", message })))
+      Effect.fail(Environment.envError(`harbor:${task.name}`, method, "InvalidAction", message)))
   const step = (method: string) =>
     Effect.suspend(() => {
       if (submitted) return invalid(method, "the work was submitted")
@@ -258,13 +253,13 @@ export const make = (ready: Ready, settings: Settings): Workspace["Service"] => 
       const output = `${at === -1 ? run.stdout : run.stdout.slice(0, at)}${run.stderr}`.slice(-2_000)
       const reward = parseReward(rest.join("\n"))
       if (reward === undefined) {
-        return yield* new Environment.EnvError({
-          env: `harbor:${task.name}`,
-          method: "verify",
-          reason: "Crashed",
-          message: `the verifier (exit ${at === -1 ? run.exitCode : exitCode}) wrote no reward to /logs/verifier/reward.txt: ` +
+        return yield* Environment.envError(
+          `harbor:${task.name}`,
+          "verify",
+          "Crashed",
+          `the verifier (exit ${at === -1 ? run.exitCode : exitCode}) wrote no reward to /logs/verifier/reward.txt: ` +
             output.slice(-300)
-        })
+        )
       }
       return { reward, exitCode, output }
     })
@@ -327,7 +322,7 @@ const attached = (
   const id = `r${nextRequest++}`
   const request = `${id} ${seconds} ${b64(cmd.map(quote).join(" "))} ${b64(options.stdin ?? "")}`
   const fail = (reason: "Crashed" | "Timeout", message: string) =>
-    new Environment.EnvError({ env, method: "exec", reason, message })
+    Environment.envError(env, "exec", reason, message)
   return Effect.callback<Docker.ExecResult, Environment.EnvError>((resume) => {
     if (!channel.isOpen()) return resume(Effect.fail(fail("Crashed", "the container's stdio closed")))
     const requests = pending(channel)
@@ -434,25 +429,25 @@ export const provider = (
   Effect.gen(function*() {
     // A root that is not there fails the run at its start, not every chain after a warm-up.
     if (!existsSync(settings.root)) {
-      return yield* new Environment.EnvError({
-        env: "harbor",
-        method: "provider",
-        reason: "ResetFailed",
-        message: `the task folders' root ${settings.root} does not exist (task option root: relative to the config ` +
+      return yield* Environment.envError(
+        "harbor",
+        "provider",
+        "ResetFailed",
+        `the task folders' root ${settings.root} does not exist (task option root: relative to the config ` +
           `file; the working directory when unset)`
-      })
+      )
     }
     const manager = yield* ResourceManager.ResourceManager
     const engine = yield* Docker.DockerEngine
     // Every chain runs in a container: an engine that is down fails the run here, saying so, not each chain.
     yield* engine.ping.pipe(
       Effect.mapError((e) =>
-        new Environment.EnvError({
-          env: e.env,
-          method: e.method,
-          reason: e.reason,
-          message: `the swe task runs each chain in a container: ${e.message}`
-        })
+        Environment.envError(
+          e.env,
+          e.method,
+          e.reason._tag,
+          `the swe task runs each chain in a container: ${e.message}`
+        )
       )
     )
     const backends = new Map<string, Resource.Resource<Docker.Container>>()
@@ -483,12 +478,7 @@ export const provider = (
           Effect.provide(NodeServices.layer),
           Effect.tap((t) => Effect.sync(() => tasks.set(path, t))),
           Effect.mapError((e) =>
-            new Environment.EnvError({
-              env: "harbor",
-              method: "load",
-              reason: "ResetFailed",
-              message: `${e.folder}: ${e.message}`
-            })
+            Environment.envError("harbor", "load", "ResetFailed", `${e.folder}: ${e.message}`, { cause: e })
           )
         )
       })
@@ -500,19 +490,15 @@ export const provider = (
           const path = chain.row?.["task"]
           const setup = Effect.gen(function*() {
             if (typeof path !== "string") {
-              return yield* new Environment.EnvError({
-                env: "harbor",
-                method: "load",
-                reason: "ResetFailed",
-                message: "the row has no task folder (a `task` field)"
-              })
+              const message = "the row has no task folder (a `task` field)"
+              return yield* Environment.envError("harbor", "load", "ResetFailed", message)
             }
             const task = yield* taskOf(path)
             const resource = yield* resourceOf(task)
             // In the chain's scope: the container goes back (and is recreated) when the chain ends.
             const lease = yield* Scope.provide(manager.acquire(resource, chain), scope).pipe(
               Effect.mapError((e) =>
-                new Environment.EnvError({ env: `harbor:${task.name}`, method: "lease", reason: "Unavailable", message: e.message })
+                Environment.envError(`harbor:${task.name}`, "lease", "Unavailable", e.message, { cause: e })
               )
             )
             return { task, lease }

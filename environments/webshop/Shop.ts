@@ -321,12 +321,7 @@ export const layer = (settings: Settings = defaultSettings): Layer.Layer<Shop, n
             return outcome.ok
               ? Effect.succeed(outcome.text)
               : Effect.fail(
-                new Environment.EnvError({
-                  env: "webshop",
-                  method: action._tag,
-                  reason: "InvalidAction",
-                  message: outcome.error
-                })
+                Environment.envError("webshop", action._tag, "InvalidAction", outcome.error)
               )
           }),
         state: Effect.sync(() => state)

@@ -21,21 +21,112 @@ import * as Shapes from "./Shapes.ts"
 // ===== Errors =====
 
 /**
+ * An op on the path from the weights to the loss has no backward rule.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class NoBackwardRule extends Schema.TaggedError<NoBackwardRule>()("NoBackwardRule", {
+  message: Schema.String,
+  /** The op. */
+  op: Schema.String
+}) {}
+
+/**
+ * A shape could not be inferred (`cause`: what the shape rules threw).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class ShapeInference extends Schema.TaggedError<ShapeInference>()("ShapeInference", {
+  message: Schema.String,
+  cause: Schema.optionalKey(Schema.Defect())
+}) {}
+
+/**
+ * A weight is not a value of the graph.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class UnknownValue extends Schema.TaggedError<UnknownValue>()("UnknownValue", {
+  message: Schema.String,
+  /** The name asked for. */
+  value: Schema.String
+}) {}
+
+/**
+ * A weight is not a float tensor, or the loss does not depend on any weight.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class NotDifferentiable extends Schema.TaggedError<NotDifferentiable>()("NotDifferentiable", {
+  message: Schema.String
+}) {}
+
+/**
  * Why a graph could not be differentiated.
  *
  * @category errors
  * @since 0.1.0
  */
-export class AutodiffError extends Schema.TaggedError<AutodiffError>()("AutodiffError", {
-  reason: Schema.Literals(["NoBackwardRule", "ShapeInference", "UnknownValue", "NotDifferentiable"]),
-  message: Schema.String
-}) {}
+export const AutodiffErrorReason = Schema.Union([NoBackwardRule, ShapeInference, UnknownValue, NotDifferentiable])
+export type AutodiffErrorReason = typeof AutodiffErrorReason.Type
 
+/**
+ * A graph could not be differentiated. `message` is the reason's. Handle reasons with
+ * `Effect.catchReason("AutodiffError", "NoBackwardRule", …)`.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class AutodiffError extends Schema.TaggedError<AutodiffError>()("AutodiffError", {
+  reason: AutodiffErrorReason
+}) {
+  override get message(): string {
+    return this.reason.message
+  }
+}
+
+/** Each reason's class by its tag, for `autodiffError`; a reason left out is a compile error. */
+const reasons = { NoBackwardRule, ShapeInference, UnknownValue, NotDifferentiable } satisfies Record<
+  AutodiffErrorReason["_tag"],
+  unknown
+>
+
+/**
+ * The facts a reason carries besides its message.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export type AutodiffErrorFacts<Tag extends AutodiffErrorReason["_tag"]> = Omit<
+  ConstructorParameters<(typeof reasons)[Tag]>[0],
+  "message"
+>
+
+/**
+ * A `AutodiffError` of the reason tagged `tag`: `autodiffError("UnknownValue", text, { value })`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const autodiffError = <Tag extends AutodiffErrorReason["_tag"]>(
+  tag: Tag,
+  message: string,
+  facts?: AutodiffErrorFacts<Tag>
+): AutodiffError => {
+  const Reason = reasons[tag] as new(fields: { readonly message: string }) => AutodiffErrorReason
+  return new AutodiffError({ reason: new Reason({ ...facts, message }) })
+}
+
+/** Thrown inside the graph walk, caught once by `run`. */
 class Failure extends Error {
-  readonly reason: AutodiffError["reason"]
-  constructor(reason: AutodiffError["reason"], message: string) {
-    super(message)
-    this.reason = reason
+  readonly error: AutodiffError
+  constructor(error: AutodiffError) {
+    super(error.message)
+    this.error = error
   }
 }
 
@@ -55,8 +146,12 @@ const gradientsUnsafe = (
   wrt: ReadonlyArray<string>
 ): Map<string, string> => {
   for (const w of wrt) {
-    if (!e.shapes.has(w)) throw new Failure("UnknownValue", `no value named "${w}" in the graph`)
-    if (!isFloat(e.dtype(w))) throw new Failure("NotDifferentiable", `"${w}" is ${e.dtype(w)}, not a float tensor`)
+    if (!e.shapes.has(w)) {
+      throw new Failure(autodiffError("UnknownValue", `no value named "${w}" in the graph`, { value: w }))
+    }
+    if (!isFloat(e.dtype(w))) {
+      throw new Failure(autodiffError("NotDifferentiable", `"${w}" is ${e.dtype(w)}, not a float tensor`))
+    }
   }
   // Forward: which values depend on a weight through float ops.
   const active = new Set(wrt)
@@ -65,7 +160,9 @@ const gradientsUnsafe = (
       for (const o of node.outputs) if (o !== "" && isFloat(e.dtype(o))) active.add(o)
     }
   }
-  if (!active.has(loss)) throw new Failure("NotDifferentiable", `the loss "${loss}" does not depend on any weight`)
+  if (!active.has(loss)) {
+    throw new Failure(autodiffError("NotDifferentiable", `the loss "${loss}" does not depend on any weight`))
+  }
   const pending = new Map<string, Array<string>>([[loss, [e.scalar(1, e.dtype(loss))]]])
   const collect = (name: string): string | undefined => {
     const parts = pending.get(name)
@@ -83,7 +180,8 @@ const gradientsUnsafe = (
     if (!needs.some(Boolean)) continue
     const rule = Backward.rules[node.op]
     if (rule === undefined) {
-      throw new Failure("NoBackwardRule", `op ${node.op} (output "${node.outputs[0]}") has no backward rule`)
+      const message = `op ${node.op} (output "${node.outputs[0]}") has no backward rule`
+      throw new Failure(autodiffError("NoBackwardRule", message, { op: node.op }))
     }
     // A scalar seed may meet a non-scalar output (the loss is scalar, so this only happens at the seed).
     const shaped = grads.map((g, i) =>
@@ -111,8 +209,8 @@ const run = <A>(f: () => A): Effect.Effect<A, AutodiffError> =>
     try: f,
     catch: (u) =>
       u instanceof Failure
-        ? new AutodiffError({ reason: u.reason, message: u.message })
-        : new AutodiffError({ reason: "ShapeInference", message: u instanceof Error ? u.message : String(u) })
+        ? u.error
+        : autodiffError("ShapeInference", u instanceof Error ? u.message : String(u), { cause: u })
   })
 
 /**

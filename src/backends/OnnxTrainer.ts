@@ -178,8 +178,11 @@ export interface Options {
   readonly allowSpinning?: boolean
 }
 
-const fail = (reason: PolicyTrainer.PolicyTrainerErrorReason, message: string) =>
-  new PolicyTrainer.PolicyTrainerError({ reason, message })
+const fail = <Tag extends PolicyTrainer.PolicyTrainerErrorReason["_tag"]>(
+  reason: Tag,
+  message: string,
+  facts?: PolicyTrainer.PolicyTrainerErrorFacts<Tag>
+) => PolicyTrainer.policyTrainerError(reason, message, facts)
 
 const errorMessage = (u: unknown) => (u instanceof Error ? u.message : String(u))
 
@@ -381,7 +384,7 @@ const buildGraph = (trainer: Trainer, mb: Packing.MicroBatch, withGradients: boo
   }
   const dims = prefix === undefined ? {} : { groups: prefix.batch, prefix: prefix.length }
   return Autodiff.trainingGraph(forward(), { batch, length, dims, loss: trainer.options.loss, withGradients })
-    .pipe(Effect.mapError((e) => fail("Graph", e.message)))
+    .pipe(Effect.mapError((e) => fail("Graph", e.message, { cause: e })))
 }
 
 /** One graph a shape: the rows', and the shared prompts' if any. */
@@ -403,7 +406,7 @@ const compile = Effect.fnUntraced(function*(trainer: Trainer, mb: Packing.MicroB
   const bytes = Graph.toModelBytes(graph.graph)
   const session = yield* Effect.tryPromise({
     try: () => ort.InferenceSession.create(bytes, trainer.sessionOptions),
-    catch: (u) => fail("Session", `${options.executionProvider ?? "cpu"}: ${errorMessage(u)}`)
+    catch: (u) => fail("Session", `${options.executionProvider ?? "cpu"}: ${errorMessage(u)}`, { cause: u })
   })
   const compiled: Compiled = { session, graph, released: false }
   sessions.set(key, compiled)
@@ -483,7 +486,10 @@ const feeds = (trainer: Trainer, c: Compiled, mb: Packing.MicroBatch): Record<st
 }
 
 const run = (trainer: Trainer, c: Compiled, mb: Packing.MicroBatch) =>
-  Effect.tryPromise({ try: () => c.session.run(feeds(trainer, c, mb)), catch: (u) => fail("Run", errorMessage(u)) })
+  Effect.tryPromise({
+    try: () => c.session.run(feeds(trainer, c, mb)),
+    catch: (u) => fail("Run", errorMessage(u), { cause: u })
+  })
 
 const summarize = (out: ort.InferenceSession.OnnxValueMapType): PolicyTrainer.MicroBatchResult => {
   const stats = out["stats"]!.data as Float32Array
@@ -691,7 +697,7 @@ const save = (trainer: Trainer, dir: string, meta: PolicyTrainer.CheckpointMeta)
     })
   ).pipe(
     Effect.provideService(FileSystem.FileSystem, trainer.fs),
-    Effect.mapError((e) => fail("Checkpoint", e.message))
+    Effect.mapError((e) => fail("Checkpoint", e.message, { cause: e }))
   )
 
 const load = (trainer: Trainer, dir: string) =>
@@ -711,7 +717,7 @@ const load = (trainer: Trainer, dir: string) =>
     return { policyVersion: loaded.policyVersion, rngState: loaded.rngState }
   }).pipe(
     Effect.provideService(FileSystem.FileSystem, trainer.fs),
-    Effect.mapError((e) => fail("Checkpoint", e.message))
+    Effect.mapError((e) => fail("Checkpoint", e.message, { cause: e }))
   )
 
 /** A copy of the gradients accumulated since the last optimiser step (for checks and benchmarks). */

@@ -145,10 +145,11 @@ export const checkpointFiles = ["model.safetensors", "optimizer.safetensors", "t
 /** Where the server's messages name the checkpoint directory it wrote or read, the client's `dir` goes. */
 export const checkpointMarker = "<checkpoint>"
 
-const fail = (reason: PolicyTrainer.PolicyTrainerErrorReason, message: string) =>
-  new PolicyTrainer.PolicyTrainerError({ reason, message })
-
-const reasons = new Set<string>(PolicyTrainer.PolicyTrainerErrorReason.literals)
+const fail = <Tag extends PolicyTrainer.PolicyTrainerErrorReason["_tag"]>(
+  reason: Tag,
+  message: string,
+  facts?: PolicyTrainer.PolicyTrainerErrorFacts<Tag>
+) => PolicyTrainer.policyTrainerError(reason, message, facts)
 
 /** Connection failures worth sending a call again for (the request may or may not have arrived). */
 const transient = (status: number) => status === 502 || status === 503 || status === 504
@@ -279,8 +280,8 @@ const replyOf = (
   const parsed = Option.getOrUndefined(decodeJson(text)) as { error?: { message?: unknown; code?: unknown } } | null
   const error = (typeof parsed === "object" && parsed !== null ? parsed.error : undefined) ?? {}
   const message = typeof error.message === "string" ? error.message : text.slice(0, 300)
-  if (typeof error.code === "string" && reasons.has(error.code)) {
-    return Effect.fail(fail(error.code as PolicyTrainer.PolicyTrainerErrorReason, message))
+  if (typeof error.code === "string" && PolicyTrainer.isPolicyTrainerErrorTag(error.code)) {
+    return Effect.fail(fail(error.code, message))
   }
   if (error.code === "unknown_session") {
     return Effect.fail(fail(
@@ -456,7 +457,7 @@ const load = Effect.fnUntraced(function*(s: Session, dir: string) {
     files.push([file, yield* s.fs.readFile(path).pipe(Effect.mapError((e) => fail("Checkpoint", e.message)))])
   }
   const frame = yield* call(s, "load", Wire.encode({}, files)).pipe(
-    Effect.mapError((e) => fail(e.reason, e.message.replaceAll(checkpointMarker, dir)))
+    Effect.mapError((e) => e.withMessage(e.message.replaceAll(checkpointMarker, dir)))
   )
   const meta = frame.header["meta"] as PolicyTrainer.CheckpointMeta | undefined
   if (typeof meta?.policyVersion !== "number" || !Array.isArray(meta.rngState)) {

@@ -15,7 +15,7 @@ export const isDiskFull = (e: unknown, depth = 0): boolean => {
   if (typeof e !== "object" || e === null || depth > 6) return false
   const u = e as { code?: unknown; reason?: unknown; message?: unknown; cause?: unknown }
   if (typeof u.code === "string" && codes.has(u.code)) return true
-  if (u.reason === "DiskFull") return true
+  if (u.reason === "DiskFull" || (u as { _tag?: unknown })._tag === "DiskFull") return true
   if (typeof u.message === "string" && /\bENOSPC\b|\bEDQUOT\b|no space left on device/.test(u.message)) return true
   return isDiskFull(u.cause, depth + 1) || (typeof u.reason === "object" && isDiskFull(u.reason, depth + 1))
 }

@@ -51,7 +51,13 @@ describe("Journal", () => {
       const path = join(tmp(), "journal.jsonl")
       writeFileSync(path, JSON.stringify(step(1, [0])) + "\nnot json\n" + JSON.stringify(step(2, [1])) + "\n")
       const result = yield* Effect.result(Journal.read(path))
-      assert.isTrue(Result.isFailure(result) && result.failure.reason === "Corrupt")
+      assert.isTrue(Result.isFailure(result) && result.failure.reason._tag === "Corrupt")
+      // Where: the line and its byte offset, caught by the reason's tag.
+      const at = yield* Journal.read(path).pipe(
+        Effect.as(undefined),
+        Effect.catchReason("JournalError", "Corrupt", ({ byte, line }) => Effect.succeed({ line, byte }))
+      )
+      assert.deepStrictEqual(at, { line: 2, byte: JSON.stringify(step(1, [0])).length + 1 })
       // The message names the file, the line and what is wrong with it.
       const group = { kind: "group", seq: 0, groupId: "g", rowIndex: 0, policyVersion: 0, meanReward: null }
       writeFileSync(path, JSON.stringify(step(1, [0])) + "\n" + JSON.stringify(group) + "\n" + JSON.stringify(step(2, [1])) + "\n")

@@ -301,7 +301,7 @@ describe("Learner.update", () => {
       const recorded = yield* PolicyTrainer.PolicyTrainer
       const recording = yield* PolicyTrainer.RecordingRef
       // The recording trainer, whose optimiser steps fail as `failures` says (by call, from 0).
-      const failing = (failures: ReadonlyArray<PolicyTrainer.PolicyTrainerErrorReason | undefined>) => {
+      const failing = (failures: ReadonlyArray<PolicyTrainer.PolicyTrainerErrorReason["_tag"] | undefined>) => {
         let calls = 0
         return PolicyTrainer.PolicyTrainer.of({
           ...recorded,
@@ -309,7 +309,7 @@ describe("Learner.update", () => {
             const reason = failures[calls++]
             return reason === undefined
               ? recorded.optimStep
-              : Effect.fail(new PolicyTrainer.PolicyTrainerError({ reason, message: `step ${calls - 1}` }))
+              : Effect.fail(PolicyTrainer.policyTrainerError(reason, `step ${calls - 1}`))
           })
         })
       }
@@ -318,7 +318,7 @@ describe("Learner.update", () => {
         rowIndex: g,
         trajectories: [0, 1].map((c) => trajectory(`t${g}${c}`, `g${g}`, [1, 2], 10 + g, -1, c))
       }))
-      const step = (failures: ReadonlyArray<PolicyTrainer.PolicyTrainerErrorReason | undefined>) =>
+      const step = (failures: ReadonlyArray<PolicyTrainer.PolicyTrainerErrorReason["_tag"] | undefined>) =>
         Learner.update(groups, { ...options, miniBatches: 2 }).pipe(
           Effect.provideService(PolicyTrainer.PolicyTrainer, failing(failures))
         )
@@ -333,8 +333,10 @@ describe("Learner.update", () => {
       assert.strictEqual((yield* Ref.get(recording)).steps, 1)
       // any other optimiser failure fails the step
       const error = yield* Effect.flip(step([undefined, "Run"]))
-      assert.strictEqual(error.reason, "Trainer")
+      assert.strictEqual(error.reason._tag, "Trainer")
       assert.strictEqual(error.message, "step 1")
+      // The trainer's own error is the cause, with its reason.
+      assert.strictEqual((error.reason.cause as PolicyTrainer.PolicyTrainerError).reason._tag, "Run")
     }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
 
   it.effect("policy tokens without sampler logprobs are a typed error for PPO-style losses", () =>
@@ -348,7 +350,7 @@ describe("Learner.update", () => {
       }
       const group = { groupId: "x", rowIndex: 0, trajectories: [noLogprobs, trajectory("b", "x", [1], 3, -1, 0)] }
       const error = yield* Effect.flip(Learner.update([group], options))
-      assert.strictEqual(error.reason, "MissingLogprobs")
+      assert.strictEqual(error.reason._tag, "MissingLogprobs")
       // recomputing the old policy without importance weights does not need them
       const ok = yield* Learner.update([group], { ...options, recomputeOldLogprobs: true })
       assert.strictEqual(ok.outcome, "applied")
@@ -389,7 +391,7 @@ describe("Learner.update", () => {
       assert.approximately(advantageOf(5), -0.1, 1e-6)
       for (const t of [6, 7, 8]) assert.approximately(advantageOf(t), 0.1, 1e-6)
       const missing = yield* Effect.flip(Learner.update([group], { ...options, klInReward: 0.1 }))
-      assert.strictEqual(missing.reason, "Config")
+      assert.strictEqual(missing.reason._tag, "Config")
     }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
 
   it.effect("a KL loss without a reference policy is a Config error before any gradient", () =>
@@ -401,7 +403,7 @@ describe("Learner.update", () => {
         trajectories: [trajectory("a", "x", [1], 2, -1, 1), trajectory("b", "x", [1], 3, -1, 0)]
       }
       const error = yield* Effect.flip(Learner.update([group], { ...options, loss: { ...Loss.grpo, klCoef: 0.1 } }))
-      assert.strictEqual(error.reason, "Config")
+      assert.strictEqual(error.reason._tag, "Config")
       assert.deepStrictEqual(yield* Ref.get(recording), { microBatches: [], steps: 0 })
     }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
 
@@ -558,7 +560,7 @@ describe("Learner step failures", () => {
       const failure = yield* Effect.flip(
         Learner.update([bad], small).pipe(Effect.provideService(PolicyTrainer.PolicyTrainer, dirty.trainer))
       )
-      assert.strictEqual(failure.reason, "Trainer")
+      assert.strictEqual(failure.reason._tag, "Trainer")
       yield* Learner.update([good], small).pipe(Effect.provideService(PolicyTrainer.PolicyTrainer, dirty.trainer))
       const clean = yield* make
       yield* Learner.update([good], small).pipe(Effect.provideService(PolicyTrainer.PolicyTrainer, clean.trainer))
@@ -618,7 +620,7 @@ describe("Learner with a critic (PPO with GAE)", () => {
       assert.deepStrictEqual((yield* Ref.get(recording)).microBatches.length, microBatches.length, "no policy compute")
       assert.strictEqual((yield* Ref.get(recording)).steps, 1, "no policy step")
       const missing = yield* Effect.flip(Learner.update([group], { ...options, estimator: "gae", loss: Loss.ppo }))
-      assert.strictEqual(missing.reason, "Config")
+      assert.strictEqual(missing.reason._tag, "Config")
       assert.include(missing.message, "critic")
     }).pipe(Effect.scoped, Effect.provide(PolicyTrainer.layerRecording())))
 

@@ -3,7 +3,7 @@ import { Context, Deferred, Effect, Exit, Fiber, Layer, Metric, Ref, Schedule, S
 import { TestClock } from "effect/testing"
 import * as ResourceManager from "../../actors/ResourceManager.ts"
 import * as InProcess from "../../actors/resources/InProcess.ts"
-import { EnvError } from "../../src/Environment.ts"
+import { EnvError, envError } from "../../src/Environment.ts"
 import * as Resource from "../../src/Resource.ts"
 
 /** A fake backend whose instances are counters that can be killed; it records what the manager asked of it. */
@@ -15,7 +15,7 @@ const makeFake = () => {
     readonly value: Ref.Ref<number>
   }
   const dead = (id: string, method: string) =>
-    new EnvError({ env: "fake", method, reason: "Crashed", message: `${id} is dead` })
+    envError("fake", method, "Crashed", `${id} is dead`)
   const backend: Resource.Backend<Counter> = {
     start: (_spec, id) =>
       Effect.gen(function*() {
@@ -393,7 +393,7 @@ describe("ResourceManager", () => {
         const backend: Resource.Backend<string> = {
           start: (_s, id) =>
             fail
-              ? Effect.fail(new EnvError({ env: "x", method: "start", reason: "Unavailable", message: "no engine" }))
+              ? Effect.fail(envError("x", "start", "Unavailable", "no engine"))
               : Effect.succeed(id),
           reset: () => Effect.void,
           health: () => Effect.void
@@ -416,7 +416,7 @@ describe("ResourceManager", () => {
             ++starts === 1
               ? Effect.andThen(
                 Effect.sleep("2 seconds"),
-                Effect.fail(new EnvError({ env: "x", method: "start", reason: "Unavailable", message: "slow failure" }))
+                Effect.fail(envError("x", "start", "Unavailable", "slow failure"))
               )
               : Effect.succeed(id),
           reset: () => Effect.void,

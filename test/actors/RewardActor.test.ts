@@ -39,7 +39,7 @@ describe("RewardActor", () => {
     Effect.gen(function*() {
       const actor = yield* RewardActor.make(Exact, { onError: "zero" })
       const { trajectory, error } = yield* actor.score(answered("42", { wrong: 1 }))
-      assert.strictEqual(error?.reason, "InvalidRow")
+      assert.strictEqual(error?.reason._tag, "InvalidRow")
       assert.strictEqual(trajectory.reward, 0)
       assert.strictEqual(trajectory.rewardStatus, "scored")
       assert.isFalse(trajectory.masked)
@@ -49,6 +49,9 @@ describe("RewardActor", () => {
       const down = Reward.make("judge", { score: () => Effect.fail(new Error("the judge is down")) })
       const failed = yield* (yield* RewardActor.make(down, { onError: "zero" })).score(answered("x"))
       assert.strictEqual(failed.error?.message, `reward "judge": the judge is down`)
+      // Renamed with its reward, the error keeps its reason's cause: the scorer's own failure.
+      assert.strictEqual(failed.error?.reason._tag, "ScoreFailed")
+      assert.strictEqual((failed.error?.reason.cause as Error).message, "the judge is down")
     }))
 
   it.effect("error policy \"drop\": failed and masked; a defect in the scorer is a Defect error, not a crash", () =>
@@ -56,7 +59,8 @@ describe("RewardActor", () => {
       const buggy = Reward.make("buggy", { score: () => Effect.sync((): number => JSON.parse("{")) })
       const actor = yield* RewardActor.make(buggy, { onError: "drop" })
       const { trajectory, error } = yield* actor.score(answered("x"))
-      assert.strictEqual(error?.reason, "Defect")
+      assert.strictEqual(error?.reason._tag, "Defect")
+      assert.instanceOf(error?.reason.cause, Error) // what the scorer threw
       assert.strictEqual(trajectory.rewardStatus, "failed")
       assert.isTrue(trajectory.masked)
       assert.strictEqual(trajectory.metrics["reward/buggy/error"], 1)
@@ -71,7 +75,8 @@ describe("RewardActor", () => {
           })
       })
       const { error } = yield* (yield* RewardActor.make(buggy, { onError: "zero" })).score(answered("x"))
-      assert.strictEqual(error?.reason, "Defect")
+      assert.strictEqual(error?.reason._tag, "Defect")
+      assert.instanceOf(error?.reason.cause, Error) // what the scorer threw
       assert.strictEqual(error?.message, `reward "buggy" threw: boom: odd target 3`)
     }))
 
@@ -127,7 +132,7 @@ describe("RewardActor", () => {
       const fiber = yield* Effect.forkChild(actor.score(answered("x")))
       yield* TestClock.adjust("5 seconds")
       const { trajectory, error } = yield* Fiber.join(fiber)
-      assert.strictEqual(error?.reason, "Timeout")
+      assert.strictEqual(error?.reason._tag, "Timeout")
       assert.strictEqual(trajectory.rewardStatus, "failed")
     }))
 

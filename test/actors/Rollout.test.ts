@@ -673,12 +673,9 @@ describe("Rollout.run with the ToolActor and RewardActor", () => {
         failureMode: "error",
         handler: ({ crash }) =>
           Effect.fail(
-            new Environment.EnvError({
-              env: "test",
-              method: "step",
-              reason: crash ? "Crashed" : "InvalidAction",
-              message: crash ? "container died" : "no such move"
-            })
+            crash
+              ? Environment.envError("test", "step", "Crashed", "container died")
+              : Environment.envError("test", "step", "InvalidAction", "no such move")
           )
       })
       const Answer = Tool.make("answer", {

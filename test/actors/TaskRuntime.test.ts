@@ -44,7 +44,7 @@ describe("TaskRuntime", () => {
         handler: () => Effect.succeed("")
       })
       const error = yield* Effect.flip(TaskRuntime.make(Task.make("doubled", { tools: [echo, echo] })))
-      assert.strictEqual(error.reason, "Module")
+      assert.strictEqual(error.reason._tag, "Module")
       assert.strictEqual(error.message, `task "doubled": two tools are named "echo"`)
     }))
 
@@ -70,7 +70,7 @@ describe("TaskRuntime", () => {
         )
       )
       assert.strictEqual(error._tag, "TaskError")
-      assert.strictEqual((error as Task.TaskError).reason, "MissingServices")
+      assert.strictEqual((error as Task.TaskError).reason._tag, "MissingServices")
       assert.include(error.message, "test/TaskRuntime/Counter")
       assert.include(error.message, "the task has no environment")
       assert.strictEqual(sampled, 0)
@@ -85,8 +85,14 @@ describe("TaskRuntime", () => {
         environment: Environment.perChain(Layer.succeed(Other, Other.of({ x: 1 })))
       } as never) as Task.Task
       const missing = yield* Effect.flip(TaskRuntime.make(wrong))
-      assert.strictEqual(missing.reason, "MissingServices")
+      assert.strictEqual(missing.reason._tag, "MissingServices")
       assert.include(missing.message, "its environment lacks them")
+      // The services are a fact of the reason, caught by its tag.
+      const services = yield* TaskRuntime.make(wrong).pipe(
+        Effect.as([]),
+        Effect.catchReason("TaskError", "MissingServices", (reason) => Effect.succeed(reason.services))
+      )
+      assert.deepStrictEqual(services, ["test/TaskRuntime/Counter"])
       // A layer that fails, or dies (throws): the same typed error naming the task, not a defect of the run.
       for (
         const [name, build, why] of [
@@ -96,8 +102,9 @@ describe("TaskRuntime", () => {
       ) {
         const task = Task.make(name, { tools: [counted], environment: Environment.perChain(Layer.effect(Counter, build)) })
         const down = yield* Effect.flip(TaskRuntime.make(task))
-        assert.strictEqual(down.reason, "Environment")
+        assert.strictEqual(down.reason._tag, "Environment")
         assert.strictEqual(down.message, `the environment of task "${name}" could not start: ${why}`)
+        assert.strictEqual((down.reason.cause as Error).message, why) // what the layer failed or died with
       }
     }))
 
@@ -125,7 +132,7 @@ describe("TaskRuntime", () => {
         assert.isTrue(Exit.isFailure(exit))
         const error = Exit.isFailure(exit) ? Cause.squash(exit.cause) : undefined
         assert.instanceOf(error, Task.TaskError, `${task.name}: a typed error, not a defect`)
-        assert.strictEqual((error as Task.TaskError).reason, "MissingServices")
+        assert.strictEqual((error as Task.TaskError).reason._tag, "MissingServices")
         assert.strictEqual(
           (error as Task.TaskError).message,
           `task "${task.name}": its environment needs test/TaskRuntime/Catalog, but neither the task's layer nor ` +
@@ -192,7 +199,7 @@ describe("TaskRuntime", () => {
         readonly reset: (code: number) => Effect.Effect<void, Environment.EnvError>
       }>()("test/TaskRuntime/Lock") {}
       const noDial = (code: number) =>
-        new Environment.EnvError({ env: "lock", method: "reset", reason: "ResetFailed", message: `no dial ${code}` })
+        Environment.envError("lock", "reset", "ResetFailed", `no dial ${code}`)
       const lock = Layer.succeed(
         Lock,
         Lock.of({ reset: (code) => (code < 1000 ? Effect.void : Effect.fail(noDial(code))) })
@@ -301,7 +308,7 @@ describe("TaskRuntime", () => {
       }
       // A typed failure: EnvFailed.
       logs.length = 0
-      const jammed = new Environment.EnvError({ env: "lock", method: "step", reason: "Crashed", message: "jammed" })
+      const jammed = Environment.envError("lock", "step", "Crashed", "jammed")
       const failed = yield* roll(Task.make("jammed", { episode: { step: () => Effect.fail(jammed) } }))
       assert.deepStrictEqual(failed.map((t) => t.errorReason), ["EnvFailed", "EnvFailed"])
       assert.strictEqual(logs.length, 1)

@@ -73,7 +73,7 @@ describe("ToolActor", () => {
           call("echo", "{text: nope")
         ])).results
         for (const r of [wrongType, missing, extra, notJson]) {
-          assert.strictEqual(r!.error?.reason, "DecodeError")
+          assert.strictEqual(r!.error?.reason._tag, "DecodeError")
           assert.isTrue(r!.message.is_error)
           assert.strictEqual(r!.attempts, 0)
           assert.strictEqual(Tool.formatErrorOf(r!.message.content as string), "DecodeError")
@@ -88,7 +88,7 @@ describe("ToolActor", () => {
       Effect.gen(function*() {
         const actor = yield* ToolActor.make([Echo, Stats])
         const r = yield* actor.execute(call("search", { q: "x" }))
-        assert.strictEqual(r.error?.reason, "UnknownTool")
+        assert.strictEqual(r.error?.reason._tag, "UnknownTool")
         assert.strictEqual(r.message.content, `Error: unknown tool "search". Available tools: echo, stats.`)
         assert.isTrue(r.message.is_error)
         assert.isTrue(r.error!.isFormatError)
@@ -104,7 +104,8 @@ describe("ToolActor", () => {
         assert.isUndefined(fiber.pollUnsafe())
         yield* TestClock.adjust("1 millis")
         const r = yield* Fiber.join(fiber)
-        assert.strictEqual(r.error?.reason, "Timeout")
+        assert.strictEqual(r.error?.reason._tag, "Timeout")
+        assert.strictEqual(r.error?.reason._tag === "Timeout" && r.error.reason.timeoutMs, 1000)
         assert.strictEqual(r.message.content, `Error: tool "slow" timed out after 1s.`)
         assert.isTrue(r.error!.isRetryable)
         assert.isFalse(r.error!.isFormatError)
@@ -116,7 +117,7 @@ describe("ToolActor", () => {
         const actor = yield* ToolActor.make([Lookup])
         const turn = yield* actor.executeTurn([call("lookup", { key: "a" }), call("lookup", { key: "z" })])
         assert.strictEqual(turn.messages[0]!.content, "apple")
-        assert.strictEqual(turn.results[1]!.error?.reason, "HandlerFailure")
+        assert.strictEqual(turn.results[1]!.error?.reason._tag, "HandlerFailure")
         assert.strictEqual(turn.messages[1]!.content, `Error: no entry for "z"`)
         assert.isTrue(turn.messages[1]!.is_error)
         assert.strictEqual(turn.errors, 1)
@@ -133,14 +134,27 @@ describe("ToolActor", () => {
         const exit = yield* Effect.exit(strictActor.executeTurn([call("lookup", { key: "z" })]))
         assert.isTrue(Exit.isFailure(exit))
         const error = yield* Effect.flip(strictActor.executeTurn([call("lookup", { key: "z" })]))
-        assert.strictEqual(error.reason, "HandlerFailure")
+        assert.strictEqual(error.reason._tag, "HandlerFailure")
+        // The handler's own failure is the reason's cause, and the reason is caught by its tag.
+        const cause = yield* strictActor.executeTurn([call("lookup", { key: "z" })]).pipe(
+          Effect.as(undefined),
+          Effect.catchReason("ToolError", "HandlerFailure", (reason) => Effect.succeed(reason.cause))
+        )
+        assert.instanceOf(cause, NotFound)
+        // Sent as JSON (a trajectory, a log) and read back: the same reason, message and cause's message.
+        const codec = Schema.toCodecJson(Tool.ToolError)
+        const back = Schema.decodeUnknownSync(codec)(JSON.parse(JSON.stringify(Schema.encodeSync(codec)(error))))
+        assert.strictEqual(back.reason._tag, "HandlerFailure")
+        assert.strictEqual(back.message, `Error: no entry for "z"`)
+        assert.strictEqual((back.reason.cause as Error).message, `no entry for "z"`)
       }))
 
     it.effect("a handler that throws gives a Defect observation, not a crash", () =>
       Effect.gen(function*() {
         const actor = yield* ToolActor.make([Buggy, Echo])
         const turn = yield* actor.executeTurn([call("buggy", {}), call("echo", { text: "still here" })])
-        assert.strictEqual(turn.results[0]!.error?.reason, "Defect")
+        assert.strictEqual(turn.results[0]!.error?.reason._tag, "Defect")
+        assert.instanceOf(turn.results[0]!.error?.reason.cause, Error) // what the handler threw
         assert.strictEqual(turn.messages[0]!.content, `Error: tool "buggy" failed with an internal error.`)
         assert.strictEqual(turn.messages[1]!.content, "still here")
       }))
@@ -191,7 +205,7 @@ describe("ToolActor", () => {
         const actor = yield* ToolActor.make([Hung])
         const timedOut = yield* Effect.forkChild(actor.execute(call("hung", {})))
         yield* TestClock.adjust("1 second")
-        assert.strictEqual((yield* Fiber.join(timedOut)).error?.reason, "Timeout")
+        assert.strictEqual((yield* Fiber.join(timedOut)).error?.reason._tag, "Timeout")
         assert.strictEqual(released, 1)
         const interrupted = yield* Effect.forkChild(actor.executeTurn([call("hung", {})]))
         yield* TestClock.adjust("500 millis")
@@ -208,7 +222,7 @@ describe("ToolActor", () => {
           handler: () => Effect.succeed(1.5)
         })
         const r = yield* (yield* ToolActor.make([Liar])).execute(call("liar", {}))
-        assert.strictEqual(r.error?.reason, "InvalidResult")
+        assert.strictEqual(r.error?.reason._tag, "InvalidResult")
       }))
 
     it.effect("two tools with one name are refused", () =>
@@ -237,7 +251,7 @@ describe("ToolActor", () => {
         })
         const error = yield* Effect.flip(ToolActor.make([Echo, plot]))
         assert.strictEqual(error.tool, "plot")
-        assert.strictEqual(error.reason, "DecodeError")
+        assert.strictEqual(error.reason._tag, "DecodeError")
         assert.include(error.message, `tool "plot" can never be called`)
         assert.include(error.message, `parameter field ["points"][number]`)
         assert.include(error.message, "Schema.instanceOf")
@@ -270,7 +284,7 @@ describe("ToolActor", () => {
         assert.isUndefined(seen[2])
         assert.isUndefined(Tool.argumentsProblem(remind, { at: "2024-05-01T09:00:00.000Z", count: "3" }))
         const bad = yield* actor.execute(call("remind", { at: "not a date", count: "3" }))
-        assert.strictEqual(bad.error?.reason, "DecodeError")
+        assert.strictEqual(bad.error?.reason._tag, "DecodeError")
       }))
   })
 
@@ -506,7 +520,7 @@ describe("ToolActor", () => {
       Effect.gen(function*() {
         const actor = yield* ToolActor.make([Add])
         const r = yield* actor.execute(call("add", { n: 1 }))
-        assert.strictEqual(r.error?.reason, "MissingEnvironment")
+        assert.strictEqual(r.error?.reason._tag, "MissingEnvironment")
         assert.include(r.message.content, "test/Counter")
       }))
 

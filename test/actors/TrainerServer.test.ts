@@ -262,11 +262,11 @@ describe("RemoteTrainer and TrainerServer", () => {
       bytes[bytes.length - 1] ^= 0xff
       yield* fs.writeFile(file, bytes)
       const corrupt = yield* Effect.flip(fresh.load(`${dir}/local`))
-      assert.strictEqual(corrupt.reason, "Checkpoint")
+      assert.strictEqual(corrupt.reason._tag, "Checkpoint")
       assert.include(corrupt.message, `${dir}/local/model.safetensors`)
       assert.notInclude(corrupt.message, "agentfly-trainer-")
       const missing = yield* Effect.flip(fresh.load(`${dir}/nowhere`))
-      assert.strictEqual(missing.reason, "Checkpoint")
+      assert.strictEqual(missing.reason._tag, "Checkpoint")
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 60_000)
 
   // Live clock: the client waits between attempts.
@@ -299,18 +299,18 @@ describe("RemoteTrainer and TrainerServer", () => {
       yield* there.forwardBackward(mbs[0]!)
       yield* Scope.close(first, Exit.void)
       const gone = yield* Effect.flip(there.optimStep)
-      assert.strictEqual(gone.reason, "Unavailable")
+      assert.strictEqual(gone.reason._tag, "Unavailable")
       assert.include(gone.message, "could not be reached")
       yield* TrainerServer.serve({ port })
       const lost = yield* Effect.flip(there.optimStep)
-      assert.strictEqual(lost.reason, "Remote")
+      assert.strictEqual(lost.reason._tag, "Remote")
       assert.include(lost.message, "resume the run from its last checkpoint")
       // One that is not there when the run starts: refused within 5 s (not its 60 s mid-run patience), and with
       // nothing to resume yet. Within 5 s the waits (0.1, 0.2, 0.4, 0.8, 1.6 s, then 2 s) leave room for 5 retries
       // at most, however slow each attempt; 60 s would allow over 30.
       const traffic = RemoteTrainer.makeTraffic()
       const absent = yield* Effect.flip(remote(`http://127.0.0.1:${port + 1}/v1`, 1, { traffic }))
-      assert.strictEqual(absent.reason, "Unavailable")
+      assert.strictEqual(absent.reason._tag, "Unavailable")
       assert.isAtMost(traffic.retries, 5)
       assert.include(absent.message, "could not be reached for 5 s (init: ECONNREFUSED)")
       assert.notInclude(absent.message, "resume")
@@ -354,7 +354,7 @@ describe("RemoteTrainer and TrainerServer", () => {
       const hung = yield* proxy("forever")
       const traffic = RemoteTrainer.makeTraffic()
       const gaveUp = yield* Effect.flip(remote(hung.url, 1, { callMillis: 800, traffic }))
-      assert.strictEqual(gaveUp.reason, "Unavailable")
+      assert.strictEqual(gaveUp.reason._tag, "Unavailable")
       assert.include(gaveUp.message, "gave no answer to init within 0.8 s (learner.timeoutSeconds)")
       assert.deepStrictEqual([traffic.calls, traffic.retries], [1, 0], "given up once, not sent again behind it")
       for (const res of held) res.destroy()
@@ -389,7 +389,7 @@ describe("RemoteTrainer and TrainerServer", () => {
       }
       assert.deepStrictEqual(yield* trainers, ["policy-b"])
       const closed = yield* Effect.flip(a.step)
-      assert.strictEqual(closed.reason, "Remote")
+      assert.strictEqual(closed.reason._tag, "Remote")
       assert.include(closed.message, "no longer holds")
       assert.strictEqual(yield* b.step, 1)
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 60_000)
@@ -400,15 +400,15 @@ describe("RemoteTrainer and TrainerServer", () => {
       const mbs = yield* batches(false)
       // No token, then a wrong one.
       const unauthorised = yield* Effect.flip(remote(baseUrl, 1, { token: "wrong" }))
-      assert.strictEqual(unauthorised.reason, "Remote")
+      assert.strictEqual(unauthorised.reason._tag, "Remote")
       assert.include(unauthorised.message, "AGENTFLY_TRAINER_TOKEN")
       const there = yield* remote(baseUrl, 1, { token: "s3cret" })
       // A token id outside the vocabulary: the trainer's own check, typed, and nothing accumulated.
       const bad = { ...mbs[0]!, targets: mbs[0]!.targets.map((t, i) => (i === 3 ? 999 : t)) }
       const refused = yield* Effect.flip(there.forwardBackward(bad))
-      assert.strictEqual(refused.reason, "BadBatch")
+      assert.strictEqual(refused.reason._tag, "BadBatch")
       assert.include(refused.message, "999")
-      assert.strictEqual((yield* Effect.flip(there.optimStep)).reason, "NothingAccumulated")
+      assert.strictEqual((yield* Effect.flip(there.optimStep)).reason._tag, "NothingAccumulated")
       yield* there.forwardBackward(mbs[0]!)
       assert.strictEqual((yield* there.optimStep).step, 1)
       // Weights of another model, a frame that is not one, a call out of order.

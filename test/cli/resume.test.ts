@@ -80,12 +80,12 @@ describe("agentfly train --resume", () => {
       const first = specs[0]!.name
       yield* rewrite(3, (w) => void (w.get(first)![0] = Number.NaN), false)
       const nan = yield* Effect.flip(Eval.run({ config, checkpoint: ckpt(3), ...quiet }))
-      assert.strictEqual((nan as Checkpoint.CheckpointError).reason, "NonFinite")
+      assert.strictEqual((nan as Checkpoint.CheckpointError).reason._tag, "NonFinite")
       assert.include((nan as Error).message, `${first}[0] = NaN`)
 
       yield* rewrite(2, (w) => void (w.get(first)![0] = w.get(first)![0]! + 0.5), true)
       const altered = yield* Effect.flip(Eval.run({ config, checkpoint: ckpt(2), ...quiet }))
-      assert.strictEqual((altered as Checkpoint.CheckpointError).reason, "Corrupt")
+      assert.strictEqual((altered as Checkpoint.CheckpointError).reason._tag, "Corrupt")
       assert.include((altered as Error).message, "are not the ones the run's journal recorded")
       lines.length = 0
       const fallback = yield* Train.run({ config, output: b, resume: true, ...quiet })

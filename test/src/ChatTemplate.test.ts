@@ -233,16 +233,22 @@ describe("ChatTemplate errors", () => {
 
   it.effect("bad syntax, a raising template, a folder without template and malformed conversations", () =>
     Effect.gen(function*() {
-      assert.strictEqual((yield* Effect.flip(ChatTemplate.make({ source: "{% if %}" }))).reason, "InvalidSyntax")
+      assert.strictEqual((yield* Effect.flip(ChatTemplate.make({ source: "{% if %}" }))).reason._tag, "InvalidSyntax")
       const raising = yield* ChatTemplate.make({ source: "{{ raise_exception('no system allowed') }}" })
       const raised = yield* Effect.flip(raising.render([]))
-      assert.strictEqual(raised.reason, "RenderFailed")
+      assert.strictEqual(raised.reason._tag, "RenderFailed")
       assert.include(raised.message, "no system allowed")
+      // What the template raised is the cause, caught by the reason's tag.
+      const cause = yield* raising.render([]).pipe(
+        Effect.as(undefined),
+        Effect.catchReason("TemplateError", "RenderFailed", (reason) => Effect.succeed(reason.cause))
+      )
+      assert.include((cause as Error).message, "no system allowed")
       const dir = mkdtempSync(join(tmpdir(), "agentfly-tpl-"))
       writeFileSync(join(dir, "tokenizer_config.json"), JSON.stringify({ eos_token: "<|im_end|>" }))
-      assert.strictEqual((yield* Effect.flip(run(ChatTemplate.load(dir)))).reason, "NotFound")
+      assert.strictEqual((yield* Effect.flip(run(ChatTemplate.load(dir)))).reason._tag, "NotFound")
       for (const bad of [42, { messages: [{ role: "robot", content: "x" }] }, [{ role: "user" }], { messages: "x" }]) {
-        assert.strictEqual((yield* Effect.flip(ChatTemplate.decodeConversation(bad))).reason, "InvalidMessages")
+        assert.strictEqual((yield* Effect.flip(ChatTemplate.decodeConversation(bad))).reason._tag, "InvalidMessages")
       }
     }))
 

@@ -32,7 +32,7 @@ describe("Checkpoint", () => {
     Effect.gen(function*() {
       const dir = join(mkdtempSync(join(tmpdir(), "checkpoint-")), "step-1")
       const error = yield* Effect.flip(Checkpoint.save(dir, state([1, Number.NaN, 3, 4])))
-      assert.strictEqual(error.reason, "NonFinite")
+      assert.strictEqual(error.reason._tag, "NonFinite")
       assert.include(error.message, "a[1] = NaN")
       assert.isFalse(existsSync(dir) && readdirSync(dir).length > 0, "nothing written")
       const moments = state()
@@ -54,20 +54,28 @@ describe("Checkpoint", () => {
       const truncated = yield* saved("truncated")
       const bytes = readFileSync(join(truncated, "model.safetensors"))
       writeFileSync(join(truncated, "model.safetensors"), bytes.subarray(0, bytes.length - 5))
-      assert.strictEqual((yield* Effect.flip(Checkpoint.load(truncated, specs))).reason, "Corrupt")
+      const corrupt = yield* Effect.flip(Checkpoint.load(truncated, specs))
+      assert.strictEqual(corrupt.reason._tag, "Corrupt")
+      assert.strictEqual(corrupt.path, join(truncated, "model.safetensors"))
+      assert.strictEqual((corrupt.reason.cause as { _tag?: string })._tag, "SafetensorsError") // why it is unreadable
+      const missing = yield* Checkpoint.load(join(truncated, "nowhere"), specs).pipe(
+        Effect.as(""),
+        Effect.catchReason("CheckpointError", "NotFound", (reason) => Effect.succeed(reason.message))
+      )
+      assert.strictEqual(missing, `no checkpoint at ${join(truncated, "nowhere")}`)
 
       const rewrite = (dir: string, a: ArrayLike<number>) =>
         writeFileSync(join(dir, "model.safetensors"), Safetensors.serialize(state(a).weights, { format: "pt" }))
       const nan = yield* saved("nan")
       rewrite(nan, [1, 2, Number.NaN, 4])
       const nanError = yield* Effect.flip(Checkpoint.load(nan, specs))
-      assert.strictEqual(nanError.reason, "NonFinite")
+      assert.strictEqual(nanError.reason._tag, "NonFinite")
       assert.include(nanError.message, "a[2] = NaN")
 
       const altered = yield* saved("altered")
       rewrite(altered, [1, 2, 3, 4.000001])
       const alteredError = yield* Effect.flip(Checkpoint.load(altered, specs))
-      assert.strictEqual(alteredError.reason, "Corrupt")
+      assert.strictEqual(alteredError.reason._tag, "Corrupt")
       assert.include(alteredError.message, "does not hold the weights saved")
 
       // A checkpoint written before the state file carried a fingerprint still loads (nothing to compare with).

@@ -33,8 +33,8 @@ describe("Dataset", () => {
     Effect.gen(function*() {
       const text = `[\n  {"question": "a, [b]", "answer": "1"},\n  {"question": "c"},\n  {\n    "answer": "2"\n  }\n]\n`
       const error = yield* failure(Dataset.parse("t.json", text))
-      assert.strictEqual(error.reason, "InvalidRow")
-      assert.strictEqual(error.line, 4)
+      assert.strictEqual(error.reason._tag, "InvalidRow")
+      assert.strictEqual(error.reason._tag === "InvalidRow" && error.reason.line, 4)
       assert.include(error.message, "t.json:4: a row needs a `question` or `messages`")
       const skipped = yield* Dataset.parse("t.json", text, { onInvalid: "skip" })
       assert.deepStrictEqual(skipped.rows.map((r) => [r.line, r.question]), [[2, "a, [b]"], [3, "c"]])
@@ -53,7 +53,7 @@ describe("Dataset", () => {
         `{"question":"fine"}`
       ].join("\n")
       const error = yield* failure(Dataset.parse("d.jsonl", text))
-      assert.strictEqual(error.line, 2)
+      assert.strictEqual(error.reason._tag === "InvalidRow" && error.reason.line, 2)
       assert.include(error.message, "question")
       const ds = yield* Dataset.parse("d.jsonl", text, { onInvalid: "skip" })
       assert.deepStrictEqual(ds.rows.map((r) => r.line), [1, 7])
@@ -94,11 +94,32 @@ describe("Dataset", () => {
 
   it.effect("a truncated array, an empty file and a missing file are typed errors", () =>
     Effect.gen(function*() {
-      assert.strictEqual((yield* failure(Dataset.parse("x.json", `[{"question":"a"},`))).reason, "Malformed")
-      assert.strictEqual((yield* failure(Dataset.parse("x.jsonl", "\n\n"))).reason, "Empty")
+      assert.strictEqual((yield* failure(Dataset.parse("x.json", `[{"question":"a"},`))).reason._tag, "Malformed")
+      assert.strictEqual((yield* failure(Dataset.parse("x.jsonl", "\n\n"))).reason._tag, "Empty")
       const missing = yield* failure(Dataset.load("/nonexistent/rows.jsonl"))
-      assert.strictEqual(missing.reason, "Unreadable")
+      assert.strictEqual(missing.reason._tag, "Unreadable")
       assert.strictEqual(missing.message, "/nonexistent/rows.jsonl: no such file")
+    }).pipe(Effect.provide(NodeServices.layer)))
+
+  it.effect("a reason is caught by its tag with its facts, and an unreadable file keeps its path and cause", () =>
+    Effect.gen(function*() {
+      const line = yield* Dataset.parse("d.jsonl", `{"question":"a"}\n[1]`).pipe(
+        Effect.as(0),
+        Effect.catchReason("DatasetError", "InvalidRow", (reason) => Effect.succeed(reason.line))
+      )
+      assert.strictEqual(line, 2)
+      const missing = yield* failure(Dataset.load("/nonexistent/rows.jsonl"))
+      assert.strictEqual(missing.reason._tag, "Unreadable")
+      if (missing.reason._tag !== "Unreadable") return
+      assert.strictEqual(missing.reason.path, "/nonexistent/rows.jsonl")
+      assert.instanceOf(missing.reason.cause, Error)
+      // Written to a log or sent over the wire as JSON and read back: the same reason, facts and message.
+      const codec = Schema.toCodecJson(Dataset.DatasetError)
+      const back = Schema.decodeUnknownSync(codec)(JSON.parse(JSON.stringify(Schema.encodeSync(codec)(missing))))
+      assert.instanceOf(back.reason, Dataset.Unreadable)
+      assert.strictEqual(back.message, "/nonexistent/rows.jsonl: no such file")
+      assert.strictEqual((back.reason as Dataset.Unreadable).path, "/nonexistent/rows.jsonl")
+      assert.include(String((back.reason.cause as Error).message), "rows.jsonl")
     }).pipe(Effect.provide(NodeServices.layer)))
 
   it.effect("a row whose fields the task's Schema refuses is named by line and field, with the value given", () =>

@@ -1,5 +1,5 @@
 import { assert, describe, it } from "@effect/vitest"
-import { Context, Effect, Exit, Layer, Ref, Scope } from "effect"
+import { Context, Effect, Exit, Layer, Ref, Schema, Scope } from "effect"
 import { Environment } from "../../src/index.ts"
 
 class Counter extends Context.Service<Counter, {
@@ -103,9 +103,28 @@ describe("Environment", () => {
     }))
 
   it("EnvError exposes its reason and whether it is retryable", () => {
-    const crashed = new Environment.EnvError({ env: "py", method: "exec", reason: "Crashed", message: "exit 137" })
-    const invalid = new Environment.EnvError({ env: "py", method: "exec", reason: "InvalidAction", message: "no" })
+    const crashed = Environment.envError("py", "exec", "Crashed", "exit 137")
+    const invalid = Environment.envError("py", "exec", "InvalidAction", "no")
     assert.isTrue(crashed.isRetryable)
     assert.isFalse(invalid.isRetryable)
   })
+
+  it.effect("an EnvError's reason is caught by its tag, and it round-trips through JSON with its cause", () =>
+    Effect.gen(function*() {
+      const down = Environment.envError("py", "run", "Unavailable", "no sandbox", { cause: new Error("pool closed") })
+      const caught = yield* Effect.fail(down).pipe(
+        Effect.catchReason("EnvError", "Unavailable", (reason, error) =>
+          Effect.succeed(`${error.env}: ${reason.message}`))
+      )
+      assert.strictEqual(caught, "py: no sandbox")
+      const timeout = Environment.envError("py", "exec", "Timeout", "no reply in 5 ms", { timeoutMs: 5 })
+      assert.strictEqual(timeout.reason._tag === "Timeout" && timeout.reason.timeoutMs, 5)
+      // A tool's failure Schema encodes it into the trajectory: the reason, its facts and its cause's message survive.
+      const codec = Schema.toCodecJson(Environment.EnvError)
+      const back = Schema.decodeUnknownSync(codec)(JSON.parse(JSON.stringify(Schema.encodeSync(codec)(down))))
+      assert.instanceOf(back.reason, Environment.Unavailable)
+      assert.strictEqual(back.message, "no sandbox")
+      assert.strictEqual((back.reason.cause as Error).message, "pool closed")
+      assert.isTrue(back.isRetryable)
+    }))
 })

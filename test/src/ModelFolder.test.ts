@@ -4,6 +4,7 @@ import { Effect, FileSystem } from "effect"
 import * as ModelConfig from "../../src/model/ModelConfig.ts"
 import * as ModelFolder from "../../src/ModelFolder.ts"
 import * as Qwen2 from "../../src/model/Qwen2.ts"
+import type * as Safetensors from "../../src/Safetensors.ts"
 
 const tempDir = Effect.gen(function*() {
   const fs = yield* FileSystem.FileSystem
@@ -57,34 +58,40 @@ describe("ModelFolder", () => {
       const weights = yield* fs.readFile(`${dir}/model.safetensors`)
       yield* fs.writeFile(`${dir}/model.safetensors`, weights.subarray(0, weights.length - 100))
       const truncated = yield* failure
-      assert.strictEqual(truncated.reason, "InvalidWeights")
+      assert.strictEqual(truncated.reason._tag, "InvalidWeights")
       assert.match(truncated.file, /model\.safetensors$/)
-      assert.strictEqual(truncated.tensor, "lm_head.weight") // the last tensor of the file
+      // The last tensor of the file is named; the safetensors error is the cause, with its own reason.
+      assert.strictEqual(truncated.reason._tag === "InvalidWeights" && truncated.reason.tensor, "lm_head.weight")
+      assert.strictEqual((truncated.reason.cause as Safetensors.SafetensorsError).reason._tag, "Corrupt")
 
       // Weights of another architecture: the first tensor whose shape differs is named.
       const other = { ...written, intermediateSize: 256 }
       yield* ModelFolder.writeModel(`${dir}/other`, other, Qwen2.initWeights(other, 1))
       yield* fs.copyFile(`${dir}/other/model.safetensors`, `${dir}/model.safetensors`)
       const mismatch = yield* failure
-      assert.strictEqual(mismatch.reason, "InvalidWeights")
-      assert.strictEqual(mismatch.tensor, "model.layers.0.mlp.gate_proj.weight")
+      assert.strictEqual(mismatch.reason._tag, "InvalidWeights")
+      const tensor = yield* ModelFolder.load(dir).pipe(
+        Effect.as(undefined),
+        Effect.catchReason("ModelFolderError", "InvalidWeights", (reason) => Effect.succeed(reason.tensor))
+      )
+      assert.strictEqual(tensor, "model.layers.0.mlp.gate_proj.weight")
       assert.match(mismatch.message, /\[256, 128\], the model needs \[512, 128\]/)
 
       const config = yield* fs.readFileString(`${dir}/config.json`)
       const threeHeads = config.replace(`"num_attention_heads": 4`, `"num_attention_heads": 3`)
       yield* fs.writeFileString(`${dir}/config.json`, threeHeads)
       const bad = yield* failure
-      assert.strictEqual(bad.reason, "InvalidConfig")
+      assert.strictEqual(bad.reason._tag, "InvalidConfig")
       assert.match(bad.message, /hidden_size 128 is not a multiple of num_attention_heads 3/)
       yield* fs.writeFileString(`${dir}/config.json`, "{ nope")
-      assert.strictEqual((yield* failure).reason, "InvalidConfig")
+      assert.strictEqual((yield* failure).reason._tag, "InvalidConfig")
       yield* fs.writeFileString(`${dir}/config.json`, config.replace(/"vocab_size": \d+/, `"vocab_size": 100`))
       const small100 = { ...ModelConfig.presets.tiny, vocabSize: 100 }
       yield* ModelFolder.writeModel(dir, small100, Qwen2.initWeights(small100, 1))
       const small = yield* failure
-      assert.strictEqual(small.reason, "InvalidTokenizer")
+      assert.strictEqual(small.reason._tag, "InvalidTokenizer")
       assert.match(small.message, /265 ids but config.json's vocab_size is 100/)
       yield* fs.remove(`${dir}/config.json`)
-      assert.strictEqual((yield* failure).reason, "NotFound")
+      assert.strictEqual((yield* failure).reason._tag, "NotFound")
     }).pipe(Effect.provide(NodeServices.layer)))
 })

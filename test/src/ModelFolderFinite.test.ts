@@ -30,7 +30,12 @@ describe("ModelFolder: non-finite weights", () => {
       const e = yield* Effect.flip(ModelFolder.load(dir))
       assert.strictEqual(e._tag, "ModelFolderError")
       assert.strictEqual(e.file, `${dir}/model.safetensors`)
-      assert.strictEqual(e.tensor, tensor)
+      assert.strictEqual(e.reason._tag, "InvalidWeights")
+      assert.deepStrictEqual(e.reason._tag === "InvalidWeights" && [e.reason.tensor, e.reason.index, e.reason.count], [
+        tensor,
+        7,
+        3
+      ])
       assert.strictEqual(
         e.message,
         `${dir}/model.safetensors: tensor "${tensor}" holds 3 non-finite values (the first: ${tensor}[7] = NaN); ` +
@@ -39,7 +44,8 @@ describe("ModelFolder: non-finite weights", () => {
       assert.notInclude(e.message, "\n", "one line")
       // readWeights alone (what a caller with its own config uses) refuses the same.
       const config = yield* ModelFolder.readConfig(dir)
-      assert.strictEqual((yield* Effect.flip(ModelFolder.readWeights(dir, config))).tensor, tensor)
+      const alone = (yield* Effect.flip(ModelFolder.readWeights(dir, config))).reason
+      assert.deepStrictEqual(alone._tag === "InvalidWeights" && alone.tensor, tensor)
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)))
 
   it.effect("±Infinity is refused as NaN is; the first tensor in parameter order is the one named", () =>
@@ -47,7 +53,7 @@ describe("ModelFolder: non-finite weights", () => {
       const later = "model.norm.weight", earlier = "model.layers.0.self_attn.q_proj.weight"
       const dir = yield* poisoned([[later, 0, -Infinity], [earlier, 5, Infinity]])
       const e = yield* Effect.flip(ModelFolder.load(dir))
-      assert.strictEqual(e.tensor, earlier)
+      assert.deepStrictEqual(e.reason._tag === "InvalidWeights" && [e.reason.tensor, e.reason.index], [earlier, 5])
       assert.include(e.message, `holds 1 non-finite value (the first: ${earlier}[5] = Infinity)`)
       const onlyLast = yield* poisoned([[later, 2, -Infinity]])
       assert.include((yield* Effect.flip(ModelFolder.load(onlyLast))).message, `${later}[2] = -Infinity`)

@@ -99,18 +99,24 @@ describe("Packing", () => {
   it.effect("a sequence over the budget and mismatched arrays are typed errors", () =>
     Effect.gen(function*() {
       const long = yield* Effect.flip(Packing.pack([seq(40, 1)], { tokenBudget: 32, aggregation: "token-mean" }))
-      assert.strictEqual(long.reason, "SequenceTooLong")
+      assert.strictEqual(long.reason._tag, "SequenceTooLong")
+      const which = yield* Packing.pack([seq(8, 1), seq(40, 1)], { tokenBudget: 32, aggregation: "token-mean" }).pipe(
+        Effect.as(undefined),
+        Effect.catchReason("PackingError", "SequenceTooLong", ({ sequence, tokens }) =>
+          Effect.succeed({ sequence, tokens }))
+      )
+      assert.deepStrictEqual(which, { sequence: 1, tokens: 40 })
       // Within the budget but past the model's positions.
       const past = yield* Effect.flip(
         Packing.pack([seq(20, 1)], { tokenBudget: 64, maxLength: 16, aggregation: "token-mean" })
       )
-      assert.strictEqual(past.reason, "SequenceTooLong")
+      assert.strictEqual(past.reason._tag, "SequenceTooLong")
       assert.include(past.message, "more than the model's 16 positions")
       const fits = yield* Packing.pack([seq(16, 1)], { tokenBudget: 64, maxLength: 16, aggregation: "token-mean" })
       assert.strictEqual(fits.microBatches.length, 1)
       const bad = yield* Effect.flip(
         Packing.pack([{ ...seq(4, 1), lossMask: Uint8Array.of(1) }], { tokenBudget: 32, aggregation: "token-mean" })
       )
-      assert.strictEqual(bad.reason, "ShapeMismatch")
+      assert.strictEqual(bad.reason._tag, "ShapeMismatch")
     }))
 })

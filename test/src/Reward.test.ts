@@ -25,7 +25,7 @@ describe("Reward", () => {
   it.effect("a missing or mistyped row field is an InvalidRow error naming the field", () =>
     Effect.gen(function*() {
       const missing = yield* Effect.flip(Exact.evaluate({ trajectory: answered("42", { answr: "42" }) }))
-      assert.strictEqual(missing.reason, "InvalidRow")
+      assert.strictEqual(missing.reason._tag, "InvalidRow")
       assert.strictEqual(missing.message, `reward "exact": dataset row field ["answer"]: Missing key`)
       const mistyped = yield* Effect.flip(Exact.evaluate({ trajectory: answered("42", { answer: 42 }) }))
       assert.strictEqual(mistyped.message, `reward "exact": dataset row field ["answer"]: Expected string`)
@@ -40,15 +40,26 @@ describe("Reward", () => {
         metrics: { "reward/bare/reward": 0.5 }
       })
       const nan = Reward.make("nan", { score: () => Effect.succeed(Number.NaN) })
-      assert.strictEqual((yield* Effect.flip(nan.evaluate({ trajectory: answered("x") }))).reason, "InvalidScore")
+      assert.strictEqual((yield* Effect.flip(nan.evaluate({ trajectory: answered("x") }))).reason._tag, "InvalidScore")
       const badMetric = Reward.make("bad", { score: () => Effect.succeed({ reward: 1, metrics: { m: Infinity } }) })
       const e = yield* Effect.flip(badMetric.evaluate({ trajectory: answered("x") }))
       assert.strictEqual(e.message, `metric "m" is Infinity, not a finite number`)
       const failing = Reward.make("failing", { score: () => Effect.fail(new Error("judge unreachable")) })
       const f = yield* Effect.flip(failing.evaluate({ trajectory: answered("x") }))
-      assert.strictEqual(f.reason, "ScoreFailed")
+      assert.strictEqual(f.reason._tag, "ScoreFailed")
       assert.strictEqual(f.message, "judge unreachable")
       assert.isTrue(f.isRetryable)
+      // Caught by its reason's tag, with the scorer's failure as the cause; as JSON (a log line) and back, the same.
+      const cause = yield* failing.evaluate({ trajectory: answered("x") }).pipe(
+        Effect.as(undefined),
+        Effect.catchReason("RewardError", "ScoreFailed", (reason) => Effect.succeed(reason.cause))
+      )
+      assert.strictEqual((cause as Error).message, "judge unreachable")
+      const codec = Schema.toCodecJson(Reward.RewardError)
+      const back = Schema.decodeUnknownSync(codec)(JSON.parse(JSON.stringify(Schema.encodeSync(codec)(f))))
+      assert.instanceOf(back.reason, Reward.ScoreFailed)
+      assert.strictEqual(back.reward, "failing")
+      assert.strictEqual((back.reason.cause as Error).message, "judge unreachable")
     }))
 
   it.effect("a score that is not a number says what it is: a string reads quoted, not as the number it spells", () =>
@@ -57,7 +68,7 @@ describe("Reward", () => {
       const message = (value: unknown) => {
         const reward = Reward.make("r", { score: () => Effect.succeed(value as number) })
         const error = Effect.flip(reward.evaluate({ trajectory: answered("x") }))
-        return Effect.map(error, (e) => `${e.reason}: ${e.message}`)
+        return Effect.map(error, (e) => `${e.reason._tag}: ${e.message}`)
       }
       assert.strictEqual(
         yield* message("1"),
@@ -130,7 +141,7 @@ describe("Reward", () => {
         const failing = Reward.combine("f", [{ reward: Len, weight: 1 }, { reward: Exact, weight: 1 }])
         const e = yield* Effect.flip(failing.evaluate({ trajectory: answered("x") }))
         assert.strictEqual(e.reward, "exact")
-        assert.strictEqual(e.reason, "InvalidRow")
+        assert.strictEqual(e.reason._tag, "InvalidRow")
       }))
   })
 })

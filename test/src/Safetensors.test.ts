@@ -17,10 +17,10 @@ const handMade = (header: Record<string, unknown>, data: Uint8Array): Uint8Array
   return out
 }
 
-const expectError = (bytes: Uint8Array, reason: Safetensors.SafetensorsError["reason"], pattern: RegExp) =>
+const expectError = (bytes: Uint8Array, reason: Safetensors.SafetensorsErrorReason["_tag"], pattern: RegExp) =>
   Effect.gen(function*() {
     const error = yield* Effect.flip(Safetensors.parse(bytes, "w.safetensors"))
-    assert.strictEqual(error.reason, reason)
+    assert.strictEqual(error.reason._tag, reason)
     assert.match(error.message, pattern)
     assert.match(error.message, /w\.safetensors/)
   })
@@ -102,16 +102,25 @@ describe("Safetensors", () => {
       const check = (expected: ReadonlyArray<{ name: string; shape: ReadonlyArray<number> }>) =>
         Effect.flip(Safetensors.readFloat32(file, "model.safetensors", expected))
       const missing = yield* check([...tensors, { name: "c", shape: [1] }])
-      assert.deepStrictEqual([missing.reason, missing.tensor], ["MissingTensor", "c"])
+      assert.deepStrictEqual([missing.reason._tag, missing.tensor], ["MissingTensor", "c"])
       const shape = yield* check([{ name: "a.weight", shape: [3, 2] }, tensors[1]!])
-      assert.deepStrictEqual([shape.reason, shape.tensor], ["ShapeMismatch", "a.weight"])
+      assert.deepStrictEqual([shape.reason._tag, shape.tensor], ["ShapeMismatch", "a.weight"])
+      assert.deepStrictEqual(
+        shape.reason._tag === "ShapeMismatch" ? [shape.reason.shape, shape.reason.expected] : [],
+        [[2, 3], [3, 2]]
+      )
       assert.match(shape.message, /has shape \[2, 3\], the model needs \[3, 2\]/)
       const extra = yield* check([tensors[0]!])
-      assert.deepStrictEqual([extra.reason, extra.tensor], ["UnexpectedTensor", "b"])
+      assert.deepStrictEqual([extra.reason._tag, extra.tensor], ["UnexpectedTensor", "b"])
       const ints = yield* Safetensors.parse(
         handMade({ i: { dtype: "I64", shape: [1], data_offsets: [0, 8] } }, new Uint8Array(8))
       )
       const dtype = yield* Effect.flip(Safetensors.readFloat32(ints, "f", [{ name: "i", shape: [1] }]))
-      assert.strictEqual(dtype.reason, "DTypeMismatch")
+      assert.strictEqual(dtype.reason._tag, "DTypeMismatch")
+      const dtypeOf = yield* Safetensors.readFloat32(ints, "f", [{ name: "i", shape: [1] }]).pipe(
+        Effect.as(""),
+        Effect.catchReason("SafetensorsError", "DTypeMismatch", (reason) => Effect.succeed(reason.dtype))
+      )
+      assert.strictEqual(dtypeOf, "I64")
     }))
 })

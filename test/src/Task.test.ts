@@ -130,7 +130,7 @@ describe("Task", () => {
     Effect.gen(function*() {
       const plain = Task.make("plain", {})
       const error = yield* Effect.flip(Task.instantiate("./plain.ts", plain, { maxTurns: 3, formatWeight: 0 }))
-      assert.strictEqual(error.reason, "Options")
+      assert.strictEqual(error.reason._tag, "Options")
       assert.strictEqual(
         error.message,
         `./plain.ts: task "plain" takes no options (made by Task.make, not Task.withOptions), got maxTurns, ` +
@@ -148,7 +148,7 @@ describe("Task", () => {
       })
       const error = yield* Effect.flip(reading({ phrases: "nope.json" }, { resolvePath: (p) => `/configs/${p}` }))
       assert.strictEqual(error._tag, "TaskError")
-      assert.strictEqual(error.reason, "Options")
+      assert.strictEqual(error.reason._tag, "Options")
       assert.strictEqual(
         error.message,
         `task options: task "reading" could not be made from its options: ` +
@@ -206,7 +206,7 @@ describe("Task", () => {
       writeFileSync(join(dir, "task.cjs"), `module.exports = require("./game.mjs")\n`)
       writeFileSync(join(dir, "game.mjs"), `await 0\nexport const task = 1\n`)
       const error = yield* Effect.flip(Task.importModule(join(dir, "task.cjs")))
-      assert.strictEqual(error.reason, "Module")
+      assert.strictEqual(error.reason._tag, "Module")
       assert.include(error.message, `cannot load ${join(dir, "task.cjs")}: `)
       assert.include(
         error.message,
@@ -219,7 +219,7 @@ describe("Task", () => {
     Effect.gen(function*() {
       const dir = mkdtempSync(join(tmpdir(), "task-missing-"))
       const missing = yield* Effect.flip(Task.importModule(join(dir, "tsak.ts")))
-      assert.strictEqual(missing.reason, "Module")
+      assert.strictEqual(missing.reason._tag, "Module")
       assert.strictEqual(missing.message, `cannot load ${join(dir, "tsak.ts")}: no such file`)
     }))
 
@@ -230,7 +230,7 @@ describe("Task", () => {
       writeFileSync(join(dir, "default.mjs"), `export default 3\n`)
       const resolve = (ref: string) => Effect.flip(Task.resolve(ref, { builtins: {}, resolvePath: (p) => join(dir, p) }))
       const named = yield* resolve("./named.mjs")
-      assert.strictEqual(named.reason, "Module")
+      assert.strictEqual(named.reason._tag, "Module")
       assert.strictEqual(
         named.message,
         `${join(dir, "named.mjs")}: its \`task\` export is not a task (Task.make) or a Task.withOptions function but ` +

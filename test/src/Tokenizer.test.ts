@@ -67,8 +67,13 @@ layer(Qwen.layer)("Tokenizer (real Qwen tokenizer.json)", (it) => {
     Effect.gen(function*() {
       const { tokenizer } = yield* Qwen
       const error = yield* Effect.flip(Tokenizer.validateIds(tokenizer, [1, 2, 151669]))
-      assert.strictEqual(error.reason, "InvalidTokenId")
+      assert.strictEqual(error.reason._tag, "InvalidTokenId")
       assert.match(error.message, /151669 at position 2/)
+      const bad = yield* Tokenizer.validateIds(tokenizer, [1, 2, 151669]).pipe(
+        Effect.as(undefined),
+        Effect.catchReason("TokenizerError", "InvalidTokenId", ({ id, position }) => Effect.succeed({ id, position }))
+      )
+      assert.deepStrictEqual(bad, { id: 151669, position: 2 })
       yield* Tokenizer.validateIds(tokenizer, [0, 151668])
       assert.strictEqual(tokenizer.decode([9707, -1, 1.5, 1e9, 9707]), "Hello\uFFFD\uFFFD\uFFFDHello")
       assert.strictEqual(tokenizer.idToToken(-3), undefined)
@@ -138,17 +143,17 @@ describe("Tokenizer.load errors", () => {
     Effect.gen(function*() {
       const dir = mkdtempSync(join(tmpdir(), "agentfly-tok-"))
       const missing = yield* Effect.flip(run(Tokenizer.load(join(dir, "nope"))))
-      assert.strictEqual(missing.reason, "NotFound")
+      assert.strictEqual(missing.reason._tag, "NotFound")
       writeFileSync(join(dir, "tokenizer.json"), "{ not json")
-      assert.strictEqual((yield* Effect.flip(run(Tokenizer.load(dir)))).reason, "InvalidJson")
+      assert.strictEqual((yield* Effect.flip(run(Tokenizer.load(dir)))).reason._tag, "InvalidJson")
       writeFileSync(join(dir, "tokenizer.json"), JSON.stringify({ hello: 1 }))
-      assert.strictEqual((yield* Effect.flip(run(Tokenizer.load(dir)))).reason, "InvalidTokenizer")
+      assert.strictEqual((yield* Effect.flip(run(Tokenizer.load(dir)))).reason._tag, "InvalidTokenizer")
       writeFileSync(join(dir, "tokenizer.json"), JSON.stringify({ model: { type: "Nonsense" } }))
-      assert.strictEqual((yield* Effect.flip(run(Tokenizer.load(dir)))).reason, "InvalidTokenizer")
+      assert.strictEqual((yield* Effect.flip(run(Tokenizer.load(dir)))).reason._tag, "InvalidTokenizer")
       const stripping = ByteTokenizer.tokenizerJson() as { added_tokens: Array<Record<string, unknown>> }
       stripping.added_tokens[0]!.lstrip = true
       const rejected = yield* Effect.flip(Tokenizer.make(stripping))
-      assert.strictEqual(rejected.reason, "InvalidTokenizer")
+      assert.strictEqual(rejected.reason._tag, "InvalidTokenizer")
       assert.include(rejected.message, "lstrip")
     }))
 

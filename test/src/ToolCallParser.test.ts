@@ -28,7 +28,7 @@ describe("ToolCallParser.hermes", () => {
       "tail</tool_call><tool_call>{\"name\": \"cut\", \"argu"
     const result = ToolCallParser.hermes(text)
     assert.deepStrictEqual(
-      result.errors.map((e) => e.reason),
+      result.errors.map((e) => e.reason._tag),
       ["InvalidJson", "UnknownShape", "UnknownShape", "UnknownShape", "UnclosedTag"]
     )
     assert.deepStrictEqual(result.toolCalls.map((c) => [c.function.name, c.function.arguments]), [["ok", { k: 2 }]])
@@ -39,14 +39,14 @@ describe("ToolCallParser.hermes", () => {
 
   it("repair is opt-in: near-JSON becomes a call when asked", () => {
     const text = "<tool_call>{'name': 'f', 'arguments': {'a': True, 'b': [1, 2,],}}</tool_call>"
-    assert.strictEqual(ToolCallParser.hermes(text).errors[0]?.reason, "InvalidJson")
+    assert.strictEqual(ToolCallParser.hermes(text).errors[0]?.reason._tag, "InvalidJson")
     const repaired = ToolCallParser.hermes(text, { repair: true })
     assert.deepStrictEqual(repaired.toolCalls[0]?.function, { name: "f", arguments: { a: true, b: [1, 2] } })
   })
 
   it("a nested open tag closes nothing: the first block is unclosed, the second parses", () => {
     const result = ToolCallParser.hermes("<tool_call>{\"name\"<tool_call>{\"name\": \"g\"}</tool_call>")
-    assert.deepStrictEqual(result.errors.map((e) => e.reason), ["UnclosedTag"])
+    assert.deepStrictEqual(result.errors.map((e) => e.reason._tag), ["UnclosedTag"])
     assert.deepStrictEqual(result.toolCalls[0]?.function, { name: "g", arguments: {} })
   })
 })
@@ -66,9 +66,9 @@ describe("ToolCallParser.llama3", () => {
 
   it("truncated JSON and trailing prose are typed errors", () => {
     const truncated = ToolCallParser.llama3("{\"name\": \"a\", \"parameters\": {\"x\": ")
-    assert.strictEqual(truncated.errors[0]?.reason, "InvalidJson")
-    assert.strictEqual(ToolCallParser.llama3("{\"name\": \"a\"} and then").errors[0]?.reason, "UnknownShape")
-    assert.strictEqual(ToolCallParser.llama3("<|python_tag|>print(1)").errors[0]?.reason, "UnknownShape")
+    assert.strictEqual(truncated.errors[0]?.reason._tag, "InvalidJson")
+    assert.strictEqual(ToolCallParser.llama3("{\"name\": \"a\"} and then").errors[0]?.reason._tag, "UnknownShape")
+    assert.strictEqual(ToolCallParser.llama3("<|python_tag|>print(1)").errors[0]?.reason._tag, "UnknownShape")
   })
 })
 
@@ -85,11 +85,11 @@ describe("ToolCallParser.react", () => {
 
   it("a final answer is content; a missing input, an empty name and non-object input are errors", () => {
     assert.deepStrictEqual(ToolCallParser.react("Thought: done\nFinal Answer: 4").toolCalls, [])
-    assert.strictEqual(ToolCallParser.react("Action: calc\n").errors[0]?.reason, "UnknownShape")
-    assert.strictEqual(ToolCallParser.react("Action:\nAction Input: {}").errors[0]?.reason, "UnknownShape")
+    assert.strictEqual(ToolCallParser.react("Action: calc\n").errors[0]?.reason._tag, "UnknownShape")
+    assert.strictEqual(ToolCallParser.react("Action:\nAction Input: {}").errors[0]?.reason._tag, "UnknownShape")
     const prose = ToolCallParser.react("Action: calc\nAction Input: Paris please")
-    assert.strictEqual(prose.errors[0]?.reason, "InvalidJson")
-    assert.strictEqual(ToolCallParser.react("Action: calc\nAction Input: [1]").errors[0]?.reason, "UnknownShape")
+    assert.strictEqual(prose.errors[0]?.reason._tag, "InvalidJson")
+    assert.strictEqual(ToolCallParser.react("Action: calc\nAction Input: [1]").errors[0]?.reason._tag, "UnknownShape")
   })
 })
 
@@ -101,8 +101,8 @@ describe("ToolCallParser.codeBlock", () => {
     assert.strictEqual(one.content, "Let me run it.\nDone.")
     assert.deepStrictEqual(ToolCallParser.codeBlock("no code").toolCalls, [])
     const two = ToolCallParser.codeBlock("```\na\n```\n```\nb\n```")
-    assert.strictEqual(two.errors[0]?.reason, "AmbiguousBlocks")
-    assert.strictEqual(ToolCallParser.codeBlock("```python\nprint(").errors[0]?.reason, "UnclosedTag")
+    assert.strictEqual(two.errors[0]?.reason._tag, "AmbiguousBlocks")
+    assert.strictEqual(ToolCallParser.codeBlock("```python\nprint(").errors[0]?.reason._tag, "UnclosedTag")
     const bash = ToolCallParser.codeBlock("```bash\nls\n```\n```python\nx\n```", {
       languages: ["python"],
       toolName: "run",

@@ -331,24 +331,31 @@ layer(Qwen.layer)("TrajectoryBuilder on the real Qwen tokenizer", (it) => {
       const prompt: ReadonlyArray<Message.Message> = [{ role: "user", content: "x" }]
       const builder = yield* TrajectoryBuilder.start({ tokenizer, template: qwen25, messages: prompt })
       const badIds = yield* Effect.flip(TrajectoryBuilder.appendSampled(builder, { tokenIds: [1, 999_999] }))
-      assert.strictEqual(badIds.reason, "InvalidTokenIds")
+      assert.strictEqual(badIds.reason._tag, "InvalidTokenIds")
       const badLp = yield* Effect.flip(TrajectoryBuilder.appendSampled(builder, { tokenIds: [1, 2], logprobs: [0] }))
-      assert.strictEqual(badLp.reason, "LogprobsMismatch")
+      assert.strictEqual(badLp.reason._tag, "LogprobsMismatch")
+      const counts = yield* TrajectoryBuilder.appendSampled(builder, { tokenIds: [1, 2], logprobs: [0] }).pipe(
+        Effect.as(undefined),
+        Effect.catchReason("TrajectoryBuilderError", "LogprobsMismatch", ({ logprobs, tokenIds }) =>
+          Effect.succeed({ logprobs, tokenIds }))
+      )
+      assert.deepStrictEqual(counts, { logprobs: 1, tokenIds: 2 })
       const sampled = yield* TrajectoryBuilder.appendSampled(builder, { tokenIds: [16, IM_END] })
       const twice = yield* Effect.flip(TrajectoryBuilder.appendSampled(sampled, { tokenIds: [16] }))
-      assert.strictEqual(twice.reason, "OutOfOrder")
+      assert.strictEqual(twice.reason._tag, "OutOfOrder")
       const asObservation = yield* Effect.flip(
         TrajectoryBuilder.appendObservations(sampled, [{ role: "assistant", content: "x" }])
       )
-      assert.strictEqual(asObservation.reason, "OutOfOrder")
+      assert.strictEqual(asObservation.reason._tag, "OutOfOrder")
       const raising = yield* ChatTemplate.make({
         source: "{% if messages | length > 1 %}{{ raise_exception('one turn only') }}{% endif %}x"
       })
       const a: ReadonlyArray<Message.Message> = [{ role: "user", content: "a" }]
       const one = yield* TrajectoryBuilder.start({ tokenizer, template: raising, messages: a })
       const failed = yield* Effect.flip(TrajectoryBuilder.appendObservations(one, [{ role: "user", content: "b" }]))
-      assert.strictEqual(failed.reason, "TemplateFailed")
+      assert.strictEqual(failed.reason._tag, "TemplateFailed")
       assert.include(failed.message, "one turn only")
+      assert.strictEqual((failed.reason.cause as ChatTemplate.TemplateError).reason._tag, "RenderFailed")
     }))
 })
 

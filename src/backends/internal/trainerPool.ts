@@ -11,8 +11,11 @@ import type * as TrainerWorker from "./trainerWorker.ts"
 
 const workerUrl = new URL("./trainerWorker.mjs", import.meta.url)
 
-const fail = (reason: PolicyTrainer.PolicyTrainerErrorReason, message: string) =>
-  new PolicyTrainer.PolicyTrainerError({ reason, message })
+const fail = <Tag extends PolicyTrainer.PolicyTrainerErrorReason["_tag"]>(
+  reason: Tag,
+  message: string,
+  facts?: PolicyTrainer.PolicyTrainerErrorFacts<Tag>
+) => PolicyTrainer.policyTrainerError(reason, message, facts)
 
 /** A request without its id (the pool numbers them). */
 export type Request = TrainerWorker.Request

@@ -107,7 +107,7 @@ describe("Judge", () => {
       assert.include(JSON.stringify(unreadable), "ScoreFailed")
       answer = "fail"
       const failed = yield* Effect.flip(judge.evaluate({ trajectory: trajectory("x") }))
-      assert.strictEqual(failed.reason, "ScoreFailed")
+      assert.strictEqual(failed.reason._tag, "ScoreFailed")
       assert.strictEqual(failed.reward, "strict")
       answer = `{"score": 7}`
       const clamped = yield* judge.evaluate({ trajectory: trajectory("x") })

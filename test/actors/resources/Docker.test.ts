@@ -78,7 +78,7 @@ describe("Docker reaper", () => {
       const piped = yield* lease.use((c) => c.exec(["sh", "-c", "cat | tr a-z A-Z"], { stdin: "shout\n" }))
       assert.strictEqual(piped.stdout, "SHOUT\n")
       const slow = yield* Effect.flip(lease.use((c) => c.exec(["sleep", "30"], { timeoutMillis: 1_000 })))
-      assert.strictEqual(slow._tag === "EnvError" ? slow.reason : slow._tag, "Timeout")
+      assert.strictEqual(slow._tag === "EnvError" ? slow.reason._tag : slow._tag, "Timeout")
       const fast = yield* lease.use((c) => c.exec(["true"], { timeoutMillis: 5_000 }))
       assert.strictEqual(fast.exitCode, 0)
       const id = yield* lease.instanceId

@@ -187,7 +187,7 @@ describe("household task", () => {
       assert.strictEqual(solved(ts), 1)
       writeFileSync(join(dir, "bad.jsonl"), JSON.stringify({ question: "x", seed: 1, goal: { type: "heat", object: "book", target: "desk" } }) + "\n")
       const error = yield* Effect.flip(Dataset.load(join(dir, "bad.jsonl"), { fields: household.row }))
-      assert.strictEqual(error.line, 1)
+      assert.strictEqual(error.reason._tag === "InvalidRow" && error.reason.line, 1)
       assert.match(error.message, /heat goal's object/)
     }).pipe(Effect.provide(NodeServices.layer)))
 

@@ -59,7 +59,7 @@ describe("mathEqual", () => {
     Effect.gen(function*() {
       const trajectory = answered("\\boxed{1}", { solution: 1 })
       const e = yield* Effect.flip(MathEqual.mathEqual.evaluate({ trajectory }))
-      assert.strictEqual(e.reason, "InvalidRow")
+      assert.strictEqual(e.reason._tag, "InvalidRow")
       assert.include(e.message, `["answer"]`)
     }))
 })

@@ -152,6 +152,9 @@ for (const transport of ["exec", "attach"] as const) {
         const slow = yield* call("3", "while True: pass")
         assert.isDefined(slow.error)
         assert.include(String(slow.message.content), "ran longer than 1000 ms")
+        // The tool error's cause is the sandbox's own error, with the limit it ran past.
+        const stopped = slow.error?.reason.cause as PythonSandbox.PythonError
+        assert.strictEqual(stopped.reason._tag === "Timeout" && stopped.reason.timeoutMs, 1_000)
         // A reward can re-run the agent's code in the same sandbox, fresh or against the chain's state.
         const sandbox = Context.get(context, PythonSandbox.PythonSandbox)
         yield* call("4", "def square(n):\n    return n * n")

@@ -312,7 +312,7 @@ for (const transport of ["exec", "attach", "bubblewrap"] as const) {
             ))
             return {
               counted,
-              bomb: bomb._tag === "PythonError" ? bomb.reason : bomb._tag,
+              bomb: bomb._tag === "PythonError" ? bomb.reason._tag : bomb._tag,
               after: yield* stdout(sandbox, "print('alive')")
             }
           }))
@@ -332,8 +332,8 @@ for (const transport of ["exec", "attach", "bubblewrap"] as const) {
             const loop = yield* Effect.flip(sandbox.run("while True:\n    pass", { timeoutMillis: 1_000 }))
             const after = yield* sandbox.run("print(1 + 1)")
             return {
-              memory: memory._tag === "PythonError" ? memory.reason : memory._tag,
-              loop: loop._tag === "PythonError" ? loop.reason : loop._tag,
+              memory: memory._tag === "PythonError" ? memory.reason._tag : memory._tag,
+              loop: loop._tag === "PythonError" ? loop.reason._tag : loop._tag,
               after: [after.stdout, after.restarted]
             }
           }))

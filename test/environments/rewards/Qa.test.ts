@@ -48,7 +48,7 @@ describe("QA rewards", () => {
       for (const answer of [undefined, [], 42]) {
         const trajectory = answered("x", answer === undefined ? {} : { answer })
         const e = yield* Effect.flip(Qa.f1.evaluate({ trajectory }))
-        assert.strictEqual(e.reason, "InvalidRow")
+        assert.strictEqual(e.reason._tag, "InvalidRow")
       }
     }))
 })

@@ -305,7 +305,7 @@ describe("search task", () => {
       assert.include(yield* session.search(name), `${name} was born in`)
       assert.strictEqual((yield* session.search(name, 1)).split("\n").length, 1)
       const over = yield* Effect.flip(session.search(name))
-      assert.strictEqual(over.reason, "InvalidAction")
+      assert.strictEqual(over.reason._tag, "InvalidAction")
       assert.match(over.message, /no searches left \(2 per episode\)/)
       assert.deepStrictEqual((yield* session.state).queries, [name, name])
       assert.strictEqual(yield* (yield* SearchSession.make(index)).search("Zzzzqx"), "No results.")

@@ -207,7 +207,7 @@ describe("swe task (Harbor folders, Docker)", () => {
       const named = yield* resolve({ name: "swe", options: { root, toolCallFormat: 0.2 } })
       assert.strictEqual(named.reward?.name, "harbor + 0.2·toolCallFormat")
       assert.deepStrictEqual(named.tools.map((t) => t.name), ["shell", "read", "edit", "submit"])
-      assert.strictEqual((yield* Effect.flip(resolve({ name: "swe", options: { pool: 0 } }))).reason, "Options")
+      assert.strictEqual((yield* Effect.flip(resolve({ name: "swe", options: { pool: 0 } }))).reason._tag, "Options")
       // A config's root is relative to the config file: it resolves where the config's other paths do.
       const fromConfig = yield* Task.resolve({ name: "swe", options: { root: "swe-task-folders" } }, {
         builtins: Tasks.builtins,
@@ -215,7 +215,7 @@ describe("swe task (Harbor folders, Docker)", () => {
       })
       const runtime = yield* Effect.flip(TaskRuntime.make(fromConfig))
       // A root that is not there stops the run at its start (it failed every chain after the warm-up before).
-      assert.strictEqual(runtime.reason, "Environment")
+      assert.strictEqual(runtime.reason._tag, "Environment")
       assert.include(runtime.message, `the task folders' root ${join(root, "..", "swe-task-folders")} does not exist`)
       const there = yield* Task.resolve({ name: "swe", options: { root: root.split("/").at(-1)! } }, {
         builtins: Tasks.builtins,

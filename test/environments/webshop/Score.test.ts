@@ -121,7 +121,7 @@ describe("webshop score", () => {
         "reward/webshop/steps": 4
       })
       const invalid = yield* Effect.flip(Score.webshop.evaluate({ trajectory: trajectoryOf([]), row: {} }))
-      assert.strictEqual(invalid.reason, "InvalidRow")
+      assert.strictEqual(invalid.reason._tag, "InvalidRow")
     }).pipe(
       Effect.provide(Shop.layer().pipe(Layer.provide(Layer.succeed(Catalog.Catalog, Catalog.make([shirt, hoodie])))))
     ))

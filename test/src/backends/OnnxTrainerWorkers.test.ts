@@ -170,7 +170,7 @@ describe("OnnxTrainer with worker threads", () => {
       const poisoned = { ...mb, advantages: Float32Array.from(mb.advantages, (a, i) => (i === at ? Number.NaN : a)) }
       const before = bits(yield* trainer.trainer.weights)
       yield* trainer.trainer.forwardBackward(poisoned)
-      assert.strictEqual((yield* Effect.flip(trainer.trainer.optimStep)).reason, "NonFiniteGradient")
+      assert.strictEqual((yield* Effect.flip(trainer.trainer.optimStep)).reason._tag, "NonFiniteGradient")
       assert.strictEqual(bits(yield* trainer.trainer.weights), before)
       assert.strictEqual(yield* trainer.trainer.step, 0)
       yield* trainer.trainer.forwardBackward(mb)
@@ -185,7 +185,7 @@ describe("OnnxTrainer with worker threads", () => {
       const fiber = yield* Effect.forkChild(trainer.trainer.forwardBackward(mb))
       yield* Effect.yieldNow // the shards are sent; the workers finish them after the interruption
       yield* Fiber.interrupt(fiber)
-      assert.strictEqual((yield* Effect.flip(trainer.trainer.optimStep)).reason, "NothingAccumulated")
+      assert.strictEqual((yield* Effect.flip(trainer.trainer.optimStep)).reason._tag, "NothingAccumulated")
       yield* steps(trainer, [mb], 1)
       const clean = yield* OnnxTrainer.make(options({ workers: 2 }))
       yield* steps(clean, [mb], 1)
@@ -205,10 +205,10 @@ describe("OnnxTrainer with worker threads", () => {
       const error = Result.isFailure(inFlight)
         ? inFlight.failure
         : yield* Effect.flip(trainer.trainer.forwardBackward(mb))
-      assert.strictEqual(error.reason, "Run")
+      assert.strictEqual(error.reason._tag, "Run")
       assert.match(error.message, /worker 1/)
       // both micro-batches' gradients were discarded
-      assert.strictEqual((yield* Effect.flip(trainer.trainer.optimStep)).reason, "NothingAccumulated")
+      assert.strictEqual((yield* Effect.flip(trainer.trainer.optimStep)).reason._tag, "NothingAccumulated")
       const retried = yield* trainer.trainer.forwardBackward(mb)
       assert.isTrue(Number.isFinite(retried.loss))
       assert.strictEqual(yield* trainer.threads.live, 2)
@@ -274,14 +274,14 @@ describe("OnnxTrainer with worker threads", () => {
         }
       }))
       const run = yield* Effect.flip(badFeed.trainer.forwardBackward(mb))
-      assert.strictEqual(run.reason, "Run")
+      assert.strictEqual(run.reason._tag, "Run")
       assert.match(run.message, /^worker \d: /)
       assert.strictEqual(yield* badFeed.threads.live, 2, "an onnxruntime error does not cost the threads")
       const cuda = yield* OnnxTrainer.make(options({ workers: 2, executionProvider: "cuda" }))
       const session = yield* Effect.flip(cuda.trainer.forwardBackward(mb))
-      assert.strictEqual(session.reason, "Session")
+      assert.strictEqual(session.reason._tag, "Session")
       for (const workers of [0, 1.5]) {
-        assert.strictEqual((yield* Effect.flip(OnnxTrainer.make(options({ workers })))).reason, "Session")
+        assert.strictEqual((yield* Effect.flip(OnnxTrainer.make(options({ workers })))).reason._tag, "Session")
       }
     }).pipe(Effect.provide(NodeServices.layer)))
 })

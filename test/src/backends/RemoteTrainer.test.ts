@@ -179,7 +179,7 @@ describe("RemoteTrainer", () => {
       ])
       assert.deepStrictEqual([traffic.calls, traffic.retries], [2, 3])
       const broken = yield* Effect.flip(trainer.step)
-      assert.strictEqual(broken.reason, "Remote")
+      assert.strictEqual(broken.reason._tag, "Remote")
       assert.strictEqual(broken.message, `the trainer at ${server.url} refused step (HTTP 500): it broke`)
       assert.deepStrictEqual(numbered(server.seen[5]!), ["step", "s-1", "2"])
       assert.strictEqual(server.seen.length, 6)
@@ -201,7 +201,7 @@ describe("RemoteTrainer", () => {
         yield* TestClock.adjust(wait)
       }
       const lost = yield* failureOf(step)
-      assert.strictEqual(lost.reason, "Unavailable")
+      assert.strictEqual(lost.reason._tag, "Unavailable")
       assert.strictEqual(
         lost.message,
         `the trainer at ${server.url} could not be reached for 8 s (step: HTTP 503); start it with ` +
@@ -262,7 +262,7 @@ describe("RemoteTrainer", () => {
         yield* Effect.flip(trainer.summary),
         yield* Effect.flip(trainer.push({ version: 1, runId: "r", timeoutMs: 1_000 }, ["http://a/v1", "http://b/v1"]))
       ]
-      assert.deepStrictEqual(failures.map((e) => [e.reason, e.message]), [
+      assert.deepStrictEqual(failures.map((e) => [e.reason._tag, e.message]), [
         ["BadBatch", "token 999 is outside the vocabulary"],
         ["Remote", `${where} answered logprobs without tokenLogprobs`],
         ["Remote", `${where} answered optim_step without gradNorm`],
@@ -280,16 +280,19 @@ describe("RemoteTrainer", () => {
       const dir = yield* fs.makeTempDirectoryScoped()
       const save = yield* Effect.flip(trainer.save(`${dir}/ckpt`, { policyVersion: 1, rngState: [] }))
       assert.deepStrictEqual(
-        [save.reason, save.message],
+        [save.reason._tag, save.message],
         ["Remote", `${where} answered save without optimizer.safetensors`]
       )
       // A load sends the run's files; the server's message names them by the run's own path.
       const missing = yield* Effect.flip(trainer.load(dir))
-      assert.deepStrictEqual([missing.reason, missing.message], ["Checkpoint", `${dir}/model.safetensors is missing`])
+      assert.deepStrictEqual(
+        [missing.reason._tag, missing.message],
+        ["Checkpoint", `${dir}/model.safetensors is missing`]
+      )
       for (const file of RemoteTrainer.checkpointFiles) yield* fs.writeFileString(`${dir}/${file}`, file)
       const corrupt = yield* Effect.flip(trainer.load(dir))
       assert.deepStrictEqual(
-        [corrupt.reason, corrupt.message],
+        [corrupt.reason._tag, corrupt.message],
         ["Checkpoint", `${dir}/model.safetensors: not a safetensors file`]
       )
       const sent = frameOf(server.seen.at(-1)!.body)

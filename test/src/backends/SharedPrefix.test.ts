@@ -168,10 +168,10 @@ describe("Packing with sharePrefix", () => {
       const trainer = yield* OnnxTrainer.make(options(Loss.grpo))
       const bad = { ...mb, prefix: { ...mb.prefix!, index: Int32Array.of(0, 1) } }
       const error = yield* Effect.flip(trainer.trainer.forwardBackward(bad))
-      assert.strictEqual(error.reason, "BadBatch")
+      assert.strictEqual(error.reason._tag, "BadBatch")
       assert.include(error.message, "row 1 continues prompt 1 of 1")
       const short = { ...mb, prefix: { ...mb.prefix!, index: Int32Array.of(0) } }
-      assert.strictEqual((yield* Effect.flip(trainer.trainer.forwardBackward(short))).reason, "BadBatch")
+      assert.strictEqual((yield* Effect.flip(trainer.trainer.forwardBackward(short))).reason._tag, "BadBatch")
       // nothing was accumulated: the next good micro-batch's loss is its own
       const good = yield* trainer.trainer.forwardBackward(mb)
       assert.isAbove(good.tokens, 0)
