@@ -58,28 +58,6 @@ export const lossConfig = (algorithm: TrainConfig.TrainConfig["algorithm"], temp
   ...(temperature > 0 && temperature !== 1 ? { temperature } : {})
 })
 
-/**
- * A run's context budget on this model: `agent.maxContextTokens`, or the model's positions when the config leaves it
- * unset.
- *
- * @category constructors
- * @since 0.1.0
- */
-export const contextTokens = (folder: ModelFolder.ModelFolder, config: TrainConfig.TrainConfig): number =>
-  config.agent.maxContextTokens ?? folder.config.maxPositionEmbeddings
-
-/**
- * A config as it runs on this model: its context budget filled in ({@link contextTokens}), so that the rollouts,
- * the learner and the run's recorded `config.json` use the same one.
- *
- * @category constructors
- * @since 0.1.0
- */
-export const onModel = (folder: ModelFolder.ModelFolder, config: TrainConfig.TrainConfig): TrainConfig.TrainConfig => ({
-  ...config,
-  agent: { ...config.agent, maxContextTokens: contextTokens(folder, config) }
-})
-
 // ===== The local learner's state =====
 
 /** The learner's state besides its trainer slot. */
@@ -332,7 +310,7 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
   FileSystem.FileSystem | Scope.Scope
 > {
   const { algorithm } = config
-  const budget = contextTokens(folder, config)
+  const budget = TrainConfig.onModel(config, folder.config).agent.maxContextTokens!
   if (budget > folder.config.maxPositionEmbeddings) {
     return yield* runError(
       "Learner",

@@ -348,29 +348,72 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
   options: RunOptions = {}
 ): Effect.fn.Return<Result, Failure, FileSystem.FileSystem | Path.Path | Scope.Scope> {
   const fs = yield* FileSystem.FileSystem
-  const path = yield* Path.Path
   const write = options.write ?? ((text: string) => void process.stderr.write(text))
   const tty = options.tty ?? process.stderr.isTTY === true
   const say = (text: string) => Effect.sync(() => write(text + "\n"))
+  yield* checkOutputFree(requested.output, options)
+  const data = yield* loadData(task, requested, say)
+  const folder = yield* loadModel(requested, options, say)
+  const config = TrainConfig.onModel(requested, folder.config)
+  yield* fs.makeDirectory(config.output, { recursive: true })
+  // A refused resume says only why: checked before the header announces a run that would not start.
+  const checked = options.resume === true ? yield* Resume.check(config, options) : Resume.fresh
+  const display = Metrics.display({ write, tty, columns: process.stderr.columns ?? 100, everySteps: 5 })
+  yield* say(headerLine(task, folder, config, data.train))
+  if (config.model.from !== undefined) yield* say(`starting from the weights of ${config.model.from} (model.from)`)
+  const rollouts = yield* rolloutsLayer(task, config)
+  const summary = yield* TrainLoop.run({
+    task,
+    config,
+    format: ChainFormat.ofConfig(config, folder),
+    ...data,
+    resume: options.resume === true,
+    forceResume: options.forceResume === true,
+    checked,
+    notice: say,
+    tokenText: (id) => folder.tokenizer.decode([id]),
+    display
+  }).pipe(
+    Effect.provide(Layer.provideMerge(rollouts, LocalPolicy.layer(folder, config))),
+    // What a task's environment may need from the run: pools of sandboxes and other leased resources.
+    Effect.provide(ResourceManager.ResourceManager.layer),
+    Effect.ensuring(display.done)
+  )
+  const report = yield* finish(config, summary, say)
+  return { summary, report, config }
+})
 
-  // An earlier run in the output directory is continued or replaced on request only, never silently.
-  if (options.resume !== true && options.overwrite !== true) {
-    for (const file of runFiles) {
-      if (yield* fs.exists(path.join(requested.output, file))) {
-        // Not the config's fault: the directory it names is taken.
-        return yield* new TrainConfig.ConfigError({
-          source: requested.output,
-          reason: "OutputInUse",
-          issues: [
-            `${file} is there: resume it (--resume; in code resume: true), start over in it (--overwrite; ` +
-            `overwrite: true; its files are replaced), or give another output directory (--output DIR)`
-          ]
-        })
-      }
+/** An earlier run in the output directory is continued or replaced on request only, never silently. */
+const checkOutputFree = Effect.fnUntraced(function*(output: string, options: RunOptions) {
+  if (options.resume === true || options.overwrite === true) return
+  const fs = yield* FileSystem.FileSystem
+  const path = yield* Path.Path
+  for (const file of runFiles) {
+    if (yield* fs.exists(path.join(output, file))) {
+      // Not the config's fault: the directory it names is taken.
+      return yield* new TrainConfig.ConfigError({
+        source: output,
+        reason: "OutputInUse",
+        issues: [
+          `${file} is there: resume it (--resume; in code resume: true), start over in it (--overwrite; ` +
+          `overwrite: true; its files are replaced), or give another output directory (--output DIR)`
+        ]
+      })
     }
   }
+})
 
-  // Datasets first: a bad row stops the run before anything is written.
+/**
+ * The run's datasets, each decoded once by the task's row Schema and checked against the fields its reward reads; a
+ * bad row stops the run before anything is written. Demonstrations that call a tool the task lacks, or with arguments
+ * it refuses, would teach the policy calls that fail: they stop the run here (or are skipped, with
+ * `data.onInvalidRow: "skip"`) instead of after the warm-up.
+ */
+const loadData = Effect.fnUntraced(function*(
+  task: Task.Task,
+  requested: TrainConfig.TrainConfig,
+  say: (text: string) => Effect.Effect<void>
+) {
   const onInvalid = requested.data.onInvalidRow
   const fields = task.row
   // A file that cannot be read is named with the config key that gave it (`from`); a bad row, with the way past it.
@@ -403,9 +446,18 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
         `every evaluation uses all ${evalSet.rows.length}`
     )
   }
-  // Demonstrations that call a tool the task lacks, or with arguments it refuses, would teach the policy calls that
-  // fail: they stop the run here (or are skipped, with data.onInvalidRow "skip") instead of after the warm-up.
-  const demoProblems = demos === undefined ? [] : demos.rows.flatMap((row) => {
+  const usable = demos === undefined ? undefined : yield* checkDemonstrations(task, demos, onInvalid, say)
+  return { train, eval: evalSet, demos: usable, validation }
+})
+
+/** Demonstrations without calls that fail; with any, the run stops (or skips them, with `onInvalid: "skip"`). */
+const checkDemonstrations = Effect.fnUntraced(function*(
+  task: Task.Task,
+  demos: Dataset.Dataset,
+  onInvalid: "skip" | "stop" | undefined,
+  say: (text: string) => Effect.Effect<void>
+) {
+  const demoProblems = demos.rows.flatMap((row) => {
     const problem = demonstrationProblem(task, row.messages ?? [])
     return problem === undefined ? [] : [{ row, problem }]
   })
@@ -413,23 +465,33 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
     // A dataset's bad rows, as a training file's are (`FILE:LINE: why`), not an "invalid config".
     return yield* Effect.fail(withSkipHint(
       Dataset.datasetError(
-        demos!.name,
+        demos.name,
         "InvalidRow",
         [
-          ...demoProblems.slice(0, 5).map(({ problem, row }) => `${demos!.name}:${row.line}: ${problem}`),
+          ...demoProblems.slice(0, 5).map(({ problem, row }) => `${demos.name}:${row.line}: ${problem}`),
           ...(demoProblems.length > 5 ? [`… and ${demoProblems.length - 5} more demonstrations`] : [])
         ].join("\n"),
         { line: demoProblems[0]!.row.line }
       )
     ))
   }
-  for (const { problem, row } of demoProblems) yield* say(`skipped ${demos!.name}:${row.line}: ${problem}`)
-  const warmupRows = demoProblems.length === 0 ? demos : {
-    ...demos!,
-    rows: demos!.rows.filter((row) => !demoProblems.some((p) => p.row === row))
+  for (const { problem, row } of demoProblems) yield* say(`skipped ${demos.name}:${row.line}: ${problem}`)
+  return demoProblems.length === 0 ? demos : {
+    ...demos,
+    rows: demos.rows.filter((row) => !demoProblems.some((p) => p.row === row))
   }
+})
 
-  // Model folder (initialised from the preset when missing).
+/**
+ * The run's model folder: initialised from `model.preset` when missing, loaded, and with `model.from` another run's
+ * checkpoint (a shared warm-up, say) over its weights.
+ */
+const loadModel = Effect.fnUntraced(function*(
+  requested: TrainConfig.TrainConfig,
+  options: RunOptions,
+  say: (text: string) => Effect.Effect<void>
+) {
+  const fs = yield* FileSystem.FileSystem
   if (!(yield* fs.exists(`${requested.model.path}/config.json`))) {
     const preset = requested.model.preset
     if (preset === undefined || !(preset in ModelConfig.presets)) {
@@ -448,59 +510,45 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
   const loaded = yield* ModelFolder.load(requested.model.path)
   const mismatch = presetMismatch(requested.model, loaded.config)
   if (mismatch !== undefined) yield* say(mismatch)
-  // `model.from`: another run's checkpoint (a shared warm-up, say) over the folder's weights.
   const from = requested.model.from
-  const folder = from === undefined ? loaded : {
-    ...loaded,
-    weights: yield* Journal.verifiedCheckpoint(from, Qwen2.parameters(loaded.config)).pipe(
-      Effect.map((checkpoint) => checkpoint.weights),
-      Effect.mapError((e) =>
-        new TrainConfig.ConfigError({
-          source: options.source ?? "config",
-          reason: "Invalid",
-          issues: [`model.from: ${e.message}`]
-        })
-      )
+  if (from === undefined) return loaded
+  const checkpoint = yield* Journal.verifiedCheckpoint(from, Qwen2.parameters(loaded.config)).pipe(
+    Effect.mapError((e) =>
+      new TrainConfig.ConfigError({
+        source: options.source ?? "config",
+        reason: "Invalid",
+        issues: [`model.from: ${e.message}`]
+      })
     )
-  }
-  const config = LocalPolicy.onModel(folder, requested)
+  )
+  return { ...loaded, weights: checkpoint.weights }
+})
 
-  yield* fs.makeDirectory(config.output, { recursive: true })
-  // A refused resume says only why: checked before the header announces a run that would not start.
-  const checked = options.resume === true ? yield* Resume.check(config, options) : Resume.fresh
-  const display = Metrics.display({ write, tty, columns: process.stderr.columns ?? 100, everySteps: 5 })
-  yield* say(
-    `training ${folder.name} on task ${task.name}, ${train.rows.length} rows (${config.mode}, ` +
-      `${config.algorithm.steps} step${config.algorithm.steps === 1 ? "" : "s"}, seed ${config.seed}, ` +
-      `${estimatorName(config.algorithm.advantage)}${
-        config.algorithm.dynamicSampling === undefined
-          ? ""
-          : `, dynamic sampling (≤ ${config.algorithm.dynamicSampling.maxBatches} batches a step)`
-      }) → ` +
-      config.output
-  )
-  if (from !== undefined) yield* say(`starting from the weights of ${from} (model.from)`)
-  const rollouts = yield* rolloutsLayer(task, config)
-  const summary = yield* TrainLoop.run({
-    task,
-    config,
-    format: ChainFormat.ofConfig(config, folder),
-    train,
-    eval: evalSet,
-    demos: warmupRows,
-    validation,
-    resume: options.resume === true,
-    forceResume: options.forceResume === true,
-    checked,
-    notice: say,
-    tokenText: (id) => folder.tokenizer.decode([id]),
-    display
-  }).pipe(
-    Effect.provide(Layer.provideMerge(rollouts, LocalPolicy.layer(folder, config))),
-    // What a task's environment may need from the run: pools of sandboxes and other leased resources.
-    Effect.provide(ResourceManager.ResourceManager.layer),
-    Effect.ensuring(display.done)
-  )
+/** The line a run starts with: the model, the task, its rows and how it trains. */
+const headerLine = (
+  task: Task.Task,
+  folder: ModelFolder.ModelFolder,
+  config: TrainConfig.TrainConfig,
+  train: Dataset.Dataset
+): string =>
+  `training ${folder.name} on task ${task.name}, ${train.rows.length} rows (${config.mode}, ` +
+  `${config.algorithm.steps} step${config.algorithm.steps === 1 ? "" : "s"}, seed ${config.seed}, ` +
+  `${estimatorName(config.algorithm.advantage)}${
+    config.algorithm.dynamicSampling === undefined
+      ? ""
+      : `, dynamic sampling (≤ ${config.algorithm.dynamicSampling.maxBatches} batches a step)`
+  }) → ` +
+  config.output
+
+/**
+ * After the loop: the report written, and the whole run's figures said from its summary (a resumed run's earlier
+ * steps included); a run in which no step trained fails.
+ */
+const finish = Effect.fnUntraced(function*(
+  config: TrainConfig.TrainConfig,
+  summary: TrainLoop.Summary,
+  say: (text: string) => Effect.Effect<void>
+) {
   const report = yield* Report.write(config.output).pipe(
     Effect.mapError((e) =>
       DiskFull.isDiskFull(e)
@@ -525,7 +573,8 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
       TrainConfig.isGroupRelative(config.algorithm.advantage) ? "every group's rewards equal" : "every reward equal"
     }`] : [])
   ]
-  yield* say(`trained ${trained} of ${steps} step${steps === 1 ? "" : "s"}` + (notTrained.length > 0 ? ` (${notTrained.join("; ")})` : ""))
+  const why = notTrained.length > 0 ? ` (${notTrained.join("; ")})` : ""
+  yield* say(`trained ${trained} of ${steps} step${steps === 1 ? "" : "s"}${why}`)
   yield* say(`report: ${report}`)
   if (trained === 0 && steps > 0) {
     return yield* RunError.runError(
@@ -535,7 +584,7 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
       } (see ${report})`
     )
   }
-  return { summary, report, config }
+  return report
 })
 
 /**

@@ -15,7 +15,6 @@ import type { Scope } from "effect"
 import { Argument, Command, Flag } from "effect/cli"
 import * as ChainFormat from "../actors/ChainFormat.ts"
 import * as Journal from "../actors/Journal.ts"
-import * as LocalPolicy from "../actors/LocalPolicy.ts"
 import * as Metrics from "../actors/Metrics.ts"
 import * as PolicyEngine from "../actors/PolicyEngine.ts"
 import * as ResourceManager from "../actors/ResourceManager.ts"
@@ -161,7 +160,7 @@ export const run = Effect.fn("cli.eval")(function*(
     return yield* ModelFolder.modelFolderError(modelFile, "NotFound", message)
   }
   const folder = yield* ModelFolder.load(requested.model.path)
-  const config = LocalPolicy.onModel(folder, { ...requested, eval: evalConfig })
+  const config = TrainConfig.onModel({ ...requested, eval: evalConfig }, folder.config)
   const weights = options.checkpoint === undefined
     ? folder.weights
     : (yield* verifiedCheckpoint(options.checkpoint, Qwen2.parameters(folder.config))).weights

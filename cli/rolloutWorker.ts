@@ -14,7 +14,6 @@ import type { Scope } from "effect"
 import { Argument, Command, Flag } from "effect/cli"
 import * as ChainFormat from "../actors/ChainFormat.ts"
 import * as InferenceServers from "../actors/InferenceServers.ts"
-import * as LocalPolicy from "../actors/LocalPolicy.ts"
 import * as ResourceManager from "../actors/ResourceManager.ts"
 import * as RolloutQueue from "../actors/RolloutQueue.ts"
 import * as RolloutWorker from "../actors/RolloutWorker.ts"
@@ -22,6 +21,7 @@ import * as RolloutSetup from "../actors/RolloutSetup.ts"
 import { runError, type RunError } from "../actors/RunError.ts"
 import * as Qwen2 from "../src/model/Qwen2.ts"
 import * as ModelFolder from "../src/ModelFolder.ts"
+import * as TrainConfig from "../src/TrainConfig.ts"
 import * as Setup from "./setup.ts"
 import { exitOnFailure } from "./train.ts"
 
@@ -68,7 +68,7 @@ export const rolloutWorker = Command.make(
       )
     }
     const folder = yield* ModelFolder.load(requested.model.path)
-    const config = LocalPolicy.onModel(folder, requested)
+    const config = TrainConfig.onModel(requested, folder.config)
     // A task module's environment needs only what a run provides (the resource manager), as in `Train.runConfig`.
     const format = ChainFormat.ofConfig(config, folder)
     const agent = yield* (RolloutSetup.make({ task, config, format }) as Effect.Effect<

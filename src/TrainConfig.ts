@@ -534,6 +534,23 @@ export const decodeOptions = SchemaIssues.decodeOptions
 const decodeStrict = Schema.decodeUnknownEffect(TrainConfig)
 
 /**
+ * A config as it runs on a model: its context budget (`agent.maxContextTokens`) filled in with the model's positions
+ * when the config leaves it unset, so that the rollouts, the learner and the run's recorded `config.json` use the same
+ * one. The one place a config is resolved against its model: `agentfly train`, `eval`, `rollout-worker` and
+ * `LocalPolicy` all call it.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const onModel = (
+  config: TrainConfig,
+  model: { readonly maxPositionEmbeddings: number }
+): TrainConfig => ({
+  ...config,
+  agent: { ...config.agent, maxContextTokens: config.agent.maxContextTokens ?? model.maxPositionEmbeddings }
+})
+
+/**
  * Decodes a config value strictly (unknown keys are errors), reporting every problem with its path.
  *
  * @category constructors

@@ -39,9 +39,7 @@ const fixture = Effect.gen(function*() {
   writeFileSync(join(dir, "long.jsonl"), long.join("\n") + "\n")
   yield* ModelFolder.init(join(dir, "model"), { preset: "tiny", seed: 3 })
   const folder = yield* ModelFolder.load(join(dir, "model"))
-  const config = LocalPolicy.onModel(
-    folder,
-    yield* TrainConfig.decode({
+  const config = TrainConfig.onModel(yield* TrainConfig.decode({
       output: join(dir, "run"),
       model: { path: join(dir, "model") },
       data: { train: join(dir, "train.jsonl") },
@@ -49,8 +47,7 @@ const fixture = Effect.gen(function*() {
       agent: { renderTools: false, maxTurns: 2, numChains: 3, maxNewTokens: 48, maxContextTokens: 512 },
       algorithm: { steps: 2, groupsPerStep: 2 },
       eval: { size: 6 }
-    })
-  )
+    }), folder.config)
   const train = yield* Dataset.load(join(dir, "train.jsonl"), { onInvalid: "stop" })
   const heldOut = yield* Dataset.load(join(dir, "long.jsonl"), { onInvalid: "stop" })
   const agent = yield* RolloutSetup.make({ task: CalculatorTask.make(), config, format: ChainFormat.ofConfig(config, folder) })

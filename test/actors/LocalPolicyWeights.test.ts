@@ -64,9 +64,7 @@ const fixture = Effect.gen(function*() {
   yield* Generate.write({ dir, seed: 5, train: 8, heldOut: 6, validation: 1, demos: 4, noise: 0 })
   yield* ModelFolder.init(join(dir, "model"), { preset: "tiny", seed: 3 })
   const folder = yield* ModelFolder.load(join(dir, "model"))
-  const config = LocalPolicy.onModel(
-    folder,
-    yield* TrainConfig.decode({
+  const config = TrainConfig.onModel(yield* TrainConfig.decode({
       output: join(dir, "run"),
       model: { path: join(dir, "model") },
       data: { train: join(dir, "train.jsonl") },
@@ -75,8 +73,7 @@ const fixture = Effect.gen(function*() {
       // reinforce++ with an entropy term: every step applies, whatever the rewards.
       algorithm: { steps: 3, groupsPerStep: 2, advantage: "reinforce++", entropyCoef: 0.01 },
       warmup: { data: join(dir, "demos.jsonl"), steps: 2, batchSize: 2 }
-    })
-  )
+    }), folder.config)
   const train = yield* Dataset.load(join(dir, "train.jsonl"), { onInvalid: "stop" })
   const demos = yield* Dataset.load(join(dir, "demos.jsonl"), { kind: "conversation" })
   const format = ChainFormat.ofConfig(config, folder)

@@ -17,6 +17,7 @@ import * as LocalPolicy from "../../actors/LocalPolicy.ts"
 import * as ChainFormat from "../../actors/ChainFormat.ts"
 import * as Setup from "../../cli/setup.ts"
 import * as Dataset from "../../src/Dataset.ts"
+import * as TrainConfig from "../../src/TrainConfig.ts"
 import * as ModelFolder from "../../src/ModelFolder.ts"
 import { agentfly } from "../utils/agentfly.ts"
 import * as TrainLoop from "../../actors/TrainLoop.ts"
@@ -163,7 +164,7 @@ describe("a user's task module", () => {
       const { task, config: loaded } = yield* Setup.load(join(dir, "door.ts"), { steps: 2 })
       yield* ModelFolder.init(loaded.model.path, { preset: "tiny", seed: 3 })
       const folder = yield* ModelFolder.load(loaded.model.path)
-      const config = LocalPolicy.onModel(folder, loaded)
+      const config = TrainConfig.onModel(loaded, folder.config)
       const train = yield* Dataset.load(config.data.train, { fields: task.row })
       const demos = yield* Dataset.load(config.warmup!.data, { kind: "conversation" })
       const format = ChainFormat.ofConfig(config, folder)

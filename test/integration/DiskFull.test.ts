@@ -143,7 +143,7 @@ describe("a full disk", () => {
       yield* Generate.write({ dir: data, seed: 5, train: 8, heldOut: 2, validation: 1, demos: 1, noise: 0 })
       yield* ModelFolder.init(join(data, "model"), { preset: "tiny", seed: 3 })
       const folder = yield* ModelFolder.load(join(data, "model"))
-      const config = LocalPolicy.onModel(folder, yield* TrainConfig.decode({
+      const config = TrainConfig.onModel(yield* TrainConfig.decode({
         output: join(disk.dir, "run"),
         model: { path: join(data, "model") },
         data: { train: join(data, "train.jsonl") },
@@ -151,7 +151,7 @@ describe("a full disk", () => {
         agent: { renderTools: false, maxTurns: 1, numChains: 2, maxNewTokens: 8, maxContextTokens: 256 },
         algorithm: { steps: 2, groupsPerStep: 2, advantage: "reinforce++", entropyCoef: 0.01 },
         checkpoint: { every: 1 }
-      }))
+      }), folder.config)
       const error = yield* Effect.flip(Effect.scoped(TrainLoop.run({
         task: CalculatorTask.make(),
         config,

@@ -90,7 +90,7 @@ describe("exact resume", () => {
           mode,
           maxStaleness: 1,
           engine: { thread }
-        }).pipe(Effect.map((c) => LocalPolicy.onModel(folder, c)))
+        }).pipe(Effect.map((c) => TrainConfig.onModel(c, folder.config)))
       const train = yield* Dataset.load(join(dir, "data", "train.jsonl"), { onInvalid: "stop" })
       // Held-out questions much longer than the training ones: an evaluation that shares the engine's decode batch
       // with training rollouts widens the keys/values every row of that batch attends over.

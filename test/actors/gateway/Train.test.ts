@@ -55,7 +55,7 @@ describe("training an agent function", () => {
       const dir = mkdtempSync(join(tmpdir(), "agent-train-"))
       yield* ModelFolder.init(join(dir, "model"), { preset: "tiny", seed: 3 })
       const folder = yield* ModelFolder.load(join(dir, "model"))
-      const config = LocalPolicy.onModel(folder, yield* TrainConfig.decode({
+      const config = TrainConfig.onModel(yield* TrainConfig.decode({
         output: join(dir, "run"),
         seed: 5,
         model: { path: join(dir, "model") },
@@ -64,7 +64,7 @@ describe("training an agent function", () => {
         algorithm: { steps: 3, groupsPerStep: 2, microBatchSize: 8, lr: 0.002, advantage: "reinforce++", entropyCoef: 0.01 },
         eval: { every: 100, size: 2 },
         checkpoint: { every: 100 }
-      }))
+      }), folder.config)
       const format = ChainFormat.fromTemplate({ tokenizer: folder.tokenizer, template: folder.template })
       const train = yield* rows(6)
       const { summary, groups } = yield* Effect.scoped(Effect.gen(function*() {

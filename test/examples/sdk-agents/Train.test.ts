@@ -39,7 +39,7 @@ const trains = (task: AgentTask.AgentTask) =>
     yield* ModelFolder.init(join(dir, "model"), { preset: "tiny", seed: 1 })
     const folder = yield* ModelFolder.load(join(dir, "model"))
     // The task's defaults (system prompt, budgets, no tool list in the prompt) under a two-step run.
-    const config = LocalPolicy.onModel(folder, yield* TrainConfig.decode(Task.withDefaults(task, {
+    const config = TrainConfig.onModel(yield* TrainConfig.decode(Task.withDefaults(task, {
       output: join(dir, "run"),
       seed: 2,
       model: { path: join(dir, "model") },
@@ -48,7 +48,7 @@ const trains = (task: AgentTask.AgentTask) =>
       algorithm: { steps: 2, groupsPerStep: 2, microBatchSize: 4, lr: 0.002, advantage: "reinforce++", entropyCoef: 0.01 },
       eval: { every: 100, size: 1 },
       checkpoint: { every: 100 }
-    })))
+    })), folder.config)
     const format = ChainFormat.fromTemplate({ tokenizer: folder.tokenizer, template: folder.template })
     const data = yield* train
     const { summary, groups } = yield* Effect.scoped(Effect.gen(function*() {
