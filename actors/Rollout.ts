@@ -36,12 +36,13 @@ import * as TaskRuntime from "./TaskRuntime.ts"
 // ===== Models =====
 
 /**
- * A dataset row: its messages, plus any other fields (passed through to the trajectory's `row` and to rewards).
+ * What a group's chains start from: a row's conversation so far (`messages`), plus its other fields (passed through
+ * to the trajectory's `row` and to rewards). A dataset's row is `Dataset.Row`; a task's raw row is {@link TaskRow}.
  *
  * @category models
  * @since 0.1.0
  */
-export interface Row {
+export interface Prompt {
   readonly messages: Conversation
   readonly [field: string]: unknown
 }
@@ -82,7 +83,7 @@ export type Event =
  */
 export interface Options {
   /** The rows to roll out; or `messages` for a single row. */
-  readonly rows?: ReadonlyArray<Row> | undefined
+  readonly rows?: ReadonlyArray<Prompt> | undefined
   readonly messages?: Conversation | undefined
   /** Chains per row (the GRPO group size). */
   readonly numChains: number
@@ -197,7 +198,7 @@ const taskOptions = <RE>(
       renderTools: options.renderTools ?? task.defaults.renderTools
     })
     const decodeFields = task.row === undefined ? undefined : Schema.decodeUnknownResult(task.row)
-    const rows: Array<Row> = []
+    const rows: Array<Prompt> = []
     for (const [index, row] of options.rows.entries()) {
       const { question, messages, ...rest } = row
       const decoded = decodeFields?.(rest, { errors: "all" })
@@ -322,7 +323,7 @@ interface Run {
 const checkedRows = (
   options: Options,
   bufferSize: number
-): Effect.Effect<ReadonlyArray<Row>, Schema.SchemaError> => {
+): Effect.Effect<ReadonlyArray<Prompt>, Schema.SchemaError> => {
   const rows = options.rows ?? (options.messages === undefined ? [] : [{ messages: options.messages }])
   return Effect.as(
     Schema.decodeUnknownEffect(Limits)({
@@ -358,7 +359,7 @@ const chainConfig = (
 })
 
 /** Starts a row's chains (one group), each once a permit is free; stops when a chain aborted the run. */
-const startRow = Effect.fnUntraced(function*(run: Run, rowIndex: number, row: Row) {
+const startRow = Effect.fnUntraced(function*(run: Run, rowIndex: number, row: Prompt) {
   const { numChains } = run.options
   const { messages, ...fields } = row
   const groupId = `${run.runId}-g${rowIndex}`

@@ -36,7 +36,7 @@
 import { Clock, Context, Effect, Schedule } from "effect"
 import type { Scope } from "effect"
 import * as Environment from "../src/Environment.ts"
-import type { AssistantTurn, Format, Score, Scorer, ToolRunner, ToolTurn, Transcript } from "../src/ChainPorts.ts"
+import type { AssistantTurn, Format, RewardResult, Scorer, ToolRunner, ToolTurn, Transcript } from "../src/ChainPorts.ts"
 import type { Conversation, Message } from "../src/Message.ts"
 import * as RolloutError from "../src/RolloutError.ts"
 import type { ChatSampler, Sampler, SamplingParams } from "../src/Sampler.ts"
@@ -53,7 +53,7 @@ import { mergeMetrics } from "./internal/mergeMetrics.ts"
  * @category combinators
  * @since 0.1.0
  */
-export const applyScore = (trajectory: Trajectory, score: Score): Trajectory => ({
+export const applyScore = (trajectory: Trajectory, score: RewardResult): Trajectory => ({
   ...trajectory,
   reward: score.reward,
   rewardStatus: score.status,

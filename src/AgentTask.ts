@@ -85,10 +85,7 @@ export interface Input<Fields> {
  * @category models
  * @since 0.1.0
  */
-export interface Score {
-  readonly reward: number
-  readonly metrics?: Readonly<Record<string, number>> | undefined
-}
+export type Score = Reward.Score
 
 /**
  * A plain async function that runs one episode with any SDK. It may return the episode's reward.

@@ -119,7 +119,7 @@ export interface ToolRunner {
  * @category models
  * @since 0.1.0
  */
-export interface Score {
+export interface RewardResult {
   readonly reward: number
   readonly status: RewardStatus
   /** Merged into the trajectory's metrics as given (use CleanRL names, e.g. `reward/<Name>/acc`). */
@@ -140,7 +140,7 @@ export interface Score {
 export type Scorer = (
   trajectory: Trajectory,
   context: Context.Context<never>
-) => Effect.Effect<Score, RolloutError.RolloutError>
+) => Effect.Effect<RewardResult, RolloutError.RolloutError>
 
 /**
  * No tools: every turn ends the chain with `no_tool_call`.
