@@ -4,11 +4,13 @@
  * {@link load} then loads the newest intact checkpoint into the learner (it loads, its weights are finite and their
  * fingerprint is the journal's), saying which newer ones it refused and why. A fresh run is a resume from nothing
  * ({@link fresh}). The training loop calls both once; a caller that prints something of its own before the run (the
- * CLI's header) checks first and hands the result over, so that a refused resume says only why.
+ * CLI's header) checks first and hands the result over, so that a refused resume says only why. When a run is
+ * interrupted, {@link interruptedNote} says where it stopped and what a resume continues from.
  *
  * @since 0.1.0
  */
-import { Effect, FileSystem, Result } from "effect"
+import { Effect, FileSystem, Result, Schema } from "effect"
+import * as Report from "../src/Report.ts"
 import * as Task from "../src/Task.ts"
 import * as TrainConfig from "../src/TrainConfig.ts"
 import * as Journal from "./Journal.ts"
@@ -257,3 +259,48 @@ export const load = Effect.fnUntraced(function*(
   return { ...point, existing }
 })
 
+const decodeRecord = Schema.decodeUnknownResult(Schema.fromJsonString(Report.MetricsRecord))
+
+/**
+ * Where an interrupted run stopped and what a resume starts from, in words: the last record of its `metrics.jsonl`
+ * and the newest checkpoint of its journal. Before the warm-up ends there is none, and a resume starts over.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const interruptedNote = Effect.fn("Resume.interruptedNote")(function*(config: TrainConfig.TrainConfig) {
+  const fs = yield* FileSystem.FileSystem
+  const out = config.output
+  const records = (yield* fs.readFileString(`${out}/metrics.jsonl`).pipe(Effect.orElseSucceed(() => "")))
+    .split("\n").flatMap((line) => {
+      const r = decodeRecord(line)
+      return r._tag === "Success" ? [r.success] : []
+    })
+  const last = records.at(-1)
+  const trained = records.filter((r) => r.phase === "train").at(-1)?.step ?? 0
+  const journal = yield* Journal.read(`${out}/journal.jsonl`).pipe(
+    Effect.orElseSucceed((): Journal.Replay => ({ entries: [], validBytes: 0, tornBytes: 0 }))
+  )
+  const checkpoint = Journal.checkpoints(journal)[0]?.entry
+  const where = last === undefined
+    ? "before its first step"
+    : last.phase === "warmup"
+    ? `during the warm-up, after its step ${last.step} of ${config.warmup?.steps ?? "?"}`
+    : last.phase === "eval"
+    ? `after the evaluation at step ${last.step}`
+    : `after step ${last.step} of ${config.algorithm.steps}`
+  const saved = checkpoint === undefined
+    ? `no checkpoint yet (${
+      config.warmup === undefined
+        ? `the first is written at step ${config.checkpoint.every}`
+        : "the first, step-000000, is written when the warm-up ends"
+    }), so a resume starts the run over`
+    : `its newest checkpoint is ${out}/checkpoints/${checkpoint.path} (step ${checkpoint.step}), which a resume ` +
+      `continues from` +
+      (trained <= checkpoint.step
+        ? ""
+        : trained === checkpoint.step + 1
+        ? `, replaying step ${trained} exactly`
+        : `, replaying steps ${checkpoint.step + 1}–${trained} exactly`)
+  return `interrupted ${where}: ${saved}`
+})

@@ -11,6 +11,7 @@
 import { Console, Effect, FileSystem, Option } from "effect"
 import type { Scope } from "effect"
 import { Argument, Command, Flag } from "effect/cli"
+import * as Resume from "../actors/Resume.ts"
 import * as Train from "../actors/Train.ts"
 import * as Setup from "./setup.ts"
 
@@ -45,7 +46,7 @@ export const run = Effect.fn("cli.train")(function*(
   return yield* Train.runConfig(task, config, { ...options, source: options.config }).pipe(
     // Ctrl-C or SIGTERM: what was saved and the command that continues the run.
     Effect.onInterrupt(() =>
-      Train.interruptedNote(config).pipe(
+      Resume.interruptedNote(config).pipe(
         Effect.flatMap((note) => Effect.sync(() => write(`${note}\nto resume: ${resumeCommand(options)}\n`)))
       )
     )
