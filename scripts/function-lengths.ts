@@ -20,10 +20,8 @@ import { parseSync } from "rolldown/utils"
 
 const root = resolve(dirname(fileURLToPath(import.meta.url)), "..")
 const folders = ["src", "actors", "environments", "cli"]
-const builders = ["src/model/Qwen2.ts", "src/autodiff/", "src/onnx/"]
-const skipped = process.argv.includes("--all") ? [] : builders
-const maxArgument = process.argv.indexOf("--max")
-const maxLines = maxArgument >= 0 ? Number(process.argv[maxArgument + 1]) : 80
+/** The model-graph builders, skipped unless asked for (see the header). */
+export const builders = ["src/model/Qwen2.ts", "src/autodiff/", "src/onnx/"]
 
 /** How many lines a wrapper may add around the one function it wraps and still count as that function. */
 const wrapperSlack = 4
@@ -163,14 +161,27 @@ const flatten = (found: ReadonlyArray<Found>): Array<Found> =>
     return [...(f.wrapper ? [] : [f]), ...flatten(f.inner)]
   })
 
-const all = folders
-  .flatMap((folder) => sourceFiles(join(root, folder)))
-  .filter((file) => !skipped.some((skip) => relative(root, file).startsWith(skip)))
-  .flatMap((file) => flatten(functionsOf(file)))
-const long = all.filter((f) => f.lines > maxLines).sort((a, b) => b.lines - a.lines || a.file.localeCompare(b.file))
-
-for (const f of long) {
-  console.log(`${`${f.file}:${f.line}`.padEnd(44)} ${String(f.lines).padStart(4)}  ${f.name || "(anonymous)"}`)
+/**
+ * The functions of the layered folders over `maxLines` lines, longest first, and how many functions were read;
+ * `skipped` folders and files are not read (default: the model-graph builders).
+ */
+export const longFunctions = (maxLines = 80, skipped: ReadonlyArray<string> = builders) => {
+  const all = folders
+    .flatMap((folder) => sourceFiles(join(root, folder)))
+    .filter((file) => !skipped.some((skip) => relative(root, file).startsWith(skip)))
+    .flatMap((file) => flatten(functionsOf(file)))
+  const long = all.filter((f) => f.lines > maxLines).sort((a, b) => b.lines - a.lines || a.file.localeCompare(b.file))
+  return { long, read: all.length }
 }
-console.log(`${long.length} functions over ${maxLines} lines (of ${all.length}; skipped: ${skipped.join(", ")})`)
-process.exitCode = long.length > 0 ? 1 : 0
+
+if (process.argv[1] !== undefined && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
+  const skipped = process.argv.includes("--all") ? [] : builders
+  const maxArgument = process.argv.indexOf("--max")
+  const maxLines = maxArgument >= 0 ? Number(process.argv[maxArgument + 1]) : 80
+  const { long, read } = longFunctions(maxLines, skipped)
+  for (const f of long) {
+    console.log(`${`${f.file}:${f.line}`.padEnd(44)} ${String(f.lines).padStart(4)}  ${f.name || "(anonymous)"}`)
+  }
+  console.log(`${long.length} functions over ${maxLines} lines (of ${read}; skipped: ${skipped.join(", ")})`)
+  process.exitCode = long.length > 0 ? 1 : 0
+}

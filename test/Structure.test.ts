@@ -1,14 +1,15 @@
 /**
  * The shape of the code beside its layering (`test/Layering.test.ts`): no import circle among the modules of the
  * layered folders (`import type` counts: a circle of types is still two modules that cannot be read apart), and no
- * file under `actors/` longer than {@link maxActorLines} lines. Function lengths are listed by
- * `scripts/function-lengths.ts`.
+ * file under `actors/` longer than {@link maxActorLines} lines, no function over 80 lines outside the model-graph
+ * builders (`scripts/function-lengths.ts` lists them).
  */
 import { assert, describe, it } from "@effect/vitest"
 import { mkdirSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { dirname, join, relative, resolve } from "node:path"
 import { fileURLToPath } from "node:url"
+import { longFunctions } from "../scripts/function-lengths.ts"
 import { importSpecifiers, layers, sourceFiles } from "./utils/sourceTree.ts"
 
 const root = resolve(dirname(fileURLToPath(import.meta.url)), "..")
@@ -122,6 +123,16 @@ const longFiles = (root: string, dir: string, max: number): Array<string> =>
 describe("structure", () => {
   it("no import circle among the modules of src, actors, environments, examples and cli", () => {
     assert.deepStrictEqual(importCircles(root), [])
+  })
+
+  it("no function over 80 lines outside the model-graph builders (scripts/function-lengths.ts)", () => {
+    const { long, read } = longFunctions(80)
+    assert.isAbove(read, 1000, "the functions were read")
+    assert.deepStrictEqual(long.map((f) => `${f.file}:${f.line} ${f.name}: ${f.lines} lines`), [])
+  })
+
+  it("the function count can fail: at 20 lines it finds some", () => {
+    assert.isAbove(longFunctions(20).long.length, 0, "some function of the code is over 20 lines")
   })
 
   it(`no file under actors/ is over ${maxActorLines} lines`, () => {
