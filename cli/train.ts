@@ -9,6 +9,7 @@
  * @since 0.1.0
  */
 import { Console, Effect, FileSystem, Option } from "effect"
+import { isAbsolute, relative, resolve } from "node:path"
 import type { Scope } from "effect"
 import { Argument, Command, Flag } from "effect/cli"
 import * as Resume from "../actors/Resume.ts"
@@ -57,6 +58,21 @@ export const run = Effect.fn("cli.train")(function*(
 const shellWord = (word: string): string => /^[\w@%+=:,./-]+$/.test(word) ? word : `'${word.replaceAll("'", `'\\''`)}'`
 
 /**
+ * How the user ran this command, to repeat it: `agentfly` when it came from PATH (npx, npm link), the script's path
+ * when it was run by path (`/path/to/agentfly/bin/agentfly.mjs`, from a folder outside the clone), relative to the
+ * working directory when it is inside it.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const commandName = (script: string | undefined = process.argv[1], cwd = process.cwd()): string => {
+  if (script === undefined || !script.endsWith("agentfly.mjs")) return "agentfly"
+  const absolute = isAbsolute(script) ? script : resolve(cwd, script)
+  const inside = relative(cwd, absolute)
+  return inside.startsWith("..") || isAbsolute(inside) ? absolute : `./${inside}`
+}
+
+/**
  * The command that resumes a run started with these options.
  *
  * @category getters
@@ -64,7 +80,7 @@ const shellWord = (word: string): string => /^[\w@%+=:,./-]+$/.test(word) ? word
  */
 export const resumeCommand = (options: RunOptions): string =>
   [
-    "agentfly train",
+    `${shellWord(commandName())} train`,
     shellWord(options.config),
     "--resume",
     ...(options.output === undefined ? [] : ["--output", shellWord(options.output)]),
