@@ -95,7 +95,7 @@ describe("agentfly train --resume", () => {
 
       // Another seed is another run.
       const reseeded = yield* Effect.flip(Train.run({ config, output: b, resume: true, seed: 6, ...quiet }))
-      assert.strictEqual((reseeded as { reason: string }).reason, "Resume")
+      assert.strictEqual((reseeded as { reason: { _tag: string } }).reason._tag, "Resume")
       assert.include((reseeded as Error).message, "seed: 5 → 6")
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 180_000)
 
