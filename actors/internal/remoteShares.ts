@@ -182,7 +182,7 @@ const reportedVersion = (url: string) =>
 /**
  * Waits until one of `servers` holds policy version `version` (or newer), asking them every second, for at most
  * `waitMs` (on `Clock`); then the share fails (`version_ahead`) instead of its chains waiting on a version that may
- * never come.
+ * never come (a server behind is retried as long as it answers). Servers that all say nothing are not waited for.
  */
 export const awaitVersion = (
   servers: InferenceServers.InferenceServers,
@@ -197,11 +197,12 @@ export const awaitVersion = (
       if (known.some((v) => v >= version)) return
       const reported = yield* Effect.forEach(status, (s) => reportedVersion(s.url), { concurrency: "unbounded" })
       const held = [...known, ...reported.filter((v): v is number => v !== undefined)]
-      if (held.some((v) => v >= version)) return
+      // No server says (all down): the chains fail for the servers' own reason, as they would without a worker.
+      if (held.length === 0 || held.some((v) => v >= version)) return
       if ((yield* Clock.currentTimeMillis) - start >= waitMs) {
         return yield* Effect.fail<ShareFailure>({
           message: `the share asks for policy version ${version}, and no inference server of this worker holds it ` +
-            `after ${waitMs / 1000} s (the newest held: ${held.length === 0 ? "none" : Math.max(...held)})`,
+            `after ${waitMs / 1000} s (the newest held: ${Math.max(...held)})`,
           code: "version_ahead"
         })
       }

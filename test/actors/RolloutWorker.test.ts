@@ -199,6 +199,135 @@ describe("RolloutWorker", () => {
       assert.include(absent.message, "rollout worker http://127.0.0.1:9/v1 did not answer GET /worker")
     }).pipe(Effect.provide([NodeServices.layer, ResourceManager.ResourceManager.layer]))), { timeout: 120_000 })
 
+  it.live("strangers: a token before any answer, a loopback-only worker without one, bounded shares, signed results", () =>
+    Effect.scoped(Effect.gen(function*() {
+      const { runId, agent, key, trainerSide, workerSide } = yield* fixture
+      const token = "w0rker-s3cret"
+      const guarded = yield* startWorker(agent, workerSide, { token, versionWaitMs: 0 })
+      const raw = (path: string, init: RequestInit = {}) =>
+        Effect.promise(() =>
+          fetch(`${guarded.baseUrl}${path}`, init).then(async (r) => ({ status: r.status, text: await r.text() }))
+        )
+      const bearing = (t: string) => ({ authorization: `Bearer ${t}`, "content-type": "application/json" })
+
+      // Without the token, or with another, nothing of the run is told: not the agent key, not the prompt.
+      for (const headers of [{}, bearing("wrong"), { authorization: token }]) {
+        const info = yield* raw("/worker", { headers })
+        assert.strictEqual(info.status, 401)
+        assert.notInclude(info.text, key)
+        assert.notInclude(info.text, "Use the calculator tool.")
+      }
+      const info = yield* raw("/worker", { headers: bearing(token) })
+      assert.strictEqual(info.status, 200)
+      assert.include(info.text, runId)
+
+      // Beyond loopback without a token, the worker refuses to start; with one it may.
+      const open = yield* Effect.flip(RolloutWorker.serve(agent, workerSide, { host: "0.0.0.0" }))
+      assert.strictEqual(open._tag, "AuthConfigError")
+      assert.include(open.message, "refusing to listen on 0.0.0.0 without a token")
+
+      // Out-of-range numbers are refused before anything runs; so is a share of another run.
+      const share = {
+        runId,
+        share: "s1",
+        agentKey: key,
+        rows: rows.slice(0, 1),
+        firstSeq: 0,
+        rowOffset: 0,
+        chains: 1,
+        temperature: 0,
+        seed: 1,
+        version: 1
+      }
+      const post = (body: unknown) =>
+        raw("/rollouts", { method: "POST", headers: bearing(token), body: JSON.stringify(body) })
+      for (
+        const bad of [
+          { temperature: 5 },
+          { temperature: -1 },
+          { rowOffset: -1 },
+          { rowOffset: 1e9 },
+          { chains: 0 },
+          { chains: 100_000 },
+          { rows: Array.from({ length: 70_000 }, (_, i) => ({ index: i, line: i + 1, fields: {} })) }
+        ]
+      ) {
+        const refused = yield* post({ ...share, ...bad })
+        assert.strictEqual(refused.status, 400, JSON.stringify(bad))
+        assert.include(refused.text, "invalid_request")
+      }
+      const otherRun = yield* post({ ...share, runId: "another-run" })
+      assert.strictEqual(otherRun.status, 409)
+      assert.include(otherRun.text, "run_mismatch")
+      // A body past the limit is refused (413) before it is all read.
+      const small = yield* startWorker(agent, workerSide, { token, maxBodyBytes: 1024 })
+      const big = yield* Effect.promise(() =>
+        fetch(`${small.baseUrl}/rollouts`, { method: "POST", headers: bearing(token), body: "x".repeat(4096) })
+          .then((r) => r.status)
+      )
+      assert.strictEqual(big, 413)
+
+      // A share asking for a policy version far ahead of the servers' fails (here at once: versionWaitMs 0) instead
+      // of holding its chains.
+      const client = yield* RolloutWorker.client({ urls: [guarded.baseUrl], agentKey: key, runId, token, restMs: 0 })
+      const ahead = yield* Effect.flip(client.collect(rows.slice(0, 1), sampling, 999_999))
+      assert.strictEqual(ahead.reason._tag, "Workers")
+      assert.include(ahead.message, "asks for policy version 999999")
+
+      // Signed results: the worker's own answers pass; an answer rewritten on its way (a reward of 1, the HMAC
+      // kept), or signed with another token, stops the run untrained.
+      const here = yield* Rollouts.collectGroups(agent, rows.slice(0, 2), sampling).pipe(
+        Effect.provideService(Sampler, trainerSide.sampler(1))
+      )
+      assert.deepStrictEqual(view(yield* client.collect(rows.slice(0, 2), sampling, 1)), view(here))
+      const rewriting = (rewrite: (answer: Record<string, any>) => Record<string, any>) =>
+        Effect.acquireRelease(
+          Effect.promise(() => {
+            const proxy = Http.createServer((req, res) => {
+              const chunks: Array<Buffer> = []
+              req.on("data", (c: Buffer) => chunks.push(c))
+              req.on("end", () => {
+                const body = chunks.length === 0 ? undefined : Buffer.concat(chunks)
+                void fetch(`${guarded.baseUrl}${req.url!.replace(/^\/v1/, "")}`, {
+                  method: req.method!,
+                  headers: bearing(token),
+                  ...(body === undefined ? {} : { body })
+                }).then(async (r) => {
+                  const text = await r.text()
+                  const lines = text.split("\n").filter((l) => l !== "")
+                  const last = JSON.parse(lines.at(-1)!) as Record<string, any>
+                  const out = last["groups"] === undefined ? text : [...lines.slice(0, -1), JSON.stringify(rewrite(last))]
+                    .join("\n") + "\n"
+                  res.writeHead(r.status, { "content-type": r.headers.get("content-type") ?? "application/json" })
+                  res.end(out)
+                })
+              })
+            })
+            return new Promise<Http.Server>((resolve) => proxy.listen(0, "127.0.0.1", () => resolve(proxy)))
+          }),
+          (proxy) => Effect.sync(() => void proxy.close())
+        ).pipe(Effect.map((proxy) => `http://127.0.0.1:${(proxy.address() as AddressInfo).port}/v1`))
+      const rewritten = yield* rewriting((answer) => ({
+        ...answer,
+        groups: answer["groups"].map((g: any) => ({
+          ...g,
+          trajectories: g.trajectories.map((t: any) => ({ ...t, reward: 1 }))
+        }))
+      }))
+      const resigned = yield* rewriting((answer) => ({
+        ...answer,
+        mac: RolloutWorker.resultMac("another-token", runId, "s1", answer)
+      }))
+      const unsigned = yield* rewriting(({ mac: _mac, ...answer }) => answer)
+      for (const url of [rewritten, resigned, unsigned]) {
+        const victim = yield* RolloutWorker.client({ urls: [url], agentKey: key, runId, token })
+        const forged = yield* Effect.flip(victim.collect(rows.slice(0, 2), sampling, 1))
+        assert.strictEqual(forged.reason._tag, "Workers")
+        assert.include(forged.message, "fails its authentication")
+        assert.include(forged.message, "nothing of it is trained on")
+      }
+    }).pipe(Effect.provide([NodeServices.layer, ResourceManager.ResourceManager.layer]))), { timeout: 120_000 })
+
   it.live("a share longer than the silence limit lives on heartbeats; a silent worker's share moves; a failed share says why", () =>
     Effect.scoped(Effect.gen(function*() {
       const { runId, folder, engine, agent, key, parameters, trainerSide, workerSide } = yield* fixture
