@@ -168,16 +168,17 @@ export type EncodedResponse = {
 }
 
 /** The policy version a server reports (`GET /models`'s `policy_version`), or undefined when it does not say. */
-const reportedVersion = (url: string) =>
-  Effect.tryPromise(async () => {
-    const response = await fetch(`${url}/models`, {
+const reportedVersion = (url: string): Effect.Effect<number | undefined> =>
+  Effect.tryPromise(() =>
+    fetch(`${url}/models`, {
       headers: Auth.headers(Auth.fromEnv("AGENTFLY_SERVE_TOKEN", "AGENTFLY_WEIGHTS_TOKEN")),
       signal: AbortSignal.timeout(10_000)
-    })
-    const body = await response.json() as { data?: Array<{ policy_version?: unknown }> }
-    const version = body.data?.[0]?.policy_version
-    return typeof version === "number" ? version : undefined
-  }).pipe(Effect.orElseSucceed(() => undefined))
+    }).then((response) => response.json() as Promise<{ data?: Array<{ policy_version?: unknown }> }>)
+  ).pipe(
+    Effect.map((body) => body.data?.[0]?.policy_version),
+    Effect.map((version) => (typeof version === "number" ? version : undefined)),
+    Effect.orElseSucceed(() => undefined)
+  )
 
 /**
  * Waits until one of `servers` holds policy version `version` (or newer), asking them every second, for at most
