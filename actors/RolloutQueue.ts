@@ -259,8 +259,9 @@ const seenWorkers = (client: Client) =>
     )
     const now = yield* Clock.currentTimeMillis
     return Object.entries(all).flatMap(([id, json]) => {
-      const w = parse<{ agentKey: string; task: string; seen: number }>(json)
-      return w !== undefined && now - w.seen < 30_000 ? [`${id} (task ${w.task}, agent key ${w.agentKey})`] : []
+      const w = parse<{ agentKey: string; runId?: string; task: string; seen: number }>(json)
+      const run = w?.runId === undefined ? "" : `, run ${w.runId}`
+      return w !== undefined && now - w.seen < 30_000 ? [`${id} (task ${w.task}, agent key ${w.agentKey}${run})`] : []
     })
   })
 
@@ -396,7 +397,8 @@ const timedOut = (client: Client, batch: Batch, wait: Wait) =>
     const seen = yield* seenWorkers(client)
     return yield* workersError(
       `${wait.missing} of ${batch.size} shares of a batch got no result from the rollout queue ${client.options.url} ` +
-        `within ${client.timeoutSeconds} s (this run's agent key ${client.options.agentKey}); workers seen in the ` +
+        `within ${client.timeoutSeconds} s (this run's agent key ${client.options.agentKey}, run ` +
+        `${client.options.runId ?? client.options.agentKey}); workers seen in the ` +
         `last 30 s: ${seen.length === 0 ? "none" : seen.join(", ")}. Start ` +
         "`agentfly rollout-worker CONFIG --queue URL` with this run's config"
     )

@@ -174,15 +174,6 @@ const check = (served: Served, body: unknown) =>
     const request = yield* Schema.decodeUnknownEffect(RolloutRequest)(body).pipe(
       Effect.mapError((e) => ({ status: 400, body: errorBody(e.message, "invalid_request") }))
     )
-    if (request.runId !== served.runId) {
-      return yield* Effect.fail({
-        status: 409,
-        body: errorBody(
-          `this worker serves run ${served.runId}, the share is run ${request.runId}'s: start it with the run's config`,
-          "run_mismatch"
-        )
-      })
-    }
     if (request.agentKey !== served.key) {
       return yield* Effect.fail({
         status: 409,
@@ -190,6 +181,15 @@ const check = (served: Served, body: unknown) =>
           `this worker runs task ${JSON.stringify(served.agent.runtime.task.name)} with another agent config ` +
             `(key ${served.key}, the run's ${request.agentKey}): start it with the run's config`,
           "agent_mismatch"
+        )
+      })
+    }
+    if (request.runId !== served.runId) {
+      return yield* Effect.fail({
+        status: 409,
+        body: errorBody(
+          `this worker serves run ${served.runId}, the share is run ${request.runId}'s: start it with the run's config`,
+          "run_mismatch"
         )
       })
     }
