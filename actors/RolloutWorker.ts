@@ -26,9 +26,9 @@
  *
  * The wire: `GET /v1/worker` → `{ task, agentKey, agent, runId }`; `POST /v1/rollouts` with `{ runId, share,
  * agentKey, rows, firstSeq, rowOffset, chains, temperature, seed, version }` → 200 and NDJSON:
- * `{ "heartbeat": true }` lines, then one line `{ groups, env, servers, mac? }` (`Trajectory.Group`, JSON codec; the worker's environment
- * figures and its sampling counts) or `{ error: { message, code } }`. A request refused before it runs (bad body,
- * another config or run, a wrong token) is a plain 4xx.
+ * `{ "heartbeat": true }` lines, then one line `{ groups, env, servers, mac? }` (`Trajectory.Group`, JSON codec;
+ * the worker's environment figures and its sampling counts) or `{ error: { message, code } }`. A request refused
+ * before it runs (bad body, another config or run, a wrong token) is a plain 4xx.
  *
  * Each side is a state record (`Served`, `Client`) with top-level functions over it; a share's heartbeats, silence
  * and time limits are `Clock`'s (`TestClock` moves them). The wire, the shares and the figures are shared with the
