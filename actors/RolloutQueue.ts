@@ -4,10 +4,17 @@
  * (`agentfly rollout-worker CONFIG --queue redis://…`) take them as they are free. Workers may join and leave
  * while a run goes on, and a fast worker takes more shares than a slow one.
  *
- * - **Keys.** Everything of a run's agent key (`RolloutWorker.agentKey`: the task and the `agent` section) lives
- *   under `agentfly:rollouts:<key>`: the shares stream (consumer group `workers`), and one results stream per
- *   trainer process, which the trainer keeps marked alive. Workers started with another config read another
- *   stream: a run that gets no results within `timeoutSeconds` says which workers it saw and with what config.
+ * - **Keys.** Everything of a run (`RolloutWorker.runId`: the task, the `agent` section, the inference servers, the
+ *   seed and the output folder's name, which its workers read from the same config) lives under
+ *   `agentfly:rollouts:<run id>`: the shares stream (consumer group `workers`), and one results stream per trainer
+ *   process, which the trainer keeps marked alive. Workers started with another config, or for another run whose
+ *   task and agent match, read another stream: a run that gets no results within `timeoutSeconds` says which
+ *   workers it saw and with what config.
+ * - **Strangers.** With `AGENTFLY_WORKER_TOKEN` (given to the trainer and its workers out of band; required for a
+ *   queue beyond loopback) every reply carries an HMAC over (run id, share id, groups, figures, error) keyed by it
+ *   and the run id: a reply that fails it (anyone else who can write to Redis) stops the run (`Workers`) before
+ *   anything of it is used. A worker replies only to its own run's results streams (`replyTo` checked), and runs
+ *   only shares of its run and agent key.
  * - **At least once, used once.** A worker that takes a share keeps it claimed while it runs; one that dies leaves
  *   it pending, and after `claimSeconds` without a touch another worker claims it (`XAUTOCLAIM`). A share may so be
  *   rolled out twice; the trainer keeps the first result of each share (by its id) and drops the rest. Shares of a
@@ -31,14 +38,19 @@ import { randomUUID } from "node:crypto"
 import type * as Dataset from "../src/Dataset.ts"
 import type * as Trajectory from "../src/Trajectory.ts"
 import type * as InferenceServers from "./InferenceServers.ts"
+import * as Auth from "./internal/auth.ts"
 import {
   decodeResponse,
+  defaultVersionWaitMs,
   gather,
   type Gathered,
+  macOk,
   makeGathered,
   RolloutRequest,
   rollOut,
+  runIdOf,
   sharesOf,
+  signed,
   takeFigures,
   workersError
 } from "./internal/remoteShares.ts"
@@ -48,9 +60,27 @@ import type { RunError } from "./RunError.ts"
 
 const GROUP = "workers"
 const WORKERS = "agentfly:rollouts:workers"
-const keysOf = (agentKey: string) => {
-  const prefix = `agentfly:rollouts:${agentKey}`
-  return { shares: `${prefix}:shares`, results: (token: string) => `${prefix}:results:${token}` }
+const keysOf = (runId: string) => {
+  const prefix = `agentfly:rollouts:${runId}`
+  return { prefix, shares: `${prefix}:shares`, results: (token: string) => `${prefix}:results:${token}` }
+}
+
+const uuid = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/
+
+/** Whether `replyTo` is one of this run's results streams (`<prefix>:results:<uuid>`), and nothing else's. */
+const isResultsKey = (keys: ReturnType<typeof keysOf>, replyTo: unknown): replyTo is string =>
+  typeof replyTo === "string" && replyTo.startsWith(`${keys.prefix}:results:`) &&
+  uuid.test(replyTo.slice(keys.prefix.length + ":results:".length))
+
+/**
+ * Why the queue at `url` must not be used: beyond loopback without a token, anyone who reaches it could answer the
+ * run's shares. Undefined when it may.
+ */
+const queueProblem = (url: string, token: string | undefined): string | undefined => {
+  const host = URL.canParse(url) ? new URL(url).hostname : url
+  return Auth.isLoopback(host) || (token !== undefined && token !== "") ? undefined :
+    `refusing the rollout queue ${url} without a token: anyone who can write to it could answer this run's ` +
+      "shares. Set AGENTFLY_WORKER_TOKEN (the same on the trainer and its workers), or use a queue on 127.0.0.1"
 }
 
 const messageOf = (e: unknown) => String((e as Error).message ?? e)
@@ -125,6 +155,10 @@ export interface ClientOptions {
   readonly url: string
   /** The run's `RolloutWorker.agentKey`. */
   readonly agentKey: string
+  /** The run's `RolloutWorker.runId`: the queue's keys include it (default: the agent key alone). */
+  readonly runId?: string | undefined
+  /** The workers' token (`AGENTFLY_WORKER_TOKEN`): every reply must carry an HMAC keyed by it. */
+  readonly token?: string | undefined
   /** Rows a share (default: a batch in 8 shares). */
   readonly shareRows?: number | undefined
   /** How long a batch may wait for its results (default 30 minutes). */
@@ -225,8 +259,9 @@ const seenWorkers = (client: Client) =>
     )
     const now = yield* Clock.currentTimeMillis
     return Object.entries(all).flatMap(([id, json]) => {
-      const w = parse<{ agentKey: string; task: string; seen: number }>(json)
-      return w !== undefined && now - w.seen < 30_000 ? [`${id} (task ${w.task}, agent key ${w.agentKey})`] : []
+      const w = parse<{ agentKey: string; runId?: string; task: string; seen: number }>(json)
+      const run = w?.runId === undefined ? "" : `, run ${w.runId}`
+      return w !== undefined && now - w.seen < 30_000 ? [`${id} (task ${w.task}, agent key ${w.agentKey}${run})`] : []
     })
   })
 
@@ -273,6 +308,7 @@ interface Reply {
   readonly servers?: unknown
   readonly error?: string
   readonly claimed?: boolean
+  readonly mac?: unknown
 }
 
 /** Takes one reply: whether it answered one of `batch`'s shares for the first time. */
@@ -285,8 +321,17 @@ const takeReply = (client: Client, batch: Batch, payload: string) =>
       client.totals.duplicates++
       return false
     }
-    if (reply.error !== undefined) return yield* workersError(`a rollout worker failed a share: ${reply.error}`)
-    const { groups, env, servers } = reply
+    const { groups, env, servers, error } = reply
+    const runId = client.options.runId ?? client.options.agentKey
+    if (!macOk(client.options.token, runId, reply.id, { groups, env, servers, error }, reply.mac)) {
+      return yield* workersError(
+        `a reply to share ${reply.id} on the rollout queue ${client.options.url} fails its authentication (${
+          reply.mac === undefined ? "no" : "a wrong"
+        } HMAC for this run, keyed by AGENTFLY_WORKER_TOKEN): nothing of it is trained on. A worker with another ` +
+          "token, or someone else who can write to the queue, wrote it"
+      )
+    }
+    if (error !== undefined) return yield* workersError(`a rollout worker failed a share: ${error}`)
     const decoded = yield* decodeResponse(JSON.stringify({ groups, env, servers })).pipe(
       Effect.mapError((e) => workersError(`a rollout worker answered groups that do not decode: ${e.message}`))
     )
@@ -352,7 +397,8 @@ const timedOut = (client: Client, batch: Batch, wait: Wait) =>
     const seen = yield* seenWorkers(client)
     return yield* workersError(
       `${wait.missing} of ${batch.size} shares of a batch got no result from the rollout queue ${client.options.url} ` +
-        `within ${client.timeoutSeconds} s (this run's agent key ${client.options.agentKey}); workers seen in the ` +
+        `within ${client.timeoutSeconds} s (this run's agent key ${client.options.agentKey}, run ` +
+        `${client.options.runId ?? client.options.agentKey}); workers seen in the ` +
         `last 30 s: ${seen.length === 0 ? "none" : seen.join(", ")}. Start ` +
         "`agentfly rollout-worker CONFIG --queue URL` with this run's config"
     )
@@ -389,12 +435,21 @@ const awaitBatch = (client: Client, batch: Batch) =>
 const collect = (client: Client, rows: ReadonlyArray<Dataset.Row>, sampling: BatchSampling, version: number) =>
   Effect.gen(function*() {
     const { options } = client
-    const id = randomUUID().slice(0, 8)
+    const id = Auth.randomId()
     const batch = new Map<string, Pending>()
     for (const share of sharesOf(rows, Math.max(1, options.shareRows ?? Math.ceil(rows.length / 8)))) {
-      const request = { agentKey: options.agentKey, rows: share.rows, ...sampling, rowOffset: share.rowOffset, version }
-      const payload = JSON.stringify({ id: `${id}-${share.rowOffset}`, replyTo: client.results, request })
-      batch.set(`${id}-${share.rowOffset}`, { payload, entry: "", lost: 0, groups: undefined })
+      const shareId = `${id}-${share.rowOffset}`
+      const request = {
+        runId: options.runId ?? options.agentKey,
+        share: shareId,
+        agentKey: options.agentKey,
+        rows: share.rows,
+        ...sampling,
+        rowOffset: share.rowOffset,
+        version
+      }
+      const payload = JSON.stringify({ id: shareId, replyTo: client.results, request })
+      batch.set(shareId, { payload, entry: "", lost: 0, groups: undefined })
     }
     yield* send(client, [...batch.values()])
     yield* awaitBatch(client, batch)
@@ -410,10 +465,13 @@ const collect = (client: Client, rows: ReadonlyArray<Dataset.Row>, sampling: Bat
 export const client = Effect.fn("RolloutQueue.client")(function*(
   options: ClientOptions
 ): Effect.fn.Return<Rollouts.Remote, RunError, Scope.Scope> {
+  const problem = queueProblem(options.url, options.token)
+  if (problem !== undefined) return yield* workersError(problem)
   const link: Link = { downSince: undefined, lastError: "" }
   const redis = yield* connect(options.url, link)
   const reader = yield* connect(options.url, link)
-  const keys = keysOf(options.agentKey)
+  const runId = options.runId ?? options.agentKey
+  const keys = keysOf(runId)
   const totals: Totals = { shares: 0, duplicates: 0, resent: 0, reclaimed: 0 }
   const state: Client = {
     options,
@@ -465,6 +523,12 @@ export interface WorkerOptions {
   readonly name?: string | undefined
   /** Told of every share taken (the CLI logs it). */
   readonly onShare?: ((id: string, rows: number, claimed: boolean) => Effect.Effect<void>) | undefined
+  /** The run this worker serves (default: its config's, `RolloutWorker.runId`). */
+  readonly runId?: string | undefined
+  /** The run's token (`AGENTFLY_WORKER_TOKEN`), the key of every reply's HMAC. */
+  readonly token?: string | undefined
+  /** How long a share waits for the servers to hold its policy version before it fails (default 60 s). */
+  readonly versionWaitMs?: number | undefined
 }
 
 /** A worker's side: what it rolls out, on which servers, its name in the consumer group, its control connection. */
@@ -472,6 +536,7 @@ interface QueueWorker {
   readonly agent: RolloutSetup
   readonly servers: InferenceServers.InferenceServers
   readonly agentKey: string
+  readonly runId: string
   readonly options: WorkerOptions
   readonly keys: ReturnType<typeof keysOf>
   readonly name: string
@@ -489,7 +554,12 @@ const beat = (worker: QueueWorker) =>
       worker.control.hset(
         WORKERS,
         worker.name,
-        JSON.stringify({ agentKey: worker.agentKey, task: worker.agent.runtime.task.name, seen: now })
+        JSON.stringify({
+          agentKey: worker.agentKey,
+          runId: worker.runId,
+          task: worker.agent.runtime.task.name,
+          seen: now
+        })
       )))
 
 /** The share's groups (or why not), encoded for its trainer; touched while it runs, so nobody claims it. */
@@ -497,7 +567,7 @@ const rollOutShare = (worker: QueueWorker, entry: string, id: string, request: t
   const { keys, name, control } = worker
   const touch = workerCommand(worker, "XCLAIM", () => control.xclaim(keys.shares, GROUP, name, 0, entry, "JUSTID"))
     .pipe(Effect.ignore, Effect.delay(worker.claimMs / 3), Effect.forever)
-  return rollOut(worker.agent, worker.servers, request).pipe(
+  return rollOut(worker.agent, worker.servers, request, worker.options.versionWaitMs ?? defaultVersionWaitMs).pipe(
     Effect.map((encoded) => ({ id, worker: name, groups: encoded.groups, env: encoded.env, servers: encoded.servers })),
     Effect.catch((e) => Effect.succeed({ id, error: e.message })),
     Effect.raceFirst(touch)
@@ -510,25 +580,46 @@ const runShare = (worker: QueueWorker, entry: string, payload: string, claimed: 
     const { keys, control } = worker
     const done = workerCommand(worker, "XACK", () =>
       control.multi().xack(keys.shares, GROUP, entry).xdel(keys.shares, entry).exec())
-    const share = parse<{ id: string; replyTo: string; request: unknown }>(payload)
-    if (share === undefined || typeof share.replyTo !== "string") {
+    const share = parse<{ id: unknown; replyTo: unknown; request: unknown }>(payload)
+    if (share === undefined || typeof share.id !== "string" || share.id.length > 128) {
       yield* Effect.logWarning(`rollout queue: entry ${entry} is not a share; dropped`)
       return yield* done
     }
+    // Replies go only to this run's results streams: a share naming any other key (to put an expiry on it, or
+    // anything in it) is dropped unrun.
+    if (!isResultsKey(keys, share.replyTo)) {
+      yield* Effect.logWarning(
+        `rollout queue: share ${share.id} replies to ${String(share.replyTo).slice(0, 200)}, not a results stream ` +
+          "of this run; dropped"
+      )
+      return yield* done
+    }
+    const replyTo = share.replyTo
+    const id = share.id
     // A trainer that is gone: nobody reads the result.
-    if ((yield* workerCommand(worker, "EXISTS", () => control.exists(`${share.replyTo}:alive`))) === 0) {
+    if ((yield* workerCommand(worker, "EXISTS", () => control.exists(`${replyTo}:alive`))) === 0) {
       return yield* done
     }
     const decoded = yield* Effect.result(Schema.decodeUnknownEffect(RolloutRequest)(share.request))
     if (decoded._tag === "Success" && worker.options.onShare !== undefined) {
-      yield* worker.options.onShare(share.id, decoded.success.rows.length, claimed)
+      yield* worker.options.onShare(id, decoded.success.rows.length, claimed)
     }
     // A share this worker cannot read goes back to its trainer as a failure (another worker could not either).
-    const reply = decoded._tag === "Success"
-      ? { ...yield* rollOutShare(worker, entry, share.id, decoded.success), ...(claimed ? { claimed: true } : {}) }
-      : { id: share.id, error: `the share could not be read: ${decoded.failure.message}` }
+    const request = decoded._tag === "Success" ? decoded.success : undefined
+    const refused = decoded._tag === "Failure"
+      ? `the share could not be read: ${decoded.failure.message}`
+      : request!.runId !== worker.runId || request!.share !== id
+      ? `the share names run ${request!.runId} (share ${request!.share}), this worker's run is ${worker.runId}`
+      : request!.agentKey !== worker.agentKey
+      ? `the share is for agent key ${request!.agentKey}, this worker runs ${worker.agentKey}: start it with ` +
+        "the run's config"
+      : undefined
+    const answer = refused === undefined
+      ? { ...yield* rollOutShare(worker, entry, id, request!), ...(claimed ? { claimed: true } : {}) }
+      : { id, error: refused }
+    const reply = signed(worker.options.token, worker.runId, id, answer)
     yield* workerCommand(worker, "XADD", () =>
-      control.multi().xadd(share.replyTo, "*", "p", JSON.stringify(reply)).expire(share.replyTo, 3600).exec())
+      control.multi().xadd(replyTo, "*", "p", JSON.stringify(reply)).expire(replyTo, 3600).exec())
     yield* done
   })
 
@@ -574,12 +665,16 @@ export const work = Effect.fn("RolloutQueue.work")(function*(
   agentKey: string,
   options: WorkerOptions
 ): Effect.fn.Return<never, RunError, Scope.Scope> {
+  const problem = queueProblem(options.url, options.token)
+  if (problem !== undefined) return yield* workersError(problem)
+  const runId = options.runId ?? runIdOf(agent.runtime.task.name, agent.config)
   const worker: QueueWorker = {
     agent,
     servers,
     agentKey,
+    runId,
     options,
-    keys: keysOf(agentKey),
+    keys: keysOf(runId),
     name: options.name ?? `${process.env["HOSTNAME"] ?? "worker"}-${process.pid}`,
     claimMs: (options.claimSeconds ?? 30) * 1000,
     control: yield* connect(options.url)

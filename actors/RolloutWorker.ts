@@ -17,11 +17,18 @@
  *   client's header timeout cuts it) and a worker that stops writing (hung, stopped, its machine cut off) is given up
  *   after `silenceMs` instead of at the end of that limit.
  *
- * The wire: `GET /v1/worker` → `{ task, agentKey, agent }`; `POST /v1/rollouts` with `{ agentKey, rows, firstSeq,
- * rowOffset, chains, temperature, seed, version }` → 200 and NDJSON: `{ "heartbeat": true }` lines, then one line
- * `{ groups, env, servers }` (`Trajectory.Group`, JSON codec; the worker's environment figures and its sampling
- * counts) or `{ error: { message, code } }`. A request refused before
- * it runs (bad body, another config, a wrong token) is a plain 4xx.
+ * - **Strangers.** With a token (`AGENTFLY_WORKER_TOKEN` or `--token-file`) every request must bear it
+ *   (`Authorization: Bearer`, checked in constant time before anything is read or answered, `internal/auth.ts`);
+ *   a worker that would listen beyond loopback without one refuses to start. A share names its run (`runId`) and
+ *   carries an id; its groups come back with an HMAC keyed by the token the request bore and the run id, which the
+ *   trainer checks before it uses them (`internal/remoteShares.ts`). A share's numbers are bounded and a share
+ *   asking for a policy version the servers do not hold waits a bounded time (`versionWaitMs`).
+ *
+ * The wire: `GET /v1/worker` → `{ task, agentKey, agent, runId }`; `POST /v1/rollouts` with `{ runId, share,
+ * agentKey, rows, firstSeq, rowOffset, chains, temperature, seed, version }` → 200 and NDJSON:
+ * `{ "heartbeat": true }` lines, then one line `{ groups, env, servers, mac? }` (`Trajectory.Group`, JSON codec;
+ * the worker's environment figures and its sampling counts) or `{ error: { message, code } }`. A request refused
+ * before it runs (bad body, another config or run, a wrong token) is a plain 4xx.
  *
  * Each side is a state record (`Served`, `Client`) with top-level functions over it; a share's heartbeats, silence
  * and time limits are `Clock`'s (`TestClock` moves them). The wire, the shares and the figures are shared with the
@@ -37,15 +44,20 @@ import type * as Dataset from "../src/Dataset.ts"
 import * as TrainConfig from "../src/TrainConfig.ts"
 import type * as Trajectory from "../src/Trajectory.ts"
 import type * as InferenceServers from "./InferenceServers.ts"
+import * as Auth from "./internal/auth.ts"
 import { fetchMessage, listen, readBody } from "./internal/http.ts"
 import {
   decodeResponse,
+  defaultVersionWaitMs,
   evenShares,
   gather,
   type Gathered,
+  macOk,
   makeGathered,
   RolloutRequest,
   rollOut,
+  runIdOf,
+  signed,
   takeFigures,
   workersError
 } from "./internal/remoteShares.ts"
@@ -54,6 +66,8 @@ import type { BatchSampling, RolloutSetup } from "./RolloutSetup.ts"
 import type { RunError } from "./RunError.ts"
 
 export {
+  /** @internal */
+  resultMac,
   /** @internal */
   RolloutResponse
 } from "./internal/remoteShares.ts"
@@ -64,7 +78,9 @@ const WorkerInfo = Schema.Struct({
   task: Schema.String,
   agentKey: Schema.String,
   /** The worker's `agent` section, so that a mismatch can name its keys (absent from older workers). */
-  agent: Schema.optionalKey(Schema.Unknown)
+  agent: Schema.optionalKey(Schema.Unknown),
+  /** The run the worker serves (`runId`). */
+  runId: Schema.optionalKey(Schema.String)
 })
 
 /** A heartbeat line of a share's answer. */
@@ -79,6 +95,15 @@ const heartbeat = `${JSON.stringify({ heartbeat: true })}\n`
  */
 export const agentKey = (taskName: string, config: TrainConfig.TrainConfig): string =>
   createHash("sha256").update(JSON.stringify([taskName, config.agent])).digest("hex").slice(0, 16)
+
+/**
+ * A run's id, as its trainer and workers compute it from the run's config (`internal/remoteShares.ts#runIdOf`):
+ * shares name it, queue keys include it, results' HMACs cover it.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const runId = (taskName: string, config: TrainConfig.TrainConfig): string => runIdOf(taskName, config)
 
 // ===== Worker =====
 
@@ -95,9 +120,17 @@ export interface WorkerOptions {
   readonly maxBodyBytes?: number | undefined
   /**
    * A shared secret every request must bear (`Authorization: Bearer`); a worker runs the task's tools and sandboxes
-   * on whatever rows it is sent, so one listening beyond loopback should have one (`AGENTFLY_WORKER_TOKEN`).
+   * on whatever rows it is sent, so one listening beyond loopback must have one (`AGENTFLY_WORKER_TOKEN`).
    */
   readonly token?: string | undefined
+  /** More accepted tokens (`--token-file`'s lines). */
+  readonly tokens?: ReadonlyArray<string> | undefined
+  /** The run this worker serves (default: its config's, `runId`). */
+  readonly runId?: string | undefined
+  /** How long a share waits for the servers to hold its policy version before it fails (default 60 s). */
+  readonly versionWaitMs?: number | undefined
+  /** Requests answered at once; past it 503 (default 64). */
+  readonly maxInFlight?: number | undefined
   /** How often a share's answer says the worker is alive while its chains run (default 5 s). */
   readonly heartbeatMs?: number | undefined
 }
@@ -107,6 +140,9 @@ interface Served {
   readonly agent: RolloutSetup
   readonly servers: InferenceServers.InferenceServers
   readonly key: string
+  readonly runId: string
+  readonly tokens: Auth.Tokens
+  readonly gate: Auth.Gate
   readonly options: WorkerOptions
 }
 
@@ -115,7 +151,11 @@ type ErrorBody = ReturnType<typeof errorBody>
 const send = (res: Http.ServerResponse, status: number, body: unknown) =>
   Effect.sync(() => {
     if (res.headersSent) return
-    res.writeHead(status, { "content-type": "application/json" })
+    // A refusal before the body was read closes the connection rather than draining what the client still sends.
+    res.writeHead(status, {
+      "content-type": "application/json",
+      ...(Auth.closesConnection(status) ? { connection: "close" } : {})
+    })
     res.end(JSON.stringify(body))
   })
 
@@ -144,13 +184,26 @@ const check = (served: Served, body: unknown) =>
         )
       })
     }
+    if (request.runId !== served.runId) {
+      return yield* Effect.fail({
+        status: 409,
+        body: errorBody(
+          `this worker serves run ${served.runId}, the share is run ${request.runId}'s: start it with the run's config`,
+          "run_mismatch"
+        )
+      })
+    }
     return request
   })
 
-/** A share's groups, as the answer's last line. */
-const rollouts = (served: Served, request: typeof RolloutRequest.Type): Effect.Effect<string, ErrorBody> =>
-  rollOut(served.agent, served.servers, request).pipe(
-    Effect.map((answer) => JSON.stringify(answer)),
+/** A share's groups, as the answer's last line, signed with the token the request bore. */
+const rollouts = (
+  served: Served,
+  request: typeof RolloutRequest.Type,
+  token: string | undefined
+): Effect.Effect<string, ErrorBody> =>
+  rollOut(served.agent, served.servers, request, served.options.versionWaitMs ?? defaultVersionWaitMs).pipe(
+    Effect.map((answer) => JSON.stringify(signed(token, served.runId, request.share, answer))),
     Effect.mapError((e) => errorBody(e.message, e.code))
   )
 
@@ -189,18 +242,21 @@ const streamed = (served: Served, res: Http.ServerResponse, work: Effect.Effect<
 const route = (served: Served, req: Http.IncomingMessage, res: Http.ServerResponse) => {
   const { agent, key, options } = served
   const path = (req.url ?? "/").split("?")[0]!.replace(/\/+$/, "")
-  if (options.token !== undefined && req.headers.authorization !== `Bearer ${options.token}`) {
+  // Before anything is read or answered: nothing of the run (its agent key, its prompt) reaches a stranger.
+  if (!Auth.authorize(served.tokens, req).ok) {
     return send(res, 401, errorBody("a valid bearer token is required (AGENTFLY_WORKER_TOKEN)", "unauthorized"))
   }
+  const token = Auth.required(served.tokens) ? Auth.bearer(req) : undefined
   if (path === "/v1/worker" && req.method === "GET") {
-    return send(res, 200, { task: agent.runtime.task.name, agentKey: key, agent: agent.config.agent })
+    const info = { task: agent.runtime.task.name, agentKey: key, agent: agent.config.agent, runId: served.runId }
+    return send(res, 200, info)
   }
   if (path === "/v1/rollouts" && req.method === "POST") {
     return readJson(req, options.maxBodyBytes ?? 64 * 1024 * 1024).pipe(
       Effect.mapError((e) => ({ status: e.status, body: errorBody(e.message, "invalid_request") })),
       Effect.flatMap((body) => check(served, body)),
       Effect.matchEffect({
-        onSuccess: (request) => streamed(served, res, rollouts(served, request)),
+        onSuccess: (request) => streamed(served, res, rollouts(served, request, token)),
         onFailure: (e) => send(res, e.status, e.body)
       })
     )
@@ -209,7 +265,8 @@ const route = (served: Served, req: Http.IncomingMessage, res: Http.ServerRespon
 }
 
 /**
- * Serves `agent`'s rollouts over HTTP in the current scope, sampling on `servers`.
+ * Serves `agent`'s rollouts over HTTP in the current scope, sampling on `servers`; refuses (`AuthConfigError`) to
+ * listen beyond loopback without a token.
  *
  * @category constructors
  * @since 0.1.0
@@ -218,12 +275,24 @@ export const serve = Effect.fn("RolloutWorker.serve")(function*(
   agent: RolloutSetup,
   servers: InferenceServers.InferenceServers,
   options: WorkerOptions = {}
-): Effect.fn.Return<{ readonly port: number; readonly baseUrl: string }, never, Scope.Scope> {
-  const served: Served = { agent, servers, key: agentKey(agent.runtime.task.name, agent.config), options }
-  const run = yield* FiberSet.makeRuntime<never>()
+): Effect.fn.Return<{ readonly port: number; readonly baseUrl: string }, Auth.AuthConfigError, Scope.Scope> {
   const host = options.host ?? "127.0.0.1"
+  const tokens = Auth.tokens([options.token, ...options.tokens ?? []])
+  const problem = Auth.bindProblem(host, tokens, "AGENTFLY_WORKER_TOKEN or --token-file")
+  if (problem !== undefined) return yield* new Auth.AuthConfigError({ message: problem })
+  const served: Served = {
+    agent,
+    servers,
+    key: agentKey(agent.runtime.task.name, agent.config),
+    runId: options.runId ?? runId(agent.runtime.task.name, agent.config),
+    tokens,
+    gate: Auth.gate(options.maxInFlight ?? 64),
+    options
+  }
+  const run = yield* FiberSet.makeRuntime<never>()
   const server = Http.createServer((req, res) => {
-    const fiber = run(route(served, req, res).pipe(
+    const overloaded = send(res, 503, errorBody("too many requests in flight; try again", "overloaded"))
+    const fiber = run(Auth.within(served.gate, route(served, req, res), overloaded).pipe(
       Effect.catchDefect((defect) => send(res, 500, errorBody(`internal error: ${String(defect)}`, "defect")))
     ))
     // A trainer that gave up on the share (or died) stops its chains.
@@ -318,6 +387,8 @@ export interface ClientOptions {
   readonly urls: ReadonlyArray<string>
   /** The run's {@link agentKey}. */
   readonly agentKey: string
+  /** The run's {@link runId}: shares name it, the workers' answers are signed with it. */
+  readonly runId: string
   /** Time limit of one share on one worker (default 30 minutes: `rollout.timeoutSeconds`). */
   readonly timeoutMs?: number | undefined
   /**
@@ -329,7 +400,10 @@ export interface ClientOptions {
   readonly agent?: unknown
   /** How long a failed worker rests before it gets a share again (default 2 s). */
   readonly restMs?: number | undefined
-  /** The workers' shared secret, if they were started with one (`AGENTFLY_WORKER_TOKEN`). */
+  /**
+   * The workers' shared secret, if they were started with one (`AGENTFLY_WORKER_TOKEN`): sent with every request,
+   * and the key of the HMAC every answer must carry.
+   */
   readonly token?: string | undefined
 }
 
@@ -392,12 +466,17 @@ const describe = (url: string, auth: Record<string, string>): Effect.Effect<type
 /** The worker at `url`, if it answers for this run's agent key. */
 const connect = (options: ClientOptions, auth: Record<string, string>, url: string): Effect.Effect<Worker, RunError> =>
   Effect.flatMap(describe(url, auth), (info) =>
-    info.agentKey === options.agentKey
-      ? Effect.succeed({ url, restUntil: 0, healthy: true, shares: 0, failures: 0 })
-      : Effect.fail(workersError(
+    info.agentKey !== options.agentKey
+      ? Effect.fail(workersError(
         `rollout worker ${url} runs task ${JSON.stringify(info.task)} with another config (agent key ` +
           `${info.agentKey}, this run's ${options.agentKey}${mismatch(options, info)}): start it with this run's config`
-      )))
+      ))
+      : info.runId !== undefined && info.runId !== options.runId
+      ? Effect.fail(workersError(
+        `rollout worker ${url} serves another run (run id ${info.runId}, this run's ${options.runId}: its config ` +
+          "differs in engine.servers, seed or the output folder's name): start it with this run's config"
+      ))
+      : Effect.succeed({ url, restUntil: 0, healthy: true, shares: 0, failures: 0 }))
 
 /** One share on one worker: its groups, or why not (`fatal`: the worker refuses it, another would too). */
 const post = (client: Client, worker: Worker, body: string) =>
@@ -406,15 +485,27 @@ const post = (client: Client, worker: Worker, body: string) =>
     silenceMs: client.options.silenceMs ?? 60_000
   })
 
-/** A worker's groups for a share: counted, its figures kept, decoded. */
-const accepted = (client: Client, worker: Worker, text: string) =>
+const decodeJson = Schema.decodeUnknownOption(Schema.fromJsonString(Schema.Unknown))
+
+/** A worker's groups for a share: their HMAC checked, counted, its figures kept, decoded. */
+const accepted = (client: Client, worker: Worker, shareId: string, text: string) =>
   Effect.gen(function*() {
+    const answer = (Option.getOrUndefined(decodeJson(text)) ?? {}) as Record<string, unknown>
+    const { groups, env, servers, mac } = answer
+    if (!macOk(client.options.token, client.options.runId, shareId, { groups, env, servers }, mac)) {
+      return yield* workersError(
+        `rollout worker ${worker.url} answered a share with a result that fails its authentication (${
+          mac === undefined ? "no" : "a wrong"
+        } HMAC for this run and share, keyed by AGENTFLY_WORKER_TOKEN): nothing of it is trained on. A worker ` +
+          "with another token, or something between this run and its worker, wrote it"
+      )
+    }
     worker.shares++
     if (!worker.healthy) {
       worker.healthy = true
       yield* Effect.logInfo(`rollout worker ${worker.url} is back`)
     }
-    const decoded = yield* decodeResponse(text).pipe(
+    const decoded = yield* decodeResponse(JSON.stringify({ groups, env, servers })).pipe(
       Effect.mapError((e) =>
         workersError(`rollout worker ${worker.url} answered groups that do not decode: ${e.message}`)
       )
@@ -445,7 +536,9 @@ const failed = (client: Client, worker: Worker, message: string, k: number) =>
 const share = (client: Client, rows: ReadonlyArray<Dataset.Row>, body: Record<string, unknown>, first: number) =>
   Effect.gen(function*() {
     const { workers } = client
-    const json = JSON.stringify({ ...body, agentKey: client.options.agentKey, rows })
+    const shareId = Auth.randomId()
+    const { agentKey, runId } = client.options
+    const json = JSON.stringify({ ...body, runId, share: shareId, agentKey, rows })
     const failures: Array<string> = []
     // A resting worker waits for its turn to come, unless it is the last one left to try.
     for (let k = 0; k < workers.length; k++) {
@@ -456,7 +549,7 @@ const share = (client: Client, rows: ReadonlyArray<Dataset.Row>, body: Record<st
         continue
       }
       const answer = yield* post(client, worker, json)
-      if (answer.ok) return yield* accepted(client, worker, answer.text)
+      if (answer.ok) return yield* accepted(client, worker, shareId, answer.text)
       if (answer.fatal) {
         return yield* workersError(`rollout worker ${worker.url} refused a share of the batch (${answer.message})`)
       }
@@ -505,7 +598,7 @@ export const client = Effect.fn("RolloutWorker.client")(function*(
   options: ClientOptions
 ): Effect.fn.Return<Rollouts.Remote & { readonly shares: Effect.Effect<ReadonlyArray<number>> }, RunError> {
   if (options.urls.length === 0) return yield* workersError("rollout.workers lists no worker")
-  const auth: Record<string, string> = options.token === undefined ? {} : { authorization: `Bearer ${options.token}` }
+  const auth = Auth.headers(options.token)
   const workers = yield* Effect.forEach(
     options.urls.map((u) => u.replace(/\/+$/, "")),
     (url) => connect(options, auth, url),

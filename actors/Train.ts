@@ -608,17 +608,20 @@ const rolloutsLayer = (task: Task.Task, config: TrainConfig.TrainConfig) =>
       )
     }
     const agentKey = RolloutWorker.agentKey(task.name, config)
+    const runId = RolloutWorker.runId(task.name, config)
+    const token = process.env["AGENTFLY_WORKER_TOKEN"] || undefined
     const timeoutSeconds = config.rollout.timeoutSeconds
     return workers !== undefined
       ? RolloutWorker.layer({
         urls: workers,
         agentKey,
+        runId,
         agent: config.agent,
-        token: process.env["AGENTFLY_WORKER_TOKEN"] || undefined,
+        token,
         timeoutMs: timeoutSeconds === undefined ? undefined : timeoutSeconds * 1000
       })
       : queue !== undefined
-      ? RolloutQueue.layer({ url: queue, agentKey, shareRows: config.rollout.shareRows, timeoutSeconds })
+      ? RolloutQueue.layer({ url: queue, agentKey, runId, token, shareRows: config.rollout.shareRows, timeoutSeconds })
       : Rollouts.inProcess
   })
 

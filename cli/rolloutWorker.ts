@@ -4,8 +4,10 @@
  * its trainer sends (`rollout.workers`, `actors/RolloutWorker.ts`) or, with `--queue`, taking them from the run's
  * Redis queue (`rollout.queue`, `actors/RolloutQueue.ts`). It loads the
  * run's own config and task (the same file the trainer runs, so that its agent key matches), the model folder's
- * tokenizer and template (`model.path`, which must exist), and samples on the run's `engine.servers`. With
- * `AGENTFLY_WORKER_TOKEN` set, only requests bearing it are served (the trainer sends its own).
+ * tokenizer and template (`model.path`, which must exist), and samples on the run's `engine.servers` (sending
+ * `AGENTFLY_SERVE_TOKEN`, if set, as the run does). With `AGENTFLY_WORKER_TOKEN` (or `--token-file`) set, only
+ * requests bearing it are served (the trainer sends its own), and every answer is signed with it; without one the
+ * worker listens on loopback only (and takes shares only from a queue on loopback).
  *
  * @since 0.1.0
  */
@@ -19,6 +21,7 @@ import * as RolloutQueue from "../actors/RolloutQueue.ts"
 import * as RolloutWorker from "../actors/RolloutWorker.ts"
 import * as RolloutSetup from "../actors/RolloutSetup.ts"
 import { runError, type RunError } from "../actors/RunError.ts"
+import * as Auth from "../actors/internal/auth.ts"
 import * as Qwen2 from "../src/model/Qwen2.ts"
 import * as ModelFolder from "../src/ModelFolder.ts"
 import * as TrainConfig from "../src/TrainConfig.ts"
@@ -52,13 +55,23 @@ export const rolloutWorker = Command.make(
       Flag.withDefault(2),
       Flag.filter((n) => n >= 1 && n <= 256, (n) => `--concurrency must be in [1, 256], got ${n}`)
     ),
+    tokenFile: Flag.String("token-file").pipe(
+      Flag.withDescription("Accepted tokens, one a line, besides AGENTFLY_WORKER_TOKEN (with --queue: the first)"),
+      Flag.optional
+    ),
     claimSeconds: Flag.Int("claim-seconds").pipe(
       Flag.withDescription("With --queue: take over a share another worker left untouched this long"),
       Flag.withDefault(30),
       Flag.filter((n) => n >= 1, (n) => `--claim-seconds must be at least 1, got ${n}`)
     )
   },
-  Effect.fn("rollout-worker")(function*({ config: file, host, port, queue, concurrency, claimSeconds }) {
+  Effect.fn("rollout-worker")(function*({ config: file, host, port, queue, concurrency, claimSeconds, tokenFile }) {
+    // Tokens first: a worker that would serve strangers stops before it loads anything.
+    const tokens = yield* Auth.forServer({
+      env: ["AGENTFLY_WORKER_TOKEN"],
+      file: Option.getOrUndefined(tokenFile),
+      host: Option.isSome(queue) ? "127.0.0.1" : host
+    })
     const { task, config: requested } = yield* Setup.load(file)
     const urls = requested.engine.servers
     if (urls === undefined) {
@@ -86,23 +99,24 @@ export const rolloutWorker = Command.make(
     const key = RolloutWorker.agentKey(task.name, config)
     if (Option.isSome(queue)) {
       yield* Console.log(
-        `rollout worker for task ${task.name} (agent key ${key}) on the queue ${queue.value}, ${concurrency} share(s) ` +
+        `rollout worker for task ${task.name} (agent key ${key}, run ${RolloutWorker.runId(task.name, config)}) ` +
+          `on the queue ${queue.value}, ${concurrency} share(s) ` +
           `at once, sampling on ${urls.length} inference server${urls.length === 1 ? "" : "s"}`
       )
       return yield* RolloutQueue.work(agent, servers, key, {
         url: queue.value,
         concurrency,
         claimSeconds,
+        token: tokens[0],
         onShare: (id, rows, claimed) =>
           Console.log(`share ${id}: ${rows} row(s)${claimed ? ", claimed from a worker that stopped" : ""}`)
       })
     }
-    const token = process.env["AGENTFLY_WORKER_TOKEN"] || undefined
-    const worker = yield* RolloutWorker.serve(agent, servers, { host, port, token })
+    const worker = yield* RolloutWorker.serve(agent, servers, { host, port, tokens })
     yield* Console.log(
       `rollout worker for task ${task.name} (agent key ${key}) at ` +
         `${worker.baseUrl}, sampling on ${urls.length} inference server${urls.length === 1 ? "" : "s"}` +
-        (token === undefined ? "" : ", requests must bear AGENTFLY_WORKER_TOKEN")
+        (tokens.length === 0 ? "" : ", requests must bear AGENTFLY_WORKER_TOKEN")
     )
     return yield* Effect.never
   }, Effect.scoped, Effect.provide(ResourceManager.ResourceManager.layer), exitOnFailure)

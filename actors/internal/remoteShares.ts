@@ -4,17 +4,28 @@
  * the wire of a share and of its answer, a worker rolling a share out, and the figures a trainer gathers from the
  * answers (each worker's latest environment figures, the workers' sampling counts, its own `workers/…` counts).
  *
+ * **Strangers.** A share names its run ({@link runIdOf}: what a worker reads from the run's own config) and carries
+ * a random id; with a worker token (`AGENTFLY_WORKER_TOKEN`, given to the trainer and its workers out of band) its
+ * answer carries an HMAC over (run id, share id, groups, figures, error) with a key derived from the token and the
+ * run id ({@link resultMac}), which the trainer checks before it uses anything of the answer. A share's numbers are
+ * bounded ({@link RolloutRequest}), and a share asking for a policy version the servers do not hold waits for it a
+ * bounded time ({@link awaitVersion}) instead of holding its chains.
+ *
  * @since 0.1.0
  */
-import { Effect, Schema } from "effect"
+import { Clock, Effect, Schema } from "effect"
+import { createHash, createHmac, timingSafeEqual } from "node:crypto"
+import { basename } from "node:path"
 import type * as Dataset from "../../src/Dataset.ts"
 import { Conversation } from "../../src/Message.ts"
 import { Sampler } from "../../src/Sampler.ts"
+import * as TrainConfig from "../../src/TrainConfig.ts"
 import * as Trajectory from "../../src/Trajectory.ts"
 import type * as InferenceServers from "../InferenceServers.ts"
 import * as Rollouts from "../Rollouts.ts"
 import type { RolloutSetup } from "../RolloutSetup.ts"
 import { type RunError, runError } from "../RunError.ts"
+import * as Auth from "./auth.ts"
 
 // ===== Wire =====
 
@@ -27,16 +38,26 @@ export const WireRow = Schema.Struct({
   fields: Schema.Record(Schema.String, Schema.Unknown)
 })
 
-/** A share: its rows, its place in the batch and how the batch samples. */
+const IntIn = (minimum: number, maximum: number) => Schema.Int.check(Schema.isBetween({ minimum, maximum }))
+
+/** The most rows of a share, and past its last row (a step rolls out at most this many trajectories). */
+export const maxShareRows = TrainConfig.maxTrajectoriesPerStep
+
+/**
+ * A share: its run and id, its rows, its place in the batch and how the batch samples; every number bounded as the
+ * run's config bounds it (a temperature in [0, 2], at most 1,024 chains, rows within a step's).
+ */
 export const RolloutRequest = Schema.Struct({
-  agentKey: Schema.String,
-  rows: Schema.Array(WireRow),
-  firstSeq: Schema.Int,
-  rowOffset: Schema.Int,
-  chains: Schema.Int,
-  temperature: Schema.Number,
-  seed: Schema.Int,
-  version: Schema.Int
+  runId: Schema.String.check(Schema.isMaxLength(128)),
+  share: Schema.String.check(Schema.isMaxLength(128)),
+  agentKey: Schema.String.check(Schema.isMaxLength(128)),
+  rows: Schema.Array(WireRow).check(Schema.isMaxLength(maxShareRows)),
+  firstSeq: IntIn(0, Number.MAX_SAFE_INTEGER),
+  rowOffset: IntIn(0, maxShareRows),
+  chains: IntIn(1, 1_024),
+  temperature: Schema.Number.check(Schema.isBetween({ minimum: 0, maximum: 2 })),
+  seed: IntIn(0, Number.MAX_SAFE_INTEGER),
+  version: IntIn(-(2 ** 31), 2 ** 31)
 })
 
 /** A share's answer. */
@@ -53,6 +74,50 @@ export const decodeResponse = Schema.decodeUnknownEffect(Schema.fromJsonString(R
 
 /** A run stopped by its workers (`RunError`, reason `Workers`). */
 export const workersError = (message: string): RunError => runError("Workers", message)
+
+// ===== Run identity and results' authentication =====
+
+/**
+ * A run's id as its trainer and its workers both compute it from the run's config: the task, the `agent` section,
+ * the inference servers, the seed and the output folder's name (not its path, which differs between machines). Two
+ * runs whose task and agent match but that sample elsewhere, seed otherwise or write elsewhere have different ids
+ * (and so different queue keys); a resumed run keeps its id.
+ */
+export const runIdOf = (taskName: string, config: TrainConfig.TrainConfig): string =>
+  createHash("sha256")
+    .update(JSON.stringify([taskName, config.agent, config.engine.servers ?? [], config.seed, basename(config.output)]))
+    .digest("hex")
+    .slice(0, 32)
+
+/** What of an answer its HMAC covers. */
+export interface Signed {
+  readonly groups?: unknown
+  readonly env?: unknown
+  readonly servers?: unknown
+  readonly error?: unknown
+}
+
+/**
+ * The HMAC (SHA-256, hex) of a share's answer: over the run id, the share id and the answer's groups, figures and
+ * error as JSON, keyed by a per-run key derived from the workers' token. JSON text is stable through a parse and
+ * a stringify, so the trainer recomputes it from the answer it parsed.
+ */
+export const resultMac = (token: string, runId: string, share: string, answer: Signed): string => {
+  const key = createHmac("sha256", token).update(`agentfly results ${runId}`).digest()
+  const { groups = null, env = null, servers = null, error = null } = answer
+  return createHmac("sha256", key).update(JSON.stringify([runId, share, groups, env, servers, error])).digest("hex")
+}
+
+/** Whether `mac` is the answer's (compared in constant time); always true without a token. */
+export const macOk = (token: string | undefined, runId: string, share: string, answer: Signed, mac: unknown) => {
+  if (token === undefined) return true
+  if (typeof mac !== "string" || !/^[0-9a-f]{64}$/.test(mac)) return false
+  return timingSafeEqual(Buffer.from(mac, "hex"), Buffer.from(resultMac(token, runId, share, answer), "hex"))
+}
+
+/** The answer with its HMAC, when there is a token. */
+export const signed = <A extends Signed>(token: string | undefined, runId: string, share: string, answer: A) =>
+  token === undefined ? answer : { ...answer, mac: resultMac(token, runId, share, answer) }
 
 // ===== Shares =====
 
@@ -102,16 +167,65 @@ export type EncodedResponse = {
   readonly servers?: unknown
 }
 
+/** The policy version a server reports (`GET /models`'s `policy_version`), or undefined when it does not say. */
+const reportedVersion = (url: string): Effect.Effect<number | undefined> =>
+  Effect.tryPromise(() =>
+    fetch(`${url}/models`, {
+      headers: Auth.headers(Auth.fromEnv("AGENTFLY_SERVE_TOKEN", "AGENTFLY_WEIGHTS_TOKEN")),
+      signal: AbortSignal.timeout(10_000)
+    }).then((response) => response.json() as Promise<{ data?: Array<{ policy_version?: unknown }> }>)
+  ).pipe(
+    Effect.map((body) => body.data?.[0]?.policy_version),
+    Effect.map((version) => (typeof version === "number" ? version : undefined)),
+    Effect.orElseSucceed(() => undefined)
+  )
+
 /**
- * A share rolled out on a worker, sampling on `servers` at the share's version: its groups with the worker's
- * environment figures and sampling counts, encoded for the wire.
+ * Waits until one of `servers` holds policy version `version` (or newer), asking them every second, for at most
+ * `waitMs` (on `Clock`); then the share fails (`version_ahead`) instead of its chains waiting on a version that may
+ * never come (a server behind is retried as long as it answers). Servers that all say nothing are not waited for.
+ */
+export const awaitVersion = (
+  servers: InferenceServers.InferenceServers,
+  version: number,
+  waitMs: number
+): Effect.Effect<void, ShareFailure> =>
+  Effect.gen(function*() {
+    const start = yield* Clock.currentTimeMillis
+    while (true) {
+      const status = yield* servers.status
+      const known = status.flatMap((s) => (s.version === undefined ? [] : [s.version]))
+      if (known.some((v) => v >= version)) return
+      const reported = yield* Effect.forEach(status, (s) => reportedVersion(s.url), { concurrency: "unbounded" })
+      const held = [...known, ...reported.filter((v): v is number => v !== undefined)]
+      // No server says (all down): the chains fail for the servers' own reason, as they would without a worker.
+      if (held.length === 0 || held.some((v) => v >= version)) return
+      if ((yield* Clock.currentTimeMillis) - start >= waitMs) {
+        return yield* Effect.fail<ShareFailure>({
+          message: `the share asks for policy version ${version}, and no inference server of this worker holds it ` +
+            `after ${waitMs / 1000} s (the newest held: ${Math.max(...held)})`,
+          code: "version_ahead"
+        })
+      }
+      yield* Effect.sleep(1_000)
+    }
+  })
+
+/** How long a worker waits for its servers to hold a share's policy version (default 60 s). */
+export const defaultVersionWaitMs = 60_000
+
+/**
+ * A share rolled out on a worker, sampling on `servers` at the share's version (once one holds it, waiting up to
+ * `versionWaitMs`): its groups with the worker's environment figures and sampling counts, encoded for the wire.
  */
 export const rollOut = (
   agent: RolloutSetup,
   servers: InferenceServers.InferenceServers,
-  request: typeof RolloutRequest.Type
+  request: typeof RolloutRequest.Type,
+  versionWaitMs: number = defaultVersionWaitMs
 ): Effect.Effect<EncodedResponse, ShareFailure> =>
   Effect.gen(function*() {
+    yield* awaitVersion(servers, request.version, versionWaitMs)
     const groups = yield* Rollouts.collectGroups(agent, request.rows as ReadonlyArray<Dataset.Row>, request).pipe(
       Effect.provideService(Sampler, servers.sampler(request.version)),
       Effect.mapError((e): ShareFailure => ({ message: e.message, code: e.reason._tag }))

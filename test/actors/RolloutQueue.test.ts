@@ -8,7 +8,7 @@ import { Effect, Fiber, Logger, Schema } from "effect"
 import { TestClock } from "effect/testing"
 import { Redis } from "ioredis"
 import * as RolloutQueue from "../../actors/RolloutQueue.ts"
-import { RolloutResponse } from "../../actors/RolloutWorker.ts"
+import { resultMac, RolloutResponse } from "../../actors/RolloutWorker.ts"
 import type * as Dataset from "../../src/Dataset.ts"
 import { redisServer } from "../utils/redisServer.ts"
 import { trajectoryOf } from "../utils/trajectories.ts"
@@ -30,11 +30,11 @@ interface Share {
 }
 
 /** The shares waiting on the stream (read as a worker of the group would). */
-const take = (redis: Redis, count: number) =>
+const take = (redis: Redis, count: number, stream = shares) =>
   Effect.promise(async () => {
     const out: Array<Share> = []
     while (out.length < count) {
-      const raw = await redis.xreadgroup("GROUP", "workers", "test", "COUNT", 10, "BLOCK", 500, "STREAMS", shares, ">") as
+      const raw = await redis.xreadgroup("GROUP", "workers", "test", "COUNT", 10, "BLOCK", 500, "STREAMS", stream, ">") as
         | Array<[string, Array<[string, Array<string>]>]>
         | null
       for (const [entry, fields] of raw?.[0]?.[1] ?? []) out.push({ entry, ...JSON.parse(fields[1]!) })
@@ -192,4 +192,53 @@ describe("RolloutQueue (trainer's side)", () => {
       assert.include(lost.message, "agentfly train CONFIG --resume")
       assert.isTrue(waited >= 9 && waited < 60, `stopped after ${waited} s`)
     }).pipe(Effect.scoped), 120_000)
+
+  it.live("with a token, a reply without the run's HMAC stops the run untrained; runs whose agent keys match never mix", () =>
+    Effect.gen(function*() {
+      const server = yield* redisServer
+      const redis = new Redis(server.url)
+      yield* Effect.addFinalizer(() => Effect.sync(() => redis.disconnect()))
+      const token = "queue-s3cret"
+      const signedAnswer = (share: Share, key: string, runId: string) => {
+        const body = JSON.parse(answer(share)) as { groups: unknown; env: unknown }
+        const mac = resultMac(key, runId, share.id, { groups: body.groups, env: body.env })
+        return JSON.stringify({ ...body, mac })
+      }
+      // Two runs of one task and agent section (agent key k1), told apart by their run ids.
+      const runA = yield* RolloutQueue.client({ url: server.url, agentKey: "k1", runId: "ra", token, shareRows: 5 })
+      const runB = yield* RolloutQueue.client({ url: server.url, agentKey: "k1", runId: "rb", token, shareRows: 5 })
+      const streamA = "agentfly:rollouts:ra:shares", streamB = "agentfly:rollouts:rb:shares"
+
+      // Answered with the right key: trained on.
+      const fiberA = yield* Effect.forkChild(runA.collect(rows, sampling, 2))
+      const [shareA] = yield* take(redis, 1, streamA)
+      assert.strictEqual(shareA!.replyTo.startsWith("agentfly:rollouts:ra:results:"), true)
+      // Nothing of run A's batch sits on run B's stream.
+      assert.strictEqual(yield* Effect.promise(() => redis.exists(streamB)), 1)
+      assert.strictEqual(yield* Effect.promise(() => redis.xlen(streamB)), 0)
+      yield* reply(redis, shareA!, signedAnswer(shareA!, token, "ra"))
+      assert.deepStrictEqual((yield* Fiber.join(fiberA)).map((g) => g.rowIndex), [0, 1, 2, 3, 4])
+
+      // Run B's share answered by someone without the key (no HMAC), then with another token, then signed for run
+      // A: each is refused, typed, before anything of it is used.
+      for (const forged of [
+        (share: Share) => answer(share),
+        (share: Share) => signedAnswer(share, "another-token", "rb"),
+        (share: Share) => signedAnswer(share, token, "ra")
+      ]) {
+        const fiberB = yield* Effect.forkChild(Effect.flip(runB.collect(rows, sampling, 3)))
+        const [shareB] = yield* take(redis, 1, streamB)
+        yield* reply(redis, shareB!, forged(shareB!))
+        const refused = yield* Fiber.join(fiberB)
+        assert.strictEqual(refused.reason._tag, "Workers")
+        assert.include(refused.message, "fails its authentication")
+        assert.include(refused.message, "nothing of it is trained on")
+      }
+      assert.strictEqual((yield* runB.figures!)["workers/shares"], 0)
+
+      // A queue beyond loopback without a token is refused before it is reached.
+      const open = yield* Effect.flip(RolloutQueue.client({ url: "redis://10.1.2.3:6379", agentKey: "k1", runId: "ra" }))
+      assert.strictEqual(open.reason._tag, "Workers")
+      assert.include(open.message, "without a token")
+    }).pipe(Effect.scoped), 60_000)
 })

@@ -2,7 +2,9 @@
  * `agentfly train` with `engine.servers` and `rollout.workers`, as a user runs it: `agentfly serve --accept-weights`
  * processes sample the rollouts and follow the learner's weights, `agentfly rollout-worker` processes run the
  * training batches' chains. A server, then a worker, is killed with SIGKILL mid-run; the run still trains every step
- * on the others and says so.
+ * on the others and says so. The Redis-queue chaos run (a worker SIGKILLed mid-share, Redis restarted, the trainer
+ * SIGKILLed and resumed) runs with tokens on (`AGENTFLY_WORKER_TOKEN`, `AGENTFLY_WEIGHTS_TOKEN`); a worker with the
+ * wrong token and a run whose task and agent match another's on the same Redis never train.
  */
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
@@ -90,6 +92,51 @@ const switchingProxy = (port: number) =>
     ),
     ({ server }) => Effect.sync(() => server.close())
   )
+
+/** Sets environment variables (spawned commands inherit them) for the life of the scope. */
+const withEnv = (vars: Record<string, string>) =>
+  Effect.acquireRelease(
+    Effect.sync(() => {
+      const before = Object.fromEntries(Object.keys(vars).map((k) => [k, process.env[k]]))
+      Object.assign(process.env, vars)
+      return before
+    }),
+    (before) =>
+      Effect.sync(() => {
+        for (const [k, v] of Object.entries(before)) {
+          if (v === undefined) delete process.env[k]
+          else process.env[k] = v
+        }
+      })
+  )
+
+/** Runs `effect` (a command's start) with `vars` set, restoring them once it is done. */
+const startingWith = <A, E, R>(vars: Record<string, string>, effect: Effect.Effect<A, E, R>) =>
+  Effect.acquireUseRelease(
+    Effect.sync(() => {
+      const before = Object.fromEntries(Object.keys(vars).map((k) => [k, process.env[k]]))
+      Object.assign(process.env, vars)
+      return before
+    }),
+    () => effect,
+    (before) =>
+      Effect.sync(() => {
+        for (const [k, v] of Object.entries(before)) {
+          if (v === undefined) delete process.env[k]
+          else process.env[k] = v
+        }
+      })
+  )
+
+/** The learner steps a run's journal lists, in order. */
+const journaledSteps = (output: string) =>
+  readFileSync(join(output, "journal.jsonl"), "utf8").split("\n").filter((l) => l !== "")
+    .map((l) => JSON.parse(l) as { kind: string; step?: number })
+    .flatMap((e) => (e.kind === "step" ? [e.step!] : []))
+
+/** A run's train records (none when it wrote no metrics). */
+const trainedIn = (output: string) =>
+  existsSync(join(output, "metrics.jsonl")) ? metricsOf(output).filter((m) => m.phase === "train") : []
 
 /** A run's directory with the calculator's data and the model folder its servers serve. */
 const runDir = Effect.gen(function*() {
@@ -231,8 +278,10 @@ describe("agentfly train with inference servers and rollout workers", () => {
       assert.include(refused.output, `agent.systemPrompt: "Another prompt." → "Use the calculator tool."`)
     }).pipe(Effect.provide(NodeServices.layer))), { timeout: 240_000 })
 
-  it.live("rollout workers on a Redis queue: one SIGKILLed mid-share, the other claims its share; Redis restarted mid-batch, lost shares sent again; no worker, a typed stop", () =>
+  it.live("rollout workers on a Redis queue, tokens on: one SIGKILLed mid-share, the other claims its share; Redis restarted mid-batch, lost shares sent again; the trainer SIGKILLed and resumed, every step once; no worker, a typed stop", () =>
     Effect.scoped(Effect.gen(function*() {
+      // Authentication on: the workers sign their results, the servers want a token for every route.
+      yield* withEnv({ AGENTFLY_WORKER_TOKEN: "chaos-worker-token", AGENTFLY_WEIGHTS_TOKEN: "chaos-serve-token" })
       const dir = yield* runDir
       const redis = yield* redisServer
       const server = yield* start("serve", ["--model-dir", join(dir, "model"), "--port", "0", "--accept-weights"])
@@ -280,14 +329,15 @@ describe("agentfly train with inference servers and rollout workers", () => {
       assert.isAbove(shareLines(), 0)
       assert.isAbove((w1.output().match(/^share /gm) ?? []).length, 0)
 
-      // Redis restarts (no persistence) while a batch waits on the queue: the run sends the lost shares again.
+      // Redis restarts (no persistence) while a batch waits on the queue: the run sends the lost shares again. (A
+      // worker serves one run: the one its config names, output folder included.)
       w1.child.kill("SIGKILL")
-      const w3 = yield* worker(config, 1)
       const restart = join(dir, "restart.json")
       writeFileSync(restart, JSON.stringify({
         ...configOf(3, { servers: [server.url] }, { queue: redis.url, shareRows: 1 }),
         output: "restart"
       }))
+      const w3 = yield* worker(restart, 1)
       const restartMetrics = join(dir, "restart", "metrics.jsonl")
       const w3Shares = () => (w3.output().match(/^share /gm) ?? []).length
       let restarted = false
@@ -310,6 +360,26 @@ describe("agentfly train with inference servers and rollout workers", () => {
       assert.isAbove(Math.max(...resent), 0)
       w3.child.kill("SIGKILL")
 
+      // The trainer SIGKILLed once step 3 is journaled, then resumed, its worker running on: every step once.
+      const resume = join(dir, "resume.json")
+      writeFileSync(resume, JSON.stringify({
+        ...configOf(6, { servers: [server.url] }, { queue: redis.url, shareRows: 1 }),
+        checkpoint: { every: 2 },
+        output: "resume"
+      }))
+      const w4 = yield* worker(resume)
+      const journal = join(dir, "resume", "journal.jsonl")
+      const killed = yield* agentfly(["train", resume], () =>
+        existsSync(journal) && readFileSync(journal, "utf8").includes(`"kind":"step","step":3`))
+      assert.strictEqual(killed.signal, "SIGKILL", killed.output)
+      const partial = journaledSteps(join(dir, "resume"))
+      assert.isTrue(partial.length >= 3 && partial.length < 6, `killed mid-run after steps ${partial}`)
+      const resumed = yield* agentfly(["train", resume, "--resume"])
+      assert.strictEqual(resumed.code, 0, resumed.output)
+      assert.deepStrictEqual(journaledSteps(join(dir, "resume")), [1, 2, 3, 4, 5, 6], "every learner step exactly once")
+      assert.isAbove((w4.output().match(/^share /gm) ?? []).length, 0)
+      w4.child.kill("SIGKILL")
+
       // No worker of this config left, one of another config running: the run stops, naming what it saw.
       const otherConfig = join(dir, "other.json")
       writeFileSync(otherConfig, JSON.stringify({
@@ -329,6 +399,46 @@ describe("agentfly train with inference servers and rollout workers", () => {
       assert.match(stopped.output, /workers seen in the last 30 s: .*agent key/)
       // The worker of another config reads another stream: it never saw this run's shares.
       assert.notMatch(other.output(), /^share /m)
+    }).pipe(Effect.provide(NodeServices.layer))), { timeout: 600_000 })
+
+  it.live("on one Redis: a worker with the wrong token, and a run whose task and agent match another's, never train", () =>
+    Effect.scoped(Effect.gen(function*() {
+      yield* withEnv({ AGENTFLY_WORKER_TOKEN: "the-run-token" })
+      const dir = yield* runDir
+      const redis = yield* redisServer
+      const server = yield* start("serve", ["--model-dir", join(dir, "model"), "--port", "0", "--accept-weights"])
+      const configAt = (name: string, rollout: object = {}) => {
+        const file = join(dir, `${name}.json`)
+        writeFileSync(file, JSON.stringify({
+          ...configOf(2, { servers: [server.url] }, { queue: redis.url, shareRows: 1, ...rollout }),
+          output: name
+        }))
+        return file
+      }
+      const worker = (file: string) =>
+        start("rollout-worker", [file, "--queue", redis.url], /on the queue (\S+),/)
+      // Run x has a worker; run y (the same task and agent section, another output) has none; run z's only worker
+      // was given another token.
+      const x = configAt("x"), y = configAt("y", { timeoutSeconds: 20 }), z = configAt("z")
+      const wx = yield* worker(x)
+      const wz = yield* startingWith({ AGENTFLY_WORKER_TOKEN: "a-wrong-token" }, worker(z))
+      const [runX, runY, runZ] = yield* Effect.all(
+        [agentfly(["train", x]), agentfly(["train", y]), agentfly(["train", z])],
+        { concurrency: "unbounded" }
+      )
+      assert.strictEqual(runX.code, 0, runX.output)
+      assert.include(runX.output, "trained 2 of 2 steps")
+      // x's worker took x's shares, never y's: y waited for a worker of its own in vain, and trained nothing.
+      assert.isAbove((wx.output().match(/^share /gm) ?? []).length, 0)
+      assert.notStrictEqual(runY.code, 0)
+      assert.include(runY.output, "got no result from the rollout queue")
+      assert.strictEqual(trainedIn(join(dir, "y")).length, 0)
+      // z's worker answered with the wrong key: refused, typed, nothing trained.
+      assert.isAbove((wz.output().match(/^share /gm) ?? []).length, 0)
+      assert.notStrictEqual(runZ.code, 0)
+      assert.include(runZ.output, "fails its authentication")
+      assert.include(runZ.output, "nothing of it is trained on")
+      assert.strictEqual(trainedIn(join(dir, "z")).length, 0)
     }).pipe(Effect.provide(NodeServices.layer))), { timeout: 300_000 })
 
   it.live("an agent function (the openai SDK example) rolled out by a queue worker through the worker's own gateway", () =>
