@@ -166,6 +166,89 @@ export type Ready = Effect.Effect<
   Environment.EnvError
 >
 
+/** One chain's workspace: its container, settings, and the steps taken so far. */
+interface State {
+  readonly ready: Ready
+  readonly settings: Settings
+  steps: number
+  submitted: boolean
+}
+
+const exec = (state: State, cmd: ReadonlyArray<string>, options: Docker.ExecOptions = {}) =>
+  Effect.flatMap(state.ready, ({ lease, task }) =>
+    lease.use((c) => (c.stdio === undefined ? c.exec(cmd, options) : attached(c.stdio, task.name, cmd, options))).pipe(
+      Effect.mapError((e) =>
+        e instanceof Environment.EnvError
+          ? e
+          : Environment.envError(`harbor:${task.name}`, "exec", "Unavailable", e.message, { cause: e })
+      )
+    ))
+
+const invalid = (state: State, method: string, message: string) =>
+  Effect.flatMap(state.ready, ({ task }) =>
+    Effect.fail(Environment.envError(`harbor:${task.name}`, method, "InvalidAction", message)))
+
+/** Counts one step of `method`, or fails when the work was submitted or no steps are left. */
+const step = (state: State, method: string) =>
+  Effect.suspend(() => {
+    if (state.submitted) return invalid(state, method, "the work was submitted")
+    if (state.steps >= state.settings.maxSteps) {
+      return invalid(state, method, `no steps left (${state.settings.maxSteps})`)
+    }
+    state.steps++
+    return Effect.void
+  })
+
+const readFile = (state: State, path: string) =>
+  Effect.flatMap(exec(state, ["cat", "--", path], { maxOutputBytes: 1 << 20 }), (r) =>
+    r.exitCode === 0
+      ? Effect.succeed(r.stdout)
+      : invalid(state, "read", `cannot read ${path}: ${(r.stderr || r.stdout).trim().replace(/^cat: /, "")}`))
+
+const edit = Effect.fnUntraced(function*(state: State, path: string, old: string, replacement: string) {
+  yield* step(state, "edit")
+  if (old.length === 0) return yield* invalid(state, "edit", "old is empty: give the exact text to replace")
+  const text = yield* readFile(state, path)
+  const first = text.indexOf(old)
+  if (first === -1) return yield* invalid(state, "edit", `the text to replace is not in ${path}`)
+  if (text.indexOf(old, first + 1) !== -1) {
+    return yield* invalid(state, "edit", `the text to replace occurs more than once in ${path}: give more of it`)
+  }
+  const next = text.slice(0, first) + replacement + text.slice(first + old.length)
+  const written = yield* exec(state, ["sh", "-c", `cat > ${quote(path)}`], { stdin: next })
+  if (written.exitCode !== 0) {
+    return yield* invalid(state, "edit", `cannot write ${path}: ${(written.stderr || written.stdout).trim()}`)
+  }
+  return `edited ${path}`
+})
+
+const verify = Effect.fnUntraced(function*(state: State) {
+  const { task } = yield* state.ready
+  // One exec (the engine spends ≈ 100 ms of CPU on each): the tests written from base64, the verifier run,
+  // its exit code and the reward file printed after a marker.
+  const run = yield* exec(state, ["sh", "-s"], {
+    stdin: verifierScript(task),
+    timeoutMillis: task.verifierTimeoutMillis,
+    maxOutputBytes: 256 * 1024
+  })
+  const at = run.stdout.lastIndexOf(marker)
+  const tail = at === -1 ? "" : run.stdout.slice(at + marker.length)
+  const [exitLine = "", ...rest] = tail.replace(/^\n/, "").split("\n")
+  const exitCode = Number(exitLine)
+  const output = `${at === -1 ? run.stdout : run.stdout.slice(0, at)}${run.stderr}`.slice(-2_000)
+  const reward = parseReward(rest.join("\n"))
+  if (reward === undefined) {
+    return yield* Environment.envError(
+      `harbor:${task.name}`,
+      "verify",
+      "Crashed",
+      `the verifier (exit ${at === -1 ? run.exitCode : exitCode}) wrote no reward to /logs/verifier/reward.txt: ` +
+        output.slice(-300)
+    )
+  }
+  return { reward, exitCode, output }
+})
+
 /**
  * The workspace over the chain's (lazily leased) container.
  *
@@ -173,96 +256,34 @@ export type Ready = Effect.Effect<
  * @since 0.1.0
  */
 export const make = (ready: Ready, settings: Settings): Workspace["Service"] => {
-  let steps = 0
-  let submitted = false
-  const exec = (cmd: ReadonlyArray<string>, options: Docker.ExecOptions = {}) =>
-    Effect.flatMap(ready, ({ lease, task }) =>
-      lease.use((c) => (c.stdio === undefined ? c.exec(cmd, options) : attached(c.stdio, task.name, cmd, options))).pipe(
-        Effect.mapError((e) =>
-          e instanceof Environment.EnvError
-            ? e
-            : Environment.envError(`harbor:${task.name}`, "exec", "Unavailable", e.message, { cause: e })
-        )
-      ))
-  const invalid = (method: string, message: string) =>
-    Effect.flatMap(ready, ({ task }) =>
-      Effect.fail(Environment.envError(`harbor:${task.name}`, method, "InvalidAction", message)))
-  const step = (method: string) =>
-    Effect.suspend(() => {
-      if (submitted) return invalid(method, "the work was submitted")
-      if (steps >= settings.maxSteps) return invalid(method, `no steps left (${settings.maxSteps})`)
-      steps++
-      return Effect.void
-    })
-  const readFile = (path: string) =>
-    Effect.flatMap(exec(["cat", "--", path], { maxOutputBytes: 1 << 20 }), (r) =>
-      r.exitCode === 0
-        ? Effect.succeed(r.stdout)
-        : invalid("read", `cannot read ${path}: ${(r.stderr || r.stdout).trim().replace(/^cat: /, "")}`))
+  const state: State = { ready, settings, steps: 0, submitted: false }
   return {
     settings,
     shell: (cmd) =>
       Effect.andThen(
-        step("shell"),
+        step(state, "shell"),
         Effect.map(
-          exec(["sh", "-c", cmd], { timeoutMillis: settings.shellTimeoutMillis, maxOutputBytes: 64 * 1024 }),
+          exec(state, ["sh", "-c", cmd], { timeoutMillis: settings.shellTimeoutMillis, maxOutputBytes: 64 * 1024 }),
           (r) => cut(`exit ${r.exitCode}\n${r.stdout}${r.stderr}`, settings.maxOutputChars)
         )
       ),
-    read: (path) => Effect.andThen(step("read"), Effect.map(readFile(path), (text) => cut(text, settings.maxOutputChars))),
-    edit: (path, old, replacement) =>
-      Effect.gen(function*() {
-        yield* step("edit")
-        if (old.length === 0) return yield* invalid("edit", "old is empty: give the exact text to replace")
-        const text = yield* readFile(path)
-        const first = text.indexOf(old)
-        if (first === -1) return yield* invalid("edit", `the text to replace is not in ${path}`)
-        if (text.indexOf(old, first + 1) !== -1) {
-          return yield* invalid("edit", `the text to replace occurs more than once in ${path}: give more of it`)
-        }
-        const next = text.slice(0, first) + replacement + text.slice(first + old.length)
-        const written = yield* exec(["sh", "-c", `cat > ${quote(path)}`], { stdin: next })
-        if (written.exitCode !== 0) {
-          return yield* invalid("edit", `cannot write ${path}: ${(written.stderr || written.stdout).trim()}`)
-        }
-        return `edited ${path}`
-      }),
-    submit: Effect.andThen(step("submit"), Effect.sync(() => {
-      submitted = true
+    read: (path) =>
+      Effect.andThen(
+        step(state, "read"),
+        Effect.map(readFile(state, path), (text) => cut(text, settings.maxOutputChars))
+      ),
+    edit: (path, old, replacement) => edit(state, path, old, replacement),
+    submit: Effect.andThen(step(state, "submit"), Effect.sync(() => {
+      state.submitted = true
       return "submitted"
     })),
     overview: Effect.flatMap(ready, ({ task }) =>
       Effect.map(
-        exec(["sh", "-c", "ls -R . | head -40"], { timeoutMillis: settings.shellTimeoutMillis }),
+        exec(state, ["sh", "-c", "ls -R . | head -40"], { timeoutMillis: settings.shellTimeoutMillis }),
         (r) => cut(`Working directory ${task.workdir}:\n${r.stdout}`, settings.maxOutputChars)
       )),
-    state: Effect.sync(() => ({ steps, submitted })),
-    verify: Effect.gen(function*() {
-      const { task } = yield* ready
-      // One exec (the engine spends ≈ 100 ms of CPU on each): the tests written from base64, the verifier run,
-      // its exit code and the reward file printed after a marker.
-      const run = yield* exec(["sh", "-s"], {
-        stdin: verifierScript(task),
-        timeoutMillis: task.verifierTimeoutMillis,
-        maxOutputBytes: 256 * 1024
-      })
-      const at = run.stdout.lastIndexOf(marker)
-      const tail = at === -1 ? "" : run.stdout.slice(at + marker.length)
-      const [exitLine = "", ...rest] = tail.replace(/^\n/, "").split("\n")
-      const exitCode = Number(exitLine)
-      const output = `${at === -1 ? run.stdout : run.stdout.slice(0, at)}${run.stderr}`.slice(-2_000)
-      const reward = parseReward(rest.join("\n"))
-      if (reward === undefined) {
-        return yield* Environment.envError(
-          `harbor:${task.name}`,
-          "verify",
-          "Crashed",
-          `the verifier (exit ${at === -1 ? run.exitCode : exitCode}) wrote no reward to /logs/verifier/reward.txt: ` +
-            output.slice(-300)
-        )
-      }
-      return { reward, exitCode, output }
-    })
+    state: Effect.sync(() => ({ steps: state.steps, submitted: state.submitted })),
+    verify: verify(state)
   }
 }
 
