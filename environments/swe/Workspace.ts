@@ -376,7 +376,8 @@ const verifierScript = (task: HarborTask.HarborTask): string =>
     "mkdir -p /logs/verifier /tests",
     ...[...task.tests].map(([file, contents]) => {
       const path = quote(`/tests/${file}`)
-      return `mkdir -p "$(dirname ${path})" && printf '%s' '${Buffer.from(contents).toString("base64")}' | base64 -d > ${path}`
+      const encoded = Buffer.from(contents).toString("base64")
+      return `mkdir -p "$(dirname ${path})" && printf '%s' '${encoded}' | base64 -d > ${path}`
     }),
     `cd ${quote(task.workdir)}`,
     "if command -v bash >/dev/null; then bash /tests/test.sh; else sh /tests/test.sh; fi",
@@ -430,6 +431,81 @@ export const spec = (task: HarborTask.HarborTask, tag: string, settings: Setting
     scope: "chain"
   })
 
+/** The provider's state: the run's task folders read and their containers' resources, by path and by digest. */
+interface Catalog {
+  readonly settings: Settings
+  readonly manager: ResourceManager.ResourceManager["Service"]
+  readonly engine: Docker.DockerEngine["Service"]
+  readonly backends: Map<string, Resource.Resource<Docker.Container>>
+  readonly tasks: Map<string, HarborTask.HarborTask>
+  readonly lock: Semaphore.Semaphore
+}
+
+/** A task's resource (its image built on first use), one per task digest. */
+const resourceOf = (catalog: Catalog, task: HarborTask.HarborTask) =>
+  catalog.lock.withPermits(1)(Effect.gen(function*() {
+    const known = catalog.backends.get(task.digest)
+    if (known !== undefined) return known
+    const tag = yield* image(task)
+    const s = yield* Effect.orDie(spec(task, tag, catalog.settings))
+    const backend = yield* Docker.backend(
+      catalog.settings.transport === "attach"
+        ? { cmd: ["sh", "-c", supervisor(task.workdir)], workingDir: task.workdir, attachStdio: true }
+        : { cmd: ["sleep", "infinity"], workingDir: task.workdir }
+    )
+    const resource = Resource.resource(s, backend)
+    catalog.backends.set(task.digest, resource)
+    return resource
+  })).pipe(Effect.provideService(Docker.DockerEngine, catalog.engine))
+
+// A row's task may come from another machine (a rollout worker's share): `loadRow` keeps it, and every file of
+// its folder, inside the root before anything is read, built or run.
+const taskOf = (catalog: Catalog, path: string) =>
+  Effect.suspend(() => {
+    const known = catalog.tasks.get(path)
+    if (known !== undefined) return Effect.succeed(known)
+    return HarborTask.loadRow(catalog.settings.root, path).pipe(
+      Effect.provide(NodeServices.layer),
+      Effect.tap((t) => Effect.sync(() => catalog.tasks.set(path, t))),
+      Effect.mapError((e) =>
+        Environment.envError("harbor", "load", "ResetFailed", `${e.folder}: ${e.message}`, { cause: e })
+      )
+    )
+  })
+
+/** A chain's task and its container's lease, in the chain's `scope`. */
+const setupChain = (catalog: Catalog, chain: Environment.ChainInfo, scope: Scope.Scope) =>
+  Effect.gen(function*() {
+    const path = chain.row?.["task"]
+    if (typeof path !== "string") {
+      const message = "the row has no task folder (a `task` field)"
+      return yield* Environment.envError("harbor", "load", "ResetFailed", message)
+    }
+    const task = yield* taskOf(catalog, path)
+    const resource = yield* resourceOf(catalog, task)
+    // In the chain's scope: the container goes back (and is recreated) when the chain ends.
+    const lease = yield* Scope.provide(catalog.manager.acquire(resource, chain), scope).pipe(
+      Effect.mapError((e) =>
+        Environment.envError(`harbor:${task.name}`, "lease", "Unavailable", e.message, { cause: e })
+      )
+    )
+    return { task, lease }
+  })
+
+/** The pools' figures over every task's pool: counts add up, waits take the worst. */
+const poolFigures = (catalog: Catalog) =>
+  Effect.gen(function*() {
+    const figures: Record<string, number> = {}
+    for (const resource of catalog.backends.values()) {
+      const stats = yield* catalog.manager.stats(resource.spec.name)
+      if (stats === undefined) continue
+      for (const [k, v] of Object.entries(ResourceManager.poolFigures("harbor", stats))) {
+        figures[k] = k.includes("_ms") ? Math.max(figures[k] ?? 0, v) : (figures[k] ?? 0) + v
+      }
+    }
+    return figures
+  })
+
 /**
  * The task's provider: for each chain, its row's task folder (`row.task`, resolved against `settings.root`), the
  * folder's image and a container of it from the resource manager, as the chain's {@link Workspace}. A folder is
@@ -471,72 +547,21 @@ export const provider = (
         )
       )
     )
-    const backends = new Map<string, Resource.Resource<Docker.Container>>()
-    const tasks = new Map<string, HarborTask.HarborTask>()
-    const lock = yield* Semaphore.make(1)
-    const resourceOf = (task: HarborTask.HarborTask) =>
-      lock.withPermits(1)(Effect.gen(function*() {
-        const known = backends.get(task.digest)
-        if (known !== undefined) return known
-        const tag = yield* image(task)
-        const s = yield* Effect.orDie(spec(task, tag, settings))
-        const backend = yield* Docker.backend(
-          settings.transport === "attach"
-            ? { cmd: ["sh", "-c", supervisor(task.workdir)], workingDir: task.workdir, attachStdio: true }
-            : { cmd: ["sleep", "infinity"], workingDir: task.workdir }
-        )
-        const resource = Resource.resource(s, backend)
-        backends.set(task.digest, resource)
-        return resource
-      })).pipe(Effect.provideService(Docker.DockerEngine, engine))
-    // A row's task may come from another machine (a rollout worker's share): `loadRow` keeps it, and every file of
-    // its folder, inside the root before anything is read, built or run.
-    const taskOf = (path: string) =>
-      Effect.suspend(() => {
-        const known = tasks.get(path)
-        if (known !== undefined) return Effect.succeed(known)
-        return HarborTask.loadRow(settings.root, path).pipe(
-          Effect.provide(NodeServices.layer),
-          Effect.tap((t) => Effect.sync(() => tasks.set(path, t))),
-          Effect.mapError((e) =>
-            Environment.envError("harbor", "load", "ResetFailed", `${e.folder}: ${e.message}`, { cause: e })
-          )
-        )
-      })
+    const catalog: Catalog = {
+      settings,
+      manager,
+      engine,
+      backends: new Map(),
+      tasks: new Map(),
+      lock: yield* Semaphore.make(1)
+    }
     return Environment.make<Workspace>(
       "perChain",
       (chain) =>
         Effect.gen(function*() {
-          const scope = yield* Effect.scope
-          const path = chain.row?.["task"]
-          const setup = Effect.gen(function*() {
-            if (typeof path !== "string") {
-              const message = "the row has no task folder (a `task` field)"
-              return yield* Environment.envError("harbor", "load", "ResetFailed", message)
-            }
-            const task = yield* taskOf(path)
-            const resource = yield* resourceOf(task)
-            // In the chain's scope: the container goes back (and is recreated) when the chain ends.
-            const lease = yield* Scope.provide(manager.acquire(resource, chain), scope).pipe(
-              Effect.mapError((e) =>
-                Environment.envError(`harbor:${task.name}`, "lease", "Unavailable", e.message, { cause: e })
-              )
-            )
-            return { task, lease }
-          })
+          const setup = setupChain(catalog, chain, yield* Effect.scope)
           return Context.make(Workspace, make(yield* Effect.cached(setup), settings))
         }),
-      Effect.gen(function*() {
-        const figures: Record<string, number> = {}
-        for (const resource of backends.values()) {
-          const stats = yield* manager.stats(resource.spec.name)
-          if (stats === undefined) continue
-          // Over every task's pool: counts add up, waits take the worst.
-          for (const [k, v] of Object.entries(ResourceManager.poolFigures("harbor", stats))) {
-            figures[k] = k.includes("_ms") ? Math.max(figures[k] ?? 0, v) : (figures[k] ?? 0) + v
-          }
-        }
-        return figures
-      })
+      poolFigures(catalog)
     )
   })
