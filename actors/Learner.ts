@@ -567,8 +567,19 @@ const estimate = Effect.fnUntraced(function*(rows: ReadonlyArray<Row>, options: 
   return { penalized, values, input, advantages, returns }
 })
 
-/** The included rows' segments as sequences with their advantages, and each sequence's group. */
-const sequencesOf = (rows: ReadonlyArray<Row>, length: number, advantages: Float64Array) => {
+/** Whole groups per mini-batch, in order: group g goes to mini-batch ⌊g·k / groups⌋. */
+const miniBatching = (groups: number, options: Options) => {
+  const k = Math.max(1, Math.min(options.miniBatches ?? 1, groups))
+  return { k, miniBatchOf: (group: number) => Math.floor((group * k) / groups) }
+}
+
+/** The included rows' segments as sequences with their advantages, in their groups' mini-batches (`k`). */
+const chunksOf = (
+  rows: ReadonlyArray<Row>,
+  length: number,
+  advantages: Float64Array,
+  { k, miniBatchOf }: ReturnType<typeof miniBatching>
+) => {
   const sequences: Array<Packing.Sequence> = []
   const sequenceGroup: Array<number> = []
   rows.forEach((row, b) => {
@@ -581,7 +592,9 @@ const sequencesOf = (rows: ReadonlyArray<Row>, length: number, advantages: Float
       offset += n
     }
   })
-  return { sequences, sequenceGroup }
+  const chunks: Array<Array<Packing.Sequence>> = Array.from({ length: k }, () => [])
+  sequences.forEach((sequence, i) => chunks[miniBatchOf(sequenceGroup[i]!)]!.push(sequence))
+  return chunks
 }
 
 /** The policy's mini-batches (`chunks` of sequences), each packed into micro-batches; empty ones are left out. */
@@ -683,19 +696,15 @@ export const update = Effect.fn("Learner.update")(function*(
   const excluded = rows.filter((r) => !r.included).length
   yield* checkLogprobs(rows, options)
   const { penalized, values, input, advantages, returns } = yield* estimate(rows, options)
-  const { sequences, sequenceGroup } = sequencesOf(rows, input.length, advantages)
   const base = {
     groups: groups.length,
     trajectories: rows.length,
     excluded,
     ...(penalized === undefined ? {} : { "learner/reward_kl": penalized.meanKl })
   }
-  // Whole groups per mini-batch, in order: group g goes to mini-batch ⌊g·k / groups⌋.
-  const k = Math.max(1, Math.min(options.miniBatches ?? 1, groups.length))
-  const miniBatchOf = (group: number) => Math.floor((group * k) / groups.length)
-  const chunks: Array<Array<Packing.Sequence>> = Array.from({ length: k }, () => [])
-  sequences.forEach((sequence, i) => chunks[miniBatchOf(sequenceGroup[i]!)]!.push(sequence))
-  const packed = yield* packPolicy(chunks, options)
+  const batching = miniBatching(groups.length, options)
+  const { k, miniBatchOf } = batching
+  const packed = yield* packPolicy(chunksOf(rows, input.length, advantages, batching), options)
   const criticFigures = values === undefined ? {} : yield* trainCritic(
     options.critic!,
     rows,

@@ -506,6 +506,14 @@ const poolFigures = (catalog: Catalog) =>
     return figures
   })
 
+// Every chain runs in a container: an engine that is down fails the run here, saying so, not each chain.
+const ping = (engine: Docker.DockerEngine["Service"]) =>
+  engine.ping.pipe(
+    Effect.mapError((e) =>
+      Environment.envError(e.env, e.method, e.reason._tag, `the swe task runs each chain in a container: ${e.message}`)
+    )
+  )
+
 /**
  * The task's provider: for each chain, its row's task folder (`row.task`, resolved against `settings.root`), the
  * folder's image and a container of it from the resource manager, as the chain's {@link Workspace}. A folder is
@@ -536,17 +544,7 @@ export const provider = (
     }
     const manager = yield* ResourceManager.ResourceManager
     const engine = yield* Docker.DockerEngine
-    // Every chain runs in a container: an engine that is down fails the run here, saying so, not each chain.
-    yield* engine.ping.pipe(
-      Effect.mapError((e) =>
-        Environment.envError(
-          e.env,
-          e.method,
-          e.reason._tag,
-          `the swe task runs each chain in a container: ${e.message}`
-        )
-      )
-    )
+    yield* ping(engine)
     const catalog: Catalog = {
       settings,
       manager,
