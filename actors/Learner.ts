@@ -525,6 +525,152 @@ const accumulate = Effect.fnUntraced(function*(
   }
 })
 
+/** Fails (`MissingLogprobs`) when an included trajectory lacks the sampler logprobs the step reads. */
+const checkLogprobs = Effect.fnUntraced(function*(rows: ReadonlyArray<Row>, options: Options) {
+  // The PPO ratio (unless recomputed), the importance weights and KL in the reward read the sampler's logprobs.
+  const needsSamplerLogprobs = (options.loss.policyLoss === "ppo" &&
+    (options.recomputeOldLogprobs !== true || options.loss.tisCap !== undefined)) ||
+    (options.klInReward !== undefined && options.klInReward !== 0)
+  if (!needsSamplerLogprobs) return
+  const unscored = (span: Trajectory.Span) => span.source === "policy" && span.logprobs === undefined
+  const missing = rows.find((row) => row.included && row.trajectory.segments.some((s) => s.spans.some(unscored)))
+  if (missing !== undefined) {
+    const message = `trajectory ${missing.trajectory.trajectoryId} has policy tokens without sampler logprobs`
+    return yield* learnerError("MissingLogprobs", message)
+  }
+})
+
+/**
+ * The step's advantages and returns, over the rewards penalised by the reference's KL (`klInReward`) and the
+ * critic's values (`gae`) where the options ask for them.
+ */
+const estimate = Effect.fnUntraced(function*(rows: ReadonlyArray<Row>, options: Options) {
+  const raw = advantageInput(rows)
+  const penalized = options.klInReward !== undefined && options.klInReward !== 0
+    ? yield* penalizeWithReference(rows, raw, options, options.klInReward)
+    : undefined
+  const critic = options.critic
+  if (options.estimator === "gae" && critic === undefined) {
+    return yield* learnerError("Config", "the gae estimator needs a critic (options.critic)")
+  }
+  // The critic's values of every policy token, before any update (verl's `compute_values`).
+  const values = critic === undefined || options.estimator !== "gae"
+    ? undefined
+    : (yield* scoreTokens(rows, raw, options, critic.logprobs, {
+      padRows: options.padRows ?? true,
+      sharePrefix: options.sharePrefix === true
+    })).scores
+  const input = { ...(penalized?.input ?? raw), values }
+  const { advantages, returns } = yield* Advantage.compute(options.estimator, input, options.advantage).pipe(
+    Effect.mapError((e) => learnerError("Advantage", e.message, { cause: e }))
+  )
+  return { penalized, values, input, advantages, returns }
+})
+
+/** Whole groups per mini-batch, in order: group g goes to mini-batch ⌊g·k / groups⌋. */
+const miniBatching = (groups: number, options: Options) => {
+  const k = Math.max(1, Math.min(options.miniBatches ?? 1, groups))
+  return { k, miniBatchOf: (group: number) => Math.floor((group * k) / groups) }
+}
+
+/** The included rows' segments as sequences with their advantages, in their groups' mini-batches (`k`). */
+const chunksOf = (
+  rows: ReadonlyArray<Row>,
+  length: number,
+  advantages: Float64Array,
+  { k, miniBatchOf }: ReturnType<typeof miniBatching>
+) => {
+  const sequences: Array<Packing.Sequence> = []
+  const sequenceGroup: Array<number> = []
+  rows.forEach((row, b) => {
+    if (!row.included) return
+    let offset = b * length
+    for (const segment of row.trajectory.segments) {
+      const n = Trajectory.segmentLength(segment)
+      sequences.push(Packing.fromSegment(segment, Float32Array.from(advantages.subarray(offset, offset + n))))
+      sequenceGroup.push(row.group)
+      offset += n
+    }
+  })
+  const chunks: Array<Array<Packing.Sequence>> = Array.from({ length: k }, () => [])
+  sequences.forEach((sequence, i) => chunks[miniBatchOf(sequenceGroup[i]!)]!.push(sequence))
+  return chunks
+}
+
+/** The policy's mini-batches (`chunks` of sequences), each packed into micro-batches; empty ones are left out. */
+const packPolicy = Effect.fnUntraced(function*(chunks: ReadonlyArray<Array<Packing.Sequence>>, options: Options) {
+  const packOptions = {
+    ...packingOf(options),
+    aggregation: options.loss.aggregation,
+    ...(options.loss.normLength === undefined ? {} : { normLength: options.loss.normLength })
+  }
+  // A sequence whose advantages are all zero (a group without reward variance) has no gradient under a pure
+  // policy-gradient loss, but it still counts in the loss's normalisation: a step where few groups carry a signal
+  // is then a small step, as in verl, instead of one as large as a step where all do (which is noise under AdamW).
+  // With a KL or entropy term every token has a gradient, so everything is computed.
+  const gradientFree = options.loss.klCoef === 0 && options.loss.entropyCoef === 0
+  const hasGradient = (s: Packing.Sequence) =>
+    !gradientFree || s.advantages === undefined || s.advantages.some((a) => a !== 0)
+  const packed: Array<Packing.Packed> = []
+  for (const chunk of chunks) {
+    const p = yield* Packing.pack(chunk.filter(hasGradient), { ...packOptions, aggregateOver: chunk }).pipe(
+      Effect.mapError((e) => learnerError("Packing", e.message, { cause: e }))
+    )
+    if (p.totals.tokens > 0 && p.microBatches.length > 0) packed.push(p)
+  }
+  return packed
+})
+
+/** The policy's forward/backward passes and optimiser steps over `packed`, with the sums of their results. */
+const trainPolicy = Effect.fnUntraced(function*(
+  trainer: PolicyTrainer.PolicyTrainer["Service"],
+  packed: ReadonlyArray<Packing.Packed>,
+  options: Options
+) {
+  const sums = { loss: 0, tokens: 0, clipped: 0, clippedLower: 0, approxKl: 0, entropy: 0, kl: 0, rowTokens: 0 }
+  const trainerError = (e: PolicyTrainer.PolicyTrainerError) =>
+    learnerError("Trainer", e.message, { cause: e })
+  const optimized = yield* optimize(
+    trainer,
+    packed,
+    options.epochs ?? 1,
+    (microBatches) =>
+      accumulate(microBatches, options, sums, trainerError).pipe(
+        Effect.asVoid,
+        Effect.provideService(PolicyTrainer.PolicyTrainer, trainer)
+      ),
+    trainerError
+  )
+  return { ...optimized, sums }
+})
+
+/** An applied step's `learner/*` figures. */
+const policyFigures = (
+  trained: Effect.Success<ReturnType<typeof trainPolicy>>,
+  packed: number,
+  options: Options,
+  elapsed: number
+) => {
+  const { sums, applied, gradNorm, lr, microBatches } = trained
+  const per = (x: number) => x / Math.max(1, sums.tokens)
+  const updates = packed * Math.max(1, options.epochs ?? 1)
+  return {
+    "learner/loss": sums.loss / updates,
+    "learner/clip_frac": per(sums.clipped),
+    "learner/clip_frac_lower": per(sums.clippedLower),
+    "learner/approx_kl": per(sums.approxKl),
+    "learner/entropy": per(sums.entropy),
+    "learner/kl": per(sums.kl),
+    "learner/grad_norm": gradNorm / applied,
+    "learner/lr": lr,
+    "learner/optimizer_steps": applied,
+    "learner/loss_tokens": sums.tokens / updates,
+    "learner/micro_batches": microBatches,
+    "learner/tokens_per_s": (sums.rowTokens * 1000) / elapsed,
+    "learner/step_ms": elapsed
+  }
+}
+
 /**
  * One learner step over `groups` with the `PolicyTrainer` in context: advantages → packing → forward/backward per
  * micro-batch → optimiser step (one per mini-batch and epoch). Returns the step's outcome and figures.
@@ -548,81 +694,19 @@ export const update = Effect.fn("Learner.update")(function*(
     g.trajectories.map((trajectory) => ({ trajectory, group, included: isIncluded(trajectory) }))
   )
   const excluded = rows.filter((r) => !r.included).length
-  // The PPO ratio (unless recomputed), the importance weights and KL in the reward read the sampler's logprobs.
-  const needsSamplerLogprobs = (options.loss.policyLoss === "ppo" &&
-    (options.recomputeOldLogprobs !== true || options.loss.tisCap !== undefined)) ||
-    (options.klInReward !== undefined && options.klInReward !== 0)
-  if (needsSamplerLogprobs) {
-    const unscored = (span: Trajectory.Span) => span.source === "policy" && span.logprobs === undefined
-    const missing = rows.find((row) => row.included && row.trajectory.segments.some((s) => s.spans.some(unscored)))
-    if (missing !== undefined) {
-      const message = `trajectory ${missing.trajectory.trajectoryId} has policy tokens without sampler logprobs`
-      return yield* learnerError("MissingLogprobs", message)
-    }
-  }
-  const raw = advantageInput(rows)
-  const penalized = options.klInReward !== undefined && options.klInReward !== 0
-    ? yield* penalizeWithReference(rows, raw, options, options.klInReward)
-    : undefined
-  const critic = options.critic
-  if (options.estimator === "gae" && critic === undefined) {
-    return yield* learnerError("Config", "the gae estimator needs a critic (options.critic)")
-  }
-  // The critic's values of every policy token, before any update (verl's `compute_values`).
-  const values = critic === undefined || options.estimator !== "gae"
-    ? undefined
-    : (yield* scoreTokens(rows, raw, options, critic.logprobs, {
-      padRows: options.padRows ?? true,
-      sharePrefix: options.sharePrefix === true
-    })).scores
-  const input = { ...(penalized?.input ?? raw), values }
-  const { advantages, returns } = yield* Advantage.compute(options.estimator, input, options.advantage).pipe(
-    Effect.mapError((e) => learnerError("Advantage", e.message, { cause: e }))
-  )
-  const sequences: Array<Packing.Sequence> = []
-  const sequenceGroup: Array<number> = []
-  rows.forEach((row, b) => {
-    if (!row.included) return
-    let offset = b * input.length
-    for (const segment of row.trajectory.segments) {
-      const n = Trajectory.segmentLength(segment)
-      sequences.push(Packing.fromSegment(segment, Float32Array.from(advantages.subarray(offset, offset + n))))
-      sequenceGroup.push(row.group)
-      offset += n
-    }
-  })
+  yield* checkLogprobs(rows, options)
+  const { penalized, values, input, advantages, returns } = yield* estimate(rows, options)
   const base = {
     groups: groups.length,
     trajectories: rows.length,
     excluded,
     ...(penalized === undefined ? {} : { "learner/reward_kl": penalized.meanKl })
   }
-  // Whole groups per mini-batch, in order: group g goes to mini-batch ⌊g·k / groups⌋.
-  const k = Math.max(1, Math.min(options.miniBatches ?? 1, groups.length))
-  const miniBatchOf = (group: number) => Math.floor((group * k) / groups.length)
-  const chunks: Array<Array<Packing.Sequence>> = Array.from({ length: k }, () => [])
-  sequences.forEach((sequence, i) => chunks[miniBatchOf(sequenceGroup[i]!)]!.push(sequence))
-  const packOptions = {
-    ...packingOf(options),
-    aggregation: options.loss.aggregation,
-    ...(options.loss.normLength === undefined ? {} : { normLength: options.loss.normLength })
-  }
-  // A sequence whose advantages are all zero (a group without reward variance) has no gradient under a pure
-  // policy-gradient loss, but it still counts in the loss's normalisation: a step where few groups carry a signal
-  // is then a small step, as in verl, instead of one as large as a step where all do (which is noise under AdamW).
-  // With a KL or entropy term every token has a gradient, so everything is computed.
-  const gradientFree = options.loss.klCoef === 0 && options.loss.entropyCoef === 0
-  const hasGradient = (s: Packing.Sequence) =>
-    !gradientFree || s.advantages === undefined || s.advantages.some((a) => a !== 0)
-  const packed: Array<Packing.Packed> = []
-  for (const chunk of chunks) {
-    const p = yield* Packing.pack(chunk.filter(hasGradient), { ...packOptions, aggregateOver: chunk }).pipe(
-      Effect.mapError((e) => learnerError("Packing", e.message, { cause: e }))
-    )
-    if (p.totals.tokens > 0 && p.microBatches.length > 0) packed.push(p)
-  }
+  const batching = miniBatching(groups.length, options)
+  const { k, miniBatchOf } = batching
+  const packed = yield* packPolicy(chunksOf(rows, input.length, advantages, batching), options)
   const criticFigures = values === undefined ? {} : yield* trainCritic(
-    critic!,
+    options.critic!,
     rows,
     input,
     values,
@@ -634,42 +718,11 @@ export const update = Effect.fn("Learner.update")(function*(
     return { outcome: "critic_only" as const, figures: { ...base, ...criticFigures } }
   }
   if (packed.length === 0) return { outcome: "empty" as const, figures: { ...base, ...criticFigures } }
-  const sums = { loss: 0, tokens: 0, clipped: 0, clippedLower: 0, approxKl: 0, entropy: 0, kl: 0, rowTokens: 0 }
-  const trainerError = (e: PolicyTrainer.PolicyTrainerError) =>
-    learnerError("Trainer", e.message, { cause: e })
-  const { applied, gradNorm, lr, microBatches } = yield* optimize(
-    trainer,
-    packed,
-    options.epochs ?? 1,
-    (microBatches) =>
-      accumulate(microBatches, options, sums, trainerError).pipe(
-        Effect.asVoid,
-        Effect.provideService(PolicyTrainer.PolicyTrainer, trainer)
-      ),
-    trainerError
-  )
-  if (applied === 0) return { outcome: "non_finite" as const, figures: { ...base, ...criticFigures } }
+  const trained = yield* trainPolicy(trainer, packed, options)
+  if (trained.applied === 0) return { outcome: "non_finite" as const, figures: { ...base, ...criticFigures } }
   const elapsed = Math.max(1, (yield* Clock.currentTimeMillis) - started)
-  const per = (x: number) => x / Math.max(1, sums.tokens)
-  const updates = packed.length * Math.max(1, options.epochs ?? 1)
   return {
     outcome: "applied" as const,
-    figures: {
-      ...base,
-      ...criticFigures,
-      "learner/loss": sums.loss / updates,
-      "learner/clip_frac": per(sums.clipped),
-      "learner/clip_frac_lower": per(sums.clippedLower),
-      "learner/approx_kl": per(sums.approxKl),
-      "learner/entropy": per(sums.entropy),
-      "learner/kl": per(sums.kl),
-      "learner/grad_norm": gradNorm / applied,
-      "learner/lr": lr,
-      "learner/optimizer_steps": applied,
-      "learner/loss_tokens": sums.tokens / updates,
-      "learner/micro_batches": microBatches,
-      "learner/tokens_per_s": (sums.rowTokens * 1000) / elapsed,
-      "learner/step_ms": elapsed
-    }
+    figures: { ...base, ...criticFigures, ...policyFigures(trained, packed.length, options, elapsed) }
   }
 })

@@ -126,6 +126,117 @@ const defectText = (cause: Cause.Cause<unknown>): string => {
   return defect instanceof Error ? defect.message : String(defect)
 }
 
+/** One actor's state: its reward and options, and what its failure log has said so far. */
+interface State<R> {
+  readonly reward: Reward.Reward<R>
+  readonly options: Options
+  readonly semaphore: Semaphore.Semaphore | undefined
+  readonly timeout: Duration.Duration | undefined
+  /** Per reason, whether its first failure was logged. */
+  readonly loggedReasons: Set<Reward.RewardErrorReason["_tag"]>
+  /** The failures counted since the last line logged. */
+  repeats: { count: number; since: number; last: string }
+}
+
+const error = <R, Tag extends Reward.RewardErrorReason["_tag"]>(
+  state: State<R>,
+  reason: Tag,
+  message: string,
+  facts?: Reward.RewardErrorFacts<Tag>
+) => Reward.rewardError(state.reward.name, reason, message, facts)
+
+const logFailure = Effect.fnUntraced(function*<R>(
+  state: State<R>,
+  failure: Reward.RewardError,
+  cause: Cause.Cause<unknown>
+) {
+  const { options } = state
+  const now = yield* Clock.currentTimeMillis
+  if (!state.loggedReasons.has(failure.reason._tag)) {
+    state.loggedReasons.add(failure.reason._tag)
+    if (state.repeats.count === 0) state.repeats = { count: 0, since: now, last: "" }
+    return yield* Effect.logWarning(
+      `${failure.message} (${failure.reason._tag}; ${options.onError} policy: ` +
+        `${options.onError === "zero" ? "scored 0" : "dropped"}). Later failures of this reward are counted, ` +
+        `at most one line per ${Duration.format(repeatLogInterval)}`,
+      // A bug's stack points at the scorer; a score, a row or a timeout refused by the runtime, only at it.
+      failure.reason._tag === "Defect" || failure.reason._tag === "ScoreFailed" ? cause : Cause.empty
+    )
+  }
+  state.repeats = { ...state.repeats, count: state.repeats.count + 1, last: failure.message }
+  if (now - state.repeats.since < Duration.toMillis(repeatLogInterval)) return
+  const window = Duration.format(Duration.millis(now - state.repeats.since))
+  yield* Effect.logWarning(
+    `reward "${state.reward.name}" failed ${state.repeats.count} more times in the last ${window} ` +
+      `(${options.onError} policy); last: ${state.repeats.last}`
+  )
+  state.repeats = { count: 0, since: now, last: "" }
+})
+
+const failureVerdict = <R>(state: State<R>, failure: Reward.RewardError): Verdict => {
+  const name = state.reward.name
+  return {
+    reward: 0,
+    rewardStatus: state.options.onError === "zero" ? "scored" : "failed",
+    metrics: { [`reward/${name}/error`]: 1, [`reward/${name}/errors/${failure.reason._tag}`]: 1 },
+    masked: state.options.onError === "drop",
+    error: failure
+  }
+}
+
+const outcomeVerdict = (outcome: Reward.Outcome): Verdict => ({
+  reward: outcome._tag === "Scored" ? outcome.reward : 0,
+  rewardStatus: outcome._tag === "Scored" ? "scored" : "not_applicable",
+  metrics: outcome.metrics ?? {},
+  masked: false,
+  error: undefined
+})
+
+const failed = <R>(state: State<R>, cause: Cause.Cause<Reward.RewardError>): Effect.Effect<Verdict> => {
+  const failure = Cause.findErrorOption(cause)
+  if (Option.isNone(failure) && !Cause.hasDies(cause)) {
+    return Effect.failCause(cause as Cause.Cause<never>) // interrupted: cancellation propagates
+  }
+  const rewardError = named(
+    Option.isSome(failure)
+      ? failure.value
+      : error(state, "Defect", `reward "${state.reward.name}" threw: ${defectText(cause)}`, {
+        cause: Cause.squash(cause)
+      })
+  )
+  return Effect.as(logFailure(state, rewardError, cause), failureVerdict(state, rewardError))
+}
+
+// Plain combinators rather than a generator: a trajectory is scored once per episode, on every chain.
+const evaluate = <R>(
+  state: State<R>,
+  trajectory: Trajectory.Trajectory,
+  scoreOptions?: ScoreOptions<R>
+): Effect.Effect<Verdict> =>
+  Effect.suspend(() => {
+    const { semaphore, timeout } = state
+    let evaluation: Effect.Effect<Reward.Outcome, Reward.RewardError> = state.reward.evaluate({
+      trajectory,
+      row: scoreOptions?.row
+    }).pipe(Effect.provideContext(scoreOptions?.context ?? Context.empty() as Context.Context<R>))
+    if (timeout !== undefined) {
+      evaluation = Effect.timeoutOrElse(evaluation, {
+        duration: timeout,
+        orElse: () =>
+          Effect.fail(
+            error(state, "Timeout", `reward "${state.reward.name}" timed out after ${Duration.format(timeout)}`, {
+              timeoutMs: Duration.toMillis(timeout)
+            })
+          )
+      })
+    }
+    if (semaphore !== undefined) evaluation = Semaphore.withPermits(semaphore, 1)(evaluation)
+    return Effect.matchCauseEffect(evaluation, {
+      onSuccess: (outcome) => Effect.succeed(outcomeVerdict(outcome)),
+      onFailure: (cause) => failed(state, cause)
+    })
+  })
+
 /**
  * Makes a reward actor.
  *
@@ -134,102 +245,22 @@ const defectText = (cause: Cause.Cause<unknown>): string => {
  */
 export const make = <R>(reward: Reward.Reward<R>, options: Options): Effect.Effect<RewardActor<R>> =>
   Effect.gen(function*() {
-    const semaphore = options.concurrency === undefined ? undefined : yield* Semaphore.make(options.concurrency)
-    const timeout = options.timeout === undefined ? undefined : Duration.fromInputUnsafe(options.timeout)
-    const name = reward.name
-    const error = <Tag extends Reward.RewardErrorReason["_tag"]>(
-      reason: Tag,
-      message: string,
-      facts?: Reward.RewardErrorFacts<Tag>
-    ) => Reward.rewardError(name, reason, message, facts)
-
-    // Per reason, whether its first failure was logged; then the failures counted since the last line logged.
-    const loggedReasons = new Set<Reward.RewardErrorReason["_tag"]>()
-    let repeats = { count: 0, since: 0, last: "" }
-    const logFailure = Effect.fnUntraced(function*(failure: Reward.RewardError, cause: Cause.Cause<unknown>) {
-      const now = yield* Clock.currentTimeMillis
-      if (!loggedReasons.has(failure.reason._tag)) {
-        loggedReasons.add(failure.reason._tag)
-        if (repeats.count === 0) repeats = { count: 0, since: now, last: "" }
-        return yield* Effect.logWarning(
-          `${failure.message} (${failure.reason._tag}; ${options.onError} policy: ` +
-            `${options.onError === "zero" ? "scored 0" : "dropped"}). Later failures of this reward are counted, ` +
-            `at most one line per ${Duration.format(repeatLogInterval)}`,
-          // A bug's stack points at the scorer; a score, a row or a timeout refused by the runtime, only at it.
-          failure.reason._tag === "Defect" || failure.reason._tag === "ScoreFailed" ? cause : Cause.empty
-        )
-      }
-      repeats = { ...repeats, count: repeats.count + 1, last: failure.message }
-      if (now - repeats.since < Duration.toMillis(repeatLogInterval)) return
-      const window = Duration.format(Duration.millis(now - repeats.since))
-      yield* Effect.logWarning(
-        `reward "${name}" failed ${repeats.count} more times in the last ${window} (${options.onError} policy); ` +
-          `last: ${repeats.last}`
-      )
-      repeats = { count: 0, since: now, last: "" }
-    })
-
-    const failureVerdict = (failure: Reward.RewardError): Verdict => ({
-      reward: 0,
-      rewardStatus: options.onError === "zero" ? "scored" : "failed",
-      metrics: { [`reward/${name}/error`]: 1, [`reward/${name}/errors/${failure.reason._tag}`]: 1 },
-      masked: options.onError === "drop",
-      error: failure
-    })
-
-    const outcomeVerdict = (outcome: Reward.Outcome): Verdict => ({
-      reward: outcome._tag === "Scored" ? outcome.reward : 0,
-      rewardStatus: outcome._tag === "Scored" ? "scored" : "not_applicable",
-      metrics: outcome.metrics ?? {},
-      masked: false,
-      error: undefined
-    })
-
-    const failed = (cause: Cause.Cause<Reward.RewardError>): Effect.Effect<Verdict> => {
-      const failure = Cause.findErrorOption(cause)
-      if (Option.isNone(failure) && !Cause.hasDies(cause)) {
-        return Effect.failCause(cause as Cause.Cause<never>) // interrupted: cancellation propagates
-      }
-      const rewardError = named(
-        Option.isSome(failure)
-          ? failure.value
-          : error("Defect", `reward "${name}" threw: ${defectText(cause)}`, { cause: Cause.squash(cause) })
-      )
-      return Effect.as(logFailure(rewardError, cause), failureVerdict(rewardError))
+    const state: State<R> = {
+      reward,
+      options,
+      semaphore: options.concurrency === undefined ? undefined : yield* Semaphore.make(options.concurrency),
+      timeout: options.timeout === undefined ? undefined : Duration.fromInputUnsafe(options.timeout),
+      loggedReasons: new Set(),
+      repeats: { count: 0, since: 0, last: "" }
     }
-
-    // Plain combinators rather than a generator: a trajectory is scored once per episode, on every chain.
-    const evaluate = (trajectory: Trajectory.Trajectory, scoreOptions?: ScoreOptions<R>): Effect.Effect<Verdict> =>
-      Effect.suspend(() => {
-        let evaluation: Effect.Effect<Reward.Outcome, Reward.RewardError> = reward.evaluate({
-          trajectory,
-          row: scoreOptions?.row
-        }).pipe(Effect.provideContext(scoreOptions?.context ?? Context.empty() as Context.Context<R>))
-        if (timeout !== undefined) {
-          evaluation = Effect.timeoutOrElse(evaluation, {
-            duration: timeout,
-            orElse: () =>
-              Effect.fail(
-                error("Timeout", `reward "${name}" timed out after ${Duration.format(timeout)}`, {
-                  timeoutMs: Duration.toMillis(timeout)
-                })
-              )
-          })
-        }
-        if (semaphore !== undefined) evaluation = Semaphore.withPermits(semaphore, 1)(evaluation)
-        return Effect.matchCauseEffect(evaluation, {
-          onSuccess: (outcome) => Effect.succeed(outcomeVerdict(outcome)),
-          onFailure: failed
-        })
-      })
-
+    const evaluateOne = (trajectory: Trajectory.Trajectory, scoreOptions?: ScoreOptions<R>) =>
+      evaluate(state, trajectory, scoreOptions)
     const score = (trajectory: Trajectory.Trajectory, scoreOptions?: ScoreOptions<R>): Effect.Effect<Scored> =>
-      Effect.map(evaluate(trajectory, scoreOptions), (verdict) => ({
+      Effect.map(evaluateOne(trajectory, scoreOptions), (verdict) => ({
         trajectory: applyVerdict(trajectory, verdict),
         error: verdict.error
       }))
-
-    return { reward, evaluate, score }
+    return { reward, evaluate: evaluateOne, score }
   })
 
 // ===== Adapters =====

@@ -351,6 +351,196 @@ const summarize = (results: ReadonlyArray<CallResult>): TurnResult => {
   }
 }
 
+/** One tool actor's state: its tools by name, its options, and the figures and deaths counted so far. */
+interface State {
+  readonly options: Options
+  readonly entries: Map<string, Entry>
+  readonly defaultBudget: Tool.OutputBudget
+  /** The observation of an unknown tool's call. */
+  readonly available: string
+  /** Per tool, the deaths counted since the last line logged. */
+  readonly deaths: Map<string, { count: number; since: number }>
+  readonly stats: Map<string, Stats>
+}
+
+/** A call's outcome, before it is truncated and counted. */
+interface Outcome {
+  readonly text: string
+  readonly error?: Tool.ToolError | undefined
+  readonly value?: unknown
+  readonly terminal?: boolean
+  readonly attempts: number
+}
+
+/** The tools by name; a duplicate name or parameters with no JSON form fail (`DecodeError`). */
+const entriesOf = Effect.fnUntraced(function*(tools: ReadonlyArray<Tool.Any>, options: Options) {
+  const entries = new Map<string, Entry>()
+  const defaultBudget = options.maxOutput ?? { chars: 4096 }
+  const defaultTimeout = options.timeout === undefined ? undefined : Duration.fromInputUnsafe(options.timeout)
+  for (const tool of tools) {
+    if (entries.has(tool.name)) {
+      return yield* Tool.toolError(tool.name, "", "DecodeError", `two tools are named "${tool.name}"`)
+    }
+    const opaque = Tool.jsonProblem(tool)
+    if (opaque !== undefined) {
+      return yield* Tool.toolError(tool.name, "", "DecodeError", opaque)
+    }
+    // Synchronous decoding: parameter and success Schemas of tools must not need effects to decode.
+    const decode = Schema.decodeUnknownExit(Tool.argumentsCodec(tool))
+    entries.set(tool.name, {
+      tool,
+      decode: (u) => decode(u, tool.strict ? { onExcessProperty: "error" } : undefined),
+      encode: Schema.encodeUnknownExit(tool.successSchema as Schema.Codec<unknown, unknown>),
+      semaphore: tool.concurrency === undefined ? undefined : yield* Semaphore.make(tool.concurrency),
+      timeout: tool.timeout ?? defaultTimeout,
+      budget: tool.maxOutput ?? defaultBudget,
+      retry: tool.retry === undefined || tool.retry.times <= 0
+        ? undefined
+        : { times: tool.retry.times, schedule: tool.retry.schedule ?? defaultRetrySchedule }
+    })
+  }
+  return entries
+})
+
+// A tool's first death is logged with its cause (a bug's stack); later ones are counted, one line per 30 s at most.
+const logDeath = Effect.fnUntraced(function*(state: State, name: string, cause: Cause.Cause<unknown>) {
+  const now = yield* Clock.currentTimeMillis
+  const seen = state.deaths.get(name)
+  if (seen === undefined) {
+    state.deaths.set(name, { count: 0, since: now })
+    return yield* Effect.logWarning(
+      `tool ${name} died (a defect in its handler: the model reads a Defect error; rollout/tool_errors/Defect ` +
+        `counts them). Later deaths of this tool are counted, at most one line per 30s`,
+      cause
+    )
+  }
+  seen.count++
+  if (now - seen.since < 30_000) return
+  yield* Effect.logWarning(
+    `tool ${name} died ${seen.count} more times in the last ${Math.round((now - seen.since) / 1000)}s`
+  )
+  state.deaths.set(name, { count: 0, since: now })
+})
+
+const statsOf = (state: State, name: string): Stats => {
+  let s = state.stats.get(name)
+  if (s === undefined) {
+    s = { calls: 0, errors: 0, retries: 0, truncated: 0, latencySum: 0, latencyMax: 0, byReason: new Map() }
+    state.stats.set(name, s)
+  }
+  return s
+}
+
+/** The call's result and its figures; `start` and the end are read from the same clock. */
+const finish = (
+  state: State,
+  clock: Clock.Clock,
+  call: typeof Message.ToolCall.Type,
+  statsKey: string,
+  start: number,
+  budget: Tool.OutputBudget,
+  outcome: Outcome
+): CallResult => {
+  const { text, truncated } = Tool.truncate(outcome.text, budget, state.options.tokenizer)
+  const latencyMs = nowMs(clock) - start
+  const s = statsOf(state, statsKey)
+  s.calls++
+  s.retries += Math.max(0, outcome.attempts - 1)
+  s.latencySum += latencyMs
+  if (latencyMs > s.latencyMax) s.latencyMax = latencyMs
+  if (truncated) s.truncated++
+  if (outcome.error !== undefined) {
+    s.errors++
+    s.byReason.set(outcome.error.reason._tag, (s.byReason.get(outcome.error.reason._tag) ?? 0) + 1)
+  }
+  const isError = outcome.error !== undefined
+  const terminal = !isError && outcome.terminal === true
+  return {
+    toolCallId: call.id,
+    name: call.function.name,
+    message: isError
+      ? { role: "tool", content: text, tool_call_id: call.id, name: call.function.name, is_error: true }
+      : { role: "tool", content: text, tool_call_id: call.id, name: call.function.name },
+    error: outcome.error,
+    value: outcome.value,
+    terminal,
+    answer: terminal ? outcome.text : undefined,
+    truncated,
+    attempts: outcome.attempts,
+    latencyMs
+  }
+}
+
+// Plain combinators rather than generators: this runs for every tool call of every chain. The clock is looked
+// up once a call; its arrival and its observation are read from it.
+const execute = (
+  state: State,
+  call: typeof Message.ToolCall.Type,
+  turn?: TurnOptions<any>
+): Effect.Effect<CallResult, Tool.ToolError> =>
+  Clock.clockWith((clock) => {
+    const start = nowMs(clock)
+    const entry = state.entries.get(call.function.name)
+    if (entry === undefined) {
+      const error = toolError(call, "UnknownTool", state.available)
+      const outcome = { text: error.message, error, attempts: 0 }
+      return Effect.sync(() => finish(state, clock, call, "_unknown", start, state.defaultBudget, outcome))
+    }
+    // Outcomes are written out, not spread into: on Node 20 a spread followed by new keys takes ≈ 1 µs.
+    const done = (outcome: Outcome) =>
+      Effect.sync(() => finish(state, clock, call, entry.tool.name, start, entry.budget, outcome))
+    const params = validate(entry, call, turn?.context)
+    if (params instanceof Tool.ToolError) return done({ text: params.message, error: params, attempts: 0 })
+
+    let attempts = 0
+    const attempt = guarded(entry, turn?.context, () => {
+      attempts++
+      return entry.tool.handler(params.value, { toolCallId: call.id })
+    })
+    return Effect.flatMap(Effect.exit(attempt), (exit): Effect.Effect<CallResult, Tool.ToolError> => {
+      const outcome = classify(entry, call, exit)
+      if (Cause.isCause(outcome)) {
+        if (Cause.hasInterruptsOnly(outcome)) return Effect.failCause(outcome) // cancellation propagates
+        const error = toolError(call, "Defect", "", { cause: Cause.squash(outcome) })
+        return Effect.andThen(logDeath(state, entry.tool.name, outcome), done({ text: error.message, error, attempts }))
+      }
+      if (outcome instanceof Tool.ToolError) {
+        const result = done({ text: outcome.message, error: outcome, attempts })
+        return outcome.reason._tag === "HandlerFailure" && entry.tool.failureMode === "error"
+          ? Effect.andThen(result, Effect.fail(outcome))
+          : result
+      }
+      return done({ text: outcome.text, value: outcome.value, terminal: entry.tool.terminal, attempts })
+    })
+  })
+
+const executeTurn = (
+  state: State,
+  calls: ReadonlyArray<typeof Message.ToolCall.Type>,
+  turn?: TurnOptions<any>
+): Effect.Effect<TurnResult, Tool.ToolError> => {
+  const sequential = turn?.sequential ?? state.options.sequential ?? false
+  const results = calls.length === 1
+    ? Effect.map(execute(state, calls[0]!, turn), (result) => [result])
+    : Effect.forEach(calls, (call) => execute(state, call, turn), { concurrency: sequential ? 1 : "unbounded" })
+  return Effect.map(results, summarize)
+}
+
+const metricsOf = (state: State): Record<string, number> => {
+  const out: Record<string, number> = {}
+  for (const [name, s] of state.stats) {
+    const p = `tool/${name}/`
+    out[p + "calls"] = s.calls
+    out[p + "errors"] = s.errors
+    out[p + "retries"] = s.retries
+    out[p + "truncated"] = s.truncated
+    out[p + "latency_mean_ms"] = s.calls === 0 ? 0 : s.latencySum / s.calls
+    out[p + "latency_max_ms"] = s.latencyMax
+    for (const [reason, n] of s.byReason) out[p + "errors/" + reason] = n
+  }
+  return out
+}
+
 // ===== Constructors =====
 
 /**
@@ -367,179 +557,20 @@ export const make = <const Tools extends ReadonlyArray<Tool.Any>>(
   options: Options = {}
 ): Effect.Effect<Service<Tool.Requirements<Tools[number]>>, Tool.ToolError> =>
   Effect.gen(function*() {
-    const entries = new Map<string, Entry>()
-    const defaultBudget = options.maxOutput ?? { chars: 4096 }
-    const defaultTimeout = options.timeout === undefined ? undefined : Duration.fromInputUnsafe(options.timeout)
-    for (const tool of tools) {
-      if (entries.has(tool.name)) {
-        return yield* Tool.toolError(tool.name, "", "DecodeError", `two tools are named "${tool.name}"`)
-      }
-      const opaque = Tool.jsonProblem(tool)
-      if (opaque !== undefined) {
-        return yield* Tool.toolError(tool.name, "", "DecodeError", opaque)
-      }
-      // Synchronous decoding: parameter and success Schemas of tools must not need effects to decode.
-      const decode = Schema.decodeUnknownExit(Tool.argumentsCodec(tool))
-      entries.set(tool.name, {
-        tool,
-        decode: (u) => decode(u, tool.strict ? { onExcessProperty: "error" } : undefined),
-        encode: Schema.encodeUnknownExit(tool.successSchema as Schema.Codec<unknown, unknown>),
-        semaphore: tool.concurrency === undefined ? undefined : yield* Semaphore.make(tool.concurrency),
-        timeout: tool.timeout ?? defaultTimeout,
-        budget: tool.maxOutput ?? defaultBudget,
-        retry: tool.retry === undefined || tool.retry.times <= 0
-          ? undefined
-          : { times: tool.retry.times, schedule: tool.retry.schedule ?? defaultRetrySchedule }
-      })
+    const state: State = {
+      options,
+      entries: yield* entriesOf(tools, options),
+      defaultBudget: options.maxOutput ?? { chars: 4096 },
+      available: `Available tools: ${tools.map((t) => t.name).join(", ") || "none"}.`,
+      deaths: new Map(),
+      stats: new Map()
     }
-    const available = `Available tools: ${tools.map((t) => t.name).join(", ") || "none"}.`
-    // A tool's first death is logged with its cause (a bug's stack); later ones are counted, one line per 30 s at most.
-    const deaths = new Map<string, { count: number; since: number }>()
-    const logDeath = Effect.fnUntraced(function*(name: string, cause: Cause.Cause<unknown>) {
-      const now = yield* Clock.currentTimeMillis
-      const seen = deaths.get(name)
-      if (seen === undefined) {
-        deaths.set(name, { count: 0, since: now })
-        return yield* Effect.logWarning(
-          `tool ${name} died (a defect in its handler: the model reads a Defect error; rollout/tool_errors/Defect ` +
-            `counts them). Later deaths of this tool are counted, at most one line per 30s`,
-          cause
-        )
-      }
-      seen.count++
-      if (now - seen.since < 30_000) return
-      yield* Effect.logWarning(`tool ${name} died ${seen.count} more times in the last ${Math.round((now - seen.since) / 1000)}s`)
-      deaths.set(name, { count: 0, since: now })
-    })
-    const stats = new Map<string, Stats>()
-    const statsOf = (name: string): Stats => {
-      let s = stats.get(name)
-      if (s === undefined) {
-        s = { calls: 0, errors: 0, retries: 0, truncated: 0, latencySum: 0, latencyMax: 0, byReason: new Map() }
-        stats.set(name, s)
-      }
-      return s
-    }
-
-    /** The call's result and its figures; `start` and the end are read from the same clock. */
-    const finish = (
-      clock: Clock.Clock,
-      call: typeof Message.ToolCall.Type,
-      statsKey: string,
-      start: number,
-      budget: Tool.OutputBudget,
-      outcome: {
-        readonly text: string
-        readonly error?: Tool.ToolError | undefined
-        readonly value?: unknown
-        readonly terminal?: boolean
-        readonly attempts: number
-      }
-    ): CallResult => {
-      const { text, truncated } = Tool.truncate(outcome.text, budget, options.tokenizer)
-      const latencyMs = nowMs(clock) - start
-      const s = statsOf(statsKey)
-      s.calls++
-      s.retries += Math.max(0, outcome.attempts - 1)
-      s.latencySum += latencyMs
-      if (latencyMs > s.latencyMax) s.latencyMax = latencyMs
-      if (truncated) s.truncated++
-      if (outcome.error !== undefined) {
-        s.errors++
-        s.byReason.set(outcome.error.reason._tag, (s.byReason.get(outcome.error.reason._tag) ?? 0) + 1)
-      }
-      const isError = outcome.error !== undefined
-      const terminal = !isError && outcome.terminal === true
-      return {
-        toolCallId: call.id,
-        name: call.function.name,
-        message: isError
-          ? { role: "tool", content: text, tool_call_id: call.id, name: call.function.name, is_error: true }
-          : { role: "tool", content: text, tool_call_id: call.id, name: call.function.name },
-        error: outcome.error,
-        value: outcome.value,
-        terminal,
-        answer: terminal ? outcome.text : undefined,
-        truncated,
-        attempts: outcome.attempts,
-        latencyMs
-      }
-    }
-
-    // Plain combinators rather than generators: this runs for every tool call of every chain. The clock is looked
-    // up once a call; its arrival and its observation are read from it.
-    const execute = (
-      call: typeof Message.ToolCall.Type,
-      turn?: TurnOptions<any>
-    ): Effect.Effect<CallResult, Tool.ToolError> =>
-      Clock.clockWith((clock) => {
-        const start = nowMs(clock)
-        const entry = entries.get(call.function.name)
-        if (entry === undefined) {
-          const error = toolError(call, "UnknownTool", available)
-          const outcome = { text: error.message, error, attempts: 0 }
-          return Effect.sync(() => finish(clock, call, "_unknown", start, defaultBudget, outcome))
-        }
-        // Outcomes are written out, not spread into: on Node 20 a spread followed by new keys takes ≈ 1 µs.
-        const done = (outcome: Parameters<typeof finish>[5]) =>
-          Effect.sync(() => finish(clock, call, entry.tool.name, start, entry.budget, outcome))
-        const params = validate(entry, call, turn?.context)
-        if (params instanceof Tool.ToolError) return done({ text: params.message, error: params, attempts: 0 })
-
-        let attempts = 0
-        const attempt = guarded(entry, turn?.context, () => {
-          attempts++
-          return entry.tool.handler(params.value, { toolCallId: call.id })
-        })
-        return Effect.flatMap(Effect.exit(attempt), (exit): Effect.Effect<CallResult, Tool.ToolError> => {
-          const outcome = classify(entry, call, exit)
-          if (Cause.isCause(outcome)) {
-            if (Cause.hasInterruptsOnly(outcome)) return Effect.failCause(outcome) // cancellation propagates
-            const error = toolError(call, "Defect", "", { cause: Cause.squash(outcome) })
-            return Effect.andThen(logDeath(entry.tool.name, outcome), done({ text: error.message, error, attempts }))
-          }
-          if (outcome instanceof Tool.ToolError) {
-            const result = done({ text: outcome.message, error: outcome, attempts })
-            return outcome.reason._tag === "HandlerFailure" && entry.tool.failureMode === "error"
-              ? Effect.andThen(result, Effect.fail(outcome))
-              : result
-          }
-          return done({ text: outcome.text, value: outcome.value, terminal: entry.tool.terminal, attempts })
-        })
-      })
-
-    const executeTurn = (
-      calls: ReadonlyArray<typeof Message.ToolCall.Type>,
-      turn?: TurnOptions<any>
-    ): Effect.Effect<TurnResult, Tool.ToolError> => {
-      const sequential = turn?.sequential ?? options.sequential ?? false
-      const results = calls.length === 1
-        ? Effect.map(execute(calls[0]!, turn), (result) => [result])
-        : Effect.forEach(calls, (call) => execute(call, turn), { concurrency: sequential ? 1 : "unbounded" })
-      return Effect.map(results, summarize)
-    }
-
-    const metrics = Effect.sync(() => {
-      const out: Record<string, number> = {}
-      for (const [name, s] of stats) {
-        const p = `tool/${name}/`
-        out[p + "calls"] = s.calls
-        out[p + "errors"] = s.errors
-        out[p + "retries"] = s.retries
-        out[p + "truncated"] = s.truncated
-        out[p + "latency_mean_ms"] = s.calls === 0 ? 0 : s.latencySum / s.calls
-        out[p + "latency_max_ms"] = s.latencyMax
-        for (const [reason, n] of s.byReason) out[p + "errors/" + reason] = n
-      }
-      return out
-    })
-
     return {
       tools,
       functionSchemas: tools.map(Tool.functionSchema),
-      execute,
-      executeTurn,
-      metrics
+      execute: (call, turn) => execute(state, call, turn),
+      executeTurn: (calls, turn) => executeTurn(state, calls, turn),
+      metrics: Effect.sync(() => metricsOf(state))
     } satisfies Service<any> as Service<any> as Service<Tool.Requirements<Tools[number]>>
   })
 

@@ -166,6 +166,89 @@ export type Ready = Effect.Effect<
   Environment.EnvError
 >
 
+/** One chain's workspace: its container, settings, and the steps taken so far. */
+interface State {
+  readonly ready: Ready
+  readonly settings: Settings
+  steps: number
+  submitted: boolean
+}
+
+const exec = (state: State, cmd: ReadonlyArray<string>, options: Docker.ExecOptions = {}) =>
+  Effect.flatMap(state.ready, ({ lease, task }) =>
+    lease.use((c) => (c.stdio === undefined ? c.exec(cmd, options) : attached(c.stdio, task.name, cmd, options))).pipe(
+      Effect.mapError((e) =>
+        e instanceof Environment.EnvError
+          ? e
+          : Environment.envError(`harbor:${task.name}`, "exec", "Unavailable", e.message, { cause: e })
+      )
+    ))
+
+const invalid = (state: State, method: string, message: string) =>
+  Effect.flatMap(state.ready, ({ task }) =>
+    Effect.fail(Environment.envError(`harbor:${task.name}`, method, "InvalidAction", message)))
+
+/** Counts one step of `method`, or fails when the work was submitted or no steps are left. */
+const step = (state: State, method: string) =>
+  Effect.suspend(() => {
+    if (state.submitted) return invalid(state, method, "the work was submitted")
+    if (state.steps >= state.settings.maxSteps) {
+      return invalid(state, method, `no steps left (${state.settings.maxSteps})`)
+    }
+    state.steps++
+    return Effect.void
+  })
+
+const readFile = (state: State, path: string) =>
+  Effect.flatMap(exec(state, ["cat", "--", path], { maxOutputBytes: 1 << 20 }), (r) =>
+    r.exitCode === 0
+      ? Effect.succeed(r.stdout)
+      : invalid(state, "read", `cannot read ${path}: ${(r.stderr || r.stdout).trim().replace(/^cat: /, "")}`))
+
+const edit = Effect.fnUntraced(function*(state: State, path: string, old: string, replacement: string) {
+  yield* step(state, "edit")
+  if (old.length === 0) return yield* invalid(state, "edit", "old is empty: give the exact text to replace")
+  const text = yield* readFile(state, path)
+  const first = text.indexOf(old)
+  if (first === -1) return yield* invalid(state, "edit", `the text to replace is not in ${path}`)
+  if (text.indexOf(old, first + 1) !== -1) {
+    return yield* invalid(state, "edit", `the text to replace occurs more than once in ${path}: give more of it`)
+  }
+  const next = text.slice(0, first) + replacement + text.slice(first + old.length)
+  const written = yield* exec(state, ["sh", "-c", `cat > ${quote(path)}`], { stdin: next })
+  if (written.exitCode !== 0) {
+    return yield* invalid(state, "edit", `cannot write ${path}: ${(written.stderr || written.stdout).trim()}`)
+  }
+  return `edited ${path}`
+})
+
+const verify = Effect.fnUntraced(function*(state: State) {
+  const { task } = yield* state.ready
+  // One exec (the engine spends ≈ 100 ms of CPU on each): the tests written from base64, the verifier run,
+  // its exit code and the reward file printed after a marker.
+  const run = yield* exec(state, ["sh", "-s"], {
+    stdin: verifierScript(task),
+    timeoutMillis: task.verifierTimeoutMillis,
+    maxOutputBytes: 256 * 1024
+  })
+  const at = run.stdout.lastIndexOf(marker)
+  const tail = at === -1 ? "" : run.stdout.slice(at + marker.length)
+  const [exitLine = "", ...rest] = tail.replace(/^\n/, "").split("\n")
+  const exitCode = Number(exitLine)
+  const output = `${at === -1 ? run.stdout : run.stdout.slice(0, at)}${run.stderr}`.slice(-2_000)
+  const reward = parseReward(rest.join("\n"))
+  if (reward === undefined) {
+    return yield* Environment.envError(
+      `harbor:${task.name}`,
+      "verify",
+      "Crashed",
+      `the verifier (exit ${at === -1 ? run.exitCode : exitCode}) wrote no reward to /logs/verifier/reward.txt: ` +
+        output.slice(-300)
+    )
+  }
+  return { reward, exitCode, output }
+})
+
 /**
  * The workspace over the chain's (lazily leased) container.
  *
@@ -173,96 +256,34 @@ export type Ready = Effect.Effect<
  * @since 0.1.0
  */
 export const make = (ready: Ready, settings: Settings): Workspace["Service"] => {
-  let steps = 0
-  let submitted = false
-  const exec = (cmd: ReadonlyArray<string>, options: Docker.ExecOptions = {}) =>
-    Effect.flatMap(ready, ({ lease, task }) =>
-      lease.use((c) => (c.stdio === undefined ? c.exec(cmd, options) : attached(c.stdio, task.name, cmd, options))).pipe(
-        Effect.mapError((e) =>
-          e instanceof Environment.EnvError
-            ? e
-            : Environment.envError(`harbor:${task.name}`, "exec", "Unavailable", e.message, { cause: e })
-        )
-      ))
-  const invalid = (method: string, message: string) =>
-    Effect.flatMap(ready, ({ task }) =>
-      Effect.fail(Environment.envError(`harbor:${task.name}`, method, "InvalidAction", message)))
-  const step = (method: string) =>
-    Effect.suspend(() => {
-      if (submitted) return invalid(method, "the work was submitted")
-      if (steps >= settings.maxSteps) return invalid(method, `no steps left (${settings.maxSteps})`)
-      steps++
-      return Effect.void
-    })
-  const readFile = (path: string) =>
-    Effect.flatMap(exec(["cat", "--", path], { maxOutputBytes: 1 << 20 }), (r) =>
-      r.exitCode === 0
-        ? Effect.succeed(r.stdout)
-        : invalid("read", `cannot read ${path}: ${(r.stderr || r.stdout).trim().replace(/^cat: /, "")}`))
+  const state: State = { ready, settings, steps: 0, submitted: false }
   return {
     settings,
     shell: (cmd) =>
       Effect.andThen(
-        step("shell"),
+        step(state, "shell"),
         Effect.map(
-          exec(["sh", "-c", cmd], { timeoutMillis: settings.shellTimeoutMillis, maxOutputBytes: 64 * 1024 }),
+          exec(state, ["sh", "-c", cmd], { timeoutMillis: settings.shellTimeoutMillis, maxOutputBytes: 64 * 1024 }),
           (r) => cut(`exit ${r.exitCode}\n${r.stdout}${r.stderr}`, settings.maxOutputChars)
         )
       ),
-    read: (path) => Effect.andThen(step("read"), Effect.map(readFile(path), (text) => cut(text, settings.maxOutputChars))),
-    edit: (path, old, replacement) =>
-      Effect.gen(function*() {
-        yield* step("edit")
-        if (old.length === 0) return yield* invalid("edit", "old is empty: give the exact text to replace")
-        const text = yield* readFile(path)
-        const first = text.indexOf(old)
-        if (first === -1) return yield* invalid("edit", `the text to replace is not in ${path}`)
-        if (text.indexOf(old, first + 1) !== -1) {
-          return yield* invalid("edit", `the text to replace occurs more than once in ${path}: give more of it`)
-        }
-        const next = text.slice(0, first) + replacement + text.slice(first + old.length)
-        const written = yield* exec(["sh", "-c", `cat > ${quote(path)}`], { stdin: next })
-        if (written.exitCode !== 0) {
-          return yield* invalid("edit", `cannot write ${path}: ${(written.stderr || written.stdout).trim()}`)
-        }
-        return `edited ${path}`
-      }),
-    submit: Effect.andThen(step("submit"), Effect.sync(() => {
-      submitted = true
+    read: (path) =>
+      Effect.andThen(
+        step(state, "read"),
+        Effect.map(readFile(state, path), (text) => cut(text, settings.maxOutputChars))
+      ),
+    edit: (path, old, replacement) => edit(state, path, old, replacement),
+    submit: Effect.andThen(step(state, "submit"), Effect.sync(() => {
+      state.submitted = true
       return "submitted"
     })),
     overview: Effect.flatMap(ready, ({ task }) =>
       Effect.map(
-        exec(["sh", "-c", "ls -R . | head -40"], { timeoutMillis: settings.shellTimeoutMillis }),
+        exec(state, ["sh", "-c", "ls -R . | head -40"], { timeoutMillis: settings.shellTimeoutMillis }),
         (r) => cut(`Working directory ${task.workdir}:\n${r.stdout}`, settings.maxOutputChars)
       )),
-    state: Effect.sync(() => ({ steps, submitted })),
-    verify: Effect.gen(function*() {
-      const { task } = yield* ready
-      // One exec (the engine spends ≈ 100 ms of CPU on each): the tests written from base64, the verifier run,
-      // its exit code and the reward file printed after a marker.
-      const run = yield* exec(["sh", "-s"], {
-        stdin: verifierScript(task),
-        timeoutMillis: task.verifierTimeoutMillis,
-        maxOutputBytes: 256 * 1024
-      })
-      const at = run.stdout.lastIndexOf(marker)
-      const tail = at === -1 ? "" : run.stdout.slice(at + marker.length)
-      const [exitLine = "", ...rest] = tail.replace(/^\n/, "").split("\n")
-      const exitCode = Number(exitLine)
-      const output = `${at === -1 ? run.stdout : run.stdout.slice(0, at)}${run.stderr}`.slice(-2_000)
-      const reward = parseReward(rest.join("\n"))
-      if (reward === undefined) {
-        return yield* Environment.envError(
-          `harbor:${task.name}`,
-          "verify",
-          "Crashed",
-          `the verifier (exit ${at === -1 ? run.exitCode : exitCode}) wrote no reward to /logs/verifier/reward.txt: ` +
-            output.slice(-300)
-        )
-      }
-      return { reward, exitCode, output }
-    })
+    state: Effect.sync(() => ({ steps: state.steps, submitted: state.submitted })),
+    verify: verify(state)
   }
 }
 
@@ -355,7 +376,8 @@ const verifierScript = (task: HarborTask.HarborTask): string =>
     "mkdir -p /logs/verifier /tests",
     ...[...task.tests].map(([file, contents]) => {
       const path = quote(`/tests/${file}`)
-      return `mkdir -p "$(dirname ${path})" && printf '%s' '${Buffer.from(contents).toString("base64")}' | base64 -d > ${path}`
+      const encoded = Buffer.from(contents).toString("base64")
+      return `mkdir -p "$(dirname ${path})" && printf '%s' '${encoded}' | base64 -d > ${path}`
     }),
     `cd ${quote(task.workdir)}`,
     "if command -v bash >/dev/null; then bash /tests/test.sh; else sh /tests/test.sh; fi",
@@ -409,6 +431,89 @@ export const spec = (task: HarborTask.HarborTask, tag: string, settings: Setting
     scope: "chain"
   })
 
+/** The provider's state: the run's task folders read and their containers' resources, by path and by digest. */
+interface Catalog {
+  readonly settings: Settings
+  readonly manager: ResourceManager.ResourceManager["Service"]
+  readonly engine: Docker.DockerEngine["Service"]
+  readonly backends: Map<string, Resource.Resource<Docker.Container>>
+  readonly tasks: Map<string, HarborTask.HarborTask>
+  readonly lock: Semaphore.Semaphore
+}
+
+/** A task's resource (its image built on first use), one per task digest. */
+const resourceOf = (catalog: Catalog, task: HarborTask.HarborTask) =>
+  catalog.lock.withPermits(1)(Effect.gen(function*() {
+    const known = catalog.backends.get(task.digest)
+    if (known !== undefined) return known
+    const tag = yield* image(task)
+    const s = yield* Effect.orDie(spec(task, tag, catalog.settings))
+    const backend = yield* Docker.backend(
+      catalog.settings.transport === "attach"
+        ? { cmd: ["sh", "-c", supervisor(task.workdir)], workingDir: task.workdir, attachStdio: true }
+        : { cmd: ["sleep", "infinity"], workingDir: task.workdir }
+    )
+    const resource = Resource.resource(s, backend)
+    catalog.backends.set(task.digest, resource)
+    return resource
+  })).pipe(Effect.provideService(Docker.DockerEngine, catalog.engine))
+
+// A row's task may come from another machine (a rollout worker's share): `loadRow` keeps it, and every file of
+// its folder, inside the root before anything is read, built or run.
+const taskOf = (catalog: Catalog, path: string) =>
+  Effect.suspend(() => {
+    const known = catalog.tasks.get(path)
+    if (known !== undefined) return Effect.succeed(known)
+    return HarborTask.loadRow(catalog.settings.root, path).pipe(
+      Effect.provide(NodeServices.layer),
+      Effect.tap((t) => Effect.sync(() => catalog.tasks.set(path, t))),
+      Effect.mapError((e) =>
+        Environment.envError("harbor", "load", "ResetFailed", `${e.folder}: ${e.message}`, { cause: e })
+      )
+    )
+  })
+
+/** A chain's task and its container's lease, in the chain's `scope`. */
+const setupChain = (catalog: Catalog, chain: Environment.ChainInfo, scope: Scope.Scope) =>
+  Effect.gen(function*() {
+    const path = chain.row?.["task"]
+    if (typeof path !== "string") {
+      const message = "the row has no task folder (a `task` field)"
+      return yield* Environment.envError("harbor", "load", "ResetFailed", message)
+    }
+    const task = yield* taskOf(catalog, path)
+    const resource = yield* resourceOf(catalog, task)
+    // In the chain's scope: the container goes back (and is recreated) when the chain ends.
+    const lease = yield* Scope.provide(catalog.manager.acquire(resource, chain), scope).pipe(
+      Effect.mapError((e) =>
+        Environment.envError(`harbor:${task.name}`, "lease", "Unavailable", e.message, { cause: e })
+      )
+    )
+    return { task, lease }
+  })
+
+/** The pools' figures over every task's pool: counts add up, waits take the worst. */
+const poolFigures = (catalog: Catalog) =>
+  Effect.gen(function*() {
+    const figures: Record<string, number> = {}
+    for (const resource of catalog.backends.values()) {
+      const stats = yield* catalog.manager.stats(resource.spec.name)
+      if (stats === undefined) continue
+      for (const [k, v] of Object.entries(ResourceManager.poolFigures("harbor", stats))) {
+        figures[k] = k.includes("_ms") ? Math.max(figures[k] ?? 0, v) : (figures[k] ?? 0) + v
+      }
+    }
+    return figures
+  })
+
+// Every chain runs in a container: an engine that is down fails the run here, saying so, not each chain.
+const ping = (engine: Docker.DockerEngine["Service"]) =>
+  engine.ping.pipe(
+    Effect.mapError((e) =>
+      Environment.envError(e.env, e.method, e.reason._tag, `the swe task runs each chain in a container: ${e.message}`)
+    )
+  )
+
 /**
  * The task's provider: for each chain, its row's task folder (`row.task`, resolved against `settings.root`), the
  * folder's image and a container of it from the resource manager, as the chain's {@link Workspace}. A folder is
@@ -439,83 +544,22 @@ export const provider = (
     }
     const manager = yield* ResourceManager.ResourceManager
     const engine = yield* Docker.DockerEngine
-    // Every chain runs in a container: an engine that is down fails the run here, saying so, not each chain.
-    yield* engine.ping.pipe(
-      Effect.mapError((e) =>
-        Environment.envError(
-          e.env,
-          e.method,
-          e.reason._tag,
-          `the swe task runs each chain in a container: ${e.message}`
-        )
-      )
-    )
-    const backends = new Map<string, Resource.Resource<Docker.Container>>()
-    const tasks = new Map<string, HarborTask.HarborTask>()
-    const lock = yield* Semaphore.make(1)
-    const resourceOf = (task: HarborTask.HarborTask) =>
-      lock.withPermits(1)(Effect.gen(function*() {
-        const known = backends.get(task.digest)
-        if (known !== undefined) return known
-        const tag = yield* image(task)
-        const s = yield* Effect.orDie(spec(task, tag, settings))
-        const backend = yield* Docker.backend(
-          settings.transport === "attach"
-            ? { cmd: ["sh", "-c", supervisor(task.workdir)], workingDir: task.workdir, attachStdio: true }
-            : { cmd: ["sleep", "infinity"], workingDir: task.workdir }
-        )
-        const resource = Resource.resource(s, backend)
-        backends.set(task.digest, resource)
-        return resource
-      })).pipe(Effect.provideService(Docker.DockerEngine, engine))
-    // A row's task may come from another machine (a rollout worker's share): `loadRow` keeps it, and every file of
-    // its folder, inside the root before anything is read, built or run.
-    const taskOf = (path: string) =>
-      Effect.suspend(() => {
-        const known = tasks.get(path)
-        if (known !== undefined) return Effect.succeed(known)
-        return HarborTask.loadRow(settings.root, path).pipe(
-          Effect.provide(NodeServices.layer),
-          Effect.tap((t) => Effect.sync(() => tasks.set(path, t))),
-          Effect.mapError((e) =>
-            Environment.envError("harbor", "load", "ResetFailed", `${e.folder}: ${e.message}`, { cause: e })
-          )
-        )
-      })
+    yield* ping(engine)
+    const catalog: Catalog = {
+      settings,
+      manager,
+      engine,
+      backends: new Map(),
+      tasks: new Map(),
+      lock: yield* Semaphore.make(1)
+    }
     return Environment.make<Workspace>(
       "perChain",
       (chain) =>
         Effect.gen(function*() {
-          const scope = yield* Effect.scope
-          const path = chain.row?.["task"]
-          const setup = Effect.gen(function*() {
-            if (typeof path !== "string") {
-              const message = "the row has no task folder (a `task` field)"
-              return yield* Environment.envError("harbor", "load", "ResetFailed", message)
-            }
-            const task = yield* taskOf(path)
-            const resource = yield* resourceOf(task)
-            // In the chain's scope: the container goes back (and is recreated) when the chain ends.
-            const lease = yield* Scope.provide(manager.acquire(resource, chain), scope).pipe(
-              Effect.mapError((e) =>
-                Environment.envError(`harbor:${task.name}`, "lease", "Unavailable", e.message, { cause: e })
-              )
-            )
-            return { task, lease }
-          })
+          const setup = setupChain(catalog, chain, yield* Effect.scope)
           return Context.make(Workspace, make(yield* Effect.cached(setup), settings))
         }),
-      Effect.gen(function*() {
-        const figures: Record<string, number> = {}
-        for (const resource of backends.values()) {
-          const stats = yield* manager.stats(resource.spec.name)
-          if (stats === undefined) continue
-          // Over every task's pool: counts add up, waits take the worst.
-          for (const [k, v] of Object.entries(ResourceManager.poolFigures("harbor", stats))) {
-            figures[k] = k.includes("_ms") ? Math.max(figures[k] ?? 0, v) : (figures[k] ?? 0) + v
-          }
-        }
-        return figures
-      })
+      poolFigures(catalog)
     )
   })

@@ -74,6 +74,86 @@ const spawn = (init: TrainerWorker.Init) =>
     })
   ))
 
+/** The pool's state, shared by the workers' listeners and the pool's operations. */
+interface State {
+  readonly workers: ReadonlyArray<Worker>
+  readonly onExit: () => void
+  readonly waiting: Map<number, Waiting>
+  // Requests posted and not answered, by id (with their thread): whether their callers still wait or not.
+  readonly unanswered: Map<number, number>
+  readonly exited: Array<boolean>
+  nextId: number
+  broken: string | undefined
+  closing: boolean
+}
+
+const failWaiting = (state: State, index: number, message: string) => {
+  if (!state.closing) state.broken ??= message
+  for (const [id, w] of state.waiting) {
+    if (w.index !== index) continue
+    state.waiting.delete(id)
+    w.resume(Effect.fail(fail("Run", message)))
+  }
+}
+
+const listen = (state: State, worker: Worker, index: number) => {
+  worker.on("message", (reply: TrainerWorker.Reply) => {
+    state.unanswered.delete(reply.id)
+    const w = state.waiting.get(reply.id)
+    if (w === undefined) return // already failed (the thread crashed or exited)
+    state.waiting.delete(reply.id)
+    w.resume(
+      reply.ok ? Effect.succeed(reply.output) : Effect.fail(fail(reply.reason, `worker ${index}: ${reply.message}`))
+    )
+  })
+  worker.on("error", (e) => failWaiting(state, index, `worker ${index} crashed: ${e.message}`))
+  worker.on("exit", (code) => {
+    state.exited[index] = true
+    for (const [id, i] of state.unanswered) if (i === index) state.unanswered.delete(id)
+    state.onExit()
+    failWaiting(state, index, `worker ${index} exited with code ${code}`)
+  })
+}
+
+const request = (state: State, index: number, req: Request) =>
+  Effect.callback<TrainerWorker.Output, PolicyTrainer.PolicyTrainerError>((resume) => {
+    if (state.broken !== undefined || state.exited[index]) {
+      return resume(Effect.fail(fail("Run", state.broken ?? `worker ${index} has exited`)))
+    }
+    const id = state.nextId++
+    state.waiting.set(id, { index, resume })
+    state.unanswered.set(id, index)
+    state.workers[index]!.postMessage({ ...req, id })
+    // An interrupted caller still waits for the reply (or the thread's end): the thread may be inside
+    // onnxruntime, which cannot stop there, and a process that exits meanwhile aborts with a `Napi::Error` (as a
+    // SIGTERM during a warm-up did: a closing pool waits 5 s for its threads, a big model's shard takes longer).
+    return Effect.callback<void>((done) => {
+      if (state.waiting.has(id)) state.waiting.set(id, { index, resume: () => done(Effect.void) })
+      else done(Effect.void)
+    })
+  })
+
+// A thread is never terminated: terminating one while onnxruntime runs a session aborts the whole process
+// (onnxruntime-node throws a C++ exception it cannot deliver), and a big model's step can outlast any wait. It is
+// asked to end (`close`: after releasing its sessions, once its queue reaches the request) or to fail (`crash`:
+// at once, as a bug in it would), and ends by itself.
+const end = (state: State, index: number, op: "close" | "crash") =>
+  state.exited[index] ? Effect.void : Effect.callback<void>((resume) => {
+    state.workers[index]!.once("exit", () => resume(Effect.void))
+    state.workers[index]!.postMessage({ op, id: 0 })
+  })
+
+// A thread still busy after `wait` is unreferenced (it no longer keeps the process alive) and ends when its
+// step does.
+const close = (state: State, wait: Duration.Input) =>
+  Effect.suspend(() => {
+    state.closing = true
+    return Effect.forEach(state.workers, (worker, index) =>
+      end(state, index, "close").pipe(
+        Effect.timeoutOrElse({ duration: wait, orElse: () => Effect.sync(() => worker.unref()) })
+      ), { concurrency: "unbounded", discard: true })
+  })
+
 /**
  * Starts `inits.length` workers (in parallel); if one fails to start, the others are terminated. `onExit` runs
  * when a thread of the pool ends, for whatever reason.
@@ -90,80 +170,23 @@ export const start = (
       yield* Effect.forEach(workers, (w) => Effect.promise(() => w.terminate()), { discard: true })
       return yield* failed.failure
     }
-    const waiting = new Map<number, Waiting>()
-    // Requests posted and not answered, by id (with their thread): whether their callers still wait or not.
-    const unanswered = new Map<number, number>()
-    let nextId = 1
-    let broken: string | undefined
-    let closing = false
-    const exited = workers.map(() => false)
-    const failWaiting = (index: number, message: string) => {
-      if (!closing) broken ??= message
-      for (const [id, w] of waiting) {
-        if (w.index !== index) continue
-        waiting.delete(id)
-        w.resume(Effect.fail(fail("Run", message)))
-      }
+    const state: State = {
+      workers,
+      onExit,
+      waiting: new Map(),
+      unanswered: new Map(),
+      exited: workers.map(() => false),
+      nextId: 1,
+      broken: undefined,
+      closing: false
     }
-    workers.forEach((worker, index) => {
-      worker.on("message", (reply: TrainerWorker.Reply) => {
-        unanswered.delete(reply.id)
-        const w = waiting.get(reply.id)
-        if (w === undefined) return // already failed (the thread crashed or exited)
-        waiting.delete(reply.id)
-        w.resume(
-          reply.ok ? Effect.succeed(reply.output) : Effect.fail(fail(reply.reason, `worker ${index}: ${reply.message}`))
-        )
-      })
-      worker.on("error", (e) => failWaiting(index, `worker ${index} crashed: ${e.message}`))
-      worker.on("exit", (code) => {
-        exited[index] = true
-        for (const [id, i] of unanswered) if (i === index) unanswered.delete(id)
-        onExit()
-        failWaiting(index, `worker ${index} exited with code ${code}`)
-      })
-    })
-    const request = (index: number, req: Request) =>
-      Effect.callback<TrainerWorker.Output, PolicyTrainer.PolicyTrainerError>((resume) => {
-        if (broken !== undefined || exited[index]) {
-          return resume(Effect.fail(fail("Run", broken ?? `worker ${index} has exited`)))
-        }
-        const id = nextId++
-        waiting.set(id, { index, resume })
-        unanswered.set(id, index)
-        workers[index]!.postMessage({ ...req, id })
-        // An interrupted caller still waits for the reply (or the thread's end): the thread may be inside
-        // onnxruntime, which cannot stop there, and a process that exits meanwhile aborts with a `Napi::Error` (as a
-        // SIGTERM during a warm-up did: a closing pool waits 5 s for its threads, a big model's shard takes longer).
-        return Effect.callback<void>((done) => {
-          if (waiting.has(id)) waiting.set(id, { index, resume: () => done(Effect.void) })
-          else done(Effect.void)
-        })
-      })
-    // A thread is never terminated: terminating one while onnxruntime runs a session aborts the whole process
-    // (onnxruntime-node throws a C++ exception it cannot deliver), and a big model's step can outlast any wait. It is
-    // asked to end (`close`: after releasing its sessions, once its queue reaches the request) or to fail (`crash`:
-    // at once, as a bug in it would), and ends by itself.
-    const end = (index: number, op: "close" | "crash") =>
-      exited[index] ? Effect.void : Effect.callback<void>((resume) => {
-        workers[index]!.once("exit", () => resume(Effect.void))
-        workers[index]!.postMessage({ op, id: 0 })
-      })
+    workers.forEach((worker, index) => listen(state, worker, index))
     return {
       size: workers.length,
-      request,
-      inFlight: () => unanswered.size,
-      broken: () => broken,
-      kill: (index) => end(index, "crash"),
-      // A thread still busy after `wait` is unreferenced (it no longer keeps the process alive) and ends when its
-      // step does.
-      close: (wait) =>
-        Effect.suspend(() => {
-          closing = true
-          return Effect.forEach(workers, (worker, index) =>
-            end(index, "close").pipe(
-              Effect.timeoutOrElse({ duration: wait, orElse: () => Effect.sync(() => worker.unref()) })
-            ), { concurrency: "unbounded", discard: true })
-        })
+      request: (index, req) => request(state, index, req),
+      inFlight: () => state.unanswered.size,
+      broken: () => state.broken,
+      kill: (index) => end(state, index, "crash"),
+      close: (wait) => close(state, wait)
     } satisfies Pool
   })
