@@ -425,6 +425,15 @@ describe("RemoteTrainer and TrainerServer", () => {
       const short = yield* post("other/init", Wire.encode(header, model.parameters.map((p, i) => [p.name, new Float32Array(i === 0 ? 3 : weights.get(p.name)!.length)] as const)))
       assert.strictEqual(short.status, 400)
       assert.include(short.error.message, model.parameters[0]!.name)
+      // Weights of the right shapes with a NaN: refused as a model folder's are, naming the tensor.
+      const nanWeights = model.parameters.map((p, i) => {
+        const values = Float32Array.from(weights.get(p.name)!)
+        if (i === 1) values[2] = Number.NaN
+        return [p.name, values] as const
+      })
+      const nan = yield* post("other/init", Wire.encode(header, nanWeights))
+      assert.strictEqual(nan.status, 400)
+      assert.include(nan.error.message, `weight ${model.parameters[1]!.name} holds 1 non-finite value(s)`)
       const garbage = yield* post("other/init", Buffer.from("{\"not\": \"a frame\"}"))
       assert.deepStrictEqual([garbage.status, garbage.error.code], [400, "invalid_request"])
       const stranger = yield* post("policy/optim_step", Wire.encode({}), { "x-agentfly-session": "nobody", "x-agentfly-seq": "1" })

@@ -9,6 +9,7 @@
  */
 import type * as Packing from "../../Packing.ts"
 import type * as PolicyTrainer from "../../PolicyTrainer.ts"
+import * as Finite from "../../internal/finite.ts"
 
 /** @internal */
 export type TypedArray = Float32Array | Int32Array | Uint8Array
@@ -187,6 +188,11 @@ export const decodeWeights = (
   if (arrays.size !== expected.length) {
     const extra = [...arrays.keys()].filter((k) => !out.has(k))
     return `unexpected weights: ${extra.slice(0, 5).join(", ")}${extra.length > 5 ? ", …" : ""}`
+  }
+  // Weights from the network are checked as a model folder's are: NaN or ±Infinity would only train to more of it.
+  const bad = Finite.firstNonFinite(out)
+  if (bad !== undefined) {
+    return `weight ${bad.tensor} holds ${bad.count} non-finite value(s), the first ${bad.value} at index ${bad.index}`
   }
   return out
 }
