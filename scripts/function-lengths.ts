@@ -13,10 +13,11 @@
  * 2026-12-06 that adds `src/autodiff/Shapes.ts`'s `infer` (211 lines, one case per ONNX op) and
  * `src/autodiff/LossHead.ts`'s `emit` (92, the loss head's nodes in order).
  */
-import { readdirSync, readFileSync, statSync } from "node:fs"
+import { readFileSync } from "node:fs"
 import { dirname, join, relative, resolve } from "node:path"
 import { fileURLToPath } from "node:url"
 import { parseSync } from "rolldown/utils"
+import { sourceFiles as allSourceFiles } from "../test/utils/sourceTree.ts"
 
 const root = resolve(dirname(fileURLToPath(import.meta.url)), "..")
 const folders = ["src", "actors", "environments", "cli"]
@@ -62,19 +63,9 @@ const children = (node: Node): Array<Node> =>
       : []
   )
 
-const sourceFiles = (dir: string): Array<string> => {
-  let entries: Array<string>
-  try {
-    entries = readdirSync(dir)
-  } catch {
-    return []
-  }
-  return entries.sort().flatMap((name) => {
-    const path = join(dir, name)
-    if (statSync(path).isDirectory()) return name === "node_modules" ? [] : sourceFiles(path)
-    return /\.(ts|mts)$/.test(name) && !name.endsWith(".d.ts") ? [path] : []
-  })
-}
+/** The TypeScript sources under `dir` (the structure tests' walk, without JavaScript and declaration files). */
+const sourceFiles = (dir: string): Array<string> =>
+  allSourceFiles(dir).filter((path) => /\.(ts|mts)$/.test(path) && !path.endsWith(".d.ts"))
 
 /** The name a key or binding node reads as, if it is a plain one. */
 const nameOf = (node: unknown): string | undefined => {
