@@ -75,7 +75,14 @@ const asRecord = (u: unknown): Record<string, unknown> =>
 
 /** The agent settings a task's `defaults` may fill. */
 const defaultKeys: ReadonlyArray<keyof Task.Defaults> = [
-  "systemPrompt", "renderTools", "maxTurns", "numChains", "maxNewTokens", "maxContextTokens", "temperature", "toolTimeout"
+  "systemPrompt",
+  "renderTools",
+  "maxTurns",
+  "numChains",
+  "maxNewTokens",
+  "maxContextTokens",
+  "temperature",
+  "toolTimeout"
 ]
 
 /** A task's `defaults` keys that are no agent setting (a JavaScript task's typo), each named where it was written. */
@@ -121,7 +128,9 @@ export const configOf = (
       })
     )
     : unknownDefaults(task).length > 0
-    ? Effect.fail(new TrainConfig.ConfigError({ source: `task ${task.name}`, reason: "Invalid", issues: unknownDefaults(task) }))
+    ? Effect.fail(
+      new TrainConfig.ConfigError({ source: `task ${task.name}`, reason: "Invalid", issues: unknownDefaults(task) })
+    )
     : Effect.flatMap(Path.Path, (path) =>
     TrainConfig.fromSource(source, (raw) => {
       const withDefaults = asRecord(Task.withDefaults(task, raw))
