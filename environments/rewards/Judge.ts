@@ -56,7 +56,9 @@ const callText = (m: Message): string =>
   m.role === "assistant" && m.tool_calls !== undefined && m.tool_calls.length > 0
     ? `\n[tool calls: ${
       m.tool_calls.map((c) =>
-        `${c.function.name}(${typeof c.function.arguments === "string" ? c.function.arguments : JSON.stringify(c.function.arguments)})`
+        `${c.function.name}(${
+          typeof c.function.arguments === "string" ? c.function.arguments : JSON.stringify(c.function.arguments)
+        })`
       ).join("; ")
     }]`
     : ""
