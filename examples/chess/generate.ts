@@ -91,7 +91,11 @@ export const write = Effect.fn("chess.generate.write")(function*(options: Option
     return yield* Effect.fail(new Error(`view must be board or fen, got ${JSON.stringify(options.view)}`))
   }
   const task = ChessTask.make({ view: options.view })
-  const played = yield* Oracle.rollout({ task, rows: sets.demos, policy: ChessOracle.oracleWith({ look: options.noise }) })
+  const played = yield* Oracle.rollout({
+    task,
+    rows: sets.demos,
+    policy: ChessOracle.oracleWith({ look: options.noise })
+  })
   const budget = task.defaults.maxContextTokens ?? Number.POSITIVE_INFINITY
   const length = Oracle.contextLength()
   const solved = Oracle.demonstrations(played).filter((demo) => length(demo.messages) <= budget)
