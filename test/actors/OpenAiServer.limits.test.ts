@@ -146,7 +146,9 @@ describe("OpenAiServer: validation before the status line, and request limits", 
         client.chat.completions.create({ ...everyChatField([{ role: "user", content: "Hi" }], [], 3), ...name })
       )
       assert.strictEqual(chat.choices[0]!.finish_reason, "length")
-      const text = yield* Effect.promise(() => client.completions.create({ ...everyCompletionField([1, 2], 3), ...name }))
+      const text = yield* Effect.promise(() =>
+        client.completions.create({ ...everyCompletionField([1, 2], 3), ...name })
+      )
       assert.strictEqual(text.choices[0]!.finish_reason, "length")
       assert.strictEqual(counts.generateCalls, 2)
       const base = { chat: { messages: hi, max_tokens: 2 }, completion: { prompt: [1, 2], max_tokens: 2 } }

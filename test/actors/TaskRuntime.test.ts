@@ -100,7 +100,10 @@ describe("TaskRuntime", () => {
           ["dying", Effect.die(new Error("layer boom")), "layer boom"]
         ] as const
       ) {
-        const task = Task.make(name, { tools: [counted], environment: Environment.perChain(Layer.effect(Counter, build)) })
+        const task = Task.make(name, {
+          tools: [counted],
+          environment: Environment.perChain(Layer.effect(Counter, build))
+        })
         const down = yield* Effect.flip(TaskRuntime.make(task))
         assert.strictEqual(down.reason._tag, "Environment")
         assert.strictEqual(down.message, `the environment of task "${name}" could not start: ${why}`)

@@ -85,8 +85,10 @@ describe("Dataset", () => {
         })
       const text = [call("{\"a\": 1, \"b\": 2}"), call({ a: 1 }), call("1 + 2"), call("[1, 2]")].join("\n") + "\n"
       const ds = yield* Dataset.parse("demos.jsonl", text, { kind: "conversation", onInvalid: "skip" })
-      const args = ds.rows.map((r) => (r.messages![1] as unknown as { tool_calls: Array<{ function: { arguments: unknown } }> })
-        .tool_calls[0]!.function.arguments)
+      const args = ds.rows.map((r) =>
+        (r.messages![1] as unknown as { tool_calls: Array<{ function: { arguments: unknown } }> })
+          .tool_calls[0]!.function.arguments
+      )
       assert.deepStrictEqual(args, [{ a: 1, b: 2 }, { a: 1 }])
       assert.deepStrictEqual(ds.skipped.map((s) => s.line), [3, 4])
       assert.include(ds.skipped[0]!.message, `the arguments of tool call "add" are a string that is not a JSON object`)

@@ -32,7 +32,11 @@ const calculatorAgent = async (input: AgentTask.Input<unknown>, client: AgentTas
     if (calls.length === 0) return message.content ?? ""
     for (const c of calls) {
       if (c.type !== "function") continue
-      messages.push({ role: "tool", tool_call_id: c.id, content: evaluate(JSON.parse(c.function.arguments).expression) })
+      messages.push({
+        role: "tool",
+        tool_call_id: c.id,
+        content: evaluate(JSON.parse(c.function.arguments).expression)
+      })
     }
   }
   return ""
@@ -42,7 +46,8 @@ const answerOf = (text: string) => /The answer is (-?\d+)/.exec(text)?.[1]
 
 const exact = Reward.make("exact", {
   row: Schema.Struct({ answer: Schema.String }),
-  score: ({ trajectory, row }) => Effect.succeed(answerOf(Trajectory.lastAssistantText(trajectory)) === row.answer ? 1 : 0)
+  score: ({ trajectory, row }) =>
+    Effect.succeed(answerOf(Trajectory.lastAssistantText(trajectory)) === row.answer ? 1 : 0)
 })
 
 const rows = [
@@ -140,7 +145,12 @@ describe("AgentRollout", () => {
       const first = yield* recorded(rows.slice(0, 1), 0)
       const second = yield* recorded(rows.slice(1), 1)
       const shape = (gs: ReadonlyArray<Trajectory.Group>) =>
-        gs.map((g) => ({ groupId: g.groupId, rowIndex: g.rowIndex, chains: g.trajectories.map((t) => t.chainId), rewards: g.trajectories.map((t) => t.reward) }))
+        gs.map((g) => ({
+          groupId: g.groupId,
+          rowIndex: g.rowIndex,
+          chains: g.trajectories.map((t) => t.chainId),
+          rewards: g.trajectories.map((t) => t.reward)
+        }))
       assert.deepStrictEqual(shape([...first.groups, ...second.groups]), shape(whole.groups))
       assert.deepStrictEqual([...first.seeds, ...second.seeds], whole.seeds)
       assert.deepStrictEqual(second.seeds, [103, 104, 105])
@@ -150,7 +160,10 @@ describe("AgentRollout", () => {
   it.live("a returned reward wins, a posted one comes next; with neither and no task reward the reward is missing", () =>
     Effect.gen(function*() {
       const returning = AgentTask.make("returns", {
-        agent: async (input, client) => ({ reward: (await calculatorAgent(input, client)).length / 100, metrics: { chars: 1 } })
+        agent: async (input, client) => ({
+          reward: (await calculatorAgent(input, client)).length / 100,
+          metrics: { chars: 1 }
+        })
       })
       const posting = AgentTask.make("posts", {
         agent: async (input, client) => {
@@ -159,7 +172,9 @@ describe("AgentRollout", () => {
           if (!r.ok) throw new Error(`reward: ${r.status}`)
         }
       })
-      const silent = AgentTask.make("silent", { agent: async (input, client) => void (await calculatorAgent(input, client)) })
+      const silent = AgentTask.make("silent", {
+        agent: async (input, client) => void (await calculatorAgent(input, client))
+      })
       const a = (yield* run(returning, undefined, 1)).flatMap((g) => g.trajectories)
       assert.deepStrictEqual(a.map((t) => t.reward), [0.18, 0.17])
       assert.strictEqual(a[0]!.metrics["reward/agent/returned"], 1)
@@ -179,7 +194,9 @@ describe("AgentRollout", () => {
       const returning = (name: string, value: (text: string) => unknown) =>
         AgentTask.make(name, {
           // What a JavaScript function may return whatever its declared type.
-          agent: (async (input, client) => value(await calculatorAgent(input, client))) as AgentTask.AgentFunction<unknown>
+          agent: (async (input, client) => value(await calculatorAgent(input, client))) as AgentTask.AgentFunction<
+            unknown
+          >
         })
       for (
         const [name, value, says] of [
@@ -196,9 +213,15 @@ describe("AgentRollout", () => {
         }
       }
       // Its answer text is no score: the task's reward scores the episode.
-      const text = AgentTask.make("text", { agent: calculatorAgent as unknown as AgentTask.AgentFunction<unknown>, reward: exact })
+      const text = AgentTask.make("text", {
+        agent: calculatorAgent as unknown as AgentTask.AgentFunction<unknown>,
+        reward: exact
+      })
       const scored = (yield* run(text, undefined, 1)).flatMap((g) => g.trajectories)
-      assert.deepStrictEqual(scored.map((t) => [t.rewardStatus, t.errorReason]), [["scored", undefined], ["scored", undefined]])
+      assert.deepStrictEqual(scored.map((t) => [t.rewardStatus, t.errorReason]), [
+        ["scored", undefined],
+        ["scored", undefined]
+      ])
     }))
 
   it.live("a call of a tool the request did not declare counts as an invalid tool call (tool_errors/UnknownTool)", () =>
@@ -216,7 +239,11 @@ describe("AgentRollout", () => {
             const calls = (message.tool_calls ?? []).flatMap((c) => (c.type === "function" ? [c] : []))
             if (calls.length === 0) return 1
             for (const c of calls) {
-              messages.push({ role: "tool", tool_call_id: c.id, content: evaluate(JSON.parse(c.function.arguments).expression) })
+              messages.push({
+                role: "tool",
+                tool_call_id: c.id,
+                content: evaluate(JSON.parse(c.function.arguments).expression)
+              })
             }
           }
           return 0
@@ -227,23 +254,40 @@ describe("AgentRollout", () => {
         assert.strictEqual(t.metrics["tool_calls"], 1)
         assert.strictEqual(t.metrics["tool_errors/UnknownTool"], 1)
       }
-      const figures = RolloutFigures.rolloutFigures([{ groupId: "g", rowIndex: 0, trajectories: all }], { prefix: "rollout" })
+      const figures = RolloutFigures.rolloutFigures([{ groupId: "g", rowIndex: 0, trajectories: all }], {
+        prefix: "rollout"
+      })
       assert.strictEqual(figures["rollout/invalid_tool_call_rate"], 1)
       // An agent asking for fewer tokens than its turn needs: the cut is the request's, and the trajectory says so.
       const terse = AgentTask.make("terse", {
         agent: async (input, client) => {
           const openai = new OpenAI({ baseURL: client.baseURL, apiKey: client.apiKey, maxRetries: 0 })
           const messages = input.messages.map((m) => ({ role: m.role, content: m.content }) as Msg)
-          await openai.chat.completions.create({ model: client.model, messages, tools: [calculatorTool], max_tokens: 5 })
+          await openai.chat.completions.create({
+            model: client.model,
+            messages,
+            tools: [calculatorTool],
+            max_tokens: 5
+          })
           return 0
         }
       })
       const cut = (yield* run(terse, undefined, 1)).flatMap((g) => g.trajectories)
-      assert.deepStrictEqual(cut.map((t) => [t.termination, t.metrics["gateway/cut_at_request_max_tokens"]]), [["stop", 5], ["stop", 5]])
+      assert.deepStrictEqual(cut.map((t) => [t.termination, t.metrics["gateway/cut_at_request_max_tokens"]]), [
+        ["stop", 5],
+        ["stop", 5]
+      ])
       // Declared, the same calls are valid.
-      const right = (yield* run(AgentTask.make("right", { agent: async (i, c) => void (await calculatorAgent(i, c)) }), undefined, 1))
-        .flatMap((g) => g.trajectories)
-      assert.isTrue(right.every((t) => t.metrics["tool_errors/UnknownTool"] === undefined && t.metrics["tool_calls"] === 1))
+      const right =
+        (yield* run(
+          AgentTask.make("right", { agent: async (i, c) => void (await calculatorAgent(i, c)) }),
+          undefined,
+          1
+        ))
+          .flatMap((g) => g.trajectories)
+      assert.isTrue(
+        right.every((t) => t.metrics["tool_errors/UnknownTool"] === undefined && t.metrics["tool_calls"] === 1)
+      )
     }))
 
   it.live("a crash is masked (EnvFailed); a drop_group policy drops the group; a request refused first names the reason", () =>
@@ -282,10 +326,16 @@ describe("AgentRollout", () => {
         generate: () => Effect.fail(Sampler.samplerError("BadRequest", "no")),
         policyVersion: Effect.succeed(0)
       })
-      const refused = (yield* run(AgentTask.make("refused", { agent: async (i, c) => void (await calculatorAgent(i, c)) }), refusing, 1)).flatMap((g) =>
-        g.trajectories
-      )
-      assert.deepStrictEqual(refused.map((t) => [t.errorReason, t.masked]), [["SamplerRejected", true], ["SamplerRejected", true]])
+      const refused =
+        (yield* run(
+          AgentTask.make("refused", { agent: async (i, c) => void (await calculatorAgent(i, c)) }),
+          refusing,
+          1
+        )).flatMap((g) => g.trajectories)
+      assert.deepStrictEqual(refused.map((t) => [t.errorReason, t.masked]), [
+        ["SamplerRejected", true],
+        ["SamplerRejected", true]
+      ])
     }))
 
   it.live("a request past the context budget ends the episode as context_length (scored); no request at all is masked", () =>
@@ -304,10 +354,19 @@ describe("AgentRollout", () => {
         format
       }).pipe(Stream.runCollect, Effect.provideService(Sampler.Sampler, yield* scriptedSampler()))
       for (const t of groups.flatMap((g) => g.trajectories)) {
-        assert.deepStrictEqual([t.termination, t.masked, t.rewardStatus, t.reward], ["context_length", false, "scored", 0])
-        assert.deepStrictEqual(t.segments.flatMap((s) => s.spans.map((span) => span.source)), ["prompt"], "the prompt, as a chain keeps it")
+        assert.deepStrictEqual(
+          [t.termination, t.masked, t.rewardStatus, t.reward],
+          ["context_length", false, "scored", 0]
+        )
+        assert.deepStrictEqual(
+          t.segments.flatMap((s) => s.spans.map((span) => span.source)),
+          ["prompt"],
+          "the prompt, as a chain keeps it"
+        )
       }
-      const idle = (yield* run(AgentTask.make("idle", { agent: async () => 1 }), undefined, 1)).flatMap((g) => g.trajectories)
+      const idle = (yield* run(AgentTask.make("idle", { agent: async () => 1 }), undefined, 1)).flatMap((g) =>
+        g.trajectories
+      )
       assert.deepStrictEqual(idle.map((t) => [t.masked, t.errorReason]), [[true, "EnvFailed"], [true, "EnvFailed"]])
       assert.include(idle[0]!.error, "no request")
     }))

@@ -67,7 +67,9 @@ describe("Gateway", () => {
       const { open } = yield* setup(yield* scriptedSampler(3))
       for (const stream of [false, true]) {
         const episode = yield* open(stream ? "streamed" : "plain")
-        const { answer, messages } = yield* Effect.promise(() => toolLoop(client(episode.baseURL), "What is 17*23?", stream))
+        const { answer, messages } = yield* Effect.promise(() =>
+          toolLoop(client(episode.baseURL), "What is 17*23?", stream)
+        )
         assert.strictEqual(answer, "The answer is 391.")
         const call = (messages[2] as OpenAI.Chat.Completions.ChatCompletionMessage).tool_calls![0]!
         assert.strictEqual(call.id, "call_0")
@@ -136,7 +138,10 @@ describe("Gateway", () => {
       assert.deepStrictEqual(calls.map((c) => c.id), ["call_0", "call_1"])
       assert.strictEqual(answer, "The answer is 20.")
       const t = yield* Recorder.trajectory(episode.recorder, { _tag: "Returned" })
-      assert.deepStrictEqual(spansOf(t).filter((s) => s.source === "tool").map((s) => tokenizer.decode(s.tokenIds).trim()), ["5", "20"])
+      assert.deepStrictEqual(
+        spansOf(t).filter((s) => s.source === "tool").map((s) => tokenizer.decode(s.tokenIds).trim()),
+        ["5", "20"]
+      )
       assert.strictEqual(t.metrics["tool_calls"], 2)
       assert.strictEqual(t.segments.length, 1)
     }))
@@ -210,7 +215,10 @@ describe("Gateway", () => {
             headers: { "content-type": "application/json" },
             ...(method === "GET" ? {} : { body })
           })
-          return { status: r.status, json: (await r.json()) as { error?: { type: string; param: string | null; code: string | null } } }
+          return {
+            status: r.status,
+            json: (await r.json()) as { error?: { type: string; param: string | null; code: string | null } }
+          }
         })
       const chat = "/episodes/bad/v1/chat/completions"
       const user = `{"role":"user","content":"What is 1+1?"}`
@@ -238,15 +246,27 @@ describe("Gateway", () => {
         assert.strictEqual(r.json.error?.param ?? null, param, `${path} ${body.slice(0, 60)}`)
         assert.isString(r.json.error?.type)
       }
-      assert.strictEqual((yield* send(chat, `{"messages": [{"role": "user", "content": "${"x".repeat(2000)}"}]}`)).json.error?.code, "context_length_exceeded")
+      assert.strictEqual(
+        (yield* send(chat, `{"messages": [{"role": "user", "content": "${"x".repeat(2000)}"}]}`)).json.error?.code,
+        "context_length_exceeded"
+      )
       const big = yield* Effect.promise(() =>
         fetch(`${gateway.url}${chat}`, { method: "POST", body: "x".repeat(17 * 1024 * 1024) }).then((r) => r.status)
       )
       assert.strictEqual(big, 413)
       // Still serving, on the same episode (a header names it on the plain path too).
       const ok = yield* Effect.promise(() =>
-        new OpenAI({ baseURL: `${gateway.url}/v1`, apiKey: "x", maxRetries: 0, defaultHeaders: { "x-agentfly-episode": "bad" } })
-          .chat.completions.create({ model: "any", messages: [{ role: "user", content: "What is 2+2?" }], tools: [calculatorTool] })
+        new OpenAI({
+          baseURL: `${gateway.url}/v1`,
+          apiKey: "x",
+          maxRetries: 0,
+          defaultHeaders: { "x-agentfly-episode": "bad" }
+        })
+          .chat.completions.create({
+            model: "any",
+            messages: [{ role: "user", content: "What is 2+2?" }],
+            tools: [calculatorTool]
+          })
       )
       assert.strictEqual(ok.choices[0]!.finish_reason, "tool_calls")
       assert.deepStrictEqual((yield* send("/v1/models", "", "GET")).status, 200)
@@ -356,7 +376,11 @@ describe("Gateway", () => {
       assert.strictEqual(answer.choices[0]!.message.content, "The answer is 2.")
       assert.strictEqual((yield* post("/episodes/kept/reward", { reward: 1 })).status, 200)
       yield* Effect.sleep("1 second") // past the idle timeout of the episodes that were only refused
-      assert.deepStrictEqual(finished.map((f) => f.trajectory.chainId), ["kept"], "the refused-only episodes: not written")
+      assert.deepStrictEqual(
+        finished.map((f) => f.trajectory.chainId),
+        ["kept"],
+        "the refused-only episodes: not written"
+      )
       const kept = finished[0]!.trajectory
       // The retry continued the thread as if the refused request had never come: one segment, no trace of it.
       assert.strictEqual(kept.segments.length, 1)
@@ -364,7 +388,10 @@ describe("Gateway", () => {
       assert.deepStrictEqual(sources, ["prompt", "policy", "template", "tool", "template", "policy"])
       assert.notInclude(tokenizer.decode(Trajectory.tokenIds(kept.segments[0]!)), "xxxx")
       const { metrics, termination } = kept
-      assert.deepStrictEqual([metrics["gateway/requests"], metrics["gateway/rewrites"], termination], [2, 0, "no_tool_call"])
+      assert.deepStrictEqual(
+        [metrics["gateway/requests"], metrics["gateway/rewrites"], termination],
+        [2, 0, "no_tool_call"]
+      )
       // The refused episodes' ids were never written under: free for a new episode.
       const again = yield* post("/episodes/long/v1/chat/completions", { messages: [question] })
       assert.strictEqual(again.status, 200)

@@ -60,7 +60,11 @@ const trajectory = (answer: string): Trajectory.Trajectory => ({
   chainId: "c",
   messages: [
     { role: "user", content: "What is 17*23?" },
-    { role: "assistant", content: "", tool_calls: [{ id: "1", type: "function", function: { name: "calculator", arguments: { expression: "17*23" } } }] },
+    {
+      role: "assistant",
+      content: "",
+      tool_calls: [{ id: "1", type: "function", function: { name: "calculator", arguments: { expression: "17*23" } } }]
+    },
     { role: "tool", content: "391", tool_call_id: "1" },
     { role: "assistant", content: answer }
   ],
@@ -115,7 +119,10 @@ describe("Judge", () => {
     }))
 
   it("group verdicts are read by trajectory id, and only when every attempt got a score", () => {
-    assert.deepStrictEqual(Judge.parseScores(`{"scores": [{"trajectory_id": "2", "score": 0.1}, {"trajectory_id": "1", "score": 0.9}]}`, 2), [0.9, 0.1])
+    assert.deepStrictEqual(
+      Judge.parseScores(`{"scores": [{"trajectory_id": "2", "score": 0.1}, {"trajectory_id": "1", "score": 0.9}]}`, 2),
+      [0.9, 0.1]
+    )
     assert.isUndefined(Judge.parseScores(`{"scores": [{"trajectory_id": "1", "score": 0.9}]}`, 2))
     assert.isUndefined(Judge.parseScores(`no json here`, 1))
     assert.strictEqual(Judge.parseScore(`{"explanation": "a {nested} brace", "score": "0.5"}`), 0.5)
