@@ -3,7 +3,8 @@
  * (a plain object, as a config file holds it): the task's `defaults` fill the agent keys the config leaves out; the
  * datasets are loaded and checked against the task's row Schema; the model folder is loaded (initialised from
  * `model.preset` when missing); the SFT warm-up and the RL loop run (`TrainLoop.run`) on the local learner
- * and policy versions (`LocalPolicy`), with the rollouts the config names (`Rollouts`); `metrics.jsonl`, samples, the journal, checkpoints and `report.html` go to the output directory.
+ * and policy versions (`LocalPolicy`), with the rollouts the config names (`Rollouts`); `metrics.jsonl`, samples, the
+ * journal, checkpoints and `report.html` go to the output directory.
  *
  * ```ts
  * import { Effect } from "effect"

@@ -259,7 +259,8 @@ export default () =>
         heldMiB: (held.open - before) / 1024 / 1024,
         leftAfterCloseMiB: (after - before) / 1024 / 1024,
         leftAfterSecondRoundMiB: (afterSecond - before) / 1024 / 1024,
-        // Warm caches (the client's connection pool, compiled code) fill up in the first rounds; a leak would grow here.
+        // Warm caches (the client's connection pool, compiled code) fill up in the first rounds;
+        // a leak would grow here.
         growthThirdRoundMiB: (afterThird - afterSecond) / 1024 / 1024,
         conversationsSeconds: held.seconds
       },

@@ -599,7 +599,10 @@ export const comparedSeries: ReadonlyArray<{
   }))
 )
 
-/** Seconds of the RL phase: from the record before the first RL step (the warm-up's end, or the first evaluation) to the last RL step. */
+/**
+ * Seconds of the RL phase: from the record before the first RL step (the warm-up's end, or the first evaluation) to the
+ * last RL step.
+ */
 const rlSeconds = (metrics: ReadonlyArray<MetricsRecord>): number | undefined => {
   const first = metrics.findIndex((r) => r.phase === "train")
   if (first < 0) return undefined
@@ -613,7 +616,10 @@ const pick = (config: unknown, path: ReadonlyArray<string>): unknown =>
     config
   )
 
-/** The table of a comparison: per run what it was (seed, mode, estimator), how long its RL took, and its held-out figures. */
+/**
+ * The table of a comparison: per run what it was (seed, mode, estimator), how long its RL took, and its held-out
+ * figures.
+ */
 const comparisonTable = (runs: ReadonlyArray<RunFigures>): string => {
   const fmt = (x: number | undefined, digits = 3) => (x === undefined ? "–" : x.toFixed(digits))
   const rows = runs.map((run) => {

@@ -203,7 +203,8 @@ const unreadable = (name: string, raw: string) =>
  * const helpful = Judge.make({
  *   baseUrl: "http://127.0.0.1:8001/v1",
  *   model: "qwen2.5-7b-instruct",
- *   rubric: "1 if the final answer is correct and justified by the tool results, 0.5 if correct but unjustified, else 0."
+ *   rubric: "1 if the final answer is correct and justified by the tool results, " +
+ *     "0.5 if correct but unjustified, else 0."
  * })
  * ```
  *

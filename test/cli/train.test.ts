@@ -43,8 +43,8 @@ describe("agentfly train", () => {
             {
               seed: 11,
               output: "run",
-              // Validation checks after warm-up steps 1 and 2 publish warm-up versions to the real engine (a target of 1
-              // is out of reach, so the warm-up runs all 3 steps).
+              // Validation checks after warm-up steps 1 and 2 publish warm-up versions to the real engine (a target of
+              // 1 is out of reach, so the warm-up runs all 3 steps).
               warmup: {
                 data: "data/demos.jsonl",
                 steps: 3,
@@ -52,9 +52,10 @@ describe("agentfly train", () => {
                 lr: 0.003,
                 stopAt: { data: "data/validation.jsonl", accuracy: 1, every: 1, size: 2 }
               },
-              // An entropy bonus under a non-group-relative estimator makes every RL step move the weights, whatever the
-              // (mostly zero) rewards of an untrained policy: resuming exactly is then a real test. The KL term makes the
-              // resumed run depend on restoring the reference policy (the post-warm-up weights) from the checkpoint.
+              // An entropy bonus under a non-group-relative estimator makes every RL step move the weights, whatever
+              // the (mostly zero) rewards of an untrained policy: resuming exactly is then a real test. The KL term
+              // makes the resumed run depend on restoring the reference policy (the post-warm-up weights) from the
+              // checkpoint.
               algorithm: {
                 steps: 6,
                 groupsPerStep: 2,

@@ -1,7 +1,7 @@
 /**
- * Exact resume on the real parts (tiny Qwen2 policy on onnxruntime, the calculator's rows and tools), in the demo's shape: a
- * sampled training run that evaluates every 2 steps and checkpoints at the same steps, stopped after its step-2
- * checkpoint and resumed from it. In an unbroken run the evaluation at step 2 runs beside step 3's rollouts; a
+ * Exact resume on the real parts (tiny Qwen2 policy on onnxruntime, the calculator's rows and tools), in the demo's
+ * shape: a sampled training run that evaluates every 2 steps and checkpoints at the same steps, stopped after its
+ * step-2 checkpoint and resumed from it. In an unbroken run the evaluation at step 2 runs beside step 3's rollouts; a
  * resumed run skips that evaluation (it is already logged), so anything that lets rollouts depend on what shares
  * the engine with them shows up here as different weights. Fewer engine slots than rollouts make requests queue
  * and meet in prefills (as the demo's 64 chains fill the default 64 slots), and held-out prompts much longer than
