@@ -193,67 +193,70 @@ describe("Train.run", () => {
       assert.deepStrictEqual(kept.skipped, [{ line: 1, message: `reward "target" reads target: missing` }])
     }))
 
-  it.live("demonstrations that call a tool the task lacks, or with arguments it refuses, stop the run before training", () =>
-    Effect.gen(function*() {
-      const dir = mkdtempSync(join(tmpdir(), "train-demos-"))
-      yield* Generate.write(
-        { dir: join(dir, "data"), seed: 3, train: 8, heldOut: 2, validation: 0, demos: 0, noise: 0 },
-        task.defaults.systemPrompt!
-      ).pipe(Effect.provide(NodeServices.layer))
-      const toolName = task.tools[0]!.name
-      const demo = (name: string, args: unknown) =>
-        JSON.stringify({
-          messages: [{ role: "user", content: "Find my number from 1 to 15." }, {
-            role: "assistant",
-            content: "",
-            tool_calls: [{ id: "c", type: "function", function: { name, arguments: args } }]
-          }]
-        })
-      const good = (Train.demonstrationProblem(task, [{ role: "assistant", content: "" }]))
-      assert.isUndefined(good)
-      // Each of a call's problems is its own clause, not run together.
-      const call = { id: "c", type: "function" as const, function: { name: toolName, arguments: { guesss: 3 } } }
-      assert.strictEqual(
-        Train.demonstrationProblem(task, [{ role: "assistant", content: "", tool_calls: [call] }]),
-        `messages[0]: invalid arguments for tool "${toolName}": Expected no excess property at ["guesss"]; ` +
-          `Missing key at ["n"]`
-      )
-      writeFileSync(
-        join(dir, "data", "demos.jsonl"),
-        [demo("search_web", {}), demo(toolName, { guesss: 3 }), demo(toolName, JSON.stringify({ guesss: 3 }))]
-          .join("\n") + "\n"
-      )
-      const config = {
-        seed: 1,
-        output: "run",
-        model: { path: "model", preset: "tiny" as const, initSeed: 1 },
-        data: { train: "data/train.jsonl" },
-        warmup: { data: "data/demos.jsonl", steps: 2 },
-        algorithm: { steps: 1 }
-      }
-      const lines: Array<string> = []
-      // A missing file is named with the key that gave it.
-      const misspelt = yield* Effect.flip(
-        Train.run({ task, dir, config: { ...config, data: { train: "data/trian.jsonl" } }, tty: false })
-      )
-      assert.strictEqual((misspelt as Error).message, `data.train: ${join(dir, "data/trian.jsonl")}: no such file`)
-      const refused = yield* Effect.flip(Train.run({ task, dir, config, write: (t) => void lines.push(t), tty: false }))
-      // A data file's bad lines, each named FILE:LINE as a training file's rows are (not an "invalid config").
-      assert.instanceOf(refused, Dataset.DatasetError)
-      const message = (refused as Dataset.DatasetError).message
-      const demos = join(dir, "data", "demos.jsonl")
-      assert.include(message, `${demos}:1: messages[1] calls "search_web", which task ${task.name} does not have`)
-      assert.include(message, `${demos}:2: messages[1]: invalid arguments for tool "${toolName}"`)
-      assert.include(
-        message,
-        `${demos}:3: messages[1]: invalid arguments for tool "${toolName}"`,
-        "string arguments too"
-      )
-      assert.notInclude(message, "invalid config")
-      assert.include(message, `skip such rows: "data": { "onInvalidRow": "skip" }`)
-      assert.isFalse(existsSync(join(dir, "run", "metrics.jsonl")), "nothing trained")
-      assert.isFalse(existsSync(join(dir, "model")), "stopped before the model folder")
-    }).pipe(Effect.provide(NodeServices.layer)))
+  it.live(
+    "demonstrations that call a tool the task lacks, or with arguments it refuses, stop the run before training",
+    () =>
+      Effect.gen(function*() {
+        const dir = mkdtempSync(join(tmpdir(), "train-demos-"))
+        yield* Generate.write(
+          { dir: join(dir, "data"), seed: 3, train: 8, heldOut: 2, validation: 0, demos: 0, noise: 0 },
+          task.defaults.systemPrompt!
+        ).pipe(Effect.provide(NodeServices.layer))
+        const toolName = task.tools[0]!.name
+        const demo = (name: string, args: unknown) =>
+          JSON.stringify({
+            messages: [{ role: "user", content: "Find my number from 1 to 15." }, {
+              role: "assistant",
+              content: "",
+              tool_calls: [{ id: "c", type: "function", function: { name, arguments: args } }]
+            }]
+          })
+        const good = (Train.demonstrationProblem(task, [{ role: "assistant", content: "" }]))
+        assert.isUndefined(good)
+        // Each of a call's problems is its own clause, not run together.
+        const call = { id: "c", type: "function" as const, function: { name: toolName, arguments: { guesss: 3 } } }
+        assert.strictEqual(
+          Train.demonstrationProblem(task, [{ role: "assistant", content: "", tool_calls: [call] }]),
+          `messages[0]: invalid arguments for tool "${toolName}": Expected no excess property at ["guesss"]; ` +
+            `Missing key at ["n"]`
+        )
+        writeFileSync(
+          join(dir, "data", "demos.jsonl"),
+          [demo("search_web", {}), demo(toolName, { guesss: 3 }), demo(toolName, JSON.stringify({ guesss: 3 }))]
+            .join("\n") + "\n"
+        )
+        const config = {
+          seed: 1,
+          output: "run",
+          model: { path: "model", preset: "tiny" as const, initSeed: 1 },
+          data: { train: "data/train.jsonl" },
+          warmup: { data: "data/demos.jsonl", steps: 2 },
+          algorithm: { steps: 1 }
+        }
+        const lines: Array<string> = []
+        // A missing file is named with the key that gave it.
+        const misspelt = yield* Effect.flip(
+          Train.run({ task, dir, config: { ...config, data: { train: "data/trian.jsonl" } }, tty: false })
+        )
+        assert.strictEqual((misspelt as Error).message, `data.train: ${join(dir, "data/trian.jsonl")}: no such file`)
+        const refused = yield* Effect.flip(Train.run({ task, dir, config, write: (t) => void lines.push(t), tty: false }))
+        // A data file's bad lines, each named FILE:LINE as a training file's rows are (not an "invalid config").
+        assert.instanceOf(refused, Dataset.DatasetError)
+        const message = (refused as Dataset.DatasetError).message
+        const demos = join(dir, "data", "demos.jsonl")
+        assert.include(message, `${demos}:1: messages[1] calls "search_web", which task ${task.name} does not have`)
+        assert.include(message, `${demos}:2: messages[1]: invalid arguments for tool "${toolName}"`)
+        assert.include(
+          message,
+          `${demos}:3: messages[1]: invalid arguments for tool "${toolName}"`,
+          "string arguments too"
+        )
+        assert.notInclude(message, "invalid config")
+        assert.include(message, `skip such rows: "data": { "onInvalidRow": "skip" }`)
+        assert.isFalse(existsSync(join(dir, "run", "metrics.jsonl")), "nothing trained")
+        assert.isFalse(existsSync(join(dir, "model")), "stopped before the model folder")
+      }).pipe(Effect.provide(NodeServices.layer))
+  )
 
   it.live("--overwrite replaces an earlier run's checkpoints, so that the new run keeps its own", () =>
     Effect.gen(function*() {
@@ -407,37 +410,43 @@ describe("Train.run", () => {
       )
     }).pipe(Effect.provide(NodeServices.layer)))
 
-  it("a model.preset other than the existing folder's architecture is said, since only a missing folder uses it", () => {
-    const model = { path: "runs/models/m", preset: "small" }
-    const said = Train.presetMismatch(model, ModelConfig.presets.tiny)
-    assert.include(
-      said,
-      `model.preset "small" is not used: runs/models/m already holds a model of another architecture`
-    )
-    assert.include(said, "(2 layers, width 128)")
-    // The folder's vocabulary is its tokenizer's (raised by init-model), not a difference of architecture.
-    assert.isUndefined(Train.presetMismatch(model, { ...ModelConfig.presets.small, vocabSize: 265 }))
-    assert.isUndefined(Train.presetMismatch({ path: "m" }, ModelConfig.presets.tiny))
-  })
-
-  it.effect("a task's defaults with a key that is no agent setting (a JavaScript task's typo) is named as the task's", () =>
-    Effect.gen(function*() {
-      const typo = { ...task, defaults: { ...task.defaults, numChain: 4 } as Task.Defaults }
-      const refused = yield* Effect.flip(Train.run({
-        task: typo,
-        dir: mkdtempSync(join(tmpdir(), "train-defaults-")),
-        config: {
-          output: "run",
-          model: { path: "model", preset: "tiny" },
-          data: { train: "t.jsonl" },
-          algorithm: { steps: 3 }
-        }
-      }))
-      assert.instanceOf(refused, TrainConfig.ConfigError)
-      assert.strictEqual((refused as TrainConfig.ConfigError).source, `task ${task.name}`)
+  it(
+    "a model.preset other than the existing folder's architecture is said, since only a missing folder uses it",
+    () => {
+      const model = { path: "runs/models/m", preset: "small" }
+      const said = Train.presetMismatch(model, ModelConfig.presets.tiny)
       assert.include(
-        (refused as TrainConfig.ConfigError).message,
-        `task ${task.name}'s defaults.numChain: unknown key (did you mean "numChains"?)`
+        said,
+        `model.preset "small" is not used: runs/models/m already holds a model of another architecture`
       )
-    }).pipe(Effect.provide(NodeServices.layer)))
+      assert.include(said, "(2 layers, width 128)")
+      // The folder's vocabulary is its tokenizer's (raised by init-model), not a difference of architecture.
+      assert.isUndefined(Train.presetMismatch(model, { ...ModelConfig.presets.small, vocabSize: 265 }))
+      assert.isUndefined(Train.presetMismatch({ path: "m" }, ModelConfig.presets.tiny))
+    }
+  )
+
+  it.effect(
+    "a task's defaults with a key that is no agent setting (a JavaScript task's typo) is named as the task's",
+    () =>
+      Effect.gen(function*() {
+        const typo = { ...task, defaults: { ...task.defaults, numChain: 4 } as Task.Defaults }
+        const refused = yield* Effect.flip(Train.run({
+          task: typo,
+          dir: mkdtempSync(join(tmpdir(), "train-defaults-")),
+          config: {
+            output: "run",
+            model: { path: "model", preset: "tiny" },
+            data: { train: "t.jsonl" },
+            algorithm: { steps: 3 }
+          }
+        }))
+        assert.instanceOf(refused, TrainConfig.ConfigError)
+        assert.strictEqual((refused as TrainConfig.ConfigError).source, `task ${task.name}`)
+        assert.include(
+          (refused as TrainConfig.ConfigError).message,
+          `task ${task.name}'s defaults.numChain: unknown key (did you mean "numChains"?)`
+        )
+      }).pipe(Effect.provide(NodeServices.layer))
+  )
 })

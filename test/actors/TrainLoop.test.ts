@@ -511,55 +511,58 @@ describe("TrainLoop", () => {
       assert.deepStrictEqual(readdirSync(join(options.config.output, "checkpoints")).sort(), ["step-000001", "step-000002"])
     }).pipe(Effect.provide(NodeServices.layer)))
 
-  it.effect("dynamic sampling: the learner gets groupsPerStep groups whose rewards differ; everything sampled is journaled", () =>
-    Effect.gen(function*() {
-      // A fast learner: the bandit soon answers "A" nearly always, and most groups of 4 chains agree.
-      const learnt = (options: TrainLoop.Options) =>
-        Effect.gen(function*() {
-          const seen: Array<ReadonlyArray<Trajectory.Group>> = []
-          yield* run({ ...options, eval: undefined }, { lr: 3, onLearn: (_, groups) => void seen.push(groups) })
-          const journal = (yield* Journal.read(join(options.config.output, "journal.jsonl"))).entries.map((e) => e.entry)
-          const { metrics } = yield* Report.read(options.config.output)
-          return { seen, journal, train: metrics.filter((m) => m.phase === "train") }
+  it.effect(
+    "dynamic sampling: the learner gets groupsPerStep groups whose rewards differ; everything sampled is journaled",
+    () =>
+      Effect.gen(function*() {
+        // A fast learner: the bandit soon answers "A" nearly always, and most groups of 4 chains agree.
+        const learnt = (options: TrainLoop.Options) =>
+          Effect.gen(function*() {
+            const seen: Array<ReadonlyArray<Trajectory.Group>> = []
+            yield* run({ ...options, eval: undefined }, { lr: 3, onLearn: (_, groups) => void seen.push(groups) })
+            const journal = (yield* Journal.read(join(options.config.output, "journal.jsonl"))).entries.map((e) => e.entry)
+            const { metrics } = yield* Report.read(options.config.output)
+            return { seen, journal, train: metrics.filter((m) => m.phase === "train") }
+          })
+        const plain = yield* learnt(yield* setup())
+        assert.isTrue(
+          plain.seen.some((groups) => groups.some((g) => !Trajectory.rewardsDiffer(g))),
+          "without it some steps carry groups without signal"
+        )
+        const options = yield* setup({}, { dynamicSampling: { maxBatches: 4 } })
+        const { seen, journal, train } = yield* learnt(options)
+        assert.strictEqual(seen.length, 8)
+        for (const groups of seen) {
+          assert.isAtMost(groups.length, 3)
+          assert.isTrue(groups.every(Trajectory.rewardsDiffer), "only groups whose rewards differ")
+        }
+        const batches = train.map((m) => m.figures["rollout/dynamic_batches"]!)
+        assert.isTrue(batches.every((b) => b >= 1 && b <= 4), `${batches}`)
+        assert.isTrue(batches.some((b) => b > 1), "some step sampled more than one batch")
+        train.forEach((m, i) => {
+          assert.strictEqual(m.figures["rollout/groups_kept"], seen[i]!.length)
+          assert.strictEqual(m.figures["rollout/groups_sampled"], m.figures["rollout/dynamic_batches"]! * 3)
         })
-      const plain = yield* learnt(yield* setup())
-      assert.isTrue(
-        plain.seen.some((groups) => groups.some((g) => !Trajectory.rewardsDiffer(g))),
-        "without it some steps carry groups without signal"
-      )
-      const options = yield* setup({}, { dynamicSampling: { maxBatches: 4 } })
-      const { seen, journal, train } = yield* learnt(options)
-      assert.strictEqual(seen.length, 8)
-      for (const groups of seen) {
-        assert.isAtMost(groups.length, 3)
-        assert.isTrue(groups.every(Trajectory.rewardsDiffer), "only groups whose rewards differ")
-      }
-      const batches = train.map((m) => m.figures["rollout/dynamic_batches"]!)
-      assert.isTrue(batches.every((b) => b >= 1 && b <= 4), `${batches}`)
-      assert.isTrue(batches.some((b) => b > 1), "some step sampled more than one batch")
-      train.forEach((m, i) => {
-        assert.strictEqual(m.figures["rollout/groups_kept"], seen[i]!.length)
-        assert.strictEqual(m.figures["rollout/groups_sampled"], m.figures["rollout/dynamic_batches"]! * 3)
-      })
-      // Every group sampled has its entry, with a seq of its own; a step's seqs are the groups it trained on.
-      const groups = journal.flatMap((e) => (e.kind === "group" ? [e] : []))
-      assert.strictEqual(groups.length, train.reduce((n, m) => n + m.figures["rollout/groups_sampled"]!, 0))
-      assert.strictEqual(new Set(groups.map((g) => g.seq)).size, groups.length)
-      assert.isTrue(groups.some((g) => g.seq >= 2 ** 36), "further batches' seqs are apart from the row order's")
-      const stepsOf = journal.flatMap((e) => (e.kind === "step" ? [e] : []))
-      stepsOf.forEach((e, i) => {
-        const trained = e.seqs.map((seq) => groups.find((g) => g.seq === seq)!.groupId)
-        assert.deepStrictEqual(trained, seen[i]!.map((g) => g.groupId))
-      })
-      // The run is a function of its seed: again, the same weights; a crash and a resume end on them too.
-      const again = yield* run({ ...(yield* setup({}, { dynamicSampling: { maxBatches: 4 } })), eval: undefined }, { lr: 3 })
-      const crashedOptions = yield* setup({}, { dynamicSampling: { maxBatches: 4 } })
-      const crashed = yield* Effect.result(run({ ...crashedOptions, eval: undefined }, { lr: 3, failAt: 6 }))
-      assert.isTrue(Result.isFailure(crashed))
-      const resumed = yield* run({ ...crashedOptions, eval: undefined, resume: true }, { lr: 3 })
-      assert.strictEqual(resumed.fromStep, 3)
-      assert.strictEqual(resumed.fingerprint, again.fingerprint)
-    }).pipe(Effect.provide(NodeServices.layer)))
+        // Every group sampled has its entry, with a seq of its own; a step's seqs are the groups it trained on.
+        const groups = journal.flatMap((e) => (e.kind === "group" ? [e] : []))
+        assert.strictEqual(groups.length, train.reduce((n, m) => n + m.figures["rollout/groups_sampled"]!, 0))
+        assert.strictEqual(new Set(groups.map((g) => g.seq)).size, groups.length)
+        assert.isTrue(groups.some((g) => g.seq >= 2 ** 36), "further batches' seqs are apart from the row order's")
+        const stepsOf = journal.flatMap((e) => (e.kind === "step" ? [e] : []))
+        stepsOf.forEach((e, i) => {
+          const trained = e.seqs.map((seq) => groups.find((g) => g.seq === seq)!.groupId)
+          assert.deepStrictEqual(trained, seen[i]!.map((g) => g.groupId))
+        })
+        // The run is a function of its seed: again, the same weights; a crash and a resume end on them too.
+        const again = yield* run({ ...(yield* setup({}, { dynamicSampling: { maxBatches: 4 } })), eval: undefined }, { lr: 3 })
+        const crashedOptions = yield* setup({}, { dynamicSampling: { maxBatches: 4 } })
+        const crashed = yield* Effect.result(run({ ...crashedOptions, eval: undefined }, { lr: 3, failAt: 6 }))
+        assert.isTrue(Result.isFailure(crashed))
+        const resumed = yield* run({ ...crashedOptions, eval: undefined, resume: true }, { lr: 3 })
+        assert.strictEqual(resumed.fromStep, 3)
+        assert.strictEqual(resumed.fingerprint, again.fingerprint)
+      }).pipe(Effect.provide(NodeServices.layer))
+  )
 
   it.live("dynamic sampling in async mode: a crash and a resume end with the weights of an unbroken run", () =>
     Effect.gen(function*() {

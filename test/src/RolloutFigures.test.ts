@@ -44,21 +44,24 @@ describe("RolloutFigures.rolloutFigures", () => {
     )
   })
 
-  it("the reward's metrics are averaged over the trajectories that carry them; error flags are failures, not figures", () => {
-    const t = (metrics: Record<string, number>) => ({ ...answered("x"), metrics })
-    const figures = RolloutFigures.rolloutFigures([{
-      groupId: "g",
-      rowIndex: 0,
-      trajectories: [
-        t({ "reward/answer/searches": 2, "reward/score/r_price": 1 }),
-        t({ "reward/answer/searches": 1 }),
-        t({ "reward/answer/error": 1 })
-      ]
-    }], { prefix: "rollout" })
-    assert.strictEqual(figures["rollout/reward/answer/searches"], 1.5)
-    assert.strictEqual(figures["rollout/reward/score/r_price"], 1)
-    assert.isUndefined(figures["rollout/reward/answer/error"])
-  })
+  it(
+    "the reward's metrics are averaged over the trajectories that carry them; error flags are failures, not figures",
+    () => {
+      const t = (metrics: Record<string, number>) => ({ ...answered("x"), metrics })
+      const figures = RolloutFigures.rolloutFigures([{
+        groupId: "g",
+        rowIndex: 0,
+        trajectories: [
+          t({ "reward/answer/searches": 2, "reward/score/r_price": 1 }),
+          t({ "reward/answer/searches": 1 }),
+          t({ "reward/answer/error": 1 })
+        ]
+      }], { prefix: "rollout" })
+      assert.strictEqual(figures["rollout/reward/answer/searches"], 1.5)
+      assert.strictEqual(figures["rollout/reward/score/r_price"], 1)
+      assert.isUndefined(figures["rollout/reward/answer/error"])
+    }
+  )
 
   it("a reward's errors by reason are counted per step, as rollout/failures/<Reason> is", () => {
     const failed = (reason: string) => ({
@@ -181,39 +184,42 @@ describe("RolloutFigures: steps", () => {
     assert.strictEqual(f["rollout/staleness_mean"], (1 + 1 + 1 + 3) / 4)
   })
 
-  it("token budgets: turns cut at maxNewTokens (half the chains or more) and conversations cut at maxContextTokens (a quarter or more) are named", () => {
-    const agent = { maxNewTokens: 48, maxContextTokens: 256 }
-    const none = RolloutFigures.budgetWarnings(3, {
-      "rollout/termination/stop": 0.4,
-      "rollout/termination/context_length": 0.2
-    }, agent)
-    assert.deepStrictEqual(none, {})
-    const both = RolloutFigures.budgetWarnings(3, {
-      "rollout/termination/stop": 0.5,
-      "rollout/termination/context_length": 0.52
-    }, agent)
-    assert.include(both.cut, "step 3: 50% of the chains ended with a turn cut at agent.maxNewTokens (48)")
-    assert.include(both.full, "step 3: 52% of the chains ended at agent.maxContextTokens (256 tokens)")
-    assert.include(both.full, "raise agent.maxContextTokens")
-    // An agent function's own max_tokens cut most of them: that is the setting to name.
-    const figures = { "rollout/termination/stop": 0.75, "rollout/trajectories": 8 }
-    const own = RolloutFigures.budgetWarnings(3, figures, agent, [16, 16, 16])
-    assert.include(own.cut, "most at their agent's own request max_tokens (16, below agent.maxNewTokens 48)")
-    assert.include(own.cut, "raise max_tokens in the agent's requests")
-    assert.include(
-      RolloutFigures.budgetWarnings(3, figures, agent, [16, 16]).cut,
-      "cut at agent.maxNewTokens (48)",
-      "a third of the cut chains"
-    )
-    // A budget the config does not set is the task's default: the warning says so, and where to override it.
-    const webshop = { name: "webshop", defaults: { maxNewTokens: 48 } }
-    const fromTask = RolloutFigures.budgetWarnings(3, { "rollout/termination/stop": 0.5 }, agent, [], webshop).cut
-    assert.include(fromTask, "cut at agent.maxNewTokens (48, task webshop's default)")
-    assert.include(fromTask, "raise agent.maxNewTokens in the config (it overrides the task's default)")
-    const ownValue =
-      RolloutFigures.budgetWarnings(3, { "rollout/termination/stop": 0.5 }, { maxNewTokens: 64 }, [], webshop).cut
-    assert.include(ownValue, "cut at agent.maxNewTokens (64) before")
-  })
+  it(
+    "token budgets: turns cut at maxNewTokens (half the chains or more) and conversations cut at maxContextTokens (a quarter or more) are named",
+    () => {
+      const agent = { maxNewTokens: 48, maxContextTokens: 256 }
+      const none = RolloutFigures.budgetWarnings(3, {
+        "rollout/termination/stop": 0.4,
+        "rollout/termination/context_length": 0.2
+      }, agent)
+      assert.deepStrictEqual(none, {})
+      const both = RolloutFigures.budgetWarnings(3, {
+        "rollout/termination/stop": 0.5,
+        "rollout/termination/context_length": 0.52
+      }, agent)
+      assert.include(both.cut, "step 3: 50% of the chains ended with a turn cut at agent.maxNewTokens (48)")
+      assert.include(both.full, "step 3: 52% of the chains ended at agent.maxContextTokens (256 tokens)")
+      assert.include(both.full, "raise agent.maxContextTokens")
+      // An agent function's own max_tokens cut most of them: that is the setting to name.
+      const figures = { "rollout/termination/stop": 0.75, "rollout/trajectories": 8 }
+      const own = RolloutFigures.budgetWarnings(3, figures, agent, [16, 16, 16])
+      assert.include(own.cut, "most at their agent's own request max_tokens (16, below agent.maxNewTokens 48)")
+      assert.include(own.cut, "raise max_tokens in the agent's requests")
+      assert.include(
+        RolloutFigures.budgetWarnings(3, figures, agent, [16, 16]).cut,
+        "cut at agent.maxNewTokens (48)",
+        "a third of the cut chains"
+      )
+      // A budget the config does not set is the task's default: the warning says so, and where to override it.
+      const webshop = { name: "webshop", defaults: { maxNewTokens: 48 } }
+      const fromTask = RolloutFigures.budgetWarnings(3, { "rollout/termination/stop": 0.5 }, agent, [], webshop).cut
+      assert.include(fromTask, "cut at agent.maxNewTokens (48, task webshop's default)")
+      assert.include(fromTask, "raise agent.maxNewTokens in the config (it overrides the task's default)")
+      const ownValue =
+        RolloutFigures.budgetWarnings(3, { "rollout/termination/stop": 0.5 }, { maxNewTokens: 64 }, [], webshop).cut
+      assert.include(ownValue, "cut at agent.maxNewTokens (64) before")
+    }
+  )
 
 })
 
@@ -231,25 +237,28 @@ describe("RolloutFigures.stepNotices", () => {
     assert.deepStrictEqual(RolloutFigures.stepNotices(2, figures, groups, { agent }), [])
   })
 
-  it("names short dynamic sampling, cut turns, dying tools, full contexts and prompts that fill the context, in that order", () => {
-    const trajectories = [
-      chain("stop"),
-      chain("stop"),
-      chain("context_length", { tokens_generated: 0 }),
-      chain("context_length", { tokens_generated: 3 })
-    ]
-    const groups = [{ groupId: "g0", rowIndex: 0, trajectories }]
-    const figures = { ...RolloutFigures.rolloutFigures(groups, { prefix: "rollout" }), "rollout/tool_errors/Defect": 2 }
-    const notices = RolloutFigures.stepNotices(5, figures, groups, {
-      agent,
-      dynamic: { kept: 1, wanted: 3, batches: 4 }
-    })
-    assert.deepStrictEqual(notices.map((n) => n.key), ["short", "cut", "defect", "full", "unfit"])
-    assert.include(notices[0]!.text, "step 5: dynamic sampling found 1 of 3 groups whose rewards differ in 4 batches")
-    assert.include(notices[2]!.text, "2 tool call(s) died in the tool's own code")
-    assert.include(notices[4]!.text, "1 of 4 chains ended before sampling a token")
-    assert.include(notices[4]!.text, "agent.maxContextTokens (512)")
-  })
+  it(
+    "names short dynamic sampling, cut turns, dying tools, full contexts and prompts that fill the context, in that order",
+    () => {
+      const trajectories = [
+        chain("stop"),
+        chain("stop"),
+        chain("context_length", { tokens_generated: 0 }),
+        chain("context_length", { tokens_generated: 3 })
+      ]
+      const groups = [{ groupId: "g0", rowIndex: 0, trajectories }]
+      const figures = { ...RolloutFigures.rolloutFigures(groups, { prefix: "rollout" }), "rollout/tool_errors/Defect": 2 }
+      const notices = RolloutFigures.stepNotices(5, figures, groups, {
+        agent,
+        dynamic: { kept: 1, wanted: 3, batches: 4 }
+      })
+      assert.deepStrictEqual(notices.map((n) => n.key), ["short", "cut", "defect", "full", "unfit"])
+      assert.include(notices[0]!.text, "step 5: dynamic sampling found 1 of 3 groups whose rewards differ in 4 batches")
+      assert.include(notices[2]!.text, "2 tool call(s) died in the tool's own code")
+      assert.include(notices[4]!.text, "1 of 4 chains ended before sampling a token")
+      assert.include(notices[4]!.text, "agent.maxContextTokens (512)")
+    }
+  )
 
   it("dynamic sampling that found every group it wanted says nothing", () => {
     const groups = [{ groupId: "g0", rowIndex: 0, trajectories: [chain("answer")] }]

@@ -104,21 +104,24 @@ describe("Task", () => {
     })
   })
 
-  it("a task reached by name or path gets nothing from its runner: withOptions refuses one whose layer is missing", () => {
-    class Catalog extends Context.Service<Catalog, { readonly size: number }>()("test/Task/Catalog") {}
-    const catalog = Layer.succeed(Catalog, Catalog.of({ size: 3 }))
-    // The game's layer needs a Catalog, which only the task's own `layer` can give it.
-    const environment = Environment.perChain(
-      Layer.effect(Game, Effect.map(Catalog, () => Game.of({ guess: (n) => Effect.succeed(String(n)) })))
-    )
-    const options = Schema.Struct({})
-    const complete = Task.withOptions("complete", options, () =>
-      Task.make("complete", { tools: [guess], environment, layer: catalog }))
-    assert.isFunction(complete)
-    Task.withOptions("no layer", options, () =>
-      // @ts-expect-error the environment needs Catalog, and without the task's layer no one provides it
-      Task.make("no layer", { tools: [guess], environment }))
-  })
+  it(
+    "a task reached by name or path gets nothing from its runner: withOptions refuses one whose layer is missing",
+    () => {
+      class Catalog extends Context.Service<Catalog, { readonly size: number }>()("test/Task/Catalog") {}
+      const catalog = Layer.succeed(Catalog, Catalog.of({ size: 3 }))
+      // The game's layer needs a Catalog, which only the task's own `layer` can give it.
+      const environment = Environment.perChain(
+        Layer.effect(Game, Effect.map(Catalog, () => Game.of({ guess: (n) => Effect.succeed(String(n)) })))
+      )
+      const options = Schema.Struct({})
+      const complete = Task.withOptions("complete", options, () =>
+        Task.make("complete", { tools: [guess], environment, layer: catalog }))
+      assert.isFunction(complete)
+      Task.withOptions("no layer", options, () =>
+        // @ts-expect-error the environment needs Catalog, and without the task's layer no one provides it
+        Task.make("no layer", { tools: [guess], environment }))
+    }
+  )
 
   it.effect("a task option of the wrong type is reported with the value given, as a config's keys are", () =>
     Effect.gen(function*() {

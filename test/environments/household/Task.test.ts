@@ -80,18 +80,21 @@ describe("household task", () => {
       }
     }))
 
-  it.effect("the oracle solves ≥ 95% of held-out science rows (phase, measure, circuit, grow) and of two-room worlds", () =>
-    Effect.gen(function*() {
-      const sci = yield* Data.rollout(science, Solver.oracle, heldOut("science", 80))
-      assert.isAtLeast(solved(sci), 0.95)
-      for (const type of ["phase", "measure", "circuit", "grow"]) {
-        assert.isAtLeast(solved(sci.filter((t) => typeOf(t) === type)), 0.9, type)
-      }
-      const big = { rooms: 2, receptacles: 4, distractors: 3 }
-      const rooms = yield* Data.rollout(household, Solver.oracle, heldOut("household", 36, big))
-      assert.isAtLeast(solved(rooms), 0.95)
-      assert.isTrue(rooms.some((t) => envTexts(t).some((text) => /^You are in the /.test(text))), "it walked rooms")
-    }))
+  it.effect(
+    "the oracle solves ≥ 95% of held-out science rows (phase, measure, circuit, grow) and of two-room worlds",
+    () =>
+      Effect.gen(function*() {
+        const sci = yield* Data.rollout(science, Solver.oracle, heldOut("science", 80))
+        assert.isAtLeast(solved(sci), 0.95)
+        for (const type of ["phase", "measure", "circuit", "grow"]) {
+          assert.isAtLeast(solved(sci.filter((t) => typeOf(t) === type)), 0.9, type)
+        }
+        const big = { rooms: 2, receptacles: 4, distractors: 3 }
+        const rooms = yield* Data.rollout(household, Solver.oracle, heldOut("household", 36, big))
+        assert.isAtLeast(solved(rooms), 0.95)
+        assert.isTrue(rooms.some((t) => envTexts(t).some((text) => /^You are in the /.test(text))), "it walked rooms")
+      })
+  )
 
   it.effect("random agents score near 0: random admissible commands, and words that are not commands", () =>
     Effect.gen(function*() {

@@ -175,39 +175,42 @@ describe("Packing with sharePrefix", () => {
       assert.isUndefined(unshared.microBatches[0]!.prefix)
     }))
 
-  it.effect("rows naming a prompt the micro-batch does not hold are a BadBatch error; an empty prompt row changes nothing", () =>
-    Effect.gen(function*() {
-      const packed = yield* Packing.pack(dataset(5, 1, 2).slice(0, 2), {
-        tokenBudget: 1024,
-        aggregation: "token-mean",
-        sharePrefix: true
-      })
-      const mb = packed.microBatches[0]!
-      const trainer = yield* OnnxTrainer.make(options(Loss.grpo))
-      const bad = { ...mb, prefix: { ...mb.prefix!, index: Int32Array.of(0, 1) } }
-      const error = yield* Effect.flip(trainer.trainer.forwardBackward(bad))
-      assert.strictEqual(error.reason._tag, "BadBatch")
-      assert.include(error.message, "row 1 continues prompt 1 of 1")
-      const short = { ...mb, prefix: { ...mb.prefix!, index: Int32Array.of(0) } }
-      assert.strictEqual((yield* Effect.flip(trainer.trainer.forwardBackward(short))).reason._tag, "BadBatch")
-      // nothing was accumulated: the next good micro-batch's loss is its own
-      const good = yield* trainer.trainer.forwardBackward(mb)
-      assert.isAbove(good.tokens, 0)
-      // an empty prompt row (as a worker's shard may carry) changes nothing
-      const prefix = mb.prefix!
-      const padded = {
-        ...mb,
-        prefix: {
-          ...prefix,
-          batch: prefix.batch + 1,
-          inputIds: Int32Array.from([...prefix.inputIds, ...new Array(prefix.length).fill(0)]),
-          attentionMask: Uint8Array.from([...prefix.attentionMask, ...new Array(prefix.length).fill(0)])
+  it.effect(
+    "rows naming a prompt the micro-batch does not hold are a BadBatch error; an empty prompt row changes nothing",
+    () =>
+      Effect.gen(function*() {
+        const packed = yield* Packing.pack(dataset(5, 1, 2).slice(0, 2), {
+          tokenBudget: 1024,
+          aggregation: "token-mean",
+          sharePrefix: true
+        })
+        const mb = packed.microBatches[0]!
+        const trainer = yield* OnnxTrainer.make(options(Loss.grpo))
+        const bad = { ...mb, prefix: { ...mb.prefix!, index: Int32Array.of(0, 1) } }
+        const error = yield* Effect.flip(trainer.trainer.forwardBackward(bad))
+        assert.strictEqual(error.reason._tag, "BadBatch")
+        assert.include(error.message, "row 1 continues prompt 1 of 1")
+        const short = { ...mb, prefix: { ...mb.prefix!, index: Int32Array.of(0) } }
+        assert.strictEqual((yield* Effect.flip(trainer.trainer.forwardBackward(short))).reason._tag, "BadBatch")
+        // nothing was accumulated: the next good micro-batch's loss is its own
+        const good = yield* trainer.trainer.forwardBackward(mb)
+        assert.isAbove(good.tokens, 0)
+        // an empty prompt row (as a worker's shard may carry) changes nothing
+        const prefix = mb.prefix!
+        const padded = {
+          ...mb,
+          prefix: {
+            ...prefix,
+            batch: prefix.batch + 1,
+            inputIds: Int32Array.from([...prefix.inputIds, ...new Array(prefix.length).fill(0)]),
+            attentionMask: Uint8Array.from([...prefix.attentionMask, ...new Array(prefix.length).fill(0)])
+          }
         }
-      }
-      const same = yield* trainer.trainer.forwardBackward(padded)
-      assert.approximately(same.loss, good.loss, 1e-6)
-      same.tokenLogprobs.forEach((x, i) => assert.approximately(x, good.tokenLogprobs[i]!, 1e-6))
-    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)))
+        const same = yield* trainer.trainer.forwardBackward(padded)
+        assert.approximately(same.loss, good.loss, 1e-6)
+        same.tokenLogprobs.forEach((x, i) => assert.approximately(x, good.tokenLogprobs[i]!, 1e-6))
+      }).pipe(Effect.scoped, Effect.provide(NodeServices.layer))
+  )
 
   for (
     const [name, loss, workers] of [
