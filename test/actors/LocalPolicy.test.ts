@@ -34,7 +34,10 @@ const fixture = Effect.gen(function*() {
   // Held-out questions much longer than the training ones: a prefill shared with them left-pads the training prompts.
   const long = readFileSync(join(dir, "heldout.jsonl"), "utf8").trim().split("\n").map((line) => {
     const row = JSON.parse(line)
-    return JSON.stringify({ ...row, question: `${row.question} ${"Show the calculator call, then the answer. ".repeat(4)}` })
+    return JSON.stringify({
+      ...row,
+      question: `${row.question} ${"Show the calculator call, then the answer. ".repeat(4)}`
+    })
   })
   writeFileSync(join(dir, "long.jsonl"), long.join("\n") + "\n")
   yield* ModelFolder.init(join(dir, "model"), { preset: "tiny", seed: 3 })
@@ -50,8 +53,17 @@ const fixture = Effect.gen(function*() {
     }), folder.config)
   const train = yield* Dataset.load(join(dir, "train.jsonl"), { onInvalid: "stop" })
   const heldOut = yield* Dataset.load(join(dir, "long.jsonl"), { onInvalid: "stop" })
-  const agent = yield* RolloutSetup.make({ task: CalculatorTask.make(), config, format: ChainFormat.ofConfig(config, folder) })
-  const batch = Rollouts.collectGroups(agent, train.rows.slice(0, 2), { firstSeq: 0, chains: 3, temperature: 1, seed: 1234 })
+  const agent = yield* RolloutSetup.make({
+    task: CalculatorTask.make(),
+    config,
+    format: ChainFormat.ofConfig(config, folder)
+  })
+  const batch = Rollouts.collectGroups(agent, train.rows.slice(0, 2), {
+    firstSeq: 0,
+    chains: 3,
+    temperature: 1,
+    seed: 1234
+  })
   return { folder, config, agent, batch, heldOut, train }
 })
 
@@ -93,7 +105,12 @@ describe("LocalPolicy", () => {
         } as unknown as PolicyEngine.PolicyEngine["Service"]
         const sampler = LocalPolicy.prefillAlone(engine)
         const ask = (prompt: string) =>
-          Effect.forkChild(sampler.generate({ promptTokenIds: [...prompt].map((c) => c.charCodeAt(0)), sampling: { temperature: 1, maxTokens: 1 } }))
+          Effect.forkChild(
+            sampler.generate({
+              promptTokenIds: [...prompt].map((c) => c.charCodeAt(0)),
+              sampling: { temperature: 1, maxTokens: 1 }
+            })
+          )
         const settle = Effect.yieldNow.pipe(Effect.repeat({ times: 20 }))
         const a1 = yield* ask("A")
         const b = yield* ask("B")
@@ -208,7 +225,10 @@ describe("LocalPolicy", () => {
         assert.strictEqual(kl._tag, "Applied", JSON.stringify(kl))
         assert.strictEqual(kl.figures["learner/groups_with_signal"], 2)
         assert.strictEqual(kl.figures["learner/applied"], 1)
-        assert.isTrue(Number.isFinite(kl.figures["learner/reward_kl"]), "the step reached the learner, which scored the KL")
+        assert.isTrue(
+          Number.isFinite(kl.figures["learner/reward_kl"]),
+          "the step reached the learner, which scored the KL"
+        )
         assert.strictEqual(kl._tag === "Applied" ? kl.loss : NaN, kl.figures["learner/loss"], "the step's loss")
       }).pipe(Effect.provide(NodeServices.layer)),
     120_000
@@ -323,27 +343,36 @@ describe("LocalPolicy", () => {
 })
 
 describe("LocalPolicy in a run", () => {
-  it.live("a step that makes the weights non-finite stops the run with a typed error before anything is saved", () =>
-    Effect.gen(function*() {
-      const { folder, config: decoded, train } = yield* fixture
-      // lr Infinity (what JSON makes of 1e400) is refused by the config's Schema; a program may still build one.
-      const config = {
-        ...decoded,
-        algorithm: { ...decoded.algorithm, lr: Infinity, advantage: "reinforce++" as const, entropyCoef: 0.01 },
-        checkpoint: { every: 1, keep: 5 }
-      }
-      const error = yield* Effect.flip(Effect.scoped(TrainLoop.run({
-        task: CalculatorTask.make(),
-        config,
-        format: ChainFormat.ofConfig(config, folder),
-        train
-      })).pipe(Effect.provide(Layer.provideMerge(Rollouts.inProcess, LocalPolicy.layer(folder, config))), Effect.provide(ResourceManager.ResourceManager.layer)))
-      assert.strictEqual(error.reason._tag, "NonFinite")
-      assert.match(error.message, /step 1 made the weights non-finite \(.+\[\d+\] = (NaN|-?Infinity)\)/)
-      const journal = (yield* Journal.read(join(config.output, "journal.jsonl"))).entries.map((e) => e.entry.kind)
-      assert.notInclude(journal, "step", "no learner step journaled")
-      assert.notInclude(journal, "checkpoint")
-      const checkpoints = join(config.output, "checkpoints")
-      assert.deepStrictEqual(existsSync(checkpoints) ? readdirSync(checkpoints) : [], [], "no checkpoint written")
-    }).pipe(Effect.provide(NodeServices.layer)), 120_000)
+  it.live(
+    "a step that makes the weights non-finite stops the run with a typed error before anything is saved",
+    () =>
+      Effect.gen(function*() {
+        const { folder, config: decoded, train } = yield* fixture
+        // lr Infinity (what JSON makes of 1e400) is refused by the config's Schema; a program may still build one.
+        const config = {
+          ...decoded,
+          algorithm: { ...decoded.algorithm, lr: Infinity, advantage: "reinforce++" as const, entropyCoef: 0.01 },
+          checkpoint: { every: 1, keep: 5 }
+        }
+        const error = yield* Effect.flip(
+          Effect.scoped(TrainLoop.run({
+            task: CalculatorTask.make(),
+            config,
+            format: ChainFormat.ofConfig(config, folder),
+            train
+          })).pipe(
+            Effect.provide(Layer.provideMerge(Rollouts.inProcess, LocalPolicy.layer(folder, config))),
+            Effect.provide(ResourceManager.ResourceManager.layer)
+          )
+        )
+        assert.strictEqual(error.reason._tag, "NonFinite")
+        assert.match(error.message, /step 1 made the weights non-finite \(.+\[\d+\] = (NaN|-?Infinity)\)/)
+        const journal = (yield* Journal.read(join(config.output, "journal.jsonl"))).entries.map((e) => e.entry.kind)
+        assert.notInclude(journal, "step", "no learner step journaled")
+        assert.notInclude(journal, "checkpoint")
+        const checkpoints = join(config.output, "checkpoints")
+        assert.deepStrictEqual(existsSync(checkpoints) ? readdirSync(checkpoints) : [], [], "no checkpoint written")
+      }).pipe(Effect.provide(NodeServices.layer)),
+    120_000
+  )
 })

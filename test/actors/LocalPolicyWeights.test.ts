@@ -115,7 +115,11 @@ describe("LocalPolicy weights", () => {
           yield* learner.save(checkpoint)
           const second = yield* counted(step(2))
           assert.deepInclude(second, { weights: 1, fingerprints: 1 })
-          assert.notStrictEqual(second.value.fingerprint, first.value.fingerprint, "a step's new weights, not the cached")
+          assert.notStrictEqual(
+            second.value.fingerprint,
+            first.value.fingerprint,
+            "a step's new weights, not the cached"
+          )
           // A load changes the weights: its fingerprint is the checkpoint's, hashed once more.
           const loaded = yield* counted(Effect.andThen(learner.load(checkpoint), learner.fingerprint))
           assert.deepStrictEqual(loaded, { value: first.value.fingerprint, weights: 1, fingerprints: 1 })

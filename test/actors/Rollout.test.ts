@@ -243,7 +243,10 @@ describe("Rollout.run", () => {
         assert.strictEqual(cut.termination, "stop", "the chain ended because the turn was cut")
         assert.strictEqual(cut.metrics["tool_errors/ParseFailed"], 1)
         assert.strictEqual(cut.errorReason, "ParseFailed")
-        assert.match(cut.error!, /^ParseFailed: the turn was cut by max tokens inside a tool call: <tool_call> is never/)
+        assert.match(
+          cut.error!,
+          /^ParseFailed: the turn was cut by max tokens inside a tool call: <tool_call> is never/
+        )
         assert.isFalse(cut.masked, "a policy's failure: scored and trained on, as a malformed call is")
         assert.strictEqual(cut.rewardStatus, "scored")
         // Cut by the context budget instead (a few tokens short of the whole turn): the same failed call, a
@@ -258,10 +261,13 @@ describe("Rollout.run", () => {
         assert.isUndefined(prose.metrics["tool_errors/ParseFailed"])
         assert.isUndefined(prose.error)
         // The trainer's figures read it as an invalid call and a ParseFailed failure, not an infrastructure one.
-        const figures = RolloutFigures.rolloutFigures([{ groupId: "g", rowIndex: 0, trajectories: [cut, full, prose] }], {
-          prefix: "rollout",
-          tools: ["add", "answer"]
-        })
+        const figures = RolloutFigures.rolloutFigures(
+          [{ groupId: "g", rowIndex: 0, trajectories: [cut, full, prose] }],
+          {
+            prefix: "rollout",
+            tools: ["add", "answer"]
+          }
+        )
         assert.closeTo(figures["rollout/invalid_tool_call_rate"]!, 2 / 3, 1e-12)
         assert.strictEqual(figures["rollout/tool_errors/ParseFailed"], 2)
         assert.strictEqual(figures["rollout/failures/ParseFailed"], 2)

@@ -239,7 +239,9 @@ describe("Train.run", () => {
           Train.run({ task, dir, config: { ...config, data: { train: "data/trian.jsonl" } }, tty: false })
         )
         assert.strictEqual((misspelt as Error).message, `data.train: ${join(dir, "data/trian.jsonl")}: no such file`)
-        const refused = yield* Effect.flip(Train.run({ task, dir, config, write: (t) => void lines.push(t), tty: false }))
+        const refused = yield* Effect.flip(
+          Train.run({ task, dir, config, write: (t) => void lines.push(t), tty: false })
+        )
         // A data file's bad lines, each named FILE:LINE as a training file's rows are (not an "invalid config").
         assert.instanceOf(refused, Dataset.DatasetError)
         const message = (refused as Dataset.DatasetError).message

@@ -93,7 +93,10 @@ describe("Dataset", () => {
         )
         assert.deepStrictEqual(args, [{ a: 1, b: 2 }, { a: 1 }])
         assert.deepStrictEqual(ds.skipped.map((s) => s.line), [3, 4])
-        assert.include(ds.skipped[0]!.message, `the arguments of tool call "add" are a string that is not a JSON object`)
+        assert.include(
+          ds.skipped[0]!.message,
+          `the arguments of tool call "add" are a string that is not a JSON object`
+        )
       })
   )
 

@@ -247,7 +247,10 @@ describe("RolloutFigures.stepNotices", () => {
         chain("context_length", { tokens_generated: 3 })
       ]
       const groups = [{ groupId: "g0", rowIndex: 0, trajectories }]
-      const figures = { ...RolloutFigures.rolloutFigures(groups, { prefix: "rollout" }), "rollout/tool_errors/Defect": 2 }
+      const figures = {
+        ...RolloutFigures.rolloutFigures(groups, { prefix: "rollout" }),
+        "rollout/tool_errors/Defect": 2
+      }
       const notices = RolloutFigures.stepNotices(5, figures, groups, {
         agent,
         dynamic: { kept: 1, wanted: 3, batches: 4 }

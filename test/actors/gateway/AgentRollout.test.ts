@@ -208,7 +208,11 @@ describe("AgentRollout", () => {
           })
         for (
           const [name, value, says] of [
-            ["nan", () => NaN, `the agent function of task "nan" returned NaN as its reward (expected a finite number)`],
+            [
+              "nan",
+              () => NaN,
+              `the agent function of task "nan" returned NaN as its reward (expected a finite number)`
+            ],
             ["inf", () => ({ reward: Infinity }), `returned Infinity as its reward`],
             ["metric", () => ({ reward: 1, metrics: { chars: NaN } }), `returned metric "chars" = NaN`]
           ] as const
@@ -313,7 +317,9 @@ describe("AgentRollout", () => {
             ...(policies === undefined ? {} : { policies })
           })
         const logs: Array<string> = []
-        const collector = Logger.make((o) => void logs.push((o.message as ReadonlyArray<unknown>).map(String).join(" ")))
+        const collector = Logger.make((o) =>
+          void logs.push((o.message as ReadonlyArray<unknown>).map(String).join(" "))
+        )
         const groups = yield* run(flaky()).pipe(Effect.provideService(Logger.CurrentLoggers, new Set([collector])))
         // The first crash is logged with where it threw; the second is only counted.
         assert.strictEqual(logs.length, 1, logs.join("\n"))

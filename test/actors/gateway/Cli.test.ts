@@ -78,7 +78,9 @@ describe("agentfly gateway", () => {
         )
         assert.strictEqual(chat.choices[0]!.finish_reason, "length")
         assert.strictEqual(chat.usage?.completion_tokens, 16)
-        const text = yield* Effect.promise(() => openai.completions.create({ model: "x", prompt: "Once upon", max_tokens: 8, seed: 1 }))
+        const text = yield* Effect.promise(() =>
+          openai.completions.create({ model: "x", prompt: "Once upon", max_tokens: 8, seed: 1 })
+        )
         assert.strictEqual((text.choices[0] as unknown as { token_ids: Array<number> }).token_ids.length, 8)
         // A text prompt's ids, as the model read them (the byte tokenizer: one id per byte).
         const promptIds = (text.choices[0] as unknown as { prompt_token_ids: Array<number> }).prompt_token_ids
@@ -91,7 +93,9 @@ describe("agentfly gateway", () => {
           })
         )
         const posted = yield* Effect.promise(() =>
-          fetch(`${url}/episodes/first/reward`, { method: "POST", body: JSON.stringify({ reward: 0.75 }) }).then((r) => r.status)
+          fetch(`${url}/episodes/first/reward`, { method: "POST", body: JSON.stringify({ reward: 0.75 }) }).then((r) =>
+            r.status
+          )
         )
         assert.strictEqual(posted, 200)
         assert.isTrue(yield* waitFor(() => lines(output).length === 2, 15_000), "both episodes were written")
@@ -112,7 +116,10 @@ describe("agentfly gateway", () => {
           fetch(`${url}/episodes/first/v1/chat/completions`, {
             method: "POST",
             body: JSON.stringify({ model: "x", messages: [{ role: "user", content: "Hi" }] })
-          }).then(async (r) => ({ status: r.status, body: await r.json() as { error: { code: string; message: string } } }))
+          }).then(async (r) => ({
+            status: r.status,
+            body: await r.json() as { error: { code: string; message: string } }
+          }))
         )
         assert.strictEqual(again.status, 409)
         assert.strictEqual(again.body.error.code, "episode_ended")
@@ -140,7 +147,16 @@ describe("agentfly gateway", () => {
       Effect.gen(function*() {
         const dir = mkdtempSync(join(tmpdir(), "gateway-cli-"))
         yield* ModelFolder.init(join(dir, "model"), { preset: "tiny", seed: 2 })
-        const base = ["--model-dir", join(dir, "model"), "--port", "0", "--output", join(dir, "e.jsonl"), "--max-new-tokens", "4"]
+        const base = [
+          "--model-dir",
+          join(dir, "model"),
+          "--port",
+          "0",
+          "--output",
+          join(dir, "e.jsonl"),
+          "--max-new-tokens",
+          "4"
+        ]
         const tool = {
           type: "function" as const,
           function: { name: "convert", description: "Convert units", parameters: { type: "object", properties: {} } }
@@ -158,7 +174,9 @@ describe("agentfly gateway", () => {
         omitting.kill()
         // Without it the tiny model's 512 positions cannot hold Qwen2.5's tool preamble.
         const rendering = yield* startCli(base)
-        const refused = yield* Effect.flip(promptTokens(rendering.url, "a", true).pipe(Effect.orDie, Effect.catchDefect(Effect.fail)))
+        const refused = yield* Effect.flip(
+          promptTokens(rendering.url, "a", true).pipe(Effect.orDie, Effect.catchDefect(Effect.fail))
+        )
         assert.include(String(refused), "this episode's context holds 512")
         rendering.kill()
         const missing = yield* Effect.flip(startCli([...base, "--checkpoint", join(dir, "nope")]))

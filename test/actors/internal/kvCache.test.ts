@@ -42,7 +42,10 @@ describe("kvCache", () => {
                 joined.forEach((tokens, i) =>
                   tokens.forEach((t, j) => {
                     for (let h = 0; h < H; h++) {
-                      out.set(t[k]!.subarray(h * D, (h + 1) * D), ((i * H + h) * length + length - tokens.length + j) * D)
+                      out.set(
+                        t[k]!.subarray(h * D, (h + 1) * D),
+                        ((i * H + h) * length + length - tokens.length + j) * D
+                      )
                     }
                   })
                 )

@@ -94,7 +94,10 @@ describe("chess puzzles", () => {
       const started = Board.start(row)
       assert.isObject(started)
       const { state, text } = started as { state: Board.State; text: string }
-      assert.match(text, /^Black played Bxg3\. White to move\.\nFEN: r6k\/pp2r2p\/4Rp1Q\/3p4\/8\/1N1P2b1\/PqP3PP\/7K w /)
+      assert.match(
+        text,
+        /^Black played Bxg3\. White to move\.\nFEN: r6k\/pp2r2p\/4Rp1Q\/3p4\/8\/1N1P2b1\/PqP3PP\/7K w /
+      )
       // Not legal, not understood, empty: refused, counted, the puzzle goes on.
       for (const m of ["Ke9", "castle", "", "e2e4"]) {
         const refused = Board.act(state, settings, { _tag: "move", move: m })
