@@ -233,9 +233,14 @@ describe("InferenceServers", () => {
       // trains anything, naming the fix.
       const notAccepted = yield* Effect.flip(InferenceServers.make({ urls: [open.baseUrl], parameters }))
       assert.strictEqual(notAccepted.reason._tag, "Servers")
-      assert.match(notAccepted.message, /cannot follow this run's learner: it does not take weights \(HTTP 404: .*start it with --accept-weights/)
+      assert.match(
+        notAccepted.message,
+        /cannot follow this run's learner: it does not take weights \(HTTP 404: .*start it with --accept-weights/
+      )
       const before = yield* versionOf(locked.baseUrl, "s3cret")
-      const wrongToken = yield* Effect.flip(InferenceServers.make({ urls: [locked.baseUrl], parameters, token: "guess" }))
+      const wrongToken = yield* Effect.flip(
+        InferenceServers.make({ urls: [locked.baseUrl], parameters, token: "guess" })
+      )
       assert.include(wrongToken.message, "it refuses this run's token")
       assert.include(wrongToken.message, "set AGENTFLY_WEIGHTS_TOKEN")
       assert.strictEqual(yield* versionOf(locked.baseUrl, "s3cret"), before, "the probe changed nothing")

@@ -55,7 +55,15 @@ describe("exact resume", () => {
   for (const [workers, mode, thread, advantage] of cases) it.live(`a run resumed from an evaluation step's checkpoint ends with the same weights and journal (learner.workers ${workers}, ${mode}${thread ? ", engine thread" : ""}, ${advantage})`, () =>
     Effect.gen(function*() {
       const dir = mkdtempSync(join(tmpdir(), "resume-exact-"))
-      yield* Generate.write({ dir: join(dir, "data"), seed: 5, train: 32, heldOut: 6, validation: 2, demos: 2, noise: 0 })
+      yield* Generate.write({
+        dir: join(dir, "data"),
+        seed: 5,
+        train: 32,
+        heldOut: 6,
+        validation: 2,
+        demos: 2,
+        noise: 0
+      })
       yield* ModelFolder.init(join(dir, "model"), { preset: "tiny", seed: 3 })
       const folder = yield* ModelFolder.load(join(dir, "model"))
       const configFor = (output: string) =>
@@ -96,7 +104,10 @@ describe("exact resume", () => {
       // with training rollouts widens the keys/values every row of that batch attends over.
       const long = readFileSync(join(dir, "data", "heldout.jsonl"), "utf8").trim().split("\n").map((line) => {
         const row = JSON.parse(line)
-        return JSON.stringify({ ...row, question: `${row.question} ${"Show the calculator call, then the answer. ".repeat(4)}` })
+        return JSON.stringify({
+          ...row,
+          question: `${row.question} ${"Show the calculator call, then the answer. ".repeat(4)}`
+        })
       })
       writeFileSync(join(dir, "data", "long.jsonl"), long.join("\n") + "\n")
       const heldOut = yield* Dataset.load(join(dir, "data", "long.jsonl"), { onInvalid: "stop" })
@@ -159,7 +170,8 @@ describe("exact resume", () => {
       const weights = (run: string) => readFileSync(join(run, "checkpoints", "step-000004", "model.safetensors"))
       assert.isTrue(weights(a.output).equals(weights(b.output)), "bit-identical final checkpoints")
       if (advantage === "gae") {
-        const critic = (run: string) => readFileSync(join(run, "checkpoints", "step-000004", "critic", "model.safetensors"))
+        const critic = (run: string) =>
+          readFileSync(join(run, "checkpoints", "step-000004", "critic", "model.safetensors"))
         assert.isTrue(critic(a.output).equals(critic(b.output)), "bit-identical final critics")
         const trained = evalsOf(a.output).length > 0 &&
           readFileSync(join(a.output, "metrics.jsonl"), "utf8").includes("\"critic/optimizer_steps\":1")
