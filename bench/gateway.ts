@@ -232,7 +232,8 @@ export default () =>
     return {
       headline: {
         metric:
-          "gateway − 1.05 × engine latency per request, ms, median over paired rounds (tiny engine, 16 new tokens, 4-turn conversations)",
+          "gateway − 1.05 × engine latency per request, ms, median over paired rounds (tiny engine, 16 new tokens, " +
+            "4-turn conversations)",
         value: excess,
         target: 1,
         better: "lower" as const

@@ -231,7 +231,8 @@ export default () =>
     return {
       headline: {
         metric:
-          `search env steps/s: ${CHAINS} chains through Rollout.runTaskChat (byte-level format) / bare loop, 10k passages`,
+          `search env steps/s: ${CHAINS} chains through Rollout.runTaskChat (byte-level format) / bare loop, ` +
+            `10k passages`,
         value: headline,
         target: 0.67,
         better: "higher"

@@ -713,7 +713,8 @@ export const renderComparison = (
   )
     .join("")
   return `<!doctype html><html lang="en"><head><meta charset="utf-8"><title>${escape(input.title)}</title>` +
-    `<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; img-src data:">` +
+    `<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; ` +
+    `img-src data:">` +
     `<style>${style}.summary td.name{text-align:left}</style></head><body><h1>${escape(input.title)}</h1>` +
     comparisonTable(input.runs) + configChanges(input.runs) + body + `</body></html>\n`
 }

@@ -76,7 +76,8 @@ const singlePrompt = (rubric: string, trajectory: Trajectory.Trajectory): Conver
   {
     role: "system",
     content: "You grade an AI agent's work against a rubric. Read the transcript, then answer with one JSON object " +
-      `and nothing else: {"explanation": "<one or two sentences>", "score": <a number from 0 to 1>}.\n\nRubric:\n${rubric}`
+      `and nothing else: {"explanation": "<one or two sentences>", "score": ` +
+        `<a number from 0 to 1>}.\n\nRubric:\n${rubric}`
   },
   { role: "user", content: `Transcript:\n\n${transcript(trajectory.messages)}` }
 ]

@@ -268,7 +268,8 @@ describe("LocalPolicy", () => {
   )
 
   it.live(
-    "KL in the reward with recomputed old logprobs: a checkpoint carries the reference; loaded, the next step is the same",
+    "KL in the reward with recomputed old logprobs: a checkpoint carries the reference; loaded, " +
+      "the next step is the same",
     () =>
       Effect.gen(function*() {
         const { folder, config: decoded, batch } = yield* fixture

@@ -113,7 +113,8 @@ describe("OpenAiServer: fair scheduling", () => {
     })))
 
   it.live(
-    "a small request beside a 2,000-prompt request is admitted at once: a few engine steps more than alone (tiny model)",
+    "a small request beside a 2,000-prompt request is admitted at once: " +
+      "a few engine steps more than alone (tiny model)",
     () =>
       live(Effect.gen(function*() {
         const folder = yield* tinyFolder

@@ -136,7 +136,8 @@ describe("OpenAiServer: validation before the status line, and request limits", 
     })), 60_000)
 
   it.live(
-    "every field OpenAI documents is accepted (openai SDK); an unknown field or a value out of OpenAI's range is a 400 naming it",
+    "every field OpenAI documents is accepted (openai SDK); " +
+      "an unknown field or a value out of OpenAI's range is a 400 naming it",
     () =>
       live(Effect.gen(function*() {
         const folder = yield* tinyFolder

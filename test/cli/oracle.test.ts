@@ -154,8 +154,8 @@ export const oracle = (messages) => ({ toolCalls: [Oracle.call(messages, "guess"
         const text = OracleCli.summary(played)
         assert.include(
           text,
-          "3 rows: solved 0.0 %, mean reward 0.000; 3 of 3 trajectories failed (ChainDefect), counted as wrong; first: " +
-            "ChainDefect: Error: boom in my step\n"
+          "3 rows: solved 0.0 %, mean reward 0.000; 3 of 3 trajectories failed (ChainDefect), counted as wrong; " +
+            "first: ChainDefect: Error: boom in my step\n"
         )
       }).pipe(Effect.provide(NodeServices.layer)),
     120_000
@@ -194,8 +194,8 @@ export const oracle = (messages) => ({ toolCalls: [Oracle.call(messages, "guess"
         assert.strictEqual(absent.code, 1, absent.output)
         assert.include(
           absent.output,
-          `the swe task runs each chain in a container: the Docker engine at ${dir}/absent.sock is not running or does ` +
-            "not answer"
+          `the swe task runs each chain in a container: ` +
+            `the Docker engine at ${dir}/absent.sock is not running or does not answer`
         )
         // A socket that takes connections and never answers (a hung engine): said after the ping's 5 s, not a hang.
         const socket = join(dir, "hung.sock")

@@ -185,7 +185,8 @@ describe("RolloutFigures: steps", () => {
   })
 
   it(
-    "token budgets: turns cut at maxNewTokens (half the chains or more) and conversations cut at maxContextTokens (a quarter or more) are named",
+    "token budgets: turns cut at maxNewTokens (half the chains or more) and conversations cut at maxContextTokens " +
+      "(a quarter or more) are named",
     () => {
       const agent = { maxNewTokens: 48, maxContextTokens: 256 }
       const none = RolloutFigures.budgetWarnings(3, {
@@ -238,7 +239,8 @@ describe("RolloutFigures.stepNotices", () => {
   })
 
   it(
-    "names short dynamic sampling, cut turns, dying tools, full contexts and prompts that fill the context, in that order",
+    "names short dynamic sampling, cut turns, dying tools, full contexts and prompts that fill the context, " +
+      "in that order",
     () => {
       const trajectories = [
         chain("stop"),

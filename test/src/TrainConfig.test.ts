@@ -148,7 +148,8 @@ describe("TrainConfig", () => {
         algorithm: { steps: 10, groupsPerStep: 4096 }
       }))
       assert.deepStrictEqual(product.issues, [
-        "algorithm.groupsPerStep: 4096 groups × agent.numChains 1024 is 4194304 trajectories per step; expected at most 65536"
+        "algorithm.groupsPerStep: 4096 groups × agent.numChains 1024 is 4194304 trajectories per step; " +
+          "expected at most 65536"
       ])
       const ok = yield* TrainConfig.decode({
         ...minimal,

@@ -196,7 +196,8 @@ describe("AgentRollout", () => {
   )
 
   it.live(
-    "a returned reward that is not a finite number fails the trajectory's reward, naming the agent; nothing NaN reaches it",
+    "a returned reward that is not a finite number fails the trajectory's reward, naming the agent; " +
+      "nothing NaN reaches it",
     () =>
       Effect.gen(function*() {
         const returning = (name: string, value: (text: string) => unknown) =>

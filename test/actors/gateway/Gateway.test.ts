@@ -284,7 +284,8 @@ describe("Gateway", () => {
     }))
 
   it.live(
-    "every field OpenAI documents is accepted (openai SDK); an unknown field or a value out of OpenAI's range is a 400 naming it",
+    "every field OpenAI documents is accepted (openai SDK); " +
+      "an unknown field or a value out of OpenAI's range is a 400 naming it",
     () =>
       Effect.gen(function*() {
         const { open } = yield* setup(yield* scriptedSampler())

@@ -18,7 +18,8 @@ const Op = fc.oneof(
 
 describe("kvCache", () => {
   it(
-    "joins, decode steps, removals and caches made from pooled memory keep every row's tokens in its leading slots (model-based property)",
+    "joins, decode steps, removals and caches made from pooled memory keep every row's tokens in its leading slots " +
+      "(model-based property)",
     () => {
       fc.assert(fc.property(
         fc.integer({ min: 1, max: 3 }), // heads

@@ -30,7 +30,8 @@ describe("the calculator task", () => {
     }))
 
   it.effect(
-    "a module path resolves to its task; a mistyped option, an unknown name and a module without a task are typed errors",
+    "a module path resolves to its task; a mistyped option, " +
+      "an unknown name and a module without a task are typed errors",
     () =>
       Effect.gen(function*() {
         const badOption = yield* Effect.flip(resolve({ name: "calculator", options: { toolCallFormt: 1 } }))
