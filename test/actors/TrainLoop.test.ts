@@ -42,9 +42,11 @@ const setup = (overrides: Record<string, unknown> = {}, algorithm: Record<string
       config,
       train: yield* rows(10, "train"),
       eval: yield* rows(20, "eval"),
-      demos: yield* Dataset.parse("demos", `{"messages":[{"role":"user","content":"q"},{"role":"assistant","content":"A"}]}`, {
-        kind: "conversation"
-      }),
+      demos: yield* Dataset.parse(
+        "demos",
+        `{"messages":[{"role":"user","content":"q"},{"role":"assistant","content":"A"}]}`,
+        { kind: "conversation" }
+      ),
       format: charFormat,
       task: Toy.task()
     }
@@ -451,9 +453,8 @@ describe("TrainLoop", () => {
         maxStaleness: 1,
         warmup: { data: "unused", steps: 4, batchSize: 2, stopAt: { data: "unused", accuracy: 1, every: 2, size: 2 } }
       }, { steps: 6 })
-      yield* Effect.scoped(TrainLoop.run({ ...base, validation: yield* rows(4, "validation"), task: neverCorrect })).pipe(
-        Toy.provideParts({ learner, versions: spy })
-      )
+      yield* Effect.scoped(TrainLoop.run({ ...base, validation: yield* rows(4, "validation"), task: neverCorrect }))
+        .pipe(Toy.provideParts({ learner, versions: spy }))
       // A warm-up check at step 2 (version -3), the evaluation at 0, batches 1…6 (versions 0 0 1 3 3 4), evaluations
       // at 4 and 6; no Sampler service was provided.
       assert.deepStrictEqual(

@@ -353,7 +353,10 @@ describe("RemoteTrainer and TrainerServer", () => {
               res.end(Buffer.from(await reply.arrayBuffer()))
             })
             server.listen(0, "127.0.0.1", () =>
-              resume(Effect.succeed({ url: `http://127.0.0.1:${(server.address() as net.AddressInfo).port}/v1`, server })))
+              resume(Effect.succeed({
+                url: `http://127.0.0.1:${(server.address() as net.AddressInfo).port}/v1`,
+                server
+              })))
           }),
           ({ server }) => Effect.sync(() => server.close())
         )

@@ -51,7 +51,9 @@ describe("batch invariance", () => {
           chains: 3,
           temperature: 1,
           seed: 500 + from * 3
-        }).pipe(Effect.provideService(Sampler, Sampler.of({ generate: engine.generate, policyVersion: engine.policyVersion })))
+        }).pipe(
+          Effect.provideService(Sampler, Sampler.of({ generate: engine.generate, policyVersion: engine.policyVersion }))
+        )
       const steps: Array<Trajectory.Group> = []
       for (let from = 0; from < rows.length; from += 4) steps.push(...(yield* collect(from, from + 4, 64)))
       const staggered = yield* collect(0, rows.length, 5)
