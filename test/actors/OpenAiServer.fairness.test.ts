@@ -155,8 +155,8 @@ describe("OpenAiServer: fair scheduling", () => {
         // beside the large request's sequences (measured: 17 steps beside, 15 alone). Turns alone (a cap of 32) made
         // it wait for a place: 30 steps; first come first served: thousands.
         assert.isAtMost(beside.steps, Math.max(aloneBefore.steps, aloneAfter.steps) + 8, facts)
-        // Wall time too, only as a bound that load cannot reach (bench/server.ts measures it on a quiet machine: ≤ 2×):
-        // starvation was ≥ 900×.
+        // Wall time too, only as a bound that load cannot reach (bench/server.ts measures it on a quiet
+        // machine: ≤ 2×): starvation was ≥ 900×.
         assert.isAtMost(beside.ms / ((aloneBefore.ms + aloneAfter.ms) / 2), 100, facts)
       })),
     120_000

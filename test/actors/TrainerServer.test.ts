@@ -28,7 +28,9 @@ import { tinyConfig } from "../utils/tinyModel.ts"
 const config = tinyConfig({ vocabSize: 32, hiddenSize: 32, numHiddenLayers: 2, intermediateSize: 64 })
 const model = OnnxTrainer.qwen2(config)
 
-/** 4 groups of 3 chains: each group's chains share a prompt of 6–9 tokens, then 5–10 sampled tokens of their own. */
+/**
+ * 4 groups of 3 chains: each group's chains share a prompt of 6–9 tokens, then 5–10 sampled tokens of their own.
+ */
 const sequences = (): ReadonlyArray<Packing.Sequence> => {
   const r = Sampling.rng(5)
   const token = () => Math.floor(r.next() * config.vocabSize)
