@@ -89,7 +89,8 @@ export const open = Effect.fn("Metrics.open")(function*(
     const kept = options.resumeFrom === undefined ? "" : keepUpTo(existing, options.resumeFrom)
     yield* fs.writeFileString(path, kept).pipe(Effect.mapError(fail(path)))
     const file = yield* fs.open(path, { flag: "a" }).pipe(Effect.mapError(fail(path)))
-    return (value: unknown) => file.writeAll(encoder.encode(JSON.stringify(value) + "\n")).pipe(Effect.mapError(fail(path)))
+    return (value: unknown) =>
+      file.writeAll(encoder.encode(JSON.stringify(value) + "\n")).pipe(Effect.mapError(fail(path)))
   })
   yield* fs.makeDirectory(dir, { recursive: true }).pipe(Effect.mapError(fail(dir)))
   const metrics = yield* writer("metrics.jsonl")

@@ -110,8 +110,9 @@ export interface Options {
   /**
    * Most sequences of one request in the engine at once (default 6). Lower it for latency beside large requests,
    * raise it (up to `maxRunning`) for the throughput of a lone many-prompt request. On the tiny model (CPU, batch 32)
-   * a small request beside a 20,000-prompt one took 1.5–1.6× its time alone at 4, 1.6–1.7× at 6, 1.7–2.4× at 8 and
-   * 5–7× at 32; the lone large request decoded at roughly 40–90 % of its whole-batch rate at 6 (`bench/server.ts`).
+   * a small request beside a 20,000-prompt one took 1.5–1.6× its time alone at 4, 1.6–1.7× at 6, 1.7–2.4× at 8
+   * and 5–7× at 32; the lone large request decoded at roughly 40–90 % of its whole-batch rate at 6
+   * (`bench/server.ts`).
    */
   readonly maxRunningPerRequest?: number
   /**

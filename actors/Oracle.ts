@@ -98,7 +98,9 @@ export const last = (messages: Conversation, role: Message.Message["role"]): Mes
  * @category getters
  * @since 0.1.0
  */
-export const text = (message: Message.Message | undefined): string => (message === undefined ? "" : Message.text(message.content))
+export const text = (
+  message: Message.Message | undefined
+): string => (message === undefined ? "" : Message.text(message.content))
 
 /**
  * Which trajectories count as solved: a predicate, or a reward threshold (`1`: reward ≥ 1).

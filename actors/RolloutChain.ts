@@ -36,7 +36,15 @@
 import { Clock, Context, Effect, Schedule } from "effect"
 import type { Scope } from "effect"
 import * as Environment from "../src/Environment.ts"
-import type { AssistantTurn, Format, RewardResult, Scorer, ToolRunner, ToolTurn, Transcript } from "../src/ChainPorts.ts"
+import type {
+  AssistantTurn,
+  Format,
+  RewardResult,
+  Scorer,
+  ToolRunner,
+  ToolTurn,
+  Transcript
+} from "../src/ChainPorts.ts"
 import type { Conversation, Message } from "../src/Message.ts"
 import * as RolloutError from "../src/RolloutError.ts"
 import type { ChatSampler, Sampler, SamplingParams } from "../src/Sampler.ts"

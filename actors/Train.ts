@@ -3,7 +3,8 @@
  * (a plain object, as a config file holds it): the task's `defaults` fill the agent keys the config leaves out; the
  * datasets are loaded and checked against the task's row Schema; the model folder is loaded (initialised from
  * `model.preset` when missing); the SFT warm-up and the RL loop run (`TrainLoop.run`) on the local learner
- * and policy versions (`LocalPolicy`), with the rollouts the config names (`Rollouts`); `metrics.jsonl`, samples, the journal, checkpoints and `report.html` go to the output directory.
+ * and policy versions (`LocalPolicy`), with the rollouts the config names (`Rollouts`); `metrics.jsonl`, samples, the
+ * journal, checkpoints and `report.html` go to the output directory.
  *
  * ```ts
  * import { Effect } from "effect"
@@ -75,7 +76,14 @@ const asRecord = (u: unknown): Record<string, unknown> =>
 
 /** The agent settings a task's `defaults` may fill. */
 const defaultKeys: ReadonlyArray<keyof Task.Defaults> = [
-  "systemPrompt", "renderTools", "maxTurns", "numChains", "maxNewTokens", "maxContextTokens", "temperature", "toolTimeout"
+  "systemPrompt",
+  "renderTools",
+  "maxTurns",
+  "numChains",
+  "maxNewTokens",
+  "maxContextTokens",
+  "temperature",
+  "toolTimeout"
 ]
 
 /** A task's `defaults` keys that are no agent setting (a JavaScript task's typo), each named where it was written. */
@@ -121,7 +129,9 @@ export const configOf = (
       })
     )
     : unknownDefaults(task).length > 0
-    ? Effect.fail(new TrainConfig.ConfigError({ source: `task ${task.name}`, reason: "Invalid", issues: unknownDefaults(task) }))
+    ? Effect.fail(
+      new TrainConfig.ConfigError({ source: `task ${task.name}`, reason: "Invalid", issues: unknownDefaults(task) })
+    )
     : Effect.flatMap(Path.Path, (path) =>
     TrainConfig.fromSource(source, (raw) => {
       const withDefaults = asRecord(Task.withDefaults(task, raw))

@@ -142,7 +142,14 @@ const figures = Effect.gen(function*() {
       legal: { p50: quantile(timings.legal, 0.5), p99: quantile(timings.legal, 0.99), actions: timings.legal.length }
     },
     generatorPuzzlesPerSecond: { mateIn1: generation("mateIn1", 30), mateIn2: generation("mateIn2", 10) },
-    settings: { chains: CHAINS, puzzles: PUZZLES, rounds: ROUNDS, mateIn2Share: 0.3, template: "qwen2.5", view: settings.view },
+    settings: {
+      chains: CHAINS,
+      puzzles: PUZZLES,
+      rounds: ROUNDS,
+      mateIn2Share: 0.3,
+      template: "qwen2.5",
+      view: settings.view
+    },
     loadAverage: { before: loadBefore, after: loadavg()[0]! }
   }
 })

@@ -79,7 +79,10 @@ export default () =>
     // No stop token: every turn is exactly NEW_TOKENS tokens, whatever the untrained policy writes.
     const sampling: SamplingParams = { temperature: 1, maxTokens: NEW_TOKENS, seed: 3 }
     const noStop = { ...format, stopTokenIds: [] }
-    const engineSampler = Sampler.Sampler.of({ generate: (r) => engine.generate(r), policyVersion: engine.policyVersion })
+    const engineSampler = Sampler.Sampler.of({
+      generate: (r) => engine.generate(r),
+      policyVersion: engine.policyVersion
+    })
     const scripted = yield* Sampler.makeScripted(() => folder.tokenizer.encode("A short answer, sixteen tokens."))
     const gateway = yield* Gateway.make()
     let episodeId = 0
@@ -141,13 +144,18 @@ export default () =>
         () => Effect.sync(() => server.close())
       )
       const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}/`
-      const body = JSON.stringify({ model: "m", messages: Array.from({ length: 6 }, () => ({ role: "user", content: "x".repeat(64) })) })
+      const body = JSON.stringify({
+        model: "m",
+        messages: Array.from({ length: 6 }, () => ({ role: "user", content: "x".repeat(64) }))
+      })
       return () =>
         Effect.promise(async () => {
           const out: Array<number> = []
           for (let i = 0; i < CONVERSATIONS * TURNS; i++) {
             const t0 = now()
-            await fetch(url, { method: "POST", headers: { "content-type": "application/json" }, body }).then((r) => r.json())
+            await fetch(url, { method: "POST", headers: { "content-type": "application/json" }, body }).then((r) =>
+              r.json()
+            )
             out.push(now() - t0)
           }
           return out
@@ -163,7 +171,13 @@ export default () =>
       yield* direct(scripted, 0)
       yield* plainPost()
     }
-    const rounds = { gateway: [] as Array<number>, direct: [] as Array<number>, scripted: [] as Array<number>, scriptedDirect: [] as Array<number>, loopback: [] as Array<number> }
+    const rounds = {
+      gateway: [] as Array<number>,
+      direct: [] as Array<number>,
+      scripted: [] as Array<number>,
+      scriptedDirect: [] as Array<number>,
+      loopback: [] as Array<number>
+    }
     for (let round = 0; round < ROUNDS; round++) {
       // Different questions each round and each side: no side reuses the other's cached prefixes.
       rounds.gateway.push(median((yield* viaGateway(engineSampler)).latencies))
@@ -178,8 +192,18 @@ export default () =>
     // ----- Memory: EPISODES episodes open at once (twice: what is left must not grow) -----
     const memoryRound = (prefix: string) =>
       Effect.scoped(Effect.gen(function*() {
-        const episodes = yield* Effect.forEach(Array.from({ length: EPISODES }, (_, i) => i), (i) =>
-          gateway.open({ id: `${prefix}${i}`, groupId: "memory", format, sampler: scripted, sampling, requestSampling: "cap" }))
+        const episodes = yield* Effect.forEach(
+          Array.from({ length: EPISODES }, (_, i) => i),
+          (i) =>
+            gateway.open({
+              id: `${prefix}${i}`,
+              groupId: "memory",
+              format,
+              sampler: scripted,
+              sampling,
+              requestSampling: "cap"
+            })
+        )
         const t0 = now()
         yield* Effect.promise(() => Promise.all(episodes.map((e, i) => converse(e.baseURL, i))))
         const seconds = (now() - t0) / 1000
@@ -207,7 +231,9 @@ export default () =>
     const excess = pairedExcess
     return {
       headline: {
-        metric: "gateway − 1.05 × engine latency per request, ms, median over paired rounds (tiny engine, 16 new tokens, 4-turn conversations)",
+        metric:
+          "gateway − 1.05 × engine latency per request, ms, median over paired rounds (tiny engine, 16 new tokens, " +
+            "4-turn conversations)",
         value: excess,
         target: 1,
         better: "lower" as const
@@ -234,7 +260,8 @@ export default () =>
         heldMiB: (held.open - before) / 1024 / 1024,
         leftAfterCloseMiB: (after - before) / 1024 / 1024,
         leftAfterSecondRoundMiB: (afterSecond - before) / 1024 / 1024,
-        // Warm caches (the client's connection pool, compiled code) fill up in the first rounds; a leak would grow here.
+        // Warm caches (the client's connection pool, compiled code) fill up in the first rounds;
+        // a leak would grow here.
         growthThirdRoundMiB: (afterThird - afterSecond) / 1024 / 1024,
         conversationsSeconds: held.seconds
       },

@@ -3,10 +3,11 @@
  * masked NLL, AdamW), against two baselines measured in the same run:
  *
  * 1. `@tensorflow/tfjs` with the wasm backend computing the same model (Qwen2: RMSNorm, RoPE, GQA, SwiGLU, the
- *    preset's untied head and learned positions), the same loss and its gradients, with Adam (a dev-only comparator). The wasm backend has no gradient
- *    kernel for `gather` (the embedding is a one-hot matmul) and its transposed matmul is slow, so its matmul
- *    gradient transposes explicitly: the best configuration found in `shared/prototypes/ml/tfjs_bench.mjs`.
- *    Both engines start from the same weights; the loss and an embedding gradient are compared as a sanity check.
+ *    preset's untied head and learned positions), the same loss and its gradients, with Adam (a dev-only comparator).
+ *    The wasm backend has no gradient kernel for `gather` (the embedding is a one-hot matmul) and its transposed matmul
+ *    is slow, so its matmul gradient transposes explicitly: the best configuration found in
+ *    `shared/prototypes/ml/tfjs_bench.mjs`. Both engines start from the same weights; the loss and an embedding
+ *    gradient are compared as a sanity check.
  * 2. The roofline: a plain onnxruntime MatMul chain with the same total FLOPs as one training step.
  *
  * ORT runs in three configurations, interleaved in the same rounds: one thread with 2 intra-op threads (the

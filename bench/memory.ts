@@ -264,7 +264,9 @@ export default async (): Promise<BenchResult> => {
   const runs = shapes.filter((s) => only === undefined || only.includes(s.preset)).map((s) => measure(s, data))
   rmSync(data, { recursive: true, force: true })
   const tiny = runs.find((r) => r.preset === "tiny")
-  const speed = process.env["BENCH_MEMORY_SPEED"] === "0" ? undefined : await Effect.runPromise(arenaSpeed(Number(process.env["BENCH_MEMORY_ROUNDS"] ?? 12)))
+  const speed = process.env["BENCH_MEMORY_SPEED"] === "0"
+    ? undefined
+    : await Effect.runPromise(arenaSpeed(Number(process.env["BENCH_MEMORY_ROUNDS"] ?? 12)))
   if (speed !== undefined) {
     console.log(
       `  learner step, demo shapes: ${speed.noArenaStepMs.toFixed(0)} ms without the arena, ` +

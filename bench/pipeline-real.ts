@@ -128,7 +128,8 @@ export default async (): Promise<BenchResult> => {
   type Run = ReturnType<typeof run>
   const rounds: Array<{ sync: Run; async: Run; asyncEngineThread: Run; syncShared: Run; asyncShared: Run }> = []
   const show = (r: Run) =>
-    `${r.rlSeconds.toFixed(1)} s (wait ${r.waitRolloutS.toFixed(2)}, learn ${r.learnS.toFixed(2)}, peak ${r.peakRssMb} MB)`
+    `${r.rlSeconds.toFixed(1)} s (wait ${r.waitRolloutS.toFixed(2)}, ` +
+    `learn ${r.learnS.toFixed(2)}, peak ${r.peakRssMb} MB)`
   for (let i = 0; i < ROUNDS; i++) {
     const sync = run(data, ready, "sync")
     const async = run(data, ready, "async")
@@ -137,7 +138,9 @@ export default async (): Promise<BenchResult> => {
     // Both modes with a group's chains sharing their prompt in the learner's rows (`learner.sharePrefix`).
     const syncShared = run(data, ready, "sync", undefined, true)
     const asyncShared = run(data, ready, "async", undefined, true)
-    console.log(`  round ${i + 1}: sync ${show(sync)}, async ${show(async)}, async, engine thread ${show(asyncEngineThread)}`)
+    console.log(
+      `  round ${i + 1}: sync ${show(sync)}, async ${show(async)}, async, engine thread ${show(asyncEngineThread)}`
+    )
     console.log(`    sharePrefix: sync ${show(syncShared)}, async ${show(asyncShared)}`)
     rounds.push({ sync, async, asyncEngineThread, syncShared, asyncShared })
   }

@@ -83,7 +83,18 @@ export default async (): Promise<BenchResult> => {
   const loadBefore = loadavg()[0]!
   const port = await freePort()
   const dir = mkdtempSync(join(tmpdir(), "bench-queue-"))
-  const server = spawn("/usr/bin/redis-server", ["--port", String(port), "--bind", "127.0.0.1", "--dir", dir, "--save", "", "--appendonly", "no"], { stdio: "ignore" })
+  const server = spawn("/usr/bin/redis-server", [
+    "--port",
+    String(port),
+    "--bind",
+    "127.0.0.1",
+    "--dir",
+    dir,
+    "--save",
+    "",
+    "--appendonly",
+    "no"
+  ], { stdio: "ignore" })
   const url = `redis://127.0.0.1:${port}`
   for (let i = 0; i < 200; i++) {
     try {
@@ -124,7 +135,8 @@ export default async (): Promise<BenchResult> => {
       yield* Effect.promise(() => Promise.all(workers))
       const sharesPerSecond = SHARES / (median(batches) / 1000)
       console.log(
-        `  ${SHARES}-share batch ${median(batches).toFixed(1)} ms (${sharesPerSecond.toFixed(0)} shares/s, ${WORKERS} ` +
+        `  ${SHARES}-share batch ${median(batches).toFixed(1)} ms ` +
+          `(${sharesPerSecond.toFixed(0)} shares/s, ${WORKERS} ` +
           `workers); one share alone ${median(single).toFixed(2)} ms`
       )
       return {

@@ -39,7 +39,9 @@ import type * as Resource from "../src/Resource.ts"
 
 const CHAINS = 16
 const ROUNDS = Number(process.env["SCALE_ROUNDS"] ?? 7)
-/** Calls per chain per round, by kind: a round of 1 chain lasts ≈ 0.6 s, of 16 chains ≈ 0.7 s (sleep), 4 s (arith). */
+/**
+ * Calls per chain per round, by kind: a round of 1 chain lasts ≈ 0.6 s, of 16 chains ≈ 0.7 s (sleep), 4 s (arith).
+ */
 const CALLS = { sleep: 32, arith: 96 } as const
 const LATENCY_CALLS = 200
 const TARGETS = { sleep: 8, arith: 1.7 } as const

@@ -230,7 +230,9 @@ export default () =>
     const headline = (at[10_000]!.steps["byte"] as { ratio: number }).ratio
     return {
       headline: {
-        metric: `search env steps/s: ${CHAINS} chains through Rollout.runTaskChat (byte-level format) / bare loop, 10k passages`,
+        metric:
+          `search env steps/s: ${CHAINS} chains through Rollout.runTaskChat (byte-level format) / bare loop, ` +
+            `10k passages`,
         value: headline,
         target: 0.67,
         better: "higher"

@@ -12,8 +12,8 @@
  *   (`maxRunning` 32 and `maxRunningPerRequest` from `OpenAiServer.defaults`); `beside.firstCome`: what the server
  *   did before (every sequence handed to the engine at once, first come first served), one small request, its wait
  *   cut at `FIRST_COME_CUTOFF_S`.
- * - `perRequestCap`: for `maxRunningPerRequest` 4, 6, 8 and 32 (32: turns only, the large request may fill the batch), the
- *   small request's latency beside the large one, and the engine's tokens/s with the large request alone over
+ * - `perRequestCap`: for `maxRunningPerRequest` 4, 6, 8 and 32 (32: turns only, the large request may fill the batch),
+ *   the small request's latency beside the large one, and the engine's tokens/s with the large request alone over
  *   `LARGE_WINDOW_S` (what the cap costs a lone many-prompt request). The large request is cut off (the client
  *   disconnects, which cancels its sequences) once a round has what it measures.
  *

@@ -45,7 +45,17 @@ const prompt = (i: number) => Array.from({ length: 40 }, (_, k) => 20 + ((i * 7 
 const serve = (modelDir: string) =>
   Effect.acquireRelease(
     Effect.callback<{ readonly child: ChildProcess; readonly url: string }, Error>((resume) => {
-      const args = ["--import", "tsx", "cli/main.ts", "serve", "--model-dir", modelDir, "--port", "0", "--accept-weights"]
+      const args = [
+        "--import",
+        "tsx",
+        "cli/main.ts",
+        "serve",
+        "--model-dir",
+        modelDir,
+        "--port",
+        "0",
+        "--accept-weights"
+      ]
       const child = spawn(process.execPath, args, { cwd: root, stdio: ["ignore", "pipe", "pipe"] })
       let text = ""
       child.stdout.on("data", (chunk: Buffer) => {
@@ -134,7 +144,11 @@ const figures = Effect.gen(function*() {
     twoServers: (seed: number) => round(two.sampler(1), seed, [a.child.pid!, b.child.pid!])
   }
   for (const side of Object.values(sides)) yield* side(0)
-  const rounds = { local: [] as Array<RoundFigures>, oneServer: [] as Array<RoundFigures>, twoServers: [] as Array<RoundFigures> }
+  const rounds = {
+    local: [] as Array<RoundFigures>,
+    oneServer: [] as Array<RoundFigures>,
+    twoServers: [] as Array<RoundFigures>
+  }
   for (let r = 1; r <= ROUNDS; r++) {
     for (const [name, side] of Object.entries(sides)) rounds[name as keyof typeof sides].push(yield* side(r))
   }

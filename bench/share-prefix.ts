@@ -32,7 +32,8 @@ const median = (xs: ReadonlyArray<number>) => [...xs].sort((a, b) => a - b)[Math
 const step = (prompt: number, rest: number): Array<Packing.Sequence> => {
   const r = Sampling.rng(1)
   const token = () => Math.floor(r.next() * 250)
-  return Array.from({ length: 8 }, () => Array.from({ length: prompt + Math.floor(r.next() * 10) }, token)).flatMap((p) =>
+  const prompts = Array.from({ length: 8 }, () => Array.from({ length: prompt + Math.floor(r.next() * 10) }, token))
+  return prompts.flatMap((p) =>
     Array.from({ length: 8 }, (_, m) => {
       const ids = [...p, ...Array.from({ length: rest - 30 + Math.floor(r.next() * 60) }, token)]
       return {
@@ -85,14 +86,19 @@ const figures = Effect.gen(function*() {
       microBatches: p.microBatches.map((mb) =>
         `${mb.batch}×${mb.length}${mb.prefix === undefined ? "" : ` + ${mb.prefix.batch}×${mb.prefix.length}`}`
       ),
-      cells: p.microBatches.reduce((n, mb) => n + mb.batch * mb.length + (mb.prefix?.batch ?? 0) * (mb.prefix?.length ?? 0), 0)
+      cells: p.microBatches.reduce(
+        (n, mb) => n + mb.batch * mb.length + (mb.prefix?.batch ?? 0) * (mb.prefix?.length ?? 0),
+        0
+      )
     })
     result[name] = {
       rows: { ms: median(times.rows), rounds: times.rows, ...describe(variants.rows) },
       shared: { ms: median(times.shared), rounds: times.shared, ...describe(variants.shared) },
       speedup: median(times.rows) / median(times.shared)
     }
-    console.log(`  ${name}: a row each ${median(times.rows).toFixed(0)} ms, shared ${median(times.shared).toFixed(0)} ms`)
+    console.log(
+      `  ${name}: a row each ${median(times.rows).toFixed(0)} ms, shared ${median(times.shared).toFixed(0)} ms`
+    )
   }
   const long = result["longPrompt"] as { readonly speedup: number }
   return {

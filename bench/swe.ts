@@ -28,7 +28,8 @@ import * as Workspace from "../environments/swe/Workspace.ts"
 const TASKS = 16
 const ROUNDS = 3
 const median = (xs: ReadonlyArray<number>) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!
-const quantile = (xs: ReadonlyArray<number>, q: number) => [...xs].sort((a, b) => a - b)[Math.floor(q * (xs.length - 1))]!
+const quantile = (xs: ReadonlyArray<number>, q: number) =>
+  [...xs].sort((a, b) => a - b)[Math.floor(q * (xs.length - 1))]!
 
 const root = mkdtempSync(join(tmpdir(), "bench-swe-"))
 const generated = BugFix.generate(11, TASKS)
@@ -60,7 +61,12 @@ const figures = Effect.gen(function*() {
 
   // The pieces, on one task's containers, through the same workspace code.
   const settings = { ...Workspace.defaultSettings, root }
-  const timings = { startMs: [] as Array<number>, execMs: [] as Array<number>, verifyMs: [] as Array<number>, removeMs: [] as Array<number> }
+  const timings = {
+    startMs: [] as Array<number>,
+    execMs: [] as Array<number>,
+    verifyMs: [] as Array<number>,
+    removeMs: [] as Array<number>
+  }
   const layer = Layer.mergeAll(ResourceManager.ResourceManager.layer, Docker.DockerEngine.layer)
   yield* Effect.scoped(Effect.gen(function*() {
     const provider = yield* Workspace.provider(settings)

@@ -100,7 +100,13 @@ const figures = Effect.gen(function*() {
   })
   const local = (yield* OnnxTrainer.make({ ...settings, model, workers: 2, intraOpThreads: 1 })).trainer
   const server = yield* trainerProcess
-  const remote = yield* RemoteTrainer.make({ ...settings, url: server.url, model: c, parameters: model.parameters, workers: 2 })
+  const remote = yield* RemoteTrainer.make({
+    ...settings,
+    url: server.url,
+    model: c,
+    parameters: model.parameters,
+    workers: 2
+  })
 
   const step = (trainer: PolicyTrainer.PolicyTrainer["Service"]) =>
     Effect.gen(function*() {
@@ -161,7 +167,12 @@ const figures = Effect.gen(function*() {
     remoteOverLocal: ratio,
     local: { ms: median(times.local), rounds: times.local },
     remote: { ms: median(times.remote), rounds: times.remote, ...perStep },
-    wire: { roundTripMs: median(rtt), codingMsPerStep: median(codec), callsPerStep: calls, overheadMsPerStep: overheadMs },
+    wire: {
+      roundTripMs: median(rtt),
+      codingMsPerStep: median(codec),
+      callsPerStep: calls,
+      overheadMsPerStep: overheadMs
+    },
     microBatches: packed.microBatches.map((mb) =>
       `${mb.batch}×${mb.length}${mb.prefix === undefined ? "" : ` + ${mb.prefix.batch}×${mb.prefix.length}`}`
     ),

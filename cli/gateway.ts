@@ -72,7 +72,11 @@ export interface Options {
  */
 export const start = Effect.fn("cli.gateway.start")(function*(
   options: Options
-): Effect.fn.Return<Gateway.Gateway["Service"], unknown, FileSystem.FileSystem | import("effect").Path.Path | Scope.Scope> {
+): Effect.fn.Return<
+  Gateway.Gateway["Service"],
+  unknown,
+  FileSystem.FileSystem | import("effect").Path.Path | Scope.Scope
+> {
   // Checked before the model loads: a refused bind says so at once.
   const tokens = yield* Auth.forServer({ env: ["AGENTFLY_GATEWAY_TOKEN"], file: options.tokenFile, host: options.host })
   const fs = yield* FileSystem.FileSystem
@@ -97,7 +101,9 @@ export const start = Effect.fn("cli.gateway.start")(function*(
     positions = folder.config.maxPositionEmbeddings
   } else {
     if (options.checkpoint !== undefined) {
-      return yield* Effect.fail(new Error("--checkpoint needs the local engine: with --upstream the upstream's weights sample"))
+      return yield* Effect.fail(
+        new Error("--checkpoint needs the local engine: with --upstream the upstream's weights sample")
+      )
     }
     tokenizer = yield* Tokenizer.load(options.modelDir)
     template = yield* ChatTemplate.load(options.modelDir)

@@ -19,7 +19,9 @@ export const initModel = Command.make(
   {
     out: Flag.Directory("out").pipe(Flag.withDescription("Folder to write (created if missing)")),
     preset: Flag.Literals("preset", ["tiny", "small", "medium"]).pipe(
-      Flag.withDescription("tiny: 2 layers, width 128; small: 4 layers, width 256; medium: 12 layers, width 768 (≈104 M)"),
+      Flag.withDescription(
+        "tiny: 2 layers, width 128; small: 4 layers, width 256; medium: 12 layers, width 768 (≈104 M)"
+      ),
       Flag.withDefault("tiny" as const)
     ),
     seed: Flag.Int("seed").pipe(Flag.withDescription("Seed of the random initialisation"), Flag.withDefault(0))

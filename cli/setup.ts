@@ -35,7 +35,9 @@ const asRecord = (u: unknown): Record<string, unknown> =>
  * @category constructors
  * @since 0.1.0
  */
-export const taskOf = (source: TrainConfig.Source): Effect.Effect<Task.Task, TrainConfig.ConfigError | Task.TaskError, Path.Path> =>
+export const taskOf = (
+  source: TrainConfig.Source
+): Effect.Effect<Task.Task, TrainConfig.ConfigError | Task.TaskError, Path.Path> =>
   Effect.gen(function*() {
     const path = yield* Path.Path
     const rawRef = asRecord(source.raw)["task"]

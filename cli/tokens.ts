@@ -126,7 +126,9 @@ export const tokens = Command.make(
       Flag.optional
     ),
     line: Flag.Int("line").pipe(
-      Flag.withDescription("For a JSONL file (a dataset, demonstrations): the line whose conversation to show (default 1)"),
+      Flag.withDescription(
+        "For a JSONL file (a dataset, demonstrations): the line whose conversation to show (default 1)"
+      ),
       Flag.optional
     ),
     json: Flag.Boolean("json").pipe(

@@ -109,7 +109,9 @@ export const train = Command.make(
   "train",
   {
     config: Argument.String("config").pipe(
-      Argument.withDescription("The run's config (.json, .yaml) naming its task, or a task module (.ts) exporting task and config")
+      Argument.withDescription(
+        "The run's config (.json, .yaml) naming its task, or a task module (.ts) exporting task and config"
+      )
     ),
     resume: Flag.Boolean("resume").pipe(
       Flag.withDescription("Continue from the newest intact checkpoint in the output directory"),

@@ -1,6 +1,6 @@
 /**
- * `agentfly trainer [--host 127.0.0.1] [--port 8400] [--workers N] [--idle-minutes 60] [--device cpu|cuda]`: serves the learner's
- * forward/backward passes and optimiser steps to runs whose `learner.url` points here, until interrupted (see
+ * `agentfly trainer [--host 127.0.0.1] [--port 8400] [--workers N] [--idle-minutes 60] [--device cpu|cuda]`: serves the
+ * learner's forward/backward passes and optimiser steps to runs whose `learner.url` points here, until interrupted (see
  * `actors/TrainerServer.ts`). It needs no model folder: each run sends its model's config and weights. With
  * `AGENTFLY_TRAINER_TOKEN` set (or `--token-file FILE`, one token a line), only requests bearing it are served (the run
  * sends its own); a `--host` beyond loopback without a token is refused at start.

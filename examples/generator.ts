@@ -57,7 +57,9 @@ const read = (key: string, text: string, current: unknown): { readonly ok: unkno
     if (items.length === 0) return { error: `--${key} needs a comma-separated list, got ${JSON.stringify(text)}` }
     if (typeof current[0] !== "number") return { ok: items }
     const numbers = items.map(Number)
-    return numbers.every(Number.isFinite) ? { ok: numbers } : { error: `--${key} must be numbers, got ${JSON.stringify(text)}` }
+    return numbers.every(Number.isFinite)
+      ? { ok: numbers }
+      : { error: `--${key} must be numbers, got ${JSON.stringify(text)}` }
   }
   if (typeof current === "object" && current !== null) {
     try {
@@ -66,12 +68,19 @@ const read = (key: string, text: string, current: unknown): { readonly ok: unkno
     } catch {
       // Reported below.
     }
-    return { error: `--${key} must be a JSON object such as ${JSON.stringify(JSON.stringify(current))}, got ${JSON.stringify(text)}` }
+    return {
+      error: `--${key} must be a JSON object such as ${JSON.stringify(JSON.stringify(current))}, ` +
+        `got ${JSON.stringify(text)}`
+    }
   }
   if (typeof current !== "number") return { ok: text }
   const n = Number(text)
-  if (text.trim() === "" || !Number.isFinite(n)) return { error: `${key} must be a number, got ${JSON.stringify(text)}` }
-  if (key === "noise") return n < 0 || n > 1 ? { error: `noise is a probability: expected 0 to 1, got ${n}` } : { ok: n }
+  if (text.trim() === "" || !Number.isFinite(n)) {
+    return { error: `${key} must be a number, got ${JSON.stringify(text)}` }
+  }
+  if (key === "noise") {
+    return n < 0 || n > 1 ? { error: `noise is a probability: expected 0 to 1, got ${n}` } : { ok: n }
+  }
   if (Number.isInteger(current) && current >= 0 && !(Number.isInteger(n) && n >= 0)) {
     return { error: `${key} must be a whole number ≥ 0, got ${JSON.stringify(text)}` }
   }

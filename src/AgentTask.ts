@@ -134,7 +134,9 @@ export interface AgentTask extends Task.Task<never> {
 export interface Options<Fields> {
   readonly description?: string | undefined
   readonly row?: Schema.Codec<Fields, any> | undefined
-  readonly prompt?: ((row: Task.PromptRow<Fields>, systemPrompt: string | undefined) => Message.Conversation) | undefined
+  readonly prompt?:
+    | ((row: Task.PromptRow<Fields>, systemPrompt: string | undefined) => Message.Conversation)
+    | undefined
   readonly agent: AgentFunction<Fields>
   /** Scores the final transcript when the function returns no reward and none was posted. */
   readonly reward?: Reward.Reward<never> | undefined

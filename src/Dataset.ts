@@ -192,7 +192,9 @@ const validate = (text: string, kind: Kind): Result.Result<Omit<Row, "index" | "
   const json = decodeJson(text)
   if (Result.isFailure(json)) return Result.fail(`not valid JSON (${json.failure.message.split("\n")[0]})`)
   const value = json.success
-  if (!isRecord(value)) return Result.fail(`expected an object, got ${Array.isArray(value) ? "an array" : typeof value}`)
+  if (!isRecord(value)) {
+    return Result.fail(`expected an object, got ${Array.isArray(value) ? "an array" : typeof value}`)
+  }
   const decoded = decodeFields(value)
   if (Result.isFailure(decoded)) return Result.fail(decoded.failure.message.replace(/\n\s*/g, " "))
   const { question } = decoded.success
@@ -387,7 +389,11 @@ export const refine = (
       const decoded = decode(row.fields, SchemaIssues.decodeOptions)
       if (Result.isSuccess(decoded)) {
         // Fields the Schema does not name pass through (they may still reach a reward).
-        rows.push({ ...row, index: rows.length, fields: { ...row.fields, ...(decoded.success as Record<string, unknown>) } })
+        rows.push({
+          ...row,
+          index: rows.length,
+          fields: { ...row.fields, ...(decoded.success as Record<string, unknown>) }
+        })
         continue
       }
       // As a config's problems are said: `field: what was expected, got what was given` (cut when long).
@@ -421,7 +427,10 @@ export const writeSplits = Effect.fn("Dataset.writeSplits")(function*<const Name
   const counts = {} as Record<Names, number>
   for (const name of Object.keys(splits) as Array<Names>) {
     const rows = splits[name]
-    yield* fs.writeFileString(`${dir}/${name.toLowerCase()}.jsonl`, rows.map((r) => JSON.stringify(r)).join("\n") + "\n")
+    yield* fs.writeFileString(
+      `${dir}/${name.toLowerCase()}.jsonl`,
+      rows.map((r) => JSON.stringify(r)).join("\n") + "\n"
+    )
     counts[name] = rows.length
   }
   return counts

@@ -346,7 +346,11 @@ export const counted = <ROut, E, R>(
   return make<ROut, E, R>(
     provider.sharing,
     (chain) => Effect.andThen(count, provider.acquire(chain)),
-    Effect.map(provider.stats ?? Effect.succeed({}), (own) => ({ ...own, [names.started]: started, [names.open]: open }))
+    Effect.map(provider.stats ?? Effect.succeed({}), (own) => ({
+      ...own,
+      [names.started]: started,
+      [names.open]: open
+    }))
   )
 }
 

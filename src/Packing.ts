@@ -390,7 +390,9 @@ const shareGroups = (sequences: ReadonlyArray<Sequence>, budget: number, multipl
   // A prompt and a rest padded apart take up to one multiple more than the sequence padded whole: a group whose
   // longest does not fit the budget that way stays in whole rows.
   const fits = (g: Group) =>
-    g.members.every((i) => roundUp(g.shared, multiple) + roundUp(sequences[i]!.tokenIds.length - g.shared, multiple) <= budget)
+    g.members.every((i) =>
+      roundUp(g.shared, multiple) + roundUp(sequences[i]!.tokenIds.length - g.shared, multiple) <= budget
+    )
   return [...groups.values()].filter((g) => g.members.length > 1 && fits(g))
 }
 

@@ -296,7 +296,8 @@ export interface Recording {
 
 /**
  * A fake trainer that records micro-batches and counts steps, with fixed weights; returns `logprob` (default 0) for
- * every token, or what `logprob(batch)` gives (a critic's values, for a fake critic). For testing learners, trainers and pipelines without a model.
+ * every token, or what `logprob(batch)` gives (a critic's values, for a fake critic). For testing learners, trainers
+ * and pipelines without a model.
  *
  * @category layers
  * @since 0.1.0

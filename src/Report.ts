@@ -211,7 +211,9 @@ export interface SeriesFamily {
  */
 export interface ChartSpec {
   readonly title: string
-  readonly series: ReadonlyArray<{ readonly name: string; readonly phase: MetricsRecord["phase"]; readonly key: string }>
+  readonly series: ReadonlyArray<
+    { readonly name: string; readonly phase: MetricsRecord["phase"]; readonly key: string }
+  >
   readonly families?: ReadonlyArray<SeriesFamily>
   readonly optional?: boolean
   readonly group?: string
@@ -383,7 +385,9 @@ const seriesOf = (
   phase: MetricsRecord["phase"],
   key: string
 ): Array<readonly [number, number]> =>
-  metrics.flatMap((r) => (r.phase === phase && r.figures[key] !== undefined ? [[r.step, r.figures[key]!] as const] : []))
+  metrics.flatMap((r) =>
+    r.phase === phase && r.figures[key] !== undefined ? [[r.step, r.figures[key]!] as const] : []
+  )
 
 /** One series per key of the family that the run logged. */
 const familySeries = (metrics: ReadonlyArray<MetricsRecord>, family: SeriesFamily): Array<Series> => {
@@ -406,7 +410,8 @@ const familySeries = (metrics: ReadonlyArray<MetricsRecord>, family: SeriesFamil
 /** The series of a chart: its fixed keys, then its families' (sorted by name, so a resource's series sit together). */
 const chartSeries = (metrics: ReadonlyArray<MetricsRecord>, chart: ChartSpec): Array<Series> => [
   ...chart.series.map((s) => ({ name: s.name, points: seriesOf(metrics, s.phase, s.key) })),
-  ...(chart.families ?? []).flatMap((f) => familySeries(metrics, f)).sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0))
+  ...(chart.families ?? []).flatMap((f) => familySeries(metrics, f))
+    .sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0))
 ]
 
 /** The page's sections of charts, in the order of {@link charts}; optional charts without data are left out. */
@@ -489,7 +494,8 @@ const viewer = (all: ReadonlyArray<SampleRecord>): string => {
     const total = sample.spans.reduce((n, s) => n + s.tokens.length, 0)
     return `<div class="card" data-step="${escape(`${sample.phase} ${sample.step}`)}" id="sample-${i}">` +
       `<div class="meta">${escape(sample.phase)} step ${sample.step} · group ${escape(sample.groupId)} · ` +
-      `<b>reward ${sample.reward.toFixed(3)}</b> · ended: ${escape(endings[sample.termination] ?? sample.termination)} · ` +
+      `<b>reward ${sample.reward.toFixed(3)}</b> · ` +
+      `ended: ${escape(endings[sample.termination] ?? sample.termination)} · ` +
       `${trained}/${total} tokens trained` +
       `</div><pre class="tokens">${tokens}</pre></div>`
   }).join("")
@@ -519,7 +525,8 @@ const summary = (metrics: ReadonlyArray<MetricsRecord>): string => {
     row("invalid tool-call rate", "eval/invalid_tool_call_rate") + row("reward", "eval/reward_mean") + `</table>`
 }
 
-const style = `body{font:14px system-ui,sans-serif;margin:24px;color:#111}h1{font-size:20px}h2{font-size:16px;margin-top:28px}
+const style =
+  `body{font:14px system-ui,sans-serif;margin:24px;color:#111}h1{font-size:20px}h2{font-size:16px;margin-top:28px}
 .charts{display:flex;flex-wrap:wrap;gap:12px}.chart{background:#fff;border:1px solid #e5e7eb;border-radius:6px}
 .chart-title{font-weight:600;font-size:13px}.tick,.legend{font-size:10px;fill:#374151}.grid{stroke:#f3f4f6}
 .axis{stroke:#9ca3af}.nodata{fill:#9ca3af;color:#6b7280}.summary{border-collapse:collapse}
@@ -592,7 +599,10 @@ export const comparedSeries: ReadonlyArray<{
   }))
 )
 
-/** Seconds of the RL phase: from the record before the first RL step (the warm-up's end, or the first evaluation) to the last RL step. */
+/**
+ * Seconds of the RL phase: from the record before the first RL step (the warm-up's end, or the first evaluation) to the
+ * last RL step.
+ */
 const rlSeconds = (metrics: ReadonlyArray<MetricsRecord>): number | undefined => {
   const first = metrics.findIndex((r) => r.phase === "train")
   if (first < 0) return undefined
@@ -601,9 +611,15 @@ const rlSeconds = (metrics: ReadonlyArray<MetricsRecord>): number | undefined =>
 }
 
 const pick = (config: unknown, path: ReadonlyArray<string>): unknown =>
-  path.reduce<unknown>((v, k) => (typeof v === "object" && v !== null ? (v as Record<string, unknown>)[k] : undefined), config)
+  path.reduce<unknown>(
+    (v, k) => (typeof v === "object" && v !== null ? (v as Record<string, unknown>)[k] : undefined),
+    config
+  )
 
-/** The table of a comparison: per run what it was (seed, mode, estimator), how long its RL took, and its held-out figures. */
+/**
+ * The table of a comparison: per run what it was (seed, mode, estimator), how long its RL took, and its held-out
+ * figures.
+ */
 const comparisonTable = (runs: ReadonlyArray<RunFigures>): string => {
   const fmt = (x: number | undefined, digits = 3) => (x === undefined ? "–" : x.toFixed(digits))
   const rows = runs.map((run) => {
@@ -628,7 +644,8 @@ const comparisonTable = (runs: ReadonlyArray<RunFigures>): string => {
       fmt(last?.figures["eval/invalid_tool_call_rate"]),
       fmt(last?.figures["eval/reward_mean"])
     ]
-    return `<tr>${cells.map((c, i) => (i === 0 ? `<td class="name">${escape(c)}</td>` : `<td>${escape(c)}</td>`)).join("")}</tr>`
+    const row = cells.map((c, i) => (i === 0 ? `<td class="name">${escape(c)}</td>` : `<td>${escape(c)}</td>`))
+    return `<tr>${row.join("")}</tr>`
   })
   const head = ["run", "seed", "mode", "advantage", "RL steps", "RL time (s)", "held-out accuracy first", "last",
     "change", "invalid tool-call rate (last)", "reward (last)"]
@@ -643,9 +660,12 @@ const configChanges = (runs: ReadonlyArray<RunFigures>): string => {
     "warmup.stopAt.data", "name"]
   const items = others.map((run) => {
     const changes = run.config === undefined ? ["no config.json"] : TrainConfig.changes(base.config, run.config, ignore)
-    return `<li><b>${escape(run.name)}</b>: ${changes.length === 0 ? "the same config" : escape(changes.join("; "))}</li>`
+    const said = changes.length === 0 ? "the same config" : escape(changes.join("; "))
+    return `<li><b>${escape(run.name)}</b>: ${said}</li>`
   })
-  return items.length === 0 ? "" : `<p>Configs against <b>${escape(base.name)}</b>:</p><ul class="changes">${items.join("")}</ul>`
+  return items.length === 0
+    ? ""
+    : `<p>Configs against <b>${escape(base.name)}</b>:</p><ul class="changes">${items.join("")}</ul>`
 }
 
 /**
@@ -657,7 +677,9 @@ const configChanges = (runs: ReadonlyArray<RunFigures>): string => {
  * @category constructors
  * @since 0.1.0
  */
-export const renderComparison = (input: { readonly title: string; readonly runs: ReadonlyArray<RunFigures> }): string => {
+export const renderComparison = (
+  input: { readonly title: string; readonly runs: ReadonlyArray<RunFigures> }
+): string => {
   const minutes = (run: RunFigures, phase: MetricsRecord["phase"], y: (r: MetricsRecord) => number | undefined) =>
     run.metrics.flatMap((r) => {
       const value = r.phase === phase ? y(r) : undefined
@@ -668,7 +690,10 @@ export const renderComparison = (input: { readonly title: string; readonly runs:
       title: "Held-out accuracy over time",
       xLabel: "minutes",
       fraction: true,
-      series: input.runs.map((run) => ({ name: run.name, points: minutes(run, "eval", (r) => r.figures["eval/accuracy"]) }))
+      series: input.runs.map((run) => ({
+        name: run.name,
+        points: minutes(run, "eval", (r) => r.figures["eval/accuracy"])
+      }))
     }),
     lineChart({
       title: "RL steps over time",
@@ -683,10 +708,13 @@ export const renderComparison = (input: { readonly title: string; readonly runs:
     const svg = lineChart({ title: chart.title, series, fraction: chart.fraction })
     sections.set(chart.group, [...(sections.get(chart.group) ?? []), svg])
   }
-  const body = [...sections].map(([group, svgs]) => `<h2>${escape(group)}</h2><div class="charts">${svgs.join("")}</div>`)
+  const body = [...sections].map(([group, svgs]) =>
+    `<h2>${escape(group)}</h2><div class="charts">${svgs.join("")}</div>`
+  )
     .join("")
   return `<!doctype html><html lang="en"><head><meta charset="utf-8"><title>${escape(input.title)}</title>` +
-    `<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; img-src data:">` +
+    `<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; ` +
+    `img-src data:">` +
     `<style>${style}.summary td.name{text-align:left}</style></head><body><h1>${escape(input.title)}</h1>` +
     comparisonTable(input.runs) + configChanges(input.runs) + body + `</body></html>\n`
 }

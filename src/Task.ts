@@ -580,7 +580,8 @@ export const refName = (ref: Ref): string => (typeof ref === "string" ? ref : re
  * @category predicates
  * @since 0.1.0
  */
-export const isModulePath = (name: string): boolean => /\.(m?[jt]s)$/.test(name) || name.startsWith(".") || name.startsWith("/")
+export const isModulePath = (name: string): boolean =>
+  /\.(m?[jt]s)$/.test(name) || name.startsWith(".") || name.startsWith("/")
 
 /**
  * The task of a definition: a task as is (it takes no options), or a {@link withOptions} function applied to them.
@@ -749,5 +750,7 @@ export const resolve = (
   return Effect.tryPromise({
     try: load,
     catch: (e) => taskError(name, "Module", `cannot load ${name}: ${String(e)}`, { cause: e })
-  }).pipe(Effect.flatMap((definition) => instantiate(name, definition, taskOptions, { resolvePath: options.resolvePath })))
+  }).pipe(
+    Effect.flatMap((definition) => instantiate(name, definition, taskOptions, { resolvePath: options.resolvePath }))
+  )
 }

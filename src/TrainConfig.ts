@@ -405,9 +405,14 @@ export const RolloutConfig = Schema.Struct({
    * `agentfly rollout-worker CONFIG --queue URL` processes are running, and their groups back
    * (`actors/RolloutQueue.ts`): workers may join and leave during the run; a dead worker's share goes to another.
    */
-  queue: Schema.optionalKey(Schema.String.check(Schema.makeFilter((url) =>
-    /^rediss?:\/\/[^/\s]+/.test(url) || `expected a Redis address such as redis://10.0.0.7:6379, got ${JSON.stringify(url)}`
-  ))),
+  queue: Schema.optionalKey(
+    Schema.String.check(
+      Schema.makeFilter((url) =>
+        /^rediss?:\/\/[^/\s]+/.test(url) ||
+        `expected a Redis address such as redis://10.0.0.7:6379, got ${JSON.stringify(url)}`
+      )
+    )
+  ),
   /** Rows a share of the queue (default: each batch in 8 shares). */
   shareRows: Schema.optionalKey(Schema.Int.check(Schema.isBetween({ minimum: 1, maximum: 1_000_000 }))),
   /**
@@ -815,7 +820,10 @@ export const read = Effect.fn("TrainConfig.read")(function*(file: string) {
     return { file, dir, raw, exports: {} } satisfies Source
   }
   // A run's output directory is the usual slip (`agentfly eval runs/x`): it holds the config the run resolved.
-  const isDirectory = yield* fs.stat(absolute).pipe(Effect.map((info) => info.type === "Directory"), Effect.orElseSucceed(() => false))
+  const isDirectory = yield* fs.stat(absolute).pipe(
+    Effect.map((info) => info.type === "Directory"),
+    Effect.orElseSucceed(() => false)
+  )
   const recorded = path.join(absolute, "config.json")
   return yield* new ConfigError({
     source: file,

@@ -24,7 +24,9 @@ const violations = (root: string): Array<string> => {
           if (targetLayer === -1 && !relative(root, target).startsWith("..")) {
             return [`${relative(root, file)} imports ${spec}, outside the layered folders`]
           }
-          return targetLayer > own ? [`${relative(root, file)} (${layer}) imports ${spec} (${layers[targetLayer]})`] : []
+          return targetLayer > own
+            ? [`${relative(root, file)} (${layer}) imports ${spec} (${layers[targetLayer]})`]
+            : []
         })
     })
   )
@@ -34,7 +36,14 @@ describe("layering", () => {
   it("finds import specifiers of every form", () => {
     const source = `import { a } from "./a.ts"\nimport type { B } from "../b.ts"\nexport * from "./c.ts"\n` +
       `import "./d.ts"\nconst e = await import("./e.ts")\nimport {\n  f,\n  g\n} from "./f.ts"`
-    assert.deepStrictEqual(importSpecifiers(source).sort(), ["../b.ts", "./a.ts", "./c.ts", "./d.ts", "./e.ts", "./f.ts"])
+    assert.deepStrictEqual(importSpecifiers(source).sort(), [
+      "../b.ts",
+      "./a.ts",
+      "./c.ts",
+      "./d.ts",
+      "./e.ts",
+      "./f.ts"
+    ])
   })
 
   it("src ← actors ← environments ← examples ← cli: no import points right", () => {

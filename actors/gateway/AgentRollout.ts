@@ -304,7 +304,11 @@ const rescore = (
         const metrics = Object.fromEntries(
           Object.entries(s.metrics ?? {}).map(([k, v]) => [k.startsWith("reward/") ? k : prefix + k, v])
         )
-        out[i] = { ...out[i]!, reward: s.reward, metrics: { ...out[i]!.metrics, ...metrics, [`${prefix}reward`]: s.reward } }
+        out[i] = {
+          ...out[i]!,
+          reward: s.reward,
+          metrics: { ...out[i]!.metrics, ...metrics, [`${prefix}reward`]: s.reward }
+        }
       })
       return out
     }),
@@ -365,7 +369,13 @@ export const groups = (
  * @since 0.1.0
  */
 export interface TaskOptions extends Omit<Options, "rows" | "reward" | "policies"> {
-  readonly rows: ReadonlyArray<{ readonly question?: string | undefined; readonly messages?: Conversation | undefined; readonly [field: string]: unknown }>
+  readonly rows: ReadonlyArray<
+    {
+      readonly question?: string | undefined
+      readonly messages?: Conversation | undefined
+      readonly [field: string]: unknown
+    }
+  >
 }
 
 /**
@@ -378,29 +388,37 @@ export interface TaskOptions extends Omit<Options, "rows" | "reward" | "policies
 export const runTask = (
   options: TaskOptions
 ): Stream.Stream<Trajectory.Group, RolloutError.RolloutError | Schema.SchemaError | Task.TaskError, Sampler> =>
-  Stream.unwrap(Effect.gen(function*(): Effect.fn.Return<Stream.Stream<Trajectory.Group, RolloutError.RolloutError, Sampler>, Schema.SchemaError | Task.TaskError, Scope.Scope> {
-    const { task } = options
-    const runtime = yield* TaskRuntime.make<never>(task)
-    const decode = task.row === undefined ? undefined : Schema.decodeUnknownEffect(task.row)
-    const rows: Array<Dataset.Row> = []
-    for (const [index, raw] of options.rows.entries()) {
-      const { question, messages, ...rest } = raw
-      const fields = decode === undefined
-        ? rest
-        : { ...rest, ...(yield* decode(rest) as Effect.Effect<Record<string, unknown>, Schema.SchemaError>) }
-      rows.push({
-        index,
-        line: index + 1,
-        ...(question === undefined ? {} : { question }),
-        ...(messages === undefined ? {} : { messages }),
-        fields
-      })
-    }
-    return Stream.fromIterableEffect(groups({
-      ...options,
-      rows,
-      systemPrompt: options.systemPrompt ?? task.defaults.systemPrompt,
-      reward: runtime.reward,
-      policies: task.policies
-    }))
-  }))
+  Stream.unwrap(
+    Effect.gen(
+      function*(): Effect.fn.Return<
+        Stream.Stream<Trajectory.Group, RolloutError.RolloutError, Sampler>,
+        Schema.SchemaError | Task.TaskError,
+        Scope.Scope
+      > {
+        const { task } = options
+        const runtime = yield* TaskRuntime.make<never>(task)
+        const decode = task.row === undefined ? undefined : Schema.decodeUnknownEffect(task.row)
+        const rows: Array<Dataset.Row> = []
+        for (const [index, raw] of options.rows.entries()) {
+          const { question, messages, ...rest } = raw
+          const fields = decode === undefined
+            ? rest
+            : { ...rest, ...(yield* decode(rest) as Effect.Effect<Record<string, unknown>, Schema.SchemaError>) }
+          rows.push({
+            index,
+            line: index + 1,
+            ...(question === undefined ? {} : { question }),
+            ...(messages === undefined ? {} : { messages }),
+            fields
+          })
+        }
+        return Stream.fromIterableEffect(groups({
+          ...options,
+          rows,
+          systemPrompt: options.systemPrompt ?? task.defaults.systemPrompt,
+          reward: runtime.reward,
+          policies: task.policies
+        }))
+      }
+    )
+  )

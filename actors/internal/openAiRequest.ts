@@ -7,8 +7,8 @@
  *   the server's own extensions; any other field is refused as OpenAI refuses it ("Unrecognized request argument
  *   supplied: foo"), with the field in `param`. What a server does not serve (`tool_choice`, penalties, `user`,
  *   `metadata`, `store`, `service_tier`, ...) is accepted and ignored: SDKs send those on every call.
- * - **Ranges.** A number outside the range OpenAI documents (`temperature` 0–2, `top_p`, `n` ≥ 1, `max_tokens` ≥ 1,
- *   penalties −2–2, `logit_bias` −100–100, ...) is refused in OpenAI's words and codes
+ * - **Ranges.** A number outside the range OpenAI documents (`temperature` 0–2, `top_p`, `n` ≥ 1,
+ *   `max_tokens` ≥ 1, penalties −2–2, `logit_bias` −100–100, ...) is refused in OpenAI's words and codes
  *   (`decimal_above_max_value`, ...), naming the field; so is a value of the wrong type.
  * - **One choice.** `n` and `best_of` above 1 and `echo: true` are refused: both servers answer one sample per prompt.
  *

@@ -61,7 +61,8 @@ const defaultLimits: Limits = { maxLength: 200, maxDigits: 1000 }
 
 // One mathjs instance, used only to parse. BigNumber literals keep decimals exact until we convert them.
 // mathjs's single-file bundle (an export of the same package, same version): the package entry loads ≈ 1,000
-// modules, ≈ 60–90 MB of RSS that a training process kept for its whole life; the bundle compiles lazily (≈ 15 MB).
+// modules, ≈ 60–90 MB of RSS that a training process kept for its whole life; the bundle compiles
+// lazily (≈ 15 MB).
 const { all, create } = createRequire(import.meta.url)("mathjs/lib/browser/math.js") as typeof import("mathjs")
 const math = create(all)
 // Set after creation: the bundle's `create` ignores a config argument (literals would parse as plain numbers).

@@ -184,7 +184,11 @@ export const act = (state: State, settings: Settings, action: Action): Outcome =
   }
   const reply = chess.move(state.line[state.next + 1]!)
   state.next += 2
-  return { ok: true, text: `${played.san} is right. ${side(chess) === "White" ? "Black" : "White"} played ${reply.san}. ${position(chess, settings.view)}` }
+  return {
+    ok: true,
+    text: `${played.san} is right. ${side(chess) === "White" ? "Black" : "White"} played ${reply.san}. ` +
+      position(chess, settings.view)
+  }
 }
 
 /**

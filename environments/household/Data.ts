@@ -192,7 +192,9 @@ export const tokens = (t: Trajectory.Trajectory): number =>
 export const write = Effect.fn("household.Data.write")(function*(options: Options) {
   // Options from a command line are checked here: a misspelt family or type would otherwise write other data.
   if (options.family !== "household" && options.family !== "science") {
-    return yield* Effect.fail(new Error(`family must be "household" or "science", got ${JSON.stringify(options.family)}`))
+    return yield* Effect.fail(
+      new Error(`family must be "household" or "science", got ${JSON.stringify(options.family)}`)
+    )
   }
   const allowed: ReadonlyArray<string> = options.family === "household" ? Goal.householdTypes : Goal.scienceTypes
   const unknown = (options.types ?? []).filter((type) => !allowed.includes(type))

@@ -56,7 +56,9 @@ const callText = (m: Message): string =>
   m.role === "assistant" && m.tool_calls !== undefined && m.tool_calls.length > 0
     ? `\n[tool calls: ${
       m.tool_calls.map((c) =>
-        `${c.function.name}(${typeof c.function.arguments === "string" ? c.function.arguments : JSON.stringify(c.function.arguments)})`
+        `${c.function.name}(${
+          typeof c.function.arguments === "string" ? c.function.arguments : JSON.stringify(c.function.arguments)
+        })`
       ).join("; ")
     }]`
     : ""
@@ -74,7 +76,8 @@ const singlePrompt = (rubric: string, trajectory: Trajectory.Trajectory): Conver
   {
     role: "system",
     content: "You grade an AI agent's work against a rubric. Read the transcript, then answer with one JSON object " +
-      `and nothing else: {"explanation": "<one or two sentences>", "score": <a number from 0 to 1>}.\n\nRubric:\n${rubric}`
+      `and nothing else: {"explanation": "<one or two sentences>", "score": ` +
+        `<a number from 0 to 1>}.\n\nRubric:\n${rubric}`
   },
   { role: "user", content: `Transcript:\n\n${transcript(trajectory.messages)}` }
 ]
@@ -201,7 +204,8 @@ const unreadable = (name: string, raw: string) =>
  * const helpful = Judge.make({
  *   baseUrl: "http://127.0.0.1:8001/v1",
  *   model: "qwen2.5-7b-instruct",
- *   rubric: "1 if the final answer is correct and justified by the tool results, 0.5 if correct but unjustified, else 0."
+ *   rubric: "1 if the final answer is correct and justified by the tool results, " +
+ *     "0.5 if correct but unjustified, else 0."
  * })
  * ```
  *

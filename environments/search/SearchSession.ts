@@ -77,7 +77,10 @@ export class SearchSession extends Context.Service<SearchSession, {
 
 // ===== Rendering =====
 
-const cut = (text: string, max: number): string => (text.length <= max ? text : `${text.slice(0, Math.max(0, max - 3))}...`)
+const cut = (
+  text: string,
+  max: number
+): string => (text.length <= max ? text : `${text.slice(0, Math.max(0, max - 3))}...`)
 
 /** A passage as shown: its text, after its title when the text does not begin with it. */
 const shown = (passage: Corpus.Passage): string =>

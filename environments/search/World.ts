@@ -379,7 +379,13 @@ export const questions = <Split extends string>(
     for (let i = 0; i < options.counts[split]; i++) {
       const q = draw()
       if (q === undefined) {
-        return Effect.fail(new WorldError({ message: `the world of seed ${world.seed} ran out of subjects at ${split} question ${i + 1}: ask fewer questions or build more passages` }))
+        return Effect.fail(
+          new WorldError({
+            message: `the world of seed ${world.seed} ran out of subjects at ${split} question ${
+              i + 1
+            }: ask fewer questions or build more passages`
+          })
+        )
       }
       out[split].push(q)
     }

@@ -89,7 +89,10 @@ const functions: ReadonlyArray<Fn> = [
     cases: (next) => {
       const w = word(next)
       const n = [...w].filter((c) => "aeiou".includes(c)).length
-      return [[`count_vowels(${JSON.stringify(w.toUpperCase())})`, `${n}`], [`count_vowels(${JSON.stringify(w)})`, `${n}`]]
+      return [
+        [`count_vowels(${JSON.stringify(w.toUpperCase())})`, `${n}`],
+        [`count_vowels(${JSON.stringify(w)})`, `${n}`]
+      ]
     }
   },
   {
@@ -142,7 +145,12 @@ export const bugs: ReadonlyArray<Bug> = [
     broken: "return max(lo, min(x, lo))",
     symptom: "returns lo for values above lo"
   },
-  { fn: "mean", correct: "return sum(xs) / len(xs)", broken: "return sum(xs) / (len(xs) - 1)", symptom: "is too large" },
+  {
+    fn: "mean",
+    correct: "return sum(xs) / len(xs)",
+    broken: "return sum(xs) / (len(xs) - 1)",
+    symptom: "is too large"
+  },
   {
     fn: "is_palindrome",
     correct: "t = [c.lower() for c in s if c.isalnum()]",

@@ -3,8 +3,8 @@
  * containers and verifier as a model:
  *
  * - {@link oracle}: Harbor's oracle agent: runs the task's reference solution (`solution/solve.sh`) with the
- *   `shell` tool (after reading a file first, with `look`), then submits. It finds the task by its instruction (the row's question), so it proves each task
- *   solvable in its own container and the verifier right;
+ *   `shell` tool (after reading a file first, with `look`), then submits. It finds the task by its instruction (the
+ *   row's question), so it proves each task solvable in its own container and the verifier right;
  * - {@link idle}: submits at once: the baseline that must score 0 (the planted bug is still there).
  *
  * @since 0.1.0

@@ -4,8 +4,8 @@
  * Everything here is pure and seeded: the same seed gives the same train / held-out splits (with disjoint
  * expressions) and the same gold demonstrations for the SFT warm-up. Two kinds of question ({@link Kind}):
  * `mixed` has 2–3 operands in 1–99 joined by `+`, `-` or `*`, phrased with one of three templates; `sums` adds six
- * two-digit numbers, always in one shape ("What is 21+65+61+95+21+12?"), which a tiny policy learns to copy into a call in a
- * few hundred warm-up steps (`mixed` takes about a thousand). A row is AgentFly's format: a `question` plus extra
+ * two-digit numbers, always in one shape ("What is 21+65+61+95+21+12?"), which a tiny policy learns to copy into a call
+ * in a few hundred warm-up steps (`mixed` takes about a thousand). A row is AgentFly's format: a `question` plus extra
  * fields (`answer`, `expression`) that flow to the reward.
  *
  * @since 0.1.0

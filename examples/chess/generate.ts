@@ -11,8 +11,8 @@
  * stops the command naming its line) and shuffled by `SEED` into the splits (held-out, validation, then
  * demonstrations and training from the rest). The oracle searches for mates, so from a Lichess file only its mate
  * puzzles become demonstrations. `NOISE` is the share of demonstrations that list the legal moves (`legal {}`)
- * before moving (with `--view fen` they no longer fit 512 tokens: keep it 0 there). `--view fen` plays the demonstrations with the task option `view: "fen"` (no diagram: half the
- * tokens), which a run must then set too.
+ * before moving (with `--view fen` they no longer fit 512 tokens: keep it 0 there). `--view fen` plays the
+ * demonstrations with the task option `view: "fen"` (no diagram: half the tokens), which a run must then set too.
  *
  * @since 0.1.0
  */
@@ -91,7 +91,11 @@ export const write = Effect.fn("chess.generate.write")(function*(options: Option
     return yield* Effect.fail(new Error(`view must be board or fen, got ${JSON.stringify(options.view)}`))
   }
   const task = ChessTask.make({ view: options.view })
-  const played = yield* Oracle.rollout({ task, rows: sets.demos, policy: ChessOracle.oracleWith({ look: options.noise }) })
+  const played = yield* Oracle.rollout({
+    task,
+    rows: sets.demos,
+    policy: ChessOracle.oracleWith({ look: options.noise })
+  })
   const budget = task.defaults.maxContextTokens ?? Number.POSITIVE_INFINITY
   const length = Oracle.contextLength()
   const solved = Oracle.demonstrations(played).filter((demo) => length(demo.messages) <= budget)

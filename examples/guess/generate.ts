@@ -89,7 +89,11 @@ export const demonstration = (secret: number, guesses: ReadonlyArray<number>, sy
   guesses.forEach((n, i) => {
     const id = `call_${i}_0`
     messages.push(
-      { role: "assistant", content: "", tool_calls: [{ id, type: "function", function: { name: "guess", arguments: { n } } }] },
+      {
+        role: "assistant",
+        content: "",
+        tool_calls: [{ id, type: "function", function: { name: "guess", arguments: { n } } }]
+      },
       { role: "tool", tool_call_id: id, name: "guess", content: "" }
     )
     if (n === secret) return

@@ -27,9 +27,10 @@ async (input: AgentTask.Input<unknown>, client: AgentTask.Client): Promise<void>
   const messages = [...input.messages] as Array<ChatCompletionMessageParam>
   for (let step = 0; step < (options.maxSteps ?? 3); step++) {
     const request = { model: client.model, messages, tools }
-    const message = options.stream === true
-      ? (await openai.chat.completions.stream(request, { signal: client.signal }).finalChatCompletion()).choices[0]!.message
-      : (await openai.chat.completions.create(request, { signal: client.signal })).choices[0]!.message
+    const completion = options.stream === true
+      ? await openai.chat.completions.stream(request, { signal: client.signal }).finalChatCompletion()
+      : await openai.chat.completions.create(request, { signal: client.signal })
+    const message = completion.choices[0]!.message
     messages.push(message)
     if (message.tool_calls === undefined || message.tool_calls.length === 0) return
     for (const call of message.tool_calls) {

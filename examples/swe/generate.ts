@@ -41,7 +41,14 @@ export interface Options {
  * @category constants
  * @since 0.1.0
  */
-export const defaults: Omit<Options, "dir"> = { seed: 2026, noise: 0, train: 64, heldOut: 32, validation: 16, demos: 32 }
+export const defaults: Omit<Options, "dir"> = {
+  seed: 2026,
+  noise: 0,
+  train: 64,
+  heldOut: 32,
+  validation: 16,
+  demos: 32
+}
 
 /**
  * Writes the task folders and the four files under `options.dir`; returns the rows written per file.

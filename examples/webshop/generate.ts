@@ -8,10 +8,11 @@
  *   npx tsx examples/webshop/generate.ts [OUT_DIR] [SEED] [NOISE]
  *
  * Demonstrations are the visits the oracle completes within the task's 1,024-token context (as the model will
- * read them: Qwen2.5's template on the byte-level tokenizer, no tool schemas). `SEED` draws the instructions; the catalogue is the task's default (seed 1, 10,000 products) unless
- * `catalogSeed` / `products` say otherwise, and a run must then pass the same values as task options. `NOISE` is
- * the share of demonstrations that first open a wrong result and go back (`ShopOracle.policy`'s `detour`); a
- * detour costs ≈ 300 bytes, so some of them no longer fit the 1,024-byte context and are left out.
+ * read them: Qwen2.5's template on the byte-level tokenizer, no tool schemas). `SEED` draws the instructions; the
+ * catalogue is the task's default (seed 1, 10,000 products) unless `catalogSeed` / `products` say otherwise, and a run
+ * must then pass the same values as task options. `NOISE` is the share of demonstrations that first open a wrong result
+ * and go back (`ShopOracle.policy`'s `detour`); a detour costs ≈ 300 bytes, so some of them no longer fit the
+ * 1,024-byte context and are left out.
  *
  * @since 0.1.0
  */

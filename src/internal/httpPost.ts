@@ -48,7 +48,10 @@ export const post = (
     }, (response) => {
       const chunks: Array<Buffer> = []
       response.on("data", (chunk: Buffer) => chunks.push(chunk))
-      response.on("end", () => resolve({ status: response.statusCode ?? 0, bytes: new Uint8Array(Buffer.concat(chunks)) }))
+      response.on(
+        "end",
+        () => resolve({ status: response.statusCode ?? 0, bytes: new Uint8Array(Buffer.concat(chunks)) })
+      )
       response.on("error", (e) => reject(e))
     })
     request.on("error", (e: Error & { code?: string }) => {

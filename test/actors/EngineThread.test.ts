@@ -90,7 +90,10 @@ describe("EngineThread", () => {
     Effect.gen(function*() {
       const thread = yield* EngineThread.make
       const engine = yield* thread.make({ config: c, weights: w0, version: 3 })
-      const bad = yield* engine.generate({ promptTokenIds: [c.vocabSize + 5], sampling: { temperature: 1, maxTokens: 4 } })
+      const bad = yield* engine.generate({
+        promptTokenIds: [c.vocabSize + 5],
+        sampling: { temperature: 1, maxTokens: 4 }
+      })
         .pipe(Effect.flip)
       assert.strictEqual(bad._tag, "SamplerError")
       assert.strictEqual(bad.reason._tag, "BadRequest")
@@ -105,35 +108,42 @@ describe("EngineThread", () => {
       assert.strictEqual(missing.message, `missing ${(missing.reason as MissingWeight).weight}`)
     }).pipe(Effect.scoped))
 
-  it.live("an interrupted request stops on the thread; a dead thread fails its requests, and the next engine gets a new one", () =>
-    Effect.gen(function*() {
-      const thread = yield* EngineThread.make
-      const engine = yield* thread.make({ config: c, weights: w0 })
-      const long = { promptTokenIds: [1, 2], sampling: { temperature: 1, maxTokens: 10_000, seed: 1 } }
-      const fiber = yield* engine.generate(long).pipe(Effect.forkChild)
-      yield* Effect.sleep("50 millis")
-      yield* Fiber.interrupt(fiber)
-      const after = yield* engine.generate(requests[0]!)
-      assert.isAbove(after.tokenIds.length, 0) // the thread went on serving
-      const stats = yield* engine.stats
-      assert.isBelow(stats.generatedTokens, 2_000) // the interrupted request stopped decoding
-      // The thread fails under a running request.
-      const running = yield* engine.generate(long).pipe(Effect.forkChild)
-      yield* Effect.sleep("50 millis")
-      yield* thread.crash
-      const exit = yield* Fiber.await(running)
-      assert.isTrue(Exit.isFailure(exit))
-      const failure = yield* engine.generate(requests[0]!).pipe(Effect.flip)
-      assert.strictEqual(failure.reason._tag, "Closed")
-      // Engines made at the same moment share the one thread: its failure fails both.
-      const [a, b] = yield* Effect.all([thread.make({ config: c, weights: w0 }), thread.make({ config: c, weights: w1 })], {
-        concurrency: 2
-      })
-      yield* thread.crash
-      assert.strictEqual((yield* a.generate(requests[0]!).pipe(Effect.flip)).reason._tag, "Closed")
-      assert.strictEqual((yield* b.generate(requests[0]!).pipe(Effect.flip)).reason._tag, "Closed")
-      const fresh = yield* thread.make({ config: c, weights: w0 })
-      const again = yield* fresh.generate(requests[0]!)
-      assert.deepStrictEqual(again, after)
-    }).pipe(Effect.scoped), 60_000)
+  it.live(
+    "an interrupted request stops on the thread; a dead thread fails its requests, and the next engine gets a new one",
+    () =>
+      Effect.gen(function*() {
+        const thread = yield* EngineThread.make
+        const engine = yield* thread.make({ config: c, weights: w0 })
+        const long = { promptTokenIds: [1, 2], sampling: { temperature: 1, maxTokens: 10_000, seed: 1 } }
+        const fiber = yield* engine.generate(long).pipe(Effect.forkChild)
+        yield* Effect.sleep("50 millis")
+        yield* Fiber.interrupt(fiber)
+        const after = yield* engine.generate(requests[0]!)
+        assert.isAbove(after.tokenIds.length, 0) // the thread went on serving
+        const stats = yield* engine.stats
+        assert.isBelow(stats.generatedTokens, 2_000) // the interrupted request stopped decoding
+        // The thread fails under a running request.
+        const running = yield* engine.generate(long).pipe(Effect.forkChild)
+        yield* Effect.sleep("50 millis")
+        yield* thread.crash
+        const exit = yield* Fiber.await(running)
+        assert.isTrue(Exit.isFailure(exit))
+        const failure = yield* engine.generate(requests[0]!).pipe(Effect.flip)
+        assert.strictEqual(failure.reason._tag, "Closed")
+        // Engines made at the same moment share the one thread: its failure fails both.
+        const [a, b] = yield* Effect.all([
+          thread.make({ config: c, weights: w0 }),
+          thread.make({ config: c, weights: w1 })
+        ], {
+          concurrency: 2
+        })
+        yield* thread.crash
+        assert.strictEqual((yield* a.generate(requests[0]!).pipe(Effect.flip)).reason._tag, "Closed")
+        assert.strictEqual((yield* b.generate(requests[0]!).pipe(Effect.flip)).reason._tag, "Closed")
+        const fresh = yield* thread.make({ config: c, weights: w0 })
+        const again = yield* fresh.generate(requests[0]!)
+        assert.deepStrictEqual(again, after)
+      }).pipe(Effect.scoped),
+    60_000
+  )
 })

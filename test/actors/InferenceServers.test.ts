@@ -93,76 +93,79 @@ describe("InferenceServers", () => {
       assert.strictEqual(status[0]!.served + status[1]!.served, 12)
     }))), { timeout: 60_000 })
 
-  it.live("a dead server's requests go to the others; a restarted one catches up before it serves; none left fails", () =>
-    live(Effect.scoped(Effect.gen(function*() {
-      const folder = yield* folderOf
-      const a = yield* startServer(folder)
-      let b = yield* startServer(folder)
-      const servers = yield* InferenceServers.make({
-        urls: [a.baseUrl, b.baseUrl],
-        parameters: Qwen2.parameters(folder.config),
-        restMs: 100,
-        giveUpMs: 1_500
-      })
-      yield* servers.push(1, randomWeights(folder.config, 7))
-      yield* b.close
-      const first = yield* Effect.forEach(prompts, (p) => servers.sampler(1).generate(greedy(p)), {
-        concurrency: "unbounded"
-      })
-      assert.isTrue(first.every((r) => r.policyVersion === 1))
-      let status = yield* servers.status
-      assert.isAbove(status[1]!.failures, 0)
-      assert.match(status[1]!.lastError!, /Transport|ECONNREFUSED|fetch failed/)
-
-      // The learner goes on: version 2 reaches the live server, the dead one missed it.
-      const v2 = randomWeights(folder.config, 8)
-      yield* servers.push(2, v2)
-      assert.strictEqual(yield* versionOf(a.baseUrl), 2)
-
-      // Restarted on its port with the folder's weights (another run's version 0): it must not serve version 2
-      // requests with those, and it takes version 2 before it serves again.
-      b = yield* startServer(folder, { port: b.port })
-      assert.strictEqual(yield* versionOf(b.baseUrl), 0)
-      const local = yield* makeEngine({ config: folder.config, weights: v2, version: 2 })
-      const expected = yield* local.generate(greedy(prompts[0]!))
-      for (let round = 0; round < 400 && (yield* servers.status)[1]!.served === 0; round++) {
-        yield* Effect.sleep(50)
-        const rs = yield* Effect.forEach(prompts, () => servers.sampler(2).generate(greedy(prompts[0]!)), {
+  it.live(
+    "a dead server's requests go to the others; a restarted one catches up before it serves; none left fails",
+    () =>
+      live(Effect.scoped(Effect.gen(function*() {
+        const folder = yield* folderOf
+        const a = yield* startServer(folder)
+        let b = yield* startServer(folder)
+        const servers = yield* InferenceServers.make({
+          urls: [a.baseUrl, b.baseUrl],
+          parameters: Qwen2.parameters(folder.config),
+          restMs: 100,
+          giveUpMs: 1_500
+        })
+        yield* servers.push(1, randomWeights(folder.config, 7))
+        yield* b.close
+        const first = yield* Effect.forEach(prompts, (p) => servers.sampler(1).generate(greedy(p)), {
           concurrency: "unbounded"
         })
-        for (const r of rs) assert.deepStrictEqual(r.tokenIds, expected.tokenIds)
-      }
-      status = yield* servers.status
-      assert.strictEqual(status[1]!.version, 2)
-      assert.isAbove(status[1]!.served, 0)
-      assert.strictEqual(yield* versionOf(b.baseUrl), 2)
+        assert.isTrue(first.every((r) => r.policyVersion === 1))
+        let status = yield* servers.status
+        assert.isAbove(status[1]!.failures, 0)
+        assert.match(status[1]!.lastError!, /Transport|ECONNREFUSED|fetch failed/)
 
-      // Restarted between two requests, without missing a push: the run believes it holds version 2, so only the
-      // server's own check (409 below the asked version) keeps its folder weights from sampling; then it catches up.
-      yield* b.close
-      b = yield* startServer(folder, { port: b.port })
-      const served = (yield* servers.status)[1]!.served
-      for (let round = 0; round < 400 && (yield* servers.status)[1]!.served === served; round++) {
-        yield* Effect.sleep(50)
-        const rs = yield* Effect.forEach(prompts, () => servers.sampler(2).generate(greedy(prompts[0]!)), {
-          concurrency: "unbounded"
-        })
-        for (const r of rs) assert.deepStrictEqual(r.tokenIds, expected.tokenIds)
-      }
-      assert.isAbove((yield* servers.status)[1]!.served, served)
-      assert.strictEqual(yield* versionOf(b.baseUrl), 2)
+        // The learner goes on: version 2 reaches the live server, the dead one missed it.
+        const v2 = randomWeights(folder.config, 8)
+        yield* servers.push(2, v2)
+        assert.strictEqual(yield* versionOf(a.baseUrl), 2)
 
-      // No server left: a push fails naming them, and a request fails (typed) once it has waited `giveUpMs`.
-      yield* a.close
-      yield* b.close
-      const push = yield* Effect.flip(servers.push(3, v2))
-      assert.strictEqual(push.reason._tag, "Servers")
-      assert.include(push.message, "no inference server took policy version 3")
-      assert.include(push.message, a.baseUrl)
-      const request = yield* Effect.flip(servers.sampler(2).generate(greedy([1, 2, 3])))
-      assert.strictEqual(request.reason._tag, "Transport")
-      assert.include(request.message, b.baseUrl)
-    }))), { timeout: 60_000 })
+        // Restarted on its port with the folder's weights (another run's version 0): it must not serve version 2
+        // requests with those, and it takes version 2 before it serves again.
+        b = yield* startServer(folder, { port: b.port })
+        assert.strictEqual(yield* versionOf(b.baseUrl), 0)
+        const local = yield* makeEngine({ config: folder.config, weights: v2, version: 2 })
+        const expected = yield* local.generate(greedy(prompts[0]!))
+        for (let round = 0; round < 400 && (yield* servers.status)[1]!.served === 0; round++) {
+          yield* Effect.sleep(50)
+          const rs = yield* Effect.forEach(prompts, () => servers.sampler(2).generate(greedy(prompts[0]!)), {
+            concurrency: "unbounded"
+          })
+          for (const r of rs) assert.deepStrictEqual(r.tokenIds, expected.tokenIds)
+        }
+        status = yield* servers.status
+        assert.strictEqual(status[1]!.version, 2)
+        assert.isAbove(status[1]!.served, 0)
+        assert.strictEqual(yield* versionOf(b.baseUrl), 2)
+
+        // Restarted between two requests, without missing a push: the run believes it holds version 2, so only the
+        // server's own check (409 below the asked version) keeps its folder weights from sampling; then it catches up.
+        yield* b.close
+        b = yield* startServer(folder, { port: b.port })
+        const served = (yield* servers.status)[1]!.served
+        for (let round = 0; round < 400 && (yield* servers.status)[1]!.served === served; round++) {
+          yield* Effect.sleep(50)
+          const rs = yield* Effect.forEach(prompts, () => servers.sampler(2).generate(greedy(prompts[0]!)), {
+            concurrency: "unbounded"
+          })
+          for (const r of rs) assert.deepStrictEqual(r.tokenIds, expected.tokenIds)
+        }
+        assert.isAbove((yield* servers.status)[1]!.served, served)
+        assert.strictEqual(yield* versionOf(b.baseUrl), 2)
+
+        // No server left: a push fails naming them, and a request fails (typed) once it has waited `giveUpMs`.
+        yield* a.close
+        yield* b.close
+        const push = yield* Effect.flip(servers.push(3, v2))
+        assert.strictEqual(push.reason._tag, "Servers")
+        assert.include(push.message, "no inference server took policy version 3")
+        assert.include(push.message, a.baseUrl)
+        const request = yield* Effect.flip(servers.sampler(2).generate(greedy([1, 2, 3])))
+        assert.strictEqual(request.reason._tag, "Transport")
+        assert.include(request.message, b.baseUrl)
+      }))), { timeout: 60_000 }
+  )
 
   it.live("a request waits for a slow answer as long as its limit (engine.timeoutSeconds) allows, and not longer", () =>
     live(Effect.scoped(Effect.gen(function*() {
@@ -230,9 +233,14 @@ describe("InferenceServers", () => {
       // trains anything, naming the fix.
       const notAccepted = yield* Effect.flip(InferenceServers.make({ urls: [open.baseUrl], parameters }))
       assert.strictEqual(notAccepted.reason._tag, "Servers")
-      assert.match(notAccepted.message, /cannot follow this run's learner: it does not take weights \(HTTP 404: .*start it with --accept-weights/)
+      assert.match(
+        notAccepted.message,
+        /cannot follow this run's learner: it does not take weights \(HTTP 404: .*start it with --accept-weights/
+      )
       const before = yield* versionOf(locked.baseUrl, "s3cret")
-      const wrongToken = yield* Effect.flip(InferenceServers.make({ urls: [locked.baseUrl], parameters, token: "guess" }))
+      const wrongToken = yield* Effect.flip(
+        InferenceServers.make({ urls: [locked.baseUrl], parameters, token: "guess" })
+      )
       assert.include(wrongToken.message, "it refuses this run's token")
       assert.include(wrongToken.message, "set AGENTFLY_WEIGHTS_TOKEN")
       assert.strictEqual(yield* versionOf(locked.baseUrl, "s3cret"), before, "the probe changed nothing")

@@ -60,7 +60,10 @@ describe("Journal", () => {
       assert.deepStrictEqual(at, { line: 2, byte: JSON.stringify(step(1, [0])).length + 1 })
       // The message names the file, the line and what is wrong with it.
       const group = { kind: "group", seq: 0, groupId: "g", rowIndex: 0, policyVersion: 0, meanReward: null }
-      writeFileSync(path, JSON.stringify(step(1, [0])) + "\n" + JSON.stringify(group) + "\n" + JSON.stringify(step(2, [1])) + "\n")
+      writeFileSync(
+        path,
+        JSON.stringify(step(1, [0])) + "\n" + JSON.stringify(group) + "\n" + JSON.stringify(step(2, [1])) + "\n"
+      )
       const named = yield* Effect.flip(Journal.read(path))
       assert.match(named.message, /journal\.jsonl:2: invalid entry at byte \d+ \(.*meanReward.*\): \{"kind":"group"/)
       // A run that starts over (cut to 0 bytes) does not read it: the damaged file is simply replaced.

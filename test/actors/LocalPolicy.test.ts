@@ -34,7 +34,10 @@ const fixture = Effect.gen(function*() {
   // Held-out questions much longer than the training ones: a prefill shared with them left-pads the training prompts.
   const long = readFileSync(join(dir, "heldout.jsonl"), "utf8").trim().split("\n").map((line) => {
     const row = JSON.parse(line)
-    return JSON.stringify({ ...row, question: `${row.question} ${"Show the calculator call, then the answer. ".repeat(4)}` })
+    return JSON.stringify({
+      ...row,
+      question: `${row.question} ${"Show the calculator call, then the answer. ".repeat(4)}`
+    })
   })
   writeFileSync(join(dir, "long.jsonl"), long.join("\n") + "\n")
   yield* ModelFolder.init(join(dir, "model"), { preset: "tiny", seed: 3 })
@@ -50,8 +53,17 @@ const fixture = Effect.gen(function*() {
     }), folder.config)
   const train = yield* Dataset.load(join(dir, "train.jsonl"), { onInvalid: "stop" })
   const heldOut = yield* Dataset.load(join(dir, "long.jsonl"), { onInvalid: "stop" })
-  const agent = yield* RolloutSetup.make({ task: CalculatorTask.make(), config, format: ChainFormat.ofConfig(config, folder) })
-  const batch = Rollouts.collectGroups(agent, train.rows.slice(0, 2), { firstSeq: 0, chains: 3, temperature: 1, seed: 1234 })
+  const agent = yield* RolloutSetup.make({
+    task: CalculatorTask.make(),
+    config,
+    format: ChainFormat.ofConfig(config, folder)
+  })
+  const batch = Rollouts.collectGroups(agent, train.rows.slice(0, 2), {
+    firstSeq: 0,
+    chains: 3,
+    temperature: 1,
+    seed: 1234
+  })
   return { folder, config, agent, batch, heldOut, train }
 })
 
@@ -68,51 +80,59 @@ const sampled = (groups: ReadonlyArray<Trajectory.Group>) =>
   )
 
 describe("LocalPolicy", () => {
-  it.effect("prefillAlone: one distinct prompt at a time; a request interrupted waiting or admitted lets the next in", () =>
-    Effect.gen(function*() {
-      // A fake engine: a request is "prefilled" when it starts, and samples its first token when its prompt's gate
-      // opens.
-      const started: Array<string> = []
-      const firstToken = new Map<string, Deferred.Deferred<void>>()
-      const gate = (prompt: string) => {
-        if (!firstToken.has(prompt)) firstToken.set(prompt, Deferred.makeUnsafe<void>())
-        return firstToken.get(prompt)!
-      }
-      const engine = {
-        generate: (request: GenerateRequest, options?: PolicyEngine.GenerateOptions) =>
-          Effect.gen(function*() {
-            const prompt = String.fromCharCode(...request.promptTokenIds)
-            started.push(prompt)
-            yield* Deferred.await(gate(prompt))
-            options?.onToken?.(1, 0)
-            return { tokenIds: [1], logprobs: [0], finishReason: "stop" as const, policyVersion: 0 }
-          }),
-        policyVersion: Effect.succeed(0)
-      } as unknown as PolicyEngine.PolicyEngine["Service"]
-      const sampler = LocalPolicy.prefillAlone(engine)
-      const ask = (prompt: string) =>
-        Effect.forkChild(sampler.generate({ promptTokenIds: [...prompt].map((c) => c.charCodeAt(0)), sampling: { temperature: 1, maxTokens: 1 } }))
-      const settle = Effect.yieldNow.pipe(Effect.repeat({ times: 20 }))
-      const a1 = yield* ask("A")
-      const b = yield* ask("B")
-      const a2 = yield* ask("A")
-      const c = yield* ask("C")
-      yield* settle
-      assert.deepStrictEqual(started, ["A", "A"], "a group's requests go in together, another prompt waits")
-      yield* Fiber.interrupt(b)
-      yield* Deferred.succeed(gate("A"), undefined)
-      yield* Fiber.join(a1)
-      yield* Fiber.join(a2)
-      yield* settle
-      assert.deepStrictEqual(started, ["A", "A", "C"], "B left while waiting; C is next")
-      const d = yield* ask("D")
-      yield* settle
-      yield* Fiber.interrupt(c)
-      yield* settle
-      assert.deepStrictEqual(started, ["A", "A", "C", "D"], "C interrupted before its first token lets D in")
-      yield* Deferred.succeed(gate("D"), undefined)
-      yield* Fiber.join(d)
-    }))
+  it.effect(
+    "prefillAlone: one distinct prompt at a time; a request interrupted waiting or admitted lets the next in",
+    () =>
+      Effect.gen(function*() {
+        // A fake engine: a request is "prefilled" when it starts, and samples its first token when its prompt's gate
+        // opens.
+        const started: Array<string> = []
+        const firstToken = new Map<string, Deferred.Deferred<void>>()
+        const gate = (prompt: string) => {
+          if (!firstToken.has(prompt)) firstToken.set(prompt, Deferred.makeUnsafe<void>())
+          return firstToken.get(prompt)!
+        }
+        const engine = {
+          generate: (request: GenerateRequest, options?: PolicyEngine.GenerateOptions) =>
+            Effect.gen(function*() {
+              const prompt = String.fromCharCode(...request.promptTokenIds)
+              started.push(prompt)
+              yield* Deferred.await(gate(prompt))
+              options?.onToken?.(1, 0)
+              return { tokenIds: [1], logprobs: [0], finishReason: "stop" as const, policyVersion: 0 }
+            }),
+          policyVersion: Effect.succeed(0)
+        } as unknown as PolicyEngine.PolicyEngine["Service"]
+        const sampler = LocalPolicy.prefillAlone(engine)
+        const ask = (prompt: string) =>
+          Effect.forkChild(
+            sampler.generate({
+              promptTokenIds: [...prompt].map((c) => c.charCodeAt(0)),
+              sampling: { temperature: 1, maxTokens: 1 }
+            })
+          )
+        const settle = Effect.yieldNow.pipe(Effect.repeat({ times: 20 }))
+        const a1 = yield* ask("A")
+        const b = yield* ask("B")
+        const a2 = yield* ask("A")
+        const c = yield* ask("C")
+        yield* settle
+        assert.deepStrictEqual(started, ["A", "A"], "a group's requests go in together, another prompt waits")
+        yield* Fiber.interrupt(b)
+        yield* Deferred.succeed(gate("A"), undefined)
+        yield* Fiber.join(a1)
+        yield* Fiber.join(a2)
+        yield* settle
+        assert.deepStrictEqual(started, ["A", "A", "C"], "B left while waiting; C is next")
+        const d = yield* ask("D")
+        yield* settle
+        yield* Fiber.interrupt(c)
+        yield* settle
+        assert.deepStrictEqual(started, ["A", "A", "C", "D"], "C interrupted before its first token lets D in")
+        yield* Deferred.succeed(gate("D"), undefined)
+        yield* Fiber.join(d)
+      })
+  )
 
   for (const maxBatchSize of [4, 8]) {
     it.live(`a batch samples the same tokens and logprobs alone and beside an evaluation (${maxBatchSize} slots)`, () =>
@@ -171,160 +191,189 @@ describe("LocalPolicy", () => {
       )
     }).pipe(Effect.provide(NodeServices.layer)), 120_000)
 
-  it.live("learn's outcome: Skipped (NoSignal) when no group has signal; with KL in the reward equal outcomes still apply", () =>
-    Effect.gen(function*() {
-      const { folder, config: decoded, batch } = yield* fixture
-      const on = (klInReward: number | undefined) =>
-        Effect.scoped(Effect.gen(function*() {
-          const config = {
-            ...decoded,
-            algorithm: {
-              ...decoded.algorithm,
-              advantage: "grpo" as const,
-              ...(klInReward === undefined ? {} : { klInReward })
+  it.live(
+    "learn's outcome: Skipped (NoSignal) when no group has signal; with KL in the reward equal outcomes still apply",
+    () =>
+      Effect.gen(function*() {
+        const { folder, config: decoded, batch } = yield* fixture
+        const on = (klInReward: number | undefined) =>
+          Effect.scoped(Effect.gen(function*() {
+            const config = {
+              ...decoded,
+              algorithm: {
+                ...decoded.algorithm,
+                advantage: "grpo" as const,
+                ...(klInReward === undefined ? {} : { klInReward })
+              }
             }
-          }
-          const { learner, versions, sampler } = yield* LocalPolicy.make(folder, config)
-          yield* versions.publish(0) // RL starts: the reference is frozen here
-          const groups = yield* Effect.provideService(batch, Sampler, sampler)
-          // Every chain scored 0: no outcome differs within any group.
-          const equal = groups.map((g) => ({
-            ...g,
-            trajectories: g.trajectories.map((t) => ({ ...t, reward: 0, rewardStatus: "scored" as const }))
+            const { learner, versions, sampler } = yield* LocalPolicy.make(folder, config)
+            yield* versions.publish(0) // RL starts: the reference is frozen here
+            const groups = yield* Effect.provideService(batch, Sampler, sampler)
+            // Every chain scored 0: no outcome differs within any group.
+            const equal = groups.map((g) => ({
+              ...g,
+              trajectories: g.trajectories.map((t) => ({ ...t, reward: 0, rewardStatus: "scored" as const }))
+            }))
+            return yield* learner.learn(1, equal)
           }))
-          return yield* learner.learn(1, equal)
-        }))
-      assert.deepStrictEqual(yield* on(undefined), {
-        _tag: "Skipped",
-        why: "NoSignal",
-        figures: { "learner/applied": 0, "learner/groups_with_signal": 0 }
-      }, "outcomes alone: no signal, the step is skipped")
-      const kl = yield* on(0.5)
-      assert.strictEqual(kl._tag, "Applied", JSON.stringify(kl))
-      assert.strictEqual(kl.figures["learner/groups_with_signal"], 2)
-      assert.strictEqual(kl.figures["learner/applied"], 1)
-      assert.isTrue(Number.isFinite(kl.figures["learner/reward_kl"]), "the step reached the learner, which scored the KL")
-      assert.strictEqual(kl._tag === "Applied" ? kl.loss : NaN, kl.figures["learner/loss"], "the step's loss")
-    }).pipe(Effect.provide(NodeServices.layer)), 120_000)
-
-  it.live("gae: the critic's warm-up steps are CriticOnly (the policy unchanged), then a step without gradient is Skipped", () =>
-    Effect.gen(function*() {
-      const { folder, config: decoded, batch } = yield* fixture
-      const config = {
-        ...decoded,
-        algorithm: { ...decoded.algorithm, advantage: "gae" as const },
-        critic: criticWarmup
-      }
-      const outcomes = yield* Effect.scoped(Effect.gen(function*() {
-        const { learner, versions, sampler } = yield* LocalPolicy.make(folder, config)
-        yield* versions.publish(0) // the critic starts here
-        const groups = yield* Effect.provideService(batch, Sampler, sampler)
-        const before = yield* learner.fingerprint
-        const first = yield* learner.learn(1, groups)
-        const unchanged = (yield* learner.fingerprint) === before
-        yield* versions.publish(1)
-        return { first, unchanged, second: yield* learner.learn(2, groups) }
-      }))
-      assert.strictEqual(outcomes.first._tag, "CriticOnly")
-      assert.strictEqual(outcomes.first.figures["learner/critic_only"], 1)
-      assert.strictEqual(outcomes.first.figures["learner/applied"], 0)
-      assert.isTrue(Number.isFinite(outcomes.first.figures["critic/loss"]), JSON.stringify(outcomes.first.figures))
-      assert.isTrue(outcomes.unchanged, "the policy's weights did not move")
-      // Rewards all 0 and a critic that learned values of 0: every advantage is 0, nothing has a gradient.
-      assert.strictEqual(outcomes.second._tag, "Skipped", JSON.stringify(outcomes.second))
-      assert.strictEqual(outcomes.second.figures["learner/applied"], 0)
-      assert.isUndefined(outcomes.second.figures["learner/critic_only"])
-    }).pipe(Effect.provide(NodeServices.layer)), 120_000)
-
-  it.live("KL in the reward with recomputed old logprobs: a checkpoint carries the reference; loaded, the next step is the same", () =>
-    Effect.gen(function*() {
-      const { folder, config: decoded, batch } = yield* fixture
-      const config = {
-        ...decoded,
-        algorithm: {
-          ...decoded.algorithm,
-          advantage: "reinforce++" as const,
-          entropyCoef: 0.01,
-          klInReward: 0.1,
-          recomputeOldLogprobs: true
-        }
-      }
-      const checkpoint = mkdtempSync(join(tmpdir(), "local-policy-checkpoint-"))
-      const first = yield* Effect.scoped(Effect.gen(function*() {
-        const { learner, versions, sampler } = yield* LocalPolicy.make(folder, config)
-        yield* versions.publish(0) // the reference is frozen here
-        const groups = yield* Effect.provideService(batch, Sampler, sampler)
-        const step1 = yield* learner.learn(1, groups)
-        yield* versions.publish(1)
-        yield* learner.save(checkpoint)
-        const saved = yield* learner.fingerprint
-        const later = yield* Effect.scoped(
-          Effect.flatMap(versions.sampler(1), (s) => Effect.provideService(batch, Sampler, s))
+        assert.deepStrictEqual(yield* on(undefined), {
+          _tag: "Skipped",
+          why: "NoSignal",
+          figures: { "learner/applied": 0, "learner/groups_with_signal": 0 }
+        }, "outcomes alone: no signal, the step is skipped")
+        const kl = yield* on(0.5)
+        assert.strictEqual(kl._tag, "Applied", JSON.stringify(kl))
+        assert.strictEqual(kl.figures["learner/groups_with_signal"], 2)
+        assert.strictEqual(kl.figures["learner/applied"], 1)
+        assert.isTrue(
+          Number.isFinite(kl.figures["learner/reward_kl"]),
+          "the step reached the learner, which scored the KL"
         )
-        const step2 = yield* learner.learn(2, later)
-        return { later, step1, step2, saved, after: yield* learner.fingerprint }
-      }))
-      // Step 1 learns from what the reference itself sampled (KL 0 up to the engine's and the trainer's rounding);
-      // step 2 from what the policy one update away from it sampled.
-      const [kl1, kl2] = [first.step1.figures["learner/reward_kl"]!, first.step2.figures["learner/reward_kl"]!]
-      assert.isBelow(Math.abs(kl1), 1e-6)
-      assert.isTrue(Number.isFinite(kl2), JSON.stringify(first.step2.figures))
-      assert.isAbove(Math.abs(kl2), 100 * Math.abs(kl1))
-      assert.isTrue(existsSync(join(checkpoint, "reference.safetensors")))
-      const resumed = yield* Effect.scoped(Effect.gen(function*() {
-        const { learner } = yield* LocalPolicy.make(folder, config)
-        yield* learner.load(checkpoint)
-        const loaded = yield* learner.fingerprint
-        const step2 = yield* learner.learn(2, first.later)
-        return { loaded, step2, after: yield* learner.fingerprint }
-      }))
-      assert.strictEqual(resumed.loaded, first.saved, "the checkpoint's weights")
-      assert.strictEqual(resumed.step2.figures["learner/reward_kl"], first.step2.figures["learner/reward_kl"])
-      assert.strictEqual(resumed.after, first.after, "the same step: bit-identical weights")
-    }).pipe(Effect.provide(NodeServices.layer)), 120_000)
+        assert.strictEqual(kl._tag === "Applied" ? kl.loss : NaN, kl.figures["learner/loss"], "the step's loss")
+      }).pipe(Effect.provide(NodeServices.layer)),
+    120_000
+  )
 
-  it.live("a checkpoint of a run with a KL term but no reference.safetensors fails to load with RunError(Checkpoint)", () =>
-    Effect.gen(function*() {
-      const { folder, config: decoded } = yield* fixture
-      const checkpoint = mkdtempSync(join(tmpdir(), "local-policy-checkpoint-"))
-      const plain = { ...decoded, algorithm: { ...decoded.algorithm, advantage: "reinforce++" as const } }
-      const withKl = { ...plain, algorithm: { ...plain.algorithm, klCoef: 0.1 } }
-      const error = yield* Effect.scoped(Effect.gen(function*() {
-        yield* Effect.flatMap(LocalPolicy.make(folder, plain), ({ learner }) => learner.save(checkpoint))
-        const { learner } = yield* LocalPolicy.make(folder, withKl)
-        return yield* Effect.flip(learner.load(checkpoint))
-      }))
-      assert.instanceOf(error.reason, RunError.Checkpoint)
-      assert.strictEqual(
-        error.message,
-        `${checkpoint}/reference.safetensors is missing: a KL term (algorithm.klCoef or klInReward > 0) needs the ` +
-          `reference policy the run started with`
-      )
-    }).pipe(Effect.provide(NodeServices.layer)), 120_000)
+  it.live(
+    "gae: the critic's warm-up steps are CriticOnly (the policy unchanged), then a step without gradient is Skipped",
+    () =>
+      Effect.gen(function*() {
+        const { folder, config: decoded, batch } = yield* fixture
+        const config = {
+          ...decoded,
+          algorithm: { ...decoded.algorithm, advantage: "gae" as const },
+          critic: criticWarmup
+        }
+        const outcomes = yield* Effect.scoped(Effect.gen(function*() {
+          const { learner, versions, sampler } = yield* LocalPolicy.make(folder, config)
+          yield* versions.publish(0) // the critic starts here
+          const groups = yield* Effect.provideService(batch, Sampler, sampler)
+          const before = yield* learner.fingerprint
+          const first = yield* learner.learn(1, groups)
+          const unchanged = (yield* learner.fingerprint) === before
+          yield* versions.publish(1)
+          return { first, unchanged, second: yield* learner.learn(2, groups) }
+        }))
+        assert.strictEqual(outcomes.first._tag, "CriticOnly")
+        assert.strictEqual(outcomes.first.figures["learner/critic_only"], 1)
+        assert.strictEqual(outcomes.first.figures["learner/applied"], 0)
+        assert.isTrue(Number.isFinite(outcomes.first.figures["critic/loss"]), JSON.stringify(outcomes.first.figures))
+        assert.isTrue(outcomes.unchanged, "the policy's weights did not move")
+        // Rewards all 0 and a critic that learned values of 0: every advantage is 0, nothing has a gradient.
+        assert.strictEqual(outcomes.second._tag, "Skipped", JSON.stringify(outcomes.second))
+        assert.strictEqual(outcomes.second.figures["learner/applied"], 0)
+        assert.isUndefined(outcomes.second.figures["learner/critic_only"])
+      }).pipe(Effect.provide(NodeServices.layer)),
+    120_000
+  )
+
+  it.live(
+    "KL in the reward with recomputed old logprobs: a checkpoint carries the reference; loaded, " +
+      "the next step is the same",
+    () =>
+      Effect.gen(function*() {
+        const { folder, config: decoded, batch } = yield* fixture
+        const config = {
+          ...decoded,
+          algorithm: {
+            ...decoded.algorithm,
+            advantage: "reinforce++" as const,
+            entropyCoef: 0.01,
+            klInReward: 0.1,
+            recomputeOldLogprobs: true
+          }
+        }
+        const checkpoint = mkdtempSync(join(tmpdir(), "local-policy-checkpoint-"))
+        const first = yield* Effect.scoped(Effect.gen(function*() {
+          const { learner, versions, sampler } = yield* LocalPolicy.make(folder, config)
+          yield* versions.publish(0) // the reference is frozen here
+          const groups = yield* Effect.provideService(batch, Sampler, sampler)
+          const step1 = yield* learner.learn(1, groups)
+          yield* versions.publish(1)
+          yield* learner.save(checkpoint)
+          const saved = yield* learner.fingerprint
+          const later = yield* Effect.scoped(
+            Effect.flatMap(versions.sampler(1), (s) => Effect.provideService(batch, Sampler, s))
+          )
+          const step2 = yield* learner.learn(2, later)
+          return { later, step1, step2, saved, after: yield* learner.fingerprint }
+        }))
+        // Step 1 learns from what the reference itself sampled (KL 0 up to the engine's and the trainer's rounding);
+        // step 2 from what the policy one update away from it sampled.
+        const [kl1, kl2] = [first.step1.figures["learner/reward_kl"]!, first.step2.figures["learner/reward_kl"]!]
+        assert.isBelow(Math.abs(kl1), 1e-6)
+        assert.isTrue(Number.isFinite(kl2), JSON.stringify(first.step2.figures))
+        assert.isAbove(Math.abs(kl2), 100 * Math.abs(kl1))
+        assert.isTrue(existsSync(join(checkpoint, "reference.safetensors")))
+        const resumed = yield* Effect.scoped(Effect.gen(function*() {
+          const { learner } = yield* LocalPolicy.make(folder, config)
+          yield* learner.load(checkpoint)
+          const loaded = yield* learner.fingerprint
+          const step2 = yield* learner.learn(2, first.later)
+          return { loaded, step2, after: yield* learner.fingerprint }
+        }))
+        assert.strictEqual(resumed.loaded, first.saved, "the checkpoint's weights")
+        assert.strictEqual(resumed.step2.figures["learner/reward_kl"], first.step2.figures["learner/reward_kl"])
+        assert.strictEqual(resumed.after, first.after, "the same step: bit-identical weights")
+      }).pipe(Effect.provide(NodeServices.layer)),
+    120_000
+  )
+
+  it.live(
+    "a checkpoint of a run with a KL term but no reference.safetensors fails to load with RunError(Checkpoint)",
+    () =>
+      Effect.gen(function*() {
+        const { folder, config: decoded } = yield* fixture
+        const checkpoint = mkdtempSync(join(tmpdir(), "local-policy-checkpoint-"))
+        const plain = { ...decoded, algorithm: { ...decoded.algorithm, advantage: "reinforce++" as const } }
+        const withKl = { ...plain, algorithm: { ...plain.algorithm, klCoef: 0.1 } }
+        const error = yield* Effect.scoped(Effect.gen(function*() {
+          yield* Effect.flatMap(LocalPolicy.make(folder, plain), ({ learner }) => learner.save(checkpoint))
+          const { learner } = yield* LocalPolicy.make(folder, withKl)
+          return yield* Effect.flip(learner.load(checkpoint))
+        }))
+        assert.instanceOf(error.reason, RunError.Checkpoint)
+        assert.strictEqual(
+          error.message,
+          `${checkpoint}/reference.safetensors is missing: a KL term (algorithm.klCoef or klInReward > 0) needs the ` +
+            `reference policy the run started with`
+        )
+      }).pipe(Effect.provide(NodeServices.layer)),
+    120_000
+  )
 })
 
 describe("LocalPolicy in a run", () => {
-  it.live("a step that makes the weights non-finite stops the run with a typed error before anything is saved", () =>
-    Effect.gen(function*() {
-      const { folder, config: decoded, train } = yield* fixture
-      // lr Infinity (what JSON makes of 1e400) is refused by the config's Schema; a program may still build one.
-      const config = {
-        ...decoded,
-        algorithm: { ...decoded.algorithm, lr: Infinity, advantage: "reinforce++" as const, entropyCoef: 0.01 },
-        checkpoint: { every: 1, keep: 5 }
-      }
-      const error = yield* Effect.flip(Effect.scoped(TrainLoop.run({
-        task: CalculatorTask.make(),
-        config,
-        format: ChainFormat.ofConfig(config, folder),
-        train
-      })).pipe(Effect.provide(Layer.provideMerge(Rollouts.inProcess, LocalPolicy.layer(folder, config))), Effect.provide(ResourceManager.ResourceManager.layer)))
-      assert.strictEqual(error.reason._tag, "NonFinite")
-      assert.match(error.message, /step 1 made the weights non-finite \(.+\[\d+\] = (NaN|-?Infinity)\)/)
-      const journal = (yield* Journal.read(join(config.output, "journal.jsonl"))).entries.map((e) => e.entry.kind)
-      assert.notInclude(journal, "step", "no learner step journaled")
-      assert.notInclude(journal, "checkpoint")
-      const checkpoints = join(config.output, "checkpoints")
-      assert.deepStrictEqual(existsSync(checkpoints) ? readdirSync(checkpoints) : [], [], "no checkpoint written")
-    }).pipe(Effect.provide(NodeServices.layer)), 120_000)
+  it.live(
+    "a step that makes the weights non-finite stops the run with a typed error before anything is saved",
+    () =>
+      Effect.gen(function*() {
+        const { folder, config: decoded, train } = yield* fixture
+        // lr Infinity (what JSON makes of 1e400) is refused by the config's Schema; a program may still build one.
+        const config = {
+          ...decoded,
+          algorithm: { ...decoded.algorithm, lr: Infinity, advantage: "reinforce++" as const, entropyCoef: 0.01 },
+          checkpoint: { every: 1, keep: 5 }
+        }
+        const error = yield* Effect.flip(
+          Effect.scoped(TrainLoop.run({
+            task: CalculatorTask.make(),
+            config,
+            format: ChainFormat.ofConfig(config, folder),
+            train
+          })).pipe(
+            Effect.provide(Layer.provideMerge(Rollouts.inProcess, LocalPolicy.layer(folder, config))),
+            Effect.provide(ResourceManager.ResourceManager.layer)
+          )
+        )
+        assert.strictEqual(error.reason._tag, "NonFinite")
+        assert.match(error.message, /step 1 made the weights non-finite \(.+\[\d+\] = (NaN|-?Infinity)\)/)
+        const journal = (yield* Journal.read(join(config.output, "journal.jsonl"))).entries.map((e) => e.entry.kind)
+        assert.notInclude(journal, "step", "no learner step journaled")
+        assert.notInclude(journal, "checkpoint")
+        const checkpoints = join(config.output, "checkpoints")
+        assert.deepStrictEqual(existsSync(checkpoints) ? readdirSync(checkpoints) : [], [], "no checkpoint written")
+      }).pipe(Effect.provide(NodeServices.layer)),
+    120_000
+  )
 })

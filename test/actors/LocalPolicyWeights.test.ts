@@ -84,39 +84,47 @@ const fixture = Effect.gen(function*() {
 })
 
 describe("LocalPolicy weights", () => {
-  it.live("a warm-up and RL steps take the weights once per change and hash them once (was: 3 copies, 2 hashes a step)", () =>
-    Effect.gen(function*() {
-      const { dir, folder, config, batch, demos } = yield* fixture
-      yield* Effect.scoped(Effect.gen(function*() {
-        const { learner, versions, sampler } = yield* LocalPolicy.make(folder, config)
-        const sft = (step: number) => Effect.andThen(learner.sft(step, demos.rows.slice(0, 2)), learner.fingerprint)
-        // The first SFT step starts the SFT trainer from the current weights: one copy more.
-        assert.deepInclude(yield* counted(sft(1)), { weights: 2, fingerprints: 1 })
-        assert.deepInclude(yield* counted(sft(2)), { weights: 1, fingerprints: 1 })
-        // The end of the warm-up: the RL trainer starts from the weights already taken, which are published.
-        assert.deepInclude(yield* counted(Effect.andThen(versions.publish(0), learner.fingerprint)), {
-          weights: 0,
-          fingerprints: 0
-        })
-        const groups = yield* Effect.provideService(batch, Sampler, sampler)
-        const step = (n: number) =>
-          Effect.gen(function*() {
-            const outcome = yield* learner.learn(n, groups)
-            yield* versions.publish(n)
-            return { outcome: outcome._tag, fingerprint: yield* learner.fingerprint }
+  it.live(
+    "a warm-up and RL steps take the weights once per change and hash them once (was: 3 copies, 2 hashes a step)",
+    () =>
+      Effect.gen(function*() {
+        const { dir, folder, config, batch, demos } = yield* fixture
+        yield* Effect.scoped(Effect.gen(function*() {
+          const { learner, versions, sampler } = yield* LocalPolicy.make(folder, config)
+          const sft = (step: number) => Effect.andThen(learner.sft(step, demos.rows.slice(0, 2)), learner.fingerprint)
+          // The first SFT step starts the SFT trainer from the current weights: one copy more.
+          assert.deepInclude(yield* counted(sft(1)), { weights: 2, fingerprints: 1 })
+          assert.deepInclude(yield* counted(sft(2)), { weights: 1, fingerprints: 1 })
+          // The end of the warm-up: the RL trainer starts from the weights already taken, which are published.
+          assert.deepInclude(yield* counted(Effect.andThen(versions.publish(0), learner.fingerprint)), {
+            weights: 0,
+            fingerprints: 0
           })
-        const first = yield* counted(step(1))
-        assert.deepStrictEqual(first, { value: first.value, weights: 1, fingerprints: 1 })
-        assert.strictEqual(first.value.outcome, "Applied")
-        const checkpoint = join(dir, "step-1")
-        mkdirSync(checkpoint)
-        yield* learner.save(checkpoint)
-        const second = yield* counted(step(2))
-        assert.deepInclude(second, { weights: 1, fingerprints: 1 })
-        assert.notStrictEqual(second.value.fingerprint, first.value.fingerprint, "a step's new weights, not the cached")
-        // A load changes the weights: its fingerprint is the checkpoint's, hashed once more.
-        const loaded = yield* counted(Effect.andThen(learner.load(checkpoint), learner.fingerprint))
-        assert.deepStrictEqual(loaded, { value: first.value.fingerprint, weights: 1, fingerprints: 1 })
-      }))
-    }).pipe(Effect.provide(NodeServices.layer)), 120_000)
+          const groups = yield* Effect.provideService(batch, Sampler, sampler)
+          const step = (n: number) =>
+            Effect.gen(function*() {
+              const outcome = yield* learner.learn(n, groups)
+              yield* versions.publish(n)
+              return { outcome: outcome._tag, fingerprint: yield* learner.fingerprint }
+            })
+          const first = yield* counted(step(1))
+          assert.deepStrictEqual(first, { value: first.value, weights: 1, fingerprints: 1 })
+          assert.strictEqual(first.value.outcome, "Applied")
+          const checkpoint = join(dir, "step-1")
+          mkdirSync(checkpoint)
+          yield* learner.save(checkpoint)
+          const second = yield* counted(step(2))
+          assert.deepInclude(second, { weights: 1, fingerprints: 1 })
+          assert.notStrictEqual(
+            second.value.fingerprint,
+            first.value.fingerprint,
+            "a step's new weights, not the cached"
+          )
+          // A load changes the weights: its fingerprint is the checkpoint's, hashed once more.
+          const loaded = yield* counted(Effect.andThen(learner.load(checkpoint), learner.fingerprint))
+          assert.deepStrictEqual(loaded, { value: first.value.fingerprint, weights: 1, fingerprints: 1 })
+        }))
+      }).pipe(Effect.provide(NodeServices.layer)),
+    120_000
+  )
 })

@@ -161,8 +161,17 @@ describe("Metrics", () => {
   })
 
   it("warm-up lines show the validation accuracy of the steps that checked it", () => {
-    const warm = (figures: Record<string, number>): Metrics.Status => ({ phase: "warmup", step: 50, total: 900, elapsed: 1, figures })
+    const warm = (figures: Record<string, number>): Metrics.Status => ({
+      phase: "warmup",
+      step: 50,
+      total: 900,
+      elapsed: 1,
+      figures
+    })
     assert.strictEqual(Metrics.formatFigures(warm({ "warmup/loss": 0.5 })), "loss 0.5000  tok/s –")
-    assert.include(Metrics.formatFigures(warm({ "warmup/loss": 0.5, "warmup/validation_accuracy": 0.25 })), "validation accuracy 0.250")
+    assert.include(
+      Metrics.formatFigures(warm({ "warmup/loss": 0.5, "warmup/validation_accuracy": 0.25 })),
+      "validation accuracy 0.250"
+    )
   })
 })

@@ -112,47 +112,53 @@ describe("OpenAiServer: fair scheduling", () => {
       assert.isBelow(startedBefore, 1000)
     })))
 
-  it.live("a small request beside a 2,000-prompt request is admitted at once: a few engine steps more than alone (tiny model)", () =>
-    live(Effect.gen(function*() {
-      const folder = yield* tinyFolder
-      const engine = yield* makeEngine({ config: folder.config, weights: folder.weights, maxBatchSize: 32 })
-      const server = yield* OpenAiServer.make(folder).pipe(Effect.provideService(PolicyEngine, engine))
-      // A request's cost in engine decode steps (every step of the engine while it was open) and in wall time. Steps
-      // are what the scheduler decides; wall time also counts what else the machine runs (other test files).
-      const small = (i: number) =>
-        Effect.gen(function*() {
-          const before = (yield* engine.stats).decodeSteps
-          const body = { prompt: [[5, 6, 7, 8, 9, 10, 11, i]], max_tokens: 16, ignore_eos: true }
-          const r = yield* completion(server.baseUrl, body).done
-          assert.strictEqual(r.answer?.json.choices[0]!.token_ids.length, 16)
-          return { ms: r.ms, steps: (yield* engine.stats).decodeSteps - before }
-        })
-      const seven = (from: number) =>
-        Effect.gen(function*() {
-          const xs: Array<{ ms: number; steps: number }> = []
-          for (let i = 0; i < 7; i++) xs.push(yield* small(from + i))
-          return { ms: median(xs.map((x) => x.ms)), steps: median(xs.map((x) => x.steps)) }
-        })
-      yield* seven(0) // warm-up
-      const aloneBefore = yield* seven(0)
-      const base = (yield* engine.stats).generatedTokens
-      const large = completion(server.baseUrl, { prompt: prompts(20, 2000), max_tokens: 16, ignore_eos: true })
-      while ((yield* engine.stats).generatedTokens < base + 200) yield* Effect.sleep("10 millis")
-      const beside = yield* seven(50)
-      const generated = (yield* engine.stats).generatedTokens - base
-      large.abort()
-      yield* large.done
-      const aloneAfter = yield* seven(0)
-      // The large request was still running: it had not generated a quarter of its 32,000 tokens.
-      assert.isBelow(generated, 8000)
-      const facts = `beside ${beside.steps} steps / ${beside.ms.toFixed(0)} ms, ` +
-        `alone ${aloneBefore.steps}/${aloneAfter.steps} steps, ${aloneBefore.ms.toFixed(1)}/${aloneAfter.ms.toFixed(1)} ms`
-      // The per-request cap leaves places free, so it is admitted within a step or two and decoded in every step
-      // beside the large request's sequences (measured: 17 steps beside, 15 alone). Turns alone (a cap of 32) made
-      // it wait for a place: 30 steps; first come first served: thousands.
-      assert.isAtMost(beside.steps, Math.max(aloneBefore.steps, aloneAfter.steps) + 8, facts)
-      // Wall time too, only as a bound that load cannot reach (bench/server.ts measures it on a quiet machine: ≤ 2×):
-      // starvation was ≥ 900×.
-      assert.isAtMost(beside.ms / ((aloneBefore.ms + aloneAfter.ms) / 2), 100, facts)
-    })), 120_000)
+  it.live(
+    "a small request beside a 2,000-prompt request is admitted at once: " +
+      "a few engine steps more than alone (tiny model)",
+    () =>
+      live(Effect.gen(function*() {
+        const folder = yield* tinyFolder
+        const engine = yield* makeEngine({ config: folder.config, weights: folder.weights, maxBatchSize: 32 })
+        const server = yield* OpenAiServer.make(folder).pipe(Effect.provideService(PolicyEngine, engine))
+        // A request's cost in engine decode steps (every step of the engine while it was open) and in wall time. Steps
+        // are what the scheduler decides; wall time also counts what else the machine runs (other test files).
+        const small = (i: number) =>
+          Effect.gen(function*() {
+            const before = (yield* engine.stats).decodeSteps
+            const body = { prompt: [[5, 6, 7, 8, 9, 10, 11, i]], max_tokens: 16, ignore_eos: true }
+            const r = yield* completion(server.baseUrl, body).done
+            assert.strictEqual(r.answer?.json.choices[0]!.token_ids.length, 16)
+            return { ms: r.ms, steps: (yield* engine.stats).decodeSteps - before }
+          })
+        const seven = (from: number) =>
+          Effect.gen(function*() {
+            const xs: Array<{ ms: number; steps: number }> = []
+            for (let i = 0; i < 7; i++) xs.push(yield* small(from + i))
+            return { ms: median(xs.map((x) => x.ms)), steps: median(xs.map((x) => x.steps)) }
+          })
+        yield* seven(0) // warm-up
+        const aloneBefore = yield* seven(0)
+        const base = (yield* engine.stats).generatedTokens
+        const large = completion(server.baseUrl, { prompt: prompts(20, 2000), max_tokens: 16, ignore_eos: true })
+        while ((yield* engine.stats).generatedTokens < base + 200) yield* Effect.sleep("10 millis")
+        const beside = yield* seven(50)
+        const generated = (yield* engine.stats).generatedTokens - base
+        large.abort()
+        yield* large.done
+        const aloneAfter = yield* seven(0)
+        // The large request was still running: it had not generated a quarter of its 32,000 tokens.
+        assert.isBelow(generated, 8000)
+        const facts = `beside ${beside.steps} steps / ${beside.ms.toFixed(0)} ms, ` +
+          `alone ${aloneBefore.steps}/${aloneAfter.steps} steps, ` +
+          `${aloneBefore.ms.toFixed(1)}/${aloneAfter.ms.toFixed(1)} ms`
+        // The per-request cap leaves places free, so it is admitted within a step or two and decoded in every step
+        // beside the large request's sequences (measured: 17 steps beside, 15 alone). Turns alone (a cap of 32) made
+        // it wait for a place: 30 steps; first come first served: thousands.
+        assert.isAtMost(beside.steps, Math.max(aloneBefore.steps, aloneAfter.steps) + 8, facts)
+        // Wall time too, only as a bound that load cannot reach (bench/server.ts measures it on a quiet
+        // machine: ≤ 2×): starvation was ≥ 900×.
+        assert.isAtMost(beside.ms / ((aloneBefore.ms + aloneAfter.ms) / 2), 100, facts)
+      })),
+    120_000
+  )
 })

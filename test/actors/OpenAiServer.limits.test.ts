@@ -135,37 +135,43 @@ describe("OpenAiServer: validation before the status line, and request limits", 
       assert.match(ok.text, /data: \[DONE\]\n\n$/)
     })), 60_000)
 
-  it.live("every field OpenAI documents is accepted (openai SDK); an unknown field or a value out of OpenAI's range is a 400 naming it", () =>
-    live(Effect.gen(function*() {
-      const folder = yield* tinyFolder
-      const { model, engine, counts } = counted(folder)
-      const server = yield* OpenAiServer.make(model).pipe(Effect.provideService(PolicyEngine, engine))
-      const client = new OpenAI({ baseURL: server.baseUrl, apiKey: "unused", maxRetries: 0 })
-      const name = { model: folder.name }
-      const chat = yield* Effect.promise(() =>
-        client.chat.completions.create({ ...everyChatField([{ role: "user", content: "Hi" }], [], 3), ...name })
-      )
-      assert.strictEqual(chat.choices[0]!.finish_reason, "length")
-      const text = yield* Effect.promise(() => client.completions.create({ ...everyCompletionField([1, 2], 3), ...name }))
-      assert.strictEqual(text.choices[0]!.finish_reason, "length")
-      assert.strictEqual(counts.generateCalls, 2)
-      const base = { chat: { messages: hi, max_tokens: 2 }, completion: { prompt: [1, 2], max_tokens: 2 } }
-      for (const r of refused) {
-        const path = r.endpoint === "chat" ? "/chat/completions" : "/completions"
-        const body = JSON.stringify({ ...base[r.endpoint], ...r.fields })
-        const label = `${path} ${JSON.stringify(r.fields)}`
-        const plain = yield* send(`${server.baseUrl}${path}`, body)
-        assert.strictEqual(plain.status, 400, `${label}: ${plain.text}`)
-        assert.deepStrictEqual(plain.json.error, {
-          message: r.message,
-          type: "invalid_request_error",
-          param: r.param,
-          code: r.code
-        }, label)
-        assert.deepStrictEqual((yield* send(`${server.baseUrl}${path}`, streaming(body))).json, plain.json, label)
-      }
-      assert.strictEqual(counts.generateCalls, 2, "nothing refused reached the engine")
-    })))
+  it.live(
+    "every field OpenAI documents is accepted (openai SDK); " +
+      "an unknown field or a value out of OpenAI's range is a 400 naming it",
+    () =>
+      live(Effect.gen(function*() {
+        const folder = yield* tinyFolder
+        const { model, engine, counts } = counted(folder)
+        const server = yield* OpenAiServer.make(model).pipe(Effect.provideService(PolicyEngine, engine))
+        const client = new OpenAI({ baseURL: server.baseUrl, apiKey: "unused", maxRetries: 0 })
+        const name = { model: folder.name }
+        const chat = yield* Effect.promise(() =>
+          client.chat.completions.create({ ...everyChatField([{ role: "user", content: "Hi" }], [], 3), ...name })
+        )
+        assert.strictEqual(chat.choices[0]!.finish_reason, "length")
+        const text = yield* Effect.promise(() =>
+          client.completions.create({ ...everyCompletionField([1, 2], 3), ...name })
+        )
+        assert.strictEqual(text.choices[0]!.finish_reason, "length")
+        assert.strictEqual(counts.generateCalls, 2)
+        const base = { chat: { messages: hi, max_tokens: 2 }, completion: { prompt: [1, 2], max_tokens: 2 } }
+        for (const r of refused) {
+          const path = r.endpoint === "chat" ? "/chat/completions" : "/completions"
+          const body = JSON.stringify({ ...base[r.endpoint], ...r.fields })
+          const label = `${path} ${JSON.stringify(r.fields)}`
+          const plain = yield* send(`${server.baseUrl}${path}`, body)
+          assert.strictEqual(plain.status, 400, `${label}: ${plain.text}`)
+          assert.deepStrictEqual(plain.json.error, {
+            message: r.message,
+            type: "invalid_request_error",
+            param: r.param,
+            code: r.code
+          }, label)
+          assert.deepStrictEqual((yield* send(`${server.baseUrl}${path}`, streaming(body))).json, plain.json, label)
+        }
+        assert.strictEqual(counts.generateCalls, 2, "nothing refused reached the engine")
+      }))
+  )
 
   it.live("too many prompts or tokens in one request are refused before tokenizing or sampling anything", () =>
     live(Effect.gen(function*() {

@@ -264,7 +264,10 @@ describe("OpenAiServer", () => {
         ["/nothing", "{}", "POST", 404, /no route/]
       ]
       // "\n", the commonest stop string, is the text's own token.
-      assert.strictEqual((yield* post(`${url}/completions`, JSON.stringify({ prompt: "x", max_tokens: 2, stop: ["\n"] }))).status, 200)
+      assert.strictEqual(
+        (yield* post(`${url}/completions`, JSON.stringify({ prompt: "x", max_tokens: 2, stop: ["\n"] }))).status,
+        200
+      )
       // A Schema refusal names its field in `param`, as OpenAI's errors do.
       const typed = yield* post(`${url}/completions`, JSON.stringify({ prompt: "x", max_tokens: "5" }))
       assert.strictEqual(typed.status, 400)

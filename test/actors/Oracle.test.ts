@@ -21,7 +21,9 @@ const bisect: Oracle.Policy = (messages) => {
   let lo = 1
   let hi = 15
   messages.forEach((m, i) => {
-    const g = m.role === "assistant" ? (m.tool_calls?.[0]?.function.arguments as { n: number } | undefined)?.n : undefined
+    const g = m.role === "assistant"
+      ? (m.tool_calls?.[0]?.function.arguments as { n: number } | undefined)?.n
+      : undefined
     if (g === undefined) return
     const answer = messages.slice(i + 1).map(Oracle.text).find((t) => t === "Higher." || t === "Lower.")
     if (answer === "Higher.") lo = g + 1

@@ -293,7 +293,9 @@ describe("PolicyEngine", () => {
       const error = yield* Effect.flip(Fiber.join(pending))
       assert.strictEqual(error.reason._tag, "Closed")
       // A request submitted after the close fails at once too (it used to wait forever on a queue nobody drained).
-      const late = yield* Effect.flip(sampler.generate(request([4, 5], { maxTokens: 4 })).pipe(Effect.timeout("5 seconds")))
+      const late = yield* Effect.flip(
+        sampler.generate(request([4, 5], { maxTokens: 4 })).pipe(Effect.timeout("5 seconds"))
+      )
       assert.strictEqual(late._tag, "SamplerError")
       assert.strictEqual((late as SamplerError).reason._tag, "Closed")
     }))

@@ -527,7 +527,13 @@ describe("ResourceManager", () => {
           yield* coordinator.notify
           assert.isTrue(Resource.isCrash(yield* Effect.flip(lease.use(fake.incr))))
           assert.strictEqual(yield* lease.use(fake.incr), 1)
-          assert.deepStrictEqual(fake.log, ["grant 1", "start counter-0", "destroy counter-0", "grant 2", "start counter-1"])
+          assert.deepStrictEqual(fake.log, [
+            "grant 1",
+            "start counter-0",
+            "destroy counter-0",
+            "grant 2",
+            "start counter-1"
+          ])
           assert.deepInclude(yield* manager.stats("counter"), { crashes: 1, leased: 1, starting: 0 })
         }))
     })

@@ -221,50 +221,59 @@ describe("Rollout.run", () => {
       assert.strictEqual(flood.messages.find((m) => m.role === "tool")!.content, "9".repeat(1000))
     }))
 
-  it.effect("a turn cut inside a tool call made a failed call: counted, said in the trajectory, invalid in the figures", () =>
-    Effect.gen(function*() {
-      // A real template and parser (Qwen2.5, hermes): the model opens a call and runs out of tokens in it.
-      const tokenizer = yield* Tokenizer.make(ByteTokenizer.tokenizerJson(), ByteTokenizer.tokenizerConfig(""))
-      const format = ChainFormat.fromTemplate({ tokenizer, template: ChatTemplate.builtinTemplate("qwen2.5") })
-      const layer = Sampler.layerScripted((request) => {
-        const prompt = tokenizer.decode(request.promptTokenIds)
-        return tokenizer.encode(
-          prompt.includes("prose") ? "Let me think about it" : `Let me add.\n<tool_call>\n{"name": "add", "argu`
+  it.effect(
+    "a turn cut inside a tool call made a failed call: counted, said in the trajectory, invalid in the figures",
+    () =>
+      Effect.gen(function*() {
+        // A real template and parser (Qwen2.5, hermes): the model opens a call and runs out of tokens in it.
+        const tokenizer = yield* Tokenizer.make(ByteTokenizer.tokenizerJson(), ByteTokenizer.tokenizerConfig(""))
+        const format = ChainFormat.fromTemplate({ tokenizer, template: ChatTemplate.builtinTemplate("qwen2.5") })
+        const layer = Sampler.layerScripted((request) => {
+          const prompt = tokenizer.decode(request.promptTokenIds)
+          return tokenizer.encode(
+            prompt.includes("prose") ? "Let me think about it" : `Let me add.\n<tool_call>\n{"name": "add", "argu`
+          )
+        })
+        const run = (task: string, extra?: Partial<Rollout.Options>) =>
+          runAll({ ...base, format, messages: user(task), ...extra }).pipe(
+            Effect.map((events) => trajectories(events)[0]!),
+            Effect.provide(layer)
+          )
+        const cut = yield* run("call")
+        assert.strictEqual(cut.termination, "stop", "the chain ended because the turn was cut")
+        assert.strictEqual(cut.metrics["tool_errors/ParseFailed"], 1)
+        assert.strictEqual(cut.errorReason, "ParseFailed")
+        assert.match(
+          cut.error!,
+          /^ParseFailed: the turn was cut by max tokens inside a tool call: <tool_call> is never/
         )
-      })
-      const run = (task: string, extra?: Partial<Rollout.Options>) =>
-        runAll({ ...base, format, messages: user(task), ...extra }).pipe(
-          Effect.map((events) => trajectories(events)[0]!),
-          Effect.provide(layer)
+        assert.isFalse(cut.masked, "a policy's failure: scored and trained on, as a malformed call is")
+        assert.strictEqual(cut.rewardStatus, "scored")
+        // Cut by the context budget instead (a few tokens short of the whole turn): the same failed call, a
+        // context_length ending.
+        const full = yield* run("call", { maxContextTokens: Trajectory.segmentLength(cut.segments[0]!) - 4 })
+        assert.strictEqual(full.termination, "context_length")
+        assert.strictEqual(full.metrics["tool_errors/ParseFailed"], 1)
+        assert.include(full.error!, "cut by the context budget inside a tool call")
+        // A turn cut in prose made no call.
+        const prose = yield* run("prose")
+        assert.strictEqual(prose.termination, "stop")
+        assert.isUndefined(prose.metrics["tool_errors/ParseFailed"])
+        assert.isUndefined(prose.error)
+        // The trainer's figures read it as an invalid call and a ParseFailed failure, not an infrastructure one.
+        const figures = RolloutFigures.rolloutFigures(
+          [{ groupId: "g", rowIndex: 0, trajectories: [cut, full, prose] }],
+          {
+            prefix: "rollout",
+            tools: ["add", "answer"]
+          }
         )
-      const cut = yield* run("call")
-      assert.strictEqual(cut.termination, "stop", "the chain ended because the turn was cut")
-      assert.strictEqual(cut.metrics["tool_errors/ParseFailed"], 1)
-      assert.strictEqual(cut.errorReason, "ParseFailed")
-      assert.match(cut.error!, /^ParseFailed: the turn was cut by max tokens inside a tool call: <tool_call> is never/)
-      assert.isFalse(cut.masked, "a policy's failure: scored and trained on, as a malformed call is")
-      assert.strictEqual(cut.rewardStatus, "scored")
-      // Cut by the context budget instead (a few tokens short of the whole turn): the same failed call, a
-      // context_length ending.
-      const full = yield* run("call", { maxContextTokens: Trajectory.segmentLength(cut.segments[0]!) - 4 })
-      assert.strictEqual(full.termination, "context_length")
-      assert.strictEqual(full.metrics["tool_errors/ParseFailed"], 1)
-      assert.include(full.error!, "cut by the context budget inside a tool call")
-      // A turn cut in prose made no call.
-      const prose = yield* run("prose")
-      assert.strictEqual(prose.termination, "stop")
-      assert.isUndefined(prose.metrics["tool_errors/ParseFailed"])
-      assert.isUndefined(prose.error)
-      // The trainer's figures read it as an invalid call and a ParseFailed failure, not an infrastructure one.
-      const figures = RolloutFigures.rolloutFigures([{ groupId: "g", rowIndex: 0, trajectories: [cut, full, prose] }], {
-        prefix: "rollout",
-        tools: ["add", "answer"]
+        assert.closeTo(figures["rollout/invalid_tool_call_rate"]!, 2 / 3, 1e-12)
+        assert.strictEqual(figures["rollout/tool_errors/ParseFailed"], 2)
+        assert.strictEqual(figures["rollout/failures/ParseFailed"], 2)
+        assert.strictEqual(figures["rollout/failure_share"], 0)
       })
-      assert.closeTo(figures["rollout/invalid_tool_call_rate"]!, 2 / 3, 1e-12)
-      assert.strictEqual(figures["rollout/tool_errors/ParseFailed"], 2)
-      assert.strictEqual(figures["rollout/failures/ParseFailed"], 2)
-      assert.strictEqual(figures["rollout/failure_share"], 0)
-    }))
+  )
 
   it.effect("group assembly: numChains trajectories per row, in chain order, with row fields", () =>
     Effect.gen(function*() {

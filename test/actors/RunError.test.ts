@@ -27,7 +27,9 @@ describe("RunError", () => {
     assert.strictEqual(wrapped.message, "EACCES: permission denied")
     assert.strictEqual(wrapped.reason.cause, cause)
     assert.strictEqual(RunError.wrap("Learner")(wrapped), wrapped, "already a RunError")
-    const full = RunError.wrap("Checkpoint")(Object.assign(new Error("ENOSPC: no space left on device"), { code: "ENOSPC" }))
+    const full = RunError.wrap("Checkpoint")(
+      Object.assign(new Error("ENOSPC: no space left on device"), { code: "ENOSPC" })
+    )
     assert.strictEqual(full.reason._tag, "DiskFull")
     assert.isTrue(full.message.startsWith(DiskFull.marker), full.message)
     assert.include(full.message, "free space on its filesystem, then resume")

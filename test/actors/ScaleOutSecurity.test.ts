@@ -41,14 +41,30 @@ interface Answer {
 }
 
 /** One request over a fresh connection (no keep-alive), its answer read whole. */
-const send = (url: string, init: { method?: string; headers?: Record<string, string>; body?: Uint8Array | string } = {}) =>
+const send = (
+  url: string,
+  init: { method?: string; headers?: Record<string, string>; body?: Uint8Array | string } = {}
+) =>
   Effect.callback<Answer>((resume) => {
-    const req = Http.request(url, { method: init.method ?? "GET", headers: init.headers ?? {}, agent: false }, (res) => {
-      const chunks: Array<Buffer> = []
-      res.on("data", (c: Buffer) => chunks.push(c))
-      res.on("end", () =>
-        resume(Effect.succeed({ status: res.statusCode!, headers: res.headers, text: Buffer.concat(chunks).toString("latin1") })))
-    })
+    const req = Http.request(
+      url,
+      { method: init.method ?? "GET", headers: init.headers ?? {}, agent: false },
+      (res) => {
+        const chunks: Array<Buffer> = []
+        res.on("data", (c: Buffer) => chunks.push(c))
+        res.on(
+          "end",
+          () =>
+            resume(
+              Effect.succeed({
+                status: res.statusCode!,
+                headers: res.headers,
+                text: Buffer.concat(chunks).toString("latin1")
+              })
+            )
+        )
+      }
+    )
     req.on("error", (e) => resume(Effect.die(e)))
     req.end(init.body)
   })
@@ -86,8 +102,14 @@ const recorder = Effect.acquireRelease(
         res.end("{}")
       })
     })
-    server.listen(0, "127.0.0.1", () =>
-      resume(Effect.succeed({ url: `http://127.0.0.1:${(server.address() as net.AddressInfo).port}/v1`, puts, server })))
+    server.listen(
+      0,
+      "127.0.0.1",
+      () =>
+        resume(
+          Effect.succeed({ url: `http://127.0.0.1:${(server.address() as net.AddressInfo).port}/v1`, puts, server })
+        )
+    )
   }),
   ({ server }) => Effect.sync(() => server.close())
 )
@@ -131,7 +153,10 @@ describe("trainer server", () => {
           body: Wire.encode({})
         }),
         send(`${baseUrl}/trainer/policy/init`, { method: "POST", body: initFrame }),
-        send(`${baseUrl}/trainer/policy/close`, { method: "POST", headers: { "x-agentfly-session": right, "x-agentfly-seq": "0" } }),
+        send(`${baseUrl}/trainer/policy/close`, {
+          method: "POST",
+          headers: { "x-agentfly-session": right, "x-agentfly-seq": "0" }
+        }),
         send(`${baseUrl}/nothing-here`)
       ]
       for (const answer of yield* Effect.all(strangers)) {
@@ -339,47 +364,60 @@ describe("gateway", () => {
       assert.strictEqual((other.cause as { status?: number }).status, 404)
     }).pipe(Effect.scoped), 60_000)
 
-  it.live("a 10 GB Content-Length is refused before a byte is buffered, and the connection closed", () =>
-    Effect.gen(function*() {
-      const gateway = yield* serving()
-      const huge = yield* hugeBody(gateway.port, "/episodes/e/v1/chat/completions", "Authorization: Bearer bob-token\r\n")
-      assert.match(huge.head, /^HTTP\/1\.1 413/)
-      assert.match(huge.head, /connection: close/i)
-      assert.isTrue(huge.closed)
-      // Without a token: 401 before the body, closed too.
-      const stranger = yield* hugeBody(gateway.port, "/episodes/e/v1/chat/completions")
-      assert.match(stranger.head, /^HTTP\/1\.1 401/)
-      assert.isTrue(stranger.closed)
-      assert.strictEqual((yield* gateway.stats).episodes, 0)
-      const message = yield* dies(Gateway.make({ host: "0.0.0.0" }))
-      assert.include(message, "refusing to listen on 0.0.0.0 without a token")
-    }).pipe(Effect.scoped), 60_000)
+  it.live(
+    "a 10 GB Content-Length is refused before a byte is buffered, and the connection closed",
+    () =>
+      Effect.gen(function*() {
+        const gateway = yield* serving()
+        const huge = yield* hugeBody(
+          gateway.port,
+          "/episodes/e/v1/chat/completions",
+          "Authorization: Bearer bob-token\r\n"
+        )
+        assert.match(huge.head, /^HTTP\/1\.1 413/)
+        assert.match(huge.head, /connection: close/i)
+        assert.isTrue(huge.closed)
+        // Without a token: 401 before the body, closed too.
+        const stranger = yield* hugeBody(gateway.port, "/episodes/e/v1/chat/completions")
+        assert.match(stranger.head, /^HTTP\/1\.1 401/)
+        assert.isTrue(stranger.closed)
+        assert.strictEqual((yield* gateway.stats).episodes, 0)
+        const message = yield* dies(Gateway.make({ host: "0.0.0.0" }))
+        assert.include(message, "refusing to listen on 0.0.0.0 without a token")
+      }).pipe(Effect.scoped),
+    60_000
+  )
 
-  it.live("a training run's episodes are reached only at the URLs its agents are given, not at a guessable id", () =>
-    Effect.gen(function*() {
-      const gateway = yield* Gateway.make({ privateEpisodes: true })
-      const episode = yield* gateway.open({
-        id: "run1-g0-c0",
-        groupId: "run1-g0",
-        format,
-        sampler: yield* scriptedSampler(),
-        sampling: { temperature: 1, maxTokens: 64 },
-        requestSampling: "cap"
-      })
-      assert.match(episode.baseURL, /\/episodes\/run1-g0-c0~[0-9a-f]{32}\/v1$/)
-      assert.strictEqual(episode.id, "run1-g0-c0")
-      const guessed = `${gateway.url}/episodes/run1-g0-c0`
-      const stranger = yield* Effect.flip(chat(`${guessed}/v1`, "any"))
-      assert.strictEqual((stranger.cause as { status?: number }).status, 404)
-      const json = { "content-type": "application/json" }
-      const posted = (url: string) => send(url, { method: "POST", headers: json, body: JSON.stringify({ reward: 1e6 }) })
-      assert.strictEqual((yield* posted(`${guessed}/reward`)).status, 404)
-      assert.strictEqual((yield* send(guessed)).status, 404)
-      assert.isUndefined(episode.posted())
-      // The agent, with its URLs: served, and its reward taken.
-      yield* chat(episode.baseURL, "any")
-      assert.strictEqual((yield* posted(episode.rewardURL)).status, 200)
-      assert.strictEqual(episode.posted()?.reward, 1e6)
-      assert.strictEqual(episode.recorder.requests, 1)
-    }).pipe(Effect.scoped), 60_000)
+  it.live(
+    "a training run's episodes are reached only at the URLs its agents are given, not at a guessable id",
+    () =>
+      Effect.gen(function*() {
+        const gateway = yield* Gateway.make({ privateEpisodes: true })
+        const episode = yield* gateway.open({
+          id: "run1-g0-c0",
+          groupId: "run1-g0",
+          format,
+          sampler: yield* scriptedSampler(),
+          sampling: { temperature: 1, maxTokens: 64 },
+          requestSampling: "cap"
+        })
+        assert.match(episode.baseURL, /\/episodes\/run1-g0-c0~[0-9a-f]{32}\/v1$/)
+        assert.strictEqual(episode.id, "run1-g0-c0")
+        const guessed = `${gateway.url}/episodes/run1-g0-c0`
+        const stranger = yield* Effect.flip(chat(`${guessed}/v1`, "any"))
+        assert.strictEqual((stranger.cause as { status?: number }).status, 404)
+        const json = { "content-type": "application/json" }
+        const posted = (url: string) =>
+          send(url, { method: "POST", headers: json, body: JSON.stringify({ reward: 1e6 }) })
+        assert.strictEqual((yield* posted(`${guessed}/reward`)).status, 404)
+        assert.strictEqual((yield* send(guessed)).status, 404)
+        assert.isUndefined(episode.posted())
+        // The agent, with its URLs: served, and its reward taken.
+        yield* chat(episode.baseURL, "any")
+        assert.strictEqual((yield* posted(episode.rewardURL)).status, 200)
+        assert.strictEqual(episode.posted()?.reward, 1e6)
+        assert.strictEqual(episode.recorder.requests, 1)
+      }).pipe(Effect.scoped),
+    60_000
+  )
 })

@@ -48,65 +48,74 @@ describe("TaskRuntime", () => {
       assert.strictEqual(error.message, `task "doubled": two tools are named "echo"`)
     }))
 
-  it.effect("a task assembled without its environment fails at start, naming the missing service, before any chain", () =>
-    Effect.gen(function*() {
-      // As a task loaded from untyped parts would be: the type check that `Task.make` does is bypassed.
-      const untyped = Task.make("untyped", { tools: [counted] } as never) as Task.Task
-      let sampled = 0
-      const error = yield* Effect.flip(
-        Rollout.runTask({
-          task: untyped,
-          rows: [{ question: "go" }],
-          numChains: 2,
-          maxTurns: 1,
-          sampling: { temperature: 1, maxTokens: 8 },
-          format: charFormat
-        }).pipe(
-          Stream.runDrain,
-          Effect.provide(Sampler.layerScripted(() => {
-            sampled++
-            return turn("hi")
-          }))
+  it.effect(
+    "a task assembled without its environment fails at start, naming the missing service, before any chain",
+    () =>
+      Effect.gen(function*() {
+        // As a task loaded from untyped parts would be: the type check that `Task.make` does is bypassed.
+        const untyped = Task.make("untyped", { tools: [counted] } as never) as Task.Task
+        let sampled = 0
+        const error = yield* Effect.flip(
+          Rollout.runTask({
+            task: untyped,
+            rows: [{ question: "go" }],
+            numChains: 2,
+            maxTurns: 1,
+            sampling: { temperature: 1, maxTokens: 8 },
+            format: charFormat
+          }).pipe(
+            Stream.runDrain,
+            Effect.provide(Sampler.layerScripted(() => {
+              sampled++
+              return turn("hi")
+            }))
+          )
         )
-      )
-      assert.strictEqual(error._tag, "TaskError")
-      assert.strictEqual((error as Task.TaskError).reason._tag, "MissingServices")
-      assert.include(error.message, "test/TaskRuntime/Counter")
-      assert.include(error.message, "the task has no environment")
-      assert.strictEqual(sampled, 0)
-    }))
+        assert.strictEqual(error._tag, "TaskError")
+        assert.strictEqual((error as Task.TaskError).reason._tag, "MissingServices")
+        assert.include(error.message, "test/TaskRuntime/Counter")
+        assert.include(error.message, "the task has no environment")
+        assert.strictEqual(sampled, 0)
+      })
+  )
 
-  it.effect("an environment without a service the reward declares fails the start check; one that cannot start too", () =>
-    Effect.gen(function*() {
-      class Other extends Context.Service<Other, { readonly x: number }>()("test/TaskRuntime/Other") {}
-      const reads = Reward.make("reads", { dependencies: [Counter], score: () => Effect.succeed(1) })
-      const wrong = Task.make("wrong", {
-        reward: reads,
-        environment: Environment.perChain(Layer.succeed(Other, Other.of({ x: 1 })))
-      } as never) as Task.Task
-      const missing = yield* Effect.flip(TaskRuntime.make(wrong))
-      assert.strictEqual(missing.reason._tag, "MissingServices")
-      assert.include(missing.message, "its environment lacks them")
-      // The services are a fact of the reason, caught by its tag.
-      const services = yield* TaskRuntime.make(wrong).pipe(
-        Effect.as([]),
-        Effect.catchReason("TaskError", "MissingServices", (reason) => Effect.succeed(reason.services))
-      )
-      assert.deepStrictEqual(services, ["test/TaskRuntime/Counter"])
-      // A layer that fails, or dies (throws): the same typed error naming the task, not a defect of the run.
-      for (
-        const [name, build, why] of [
-          ["broken", Effect.fail(new Error("engine down")), "engine down"],
-          ["dying", Effect.die(new Error("layer boom")), "layer boom"]
-        ] as const
-      ) {
-        const task = Task.make(name, { tools: [counted], environment: Environment.perChain(Layer.effect(Counter, build)) })
-        const down = yield* Effect.flip(TaskRuntime.make(task))
-        assert.strictEqual(down.reason._tag, "Environment")
-        assert.strictEqual(down.message, `the environment of task "${name}" could not start: ${why}`)
-        assert.strictEqual((down.reason.cause as Error).message, why) // what the layer failed or died with
-      }
-    }))
+  it.effect(
+    "an environment without a service the reward declares fails the start check; one that cannot start too",
+    () =>
+      Effect.gen(function*() {
+        class Other extends Context.Service<Other, { readonly x: number }>()("test/TaskRuntime/Other") {}
+        const reads = Reward.make("reads", { dependencies: [Counter], score: () => Effect.succeed(1) })
+        const wrong = Task.make("wrong", {
+          reward: reads,
+          environment: Environment.perChain(Layer.succeed(Other, Other.of({ x: 1 })))
+        } as never) as Task.Task
+        const missing = yield* Effect.flip(TaskRuntime.make(wrong))
+        assert.strictEqual(missing.reason._tag, "MissingServices")
+        assert.include(missing.message, "its environment lacks them")
+        // The services are a fact of the reason, caught by its tag.
+        const services = yield* TaskRuntime.make(wrong).pipe(
+          Effect.as([]),
+          Effect.catchReason("TaskError", "MissingServices", (reason) => Effect.succeed(reason.services))
+        )
+        assert.deepStrictEqual(services, ["test/TaskRuntime/Counter"])
+        // A layer that fails, or dies (throws): the same typed error naming the task, not a defect of the run.
+        for (
+          const [name, build, why] of [
+            ["broken", Effect.fail(new Error("engine down")), "engine down"],
+            ["dying", Effect.die(new Error("layer boom")), "layer boom"]
+          ] as const
+        ) {
+          const task = Task.make(name, {
+            tools: [counted],
+            environment: Environment.perChain(Layer.effect(Counter, build))
+          })
+          const down = yield* Effect.flip(TaskRuntime.make(task))
+          assert.strictEqual(down.reason._tag, "Environment")
+          assert.strictEqual(down.message, `the environment of task "${name}" could not start: ${why}`)
+          assert.strictEqual((down.reason.cause as Error).message, why) // what the layer failed or died with
+        }
+      })
+  )
 
   it.effect("an environment built without a service it asks for fails at start, naming the task and the service", () =>
     Effect.gen(function*() {

@@ -42,9 +42,11 @@ const setup = (overrides: Record<string, unknown> = {}, algorithm: Record<string
       config,
       train: yield* rows(10, "train"),
       eval: yield* rows(20, "eval"),
-      demos: yield* Dataset.parse("demos", `{"messages":[{"role":"user","content":"q"},{"role":"assistant","content":"A"}]}`, {
-        kind: "conversation"
-      }),
+      demos: yield* Dataset.parse(
+        "demos",
+        `{"messages":[{"role":"user","content":"q"},{"role":"assistant","content":"A"}]}`,
+        { kind: "conversation" }
+      ),
       format: charFormat,
       task: Toy.task()
     }
@@ -74,7 +76,10 @@ describe("TrainLoop", () => {
 
   it.effect("sync: warm-up, RL steps that raise held-out accuracy, journal, checkpoints, metrics and report", () =>
     Effect.gen(function*() {
-      const options = yield* setup({ warmup: { data: "unused", steps: 3, batchSize: 2 }, eval: { every: 4, temperature: 1 } })
+      const options = yield* setup({
+        warmup: { data: "unused", steps: 3, batchSize: 2 },
+        eval: { every: 4, temperature: 1 }
+      })
       const summary = yield* run(options)
       const out = options.config.output
       assert.deepStrictEqual(yield* steps(out), [1, 2, 3, 4, 5, 6, 7, 8])
@@ -89,14 +94,19 @@ describe("TrainLoop", () => {
       assert.deepStrictEqual(train.map((m) => m.step), [1, 2, 3, 4, 5, 6, 7, 8])
       assert.strictEqual(train[0]!.figures["rollout/trajectories"], 12)
       assert.strictEqual(train[0]!.figures["rollout/staleness_mean"], 0, "sync: sampled by the current policy")
-      assert.isTrue(train.every((m) => m.figures["learner/entropy"] !== undefined && m.figures["perf/tokens_per_s"]! > 0))
+      assert.isTrue(
+        train.every((m) => m.figures["learner/entropy"] !== undefined && m.figures["perf/tokens_per_s"]! > 0)
+      )
       assert.isTrue(samples.length > 0 && samples[0]!.spans.some((s) => s.source === "policy"))
       // Every record, whatever its phase, carries the process's peak RSS since the record before: plausible for a
       // Node process, never below the RSS when written.
       assert.deepStrictEqual([...new Set(metrics.map((m) => m.phase))].sort(), ["eval", "train", "warmup"])
       for (const m of metrics) {
         const peak = m.figures["perf/peak_rss_mb"]!, rss = m.figures["perf/rss_mb"]!
-        assert.isTrue(peak >= 30 && peak < 256 * 1024 && peak >= rss && rss >= 30, `${m.phase} ${m.step}: ${peak} / ${rss} MB`)
+        assert.isTrue(
+          peak >= 30 && peak < 256 * 1024 && peak >= rss && rss >= 30,
+          `${m.phase} ${m.step}: ${peak} / ${rss} MB`
+        )
       }
       const journal = (yield* Journal.read(join(out, "journal.jsonl"))).entries.map((e) => e.entry)
       assert.strictEqual(journal.filter((e) => e.kind === "group").length, 24)
@@ -196,9 +206,16 @@ describe("TrainLoop", () => {
 
       // With onMiss "fail" the same miss ends the run before RL, naming the best check.
       const failing = yield* setup({
-        warmup: { data: "unused", steps: 7, batchSize: 2, stopAt: { data: "unused", accuracy: 1, every: 3, onMiss: "fail" } }
+        warmup: {
+          data: "unused",
+          steps: 7,
+          batchSize: 2,
+          stopAt: { data: "unused", accuracy: 1, every: 3, onMiss: "fail" }
+        }
       })
-      const missed = yield* Effect.flip(runWith({ ...failing, validation: yield* rows(8, "validation"), task: neverCorrect }))
+      const missed = yield* Effect.flip(
+        runWith({ ...failing, validation: yield* rows(8, "validation"), task: neverCorrect })
+      )
       assert.strictEqual(missed.reason._tag, "Warmup")
       assert.include(missed.message, "ran its 7 steps short of its target validation accuracy 1: best 0 at step 3")
       const failed = (yield* Journal.read(join(failing.config.output, "journal.jsonl"))).entries.map((e) => e.entry)
@@ -238,9 +255,15 @@ describe("TrainLoop", () => {
       const notices: Array<string> = []
       const notice = (m: string) => Effect.sync(() => void notices.push(m))
       yield* run({ ...options, train: yield* questions((i) => i === 2), notice })
-      assert.isTrue(notices.some((n) => n.startsWith("1 of the first 10 rows' prompts fill agent.maxContextTokens (60")))
+      assert.isTrue(
+        notices.some((n) => n.startsWith("1 of the first 10 rows' prompts fill agent.maxContextTokens (60"))
+      )
       // Row 2 is in the first epoch's 10 rows: its chains end before a token, said at that step.
-      assert.strictEqual(notices.filter((n) => n.includes("ended before sampling a token")).length, 1, notices.join("\n"))
+      assert.strictEqual(
+        notices.filter((n) => n.includes("ended before sampling a token")).length,
+        1,
+        notices.join("\n")
+      )
 
       const crowded = yield* setup({ agent: { numChains: 4, maxTurns: 2, maxNewTokens: 16, maxContextTokens: 60 } })
       const error = yield* Effect.flip(run({ ...crowded, train: yield* questions(() => true) }))
@@ -283,7 +306,10 @@ describe("TrainLoop", () => {
       assert.strictEqual(resumed.fingerprint, reference.fingerprint)
       assert.deepStrictEqual(yield* steps(options.config.output), [1, 2, 3, 4, 5, 6, 7, 8])
       assert.strictEqual(notices.length, 1)
-      assert.match(notices[0]!, /resuming from step-000003 \(step 3\), the newest intact checkpoint; refused: step-000006: /)
+      assert.match(
+        notices[0]!,
+        /resuming from step-000003 \(step 3\), the newest intact checkpoint; refused: step-000006: /
+      )
     }).pipe(Effect.provide(NodeServices.layer)))
 
   it.effect("a checkpoint whose weights are not the journal's is refused; with none intact the resume fails", () =>
@@ -314,7 +340,11 @@ describe("TrainLoop", () => {
       assert.include(error.message, "no intact checkpoint to resume")
       assert.include(error.message, "step-000006: ")
       assert.include(error.message, "step-000003: its weights")
-      assert.strictEqual(readFileSync(join(broken.config.output, "journal.jsonl"), "utf8"), journalBefore, "journal untouched")
+      assert.strictEqual(
+        readFileSync(join(broken.config.output, "journal.jsonl"), "utf8"),
+        journalBefore,
+        "journal untouched"
+      )
     }).pipe(Effect.provide(NodeServices.layer)))
 
   it.effect("resume refuses a changed seed or config, naming what changed, unless forced", () =>
@@ -331,7 +361,11 @@ describe("TrainLoop", () => {
       assert.strictEqual(error.reason._tag, "Resume")
       assert.include(error.message, "algorithm.lr: 0.0003 → 0.001; seed: 3 → 4")
       assert.include(error.message, "--force-resume")
-      assert.strictEqual(readFileSync(join(options.config.output, "journal.jsonl"), "utf8"), journalBefore, "nothing written")
+      assert.strictEqual(
+        readFileSync(join(options.config.output, "journal.jsonl"), "utf8"),
+        journalBefore,
+        "nothing written"
+      )
       // More steps beside the change: the refusal is all it says (no "resuming … for N steps" first).
       const said: Array<string> = []
       const longerToo = {
@@ -372,7 +406,10 @@ describe("TrainLoop", () => {
       const recorded = JSON.parse(readFileSync(recordedFile, "utf8"))
       delete recorded.algorithm.clipLow
       writeFileSync(recordedFile, JSON.stringify(recorded))
-      const older = yield* run({ ...changed, config: { ...changed.config, algorithm: { ...changed.config.algorithm, steps: 10 } } })
+      const older = yield* run({
+        ...changed,
+        config: { ...changed.config, algorithm: { ...changed.config.algorithm, steps: 10 } }
+      })
       assert.strictEqual(older.fromStep, 10)
       // So is one whose task's path option was recorded relative, before runs recorded such options absolute.
       const ten = { ...changed.config, algorithm: { ...changed.config.algorithm, steps: 10 } }
@@ -416,9 +453,8 @@ describe("TrainLoop", () => {
         maxStaleness: 1,
         warmup: { data: "unused", steps: 4, batchSize: 2, stopAt: { data: "unused", accuracy: 1, every: 2, size: 2 } }
       }, { steps: 6 })
-      yield* Effect.scoped(TrainLoop.run({ ...base, validation: yield* rows(4, "validation"), task: neverCorrect })).pipe(
-        Toy.provideParts({ learner, versions: spy })
-      )
+      yield* Effect.scoped(TrainLoop.run({ ...base, validation: yield* rows(4, "validation"), task: neverCorrect }))
+        .pipe(Toy.provideParts({ learner, versions: spy }))
       // A warm-up check at step 2 (version -3), the evaluation at 0, batches 1…6 (versions 0 0 1 3 3 4), evaluations
       // at 4 and 6; no Sampler service was provided.
       assert.deepStrictEqual(
@@ -427,7 +463,11 @@ describe("TrainLoop", () => {
       )
       const journal = (yield* Journal.read(join(base.config.output, "journal.jsonl"))).entries.map((e) => e.entry)
       const groupVersions = journal.flatMap((e) => (e.kind === "group" ? [e.policyVersion] : []))
-      assert.deepStrictEqual(groupVersions, [0, 0, 0, 0, 0, 0, 1, 1, 1, 3, 3, 3, 3, 3, 3, 4, 4, 4], "every group's version")
+      assert.deepStrictEqual(
+        groupVersions,
+        [0, 0, 0, 0, 0, 0, 1, 1, 1, 3, 3, 3, 3, 3, 3, 4, 4, 4],
+        "every group's version"
+      )
     }).pipe(Effect.provide(NodeServices.layer)))
 
   it.live("async: a crash and a resume end with the weights of an unbroken run, whatever the timing", () =>
@@ -443,7 +483,10 @@ describe("TrainLoop", () => {
       assert.strictEqual(resumed.fromStep, 3)
       assert.strictEqual(resumed.fingerprint, reference.fingerprint)
       const groups = (o: string) =>
-        Effect.map(Journal.read(join(o, "journal.jsonl")), (r) => r.entries.flatMap((e) => (e.entry.kind === "group" ? [e.entry] : [])))
+        Effect.map(
+          Journal.read(join(o, "journal.jsonl")),
+          (r) => r.entries.flatMap((e) => (e.entry.kind === "group" ? [e.entry] : []))
+        )
       assert.deepStrictEqual(yield* groups(options.config.output), yield* groups(unbroken.config.output), "every group")
     }).pipe(Effect.provide(NodeServices.layer)))
 
@@ -508,58 +551,69 @@ describe("TrainLoop", () => {
       assert.strictEqual(error.reason._tag, "NonFinite")
       assert.include(error.message, "step 3: learner/loss is NaN")
       assert.deepStrictEqual(yield* steps(options.config.output), [1, 2])
-      assert.deepStrictEqual(readdirSync(join(options.config.output, "checkpoints")).sort(), ["step-000001", "step-000002"])
+      assert.deepStrictEqual(readdirSync(join(options.config.output, "checkpoints")).sort(), [
+        "step-000001",
+        "step-000002"
+      ])
     }).pipe(Effect.provide(NodeServices.layer)))
 
-  it.effect("dynamic sampling: the learner gets groupsPerStep groups whose rewards differ; everything sampled is journaled", () =>
-    Effect.gen(function*() {
-      // A fast learner: the bandit soon answers "A" nearly always, and most groups of 4 chains agree.
-      const learnt = (options: TrainLoop.Options) =>
-        Effect.gen(function*() {
-          const seen: Array<ReadonlyArray<Trajectory.Group>> = []
-          yield* run({ ...options, eval: undefined }, { lr: 3, onLearn: (_, groups) => void seen.push(groups) })
-          const journal = (yield* Journal.read(join(options.config.output, "journal.jsonl"))).entries.map((e) => e.entry)
-          const { metrics } = yield* Report.read(options.config.output)
-          return { seen, journal, train: metrics.filter((m) => m.phase === "train") }
+  it.effect(
+    "dynamic sampling: the learner gets groupsPerStep groups whose rewards differ; everything sampled is journaled",
+    () =>
+      Effect.gen(function*() {
+        // A fast learner: the bandit soon answers "A" nearly always, and most groups of 4 chains agree.
+        const learnt = (options: TrainLoop.Options) =>
+          Effect.gen(function*() {
+            const seen: Array<ReadonlyArray<Trajectory.Group>> = []
+            yield* run({ ...options, eval: undefined }, { lr: 3, onLearn: (_, groups) => void seen.push(groups) })
+            const journal = (yield* Journal.read(join(options.config.output, "journal.jsonl"))).entries.map((e) =>
+              e.entry
+            )
+            const { metrics } = yield* Report.read(options.config.output)
+            return { seen, journal, train: metrics.filter((m) => m.phase === "train") }
+          })
+        const plain = yield* learnt(yield* setup())
+        assert.isTrue(
+          plain.seen.some((groups) => groups.some((g) => !Trajectory.rewardsDiffer(g))),
+          "without it some steps carry groups without signal"
+        )
+        const options = yield* setup({}, { dynamicSampling: { maxBatches: 4 } })
+        const { seen, journal, train } = yield* learnt(options)
+        assert.strictEqual(seen.length, 8)
+        for (const groups of seen) {
+          assert.isAtMost(groups.length, 3)
+          assert.isTrue(groups.every(Trajectory.rewardsDiffer), "only groups whose rewards differ")
+        }
+        const batches = train.map((m) => m.figures["rollout/dynamic_batches"]!)
+        assert.isTrue(batches.every((b) => b >= 1 && b <= 4), `${batches}`)
+        assert.isTrue(batches.some((b) => b > 1), "some step sampled more than one batch")
+        train.forEach((m, i) => {
+          assert.strictEqual(m.figures["rollout/groups_kept"], seen[i]!.length)
+          assert.strictEqual(m.figures["rollout/groups_sampled"], m.figures["rollout/dynamic_batches"]! * 3)
         })
-      const plain = yield* learnt(yield* setup())
-      assert.isTrue(
-        plain.seen.some((groups) => groups.some((g) => !Trajectory.rewardsDiffer(g))),
-        "without it some steps carry groups without signal"
-      )
-      const options = yield* setup({}, { dynamicSampling: { maxBatches: 4 } })
-      const { seen, journal, train } = yield* learnt(options)
-      assert.strictEqual(seen.length, 8)
-      for (const groups of seen) {
-        assert.isAtMost(groups.length, 3)
-        assert.isTrue(groups.every(Trajectory.rewardsDiffer), "only groups whose rewards differ")
-      }
-      const batches = train.map((m) => m.figures["rollout/dynamic_batches"]!)
-      assert.isTrue(batches.every((b) => b >= 1 && b <= 4), `${batches}`)
-      assert.isTrue(batches.some((b) => b > 1), "some step sampled more than one batch")
-      train.forEach((m, i) => {
-        assert.strictEqual(m.figures["rollout/groups_kept"], seen[i]!.length)
-        assert.strictEqual(m.figures["rollout/groups_sampled"], m.figures["rollout/dynamic_batches"]! * 3)
-      })
-      // Every group sampled has its entry, with a seq of its own; a step's seqs are the groups it trained on.
-      const groups = journal.flatMap((e) => (e.kind === "group" ? [e] : []))
-      assert.strictEqual(groups.length, train.reduce((n, m) => n + m.figures["rollout/groups_sampled"]!, 0))
-      assert.strictEqual(new Set(groups.map((g) => g.seq)).size, groups.length)
-      assert.isTrue(groups.some((g) => g.seq >= 2 ** 36), "further batches' seqs are apart from the row order's")
-      const stepsOf = journal.flatMap((e) => (e.kind === "step" ? [e] : []))
-      stepsOf.forEach((e, i) => {
-        const trained = e.seqs.map((seq) => groups.find((g) => g.seq === seq)!.groupId)
-        assert.deepStrictEqual(trained, seen[i]!.map((g) => g.groupId))
-      })
-      // The run is a function of its seed: again, the same weights; a crash and a resume end on them too.
-      const again = yield* run({ ...(yield* setup({}, { dynamicSampling: { maxBatches: 4 } })), eval: undefined }, { lr: 3 })
-      const crashedOptions = yield* setup({}, { dynamicSampling: { maxBatches: 4 } })
-      const crashed = yield* Effect.result(run({ ...crashedOptions, eval: undefined }, { lr: 3, failAt: 6 }))
-      assert.isTrue(Result.isFailure(crashed))
-      const resumed = yield* run({ ...crashedOptions, eval: undefined, resume: true }, { lr: 3 })
-      assert.strictEqual(resumed.fromStep, 3)
-      assert.strictEqual(resumed.fingerprint, again.fingerprint)
-    }).pipe(Effect.provide(NodeServices.layer)))
+        // Every group sampled has its entry, with a seq of its own; a step's seqs are the groups it trained on.
+        const groups = journal.flatMap((e) => (e.kind === "group" ? [e] : []))
+        assert.strictEqual(groups.length, train.reduce((n, m) => n + m.figures["rollout/groups_sampled"]!, 0))
+        assert.strictEqual(new Set(groups.map((g) => g.seq)).size, groups.length)
+        assert.isTrue(groups.some((g) => g.seq >= 2 ** 36), "further batches' seqs are apart from the row order's")
+        const stepsOf = journal.flatMap((e) => (e.kind === "step" ? [e] : []))
+        stepsOf.forEach((e, i) => {
+          const trained = e.seqs.map((seq) => groups.find((g) => g.seq === seq)!.groupId)
+          assert.deepStrictEqual(trained, seen[i]!.map((g) => g.groupId))
+        })
+        // The run is a function of its seed: again, the same weights; a crash and a resume end on them too.
+        const again = yield* run(
+          { ...(yield* setup({}, { dynamicSampling: { maxBatches: 4 } })), eval: undefined },
+          { lr: 3 }
+        )
+        const crashedOptions = yield* setup({}, { dynamicSampling: { maxBatches: 4 } })
+        const crashed = yield* Effect.result(run({ ...crashedOptions, eval: undefined }, { lr: 3, failAt: 6 }))
+        assert.isTrue(Result.isFailure(crashed))
+        const resumed = yield* run({ ...crashedOptions, eval: undefined, resume: true }, { lr: 3 })
+        assert.strictEqual(resumed.fromStep, 3)
+        assert.strictEqual(resumed.fingerprint, again.fingerprint)
+      }).pipe(Effect.provide(NodeServices.layer))
+  )
 
   it.live("dynamic sampling in async mode: a crash and a resume end with the weights of an unbroken run", () =>
     Effect.gen(function*() {
@@ -568,18 +622,29 @@ describe("TrainLoop", () => {
       const unbroken = yield* setup(...config)
       const reference = yield* run({ ...unbroken, eval: undefined }, timing)
       const options = yield* setup(...config)
-      assert.isTrue(Result.isFailure(yield* Effect.result(run({ ...options, eval: undefined }, { ...timing, failAt: 6 }))))
+      assert.isTrue(
+        Result.isFailure(yield* Effect.result(run({ ...options, eval: undefined }, { ...timing, failAt: 6 })))
+      )
       const resumed = yield* run({ ...options, eval: undefined, resume: true }, { samplerMs: 1, learnMs: 30, lr: 3 })
       assert.strictEqual(resumed.fingerprint, reference.fingerprint)
       const groups = (o: string) =>
-        Effect.map(Journal.read(join(o, "journal.jsonl")), (r) => r.entries.flatMap((e) => (e.entry.kind === "group" ? [e.entry] : [])))
+        Effect.map(
+          Journal.read(join(o, "journal.jsonl")),
+          (r) => r.entries.flatMap((e) => (e.entry.kind === "group" ? [e.entry] : []))
+        )
       assert.deepStrictEqual(yield* groups(options.config.output), yield* groups(unbroken.config.output), "every group")
     }).pipe(Effect.provide(NodeServices.layer)))
 
   it.effect("a tool whose handler dies is said once as a bug in the task's tools, naming the figure", () =>
     Effect.gen(function*() {
       const buggy = Task.make("toy", {
-        tools: [Tool.make("calc", { description: "calc", handler: () => Effect.sync((): string => { throw new Error("bug") }) })],
+        tools: [Tool.make("calc", {
+          description: "calc",
+          handler: () =>
+            Effect.sync((): string => {
+              throw new Error("bug")
+            })
+        })],
         reward: Toy.reward
       })
       const notices: Array<string> = []
@@ -606,7 +671,10 @@ describe("TrainLoop: inputs read once", () => {
       const options = yield* setup({}, { steps: 2 })
       const row = Schema.Struct({ n: Schema.NumberFromString })
       const task: Task.Task = { ...Toy.task(), row }
-      const raw = yield* Dataset.parse("train", ["1", "2", "3"].map((n) => JSON.stringify({ question: "q", n })).join("\n"))
+      const raw = yield* Dataset.parse(
+        "train",
+        ["1", "2", "3"].map((n) => JSON.stringify({ question: "q", n })).join("\n")
+      )
       // Decoded as `agentfly train` loads it (`Dataset.load` with the task's fields); decoding again would fail.
       const train = yield* Dataset.refine(raw, row)
       assert.strictEqual(train.rows[0]!.fields["n"], 1)
@@ -623,7 +691,11 @@ describe("TrainLoop: inputs read once", () => {
       const resumed = yield* run({ ...options, resume: true })
       assert.strictEqual(resumed.fromStep, 3)
       assert.strictEqual(resumed.trained, 8, "steps 1–3 trained before the crash count")
-      assert.deepStrictEqual(resumed.evals.map((e) => e.step), [0, 4, 8], "the evaluation at step 0 was the first process's")
+      assert.deepStrictEqual(
+        resumed.evals.map((e) => e.step),
+        [0, 4, 8],
+        "the evaluation at step 0 was the first process's"
+      )
       assert.isNumber(resumed.evals[0]!.figures["eval/accuracy"])
     }).pipe(Effect.provide(NodeServices.layer)))
 })

@@ -28,7 +28,9 @@ import { tinyConfig } from "../utils/tinyModel.ts"
 const config = tinyConfig({ vocabSize: 32, hiddenSize: 32, numHiddenLayers: 2, intermediateSize: 64 })
 const model = OnnxTrainer.qwen2(config)
 
-/** 4 groups of 3 chains: each group's chains share a prompt of 6–9 tokens, then 5–10 sampled tokens of their own. */
+/**
+ * 4 groups of 3 chains: each group's chains share a prompt of 6–9 tokens, then 5–10 sampled tokens of their own.
+ */
 const sequences = (): ReadonlyArray<Packing.Sequence> => {
   const r = Sampling.rng(5)
   const token = () => Math.floor(r.next() * config.vocabSize)
@@ -49,7 +51,12 @@ const sequences = (): ReadonlyArray<Packing.Sequence> => {
 
 const batches = (sharePrefix: boolean) =>
   Effect.map(
-    Packing.pack(sequences(), { tokenBudget: 4 * 32, lengthMultiple: 16, aggregation: "seq-mean-token-mean", sharePrefix }),
+    Packing.pack(sequences(), {
+      tokenBudget: 4 * 32,
+      lengthMultiple: 16,
+      aggregation: "seq-mean-token-mean",
+      sharePrefix
+    }),
     (p) => p.microBatches
   )
 
@@ -123,7 +130,11 @@ const cuttingProxy = (port: number, op: string, drops: { count: number }) =>
         client.on("error", end).on("close", end)
         upstream.on("error", end).on("close", end)
       })
-      server.listen(0, "127.0.0.1", () => resume(Effect.succeed({ server, port: (server.address() as net.AddressInfo).port })))
+      server.listen(
+        0,
+        "127.0.0.1",
+        () => resume(Effect.succeed({ server, port: (server.address() as net.AddressInfo).port }))
+      )
     }),
     ({ server }) => Effect.sync(() => server.close())
   )
@@ -245,7 +256,10 @@ describe("RemoteTrainer and TrainerServer", () => {
       const there = yield* remote(baseUrl, 1)
       yield* run(there, mbs, 2)
       yield* there.save(`${dir}/remote`, { policyVersion: 2, rngState: [7, 8] })
-      assert.deepStrictEqual((yield* fs.readDirectory(`${dir}/remote`)).sort(), [...RemoteTrainer.checkpointFiles].sort())
+      assert.deepStrictEqual(
+        (yield* fs.readDirectory(`${dir}/remote`)).sort(),
+        [...RemoteTrainer.checkpointFiles].sort()
+      )
       // Loaded locally, it continues as the remote trainer does.
       const here = yield* local(1)
       assert.deepStrictEqual(yield* here.load(`${dir}/remote`), { policyVersion: 2, rngState: [7, 8] })
@@ -341,7 +355,10 @@ describe("RemoteTrainer and TrainerServer", () => {
               res.end(Buffer.from(await reply.arrayBuffer()))
             })
             server.listen(0, "127.0.0.1", () =>
-              resume(Effect.succeed({ url: `http://127.0.0.1:${(server.address() as net.AddressInfo).port}/v1`, server })))
+              resume(Effect.succeed({
+                url: `http://127.0.0.1:${(server.address() as net.AddressInfo).port}/v1`,
+                server
+              })))
           }),
           ({ server }) => Effect.sync(() => server.close())
         )
@@ -421,8 +438,20 @@ describe("RemoteTrainer and TrainerServer", () => {
           })
           return { status: r.status, error: (await r.json() as { error: { code: string; message: string } }).error }
         })
-      const header = { model: ModelConfig.toJson(config), loss: Loss.grpo, optimizer: Optimizer.defaultConfig, schedule: LrSchedule.constant(0), workers: 1 }
-      const short = yield* post("other/init", Wire.encode(header, model.parameters.map((p, i) => [p.name, new Float32Array(i === 0 ? 3 : weights.get(p.name)!.length)] as const)))
+      const header = {
+        model: ModelConfig.toJson(config),
+        loss: Loss.grpo,
+        optimizer: Optimizer.defaultConfig,
+        schedule: LrSchedule.constant(0),
+        workers: 1
+      }
+      const short = yield* post(
+        "other/init",
+        Wire.encode(
+          header,
+          model.parameters.map((p, i) => [p.name, new Float32Array(i === 0 ? 3 : weights.get(p.name)!.length)] as const)
+        )
+      )
       assert.strictEqual(short.status, 400)
       assert.include(short.error.message, model.parameters[0]!.name)
       // Weights of the right shapes with a NaN: refused as a model folder's are, naming the tensor.
@@ -436,7 +465,10 @@ describe("RemoteTrainer and TrainerServer", () => {
       assert.include(nan.error.message, `weight ${model.parameters[1]!.name} holds 1 non-finite value(s)`)
       const garbage = yield* post("other/init", Buffer.from("{\"not\": \"a frame\"}"))
       assert.deepStrictEqual([garbage.status, garbage.error.code], [400, "invalid_request"])
-      const stranger = yield* post("policy/optim_step", Wire.encode({}), { "x-agentfly-session": "nobody", "x-agentfly-seq": "1" })
+      const stranger = yield* post("policy/optim_step", Wire.encode({}), {
+        "x-agentfly-session": "nobody",
+        "x-agentfly-seq": "1"
+      })
       assert.deepStrictEqual([stranger.status, stranger.error.code], [404, "unknown_session"])
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 60_000)
 
@@ -447,7 +479,9 @@ describe("RemoteTrainer and TrainerServer", () => {
       assert.deepStrictEqual(back, mb)
     }
     assert.include(Wire.decode(Buffer.from("AFT1")) as string, "frame of 4 bytes")
-    const frame = Wire.decode(Wire.encode({ batch: 1, length: 1, lossTokens: 0 }, [["inputIds", new Float32Array(1)]])) as Wire.Frame
+    const frame = Wire.decode(
+      Wire.encode({ batch: 1, length: 1, lossTokens: 0 }, [["inputIds", new Float32Array(1)]])
+    ) as Wire.Frame
     assert.include(Wire.decodeBatch(frame) as string, "inputIds must be i32")
   })
 })

@@ -45,40 +45,59 @@ describe("agentfly eval", () => {
     })
   })
 
-  it.live("a checkpoint repeats its run's evaluation; flags override; bad inputs fail with their reasons", () =>
-    Effect.gen(function*() {
-      const dir = mkdtempSync(join(tmpdir(), "eval-"))
-      yield* Generate.write({ dir: join(dir, "data"), seed: 4, train: 16, heldOut: 6, validation: 2, demos: 4, noise: 0 })
-      const config = {
-        seed: 5,
-        output: "run",
-        model: { path: "model", preset: "tiny", initSeed: 2 },
-        data: { train: "data/train.jsonl", eval: "data/heldout.jsonl" },
-        task: "calculator",
-        agent: { systemPrompt: "Use the calculator tool.", renderTools: false, maxTurns: 2, numChains: 2, maxNewTokens: 24 },
-        algorithm: { steps: 2, groupsPerStep: 2, lr: 0.01, entropyCoef: 0.01, advantage: "reinforce++" },
-        eval: { every: 2, temperature: 1 },
-        checkpoint: { every: 2 }
-      }
-      writeFileSync(join(dir, "config.json"), JSON.stringify(config))
-      const quiet = { write: () => {}, tty: false }
-      const trained = yield* Train.run({ config: join(dir, "config.json"), ...quiet })
-      const last = trained.summary.evals.at(-1)!
-      assert.strictEqual(last.step, 2)
+  it.live(
+    "a checkpoint repeats its run's evaluation; flags override; bad inputs fail with their reasons",
+    () =>
+      Effect.gen(function*() {
+        const dir = mkdtempSync(join(tmpdir(), "eval-"))
+        yield* Generate.write({
+          dir: join(dir, "data"),
+          seed: 4,
+          train: 16,
+          heldOut: 6,
+          validation: 2,
+          demos: 4,
+          noise: 0
+        })
+        const config = {
+          seed: 5,
+          output: "run",
+          model: { path: "model", preset: "tiny", initSeed: 2 },
+          data: { train: "data/train.jsonl", eval: "data/heldout.jsonl" },
+          task: "calculator",
+          agent: {
+            systemPrompt: "Use the calculator tool.",
+            renderTools: false,
+            maxTurns: 2,
+            numChains: 2,
+            maxNewTokens: 24
+          },
+          algorithm: { steps: 2, groupsPerStep: 2, lr: 0.01, entropyCoef: 0.01, advantage: "reinforce++" },
+          eval: { every: 2, temperature: 1 },
+          checkpoint: { every: 2 }
+        }
+        writeFileSync(join(dir, "config.json"), JSON.stringify(config))
+        const quiet = { write: () => {}, tty: false }
+        const trained = yield* Train.run({ config: join(dir, "config.json"), ...quiet })
+        const last = trained.summary.evals.at(-1)!
+        assert.strictEqual(last.step, 2)
 
-      const checkpoint = join(dir, "run", "checkpoints", "step-000002")
-      const lines: Array<string> = []
-      const output = join(dir, "eval.json")
-      const again = yield* Eval.run({
-        config: join(dir, "config.json"),
-        checkpoint,
-        output,
-        write: (t) => lines.push(t)
-      })
-      assert.deepStrictEqual(again.figures, last.figures, "the run's own evaluation at step 2")
-      assert.strictEqual(again.questions, 6)
-      assert.deepStrictEqual(JSON.parse(readFileSync(output, "utf8")), JSON.parse(JSON.stringify(again)))
-      assert.match(lines.join(""), /held-out accuracy \d\.\d{3}, mean reward \d\.\d{3}, invalid tool-call rate \d\.\d{3} \(6 questions × 1/)
+        const checkpoint = join(dir, "run", "checkpoints", "step-000002")
+        const lines: Array<string> = []
+        const output = join(dir, "eval.json")
+        const again = yield* Eval.run({
+          config: join(dir, "config.json"),
+          checkpoint,
+          output,
+          write: (t) => lines.push(t)
+        })
+        assert.deepStrictEqual(again.figures, last.figures, "the run's own evaluation at step 2")
+        assert.strictEqual(again.questions, 6)
+        assert.deepStrictEqual(JSON.parse(readFileSync(output, "utf8")), JSON.parse(JSON.stringify(again)))
+        assert.match(
+          lines.join(""),
+          /held-out accuracy \d\.\d{3}, mean reward \d\.\d{3}, invalid tool-call rate \d\.\d{3} \(6 questions × 1/
+        )
 
       // Another seed samples other answers; more samples per question are all counted; the folder's own weights.
       const reseeded = yield* Eval.run({ config: join(dir, "config.json"), checkpoint, seed: 6, ...quiet })
@@ -91,61 +110,72 @@ describe("agentfly eval", () => {
       assert.strictEqual(initial.weights, "model")
       assert.notDeepEqual(initial.figures, last.figures, "the checkpoint's weights, not the folder's")
 
-      // A truncated checkpoint, a bad flag and a config with no held-out split.
-      const broken = join(dir, "broken")
-      cpSync(checkpoint, broken, { recursive: true })
-      truncateSync(join(broken, "model.safetensors"), 100)
-      const corrupt = yield* Effect.flip(Eval.run({ config: join(dir, "config.json"), checkpoint: broken, ...quiet }))
-      assert.strictEqual((corrupt as { _tag: string })._tag, "CheckpointError")
-      assert.include((corrupt as Error).message, "model.safetensors")
-      // The run's folder in place of a checkpoint names its newest one; a path that is not there says so.
-      const at = (path: string) => Effect.flip(Eval.run({ config: join(dir, "config.json"), checkpoint: path, ...quiet }))
-      const folder = yield* at(join(dir, "run"))
-      assert.include((folder as Error).message, `give one of its checkpoints, e.g. ${checkpoint}`)
-      const nowhere = yield* at(join(dir, "x"))
-      assert.include((nowhere as Error).message, "no such checkpoint")
-      // A step the run does not have (pruned, or never written): the ones it has.
-      const pruned = yield* at(join(dir, "run", "checkpoints", "step-000099"))
-      assert.include((pruned as Error).message, "step-000099: no such checkpoint; the run has ")
-      assert.include((pruned as Error).message, "step-000002")
-      // Another split: --data.
-      const validation = join(dir, "data", "validation.jsonl")
-      const otherLines: Array<string> = []
-      const other = yield* Eval.run({
-        config: join(dir, "config.json"),
-        checkpoint,
-        data: validation,
-        write: (t) => otherLines.push(t)
-      })
-      assert.strictEqual(other.questions, 2)
-      assert.strictEqual(other.data, validation)
-      assert.match(otherLines.join(""), /: accuracy \d\.\d{3}, .* \(2 questions of .*validation\.jsonl × 1/)
-      // Greedy answers repeat: several samples of a question at temperature 0 are said to be one answer.
-      const greedyLines: Array<string> = []
-      yield* Eval.run({
-        config: join(dir, "config.json"),
-        checkpoint,
-        samples: 2,
-        temperature: 0,
-        size: 2,
-        write: (t) => greedyLines.push(t)
-      })
-      assert.include(greedyLines.join(""), "greedy answers repeat, so the 2 samples of a question are one answer")
-      // --episodes: the first questions' episodes as the model saw them, after the figures.
-      const shown: Array<string> = []
-      yield* Eval.run({ config: join(dir, "config.json"), checkpoint, size: 3, episodes: 2, write: (t) => shown.push(t) })
-      const text = shown.join("")
-      assert.strictEqual(text.match(/\nepisode \d \(reward \d\.\d{3}, \w+/g)?.length, 2, text)
-      assert.match(text, /\nuser: .+\nassistant: /)
-      const typo = yield* Effect.flip(Eval.run({ config: join(dir, "config.json"), data: join(dir, "nope.jsonl"), ...quiet }))
-      assert.include((typo as Error).message, `--data: ${join(dir, "nope.jsonl")}: no such file`)
-      const flag = yield* Effect.flip(Eval.run({ config: join(dir, "config.json"), samples: 0, ...quiet }))
-      assert.include((flag as Error).message, "agentfly eval's flags")
-      assert.include((flag as Error).message, "--samples: Expected a value between 1 and")
-      writeFileSync(join(dir, "noeval.json"), JSON.stringify({ ...config, data: { train: "data/train.jsonl" } }))
-      const noEval = yield* Effect.flip(Eval.run({ config: join(dir, "noeval.json"), ...quiet }))
-      assert.include((noEval as Error).message, "data.eval: the config names no held-out split")
-    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 120_000)
+        // A truncated checkpoint, a bad flag and a config with no held-out split.
+        const broken = join(dir, "broken")
+        cpSync(checkpoint, broken, { recursive: true })
+        truncateSync(join(broken, "model.safetensors"), 100)
+        const corrupt = yield* Effect.flip(Eval.run({ config: join(dir, "config.json"), checkpoint: broken, ...quiet }))
+        assert.strictEqual((corrupt as { _tag: string })._tag, "CheckpointError")
+        assert.include((corrupt as Error).message, "model.safetensors")
+        // The run's folder in place of a checkpoint names its newest one; a path that is not there says so.
+        const at = (path: string) =>
+          Effect.flip(Eval.run({ config: join(dir, "config.json"), checkpoint: path, ...quiet }))
+        const folder = yield* at(join(dir, "run"))
+        assert.include((folder as Error).message, `give one of its checkpoints, e.g. ${checkpoint}`)
+        const nowhere = yield* at(join(dir, "x"))
+        assert.include((nowhere as Error).message, "no such checkpoint")
+        // A step the run does not have (pruned, or never written): the ones it has.
+        const pruned = yield* at(join(dir, "run", "checkpoints", "step-000099"))
+        assert.include((pruned as Error).message, "step-000099: no such checkpoint; the run has ")
+        assert.include((pruned as Error).message, "step-000002")
+        // Another split: --data.
+        const validation = join(dir, "data", "validation.jsonl")
+        const otherLines: Array<string> = []
+        const other = yield* Eval.run({
+          config: join(dir, "config.json"),
+          checkpoint,
+          data: validation,
+          write: (t) => otherLines.push(t)
+        })
+        assert.strictEqual(other.questions, 2)
+        assert.strictEqual(other.data, validation)
+        assert.match(otherLines.join(""), /: accuracy \d\.\d{3}, .* \(2 questions of .*validation\.jsonl × 1/)
+        // Greedy answers repeat: several samples of a question at temperature 0 are said to be one answer.
+        const greedyLines: Array<string> = []
+        yield* Eval.run({
+          config: join(dir, "config.json"),
+          checkpoint,
+          samples: 2,
+          temperature: 0,
+          size: 2,
+          write: (t) => greedyLines.push(t)
+        })
+        assert.include(greedyLines.join(""), "greedy answers repeat, so the 2 samples of a question are one answer")
+        // --episodes: the first questions' episodes as the model saw them, after the figures.
+        const shown: Array<string> = []
+        yield* Eval.run({
+          config: join(dir, "config.json"),
+          checkpoint,
+          size: 3,
+          episodes: 2,
+          write: (t) => shown.push(t)
+        })
+        const text = shown.join("")
+        assert.strictEqual(text.match(/\nepisode \d \(reward \d\.\d{3}, \w+/g)?.length, 2, text)
+        assert.match(text, /\nuser: .+\nassistant: /)
+        const typo = yield* Effect.flip(
+          Eval.run({ config: join(dir, "config.json"), data: join(dir, "nope.jsonl"), ...quiet })
+        )
+        assert.include((typo as Error).message, `--data: ${join(dir, "nope.jsonl")}: no such file`)
+        const flag = yield* Effect.flip(Eval.run({ config: join(dir, "config.json"), samples: 0, ...quiet }))
+        assert.include((flag as Error).message, "agentfly eval's flags")
+        assert.include((flag as Error).message, "--samples: Expected a value between 1 and")
+        writeFileSync(join(dir, "noeval.json"), JSON.stringify({ ...config, data: { train: "data/train.jsonl" } }))
+        const noEval = yield* Effect.flip(Eval.run({ config: join(dir, "noeval.json"), ...quiet }))
+        assert.include((noEval as Error).message, "data.eval: the config names no held-out split")
+      }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)),
+    120_000
+  )
 
   it.live("trajectories that failed are said with the first failure, in the line and in --output", () =>
     Effect.gen(function*() {

@@ -60,27 +60,46 @@ const oracleCommand = (args: ReadonlyArray<string>, env: Record<string, string>)
   })
 
 describe("agentfly oracle", () => {
-  it.effect("plays the task's oracle on the config's held-out rows; a task without one is named", () =>
-    Effect.gen(function*() {
-      const dir = mkdtempSync(join(tmpdir(), "oracle-"))
-      yield* Generate.write({ ...Generate.defaults, train: 4, heldOut: 12, validation: 2, demos: 4, dir: join(dir, "data") })
-      const config = (task: string) => configOf(dir, task, task)
-      const played = yield* OracleCli.play(config("search"), 10)
-      assert.strictEqual(played.length, 10)
-      assert.isTrue(played.every((t) => t.reward === 1), played.map((t) => t.reward).join(","))
-      const none = yield* Effect.flip(OracleCli.play(config("calculator")))
-      assert.include((none as Error).message, "task calculator has no oracle here (the prebuilt ones: search, webshop")
-      assert.include((none as Error).message, "Oracle.rollout({ task, rows, policy })")
-      assert.include((none as Error).message, "science, swe)")
-    }).pipe(Effect.provide(NodeServices.layer)), 120_000)
+  it.effect(
+    "plays the task's oracle on the config's held-out rows; a task without one is named",
+    () =>
+      Effect.gen(function*() {
+        const dir = mkdtempSync(join(tmpdir(), "oracle-"))
+        yield* Generate.write({
+          ...Generate.defaults,
+          train: 4,
+          heldOut: 12,
+          validation: 2,
+          demos: 4,
+          dir: join(dir, "data")
+        })
+        const config = (task: string) => configOf(dir, task, task)
+        const played = yield* OracleCli.play(config("search"), 10)
+        assert.strictEqual(played.length, 10)
+        assert.isTrue(played.every((t) => t.reward === 1), played.map((t) => t.reward).join(","))
+        const none = yield* Effect.flip(OracleCli.play(config("calculator")))
+        assert.include(
+          (none as Error).message,
+          "task calculator has no oracle here (the prebuilt ones: search, webshop"
+        )
+        assert.include((none as Error).message, "Oracle.rollout({ task, rows, policy })")
+        assert.include((none as Error).message, "science, swe)")
+      }).pipe(Effect.provide(NodeServices.layer)),
+    120_000
+  )
 
-  it.effect("a task of your own plays the oracle its module exports; an oracle that is not a function is named", () =>
-    Effect.gen(function*() {
-      const dir = mkdtempSync(join(tmpdir(), "oracle-own-"))
-      mkdirSync(join(dir, "data"))
-      const rows = Array.from({ length: 15 }, (_, i) => JSON.stringify({ question: "Find my number.", secret: i + 1 }))
-      writeFileSync(join(dir, "data", "heldout.jsonl"), rows.join("\n") + "\n")
-      const module = (oracle: string) => `
+  it.effect(
+    "a task of your own plays the oracle its module exports; an oracle that is not a function is named",
+    () =>
+      Effect.gen(function*() {
+        const dir = mkdtempSync(join(tmpdir(), "oracle-own-"))
+        mkdirSync(join(dir, "data"))
+        const rows = Array.from(
+          { length: 15 },
+          (_, i) => JSON.stringify({ question: "Find my number.", secret: i + 1 })
+        )
+        writeFileSync(join(dir, "data", "heldout.jsonl"), rows.join("\n") + "\n")
+        const module = (oracle: string) => `
 import * as Oracle from "${root}/actors/Oracle.ts"
 export { task } from "${root}/examples/guess/task.ts"
 export const oracle = ${oracle}`
@@ -129,55 +148,72 @@ export const task = Task.make("broken-guess", {
   episode: { start: plain.episode.start, step: () => { throw new Error("boom in my step") } },
   defaults: plain.defaults
 })
-export const oracle = (messages) => ({ toolCalls: [Oracle.call(messages, "guess", { n: 8 })] })`)
-      const played = yield* OracleCli.play(configOf(dir, "broken", "./broken.mts"), 3)
-      const text = OracleCli.summary(played)
-      assert.include(
-        text,
-        "3 rows: solved 0.0 %, mean reward 0.000; 3 of 3 trajectories failed (ChainDefect), counted as wrong; first: " +
-          "ChainDefect: Error: boom in my step\n"
-      )
-    }).pipe(Effect.provide(NodeServices.layer)), 120_000)
+export const oracle = (messages) => ({ toolCalls: [Oracle.call(messages, "guess", { n: 8 })] })`
+        )
+        const played = yield* OracleCli.play(configOf(dir, "broken", "./broken.mts"), 3)
+        const text = OracleCli.summary(played)
+        assert.include(
+          text,
+          "3 rows: solved 0.0 %, mean reward 0.000; 3 of 3 trajectories failed (ChainDefect), counted as wrong; " +
+            "first: ChainDefect: Error: boom in my step\n"
+        )
+      }).pipe(Effect.provide(NodeServices.layer)),
+    120_000
+  )
 
-  it.effect("swe: Harbor's oracle solves every held-out task in its own container (Docker)", () =>
-    Effect.gen(function*() {
-      const dir = mkdtempSync(join(tmpdir(), "oracle-swe-"))
-      const config = yield* sweData(dir)
-      const played = yield* OracleCli.play(config, 3)
-      assert.strictEqual(played.length, 3)
-      for (const t of played) {
-        assert.strictEqual(t.reward, 1, `${t.row?.["task"]}: ${t.error}`)
-        assert.strictEqual(t.episodeEnd, "submitted")
-      }
-      // A row whose folder is not there is named before any container starts.
-      writeFileSync(join(dir, "data", "heldout.jsonl"), JSON.stringify({ question: "Fix it.", task: "tasks/nope" }) + "\n")
-      const missing = yield* Effect.flip(OracleCli.play(config, 1))
-      assert.include((missing as Error).message, "tasks/nope: task.toml (task.toml) is missing")
-    }).pipe(Effect.provide(NodeServices.layer)), 300_000)
+  it.effect(
+    "swe: Harbor's oracle solves every held-out task in its own container (Docker)",
+    () =>
+      Effect.gen(function*() {
+        const dir = mkdtempSync(join(tmpdir(), "oracle-swe-"))
+        const config = yield* sweData(dir)
+        const played = yield* OracleCli.play(config, 3)
+        assert.strictEqual(played.length, 3)
+        for (const t of played) {
+          assert.strictEqual(t.reward, 1, `${t.row?.["task"]}: ${t.error}`)
+          assert.strictEqual(t.episodeEnd, "submitted")
+        }
+        // A row whose folder is not there is named before any container starts.
+        writeFileSync(
+          join(dir, "data", "heldout.jsonl"),
+          JSON.stringify({ question: "Fix it.", task: "tasks/nope" }) + "\n"
+        )
+        const missing = yield* Effect.flip(OracleCli.play(config, 1))
+        assert.include((missing as Error).message, "tasks/nope: task.toml (task.toml) is missing")
+      }).pipe(Effect.provide(NodeServices.layer)),
+    300_000
+  )
 
-  it.live("swe from the command line: an engine that is not running, or does not answer, is said with exit 1", () =>
-    Effect.gen(function*() {
-      const dir = mkdtempSync(join(tmpdir(), "oracle-nodocker-"))
-      const config = yield* sweData(dir).pipe(Effect.provide(NodeServices.layer))
-      const absent = yield* oracleCommand([config, "--rows", "1"], { DOCKER_HOST: `unix://${dir}/absent.sock` })
-      assert.strictEqual(absent.code, 1, absent.output)
-      assert.include(
-        absent.output,
-        `the swe task runs each chain in a container: the Docker engine at ${dir}/absent.sock is not running or does ` +
-          "not answer"
-      )
-      // A socket that takes connections and never answers (a hung engine): said after the ping's 5 s, not a hang.
-      const socket = join(dir, "hung.sock")
-      const hung = yield* Effect.acquireUseRelease(
-        Effect.callback<ReturnType<typeof createServer>>((resume) => {
-          const server = createServer(() => {})
-          server.listen(socket, () => resume(Effect.succeed(server)))
-        }),
-        () => oracleCommand([config, "--rows", "1"], { DOCKER_HOST: `unix://${socket}` }),
-        (server) => Effect.sync(() => server.close())
-      )
-      assert.strictEqual(hung.code, 1, hung.output)
-      assert.include(hung.output, `the Docker engine at ${socket} is not running or does not answer (no answer in 5 s)`)
-      assert.isBelow(hung.seconds, 45, "it does not wait on the engine")
-    }), 120_000)
+  it.live(
+    "swe from the command line: an engine that is not running, or does not answer, is said with exit 1",
+    () =>
+      Effect.gen(function*() {
+        const dir = mkdtempSync(join(tmpdir(), "oracle-nodocker-"))
+        const config = yield* sweData(dir).pipe(Effect.provide(NodeServices.layer))
+        const absent = yield* oracleCommand([config, "--rows", "1"], { DOCKER_HOST: `unix://${dir}/absent.sock` })
+        assert.strictEqual(absent.code, 1, absent.output)
+        assert.include(
+          absent.output,
+          `the swe task runs each chain in a container: ` +
+            `the Docker engine at ${dir}/absent.sock is not running or does not answer`
+        )
+        // A socket that takes connections and never answers (a hung engine): said after the ping's 5 s, not a hang.
+        const socket = join(dir, "hung.sock")
+        const hung = yield* Effect.acquireUseRelease(
+          Effect.callback<ReturnType<typeof createServer>>((resume) => {
+            const server = createServer(() => {})
+            server.listen(socket, () => resume(Effect.succeed(server)))
+          }),
+          () => oracleCommand([config, "--rows", "1"], { DOCKER_HOST: `unix://${socket}` }),
+          (server) => Effect.sync(() => server.close())
+        )
+        assert.strictEqual(hung.code, 1, hung.output)
+        assert.include(
+          hung.output,
+          `the Docker engine at ${socket} is not running or does not answer (no answer in 5 s)`
+        )
+        assert.isBelow(hung.seconds, 45, "it does not wait on the engine")
+      }),
+    120_000
+  )
 })

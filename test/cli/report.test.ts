@@ -59,7 +59,8 @@ describe("agentfly report", () => {
     assert.strictEqual(file.status, 1)
     assert.include(
       file.stderr,
-      `${config} is a file: give a run's output directory (this config's run writes to ${join(root, "runs/calculator-demo")})`
+      `${config} is a file: give a run's output directory ` +
+        `(this config's run writes to ${join(root, "runs/calculator-demo")})`
     )
     assert.notInclude(file.stdout + file.stderr, "USAGE")
   })
@@ -80,23 +81,33 @@ describe("agentfly report", () => {
         { phase: "eval", step: 3, elapsed: 30, figures: { "eval/accuracy": 0.4 + gain, "eval/accuracy_se": 0.02 } }
       ]
       writeFileSync(join(dir, "metrics.jsonl"), records.map((m) => JSON.stringify(m)).join("\n") + "\n")
-      writeFileSync(join(dir, "config.json"), JSON.stringify({ seed, mode, output: dir, algorithm: { advantage: "grpo" } }))
+      writeFileSync(
+        join(dir, "config.json"),
+        JSON.stringify({ seed, mode, output: dir, algorithm: { advantage: "grpo" } })
+      )
       return dir
     }
     const sync = runDir("sync-1", 1, "sync", 0.2)
     const async = runDir("async-1", 1, "async", 0.25)
     const out = join(parent, "both.html")
-    const said = execFileSync(process.execPath, ["--import", "tsx", "cli/main.ts", "report", sync, async, "--out", out], {
-      cwd: root,
-      encoding: "utf8",
-      timeout: 60_000
-    })
+    const said = execFileSync(
+      process.execPath,
+      ["--import", "tsx", "cli/main.ts", "report", sync, async, "--out", out],
+      {
+        cwd: root,
+        encoding: "utf8",
+        timeout: 60_000
+      }
+    )
     assert.include(said, `wrote ${out} (2 runs compared)`)
     const html = readFileSync(out, "utf8")
     assert.include(html, "<title>agentfly runs: sync-1 · async-1</title>")
     // The table: RL time from the first evaluation to the last RL step (9 s and 6 s), the held-out change.
     assert.match(html, /<td class="name">sync-1<\/td><td>1<\/td><td>sync<\/td><td>grpo<\/td><td>3<\/td><td>9\.0<\/td>/)
-    assert.match(html, /<td class="name">async-1<\/td><td>1<\/td><td>async<\/td><td>grpo<\/td><td>3<\/td><td>6\.0<\/td>/)
+    assert.match(
+      html,
+      /<td class="name">async-1<\/td><td>1<\/td><td>async<\/td><td>grpo<\/td><td>3<\/td><td>6\.0<\/td>/
+    )
     assert.include(html, "<td>+0.250</td>")
     assert.include(html, `<b>async-1</b>: mode: &quot;sync&quot; → &quot;async&quot;`)
     // One series per run in each chart.

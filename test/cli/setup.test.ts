@@ -32,9 +32,19 @@ describe("cli setup", () => {
       const dir = mkdtempSync(join(tmpdir(), "config-"))
       writeFileSync(join(dir, "c.json"), JSON.stringify(minimal))
       const file = join(dir, "c.json")
-      for (const [overrides, path] of [[{ steps: 0 }, "algorithm.steps"], [{ steps: -5 }, "algorithm.steps"], [{ steps: 2.5 }, "algorithm.steps"], [{ seed: -7 }, "seed"]] as const) {
+      for (
+        const [overrides, path] of [
+          [{ steps: 0 }, "algorithm.steps"],
+          [{ steps: -5 }, "algorithm.steps"],
+          [{ steps: 2.5 }, "algorithm.steps"],
+          [{ seed: -7 }, "seed"]
+        ] as const
+      ) {
         const error = yield* failure(Setup.load(file, overrides))
-        assert.isTrue(error.issues.some((i) => i.startsWith(path + ":")), `${JSON.stringify(overrides)}: ${error.issues.join("; ")}`)
+        assert.isTrue(
+          error.issues.some((i) => i.startsWith(path + ":")),
+          `${JSON.stringify(overrides)}: ${error.issues.join("; ")}`
+        )
       }
       const { config } = yield* Setup.load(file, { steps: 3, seed: 7 })
       assert.strictEqual(config.algorithm.steps, 3)
@@ -47,7 +57,10 @@ describe("cli setup", () => {
       for (const options of ["toolCallFormat=0.2", null, [1]]) {
         writeFileSync(join(dir, "c.json"), JSON.stringify({ ...minimal, task: { name: "calculator", options } }))
         const error = yield* failure(Setup.load(join(dir, "c.json")))
-        assert.include(error.message, `task.options: expected an object of the task's options, got ${JSON.stringify(options)}`)
+        assert.include(
+          error.message,
+          `task.options: expected an object of the task's options, got ${JSON.stringify(options)}`
+        )
       }
       writeFileSync(join(dir, "c.json"), JSON.stringify({ ...minimal, task: 7 }))
       assert.include((yield* failure(Setup.load(join(dir, "c.json")))).message, "task: expected a task name")
@@ -67,8 +80,14 @@ describe("cli setup", () => {
       const recorded = yield* Setup.load(join(run, "config.json"))
       assert.deepStrictEqual(recorded.config.task, config.task)
       // A built-in name or a task without path options is kept as written.
-      writeFileSync(file, JSON.stringify({ ...minimal, task: { name: "calculator", options: { toolCallFormat: 0.2 } } }))
-      assert.deepStrictEqual((yield* Setup.load(file)).config.task, { name: "calculator", options: { toolCallFormat: 0.2 } })
+      writeFileSync(
+        file,
+        JSON.stringify({ ...minimal, task: { name: "calculator", options: { toolCallFormat: 0.2 } } })
+      )
+      assert.deepStrictEqual((yield* Setup.load(file)).config.task, {
+        name: "calculator",
+        options: { toolCallFormat: 0.2 }
+      })
     }).pipe(Effect.provide(NodeServices.layer)))
 
   it.effect("a config with the old tools and reward keys and no task says what became of them", () =>

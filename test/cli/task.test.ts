@@ -94,7 +94,8 @@ const userProject = () => {
   const dir = mkdtempSync(join(root, ".tmp", "user-task-"))
   writeFileSync(join(dir, "door.ts"), moduleSource)
   const rows = (n: number, offset: number) =>
-    Array.from({ length: n }, (_, i) => JSON.stringify({ question: "Knock.", code: `c${offset + i}` })).join("\n") + "\n"
+    Array.from({ length: n }, (_, i) => JSON.stringify({ question: "Knock.", code: `c${offset + i}` })).join("\n") +
+    "\n"
   writeFileSync(join(dir, "train.jsonl"), rows(8, 0))
   writeFileSync(join(dir, "heldout.jsonl"), rows(2, 100))
   const demo = (i: number) =>
@@ -102,7 +103,11 @@ const userProject = () => {
       messages: [
         { role: "system", content: "Open the door." },
         { role: "user", content: "Knock." },
-        { role: "assistant", content: "", tool_calls: [{ id: "k", type: "function", function: { name: "knock", arguments: { code: `c${i}` } } }] },
+        {
+          role: "assistant",
+          content: "",
+          tool_calls: [{ id: "k", type: "function", function: { name: "knock", arguments: { code: `c${i}` } } }]
+        },
         { role: "tool", tool_call_id: "k", name: "knock", content: "" },
         { role: "user", content: "Knock again." },
         { role: "assistant", content: "No." }

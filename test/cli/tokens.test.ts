@@ -60,19 +60,39 @@ layer(Qwen.layer)("agentfly tokens", (it) => {
       assert.deepStrictEqual(single.ids, tokenizer.encode(full))
     }), 120_000)
 
-  it.effect("a JSONL file (demonstrations) shows the conversation of --line N, the line its errors name", () =>
-    Effect.gen(function*() {
-      const jsonl = join(dir, "demos.jsonl")
-      const conversation = JSON.stringify({ messages: fourTurns, tools })
-      writeFileSync(jsonl, `${JSON.stringify({ messages: [{ role: "user", content: "hi" }] })}\n${conversation}\n`)
-      const whole = yield* agentfly("tokens", "--model-dir", qwenModelDir, "--conversation", conversationFile, "--json")
-      const second = yield* agentfly("tokens", "--model-dir", qwenModelDir, "--conversation", jsonl, "--line", "2", "--json")
-      assert.strictEqual(second.status, 0, second.stderr)
-      assert.strictEqual(second.stdout, whole.stdout)
-      const past = yield* agentfly("tokens", "--model-dir", qwenModelDir, "--conversation", jsonl, "--line", "3")
-      assert.strictEqual(past.status, 1)
-      assert.include(past.stderr, `${jsonl}:3: no conversation on that line (the file has 2 non-empty lines`)
-    }), 120_000)
+  it.effect(
+    "a JSONL file (demonstrations) shows the conversation of --line N, the line its errors name",
+    () =>
+      Effect.gen(function*() {
+        const jsonl = join(dir, "demos.jsonl")
+        const conversation = JSON.stringify({ messages: fourTurns, tools })
+        writeFileSync(jsonl, `${JSON.stringify({ messages: [{ role: "user", content: "hi" }] })}\n${conversation}\n`)
+        const whole = yield* agentfly(
+          "tokens",
+          "--model-dir",
+          qwenModelDir,
+          "--conversation",
+          conversationFile,
+          "--json"
+        )
+        const second = yield* agentfly(
+          "tokens",
+          "--model-dir",
+          qwenModelDir,
+          "--conversation",
+          jsonl,
+          "--line",
+          "2",
+          "--json"
+        )
+        assert.strictEqual(second.status, 0, second.stderr)
+        assert.strictEqual(second.stdout, whole.stdout)
+        const past = yield* agentfly("tokens", "--model-dir", qwenModelDir, "--conversation", jsonl, "--line", "3")
+        assert.strictEqual(past.status, 1)
+        assert.include(past.stderr, `${jsonl}:3: no conversation on that line (the file has 2 non-empty lines`)
+      }),
+    120_000
+  )
 
   it.effect("a malformed conversation and a missing model folder exit 1 with a typed message", () =>
     Effect.gen(function*() {

@@ -40,14 +40,20 @@ describe("batch invariance", () => {
       })
       const rows = (yield* Dataset.load(join(dir, "train.jsonl"), { onInvalid: "stop" })).rows
       const engine = yield* PolicyEngine.make({ config: folder.config, weights: folder.weights, maxBatchSize: 8 })
-      const agent = yield* RolloutSetup.make({ task: CalculatorTask.make(), config, format: ChainFormat.ofConfig(config, folder) })
+      const agent = yield* RolloutSetup.make({
+        task: CalculatorTask.make(),
+        config,
+        format: ChainFormat.ofConfig(config, folder)
+      })
       const collect = (from: number, to: number, maxConcurrentChains: number) =>
         Rollouts.collectGroups({ ...agent, maxConcurrentChains }, rows.slice(from, to), {
           firstSeq: from,
           chains: 3,
           temperature: 1,
           seed: 500 + from * 3
-        }).pipe(Effect.provideService(Sampler, Sampler.of({ generate: engine.generate, policyVersion: engine.policyVersion })))
+        }).pipe(
+          Effect.provideService(Sampler, Sampler.of({ generate: engine.generate, policyVersion: engine.policyVersion }))
+        )
       const steps: Array<Trajectory.Group> = []
       for (let from = 0; from < rows.length; from += 4) steps.push(...(yield* collect(from, from + 4, 64)))
       const staggered = yield* collect(0, rows.length, 5)
@@ -69,8 +75,11 @@ describe("batch invariance", () => {
       for (let i = 0; i < a.length; i++) {
         a[i]!.logprobs.forEach((lp, j) => {
           const other = b[i]!.logprobs[j]!
-          if (Number.isNaN(lp)) assert.isTrue(Number.isNaN(other), "a token the policy did not sample has no logprob in either")
-          else assert.approximately(other, lp, 1e-5)
+          if (Number.isNaN(lp)) {
+            assert.isTrue(Number.isNaN(other), "a token the policy did not sample has no logprob in either")
+          } else {
+            assert.approximately(other, lp, 1e-5)
+          }
         })
       }
       // The comparison means something: the chains of a group sampled different answers.

@@ -62,7 +62,12 @@ const budgeted = (fs: FileSystem.FileSystem, dir: string, bytes: number): FileSy
       pathOrDescriptor: path,
       cause: Object.assign(new Error("ENOSPC: no space left on device, write"), { code: "ENOSPC", errno: -28 })
     })
-  const guard = <A>(path: string | number, method: string, size: number, write: Effect.Effect<A, PlatformError.PlatformError>) =>
+  const guard = <A>(
+    path: string | number,
+    method: string,
+    size: number,
+    write: Effect.Effect<A, PlatformError.PlatformError>
+  ) =>
     Effect.suspend(() =>
       typeof path === "string" && !path.startsWith(dir) ? write
         : used() + size > bytes ? Effect.fail(enospc(method, path)) : write
@@ -108,7 +113,13 @@ describe("a full disk", () => {
         })
       const options = (config: TrainConfig.TrainConfig) =>
         Effect.gen(function*() {
-          return { config, train: yield* rows(10, "train"), eval: yield* rows(8, "eval"), format: charFormat, task: Toy.task() }
+          return {
+            config,
+            train: yield* rows(10, "train"),
+            eval: yield* rows(8, "eval"),
+            format: charFormat,
+            task: Toy.task()
+          }
         })
       const run = (o: TrainLoop.Options, resume = false) =>
         Effect.scoped(TrainLoop.run({ ...o, resume })).pipe(

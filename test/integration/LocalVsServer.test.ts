@@ -1,6 +1,6 @@
 /**
- * Each text environment (search, household, web shop, chess) behaves the same whether its policy runs in the local engine
- * or behind an OpenAI-compatible server (`agentfly serve`'s `OpenAiServer`, started here on a loopback port and
+ * Each text environment (search, household, web shop, chess) behaves the same whether its policy runs in the local
+ * engine or behind an OpenAI-compatible server (`agentfly serve`'s `OpenAiServer`, started here on a loopback port and
  * reached through `OpenAiCompatSampler`, token mode).
  *
  * Both ways roll out the shipped short config's task (`examples/NAME/short.json`, as `agentfly train` loads it) on

@@ -45,16 +45,19 @@ describe("BatchCheck.problems", () => {
     assert.include(found[3], "holds 3 trajectories, more than the 2 chains asked")
   })
 
-  it("tokens of a version nobody published, outside the vocabulary, logprobs that are not logprobs, a reward of NaN", () => {
-    const found = BatchCheck.problems([
-      group(0, [sampled([5], 999999), sampled([100], 3)]),
-      group(1, [sampled([5], 3, Number.NaN), { ...sampled([5], 3), reward: Number.NaN }])
-    ], request)
-    assert.include(found[0], "policy version 999999, not one of the versions 3–4")
-    assert.include(found[1], "token id 100, outside the model's vocabulary (100)")
-    assert.include(found[2], "a sampled logprob of NaN")
-    assert.include(found[3], "a reward of NaN")
-  })
+  it(
+    "tokens of a version nobody published, outside the vocabulary, logprobs that are not logprobs, a reward of NaN",
+    () => {
+      const found = BatchCheck.problems([
+        group(0, [sampled([5], 999999), sampled([100], 3)]),
+        group(1, [sampled([5], 3, Number.NaN), { ...sampled([5], 3), reward: Number.NaN }])
+      ], request)
+      assert.include(found[0], "policy version 999999, not one of the versions 3–4")
+      assert.include(found[1], "token id 100, outside the model's vocabulary (100)")
+      assert.include(found[2], "a sampled logprob of NaN")
+      assert.include(found[3], "a reward of NaN")
+    }
+  )
 
   it("names five problems and counts the rest", () => {
     const many = Array.from({ length: 8 }, (_, i) => group(10 + i, []))

@@ -17,7 +17,8 @@ const prefixes = (messages: ReadonlyArray<Message.Message>) =>
 layer(Qwen.layer)("ChatTemplate vs the official Qwen templates", (it) => {
   // The one test that reads a file outside the repository: skipped, under this name, only outside CI without it.
   ;(hasOfficialQwen25 ? it.effect : it.effect.skip)(
-    "built-in qwen2.5 renders exactly like the official Qwen2.5-Instruct template (needs ../shared/fixtures/qwen2.5-chat-template.jinja)",
+    "built-in qwen2.5 renders exactly like the official Qwen2.5-Instruct template " +
+      "(needs ../shared/fixtures/qwen2.5-chat-template.jinja)",
     () =>
     Effect.gen(function*() {
       const qwen25 = yield* officialQwen25

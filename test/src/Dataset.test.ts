@@ -73,24 +73,32 @@ describe("Dataset", () => {
       assert.deepStrictEqual(ds.skipped.map((s) => s.line), [2, 3])
     }))
 
-  it.effect("tool-call arguments written as a JSON string (OpenAI's form) become the object; other strings are refused", () =>
-    Effect.gen(function*() {
-      const call = (args: unknown) =>
-        JSON.stringify({
-          messages: [{ role: "user", content: "q" }, {
-            role: "assistant",
-            content: "",
-            tool_calls: [{ id: "c", type: "function", function: { name: "add", arguments: args } }]
-          }]
-        })
-      const text = [call("{\"a\": 1, \"b\": 2}"), call({ a: 1 }), call("1 + 2"), call("[1, 2]")].join("\n") + "\n"
-      const ds = yield* Dataset.parse("demos.jsonl", text, { kind: "conversation", onInvalid: "skip" })
-      const args = ds.rows.map((r) => (r.messages![1] as unknown as { tool_calls: Array<{ function: { arguments: unknown } }> })
-        .tool_calls[0]!.function.arguments)
-      assert.deepStrictEqual(args, [{ a: 1, b: 2 }, { a: 1 }])
-      assert.deepStrictEqual(ds.skipped.map((s) => s.line), [3, 4])
-      assert.include(ds.skipped[0]!.message, `the arguments of tool call "add" are a string that is not a JSON object`)
-    }))
+  it.effect(
+    "tool-call arguments written as a JSON string (OpenAI's form) become the object; other strings are refused",
+    () =>
+      Effect.gen(function*() {
+        const call = (args: unknown) =>
+          JSON.stringify({
+            messages: [{ role: "user", content: "q" }, {
+              role: "assistant",
+              content: "",
+              tool_calls: [{ id: "c", type: "function", function: { name: "add", arguments: args } }]
+            }]
+          })
+        const text = [call("{\"a\": 1, \"b\": 2}"), call({ a: 1 }), call("1 + 2"), call("[1, 2]")].join("\n") + "\n"
+        const ds = yield* Dataset.parse("demos.jsonl", text, { kind: "conversation", onInvalid: "skip" })
+        const args = ds.rows.map((r) =>
+          (r.messages![1] as unknown as { tool_calls: Array<{ function: { arguments: unknown } }> })
+            .tool_calls[0]!.function.arguments
+        )
+        assert.deepStrictEqual(args, [{ a: 1, b: 2 }, { a: 1 }])
+        assert.deepStrictEqual(ds.skipped.map((s) => s.line), [3, 4])
+        assert.include(
+          ds.skipped[0]!.message,
+          `the arguments of tool call "add" are a string that is not a JSON object`
+        )
+      })
+  )
 
   it.effect("a truncated array, an empty file and a missing file are typed errors", () =>
     Effect.gen(function*() {

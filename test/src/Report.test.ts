@@ -18,7 +18,12 @@ import * as Report from "../../src/Report.ts"
 const run = () => {
   const metrics: Array<Report.MetricsRecord> = []
   for (let step = 1; step <= 20; step++) {
-    metrics.push({ phase: "warmup", step, elapsed: step, figures: { "warmup/loss": 3 / step, "perf/tokens_per_s": 4e4, "perf/peak_rss_mb": 700 + step } })
+    metrics.push({
+      phase: "warmup",
+      step,
+      elapsed: step,
+      figures: { "warmup/loss": 3 / step, "perf/tokens_per_s": 4e4, "perf/peak_rss_mb": 700 + step }
+    })
   }
   for (let step = 1; step <= 30; step++) {
     metrics.push({
@@ -131,16 +136,29 @@ describe("Report", () => {
   it("ticks are nice, cover the range and are evenly spaced", () => {
     assert.deepStrictEqual(Report.ticks(0, 1, 5), [0, 0.2, 0.4, 0.6, 0.8, 1])
     assert.deepStrictEqual(Report.ticks(3, 97, 4), [20, 40, 60, 80])
-    fc.assert(fc.property(fc.double({ min: -1e5, max: 1e5, noNaN: true }), fc.double({ min: 1e-3, max: 1e6, noNaN: true }), (lo, w) => {
-      const t = Report.ticks(lo, lo + w, 5)
-      assert.isTrue(t.length >= 1 && t.length <= 12, `${t.length} ticks`)
-      for (const x of t) assert.isTrue(x >= lo - w * 1e-6 && x <= lo + w * (1 + 1e-6))
-    }))
+    fc.assert(
+      fc.property(
+        fc.double({ min: -1e5, max: 1e5, noNaN: true }),
+        fc.double({ min: 1e-3, max: 1e6, noNaN: true }),
+        (lo, w) => {
+          const t = Report.ticks(lo, lo + w, 5)
+          assert.isTrue(t.length >= 1 && t.length <= 12, `${t.length} ticks`)
+          for (const x of t) {
+            assert.isTrue(x >= lo - w * 1e-6 && x <= lo + w * (1 + 1e-6))
+          }
+        }
+      )
+    )
   })
 
   it("a chart with no finite point says so; series scale into the plot area", () => {
     assert.include(Report.lineChart({ title: "Empty", series: [{ name: "a", points: [[1, Number.NaN]] }] }), "no data")
-    const svg = Report.lineChart({ title: "T", series: [{ name: "a", points: [[0, 0], [10, 1]] }], width: 400, height: 200 })
+    const svg = Report.lineChart({
+      title: "T",
+      series: [{ name: "a", points: [[0, 0], [10, 1]] }],
+      width: 400,
+      height: 200
+    })
     const points = /points="([^"]+)"/.exec(svg)![1]!.split(" ").map((p) => p.split(",").map(Number))
     for (const [x, y] of points) assert.isTrue(x! >= 0 && x! <= 400 && y! >= 0 && y! <= 200)
     assert.isTrue(points[0]![1]! > points[1]![1]!, "a rising series goes up the page")
@@ -235,7 +253,8 @@ describe("Report", () => {
   })
 
   it("a run without those figures leaves their charts out; the charts every run has say \"no data\"", () => {
-    const optional = /^(rollout\/(failures|tool_errors|episode_end)\/|env\/|critic\/|perf\/peak_rss_mb$|learner\/groups_with_signal$|rollout\/groups_sampled$)/
+    const optional =
+      /^(rollout\/(failures|tool_errors|episode_end)\/|env\/|critic\/|perf\/peak_rss_mb$|learner\/groups_with_signal$|rollout\/groups_sampled$)/
     const metrics = run().metrics.map((r) => ({
       ...r,
       figures: Object.fromEntries(Object.entries(r.figures).filter(([k]) => !optional.test(k)))
@@ -287,108 +306,138 @@ describe("Report", () => {
     assert.include(html, "<title>t&lt;x&gt;</title>")
   })
 
-  it.effect("renders in headless Chromium with no console errors, no network, all charts and the viewer", () =>
-    Effect.gen(function*() {
-      const dir = mkdtempSync(join(tmpdir(), "report-"))
-      const { metrics, samples } = run()
-      // Greedy validation accuracy stuck at 0 in the warm-up: its fraction chart's axis must not dip below 0.
-      const checked = metrics.map((m) =>
-        m.phase === "warmup" ? { ...m, figures: { ...m.figures, "warmup/validation_accuracy": 0 } } : m
-      )
-      writeFileSync(join(dir, "metrics.jsonl"), checked.map((m) => JSON.stringify(m)).join("\n") + "\n")
-      writeFileSync(join(dir, "samples.jsonl"), samples.map((m) => JSON.stringify(m)).join("\n") + "\n{\"torn")
-      writeFileSync(join(dir, "config.json"), JSON.stringify({ seed: 1 }))
-      const path = yield* Report.write(dir, { title: "demo" })
-      const seen = yield* inChromium(path, async (page) => {
-        const charts = await page.locator("svg.chart").count()
-        const polylines = await page.locator("svg.chart polyline.series").count()
-        const toolSeries = await page.locator("svg.chart polyline[data-name='search']").count()
-        const failureSeries = await page.locator("svg.chart polyline[data-name='LeaseFailed']").count()
-        const poolSeries = await page.locator("svg.chart polyline[data-name='docker/calc p99']").count()
-        const sections = await page.locator("h2").allInnerTexts()
-        const cards = await page.locator("#viewer .card").count()
-        const policyTokens = await page.locator("#viewer .src-policy").count()
-        const box = await page.locator("svg.chart").first().boundingBox()
-        // The warm-up's validation accuracy, 0 throughout: drawn on the x axis, with no tick below 0.
-        const validation = page.locator("svg.chart", { has: page.locator("title", { hasText: "Warm-up validation accuracy" }) })
-        const zeroLine = await validation.locator("polyline.series").boundingBox()
-        const xAxis = await validation.locator("line.axis").nth(1).boundingBox()
-        const validationTicks = await validation.locator("text.tick").allTextContents()
-        await page.selectOption("#step-filter", "train 20")
-        const visible = await page.locator("#viewer .card:visible").count()
-        const summary = await page.locator("table.summary").innerText()
-        return {
-          charts,
-          polylines,
-          toolSeries,
-          failureSeries,
-          poolSeries,
-          sections,
-          cards,
-          policyTokens,
-          box,
-          zeroLine,
-          xAxis,
-          validationTicks,
-          visible,
-          summary
-        }
-      })
-      assert.deepStrictEqual(seen.errors, [])
-      assert.deepStrictEqual(seen.requests, [pathToFileURL(path).href], "the page loads nothing but itself")
-      assert.strictEqual(seen.charts, Report.charts.length)
-      assert.isTrue(seen.polylines >= 14, `${seen.polylines} series drawn`)
-      assert.strictEqual(seen.toolSeries, 1, "one series per tool")
-      assert.strictEqual(seen.failureSeries, 1, "one series per failure reason")
-      assert.strictEqual(seen.poolSeries, 1, "one series per pool and figure")
-      assert.deepStrictEqual(seen.sections, ["Training curves", "Critic", "Memory", "Environment pools", "Sampled trajectories"])
-      assert.strictEqual(seen.cards, 3, "the torn sample line is skipped")
-      assert.strictEqual(seen.policyTokens, 9)
-      assert.isTrue((seen.box?.width ?? 0) > 100 && (seen.box?.height ?? 0) > 100, "charts have a size")
-      assert.isBelow(
-        Math.abs(seen.zeroLine!.y + seen.zeroLine!.height / 2 - (seen.xAxis!.y + seen.xAxis!.height / 2)),
-        1.5,
-        `validation accuracy 0 is drawn on the x axis: ${JSON.stringify([seen.zeroLine, seen.xAxis])}`
-      )
-      assert.isFalse(seen.validationTicks.some((t) => t.startsWith("-") || t.startsWith("−")), seen.validationTicks.join(" "))
-      assert.strictEqual(seen.visible, 1, "the step filter works")
-      assert.include(seen.summary, "accuracy")
-      assert.include(seen.summary, "+0.290")
-    }).pipe(Effect.provide(NodeServices.layer)), 60_000)
-
-  it.effect("a comparison of runs renders in headless Chromium: its table, what each config changes, one series per run", () =>
-    Effect.gen(function*() {
-      const parent = mkdtempSync(join(tmpdir(), "compare-"))
-      const dirs = [["seed-1", 1, 0], ["seed-2", 2, 0.05], ["seed-3", 3, -0.05]] as const
-      for (const [name, seed, shift] of dirs) {
-        const dir = join(parent, name)
-        mkdirSync(dir)
-        const { metrics } = run()
-        const moved = metrics.map((m) =>
-          m.phase === "eval" ? { ...m, figures: { ...m.figures, "eval/accuracy": m.figures["eval/accuracy"]! + shift } } : m
+  it.effect(
+    "renders in headless Chromium with no console errors, no network, all charts and the viewer",
+    () =>
+      Effect.gen(function*() {
+        const dir = mkdtempSync(join(tmpdir(), "report-"))
+        const { metrics, samples } = run()
+        // Greedy validation accuracy stuck at 0 in the warm-up: its fraction chart's axis must not dip below 0.
+        const checked = metrics.map((m) =>
+          m.phase === "warmup" ? { ...m, figures: { ...m.figures, "warmup/validation_accuracy": 0 } } : m
         )
-        writeFileSync(join(dir, "metrics.jsonl"), moved.map((m) => JSON.stringify(m)).join("\n") + "\n")
-        writeFileSync(join(dir, "config.json"), JSON.stringify({ seed, mode: "sync", output: dir }))
-      }
-      const path = yield* Report.writeComparison(dirs.map(([name]) => join(parent, name)), join(parent, "compare.html"))
-      const seen = yield* inChromium(path, async (page) => {
-        const accuracy = page.locator("svg.chart", { has: page.locator("title", { hasText: "Held-out accuracy over time" }) })
-        return {
-          charts: await page.locator("svg.chart").count(),
-          accuracySeries: await accuracy.locator("polyline.series").evaluateAll((ps) => ps.map((p) => p.getAttribute("data-name"))),
-          rows: await page.locator("table.summary tr").count(),
-          changes: await page.locator("ul.changes li").allInnerTexts(),
-          sections: await page.locator("h2").allInnerTexts()
+        writeFileSync(join(dir, "metrics.jsonl"), checked.map((m) => JSON.stringify(m)).join("\n") + "\n")
+        writeFileSync(join(dir, "samples.jsonl"), samples.map((m) => JSON.stringify(m)).join("\n") + "\n{\"torn")
+        writeFileSync(join(dir, "config.json"), JSON.stringify({ seed: 1 }))
+        const path = yield* Report.write(dir, { title: "demo" })
+        const seen = yield* inChromium(path, async (page) => {
+          const charts = await page.locator("svg.chart").count()
+          const polylines = await page.locator("svg.chart polyline.series").count()
+          const toolSeries = await page.locator("svg.chart polyline[data-name='search']").count()
+          const failureSeries = await page.locator("svg.chart polyline[data-name='LeaseFailed']").count()
+          const poolSeries = await page.locator("svg.chart polyline[data-name='docker/calc p99']").count()
+          const sections = await page.locator("h2").allInnerTexts()
+          const cards = await page.locator("#viewer .card").count()
+          const policyTokens = await page.locator("#viewer .src-policy").count()
+          const box = await page.locator("svg.chart").first().boundingBox()
+          // The warm-up's validation accuracy, 0 throughout: drawn on the x axis, with no tick below 0.
+          const validation = page.locator("svg.chart", {
+            has: page.locator("title", { hasText: "Warm-up validation accuracy" })
+          })
+          const zeroLine = await validation.locator("polyline.series").boundingBox()
+          const xAxis = await validation.locator("line.axis").nth(1).boundingBox()
+          const validationTicks = await validation.locator("text.tick").allTextContents()
+          await page.selectOption("#step-filter", "train 20")
+          const visible = await page.locator("#viewer .card:visible").count()
+          const summary = await page.locator("table.summary").innerText()
+          return {
+            charts,
+            polylines,
+            toolSeries,
+            failureSeries,
+            poolSeries,
+            sections,
+            cards,
+            policyTokens,
+            box,
+            zeroLine,
+            xAxis,
+            validationTicks,
+            visible,
+            summary
+          }
+        })
+        assert.deepStrictEqual(seen.errors, [])
+        assert.deepStrictEqual(seen.requests, [pathToFileURL(path).href], "the page loads nothing but itself")
+        assert.strictEqual(seen.charts, Report.charts.length)
+        assert.isTrue(seen.polylines >= 14, `${seen.polylines} series drawn`)
+        assert.strictEqual(seen.toolSeries, 1, "one series per tool")
+        assert.strictEqual(seen.failureSeries, 1, "one series per failure reason")
+        assert.strictEqual(seen.poolSeries, 1, "one series per pool and figure")
+        assert.deepStrictEqual(seen.sections, [
+          "Training curves",
+          "Critic",
+          "Memory",
+          "Environment pools",
+          "Sampled trajectories"
+        ])
+        assert.strictEqual(seen.cards, 3, "the torn sample line is skipped")
+        assert.strictEqual(seen.policyTokens, 9)
+        assert.isTrue((seen.box?.width ?? 0) > 100 && (seen.box?.height ?? 0) > 100, "charts have a size")
+        assert.isBelow(
+          Math.abs(seen.zeroLine!.y + seen.zeroLine!.height / 2 - (seen.xAxis!.y + seen.xAxis!.height / 2)),
+          1.5,
+          `validation accuracy 0 is drawn on the x axis: ${JSON.stringify([seen.zeroLine, seen.xAxis])}`
+        )
+        assert.isFalse(
+          seen.validationTicks.some((t) => t.startsWith("-") || t.startsWith("−")),
+          seen.validationTicks.join(" ")
+        )
+        assert.strictEqual(seen.visible, 1, "the step filter works")
+        assert.include(seen.summary, "accuracy")
+        assert.include(seen.summary, "+0.290")
+      }).pipe(Effect.provide(NodeServices.layer)),
+    60_000
+  )
+
+  it.effect(
+    "a comparison of runs renders in headless Chromium: its table, what each config changes, one series per run",
+    () =>
+      Effect.gen(function*() {
+        const parent = mkdtempSync(join(tmpdir(), "compare-"))
+        const dirs = [["seed-1", 1, 0], ["seed-2", 2, 0.05], ["seed-3", 3, -0.05]] as const
+        for (const [name, seed, shift] of dirs) {
+          const dir = join(parent, name)
+          mkdirSync(dir)
+          const { metrics } = run()
+          const moved = metrics.map((m) =>
+            m.phase === "eval"
+              ? { ...m, figures: { ...m.figures, "eval/accuracy": m.figures["eval/accuracy"]! + shift } }
+              : m
+          )
+          writeFileSync(join(dir, "metrics.jsonl"), moved.map((m) => JSON.stringify(m)).join("\n") + "\n")
+          writeFileSync(join(dir, "config.json"), JSON.stringify({ seed, mode: "sync", output: dir }))
         }
-      })
-      assert.deepStrictEqual(seen.errors, [])
-      assert.deepStrictEqual(seen.requests, [pathToFileURL(path).href], "the page loads nothing but itself")
-      assert.deepStrictEqual(seen.accuracySeries, ["seed-1", "seed-2", "seed-3"])
-      assert.strictEqual(seen.rows, 4, "a header and a row per run")
-      assert.deepStrictEqual(seen.changes, ["seed-2: seed: 1 → 2", "seed-3: seed: 1 → 3"])
-      // The two charts over time, then every fixed series of the run report that the runs logged.
-      const logged = Report.comparedSeries.filter((c) => run().metrics.some((m) => m.phase === c.phase && m.figures[c.key] !== undefined))
-      assert.strictEqual(seen.charts, 2 + logged.length)
-      assert.strictEqual(seen.sections[0], "Over time")
-    }).pipe(Effect.provide(NodeServices.layer)), 60_000)
+        const path = yield* Report.writeComparison(
+          dirs.map(([name]) => join(parent, name)),
+          join(parent, "compare.html")
+        )
+        const seen = yield* inChromium(path, async (page) => {
+          const accuracy = page.locator("svg.chart", {
+            has: page.locator("title", { hasText: "Held-out accuracy over time" })
+          })
+          return {
+            charts: await page.locator("svg.chart").count(),
+            accuracySeries: await accuracy.locator("polyline.series").evaluateAll((ps) =>
+              ps.map((p) => p.getAttribute("data-name"))
+            ),
+            rows: await page.locator("table.summary tr").count(),
+            changes: await page.locator("ul.changes li").allInnerTexts(),
+            sections: await page.locator("h2").allInnerTexts()
+          }
+        })
+        assert.deepStrictEqual(seen.errors, [])
+        assert.deepStrictEqual(seen.requests, [pathToFileURL(path).href], "the page loads nothing but itself")
+        assert.deepStrictEqual(seen.accuracySeries, ["seed-1", "seed-2", "seed-3"])
+        assert.strictEqual(seen.rows, 4, "a header and a row per run")
+        assert.deepStrictEqual(seen.changes, ["seed-2: seed: 1 → 2", "seed-3: seed: 1 → 3"])
+        // The two charts over time, then every fixed series of the run report that the runs logged.
+        const logged = Report.comparedSeries.filter((c) =>
+          run().metrics.some((m) => m.phase === c.phase && m.figures[c.key] !== undefined)
+        )
+        assert.strictEqual(seen.charts, 2 + logged.length)
+        assert.strictEqual(seen.sections[0], "Over time")
+      }).pipe(Effect.provide(NodeServices.layer)),
+    60_000
+  )
 })

@@ -38,24 +38,30 @@ describe("RolloutFigures.rolloutFigures", () => {
   it("a question answered alike by every sample adds no spread; one question has no standard error", () => {
     const same = RolloutFigures.rolloutFigures([group(0, [true, true]), group(1, [true, true])], { prefix: "eval" })
     assert.strictEqual(same["eval/accuracy_se"], 0)
-    assert.strictEqual(RolloutFigures.rolloutFigures([group(0, [true, false])], { prefix: "eval" })["eval/accuracy_se"], 0)
+    assert.strictEqual(
+      RolloutFigures.rolloutFigures([group(0, [true, false])], { prefix: "eval" })["eval/accuracy_se"],
+      0
+    )
   })
 
-  it("the reward's metrics are averaged over the trajectories that carry them; error flags are failures, not figures", () => {
-    const t = (metrics: Record<string, number>) => ({ ...answered("x"), metrics })
-    const figures = RolloutFigures.rolloutFigures([{
-      groupId: "g",
-      rowIndex: 0,
-      trajectories: [
-        t({ "reward/answer/searches": 2, "reward/score/r_price": 1 }),
-        t({ "reward/answer/searches": 1 }),
-        t({ "reward/answer/error": 1 })
-      ]
-    }], { prefix: "rollout" })
-    assert.strictEqual(figures["rollout/reward/answer/searches"], 1.5)
-    assert.strictEqual(figures["rollout/reward/score/r_price"], 1)
-    assert.isUndefined(figures["rollout/reward/answer/error"])
-  })
+  it(
+    "the reward's metrics are averaged over the trajectories that carry them; error flags are failures, not figures",
+    () => {
+      const t = (metrics: Record<string, number>) => ({ ...answered("x"), metrics })
+      const figures = RolloutFigures.rolloutFigures([{
+        groupId: "g",
+        rowIndex: 0,
+        trajectories: [
+          t({ "reward/answer/searches": 2, "reward/score/r_price": 1 }),
+          t({ "reward/answer/searches": 1 }),
+          t({ "reward/answer/error": 1 })
+        ]
+      }], { prefix: "rollout" })
+      assert.strictEqual(figures["rollout/reward/answer/searches"], 1.5)
+      assert.strictEqual(figures["rollout/reward/score/r_price"], 1)
+      assert.isUndefined(figures["rollout/reward/answer/error"])
+    }
+  )
 
   it("a reward's errors by reason are counted per step, as rollout/failures/<Reason> is", () => {
     const failed = (reason: string) => ({
@@ -110,7 +116,10 @@ describe("RolloutFigures.rolloutFigures", () => {
       assert.strictEqual(known["rollout/tool_errors/UnknownTool"], 2)
       assert.strictEqual(known["rollout/invalid_tool_call_rate"], 1)
       // Without the task's tools (an agent function, whose tools are its SDK's), every name is its own key.
-      assert.strictEqual(RolloutFigures.rolloutFigures(groups, { prefix: "rollout" })["rollout/tool_calls/calc17ator"], 0.5)
+      assert.strictEqual(
+        RolloutFigures.rolloutFigures(groups, { prefix: "rollout" })["rollout/tool_calls/calc17ator"],
+        0.5
+      )
     }))
 })
 
@@ -135,7 +144,11 @@ describe("RolloutFigures: steps", () => {
       groupId: "g",
       rowIndex: 0,
       trajectories: [
-        t({ reward: 1, metrics: { acc: 1 }, messages: [{ role: "assistant", content: "", tool_calls: [call("calculator")] }] }),
+        t({
+          reward: 1,
+          metrics: { acc: 1 },
+          messages: [{ role: "assistant", content: "", tool_calls: [call("calculator")] }]
+        }),
         t({
           reward: 0.5,
           messages: [
@@ -145,7 +158,10 @@ describe("RolloutFigures: steps", () => {
           ]
         }),
         t({ termination: "error" }),
-        t({ reward: 1, segments: [{ spans: [{ source: "policy", tokenIds: [1], policyVersion: 1 }], messageCount: 0 }] })
+        t({
+          reward: 1,
+          segments: [{ spans: [{ source: "policy", tokenIds: [1], policyVersion: 1 }], messageCount: 0 }]
+        })
       ]
     }
     // A weighted sum of rewards: its accuracy is the namespaced metric, whatever the sum.
@@ -168,28 +184,43 @@ describe("RolloutFigures: steps", () => {
     assert.strictEqual(f["rollout/staleness_mean"], (1 + 1 + 1 + 3) / 4)
   })
 
-  it("token budgets: turns cut at maxNewTokens (half the chains or more) and conversations cut at maxContextTokens (a quarter or more) are named", () => {
-    const agent = { maxNewTokens: 48, maxContextTokens: 256 }
-    const none = RolloutFigures.budgetWarnings(3, { "rollout/termination/stop": 0.4, "rollout/termination/context_length": 0.2 }, agent)
-    assert.deepStrictEqual(none, {})
-    const both = RolloutFigures.budgetWarnings(3, { "rollout/termination/stop": 0.5, "rollout/termination/context_length": 0.52 }, agent)
-    assert.include(both.cut, "step 3: 50% of the chains ended with a turn cut at agent.maxNewTokens (48)")
-    assert.include(both.full, "step 3: 52% of the chains ended at agent.maxContextTokens (256 tokens)")
-    assert.include(both.full, "raise agent.maxContextTokens")
-    // An agent function's own max_tokens cut most of them: that is the setting to name.
-    const figures = { "rollout/termination/stop": 0.75, "rollout/trajectories": 8 }
-    const own = RolloutFigures.budgetWarnings(3, figures, agent, [16, 16, 16])
-    assert.include(own.cut, "most at their agent's own request max_tokens (16, below agent.maxNewTokens 48)")
-    assert.include(own.cut, "raise max_tokens in the agent's requests")
-    assert.include(RolloutFigures.budgetWarnings(3, figures, agent, [16, 16]).cut, "cut at agent.maxNewTokens (48)", "a third of the cut chains")
-    // A budget the config does not set is the task's default: the warning says so, and where to override it.
-    const webshop = { name: "webshop", defaults: { maxNewTokens: 48 } }
-    const fromTask = RolloutFigures.budgetWarnings(3, { "rollout/termination/stop": 0.5 }, agent, [], webshop).cut
-    assert.include(fromTask, "cut at agent.maxNewTokens (48, task webshop's default)")
-    assert.include(fromTask, "raise agent.maxNewTokens in the config (it overrides the task's default)")
-    const ownValue = RolloutFigures.budgetWarnings(3, { "rollout/termination/stop": 0.5 }, { maxNewTokens: 64 }, [], webshop).cut
-    assert.include(ownValue, "cut at agent.maxNewTokens (64) before")
-  })
+  it(
+    "token budgets: turns cut at maxNewTokens (half the chains or more) and conversations cut at maxContextTokens " +
+      "(a quarter or more) are named",
+    () => {
+      const agent = { maxNewTokens: 48, maxContextTokens: 256 }
+      const none = RolloutFigures.budgetWarnings(3, {
+        "rollout/termination/stop": 0.4,
+        "rollout/termination/context_length": 0.2
+      }, agent)
+      assert.deepStrictEqual(none, {})
+      const both = RolloutFigures.budgetWarnings(3, {
+        "rollout/termination/stop": 0.5,
+        "rollout/termination/context_length": 0.52
+      }, agent)
+      assert.include(both.cut, "step 3: 50% of the chains ended with a turn cut at agent.maxNewTokens (48)")
+      assert.include(both.full, "step 3: 52% of the chains ended at agent.maxContextTokens (256 tokens)")
+      assert.include(both.full, "raise agent.maxContextTokens")
+      // An agent function's own max_tokens cut most of them: that is the setting to name.
+      const figures = { "rollout/termination/stop": 0.75, "rollout/trajectories": 8 }
+      const own = RolloutFigures.budgetWarnings(3, figures, agent, [16, 16, 16])
+      assert.include(own.cut, "most at their agent's own request max_tokens (16, below agent.maxNewTokens 48)")
+      assert.include(own.cut, "raise max_tokens in the agent's requests")
+      assert.include(
+        RolloutFigures.budgetWarnings(3, figures, agent, [16, 16]).cut,
+        "cut at agent.maxNewTokens (48)",
+        "a third of the cut chains"
+      )
+      // A budget the config does not set is the task's default: the warning says so, and where to override it.
+      const webshop = { name: "webshop", defaults: { maxNewTokens: 48 } }
+      const fromTask = RolloutFigures.budgetWarnings(3, { "rollout/termination/stop": 0.5 }, agent, [], webshop).cut
+      assert.include(fromTask, "cut at agent.maxNewTokens (48, task webshop's default)")
+      assert.include(fromTask, "raise agent.maxNewTokens in the config (it overrides the task's default)")
+      const ownValue =
+        RolloutFigures.budgetWarnings(3, { "rollout/termination/stop": 0.5 }, { maxNewTokens: 64 }, [], webshop).cut
+      assert.include(ownValue, "cut at agent.maxNewTokens (64) before")
+    }
+  )
 
 })
 
@@ -207,30 +238,40 @@ describe("RolloutFigures.stepNotices", () => {
     assert.deepStrictEqual(RolloutFigures.stepNotices(2, figures, groups, { agent }), [])
   })
 
-  it("names short dynamic sampling, cut turns, dying tools, full contexts and prompts that fill the context, in that order", () => {
-    const trajectories = [
-      chain("stop"),
-      chain("stop"),
-      chain("context_length", { tokens_generated: 0 }),
-      chain("context_length", { tokens_generated: 3 })
-    ]
-    const groups = [{ groupId: "g0", rowIndex: 0, trajectories }]
-    const figures = { ...RolloutFigures.rolloutFigures(groups, { prefix: "rollout" }), "rollout/tool_errors/Defect": 2 }
-    const notices = RolloutFigures.stepNotices(5, figures, groups, {
-      agent,
-      dynamic: { kept: 1, wanted: 3, batches: 4 }
-    })
-    assert.deepStrictEqual(notices.map((n) => n.key), ["short", "cut", "defect", "full", "unfit"])
-    assert.include(notices[0]!.text, "step 5: dynamic sampling found 1 of 3 groups whose rewards differ in 4 batches")
-    assert.include(notices[2]!.text, "2 tool call(s) died in the tool's own code")
-    assert.include(notices[4]!.text, "1 of 4 chains ended before sampling a token")
-    assert.include(notices[4]!.text, "agent.maxContextTokens (512)")
-  })
+  it(
+    "names short dynamic sampling, cut turns, dying tools, full contexts and prompts that fill the context, " +
+      "in that order",
+    () => {
+      const trajectories = [
+        chain("stop"),
+        chain("stop"),
+        chain("context_length", { tokens_generated: 0 }),
+        chain("context_length", { tokens_generated: 3 })
+      ]
+      const groups = [{ groupId: "g0", rowIndex: 0, trajectories }]
+      const figures = {
+        ...RolloutFigures.rolloutFigures(groups, { prefix: "rollout" }),
+        "rollout/tool_errors/Defect": 2
+      }
+      const notices = RolloutFigures.stepNotices(5, figures, groups, {
+        agent,
+        dynamic: { kept: 1, wanted: 3, batches: 4 }
+      })
+      assert.deepStrictEqual(notices.map((n) => n.key), ["short", "cut", "defect", "full", "unfit"])
+      assert.include(notices[0]!.text, "step 5: dynamic sampling found 1 of 3 groups whose rewards differ in 4 batches")
+      assert.include(notices[2]!.text, "2 tool call(s) died in the tool's own code")
+      assert.include(notices[4]!.text, "1 of 4 chains ended before sampling a token")
+      assert.include(notices[4]!.text, "agent.maxContextTokens (512)")
+    }
+  )
 
   it("dynamic sampling that found every group it wanted says nothing", () => {
     const groups = [{ groupId: "g0", rowIndex: 0, trajectories: [chain("answer")] }]
     const figures = RolloutFigures.rolloutFigures(groups, { prefix: "rollout" })
-    const notices = RolloutFigures.stepNotices(1, figures, groups, { agent, dynamic: { kept: 3, wanted: 3, batches: 2 } })
+    const notices = RolloutFigures.stepNotices(1, figures, groups, {
+      agent,
+      dynamic: { kept: 3, wanted: 3, batches: 2 }
+    })
     assert.deepStrictEqual(notices, [])
   })
 })

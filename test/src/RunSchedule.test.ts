@@ -22,7 +22,10 @@ describe("RunSchedule", () => {
 
   it("sampling versions: the step before in sync mode, maxStaleness older in async, never before a checkpoint", () => {
     const versions = (ahead: number, checkpointEvery: number, from = 0) =>
-      Array.from({ length: 9 - from }, (_, i) => RunSchedule.samplingVersion(from + i + 1, { ahead, checkpointEvery, from }))
+      Array.from(
+        { length: 9 - from },
+        (_, i) => RunSchedule.samplingVersion(from + i + 1, { ahead, checkpointEvery, from })
+      )
     assert.deepStrictEqual(versions(0, 3), [0, 1, 2, 3, 4, 5, 6, 7, 8])
     assert.deepStrictEqual(versions(1, 3), [0, 0, 1, 3, 3, 4, 6, 6, 7])
     assert.deepStrictEqual(versions(2, 100), [0, 0, 0, 1, 2, 3, 4, 5, 6])

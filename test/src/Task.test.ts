@@ -13,7 +13,9 @@ import * as Reward from "../../src/Reward.ts"
 import * as Task from "../../src/Task.ts"
 import * as Tool from "../../src/Tool.ts"
 
-class Game extends Context.Service<Game, { readonly guess: (n: number) => Effect.Effect<string> }>()("test/Task/Game") {}
+class Game
+  extends Context.Service<Game, { readonly guess: (n: number) => Effect.Effect<string> }>()("test/Task/Game")
+{}
 class Other extends Context.Service<Other, { readonly x: number }>()("test/Task/Other") {}
 const gameLayer = Layer.succeed(Game, Game.of({ guess: (n) => Effect.succeed(String(n)) }))
 const guess = Tool.make("guess", {
@@ -102,21 +104,24 @@ describe("Task", () => {
     })
   })
 
-  it("a task reached by name or path gets nothing from its runner: withOptions refuses one whose layer is missing", () => {
-    class Catalog extends Context.Service<Catalog, { readonly size: number }>()("test/Task/Catalog") {}
-    const catalog = Layer.succeed(Catalog, Catalog.of({ size: 3 }))
-    // The game's layer needs a Catalog, which only the task's own `layer` can give it.
-    const environment = Environment.perChain(
-      Layer.effect(Game, Effect.map(Catalog, () => Game.of({ guess: (n) => Effect.succeed(String(n)) })))
-    )
-    const options = Schema.Struct({})
-    const complete = Task.withOptions("complete", options, () =>
-      Task.make("complete", { tools: [guess], environment, layer: catalog }))
-    assert.isFunction(complete)
-    Task.withOptions("no layer", options, () =>
-      // @ts-expect-error the environment needs Catalog, and without the task's layer no one provides it
-      Task.make("no layer", { tools: [guess], environment }))
-  })
+  it(
+    "a task reached by name or path gets nothing from its runner: withOptions refuses one whose layer is missing",
+    () => {
+      class Catalog extends Context.Service<Catalog, { readonly size: number }>()("test/Task/Catalog") {}
+      const catalog = Layer.succeed(Catalog, Catalog.of({ size: 3 }))
+      // The game's layer needs a Catalog, which only the task's own `layer` can give it.
+      const environment = Environment.perChain(
+        Layer.effect(Game, Effect.map(Catalog, () => Game.of({ guess: (n) => Effect.succeed(String(n)) })))
+      )
+      const options = Schema.Struct({})
+      const complete = Task.withOptions("complete", options, () =>
+        Task.make("complete", { tools: [guess], environment, layer: catalog }))
+      assert.isFunction(complete)
+      Task.withOptions("no layer", options, () =>
+        // @ts-expect-error the environment needs Catalog, and without the task's layer no one provides it
+        Task.make("no layer", { tools: [guess], environment }))
+    }
+  )
 
   it.effect("a task option of the wrong type is reported with the value given, as a config's keys are", () =>
     Effect.gen(function*() {
@@ -160,7 +165,10 @@ describe("Task", () => {
   it.effect("withOptions resolves the path options before make sees them, and the task names them", () =>
     Effect.gen(function*() {
       const seen: Array<unknown> = []
-      const options = Schema.Struct({ root: Schema.optionalKey(Task.PathOption), label: Schema.optionalKey(Schema.String) })
+      const options = Schema.Struct({
+        root: Schema.optionalKey(Task.PathOption),
+        label: Schema.optionalKey(Schema.String)
+      })
       const pathed = Task.withOptions("pathed", options, (o) => (seen.push(o), Task.make("pathed", {})))
       const task = yield* pathed({ root: "folders", label: "folders" }, { resolvePath: (p) => `/configs/${p}` })
       assert.deepStrictEqual(seen, [{ root: "/configs/folders", label: "folders" }])
@@ -179,7 +187,10 @@ describe("Task", () => {
       agent: { systemPrompt: "Be brief.", maxTurns: 2 },
       seed: 1
     })
-    assert.deepStrictEqual(Task.withDefaults(task, { seed: 1 }), { seed: 1, agent: { maxTurns: 6, systemPrompt: "Be brief." } })
+    assert.deepStrictEqual(Task.withDefaults(task, { seed: 1 }), {
+      seed: 1,
+      agent: { maxTurns: 6, systemPrompt: "Be brief." }
+    })
   })
 
   it("a row's conversation: the task's prompt, else its messages, else the system prompt and question", () => {
@@ -228,7 +239,8 @@ describe("Task", () => {
       const dir = mkdtempSync(join(tmpdir(), "task-export-"))
       writeFileSync(join(dir, "named.mjs"), `export const task = { name: "rooms" }\n`)
       writeFileSync(join(dir, "default.mjs"), `export default 3\n`)
-      const resolve = (ref: string) => Effect.flip(Task.resolve(ref, { builtins: {}, resolvePath: (p) => join(dir, p) }))
+      const resolve = (ref: string) =>
+        Effect.flip(Task.resolve(ref, { builtins: {}, resolvePath: (p) => join(dir, p) }))
       const named = yield* resolve("./named.mjs")
       assert.strictEqual(named.reason._tag, "Module")
       assert.strictEqual(

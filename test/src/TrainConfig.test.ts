@@ -148,9 +148,14 @@ describe("TrainConfig", () => {
         algorithm: { steps: 10, groupsPerStep: 4096 }
       }))
       assert.deepStrictEqual(product.issues, [
-        "algorithm.groupsPerStep: 4096 groups × agent.numChains 1024 is 4194304 trajectories per step; expected at most 65536"
+        "algorithm.groupsPerStep: 4096 groups × agent.numChains 1024 is 4194304 trajectories per step; " +
+          "expected at most 65536"
       ])
-      const ok = yield* TrainConfig.decode({ ...minimal, agent: { numChains: 64 }, algorithm: { steps: 10, groupsPerStep: 1024 } })
+      const ok = yield* TrainConfig.decode({
+        ...minimal,
+        agent: { numChains: 64 },
+        algorithm: { steps: 10, groupsPerStep: 1024 }
+      })
       assert.strictEqual(ok.algorithm.groupsPerStep, 1024)
     }))
 
@@ -158,9 +163,14 @@ describe("TrainConfig", () => {
     Effect.gen(function*() {
       const on = yield* TrainConfig.decode({ ...minimal, algorithm: { steps: 3, dynamicSampling: {} } })
       assert.deepStrictEqual(on.algorithm.dynamicSampling, { maxBatches: 3 })
-      const rloo = yield* TrainConfig.decode({ ...minimal, algorithm: { steps: 3, advantage: "rloo", dynamicSampling: { maxBatches: 5 } } })
+      const rloo = yield* TrainConfig.decode({
+        ...minimal,
+        algorithm: { steps: 3, advantage: "rloo", dynamicSampling: { maxBatches: 5 } }
+      })
       assert.strictEqual(rloo.algorithm.dynamicSampling?.maxBatches, 5)
-      const one = yield* failure(TrainConfig.decode({ ...minimal, algorithm: { steps: 3, dynamicSampling: { maxBatches: 1 } } }))
+      const one = yield* failure(
+        TrainConfig.decode({ ...minimal, algorithm: { steps: 3, dynamicSampling: { maxBatches: 1 } } })
+      )
       assert.include(one.issues.join(), "algorithm.dynamicSampling.maxBatches")
       const reinforce = yield* failure(
         TrainConfig.decode({ ...minimal, algorithm: { steps: 3, advantage: "reinforce++", dynamicSampling: {} } })
@@ -174,21 +184,38 @@ describe("TrainConfig", () => {
   it.effect("a critic only with gae; the critic's defaults", () =>
     Effect.gen(function*() {
       const stray = yield* failure(TrainConfig.decode({ ...minimal, critic: { lr: 0.01 } }))
-      assert.deepStrictEqual(stray.issues, [`critic: only algorithm.advantage "gae" has a critic (the advantage is "grpo")`])
-      const typo = yield* failure(TrainConfig.decode({ ...minimal, algorithm: { steps: 3, advantage: "gae" }, critic: { lrr: 1 } }))
+      assert.deepStrictEqual(stray.issues, [
+        `critic: only algorithm.advantage "gae" has a critic (the advantage is "grpo")`
+      ])
+      const typo = yield* failure(
+        TrainConfig.decode({ ...minimal, algorithm: { steps: 3, advantage: "gae" }, critic: { lrr: 1 } })
+      )
       assert.include(typo.issues.join(), "critic.lrr")
       const gae = yield* TrainConfig.decode({ ...minimal, algorithm: { steps: 3, advantage: "gae", lambda: 0.95 } })
-      assert.deepStrictEqual(TrainConfig.criticOf(gae), { lr: 1e-3, warmupSteps: 0, lrWarmupSteps: 0, valueClip: 0.5, weightDecay: 0, gradClip: 1 })
+      assert.deepStrictEqual(TrainConfig.criticOf(gae), {
+        lr: 1e-3,
+        warmupSteps: 0,
+        lrWarmupSteps: 0,
+        valueClip: 0.5,
+        weightDecay: 0,
+        gradClip: 1
+      })
       assert.strictEqual(gae.algorithm.lambda, 0.95)
       // The shipped PPO config: the demo's, with a critic.
-      const ppo = yield* TrainConfig.load(join(dirname(fileURLToPath(import.meta.url)), "../../examples/calculator/ppo.json"))
+      const ppo = yield* TrainConfig.load(
+        join(dirname(fileURLToPath(import.meta.url)), "../../examples/calculator/ppo.json")
+      )
       assert.strictEqual(ppo.algorithm.advantage, "gae")
       assert.strictEqual(TrainConfig.criticOf(ppo).lr, 0.001)
       const allWarmup = yield* failure(
         TrainConfig.decode({ ...minimal, algorithm: { steps: 3, advantage: "gae" }, critic: { warmupSteps: 3 } })
       )
       assert.include(allWarmup.issues.join(), "critic.warmupSteps: 3 of algorithm.steps 3")
-      const set = yield* TrainConfig.decode({ ...minimal, algorithm: { steps: 3, advantage: "gae" }, critic: { lr: 0.01 } })
+      const set = yield* TrainConfig.decode({
+        ...minimal,
+        algorithm: { steps: 3, advantage: "gae" },
+        critic: { lr: 0.01 }
+      })
       assert.strictEqual(TrainConfig.criticOf(set).lr, 0.01)
       assert.strictEqual(TrainConfig.criticOf(set).valueClip, 0.5)
     }).pipe(Effect.provide(NodeServices.layer)))
@@ -213,7 +240,10 @@ describe("TrainConfig", () => {
       ])
       // The discounts an estimator uses are written out (a run's recorded config.json says them), and decode again.
       const discounted = (algorithm: object) =>
-        Effect.map(TrainConfig.decode({ ...minimal, algorithm: { steps: 3, ...algorithm } }), (c) => [c.algorithm.gamma, c.algorithm.lambda])
+        Effect.map(
+          TrainConfig.decode({ ...minimal, algorithm: { steps: 3, ...algorithm } }),
+          (c) => [c.algorithm.gamma, c.algorithm.lambda]
+        )
       assert.deepStrictEqual(yield* discounted({ advantage: "reinforce++" }), [1, undefined])
       assert.deepStrictEqual(yield* discounted({ advantage: "gae", lambda: 0.95 }), [1, 0.95])
       assert.deepStrictEqual(yield* discounted({ advantage: "grpo" }), [undefined, undefined])
@@ -264,7 +294,10 @@ describe("TrainConfig", () => {
       // A task module's path is resolved too (the run records it: its config.json then works from anywhere).
       writeFileSync(join(dir, "f.json"), JSON.stringify({ ...minimal, task: "./task.ts" }))
       assert.strictEqual((yield* TrainConfig.load(join(dir, "f.json"))).task, join(dir, "task.ts"))
-      writeFileSync(join(dir, "g.json"), JSON.stringify({ ...minimal, task: { name: "../t/task.ts", options: { n: 1 } } }))
+      writeFileSync(
+        join(dir, "g.json"),
+        JSON.stringify({ ...minimal, task: { name: "../t/task.ts", options: { n: 1 } } })
+      )
       assert.deepStrictEqual((yield* TrainConfig.load(join(dir, "g.json"))).task, {
         name: join(dir, "../t/task.ts"),
         options: { n: 1 }
@@ -275,11 +308,19 @@ describe("TrainConfig", () => {
       }))
       const d = yield* TrainConfig.load(join(dir, "d.json"))
       assert.strictEqual(d.warmup?.data, join(dir, "demos.jsonl"))
-      assert.deepStrictEqual(d.warmup?.stopAt, { data: join(dir, "data/validation.jsonl"), accuracy: 0.3, every: 50, onMiss: "continue" })
-      writeFileSync(join(dir, "e.json"), JSON.stringify({
-        ...minimal,
-        warmup: { data: "demos.jsonl", steps: 900, stopAt: { data: "v.jsonl", accuracy: 1.5, evry: 10 } }
-      }))
+      assert.deepStrictEqual(d.warmup?.stopAt, {
+        data: join(dir, "data/validation.jsonl"),
+        accuracy: 0.3,
+        every: 50,
+        onMiss: "continue"
+      })
+      writeFileSync(
+        join(dir, "e.json"),
+        JSON.stringify({
+          ...minimal,
+          warmup: { data: "demos.jsonl", steps: 900, stopAt: { data: "v.jsonl", accuracy: 1.5, evry: 10 } }
+        })
+      )
       const e = yield* failure(TrainConfig.load(join(dir, "e.json")))
       assert.isTrue(e.issues.some((i) => i.startsWith("warmup.stopAt.accuracy:")), e.issues.join("; "))
       assert.include(e.issues.join("\n"), `warmup.stopAt.evry: unknown key (did you mean "every"?)`)

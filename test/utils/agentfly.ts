@@ -60,7 +60,9 @@ export const shortConfig = (name: string, data: string, dir: string, file = "sho
 }
 
 /** The records of a run's `metrics.jsonl`. */
-export const metricsOf = (output: string): ReadonlyArray<{ readonly phase: string; readonly figures: Record<string, number> }> =>
+export const metricsOf = (
+  output: string
+): ReadonlyArray<{ readonly phase: string; readonly figures: Record<string, number> }> =>
   readFileSync(join(output, "metrics.jsonl"), "utf8").trim().split("\n").map((l) => JSON.parse(l))
 
 /**
@@ -69,10 +71,19 @@ export const metricsOf = (output: string): ReadonlyArray<{ readonly phase: strin
  */
 export const evalCheckpoint = (config: string, dir: string, step: string) =>
   Effect.map(
-    agentfly(["eval", config, "--checkpoint", join(dir, "run", "checkpoints", step), "--output", join(dir, "eval.json")]),
+    agentfly([
+      "eval",
+      config,
+      "--checkpoint",
+      join(dir, "run", "checkpoints", step),
+      "--output",
+      join(dir, "eval.json")
+    ]),
     (run) => ({
       ...run,
-      result: run.code === 0 ? JSON.parse(readFileSync(join(dir, "eval.json"), "utf8")) as Record<string, any> : undefined
+      result: run.code === 0
+        ? JSON.parse(readFileSync(join(dir, "eval.json"), "utf8")) as Record<string, any>
+        : undefined
     })
   )
 

@@ -27,7 +27,10 @@ const dtypeOf = (a: TypedArray): Dtype => a instanceof Float32Array ? "f32" : a 
 const align4 = (n: number) => (n + 3) & ~3
 
 /** @internal */
-export const encode = (header: Record<string, unknown>, arrays: Iterable<readonly [string, TypedArray]> = []): Buffer => {
+export const encode = (
+  header: Record<string, unknown>,
+  arrays: Iterable<readonly [string, TypedArray]> = []
+): Buffer => {
   const list = [...arrays]
   const json = Buffer.from(JSON.stringify({ ...header, arrays: list.map(([n, a]) => [n, dtypeOf(a), a.length]) }))
   let size = align4(8 + json.length)

@@ -67,7 +67,9 @@ describe("Gateway", () => {
       const { open } = yield* setup(yield* scriptedSampler(3))
       for (const stream of [false, true]) {
         const episode = yield* open(stream ? "streamed" : "plain")
-        const { answer, messages } = yield* Effect.promise(() => toolLoop(client(episode.baseURL), "What is 17*23?", stream))
+        const { answer, messages } = yield* Effect.promise(() =>
+          toolLoop(client(episode.baseURL), "What is 17*23?", stream)
+        )
         assert.strictEqual(answer, "The answer is 391.")
         const call = (messages[2] as OpenAI.Chat.Completions.ChatCompletionMessage).tool_calls![0]!
         assert.strictEqual(call.id, "call_0")
@@ -136,68 +138,77 @@ describe("Gateway", () => {
       assert.deepStrictEqual(calls.map((c) => c.id), ["call_0", "call_1"])
       assert.strictEqual(answer, "The answer is 20.")
       const t = yield* Recorder.trajectory(episode.recorder, { _tag: "Returned" })
-      assert.deepStrictEqual(spansOf(t).filter((s) => s.source === "tool").map((s) => tokenizer.decode(s.tokenIds).trim()), ["5", "20"])
+      assert.deepStrictEqual(
+        spansOf(t).filter((s) => s.source === "tool").map((s) => tokenizer.decode(s.tokenIds).trim()),
+        ["5", "20"]
+      )
       assert.strictEqual(t.metrics["tool_calls"], 2)
       assert.strictEqual(t.segments.length, 1)
     }))
 
-  it.live("a rewritten history (a summarised exchange) starts a new segment; its sampled tokens stay in the first", () =>
-    Effect.gen(function*() {
-      const { open } = yield* setup(yield* scriptedSampler())
-      const episode = yield* open("rewrite")
-      const openai = client(episode.baseURL)
-      const { messages } = yield* Effect.promise(() => toolLoop(openai, "What is 6*7?", false))
-      // The agent summarises its first exchange into a user note and asks again.
-      const summarised: Array<Msg> = [
-        messages[0]!,
-        messages[1]!,
-        { role: "user", content: "Earlier you found 42. What is 8*9?" }
-      ]
-      const next = yield* Effect.promise(() =>
-        openai.chat.completions.create({ model: "any", messages: summarised, tools: [calculatorTool] })
-      )
-      assert.strictEqual(next.choices[0]!.finish_reason, "tool_calls")
-      const t = yield* Recorder.trajectory(episode.recorder, { _tag: "Returned" })
-      assert.strictEqual(t.segments.length, 2)
-      assert.strictEqual(t.metrics["gateway/rewrites"], 1)
-      assert.strictEqual(t.metrics["gateway/threads"], 1)
-      const [first, second] = t.segments
-      assert.strictEqual(first!.spans.filter((s) => s.source === "policy").length, 2)
-      // The new segment's history is all prompt; only the new turn is the policy's.
-      const sources = second!.spans.map((s) => s.source)
-      assert.deepStrictEqual(sources, ["prompt", "policy"])
-      assert.include(tokenizer.decode(second!.spans[0]!.tokenIds), "Earlier you found 42.")
-    }))
-
-  it.live("parallel requests of one episode (sub-agents) become linked threads, merged into the episode's trajectory", () =>
-    Effect.gen(function*() {
-      const gate = yield* Deferred.make<void>()
-      let waiting = 0
-      const base = yield* scriptedSampler()
-      // Both first requests are held until both arrived, so they are truly concurrent.
-      const sampler = Sampler.Sampler.of({
-        ...base,
-        generate: (request) =>
-          Effect.gen(function*() {
-            if (++waiting === 2) yield* Deferred.succeed(gate, undefined)
-            yield* Deferred.await(gate)
-            return yield* base.generate(request)
-          })
+  it.live(
+    "a rewritten history (a summarised exchange) starts a new segment; its sampled tokens stay in the first",
+    () =>
+      Effect.gen(function*() {
+        const { open } = yield* setup(yield* scriptedSampler())
+        const episode = yield* open("rewrite")
+        const openai = client(episode.baseURL)
+        const { messages } = yield* Effect.promise(() => toolLoop(openai, "What is 6*7?", false))
+        // The agent summarises its first exchange into a user note and asks again.
+        const summarised: Array<Msg> = [
+          messages[0]!,
+          messages[1]!,
+          { role: "user", content: "Earlier you found 42. What is 8*9?" }
+        ]
+        const next = yield* Effect.promise(() =>
+          openai.chat.completions.create({ model: "any", messages: summarised, tools: [calculatorTool] })
+        )
+        assert.strictEqual(next.choices[0]!.finish_reason, "tool_calls")
+        const t = yield* Recorder.trajectory(episode.recorder, { _tag: "Returned" })
+        assert.strictEqual(t.segments.length, 2)
+        assert.strictEqual(t.metrics["gateway/rewrites"], 1)
+        assert.strictEqual(t.metrics["gateway/threads"], 1)
+        const [first, second] = t.segments
+        assert.strictEqual(first!.spans.filter((s) => s.source === "policy").length, 2)
+        // The new segment's history is all prompt; only the new turn is the policy's.
+        const sources = second!.spans.map((s) => s.source)
+        assert.deepStrictEqual(sources, ["prompt", "policy"])
+        assert.include(tokenizer.decode(second!.spans[0]!.tokenIds), "Earlier you found 42.")
       })
-      const { open } = yield* setup(sampler)
-      const episode = yield* open("subagents")
-      const openai = client(episode.baseURL)
-      const results = yield* Effect.promise(() =>
-        Promise.all([toolLoop(openai, "What is 1+1?", false), toolLoop(openai, "What is 1+1?", true)])
-      )
-      assert.deepStrictEqual(results.map((r) => r.answer), ["The answer is 2.", "The answer is 2."])
-      const threads = Recorder.threads(episode.recorder)
-      assert.strictEqual(threads.length, 2)
-      assert.strictEqual(threads[1]!.parent, 0, "the second thread is linked to the one it ran beside")
-      const t = yield* Recorder.trajectory(episode.recorder, { _tag: "Returned" })
-      assert.strictEqual(t.segments.length, 2)
-      assert.strictEqual(t.metrics["turns"], 4)
-    }))
+  )
+
+  it.live(
+    "parallel requests of one episode (sub-agents) become linked threads, merged into the episode's trajectory",
+    () =>
+      Effect.gen(function*() {
+        const gate = yield* Deferred.make<void>()
+        let waiting = 0
+        const base = yield* scriptedSampler()
+        // Both first requests are held until both arrived, so they are truly concurrent.
+        const sampler = Sampler.Sampler.of({
+          ...base,
+          generate: (request) =>
+            Effect.gen(function*() {
+              if (++waiting === 2) yield* Deferred.succeed(gate, undefined)
+              yield* Deferred.await(gate)
+              return yield* base.generate(request)
+            })
+        })
+        const { open } = yield* setup(sampler)
+        const episode = yield* open("subagents")
+        const openai = client(episode.baseURL)
+        const results = yield* Effect.promise(() =>
+          Promise.all([toolLoop(openai, "What is 1+1?", false), toolLoop(openai, "What is 1+1?", true)])
+        )
+        assert.deepStrictEqual(results.map((r) => r.answer), ["The answer is 2.", "The answer is 2."])
+        const threads = Recorder.threads(episode.recorder)
+        assert.strictEqual(threads.length, 2)
+        assert.strictEqual(threads[1]!.parent, 0, "the second thread is linked to the one it ran beside")
+        const t = yield* Recorder.trajectory(episode.recorder, { _tag: "Returned" })
+        assert.strictEqual(t.segments.length, 2)
+        assert.strictEqual(t.metrics["turns"], 4)
+      })
+  )
 
   it.live("malformed requests get OpenAI-style 4xx bodies naming the field; the gateway keeps serving", () =>
     Effect.gen(function*() {
@@ -210,7 +221,10 @@ describe("Gateway", () => {
             headers: { "content-type": "application/json" },
             ...(method === "GET" ? {} : { body })
           })
-          return { status: r.status, json: (await r.json()) as { error?: { type: string; param: string | null; code: string | null } } }
+          return {
+            status: r.status,
+            json: (await r.json()) as { error?: { type: string; param: string | null; code: string | null } }
+          }
         })
       const chat = "/episodes/bad/v1/chat/completions"
       const user = `{"role":"user","content":"What is 1+1?"}`
@@ -238,15 +252,27 @@ describe("Gateway", () => {
         assert.strictEqual(r.json.error?.param ?? null, param, `${path} ${body.slice(0, 60)}`)
         assert.isString(r.json.error?.type)
       }
-      assert.strictEqual((yield* send(chat, `{"messages": [{"role": "user", "content": "${"x".repeat(2000)}"}]}`)).json.error?.code, "context_length_exceeded")
+      assert.strictEqual(
+        (yield* send(chat, `{"messages": [{"role": "user", "content": "${"x".repeat(2000)}"}]}`)).json.error?.code,
+        "context_length_exceeded"
+      )
       const big = yield* Effect.promise(() =>
         fetch(`${gateway.url}${chat}`, { method: "POST", body: "x".repeat(17 * 1024 * 1024) }).then((r) => r.status)
       )
       assert.strictEqual(big, 413)
       // Still serving, on the same episode (a header names it on the plain path too).
       const ok = yield* Effect.promise(() =>
-        new OpenAI({ baseURL: `${gateway.url}/v1`, apiKey: "x", maxRetries: 0, defaultHeaders: { "x-agentfly-episode": "bad" } })
-          .chat.completions.create({ model: "any", messages: [{ role: "user", content: "What is 2+2?" }], tools: [calculatorTool] })
+        new OpenAI({
+          baseURL: `${gateway.url}/v1`,
+          apiKey: "x",
+          maxRetries: 0,
+          defaultHeaders: { "x-agentfly-episode": "bad" }
+        })
+          .chat.completions.create({
+            model: "any",
+            messages: [{ role: "user", content: "What is 2+2?" }],
+            tools: [calculatorTool]
+          })
       )
       assert.strictEqual(ok.choices[0]!.finish_reason, "tool_calls")
       assert.deepStrictEqual((yield* send("/v1/models", "", "GET")).status, 200)
@@ -257,153 +283,170 @@ describe("Gateway", () => {
       assert.strictEqual(Recorder.threads(episode.recorder).length, 1)
     }))
 
-  it.live("every field OpenAI documents is accepted (openai SDK); an unknown field or a value out of OpenAI's range is a 400 naming it", () =>
-    Effect.gen(function*() {
-      const { open } = yield* setup(yield* scriptedSampler())
-      const episode = yield* open("fields", { tokenizer })
-      const openai = client(episode.baseURL)
-      const question: Msg = { role: "user", content: "What is 2+2?" }
-      const chat = yield* Effect.promise(() =>
-        openai.chat.completions.create(everyChatField([question], [calculatorTool], 64))
-      )
-      assert.strictEqual(chat.choices[0]!.finish_reason, "tool_calls")
-      const text = yield* Effect.promise(() => openai.completions.create(everyCompletionField("Once upon", 4)))
-      assert.strictEqual(text.choices[0]!.finish_reason, "length")
-      const base = {
-        chat: { messages: [{ role: "user", content: "What is 1+1?" }] },
-        completion: { prompt: "Once upon" }
-      }
-      for (const r of refused) {
-        const path = r.endpoint === "chat" ? "chat/completions" : "completions"
-        const answer = yield* Effect.promise(async () => {
-          const response = await fetch(`${episode.baseURL}/${path}`, {
-            method: "POST",
-            headers: { "content-type": "application/json" },
-            body: JSON.stringify({ ...base[r.endpoint], ...r.fields })
-          })
-          return { status: response.status, json: (await response.json()) as { error: unknown } }
-        })
-        const label = `${path} ${JSON.stringify(r.fields)}`
-        assert.strictEqual(answer.status, 400, label)
-        assert.deepStrictEqual(answer.json.error, {
-          message: r.message,
-          type: "invalid_request_error",
-          param: r.param,
-          code: r.code
-        }, label)
-      }
-      // The refused requests left nothing behind: the two threads and requests are the SDK's.
-      assert.strictEqual(episode.recorder.requests, 2)
-      assert.strictEqual(Recorder.threads(episode.recorder).length, 2)
-    }))
-
-  it.live("serving mode: a refused request records nothing; an episode with only refused requests is never written", () =>
-    Effect.gen(function*() {
-      const finished: Array<Gateway.Finished> = []
-      const gateway = yield* Gateway.make({
-        autoOpen: {
-          episode: {
-            format,
-            sampler: yield* scriptedSampler(),
-            sampling,
-            requestSampling: "honour",
-            maxContextTokens: 400,
-            renderTools: false
-          },
-          idleTimeout: "300 millis",
-          onEnd: (f) => Effect.sync(() => void finished.push(f))
+  it.live(
+    "every field OpenAI documents is accepted (openai SDK); " +
+      "an unknown field or a value out of OpenAI's range is a 400 naming it",
+    () =>
+      Effect.gen(function*() {
+        const { open } = yield* setup(yield* scriptedSampler())
+        const episode = yield* open("fields", { tokenizer })
+        const openai = client(episode.baseURL)
+        const question: Msg = { role: "user", content: "What is 2+2?" }
+        const chat = yield* Effect.promise(() =>
+          openai.chat.completions.create(everyChatField([question], [calculatorTool], 64))
+        )
+        assert.strictEqual(chat.choices[0]!.finish_reason, "tool_calls")
+        const text = yield* Effect.promise(() => openai.completions.create(everyCompletionField("Once upon", 4)))
+        assert.strictEqual(text.choices[0]!.finish_reason, "length")
+        const base = {
+          chat: { messages: [{ role: "user", content: "What is 1+1?" }] },
+          completion: { prompt: "Once upon" }
         }
+        for (const r of refused) {
+          const path = r.endpoint === "chat" ? "chat/completions" : "completions"
+          const answer = yield* Effect.promise(async () => {
+            const response = await fetch(`${episode.baseURL}/${path}`, {
+              method: "POST",
+              headers: { "content-type": "application/json" },
+              body: JSON.stringify({ ...base[r.endpoint], ...r.fields })
+            })
+            return { status: response.status, json: (await response.json()) as { error: unknown } }
+          })
+          const label = `${path} ${JSON.stringify(r.fields)}`
+          assert.strictEqual(answer.status, 400, label)
+          assert.deepStrictEqual(answer.json.error, {
+            message: r.message,
+            type: "invalid_request_error",
+            param: r.param,
+            code: r.code
+          }, label)
+        }
+        // The refused requests left nothing behind: the two threads and requests are the SDK's.
+        assert.strictEqual(episode.recorder.requests, 2)
+        assert.strictEqual(Recorder.threads(episode.recorder).length, 2)
       })
-      const post = (path: string, body: unknown) =>
-        Effect.promise(async () => {
-          const r = await fetch(`${gateway.url}${path}`, { method: "POST", body: JSON.stringify(body) })
-          const json = (await r.json()) as { error?: { param: string | null; code: string | null } }
-          return { status: r.status, json }
-        })
-      const question: Msg = { role: "user", content: "What is 1+1?" }
-      const long = yield* post("/episodes/long/v1/chat/completions", {
-        messages: [{ role: "user", content: "x".repeat(500) }]
-      })
-      assert.deepStrictEqual(
-        [long.status, long.json.error?.code, long.json.error?.param],
-        [400, "context_length_exceeded", "messages"]
-      )
-      const hot = yield* post("/episodes/hot/v1/chat/completions", { messages: [question], temperature: 5 })
-      assert.deepStrictEqual([hot.status, hot.json.error?.param], [400, "temperature"])
-      // A tool loop whose second request (a long tool result) is refused for the context, then retried shorter.
-      const openai = client(`${gateway.url}/episodes/kept/v1`)
-      const messages: Array<Msg> = [question]
-      const first = (yield* Effect.promise(() =>
-        openai.chat.completions.create({ model: "any", messages, tools: [calculatorTool] })
-      )).choices[0]!.message
-      const call = first.tool_calls![0]!
-      messages.push(first)
-      const refusedStatus = yield* Effect.promise(() =>
-        openai.chat.completions.create({
-          model: "any",
-          messages: [...messages, { role: "tool", tool_call_id: call.id, content: "x".repeat(600) }],
-          tools: [calculatorTool]
-        }).then(() => 200, (e: { status?: number }) => e.status ?? -1)
-      )
-      assert.strictEqual(refusedStatus, 400)
-      const answer = yield* Effect.promise(() =>
-        openai.chat.completions.create({
-          model: "any",
-          messages: [...messages, { role: "tool", tool_call_id: call.id, content: "2" }],
-          tools: [calculatorTool]
-        })
-      )
-      assert.strictEqual(answer.choices[0]!.message.content, "The answer is 2.")
-      assert.strictEqual((yield* post("/episodes/kept/reward", { reward: 1 })).status, 200)
-      yield* Effect.sleep("1 second") // past the idle timeout of the episodes that were only refused
-      assert.deepStrictEqual(finished.map((f) => f.trajectory.chainId), ["kept"], "the refused-only episodes: not written")
-      const kept = finished[0]!.trajectory
-      // The retry continued the thread as if the refused request had never come: one segment, no trace of it.
-      assert.strictEqual(kept.segments.length, 1)
-      const sources = kept.segments[0]!.spans.map((span) => span.source)
-      assert.deepStrictEqual(sources, ["prompt", "policy", "template", "tool", "template", "policy"])
-      assert.notInclude(tokenizer.decode(Trajectory.tokenIds(kept.segments[0]!)), "xxxx")
-      const { metrics, termination } = kept
-      assert.deepStrictEqual([metrics["gateway/requests"], metrics["gateway/rewrites"], termination], [2, 0, "no_tool_call"])
-      // The refused episodes' ids were never written under: free for a new episode.
-      const again = yield* post("/episodes/long/v1/chat/completions", { messages: [question] })
-      assert.strictEqual(again.status, 200)
-    }))
+  )
 
-  it.live("an episode closed while its request runs: the client gets 410, the sampler is interrupted, nothing leaks", () =>
-    Effect.gen(function*() {
-      const started = yield* Deferred.make<void>()
-      const interrupted = yield* Deferred.make<void>()
-      const sampler = Sampler.Sampler.of({
-        generate: () =>
-          Deferred.succeed(started, undefined).pipe(
-            Effect.andThen(Effect.never),
-            Effect.onInterrupt(() => Deferred.succeed(interrupted, undefined))
-          ),
-        policyVersion: Effect.succeed(0)
+  it.live(
+    "serving mode: a refused request records nothing; an episode with only refused requests is never written",
+    () =>
+      Effect.gen(function*() {
+        const finished: Array<Gateway.Finished> = []
+        const gateway = yield* Gateway.make({
+          autoOpen: {
+            episode: {
+              format,
+              sampler: yield* scriptedSampler(),
+              sampling,
+              requestSampling: "honour",
+              maxContextTokens: 400,
+              renderTools: false
+            },
+            idleTimeout: "300 millis",
+            onEnd: (f) => Effect.sync(() => void finished.push(f))
+          }
+        })
+        const post = (path: string, body: unknown) =>
+          Effect.promise(async () => {
+            const r = await fetch(`${gateway.url}${path}`, { method: "POST", body: JSON.stringify(body) })
+            const json = (await r.json()) as { error?: { param: string | null; code: string | null } }
+            return { status: r.status, json }
+          })
+        const question: Msg = { role: "user", content: "What is 1+1?" }
+        const long = yield* post("/episodes/long/v1/chat/completions", {
+          messages: [{ role: "user", content: "x".repeat(500) }]
+        })
+        assert.deepStrictEqual(
+          [long.status, long.json.error?.code, long.json.error?.param],
+          [400, "context_length_exceeded", "messages"]
+        )
+        const hot = yield* post("/episodes/hot/v1/chat/completions", { messages: [question], temperature: 5 })
+        assert.deepStrictEqual([hot.status, hot.json.error?.param], [400, "temperature"])
+        // A tool loop whose second request (a long tool result) is refused for the context, then retried shorter.
+        const openai = client(`${gateway.url}/episodes/kept/v1`)
+        const messages: Array<Msg> = [question]
+        const first = (yield* Effect.promise(() =>
+          openai.chat.completions.create({ model: "any", messages, tools: [calculatorTool] })
+        )).choices[0]!.message
+        const call = first.tool_calls![0]!
+        messages.push(first)
+        const refusedStatus = yield* Effect.promise(() =>
+          openai.chat.completions.create({
+            model: "any",
+            messages: [...messages, { role: "tool", tool_call_id: call.id, content: "x".repeat(600) }],
+            tools: [calculatorTool]
+          }).then(() => 200, (e: { status?: number }) => e.status ?? -1)
+        )
+        assert.strictEqual(refusedStatus, 400)
+        const answer = yield* Effect.promise(() =>
+          openai.chat.completions.create({
+            model: "any",
+            messages: [...messages, { role: "tool", tool_call_id: call.id, content: "2" }],
+            tools: [calculatorTool]
+          })
+        )
+        assert.strictEqual(answer.choices[0]!.message.content, "The answer is 2.")
+        assert.strictEqual((yield* post("/episodes/kept/reward", { reward: 1 })).status, 200)
+        yield* Effect.sleep("1 second") // past the idle timeout of the episodes that were only refused
+        assert.deepStrictEqual(
+          finished.map((f) => f.trajectory.chainId),
+          ["kept"],
+          "the refused-only episodes: not written"
+        )
+        const kept = finished[0]!.trajectory
+        // The retry continued the thread as if the refused request had never come: one segment, no trace of it.
+        assert.strictEqual(kept.segments.length, 1)
+        const sources = kept.segments[0]!.spans.map((span) => span.source)
+        assert.deepStrictEqual(sources, ["prompt", "policy", "template", "tool", "template", "policy"])
+        assert.notInclude(tokenizer.decode(Trajectory.tokenIds(kept.segments[0]!)), "xxxx")
+        const { metrics, termination } = kept
+        assert.deepStrictEqual(
+          [metrics["gateway/requests"], metrics["gateway/rewrites"], termination],
+          [2, 0, "no_tool_call"]
+        )
+        // The refused episodes' ids were never written under: free for a new episode.
+        const again = yield* post("/episodes/long/v1/chat/completions", { messages: [question] })
+        assert.strictEqual(again.status, 200)
       })
-      const { gateway, open } = yield* setup(sampler)
-      const scope = yield* Scope.make()
-      const episode = yield* open("abandoned").pipe(Scope.provide(scope))
-      const request = client(episode.baseURL).chat.completions.create({
-        model: "any",
-        messages: [{ role: "user", content: "What is 1+1?" }]
-      }).then(() => 200, (e: { status?: number }) => e.status ?? -1)
-      yield* Deferred.await(started)
-      assert.strictEqual((yield* gateway.stats).episodes, 1)
-      yield* Scope.close(scope, Exit.void)
-      assert.strictEqual(yield* Effect.promise(() => request), 410)
-      yield* Deferred.await(interrupted)
-      const stats = yield* gateway.stats
-      assert.strictEqual(stats.episodes, 0)
-      assert.strictEqual(stats.inFlight, 0)
-      const again = yield* Effect.promise(() =>
-        client(episode.baseURL).chat.completions.create({ model: "any", messages: [{ role: "user", content: "hi" }] })
-          .then(() => 200, (e: { status?: number }) => e.status ?? -1)
-      )
-      assert.strictEqual(again, 404)
-      const t = yield* Recorder.trajectory(episode.recorder, { _tag: "Abandoned", message: "closed" })
-      assert.isTrue(t.masked)
-      assert.strictEqual(t.termination, "interrupted")
-    }))
+  )
+
+  it.live(
+    "an episode closed while its request runs: the client gets 410, the sampler is interrupted, nothing leaks",
+    () =>
+      Effect.gen(function*() {
+        const started = yield* Deferred.make<void>()
+        const interrupted = yield* Deferred.make<void>()
+        const sampler = Sampler.Sampler.of({
+          generate: () =>
+            Deferred.succeed(started, undefined).pipe(
+              Effect.andThen(Effect.never),
+              Effect.onInterrupt(() => Deferred.succeed(interrupted, undefined))
+            ),
+          policyVersion: Effect.succeed(0)
+        })
+        const { gateway, open } = yield* setup(sampler)
+        const scope = yield* Scope.make()
+        const episode = yield* open("abandoned").pipe(Scope.provide(scope))
+        const request = client(episode.baseURL).chat.completions.create({
+          model: "any",
+          messages: [{ role: "user", content: "What is 1+1?" }]
+        }).then(() => 200, (e: { status?: number }) => e.status ?? -1)
+        yield* Deferred.await(started)
+        assert.strictEqual((yield* gateway.stats).episodes, 1)
+        yield* Scope.close(scope, Exit.void)
+        assert.strictEqual(yield* Effect.promise(() => request), 410)
+        yield* Deferred.await(interrupted)
+        const stats = yield* gateway.stats
+        assert.strictEqual(stats.episodes, 0)
+        assert.strictEqual(stats.inFlight, 0)
+        const again = yield* Effect.promise(() =>
+          client(episode.baseURL).chat.completions.create({ model: "any", messages: [{ role: "user", content: "hi" }] })
+            .then(() => 200, (e: { status?: number }) => e.status ?? -1)
+        )
+        assert.strictEqual(again, 404)
+        const t = yield* Recorder.trajectory(episode.recorder, { _tag: "Abandoned", message: "closed" })
+        assert.isTrue(t.masked)
+        assert.strictEqual(t.termination, "interrupted")
+      })
+  )
 })

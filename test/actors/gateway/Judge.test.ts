@@ -60,7 +60,11 @@ const trajectory = (answer: string): Trajectory.Trajectory => ({
   chainId: "c",
   messages: [
     { role: "user", content: "What is 17*23?" },
-    { role: "assistant", content: "", tool_calls: [{ id: "1", type: "function", function: { name: "calculator", arguments: { expression: "17*23" } } }] },
+    {
+      role: "assistant",
+      content: "",
+      tool_calls: [{ id: "1", type: "function", function: { name: "calculator", arguments: { expression: "17*23" } } }]
+    },
     { role: "tool", content: "391", tool_call_id: "1" },
     { role: "assistant", content: answer }
   ],
@@ -115,44 +119,50 @@ describe("Judge", () => {
     }))
 
   it("group verdicts are read by trajectory id, and only when every attempt got a score", () => {
-    assert.deepStrictEqual(Judge.parseScores(`{"scores": [{"trajectory_id": "2", "score": 0.1}, {"trajectory_id": "1", "score": 0.9}]}`, 2), [0.9, 0.1])
+    assert.deepStrictEqual(
+      Judge.parseScores(`{"scores": [{"trajectory_id": "2", "score": 0.1}, {"trajectory_id": "1", "score": 0.9}]}`, 2),
+      [0.9, 0.1]
+    )
     assert.isUndefined(Judge.parseScores(`{"scores": [{"trajectory_id": "1", "score": 0.9}]}`, 2))
     assert.isUndefined(Judge.parseScores(`no json here`, 1))
     assert.strictEqual(Judge.parseScore(`{"explanation": "a {nested} brace", "score": "0.5"}`), 0.5)
   })
 
-  it.live("RULER: one judge call per group scores its attempts relative to each other (an agent task's group reward)", () =>
-    Effect.gen(function*() {
-      // The judge ranks attempts by whether their final answer is the tool's result.
-      const { url, seen } = yield* judgeServer((_system, user) => {
-        const attempts = [...user.matchAll(/<trajectory id="(\d+)">([\s\S]*?)<\/trajectory>/g)]
-        return JSON.stringify({
-          scores: attempts.map(([, id, body]) => ({
-            trajectory_id: id,
-            explanation: "-",
-            score: /ASSISTANT: The answer is (\d+)\./.exec(body!)?.[1] === /TOOL: (\d+)/.exec(body!)?.[1] ? 0.9 : 0.1
-          }))
+  it.live(
+    "RULER: one judge call per group scores its attempts relative to each other (an agent task's group reward)",
+    () =>
+      Effect.gen(function*() {
+        // The judge ranks attempts by whether their final answer is the tool's result.
+        const { url, seen } = yield* judgeServer((_system, user) => {
+          const attempts = [...user.matchAll(/<trajectory id="(\d+)">([\s\S]*?)<\/trajectory>/g)]
+          return JSON.stringify({
+            scores: attempts.map(([, id, body]) => ({
+              trajectory_id: id,
+              explanation: "-",
+              score: /ASSISTANT: The answer is (\d+)\./.exec(body!)?.[1] === /TOOL: (\d+)/.exec(body!)?.[1] ? 0.9 : 0.1
+            }))
+          })
         })
+        const task = {
+          ...Calculator.task("judged", OpenAi.agent()),
+          groupReward: Judge.ruler({ baseUrl: url, model: "judge", rubric })
+        }
+        const groups = yield* AgentRollout.runTask({
+          task,
+          rows: [{ question: "What is 17*23?", answer: "391" }, { question: "What is 2+2?", answer: "4" }],
+          numChains: 3,
+          sampling: { temperature: 1, maxTokens: 256, seed: 1 },
+          format,
+          systemPrompt: Calculator.systemPrompt,
+          runId: "j"
+        }).pipe(Stream.runCollect, Effect.provideService(Sampler.Sampler, yield* scriptedSampler()))
+        assert.strictEqual(seen.length, 2, "one call per group")
+        assert.strictEqual([...seen[0]!.user.matchAll(/<trajectory id=/g)].length, 3)
+        for (const t of groups.flatMap((g) => g.trajectories)) {
+          assert.strictEqual(t.reward, 0.9)
+          assert.strictEqual(t.metrics["reward/ruler/reward"], 0.9)
+          assert.strictEqual(t.metrics["reward/mathEqual/reward"], 1, "the task's own reward scored it first")
+        }
       })
-      const task = {
-        ...Calculator.task("judged", OpenAi.agent()),
-        groupReward: Judge.ruler({ baseUrl: url, model: "judge", rubric })
-      }
-      const groups = yield* AgentRollout.runTask({
-        task,
-        rows: [{ question: "What is 17*23?", answer: "391" }, { question: "What is 2+2?", answer: "4" }],
-        numChains: 3,
-        sampling: { temperature: 1, maxTokens: 256, seed: 1 },
-        format,
-        systemPrompt: Calculator.systemPrompt,
-        runId: "j"
-      }).pipe(Stream.runCollect, Effect.provideService(Sampler.Sampler, yield* scriptedSampler()))
-      assert.strictEqual(seen.length, 2, "one call per group")
-      assert.strictEqual([...seen[0]!.user.matchAll(/<trajectory id=/g)].length, 3)
-      for (const t of groups.flatMap((g) => g.trajectories)) {
-        assert.strictEqual(t.reward, 0.9)
-        assert.strictEqual(t.metrics["reward/ruler/reward"], 0.9)
-        assert.strictEqual(t.metrics["reward/mathEqual/reward"], 1, "the task's own reward scored it first")
-      }
-    }))
+  )
 })

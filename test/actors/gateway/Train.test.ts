@@ -47,38 +47,53 @@ const task = AgentTask.make("digits", {
 })
 
 const rows = (n: number) =>
-  Dataset.parse("train", Array.from({ length: n }, (_, i) => JSON.stringify({ question: `What is ${i} + ${i}?` })).join("\n"))
+  Dataset.parse(
+    "train",
+    Array.from({ length: n }, (_, i) => JSON.stringify({ question: `What is ${i} + ${i}?` })).join("\n")
+  )
 
 describe("training an agent function", () => {
-  it.live("TrainLoop.run trains the tiny policy on the gateway's episodes; the policy spans are what the SDK was sent", () =>
-    Effect.gen(function*() {
-      const dir = mkdtempSync(join(tmpdir(), "agent-train-"))
-      yield* ModelFolder.init(join(dir, "model"), { preset: "tiny", seed: 3 })
-      const folder = yield* ModelFolder.load(join(dir, "model"))
-      const config = TrainConfig.onModel(yield* TrainConfig.decode({
-        output: join(dir, "run"),
-        seed: 5,
-        model: { path: join(dir, "model") },
-        data: { train: "unused" },
-        agent: { numChains: 4, maxNewTokens: 24, maxContextTokens: 256, systemPrompt: "Answer in digits." },
-        algorithm: { steps: 3, groupsPerStep: 2, microBatchSize: 8, lr: 0.002, advantage: "reinforce++", entropyCoef: 0.01 },
-        eval: { every: 100, size: 2 },
-        checkpoint: { every: 100 }
-      }), folder.config)
-      const format = ChainFormat.fromTemplate({ tokenizer: folder.tokenizer, template: folder.template })
-      const train = yield* rows(6)
-      const { summary, groups } = yield* Effect.scoped(Effect.gen(function*() {
-        const summary = yield* TrainLoop.run({ task, config, format, train, eval: yield* rows(2) })
-        const agent = yield* RolloutSetup.make({ task, config, format })
-        answered.clear()
-        const groups = yield* Rollouts.collectGroups(agent, train.rows.slice(0, 2), {
-          firstSeq: 0,
-          chains: 4,
-          temperature: 1,
-          seed: 9
-        })
-        return { summary, groups }
-      })).pipe(Effect.provide(Layer.provideMerge(Rollouts.inProcess, LocalPolicy.layer(folder, config))))
+  it.live(
+    "TrainLoop.run trains the tiny policy on the gateway's episodes; the policy spans are what the SDK was sent",
+    () =>
+      Effect.gen(function*() {
+        const dir = mkdtempSync(join(tmpdir(), "agent-train-"))
+        yield* ModelFolder.init(join(dir, "model"), { preset: "tiny", seed: 3 })
+        const folder = yield* ModelFolder.load(join(dir, "model"))
+        const config = TrainConfig.onModel(
+          yield* TrainConfig.decode({
+            output: join(dir, "run"),
+            seed: 5,
+            model: { path: join(dir, "model") },
+            data: { train: "unused" },
+            agent: { numChains: 4, maxNewTokens: 24, maxContextTokens: 256, systemPrompt: "Answer in digits." },
+            algorithm: {
+              steps: 3,
+              groupsPerStep: 2,
+              microBatchSize: 8,
+              lr: 0.002,
+              advantage: "reinforce++",
+              entropyCoef: 0.01
+            },
+            eval: { every: 100, size: 2 },
+            checkpoint: { every: 100 }
+          }),
+          folder.config
+        )
+        const format = ChainFormat.fromTemplate({ tokenizer: folder.tokenizer, template: folder.template })
+        const train = yield* rows(6)
+        const { summary, groups } = yield* Effect.scoped(Effect.gen(function*() {
+          const summary = yield* TrainLoop.run({ task, config, format, train, eval: yield* rows(2) })
+          const agent = yield* RolloutSetup.make({ task, config, format })
+          answered.clear()
+          const groups = yield* Rollouts.collectGroups(agent, train.rows.slice(0, 2), {
+            firstSeq: 0,
+            chains: 4,
+            temperature: 1,
+            seed: 9
+          })
+          return { summary, groups }
+        })).pipe(Effect.provide(Layer.provideMerge(Rollouts.inProcess, LocalPolicy.layer(folder, config))))
 
       assert.strictEqual(summary.steps, 3)
       assert.strictEqual(summary.trained, 3)

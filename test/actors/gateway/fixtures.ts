@@ -9,7 +9,9 @@ import * as ChatTemplate from "../../../src/ChatTemplate.ts"
 import * as Sampler from "../../../src/Sampler.ts"
 import * as Tokenizer from "../../../src/Tokenizer.ts"
 
-export const tokenizer = Effect.runSync(Tokenizer.make(ByteTokenizer.tokenizerJson(), ByteTokenizer.tokenizerConfig("")))
+export const tokenizer = Effect.runSync(
+  Tokenizer.make(ByteTokenizer.tokenizerJson(), ByteTokenizer.tokenizerConfig(""))
+)
 export const template = ChatTemplate.builtinTemplate("qwen2.5")
 export const format = ChainFormat.fromTemplate({ tokenizer, template })
 export const imEnd = tokenizer.tokenToId("<|im_end|>")!
@@ -32,7 +34,9 @@ export const calculatorPolicy = (prompt: string): string => {
     return `The answer is ${responses.at(-1)}.`
   }
   const both = /both ([\d+*-]+) and ([\d+*-]+)/.exec(question)
-  if (both !== null) return call("calculator", { expression: both[1] }) + "\n" + call("calculator", { expression: both[2] })
+  if (both !== null) {
+    return call("calculator", { expression: both[1] }) + "\n" + call("calculator", { expression: both[2] })
+  }
   const one = /What is ([\d+*-]+)\?/.exec(question)
   return one !== null ? call("calculator", { expression: one[1] }) : "I do not know."
 }

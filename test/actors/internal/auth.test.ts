@@ -58,7 +58,10 @@ describe("auth", () => {
       const refused = yield* Effect.flip(Auth.forServer({ env: ["AGENTFLY_TEST_NONE"], host: "0.0.0.0" }))
       assert.include(refused.message, "refusing to listen on 0.0.0.0 without a token")
       assert.include(refused.message, "AGENTFLY_TEST_NONE or --token-file")
-      assert.deepStrictEqual(yield* Auth.forServer({ env: [], file: `${dir}/tokens`, host: "0.0.0.0" }), ["alice", "bob"])
+      assert.deepStrictEqual(yield* Auth.forServer({ env: [], file: `${dir}/tokens`, host: "0.0.0.0" }), [
+        "alice",
+        "bob"
+      ])
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)))
 
   it("random ids are 128 bits of hex, and differ", () => {

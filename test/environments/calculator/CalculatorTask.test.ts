@@ -29,27 +29,31 @@ describe("the calculator task", () => {
       assert.strictEqual(right.metrics["reward/mathEqual/acc"], 1)
     }))
 
-  it.effect("a module path resolves to its task; a mistyped option, an unknown name and a module without a task are typed errors", () =>
-    Effect.gen(function*() {
-      const badOption = yield* Effect.flip(resolve({ name: "calculator", options: { toolCallFormt: 1 } }))
-      assert.strictEqual(badOption.reason._tag, "Options")
-      assert.include(badOption.message, "toolCallFormt")
-      // Reported as a config's keys are: the key, and the option it is near.
-      assert.include(badOption.message, `task options: toolCallFormt: unknown key (did you mean "toolCallFormat"?)`)
-      const unknown = yield* Effect.flip(resolve("calculater"))
-      assert.strictEqual(unknown.reason._tag, "Unknown")
-      assert.include(unknown.message, "built-in: calculator")
-      assert.include(unknown.reason._tag === "Unknown" ? unknown.reason.known : [], "calculator")
-      // The near name, as a config's mistyped key gets it.
-      assert.include(unknown.message, `unknown task "calculater" (did you mean "calculator"?) (built-in: `)
-      assert.notInclude((yield* Effect.flip(resolve("sudoku"))).message, "did you mean")
-      const byPath = yield* Task.resolve("./task.ts", {
-        builtins: Tasks.builtins,
-        resolvePath: (p) => new URL(p, new URL("../../../examples/guess/", import.meta.url)).pathname
+  it.effect(
+    "a module path resolves to its task; a mistyped option, " +
+      "an unknown name and a module without a task are typed errors",
+    () =>
+      Effect.gen(function*() {
+        const badOption = yield* Effect.flip(resolve({ name: "calculator", options: { toolCallFormt: 1 } }))
+        assert.strictEqual(badOption.reason._tag, "Options")
+        assert.include(badOption.message, "toolCallFormt")
+        // Reported as a config's keys are: the key, and the option it is near.
+        assert.include(badOption.message, `task options: toolCallFormt: unknown key (did you mean "toolCallFormat"?)`)
+        const unknown = yield* Effect.flip(resolve("calculater"))
+        assert.strictEqual(unknown.reason._tag, "Unknown")
+        assert.include(unknown.message, "built-in: calculator")
+        assert.include(unknown.reason._tag === "Unknown" ? unknown.reason.known : [], "calculator")
+        // The near name, as a config's mistyped key gets it.
+        assert.include(unknown.message, `unknown task "calculater" (did you mean "calculator"?) (built-in: `)
+        assert.notInclude((yield* Effect.flip(resolve("sudoku"))).message, "did you mean")
+        const byPath = yield* Task.resolve("./task.ts", {
+          builtins: Tasks.builtins,
+          resolvePath: (p) => new URL(p, new URL("../../../examples/guess/", import.meta.url)).pathname
+        })
+        assert.strictEqual(byPath.name, "guess", "a module path, resolved against the config's folder")
+        const noTask = yield* Effect.flip(resolve(new URL("../../utils/trajectories.ts", import.meta.url).pathname))
+        assert.strictEqual(noTask.reason._tag, "Module")
+        assert.include(noTask.message, "exports no `task`")
       })
-      assert.strictEqual(byPath.name, "guess", "a module path, resolved against the config's folder")
-      const noTask = yield* Effect.flip(resolve(new URL("../../utils/trajectories.ts", import.meta.url).pathname))
-      assert.strictEqual(noTask.reason._tag, "Module")
-      assert.include(noTask.message, "exports no `task`")
-    }))
+  )
 })

@@ -65,7 +65,13 @@ describe("chess from the command line", () => {
       const csv = ["PuzzleId,FEN,Moves,Rating,RatingDeviation,Popularity,NbPlays,Themes,GameUrl,OpeningTags"]
         .concat(puzzles.map((p, i) => `p${i},${p.fen},${p.moves.join(" ")},1500,80,90,100,mate mateIn1 short,,`))
       writeFileSync(join(source, "good.csv"), csv.join("\n") + "\n")
-      const data = yield* generated({ lichess: join(source, "good.csv"), heldOut: 3, validation: 1, demos: 4, train: 2 })
+      const data = yield* generated({
+        lichess: join(source, "good.csv"),
+        heldOut: 3,
+        validation: 1,
+        demos: 4,
+        train: 2
+      })
       assert.lengthOf(data.read("heldout.jsonl"), 3)
       assert.lengthOf(data.read("train.jsonl"), 2)
       assert.lengthOf(data.read("demos.jsonl"), 4, "the oracle solves the file's mates in one")

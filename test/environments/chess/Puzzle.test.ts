@@ -86,41 +86,47 @@ describe("chess puzzles", () => {
     assert.match((badFen as Puzzle.PuzzleError).message, /^x1: bad FEN "not a fen"/)
   })
 
-  it("the board: the line's move is right and the reply comes at once; a wrong legal move fails; partial credit", () => {
-    const row = (Puzzle.fromLichessCsv(lichessSample) as Array<Puzzle.Line>)[0]!
-    const settings = Board.defaultSettings
-    const started = Board.start(row)
-    assert.isObject(started)
-    const { state, text } = started as { state: Board.State; text: string }
-    assert.match(text, /^Black played Bxg3\. White to move\.\nFEN: r6k\/pp2r2p\/4Rp1Q\/3p4\/8\/1N1P2b1\/PqP3PP\/7K w /)
-    // Not legal, not understood, empty: refused, counted, the puzzle goes on.
-    for (const m of ["Ke9", "castle", "", "e2e4"]) {
-      const refused = Board.act(state, settings, { _tag: "move", move: m })
-      assert.isFalse(refused.ok, m)
+  it(
+    "the board: the line's move is right and the reply comes at once; a wrong legal move fails; partial credit",
+    () => {
+      const row = (Puzzle.fromLichessCsv(lichessSample) as Array<Puzzle.Line>)[0]!
+      const settings = Board.defaultSettings
+      const started = Board.start(row)
+      assert.isObject(started)
+      const { state, text } = started as { state: Board.State; text: string }
+      assert.match(
+        text,
+        /^Black played Bxg3\. White to move\.\nFEN: r6k\/pp2r2p\/4Rp1Q\/3p4\/8\/1N1P2b1\/PqP3PP\/7K w /
+      )
+      // Not legal, not understood, empty: refused, counted, the puzzle goes on.
+      for (const m of ["Ke9", "castle", "", "e2e4"]) {
+        const refused = Board.act(state, settings, { _tag: "move", move: m })
+        assert.isFalse(refused.ok, m)
+      }
+      assert.strictEqual(state.refused, 4)
+      assert.isUndefined(Board.ended(state, settings))
+      const first = Board.act(state, settings, { _tag: "move", move: "Rxe7" })
+      assert.deepStrictEqual(first.ok, true)
+      assert.match((first as { text: string }).text, /^Rxe7 is right\. Black played Qb1\+\. White to move\./)
+      const wrong = Board.act(state, settings, { _tag: "move", move: "Kh2" })
+      assert.isFalse(wrong.ok, "Kh2 walks into a pawn while in check: refused, the sixth action")
+      assert.strictEqual(Board.ended(state, settings), "out_of_steps")
+      assert.closeTo(Board.score(state), 0.5 * (1 / 3), 1e-12)
+
+      const again = (Board.start(row) as { state: Board.State }).state
+      Board.act(again, settings, { _tag: "move", move: "e6e7" })
+      const failed = Board.act(again, settings, { _tag: "move", move: "Qc1" })
+      assert.isTrue(failed.ok)
+      assert.match((failed as { text: string }).text, /^Qc1 is wrong: the solution was Nc1\. Puzzle failed\./)
+      assert.strictEqual(Board.ended(again, settings), "failed")
+      assert.isFalse(Board.act(again, settings, { _tag: "move", move: "Nc1" }).ok, "nothing after the end")
+
+      const solved = (Board.start(row) as { state: Board.State }).state
+      for (const m of ["Rxe7", "Nc1", "Qxc1+"]) Board.act(solved, settings, { _tag: "move", move: m })
+      assert.strictEqual(Board.ended(solved, settings), "solved")
+      assert.strictEqual(Board.score(solved), 1)
     }
-    assert.strictEqual(state.refused, 4)
-    assert.isUndefined(Board.ended(state, settings))
-    const first = Board.act(state, settings, { _tag: "move", move: "Rxe7" })
-    assert.deepStrictEqual(first.ok, true)
-    assert.match((first as { text: string }).text, /^Rxe7 is right\. Black played Qb1\+\. White to move\./)
-    const wrong = Board.act(state, settings, { _tag: "move", move: "Kh2" })
-    assert.isFalse(wrong.ok, "Kh2 walks into a pawn while in check: refused, the sixth action")
-    assert.strictEqual(Board.ended(state, settings), "out_of_steps")
-    assert.closeTo(Board.score(state), 0.5 * (1 / 3), 1e-12)
-
-    const again = (Board.start(row) as { state: Board.State }).state
-    Board.act(again, settings, { _tag: "move", move: "e6e7" })
-    const failed = Board.act(again, settings, { _tag: "move", move: "Qc1" })
-    assert.isTrue(failed.ok)
-    assert.match((failed as { text: string }).text, /^Qc1 is wrong: the solution was Nc1\. Puzzle failed\./)
-    assert.strictEqual(Board.ended(again, settings), "failed")
-    assert.isFalse(Board.act(again, settings, { _tag: "move", move: "Nc1" }).ok, "nothing after the end")
-
-    const solved = (Board.start(row) as { state: Board.State }).state
-    for (const m of ["Rxe7", "Nc1", "Qxc1+"]) Board.act(solved, settings, { _tag: "move", move: m })
-    assert.strictEqual(Board.ended(solved, settings), "solved")
-    assert.strictEqual(Board.score(solved), 1)
-  })
+  )
 
   it("any mate is right, as on Lichess, and a bad row is refused at the start", () => {
     // After a6, White mates with Qd8# or Re8#: the line lists one, the other is right too.

@@ -19,7 +19,8 @@ import type { Conversation } from "../../../src/Message.ts"
 import * as Task from "../../../src/Task.ts"
 import type * as Trajectory from "../../../src/Trajectory.ts"
 
-const heldOut = Puzzle.splits({ seed: 5, mateIn2Share: 0.3 }, { train: 0, heldOut: 64, validation: 0, demos: 0 }).heldOut
+const heldOut =
+  Puzzle.splits({ seed: 5, mateIn2Share: 0.3 }, { train: 0, heldOut: 64, validation: 0, demos: 0 }).heldOut
 const task = ChessTask.make()
 
 const tools = (t: Trajectory.Trajectory) => t.messages.filter((m) => m.role === "tool").map(Oracle.text)
@@ -77,89 +78,105 @@ describe("chess task", () => {
       assert.isTrue(played.some((t) => t.episodeEnd === "failed"), "wrong moves fail the puzzle")
     }), { timeout: 120_000 })
 
-  it.effect("malformed and refused actions are typed error observations; the episode goes on", () =>
-    Effect.gen(function*() {
-      const row = heldOut.find((p) => p.moves.length === 2)!
-      const policy = scripted([
-        ["castle", {}],
-        ["move", { move: "e4" }],
-        ["move", { m: "Ke9" }],
-        ["legal", {}]
-      ])
-      const [t] = yield* Oracle.rollout({ task: ChessTask.make({ maxSteps: 8 }), rows: [row], policy })
-      const seen = tools(t!)
-      assert.lengthOf(seen, 4)
-      assert.match(seen[0]!, /^Error: unknown tool "castle"/)
-      assert.match(seen[1]!, /^Error: invalid arguments for tool "move"/)
-      assert.match(seen[2]!, /^Error: Ke9 is not a legal move for (White|Black) \(legal lists the legal moves\)/)
-      assert.match(seen[3]!, /^Legal moves: /)
-      assert.deepStrictEqual(t!.messages.filter((m) => m.role === "tool").map((m) => m.is_error === true), [
-        true,
-        true,
-        true,
-        false
-      ])
-      // The script ran out after four turns (maxTurns 4): nothing was solved, nothing failed.
-      assert.strictEqual(t!.termination, "max_turns")
-      assert.strictEqual(t!.reward, 0)
-      assert.strictEqual(t!.metrics["reward/chess/refused"], 1)
-      assert.strictEqual(t!.metrics["reward/chess/steps"], 2, "format errors never reached the board")
-    }), { timeout: 60_000 })
+  it.effect(
+    "malformed and refused actions are typed error observations; the episode goes on",
+    () =>
+      Effect.gen(function*() {
+        const row = heldOut.find((p) => p.moves.length === 2)!
+        const policy = scripted([
+          ["castle", {}],
+          ["move", { move: "e4" }],
+          ["move", { m: "Ke9" }],
+          ["legal", {}]
+        ])
+        const [t] = yield* Oracle.rollout({ task: ChessTask.make({ maxSteps: 8 }), rows: [row], policy })
+        const seen = tools(t!)
+        assert.lengthOf(seen, 4)
+        assert.match(seen[0]!, /^Error: unknown tool "castle"/)
+        assert.match(seen[1]!, /^Error: invalid arguments for tool "move"/)
+        assert.match(seen[2]!, /^Error: Ke9 is not a legal move for (White|Black) \(legal lists the legal moves\)/)
+        assert.match(seen[3]!, /^Legal moves: /)
+        assert.deepStrictEqual(t!.messages.filter((m) => m.role === "tool").map((m) => m.is_error === true), [
+          true,
+          true,
+          true,
+          false
+        ])
+        // The script ran out after four turns (maxTurns 4): nothing was solved, nothing failed.
+        assert.strictEqual(t!.termination, "max_turns")
+        assert.strictEqual(t!.reward, 0)
+        assert.strictEqual(t!.metrics["reward/chess/refused"], 1)
+        assert.strictEqual(t!.metrics["reward/chess/steps"], 2, "format errors never reached the board")
+      }),
+    { timeout: 60_000 }
+  )
 
-  it.effect("a Lichess puzzle of three moves: the replies are played; a miss after one right move earns 1/6", () =>
-    Effect.gen(function*() {
-      const lichessTask = ChessTask.make()
-      const [solved] = yield* Oracle.rollout({
-        task: lichessTask,
-        rows: lichess,
-        policy: scripted([["move", { m: "Rxe7" }], ["move", { m: "b3c1" }], ["move", { m: "Qxc1+" }]])
-      })
-      assert.strictEqual(solved!.reward, 1)
-      assert.strictEqual(solved!.episodeEnd, "solved")
-      assert.deepStrictEqual(tools(solved!).map((o) => o.split(".")[0]), ["Rxe7 is right", "Nc1 is right", "Qxc1: puzzle solved"])
-      assert.match(tools(solved!)[0]!, /Black played Qb1\+\. White to move\.\nFEN: \S+/)
-      const [missed] = yield* Oracle.rollout({
-        task: lichessTask,
-        rows: lichess,
-        policy: scripted([["move", { m: "Rxe7" }], ["move", { m: "Qc1" }]])
-      })
-      assert.strictEqual(missed!.episodeEnd, "failed")
-      assert.closeTo(missed!.reward, 1 / 6, 1e-12)
-      assert.strictEqual(missed!.metrics["reward/chess/correct"], 1)
-    }), { timeout: 60_000 })
+  it.effect(
+    "a Lichess puzzle of three moves: the replies are played; a miss after one right move earns 1/6",
+    () =>
+      Effect.gen(function*() {
+        const lichessTask = ChessTask.make()
+        const [solved] = yield* Oracle.rollout({
+          task: lichessTask,
+          rows: lichess,
+          policy: scripted([["move", { m: "Rxe7" }], ["move", { m: "b3c1" }], ["move", { m: "Qxc1+" }]])
+        })
+        assert.strictEqual(solved!.reward, 1)
+        assert.strictEqual(solved!.episodeEnd, "solved")
+        assert.deepStrictEqual(tools(solved!).map((o) => o.split(".")[0]), [
+          "Rxe7 is right",
+          "Nc1 is right",
+          "Qxc1: puzzle solved"
+        ])
+        assert.match(tools(solved!)[0]!, /Black played Qb1\+\. White to move\.\nFEN: \S+/)
+        const [missed] = yield* Oracle.rollout({
+          task: lichessTask,
+          rows: lichess,
+          policy: scripted([["move", { m: "Rxe7" }], ["move", { m: "Qc1" }]])
+        })
+        assert.strictEqual(missed!.episodeEnd, "failed")
+        assert.closeTo(missed!.reward, 1 / 6, 1e-12)
+        assert.strictEqual(missed!.metrics["reward/chess/correct"], 1)
+      }),
+    { timeout: 60_000 }
+  )
 
-  it.effect("no board outlives its chain: every chain's board is closed when it ends or is interrupted", () =>
-    Effect.gen(function*() {
-      const runtime = yield* TaskRuntime.make(task, { renderTools: false })
-      const rows = heldOut.slice(0, 40).map((row) => ({
-        ...row,
-        messages: [
-          { role: "system" as const, content: ChessTask.systemPrompt },
-          { role: "user" as const, content: row.question }
-        ]
-      }))
-      const options = {
-        rows,
-        numChains: 1,
-        maxTurns: 4,
-        maxContextTokens: 2048,
-        maxConcurrentChains: 16,
-        sampling: { temperature: 1, maxTokens: 48, seed: 1 },
-        format: Oracle.byteFormat(),
-        tools: runtime.tools,
-        reward: runtime.reward,
-        environment: runtime.environment,
-        episode: runtime.episode
-      }
-      const events = yield* Stream.runCollect(Rollout.runChat(options))
-      assert.strictEqual(events.filter((e) => e._tag === "Trajectory").length, 40)
-      // The start check's probe chain is the one extra board.
-      assert.deepStrictEqual(yield* runtime.environmentStats, { "env/chess/boards": 41, "env/chess/open": 0 })
-      yield* Stream.runCollect(Stream.take(Rollout.runChat(options), 5))
-      const after = yield* runtime.environmentStats
-      assert.isAbove(after["env/chess/boards"]!, 46)
-      assert.strictEqual(after["env/chess/open"], 0)
-    }).pipe(Effect.provide(Oracle.layer(ChessOracle.oracle))), { timeout: 120_000 })
+  it.effect(
+    "no board outlives its chain: every chain's board is closed when it ends or is interrupted",
+    () =>
+      Effect.gen(function*() {
+        const runtime = yield* TaskRuntime.make(task, { renderTools: false })
+        const rows = heldOut.slice(0, 40).map((row) => ({
+          ...row,
+          messages: [
+            { role: "system" as const, content: ChessTask.systemPrompt },
+            { role: "user" as const, content: row.question }
+          ]
+        }))
+        const options = {
+          rows,
+          numChains: 1,
+          maxTurns: 4,
+          maxContextTokens: 2048,
+          maxConcurrentChains: 16,
+          sampling: { temperature: 1, maxTokens: 48, seed: 1 },
+          format: Oracle.byteFormat(),
+          tools: runtime.tools,
+          reward: runtime.reward,
+          environment: runtime.environment,
+          episode: runtime.episode
+        }
+        const events = yield* Stream.runCollect(Rollout.runChat(options))
+        assert.strictEqual(events.filter((e) => e._tag === "Trajectory").length, 40)
+        // The start check's probe chain is the one extra board.
+        assert.deepStrictEqual(yield* runtime.environmentStats, { "env/chess/boards": 41, "env/chess/open": 0 })
+        yield* Stream.runCollect(Stream.take(Rollout.runChat(options), 5))
+        const after = yield* runtime.environmentStats
+        assert.isAbove(after["env/chess/boards"]!, 46)
+        assert.strictEqual(after["env/chess/open"], 0)
+      }).pipe(Effect.provide(Oracle.layer(ChessOracle.oracle))),
+    { timeout: 120_000 }
+  )
 
   it.effect("resolves as the built-in task chess, with options checked strictly; bad rows are refused on load", () =>
     Effect.gen(function*() {

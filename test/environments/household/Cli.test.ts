@@ -1,8 +1,8 @@
 /**
  * The household task through the real command line: `agentfly train examples/household/short.json` (the built-in
  * task by name; a tiny policy's short warm-up on the oracle's demonstrations, then a few GRPO steps) on freshly
- * generated data, then `agentfly eval` of the run's last checkpoint. Real time: ≈ 50 s on 2 idle cores, ≈ 105 s beside
- * a training run.
+ * generated data, then `agentfly eval` of the run's last checkpoint. Real time: ≈ 50 s on 2 idle cores, ≈ 105 s
+ * beside a training run.
  */
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"

@@ -51,7 +51,9 @@ const interleaved = (policy: Oracle.Policy): Oracle.Policy => (messages) =>
   })
 
 /** Words, not commands. */
-const babble: Oracle.Policy = (messages) => ({ content: ["hello", "I win", "", "take everything"][messages.length % 4] })
+const babble: Oracle.Policy = (messages) => ({
+  content: ["hello", "I win", "", "take everything"][messages.length % 4]
+})
 
 describe("household task", () => {
   it.effect("the oracle solves ≥ 95% of held-out household rows of each of ALFWorld's six types", () =>
@@ -78,18 +80,21 @@ describe("household task", () => {
       }
     }))
 
-  it.effect("the oracle solves ≥ 95% of held-out science rows (phase, measure, circuit, grow) and of two-room worlds", () =>
-    Effect.gen(function*() {
-      const sci = yield* Data.rollout(science, Solver.oracle, heldOut("science", 80))
-      assert.isAtLeast(solved(sci), 0.95)
-      for (const type of ["phase", "measure", "circuit", "grow"]) {
-        assert.isAtLeast(solved(sci.filter((t) => typeOf(t) === type)), 0.9, type)
-      }
-      const big = { rooms: 2, receptacles: 4, distractors: 3 }
-      const rooms = yield* Data.rollout(household, Solver.oracle, heldOut("household", 36, big))
-      assert.isAtLeast(solved(rooms), 0.95)
-      assert.isTrue(rooms.some((t) => envTexts(t).some((text) => /^You are in the /.test(text))), "it walked rooms")
-    }))
+  it.effect(
+    "the oracle solves ≥ 95% of held-out science rows (phase, measure, circuit, grow) and of two-room worlds",
+    () =>
+      Effect.gen(function*() {
+        const sci = yield* Data.rollout(science, Solver.oracle, heldOut("science", 80))
+        assert.isAtLeast(solved(sci), 0.95)
+        for (const type of ["phase", "measure", "circuit", "grow"]) {
+          assert.isAtLeast(solved(sci.filter((t) => typeOf(t) === type)), 0.9, type)
+        }
+        const big = { rooms: 2, receptacles: 4, distractors: 3 }
+        const rooms = yield* Data.rollout(household, Solver.oracle, heldOut("household", 36, big))
+        assert.isAtLeast(solved(rooms), 0.95)
+        assert.isTrue(rooms.some((t) => envTexts(t).some((text) => /^You are in the /.test(text))), "it walked rooms")
+      })
+  )
 
   it.effect("random agents score near 0: random admissible commands, and words that are not commands", () =>
     Effect.gen(function*() {
@@ -126,7 +131,11 @@ describe("household task", () => {
       assert.isTrue(tool.is_error === true)
       assert.match(Oracle.text(tool), /unknown tool "act"/)
       const said = envTexts(t!)
-      assert.match(said[0]!, /^Nothing happens: "" is not a command \(say help\)\.$/, "a turn of tool calls says no command")
+      assert.match(
+        said[0]!,
+        /^Nothing happens: "" is not a command \(say help\)\.$/,
+        "a turn of tool calls says no command"
+      )
       assert.match(said[1]!, /"dance with the robot" is not a command/)
       assert.match(said[2]!, /not a command/)
       assert.strictEqual(said[3], "Nothing happens: you see no cloud 1 here. You are out of steps.")
@@ -177,7 +186,11 @@ describe("household task", () => {
     Effect.gen(function*() {
       const dir = mkdtempSync(join(tmpdir(), "household-user-"))
       const rows = [
-        { question: "put a clean knife in drawer.", seed: 12, goal: { type: "clean", object: "knife", target: "drawer" } },
+        {
+          question: "put a clean knife in drawer.",
+          seed: 12,
+          goal: { type: "clean", object: "knife", target: "drawer" }
+        },
         { question: "freeze the milk 1.", seed: 13, goal: { type: "phase", object: "milk", change: "freeze" } }
       ]
       writeFileSync(join(dir, "mine.jsonl"), rows.map((r) => JSON.stringify(r)).join("\n") + "\n")
@@ -185,7 +198,10 @@ describe("household task", () => {
       assert.strictEqual(loaded.rows.length, 2)
       const ts = yield* Data.rollout(household, Solver.oracle, rows)
       assert.strictEqual(solved(ts), 1)
-      writeFileSync(join(dir, "bad.jsonl"), JSON.stringify({ question: "x", seed: 1, goal: { type: "heat", object: "book", target: "desk" } }) + "\n")
+      writeFileSync(
+        join(dir, "bad.jsonl"),
+        JSON.stringify({ question: "x", seed: 1, goal: { type: "heat", object: "book", target: "desk" } }) + "\n"
+      )
       const error = yield* Effect.flip(Dataset.load(join(dir, "bad.jsonl"), { fields: household.row }))
       assert.strictEqual(error.reason._tag === "InvalidRow" && error.reason.line, 1)
       assert.match(error.message, /heat goal's object/)

@@ -160,7 +160,9 @@ describe("search generator", () => {
         assert.strictEqual(readFileSync(join(a.dir, f), "utf8"), readFileSync(join(b.dir, f), "utf8"), f)
         assert.notStrictEqual(readFileSync(join(a.dir, f), "utf8"), readFileSync(join(c.dir, f), "utf8"), f)
       }
-      const asked = ["train.jsonl", "heldout.jsonl", "validation.jsonl"].flatMap((f) => a.read(f).map((r) => r["question"]))
+      const asked = ["train.jsonl", "heldout.jsonl", "validation.jsonl"].flatMap((f) =>
+        a.read(f).map((r) => r["question"])
+      )
       assert.strictEqual(new Set(asked).size, asked.length, "the splits never ask the same question")
       const demos = a.read("demos.jsonl")
       assert.strictEqual(demos.length, 20, "the oracle solved every demonstration's question")
@@ -250,7 +252,9 @@ describe("search task", () => {
     Effect.gen(function*() {
       assert.isBelow(accuracy(yield* rollout(SearchOracle.random, heldOut)), 0.1)
       const blind = yield* rollout(
-        (messages) => ({ toolCalls: [Oracle.call(messages, "answer", { answer: World.parse(Oracle.text(messages[1]))!.name })] }),
+        (messages) => ({
+          toolCalls: [Oracle.call(messages, "answer", { answer: World.parse(Oracle.text(messages[1]))!.name })]
+        }),
         heldOut.slice(0, 50)
       )
       assert.strictEqual(accuracy(blind), 0)
@@ -260,7 +264,10 @@ describe("search task", () => {
   it.effect("an episode that never calls answer scores 0 even when its last observation holds the answer", () =>
     Effect.gen(function*() {
       const q = heldOut.find((x) => x.kind === "born")!
-      const [t] = yield* rollout((messages) => ({ toolCalls: [Oracle.call(messages, "search", { query: q.queries[0] })] }), [q])
+      const [t] = yield* rollout(
+        (messages) => ({ toolCalls: [Oracle.call(messages, "search", { query: q.queries[0] })] }),
+        [q]
+      )
       assert.strictEqual(t!.termination, "max_turns")
       assert.include(observations(t!)[0]!.text, q.answer)
       assert.strictEqual(t!.reward, 0)
@@ -320,7 +327,9 @@ describe("search task", () => {
         const searched = messages.filter((m) => m.role === "tool").length
         const odd = Oracle.text(messages[1]).length % 2 === 1
         if ("search" in step || (odd && searched < 2)) {
-          return { toolCalls: [Oracle.call(messages, "search", { query: World.parse(Oracle.text(messages[1]))!.name })] }
+          return {
+            toolCalls: [Oracle.call(messages, "search", { query: World.parse(Oracle.text(messages[1]))!.name })]
+          }
         }
         return { toolCalls: [Oracle.call(messages, "answer", { answer: step.answer })] }
       }, rows, { numChains: 4 })

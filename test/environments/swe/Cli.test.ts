@@ -38,7 +38,12 @@ describe("swe from the command line", () => {
         readFileSync(join(b.dir, "tasks/heldout-0/tests/test_outputs.py"), "utf8")
       )
       const heldOut = a.read("heldout.jsonl")
-      assert.deepStrictEqual(heldOut.map((r) => r["task"]), ["tasks/heldout-0", "tasks/heldout-1", "tasks/heldout-2", "tasks/heldout-3"])
+      assert.deepStrictEqual(heldOut.map((r) => r["task"]), [
+        "tasks/heldout-0",
+        "tasks/heldout-1",
+        "tasks/heldout-2",
+        "tasks/heldout-3"
+      ])
       assert.isTrue(heldOut.every((r) => existsSync(join(a.dir, r["task"], "task.toml"))))
       const demos = a.read("demos.jsonl")
       assert.lengthOf(demos, 8, "the oracle fixed every demonstration task")
@@ -51,24 +56,34 @@ describe("swe from the command line", () => {
       assert.isTrue(demos.some((d) => d["messages"][3].tool_calls[0].function.name === "read"), "noise: reads first")
     }), { timeout: 300_000 })
 
-  it.live("the short config trains through `agentfly train` and its checkpoint evaluates with `agentfly eval`", () =>
-    Effect.gen(function*() {
-      const data = yield* generated({ seed: 1 })
-      const dir = mkdtempSync(join(tmpdir(), "swe-short-"))
-      const config = shortConfig("swe", data.dir, dir)
-      const written = JSON.parse(readFileSync(config, "utf8"))
-      writeFileSync(config, JSON.stringify({ ...written, task: { ...written.task, options: { ...written.task.options, root: data.dir } } }))
-      const run = yield* agentfly(["train", config])
-      assert.strictEqual(run.code, 0, run.output)
-      assert.match(run.output, /on task swe/)
-      assert.match(run.output, /held-out accuracy [\d.]+ ± [\d.]+ \(step 0\) → [\d.]+ ± [\d.]+ \(step 2\)/)
-      const train = metricsOf(join(dir, "run")).filter((r) => r.phase === "train")
-      assert.lengthOf(train, 2)
-      assert.isTrue(train.every((r) => r.figures["learner/applied"] === 1), "both RL steps reached the learner")
-      assert.isAbove(train.at(-1)!.figures["env/harbor/leases"]!, 3, "the chains leased containers")
-      assert.isTrue(train.every((r) => r.figures["env/harbor/in_use"] === 0), "no container outlived its step")
-      const evaluated = yield* evalCheckpoint(config, dir, "step-000002")
-      assert.strictEqual(evaluated.code, 0, evaluated.output)
-      assert.strictEqual(evaluated.result!.questions, 4)
-    }), { timeout: 300_000 })
+  it.live(
+    "the short config trains through `agentfly train` and its checkpoint evaluates with `agentfly eval`",
+    () =>
+      Effect.gen(function*() {
+        const data = yield* generated({ seed: 1 })
+        const dir = mkdtempSync(join(tmpdir(), "swe-short-"))
+        const config = shortConfig("swe", data.dir, dir)
+        const written = JSON.parse(readFileSync(config, "utf8"))
+        writeFileSync(
+          config,
+          JSON.stringify({
+            ...written,
+            task: { ...written.task, options: { ...written.task.options, root: data.dir } }
+          })
+        )
+        const run = yield* agentfly(["train", config])
+        assert.strictEqual(run.code, 0, run.output)
+        assert.match(run.output, /on task swe/)
+        assert.match(run.output, /held-out accuracy [\d.]+ ± [\d.]+ \(step 0\) → [\d.]+ ± [\d.]+ \(step 2\)/)
+        const train = metricsOf(join(dir, "run")).filter((r) => r.phase === "train")
+        assert.lengthOf(train, 2)
+        assert.isTrue(train.every((r) => r.figures["learner/applied"] === 1), "both RL steps reached the learner")
+        assert.isAbove(train.at(-1)!.figures["env/harbor/leases"]!, 3, "the chains leased containers")
+        assert.isTrue(train.every((r) => r.figures["env/harbor/in_use"] === 0), "no container outlived its step")
+        const evaluated = yield* evalCheckpoint(config, dir, "step-000002")
+        assert.strictEqual(evaluated.code, 0, evaluated.output)
+        assert.strictEqual(evaluated.result!.questions, 4)
+      }),
+    { timeout: 300_000 }
+  )
 })

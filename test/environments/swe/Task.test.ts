@@ -221,7 +221,11 @@ describe("swe task (Harbor folders, Docker)", () => {
         builtins: Tasks.builtins,
         resolvePath: (p) => join(root, "..", p)
       })
-      const solved = yield* Oracle.rollout({ task: there as Task.Task, rows: rows.slice(0, 1), policy: HarborOracle.oracle(yield* Effect.promise(() => loaded)) })
+      const solved = yield* Oracle.rollout({
+        task: there as Task.Task,
+        rows: rows.slice(0, 1),
+        policy: HarborOracle.oracle(yield* Effect.promise(() => loaded))
+      })
       assert.strictEqual(solved[0]!.reward, 1, "the folders found under the resolved root")
     }).pipe(Effect.scoped), { timeout: 300_000 })
 })

@@ -96,7 +96,11 @@ describe("calculator task", () => {
         const config = yield* TrainConfig.load(join(import.meta.dirname, `../../../examples/calculator/${name}.json`))
         // A context past the preset's positions fails the run at start.
         assert.strictEqual(config.model.preset, "tiny")
-        assert.isAtMost(config.agent.maxContextTokens ?? ModelConfig.presets.tiny.maxPositionEmbeddings, ModelConfig.presets.tiny.maxPositionEmbeddings, name)
+        assert.isAtMost(
+          config.agent.maxContextTokens ?? ModelConfig.presets.tiny.maxPositionEmbeddings,
+          ModelConfig.presets.tiny.maxPositionEmbeddings,
+          name
+        )
         const stopAt = config.warmup?.stopAt
         assert.isDefined(stopAt, name)
         assert.strictEqual(dirname(stopAt!.data), dirname(config.data.train))
@@ -108,7 +112,15 @@ describe("calculator task", () => {
   it.effect("writes files that Dataset reads back: rows with answers, demonstrations with a tool call", () =>
     Effect.gen(function*() {
       const dir = mkdtempSync(join(tmpdir(), "calc-"))
-      const counts = yield* Generate.write({ dir, seed: 1, train: 50, heldOut: 20, validation: 10, demos: 30, noise: 0 })
+      const counts = yield* Generate.write({
+        dir,
+        seed: 1,
+        train: 50,
+        heldOut: 20,
+        validation: 10,
+        demos: 30,
+        noise: 0
+      })
       assert.deepStrictEqual(counts, { train: 50, heldOut: 20, validation: 10, demos: 30 })
       assert.strictEqual((yield* Dataset.load(join(dir, "validation.jsonl"))).rows.length, 10)
       const train = yield* Dataset.load(join(dir, "train.jsonl"))
@@ -126,7 +138,9 @@ describe("calculator task", () => {
       const before = readFileSync(join(dir, "train.jsonl"), "utf8")
       yield* Generate.write({ dir, seed: 1, train: 50, heldOut: 20, validation: 10, demos: 30, noise: 0 })
       assert.strictEqual(readFileSync(join(dir, "train.jsonl"), "utf8"), before, "byte-identical for a seed")
-      const bad = yield* Effect.flip(Generate.write({ dir, seed: 1, train: 5, heldOut: 2, validation: 0, demos: 0, noise: 0, kind: "sum" }))
+      const bad = yield* Effect.flip(
+        Generate.write({ dir, seed: 1, train: 5, heldOut: 2, validation: 0, demos: 0, noise: 0, kind: "sum" })
+      )
       assert.include(String(bad), "unknown kind sum (known: mixed, sums)")
     }).pipe(Effect.provide(NodeServices.layer)))
 })

@@ -23,7 +23,8 @@ import type * as Trajectory from "../../../src/Trajectory.ts"
 
 const tokenizer = Effect.runSync(Tokenizer.make(ByteTokenizer.tokenizerJson(), ByteTokenizer.tokenizerConfig("")))
 const format = ChainFormat.fromTemplate({ tokenizer, template: ChatTemplate.builtinTemplate("qwen2.5") })
-const call = (n: number) => tokenizer.encode(`<tool_call>\n{"name": "guess", "arguments": {"n": ${n}}}\n</tool_call><|im_end|>`)
+const call = (n: number) =>
+  tokenizer.encode(`<tool_call>\n{"name": "guess", "arguments": {"n": ${n}}}\n</tool_call><|im_end|>`)
 
 /** The oracle: bisects 1…15 using the answers ("Higher." / "Lower.") the game gave so far, read from the prompt. */
 const oracle = (request: Sampler.GenerateRequest) => {
@@ -37,9 +38,14 @@ const oracle = (request: Sampler.GenerateRequest) => {
 }
 
 /** A policy that guesses uniformly at random, seeded per request. */
-const noise = (request: Sampler.GenerateRequest) => call(1 + Math.floor(Sampling.mulberry32(request.sampling.seed ?? 0)() * 15))
+const noise = (request: Sampler.GenerateRequest) =>
+  call(1 + Math.floor(Sampling.mulberry32(request.sampling.seed ?? 0)() * 15))
 
-const rollout = (policy: (r: Sampler.GenerateRequest) => Array<number>, rows: ReadonlyArray<Rollout.TaskRow>, numChains = 1) =>
+const rollout = (
+  policy: (r: Sampler.GenerateRequest) => Array<number>,
+  rows: ReadonlyArray<Rollout.TaskRow>,
+  numChains = 1
+) =>
   Rollout.runTask({
     task,
     rows,
@@ -56,7 +62,9 @@ const rollout = (policy: (r: Sampler.GenerateRequest) => Array<number>, rows: Re
 const heldOut = Effect.gen(function*() {
   const dir = mkdtempSync(join(tmpdir(), "guess-"))
   yield* Generate.write({ ...Generate.defaults, dir, train: 10, heldOut: 120, validation: 1, demos: 20 }, "Find it.")
-  return readFileSync(join(dir, "heldout.jsonl"), "utf8").trim().split("\n").map((l) => JSON.parse(l) as Rollout.TaskRow)
+  return readFileSync(join(dir, "heldout.jsonl"), "utf8").trim().split("\n").map((l) =>
+    JSON.parse(l) as Rollout.TaskRow
+  )
 }).pipe(Effect.provide(NodeServices.layer))
 
 const won = (t: Trajectory.Trajectory) => t.metrics["reward/found/acc"] === 1
@@ -92,7 +100,9 @@ describe("guess the number", () => {
         const said = env.map((span) => tokenizer.decode([...span.tokenIds]).replace(/^user\n/, "")).join("")
         // secret 3: 8 → Lower, 4 → Lower, 2 → Higher, 3; secret 14: 8 → Higher, 12 → Higher, 14.
         assert.strictEqual(said, t.row?.["secret"] === 3 ? "Lower.Lower.Higher." : "Higher.Higher.")
-        assert.isFalse(t.segments.some((s) => s.spans.some((span) => span.source === "env" && span.logprobs !== undefined)))
+        assert.isFalse(
+          t.segments.some((s) => s.spans.some((span) => span.source === "env" && span.logprobs !== undefined))
+        )
       }
     }))
 

@@ -176,32 +176,39 @@ describe("python task", () => {
       assert.strictEqual(accuracy(solved), 1)
     }), { timeout: 60_000 })
 
-  it.live("the short config trains end to end through `agentfly train` and leaves no container behind", () =>
-    Effect.gen(function*() {
-      const data = yield* generated({ train: 200, heldOut: 32, validation: 16, demos: 800 })
-      const dir = mkdtempSync(join(tmpdir(), "python-short-"))
-      const short = JSON.parse(readFileSync(join(root, "examples/python/short.json"), "utf8"))
-      writeFileSync(
-        join(dir, "config.json"),
-        JSON.stringify({
-          ...short,
-          output: join(dir, "run"),
-          model: { ...short.model, path: join(dir, "model") },
-          data: { train: join(data.dir, "train.jsonl"), eval: join(data.dir, "heldout.jsonl") },
-          task: { ...short.task, name: join(root, "examples/python/task.ts") },
-          warmup: { ...short.warmup, data: join(data.dir, "demos.jsonl") }
-        })
-      )
-      const run = yield* train([join(dir, "config.json")])
-      assert.strictEqual(run.code, 0, run.output)
-      assert.match(run.output, /held-out accuracy [\d.]+ ± [\d.]+ \(step 0\) → [\d.]+ ± [\d.]+ \(step \d+\)( \(gain [+-]?[\d.]+, -?[\d.]+ SE\))?;/)
-      assert.isTrue(existsSync(join(dir, "run", "report.html")))
-      const records = readFileSync(join(dir, "run", "metrics.jsonl"), "utf8").trim().split("\n").map((l) =>
-        JSON.parse(l) as { phase: string; figures: Record<string, number> }
-      )
-      const last = records.filter((r) => r.phase === "train").at(-1)!.figures
-      assert.isAbove(last["env/python-docker/leases"]!, 0, "the chains leased Docker sandboxes")
-      assert.isAbove(records.filter((r) => r.phase === "train" && r.figures["learner/applied"] !== 0).length, 0)
-      assert.strictEqual(containers(`${Docker.Labels.pid}=${run.pid}`), 0, "no container of the run is left")
-    }), { timeout: 300_000 })
+  it.live(
+    "the short config trains end to end through `agentfly train` and leaves no container behind",
+    () =>
+      Effect.gen(function*() {
+        const data = yield* generated({ train: 200, heldOut: 32, validation: 16, demos: 800 })
+        const dir = mkdtempSync(join(tmpdir(), "python-short-"))
+        const short = JSON.parse(readFileSync(join(root, "examples/python/short.json"), "utf8"))
+        writeFileSync(
+          join(dir, "config.json"),
+          JSON.stringify({
+            ...short,
+            output: join(dir, "run"),
+            model: { ...short.model, path: join(dir, "model") },
+            data: { train: join(data.dir, "train.jsonl"), eval: join(data.dir, "heldout.jsonl") },
+            task: { ...short.task, name: join(root, "examples/python/task.ts") },
+            warmup: { ...short.warmup, data: join(data.dir, "demos.jsonl") }
+          })
+        )
+        const run = yield* train([join(dir, "config.json")])
+        assert.strictEqual(run.code, 0, run.output)
+        assert.match(
+          run.output,
+          /held-out accuracy [\d.]+ ± [\d.]+ \(step 0\) → [\d.]+ ± [\d.]+ \(step \d+\)( \(gain [+-]?[\d.]+, -?[\d.]+ SE\))?;/
+        )
+        assert.isTrue(existsSync(join(dir, "run", "report.html")))
+        const records = readFileSync(join(dir, "run", "metrics.jsonl"), "utf8").trim().split("\n").map((l) =>
+          JSON.parse(l) as { phase: string; figures: Record<string, number> }
+        )
+        const last = records.filter((r) => r.phase === "train").at(-1)!.figures
+        assert.isAbove(last["env/python-docker/leases"]!, 0, "the chains leased Docker sandboxes")
+        assert.isAbove(records.filter((r) => r.phase === "train" && r.figures["learner/applied"] !== 0).length, 0)
+        assert.strictEqual(containers(`${Docker.Labels.pid}=${run.pid}`), 0, "no container of the run is left")
+      }),
+    { timeout: 300_000 }
+  )
 })

@@ -25,7 +25,12 @@ import * as TrainLoop from "../../../actors/TrainLoop.ts"
 import * as Rollouts from "../../../actors/Rollouts.ts"
 import * as RolloutSetup from "../../../actors/RolloutSetup.ts"
 
-const questions = [["What is 12+30?", "42"], ["Compute 7*8.", "56"], ["What is 90-17?", "73"], ["Calculate 6*6+1.", "37"]]
+const questions = [
+  ["What is 12+30?", "42"],
+  ["Compute 7*8.", "56"],
+  ["What is 90-17?", "73"],
+  ["Calculate 6*6+1.", "37"]
+]
 
 const train = Dataset.parse(
   "train",
@@ -39,22 +44,37 @@ const trains = (task: AgentTask.AgentTask) =>
     yield* ModelFolder.init(join(dir, "model"), { preset: "tiny", seed: 1 })
     const folder = yield* ModelFolder.load(join(dir, "model"))
     // The task's defaults (system prompt, budgets, no tool list in the prompt) under a two-step run.
-    const config = TrainConfig.onModel(yield* TrainConfig.decode(Task.withDefaults(task, {
-      output: join(dir, "run"),
-      seed: 2,
-      model: { path: join(dir, "model") },
-      data: { train: "unused" },
-      agent: { numChains: 2, maxNewTokens: 32 },
-      algorithm: { steps: 2, groupsPerStep: 2, microBatchSize: 4, lr: 0.002, advantage: "reinforce++", entropyCoef: 0.01 },
-      eval: { every: 100, size: 1 },
-      checkpoint: { every: 100 }
-    })), folder.config)
+    const config = TrainConfig.onModel(
+      yield* TrainConfig.decode(Task.withDefaults(task, {
+        output: join(dir, "run"),
+        seed: 2,
+        model: { path: join(dir, "model") },
+        data: { train: "unused" },
+        agent: { numChains: 2, maxNewTokens: 32 },
+        algorithm: {
+          steps: 2,
+          groupsPerStep: 2,
+          microBatchSize: 4,
+          lr: 0.002,
+          advantage: "reinforce++",
+          entropyCoef: 0.01
+        },
+        eval: { every: 100, size: 1 },
+        checkpoint: { every: 100 }
+      })),
+      folder.config
+    )
     const format = ChainFormat.fromTemplate({ tokenizer: folder.tokenizer, template: folder.template })
     const data = yield* train
     const { summary, groups } = yield* Effect.scoped(Effect.gen(function*() {
       const summary = yield* TrainLoop.run({ task, config, format, train: data })
       const agent = yield* RolloutSetup.make({ task, config, format })
-      const groups = yield* Rollouts.collectGroups(agent, data.rows.slice(0, 2), { firstSeq: 0, chains: 2, temperature: 1, seed: 4 })
+      const groups = yield* Rollouts.collectGroups(agent, data.rows.slice(0, 2), {
+        firstSeq: 0,
+        chains: 2,
+        temperature: 1,
+        seed: 4
+      })
       return { summary, groups }
     })).pipe(Effect.provide(Layer.provideMerge(Rollouts.inProcess, LocalPolicy.layer(folder, config))))
     assert.strictEqual(summary.trained, 2, "both steps trained")

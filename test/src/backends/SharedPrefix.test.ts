@@ -60,7 +60,11 @@ describe("Packing with sharePrefix", () => {
   it.effect("packs a group's prompt once and each chain's rest in a row of its own, positions continued", () =>
     Effect.gen(function*() {
       const data = dataset(1, 1, 3).slice(0, 3)
-      const packed = yield* Packing.pack(data, { tokenBudget: 1024, aggregation: "seq-mean-token-mean", sharePrefix: true })
+      const packed = yield* Packing.pack(data, {
+        tokenBudget: 1024,
+        aggregation: "seq-mean-token-mean",
+        sharePrefix: true
+      })
       assert.strictEqual(packed.microBatches.length, 1)
       const mb = packed.microBatches[0]!
       const shared = data[0]!.lossMask.indexOf(1) - 1
@@ -115,7 +119,12 @@ describe("Packing with sharePrefix", () => {
       assert.strictEqual(shared.totals.tokens, plain.totals.tokens)
       // a small budget: each micro-batch within it, holding the prompt of every row it holds
       const budget = 32 + 2 * 16 // one prompt and two rests: a group of 4 cannot fit whole
-      const small = yield* Packing.pack(data, { tokenBudget: budget, lengthMultiple: 16, aggregation: "token-mean", sharePrefix: true })
+      const small = yield* Packing.pack(data, {
+        tokenBudget: budget,
+        lengthMultiple: 16,
+        aggregation: "token-mean",
+        sharePrefix: true
+      })
       const groupedBatches = small.microBatches.filter((mb) => mb.prefix !== undefined)
       assert.isAtLeast(groupedBatches.length, 6)
       for (const mb of groupedBatches) {
@@ -133,11 +142,20 @@ describe("Packing with sharePrefix", () => {
         })
       }
       assert.strictEqual(small.totals.tokens, plain.totals.tokens)
-      assert.strictEqual(groupedBatches.reduce((n, mb) => n + mb.lossTokens, 0), plain.totals.tokens - whole!.lossTokens)
+      assert.strictEqual(
+        groupedBatches.reduce((n, mb) => n + mb.lossTokens, 0),
+        plain.totals.tokens - whole!.lossTokens
+      )
       // groups of unequal sizes (chains dropped from some), rows padded: every row's prompt is there
       const uneven = [...data.slice(0, 4), ...data.slice(6, 8), ...data.slice(9, 11)]
       for (const budget of [48, 64, 96, 128, 256]) {
-        const p = yield* Packing.pack(uneven, { tokenBudget: budget, lengthMultiple: 16, aggregation: "token-mean", sharePrefix: true, padRows: true })
+        const p = yield* Packing.pack(uneven, {
+          tokenBudget: budget,
+          lengthMultiple: 16,
+          aggregation: "token-mean",
+          sharePrefix: true,
+          padRows: true
+        })
         for (const mb of p.microBatches) {
           assert.isAtMost(mb.batch * mb.length + (mb.prefix?.batch ?? 0) * (mb.prefix?.length ?? 0), budget)
           mb.sequenceIndex.forEach((index, b) => {
@@ -157,39 +175,42 @@ describe("Packing with sharePrefix", () => {
       assert.isUndefined(unshared.microBatches[0]!.prefix)
     }))
 
-  it.effect("rows naming a prompt the micro-batch does not hold are a BadBatch error; an empty prompt row changes nothing", () =>
-    Effect.gen(function*() {
-      const packed = yield* Packing.pack(dataset(5, 1, 2).slice(0, 2), {
-        tokenBudget: 1024,
-        aggregation: "token-mean",
-        sharePrefix: true
-      })
-      const mb = packed.microBatches[0]!
-      const trainer = yield* OnnxTrainer.make(options(Loss.grpo))
-      const bad = { ...mb, prefix: { ...mb.prefix!, index: Int32Array.of(0, 1) } }
-      const error = yield* Effect.flip(trainer.trainer.forwardBackward(bad))
-      assert.strictEqual(error.reason._tag, "BadBatch")
-      assert.include(error.message, "row 1 continues prompt 1 of 1")
-      const short = { ...mb, prefix: { ...mb.prefix!, index: Int32Array.of(0) } }
-      assert.strictEqual((yield* Effect.flip(trainer.trainer.forwardBackward(short))).reason._tag, "BadBatch")
-      // nothing was accumulated: the next good micro-batch's loss is its own
-      const good = yield* trainer.trainer.forwardBackward(mb)
-      assert.isAbove(good.tokens, 0)
-      // an empty prompt row (as a worker's shard may carry) changes nothing
-      const prefix = mb.prefix!
-      const padded = {
-        ...mb,
-        prefix: {
-          ...prefix,
-          batch: prefix.batch + 1,
-          inputIds: Int32Array.from([...prefix.inputIds, ...new Array(prefix.length).fill(0)]),
-          attentionMask: Uint8Array.from([...prefix.attentionMask, ...new Array(prefix.length).fill(0)])
+  it.effect(
+    "rows naming a prompt the micro-batch does not hold are a BadBatch error; an empty prompt row changes nothing",
+    () =>
+      Effect.gen(function*() {
+        const packed = yield* Packing.pack(dataset(5, 1, 2).slice(0, 2), {
+          tokenBudget: 1024,
+          aggregation: "token-mean",
+          sharePrefix: true
+        })
+        const mb = packed.microBatches[0]!
+        const trainer = yield* OnnxTrainer.make(options(Loss.grpo))
+        const bad = { ...mb, prefix: { ...mb.prefix!, index: Int32Array.of(0, 1) } }
+        const error = yield* Effect.flip(trainer.trainer.forwardBackward(bad))
+        assert.strictEqual(error.reason._tag, "BadBatch")
+        assert.include(error.message, "row 1 continues prompt 1 of 1")
+        const short = { ...mb, prefix: { ...mb.prefix!, index: Int32Array.of(0) } }
+        assert.strictEqual((yield* Effect.flip(trainer.trainer.forwardBackward(short))).reason._tag, "BadBatch")
+        // nothing was accumulated: the next good micro-batch's loss is its own
+        const good = yield* trainer.trainer.forwardBackward(mb)
+        assert.isAbove(good.tokens, 0)
+        // an empty prompt row (as a worker's shard may carry) changes nothing
+        const prefix = mb.prefix!
+        const padded = {
+          ...mb,
+          prefix: {
+            ...prefix,
+            batch: prefix.batch + 1,
+            inputIds: Int32Array.from([...prefix.inputIds, ...new Array(prefix.length).fill(0)]),
+            attentionMask: Uint8Array.from([...prefix.attentionMask, ...new Array(prefix.length).fill(0)])
+          }
         }
-      }
-      const same = yield* trainer.trainer.forwardBackward(padded)
-      assert.approximately(same.loss, good.loss, 1e-6)
-      same.tokenLogprobs.forEach((x, i) => assert.approximately(x, good.tokenLogprobs[i]!, 1e-6))
-    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)))
+        const same = yield* trainer.trainer.forwardBackward(padded)
+        assert.approximately(same.loss, good.loss, 1e-6)
+        same.tokenLogprobs.forEach((x, i) => assert.approximately(x, good.tokenLogprobs[i]!, 1e-6))
+      }).pipe(Effect.scoped, Effect.provide(NodeServices.layer))
+  )
 
   for (
     const [name, loss, workers] of [
@@ -203,7 +224,13 @@ describe("Packing with sharePrefix", () => {
         // with 2 workers, rows padded as `agentfly train` pads them: empty rows and empty prompt rows
         const padRows = workers === 2
         const pack = (sharePrefix: boolean) =>
-          Packing.pack(data, { tokenBudget: 256, lengthMultiple: 16, aggregation: loss.aggregation, sharePrefix, padRows })
+          Packing.pack(data, {
+            tokenBudget: 256,
+            lengthMultiple: 16,
+            aggregation: loss.aggregation,
+            sharePrefix,
+            padRows
+          })
         const plain = yield* pack(false)
         const shared = yield* pack(true)
         if (!padRows) assert.isBelow(cellsOf(shared), cellsOf(plain) * 0.8, "the prompts are computed once")
@@ -220,7 +247,9 @@ describe("Packing with sharePrefix", () => {
               for (const key of Object.keys(sums) as Array<keyof typeof sums>) sums[key] += r[key]
               for (let i = 0; i < mb.batch * mb.length; i++) {
                 const position = mb.positionIds?.[i] ?? i % mb.length
-                if (mb.mask[i] === 1) logprobs.set(`${mb.sequenceIndex[Math.floor(i / mb.length)]}:${position}`, r.tokenLogprobs[i]!)
+                if (mb.mask[i] === 1) {
+                  logprobs.set(`${mb.sequenceIndex[Math.floor(i / mb.length)]}:${position}`, r.tokenLogprobs[i]!)
+                }
               }
             }
             return { sums, logprobs, gradients: yield* trainer.gradients }
