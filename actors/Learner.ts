@@ -1,6 +1,6 @@
 /**
  * The learner of a run: the {@link Learner} service the training loop drives (RL and SFT steps, checkpoints, the
- * weights' fingerprint), and {@link update}, one RL step over the `PolicyTrainer` in context, which the local
+ * weights' fingerprint), and {@link update}, one RL step over the `GradientBackend` in context, which the local
  * learner (`actors/LocalPolicy.ts`) runs for `learn`.
  *
  * {@link update} takes a step's groups of token-masked trajectories, computes advantages, packs micro-batches, runs
@@ -19,7 +19,7 @@
  */
 import { Clock, Context, Effect, Schema } from "effect"
 import type * as Dataset from "../src/Dataset.ts"
-import { Advantage, Loss, Packing, PolicyTrainer, Trajectory } from "../src/index.ts"
+import { Advantage, Loss, Packing, GradientBackend, Trajectory } from "../src/index.ts"
 import type { RunError } from "./RunError.ts"
 
 // ===== The service =====
@@ -128,14 +128,14 @@ export interface Options {
    * Reference-policy logprobs of a micro-batch's targets, required when `loss.klCoef !== 0` or `klInReward` is set
    * (e.g. `OnnxTrainer.makeReference`).
    */
-  readonly reference?: (batch: Packing.MicroBatch) => Effect.Effect<Float32Array, PolicyTrainer.PolicyTrainerError>
+  readonly reference?: (batch: Packing.MicroBatch) => Effect.Effect<Float32Array, GradientBackend.GradientBackendError>
   /**
    * The critic of the `gae` estimator (required by it): a trainer over a value model (`OnnxTrainer.qwen2Value`)
    * built with `Loss.value`. Before the update it gives every policy token its value (its "logprobs"); GAE turns
    * rewards and values into advantages and returns, and the critic then learns the returns over the same
    * mini-batches and epochs as the policy (`critic/*` figures).
    */
-  readonly critic?: PolicyTrainer.PolicyTrainer["Service"]
+  readonly critic?: GradientBackend.GradientBackend["Service"]
   /** Train the critic alone this step (its warm-up): the policy's trainer is not touched. */
   readonly criticOnly?: boolean
 }
@@ -163,7 +163,7 @@ export class PackingFailed extends Schema.TaggedError<PackingFailed>()("Packing"
 }) {}
 
 /**
- * The trainer failed (tag `Trainer`; `cause`: the `PolicyTrainerError`).
+ * The trainer failed (tag `Trainer`; `cause`: the `GradientBackendError`).
  *
  * @category errors
  * @since 0.1.0
@@ -317,7 +317,7 @@ const scoreTokens = Effect.fnUntraced(function*(
   rows: ReadonlyArray<Row>,
   input: Advantage.Input,
   options: Options,
-  score: (batch: Packing.MicroBatch) => Effect.Effect<Float32Array, PolicyTrainer.PolicyTrainerError>,
+  score: (batch: Packing.MicroBatch) => Effect.Effect<Float32Array, GradientBackend.GradientBackendError>,
   pack: { readonly padRows?: boolean; readonly sharePrefix?: boolean } = {}
 ) {
   const segments = includedSegments(rows)
@@ -390,11 +390,11 @@ const packingOf = (options: Options) => ({
  * non-finite mini-batch is skipped (the trainer dropped its gradients) and the others still apply.
  */
 const optimize = Effect.fnUntraced(function*(
-  trainer: PolicyTrainer.PolicyTrainer["Service"],
+  trainer: GradientBackend.GradientBackend["Service"],
   packed: ReadonlyArray<Packing.Packed>,
   epochs: number,
   accumulate: (microBatches: ReadonlyArray<Packing.MicroBatch>) => Effect.Effect<void, LearnerError>,
-  trainerError: (e: PolicyTrainer.PolicyTrainerError) => LearnerError
+  trainerError: (e: GradientBackend.GradientBackendError) => LearnerError
 ) {
   let applied = 0, gradNorm = 0, lr = 0, microBatches = 0
   for (let epoch = 0; epoch < Math.max(1, epochs); epoch++) {
@@ -419,7 +419,7 @@ const optimize = Effect.fnUntraced(function*(
  * indices) and epochs. Returns the `critic/*` figures.
  */
 const trainCritic = Effect.fnUntraced(function*(
-  critic: PolicyTrainer.PolicyTrainer["Service"],
+  critic: GradientBackend.GradientBackend["Service"],
   rows: ReadonlyArray<Row>,
   input: Advantage.Input,
   values: Float64Array,
@@ -427,7 +427,7 @@ const trainCritic = Effect.fnUntraced(function*(
   chunks: ReadonlyArray<ReadonlyArray<number>>,
   options: Options
 ) {
-  const trainerError = (e: PolicyTrainer.PolicyTrainerError) =>
+  const trainerError = (e: GradientBackend.GradientBackendError) =>
     learnerError("Trainer", `critic: ${e.message}`, { cause: e })
   const ofRow = new Map<number, Array<Packing.Sequence>>()
   rows.forEach((row, b) => {
@@ -498,9 +498,9 @@ const accumulate = Effect.fnUntraced(function*(
   microBatches: ReadonlyArray<Packing.MicroBatch>,
   options: Options,
   sums: Record<"loss" | "tokens" | "clipped" | "clippedLower" | "approxKl" | "entropy" | "kl" | "rowTokens", number>,
-  trainerError: (e: PolicyTrainer.PolicyTrainerError) => LearnerError
+  trainerError: (e: GradientBackend.GradientBackendError) => LearnerError
 ) {
-  const trainer = yield* PolicyTrainer.PolicyTrainer
+  const trainer = yield* GradientBackend.GradientBackend
   for (const mb of microBatches) {
     let batch = mb
     if (options.loss.klCoef !== 0) {
@@ -623,12 +623,12 @@ const packPolicy = Effect.fnUntraced(function*(chunks: ReadonlyArray<Array<Packi
 
 /** The policy's forward/backward passes and optimiser steps over `packed`, with the sums of their results. */
 const trainPolicy = Effect.fnUntraced(function*(
-  trainer: PolicyTrainer.PolicyTrainer["Service"],
+  trainer: GradientBackend.GradientBackend["Service"],
   packed: ReadonlyArray<Packing.Packed>,
   options: Options
 ) {
   const sums = { loss: 0, tokens: 0, clipped: 0, clippedLower: 0, approxKl: 0, entropy: 0, kl: 0, rowTokens: 0 }
-  const trainerError = (e: PolicyTrainer.PolicyTrainerError) =>
+  const trainerError = (e: GradientBackend.GradientBackendError) =>
     learnerError("Trainer", e.message, { cause: e })
   const optimized = yield* optimize(
     trainer,
@@ -637,7 +637,7 @@ const trainPolicy = Effect.fnUntraced(function*(
     (microBatches) =>
       accumulate(microBatches, options, sums, trainerError).pipe(
         Effect.asVoid,
-        Effect.provideService(PolicyTrainer.PolicyTrainer, trainer)
+        Effect.provideService(GradientBackend.GradientBackend, trainer)
       ),
     trainerError
   )
@@ -672,7 +672,7 @@ const policyFigures = (
 }
 
 /**
- * One learner step over `groups` with the `PolicyTrainer` in context: advantages → packing → forward/backward per
+ * One learner step over `groups` with the `GradientBackend` in context: advantages → packing → forward/backward per
  * micro-batch → optimiser step (one per mini-batch and epoch). Returns the step's outcome and figures.
  *
  * **Gotchas**
@@ -687,8 +687,8 @@ const policyFigures = (
 export const update = Effect.fn("Learner.update")(function*(
   groups: ReadonlyArray<Trajectory.Group>,
   options: Options
-): Effect.fn.Return<UpdateResult, LearnerError, PolicyTrainer.PolicyTrainer> {
-  const trainer = yield* PolicyTrainer.PolicyTrainer
+): Effect.fn.Return<UpdateResult, LearnerError, GradientBackend.GradientBackend> {
+  const trainer = yield* GradientBackend.GradientBackend
   const started = yield* Clock.currentTimeMillis
   const rows: Array<Row> = groups.flatMap((g, group) =>
     g.trajectories.map((trajectory) => ({ trajectory, group, included: isIncluded(trajectory) }))

@@ -24,7 +24,7 @@ import type * as ModelFolder from "../src/ModelFolder.ts"
 import * as OnnxTrainer from "../src/backends/OnnxTrainer.ts"
 import * as Optimizer from "../src/Optimizer.ts"
 import * as Packing from "../src/Packing.ts"
-import * as PolicyTrainer from "../src/PolicyTrainer.ts"
+import * as GradientBackend from "../src/GradientBackend.ts"
 import { Sampler } from "../src/Sampler.ts"
 import * as TrainConfig from "../src/TrainConfig.ts"
 import * as Trajectory from "../src/Trajectory.ts"
@@ -142,7 +142,7 @@ const learn = (
     })
   }
   return LearnerSlot.mutating(slot, Learner.update(all, options).pipe(
-    Effect.provideService(PolicyTrainer.PolicyTrainer, slot.trainer)
+    Effect.provideService(GradientBackend.GradientBackend, slot.trainer)
   )).pipe(
     Effect.tap(() => Effect.sync(() => (local.dirty = true))),
     Effect.mapError(learnerError),

@@ -128,9 +128,9 @@ export const make = Effect.fnUntraced(function*(options?: { readonly coordinator
     Semaphore.withPermits(lock, 1)(Effect.gen(function*() {
       const existing = pools.get(resource.spec.name)
       if (existing !== undefined) {
-        // The same spec may be rebuilt (e.g. a provider made per run); the first backend keeps serving it.
+        // The same spec may be rebuilt (e.g. a provider made per run); the first launcher keeps serving it.
         if (
-          existing.resource.backend !== resource.backend &&
+          existing.resource.launcher !== resource.launcher &&
           JSON.stringify(existing.resource.spec) !== JSON.stringify(resource.spec)
         ) {
           return yield* Effect.die(

@@ -10,7 +10,7 @@
  * - **Exactly once.** Calls carry a sequence number: the next number runs, the last one answers with its stored
  *   reply (the client sent it again after a broken connection; if it is still running, once it is done), anything
  *   else is refused (409 `out_of_order`). A call runs to its end even when its client went away.
- * - **Errors** come back as JSON `{ error: { message, code } }`, the code being the `PolicyTrainerError` reason.
+ * - **Errors** come back as JSON `{ error: { message, code } }`, the code being the `GradientBackendError` reason.
  * - **Strangers** (`Options.token`, `internal/auth.ts`): with a token, every route answers 401 to a request without
  *   it, before its body is read or anything is looked up (no 404-vs-409 oracle); session ids are 128 random bits;
  *   at most `maxConcurrent` requests are answered at once (503 past it); a `catch_up` reaches only servers the
@@ -36,7 +36,7 @@ import * as RemoteTrainer from "../src/backends/RemoteTrainer.ts"
 import * as Wire from "../src/backends/internal/trainerWire.ts"
 import * as Checkpoint from "../src/Checkpoint.ts"
 import * as Optimizer from "../src/Optimizer.ts"
-import * as PolicyTrainer from "../src/PolicyTrainer.ts"
+import * as GradientBackend from "../src/GradientBackend.ts"
 import * as Auth from "./internal/auth.ts"
 import { listen, readBody } from "./internal/http.ts"
 import * as WeightsPut from "./internal/weightsPut.ts"
@@ -91,7 +91,7 @@ interface Reply {
 interface Hosted {
   readonly session: string
   readonly scope: Scope.Closeable
-  readonly trainer: PolicyTrainer.PolicyTrainer["Service"]
+  readonly trainer: GradientBackend.GradientBackend["Service"]
   readonly parameters: ReadonlyArray<{ readonly name: string; readonly shape: ReadonlyArray<number> }>
   /** The number of the last call run (or running), and its reply once it is done. */
   seq: number
@@ -126,7 +126,7 @@ const json = (status: number, message: string, code: string): Reply => ({
 
 const frame = (body: Uint8Array): Reply => ({ status: 200, body, type: "application/octet-stream" })
 
-const refused = (e: PolicyTrainer.PolicyTrainerError): Reply =>
+const refused = (e: GradientBackend.GradientBackendError): Reply =>
   json(e.reason._tag === "BadBatch" ? 400 : 422, e.message, e.reason._tag)
 
 /** Failures are replies too: the one channel a caller reads. */
@@ -234,12 +234,12 @@ const init = (server: Server, name: string, body: Wire.Frame) =>
 // ===== Checkpoints =====
 
 const checkpointError = (e: { readonly message: string }) =>
-  PolicyTrainer.policyTrainerError("Checkpoint", e.message, { cause: e })
+  GradientBackend.gradientBackendError("Checkpoint", e.message, { cause: e })
 
 /** A checkpoint's files through a directory of this machine's, its path hidden from messages. */
 const viaDirectory = <A>(
   server: Server,
-  use: (dir: string) => Effect.Effect<A, PolicyTrainer.PolicyTrainerError>
+  use: (dir: string) => Effect.Effect<A, GradientBackend.GradientBackendError>
 ) =>
   Effect.acquireUseRelease(
     server.fs.makeTempDirectory({ prefix: "agentfly-trainer-" }).pipe(
@@ -253,8 +253,8 @@ const viaDirectory = <A>(
   )
 
 /** The trainer's checkpoint, written here and sent back as its files. */
-const save = (server: Server, t: PolicyTrainer.PolicyTrainer["Service"], body: Wire.Frame) => {
-  const meta = body.header["meta"] as PolicyTrainer.CheckpointMeta | undefined
+const save = (server: Server, t: GradientBackend.GradientBackend["Service"], body: Wire.Frame) => {
+  const meta = body.header["meta"] as GradientBackend.CheckpointMeta | undefined
   if (typeof meta?.policyVersion !== "number" || !Array.isArray(meta.rngState)) {
     return Effect.fail(json(400, "save: the header holds no meta { policyVersion, rngState }", "invalid_request"))
   }
@@ -270,7 +270,7 @@ const save = (server: Server, t: PolicyTrainer.PolicyTrainer["Service"], body: W
 }
 
 /** A checkpoint's files, written here and loaded. */
-const load = (server: Server, t: PolicyTrainer.PolicyTrainer["Service"], body: Wire.Frame) =>
+const load = (server: Server, t: GradientBackend.GradientBackend["Service"], body: Wire.Frame) =>
   viaDirectory(server, (dir) =>
     Effect.gen(function*() {
       for (const file of RemoteTrainer.checkpointFiles) {
@@ -334,7 +334,7 @@ const catchUp = (h: Hosted, body: Wire.Frame) =>
 // ===== Calls =====
 
 /** The weights' fingerprint and first non-finite value. */
-const summary = (h: Hosted, w: PolicyTrainer.Weights) => {
+const summary = (h: Hosted, w: GradientBackend.Weights) => {
   const own = new Map(h.parameters.map((p) => [p.name, w.get(p.name)!] as const))
   return frame(Wire.encode({
     fingerprint: Checkpoint.fingerprint(own),

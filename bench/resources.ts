@@ -82,10 +82,10 @@ const warm = (name: string, count: number) =>
 const execFigures = Effect.gen(function*() {
   const manager = yield* ResourceManager.ResourceManager
   const owner = { chainId: "exec", groupId: "g" }
-  const rawBackend = yield* Docker.backend({ cmd: ["sleep", "3600"] })
+  const rawLauncher = yield* Docker.launcher({ cmd: ["sleep", "3600"] })
   const raw = Resource.resource(
     Resource.makeUnsafe({ name: "raw", kind: "docker", image: "agentfly/python:1", pool: { max: 1 } }),
-    rawBackend
+    rawLauncher
   )
   const rawLease = yield* manager.acquire(raw, owner)
   const rawMs = yield* rounds(3, perCall(20, rawLease.use((c) => c.exec(["true"]))))

@@ -3,8 +3,8 @@
  *
  * How long the Python sandbox's reset takes (what every release of a chain's sandbox costs before the next chain
  * can have it), on the three transports: Docker `exec`, Docker `attach` and bubblewrap. One warm instance per
- * transport, started by its backend; each cycle runs one cell that leaves state behind (a variable, a file in the
- * work dir and in `/tmp`), then times `backend.reset` alone, then the next chain's first cell (`print(1)`: what
+ * transport, started by its launcher; each cycle runs one cell that leaves state behind (a variable, a file in the
+ * work dir and in `/tmp`), then times `launcher.reset` alone, then the next chain's first cell (`print(1)`: what
  * the reset left ready, or did not). `dirty`: the reset after a cell that also leaves a detached (`setsid`)
  * background process and 8 MiB in `/dev/shm`. Cycles alternate between transports, so that
  * the shared machine's load drifts over all of them alike; figures are medians and 90th percentiles in ms.
@@ -64,7 +64,7 @@ const figures = Effect.gen(function*() {
     },
     { transport: "bubblewrap", resource: PythonSandbox.bubblewrap(yield* spec("bubblewrap", "bench-reset-bwrap")) }
   ]
-  const instances = yield* Effect.forEach(targets, (t) => t.resource.backend.start(t.resource.spec, `${t.transport}-0`))
+  const instances = yield* Effect.forEach(targets, (t) => t.resource.launcher.start(t.resource.spec, `${t.transport}-0`))
   const times = targets.map(() => ({
     clean: [] as Array<number>,
     dirty: [] as Array<number>,
@@ -76,7 +76,7 @@ const figures = Effect.gen(function*() {
       yield* effect
       return Number((yield* Clock.currentTimeNanos) - start) / 1e6
     })
-  const timeReset = (i: number) => timed(targets[i]!.resource.backend.reset(instances[i]!))
+  const timeReset = (i: number) => timed(targets[i]!.resource.launcher.reset(instances[i]!))
   // Two warm-up cycles each (first interpreters, the JIT).
   for (let w = 0; w < 2; w++) {
     for (let i = 0; i < targets.length; i++) yield* Effect.andThen(run(instances[i]!, cell), timeReset(i))

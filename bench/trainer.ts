@@ -23,7 +23,7 @@ import * as ModelConfig from "../src/model/ModelConfig.ts"
 import * as Qwen2 from "../src/model/Qwen2.ts"
 import * as Optimizer from "../src/Optimizer.ts"
 import * as Packing from "../src/Packing.ts"
-import type * as PolicyTrainer from "../src/PolicyTrainer.ts"
+import type * as GradientBackend from "../src/GradientBackend.ts"
 import * as Sampling from "../src/Sampling.ts"
 import type { BenchResult } from "./run.ts"
 
@@ -108,7 +108,7 @@ const figures = Effect.gen(function*() {
     workers: 2
   })
 
-  const step = (trainer: PolicyTrainer.PolicyTrainer["Service"]) =>
+  const step = (trainer: GradientBackend.GradientBackend["Service"]) =>
     Effect.gen(function*() {
       const t0 = performance.now()
       for (const mb of packed.microBatches) yield* trainer.forwardBackward(mb)

@@ -1,11 +1,11 @@
 /**
  * Resources: the environment instances that tools and rewards run against (an in-process environment, a Docker
- * sandbox, a bubblewrap sandbox), described by a serializable {@link ResourceSpec}, started by a {@link Backend}
+ * sandbox, a bubblewrap sandbox), described by a serializable {@link ResourceSpec}, started by a {@link Launcher}
  * and leased to rollout chains by the resource-manager actor (`actors/ResourceManager.ts`).
  *
  * This module holds only the contracts: the spec schema, the sharing rule ({@link ownerKey}), the two error
  * lease error with its reasons ({@link LeaseError}; failures of a leased instance are `Environment.EnvError`), the
- * backend interface and the cross-process {@link Coordinator} interface (implemented on Redis in
+ * launcher interface and the cross-process {@link Coordinator} interface (implemented on Redis in
  * `actors/resources/Redis.ts`).
  *
  * @since 0.1.0
@@ -37,7 +37,7 @@ export const ResetPolicy = Schema.Literals(["reset", "recreate"])
 export type ResetPolicy = typeof ResetPolicy.Type
 
 /**
- * The backend that starts instances.
+ * The launcher that starts instances.
  *
  * @category models
  * @since 0.1.0
@@ -108,7 +108,7 @@ export type Timeouts = typeof Timeouts.Type
 
 /**
  * A resource specification. `image` names the container image (Docker), `factory` the environment (in-process;
- * informative, the layer itself is given to the backend).
+ * informative, the layer itself is given to the launcher).
  *
  * @category models
  * @since 0.1.0
@@ -356,7 +356,7 @@ export const isCrash = (u: unknown): u is EnvError => u instanceof EnvError && u
  * @category models
  * @since 0.1.0
  */
-export interface Backend<A> {
+export interface Launcher<A> {
   readonly start: (spec: ResourceSpec, instanceId: string) => Effect.Effect<A, EnvError, Scope.Scope>
   /** Restore a fresh state for the next holder. */
   readonly reset: (instance: A) => Effect.Effect<void, EnvError>
@@ -365,21 +365,21 @@ export interface Backend<A> {
 }
 
 /**
- * A spec together with the backend that realises it; what chains lease.
+ * A spec together with the launcher that realises it; what chains lease.
  *
  * @category models
  * @since 0.1.0
  */
 export interface Resource<A> {
   readonly spec: ResourceSpec
-  readonly backend: Backend<A>
+  readonly launcher: Launcher<A>
 }
 
 /**
  * @category constructors
  * @since 0.1.0
  */
-export const resource = <A>(spec: ResourceSpec, backend: Backend<A>): Resource<A> => ({ spec, backend })
+export const resource = <A>(spec: ResourceSpec, launcher: Launcher<A>): Resource<A> => ({ spec, launcher })
 
 // ===== Coordination across processes =====
 

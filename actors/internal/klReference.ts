@@ -9,7 +9,7 @@ import * as Loss from "../../src/Loss.ts"
 import * as LrSchedule from "../../src/LrSchedule.ts"
 import * as OnnxTrainer from "../../src/backends/OnnxTrainer.ts"
 import * as RemoteTrainer from "../../src/backends/RemoteTrainer.ts"
-import type * as PolicyTrainer from "../../src/PolicyTrainer.ts"
+import type * as GradientBackend from "../../src/GradientBackend.ts"
 import * as Safetensors from "../../src/Safetensors.ts"
 import type * as TrainConfig from "../../src/TrainConfig.ts"
 import type * as Learner from "../Learner.ts"
@@ -17,7 +17,7 @@ import { RunError, runError } from "../RunError.ts"
 import { checkpointError, learnerError, type Setup } from "./localSetup.ts"
 
 export interface Reference {
-  readonly weights: PolicyTrainer.Weights
+  readonly weights: GradientBackend.Weights
   readonly logprobs: NonNullable<Learner.Options["reference"]>
 }
 
@@ -26,7 +26,7 @@ export const needed = (algorithm: TrainConfig.TrainConfig["algorithm"]): boolean
   algorithm.klCoef > 0 || (algorithm.klInReward ?? 0) > 0
 
 /** The reference on `weights`: a forward-only graph here, or a trainer of its own on the trainer server. */
-export const make = (setup: Setup, weights: PolicyTrainer.Weights): Effect.Effect<Reference, RunError> => {
+export const make = (setup: Setup, weights: GradientBackend.Weights): Effect.Effect<Reference, RunError> => {
   const { remote, model } = setup
   const logprobs = remote === undefined
     ? OnnxTrainer.makeReference(model, weights, { intraOpThreads: setup.intraOpThreads })

@@ -14,31 +14,31 @@ import * as Loss from "../../src/Loss.ts"
 import * as LrSchedule from "../../src/LrSchedule.ts"
 import * as OnnxTrainer from "../../src/backends/OnnxTrainer.ts"
 import * as RemoteTrainer from "../../src/backends/RemoteTrainer.ts"
-import type * as PolicyTrainer from "../../src/PolicyTrainer.ts"
+import type * as GradientBackend from "../../src/GradientBackend.ts"
 import type { RunError } from "../RunError.ts"
 import { learnerError, nonFinite, type Setup } from "./localSetup.ts"
 
 export interface Slot {
   readonly setup: Setup
   phase: "sft" | "rl"
-  trainer: PolicyTrainer.PolicyTrainer["Service"]
+  trainer: GradientBackend.GradientBackend["Service"]
   /** The trainer's own scope, closed when the next one replaces it. */
   scope: Scope.Closeable
   /** A copy of the trainer's weights, taken since they last changed. */
-  weights: PolicyTrainer.Weights | undefined
+  weights: GradientBackend.Weights | undefined
   /** Their summary, computed since they last changed. */
   summary: RemoteTrainer.Summary | undefined
 }
 
 /** The slot with the RL trainer on `weights` (the folder's). */
-export const make = Effect.fnUntraced(function*(setup: Setup, weights: PolicyTrainer.Weights) {
+export const make = Effect.fnUntraced(function*(setup: Setup, weights: GradientBackend.Weights) {
   const { scope, trainer } = yield* open(setup, weights, setup.rlLoss, setup.rlSchedule)
   const slot: Slot = { setup, phase: "rl", trainer, scope, weights: undefined, summary: undefined }
   return slot
 })
 
 /** A trainer on `weights`: onnxruntime's here, or the policy's trainer on the trainer server. */
-const build = (setup: Setup, weights: PolicyTrainer.Weights, loss: Loss.Config, schedule: LrSchedule.Config) => {
+const build = (setup: Setup, weights: GradientBackend.Weights, loss: Loss.Config, schedule: LrSchedule.Config) => {
   const { config, model, optimizer, remote } = setup
   if (remote !== undefined) {
     return RemoteTrainer.make({ ...remote.settings, weights, loss, optimizer, schedule }).pipe(
@@ -62,7 +62,7 @@ const build = (setup: Setup, weights: PolicyTrainer.Weights, loss: Loss.Config, 
 /** A trainer on `weights` in a new scope of its own, forked from the run's. */
 const open = Effect.fnUntraced(function*(
   setup: Setup,
-  weights: PolicyTrainer.Weights,
+  weights: GradientBackend.Weights,
   loss: Loss.Config,
   schedule: LrSchedule.Config
 ) {
@@ -81,7 +81,7 @@ const open = Effect.fnUntraced(function*(
 /** Closes the trainer in use, then puts one on `weights` in its place. */
 const replace = Effect.fnUntraced(function*(
   slot: Slot,
-  weights: PolicyTrainer.Weights,
+  weights: GradientBackend.Weights,
   loss: Loss.Config,
   schedule: LrSchedule.Config
 ) {
@@ -121,7 +121,7 @@ export const mutating = <A, E, R>(slot: Slot, effect: Effect.Effect<A, E, R>): E
 }
 
 /** A copy of the trainer's current weights, taken once per change; a remote trainer that cannot send them fails. */
-export const weights = (slot: Slot): Effect.Effect<PolicyTrainer.Weights, RunError> =>
+export const weights = (slot: Slot): Effect.Effect<GradientBackend.Weights, RunError> =>
   Effect.suspend(() =>
     slot.weights !== undefined ? Effect.succeed(slot.weights) : slot.trainer.weights.pipe(
       Effect.mapError(learnerError),

@@ -9,7 +9,7 @@
  */
 import { Effect, Scope, Semaphore } from "effect"
 import type * as Qwen2 from "../../src/model/Qwen2.ts"
-import type * as PolicyTrainer from "../../src/PolicyTrainer.ts"
+import type * as GradientBackend from "../../src/GradientBackend.ts"
 import { Sampler, samplerError } from "../../src/Sampler.ts"
 import * as EngineThread from "../EngineThread.ts"
 import * as InferenceServers from "../InferenceServers.ts"
@@ -96,7 +96,7 @@ export const publish = Effect.fnUntraced(function*(
   versions: Versions,
   version: number,
   changed: boolean,
-  weights: Effect.Effect<PolicyTrainer.Weights, RunError>
+  weights: Effect.Effect<GradientBackend.Weights, RunError>
 ) {
   const last = newest(versions)
   if (version < last.version || (version === last.version && changed)) {

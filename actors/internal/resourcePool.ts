@@ -155,11 +155,11 @@ const destroy = <A>(pool: PoolState<A>, instance: Instance<A>): Effect.Effect<vo
 
 const start = <A>(pool: PoolState<A>, instance: Instance<A>): Effect.Effect<Exit.Exit<A, EnvError>> =>
   Effect.gen(function*() {
-    const { backend, spec } = pool.resource
+    const { launcher, spec } = pool.resource
     pool.counters.starts++
     yield* Metric.update(pool.metrics.starts, 1)
     yield* pool.publish
-    return yield* backend.start(spec, instance.id).pipe(
+    return yield* launcher.start(spec, instance.id).pipe(
       Scope.provide(instance.scope),
       Effect.timeoutOrElse({
         duration: spec.timeouts.startMillis,
@@ -172,8 +172,8 @@ const start = <A>(pool: PoolState<A>, instance: Instance<A>): Effect.Effect<Exit
 
 /** Health check with the spec's timeout; a timeout counts as a failure. */
 const check = <A>(pool: PoolState<A>, instance: Instance<A>) => {
-  const { backend, spec } = pool.resource
-  return backend.health(instance.value as A).pipe(
+  const { launcher, spec } = pool.resource
+  return launcher.health(instance.value as A).pipe(
     Effect.timeoutOrElse({
       duration: spec.timeouts.healthMillis,
       orElse: () =>
@@ -260,14 +260,14 @@ const complete = <A>(pool: PoolState<A>, binding: Binding<A>, instance: Instance
 /** The last holder left: reset and return to the idle pool, or destroy. */
 const recycle = <A>(pool: PoolState<A>, instance: Instance<A>): Effect.Effect<void> =>
   Effect.gen(function*() {
-    const { backend, spec } = pool.resource
+    const { launcher, spec } = pool.resource
     instance.binding = undefined
     if (pool.closed) return yield* destroy(pool, instance)
     if (instance.state === "unhealthy" || spec.resetPolicy === "recreate") {
       yield* count(pool, "recreations")
       return yield* destroy(pool, instance)
     }
-    const exit = yield* backend.reset(instance.value as A).pipe(
+    const exit = yield* launcher.reset(instance.value as A).pipe(
       Effect.timeoutOrElse({
         duration: spec.timeouts.resetMillis,
         orElse: () =>

@@ -10,15 +10,15 @@ import * as Qwen2 from "../../src/model/Qwen2.ts"
 import * as OnnxTrainer from "../../src/backends/OnnxTrainer.ts"
 import * as Optimizer from "../../src/Optimizer.ts"
 import * as RemoteTrainer from "../../src/backends/RemoteTrainer.ts"
-import type * as PolicyTrainer from "../../src/PolicyTrainer.ts"
+import type * as GradientBackend from "../../src/GradientBackend.ts"
 import * as TrainConfig from "../../src/TrainConfig.ts"
 import type { RunError } from "../RunError.ts"
 import { checkpointError, learnerError, type Setup } from "./localSetup.ts"
 
-export type Critic = PolicyTrainer.PolicyTrainer["Service"]
+export type Critic = GradientBackend.GradientBackend["Service"]
 
 /** A critic whose body is the policy's `policyWeights` and whose value head starts at zero. */
-export const start = (setup: Setup, policyWeights: PolicyTrainer.Weights): Effect.Effect<Critic, RunError> => {
+export const start = (setup: Setup, policyWeights: GradientBackend.Weights): Effect.Effect<Critic, RunError> => {
   const { folder, config, remote } = setup
   const criticSettings = TrainConfig.criticOf(config)
   const criticModel = OnnxTrainer.qwen2Value(folder.config)

@@ -1,5 +1,5 @@
 /**
- * The bubblewrap backend: long-lived sandboxed processes where no Docker engine runs. Each instance is one `bwrap`
+ * The bubblewrap launcher: long-lived sandboxed processes where no Docker engine runs. Each instance is one `bwrap`
  * process, started with an empty environment as the spec's unprivileged user on the host (never root: bwrap then
  * needs unprivileged user namespaces), with every namespace unshared (only a loopback interface unless the spec
  * asks for the host network) and no further user namespaces (`--disable-userns`), the command as PID 1 of its
@@ -12,7 +12,7 @@
  * spec asked for. The CPU cgroup also schedules the sandboxes as one group (`agentfly`), as Docker's `docker`
  * group does its containers: without it every sandbox, a session of its own, would weigh as much as the trainer.
  * The cgroups (and socket directories) of a run that died without cleaning up (SIGKILL) are removed by
- * {@link reapOrphans}, which every run does once before its first sandbox, as Docker's backend reaps its orphans.
+ * {@link reapOrphans}, which every run does once before its first sandbox, as Docker's launcher reaps its orphans.
  *
  * Two channels into the sandbox: `stdio` (lines over the command's stdin and stdout: nothing on the host's file
  * system, and nothing code in the sandbox can reach when the command is not dumpable) or `socket` (one host
@@ -297,7 +297,7 @@ export const bwrapArgs = (
   return [...args, "--", ...options.cmd(socketDir === undefined ? "" : "/sock")]
 }
 
-// ===== Backend =====
+// ===== Launcher =====
 
 /** A socket directory for one instance, named after this run so that a reaper can tell whose it is. */
 const makeSocketDir = (env: string, id: string) =>
@@ -357,13 +357,13 @@ const spawnSandbox = (
 }
 
 /**
- * The backend: `start` spawns the sandbox (inside its cgroups) and kills it, its cgroups and its socket dir when
+ * The launcher: `start` spawns the sandbox (inside its cgroups) and kills it, its cgroups and its socket dir when
  * the scope closes; `health` checks the process is alive. Instances are reset by whatever runs inside them.
  *
  * @category constructors
  * @since 0.1.0
  */
-export const backend = (options: Options) => ({
+export const launcher = (options: Options) => ({
   start: (spec: Resource.ResourceSpec, id: string): Effect.Effect<Sandbox, EnvError, Scope.Scope> =>
     Effect.gen(function*() {
       const user = userOf(spec.limits)

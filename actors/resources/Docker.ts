@@ -1,5 +1,5 @@
 /**
- * The Docker backend (dockerode): long-lived sandbox containers, one `exec` per action.
+ * The Docker launcher (dockerode): long-lived sandbox containers, one `exec` per action.
  *
  * Every limit of the spec is enforced by the engine: memory (swap capped at the same value), CPU, pids,
  * `NetworkMode: none`, a private IPC namespace, a read-only root with uid-owned tmpfs mounts (and `/dev/shm` of
@@ -262,7 +262,7 @@ export interface ExecOptions {
 export type LineChannel = Lines.LineChannel
 
 /**
- * How the backend runs a resource's containers.
+ * How the launcher runs a resource's containers.
  *
  * @category models
  * @since 0.1.0
@@ -382,14 +382,14 @@ const capture = (limit: number) => {
 }
 
 /**
- * A backend whose instances are containers of `spec.image`, run as `options` says.
+ * A launcher whose instances are containers of `spec.image`, run as `options` says.
  *
  * @category constructors
  * @since 0.1.0
  */
-export const backend = (
+export const launcher = (
   options: ContainerOptions
-): Effect.Effect<Resource.Backend<Container>, never, DockerEngine> =>
+): Effect.Effect<Resource.Launcher<Container>, never, DockerEngine> =>
   Effect.map(DockerEngine, ({ docker, runId }) => ({
     start: (spec: Resource.ResourceSpec, instanceId: string): Effect.Effect<Container, EnvError, Scope.Scope> =>
       Effect.gen(function*() {

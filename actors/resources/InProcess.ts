@@ -1,5 +1,5 @@
 /**
- * The in-process backend: an environment written as an Effect layer (house-style sketch 3) becomes a pooled
+ * The in-process launcher: an environment written as an Effect layer (house-style sketch 3) becomes a pooled
  * resource with the same semantics as a container — sharing scopes, bounded waits, reset or recreate on release,
  * health checks. Each instance is one build of the layer, with a memo map of its own so instances never share
  * state; closing the instance's scope runs the layer's finalizers.
@@ -25,15 +25,15 @@ export interface Options<ROut> {
 }
 
 /**
- * A backend building `layer` once per instance.
+ * A launcher building `layer` once per instance.
  *
  * @category constructors
  * @since 0.1.0
  */
-export const backend = <ROut, E>(
+export const launcher = <ROut, E>(
   layer: Layer.Layer<ROut, E>,
   options: Options<ROut> = {}
-): Resource.Backend<Context.Context<ROut>> => ({
+): Resource.Launcher<Context.Context<ROut>> => ({
   start: (spec: Resource.ResourceSpec): Effect.Effect<Context.Context<ROut>, EnvError, Scope.Scope> =>
     Effect.flatMap(Effect.scope, (scope) => Layer.buildWithMemoMap(layer, Layer.makeMemoMapUnsafe(), scope)).pipe(
       Effect.catchCause((cause) =>
@@ -60,7 +60,7 @@ export const resource = <ROut, E>(
   spec: Resource.ResourceSpec,
   layer: Layer.Layer<ROut, E>,
   options?: Options<ROut>
-): Resource.Resource<Context.Context<ROut>> => Resource.resource(spec, backend(layer, options))
+): Resource.Resource<Context.Context<ROut>> => Resource.resource(spec, launcher(layer, options))
 
 /**
  * The `Environment.Provider` for an in-process resource: each chain gets the context of its leased instance.

@@ -292,7 +292,7 @@ const releaseReset = (spec: Resource.ResourceSpec) => (instance: Instance): Effe
 /**
  * How calls reach a Docker sandbox: `attach` (default): JSON lines over the container's attached stdin/stdout, one
  * stream per container for its whole life (≈ 0.5 ms per call, no engine work but copying); `exec`: one
- * `docker exec` of a small client per call, as the Docker backend does every action (≈ 100 ms of engine CPU per
+ * `docker exec` of a small client per call, as the Docker launcher does every action (≈ 100 ms of engine CPU per
  * call, which bounds a 2-core machine to ≈ 20 calls/s whatever the number of chains).
  *
  * Both keep code under test off the channel: the attached stdin/stdout are reachable from inside only through
@@ -401,7 +401,7 @@ export const docker = (
       }
       return instance
     }
-    const containers = yield* Docker.backend({
+    const containers = yield* Docker.launcher({
       cmd: supervisor("python3", spec, attach ? "stdio" : `socket:${clientUser(spec.limits)}`),
       env: ["PYTHONDONTWRITEBYTECODE=1", "PYTHONUNBUFFERED=1", "HOME=/work"],
       workingDir: WORK,
@@ -434,7 +434,7 @@ export const docker = (
  * @since 0.1.0
  */
 export const bubblewrap = (spec: Resource.ResourceSpec): Resource.Resource<Instance> => {
-  const processes = Bubblewrap.backend({
+  const processes = Bubblewrap.launcher({
     cmd: () => supervisor("/usr/bin/python3", spec, "stdio"),
     env: { PYTHONDONTWRITEBYTECODE: "1", PYTHONUNBUFFERED: "1", HOME: WORK },
     workDir: WORK,

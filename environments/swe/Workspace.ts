@@ -436,7 +436,7 @@ interface Catalog {
   readonly settings: Settings
   readonly manager: ResourceManager.ResourceManager["Service"]
   readonly engine: Docker.DockerEngine["Service"]
-  readonly backends: Map<string, Resource.Resource<Docker.Container>>
+  readonly launchers: Map<string, Resource.Resource<Docker.Container>>
   readonly tasks: Map<string, HarborTask.HarborTask>
   readonly lock: Semaphore.Semaphore
 }
@@ -444,17 +444,17 @@ interface Catalog {
 /** A task's resource (its image built on first use), one per task digest. */
 const resourceOf = (catalog: Catalog, task: HarborTask.HarborTask) =>
   catalog.lock.withPermits(1)(Effect.gen(function*() {
-    const known = catalog.backends.get(task.digest)
+    const known = catalog.launchers.get(task.digest)
     if (known !== undefined) return known
     const tag = yield* image(task)
     const s = yield* Effect.orDie(spec(task, tag, catalog.settings))
-    const backend = yield* Docker.backend(
+    const launcher = yield* Docker.launcher(
       catalog.settings.transport === "attach"
         ? { cmd: ["sh", "-c", supervisor(task.workdir)], workingDir: task.workdir, attachStdio: true }
         : { cmd: ["sleep", "infinity"], workingDir: task.workdir }
     )
-    const resource = Resource.resource(s, backend)
-    catalog.backends.set(task.digest, resource)
+    const resource = Resource.resource(s, launcher)
+    catalog.launchers.set(task.digest, resource)
     return resource
   })).pipe(Effect.provideService(Docker.DockerEngine, catalog.engine))
 
@@ -496,7 +496,7 @@ const setupChain = (catalog: Catalog, chain: Environment.ChainInfo, scope: Scope
 const poolFigures = (catalog: Catalog) =>
   Effect.gen(function*() {
     const figures: Record<string, number> = {}
-    for (const resource of catalog.backends.values()) {
+    for (const resource of catalog.launchers.values()) {
       const stats = yield* catalog.manager.stats(resource.spec.name)
       if (stats === undefined) continue
       for (const [k, v] of Object.entries(ResourceManager.poolFigures("harbor", stats))) {
@@ -549,7 +549,7 @@ export const provider = (
       settings,
       manager,
       engine,
-      backends: new Map(),
+      launchers: new Map(),
       tasks: new Map(),
       lock: yield* Semaphore.make(1)
     }

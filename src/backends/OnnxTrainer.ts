@@ -1,5 +1,5 @@
 /**
- * The local `PolicyTrainer`: the model's training graph (forward, loss head and reverse-mode gradients, built by
+ * The local `GradientBackend`: the model's training graph (forward, loss head and reverse-mode gradients, built by
  * `autodiff/Autodiff.ts`) runs on onnxruntime-node; gradients accumulate over micro-batches in float32; AdamW with
  * clipping and the learning-rate schedule runs in TypeScript (`Optimizer.ts`).
  *
@@ -33,7 +33,7 @@ import * as Qwen2 from "../model/Qwen2.ts"
 import * as Graph from "../onnx/Graph.ts"
 import * as Optimizer from "../Optimizer.ts"
 import type * as Packing from "../Packing.ts"
-import * as PolicyTrainer from "../PolicyTrainer.ts"
+import * as GradientBackend from "../GradientBackend.ts"
 import * as TrainerPool from "./internal/trainerPool.ts"
 import type * as TrainerWorker from "./internal/trainerWorker.ts"
 
@@ -142,7 +142,7 @@ const int64s = (values: ArrayLike<number>): BigInt64Array => {
 export interface Options {
   readonly model: Model
   /** Initial weights; copied. Every parameter of the model must be present with the right size. */
-  readonly weights: PolicyTrainer.Weights
+  readonly weights: GradientBackend.Weights
   readonly loss: Loss.Config
   readonly optimizer: Optimizer.Config
   readonly schedule: LrSchedule.Config
@@ -178,11 +178,11 @@ export interface Options {
   readonly allowSpinning?: boolean
 }
 
-const fail = <Tag extends PolicyTrainer.PolicyTrainerErrorReason["_tag"]>(
+const fail = <Tag extends GradientBackend.GradientBackendErrorReason["_tag"]>(
   reason: Tag,
   message: string,
-  facts?: PolicyTrainer.PolicyTrainerErrorFacts<Tag>
-) => PolicyTrainer.policyTrainerError(reason, message, facts)
+  facts?: GradientBackend.GradientBackendErrorFacts<Tag>
+) => GradientBackend.gradientBackendError(reason, message, facts)
 
 const errorMessage = (u: unknown) => (u instanceof Error ? u.message : String(u))
 
@@ -246,7 +246,7 @@ const combine = (
   mb: Packing.MicroBatch,
   shards: ReadonlyArray<readonly [number, number]>,
   results: ReadonlyArray<TrainerWorker.RunResult>
-): PolicyTrainer.MicroBatchResult => {
+): GradientBackend.MicroBatchResult => {
   const tokenLogprobs = new Float32Array(mb.batch * mb.length)
   const stats: [number, number, number, number, number, number] = [0, 0, 0, 0, 0, 0]
   let loss = 0
@@ -421,7 +421,7 @@ const compile = Effect.fnUntraced(function*(trainer: Trainer, mb: Packing.MicroB
 
 // ----- Micro-batches: checks, feeds, results -----
 
-const validate = (model: Model, mb: Packing.MicroBatch): PolicyTrainer.PolicyTrainerError | undefined => {
+const validate = (model: Model, mb: Packing.MicroBatch): GradientBackend.GradientBackendError | undefined => {
   const cells = mb.batch * mb.length
   if (!(mb.batch > 0 && mb.length > 0)) return fail("BadBatch", `empty micro-batch ${mb.batch} × ${mb.length}`)
   for (const [name, a] of Object.entries(mb)) {
@@ -439,7 +439,7 @@ const validate = (model: Model, mb: Packing.MicroBatch): PolicyTrainer.PolicyTra
   return mb.prefix === undefined ? undefined : validatePrefix(mb.prefix, mb.batch)
 }
 
-const validatePrefix = (prefix: Packing.Prefix, rows: number): PolicyTrainer.PolicyTrainerError | undefined => {
+const validatePrefix = (prefix: Packing.Prefix, rows: number): GradientBackend.GradientBackendError | undefined => {
   const cells = prefix.batch * prefix.length
   if (!(prefix.batch > 0 && prefix.length > 0)) {
     return fail("BadBatch", `empty prompts ${prefix.batch} × ${prefix.length}`)
@@ -491,7 +491,7 @@ const run = (trainer: Trainer, c: Compiled, mb: Packing.MicroBatch) =>
     catch: (u) => fail("Run", errorMessage(u), { cause: u })
   })
 
-const summarize = (out: ort.InferenceSession.OnnxValueMapType): PolicyTrainer.MicroBatchResult => {
+const summarize = (out: ort.InferenceSession.OnnxValueMapType): GradientBackend.MicroBatchResult => {
   const stats = out["stats"]!.data as Float32Array
   return {
     loss: (out["loss"]!.data as Float32Array)[0]!,
@@ -687,7 +687,7 @@ const logprobs = (trainer: Trainer, mb: Packing.MicroBatch) =>
 
 const snapshot = (trainer: Trainer) => new Map([...trainer.params].map(([k, v]) => [k, Float32Array.from(v)]))
 
-const save = (trainer: Trainer, dir: string, meta: PolicyTrainer.CheckpointMeta) =>
+const save = (trainer: Trainer, dir: string, meta: GradientBackend.CheckpointMeta) =>
   Effect.suspend(() =>
     Checkpoint.save(dir, {
       weights: trainer.model.parameters.map(({ name, shape }) => ({ name, shape, data: trainer.params.get(name)! })),
@@ -786,7 +786,7 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
   yield* Scope.addFinalizer(trainer.scope, dropPool(trainer))
 
   const locked = lock.withPermits(1)
-  const service = PolicyTrainer.PolicyTrainer.of({
+  const service = GradientBackend.GradientBackend.of({
     forwardBackward: (batch) => locked(forwardBackward(trainer, batch)),
     logprobs: (batch) => Effect.map(locked(logprobs(trainer, batch)), (r) => r.tokenLogprobs),
     optimStep: locked(optimStep(trainer)),
@@ -825,7 +825,7 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
  */
 export const makeReference = Effect.fn("OnnxTrainer.makeReference")(function*(
   model: Model,
-  weights: PolicyTrainer.Weights,
+  weights: GradientBackend.Weights,
   options: Pick<Options, "executionProvider" | "intraOpThreads" | "allowSpinning"> = {}
 ) {
   const frozen = yield* make({
@@ -840,12 +840,12 @@ export const makeReference = Effect.fn("OnnxTrainer.makeReference")(function*(
 })
 
 /**
- * The trainer as a `PolicyTrainer` layer.
+ * The trainer as a `GradientBackend` layer.
  *
  * @category layers
  * @since 0.1.0
  */
 export const layer = (
   options: Options
-): Layer.Layer<PolicyTrainer.PolicyTrainer, PolicyTrainer.PolicyTrainerError, FileSystem.FileSystem> =>
-  Layer.effect(PolicyTrainer.PolicyTrainer, Effect.map(make(options), (t) => t.trainer))
+): Layer.Layer<GradientBackend.GradientBackend, GradientBackend.GradientBackendError, FileSystem.FileSystem> =>
+  Layer.effect(GradientBackend.GradientBackend, Effect.map(make(options), (t) => t.trainer))

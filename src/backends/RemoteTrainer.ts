@@ -1,5 +1,5 @@
 /**
- * A `PolicyTrainer` in another process: the client of `agentfly trainer` (`actors/TrainerServer.ts`), so that a
+ * A `GradientBackend` in another process: the client of `agentfly trainer` (`actors/TrainerServer.ts`), so that a
  * run's learner steps can run on another machine (a GPU box, a larger CPU host) while chains, tools and rewards run
  * here. Every call of the service is one HTTP request whose body and reply are frames of typed arrays
  * (`internal/trainerWire.ts`): micro-batches go as their bytes, logprobs and weights come back as theirs.
@@ -25,7 +25,7 @@ import type * as LrSchedule from "../LrSchedule.ts"
 import type * as Optimizer from "../Optimizer.ts"
 import type * as Packing from "../Packing.ts"
 import * as HttpPost from "../internal/httpPost.ts"
-import * as PolicyTrainer from "../PolicyTrainer.ts"
+import * as GradientBackend from "../GradientBackend.ts"
 import * as Wire from "./internal/trainerWire.ts"
 
 // ===== Models =====
@@ -48,7 +48,7 @@ export interface Options {
   /** The model's output head: `value` trains a critic there (`OnnxTrainer.qwen2Value`); default `lm`. */
   readonly head?: Qwen2.Head | undefined
   readonly parameters: ReadonlyArray<{ readonly name: string; readonly shape: ReadonlyArray<number> }>
-  readonly weights: PolicyTrainer.Weights
+  readonly weights: GradientBackend.Weights
   readonly loss: Loss.Config
   readonly optimizer: Optimizer.Config
   readonly schedule: LrSchedule.Config
@@ -82,15 +82,15 @@ export interface Traffic {
 export const makeTraffic = (): Traffic => ({ calls: 0, retries: 0, sentBytes: 0, receivedBytes: 0 })
 
 /**
- * A `PolicyTrainer` on a trainer server, with what only a remote one offers: its weights' summary without sending
+ * A `GradientBackend` on a trainer server, with what only a remote one offers: its weights' summary without sending
  * them, and pushing them to inference servers from there (`learner.pushWeights`).
  *
  * @category models
  * @since 0.1.0
  */
-export type RemoteTrainer = PolicyTrainer.PolicyTrainer["Service"] & {
+export type RemoteTrainer = GradientBackend.GradientBackend["Service"] & {
   /** The weights' fingerprint (`Checkpoint.fingerprint`) and first non-finite value, computed on the server. */
-  readonly summary: Effect.Effect<Summary, PolicyTrainer.PolicyTrainerError>
+  readonly summary: Effect.Effect<Summary, GradientBackend.GradientBackendError>
   /**
    * Has the server put its current weights on each inference server in `urls` (`PUT /v1/weights`) as `push.version`;
    * per server what happened (`WeightsPut.Outcome`, as JSON: `null`, `"newer"` or `{ fatal, message }`).
@@ -98,12 +98,12 @@ export type RemoteTrainer = PolicyTrainer.PolicyTrainer["Service"] & {
   readonly push: (
     push: PushRequest,
     urls: ReadonlyArray<string>
-  ) => Effect.Effect<Outcomes, PolicyTrainer.PolicyTrainerError>
+  ) => Effect.Effect<Outcomes, GradientBackend.GradientBackendError>
   /** The last pushed version to `urls` again (servers that missed it); `"newer"` when the trainer holds a later one. */
   readonly catchUp: (
     push: PushRequest,
     urls: ReadonlyArray<string>
-  ) => Effect.Effect<Outcomes, PolicyTrainer.PolicyTrainerError>
+  ) => Effect.Effect<Outcomes, GradientBackend.GradientBackendError>
 }
 
 /**
@@ -145,11 +145,11 @@ export const checkpointFiles = ["model.safetensors", "optimizer.safetensors", "t
 /** Where the server's messages name the checkpoint directory it wrote or read, the client's `dir` goes. */
 export const checkpointMarker = "<checkpoint>"
 
-const fail = <Tag extends PolicyTrainer.PolicyTrainerErrorReason["_tag"]>(
+const fail = <Tag extends GradientBackend.GradientBackendErrorReason["_tag"]>(
   reason: Tag,
   message: string,
-  facts?: PolicyTrainer.PolicyTrainerErrorFacts<Tag>
-) => PolicyTrainer.policyTrainerError(reason, message, facts)
+  facts?: GradientBackend.GradientBackendErrorFacts<Tag>
+) => GradientBackend.gradientBackendError(reason, message, facts)
 
 /** Connection failures worth sending a call again for (the request may or may not have arrived). */
 const transient = (status: number) => status === 502 || status === 503 || status === 504
@@ -184,7 +184,7 @@ interface Session extends Connection {
    * The weights and their summary change only with an optimiser step or a load: between them a run asks for them
    * several times (the finite check, publishing, the journal's fingerprint), and they come over the wire once.
    */
-  cached: PolicyTrainer.Weights | undefined
+  cached: GradientBackend.Weights | undefined
   summarized: Summary | undefined
 }
 
@@ -268,7 +268,7 @@ const replyOf = (
   c: Connection,
   op: string,
   reply: HttpPost.Reply
-): Effect.Effect<Wire.Frame, PolicyTrainer.PolicyTrainerError> => {
+): Effect.Effect<Wire.Frame, GradientBackend.GradientBackendError> => {
   if (reply.status === 200) {
     const frame = Wire.decode(reply.bytes)
     return typeof frame === "string"
@@ -280,7 +280,7 @@ const replyOf = (
   const parsed = Option.getOrUndefined(decodeJson(text)) as { error?: { message?: unknown; code?: unknown } } | null
   const error = (typeof parsed === "object" && parsed !== null ? parsed.error : undefined) ?? {}
   const message = typeof error.message === "string" ? error.message : text.slice(0, 300)
-  if (typeof error.code === "string" && PolicyTrainer.isPolicyTrainerErrorTag(error.code)) {
+  if (typeof error.code === "string" && GradientBackend.isGradientBackendErrorTag(error.code)) {
     return Effect.fail(fail(error.code, message))
   }
   if (error.code === "unknown_session") {
@@ -352,7 +352,7 @@ const numbers = (s: Session, frame: Wire.Frame, keys: ReadonlyArray<string>, op:
     : Effect.fail(fail("Remote", `${s.where} answered ${op} without ${missing}`))
 }
 
-const copy = (w: PolicyTrainer.Weights): PolicyTrainer.Weights =>
+const copy = (w: GradientBackend.Weights): GradientBackend.Weights =>
   new Map([...w].map(([k, v]) => [k, Float32Array.from(v)]))
 
 const forwardBackward = (s: Session, batch: Packing.MicroBatch) =>
@@ -432,7 +432,7 @@ const catchUp = (s: Session, push: PushRequest, urls: ReadonlyArray<string>) =>
 
 // ----- Checkpoints -----
 
-const save = Effect.fnUntraced(function*(s: Session, dir: string, meta: PolicyTrainer.CheckpointMeta) {
+const save = Effect.fnUntraced(function*(s: Session, dir: string, meta: GradientBackend.CheckpointMeta) {
   const frame = yield* call(s, "save", Wire.encode({ meta }))
   const files = checkpointFiles.map((f) => [f, frame.arrays.get(f)] as const)
   const missing = files.find(([, bytes]) => !(bytes instanceof Uint8Array))
@@ -459,7 +459,7 @@ const load = Effect.fnUntraced(function*(s: Session, dir: string) {
   const frame = yield* call(s, "load", Wire.encode({}, files)).pipe(
     Effect.mapError((e) => e.withMessage(e.message.replaceAll(checkpointMarker, dir)))
   )
-  const meta = frame.header["meta"] as PolicyTrainer.CheckpointMeta | undefined
+  const meta = frame.header["meta"] as GradientBackend.CheckpointMeta | undefined
   if (typeof meta?.policyVersion !== "number" || !Array.isArray(meta.rngState)) {
     return yield* fail("Remote", `${s.where} answered load without the checkpoint's meta`)
   }
@@ -470,14 +470,14 @@ const load = Effect.fnUntraced(function*(s: Session, dir: string) {
 
 /**
  * Initialises a trainer on the server with `options.weights` and a fresh optimiser, and returns it as a
- * `PolicyTrainer`; closing the scope frees it there.
+ * `GradientBackend`; closing the scope frees it there.
  *
  * @category constructors
  * @since 0.1.0
  */
 export const make = Effect.fn("RemoteTrainer.make")(function*(
   options: Options
-): Effect.fn.Return<RemoteTrainer, PolicyTrainer.PolicyTrainerError, Scope.Scope | FileSystem.FileSystem> {
+): Effect.fn.Return<RemoteTrainer, GradientBackend.GradientBackendError, Scope.Scope | FileSystem.FileSystem> {
   const connection = connectionOf(options)
   const s: Session = {
     ...connection,

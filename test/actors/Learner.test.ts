@@ -9,7 +9,7 @@ import {
   OnnxTrainer,
   Optimizer,
   Packing,
-  PolicyTrainer,
+  GradientBackend,
   Qwen2,
   Sampling
 } from "../../src/index.ts"
@@ -100,7 +100,7 @@ const bandit = (() => {
 describe("Learner.update", () => {
   it.effect("advantages exclude not-applicable and masked trajectories; one optimiser step reports its figures", () =>
     Effect.gen(function*() {
-      const recording = yield* PolicyTrainer.RecordingRef
+      const recording = yield* GradientBackend.RecordingRef
       const g1: Trajectory.Group = {
         groupId: "g1",
         rowIndex: 0,
@@ -165,11 +165,11 @@ describe("Learner.update", () => {
       ]) {
         assert.isTrue(Number.isFinite(report.figures[key]), key)
       }
-    }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
+    }).pipe(Effect.provide(GradientBackend.layerRecording())))
 
   it.effect("mini-batches and epochs: one optimiser step per mini-batch of whole groups, each normalised alone", () =>
     Effect.gen(function*() {
-      const recording = yield* PolicyTrainer.RecordingRef
+      const recording = yield* GradientBackend.RecordingRef
       // Four groups; group g samples action 10 + g, so a micro-batch's targets tell which groups it holds.
       const groups: Array<Trajectory.Group> = [0, 1, 2, 3].map((g) => ({
         groupId: `g${g}`,
@@ -187,11 +187,11 @@ describe("Learner.update", () => {
       assert.deepStrictEqual(microBatches.map(actions), [[10, 11], [12, 13], [10, 11], [12, 13]])
       // token-mean weights sum to 1 within each mini-batch, not over the whole step.
       for (const mb of microBatches) assert.approximately(mb.weights.reduce((a, w) => a + w, 0), 1, 1e-6)
-    }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
+    }).pipe(Effect.provide(GradientBackend.layerRecording())))
 
   it.effect("sharePrefix: a group's prompt packed once, each chain's rest in its row; the weights are unchanged", () =>
     Effect.gen(function*() {
-      const recording = yield* PolicyTrainer.RecordingRef
+      const recording = yield* GradientBackend.RecordingRef
       const prompt = Array.from({ length: 12 }, (_, i) => 20 + i)
       const groups: Array<Trajectory.Group> = [0, 1].map((g) => ({
         groupId: `g${g}`,
@@ -210,11 +210,11 @@ describe("Learner.update", () => {
       const weights = (mb: Packing.MicroBatch) => Array.from(mb.weights).filter((w) => w !== 0).sort()
       assert.deepStrictEqual(weights(shared!), weights(plain!))
       assert.strictEqual(shared!.lossTokens, plain!.lossTokens)
-    }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
+    }).pipe(Effect.provide(GradientBackend.layerRecording())))
 
   it.effect("groups without reward variance cost no compute but count in the normalisation (a weaker step)", () =>
     Effect.gen(function*() {
-      const recording = yield* PolicyTrainer.RecordingRef
+      const recording = yield* GradientBackend.RecordingRef
       // Group 0 has a signal (rewards 0, 1); group 1 does not (1, 1). Each samples its own action: 10 or 11.
       const groups: Array<Trajectory.Group> = [[0, 1], [1, 1]].map((rewards, g) => ({
         groupId: `g${g}`,
@@ -243,11 +243,11 @@ describe("Learner.update", () => {
       const none = yield* Learner.update([groups[1]!], options)
       assert.strictEqual(none.outcome, "empty")
       assert.strictEqual((yield* Ref.get(recording)).steps, 0)
-    }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
+    }).pipe(Effect.provide(GradientBackend.layerRecording())))
 
   it.effect("a trajectory with two segments becomes two rows carrying its advantage", () =>
     Effect.gen(function*() {
-      const recording = yield* PolicyTrainer.RecordingRef
+      const recording = yield* GradientBackend.RecordingRef
       const twoSegments = trajectory("a", "g", [1, 2], 5, -1, 1)
       const withSecond: Trajectory.Trajectory = {
         ...twoSegments,
@@ -277,11 +277,11 @@ describe("Learner.update", () => {
       assert.deepStrictEqual(lossTokens.map((t) => t.target).sort(), [5, 6, 8, 9])
       for (const t of lossTokens) assert.approximately(t.advantage, t.target === 6 ? -a : a, 1e-5)
       assert.approximately(lossTokens.find((t) => t.target === 9)!.old, -0.25, 1e-7)
-    }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
+    }).pipe(Effect.provide(GradientBackend.layerRecording())))
 
   it.effect("a step whose trajectories are all excluded is empty: nothing computed, no optimiser step", () =>
     Effect.gen(function*() {
-      const recording = yield* PolicyTrainer.RecordingRef
+      const recording = yield* GradientBackend.RecordingRef
       const result = yield* Learner.update([{
         groupId: "x",
         rowIndex: 0,
@@ -294,22 +294,22 @@ describe("Learner.update", () => {
       assert.strictEqual(result.outcome, "empty")
       assert.strictEqual(result.figures["excluded"], 3)
       assert.deepStrictEqual(yield* Ref.get(recording), { microBatches: [], steps: 0 })
-    }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
+    }).pipe(Effect.provide(GradientBackend.layerRecording())))
 
   it.effect("a non-finite mini-batch is skipped and the others apply; all non-finite is an outcome, not an error", () =>
     Effect.gen(function*() {
-      const recorded = yield* PolicyTrainer.PolicyTrainer
-      const recording = yield* PolicyTrainer.RecordingRef
+      const recorded = yield* GradientBackend.GradientBackend
+      const recording = yield* GradientBackend.RecordingRef
       // The recording trainer, whose optimiser steps fail as `failures` says (by call, from 0).
-      const failing = (failures: ReadonlyArray<PolicyTrainer.PolicyTrainerErrorReason["_tag"] | undefined>) => {
+      const failing = (failures: ReadonlyArray<GradientBackend.GradientBackendErrorReason["_tag"] | undefined>) => {
         let calls = 0
-        return PolicyTrainer.PolicyTrainer.of({
+        return GradientBackend.GradientBackend.of({
           ...recorded,
           optimStep: Effect.suspend(() => {
             const reason = failures[calls++]
             return reason === undefined
               ? recorded.optimStep
-              : Effect.fail(PolicyTrainer.policyTrainerError(reason, `step ${calls - 1}`))
+              : Effect.fail(GradientBackend.gradientBackendError(reason, `step ${calls - 1}`))
           })
         })
       }
@@ -318,9 +318,9 @@ describe("Learner.update", () => {
         rowIndex: g,
         trajectories: [0, 1].map((c) => trajectory(`t${g}${c}`, `g${g}`, [1, 2], 10 + g, -1, c))
       }))
-      const step = (failures: ReadonlyArray<PolicyTrainer.PolicyTrainerErrorReason["_tag"] | undefined>) =>
+      const step = (failures: ReadonlyArray<GradientBackend.GradientBackendErrorReason["_tag"] | undefined>) =>
         Learner.update(groups, { ...options, miniBatches: 2 }).pipe(
-          Effect.provideService(PolicyTrainer.PolicyTrainer, failing(failures))
+          Effect.provideService(GradientBackend.GradientBackend, failing(failures))
         )
       const partial = yield* step(["NonFiniteGradient"])
       assert.strictEqual(partial.outcome, "applied")
@@ -336,8 +336,8 @@ describe("Learner.update", () => {
       assert.strictEqual(error.reason._tag, "Trainer")
       assert.strictEqual(error.message, "step 1")
       // The trainer's own error is the cause, with its reason.
-      assert.strictEqual((error.reason.cause as PolicyTrainer.PolicyTrainerError).reason._tag, "Run")
-    }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
+      assert.strictEqual((error.reason.cause as GradientBackend.GradientBackendError).reason._tag, "Run")
+    }).pipe(Effect.provide(GradientBackend.layerRecording())))
 
   it.effect("policy tokens without sampler logprobs are a typed error for PPO-style losses", () =>
     Effect.gen(function*() {
@@ -354,11 +354,11 @@ describe("Learner.update", () => {
       // recomputing the old policy without importance weights does not need them
       const ok = yield* Learner.update([group], { ...options, recomputeOldLogprobs: true })
       assert.strictEqual(ok.outcome, "applied")
-    }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
+    }).pipe(Effect.provide(GradientBackend.layerRecording())))
 
   it.effect("KL in the reward: r − β·(log π_sampler − log π_ref) on every policy token, before advantages", () =>
     Effect.gen(function*() {
-      const recording = yield* PolicyTrainer.RecordingRef
+      const recording = yield* GradientBackend.RecordingRef
       const oneToken = trajectory("a", "g", [1], 5, -2, 1)
       const threeTokens: Trajectory.Trajectory = {
         ...trajectory("b", "g", [1], 6, -2, 1),
@@ -392,11 +392,11 @@ describe("Learner.update", () => {
       for (const t of [6, 7, 8]) assert.approximately(advantageOf(t), 0.1, 1e-6)
       const missing = yield* Effect.flip(Learner.update([group], { ...options, klInReward: 0.1 }))
       assert.strictEqual(missing.reason._tag, "Config")
-    }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
+    }).pipe(Effect.provide(GradientBackend.layerRecording())))
 
   it.effect("a KL loss without a reference policy is a Config error before any gradient", () =>
     Effect.gen(function*() {
-      const recording = yield* PolicyTrainer.RecordingRef
+      const recording = yield* GradientBackend.RecordingRef
       const group = {
         groupId: "x",
         rowIndex: 0,
@@ -405,7 +405,7 @@ describe("Learner.update", () => {
       const error = yield* Effect.flip(Learner.update([group], { ...options, loss: { ...Loss.grpo, klCoef: 0.1 } }))
       assert.strictEqual(error.reason._tag, "Config")
       assert.deepStrictEqual(yield* Ref.get(recording), { microBatches: [], steps: 0 })
-    }).pipe(Effect.provide(PolicyTrainer.layerRecording())))
+    }).pipe(Effect.provide(GradientBackend.layerRecording())))
 
   it.effect("GRPO on a one-step bandit: the probability of the rewarded token rises monotonically (within noise)", () =>
     Effect.gen(function*() {
@@ -432,7 +432,7 @@ describe("Learner.update", () => {
         // A step where no chain found the rewarded action has no signal: nothing is applied.
         const before = yield* trainer.trainer.step
         const report = yield* Learner.update(groups, { ...options, tokenBudget: 256 }).pipe(
-          Effect.provideService(PolicyTrainer.PolicyTrainer, trainer.trainer)
+          Effect.provideService(GradientBackend.GradientBackend, trainer.trainer)
         )
         const after = yield* trainer.trainer.step
         if (report.outcome === "applied") {
@@ -483,7 +483,7 @@ describe("Learner with a KL penalty to a frozen reference", () => {
           ...options,
           loss,
           reference
-        }).pipe(Effect.provideService(PolicyTrainer.PolicyTrainer, trainer.trainer))
+        }).pipe(Effect.provideService(GradientBackend.GradientBackend, trainer.trainer))
         assert.strictEqual(r.outcome, "applied")
         kls.push(r.figures["learner/kl"]!)
       }
@@ -514,7 +514,7 @@ describe("Learner with recomputed old logprobs and truncated importance weights"
             trajectories: [4, 5, 6, 7].map((a) => trajectory(`${a}`, "g", [3, 9], a, stale, a === 7 ? 1 : 0))
           }
           return yield* Learner.update([group], { ...options, loss, recomputeOldLogprobs }).pipe(
-            Effect.provideService(PolicyTrainer.PolicyTrainer, trainer.trainer)
+            Effect.provideService(GradientBackend.GradientBackend, trainer.trainer)
           )
         })
       const plain = yield* run(false)
@@ -558,12 +558,12 @@ describe("Learner step failures", () => {
       const small = { ...options, tokenBudget: 8, lengthMultiple: 8 }
       const dirty = yield* make
       const failure = yield* Effect.flip(
-        Learner.update([bad], small).pipe(Effect.provideService(PolicyTrainer.PolicyTrainer, dirty.trainer))
+        Learner.update([bad], small).pipe(Effect.provideService(GradientBackend.GradientBackend, dirty.trainer))
       )
       assert.strictEqual(failure.reason._tag, "Trainer")
-      yield* Learner.update([good], small).pipe(Effect.provideService(PolicyTrainer.PolicyTrainer, dirty.trainer))
+      yield* Learner.update([good], small).pipe(Effect.provideService(GradientBackend.GradientBackend, dirty.trainer))
       const clean = yield* make
-      yield* Learner.update([good], small).pipe(Effect.provideService(PolicyTrainer.PolicyTrainer, clean.trainer))
+      yield* Learner.update([good], small).pipe(Effect.provideService(GradientBackend.GradientBackend, clean.trainer))
       const a = yield* dirty.trainer.weights
       const b = yield* clean.trainer.weights
       for (const [name, w] of a) assert.deepStrictEqual(Array.from(w), Array.from(b.get(name)!), name)
@@ -573,14 +573,14 @@ describe("Learner step failures", () => {
 describe("Learner with a critic (PPO with GAE)", () => {
   /** A critic that values tokens by `value` and records what it is trained on (a second recording trainer). */
   const scriptedCritic = (value: number | ((batch: Packing.MicroBatch) => Float32Array)) =>
-    Effect.map(Layer.build(PolicyTrainer.layerRecording(new Map(), value)), (context) => ({
-      critic: Context.get(context, PolicyTrainer.PolicyTrainer),
-      recording: Context.get(context, PolicyTrainer.RecordingRef)
+    Effect.map(Layer.build(GradientBackend.layerRecording(new Map(), value)), (context) => ({
+      critic: Context.get(context, GradientBackend.GradientBackend),
+      recording: Context.get(context, GradientBackend.RecordingRef)
     }))
 
   it.effect("advantages are the returns minus the critic's values (whitened); the critic learns the returns", () =>
     Effect.gen(function*() {
-      const recording = yield* PolicyTrainer.RecordingRef
+      const recording = yield* GradientBackend.RecordingRef
       const { critic, recording: criticRecording } = yield* scriptedCritic(0.25)
       const group = {
         groupId: "g",
@@ -622,11 +622,11 @@ describe("Learner with a critic (PPO with GAE)", () => {
       const missing = yield* Effect.flip(Learner.update([group], { ...options, estimator: "gae", loss: Loss.ppo }))
       assert.strictEqual(missing.reason._tag, "Config")
       assert.include(missing.message, "critic")
-    }).pipe(Effect.scoped, Effect.provide(PolicyTrainer.layerRecording())))
+    }).pipe(Effect.scoped, Effect.provide(GradientBackend.layerRecording())))
 
   it.effect("multi-turn: each policy token gets the value of the state before it, tool tokens carry none (GAE skips them)", () =>
     Effect.gen(function*() {
-      const recording = yield* PolicyTrainer.RecordingRef
+      const recording = yield* GradientBackend.RecordingRef
       // The critic values the state before token y at y / 10, so every value shows which token it was given to.
       const { critic, recording: criticRecording } = yield* scriptedCritic((mb) =>
         Float32Array.from(mb.targets, (y) => y / 10)
@@ -661,7 +661,7 @@ describe("Learner with a critic (PPO with GAE)", () => {
       const trained = (yield* Ref.get(criticRecording)).microBatches
       for (const [token, value] of seen(trained, "samplerLogprobs")) assert.approximately(value, token / 10, 1e-6)
       for (const [token, target] of seen(trained, "advantages")) assert.approximately(target, token < 10 ? 1 : 0, 1e-6)
-    }).pipe(Effect.scoped, Effect.provide(PolicyTrainer.layerRecording())))
+    }).pipe(Effect.scoped, Effect.provide(GradientBackend.layerRecording())))
 
   it.effect("PPO with a real critic on a one-step bandit: the critic's value approaches the mean reward and the rewarded token's probability rises", () =>
     Effect.gen(function*() {
@@ -697,7 +697,7 @@ describe("Learner with a critic (PPO with GAE)", () => {
           loss: Loss.ppo,
           tokenBudget: 256,
           critic: critic.trainer
-        }).pipe(Effect.provideService(PolicyTrainer.PolicyTrainer, policy.trainer))
+        }).pipe(Effect.provideService(GradientBackend.GradientBackend, policy.trainer))
       }
       const first = probabilities[0]!
       const last = probabilities.at(-1)!
@@ -748,9 +748,9 @@ describe("Learner with a critic (PPO with GAE)", () => {
               sharePrefix,
               critic: critic.trainer
             })
-            const { microBatches } = yield* Ref.get(yield* PolicyTrainer.RecordingRef)
+            const { microBatches } = yield* Ref.get(yield* GradientBackend.RecordingRef)
             return { result, microBatches }
-          }).pipe(Effect.provide(PolicyTrainer.layerRecording()))
+          }).pipe(Effect.provide(GradientBackend.layerRecording()))
           return { ...result, weights: yield* critic.trainer.weights }
         })
       const whole = yield* stepWith(false)

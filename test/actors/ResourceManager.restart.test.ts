@@ -16,14 +16,14 @@ import * as Resource from "../../src/Resource.ts"
 import { redisServer, redisServerWith } from "../utils/redisServer.ts"
 
 /**
- * Instances are names, unique across the managers sharing the backend (each manager numbers its instances from 0);
+ * Instances are names, unique across the managers sharing the launcher (each manager numbers its instances from 0);
  * the log says what ran when (`start`, `destroy`, the steps' lines, and the test's own).
  */
 const makeBackend = () => {
   const log: Array<string> = []
   const alive = new Set<string>()
   let serial = 0
-  const backend: Resource.Backend<string> = {
+  const launcher: Resource.Launcher<string> = {
     start: (_spec, instanceId) =>
       Effect.gen(function*() {
         const id = `${instanceId}#${serial++}`
@@ -35,10 +35,10 @@ const makeBackend = () => {
     reset: () => Effect.void,
     health: () => Effect.void
   }
-  return { log, alive, backend }
+  return { log, alive, launcher }
 }
 
-const licensed = (backend: Resource.Backend<string>, options: { acquireMillis: number; globalMax?: number }) =>
+const licensed = (launcher: Resource.Launcher<string>, options: { acquireMillis: number; globalMax?: number }) =>
   Resource.resource(
     Resource.makeUnsafe({
       name: "licensed",
@@ -46,7 +46,7 @@ const licensed = (backend: Resource.Backend<string>, options: { acquireMillis: n
       pool: { max: 4, globalMax: options.globalMax ?? 1 },
       timeouts: { acquireMillis: options.acquireMillis }
     }),
-    backend
+    launcher
   )
 
 const chain = (chainId: string): Resource.Owner => ({ chainId, groupId: "g" })
@@ -141,8 +141,8 @@ describe("a coordinated ResourceManager across a Redis restart", () => {
       const options = { ttlMillis: 3_000, heartbeatMillis: 100, pollMillis: 20 }
       const a = yield* process_(server.url, "a", options)
       const b = yield* process_(server.url, "b", options)
-      const { backend, log, alive } = makeBackend()
-      const resource = licensed(backend, { acquireMillis: 5_000 })
+      const { launcher, log, alive } = makeBackend()
+      const resource = licensed(launcher, { acquireMillis: 5_000 })
       const lease = yield* a.manager.acquire(resource, chain("a"))
       const before = (yield* lease.fencingToken)!
       const first = yield* step(lease, log, "a")
@@ -172,8 +172,8 @@ describe("a coordinated ResourceManager across a Redis restart", () => {
       const options = { ttlMillis: 60_000, pollMillis: 20 }
       const a = yield* process_(server.url, "a", options)
       const b = yield* process_(server.url, "b", options)
-      const { backend, log } = makeBackend()
-      const resource = licensed(backend, { acquireMillis: 20_000 })
+      const { launcher, log } = makeBackend()
+      const resource = licensed(launcher, { acquireMillis: 20_000 })
       const lease = yield* a.manager.acquire(resource, chain("a"))
       const before = (yield* lease.fencingToken)!
       yield* step(lease, log, "a")
@@ -209,8 +209,8 @@ describe("a coordinated ResourceManager across a Redis restart", () => {
       const options = { ttlMillis: 60_000, pollMillis: 20 }
       const a = yield* process_(server.url, "a", options)
       const b = yield* process_(server.url, "b", options)
-      const { backend, log, alive } = makeBackend()
-      const resource = licensed(backend, { acquireMillis: 1_000 })
+      const { launcher, log, alive } = makeBackend()
+      const resource = licensed(launcher, { acquireMillis: 1_000 })
       const lease = yield* a.manager.acquire(resource, chain("a"))
       const before = (yield* lease.fencingToken)!
       yield* step(lease, log, "a")
@@ -250,8 +250,8 @@ describe("a coordinated ResourceManager across a Redis restart", () => {
       const options = { ttlMillis: 10_000, heartbeatMillis: 100, pollMillis: 20 }
       const a = yield* process_(server.url, "a", options)
       const b = yield* process_(server.url, "b", options)
-      const { backend, log } = makeBackend()
-      const resource = licensed(backend, { acquireMillis: 5_000 })
+      const { launcher, log } = makeBackend()
+      const resource = licensed(launcher, { acquireMillis: 5_000 })
       const lease = yield* a.manager.acquire(resource, chain("a"))
       const before = (yield* lease.fencingToken)!
       const first = yield* step(lease, log, "a")
@@ -281,10 +281,10 @@ describe("a coordinated ResourceManager across a lost connection", () => {
       const options = { ttlMillis: 40_000, heartbeatMillis: 200, pollMillis: 20 }
       const a = yield* process_(`redis://127.0.0.1:${proxy.port}`, "a", options)
       const b = yield* process_(server.url, "b", options)
-      const { backend, log } = makeBackend()
+      const { launcher, log } = makeBackend()
       // 6 s: an acquire that must succeed took past 0.8 s once while CI ran every test file at once, and past 3 s
       // once more (2026-12-03, a CI run beside other jobs).
-      const resource = licensed(backend, { acquireMillis: 6_000, globalMax: 2 })
+      const resource = licensed(launcher, { acquireMillis: 6_000, globalMax: 2 })
       const lease = yield* a.manager.acquire(resource, chain("a"))
       const token = (yield* lease.fencingToken)!
       const first = yield* step(lease, log, "a")
@@ -321,8 +321,8 @@ describe("a coordinated ResourceManager across a lost connection", () => {
       const proxy = yield* tcpProxy(server.port)
       const options = { ttlMillis: 1_000, heartbeatMillis: 200, pollMillis: 20 }
       const a = yield* process_(`redis://127.0.0.1:${proxy.port}`, "a", options)
-      const { backend, log, alive } = makeBackend()
-      const resource = licensed(backend, { acquireMillis: 15_000 })
+      const { launcher, log, alive } = makeBackend()
+      const resource = licensed(launcher, { acquireMillis: 15_000 })
       const lease = yield* a.manager.acquire(resource, chain("a"))
       const token = (yield* lease.fencingToken)!
       const first = yield* step(lease, log, "a")

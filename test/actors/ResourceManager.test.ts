@@ -6,7 +6,7 @@ import * as InProcess from "../../actors/resources/InProcess.ts"
 import { EnvError, envError } from "../../src/Environment.ts"
 import * as Resource from "../../src/Resource.ts"
 
-/** A fake backend whose instances are counters that can be killed; it records what the manager asked of it. */
+/** A fake launcher whose instances are counters that can be killed; it records what the manager asked of it. */
 const makeFake = () => {
   const log: Array<string> = []
   const alive = new Set<string>()
@@ -16,7 +16,7 @@ const makeFake = () => {
   }
   const dead = (id: string, method: string) =>
     envError("fake", method, "Crashed", `${id} is dead`)
-  const backend: Resource.Backend<Counter> = {
+  const launcher: Resource.Launcher<Counter> = {
     start: (_spec, id) =>
       Effect.gen(function*() {
         log.push(`start ${id}`)
@@ -29,7 +29,7 @@ const makeFake = () => {
   }
   const incr = (c: Counter) =>
     alive.has(c.id) ? Ref.updateAndGet(c.value, (n) => n + 1) : Effect.fail(dead(c.id, "incr"))
-  return { log, alive, backend, incr, kill: (id: string) => alive.delete(id) }
+  return { log, alive, launcher, incr, kill: (id: string) => alive.delete(id) }
 }
 
 const spec = (input: Partial<Resource.SpecInput> = {}) =>
@@ -129,7 +129,7 @@ describe("ResourceManager", () => {
     it.effect("chain scope: one instance per chain, the same one for the same chain", () =>
       withManager(Effect.gen(function*() {
         const fake = makeFake()
-        const resource = Resource.resource(spec({ scope: "chain" }), fake.backend)
+        const resource = Resource.resource(spec({ scope: "chain" }), fake.launcher)
         const manager = yield* ResourceManager.ResourceManager
         const a1 = yield* manager.acquire(resource, chain("a"))
         const a2 = yield* manager.acquire(resource, chain("a"))
@@ -144,7 +144,7 @@ describe("ResourceManager", () => {
     it.effect("group scope: chains of one group share, groups are isolated", () =>
       withManager(Effect.gen(function*() {
         const fake = makeFake()
-        const resource = Resource.resource(spec({ scope: "group" }), fake.backend)
+        const resource = Resource.resource(spec({ scope: "group" }), fake.launcher)
         const manager = yield* ResourceManager.ResourceManager
         const a = yield* manager.acquire(resource, chain("a", "g1"))
         const b = yield* manager.acquire(resource, chain("b", "g1"))
@@ -157,7 +157,7 @@ describe("ResourceManager", () => {
     it.effect("global scope: everybody shares one instance", () =>
       withManager(Effect.gen(function*() {
         const fake = makeFake()
-        const resource = Resource.resource(spec({ scope: "global" }), fake.backend)
+        const resource = Resource.resource(spec({ scope: "global" }), fake.launcher)
         const manager = yield* ResourceManager.ResourceManager
         const ids = yield* Effect.forEach(
           ["a", "b", "c"],
@@ -170,8 +170,8 @@ describe("ResourceManager", () => {
       withManager(Effect.gen(function*() {
         const fake = makeFake()
         const manager = yield* ResourceManager.ResourceManager
-        const x = yield* manager.acquire(Resource.resource(spec({ name: "x" }), fake.backend), chain("a"))
-        const y = yield* manager.acquire(Resource.resource(spec({ name: "y" }), fake.backend), chain("a"))
+        const x = yield* manager.acquire(Resource.resource(spec({ name: "x" }), fake.launcher), chain("a"))
+        const y = yield* manager.acquire(Resource.resource(spec({ name: "y" }), fake.launcher), chain("a"))
         assert.notStrictEqual(yield* x.instanceId, yield* y.instanceId)
       })))
   })
@@ -180,7 +180,7 @@ describe("ResourceManager", () => {
     it.effect("a full pool fails the waiter with LeaseTimeout after acquireMillis", () =>
       withManager(Effect.gen(function*() {
         const fake = makeFake()
-        const resource = Resource.resource(spec({ pool: { max: 1 }, timeouts: { acquireMillis: 5_000 } }), fake.backend)
+        const resource = Resource.resource(spec({ pool: { max: 1 }, timeouts: { acquireMillis: 5_000 } }), fake.launcher)
         const manager = yield* ResourceManager.ResourceManager
         yield* manager.acquire(resource, chain("holder"))
         const waiter = yield* Effect.forkChild(Effect.scoped(manager.acquire(resource, chain("waiter"))))
@@ -200,7 +200,7 @@ describe("ResourceManager", () => {
     it.effect("a waiter gets the instance as soon as the holder releases it", () =>
       withManager(Effect.gen(function*() {
         const fake = makeFake()
-        const resource = Resource.resource(spec({ pool: { max: 1 } }), fake.backend)
+        const resource = Resource.resource(spec({ pool: { max: 1 } }), fake.launcher)
         const manager = yield* ResourceManager.ResourceManager
         const holder = yield* Effect.forkChild(Effect.scoped(Effect.andThen(
           manager.acquire(resource, chain("holder")),
@@ -219,7 +219,7 @@ describe("ResourceManager", () => {
     it.effect("closing a pool fails waiters at once and refuses new acquires", () =>
       withManager(Effect.gen(function*() {
         const fake = makeFake()
-        const resource = Resource.resource(spec({ pool: { max: 1 } }), fake.backend)
+        const resource = Resource.resource(spec({ pool: { max: 1 } }), fake.launcher)
         const manager = yield* ResourceManager.ResourceManager
         yield* manager.acquire(resource, chain("holder"))
         const waiter = yield* Effect.forkChild(Effect.scoped(manager.acquire(resource, chain("waiter"))))
@@ -238,7 +238,7 @@ describe("ResourceManager", () => {
       withManager(Effect.gen(function*() {
         const fake = makeFake()
         const manager = yield* ResourceManager.ResourceManager
-        const reset = Resource.resource(spec({ name: "reset", pool: { max: 1 } }), fake.backend)
+        const reset = Resource.resource(spec({ name: "reset", pool: { max: 1 } }), fake.launcher)
         yield* Effect.scoped(Effect.flatMap(manager.acquire(reset, chain("a")), (l) => l.use(fake.incr)))
         const [id, n] = yield* Effect.scoped(Effect.flatMap(
           manager.acquire(reset, chain("b")),
@@ -247,7 +247,7 @@ describe("ResourceManager", () => {
         assert.strictEqual(id, "reset-0", "reused")
         assert.strictEqual(n, 1, "the previous chain's state is gone")
 
-        const recreate = Resource.resource(spec({ name: "recreate", resetPolicy: "recreate" }), fake.backend)
+        const recreate = Resource.resource(spec({ name: "recreate", resetPolicy: "recreate" }), fake.launcher)
         const first = yield* Effect.scoped(Effect.flatMap(manager.acquire(recreate, chain("a")), (l) => l.instanceId))
         yield* Effect.yieldNow
         const second = yield* Effect.scoped(Effect.flatMap(manager.acquire(recreate, chain("b")), (l) => l.instanceId))
@@ -258,9 +258,9 @@ describe("ResourceManager", () => {
     it.effect("a released instance is counted as resetting until its reset ends, then idle", () =>
       withManager(Effect.gen(function*() {
         const fake = makeFake()
-        const slow: Resource.Backend<{ readonly id: string; readonly value: Ref.Ref<number> }> = {
-          ...fake.backend,
-          reset: (c) => Effect.andThen(Effect.sleep("2 seconds"), fake.backend.reset(c))
+        const slow: Resource.Launcher<{ readonly id: string; readonly value: Ref.Ref<number> }> = {
+          ...fake.launcher,
+          reset: (c) => Effect.andThen(Effect.sleep("2 seconds"), fake.launcher.reset(c))
         }
         const resource = Resource.resource(spec({ timeouts: { resetMillis: 5_000 } }), slow)
         const manager = yield* ResourceManager.ResourceManager
@@ -273,7 +273,7 @@ describe("ResourceManager", () => {
     it.effect("a lease is released when its holder fails or is interrupted", () =>
       withManager(Effect.gen(function*() {
         const fake = makeFake()
-        const resource = Resource.resource(spec({ pool: { max: 1 } }), fake.backend)
+        const resource = Resource.resource(spec({ pool: { max: 1 } }), fake.launcher)
         const manager = yield* ResourceManager.ResourceManager
         const failing = yield* Effect.exit(Effect.scoped(Effect.andThen(
           manager.acquire(resource, chain("a")),
@@ -296,7 +296,7 @@ describe("ResourceManager", () => {
     it.effect("an interrupted waiter leaves no trace", () =>
       withManager(Effect.gen(function*() {
         const fake = makeFake()
-        const resource = Resource.resource(spec({ pool: { max: 1 } }), fake.backend)
+        const resource = Resource.resource(spec({ pool: { max: 1 } }), fake.launcher)
         const manager = yield* ResourceManager.ResourceManager
         yield* manager.acquire(resource, chain("holder"))
         const waiter = yield* Effect.forkChild(Effect.scoped(manager.acquire(resource, chain("waiter"))))
@@ -308,7 +308,7 @@ describe("ResourceManager", () => {
     it.effect("idle instances above min are destroyed after the idle TTL", () =>
       withManager(Effect.gen(function*() {
         const fake = makeFake()
-        const resource = Resource.resource(spec({ pool: { min: 1, max: 3, idleTtlMillis: 10_000 } }), fake.backend)
+        const resource = Resource.resource(spec({ pool: { min: 1, max: 3, idleTtlMillis: 10_000 } }), fake.launcher)
         const manager = yield* ResourceManager.ResourceManager
         yield* Effect.scoped(Effect.all([
           manager.acquire(resource, chain("a")),
@@ -325,7 +325,7 @@ describe("ResourceManager", () => {
       withManager(Effect.gen(function*() {
         const fake = makeFake()
         const manager = yield* ResourceManager.ResourceManager
-        yield* manager.open(Resource.resource(spec({ pool: { prewarm: 2 } }), fake.backend))
+        yield* manager.open(Resource.resource(spec({ pool: { prewarm: 2 } }), fake.launcher))
         yield* Effect.yieldNow
         const stats = yield* manager.stats("counter")
         assert.strictEqual(stats?.idle, 2)
@@ -337,7 +337,7 @@ describe("ResourceManager", () => {
     it.effect("a crash mid-lease gives EnvError(Crashed); withRetryOnCrash re-runs the step on a fresh instance", () =>
       withManager(Effect.gen(function*() {
         const fake = makeFake()
-        const resource = Resource.resource(spec(), fake.backend)
+        const resource = Resource.resource(spec(), fake.launcher)
         const manager = yield* ResourceManager.ResourceManager
         const lease = yield* manager.acquire(resource, chain("a"))
         yield* lease.use(fake.incr)
@@ -359,7 +359,7 @@ describe("ResourceManager", () => {
     it.effect("the periodic health check replaces a dead leased instance; the holder is told once", () =>
       withManager(Effect.gen(function*() {
         const fake = makeFake()
-        const resource = Resource.resource(spec({ timeouts: { healthIntervalMillis: 1_000 } }), fake.backend)
+        const resource = Resource.resource(spec({ timeouts: { healthIntervalMillis: 1_000 } }), fake.launcher)
         const manager = yield* ResourceManager.ResourceManager
         const lease = yield* manager.acquire(resource, chain("a"))
         yield* lease.use(fake.incr)
@@ -376,7 +376,7 @@ describe("ResourceManager", () => {
     it.effect("an idle instance that fails its check on acquire is replaced before it is handed out", () =>
       withManager(Effect.gen(function*() {
         const fake = makeFake()
-        const resource = Resource.resource(spec({ pool: { max: 1 } }), fake.backend)
+        const resource = Resource.resource(spec({ pool: { max: 1 } }), fake.launcher)
         const manager = yield* ResourceManager.ResourceManager
         const first = yield* Effect.scoped(Effect.flatMap(manager.acquire(resource, chain("a")), (l) => l.instanceId))
         yield* Effect.yieldNow
@@ -390,7 +390,7 @@ describe("ResourceManager", () => {
     it.effect("a start that fails gives LeaseError(StartFailed) and frees the slot", () =>
       withManager(Effect.gen(function*() {
         let fail = true
-        const backend: Resource.Backend<string> = {
+        const launcher: Resource.Launcher<string> = {
           start: (_s, id) =>
             fail
               ? Effect.fail(envError("x", "start", "Unavailable", "no engine"))
@@ -398,7 +398,7 @@ describe("ResourceManager", () => {
           reset: () => Effect.void,
           health: () => Effect.void
         }
-        const resource = Resource.resource(spec({ pool: { max: 1 } }), backend)
+        const resource = Resource.resource(spec({ pool: { max: 1 } }), launcher)
         const manager = yield* ResourceManager.ResourceManager
         const error = yield* Effect.flip(Effect.scoped(manager.acquire(resource, chain("a"))))
         assert.strictEqual(error.reason._tag, "StartFailed")
@@ -411,7 +411,7 @@ describe("ResourceManager", () => {
     it.effect("a holder that gave up does not leave its key bound to a doomed start", () =>
       withManager(Effect.gen(function*() {
         let starts = 0
-        const backend: Resource.Backend<string> = {
+        const launcher: Resource.Launcher<string> = {
           start: (_s, id) =>
             ++starts === 1
               ? Effect.andThen(
@@ -422,7 +422,7 @@ describe("ResourceManager", () => {
           reset: () => Effect.void,
           health: () => Effect.void
         }
-        const resource = Resource.resource(spec({ pool: { max: 1 }, timeouts: { acquireMillis: 1_500 } }), backend)
+        const resource = Resource.resource(spec({ pool: { max: 1 }, timeouts: { acquireMillis: 1_500 } }), launcher)
         const manager = yield* ResourceManager.ResourceManager
         const first = yield* Effect.forkChild(Effect.scoped(manager.acquire(resource, chain("a"))))
         yield* TestClock.adjust("1500 millis")
@@ -437,14 +437,14 @@ describe("ResourceManager", () => {
 
     it.effect("a start that hangs is cut at startMillis", () =>
       withManager(Effect.gen(function*() {
-        const backend: Resource.Backend<string> = {
+        const launcher: Resource.Launcher<string> = {
           start: () => Effect.never,
           reset: () => Effect.void,
           health: () => Effect.void
         }
         const resource = Resource.resource(
           spec({ timeouts: { startMillis: 1_000, acquireMillis: 60_000 } }),
-          backend
+          launcher
         )
         const manager = yield* ResourceManager.ResourceManager
         const fiber = yield* Effect.forkChild(Effect.scoped(manager.acquire(resource, chain("a"))))
@@ -468,14 +468,14 @@ describe("ResourceManager", () => {
         const manager = yield* ResourceManager.make({ coordinator: fake.coordinator })
         return yield* body(fake, manager)
       }))
-    const capped = (backend: Resource.Backend<any>, acquireMillis = 5_000) =>
-      Resource.resource(spec({ pool: { max: 4, globalMax: 1 }, timeouts: { acquireMillis } }), backend)
+    const capped = (launcher: Resource.Launcher<any>, acquireMillis = 5_000) =>
+      Resource.resource(spec({ pool: { max: 4, globalMax: 1 }, timeouts: { acquireMillis } }), launcher)
 
     it.effect("use checks the lease first: a lost one is Crashed once, then the step runs with a greater token", () => {
       const fake = makeFake()
       return coordinated(fake.log, (coordinator, manager) =>
         Effect.gen(function*() {
-          const lease = yield* manager.acquire(capped(fake.backend), chain("a"))
+          const lease = yield* manager.acquire(capped(fake.launcher), chain("a"))
           assert.strictEqual(yield* lease.use(fake.incr), 1)
           const before = (yield* lease.fencingToken)!
           yield* coordinator.forget // nobody is told: only the check on the next use can find out
@@ -501,7 +501,7 @@ describe("ResourceManager", () => {
       const fake = makeFake()
       return coordinated(fake.log, (coordinator, manager) =>
         Effect.gen(function*() {
-          const lease = yield* manager.acquire(capped(fake.backend), chain("a"))
+          const lease = yield* manager.acquire(capped(fake.launcher), chain("a"))
           const latch = yield* Deferred.make<void>()
           const call = yield* Effect.forkChild(lease.use((c) => Effect.as(Deferred.await(latch), c.id)))
           yield* Effect.yieldNow
@@ -521,7 +521,7 @@ describe("ResourceManager", () => {
       const fake = makeFake()
       return coordinated(fake.log, (coordinator, manager) =>
         Effect.gen(function*() {
-          const lease = yield* manager.acquire(capped(fake.backend), chain("a"))
+          const lease = yield* manager.acquire(capped(fake.launcher), chain("a"))
           yield* coordinator.forget
           yield* coordinator.notify
           yield* coordinator.notify
@@ -541,7 +541,7 @@ describe("ResourceManager", () => {
     it.effect("lost while its instance starts: that one is never handed over; the next starts with a new lease", () => {
       const log: Array<string> = []
       const gate = Deferred.makeUnsafe<void>()
-      const backend: Resource.Backend<string> = {
+      const launcher: Resource.Launcher<string> = {
         start: (_spec, id) =>
           Effect.gen(function*() {
             log.push(`start ${id}`)
@@ -555,7 +555,7 @@ describe("ResourceManager", () => {
       return coordinated(log, (coordinator, manager) =>
         Effect.gen(function*() {
           const acquiring = yield* Effect.forkChild(
-            Effect.scoped(Effect.flatMap(manager.acquire(capped(backend), chain("a")), (lease) =>
+            Effect.scoped(Effect.flatMap(manager.acquire(capped(launcher), chain("a")), (lease) =>
               Effect.all([lease.use(Effect.succeed), lease.fencingToken])))
           )
           yield* Effect.yieldNow
@@ -578,7 +578,7 @@ describe("ResourceManager", () => {
       const fake = makeFake()
       return coordinated(fake.log, (coordinator, manager) =>
         Effect.gen(function*() {
-          const resource = capped(fake.backend, 1_000)
+          const resource = capped(fake.launcher, 1_000)
           const lease = yield* manager.acquire(resource, chain("a"))
           yield* coordinator.forget
           const giveBack = yield* coordinator.take("counter", 0)
@@ -618,7 +618,7 @@ describe("ResourceManager", () => {
         Effect.gen(function*() {
           const resource = Resource.resource(
             spec({ pool: { max: 4, globalMax: 2 }, timeouts: { acquireMillis: 1_000 } }),
-            fake.backend
+            fake.launcher
           )
           const lease = yield* manager.acquire(resource, chain("a"))
           yield* lease.use(fake.incr)
@@ -652,7 +652,7 @@ describe("ResourceManager", () => {
   it.effect("stats count instances by state, starts, failures and acquires", () =>
     withManager(Effect.gen(function*() {
       const fake = makeFake()
-      const resource = Resource.resource(spec({ pool: { max: 2 } }), fake.backend)
+      const resource = Resource.resource(spec({ pool: { max: 2 } }), fake.launcher)
       const manager = yield* ResourceManager.ResourceManager
       yield* manager.acquire(resource, chain("a"))
       yield* manager.acquire(resource, chain("b"))
@@ -664,7 +664,7 @@ describe("ResourceManager", () => {
     withManager(Effect.gen(function*() {
       const fake = makeFake()
       const manager = yield* ResourceManager.ResourceManager
-      const reused = Resource.resource(spec({ name: "reused", pool: { max: 1 } }), fake.backend)
+      const reused = Resource.resource(spec({ name: "reused", pool: { max: 1 } }), fake.launcher)
       const id = yield* Effect.scoped(Effect.flatMap(manager.acquire(reused, chain("a")), (l) => l.instanceId))
       yield* Effect.yieldNow
       fake.kill(id)
@@ -672,7 +672,7 @@ describe("ResourceManager", () => {
       yield* Effect.yieldNow
       assert.deepInclude(yield* manager.stats("reused"), { crashes: 1, failures: 1, resets: 2, recreations: 0 })
 
-      const recreated = Resource.resource(spec({ name: "recreated", resetPolicy: "recreate" }), fake.backend)
+      const recreated = Resource.resource(spec({ name: "recreated", resetPolicy: "recreate" }), fake.launcher)
       yield* Effect.scoped(manager.acquire(recreated, chain("a")))
       yield* Effect.yieldNow
       yield* Effect.scoped(manager.acquire(recreated, chain("b")))
@@ -691,7 +691,7 @@ describe("ResourceManager", () => {
         readonly incr: Effect.Effect<number, EnvError | Resource.LeaseError>
       }>()("test/CounterEnv") {}
       const fake = makeFake()
-      const resource = Resource.resource(spec({ pool: { max: 1 } }), fake.backend)
+      const resource = Resource.resource(spec({ pool: { max: 1 } }), fake.launcher)
       const provider = yield* ResourceManager.provider(
         resource,
         (lease) => Effect.succeed(Context.make(CounterEnv, { incr: lease.use(fake.incr) }))
@@ -738,7 +738,7 @@ describe("ResourceManager", () => {
   it.effect("metrics: instances by state, waiters, starts and acquire latency are published", () =>
     withManager(Effect.gen(function*() {
       const fake = makeFake()
-      const resource = Resource.resource(spec({ name: "metered", pool: { max: 1 } }), fake.backend)
+      const resource = Resource.resource(spec({ name: "metered", pool: { max: 1 } }), fake.launcher)
       const manager = yield* ResourceManager.ResourceManager
       yield* manager.acquire(resource, chain("a"))
       const waiter = yield* Effect.forkChild(Effect.scoped(manager.acquire(resource, chain("b"))))

@@ -21,7 +21,7 @@ import * as ModelConfig from "../../src/model/ModelConfig.ts"
 import * as Qwen2 from "../../src/model/Qwen2.ts"
 import * as Optimizer from "../../src/Optimizer.ts"
 import * as Packing from "../../src/Packing.ts"
-import type * as PolicyTrainer from "../../src/PolicyTrainer.ts"
+import type * as GradientBackend from "../../src/GradientBackend.ts"
 import * as Sampling from "../../src/Sampling.ts"
 import { tinyConfig } from "../utils/tinyModel.ts"
 
@@ -84,10 +84,10 @@ const freePortOf = Effect.callback<number>((resume) => {
 })
 
 const bits = (a: Float32Array) => Buffer.from(a.buffer, a.byteOffset, a.byteLength).toString("base64")
-const weightBits = (w: PolicyTrainer.Weights) => [...w].map(([k, v]) => `${k}:${bits(v)}`).join("|")
+const weightBits = (w: GradientBackend.Weights) => [...w].map(([k, v]) => `${k}:${bits(v)}`).join("|")
 
 /** Every figure of `steps` optimiser steps over `mbs`, as strings (bit patterns for arrays). */
-const run = (trainer: PolicyTrainer.PolicyTrainer["Service"], mbs: ReadonlyArray<Packing.MicroBatch>, steps: number) =>
+const run = (trainer: GradientBackend.GradientBackend["Service"], mbs: ReadonlyArray<Packing.MicroBatch>, steps: number) =>
   Effect.gen(function*() {
     const out: Array<string> = []
     for (let s = 0; s < steps; s++) {

@@ -1,6 +1,6 @@
 /**
- * Lines to and from a sandbox's main process over its standard input and output, shared by the Docker backend
- * (an attached container) and the bubblewrap backend (a child process's pipes).
+ * Lines to and from a sandbox's main process over its standard input and output, shared by the Docker launcher
+ * (an attached container) and the bubblewrap launcher (a child process's pipes).
  */
 import type { Readable } from "node:stream"
 

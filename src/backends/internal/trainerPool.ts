@@ -1,26 +1,26 @@
 /**
  * The main-thread end of the data-parallel trainer's worker threads (`trainerWorker.ts`): starting them, one
  * request/reply per message, and shutting them down. A worker that crashes or exits fails every request waiting on
- * it with a `PolicyTrainerError` ("Run") and marks the pool broken; the trainer then discards the pool.
+ * it with a `GradientBackendError` ("Run") and marks the pool broken; the trainer then discards the pool.
  */
 import { Effect, Result } from "effect"
 import type { Duration } from "effect"
 import { Worker } from "node:worker_threads"
-import * as PolicyTrainer from "../../PolicyTrainer.ts"
+import * as GradientBackend from "../../GradientBackend.ts"
 import type * as TrainerWorker from "./trainerWorker.ts"
 
 const workerUrl = new URL("./trainerWorker.mjs", import.meta.url)
 
-const fail = <Tag extends PolicyTrainer.PolicyTrainerErrorReason["_tag"]>(
+const fail = <Tag extends GradientBackend.GradientBackendErrorReason["_tag"]>(
   reason: Tag,
   message: string,
-  facts?: PolicyTrainer.PolicyTrainerErrorFacts<Tag>
-) => PolicyTrainer.policyTrainerError(reason, message, facts)
+  facts?: GradientBackend.GradientBackendErrorFacts<Tag>
+) => GradientBackend.gradientBackendError(reason, message, facts)
 
 /** A request without its id (the pool numbers them). */
 export type Request = TrainerWorker.Request
 
-type Reply = Effect.Effect<TrainerWorker.Output, PolicyTrainer.PolicyTrainerError>
+type Reply = Effect.Effect<TrainerWorker.Output, GradientBackend.GradientBackendError>
 
 export interface Pool {
   readonly size: number
@@ -49,7 +49,7 @@ const spawn = (init: TrainerWorker.Init) =>
     try: () => new Worker(workerUrl, { workerData: init }),
     catch: (u) => fail("Session", `worker ${init.index} could not start: ${u instanceof Error ? u.message : u}`)
   }).pipe(Effect.flatMap((worker) =>
-    Effect.callback<Worker, PolicyTrainer.PolicyTrainerError>((resume) => {
+    Effect.callback<Worker, GradientBackend.GradientBackendError>((resume) => {
       const off = () => {
         worker.off("message", onReady)
         worker.off("error", onError)
@@ -116,7 +116,7 @@ const listen = (state: State, worker: Worker, index: number) => {
 }
 
 const request = (state: State, index: number, req: Request) =>
-  Effect.callback<TrainerWorker.Output, PolicyTrainer.PolicyTrainerError>((resume) => {
+  Effect.callback<TrainerWorker.Output, GradientBackend.GradientBackendError>((resume) => {
     if (state.broken !== undefined || state.exited[index]) {
       return resume(Effect.fail(fail("Run", state.broken ?? `worker ${index} has exited`)))
     }
@@ -161,7 +161,7 @@ const close = (state: State, wait: Duration.Input) =>
 export const start = (
   inits: ReadonlyArray<TrainerWorker.Init>,
   onExit: () => void = () => {}
-): Effect.Effect<Pool, PolicyTrainer.PolicyTrainerError> =>
+): Effect.Effect<Pool, GradientBackend.GradientBackendError> =>
   Effect.gen(function*() {
     const started = yield* Effect.forEach(inits, (init) => Effect.result(spawn(init)), { concurrency: "unbounded" })
     const workers = started.filter(Result.isSuccess).map((r) => r.success)

@@ -8,7 +8,7 @@
  * @since 0.1.0
  */
 import type * as Packing from "../../Packing.ts"
-import type * as PolicyTrainer from "../../PolicyTrainer.ts"
+import type * as GradientBackend from "../../GradientBackend.ts"
 import * as Finite from "../../internal/finite.ts"
 
 /** @internal */
@@ -145,13 +145,13 @@ export const decodeBatch = ({ header, arrays }: Frame): Packing.MicroBatch | str
 // ===== Results and weights =====
 
 /** @internal */
-export const encodeResult = (r: PolicyTrainer.MicroBatchResult): Buffer => {
+export const encodeResult = (r: GradientBackend.MicroBatchResult): Buffer => {
   const { tokenLogprobs, ...figures } = r
   return encode(figures, [["tokenLogprobs", tokenLogprobs]])
 }
 
 /** @internal */
-export const decodeResult = ({ header, arrays }: Frame): PolicyTrainer.MicroBatchResult | string => {
+export const decodeResult = ({ header, arrays }: Frame): GradientBackend.MicroBatchResult | string => {
   const tokenLogprobs = arrays.get("tokenLogprobs")
   if (!(tokenLogprobs instanceof Float32Array)) return "the reply holds no tokenLogprobs"
   const keys = ["loss", "tokens", "clipped", "clippedLower", "approxKl", "entropy", "kl"] as const
@@ -179,7 +179,7 @@ export const decodeResult = ({ header, arrays }: Frame): PolicyTrainer.MicroBatc
 export const decodeWeights = (
   { arrays }: Frame,
   expected: ReadonlyArray<{ readonly name: string; readonly shape: ReadonlyArray<number> }>
-): PolicyTrainer.Weights | string => {
+): GradientBackend.Weights | string => {
   const out = new Map<string, Float32Array>()
   for (const { name, shape } of expected) {
     const a = arrays.get(name)

@@ -1,5 +1,5 @@
 /**
- * The Docker backend's cleanup on a real engine: a run's labelled containers are gone after SIGTERM (its signal
+ * The Docker launcher's cleanup on a real engine: a run's labelled containers are gone after SIGTERM (its signal
  * handler removes them) and after SIGKILL (the next run's reaper removes orphans of dead runs). Engine limits are
  * checked on the container's own configuration (the sandboxes' seccomp profile included).
  */
@@ -69,10 +69,10 @@ describe("Docker reaper", () => {
       const engine = yield* Docker.make({ handleSignals: false })
       const manager = yield* ResourceManager.make()
       const spec = Resource.makeUnsafe({ name: "exec", kind: "docker", image: "agentfly/python:1" })
-      const backend = yield* Docker.backend({ cmd: ["sleep", "3600"] }).pipe(
+      const launcher = yield* Docker.launcher({ cmd: ["sleep", "3600"] }).pipe(
         Effect.provideService(Docker.DockerEngine, engine)
       )
-      const lease = yield* manager.acquire(Resource.resource(spec, backend), { chainId: "a", groupId: "g" })
+      const lease = yield* manager.acquire(Resource.resource(spec, launcher), { chainId: "a", groupId: "g" })
       const result = yield* lease.use((c) => c.exec(["sh", "-c", "echo out; echo err >&2; exit 3"]))
       assert.deepStrictEqual(result, { stdout: "out\n", stderr: "err\n", exitCode: 3 })
       const piped = yield* lease.use((c) => c.exec(["sh", "-c", "cat | tr a-z A-Z"], { stdin: "shout\n" }))
@@ -101,10 +101,10 @@ describe("Docker reaper", () => {
         image: "agentfly/python:1",
         limits: { memoryBytes: 96 * 1024 * 1024, cpus: 0.5, pids: 24, tmpfs: { "/work": 8 * 1024 * 1024 } }
       })
-      const backend = yield* Docker.backend({ cmd: ["sleep", "3600"] }).pipe(
+      const launcher = yield* Docker.launcher({ cmd: ["sleep", "3600"] }).pipe(
         Effect.provideService(Docker.DockerEngine, engine)
       )
-      const lease = yield* manager.acquire(Resource.resource(spec, backend), { chainId: "a", groupId: "g" })
+      const lease = yield* manager.acquire(Resource.resource(spec, launcher), { chainId: "a", groupId: "g" })
       const id = yield* lease.instanceId
       const info = yield* Effect.promise(() =>
         engine.docker.getContainer(`agentfly-${id}-${engine.runId}`.replace(/[^a-zA-Z0-9_.-]/g, "-")).inspect()

@@ -167,7 +167,7 @@ describe("Redis leases", () => {
       const [a, b] = yield* twoCoordinators(server.url, { ttlMillis: 5_000, pollMillis: 20 })
       const managerA = yield* ResourceManager.make({ coordinator: a })
       const managerB = yield* ResourceManager.make({ coordinator: b })
-      const backend: Resource.Backend<string> = {
+      const launcher: Resource.Launcher<string> = {
         start: (_spec, id) => Effect.succeed(id),
         reset: () => Effect.void,
         health: () => Effect.void
@@ -179,7 +179,7 @@ describe("Redis leases", () => {
           pool: { max: 4, globalMax: 1 },
           timeouts: { acquireMillis: 300 }
         }),
-        backend
+        launcher
       )
       const scope = yield* Scope.make()
       const lease = yield* managerA.acquire(resource, { chainId: "a", groupId: "g" }).pipe(Scope.provide(scope))

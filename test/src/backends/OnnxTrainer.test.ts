@@ -238,7 +238,7 @@ describe("OnnxTrainer", () => {
       // What onnxruntime threw is the cause; the reason is caught by its tag.
       const cause = yield* cuda.trainer.forwardBackward(mb).pipe(
         Effect.as(undefined),
-        Effect.catchReason("PolicyTrainerError", "Session", (reason) => Effect.succeed(reason.cause))
+        Effect.catchReason("GradientBackendError", "Session", (reason) => Effect.succeed(reason.cause))
       )
       assert.instanceOf(cause, Error)
       const bad = yield* Effect.flip(OnnxTrainer.make(options({ weights: new Map() })))

@@ -164,7 +164,7 @@ export class Remote extends Schema.TaggedError<Remote>()("Remote", { message: Sc
  * @category errors
  * @since 0.1.0
  */
-export const PolicyTrainerErrorReason = Schema.Union([
+export const GradientBackendErrorReason = Schema.Union([
   BadBatch,
   Graph,
   Session,
@@ -175,17 +175,17 @@ export const PolicyTrainerErrorReason = Schema.Union([
   Unavailable,
   Remote
 ])
-export type PolicyTrainerErrorReason = typeof PolicyTrainerErrorReason.Type
+export type GradientBackendErrorReason = typeof GradientBackendErrorReason.Type
 
 /**
- * A failed trainer call. Handle reasons with `Effect.catchReason("PolicyTrainerError", "NonFiniteGradient", …)`;
+ * A failed trainer call. Handle reasons with `Effect.catchReason("GradientBackendError", "NonFiniteGradient", …)`;
  * `message` is the reason's.
  *
  * @category errors
  * @since 0.1.0
  */
-export class PolicyTrainerError extends Schema.TaggedError<PolicyTrainerError>()("PolicyTrainerError", {
-  reason: PolicyTrainerErrorReason
+export class GradientBackendError extends Schema.TaggedError<GradientBackendError>()("GradientBackendError", {
+  reason: GradientBackendErrorReason
 }) {
   /** A skipped non-finite step can be retried with the next batch; the others need a fix. */
   get isRetryable(): boolean {
@@ -195,17 +195,17 @@ export class PolicyTrainerError extends Schema.TaggedError<PolicyTrainerError>()
     return this.reason.message
   }
   /** The same error, its reason's cause kept, saying `message`. */
-  withMessage(message: string): PolicyTrainerError {
+  withMessage(message: string): GradientBackendError {
     const { cause } = this.reason
     const Reason = reasons[this.reason._tag] as new(fields: {
       readonly message: string
       readonly cause?: unknown
-    }) => PolicyTrainerErrorReason
-    return new PolicyTrainerError({ reason: new Reason(cause === undefined ? { message } : { message, cause }) })
+    }) => GradientBackendErrorReason
+    return new GradientBackendError({ reason: new Reason(cause === undefined ? { message } : { message, cause }) })
   }
 }
 
-/** Each reason's class by its tag, for `policyTrainerError`; a reason left out is a compile error. */
+/** Each reason's class by its tag, for `gradientBackendError`; a reason left out is a compile error. */
 const reasons = {
   BadBatch,
   Graph,
@@ -216,7 +216,7 @@ const reasons = {
   Checkpoint,
   Unavailable,
   Remote
-} satisfies Record<PolicyTrainerErrorReason["_tag"], unknown>
+} satisfies Record<GradientBackendErrorReason["_tag"], unknown>
 
 /**
  * Whether `tag` names a reason (a remote trainer's or a worker thread's answer carries the tag as text).
@@ -224,7 +224,7 @@ const reasons = {
  * @category guards
  * @since 0.1.0
  */
-export const isPolicyTrainerErrorTag = (tag: string): tag is PolicyTrainerErrorReason["_tag"] =>
+export const isGradientBackendErrorTag = (tag: string): tag is GradientBackendErrorReason["_tag"] =>
   Object.hasOwn(reasons, tag)
 
 /**
@@ -234,52 +234,52 @@ export const isPolicyTrainerErrorTag = (tag: string): tag is PolicyTrainerErrorR
  * @category errors
  * @since 0.1.0
  */
-export type PolicyTrainerErrorFacts<Tag extends PolicyTrainerErrorReason["_tag"]> = Omit<
+export type GradientBackendErrorFacts<Tag extends GradientBackendErrorReason["_tag"]> = Omit<
   ConstructorParameters<(typeof reasons)[Tag]>[0],
   "message"
 >
 
 /**
- * A `PolicyTrainerError` of the reason tagged `tag`: `policyTrainerError("Run", text, { cause })`.
+ * A `GradientBackendError` of the reason tagged `tag`: `gradientBackendError("Run", text, { cause })`.
  *
  * @category constructors
  * @since 0.1.0
  */
-export const policyTrainerError = <Tag extends PolicyTrainerErrorReason["_tag"]>(
+export const gradientBackendError = <Tag extends GradientBackendErrorReason["_tag"]>(
   tag: Tag,
   message: string,
-  facts?: PolicyTrainerErrorFacts<Tag>
-): PolicyTrainerError => {
-  const Reason = reasons[tag] as new(fields: { readonly message: string }) => PolicyTrainerErrorReason
-  return new PolicyTrainerError({ reason: new Reason({ ...facts, message }) })
+  facts?: GradientBackendErrorFacts<Tag>
+): GradientBackendError => {
+  const Reason = reasons[tag] as new(fields: { readonly message: string }) => GradientBackendErrorReason
+  return new GradientBackendError({ reason: new Reason({ ...facts, message }) })
 }
 
 // ===== Service =====
 
 /**
- * The PolicyTrainer service.
+ * The GradientBackend service.
  *
  * @category services
  * @since 0.1.0
  */
-export class PolicyTrainer extends Context.Service<PolicyTrainer, {
+export class GradientBackend extends Context.Service<GradientBackend, {
   /** Forward and backward over one micro-batch; gradients accumulate until `optimStep`. */
-  readonly forwardBackward: (batch: Packing.MicroBatch) => Effect.Effect<MicroBatchResult, PolicyTrainerError>
+  readonly forwardBackward: (batch: Packing.MicroBatch) => Effect.Effect<MicroBatchResult, GradientBackendError>
   /** Forward only: `[batch × length]` logprobs of the targets under the current weights (nothing accumulates). */
-  readonly logprobs: (batch: Packing.MicroBatch) => Effect.Effect<Float32Array, PolicyTrainerError>
+  readonly logprobs: (batch: Packing.MicroBatch) => Effect.Effect<Float32Array, GradientBackendError>
   /** Clip, AdamW-update, clear the accumulators. */
-  readonly optimStep: Effect.Effect<OptimResult, PolicyTrainerError>
+  readonly optimStep: Effect.Effect<OptimResult, GradientBackendError>
   /** Clears the accumulated gradients without an update (a step abandoned half-way must not leak into the next). */
   readonly discard: Effect.Effect<void>
   /** A snapshot copy of the current weights (a remote trainer may fail to send them). */
-  readonly weights: Effect.Effect<Weights, PolicyTrainerError>
+  readonly weights: Effect.Effect<Weights, GradientBackendError>
   /** Optimiser steps applied so far. */
-  readonly step: Effect.Effect<number, PolicyTrainerError>
+  readonly step: Effect.Effect<number, GradientBackendError>
   /** Writes weights, optimiser state, step and `meta` to a checkpoint directory. */
-  readonly save: (dir: string, meta: CheckpointMeta) => Effect.Effect<void, PolicyTrainerError>
+  readonly save: (dir: string, meta: CheckpointMeta) => Effect.Effect<void, GradientBackendError>
   /** Restores a checkpoint written by `save`; returns its meta. */
-  readonly load: (dir: string) => Effect.Effect<CheckpointMeta, PolicyTrainerError>
-}>()("agentfly/src/PolicyTrainer") {}
+  readonly load: (dir: string) => Effect.Effect<CheckpointMeta, GradientBackendError>
+}>()("agentfly/src/GradientBackend") {}
 
 // ===== Fakes =====
 
@@ -305,10 +305,10 @@ export interface Recording {
 export const layerRecording = (
   weights: Weights = new Map(),
   logprob: number | ((batch: Packing.MicroBatch) => Float32Array) = 0
-): Layer.Layer<PolicyTrainer | RecordingRef> =>
+): Layer.Layer<GradientBackend | RecordingRef> =>
   Layer.effectContext(Effect.gen(function*() {
     const ref = yield* Ref.make<Recording>({ microBatches: [], steps: 0 })
-    const trainer = PolicyTrainer.of({
+    const trainer = GradientBackend.of({
       forwardBackward: (batch) =>
         Ref.update(ref, (r) => ({ ...r, microBatches: [...r.microBatches, batch] })).pipe(Effect.as({
           loss: 0,
@@ -331,7 +331,7 @@ export const layerRecording = (
       save: () => Effect.void,
       load: () => Effect.succeed({ policyVersion: 0, rngState: [] })
     })
-    return Context.make(PolicyTrainer, trainer).pipe(Context.add(RecordingRef, ref))
+    return Context.make(GradientBackend, trainer).pipe(Context.add(RecordingRef, ref))
   }))
 
 /**
@@ -341,5 +341,5 @@ export const layerRecording = (
  * @since 0.1.0
  */
 export class RecordingRef
-  extends Context.Service<RecordingRef, Ref.Ref<Recording>>()("agentfly/src/PolicyTrainer/Recording")
+  extends Context.Service<RecordingRef, Ref.Ref<Recording>>()("agentfly/src/GradientBackend/Recording")
 {}
