@@ -146,15 +146,41 @@ export interface Stats {
 }
 
 /**
- * Why the gateway refused to open an episode.
+ * An episode of this id is open already.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class DuplicateEpisode extends Schema.TaggedError<DuplicateEpisode>()("DuplicateEpisode", {
+  message: Schema.String,
+  id: Schema.String
+}) {}
+
+/**
+ * The id cannot name an episode (empty, too long, or characters a URL path cannot carry).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class InvalidId extends Schema.TaggedError<InvalidId>()("InvalidId", {
+  message: Schema.String,
+  id: Schema.String
+}) {}
+
+/**
+ * Why the gateway refused to open an episode; handle a reason with `Effect.catchReason("GatewayError", "InvalidId",
+ * …)`. `message` is the reason's.
  *
  * @category errors
  * @since 0.1.0
  */
 export class GatewayError extends Schema.TaggedError<GatewayError>()("GatewayError", {
-  reason: Schema.Literals(["DuplicateEpisode", "InvalidId"]),
-  message: Schema.String
-}) {}
+  reason: Schema.Union([DuplicateEpisode, InvalidId])
+}) {
+  override get message(): string {
+    return this.reason.message
+  }
+}
 
 /**
  * The gateway service.
@@ -257,10 +283,12 @@ const openEntry = Effect.fnUntraced(function*(
 ) {
   if (!validId.test(config.id)) {
     const message = `episode id ${JSON.stringify(config.id)}: use [A-Za-z0-9._~-]`
-    return yield* new GatewayError({ reason: "InvalidId", message })
+    return yield* new GatewayError({ reason: new InvalidId({ message, id: config.id }) })
   }
   if (state.entries.has(config.id) || [...state.entries.values()].some((e) => e.episode.id === config.id)) {
-    return yield* new GatewayError({ reason: "DuplicateEpisode", message: `episode ${config.id} is already open` })
+    return yield* new GatewayError({
+      reason: new DuplicateEpisode({ message: `episode ${config.id} is already open`, id: config.id })
+    })
   }
   const recorder = yield* Recorder.make(config)
   const key = !auto && state.privateEpisodes ? `${config.id}~${Auth.randomId()}` : config.id
