@@ -17,9 +17,10 @@
  *
  * @since 0.1.0
  */
-import { Clock, Context, Effect, Schema } from "effect"
+import { Clock, Context, Effect } from "effect"
 import type * as Dataset from "../src/Dataset.ts"
 import { Advantage, Loss, Packing, GradientBackend, Trajectory } from "../src/index.ts"
+import { LearnerError, learnerError } from "./internal/learnerError.ts"
 import type { RunError } from "./RunError.ts"
 
 // ===== The service =====
@@ -140,107 +141,17 @@ export interface Options {
   readonly criticOnly?: boolean
 }
 
-/**
- * The advantages could not be computed (tag `Advantage`; `cause`: the `AdvantageError`).
- *
- * @category errors
- * @since 0.1.0
- */
-export class AdvantageFailed extends Schema.TaggedError<AdvantageFailed>()("Advantage", {
-  message: Schema.String,
-  cause: Schema.optionalKey(Schema.Defect())
-}) {}
-
-/**
- * The batch could not be packed into micro-batches (tag `Packing`; `cause`: the `PackingError`).
- *
- * @category errors
- * @since 0.1.0
- */
-export class PackingFailed extends Schema.TaggedError<PackingFailed>()("Packing", {
-  message: Schema.String,
-  cause: Schema.optionalKey(Schema.Defect())
-}) {}
-
-/**
- * The trainer failed (tag `Trainer`; `cause`: the `GradientBackendError`).
- *
- * @category errors
- * @since 0.1.0
- */
-export class TrainerFailed extends Schema.TaggedError<TrainerFailed>()("Trainer", {
-  message: Schema.String,
-  cause: Schema.optionalKey(Schema.Defect())
-}) {}
-
-/**
- * The options contradict each other (e.g. a gae estimator without a critic).
- *
- * @category errors
- * @since 0.1.0
- */
-export class Config extends Schema.TaggedError<Config>()("Config", { message: Schema.String }) {}
-
-/**
- * Policy tokens without sampler logprobs, for a loss that needs them.
- *
- * @category errors
- * @since 0.1.0
- */
-export class MissingLogprobs extends Schema.TaggedError<MissingLogprobs>()("MissingLogprobs", {
-  message: Schema.String
-}) {}
-
-/**
- * Why the learner failed.
- *
- * @category errors
- * @since 0.1.0
- */
-export const LearnerErrorReason = Schema.Union([AdvantageFailed, PackingFailed, TrainerFailed, Config, MissingLogprobs])
-export type LearnerErrorReason = typeof LearnerErrorReason.Type
-
-/**
- * The learner failed. Handle reasons with `Effect.catchReason("LearnerError", "Trainer", …)`; `message` is the
- * reason's.
- *
- * @category errors
- * @since 0.1.0
- */
-export class LearnerError extends Schema.TaggedError<LearnerError>()("LearnerError", {
-  reason: LearnerErrorReason
-}) {
-  override get message(): string {
-    return this.reason.message
-  }
-}
-
-/** Each reason's class by its tag, for `learnerError`; a reason left out is a compile error. */
-const reasons = {
-  Advantage: AdvantageFailed,
-  Packing: PackingFailed,
-  Trainer: TrainerFailed,
+// The update's errors live beside it, in their own module; they are this module's as much.
+export {
+  AdvantageFailed,
   Config,
-  MissingLogprobs
-} satisfies Record<
-  LearnerErrorReason["_tag"],
-  unknown
->
-
-/**
- * A `LearnerError` of the reason tagged `tag`: `learnerError("Trainer", text, { cause })`.
- *
- * @category constructors
- * @since 0.1.0
- */
-export const learnerError = <Tag extends LearnerErrorReason["_tag"]>(
-  tag: Tag,
-  message: string,
-  facts?: Omit<ConstructorParameters<(typeof reasons)[Tag]>[0], "message">
-): LearnerError => {
-  const Reason = reasons[tag] as new(fields: { readonly message: string }) => LearnerErrorReason
-  return new LearnerError({ reason: new Reason({ ...facts, message }) })
-}
+  LearnerError,
+  learnerError,
+  LearnerErrorReason,
+  MissingLogprobs,
+  PackingFailed,
+  TrainerFailed
+} from "./internal/learnerError.ts"
 
 // ===== The update =====
 
