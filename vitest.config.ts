@@ -5,8 +5,9 @@ export default defineConfig({
     include: ["test/**/*.test.ts"],
     // Starts Redis, Docker and the rest on a fresh machine (idempotent): the test command needs nothing running.
     globalSetup: ["test/setup/services.ts"],
-    testTimeout: 60_000,
-    hookTimeout: 120_000,
+    // Generous: a limit for a hung test, never a measure of speed (the suite passes beside a CPU hog).
+    testTimeout: 300_000,
+    hookTimeout: 300_000,
     // 2-core machines: a few forks keep CPU-bound ONNX tests from starving each other.
     pool: "forks",
     maxWorkers: 2

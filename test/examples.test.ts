@@ -12,7 +12,7 @@ const runExample = (file: string): string =>
   execFileSync(join(root, "node_modules/.bin/tsx"), [join(root, "examples", file)], {
     cwd: root,
     encoding: "utf8",
-    timeout: 60_000
+    timeout: 300_000
   })
 
 describe("examples/01_custom_tool_and_reward.ts", () => {

@@ -91,7 +91,7 @@ describe("InferenceServers", () => {
       assert.deepStrictEqual(status.map((s) => s.version), [1, 1])
       assert.isTrue(status.every((s) => s.served >= 3), JSON.stringify(status))
       assert.strictEqual(status[0]!.served + status[1]!.served, 12)
-    }))), { timeout: 60_000 })
+    }))), { timeout: 300_000 })
 
   it.live(
     "a dead server's requests go to the others; a restarted one catches up before it serves; none left fails",
@@ -164,7 +164,7 @@ describe("InferenceServers", () => {
         const request = yield* Effect.flip(servers.sampler(2).generate(greedy([1, 2, 3])))
         assert.strictEqual(request.reason._tag, "Transport")
         assert.include(request.message, b.baseUrl)
-      }))), { timeout: 60_000 }
+      }))), { timeout: 300_000 }
   )
 
   it.live("a request waits for a slow answer as long as its limit (engine.timeoutSeconds) allows, and not longer", () =>
@@ -210,7 +210,7 @@ describe("InferenceServers", () => {
       const cut = yield* Effect.flip(hasty.sampler(1).generate(greedy(prompts[0]!)))
       assert.include(cut.message, "no inference server could serve policy version ≥ 1")
       assert.include(cut.message, "in 400 ms")
-    }))), { timeout: 60_000 })
+    }))), { timeout: 300_000 })
 
   it.live("bad weights, a stale version, a wrong token and a server that takes no weights are refused", () =>
     live(Effect.scoped(Effect.gen(function*() {
@@ -302,5 +302,5 @@ describe("InferenceServers", () => {
       // A server that is not there at the start is named.
       const absent = yield* Effect.flip(InferenceServers.make({ urls: ["http://127.0.0.1:9/v1"], parameters }))
       assert.match(absent.message, /inference server http:\/\/127\.0\.0\.1:9\/v1 did not answer GET \/models/)
-    }))), { timeout: 60_000 })
+    }))), { timeout: 300_000 })
 })

@@ -133,5 +133,5 @@ describe("Journal", () => {
       assert.isTrue(replay.tornBytes > 0)
       yield* Effect.scoped(Journal.open(path))
       assert.strictEqual((yield* Journal.read(path)).tornBytes, 0)
-    }).pipe(Effect.provide(NodeServices.layer)), 30_000)
+    }).pipe(Effect.provide(NodeServices.layer)), 300_000)
 })

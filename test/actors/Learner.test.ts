@@ -453,7 +453,7 @@ describe("Learner.update", () => {
       const drops = probabilities.slice(1).map((p, i) => probabilities[i]! - p).filter((d) => d > 0)
       assert.isAtMost(drops.length, 3, `drops: ${drops}`)
       assert.isTrue(drops.every((d) => d < 0.03), `drops: ${drops}`)
-    }).pipe(Effect.provide(NodeServices.layer)), 120_000)
+    }).pipe(Effect.provide(NodeServices.layer)), 300_000)
 })
 
 
@@ -489,7 +489,7 @@ describe("Learner with a KL penalty to a frozen reference", () => {
       }
       assert.approximately(kls[0]!, 0, 1e-6)
       assert.isAbove(kls.at(-1)!, 1e-4, `kl: ${kls}`)
-    }).pipe(Effect.provide(NodeServices.layer)), 60_000)
+    }).pipe(Effect.provide(NodeServices.layer)), 300_000)
 })
 
 describe("Learner with recomputed old logprobs and truncated importance weights", () => {
@@ -526,7 +526,7 @@ describe("Learner with recomputed old logprobs and truncated importance weights"
       assert.approximately(recomputed.figures["learner/approx_kl"]!, 0, 1e-6)
       assert.strictEqual(recomputed.figures["learner/clip_frac"], 0)
       assert.strictEqual(recomputed.outcome, "applied")
-    }).pipe(Effect.provide(NodeServices.layer)), 60_000)
+    }).pipe(Effect.provide(NodeServices.layer)), 300_000)
 })
 
 describe("Learner step failures", () => {
@@ -567,7 +567,7 @@ describe("Learner step failures", () => {
       const a = yield* dirty.trainer.weights
       const b = yield* clean.trainer.weights
       for (const [name, w] of a) assert.deepStrictEqual(Array.from(w), Array.from(b.get(name)!), name)
-    }).pipe(Effect.provide(NodeServices.layer)), 60_000)
+    }).pipe(Effect.provide(NodeServices.layer)), 300_000)
 })
 
 describe("Learner with a critic (PPO with GAE)", () => {
@@ -707,7 +707,7 @@ describe("Learner with a critic (PPO with GAE)", () => {
       assert.strictEqual(values[0], 0)
       const recent = rewards.slice(-5).reduce((a, b) => a + b, 0) / 5
       assert.isBelow(Math.abs(values.at(-1)! - recent), 0.2, `values ${values.map((v) => v.toFixed(2)).join(" ")} vs rewards ${recent}`)
-    }).pipe(Effect.provide(NodeServices.layer)), 120_000)
+    }).pipe(Effect.provide(NodeServices.layer)), 300_000)
 
   it.effect("a critic with shared prompts (sharePrefix) values and learns as with whole rows", () =>
     Effect.gen(function*() {

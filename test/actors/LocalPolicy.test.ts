@@ -153,7 +153,7 @@ describe("LocalPolicy", () => {
         const a = sampled(alone)
         assert.strictEqual(a.length, 6)
         assert.deepStrictEqual(sampled(beside), a, "bit-identical tokens and logprobs")
-      }).pipe(Effect.provide(NodeServices.layer)), 120_000)
+      }).pipe(Effect.provide(NodeServices.layer)), 300_000)
   }
 
   it.live("a batch samples the same tokens and logprobs with the engine on its own thread as on the main thread", () =>
@@ -167,7 +167,7 @@ describe("LocalPolicy", () => {
       const main = sampled(yield* on(false))
       assert.strictEqual(main.length, 6)
       assert.deepStrictEqual(sampled(yield* on(true)), main, "bit-identical tokens and logprobs")
-    }).pipe(Effect.provide(NodeServices.layer)), 120_000)
+    }).pipe(Effect.provide(NodeServices.layer)), 300_000)
 
   it.live("a step that makes the weights non-finite fails with RunError(NonFinite) naming the first bad weight", () =>
     Effect.gen(function*() {
@@ -189,7 +189,7 @@ describe("LocalPolicy", () => {
         error.message,
         /^step 1 made the weights non-finite \(.+\[\d+\] = (NaN|-?Infinity)\); nothing was published or saved$/
       )
-    }).pipe(Effect.provide(NodeServices.layer)), 120_000)
+    }).pipe(Effect.provide(NodeServices.layer)), 300_000)
 
   it.live(
     "learn's outcome: Skipped (NoSignal) when no group has signal; with KL in the reward equal outcomes still apply",

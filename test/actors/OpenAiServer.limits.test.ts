@@ -133,7 +133,7 @@ describe("OpenAiServer: validation before the status line, and request limits", 
       assert.strictEqual(ok.status, 200)
       assert.strictEqual(ok.contentType, "text/event-stream")
       assert.match(ok.text, /data: \[DONE\]\n\n$/)
-    })), 60_000)
+    })), 300_000)
 
   it.live(
     "every field OpenAI documents is accepted (openai SDK); " +
@@ -280,5 +280,5 @@ describe("OpenAiServer: validation before the status line, and request limits", 
         exact: false
       })
       assert.strictEqual(encoded, 0)
-    }), 60_000)
+    }), 300_000)
 })

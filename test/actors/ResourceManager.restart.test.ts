@@ -163,7 +163,7 @@ describe("a coordinated ResourceManager across a Redis restart", () => {
       // So the only slot is taken: a second manager waits and times out.
       yield* failsWithLease(Effect.scoped(b.manager.acquire(resource, chain("b"))), "LeaseTimeout")
       assert.strictEqual(yield* step(lease, log, "a"), second, "and the holder keeps working")
-    }), { timeout: 60_000 })
+    }), { timeout: 300_000 })
 
   it.live("no persistence, a second manager takes the slot first: the holder runs nothing until it is given back", () =>
     Effect.gen(function*() {
@@ -201,7 +201,7 @@ describe("a coordinated ResourceManager across a Redis restart", () => {
         ["a ran", "b ran", "b ran", "b released", "a ran"]
       )
       assert.isAbove((yield* lease.fencingToken)!, tokenB)
-    }), { timeout: 60_000 })
+    }), { timeout: 300_000 })
 
   it.live("no persistence, the slot is not given back in time: the holder's lease fails with LeaseLost, for good", () =>
     Effect.gen(function*() {
@@ -242,7 +242,7 @@ describe("a coordinated ResourceManager across a Redis restart", () => {
         Effect.flatMap(a.manager.acquire(resource, chain("a2")), (l) => l.fencingToken)
       )
       assert.isAbove(again!, (yield* leaseB.fencingToken)!)
-    }), { timeout: 60_000 })
+    }), { timeout: 300_000 })
 
   it.live("AOF: the lease key survives from the old server; the holder gives it back and takes a new token", () =>
     Effect.gen(function*() {
@@ -269,7 +269,7 @@ describe("a coordinated ResourceManager across a Redis restart", () => {
       assert.notDeepEqual(now, stored, "the old grant was released, the new one holds the slot")
       assert.strictEqual(Number(now[0]!.split(":")[0]), after)
       yield* failsWithLease(Effect.scoped(b.manager.acquire(resource, chain("b"))), "LeaseTimeout")
-    }), { timeout: 60_000 })
+    }), { timeout: 300_000 })
 })
 
 describe("a coordinated ResourceManager across a lost connection", () => {
@@ -313,7 +313,7 @@ describe("a coordinated ResourceManager across a lost connection", () => {
         Effect.flatMap(a.manager.acquire(resource, chain("a2")), (l) => step(l, log, "a2"))
       )
       assert.notStrictEqual(other, first, "and the pool serves new chains again")
-    }), { timeout: 120_000 })
+    }), { timeout: 300_000 })
 
   it.live("longer than the TTL: the instance is given up; once reconnected the holder resumes under a new token", () =>
     Effect.gen(function*() {
@@ -342,5 +342,5 @@ describe("a coordinated ResourceManager across a lost connection", () => {
       assert.deepStrictEqual([stats.leased, stats.starting, stats.idle, stats.waiters], [1, 0, 0, 0])
       assert.deepStrictEqual([...alive], [second], "nothing leaked: one instance, one lease")
       assert.strictEqual((yield* leaseKeys(server.url)).length, 1)
-    }), { timeout: 60_000 })
+    }), { timeout: 300_000 })
 })

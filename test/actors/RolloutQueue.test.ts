@@ -107,7 +107,7 @@ describe("RolloutQueue (trainer's side)", () => {
       assert.strictEqual(second["workers/resent"], 1)
       // The first batch's duplicate was counted when it arrived.
       assert.strictEqual(first["workers/duplicates"] + second["workers/duplicates"], 1)
-    }).pipe(Effect.scoped), 60_000)
+    }).pipe(Effect.scoped), 300_000)
 
   it.live("a worker's failure and a batch nobody takes stop the run with typed errors", () =>
     Effect.gen(function*() {
@@ -151,7 +151,7 @@ describe("RolloutQueue (trainer's side)", () => {
       // An unreachable queue at start is typed too.
       const nowhere = yield* Effect.flip(RolloutQueue.client({ url: "redis://127.0.0.1:1", agentKey: "k1" }))
       assert.include(nowhere.message, "cannot be reached")
-    }).pipe(Effect.scoped), 60_000)
+    }).pipe(Effect.scoped), 300_000)
 
   it.live("a queue lost mid-batch stops the run within about 10 s, saying so at once and how to go on; one back in time is not", () =>
     Effect.gen(function*() {
@@ -191,7 +191,7 @@ describe("RolloutQueue (trainer's side)", () => {
       assert.include(lost.message, `lost the rollout queue ${server.url}`)
       assert.include(lost.message, "agentfly train CONFIG --resume")
       assert.isTrue(waited >= 9 && waited < 60, `stopped after ${waited} s`)
-    }).pipe(Effect.scoped), 120_000)
+    }).pipe(Effect.scoped), 300_000)
 
   it.live("with a token, a reply without the run's HMAC stops the run untrained; runs whose agent keys match never mix", () =>
     Effect.gen(function*() {
@@ -240,5 +240,5 @@ describe("RolloutQueue (trainer's side)", () => {
       const open = yield* Effect.flip(RolloutQueue.client({ url: "redis://10.1.2.3:6379", agentKey: "k1", runId: "ra" }))
       assert.strictEqual(open.reason._tag, "Workers")
       assert.include(open.message, "without a token")
-    }).pipe(Effect.scoped), 60_000)
+    }).pipe(Effect.scoped), 300_000)
 })

@@ -197,7 +197,7 @@ describe("RolloutWorker", () => {
 
       const absent = yield* Effect.flip(RolloutWorker.client({ urls: ["http://127.0.0.1:9/v1"], agentKey: key, runId }))
       assert.include(absent.message, "rollout worker http://127.0.0.1:9/v1 did not answer GET /worker")
-    }).pipe(Effect.provide([NodeServices.layer, ResourceManager.ResourceManager.layer]))), { timeout: 120_000 })
+    }).pipe(Effect.provide([NodeServices.layer, ResourceManager.ResourceManager.layer]))), { timeout: 300_000 })
 
   it.live("strangers: a token before any answer, a loopback-only worker without one, bounded shares, signed results", () =>
     Effect.scoped(Effect.gen(function*() {
@@ -326,7 +326,7 @@ describe("RolloutWorker", () => {
         assert.include(forged.message, "fails its authentication")
         assert.include(forged.message, "nothing of it is trained on")
       }
-    }).pipe(Effect.provide([NodeServices.layer, ResourceManager.ResourceManager.layer]))), { timeout: 120_000 })
+    }).pipe(Effect.provide([NodeServices.layer, ResourceManager.ResourceManager.layer]))), { timeout: 300_000 })
 
   it.live("a share longer than the silence limit lives on heartbeats; a silent worker's share moves; a failed share says why", () =>
     Effect.scoped(Effect.gen(function*() {
@@ -449,7 +449,7 @@ describe("RolloutWorker", () => {
       assert.deepStrictEqual([failures.share, failures.reason, failures.total], [1, "SamplerTransient", 3])
       assert.include(RolloutFigures.firstFailure(strandedGroups.flatMap((g) => g.trajectories)), doomed.baseUrl)
       yield* Scope.close(scope, Exit.void)
-    }).pipe(Effect.provide([NodeServices.layer, ResourceManager.ResourceManager.layer]))), { timeout: 120_000 })
+    }).pipe(Effect.provide([NodeServices.layer, ResourceManager.ResourceManager.layer]))), { timeout: 300_000 })
 
   it.live("a queue worker rolls a batch out as one process does; it answers an unreadable share, drops a gone trainer's", () =>
     Effect.scoped(Effect.gen(function*() {
@@ -513,5 +513,5 @@ describe("RolloutWorker", () => {
       assert.strictEqual(yield* Effect.promise(() => redis.exists("victim")), 0)
       assert.strictEqual(yield* Effect.promise(() => redis.ttl("victim:alive")), -1)
       assert.deepStrictEqual([...taken].sort(), [1, 2, 2])
-    }).pipe(Effect.provide([NodeServices.layer, ResourceManager.ResourceManager.layer]))), { timeout: 120_000 })
+    }).pipe(Effect.provide([NodeServices.layer, ResourceManager.ResourceManager.layer]))), { timeout: 300_000 })
 })

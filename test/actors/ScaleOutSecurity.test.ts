@@ -169,7 +169,7 @@ describe("trainer server", () => {
       // The run's trainer is still there, with its session.
       const listed = yield* send(`${baseUrl}/trainer`, { headers: auth })
       assert.deepStrictEqual(JSON.parse(listed.text).trainers, ["policy"])
-    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 60_000)
+    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 300_000)
 
   it.live("session ids are 128 random bits; %ZZ in a URL is a 400; a 10 GB body is refused unread", () =>
     Effect.gen(function*() {
@@ -190,7 +190,7 @@ describe("trainer server", () => {
       assert.match(huge.head, /^HTTP\/1\.1 413/)
       assert.match(huge.head, /connection: close/i)
       assert.isTrue(huge.closed)
-    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 60_000)
+    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 300_000)
 
   it.live("catch_up sends the weights only to servers a push named; an allow-list bounds pushes", () =>
     Effect.gen(function*() {
@@ -224,7 +224,7 @@ describe("trainer server", () => {
       const outside = yield* Effect.flip(bounded.push(push, [evil.url]))
       assert.include(outside.message, "not an allowed inference server")
       assert.strictEqual(evil.puts.length, 0)
-    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 60_000)
+    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 300_000)
 
   it.live("a non-loopback host without a token is refused at start", () =>
     Effect.gen(function*() {
@@ -280,7 +280,7 @@ describe("agentfly serve", () => {
         Effect.provideService(PolicyEngine, engine)
       ))
       assert.include(message, "refusing to listen on 0.0.0.0 without a token")
-    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 60_000)
+    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 300_000)
 })
 
 describe("gateway", () => {
@@ -339,7 +339,7 @@ describe("gateway", () => {
       const own = JSON.parse((yield* send(episode, { headers: as("alice-token") })).text)
       assert.strictEqual(own.requests, 1)
       assert.isNull(own.reward)
-    }).pipe(Effect.scoped), 60_000)
+    }).pipe(Effect.scoped), 300_000)
 
   it.live("open episodes are bounded: past the limit a new one is 429 until one ends", () =>
     Effect.gen(function*() {
@@ -362,7 +362,7 @@ describe("gateway", () => {
       assert.strictEqual((again.cause as { status?: number }).status, 409)
       const other = yield* Effect.flip(chat(`${gateway.url}/episodes/a/v1`, "bob-token"))
       assert.strictEqual((other.cause as { status?: number }).status, 404)
-    }).pipe(Effect.scoped), 60_000)
+    }).pipe(Effect.scoped), 300_000)
 
   it.live(
     "a 10 GB Content-Length is refused before a byte is buffered, and the connection closed",

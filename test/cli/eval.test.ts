@@ -233,5 +233,5 @@ export const config = {
       )
       assert.include(result.firstFailure, "lock rusty does not turn")
       assert.strictEqual(JSON.parse(readFileSync(output, "utf8")).firstFailure, result.firstFailure)
-    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 60_000)
+    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 300_000)
 })

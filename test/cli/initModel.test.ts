@@ -20,7 +20,7 @@ describe("agentfly init-model and serve", () => {
       const init = spawnSync(tsx, [main, "init-model", "--out", out, "--preset", "small", "--seed", "7"], {
         cwd: repoRoot,
         encoding: "utf8",
-        timeout: 60_000
+        timeout: 300_000
       })
       assert.strictEqual(init.status, 0, init.stderr)
       assert.match(init.stdout, /qwen2 small, 4 layers, width 256/)
@@ -30,7 +30,7 @@ describe("agentfly init-model and serve", () => {
       const bad = spawnSync(tsx, [main, "init-model", "--out", join(dir, "x"), "--preset", "huge"], {
         cwd: repoRoot,
         encoding: "utf8",
-        timeout: 60_000
+        timeout: 300_000
       })
       assert.notStrictEqual(bad.status, 0)
       assert.match(bad.stdout + bad.stderr, /preset/)
@@ -52,5 +52,5 @@ describe("agentfly init-model and serve", () => {
         (child) => Effect.sync(() => child.kill("SIGTERM"))
       )
       assert.deepStrictEqual(JSON.parse(models).data.map((m: { id: string }) => m.id), ["small-model"])
-    }), { timeout: 120_000 })
+    }), { timeout: 300_000 })
 })

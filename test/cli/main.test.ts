@@ -11,7 +11,7 @@ const agentfly = (...args: Array<string>) =>
   spawnSync(join(repoRoot, "node_modules/.bin/tsx"), [join(repoRoot, "cli/main.ts"), ...args], {
     cwd: repoRoot,
     encoding: "utf8",
-    timeout: 60_000
+    timeout: 300_000
   })
 
 describe("agentfly", () => {
@@ -27,12 +27,12 @@ describe("agentfly", () => {
     assert.strictEqual(value.status, 1)
     assert.strictEqual(value.stdout, "")
     assert.match(value.stderr, /^Invalid value for flag --seed: "abc"\. .*\nSee `agentfly eval --help`\.\n$/)
-  }, 120_000)
+  }, 300_000)
 
   it("--help still prints the help", () => {
     const help = agentfly("train", "--help")
     assert.strictEqual(help.status, 0)
     assert.include(help.stdout, "FLAGS")
     assert.include(help.stdout, "--resume")
-  }, 60_000)
+  }, 300_000)
 })

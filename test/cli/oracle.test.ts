@@ -131,7 +131,7 @@ export const oracle = ${oracle}`
       writeFileSync(join(dir, "odd.mts"), module(`"bisect"`))
       const odd = yield* Effect.flip(OracleCli.play(configOf(dir, "odd", "./odd.mts"), 1))
       assert.include((odd as Error).message, "exports an `oracle` that is not a function")
-    }).pipe(Effect.provide(NodeServices.layer)), 120_000)
+    }).pipe(Effect.provide(NodeServices.layer)), 300_000)
 
   it.live("an episode whose step throws is said in the summary, not read as an oracle that loses", () =>
     Effect.gen(function*() {

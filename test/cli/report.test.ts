@@ -20,7 +20,7 @@ describe("agentfly report", () => {
     const out = execFileSync(process.execPath, ["--import", "tsx", "cli/main.ts", "report", dir], {
       cwd: root,
       encoding: "utf8",
-      timeout: 60_000
+      timeout: 300_000
     })
     assert.include(out, "3 metric records, 0 sampled trajectories")
     const html = readFileSync(join(dir, "report.html"), "utf8")
@@ -42,7 +42,7 @@ describe("agentfly report", () => {
       const result = spawnSync(process.execPath, ["--import", "tsx", "cli/main.ts", "report", dir], {
         cwd: root,
         encoding: "utf8",
-        timeout: 60_000
+        timeout: 300_000
       })
       assert.strictEqual(result.status, 1)
       assert.include(result.stderr, says)
@@ -54,7 +54,7 @@ describe("agentfly report", () => {
     const file = spawnSync(process.execPath, ["--import", "tsx", "cli/main.ts", "report", config], {
       cwd: root,
       encoding: "utf8",
-      timeout: 60_000
+      timeout: 300_000
     })
     assert.strictEqual(file.status, 1)
     assert.include(
@@ -96,7 +96,7 @@ describe("agentfly report", () => {
       {
         cwd: root,
         encoding: "utf8",
-        timeout: 60_000
+        timeout: 300_000
       }
     )
     assert.include(said, `wrote ${out} (2 runs compared)`)
@@ -119,14 +119,14 @@ describe("agentfly report", () => {
     const refused = spawnSync(process.execPath, ["--import", "tsx", "cli/main.ts", "report", sync, empty], {
       cwd: root,
       encoding: "utf8",
-      timeout: 60_000
+      timeout: 300_000
     })
     assert.strictEqual(refused.status, 1)
     assert.include(refused.stderr, `${empty} holds no training run`)
     const one = spawnSync(process.execPath, ["--import", "tsx", "cli/main.ts", "report", sync, "--out", out], {
       cwd: root,
       encoding: "utf8",
-      timeout: 60_000
+      timeout: 300_000
     })
     assert.strictEqual(one.status, 1)
     assert.include(one.stderr, "--out is where a comparison of several runs goes")

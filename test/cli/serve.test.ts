@@ -73,11 +73,11 @@ describe("agentfly serve", () => {
       const bad = spawnSync(tsx, [main, "serve", "--model-dir", dir, "--port", "0", "--max-running-per-request", "0"], {
         cwd: repoRoot,
         encoding: "utf8",
-        timeout: 60_000
+        timeout: 300_000
       })
       assert.notStrictEqual(bad.status, 0)
       assert.include(bad.stdout + bad.stderr, "--max-running-per-request must be at least 1, got 0")
-    }), { timeout: 120_000 })
+    }), { timeout: 300_000 })
 
   it.live("--checkpoint serves a training run's weights at that checkpoint; a corrupt one exits with its reason", () =>
     Effect.gen(function*() {
@@ -122,11 +122,11 @@ describe("agentfly serve", () => {
       const bad = spawnSync(tsx, [main, "serve", "--model-dir", join(dir, "model"), "--checkpoint", broken], {
         cwd: repoRoot,
         encoding: "utf8",
-        timeout: 60_000
+        timeout: 300_000
       })
       assert.strictEqual(bad.status, 1)
       assert.include(bad.stderr, "model.safetensors")
-    }), { timeout: 180_000 })
+    }), { timeout: 300_000 })
 
   it("serve, gateway and trainer refuse a non-loopback host without a token, with the reason", () => {
     const dir = mkdtempSync(join(tmpdir(), "agentfly-bind-"))
@@ -138,7 +138,7 @@ describe("agentfly serve", () => {
       [["trainer", "--host", "0.0.0.0", "--port", "0"], "AGENTFLY_TRAINER_TOKEN or --token-file"]
     ]
     for (const [args, how] of commands) {
-      const run = spawnSync(tsx, [main, ...args], { cwd: repoRoot, env, encoding: "utf8", timeout: 120_000 })
+      const run = spawnSync(tsx, [main, ...args], { cwd: repoRoot, env, encoding: "utf8", timeout: 300_000 })
       assert.strictEqual(run.status, 1, `${args[0]}: ${run.stdout}${run.stderr}`)
       assert.include(run.stderr, "refusing to listen on 0.0.0.0 without a token", args[0])
       assert.include(run.stderr, how)

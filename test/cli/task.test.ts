@@ -138,7 +138,7 @@ describe("a user's task module", () => {
           `folder cannot find: a task module outside this package uses this package's own node_modules (its ` +
           `effect is the runtime's), linked beside it: ln -s ${join(root, "node_modules")} ${dir}/node_modules`
       )
-    }), 60_000)
+    }), 300_000)
 
   it.live("linked as the README says, a module outside the package loads, and the command runs from its folder", () =>
     Effect.gen(function*() {
@@ -161,7 +161,7 @@ describe("a user's task module", () => {
       })
       assert.strictEqual(run.code, 0, run.output)
       assert.include(run.output, "1 rows: solved 0.0 %, mean reward 0.000")
-    }), 60_000)
+    }), 300_000)
 
   it.live("TrainLoop.run: every chain's own environment, reset with its row, speaks and ends its episode", () =>
     Effect.gen(function*() {
@@ -215,7 +215,7 @@ describe("a user's task module", () => {
         assert.closeTo(shares.reduce((a, [, v]) => a + v, 0), 1, 1e-9, "termination shares sum to 1")
         assert.strictEqual(r.figures["rollout/failure_share"], 0)
       }
-    }).pipe(Effect.provide(NodeServices.layer)), 180_000)
+    }).pipe(Effect.provide(NodeServices.layer)), 300_000)
 
   it.live("agentfly train module.ts: SIGKILL then --resume repeats the uninterrupted run; agentfly eval reads it", () =>
     Effect.gen(function*() {

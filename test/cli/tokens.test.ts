@@ -24,7 +24,7 @@ const agentfly = (...args: Array<string>) =>
       cwd: repoRoot,
       encoding: "utf8",
       env: { ...process.env, NO_COLOR: "1" },
-      timeout: 60_000
+      timeout: 300_000
     })
   )
 
@@ -58,7 +58,7 @@ layer(Qwen.layer)("agentfly tokens", (it) => {
       assert.strictEqual(single.segments, 1)
       const full = yield* ChatTemplate.builtinTemplate("qwen2.5").render(fourTurns, { tools })
       assert.deepStrictEqual(single.ids, tokenizer.encode(full))
-    }), 120_000)
+    }), 300_000)
 
   it.effect(
     "a JSONL file (demonstrations) shows the conversation of --line N, the line its errors name",
@@ -104,7 +104,7 @@ layer(Qwen.layer)("agentfly tokens", (it) => {
       const missing = yield* agentfly("tokens", "--model-dir", dir, "--conversation", conversationFile)
       assert.strictEqual(missing.status, 1)
       assert.include(missing.stderr, "TokenizerError (NotFound)")
-    }), 120_000)
+    }), 300_000)
 })
 
 describe("agentfly tokens report", () => {

@@ -182,5 +182,5 @@ describe("a full disk", () => {
       const journal = (yield* Journal.read(join(config.output, "journal.jsonl"))).entries.map((e) => e.entry.kind)
       assert.notInclude(journal, "checkpoint", "no checkpoint journaled")
       assert.deepStrictEqual(readdirSync(join(config.output, "checkpoints")), [], "no half-written .step-N.tmp left")
-    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 120_000)
+    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 300_000)
 })

@@ -162,14 +162,14 @@ describe("the environments against the local engine and against an OpenAI-compat
       // Every complete reply is a command the world narrates (most random replies never reach an end of turn).
       const narrated = local.filter((t) => t.metrics["reward/solved/steps"]! > 0 && spansOf(t, "env") > 0)
       assert.isAtLeast(narrated.length, 3, "the world answered the policy's commands")
-    }), 180_000)
+    }), 300_000)
 
   it.live("search: the same tokens, masks, terminations and rewards both ways", () =>
     Effect.gen(function*() {
       const { local } = yield* sameBothWays("search")
       assert.isTrue(local.every((t) => t.rewardStatus === "scored"), "the reward scored each chain")
       assert.isAtLeast(local.filter(answeredAfterTurn).length, 1, "some turn's observations reached the policy")
-    }), 180_000)
+    }), 300_000)
 
   it.live("webshop: the same tokens, masks, terminations and rewards both ways", () =>
     Effect.gen(function*() {
@@ -177,12 +177,12 @@ describe("the environments against the local engine and against an OpenAI-compat
       const scoredUnlessFailed = local.every((t) => t.rewardStatus === "scored" || t.termination === "error")
       assert.isTrue(scoredUnlessFailed, "the reward scored each chain that did not fail")
       assert.isAtLeast(local.filter(answeredAfterTurn).length, 1, "some turn's observations reached the policy")
-    }), 180_000)
+    }), 300_000)
 
   it.live("chess: the same tokens, masks, terminations and rewards both ways", () =>
     Effect.gen(function*() {
       const { local } = yield* sameBothWays("chess")
       assert.isTrue(local.every((t) => t.rewardStatus === "scored"), "the reward scored each chain")
       assert.isTrue(local.every((t) => Message.text(t.messages[2]!.content).includes("FEN: ")), "shown its puzzle")
-    }), 180_000)
+    }), 300_000)
 })

@@ -182,7 +182,7 @@ layer(Qwen.layer)("TrajectoryBuilder on the real Qwen tokenizer", (it) => {
         assert.strictEqual(builder.rewrites.length, builder.segments.length - 1)
         yield* checkSegments(tokenizer, qwen3, messages, builder)
       }
-    }), 120_000)
+    }), 300_000)
 
   it.effect("rendering each turn's tail builds what rendering the whole conversation every turn builds", () =>
     Effect.gen(function*() {
@@ -219,7 +219,7 @@ layer(Qwen.layer)("TrajectoryBuilder on the real Qwen tokenizer", (it) => {
         assert.deepStrictEqual(a!.segments, b!.segments)
         assert.deepStrictEqual(a!.rewrites, b!.rewrites)
       }
-    }), 120_000)
+    }), 300_000)
 
   it.effect("token-in/token-out: sampled ids are kept verbatim even when they are not the canonical tokenization", () =>
     Effect.gen(function*() {
@@ -323,7 +323,7 @@ layer(Qwen.layer)("TrajectoryBuilder on the real Qwen tokenizer", (it) => {
           assert.strictEqual(builder.rewrites.length, builder.segments.length - 1)
         }
       }
-    }), 120_000)
+    }), 300_000)
 
   it.effect("bad input gives typed errors: ids, logprobs, order, template", () =>
     Effect.gen(function*() {

@@ -130,5 +130,5 @@ describe("training an agent function", () => {
           assert.isTrue(sources.includes("env") || t.segments.length > 1 || policy.length < 2)
         }
       }
-    }).pipe(Effect.provide(NodeServices.layer)), 120_000)
+    }).pipe(Effect.provide(NodeServices.layer)), 300_000)
 })

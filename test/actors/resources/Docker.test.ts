@@ -50,7 +50,7 @@ describe("Docker reaper", () => {
       holder.child.kill("SIGTERM")
       yield* holder.exited.pipe(Effect.timeout("30 seconds"))
       assert.strictEqual(yield* labelled(holder.runId), 0, "no labelled container left")
-    }), { timeout: 90_000 })
+    }), { timeout: 300_000 })
 
   it.live("SIGKILL: the orphans of the dead run are removed by the reaper of the next run", () =>
     Effect.gen(function*() {
@@ -62,7 +62,7 @@ describe("Docker reaper", () => {
       const reaped = yield* Docker.reapOrphans(new DockerodeClient({ socketPath: "/var/run/docker.sock" }))
       assert.isAtLeast(reaped, 2)
       assert.strictEqual(yield* labelled(holder.runId), 0, "no labelled container left")
-    }), { timeout: 90_000 })
+    }), { timeout: 300_000 })
 
   it.live("one exec per action: stdout, stderr, exit code, stdin, time limit; a removed container is a crash", () =>
     Effect.gen(function*() {

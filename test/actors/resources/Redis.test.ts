@@ -144,7 +144,7 @@ describe("Redis leases", () => {
         const refused = yield* Effect.flip(b.fencedSet(stale, "gpu:owner", "dead holder"))
         assert.strictEqual(refused.reason._tag, "LeaseLost")
       }
-    }), { timeout: 90_000 })
+    }), { timeout: 300_000 })
 
   it.live("a lost connection gives a typed, retryable CoordinatorUnavailable", () =>
     Effect.gen(function*() {
@@ -242,7 +242,7 @@ describe("Redis leases across a restart or failover", () => {
       )
       yield* b.fencedSet(leaseB, "env:state", "b after the restart")
       assert.strictEqual(yield* b.get("env:state"), "b after the restart")
-    }), { timeout: 30_000 })
+    }), { timeout: 300_000 })
 
   it.live("AOF: the lease key survives but from an earlier generation: lost, and holding its slot until released", () =>
     Effect.gen(function*() {
@@ -282,7 +282,7 @@ describe("Redis leases across a restart or failover", () => {
       const leaseB = yield* b.acquire({ resource: "env", cap: 1, waitMillis: 1_000, onLost: noop })
       assert.isAbove(leaseB.token, leaseA.token)
       yield* b.fencedSet(leaseB, "env:state", "b")
-    }), { timeout: 30_000 })
+    }), { timeout: 300_000 })
 
   it.live("AOF missing the latest grant (a lost fsync window): tokens grow, the stale release deletes nothing", () =>
     Effect.gen(function*() {
@@ -315,7 +315,7 @@ describe("Redis leases across a restart or failover", () => {
         Effect.scoped(c.acquire({ resource: "env", cap: 1, waitMillis: 300, onLost: noop })),
         "LeaseTimeout"
       )
-    }), { timeout: 30_000 })
+    }), { timeout: 300_000 })
 
   it.live("failover to a replica that missed the latest grant: a greater token; the old primary's lease refused", () =>
     Effect.gen(function*() {
@@ -337,5 +337,5 @@ describe("Redis leases across a restart or failover", () => {
       yield* failsWith(aOnReplica.fencedSet(leaseA, "env:state", "a from the old primary"), "LeaseLost")
       yield* b.fencedSet(leaseB, "env:state", "b")
       assert.strictEqual(yield* b.get("env:state"), "b")
-    }), { timeout: 30_000 })
+    }), { timeout: 300_000 })
 })

@@ -80,7 +80,7 @@ describe("chess from the command line", () => {
       const run = yield* Effect.exit(generated({ lichess: join(source, "bad.csv") }))
       assert.isTrue(run._tag === "Failure")
       assert.match(String(run._tag === "Failure" ? run.cause : ""), /bad\.csv:12: bad: /)
-    }), { timeout: 120_000 })
+    }), { timeout: 300_000 })
 
   it.live("the short config trains through `agentfly train` and its checkpoint evaluates with `agentfly eval`", () =>
     Effect.gen(function*() {

@@ -65,7 +65,7 @@ describe("chess task", () => {
         assert.match(tools(t)[0]!, /^Legal moves: /)
         assert.strictEqual(t.metrics["reward/chess/steps"], 1 + rows[i]!.moves.length / 2)
       }
-    }), { timeout: 120_000 })
+    }), { timeout: 300_000 })
 
   it.effect("random legal moves score ≈ 0", () =>
     Effect.gen(function*() {
@@ -76,7 +76,7 @@ describe("chess task", () => {
       // A random legal move is the one mate of a mate in one with a chance of 1 in the number of legal moves (≈ 30).
       assert.isAtMost(Oracle.solveRate(played), 0.1)
       assert.isTrue(played.some((t) => t.episodeEnd === "failed"), "wrong moves fail the puzzle")
-    }), { timeout: 120_000 })
+    }), { timeout: 300_000 })
 
   it.effect(
     "malformed and refused actions are typed error observations; the episode goes on",
@@ -108,7 +108,7 @@ describe("chess task", () => {
         assert.strictEqual(t!.metrics["reward/chess/refused"], 1)
         assert.strictEqual(t!.metrics["reward/chess/steps"], 2, "format errors never reached the board")
       }),
-    { timeout: 60_000 }
+    { timeout: 300_000 }
   )
 
   it.effect(
@@ -138,7 +138,7 @@ describe("chess task", () => {
         assert.closeTo(missed!.reward, 1 / 6, 1e-12)
         assert.strictEqual(missed!.metrics["reward/chess/correct"], 1)
       }),
-    { timeout: 60_000 }
+    { timeout: 300_000 }
   )
 
   it.effect(
@@ -175,7 +175,7 @@ describe("chess task", () => {
         assert.isAbove(after["env/chess/boards"]!, 46)
         assert.strictEqual(after["env/chess/open"], 0)
       }).pipe(Effect.provide(Oracle.layer(ChessOracle.oracle))),
-    { timeout: 120_000 }
+    { timeout: 300_000 }
   )
 
   it.effect("resolves as the built-in task chess, with options checked strictly; bad rows are refused on load", () =>

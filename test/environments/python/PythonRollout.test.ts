@@ -59,5 +59,5 @@ describe("python tool in rollouts", () => {
       assert.strictEqual(stats!.leased, 0, "every lease released")
       assert.strictEqual(stats!.acquires, 8)
       assert.strictEqual(stats!.starts, 8)
-    }).pipe(Effect.provide(ResourceManager.ResourceManager.layer)), { timeout: 60_000 })
+    }).pipe(Effect.provide(ResourceManager.ResourceManager.layer)), { timeout: 300_000 })
 })

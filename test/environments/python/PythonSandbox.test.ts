@@ -19,7 +19,7 @@ const Env = Layer.merge(ResourceManager.ResourceManager.layer, Docker.layerWith(
 /** The docker CLI, without blocking the event loop (a synchronous call would freeze every fiber). */
 const dockerCli = (args: ReadonlyArray<string>) =>
   Effect.callback<string, Error>((resume) => {
-    const child = execFile("docker", args, { timeout: 30_000 }, (error, stdout) =>
+    const child = execFile("docker", args, { timeout: 300_000 }, (error, stdout) =>
       resume(error ? Effect.fail(error) : Effect.succeed(stdout)))
     return Effect.sync(() => child.kill())
   })
@@ -49,7 +49,7 @@ for (const transport of ["exec", "attach"] as const) {
       return yield* f(Context.get(context, PythonSandbox.PythonSandbox))
     }))
 
-  layer(Env, { timeout: 120_000, excludeTestServices: true })(`PythonSandbox on Docker (${transport})`, (it) => {
+  layer(Env, { timeout: 300_000, excludeTestServices: true })(`PythonSandbox on Docker (${transport})`, (it) => {
     it.effect("state persists across calls within a chain; another chain does not see it", () =>
       Effect.gen(function*() {
         const [first, second, other] = yield* withSandbox("a", (a) =>
@@ -181,7 +181,7 @@ for (const transport of ["exec", "attach"] as const) {
   })
 }
 
-layer(Env, { timeout: 120_000, excludeTestServices: true })("PythonSandbox on Docker (default transport)", (it) => {
+layer(Env, { timeout: 300_000, excludeTestServices: true })("PythonSandbox on Docker (default transport)", (it) => {
   it.effect("calls go over the container's attached stdio: no exec is ever made in it", () =>
     Effect.scoped(Effect.gen(function*() {
       const spec = yield* PythonSandbox.spec({

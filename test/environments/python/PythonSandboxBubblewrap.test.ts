@@ -38,7 +38,7 @@ const withSandbox = <A, E, R>(
     return yield* f(Context.get(context, PythonSandbox.PythonSandbox))
   }))
 
-layer(ResourceManager.ResourceManager.layer, { timeout: 60_000, excludeTestServices: true })(
+layer(ResourceManager.ResourceManager.layer, { timeout: 300_000, excludeTestServices: true })(
   "PythonSandbox on bubblewrap",
   (it) => {
     it.effect("state persists within a chain and not across chains; runs as nobody in the work dir", () =>
@@ -115,5 +115,5 @@ describe("PythonSandbox on bubblewrap, after the run", () => {
       )
       assert.strictEqual(out.stdout, "42\n")
       assert.deepStrictEqual(runDirs(), [], "the run's cgroup directories are gone with its last sandbox")
-    }), 60_000)
+    }), 300_000)
 })

@@ -137,7 +137,7 @@ for (const transport of ["exec", "attach", "bubblewrap"] as const) {
   const json = (sandbox: PythonSandbox.PythonSandbox["Service"], code: string) =>
     Effect.map(sandbox.run(code), (r) => JSON.parse(r.stdout) as Record<string, any>)
 
-  layer(Env, { timeout: 180_000, excludeTestServices: true })(`attacks on the Python sandbox (${transport})`, (it) => {
+  layer(Env, { timeout: 300_000, excludeTestServices: true })(`attacks on the Python sandbox (${transport})`, (it) => {
     it.effect("a setsid daemon survives neither its cell nor the reset; the supervisor answers the next chain", () =>
       Effect.gen(function*() {
         const chain = yield* pool("daemon")
@@ -396,6 +396,6 @@ for (const transport of ["exec", "attach", "bubblewrap"] as const) {
           yield* Docker.reapOrphans(new DockerodeClient({ socketPath: "/var/run/docker.sock" }))
           assert.strictEqual(yield* labelled(holder.runId), 0, "no container left")
         }
-      })), 120_000)
+      })), 300_000)
   })
 }

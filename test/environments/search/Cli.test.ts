@@ -37,5 +37,5 @@ describe("search task on the command line", () => {
       assert.strictEqual(evaluated.code, 0, evaluated.output)
       assert.match(evaluated.output, /held-out accuracy [\d.]+/)
       assert.strictEqual(evaluated.result!["questions"], 16)
-    }).pipe(Effect.provide(NodeServices.layer)), 180_000)
+    }).pipe(Effect.provide(NodeServices.layer)), 300_000)
 })

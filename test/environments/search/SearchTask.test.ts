@@ -171,7 +171,7 @@ describe("search generator", () => {
         assert.strictEqual(system.content, SearchTask.systemPrompt)
         assert.strictEqual(call.tool_calls[0].function.arguments.query, World.parse(user.content)!.name)
       }
-    }), { timeout: 60_000 })
+    }), { timeout: 300_000 })
 
   it.effect("--kind born: one template, the birthplace on the first line, noisy slips the job on the second", () =>
     Effect.gen(function*() {
@@ -201,7 +201,7 @@ describe("search generator", () => {
       assert.isTrue(slips > 15 && slips < 45, `${slips} of 60 noisy demonstrations answer the job`)
       const bad = yield* Effect.exit(generated({ kind: "borm" }))
       assert.isTrue(Exit.isFailure(bad) && String(Cause.squash(bad.cause)).includes("unknown kind borm"))
-    }), { timeout: 60_000 })
+    }), { timeout: 300_000 })
 
   it.effect("noisy demonstrations misstate a share of their answers; the rest are the oracle's", () =>
     Effect.gen(function*() {
@@ -215,7 +215,7 @@ describe("search generator", () => {
         // Same searches, same observations: only the final answer may differ.
         assert.deepStrictEqual(d["messages"].slice(0, -2), gold[i]!["messages"].slice(0, -2))
       }
-    }), { timeout: 60_000 })
+    }), { timeout: 300_000 })
 })
 
 describe("search task", () => {
@@ -235,7 +235,7 @@ describe("search task", () => {
       }
       // Both kinds of hop are there, and solved.
       assert.isAtLeast(accuracy(ts.filter((t) => t.row?.["hops"] === 2)), 0.95)
-    }), { timeout: 60_000 })
+    }), { timeout: 300_000 })
 
   it.effect("the oracle answers ≥ 95% of the lookup variant's questions (born only, lookup.json's world)", () =>
     Effect.gen(function*() {
@@ -246,7 +246,7 @@ describe("search task", () => {
       const ts = yield* rollout(SearchOracle.oracle, rows, { task: options })
       assert.isAtLeast(accuracy(ts), 0.95)
       assert.isTrue(ts.every((t) => t.metrics["reward/answer/searches"] === 1))
-    }), { timeout: 60_000 })
+    }), { timeout: 300_000 })
 
   it.effect("noise policies score near 0: answering a random word of what they read, or without searching", () =>
     Effect.gen(function*() {
@@ -259,7 +259,7 @@ describe("search task", () => {
       )
       assert.strictEqual(accuracy(blind), 0)
       assert.isTrue(blind.every((t) => t.metrics["reward/answer/answered"] === 1))
-    }), { timeout: 60_000 })
+    }), { timeout: 300_000 })
 
   it.effect("an episode that never calls answer scores 0 even when its last observation holds the answer", () =>
     Effect.gen(function*() {

@@ -93,7 +93,7 @@ describe("swe task (Harbor folders, Docker)", () => {
       assert.strictEqual(seen[7]!, "submitted")
       assert.strictEqual(t!.episodeEnd, "submitted")
       assert.strictEqual(t!.reward, 0)
-    }), { timeout: 120_000 })
+    }), { timeout: 300_000 })
 
   it.effect("chains on the same task have their own containers", () =>
     Effect.gen(function*() {

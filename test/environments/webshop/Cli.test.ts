@@ -65,7 +65,7 @@ describe("webshop from the command line", () => {
       }
       const products = yield* Catalog.parse("products.jsonl", a.text("products.jsonl"))
       assert.deepStrictEqual(products, Catalog.generate(Catalog.defaultSource.seed, Catalog.defaultSource.size))
-    }), { timeout: 120_000 })
+    }), { timeout: 300_000 })
 
   it.live("the oracle's longest call fits the task's maxNewTokens and the shipped configs', so no turn is cut", () =>
     Effect.gen(function*() {
@@ -91,7 +91,7 @@ describe("webshop from the command line", () => {
       for (const [where, budget] of Object.entries(budgets)) {
         assert.isAtLeast(budget, longest, `${where}: maxNewTokens ${budget} cuts the oracle's ${longest}-token call`)
       }
-    }), { timeout: 120_000 })
+    }), { timeout: 300_000 })
 
   it.live("the short config trains through `agentfly train` and its checkpoint evaluates with `agentfly eval`", () =>
     Effect.gen(function*() {

@@ -114,7 +114,7 @@ describe("webshop task", () => {
       assert.strictEqual(t!.reward, 0)
       // The format errors never reached the shop: 5 of the 7 calls were shop actions.
       assert.strictEqual(t!.metrics["reward/webshop/steps"], 5)
-    }), { timeout: 120_000 })
+    }), { timeout: 300_000 })
 
   it.effect("no visit outlives its chain: every chain's visit is closed when it ends or is interrupted", () =>
     Effect.gen(function*() {
@@ -148,7 +148,7 @@ describe("webshop task", () => {
       const after = yield* runtime.environmentStats
       assert.isAbove(after["env/webshop/visits"]!, 46)
       assert.strictEqual(after["env/webshop/open"], 0)
-    }).pipe(Effect.provide(Oracle.layer(ShopOracle.policy()))), { timeout: 120_000 })
+    }).pipe(Effect.provide(Oracle.layer(ShopOracle.policy()))), { timeout: 300_000 })
 
   it.effect("resolves as the built-in task webshop, with options checked strictly", () =>
     Effect.gen(function*() {

@@ -150,7 +150,7 @@ describe("python task", () => {
     }).pipe(
       Effect.scoped,
       Effect.provide(Layer.merge(ResourceManager.ResourceManager.layer, Docker.layerWith({ handleSignals: false })))
-    ), { timeout: 60_000 })
+    ), { timeout: 300_000 })
 
   it.live("an oracle that runs the program solves every held-out row; answering without the tool does not", () =>
     Effect.gen(function*() {
@@ -165,7 +165,7 @@ describe("python task", () => {
       const guessed = yield* rollout(guesser, rows)
       assert.isBelow(accuracy(guessed), 0.1, "the sum is not guessable")
       assert.strictEqual(containers(`${Docker.Labels.pid}=${process.pid}`), 0, "the pool's containers are gone")
-    }), { timeout: 60_000 })
+    }), { timeout: 300_000 })
 
   it.live("chains return their sandboxes as episodes end: 12 rows through a pool of 2", () =>
     Effect.gen(function*() {
@@ -174,7 +174,7 @@ describe("python task", () => {
       // chain's), the third chain would wait for a sandbox until `acquireMillis` and the test time out.
       const solved = yield* rollout(oracle, rows, { pool: 2, sandbox: "bubblewrap" })
       assert.strictEqual(accuracy(solved), 1)
-    }), { timeout: 60_000 })
+    }), { timeout: 300_000 })
 
   it.live(
     "the short config trains end to end through `agentfly train` and leaves no container behind",

@@ -77,7 +77,7 @@ describe("OnnxTrainer", () => {
       assert.isAbove(losses[0]!, 2.5) // ≈ ln 32 at initialisation
       assert.isBelow(losses.at(-1)!, 0.05, `losses: ${losses.filter((_, i) => i % 10 === 0).map((l) => l.toFixed(3))}`)
       assert.strictEqual(yield* trainer.trainer.step, 80)
-    }).pipe(Effect.provide(NodeServices.layer)), 120_000)
+    }).pipe(Effect.provide(NodeServices.layer)), 300_000)
 
   it.effect("micro-batching with gradient accumulation equals one big batch", () =>
     Effect.gen(function*() {
@@ -134,7 +134,7 @@ describe("OnnxTrainer", () => {
       assert.strictEqual(yield* resumed.trainer.step, 3)
       yield* trainSteps(resumed, microBatches, 2)
       assert.strictEqual(bits(yield* resumed.trainer.weights), straight, "resume → identical weights")
-    }).pipe(Effect.provide(NodeServices.layer)), 120_000)
+    }).pipe(Effect.provide(NodeServices.layer)), 300_000)
 
   it.effect("corrupt, incomplete and mismatched checkpoints are typed errors", () =>
     Effect.gen(function*() {
@@ -176,7 +176,7 @@ describe("OnnxTrainer", () => {
         const losses = yield* trainSteps(trainer, microBatches, 3)
         assert.isBelow(losses[2]!, losses[0]!, `${preset}: ${losses}`)
       }
-    }).pipe(Effect.provide(NodeServices.layer)), 60_000)
+    }).pipe(Effect.provide(NodeServices.layer)), 300_000)
 
   it.effect("sessions evicted from a full cache are released once, and the trainer still closes cleanly", () =>
     Effect.gen(function*() {

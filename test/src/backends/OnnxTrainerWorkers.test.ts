@@ -126,7 +126,7 @@ describe("OnnxTrainer with worker threads", () => {
       // 4 Adam steps of lr 1e-3: a sign flip of a near-zero gradient would move a weight by ~2e-3
       assert.isBelow(w.diff, 1e-5, `max |Δw| ${w.diff}`)
       assert.notStrictEqual(bits(yield* two.trainer.weights), bits(options().weights), "the weights moved")
-    }).pipe(Effect.provide(NodeServices.layer)), 120_000)
+    }).pipe(Effect.provide(NodeServices.layer)), 300_000)
 
   it.effect("is deterministic: two runs are bit-identical, and resume from a checkpoint is bit-exact", () =>
     Effect.gen(function*() {
@@ -146,7 +146,7 @@ describe("OnnxTrainer with worker threads", () => {
       assert.strictEqual(yield* resumed.trainer.step, 2)
       yield* steps(resumed, mbs, 2)
       assert.strictEqual(bits(yield* resumed.trainer.weights), bits(yield* first.trainer.weights))
-    }).pipe(Effect.provide(NodeServices.layer)), 120_000)
+    }).pipe(Effect.provide(NodeServices.layer)), 300_000)
 
   it.effect("closing the trainer's scope terminates its threads", () =>
     Effect.gen(function*() {
@@ -238,7 +238,7 @@ describe("OnnxTrainer with worker threads", () => {
       const again = yield* trainer.trainer.forwardBackward(mb)
       assert.isTrue(Number.isFinite(again.loss))
       assert.strictEqual(yield* trainer.threads.live, 2)
-    }).pipe(Effect.provide(NodeServices.layer), Effect.scoped), 60_000)
+    }).pipe(Effect.provide(NodeServices.layer), Effect.scoped), 300_000)
 
   it.live("an interrupted call waits for the shards it started, so the process may exit at once after it", () =>
     Effect.gen(function*() {
@@ -256,7 +256,7 @@ describe("OnnxTrainer with worker threads", () => {
       assert.include(run.output, "in flight after the interruption: 0", run.output)
       assert.notInclude(run.output, "Napi")
       assert.strictEqual(run.code, 130, run.output)
-    }), 60_000)
+    }), 300_000)
 
   it.effect("an onnxruntime error in a worker, a missing provider and a bad worker count are typed errors", () =>
     Effect.gen(function*() {
