@@ -8,6 +8,7 @@
  * @since 0.1.0
  */
 import { Context, Effect, Layer, Ref, Schema } from "effect"
+import * as Oracle from "../../actors/Oracle.ts"
 import { Environment, Reward, Task, Tool } from "../../src/index.ts"
 import { toolCallFormat } from "../../environments/rewards/ToolCallFormat.ts"
 
@@ -76,5 +77,21 @@ export const task = Task.make("guess", {
   },
   defaults: { systemPrompt: "Find my number from 1 to 15.", renderTools: false, maxTurns: 5, maxNewTokens: 48 }
 })
+
+/**
+ * The oracle `agentfly oracle` plays (and the README shows): bisection over 1…15 from the game's answers so far
+ * ("Higher." / "Lower."), one `guess` call a turn. It wins every game within the guesses allowed.
+ */
+export const oracle: Oracle.Policy = (messages) => {
+  let [lo, hi] = [1, 15]
+  for (const [i, m] of messages.entries()) {
+    // Its arguments are `unknown`: the model wrote them.
+    const call = m.role === "assistant" ? m.tool_calls?.[0] : undefined
+    const n = Number((call?.function.arguments as { n?: number } | undefined)?.n ?? NaN)
+    const said = Oracle.text(messages.slice(i + 1).find((later) => later.role === "user"))
+    if (!Number.isNaN(n)) [lo, hi] = said.startsWith("Higher") ? [n + 1, hi] : [lo, n - 1]
+  }
+  return { toolCalls: [Oracle.call(messages, "guess", { n: Math.floor((lo + hi) / 2) })] }
+}
 
 export { config } from "./config.ts"

@@ -13,7 +13,8 @@ import { join } from "node:path"
 import * as ChainFormat from "../../../actors/ChainFormat.ts"
 import * as Rollout from "../../../actors/Rollout.ts"
 import * as Generate from "../../../examples/guess/generate.ts"
-import { maxGuesses, task } from "../../../examples/guess/task.ts"
+import * as Oracle from "../../../actors/Oracle.ts"
+import { maxGuesses, oracle as bisect, task } from "../../../examples/guess/task.ts"
 import * as ByteTokenizer from "../../../src/ByteTokenizer.ts"
 import * as ChatTemplate from "../../../src/ChatTemplate.ts"
 import * as Sampler from "../../../src/Sampler.ts"
@@ -111,5 +112,14 @@ describe("guess the number", () => {
       const error = yield* Effect.flip(rollout(oracle, [{ question: "Guess my number.", secret: 99 }]))
       assert.strictEqual(error._tag, "DatasetError")
       assert.include(error.message, "rows[0]: ")
+    }))
+
+  it.effect("the module's own oracle (what agentfly oracle plays) solves every secret from 1 to 15", () =>
+    Effect.gen(function*() {
+      const rows = Array.from({ length: 15 }, (_, i) => ({ question: "Find my number.", secret: i + 1 }))
+      const games = yield* Oracle.rollout({ task, rows, policy: bisect })
+      assert.strictEqual(games.length, 15)
+      assert.strictEqual(Oracle.solveRate(games), 1, games.map((t) => t.episodeEnd).join(","))
+      assert.isTrue(games.every((t) => t.metrics["reward/found/guesses"]! <= maxGuesses))
     }))
 })
