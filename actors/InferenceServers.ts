@@ -190,7 +190,7 @@ const works = (server: Server) =>
     return Effect.logInfo(`inference server ${server.url} is back, at policy version ${server.version}`)
   })
 
-// Negative versions are the warm-up's checks (`Trainer.warmupVersion`), not a number a user knows.
+// Negative versions are the warm-up's checks (`RunSchedule.warmupVersion`), not a number a user knows.
 const versionName = (version: number) =>
   version < 0 ? "the warm-up's weights (a validation check)" : `policy version ${version}`
 

@@ -587,7 +587,7 @@ const policyFigures = (
  * micro-batch → optimiser step (one per mini-batch and epoch). Returns the step's outcome and figures.
  *
  * **Gotchas**
- * - Nothing is published: the new weights stay in the trainer until the caller publishes them (`Policy.publish`).
+ * - Nothing is published: the new weights stay in the trainer until the caller publishes them (`PolicyVersions.publish`).
  * - A non-finite mini-batch is skipped (the trainer drops its gradients) and the others still apply; a step where
  *   all are skipped is `non_finite`. A failed forward/backward discards the gradients accumulated so far (none
  *   leaks into the next step) and fails the step, as does any other failed optimiser step.

@@ -155,7 +155,7 @@ export interface TaskOptions<RE>
 
 /**
  * Rolls out a task's rows: the task's tools, reward, environment (built in the stream's scope, checked before any
- * chain starts) and episode protocol, as `Trainer.run` does. Rows are checked against the task's row Schema: a bad
+ * chain starts) and episode protocol, as `TrainLoop.run` does. Rows are checked against the task's row Schema: a bad
  * one fails the stream with `DatasetError(InvalidRow)` naming it (`rows[3]: Expected number at ["secret"]`).
  *
  * @category constructors

@@ -1,5 +1,5 @@
 /**
- * A task: what a user writes to train an agent, and what every entry point consumes (`Trainer.run`, `agentfly
+ * A task: what a user writes to train an agent, and what every entry point consumes (`TrainLoop.run`, `agentfly
  * train` and `eval`, `Rollout.run`, and later rollout workers elsewhere and the gateway).
  *
  * A task is data plus Effect values:
