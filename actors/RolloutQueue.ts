@@ -533,7 +533,7 @@ export interface WorkerOptions {
 
 /** A worker's side: what it rolls out, on which servers, its name in the consumer group, its control connection. */
 interface QueueWorker {
-  readonly agent: RolloutSetup
+  readonly setup: RolloutSetup
   readonly servers: InferenceServers.InferenceServers
   readonly agentKey: string
   readonly runId: string
@@ -557,7 +557,7 @@ const beat = (worker: QueueWorker) =>
         JSON.stringify({
           agentKey: worker.agentKey,
           runId: worker.runId,
-          task: worker.agent.runtime.task.name,
+          task: worker.setup.runtime.task.name,
           seen: now
         })
       )))
@@ -567,7 +567,7 @@ const rollOutShare = (worker: QueueWorker, entry: string, id: string, request: t
   const { keys, name, control } = worker
   const touch = workerCommand(worker, "XCLAIM", () => control.xclaim(keys.shares, GROUP, name, 0, entry, "JUSTID"))
     .pipe(Effect.ignore, Effect.delay(worker.claimMs / 3), Effect.forever)
-  return rollOut(worker.agent, worker.servers, request, worker.options.versionWaitMs ?? defaultVersionWaitMs).pipe(
+  return rollOut(worker.setup, worker.servers, request, worker.options.versionWaitMs ?? defaultVersionWaitMs).pipe(
     Effect.map((encoded) => ({ id, worker: name, groups: encoded.groups, env: encoded.env, servers: encoded.servers })),
     Effect.catch((e) => Effect.succeed({ id, error: e.message })),
     Effect.raceFirst(touch)
@@ -660,16 +660,16 @@ const slot = (worker: QueueWorker) =>
  * @since 0.1.0
  */
 export const work = Effect.fn("RolloutQueue.work")(function*(
-  agent: RolloutSetup,
+  setup: RolloutSetup,
   servers: InferenceServers.InferenceServers,
   agentKey: string,
   options: WorkerOptions
 ): Effect.fn.Return<never, RunError, Scope.Scope> {
   const problem = queueProblem(options.url, options.token)
   if (problem !== undefined) return yield* workersError(problem)
-  const runId = options.runId ?? runIdOf(agent.runtime.task.name, agent.config)
+  const runId = options.runId ?? runIdOf(setup.runtime.task.name, setup.config)
   const worker: QueueWorker = {
-    agent,
+    setup,
     servers,
     agentKey,
     runId,

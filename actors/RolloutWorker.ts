@@ -137,7 +137,7 @@ export interface WorkerOptions {
 
 /** A serving worker: what it rolls out, on which servers, for which agent key, and how it answers. */
 interface Served {
-  readonly agent: RolloutSetup
+  readonly setup: RolloutSetup
   readonly servers: InferenceServers.InferenceServers
   readonly key: string
   readonly runId: string
@@ -178,7 +178,7 @@ const check = (served: Served, body: unknown) =>
       return yield* Effect.fail({
         status: 409,
         body: errorBody(
-          `this worker runs task ${JSON.stringify(served.agent.runtime.task.name)} with another agent config ` +
+          `this worker runs task ${JSON.stringify(served.setup.runtime.task.name)} with another agent config ` +
             `(key ${served.key}, the run's ${request.agentKey}): start it with the run's config`,
           "agent_mismatch"
         )
@@ -202,7 +202,7 @@ const rollouts = (
   request: typeof RolloutRequest.Type,
   token: string | undefined
 ): Effect.Effect<string, ErrorBody> =>
-  rollOut(served.agent, served.servers, request, served.options.versionWaitMs ?? defaultVersionWaitMs).pipe(
+  rollOut(served.setup, served.servers, request, served.options.versionWaitMs ?? defaultVersionWaitMs).pipe(
     Effect.map((answer) => JSON.stringify(signed(token, served.runId, request.share, answer))),
     Effect.mapError((e) => errorBody(e.message, e.code))
   )
@@ -240,7 +240,7 @@ const streamed = (served: Served, res: Http.ServerResponse, work: Effect.Effect<
   })
 
 const route = (served: Served, req: Http.IncomingMessage, res: Http.ServerResponse) => {
-  const { agent, key, options } = served
+  const { setup, key, options } = served
   const path = (req.url ?? "/").split("?")[0]!.replace(/\/+$/, "")
   // Before anything is read or answered: nothing of the run (its agent key, its prompt) reaches a stranger.
   if (!Auth.authorize(served.tokens, req).ok) {
@@ -248,7 +248,7 @@ const route = (served: Served, req: Http.IncomingMessage, res: Http.ServerRespon
   }
   const token = Auth.required(served.tokens) ? Auth.bearer(req) : undefined
   if (path === "/v1/worker" && req.method === "GET") {
-    const info = { task: agent.runtime.task.name, agentKey: key, agent: agent.config.agent, runId: served.runId }
+    const info = { task: setup.runtime.task.name, agentKey: key, agent: setup.config.agent, runId: served.runId }
     return send(res, 200, info)
   }
   if (path === "/v1/rollouts" && req.method === "POST") {
@@ -265,14 +265,14 @@ const route = (served: Served, req: Http.IncomingMessage, res: Http.ServerRespon
 }
 
 /**
- * Serves `agent`'s rollouts over HTTP in the current scope, sampling on `servers`; refuses (`AuthConfigError`) to
+ * Serves `setup`'s rollouts over HTTP in the current scope, sampling on `servers`; refuses (`AuthConfigError`) to
  * listen beyond loopback without a token.
  *
  * @category constructors
  * @since 0.1.0
  */
 export const serve = Effect.fn("RolloutWorker.serve")(function*(
-  agent: RolloutSetup,
+  setup: RolloutSetup,
   servers: InferenceServers.InferenceServers,
   options: WorkerOptions = {}
 ): Effect.fn.Return<{ readonly port: number; readonly baseUrl: string }, Auth.AuthConfigError, Scope.Scope> {
@@ -281,10 +281,10 @@ export const serve = Effect.fn("RolloutWorker.serve")(function*(
   const problem = Auth.bindProblem(host, tokens, "AGENTFLY_WORKER_TOKEN or --token-file")
   if (problem !== undefined) return yield* new Auth.AuthConfigError({ message: problem })
   const served: Served = {
-    agent,
+    setup,
     servers,
-    key: agentKey(agent.runtime.task.name, agent.config),
-    runId: options.runId ?? runId(agent.runtime.task.name, agent.config),
+    key: agentKey(setup.runtime.task.name, setup.config),
+    runId: options.runId ?? runId(setup.runtime.task.name, setup.config),
     tokens,
     gate: Auth.gate(options.maxInFlight ?? 64),
     options

@@ -84,7 +84,7 @@ export const rolloutWorker = Command.make(
     const config = TrainConfig.onModel(requested, folder.config)
     // A task module's environment needs only what a run provides (the resource manager), as in `Train.runConfig`.
     const format = ChainFormat.ofConfig(config, folder)
-    const agent = yield* (RolloutSetup.make({ task, config, format }) as Effect.Effect<
+    const setup = yield* (RolloutSetup.make({ task, config, format }) as Effect.Effect<
       RolloutSetup.RolloutSetup,
       RunError,
       ResourceManager.ResourceManager | Scope.Scope
@@ -103,7 +103,7 @@ export const rolloutWorker = Command.make(
           `on the queue ${queue.value}, ${concurrency} share(s) ` +
           `at once, sampling on ${urls.length} inference server${urls.length === 1 ? "" : "s"}`
       )
-      return yield* RolloutQueue.work(agent, servers, key, {
+      return yield* RolloutQueue.work(setup, servers, key, {
         url: queue.value,
         concurrency,
         claimSeconds,
@@ -112,7 +112,7 @@ export const rolloutWorker = Command.make(
           Console.log(`share ${id}: ${rows} row(s)${claimed ? ", claimed from a worker that stopped" : ""}`)
       })
     }
-    const worker = yield* RolloutWorker.serve(agent, servers, { host, port, tokens })
+    const worker = yield* RolloutWorker.serve(setup, servers, { host, port, tokens })
     yield* Console.log(
       `rollout worker for task ${task.name} (agent key ${key}) at ` +
         `${worker.baseUrl}, sampling on ${urls.length} inference server${urls.length === 1 ? "" : "s"}` +

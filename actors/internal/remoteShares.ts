@@ -219,18 +219,18 @@ export const defaultVersionWaitMs = 60_000
  * `versionWaitMs`): its groups with the worker's environment figures and sampling counts, encoded for the wire.
  */
 export const rollOut = (
-  agent: RolloutSetup,
+  setup: RolloutSetup,
   servers: InferenceServers.InferenceServers,
   request: typeof RolloutRequest.Type,
   versionWaitMs: number = defaultVersionWaitMs
 ): Effect.Effect<EncodedResponse, ShareFailure> =>
   Effect.gen(function*() {
     yield* awaitVersion(servers, request.version, versionWaitMs)
-    const groups = yield* Rollouts.collectGroups(agent, request.rows as ReadonlyArray<Dataset.Row>, request).pipe(
+    const groups = yield* Rollouts.collectGroups(setup, request.rows as ReadonlyArray<Dataset.Row>, request).pipe(
       Effect.provideService(Sampler, servers.sampler(request.version)),
       Effect.mapError((e): ShareFailure => ({ message: e.message, code: e.reason._tag }))
     )
-    const env = yield* agent.runtime.environmentStats
+    const env = yield* setup.runtime.environmentStats
     const sampled = yield* samplingCounts(servers)
     const encoded = yield* Schema.encodeEffect(RolloutResponse)({ groups, env, servers: sampled }).pipe(
       Effect.mapError((e): ShareFailure => ({ message: e.message, code: "unencodable" }))

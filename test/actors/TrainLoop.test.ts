@@ -61,6 +61,13 @@ const steps = (output: string) =>
     (r) => r.entries.flatMap((e) => (e.entry.kind === "step" ? [e.entry.step] : []))
   )
 
+/** The group entries of a run's journal. */
+const journaledGroups = (output: string) =>
+  Effect.map(
+    Journal.read(join(output, "journal.jsonl")),
+    (r) => r.entries.flatMap((e) => (e.entry.kind === "group" ? [e.entry] : []))
+  )
+
 const run = (options: TrainLoop.Options, toy: Toy.ToyOptions = {}) =>
   Effect.scoped(TrainLoop.run(options)).pipe(Effect.provide(Toy.layer(toy)))
 
@@ -482,12 +489,11 @@ describe("TrainLoop", () => {
       const resumed = yield* run({ ...options, resume: true }, { samplerMs: 1, learnMs: 60 })
       assert.strictEqual(resumed.fromStep, 3)
       assert.strictEqual(resumed.fingerprint, reference.fingerprint)
-      const groups = (o: string) =>
-        Effect.map(
-          Journal.read(join(o, "journal.jsonl")),
-          (r) => r.entries.flatMap((e) => (e.entry.kind === "group" ? [e.entry] : []))
-        )
-      assert.deepStrictEqual(yield* groups(options.config.output), yield* groups(unbroken.config.output), "every group")
+      assert.deepStrictEqual(
+        yield* journaledGroups(options.config.output),
+        yield* journaledGroups(unbroken.config.output),
+        "every group"
+      )
     }).pipe(Effect.provide(NodeServices.layer)))
 
   it.live("async: rollouts run ahead by at most maxStaleness versions and overlap the learner", () =>
@@ -627,12 +633,11 @@ describe("TrainLoop", () => {
       )
       const resumed = yield* run({ ...options, eval: undefined, resume: true }, { samplerMs: 1, learnMs: 30, lr: 3 })
       assert.strictEqual(resumed.fingerprint, reference.fingerprint)
-      const groups = (o: string) =>
-        Effect.map(
-          Journal.read(join(o, "journal.jsonl")),
-          (r) => r.entries.flatMap((e) => (e.entry.kind === "group" ? [e.entry] : []))
-        )
-      assert.deepStrictEqual(yield* groups(options.config.output), yield* groups(unbroken.config.output), "every group")
+      assert.deepStrictEqual(
+        yield* journaledGroups(options.config.output),
+        yield* journaledGroups(unbroken.config.output),
+        "every group"
+      )
     }).pipe(Effect.provide(NodeServices.layer)))
 
   it.effect("a tool whose handler dies is said once as a bug in the task's tools, naming the figure", () =>
