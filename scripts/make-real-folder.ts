@@ -317,7 +317,8 @@ const parseArgs = (argv: ReadonlyArray<string>) => {
 const main = () => {
   const args = parseArgs(process.argv.slice(2))
   const shape = shapes[args.shapeName]!
-  const config: Record<string, unknown> = { ...shape.config, ...(args.layers === undefined ? {} : { num_hidden_layers: args.layers }) }
+  const depth = args.layers === undefined ? {} : { num_hidden_layers: args.layers }
+  const config: Record<string, unknown> = { ...shape.config, ...depth }
   const std = config["initializer_range"] as number
   const specs = tensorShapes(shape.family, config)
   mkdirSync(args.out, { recursive: true })

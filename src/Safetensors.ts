@@ -351,13 +351,6 @@ export const parse = Effect.fnUntraced(function*(bytes: Uint8Array, file = "<mem
   return { tensors, metadata } satisfies File
 })
 
-const f16ToF32 = (h: number): number => {
-  const sign = h & 0x8000 ? -1 : 1, exp = (h >> 10) & 0x1f, frac = h & 0x3ff
-  if (exp === 0) return sign * Math.pow(2, -14) * (frac / 1024)
-  if (exp === 31) return frac ? NaN : sign * Infinity
-  return sign * Math.pow(2, exp - 15) * (1 + frac / 1024)
-}
-
 /**
  * A tensor's values as a fresh, aligned `Float32Array` (F32 copied; F64, F16 and BF16 converted). Fails with
  * `DTypeMismatch` for integer tensors.
@@ -378,11 +371,12 @@ export const toFloat32 = (t: Tensor, file: string, name: string): Effect.Effect<
       for (let i = 0; i < n; i++) out[i] = view.getFloat64(i * 8, true)
       return Effect.succeed(out)
     case "F16":
-      for (let i = 0; i < n; i++) out[i] = f16ToF32(view.getUint16(i * 2, true))
-      return Effect.succeed(out)
     case "BF16": {
-      const bits = new Uint32Array(out.buffer)
-      for (let i = 0; i < n; i++) bits[i] = view.getUint16(i * 2, true) << 16
+      // An aligned copy of the bits (the bytes may sit at an odd offset), widened through typed-array views.
+      const raw = new Uint16Array(n)
+      new Uint8Array(raw.buffer).set(t.bytes)
+      if (t.dtype === "BF16") FloatCodec.widenBf16(raw, out)
+      else FloatCodec.widenF16(raw, out)
       return Effect.succeed(out)
     }
     default:
@@ -517,7 +511,9 @@ export interface Index {
 /** A `PlatformError` of `file` as the reason that names its cause. */
 const fsError = (file: string, verb: "read" | "write") => (e: PlatformError.PlatformError): SafetensorsError => {
   const tag = e.reason._tag
-  if (tag === "NotFound") return safetensorsError(file, "NotFound", `cannot ${verb} ${file}: no such file`, { cause: e })
+  if (tag === "NotFound") {
+    return safetensorsError(file, "NotFound", `cannot ${verb} ${file}: no such file`, { cause: e })
+  }
   if (tag === "PermissionDenied") {
     return safetensorsError(file, "PermissionDenied", `cannot ${verb} ${file}: permission denied`, { cause: e })
   }
@@ -525,8 +521,11 @@ const fsError = (file: string, verb: "read" | "write") => (e: PlatformError.Plat
   return safetensorsError(file, "Io", `cannot ${verb} ${file}: ${e.message}`, { cause: e })
 }
 
-/** Bytes one positioned read or write moves at most: bounded scratch memory, and far below Node's 2 GiB limit. */
+/** Bytes one positioned read or write of float32 moves at most: far below Node's 2 GiB limit per call. */
 const chunkBytes = 1 << 24
+
+/** Bytes of 16- or 64-bit data converted at a time: a scratch buffer that stays in cache (measured faster). */
+const scratchBytes = 1 << 20
 
 /** The largest header accepted (the reference implementation's limit): a bigger length is a corrupt file. */
 const maxHeaderBytes = 100_000_000
@@ -720,9 +719,9 @@ const readInto = Effect.fnUntraced(function*(
   scratch: Uint8Array
 ) {
   const width = byteSize[t.dtype]
-  const total = t.end - t.begin
-  for (let at = 0; at < total; at += chunkBytes) {
-    const bytes = Math.min(chunkBytes, total - at)
+  const total = t.end - t.begin, step = t.dtype === "F32" ? chunkBytes : scratch.length
+  for (let at = 0; at < total; at += step) {
+    const bytes = Math.min(step, total - at)
     if (t.dtype === "F32") {
       yield* readFully(handle, t.file, new Uint8Array(dest.buffer, dest.byteOffset + at, bytes), t.begin + at)
       continue
@@ -751,7 +750,7 @@ export const readTensors = Effect.fn("Safetensors.readTensors")(function*(
 ) {
   yield* checkExpected(index, expected)
   const out = new Map<string, Float32Array>(expected.map((e) => [e.name, new Float32Array(0)]))
-  const scratch = new Uint8Array(chunkBytes)
+  const scratch = new Uint8Array(scratchBytes)
   for (const file of index.files) {
     const here = [...index.tensors].filter(([, t]) => t.file === file).sort((a, b) => a[1].begin - b[1].begin)
     yield* Effect.scoped(Effect.gen(function*() {
@@ -853,7 +852,8 @@ const writeTensor = Effect.fnUntraced(function*(
   const data = typeof t.data === "function" ? t.data() : t.data
   const count = t.shape.reduce((a, b) => a * b, 1)
   if (data.length !== count) {
-    const message = `${file}: tensor "${t.name}" has ${data.length} values, its shape [${t.shape.join(", ")}] needs ${count}`
+    const message = `${file}: tensor "${t.name}" has ${data.length} values, ` +
+      `its shape [${t.shape.join(", ")}] needs ${count}`
     return yield* safetensorsError(file, "ShapeMismatch", message, {
       tensor: t.name,
       shape: [data.length],
@@ -879,7 +879,7 @@ const writeFile = Effect.fnUntraced(function*(
 ) {
   const fs = yield* FileSystem.FileSystem
   const { prefix } = encodeHeader(tensors.map((t) => ({ ...t, dtype })), metadata)
-  const scratch = new Uint16Array(chunkBytes / 2)
+  const scratch = new Uint16Array(scratchBytes / 2)
   yield* Effect.scoped(Effect.gen(function*() {
     const handle = yield* fs.open(file, { flag: "w" }).pipe(Effect.mapError(fsError(file, "write")))
     yield* handle.writeAll(prefix).pipe(Effect.mapError(fsError(file, "write")))
