@@ -7,7 +7,7 @@
  *
  * @since 0.1.0
  */
-import { Effect, FileSystem, Path, type PlatformError, Schema } from "effect"
+import { Effect, FileSystem, type PlatformError, Schema } from "effect"
 import * as FloatCodec from "./internal/floatCodec.ts"
 
 // ===== Models =====
@@ -508,6 +508,14 @@ export interface Index {
   readonly files: ReadonlyArray<string>
 }
 
+// Paths are joined by hand (POSIX and Windows both take "/"), so that readers need only a `FileSystem`.
+const join = (dir: string, name: string) => (dir.endsWith("/") ? `${dir}${name}` : `${dir}/${name}`)
+const dirname = (file: string) => {
+  const at = Math.max(file.lastIndexOf("/"), file.lastIndexOf("\\"))
+  return at < 0 ? "." : at === 0 ? "/" : file.slice(0, at)
+}
+const basename = (file: string) => file.slice(Math.max(file.lastIndexOf("/"), file.lastIndexOf("\\")) + 1)
+
 /** A `PlatformError` of `file` as the reason that names its cause. */
 const fsError = (file: string, verb: "read" | "write") => (e: PlatformError.PlatformError): SafetensorsError => {
   const tag = e.reason._tag
@@ -610,7 +618,6 @@ const IndexJson = Schema.fromJsonString(Schema.Struct({
  */
 export const readIndexFile = Effect.fn("Safetensors.readIndexFile")(function*(indexFile: string) {
   const fs = yield* FileSystem.FileSystem
-  const path = yield* Path.Path
   const corrupt = (message: string, tensor?: string) =>
     safetensorsError(indexFile, "Corrupt", message, tensor === undefined ? {} : { tensor })
   const text = yield* fs.readFileString(indexFile).pipe(Effect.mapError(fsError(indexFile, "read")))
@@ -620,14 +627,14 @@ export const readIndexFile = Effect.fn("Safetensors.readIndexFile")(function*(in
   const shards = [...new Set(Object.values(weight_map))]
   const bad = shards.find((s) => s === "" || s === "." || s === ".." || /[/\\]/.test(s))
   if (bad !== undefined) return yield* corrupt(`${indexFile}: shard "${bad}" is not a file name beside the index`)
-  const dir = path.dirname(indexFile)
+  const dir = dirname(indexFile)
   const tensors = new Map<string, Location>()
   let metadata: Readonly<Record<string, string>> = {}
   for (const [i, shard] of shards.entries()) {
-    const header = yield* readHeader(path.join(dir, shard)).pipe(
+    const header = yield* readHeader(join(dir, shard)).pipe(
       Effect.catchReason("SafetensorsError", "NotFound", (reason) =>
         Effect.fail(
-          safetensorsError(path.join(dir, shard), "NotFound", `${indexFile} lists shard ${shard}, which is missing`, {
+          safetensorsError(join(dir, shard), "NotFound", `${indexFile} lists shard ${shard}, which is missing`, {
             cause: reason
           })
         ))
@@ -650,12 +657,12 @@ export const readIndexFile = Effect.fn("Safetensors.readIndexFile")(function*(in
   }
   for (const [name, shard] of Object.entries(weight_map)) {
     const found = tensors.get(name)
-    if (found === undefined || path.basename(found.file) !== shard) {
+    if (found === undefined || basename(found.file) !== shard) {
       const message = `${indexFile} places tensor "${name}" in ${shard}, which does not hold it`
-      return yield* safetensorsError(path.join(dir, shard), "MissingTensor", message, { tensor: name, expected: [] })
+      return yield* safetensorsError(join(dir, shard), "MissingTensor", message, { tensor: name, expected: [] })
     }
   }
-  return { file: indexFile, tensors, metadata, files: shards.map((s) => path.join(dir, s)) } satisfies Index
+  return { file: indexFile, tensors, metadata, files: shards.map((s) => join(dir, s)) } satisfies Index
 })
 
 /**
@@ -667,10 +674,9 @@ export const readIndexFile = Effect.fn("Safetensors.readIndexFile")(function*(in
  */
 export const readIndex = Effect.fn("Safetensors.readIndex")(function*(dir: string, prefix = "model") {
   const fs = yield* FileSystem.FileSystem
-  const path = yield* Path.Path
-  const indexFile = path.join(dir, `${prefix}.safetensors.index.json`)
+  const indexFile = join(dir, `${prefix}.safetensors.index.json`)
   const indexed = yield* fs.exists(indexFile).pipe(Effect.mapError(fsError(indexFile, "read")))
-  return yield* indexed ? readIndexFile(indexFile) : readHeader(path.join(dir, `${prefix}.safetensors`))
+  return yield* indexed ? readIndexFile(indexFile) : readHeader(join(dir, `${prefix}.safetensors`))
 })
 
 /** Checks `index` holds exactly `expected` with their shapes and float dtypes, before any data is read. */
@@ -907,11 +913,10 @@ export const writeSharded = Effect.fn("Safetensors.writeSharded")(function*(
   options: WriteOptions = {}
 ) {
   const fs = yield* FileSystem.FileSystem
-  const path = yield* Path.Path
   const dtype = options.dtype ?? "F32"
   const sizes = tensors.map((t) => t.shape.reduce((a, b) => a * b, 1) * byteSize[dtype])
   const shards = planShards(sizes, options.maxShardBytes ?? defaultMaxShardBytes)
-  const indexFile = path.join(dir, `${prefix}.safetensors.index.json`)
+  const indexFile = join(dir, `${prefix}.safetensors.index.json`)
   yield* fs.makeDirectory(dir, { recursive: true }).pipe(Effect.mapError(fsError(dir, "write")))
   yield* fs.remove(indexFile, { force: true }).pipe(Effect.mapError(fsError(indexFile, "write")))
   const pad = (n: number) => String(n).padStart(5, "0")
@@ -920,7 +925,7 @@ export const writeSharded = Effect.fn("Safetensors.writeSharded")(function*(
     : shards.map((_, i) => `${prefix}-${pad(i + 1)}-of-${pad(shards.length)}.safetensors`)
   const weightMap: Record<string, string> = {}
   for (const [i, members] of shards.entries()) {
-    const file = path.join(dir, names[i]!)
+    const file = join(dir, names[i]!)
     yield* writeFile(file, members.map((k) => tensors[k]!), dtype, options.metadata)
     for (const k of members) weightMap[tensors[k]!.name] = names[i]!
   }
@@ -933,11 +938,11 @@ export const writeSharded = Effect.fn("Safetensors.writeSharded")(function*(
   const pattern = shardPattern(prefix), kept = new Set(names)
   for (const entry of yield* fs.readDirectory(dir).pipe(Effect.mapError(fsError(dir, "read")))) {
     if (!kept.has(entry) && (entry === `${prefix}.safetensors` || pattern.test(entry))) {
-      yield* fs.remove(path.join(dir, entry)).pipe(Effect.mapError(fsError(path.join(dir, entry), "write")))
+      yield* fs.remove(join(dir, entry)).pipe(Effect.mapError(fsError(join(dir, entry), "write")))
     }
   }
   const written: Written = {
-    files: names.map((n) => path.join(dir, n)),
+    files: names.map((n) => join(dir, n)),
     index: shards.length > 1 ? indexFile : undefined,
     totalBytes
   }
