@@ -5,6 +5,12 @@
  * byte size matching the shape, no overlaps) and fails with a {@link SafetensorsError} naming the file and the
  * tensor; it never throws.
  *
+ * Files on disk are read by streaming ({@link readIndex}, {@link readTensors}): the headers first, then each tensor
+ * by positioned reads straight into its `Float32Array` (BF16/F16 widened chunk by chunk), so neither a file's size
+ * (no 2 GiB ceiling) nor a second copy of the weights bounds what loads. A checkpoint is one file or Hugging Face's
+ * shards behind `<prefix>.safetensors.index.json`; {@link writeSharded} writes both, streamed, in F32 or BF16.
+ * {@link parse} and {@link serialize} work on bytes in memory (weights pushed over HTTP).
+ *
  * @since 0.1.0
  */
 import { Effect, FileSystem, type PlatformError, Schema } from "effect"
@@ -311,14 +317,21 @@ const checkHeader = Effect.fnUntraced(function*(header: unknown, dataLength: num
     ranges.push([begin, end, name])
     spans.set(name, { dtype: entry.dtype, shape: entry.shape, begin, end })
   }
-  ranges.sort((a, b) => a[0] - b[0])
-  for (let i = 1; i < ranges.length; i++) {
-    if (ranges[i]![0] < ranges[i - 1]![1]) {
-      return yield* corrupt(`${file}: tensors "${ranges[i - 1]![2]}" and "${ranges[i]![2]}" overlap`, ranges[i]![2])
-    }
+  const overlap = firstOverlap(ranges)
+  if (overlap !== undefined) {
+    return yield* corrupt(`${file}: tensors "${overlap[0]}" and "${overlap[1]}" overlap`, overlap[1])
   }
   return { spans, metadata }
 })
+
+/** The first two tensors whose byte ranges `[begin, end, name]` overlap, in file order. */
+const firstOverlap = (ranges: Array<readonly [number, number, string]>): readonly [string, string] | undefined => {
+  ranges.sort((a, b) => a[0] - b[0])
+  for (let i = 1; i < ranges.length; i++) {
+    if (ranges[i]![0] < ranges[i - 1]![1]) return [ranges[i - 1]![2], ranges[i]![2]]
+  }
+  return undefined
+}
 
 const parseHeaderJson = (bytes: Uint8Array, file: string) =>
   Effect.try({
@@ -618,8 +631,7 @@ const IndexJson = Schema.fromJsonString(Schema.Struct({
  */
 export const readIndexFile = Effect.fn("Safetensors.readIndexFile")(function*(indexFile: string) {
   const fs = yield* FileSystem.FileSystem
-  const corrupt = (message: string, tensor?: string) =>
-    safetensorsError(indexFile, "Corrupt", message, tensor === undefined ? {} : { tensor })
+  const corrupt = (message: string) => safetensorsError(indexFile, "Corrupt", message)
   const text = yield* fs.readFileString(indexFile).pipe(Effect.mapError(fsError(indexFile, "read")))
   const { weight_map } = yield* Schema.decodeUnknownEffect(IndexJson)(text).pipe(
     Effect.mapError((e) => corrupt(`${indexFile}: not a safetensors index (${e.message})`))
@@ -632,28 +644,13 @@ export const readIndexFile = Effect.fn("Safetensors.readIndexFile")(function*(in
   let metadata: Readonly<Record<string, string>> = {}
   for (const [i, shard] of shards.entries()) {
     const header = yield* readHeader(join(dir, shard)).pipe(
-      Effect.catchReason("SafetensorsError", "NotFound", (reason) =>
-        Effect.fail(
-          safetensorsError(join(dir, shard), "NotFound", `${indexFile} lists shard ${shard}, which is missing`, {
-            cause: reason
-          })
-        ))
+      Effect.catchReason("SafetensorsError", "NotFound", (reason) => {
+        const message = `${indexFile} lists shard ${shard}, which is missing`
+        return Effect.fail(safetensorsError(join(dir, shard), "NotFound", message, { cause: reason }))
+      })
     )
     if (i === 0) metadata = header.metadata
-    for (const [name, location] of header.tensors) {
-      const before = tensors.get(name)
-      if (before !== undefined) {
-        const message = `tensor "${name}" is stored in two shards: ${before.file} and ${location.file}`
-        return yield* safetensorsError(indexFile, "DuplicateTensor", message, {
-          tensor: name,
-          files: [before.file, location.file]
-        })
-      }
-      if (weight_map[name] === undefined) {
-        return yield* corrupt(`${location.file}: tensor "${name}" is not listed in ${indexFile}`, name)
-      }
-      tensors.set(name, location)
-    }
+    yield* addShard(indexFile, weight_map, tensors, header)
   }
   for (const [name, shard] of Object.entries(weight_map)) {
     const found = tensors.get(name)
@@ -663,6 +660,28 @@ export const readIndexFile = Effect.fn("Safetensors.readIndexFile")(function*(in
     }
   }
   return { file: indexFile, tensors, metadata, files: shards.map((s) => join(dir, s)) } satisfies Index
+})
+
+/** Adds a shard's tensors to `tensors`: each must be listed in the index and in no shard read before. */
+const addShard = Effect.fnUntraced(function*(
+  indexFile: string,
+  weightMap: Readonly<Record<string, string>>,
+  tensors: Map<string, Location>,
+  shard: Index
+) {
+  for (const [name, location] of shard.tensors) {
+    const before = tensors.get(name)
+    if (before !== undefined) {
+      const message = `tensor "${name}" is stored in two shards: ${before.file} and ${location.file}`
+      const files = [before.file, location.file]
+      return yield* safetensorsError(indexFile, "DuplicateTensor", message, { tensor: name, files })
+    }
+    if (weightMap[name] === undefined) {
+      const message = `${location.file}: tensor "${name}" is not listed in ${indexFile}`
+      return yield* safetensorsError(indexFile, "Corrupt", message, { tensor: name })
+    }
+    tensors.set(name, location)
+  }
 })
 
 /**
@@ -847,6 +866,17 @@ const planShards = (sizes: ReadonlyArray<number>, max: number): Array<Array<numb
   return shards
 }
 
+/** Removes files of `prefix` that a save before this one left (an old single file, shards of another count). */
+const removeStale = Effect.fnUntraced(function*(dir: string, prefix: string, kept: ReadonlySet<string>) {
+  const fs = yield* FileSystem.FileSystem
+  const pattern = shardPattern(prefix)
+  for (const entry of yield* fs.readDirectory(dir).pipe(Effect.mapError(fsError(dir, "read")))) {
+    if (!kept.has(entry) && (entry === `${prefix}.safetensors` || pattern.test(entry))) {
+      yield* fs.remove(join(dir, entry)).pipe(Effect.mapError(fsError(join(dir, entry), "write")))
+    }
+  }
+})
+
 /** Writes one tensor's values to an open file, narrowed to BF16 chunk by chunk when asked. */
 const writeTensor = Effect.fnUntraced(function*(
   handle: FileSystem.File,
@@ -935,12 +965,7 @@ export const writeSharded = Effect.fn("Safetensors.writeSharded")(function*(
     yield* fs.writeFileString(`${indexFile}.tmp`, json).pipe(Effect.mapError(fsError(indexFile, "write")))
     yield* fs.rename(`${indexFile}.tmp`, indexFile).pipe(Effect.mapError(fsError(indexFile, "write")))
   }
-  const pattern = shardPattern(prefix), kept = new Set(names)
-  for (const entry of yield* fs.readDirectory(dir).pipe(Effect.mapError(fsError(dir, "read")))) {
-    if (!kept.has(entry) && (entry === `${prefix}.safetensors` || pattern.test(entry))) {
-      yield* fs.remove(join(dir, entry)).pipe(Effect.mapError(fsError(join(dir, entry), "write")))
-    }
-  }
+  yield* removeStale(dir, prefix, new Set(names))
   const written: Written = {
     files: names.map((n) => join(dir, n)),
     index: shards.length > 1 ? indexFile : undefined,
