@@ -5,9 +5,15 @@
  * byte size matching the shape, no overlaps) and fails with a {@link SafetensorsError} naming the file and the
  * tensor; it never throws.
  *
+ * Files on disk are read by streaming ({@link readIndex}, {@link readTensors}): the headers first, then each tensor
+ * by positioned reads straight into its `Float32Array` (BF16/F16 widened chunk by chunk), so neither a file's size
+ * (no 2 GiB ceiling) nor a second copy of the weights bounds what loads. A checkpoint is one file or Hugging Face's
+ * shards behind `<prefix>.safetensors.index.json`; {@link writeSharded} writes both, streamed, in F32 or BF16.
+ * {@link parse} and {@link serialize} work on bytes in memory (weights pushed over HTTP).
+ *
  * @since 0.1.0
  */
-import { Effect, FileSystem, Path, type PlatformError, Schema } from "effect"
+import { Effect, FileSystem, type PlatformError, Schema } from "effect"
 import * as FloatCodec from "./internal/floatCodec.ts"
 
 // ===== Models =====
@@ -311,14 +317,21 @@ const checkHeader = Effect.fnUntraced(function*(header: unknown, dataLength: num
     ranges.push([begin, end, name])
     spans.set(name, { dtype: entry.dtype, shape: entry.shape, begin, end })
   }
-  ranges.sort((a, b) => a[0] - b[0])
-  for (let i = 1; i < ranges.length; i++) {
-    if (ranges[i]![0] < ranges[i - 1]![1]) {
-      return yield* corrupt(`${file}: tensors "${ranges[i - 1]![2]}" and "${ranges[i]![2]}" overlap`, ranges[i]![2])
-    }
+  const overlap = firstOverlap(ranges)
+  if (overlap !== undefined) {
+    return yield* corrupt(`${file}: tensors "${overlap[0]}" and "${overlap[1]}" overlap`, overlap[1])
   }
   return { spans, metadata }
 })
+
+/** The first two tensors whose byte ranges `[begin, end, name]` overlap, in file order. */
+const firstOverlap = (ranges: Array<readonly [number, number, string]>): readonly [string, string] | undefined => {
+  ranges.sort((a, b) => a[0] - b[0])
+  for (let i = 1; i < ranges.length; i++) {
+    if (ranges[i]![0] < ranges[i - 1]![1]) return [ranges[i - 1]![2], ranges[i]![2]]
+  }
+  return undefined
+}
 
 const parseHeaderJson = (bytes: Uint8Array, file: string) =>
   Effect.try({
@@ -508,6 +521,14 @@ export interface Index {
   readonly files: ReadonlyArray<string>
 }
 
+// Paths are joined by hand (POSIX and Windows both take "/"), so that readers need only a `FileSystem`.
+const join = (dir: string, name: string) => (dir.endsWith("/") ? `${dir}${name}` : `${dir}/${name}`)
+const dirname = (file: string) => {
+  const at = Math.max(file.lastIndexOf("/"), file.lastIndexOf("\\"))
+  return at < 0 ? "." : at === 0 ? "/" : file.slice(0, at)
+}
+const basename = (file: string) => file.slice(Math.max(file.lastIndexOf("/"), file.lastIndexOf("\\")) + 1)
+
 /** A `PlatformError` of `file` as the reason that names its cause. */
 const fsError = (file: string, verb: "read" | "write") => (e: PlatformError.PlatformError): SafetensorsError => {
   const tag = e.reason._tag
@@ -610,9 +631,7 @@ const IndexJson = Schema.fromJsonString(Schema.Struct({
  */
 export const readIndexFile = Effect.fn("Safetensors.readIndexFile")(function*(indexFile: string) {
   const fs = yield* FileSystem.FileSystem
-  const path = yield* Path.Path
-  const corrupt = (message: string, tensor?: string) =>
-    safetensorsError(indexFile, "Corrupt", message, tensor === undefined ? {} : { tensor })
+  const corrupt = (message: string) => safetensorsError(indexFile, "Corrupt", message)
   const text = yield* fs.readFileString(indexFile).pipe(Effect.mapError(fsError(indexFile, "read")))
   const { weight_map } = yield* Schema.decodeUnknownEffect(IndexJson)(text).pipe(
     Effect.mapError((e) => corrupt(`${indexFile}: not a safetensors index (${e.message})`))
@@ -620,42 +639,49 @@ export const readIndexFile = Effect.fn("Safetensors.readIndexFile")(function*(in
   const shards = [...new Set(Object.values(weight_map))]
   const bad = shards.find((s) => s === "" || s === "." || s === ".." || /[/\\]/.test(s))
   if (bad !== undefined) return yield* corrupt(`${indexFile}: shard "${bad}" is not a file name beside the index`)
-  const dir = path.dirname(indexFile)
+  const dir = dirname(indexFile)
   const tensors = new Map<string, Location>()
   let metadata: Readonly<Record<string, string>> = {}
   for (const [i, shard] of shards.entries()) {
-    const header = yield* readHeader(path.join(dir, shard)).pipe(
-      Effect.catchReason("SafetensorsError", "NotFound", (reason) =>
-        Effect.fail(
-          safetensorsError(path.join(dir, shard), "NotFound", `${indexFile} lists shard ${shard}, which is missing`, {
-            cause: reason
-          })
-        ))
+    const header = yield* readHeader(join(dir, shard)).pipe(
+      Effect.catchReason("SafetensorsError", "NotFound", (reason) => {
+        const message = `${indexFile} lists shard ${shard}, which is missing`
+        return Effect.fail(safetensorsError(join(dir, shard), "NotFound", message, { cause: reason }))
+      })
     )
     if (i === 0) metadata = header.metadata
-    for (const [name, location] of header.tensors) {
-      const before = tensors.get(name)
-      if (before !== undefined) {
-        const message = `tensor "${name}" is stored in two shards: ${before.file} and ${location.file}`
-        return yield* safetensorsError(indexFile, "DuplicateTensor", message, {
-          tensor: name,
-          files: [before.file, location.file]
-        })
-      }
-      if (weight_map[name] === undefined) {
-        return yield* corrupt(`${location.file}: tensor "${name}" is not listed in ${indexFile}`, name)
-      }
-      tensors.set(name, location)
-    }
+    yield* addShard(indexFile, weight_map, tensors, header)
   }
   for (const [name, shard] of Object.entries(weight_map)) {
     const found = tensors.get(name)
-    if (found === undefined || path.basename(found.file) !== shard) {
+    if (found === undefined || basename(found.file) !== shard) {
       const message = `${indexFile} places tensor "${name}" in ${shard}, which does not hold it`
-      return yield* safetensorsError(path.join(dir, shard), "MissingTensor", message, { tensor: name, expected: [] })
+      return yield* safetensorsError(join(dir, shard), "MissingTensor", message, { tensor: name, expected: [] })
     }
   }
-  return { file: indexFile, tensors, metadata, files: shards.map((s) => path.join(dir, s)) } satisfies Index
+  return { file: indexFile, tensors, metadata, files: shards.map((s) => join(dir, s)) } satisfies Index
+})
+
+/** Adds a shard's tensors to `tensors`: each must be listed in the index and in no shard read before. */
+const addShard = Effect.fnUntraced(function*(
+  indexFile: string,
+  weightMap: Readonly<Record<string, string>>,
+  tensors: Map<string, Location>,
+  shard: Index
+) {
+  for (const [name, location] of shard.tensors) {
+    const before = tensors.get(name)
+    if (before !== undefined) {
+      const message = `tensor "${name}" is stored in two shards: ${before.file} and ${location.file}`
+      const files = [before.file, location.file]
+      return yield* safetensorsError(indexFile, "DuplicateTensor", message, { tensor: name, files })
+    }
+    if (weightMap[name] === undefined) {
+      const message = `${location.file}: tensor "${name}" is not listed in ${indexFile}`
+      return yield* safetensorsError(indexFile, "Corrupt", message, { tensor: name })
+    }
+    tensors.set(name, location)
+  }
 })
 
 /**
@@ -667,10 +693,9 @@ export const readIndexFile = Effect.fn("Safetensors.readIndexFile")(function*(in
  */
 export const readIndex = Effect.fn("Safetensors.readIndex")(function*(dir: string, prefix = "model") {
   const fs = yield* FileSystem.FileSystem
-  const path = yield* Path.Path
-  const indexFile = path.join(dir, `${prefix}.safetensors.index.json`)
+  const indexFile = join(dir, `${prefix}.safetensors.index.json`)
   const indexed = yield* fs.exists(indexFile).pipe(Effect.mapError(fsError(indexFile, "read")))
-  return yield* indexed ? readIndexFile(indexFile) : readHeader(path.join(dir, `${prefix}.safetensors`))
+  return yield* indexed ? readIndexFile(indexFile) : readHeader(join(dir, `${prefix}.safetensors`))
 })
 
 /** Checks `index` holds exactly `expected` with their shapes and float dtypes, before any data is read. */
@@ -841,6 +866,17 @@ const planShards = (sizes: ReadonlyArray<number>, max: number): Array<Array<numb
   return shards
 }
 
+/** Removes files of `prefix` that a save before this one left (an old single file, shards of another count). */
+const removeStale = Effect.fnUntraced(function*(dir: string, prefix: string, kept: ReadonlySet<string>) {
+  const fs = yield* FileSystem.FileSystem
+  const pattern = shardPattern(prefix)
+  for (const entry of yield* fs.readDirectory(dir).pipe(Effect.mapError(fsError(dir, "read")))) {
+    if (!kept.has(entry) && (entry === `${prefix}.safetensors` || pattern.test(entry))) {
+      yield* fs.remove(join(dir, entry)).pipe(Effect.mapError(fsError(join(dir, entry), "write")))
+    }
+  }
+})
+
 /** Writes one tensor's values to an open file, narrowed to BF16 chunk by chunk when asked. */
 const writeTensor = Effect.fnUntraced(function*(
   handle: FileSystem.File,
@@ -907,11 +943,10 @@ export const writeSharded = Effect.fn("Safetensors.writeSharded")(function*(
   options: WriteOptions = {}
 ) {
   const fs = yield* FileSystem.FileSystem
-  const path = yield* Path.Path
   const dtype = options.dtype ?? "F32"
   const sizes = tensors.map((t) => t.shape.reduce((a, b) => a * b, 1) * byteSize[dtype])
   const shards = planShards(sizes, options.maxShardBytes ?? defaultMaxShardBytes)
-  const indexFile = path.join(dir, `${prefix}.safetensors.index.json`)
+  const indexFile = join(dir, `${prefix}.safetensors.index.json`)
   yield* fs.makeDirectory(dir, { recursive: true }).pipe(Effect.mapError(fsError(dir, "write")))
   yield* fs.remove(indexFile, { force: true }).pipe(Effect.mapError(fsError(indexFile, "write")))
   const pad = (n: number) => String(n).padStart(5, "0")
@@ -920,7 +955,7 @@ export const writeSharded = Effect.fn("Safetensors.writeSharded")(function*(
     : shards.map((_, i) => `${prefix}-${pad(i + 1)}-of-${pad(shards.length)}.safetensors`)
   const weightMap: Record<string, string> = {}
   for (const [i, members] of shards.entries()) {
-    const file = path.join(dir, names[i]!)
+    const file = join(dir, names[i]!)
     yield* writeFile(file, members.map((k) => tensors[k]!), dtype, options.metadata)
     for (const k of members) weightMap[tensors[k]!.name] = names[i]!
   }
@@ -930,14 +965,9 @@ export const writeSharded = Effect.fn("Safetensors.writeSharded")(function*(
     yield* fs.writeFileString(`${indexFile}.tmp`, json).pipe(Effect.mapError(fsError(indexFile, "write")))
     yield* fs.rename(`${indexFile}.tmp`, indexFile).pipe(Effect.mapError(fsError(indexFile, "write")))
   }
-  const pattern = shardPattern(prefix), kept = new Set(names)
-  for (const entry of yield* fs.readDirectory(dir).pipe(Effect.mapError(fsError(dir, "read")))) {
-    if (!kept.has(entry) && (entry === `${prefix}.safetensors` || pattern.test(entry))) {
-      yield* fs.remove(path.join(dir, entry)).pipe(Effect.mapError(fsError(path.join(dir, entry), "write")))
-    }
-  }
+  yield* removeStale(dir, prefix, new Set(names))
   const written: Written = {
-    files: names.map((n) => path.join(dir, n)),
+    files: names.map((n) => join(dir, n)),
     index: shards.length > 1 ? indexFile : undefined,
     totalBytes
   }
