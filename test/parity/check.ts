@@ -43,12 +43,15 @@ export const checkParity = Effect.fn("checkParity")(function*(p: ParityCase) {
   yield* Gguf.write(p.file, contents, "F32")
   assert(yield* fs.exists(p.file))
   const ids = scoredIds(p.tokenizer, 128000)
+  // llama.cpp first, its model disposed before ours runs: the two engines' copies of the weights never coexist.
+  const reference = yield* Effect.scoped(Effect.gen(function*() {
+    const model = yield* loadModel(yield* llama, p.file)
+    return yield* llamaScores(model, ids, 10, 32)
+  }))
   const engine = yield* ours(p.config, weights)
   const logits = yield* engine.logits(ids)
   const oursGreedy = yield* engine.greedy(ids, 32)
   yield* engine.release
-  const model = yield* loadModel(yield* llama, p.file)
-  const reference = yield* llamaScores(model, ids, 10, 32)
   const V = p.config.vocabSize
   let top1Mismatches = 0, maxLogprobDiff = 0
   for (let t = 0; t < ids.length; t++) {
