@@ -1,6 +1,10 @@
 /**
- * The Qwen2-style decoder, defined once: token embedding, RMSNorm, rotary position embeddings (RoPE), attention
- * with grouped-query heads, a SwiGLU MLP and a tied or untied output head.
+ * The decoder of all three families the runtime computes, defined once: Qwen2/Qwen2.5 (`Qwen2ForCausalLM`), Qwen3
+ * (`Qwen3ForCausalLM`) and Llama 3.x / SmolLM2 (`LlamaForCausalLM`). Token embedding, RMSNorm, rotary position
+ * embeddings (RoPE, with Llama 3's `llama3` frequency scaling when the config asks for it), attention with
+ * grouped-query heads of width `head_dim` (independent of the model's width for Qwen3), Qwen2's q/k/v biases or
+ * Qwen3's per-head q/k RMSNorm, a SwiGLU MLP and a tied or untied output head. The module keeps its first family's
+ * name.
  *
  * The model's maths are small functions (`rmsNorm`, `rope`, `attention`, `mlp`) written against the
  * {@link Graph.Graph} builder; {@link forward} wires them into a full forward pass. Serialising the graph is
@@ -13,7 +17,7 @@
  * Outputs: `logits [B, T, V]` float32 (`[B, 1, V]` with `lastTokenOnly`) and, with a cache, `new.{i}.key|value
  * [B, KV, T, hd]`: the new tokens' keys (rotated) and values only. The caller keeps the cache and appends them, so
  * that a decode step does not copy the whole cache out of onnxruntime; the cache's slots need not be contiguous
- * (the attention mask says which hold tokens). Weights use Hugging Face Qwen2 names and `[out, in]` layouts (see
+ * (the attention mask says which hold tokens). Weights use Hugging Face names and `[out, in]` layouts (see
  * {@link parameters}), as graph inputs (`weights: "inputs"`, the learner's choice) or initializers (frozen weights,
  * faster decoding).
  *
@@ -74,7 +78,10 @@ export type Weights = ReadonlyMap<string, Float32Array>
 export type Head = "lm" | "value"
 
 /**
- * Every parameter of the model in a fixed order (embedding, layers, final norm, untied head).
+ * Every parameter of the model in a fixed order (embedding, layers, final norm, untied head). Per layer, in
+ * Hugging Face's names: `input_layernorm`, `self_attn.{q,k,v}_proj` (`weight [heads·head_dim, hidden]`, biases with
+ * `attentionBias`), `self_attn.o_proj [hidden, heads·head_dim]`, Qwen3's `self_attn.{q,k}_norm.weight [head_dim]`,
+ * `post_attention_layernorm`, `mlp.{gate,up,down}_proj`.
  *
  * @category getters
  * @since 0.1.0
@@ -94,6 +101,10 @@ export const parameters = (c: ModelConfig.ModelConfig, output: Head = "lm"): Rea
       if (c.attentionBias) specs.push({ name: `${p}.self_attn.${n}_proj.bias`, shape: [out], init: "zeros" })
     }
     specs.push({ name: `${p}.self_attn.o_proj.weight`, shape: [D, qOut], init: "normal" })
+    if (ModelConfig.hasQkNorm(c)) {
+      specs.push({ name: `${p}.self_attn.q_norm.weight`, shape: [hd], init: "ones" })
+      specs.push({ name: `${p}.self_attn.k_norm.weight`, shape: [hd], init: "ones" })
+    }
     specs.push({ name: `${p}.post_attention_layernorm.weight`, shape: [D], init: "ones" })
     specs.push({ name: `${p}.mlp.gate_proj.weight`, shape: [F, D], init: "normal" })
     specs.push({ name: `${p}.mlp.up_proj.weight`, shape: [F, D], init: "normal" })
@@ -190,17 +201,65 @@ const rotateHalfMatrix = (hd: number): Graph.TensorData => {
 }
 
 /**
- * Cos and sin tables `[maxPositions, hd/2]` for RoPE with base `theta`, computed in float64.
+ * Each rotary pair's wavelength over 2π, `1 / inv_freq` `[hd/2]`, in float64: `theta^(2j/hd)`, rescaled by
+ * `rope_scaling` of type `llama3` (transformers' `_compute_llama3_parameters`: a wavelength above
+ * `original_max_position_embeddings / low_freq_factor` is stretched by `factor`, one below
+ * `original_max_position_embeddings / high_freq_factor` kept, and between them
+ * `inv_freq · ((1 − s) / factor + s)` with `s = (original / wavelength − low) / (high − low)`).
+ */
+const ropePeriods = (c: ModelConfig.ModelConfig): Float64Array => {
+  const hd = ModelConfig.headDim(c), half = hd / 2
+  const periods = Float64Array.from({ length: half }, (_, j) => Math.pow(c.ropeTheta, (2 * j) / hd))
+  const scaling = c.ropeScaling
+  if (scaling?.ropeType !== "llama3") return periods
+  const { factor, highFreqFactor, lowFreqFactor, originalMaxPositionEmbeddings: original } = scaling
+  const lowFreqWavelen = original / lowFreqFactor, highFreqWavelen = original / highFreqFactor
+  return periods.map((period) => {
+    const wavelen = 2 * Math.PI * period
+    if (wavelen < highFreqWavelen) return period
+    if (wavelen > lowFreqWavelen) return period * factor
+    const smooth = (original / wavelen - lowFreqFactor) / (highFreqFactor - lowFreqFactor)
+    return period / ((1 - smooth) / factor + smooth)
+  })
+}
+
+/**
+ * RoPE's inverse frequencies `[hd/2]` (position `p` turns pair `j` by `p · inv_freq[j]`), with the config's
+ * `rope_scaling` applied, in float64.
+ *
+ * @category math
+ * @since 0.1.0
+ */
+export const ropeInverseFrequencies = (c: ModelConfig.ModelConfig): Float64Array =>
+  ropePeriods(c).map((period) => 1 / period)
+
+/**
+ * The factors `rope_scaling` divides each unscaled inverse frequency by (`[hd/2]`, 1 where unchanged), as
+ * llama.cpp's `rope_freqs.weight` holds them for Llama 3; `undefined` without scaling.
+ *
+ * @category math
+ * @since 0.1.0
+ */
+export const ropeFrequencyFactors = (c: ModelConfig.ModelConfig): Float64Array | undefined => {
+  if (c.ropeScaling?.ropeType !== "llama3") return undefined
+  const hd = ModelConfig.headDim(c)
+  return ropePeriods(c).map((period, j) => period / Math.pow(c.ropeTheta, (2 * j) / hd))
+}
+
+/**
+ * Cos and sin tables `[maxPositions, hd/2]` for RoPE with base `theta` and the config's `rope_scaling`, computed
+ * in float64.
  *
  * @category math
  * @since 0.1.0
  */
 export const ropeTables = (c: ModelConfig.ModelConfig): { readonly cos: Float32Array; readonly sin: Float32Array } => {
-  const hd = ModelConfig.headDim(c), half = hd / 2, n = c.maxPositionEmbeddings
+  const periods = ropePeriods(c), half = periods.length, n = c.maxPositionEmbeddings
   const cos = new Float32Array(n * half), sin = new Float32Array(n * half)
   for (let p = 0; p < n; p++) {
     for (let j = 0; j < half; j++) {
-      const angle = p / Math.pow(c.ropeTheta, (2 * j) / hd)
+      // A division, as before scaling existed: the presets' tables stay bit for bit.
+      const angle = p / periods[j]!
       cos[p * half + j] = Math.cos(angle)
       sin[p * half + j] = Math.sin(angle)
     }
@@ -272,8 +331,17 @@ const projections = (
   const hd = ModelConfig.headDim(c), KV = c.numKeyValueHeads, G = c.numAttentionHeads / KV
   const p = `model.layers.${i}.self_attn`
   const bias = (n: string) => (c.attentionBias ? param(`${p}.${n}_proj.bias`) : undefined)
-  const q = g.op("Reshape", [linear(g, h, param(`${p}.q_proj.weight`), bias("q")), i64(g, [0, 0, KV, G, hd])])
-  const k = g.op("Reshape", [linear(g, h, param(`${p}.k_proj.weight`), bias("k")), i64(g, [0, 0, KV, hd])])
+  // Qwen3 normalises each head of the queries and keys over its own width, before RoPE (Qwen3Attention).
+  const headNorm = (x: string, n: string) =>
+    ModelConfig.hasQkNorm(c) ? rmsNorm(g, x, param(`${p}.${n}_norm.weight`), c.rmsNormEps) : x
+  const q = headNorm(
+    g.op("Reshape", [linear(g, h, param(`${p}.q_proj.weight`), bias("q")), i64(g, [0, 0, KV, G, hd])]),
+    "q"
+  )
+  const k = headNorm(
+    g.op("Reshape", [linear(g, h, param(`${p}.k_proj.weight`), bias("k")), i64(g, [0, 0, KV, hd])]),
+    "k"
+  )
   const v = g.op("Reshape", [linear(g, h, param(`${p}.v_proj.weight`), bias("v")), i64(g, [0, 0, KV, hd])])
   return {
     q: g.op("Transpose", [rope(g, q, ctx.cos5, ctx.sin5, hd)], { perm: Graph.ints([0, 2, 3, 1, 4]) }),
