@@ -235,12 +235,26 @@ export const firstNonFinite = (
 // ===== Save =====
 
 /**
- * Writes a checkpoint into `dir` (created if needed; existing files are replaced).
+ * @category models
+ * @since 0.1.0
+ */
+export interface SaveOptions {
+  /** Shard size limit of the weight and optimizer files (default 2 GB; tests set it low to exercise shards). */
+  readonly maxShardBytes?: number
+}
+
+/** A write failure of the tensor files, at the file it names: `DiskFull` when the disk is, else `Io`. */
+const writeError = (e: Safetensors.SafetensorsError) => io(e.file)(e)
+
+/**
+ * Writes a checkpoint into `dir` (created if needed; existing files are replaced). The weights and the moments are
+ * streamed as F32 safetensors, sharded past `maxShardBytes` as Hugging Face shards them, so a model of any size
+ * saves without a second copy in memory.
  *
  * @category constructors
  * @since 0.1.0
  */
-export const save = Effect.fn("Checkpoint.save")(function*(dir: string, state: State) {
+export const save = Effect.fn("Checkpoint.save")(function*(dir: string, state: State, options: SaveOptions = {}) {
   const fs = yield* FileSystem.FileSystem
   const bad = firstNonFinite(state.weights.map((w) => [w.name, w.data] as const)) ??
     firstNonFinite(state.optimizer.m) ?? firstNonFinite(state.optimizer.v)
@@ -253,15 +267,15 @@ export const save = Effect.fn("Checkpoint.save")(function*(dir: string, state: S
   if (yield* fs.exists(statePath).pipe(Effect.mapError(io(statePath)))) {
     yield* fs.remove(statePath).pipe(Effect.mapError(io(statePath)))
   }
-  const model = Safetensors.serialize(state.weights, { format: "pt" })
   const moments = state.weights.flatMap((w) => [
     { name: `m.${w.name}`, shape: w.shape, data: state.optimizer.m.get(w.name)! },
     { name: `v.${w.name}`, shape: w.shape, data: state.optimizer.v.get(w.name)! }
   ])
-  yield* fs.writeFile(`${dir}/model.safetensors`, model).pipe(Effect.mapError(io(`${dir}/model.safetensors`)))
-  yield* fs.writeFile(`${dir}/optimizer.safetensors`, Safetensors.serialize(moments)).pipe(
-    Effect.mapError(io(`${dir}/optimizer.safetensors`))
+  const shards = options.maxShardBytes === undefined ? {} : { maxShardBytes: options.maxShardBytes }
+  yield* Safetensors.writeSharded(dir, "model", state.weights, { ...shards, metadata: { format: "pt" } }).pipe(
+    Effect.mapError(writeError)
   )
+  yield* Safetensors.writeSharded(dir, "optimizer", moments, shards).pipe(Effect.mapError(writeError))
   const json = JSON.stringify({
     format: "agentfly-checkpoint/1",
     step: state.optimizer.step,
@@ -274,44 +288,69 @@ export const save = Effect.fn("Checkpoint.save")(function*(dir: string, state: S
   yield* fs.rename(`${statePath}.tmp`, statePath).pipe(Effect.mapError(io(statePath)))
 })
 
+/**
+ * The files of the checkpoint in `dir`, in the order a copy should write them: tensor files and their indexes
+ * (`model*`, `optimizer*`), then `trainer_state.json` last, the commit marker. A copy made in this order (as a remote
+ * trainer sends a checkpoint) is never mistaken for a complete one while under way.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const files = Effect.fn("Checkpoint.files")(function*(dir: string) {
+  const fs = yield* FileSystem.FileSystem
+  const entries = yield* fs.readDirectory(dir).pipe(Effect.mapError(io(dir)))
+  const tensors = entries.filter((f) => /^(model|optimizer)(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?$/.test(f))
+  // Shards before their index: the index names them, so it is written once they are all there.
+  const rank = (f: string) => (f.endsWith(".index.json") ? 1 : 0)
+  return [...tensors.sort((a, b) => rank(a) - rank(b) || a.localeCompare(b)), "trainer_state.json"]
+})
+
 // ===== Load =====
 
+/** A read failure of the tensor files: a missing file (the only file, or a shard) means a save that did not finish. */
+const readError = (e: Safetensors.SafetensorsError): CheckpointError => {
+  switch (e.reason._tag) {
+    case "NotFound":
+      // A missing shard's message names the index that lists it; a missing single file's only says it is missing.
+      const message = e.message.startsWith("cannot read") ? `${e.file} is missing` : e.message
+      return checkpointError(e.file, "Incomplete", message)
+    case "PermissionDenied":
+    case "NotAFile":
+    case "Io":
+      return checkpointError(e.file, "Io", e.message, { cause: e })
+    default:
+      return checkpointError(e.file, "Corrupt", e.message, { cause: e })
+  }
+}
+
 const readTensors = Effect.fnUntraced(function*(
-  fs: FileSystem.FileSystem,
-  path: string,
+  dir: string,
+  prefix: "model" | "optimizer",
   expected: ReadonlyArray<{ readonly name: string; readonly shape: ReadonlyArray<number> }>
 ) {
-  if (!(yield* fs.exists(path).pipe(Effect.mapError(io(path))))) {
-    return yield* checkpointError(path, "Incomplete", `${path} is missing`)
-  }
-  const bytes = yield* fs.readFile(path).pipe(Effect.mapError(io(path)))
-  const file = yield* Safetensors.parse(bytes, path).pipe(
-    Effect.mapError((e) => checkpointError(path, "Corrupt", e.message, { cause: e }))
-  )
-  const out = new Map<string, Float32Array>()
+  const index = yield* Safetensors.readIndex(dir, prefix).pipe(Effect.mapError(readError))
+  const path = index.file
   for (const { name, shape } of expected) {
-    const t = file.tensors.get(name)
+    const t = index.tensors.get(name)
     if (t === undefined) {
       return yield* checkpointError(path, "Mismatch", `tensor ${name} is missing`)
     }
     if (t.dtype !== "F32" || t.shape.length !== shape.length || t.shape.some((d, i) => d !== shape[i])) {
       const what = `tensor ${name}: ${t.dtype} [${t.shape}] where F32 [${shape}] is expected`
-      return yield* checkpointError(path, "Mismatch", what)
+      return yield* checkpointError(t.file, "Mismatch", what)
     }
-    // Copy into a fresh aligned array (the bytes may be a view into a pooled Node Buffer).
-    const data = new Float32Array(t.bytes.byteLength / 4)
-    new Uint8Array(data.buffer).set(t.bytes)
-    out.set(name, data)
   }
-  if (file.tensors.size !== expected.length) {
-    const extra = [...file.tensors.keys()].filter((k) => !expected.some((e) => e.name === k))
+  if (index.tensors.size !== expected.length) {
+    const extra = [...index.tensors.keys()].filter((k) => !expected.some((e) => e.name === k))
     return yield* checkpointError(path, "Mismatch", `unexpected tensors: ${extra.join(", ")}`)
   }
-  return out
+  return yield* Safetensors.readTensors(index, expected).pipe(Effect.mapError(readError))
 })
 
 /**
- * Reads a checkpoint, checking it holds exactly the `expected` weights with their shapes.
+ * Reads a checkpoint, checking it holds exactly the `expected` weights with their shapes. Tensor files are streamed
+ * (single or sharded, of any size); checkpoints written before sharding (one `model.safetensors` and one
+ * `optimizer.safetensors`) load as they did.
  *
  * @category constructors
  * @since 0.1.0
@@ -332,11 +371,10 @@ export const load = Effect.fn("Checkpoint.load")(function*(
   const meta = yield* decodeStateFile(text).pipe(
     Effect.mapError((e) => checkpointError(statePath, "Corrupt", e.message, { cause: e }))
   )
-  const modelPath = `${dir}/model.safetensors`
-  const weights = yield* readTensors(fs, modelPath, expected)
+  const weights = yield* readTensors(dir, "model", expected)
   const moments = yield* readTensors(
-    fs,
-    `${dir}/optimizer.safetensors`,
+    dir,
+    "optimizer",
     expected.flatMap((e) => [{ name: `m.${e.name}`, shape: e.shape }, { name: `v.${e.name}`, shape: e.shape }])
   )
   const bad = firstNonFinite(weights) ?? firstNonFinite(moments)
@@ -345,6 +383,7 @@ export const load = Effect.fn("Checkpoint.load")(function*(
   }
   const hash = fingerprint(weights)
   if (meta.weightsHash !== undefined && meta.weightsHash !== hash) {
+    const modelPath = yield* weightsFile(dir)
     return yield* checkpointError(
       modelPath,
       "Corrupt",
@@ -357,4 +396,11 @@ export const load = Effect.fn("Checkpoint.load")(function*(
     v: new Map(expected.map((e) => [e.name, moments.get(`v.${e.name}`)!]))
   }
   return { weights, optimizer, policyVersion: meta.policyVersion, rngState: meta.rngState, weightsHash: hash }
+})
+
+/** The file that names the weights: the index of sharded weights, else `model.safetensors`. */
+const weightsFile = Effect.fnUntraced(function*(dir: string) {
+  const fs = yield* FileSystem.FileSystem
+  const index = `${dir}/model.safetensors.index.json`
+  return (yield* fs.exists(index).pipe(Effect.orElseSucceed(() => false))) ? index : `${dir}/model.safetensors`
 })

@@ -1,10 +1,11 @@
 /**
- * A model folder in Hugging Face layout: `config.json` (`model_type: "qwen2"`), `model.safetensors` (float32),
- * `tokenizer.json`, `tokenizer_config.json` (with `chat_template` and `eos_token`) and optionally
- * `generation_config.json`. {@link load} validates every file against the others (weights against the config's
- * parameter shapes, tokenizer size against the vocabulary) and fails with a {@link ModelFolderError} naming the
- * file (and tensor); {@link init} writes a fresh folder from a preset with the byte-level tokenizer and a
- * Qwen2.5-style chat template (Hermes `<tool_call>` format).
+ * A model folder in Hugging Face layout: `config.json` (`model_type: "qwen2"`), the weights (`model.safetensors`, or
+ * `model.safetensors.index.json` and its shards; F32, BF16 or F16, read by streaming), `tokenizer.json`,
+ * `tokenizer_config.json` (with `chat_template` and `eos_token`) and optionally `generation_config.json`.
+ * {@link load} validates every file against the others (weights against the config's parameter shapes, tokenizer
+ * size against the vocabulary) and fails with a {@link ModelFolderError} naming the file (and tensor); {@link init}
+ * writes a fresh folder from a preset with the byte-level tokenizer and a Qwen2.5-style chat template (Hermes
+ * `<tool_call>` format).
  *
  * @since 0.1.0
  */
@@ -42,7 +43,7 @@ export class InvalidConfig extends Schema.TaggedError<InvalidConfig>()("InvalidC
 }) {}
 
 /**
- * `model.safetensors` is corrupt, does not match the config, or holds NaN or ±Infinity (`tensor`: the one at fault,
+ * The weights are corrupt, do not match the config, or hold NaN or ±Infinity (`tensor`: the one at fault,
  * when one is; for non-finite values, `index` of the first and `count` of them in that tensor).
  *
  * @category errors
@@ -199,8 +200,26 @@ export const readConfig = Effect.fn("ModelFolder.readConfig")(function*(dir: str
 })
 
 /**
- * Reads `model.safetensors` and checks it holds exactly the parameters of `config`, with their shapes, every value
- * finite (`InvalidWeights` naming the first tensor with a NaN or ±Infinity).
+ * A weights read failure as the folder's reason: a missing file is `NotFound`, one that cannot be read (permission,
+ * a directory, the disk) is `Io`, and anything about the contents is `InvalidWeights` naming the tensor; the
+ * safetensors error is the cause, and its message (which names the real cause) is kept.
+ */
+const weightsError = (e: Safetensors.SafetensorsError): ModelFolderError => {
+  const tag = e.reason._tag
+  if (tag === "NotFound") return modelFolderError(e.file, "NotFound", e.message, { cause: e })
+  if (tag === "PermissionDenied" || tag === "NotAFile" || tag === "Io") {
+    return modelFolderError(e.file, "Io", e.message, { cause: e })
+  }
+  const tensor = e.tensor
+  const facts = tensor === undefined ? { cause: e } : { tensor, cause: e }
+  return modelFolderError(e.file, "InvalidWeights", e.message, facts)
+}
+
+/**
+ * Reads the weights as Hugging Face publishes them: `model.safetensors`, or `model.safetensors.index.json` and the
+ * shards it names; F32, BF16 or F16, streamed tensor by tensor into `Float32Array`s (files of any size). Checks they
+ * hold exactly the parameters of `config`, with their shapes, every value finite (`InvalidWeights` naming the first
+ * tensor with a NaN or ±Infinity).
  *
  * @category constructors
  * @since 0.1.0
@@ -209,26 +228,14 @@ export const readWeights = Effect.fn("ModelFolder.readWeights")(function*(
   dir: string,
   config: ModelConfig.ModelConfig
 ) {
-  const fs = yield* FileSystem.FileSystem
-  const path = yield* Path.Path
-  const file = path.join(dir, "model.safetensors")
-  const bytes = yield* fs.readFile(file).pipe(
-    Effect.mapError((cause) => modelFolderError(file, "NotFound", `cannot read ${file}`, { cause }))
-  )
-  const invalid = (e: Safetensors.SafetensorsError) =>
-    modelFolderError(
-      file,
-      "InvalidWeights",
-      e.message,
-      e.tensor === undefined ? { cause: e } : { tensor: e.tensor, cause: e }
-    )
-  const parsed = yield* Safetensors.parse(bytes, file).pipe(Effect.mapError(invalid))
-  const weights: Qwen2.Weights = yield* Safetensors.readFloat32(parsed, file, Qwen2.parameters(config)).pipe(
-    Effect.mapError(invalid)
+  const index = yield* Safetensors.readIndex(dir, "model").pipe(Effect.mapError(weightsError))
+  const weights: Qwen2.Weights = yield* Safetensors.readTensors(index, Qwen2.parameters(config)).pipe(
+    Effect.mapError(weightsError)
   )
   // NaN or ±Infinity would be served and trained on unnoticed (only a checkpoint's save refused them).
   const bad = Finite.firstNonFinite(weights)
   if (bad !== undefined) {
+    const file = index.tensors.get(bad.tensor)?.file ?? index.file
     const message = `${file}: ${Finite.describe(bad)}`
     return yield* modelFolderError(file, "InvalidWeights", message, {
       tensor: bad.tensor,
@@ -301,7 +308,9 @@ export const load = Effect.fn("ModelFolder.load")(function*(dir: string) {
 // ===== Writing =====
 
 /**
- * Writes `config.json` and `model.safetensors` (float32, parameters in {@link Qwen2.parameters} order).
+ * Writes `config.json` and the weights (parameters in {@link Qwen2.parameters} order), streamed: by default F32 in
+ * one `model.safetensors` up to 2 GB, beyond that in shards with `model.safetensors.index.json` (see
+ * {@link Safetensors.writeSharded}); `options` picks BF16 or another shard size, as an export does.
  *
  * @category constructors
  * @since 0.1.0
@@ -309,7 +318,8 @@ export const load = Effect.fn("ModelFolder.load")(function*(dir: string) {
 export const writeModel = Effect.fn("ModelFolder.writeModel")(function*(
   dir: string,
   config: ModelConfig.ModelConfig,
-  weights: Qwen2.Weights
+  weights: Qwen2.Weights,
+  options: Pick<Safetensors.WriteOptions, "dtype" | "maxShardBytes"> = {}
 ) {
   const fs = yield* FileSystem.FileSystem
   const path = yield* Path.Path
@@ -325,12 +335,12 @@ export const writeModel = Effect.fn("ModelFolder.writeModel")(function*(
     const file = path.join(dir, "model.safetensors")
     return yield* modelFolderError(file, "InvalidWeights", `no weights for ${missing.name}`, { tensor: missing.name })
   }
-  const configFile = path.join(dir, "config.json"), weightsFile = path.join(dir, "model.safetensors")
+  const configFile = path.join(dir, "config.json")
   yield* fs.writeFileString(configFile, JSON.stringify(ModelConfig.toJson(config), null, 2) + "\n").pipe(
     Effect.mapError(io(configFile))
   )
-  yield* fs.writeFile(weightsFile, Safetensors.serialize(tensors, { format: "pt" })).pipe(
-    Effect.mapError(io(weightsFile))
+  yield* Safetensors.writeSharded(dir, "model", tensors, { ...options, metadata: { format: "pt" } }).pipe(
+    Effect.mapError((e) => modelFolderError(e.file, "Io", e.message, { cause: e }))
   )
 })
 
