@@ -523,7 +523,8 @@ const looksSpecial = (t: string): boolean =>
 /**
  * The name llama.cpp knows the tokenizer's pre-tokenizer by (`tokenizer.ggml.pre`), read from its split regex:
  * Qwen2's splits digits one by one, Llama 3's in runs of up to three; SmolLM2's own tokenizer is byte-level with
- * individual digits. The converter recognises a tokenizer by hashing its output on a test text; we read the regex.
+ * individual digits; a byte-level vocabulary without merges (`ByteTokenizer`'s) is `default`. The converter
+ * recognises a tokenizer by hashing its output on a test text; we read the regex.
  */
 const preTokenizer = (json: Record<string, unknown>): string | undefined => {
   const text = JSON.stringify(json["pre_tokenizer"] ?? null)
@@ -532,6 +533,11 @@ const preTokenizer = (json: Record<string, unknown>): string | undefined => {
   if (text.includes(common + String.raw`\\p{N}` + tail)) return "qwen2"
   if (text.includes(common + String.raw`\\p{N}{1,3}` + tail)) return "llama-bpe"
   if (text.includes(`"individual_digits":true`) && text.includes(`"ByteLevel"`)) return "smollm"
+  // Without merges every split gives the same byte ids: llama.cpp's default split is exact (our byte tokenizer).
+  const merges = (json["model"] as { merges?: unknown } | undefined)?.merges
+  if (Array.isArray(merges) && merges.length === 0 && (json["pre_tokenizer"] as { type?: unknown })?.type === "ByteLevel") {
+    return "default"
+  }
   return undefined
 }
 
