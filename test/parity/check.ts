@@ -30,9 +30,8 @@ export const scoredIds = (tokenizer: Tokenizer.Tokenizer, baseVocab: number): Ar
   return ids
 }
 
-export const checkParity = Effect.fn("checkParity")(function*(p: ParityCase) {
-  const fs = yield* FileSystem.FileSystem
-  const weights = peakedWeights(Qwen2.parameters(p.config), 7, p.weightStd)
+/** Our exporter's GGUF F32 of the case's model (a scope of its own: the metadata's token arrays die with it). */
+const exportGguf = Effect.fnUntraced(function*(p: ParityCase, weights: ReadonlyMap<string, Float32Array>) {
   const contents = yield* Gguf.fromHf({
     name: p.name,
     config: p.configJson,
@@ -41,6 +40,12 @@ export const checkParity = Effect.fn("checkParity")(function*(p: ParityCase) {
     tokenizerConfig: JSON.parse(readFileSync(join(p.tokenizerDir, "tokenizer_config.json"), "utf8"))
   }, p.file)
   yield* Gguf.write(p.file, contents, "F32")
+})
+
+export const checkParity = Effect.fn("checkParity")(function*(p: ParityCase) {
+  const fs = yield* FileSystem.FileSystem
+  const weights = peakedWeights(Qwen2.parameters(p.config), 7, p.weightStd)
+  yield* exportGguf(p, weights)
   assert(yield* fs.exists(p.file))
   const ids = scoredIds(p.tokenizer, 128000)
   // llama.cpp first, its model disposed before ours runs: the two engines' copies of the weights never coexist.
