@@ -11,6 +11,7 @@ import * as NodeServices from "@effect/platform-node/NodeServices"
 import { Console, Effect } from "effect"
 import { CliOutput, Command } from "effect/cli"
 import { evaluate } from "./eval.ts"
+import { exportCommand } from "./export.ts"
 import { gateway } from "./gateway.ts"
 import { initModel } from "./initModel.ts"
 import { oracle } from "./oracle.ts"
@@ -37,7 +38,8 @@ const subcommands = [
   evaluate,
   report,
   oracle,
-  tokens
+  tokens,
+  exportCommand
 ] as const
 
 /**

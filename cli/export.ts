@@ -1,0 +1,259 @@
+/**
+ * `agentfly export MODEL_DIR [--checkpoint RUN/checkpoints/step-NNNNNN] --format gguf|hf --out PATH
+ * [--dtype f32|f16|bf16] [--overwrite]`: writes a model folder (with a training run's weights at a checkpoint, when
+ * given) as a GGUF file that llama.cpp, Ollama and LM Studio run (F32 or F16, with the tokenizer and the chat
+ * template), or as a Hugging Face folder that transformers, vLLM and SGLang load (BF16 or F32 safetensors,
+ * `config.json`, `tokenizer.json`, `tokenizer_config.json` with the chat template, `generation_config.json`).
+ *
+ * Everything is read and checked before anything is written, and the output is written under a temporary name and
+ * renamed when complete: a refusal or a failure leaves no half-written output.
+ *
+ * @since 0.1.0
+ */
+import { Console, Effect, FileSystem, Option, Path, Schema } from "effect"
+import { Argument, Command, Flag } from "effect/cli"
+import type { PlatformError } from "effect/PlatformError"
+import * as Journal from "../actors/Journal.ts"
+import * as Gguf from "../src/Gguf.ts"
+import * as ModelConfig from "../src/model/ModelConfig.ts"
+import * as Qwen2 from "../src/model/Qwen2.ts"
+import * as ModelFolder from "../src/ModelFolder.ts"
+import { exitOnFailure } from "./train.ts"
+
+// ===== Models =====
+
+/**
+ * Export formats: a GGUF file, or a Hugging Face folder.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type Format = "gguf" | "hf"
+
+/**
+ * Element types on disk: GGUF takes `f32` (default) or `f16`; a Hugging Face folder `bf16` (default, as models
+ * are published) or `f32`.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type DType = "f32" | "f16" | "bf16"
+
+/**
+ * @category models
+ * @since 0.1.0
+ */
+export interface ExportOptions {
+  readonly modelDir: string
+  /** A run's checkpoint whose weights replace the folder's (`RUN/checkpoints/step-NNNNNN`). */
+  readonly checkpoint?: string | undefined
+  readonly format: Format
+  readonly out: string
+  readonly dtype?: DType | undefined
+  /** Replace an existing output (refused otherwise). */
+  readonly overwrite?: boolean | undefined
+}
+
+/**
+ * The output is there and `--overwrite` was not given.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class OutputExists extends Schema.TaggedError<OutputExists>()("OutputExists", { message: Schema.String }) {}
+
+/**
+ * A dtype the format does not take.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class UnsupportedDType extends Schema.TaggedError<UnsupportedDType>()("UnsupportedDType", {
+  message: Schema.String
+}) {}
+
+/**
+ * Why an export was refused or failed: the output exists, a dtype the format does not take, or the model folder,
+ * the checkpoint or the writer's own error (its message kept).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class ExportError extends Schema.TaggedError<ExportError>()("ExportError", {
+  out: Schema.String,
+  reason: Schema.Union([OutputExists, UnsupportedDType]),
+  cause: Schema.optionalKey(Schema.Defect())
+}) {
+  override get message(): string {
+    return this.reason.message
+  }
+}
+
+const dtypes: Readonly<Record<Format, ReadonlyArray<DType>>> = { gguf: ["f32", "f16"], hf: ["bf16", "f32"] }
+
+// ===== Steps =====
+
+/** The dtype to write, refusing one the format does not take. */
+const dtypeOf = (options: ExportOptions): Effect.Effect<DType, ExportError> => {
+  const allowed = dtypes[options.format], dtype = options.dtype ?? allowed[0]!
+  return allowed.includes(dtype)
+    ? Effect.succeed(dtype)
+    : Effect.fail(
+      new ExportError({
+        out: options.out,
+        reason: new UnsupportedDType({
+          message: `--dtype ${dtype} is not written as ${options.format} (${options.format} takes ${allowed.join(", ")})`
+        })
+      })
+    )
+}
+
+/** Refuses an existing output unless `--overwrite`. */
+const checkOutput = Effect.fnUntraced(function*(options: ExportOptions) {
+  const fs = yield* FileSystem.FileSystem
+  if (options.overwrite !== true && (yield* fs.exists(options.out))) {
+    return yield* new ExportError({
+      out: options.out,
+      reason: new OutputExists({ message: `${options.out} exists (--overwrite to replace it)` })
+    })
+  }
+})
+
+/** The folder's model, with the checkpoint's weights when one is given (checked against the run's journal). */
+const loadModel = Effect.fnUntraced(function*(options: ExportOptions) {
+  const folder = yield* ModelFolder.load(options.modelDir)
+  if (options.checkpoint === undefined) return { folder, weights: folder.weights }
+  const loaded = yield* Journal.verifiedCheckpoint(options.checkpoint, Qwen2.parameters(folder.config))
+  return { folder, weights: loaded.weights as Qwen2.Weights }
+})
+
+const readJson = Effect.fnUntraced(function*(file: string) {
+  const fs = yield* FileSystem.FileSystem
+  return JSON.parse(yield* fs.readFileString(file)) as Record<string, unknown>
+})
+
+/** `tokenizer_config.json` with the chat template the folder loaded (a template file beside it is folded in). */
+const tokenizerConfigOf = Effect.fnUntraced(function*(folder: ModelFolder.ModelFolder) {
+  const path = yield* Path.Path
+  const config = yield* readJson(path.join(folder.dir, "tokenizer_config.json"))
+  return { ...config, chat_template: folder.template.source }
+})
+
+/** Replaces `out` with `written` (a complete temporary output beside it). */
+const replace = Effect.fnUntraced(function*(written: string, out: string) {
+  const fs = yield* FileSystem.FileSystem
+  if (yield* fs.exists(out)) yield* fs.remove(out, { recursive: true })
+  yield* fs.rename(written, out)
+})
+
+type Writer = (
+  options: ExportOptions,
+  folder: ModelFolder.ModelFolder,
+  weights: Qwen2.Weights,
+  dtype: DType
+) => Effect.Effect<string, Gguf.GgufError | ModelFolder.ModelFolderError | PlatformError, FileSystem.FileSystem | Path.Path>
+
+const writeGguf: Writer = Effect.fnUntraced(function*(
+  options: ExportOptions,
+  folder: ModelFolder.ModelFolder,
+  weights: Qwen2.Weights,
+  dtype: DType
+) {
+  const path = yield* Path.Path
+  // The same type in the metadata (`general.file_type`) and in the tensors.
+  const type = dtype === "f16" ? "F16" : "F32"
+  const contents = yield* Gguf.fromHf({
+    name: folder.name,
+    config: ModelConfig.toJson(folder.config),
+    tensors: Qwen2.parameters(folder.config).map((s) => ({ name: s.name, shape: s.shape, data: weights.get(s.name)! })),
+    tokenizer: yield* readJson(path.join(folder.dir, "tokenizer.json")),
+    tokenizerConfig: yield* tokenizerConfigOf(folder)
+  }, options.out, type)
+  const partial = `${options.out}.export-partial`
+  yield* Gguf.write(partial, contents, type)
+  yield* replace(partial, options.out)
+  return `gguf ${dtype.toUpperCase()}, ${contents.tensors.length} tensors`
+})
+
+const writeHf: Writer = Effect.fnUntraced(function*(
+  options: ExportOptions,
+  folder: ModelFolder.ModelFolder,
+  weights: Qwen2.Weights,
+  dtype: DType
+) {
+  const fs = yield* FileSystem.FileSystem
+  const path = yield* Path.Path
+  const partial = `${options.out}.export-partial`
+  yield* fs.remove(partial, { recursive: true, force: true })
+  yield* ModelFolder.writeModel(partial, folder.config, weights, { dtype: dtype === "bf16" ? "BF16" : "F32" })
+  const torchDtype = dtype === "bf16" ? "bfloat16" : "float32"
+  const json = (value: unknown) => JSON.stringify(value, null, 2) + "\n"
+  yield* fs.writeFileString(path.join(partial, "config.json"), json(ModelConfig.toJson(folder.config, { torchDtype })))
+  yield* fs.copyFile(path.join(folder.dir, "tokenizer.json"), path.join(partial, "tokenizer.json"))
+  yield* fs.writeFileString(path.join(partial, "tokenizer_config.json"), json(yield* tokenizerConfigOf(folder)))
+  const generation = path.join(folder.dir, "generation_config.json")
+  const generationConfig = (yield* fs.exists(generation))
+    ? yield* readJson(generation)
+    : { eos_token_id: folder.stopTokenIds, ...(folder.config.bosTokenId === undefined ? {} : { bos_token_id: folder.config.bosTokenId }) }
+  yield* fs.writeFileString(path.join(partial, "generation_config.json"), json(generationConfig))
+  yield* replace(partial, options.out)
+  return `Hugging Face folder, ${dtype.toUpperCase()} safetensors`
+})
+
+/**
+ * Exports a model folder (or a checkpoint of it) as GGUF or as a Hugging Face folder; returns the line printed.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const exportModel = Effect.fn("export")(function*(options: ExportOptions) {
+  const fs = yield* FileSystem.FileSystem
+  const dtype = yield* dtypeOf(options)
+  yield* checkOutput(options)
+  const { folder, weights } = yield* loadModel(options)
+  const partial = `${options.out}.export-partial`
+  const write = options.format === "gguf" ? writeGguf : writeHf
+  const written = yield* write(options, folder, weights, dtype).pipe(
+    Effect.tapError(() => fs.remove(partial, { recursive: true, force: true }).pipe(Effect.ignore))
+  )
+  const c = folder.config
+  return `wrote ${options.out}: ${written}; ${c.modelType}, ${c.numHiddenLayers} layers, width ${c.hiddenSize}, ` +
+    `vocab ${c.vocabSize}` + (options.checkpoint === undefined ? "" : `, weights of ${options.checkpoint}`)
+})
+
+/**
+ * @category commands
+ * @since 0.1.0
+ */
+export const exportCommand = Command.make(
+  "export",
+  {
+    modelDir: Argument.String("model-dir").pipe(
+      Argument.withDescription("The model folder (config.json, weights, tokenizer.json, tokenizer_config.json)")
+    ),
+    checkpoint: Flag.Directory("checkpoint").pipe(
+      Flag.withDescription("Export a training run's weights at this checkpoint (RUN/checkpoints/step-NNNNNN)"),
+      Flag.optional
+    ),
+    format: Flag.Literals("format", ["gguf", "hf"]).pipe(
+      Flag.withDescription("gguf: one file for llama.cpp/Ollama/LM Studio; hf: a Hugging Face folder")
+    ),
+    out: Flag.String("out").pipe(Flag.withDescription("The GGUF file or the folder to write")),
+    dtype: Flag.Literals("dtype", ["f32", "f16", "bf16"]).pipe(
+      Flag.withDescription("gguf: f32 (default) or f16; hf: bf16 (default) or f32"),
+      Flag.optional
+    ),
+    overwrite: Flag.Boolean("overwrite").pipe(Flag.withDescription("Replace an existing output"), Flag.withDefault(false))
+  },
+  Effect.fn("exportCommand")(function*({ modelDir, checkpoint, format, out, dtype, overwrite }) {
+    const line = yield* exportModel({
+      modelDir,
+      checkpoint: Option.getOrUndefined(checkpoint),
+      format,
+      out,
+      dtype: Option.getOrUndefined(dtype),
+      overwrite
+    }).pipe(exitOnFailure)
+    if (line !== undefined) yield* Console.log(line)
+  })
+).pipe(Command.withDescription("Export a model or a checkpoint as GGUF (llama.cpp, Ollama) or a Hugging Face folder"))
