@@ -35,12 +35,12 @@ import type { Scope } from "effect"
 import * as ort from "onnxruntime-node"
 import * as ModelConfig from "../src/model/ModelConfig.ts"
 import * as Qwen2 from "../src/model/Qwen2.ts"
-import * as Graph from "../src/onnx/Graph.ts"
 import { Sampler, samplerError } from "../src/Sampler.ts"
 import type { GenerateRequest, GenerateResult, SamplerError } from "../src/Sampler.ts"
 import * as Sampling from "../src/Sampling.ts"
 import { continued, decode, decodeBurst, failAll, prefill, release, removeRows } from "./internal/engineSteps.ts"
 import type { Engine, Generation, Seq, Setup } from "./internal/engineSteps.ts"
+import * as EngineModel from "./internal/engineModel.ts"
 import * as KvCache from "./internal/kvCache.ts"
 
 // ===== Models =====
@@ -319,7 +319,7 @@ const makeSetup = (options: Options): Setup => {
       intraOpNumThreads: options.intraOpNumThreads ?? 1,
       interOpNumThreads: 1
     },
-    inputsModel: weightsAs === "inputs" ? Graph.toModelBytes(Qwen2.inferenceGraph(c, "inputs")) : undefined,
+    model: EngineModel.modelBytes(c, weightsAs),
     pastNames,
     newNames: pastNames.map((n) => n.replace("past", "new"))
   }
@@ -332,9 +332,12 @@ const newGeneration = Effect.fnUntraced(function*(setup: Setup, version: number,
   const c = setup.config
   const invalid = validateWeights(c, weights)
   if (invalid !== undefined) return yield* invalid
-  const bytes = setup.inputsModel ?? Graph.toModelBytes(Qwen2.inferenceGraph(c, weights))
+  // Weights as initializers are read from the caller's arrays (external data) while the session is created.
+  const sessionOptions = setup.weightsAs === "inputs"
+    ? setup.sessionOptions
+    : { ...setup.sessionOptions, externalData: EngineModel.externalData(c, weights) }
   const session = yield* Effect.tryPromise({
-    try: () => ort.InferenceSession.create(bytes, setup.sessionOptions),
+    try: () => ort.InferenceSession.create(setup.model, sessionOptions),
     catch: (e) => new PolicyEngineError({ reason: new SessionFailed({ message: String(e) }) })
   })
   const weightFeeds: Record<string, ort.Tensor> = {}

@@ -55,8 +55,8 @@ export interface Setup {
   readonly maxBatch: number
   readonly weightsAs: "initializers" | "inputs"
   readonly sessionOptions: ort.InferenceSession.SessionOptions
-  /** One graph for weights-as-inputs, shared by every version; otherwise one per version. */
-  readonly inputsModel: Uint8Array | undefined
+  /** The decode model without weight data (`engineModel.ts`), shared by every version's session. */
+  readonly model: Uint8Array
   /** The graph's past inputs (`past.{l}.key|value`), in the order of the cache's buffers. */
   readonly pastNames: ReadonlyArray<string>
   /** The graph's outputs for the new tokens' keys/values (`new.{l}.key|value`), in the same order. */
