@@ -305,6 +305,12 @@ export const validateRequest = (c: ModelConfig.ModelConfig, r: GenerateRequest):
 const makeSetup = (options: Options): Setup => {
   const c = options.config
   const weightsAs = options.weightsAs ?? "initializers"
+  const sessionOptions: ort.InferenceSession.SessionOptions = {
+    executionProviders: ["cpu"],
+    graphOptimizationLevel: "all",
+    intraOpNumThreads: options.intraOpNumThreads ?? 1,
+    interOpNumThreads: 1
+  }
   const pastNames = Array.from({ length: c.numHiddenLayers }, (_, l) => [`past.${l}.key`, `past.${l}.value`]).flat()
   return {
     config: c,
@@ -313,13 +319,9 @@ const makeSetup = (options: Options): Setup => {
     vocabSize: c.vocabSize,
     maxBatch: options.maxBatchSize ?? 32,
     weightsAs,
-    sessionOptions: {
-      executionProviders: ["cpu"],
-      graphOptimizationLevel: "all",
-      intraOpNumThreads: options.intraOpNumThreads ?? 1,
-      interOpNumThreads: 1
-    },
+    sessionOptions,
     model: EngineModel.modelBytes(c, weightsAs),
+    sessionKey: JSON.stringify([c, weightsAs, sessionOptions]),
     pastNames,
     newNames: pastNames.map((n) => n.replace("past", "new"))
   }
@@ -332,14 +334,14 @@ const newGeneration = Effect.fnUntraced(function*(setup: Setup, version: number,
   const c = setup.config
   const invalid = validateWeights(c, weights)
   if (invalid !== undefined) return yield* invalid
-  // Weights as initializers are read from the caller's arrays (external data) while the session is created.
-  const sessionOptions = setup.weightsAs === "inputs"
+  const failed = (e: unknown) => new PolicyEngineError({ reason: new SessionFailed({ message: String(e) }) })
+  // Weights as initializers are copied from the caller's arrays (external data) while the session is created; the
+  // engines of this thread that sample the same version share that session.
+  const options = setup.weightsAs === "inputs"
     ? setup.sessionOptions
     : { ...setup.sessionOptions, externalData: EngineModel.externalData(c, weights) }
-  const session = yield* Effect.tryPromise({
-    try: () => ort.InferenceSession.create(setup.model, sessionOptions),
-    catch: (e) => new PolicyEngineError({ reason: new SessionFailed({ message: String(e) }) })
-  })
+  const create = () => ort.InferenceSession.create(setup.model, options)
+  const { session, unload } = yield* EngineModel.acquireSession(weights, version, setup.sessionKey, create, failed)
   const weightFeeds: Record<string, ort.Tensor> = {}
   if (setup.weightsAs === "inputs") {
     for (const spec of Qwen2.parameters(c)) {
@@ -348,7 +350,7 @@ const newGeneration = Effect.fnUntraced(function*(setup: Setup, version: number,
   }
   const cache = KvCache.make(setup.pastNames.length, setup.kvHeads, setup.headDim, setup.maxBatch)
   const mask = new BigInt64Array(0)
-  const generation: Generation = { version, session, weightFeeds, seqs: [], cache, retained: [], mask }
+  const generation: Generation = { version, session, unload, weightFeeds, seqs: [], cache, retained: [], mask }
   return generation
 })
 

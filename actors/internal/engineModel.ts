@@ -19,6 +19,8 @@
  * and 46 / 84 ms; weights as inputs behind `Transpose` 35 / 76 ms; as inputs with `FusedMatMul` 33 / 58 ms and
  * 70 / 122 ms (BENCHMARKS.md, "engine weights").
  */
+import { Effect } from "effect"
+import type * as ort from "onnxruntime-node"
 import type * as ModelConfig from "../../src/model/ModelConfig.ts"
 import * as Qwen2 from "../../src/model/Qwen2.ts"
 import * as Graph from "../../src/onnx/Graph.ts"
@@ -102,3 +104,44 @@ export const externalData = (c: ModelConfig.ModelConfig, weights: Qwen2.Weights)
 /** Floats of every weight of `c`. */
 export const parameterCount = (c: ModelConfig.ModelConfig): number =>
   Qwen2.parameters(c).reduce((n, s) => n + s.shape.reduce((a, b) => a * b, 1), 0)
+
+// ===== Shared sessions =====
+
+interface Loaded {
+  readonly session: Promise<ort.InferenceSession>
+  users: number
+}
+
+/** Sessions loaded on this thread, by the weights' map and then by version and session options. */
+const loaded = new WeakMap<Qwen2.Weights, Map<string, Loaded>>()
+
+/**
+ * A session over `weights` as `version`, shared by every engine of this thread that loads the same map as the same
+ * version with the same `key` (model and options): a policy version sampled by several engines (one per rollout
+ * batch, the ambient sampler) costs one load and one copy of its weights. `unload` releases the session with its
+ * last user. A version names one set of weights, so a map written in place must be loaded as a new version.
+ */
+export const acquireSession = <E>(
+  weights: Qwen2.Weights,
+  version: number,
+  key: string,
+  create: () => Promise<ort.InferenceSession>,
+  onError: (cause: unknown) => E
+): Effect.Effect<{ readonly session: ort.InferenceSession; readonly unload: Effect.Effect<void> }, E> =>
+  Effect.suspend(() => {
+    let byKey = loaded.get(weights)
+    if (byKey === undefined) loaded.set(weights, byKey = new Map())
+    const id = `${version}\u0000${key}`
+    const entry = byKey.get(id) ?? { session: create(), users: 0 }
+    byKey.set(id, entry)
+    entry.users++
+    const unload = Effect.suspend(() => {
+      if (--entry.users > 0) return Effect.void
+      if (byKey.get(id) === entry) byKey.delete(id)
+      return Effect.promise(() => entry.session.then((s) => s.release(), () => undefined)).pipe(Effect.ignore)
+    })
+    return Effect.tryPromise({ try: () => entry.session, catch: onError }).pipe(
+      Effect.tapError(() => unload),
+      Effect.map((session) => ({ session, unload }))
+    )
+  })

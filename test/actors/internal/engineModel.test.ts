@@ -90,7 +90,7 @@ describe("engineModel", () => {
       }))
   }
 
-  it.effect("the session owns its weights: arrays that are views into a larger buffer work, and later writes to them change nothing", () =>
+  it.effect("the session owns its weights: views into a larger buffer work, and later writes to them change nothing", () =>
     Effect.gen(function*() {
       const c = tinyConfig({ tieWordEmbeddings: true })
       const w = randomWeights(c, 4)
@@ -114,5 +114,47 @@ describe("engineModel", () => {
       assert.isBelow(maxAbsDiff(yield* logits(session, c, ids), baked), 1e-5)
       buffer.fill(0.5) // the learner's next optimizer step writes its arrays in place
       assert.isBelow(maxAbsDiff(yield* logits(session, c, ids), baked), 1e-5)
+    }))
+
+  it.effect("engines that load the same weights as the same version share one session, released with its last user", () =>
+    Effect.gen(function*() {
+      const created: Array<{ released: number }> = []
+      const create = () => {
+        const s = { released: 0, release: () => Promise.resolve(void s.released++) }
+        created.push(s)
+        return Promise.resolve(s as unknown as ort.InferenceSession)
+      }
+      const fail = (e: unknown) => e
+      const w = new Map<string, Float32Array>(), other = new Map<string, Float32Array>()
+      const a = yield* EngineModel.acquireSession(w, 3, "k", create, fail)
+      const b = yield* EngineModel.acquireSession(w, 3, "k", create, fail)
+      assert.strictEqual(created.length, 1)
+      assert.strictEqual(a.session, b.session)
+      // Another version, other options or another map: a session of its own.
+      yield* EngineModel.acquireSession(w, 4, "k", create, fail)
+      yield* EngineModel.acquireSession(w, 3, "other options", create, fail)
+      yield* EngineModel.acquireSession(other, 3, "k", create, fail)
+      assert.strictEqual(created.length, 4)
+      yield* a.unload
+      assert.strictEqual(created[0]!.released, 0)
+      yield* b.unload
+      assert.strictEqual(created[0]!.released, 1)
+      // Once released, the next engine of that version loads it again.
+      yield* EngineModel.acquireSession(w, 3, "k", create, fail)
+      assert.strictEqual(created.length, 5)
+    }))
+
+  it.effect("a failed load fails every engine waiting for it, and the next attempt loads again", () =>
+    Effect.gen(function*() {
+      let attempts = 0
+      const create = () => {
+        attempts++
+        return attempts === 1 ? Promise.reject(new Error("no")) : Promise.resolve({} as ort.InferenceSession)
+      }
+      const w = new Map<string, Float32Array>()
+      const failure = yield* Effect.flip(EngineModel.acquireSession(w, 0, "k", create, (e) => String(e)))
+      assert.strictEqual(failure, "Error: no")
+      yield* EngineModel.acquireSession(w, 0, "k", create, (e) => String(e))
+      assert.strictEqual(attempts, 2)
     }))
 })
