@@ -22,11 +22,15 @@
  * log-softmax of `logits / temperature` over the whole vocabulary at the sampled token (plain log-softmax when
  * greedy).
  *
- * **Weights.** By default weights are baked into the ONNX session as initializers (about 2× faster decoding
- * than feeding them as inputs on every step, see BENCHMARKS.md); `updateWeights` builds a new session (tens of
- * milliseconds for the tiny preset) while decoding goes on. Requests that already started finish on the session
- * they started with, and their result carries that version; new requests go to the new one. An old session is
- * released once its last sequence finishes.
+ * **Weights.** The ONNX model is built once per engine from the config alone (`internal/engineModel.ts`): no
+ * weight is serialized into it, so onnxruntime's 2 GB model limit never applies. By default the weights are
+ * initializers whose data onnxruntime copies from the caller's arrays while it creates a version's session
+ * (in-memory external data) and pre-packs for its MatMul kernels: decoding is as fast as with the weights baked in,
+ * and 1.5–2× faster than feeding them as inputs on every step (BENCHMARKS.md, "engine weights"). The caller's
+ * arrays are not referenced afterwards (they may be written in place); the engines of one thread that sample the
+ * same version of the same weights share its session. `updateWeights` creates a new session while decoding goes
+ * on. Requests that already started finish on the session they started with, and their result carries that
+ * version; new requests go to the new one. An old session is released once its last sequence finishes.
  *
  * @since 0.1.0
  */
@@ -56,7 +60,10 @@ export interface Options {
   readonly version?: number
   /** Most sequences decoded together (default 32); later requests wait for a free slot. */
   readonly maxBatchSize?: number
-  /** Bake weights into the session (`"initializers"`, default) or feed them as inputs on every step. */
+  /**
+   * Weights as the session's initializers (`"initializers"`, default: one copy per version, held by onnxruntime) or
+   * fed as inputs on every step (`"inputs"`: the caller's arrays are used in place, slower decoding).
+   */
   readonly weightsAs?: "initializers" | "inputs"
   /**
    * onnxruntime intra-op threads (default 1). For the small presets on a shared 2-core machine one thread decodes
