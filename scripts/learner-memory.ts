@@ -5,6 +5,7 @@
  * parameter, the RSS after each phase, and the time of the first and second step (the first compiles the session).
  *
  *   npx tsx scripts/learner-memory.ts [layers…] [--batch 4] [--length 512] [--workers 1] [--recompute]
+ *     [--head-chunk tokens]   (0: the plain head)
  *
  * Not run in CI (it needs several GiB). Random weights; the loss is the SFT loss on every token.
  *
@@ -95,6 +96,7 @@ interface Flags {
   readonly length: number
   readonly workers: number
   readonly recompute: boolean
+  readonly headChunk: number | undefined
 }
 
 /** One shape, in this process: prints one JSON line. */
@@ -110,18 +112,23 @@ const one = (layers: number, flags: Flags) =>
       optimizer: Optimizer.defaultConfig,
       schedule: LrSchedule.constant(1e-5),
       workers: flags.workers,
-      ...(flags.recompute ? { recompute: true } : {})
+      ...(flags.recompute ? { recompute: true } : {}),
+      ...(flags.headChunk === undefined ? {} : { headChunk: flags.headChunk })
     })
     weights.clear() // the trainer copied them
     const afterMake = rssGiB()
     const mb = microBatch(config, flags.batch, flags.length)
     const times: Array<number> = []
+    const cpu: Array<number> = []
     const afterStep: Array<number> = []
     for (let s = 0; s < 2; s++) {
       const t0 = performance.now()
+      const c0 = process.cpuUsage()
       yield* trainer.trainer.forwardBackward(mb)
       yield* trainer.trainer.optimStep
       times.push((performance.now() - t0) / 1000)
+      const c1 = process.cpuUsage(c0)
+      cpu.push((c1.user + c1.system) / 1e6)
       afterStep.push(rssGiB())
     }
     const peak = peakGiB()
@@ -131,6 +138,7 @@ const one = (layers: number, flags: Flags) =>
       peakGiB: peak,
       bytesPerParam: peak * GiB / params,
       stepS: times,
+      cpuS: cpu,
       afterMakeGiB: afterMake,
       afterStepGiB: afterStep
     }))
@@ -145,7 +153,8 @@ const flags: Flags = {
   batch: flag("batch", 4),
   length: flag("length", 512),
   workers: flag("workers", 1),
-  recompute: args.includes("--recompute")
+  recompute: args.includes("--recompute"),
+  headChunk: args.includes("--head-chunk") ? flag("head-chunk", 0) : undefined
 }
 const oneLayer = args.indexOf("--one")
 if (oneLayer !== -1) {
@@ -173,7 +182,7 @@ if (oneLayer !== -1) {
     console.log(
       `${String(n).padStart(6)}  ${(r.params / 1e6).toFixed(0).padStart(4)} M ${g(r.peakGiB)} GiB ` +
         `${r.bytesPerParam.toFixed(1).padStart(8)}   ${g(r.stepS[0])} s ${g(r.stepS[1])} s ` +
-        `${g(r.afterMakeGiB)} GiB ${g(r.afterStepGiB[0])} GiB`
+        `${g(r.afterMakeGiB)} GiB ${g(r.afterStepGiB[0])} GiB   cpu ${g(r.cpuS[0])} s ${g(r.cpuS[1])} s`
     )
   }
 }

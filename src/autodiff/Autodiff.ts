@@ -192,6 +192,12 @@ const gradientsUnsafe = (
         e.ints(e.dims(node.outputs[i]!))
       ])
     )
+    // An embedding whose table already has a gradient (a tied head's): scatter-add onto it.
+    const table = node.op === "Gather" && needs[0] ? collect(node.inputs[0]!) : undefined
+    if (table !== undefined) {
+      pending.set(node.inputs[0]!, [Backward.gatherInto(e, node, shaped[0]!, table)])
+      continue
+    }
     const inputGrads = rule(e, node, shaped, needs)
     node.inputs.forEach((input, i) => {
       const g = inputGrads[i]

@@ -163,6 +163,11 @@ export interface Options {
    * threads on the next call. A worker crashing inside `optimStep` can leave that update half-applied.
    */
   readonly workers?: number
+  /**
+   * Tokens per chunk of the output head (`Autodiff.Options.headChunk`): default about 64 MiB of logits a chunk
+   * (the plain head when a micro-batch fits in one), `0` the plain head.
+   */
+  readonly headChunk?: number
   /** Sessions kept per shape (default 8). */
   readonly maxSessions?: number
   /**
@@ -383,7 +388,15 @@ const buildGraph = (trainer: Trainer, mb: Packing.MicroBatch, withGradients: boo
     return Effect.fail(fail("BadBatch", "this model has no graph for micro-batches with shared prompts"))
   }
   const dims = prefix === undefined ? {} : { groups: prefix.batch, prefix: prefix.length }
-  return Autodiff.trainingGraph(forward(), { batch, length, dims, loss: trainer.options.loss, withGradients })
+  const { loss, headChunk } = trainer.options
+  return Autodiff.trainingGraph(forward(), {
+    batch,
+    length,
+    dims,
+    loss,
+    withGradients,
+    ...(headChunk === undefined ? {} : { headChunk })
+  })
     .pipe(Effect.mapError((e) => fail("Graph", e.message, { cause: e })))
 }
 
