@@ -16,7 +16,7 @@ import * as OnnxTrainer from "../../src/backends/OnnxTrainer.ts"
 import * as RemoteTrainer from "../../src/backends/RemoteTrainer.ts"
 import type * as GradientBackend from "../../src/GradientBackend.ts"
 import type { RunError } from "../RunError.ts"
-import { learnerError, nonFinite, type Setup } from "./localSetup.ts"
+import { checkMemory, learnerError, nonFinite, type Setup } from "./localSetup.ts"
 
 export interface Slot {
   readonly setup: Setup
@@ -30,8 +30,9 @@ export interface Slot {
   summary: RemoteTrainer.Summary | undefined
 }
 
-/** The slot with the RL trainer on `weights` (the folder's). */
+/** The slot with the RL trainer on `weights` (the folder's), once the run is known to fit in memory. */
 export const make = Effect.fnUntraced(function*(setup: Setup, weights: GradientBackend.Weights) {
+  yield* checkMemory(setup)
   const { scope, trainer } = yield* open(setup, weights, setup.rlLoss, setup.rlSchedule)
   const slot: Slot = { setup, phase: "rl", trainer, scope, weights: undefined, summary: undefined }
   return slot

@@ -15,6 +15,7 @@ import { Effect, Schema } from "effect"
 import type * as Loss from "../Loss.ts"
 import * as Graph from "../onnx/Graph.ts"
 import * as Backward from "./Backward.ts"
+import * as ChunkedHead from "./ChunkedHead.ts"
 import * as LossHead from "./LossHead.ts"
 import * as Shapes from "./Shapes.ts"
 
@@ -143,7 +144,8 @@ const gradientsUnsafe = (
   e: Backward.Emitter,
   forwardNodes: ReadonlyArray<Graph.Node>,
   loss: string,
-  wrt: ReadonlyArray<string>
+  wrt: ReadonlyArray<string>,
+  extraRules: Readonly<Record<string, Backward.Rule>> = {}
 ): Map<string, string> => {
   for (const w of wrt) {
     if (!e.shapes.has(w)) {
@@ -178,7 +180,7 @@ const gradientsUnsafe = (
     if (grads.every((g) => g === undefined)) continue
     const needs = node.inputs.map((i) => i !== "" && active.has(i))
     if (!needs.some(Boolean)) continue
-    const rule = Backward.rules[node.op]
+    const rule = extraRules[node.op] ?? Backward.rules[node.op]
     if (rule === undefined) {
       const message = `op ${node.op} (output "${node.outputs[0]}") has no backward rule`
       throw new Failure(autodiffError("NoBackwardRule", message, { op: node.op }))
@@ -190,6 +192,12 @@ const gradientsUnsafe = (
         e.ints(e.dims(node.outputs[i]!))
       ])
     )
+    // An embedding whose table already has a gradient (a tied head's): scatter-add onto it.
+    const table = node.op === "Gather" && needs[0] ? collect(node.inputs[0]!) : undefined
+    if (table !== undefined) {
+      pending.set(node.inputs[0]!, [Backward.gatherInto(e, node, shaped[0]!, table)])
+      continue
+    }
     const inputGrads = rule(e, node, shaped, needs)
     node.inputs.forEach((input, i) => {
       const g = inputGrads[i]
@@ -274,6 +282,13 @@ export interface Options {
   readonly dtype?: "float32" | "float64"
   /** `false` builds the forward pass and loss head only (logprobs and stats without gradients). Default `true`. */
   readonly withGradients?: boolean
+  /**
+   * Tokens per chunk of the output head (`ChunkedHead`): the logits of a whole micro-batch are never held, and the
+   * backward recomputes each chunk's. Default: `ChunkedHead.defaultChunk(vocab)` (about 64 MiB of logits), and the
+   * plain head when the micro-batch fits in one chunk. `0` forces the plain head. Applies when the forward's logits
+   * are `MatMul(hidden, Transpose(weight))` of a weight input; otherwise the plain head is used.
+   */
+  readonly headChunk?: number
 }
 
 /**
@@ -300,7 +315,11 @@ export interface TrainingGraph {
 /**
  * Copies a graph without its outputs, optionally rewriting float32 to float64.
  */
-const copyGraph = (source: Graph.Graph, dtype: "float32" | "float64"): Graph.Graph => {
+const copyGraph = (
+  source: Graph.Graph,
+  dtype: "float32" | "float64",
+  skip: ReadonlySet<Graph.Node> = new Set()
+): Graph.Graph => {
   const g = Graph.make(`${source.name}_train`)
   const wide = dtype === "float64"
   const t = (d: Graph.DType): Graph.DType => (wide && d === "float32" ? "float64" : d)
@@ -311,6 +330,7 @@ const copyGraph = (source: Graph.Graph, dtype: "float32" | "float64"): Graph.Gra
   for (const i of source.inputs) g.input(i.name, t(i.dtype), i.shape)
   for (const [name, x] of source.initializers) g.initializer(name, tensor(x))
   for (const n of source.nodes) {
+    if (skip.has(n)) continue
     const attributes: Record<string, Graph.Attribute> = {}
     for (const [k, a] of Object.entries(n.attributes)) {
       attributes[k] = !wide
@@ -337,15 +357,23 @@ const copyGraph = (source: Graph.Graph, dtype: "float32" | "float64"): Graph.Gra
 export const trainingGraph = (forward: Forward, options: Options): Effect.Effect<TrainingGraph, AutodiffError> =>
   run(() => {
     const dtype = options.dtype ?? "float32"
-    const graph = copyGraph(forward.graph, dtype)
+    const output = outputProjection(forward, options)
+    const graph = copyGraph(forward.graph, dtype, new Set(output?.nodes ?? []))
     const shapes = Shapes.make(graph, { ...options.dims, batch: options.batch, seq: options.length })
     const forwardNodes = [...graph.nodes]
     const e = Backward.makeEmitter(graph, shapes)
-    const head = LossHead.emit(e, forward.logits, options.loss, options.batch, options.length)
+    const chunked = output === undefined
+      ? undefined
+      : ChunkedHead.emit(e, output.hidden, output.weight, options.loss, options.batch, options.length, output.chunk)
+    const head = chunked ?? LossHead.emit(e, forward.logits, options.loss, options.batch, options.length)
     const lossNodes = graph.nodes.slice(forwardNodes.length)
+    const walked = chunked === undefined
+      ? [...forwardNodes, ...lossNodes]
+      : [...forwardNodes, chunked.node, ...lossNodes.filter((n) => !n.outputs.some((o) => chunkedOutputs(chunked, o)))]
+    const rules = chunked === undefined ? {} : { [ChunkedHead.op]: chunked.rule }
     const named = options.withGradients === false
       ? new Map<string, string>()
-      : declareGradients(e, gradientsUnsafe(e, [...forwardNodes, ...lossNodes], head.loss, forward.weightInputs))
+      : declareGradients(e, gradientsUnsafe(e, walked, head.loss, forward.weightInputs, rules))
     const out = { loss: "loss", tokenLogprobs: "token_logprobs", stats: "stats" }
     graph.node("Identity", [head.loss], [out.loss])
     graph.output(out.loss, dtype, [])
@@ -365,3 +393,30 @@ export const trainingGraph = (forward: Forward, options: Options): Effect.Effect
       outputs: out
     }
   })
+
+/** The pseudo-node's outputs stand for the chunks' nodes, which the walk must not differentiate again. */
+const chunkedOutputs = (head: ChunkedHead.ChunkedHead, value: string) => head.node.outputs.includes(value)
+
+/**
+ * The forward's output projection when the head can be chunked: `logits = MatMul(hidden, Transpose(weight))` with
+ * `weight` a weight input and the Transpose used only there, and more tokens than one chunk holds.
+ */
+const outputProjection = (forward: Forward, options: Options) => {
+  if (options.loss.policyLoss === "value" || options.headChunk === 0) return undefined
+  const nodes = forward.graph.nodes
+  const matmul = nodes.find((n) => n.outputs.includes(forward.logits))
+  if (matmul?.op !== "MatMul") return undefined
+  const transpose = nodes.find((n) => n.outputs.includes(matmul.inputs[1]!))
+  const perm = transpose?.attributes["perm"]
+  const weight = transpose?.inputs[0]
+  if (
+    transpose?.op !== "Transpose" || perm?.kind !== "ints" || perm.value.join() !== "1,0" ||
+    weight === undefined || !forward.weightInputs.includes(weight) ||
+    nodes.some((n) => n !== matmul && n.inputs.includes(transpose.outputs[0]!))
+  ) return undefined
+  const vocab = forward.graph.inputs.find((i) => i.name === weight)?.shape[0]
+  if (typeof vocab !== "number") return undefined
+  const chunk = options.headChunk ?? ChunkedHead.defaultChunk(vocab)
+  if (options.headChunk === undefined && options.batch * options.length <= chunk) return undefined
+  return { nodes: [matmul, transpose], hidden: matmul.inputs[0]!, weight, chunk }
+}

@@ -163,6 +163,11 @@ export interface Options {
    * threads on the next call. A worker crashing inside `optimStep` can leave that update half-applied.
    */
   readonly workers?: number
+  /**
+   * Tokens per chunk of the output head (`Autodiff.Options.headChunk`): default about 64 MiB of logits a chunk
+   * (the plain head when a micro-batch fits in one), `0` the plain head.
+   */
+  readonly headChunk?: number
   /** Sessions kept per shape (default 8). */
   readonly maxSessions?: number
   /**
@@ -383,7 +388,15 @@ const buildGraph = (trainer: Trainer, mb: Packing.MicroBatch, withGradients: boo
     return Effect.fail(fail("BadBatch", "this model has no graph for micro-batches with shared prompts"))
   }
   const dims = prefix === undefined ? {} : { groups: prefix.batch, prefix: prefix.length }
-  return Autodiff.trainingGraph(forward(), { batch, length, dims, loss: trainer.options.loss, withGradients })
+  const { loss, headChunk } = trainer.options
+  return Autodiff.trainingGraph(forward(), {
+    batch,
+    length,
+    dims,
+    loss,
+    withGradients,
+    ...(headChunk === undefined ? {} : { headChunk })
+  })
     .pipe(Effect.mapError((e) => fail("Graph", e.message, { cause: e })))
 }
 
@@ -485,9 +498,21 @@ const feeds = (trainer: Trainer, c: Compiled, mb: Packing.MicroBatch): Record<st
   return out
 }
 
-const run = (trainer: Trainer, c: Compiled, mb: Packing.MicroBatch) =>
+/**
+ * With `into`, the gradients are written straight into those arrays (onnxruntime's pre-allocated outputs), so that
+ * no native copy of every gradient exists beside them at the end of the run (onnxruntime-node still returns a
+ * JavaScript copy, garbage at once).
+ */
+const run = (trainer: Trainer, c: Compiled, mb: Packing.MicroBatch, into?: ReadonlyMap<string, Float32Array>) =>
   Effect.tryPromise({
-    try: () => c.session.run(feeds(trainer, c, mb)),
+    try: () => {
+      if (into === undefined) return c.session.run(feeds(trainer, c, mb))
+      const fetches: Record<string, ort.Tensor | null> = { loss: null, token_logprobs: null, stats: null }
+      for (const { name, dims } of c.graph.weights) {
+        fetches[c.graph.gradients.get(name)!] = new ort.Tensor("float32", into.get(name)!, [...dims])
+      }
+      return c.session.run(feeds(trainer, c, mb), fetches)
+    },
     catch: (u) => fail("Run", errorMessage(u), { cause: u })
   })
 
@@ -634,12 +659,13 @@ const forwardBackward = (trainer: Trainer, mb: Packing.MicroBatch) =>
       return result
     }
     const c = yield* compile(trainer, mb, true)
-    const out = yield* run(trainer, c, mb)
-    for (const [w, gradName] of c.graph.gradients) {
+    // The first micro-batch's gradients are written into the accumulators, the next ones added to them.
+    const first = trainer.accumulated === 0
+    const out = yield* run(trainer, c, mb, first ? trainer.accum : undefined)
+    for (const [w, gradName] of first ? [] : c.graph.gradients) {
       const g = out[gradName]!.data as Float32Array
       const acc = trainer.accum.get(w)!
-      if (trainer.accumulated === 0) acc.set(g) // the first micro-batch: a copy, not an addition to zeros
-      else for (let i = 0; i < acc.length; i++) acc[i]! += g[i]!
+      for (let i = 0; i < acc.length; i++) acc[i]! += g[i]!
     }
     trainer.accumulated++
     return summarize(out)
