@@ -299,11 +299,45 @@ export const save = Effect.fn("Checkpoint.save")(function*(dir: string, state: S
 export const files = Effect.fn("Checkpoint.files")(function*(dir: string) {
   const fs = yield* FileSystem.FileSystem
   const entries = yield* fs.readDirectory(dir).pipe(Effect.mapError(io(dir)))
-  const tensors = entries.filter((f) => /^(model|optimizer)(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?$/.test(f))
-  // Shards before their index: the index names them, so it is written once they are all there.
-  const rank = (f: string) => (f.endsWith(".index.json") ? 1 : 0)
-  return [...tensors.sort((a, b) => rank(a) - rank(b) || a.localeCompare(b)), "trainer_state.json"]
+  return inWriteOrder(entries.filter(isTensorFile))
 })
+
+/** A checkpoint's tensor file or shard index: `model*` or `optimizer*` safetensors, nothing else (no paths). */
+const isTensorFile = (name: string): boolean =>
+  /^(model|optimizer)(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?$/.test(name)
+
+/**
+ * Whether `name` is one of a checkpoint's files (a tensor file, a shard index or `trainer_state.json`): what a
+ * trainer server accepts as a file name sent to it.
+ *
+ * @category predicates
+ * @since 0.1.0
+ */
+export const isFileName = (name: string): boolean => name === "trainer_state.json" || isTensorFile(name)
+
+/**
+ * The first part of a checkpoint that `names` (its file names) lack: `model.safetensors`, `optimizer.safetensors`
+ * (either may be shards and their index) or `trainer_state.json`; `undefined` when all are there.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const missingPart = (names: ReadonlyArray<string>): string | undefined =>
+  ["model.safetensors", "optimizer.safetensors", "trainer_state.json"].find((needed) =>
+    !names.some((name) => name === needed || name.startsWith(needed.replace(".safetensors", "-")))
+  )
+
+/**
+ * Tensor file names in the order a copy writes them, `trainer_state.json` appended last: shards before their index
+ * (the index names them, so it is written once they are all there).
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const inWriteOrder = (tensorFiles: ReadonlyArray<string>): Array<string> => {
+  const rank = (f: string) => (f.endsWith(".index.json") ? 1 : 0)
+  return [...tensorFiles].sort((a, b) => rank(a) - rank(b) || a.localeCompare(b)).concat("trainer_state.json")
+}
 
 // ===== Load =====
 
