@@ -462,7 +462,9 @@ const parseUnsafe = (bytes: Uint8Array): Parsed => {
     r.need(n * bytesPerElement[t.type])
     const data = new Float32Array(n)
     for (let i = 0; i < n; i++) {
-      data[i] = t.type === "F32" ? r.view.getFloat32(start + 4 * i, true) : fromHalf(r.view.getUint16(start + 2 * i, true))
+      data[i] = t.type === "F32"
+        ? r.view.getFloat32(start + 4 * i, true)
+        : fromHalf(r.view.getUint16(start + 2 * i, true))
     }
     return { name: t.name, dims: t.dims, type: t.type, data }
   })
@@ -535,9 +537,8 @@ const preTokenizer = (json: Record<string, unknown>): string | undefined => {
   if (text.includes(`"individual_digits":true`) && text.includes(`"ByteLevel"`)) return "smollm"
   // Without merges every split gives the same byte ids: llama.cpp's default split is exact (our byte tokenizer).
   const merges = (json["model"] as { merges?: unknown } | undefined)?.merges
-  if (Array.isArray(merges) && merges.length === 0 && (json["pre_tokenizer"] as { type?: unknown })?.type === "ByteLevel") {
-    return "default"
-  }
+  const byteLevel = (json["pre_tokenizer"] as { type?: unknown } | null | undefined)?.type === "ByteLevel"
+  if (byteLevel && Array.isArray(merges) && merges.length === 0) return "default"
   return undefined
 }
 
@@ -573,7 +574,8 @@ const vocabulary = (model: HfModel, vocabSize: number, file: string): Effect.Eff
     const added = new Map<string, number>()
     for (const t of (json["added_tokens"] ?? []) as Array<{ id: number; content: string; special?: boolean }>) {
       if (t.id >= vocabSize) {
-        return yield* invalid(file, `added token ${JSON.stringify(t.content)} has id ${t.id} ≥ vocab_size ${vocabSize}`)
+        const token = JSON.stringify(t.content)
+        return yield* invalid(file, `added token ${token} has id ${t.id} ≥ vocab_size ${vocabSize}`)
       }
       added.set(t.content, t.id)
       place(t.content, t.id, t.special === true || looksSpecial(t.content) ? tokenType.control : tokenType.userDefined)
@@ -683,7 +685,8 @@ const ropeFactors = (model: HfModel, arch: Architecture, hd: number, file: strin
     return Effect.succeed(llama3RopeFactors(scaling, num(model.config, "rope_theta") ?? 10000, hd))
   }
   if (type === "default") return Effect.succeed(undefined)
-  return Effect.fail(unsupported(file, `rope_scaling.rope_type ${JSON.stringify(type)} for ${arch} (supported: llama3)`))
+  const message = `rope_scaling.rope_type ${JSON.stringify(type)} for ${arch} (supported: llama3 for llama)`
+  return Effect.fail(unsupported(file, message))
 }
 
 const shapeError = (file: string, name: string, shape: ReadonlyArray<number>) =>
@@ -786,7 +789,9 @@ const tensorsOf = (
     }
     for (const t of model.tensors) {
       const name = ggufName(t.name)
-      if (name === undefined) return yield* unsupported(o.file, `tensor ${t.name} has no place in llama.cpp's ${o.arch}`)
+      if (name === undefined) {
+        return yield* unsupported(o.file, `tensor ${t.name} has no place in llama.cpp's ${o.arch}`)
+      }
       if (t.shape.length < 1 || t.shape.length > 2) return yield* shapeError(o.file, t.name, t.shape)
       const dims = [...t.shape].reverse()
       const heads = o.arch !== "llama" ? undefined : name.endsWith("attn_q.weight") ? o.H :
