@@ -166,7 +166,8 @@ if (oneLayer !== -1) {
   const layers = args.filter((a, i) => /^\d+$/.test(a) && !args[i - 1]?.startsWith("--")).map(Number)
   const self = fileURLToPath(import.meta.url)
   const g = (x: number) => x.toFixed(2).padStart(6)
-  console.log(`${flags.batch} × ${flags.length} tokens, ${flags.workers} worker(s)${flags.recompute ? ", recompute" : ""}`)
+  const recompute = flags.recompute ? ", recompute" : ""
+  console.log(`${flags.batch} × ${flags.length} tokens, ${flags.workers} worker(s)${recompute}`)
   console.log("layers  params   peak RSS  bytes/param  step 1  step 2   after make  after step 1")
   for (const n of layers.length > 0 ? layers : [1, 2, 4]) {
     const child = spawnSync(process.execPath, [...process.execArgv, self, ...args, "--one", String(n)], {

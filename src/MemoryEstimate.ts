@@ -153,6 +153,9 @@ export const fitting = (
   return out
 }
 
+const setting = (f: { readonly microBatchSize: number; readonly workers: number; readonly estimate: number }) =>
+  `algorithm.microBatchSize ${f.microBatchSize} with learner.workers ${f.workers} (${gib(f.estimate)})`
+
 /**
  * `undefined` when the run fits in `available` bytes, else the refusal: the estimate by part and the settings that
  * would fit.
@@ -170,10 +173,7 @@ export const check = (
   const fits = fitting(model, settings, available)
   const advice = fits.length === 0
     ? "no micro-batch size or worker count fits: use a machine with more memory or a smaller model"
-    : `these would fit: ${
-      fits.map((f) => `algorithm.microBatchSize ${f.microBatchSize} with learner.workers ${f.workers} (${gib(f.estimate)})`)
-        .join("; ")
-    }`
+    : `these would fit: ${fits.map(setting).join("; ")}`
   return new OutOfMemory({
     message: `the run needs about ${gib(e.total)} (${describe(e)}) for ${(e.parameters / 1e6).toFixed(0)} M ` +
       `parameters, micro-batches of ${settings.microBatchSize} × ${settings.sequenceLength} tokens and ` +

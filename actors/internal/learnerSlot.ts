@@ -16,6 +16,7 @@ import * as OnnxTrainer from "../../src/backends/OnnxTrainer.ts"
 import * as RemoteTrainer from "../../src/backends/RemoteTrainer.ts"
 import type * as GradientBackend from "../../src/GradientBackend.ts"
 import type { RunError } from "../RunError.ts"
+import * as PeakRss from "./peakRss.ts"
 import { checkMemory, learnerError, nonFinite, type Setup } from "./localSetup.ts"
 
 export interface Slot {
@@ -33,6 +34,10 @@ export interface Slot {
 /** The slot with the RL trainer on `weights` (the folder's), once the run is known to fit in memory. */
 export const make = Effect.fnUntraced(function*(setup: Setup, weights: GradientBackend.Weights) {
   yield* checkMemory(setup)
+  if (setup.remote === undefined) {
+    const count = setup.model.parameters.reduce((n, p) => n + p.shape.reduce((a, b) => a * b, 1), 0)
+    yield* PeakRss.countParameters(count, setup.runScope)
+  }
   const { scope, trainer } = yield* open(setup, weights, setup.rlLoss, setup.rlSchedule)
   const slot: Slot = { setup, phase: "rl", trainer, scope, weights: undefined, summary: undefined }
   return slot
