@@ -168,6 +168,11 @@ export interface Options {
    * (the plain head when a micro-batch fits in one), `0` the plain head.
    */
   readonly headChunk?: number
+  /**
+   * Activation recompute (`Autodiff.Options.recompute`): each decoder layer keeps only its input from the forward
+   * pass and recomputes its inside in the backward. Less memory, one more forward pass of the layers. Default false.
+   */
+  readonly recompute?: boolean
   /** Sessions kept per shape (default 8). */
   readonly maxSessions?: number
   /**
@@ -388,13 +393,14 @@ const buildGraph = (trainer: Trainer, mb: Packing.MicroBatch, withGradients: boo
     return Effect.fail(fail("BadBatch", "this model has no graph for micro-batches with shared prompts"))
   }
   const dims = prefix === undefined ? {} : { groups: prefix.batch, prefix: prefix.length }
-  const { loss, headChunk } = trainer.options
+  const { loss, headChunk, recompute } = trainer.options
   return Autodiff.trainingGraph(forward(), {
     batch,
     length,
     dims,
     loss,
     withGradients,
+    recompute: recompute === true,
     ...(headChunk === undefined ? {} : { headChunk })
   })
     .pipe(Effect.mapError((e) => fail("Graph", e.message, { cause: e })))
