@@ -7,6 +7,11 @@
  * and kept in a small LRU cache (creation costs 0.1–0.5 s; `Packing` rounds lengths to limit distinct shapes).
  * Weights are fed as graph inputs from the optimiser's own arrays: nothing is re-serialised per step.
  *
+ * Memory (see `MemoryEstimate.ts` and `scripts/learner-memory.ts`): the weights, AdamW's two moments and the
+ * gradient accumulator (16 bytes a parameter; the first micro-batch of a step writes its gradients straight into the
+ * accumulator), the activations of a micro-batch (a fraction of them with `recompute`), and the output head in
+ * chunks of tokens (`autodiff/ChunkedHead.ts`): the logits of a whole micro-batch are never held.
+ *
  * Determinism: on the CPU execution provider the same weights, batches and thread count give bit-identical
  * results, which is what makes checkpoint resume exact.
  *
