@@ -102,7 +102,8 @@ const dtypeOf = (options: ExportOptions): Effect.Effect<DType, ExportError> => {
       new ExportError({
         out: options.out,
         reason: new UnsupportedDType({
-          message: `--dtype ${dtype} is not written as ${options.format} (${options.format} takes ${allowed.join(", ")})`
+          message: `--dtype ${dtype} is not written as ${options.format} ` +
+            `(${options.format} takes ${allowed.join(", ")})`
         })
       })
     )
@@ -151,7 +152,11 @@ type Writer = (
   folder: ModelFolder.ModelFolder,
   weights: Qwen2.Weights,
   dtype: DType
-) => Effect.Effect<string, Gguf.GgufError | ModelFolder.ModelFolderError | PlatformError, FileSystem.FileSystem | Path.Path>
+) => Effect.Effect<
+  string,
+  Gguf.GgufError | ModelFolder.ModelFolderError | PlatformError,
+  FileSystem.FileSystem | Path.Path
+>
 
 const writeGguf: Writer = Effect.fnUntraced(function*(
   options: ExportOptions,
@@ -192,9 +197,10 @@ const writeHf: Writer = Effect.fnUntraced(function*(
   yield* fs.copyFile(path.join(folder.dir, "tokenizer.json"), path.join(partial, "tokenizer.json"))
   yield* fs.writeFileString(path.join(partial, "tokenizer_config.json"), json(yield* tokenizerConfigOf(folder)))
   const generation = path.join(folder.dir, "generation_config.json")
+  const bos = folder.config.bosTokenId
   const generationConfig = (yield* fs.exists(generation))
     ? yield* readJson(generation)
-    : { eos_token_id: folder.stopTokenIds, ...(folder.config.bosTokenId === undefined ? {} : { bos_token_id: folder.config.bosTokenId }) }
+    : { eos_token_id: folder.stopTokenIds, ...(bos === undefined ? {} : { bos_token_id: bos }) }
   yield* fs.writeFileString(path.join(partial, "generation_config.json"), json(generationConfig))
   yield* replace(partial, options.out)
   return `Hugging Face folder, ${dtype.toUpperCase()} safetensors`
@@ -243,7 +249,10 @@ export const exportCommand = Command.make(
       Flag.withDescription("gguf: f32 (default) or f16; hf: bf16 (default) or f32"),
       Flag.optional
     ),
-    overwrite: Flag.Boolean("overwrite").pipe(Flag.withDescription("Replace an existing output"), Flag.withDefault(false))
+    overwrite: Flag.Boolean("overwrite").pipe(
+      Flag.withDescription("Replace an existing output"),
+      Flag.withDefault(false)
+    )
   },
   Effect.fn("exportCommand")(function*({ modelDir, checkpoint, format, out, dtype, overwrite }) {
     const line = yield* exportModel({

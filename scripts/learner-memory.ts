@@ -5,7 +5,7 @@
  * parameter, the RSS after each phase, and the time of the first and second step (the first compiles the session).
  *
  *   npx tsx scripts/learner-memory.ts [layers…] [--batch 4] [--length 512] [--workers 1] [--recompute]
- *     [--head-chunk tokens]   (0: the plain head)
+ *     [--head-chunk tokens]   (0: the plain head)   [--preset small|medium]   (an embedded preset: one run)
  *
  * Not run in CI (it needs several GiB). Random weights; the loss is the SFT loss on every token.
  *
@@ -27,7 +27,7 @@ import { fileURLToPath } from "node:url"
 import * as OnnxTrainer from "../src/backends/OnnxTrainer.ts"
 import * as Loss from "../src/Loss.ts"
 import * as LrSchedule from "../src/LrSchedule.ts"
-import type * as ModelConfig from "../src/model/ModelConfig.ts"
+import * as ModelConfig from "../src/model/ModelConfig.ts"
 import * as Qwen2 from "../src/model/Qwen2.ts"
 import * as Optimizer from "../src/Optimizer.ts"
 import type * as Packing from "../src/Packing.ts"
@@ -97,12 +97,14 @@ interface Flags {
   readonly workers: number
   readonly recompute: boolean
   readonly headChunk: number | undefined
+  /** An embedded preset instead of Qwen2.5's width. */
+  readonly preset: ModelConfig.PresetName | undefined
 }
 
 /** One shape, in this process: prints one JSON line. */
 const one = (layers: number, flags: Flags) =>
   Effect.gen(function*() {
-    const config = qwen25Width(layers)
+    const config = flags.preset === undefined ? qwen25Width(layers) : ModelConfig.presets[flags.preset]
     const weights = weightsOf(config)
     const params = [...weights.values()].reduce((n, w) => n + w.length, 0)
     const trainer = yield* OnnxTrainer.make({
@@ -133,7 +135,7 @@ const one = (layers: number, flags: Flags) =>
     }
     const peak = peakGiB()
     console.log(JSON.stringify({
-      layers,
+      layers: config.numHiddenLayers,
       params,
       peakGiB: peak,
       bytesPerParam: peak * GiB / params,
@@ -154,7 +156,8 @@ const flags: Flags = {
   length: flag("length", 512),
   workers: flag("workers", 1),
   recompute: args.includes("--recompute"),
-  headChunk: args.includes("--head-chunk") ? flag("head-chunk", 0) : undefined
+  headChunk: args.includes("--head-chunk") ? flag("head-chunk", 0) : undefined,
+  preset: args.includes("--preset") ? args[args.indexOf("--preset") + 1] as ModelConfig.PresetName : undefined
 }
 const oneLayer = args.indexOf("--one")
 if (oneLayer !== -1) {
@@ -166,7 +169,8 @@ if (oneLayer !== -1) {
   const layers = args.filter((a, i) => /^\d+$/.test(a) && !args[i - 1]?.startsWith("--")).map(Number)
   const self = fileURLToPath(import.meta.url)
   const g = (x: number) => x.toFixed(2).padStart(6)
-  console.log(`${flags.batch} × ${flags.length} tokens, ${flags.workers} worker(s)${flags.recompute ? ", recompute" : ""}`)
+  const recompute = flags.recompute ? ", recompute" : ""
+  console.log(`${flags.batch} × ${flags.length} tokens, ${flags.workers} worker(s)${recompute}`)
   console.log("layers  params   peak RSS  bytes/param  step 1  step 2   after make  after step 1")
   for (const n of layers.length > 0 ? layers : [1, 2, 4]) {
     const child = spawnSync(process.execPath, [...process.execArgv, self, ...args, "--one", String(n)], {
@@ -180,7 +184,7 @@ if (oneLayer !== -1) {
     }
     const r = JSON.parse(line)
     console.log(
-      `${String(n).padStart(6)}  ${(r.params / 1e6).toFixed(0).padStart(4)} M ${g(r.peakGiB)} GiB ` +
+      `${String(r.layers).padStart(6)}  ${(r.params / 1e6).toFixed(0).padStart(4)} M ${g(r.peakGiB)} GiB ` +
         `${r.bytesPerParam.toFixed(1).padStart(8)}   ${g(r.stepS[0])} s ${g(r.stepS[1])} s ` +
         `${g(r.afterMakeGiB)} GiB ${g(r.afterStepGiB[0])} GiB   cpu ${g(r.cpuS[0])} s ${g(r.cpuS[1])} s`
     )

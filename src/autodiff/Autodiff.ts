@@ -145,7 +145,8 @@ const gradientsUnsafe = (
   forwardNodes: ReadonlyArray<Graph.Node>,
   loss: string,
   wrt: ReadonlyArray<string>,
-  extraRules: Readonly<Record<string, Backward.Rule>> = {}
+  extraRules: Readonly<Record<string, Backward.Rule>> = {},
+  segments: ReadonlyArray<readonly [number, number]> = []
 ): Map<string, string> => {
   for (const w of wrt) {
     if (!e.shapes.has(w)) {
@@ -174,11 +175,24 @@ const gradientsUnsafe = (
     pending.set(name, [total])
     return total
   }
+  // Recomputed segments: forward value → its recomputed copy, for the nodes of the segment being differentiated.
+  let recomputed: ReadonlyMap<string, string> = new Map()
+  let segment = -1
   for (let k = forwardNodes.length - 1; k >= 0; k--) {
-    const node = forwardNodes[k]!
-    const grads = node.outputs.map((o) => (o === "" ? undefined : collect(o)))
+    const original = forwardNodes[k]!
+    const grads = original.outputs.map((o) => (o === "" ? undefined : collect(o)))
+    const s = segments.findIndex(([a, b]) => k >= a && k < b)
+    const dep = grads.find((g) => g !== undefined)
+    if (s !== segment && dep !== undefined) {
+      segment = s
+      recomputed = s === -1 ? new Map() : recompute(e, forwardNodes, segments[s]!, dep)
+    }
+    const mapped = (name: string) => recomputed.get(name) ?? name
+    const node = recomputed.size === 0
+      ? original
+      : { ...original, inputs: original.inputs.map(mapped), outputs: original.outputs.map(mapped) }
     if (grads.every((g) => g === undefined)) continue
-    const needs = node.inputs.map((i) => i !== "" && active.has(i))
+    const needs = original.inputs.map((i) => i !== "" && active.has(i))
     if (!needs.some(Boolean)) continue
     const rule = extraRules[node.op] ?? Backward.rules[node.op]
     if (rule === undefined) {
@@ -193,13 +207,13 @@ const gradientsUnsafe = (
       ])
     )
     // An embedding whose table already has a gradient (a tied head's): scatter-add onto it.
-    const table = node.op === "Gather" && needs[0] ? collect(node.inputs[0]!) : undefined
+    const table = node.op === "Gather" && needs[0] ? collect(original.inputs[0]!) : undefined
     if (table !== undefined) {
-      pending.set(node.inputs[0]!, [Backward.gatherInto(e, node, shaped[0]!, table)])
+      pending.set(original.inputs[0]!, [Backward.gatherInto(e, node, shaped[0]!, table)])
       continue
     }
     const inputGrads = rule(e, node, shaped, needs)
-    node.inputs.forEach((input, i) => {
+    original.inputs.forEach((input, i) => {
       const g = inputGrads[i]
       if (!needs[i] || g === undefined) return
       const list = pending.get(input)
@@ -210,6 +224,71 @@ const gradientsUnsafe = (
   const out = new Map<string, string>()
   for (const w of wrt) out.set(w, collect(w) ?? e.zeros(e.dims(w), e.dtype(w)))
   return out
+}
+
+/**
+ * Re-emits the forward nodes `[a, b)` for the backward (activation recompute), returning each output's copy. Their
+ * float inputs from outside the segment are read as `x + ΣØ` (a sum over an empty slice of `dep`, a gradient
+ * reaching the segment): exactly `x`, but a value onnxruntime's common-subexpression elimination cannot merge with
+ * the forward's, and one that exists only once the backward has reached the segment, so that the copies are made
+ * then and not kept from the forward.
+ */
+const recompute = (
+  e: Backward.Emitter,
+  nodes: ReadonlyArray<Graph.Node>,
+  [a, b]: readonly [number, number],
+  dep: string
+): ReadonlyMap<string, string> => {
+  const map = new Map<string, string>()
+  const flat = e.op("Reshape", [dep, e.ints([-1])])
+  const zero = e.op("ReduceSum", [e.op("Slice", [flat, e.ints([0]), e.ints([0])]), e.ints([0])], {
+    keepdims: Graph.int(0)
+  })
+  const zeros = new Map<Graph.DType, string>([[e.dtype(dep), zero]])
+  const input = (name: string) => {
+    const hit = map.get(name)
+    if (hit !== undefined || name === "" || !e.shapes.has(name)) return hit ?? name
+    const dtype = e.dtype(name)
+    if (!isFloat(dtype) || e.graph.initializers.has(name) || e.shapes.get(name).value !== undefined) return name
+    let z = zeros.get(dtype)
+    if (z === undefined) zeros.set(dtype, z = e.op("Cast", [zero], { to: Graph.int(Graph.dataTypeCode[dtype]) }))
+    const fresh = e.op("Add", [name, z])
+    map.set(name, fresh)
+    return fresh
+  }
+  for (let k = a; k < b; k++) {
+    const node = nodes[k]!
+    const inputs = node.inputs.map(input)
+    const outputs = node.outputs.map((o) => (o === "" ? "" : e.graph.fresh(`${o}_re`)))
+    e.graph.node(node.op, inputs, outputs, node.attributes, node.domain)
+    e.shapes.visit(e.graph.nodes[e.graph.nodes.length - 1]!)
+    node.outputs.forEach((o, i) => o !== "" && map.set(o, outputs[i]!))
+  }
+  return map
+}
+
+/**
+ * The node ranges `[a, b)` of each decoder layer: from the first node that reads a weight of layer `i`
+ * (`….layers.{i}.…`) to the first that reads one of layer `i + 1` (the last layer: to the last node reading one of
+ * its weights, inclusive).
+ */
+const layerSegments = (nodes: ReadonlyArray<Graph.Node>): Array<readonly [number, number]> => {
+  const first = new Map<number, number>()
+  const last = new Map<number, number>()
+  nodes.forEach((node, k) => {
+    for (const i of node.inputs) {
+      const m = /(?:^|\.)layers\.(\d+)\./.exec(i)
+      if (m === null) continue
+      const layer = Number(m[1])
+      if (!first.has(layer)) first.set(layer, k)
+      last.set(layer, k)
+    }
+  })
+  const layers = [...first.keys()].sort((x, y) => x - y)
+  return layers.map((layer, j) => {
+    const next = layers[j + 1]
+    return [first.get(layer)!, next === undefined ? last.get(layer)! + 1 : first.get(next)!] as const
+  })
 }
 
 const run = <A>(f: () => A): Effect.Effect<A, AutodiffError> =>
@@ -289,6 +368,12 @@ export interface Options {
    * are `MatMul(hidden, Transpose(weight))` of a weight input; otherwise the plain head is used.
    */
   readonly headChunk?: number
+  /**
+   * Activation recompute: the backward pass of each decoder layer (the nodes reading `….layers.{i}.…` weights)
+   * re-emits the layer's forward from the values that enter it, so that only those are kept from the forward pass
+   * instead of every activation inside the layer. Default false.
+   */
+  readonly recompute?: boolean
 }
 
 /**
@@ -373,7 +458,10 @@ export const trainingGraph = (forward: Forward, options: Options): Effect.Effect
     const rules = chunked === undefined ? {} : { [ChunkedHead.op]: chunked.rule }
     const named = options.withGradients === false
       ? new Map<string, string>()
-      : declareGradients(e, gradientsUnsafe(e, walked, head.loss, forward.weightInputs, rules))
+      : declareGradients(
+        e,
+        gradientsUnsafe(e, walked, head.loss, forward.weightInputs, rules, options.recompute ? layerSegments(walked) : [])
+      )
     const out = { loss: "loss", tokenLogprobs: "token_logprobs", stats: "stats" }
     graph.node("Identity", [head.loss], [out.loss])
     graph.output(out.loss, dtype, [])

@@ -10,9 +10,10 @@
  * Backward (a rule of its own for the whole head, {@link rule}): each chunk's logits are recomputed from its
  * hidden states and
  *
- *   ∂z = a·onehot(target) − p ⊙ (a + b·(log p + H))     (a = ∂loss/∂logprob, b = ∂loss/∂entropy, H the entropy)
+ *   ∂z = a·onehot(target) − p ⊙ (a + b·(log p + H))
  *
- * then `∂h_k = ∂z W` and `∂W += ∂zᵀ h_k` (a `Gemm` accumulating into its `C` input, in place). Two things keep
+ * (a = ∂loss/∂logprob, b = ∂loss/∂entropy, H the entropy), then `∂h_k = ∂z W` and `∂W += ∂zᵀ h_k` (a `Gemm`
+ * accumulating into its `C` input, in place). Two things keep
  * onnxruntime from holding every chunk at once. Its common-subexpression elimination would merge the recomputed
  * logits with the forward's (and so keep the forward's alive until the backward): the recompute reads a different
  * value, `h_k` concatenated with an empty slice of something only the backward has. That empty slice is taken from

@@ -7,6 +7,11 @@
  * and kept in a small LRU cache (creation costs 0.1–0.5 s; `Packing` rounds lengths to limit distinct shapes).
  * Weights are fed as graph inputs from the optimiser's own arrays: nothing is re-serialised per step.
  *
+ * Memory (see `MemoryEstimate.ts` and `scripts/learner-memory.ts`): the weights, AdamW's two moments and the
+ * gradient accumulator (16 bytes a parameter; the first micro-batch of a step writes its gradients straight into the
+ * accumulator), the activations of a micro-batch (a fraction of them with `recompute`), and the output head in
+ * chunks of tokens (`autodiff/ChunkedHead.ts`): the logits of a whole micro-batch are never held.
+ *
  * Determinism: on the CPU execution provider the same weights, batches and thread count give bit-identical
  * results, which is what makes checkpoint resume exact.
  *
@@ -168,6 +173,11 @@ export interface Options {
    * (the plain head when a micro-batch fits in one), `0` the plain head.
    */
   readonly headChunk?: number
+  /**
+   * Activation recompute (`Autodiff.Options.recompute`): each decoder layer keeps only its input from the forward
+   * pass and recomputes its inside in the backward. Less memory, one more forward pass of the layers. Default false.
+   */
+  readonly recompute?: boolean
   /** Sessions kept per shape (default 8). */
   readonly maxSessions?: number
   /**
@@ -388,13 +398,14 @@ const buildGraph = (trainer: Trainer, mb: Packing.MicroBatch, withGradients: boo
     return Effect.fail(fail("BadBatch", "this model has no graph for micro-batches with shared prompts"))
   }
   const dims = prefix === undefined ? {} : { groups: prefix.batch, prefix: prefix.length }
-  const { loss, headChunk } = trainer.options
+  const { loss, headChunk, recompute } = trainer.options
   return Autodiff.trainingGraph(forward(), {
     batch,
     length,
     dims,
     loss,
     withGradients,
+    recompute: recompute === true,
     ...(headChunk === undefined ? {} : { headChunk })
   })
     .pipe(Effect.mapError((e) => fail("Graph", e.message, { cause: e })))

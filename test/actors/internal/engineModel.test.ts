@@ -58,6 +58,7 @@ describe("engineModel", () => {
       const bytes = EngineModel.modelBytes(qwen15b, weightsAs)
       // What remains is the graph and its RoPE tables (32,768 positions × 128 × 2 floats = 33.5 MB).
       assert.isBelow(bytes.length, 40e6)
+      assert.strictEqual(EngineModel.modelBytes(qwen15b, weightsAs), bytes) // built once per config
     }
   })
 

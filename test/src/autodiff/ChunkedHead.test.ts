@@ -31,7 +31,9 @@ const feedsFor = (tg: Autodiff.TrainingGraph, cfg: typeof c, config: Loss.Config
     sampler_logprobs: f(noise(n, 6).map((v) => -2.5 + 0.5 * v)),
     ref_logprobs: f(noise(n, 8).map((v) => -2.5 + 0.5 * v))
   }
-  for (const spec of Qwen2.parameters(cfg)) feeds[spec.name] = { dtype, dims: spec.shape, data: weights.get(spec.name)! }
+  for (const spec of Qwen2.parameters(cfg)) {
+    feeds[spec.name] = { dtype, dims: spec.shape, data: weights.get(spec.name)! }
+  }
   const used = new Set(tg.graph.inputs.map((i) => i.name))
   for (const k of Object.keys(feeds)) if (!used.has(k)) delete feeds[k]
   return feeds
