@@ -22,11 +22,15 @@
  * log-softmax of `logits / temperature` over the whole vocabulary at the sampled token (plain log-softmax when
  * greedy).
  *
- * **Weights.** By default weights are baked into the ONNX session as initializers (about 2× faster decoding
- * than feeding them as inputs on every step, see BENCHMARKS.md); `updateWeights` builds a new session (tens of
- * milliseconds for the tiny preset) while decoding goes on. Requests that already started finish on the session
- * they started with, and their result carries that version; new requests go to the new one. An old session is
- * released once its last sequence finishes.
+ * **Weights.** The ONNX model is built once per engine from the config alone (`internal/engineModel.ts`): no
+ * weight is serialized into it, so onnxruntime's 2 GB model limit never applies. By default the weights are
+ * initializers whose data onnxruntime copies from the caller's arrays while it creates a version's session
+ * (in-memory external data) and pre-packs for its MatMul kernels: decoding is as fast as with the weights baked in,
+ * and 1.5–2× faster than feeding them as inputs on every step (BENCHMARKS.md, "engine weights"). The caller's
+ * arrays are not referenced afterwards (they may be written in place); the engines of one thread that sample the
+ * same version of the same weights share its session. `updateWeights` creates a new session while decoding goes
+ * on. Requests that already started finish on the session they started with, and their result carries that
+ * version; new requests go to the new one. An old session is released once its last sequence finishes.
  *
  * @since 0.1.0
  */
@@ -35,12 +39,12 @@ import type { Scope } from "effect"
 import * as ort from "onnxruntime-node"
 import * as ModelConfig from "../src/model/ModelConfig.ts"
 import * as Qwen2 from "../src/model/Qwen2.ts"
-import * as Graph from "../src/onnx/Graph.ts"
 import { Sampler, samplerError } from "../src/Sampler.ts"
 import type { GenerateRequest, GenerateResult, SamplerError } from "../src/Sampler.ts"
 import * as Sampling from "../src/Sampling.ts"
 import { continued, decode, decodeBurst, failAll, prefill, release, removeRows } from "./internal/engineSteps.ts"
 import type { Engine, Generation, Seq, Setup } from "./internal/engineSteps.ts"
+import * as EngineModel from "./internal/engineModel.ts"
 import * as KvCache from "./internal/kvCache.ts"
 
 // ===== Models =====
@@ -56,7 +60,10 @@ export interface Options {
   readonly version?: number
   /** Most sequences decoded together (default 32); later requests wait for a free slot. */
   readonly maxBatchSize?: number
-  /** Bake weights into the session (`"initializers"`, default) or feed them as inputs on every step. */
+  /**
+   * Weights as the session's initializers (`"initializers"`, default: one copy per version, held by onnxruntime) or
+   * fed as inputs on every step (`"inputs"`: the caller's arrays are used in place, slower decoding).
+   */
   readonly weightsAs?: "initializers" | "inputs"
   /**
    * onnxruntime intra-op threads (default 1). For the small presets on a shared 2-core machine one thread decodes
@@ -305,6 +312,12 @@ export const validateRequest = (c: ModelConfig.ModelConfig, r: GenerateRequest):
 const makeSetup = (options: Options): Setup => {
   const c = options.config
   const weightsAs = options.weightsAs ?? "initializers"
+  const sessionOptions: ort.InferenceSession.SessionOptions = {
+    executionProviders: ["cpu"],
+    graphOptimizationLevel: "all",
+    intraOpNumThreads: options.intraOpNumThreads ?? 1,
+    interOpNumThreads: 1
+  }
   const pastNames = Array.from({ length: c.numHiddenLayers }, (_, l) => [`past.${l}.key`, `past.${l}.value`]).flat()
   return {
     config: c,
@@ -313,13 +326,9 @@ const makeSetup = (options: Options): Setup => {
     vocabSize: c.vocabSize,
     maxBatch: options.maxBatchSize ?? 32,
     weightsAs,
-    sessionOptions: {
-      executionProviders: ["cpu"],
-      graphOptimizationLevel: "all",
-      intraOpNumThreads: options.intraOpNumThreads ?? 1,
-      interOpNumThreads: 1
-    },
-    inputsModel: weightsAs === "inputs" ? Graph.toModelBytes(Qwen2.inferenceGraph(c, "inputs")) : undefined,
+    sessionOptions,
+    model: EngineModel.modelBytes(c, weightsAs),
+    sessionKey: JSON.stringify([c, weightsAs, sessionOptions]),
     pastNames,
     newNames: pastNames.map((n) => n.replace("past", "new"))
   }
@@ -332,11 +341,14 @@ const newGeneration = Effect.fnUntraced(function*(setup: Setup, version: number,
   const c = setup.config
   const invalid = validateWeights(c, weights)
   if (invalid !== undefined) return yield* invalid
-  const bytes = setup.inputsModel ?? Graph.toModelBytes(Qwen2.inferenceGraph(c, weights))
-  const session = yield* Effect.tryPromise({
-    try: () => ort.InferenceSession.create(bytes, setup.sessionOptions),
-    catch: (e) => new PolicyEngineError({ reason: new SessionFailed({ message: String(e) }) })
-  })
+  const failed = (e: unknown) => new PolicyEngineError({ reason: new SessionFailed({ message: String(e) }) })
+  // Weights as initializers are copied from the caller's arrays (external data) while the session is created; the
+  // engines of this thread that sample the same version share that session.
+  const options = setup.weightsAs === "inputs"
+    ? setup.sessionOptions
+    : { ...setup.sessionOptions, externalData: EngineModel.externalData(c, weights) }
+  const create = () => ort.InferenceSession.create(setup.model, options)
+  const { session, unload } = yield* EngineModel.acquireSession(weights, version, setup.sessionKey, create, failed)
   const weightFeeds: Record<string, ort.Tensor> = {}
   if (setup.weightsAs === "inputs") {
     for (const spec of Qwen2.parameters(c)) {
@@ -345,7 +357,7 @@ const newGeneration = Effect.fnUntraced(function*(setup: Setup, version: number,
   }
   const cache = KvCache.make(setup.pastNames.length, setup.kvHeads, setup.headDim, setup.maxBatch)
   const mask = new BigInt64Array(0)
-  const generation: Generation = { version, session, weightFeeds, seqs: [], cache, retained: [], mask }
+  const generation: Generation = { version, session, unload, weightFeeds, seqs: [], cache, retained: [], mask }
   return generation
 })
 

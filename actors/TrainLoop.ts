@@ -283,8 +283,8 @@ const openMetrics = Effect.fnUntraced(function*(fs: FileSystem.FileSystem, out: 
   return {
     ...files,
     log: (record) =>
-      Effect.flatMap(memory.take, ({ peakMb, rssMb }) =>
-        files.log({ ...record, figures: { ...record.figures, "perf/peak_rss_mb": peakMb, "perf/rss_mb": rssMb } }))
+      Effect.flatMap(memory.take, (read) =>
+        files.log({ ...record, figures: { ...record.figures, ...PeakRss.figures(read) } }))
   } satisfies Metrics.Metrics
 })
 

@@ -262,7 +262,11 @@ const save = (server: Server, t: GradientBackend.GradientBackend["Service"], bod
     Effect.gen(function*() {
       yield* t.save(dir, meta)
       const files: Array<readonly [string, Uint8Array]> = []
-      for (const file of RemoteTrainer.checkpointFiles) {
+      const names = yield* Checkpoint.files(dir).pipe(
+        Effect.provideService(FileSystem.FileSystem, server.fs),
+        Effect.mapError(checkpointError)
+      )
+      for (const file of names) {
         files.push([file, yield* server.fs.readFile(`${dir}/${file}`).pipe(Effect.mapError(checkpointError))])
       }
       return frame(Wire.encode({}, files))
@@ -273,10 +277,14 @@ const save = (server: Server, t: GradientBackend.GradientBackend["Service"], bod
 const load = (server: Server, t: GradientBackend.GradientBackend["Service"], body: Wire.Frame) =>
   viaDirectory(server, (dir) =>
     Effect.gen(function*() {
-      for (const file of RemoteTrainer.checkpointFiles) {
-        const bytes = body.arrays.get(file)
-        if (!(bytes instanceof Uint8Array)) return yield* checkpointError({ message: `load: no ${file} sent` })
-        yield* server.fs.writeFile(`${dir}/${file}`, bytes).pipe(Effect.mapError(checkpointError))
+      // Only a checkpoint's own file names are written (no paths); the state file last, as a save writes it.
+      const names = [...body.arrays.keys()]
+      const stranger = names.find((name) => !Checkpoint.isFileName(name) || !(body.arrays.get(name) instanceof Uint8Array))
+      if (stranger !== undefined) return yield* checkpointError({ message: `load: ${stranger} is no checkpoint file` })
+      const lacking = Checkpoint.missingPart(names)
+      if (lacking !== undefined) return yield* checkpointError({ message: `load: no ${lacking} sent` })
+      for (const file of Checkpoint.inWriteOrder(names.filter((n) => n !== "trainer_state.json"))) {
+        yield* server.fs.writeFile(`${dir}/${file}`, body.arrays.get(file) as Uint8Array).pipe(Effect.mapError(checkpointError))
       }
       return frame(Wire.encode({ meta: yield* t.load(dir) }))
     }))

@@ -252,10 +252,17 @@ export interface MakeOptions {
 
 const knownEndOfTurn = ["<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "</s>"]
 
-const inferFormat = (source: string): ToolCallFormat =>
-  source.includes("<tool_call>") ? "hermes" : source.includes("ipython") || source.includes("<|python_tag|>") ?
-    "llama3" :
-    "hermes"
+/**
+ * The tool-call convention a template's models write, read from the source: Qwen's templates (Qwen2.5, Qwen3) wrap
+ * calls in `<tool_call>` (Hermes); Llama 3.x's render tool results as `ipython` turns and ask for a bare JSON
+ * object `{"name": …, "parameters": …}` (Llama 3.1 adds `<|python_tag|>`); anything else defaults to Hermes.
+ */
+const inferFormat = (source: string): ToolCallFormat => {
+  if (source.includes("<tool_call>")) return "hermes"
+  const llama = source.includes("ipython") || source.includes("<|python_tag|>") ||
+    (source.includes("<|eot_id|>") && source.includes("\"parameters\""))
+  return llama ? "llama3" : "hermes"
+}
 
 const compile = Option.liftThrowable((source: string) => new Template(source))
 

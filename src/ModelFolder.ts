@@ -192,7 +192,11 @@ export const readConfig = Effect.fn("ModelFolder.readConfig")(function*(dir: str
   const path = yield* Path.Path
   const file = path.join(dir, "config.json")
   const text = yield* fs.readFileString(file).pipe(
-    Effect.mapError((cause) => modelFolderError(file, "NotFound", `cannot read ${file}`, { cause }))
+    Effect.mapError((cause) =>
+      cause.reason._tag === "NotFound"
+        ? modelFolderError(file, "NotFound", `cannot read ${file}`, { cause })
+        : modelFolderError(file, "Io", `cannot read ${file}: ${cause.message}`, { cause })
+    )
   )
   return yield* ModelConfig.decode(yield* parseJson(text, file)).pipe(
     Effect.mapError((e) => modelFolderError(file, "InvalidConfig", `${file}: ${e.message}`, { cause: e }))

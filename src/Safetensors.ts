@@ -5,10 +5,17 @@
  * byte size matching the shape, no overlaps) and fails with a {@link SafetensorsError} naming the file and the
  * tensor; it never throws.
  *
+ * Files on disk are read by streaming ({@link readIndex}, {@link readTensors}): the headers first, then each tensor
+ * by positioned reads straight into its `Float32Array` (BF16/F16 widened chunk by chunk), so neither a file's size
+ * (no 2 GiB ceiling) nor a second copy of the weights bounds what loads. A checkpoint is one file or Hugging Face's
+ * shards behind `<prefix>.safetensors.index.json`; {@link writeSharded} writes both, streamed, in F32 or BF16.
+ * {@link parse} and {@link serialize} work on bytes in memory (weights pushed over HTTP).
+ *
  * @since 0.1.0
  */
 import { Effect, FileSystem, type PlatformError, Schema } from "effect"
 import * as FloatCodec from "./internal/floatCodec.ts"
+import * as Layout from "./internal/shardLayout.ts"
 
 // ===== Models =====
 
@@ -311,14 +318,21 @@ const checkHeader = Effect.fnUntraced(function*(header: unknown, dataLength: num
     ranges.push([begin, end, name])
     spans.set(name, { dtype: entry.dtype, shape: entry.shape, begin, end })
   }
-  ranges.sort((a, b) => a[0] - b[0])
-  for (let i = 1; i < ranges.length; i++) {
-    if (ranges[i]![0] < ranges[i - 1]![1]) {
-      return yield* corrupt(`${file}: tensors "${ranges[i - 1]![2]}" and "${ranges[i]![2]}" overlap`, ranges[i]![2])
-    }
+  const overlap = firstOverlap(ranges)
+  if (overlap !== undefined) {
+    return yield* corrupt(`${file}: tensors "${overlap[0]}" and "${overlap[1]}" overlap`, overlap[1])
   }
   return { spans, metadata }
 })
+
+/** The first two tensors whose byte ranges `[begin, end, name]` overlap, in file order. */
+const firstOverlap = (ranges: Array<readonly [number, number, string]>): readonly [string, string] | undefined => {
+  ranges.sort((a, b) => a[0] - b[0])
+  for (let i = 1; i < ranges.length; i++) {
+    if (ranges[i]![0] < ranges[i - 1]![1]) return [ranges[i - 1]![2], ranges[i]![2]]
+  }
+  return undefined
+}
 
 const parseHeaderJson = (bytes: Uint8Array, file: string) =>
   Effect.try({
@@ -404,7 +418,8 @@ export const serialize = (
   tensors: ReadonlyArray<{ readonly name: string; readonly shape: ReadonlyArray<number>; readonly data: Float32Array }>,
   metadata?: Readonly<Record<string, string>>
 ): Uint8Array => {
-  const { prefix, dataBytes } = encodeHeader(tensors.map((t) => ({ ...t, dtype: "F32" })), metadata)
+  const f32 = tensors.map((t) => ({ ...t, dtype: "F32" }))
+  const { prefix, dataBytes } = Layout.encodeHeader(f32, tensors.map((t) => t.data.byteLength), metadata)
   const out = new Uint8Array(prefix.length + dataBytes)
   out.set(prefix)
   let at = prefix.length
@@ -413,26 +428,6 @@ export const serialize = (
     at += t.data.byteLength
   }
   return out
-}
-
-/** The 8-byte length and the JSON header (padded with spaces to 8 bytes) of tensors laid out in order. */
-const encodeHeader = (
-  tensors: ReadonlyArray<{ readonly name: string; readonly shape: ReadonlyArray<number>; readonly dtype: DType }>,
-  metadata: Readonly<Record<string, string>> | undefined
-) => {
-  const header: Record<string, unknown> = metadata === undefined ? {} : { __metadata__: metadata }
-  let offset = 0
-  for (const t of tensors) {
-    const bytes = t.shape.reduce((a, b) => a * b, 1) * byteSize[t.dtype]
-    header[t.name] = { dtype: t.dtype, shape: t.shape, data_offsets: [offset, offset + bytes] }
-    offset += bytes
-  }
-  const json = new TextEncoder().encode(JSON.stringify(header))
-  const padded = Math.ceil(json.length / 8) * 8
-  const prefix = new Uint8Array(8 + padded).fill(0x20)
-  new DataView(prefix.buffer).setBigUint64(0, BigInt(padded), true)
-  prefix.set(json, 8)
-  return { prefix, dataBytes: offset }
 }
 
 // ===== Model weights =====
@@ -507,14 +502,6 @@ export interface Index {
   /** The tensor files, in order. */
   readonly files: ReadonlyArray<string>
 }
-
-// Paths are joined by hand (POSIX and Windows both take "/"), so that readers need only a `FileSystem`.
-const join = (dir: string, name: string) => (dir.endsWith("/") ? `${dir}${name}` : `${dir}/${name}`)
-const dirname = (file: string) => {
-  const at = Math.max(file.lastIndexOf("/"), file.lastIndexOf("\\"))
-  return at < 0 ? "." : at === 0 ? "/" : file.slice(0, at)
-}
-const basename = (file: string) => file.slice(Math.max(file.lastIndexOf("/"), file.lastIndexOf("\\")) + 1)
 
 /** A `PlatformError` of `file` as the reason that names its cause. */
 const fsError = (file: string, verb: "read" | "write") => (e: PlatformError.PlatformError): SafetensorsError => {
@@ -618,8 +605,7 @@ const IndexJson = Schema.fromJsonString(Schema.Struct({
  */
 export const readIndexFile = Effect.fn("Safetensors.readIndexFile")(function*(indexFile: string) {
   const fs = yield* FileSystem.FileSystem
-  const corrupt = (message: string, tensor?: string) =>
-    safetensorsError(indexFile, "Corrupt", message, tensor === undefined ? {} : { tensor })
+  const corrupt = (message: string) => safetensorsError(indexFile, "Corrupt", message)
   const text = yield* fs.readFileString(indexFile).pipe(Effect.mapError(fsError(indexFile, "read")))
   const { weight_map } = yield* Schema.decodeUnknownEffect(IndexJson)(text).pipe(
     Effect.mapError((e) => corrupt(`${indexFile}: not a safetensors index (${e.message})`))
@@ -627,42 +613,49 @@ export const readIndexFile = Effect.fn("Safetensors.readIndexFile")(function*(in
   const shards = [...new Set(Object.values(weight_map))]
   const bad = shards.find((s) => s === "" || s === "." || s === ".." || /[/\\]/.test(s))
   if (bad !== undefined) return yield* corrupt(`${indexFile}: shard "${bad}" is not a file name beside the index`)
-  const dir = dirname(indexFile)
+  const dir = Layout.dirname(indexFile)
   const tensors = new Map<string, Location>()
   let metadata: Readonly<Record<string, string>> = {}
   for (const [i, shard] of shards.entries()) {
-    const header = yield* readHeader(join(dir, shard)).pipe(
-      Effect.catchReason("SafetensorsError", "NotFound", (reason) =>
-        Effect.fail(
-          safetensorsError(join(dir, shard), "NotFound", `${indexFile} lists shard ${shard}, which is missing`, {
-            cause: reason
-          })
-        ))
+    const header = yield* readHeader(Layout.join(dir, shard)).pipe(
+      Effect.catchReason("SafetensorsError", "NotFound", (reason) => {
+        const message = `${indexFile} lists shard ${shard}, which is missing`
+        return Effect.fail(safetensorsError(Layout.join(dir, shard), "NotFound", message, { cause: reason }))
+      })
     )
     if (i === 0) metadata = header.metadata
-    for (const [name, location] of header.tensors) {
-      const before = tensors.get(name)
-      if (before !== undefined) {
-        const message = `tensor "${name}" is stored in two shards: ${before.file} and ${location.file}`
-        return yield* safetensorsError(indexFile, "DuplicateTensor", message, {
-          tensor: name,
-          files: [before.file, location.file]
-        })
-      }
-      if (weight_map[name] === undefined) {
-        return yield* corrupt(`${location.file}: tensor "${name}" is not listed in ${indexFile}`, name)
-      }
-      tensors.set(name, location)
-    }
+    yield* addShard(indexFile, weight_map, tensors, header)
   }
   for (const [name, shard] of Object.entries(weight_map)) {
     const found = tensors.get(name)
-    if (found === undefined || basename(found.file) !== shard) {
+    if (found === undefined || Layout.basename(found.file) !== shard) {
       const message = `${indexFile} places tensor "${name}" in ${shard}, which does not hold it`
-      return yield* safetensorsError(join(dir, shard), "MissingTensor", message, { tensor: name, expected: [] })
+      return yield* safetensorsError(Layout.join(dir, shard), "MissingTensor", message, { tensor: name, expected: [] })
     }
   }
-  return { file: indexFile, tensors, metadata, files: shards.map((s) => join(dir, s)) } satisfies Index
+  return { file: indexFile, tensors, metadata, files: shards.map((s) => Layout.join(dir, s)) } satisfies Index
+})
+
+/** Adds a shard's tensors to `tensors`: each must be listed in the index and in no shard read before. */
+const addShard = Effect.fnUntraced(function*(
+  indexFile: string,
+  weightMap: Readonly<Record<string, string>>,
+  tensors: Map<string, Location>,
+  shard: Index
+) {
+  for (const [name, location] of shard.tensors) {
+    const before = tensors.get(name)
+    if (before !== undefined) {
+      const message = `tensor "${name}" is stored in two shards: ${before.file} and ${location.file}`
+      const files = [before.file, location.file]
+      return yield* safetensorsError(indexFile, "DuplicateTensor", message, { tensor: name, files })
+    }
+    if (weightMap[name] === undefined) {
+      const message = `${location.file}: tensor "${name}" is not listed in ${indexFile}`
+      return yield* safetensorsError(indexFile, "Corrupt", message, { tensor: name })
+    }
+    tensors.set(name, location)
+  }
 })
 
 /**
@@ -674,9 +667,9 @@ export const readIndexFile = Effect.fn("Safetensors.readIndexFile")(function*(in
  */
 export const readIndex = Effect.fn("Safetensors.readIndex")(function*(dir: string, prefix = "model") {
   const fs = yield* FileSystem.FileSystem
-  const indexFile = join(dir, `${prefix}.safetensors.index.json`)
+  const indexFile = Layout.join(dir, `${prefix}.safetensors.index.json`)
   const indexed = yield* fs.exists(indexFile).pipe(Effect.mapError(fsError(indexFile, "read")))
-  return yield* indexed ? readIndexFile(indexFile) : readHeader(join(dir, `${prefix}.safetensors`))
+  return yield* indexed ? readIndexFile(indexFile) : readHeader(Layout.join(dir, `${prefix}.safetensors`))
 })
 
 /** Checks `index` holds exactly `expected` with their shapes and float dtypes, before any data is read. */
@@ -828,24 +821,15 @@ export interface Written {
 /** The default shard size limit, 2 GB (decimal, as `max_shard_size="2GB"` in transformers). */
 export const defaultMaxShardBytes = 2_000_000_000
 
-const shardPattern = (prefix: string) =>
-  new RegExp(`^${prefix.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}-\\d{5}-of-\\d{5}\\.safetensors$`)
-
-/** Splits tensors, in order, into shards of at most `max` data bytes (a bigger tensor gets a shard of its own). */
-const planShards = (sizes: ReadonlyArray<number>, max: number): Array<Array<number>> => {
-  const shards: Array<Array<number>> = []
-  let current: Array<number> = [], bytes = 0
-  sizes.forEach((size, i) => {
-    if (current.length > 0 && bytes + size > max) {
-      shards.push(current)
-      current = [], bytes = 0
+/** Removes files of `prefix` that a save before this one left (an old single file, shards of another count). */
+const removeStale = Effect.fnUntraced(function*(dir: string, prefix: string, kept: ReadonlySet<string>) {
+  const fs = yield* FileSystem.FileSystem
+  for (const entry of yield* fs.readDirectory(dir).pipe(Effect.mapError(fsError(dir, "read")))) {
+    if (!kept.has(entry) && Layout.isTensorFile(prefix, entry)) {
+      yield* fs.remove(Layout.join(dir, entry)).pipe(Effect.mapError(fsError(Layout.join(dir, entry), "write")))
     }
-    current.push(i)
-    bytes += size
-  })
-  if (current.length > 0 || shards.length === 0) shards.push(current)
-  return shards
-}
+  }
+})
 
 /** Writes one tensor's values to an open file, narrowed to BF16 chunk by chunk when asked. */
 const writeTensor = Effect.fnUntraced(function*(
@@ -884,7 +868,8 @@ const writeFile = Effect.fnUntraced(function*(
   metadata: Readonly<Record<string, string>> | undefined
 ) {
   const fs = yield* FileSystem.FileSystem
-  const { prefix } = encodeHeader(tensors.map((t) => ({ ...t, dtype })), metadata)
+  const sizes = tensors.map((t) => t.shape.reduce((a, b) => a * b, 1) * byteSize[dtype])
+  const { prefix } = Layout.encodeHeader(tensors.map((t) => ({ ...t, dtype })), sizes, metadata)
   const scratch = new Uint16Array(scratchBytes / 2)
   yield* Effect.scoped(Effect.gen(function*() {
     const handle = yield* fs.open(file, { flag: "w" }).pipe(Effect.mapError(fsError(file, "write")))
@@ -915,17 +900,14 @@ export const writeSharded = Effect.fn("Safetensors.writeSharded")(function*(
   const fs = yield* FileSystem.FileSystem
   const dtype = options.dtype ?? "F32"
   const sizes = tensors.map((t) => t.shape.reduce((a, b) => a * b, 1) * byteSize[dtype])
-  const shards = planShards(sizes, options.maxShardBytes ?? defaultMaxShardBytes)
-  const indexFile = join(dir, `${prefix}.safetensors.index.json`)
+  const shards = Layout.planShards(sizes, options.maxShardBytes ?? defaultMaxShardBytes)
+  const indexFile = Layout.join(dir, `${prefix}.safetensors.index.json`)
   yield* fs.makeDirectory(dir, { recursive: true }).pipe(Effect.mapError(fsError(dir, "write")))
   yield* fs.remove(indexFile, { force: true }).pipe(Effect.mapError(fsError(indexFile, "write")))
-  const pad = (n: number) => String(n).padStart(5, "0")
-  const names = shards.length === 1
-    ? [`${prefix}.safetensors`]
-    : shards.map((_, i) => `${prefix}-${pad(i + 1)}-of-${pad(shards.length)}.safetensors`)
+  const names = Layout.shardNames(prefix, shards.length)
   const weightMap: Record<string, string> = {}
   for (const [i, members] of shards.entries()) {
-    const file = join(dir, names[i]!)
+    const file = Layout.join(dir, names[i]!)
     yield* writeFile(file, members.map((k) => tensors[k]!), dtype, options.metadata)
     for (const k of members) weightMap[tensors[k]!.name] = names[i]!
   }
@@ -935,14 +917,9 @@ export const writeSharded = Effect.fn("Safetensors.writeSharded")(function*(
     yield* fs.writeFileString(`${indexFile}.tmp`, json).pipe(Effect.mapError(fsError(indexFile, "write")))
     yield* fs.rename(`${indexFile}.tmp`, indexFile).pipe(Effect.mapError(fsError(indexFile, "write")))
   }
-  const pattern = shardPattern(prefix), kept = new Set(names)
-  for (const entry of yield* fs.readDirectory(dir).pipe(Effect.mapError(fsError(dir, "read")))) {
-    if (!kept.has(entry) && (entry === `${prefix}.safetensors` || pattern.test(entry))) {
-      yield* fs.remove(join(dir, entry)).pipe(Effect.mapError(fsError(join(dir, entry), "write")))
-    }
-  }
+  yield* removeStale(dir, prefix, new Set(names))
   const written: Written = {
-    files: names.map((n) => join(dir, n)),
+    files: names.map((n) => Layout.join(dir, n)),
     index: shards.length > 1 ? indexFile : undefined,
     totalBytes
   }

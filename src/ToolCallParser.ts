@@ -33,7 +33,7 @@ import type * as Message from "./Message.ts"
 export class InvalidJson extends Schema.TaggedError<InvalidJson>()("InvalidJson", { message: Schema.String }) {}
 
 /**
- * `<tool_call>` or a code fence opened and never closed (often: output truncated).
+ * `<tool_call>`, a code fence or a Llama 3 JSON call opened and never closed (often: output truncated).
  *
  * @category errors
  * @since 0.1.0
@@ -164,17 +164,21 @@ const toCall = (
   return { call: { id, type: "function", function: { name: name.trim(), arguments: args } } }
 }
 
-/** Reads one call body (an object, or an array of objects) into calls and errors. */
+/**
+ * Reads one call body (an object, or an array of objects) into calls and errors; a body that does not read is
+ * `unreadable` (default: `InvalidJson`).
+ */
 const readBody = (
   body: string,
   repair: boolean,
   nextId: () => string,
   calls: Array<Message.ToolCall>,
-  errors: Array<ParseError>
+  errors: Array<ParseError>,
+  unreadable: readonly [ParseErrorReason["_tag"], string] = ["InvalidJson", "tool call is not valid JSON"]
 ): void => {
   const json = readJson(body, repair)
   if (json === undefined) {
-    errors.push(error("InvalidJson", "tool call is not valid JSON", body))
+    errors.push(error(unreadable[0], unreadable[1], body))
     return
   }
   for (const value of Array.isArray(json.value) ? json.value : [json.value]) {
@@ -234,9 +238,11 @@ export const hermes = (text: string, options?: Options): ParseResult => {
 const PYTHON_TAG = "<|python_tag|>"
 
 /**
- * Llama 3.x JSON calls: the turn (after an optional `<|python_tag|>`) is one or more JSON objects
- * `{"name": ..., "parameters": {...}}` separated by `;` or `,`, or a JSON array of them. A turn that does not start
- * with `{` or `[` is plain content.
+ * Llama 3.x JSON calls, as the Llama 3.1–3.3 templates ask for them (`Respond in the format {"name": function name,
+ * "parameters": dictionary of argument name and its value}`): the turn (after an optional `<|python_tag|>`) is one
+ * or more JSON objects `{"name": ..., "parameters": {...}}` separated by `;` or `,`, or a JSON array of them. A turn
+ * that does not start with `{` or `[` is plain content. Errors mirror {@link hermes}: a body that is not JSON is
+ * `InvalidJson`, an object without a name `UnknownShape`, a call never closed (a truncated turn) `UnclosedTag`.
  *
  * @category decoding
  * @since 0.1.0
@@ -258,7 +264,8 @@ export const llama3 = (text: string, options?: Options): ParseResult => {
   while (pos < body.length) {
     const end = Json.scanValueEnd(body, pos)
     if (end === -1) {
-      readBody(body.slice(pos), repair, nextId, calls, errors)
+      const truncated = ["UnclosedTag", "tool call JSON is never closed (the turn may have been cut off)"] as const
+      readBody(body.slice(pos), repair, nextId, calls, errors, truncated)
       break
     }
     readBody(body.slice(pos, end), repair, nextId, calls, errors)

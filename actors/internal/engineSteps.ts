@@ -35,6 +35,8 @@ export interface Seq {
 export interface Generation {
   readonly version: number
   readonly session: ort.InferenceSession
+  /** Releases the session (shared by the engines of this thread that sample the same version: with its last user). */
+  readonly unload: Effect.Effect<void>
   readonly weightFeeds: Readonly<Record<string, ort.Tensor>>
   /** The running sequences, in the order of the cache's rows. */
   seqs: Array<Seq>
@@ -55,8 +57,10 @@ export interface Setup {
   readonly maxBatch: number
   readonly weightsAs: "initializers" | "inputs"
   readonly sessionOptions: ort.InferenceSession.SessionOptions
-  /** One graph for weights-as-inputs, shared by every version; otherwise one per version. */
-  readonly inputsModel: Uint8Array | undefined
+  /** The decode model without weight data (`engineModel.ts`), shared by every version's session. */
+  readonly model: Uint8Array
+  /** What, besides the weights and the version, decides whether two engines can share a session. */
+  readonly sessionKey: string
   /** The graph's past inputs (`past.{l}.key|value`), in the order of the cache's buffers. */
   readonly pastNames: ReadonlyArray<string>
   /** The graph's outputs for the new tokens' keys/values (`new.{l}.key|value`), in the same order. */
@@ -132,10 +136,7 @@ export const run = (g: Generation, feeds: Record<string, ort.Tensor>) =>
 // The cache's memory goes back to this thread's pool, for the next engine (`session.run` is synchronous, so no
 // run still reads it).
 export const release = (g: Generation) =>
-  Effect.promise(() => g.session.release()).pipe(
-    Effect.ignore,
-    Effect.andThen(Effect.sync(() => KvCache.release(g.cache)))
-  )
+  g.unload.pipe(Effect.andThen(Effect.sync(() => KvCache.release(g.cache))))
 
 // ----- Sampling -----
 

@@ -1,7 +1,7 @@
 /**
  * The frozen reference policy of the KL term (`algorithm.klCoef > 0`) or of KL in the reward (`klInReward > 0`):
  * the policy RL starts from (policy version 0: the warm-up's result, or the folder's weights). It is frozen when
- * version 0 is first published and saved into every checkpoint (`reference.safetensors`), so that a resumed run
+ * version 0 is first published and saved into every checkpoint (`reference.safetensors`, or its shards and index), so that a resumed run
  * penalises against the same reference.
  */
 import { Effect, FileSystem, Scope } from "effect"
@@ -53,10 +53,10 @@ const file = (dir: string) => `${dir}/reference.safetensors`
 /** Writes the reference's weights into checkpoint `dir`. */
 export const save = (setup: Setup, reference: Reference, dir: string): Effect.Effect<void, RunError> =>
   Effect.gen(function*() {
-    const fs = yield* FileSystem.FileSystem
     const { weights } = reference
     const tensors = setup.model.parameters.map((p) => ({ name: p.name, shape: p.shape, data: weights.get(p.name)! }))
-    yield* fs.writeFile(file(dir), Safetensors.serialize(tensors))
+    // Sharded past 2 GB as the checkpoint's own tensors are, so a real model's reference reads back.
+    yield* Safetensors.writeSharded(dir, "reference", tensors)
   }).pipe(Effect.mapError(checkpointError), Effect.provide(setup.fsContext))
 
 /** The reference saved in checkpoint `dir`; a checkpoint without one cannot resume a run with a KL term. */
@@ -64,15 +64,14 @@ export const load = (setup: Setup, dir: string): Effect.Effect<Reference, RunErr
   Effect.gen(function*() {
     const fs = yield* FileSystem.FileSystem
     const path = file(dir)
-    if (!(yield* fs.exists(path))) {
+    if (!(yield* fs.exists(path)) && !(yield* fs.exists(`${path}.index.json`))) {
       return yield* runError(
         "Checkpoint",
         `${path} is missing: a KL term (algorithm.klCoef or klInReward > 0) needs the reference policy ` +
           `the run started with`
       )
     }
-    const parsed = yield* Safetensors.parse(yield* fs.readFile(path), path)
-    return yield* Safetensors.readFloat32(parsed, path, setup.model.parameters)
+    return yield* Safetensors.readFloat32Files(dir, setup.model.parameters, "reference")
   }).pipe(
     Effect.mapError((e) => (e instanceof RunError ? e : checkpointError(e))),
     Effect.flatMap((weights) => make(setup, weights)),

@@ -16,7 +16,8 @@ import * as OnnxTrainer from "../../src/backends/OnnxTrainer.ts"
 import * as RemoteTrainer from "../../src/backends/RemoteTrainer.ts"
 import type * as GradientBackend from "../../src/GradientBackend.ts"
 import type { RunError } from "../RunError.ts"
-import { learnerError, nonFinite, type Setup } from "./localSetup.ts"
+import * as PeakRss from "./peakRss.ts"
+import { checkMemory, learnerError, nonFinite, type Setup } from "./localSetup.ts"
 
 export interface Slot {
   readonly setup: Setup
@@ -30,8 +31,13 @@ export interface Slot {
   summary: RemoteTrainer.Summary | undefined
 }
 
-/** The slot with the RL trainer on `weights` (the folder's). */
+/** The slot with the RL trainer on `weights` (the folder's), once the run is known to fit in memory. */
 export const make = Effect.fnUntraced(function*(setup: Setup, weights: GradientBackend.Weights) {
+  yield* checkMemory(setup)
+  if (setup.remote === undefined) {
+    const count = setup.model.parameters.reduce((n, p) => n + p.shape.reduce((a, b) => a * b, 1), 0)
+    yield* PeakRss.countParameters(count, setup.runScope)
+  }
   const { scope, trainer } = yield* open(setup, weights, setup.rlLoss, setup.rlSchedule)
   const slot: Slot = { setup, phase: "rl", trainer, scope, weights: undefined, summary: undefined }
   return slot
@@ -52,6 +58,7 @@ const build = (setup: Setup, weights: GradientBackend.Weights, loss: Loss.Config
     optimizer,
     schedule,
     workers: config.learner.workers,
+    recompute: config.learner.recompute,
     // One intra-op thread: onnxruntime's multi-threaded kernels do not sum in a fixed order, so with two threads the
     // same step on the same batch gave different weights from run to run (and a resumed run other weights than the
     // unbroken one). Parallelism comes from `learner.workers`, which split rows, not sums.

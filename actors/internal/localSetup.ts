@@ -1,16 +1,20 @@
 /**
  * What every piece of the local learner (`actors/LocalPolicy.ts`) shares: the model folder and the run's config,
  * the trainers' model and optimiser, the RL loss and schedule, the run's scope and file system, the remote trainer
- * (`learner.url`); and the errors those pieces fail with, each a `RunError` reason.
+ * (`learner.url`); the check that a run fits in the machine's memory; and the errors those pieces fail with, each a
+ * `RunError` reason.
  */
-import type { Context, FileSystem, Scope } from "effect"
+import { Context, Effect, FileSystem } from "effect"
+import type { Scope } from "effect"
+import { totalmem } from "node:os"
 import * as DiskFull from "../../src/internal/diskFull.ts"
 import type * as Loss from "../../src/Loss.ts"
 import type * as LrSchedule from "../../src/LrSchedule.ts"
 import type * as ModelFolder from "../../src/ModelFolder.ts"
 import type * as OnnxTrainer from "../../src/backends/OnnxTrainer.ts"
 import type * as Optimizer from "../../src/Optimizer.ts"
-import type * as TrainConfig from "../../src/TrainConfig.ts"
+import * as MemoryEstimate from "../../src/MemoryEstimate.ts"
+import * as TrainConfig from "../../src/TrainConfig.ts"
 import { RunError, runError } from "../RunError.ts"
 import type * as RemoteLearner from "./remoteLearner.ts"
 
@@ -46,3 +50,48 @@ export const checkpointError = (e: { readonly message: string }): RunError => {
   if (e instanceof RunError && (e.reason._tag === "Checkpoint" || e.reason._tag === "DiskFull")) return e
   return runError(DiskFull.isDiskFull(e) ? "DiskFull" : "Checkpoint", e.message, e)
 }
+
+/**
+ * The machine's memory in bytes for {@link checkMemory}; `undefined` (the default) reads it: the cgroup's limit
+ * (v2 `memory.max`, v1 `memory.limit_in_bytes`) where one is set, else the physical memory. Tests set a small one.
+ */
+export const MachineMemory = Context.Reference<number | undefined>("agentfly/actors/MachineMemory", {
+  defaultValue: () => undefined
+})
+
+const cgroupLimits = ["/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"]
+
+/** The machine's memory: {@link MachineMemory}, the cgroup's limit, or the physical memory. */
+export const machineMemory = Effect.fnUntraced(function*() {
+  const fixed = yield* MachineMemory
+  if (fixed !== undefined) return fixed
+  const fs = yield* FileSystem.FileSystem
+  const physical = totalmem()
+  for (const path of cgroupLimits) {
+    const text = yield* fs.readFileString(path).pipe(Effect.orElseSucceed(() => ""))
+    const limit = Number(text.trim()) // "max" (no limit) and a missing file are NaN
+    if (Number.isFinite(limit) && limit > 0) return Math.min(limit, physical)
+  }
+  return physical
+})
+
+/**
+ * Refuses, before any trainer is built, a local learner whose estimated peak memory (`MemoryEstimate`) exceeds the
+ * machine's: a `Learner` reason whose message gives the estimate by part and the settings that would fit, with the
+ * `MemoryEstimate.OutOfMemory` as its cause, instead of the out-of-memory killer ending the run silently.
+ */
+export const checkMemory = Effect.fnUntraced(function*(setup: Setup) {
+  if (setup.remote !== undefined) return
+  const { algorithm, learner } = setup.config
+  const settings: MemoryEstimate.Settings = {
+    microBatchSize: algorithm.microBatchSize,
+    sequenceLength: TrainConfig.onModel(setup.config, setup.folder.config).agent.maxContextTokens!,
+    workers: learner.workers,
+    recompute: learner.recompute,
+    reference: algorithm.klCoef > 0,
+    critic: algorithm.advantage === "gae"
+  }
+  const available = yield* machineMemory().pipe(Effect.provideContext(setup.fsContext))
+  const refused = MemoryEstimate.check(setup.folder.config, settings, available)
+  if (refused !== undefined) return yield* runError("Learner", refused.message, refused)
+})

@@ -7,9 +7,13 @@
  * earlier peak, and the largest RSS sampled in between (every `intervalMs`, from a fiber, so a peak reached while
  * the event loop is blocked can be missed) is a lower bound. The mark is never reset (`/proc/self/clear_refs` would
  * also reset what `/usr/bin/time` reports for the whole run).
+ *
+ * Beside them, `perf/peak_bytes_per_param`: the peak ÷ the parameters of the learners this process holds (the
+ * policy's trainer and a GAE critic's, counted by {@link countParameters} while their run lasts), the figure that
+ * says how memory scales with the model (≤ 18 bytes a parameter plus the activations is the aim of issue 41). The
+ * count is the process's, as the RSS is: absent while no local learner runs (a remote trainer's run).
  */
-import { Effect, Schedule } from "effect"
-import type { Scope } from "effect"
+import { Effect, Schedule, Scope } from "effect"
 
 const MB = 1024 * 1024
 
@@ -42,3 +46,20 @@ export const make = (intervalMs = 50): Effect.Effect<PeakRss, never, Scope.Scope
     })
     return { take }
   })
+
+/** Parameters of the local learners in this process. */
+let parameters = 0
+
+/** @internal Counts `n` parameters of a local learner until `scope` closes. */
+export const countParameters = (n: number, scope: Scope.Scope): Effect.Effect<void> =>
+  Effect.suspend(() => {
+    parameters += n
+    return Scope.addFinalizer(scope, Effect.sync(() => void (parameters -= n)))
+  })
+
+/** @internal A reading as the figures of a `metrics.jsonl` record. */
+export const figures = (read: { readonly peakMb: number; readonly rssMb: number }): Record<string, number> => ({
+  "perf/peak_rss_mb": read.peakMb,
+  "perf/rss_mb": read.rssMb,
+  ...(parameters > 0 ? { "perf/peak_bytes_per_param": Math.round(read.peakMb * MB / parameters * 10) / 10 } : {})
+})

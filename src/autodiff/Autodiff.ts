@@ -15,6 +15,7 @@ import { Effect, Schema } from "effect"
 import type * as Loss from "../Loss.ts"
 import * as Graph from "../onnx/Graph.ts"
 import * as Backward from "./Backward.ts"
+import * as ChunkedHead from "./ChunkedHead.ts"
 import * as LossHead from "./LossHead.ts"
 import * as Shapes from "./Shapes.ts"
 
@@ -143,7 +144,9 @@ const gradientsUnsafe = (
   e: Backward.Emitter,
   forwardNodes: ReadonlyArray<Graph.Node>,
   loss: string,
-  wrt: ReadonlyArray<string>
+  wrt: ReadonlyArray<string>,
+  extraRules: Readonly<Record<string, Backward.Rule>> = {},
+  segments: ReadonlyArray<readonly [number, number]> = []
 ): Map<string, string> => {
   for (const w of wrt) {
     if (!e.shapes.has(w)) {
@@ -172,13 +175,26 @@ const gradientsUnsafe = (
     pending.set(name, [total])
     return total
   }
+  // Recomputed segments: forward value → its recomputed copy, for the nodes of the segment being differentiated.
+  let recomputed: ReadonlyMap<string, string> = new Map()
+  let segment = -1
   for (let k = forwardNodes.length - 1; k >= 0; k--) {
-    const node = forwardNodes[k]!
-    const grads = node.outputs.map((o) => (o === "" ? undefined : collect(o)))
+    const original = forwardNodes[k]!
+    const grads = original.outputs.map((o) => (o === "" ? undefined : collect(o)))
+    const s = segments.findIndex(([a, b]) => k >= a && k < b)
+    const dep = grads.find((g) => g !== undefined)
+    if (s !== segment && dep !== undefined) {
+      segment = s
+      recomputed = s === -1 ? new Map() : recompute(e, forwardNodes, segments[s]!, dep)
+    }
+    const mapped = (name: string) => recomputed.get(name) ?? name
+    const node = recomputed.size === 0
+      ? original
+      : { ...original, inputs: original.inputs.map(mapped), outputs: original.outputs.map(mapped) }
     if (grads.every((g) => g === undefined)) continue
-    const needs = node.inputs.map((i) => i !== "" && active.has(i))
+    const needs = original.inputs.map((i) => i !== "" && active.has(i))
     if (!needs.some(Boolean)) continue
-    const rule = Backward.rules[node.op]
+    const rule = extraRules[node.op] ?? Backward.rules[node.op]
     if (rule === undefined) {
       const message = `op ${node.op} (output "${node.outputs[0]}") has no backward rule`
       throw new Failure(autodiffError("NoBackwardRule", message, { op: node.op }))
@@ -190,8 +206,14 @@ const gradientsUnsafe = (
         e.ints(e.dims(node.outputs[i]!))
       ])
     )
+    // An embedding whose table already has a gradient (a tied head's): scatter-add onto it.
+    const table = node.op === "Gather" && needs[0] ? collect(original.inputs[0]!) : undefined
+    if (table !== undefined) {
+      pending.set(original.inputs[0]!, [Backward.gatherInto(e, node, shaped[0]!, table)])
+      continue
+    }
     const inputGrads = rule(e, node, shaped, needs)
-    node.inputs.forEach((input, i) => {
+    original.inputs.forEach((input, i) => {
       const g = inputGrads[i]
       if (!needs[i] || g === undefined) return
       const list = pending.get(input)
@@ -202,6 +224,71 @@ const gradientsUnsafe = (
   const out = new Map<string, string>()
   for (const w of wrt) out.set(w, collect(w) ?? e.zeros(e.dims(w), e.dtype(w)))
   return out
+}
+
+/**
+ * Re-emits the forward nodes `[a, b)` for the backward (activation recompute), returning each output's copy. Their
+ * float inputs from outside the segment are read as `x + ΣØ` (a sum over an empty slice of `dep`, a gradient
+ * reaching the segment): exactly `x`, but a value onnxruntime's common-subexpression elimination cannot merge with
+ * the forward's, and one that exists only once the backward has reached the segment, so that the copies are made
+ * then and not kept from the forward.
+ */
+const recompute = (
+  e: Backward.Emitter,
+  nodes: ReadonlyArray<Graph.Node>,
+  [a, b]: readonly [number, number],
+  dep: string
+): ReadonlyMap<string, string> => {
+  const map = new Map<string, string>()
+  const flat = e.op("Reshape", [dep, e.ints([-1])])
+  const zero = e.op("ReduceSum", [e.op("Slice", [flat, e.ints([0]), e.ints([0])]), e.ints([0])], {
+    keepdims: Graph.int(0)
+  })
+  const zeros = new Map<Graph.DType, string>([[e.dtype(dep), zero]])
+  const input = (name: string) => {
+    const hit = map.get(name)
+    if (hit !== undefined || name === "" || !e.shapes.has(name)) return hit ?? name
+    const dtype = e.dtype(name)
+    if (!isFloat(dtype) || e.graph.initializers.has(name) || e.shapes.get(name).value !== undefined) return name
+    let z = zeros.get(dtype)
+    if (z === undefined) zeros.set(dtype, z = e.op("Cast", [zero], { to: Graph.int(Graph.dataTypeCode[dtype]) }))
+    const fresh = e.op("Add", [name, z])
+    map.set(name, fresh)
+    return fresh
+  }
+  for (let k = a; k < b; k++) {
+    const node = nodes[k]!
+    const inputs = node.inputs.map(input)
+    const outputs = node.outputs.map((o) => (o === "" ? "" : e.graph.fresh(`${o}_re`)))
+    e.graph.node(node.op, inputs, outputs, node.attributes, node.domain)
+    e.shapes.visit(e.graph.nodes[e.graph.nodes.length - 1]!)
+    node.outputs.forEach((o, i) => o !== "" && map.set(o, outputs[i]!))
+  }
+  return map
+}
+
+/**
+ * The node ranges `[a, b)` of each decoder layer: from the first node that reads a weight of layer `i`
+ * (`….layers.{i}.…`) to the first that reads one of layer `i + 1` (the last layer: to the last node reading one of
+ * its weights, inclusive).
+ */
+const layerSegments = (nodes: ReadonlyArray<Graph.Node>): Array<readonly [number, number]> => {
+  const first = new Map<number, number>()
+  const last = new Map<number, number>()
+  nodes.forEach((node, k) => {
+    for (const i of node.inputs) {
+      const m = /(?:^|\.)layers\.(\d+)\./.exec(i)
+      if (m === null) continue
+      const layer = Number(m[1])
+      if (!first.has(layer)) first.set(layer, k)
+      last.set(layer, k)
+    }
+  })
+  const layers = [...first.keys()].sort((x, y) => x - y)
+  return layers.map((layer, j) => {
+    const next = layers[j + 1]
+    return [first.get(layer)!, next === undefined ? last.get(layer)! + 1 : first.get(next)!] as const
+  })
 }
 
 const run = <A>(f: () => A): Effect.Effect<A, AutodiffError> =>
@@ -274,6 +361,19 @@ export interface Options {
   readonly dtype?: "float32" | "float64"
   /** `false` builds the forward pass and loss head only (logprobs and stats without gradients). Default `true`. */
   readonly withGradients?: boolean
+  /**
+   * Tokens per chunk of the output head (`ChunkedHead`): the logits of a whole micro-batch are never held, and the
+   * backward recomputes each chunk's. Default: `ChunkedHead.defaultChunk(vocab)` (about 64 MiB of logits), and the
+   * plain head when the micro-batch fits in one chunk. `0` forces the plain head. Applies when the forward's logits
+   * are `MatMul(hidden, Transpose(weight))` of a weight input; otherwise the plain head is used.
+   */
+  readonly headChunk?: number
+  /**
+   * Activation recompute: the backward pass of each decoder layer (the nodes reading `….layers.{i}.…` weights)
+   * re-emits the layer's forward from the values that enter it, so that only those are kept from the forward pass
+   * instead of every activation inside the layer. Default false.
+   */
+  readonly recompute?: boolean
 }
 
 /**
@@ -300,7 +400,11 @@ export interface TrainingGraph {
 /**
  * Copies a graph without its outputs, optionally rewriting float32 to float64.
  */
-const copyGraph = (source: Graph.Graph, dtype: "float32" | "float64"): Graph.Graph => {
+const copyGraph = (
+  source: Graph.Graph,
+  dtype: "float32" | "float64",
+  skip: ReadonlySet<Graph.Node> = new Set()
+): Graph.Graph => {
   const g = Graph.make(`${source.name}_train`)
   const wide = dtype === "float64"
   const t = (d: Graph.DType): Graph.DType => (wide && d === "float32" ? "float64" : d)
@@ -311,6 +415,7 @@ const copyGraph = (source: Graph.Graph, dtype: "float32" | "float64"): Graph.Gra
   for (const i of source.inputs) g.input(i.name, t(i.dtype), i.shape)
   for (const [name, x] of source.initializers) g.initializer(name, tensor(x))
   for (const n of source.nodes) {
+    if (skip.has(n)) continue
     const attributes: Record<string, Graph.Attribute> = {}
     for (const [k, a] of Object.entries(n.attributes)) {
       attributes[k] = !wide
@@ -337,15 +442,26 @@ const copyGraph = (source: Graph.Graph, dtype: "float32" | "float64"): Graph.Gra
 export const trainingGraph = (forward: Forward, options: Options): Effect.Effect<TrainingGraph, AutodiffError> =>
   run(() => {
     const dtype = options.dtype ?? "float32"
-    const graph = copyGraph(forward.graph, dtype)
+    const output = outputProjection(forward, options)
+    const graph = copyGraph(forward.graph, dtype, new Set(output?.nodes ?? []))
     const shapes = Shapes.make(graph, { ...options.dims, batch: options.batch, seq: options.length })
     const forwardNodes = [...graph.nodes]
     const e = Backward.makeEmitter(graph, shapes)
-    const head = LossHead.emit(e, forward.logits, options.loss, options.batch, options.length)
+    const chunked = output === undefined
+      ? undefined
+      : ChunkedHead.emit(e, output.hidden, output.weight, options.loss, options.batch, options.length, output.chunk)
+    const head = chunked ?? LossHead.emit(e, forward.logits, options.loss, options.batch, options.length)
     const lossNodes = graph.nodes.slice(forwardNodes.length)
+    const walked = chunked === undefined
+      ? [...forwardNodes, ...lossNodes]
+      : [...forwardNodes, chunked.node, ...lossNodes.filter((n) => !n.outputs.some((o) => chunkedOutputs(chunked, o)))]
+    const rules = chunked === undefined ? {} : { [ChunkedHead.op]: chunked.rule }
     const named = options.withGradients === false
       ? new Map<string, string>()
-      : declareGradients(e, gradientsUnsafe(e, [...forwardNodes, ...lossNodes], head.loss, forward.weightInputs))
+      : declareGradients(
+        e,
+        gradientsUnsafe(e, walked, head.loss, forward.weightInputs, rules, options.recompute ? layerSegments(walked) : [])
+      )
     const out = { loss: "loss", tokenLogprobs: "token_logprobs", stats: "stats" }
     graph.node("Identity", [head.loss], [out.loss])
     graph.output(out.loss, dtype, [])
@@ -365,3 +481,30 @@ export const trainingGraph = (forward: Forward, options: Options): Effect.Effect
       outputs: out
     }
   })
+
+/** The pseudo-node's outputs stand for the chunks' nodes, which the walk must not differentiate again. */
+const chunkedOutputs = (head: ChunkedHead.ChunkedHead, value: string) => head.node.outputs.includes(value)
+
+/**
+ * The forward's output projection when the head can be chunked: `logits = MatMul(hidden, Transpose(weight))` with
+ * `weight` a weight input and the Transpose used only there, and more tokens than one chunk holds.
+ */
+const outputProjection = (forward: Forward, options: Options) => {
+  if (options.loss.policyLoss === "value" || options.headChunk === 0) return undefined
+  const nodes = forward.graph.nodes
+  const matmul = nodes.find((n) => n.outputs.includes(forward.logits))
+  if (matmul?.op !== "MatMul") return undefined
+  const transpose = nodes.find((n) => n.outputs.includes(matmul.inputs[1]!))
+  const perm = transpose?.attributes["perm"]
+  const weight = transpose?.inputs[0]
+  if (
+    transpose?.op !== "Transpose" || perm?.kind !== "ints" || perm.value.join() !== "1,0" ||
+    weight === undefined || !forward.weightInputs.includes(weight) ||
+    nodes.some((n) => n !== matmul && n.inputs.includes(transpose.outputs[0]!))
+  ) return undefined
+  const vocab = forward.graph.inputs.find((i) => i.name === weight)?.shape[0]
+  if (typeof vocab !== "number") return undefined
+  const chunk = options.headChunk ?? ChunkedHead.defaultChunk(vocab)
+  if (options.headChunk === undefined && options.batch * options.length <= chunk) return undefined
+  return { nodes: [matmul, transpose], hidden: matmul.inputs[0]!, weight, chunk }
+}

@@ -276,17 +276,30 @@ const reduce = (kind: "sum" | "mean" | "max"): Rule => (e, node, [g]) => {
   return [e.op("Where", [e.op("Equal", [x, max]), expanded, e.scalar(0, e.dtype(x))])]
 }
 
-const gather: Rule = (e, node, [g], needs) => {
-  if (!needs[0]) return [undefined, undefined]
+const gather: Rule = (e, node, [g], needs) =>
+  needs[0] ? [gatherInto(e, node, g!, e.zeros(e.dims(node.inputs[0]!), e.dtype(node.inputs[0]!))), undefined] : [
+    undefined,
+    undefined
+  ]
+
+/**
+ * The gradient of a Gather (axis 0, the embedding) added into `base`, a gradient of the whole table that other
+ * consumers already gave (a tied output head's): one ScatterND onto it instead of a scatter into zeros and a Sum,
+ * which would hold two more tables of the embedding's size.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const gatherInto = (e: Emitter, node: Graph.Node, g: string, base: string): string => {
   const [data, indices] = node.inputs as [string, string]
   const axis = node.attributes["axis"]?.kind === "int" ? node.attributes["axis"].value : 0
   if (axis !== 0) throw new Shapes.ShapeInferenceError("Gather backward supports axis 0 only")
   const dd = e.dims(data)
   const n = e.dims(indices).reduce((p, d) => p * d, 1)
   const idx = reshapeTo(e, indices, [n, 1])
-  const rows = reshapeTo(e, g!, [n, ...dd.slice(1)])
+  const rows = reshapeTo(e, g, [n, ...dd.slice(1)])
   // Repeated ids (the same token twice) accumulate: ScatterND with reduction "add".
-  return [e.op("ScatterND", [e.zeros(dd, e.dtype(data)), idx, rows], { reduction: Graph.string("add") }), undefined]
+  return e.op("ScatterND", [base, idx, rows], { reduction: Graph.string("add") })
 }
 
 const gatherElements: Rule = (e, node, [g], needs) => {

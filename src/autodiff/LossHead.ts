@@ -61,26 +61,78 @@ export const emit = (
   const dtype = e.dtype(logits)
   const vocab = e.dims(logits).at(-1)!
   const n = batch * length
-  const c = (x: number) => e.scalar(x, dtype)
-  const declare = (name: string, type: Graph.DType) => {
-    e.graph.input(name, type, [batch, length])
-    e.shapes.set(name, { dtype: type, dims: [batch, length] })
-    return e.op("Reshape", [name, e.ints([n])])
-  }
-  const data = new Map(inputNames(config).map((name) => [name, declare(name, name === "targets" ? "int64" : dtype)]))
+  const data = declareInputs(e, config, batch, length, dtype)
   const input = (name: string) => data.get(name)!
   if (config.policyLoss === "value") return valueHead(e, logits, config, batch, length, input)
   const reshaped = e.op("Reshape", [logits, e.ints([n, vocab])])
   const temperature = config.temperature ?? 1
-  const flat = temperature === 1 ? reshaped : e.op("Div", [reshaped, c(temperature)])
-  const lsm = e.op("LogSoftmax", [flat], { axis: Graph.int(-1) })
-  const picked = e.op("GatherElements", [lsm, e.op("Unsqueeze", [input("targets"), e.ints([1])])], {
-    axis: Graph.int(1)
-  })
+  const flat = temperature === 1 ? reshaped : e.op("Div", [reshaped, e.scalar(temperature, dtype)])
+  const { logprob, entropy } = tokenTerms(e, flat, e.op("Unsqueeze", [input("targets"), e.ints([1])]))
+  return lossOf(e, config, batch, length, data, logprob, entropy)
+}
+
+/**
+ * The data inputs of a configuration, declared `[batch, length]` and flattened to `[batch × length]`, by name.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const declareInputs = (
+  e: Backward.Emitter,
+  config: Loss.Config,
+  batch: number,
+  length: number,
+  dtype: Graph.DType
+): ReadonlyMap<string, string> => {
+  const declare = (name: string, type: Graph.DType) => {
+    e.graph.input(name, type, [batch, length])
+    e.shapes.set(name, { dtype: type, dims: [batch, length] })
+    return e.op("Reshape", [name, e.ints([batch * length])])
+  }
+  return new Map(inputNames(config).map((name) => [name, declare(name, name === "targets" ? "int64" : dtype)]))
+}
+
+/**
+ * The target's logprob `[n]` and the entropy `[n]` of each row of (tempered) logits `[n, vocab]`; `targets` is
+ * `[n, 1]` int64.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const tokenTerms = (
+  e: Backward.Emitter,
+  logits: string,
+  targets: string
+): { readonly logprob: string; readonly entropy: string; readonly lsm: string } => {
+  const n = e.dims(logits)[0]!
+  const lsm = e.op("LogSoftmax", [logits], { axis: Graph.int(-1) })
+  const picked = e.op("GatherElements", [lsm, targets], { axis: Graph.int(1) })
   const logprob = e.op("Reshape", [picked, e.ints([n])])
   const entropy = e.op("Neg", [
     e.op("ReduceSum", [e.op("Mul", [e.op("Exp", [lsm]), lsm]), e.ints([1])], { keepdims: Graph.int(0) })
   ])
+  return { logprob, entropy, lsm }
+}
+
+/**
+ * The loss, token logprobs and statistics from each token's logprob `[n]` and entropy `[n]` (the head after the
+ * vocabulary: everything here is per token).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const lossOf = (
+  e: Backward.Emitter,
+  config: Loss.Config,
+  batch: number,
+  length: number,
+  data: ReadonlyMap<string, string>,
+  logprob: string,
+  entropy: string
+): Head => {
+  const input = (name: string) => data.get(name)!
+  const c = (x: number) => e.scalar(x, e.dtype(logprob))
+  const dtype = e.dtype(logprob)
   const mask = input("loss_mask")
   const statTerms: Array<string> = [mask]
   let tokenLoss: string

@@ -7,6 +7,11 @@
  * and kept in a small LRU cache (creation costs 0.1–0.5 s; `Packing` rounds lengths to limit distinct shapes).
  * Weights are fed as graph inputs from the optimiser's own arrays: nothing is re-serialised per step.
  *
+ * Memory (see `MemoryEstimate.ts` and `scripts/learner-memory.ts`): the weights, AdamW's two moments and the
+ * gradient accumulator (16 bytes a parameter; the first micro-batch of a step writes its gradients straight into the
+ * accumulator), the activations of a micro-batch (a fraction of them with `recompute`), and the output head in
+ * chunks of tokens (`autodiff/ChunkedHead.ts`): the logits of a whole micro-batch are never held.
+ *
  * Determinism: on the CPU execution provider the same weights, batches and thread count give bit-identical
  * results, which is what makes checkpoint resume exact.
  *
@@ -163,6 +168,16 @@ export interface Options {
    * threads on the next call. A worker crashing inside `optimStep` can leave that update half-applied.
    */
   readonly workers?: number
+  /**
+   * Tokens per chunk of the output head (`Autodiff.Options.headChunk`): default about 64 MiB of logits a chunk
+   * (the plain head when a micro-batch fits in one), `0` the plain head.
+   */
+  readonly headChunk?: number
+  /**
+   * Activation recompute (`Autodiff.Options.recompute`): each decoder layer keeps only its input from the forward
+   * pass and recomputes its inside in the backward. Less memory, one more forward pass of the layers. Default false.
+   */
+  readonly recompute?: boolean
   /** Sessions kept per shape (default 8). */
   readonly maxSessions?: number
   /**
@@ -383,7 +398,16 @@ const buildGraph = (trainer: Trainer, mb: Packing.MicroBatch, withGradients: boo
     return Effect.fail(fail("BadBatch", "this model has no graph for micro-batches with shared prompts"))
   }
   const dims = prefix === undefined ? {} : { groups: prefix.batch, prefix: prefix.length }
-  return Autodiff.trainingGraph(forward(), { batch, length, dims, loss: trainer.options.loss, withGradients })
+  const { loss, headChunk, recompute } = trainer.options
+  return Autodiff.trainingGraph(forward(), {
+    batch,
+    length,
+    dims,
+    loss,
+    withGradients,
+    recompute: recompute === true,
+    ...(headChunk === undefined ? {} : { headChunk })
+  })
     .pipe(Effect.mapError((e) => fail("Graph", e.message, { cause: e })))
 }
 
@@ -485,9 +509,21 @@ const feeds = (trainer: Trainer, c: Compiled, mb: Packing.MicroBatch): Record<st
   return out
 }
 
-const run = (trainer: Trainer, c: Compiled, mb: Packing.MicroBatch) =>
+/**
+ * With `into`, the gradients are written straight into those arrays (onnxruntime's pre-allocated outputs), so that
+ * no native copy of every gradient exists beside them at the end of the run (onnxruntime-node still returns a
+ * JavaScript copy, garbage at once).
+ */
+const run = (trainer: Trainer, c: Compiled, mb: Packing.MicroBatch, into?: ReadonlyMap<string, Float32Array>) =>
   Effect.tryPromise({
-    try: () => c.session.run(feeds(trainer, c, mb)),
+    try: () => {
+      if (into === undefined) return c.session.run(feeds(trainer, c, mb))
+      const fetches: Record<string, ort.Tensor | null> = { loss: null, token_logprobs: null, stats: null }
+      for (const { name, dims } of c.graph.weights) {
+        fetches[c.graph.gradients.get(name)!] = new ort.Tensor("float32", into.get(name)!, [...dims])
+      }
+      return c.session.run(feeds(trainer, c, mb), fetches)
+    },
     catch: (u) => fail("Run", errorMessage(u), { cause: u })
   })
 
@@ -634,12 +670,13 @@ const forwardBackward = (trainer: Trainer, mb: Packing.MicroBatch) =>
       return result
     }
     const c = yield* compile(trainer, mb, true)
-    const out = yield* run(trainer, c, mb)
-    for (const [w, gradName] of c.graph.gradients) {
+    // The first micro-batch's gradients are written into the accumulators, the next ones added to them.
+    const first = trainer.accumulated === 0
+    const out = yield* run(trainer, c, mb, first ? trainer.accum : undefined)
+    for (const [w, gradName] of first ? [] : c.graph.gradients) {
       const g = out[gradName]!.data as Float32Array
       const acc = trainer.accum.get(w)!
-      if (trainer.accumulated === 0) acc.set(g) // the first micro-batch: a copy, not an addition to zeros
-      else for (let i = 0; i < acc.length; i++) acc[i]! += g[i]!
+      for (let i = 0; i < acc.length; i++) acc[i]! += g[i]!
     }
     trainer.accumulated++
     return summarize(out)

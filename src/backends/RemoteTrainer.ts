@@ -24,6 +24,7 @@ import type * as Loss from "../Loss.ts"
 import type * as LrSchedule from "../LrSchedule.ts"
 import type * as Optimizer from "../Optimizer.ts"
 import type * as Packing from "../Packing.ts"
+import * as Checkpoint from "../Checkpoint.ts"
 import * as HttpPost from "../internal/httpPost.ts"
 import * as GradientBackend from "../GradientBackend.ts"
 import * as Wire from "./internal/trainerWire.ts"
@@ -139,8 +140,6 @@ export type PushOutcome = undefined | "newer" | { readonly fatal: boolean; reado
 
 type Outcomes = ReadonlyArray<PushOutcome>
 
-/** The checkpoint files a trainer's `save` writes (`Checkpoint.save`), the state file last. */
-export const checkpointFiles = ["model.safetensors", "optimizer.safetensors", "trainer_state.json"] as const
 
 /** Where the server's messages name the checkpoint directory it wrote or read, the client's `dir` goes. */
 export const checkpointMarker = "<checkpoint>"
@@ -434,9 +433,14 @@ const catchUp = (s: Session, push: PushRequest, urls: ReadonlyArray<string>) =>
 
 const save = Effect.fnUntraced(function*(s: Session, dir: string, meta: GradientBackend.CheckpointMeta) {
   const frame = yield* call(s, "save", Wire.encode({ meta }))
-  const files = checkpointFiles.map((f) => [f, frame.arrays.get(f)] as const)
-  const missing = files.find(([, bytes]) => !(bytes instanceof Uint8Array))
-  if (missing !== undefined) return yield* fail("Remote", `${s.where} answered save without ${missing[0]}`)
+  // Whatever the checkpoint's size, its files (shards included) arrive by name; only checkpoint names are written.
+  const names = [...frame.arrays.keys()]
+  const stranger = names.find((name) => !Checkpoint.isFileName(name) || !(frame.arrays.get(name) instanceof Uint8Array))
+  if (stranger !== undefined) return yield* fail("Remote", `${s.where} answered save with a file ${stranger}`)
+  const lacking = Checkpoint.missingPart(names)
+  if (lacking !== undefined) return yield* fail("Remote", `${s.where} answered save without ${lacking}`)
+  const files = Checkpoint.inWriteOrder(names.filter((n) => n !== "trainer_state.json"))
+    .map((f) => [f, frame.arrays.get(f)] as const)
   const io = (e: { message: string }) => fail("Checkpoint", `${dir}: ${e.message}`)
   yield* s.fs.makeDirectory(dir, { recursive: true }).pipe(Effect.mapError(io))
   // As `Checkpoint.save`: the state file goes last, by rename, so a crash leaves an incomplete checkpoint.
@@ -450,7 +454,13 @@ const save = Effect.fnUntraced(function*(s: Session, dir: string, meta: Gradient
 
 const load = Effect.fnUntraced(function*(s: Session, dir: string) {
   const files: Array<readonly [string, Uint8Array]> = []
-  for (const file of checkpointFiles) {
+  const names = yield* Checkpoint.files(dir).pipe(
+    Effect.provideService(FileSystem.FileSystem, s.fs),
+    Effect.mapError((e) => fail("Checkpoint", e.message))
+  )
+  const lacking = Checkpoint.missingPart(names)
+  if (lacking !== undefined) return yield* fail("Checkpoint", `${dir}/${lacking} is missing`)
+  for (const file of names) {
     const path = `${dir}/${file}`
     const exists = yield* s.fs.exists(path).pipe(Effect.orElseSucceed(() => false))
     if (!exists) return yield* fail("Checkpoint", `${path} is missing`)

@@ -108,7 +108,7 @@ const Fields = Schema.Struct({
   ropeScaling: Schema.optionalKey(Schema.NullOr(RopeScaling)),
   /** The dtype the published weights are stored in (`bfloat16`, …; absent: `float32`), for an exporter. */
   torchDtype: Schema.optionalKey(Schema.String),
-  /** Qwen's sliding-window keys, kept for the round trip: an active window is refused unless it covers every position. */
+  /** Qwen's sliding-window keys, kept for the round trip; an active window must cover every position. */
   useSlidingWindow: Schema.optionalKey(Schema.Boolean),
   slidingWindow: Schema.optionalKey(Schema.NullOr(PositiveInt)),
   maxWindowLayers: Schema.optionalKey(Schema.Int)

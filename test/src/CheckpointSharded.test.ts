@@ -132,4 +132,23 @@ describe("Checkpoint: sharded", () => {
       assert.deepStrictEqual([altered.reason._tag, altered.path], ["Corrupt", named])
       assert.include(altered.message, "does not hold the weights saved")
     }).pipe(Effect.provide(NodeServices.layer)))
+
+  it("a copy of a checkpoint (a remote trainer's) takes only its files' names, shards first, the state file last", () => {
+    const sharded = ["optimizer.safetensors", "model.safetensors.index.json", "model-00002-of-00002.safetensors",
+      "model-00001-of-00002.safetensors"]
+    assert.deepStrictEqual(Checkpoint.inWriteOrder(sharded), [
+      "model-00001-of-00002.safetensors",
+      "model-00002-of-00002.safetensors",
+      "optimizer.safetensors",
+      "model.safetensors.index.json",
+      "trainer_state.json"
+    ])
+    assert.strictEqual(Checkpoint.missingPart([...sharded, "trainer_state.json"]), undefined)
+    assert.strictEqual(Checkpoint.missingPart(["model.safetensors", "trainer_state.json"]), "optimizer.safetensors")
+    assert.strictEqual(Checkpoint.missingPart(["optimizer.safetensors"]), "model.safetensors")
+    for (const stranger of ["../model.safetensors", "model.safetensors/x", "notes.txt", "model.bin", "/etc/passwd"]) {
+      assert.isFalse(Checkpoint.isFileName(stranger), stranger)
+    }
+    assert.isTrue(Checkpoint.isFileName("optimizer-00003-of-00004.safetensors"))
+  })
 })

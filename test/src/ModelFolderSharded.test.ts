@@ -44,7 +44,7 @@ describe("ModelFolder: sharded BF16 weights", () => {
       for (const [name, data] of weights) assert.deepStrictEqual(folder.weights.get(name), throughBf16(data), name)
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)))
 
-  it.effect("a missing shard is NotFound naming it; a directory where the weights should be is Io saying so", () =>
+  it.effect("a missing shard is NotFound naming it; a directory where a file should be is Io saying so", () =>
     Effect.gen(function*() {
       const dir = yield* tempFolder
       const config = yield* ModelFolder.init(dir, { preset: "tiny", seed: 5 })
@@ -63,6 +63,11 @@ describe("ModelFolder: sharded BF16 weights", () => {
       const directory = yield* Effect.flip(ModelFolder.load(dir))
       assert.strictEqual(directory.reason._tag, "Io")
       assert.strictEqual(directory.message, `cannot read ${join(dir, "model.safetensors")}: it is a directory`)
+      // config.json likewise: a directory there is Io, not NotFound.
+      rmSync(join(dir, "config.json"))
+      mkdirSync(join(dir, "config.json"))
+      const unreadable = yield* Effect.flip(ModelFolder.load(dir))
+      assert.deepStrictEqual([unreadable.reason._tag, unreadable.file], ["Io", join(dir, "config.json")])
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)))
 
   it.effect("scripts/make-real-folder.ts writes a Qwen2.5-0.5B-shaped folder (cut to 1 layer) that loads as is", () =>

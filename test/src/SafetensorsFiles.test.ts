@@ -1,6 +1,6 @@
 import * as NodeServices from "@effect/platform-node/NodeServices"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, FileSystem, PlatformError } from "effect"
+import { Effect, FileSystem, Layer, PlatformError } from "effect"
 import {
   closeSync,
   ftruncateSync,
@@ -284,5 +284,42 @@ describe("Safetensors files", () => {
       const extra = yield* Effect.flip(Safetensors.readFloat32Files(dir, expected.slice(0, 3)))
       assert.strictEqual(extra.reason._tag, "UnexpectedTensor")
       assert.strictEqual(extra.tensor, "head")
+    }).pipe(Effect.provide(NodeServices.layer)))
+
+  it.effect("files are streamed: no whole-file read, each positioned read at most 16 MiB (1 MiB for BF16)", () =>
+    Effect.gen(function*() {
+      const dir = tempDir()
+      const big = values(5_000_001, 9) // 20 MB of F32: more than one chunk
+      const specs = [{ name: "big", shape: [5_000_001] }, { name: "norm", shape: [3] }]
+      const written = [{ ...specs[0]!, data: big }, { ...specs[1]!, data: values(3, 2) }]
+      yield* Safetensors.writeSharded(dir, "model", written)
+      yield* Safetensors.writeSharded(dir, "half", written, { dtype: "BF16" })
+      const reads: Array<number> = []
+      const fs = yield* FileSystem.FileSystem
+      // The platform's file system, recording every read and refusing whole-file reads.
+      const recording = FileSystem.FileSystem.of({
+        ...fs,
+        readFile: () => Effect.die("a whole-file read"),
+        open: (path, options) =>
+          Effect.map(fs.open(path, options), (file) =>
+            Object.create(file, {
+              read: {
+                value: (buffer: Uint8Array, opts?: FileSystem.File.ReadOptions) => {
+                  reads.push(buffer.length)
+                  return file.read(buffer, opts)
+                }
+              }
+            }) as FileSystem.File)
+      })
+      const layer = Layer.succeed(FileSystem.FileSystem)(recording)
+      const f32 = yield* Safetensors.readFloat32Files(dir, specs).pipe(Effect.provide(layer))
+      assert.deepStrictEqual(f32.get("big"), big)
+      assert.strictEqual(Math.max(...reads), 16 * 1024 * 1024)
+      reads.length = 0
+      const bf16 = yield* Safetensors.readFloat32Files(dir, specs, "half").pipe(Effect.provide(layer))
+      assert.strictEqual(bf16.get("big")![4_999_999], fromBf16(referenceBf16(big[4_999_999]!)))
+      // 16-bit data goes through a 1 MiB scratch buffer: ten reads for its 10 MB.
+      assert.strictEqual(Math.max(...reads), 1024 * 1024)
+      assert.isAtLeast(reads.length, 10)
     }).pipe(Effect.provide(NodeServices.layer)))
 })

@@ -66,7 +66,7 @@ describe("ToolCallParser.llama3", () => {
 
   it("truncated JSON and trailing prose are typed errors", () => {
     const truncated = ToolCallParser.llama3("{\"name\": \"a\", \"parameters\": {\"x\": ")
-    assert.strictEqual(truncated.errors[0]?.reason._tag, "InvalidJson")
+    assert.strictEqual(truncated.errors[0]?.reason._tag, "UnclosedTag")
     assert.strictEqual(ToolCallParser.llama3("{\"name\": \"a\"} and then").errors[0]?.reason._tag, "UnknownShape")
     assert.strictEqual(ToolCallParser.llama3("<|python_tag|>print(1)").errors[0]?.reason._tag, "UnknownShape")
   })

@@ -1,5 +1,5 @@
 import { assert, describe, it } from "@effect/vitest"
-import { Effect } from "effect"
+import { Effect, Exit, Scope } from "effect"
 import * as PeakRss from "../../../actors/internal/peakRss.ts"
 
 describe("peakRss", () => {
@@ -18,5 +18,21 @@ describe("peakRss", () => {
       const after = yield* probe.take
       assert.isAtMost(after.peakMb, during.peakMb)
       assert.isAtLeast(after.peakMb, after.rssMb)
+    }))
+
+  it.effect("bytes per parameter: the peak over the parameters counted while their learner's scope is open", () =>
+    Effect.gen(function*() {
+      const read = { peakMb: 1000, rssMb: 800 }
+      assert.deepStrictEqual(PeakRss.figures(read), { "perf/peak_rss_mb": 1000, "perf/rss_mb": 800 })
+      const policy = yield* Scope.make()
+      const critic = yield* Scope.make()
+      yield* PeakRss.countParameters(30_000_000, policy)
+      yield* PeakRss.countParameters(10_000_000, critic)
+      // 1000 MB over 40 M parameters.
+      assert.strictEqual(PeakRss.figures(read)["perf/peak_bytes_per_param"], 26.2)
+      yield* Scope.close(critic, Exit.void)
+      assert.strictEqual(PeakRss.figures(read)["perf/peak_bytes_per_param"], 35)
+      yield* Scope.close(policy, Exit.void)
+      assert.notProperty(PeakRss.figures(read), "perf/peak_bytes_per_param")
     }))
 })

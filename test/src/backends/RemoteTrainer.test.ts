@@ -19,6 +19,9 @@ import * as Qwen2 from "../../../src/model/Qwen2.ts"
 import * as Optimizer from "../../../src/Optimizer.ts"
 import { tinyConfig } from "../../utils/tinyModel.ts"
 
+/** A single-file checkpoint's files, the state file last. */
+const checkpointFiles = ["model.safetensors", "optimizer.safetensors", "trainer_state.json"] as const
+
 const config = tinyConfig({ vocabSize: 16, hiddenSize: 8, numHiddenLayers: 1, intermediateSize: 16 })
 const parameters = Qwen2.parameters(config)
 const weights = Qwen2.initWeights(config, 3)
@@ -289,7 +292,7 @@ describe("RemoteTrainer", () => {
         [missing.reason._tag, missing.message],
         ["Checkpoint", `${dir}/model.safetensors is missing`]
       )
-      for (const file of RemoteTrainer.checkpointFiles) yield* fs.writeFileString(`${dir}/${file}`, file)
+      for (const file of checkpointFiles) yield* fs.writeFileString(`${dir}/${file}`, file)
       const corrupt = yield* Effect.flip(trainer.load(dir))
       assert.deepStrictEqual(
         [corrupt.reason._tag, corrupt.message],
@@ -298,7 +301,7 @@ describe("RemoteTrainer", () => {
       const sent = frameOf(server.seen.at(-1)!.body)
       assert.deepStrictEqual(
         [...sent.arrays].map(([name, bytes]) => [name, Buffer.from(bytes as Uint8Array).toString()]),
-        RemoteTrainer.checkpointFiles.map((f) => [f, f])
+        checkpointFiles.map((f) => [f, f])
       )
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)))
 
@@ -327,15 +330,15 @@ describe("RemoteTrainer", () => {
 
   it.effect("save writes the trainer's files into the run's directory, the state file last", () =>
     Effect.gen(function*() {
-      const files = RemoteTrainer.checkpointFiles.map((f) => [f, new Uint8Array(Buffer.from(`${f}!`))] as const)
+      const files = checkpointFiles.map((f) => [f, new Uint8Array(Buffer.from(`${f}!`))] as const)
       const server = yield* scripted((seen) => (seen.op === "save" ? ok({}, files) : undefined))
       const trainer = yield* connect(server.url)
       const fs = yield* FileSystem.FileSystem
       const dir = `${yield* fs.makeTempDirectoryScoped()}/step-3`
       yield* trainer.save(dir, { policyVersion: 3, rngState: [1, 2] })
       assert.deepStrictEqual(frameOf(server.seen.at(-1)!.body).header["meta"], { policyVersion: 3, rngState: [1, 2] })
-      assert.deepStrictEqual((yield* fs.readDirectory(dir)).sort(), [...RemoteTrainer.checkpointFiles].sort())
-      for (const file of RemoteTrainer.checkpointFiles) {
+      assert.deepStrictEqual((yield* fs.readDirectory(dir)).sort(), [...checkpointFiles].sort())
+      for (const file of checkpointFiles) {
         assert.strictEqual(yield* fs.readFileString(`${dir}/${file}`), `${file}!`)
       }
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)))

@@ -1,0 +1,162 @@
+/**
+ * The decode engine's ONNX model, built from the config alone: the weights never go into the model's bytes, so
+ * onnxruntime's 2 GB limit on a model's protobuf never applies and a policy version costs no serialization.
+ *
+ * - `"initializers"` (the engine's default): every weight is an initializer whose data is *external*, in an
+ *   in-memory "file" named after the weight (`sessionOptions.externalData`, which onnxruntime-node 1.30 reads from
+ *   the given `Float32Array`'s memory). onnxruntime copies the data once while it creates the session and the
+ *   MatMul kernels pre-pack it, so decoding is as fast as with the weights baked into the protobuf; the caller's
+ *   arrays are not referenced after `InferenceSession.create` returns.
+ * - `"inputs"`: every weight is a graph input fed on every run (onnxruntime-node wraps input tensors without
+ *   copying them, so one session and one copy of the weights serve every version).
+ *
+ * Either way each `MatMul(x, Transpose(W))` of `Qwen2.inferenceGraph` becomes `FusedMatMul(x, W, transB = 1)`
+ * (onnxruntime's contrib op): a weight fed as an input is then not transposed on every run, and an external
+ * initializer is packed straight from `[out, in]` instead of being folded into a transposed copy first.
+ *
+ * Measured on one intra-op thread (2-core machine, `medium` preset; Qwen2.5-0.5B shapes cut to 2 layers), decode
+ * step at batch 1 / 8: weights baked into the protobuf 25 / 40 ms and 42 / 98 ms; external initializers 25 / 41 ms
+ * and 46 / 84 ms; weights as inputs behind `Transpose` 35 / 76 ms; as inputs with `FusedMatMul` 33 / 58 ms and
+ * 70 / 122 ms (BENCHMARKS.md, "engine weights").
+ */
+import { Effect } from "effect"
+import type * as ort from "onnxruntime-node"
+import type * as ModelConfig from "../../src/model/ModelConfig.ts"
+import * as Qwen2 from "../../src/model/Qwen2.ts"
+import * as Graph from "../../src/onnx/Graph.ts"
+import * as Pb from "../../src/onnx/internal/protobuf.ts"
+
+/** One in-memory external data "file" for `sessionOptions.externalData`. */
+export interface ExternalData {
+  readonly path: string
+  readonly data: Uint8Array
+}
+
+/**
+ * `MatMul(x, Transpose(W, perm = [1, 0]))` with `W` a weight → `FusedMatMul(x, W, transB = 1)`. A `Transpose`
+ * whose every consumer was rewritten is dropped.
+ */
+export const fuseTransposedWeights = (g: Graph.Graph, weights: ReadonlySet<string>): ReadonlyArray<Graph.Node> => {
+  const transposeOf = new Map<string, string>()
+  for (const n of g.nodes) {
+    const perm = n.attributes["perm"]
+    const swaps = perm?.kind === "ints" && perm.value.length === 2 && perm.value[0] === 1 && perm.value[1] === 0
+    if (n.op === "Transpose" && swaps && weights.has(n.inputs[0]!)) transposeOf.set(n.outputs[0]!, n.inputs[0]!)
+  }
+  const fused = (n: Graph.Node) => n.op === "MatMul" && transposeOf.has(n.inputs[1]!)
+  const stillUsed = new Set(g.nodes.flatMap((n) => (fused(n) ? [n.inputs[0]!] : n.inputs)))
+  return g.nodes.flatMap((n): ReadonlyArray<Graph.Node> => {
+    if (n.op === "Transpose" && transposeOf.has(n.outputs[0]!) && !stillUsed.has(n.outputs[0]!)) return []
+    if (!fused(n)) return [n]
+    const attributes = { transB: Graph.int(1), alpha: Graph.float(1) }
+    const inputs = [n.inputs[0]!, transposeOf.get(n.inputs[1]!)!]
+    return [{ op: "FusedMatMul", domain: "com.microsoft", inputs, outputs: n.outputs, attributes }]
+  })
+}
+
+/** A float32 initializer whose data is the whole in-memory external file named `name`. */
+const externalTensor = (name: string, dims: ReadonlyArray<number>): Pb.Message => {
+  const m = Pb.message()
+  if (dims.length > 0) Pb.packedInts(m, 1, dims)
+  Pb.int(m, 2, Graph.dataTypeCode.float32)
+  Pb.string(m, 8, name)
+  const bytes = dims.reduce((a, b) => a * b, 1) * 4
+  for (const [key, value] of [["location", name], ["offset", "0"], ["length", String(bytes)]]) {
+    const entry = Pb.message()
+    Pb.string(entry, 1, key)
+    Pb.string(entry, 2, value)
+    Pb.nested(m, 13, entry)
+  }
+  Pb.int(m, 14, 1) // data_location = EXTERNAL
+  return m
+}
+
+/**
+ * The decode model's bytes for `c`, without any weight data (see the module header). A few MB at most (the RoPE
+ * tables), whatever the model's size.
+ */
+export const modelBytes = (c: ModelConfig.ModelConfig, weightsAs: "initializers" | "inputs"): Uint8Array => {
+  // Built once per config: the RoPE tables alone take ≈ 0.7 s at 32,768 positions, and a run builds an engine per
+  // rollout batch.
+  const key = JSON.stringify([c, weightsAs])
+  const cached = built.get(key)
+  if (cached !== undefined) return cached
+  const bytes = build(c, weightsAs)
+  built.set(key, bytes)
+  if (built.size > 4) built.delete(built.keys().next().value!)
+  return bytes
+}
+
+/** The models built last on this thread, by config (a few MB each). */
+const built = new Map<string, Uint8Array>()
+
+const build = (c: ModelConfig.ModelConfig, weightsAs: "initializers" | "inputs"): Uint8Array => {
+  const specs = Qwen2.parameters(c)
+  const names = new Set(specs.map((s) => s.name))
+  const g = Qwen2.inferenceGraph(c, "inputs")
+  const nodes = fuseTransposedWeights(g, names)
+  if (weightsAs === "inputs") return Graph.toModelBytes({ ...g, nodes })
+  const graph = Graph.toModelBytes({ ...g, nodes, inputs: g.inputs.filter((i) => !names.has(i.name)) })
+  // A second `graph` field of the ModelProto: protobuf merges it into the first, appending its initializers.
+  const initializers = Pb.message()
+  for (const spec of specs) Pb.nested(initializers, 5, externalTensor(spec.name, spec.shape))
+  const model = Pb.message()
+  Pb.nested(model, 7, initializers)
+  const tail = Pb.finish(model)
+  const bytes = new Uint8Array(graph.length + tail.length)
+  bytes.set(graph)
+  bytes.set(tail, graph.length)
+  return bytes
+}
+
+/** The in-memory external files of `modelBytes(c, "initializers")`: views of `weights`' arrays, not copies. */
+export const externalData = (c: ModelConfig.ModelConfig, weights: Qwen2.Weights): Array<ExternalData> =>
+  Qwen2.parameters(c).map((spec) => {
+    const w = weights.get(spec.name)!
+    return { path: spec.name, data: new Uint8Array(w.buffer, w.byteOffset, w.byteLength) }
+  })
+
+/** Floats of every weight of `c`. */
+export const parameterCount = (c: ModelConfig.ModelConfig): number =>
+  Qwen2.parameters(c).reduce((n, s) => n + s.shape.reduce((a, b) => a * b, 1), 0)
+
+// ===== Shared sessions =====
+
+interface Loaded {
+  readonly session: Promise<ort.InferenceSession>
+  users: number
+}
+
+/** Sessions loaded on this thread, by the weights' map and then by version and session options. */
+const loaded = new WeakMap<Qwen2.Weights, Map<string, Loaded>>()
+
+/**
+ * A session over `weights` as `version`, shared by every engine of this thread that loads the same map as the same
+ * version with the same `key` (model and options): a policy version sampled by several engines (one per rollout
+ * batch, the ambient sampler) costs one load and one copy of its weights. `unload` releases the session with its
+ * last user. A version names one set of weights, so a map written in place must be loaded as a new version.
+ */
+export const acquireSession = <E>(
+  weights: Qwen2.Weights,
+  version: number,
+  key: string,
+  create: () => Promise<ort.InferenceSession>,
+  onError: (cause: unknown) => E
+): Effect.Effect<{ readonly session: ort.InferenceSession; readonly unload: Effect.Effect<void> }, E> =>
+  Effect.suspend(() => {
+    let byKey = loaded.get(weights)
+    if (byKey === undefined) loaded.set(weights, byKey = new Map())
+    const id = `${version}\u0000${key}`
+    const entry = byKey.get(id) ?? { session: create(), users: 0 }
+    byKey.set(id, entry)
+    entry.users++
+    const unload = Effect.suspend(() => {
+      if (--entry.users > 0) return Effect.void
+      if (byKey.get(id) === entry) byKey.delete(id)
+      return Effect.promise(() => entry.session.then((s) => s.release(), () => undefined)).pipe(Effect.ignore)
+    })
+    return Effect.tryPromise({ try: () => entry.session, catch: onError }).pipe(
+      Effect.tapError(() => unload),
+      Effect.map((session) => ({ session, unload }))
+    )
+  })

@@ -1,0 +1,192 @@
+/**
+ * One learner step (forward + backward + AdamW through `OnnxTrainer`) at Qwen2.5-0.5B's width (vocab 151,936,
+ * hidden 896, 14 heads, 2 KV heads, intermediate 4,864, q/k/v biases, tied head) with few layers, each shape in a
+ * child process of its own so that its peak RSS is its own. Prints, per shape: parameters, peak RSS, bytes per
+ * parameter, the RSS after each phase, and the time of the first and second step (the first compiles the session).
+ *
+ *   npx tsx scripts/learner-memory.ts [layers…] [--batch 4] [--length 512] [--workers 1] [--recompute]
+ *     [--head-chunk tokens]   (0: the plain head)   [--preset small|medium]   (an embedded preset: one run)
+ *
+ * Not run in CI (it needs several GiB). Random weights; the loss is the SFT loss on every token.
+ *
+ * Measured before the changes of issue 41 point 5 (2 cores, 4 × 512 tokens, 1 worker, onnxruntime's arena off):
+ *
+ *   layers  params   peak RSS  bytes/param  step 1  step 2   after make  after step 1
+ *        1   151 M   9.67 GiB     68.8    13.51 s  17.21 s   1.30 GiB   3.69 GiB
+ *        2   166 M  10.21 GiB     66.1    28.46 s  18.12 s   1.40 GiB   4.00 GiB
+ *        4   196 M  11.36 GiB     62.3    21.61 s  38.14 s   1.62 GiB   4.78 GiB
+ *
+ * (step times vary 2× with the load of the shared machine). Every extra layer (14.9 M parameters) adds ≈ 0.57 GiB
+ * (≈ 41 bytes a parameter); the 151,936-wide head alone costs ≈ 8 GiB at 2,048 tokens (logits, LogSoftmax, its
+ * exponent for the entropy and their gradients are 1.16 GiB each).
+ */
+import { NodeServices } from "@effect/platform-node"
+import { Effect } from "effect"
+import { spawnSync } from "node:child_process"
+import { fileURLToPath } from "node:url"
+import * as OnnxTrainer from "../src/backends/OnnxTrainer.ts"
+import * as Loss from "../src/Loss.ts"
+import * as LrSchedule from "../src/LrSchedule.ts"
+import * as ModelConfig from "../src/model/ModelConfig.ts"
+import * as Qwen2 from "../src/model/Qwen2.ts"
+import * as Optimizer from "../src/Optimizer.ts"
+import type * as Packing from "../src/Packing.ts"
+
+const GiB = 1024 ** 3
+
+/** Qwen2.5-0.5B's published shapes, cut to `layers`. */
+export const qwen25Width = (layers: number): ModelConfig.ModelConfig => ({
+  modelType: "qwen2",
+  vocabSize: 151936,
+  hiddenSize: 896,
+  numHiddenLayers: layers,
+  numAttentionHeads: 14,
+  numKeyValueHeads: 2,
+  intermediateSize: 4864,
+  maxPositionEmbeddings: 32768,
+  ropeTheta: 1000000,
+  rmsNormEps: 1e-6,
+  tieWordEmbeddings: true,
+  attentionBias: true,
+  learnedPositions: false
+})
+
+/** Cheap random weights (uniform, std ≈ 0.02): `Qwen2.initWeights`' normal draws take a minute at this size. */
+const weightsOf = (c: ModelConfig.ModelConfig): Map<string, Float32Array> => {
+  let s = 0x9e3779b9
+  const out = new Map<string, Float32Array>()
+  for (const spec of Qwen2.parameters(c)) {
+    const data = new Float32Array(spec.shape.reduce((a, b) => a * b, 1))
+    if (spec.init === "ones") data.fill(1)
+    else if (spec.init === "normal") {
+      for (let i = 0; i < data.length; i++) {
+        s ^= s << 13, s ^= s >>> 17, s ^= s << 5
+        data[i] = ((s >>> 0) / 4294967296 - 0.5) * 0.07
+      }
+    }
+    out.set(spec.name, data)
+  }
+  return out
+}
+
+const microBatch = (c: ModelConfig.ModelConfig, batch: number, length: number): Packing.MicroBatch => {
+  const n = batch * length
+  const ids = Int32Array.from({ length: n }, (_, i) => (i * 7919) % c.vocabSize)
+  return {
+    batch,
+    length,
+    inputIds: ids,
+    attentionMask: new Uint8Array(n).fill(1),
+    targets: Int32Array.from(ids, (t) => (t + 1) % c.vocabSize),
+    mask: new Uint8Array(n).fill(1),
+    weights: new Float32Array(n).fill(1 / n),
+    advantages: new Float32Array(n),
+    samplerLogprobs: new Float32Array(n),
+    refLogprobs: new Float32Array(n),
+    sequenceIndex: Int32Array.from({ length: batch }, (_, i) => i),
+    lossTokens: n
+  }
+}
+
+const rssGiB = () => process.memoryUsage.rss() / GiB
+const peakGiB = () => process.resourceUsage().maxRSS * 1024 / GiB
+
+interface Flags {
+  readonly batch: number
+  readonly length: number
+  readonly workers: number
+  readonly recompute: boolean
+  readonly headChunk: number | undefined
+  /** An embedded preset instead of Qwen2.5's width. */
+  readonly preset: ModelConfig.PresetName | undefined
+}
+
+/** One shape, in this process: prints one JSON line. */
+const one = (layers: number, flags: Flags) =>
+  Effect.gen(function*() {
+    const config = flags.preset === undefined ? qwen25Width(layers) : ModelConfig.presets[flags.preset]
+    const weights = weightsOf(config)
+    const params = [...weights.values()].reduce((n, w) => n + w.length, 0)
+    const trainer = yield* OnnxTrainer.make({
+      model: OnnxTrainer.qwen2(config),
+      weights,
+      loss: Loss.sft,
+      optimizer: Optimizer.defaultConfig,
+      schedule: LrSchedule.constant(1e-5),
+      workers: flags.workers,
+      ...(flags.recompute ? { recompute: true } : {}),
+      ...(flags.headChunk === undefined ? {} : { headChunk: flags.headChunk })
+    })
+    weights.clear() // the trainer copied them
+    const afterMake = rssGiB()
+    const mb = microBatch(config, flags.batch, flags.length)
+    const times: Array<number> = []
+    const cpu: Array<number> = []
+    const afterStep: Array<number> = []
+    for (let s = 0; s < 2; s++) {
+      const t0 = performance.now()
+      const c0 = process.cpuUsage()
+      yield* trainer.trainer.forwardBackward(mb)
+      yield* trainer.trainer.optimStep
+      times.push((performance.now() - t0) / 1000)
+      const c1 = process.cpuUsage(c0)
+      cpu.push((c1.user + c1.system) / 1e6)
+      afterStep.push(rssGiB())
+    }
+    const peak = peakGiB()
+    console.log(JSON.stringify({
+      layers: config.numHiddenLayers,
+      params,
+      peakGiB: peak,
+      bytesPerParam: peak * GiB / params,
+      stepS: times,
+      cpuS: cpu,
+      afterMakeGiB: afterMake,
+      afterStepGiB: afterStep
+    }))
+  }).pipe(Effect.scoped, Effect.provide(NodeServices.layer))
+
+const args = process.argv.slice(2)
+const flag = (name: string, fallback: number) => {
+  const i = args.indexOf(`--${name}`)
+  return i === -1 ? fallback : Number(args[i + 1])
+}
+const flags: Flags = {
+  batch: flag("batch", 4),
+  length: flag("length", 512),
+  workers: flag("workers", 1),
+  recompute: args.includes("--recompute"),
+  headChunk: args.includes("--head-chunk") ? flag("head-chunk", 0) : undefined,
+  preset: args.includes("--preset") ? args[args.indexOf("--preset") + 1] as ModelConfig.PresetName : undefined
+}
+const oneLayer = args.indexOf("--one")
+if (oneLayer !== -1) {
+  Effect.runPromise(one(Number(args[oneLayer + 1]), flags)).catch((e) => {
+    console.error(e)
+    process.exit(1)
+  })
+} else {
+  const layers = args.filter((a, i) => /^\d+$/.test(a) && !args[i - 1]?.startsWith("--")).map(Number)
+  const self = fileURLToPath(import.meta.url)
+  const g = (x: number) => x.toFixed(2).padStart(6)
+  const recompute = flags.recompute ? ", recompute" : ""
+  console.log(`${flags.batch} × ${flags.length} tokens, ${flags.workers} worker(s)${recompute}`)
+  console.log("layers  params   peak RSS  bytes/param  step 1  step 2   after make  after step 1")
+  for (const n of layers.length > 0 ? layers : [1, 2, 4]) {
+    const child = spawnSync(process.execPath, [...process.execArgv, self, ...args, "--one", String(n)], {
+      encoding: "utf8",
+      stdio: ["ignore", "pipe", "inherit"]
+    })
+    const line = child.stdout.trim().split("\n").at(-1) ?? ""
+    if (child.status !== 0 || !line.startsWith("{")) {
+      console.log(`${String(n).padStart(6)}  failed (status ${child.status}, signal ${child.signal})`)
+      continue
+    }
+    const r = JSON.parse(line)
+    console.log(
+      `${String(r.layers).padStart(6)}  ${(r.params / 1e6).toFixed(0).padStart(4)} M ${g(r.peakGiB)} GiB ` +
+        `${r.bytesPerParam.toFixed(1).padStart(8)}   ${g(r.stepS[0])} s ${g(r.stepS[1])} s ` +
+        `${g(r.afterMakeGiB)} GiB ${g(r.afterStepGiB[0])} GiB   cpu ${g(r.cpuS[0])} s ${g(r.cpuS[1])} s`
+    )
+  }
+}

@@ -1,0 +1,218 @@
+/**
+ * An estimate of a local training run's peak resident memory, from the model's shapes and the learner's settings,
+ * so that a run that cannot fit is refused before it starts (with settings that would fit) instead of being killed
+ * by the out-of-memory killer in its first step, silently.
+ *
+ * The parts, in bytes, for `P` parameters (float32 everywhere):
+ * - `weights`: 4·P, plus 4·P per learner worker thread when `workers > 1` (onnxruntime-node rejects
+ *   `SharedArrayBuffer`-backed tensors, so each worker feeds a private copy of the shared weights).
+ * - `gradients`: the accumulator (4·P) and what a run leaves beside it: with one worker the returned copy of every
+ *   gradient and, from the second micro-batch of a step, onnxruntime's own outputs (8·P); with workers, per worker
+ *   its accumulator in shared memory, onnxruntime's outputs and their copy (12·P each).
+ * - `optimizer`: AdamW's two moments, 8·P.
+ * - `activations`: what the backward pass keeps of each layer, per token `(8·D + 5·F + 2·H·T)` floats (hidden width
+ *   D, MLP width F, H heads attending to T positions), fitted to `scripts/learner-memory.ts`' measurements; with
+ *   `recompute`, three `[tokens, D]` values a layer plus one layer's inside.
+ * - `head`: the output head's working set, about six `[tokens, vocab]` float tensors per worker for the tokens of
+ *   one chunk (`autodiff/ChunkedHead.ts`), or of the whole shard when it fits in one chunk.
+ * - `extra`: the KL reference's weights (4·P) and a GAE critic (a second trainer on the trunk), when the run has them;
+ *   the decode engine's weights (≈ 12·P, the issue's measured serving RSS); the process and onnxruntime (0.4 GiB).
+ *
+ * Measured with `scripts/learner-memory.ts` at Qwen2.5-0.5B's width (1 worker, 4 × 512 tokens): 1 layer (151 M
+ * parameters) estimated 4.5 GiB, measured 4.7 GiB.
+ *
+ * @since 0.1.0
+ */
+import { Schema } from "effect"
+import * as ChunkedHead from "./autodiff/ChunkedHead.ts"
+import type * as ModelConfig from "./model/ModelConfig.ts"
+import * as Qwen2 from "./model/Qwen2.ts"
+
+const GiB = 1024 ** 3
+
+// ===== Models =====
+
+/**
+ * What the estimate reads of a run.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Settings {
+  /** Rows of a micro-batch (`algorithm.microBatchSize`). */
+  readonly microBatchSize: number
+  /** Tokens of a row (`agent.maxContextTokens`). */
+  readonly sequenceLength: number
+  /** Learner worker threads (`learner.workers`). */
+  readonly workers: number
+  /** Activation recompute (`learner.recompute`). Default false. */
+  readonly recompute?: boolean
+  /** A frozen KL reference is held (`algorithm.klCoef > 0`). Default false. */
+  readonly reference?: boolean
+  /** A GAE critic is trained beside the policy. Default false. */
+  readonly critic?: boolean
+  /** The decode engine runs in this process. Default true. */
+  readonly engine?: boolean
+}
+
+/**
+ * Estimated peak bytes, by part, and their total.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Estimate {
+  readonly parameters: number
+  readonly weights: number
+  readonly gradients: number
+  readonly optimizer: number
+  readonly activations: number
+  readonly head: number
+  readonly extra: number
+  readonly total: number
+}
+
+/**
+ * A run whose estimated peak exceeds the machine's memory. `fits` lists settings that would fit (a smaller
+ * micro-batch, activation recompute, fewer workers), best first; empty when none does.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class OutOfMemory extends Schema.TaggedError<OutOfMemory>()("OutOfMemory", {
+  message: Schema.String,
+  /** Estimated peak bytes. */
+  estimate: Schema.Number,
+  /** The machine's memory (bytes): the cgroup limit, or the physical memory. */
+  available: Schema.Number,
+  fits: Schema.Array(Schema.Struct({
+    microBatchSize: Schema.Number,
+    workers: Schema.Number,
+    recompute: Schema.Boolean,
+    estimate: Schema.Number
+  }))
+}) {}
+
+// ===== Estimate =====
+
+/**
+ * The estimated peak resident bytes of a training run of `model` with `settings`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const estimate = (model: ModelConfig.ModelConfig, settings: Settings): Estimate => {
+  const P = Qwen2.parameters(model).reduce((n, s) => n + s.shape.reduce((a, b) => a * b, 1), 0)
+  const { workers, microBatchSize, sequenceLength: T } = settings
+  const D = model.hiddenSize
+  const tokens = microBatchSize * T
+  const weights = 4 * P * (workers > 1 ? 1 + workers : 1)
+  const gradients = 4 * P + (workers > 1 ? 12 * P * workers : 8 * P)
+  const optimizer = 8 * P
+  const perToken = 8 * D + 5 * model.intermediateSize + 2 * model.numAttentionHeads * T
+  // With recompute: each layer's input (and the few values crossing into the next layer) plus one layer's inside.
+  const activations = settings.recompute === true
+    ? 4 * tokens * (3 * D * model.numHiddenLayers + perToken)
+    : 4 * tokens * model.numHiddenLayers * perToken
+  const shardTokens = Math.ceil(microBatchSize / Math.max(1, Math.min(workers, microBatchSize))) * T
+  const head = 6 * 4 * model.vocabSize * Math.min(shardTokens, ChunkedHead.defaultChunk(model.vocabSize)) *
+    Math.min(workers, microBatchSize)
+  const trunkP = P - (model.tieWordEmbeddings ? 0 : model.vocabSize * D)
+  const extra = 0.4 * GiB + (settings.reference === true ? 4 * P : 0) +
+    (settings.critic === true ? weights + gradients + optimizer + activations - 28 * (P - trunkP) : 0) +
+    (settings.engine === false ? 0 : 12 * P)
+  const total = weights + gradients + optimizer + activations + head + extra
+  return { parameters: P, weights, gradients, optimizer, activations, head, extra, total }
+}
+
+/** Bytes as GiB with two decimals. */
+const gib = (bytes: number) => `${(bytes / GiB).toFixed(2)} GiB`
+
+/**
+ * One line per part, for messages: `weights 0.56 GiB, gradients …`.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const describe = (e: Estimate): string =>
+  `weights ${gib(e.weights)}, gradients ${gib(e.gradients)}, optimizer ${gib(e.optimizer)}, ` +
+  `activations ${gib(e.activations)}, output head ${gib(e.head)}, reference, critic, engine and runtime ` +
+  `${gib(e.extra)}`
+
+/**
+ * A setting that fits, with its estimate.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Fit {
+  readonly microBatchSize: number
+  readonly workers: number
+  readonly recompute: boolean
+  readonly estimate: number
+}
+
+/**
+ * Settings that fit in `available` bytes, best first: for the given workers and one worker, without and with
+ * activation recompute, the largest micro-batch (halved from the given one) that fits.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const fitting = (model: ModelConfig.ModelConfig, settings: Settings, available: number): Array<Fit> => {
+  const out: Array<Fit> = []
+  for (const workers of [...new Set([settings.workers, 1])]) {
+    for (const recompute of [...new Set([settings.recompute === true, true])]) {
+      for (let rows = settings.microBatchSize; rows >= 1; rows = rows === 1 ? 0 : Math.floor(rows / 2)) {
+        const total = estimate(model, { ...settings, workers, recompute, microBatchSize: rows }).total
+        if (total <= available) {
+          out.push({ microBatchSize: rows, workers, recompute, estimate: total })
+          break
+        }
+      }
+    }
+  }
+  return out.sort((a, b) => b.microBatchSize * b.workers - a.microBatchSize * a.workers)
+}
+
+const setting = (f: Fit) =>
+  `algorithm.microBatchSize ${f.microBatchSize} with learner.workers ${f.workers}` +
+  `${f.recompute ? " and learner.recompute" : ""} (${gib(f.estimate)})`
+
+/**
+ * `undefined` when the run fits in `available` bytes, else the refusal: the estimate by part and the settings that
+ * would fit.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const check = (
+  model: ModelConfig.ModelConfig,
+  settings: Settings,
+  available: number
+): OutOfMemory | undefined => {
+  const e = estimate(model, settings)
+  if (e.total <= available) return undefined
+  const fits = fitting(model, settings, available)
+  const advice = fits.length === 0
+    ? "no micro-batch size or worker count fits: use a machine with more memory or a smaller model"
+    : `these would fit: ${fits.map(setting).join("; ")}`
+  return new OutOfMemory({
+    message: `the run needs about ${gib(e.total)} (${describe(e)}) for ${(e.parameters / 1e6).toFixed(0)} M ` +
+      `parameters, micro-batches of ${settings.microBatchSize} × ${settings.sequenceLength} tokens and ` +
+      `${settings.workers} learner worker(s), more than the ${gib(available)} this machine has; ${advice}`,
+    estimate: e.total,
+    available,
+    fits
+  })
+}
+
+/**
+ * Peak bytes per parameter, the figure `metrics.jsonl` carries beside the peak RSS.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const bytesPerParameter = (model: ModelConfig.ModelConfig, peakBytes: number): number =>
+  peakBytes / Qwen2.parameters(model).reduce((n, s) => n + s.shape.reduce((a, b) => a * b, 1), 0)
+

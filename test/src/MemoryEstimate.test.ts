@@ -1,0 +1,79 @@
+import { assert, describe, it } from "@effect/vitest"
+import * as MemoryEstimate from "../../src/MemoryEstimate.ts"
+import type * as ModelConfig from "../../src/model/ModelConfig.ts"
+
+const GiB = 1024 ** 3
+
+/** Qwen2.5-0.5B's shapes at `layers` layers. */
+const qwen = (layers: number): ModelConfig.ModelConfig => ({
+  modelType: "qwen2",
+  vocabSize: 151936,
+  hiddenSize: 896,
+  numHiddenLayers: layers,
+  numAttentionHeads: 14,
+  numKeyValueHeads: 2,
+  intermediateSize: 4864,
+  maxPositionEmbeddings: 32768,
+  ropeTheta: 1000000,
+  rmsNormEps: 1e-6,
+  tieWordEmbeddings: true,
+  attentionBias: true,
+  learnedPositions: false
+})
+
+const learner = { microBatchSize: 4, sequenceLength: 512, workers: 1, engine: false }
+
+describe("MemoryEstimate", () => {
+  it("counts Qwen2.5-0.5B's 494 M parameters and splits 16 bytes a parameter between weights and AdamW", () => {
+    const e = MemoryEstimate.estimate(qwen(24), learner)
+    assert.strictEqual(e.parameters, 494_032_768)
+    assert.strictEqual(e.weights, 4 * e.parameters)
+    assert.strictEqual(e.optimizer, 8 * e.parameters)
+    const parts = e.weights + e.gradients + e.optimizer + e.activations + e.head + e.extra
+    assert.strictEqual(e.total, parts)
+  })
+
+  it("is within 15 % of the measured peak at one layer (4.67 GiB, scripts/learner-memory.ts)", () => {
+    const total = MemoryEstimate.estimate(qwen(1), learner).total / GiB
+    assert.approximately(total, 4.67, 0.7)
+  })
+
+  it("activations grow with layers and tokens, the head is capped by its chunk, workers add private copies", () => {
+    const one = MemoryEstimate.estimate(qwen(2), learner)
+    const long = MemoryEstimate.estimate(qwen(2), { ...learner, sequenceLength: 1024 })
+    assert.isAbove(long.activations, 2 * one.activations) // attention scores grow with the square of the length
+    assert.strictEqual(long.head, one.head)
+    const two = MemoryEstimate.estimate(qwen(2), { ...learner, workers: 2 })
+    assert.strictEqual(two.weights, 3 * one.weights)
+    assert.isAbove(two.gradients, one.gradients)
+  })
+
+  it("a run that fits is not refused; one that does not is refused with settings that fit, each checked", () => {
+    assert.isUndefined(MemoryEstimate.check(qwen(2), learner, 64 * GiB))
+    const settings = { ...learner, microBatchSize: 16, workers: 2 }
+    const available = 20 * GiB
+    const refused = MemoryEstimate.check(qwen(24), settings, available)!
+    assert.strictEqual(refused._tag, "OutOfMemory")
+    assert.isAbove(refused.estimate, available)
+    assert.isAbove(refused.fits.length, 0)
+    for (const f of refused.fits) {
+      assert.isAtMost(f.estimate, available)
+      const fit = MemoryEstimate.estimate(qwen(24), { ...settings, ...f })
+      assert.strictEqual(fit.total, f.estimate)
+    }
+    // Two workers hold two more copies of the weights and gradients: only one worker fits, with 2 rows, or with
+    // the whole micro-batch when the layers are recomputed.
+    assert.deepStrictEqual(refused.fits.map((f) => [f.microBatchSize, f.workers, f.recompute]), [
+      [16, 1, true],
+      [2, 1, false]
+    ])
+    assert.include(refused.message, "algorithm.microBatchSize 2 with learner.workers 1")
+    assert.include(refused.message, "494 M parameters")
+  })
+
+  it("a model too large for any setting says so", () => {
+    const refused = MemoryEstimate.check(qwen(24), learner, 2 * GiB)!
+    assert.deepStrictEqual(refused.fits, [])
+    assert.include(refused.message, "no micro-batch size or worker count fits")
+  })
+})

@@ -1,0 +1,124 @@
+import { assert, describe, it } from "@effect/vitest"
+import { Effect } from "effect"
+import * as Autodiff from "../../../src/autodiff/Autodiff.ts"
+import * as ChunkedHead from "../../../src/autodiff/ChunkedHead.ts"
+import * as Loss from "../../../src/Loss.ts"
+import * as Qwen2 from "../../../src/model/Qwen2.ts"
+import { check, type Feed, noise, runWith, session } from "../../utils/gradcheck.ts"
+import { randomWeights, tinyConfig } from "../../utils/tinyModel.ts"
+
+const B = 2
+const T = 5
+const c = tinyConfig({ vocabSize: 13, hiddenSize: 8, numAttentionHeads: 2, numKeyValueHeads: 1, intermediateSize: 12 })
+
+const feedsFor = (tg: Autodiff.TrainingGraph, cfg: typeof c, config: Loss.Config, dtype: "float32" | "float64") => {
+  const n = B * T
+  const ids = [3, 1, 4, 1, 5, 9, 2, 6, 0, 0]
+  const attention = [1, 1, 1, 1, 1, 1, 1, 1, 0, 0]
+  const mask = Uint8Array.from({ length: n }, (_, i) => (i % T === 0 || i === n - 1 ? 0 : 1))
+  const weights = randomWeights(cfg, 11)
+  const f = (data: ArrayLike<number>): Feed => ({ dtype, dims: [B, T], data })
+  const i64 = (data: ArrayLike<number>): Feed => ({ dtype: "int64", dims: [B, T], data })
+  const feeds: Record<string, Feed> = {
+    input_ids: i64(ids),
+    attention_mask: i64(attention),
+    position_ids: i64([...Qwen2.positionIds(attention.slice(0, T)), ...Qwen2.positionIds(attention.slice(T))]),
+    targets: i64(Array.from({ length: n }, (_, i) => (i * 5 + 2) % cfg.vocabSize)),
+    loss_weights: f(Loss.aggregationWeights(config.aggregation, mask, B, T, Loss.totals(mask, B, T))),
+    loss_mask: f(mask),
+    advantages: f(noise(n, 9).map((v) => 2 * v)),
+    old_logprobs: f(noise(n, 5).map((v) => -2.5 + 0.5 * v)),
+    sampler_logprobs: f(noise(n, 6).map((v) => -2.5 + 0.5 * v)),
+    ref_logprobs: f(noise(n, 8).map((v) => -2.5 + 0.5 * v))
+  }
+  for (const spec of Qwen2.parameters(cfg)) {
+    feeds[spec.name] = { dtype, dims: spec.shape, data: weights.get(spec.name)! }
+  }
+  const used = new Set(tg.graph.inputs.map((i) => i.name))
+  for (const k of Object.keys(feeds)) if (!used.has(k)) delete feeds[k]
+  return feeds
+}
+
+const configs: ReadonlyArray<[string, Loss.Config]> = [
+  ["sft", Loss.sft],
+  ["ppo dual clip + k3 KL + entropy bonus at temperature 1.5", {
+    ...Loss.ppo,
+    klCoef: 0.1,
+    entropyCoef: 0.01,
+    temperature: 1.5
+  }],
+  ["grpo with truncated IS", { ...Loss.grpo, tisCap: 1.5 }]
+]
+
+describe("ChunkedHead", () => {
+  it("the default chunk holds about 64 MiB of logits", () => {
+    assert.strictEqual(ChunkedHead.defaultChunk(151936), 110)
+    assert.strictEqual(ChunkedHead.defaultChunk(2 ** 30), 1)
+  })
+
+  it.effect("the plain head is kept when the micro-batch fits in one chunk, and for headChunk 0", () =>
+    Effect.gen(function*() {
+      const softmaxes = (tg: Autodiff.TrainingGraph) => tg.graph.nodes.filter((n) => n.op === "LogSoftmax").length
+      const small = yield* Autodiff.trainingGraph(Qwen2.trainingGraph(c), { batch: B, length: T, loss: Loss.sft })
+      assert.strictEqual(softmaxes(small), 1)
+      const off = yield* Autodiff.trainingGraph(Qwen2.trainingGraph(c), {
+        batch: B,
+        length: T,
+        loss: Loss.sft,
+        headChunk: 0
+      })
+      assert.strictEqual(softmaxes(off), 1)
+      const chunked = yield* Autodiff.trainingGraph(Qwen2.trainingGraph(c), {
+        batch: B,
+        length: T,
+        loss: Loss.sft,
+        headChunk: 3
+      })
+      // 4 chunks of 3 tokens (the last of 1): a LogSoftmax each in the forward and again in the backward.
+      assert.strictEqual(softmaxes(chunked), 8)
+    }))
+
+  for (const [name, config] of configs) {
+    for (const tied of [true, false]) {
+      it.effect(`${name}, ${tied ? "tied" : "untied"} head: chunks of 3 tokens give the plain head's loss, logprobs,
+        stats and gradients`.replace(/\s+/g, " "), () =>
+        Effect.gen(function*() {
+          const cfg = { ...c, tieWordEmbeddings: tied }
+          const build = (headChunk: number) =>
+            Autodiff.trainingGraph(Qwen2.trainingGraph(cfg), { batch: B, length: T, loss: config, headChunk })
+          const plain = yield* build(0)
+          const chunked = yield* build(3)
+          const a = yield* runWith(yield* session(plain.graph), feedsFor(plain, cfg, config, "float32"))
+          const b = yield* runWith(yield* session(chunked.graph), feedsFor(chunked, cfg, config, "float32"))
+          const close = (x: ArrayLike<number>, y: ArrayLike<number>, what: string) => {
+            assert.strictEqual(x.length, y.length, what)
+            let scale = 0
+            for (let i = 0; i < x.length; i++) scale = Math.max(scale, Math.abs(x[i]!))
+            for (let i = 0; i < x.length; i++) {
+              assert.approximately(y[i]!, x[i]!, 1e-5 * (scale + 1e-3), `${what}[${i}]`)
+            }
+          }
+          for (const out of ["loss", "token_logprobs", "stats"]) close(a[out]!, b[out]!, out)
+          assert.strictEqual(chunked.gradients.size, plain.gradients.size)
+          for (const [w, g] of plain.gradients) close(a[g]!, b[chunked.gradients.get(w)!]!, w)
+        }))
+    }
+  }
+
+  it.effect("chunked whole-model gradients (PPO + KL + entropy, temperature 1.5) match central differences", () =>
+    Effect.gen(function*() {
+      const config = configs[1]![1]
+      const cfg = { ...c, tieWordEmbeddings: true }
+      const forward = Qwen2.trainingGraph(cfg)
+      const tg = yield* Autodiff.trainingGraph(forward, {
+        batch: B,
+        length: T,
+        loss: config,
+        dtype: "float64",
+        headChunk: 4
+      })
+      const { worst } = yield* check(yield* session(tg.graph), feedsFor(tg, cfg, config, "float64"),
+        forward.weightInputs, { samples: 4, h: 1e-5 })
+      for (const w of forward.weightInputs) assert.isBelow(worst[w]!, 1e-5, `${w}: ${worst[w]}`)
+    }))
+})
