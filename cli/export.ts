@@ -1,9 +1,12 @@
 /**
- * `agentfly export MODEL_DIR [--checkpoint RUN/checkpoints/step-NNNNNN] --format gguf|hf --out PATH
- * [--dtype f32|f16|bf16] [--overwrite]`: writes a model folder (with a training run's weights at a checkpoint, when
- * given) as a GGUF file that llama.cpp, Ollama and LM Studio run (F32 or F16, with the tokenizer and the chat
- * template), or as a Hugging Face folder that transformers, vLLM and SGLang load (BF16 or F32 safetensors,
- * `config.json`, `tokenizer.json`, `tokenizer_config.json` with the chat template, `generation_config.json`).
+ * `agentfly export SOURCE [--checkpoint RUN/checkpoints/step-NNNNNN] --format gguf|hf --out PATH
+ * [--dtype f32|f16|bf16] [--overwrite]`: writes a model as a GGUF file that llama.cpp, Ollama and LM Studio run
+ * (F32 or F16, with the tokenizer and the chat template), or as a Hugging Face folder that transformers, vLLM and
+ * SGLang load (BF16 or F32 safetensors, `config.json`, `tokenizer.json`, `tokenizer_config.json` with the chat
+ * template, `generation_config.json`).
+ *
+ * SOURCE is a model folder, a run's output directory (its newest checkpoint, on the model its `config.json` names)
+ * or one of its checkpoints (`RUN/checkpoints/step-NNNNNN`); `--checkpoint` names the checkpoint explicitly.
  *
  * Everything is read and checked before anything is written, and the output is written under a temporary name and
  * renamed when complete: a refusal or a failure leaves no half-written output.
@@ -44,6 +47,7 @@ export type DType = "f32" | "f16" | "bf16"
  * @since 0.1.0
  */
 export interface ExportOptions {
+  /** A model folder, a run's output directory or one of its checkpoints. */
   readonly modelDir: string
   /** A run's checkpoint whose weights replace the folder's (`RUN/checkpoints/step-NNNNNN`). */
   readonly checkpoint?: string | undefined
@@ -61,6 +65,15 @@ export interface ExportOptions {
  * @since 0.1.0
  */
 export class OutputExists extends Schema.TaggedError<OutputExists>()("OutputExists", { message: Schema.String }) {}
+
+/**
+ * A run's directory or checkpoint whose model folder cannot be found (no `config.json` naming `model.path`, or no
+ * checkpoint in the run).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class UnknownSource extends Schema.TaggedError<UnknownSource>()("UnknownSource", { message: Schema.String }) {}
 
 /**
  * A dtype the format does not take.
@@ -81,7 +94,7 @@ export class UnsupportedDType extends Schema.TaggedError<UnsupportedDType>()("Un
  */
 export class ExportError extends Schema.TaggedError<ExportError>()("ExportError", {
   out: Schema.String,
-  reason: Schema.Union([OutputExists, UnsupportedDType]),
+  reason: Schema.Union([OutputExists, UnsupportedDType, UnknownSource]),
   cause: Schema.optionalKey(Schema.Defect())
 }) {
   override get message(): string {
@@ -120,11 +133,54 @@ const checkOutput = Effect.fnUntraced(function*(options: ExportOptions) {
   }
 })
 
+/** The model folder a run's `config.json` names (`model.path`, absolute as a run writes it). */
+const runModel = Effect.fnUntraced(function*(run: string, out: string) {
+  const fs = yield* FileSystem.FileSystem
+  const path = yield* Path.Path
+  const file = path.join(run, "config.json")
+  const config = (yield* fs.exists(file)) ? yield* readJson(file) : undefined
+  const model = (config?.["model"] as { path?: unknown } | undefined)?.path
+  if (typeof model !== "string") {
+    const message = `${run} looks like a training run, but ${file} names no model.path: give the model folder and ` +
+      `--checkpoint`
+    return yield* new ExportError({ out, reason: new UnknownSource({ message }) })
+  }
+  return path.resolve(run, model)
+})
+
+/**
+ * The model folder and checkpoint SOURCE stands for: a checkpoint (`trainer_state.json`) on its run's model, a run
+ * (`checkpoints/`, `journal.jsonl`) at its newest checkpoint, else a model folder.
+ */
+const resolveSource = Effect.fnUntraced(function*(options: ExportOptions) {
+  const fs = yield* FileSystem.FileSystem
+  const path = yield* Path.Path
+  const source = options.modelDir
+  if (options.checkpoint !== undefined) return { modelDir: source, checkpoint: options.checkpoint }
+  if (yield* fs.exists(path.join(source, "trainer_state.json"))) {
+    const run = path.dirname(path.dirname(path.resolve(source)))
+    return { modelDir: yield* runModel(run, options.out), checkpoint: source }
+  }
+  const checkpoints = path.join(source, "checkpoints")
+  if ((yield* fs.exists(checkpoints)) && (yield* fs.exists(path.join(source, "journal.jsonl")))) {
+    const steps = (yield* fs.readDirectory(checkpoints)).filter((n) => n.startsWith("step-")).sort()
+    if (steps.length === 0) {
+      const message = `${source} is a training run without checkpoints (none in ${checkpoints})`
+      return yield* new ExportError({ out: options.out, reason: new UnknownSource({ message }) })
+    }
+    return { modelDir: yield* runModel(source, options.out), checkpoint: path.join(checkpoints, steps.at(-1)!) }
+  }
+  return { modelDir: source, checkpoint: undefined }
+})
+
 /** The folder's model, with the checkpoint's weights when one is given (checked against the run's journal). */
-const loadModel = Effect.fnUntraced(function*(options: ExportOptions) {
-  const folder = yield* ModelFolder.load(options.modelDir)
-  if (options.checkpoint === undefined) return { folder, weights: folder.weights }
-  const loaded = yield* Journal.verifiedCheckpoint(options.checkpoint, Qwen2.parameters(folder.config))
+const loadModel = Effect.fnUntraced(function*(source: {
+  readonly modelDir: string
+  readonly checkpoint: string | undefined
+}) {
+  const folder = yield* ModelFolder.load(source.modelDir)
+  if (source.checkpoint === undefined) return { folder, weights: folder.weights }
+  const loaded = yield* Journal.verifiedCheckpoint(source.checkpoint, Qwen2.parameters(folder.config))
   return { folder, weights: loaded.weights as Qwen2.Weights }
 })
 
@@ -216,7 +272,8 @@ export const exportModel = Effect.fn("export")(function*(options: ExportOptions)
   const fs = yield* FileSystem.FileSystem
   const dtype = yield* dtypeOf(options)
   yield* checkOutput(options)
-  const { folder, weights } = yield* loadModel(options)
+  const source = yield* resolveSource(options)
+  const { folder, weights } = yield* loadModel(source)
   const partial = `${options.out}.export-partial`
   const write = options.format === "gguf" ? writeGguf : writeHf
   const written = yield* write(options, folder, weights, dtype).pipe(
@@ -224,7 +281,7 @@ export const exportModel = Effect.fn("export")(function*(options: ExportOptions)
   )
   const c = folder.config
   return `wrote ${options.out}: ${written}; ${c.modelType}, ${c.numHiddenLayers} layers, width ${c.hiddenSize}, ` +
-    `vocab ${c.vocabSize}` + (options.checkpoint === undefined ? "" : `, weights of ${options.checkpoint}`)
+    `vocab ${c.vocabSize}` + (source.checkpoint === undefined ? "" : `, weights of ${source.checkpoint}`)
 })
 
 /**
@@ -234,8 +291,10 @@ export const exportModel = Effect.fn("export")(function*(options: ExportOptions)
 export const exportCommand = Command.make(
   "export",
   {
-    modelDir: Argument.String("model-dir").pipe(
-      Argument.withDescription("The model folder (config.json, weights, tokenizer.json, tokenizer_config.json)")
+    modelDir: Argument.String("source").pipe(
+      Argument.withDescription(
+        "A model folder, a training run's output directory (its newest checkpoint) or one of its checkpoints"
+      )
     ),
     checkpoint: Flag.Directory("checkpoint").pipe(
       Flag.withDescription("Export a training run's weights at this checkpoint (RUN/checkpoints/step-NNNNNN)"),

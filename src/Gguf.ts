@@ -223,7 +223,8 @@ const elements = (dims: ReadonlyArray<number>): number => dims.reduce((a, b) => 
 const padded = (n: number): number => Math.ceil(n / alignment) * alignment
 
 /**
- * The header (up to the start of the data section, padded) and each tensor's offset in the data section.
+ * The header: magic, version, counts, metadata and tensor infos (each tensor's offset in the data section, every one
+ * a multiple of {@link alignment}), zero-padded to where the data section starts.
  *
  * @category encoding
  * @since 0.1.0

@@ -84,6 +84,26 @@ describe("agentfly export", () => {
       assert.isFalse(readdirSync(dir).some((f) => f.includes("partial")))
     })), { timeout: 300_000 })
 
+  it.effect("SOURCE may be a run (its newest checkpoint, on its config's model) or one of its checkpoints", () =>
+    run(Effect.gen(function*() {
+      const runDir = join(dir, "run"), model = join(dir, "qwen")
+      writeFileSync(join(runDir, "journal.jsonl"), "")
+      const refused = yield* Effect.flip(exportModel({ modelDir: runDir, format: "gguf", out: join(dir, "r.gguf") }))
+      assert.match(refused.message, /names no model\.path: give the model folder and --checkpoint/)
+      writeFileSync(join(runDir, "config.json"), JSON.stringify({ model: { path: model } }))
+      const fromCheckpoint = join(dir, "ckpt.gguf")
+      yield* exportModel({ modelDir: join(runDir, "checkpoints", "step-000003"), format: "gguf", out: fromCheckpoint })
+      const fromRun = join(dir, "run.gguf")
+      const line = yield* exportModel({ modelDir: runDir, format: "gguf", out: fromRun })
+      assert.match(line, /weights of .*checkpoints\/step-000003$/)
+      const expected = (yield* parseFile(join(dir, "qwen.gguf"))).tensors
+      for (const file of [fromCheckpoint, fromRun]) {
+        const tensors = (yield* parseFile(file)).tensors
+        const head = (ts: ReadonlyArray<Gguf.ReadTensor>) => ts.map((t) => [...t.data.subarray(0, 8)])
+        assert.deepStrictEqual(head(tensors), head(expected))
+      }
+    })), { timeout: 300_000 })
+
   it.effect("hf: a BF16 folder that loads back (weights rounded to BF16), with template, tokenizer and stops", () =>
     run(Effect.gen(function*() {
       const model = join(dir, "qwen-hf-src")
