@@ -48,7 +48,7 @@ const externalTensor = (name: string, dims: ReadonlyArray<number>): Pb.Message =
 }
 
 /**
- * The decode model's bytes for `c`, without any weight data (see the module header). A few MB at most (the RoPE
+ * The decode model's bytes for `c`, without any weight data (see the module header): tens of MB at most (the RoPE
  * tables), whatever the model's size.
  */
 export const modelBytes = (c: ModelConfig.ModelConfig, weightsAs: "initializers" | "inputs"): Uint8Array => {
@@ -63,7 +63,7 @@ export const modelBytes = (c: ModelConfig.ModelConfig, weightsAs: "initializers"
   return bytes
 }
 
-/** The models built last on this thread, by config (a few MB each). */
+/** The models built last on this thread, by config (up to tens of MB each). */
 const built = new Map<string, Uint8Array>()
 
 const build = (c: ModelConfig.ModelConfig, weightsAs: "initializers" | "inputs"): Uint8Array => {

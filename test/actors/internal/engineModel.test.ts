@@ -78,7 +78,7 @@ describe("engineModel", () => {
       }))
   }
 
-  it.effect("the session owns its weights: views into a larger buffer work, and later writes to them change nothing", () =>
+  it.effect("the session owns its weights: views into one buffer work, and later writes to them change nothing", () =>
     Effect.gen(function*() {
       const c = tinyConfig({ tieWordEmbeddings: true })
       const w = randomWeights(c, 4)
@@ -104,7 +104,7 @@ describe("engineModel", () => {
       assert.isBelow(maxAbsDiff(yield* logits(session, c, ids), baked), 1e-5)
     }))
 
-  it.effect("engines that load the same weights as the same version share one session, released with its last user", () =>
+  it.effect("engines loading the same weights as the same version share one session, released with its last user", () =>
     Effect.gen(function*() {
       const created: Array<{ released: number }> = []
       const create = () => {
