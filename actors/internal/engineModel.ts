@@ -8,16 +8,14 @@
  *   MatMul kernels pre-pack it, so decoding is as fast as with the weights baked into the protobuf; the caller's
  *   arrays are not referenced after `InferenceSession.create` returns.
  * - `"inputs"`: every weight is a graph input fed on every run (onnxruntime-node wraps input tensors without
- *   copying them, so one session and one copy of the weights serve every version).
+ *   copying them: the caller's arrays are the only copy), but a weight input is not pre-packed and each `Transpose`
+ *   of one runs on every step, so decoding is slower.
  *
- * Either way each `MatMul(x, Transpose(W))` of `Qwen2.inferenceGraph` becomes `FusedMatMul(x, W, transB = 1)`
- * (onnxruntime's contrib op): a weight fed as an input is then not transposed on every run, and an external
- * initializer is packed straight from `[out, in]` instead of being folded into a transposed copy first.
- *
- * Measured on one intra-op thread (2-core machine, `medium` preset; Qwen2.5-0.5B shapes cut to 2 layers), decode
- * step at batch 1 / 8: weights baked into the protobuf 25 / 40 ms and 42 / 98 ms; external initializers 25 / 41 ms
- * and 46 / 84 ms; weights as inputs behind `Transpose` 35 / 76 ms; as inputs with `FusedMatMul` 33 / 58 ms and
- * 70 / 122 ms (BENCHMARKS.md, "engine weights").
+ * The graph is `Qwen2.inferenceGraph`'s, unchanged: onnxruntime folds each `Transpose` of a weight initializer into
+ * a transposed copy, which the MatMul kernel then pre-packs. Rewriting `MatMul(x, Transpose(W))` as
+ * `FusedMatMul(x, W, transB = 1)` instead saved 6 % of the memory and 40 % of the session creation at Qwen2.5-0.5B
+ * shapes but decoded 16–19 % slower at batch 32 on the `medium` preset, so it was not kept (BENCHMARKS.md,
+ * "engine weights").
  */
 import { Effect } from "effect"
 import type * as ort from "onnxruntime-node"
@@ -30,28 +28,6 @@ import * as Pb from "../../src/onnx/internal/protobuf.ts"
 export interface ExternalData {
   readonly path: string
   readonly data: Uint8Array
-}
-
-/**
- * `MatMul(x, Transpose(W, perm = [1, 0]))` with `W` a weight → `FusedMatMul(x, W, transB = 1)`. A `Transpose`
- * whose every consumer was rewritten is dropped.
- */
-export const fuseTransposedWeights = (g: Graph.Graph, weights: ReadonlySet<string>): ReadonlyArray<Graph.Node> => {
-  const transposeOf = new Map<string, string>()
-  for (const n of g.nodes) {
-    const perm = n.attributes["perm"]
-    const swaps = perm?.kind === "ints" && perm.value.length === 2 && perm.value[0] === 1 && perm.value[1] === 0
-    if (n.op === "Transpose" && swaps && weights.has(n.inputs[0]!)) transposeOf.set(n.outputs[0]!, n.inputs[0]!)
-  }
-  const fused = (n: Graph.Node) => n.op === "MatMul" && transposeOf.has(n.inputs[1]!)
-  const stillUsed = new Set(g.nodes.flatMap((n) => (fused(n) ? [n.inputs[0]!] : n.inputs)))
-  return g.nodes.flatMap((n): ReadonlyArray<Graph.Node> => {
-    if (n.op === "Transpose" && transposeOf.has(n.outputs[0]!) && !stillUsed.has(n.outputs[0]!)) return []
-    if (!fused(n)) return [n]
-    const attributes = { transB: Graph.int(1), alpha: Graph.float(1) }
-    const inputs = [n.inputs[0]!, transposeOf.get(n.inputs[1]!)!]
-    return [{ op: "FusedMatMul", domain: "com.microsoft", inputs, outputs: n.outputs, attributes }]
-  })
 }
 
 /** A float32 initializer whose data is the whole in-memory external file named `name`. */
@@ -72,7 +48,7 @@ const externalTensor = (name: string, dims: ReadonlyArray<number>): Pb.Message =
 }
 
 /**
- * The decode model's bytes for `c`, without any weight data (see the module header). A few MB at most (the RoPE
+ * The decode model's bytes for `c`, without any weight data (see the module header): tens of MB at most (the RoPE
  * tables), whatever the model's size.
  */
 export const modelBytes = (c: ModelConfig.ModelConfig, weightsAs: "initializers" | "inputs"): Uint8Array => {
@@ -87,16 +63,15 @@ export const modelBytes = (c: ModelConfig.ModelConfig, weightsAs: "initializers"
   return bytes
 }
 
-/** The models built last on this thread, by config (a few MB each). */
+/** The models built last on this thread, by config (up to tens of MB each). */
 const built = new Map<string, Uint8Array>()
 
 const build = (c: ModelConfig.ModelConfig, weightsAs: "initializers" | "inputs"): Uint8Array => {
   const specs = Qwen2.parameters(c)
   const names = new Set(specs.map((s) => s.name))
   const g = Qwen2.inferenceGraph(c, "inputs")
-  const nodes = fuseTransposedWeights(g, names)
-  if (weightsAs === "inputs") return Graph.toModelBytes({ ...g, nodes })
-  const graph = Graph.toModelBytes({ ...g, nodes, inputs: g.inputs.filter((i) => !names.has(i.name)) })
+  if (weightsAs === "inputs") return Graph.toModelBytes(g)
+  const graph = Graph.toModelBytes({ ...g, inputs: g.inputs.filter((i) => !names.has(i.name)) })
   // A second `graph` field of the ModelProto: protobuf merges it into the first, appending its initializers.
   const initializers = Pb.message()
   for (const spec of specs) Pb.nested(initializers, 5, externalTensor(spec.name, spec.shape))
