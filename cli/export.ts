@@ -2,8 +2,8 @@
  * `agentfly export SOURCE [--checkpoint RUN/checkpoints/step-NNNNNN] --format gguf|hf --out PATH
  * [--dtype f32|f16|q8_0|bf16] [--overwrite]`: writes a model as a GGUF file that llama.cpp, Ollama and LM
  * Studio run (F32, F16 or Q8_0, with the tokenizer and the chat template), or as a Hugging Face folder that
- * transformers, vLLM and SGLang load (BF16 or F32 safetensors, `config.json`, `tokenizer.json`, `tokenizer_config.json` with the chat
- * template, `generation_config.json`).
+ * transformers, vLLM and SGLang load (BF16 or F32 safetensors, `config.json`, `tokenizer.json`,
+ * `tokenizer_config.json` with the chat template, `generation_config.json`).
  *
  * SOURCE is a model folder, a run's output directory (its newest checkpoint, on the model its `config.json` names)
  * or one of its checkpoints (`RUN/checkpoints/step-NNNNNN`); `--checkpoint` names the checkpoint explicitly.
