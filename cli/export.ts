@@ -1,9 +1,9 @@
 /**
  * `agentfly export SOURCE [--checkpoint RUN/checkpoints/step-NNNNNN] --format gguf|hf --out PATH
- * [--dtype f32|f16|bf16] [--overwrite]`: writes a model as a GGUF file that llama.cpp, Ollama and LM Studio run
- * (F32 or F16, with the tokenizer and the chat template), or as a Hugging Face folder that transformers, vLLM and
- * SGLang load (BF16 or F32 safetensors, `config.json`, `tokenizer.json`, `tokenizer_config.json` with the chat
- * template, `generation_config.json`).
+ * [--dtype f32|f16|q8_0|bf16] [--overwrite]`: writes a model as a GGUF file that llama.cpp, Ollama and LM
+ * Studio run (F32, F16 or Q8_0, with the tokenizer and the chat template), or as a Hugging Face folder that
+ * transformers, vLLM and SGLang load (BF16 or F32 safetensors, `config.json`, `tokenizer.json`,
+ * `tokenizer_config.json` with the chat template, `generation_config.json`).
  *
  * SOURCE is a model folder, a run's output directory (its newest checkpoint, on the model its `config.json` names)
  * or one of its checkpoints (`RUN/checkpoints/step-NNNNNN`); `--checkpoint` names the checkpoint explicitly.
@@ -34,13 +34,14 @@ import { exitOnFailure } from "./train.ts"
 export type Format = "gguf" | "hf"
 
 /**
- * Element types on disk: GGUF takes `f32` (default) or `f16`; a Hugging Face folder `bf16` (default, as models
+ * Element types on disk: GGUF takes `f32` (default), `f16` or `q8_0` (llama.cpp's 8-bit blocks: matrices quantised,
+ * norms and biases F32, as its converter writes `--outtype q8_0`); a Hugging Face folder `bf16` (default, as models
  * are published) or `f32`.
  *
  * @category models
  * @since 0.1.0
  */
-export type DType = "f32" | "f16" | "bf16"
+export type DType = "f32" | "f16" | "q8_0" | "bf16"
 
 /**
  * @category models
@@ -102,7 +103,7 @@ export class ExportError extends Schema.TaggedError<ExportError>()("ExportError"
   }
 }
 
-const dtypes: Readonly<Record<Format, ReadonlyArray<DType>>> = { gguf: ["f32", "f16"], hf: ["bf16", "f32"] }
+const dtypes: Readonly<Record<Format, ReadonlyArray<DType>>> = { gguf: ["f32", "f16", "q8_0"], hf: ["bf16", "f32"] }
 
 // ===== Steps =====
 
@@ -222,7 +223,7 @@ const writeGguf: Writer = Effect.fnUntraced(function*(
 ) {
   const path = yield* Path.Path
   // The same type in the metadata (`general.file_type`) and in the tensors.
-  const type = dtype === "f16" ? "F16" : "F32"
+  const type = dtype === "f16" ? "F16" : dtype === "q8_0" ? "Q8_0" : "F32"
   const contents = yield* Gguf.fromHf({
     name: folder.name,
     config: ModelConfig.toJson(folder.config),
@@ -304,8 +305,8 @@ export const exportCommand = Command.make(
       Flag.withDescription("gguf: one file for llama.cpp/Ollama/LM Studio; hf: a Hugging Face folder")
     ),
     out: Flag.String("out").pipe(Flag.withDescription("The GGUF file or the folder to write")),
-    dtype: Flag.Literals("dtype", ["f32", "f16", "bf16"]).pipe(
-      Flag.withDescription("gguf: f32 (default) or f16; hf: bf16 (default) or f32"),
+    dtype: Flag.Literals("dtype", ["f32", "f16", "q8_0", "bf16"]).pipe(
+      Flag.withDescription("gguf: f32 (default), f16 or q8_0; hf: bf16 (default) or f32"),
       Flag.optional
     ),
     overwrite: Flag.Boolean("overwrite").pipe(

