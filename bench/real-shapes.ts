@@ -1,0 +1,121 @@
+/**
+ * Real model shapes on this machine's CPUs (issue 41's figures), every part a child process of its own so that
+ * its peak RSS is its own, and every ratio against a baseline measured in the same run:
+ * - llama.cpp parity per family at full published depth (`bench/realShapes/parity.ts`);
+ * - decoding tokens/s of a Qwen2.5-0.5B-shaped folder (random BF16 weights, the real tokenizer), our engine ÷
+ *   llama.cpp on our exporter's GGUF of the same weights (F32; F16 and Q8_0 beside it), same threads, batch 1 and 8;
+ *   the same at Qwen2.5-1.5B shapes (the engine refused models over 2 GB before);
+ * - the learner at 0.5 B shapes: tokens/s ÷ the onnxruntime MatMul roofline of its shapes; peak RSS ÷ parameters
+ *   at small, medium and 0.5 B shapes, with and without activation recompute;
+ * - time to load the 0.5 B folder into the engine and into the learner.
+ * Headline: the decode ratio at batch 1 (0.5 B, F32). `REAL_SHAPES_SKIP=15b,learner,...` leaves parts out.
+ */
+import { spawnSync } from "node:child_process"
+import { existsSync, mkdirSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join, resolve } from "node:path"
+import type { BenchResult } from "./run.ts"
+
+const root = resolve(import.meta.dirname, "..")
+const skip = new Set((process.env["REAL_SHAPES_SKIP"] ?? "").split(",").filter((s) => s !== ""))
+const threads = 2
+const work = join(tmpdir(), "agentfly-real-shapes")
+
+/** Runs `node --import tsx FILE ARGS…` and returns its last stdout line parsed (undefined when it failed). */
+const part = (file: string, args: ReadonlyArray<string>): Record<string, any> | undefined => {
+  const t0 = performance.now()
+  const child = spawnSync(process.execPath, ["--import", "tsx", file, ...args], {
+    cwd: root,
+    encoding: "utf8",
+    stdio: ["ignore", "pipe", "inherit"],
+    env: { ...process.env, MALLOC_ARENA_MAX: "2" },
+    maxBuffer: 64 * 1024 * 1024
+  })
+  const line = child.stdout.trim().split("\n").at(-1) ?? ""
+  const seconds = ((performance.now() - t0) / 1000).toFixed(0)
+  if (child.status !== 0 || !line.startsWith("{")) {
+    console.error(`  ${file} ${args.join(" ")}: failed (status ${child.status}, signal ${child.signal}), ${seconds} s`)
+    return undefined
+  }
+  console.error(`  ${file} ${args.join(" ")}: ${line} (${seconds} s)`)
+  return JSON.parse(line)
+}
+
+const folder = (shape: string): string => {
+  const dir = join(work, shape)
+  if (!existsSync(join(dir, "config.json"))) part("scripts/make-real-folder.ts", [shape, dir])
+  return dir
+}
+
+const gguf = (dir: string, dtype: string): string => {
+  const out = `${dir}.${dtype}.gguf`
+  if (!existsSync(out)) part("cli/main.ts", ["export", dir, "--format", "gguf", "--dtype", dtype, "--out", out])
+  return out
+}
+
+const ratio = (a: number | undefined, b: number | undefined) => (a === undefined || b === undefined ? NaN : a / b)
+
+const decodeFigures = (shape: string, dtypes: ReadonlyArray<string>) => {
+  const dir = folder(shape)
+  const ours = part("bench/realShapes/decode.ts", [dir, String(threads), "ours"])
+  const llama = Object.fromEntries(
+    dtypes.map((dtype) => [dtype, part("bench/realShapes/decode.ts", [dir, String(threads), "llama", gguf(dir, dtype)])])
+  )
+  return {
+    shape,
+    threads,
+    ours,
+    llama,
+    oursOverLlamaF32: { batch1: ratio(ours?.batch1, llama.f32?.batch1), batch8: ratio(ours?.batch8, llama.f32?.batch8) }
+  }
+}
+
+const learnerFigures = () => {
+  const run = (args: ReadonlyArray<string>) => part("scripts/learner-memory.ts", [...args, "--batch", "2", "--length", "512"])
+  const shapes = [
+    { name: "small", args: ["--preset", "small", "--one", "0"] },
+    { name: "medium", args: ["--preset", "medium", "--one", "0"] },
+    { name: "qwen2.5-0.5b", args: ["--one", "24"] }
+  ]
+  const rows = shapes.map((s) => ({
+    shape: s.name,
+    plain: run(s.args),
+    recompute: run([...s.args, "--recompute"])
+  }))
+  const roofline = part("bench/realShapes/roofline.ts", ["24", "2", "512", String(threads)])
+  const full = rows.at(-1)!
+  const learnerTokensPerS = full.plain === undefined ? undefined : 1024 / full.plain["stepS"][1]
+  return {
+    tokens: "2 × 512",
+    rows,
+    roofline,
+    learnerTokensPerS,
+    learnerOverRoofline: ratio(learnerTokensPerS, roofline?.["rooflineTokensPerS"]),
+    recomputeStepRatio: ratio(full.recompute?.["stepS"][1], full.plain?.["stepS"][1])
+  }
+}
+
+export default async function(): Promise<BenchResult> {
+  mkdirSync(work, { recursive: true })
+  const parity = skip.has("parity") ? [] : ["qwen2", "qwen3", "llama"].map((f) => part("bench/realShapes/parity.ts", [f]))
+  const decode05 = skip.has("decode") ? undefined : decodeFigures("qwen2.5-0.5b", ["f32", "f16", "q8_0"])
+  const decode15 = skip.has("15b") ? undefined : decodeFigures("qwen2.5-1.5b", ["f32"])
+  const load = skip.has("load") ? undefined : {
+    engineS: decode05?.ours === undefined ? undefined : decode05.ours["loadS"] + decode05.ours["engineS"],
+    learner: part("bench/realShapes/learnerLoad.ts", [folder("qwen2.5-0.5b")])
+  }
+  const learner = skip.has("learner") ? undefined : learnerFigures()
+  return {
+    headline: {
+      metric: "decode tokens/s at batch 1, Qwen2.5-0.5B shapes: ours ÷ llama.cpp (F32 weights, 2 threads)",
+      value: decode05?.oursOverLlamaF32.batch1 ?? NaN,
+      target: 1,
+      better: "higher"
+    },
+    parity,
+    decode05,
+    decode15,
+    load,
+    learner
+  }
+}
