@@ -295,16 +295,16 @@ const layerSegments = (nodes: ReadonlyArray<Graph.Node>): Array<readonly [number
 }
 
 /**
- * A copy of `graph` without the recomputed nodes (`created` outputs) that nothing reads: a recomputed value the
- * backward rules did not need (a layer's last residual sum) would otherwise stay in the graph, and onnxruntime runs
- * such a dangling node last, keeping its inputs (every layer's recomputed values) alive to the end.
+ * With recompute, a copy of `graph` without the nodes nothing reads: a recomputed value the backward rules did not
+ * need (a layer's last residual sum), or a forward value only the backward read before, would otherwise dangle, and
+ * onnxruntime runs a dangling node last, keeping its inputs (activations of every layer) alive to the end.
  */
-const withoutDeadCopies = (graph: Graph.Graph, created: ReadonlySet<string>, outputs: ReadonlyArray<string>) => {
+const withoutDeadNodes = (graph: Graph.Graph, outputs: ReadonlyArray<string>) => {
   const read = new Set(outputs)
   const dead = new Set<Graph.Node>()
   for (let k = graph.nodes.length - 1; k >= 0; k--) {
     const node = graph.nodes[k]!
-    if (node.outputs.every((o) => o === "" || (created.has(o) && !read.has(o)))) dead.add(node)
+    if (node.outputs.every((o) => o === "" || !read.has(o))) dead.add(node)
     else for (const i of node.inputs) read.add(i)
   }
   return copyGraph(graph, "float32", dead, graph.name)
@@ -486,7 +486,7 @@ export const trainingGraph = (forward: Forward, options: Options): Effect.Effect
     graph.node("Identity", [head.loss], [out.loss])
     graph.node("Identity", [head.tokenLogprobs], [out.tokenLogprobs])
     graph.node("Identity", [head.stats], [out.stats])
-    const final = created.size === 0 ? graph : withoutDeadCopies(graph, created, [...Object.values(out), ...named.values()])
+    const final = created.size === 0 ? graph : withoutDeadNodes(graph, [...Object.values(out), ...named.values()])
     for (const name of named.values()) final.output(name, e.dtype(name), e.dims(name))
     final.output(out.loss, dtype, [])
     final.output(out.tokenLogprobs, dtype, [options.batch, options.length])
