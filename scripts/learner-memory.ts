@@ -16,7 +16,23 @@
  *        2   166 M  10.21 GiB     66.1    28.46 s  18.12 s   1.40 GiB   4.00 GiB
  *        4   196 M  11.36 GiB     62.3    21.61 s  38.14 s   1.62 GiB   4.78 GiB
  *
- * (step times vary 2× with the load of the shared machine). Every extra layer (14.9 M parameters) adds ≈ 0.57 GiB
+ * (step times vary 2× with the load of the shared machine).
+ *
+ * After issue 41 point 5's changes (chunked output head, the embedding's two gradients summed in place, the first
+ * micro-batch's gradients written into the accumulator), same settings, a machine at load 7–9 (wall times mean little;
+ * `cpu` is the process's CPU time for step 2):
+ *
+ *   layers  params   peak RSS  bytes/param  step 2 cpu   (plain head, --head-chunk 0)
+ *        1   151 M   4.64 GiB     33.0       29.4 s      9.13 GiB, 64.9 bytes/param, 21.6 s cpu
+ *        2   166 M   5.32 GiB     34.4       31.3 s
+ *        4   196 M   6.50 GiB     35.7       34.6 s
+ *   small    4 M    0.81 GiB    223.5        1.2 s       (--preset small: the process's 0.3 GiB floor dominates)
+ *   medium 104 M    5.23 GiB     53.9       16.7 s       (--preset medium, vocabulary 288: activations dominate)
+ *
+ * Each extra layer adds ≈ 0.62 GiB (0.22 GiB of weights, gradients and moments, ≈ 0.4 GiB of activations at 2,048
+ * tokens). The chunked head costs one more [tokens × vocab × hidden] product (its logits recomputed in the
+ * backward): 1.36× the CPU time at one layer. `--recompute` (activation recompute) does not yet lower the peak
+ * (medium: 5.85 GiB, 1.3× CPU). Every extra layer (14.9 M parameters) adds ≈ 0.57 GiB
  * (≈ 41 bytes a parameter); the 151,936-wide head alone costs ≈ 8 GiB at 2,048 tokens (logits, LogSoftmax, its
  * exponent for the entropy and their gradients are 1.16 GiB each).
  */

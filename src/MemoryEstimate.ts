@@ -11,8 +11,7 @@
  *   its accumulator in shared memory, onnxruntime's outputs and their copy (12·P each).
  * - `optimizer`: AdamW's two moments, 8·P.
  * - `activations`: what the backward pass keeps of each layer, per token `(8·D + 5·F + 2·H·T)` floats (hidden width
- *   D, MLP width F, H heads attending to T positions), fitted to `scripts/learner-memory.ts`' measurements; with
- *   `recompute`, three `[tokens, D]` values a layer plus one layer's inside.
+ *   D, MLP width F, H heads attending to T positions), fitted to `scripts/learner-memory.ts`' measurements.
  * - `head`: the output head's working set, about six `[tokens, vocab]` float tensors per worker for the tokens of
  *   one chunk (`autodiff/ChunkedHead.ts`), or of the whole shard when it fits in one chunk.
  * - `extra`: the KL reference's weights (4·P) and a GAE critic (a second trainer on the trunk), when the run has them;
@@ -45,8 +44,6 @@ export interface Settings {
   readonly sequenceLength: number
   /** Learner worker threads (`learner.workers`). */
   readonly workers: number
-  /** Activation recompute (`learner.recompute`). Default false. */
-  readonly recompute?: boolean
   /** A frozen KL reference is held (`algorithm.klCoef > 0`). Default false. */
   readonly reference?: boolean
   /** A GAE critic is trained beside the policy. Default false. */
@@ -74,7 +71,7 @@ export interface Estimate {
 
 /**
  * A run whose estimated peak exceeds the machine's memory. `fits` lists settings that would fit (a smaller
- * micro-batch, activation recompute, fewer workers), best first; empty when none does.
+ * micro-batch, fewer workers), best first; empty when none does.
  *
  * @category errors
  * @since 0.1.0
@@ -85,12 +82,7 @@ export class OutOfMemory extends Schema.TaggedError<OutOfMemory>()("OutOfMemory"
   estimate: Schema.Number,
   /** The machine's memory (bytes): the cgroup limit, or the physical memory. */
   available: Schema.Number,
-  fits: Schema.Array(Schema.Struct({
-    microBatchSize: Schema.Number,
-    workers: Schema.Number,
-    recompute: Schema.Boolean,
-    estimate: Schema.Number
-  }))
+  fits: Schema.Array(Schema.Struct({ microBatchSize: Schema.Number, workers: Schema.Number, estimate: Schema.Number }))
 }) {}
 
 // ===== Estimate =====
@@ -110,10 +102,7 @@ export const estimate = (model: ModelConfig.ModelConfig, settings: Settings): Es
   const gradients = 4 * P + (workers > 1 ? 12 * P * workers : 8 * P)
   const optimizer = 8 * P
   const perToken = 8 * D + 5 * model.intermediateSize + 2 * model.numAttentionHeads * T
-  // With recompute: each layer's input (and the few values crossing into the next layer) plus one layer's inside.
-  const activations = settings.recompute === true
-    ? 4 * tokens * (3 * D * model.numHiddenLayers + perToken)
-    : 4 * tokens * model.numHiddenLayers * perToken
+  const activations = 4 * tokens * model.numHiddenLayers * perToken
   const shardTokens = Math.ceil(microBatchSize / Math.max(1, Math.min(workers, microBatchSize))) * T
   const head = 6 * 4 * model.vocabSize * Math.min(shardTokens, ChunkedHead.defaultChunk(model.vocabSize)) *
     Math.min(workers, microBatchSize)
@@ -140,44 +129,32 @@ export const describe = (e: Estimate): string =>
   `${gib(e.extra)}`
 
 /**
- * A setting that fits, with its estimate.
- *
- * @category models
- * @since 0.1.0
- */
-export interface Fit {
-  readonly microBatchSize: number
-  readonly workers: number
-  readonly recompute: boolean
-  readonly estimate: number
-}
-
-/**
- * Settings that fit in `available` bytes, best first: for the given workers and one worker, without and with
- * activation recompute, the largest micro-batch (halved from the given one) that fits.
+ * Settings that fit in `available` bytes, best first: the micro-batch halved until it fits, at the given workers
+ * and with one worker.
  *
  * @category combinators
  * @since 0.1.0
  */
-export const fitting = (model: ModelConfig.ModelConfig, settings: Settings, available: number): Array<Fit> => {
-  const out: Array<Fit> = []
+export const fitting = (
+  model: ModelConfig.ModelConfig,
+  settings: Settings,
+  available: number
+): Array<{ readonly microBatchSize: number; readonly workers: number; readonly estimate: number }> => {
+  const out: Array<{ microBatchSize: number; workers: number; estimate: number }> = []
   for (const workers of [...new Set([settings.workers, 1])]) {
-    for (const recompute of [...new Set([settings.recompute === true, true])]) {
-      for (let rows = settings.microBatchSize; rows >= 1; rows = rows === 1 ? 0 : Math.floor(rows / 2)) {
-        const total = estimate(model, { ...settings, workers, recompute, microBatchSize: rows }).total
-        if (total <= available) {
-          out.push({ microBatchSize: rows, workers, recompute, estimate: total })
-          break
-        }
+    for (let rows = settings.microBatchSize; rows >= 1; rows = rows === 1 ? 0 : Math.floor(rows / 2)) {
+      const total = estimate(model, { ...settings, workers, microBatchSize: rows }).total
+      if (total <= available) {
+        out.push({ microBatchSize: rows, workers, estimate: total })
+        break
       }
     }
   }
-  return out.sort((a, b) => b.microBatchSize * b.workers - a.microBatchSize * a.workers)
+  return out
 }
 
-const setting = (f: Fit) =>
-  `algorithm.microBatchSize ${f.microBatchSize} with learner.workers ${f.workers}` +
-  `${f.recompute ? " and learner.recompute" : ""} (${gib(f.estimate)})`
+const setting = (f: { readonly microBatchSize: number; readonly workers: number; readonly estimate: number }) =>
+  `algorithm.microBatchSize ${f.microBatchSize} with learner.workers ${f.workers} (${gib(f.estimate)})`
 
 /**
  * `undefined` when the run fits in `available` bytes, else the refusal: the estimate by part and the settings that

@@ -317,12 +317,6 @@ export const LearnerConfig = Schema.Struct({
    */
   sharePrefix: withDefault(Schema.Boolean, true),
   /**
-   * Activation recompute (`OnnxTrainer.Options.recompute`): each decoder layer keeps only its input from the forward
-   * pass and recomputes its inside in the backward, for a fraction of the activations' memory at the cost of one
-   * more forward pass of the layers. The same gradients up to float rounding. Default false.
-   */
-  recompute: withDefault(Schema.Boolean, false),
-  /**
    * A trainer server (`agentfly trainer`, here or on another machine, `http://HOST:PORT/v1`) that runs the
    * learner's forward/backward passes and optimiser steps instead of this process (`RemoteTrainer`): the run sends it
    * the packed micro-batches and gets the weights back to publish. Checkpoints stay in the run's folder. A step

@@ -58,7 +58,6 @@ const build = (setup: Setup, weights: GradientBackend.Weights, loss: Loss.Config
     optimizer,
     schedule,
     workers: config.learner.workers,
-    recompute: config.learner.recompute,
     // One intra-op thread: onnxruntime's multi-threaded kernels do not sum in a fixed order, so with two threads the
     // same step on the same batch gave different weights from run to run (and a resumed run other weights than the
     // unbroken one). Parallelism comes from `learner.workers`, which split rows, not sums.

@@ -87,7 +87,6 @@ export const checkMemory = Effect.fnUntraced(function*(setup: Setup) {
     microBatchSize: algorithm.microBatchSize,
     sequenceLength: TrainConfig.onModel(setup.config, setup.folder.config).agent.maxContextTokens!,
     workers: learner.workers,
-    recompute: learner.recompute,
     reference: algorithm.klCoef > 0,
     critic: algorithm.advantage === "gae"
   }

@@ -146,7 +146,8 @@ const gradientsUnsafe = (
   loss: string,
   wrt: ReadonlyArray<string>,
   extraRules: Readonly<Record<string, Backward.Rule>> = {},
-  segments: ReadonlyArray<readonly [number, number]> = []
+  segments: ReadonlyArray<readonly [number, number]> = [],
+  created: Set<string> = new Set()
 ): Map<string, string> => {
   for (const w of wrt) {
     if (!e.shapes.has(w)) {
@@ -185,7 +186,7 @@ const gradientsUnsafe = (
     const dep = grads.find((g) => g !== undefined)
     if (s !== segment && dep !== undefined) {
       segment = s
-      recomputed = s === -1 ? new Map() : recompute(e, forwardNodes, segments[s]!, dep)
+      recomputed = s === -1 ? new Map() : recompute(e, forwardNodes, segments[s]!, dep, created)
     }
     const mapped = (name: string) => recomputed.get(name) ?? name
     const node = recomputed.size === 0
@@ -237,7 +238,8 @@ const recompute = (
   e: Backward.Emitter,
   nodes: ReadonlyArray<Graph.Node>,
   [a, b]: readonly [number, number],
-  dep: string
+  dep: string,
+  created: Set<string>
 ): ReadonlyMap<string, string> => {
   const map = new Map<string, string>()
   const flat = e.op("Reshape", [dep, e.ints([-1])])
@@ -260,6 +262,7 @@ const recompute = (
     const node = nodes[k]!
     const inputs = node.inputs.map(input)
     const outputs = node.outputs.map((o) => (o === "" ? "" : e.graph.fresh(`${o}_re`)))
+    for (const o of outputs) created.add(o)
     e.graph.node(node.op, inputs, outputs, node.attributes, node.domain)
     e.shapes.visit(e.graph.nodes[e.graph.nodes.length - 1]!)
     node.outputs.forEach((o, i) => o !== "" && map.set(o, outputs[i]!))
@@ -291,6 +294,22 @@ const layerSegments = (nodes: ReadonlyArray<Graph.Node>): Array<readonly [number
   })
 }
 
+/**
+ * With recompute, a copy of `graph` without the nodes nothing reads: a recomputed value the backward rules did not
+ * need (a layer's last residual sum), or a forward value only the backward read before, would otherwise dangle, and
+ * onnxruntime runs a dangling node last, keeping its inputs (activations of every layer) alive to the end.
+ */
+const withoutDeadNodes = (graph: Graph.Graph, outputs: ReadonlyArray<string>) => {
+  const read = new Set(outputs)
+  const dead = new Set<Graph.Node>()
+  for (let k = graph.nodes.length - 1; k >= 0; k--) {
+    const node = graph.nodes[k]!
+    if (node.outputs.every((o) => o === "" || !read.has(o))) dead.add(node)
+    else for (const i of node.inputs) read.add(i)
+  }
+  return copyGraph(graph, "float32", dead, graph.name)
+}
+
 const run = <A>(f: () => A): Effect.Effect<A, AutodiffError> =>
   Effect.try({
     try: f,
@@ -316,8 +335,9 @@ export const gradients = (
   run(() => {
     const shapes = Shapes.make(graph, dims)
     const e = Backward.makeEmitter(graph, shapes)
-    const grads = gradientsUnsafe(e, [...graph.nodes], loss, wrt)
-    return declareGradients(e, grads)
+    const named = declareGradients(e, gradientsUnsafe(e, [...graph.nodes], loss, wrt))
+    for (const name of named.values()) graph.output(name, e.dtype(name), e.dims(name))
+    return named
   })
 
 const declareGradients = (e: Backward.Emitter, grads: ReadonlyMap<string, string>): ReadonlyMap<string, string> => {
@@ -325,7 +345,7 @@ const declareGradients = (e: Backward.Emitter, grads: ReadonlyMap<string, string
   for (const [w, g] of grads) {
     const name = `grad.${w}`
     e.graph.node("Identity", [g], [name])
-    e.graph.output(name, e.dtype(w), e.dims(w))
+    e.shapes.set(name, e.shapes.get(w))
     named.set(w, name)
   }
   return named
@@ -403,9 +423,10 @@ export interface TrainingGraph {
 const copyGraph = (
   source: Graph.Graph,
   dtype: "float32" | "float64",
-  skip: ReadonlySet<Graph.Node> = new Set()
+  skip: ReadonlySet<Graph.Node> = new Set(),
+  name = `${source.name}_train`
 ): Graph.Graph => {
-  const g = Graph.make(`${source.name}_train`)
+  const g = Graph.make(name)
   const wide = dtype === "float64"
   const t = (d: Graph.DType): Graph.DType => (wide && d === "float32" ? "float64" : d)
   const tensor = (x: Graph.TensorData): Graph.TensorData =>
@@ -456,22 +477,23 @@ export const trainingGraph = (forward: Forward, options: Options): Effect.Effect
       ? [...forwardNodes, ...lossNodes]
       : [...forwardNodes, chunked.node, ...lossNodes.filter((n) => !n.outputs.some((o) => chunkedOutputs(chunked, o)))]
     const rules = chunked === undefined ? {} : { [ChunkedHead.op]: chunked.rule }
+    const created = new Set<string>()
+    const segments = options.recompute === true ? layerSegments(walked) : []
     const named = options.withGradients === false
       ? new Map<string, string>()
-      : declareGradients(
-        e,
-        gradientsUnsafe(e, walked, head.loss, forward.weightInputs, rules, options.recompute ? layerSegments(walked) : [])
-      )
+      : declareGradients(e, gradientsUnsafe(e, walked, head.loss, forward.weightInputs, rules, segments, created))
     const out = { loss: "loss", tokenLogprobs: "token_logprobs", stats: "stats" }
     graph.node("Identity", [head.loss], [out.loss])
-    graph.output(out.loss, dtype, [])
     graph.node("Identity", [head.tokenLogprobs], [out.tokenLogprobs])
-    graph.output(out.tokenLogprobs, dtype, [options.batch, options.length])
     graph.node("Identity", [head.stats], [out.stats])
-    graph.output(out.stats, dtype, [6])
+    const final = created.size === 0 ? graph : withoutDeadNodes(graph, [...Object.values(out), ...named.values()])
+    for (const name of named.values()) final.output(name, e.dtype(name), e.dims(name))
+    final.output(out.loss, dtype, [])
+    final.output(out.tokenLogprobs, dtype, [options.batch, options.length])
+    final.output(out.stats, dtype, [6])
     const weightSet = new Set(forward.weightInputs)
     return {
-      graph,
+      graph: final,
       batch: options.batch,
       length: options.length,
       weights: forward.weightInputs.map((name) => ({ name, dims: shapes.get(name).dims })),

@@ -9,7 +9,7 @@
  *
  * Memory (see `MemoryEstimate.ts` and `scripts/learner-memory.ts`): the weights, AdamW's two moments and the
  * gradient accumulator (16 bytes a parameter; the first micro-batch of a step writes its gradients straight into the
- * accumulator), the activations of a micro-batch (a fraction of them with `recompute`), and the output head in
+ * accumulator), the activations of a micro-batch, and the output head in
  * chunks of tokens (`autodiff/ChunkedHead.ts`): the logits of a whole micro-batch are never held.
  *
  * Determinism: on the CPU execution provider the same weights, batches and thread count give bit-identical
@@ -175,7 +175,13 @@ export interface Options {
   readonly headChunk?: number
   /**
    * Activation recompute (`Autodiff.Options.recompute`): each decoder layer keeps only its input from the forward
-   * pass and recomputes its inside in the backward. Less memory, one more forward pass of the layers. Default false.
+   * pass and recomputes its inside in the backward. Default false.
+   *
+   * **Gotchas**
+   *
+   * Not yet a saving: measured with `scripts/learner-memory.ts` (medium preset, 4 × 512 tokens) the peak grew from
+   * 5.23 to 5.85 GiB and the step's CPU time by about 1.3×, so onnxruntime still holds the forward's activations
+   * (or the recomputed ones) somewhere; hence no `learner.recompute` in the run's config yet.
    */
   readonly recompute?: boolean
   /** Sessions kept per shape (default 8). */
