@@ -57,7 +57,8 @@ export interface Options {
   readonly maxNewTokens: number
   readonly maxContextTokens?: number | undefined
   readonly temperature: number
-  readonly threads: number
+  /** onnxruntime intra-op threads (default `PolicyEngine.defaultThreads`). */
+  readonly threads?: number | undefined
   /** A file of client tokens, one a line, beside `AGENTFLY_GATEWAY_TOKEN` (`Gateway.Options.tokens`). */
   readonly tokenFile?: string | undefined
   /** Most episodes open at once (default 1024). */
@@ -94,7 +95,7 @@ export const start = Effect.fn("cli.gateway.start")(function*(
       config: folder.config,
       weights: trained?.weights ?? folder.weights,
       version: trained?.policyVersion ?? 0,
-      intraOpNumThreads: options.threads
+      ...(options.threads === undefined ? {} : { intraOpNumThreads: options.threads })
     })
     sampler = Sampler.of({ generate: (r) => engine.generate(r), policyVersion: engine.policyVersion })
     ;({ tokenizer, template, name } = folder)
@@ -191,7 +192,10 @@ export const gateway = Command.make(
       Flag.withDescription("Temperature when a request sets none"),
       Flag.withDefault(1)
     ),
-    threads: Flag.Int("threads").pipe(Flag.withDescription("onnxruntime intra-op threads"), Flag.withDefault(1)),
+    threads: Flag.Int("threads").pipe(
+      Flag.withDescription("onnxruntime intra-op threads (default: 1 for models under 50 M parameters, else every core)"),
+      Flag.optional
+    ),
     tokenFile: Flag.String("token-file").pipe(
       Flag.withDescription("A file of client tokens (one a line; each client's episodes are its own), beside " +
         "AGENTFLY_GATEWAY_TOKEN"),
@@ -223,7 +227,7 @@ export const gateway = Command.make(
       maxNewTokens: args.maxNewTokens,
       maxContextTokens: Option.getOrUndefined(args.maxContextTokens),
       temperature: args.temperature,
-      threads: args.threads,
+      threads: Option.getOrUndefined(args.threads),
       tokenFile: Option.getOrUndefined(args.tokenFile),
       maxEpisodes: args.maxEpisodes
     })

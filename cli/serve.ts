@@ -86,7 +86,11 @@ export const serve = Command.make(
       Flag.filter((p) => p >= 0 && p <= 65535, (p) => `--port must be in [0, 65535], got ${p}`)
     ),
     maxBatchSize: count("max-batch-size", "Most sequences decoded together (and in the engine at once)", 32),
-    threads: count("threads", "onnxruntime intra-op threads", 1),
+    threads: Flag.Int("threads").pipe(
+      Flag.withDescription("onnxruntime intra-op threads (default: 1 for models under 50 M parameters, else every core)"),
+      Flag.filter((n) => n >= 1, (n) => `--threads must be at least 1, got ${n}`),
+      Flag.optional
+    ),
     maxBodyBytes: count("max-body-bytes", "Largest request body accepted", OpenAiServer.defaults.maxBodyBytes),
     maxPrompts: count("max-prompts", "Most prompts in one /v1/completions request", OpenAiServer.defaults.maxPrompts),
     maxRequestTokens: count(
@@ -121,7 +125,7 @@ export const serve = Command.make(
       // A checkpoint's weights answer with the run's policy version at that step (the folder's are 0).
       version: trained?.policyVersion ?? 0,
       maxBatchSize,
-      intraOpNumThreads: threads
+      ...(Option.isSome(threads) ? { intraOpNumThreads: threads.value } : {})
     })
     const options: OpenAiServer.Options = {
       host,
