@@ -47,9 +47,13 @@ const folder = (shape: string): string => {
   return dir
 }
 
+/** Our exporter's GGUF of `dir` (its output is a line of text, not figures). */
 const gguf = (dir: string, dtype: string): string => {
   const out = `${dir}.${dtype}.gguf`
-  if (!existsSync(out)) part("cli/main.ts", ["export", dir, "--format", "gguf", "--dtype", dtype, "--out", out])
+  if (existsSync(out)) return out
+  const args = ["--import", "tsx", "cli/main.ts", "export", dir, "--format", "gguf", "--dtype", dtype, "--out", out]
+  const child = spawnSync(process.execPath, args, { cwd: root, encoding: "utf8", stdio: ["ignore", "pipe", "inherit"] })
+  console.error(`  export ${dtype}: ${child.stdout.trim().split("\n").at(-1)} (status ${child.status})`)
   return out
 }
 

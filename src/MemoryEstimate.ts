@@ -15,7 +15,11 @@
  * - `head`: the output head's working set, about six `[tokens, vocab]` float tensors per worker for the tokens of
  *   one chunk (`autodiff/ChunkedHead.ts`), or of the whole shard when it fits in one chunk.
  * - `extra`: the KL reference's weights (4·P) and a GAE critic (a second trainer on the trunk), when the run has them;
- *   the decode engine's weights (≈ 12·P, the issue's measured serving RSS); the process and onnxruntime (0.4 GiB).
+ *   the sampling side (≈ 20·P): the model folder's weights, held for the run (4·P), the published versions a run
+ *   keeps (2 × 4·P) and the decode engine's session (onnxruntime's copy of the weights and its pre-packed products,
+ *   ≈ 8·P); the process and onnxruntime (0.4 GiB). Measured on a whole run at Qwen2.5-0.5B's shapes (24 layers,
+ *   micro-batches of 1 × 640 tokens): 23.2 GiB when the out-of-memory killer ended it after its third RL step, where
+ *   12·P for the sampling side estimated 20.2 GiB and let it start on a 23.6 GiB machine; 20·P estimates 23.9 GiB.
  *
  * Measured with `scripts/learner-memory.ts` at Qwen2.5-0.5B's width (1 worker, 4 × 512 tokens): 1 layer (151 M
  * parameters) estimated 4.5 GiB, measured 4.7 GiB.
@@ -109,7 +113,7 @@ export const estimate = (model: ModelConfig.ModelConfig, settings: Settings): Es
   const trunkP = P - (model.tieWordEmbeddings ? 0 : model.vocabSize * D)
   const extra = 0.4 * GiB + (settings.reference === true ? 4 * P : 0) +
     (settings.critic === true ? weights + gradients + optimizer + activations - 28 * (P - trunkP) : 0) +
-    (settings.engine === false ? 0 : 12 * P)
+    (settings.engine === false ? 0 : 20 * P)
   const total = weights + gradients + optimizer + activations + head + extra
   return { parameters: P, weights, gradients, optimizer, activations, head, extra, total }
 }
@@ -153,6 +157,15 @@ export const fitting = (
   return out
 }
 
+/** The longest context (halved from the run's, down to 256 tokens) that fits one row on one worker, if any. */
+const shorterContext = (model: ModelConfig.ModelConfig, settings: Settings, available: number) => {
+  for (let length = Math.floor(settings.sequenceLength / 2); length >= 256; length = Math.floor(length / 2)) {
+    const total = estimate(model, { ...settings, sequenceLength: length, microBatchSize: 1, workers: 1 }).total
+    if (total <= available) return { sequenceLength: length, microBatchSize: 1, workers: 1, estimate: total }
+  }
+  return undefined
+}
+
 const setting = (f: { readonly microBatchSize: number; readonly workers: number; readonly estimate: number }) =>
   `algorithm.microBatchSize ${f.microBatchSize} with learner.workers ${f.workers} (${gib(f.estimate)})`
 
@@ -171,9 +184,13 @@ export const check = (
   const e = estimate(model, settings)
   if (e.total <= available) return undefined
   const fits = fitting(model, settings, available)
-  const advice = fits.length === 0
-    ? "no micro-batch size or worker count fits: use a machine with more memory or a smaller model"
-    : `these would fit: ${fits.map(setting).join("; ")}`
+  const shorter = fits.length === 0 ? shorterContext(model, settings, available) : undefined
+  const advice = fits.length > 0
+    ? `these would fit: ${fits.map(setting).join("; ")}`
+    : shorter !== undefined
+    ? `no micro-batch size or worker count fits at ${settings.sequenceLength} tokens a row; this would: ` +
+      `agent.maxContextTokens ${shorter.sequenceLength} with ${setting(shorter)}`
+    : "no micro-batch size, worker count or context length fits: use a machine with more memory or a smaller model"
   return new OutOfMemory({
     message: `the run needs about ${gib(e.total)} (${describe(e)}) for ${(e.parameters / 1e6).toFixed(0)} M ` +
       `parameters, micro-batches of ${settings.microBatchSize} × ${settings.sequenceLength} tokens and ` +

@@ -70,6 +70,15 @@ describe("MemoryEstimate", () => {
   it("a model too large for any setting says so", () => {
     const refused = MemoryEstimate.check(qwen(24), learner, 2 * GiB)!
     assert.deepStrictEqual(refused.fits, [])
-    assert.include(refused.message, "no micro-batch size or worker count fits")
+    assert.include(refused.message, "no micro-batch size, worker count or context length fits")
+  })
+
+  it("where no micro-batch fits at the run's context, a shorter context that fits one row is offered", () => {
+    const long = { ...learner, sequenceLength: 8192 }
+    const available = MemoryEstimate.estimate(qwen(24), { ...long, sequenceLength: 1024, microBatchSize: 1 }).total
+    const refused = MemoryEstimate.check(qwen(24), long, available + 1)!
+    assert.deepStrictEqual(refused.fits, [])
+    assert.include(refused.message, "no micro-batch size or worker count fits at 8192 tokens a row; this would: ")
+    assert.include(refused.message, "agent.maxContextTokens 1024 with algorithm.microBatchSize 1 with learner.workers 1")
   })
 })

@@ -52,11 +52,11 @@ describe("localSetup.checkMemory", () => {
       assert.strictEqual(error.reason._tag, "Learner")
       assert.match(error.message, /the run needs about [\d.]+ GiB \(weights [\d.]+ GiB, gradients/)
       assert.include(error.message, "more than the 24.00 GiB this machine has")
-      assert.include(error.message, "algorithm.microBatchSize 2 with learner.workers 1")
+      assert.include(error.message, "algorithm.microBatchSize 1 with learner.workers 1")
       const cause = error.reason.cause as MemoryEstimate.OutOfMemory
       assert.strictEqual(cause._tag, "OutOfMemory")
       assert.strictEqual(cause.available, 24 * GiB)
-      assert.deepStrictEqual(cause.fits.map((f) => [f.microBatchSize, f.workers]), [[2, 1]])
+      assert.deepStrictEqual(cause.fits.map((f) => [f.microBatchSize, f.workers]), [[1, 1]])
     }).pipe(Effect.provide(NodeServices.layer)))
 
   it.effect("the same run on a 256 GiB machine, and a run on a remote trainer, are let through", () =>
