@@ -155,13 +155,13 @@ export const llamaScores = (model: LlamaModel, ids: ReadonlyArray<number>, k: nu
     })
     try {
       const sequence = context.getSequence()
-      const asked = { logits: { filter: { tokens: [] as Array<Token>, includeTop: k } }, totalLogitWeight: true }
+      // node-llama-cpp 3.21 (the newest whose prebuilt binaries are all on the registry) gives each position's
+      // probabilities over the vocabulary, computed by llama.cpp in float32; their logarithms are its log-probs.
+      const asked = { probabilities: true }
       const results = await sequence.controlledEvaluate(ids.map((id) => [id as Token, { generateNext: asked }]))
       const top = (r: (typeof results)[number]): Top => {
-        const logits = [...r!.next.logits!.entries()].sort((a, b) => b[1] - a[1]).slice(0, k)
-        // totalLogitWeight = Σ exp(logit − max logit): log p = logit − max − ln(total).
-        const lse = logits[0]![1] + Math.log(r!.next.totalLogitWeight!)
-        return { tokens: logits.map(([t]) => t as number), logprobs: logits.map(([, l]) => l - lse) }
+        const probs = [...r!.next.probabilities!.entries()].sort((a, b) => b[1] - a[1]).slice(0, k)
+        return { tokens: probs.map(([t]) => t as number), logprobs: probs.map(([, p]) => Math.log(p)) }
       }
       const tops = ids.map((_, i) => top(results[i]))
       const continuation: Array<number> = []
