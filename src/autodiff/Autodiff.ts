@@ -168,6 +168,9 @@ const gradientsUnsafe = (
     throw new Failure(autodiffError("NotDifferentiable", `the loss "${loss}" does not depend on any weight`))
   }
   const pending = new Map<string, Array<string>>([[loss, [e.scalar(1, e.dtype(loss))]]])
+  // Gradient parts that a Gather's own rule produced (a scatter into zeros).
+  const gatherParts = new Set<string>()
+  const weights = new Set(wrt)
   const collect = (name: string): string | undefined => {
     const parts = pending.get(name)
     if (parts === undefined) return undefined
@@ -207,13 +210,18 @@ const gradientsUnsafe = (
         e.ints(e.dims(node.outputs[i]!))
       ])
     )
-    // An embedding whose table already has a gradient (a tied head's): scatter-add onto it.
-    const table = node.op === "Gather" && needs[0] ? collect(original.inputs[0]!) : undefined
-    if (table !== undefined) {
-      pending.set(original.inputs[0]!, [Backward.gatherInto(e, node, shaped[0]!, table)])
+    // A weight table that already has a gradient from a product (a tied head's embedding): scatter-add onto it.
+    // Only then: a Gather of an activation (a shared prompt's keys) and a second Gather of a table (a shared prompt's
+    // embedding) are summed as before, so that models without a tied head compute the same bits as they did.
+    const parts = node.op === "Gather" && needs[0] && weights.has(original.inputs[0]!)
+      ? pending.get(original.inputs[0]!)
+      : undefined
+    if (parts !== undefined && parts.some((part) => !gatherParts.has(part))) {
+      pending.set(original.inputs[0]!, [Backward.gatherInto(e, node, shaped[0]!, collect(original.inputs[0]!)!)])
       continue
     }
     const inputGrads = rule(e, node, shaped, needs)
+    if (node.op === "Gather" && inputGrads[0] !== undefined) gatherParts.add(inputGrads[0])
     original.inputs.forEach((input, i) => {
       const g = inputGrads[i]
       if (!needs[i] || g === undefined) return
