@@ -19,6 +19,7 @@
  * @since 0.1.0
  */
 import { Effect, FileSystem, Schema } from "effect"
+import * as DiskFull from "./internal/diskFull.ts"
 
 // ===== Models =====
 
@@ -368,7 +369,17 @@ const tensorBytes = (data: Float32Array, type: TensorType): Uint8Array => {
 export const write = Effect.fn("Gguf.write")(function*(file: string, contents: Contents, type: TensorType = "F32") {
   const fs = yield* FileSystem.FileSystem
   const partial = `${file}.partial`
-  const io = (cause: unknown) => new GgufError({ file, reason: new Io({ message: `cannot write ${file}`, cause }) })
+  // The cause's own words (a full disk, a missing directory, no permission) are what a user can act on.
+  const io = (cause: unknown) =>
+    new GgufError({
+      file,
+      reason: new Io({
+        message: DiskFull.isDiskFull(cause)
+          ? `cannot write ${file}: ${DiskFull.marker}; free space on its filesystem`
+          : `cannot write ${file}: ${cause instanceof Error ? cause.message : String(cause)}`,
+        cause
+      })
+    })
   for (const t of contents.tensors) {
     if (t.dims.some((d) => !Number.isInteger(d) || d <= 0)) {
       return yield* invalid(file, `tensor ${t.name} has dims [${t.dims.join(", ")}]`)

@@ -213,12 +213,13 @@ describe("Gguf", () => {
     })
   })
 
-  it.effect("a write that fails leaves nothing behind and says which file", () =>
+  it.effect("a write that fails leaves nothing behind and says which file and why", () =>
     Effect.gen(function*() {
       const file = join(dir, "missing-folder", "x.gguf")
       const error = yield* Effect.flip(Gguf.write(file, contents))
       assert.strictEqual(error.reason._tag, "Io")
       assert.strictEqual(error.file, file)
+      assert.match(error.message, /^cannot write .*x\.gguf: NotFound/)
       const bad = { ...contents, tensors: [{ name: "w", dims: [2, 2], data: () => new Float32Array(3) }] }
       const short = yield* Effect.flip(Gguf.write(join(dir, "short.gguf"), bad))
       assert.strictEqual(short.reason._tag, "Invalid")
