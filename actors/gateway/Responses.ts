@@ -390,16 +390,19 @@ export const response = (answer: Answer, phase: "in_progress" | "done" = "done")
     truncation: "disabled" as const,
     metadata: request.echo.metadata,
     access_programs: null,
-    usage: done
+    ...(done
       ? {
-        input_tokens: turn.promptTokens,
-        input_tokens_details: { cached_tokens: 0 },
-        output_tokens: turn.tokenIds.length,
-        output_tokens_details: { reasoning_tokens: 0 },
-        total_tokens: turn.promptTokens + turn.tokenIds.length
+        usage: {
+          input_tokens: turn.promptTokens,
+          input_tokens_details: { cached_tokens: 0 },
+          output_tokens: turn.tokenIds.length,
+          output_tokens_details: { reasoning_tokens: 0 },
+          total_tokens: turn.promptTokens + turn.tokenIds.length
+        },
+        token_ids: turn.tokenIds,
+        policy_version: turn.policyVersion
       }
-      : null,
-    ...(done ? { token_ids: turn.tokenIds, policy_version: turn.policyVersion } : {})
+      : {})
   }
 }
 
