@@ -394,7 +394,7 @@ export const response = (answer: Answer, phase: "in_progress" | "done" = "done")
       ? {
         usage: {
           input_tokens: turn.promptTokens,
-          input_tokens_details: { cached_tokens: 0 },
+          input_tokens_details: { cached_tokens: 0, cache_write_tokens: 0 },
           output_tokens: turn.tokenIds.length,
           output_tokens_details: { reasoning_tokens: 0 },
           total_tokens: turn.promptTokens + turn.tokenIds.length
