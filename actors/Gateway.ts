@@ -7,10 +7,19 @@
  * |------------------------------------------------|----------------------------------------------------------------|
  * | `POST /episodes/ID/v1/chat/completions`        | chat with `tools`, tool calls, parallel tool calls, `stream`   |
  * | `POST /episodes/ID/v1/completions`             | text or token-id prompts (needs the model's tokenizer)         |
+ * | `POST /episodes/ID/v1/responses`               | OpenAI's Responses API (`gateway/Responses.ts`)                |
+ * | `POST /episodes/ID/v1/messages`                | Anthropic's Messages API (`gateway/Messages.ts`)               |
  * | `GET  /v1/models`, `/episodes/ID/v1/models`    | the served model                                               |
  * | `POST /episodes/ID/reward`                     | `{ "reward": number, "metrics"?: {...} }`: the episode's score |
- * | `POST /episodes/ID/end`                        | (serving mode) ends the episode without a reward               |
+ * | `POST /episodes/ID/end`                        | (serving mode) ends the episode without a reward (its status:  |
+ * |                                                | `not_applicable`)                                              |
  * | `GET  /episodes/ID`                            | the episode so far: threads, requests, its trajectory          |
+ *
+ * Every wire format is a translation to and from the one chat request the recorder answers: an episode's record
+ * is the same whichever format (or mix of formats) its agent speaks. A reward or `end` names an open episode: one
+ * never opened is a 404 naming its id (serving mode opens episodes by their first model request only). A request
+ * refused with a 400 before sampling (a bad field, a tool result that answers no call) is recorded on the episode
+ * as `SamplerRejected` (`Recorder.refused`), the reason its trajectory fails with if its agent then gives up.
  *
  * Each episode's requests are sampled token-in / token-out and recorded as `Recorder` describes (threads, segments
  * on history rewrites, parallel requests as linked threads). A program opens an episode with {@link Gateway.open}
@@ -43,9 +52,12 @@
 import * as Http from "node:http"
 import { Clock, Context, Duration, Effect, Fiber, FiberSet, Layer, Schedule, Schema, Scope } from "effect"
 import type * as AgentTask from "../src/AgentTask.ts"
+import type * as Message from "../src/Message.ts"
 import type * as Trajectory from "../src/Trajectory.ts"
 import * as Bodies from "./gateway/Bodies.ts"
+import * as Messages from "./gateway/Messages.ts"
 import * as Recorder from "./gateway/Recorder.ts"
+import * as Responses from "./gateway/Responses.ts"
 import * as Auth from "./internal/auth.ts"
 import * as HttpActor from "./internal/http.ts"
 import * as Wire from "./internal/openAiWire.ts"
@@ -219,6 +231,8 @@ interface Entry {
   readonly auto: boolean
   /** The client (its token's index) that opened it by a request; undefined: opened by the program, any client's. */
   readonly owner: number | undefined
+  /** Stored Responses (`store` not false): each one's conversation, input and output, for `previous_response_id`. */
+  readonly responses: Map<string, ReadonlyArray<Message.Message>>
 }
 
 /**
@@ -300,7 +314,8 @@ const openEntry = Effect.fnUntraced(function*(
     lastSeen: yield* Clock.currentTimeMillis,
     closed: false,
     auto,
-    owner
+    owner,
+    responses: new Map()
   }
   const episode: Episode = {
     id: config.id,
@@ -327,7 +342,9 @@ const finish = Effect.fnUntraced(function*(state: GatewayState, entry: Entry, en
   if (state.ended.size > endedKept) state.ended.delete(state.ended.keys().next().value!)
   const base = yield* Recorder.trajectory(entry.episode.recorder, ending)
   const score = entry.posted
-  const trajectory: Trajectory.Trajectory = score === undefined ? base : {
+  // Ended with `/end` and no reward: nothing to score it by, which is not a pending score (excluded from baselines).
+  const unscored: Trajectory.Trajectory = base.masked ? base : { ...base, rewardStatus: "not_applicable" }
+  const trajectory: Trajectory.Trajectory = score === undefined ? unscored : {
     ...base,
     reward: score.reward,
     rewardStatus: base.masked ? "failed" : "scored",
@@ -393,8 +410,12 @@ const entryFor = Effect.fnUntraced(function*(state: GatewayState, id: string, cl
 
 // ===== Routes =====
 
+/** A body's check: its 400 is recorded on the episode (`Recorder.refused`) before it is answered. */
+const checked = <A>(entry: Entry, check: Effect.Effect<A, Wire.ApiError>) =>
+  Effect.tapError(check, (e) => Recorder.refused(entry.episode.recorder, e))
+
 const chat: EpisodeHandler = Effect.fnUntraced(function*(state, entry, raw, res) {
-  const body = yield* Bodies.decodeChat(raw)
+  const body = yield* checked(entry, Bodies.decodeChat(raw))
   const turn = yield* Recorder.chat(entry.episode.recorder, body)
   const id = `chatcmpl-${++state.counters.ids}`
   const created = yield* now
@@ -403,7 +424,7 @@ const chat: EpisodeHandler = Effect.fnUntraced(function*(state, entry, raw, res)
 })
 
 const completions: EpisodeHandler = Effect.fnUntraced(function*(state, entry, raw, res) {
-  const body = yield* Bodies.decodeCompletion(raw)
+  const body = yield* checked(entry, Bodies.decodeCompletion(raw))
   const { turn, text, promptTokenIds } = yield* Recorder.completion(entry.episode.recorder, body)
   const id = `cmpl-${++state.counters.ids}`
   const created = yield* now
@@ -413,6 +434,34 @@ const completions: EpisodeHandler = Effect.fnUntraced(function*(state, entry, ra
     yield* Wire.sendJson(res, 200, value)
   }
 })
+
+const responses: EpisodeHandler = Effect.fnUntraced(function*(state, entry, raw, res) {
+  const request = yield* checked(entry, Wire.lift(Responses.decode(raw, (id) => entry.responses.get(id))))
+  const turn = yield* Recorder.chat(entry.episode.recorder, request.chat)
+  const answer: Responses.Answer = { n: ++state.counters.ids, createdAt: yield* now, model: state.model, request, turn }
+  if (request.store) entry.responses.set(`resp_${answer.n}`, [...request.conversation, Responses.assistantOf(turn)])
+  if (request.chat.stream) yield* Wire.sendEvents(res, Responses.events(answer))
+  else yield* Wire.sendJson(res, 200, Responses.response(answer))
+})
+
+const messages: EpisodeHandler = Effect.fnUntraced(function*(state, entry, raw, res) {
+  const body = yield* checked(entry, Wire.lift(Messages.decode(raw)))
+  const turn = yield* Recorder.chat(entry.episode.recorder, body)
+  const id = `msg_${++state.counters.ids}`
+  const model = Wire.isRecord(raw) && typeof raw["model"] === "string" ? raw["model"] : state.model
+  if (body.stream) yield* Wire.sendEvents(res, Messages.events(id, model, turn))
+  else yield* Wire.sendJson(res, 200, Messages.message(id, model, turn))
+})
+
+/** Anthropic's error bodies on its route (counted as errors, as the others are by the server's handler). */
+const anthropicErrors = (state: GatewayState, res: Http.ServerResponse, effect: Effect.Effect<void, Wire.ApiError>) =>
+  Effect.catch(effect, (e) =>
+    Effect.andThen(
+      Effect.sync(() => void state.counters.errors++),
+      res.headersSent
+        ? Effect.sync(() => void (res.writableEnded || res.end(Bodies.namedEvent("error", Messages.errorBody(e)))))
+        : Wire.sendJson(res, e.status, Messages.errorBody(e))
+    ))
 
 const reward: EpisodeHandler = Effect.fnUntraced(function*(state, entry, raw, res) {
   const score = yield* Schema.decodeUnknownEffect(Reward)(raw).pipe(
@@ -442,6 +491,23 @@ const describe = Effect.fnUntraced(function*(entry: Entry, res: Http.ServerRespo
   })
 })
 
+/**
+ * The open episode `id` for a reward or an `end`, which never open one: a 404 naming the id when it was never
+ * opened (a typo, a reward posted before the first request), a 409 when it has ended.
+ */
+const openedFor = (state: GatewayState, id: string, client: number): Effect.Effect<Entry, Wire.ApiError> => {
+  const found = visible(state, id, client)
+  if (found !== undefined) return Effect.succeed(found)
+  if (state.ended.has(id) && state.ended.get(id) === client) {
+    return Effect.fail(new Wire.ApiError({ status: 409, message: `episode ${JSON.stringify(id)} has ended`, code: "episode_ended" }))
+  }
+  return Effect.fail(Wire.notFound(
+    `no open episode ${JSON.stringify(id)}: an episode opens with its first model request, and a reward or /end ` +
+      `names an open one`,
+    "episode_not_found"
+  ))
+}
+
 /** An episode request, tracked so that closing the episode interrupts it (answered 410). */
 const inEpisode = Effect.fnUntraced(function*(
   state: GatewayState,
@@ -449,10 +515,11 @@ const inEpisode = Effect.fnUntraced(function*(
   client: number,
   req: Http.IncomingMessage,
   res: Http.ServerResponse,
-  handler: EpisodeHandler
+  handler: EpisodeHandler,
+  opens: boolean
 ) {
   const body = yield* Wire.readJson(req, state.maxBody)
-  const entry = yield* entryFor(state, id, client)
+  const entry = opens ? yield* entryFor(state, id, client) : yield* openedFor(state, id, client)
   entry.lastSeen = yield* Clock.currentTimeMillis
   const closed = new Wire.ApiError({ status: 410, message: `episode ${id} was closed`, code: "episode_closed" })
   const fiber = yield* Effect.forkChild(handler(state, entry, body, res).pipe(
@@ -468,10 +535,17 @@ const inEpisode = Effect.fnUntraced(function*(
   )
 })
 
+/** Anthropic's SDK sends its key as `x-api-key`: the same token as a bearer one. */
+const withApiKey = (req: Http.IncomingMessage): Http.IncomingMessage => {
+  const key = req.headers["x-api-key"]
+  if (req.headers.authorization !== undefined || typeof key !== "string") return req
+  return { headers: { ...req.headers, authorization: `Bearer ${key}` } } as Http.IncomingMessage
+}
+
 /** Where a request goes: the episode (from the path or the header) and the route within it. */
 const route = (state: GatewayState, req: Http.IncomingMessage, res: Http.ServerResponse) => {
   // Before the route, the body or any episode: a stranger gets the same 401 everywhere.
-  const verdict = Auth.authorize(state.auth, req)
+  const verdict = Auth.authorize(state.auth, withApiKey(req))
   if (!verdict.ok) return Effect.fail(Wire.unauthorized("AGENTFLY_GATEWAY_TOKEN: the SDK's apiKey"))
   const client = verdict.client
   const path = (req.url ?? "/").split("?")[0]!.replace(/\/+$/, "")
@@ -483,14 +557,14 @@ const route = (state: GatewayState, req: Http.IncomingMessage, res: Http.ServerR
   const id = scoped !== null ? decodeURIComponent(scoped[1]!) : typeof header === "string" ? header : undefined
   const rest = scoped !== null ? scoped[2] ?? "" : path
   const noRoute = Effect.fail(Wire.notFound(`no route ${method} ${path}`))
-  const episodeRoute = (handler: EpisodeHandler) =>
+  const episodeRoute = (handler: EpisodeHandler, opens = true) =>
     id === undefined
       ? Effect.fail(Wire.invalid(
         "no episode: use http://host:port/episodes/ID/v1 as the base URL (or an x-agentfly-episode header)",
         undefined,
         "episode_required"
       ))
-      : only("POST", () => inEpisode(state, id, client, req, res, handler))
+      : only("POST", () => inEpisode(state, id, client, req, res, handler, opens))
   switch (rest) {
     case "/v1/models":
       return only("GET", () => Effect.flatMap(now, (created) => Wire.sendJson(res, 200, models(state, created))))
@@ -498,10 +572,14 @@ const route = (state: GatewayState, req: Http.IncomingMessage, res: Http.ServerR
       return episodeRoute(chat)
     case "/v1/completions":
       return episodeRoute(completions)
+    case "/v1/responses":
+      return episodeRoute(responses)
+    case "/v1/messages":
+      return anthropicErrors(state, res, episodeRoute(messages))
     case "/reward":
-      return scoped === null ? noRoute : episodeRoute(reward)
+      return scoped === null ? noRoute : episodeRoute(reward, false)
     case "/end":
-      return scoped === null || state.auto === undefined ? noRoute : episodeRoute(end)
+      return scoped === null || state.auto === undefined ? noRoute : episodeRoute(end, false)
     case "":
       if (scoped === null || id === undefined) return noRoute
       return only("GET", () => {

@@ -80,8 +80,14 @@ export const budgetWarnings = (
  * count: an agent function's SDK reads a malformed call as text, and the gateway counts it; a turn cut by max tokens
  * inside a call counts it as `tool_errors/ParseFailed`), or errored.
  */
+/**
+ * An error that ended a chain is an invalid call only when it is the call's (unparseable, or a tool failing on it)
+ * or says no reason: a crashed agent, a hung tool or an unknown episode says nothing of the calls made.
+ */
+const callReasons: ReadonlySet<string> = new Set(["ParseFailed", "ToolFailed"])
+
 const hasInvalidCall = (t: Trajectory.Trajectory): boolean =>
-  t.termination === "error" || t.messages.some((m) => m.role === "tool" && m.is_error === true) ||
+  (t.termination === "error" && (t.errorReason === undefined || callReasons.has(t.errorReason))) || t.messages.some((m) => m.role === "tool" && m.is_error === true) ||
   Object.entries(t.metrics).some(([key, n]) => key.startsWith("tool_errors/") && n > 0)
 
 /**

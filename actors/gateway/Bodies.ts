@@ -17,6 +17,7 @@
 import { Effect } from "effect"
 import type * as ChatTemplate from "../../src/ChatTemplate.ts"
 import * as Message from "../../src/Message.ts"
+import { suggestion } from "../../src/internal/schemaIssues.ts"
 import type * as OpenAiRequest from "../internal/openAiRequest.ts"
 import {
   ApiError,
@@ -136,6 +137,21 @@ export const decodeChat = (body: unknown): Effect.Effect<ChatBody, ApiError> =>
       if (message instanceof ApiError) return Effect.fail(message)
       messages.push(message)
     }
+    const orphan = toolReplyProblem(messages)
+    if (orphan !== undefined) {
+      const param = `messages.[${orphan.index}]`
+      return Effect.fail(
+        orphan.id === undefined
+          ? invalid(
+            "Invalid parameter: messages with role 'tool' must be a response to a preceeding message with 'tool_calls'.",
+            `${param}.role`
+          )
+          : invalid(
+            `Invalid parameter: 'tool_call_id' of '${orphan.id}' not found in 'tool_calls' of previous message.`,
+            `${param}.tool_call_id`
+          )
+      )
+    }
     const tools = toTools(body["tools"])
     if (tools instanceof ApiError) return Effect.fail(tools)
     const logprobs = body["logprobs"] ?? false
@@ -166,6 +182,102 @@ export const decodeCompletion = (body: unknown): Effect.Effect<CompletionBody, A
       logprobs: typeof logprobs === "number"
     }))
   })
+
+/**
+ * The first tool message that answers no call (OpenAI refuses it, and so does every wire format the gateway
+ * speaks): `index` is its place in `messages`; `id` is its call id when a preceding assistant message has calls but
+ * none of that id, undefined when no assistant message with calls precedes it (only tool messages in between).
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const toolReplyProblem = (
+  messages: ReadonlyArray<Message.Message>
+): { readonly index: number; readonly id: string | undefined } | undefined => {
+  let calls: ReadonlySet<string> | undefined
+  for (const [index, m] of messages.entries()) {
+    if (m.role === "assistant") {
+      calls = m.tool_calls === undefined || m.tool_calls.length === 0
+        ? undefined
+        : new Set(m.tool_calls.map((c) => c.id))
+    } else if (m.role === "tool") {
+      if (calls === undefined) return { index, id: undefined }
+      if (!calls.has(m.tool_call_id)) return { index, id: m.tool_call_id }
+    } else calls = undefined
+  }
+  return undefined
+}
+
+/**
+ * A number field of a request: absent (`undefined` or `null`), or a finite number in `[min, max]` (an integer when
+ * `integer`); anything else is a 400 naming the field.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const numberField = (
+  body: Readonly<Record<string, unknown>>,
+  key: string,
+  range: { readonly min: number; readonly max?: number; readonly integer?: boolean }
+): Check<number | undefined> => {
+  const v = body[key]
+  if (v === undefined || v === null) return undefined
+  const kind = range.integer === true ? "an integer" : "a number"
+  if (typeof v !== "number" || !Number.isFinite(v) || (range.integer === true && !Number.isInteger(v))) {
+    return invalid(`${key} must be ${kind}`, key)
+  }
+  if (v < range.min || (range.max !== undefined && v > range.max)) {
+    const bounds = range.max === undefined ? `at least ${range.min}` : `between ${range.min} and ${range.max}`
+    return invalid(`${key} must be ${bounds}, got ${v}`, key)
+  }
+  return v
+}
+
+/**
+ * A 400 naming the fields of `body` outside `known` (a near name suggested), or undefined.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const unknownFields = (
+  body: Readonly<Record<string, unknown>>,
+  known: ReadonlySet<string>
+): ApiError | undefined => {
+  const unknown = Object.keys(body).filter((k) => !known.has(k))
+  if (unknown.length === 0) return undefined
+  const named = unknown.map((k) => `${k}${suggestion(k, [...known])}`).join(", ")
+  return invalid(`Unrecognized request argument${unknown.length > 1 ? "s" : ""} supplied: ${named}`, unknown[0])
+}
+
+/**
+ * A server-sent event with its `event:` name (what the Responses and Messages streams send).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const namedEvent = (name: string, value: unknown): string =>
+  `event: ${name}\ndata: ${JSON.stringify(value)}\n\n`
+
+/**
+ * A checked body of a wire format as the chat request the recorder answers: the conversation, its tools and
+ * sampling (no stop ids, usage or logprobs: the formats' own bodies carry those).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const chatBodyOf = (
+  messages: ReadonlyArray<Message.Message>,
+  tools: ReadonlyArray<ChatTemplate.ToolSpec>,
+  sampling: Pick<ChatBody, "maxTokens" | "temperature" | "topP" | "topK" | "stream">
+): ChatBody => ({
+  messages,
+  tools,
+  ...sampling,
+  seed: undefined,
+  stopTokenIds: [],
+  includeUsage: false,
+  logprobs: false
+})
 
 // ===== Matching =====
 

@@ -80,6 +80,9 @@ export interface Recorder {
   /** Failures of the gateway's own steps (sampler, template), newest last. */
   readonly failures: Array<RolloutError.RolloutError>
   requests: number
+  /** Requests interrupted before they were answered (the client went away, the episode closed), and the last's. */
+  cut: number
+  lastCut: number | undefined
   rewrites: number
   samplerMs: number
   activity: number
@@ -99,6 +102,8 @@ export const make = (config: Config): Effect.Effect<Recorder> =>
     callIds: new Map(),
     failures: [],
     requests: 0,
+    cut: 0,
+    lastCut: undefined,
     rewrites: 0,
     samplerMs: 0,
     activity: 0,
@@ -106,6 +111,41 @@ export const make = (config: Config): Effect.Effect<Recorder> =>
   }))
 
 // ===== Sampling =====
+
+/** Codes of 400s the recorder's own steps record (the sampler's, the template's) or that end the episode. */
+const recordedElsewhere = new Set(["context_length_exceeded", "template_failed", "sampler_rejected"])
+
+/**
+ * Records a request refused with a 400 before sampling (a bad field, a tool result answering no call) as a
+ * `SamplerRejected` failure of the episode: the reason its trajectory fails with if the agent then gives up, as a
+ * refusal of the engine's would be, rather than the crash (`EnvFailed`) it looks like from outside.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const refused = (recorder: Recorder, e: Wire.ApiError): Effect.Effect<void> =>
+  Effect.sync(() => {
+    if (e.status !== 400 || (e.code !== undefined && recordedElsewhere.has(e.code))) return
+    const param = e.param === undefined ? "" : ` (${e.param})`
+    record(
+      recorder,
+      new RolloutError.RolloutError({
+        reason: "SamplerRejected",
+        message: `a request was refused${param}: ${e.message}`,
+        chainId: recorder.config.id
+      })
+    )
+  })
+
+/** Counts a request interrupted before it was answered (its number: the count when it came). */
+const cutOnInterrupt = <A, E>(recorder: Recorder, effect: Effect.Effect<A, E>): Effect.Effect<A, E> => {
+  const n = recorder.requests
+  return Effect.onInterrupt(effect, () =>
+    Effect.sync(() => {
+      recorder.cut++
+      recorder.lastCut = n
+    }))
+}
 
 const record = (recorder: Recorder, error: RolloutError.RolloutError) => {
   recorder.failures.push(error)
@@ -286,7 +326,10 @@ export const chat = (recorder: Recorder, body: Bodies.ChatBody): Effect.Effect<B
     const choice = Threads.chooseChat(recorder.threads, keys, toolsKey)
     if (choice._tag !== "New") {
       const continued = continueChat(recorder, choice, body, keys, tools)
-      return occupying(recorder, choice.thread, undoneOnFailure(recorder, choice.thread, false, continued))
+      return cutOnInterrupt(
+        recorder,
+        occupying(recorder, choice.thread, undoneOnFailure(recorder, choice.thread, false, continued))
+      )
     }
     // A placeholder holds the new thread's place (and its busy mark) while its prompt is rendered.
     const thread: Threads.ChatThread = {
@@ -303,20 +346,23 @@ export const chat = (recorder: Recorder, body: Bodies.ChatBody): Effect.Effect<B
       cutAtRequest: undefined
     }
     recorder.threads.push(thread)
-    return occupying(
+    return cutOnInterrupt(
       recorder,
-      thread,
-      undoneOnFailure(
+      occupying(
         recorder,
         thread,
-        true,
-        Effect.gen(function*() {
-          thread.transcript = yield* startTranscript(recorder, body.messages, tools).pipe(
-            // A thread whose prompt cannot be rendered never existed.
-            Effect.tapError(() => Effect.sync(() => dropThread(recorder, thread)))
-          )
-          return yield* sampleChat(recorder, thread, body)
-        })
+        undoneOnFailure(
+          recorder,
+          thread,
+          true,
+          Effect.gen(function*() {
+            thread.transcript = yield* startTranscript(recorder, body.messages, tools).pipe(
+              // A thread whose prompt cannot be rendered never existed.
+              Effect.tapError(() => Effect.sync(() => dropThread(recorder, thread)))
+            )
+            return yield* sampleChat(recorder, thread, body)
+          })
+        )
       )
     )
   })
@@ -428,7 +474,7 @@ export const completion = (
       thread = { ...newCommon(recorder, undefined), _tag: "Tokens", spans: [], ids: [], start: ids }
       recorder.threads.push(thread)
     } else thread = choice.thread
-    return occupying(
+    return cutOnInterrupt(recorder, occupying(
       recorder,
       thread,
       undoneOnFailure(recorder, thread, choice._tag === "New", Effect.gen(function*() {
@@ -471,7 +517,7 @@ export const completion = (
           promptTokenIds: ids
         }
       }))
-    )
+    ))
   })
 
 // ===== Trajectories =====
@@ -549,10 +595,17 @@ export const trajectory = Effect.fnUntraced(function*(recorder: Recorder, ending
     : last.lastFinish === "tool_calls"
     ? "episode_end"
     : "no_tool_call"
+  // A request cut mid-way (its client gone, its episode closed) is said, though the episode may still be scored.
+  const cut = recorder.cut === 0 ? "" : `request ${recorder.lastCut!} was cut mid-way (${recorder.cut} ` +
+    `request${recorder.cut > 1 ? "s" : ""} interrupted before their answer: the client went away or the episode ` +
+    `closed)`
   const error = ending._tag === "Failed"
-    ? { error: `${ending.error.reason}: ${ending.error.message}`, errorReason: ending.error.reason }
+    ? { error: `${ending.error.reason}: ${ending.error.message}${cut === "" ? "" : `; ${cut}`}`,
+      errorReason: ending.error.reason }
     : ending._tag === "Abandoned"
-    ? { error: ending.message }
+    ? { error: `${ending.message}${cut === "" ? "" : `; ${cut}`}` }
+    : cut !== ""
+    ? { error: cut }
     : {}
   const result: Trajectory.Trajectory = {
     trajectoryId: config.id,
@@ -573,6 +626,7 @@ export const trajectory = Effect.fnUntraced(function*(recorder: Recorder, ending
       "gateway/threads": sampled.length,
       "gateway/segments": segments.length,
       "gateway/rewrites": recorder.rewrites,
+      ...(recorder.cut > 0 ? { "gateway/cut_requests": recorder.cut } : {}),
       ...(chats.some((t) => t.parseErrors > 0)
         ? { "tool_errors/ParseFailed": chats.reduce((n, t) => n + t.parseErrors, 0) }
         : {}),
