@@ -14,6 +14,7 @@ import { evaluate } from "./eval.ts"
 import { exportCommand } from "./export.ts"
 import { gateway } from "./gateway.ts"
 import { initModel } from "./initModel.ts"
+import { mcp } from "./mcp.ts"
 import { oracle } from "./oracle.ts"
 import { serve } from "./serve.ts"
 import { report } from "./report.ts"
@@ -39,7 +40,8 @@ const subcommands = [
   report,
   oracle,
   tokens,
-  exportCommand
+  exportCommand,
+  mcp
 ] as const
 
 /**

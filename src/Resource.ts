@@ -37,12 +37,12 @@ export const ResetPolicy = Schema.Literals(["reset", "recreate"])
 export type ResetPolicy = typeof ResetPolicy.Type
 
 /**
- * The launcher that starts instances.
+ * The launcher that starts instances (`process`: a local child process, such as an MCP server over stdio).
  *
  * @category models
  * @since 0.1.0
  */
-export const ResourceKind = Schema.Literals(["in-process", "docker", "bubblewrap"])
+export const ResourceKind = Schema.Literals(["in-process", "docker", "bubblewrap", "process"])
 export type ResourceKind = typeof ResourceKind.Type
 
 const NonNegativeInt = Schema.Int.check(Schema.isGreaterThanOrEqualTo(0))

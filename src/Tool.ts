@@ -104,6 +104,11 @@ export interface Tool<
   ) => Effect.Effect<Success["Type"], Failure["Type"], R>
   /** The equivalent `effect/ai` tool definition (for interop and JSON Schema rendering). */
   readonly definition: AiTool.Any
+  /**
+   * The parameters' JSON Schema as given (an MCP server's `inputSchema`), rendered as is in place of the one
+   * derived from `parametersSchema`.
+   */
+  readonly jsonSchema?: Record<string, unknown> | undefined
 }
 
 /**
@@ -178,6 +183,8 @@ export interface Options<
   readonly retry?: RetryPolicy | undefined
   readonly maxOutput?: OutputBudget | undefined
   readonly render?: ((value: Success["Type"]) => string) | undefined
+  /** The parameters' JSON Schema shown to the model, when it comes from elsewhere (an MCP server's tool list). */
+  readonly jsonSchema?: Record<string, unknown> | undefined
   readonly handler: (
     params: Params["Type"],
     context: HandlerContext
@@ -399,6 +406,7 @@ export const make = <
     retry: options.retry,
     maxOutput: options.maxOutput,
     render: options.render,
+    ...(options.jsonSchema === undefined ? {} : { jsonSchema: options.jsonSchema }),
     handler: options.handler,
     definition: AiTool.make(name, {
       description: options.description,
@@ -629,13 +637,14 @@ export const argumentsProblem = (tool: Any, args: unknown): string | undefined =
 // ===== JSON Schema =====
 
 /**
- * The parameters of a tool as JSON Schema (via `effect/ai`'s rendering). Strict tools say
- * `additionalProperties: false`.
+ * The parameters of a tool as JSON Schema (via `effect/ai`'s rendering), or its `jsonSchema` when it has one (an
+ * MCP tool's `inputSchema`, as its server wrote it). Strict tools say `additionalProperties: false`.
  *
  * @category getters
  * @since 0.1.0
  */
 export const parametersJsonSchema = (tool: Any): Record<string, unknown> => {
+  if (tool.jsonSchema !== undefined) return tool.jsonSchema
   const fields = (tool.parametersSchema as { readonly fields?: object }).fields
   // An empty Struct renders as "any non-null value"; chat templates expect an object with no properties.
   const schema = fields !== undefined && Object.keys(fields).length === 0
