@@ -21,6 +21,7 @@ import { rolloutWorker } from "./rolloutWorker.ts"
 import { tokens } from "./tokens.ts"
 import { trainer } from "./trainer.ts"
 import { train } from "./train.ts"
+import { watch } from "./watch.ts"
 
 /**
  * The subcommands of `agentfly`, one line each.
@@ -37,6 +38,7 @@ const subcommands = [
   trainer,
   evaluate,
   report,
+  watch,
   oracle,
   tokens,
   exportCommand

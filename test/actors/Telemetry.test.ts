@@ -175,7 +175,7 @@ describe("Telemetry", () => {
     }))
 
   it.live(
-    "a training run exports one trace: run → step → learner step, batch → chain → lease, turn, reward; figures as metrics",
+    "a run exports one trace: run → step → learner step, batch → chain → lease, turn, reward; figures as metrics",
     () =>
       Effect.gen(function*() {
         const { url, received } = yield* receiver
