@@ -53,6 +53,7 @@ import type { Segment, Termination, Trajectory } from "../src/Trajectory.ts"
 import { ChainEnded, endingOf, feedbackAs, settle, withPolicy, withVerdict } from "./internal/chainPolicy.ts"
 import type { Ending, Verdict } from "./internal/chainPolicy.ts"
 import { mergeMetrics } from "./internal/mergeMetrics.ts"
+import * as Telemetry from "./Telemetry.ts"
 
 /**
  * A trajectory with a reward's verdict applied: reward, status, metrics, mask and, when the reward failed, its
@@ -224,7 +225,11 @@ export interface Outcome {
  * @since 0.1.0
  */
 export const run = (spec: Spec, config: Config): Effect.Effect<Outcome, RolloutError.RolloutError> =>
-  Effect.scoped(runScoped(spec, config))
+  Effect.scoped(runScoped(spec, config)).pipe(Telemetry.span("RolloutChain.run", {
+    "chain.id": spec.chainId,
+    "group.id": spec.groupId,
+    "row.index": spec.rowIndex ?? 0
+  }, (outcome: Outcome) => Telemetry.chainSaid(outcome.trajectory)))
 
 // ===== The loop =====
 
@@ -299,6 +304,7 @@ const open = Effect.fnUntraced(function*(
   chain.env = yield* withPolicy(
     config,
     config.environment.acquire({ ...episode, seed }).pipe(
+      Effect.withSpan("RolloutChain.lease"),
       Effect.map((context): Context.Context<never> => context),
       Effect.mapError((e) =>
         new RolloutError.RolloutError({ reason: "LeaseFailed", message: errorText(e), chainId: spec.chainId })
@@ -322,7 +328,7 @@ const open = Effect.fnUntraced(function*(
  * One turn: sample, run its tool calls, let the environment speak, append what they said. Its ending, when the
  * turn ends the chain.
  */
-const playTurn = Effect.fnUntraced(function*(
+const playTurn = Effect.fn("RolloutChain.turn")(function*(
   chain: Chain,
   transcript: Transcript
 ): Effect.fn.Return<Ending | undefined, RolloutError.RolloutError | ChainEnded> {
@@ -343,6 +349,7 @@ const playTurn = Effect.fnUntraced(function*(
   chain.tokens += generated
   chain.turns++
   config.stats.turns++
+  yield* Effect.annotateCurrentSpan({ "turn.index": chain.turns, "turn.tokens": generated, complete: turn.complete })
   if (!turn.complete) return cutTurn(chain, turn, maxTokens < config.sampling.maxTokens)
   // Parse failures: with `feedback` the model reads what was wrong; valid calls of the same turn still run.
   const parseFailed = turn.parseErrors.length > 0
@@ -619,7 +626,7 @@ const score = (
     return Effect.succeed({ trajectory: { ...trajectory, rewardStatus: "not_applicable" }, dropGroup: false })
   }
   const scored = Effect.map(
-    config.reward(trajectory, env),
+    config.reward(trajectory, env).pipe(Telemetry.span("RolloutChain.reward", {}, Telemetry.rewardSaid)),
     (score): Outcome => ({ trajectory: applyScore(trajectory, score), dropGroup: false })
   )
   return withVerdict(config, scored, (error, verdict): Outcome => rewardFailed(trajectory, error, verdict))

@@ -35,6 +35,7 @@ import {
 import type { ToolRunner } from "../src/ChainPorts.ts"
 import type { Message } from "../src/index.ts"
 import { RolloutError, Tool } from "../src/index.ts"
+import * as Telemetry from "./Telemetry.ts"
 
 // ===== Models =====
 
@@ -512,7 +513,9 @@ const execute = (
       }
       return done({ text: outcome.text, value: outcome.value, terminal: entry.tool.terminal, attempts })
     })
-  })
+  }).pipe(
+    Telemetry.span<CallResult>("ToolActor.call", { "tool.name": call.function.name }, Telemetry.toolSaid)
+  )
 
 const executeTurn = (
   state: State,

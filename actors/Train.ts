@@ -54,6 +54,7 @@ import * as RolloutWorker from "./RolloutWorker.ts"
 import * as Resume from "./Resume.ts"
 import * as Rollouts from "./Rollouts.ts"
 import * as RunError from "./RunError.ts"
+import * as Telemetry from "./Telemetry.ts"
 import * as TrainLoop from "./TrainLoop.ts"
 
 // ===== Config =====
@@ -372,6 +373,7 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
   yield* say(headerLine(task, folder, config, data.train))
   if (config.model.from !== undefined) yield* say(`starting from the weights of ${config.model.from} (model.from)`)
   const rollouts = yield* rolloutsLayer(task, config)
+  const telemetry = yield* Telemetry.settings(config.telemetry)
   const summary = yield* TrainLoop.run({
     task,
     config,
@@ -387,6 +389,7 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
     Effect.provide(Layer.provideMerge(rollouts, LocalPolicy.layer(folder, config))),
     // What a task's environment may need from the run: pools of sandboxes and other leased resources.
     Effect.provide(ResourceManager.ResourceManager.layer),
+    Telemetry.exported(telemetry, Telemetry.runAttributes(task.name, config)),
     Effect.ensuring(display.done)
   )
   const report = yield* finish(config, summary, say)

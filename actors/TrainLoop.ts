@@ -57,6 +57,7 @@ import * as Resume from "./Resume.ts"
 import * as Rollouts from "./Rollouts.ts"
 import * as RolloutSetup from "./RolloutSetup.ts"
 import * as RunError from "./RunError.ts"
+import * as Telemetry from "./Telemetry.ts"
 
 // ===== Models =====
 
@@ -283,8 +284,10 @@ const openMetrics = Effect.fnUntraced(function*(fs: FileSystem.FileSystem, out: 
   return {
     ...files,
     log: (record) =>
-      Effect.flatMap(memory.take, (read) =>
-        files.log({ ...record, figures: { ...record.figures, ...PeakRss.figures(read) } }))
+      Effect.flatMap(memory.take, (read) => {
+        const full = { ...record, figures: { ...record.figures, ...PeakRss.figures(read) } }
+        return Effect.andThen(files.log(full), Telemetry.recordFigures(full))
+      })
   } satisfies Metrics.Metrics
 })
 
@@ -311,7 +314,7 @@ const publish = (run: Run, version: number) =>
  * The SFT warm-up on demonstrations, with its validation checks when `warmup.stopAt` asks for them; journaled and
  * published as version 0 when it ends.
  */
-const warmup = Effect.fnUntraced(function*(run: Run) {
+const warmup = Effect.fn("TrainLoop.warmup")(function*(run: Run) {
   const { config } = run
   const warmup = config.warmup!
   const demos = run.demos!.rows
@@ -468,7 +471,8 @@ const rolledOut = Effect.fnUntraced(function*(
  * A training batch, sampled by `version`: the run's row order at `(step − 1) · B`, then, with dynamic sampling,
  * further batches (`RunSchedule.extraBatchRows`) until `B` groups have signal or `maxBatches` ran.
  */
-const batchFor = Effect.fnUntraced(function*(run: Run, step: number, version: number) {
+const batchFor = Effect.fn("TrainLoop.batch")(function*(run: Run, step: number, version: number) {
+  yield* Effect.annotateCurrentSpan({ step, "policy.version": version })
   const { config } = run
   const B = config.algorithm.groupsPerStep
   const order = { rows: run.train.rows.length, seed: config.seed, groupsPerStep: B }
@@ -494,7 +498,7 @@ const batchFor = Effect.fnUntraced(function*(run: Run, step: number, version: nu
  * Learner step `step`: its batch journaled, its rollout figures and notices, the failure gate, the update, the
  * weights published as version `step`, and the step journaled and logged.
  */
-const trainStep = Effect.fnUntraced(function*(
+const trainStep = Effect.fn("TrainLoop.step")(function*(
   run: Run,
   step: number,
   lastStep: number,
@@ -519,9 +523,11 @@ const trainStep = Effect.fnUntraced(function*(
   if (RolloutFigures.infrastructureFailures(groups.flatMap((g) => g.trajectories)).share > run.config.maxFailureShare) {
     const failed = { phase: "train" as const, step, elapsed: yield* run.elapsed, figures: rollout }
     yield* run.metrics.log({ ...failed, ...RolloutFigures.failureNote(groups) }).pipe(Effect.mapError(io))
+    yield* Effect.annotateCurrentSpan(Telemetry.recordAttributes({ ...failed, ...RolloutFigures.failureNote(groups) }))
     yield* checkFailures(run, groups, `step ${step}`)
   }
   const outcome = yield* run.learner.learn(step, batch.kept.map((s) => s.group))
+    .pipe(Telemetry.span("Learner.learn", { step }, Telemetry.learnSaid))
   if (outcome._tag === "Applied") yield* finite(`step ${step}`, "learner/loss", outcome.loss)
   yield* publish(run, step)
   const t2 = yield* Clock.currentTimeMillis
@@ -546,6 +552,7 @@ const trainStep = Effect.fnUntraced(function*(
   const elapsed = yield* run.elapsed
   const record = { phase: "train" as const, step, elapsed, figures, ...RolloutFigures.failureNote(groups) }
   yield* run.metrics.log(record).pipe(Effect.mapError(io))
+  yield* Effect.annotateCurrentSpan(Telemetry.recordAttributes(record))
   for (const g of groups.slice(0, run.config.sampleTrajectories)) {
     const sample = Metrics.sampleOf(g.trajectories[0]!, "train", step, run.tokenText)
     yield* run.metrics.sample(sample).pipe(Effect.mapError(io))
@@ -621,7 +628,7 @@ const checkFailures = (run: Run, groups: ReadonlyArray<Trajectory.Group>, what: 
 // ===== Evaluation and checkpoints =====
 
 /** The held-out evaluation at `step`, on the weights published as `step`: logged, journaled and shown. */
-const evaluate = Effect.fnUntraced(function*(run: Run, step: number) {
+const evaluate = Effect.fn("TrainLoop.evaluate")(function*(run: Run, step: number) {
   if (run.eval === undefined) return
   const { groups, figures } = yield* Rollouts.evaluation(run.setup, run.eval.rows).pipe(
     Rollouts.sampledBy(run.versions, step)
@@ -629,6 +636,7 @@ const evaluate = Effect.fnUntraced(function*(run: Run, step: number) {
   const elapsed = yield* run.elapsed
   const record = { phase: "eval" as const, step, elapsed, figures, ...RolloutFigures.failureNote(groups) }
   yield* run.record({ kind: "eval", step, figures: finiteFigures(figures) })
+  yield* Effect.annotateCurrentSpan(Telemetry.recordAttributes(record))
   yield* run.metrics.log(record).pipe(Effect.mapError(io))
   yield* checkFailures(run, groups, `evaluation at step ${step}`)
   for (const g of groups.slice(0, Math.min(2, run.config.sampleTrajectories))) {
@@ -646,7 +654,7 @@ const finiteFigures = (figures: Figures): Record<string, number> =>
  * Saves the learner's state as step `step`'s checkpoint: into a fresh directory renamed into place, then journaled
  * with its weights' fingerprint; the oldest beyond `checkpoint.keep` are removed.
  */
-const checkpoint = Effect.fnUntraced(function*(run: Run, step: number) {
+const checkpoint = Effect.fn("TrainLoop.checkpoint")(function*(run: Run, step: number) {
   const { fs, checkpoints } = run
   const name = RunSchedule.checkpointName(step)
   const tmp = `${checkpoints}/.${name}.tmp`

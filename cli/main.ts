@@ -22,6 +22,7 @@ import { rolloutWorker } from "./rolloutWorker.ts"
 import { tokens } from "./tokens.ts"
 import { trainer } from "./trainer.ts"
 import { train } from "./train.ts"
+import { watch } from "./watch.ts"
 
 /**
  * The subcommands of `agentfly`, one line each.
@@ -38,6 +39,7 @@ const subcommands = [
   trainer,
   evaluate,
   report,
+  watch,
   oracle,
   tokens,
   exportCommand,

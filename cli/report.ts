@@ -11,8 +11,14 @@ import * as Report from "../src/Report.ts"
 import * as TrainConfig from "../src/TrainConfig.ts"
 import { exitOnFailure } from "./train.ts"
 
-/** A file given where a run's folder belongs; a config file is read for the folder its run wrote. */
-const notAFile = Effect.fnUntraced(function*(path: string) {
+/**
+ * Fails when `path` is a file given where a run's folder belongs; a config file is read for the folder its run
+ * wrote.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const notAFile = Effect.fnUntraced(function*(path: string) {
   const fs = yield* FileSystem.FileSystem
   const info = yield* Effect.option(fs.stat(path))
   if (info._tag === "None" || info.value.type !== "File") return

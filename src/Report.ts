@@ -540,6 +540,23 @@ const script = `document.getElementById("step-filter")?.addEventListener("change
   `document.querySelectorAll("#viewer .card").forEach(function(c){c.style.display=!v||c.dataset.step===v?"":"none"})})`
 
 /**
+ * The pieces of the report page, for pages built from them (the live view of `agentfly watch`): the chart sections,
+ * the trajectory viewer, the held-out summary table, the page's CSS, HTML escaping and a termination as a reader
+ * says it.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const parts = {
+  charts: chartSections,
+  viewer,
+  summary,
+  style,
+  escape,
+  ending: (termination: string): string => endings[termination] ?? termination
+} as const
+
+/**
  * Renders the report page.
  *
  * @category constructors

@@ -422,6 +422,32 @@ export const RolloutConfig = Schema.Struct({
   timeoutSeconds: Schema.optionalKey(Schema.Int.check(Schema.isBetween({ minimum: 1, maximum: 86_400 })))
 })
 
+/**
+ * Where a run's OpenTelemetry traces and metrics go (`actors/Telemetry.ts`, docs/watch.md). Without this section a
+ * run exports nothing unless `OTEL_EXPORTER_OTLP_ENDPOINT` is set; `enabled: false` turns export off even then.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const TelemetryConfig = Schema.Struct({
+  enabled: Schema.optionalKey(Schema.Boolean),
+  /** An OTLP/HTTP collector's base URL (`http://localhost:4318`); `/v1/traces` and `/v1/metrics` are appended. */
+  endpoint: Schema.optionalKey(
+    Schema.String.check(
+      Schema.makeFilter((url) =>
+        /^https?:\/\/[^/\s]+/.test(url) ||
+        `expected an OTLP/HTTP address such as http://localhost:4318, got ${JSON.stringify(url)}`
+      )
+    )
+  ),
+  /** The body's encoding (default: `OTEL_EXPORTER_OTLP_PROTOCOL`, else `http/protobuf`, as OpenTelemetry's SDKs). */
+  protocol: Schema.optionalKey(Schema.Literals(["http/protobuf", "http/json"])),
+  /** The `service.name` of the resource (default: `OTEL_SERVICE_NAME`, else `agentfly`). */
+  serviceName: Schema.optionalKey(Schema.String),
+  /** How often buffered spans and metrics are sent (default 5,000 ms); the rest is sent when the run ends. */
+  exportIntervalMs: Schema.optionalKey(IntIn(10, 600_000))
+})
+
 const maxStalenessDefault = 1
 
 /**
@@ -461,7 +487,9 @@ export const TrainConfig = Schema.Struct({
    * The largest share of a step's trajectories that may fail for infrastructure reasons (environment, lease,
    * reward, sampler, chain defects) before the run stops with a typed error naming the reason; 1 never stops.
    */
-  maxFailureShare: withDefault(Probability, 0.5)
+  maxFailureShare: withDefault(Probability, 0.5),
+  /** OpenTelemetry export of the run's traces and metrics (docs/watch.md); off unless configured. */
+  telemetry: Schema.optionalKey(TelemetryConfig)
 })
 export type TrainConfig = typeof TrainConfig.Type
 
