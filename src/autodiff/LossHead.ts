@@ -143,12 +143,12 @@ export const lossOf = (
     const advantage = input("advantages")
     const old = input("old_logprobs")
     const negApproxKl = e.op("Clip", [e.op("Sub", [logprob, old]), c(-20), c(20)])
-    const negA = e.op("Neg", [advantage])
-    const toFloat = (b: string) => e.op("Cast", [b], { to: Graph.int(Graph.dataTypeCode[dtype]) })
     // The ratio each token's surrogate clips: its own (PPO) or its sequence's (GSPO: one per row).
     const ratio = config.policyLoss === "gspo"
       ? sequenceRatio(e, e.op("Sub", [logprob, old]), mask, batch, length)
       : e.op("Exp", [negApproxKl])
+    const negA = e.op("Neg", [advantage])
+    const toFloat = (b: string) => e.op("Cast", [b], { to: Graph.int(Graph.dataTypeCode[dtype]) })
     const loss1 = e.op("Mul", [negA, ratio])
     const loss2 = e.op("Mul", [negA, e.op("Clip", [ratio, c(1 - config.clipLow), c(1 + config.clipHigh)])])
     const cispo = config.policyLoss === "cispo" ? cispoLoss(e, config, e.op("Sub", [logprob, old]), negA) : undefined
