@@ -137,6 +137,11 @@ export interface Options {
    * mini-batches and epochs as the policy (`critic/*` figures).
    */
   readonly critic?: GradientBackend.GradientBackend["Service"]
+  /**
+   * DAPO's over-long shaping: `Loss.overlongPenalty` of each trajectory's policy-token count is added to its reward
+   * before advantages are computed.
+   */
+  readonly overlong?: Parameters<typeof Loss.overlongPenalty>[1]
   /** Train the critic alone this step (its warm-up): the policy's trainer is not touched. */
   readonly criticOnly?: boolean
 }
@@ -180,7 +185,7 @@ interface Row {
 const isIncluded = (t: Trajectory.Trajectory) => t.trainable && !t.masked && t.rewardStatus === "scored"
 
 /** Concatenated per-trajectory token view: loss mask and the outcome reward on the last policy token. */
-const advantageInput = (rows: ReadonlyArray<Row>): Advantage.Input => {
+const advantageInput = (rows: ReadonlyArray<Row>, options: Pick<Options, "overlong"> = {}): Advantage.Input => {
   const lengths = rows.map((r) => r.trajectory.segments.reduce((n, s) => n + Trajectory.segmentLength(s), 0))
   const length = Math.max(1, ...lengths)
   const batch = rows.length
@@ -193,8 +198,12 @@ const advantageInput = (rows: ReadonlyArray<Row>): Advantage.Input => {
       responseMask.set(mask, offset)
       offset += mask.length
     }
-    const last = responseMask.subarray(b * length, (b + 1) * length).lastIndexOf(1)
-    if (last >= 0) tokenRewards[b * length + last] = row.trajectory.reward
+    const response = responseMask.subarray(b * length, (b + 1) * length)
+    const last = response.lastIndexOf(1)
+    const reward = options.overlong === undefined
+      ? row.trajectory.reward
+      : row.trajectory.reward + Loss.overlongPenalty(response.reduce((n, m) => n + m, 0), options.overlong)
+    if (last >= 0) tokenRewards[b * length + last] = reward
   })
   return {
     batch,
@@ -439,7 +448,7 @@ const accumulate = Effect.fnUntraced(function*(
 /** Fails (`MissingLogprobs`) when an included trajectory lacks the sampler logprobs the step reads. */
 const checkLogprobs = Effect.fnUntraced(function*(rows: ReadonlyArray<Row>, options: Options) {
   // The PPO ratio (unless recomputed), the importance weights and KL in the reward read the sampler's logprobs.
-  const needsSamplerLogprobs = (options.loss.policyLoss === "ppo" &&
+  const needsSamplerLogprobs = (Loss.isPolicyGradient(options.loss) &&
     (options.recomputeOldLogprobs !== true || options.loss.tisCap !== undefined)) ||
     (options.klInReward !== undefined && options.klInReward !== 0)
   if (!needsSamplerLogprobs) return
@@ -456,7 +465,7 @@ const checkLogprobs = Effect.fnUntraced(function*(rows: ReadonlyArray<Row>, opti
  * critic's values (`gae`) where the options ask for them.
  */
 const estimate = Effect.fnUntraced(function*(rows: ReadonlyArray<Row>, options: Options) {
-  const raw = advantageInput(rows)
+  const raw = advantageInput(rows, options)
   const penalized = options.klInReward !== undefined && options.klInReward !== 0
     ? yield* penalizeWithReference(rows, raw, options, options.klInReward)
     : undefined

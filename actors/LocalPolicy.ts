@@ -41,13 +41,35 @@ import { PolicyVersions } from "./PolicyVersions.ts"
 import { runError, type RunError } from "./RunError.ts"
 
 /**
- * The RL loss of a config.
+ * The dual clip of a run: the configured one, or in async mode with stale samples (`maxStaleness > 0`) and a `ppo`
+ * loss, 3 (verl's default): the importance ratio of a stale sample is unbounded above, and for a negative advantage
+ * PPO's clip does not bound it (tinker-cookbook PR #822 saw unclipped weights destabilise a run at staleness 3).
+ * GSPO and CISPO bound their ratios themselves.
+ */
+const dualClipOf = (
+  algorithm: TrainConfig.TrainConfig["algorithm"],
+  run: { readonly mode: "sync" | "async"; readonly maxStaleness: number } | undefined
+): number | undefined => {
+  if (algorithm.dualClip === "off") return undefined
+  if (algorithm.dualClip !== undefined) return algorithm.dualClip
+  const stale = run !== undefined && run.mode === "async" && run.maxStaleness > 0
+  return stale && (algorithm.policyLoss ?? "ppo") === "ppo" ? 3 : undefined
+}
+
+/**
+ * The RL loss of a config (`run`: its mode and staleness, which choose the default dual clip).
  *
  * @category constructors
  * @since 0.1.0
  */
-export const lossConfig = (algorithm: TrainConfig.TrainConfig["algorithm"], temperature = 1): Loss.Config => ({
+export const lossConfig = (
+  algorithm: TrainConfig.TrainConfig["algorithm"],
+  temperature = 1,
+  run?: { readonly mode: "sync" | "async"; readonly maxStaleness: number }
+): Loss.Config => ({
   ...Loss.grpo,
+  ...(algorithm.policyLoss === undefined ? {} : { policyLoss: algorithm.policyLoss }),
+  ...(dualClipOf(algorithm, run) === undefined ? {} : { dualClip: dualClipOf(algorithm, run)! }),
   aggregation: algorithm.aggregation,
   clipLow: algorithm.clipLow,
   clipHigh: algorithm.clipHigh,
@@ -95,6 +117,7 @@ const learnerOptionsOf = (setup: Setup, tokenBudget: number): Learner.Options =>
     rowSteps: learner.rowSteps,
     sharePrefix: learner.sharePrefix,
     ...(algorithm.klInReward === undefined ? {} : { klInReward: algorithm.klInReward }),
+    ...(algorithm.overlong === undefined ? {} : { overlong: algorithm.overlong }),
     ...(algorithm.recomputeOldLogprobs === undefined ? {} : { recomputeOldLogprobs: algorithm.recomputeOldLogprobs })
   }
 }
@@ -273,7 +296,7 @@ const setupOf = Effect.fnUntraced(function*(
     config,
     model,
     optimizer: { ...Optimizer.defaultConfig, weightDecay: algorithm.weightDecay, maxGradNorm: algorithm.gradClip },
-    rlLoss: lossConfig(algorithm, config.agent.temperature),
+    rlLoss: lossConfig(algorithm, config.agent.temperature, config),
     rlSchedule: algorithm.lrSchedule === "cosine"
       ? LrSchedule.cosine(algorithm.lr, { warmupSteps: algorithm.lrWarmupSteps, totalSteps: algorithm.steps })
       : LrSchedule.constant(algorithm.lr, algorithm.lrWarmupSteps),

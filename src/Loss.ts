@@ -9,6 +9,14 @@
  * - `ppo`: verl's clipped surrogate with dual clip (arXiv:1707.06347, arXiv:1912.09729):
  *   `r = exp(clamp(log π − log π_old, ±20))`, `ℓ = max(−A·r, −A·clip(r, 1−ε_low, 1+ε_high))`, and for `A < 0`
  *   `ℓ = min(ℓ, −A·c)`. GRPO, Dr.GRPO, RLOO and REINFORCE++ are this loss with their advantages and aggregation.
+ * - `gspo`: GSPO's sequence-level ratio (arXiv:2507.18071): `s_i = exp(clamp(mean_t(log π − log π_old), ±20))` over
+ *   the sequence's loss tokens, and per token `ℓ = max(−A·s_i, −A·clip(s_i, 1−ε_low, 1+ε_high))`; with
+ *   `seq-mean-token-mean` and one advantage per sequence this is GSPO's objective, and its gradient
+ *   `−A·s_i·mean_t ∇log π` is GSPO's (a sequence is one row of a micro-batch: a segment of a trajectory).
+ * - `cispo`: MiniMax-M1's clipped IS-weight policy optimisation (arXiv:2506.13585): the gradient of every token is
+ *   `−A·sg(clip(r, 1−ε_low, 1+ε_high))·∇log π`, so a clipped token still learns (PPO's clip zeroes it). Written as a
+ *   loss with that gradient and no stop-gradient: `−A·r` inside the range, and past a bound `c` its tangent
+ *   `−A·c·(1 + log r − log c)` (continuous, so central differences check it). `clipLow ≥ 1`: no lower bound (`e^−20`).
  * - truncated importance weights for train/inference mismatch (TIS): `w = min(exp(log π_old − log π_sampler), cap)`
  *   multiplies the policy-gradient term; it is a constant (no gradient).
  * - KL to a frozen reference: `k1 = log π − log π_ref`; `k3 = exp(d) − d − 1` with `d = log π_ref − log π`, clamped
@@ -63,16 +71,16 @@ export type KlEstimator = typeof KlEstimator.Type
  */
 export const Config = Schema.Struct({
   /**
-   * `nll` for SFT, `ppo` for every policy-gradient method (vanilla PG is PPO with one update per batch), `value` for
-   * a critic (a value head, see the module notes).
+   * `nll` for SFT, `ppo` for every policy-gradient method (vanilla PG is PPO with one update per batch), `gspo` and
+   * `cispo` for their ratios (see the module notes), `value` for a critic (a value head, see the module notes).
    */
-  policyLoss: Schema.Literals(["nll", "ppo", "value"]),
+  policyLoss: Schema.Literals(["nll", "ppo", "gspo", "cispo", "value"]),
   aggregation: AggregationMode,
   /** ε_low of the clip range (`ppo`). */
   clipLow: Schema.Number,
   /** ε_high of the clip range (`ppo`; DAPO's clip-higher uses 0.28). */
   clipHigh: Schema.Number,
-  /** Dual-clip bound `c > 1` for negative advantages; absent = off. */
+  /** Dual-clip bound `c > 1` for negative advantages (`ppo` only); absent = off. */
   dualClip: Schema.optionalKey(Schema.Number),
   /** Cap of the truncated importance weights old/sampler; absent = off. */
   tisCap: Schema.optionalKey(Schema.Number),
@@ -131,6 +139,47 @@ export const drGrpo: Config = { ...sft, policyLoss: "ppo", aggregation: "seq-mea
  * @since 0.1.0
  */
 export const ppo: Config = { ...sft, policyLoss: "ppo", aggregation: "token-mean", dualClip: 3 }
+
+/**
+ * GSPO (arXiv:2507.18071): the sequence-level ratio, sequence mean of token means, the paper's clip range
+ * (3e-4, 4e-4: a sequence ratio is a geometric mean, so much closer to 1 than a token's).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const gspo: Config = {
+  ...sft,
+  policyLoss: "gspo",
+  aggregation: "seq-mean-token-mean",
+  clipLow: 3e-4,
+  clipHigh: 4e-4
+}
+
+/**
+ * CISPO (MiniMax-M1, arXiv:2506.13585): clipped IS weights, token-mean, no lower bound, upper bound 1 + 0.28.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const cispo: Config = { ...sft, policyLoss: "cispo", aggregation: "token-mean", clipLow: 1, clipHigh: 0.28 }
+
+/**
+ * DAPO's loss (arXiv:2503.14476): PPO's surrogate with clip-higher (ε_low 0.2, ε_high 0.28) and token-mean. Its
+ * over-long shaping is a reward term ({@link overlongPenalty}), its dynamic sampling a rollout option.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const dapo: Config = { ...sft, policyLoss: "ppo", aggregation: "token-mean", clipHigh: 0.28 }
+
+/**
+ * Whether a loss is a policy-gradient loss (reads advantages and old logprobs).
+ *
+ * @category guards
+ * @since 0.1.0
+ */
+export const isPolicyGradient = (config: Pick<Config, "policyLoss">): boolean =>
+  config.policyLoss === "ppo" || config.policyLoss === "gspo" || config.policyLoss === "cispo"
 
 /**
  * A critic's loss as in verl's defaults: the clipped value loss, token-mean, `cliprange_value` 0.5.
@@ -197,6 +246,104 @@ export const ppoToken = (
   }
   const loss3 = -advantage * config.dualClip
   return { loss: Math.min(loss3, clippedLoss), clipped: loss2 > loss1, clippedLower: clippedLoss > loss3 }
+}
+
+/**
+ * CISPO's loss of one token: `−A·r` inside `[1−ε_low, 1+ε_high]`, its tangent past a bound `c`
+ * (`−A·c·(1 + log r − log c)`), so that the gradient is `−A·clip(r)·∇log π` everywhere; `clipped` when `r` is out of
+ * the range (the token still has a gradient). `clipLow ≥ 1`: no lower bound.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const cispoToken = (
+  logprob: number,
+  oldLogprob: number,
+  advantage: number,
+  config: Pick<Config, "clipLow" | "clipHigh">
+): { readonly loss: number; readonly clipped: boolean } => {
+  const logRatio = logprob - oldLogprob
+  const { lower, upper } = cispoBounds(config)
+  const bound = logRatio > upper ? upper : logRatio < lower ? lower : undefined
+  if (bound === undefined) return { loss: -advantage * Math.exp(logRatio), clipped: false }
+  return { loss: -advantage * Math.exp(bound) * (1 + logRatio - bound), clipped: true }
+}
+
+/**
+ * CISPO's range as log-ratios: `[log(1−ε_low), log(1+ε_high)]` within ±20 (as PPO clamps its log-ratio), so that
+ * `clipLow ≥ 1` (no lower bound) is a bound of `e^−20`.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const cispoBounds = (
+  config: Pick<Config, "clipLow" | "clipHigh">
+): { readonly lower: number; readonly upper: number } => ({
+  lower: config.clipLow >= 1 ? -20 : Math.max(-20, Math.log(1 - config.clipLow)),
+  upper: Math.min(20, Math.log(1 + config.clipHigh))
+})
+
+/**
+ * GSPO's sequence ratios: per row of a `[batch × length]` batch, `exp(clamp(mean(log π − log π_old), ±20))` over
+ * the row's loss tokens (1 for a row without any).
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const sequenceRatios = (
+  logprobs: ArrayLike<number>,
+  oldLogprobs: ArrayLike<number>,
+  mask: Uint8Array,
+  batch: number,
+  length: number
+): Float64Array => {
+  const out = new Float64Array(batch)
+  for (let b = 0; b < batch; b++) {
+    let sum = 0
+    let n = 0
+    for (let t = 0; t < length; t++) {
+      const i = b * length + t
+      if (mask[i] === 0) continue
+      sum += logprobs[i]! - oldLogprobs[i]!
+      n++
+    }
+    out[b] = Math.exp(Math.min(Math.max(sum / Math.max(1, n), -20), 20))
+  }
+  return out
+}
+
+/**
+ * GSPO's loss of one token given its sequence's ratio `s`: `max(−A·s, −A·clip(s, 1−ε_low, 1+ε_high))`.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const gspoToken = (
+  sequenceRatio: number,
+  advantage: number,
+  config: Pick<Config, "clipLow" | "clipHigh">
+): { readonly loss: number; readonly clipped: boolean } => {
+  const loss1 = -advantage * sequenceRatio
+  const loss2 = -advantage * Math.min(Math.max(sequenceRatio, 1 - config.clipLow), 1 + config.clipHigh)
+  return { loss: Math.max(loss1, loss2), clipped: loss2 > loss1 }
+}
+
+/**
+ * DAPO's soft over-long punishment (arXiv:2503.14476, eq. 13) of a response of `length` tokens: 0 up to
+ * `maxTokens − bufferTokens`, then falling linearly to `−1` at `maxTokens`, and `−1` past it; times `factor`.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const overlongPenalty = (
+  length: number,
+  options: { readonly maxTokens: number; readonly bufferTokens: number; readonly factor?: number | undefined }
+): number => {
+  const { maxTokens, bufferTokens } = options
+  const factor = options.factor ?? 1
+  if (length <= maxTokens - bufferTokens) return 0
+  if (length > maxTokens) return -factor
+  return (factor * (maxTokens - bufferTokens - length)) / Math.max(1, bufferTokens)
 }
 
 /**
@@ -424,6 +571,19 @@ export const reference = (
   const tokenLogprobs = new Float64Array(n)
   let loss = 0
   const stats = { tokens: 0, clipped: 0, clippedLower: 0, approxKl: 0, entropy: 0, kl: 0 }
+  // GSPO's ratio of a token reads its whole sequence's logprobs: a first pass computes them.
+  const seqRatios = config.policyLoss === "gspo"
+    ? sequenceRatios(
+      Float64Array.from(
+        { length: n },
+        (_, i) => logSoftmax(logits, i * vocab, vocab, config.temperature ?? 1)[batch.targets[i]!]!
+      ),
+      batch.oldLogprobs!,
+      batch.mask,
+      batch.batch,
+      batch.length
+    )
+    : undefined
   for (let i = 0; i < n; i++) {
     if (config.policyLoss === "value") {
       const v = logits[i * vocab]!
@@ -446,7 +606,12 @@ export const reference = (
       tokenLoss = -logprob
     } else {
       const old = batch.oldLogprobs![i]!
-      const token = ppoToken(logprob, old, batch.advantages![i]!, config)
+      const advantage = batch.advantages![i]!
+      const token = config.policyLoss === "gspo"
+        ? { ...gspoToken(seqRatios![Math.floor(i / batch.length)]!, advantage, config), clippedLower: false }
+        : config.policyLoss === "cispo"
+        ? { ...cispoToken(logprob, old, advantage, config), clippedLower: false }
+        : ppoToken(logprob, old, advantage, config)
       const tis = config.tisCap === undefined
         ? 1
         : truncatedImportanceWeight(old, batch.samplerLogprobs![i]!, config.tisCap)

@@ -181,6 +181,34 @@ export const AlgorithmConfig = Schema.Struct({
   /** GAE's λ (verl's default 1: the return minus the critic's value). */
   lambda: Schema.optionalKey(NumberIn(0, 1)),
   aggregation: withDefault(LossAggregation, "token-mean"),
+  /**
+   * The policy-gradient loss (`docs/algorithms.md`): `ppo` (the clipped surrogate of GRPO, RLOO, REINFORCE++ and
+   * PPO), `gspo` (a sequence-level ratio; pair it with `aggregation: "seq-mean-token-mean"` and GSPO's clip range
+   * 3e-4 / 4e-4) or `cispo` (clipped IS weights, every token keeps a gradient; `clipLow: 1` for no lower bound).
+   * Absent: `ppo`.
+   */
+  policyLoss: Schema.optionalKey(Schema.Literals(["ppo", "gspo", "cispo"])),
+  /**
+   * PPO's dual clip `c > 1` (arXiv:1912.09729): a negative advantage's loss is bounded by `c·|A|` however far the
+   * ratio grows, or `"off"`. Absent: off in sync mode, 3 in async mode with `maxStaleness > 0` (the trust region
+   * of stale samples, see `docs/algorithms.md`).
+   */
+  dualClip: Schema.optionalKey(
+    Schema.Union([
+      Schema.Number.check(Schema.isBetween({ minimum: 1, maximum: 100, exclusiveMinimum: true })),
+      Schema.Literal("off")
+    ])
+  ),
+  /**
+   * DAPO's soft over-long punishment (arXiv:2503.14476): a trajectory of `L` policy tokens gets
+   * `factor·min(0, (maxTokens − bufferTokens − L) / bufferTokens)`, at least `−factor`, added to its reward before
+   * advantages. Absent: off.
+   */
+  overlong: Schema.optionalKey(Schema.Struct({
+    maxTokens: IntIn(1, 1_048_576),
+    bufferTokens: IntIn(1, 1_048_576),
+    factor: Schema.optionalKey(NumberIn(0, 100))
+  })),
   clipLow: withDefault(NumberIn(0, 1), 0.2),
   clipHigh: withDefault(NumberIn(0, 100), 0.2),
   klCoef: withDefault(NumberIn(0, 100), 0),
@@ -644,6 +672,16 @@ const crossKeyIssues = (config: TrainConfig): Array<string> => {
         `algorithm.dynamicSampling: only a group-relative estimator ("grpo", "grpo-no-std", "rloo") loses groups ` +
         `whose rewards are equal (the advantage is "${advantage}")`
       ]
+      : []),
+    ...(config.algorithm.overlong !== undefined &&
+        config.algorithm.overlong.bufferTokens > config.algorithm.overlong.maxTokens
+      ? [
+        `algorithm.overlong.bufferTokens: ${config.algorithm.overlong.bufferTokens} is more than maxTokens ` +
+        `(${config.algorithm.overlong.maxTokens})`
+      ]
+      : []),
+    ...(typeof config.algorithm.dualClip === "number" && (config.algorithm.policyLoss ?? "ppo") !== "ppo"
+      ? [`algorithm.dualClip: only policyLoss "ppo" has a dual clip (the loss is "${config.algorithm.policyLoss}")`]
       : []),
     ...(config.critic !== undefined && advantage !== "gae"
       ? [`critic: only algorithm.advantage "gae" has a critic (the advantage is "${advantage}")`]

@@ -1,7 +1,7 @@
 /**
  * The loss head emitted into the training graph: per-token logprobs (LogSoftmax + GatherElements), entropy, the
- * NLL or PPO clipped surrogate with dual clip, truncated importance weights, KL to the reference (k1/k3), the
- * entropy bonus, and aggregation as a weighted sum. It is the graph form of `Loss.reference` and is tested
+ * NLL, PPO's clipped surrogate with dual clip, GSPO's sequence ratio or CISPO's clipped IS weights, truncated
+ * importance weights, KL to the reference (k1/k3), the entropy bonus, and aggregation as a weighted sum. It is the graph form of `Loss.reference` and is tested
  * against it.
  *
  * Inputs it declares (all `[batch, length]`): `targets` (int64), `loss_weights` (aggregation weights, zero off the
@@ -12,7 +12,7 @@
  * @since 0.1.0
  */
 import * as Graph from "../onnx/Graph.ts"
-import type * as Loss from "../Loss.ts"
+import * as Loss from "../Loss.ts"
 import type * as Backward from "./Backward.ts"
 
 /**
@@ -40,8 +40,8 @@ export const inputNames = (config: Loss.Config): ReadonlyArray<string> =>
   "targets",
   "loss_weights",
   "loss_mask",
-  ...(config.policyLoss === "ppo" ? ["advantages", "old_logprobs"] : []),
-  ...(config.policyLoss === "ppo" && config.tisCap !== undefined ? ["sampler_logprobs"] : []),
+  ...(Loss.isPolicyGradient(config) ? ["advantages", "old_logprobs"] : []),
+  ...(Loss.isPolicyGradient(config) && config.tisCap !== undefined ? ["sampler_logprobs"] : []),
   ...(config.klCoef !== 0 ? ["ref_logprobs"] : [])
 ]
 
@@ -143,15 +143,20 @@ export const lossOf = (
     const advantage = input("advantages")
     const old = input("old_logprobs")
     const negApproxKl = e.op("Clip", [e.op("Sub", [logprob, old]), c(-20), c(20)])
-    const ratio = e.op("Exp", [negApproxKl])
+    // The ratio each token's surrogate clips: its own (PPO) or its sequence's (GSPO: one per row).
+    const ratio = config.policyLoss === "gspo"
+      ? sequenceRatio(e, e.op("Sub", [logprob, old]), mask, batch, length)
+      : e.op("Exp", [negApproxKl])
     const negA = e.op("Neg", [advantage])
+    const toFloat = (b: string) => e.op("Cast", [b], { to: Graph.int(Graph.dataTypeCode[dtype]) })
     const loss1 = e.op("Mul", [negA, ratio])
     const loss2 = e.op("Mul", [negA, e.op("Clip", [ratio, c(1 - config.clipLow), c(1 + config.clipHigh)])])
-    const clippedLoss = e.op("Max", [loss1, loss2])
-    const clipped = e.op("Cast", [e.op("Greater", [loss2, loss1])], { to: Graph.int(Graph.dataTypeCode[dtype]) })
+    const cispo = config.policyLoss === "cispo" ? cispoLoss(e, config, e.op("Sub", [logprob, old]), negA) : undefined
+    const clippedLoss = cispo?.loss ?? e.op("Max", [loss1, loss2])
+    const clipped = cispo?.clipped ?? toFloat(e.op("Greater", [loss2, loss1]))
     let lower = c(0)
     tokenLoss = clippedLoss
-    if (config.dualClip !== undefined) {
+    if (config.dualClip !== undefined && config.policyLoss === "ppo") {
       const loss3 = e.op("Mul", [negA, c(config.dualClip)])
       const negative = e.op("Less", [advantage, c(0)])
       tokenLoss = e.op("Where", [negative, e.op("Min", [loss3, clippedLoss]), clippedLoss])
@@ -194,6 +199,42 @@ export const lossOf = (
   })
   const tokenLogprobs = e.op("Reshape", [logprob, e.ints([batch, length])])
   return { loss, tokenLogprobs, stats, inputs: [...data.keys()] }
+}
+
+/**
+ * GSPO's sequence ratio broadcast to the tokens: `exp(clip(Σ_t m·d / max(1, Σ_t m), ±20))` per row of
+ * `[batch, length]`, from each token's `d = log π − log π_old` `[n]` and the loss mask `[n]`; returns `[n]`.
+ */
+const sequenceRatio = (e: Backward.Emitter, d: string, mask: string, batch: number, length: number): string => {
+  const c = (x: number) => e.scalar(x, e.dtype(d))
+  const rows = (x: string) => e.op("Reshape", [x, e.ints([batch, length])])
+  const rowSum = (x: string) => e.op("ReduceSum", [rows(x), e.ints([1])], { keepdims: Graph.int(1) })
+  const mean = e.op("Div", [rowSum(e.op("Mul", [d, mask])), e.op("Max", [rowSum(mask), c(1)])])
+  const ratio = e.op("Exp", [e.op("Clip", [mean, c(-20), c(20)])])
+  return e.op("Reshape", [e.op("Expand", [ratio, e.ints([batch, length])]), e.ints([batch * length])])
+}
+
+/**
+ * CISPO's token loss from `d = log π − log π_old` `[n]` and `−A` (see `Loss.cispoToken`): `−A·e^d` inside the
+ * range, the tangent `−A·c·(1 + d − log c)` past a bound `c`; the exponent is clipped to the range so that the
+ * branch `Where` leaves out has no infinite gradient to multiply by zero. `clipped`: 1 where `d` is out of range.
+ */
+const cispoLoss = (
+  e: Backward.Emitter,
+  config: Loss.Config,
+  d: string,
+  negA: string
+): { readonly loss: string; readonly clipped: string } => {
+  const dtype = e.dtype(d)
+  const c = (x: number) => e.scalar(x, dtype)
+  const { lower, upper } = Loss.cispoBounds(config)
+  const tangent = (bound: number) => e.op("Mul", [c(Math.exp(bound)), e.op("Add", [d, c(1 - bound)])])
+  const above = e.op("Greater", [d, c(upper)])
+  const below = e.op("Less", [d, c(lower)])
+  const inside = e.op("Exp", [e.op("Clip", [d, c(lower), c(upper)])])
+  const g = e.op("Where", [below, tangent(lower), e.op("Where", [above, tangent(upper), inside])])
+  const out = e.op("Or", [above, below])
+  return { loss: e.op("Mul", [negA, g]), clipped: e.op("Cast", [out], { to: Graph.int(Graph.dataTypeCode[dtype]) }) }
 }
 
 /**
