@@ -102,6 +102,11 @@ export const fromTemplate = (options: TemplateOptions): ChainPorts.Format => {
         ),
       messages: () => builder.messages,
       segments: () => builder.segments,
+      context: () => builder.renderMessages,
+      fold: (context, kind) =>
+        Effect.map(Effect.mapError(TrajectoryBuilder.fold(builder, context, kind), templateFailed), (next) => {
+          builder = next
+        }),
       fork: () => transcriptOf(builder, turns)
     }
   }

@@ -12,7 +12,8 @@
  * - a trajectory takes part only when it is `trainable`, not `masked` and `rewardStatus === "scored"`; others are
  *   excluded from their group's baseline and from the loss;
  * - advantages are computed per trajectory (its segments concatenated), with the outcome reward on its last policy
- *   token, then split back per segment: each segment is one packed row;
+ *   token (a folded trajectory's segment rewards each on its segment's last one), then split back per segment: each
+ *   segment is one packed row;
  * - the loss aggregation weights span the whole mini-batch, so micro-batch gradients sum exactly.
  *
  * @since 0.1.0
@@ -197,6 +198,11 @@ const advantageInput = (rows: ReadonlyArray<Row>, options: Pick<Options, "overlo
       const mask = Trajectory.lossMask(segment)
       responseMask.set(mask, offset)
       offset += mask.length
+    }
+    // A folded trajectory's segments carry rewards of their own (`ContextPolicy`): each on its last policy token.
+    if (Trajectory.hasSegmentRewards(row.trajectory)) {
+      Trajectory.placeSegmentRewards(row.trajectory, tokenRewards, b * length)
+      return
     }
     const response = responseMask.subarray(b * length, (b + 1) * length)
     const last = response.lastIndexOf(1)

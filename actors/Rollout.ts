@@ -22,6 +22,7 @@
 import { Cause, Effect, FiberSet, Queue, Random, Result, Schedule, Schema, Semaphore, Stream } from "effect"
 import * as Dataset from "../src/Dataset.ts"
 import * as Environment from "../src/Environment.ts"
+import type * as ContextPolicy from "../src/ContextPolicy.ts"
 import { Conversation } from "../src/Message.ts"
 import * as Task from "../src/Task.ts"
 import * as RolloutError from "../src/RolloutError.ts"
@@ -92,6 +93,8 @@ export interface Options {
   readonly maxConcurrentChains?: number | undefined
   /** Token budget of one sequence; the remaining budget caps every request's `maxTokens`. */
   readonly maxContextTokens?: number | undefined
+  /** What a chain does when its context nears `maxContextTokens` (`src/ContextPolicy.ts`; none: it ends there). */
+  readonly context?: ContextPolicy.ContextPolicy | undefined
   /**
    * Sampling parameters of every request. With a `seed`, chain `k` of the run samples with `seed + k`, so that the
    * chains of a group differ and a run is reproducible.
@@ -353,6 +356,7 @@ const chainConfig = (
   sampling: options.sampling,
   maxTurns: options.maxTurns,
   maxContextTokens: options.maxContextTokens,
+  context: options.context,
   policies: options.policies,
   retry: options.retry,
   stats

@@ -22,6 +22,11 @@
  *   `ChainEnded` failure (`actors/internal/chainPolicy.ts`) and reaches, through the error channel, the one place
  *   that turns it into the chain's ending (`runScoped`).
  *
+ * With a context policy (`Config.context`, `src/ContextPolicy.ts`), the chain folds its context before a turn once
+ * the open segment holds `at × maxContextTokens` tokens (dropping the oldest turns, or folding them into a summary
+ * the policy writes in a folding turn or a tool writes), starting a new segment, and goes on; the trajectory's
+ * reward is then split over its segments. Without one (the default) nothing of this runs.
+ *
  * With an episode protocol (`Config.episode`), the chain resets its environment with its row and seed before the
  * first sample (`start`, whose messages join the prompt) and lets it speak after every turn (`step`: messages of
  * source `env`, appended after the tool observations, and an optional end of the episode).
@@ -35,6 +40,7 @@
  */
 import { Clock, Context, Effect, Schedule } from "effect"
 import type { Scope } from "effect"
+import * as ContextPolicy from "../src/ContextPolicy.ts"
 import * as Environment from "../src/Environment.ts"
 import type {
   AssistantTurn,
@@ -45,10 +51,11 @@ import type {
   ToolTurn,
   Transcript
 } from "../src/ChainPorts.ts"
+import { text } from "../src/Message.ts"
 import type { Conversation, Message } from "../src/Message.ts"
 import * as RolloutError from "../src/RolloutError.ts"
 import type { ChatSampler, Sampler, SamplingParams } from "../src/Sampler.ts"
-import { clipSegment } from "../src/Trajectory.ts"
+import { clipSegment, hasSegmentRewards } from "../src/Trajectory.ts"
 import type { Segment, Termination, Trajectory } from "../src/Trajectory.ts"
 import { ChainEnded, endingOf, feedbackAs, settle, withPolicy, withVerdict } from "./internal/chainPolicy.ts"
 import type { Ending, Verdict } from "./internal/chainPolicy.ts"
@@ -62,7 +69,24 @@ import * as Telemetry from "./Telemetry.ts"
  * @category combinators
  * @since 0.1.0
  */
-export const applyScore = (trajectory: Trajectory, score: RewardResult): Trajectory => ({
+export const applyScore = (trajectory: Trajectory, score: RewardResult): Trajectory => {
+  const scored = applyVerdict(trajectory, score)
+  const rewards = score.segmentRewards
+  if (rewards === undefined) return scored
+  if (rewards.length !== trajectory.segments.length) {
+    const message = `the reward scored ${rewards.length} segments of a trajectory of ${trajectory.segments.length}`
+    return {
+      ...scored,
+      masked: true,
+      rewardStatus: "failed",
+      error: `RewardFailed: ${message}`,
+      errorReason: "RewardFailed"
+    }
+  }
+  return { ...scored, segments: scored.segments.map((segment, k) => ({ ...segment, reward: rewards[k]! })) }
+}
+
+const applyVerdict = (trajectory: Trajectory, score: RewardResult): Trajectory => ({
   ...trajectory,
   reward: score.reward,
   rewardStatus: score.status,
@@ -188,6 +212,8 @@ export interface Config {
   readonly maxTurns: number
   /** Token budget of a sequence (prompt + completions + observations); undefined for none. */
   readonly maxContextTokens?: number | undefined
+  /** What to do when the context nears `maxContextTokens` (none: the chain ends there). */
+  readonly context?: ContextPolicy.ContextPolicy | undefined
   readonly policies?: RolloutError.Policies | undefined
   /** Delays of the `retry` policy (default: 5 retries, exponential from 100 ms, jittered). */
   readonly retry?: Schedule.Schedule<unknown, RolloutError.RolloutError> | undefined
@@ -255,6 +281,9 @@ interface Chain {
   tokens: number
   samplerMs: number
   readonly toolErrors: Map<string, number>
+  /** How many messages of the prompt every folded context keeps (set when the prompt is rendered). */
+  head: number
+  folds: number
 }
 
 const runScoped = Effect.fnUntraced(function*(
@@ -276,7 +305,9 @@ const runScoped = Effect.fnUntraced(function*(
     toolCalls: 0,
     tokens: 0,
     samplerMs: 0,
-    toolErrors: new Map()
+    toolErrors: new Map(),
+    head: 0,
+    folds: 0
   }
   // Every ending meets here: the loop's own, or that of an error whose policy ended the chain at any step.
   const ending = yield* Effect.catchTag(play(chain), "ChainEnded", (ended) => Effect.succeed(endingOf(ended)))
@@ -321,6 +352,7 @@ const open = Effect.fnUntraced(function*(
     if (first !== undefined && first.length > 0) prompt = [...prompt, ...Environment.toMessages(first)]
   }
   chain.transcript = yield* withPolicy(config, config.format.start(prompt, config.tools.schemas))
+  chain.head = prompt.length
   return chain.transcript
 })
 
@@ -334,6 +366,10 @@ const playTurn = Effect.fn("RolloutChain.turn")(function*(
 ): Effect.fn.Return<Ending | undefined, RolloutError.RolloutError | ChainEnded> {
   const { config } = chain
   if (chain.turns >= config.maxTurns) return { termination: "max_turns" }
+  if (config.context !== undefined && foldDue(chain, config.context, transcript)) {
+    const ended = yield* foldContext(chain, config.context, transcript)
+    if (ended !== undefined) return ended
+  }
   const remaining = config.maxContextTokens === undefined
     ? Number.POSITIVE_INFINITY
     : config.maxContextTokens - transcript.length()
@@ -379,6 +415,85 @@ const playTurn = Effect.fn("RolloutChain.turn")(function*(
   }
   return undefined
 })
+
+// ===== Context folding =====
+
+/** Whether the policy folds now: the open segment is at its share of the budget and a fold would remove a turn. */
+const foldDue = (chain: Chain, policy: ContextPolicy.ContextPolicy, transcript: Transcript): boolean => {
+  const context = transcript.context
+  const budget = chain.config.maxContextTokens
+  if (chain.folds >= policy.maxFolds || !ContextPolicy.due(policy, transcript.length(), budget)) return false
+  // A format that cannot fold is refused in `foldContext`; one whose context holds nothing to fold goes on unfolded.
+  return context === undefined || ContextPolicy.keptFrom(context(), chain.head, policy.keepTurns) > chain.head
+}
+
+/**
+ * Folds the context as the policy says: `fold` first asks for a summary and samples the folding turn (trained, in
+ * the segment it closes; it counts against the context budget, not against `maxTurns`), `tool` calls the summary
+ * tool; then the transcript starts a new segment over the folded context. The ending when the budget ran out first.
+ */
+const foldContext = Effect.fnUntraced(function*(
+  chain: Chain,
+  policy: ContextPolicy.ContextPolicy,
+  transcript: Transcript
+): Effect.fn.Return<Ending | undefined, RolloutError.RolloutError | ChainEnded> {
+  const { config } = chain
+  const { context, fold } = transcript
+  if (context === undefined || fold === undefined) {
+    return yield* settle(config, templateError(chain, `this format cannot fold its context (policy ${policy.policy})`))
+  }
+  const before = context()
+  let summary: string | undefined
+  if (policy.policy === "fold") {
+    yield* withPolicy(config, transcript.appendObservations([{ role: "user", content: policy.instruction }]))
+    const remaining = config.maxContextTokens! - transcript.length()
+    if (remaining <= 0) return { termination: "context_length" }
+    const maxTokens = Math.min(policy.summaryTokens, remaining)
+    chain.sampling = { ...config.sampling, maxTokens, stopTokenIds: chain.stopTokenIds }
+    const length = transcript.length()
+    const turn = yield* sampleTurn(chain, transcript)
+    const generated = transcript.length() - length
+    config.stats.tokensGenerated += generated
+    chain.tokens += generated
+    summary = text(turn.message.content)
+  } else if (policy.policy === "tool") {
+    summary = yield* toolSummary(chain, policy, before)
+  }
+  yield* withPolicy(config, fold(ContextPolicy.folded(before, chain.head, policy.keepTurns, summary), policy.policy))
+  chain.folds++
+  return undefined
+})
+
+/** The summary tool's observation on the turns a fold removes; a failed call is the tool's failure (`ToolFailed`). */
+const toolSummary = Effect.fnUntraced(function*(
+  chain: Chain,
+  policy: ContextPolicy.ContextPolicy,
+  before: Conversation
+): Effect.fn.Return<string, RolloutError.RolloutError | ChainEnded> {
+  const { config } = chain
+  const args = policy.toolArgument === undefined
+    ? {}
+    : { [policy.toolArgument]: ContextPolicy.foldedText(before, chain.head, policy.keepTurns) }
+  const name = policy.tool!
+  const call = { id: `fold_${chain.folds}`, type: "function" as const, function: { name, arguments: args } }
+  const ran = yield* withPolicy(config, config.tools.executeTurn([call], chain.env))
+  const message = ran.messages[0]
+  if (message === undefined || (message.role === "tool" && message.is_error === true)) {
+    const said = message === undefined ? "no result" : text(message.content)
+    return yield* settle(
+      config,
+      new RolloutError.RolloutError({
+        reason: "ToolFailed",
+        message: `the summary tool "${policy.tool}" failed: ${said}`,
+        chainId: chain.spec.chainId
+      })
+    )
+  }
+  return text(message.content)
+})
+
+const templateError = (chain: Chain, message: string) =>
+  new RolloutError.RolloutError({ reason: "TemplateFailed", message, chainId: chain.spec.chainId })
 
 const feedbackMessage = (error: RolloutError.RolloutError, id: string): Message => ({
   role: "tool",
@@ -587,6 +702,8 @@ const finish = (chain: Chain, ending: Ending): Effect.Effect<Outcome, RolloutErr
       rollout_time_ms: endedAt - chain.startedAt
     }
     for (const [reason, n] of chain.toolErrors) metrics[`tool_errors/${reason}`] = n
+    const context = config.context !== undefined && config.context.policy !== "none" ? config.context : undefined
+    if (context !== undefined) metrics["folds"] = chain.folds
     const trajectory: Trajectory = {
       trajectoryId: spec.trajectoryId,
       groupId: spec.groupId,
@@ -612,9 +729,13 @@ const finish = (chain: Chain, ending: Ending): Effect.Effect<Outcome, RolloutErr
       : score(trajectory, config, chain.env)
     return Effect.map(outcome, (done) => {
       bump(config.stats.terminations, done.trajectory.termination)
-      return done
+      return context === undefined ? done : { ...done, trajectory: segmentRewarded(done.trajectory, context) }
     })
   })
+
+/** A folded trajectory's reward split over its segments, unless its reward scored them itself. */
+const segmentRewarded = (trajectory: Trajectory, policy: ContextPolicy.ContextPolicy): Trajectory =>
+  hasSegmentRewards(trajectory) ? trajectory : ContextPolicy.withSegmentRewards(trajectory, policy)
 
 /** The reward's verdict on a trajectory (a failed reward ends nothing: its policy scores or masks it). */
 const score = (

@@ -150,7 +150,8 @@ export const collectGroups = (
     maxTurns: config.agent.maxTurns,
     tools: runtime.tools,
     environment: runtime.environment,
-    episode: runtime.episode
+    episode: runtime.episode,
+    ...(config.agent.context === undefined ? {} : { context: config.agent.context })
   }).pipe(
     Stream.runFold(() => [] as Array<Trajectory.Group>, (acc, event) => {
       if (event._tag === "Group") acc.push(event.group)

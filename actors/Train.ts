@@ -84,7 +84,8 @@ const defaultKeys: ReadonlyArray<keyof Task.Defaults> = [
   "maxNewTokens",
   "maxContextTokens",
   "temperature",
-  "toolTimeout"
+  "toolTimeout",
+  "context"
 ]
 
 /** A task's `defaults` keys that are no agent setting (a JavaScript task's typo), each named where it was written. */

@@ -44,6 +44,16 @@ export interface Transcript {
   readonly messages: () => Conversation
   readonly segments: () => ReadonlyArray<Segment>
   /**
+   * The conversation as the template renders it now (assistant turns as their sampled text): the message view
+   * until a fold, the folded context after one. Optional: formats without it cannot fold (`ContextPolicy`).
+   */
+  readonly context?: () => Conversation
+  /**
+   * Replaces the rendered context by `context` (a context policy's fold, `kind` its name): closes the open segment
+   * and starts a new one, all prompt. Optional, with `context`.
+   */
+  readonly fold?: (context: Conversation, kind: string) => Effect.Effect<void, RolloutError.RolloutError>
+  /**
    * An independent copy: appending to either leaves the other as it was (the gateway puts a thread back with it
    * when a request is refused).
    */
@@ -128,6 +138,12 @@ export interface RewardResult {
   readonly masked?: boolean | undefined
   /** The reward failed and its own error policy scored it (`RewardFailed`): the trajectory's `error`. */
   readonly failure?: RolloutError.RolloutError | undefined
+  /**
+   * One reward per segment, when the scorer scores segments itself (a folded trajectory's): set as each segment's
+   * `reward` in place of the context policy's split of `reward`. A count that is not the segments' masks the
+   * trajectory (`RewardFailed`).
+   */
+  readonly segmentRewards?: ReadonlyArray<number> | undefined
 }
 
 /**

@@ -37,6 +37,7 @@ import type * as Dataset from "./Dataset.ts"
 import type * as Environment from "./Environment.ts"
 import type * as Message from "./Message.ts"
 import type * as Reward from "./Reward.ts"
+import type * as ContextPolicy from "./ContextPolicy.ts"
 import type * as RolloutError from "./RolloutError.ts"
 import type * as Tool from "./Tool.ts"
 import * as SchemaIssues from "./internal/schemaIssues.ts"
@@ -63,6 +64,8 @@ export interface Defaults {
   readonly temperature?: number | undefined
   /** Seconds a tool call may run when its tool sets no `timeout`. */
   readonly toolTimeout?: number | undefined
+  /** The context policy the task suggests (`src/ContextPolicy.ts`), as a config writes it. */
+  readonly context?: ContextPolicy.Encoded | undefined
 }
 
 /**

@@ -19,6 +19,7 @@
 import { Effect, FileSystem, Path, Schema, SchemaIssue } from "effect"
 import * as Yaml from "yaml"
 import * as Advantage from "./Advantage.ts"
+import * as ContextPolicy from "./ContextPolicy.ts"
 import * as SchemaIssues from "./internal/schemaIssues.ts"
 import * as ModelPresets from "./model/ModelConfig.ts"
 import { isModulePath, isNotFound, loadProblem, Ref as TaskRef } from "./Task.ts"
@@ -108,7 +109,9 @@ export const AgentConfig = Schema.Struct({
   temperature: withDefault(Temperature, 1),
   topP: withDefault(Probability, 1),
   /** Seconds a tool call may run when its tool sets no `timeout` (a hang becomes a `Timeout` observation). */
-  toolTimeout: withDefault(PositiveUpTo(86_400), 30)
+  toolTimeout: withDefault(PositiveUpTo(86_400), 30),
+  /** What a chain does when its context nears `maxContextTokens` (`src/ContextPolicy.ts`; none: it ends there). */
+  context: Schema.optionalKey(ContextPolicy.ContextPolicy)
 })
 
 /**

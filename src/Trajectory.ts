@@ -6,7 +6,8 @@
  * logprobs and the policy version that produced them. The loss mask is provenance: 1 exactly where
  * `source === "policy"` (design principle 2). A trajectory has several segments only when a chat template
  * rewrote history (e.g. Qwen3 drops earlier `<think>` blocks), so that no sequence silently drifts from what the
- * policy saw.
+ * policy saw, or when a context policy folded the conversation (`src/ContextPolicy.ts`): each fold starts a new
+ * segment, and a segment may carry a reward of its own (`Segment.reward`).
  *
  * @since 0.1.0
  */
@@ -44,14 +45,16 @@ export type Span = typeof Span.Type
 
 /**
  * One training sequence: ordered spans. `messageCount` is how many messages of the trajectory's message view the
- * segment covers.
+ * segment covers. `reward`, when set, is this segment's share of the trajectory's reward (a folded trajectory's
+ * segment rewards, `ContextPolicy.withSegmentRewards`): the learner puts it on the segment's last policy token.
  *
  * @category models
  * @since 0.1.0
  */
 export const Segment = Schema.Struct({
   spans: Schema.Array(Span),
-  messageCount: Schema.Int
+  messageCount: Schema.Int,
+  reward: Schema.optionalKey(Schema.Number)
 })
 export type Segment = typeof Segment.Type
 
@@ -165,6 +168,41 @@ export const clipSegment = (segment: Segment, maxTokens: number): Segment => {
     left -= span.tokenIds.length
   }
   return { ...segment, spans }
+}
+
+/**
+ * Whether any segment of the trajectory carries a reward of its own.
+ *
+ * @category predicates
+ * @since 0.1.0
+ */
+export const hasSegmentRewards = (trajectory: Trajectory): boolean =>
+  trajectory.segments.some((segment) => segment.reward !== undefined)
+
+/**
+ * Writes a trajectory's segment rewards into `out` (the token rewards of its segments concatenated, from `offset`):
+ * each segment's reward is added on its last policy token. A segment without a policy token (a fold right after a
+ * fold) adds its reward to the last policy token before it, or, when none came before, to the next one; a segment
+ * without a reward adds nothing. Returns `out`.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const placeSegmentRewards = (trajectory: Trajectory, out: Float64Array, offset = 0): Float64Array => {
+  let start = offset
+  let lastPolicy = -1
+  let carried = 0
+  for (const segment of trajectory.segments) {
+    const mask = lossMask(segment)
+    const last = mask.lastIndexOf(1)
+    if (last >= 0) lastPolicy = start + last
+    const reward = (segment.reward ?? 0) + (last >= 0 ? carried : 0)
+    if (last >= 0) carried = 0
+    if (lastPolicy >= 0) out[lastPolicy] = out[lastPolicy]! + reward
+    else carried += reward
+    start += mask.length
+  }
+  return out
 }
 
 /**

@@ -25,6 +25,10 @@
  * 0). The builder records a `Rewrite` saying where the texts diverged; nothing drifts silently. Each segment is
  * therefore exactly the template's tokenization of the conversation it covers.
  *
+ * **Folds start a new segment too.** `fold` replaces the context the template renders by a shorter one (a context
+ * policy's, `src/ContextPolicy.ts`): the open segment is closed and a new one starts from a fresh render of the new
+ * context, all of it prompt (mask 0). The message view keeps every message; the builder records a `Fold`.
+ *
  * Tokenization of a suffix is exact because text is cut at added tokens (`<|im_end|>`, `<|im_start|>`, ...) before
  * the tokenizer model runs: a suffix that starts at such a boundary tokenizes as it would inside the whole text.
  *
@@ -157,6 +161,20 @@ export interface Rewrite {
 }
 
 /**
+ * A fold: before message `atMessage` of the message view the context was replaced by `contextMessages` messages
+ * (`kind`: the context policy's name), and segment `newSegment` started.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Fold {
+  readonly atMessage: number
+  readonly newSegment: number
+  readonly contextMessages: number
+  readonly kind: string
+}
+
+/**
  * What the policy sampled for one assistant turn.
  *
  * @category models
@@ -199,6 +217,7 @@ const TypeId = "~agentfly/TrajectoryBuilder"
  * - `messages`: the message view (parsed assistant messages, observations).
  * - `segments`: the token-level segments so far (the last one is open).
  * - `rewrites`: one entry per segment started because the template rewrote history.
+ * - `folds`: one entry per segment started by `fold`.
  * - `awaitingObservation`: true right after a sample.
  *
  * @category models
@@ -213,6 +232,7 @@ export interface TrajectoryBuilder {
   readonly messages: ReadonlyArray<Message.Message>
   readonly segments: ReadonlyArray<Trajectory.Segment>
   readonly rewrites: ReadonlyArray<Rewrite>
+  readonly folds: ReadonlyArray<Fold>
   readonly awaitingObservation: boolean
   /** What the template renders: assistant turns as their sampled text. */
   readonly renderMessages: ReadonlyArray<Message.Message>
@@ -365,6 +385,7 @@ const withState = (builder: TrajectoryBuilder, state: State): TrajectoryBuilder 
   messages: state.messages,
   segments: state.segments,
   rewrites: state.rewrites,
+  folds: state.folds,
   awaitingObservation: state.awaitingObservation,
   renderMessages: state.renderMessages,
   rendered: state.rendered,
@@ -423,6 +444,7 @@ export const start = Effect.fnUntraced(function*(options: StartOptions) {
     messages: options.messages,
     segments: [{ spans, messageCount: options.messages.length }],
     rewrites: [],
+    folds: [],
     awaitingObservation: false,
     renderMessages: options.messages,
     rendered,
@@ -490,6 +512,7 @@ const sampled = (builder: TrajectoryBuilder, sample: Sample): Result.Result<Traj
       messageCount: messages.length
     })),
     rewrites: builder.rewrites,
+    folds: builder.folds,
     awaitingObservation: true,
     renderMessages: appended<Message.Message>(builder.renderMessages, { role: "assistant", content: body }),
     rendered: builder.rendered,
@@ -570,6 +593,7 @@ const appendByRender = Effect.fnUntraced(function*(
     messages,
     segments: appended(closed, { spans, messageCount: messages.length }),
     rewrites: appended(builder.rewrites, rewrite),
+    folds: builder.folds,
     awaitingObservation: false,
     renderMessages,
     rendered: next,
@@ -637,6 +661,7 @@ const extended = (
       messageCount: messages.length
     })),
     rewrites: builder.rewrites,
+    folds: builder.folds,
     awaitingObservation: false,
     renderMessages,
     rendered: next.rendered,
@@ -695,6 +720,42 @@ export const finish = Effect.fnUntraced(function*(builder: TrajectoryBuilder) {
     rendered: builder.rendered + builder.pending,
     pending: "",
     promptOf: undefined
+  })
+})
+
+/**
+ * Folds the context: closes the open segment (after a folding turn, with the template's closing text, so the turn
+ * the policy wrote is trained there) and starts a new one from a render of `context` with the generation prompt,
+ * all of it source `prompt` (mask 0: what was kept or summarised is not trained again). `context` is what the
+ * template renders from now on (assistant turns as their sampled text); the message view keeps every message.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const fold = Effect.fnUntraced(function*(
+  builder: TrajectoryBuilder,
+  context: ReadonlyArray<Message.Message>,
+  kind: string
+) {
+  const closed = yield* closeSegment(builder)
+  const rendered = yield* render(builder, context, true)
+  const spans = tokenizeWithSources(builder.tokenizer, rendered, [], "prompt")
+  const entry: Fold = {
+    atMessage: builder.messages.length,
+    newSegment: closed.length,
+    contextMessages: context.length,
+    kind
+  }
+  return withState(builder, {
+    messages: builder.messages,
+    segments: appended(closed, { spans, messageCount: builder.messages.length }),
+    rewrites: builder.rewrites,
+    folds: appended(builder.folds, entry),
+    awaitingObservation: false,
+    renderMessages: context,
+    rendered,
+    pending: "",
+    promptOf: context
   })
 })
 

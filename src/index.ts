@@ -3,6 +3,7 @@
  *
  * @since 0.1.0
  */
+export * as ContextPolicy from "./ContextPolicy.ts"
 export * as Environment from "./Environment.ts"
 export * as Graph from "./onnx/Graph.ts"
 export * as Message from "./Message.ts"
