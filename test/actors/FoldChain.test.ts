@@ -120,7 +120,7 @@ layer(Qwen.layer)("a chain with a context policy", (it) => {
 
   it.effect("drop: the oldest turns go, the chain reaches its answer; each sampled id is trained exactly once", () =>
     Effect.gen(function*() {
-      const { run, render, sampled, tokenizer } = yield* setup
+      const { run, render, sampled } = yield* setup
       const t = yield* run({ policy: "drop", at: 0.6, keepTurns: 1 })
       assert.strictEqual(t.termination, "answer")
       const folds = t.metrics["folds"]!

@@ -1,2 +1,2 @@
 import { Effect, Schema } from "effect"
-import { Reward, Tool } from "../../src/index.ts"
+import { Reward, Tool } from "../../../src/index.ts"
