@@ -9,7 +9,8 @@
  *   arguments). `thinking` blocks are dropped (the gateway never writes them); documents and server tools are
  *   refused. `tools` are `{ name, description?, input_schema }`. `max_tokens` is required, as Anthropic's API
  *   requires it; `stop_sequences` are refused (a cut inside a token is not token-in/token-out); `thinking`,
- *   `tool_choice`, `metadata` and the like are accepted and ignored.
+ *   `tool_choice`, `metadata` and the like are accepted and ignored. A `system` message inside `messages` (Claude
+ *   Code's `mid-conversation-system` beta) is a system message there.
  * - **Answer**: a `message` with a `text` block (left out beside calls when empty) and a `tool_use` block per call
  *   (its `id` the episode's own `call_<n>`), `stop_reason` `tool_use`, `max_tokens` or `end_turn`, `usage`; or its
  *   stream: `message_start`, per block `content_block_start` / `content_block_delta` (`text_delta`,
@@ -187,6 +188,11 @@ export const decode = (body: unknown): Check<Bodies.ChatBody> => {
       const one = assistantMessage(m["content"], `${param}.content`)
       if (one instanceof ApiError) return one
       messages.push(one)
+    } else if (m["role"] === "system") {
+      // The mid-conversation system message of Claude Code's `mid-conversation-system` beta.
+      const text = textOf(m["content"], `${param}.content`)
+      if (text instanceof ApiError) return text
+      messages.push({ role: "system", content: text })
     } else return invalid(`${param}.role must be user or assistant`, `${param}.role`)
   }
   const orphan = Bodies.toolReplyProblem(messages)
