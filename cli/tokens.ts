@@ -190,7 +190,9 @@ const pickRecorded = Effect.fn("agentfly.tokens.pickRecorded")(function*(
 ) {
   if (episode === undefined) {
     const recorded = recordedOf(yield* readJsonlLine(file, line))
-    if (typeof recorded === "string") return yield* Tokenizer.tokenizerError("InvalidJson", `${file}:${line}: ${recorded}`)
+    if (typeof recorded === "string") {
+      return yield* Tokenizer.tokenizerError("InvalidJson", `${file}:${line}: ${recorded}`)
+    }
     return recorded
   }
   const fs = yield* FileSystem.FileSystem
@@ -205,12 +207,10 @@ const pickRecorded = Effect.fn("agentfly.tokens.pickRecorded")(function*(
     if (recorded.episode === episode) return recorded
     seen.push(recorded.episode)
   }
-  const some = seen.slice(0, 5).join(", ")
+  const some = seen.length === 0 ? "" : `: ${seen.slice(0, 5).join(", ")}${seen.length > 5 ? ", ..." : ""}`
   return yield* Tokenizer.tokenizerError(
     "InvalidJson",
-    `${file}: no recorded episode ${JSON.stringify(episode)} (${seen.length} recorded${seen.length > 0 ? `: ${some}` : ""}${
-      seen.length > 5 ? ", ..." : ""
-    })`
+    `${file}: no recorded episode ${JSON.stringify(episode)} (${seen.length} recorded${some})`
   )
 })
 
@@ -290,7 +290,8 @@ export const tokens = Command.make(
   Effect.fn("agentfly.tokens")(function*({ conversation: conversationFlag, episode, json, line, modelDir: dirFlag,
     recorded, template }) {
     if (Option.isSome(recorded)) {
-      const picked = yield* pickRecorded(recorded.value, Option.getOrUndefined(episode), Option.getOrElse(line, () => 1))
+      const at = Option.getOrElse(line, () => 1)
+      const picked = yield* pickRecorded(recorded.value, Option.getOrUndefined(episode), at)
       const tokenizer = Option.isSome(dirFlag) ? yield* Tokenizer.load(dirFlag.value) : undefined
       if (tokenizer === undefined && picked.texts === undefined) {
         yield* Console.error("no --model-dir: the ids are shown without their text")

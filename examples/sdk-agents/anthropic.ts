@@ -20,7 +20,9 @@ const tools: Array<Anthropic.Tool> = [{
 /** The agent: ask, run the tools it uses, until it answers (at most `maxSteps` model calls). */
 export const agent = (options: { readonly stream?: boolean; readonly maxSteps?: number } = {}) =>
 async (input: AgentTask.Input<unknown>, client: AgentTask.Client): Promise<void> => {
-  const anthropic = new Anthropic({ baseURL: client.baseURL.replace(/\/v1$/, ""), apiKey: client.apiKey, maxRetries: 0 })
+  // The SDK adds `/v1` itself.
+  const baseURL = client.baseURL.replace(/\/v1$/, "")
+  const anthropic = new Anthropic({ baseURL, apiKey: client.apiKey, maxRetries: 0 })
   const messages: Array<Anthropic.MessageParam> = input.messages.flatMap((m): Array<Anthropic.MessageParam> =>
     m.role === "user" ? [{ role: "user", content: m.content as string }] : []
   )

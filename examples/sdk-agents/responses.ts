@@ -22,7 +22,9 @@ const tools: Array<FunctionTool> = [{
 }]
 
 /** The agent: ask, run the function calls it asks for, until it answers (at most `maxSteps` model calls). */
-export const agent = (options: { readonly stream?: boolean; readonly chain?: boolean; readonly maxSteps?: number } = {}) =>
+export const agent = (
+  options: { readonly stream?: boolean; readonly chain?: boolean; readonly maxSteps?: number } = {}
+) =>
 async (input: AgentTask.Input<unknown>, client: AgentTask.Client): Promise<void> => {
   const openai = new OpenAI({ baseURL: client.baseURL, apiKey: client.apiKey, maxRetries: 0 })
   const history: Array<ResponseInputItem> = input.messages.flatMap((m): Array<ResponseInputItem> =>
@@ -46,7 +48,8 @@ async (input: AgentTask.Input<unknown>, client: AgentTask.Client): Promise<void>
     for (const item of response.output) {
       if (item.type !== "function_call") continue
       const { expression } = JSON.parse(item.arguments) as { expression?: unknown }
-      outputs.push({ type: "function_call_output", call_id: item.call_id, output: Calculator.calculate(String(expression)) })
+      const output = Calculator.calculate(String(expression))
+      outputs.push({ type: "function_call_output", call_id: item.call_id, output })
     }
     if (outputs.length === 0) return
     history.push(...(response.output as Array<ResponseInputItem>), ...outputs)

@@ -31,7 +31,12 @@ describe("agentfly tokens --recorded", () => {
       const finished: Array<Finished> = []
       const gateway = yield* Gateway.make({
         autoOpen: {
-          episode: { format, sampler: yield* scriptedSampler(2), sampling: { temperature: 1, maxTokens: 128 }, requestSampling: "honour" },
+          episode: {
+            format,
+            sampler: yield* scriptedSampler(2),
+            sampling: { temperature: 1, maxTokens: 128 },
+            requestSampling: "honour"
+          },
           onEnd: (f) => Effect.sync(() => void finished.push(f))
         }
       })
@@ -41,12 +46,13 @@ describe("agentfly tokens --recorded", () => {
           const messages: Array<OpenAI.Chat.Completions.ChatCompletionMessageParam> = [
             { role: "user", content: id === "first" ? "What is 2+3?" : "What is 6*7?" }
           ]
-          const reply = (await openai.chat.completions.create({ model: "m", messages, tools: [calculatorTool] })).choices[0]!
-            .message
+          const request = { model: "m", messages, tools: [calculatorTool] }
+          const reply = (await openai.chat.completions.create(request)).choices[0]!.message
           messages.push(reply)
           for (const c of reply.tool_calls ?? []) {
             if (c.type !== "function") continue
-            messages.push({ role: "tool", tool_call_id: c.id, content: evaluate(JSON.parse(c.function.arguments).expression) })
+            const content = evaluate(JSON.parse(c.function.arguments).expression)
+            messages.push({ role: "tool", tool_call_id: c.id, content })
           }
           await openai.chat.completions.create({ model: "m", messages, tools: [calculatorTool] })
           await fetch(`${gateway.url}/episodes/${id}/reward`, { method: "POST", body: JSON.stringify({ reward: 1 }) })
@@ -80,7 +86,9 @@ describe("agentfly tokens --recorded", () => {
       const firstPolicy = second.segments[0]!.spans.find((s) => s.source === "policy")!.tokenIds[0]!
       const text = JSON.stringify(tokenizer.decode([firstPolicy]))
       assert.isTrue(
-        shown.stdout.split("\n").some((l) => /\spolicy\s+1\s/.test(l) && l.includes(` ${firstPolicy} `) && l.endsWith(text)),
+        shown.stdout.split("\n").some((l) =>
+          /\spolicy\s+1\s/.test(l) && l.includes(` ${firstPolicy} `) && l.endsWith(text)
+        ),
         "the policy's first id with its stored text"
       )
 

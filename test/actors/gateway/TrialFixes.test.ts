@@ -22,24 +22,31 @@ const sampling = { temperature: 1, maxTokens: 128 }
 const rollOut = (agent: AgentTask.AgentFunction<unknown>, timeout?: Duration.Input) =>
   Effect.gen(function*() {
     const task = AgentTask.make("trial", { agent, ...(timeout === undefined ? {} : { timeout }) })
-    const groups = yield* AgentRollout.runTask({ task, rows: [{ question: "What is 2+3?" }], numChains: 1, sampling, format, runId: "t" })
+    const rows = [{ question: "What is 2+3?" }]
+    const groups = yield* AgentRollout.runTask({ task, rows, numChains: 1, sampling, format, runId: "t" })
       .pipe(Stream.runCollect, Effect.provideService(Sampler.Sampler, yield* scriptedSampler(1)))
     return groups
   })
 
-const ask = (baseURL: string, messages: Array<OpenAI.Chat.Completions.ChatCompletionMessageParam>) =>
-  new OpenAI({ baseURL, apiKey: "k", maxRetries: 0 }).chat.completions.create({ model: "m", messages, tools: [calculatorTool] })
+type Msg = OpenAI.Chat.Completions.ChatCompletionMessageParam
+
+const ask = (baseURL: string, messages: ReadonlyArray<unknown>) =>
+  new OpenAI({ baseURL, apiKey: "k", maxRetries: 0 }).chat.completions.create({
+    model: "m",
+    messages: messages as Array<Msg>,
+    tools: [calculatorTool]
+  })
 
 describe("the gateway trial's findings", () => {
   it.live("invalid_tool_call_rate is 0 when the agent threw after a valid call, or hung past its timeout", () =>
     Effect.gen(function*() {
       const threw = yield* rollOut(async (input, client) => {
-        const reply = await ask(client.baseURL, [...input.messages] as Array<OpenAI.Chat.Completions.ChatCompletionMessageParam>)
+        const reply = await ask(client.baseURL, input.messages)
         assert.strictEqual(reply.choices[0]!.message.tool_calls?.length, 1, "a valid call")
         throw new Error("the harness broke after the call")
       })
       const hung = yield* rollOut(async (input, client) => {
-        await ask(client.baseURL, [...input.messages] as Array<OpenAI.Chat.Completions.ChatCompletionMessageParam>)
+        await ask(client.baseURL, input.messages)
         await new Promise((resolve) => setTimeout(resolve, 5_000)) // a tool that hangs
       }, "300 millis")
       for (const groups of [threw, hung]) {
@@ -63,7 +70,7 @@ describe("the gateway trial's findings", () => {
       const groups = yield* rollOut(async (input, client) => {
         // A tool result answering no call: OpenAI refuses it, the SDK throws, the function gives up.
         await ask(client.baseURL, [
-          ...input.messages as Array<OpenAI.Chat.Completions.ChatCompletionMessageParam>,
+          ...input.messages,
           { role: "tool", tool_call_id: "call_7", content: "5" }
         ])
       })
@@ -84,19 +91,30 @@ describe("the gateway trial's findings", () => {
         sampling,
         requestSampling: "cap"
       })
-      const refused = (messages: Array<OpenAI.Chat.Completions.ChatCompletionMessageParam>) =>
+      const refused = (messages: Array<Msg>) =>
         Effect.promise(() =>
           ask(episode.baseURL, messages).then(
             () => undefined,
-            (e: InstanceType<typeof OpenAI.APIError>) => ({ status: e.status, param: (e.error as { param?: string }).param, message: e.message })
+            (e: InstanceType<typeof OpenAI.APIError>) => ({
+              status: e.status,
+              param: (e.error as { param?: string }).param,
+              message: e.message
+            })
           )
         )
-      const noCall = yield* refused([{ role: "user", content: "hi" }, { role: "tool", tool_call_id: "call_0", content: "1" }])
+      const noCall = yield* refused([
+        { role: "user", content: "hi" },
+        { role: "tool", tool_call_id: "call_0", content: "1" }
+      ])
       assert.deepStrictEqual(noCall?.status, 400)
       assert.strictEqual(noCall?.param, "messages.[1].role")
       const wrongId = yield* refused([
         { role: "user", content: "hi" },
-        { role: "assistant", content: null, tool_calls: [{ id: "call_0", type: "function", function: { name: "calculator", arguments: "{}" } }] },
+        {
+          role: "assistant",
+          content: null,
+          tool_calls: [{ id: "call_0", type: "function", function: { name: "calculator", arguments: "{}" } }]
+        },
         { role: "tool", tool_call_id: "call_0", content: "1" },
         { role: "tool", tool_call_id: "call_9", content: "2" }
       ])
@@ -130,7 +148,11 @@ describe("the gateway trial's findings", () => {
       yield* Effect.promise(() => ask(`${gateway.url}/episodes/real/v1`, [{ role: "user", content: "What is 1+1?" }]))
       assert.strictEqual((yield* post("/episodes/real/end")).status, 200)
       yield* Effect.sleep(50)
-      assert.deepStrictEqual(ended.map((t) => [t.trajectoryId, t.rewardStatus, t.reward]), [["real", "not_applicable", 0]])
+      assert.deepStrictEqual(ended.map((t) => [t.trajectoryId, t.rewardStatus, t.reward]), [[
+        "real",
+        "not_applicable",
+        0
+      ]])
       assert.strictEqual((yield* post("/episodes/real/reward", { reward: 1 })).status, 409, "ended: not reopened")
     }))
 
@@ -142,7 +164,14 @@ describe("the gateway trial's findings", () => {
         policyVersion: Effect.succeed(0)
       })
       const gateway = yield* Gateway.make()
-      const episode = yield* gateway.open({ id: "cut", groupId: "g", format, sampler: hanging, sampling, requestSampling: "cap" })
+      const episode = yield* gateway.open({
+        id: "cut",
+        groupId: "g",
+        format,
+        sampler: hanging,
+        sampling,
+        requestSampling: "cap"
+      })
       const request = yield* Effect.forkChild(Effect.promise(() =>
         ask(episode.baseURL, [{ role: "user", content: "hi" }]).then(() => 200, (e: { status: number }) => e.status)
       ))

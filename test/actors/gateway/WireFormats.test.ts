@@ -30,6 +30,12 @@ type Ask = (messages: ReadonlyArray<Message.Message>) => Promise<{ text: string;
 
 const tools = [Calculator.calculator]
 
+const call = (id: string, name: string, args: unknown): Call => ({
+  id,
+  type: "function",
+  function: { name, arguments: args }
+})
+
 /** A client of one wire format over the episode's base URL, speaking whole histories. */
 const asker = (wire: Wire, baseURL: string, functionSchemas: ReadonlyArray<ChatSchema>): Ask => {
   const openai = new OpenAI({ baseURL, apiKey: "k", maxRetries: 0 })
@@ -45,7 +51,10 @@ const asker = (wire: Wire, baseURL: string, functionSchemas: ReadonlyArray<ChatS
           model: "m",
           messages: messages.map((m) =>
             m.role === "assistant" && m.tool_calls !== undefined
-              ? { ...m, tool_calls: m.tool_calls.map((c) => ({ ...c, function: { ...c.function, arguments: argsOf(c) } })) }
+              ? {
+                ...m,
+                tool_calls: m.tool_calls.map((c) => ({ ...c, function: { ...c.function, arguments: argsOf(c) } }))
+              }
               : m
           ) as Array<OpenAI.Chat.Completions.ChatCompletionMessageParam>,
           tools: functionSchemas.map((s) => ({
@@ -58,14 +67,15 @@ const asker = (wire: Wire, baseURL: string, functionSchemas: ReadonlyArray<ChatS
           text: message.content ?? "",
           calls: (message.tool_calls ?? []).flatMap((c) =>
             c.type === "function"
-              ? [{ id: c.id, type: "function" as const, function: { name: c.function.name, arguments: JSON.parse(c.function.arguments) } }]
+              ? [call(c.id, c.function.name, JSON.parse(c.function.arguments))]
               : []
           )
         }
       }
     case "responses":
       return async (messages) => {
-        const input: Array<OpenAI.Responses.ResponseInputItem> = rest(messages).flatMap((m): Array<OpenAI.Responses.ResponseInputItem> =>
+        type Item = OpenAI.Responses.ResponseInputItem
+        const input: Array<Item> = rest(messages).flatMap((m): Array<Item> =>
           m.role === "tool"
             ? [{ type: "function_call_output", call_id: m.tool_call_id, output: m.content as string }]
             : m.role === "assistant"
@@ -96,7 +106,7 @@ const asker = (wire: Wire, baseURL: string, functionSchemas: ReadonlyArray<ChatS
           text: response.output_text,
           calls: response.output.flatMap((o) =>
             o.type === "function_call"
-              ? [{ id: o.call_id, type: "function" as const, function: { name: o.name, arguments: JSON.parse(o.arguments) } }]
+              ? [call(o.call_id, o.name, JSON.parse(o.arguments))]
               : []
           )
         }
@@ -139,7 +149,7 @@ const asker = (wire: Wire, baseURL: string, functionSchemas: ReadonlyArray<ChatS
         return {
           text: reply.content.map((b) => (b.type === "text" ? b.text : "")).join(""),
           calls: reply.content.flatMap((b) =>
-            b.type === "tool_use" ? [{ id: b.id, type: "function" as const, function: { name: b.name, arguments: b.input } }] : []
+            b.type === "tool_use" ? [call(b.id, b.name, b.input)] : []
           )
         }
       }
@@ -154,7 +164,9 @@ interface ChatSchema {
   }
 }
 
-const assertSame = (label: string, a: ReadonlyArray<Trajectory.Trajectory>, b: ReadonlyArray<Trajectory.Trajectory>) => {
+type Trajectories = ReadonlyArray<Trajectory.Trajectory>
+
+const assertSame = (label: string, a: Trajectories, b: Trajectories) => {
   assert.deepStrictEqual(b.map((t) => t.chainId), a.map((t) => t.chainId), label)
   a.forEach((ta, i) => {
     const tb = b[i]!
@@ -220,7 +232,8 @@ describe("one episode model for every wire format", () => {
           runId: "w"
         }).pipe(Stream.runCollect, Effect.provideService(Sampler.Sampler, yield* scriptedSampler(4))))
           .flatMap((g) => g.trajectories))
-        assert.isTrue(viaGateway.every((t) => !t.masked && t.reward === 1), `${wire}: ${viaGateway.map((t) => t.error)}`)
+        const errors = viaGateway.map((t) => t.error)
+        assert.isTrue(viaGateway.every((t) => !t.masked && t.reward === 1), `${wire}: ${errors}`)
         assertSame(wire, native, viaGateway)
         assert.deepStrictEqual(viaGateway.map((t) => t.metrics["tool_calls"]), [1, 1, 2, 2], wire)
       }
@@ -268,7 +281,12 @@ describe("one episode model for every wire format", () => {
       const ended: Array<Trajectory.Trajectory> = []
       const gateway = yield* Gateway.make({
         autoOpen: {
-          episode: { format, sampler: yield* scriptedSampler(4), sampling: { temperature: 1, maxTokens: 64 }, requestSampling: "honour" },
+          episode: {
+            format,
+            sampler: yield* scriptedSampler(4),
+            sampling: { temperature: 1, maxTokens: 64 },
+            requestSampling: "honour"
+          },
           onEnd: (finished) => Effect.sync(() => void ended.push(finished.trajectory))
         }
       })
