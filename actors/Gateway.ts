@@ -499,7 +499,8 @@ const openedFor = (state: GatewayState, id: string, client: number): Effect.Effe
   const found = visible(state, id, client)
   if (found !== undefined) return Effect.succeed(found)
   if (state.ended.has(id) && state.ended.get(id) === client) {
-    return Effect.fail(new Wire.ApiError({ status: 409, message: `episode ${JSON.stringify(id)} has ended`, code: "episode_ended" }))
+    const message = `episode ${JSON.stringify(id)} has ended`
+    return Effect.fail(new Wire.ApiError({ status: 409, message, code: "episode_ended" }))
   }
   return Effect.fail(Wire.notFound(
     `no open episode ${JSON.stringify(id)}: an episode opens with its first model request, and a reward or /end ` +

@@ -121,12 +121,15 @@ export const sampleOf = (
   phase,
   step,
   groupId: trajectory.groupId,
+  trajectoryId: trajectory.trajectoryId,
   reward: trajectory.reward,
   termination: trajectory.termination,
-  spans: trajectory.segments.flatMap((segment) =>
+  spans: trajectory.segments.flatMap((segment, index) =>
     segment.spans.map((span) => ({
       source: span.source,
       tokens: span.tokenIds.map(tokenText),
+      ids: span.tokenIds,
+      segment: index,
       ...(span.logprobs === undefined ? {} : { logprobs: span.logprobs })
     }))
   )

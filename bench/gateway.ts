@@ -17,8 +17,12 @@
  *   running concurrently): the heap they hold, per episode, and what is left after they are closed, over three
  *   rounds (what is left must stop growing once caches are warm: closed episodes are freed).
  *
+ * - `formats`: the `engine` measure for each wire format the gateway speaks, the same conversations sent as chat
+ *   completions, as Responses (`/v1/responses`, the whole history as input items) and as Anthropic Messages
+ *   (`/v1/messages`), each round's three gateway runs and its direct run back to back.
+ *
  * Headline: gateway latency − 1.05 × direct engine latency, per request (target ≤ 1 ms: "1 ms + 5 %"), the median
- * over rounds of each round's paired difference.
+ * over rounds of each round's paired difference, for the worst of the three wire formats.
  */
 import * as NodeServices from "@effect/platform-node/NodeServices"
 import { Effect, FileSystem } from "effect"
@@ -46,7 +50,58 @@ const gc = vm.runInNewContext("gc") as () => void
 const median = (xs: ReadonlyArray<number>) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!
 const now = () => performance.now()
 
+type WireFormat = "chat" | "responses" | "messages"
+
+/** One request of a conversation in a wire format: its route, its body, and the history after its answer. */
+const wire: {
+  readonly [F in WireFormat]: {
+    readonly path: (baseURL: string) => string
+    readonly body: (system: string, history: ReadonlyArray<unknown>) => unknown
+    readonly answered: (body: Record<string, unknown>) => ReadonlyArray<unknown>
+    readonly user: (text: string) => unknown
+  }
+} = {
+  chat: {
+    path: (baseURL) => `${baseURL}/chat/completions`,
+    body: (system, history) => ({ model: "m", messages: [{ role: "system", content: system }, ...history] }),
+    answered: (body) => [(body["choices"] as Array<{ message: unknown }>)[0]!.message],
+    user: (content) => ({ role: "user", content })
+  },
+  responses: {
+    path: (baseURL) => `${baseURL}/responses`,
+    body: (system, history) => ({ model: "m", instructions: system, input: history }),
+    answered: (body) => body["output"] as Array<unknown>,
+    user: (content) => ({ role: "user", content })
+  },
+  messages: {
+    path: (baseURL) => `${baseURL}/messages`,
+    body: (system, history) => ({ model: "m", max_tokens: 64, system, messages: history }),
+    answered: (body) => [{ role: "assistant", content: body["content"] }],
+    user: (content) => ({ role: "user", content })
+  }
+}
+
 /** One conversation through an episode: returns each request's latency (ms). */
+const converseIn = async (format: WireFormat, baseURL: string, index: number): Promise<Array<number>> => {
+  const w = wire[format]
+  const history: Array<unknown> = [w.user(`Question ${index}: tell me something.`)]
+  const latencies: Array<number> = []
+  for (let turn = 0; turn < TURNS; turn++) {
+    const t0 = now()
+    const r = await fetch(w.path(baseURL), {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify(w.body("You are a helpful assistant.", history))
+    })
+    const body = (await r.json()) as Record<string, unknown>
+    latencies.push(now() - t0)
+    if (r.status !== 200) throw new Error(`${format}: status ${r.status}: ${JSON.stringify(body)}`)
+    history.push(...w.answered(body), w.user(`And then (${turn})?`))
+  }
+  return latencies
+}
+
+/** One chat-completions conversation through an episode: returns each request's latency (ms). */
 const converse = async (baseURL: string, index: number): Promise<Array<number>> => {
   const messages: Array<unknown> = [
     { role: "system", content: "You are a helpful assistant." },
@@ -88,7 +143,7 @@ export default () =>
     let episodeId = 0
 
     // ----- One round through the gateway: conversations one after another (latency, not throughput) -----
-    const viaGateway = (sampler: Sampler.Sampler["Service"]) =>
+    const viaGateway = (sampler: Sampler.Sampler["Service"], format: WireFormat = "chat") =>
       Effect.scoped(Effect.gen(function*() {
         const latencies: Array<number> = []
         for (let c = 0; c < CONVERSATIONS; c++) {
@@ -100,7 +155,7 @@ export default () =>
             sampling,
             requestSampling: "cap"
           })
-          latencies.push(...(yield* Effect.promise(() => converse(episode.baseURL, episodeId))))
+          latencies.push(...(yield* Effect.promise(() => converseIn(format, episode.baseURL, episodeId))))
         }
         return { latencies }
       }))
@@ -166,6 +221,8 @@ export default () =>
     const plainPost = yield* loopback
     for (let i = 0; i < 3; i++) {
       yield* viaGateway(engineSampler)
+      yield* viaGateway(engineSampler, "responses")
+      yield* viaGateway(engineSampler, "messages")
       yield* direct(engineSampler, 10_000 + 100 * i)
       yield* viaGateway(scripted)
       yield* direct(scripted, 0)
@@ -176,11 +233,15 @@ export default () =>
       direct: [] as Array<number>,
       scripted: [] as Array<number>,
       scriptedDirect: [] as Array<number>,
-      loopback: [] as Array<number>
+      loopback: [] as Array<number>,
+      responses: [] as Array<number>,
+      messages: [] as Array<number>
     }
     for (let round = 0; round < ROUNDS; round++) {
       // Different questions each round and each side: no side reuses the other's cached prefixes.
       rounds.gateway.push(median((yield* viaGateway(engineSampler)).latencies))
+      rounds.responses.push(median((yield* viaGateway(engineSampler, "responses")).latencies))
+      rounds.messages.push(median((yield* viaGateway(engineSampler, "messages")).latencies))
       rounds.direct.push(median(yield* direct(engineSampler, 1000 * (round + 1))))
       rounds.scripted.push(median((yield* viaGateway(scripted)).latencies))
       rounds.scriptedDirect.push(median(yield* direct(scripted, 0)))
@@ -227,13 +288,21 @@ export default () =>
 
     // Each round's gateway and direct medians ran back to back: their difference is paired, so a load that drifts
     // between rounds (a shared machine) cancels out of it, where the difference of the two overall medians keeps it.
-    const pairedExcess = median(rounds.gateway.map((g, i) => g - 1.05 * rounds.direct[i]!))
-    const excess = pairedExcess
+    const paired = (series: ReadonlyArray<number>) => median(series.map((g, i) => g - 1.05 * rounds.direct[i]!))
+    const formats = Object.fromEntries((["chat", "responses", "messages"] as const).map((f) => {
+      const series = f === "chat" ? rounds.gateway : rounds[f]
+      return [f, {
+        gatewayMs: median(series),
+        overheadMs: median(series) - directMedian,
+        pairedExcessMs: paired(series),
+        roundsGatewayMs: series
+      }]
+    }))
+    const excess = Math.max(...Object.values(formats).map((f) => f.pairedExcessMs))
     return {
       headline: {
-        metric:
-          "gateway − 1.05 × engine latency per request, ms, median over paired rounds (tiny engine, 16 new tokens, " +
-            "4-turn conversations)",
+        metric: "gateway − 1.05 × engine latency per request, ms, median over paired rounds, worst of chat / " +
+          "Responses / Messages (tiny engine, 16 new tokens, 4-turn conversations)",
         value: excess,
         target: 1,
         better: "lower" as const
@@ -247,6 +316,7 @@ export default () =>
         roundsGatewayMs: rounds.gateway,
         roundsDirectMs: rounds.direct
       },
+      formats,
       scripted: {
         gatewayMs: median(rounds.scripted),
         directMs: median(rounds.scriptedDirect),

@@ -44,11 +44,17 @@ export const SampleRecord = Schema.Struct({
   phase: Schema.Literals(["train", "eval"]),
   step: Schema.Int,
   groupId: Schema.String,
+  /** The trajectory's (a gateway episode's) id: `agentfly tokens --recorded` finds it by `--episode`. */
+  trajectoryId: Schema.optionalKey(Schema.String),
   reward: Schema.Number,
   termination: Schema.String,
   spans: Schema.Array(Schema.Struct({
     source: Schema.String,
     tokens: Schema.Array(Schema.String),
+    /** The recorded token ids (`tokens` is their text). */
+    ids: Schema.optionalKey(Schema.Array(Schema.Int)),
+    /** Which of the trajectory's segments the span is in. */
+    segment: Schema.optionalKey(Schema.Int),
     logprobs: Schema.optionalKey(Schema.Array(Schema.Number))
   }))
 })

@@ -87,7 +87,8 @@ export const budgetWarnings = (
 const callReasons: ReadonlySet<string> = new Set(["ParseFailed", "ToolFailed"])
 
 const hasInvalidCall = (t: Trajectory.Trajectory): boolean =>
-  (t.termination === "error" && (t.errorReason === undefined || callReasons.has(t.errorReason))) || t.messages.some((m) => m.role === "tool" && m.is_error === true) ||
+  (t.termination === "error" && (t.errorReason === undefined || callReasons.has(t.errorReason))) ||
+  t.messages.some((m) => m.role === "tool" && m.is_error === true) ||
   Object.entries(t.metrics).some(([key, n]) => key.startsWith("tool_errors/") && n > 0)
 
 /**

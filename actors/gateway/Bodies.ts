@@ -143,7 +143,8 @@ export const decodeChat = (body: unknown): Effect.Effect<ChatBody, ApiError> =>
       return Effect.fail(
         orphan.id === undefined
           ? invalid(
-            "Invalid parameter: messages with role 'tool' must be a response to a preceeding message with 'tool_calls'.",
+            "Invalid parameter: messages with role 'tool' must be a response to a preceeding message with " +
+              "'tool_calls'.",
             `${param}.role`
           )
           : invalid(

@@ -9,7 +9,8 @@
  *   arguments). `thinking` blocks are dropped (the gateway never writes them); documents and server tools are
  *   refused. `tools` are `{ name, description?, input_schema }`. `max_tokens` is required, as Anthropic's API
  *   requires it; `stop_sequences` are refused (a cut inside a token is not token-in/token-out); `thinking`,
- *   `tool_choice`, `metadata` and the like are accepted and ignored.
+ *   `tool_choice`, `metadata` and the like are accepted and ignored. A `system` message inside `messages` (Claude
+ *   Code's `mid-conversation-system` beta) is a system message there.
  * - **Answer**: a `message` with a `text` block (left out beside calls when empty) and a `tool_use` block per call
  *   (its `id` the episode's own `call_<n>`), `stop_reason` `tool_use`, `max_tokens` or `end_turn`, `usage`; or its
  *   stream: `message_start`, per block `content_block_start` / `content_block_delta` (`text_delta`,
@@ -136,7 +137,11 @@ const toolsOf = (raw: unknown): Check<Array<ChatTemplate.ToolSpec>> => {
     const description = t["description"]
     tools.push({
       type: "function",
-      function: { name: t["name"], ...(typeof description === "string" ? { description } : {}), parameters: t["input_schema"] }
+      function: {
+        name: t["name"],
+        ...(typeof description === "string" ? { description } : {}),
+        parameters: t["input_schema"]
+      }
     })
   }
   return tools
@@ -151,7 +156,9 @@ const toolsOf = (raw: unknown): Check<Array<ChatTemplate.ToolSpec>> => {
 export const decode = (body: unknown): Check<Bodies.ChatBody> => {
   if (!isRecord(body)) return invalid("the request body must be a JSON object")
   const unknown = Bodies.unknownFields(body, documented)
-  if (unknown !== undefined) return new ApiError({ ...unknown, message: `${unknown.param}: Extra inputs are not permitted` })
+  if (unknown !== undefined) {
+    return new ApiError({ ...unknown, message: `${unknown.param}: Extra inputs are not permitted` })
+  }
   const maxTokens = Bodies.numberField(body, "max_tokens", { min: 1, integer: true })
   if (maxTokens instanceof ApiError) return maxTokens
   if (maxTokens === undefined) return invalid("max_tokens: Field required", "max_tokens")
@@ -187,6 +194,11 @@ export const decode = (body: unknown): Check<Bodies.ChatBody> => {
       const one = assistantMessage(m["content"], `${param}.content`)
       if (one instanceof ApiError) return one
       messages.push(one)
+    } else if (m["role"] === "system") {
+      // The mid-conversation system message of Claude Code's `mid-conversation-system` beta.
+      const text = textOf(m["content"], `${param}.content`)
+      if (text instanceof ApiError) return text
+      messages.push({ role: "system", content: text })
     } else return invalid(`${param}.role must be user or assistant`, `${param}.role`)
   }
   const orphan = Bodies.toolReplyProblem(messages)
@@ -203,13 +215,19 @@ export const decode = (body: unknown): Check<Bodies.ChatBody> => {
 // ===== Responses =====
 
 const stopReason = (turn: Bodies.Turn) =>
-  turn.toolCalls.length > 0 ? "tool_use" as const : turn.finishReason === "length" ? "max_tokens" as const : "end_turn" as const
+  turn.toolCalls.length > 0
+    ? "tool_use" as const
+    : turn.finishReason === "length"
+    ? "max_tokens" as const
+    : "end_turn" as const
 
 /** A call's arguments as `tool_use.input`: an object (what a model wrote that is no object is kept under `_raw`). */
 const inputOf = (args: unknown): unknown => (isRecord(args) ? args : { _raw: args })
 
 const blocks = (turn: Bodies.Turn) => [
-  ...(turn.content !== "" || turn.toolCalls.length === 0 ? [{ type: "text" as const, text: turn.content, citations: null }] : []),
+  ...(turn.content !== "" || turn.toolCalls.length === 0
+    ? [{ type: "text" as const, text: turn.content, citations: null }]
+    : []),
   ...turn.toolCalls.map((c) => ({
     type: "tool_use" as const,
     id: c.id,
@@ -277,7 +295,8 @@ export const events = (id: string, model: string, turn: Bodies.Turn): Array<stri
       emit("content_block_delta", { index, delta: { type: "text_delta", text: block.text } })
     } else {
       emit("content_block_start", { index, content_block: { ...block, input: {} } })
-      emit("content_block_delta", { index, delta: { type: "input_json_delta", partial_json: JSON.stringify(block.input) } })
+      const partial = JSON.stringify(block.input)
+      emit("content_block_delta", { index, delta: { type: "input_json_delta", partial_json: partial } })
     }
     emit("content_block_stop", { index })
   })

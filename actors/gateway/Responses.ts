@@ -193,7 +193,8 @@ const toolsOf = (raw: unknown): Check<Array<ChatTemplate.ToolSpec>> => {
   for (const [i, t] of raw.entries()) {
     if (!isRecord(t) || t["type"] !== "function" || typeof t["name"] !== "string") {
       const type = isRecord(t) ? JSON.stringify(t["type"]) : "this"
-      return invalid(`tools[${i}]: ${type} tools are not supported: use { type: "function", name, parameters }`, `tools[${i}]`)
+      const use = `use { type: "function", name, parameters }`
+      return invalid(`tools[${i}]: ${type} tools are not supported: ${use}`, `tools[${i}]`)
     }
     const description = t["description"]
     tools.push({

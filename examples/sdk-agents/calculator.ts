@@ -1,7 +1,7 @@
 /**
- * What the three SDK examples share: the calculator they call (the project's exact evaluator), the row Schema and
- * reward of the calculator questions, and the run config. Each example (`openai.ts`, `vercel.ts`, `agents.ts`) is
- * the same agent written with one SDK, unchanged but for its base URL.
+ * What the SDK examples share: the calculator they call (the project's exact evaluator), the row Schema and
+ * reward of the calculator questions, and the run config. Each example (`openai.ts`, `vercel.ts`, `agents.ts`,
+ * `responses.ts`, `anthropic.ts`) is the same agent written with one SDK, unchanged but for its base URL.
  *
  * @since 0.1.0
  */

@@ -149,7 +149,7 @@ describe("Gateway: Anthropic's Messages API", () => {
       assert.strictEqual(wrongKey, 401)
     }))
 
-  it.live("refusals are Anthropic error bodies: a tool_result answering no tool_use, no max_tokens, stop_sequences", () =>
+  it.live("refusals are Anthropic error bodies: a tool_result answering no tool_use, no max_tokens, stops", () =>
     Effect.gen(function*() {
       const { gateway, open } = yield* setup(yield* scriptedSampler(3))
       const episode = yield* open("refusals")
@@ -173,7 +173,8 @@ describe("Gateway: Anthropic's Messages API", () => {
       const noMax = yield* post({ model: "m", messages: [{ role: "user", content: "hi" }] })
       assert.strictEqual(noMax.status, 400)
       assert.include(noMax.body.error.message, "max_tokens: Field required")
-      const stops = yield* post({ model: "m", max_tokens: 8, stop_sequences: ["x"], messages: [{ role: "user", content: "hi" }] })
+      const hi = [{ role: "user", content: "hi" }]
+      const stops = yield* post({ model: "m", max_tokens: 8, stop_sequences: ["x"], messages: hi })
       assert.include(stops.body.error.message, "stop_sequences are not supported")
       const unknown = yield* post({ model: "m", max_tokens: 8, messages: [{ role: "user", content: "hi" }], foo: 1 })
       assert.include(unknown.body.error.message, "foo: Extra inputs are not permitted")
@@ -223,7 +224,10 @@ describe("Gateway: Anthropic's Messages API", () => {
             input: { e: 1 }
           }]
         },
-        { role: "user", content: [{ type: "tool_result", tool_use_id: "call_0", content: "1" }, { type: "text", text: "and?" }] }
+        {
+          role: "user",
+          content: [{ type: "tool_result", tool_use_id: "call_0", content: "1" }, { type: "text", text: "and?" }]
+        }
       ]
     })
     assert.notInstanceOf(decoded, Error)

@@ -56,7 +56,9 @@ const responsesLoop = async (openai: OpenAI, question: string, mode: "history" |
       ? await openai.responses.stream(params).finalResponse()
       : await openai.responses.create(params)
     previous = response.id
-    const calls = response.output.flatMap((o) => (o.type === "function_call" ? [o as OpenAI.Responses.ResponseFunctionToolCall] : []))
+    const calls = response.output.flatMap((o) =>
+      o.type === "function_call" ? [o as OpenAI.Responses.ResponseFunctionToolCall] : []
+    )
     if (calls.length === 0) return { answer: response.output_text, response }
     const outputs = calls.map((c): OpenAI.Responses.ResponseInputItem => ({
       type: "function_call_output",
@@ -110,7 +112,7 @@ const turnOf = (over: Partial<Bodies.Turn> = {}): Bodies.Turn => ({
 })
 
 describe("Gateway: the Responses API", () => {
-  it.live("openai SDK responses.create (whole history, streamed, chained by previous_response_id): the chat record", () =>
+  it.live("openai SDK responses (whole history, streamed, chained by previous_response_id): the chat record", () =>
     Effect.gen(function*() {
       const { open } = yield* setup(yield* scriptedSampler(3))
       for (const question of ["What is 17*23?", "Compute both 2+3 and 4*5."]) {
@@ -119,11 +121,14 @@ describe("Gateway: the Responses API", () => {
         const want = record(yield* Recorder.trajectory(reference.recorder, { _tag: "Returned" }))
         for (const mode of ["history", "stream", "chained"] as const) {
           const episode = yield* open(`${mode}-${question.length}`)
-          const { answer, response } = yield* Effect.promise(() => responsesLoop(client(episode.baseURL), question, mode))
+          const { answer, response } = yield* Effect.promise(() =>
+            responsesLoop(client(episode.baseURL), question, mode)
+          )
           assert.strictEqual(answer, expected, mode)
           assert.strictEqual(response!.status, "completed")
           assert.isAbove(response!.usage!.output_tokens, 0)
-          assert.strictEqual(response!.usage!.total_tokens, response!.usage!.input_tokens + response!.usage!.output_tokens)
+          const usage = response!.usage!
+          assert.strictEqual(usage.total_tokens, usage.input_tokens + usage.output_tokens)
           const t = yield* Recorder.trajectory(episode.recorder, { _tag: "Returned" })
           assert.deepStrictEqual(record(t), want, `${mode}: the same ids, mask and sources as chat completions`)
           assert.strictEqual(t.metrics["gateway/rewrites"], 0, mode)
@@ -180,14 +185,16 @@ describe("Gateway: the Responses API", () => {
       ])
     }))
 
-  it.live("store: false is not chained; an unknown previous_response_id, an output answering no call, a built-in tool, an unknown field are 400s", () =>
+  it.live("400s: a chain from a store: false response, an output answering no call, a built-in tool, a typo", () =>
     Effect.gen(function*() {
       const { open } = yield* setup(yield* scriptedSampler(3))
       const episode = yield* open("refusals")
       const openai = client(episode.baseURL)
       const status = (params: Record<string, unknown>) =>
         Effect.promise(() =>
-          openai.responses.create({ model: "any", ...params } as OpenAI.Responses.ResponseCreateParamsNonStreaming).then(
+          openai.responses.create(
+            { model: "any", ...params } as OpenAI.Responses.ResponseCreateParamsNonStreaming
+          ).then(
             (r) => ({ status: 200, message: r.id }),
             (e: InstanceType<typeof OpenAI.APIError>) => ({ status: e.status, message: e.message })
           )
@@ -246,7 +253,7 @@ describe("Gateway: the Responses API", () => {
       )
     }))
 
-  it("the response body is the SDK's Response type; the call's id is the episode's, the message left out beside calls", () => {
+  it("the body is the SDK's Response type; the call's id is the episode's, no message item beside calls", () => {
     const body: OpenAI.Responses.Response = Responses.response({
       n: 7,
       createdAt: 5,
