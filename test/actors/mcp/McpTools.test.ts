@@ -16,7 +16,7 @@ import * as Mcp from "../../../actors/resources/Mcp.ts"
 import * as ToolActor from "../../../actors/ToolActor.ts"
 import * as Environment from "../../../src/Environment.ts"
 import * as Tool from "../../../src/Tool.ts"
-import { alive, faulty, filesystem, freshTag, memory } from "./fixtures/servers.ts"
+import { alive, faulty, filesystem, freshTag, gone, memory } from "./fixtures/servers.ts"
 
 let nextId = 0
 const call = (name: string, args: unknown) => ({
@@ -27,13 +27,6 @@ const call = (name: string, args: unknown) => ({
 
 /** The observation's text (tool messages are text). */
 const text = (result: ToolActor.CallResult): string => String(result.message.content)
-
-/** Waits until no process carries `tag` (a pool ends a released process in the background), for at most 20 s. */
-const gone = (tag: string) =>
-  Effect.gen(function*() {
-    for (let i = 0; i < 200 && alive(tag).length > 0; i++) yield* Effect.sleep("100 millis")
-    return alive(tag)
-  })
 
 const tempDir = () => mkdtempSync(join(tmpdir(), "agentfly-mcp-"))
 
