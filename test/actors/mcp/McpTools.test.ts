@@ -118,7 +118,8 @@ describe("Mcp resources: one server process per chain, leased and reset", () => 
       const actor = yield* ToolActor.make(tools)
       const manager = yield* ResourceManager.make()
       // The memory server reads its file at every call: removing it is a fresh graph.
-      const reset = (instance: Mcp.Instance) => Effect.sync(() => rmSync(join(dir, `${instance.id}.jsonl`), { force: true }))
+      const reset = (instance: Mcp.Instance) =>
+        Effect.sync(() => rmSync(join(dir, `${instance.id}.jsonl`), { force: true }))
       const provider = yield* Effect.provideService(
         Mcp.provider(server, { pool: { max: 1 }, reset }),
         ResourceManager.ResourceManager,
@@ -205,12 +206,16 @@ describe("MCP failures: typed errors, observations, nothing lost, no process lef
       const malformedCause = (malformed.error?.reason as Tool.HandlerFailure).cause as McpTools.McpError
       assert.strictEqual(malformedCause._tag, "McpError")
       assert.strictEqual(malformedCause.reason._tag, "MalformedResult")
-      assert.strictEqual(text(malformed), "Error: not a valid tool result: content: Invalid input: expected array, received string")
+      assert.strictEqual(
+        text(malformed),
+        "Error: not a valid tool result: content: Invalid input: expected array, received string"
+      )
 
       // The tool's own error (`isError`): its text is the observation.
       const fail = yield* actor.execute(call("fail", {}), { context })
       assert.strictEqual(text(fail), "Error: the widget is broken")
-      assert.strictEqual(((fail.error?.reason as Tool.HandlerFailure).cause as McpTools.McpError).reason._tag, "ToolFailed")
+      const failCause = (fail.error?.reason as Tool.HandlerFailure).cause as McpTools.McpError
+      assert.strictEqual(failCause.reason._tag, "ToolFailed")
 
       // Nothing was lost on the way: every call was answered, in order, and counted by reason.
       const metrics = yield* actor.metrics
