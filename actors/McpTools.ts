@@ -379,8 +379,17 @@ export const connect = (server: Server, instanceId = "main"): Effect.Effect<Conn
         Effect.as(makeConnection(server, client, transport, () => closed))
       )
     }),
-    (connection) => Effect.promise(() => connection.client.close().catch(() => undefined))
+    (connection) => Effect.promise(() => closeConnection(connection))
   )
+
+/** Ends an HTTP session on the server (its `DELETE`: a server may hold state per session), then closes the client. */
+const closeConnection = async (connection: Connection): Promise<void> => {
+  const transport = connection.client.transport
+  if (transport instanceof StreamableHTTPClientTransport && !connection.isClosed()) {
+    await transport.terminateSession().catch(() => undefined)
+  }
+  await connection.client.close().catch(() => undefined)
+}
 
 const makeConnection = (
   server: Server,
