@@ -30,7 +30,7 @@ import {
   ListToolsRequestSchema
 } from "@modelcontextprotocol/sdk/types.js"
 import type { CallToolResult, GetPromptResult } from "@modelcontextprotocol/sdk/types.js"
-import { Deferred, Effect, Exit, FiberSet, Schema, Scope } from "effect"
+import { Cause, Deferred, Effect, Exit, FiberSet, Schema, Scope } from "effect"
 import type { Context } from "effect"
 import { randomUUID } from "node:crypto"
 import { createServer } from "node:http"
@@ -335,7 +335,7 @@ export const serveHttp = (
       })
       transport.onclose = () => void (transport.sessionId !== undefined && sessions.delete(transport.sessionId))
       const started = await run(Effect.exit(Scope.provide(served.connect(transport), serverScope)))
-      if (Exit.isFailure(started)) return refuse(res, 500, String(Exit.isFailure(started) && started.cause))
+      if (Exit.isFailure(started)) return refuse(res, 500, Cause.pretty(started.cause))
       await transport.handleRequest(req, res, body)
     }
 

@@ -18,6 +18,8 @@ import * as Mcp from "../../../actors/resources/Mcp.ts"
 import * as ToolActor from "../../../actors/ToolActor.ts"
 import * as Calculator from "../../../environments/calculator/Calculator.ts"
 import * as CalculatorTask from "../../../environments/calculator/CalculatorTask.ts"
+import * as Environment from "../../../src/Environment.ts"
+import * as Task from "../../../src/Task.ts"
 import * as Tool from "../../../src/Tool.ts"
 import * as Counter from "./fixtures/counterTask.ts"
 
@@ -118,6 +120,26 @@ describe("McpServer: tasks as MCP servers", () => {
       yield* Effect.promise(() => b.end())
       assert.strictEqual(yield* openEpisodes(served, 0), 0)
       assert.strictEqual((yield* Counter.provider.stats!)["env/counter/open"], 0)
+    }).pipe(Effect.scoped))
+
+  it.live("an episode that cannot start refuses its session, saying why; the server keeps serving", () =>
+    Effect.gen(function*() {
+      const task = Task.make("broken", {
+        tools: Counter.task.tools,
+        environment: Counter.provider,
+        episode: {
+          start: () => Effect.fail(Environment.envError("counter", "reset", "ResetFailed", "the board is missing"))
+        }
+      })
+      const served = yield* McpServer.make(task)
+      const http = yield* McpServer.serveHttp(served, { port: 0 })
+      const refused = yield* Effect.flip(Effect.tryPromise(async () => {
+        const client = new Client({ name: "test", version: "1.0.0" })
+        await client.connect(new StreamableHTTPClientTransport(new URL(http.url)))
+      }))
+      assert.include(String(refused.cause), "episode 0 could not start: the board is missing")
+      assert.deepStrictEqual(yield* served.counts, { started: 1, open: 0 })
+      assert.strictEqual((yield* Counter.provider.stats!)["env/counter/open"], 0, "its environment was released")
     }).pipe(Effect.scoped))
 
   it.live("served back to our own MCP tools over streamable HTTP: each leased chain is a session and an episode", () =>
