@@ -379,16 +379,16 @@ export const connect = (server: Server, instanceId = "main"): Effect.Effect<Conn
         Effect.as(makeConnection(server, client, transport, () => closed))
       )
     }),
-    (connection) => Effect.promise(() => closeConnection(connection))
+    closeConnection
   )
 
 /** Ends an HTTP session on the server (its `DELETE`: a server may hold state per session), then closes the client. */
-const closeConnection = async (connection: Connection): Promise<void> => {
+const closeConnection = (connection: Connection): Effect.Effect<void> => {
   const transport = connection.client.transport
-  if (transport instanceof StreamableHTTPClientTransport && !connection.isClosed()) {
-    await transport.terminateSession().catch(() => undefined)
-  }
-  await connection.client.close().catch(() => undefined)
+  const end = transport instanceof StreamableHTTPClientTransport && !connection.isClosed()
+    ? Effect.ignore(Effect.tryPromise(() => transport.terminateSession()))
+    : Effect.void
+  return Effect.andThen(end, Effect.ignore(Effect.tryPromise(() => connection.client.close())))
 }
 
 const makeConnection = (
@@ -416,20 +416,19 @@ const makeConnection = (
           catch: (e) => mcpError(server, reasonOf(server, e), name)
         })
     ),
-  listTools: Effect.tryPromise({
-    try: async () => {
-      const out: Array<SdkTool> = []
-      let cursor: string | undefined
-      do {
-        const page = await client.listTools(cursor === undefined ? undefined : { cursor }, {
-          timeout: server.requestTimeoutMs
-        })
-        out.push(...page.tools)
-        cursor = page.nextCursor
-      } while (cursor !== undefined)
-      return out
-    },
-    catch: (e) => mcpError(server, reasonOf(server, e))
+  listTools: Effect.gen(function*() {
+    const out: Array<SdkTool> = []
+    let cursor: string | undefined
+    do {
+      const page = yield* Effect.tryPromise({
+        try: () =>
+          client.listTools(cursor === undefined ? undefined : { cursor }, { timeout: server.requestTimeoutMs }),
+        catch: (e) => mcpError(server, reasonOf(server, e))
+      })
+      out.push(...page.tools)
+      cursor = page.nextCursor
+    } while (cursor !== undefined)
+    return out
   }),
   ping: Effect.tryPromise({
     try: () => client.ping({ timeout: server.requestTimeoutMs }),
