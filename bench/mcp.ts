@@ -14,8 +14,9 @@
  * Each round times N sequential calls of each in turn (wall time: the stdio server's work is in another process, so
  * CPU time of this one would leave it out). Rounds are short and many, so that the three of a round see the same
  * load on a shared machine; the figures are medians over the rounds of µs per call and of the per-round ratios, and
- * the ratio of the fastest rounds (the least disturbed). Headline: mcp-stdio ÷ native per call, median of rounds. The issue asks for the ratio only; the target (≤ 50)
- * is ours: a stdio call within fifty native calls of the same work.
+ * the ratio of the fastest rounds (the least disturbed). Headline: mcp-stdio ÷ native per call, median of rounds.
+ * The issue asks for the ratio only; the target (≤ 50) is ours: a stdio call within fifty native calls of the same
+ * work.
  */
 import { InMemoryTransport } from "@modelcontextprotocol/sdk/inMemory.js"
 import { Effect } from "effect"
