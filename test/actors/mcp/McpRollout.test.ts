@@ -19,6 +19,10 @@ import * as ModelFolder from "../../../src/ModelFolder.ts"
 import * as Sampler from "../../../src/Sampler.ts"
 import * as Task from "../../../src/Task.ts"
 import * as Trajectory from "../../../src/Trajectory.ts"
+import { fileURLToPath } from "node:url"
+import * as TaskRuntime from "../../../actors/TaskRuntime.ts"
+import * as Tool from "../../../src/Tool.ts"
+import { tag as notesTag } from "./fixtures/notesTask.ts"
 import { freshTag, gone, memory } from "./fixtures/servers.ts"
 
 describe("a rollout with MCP tools", () => {
@@ -92,4 +96,18 @@ describe("a rollout with MCP tools", () => {
       assert.deepStrictEqual(yield* gone(tag), [], "every chain's server ended with the run")
       rmSync(dir, { recursive: true, force: true })
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)))
+
+  it.live("a task module whose task is read from an MCP server resolves by path, as a config names it", () =>
+    Effect.gen(function*() {
+      const path = fileURLToPath(new URL("./fixtures/notesTask.ts", import.meta.url))
+      const task = yield* Task.resolve(path, { builtins: {}, resolvePath: (p) => p })
+      assert.strictEqual(task.name, "notes")
+      assert.deepStrictEqual(task.tools.map((t) => t.name), ["create_entities", "read_graph", "answer"])
+      assert.strictEqual(Tool.functionSchema(task.tools[0]!).function.parameters.type, "object")
+      // The start check leases the environment for a probe chain: one server process, started and ended.
+      const runtime = yield* TaskRuntime.make(task)
+      const names = runtime.tools.schemas.map((s) => (s as Tool.FunctionSchema).function.name)
+      assert.deepStrictEqual(names, ["create_entities", "read_graph", "answer"])
+    }).pipe(Effect.scoped, Effect.andThen(Effect.map(gone(notesTag), (left) => assert.deepStrictEqual(left, []))))
+  )
 })
