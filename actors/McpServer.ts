@@ -30,7 +30,7 @@ import {
   ListToolsRequestSchema
 } from "@modelcontextprotocol/sdk/types.js"
 import type { CallToolResult, GetPromptResult } from "@modelcontextprotocol/sdk/types.js"
-import { Deferred, Effect, Exit, FiberSet, Schema, Scope } from "effect"
+import { Cause, Deferred, Effect, Exit, FiberSet, Schema, Scope } from "effect"
 import type { Context } from "effect"
 import { randomUUID } from "node:crypto"
 import { createServer } from "node:http"
@@ -289,20 +289,18 @@ export interface HttpServer {
   readonly port: number
 }
 
+const decodeJson = Schema.decodeUnknownExit(Schema.fromJsonString(Schema.Unknown))
+
 /** A request's JSON body, parsed (undefined when it has none or it is not JSON). */
-const readBody = (req: IncomingMessage): Promise<unknown> =>
-  new Promise((resolve) => {
+const readBody = (req: IncomingMessage): Effect.Effect<unknown> =>
+  Effect.callback<unknown>((resume) => {
     const chunks: Array<Buffer> = []
     req.on("data", (chunk: Buffer) => chunks.push(chunk))
     req.on("end", () => {
-      const body = Buffer.concat(chunks).toString("utf8")
-      try {
-        resolve(body === "" ? undefined : JSON.parse(body))
-      } catch {
-        resolve(undefined)
-      }
+      const parsed = decodeJson(Buffer.concat(chunks).toString("utf8"))
+      resume(Effect.succeed(Exit.isSuccess(parsed) ? parsed.value : undefined))
     })
-    req.on("error", () => resolve(undefined))
+    req.on("error", () => resume(Effect.succeed(undefined)))
   })
 
 const refuse = (res: ServerResponse, status: number, message: string) => {
@@ -324,37 +322,40 @@ export const serveHttp = (
 ): Effect.Effect<HttpServer, ServeError, Scope.Scope> =>
   Effect.gen(function*() {
     const host = options.host ?? "127.0.0.1"
-    const run = yield* FiberSet.makeRuntimePromise<Scope.Scope>()
+    const run = yield* FiberSet.makeRuntimePromise<never>()
     const sessions = new Map<string, StreamableHTTPServerTransport>()
     const serverScope = yield* Effect.scope
 
-    const open = async (req: IncomingMessage, res: ServerResponse, body: unknown) => {
-      const transport = new StreamableHTTPServerTransport({
-        sessionIdGenerator: () => randomUUID(),
-        onsessioninitialized: (id) => void sessions.set(id, transport)
+    const open = (req: IncomingMessage, res: ServerResponse, body: unknown) =>
+      Effect.gen(function*() {
+        const transport = new StreamableHTTPServerTransport({
+          sessionIdGenerator: () => randomUUID(),
+          onsessioninitialized: (id) => void sessions.set(id, transport)
+        })
+        transport.onclose = () => void (transport.sessionId !== undefined && sessions.delete(transport.sessionId))
+        const started = yield* Effect.exit(Scope.provide(served.connect(transport), serverScope))
+        if (Exit.isFailure(started)) return refuse(res, 500, Cause.pretty(started.cause))
+        yield* Effect.promise(() => transport.handleRequest(req, res, body))
       })
-      transport.onclose = () => void (transport.sessionId !== undefined && sessions.delete(transport.sessionId))
-      const started = await run(Effect.exit(Scope.provide(served.connect(transport), serverScope)))
-      if (Exit.isFailure(started)) return refuse(res, 500, String(Exit.isFailure(started) && started.cause))
-      await transport.handleRequest(req, res, body)
-    }
 
-    const handle = async (req: IncomingMessage, res: ServerResponse) => {
-      if (new URL(req.url ?? "/", "http://x").pathname !== "/mcp") return refuse(res, 404, "not found: use /mcp")
-      const id = req.headers["mcp-session-id"]
-      const known = typeof id === "string" ? sessions.get(id) : undefined
-      const body = req.method === "POST" ? await readBody(req) : undefined
-      if (known !== undefined) return known.handleRequest(req, res, body)
-      if (typeof id === "string") return refuse(res, 404, `no session ${id} (it ended, or never began)`)
-      if (req.method === "POST" && isInitializeRequest(body)) return open(req, res, body)
-      return refuse(res, 400, "no session: send initialize first, without an mcp-session-id header")
-    }
-
-    const server = createServer((req, res) => {
-      handle(req, res).catch((e) => {
-        if (!res.headersSent) refuse(res, 500, e instanceof Error ? e.message : String(e))
+    const handle = (req: IncomingMessage, res: ServerResponse) =>
+      Effect.gen(function*() {
+        if (new URL(req.url ?? "/", "http://x").pathname !== "/mcp") return refuse(res, 404, "not found: use /mcp")
+        const id = req.headers["mcp-session-id"]
+        const known = typeof id === "string" ? sessions.get(id) : undefined
+        const body = req.method === "POST" ? yield* readBody(req) : undefined
+        if (known !== undefined) return yield* Effect.promise(() => known.handleRequest(req, res, body))
+        if (typeof id === "string") return refuse(res, 404, `no session ${id} (it ended, or never began)`)
+        if (req.method === "POST" && isInitializeRequest(body)) return yield* open(req, res, body)
+        return refuse(res, 400, "no session: send initialize first, without an mcp-session-id header")
       })
-    })
+
+    const server = createServer((req, res) =>
+      void run(Effect.catchCause(handle(req, res), (cause) =>
+        Effect.sync(() => {
+          if (!res.headersSent) refuse(res, 500, Cause.pretty(cause))
+        })))
+    )
     const port = yield* Effect.acquireRelease(
       Effect.callback<number, ServeError>((resume) => {
         server.once("error", (e) => resume(Effect.fail(serveError(`cannot listen on ${host}:${options.port}`)(e))))

@@ -63,12 +63,24 @@ export interface HttpTransport {
 }
 
 /**
+ * A server reached through a transport of the SDK's own making (its `InMemoryTransport` to a server in this
+ * process, a custom transport).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface SdkTransportOf {
+  readonly _tag: "Sdk"
+  readonly transport: SdkTransport
+}
+
+/**
  * Where a server is.
  *
  * @category models
  * @since 0.1.0
  */
-export type Transport = StdioTransport | HttpTransport
+export type Transport = StdioTransport | HttpTransport | SdkTransportOf
 
 /**
  * What the tools of a server call: the server's session of the chain (its own process, or a shared one).
@@ -149,6 +161,24 @@ export const http = (
   key: keyOf(name)
 })
 
+/**
+ * A server reached through an SDK transport made per instance (`InMemoryTransport.createLinkedPair()`'s client
+ * side, with the server connected to the other side).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const sdk = (
+  name: string,
+  transport: (instanceId: string) => SdkTransport,
+  serverOptions: ServerOptions = {}
+): Server => ({
+  name,
+  transport: (id) => ({ _tag: "Sdk", transport: transport(id) }),
+  requestTimeoutMs: serverOptions.requestTimeoutMs ?? 600_000,
+  key: keyOf(name)
+})
+
 // ===== Errors =====
 
 /**
@@ -217,7 +247,14 @@ export class Protocol extends Schema.TaggedError<Protocol>()("Protocol", {
  * @category errors
  * @since 0.1.0
  */
-export const McpErrorReason = Schema.Union([ConnectFailed, Closed, RequestTimeout, ToolFailed, MalformedResult, Protocol])
+export const McpErrorReason = Schema.Union([
+  ConnectFailed,
+  Closed,
+  RequestTimeout,
+  ToolFailed,
+  MalformedResult,
+  Protocol
+])
 export type McpErrorReason = typeof McpErrorReason.Type
 
 /**
@@ -302,7 +339,9 @@ export interface Connection {
 }
 
 const sdkTransport = (transport: Transport): SdkTransport =>
-  transport._tag === "Stdio"
+  transport._tag === "Sdk"
+    ? transport.transport
+    : transport._tag === "Stdio"
     ? new StdioClientTransport({
       command: transport.command,
       args: [...(transport.args ?? [])],
@@ -340,8 +379,17 @@ export const connect = (server: Server, instanceId = "main"): Effect.Effect<Conn
         Effect.as(makeConnection(server, client, transport, () => closed))
       )
     }),
-    (connection) => Effect.promise(() => connection.client.close().catch(() => undefined))
+    closeConnection
   )
+
+/** Ends an HTTP session on the server (its `DELETE`: a server may hold state per session), then closes the client. */
+const closeConnection = (connection: Connection): Effect.Effect<void> => {
+  const transport = connection.client.transport
+  const end = transport instanceof StreamableHTTPClientTransport && !connection.isClosed()
+    ? Effect.ignore(Effect.tryPromise(() => transport.terminateSession()))
+    : Effect.void
+  return Effect.andThen(end, Effect.ignore(Effect.tryPromise(() => connection.client.close())))
+}
 
 const makeConnection = (
   server: Server,
@@ -368,20 +416,19 @@ const makeConnection = (
           catch: (e) => mcpError(server, reasonOf(server, e), name)
         })
     ),
-  listTools: Effect.tryPromise({
-    try: async () => {
-      const out: Array<SdkTool> = []
-      let cursor: string | undefined
-      do {
-        const page = await client.listTools(cursor === undefined ? undefined : { cursor }, {
-          timeout: server.requestTimeoutMs
-        })
-        out.push(...page.tools)
-        cursor = page.nextCursor
-      } while (cursor !== undefined)
-      return out
-    },
-    catch: (e) => mcpError(server, reasonOf(server, e))
+  listTools: Effect.gen(function*() {
+    const out: Array<SdkTool> = []
+    let cursor: string | undefined
+    do {
+      const page = yield* Effect.tryPromise({
+        try: () =>
+          client.listTools(cursor === undefined ? undefined : { cursor }, { timeout: server.requestTimeoutMs }),
+        catch: (e) => mcpError(server, reasonOf(server, e))
+      })
+      out.push(...page.tools)
+      cursor = page.nextCursor
+    } while (cursor !== undefined)
+    return out
   }),
   ping: Effect.tryPromise({
     try: () => client.ping({ timeout: server.requestTimeoutMs }),
@@ -478,7 +525,7 @@ const parametersOf = (info: SdkTool) => {
  * @category constructors
  * @since 0.1.0
  */
-export const fromInfo = (server: Server, info: SdkTool, options: ToolsOptions = {}) =>
+export const fromInfo = (server: Server, info: SdkTool, options: ToolsOptions = {}): McpTool =>
   Tool.make(`${options.prefix ?? ""}${info.name}`, {
     description: info.description ?? info.title ?? info.name,
     parameters: parametersOf(info),
@@ -500,6 +547,14 @@ export const fromInfo = (server: Server, info: SdkTool, options: ToolsOptions = 
   })
 
 /**
+ * A server's tool: JSON-object arguments checked against its `inputSchema`, its text result, any failure.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type McpTool = Tool.Tool<string, any, typeof Schema.String, typeof Schema.Unknown, Session>
+
+/**
  * The tools of `server`: connects to one instance (id `"list"`), lists its tools and closes it. Each tool's
  * parameters are its `inputSchema`, shown to the model as written and checked before a call is sent; its handler
  * calls the chain's {@link Session} of the server (the `dependencies` of every tool).
@@ -515,7 +570,7 @@ export const fromInfo = (server: Server, info: SdkTool, options: ToolsOptions = 
 export const tools = (
   server: Server,
   options: ToolsOptions = {}
-): Effect.Effect<ReadonlyArray<Tool.Tool<string, any, typeof Schema.String, typeof Schema.Unknown, Session>>, McpError> =>
+): Effect.Effect<ReadonlyArray<McpTool>, McpError> =>
   Effect.scoped(
     Effect.gen(function*() {
       const connection = yield* connect(server, "list")

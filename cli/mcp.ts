@@ -35,7 +35,10 @@ export const mcp = Command.make(
       Flag.optional
     ),
     host: Flag.String("host").pipe(Flag.withDescription("Address to listen on"), Flag.withDefault("127.0.0.1")),
-    data: Flag.String("data").pipe(Flag.withDescription("A dataset file whose rows the episodes start from"), Flag.optional),
+    data: Flag.String("data").pipe(
+      Flag.withDescription("A dataset file whose rows the episodes start from"),
+      Flag.optional
+    ),
     toolTimeout: Flag.Finite("tool-timeout").pipe(
       Flag.withDescription("Seconds a tool call may run when its tool sets no timeout"),
       Flag.withDefault(30)

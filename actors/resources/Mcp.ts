@@ -78,7 +78,10 @@ export const launcher = (
   server: McpTools.Server,
   reset?: (instance: Instance) => Effect.Effect<void, Environment.EnvError>
 ): Resource.Launcher<Instance> => ({
-  start: (_spec: Resource.ResourceSpec, instanceId: string): Effect.Effect<Instance, Environment.EnvError, Scope.Scope> =>
+  start: (
+    _spec: Resource.ResourceSpec,
+    instanceId: string
+  ): Effect.Effect<Instance, Environment.EnvError, Scope.Scope> =>
     Effect.map(
       Effect.mapError(McpTools.connect(server, instanceId), asEnvError(server, "start")),
       (connection) => ({ id: instanceId, connection })

@@ -9,11 +9,17 @@ import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js"
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js"
 import type { CallToolResult } from "@modelcontextprotocol/sdk/types.js"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect } from "effect"
+import { Context, Effect, Exit, Scope } from "effect"
 import { fileURLToPath } from "node:url"
 import * as McpServer from "../../../actors/McpServer.ts"
+import * as McpTools from "../../../actors/McpTools.ts"
+import * as ResourceManager from "../../../actors/ResourceManager.ts"
+import * as Mcp from "../../../actors/resources/Mcp.ts"
+import * as ToolActor from "../../../actors/ToolActor.ts"
 import * as Calculator from "../../../environments/calculator/Calculator.ts"
 import * as CalculatorTask from "../../../environments/calculator/CalculatorTask.ts"
+import * as Environment from "../../../src/Environment.ts"
+import * as Task from "../../../src/Task.ts"
 import * as Tool from "../../../src/Tool.ts"
 import * as Counter from "./fixtures/counterTask.ts"
 
@@ -114,6 +120,56 @@ describe("McpServer: tasks as MCP servers", () => {
       yield* Effect.promise(() => b.end())
       assert.strictEqual(yield* openEpisodes(served, 0), 0)
       assert.strictEqual((yield* Counter.provider.stats!)["env/counter/open"], 0)
+    }).pipe(Effect.scoped))
+
+  it.live("an episode that cannot start refuses its session, saying why; the server keeps serving", () =>
+    Effect.gen(function*() {
+      const task = Task.make("broken", {
+        tools: Counter.task.tools,
+        environment: Counter.provider,
+        episode: {
+          start: () => Effect.fail(Environment.envError("counter", "reset", "ResetFailed", "the board is missing"))
+        }
+      })
+      const served = yield* McpServer.make(task)
+      const http = yield* McpServer.serveHttp(served, { port: 0 })
+      const refused = yield* Effect.flip(Effect.tryPromise(async () => {
+        const client = new Client({ name: "test", version: "1.0.0" })
+        await client.connect(new StreamableHTTPClientTransport(new URL(http.url)))
+      }))
+      assert.include(String(refused.cause), "episode 0 could not start: the board is missing")
+      assert.deepStrictEqual(yield* served.counts, { started: 1, open: 0 })
+      assert.strictEqual((yield* Counter.provider.stats!)["env/counter/open"], 0, "its environment was released")
+    }).pipe(Effect.scoped))
+
+  it.live("served back to our own MCP tools over streamable HTTP: each leased chain is a session and an episode", () =>
+    Effect.gen(function*() {
+      const rows = [{ index: 0, line: 1, question: "Count.", fields: { target: 100 } }]
+      const served = yield* McpServer.make(Counter.task, { rows })
+      const http = yield* McpServer.serveHttp(served, { port: 0 })
+      const server = McpTools.http("counter", { url: http.url })
+      const tools = yield* McpTools.tools(server, { include: ["add"] })
+      assert.deepStrictEqual(Tool.parametersJsonSchema(tools[0]!), served.task.tools.map(Tool.parametersJsonSchema)[0])
+      const actor = yield* ToolActor.make(tools)
+      const manager = yield* ResourceManager.make()
+      const provider = yield* Effect.provideService(Mcp.provider(server), ResourceManager.ResourceManager, manager)
+      const chain = Effect.fnUntraced(function*(chainId: string, by: number) {
+        const scope = yield* Scope.make()
+        const context = yield* Scope.provide(provider.acquire({ chainId, groupId: chainId }), scope)
+        const call = { id: "c", type: "function" as const, function: { name: "add", arguments: { by } } }
+        const first = yield* actor.execute(call, { context: context as Context.Context<McpTools.Session> })
+        const second = yield* actor.execute(call, { context: context as Context.Context<McpTools.Session> })
+        return { texts: [first.message.content, second.message.content], close: Scope.close(scope, Exit.void) }
+      })
+      const a = yield* chain("a", 2)
+      const b = yield* chain("b", 5)
+      assert.deepStrictEqual(a.texts, ["2", "4"])
+      assert.deepStrictEqual(b.texts, ["5", "10"], "chain b's episode has a counter of its own")
+      assert.strictEqual((yield* served.counts).open, 2)
+      yield* a.close
+      yield* b.close
+      // Released chains' sessions are closed (recreate: no reset given), and with them their episodes.
+      assert.strictEqual(yield* openEpisodes(served, 0), 0)
     }).pipe(Effect.scoped))
 
   it.live("`agentfly mcp calculator` over stdio, with the SDK's client; the server exits with its session", () =>

@@ -16,7 +16,7 @@ import * as Mcp from "../../../actors/resources/Mcp.ts"
 import * as ToolActor from "../../../actors/ToolActor.ts"
 import * as Environment from "../../../src/Environment.ts"
 import * as Tool from "../../../src/Tool.ts"
-import { alive, faulty, filesystem, freshTag, memory } from "./fixtures/servers.ts"
+import { alive, faulty, filesystem, freshTag, gone, memory } from "./fixtures/servers.ts"
 
 let nextId = 0
 const call = (name: string, args: unknown) => ({
@@ -27,13 +27,6 @@ const call = (name: string, args: unknown) => ({
 
 /** The observation's text (tool messages are text). */
 const text = (result: ToolActor.CallResult): string => String(result.message.content)
-
-/** Waits until no process carries `tag` (a pool ends a released process in the background), for at most 20 s. */
-const gone = (tag: string) =>
-  Effect.gen(function*() {
-    for (let i = 0; i < 200 && alive(tag).length > 0; i++) yield* Effect.sleep("100 millis")
-    return alive(tag)
-  })
 
 const tempDir = () => mkdtempSync(join(tmpdir(), "agentfly-mcp-"))
 
@@ -125,7 +118,8 @@ describe("Mcp resources: one server process per chain, leased and reset", () => 
       const actor = yield* ToolActor.make(tools)
       const manager = yield* ResourceManager.make()
       // The memory server reads its file at every call: removing it is a fresh graph.
-      const reset = (instance: Mcp.Instance) => Effect.sync(() => rmSync(join(dir, `${instance.id}.jsonl`), { force: true }))
+      const reset = (instance: Mcp.Instance) =>
+        Effect.sync(() => rmSync(join(dir, `${instance.id}.jsonl`), { force: true }))
       const provider = yield* Effect.provideService(
         Mcp.provider(server, { pool: { max: 1 }, reset }),
         ResourceManager.ResourceManager,
@@ -212,12 +206,16 @@ describe("MCP failures: typed errors, observations, nothing lost, no process lef
       const malformedCause = (malformed.error?.reason as Tool.HandlerFailure).cause as McpTools.McpError
       assert.strictEqual(malformedCause._tag, "McpError")
       assert.strictEqual(malformedCause.reason._tag, "MalformedResult")
-      assert.strictEqual(text(malformed), "Error: not a valid tool result: content: Invalid input: expected array, received string")
+      assert.strictEqual(
+        text(malformed),
+        "Error: not a valid tool result: content: Invalid input: expected array, received string"
+      )
 
       // The tool's own error (`isError`): its text is the observation.
       const fail = yield* actor.execute(call("fail", {}), { context })
       assert.strictEqual(text(fail), "Error: the widget is broken")
-      assert.strictEqual(((fail.error?.reason as Tool.HandlerFailure).cause as McpTools.McpError).reason._tag, "ToolFailed")
+      const failCause = (fail.error?.reason as Tool.HandlerFailure).cause as McpTools.McpError
+      assert.strictEqual(failCause.reason._tag, "ToolFailed")
 
       // Nothing was lost on the way: every call was answered, in order, and counted by reason.
       const metrics = yield* actor.metrics
