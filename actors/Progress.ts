@@ -63,7 +63,8 @@ export const formatBar = (
   const tail = ` ${done}/${total} ${options.unit}  ${clock(seconds)}${eta}`
   const width = Math.max(10, Math.min(30, columns - options.label.length - tail.length - 3))
   const filled = Math.round(fraction * width)
-  return `${options.label} ▕${"█".repeat(filled)}${"░".repeat(width - filled)}▏${tail}`.slice(0, Math.max(20, columns - 1))
+  const line = `${options.label} ▕${"█".repeat(filled)}${"░".repeat(width - filled)}▏${tail}`
+  return line.slice(0, Math.max(20, columns - 1))
 }
 
 /**
