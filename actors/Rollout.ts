@@ -30,6 +30,7 @@ import { ChatSampler, Sampler } from "../src/Sampler.ts"
 import type { SamplingParams } from "../src/Sampler.ts"
 import type { Scope } from "effect"
 import type { Group, Trajectory } from "../src/Trajectory.ts"
+import * as Progress from "./Progress.ts"
 import * as RolloutChain from "./RolloutChain.ts"
 import * as ChainPorts from "../src/ChainPorts.ts"
 import * as TaskRuntime from "./TaskRuntime.ts"
@@ -528,7 +529,9 @@ const makeCollector = (groupId: string, rowIndex: number, size: number, stats: R
         // Decide before offering: the offer may suspend while a sibling finishes.
         const last = --remaining === 0
         const offered = Queue.offer(queue, { _tag: "Trajectory", rowIndex, trajectory: outcome.trajectory })
-        return last ? Effect.flatMap(offered, () => groupEvent(queue)) : Effect.asVoid(offered)
+        return last
+          ? Effect.flatMap(offered, () => Effect.andThen(groupEvent(queue), Progress.groupDone))
+          : Effect.asVoid(offered)
       })
   }
 }

@@ -10,11 +10,11 @@
  * reward that failed are spans with status ERROR (`error.type` says the reason) although the run goes on: that is
  * where a slow or failed step is read.
  *
- * **Metrics.** Every figure a run logs to `metrics.jsonl` is also a gauge of the same name (`rollout/reward_mean`,
- * `learner/kl`, ...) with a `phase` attribute, exported with the spans.
+ * **Metrics.** Every figure of a step's or an evaluation's record is also a gauge of the same name
+ * (`rollout/reward_mean`, `learner/kl`, ...) with a `phase` attribute, exported with the spans.
  *
  * **When.** Export is off unless the config's `telemetry` section or `OTEL_EXPORTER_OTLP_ENDPOINT` names a collector;
- * off, a run's path is the one it was without this module (no exporter, no extra fiber).
+ * off, nothing is exported and no exporter fiber runs (the spans stay in memory, as every `Effect.fn` span does).
  *
  * @since 0.1.0
  */
@@ -316,6 +316,16 @@ export const recordAttributes = (record: Report.MetricsRecord): Record<string, u
   return out
 }
 
+/**
+ * A learner step's span (`Learner.learn`) around the learner's call.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const learning = (step: number) =>
+<A extends Parameters<typeof learnSaid>[0], E, R>(self: Effect.Effect<A, E, R>): Effect.Effect<A, E, R> =>
+  span<A>("Learner.learn", { step }, learnSaid)(self)
+
 // ===== Metrics =====
 
 const gauges = new Map<string, Metric.Gauge<number>>()
@@ -336,3 +346,13 @@ export const recordFigures = (record: Report.MetricsRecord): Effect.Effect<void>
     }
     return Metric.update(Metric.withAttributes(gauge, { phase: record.phase }), value)
   }, { discard: true })
+
+/**
+ * What a step or an evaluation says when its record is written: the record's attributes on the current span (the
+ * step's, the evaluation's) and its figures as gauges.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const observe = (record: Report.MetricsRecord): Effect.Effect<void> =>
+  Effect.andThen(Effect.annotateCurrentSpan(recordAttributes(record)), recordFigures(record))

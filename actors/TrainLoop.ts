@@ -284,10 +284,8 @@ const openMetrics = Effect.fnUntraced(function*(fs: FileSystem.FileSystem, out: 
   return {
     ...files,
     log: (record) =>
-      Effect.flatMap(memory.take, (read) => {
-        const full = { ...record, figures: { ...record.figures, ...PeakRss.figures(read) } }
-        return Effect.andThen(files.log(full), Telemetry.recordFigures(full))
-      })
+      Effect.flatMap(memory.take, (read) =>
+        files.log({ ...record, figures: { ...record.figures, ...PeakRss.figures(read) } }))
   } satisfies Metrics.Metrics
 })
 
@@ -523,11 +521,10 @@ const trainStep = Effect.fn("TrainLoop.step")(function*(
   if (RolloutFigures.infrastructureFailures(groups.flatMap((g) => g.trajectories)).share > run.config.maxFailureShare) {
     const failed = { phase: "train" as const, step, elapsed: yield* run.elapsed, figures: rollout }
     yield* run.metrics.log({ ...failed, ...RolloutFigures.failureNote(groups) }).pipe(Effect.mapError(io))
-    yield* Effect.annotateCurrentSpan(Telemetry.recordAttributes({ ...failed, ...RolloutFigures.failureNote(groups) }))
+    yield* Telemetry.observe({ ...failed, ...RolloutFigures.failureNote(groups) })
     yield* checkFailures(run, groups, `step ${step}`)
   }
-  const outcome = yield* run.learner.learn(step, batch.kept.map((s) => s.group))
-    .pipe(Telemetry.span("Learner.learn", { step }, Telemetry.learnSaid))
+  const outcome = yield* run.learner.learn(step, batch.kept.map((s) => s.group)).pipe(Telemetry.learning(step))
   if (outcome._tag === "Applied") yield* finite(`step ${step}`, "learner/loss", outcome.loss)
   yield* publish(run, step)
   const t2 = yield* Clock.currentTimeMillis
@@ -552,7 +549,7 @@ const trainStep = Effect.fn("TrainLoop.step")(function*(
   const elapsed = yield* run.elapsed
   const record = { phase: "train" as const, step, elapsed, figures, ...RolloutFigures.failureNote(groups) }
   yield* run.metrics.log(record).pipe(Effect.mapError(io))
-  yield* Effect.annotateCurrentSpan(Telemetry.recordAttributes(record))
+  yield* Telemetry.observe(record)
   for (const g of groups.slice(0, run.config.sampleTrajectories)) {
     const sample = Metrics.sampleOf(g.trajectories[0]!, "train", step, run.tokenText)
     yield* run.metrics.sample(sample).pipe(Effect.mapError(io))
@@ -636,7 +633,7 @@ const evaluate = Effect.fn("TrainLoop.evaluate")(function*(run: Run, step: numbe
   const elapsed = yield* run.elapsed
   const record = { phase: "eval" as const, step, elapsed, figures, ...RolloutFigures.failureNote(groups) }
   yield* run.record({ kind: "eval", step, figures: finiteFigures(figures) })
-  yield* Effect.annotateCurrentSpan(Telemetry.recordAttributes(record))
+  yield* Telemetry.observe(record)
   yield* run.metrics.log(record).pipe(Effect.mapError(io))
   yield* checkFailures(run, groups, `evaluation at step ${step}`)
   for (const g of groups.slice(0, Math.min(2, run.config.sampleTrajectories))) {

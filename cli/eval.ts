@@ -17,6 +17,7 @@ import * as ChainFormat from "../actors/ChainFormat.ts"
 import * as Journal from "../actors/Journal.ts"
 import * as Metrics from "../actors/Metrics.ts"
 import * as PolicyEngine from "../actors/PolicyEngine.ts"
+import * as Progress from "../actors/Progress.ts"
 import * as ResourceManager from "../actors/ResourceManager.ts"
 import * as Train from "../actors/Train.ts"
 import type { Figures } from "../actors/Learner.ts"
@@ -31,6 +32,7 @@ import * as TrainConfig from "../src/TrainConfig.ts"
 import type * as Trajectory from "../src/Trajectory.ts"
 import * as Setup from "./setup.ts"
 import { episodeText, failureSentence } from "./oracle.ts"
+import * as Json from "./json.ts"
 import { exitOnFailure } from "./train.ts"
 
 /**
@@ -164,13 +166,14 @@ export const run = Effect.fn("cli.eval")(function*(
   const weights = options.checkpoint === undefined
     ? folder.weights
     : (yield* verifiedCheckpoint(options.checkpoint, Qwen2.parameters(folder.config))).weights
+  const evalSize = config.eval.size ?? heldOut.rows.length
   const engine = yield* PolicyEngine.make({ config: folder.config, weights, maxBatchSize: 64 })
   // The task's environment lives (and its pools with it) for the evaluation only.
   const { figures, groups } = yield* Effect.scoped(
     Effect.flatMap(
       RolloutSetup.make({ task, config, format: ChainFormat.ofConfig(config, folder) }),
       (setup) => Rollouts.evaluation(setup, heldOut.rows)
-    )
+    ).pipe(Progress.withBar({ label: "eval", unit: "questions", total: Math.min(heldOut.rows.length, evalSize) }))
   ).pipe(
     Effect.provideService(Sampler, Sampler.of({ generate: engine.generate, policyVersion: engine.policyVersion })),
     Effect.provide(ResourceManager.ResourceManager.layer)
@@ -230,7 +233,8 @@ export const evaluate = Command.make(
       Flag.withDescription("Print this many episodes as the model saw them (default 0)"),
       Flag.withDefault(0),
       Flag.filter((n) => n >= 0, (n) => `--episodes must be at least 0, got ${n}`)
-    )
+    ),
+    json: Json.flag
   },
   Effect.fn("eval")(function*(args) {
     yield* Effect.scoped(run({
@@ -242,7 +246,9 @@ export const evaluate = Command.make(
       temperature: Option.getOrUndefined(args.temperature),
       seed: Option.getOrUndefined(args.seed),
       output: Option.getOrUndefined(args.output),
-      episodes: args.episodes
-    })).pipe(exitOnFailure)
+      episodes: args.episodes,
+      // With --json, stdout is the JSON object's alone.
+      ...(args.json ? { write: (text: string) => void process.stderr.write(text) } : {})
+    })).pipe(Json.printed(args.json, (result) => ({ command: "eval", ...result })), exitOnFailure)
   })
 ).pipe(Command.withDescription("Evaluate a model folder or a run's checkpoint on a config's held-out split"))

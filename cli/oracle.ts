@@ -15,6 +15,7 @@
 import { Console, Effect, Path } from "effect"
 import { Argument, Command, Flag } from "effect/cli"
 import * as Oracle from "../actors/Oracle.ts"
+import * as Progress from "../actors/Progress.ts"
 import * as RolloutFigures from "../src/RolloutFigures.ts"
 import * as ChessOracle from "../environments/chess/ChessOracle.ts"
 import * as Solver from "../environments/household/Solver.ts"
@@ -29,6 +30,7 @@ import * as Task from "../src/Task.ts"
 import type * as Trajectory from "../src/Trajectory.ts"
 import type * as TrainConfig from "../src/TrainConfig.ts"
 import * as Setup from "./setup.ts"
+import * as Json from "./json.ts"
 import { exitOnFailure } from "./train.ts"
 
 /**
@@ -91,6 +93,7 @@ export const play = Effect.fn("cli.oracle.play")(function*(file: string, rows = 
   const played = data.rows.slice(0, rows).map((r) => ({ question: r.question, ...r.fields }))
   const policy = own ?? (task.name === "swe" ? yield* sweOracle(file, config.task, played) : oracles[task.name]!)
   return yield* Oracle.rollout({ task, rows: played, policy })
+    .pipe(Progress.withBar({ label: "oracle", unit: "rows", total: played.length }))
 })
 
 /**
@@ -180,11 +183,13 @@ export const oracle = Command.make(
       Flag.withDescription("Held-out rows to play (default 100)"),
       Flag.withDefault(100),
       Flag.filter((n) => n >= 1, (n) => `--rows must be at least 1, got ${n}`)
-    )
+    ),
+    json: Json.flag
   },
-  Effect.fn("oracle")(function*({ config, rows }) {
+  Effect.fn("oracle")(function*({ config, rows, json }) {
     yield* Effect.gen(function*() {
-      yield* Console.log(summary(yield* play(config, rows)))
+      const played = yield* play(config, rows).pipe(Json.printed(json, Json.oracleJson))
+      if (!json) yield* Console.log(summary(played))
     }).pipe(exitOnFailure)
   })
 ).pipe(Command.withDescription("Play a task's oracle (prebuilt, or its module's `oracle`) on a config's held-out rows"))

@@ -14,6 +14,7 @@ import type { Scope } from "effect"
 import { Argument, Command, Flag } from "effect/cli"
 import * as Resume from "../actors/Resume.ts"
 import * as Train from "../actors/Train.ts"
+import * as Json from "./json.ts"
 import * as Setup from "./setup.ts"
 
 /**
@@ -127,7 +128,8 @@ export const train = Command.make(
     ),
     seed: Flag.Int("seed").pipe(Flag.withDescription("Override the config's seed"), Flag.optional),
     output: Flag.String("output").pipe(Flag.withDescription("Override the output directory"), Flag.optional),
-    steps: Flag.Int("steps").pipe(Flag.withDescription("Override algorithm.steps"), Flag.optional)
+    steps: Flag.Int("steps").pipe(Flag.withDescription("Override algorithm.steps"), Flag.optional),
+    json: Json.flag
   },
   Effect.fn("train")(function*(args) {
     yield* Effect.scoped(run({
@@ -138,6 +140,6 @@ export const train = Command.make(
       seed: Option.getOrUndefined(args.seed),
       output: Option.getOrUndefined(args.output),
       steps: Option.getOrUndefined(args.steps)
-    })).pipe(exitOnFailure)
+    })).pipe(Json.printed(args.json, Json.trainJson), exitOnFailure)
   })
 ).pipe(Command.withDescription("Train an agent by RL (optional SFT warm-up), with checkpoints, resume and a report"))
