@@ -91,7 +91,11 @@ const remote = Effect.fnUntraced(function*(
   student: ModelFolder.ModelFolder
 ) {
   const key = config.apiKeyEnv === undefined ? undefined : process.env[config.apiKeyEnv]
-  const settings = { baseUrl: config.url, model: config.model, ...(key === undefined ? {} : { apiKey: Redacted.make(key) }) }
+  const settings = {
+    baseUrl: config.url,
+    model: config.model,
+    ...(key === undefined ? {} : { apiKey: Redacted.make(key) })
+  }
   const scorer = yield* OpenAiCompatSampler.makePromptScorer(settings)
   const tokenize = yield* OpenAiCompatSampler.makeTokenize(settings)
   const where = `the teacher ${config.model} at ${config.url}`
@@ -118,5 +122,9 @@ export const make = (
   config: Distillation.TeacherConfig,
   student: ModelFolder.ModelFolder,
   options: { readonly tokenBudget: number; readonly intraOpThreads: number }
-): Effect.Effect<Distillation.Teacher, Distillation.DistillationError, FileSystem.FileSystem | Path.Path | Scope.Scope> =>
+): Effect.Effect<
+  Distillation.Teacher,
+  Distillation.DistillationError,
+  FileSystem.FileSystem | Path.Path | Scope.Scope
+> =>
   "path" in config ? local(config, student, options) : remote(config, student)

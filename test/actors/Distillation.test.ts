@@ -105,7 +105,7 @@ describe("Learner.update with a teacher", () => {
       assert.approximately(result.figures["learner/teacher_kl"]!, expected, 1e-9)
     }).pipe(Effect.provide(GradientBackend.layerRecording())))
 
-  it.effect("equal rewards still train (the teacher gives every token a signal); a failing teacher fails the step", () =>
+  it.effect("equal rewards still train (the teacher gives every token a signal); a teacher failing fails the step", () =>
     Effect.gen(function*() {
       const flat: Distillation.Teacher = {
         name: "flat",
@@ -198,8 +198,9 @@ const server = (
         req.on("end", () => {
           const body = JSON.parse(raw)
           const ids = req.url === "/tokenize" ? tokens(body.prompt) : undefined
+          const notFound = { status: 404, json: { detail: "Not Found" } }
           const answer = req.url === "/tokenize"
-            ? (ids === undefined ? { status: 404, json: { detail: "Not Found" } } : { status: 200, json: { tokens: ids } })
+            ? (ids === undefined ? notFound : { status: 200, json: { tokens: ids } })
             : completion(body.prompt)
           res.writeHead(answer.status, { "content-type": "application/json" })
           res.end(JSON.stringify(answer.json))

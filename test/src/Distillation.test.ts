@@ -9,6 +9,7 @@ import { createServer } from "node:http"
 import type { AddressInfo } from "node:net"
 import * as OpenAiCompatSampler from "../../src/backends/OpenAiCompatSampler.ts"
 import * as Distillation from "../../src/Distillation.ts"
+import * as TrainConfig from "../../src/TrainConfig.ts"
 
 describe("Distillation maths", () => {
   it("reverseKlAdvantages: −β·(log π_student − log π_teacher) on sampled tokens only; mix weighs the task's", () => {
@@ -127,4 +128,53 @@ describe("OpenAiCompatSampler prompt logprobs (a teacher's scores)", () => {
       assert.strictEqual(server.seen[0]!.path, "/tokenize")
       assert.deepStrictEqual(server.seen[0]!.body, { model: "m", prompt: "hi", add_special_tokens: false })
     })))
+})
+
+describe("algorithm.distillation in a config", () => {
+  const minimal = {
+    output: "runs/x",
+    model: { path: "model", preset: "tiny" },
+    data: { train: "data/train.jsonl" },
+    task: "calculator"
+  }
+
+  it.effect("a folder teacher's path and checkpoint resolve as the model's; a server teacher is left as given", () =>
+    Effect.gen(function*() {
+      const local = yield* TrainConfig.decode({
+        ...minimal,
+        algorithm: {
+          steps: 1,
+          distillation: { teacher: { path: "teacher", checkpoint: "run/checkpoints/step-000020" } }
+        }
+      })
+      const resolved = TrainConfig.resolvePaths(local, (p) => `/configs/${p}`)
+      assert.deepStrictEqual(resolved.algorithm.distillation, {
+        teacher: { path: "/configs/teacher", checkpoint: "/configs/run/checkpoints/step-000020" }
+      })
+      const server = yield* TrainConfig.decode({
+        ...minimal,
+        algorithm: { steps: 1, distillation: { teacher: { url: "http://10.0.0.2:8000/v1", model: "big" }, coef: 0.5 } }
+      })
+      assert.deepStrictEqual(TrainConfig.resolvePaths(server, (p) => `/configs/${p}`).algorithm.distillation, {
+        teacher: { url: "http://10.0.0.2:8000/v1", model: "big" },
+        coef: 0.5
+      })
+      // no distillation: the algorithm section is the decoded one, untouched
+      const plain = yield* TrainConfig.decode({ ...minimal, algorithm: { steps: 1 } })
+      assert.strictEqual(TrainConfig.resolvePaths(plain, (p) => p).algorithm, plain.algorithm)
+    }))
+
+  it.effect("a bad teacher or weight is rejected with its path", () =>
+    Effect.gen(function*() {
+      const url = yield* Effect.flip(TrainConfig.decode({
+        ...minimal,
+        algorithm: { steps: 1, distillation: { teacher: { url: "10.0.0.2:8000", model: "big" } } }
+      }))
+      assert.match(url.issues.join("\n"), /algorithm\.distillation\.teacher/)
+      const coef = yield* Effect.flip(TrainConfig.decode({
+        ...minimal,
+        algorithm: { steps: 1, distillation: { teacher: { path: "t" }, coef: -1 } }
+      }))
+      assert.match(coef.issues.join("\n"), /^algorithm\.distillation\.coef/m)
+    }))
 })
