@@ -105,7 +105,7 @@ describe("Learner.update with a teacher", () => {
       assert.approximately(result.figures["learner/teacher_kl"]!, expected, 1e-9)
     }).pipe(Effect.provide(GradientBackend.layerRecording())))
 
-  it.effect("equal rewards still train (the teacher gives every token a signal); a teacher failing fails the step", () =>
+  it.effect("equal rewards still train (the teacher scores every token); a teacher that fails fails the step", () =>
     Effect.gen(function*() {
       const flat: Distillation.Teacher = {
         name: "flat",
