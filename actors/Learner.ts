@@ -514,32 +514,13 @@ const distill = Effect.fnUntraced(function*(
   const scores = yield* options.teacher.score(segments.map((s) => Trajectory.tokenIds(s.segment))).pipe(
     Effect.mapError((e) => learnerError("Trainer", `teacher: ${e.message}`, { cause: e }))
   )
-  const student = new Float64Array(advantages.length)
-  const teacher = new Float64Array(advantages.length)
-  const mask = new Uint8Array(advantages.length)
-  segments.forEach(({ row, offset, segment }, k) => {
-    const policy = Trajectory.lossMask(segment)
-    const sampled = Trajectory.logprobs(segment)
-    for (let j = 0; j < policy.length; j++) {
-      if (policy[j] === 0) continue
-      const cell = row * length + offset + j
-      student[cell] = sampled[j]!
-      teacher[cell] = scores[k]![j]!
-      mask[cell] = 1
-    }
-  })
-  let kl = 0
-  let tokens = 0
-  for (let i = 0; i < mask.length; i++) {
-    if (mask[i] === 0) continue
-    kl += student[i]! - teacher[i]!
-    tokens++
-  }
-  const reverseKl = Distillation.reverseKlAdvantages(student, teacher, mask, options.coef)
-  return {
-    advantages: Distillation.mix(advantages, reverseKl, options.rewardWeight),
-    meanKl: tokens > 0 ? kl / tokens : 0
-  }
+  const scored = segments.map(({ row, offset, segment }, k) => ({
+    start: row * length + offset,
+    mask: Trajectory.lossMask(segment),
+    student: Trajectory.logprobs(segment),
+    teacher: scores[k]!
+  }))
+  return Distillation.advantagesOf(advantages, scored, options.coef, options.rewardWeight)
 })
 
 /** Whole groups per mini-batch, in order: group g goes to mini-batch ⌊g·k / groups⌋. */

@@ -187,6 +187,46 @@ export const mix = (task: Float64Array, distill: Float64Array, rewardWeight: num
   Float64Array.from(task, (a, i) => rewardWeight * a + distill[i]!)
 
 /**
+ * A step's advantages with distillation: each scored sequence's sampled tokens (`mask`) laid out from cell `start`
+ * of the task's advantages, `rewardWeight·A + coef·(teacher − student)` there, and the mean of `student − teacher`
+ * over them (the reverse KL's estimate).
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const advantagesOf = (
+  task: Float64Array,
+  sequences: ReadonlyArray<{
+    readonly start: number
+    readonly mask: Uint8Array
+    readonly student: ArrayLike<number>
+    readonly teacher: ArrayLike<number>
+  }>,
+  coef: number,
+  rewardWeight: number
+): { readonly advantages: Float64Array; readonly meanKl: number } => {
+  const student = new Float64Array(task.length)
+  const teacher = new Float64Array(task.length)
+  const mask = new Uint8Array(task.length)
+  let kl = 0
+  let tokens = 0
+  for (const s of sequences) {
+    for (let j = 0; j < s.mask.length; j++) {
+      if (s.mask[j] === 0) continue
+      student[s.start + j] = s.student[j]!
+      teacher[s.start + j] = s.teacher[j]!
+      mask[s.start + j] = 1
+      kl += s.student[j]! - s.teacher[j]!
+      tokens++
+    }
+  }
+  return {
+    advantages: mix(task, reverseKlAdvantages(student, teacher, mask, coef), rewardWeight),
+    meanKl: tokens > 0 ? kl / tokens : 0
+  }
+}
+
+/**
  * Probe texts of the tokenizer check: words, digits, whitespace, punctuation, non-Latin script and a tool call.
  *
  * @category constants
