@@ -20,7 +20,7 @@
  */
 import { Clock, Context, Effect } from "effect"
 import type * as Dataset from "../src/Dataset.ts"
-import { Advantage, Loss, Packing, GradientBackend, Trajectory } from "../src/index.ts"
+import { Advantage, Distillation, GradientBackend, Loss, Packing, Trajectory } from "../src/index.ts"
 import { LearnerError, learnerError } from "./internal/learnerError.ts"
 import type { RunError } from "./RunError.ts"
 
@@ -138,6 +138,16 @@ export interface Options {
    * mini-batches and epochs as the policy (`critic/*` figures).
    */
   readonly critic?: GradientBackend.GradientBackend["Service"]
+  /**
+   * On-policy distillation (`src/Distillation.ts`): the teacher scores every included segment's tokens and each
+   * policy token's advantage becomes `rewardWeight·A + coef·(log π_teacher − log π_sampler)` (figure
+   * `learner/teacher_kl`: the mean of `log π_sampler − log π_teacher`, the reverse KL's estimate).
+   */
+  readonly distillation?: {
+    readonly teacher: Distillation.Teacher
+    readonly coef: number
+    readonly rewardWeight: number
+  }
   /**
    * DAPO's over-long shaping: `Loss.overlongPenalty` of each trajectory's policy-token count is added to its reward
    * before advantages are computed.
@@ -456,7 +466,7 @@ const checkLogprobs = Effect.fnUntraced(function*(rows: ReadonlyArray<Row>, opti
   // The PPO ratio (unless recomputed), the importance weights and KL in the reward read the sampler's logprobs.
   const needsSamplerLogprobs = (Loss.isPolicyGradient(options.loss) &&
     (options.recomputeOldLogprobs !== true || options.loss.tisCap !== undefined)) ||
-    (options.klInReward !== undefined && options.klInReward !== 0)
+    (options.klInReward !== undefined && options.klInReward !== 0) || options.distillation !== undefined
   if (!needsSamplerLogprobs) return
   const unscored = (span: Trajectory.Span) => span.source === "policy" && span.logprobs === undefined
   const missing = rows.find((row) => row.included && row.trajectory.segments.some((s) => s.spans.some(unscored)))
@@ -487,10 +497,36 @@ const estimate = Effect.fnUntraced(function*(rows: ReadonlyArray<Row>, options: 
       sharePrefix: options.sharePrefix === true
     })).scores
   const input = { ...(penalized?.input ?? raw), values }
-  const { advantages, returns } = yield* Advantage.compute(options.estimator, input, options.advantage).pipe(
+  const computed = yield* Advantage.compute(options.estimator, input, options.advantage).pipe(
     Effect.mapError((e) => learnerError("Advantage", e.message, { cause: e }))
   )
-  return { penalized, values, input, advantages, returns }
+  const { returns } = computed
+  if (options.distillation === undefined) return { penalized, values, input, advantages: computed.advantages, returns }
+  const distilled = yield* distill(rows, input.length, computed.advantages, options.distillation)
+  return { penalized, values, input, advantages: distilled.advantages, returns, teacherKl: distilled.meanKl }
+})
+
+/**
+ * On-policy distillation: the teacher's logprobs of every included segment's tokens, laid out as the advantages'
+ * cells beside the sampler's, and the task's advantages mixed with the reverse-KL ones.
+ */
+const distill = Effect.fnUntraced(function*(
+  rows: ReadonlyArray<Row>,
+  length: number,
+  advantages: Float64Array,
+  options: NonNullable<Options["distillation"]>
+) {
+  const segments = includedSegments(rows)
+  const scores = yield* options.teacher.score(segments.map((s) => Trajectory.tokenIds(s.segment))).pipe(
+    Effect.mapError((e) => learnerError("Trainer", `teacher: ${e.message}`, { cause: e }))
+  )
+  const scored = segments.map(({ row, offset, segment }, k) => ({
+    start: row * length + offset,
+    mask: Trajectory.lossMask(segment),
+    student: Trajectory.logprobs(segment),
+    teacher: scores[k]!
+  }))
+  return Distillation.advantagesOf(advantages, scored, options.coef, options.rewardWeight)
 })
 
 /** Whole groups per mini-batch, in order: group g goes to mini-batch ⌊g·k / groups⌋. */
@@ -621,12 +657,14 @@ export const update = Effect.fn("Learner.update")(function*(
   )
   const excluded = rows.filter((r) => !r.included).length
   yield* checkLogprobs(rows, options)
-  const { penalized, values, input, advantages, returns } = yield* estimate(rows, options)
+  const estimated = yield* estimate(rows, options)
+  const { penalized, values, input, advantages, returns } = estimated
   const base = {
     groups: groups.length,
     trajectories: rows.length,
     excluded,
-    ...(penalized === undefined ? {} : { "learner/reward_kl": penalized.meanKl })
+    ...(penalized === undefined ? {} : { "learner/reward_kl": penalized.meanKl }),
+    ...("teacherKl" in estimated ? { "learner/teacher_kl": estimated.teacherKl } : {})
   }
   const batching = miniBatching(groups.length, options)
   const { k, miniBatchOf } = batching

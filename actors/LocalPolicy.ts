@@ -16,7 +16,7 @@
  *
  * @since 0.1.0
  */
-import { Context, Effect, FileSystem, Layer, Scope } from "effect"
+import { Context, Effect, FileSystem, Layer, Path, Scope } from "effect"
 import * as Dataset from "../src/Dataset.ts"
 import * as Loss from "../src/Loss.ts"
 import * as LrSchedule from "../src/LrSchedule.ts"
@@ -34,6 +34,7 @@ import * as KlReference from "./internal/klReference.ts"
 import * as LearnerSlot from "./internal/learnerSlot.ts"
 import { checkpointError, learnerError, nonFinite, type Setup } from "./internal/localSetup.ts"
 import * as LocalVersions from "./internal/localVersions.ts"
+import * as Teacher from "./internal/teacher.ts"
 import * as RemoteLearner from "./internal/remoteLearner.ts"
 import * as ValueCritic from "./internal/valueCritic.ts"
 import * as Learner from "./Learner.ts"
@@ -149,7 +150,9 @@ const learn = (
   // sparse early rewards that alone wrecks a freshly warmed-up policy). Otherwise every group goes to the
   // learner: the ones without signal cost no compute there but keep the step's size proportional to its signal.
   // KL in the reward makes equal outcomes differ (each chain pays its own divergence): every group has signal.
-  const rewardsDecide = TrainConfig.isGroupRelative(algorithm.advantage) && (algorithm.klInReward ?? 0) === 0
+  // So does a teacher's reverse KL.
+  const rewardsDecide = TrainConfig.isGroupRelative(algorithm.advantage) && (algorithm.klInReward ?? 0) === 0 &&
+    algorithm.distillation === undefined
   const withSignal = rewardsDecide ? all.filter(Trajectory.rewardsDiffer).length : all.length
   if (withSignal === 0) {
     const figures = { "learner/applied": 0, "learner/groups_with_signal": 0 }
@@ -345,11 +348,25 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
   const setup = yield* setupOf(folder, config, options.intraOpThreads ?? 1)
   const versions = yield* LocalVersions.make(setup, { maxBatchSize: options.maxBatchSize ?? 64 })
   const tokenBudget = algorithm.microBatchSize * budget
+  const distillation = algorithm.distillation
+  // The teacher is built (and its tokenizer and prompt logprobs checked) before the first step.
+  const teacher = distillation === undefined ? undefined : yield* Teacher.make(distillation.teacher, folder, {
+    tokenBudget,
+    intraOpThreads: setup.intraOpThreads
+  }).pipe(
+    Effect.provide(Path.layer),
+    Effect.mapError((e) => runError("Learner", `algorithm.distillation: ${e.message}`, e))
+  )
   const local: Local = {
     setup,
     slot: yield* LearnerSlot.make(setup, folder.weights),
     versions,
-    learnerOptions: learnerOptionsOf(setup, tokenBudget),
+    learnerOptions: {
+      ...learnerOptionsOf(setup, tokenBudget),
+      ...(teacher === undefined ? {} : {
+        distillation: { teacher, coef: distillation!.coef ?? 1, rewardWeight: distillation!.rewardWeight ?? 1 }
+      })
+    },
     tokenBudget,
     version: 0,
     dirty: false,

@@ -87,8 +87,9 @@ export default async (): Promise<BenchResult> => {
   const seeds = (process.env["SEEDS"] ?? "1,2,3").split(",").map(Number)
   const losses = (process.env["LOSSES"] ?? Object.keys(variants).join(",")).split(",")
   const rows: Array<Record<string, number | string>> = []
-  for (const seed of seeds) {
-    for (const loss of losses) {
+  // Loss by loss (GRPO first: the others start from its warm-ups), so that a cut-short run has whole comparisons.
+  for (const loss of losses) {
+    for (const seed of seeds) {
       const dir = run(seed, loss)
       const e = evals(dir)
       const first = e[0]!.figures, last = e.at(-1)!.figures

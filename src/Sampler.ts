@@ -135,6 +135,20 @@ export class NoTokenIds extends Schema.TaggedError<NoTokenIds>()("NoTokenIds", {
 }
 
 /**
+ * The backend does not return prompt logprobs (a teacher's scores of given tokens: vLLM's `prompt_logprobs`).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class NoPromptLogprobs extends Schema.TaggedError<NoPromptLogprobs>()("NoPromptLogprobs", {
+  message: Schema.String
+}) {
+  get isRetryable(): boolean {
+    return false
+  }
+}
+
+/**
  * The connection was refused or reset, or no server could take the request.
  *
  * @category errors
@@ -170,6 +184,7 @@ export const SamplerErrorReason = Schema.Union([
   ServerError,
   BadRequest,
   NoTokenIds,
+  NoPromptLogprobs,
   Transport,
   Closed
 ])
@@ -198,7 +213,16 @@ export class SamplerError extends Schema.TaggedError<SamplerError>()("SamplerErr
 }
 
 /** Each reason's class by its tag, for `samplerError`; a reason left out is a compile error. */
-const reasons = { Timeout, Overloaded, ServerError, BadRequest, NoTokenIds, Transport, Closed } satisfies Record<
+const reasons = {
+  Timeout,
+  Overloaded,
+  ServerError,
+  BadRequest,
+  NoTokenIds,
+  NoPromptLogprobs,
+  Transport,
+  Closed
+} satisfies Record<
   SamplerErrorReason["_tag"],
   unknown
 >

@@ -20,6 +20,7 @@ import { Effect, FileSystem, Path, Schema, SchemaIssue } from "effect"
 import * as Yaml from "yaml"
 import * as Advantage from "./Advantage.ts"
 import * as ContextPolicy from "./ContextPolicy.ts"
+import * as Distillation from "./Distillation.ts"
 import * as SchemaIssues from "./internal/schemaIssues.ts"
 import * as ModelPresets from "./model/ModelConfig.ts"
 import { isModulePath, isNotFound, loadProblem, Ref as TaskRef } from "./Task.ts"
@@ -212,6 +213,14 @@ export const AlgorithmConfig = Schema.Struct({
     bufferTokens: IntIn(1, 1_048_576),
     factor: Schema.optionalKey(NumberIn(0, 100))
   })),
+  /**
+   * On-policy distillation (`docs/algorithms.md`): a teacher (`{ path, checkpoint? }`: a model folder and optionally
+   * a run's checkpoint; or `{ url, model, apiKeyEnv? }`: an OpenAI-compatible server answering vLLM's
+   * `prompt_logprobs`) scores the student's sampled tokens; each token's advantage gains
+   * `coef·(log π_teacher − log π_student)` (coef default 1), the task's advantages are weighted by `rewardWeight`
+   * (default 1; 0 = distillation alone). The tokenizers must agree (checked at the start). Absent: off.
+   */
+  distillation: Schema.optionalKey(Distillation.Config),
   clipLow: withDefault(NumberIn(0, 1), 0.2),
   clipHigh: withDefault(NumberIn(0, 100), 0.2),
   klCoef: withDefault(NumberIn(0, 100), 0),
@@ -797,6 +806,9 @@ export const resolvePaths = (config: TrainConfig, resolve: (p: string) => string
     train: resolve(config.data.train),
     ...(config.data.eval === undefined ? {} : { eval: resolve(config.data.eval) })
   },
+  ...(config.algorithm.distillation === undefined || !("path" in config.algorithm.distillation.teacher) ? {} : {
+    algorithm: { ...config.algorithm, distillation: resolveTeacher(config.algorithm.distillation, resolve) }
+  }),
   ...(config.warmup === undefined ? {} : {
     warmup: {
       ...config.warmup,
@@ -807,6 +819,14 @@ export const resolvePaths = (config: TrainConfig, resolve: (p: string) => string
     }
   })
 })
+
+/** A local teacher's folder and checkpoint, resolved as the model's are. */
+const resolveTeacher = (config: Distillation.Config, resolve: (p: string) => string): Distillation.Config => {
+  const teacher = config.teacher
+  if (!("path" in teacher)) return config
+  const checkpoint = teacher.checkpoint === undefined ? {} : { checkpoint: resolve(teacher.checkpoint) }
+  return { ...config, teacher: { ...teacher, path: resolve(teacher.path), ...checkpoint } }
+}
 
 const resolveTask = (ref: TaskRef, resolve: (p: string) => string): TaskRef =>
   typeof ref === "string"

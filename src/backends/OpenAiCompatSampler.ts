@@ -294,6 +294,88 @@ export const make = Effect.fnUntraced(function*(config: Config) {
 export const layer = (config: Config): Layer.Layer<Sampler, never, HttpClient.HttpClient> =>
   Layer.effect(Sampler, make(config))
 
+// ===== Prompt logprobs (a distillation teacher's scores) =====
+
+/** One position of vLLM's `prompt_logprobs`: null for the first token, else the top ids (the prompt's among them). */
+const PromptLogprobEntry = Schema.NullOr(Schema.Record(Schema.String, Schema.Struct({ logprob: Schema.Number })))
+
+const PromptLogprobsResponse = Schema.Struct({
+  choices: Schema.Array(Schema.Struct({
+    prompt_logprobs: Schema.optionalKey(Schema.NullOr(Schema.Array(PromptLogprobEntry)))
+  })).check(Schema.isMinLength(1)),
+  prompt_logprobs: Schema.optionalKey(Schema.NullOr(Schema.Array(PromptLogprobEntry)))
+})
+
+/**
+ * The `/completions` body asking for the prompt's own logprobs (vLLM's `prompt_logprobs: 0`: each prompt token's,
+ * no alternatives) and one token, which is ignored.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const promptLogprobsBody = (
+  model: string,
+  tokenIds: ReadonlyArray<number>,
+  extra?: Readonly<Record<string, unknown>>
+) => ({ model, prompt: tokenIds, max_tokens: 1, temperature: 1, prompt_logprobs: 0, ...extra })
+
+/**
+ * Each prompt token's logprob out of a `prompt_logprobs` answer (`null` where the entry is null or lacks the
+ * token's id); `undefined` when the answer has none.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const readPromptLogprobs = (
+  response: typeof PromptLogprobsResponse.Type,
+  tokenIds: ReadonlyArray<number>
+): ReadonlyArray<number | null> | undefined => {
+  const entries = response.choices[0]!.prompt_logprobs ?? response.prompt_logprobs
+  if (entries === undefined || entries === null) return undefined
+  return entries.map((entry, i) => entry?.[String(tokenIds[i])]?.logprob ?? null)
+}
+
+/**
+ * Scores given token ids with the server's model: each token's logprob given the tokens before it (`[0]` null).
+ * A server that answers without prompt logprobs (OpenAI's API, SGLang, `agentfly serve`) fails with reason
+ * `NoPromptLogprobs`; one that refuses the field (HTTP 400) with `BadRequest`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const makePromptScorer = Effect.fnUntraced(function*(config: Config) {
+  const post = yield* makePost(config)
+  return Effect.fn("OpenAiCompatSampler.promptLogprobs")(function*(tokenIds: ReadonlyArray<number>) {
+    const body = promptLogprobsBody(config.model, tokenIds, config.extraBody)
+    const read = readPromptLogprobs(yield* post("/completions", body, PromptLogprobsResponse), tokenIds)
+    if (read === undefined) {
+      return yield* samplerError(
+        "NoPromptLogprobs",
+        `${config.baseUrl} answered without prompt_logprobs: a teacher must score given tokens ` +
+          `(vLLM's /completions with prompt_logprobs)`
+      )
+    }
+    return read
+  })
+})
+
+const TokenizeResponse = Schema.Struct({ tokens: Schema.Array(Schema.Int) })
+
+/**
+ * The server's tokenization of a text, without special tokens (vLLM's `/tokenize`, at the root beside `/v1`).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const makeTokenize = Effect.fnUntraced(function*(config: Config) {
+  // vLLM serves /tokenize beside /v1, at the server's root.
+  const post = yield* makePost({ ...config, baseUrl: config.baseUrl.replace(/\/+$/, "").replace(/\/v1$/, "") })
+  return (text: string) =>
+    post("/tokenize", { model: config.model, prompt: text, add_special_tokens: false }, TokenizeResponse).pipe(
+      Effect.map((r) => r.tokens)
+    )
+})
+
 // ===== Chat mode =====
 
 /**
