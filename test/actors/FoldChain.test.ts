@@ -23,7 +23,10 @@ import { Qwen } from "../utils/qwen.ts"
 const call = (name: string, args: string) => `<tool_call>\n{"name": "${name}", "arguments": ${args}}\n</tool_call>`
 
 /** Seven turns: six additions, then the answer. */
-const turns = [...Array.from({ length: 6 }, (_, i) => call("add", `{"a": ${i}, "b": 1}`)), call("answer", `{"value": 6}`)]
+const turns = [
+  ...Array.from({ length: 6 }, (_, i) => call("add", `{"a": ${i}, "b": 1}`)),
+  call("answer", `{"value": 6}`)
+]
 const summaryText = "I added 0+1 up to 3+1."
 
 /** What the summary tool was called with. */
@@ -120,7 +123,7 @@ layer(Qwen.layer)("a chain with a context policy", (it) => {
 
   it.effect("drop: the oldest turns go, the chain reaches its answer; each sampled id is trained exactly once", () =>
     Effect.gen(function*() {
-      const { run, render, sampled, tokenizer } = yield* setup
+      const { run, render, sampled } = yield* setup
       const t = yield* run({ policy: "drop", at: 0.6, keepTurns: 1 })
       assert.strictEqual(t.termination, "answer")
       const folds = t.metrics["folds"]!
@@ -151,7 +154,7 @@ layer(Qwen.layer)("a chain with a context policy", (it) => {
       assert.strictEqual(t.messages.filter((m) => m.role === "assistant").length, turns.length)
     }))
 
-  it.effect("fold: the policy's summary is a folding turn, trained where written; the next segment holds it as prompt", () =>
+  it.effect("fold: the policy's summary is a folding turn, trained where written; after it, prompt", () =>
     Effect.gen(function*() {
       const { run, render, sampled, tokenizer } = yield* setup
       const t = yield* run({ policy: "fold", at: 0.6, keepTurns: 0, summaryTokens: 32 })
