@@ -72,15 +72,10 @@ export const applyScore = (trajectory: Trajectory, score: RewardResult): Traject
   const scored = applyVerdict(trajectory, score)
   const rewards = score.segmentRewards
   if (rewards === undefined) return scored
-  if (rewards.length !== trajectory.segments.length) {
-    const message = `the reward scored ${rewards.length} segments of a trajectory of ${trajectory.segments.length}`
-    return {
-      ...scored,
-      masked: true,
-      rewardStatus: "failed",
-      error: `RewardFailed: ${message}`,
-      errorReason: "RewardFailed"
-    }
+  if (rewards.length !== trajectory.segments.length || rewards.some((r) => !Number.isFinite(r))) {
+    const error = `RewardFailed: the reward scored the segments [${rewards.join(", ")}] of a trajectory of ` +
+      `${trajectory.segments.length} (one finite number per segment expected)`
+    return { ...scored, masked: true, rewardStatus: "failed", error, errorReason: "RewardFailed" }
   }
   return { ...scored, segments: scored.segments.map((segment, k) => ({ ...segment, reward: rewards[k]! })) }
 }

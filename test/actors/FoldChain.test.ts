@@ -82,7 +82,7 @@ layer(Qwen.layer)("a chain with a context policy", (it) => {
       maxContextTokens: budget,
       retry: Schedule.recurs(0),
       stats: RolloutChain.makeStats(),
-      ...(context === undefined ? {} : { context: ContextPolicy.make(context) })
+      ...(context === undefined ? {} : { context: ContextPolicy.makeUnsafe(context) })
     })
     const run = (context: ContextPolicy.Encoded | undefined, reward?: number) =>
       Effect.suspend(() => {
@@ -201,5 +201,12 @@ layer(Qwen.layer)("a chain with a context policy", (it) => {
       const geometric = yield* run({ policy: "drop", at: 0.6, segmentReward: "geometric", gamma: 0.5 }, 1)
       const discounted = Array.from({ length: n }, (_, k) => 0.5 ** (n - 1 - k))
       assert.deepStrictEqual(geometric.segments.map((s) => s.reward), discounted)
+      // A reward that scores the segments itself replaces the split; a wrong count masks the trajectory, saying so.
+      const segmentRewards = last.segments.map(() => 2)
+      const own = RolloutChain.applyScore(last, { reward: 1, status: "scored", segmentRewards })
+      assert.deepStrictEqual(own.segments.map((s) => s.reward), Array(n).fill(2))
+      const wrong = RolloutChain.applyScore(last, { reward: 1, status: "scored", segmentRewards: [1] })
+      assert.deepStrictEqual([wrong.masked, wrong.rewardStatus, wrong.errorReason], [true, "failed", "RewardFailed"])
+      assert.include(wrong.error, `of a trajectory of ${n}`)
     }))
 })

@@ -51,7 +51,7 @@ describe("ContextPolicy: the policy a config writes", () => {
       assert.include(at, "at")
       const kind = yield* configError({ ...minimal, agent: { context: { policy: "compress" } } })
       assert.include(kind, "policy")
-      assert.throws(() => ContextPolicy.make({ policy: "fold", segmentReward: "halves" as "last" }))
+      assert.throws(() => ContextPolicy.makeUnsafe({ policy: "fold", segmentReward: "halves" as "last" }))
     }))
 })
 
@@ -88,11 +88,11 @@ describe("ContextPolicy: the folded context", () => {
   })
 
   it("due: at the configured share of the budget, never without a policy or a budget", () => {
-    const drop = ContextPolicy.make({ policy: "drop", at: 0.5 })
+    const drop = ContextPolicy.makeUnsafe({ policy: "drop", at: 0.5 })
     assert.isFalse(ContextPolicy.due(drop, 99, 200))
     assert.isTrue(ContextPolicy.due(drop, 100, 200))
     assert.isFalse(ContextPolicy.due(drop, 1_000, undefined))
-    assert.isFalse(ContextPolicy.due(ContextPolicy.make({ policy: "none" }), 1_000, 200))
+    assert.isFalse(ContextPolicy.due(ContextPolicy.makeUnsafe({ policy: "none" }), 1_000, 200))
   })
 })
 
