@@ -51,12 +51,12 @@ import type {
   ToolTurn,
   Transcript
 } from "../src/ChainPorts.ts"
-import { text } from "../src/Message.ts"
 import type { Conversation, Message } from "../src/Message.ts"
 import * as RolloutError from "../src/RolloutError.ts"
 import type { ChatSampler, Sampler, SamplingParams } from "../src/Sampler.ts"
 import { clipSegment, hasSegmentRewards } from "../src/Trajectory.ts"
 import type { Segment, Termination, Trajectory } from "../src/Trajectory.ts"
+import * as ContextFold from "./internal/contextFold.ts"
 import { ChainEnded, endingOf, feedbackAs, settle, withPolicy, withVerdict } from "./internal/chainPolicy.ts"
 import type { Ending, Verdict } from "./internal/chainPolicy.ts"
 import { mergeMetrics } from "./internal/mergeMetrics.ts"
@@ -73,15 +73,10 @@ export const applyScore = (trajectory: Trajectory, score: RewardResult): Traject
   const scored = applyVerdict(trajectory, score)
   const rewards = score.segmentRewards
   if (rewards === undefined) return scored
-  if (rewards.length !== trajectory.segments.length) {
-    const message = `the reward scored ${rewards.length} segments of a trajectory of ${trajectory.segments.length}`
-    return {
-      ...scored,
-      masked: true,
-      rewardStatus: "failed",
-      error: `RewardFailed: ${message}`,
-      errorReason: "RewardFailed"
-    }
+  if (rewards.length !== trajectory.segments.length || rewards.some((r) => !Number.isFinite(r))) {
+    const error = `RewardFailed: the reward scored the segments [${rewards.join(", ")}] of a trajectory of ` +
+      `${trajectory.segments.length} (one finite number per segment expected)`
+    return { ...scored, masked: true, rewardStatus: "failed", error, errorReason: "RewardFailed" }
   }
   return { ...scored, segments: scored.segments.map((segment, k) => ({ ...segment, reward: rewards[k]! })) }
 }
@@ -366,8 +361,9 @@ const playTurn = Effect.fn("RolloutChain.turn")(function*(
 ): Effect.fn.Return<Ending | undefined, RolloutError.RolloutError | ChainEnded> {
   const { config } = chain
   if (chain.turns >= config.maxTurns) return { termination: "max_turns" }
-  if (config.context !== undefined && foldDue(chain, config.context, transcript)) {
-    const ended = yield* foldContext(chain, config.context, transcript)
+  if (config.context !== undefined && ContextFold.due(chain, config.context, transcript)) {
+    const sample = (maxTokens: number) => sampleFoldingTurn(chain, transcript, maxTokens)
+    const ended = yield* ContextFold.fold(chain, config.context, transcript, sample)
     if (ended !== undefined) return ended
   }
   const remaining = config.maxContextTokens === undefined
@@ -416,84 +412,18 @@ const playTurn = Effect.fn("RolloutChain.turn")(function*(
   return undefined
 })
 
-// ===== Context folding =====
-
-/** Whether the policy folds now: the open segment is at its share of the budget and a fold would remove a turn. */
-const foldDue = (chain: Chain, policy: ContextPolicy.ContextPolicy, transcript: Transcript): boolean => {
-  const context = transcript.context
-  const budget = chain.config.maxContextTokens
-  if (chain.folds >= policy.maxFolds || !ContextPolicy.due(policy, transcript.length(), budget)) return false
-  // A format that cannot fold is refused in `foldContext`; one whose context holds nothing to fold goes on unfolded.
-  return context === undefined || ContextPolicy.keptFrom(context(), chain.head, policy.keepTurns) > chain.head
-}
-
-/**
- * Folds the context as the policy says: `fold` first asks for a summary and samples the folding turn (trained, in
- * the segment it closes; it counts against the context budget, not against `maxTurns`), `tool` calls the summary
- * tool; then the transcript starts a new segment over the folded context. The ending when the budget ran out first.
- */
-const foldContext = Effect.fnUntraced(function*(
-  chain: Chain,
-  policy: ContextPolicy.ContextPolicy,
-  transcript: Transcript
-): Effect.fn.Return<Ending | undefined, RolloutError.RolloutError | ChainEnded> {
-  const { config } = chain
-  const { context, fold } = transcript
-  if (context === undefined || fold === undefined) {
-    return yield* settle(config, templateError(chain, `this format cannot fold its context (policy ${policy.policy})`))
-  }
-  const before = context()
-  let summary: string | undefined
-  if (policy.policy === "fold") {
-    yield* withPolicy(config, transcript.appendObservations([{ role: "user", content: policy.instruction }]))
-    const remaining = config.maxContextTokens! - transcript.length()
-    if (remaining <= 0) return { termination: "context_length" }
-    const maxTokens = Math.min(policy.summaryTokens, remaining)
-    chain.sampling = { ...config.sampling, maxTokens, stopTokenIds: chain.stopTokenIds }
+/** A folding turn: the policy's summary, sampled with at most `maxTokens`; counted as generated tokens. */
+const sampleFoldingTurn = (chain: Chain, transcript: Transcript, maxTokens: number) =>
+  Effect.suspend(() => {
+    chain.sampling = { ...chain.config.sampling, maxTokens, stopTokenIds: chain.stopTokenIds }
     const length = transcript.length()
-    const turn = yield* sampleTurn(chain, transcript)
-    const generated = transcript.length() - length
-    config.stats.tokensGenerated += generated
-    chain.tokens += generated
-    summary = text(turn.message.content)
-  } else if (policy.policy === "tool") {
-    summary = yield* toolSummary(chain, policy, before)
-  }
-  yield* withPolicy(config, fold(ContextPolicy.folded(before, chain.head, policy.keepTurns, summary), policy.policy))
-  chain.folds++
-  return undefined
-})
-
-/** The summary tool's observation on the turns a fold removes; a failed call is the tool's failure (`ToolFailed`). */
-const toolSummary = Effect.fnUntraced(function*(
-  chain: Chain,
-  policy: ContextPolicy.ContextPolicy,
-  before: Conversation
-): Effect.fn.Return<string, RolloutError.RolloutError | ChainEnded> {
-  const { config } = chain
-  const args = policy.toolArgument === undefined
-    ? {}
-    : { [policy.toolArgument]: ContextPolicy.foldedText(before, chain.head, policy.keepTurns) }
-  const name = policy.tool!
-  const call = { id: `fold_${chain.folds}`, type: "function" as const, function: { name, arguments: args } }
-  const ran = yield* withPolicy(config, config.tools.executeTurn([call], chain.env))
-  const message = ran.messages[0]
-  if (message === undefined || (message.role === "tool" && message.is_error === true)) {
-    const said = message === undefined ? "no result" : text(message.content)
-    return yield* settle(
-      config,
-      new RolloutError.RolloutError({
-        reason: "ToolFailed",
-        message: `the summary tool "${policy.tool}" failed: ${said}`,
-        chainId: chain.spec.chainId
-      })
-    )
-  }
-  return text(message.content)
-})
-
-const templateError = (chain: Chain, message: string) =>
-  new RolloutError.RolloutError({ reason: "TemplateFailed", message, chainId: chain.spec.chainId })
+    return Effect.map(sampleTurn(chain, transcript), (turn) => {
+      const generated = transcript.length() - length
+      chain.config.stats.tokensGenerated += generated
+      chain.tokens += generated
+      return turn
+    })
+  })
 
 const feedbackMessage = (error: RolloutError.RolloutError, id: string): Message => ({
   role: "tool",

@@ -113,7 +113,7 @@ export type Encoded = typeof ContextPolicy.Encoded
  * @category constructors
  * @since 0.1.0
  */
-export const make = (encoded: Encoded): ContextPolicy => Schema.decodeUnknownSync(ContextPolicy)(encoded)
+export const makeUnsafe = (encoded: Encoded): ContextPolicy => Schema.decodeUnknownSync(ContextPolicy)(encoded)
 
 // ===== Folding =====
 

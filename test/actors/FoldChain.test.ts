@@ -23,7 +23,10 @@ import { Qwen } from "../utils/qwen.ts"
 const call = (name: string, args: string) => `<tool_call>\n{"name": "${name}", "arguments": ${args}}\n</tool_call>`
 
 /** Seven turns: six additions, then the answer. */
-const turns = [...Array.from({ length: 6 }, (_, i) => call("add", `{"a": ${i}, "b": 1}`)), call("answer", `{"value": 6}`)]
+const turns = [
+  ...Array.from({ length: 6 }, (_, i) => call("add", `{"a": ${i}, "b": 1}`)),
+  call("answer", `{"value": 6}`)
+]
 const summaryText = "I added 0+1 up to 3+1."
 
 /** What the summary tool was called with. */
@@ -79,7 +82,7 @@ layer(Qwen.layer)("a chain with a context policy", (it) => {
       maxContextTokens: budget,
       retry: Schedule.recurs(0),
       stats: RolloutChain.makeStats(),
-      ...(context === undefined ? {} : { context: ContextPolicy.make(context) })
+      ...(context === undefined ? {} : { context: ContextPolicy.makeUnsafe(context) })
     })
     const run = (context: ContextPolicy.Encoded | undefined, reward?: number) =>
       Effect.suspend(() => {
@@ -151,7 +154,7 @@ layer(Qwen.layer)("a chain with a context policy", (it) => {
       assert.strictEqual(t.messages.filter((m) => m.role === "assistant").length, turns.length)
     }))
 
-  it.effect("fold: the policy's summary is a folding turn, trained where written; the next segment holds it as prompt", () =>
+  it.effect("fold: the policy's summary is a folding turn, trained where written; after it, prompt", () =>
     Effect.gen(function*() {
       const { run, render, sampled, tokenizer } = yield* setup
       const t = yield* run({ policy: "fold", at: 0.6, keepTurns: 0, summaryTokens: 32 })
@@ -198,5 +201,12 @@ layer(Qwen.layer)("a chain with a context policy", (it) => {
       const geometric = yield* run({ policy: "drop", at: 0.6, segmentReward: "geometric", gamma: 0.5 }, 1)
       const discounted = Array.from({ length: n }, (_, k) => 0.5 ** (n - 1 - k))
       assert.deepStrictEqual(geometric.segments.map((s) => s.reward), discounted)
+      // A reward that scores the segments itself replaces the split; a wrong count masks the trajectory, saying so.
+      const segmentRewards = last.segments.map(() => 2)
+      const own = RolloutChain.applyScore(last, { reward: 1, status: "scored", segmentRewards })
+      assert.deepStrictEqual(own.segments.map((s) => s.reward), Array(n).fill(2))
+      const wrong = RolloutChain.applyScore(last, { reward: 1, status: "scored", segmentRewards: [1] })
+      assert.deepStrictEqual([wrong.masked, wrong.rewardStatus, wrong.errorReason], [true, "failed", "RewardFailed"])
+      assert.include(wrong.error, `of a trajectory of ${n}`)
     }))
 })
