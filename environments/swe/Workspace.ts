@@ -26,6 +26,7 @@
  */
 import { NodeServices } from "@effect/platform-node"
 import { Clock, Context, Effect, Scope, Semaphore } from "effect"
+import { createHash } from "node:crypto"
 import { existsSync } from "node:fs"
 import * as ResourceManager from "../../actors/ResourceManager.ts"
 import * as Docker from "../../actors/resources/Docker.ts"
@@ -577,7 +578,7 @@ export const parseReward = (text: string): number | undefined => {
  */
 export const spec = (task: HarborTask.HarborTask, tag: string, settings: Settings, who: Identity) =>
   Resource.make({
-    name: `harbor-${task.digest}-${who.user.replace(/[^a-zA-Z0-9]/g, "_")}`,
+    name: `harbor-${containerKey(task)}`,
     kind: "docker",
     image: tag,
     limits: {
@@ -605,10 +606,22 @@ interface Catalog {
   readonly lock: Semaphore.Semaphore
 }
 
-/** A task's resource (its image built on first use), one per task digest. */
+/**
+ * What tells tasks' containers apart: the image (the environment's digest) and what a container is started with
+ * (`[environment.env]`, `[agent] user`, `[environment] workdir`): tasks alike in all share a pool.
+ */
+const containerKey = (task: HarborTask.HarborTask): string =>
+  task.agentUser === undefined && task.workdir === undefined && Object.keys(task.env.environment).length === 0
+    ? task.digest
+    : `${task.digest}-${
+      createHash("sha256").update(JSON.stringify([task.env.environment, task.agentUser, task.workdir])).digest("hex")
+        .slice(0, 8)
+    }`
+
+/** A task's resource (its image built on first use), one per {@link containerKey}. */
 const resourceOf = (catalog: Catalog, task: HarborTask.HarborTask) =>
   catalog.lock.withPermits(1)(Effect.gen(function*() {
-    const known = catalog.launchers.get(task.digest)
+    const known = catalog.launchers.get(containerKey(task))
     if (known !== undefined) return known
     const tag = yield* image(task)
     const who = yield* identity(task, tag)
@@ -624,7 +637,7 @@ const resourceOf = (catalog: Catalog, task: HarborTask.HarborTask) =>
         : { ...common, cmd: ["sleep", "infinity"] }
     )
     const resource = { resource: Resource.resource(s, launcher), identity: who }
-    catalog.launchers.set(task.digest, resource)
+    catalog.launchers.set(containerKey(task), resource)
     return resource
   })).pipe(Effect.provideService(Docker.DockerEngine, catalog.engine))
 
