@@ -19,6 +19,7 @@
 import { Console, Effect, Path } from "effect"
 import { Argument, Command, Flag } from "effect/cli"
 import * as Oracle from "../actors/Oracle.ts"
+import * as Docker from "../actors/resources/Docker.ts"
 import * as RolloutFigures from "../src/RolloutFigures.ts"
 import * as ChessOracle from "../environments/chess/ChessOracle.ts"
 import * as ChessTask from "../environments/chess/ChessTask.ts"
@@ -28,6 +29,7 @@ import * as SearchOracle from "../environments/search/SearchOracle.ts"
 import * as HarborOracle from "../environments/swe/HarborOracle.ts"
 import * as HarborTask from "../environments/swe/HarborTask.ts"
 import * as SweTask from "../environments/swe/SweTask.ts"
+import * as Workspace from "../environments/swe/Workspace.ts"
 import * as ShopOracle from "../environments/webshop/ShopOracle.ts"
 import * as Dataset from "../src/Dataset.ts"
 import type * as Message from "../src/Message.ts"
@@ -70,6 +72,8 @@ const sweOracle = Effect.fn("cli.oracle.swe")(function*(
     HarborTask.loadRow(root, folder).pipe(
       Effect.mapError((e) => new Error(`${folder}: ${e.message} (task option root: ${root})`))
     ))
+  // Every image first: one that cannot be had is named with the reason, not a failed chain per row.
+  yield* Workspace.prepare(tasks).pipe(Effect.provide(Docker.DockerEngine.layer))
   return HarborOracle.oracle(tasks)
 })
 

@@ -217,8 +217,9 @@ export const identity = (
     }))))
 
 /**
- * Checks that every task's image can be had (building or pulling it), before any chain starts: the first that
- * cannot fails with its name and the reason.
+ * Checks that every task's image can be had (building or pulling it), before any chain starts: an engine that does
+ * not answer is said as the provider says it, and the first image that cannot be had fails with its name and the
+ * reason.
  *
  * @category constructors
  * @since 0.1.0
@@ -226,7 +227,10 @@ export const identity = (
 export const prepare = (
   tasks: ReadonlyArray<HarborTask.HarborTask>
 ): Effect.Effect<void, Environment.EnvError, Docker.DockerEngine> =>
-  Effect.forEach(tasks, (task) => Effect.flatMap(image(task), (tag) => identity(task, tag)), { discard: true })
+  Effect.andThen(
+    Effect.flatMap(Docker.DockerEngine, (engine) => ping(engine)),
+    Effect.forEach(tasks, (task) => Effect.flatMap(image(task), (tag) => identity(task, tag)), { discard: true })
+  )
 
 // ===== Workspaces =====
 

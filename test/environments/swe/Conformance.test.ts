@@ -18,7 +18,10 @@ import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { execFileSync } from "node:child_process"
-import { resolve } from "node:path"
+import { mkdirSync, mkdtempSync, writeFileSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join, resolve } from "node:path"
+import * as OracleCli from "../../../cli/oracle.ts"
 import * as Oracle from "../../../actors/Oracle.ts"
 import * as Docker from "../../../actors/resources/Docker.ts"
 import * as HarborFields from "../../../environments/swe/HarborFields.ts"
@@ -141,5 +144,18 @@ describe("Harbor conformance (fixtures, Docker)", () => {
       assert.deepStrictEqual(missing.environment, [], "docker_image needs no environment/")
       const error = yield* Effect.flip(Workspace.prepare([missing]).pipe(Effect.provide(Docker.DockerEngine.layer)))
       assert.match(error.message, /the image agentfly\/no-such-image:0 cannot be had: \S/)
+      // `agentfly oracle` checks every row's image before any chain starts, and stops naming it.
+      const dir = mkdtempSync(join(tmpdir(), "harbor-missing-"))
+      mkdirSync(join(dir, "data"))
+      writeFileSync(join(dir, "data", "heldout.jsonl"), JSON.stringify({ question: "Submit.", task: "missing-image" }))
+      writeFileSync(join(dir, "swe.json"), JSON.stringify({
+        task: { name: "swe", options: { root } },
+        output: "run",
+        model: { path: "model" },
+        data: { train: "data/heldout.jsonl", eval: "data/heldout.jsonl" },
+        algorithm: { steps: 1 }
+      }))
+      const refused = yield* Effect.flip(OracleCli.play(join(dir, "swe.json"), 1).pipe(Effect.provide(NodeServices.layer)))
+      assert.match(String((refused as Error).message), /the image agentfly\/no-such-image:0 cannot be had: \S/)
     }), { timeout: 120_000 })
 })
