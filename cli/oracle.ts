@@ -2,7 +2,11 @@
  * `agentfly oracle CONFIG [--rows N]`: plays a prebuilt environment's oracle on a config's held-out rows, through the
  * config's own task (its tools, environment, episode and reward, with the config's task options), and prints the
  * solve rate, the mean reward and one episode as the model would see it: the quickest look at an environment, and
- * the proof that its tasks are solvable and its reward right.
+ * the proof that its tasks are solvable and its reward right. Below 100 %, it says per row theme (a row's `themes`,
+ * e.g. Lichess's `mateIn3`, `long`) what was solved, the themes solved least first.
+ *
+ * The chess oracle plays each row's own solution line (`ChessOracle.forRows`), within the turn and context budgets
+ * of the rows' longest line (the task option `longestLine`, set from the rows when the config leaves it out).
  *
  * Oracles: `search`, `webshop`, `chess`, `household`, `science`, and `swe`: Harbor's oracle agent
  * (`environments/swe/HarborOracle.ts`), which runs each row's task folder's `solution/solve.sh` in the chain's
@@ -16,13 +20,17 @@ import { Console, Effect, Path } from "effect"
 import { Argument, Command, Flag } from "effect/cli"
 import * as Oracle from "../actors/Oracle.ts"
 import * as Progress from "../actors/Progress.ts"
+import * as Docker from "../actors/resources/Docker.ts"
 import * as RolloutFigures from "../src/RolloutFigures.ts"
 import * as ChessOracle from "../environments/chess/ChessOracle.ts"
+import * as ChessTask from "../environments/chess/ChessTask.ts"
+import type * as Puzzle from "../environments/chess/Puzzle.ts"
 import * as Solver from "../environments/household/Solver.ts"
 import * as SearchOracle from "../environments/search/SearchOracle.ts"
 import * as HarborOracle from "../environments/swe/HarborOracle.ts"
 import * as HarborTask from "../environments/swe/HarborTask.ts"
 import * as SweTask from "../environments/swe/SweTask.ts"
+import * as Workspace from "../environments/swe/Workspace.ts"
 import * as ShopOracle from "../environments/webshop/ShopOracle.ts"
 import * as Dataset from "../src/Dataset.ts"
 import type * as Message from "../src/Message.ts"
@@ -66,8 +74,25 @@ const sweOracle = Effect.fn("cli.oracle.swe")(function*(
     HarborTask.loadRow(root, folder).pipe(
       Effect.mapError((e) => new Error(`${folder}: ${e.message} (task option root: ${root})`))
     ))
+  // Every image first: one that cannot be had is named with the reason, not a failed chain per row.
+  yield* Workspace.prepare(tasks).pipe(Effect.provide(Docker.DockerEngine.layer))
   return HarborOracle.oracle(tasks)
 })
+
+/**
+ * The chess task fitted to the rows it plays: the config's options, with `longestLine` from the rows when the config
+ * leaves it out (so that a Lichess line of five moves is not cut by a mate in two's budgets), and its oracle, which
+ * plays each row's own line.
+ */
+const chessOracle = (ref: Task.Ref | undefined, rows: ReadonlyArray<Readonly<Record<string, unknown>>>) => {
+  const lines = rows as unknown as ReadonlyArray<Puzzle.Row>
+  const options = typeof ref === "object" && ref.options !== undefined ? ref.options : {}
+  const fitted = ChessTask.make({
+    ...(options as ChessTask.Options),
+    longestLine: (options as ChessTask.Options).longestLine ?? Math.max(2, ChessTask.longestLine(lines))
+  })
+  return { task: fitted, policy: ChessOracle.forRows(lines) }
+}
 
 /**
  * The oracle's trajectories on the first `rows` held-out rows of the config at `file`.
@@ -76,7 +101,18 @@ const sweOracle = Effect.fn("cli.oracle.swe")(function*(
  * @since 0.1.0
  */
 export const play = Effect.fn("cli.oracle.play")(function*(file: string, rows = 100) {
-  const { task, config, source } = yield* Setup.load(file)
+  return (yield* playRows(file, rows)).trajectories
+})
+
+/**
+ * The oracle's trajectories on the first `rows` held-out rows of the config at `file`, with the rows they played.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const playRows = Effect.fn("cli.oracle.playRows")(function*(file: string, rows = 100) {
+  const { task: configured, config, source } = yield* Setup.load(file)
+  let task = configured
   const own = yield* moduleOracle(source, config.task)
   const names = [...Object.keys(oracles), "swe"]
   if (own === undefined && !names.includes(task.name)) {
@@ -91,10 +127,39 @@ export const play = Effect.fn("cli.oracle.play")(function*(file: string, rows = 
   if (config.data.eval === undefined) return yield* Effect.fail(new Error(`${file}: data.eval names no held-out rows`))
   const data = yield* Dataset.load(config.data.eval, { fields: task.row })
   const played = data.rows.slice(0, rows).map((r) => ({ question: r.question, ...r.fields }))
-  const policy = own ?? (task.name === "swe" ? yield* sweOracle(file, config.task, played) : oracles[task.name]!)
-  return yield* Oracle.rollout({ task, rows: played, policy })
+  let policy = own
+  if (policy === undefined && task.name === "chess") ({ task, policy } = chessOracle(config.task, played))
+  policy ??= task.name === "swe" ? yield* sweOracle(file, config.task, played) : oracles[task.name]!
+  const trajectories = yield* Oracle.rollout({ task, rows: played, policy })
     .pipe(Progress.withBar({ label: "oracle", unit: "rows", total: played.length }))
+  return { trajectories, rows: played }
 })
+
+/**
+ * What was solved per theme (a row's `themes`), for the themes below 100 %: least solved first, then the most
+ * rows; `[]` when every theme is at 100 % or the rows carry no themes.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const themesBelow = (
+  trajectories: ReadonlyArray<Trajectory.Trajectory>,
+  rows: ReadonlyArray<Readonly<Record<string, unknown>>>
+): ReadonlyArray<{ readonly theme: string; readonly solved: number; readonly rows: number }> => {
+  const counts = new Map<string, { solved: number; rows: number }>()
+  trajectories.forEach((t, i) => {
+    const themes = rows[i]?.["themes"]
+    if (!Array.isArray(themes)) return
+    const solved = Oracle.solveRate([t]) === 1 ? 1 : 0
+    for (const theme of new Set(themes.map(String))) {
+      const c = counts.get(theme) ?? { solved: 0, rows: 0 }
+      counts.set(theme, { solved: c.solved + solved, rows: c.rows + 1 })
+    }
+  })
+  return [...counts.entries()].filter(([, c]) => c.solved < c.rows)
+    .map(([theme, c]) => ({ theme, ...c }))
+    .sort((a, b) => a.solved / a.rows - b.solved / b.rows || b.rows - a.rows || a.theme.localeCompare(b.theme))
+}
 
 /**
  * The `oracle` a task's module exports: the config file's own (a module run directly), else the module its `task`
@@ -162,10 +227,17 @@ export const failureSentence = (
  * @category getters
  * @since 0.1.0
  */
-export const summary = (trajectories: ReadonlyArray<Trajectory.Trajectory>): string => {
+export const summary = (
+  trajectories: ReadonlyArray<Trajectory.Trajectory>,
+  rows: ReadonlyArray<Readonly<Record<string, unknown>>> = []
+): string => {
   const mean = trajectories.reduce((s, t) => s + t.reward, 0) / Math.max(1, trajectories.length)
+  const below = themesBelow(trajectories, rows)
+  const themes = below.length === 0 ? "" : `below 100 % by theme: ${
+    below.map((b) => `${b.theme} ${b.solved}/${b.rows} (${(100 * b.solved / b.rows).toFixed(1)} %)`).join(", ")
+  }\n`
   const line = `${trajectories.length} rows: solved ${(Oracle.solveRate(trajectories) * 100).toFixed(1)} %, mean ` +
-    `reward ${mean.toFixed(3)}${failureSentence(trajectories)?.sentence ?? ""}\n`
+    `reward ${mean.toFixed(3)}${failureSentence(trajectories)?.sentence ?? ""}\n${themes}`
   return trajectories[0] === undefined ? line : `${line}\n${episodeText(trajectories[0].messages)}`
 }
 
@@ -188,8 +260,8 @@ export const oracle = Command.make(
   },
   Effect.fn("oracle")(function*({ config, rows, json }) {
     yield* Effect.gen(function*() {
-      const played = yield* play(config, rows).pipe(Json.printed(json, Json.oracleJson))
-      if (!json) yield* Console.log(summary(played))
+      const played = yield* playRows(config, rows).pipe(Json.printed(json, (p) => Json.oracleJson(p.trajectories)))
+      if (!json) yield* Console.log(summary(played.trajectories, played.rows))
     }).pipe(exitOnFailure)
   })
 ).pipe(Command.withDescription("Play a task's oracle (prebuilt, or its module's `oracle`) on a config's held-out rows"))

@@ -279,6 +279,12 @@ export interface ContainerOptions {
   readonly health?: (container: Container) => Effect.Effect<void, EnvError>
   /** Attach to the main process's stdin/stdout before it starts (`Container.stdio`). */
   readonly attachStdio?: boolean
+  /**
+   * Extra tmpfs mounts (path → bytes) that every user may write, sticky as `/tmp` is (mode 1777): places a
+   * container's own user, whoever it is (an image's `USER` by name), must be able to write, such as Harbor's
+   * `/tests` and `/logs`.
+   */
+  readonly sharedTmpfs?: Readonly<Record<string, number>>
 }
 
 /**
@@ -311,6 +317,17 @@ export const hostConfig = (limits: Resource.Limits): Dockerode.HostConfig => {
     LogConfig: { Type: "none", Config: {} },
     AutoRemove: false
   }
+}
+
+/** `config` with `shared` added as world-writable (sticky) tmpfs mounts. */
+const withSharedTmpfs = (
+  config: Dockerode.HostConfig,
+  shared: Readonly<Record<string, number>> | undefined
+): Dockerode.HostConfig => {
+  if (shared === undefined) return config
+  const tmpfs: Record<string, string> = { ...config.Tmpfs }
+  for (const [path, bytes] of Object.entries(shared)) tmpfs[path] = `rw,exec,nosuid,nodev,size=${bytes},mode=1777`
+  return { ...config, Tmpfs: tmpfs }
 }
 
 const execIn = (docker: Dockerode, handle: Dockerode.Container, env: string) =>
@@ -408,7 +425,7 @@ export const launcher = (
                   ? { OpenStdin: true, StdinOnce: false, AttachStdin: true, AttachStdout: true, Tty: false }
                   : {}),
                 NetworkDisabled: spec.limits.network === "none",
-                HostConfig: hostConfig(spec.limits),
+                HostConfig: withSharedTmpfs(hostConfig(spec.limits), options.sharedTmpfs),
                 Labels: {
                   [Labels.managed]: "1",
                   [Labels.run]: runId,

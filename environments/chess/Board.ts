@@ -7,7 +7,7 @@
  * puzzle (the episode ends `"failed"`); after a right move the opponent's reply from the line is played at once and
  * narrated; the last right move solves it (`"solved"`). A move that is not legal or not understood (`Nf9`, `e9`,
  * `castle`) is refused with an `Error: …` observation and the puzzle goes on; every action counts towards
- * `maxSteps` (`"out_of_steps"`).
+ * `maxSteps` (`"out_of_steps"`), by default the puzzle's own ({@link limits}: from the length of its line).
  *
  * @since 0.1.0
  */
@@ -33,15 +33,40 @@ export type View = "board" | "fen"
  */
 export interface Settings {
   readonly view: View
-  /** Actions (moves, refused ones included, and `legal` / `board` calls) before the episode ends. */
-  readonly maxSteps: number
+  /**
+   * Actions (moves, refused ones included, and `legal` / `board` calls) before the episode ends; `undefined`: each
+   * puzzle's own, derived from its line ({@link limits}).
+   */
+  readonly maxSteps?: number | undefined
 }
 
 /**
  * @category constants
  * @since 0.1.0
  */
-export const defaultSettings: Settings = { view: "board", maxSteps: 6 }
+export const defaultSettings: Settings = { view: "board", maxSteps: undefined }
+
+/**
+ * The limits a puzzle of `solverMoves` moves gets by default: `maxSteps` = max(6, moves + 4) actions (every move,
+ * a look at the legal moves and three mistakes or looks more) and `maxTurns` = max(4, moves + 2) assistant turns.
+ * A mate in one or two keeps the fixed limits it always had (6 and 4); a Lichess line of five moves gets 9 and 7,
+ * so a puzzle is never unsolvable for its length alone.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const limits = (solverMoves: number): { readonly maxSteps: number; readonly maxTurns: number } => ({
+  maxSteps: Math.max(6, solverMoves + 4),
+  maxTurns: Math.max(4, solverMoves + 2)
+})
+
+/**
+ * The solver's moves of a row: every other move of `moves` after the opponent's first.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const rowSolverMoves = (row: Pick<Puzzle.Row, "moves">): number => Math.ceil((row.moves.length - 1) / 2)
 
 /**
  * One chain's puzzle. `chess` is mutated in place by `act` (one chain, one fiber).
@@ -59,6 +84,8 @@ export interface State {
   correct: number
   steps: number
   refused: number
+  /** The actions this puzzle allows (the settings', else {@link limits} of its line). */
+  readonly maxSteps: number
   outcome: "solved" | "failed" | undefined
 }
 
@@ -119,7 +146,8 @@ export const solverMoves = (state: Pick<State, "line">): number => Math.ceil(sta
  */
 export const start = (
   row: Pick<Puzzle.Row, "fen" | "moves">,
-  view: View = "board"
+  view: View = "board",
+  maxSteps?: number | undefined
 ): { state: State; text: string } | string => {
   let chess: Chess
   try {
@@ -140,6 +168,7 @@ export const start = (
     correct: 0,
     steps: 0,
     refused: 0,
+    maxSteps: maxSteps ?? limits(rowSolverMoves(row)).maxSteps,
     outcome: undefined
   }
   const mover = chess.turn() === "w" ? "Black" : "White"
@@ -157,7 +186,7 @@ const normalise = (text: string): string => text.trim().replace(/^0-0-0/, "O-O-O
  */
 export const act = (state: State, settings: Settings, action: Action): Outcome => {
   if (state.outcome !== undefined) return { ok: false, error: `the puzzle is over (${state.outcome})` }
-  if (state.steps >= settings.maxSteps) return { ok: false, error: `no steps left (${settings.maxSteps})` }
+  if (state.steps >= state.maxSteps) return { ok: false, error: `no steps left (${state.maxSteps})` }
   state.steps++
   const chess = state.chess
   if (action._tag === "legal") return { ok: true, text: `Legal moves: ${chess.moves().join(" ")}` }
@@ -197,8 +226,8 @@ export const act = (state: State, settings: Settings, action: Action): Outcome =
  * @category getters
  * @since 0.1.0
  */
-export const ended = (state: State, settings: Settings): "solved" | "failed" | "out_of_steps" | undefined =>
-  state.outcome ?? (state.steps >= settings.maxSteps ? "out_of_steps" : undefined)
+export const ended = (state: State, _settings?: Settings): "solved" | "failed" | "out_of_steps" | undefined =>
+  state.outcome ?? (state.steps >= state.maxSteps ? "out_of_steps" : undefined)
 
 /**
  * The puzzle's score: 1 when solved, else half the share of the solver's moves that were right (Lichess-style
@@ -242,7 +271,7 @@ export const layer = (settings: Settings = defaultSettings): Layer.Layer<Board> 
       settings,
       reset: (row) =>
         Effect.suspend(() => {
-          const started = start(row, settings.view)
+          const started = start(row, settings.view, settings.maxSteps)
           if (typeof started === "string") return Effect.fail(invalid("reset", started, "ResetFailed"))
           state = started.state
           return Effect.succeed(started.text)

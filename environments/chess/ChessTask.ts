@@ -10,8 +10,10 @@
  *   (generated, or converted from a Lichess CSV). A row whose moves do not replay is refused when the data loads.
  *
  * Options (`{ "name": "chess", "options": { … } }`): `view` (`"board"`, default: FEN and a diagram; `"fen"`:
- * the FEN alone), `maxSteps` (default 6) and `toolCallFormat`, the weight of a tool-call format term added to the
- * score (default 0).
+ * the FEN alone), `maxSteps` (default: each puzzle's own, `Board.limits` of its line: 6 for a mate in one or two),
+ * `longestLine` (the solver moves of the data's longest line, default 2: the task's default turn and context
+ * budgets fit it, {@link defaults}) and `toolCallFormat`, the weight of a tool-call format term added to the score
+ * (default 0).
  *
  * @since 0.1.0
  */
@@ -35,6 +37,7 @@ import * as Puzzle from "./Puzzle.ts"
 export const Options = Schema.Struct({
   view: Schema.optionalKey(Schema.Literals(["board", "fen"])),
   maxSteps: Schema.optionalKey(Schema.Int.check(Schema.isGreaterThanOrEqualTo(1))),
+  longestLine: Schema.optionalKey(Schema.Int.check(Schema.isBetween({ minimum: 1, maximum: 64 }))),
   toolCallFormat: Schema.optionalKey(Schema.Number.check(Schema.isGreaterThanOrEqualTo(0)))
 })
 export type Options = typeof Options.Type
@@ -72,22 +75,36 @@ export const Row = Puzzle.Row.check(Schema.makeFilter((row) => replayOnce(row.fe
 export const systemPrompt = "Solve the chess puzzle: move, legal, board."
 
 /**
- * The agent settings the task suggests for a view: a mate in two takes two moves, a look at the legal moves and a
- * mistake fit in `maxTurns` 4. In tokens of the byte-level tokenizer, the oracle's mates in two take ≈ 480 with
- * FENs alone, within the `tiny` preset's 512 positions (a look at the legal moves adds ≈ 150); with diagrams,
- * ≈ 800, and 2,048 hold a Lichess puzzle of three moves (a language model's tokenizer needs a quarter of that).
+ * The agent settings the task suggests for a view and the data's longest line (`longestLine` solver moves, default
+ * 2): a mate in two takes two moves, a look at the legal moves and a mistake fit in `maxTurns` 4; a longer line gets
+ * `Board.limits(longestLine).maxTurns` (its moves and two more). In tokens of the byte-level tokenizer (measured on
+ * the shipped Lichess sample, `examples/chess/lichess-sample.csv`), a line of n solver moves takes ≈ 110 + 195·n
+ * with FENs alone and ≈ 100 + 360·n with diagrams: 512 hold a mate in two with FENs (the `tiny` preset's 512
+ * positions) and 2,048 a line of three with diagrams; a longer line gets 256·(n + 1) or 512·(n + 1), room for a
+ * look at the legal moves (≈ 150) besides.
  *
  * @category constants
  * @since 0.1.0
  */
-export const defaults = (view: Board.View = "board"): Task.Defaults => ({
+export const defaults = (view: Board.View = "board", longestLine = 2): Task.Defaults => ({
   systemPrompt,
   renderTools: false,
-  maxTurns: 4,
+  maxTurns: Board.limits(longestLine).maxTurns,
   // A move call is ≈ 70 byte-level tokens (`<tool_call>` and its JSON): 48 cut every turn short.
   maxNewTokens: 96,
-  maxContextTokens: view === "board" ? 2048 : 512
+  maxContextTokens: view === "board"
+    ? (longestLine <= 3 ? 2048 : 512 * (longestLine + 1))
+    : (longestLine <= 2 ? 512 : 256 * (longestLine + 1))
 })
+
+/**
+ * The solver moves of the longest line among rows (at least 1): the `longestLine` option that fits them.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const longestLine = (rows: ReadonlyArray<Pick<Puzzle.Row, "moves">>): number =>
+  rows.reduce((n, row) => Math.max(n, Board.rowSolverMoves(row)), 1)
 
 // ===== Tools =====
 
@@ -185,7 +202,7 @@ export const reward = (formatWeight: number) =>
  */
 export const settings = (options: Options): Board.Settings => ({
   view: options.view ?? Board.defaultSettings.view,
-  maxSteps: options.maxSteps ?? Board.defaultSettings.maxSteps
+  maxSteps: options.maxSteps
 })
 
 /**
@@ -212,7 +229,7 @@ export const make = (options: Options = {}): Task.Task => {
             return end === undefined ? undefined : { end }
           }))
     },
-    defaults: defaults(set.view)
+    defaults: defaults(set.view, options.longestLine ?? 2)
   })
 }
 

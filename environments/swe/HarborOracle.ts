@@ -2,8 +2,9 @@
  * Scripted players of the SWE task, run by the rollout machinery (`Oracle.rollout`) through the same tools,
  * containers and verifier as a model:
  *
- * - {@link oracle}: Harbor's oracle agent: runs the task's reference solution (`solution/solve.sh`) with the
- *   `shell` tool (after reading a file first, with `look`), then submits. It finds the task by its instruction (the
+ * - {@link oracle}: Harbor's oracle agent: with the `shell` tool, uploads the task's `solution/` to `/solution`
+ *   byte for byte and executes `/solution/solve.sh` as a file (its shebang decides the shell) with
+ *   `[solution.env]`, from the working directory (after reading a file first, with `look`), then submits. It finds the task by its instruction (the
  *   row's question), so it proves each task solvable in its own container and the verifier right;
  * - {@link idle}: submits at once: the baseline that must score 0 (the planted bug is still there).
  *
@@ -12,6 +13,23 @@
 import * as Oracle from "../../actors/Oracle.ts"
 import type { Conversation } from "../../src/Message.ts"
 import type * as HarborTask from "./HarborTask.ts"
+import * as Workspace from "./Workspace.ts"
+
+/**
+ * The shell command that plays a task's solution as Harbor's oracle agent does: `solution/` uploaded to
+ * `/solution`, `solve.sh` made executable and executed with `[solution.env]` (undefined without `solve.sh`).
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const solutionCommand = (task: HarborTask.HarborTask): string | undefined =>
+  task.solution === undefined ? undefined : [
+    `here=$(pwd)`,
+    ...Workspace.uploadLines("/solution", task.solutionFiles),
+    "chmod -R a+rX /solution; chmod a+x /solution/solve.sh",
+    ...Workspace.exportLines(task.env.solution),
+    `cd "$here" && /solution/solve.sh`
+  ].join("\n")
 
 /**
  * The oracle over the given tasks: the solution of the task whose instruction the conversation asks, then
@@ -24,7 +42,7 @@ export const oracle = (
   tasks: ReadonlyArray<HarborTask.HarborTask>,
   options: { readonly look?: string | undefined } = {}
 ): Oracle.Policy => {
-  const byInstruction = new Map(tasks.map((t) => [t.instruction, t.solution]))
+  const byInstruction = new Map(tasks.map((t) => [t.instruction, solutionCommand(t)]))
   const plan = (solution: string) => [
     ...(options.look === undefined ? [] : [["read", { path: options.look }] as const]),
     ["shell", { cmd: solution }] as const,

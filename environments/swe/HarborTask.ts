@@ -3,18 +3,21 @@
  *
  * ```
  * my-task/
- * ├── task.toml          # [verifier] timeout_sec, [agent] timeout_sec, [environment] cpus, memory_mb / memory, …
+ * ├── task.toml          # every field honoured or refused by name (`HarborFields`), Harbor's defaults
  * ├── instruction.md     # what the agent is asked
  * ├── environment/
  * │   └── Dockerfile     # the agent's container (build context: environment/)
  * ├── tests/
- * │   └── test.sh        # the verifier: copied to /tests after the agent, writes /logs/verifier/reward.txt
+ * │   └── test.sh        # the verifier: uploaded byte for byte to /tests after the agent and executed as a file
+ * │                      # (its shebang decides the shell); writes /logs/verifier/reward.txt or reward.json
  * └── solution/
- *     └── solve.sh       # optional reference solution (what Harbor's oracle agent runs)
+ *     └── solve.sh       # optional reference solution: solution/ is uploaded to /solution, solve.sh executed
  * ```
  *
- * `load` reads and checks a folder: a missing file or a malformed `task.toml` (read with `smol-toml`) is a
- * `HarborError` naming the folder and what is wrong, before any container starts.
+ * `load` reads and checks a folder: a missing file, a malformed `task.toml` (read with `smol-toml`), a field this
+ * runtime refuses or Harbor does not define (`HarborFields`), a multi-step task (`[[steps]]`) or a Docker Compose
+ * environment is a `HarborError` naming the folder and what is wrong, before any container starts. Test and solution
+ * files are read as bytes (a binary fixture reaches the verifier as it is in the folder).
  *
  * **Paths cannot escape.** A folder's files are what its verifier copies into the container and what its image is
  * built from, and a row's `task` may come from another machine (a rollout worker's share), so every path is checked
@@ -33,6 +36,7 @@ import { createHash } from "node:crypto"
 import { isAbsolute, resolve } from "node:path"
 import { parse } from "smol-toml"
 import * as Paths from "../../src/internal/paths.ts"
+import * as HarborFields from "./HarborFields.ts"
 
 // ===== Models =====
 
@@ -80,41 +84,45 @@ export interface HarborTask {
   readonly instruction: string
   /** The files of `environment/` (relative paths), the Docker build context. */
   readonly environment: ReadonlyArray<string>
-  /** The files of `tests/` (relative path → contents), copied to `/tests` for the verifier. */
-  readonly tests: ReadonlyMap<string, string>
-  /** `solution/solve.sh`, when present. */
+  /** The files of `tests/` (relative path → bytes), uploaded to `/tests` for the verifier. */
+  readonly tests: ReadonlyMap<string, Uint8Array>
+  /** `solution/solve.sh`'s text, when present. */
   readonly solution: string | undefined
+  /** The files of `solution/` (relative path → bytes), uploaded to `/solution` by the oracle. */
+  readonly solutionFiles: ReadonlyMap<string, Uint8Array>
+  /** `[verifier] timeout_sec` (Harbor's default 600 s). */
   readonly verifierTimeoutMillis: number
+  /** `[agent] timeout_sec` (Harbor's default 600 s): actions after it are refused. */
   readonly agentTimeoutMillis: number
-  readonly cpus: number | undefined
-  readonly memoryBytes: number | undefined
-  /** The working directory the agent starts in (`[environment] workdir`, default `/app`). */
-  readonly workdir: string
+  /** `[environment] build_timeout_sec` (Harbor's default 600 s). */
+  readonly buildTimeoutMillis: number
+  /** `[environment] cpus` (Harbor's default 1). */
+  readonly cpus: number
+  /** `[environment] memory_mb` or `memory` (Harbor's default 2,048 MB). */
+  readonly memoryBytes: number
+  /** The working directory (`[environment] workdir`); `undefined`: the image's `WORKDIR`. */
+  readonly workdir: string | undefined
+  /** `[agent] user`; `undefined`: the image's `USER`. */
+  readonly agentUser: string | undefined
+  /** `[verifier] user`; `undefined`: the agent's. */
+  readonly verifierUser: string | undefined
+  /** `[environment] docker_image`: a prebuilt image instead of building `environment/`. */
+  readonly dockerImage: string | undefined
+  /** `[environment] allow_internet` (and `network_mode`): the run's allow-list applies only when true. */
+  readonly allowInternet: boolean
+  /** `[environment.env]`, `[verifier.env]`, `[solution.env]`, with `${VAR}` resolved from the host. */
+  readonly env: {
+    readonly environment: Readonly<Record<string, string>>
+    readonly verifier: Readonly<Record<string, string>>
+    readonly solution: Readonly<Record<string, string>>
+  }
+  /** `[metadata] reward_key`: the training key of a multi-key `reward.json`. */
+  readonly rewardKey: string | undefined
   /** A digest of `environment/`'s files: tasks with the same environment share an image. */
   readonly digest: string
 }
 
 // ===== Reading =====
-
-const Toml = Schema.Struct({
-  task: Schema.optionalKey(Schema.Struct({ name: Schema.optionalKey(Schema.String) })),
-  verifier: Schema.optionalKey(Schema.Struct({ timeout_sec: Schema.optionalKey(Schema.Number) })),
-  agent: Schema.optionalKey(Schema.Struct({ timeout_sec: Schema.optionalKey(Schema.Number) })),
-  environment: Schema.optionalKey(Schema.Struct({
-    cpus: Schema.optionalKey(Schema.Number),
-    memory_mb: Schema.optionalKey(Schema.Number),
-    memory: Schema.optionalKey(Schema.String),
-    workdir: Schema.optionalKey(Schema.String)
-  }))
-})
-
-/** `"4G"`, `"512M"`, `"2048"` (MB) as bytes. */
-const memoryOf = (text: string): number | undefined => {
-  const m = /^\s*(\d+(?:\.\d+)?)\s*([KMG]?)i?B?\s*$/i.exec(text)
-  if (m === null) return undefined
-  const unit = { "": 1 << 20, K: 1 << 10, M: 1 << 20, G: 1 << 30 }[m[2]!.toUpperCase() as "" | "K" | "M" | "G"]
-  return Math.round(Number(m[1]) * unit)
-}
 
 /**
  * A folder being read: what every step below needs. `base` is the root as given (the folder itself when loaded
@@ -177,7 +185,7 @@ const filesUnder = Effect.fnUntraced(function*(at: Folder, dir: string) {
   return files
 })
 
-/** `task.toml`, parsed and decoded. */
+/** `task.toml`, parsed and read: every field honoured or refused by name (`HarborFields`). */
 const readToml = Effect.fnUntraced(function*(at: Folder) {
   const tomlText = yield* read(at, "task.toml", "task.toml")
   const raw = yield* Effect.try({
@@ -185,12 +193,12 @@ const readToml = Effect.fnUntraced(function*(at: Folder) {
     catch: (e) =>
       fail(at, `task.toml is not valid TOML: ${e instanceof Error ? e.message.split("\n")[0] : String(e)}`)
   })
-  return yield* Schema.decodeUnknownEffect(Toml)(raw).pipe(
-    Effect.mapError((e) => fail(at, `task.toml: ${e.message.replace(/\n\s*/g, " ")}`))
-  )
+  const config = HarborFields.read(raw)
+  if ("length" in config) return yield* fail(at, `task.toml: ${config.join("; ")}`)
+  return config
 })
 
-/** `instruction.md`, trimmed; refused when empty. */
+/** `instruction.md`, trimmed; refused when empty (a multi-step task has none: refused by name first). */
 const readInstruction = Effect.fnUntraced(function*(at: Folder) {
   const instruction = (yield* read(at, "instruction.md", "the instruction")).trim()
   if (instruction.length === 0) return yield* fail(at, "instruction.md is empty")
@@ -205,27 +213,42 @@ const readEnvironment = Effect.fnUntraced(function*(at: Folder) {
   return files
 })
 
-/** The files of `tests/` (relative path → contents), which must hold the verifier `test.sh`. */
-const readTests = Effect.fnUntraced(function*(at: Folder) {
-  const files = yield* filesUnder(at, "tests")
-  if (files === undefined) return yield* fail(at, "no tests/")
-  if (!files.some(([file]) => file === "test.sh")) return yield* fail(at, "the verifier (tests/test.sh) is missing")
-  const tests = new Map<string, string>()
+/** The files under `dir` as bytes (relative path → bytes); undefined without `dir`. */
+const bytesUnder = Effect.fnUntraced(function*(at: Folder, dir: string) {
+  const files = yield* filesUnder(at, dir)
+  if (files === undefined) return undefined
+  const bytes = new Map<string, Uint8Array>()
   for (const [file, target] of files) {
-    const text = yield* at.fs.readFileString(target).pipe(
-      Effect.mapError(() => fail(at, `tests/${file} cannot be read`))
-    )
-    tests.set(file, text)
+    bytes.set(file, yield* at.fs.readFile(target).pipe(Effect.mapError(() => fail(at, `${dir}/${file} cannot be read`))))
   }
+  return bytes
+})
+
+/** The files of `tests/` (relative path → bytes), which must hold the verifier `test.sh`. */
+const readTests = Effect.fnUntraced(function*(at: Folder) {
+  const tests = yield* bytesUnder(at, "tests")
+  if (tests === undefined) return yield* fail(at, "no tests/")
+  if (!tests.has("test.sh")) return yield* fail(at, "the verifier (tests/test.sh) is missing")
   return tests
 })
 
-/** `solution/solve.sh`, or undefined when it is absent or unreadable. */
+/** `solution/`'s files (none when it is absent) and `solve.sh`'s text (undefined when absent). */
 const readSolution = Effect.fnUntraced(function*(at: Folder) {
-  const solutionAt = yield* real(at, "solution/solve.sh")
-  return solutionAt === undefined
-    ? undefined
-    : yield* Effect.orElseSucceed(at.fs.readFileString(solutionAt), () => undefined)
+  const files = (yield* bytesUnder(at, "solution")) ?? new Map<string, Uint8Array>()
+  const solve = files.get("solve.sh")
+  return { files, solve: solve === undefined ? undefined : new TextDecoder().decode(solve) }
+})
+
+/** Refuses by name a Docker Compose environment (a multi-step task's `steps` is refused with the fields). */
+const refuseShapes = Effect.fnUntraced(function*(at: Folder) {
+  for (const compose of ["docker-compose.yaml", "docker-compose.yml", "compose.yaml"]) {
+    if ((yield* real(at, `environment/${compose}`)) !== undefined) {
+      return yield* fail(
+        at,
+        `environment/${compose} is refused: multi-container environments are not run here (one container a chain)`
+      )
+    }
+  }
 })
 
 /** A digest of the environment's files (names and bytes): tasks with the same environment share an image. */
@@ -240,18 +263,19 @@ const digestOf = Effect.fnUntraced(function*(at: Folder, files: ReadonlyArray<re
   return hash.digest("hex").slice(0, 16)
 })
 
-/** `[environment] memory_mb` or `memory` as bytes (undefined when neither is set); refused when unreadable. */
-const memoryBytesOf = (at: Folder, env: typeof Toml.Type["environment"]) => {
-  const memory = env?.memory_mb !== undefined
-    ? env.memory_mb * (1 << 20)
-    : env?.memory !== undefined
-    ? memoryOf(env.memory)
-    : undefined
-  if (env?.memory !== undefined && memory === undefined) {
-    return Effect.fail(fail(at, `environment.memory "${env.memory}"`))
-  }
-  return Effect.succeed(memory)
-}
+/** The env tables with `${VAR}` resolved from the host; a variable that is not set is refused by name. */
+const envOf = (at: Folder, config: HarborFields.Config) =>
+  Effect.gen(function*() {
+    const resolve = (section: string, table: Readonly<Record<string, string>>) => {
+      const resolved = HarborFields.resolveEnv(table, process.env)
+      return typeof resolved === "string" ? Effect.fail(fail(at, `[${section}.env] ${resolved}`)) : Effect.succeed(resolved)
+    }
+    return {
+      environment: yield* resolve("environment", config.environmentEnv),
+      verifier: yield* resolve("verifier", config.verifierEnv),
+      solution: yield* resolve("solution", config.solutionEnv)
+    }
+  })
 
 /**
  * Reads a task folder. Every path is read through its real path, which must stay inside `options.root` (the task
@@ -264,25 +288,37 @@ export const load = Effect.fnUntraced(function*(folder: string, options: { reado
   const at = yield* openFolder(folder, options)
   yield* real(at, "")
   const toml = yield* readToml(at)
+  yield* refuseShapes(at)
   const instruction = yield* readInstruction(at)
-  const environmentFiles = yield* readEnvironment(at)
+  // A prebuilt image (`docker_image`) needs no environment/ at all.
+  const environmentFiles = toml.dockerImage !== undefined && (yield* real(at, "environment/Dockerfile")) === undefined
+    ? []
+    : yield* readEnvironment(at)
   const tests = yield* readTests(at)
   const solution = yield* readSolution(at)
-  const digest = yield* digestOf(at, environmentFiles)
-  const env = toml.environment
-  const memoryBytes = yield* memoryBytesOf(at, env)
+  const digest = toml.dockerImage !== undefined && environmentFiles.length === 0
+    ? createHash("sha256").update(toml.dockerImage).digest("hex").slice(0, 16)
+    : yield* digestOf(at, environmentFiles)
   const task: HarborTask = {
     folder,
-    name: toml.task?.name ?? folder.split("/").filter((p) => p.length > 0).at(-1)!,
+    name: toml.name ?? folder.split("/").filter((p) => p.length > 0).at(-1)!,
     instruction,
     environment: environmentFiles.map(([file]) => file),
     tests,
-    solution,
-    verifierTimeoutMillis: (toml.verifier?.timeout_sec ?? 120) * 1000,
-    agentTimeoutMillis: (toml.agent?.timeout_sec ?? 600) * 1000,
-    cpus: env?.cpus,
-    memoryBytes,
-    workdir: env?.workdir ?? "/app",
+    solution: solution.solve,
+    solutionFiles: solution.files,
+    verifierTimeoutMillis: toml.verifierTimeoutSec * 1000,
+    agentTimeoutMillis: toml.agentTimeoutSec * 1000,
+    buildTimeoutMillis: toml.buildTimeoutSec * 1000,
+    cpus: toml.cpus,
+    memoryBytes: Math.round(toml.memoryMb * (1 << 20)),
+    workdir: toml.workdir,
+    agentUser: toml.agentUser,
+    verifierUser: toml.verifierUser,
+    dockerImage: toml.dockerImage,
+    allowInternet: toml.allowInternet,
+    env: yield* envOf(at, toml),
+    rewardKey: toml.rewardKey,
     digest
   }
   return task

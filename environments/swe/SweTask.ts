@@ -11,8 +11,12 @@
  *
  * Options (`{ "name": "swe", "options": { … } }`): `root`, `pool` (containers at once, default 16), `maxSteps`
  * (actions, default 12), `shellTimeoutMillis` (default 10 s), `maxOutputChars` (default 2,000), `transport`
- * (`attach`, default, or `exec`: how actions reach the container, see `Workspace.Settings`), `toolCallFormat`
- * (weight of a format term added to the verifier's reward, default 0).
+ * (`attach`, default, or `exec`: how actions reach the container, see `Workspace.Settings`), `rewardKey` (the key
+ * of a multi-key `reward.json` that is the training reward where a task's `[metadata] reward_key` is unset; else
+ * `reward`, else the mean of the keys: `Workspace.trainingReward`), `toolCallFormat` (weight of a format term added
+ * to the verifier's reward, default 0).
+ *
+ * Harbor's semantics, point by point, and every `task.toml` field honoured or refused: `docs/harbor.md`.
  *
  * @since 0.1.0
  */
@@ -43,6 +47,7 @@ export const Options = Schema.Struct({
   shellTimeoutMillis: Schema.optionalKey(Positive),
   maxOutputChars: Schema.optionalKey(Positive),
   transport: Schema.optionalKey(Schema.Literals(["attach", "exec"])),
+  rewardKey: Schema.optionalKey(Schema.NonEmptyString),
   toolCallFormat: Schema.optionalKey(Schema.Number.check(Schema.isGreaterThanOrEqualTo(0)))
 })
 export type Options = typeof Options.Type
@@ -148,8 +153,10 @@ export const tools = [shell, read, edit, submit] as const
 // ===== Reward =====
 
 /**
- * The verifier's reward, with `reward/harbor/{submitted,steps,verifier_exit}`. An episode that ended without
- * `submit` is verified too (the tests decide; the run's record says it was not submitted).
+ * The verifier's reward, with `reward/harbor/{submitted,steps,verifier_exit}` and every key the verifier wrote as
+ * `reward/harbor/rewards/<key>` (a multi-key `reward.json`'s figures; `reward.txt`'s is `rewards/reward`). An
+ * episode that ended without `submit` is verified too (the tests decide; the run's record says it was not
+ * submitted).
  *
  * @category rewards
  * @since 0.1.0
@@ -163,7 +170,12 @@ export const verifier = Reward.make("harbor", {
       const verdict = yield* workspace.verify
       return {
         reward: verdict.reward,
-        metrics: { submitted: state.submitted ? 1 : 0, steps: state.steps, verifier_exit: verdict.exitCode }
+        metrics: {
+          submitted: state.submitted ? 1 : 0,
+          steps: state.steps,
+          verifier_exit: verdict.exitCode,
+          ...Object.fromEntries(Object.entries(verdict.rewards).map(([k, v]) => [`rewards/${k}`, v]))
+        }
       }
     })
 })
@@ -191,7 +203,8 @@ export const settings = (options: Options): Workspace.Settings => ({
   shellTimeoutMillis: options.shellTimeoutMillis ?? Workspace.defaultSettings.shellTimeoutMillis,
   maxOutputChars: options.maxOutputChars ?? Workspace.defaultSettings.maxOutputChars,
   maxSteps: options.maxSteps ?? Workspace.defaultSettings.maxSteps,
-  transport: options.transport ?? Workspace.defaultSettings.transport
+  transport: options.transport ?? Workspace.defaultSettings.transport,
+  rewardKey: options.rewardKey
 })
 
 /**
@@ -219,6 +232,8 @@ export const make = (options: Options = {}): Task.Task => {
           Effect.map(w.state, (s) =>
             s.submitted
               ? { end: "submitted" }
+              : s.timedOut
+              ? { end: "agent_timeout" }
               : s.steps >= w.settings.maxSteps
               ? { end: "out_of_steps" }
               : undefined))

@@ -3,22 +3,30 @@
  * for the chain's episode, with the actions the tools take (`shell`, `read`, `edit`, `submit`) and the verifier the
  * reward runs.
  *
- * - **Images.** A task's `environment/` is built once per machine with the engine's builder (no registry: its
- *   `FROM` must be a local image, e.g. the project's `agentfly/python:1`), tagged by the digest of its files, so
- *   tasks with the same environment share an image and a second run builds nothing.
+ * - **Images.** A task's `environment/` is built once per machine with the engine's builder (its `FROM` must be an
+ *   image the engine has or can pull, e.g. the project's `agentfly/python:1`) within `[environment]
+ *   build_timeout_sec`, tagged by the digest of its files, so tasks with the same environment share an image and a
+ *   second run builds nothing; `[environment] docker_image` names a prebuilt image instead (local, else pulled).
+ *   An image that cannot be had fails with its name and the engine's reason ({@link prepare} checks a run's tasks
+ *   before any chain starts).
  * - **Containers.** One per chain (`Resource` spec `harbor-<digest>`, scope `chain`, `recreate` on release: an
- *   agent's edits never reach another chain), no network, every capability dropped, seccomp, the task's memory and
- *   CPUs (default 1 GiB, 1 CPU), 256 processes. Actions go to a `sh` supervisor, the container's main process, over
- *   its attached stdio (`transport: "attach"`, default), or one engine `exec` each (`"exec"`), in the task's working
- *   directory.
- * - **Verifier** (Harbor's contract): after the episode the task's `tests/` are copied to `/tests`, `test.sh` runs
- *   (bash, else sh) within the task's verifier timeout, and the reward is the number in
- *   `/logs/verifier/reward.txt` (or `reward.json`'s `reward`). A verifier that writes neither fails typed.
+ *   agent's edits never reach another chain), no network (the run's allow-list is empty), every capability
+ *   dropped, seccomp, the task's memory and CPUs (Harbor's defaults: 2,048 MB, 1 CPU), 256 processes, the image's
+ *   `USER` (or `[agent] user`) and `WORKDIR` (or `[environment] workdir`), `[environment.env]` in its environment.
+ *   Actions go to a `sh` supervisor, the container's main process, over its attached stdio (`transport:
+ *   "attach"`, default), or one engine `exec` each (`"exec"`), in the working directory. `/tests`, `/solution` and
+ *   `/logs` are tmpfs every user may write. After `[agent] timeout_sec` every action is refused.
+ * - **Verifier** (Harbor's contract): after the episode `/tests` and `/logs/verifier` are emptied, the task's
+ *   `tests/` uploaded byte for byte, and `/tests/test.sh` executed as a file (its shebang decides the shell; one
+ *   without is run by `sh`) from the working directory with `[verifier.env]`, as `[verifier] user` if set, within
+ *   the verifier timeout. The reward is `/logs/verifier/reward.txt`'s number, or `reward.json`'s keys
+ *   ({@link rewardsOf}, {@link trainingReward}). A verifier that writes neither fails typed.
  *
  * @since 0.1.0
  */
 import { NodeServices } from "@effect/platform-node"
-import { Context, Effect, Scope, Semaphore } from "effect"
+import { Clock, Context, Effect, Scope, Semaphore } from "effect"
+import { createHash } from "node:crypto"
 import { existsSync } from "node:fs"
 import * as ResourceManager from "../../actors/ResourceManager.ts"
 import * as Docker from "../../actors/resources/Docker.ts"
@@ -52,6 +60,8 @@ export interface Settings {
    * engine's CPU each).
    */
   readonly transport: "attach" | "exec"
+  /** The key of a multi-key `reward.json` that is the training reward, where a task's `[metadata] reward_key` is unset. */
+  readonly rewardKey?: string | undefined
 }
 
 /**
@@ -74,7 +84,10 @@ export const defaultSettings: Settings = {
  * @since 0.1.0
  */
 export interface Verdict {
+  /** The training reward ({@link trainingReward} of `rewards`). */
   readonly reward: number
+  /** Every key the verifier wrote (`reward` alone for `reward.txt`). */
+  readonly rewards: Readonly<Record<string, number>>
   readonly exitCode: number
   /** The end of the verifier's output (stdout and stderr), for the trajectory's record. */
   readonly output: string
@@ -96,7 +109,7 @@ export class Workspace extends Context.Service<Workspace, {
   readonly submit: Effect.Effect<string, Environment.EnvError>
   /** The working directory and its files (`ls -R`, the first 40 lines), not counted as a step. */
   readonly overview: Effect.Effect<string, Environment.EnvError>
-  readonly state: Effect.Effect<{ readonly steps: number; readonly submitted: boolean }>
+  readonly state: Effect.Effect<{ readonly steps: number; readonly submitted: boolean; readonly timedOut: boolean }>
   /** Runs the task's verifier in the container. */
   readonly verify: Effect.Effect<Verdict, Environment.EnvError>
 }>()("agentfly/environments/swe/Workspace") {}
@@ -106,30 +119,52 @@ export class Workspace extends Context.Service<Workspace, {
 const building = new Map<string, Promise<void>>()
 
 /**
- * The image of a task's environment, built once per digest (concurrent chains wait for one build).
+ * Why a task's image cannot be had: its name and the engine's reason.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export const imageError = (task: HarborTask.HarborTask, image: string, reason: string) =>
+  Environment.envError(`harbor:${task.name}`, "build", "Unavailable", `the image ${image} cannot be had: ${reason}`)
+
+/** Follows a build or pull stream to its end; its first error rejects. */
+const follow = (docker: Docker.DockerEngine["Service"]["docker"], stream: NodeJS.ReadableStream) =>
+  new Promise<void>((done, reject) =>
+    docker.modem.followProgress(stream, (error, output: Array<{ error?: string; errorDetail?: unknown }>) => {
+      const failed = output?.find((o) => o.error !== undefined)
+      if (error !== null || failed !== undefined) reject(new Error(String(failed?.error ?? error)))
+      else done()
+    })
+  )
+
+/** `promise`, or a rejection after `millis`. */
+const within = <A>(promise: Promise<A>, millis: number, what: string) =>
+  Promise.race([
+    promise,
+    new Promise<never>((_, reject) => setTimeout(() => reject(new Error(`${what} took over ${millis / 1000} s`)), millis).unref())
+  ])
+
+/**
+ * The image of a task's environment: `[environment] docker_image` (local, else pulled), or `environment/` built once
+ * per digest within the build timeout (concurrent chains wait for one build). Fails with the image's name and the
+ * reason ({@link imageError}).
  *
  * @category constructors
  * @since 0.1.0
  */
 export const image = (task: HarborTask.HarborTask): Effect.Effect<string, Environment.EnvError, Docker.DockerEngine> =>
   Effect.flatMap(Docker.DockerEngine, ({ docker }) => {
-    const tag = `agentfly-harbor/${task.digest}:1`
-    const fail = (message: string) =>
-      Environment.envError(`harbor:${task.name}`, "build", "Unavailable", message)
+    const prebuilt = task.dockerImage !== undefined && task.environment.length === 0
+    const tag = prebuilt ? task.dockerImage! : `agentfly-harbor/${task.digest}:1`
     const build = async () => {
       const exists = await docker.getImage(tag).inspect().then(() => true, () => false)
       if (exists) return
+      if (prebuilt) return within(follow(docker, await docker.pull(tag)), task.buildTimeoutMillis, "the pull")
       const stream = await docker.buildImage(
         { context: `${task.folder}/environment`, src: [...task.environment] },
         { t: tag, rm: true, forcerm: true }
       )
-      await new Promise<void>((done, reject) =>
-        docker.modem.followProgress(stream, (error, output: Array<{ error?: string; errorDetail?: unknown }>) => {
-          const failed = output?.find((o) => o.error !== undefined)
-          if (error !== null || failed !== undefined) reject(new Error(String(failed?.error ?? error)))
-          else done()
-        })
-      )
+      await within(follow(docker, stream), task.buildTimeoutMillis, "the build")
     }
     return Effect.tryPromise({
       try: () => {
@@ -141,9 +176,61 @@ export const image = (task: HarborTask.HarborTask): Effect.Effect<string, Enviro
         }
         return pending
       },
-      catch: (e) => fail(`building ${task.folder}/environment: ${e instanceof Error ? e.message : String(e)}`)
+      catch: (e) =>
+        imageError(
+          task,
+          prebuilt ? tag : `${tag} (built from ${task.folder}/environment)`,
+          e instanceof Error ? e.message : String(e)
+        )
     }).pipe(Effect.as(tag))
   })
+
+/**
+ * The user and working directory a task's containers get: the task's (`[agent] user`, `[environment] workdir`),
+ * else its image's `USER` and `WORKDIR` (root and `/` when the image sets none), as Harbor runs them.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Identity {
+  readonly user: string
+  readonly workdir: string
+}
+
+/**
+ * The {@link Identity} of a task on its image.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const identity = (
+  task: HarborTask.HarborTask,
+  tag: string
+): Effect.Effect<Identity, Environment.EnvError, Docker.DockerEngine> =>
+  Effect.flatMap(Docker.DockerEngine, ({ docker }) =>
+    Effect.tryPromise({
+      try: () => docker.getImage(tag).inspect(),
+      catch: (e) => imageError(task, tag, e instanceof Error ? e.message : String(e))
+    }).pipe(Effect.map((info) => ({
+      user: task.agentUser ?? (info.Config?.User || "0:0"),
+      workdir: task.workdir ?? (info.Config?.WorkingDir || "/")
+    }))))
+
+/**
+ * Checks that every task's image can be had (building or pulling it), before any chain starts: an engine that does
+ * not answer is said as the provider says it, and the first image that cannot be had fails with its name and the
+ * reason.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const prepare = (
+  tasks: ReadonlyArray<HarborTask.HarborTask>
+): Effect.Effect<void, Environment.EnvError, Docker.DockerEngine> =>
+  Effect.andThen(
+    Effect.flatMap(Docker.DockerEngine, (engine) => ping(engine)),
+    Effect.forEach(tasks, (task) => Effect.flatMap(image(task), (tag) => identity(task, tag)), { discard: true })
+  )
 
 // ===== Workspaces =====
 
@@ -162,16 +249,22 @@ const quote = (s: string) => `'${s.replace(/'/g, `'"'"'`)}'`
  * @since 0.1.0
  */
 export type Ready = Effect.Effect<
-  { readonly task: HarborTask.HarborTask; readonly lease: ResourceManager.Lease<Docker.Container> },
+  {
+    readonly task: HarborTask.HarborTask
+    readonly lease: ResourceManager.Lease<Docker.Container>
+    readonly identity: Identity
+  },
   Environment.EnvError
 >
 
-/** One chain's workspace: its container, settings, and the steps taken so far. */
+/** One chain's workspace: its container, settings, the steps taken so far and when its first action came. */
 interface State {
   readonly ready: Ready
   readonly settings: Settings
   steps: number
   submitted: boolean
+  startedAt: number | undefined
+  timedOut: boolean
 }
 
 const exec = (state: State, cmd: ReadonlyArray<string>, options: Docker.ExecOptions = {}) =>
@@ -188,15 +281,24 @@ const invalid = (state: State, method: string, message: string) =>
   Effect.flatMap(state.ready, ({ task }) =>
     Effect.fail(Environment.envError(`harbor:${task.name}`, method, "InvalidAction", message)))
 
-/** Counts one step of `method`, or fails when the work was submitted or no steps are left. */
+/**
+ * Counts one step of `method`, or fails when the work was submitted, no steps are left, or the task's agent
+ * timeout (`[agent] timeout_sec`, from the first action) has passed.
+ */
 const step = (state: State, method: string) =>
-  Effect.suspend(() => {
-    if (state.submitted) return invalid(state, method, "the work was submitted")
+  Effect.gen(function*() {
+    if (state.submitted) return yield* invalid(state, method, "the work was submitted")
     if (state.steps >= state.settings.maxSteps) {
-      return invalid(state, method, `no steps left (${state.settings.maxSteps})`)
+      return yield* invalid(state, method, `no steps left (${state.settings.maxSteps})`)
+    }
+    const { task } = yield* state.ready
+    const now = yield* Clock.currentTimeMillis
+    state.startedAt ??= now
+    if (now - state.startedAt > task.agentTimeoutMillis) {
+      state.timedOut = true
+      return yield* invalid(state, method, `the agent's time is up ([agent] timeout_sec ${task.agentTimeoutMillis / 1000})`)
     }
     state.steps++
-    return Effect.void
   })
 
 const readFile = (state: State, path: string) =>
@@ -223,30 +325,38 @@ const edit = Effect.fnUntraced(function*(state: State, path: string, old: string
 })
 
 const verify = Effect.fnUntraced(function*(state: State) {
-  const { task } = yield* state.ready
+  const { task, lease, identity: who } = yield* state.ready
   // One exec (the engine spends ≈ 100 ms of CPU on each): the tests written from base64, the verifier run,
-  // its exit code and the reward file printed after a marker.
-  const run = yield* exec(state, ["sh", "-s"], {
-    stdin: verifierScript(task),
-    timeoutMillis: task.verifierTimeoutMillis,
-    maxOutputBytes: 256 * 1024
-  })
+  // its exit code and the reward file printed after a marker. A verifier user other than the container's runs as
+  // an engine exec as that user (the files are written world-readable on a tmpfs every user may write).
+  const options = { stdin: verifierScript(task, who), timeoutMillis: task.verifierTimeoutMillis, maxOutputBytes: 256 * 1024 }
+  const run = task.verifierUser === undefined || task.verifierUser === who.user
+    ? yield* exec(state, ["sh", "-s"], options)
+    : yield* lease.use((c) => c.exec(["sh", "-s"], { ...options, user: task.verifierUser! })).pipe(
+      Effect.mapError((e) =>
+        e instanceof Environment.EnvError
+          ? e
+          : Environment.envError(`harbor:${task.name}`, "verify", "Unavailable", e.message, { cause: e })
+      )
+    )
   const at = run.stdout.lastIndexOf(marker)
   const tail = at === -1 ? "" : run.stdout.slice(at + marker.length)
   const [exitLine = "", ...rest] = tail.replace(/^\n/, "").split("\n")
   const exitCode = Number(exitLine)
   const output = `${at === -1 ? run.stdout : run.stdout.slice(0, at)}${run.stderr}`.slice(-2_000)
-  const reward = parseReward(rest.join("\n"))
-  if (reward === undefined) {
+  const rewards = rewardsOf(rest.join("\n"))
+  if (rewards === undefined) {
     return yield* Environment.envError(
       `harbor:${task.name}`,
       "verify",
       "Crashed",
-      `the verifier (exit ${at === -1 ? run.exitCode : exitCode}) wrote no reward to /logs/verifier/reward.txt: ` +
-        output.slice(-300)
+      `the verifier (exit ${at === -1 ? run.exitCode : exitCode}) wrote no reward to /logs/verifier/reward.txt ` +
+        `or reward.json: ` + output.slice(-300)
     )
   }
-  return { reward, exitCode, output }
+  const reward = trainingReward(rewards, task.rewardKey ?? state.settings.rewardKey)
+  if (typeof reward === "string") return yield* Environment.envError(`harbor:${task.name}`, "verify", "Crashed", reward)
+  return { reward, rewards, exitCode, output }
 })
 
 /**
@@ -256,7 +366,7 @@ const verify = Effect.fnUntraced(function*(state: State) {
  * @since 0.1.0
  */
 export const make = (ready: Ready, settings: Settings): Workspace["Service"] => {
-  const state: State = { ready, settings, steps: 0, submitted: false }
+  const state: State = { ready, settings, steps: 0, submitted: false, startedAt: undefined, timedOut: false }
   return {
     settings,
     shell: (cmd) =>
@@ -277,12 +387,12 @@ export const make = (ready: Ready, settings: Settings): Workspace["Service"] => 
       state.submitted = true
       return "submitted"
     })),
-    overview: Effect.flatMap(ready, ({ task }) =>
+    overview: Effect.flatMap(ready, ({ identity: who }) =>
       Effect.map(
         exec(state, ["sh", "-c", "ls -R . | head -40"], { timeoutMillis: settings.shellTimeoutMillis }),
-        (r) => cut(`Working directory ${task.workdir}:\n${r.stdout}`, settings.maxOutputChars)
+        (r) => cut(`Working directory ${who.workdir}:\n${r.stdout}`, settings.maxOutputChars)
       )),
-    state: Effect.sync(() => ({ steps: state.steps, submitted: state.submitted })),
+    state: Effect.sync(() => ({ steps: state.steps, submitted: state.submitted, timedOut: state.timedOut })),
     verify: verify(state)
   }
 }
@@ -370,17 +480,32 @@ const attached = (
 
 const marker = "\n@@agentfly-verifier@@"
 
-/** The shell script of a verification: the tests written, `test.sh` run, its exit code and the reward printed. */
-const verifierScript = (task: HarborTask.HarborTask): string =>
+/** `sh` lines writing `files` (bytes, base64 in the script) under `dir`, emptied first. */
+export const uploadLines = (dir: string, files: ReadonlyMap<string, Uint8Array>): Array<string> => [
+  `mkdir -p ${quote(dir)} && find ${quote(dir)} -mindepth 1 -delete 2>/dev/null`,
+  ...[...files].map(([file, contents]) => {
+    const path = quote(`${dir}/${file}`)
+    const encoded = Buffer.from(contents).toString("base64")
+    return `mkdir -p "$(dirname ${path})" && printf '%s' '${encoded}' | base64 -d > ${path}`
+  })
+]
+
+/** `export K='V'` lines of an env table. */
+export const exportLines = (env: Readonly<Record<string, string>>): Array<string> =>
+  Object.entries(env).map(([k, v]) => `export ${k}=${quote(v)}`)
+
+/**
+ * The shell script of a verification: `/tests` and `/logs/verifier` emptied, the tests written byte for byte,
+ * `test.sh` executed as a file with `[verifier.env]`, its exit code and the reward file printed.
+ */
+const verifierScript = (task: HarborTask.HarborTask, who: Identity): string =>
   [
-    "mkdir -p /logs/verifier /tests",
-    ...[...task.tests].map(([file, contents]) => {
-      const path = quote(`/tests/${file}`)
-      const encoded = Buffer.from(contents).toString("base64")
-      return `mkdir -p "$(dirname ${path})" && printf '%s' '${encoded}' | base64 -d > ${path}`
-    }),
-    `cd ${quote(task.workdir)}`,
-    "if command -v bash >/dev/null; then bash /tests/test.sh; else sh /tests/test.sh; fi",
+    ...uploadLines("/tests", task.tests),
+    "mkdir -p /logs/verifier && find /logs/verifier -mindepth 1 -delete 2>/dev/null",
+    "chmod -R a+rX /tests; chmod a+x /tests/test.sh",
+    ...exportLines(task.env.verifier),
+    `cd ${quote(who.workdir)}`,
+    "/tests/test.sh",
     "code=$?",
     `printf '${marker.replace("\n", "\\n")}\\n%s\\n' "$code"`,
     "cat /logs/verifier/reward.txt 2>/dev/null || cat /logs/verifier/reward.json 2>/dev/null",
@@ -388,21 +513,65 @@ const verifierScript = (task: HarborTask.HarborTask): string =>
   ].join("\n")
 
 /**
- * A verifier's reward file: a number (`reward.txt`), or JSON with a numeric `reward` (`reward.json`).
+ * A verifier's rewards, as Harbor reads them: `reward.txt`'s number as `{ reward }`, or `reward.json`'s numeric
+ * keys (any names: Harbor's multi-reward verifiers write e.g. `{ correctness, performance }`; booleans count 1 / 0).
+ * `undefined` when the text is neither, or the JSON holds no number.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const rewardsOf = (text: string): Readonly<Record<string, number>> | undefined => {
+  const trimmed = text.trim()
+  if (trimmed.length === 0) return undefined
+  if (/^-?\d+(\.\d+)?([eE][-+]?\d+)?$/.test(trimmed)) return { reward: Number(trimmed) }
+  try {
+    const json = JSON.parse(trimmed) as unknown
+    if (typeof json !== "object" || json === null || Array.isArray(json)) return undefined
+    const out: Record<string, number> = {}
+    for (const [key, value] of Object.entries(json)) {
+      if (typeof value === "number" && Number.isFinite(value)) out[key] = value
+      else if (typeof value === "boolean") out[key] = value ? 1 : 0
+    }
+    return Object.keys(out).length === 0 ? undefined : out
+  } catch {
+    return undefined
+  }
+}
+
+/**
+ * The training reward of a verifier's rewards: the key the task (`[metadata] reward_key`) or the run (option
+ * `rewardKey`) names; else `reward` when the verifier wrote it; else the mean of every key. A named key the
+ * verifier did not write is a sentence naming it and the keys it wrote.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const trainingReward = (
+  rewards: Readonly<Record<string, number>>,
+  key: string | undefined
+): number | string => {
+  if (key !== undefined) {
+    const value = rewards[key]
+    return value !== undefined
+      ? value
+      : `the reward key ${key} is not among the verifier's (${Object.keys(rewards).join(", ")})`
+  }
+  if (rewards["reward"] !== undefined) return rewards["reward"]
+  const values = Object.values(rewards)
+  return values.reduce((a, b) => a + b, 0) / values.length
+}
+
+/**
+ * A verifier's single reward ({@link rewardsOf} and {@link trainingReward} without a key).
  *
  * @category getters
  * @since 0.1.0
  */
 export const parseReward = (text: string): number | undefined => {
-  const trimmed = text.trim()
-  if (trimmed.length === 0) return undefined
-  if (/^-?\d+(\.\d+)?([eE][-+]?\d+)?$/.test(trimmed)) return Number(trimmed)
-  try {
-    const json = JSON.parse(trimmed) as { reward?: unknown }
-    return typeof json.reward === "number" && Number.isFinite(json.reward) ? json.reward : undefined
-  } catch {
-    return undefined
-  }
+  const rewards = rewardsOf(text)
+  if (rewards === undefined) return undefined
+  const reward = trainingReward(rewards, undefined)
+  return typeof reward === "number" ? reward : undefined
 }
 
 /**
@@ -411,18 +580,18 @@ export const parseReward = (text: string): number | undefined => {
  * @category constructors
  * @since 0.1.0
  */
-export const spec = (task: HarborTask.HarborTask, tag: string, settings: Settings) =>
+export const spec = (task: HarborTask.HarborTask, tag: string, settings: Settings, who: Identity) =>
   Resource.make({
-    name: `harbor-${task.digest}`,
+    name: `harbor-${containerKey(task)}`,
     kind: "docker",
     image: tag,
     limits: {
       network: "none",
       readOnlyRoot: false,
       tmpfs: { "/tmp": 64 * 1024 * 1024 },
-      user: "0:0",
-      memoryBytes: task.memoryBytes ?? 1 << 30,
-      cpus: task.cpus ?? 1,
+      user: who.user,
+      memoryBytes: task.memoryBytes,
+      cpus: task.cpus,
       pids: 256
     },
     pool: { max: settings.pool },
@@ -436,25 +605,43 @@ interface Catalog {
   readonly settings: Settings
   readonly manager: ResourceManager.ResourceManager["Service"]
   readonly engine: Docker.DockerEngine["Service"]
-  readonly launchers: Map<string, Resource.Resource<Docker.Container>>
+  readonly launchers: Map<string, { readonly resource: Resource.Resource<Docker.Container>; readonly identity: Identity }>
   readonly tasks: Map<string, HarborTask.HarborTask>
   readonly lock: Semaphore.Semaphore
 }
 
-/** A task's resource (its image built on first use), one per task digest. */
+/**
+ * What tells tasks' containers apart: the image (the environment's digest) and what a container is started with
+ * (`[environment.env]`, `[agent] user`, `[environment] workdir`): tasks alike in all share a pool.
+ */
+const containerKey = (task: HarborTask.HarborTask): string =>
+  task.agentUser === undefined && task.workdir === undefined && Object.keys(task.env.environment).length === 0
+    ? task.digest
+    : `${task.digest}-${
+      createHash("sha256").update(JSON.stringify([task.env.environment, task.agentUser, task.workdir])).digest("hex")
+        .slice(0, 8)
+    }`
+
+/** A task's resource (its image built on first use), one per {@link containerKey}. */
 const resourceOf = (catalog: Catalog, task: HarborTask.HarborTask) =>
   catalog.lock.withPermits(1)(Effect.gen(function*() {
-    const known = catalog.launchers.get(task.digest)
+    const known = catalog.launchers.get(containerKey(task))
     if (known !== undefined) return known
     const tag = yield* image(task)
-    const s = yield* Effect.orDie(spec(task, tag, catalog.settings))
+    const who = yield* identity(task, tag)
+    const s = yield* Effect.orDie(spec(task, tag, catalog.settings, who))
+    const common = {
+      workingDir: who.workdir,
+      env: Object.entries(task.env.environment).map(([k, v]) => `${k}=${v}`),
+      sharedTmpfs: { "/tests": 256 << 20, "/solution": 256 << 20, "/logs": 64 << 20 }
+    }
     const launcher = yield* Docker.launcher(
       catalog.settings.transport === "attach"
-        ? { cmd: ["sh", "-c", supervisor(task.workdir)], workingDir: task.workdir, attachStdio: true }
-        : { cmd: ["sleep", "infinity"], workingDir: task.workdir }
+        ? { ...common, cmd: ["sh", "-c", supervisor(who.workdir)], attachStdio: true }
+        : { ...common, cmd: ["sleep", "infinity"] }
     )
-    const resource = Resource.resource(s, launcher)
-    catalog.launchers.set(task.digest, resource)
+    const resource = { resource: Resource.resource(s, launcher), identity: who }
+    catalog.launchers.set(containerKey(task), resource)
     return resource
   })).pipe(Effect.provideService(Docker.DockerEngine, catalog.engine))
 
@@ -482,21 +669,21 @@ const setupChain = (catalog: Catalog, chain: Environment.ChainInfo, scope: Scope
       return yield* Environment.envError("harbor", "load", "ResetFailed", message)
     }
     const task = yield* taskOf(catalog, path)
-    const resource = yield* resourceOf(catalog, task)
+    const { resource, identity: who } = yield* resourceOf(catalog, task)
     // In the chain's scope: the container goes back (and is recreated) when the chain ends.
     const lease = yield* Scope.provide(catalog.manager.acquire(resource, chain), scope).pipe(
       Effect.mapError((e) =>
         Environment.envError(`harbor:${task.name}`, "lease", "Unavailable", e.message, { cause: e })
       )
     )
-    return { task, lease }
+    return { task, lease, identity: who }
   })
 
 /** The pools' figures over every task's pool: counts add up, waits take the worst. */
 const poolFigures = (catalog: Catalog) =>
   Effect.gen(function*() {
     const figures: Record<string, number> = {}
-    for (const resource of catalog.launchers.values()) {
+    for (const { resource } of catalog.launchers.values()) {
       const stats = yield* catalog.manager.stats(resource.spec.name)
       if (stats === undefined) continue
       for (const [k, v] of Object.entries(ResourceManager.poolFigures("harbor", stats))) {

@@ -9,8 +9,9 @@
  * Puzzles are generated (`Puzzle.generate`: mates in one and two from seeded random games), or, with `--lichess`,
  * read from a Lichess puzzle CSV (`lichess_db_puzzle.csv` or any part of it; every line is replayed, a bad one
  * stops the command naming its line) and shuffled by `SEED` into the splits (held-out, validation, then
- * demonstrations and training from the rest). The oracle searches for mates, so from a Lichess file only its mate
- * puzzles become demonstrations. `NOISE` is the share of demonstrations that list the legal moves (`legal {}`)
+ * demonstrations and training from the rest). The oracle plays each puzzle's own line (`ChessOracle.forRows`), so
+ * from a Lichess file every puzzle whose episode fits the task's default budgets (a line of up to two moves with
+ * `--view fen`, three with diagrams) becomes a demonstration. `NOISE` is the share of demonstrations that list the legal moves (`legal {}`)
  * before moving (with `--view fen` they no longer fit 512 tokens: keep it 0 there). `--view fen` plays the
  * demonstrations with the task option `view: "fen"` (no diagram: half the tokens), which a run must then set too.
  *
@@ -94,7 +95,7 @@ export const write = Effect.fn("chess.generate.write")(function*(options: Option
   const played = yield* Oracle.rollout({
     task,
     rows: sets.demos,
-    policy: ChessOracle.oracleWith({ look: options.noise })
+    policy: ChessOracle.forRows(sets.demos, { look: options.noise })
   })
   const budget = task.defaults.maxContextTokens ?? Number.POSITIVE_INFINITY
   const length = Oracle.contextLength()

@@ -15,6 +15,7 @@ import { createServer } from "node:net"
 import { tmpdir } from "node:os"
 import { join, resolve } from "node:path"
 import * as OracleCli from "../../cli/oracle.ts"
+import * as Puzzle from "../../environments/chess/Puzzle.ts"
 import * as BugFix from "../../environments/swe/BugFix.ts"
 import * as Generate from "../../examples/search/generate.ts"
 
@@ -215,5 +216,35 @@ export const oracle = (messages) => ({ toolCalls: [Oracle.call(messages, "guess"
         assert.isBelow(hung.seconds, 45, "it does not wait on the engine")
       }),
     120_000
+  )
+})
+
+describe("agentfly oracle on chess", () => {
+  it.effect(
+    "plays each row's own line (a Lichess file's long lines included); below 100 % it says per theme what it solved",
+    () =>
+      Effect.gen(function*() {
+        const dir = mkdtempSync(join(tmpdir(), "oracle-chess-"))
+        mkdirSync(join(dir, "data"))
+        const sample = Puzzle.fromLichessCsv(
+          readFileSync(join(root, "examples/chess/lichess-sample.csv"), "utf8")
+        ) as Array<Puzzle.Line>
+        // The longest lines first, so that the first rows need more than a mate in two's budgets.
+        const rows = [...sample].sort((a, b) => b.moves.length - a.moves.length).slice(0, 12)
+        writeFileSync(join(dir, "data", "heldout.jsonl"), rows.map((r) => JSON.stringify(r)).join("\n") + "\n")
+        const config = configOf(dir, "chess", { name: "chess", options: { view: "fen" } })
+        const played = yield* OracleCli.playRows(config, 12)
+        assert.isTrue(played.trajectories.every((t) => t.episodeEnd === "solved"))
+        const all = OracleCli.summary(played.trajectories, played.rows)
+        assert.match(all, /^12 rows: solved 100\.0 %, mean reward 1\.000\n\n/)
+        assert.notInclude(all, "by theme")
+        // One row missed: its themes (and only those) are below 100 %.
+        const missed = played.trajectories.map((t, i) => (i === 0 ? { ...t, reward: 0, metrics: {} } : t))
+        const below = OracleCli.themesBelow(missed, played.rows)
+        assert.deepStrictEqual(new Set(below.map((b) => b.theme)), new Set(rows[0]!.themes))
+        assert.include(OracleCli.summary(missed, played.rows), `below 100 % by theme: `)
+        assert.match(OracleCli.summary(missed, played.rows), /veryLong \d+\/\d+ \(\d+\.\d %\)/)
+      }).pipe(Effect.provide(NodeServices.layer)),
+    240_000
   )
 })

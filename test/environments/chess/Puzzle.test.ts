@@ -91,7 +91,9 @@ describe("chess puzzles", () => {
     () => {
       const row = (Puzzle.fromLichessCsv(lichessSample) as Array<Puzzle.Line>)[0]!
       const settings = Board.defaultSettings
-      const started = Board.start(row)
+      // A line of three moves gets 7 actions by default (`Board.limits`); 6 here, as the task option sets it.
+      assert.strictEqual((Board.start(row) as { state: Board.State }).state.maxSteps, 7)
+      const started = Board.start(row, "board", 6)
       assert.isObject(started)
       const { state, text } = started as { state: Board.State; text: string }
       assert.match(

@@ -11,6 +11,8 @@ import { Effect, Schema, Stream } from "effect"
 import * as Oracle from "../../../actors/Oracle.ts"
 import * as Rollout from "../../../actors/Rollout.ts"
 import * as TaskRuntime from "../../../actors/TaskRuntime.ts"
+import { readFileSync } from "node:fs"
+import * as Board from "../../../environments/chess/Board.ts"
 import * as ChessOracle from "../../../environments/chess/ChessOracle.ts"
 import * as ChessTask from "../../../environments/chess/ChessTask.ts"
 import * as Puzzle from "../../../environments/chess/Puzzle.ts"
@@ -35,6 +37,67 @@ const lichess = (Puzzle.fromLichessCsv(
   "00008,r6k/pp2r2p/4Rp1Q/3p4/8/1N1P2R1/PqP2bPP/7K b - - 0 24,f2g3 e6e7 b2b1 b3c1 b1c1 h6c1,1913,75,94,6230," +
     "crushing hangingPiece long middlegame,https://lichess.org/787zsVup/black#48,"
 ) as Array<Puzzle.Line>)
+
+/** The shipped sample of real Lichess rows (mates in one to five, non-mate lines of up to seven moves). */
+const sample = Puzzle.fromLichessCsv(
+  readFileSync(new URL("../../../examples/chess/lichess-sample.csv", import.meta.url), "utf8")
+) as Array<Puzzle.Line>
+
+describe("chess task to the end of the line", () => {
+  it.effect("the oracle plays each row's own line: 100 % of the shipped Lichess sample, whatever its theme", () =>
+    Effect.gen(function*() {
+      assert.lengthOf(sample, 239)
+      const longest = ChessTask.longestLine(sample)
+      assert.strictEqual(longest, 7)
+      const fitted = ChessTask.make({ view: "fen", longestLine: longest })
+      const played = yield* Oracle.rollout({ task: fitted, rows: sample, policy: ChessOracle.forRows(sample) })
+      const missed = played.flatMap((t, i) => (t.episodeEnd === "solved" ? [] : [`${sample[i]!.puzzleId}`]))
+      assert.deepStrictEqual(missed, [])
+      assert.strictEqual(Oracle.solveRate(played), 1)
+      // Non-mates end when the line does; the row's own moves were played, the last one solving it.
+      const i = sample.findIndex((row) => !(row.themes ?? []).includes("mate") && row.moves.length >= 9)
+      assert.strictEqual(played[i]!.metrics["reward/chess/correct"], Board.rowSolverMoves(sample[i]!))
+      // The search alone (mates in one and two) misses the long and the non-mate rows: the line is the key.
+      const searched = yield* Oracle.rollout({ task: fitted, rows: sample, policy: ChessOracle.oracle })
+      assert.isBelow(Oracle.solveRate(searched), 0.6)
+    }), { timeout: 300_000 })
+
+  it.effect("on generated puzzles the line oracle is 100 % and plays the search oracle's very moves", () =>
+    Effect.gen(function*() {
+      const byLine = yield* Oracle.rollout({ task, rows: heldOut, policy: ChessOracle.forRows(heldOut) })
+      const bySearch = yield* Oracle.rollout({ task, rows: heldOut, policy: ChessOracle.oracle })
+      assert.strictEqual(Oracle.solveRate(byLine), 1)
+      assert.deepStrictEqual(byLine.map((t) => t.messages), bySearch.map((t) => t.messages))
+    }), { timeout: 300_000 })
+
+  it("default limits follow the line: a mate in one or two keeps 6 steps and 4 turns; a longer line gets more", () => {
+    assert.deepStrictEqual([1, 2].map(Board.limits), [{ maxSteps: 6, maxTurns: 4 }, { maxSteps: 6, maxTurns: 4 }])
+    assert.deepStrictEqual(Board.limits(5), { maxSteps: 9, maxTurns: 7 })
+    const long = sample.find((row) => Board.rowSolverMoves(row) === 6)!
+    const started = Board.start(long) as { state: Board.State }
+    assert.strictEqual(started.state.maxSteps, 10)
+    assert.strictEqual((Board.start(long, "board", 3) as { state: Board.State }).state.maxSteps, 3, "option wins")
+    assert.deepStrictEqual(ChessTask.defaults("fen"), ChessTask.defaults("fen", 2), "longestLine defaults to 2")
+    assert.strictEqual(ChessTask.defaults("fen").maxTurns, 4)
+    assert.strictEqual(ChessTask.defaults("fen").maxContextTokens, 512)
+    assert.strictEqual(ChessTask.defaults("board").maxContextTokens, 2048)
+    assert.deepStrictEqual(
+      [ChessTask.defaults("fen", 7).maxTurns, ChessTask.defaults("fen", 7).maxContextTokens],
+      [9, 2048]
+    )
+    assert.strictEqual(ChessTask.defaults("board", 7).maxContextTokens, 4096)
+  })
+
+  it.effect("a line of six moves is solvable under its derived limits, and cut by a mate in two's turn budget", () =>
+    Effect.gen(function*() {
+      const long = sample.filter((row) => Board.rowSolverMoves(row) === 6).slice(0, 3)
+      const cut = yield* Oracle.rollout({ task, rows: long, policy: ChessOracle.forRows(long) })
+      assert.isTrue(cut.every((t) => t.termination === "max_turns" && t.reward < 1), "4 turns cannot hold 6 moves")
+      const fitted = ChessTask.make({ longestLine: 6 })
+      const played = yield* Oracle.rollout({ task: fitted, rows: long, policy: ChessOracle.forRows(long) })
+      assert.deepStrictEqual(played.map((t) => t.episodeEnd), ["solved", "solved", "solved"])
+    }), { timeout: 300_000 })
+})
 
 describe("chess task", () => {
   it.effect("the oracle solves every held-out puzzle (mates in one and two) from what it is shown", () =>

@@ -35,7 +35,7 @@ describe("Harbor task folders", () => {
       assert.deepStrictEqual(first.environment, ["Dockerfile", "textutil.py"])
       assert.strictEqual(first.verifierTimeoutMillis, 60_000)
       assert.strictEqual(first.memoryBytes, 512 * (1 << 20))
-      assert.strictEqual(first.workdir, "/app")
+      assert.strictEqual(first.workdir, undefined, "no [environment] workdir: the image's WORKDIR (/app) decides")
       // The bugs come in turn: the last task repeats the first's bug, so its environment and digest.
       assert.strictEqual(new Set(loaded.map((t) => t.digest)).size, BugFix.bugs.length)
       assert.strictEqual(loaded.at(-1)!.digest, first.digest)
@@ -67,7 +67,7 @@ describe("Harbor task folders", () => {
       assert.match(messages[2]!, /^task\.toml: .*timeout_sec/)
       assert.match(messages[3]!, /^the verifier \(tests\/test\.sh\) is missing$/)
       assert.match(messages[4]!, /^the environment's Dockerfile \(environment\/Dockerfile\) is missing$/)
-      assert.match(messages[5]!, /^environment\.memory "lots"$/)
+      assert.match(messages[5]!, /^task\.toml: \[environment\] memory "lots" is not a size like "4G" or "512M"$/)
       assert.match(messages[6]!, /^instruction\.md is empty$/)
     }).pipe(Effect.provide(NodeServices.layer)))
 
@@ -77,6 +77,8 @@ describe("Harbor task folders", () => {
     assert.strictEqual(Workspace.parseReward("{\"reward\": 0.5, \"passed\": 3}"), 0.5)
     assert.isUndefined(Workspace.parseReward(""))
     assert.isUndefined(Workspace.parseReward("passed"))
-    assert.isUndefined(Workspace.parseReward("{\"score\": 1}"))
+    // Harbor accepts any numeric keys: one key alone is the reward (`Workspace.trainingReward`).
+    assert.strictEqual(Workspace.parseReward("{\"score\": 1}"), 1)
+    assert.isUndefined(Workspace.parseReward("{\"score\": \"high\"}"))
   })
 })

@@ -156,7 +156,10 @@ describe("swe task (Harbor folders, Docker)", () => {
       assert.strictEqual(both[1]!.reward, 1)
       assert.strictEqual(both[0]!.reward, 0)
       assert.isTrue(both[0]!.masked, "an environment that never started does not train")
-      assert.match(both[0]!.error!, /^EnvFailed: episode start: building .*broken\/environment: /)
+      assert.match(
+        both[0]!.error!,
+        /^EnvFailed: episode start: the image agentfly-harbor\/\w+:1 \(built from .*broken\/environment\) cannot be had: /
+      )
       assert.strictEqual(containers(), "", "no container outlived its chain")
     }).pipe(Effect.provide(NodeServices.layer)), { timeout: 300_000 })
 

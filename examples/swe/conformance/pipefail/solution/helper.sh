@@ -1,0 +1,1 @@
+reverse_lines() { tac "$1"; }

@@ -1,0 +1,161 @@
+/**
+ * Harbor's semantics, point by point, on the conformance fixtures written for this project
+ * (`examples/swe/conformance/`), each checked against what Harbor's documentation says the result must be
+ * (https://harborframework.com/docs/task-format; `docs/harbor.md` cites each point):
+ *
+ * - `tests/` is copied to `/tests` and `test.sh` run: a binary fixture arrives byte for byte;
+ * - the oracle agent uploads `solution/` and executes `solve.sh`; scripts run as files, so `#!/bin/bash` with
+ *   `set -euo pipefail` works (under `sh -c` dash refuses `-o pipefail`), and files beside `solve.sh` are there;
+ * - `reward.json` may hold any numeric keys: each is a figure; the training reward is the key the task names;
+ * - `[environment.env]`, `[verifier.env]` (with `${VAR:-default}`) and `[solution.env]` reach their phase only;
+ * - the image's `WORKDIR` and `USER` are the agent's and the verifier's;
+ * - Harbor's defaults (verifier 600 s, 2,048 MB, 1 CPU); every field honoured or refused by name; `[[steps]]`
+ *   refused by name; an image that cannot be had named with the reason before any chain starts.
+ *
+ * On the real Docker engine (started by the suite's global setup); every container is removed when its chain ends.
+ */
+import { NodeServices } from "@effect/platform-node"
+import { assert, describe, it } from "@effect/vitest"
+import { Effect } from "effect"
+import { execFileSync } from "node:child_process"
+import { mkdirSync, mkdtempSync, writeFileSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join, resolve } from "node:path"
+import * as OracleCli from "../../../cli/oracle.ts"
+import * as Oracle from "../../../actors/Oracle.ts"
+import * as Docker from "../../../actors/resources/Docker.ts"
+import * as HarborFields from "../../../environments/swe/HarborFields.ts"
+import * as HarborOracle from "../../../environments/swe/HarborOracle.ts"
+import * as HarborTask from "../../../environments/swe/HarborTask.ts"
+import * as SweTask from "../../../environments/swe/SweTask.ts"
+import * as Workspace from "../../../environments/swe/Workspace.ts"
+
+const root = resolve(import.meta.dirname, "../../../examples/swe/conformance")
+const playable = ["binary-fixture", "pipefail", "multi-reward", "multi-reward-mean", "env-tables", "workdir", "user"]
+
+const load = (name: string) => HarborTask.loadRow(root, name).pipe(Effect.provide(NodeServices.layer))
+
+/** The containers this test process created that are still on the engine. */
+const containers = () =>
+  execFileSync("docker", ["ps", "-aq", "--filter", `label=agentfly.pid=${process.pid}`], { encoding: "utf8" }).trim()
+
+describe("Harbor conformance (fixtures, Docker)", () => {
+  it.effect("the oracle solves each fixture as Harbor's documentation says; submitting at once does not", () =>
+    Effect.gen(function*() {
+      const tasks = yield* Effect.forEach(playable, load)
+      const rows = tasks.map((t, i) => ({ question: t.instruction, task: playable[i]! }))
+      const task = SweTask.make({ root, pool: 4 })
+      const played = yield* Oracle.rollout({ task, rows, policy: HarborOracle.oracle(tasks) })
+      const by = Object.fromEntries(played.map((t, i) => [playable[i]!, t]))
+      const errors = played.flatMap((t, i) => (t.error === undefined ? [] : [`${playable[i]}: ${t.error}`]))
+      assert.deepStrictEqual(errors, [])
+      for (const name of ["binary-fixture", "pipefail", "env-tables", "workdir", "user"]) {
+        assert.strictEqual(by[name]!.reward, 1, `${name}: ${JSON.stringify(by[name]!.metrics)}`)
+      }
+      // reward.json's keys are all figures; the task's reward_key is the training reward; without one, the mean.
+      assert.strictEqual(by["multi-reward"]!.reward, 1)
+      assert.strictEqual(by["multi-reward"]!.metrics["reward/harbor/rewards/correctness"], 1)
+      assert.strictEqual(by["multi-reward"]!.metrics["reward/harbor/rewards/performance"], 0.5)
+      assert.strictEqual(by["multi-reward-mean"]!.reward, 0.75)
+      assert.strictEqual(by["binary-fixture"]!.metrics["reward/harbor/rewards/reward"], 1, "reward.txt is `reward`")
+
+      // The verifiers are not trivially 1: an agent that submits at once scores 0 where the work matters.
+      const idleRows = ["pipefail", "env-tables", "workdir", "user", "multi-reward"]
+      const idle = yield* Oracle.rollout({
+        task,
+        rows: idleRows.map((name) => rows[playable.indexOf(name)]!),
+        policy: HarborOracle.idle
+      })
+      assert.deepStrictEqual(idle.map((t) => t.reward), [0, 0, 0, 0, 0])
+      assert.strictEqual(idle.at(-1)!.metrics["reward/harbor/rewards/performance"], 0.5)
+      assert.strictEqual(containers(), "", "no container outlives its chain")
+    }), { timeout: 600_000 })
+
+  it.effect("a fixture's fields, Harbor's defaults, and the image's USER and WORKDIR", () =>
+    Effect.gen(function*() {
+      const env = yield* load("env-tables")
+      assert.deepStrictEqual(env.env, {
+        environment: { GREETING: "hello" },
+        verifier: { EXPECTED: "hello-solution" },
+        solution: { PART: "solution" }
+      })
+      // Harbor's defaults where task.toml says nothing.
+      assert.strictEqual(env.verifierTimeoutMillis, 600_000)
+      assert.strictEqual(env.agentTimeoutMillis, 600_000)
+      assert.strictEqual(env.buildTimeoutMillis, 600_000)
+      assert.strictEqual(env.memoryBytes, 2048 * (1 << 20))
+      assert.strictEqual(env.cpus, 1)
+      assert.isTrue(env.allowInternet)
+      const binary = yield* load("binary-fixture")
+      const bytes = binary.tests.get("fixture.bin")!
+      assert.strictEqual(bytes.length, 4102)
+      assert.deepStrictEqual([...bytes.slice(-6)], [0x00, 0xff, 0xfe, 0xc3, 0x28, 0x80])
+      const pipefail = yield* load("pipefail")
+      assert.deepStrictEqual([...pipefail.solutionFiles.keys()], ["helper.sh", "solve.sh"])
+      const [user, workdir] = [yield* load("user"), yield* load("workdir")]
+      const who = yield* Effect.all([
+        Effect.flatMap(Workspace.image(user), (tag) => Workspace.identity(user, tag)),
+        Effect.flatMap(Workspace.image(workdir), (tag) => Workspace.identity(workdir, tag))
+      ]).pipe(Effect.provide(Docker.DockerEngine.layer))
+      assert.deepStrictEqual(who, [
+        { user: "1234:1234", workdir: "/home/runner" },
+        { user: "0:0", workdir: "/srv/project" }
+      ])
+    }), { timeout: 300_000 })
+
+  it.effect("a multi-step task, a refused field, a field Harbor lacks and a Compose environment are named", () =>
+    Effect.gen(function*() {
+      const steps = yield* Effect.flip(load("multi-step"))
+      assert.match(steps.message, /^task\.toml: steps is refused: multi-step tasks \(\[\[steps\]\]/)
+      assert.deepStrictEqual(HarborFields.refusals({ environment: { gpus: 1, cpus: 2 } }), [
+        "[environment] gpus is refused: no GPU is given to containers here"
+      ])
+      assert.deepStrictEqual(HarborFields.refusals({ environment: { gpus: 0, storage_mb: 10240 } }), [])
+      assert.deepStrictEqual(HarborFields.refusals({ agent: { timeout: 5 }, extra: 1 }), [
+        "extra is not a field of Harbor's task.toml",
+        "[agent] timeout is not a field of Harbor's task.toml"
+      ])
+      assert.match(
+        HarborFields.refusals({ environment: { healthcheck: { command: "true" } } })[0]!,
+        /^\[environment\] healthcheck is refused/
+      )
+      assert.deepStrictEqual(HarborFields.refusals({ environment: { network_mode: "no-network" } }), [])
+      const offline = HarborFields.read({ environment: { network_mode: "no-network" } })
+      assert.isFalse("length" in offline ? true : offline.allowInternet)
+      assert.deepStrictEqual(
+        HarborFields.resolveEnv({ A: "${NOPE_X}", B: "x" }, {}),
+        "A needs the host variable NOPE_X, which is not set"
+      )
+      // Every field of the table is documented in docs/harbor.md's table.
+      const doc = yield* Effect.promise(() => import("node:fs").then((fs) => fs.readFileSync(
+        resolve(import.meta.dirname, "../../../docs/harbor.md"),
+        "utf8"
+      )))
+      for (const [section, fields] of Object.entries(HarborFields.fields)) {
+        for (const field of Object.keys(fields)) {
+          assert.include(doc, section === "" ? `| \`${field}\`` : `| \`[${section}] ${field}\``, `${section} ${field}`)
+        }
+      }
+    }))
+
+  it.effect("a prebuilt image that cannot be had fails before any chain, naming the image and the reason", () =>
+    Effect.gen(function*() {
+      const missing = yield* load("missing-image")
+      assert.deepStrictEqual(missing.environment, [], "docker_image needs no environment/")
+      const error = yield* Effect.flip(Workspace.prepare([missing]).pipe(Effect.provide(Docker.DockerEngine.layer)))
+      assert.match(error.message, /the image agentfly\/no-such-image:0 cannot be had: \S/)
+      // `agentfly oracle` checks every row's image before any chain starts, and stops naming it.
+      const dir = mkdtempSync(join(tmpdir(), "harbor-missing-"))
+      mkdirSync(join(dir, "data"))
+      writeFileSync(join(dir, "data", "heldout.jsonl"), JSON.stringify({ question: "Submit.", task: "missing-image" }))
+      writeFileSync(join(dir, "swe.json"), JSON.stringify({
+        task: { name: "swe", options: { root } },
+        output: "run",
+        model: { path: "model" },
+        data: { train: "data/heldout.jsonl", eval: "data/heldout.jsonl" },
+        algorithm: { steps: 1 }
+      }))
+      const refused = yield* Effect.flip(OracleCli.play(join(dir, "swe.json"), 1).pipe(Effect.provide(NodeServices.layer)))
+      assert.match(String((refused as Error).message), /the image agentfly\/no-such-image:0 cannot be had: \S/)
+    }), { timeout: 120_000 })
+})
