@@ -13,6 +13,7 @@ import { CliOutput, Command } from "effect/cli"
 import { evaluate } from "./eval.ts"
 import { exportCommand } from "./export.ts"
 import { gateway } from "./gateway.ts"
+import { init } from "./init.ts"
 import { initModel } from "./initModel.ts"
 import { oracle } from "./oracle.ts"
 import { serve } from "./serve.ts"
@@ -29,6 +30,7 @@ import { train } from "./train.ts"
  * @since 0.1.0
  */
 const subcommands = [
+  init,
   initModel,
   serve,
   rolloutWorker,
