@@ -55,9 +55,9 @@ export const add = Tool.make("add", {
 
 /** 1 when the last reply is the row's sum (\`acc\` is the accuracy the run reports). */
 export const correct = Reward.make("correct", {
-  context: Schema.Struct({ answer: Schema.Int }),
-  score: ({ trajectory, context }) => {
-    const right = Trajectory.lastAssistantText(trajectory).trim() === String(context.answer)
+  row: Schema.Struct({ answer: Schema.Int }),
+  score: ({ trajectory, row }) => {
+    const right = Trajectory.lastAssistantText(trajectory).trim() === String(row.answer)
     return Effect.succeed({ reward: right ? 1 : 0, metrics: { acc: right ? 1 : 0 } })
   }
 })
@@ -70,7 +70,7 @@ export const task = Task.make("${name}", {
     systemPrompt: "Add the two numbers with the add tool, then reply with the sum only.",
     renderTools: false,
     maxTurns: 2,
-    maxNewTokens: 48
+    maxNewTokens: 64
   }
 })
 
@@ -99,7 +99,7 @@ import { oracle, task } from "./task.ts"
 
 const rows = (n: number, next: () => number) =>
   Array.from({ length: n }, () => {
-    const [a, b] = [Math.floor(next() * 50), Math.floor(next() * 50)]
+    const [a, b] = [Math.floor(next() * 10), Math.floor(next() * 10)]
     return { question: \`What is \${a} + \${b}?\`, a, b, answer: a + b }
   })
 
@@ -131,7 +131,7 @@ const config = (name: string) => ({
   model: { path: "runs/model", preset: "tiny", initSeed: 1 },
   data: { train: "data/train.jsonl", eval: "data/heldout.jsonl" },
   agent: { numChains: 4, maxContextTokens: 384, temperature: 1 },
-  warmup: { data: "data/demos.jsonl", steps: 100, lr: 0.002, batchSize: 8 },
+  warmup: { data: "data/demos.jsonl", steps: 300, lr: 0.002, batchSize: 8 },
   algorithm: { steps: 20, groupsPerStep: 4, lr: 0.0003 },
   eval: { every: 10, size: 50 },
   checkpoint: { every: 10 }

@@ -15,6 +15,7 @@
 import { Console, Effect, Path } from "effect"
 import { Argument, Command, Flag } from "effect/cli"
 import * as Oracle from "../actors/Oracle.ts"
+import * as Train from "../actors/Train.ts"
 import * as RolloutFigures from "../src/RolloutFigures.ts"
 import * as ChessOracle from "../environments/chess/ChessOracle.ts"
 import * as Solver from "../environments/household/Solver.ts"
@@ -87,7 +88,11 @@ export const play = Effect.fn("cli.oracle.play")(function*(file: string, rows = 
     )
   }
   if (config.data.eval === undefined) return yield* Effect.fail(new Error(`${file}: data.eval names no held-out rows`))
-  const data = yield* Dataset.load(config.data.eval, { fields: task.row })
+  // Checked as `train` and `eval` check them: the task's row Schema and the fields its reward reads.
+  const onInvalid = config.data.onInvalidRow
+  const data = yield* Dataset.load(config.data.eval, { onInvalid, fields: task.row, from: "data.eval" }).pipe(
+    Effect.flatMap((ds) => Train.checkRewardFields(task, ds, onInvalid))
+  )
   const played = data.rows.slice(0, rows).map((r) => ({ question: r.question, ...r.fields }))
   const policy = own ?? (task.name === "swe" ? yield* sweOracle(file, config.task, played) : oracles[task.name]!)
   return yield* Oracle.rollout({ task, rows: played, policy })
