@@ -23,6 +23,15 @@ import * as Rollout from "./Rollout.ts"
 import type * as ChainPorts from "../src/ChainPorts.ts"
 
 /**
+ * What a policy reads: the conversation so far, in the OpenAI message shape (`Message.Conversation`), named here so
+ * that an oracle's parameter can be typed without reaching into `Message`.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type { Conversation }
+
+/**
  * The next assistant turn of a scripted policy: text, tool calls, or both.
  *
  * @category models

@@ -372,7 +372,11 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
   const checked = options.resume === true ? yield* Resume.check(config, options) : Resume.fresh
   const display = Metrics.display({ write, tty, columns: process.stderr.columns ?? 100, everySteps: 5 })
   yield* say(headerLine(task, folder, config, data.train))
-  if (config.model.from !== undefined) yield* say(`starting from the weights of ${config.model.from} (model.from)`)
+  // A resume with a checkpoint starts from that checkpoint's weights (said by the resume), not from model.from's.
+  const resumesCheckpoint = checked.existing.entries.some((e) => e.entry.kind === "checkpoint")
+  if (config.model.from !== undefined && !resumesCheckpoint) {
+    yield* say(`starting from the weights of ${config.model.from} (model.from)`)
+  }
   const rollouts = yield* rolloutsLayer(task, config)
   const telemetry = yield* Telemetry.settings(config.telemetry)
   const summary = yield* TrainLoop.run({

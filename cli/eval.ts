@@ -132,11 +132,24 @@ const resultLine = (result: EvalResult, options: EvalOptions, failures: string |
     "\n"
 }
 
-/** Episode `i` as the model saw it (`--episodes N`). */
-const episodeOf = (i: number, t: Trajectory.Trajectory): string =>
-  `\nepisode ${i + 1} (reward ${t.reward.toFixed(3)}, ${t.termination}` +
-  `${t.episodeEnd === undefined ? "" : ` ${t.episodeEnd}`}${t.error === undefined ? "" : `, ${t.error}`}):\n` +
-  episodeText(t.messages) + "\n"
+/**
+ * Episode `i` as the model saw it (`--episodes N`). A last turn cut inside a tool call lost its unreadable block from
+ * the message view: it is said as what happened (`assistant: [cut by max tokens inside a tool call]`), not as an
+ * empty line.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const episodeOf = (i: number, t: Trajectory.Trajectory): string => {
+  const cut = t.errorReason === "ParseFailed" ? /cut by (.+?) inside a tool call/.exec(t.error ?? "") : null
+  const text = episodeText(t.messages)
+  const body = cut !== null && text.endsWith("\nassistant: ")
+    ? `${text}[cut by ${cut[1]} inside a tool call]`
+    : text
+  return `\nepisode ${i + 1} (reward ${t.reward.toFixed(3)}, ${t.termination}` +
+    `${t.episodeEnd === undefined ? "" : ` ${t.episodeEnd}`}${t.error === undefined ? "" : `, ${t.error}`}):\n` +
+    body + "\n"
+}
 
 /**
  * Runs `agentfly eval`: everything but argument parsing.

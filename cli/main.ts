@@ -13,6 +13,7 @@ import { CliOutput, Command } from "effect/cli"
 import { evaluate } from "./eval.ts"
 import { exportCommand } from "./export.ts"
 import { gateway } from "./gateway.ts"
+import { init } from "./init.ts"
 import { initModel } from "./initModel.ts"
 import { mcp } from "./mcp.ts"
 import { oracle } from "./oracle.ts"
@@ -31,6 +32,7 @@ import { watch } from "./watch.ts"
  * @since 0.1.0
  */
 const subcommands = [
+  init,
   initModel,
   serve,
   rolloutWorker,

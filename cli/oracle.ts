@@ -21,6 +21,7 @@ import { Argument, Command, Flag } from "effect/cli"
 import * as Oracle from "../actors/Oracle.ts"
 import * as Progress from "../actors/Progress.ts"
 import * as Docker from "../actors/resources/Docker.ts"
+import * as Train from "../actors/Train.ts"
 import * as RolloutFigures from "../src/RolloutFigures.ts"
 import * as ChessOracle from "../environments/chess/ChessOracle.ts"
 import * as ChessTask from "../environments/chess/ChessTask.ts"
@@ -125,7 +126,11 @@ export const playRows = Effect.fn("cli.oracle.playRows")(function*(file: string,
     )
   }
   if (config.data.eval === undefined) return yield* Effect.fail(new Error(`${file}: data.eval names no held-out rows`))
-  const data = yield* Dataset.load(config.data.eval, { fields: task.row })
+  // Checked as `train` and `eval` check them: the task's row Schema and the fields its reward reads.
+  const onInvalid = config.data.onInvalidRow
+  const data = yield* Dataset.load(config.data.eval, { onInvalid, fields: task.row, from: "data.eval" }).pipe(
+    Effect.flatMap((ds) => Train.checkRewardFields(task, ds, onInvalid))
+  )
   const played = data.rows.slice(0, rows).map((r) => ({ question: r.question, ...r.fields }))
   let policy = own
   if (policy === undefined && task.name === "chess") ({ task, policy } = chessOracle(config.task, played))

@@ -5,10 +5,11 @@
  * - the tool messages after an assistant message (up to the next one) belong to that turn;
  * - a **tool turn** is an assistant turn that attempted a call: it has `tool_calls`, or its text still contains an
  *   unparsed tool-call marker (`<tool_call>` by default), or an error observation follows it that answers none of
- *   its calls (how the rollout chain reports that the parser could not extract a call);
+ *   its calls (how the rollout chain reports that the parser could not extract a call), or it is the last turn
+ *   of a trajectory that ended `ParseFailed` (a turn cut by max tokens or the context budget inside a call);
  * - a **format error** is an `is_error` observation of the turn that is either a format error of the tool actor
  *   (bad arguments or an unknown tool, recognised by `Tool.formatErrorOf`) or such parser feedback. Failures at
- *   run time (timeouts, handler errors) are not format errors;
+ *   run time (timeouts, handler errors) are not format errors; the cut last turn of a `ParseFailed` ending is one;
  * - a tool turn is **well formed** when it has at least one call and no format error.
  *
  * Reward: well-formed tool turns / tool turns, or 0 when the trajectory has no tool turn (so that not calling
@@ -56,6 +57,14 @@ export const countTurns = (trajectory: Trajectory.Trajectory, marker = "<tool_ca
         current.malformed = true
       }
     }
+  }
+  // A chain that ended on a call it could not parse (a turn cut by max tokens inside `<tool_call>`): its last turn
+  // lost the unreadable block from the message view and nothing answered it, yet it was a failed call.
+  const last = trajectory.messages.at(-1)
+  if (trajectory.errorReason === "ParseFailed" && last?.role === "assistant" && current !== undefined) {
+    formatErrors++
+    current.attempted = true
+    current.malformed = true
   }
   close()
   return { turns, toolTurns, wellFormed, formatErrors }

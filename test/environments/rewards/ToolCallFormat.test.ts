@@ -1,8 +1,11 @@
 import { assert, describe, it } from "@effect/vitest"
-import { Effect } from "effect"
+import { Effect, Stream } from "effect"
+import * as ChainFormat from "../../../actors/ChainFormat.ts"
+import * as Rollout from "../../../actors/Rollout.ts"
 import * as ToolActor from "../../../actors/ToolActor.ts"
 import * as Calculator from "../../../environments/calculator/Calculator.ts"
 import * as ToolCallFormat from "../../../environments/rewards/ToolCallFormat.ts"
+import { ByteTokenizer, ChatTemplate, Sampler, Tokenizer } from "../../../src/index.ts"
 import type { Message } from "../../../src/index.ts"
 import { trajectoryOf } from "../../utils/trajectories.ts"
 
@@ -92,5 +95,37 @@ describe("toolCallFormat", () => {
       const o = yield* score(none)
       assert.strictEqual(o._tag === "Scored" && o.reward, 0)
       assert.strictEqual(o.metrics["reward/toolCallFormat/tool_turns"], 0)
+    }))
+
+  it.effect("a last turn cut by max tokens inside a tool call (the chain's ParseFailed ending) is a malformed turn", () =>
+    Effect.gen(function*() {
+      // The real chain (Qwen2.5 template, hermes parser): a good call, then a turn that runs out inside its call.
+      const tokenizer = yield* Tokenizer.make(ByteTokenizer.tokenizerJson(), ByteTokenizer.tokenizerConfig(""))
+      const format = ChainFormat.fromTemplate({ tokenizer, template: ChatTemplate.builtinTemplate("qwen2.5") })
+      const actor = yield* ToolActor.make([Calculator.calculator])
+      const sampler = Sampler.layerScripted((request) =>
+        tokenizer.encode(
+          tokenizer.decode(request.promptTokenIds).includes("<tool_response>")
+            ? `<tool_call>\n{"name": "calculator", "argu`
+            : `<tool_call>\n{"name": "calculator", "arguments": {"expression": "6*7"}}\n</tool_call><|im_end|>`
+        )
+      )
+      const events = yield* Stream.runCollect(Rollout.run({
+        numChains: 1,
+        maxTurns: 3,
+        sampling: { temperature: 1, maxTokens: 200 },
+        format,
+        tools: ToolActor.toPort(actor),
+        reward: () => Effect.succeed({ reward: 0, status: "scored", metrics: {} }),
+        runId: "r",
+        messages: [{ role: "user", content: "What is 6*7?" }]
+      })).pipe(Effect.provide(sampler))
+      const cut = events.flatMap((e) => (e._tag === "Trajectory" ? [e.trajectory] : []))[0]!
+      assert.strictEqual(cut.errorReason, "ParseFailed")
+      const o = yield* score(cut)
+      // It scored 1.0: the cut turn's unreadable block is not in the message view, and nothing answered it.
+      assert.strictEqual(o._tag === "Scored" && o.reward, 0.5)
+      assert.strictEqual(o.metrics["reward/toolCallFormat/tool_turns"], 2)
+      assert.strictEqual(o.metrics["reward/toolCallFormat/format_errors"], 1)
     }))
 })
