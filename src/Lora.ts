@@ -104,6 +104,9 @@ export const validate = (config: Config, model: ModelConfig.ModelConfig): LoraEr
   if (!Number.isInteger(config.rank) || config.rank < 1) {
     return new LoraError({ message: `model.lora.rank must be a positive integer, got ${config.rank}` })
   }
+  if ((config.dropout ?? 0) > 0) {
+    return new LoraError({ message: `model.lora.dropout ${config.dropout}: only 0 is implemented yet (docs/lora.md)` })
+  }
   return undefined
 }
 
@@ -188,7 +191,8 @@ export const init = (model: ModelConfig.ModelConfig, config: Config): Map<string
 
 /**
  * `W + s · B·A` for every adapted weight of `base` (fresh arrays, accumulated in float64 per element); the other
- * weights are `base`'s own arrays. What `merge_and_unload` computes.
+ * weights are `base`'s own arrays, and adapter tensors in `base` (one map may hold both) are left out. What PEFT's
+ * `merge_and_unload` computes.
  *
  * @category combinators
  * @since 0.1.0
@@ -199,7 +203,7 @@ export const merge = (
   base: ReadonlyMap<string, Float32Array>,
   adapter: ReadonlyMap<string, Float32Array>
 ): Map<string, Float32Array> => {
-  const out = new Map(base)
+  const out = new Map([...base].filter(([name]) => !isAdapterTensor(name)))
   const s = scaling(config), r = config.rank
   for (const site of sites(model, config)) {
     const w = base.get(site.weight), a = adapter.get(site.a), b = adapter.get(site.b)
@@ -222,15 +226,33 @@ export const merge = (
 }
 
 /**
- * Whether `weights` holds an adapter (any tensor named `…lora_A.weight`).
+ * Whether `weights` holds an adapter tensor.
  *
  * @category predicates
  * @since 0.1.0
  */
 export const hasAdapter = (weights: ReadonlyMap<string, unknown>): boolean => {
-  for (const name of weights.keys()) if (name.endsWith(".lora_A.weight")) return true
+  for (const name of weights.keys()) if (isAdapterTensor(name)) return true
   return false
 }
+
+/**
+ * Whether `name` is an adapter tensor's (`…lora_A.weight` / `…lora_B.weight`).
+ *
+ * @category predicates
+ * @since 0.1.0
+ */
+export const isAdapterTensor = (name: string): boolean =>
+  name.endsWith(".lora_A.weight") || name.endsWith(".lora_B.weight")
+
+/**
+ * The adapter's tensors of `weights` (a LoRA trainer's weights hold the base by reference, then the adapter).
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const adapterOf = (weights: ReadonlyMap<string, Float32Array>): Map<string, Float32Array> =>
+  new Map([...weights].filter(([name]) => isAdapterTensor(name)))
 
 // ===== PEFT files =====
 

@@ -129,7 +129,8 @@ export const qwen2Value = (config: ModelConfig.ModelConfig): Model => ({
  * `base_model_name_or_path`.
  *
  * **Gotchas** The output head is the plain one (the head is frozen, so `ChunkedHead`, which chunks a trained
- * head's gradient, does not apply); data-parallel workers are refused (each would need the base).
+ * head's gradient, does not apply). With `workers > 1` each worker thread holds a private copy of the base
+ * (onnxruntime-node feeds no shared memory): one copy a worker, made once when the threads start.
  *
  * @category constructors
  * @since 0.1.0
@@ -418,6 +419,8 @@ interface Trainer {
   weightsVersion: number
   /** Graphs by shard shape, most recently used last; at least 2 (one call uses up to 2 shard sizes). */
   readonly graphs: Map<string, GraphEntry>
+  /** The model's frozen inputs' names (none without LoRA). */
+  readonly frozenNames: ReadonlySet<string>
 }
 
 // ----- Graphs and sessions -----
@@ -624,6 +627,11 @@ const usePool = Effect.fnUntraced(function*(trainer: Trainer) {
     }
   }
   if (trainer.pool !== undefined) return trainer.pool
+  // onnxruntime-node takes no SharedArrayBuffer tensors: each worker holds its own copy of a frozen base.
+  const frozen = trainer.model.frozen
+  const frozenFeeds = frozen === undefined ? undefined : Object.fromEntries(frozen.parameters.map((p) =>
+    [p.name, { type: "float32", data: frozen.weights.get(p.name)!, dims: p.shape } satisfies TrainerWorker.Feed]
+  ))
   const p = yield* TrainerPool.start(Array.from({ length: workers }, (_, index) => ({
     index,
     layout,
@@ -633,7 +641,8 @@ const usePool = Effect.fnUntraced(function*(trainer: Trainer) {
     accum: shared!.accum,
     grads: shared!.grads,
     slice: [Math.floor(layout.total * index / workers), Math.floor(layout.total * (index + 1) / workers)] as const,
-    sessionOptions: trainer.sessionOptions
+    sessionOptions: trainer.sessionOptions,
+    ...(frozenFeeds === undefined ? {} : { frozen: frozenFeeds })
   })), () => trainer.liveThreads--)
   trainer.liveThreads += p.size
   trainer.pool = p
@@ -692,7 +701,9 @@ const runShards = Effect.fnUntraced(function*(trainer: Trainer, mb: Packing.Micr
         trainer.compiledOn[j]!.add(key)
       }
       const plain: Record<string, TrainerWorker.Feed> = {}
-      for (const [name, t] of Object.entries(batchFeeds(trainer.model, graph, pieces[j]!))) plain[name] = toFeed(t)
+      for (const [name, t] of Object.entries(batchFeeds(trainer.model, graph, pieces[j]!))) {
+        if (!trainer.frozenNames.has(name)) plain[name] = toFeed(t) // the workers hold the frozen inputs
+      }
       const accumulate = !withGradients ? "none" : shardsAccumulated[j] === 0 ? "set" : "add"
       const version = trainer.weightsVersion
       const out = yield* p.request(j, { op: "run", key, version, feeds: plain, accumulate })
@@ -839,9 +850,6 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
   if (!(Number.isInteger(workers) && workers >= 1)) {
     return yield* fail("Session", `workers must be a positive integer, got ${workers}`)
   }
-  if (model.frozen !== undefined && workers > 1) {
-    return yield* fail("Session", `workers: ${workers} with frozen weights (LoRA): each worker would need the base`)
-  }
   for (const { name, shape } of model.frozen?.parameters ?? []) {
     const w = model.frozen!.weights.get(name)
     const n = shape.reduce((a, b) => a * b, 1)
@@ -888,7 +896,8 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
     shardsAccumulated,
     everyWorker: shardsAccumulated.map((_, j) => j),
     weightsVersion: 0,
-    graphs: new Map()
+    graphs: new Map(),
+    frozenNames: new Set(model.frozen?.parameters.map((p) => p.name) ?? [])
   }
   yield* Scope.addFinalizer(trainer.scope, dropPool(trainer))
 
