@@ -275,7 +275,7 @@ const setupOf = Effect.fnUntraced(function*(
   // With LoRA the learner trains the adapter alone, on the folder's weights as its frozen base (`docs/lora.md`).
   const model = lora === undefined
     ? OnnxTrainer.qwen2(folder.config)
-    : OnnxTrainer.qwen2Lora(folder.config, lora, folder.weights, config.model.path)
+    : OnnxTrainer.qwen2Lora(folder.config, lora, folder.weights, config.model.from ?? config.model.path)
   const setup: Setup = {
     folder,
     config,

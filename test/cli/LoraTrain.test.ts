@@ -9,8 +9,13 @@ import { Effect } from "effect"
 import { existsSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
+import * as Export from "../../cli/export.ts"
 import * as Train from "../../cli/train.ts"
 import * as Generate from "../../examples/calculator/generate.ts"
+import * as Checkpoint from "../../src/Checkpoint.ts"
+import * as Lora from "../../src/Lora.ts"
+import * as Qwen2 from "../../src/model/Qwen2.ts"
+import * as ModelFolder from "../../src/ModelFolder.ts"
 import * as Safetensors from "../../src/Safetensors.ts"
 import { agentfly, calculatorRun } from "../utils/agentfly.ts"
 
@@ -79,7 +84,8 @@ describe("agentfly train with model.lora", () => {
       assert.strictEqual(adapterConfig.r, 4)
       assert.strictEqual(adapterConfig.lora_alpha, 8)
       assert.deepStrictEqual(adapterConfig.target_modules, lora.targets)
-      assert.strictEqual(adapterConfig.base_model_name_or_path, join(dir, "model"))
+      // The base is what the run started from (`model.from`, a full fine-tuning warm-up's checkpoint).
+      assert.strictEqual(adapterConfig.base_model_name_or_path, warmBase)
       const warmup = readFileSync(join(dir, "a", "metrics.jsonl"), "utf8").split("\n").filter((l) => l.includes("warmup/loss"))
       assert.strictEqual(warmup.length, 3) // the SFT warm-up trained the adapter
       const header = yield* Safetensors.readHeader(join(ckpt, "adapter_model.safetensors"))
@@ -90,6 +96,19 @@ describe("agentfly train with model.lora", () => {
       assert.deepStrictEqual([...model.tensors.keys()].sort(), [...header.tensors.keys()].sort())
       const optimizer = yield* Safetensors.readHeader(join(ckpt, "optimizer.safetensors"))
       assert.strictEqual(optimizer.tensors.size, 2 * header.tensors.size)
+
+      // `agentfly export` merges the adapter into that base: W + (alpha/r)·B·A.
+      const out = join(dir, "merged")
+      yield* Export.exportModel({ modelDir: ckpt, format: "hf", dtype: "f32", out })
+      const exported = yield* ModelFolder.load(out)
+      const folder = yield* ModelFolder.load(join(dir, "model"))
+      const base = (yield* Checkpoint.load(warmBase, Qwen2.parameters(folder.config))).weights
+      const read = yield* Lora.load(ckpt, folder.config)
+      const expected = Lora.merge(folder.config, read.config, base, read.adapter)
+      const q = "model.layers.0.self_attn.q_proj.weight"
+      assert.deepStrictEqual(exported.weights.get(q), expected.get(q))
+      assert.notDeepEqual(exported.weights.get(q), base.get(q))
+      assert.deepStrictEqual(exported.weights.get("model.norm.weight"), base.get("model.norm.weight"))
 
       // kill -9 once step 2's checkpoint is complete, then resume: the same weights as the unbroken run.
       const killed = yield* agentfly(
