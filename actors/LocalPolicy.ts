@@ -18,6 +18,7 @@
  */
 import { Context, Effect, FileSystem, Layer, Path, Scope } from "effect"
 import * as Dataset from "../src/Dataset.ts"
+import * as Lora from "../src/Lora.ts"
 import * as Loss from "../src/Loss.ts"
 import * as LrSchedule from "../src/LrSchedule.ts"
 import type * as ModelFolder from "../src/ModelFolder.ts"
@@ -293,7 +294,14 @@ const setupOf = Effect.fnUntraced(function*(
   intraOpThreads: number
 ) {
   const { algorithm } = config
-  const model = OnnxTrainer.qwen2(folder.config)
+  const lora = config.model.lora
+  const refused = lora === undefined ? undefined : Lora.validate(lora, folder.config)?.message ??
+    (config.learner.url === undefined ? undefined : "model.lora with learner.url: a trainer server trains full weights")
+  if (refused !== undefined) return yield* runError("Learner", refused)
+  // With LoRA the learner trains the adapter alone, on the folder's weights as its frozen base (`docs/lora.md`).
+  const model = lora === undefined
+    ? OnnxTrainer.qwen2(folder.config)
+    : OnnxTrainer.qwen2Lora(folder.config, lora, folder.weights, config.model.from ?? config.model.path)
   const setup: Setup = {
     folder,
     config,

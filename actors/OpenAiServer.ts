@@ -46,6 +46,11 @@
  * run they must increase (else 409 `stale_policy_version`), and another run's push replaces the weights whatever
  * its version. A bad body is a 400 naming the tensor, a missing or wrong bearer token (when one is set) a 401.
  *
+ * **LoRA adapters** (`internal/openAiServerAdapters.ts`, with `acceptWeights` and {@link Options} `loraBase`): vLLM's
+ * `POST /v1/load_lora_adapter` / `unload_lora_adapter` (`{ lora_name, lora_path }`, a PEFT folder on this machine);
+ * a request whose `model` names a loaded adapter samples with it, and its response carries `lora_adapter: { name,
+ * digest, policy_version }` so that a trainer can check it sampled what it published.
+ *
  * **Strangers** ({@link Options} `token`, `internal/auth.ts`): with a token, every route answers 401 to a request
  * without it, before its body is read; at most `maxConcurrent` requests are answered at once (503 past it). Without a
  * token the server listens on loopback only.
@@ -67,6 +72,7 @@ import * as Safetensors from "../src/Safetensors.ts"
 import * as Auth from "./internal/auth.ts"
 import * as HttpActor from "./internal/http.ts"
 import * as Fair from "./internal/fairScheduler.ts"
+import * as Adapters from "./internal/openAiServerAdapters.ts"
 import * as Answers from "./internal/openAiServerAnswers.ts"
 import * as State from "./internal/openAiServerState.ts"
 import * as Wire from "./internal/openAiWire.ts"
@@ -126,6 +132,11 @@ export interface Options {
    * request must carry `Authorization: Bearer <token>`.
    */
   readonly acceptWeights?: { readonly token?: string | undefined } | undefined
+  /**
+   * The base weights LoRA adapters are merged into (`POST /v1/load_lora_adapter`, with `acceptWeights`): the model
+   * folder's. Without them a load is refused.
+   */
+  readonly loraBase?: Qwen2.Weights | undefined
   /**
    * Bearer token(s) every route requires (`AGENTFLY_SERVE_TOKEN` or `agentfly serve --token-file`), checked in
    * constant time before anything else; the weights token (`acceptWeights.token`, `AGENTFLY_WEIGHTS_TOKEN`) is
@@ -224,11 +235,13 @@ const putWeights = Effect.fnUntraced(function*(state: State.ServerState, req: Ht
 
 // ===== Routes =====
 
-const checkModel = (state: State.ServerState, body: unknown): Effect.Effect<void, Wire.ApiError> => {
+/** The state a request samples with: the base's, or a loaded LoRA adapter's that its `model` names. */
+const stateFor = (state: State.ServerState, body: unknown): Effect.Effect<State.ServerState, Wire.ApiError> => {
   const name = (body as { model?: unknown } | null)?.model
-  const served = state.model.name
-  if (typeof name !== "string" || name === served) return Effect.void
-  const message = `model ${JSON.stringify(name)} does not exist; this server has ${JSON.stringify(served)}`
+  const target = Adapters.stateFor(state, name)
+  if (target !== undefined) return Effect.succeed(target)
+  const served = [state.model.name, ...state.adapters.loaded.keys()].map((n) => JSON.stringify(n)).join(", ")
+  const message = `model ${JSON.stringify(name)} does not exist; this server has ${served}`
   return Effect.fail(new Wire.ApiError({ status: 404, message, param: "model", code: "model_not_found" }))
 }
 
@@ -237,7 +250,10 @@ const models = Effect.fnUntraced(function*(state: State.ServerState) {
   const version = yield* State.currentLabel(state)
   return {
     object: "list",
-    data: [{ id: state.model.name, object: "model", created, owned_by: "agentfly", policy_version: version }]
+    data: [
+      { id: state.model.name, object: "model", created, owned_by: "agentfly", policy_version: version },
+      ...Adapters.modelEntries(state, created)
+    ]
   }
 })
 
@@ -253,11 +269,11 @@ const sampling = (
   req.method !== "POST" ?
     Effect.fail(Wire.notAllowed(req.method ?? "GET", path, "POST")) :
     Wire.readJson(req, state.limits.maxBodyBytes).pipe(
-      Effect.tap((body) => checkModel(state, body)),
       Effect.flatMap((body) =>
-        (body as { stream?: unknown } | null)?.stream === true ?
-          stream(state, body, res) :
-          Effect.flatMap(whole(state, body), (value) => Wire.sendJson(res, 200, value))
+        Effect.flatMap(stateFor(state, body), (target) =>
+          (body as { stream?: unknown } | null)?.stream === true ?
+            stream(target, body, res) :
+            Effect.flatMap(whole(target, body), (value) => Wire.sendJson(res, 200, Adapters.stamp(target, value))))
       )
     )
 
@@ -276,6 +292,10 @@ const route = (
       return Effect.flatMap(models(state), (value) => Wire.sendJson(res, 200, value))
     case "/v1/weights":
       return Effect.flatMap(putWeights(state, req), (value) => Wire.sendJson(res, 200, value))
+    case "/v1/load_lora_adapter":
+      return Effect.flatMap(Adapters.load(state, req), (value) => Wire.sendJson(res, 200, value))
+    case "/v1/unload_lora_adapter":
+      return Effect.flatMap(Adapters.unload(state, req), (value) => Wire.sendJson(res, 200, value))
     case "/v1/completions":
       return sampling(state, req, res, path, Answers.completions, Answers.completionsStream)
     case "/v1/chat/completions":
@@ -317,7 +337,8 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
     pushing: yield* Semaphore.make(1),
     parameters,
     maxWeightBytes: parameters.reduce((n, p) => n + 4 * p.shape.reduce((a, b) => a * b, 1), 0) + (1 << 20),
-    ids: 0,
+    counter: { ids: 0 },
+    adapters: { base: options.loraBase, scope: yield* Effect.scope, loaded: new Map(), maxBatchSize: limits.maxRunning },
     auth,
     weightsAuth: weightsToken === undefined || weightsToken === "" ? undefined : Auth.tokens([weightsToken]),
     gate: Auth.gate(limits.maxConcurrent)

@@ -6,7 +6,9 @@
  * `tokenizer_config.json` with the chat template, `generation_config.json`).
  *
  * SOURCE is a model folder, a run's output directory (its newest checkpoint, on the model its `config.json` names)
- * or one of its checkpoints (`RUN/checkpoints/step-NNNNNN`); `--checkpoint` names the checkpoint explicitly.
+ * or one of its checkpoints (`RUN/checkpoints/step-NNNNNN`); `--checkpoint` names the checkpoint explicitly. A LoRA
+ * run's checkpoint (a PEFT adapter folder) is merged into its base, `W + (alpha/r)·B·A`, as PEFT's
+ * `merge_and_unload` does; `--adapter DIR` merges any PEFT LoRA adapter folder into the source's weights.
  *
  * Everything is read and checked before anything is written, and the output is written under a temporary name and
  * renamed when complete: a refusal or a failure leaves no half-written output.
@@ -18,6 +20,7 @@ import { Argument, Command, Flag } from "effect/cli"
 import type { PlatformError } from "effect/PlatformError"
 import * as Journal from "../actors/Journal.ts"
 import * as Gguf from "../src/Gguf.ts"
+import * as Lora from "../src/Lora.ts"
 import * as ModelConfig from "../src/model/ModelConfig.ts"
 import * as Qwen2 from "../src/model/Qwen2.ts"
 import * as ModelFolder from "../src/ModelFolder.ts"
@@ -57,6 +60,11 @@ export interface ExportOptions {
   readonly dtype?: DType | undefined
   /** Replace an existing output (refused otherwise). */
   readonly overwrite?: boolean | undefined
+  /**
+   * A PEFT LoRA adapter folder (`adapter_config.json`, `adapter_model.safetensors`) merged into the source's weights
+   * before writing. A LoRA run's checkpoint is an adapter folder itself: its adapter is merged without this.
+   */
+  readonly adapter?: string | undefined
 }
 
 /**
@@ -174,15 +182,34 @@ const resolveSource = Effect.fnUntraced(function*(options: ExportOptions) {
   return { modelDir: source, checkpoint: undefined }
 })
 
-/** The folder's model, with the checkpoint's weights when one is given (checked against the run's journal). */
+/**
+ * The folder's model, with the checkpoint's weights when one is given (checked against the run's journal). A LoRA
+ * run's checkpoint holds the adapter alone: it is merged into the base its `adapter_config.json` names (a checkpoint
+ * when the run started from one with `model.from`, else the folder). `adapter`, a PEFT folder, is merged last.
+ */
 const loadModel = Effect.fnUntraced(function*(source: {
   readonly modelDir: string
   readonly checkpoint: string | undefined
-}) {
+}, adapter: string | undefined) {
+  const fs = yield* FileSystem.FileSystem
   const folder = yield* ModelFolder.load(source.modelDir)
-  if (source.checkpoint === undefined) return { folder, weights: folder.weights }
-  const loaded = yield* Journal.verifiedCheckpoint(source.checkpoint, Qwen2.parameters(folder.config))
-  return { folder, weights: loaded.weights as Qwen2.Weights }
+  const verified = (dir: string) =>
+    Effect.map(Journal.verifiedCheckpoint(dir, Qwen2.parameters(folder.config)), (l) => l.weights as Qwen2.Weights)
+  let weights: Qwen2.Weights = folder.weights
+  const checkpoint = source.checkpoint
+  if (checkpoint !== undefined && (yield* fs.exists(`${checkpoint}/adapter_config.json`))) {
+    const read = yield* Lora.load(checkpoint, folder.config)
+    const trained = yield* Journal.verifiedCheckpoint(checkpoint, Lora.parameters(folder.config, read.config))
+    const base = read.baseModel !== undefined && (yield* fs.exists(`${read.baseModel}/trainer_state.json`))
+      ? yield* verified(read.baseModel)
+      : folder.weights
+    weights = Lora.merge(folder.config, read.config, base, trained.weights)
+  } else if (checkpoint !== undefined) weights = yield* verified(checkpoint)
+  if (adapter !== undefined) {
+    const read = yield* Lora.load(adapter, folder.config)
+    weights = Lora.merge(folder.config, read.config, weights, read.adapter)
+  }
+  return { folder, weights }
 })
 
 const readJson = Effect.fnUntraced(function*(file: string) {
@@ -274,7 +301,7 @@ export const exportModel = Effect.fn("export")(function*(options: ExportOptions)
   const dtype = yield* dtypeOf(options)
   yield* checkOutput(options)
   const source = yield* resolveSource(options)
-  const { folder, weights } = yield* loadModel(source)
+  const { folder, weights } = yield* loadModel(source, options.adapter)
   const partial = `${options.out}.export-partial`
   const write = options.format === "gguf" ? writeGguf : writeHf
   const written = yield* write(options, folder, weights, dtype).pipe(
@@ -282,7 +309,8 @@ export const exportModel = Effect.fn("export")(function*(options: ExportOptions)
   )
   const c = folder.config
   return `wrote ${options.out}: ${written}; ${c.modelType}, ${c.numHiddenLayers} layers, width ${c.hiddenSize}, ` +
-    `vocab ${c.vocabSize}` + (source.checkpoint === undefined ? "" : `, weights of ${source.checkpoint}`)
+    `vocab ${c.vocabSize}` + (source.checkpoint === undefined ? "" : `, weights of ${source.checkpoint}`) +
+    (options.adapter === undefined ? "" : `, merged with the adapter ${options.adapter}`)
 })
 
 /**
@@ -312,12 +340,17 @@ export const exportCommand = Command.make(
     overwrite: Flag.Boolean("overwrite").pipe(
       Flag.withDescription("Replace an existing output"),
       Flag.withDefault(false)
+    ),
+    adapter: Flag.Directory("adapter").pipe(
+      Flag.withDescription("A PEFT LoRA adapter folder to merge into the weights (a LoRA run's checkpoint is merged anyway)"),
+      Flag.optional
     )
   },
-  Effect.fn("exportCommand")(function*({ modelDir, checkpoint, format, out, dtype, overwrite }) {
+  Effect.fn("exportCommand")(function*({ modelDir, checkpoint, format, out, dtype, overwrite, adapter }) {
     const line = yield* exportModel({
       modelDir,
       checkpoint: Option.getOrUndefined(checkpoint),
+      adapter: Option.getOrUndefined(adapter),
       format,
       out,
       dtype: Option.getOrUndefined(dtype),

@@ -134,7 +134,7 @@ export const serve = Command.make(
       renderTools: !omitToolSchemas,
       // The weights token is a token of this server (folded in): without --accept-weights it guards sampling too.
       token: acceptWeights || token === undefined ? tokens : [...tokens, token],
-      ...(acceptWeights ? { acceptWeights: { token } } : {}),
+      ...(acceptWeights ? { acceptWeights: { token }, loraBase: trained?.weights ?? folder.weights } : {}),
       ...rest
     }
     const server = yield* OpenAiServer.make(folder, options).pipe(

@@ -240,6 +240,12 @@ export const firstNonFinite = (
 export interface SaveOptions {
   /** Shard size limit of the weight and optimizer files (default 2 GB; tests set it low to exercise shards). */
   readonly maxShardBytes?: number
+  /**
+   * A LoRA run's adapter settings (`adapter_config.json`'s contents): the weights, which are then the adapter's
+   * tensors under PEFT's names, are also written as PEFT's `adapter_model.safetensors` beside that file, so the
+   * checkpoint folder loads in PEFT, vLLM and SGLang as it is.
+   */
+  readonly adapterConfig?: Readonly<Record<string, unknown>>
 }
 
 /** A write failure of the tensor files, at the file it names: `DiskFull` when the disk is, else `Io`. */
@@ -275,6 +281,14 @@ export const save = Effect.fn("Checkpoint.save")(function*(dir: string, state: S
     Effect.mapError(writeError)
   )
   yield* Safetensors.writeSharded(dir, "optimizer", moments, shards).pipe(Effect.mapError(writeError))
+  if (options.adapterConfig !== undefined) {
+    yield* Safetensors.writeSharded(dir, "adapter_model", state.weights, { ...shards, metadata: { format: "pt" } })
+      .pipe(Effect.mapError(writeError))
+    const config = `${dir}/adapter_config.json`
+    yield* fs.writeFileString(config, JSON.stringify(options.adapterConfig, null, 2) + "\n").pipe(
+      Effect.mapError(io(config))
+    )
+  }
   const json = JSON.stringify({
     format: "agentfly-checkpoint/1",
     step: state.optimizer.step,

@@ -22,6 +22,7 @@ import * as Advantage from "./Advantage.ts"
 import * as ContextPolicy from "./ContextPolicy.ts"
 import * as Distillation from "./Distillation.ts"
 import * as SchemaIssues from "./internal/schemaIssues.ts"
+import * as Lora from "./Lora.ts"
 import * as ModelPresets from "./model/ModelConfig.ts"
 import { isModulePath, isNotFound, loadProblem, Ref as TaskRef } from "./Task.ts"
 
@@ -72,7 +73,12 @@ export const ModelConfig = Schema.Struct({
    * (checked as `agentfly eval --checkpoint` checks one: shapes, finite values, its run's journal); the folder still
    * gives the architecture, tokenizer and template. One warm-up shared by several RL variants, for instance.
    */
-  from: Schema.optionalKey(Schema.String)
+  from: Schema.optionalKey(Schema.String),
+  /**
+   * LoRA adapters (`docs/lora.md`): `{ rank, alpha, dropout?, targets }`, targets by module name (`q_proj` …
+   * `down_proj`). Only the adapters train; the base stays frozen. Absent: full fine-tuning.
+   */
+  lora: Schema.optionalKey(Lora.Config)
 })
 
 /**

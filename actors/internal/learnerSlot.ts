@@ -10,6 +10,7 @@
  */
 import { Effect, Exit, Scope } from "effect"
 import * as Checkpoint from "../../src/Checkpoint.ts"
+import * as Lora from "../../src/Lora.ts"
 import * as Loss from "../../src/Loss.ts"
 import * as LrSchedule from "../../src/LrSchedule.ts"
 import * as OnnxTrainer from "../../src/backends/OnnxTrainer.ts"
@@ -145,10 +146,11 @@ export const summary = (slot: Slot): Effect.Effect<RemoteTrainer.Summary, RunErr
     const current = slot.setup.remote?.current
     const computed = current !== undefined
       ? Effect.mapError(current.summary, learnerError)
-      : Effect.map(weights(slot), (w) => ({
-        fingerprint: Checkpoint.fingerprint(w),
-        nonFinite: Checkpoint.firstNonFinite(w)
-      }))
+      : Effect.map(weights(slot), (all) => {
+        // A LoRA learner's weights hold the frozen base too: what it trains, saves and journals is the adapter.
+        const w = Lora.hasAdapter(all) ? Lora.adapterOf(all) : all
+        return { fingerprint: Checkpoint.fingerprint(w), nonFinite: Checkpoint.firstNonFinite(w) }
+      })
     return Effect.tap(computed, (s) => Effect.sync(() => (slot.summary = s)))
   })
 

@@ -8,7 +8,8 @@
  * what a batch samples then depends on its own requests only.
  */
 import { Effect, Scope, Semaphore } from "effect"
-import type * as Qwen2 from "../../src/model/Qwen2.ts"
+import * as Lora from "../../src/Lora.ts"
+import * as Qwen2 from "../../src/model/Qwen2.ts"
 import type * as GradientBackend from "../../src/GradientBackend.ts"
 import { Sampler, samplerError } from "../../src/Sampler.ts"
 import * as EngineThread from "../EngineThread.ts"
@@ -56,7 +57,8 @@ export const make = Effect.fnUntraced(function*(setup: Setup, options: { readonl
   // Inference servers sample instead of local engines when the run lists them (`engine.servers`).
   const servers = config.engine.servers === undefined ? undefined : yield* InferenceServers.make({
     urls: config.engine.servers,
-    parameters: setup.model.parameters,
+    // A LoRA run's servers get the merged weights (`forEngine`), all of them.
+    parameters: config.model.lora === undefined ? setup.model.parameters : Qwen2.parameters(folder.config),
     token: process.env["AGENTFLY_WEIGHTS_TOKEN"] || undefined,
     carrier: weightless ? RemoteLearner.carrier(remote!) : undefined,
     timeoutMs: config.engine.timeoutSeconds === undefined ? undefined : config.engine.timeoutSeconds * 1000
@@ -80,10 +82,19 @@ export const make = Effect.fnUntraced(function*(setup: Setup, options: { readonl
 /** The newest published version. */
 export const newest = (versions: Versions): Published => versions.published[versions.published.length - 1]!
 
+/**
+ * The weights an engine decodes with: a LoRA learner's (the base by reference and the adapter) merged, `W + s·B·A`,
+ * so that the engine runs the plain graph at the plain graph's speed; anything else as it is.
+ */
+export const forEngine = (setup: Setup, weights: Qwen2.Weights): Qwen2.Weights => {
+  const lora = setup.config.model.lora
+  return lora === undefined || !Lora.hasAdapter(weights) ? weights : Lora.merge(setup.folder.config, lora, weights, weights)
+}
+
 const engineOf = (versions: Versions, version: number, weights: Qwen2.Weights) =>
   (versions.engineThread?.make ?? PolicyEngine.make)({
     config: versions.setup.folder.config,
-    weights,
+    weights: forEngine(versions.setup, weights),
     version,
     maxBatchSize: versions.maxBatchSize
   }).pipe(Effect.mapError(learnerError))
@@ -106,7 +117,8 @@ export const publish = Effect.fnUntraced(function*(
   if (version === last.version) return
   const taken = versions.weightless ? undefined : changed ? (yield* weights) as Qwen2.Weights : last.weights
   if (versions.servers !== undefined) {
-    yield* versions.servers.push(version, taken).pipe(Effect.mapError(wrap("Servers")))
+    const pushed = taken === undefined ? undefined : forEngine(versions.setup, taken)
+    yield* versions.servers.push(version, pushed).pipe(Effect.mapError(wrap("Servers")))
   }
   versions.published.push({ version, weights: taken })
   if (versions.published.length > versions.retained) versions.published.shift()
@@ -134,7 +146,8 @@ const ambientSampler = (versions: Versions) =>
     if (servers !== undefined) {
       // Before the run's first push the servers hold no weights of this run: the newest version goes first.
       if ((yield* servers.pushed) === undefined) {
-        yield* servers.push(version, weights).pipe(Effect.mapError(wrap("Servers")))
+        const pushed = weights === undefined ? undefined : forEngine(versions.setup, weights)
+        yield* servers.push(version, pushed).pipe(Effect.mapError(wrap("Servers")))
       }
       return servers.sampler(version)
     }
@@ -145,7 +158,9 @@ const ambientSampler = (versions: Versions) =>
       )
       versions.ambient = { engine, sampler: prefillAlone(engine) }
     } else if ((yield* versions.ambient.engine.policyVersion) < version) {
-      yield* versions.ambient.engine.updateWeights(version, weights!).pipe(Effect.mapError(learnerError))
+      yield* versions.ambient.engine.updateWeights(version, forEngine(versions.setup, weights!)).pipe(
+        Effect.mapError(learnerError)
+      )
     }
     return versions.ambient.sampler
   }))

@@ -15,6 +15,7 @@ import type { GenerateRequest, GenerateResult } from "../../src/Sampler.ts"
 import type * as Tokenizer from "../../src/Tokenizer.ts"
 import type { PolicyEngine } from "../PolicyEngine.ts"
 import type * as Auth from "./auth.ts"
+import type * as Adapters from "./openAiServerAdapters.ts"
 import * as Fair from "./fairScheduler.ts"
 import { ApiError, samplerError } from "./openAiWire.ts"
 import { encodeWithin, overContext, tooManyTokens } from "./promptBudget.ts"
@@ -79,8 +80,12 @@ export interface ServerState {
   readonly parameters: ReadonlyArray<Qwen2.ParameterSpec>
   /** Every parameter's float32 bytes, plus room for the safetensors header. */
   readonly maxWeightBytes: number
-  /** The last response id's number. */
-  ids: number
+  /** The last response id's number (an object: request views of the state share it). */
+  readonly counter: { ids: number }
+  /** LoRA adapters loaded over `POST /v1/load_lora_adapter` (`openAiServerAdapters.ts`). */
+  readonly adapters: Adapters.Adapters
+  /** In a request's view of the state: the adapter it samples with. */
+  readonly adapter?: Adapters.Adapter | undefined
   /** Tokens any route takes: the server's own and the weights token (`internal/auth.ts`). */
   readonly auth: Auth.Tokens
   /** The weights token alone, when set: only it may replace the weights. */
@@ -94,7 +99,7 @@ export interface ServerState {
  * @category constructors
  * @since 0.1.0
  */
-export const nextId = (state: ServerState, prefix: string): string => `${prefix}-${++state.ids}`
+export const nextId = (state: ServerState, prefix: string): string => `${prefix}-${++state.counter.ids}`
 
 /**
  * Now, in seconds (OpenAI's `created`).

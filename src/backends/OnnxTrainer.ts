@@ -32,6 +32,7 @@ import * as ort from "onnxruntime-node"
 import * as Autodiff from "../autodiff/Autodiff.ts"
 import * as Checkpoint from "../Checkpoint.ts"
 import * as Loss from "../Loss.ts"
+import * as Lora from "../Lora.ts"
 import * as LrSchedule from "../LrSchedule.ts"
 import type * as ModelConfig from "../model/ModelConfig.ts"
 import * as Qwen2 from "../model/Qwen2.ts"
@@ -58,6 +59,18 @@ export interface Model {
   /** The forward of micro-batches with shared prompts (`Packing.MicroBatch.prefix`); absent = not supported. */
   readonly sharedForward?: (() => Autodiff.Forward) | undefined
   readonly inputs: (batch: Packing.MicroBatch) => Record<string, ort.Tensor>
+  /**
+   * Weights the graph reads as inputs but never trains (a LoRA run's base, fed by `inputs`): held once, never
+   * copied, and included by reference in the trainer's `weights`.
+   */
+  readonly frozen?: {
+    readonly parameters: ReadonlyArray<{ readonly name: string; readonly shape: ReadonlyArray<number> }>
+    readonly weights: GradientBackend.Weights
+  }
+  /** Starting values of the parameters that `Options.weights` lacks (a fresh LoRA adapter). */
+  readonly initial?: GradientBackend.Weights
+  /** With LoRA, checkpoints also hold the adapter in PEFT's layout (`adapter_config.json`'s contents). */
+  readonly adapterConfig?: Readonly<Record<string, unknown>>
 }
 
 /**
@@ -107,6 +120,43 @@ export const qwen2Value = (config: ModelConfig.ModelConfig): Model => ({
   sharedForward: () => Qwen2.sharedPrefixGraph(config, "value"),
   inputs: qwen2(config).inputs
 })
+
+/**
+ * The Qwen2 model with LoRA adapters (`Lora.ts`) on `settings.targets`: the parameters are the adapter's alone
+ * (PEFT's names), so only they get gradients and AdamW moments; the base is a frozen graph input fed from `base`'s
+ * own arrays (the `ort.Tensor`s wrap them: nothing is copied per step). Fresh adapters start as PEFT's do (`B` = 0:
+ * the model's function is the base's). `baseModel` is what `adapter_config.json` names as
+ * `base_model_name_or_path`.
+ *
+ * **Gotchas** The output head is the plain one (the head is frozen, so `ChunkedHead`, which chunks a trained
+ * head's gradient, does not apply). With `workers > 1` each worker thread holds a private copy of the base
+ * (onnxruntime-node feeds no shared memory): one copy a worker, made once when the threads start.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const qwen2Lora = (
+  config: ModelConfig.ModelConfig,
+  settings: Lora.Config,
+  base: GradientBackend.Weights,
+  baseModel: string
+): Model => {
+  const plain = qwen2(config)
+  const frozen = Qwen2.parameters(config)
+  let tensors: Record<string, ort.Tensor> | undefined
+  const baseTensors = () =>
+    tensors ??= Object.fromEntries(frozen.map((p) => [p.name, new ort.Tensor("float32", base.get(p.name)!, p.shape)]))
+  return {
+    parameters: Lora.parameters(config, settings),
+    vocabSize: config.vocabSize,
+    forward: () => Qwen2.trainingGraph(config, "lm", settings),
+    sharedForward: () => Qwen2.sharedPrefixGraph(config, "lm", settings),
+    inputs: (mb) => ({ ...plain.inputs(mb), ...baseTensors() }),
+    frozen: { parameters: frozen, weights: base },
+    initial: Lora.init(config, settings),
+    adapterConfig: Lora.adapterConfig(settings, baseModel)
+  }
+}
 
 const prefixInputs = (prefix: Packing.Prefix): Record<string, ort.Tensor> => {
   const dims = [prefix.batch, prefix.length]
@@ -369,6 +419,8 @@ interface Trainer {
   weightsVersion: number
   /** Graphs by shard shape, most recently used last; at least 2 (one call uses up to 2 shard sizes). */
   readonly graphs: Map<string, GraphEntry>
+  /** The model's frozen inputs' names (none without LoRA). */
+  readonly frozenNames: ReadonlySet<string>
 }
 
 // ----- Graphs and sessions -----
@@ -575,6 +627,11 @@ const usePool = Effect.fnUntraced(function*(trainer: Trainer) {
     }
   }
   if (trainer.pool !== undefined) return trainer.pool
+  // onnxruntime-node takes no SharedArrayBuffer tensors: each worker holds its own copy of a frozen base.
+  const frozen = trainer.model.frozen
+  const frozenFeeds = frozen === undefined ? undefined : Object.fromEntries(frozen.parameters.map((p) =>
+    [p.name, { type: "float32", data: frozen.weights.get(p.name)!, dims: p.shape } satisfies TrainerWorker.Feed]
+  ))
   const p = yield* TrainerPool.start(Array.from({ length: workers }, (_, index) => ({
     index,
     layout,
@@ -584,7 +641,8 @@ const usePool = Effect.fnUntraced(function*(trainer: Trainer) {
     accum: shared!.accum,
     grads: shared!.grads,
     slice: [Math.floor(layout.total * index / workers), Math.floor(layout.total * (index + 1) / workers)] as const,
-    sessionOptions: trainer.sessionOptions
+    sessionOptions: trainer.sessionOptions,
+    ...(frozenFeeds === undefined ? {} : { frozen: frozenFeeds })
   })), () => trainer.liveThreads--)
   trainer.liveThreads += p.size
   trainer.pool = p
@@ -643,7 +701,9 @@ const runShards = Effect.fnUntraced(function*(trainer: Trainer, mb: Packing.Micr
         trainer.compiledOn[j]!.add(key)
       }
       const plain: Record<string, TrainerWorker.Feed> = {}
-      for (const [name, t] of Object.entries(batchFeeds(trainer.model, graph, pieces[j]!))) plain[name] = toFeed(t)
+      for (const [name, t] of Object.entries(batchFeeds(trainer.model, graph, pieces[j]!))) {
+        if (!trainer.frozenNames.has(name)) plain[name] = toFeed(t) // the workers hold the frozen inputs
+      }
       const accumulate = !withGradients ? "none" : shardsAccumulated[j] === 0 ? "set" : "add"
       const version = trainer.weightsVersion
       const out = yield* p.request(j, { op: "run", key, version, feeds: plain, accumulate })
@@ -728,7 +788,12 @@ const logprobs = (trainer: Trainer, mb: Packing.MicroBatch) =>
     return summarize(yield* run(trainer, yield* compile(trainer, mb, false), mb))
   })
 
-const snapshot = (trainer: Trainer) => new Map([...trainer.params].map(([k, v]) => [k, Float32Array.from(v)]))
+/** The trained weights, copied, after the frozen ones (by reference: they never change). */
+const snapshot = (trainer: Trainer) =>
+  new Map<string, Float32Array>([
+    ...(trainer.model.frozen?.weights ?? []),
+    ...[...trainer.params].map(([k, v]) => [k, Float32Array.from(v)] as const)
+  ])
 
 const save = (trainer: Trainer, dir: string, meta: GradientBackend.CheckpointMeta) =>
   Effect.suspend(() =>
@@ -737,7 +802,7 @@ const save = (trainer: Trainer, dir: string, meta: GradientBackend.CheckpointMet
       optimizer: trainer.optimizerState,
       policyVersion: meta.policyVersion,
       rngState: meta.rngState
-    })
+    }, trainer.model.adapterConfig === undefined ? {} : { adapterConfig: trainer.model.adapterConfig })
   ).pipe(
     Effect.provideService(FileSystem.FileSystem, trainer.fs),
     Effect.mapError((e) => fail("Checkpoint", e.message, { cause: e }))
@@ -785,12 +850,19 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
   if (!(Number.isInteger(workers) && workers >= 1)) {
     return yield* fail("Session", `workers must be a positive integer, got ${workers}`)
   }
+  for (const { name, shape } of model.frozen?.parameters ?? []) {
+    const w = model.frozen!.weights.get(name)
+    const n = shape.reduce((a, b) => a * b, 1)
+    if (w === undefined || w.length !== n) {
+      return yield* fail("BadBatch", `frozen weight ${name}: expected ${n} floats [${shape}], got ${w?.length ?? "none"}`)
+    }
+  }
   const layout = layoutOf(model.parameters)
   const shared = workers > 1 ? sharedMemory(layout, workers) : undefined
   const sharedParams = shared === undefined ? undefined : sharedViews(shared.params, layout)
   const params = new Map<string, Float32Array>()
   for (const { name, shape } of model.parameters) {
-    const w = options.weights.get(name)
+    const w = options.weights.get(name) ?? model.initial?.get(name)
     const n = shape.reduce((a, b) => a * b, 1)
     if (w === undefined || w.length !== n) {
       return yield* fail("BadBatch", `weight ${name}: expected ${n} floats [${shape}], got ${w?.length ?? "none"}`)
@@ -824,7 +896,8 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
     shardsAccumulated,
     everyWorker: shardsAccumulated.map((_, j) => j),
     weightsVersion: 0,
-    graphs: new Map()
+    graphs: new Map(),
+    frozenNames: new Set(model.frozen?.parameters.map((p) => p.name) ?? [])
   }
   yield* Scope.addFinalizer(trainer.scope, dropPool(trainer))
 

@@ -27,6 +27,7 @@
  *
  * @since 0.1.0
  */
+import * as Lora from "../Lora.ts"
 import * as Graph from "../onnx/Graph.ts"
 import * as Sampling from "../Sampling.ts"
 import * as ModelConfig from "./ModelConfig.ts"
@@ -310,8 +311,30 @@ const context = (g: Graph.Graph, c: ModelConfig.ModelConfig, ids: string, mask: 
   }
 }
 
-/** A parameter reference: a graph input or initializer name. */
-type Param = (name: string) => string
+/** A LoRA adapter on a projection: its factors' value names and its scale. */
+interface Adapted {
+  readonly a: string
+  readonly b: string
+  readonly scale: number
+}
+
+/** A parameter reference: a graph input or initializer name; with LoRA, also each adapted weight's adapter. */
+type Param = ((name: string) => string) & { readonly adapter?: (weight: string) => Adapted | undefined }
+
+/**
+ * `x @ Wᵀ (+ b)` for the projection `weight`, plus its LoRA update `s · (x @ Aᵀ) @ Bᵀ` where it has an adapter
+ * (PEFT's order: the base layer with its bias, then the update added). Without adapters the same nodes as
+ * {@link linear}: the default graphs are unchanged.
+ */
+const project = (g: Graph.Graph, x: string, param: Param, weight: string, bias?: string): string => {
+  const w = param(weight) // before the bias: graph inputs keep the order they had
+  const y = linear(g, x, w, bias === undefined ? undefined : param(bias))
+  const adapted = param.adapter?.(weight)
+  if (adapted === undefined) return y
+  const down = g.op("MatMul", [x, g.op("Transpose", [adapted.a], { perm: Graph.ints([1, 0]) })])
+  const scaled = g.op("Mul", [down, f32(g, adapted.scale)]) // on the rank-wide values: r of every out columns
+  return g.op("Add", [y, g.op("MatMul", [scaled, g.op("Transpose", [adapted.b], { perm: Graph.ints([1, 0]) })])])
+}
 
 /** Layer `i`'s rotated queries `[B, KV, G, T, hd]`, rotated keys and values `[B, KV, T, hd]` of normalised `h`. */
 interface Projections {
@@ -330,19 +353,19 @@ const projections = (
 ): Projections => {
   const hd = ModelConfig.headDim(c), KV = c.numKeyValueHeads, G = c.numAttentionHeads / KV
   const p = `model.layers.${i}.self_attn`
-  const bias = (n: string) => (c.attentionBias ? param(`${p}.${n}_proj.bias`) : undefined)
+  const bias = (n: string) => (c.attentionBias ? `${p}.${n}_proj.bias` : undefined)
   // Qwen3 normalises each head of the queries and keys over its own width, before RoPE (Qwen3Attention).
   const headNorm = (x: string, n: string) =>
     ModelConfig.hasQkNorm(c) ? rmsNorm(g, x, param(`${p}.${n}_norm.weight`), c.rmsNormEps) : x
   const q = headNorm(
-    g.op("Reshape", [linear(g, h, param(`${p}.q_proj.weight`), bias("q")), i64(g, [0, 0, KV, G, hd])]),
+    g.op("Reshape", [project(g, h, param, `${p}.q_proj.weight`, bias("q")), i64(g, [0, 0, KV, G, hd])]),
     "q"
   )
   const k = headNorm(
-    g.op("Reshape", [linear(g, h, param(`${p}.k_proj.weight`), bias("k")), i64(g, [0, 0, KV, hd])]),
+    g.op("Reshape", [project(g, h, param, `${p}.k_proj.weight`, bias("k")), i64(g, [0, 0, KV, hd])]),
     "k"
   )
-  const v = g.op("Reshape", [linear(g, h, param(`${p}.v_proj.weight`), bias("v")), i64(g, [0, 0, KV, hd])])
+  const v = g.op("Reshape", [project(g, h, param, `${p}.v_proj.weight`, bias("v")), i64(g, [0, 0, KV, hd])])
   return {
     q: g.op("Transpose", [rope(g, q, ctx.cos5, ctx.sin5, hd)], { perm: Graph.ints([0, 2, 3, 1, 4]) }),
     // Keys are rotated after the head transpose, so that no other Transpose precedes the one in `kT` below.
@@ -387,7 +410,7 @@ const attend = (
     o = g.op("Add", [weighted(toCache, past.value), weighted(toNew, v)])
   }
   const merged = g.op("Reshape", [g.op("Transpose", [o], { perm: Graph.ints([0, 3, 1, 2, 4]) }), i64(g, [0, 0, -1])])
-  return linear(g, merged, param(`model.layers.${i}.self_attn.o_proj.weight`))
+  return project(g, merged, param, `model.layers.${i}.self_attn.o_proj.weight`)
 }
 
 /**
@@ -426,9 +449,9 @@ export const attention = (
  */
 export const mlp = (g: Graph.Graph, i: number, h: string, param: Param): string => {
   const p = `model.layers.${i}.mlp`
-  const gate = linear(g, h, param(`${p}.gate_proj.weight`))
+  const gate = project(g, h, param, `${p}.gate_proj.weight`)
   const silu = g.op("Mul", [gate, g.op("Sigmoid", [gate])])
-  return linear(g, g.op("Mul", [silu, linear(g, h, param(`${p}.up_proj.weight`))]), param(`${p}.down_proj.weight`))
+  return project(g, g.op("Mul", [silu, project(g, h, param, `${p}.up_proj.weight`)]), param, `${p}.down_proj.weight`)
 }
 
 // ===== Forward graphs =====
@@ -446,6 +469,12 @@ export interface ForwardOptions {
   readonly lastTokenOnly?: boolean
   /** The output head (default `lm`); `value` gives `logits [B, T, 1]`, the values. */
   readonly head?: Head
+  /**
+   * LoRA adapters (`Lora.ts`) on the targeted projections, as graph inputs with PEFT's names. With weights as
+   * `"inputs"`, the base weights stay graph inputs but are frozen: only the adapters are `weightInputs`, the ones
+   * the learner's autodiff differentiates.
+   */
+  readonly lora?: Lora.Config | undefined
 }
 
 /**
@@ -470,7 +499,7 @@ export interface ForwardOutputs {
  */
 export const forward = (g: Graph.Graph, c: ModelConfig.ModelConfig, options: ForwardOptions): ForwardOutputs => {
   const output = options.head ?? "lm"
-  const { param, weightInputs } = paramsOf(g, c, options.weights, output)
+  const { param, weightInputs } = paramsOf(g, c, options.weights, output, options.lora)
   const ids = g.input("input_ids", "int64", ["batch", "seq"])
   const mask = g.input("attention_mask", "int64", ["batch", options.kvCache ? "total" : "seq"])
   const pos = g.input("position_ids", "int64", ["batch", "seq"])
@@ -519,10 +548,11 @@ export const forward = (g: Graph.Graph, c: ModelConfig.ModelConfig, options: For
  */
 export const sharedPrefixGraph = (
   c: ModelConfig.ModelConfig,
-  output: Head = "lm"
+  output: Head = "lm",
+  lora?: Lora.Config
 ): { readonly graph: Graph.Graph } & ForwardOutputs => {
   const g = Graph.make(output === "value" ? "qwen2_value_train_shared" : "qwen2_train_shared")
-  const { param, weightInputs } = paramsOf(g, c, "inputs", output)
+  const { param, weightInputs } = paramsOf(g, c, "inputs", output, lora)
   const prefixIds = g.input("prefix_ids", "int64", ["groups", "prefix"])
   const prefixMask = g.input("prefix_mask", "int64", ["groups", "prefix"])
   const prefixPos = g.input("prefix_positions", "int64", ["groups", "prefix"])
@@ -577,25 +607,42 @@ const head = (g: Graph.Graph, c: ModelConfig.ModelConfig, x: string, param: Para
   return g.node("MatMul", [normed, g.op("Transpose", [w], { perm: Graph.ints([1, 0]) })], ["logits"])[0]!
 }
 
-/** Weight references: graph inputs (declared on first use, in order) or initializers from `weights`. */
+/**
+ * Weight references: graph inputs (declared on first use, in order) or initializers from `weights`. With `lora`,
+ * the adapters are graph inputs too, and with weights as inputs only they are `weightInputs` (the base is frozen).
+ */
 const paramsOf = (
   g: Graph.Graph,
   c: ModelConfig.ModelConfig,
   weights: "inputs" | Weights,
-  output: Head = "lm"
+  output: Head = "lm",
+  lora?: Lora.Config
 ): { readonly param: Param; readonly weightInputs: Array<string> } => {
-  const specs = new Map(parameters(c, output).map((s) => [s.name, s]))
+  const specs = new Map<string, { readonly shape: ReadonlyArray<number> }>(
+    parameters(c, output).map((s) => [s.name, s])
+  )
   const weightInputs: Array<string> = []
+  const declared = new Set<string>()
   const options = { weights }
-  const param: Param = (name) => {
+  const input = (name: string, trained: boolean) => {
+    if (declared.has(name)) return name
+    declared.add(name)
+    g.input(name, "float32", specs.get(name)!.shape)
+    if (trained) weightInputs.push(name)
+    return name
+  }
+  const adapters = new Map(
+    lora === undefined ? [] : Lora.sites(c, lora).map((site) => [site.weight, site] as const)
+  )
+  if (lora !== undefined) for (const p of Lora.parameters(c, lora)) specs.set(p.name, p)
+  const adapter = (weight: string): Adapted | undefined => {
+    const site = adapters.get(weight)
+    if (site === undefined || lora === undefined) return undefined
+    return { a: input(site.a, true), b: input(site.b, true), scale: Lora.scaling(lora) }
+  }
+  const plain = (name: string): string => {
     const spec = specs.get(name)!
-    if (options.weights === "inputs") {
-      if (!weightInputs.includes(name)) {
-        g.input(name, "float32", spec.shape)
-        weightInputs.push(name)
-      }
-      return name
-    }
+    if (options.weights === "inputs") return input(name, lora === undefined)
     if (g.initializers.has(name)) return name
     const data = options.weights.get(name)
     const n = spec.shape.reduce((a, b) => a * b, 1)
@@ -604,6 +651,7 @@ const paramsOf = (
     }
     return g.initializer(name, { dtype: "float32", dims: spec.shape, data })
   }
+  const param: Param = lora === undefined ? plain : Object.assign(plain, { adapter })
   return { param, weightInputs }
 }
 
@@ -616,10 +664,11 @@ const paramsOf = (
  */
 export const trainingGraph = (
   c: ModelConfig.ModelConfig,
-  output: Head = "lm"
+  output: Head = "lm",
+  lora?: Lora.Config
 ): { readonly graph: Graph.Graph } & ForwardOutputs => {
   const graph = Graph.make(output === "value" ? "qwen2_value_train" : "qwen2_train")
-  return { graph, ...forward(graph, c, { kvCache: false, weights: "inputs", head: output }) }
+  return { graph, ...forward(graph, c, { kvCache: false, weights: "inputs", head: output, lora }) }
 }
 
 /**

@@ -36,6 +36,8 @@ export interface Init {
   /** `[start, end)` float offsets of this worker's share of the reduction and of AdamW. */
   readonly slice: readonly [number, number]
   readonly sessionOptions: ort.InferenceSession.SessionOptions
+  /** Frozen weight inputs (a LoRA run's base), copied to the worker once at start and fed to every run. */
+  readonly frozen?: Readonly<Record<string, Feed>>
 }
 
 /** A non-weight graph input (token ids, masks, loss inputs). */
@@ -172,6 +174,8 @@ interface WorkerState {
   readonly local: ReadonlyMap<string, Float32Array>
   /** The weights version `local` holds (-1: none yet). */
   version: number
+  /** The frozen inputs' tensors, made once. */
+  readonly frozen: ReadonlyArray<readonly [string, ort.Tensor]>
   /** This worker's slice of the weights, gradients and moments, for AdamW. */
   readonly adam: {
     readonly params: Map<string, Float32Array>
@@ -198,6 +202,9 @@ const makeWorker = (init: Init): WorkerState => {
     shared,
     local: new Map([...shared].map(([k, v]) => [k, Float32Array.from(v)])),
     version: -1,
+    frozen: Object.entries(init.frozen ?? {}).map(([name, f]) =>
+      [name, new ort.Tensor("float32", f.data as Float32Array, [...f.dims])] as const
+    ),
     adam: {
       params: sliceViews(params, layout, start, end),
       grads: sliceViews(accum, layout, start, end),
@@ -225,6 +232,7 @@ const run = async (w: WorkerState, r: Extract<Request, { op: "run" }>): Promise<
   for (const weight of s.weights) {
     feeds[weight.name] = new ort.Tensor("float32", w.local.get(weight.name)!, [...weight.dims])
   }
+  for (const [name, t] of w.frozen) feeds[name] = t
   const out = await s.session.run(feeds)
   if (r.accumulate !== "none") {
     for (const [weight, gradName] of s.gradients) {

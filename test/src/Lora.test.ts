@@ -1,0 +1,221 @@
+/**
+ * LoRA in the learner: the adapter path's gradients against central differences (float64), only the adapters
+ * trained (the base a frozen input), a fresh adapter computing the base's function, the merge equal to the adapted
+ * graph, the PEFT checkpoint layout, and an exact resume from a saved checkpoint.
+ */
+import { NodeServices } from "@effect/platform-node"
+import { assert, describe, it } from "@effect/vitest"
+import { Effect, FileSystem } from "effect"
+import * as ort from "onnxruntime-node"
+import * as Autodiff from "../../src/autodiff/Autodiff.ts"
+import * as OnnxTrainer from "../../src/backends/OnnxTrainer.ts"
+import * as Lora from "../../src/Lora.ts"
+import * as Loss from "../../src/Loss.ts"
+import * as LrSchedule from "../../src/LrSchedule.ts"
+import * as Qwen2 from "../../src/model/Qwen2.ts"
+import * as Graph from "../../src/onnx/Graph.ts"
+import * as Optimizer from "../../src/Optimizer.ts"
+import * as Packing from "../../src/Packing.ts"
+import * as Safetensors from "../../src/Safetensors.ts"
+import * as Sampling from "../../src/Sampling.ts"
+import { check, type Feed, noise } from "../utils/gradcheck.ts"
+import { randomWeights, tinyConfig } from "../utils/tinyModel.ts"
+
+const config = tinyConfig({ vocabSize: 32, hiddenSize: 16, numHiddenLayers: 2, intermediateSize: 24 })
+const all: Lora.Config = { rank: 4, alpha: 8, targets: [...Lora.moduleNames] }
+
+/** An adapter with `B` non-zero too (a fresh one has `B` = 0, where `A`'s gradient is zero). */
+const trainedAdapter = (settings: Lora.Config, seed: number) => {
+  const adapter = Lora.init(config, { ...settings, seed })
+  const r = Sampling.rng(seed + 1)
+  for (const [name, data] of adapter) {
+    if (name.endsWith("lora_B.weight")) for (let i = 0; i < data.length; i++) data[i] = Sampling.normal(r) * 0.2
+  }
+  return adapter
+}
+
+const dataset = (): ReadonlyArray<Packing.Sequence> => {
+  const r = Sampling.rng(42)
+  return Array.from({ length: 4 }, (_, i) => {
+    const n = 10 + i
+    const tokenIds = Int32Array.from({ length: n }, () => Math.floor(r.next() * config.vocabSize))
+    return { tokenIds, lossMask: Uint8Array.from({ length: n }, (_, t) => (t >= n / 2 ? 1 : 0)) }
+  })
+}
+
+const bits = (w: ReadonlyMap<string, Float32Array>) =>
+  [...w].map(([k, v]) => `${k}:${Buffer.from(v.buffer, v.byteOffset, v.byteLength).toString("base64")}`).join("|")
+
+const trainerOptions = (base: Qwen2.Weights, settings: Lora.Config = all): OnnxTrainer.Options => ({
+  model: OnnxTrainer.qwen2Lora(config, settings, base, "test/base"),
+  weights: base,
+  loss: Loss.sft,
+  optimizer: Optimizer.defaultConfig,
+  schedule: LrSchedule.constant(5e-3)
+})
+
+describe("Lora", () => {
+  it("an unknown target is refused, naming the modules the model has", () => {
+    const error = Lora.validate({ rank: 4, alpha: 8, targets: ["q_proj", "c_attn"] }, config)
+    assert.isDefined(error)
+    assert.include(error!.message, "\"c_attn\" is not a module")
+    for (const m of Lora.moduleNames) assert.include(error!.message, m)
+    assert.isUndefined(Lora.validate(all, config))
+  })
+
+  it("the adapter's tensors carry PEFT's names and shapes: lora_A [r, in], lora_B [out, r]", () => {
+    const params = new Map(Lora.parameters(config, all).map((p) => [p.name, p.shape]))
+    const hd = config.hiddenSize / config.numAttentionHeads
+    assert.deepStrictEqual(params.get("base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight"), [4, 16])
+    assert.deepStrictEqual(
+      params.get("base_model.model.model.layers.1.self_attn.k_proj.lora_B.weight"),
+      [config.numKeyValueHeads * hd, 4]
+    )
+    assert.deepStrictEqual(params.get("base_model.model.model.layers.0.mlp.down_proj.lora_A.weight"), [4, 24])
+    assert.deepStrictEqual(params.get("base_model.model.model.layers.0.mlp.down_proj.lora_B.weight"), [16, 4])
+    assert.strictEqual(params.size, 2 * 7 * 2)
+  })
+
+  it.effect("the adapter path's gradients match central differences in float64; the base gets none", () =>
+    Effect.gen(function*() {
+      const B = 2, T = 5
+      const settings: Lora.Config = { rank: 3, alpha: 6, targets: ["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"] }
+      const forward = Qwen2.trainingGraph(config, "lm", settings)
+      const adapterNames = Lora.parameters(config, settings).map((p) => p.name)
+      assert.deepStrictEqual([...forward.weightInputs].sort(), [...adapterNames].sort())
+      const tg = yield* Autodiff.trainingGraph(forward, { batch: B, length: T, loss: Loss.sft, dtype: "float64" })
+      assert.deepStrictEqual([...tg.gradients.keys()].sort(), [...adapterNames].sort())
+      // No gradient output for any base weight: the frozen base is an input of the forward only.
+      assert.isFalse(tg.graph.outputs.some((o) => o.name.startsWith("grad.model.")))
+      const base = randomWeights(config, 5)
+      const adapter = trainedAdapter(settings, 9)
+      const attention = [1, 1, 1, 1, 1, 0, 1, 1, 1, 1]
+      const mask = Uint8Array.from({ length: B * T }, (_, i) => (i % T === 0 || attention[i] === 0 ? 0 : 1))
+      const feeds: Record<string, Feed> = {
+        input_ids: { dtype: "int64", dims: [B, T], data: [3, 1, 4, 1, 5, 0, 9, 2, 6, 12] },
+        attention_mask: { dtype: "int64", dims: [B, T], data: attention },
+        position_ids: {
+          dtype: "int64",
+          dims: [B, T],
+          data: [...Qwen2.positionIds(attention.slice(0, T)), ...Qwen2.positionIds(attention.slice(T))]
+        },
+        targets: { dtype: "int64", dims: [B, T], data: [1, 4, 1, 5, 9, 0, 2, 6, 12, 7] },
+        loss_weights: {
+          dtype: "float64",
+          dims: [B, T],
+          data: Loss.aggregationWeights("token-mean", mask, B, T, Loss.totals(mask, B, T))
+        },
+        loss_mask: { dtype: "float64", dims: [B, T], data: mask }
+      }
+      for (const k of tg.lossInputs) {
+        feeds[k] ??= { dtype: "float64", dims: [B, T], data: noise(B * T, k.length).map((v) => 0.1 * v) }
+      }
+      for (const spec of Qwen2.parameters(config)) {
+        feeds[spec.name] = { dtype: "float64", dims: spec.shape, data: base.get(spec.name)! }
+      }
+      for (const spec of Lora.parameters(config, settings)) {
+        feeds[spec.name] = { dtype: "float64", dims: spec.shape, data: adapter.get(spec.name)! }
+      }
+      const s = yield* Effect.promise(() =>
+        ort.InferenceSession.create(Graph.toModelBytes(tg.graph), { graphOptimizationLevel: "disabled" })
+      )
+      const { worst } = yield* check(s, feeds, adapterNames, { samples: 4, h: 1e-5 })
+      for (const w of adapterNames) assert.isBelow(worst[w]!, 1e-5, `${w}: ${worst[w]}`)
+    }))
+
+  it.effect("a fresh adapter computes the base's function; a trained one the merged weights' function", () =>
+    Effect.gen(function*() {
+      const base = randomWeights(config, 3)
+      const { microBatches } = yield* Packing.pack(dataset(), { tokenBudget: 64, aggregation: "token-mean" })
+      const mb = microBatches[0]!
+      const plain = yield* OnnxTrainer.make({ ...trainerOptions(base), model: OnnxTrainer.qwen2(config) })
+      const fresh = yield* OnnxTrainer.make(trainerOptions(base))
+      const reference = (yield* plain.logprobs(mb)).tokenLogprobs
+      const adapted = (yield* fresh.logprobs(mb)).tokenLogprobs
+      // `B` = 0: the update is exactly zero, so the sums are the base's to the bit.
+      assert.strictEqual(Buffer.from(adapted.buffer).toString("base64"), Buffer.from(reference.buffer).toString("base64"))
+      const adapter = trainedAdapter(all, 4)
+      const trained = yield* OnnxTrainer.make({ ...trainerOptions(base), weights: adapter })
+      const merged = yield* OnnxTrainer.make({
+        ...trainerOptions(base),
+        model: OnnxTrainer.qwen2(config),
+        weights: Lora.merge(config, all, base, adapter)
+      })
+      const a = (yield* trained.logprobs(mb)).tokenLogprobs, b = (yield* merged.logprobs(mb)).tokenLogprobs
+      let diff = 0, moved = 0
+      for (let i = 0; i < a.length; i++) {
+        diff = Math.max(diff, Math.abs(a[i]! - b[i]!))
+        moved = Math.max(moved, Math.abs(a[i]! - reference[i]!))
+      }
+      assert.isBelow(diff, 1e-4)
+      assert.isAbove(moved, 1e-2) // the adapter changes the function: the comparison above is not vacuous
+    }).pipe(Effect.provide(NodeServices.layer)), 120_000)
+
+  it.effect("only the adapter trains: AdamW state for it alone, the base untouched, the loss falls", () =>
+    Effect.gen(function*() {
+      const base = randomWeights(config, 3)
+      const before = bits(base)
+      const t = yield* OnnxTrainer.make(trainerOptions(base))
+      const { microBatches } = yield* Packing.pack(dataset(), { tokenBudget: 64, aggregation: "token-mean" })
+      const losses: Array<number> = []
+      for (let s = 0; s < 30; s++) {
+        let loss = 0
+        for (const mb of microBatches) loss += (yield* t.trainer.forwardBackward(mb)).loss
+        yield* t.trainer.optimStep
+        losses.push(loss)
+      }
+      assert.isBelow(losses.at(-1)!, losses[0]! * 0.8, `losses ${losses.map((l) => l.toFixed(3))}`)
+      assert.strictEqual(bits(base), before)
+      const grads = yield* t.gradients
+      assert.deepStrictEqual([...grads.keys()].sort(), Lora.parameters(config, all).map((p) => p.name).sort())
+      const weights = yield* t.trainer.weights
+      // The base by reference (held once), then the adapter.
+      assert.strictEqual(weights.get("model.embed_tokens.weight"), base.get("model.embed_tokens.weight"))
+      assert.isTrue(Lora.hasAdapter(weights))
+    }).pipe(Effect.provide(NodeServices.layer)), 120_000)
+
+  it.effect("a checkpoint is a PEFT adapter folder, and a resume from it continues to the same bits", () =>
+    Effect.gen(function*() {
+      const fs = yield* FileSystem.FileSystem
+      const dir = yield* fs.makeTempDirectoryScoped()
+      const base = randomWeights(config, 3)
+      const { microBatches } = yield* Packing.pack(dataset(), { tokenBudget: 64, aggregation: "token-mean" })
+      const steps = (t: Effect.Success<ReturnType<typeof OnnxTrainer.make>>, n: number) =>
+        Effect.gen(function*() {
+          for (let s = 0; s < n; s++) {
+            for (const mb of microBatches) yield* t.trainer.forwardBackward(mb)
+            yield* t.trainer.optimStep
+          }
+        })
+      const unbroken = yield* OnnxTrainer.make(trainerOptions(base))
+      yield* steps(unbroken, 3)
+      yield* unbroken.trainer.save(dir, { policyVersion: 3, rngState: [] })
+      yield* steps(unbroken, 3)
+
+      const config_ = JSON.parse(yield* fs.readFileString(`${dir}/adapter_config.json`))
+      assert.strictEqual(config_.peft_type, "LORA")
+      assert.strictEqual(config_.task_type, "CAUSAL_LM")
+      assert.strictEqual(config_.r, 4)
+      assert.strictEqual(config_.lora_alpha, 8)
+      assert.strictEqual(config_.base_model_name_or_path, "test/base")
+      assert.deepStrictEqual(config_.target_modules, [...Lora.moduleNames])
+      const header = yield* Safetensors.readHeader(`${dir}/adapter_model.safetensors`)
+      const names = [...header.tensors.keys()]
+      assert.strictEqual(names.length, Lora.parameters(config, all).length)
+      for (const name of names) {
+        assert.match(name, /^base_model\.model\.model\.layers\.\d+\.(self_attn|mlp)\.[a-z_]+_proj\.lora_[AB]\.weight$/)
+      }
+      const a = header.tensors.get("base_model.model.model.layers.0.mlp.gate_proj.lora_A.weight")!
+      assert.deepStrictEqual([a.dtype, [...a.shape]], ["F32", [4, config.hiddenSize]])
+      const loaded = yield* Lora.load(dir, config)
+      assert.deepStrictEqual(loaded.config.targets, [...Lora.moduleNames])
+
+      // A new process: the base from its folder, the adapter and AdamW's moments from the checkpoint.
+      const resumed = yield* OnnxTrainer.make(trainerOptions(randomWeights(config, 3)))
+      const meta = yield* resumed.trainer.load(dir)
+      assert.strictEqual(meta.policyVersion, 3)
+      yield* steps(resumed, 3)
+      const strip = (w: ReadonlyMap<string, Float32Array>) => new Map([...w].filter(([k]) => k.includes("lora_")))
+      assert.strictEqual(bits(strip(yield* resumed.trainer.weights)), bits(strip(yield* unbroken.trainer.weights)))
+    }).pipe(Effect.provide(NodeServices.layer), Effect.scoped), 120_000)
+})
