@@ -61,7 +61,7 @@ const sample = (s: Json): unknown => {
     case "boolean":
       return false
     case "array":
-      return []
+      return Array.from({ length: typeof s.minItems === "number" ? s.minItems : 0 }, () => sample((s.items ?? {}) as Json))
     case "object":
       return filled(s)
     default:
@@ -151,8 +151,9 @@ export const render = (): string => {
       const full = path === "" ? key : `${path}.${key}`
       const isSection = p.type === "object" && p.properties !== undefined
       const sub = structs.get(key)
-      if (isSection && sub !== undefined) {
-        nested.push(() => table(full, p, asts.get(key), values?.[key] as Record<string, unknown> | undefined, sub))
+      // A section defined inline or in another module gets its table too, without the source's comments.
+      if (isSection) {
+        nested.push(() => table(full, p, asts.get(key), values?.[key] as Record<string, unknown> | undefined, sub ?? ""))
       }
       const def = required.has(key)
         ? "required"

@@ -4,7 +4,7 @@
  *
  * A TypeScript block is checked as a module of its own. Its relative imports of this repository's folders are
  * pointed at the checkout (a block written for `examples/my-agent/task.ts` imports `../../src/AgentTask.ts`), and
- * `agentfly` at `src/index.ts`, the package's entry. A block that shows a fragment of a larger program says so in an
+ * the package's own name (`agentfly-ts`, `agentfly-ts/actors`, …) at the sources its `exports` map builds. A block that shows a fragment of a larger program says so in an
  * HTML comment just above it, `<!-- check: fragment NAME -->`: `test/docs/fragments/NAME.ts` declares the names it
  * uses, and a fragment that `yield*`s runs inside `Effect.gen`.
  */
@@ -48,9 +48,33 @@ export const blocks = (page: string): Array<Block> => {
 
 const repoFolders = /^(?:\.\.?\/)+((?:src|actors|environments|examples|cli|test|bench|scripts)\/.*)$/
 
+const manifest = JSON.parse(readFileSync(join(root, "package.json"), "utf8")) as {
+  readonly name: string
+  readonly exports: Readonly<Record<string, { readonly default: string } | null>>
+}
+
+/**
+ * The source file the package's `exports` map gives an import of it (`agentfly-ts/actors` → `actors/index.ts`: the
+ * built `./dist/actors/index.js` is the compiled `actors/index.ts`), or undefined.
+ */
+export const packageSource = (spec: string): string | undefined => {
+  if (spec !== manifest.name && !spec.startsWith(`${manifest.name}/`)) return undefined
+  const sub = `.${spec.slice(manifest.name.length)}`
+  for (const [key, target] of Object.entries(manifest.exports)) {
+    const [head, tail] = key.split("*") as [string, string | undefined]
+    const star = tail === undefined ? (sub === key ? "" : undefined)
+      : sub.startsWith(head) && sub.endsWith(tail) ? sub.slice(head.length, sub.length - tail.length) : undefined
+    if (star === undefined) continue
+    if (target === null) return undefined
+    return target.default.replace("*", star).replace(/^\.\/dist\//, "").replace(/\.js$/, ".ts")
+  }
+  return undefined
+}
+
 /** A block's import specifier as the check resolves it (`dir`: where the block's module is written). */
 export const specifier = (spec: string, dir: string): string => {
-  if (spec === "agentfly") return relative(dir, join(root, "src/index.ts"))
+  const fromPackage = packageSource(spec)
+  if (fromPackage !== undefined) return relative(dir, join(root, fromPackage))
   const m = repoFolders.exec(spec)
   if (m === null) return spec
   const target = relative(dir, join(root, m[1]!))
