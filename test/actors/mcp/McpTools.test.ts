@@ -241,6 +241,19 @@ describe("MCP failures: typed errors, observations, nothing lost, no process lef
       assert.strictEqual((yield* Effect.flip(McpTools.tools(http))).reason._tag, "ConnectFailed")
     }))
 
+  it.live("a server that never answers initialize is ConnectFailed after connectTimeoutMs, and is ended", () =>
+    Effect.gen(function*() {
+      const tag = freshTag()
+      const silent = McpTools.stdio("silent", {
+        command: process.execPath,
+        args: ["-e", "setInterval(() => {}, 1000)", "--", `--tag=${tag}`]
+      }, { connectTimeoutMs: 500 })
+      const error = yield* Effect.flip(McpTools.tools(silent))
+      assert.strictEqual(error.reason._tag, "ConnectFailed")
+      assert.strictEqual(error.message, "the server did not answer initialize within 500 ms")
+      assert.deepStrictEqual(yield* gone(tag), [], "the silent process was ended")
+    }))
+
   it.live("a shared connection whose server died fails every call with Closed, naming the tool", () =>
     Effect.gen(function*() {
       const tag = freshTag()
