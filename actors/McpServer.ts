@@ -228,9 +228,16 @@ export const make = <RE>(
         const scope = yield* Scope.make()
         const done = yield* Deferred.make<void>()
         const close = Effect.andThen(Scope.close(scope, Exit.void), Deferred.succeed(done, undefined))
+        // A failure or a defect of the lease or the start alike refuses the session (interruption stays one).
         const episode = yield* openEpisode(runtime, options, index, scope).pipe(
-          Effect.catchCause((cause) => Effect.andThen(close, Effect.failCause(cause))),
-          Effect.mapError(serveError(`episode ${index} could not start`))
+          Effect.catchCause((cause) =>
+            Effect.andThen(
+              close,
+              Cause.hasInterruptsOnly(cause)
+                ? Effect.failCause(cause as Cause.Cause<never>)
+                : Effect.fail(serveError(`episode ${index} could not start`)(Cause.squash(cause)))
+            )
+          )
         )
         counts.open++
         yield* Scope.addFinalizer(scope, Effect.sync(() => void counts.open--))

@@ -99,7 +99,7 @@ export interface Session {
 /**
  * An MCP server: its name (used in errors, metrics and its service key), where it is (per instance: a stateful
  * server may take a state file of its own per chain), and how long one request may take in the SDK (default 10
- * minutes: the tool actor's timeout is the one that matters).
+ * minutes: the tool actor's timeout is the one that matters) and its start (default 30 seconds).
  *
  * @category models
  * @since 0.1.0
@@ -108,6 +108,8 @@ export interface Server {
   readonly name: string
   readonly transport: (instanceId: string) => Transport
   readonly requestTimeoutMs: number
+  /** How long starting and initializing a session may take (default 30 seconds). */
+  readonly connectTimeoutMs: number
   /** The service the server's tools need: its {@link Session} for the chain. */
   readonly key: Context.Key<Session, Session>
 }
@@ -120,6 +122,7 @@ export interface Server {
  */
 export interface ServerOptions {
   readonly requestTimeoutMs?: number | undefined
+  readonly connectTimeoutMs?: number | undefined
 }
 
 const keyOf = (name: string) => Context.Service<Session>(`agentfly/actors/McpTools/${name}`)
@@ -141,6 +144,7 @@ export const stdio = (
   name,
   transport: (id) => ({ _tag: "Stdio", ...(typeof options === "function" ? options(id) : options) }),
   requestTimeoutMs: serverOptions.requestTimeoutMs ?? 600_000,
+  connectTimeoutMs: serverOptions.connectTimeoutMs ?? 30_000,
   key: keyOf(name)
 })
 
@@ -158,6 +162,7 @@ export const http = (
   name,
   transport: (id) => ({ _tag: "Http", ...(typeof options === "function" ? options(id) : options) }),
   requestTimeoutMs: serverOptions.requestTimeoutMs ?? 600_000,
+  connectTimeoutMs: serverOptions.connectTimeoutMs ?? 30_000,
   key: keyOf(name)
 })
 
@@ -176,6 +181,7 @@ export const sdk = (
   name,
   transport: (id) => ({ _tag: "Sdk", transport: transport(id) }),
   requestTimeoutMs: serverOptions.requestTimeoutMs ?? 600_000,
+  connectTimeoutMs: serverOptions.connectTimeoutMs ?? 30_000,
   key: keyOf(name)
 })
 
@@ -371,9 +377,17 @@ export const connect = (server: Server, instanceId = "main"): Effect.Effect<Conn
       client.onclose = () => void (closed = true)
       // A failed start leaves a process behind unless the transport is closed here.
       return Effect.tryPromise({
-        try: () => client.connect(transport, { timeout: server.requestTimeoutMs }),
+        try: () => client.connect(transport, { timeout: server.connectTimeoutMs }),
         catch: (e) =>
-          mcpError(server, new ConnectFailed({ message: `cannot connect: ${oneLine(textOf(e))}`, cause: e }))
+          mcpError(
+            server,
+            new ConnectFailed({
+              message: e instanceof SdkError && e.code === ErrorCode.RequestTimeout
+                ? `the server did not answer initialize within ${server.connectTimeoutMs} ms`
+                : `cannot connect: ${oneLine(textOf(e))}`,
+              cause: e
+            })
+          )
       }).pipe(
         Effect.tapError(() => Effect.promise(() => client.close().catch(() => undefined))),
         Effect.as(makeConnection(server, client, transport, () => closed))
@@ -502,6 +516,11 @@ export interface ToolsOptions {
   readonly timeout?: Tool.Options<any, any, any, any>["timeout"]
   /** Each tool's output budget (default: the tool actor's). */
   readonly maxOutput?: Tool.OutputBudget | undefined
+  /**
+   * Retries of a call that failed retryably (a crash: the next attempt runs on the replacement process, whose state
+   * is fresh; a timeout). Default: none, so the model reads the failure.
+   */
+  readonly retry?: Tool.RetryPolicy | undefined
 }
 
 const validator = new AjvJsonSchemaValidator()
@@ -536,6 +555,7 @@ export const fromInfo = (server: Server, info: SdkTool, options: ToolsOptions = 
     dependencies: [server.key],
     ...(options.timeout === undefined ? {} : { timeout: options.timeout }),
     ...(options.maxOutput === undefined ? {} : { maxOutput: options.maxOutput }),
+    ...(options.retry === undefined ? {} : { retry: options.retry }),
     handler: (args) =>
       Effect.flatMap(Effect.service(server.key), (s) => s.callTool(info.name, args)).pipe(
         Effect.flatMap((result) =>

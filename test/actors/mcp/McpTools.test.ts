@@ -165,6 +165,37 @@ describe("Mcp resources: one server process per chain, leased and reset", () => 
     }).pipe(Effect.scoped))
 })
 
+describe("Mcp resources: a stateless server shared by every chain", () => {
+  it.live("scope global with a no-op reset: one process for all chains, kept between them", () => {
+    const tag = freshTag()
+    return Effect.gen(function*() {
+      const server = faulty(tag)
+      const actor = yield* ToolActor.make(yield* McpTools.tools(server, { include: ["count"] }))
+      const manager = yield* ResourceManager.make()
+      const provider = yield* Effect.provideService(
+        Mcp.provider(server, { scope: "global", reset: () => Effect.void }),
+        ResourceManager.ResourceManager,
+        manager
+      )
+      const a = yield* chainContext(provider, "a")
+      const b = yield* chainContext(provider, "b")
+      assert.strictEqual(text(yield* actor.execute(call("count", {}), { context: a.context })), "1")
+      assert.strictEqual(text(yield* actor.execute(call("count", {}), { context: b.context })), "2")
+      yield* a.close
+      yield* b.close
+      const c = yield* chainContext(provider, "c")
+      assert.strictEqual(text(yield* actor.execute(call("count", {}), { context: c.context })), "3")
+      yield* c.close
+      assert.strictEqual((yield* manager.stats("mcp-faulty"))!.starts, 1)
+      assert.lengthOf(alive(tag), 1)
+    }).pipe(
+      Effect.scoped,
+      // The manager's scope closed: its pool ended the process.
+      Effect.andThen(Effect.map(gone(tag), (left) => assert.deepStrictEqual(left, [])))
+    )
+  })
+})
+
 describe("MCP failures: typed errors, observations, nothing lost, no process left", () => {
   it.live("a crash mid-call, a hung tool, a malformed result, a tool error", () =>
     Effect.gen(function*() {
@@ -239,6 +270,19 @@ describe("MCP failures: typed errors, observations, nothing lost, no process lef
       assert.isTrue(error.isRetryable)
       const http = McpTools.http("gone", { url: "http://127.0.0.1:9/mcp" })
       assert.strictEqual((yield* Effect.flip(McpTools.tools(http))).reason._tag, "ConnectFailed")
+    }))
+
+  it.live("a server that never answers initialize is ConnectFailed after connectTimeoutMs, and is ended", () =>
+    Effect.gen(function*() {
+      const tag = freshTag()
+      const silent = McpTools.stdio("silent", {
+        command: process.execPath,
+        args: ["-e", "setInterval(() => {}, 1000)", "--", `--tag=${tag}`]
+      }, { connectTimeoutMs: 500 })
+      const error = yield* Effect.flip(McpTools.tools(silent))
+      assert.strictEqual(error.reason._tag, "ConnectFailed")
+      assert.strictEqual(error.message, "the server did not answer initialize within 500 ms")
+      assert.deepStrictEqual(yield* gone(tag), [], "the silent process was ended")
     }))
 
   it.live("a shared connection whose server died fails every call with Closed, naming the tool", () =>
