@@ -10,9 +10,10 @@
  *   folder, an internet allow-list, a disk cap other than Harbor's default, a separate verifier environment), and any
  *   field Harbor does not define: the folder fails to load with a `HarborError` naming `[section] field` and why.
  *
- * `allow_internet` is honoured through the run's network allow-list, which is empty: a task that allows the
- * internet (Harbor's default) runs offline here, as one that forbids it does; whatever its verifier needs at verify
- * time must be in its image.
+ * `allow_internet` is honoured through the run's network allow-list (the swe task option `allowHosts`, default
+ * none): a task that allows the internet (Harbor's default) reaches the hosts the run allows and nothing else, so
+ * by default it runs offline; one that forbids it (`allow_internet = false`, `network_mode = "no-network"`) reaches
+ * nothing whatever the run allows.
  *
  * @since 0.1.0
  */
@@ -88,6 +89,8 @@ const refused = (why: string, accept: (value: unknown) => boolean = () => false)
 })
 const empty = (v: unknown) => v === undefined || v === null || (Array.isArray(v) && v.length === 0)
 const noNetwork = (v: unknown) => v === undefined || v === "no-network"
+const onlyNoNetwork = "only \"no-network\" is available: the run's allow-list (option allowHosts) decides"
+const noPhaseList = "an allow-list per phase is not supported: the run's allow-list (option allowHosts) decides"
 
 /**
  * The table: every section and field Harbor's task format defines, and what this runtime does with it.
@@ -116,15 +119,15 @@ export const fields: Readonly<Record<string, Readonly<Record<string, Field>>>> =
     timeout_sec: honoured("the verifier's time limit (default 600 s)"),
     env: honoured("variables test.sh sees"),
     user: honoured("the user test.sh runs as (default: the agent's)"),
-    network_mode: refused("only \"no-network\" is available: the run's allow-list is empty", noNetwork),
-    allowed_hosts: refused("an allow-list per phase is not supported: the run's allow-list is empty", empty),
+    network_mode: refused(onlyNoNetwork, noNetwork),
+    allowed_hosts: refused(noPhaseList, empty),
     environment: refused("a separate verifier environment is not supported: the verifier runs in the agent's")
   },
   agent: {
     timeout_sec: honoured("the episode's time limit (default 600 s): later actions are refused"),
     user: honoured("the user the container runs as (default: the image's USER)"),
-    network_mode: refused("only \"no-network\" is available: the run's allow-list is empty", noNetwork),
-    allowed_hosts: refused("an allow-list per phase is not supported: the run's allow-list is empty", empty)
+    network_mode: refused(onlyNoNetwork, noNetwork),
+    allowed_hosts: refused(noPhaseList, empty)
   },
   environment: {
     build_timeout_sec: honoured("the image build's time limit (default 600 s)"),
@@ -143,9 +146,9 @@ export const fields: Readonly<Record<string, Readonly<Record<string, Field>>>> =
     gpus: refused("no GPU is given to containers here", (v) => v === undefined || v === 0),
     gpu_types: refused("no GPU is given to containers here", empty),
     tpu: refused("no TPU is given to containers here"),
-    allow_internet: honoured("through the run's allow-list, which is empty: every container is offline"),
-    network_mode: refused("only \"no-network\" is available: the run's allow-list is empty", noNetwork),
-    allowed_hosts: refused("an allow-list is not supported: the run's allow-list is empty", empty),
+    allow_internet: honoured("through the run's allow-list (option allowHosts, default none); false: nothing"),
+    network_mode: refused(onlyNoNetwork, noNetwork),
+    allowed_hosts: refused("a task's own allow-list is not supported: the run's (option allowHosts) decides", empty),
     mcp_servers: refused("MCP servers for the agent are not started here", empty),
     env: honoured("variables the container (agent and verifier) sees; ${VAR} and ${VAR:-default} from the host"),
     skills_dir: refused("a skills folder is not given to the agent here"),

@@ -4,8 +4,9 @@
  *
  * - {@link oracle}: Harbor's oracle agent: with the `shell` tool, uploads the task's `solution/` to `/solution`
  *   byte for byte and executes `/solution/solve.sh` as a file (its shebang decides the shell) with
- *   `[solution.env]`, from the working directory (after reading a file first, with `look`), then submits. It finds the task by its instruction (the
- *   row's question), so it proves each task solvable in its own container and the verifier right;
+ *   `[solution.env]`, from the working directory (after reading a file first, with `look`), then submits. It
+ *   finds the task by its instruction (the row's question), so it proves each task solvable in its own container
+ *   and the verifier right;
  * - {@link idle}: submits at once: the baseline that must score 0 (the planted bug is still there).
  *
  * @since 0.1.0

@@ -8,8 +8,8 @@
  * ├── environment/
  * │   └── Dockerfile     # the agent's container (build context: environment/)
  * ├── tests/
- * │   └── test.sh        # the verifier: uploaded byte for byte to /tests after the agent and executed as a file
- * │                      # (its shebang decides the shell); writes /logs/verifier/reward.txt or reward.json
+ * │   └── test.sh        # the verifier: uploaded byte for byte to /tests after the agent, executed as a
+ * │                      # file (its shebang decides the shell); writes /logs/verifier/reward.txt or .json
  * └── solution/
  *     └── solve.sh       # optional reference solution: solution/ is uploaded to /solution, solve.sh executed
  * ```
@@ -219,7 +219,8 @@ const bytesUnder = Effect.fnUntraced(function*(at: Folder, dir: string) {
   if (files === undefined) return undefined
   const bytes = new Map<string, Uint8Array>()
   for (const [file, target] of files) {
-    bytes.set(file, yield* at.fs.readFile(target).pipe(Effect.mapError(() => fail(at, `${dir}/${file} cannot be read`))))
+    const read = at.fs.readFile(target).pipe(Effect.mapError(() => fail(at, `${dir}/${file} cannot be read`)))
+    bytes.set(file, yield* read)
   }
   return bytes
 })
@@ -268,7 +269,9 @@ const envOf = (at: Folder, config: HarborFields.Config) =>
   Effect.gen(function*() {
     const resolve = (section: string, table: Readonly<Record<string, string>>) => {
       const resolved = HarborFields.resolveEnv(table, process.env)
-      return typeof resolved === "string" ? Effect.fail(fail(at, `[${section}.env] ${resolved}`)) : Effect.succeed(resolved)
+      return typeof resolved === "string"
+        ? Effect.fail(fail(at, `[${section}.env] ${resolved}`))
+        : Effect.succeed(resolved)
     }
     return {
       environment: yield* resolve("environment", config.environmentEnv),

@@ -10,7 +10,8 @@
  *   An image that cannot be had fails with its name and the engine's reason ({@link prepare} checks a run's tasks
  *   before any chain starts).
  * - **Containers.** One per chain (`Resource` spec `harbor-<digest>`, scope `chain`, `recreate` on release: an
- *   agent's edits never reach another chain), no network (the run's allow-list is empty), every capability
+ *   agent's edits never reach another chain), no network but the run's allow-list (`allowHosts`, default none,
+ *   for tasks that allow the internet: `Docker.ContainerOptions.allowHosts`), every capability
  *   dropped, seccomp, the task's memory and CPUs (Harbor's defaults: 2,048 MB, 1 CPU), 256 processes, the image's
  *   `USER` (or `[agent] user`) and `WORKDIR` (or `[environment] workdir`), `[environment.env]` in its environment.
  *   Actions go to a `sh` supervisor, the container's main process, over its attached stdio (`transport:
@@ -60,8 +61,14 @@ export interface Settings {
    * engine's CPU each).
    */
   readonly transport: "attach" | "exec"
-  /** The key of a multi-key `reward.json` that is the training reward, where a task's `[metadata] reward_key` is unset. */
+  /** The training key of a multi-key `reward.json` where a task's `[metadata] reward_key` is unset. */
   readonly rewardKey?: string | undefined
+  /**
+   * The run's network allow-list (default none): the hosts (IPv4 addresses or names) the containers of tasks that
+   * allow the internet (`[environment] allow_internet`, Harbor's default true) may reach, e.g. a package mirror or a
+   * proxy; nothing else is reachable. A task that forbids the internet gets none.
+   */
+  readonly allowHosts?: ReadonlyArray<string> | undefined
 }
 
 /**
@@ -141,7 +148,9 @@ const follow = (docker: Docker.DockerEngine["Service"]["docker"], stream: NodeJS
 const within = <A>(promise: Promise<A>, millis: number, what: string) =>
   Promise.race([
     promise,
-    new Promise<never>((_, reject) => setTimeout(() => reject(new Error(`${what} took over ${millis / 1000} s`)), millis).unref())
+    new Promise<never>((_, reject) =>
+      setTimeout(() => reject(new Error(`${what} took over ${millis / 1000} s`)), millis).unref()
+    )
   ])
 
 /**
@@ -296,7 +305,8 @@ const step = (state: State, method: string) =>
     state.startedAt ??= now
     if (now - state.startedAt > task.agentTimeoutMillis) {
       state.timedOut = true
-      return yield* invalid(state, method, `the agent's time is up ([agent] timeout_sec ${task.agentTimeoutMillis / 1000})`)
+      const limit = task.agentTimeoutMillis / 1000
+      return yield* invalid(state, method, `the agent's time is up ([agent] timeout_sec ${limit})`)
     }
     state.steps++
   })
@@ -329,7 +339,11 @@ const verify = Effect.fnUntraced(function*(state: State) {
   // One exec (the engine spends ≈ 100 ms of CPU on each): the tests written from base64, the verifier run,
   // its exit code and the reward file printed after a marker. A verifier user other than the container's runs as
   // an engine exec as that user (the files are written world-readable on a tmpfs every user may write).
-  const options = { stdin: verifierScript(task, who), timeoutMillis: task.verifierTimeoutMillis, maxOutputBytes: 256 * 1024 }
+  const options = {
+    stdin: verifierScript(task, who),
+    timeoutMillis: task.verifierTimeoutMillis,
+    maxOutputBytes: 256 * 1024
+  }
   const run = task.verifierUser === undefined || task.verifierUser === who.user
     ? yield* exec(state, ["sh", "-s"], options)
     : yield* lease.use((c) => c.exec(["sh", "-s"], { ...options, user: task.verifierUser! })).pipe(
@@ -605,22 +619,30 @@ interface Catalog {
   readonly settings: Settings
   readonly manager: ResourceManager.ResourceManager["Service"]
   readonly engine: Docker.DockerEngine["Service"]
-  readonly launchers: Map<string, { readonly resource: Resource.Resource<Docker.Container>; readonly identity: Identity }>
+  readonly launchers: Map<
+    string,
+    { readonly resource: Resource.Resource<Docker.Container>; readonly identity: Identity }
+  >
   readonly tasks: Map<string, HarborTask.HarborTask>
   readonly lock: Semaphore.Semaphore
 }
 
 /**
  * What tells tasks' containers apart: the image (the environment's digest) and what a container is started with
- * (`[environment.env]`, `[agent] user`, `[environment] workdir`): tasks alike in all share a pool.
+ * (`[environment.env]`, `[agent] user`, `[environment] workdir`, whether the allow-list applies): tasks alike in
+ * all share a pool.
  */
-const containerKey = (task: HarborTask.HarborTask): string =>
-  task.agentUser === undefined && task.workdir === undefined && Object.keys(task.env.environment).length === 0
+const containerKey = (task: HarborTask.HarborTask): string => {
+  const started = task.agentUser === undefined && task.workdir === undefined &&
+      Object.keys(task.env.environment).length === 0
     ? task.digest
     : `${task.digest}-${
       createHash("sha256").update(JSON.stringify([task.env.environment, task.agentUser, task.workdir])).digest("hex")
         .slice(0, 8)
     }`
+  // A task that forbids the internet never shares a pool with one the run's allow-list applies to.
+  return task.allowInternet ? started : `${started}-offline`
+}
 
 /** A task's resource (its image built on first use), one per {@link containerKey}. */
 const resourceOf = (catalog: Catalog, task: HarborTask.HarborTask) =>
@@ -630,8 +652,10 @@ const resourceOf = (catalog: Catalog, task: HarborTask.HarborTask) =>
     const tag = yield* image(task)
     const who = yield* identity(task, tag)
     const s = yield* Effect.orDie(spec(task, tag, catalog.settings, who))
+    const allowHosts = task.allowInternet ? (catalog.settings.allowHosts ?? []) : []
     const common = {
       workingDir: who.workdir,
+      allowHosts,
       env: Object.entries(task.env.environment).map(([k, v]) => `${k}=${v}`),
       sharedTmpfs: { "/tests": 256 << 20, "/solution": 256 << 20, "/logs": 64 << 20 }
     }

@@ -18,6 +18,7 @@ import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { execFileSync } from "node:child_process"
+import { createServer } from "node:net"
 import { mkdirSync, mkdtempSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join, resolve } from "node:path"
@@ -155,7 +156,53 @@ describe("Harbor conformance (fixtures, Docker)", () => {
         data: { train: "data/heldout.jsonl", eval: "data/heldout.jsonl" },
         algorithm: { steps: 1 }
       }))
-      const refused = yield* Effect.flip(OracleCli.play(join(dir, "swe.json"), 1).pipe(Effect.provide(NodeServices.layer)))
+      const played = OracleCli.play(join(dir, "swe.json"), 1).pipe(Effect.provide(NodeServices.layer))
+      const refused = yield* Effect.flip(played)
       assert.match(String((refused as Error).message), /the image agentfly\/no-such-image:0 cannot be had: \S/)
     }), { timeout: 120_000 })
+
+  it.live("allow_internet through the run's allow-list: the allowed host is reached; without it, or forbidden, not", () =>
+    Effect.gen(function*() {
+      // The test's own network: a veth pair in the host's namespace with a private address and a TCP server on it.
+      const pair = `afs${process.pid}`.slice(0, 12)
+      const host = `10.251.${(process.pid + 7) % 250}.1`
+      const port = 30_000 + (process.pid % 10_000)
+      yield* Effect.acquireRelease(
+        Effect.sync(() => {
+          execFileSync("ip", ["link", "add", `${pair}a`, "type", "veth", "peer", "name", `${pair}b`])
+          execFileSync("ip", ["addr", "add", `${host}/32`, "dev", `${pair}a`])
+          execFileSync("ip", ["link", "set", `${pair}a`, "up"])
+          execFileSync("ip", ["link", "set", `${pair}b`, "up"])
+        }),
+        () => Effect.sync(() => execFileSync("ip", ["link", "del", `${pair}a`]))
+      )
+      yield* Effect.acquireRelease(
+        Effect.callback<ReturnType<typeof createServer>>((resume) => {
+          const s = createServer((socket) => socket.end("hi"))
+          s.listen(port, host, () => resume(Effect.succeed(s)))
+        }),
+        (s) => Effect.sync(() => s.close())
+      )
+      // `[verifier.env] PROBE = "${AGENTFLY_PROBE:-…}"`: resolved from the host when the folders load (here, and
+      // again by the run's provider).
+      yield* Effect.acquireRelease(
+        Effect.sync(() => (process.env["AGENTFLY_PROBE"] = `${host}:${port}`)),
+        () => Effect.sync(() => delete process.env["AGENTFLY_PROBE"])
+      )
+      const names = ["network", "network-off"]
+      const tasks = yield* Effect.forEach(names, load)
+      const rows = tasks.map((t, i) => ({ question: t.instruction, task: names[i]! }))
+      const play = (allowHosts: ReadonlyArray<string> | undefined) =>
+        Effect.map(
+          Oracle.rollout({
+            task: SweTask.make({ root, pool: 2, ...(allowHosts === undefined ? {} : { allowHosts }) }),
+            rows,
+            policy: HarborOracle.idle
+          }),
+          (played) => played.map((t) => t.reward)
+        )
+      assert.deepStrictEqual(yield* play([host]), [1, 0], "allowed: reached; allow_internet = false: not")
+      assert.deepStrictEqual(yield* play(undefined), [0, 0], "no allow-list (the default): offline")
+      assert.strictEqual(containers(), "", "no container outlives its chain")
+    }).pipe(Effect.scoped), { timeout: 300_000 })
 })
