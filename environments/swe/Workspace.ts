@@ -33,6 +33,7 @@ import * as ResourceManager from "../../actors/ResourceManager.ts"
 import * as Docker from "../../actors/resources/Docker.ts"
 import * as Environment from "../../src/Environment.ts"
 import * as Resource from "../../src/Resource.ts"
+import * as HarborSteps from "./HarborSteps.ts"
 import * as HarborTask from "./HarborTask.ts"
 
 // ===== Models =====
@@ -274,6 +275,11 @@ interface State {
   submitted: boolean
   startedAt: number | undefined
   timedOut: boolean
+  /** A multi-step task's current step, the results of those verified, whether the trial stops, the last run. */
+  stepIndex: number
+  readonly stepResults: Array<HarborSteps.StepResult>
+  stopped: boolean
+  lastRun: { readonly exitCode: number; readonly output: string } | undefined
 }
 
 const exec = (state: State, cmd: ReadonlyArray<string>, options: Docker.ExecOptions = {}) =>
@@ -303,9 +309,10 @@ const step = (state: State, method: string) =>
     const { task } = yield* state.ready
     const now = yield* Clock.currentTimeMillis
     state.startedAt ??= now
-    if (now - state.startedAt > task.agentTimeoutMillis) {
+    const allowed = task.steps[state.stepIndex]?.agentTimeoutMillis ?? task.agentTimeoutMillis
+    if (now - state.startedAt > allowed) {
       state.timedOut = true
-      const limit = task.agentTimeoutMillis / 1000
+      const limit = allowed / 1000
       return yield* invalid(state, method, `the agent's time is up ([agent] timeout_sec ${limit})`)
     }
     state.steps++
@@ -334,14 +341,31 @@ const edit = Effect.fnUntraced(function*(state: State, path: string, old: string
   return `edited ${path}`
 })
 
-const verify = Effect.fnUntraced(function*(state: State) {
+/** What one verifier run is given: the tests, the env, the time limit (the task's, or a step's). */
+interface Verification {
+  readonly tests: ReadonlyMap<string, Uint8Array>
+  readonly env: Readonly<Record<string, string>>
+  readonly timeoutMillis: number
+}
+
+/** The verification of a single-step task, or of a multi-step task's current step. */
+const verificationOf = (task: HarborTask.HarborTask, state: State): Verification => {
+  const step = task.steps[state.stepIndex]
+  return step === undefined
+    ? { tests: task.tests, env: task.env.verifier, timeoutMillis: task.verifierTimeoutMillis }
+    : { tests: step.tests, env: step.verifierEnv, timeoutMillis: step.verifierTimeoutMillis }
+}
+
+/** One verifier run: every key it wrote and the training reward of them. */
+const runVerifier = Effect.fnUntraced(function*(state: State) {
   const { task, lease, identity: who } = yield* state.ready
+  const verification = verificationOf(task, state)
   // One exec (the engine spends ≈ 100 ms of CPU on each): the tests written from base64, the verifier run,
   // its exit code and the reward file printed after a marker. A verifier user other than the container's runs as
   // an engine exec as that user (the files are written world-readable on a tmpfs every user may write).
   const options = {
-    stdin: verifierScript(task, who),
-    timeoutMillis: task.verifierTimeoutMillis,
+    stdin: verifierScript(verification, who),
+    timeoutMillis: verification.timeoutMillis,
     maxOutputBytes: 256 * 1024
   }
   const run = task.verifierUser === undefined || task.verifierUser === who.user
@@ -374,13 +398,80 @@ const verify = Effect.fnUntraced(function*(state: State) {
 })
 
 /**
+ * The verdict at the episode's end: the task's verifier; for a multi-step task, the current step verified (when
+ * the episode ended before its `submit`) and the trial reward of every step's (`HarborSteps`).
+ */
+const verify = Effect.fnUntraced(function*(state: State) {
+  const { task } = yield* state.ready
+  if (task.steps.length === 0) return yield* runVerifier(state)
+  let last = state.lastRun
+  if (!state.submitted) last = yield* verifyStep(state)
+  const reward = HarborSteps.trialReward(task, state.stepResults)
+  return {
+    reward,
+    rewards: HarborSteps.figures(state.stepResults),
+    exitCode: last?.exitCode ?? 0,
+    output: last?.output ?? ""
+  }
+})
+
+/** Verifies a multi-step task's current step and records it; true in `stop` when the trial stops there. */
+const verifyStep = Effect.fnUntraced(function*(state: State) {
+  const { task } = yield* state.ready
+  const run = yield* runVerifier(state)
+  const step = task.steps[state.stepIndex]!
+  const result = { name: step.name, reward: run.reward, rewards: run.rewards }
+  state.stepResults.push(result)
+  state.lastRun = run
+  state.stopped = HarborSteps.stops(step, result) || state.stepIndex + 1 >= task.steps.length
+  return run
+})
+
+/**
+ * `submit`: the work is done. A multi-step task's step is verified at once: the trial goes on with the next step's
+ * instruction as the answer (the agent is not shown the step's reward, as in Harbor), or ends (the last step, or a
+ * reward below the step's `min_reward`).
+ */
+const submit = Effect.fnUntraced(function*(state: State) {
+  yield* step(state, "submit")
+  const { task } = yield* state.ready
+  if (task.steps.length === 0) {
+    state.submitted = true
+    return "submitted"
+  }
+  const done = task.steps[state.stepIndex]!
+  yield* verifyStep(state)
+  if (state.stopped) {
+    state.submitted = true
+    return state.stepIndex + 1 >= task.steps.length
+      ? `submitted: step ${done.name} was the last`
+      : `submitted: the task stops after step ${done.name}`
+  }
+  state.stepIndex++
+  state.startedAt = undefined
+  const next = task.steps[state.stepIndex]!
+  return `Step ${done.name} is done. Next step, ${next.name}:\n${next.instruction}`
+})
+
+/**
  * The workspace over the chain's (lazily leased) container.
  *
  * @category constructors
  * @since 0.1.0
  */
 export const make = (ready: Ready, settings: Settings): Workspace["Service"] => {
-  const state: State = { ready, settings, steps: 0, submitted: false, startedAt: undefined, timedOut: false }
+  const state: State = {
+    ready,
+    settings,
+    steps: 0,
+    submitted: false,
+    startedAt: undefined,
+    timedOut: false,
+    stepIndex: 0,
+    stepResults: [],
+    stopped: false,
+    lastRun: undefined
+  }
   return {
     settings,
     shell: (cmd) =>
@@ -397,10 +488,7 @@ export const make = (ready: Ready, settings: Settings): Workspace["Service"] => 
         Effect.map(readFile(state, path), (text) => cut(text, settings.maxOutputChars))
       ),
     edit: (path, old, replacement) => edit(state, path, old, replacement),
-    submit: Effect.andThen(step(state, "submit"), Effect.sync(() => {
-      state.submitted = true
-      return "submitted"
-    })),
+    submit: submit(state),
     overview: Effect.flatMap(ready, ({ identity: who }) =>
       Effect.map(
         exec(state, ["sh", "-c", "ls -R . | head -40"], { timeoutMillis: settings.shellTimeoutMillis }),
@@ -512,12 +600,12 @@ export const exportLines = (env: Readonly<Record<string, string>>): Array<string
  * The shell script of a verification: `/tests` and `/logs/verifier` emptied, the tests written byte for byte,
  * `test.sh` executed as a file with `[verifier.env]`, its exit code and the reward file printed.
  */
-const verifierScript = (task: HarborTask.HarborTask, who: Identity): string =>
+const verifierScript = (verification: Verification, who: Identity): string =>
   [
-    ...uploadLines("/tests", task.tests),
+    ...uploadLines("/tests", verification.tests),
     "mkdir -p /logs/verifier && find /logs/verifier -mindepth 1 -delete 2>/dev/null",
     "chmod -R a+rX /tests; chmod a+x /tests/test.sh",
-    ...exportLines(task.env.verifier),
+    ...exportLines(verification.env),
     `cd ${quote(who.workdir)}`,
     "/tests/test.sh",
     "code=$?",
