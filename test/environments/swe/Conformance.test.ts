@@ -209,7 +209,7 @@ describe("Harbor conformance (fixtures, Docker)", () => {
       assert.match(String((refused as Error).message), /the image agentfly\/no-such-image:0 cannot be had: \S/)
     }), { timeout: 120_000 })
 
-  it.live("allow_internet through the run's allow-list: the allowed host is reached; not without it, nor forbidden", () =>
+  it.live("allow_internet through the run's allow-list: the allowed host is reached, not otherwise", () =>
     Effect.gen(function*() {
       // The test's own network: a veth pair in the host's namespace with a private address and a TCP server on it.
       const pair = `afs${process.pid}`.slice(0, 12)
