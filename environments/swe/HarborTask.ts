@@ -15,9 +15,9 @@
  * ```
  *
  * `load` reads and checks a folder: a missing file, a malformed `task.toml` (read with `smol-toml`), a field this
- * runtime refuses or Harbor does not define (`HarborFields`), a step folder that is missing or malformed, or a Docker
- * Compose environment is a `HarborError` naming the folder and what is wrong, before any container starts. Test and solution
- * files are read as bytes (a binary fixture reaches the verifier as it is in the folder).
+ * runtime refuses or Harbor does not define (`HarborFields`), a step folder that is missing or malformed, or a
+ * Docker Compose environment is a `HarborError` naming the folder and what is wrong, before any container starts.
+ * Test and solution files are read as bytes (a binary fixture reaches the verifier as it is in the folder).
  *
  * **Paths cannot escape.** A folder's files are what its verifier copies into the container and what its image is
  * built from, and a row's `task` may come from another machine (a rollout worker's share), so every path is checked

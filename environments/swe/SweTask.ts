@@ -15,7 +15,9 @@
  * of a multi-key `reward.json` that is the training reward where a task's `[metadata] reward_key` is unset; else
  * `reward`, else the mean of the keys: `Workspace.trainingReward`), `toolCallFormat` (weight of a format term added
  * to the verifier's reward, default 0), `allowHosts` (the run's network allow-list: hosts, IPv4 addresses or names,
- * that containers of tasks allowing the internet may reach, e.g. a package mirror or proxy; default none: offline).
+ * that containers of tasks allowing the internet may reach, e.g. a package mirror or proxy; default none: offline),
+ * `bake` (a shell command run as root over every task's image at build time: what verifiers install at verify
+ * time, baked in; default none).
  *
  * Harbor's semantics, point by point, and every `task.toml` field honoured or refused: `docs/harbor.md`.
  *
@@ -50,6 +52,7 @@ export const Options = Schema.Struct({
   transport: Schema.optionalKey(Schema.Literals(["attach", "exec"])),
   rewardKey: Schema.optionalKey(Schema.NonEmptyString),
   allowHosts: Schema.optionalKey(Schema.Array(Schema.NonEmptyString)),
+  bake: Schema.optionalKey(Schema.NonEmptyString),
   toolCallFormat: Schema.optionalKey(Schema.Number.check(Schema.isGreaterThanOrEqualTo(0)))
 })
 export type Options = typeof Options.Type
@@ -207,7 +210,8 @@ export const settings = (options: Options): Workspace.Settings => ({
   maxSteps: options.maxSteps ?? Workspace.defaultSettings.maxSteps,
   transport: options.transport ?? Workspace.defaultSettings.transport,
   rewardKey: options.rewardKey,
-  allowHosts: options.allowHosts
+  allowHosts: options.allowHosts,
+  bake: options.bake
 })
 
 /**

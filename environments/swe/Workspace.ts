@@ -28,7 +28,9 @@
 import { NodeServices } from "@effect/platform-node"
 import { Clock, Context, Effect, Scope, Semaphore } from "effect"
 import { createHash } from "node:crypto"
-import { existsSync } from "node:fs"
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
 import * as ResourceManager from "../../actors/ResourceManager.ts"
 import * as Docker from "../../actors/resources/Docker.ts"
 import * as Environment from "../../src/Environment.ts"
@@ -70,6 +72,11 @@ export interface Settings {
    * proxy; nothing else is reachable. A task that forbids the internet gets none.
    */
   readonly allowHosts?: ReadonlyArray<string> | undefined
+  /**
+   * A shell command run as root in a layer over every task's image at build time (default none): what verifiers
+   * install at verify time, baked in so that they run offline ({@link baked}).
+   */
+  readonly bake?: string | undefined
 }
 
 /**
@@ -193,6 +200,52 @@ export const image = (task: HarborTask.HarborTask): Effect.Effect<string, Enviro
           e instanceof Error ? e.message : String(e)
         )
     }).pipe(Effect.as(tag))
+  })
+
+/**
+ * A task's image with `bake` (a shell command, run as root) in a layer over it: what a verifier would install at
+ * verify time (`pip install pytest`, a `curl`), installed once at build time instead, so that it runs offline.
+ * Built once per image and command (tagged by both), within the task's build timeout; the build's own network is the
+ * engine's (none without a bridge). Fails as {@link image} does, naming the command.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const baked = (
+  task: HarborTask.HarborTask,
+  tag: string,
+  bake: string
+): Effect.Effect<string, Environment.EnvError, Docker.DockerEngine> =>
+  Effect.flatMap(Docker.DockerEngine, ({ docker }) => {
+    const derived = `agentfly-harbor/${task.digest}-baked-${
+      createHash("sha256").update(`${tag}\n${bake}`).digest("hex").slice(0, 8)
+    }:1`
+    const build = async () => {
+      const exists = await docker.getImage(derived).inspect().then(() => true, () => false)
+      if (exists) return
+      const context = mkdtempSync(join(tmpdir(), "agentfly-bake-"))
+      try {
+        const dockerfile = `FROM ${tag}\nUSER root\nRUN ${JSON.stringify(["sh", "-c", bake])}\n`
+        writeFileSync(join(context, "Dockerfile"), dockerfile)
+        const options = { t: derived, rm: true, forcerm: true }
+        const stream = await docker.buildImage({ context, src: ["Dockerfile"] }, options)
+        await within(follow(docker, stream), task.buildTimeoutMillis, "the bake")
+      } finally {
+        rmSync(context, { recursive: true, force: true })
+      }
+    }
+    return Effect.tryPromise({
+      try: () => {
+        let pending = building.get(derived)
+        if (pending === undefined) {
+          pending = build()
+          building.set(derived, pending)
+          pending.catch(() => building.delete(derived))
+        }
+        return pending
+      },
+      catch: (e) => imageError(task, `${derived} (${tag} with bake ${JSON.stringify(bake)})`, String(e))
+    }).pipe(Effect.as(derived))
   })
 
 /**
@@ -737,8 +790,10 @@ const resourceOf = (catalog: Catalog, task: HarborTask.HarborTask) =>
   catalog.lock.withPermits(1)(Effect.gen(function*() {
     const known = catalog.launchers.get(containerKey(task))
     if (known !== undefined) return known
-    const tag = yield* image(task)
-    const who = yield* identity(task, tag)
+    const base = yield* image(task)
+    const who = yield* identity(task, base)
+    const bake = catalog.settings.bake
+    const tag = bake === undefined ? base : yield* baked(task, base, bake)
     const s = yield* Effect.orDie(spec(task, tag, catalog.settings, who))
     const allowHosts = task.allowInternet ? (catalog.settings.allowHosts ?? []) : []
     const common = {

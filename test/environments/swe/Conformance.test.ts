@@ -187,6 +187,24 @@ describe("Harbor conformance (fixtures, Docker)", () => {
       assert.strictEqual(containers(), "", "no container outlives its chain")
     }), { timeout: 300_000 })
 
+  it.effect("what a verifier installs at verify time is baked into the image by the run's option bake", () =>
+    Effect.gen(function*() {
+      const baked = yield* load("baked")
+      const row = { question: baked.instruction, task: "baked" }
+      const play = (bake: string | undefined) =>
+        Effect.map(
+          Oracle.rollout({
+            task: SweTask.make({ root, pool: 1, ...(bake === undefined ? {} : { bake }) }),
+            rows: [row],
+            policy: HarborOracle.idle
+          }),
+          (played) => played[0]!.reward
+        )
+      assert.strictEqual(yield* play(undefined), 0, "offline, nothing installs the tool")
+      assert.strictEqual(yield* play("mkdir -p /opt && echo ready > /opt/verifier-tool"), 1)
+      assert.strictEqual(containers(), "", "no container outlives its chain")
+    }), { timeout: 300_000 })
+
   it.effect("a prebuilt image that cannot be had fails before any chain, naming the image and the reason", () =>
     Effect.gen(function*() {
       const missing = yield* load("missing-image")
