@@ -3,9 +3,9 @@
  * for the chain's episode, with the actions the tools take (`shell`, `read`, `edit`, `submit`) and the verifier the
  * reward runs.
  *
- * - **Images.** A task's `environment/` is built once per machine with the engine's builder (its `FROM` must be an
- *   image the engine has or can pull, e.g. the project's `agentfly/python:1`) within `[environment]
- *   build_timeout_sec`, tagged by the digest of its files, so tasks with the same environment share an image and a
+ * - **Images** (`HarborImage`). A task's `environment/` is built once per machine with the engine's builder (its
+ *   `FROM` must be an image the engine has or can pull, e.g. the project's `agentfly/python:1`) within
+ *   `[environment] build_timeout_sec`, tagged by the digest of its files, so tasks with the same environment share an image and a
  *   second run builds nothing; `[environment] docker_image` names a prebuilt image instead (local, else pulled).
  *   An image that cannot be had fails with its name and the engine's reason ({@link prepare} checks a run's tasks
  *   before any chain starts).
@@ -28,13 +28,12 @@
 import { NodeServices } from "@effect/platform-node"
 import { Clock, Context, Effect, Scope, Semaphore } from "effect"
 import { createHash } from "node:crypto"
-import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs"
-import { tmpdir } from "node:os"
-import { join } from "node:path"
+import { existsSync } from "node:fs"
 import * as ResourceManager from "../../actors/ResourceManager.ts"
 import * as Docker from "../../actors/resources/Docker.ts"
 import * as Environment from "../../src/Environment.ts"
 import * as Resource from "../../src/Resource.ts"
+import * as HarborImage from "./HarborImage.ts"
 import * as HarborSteps from "./HarborSteps.ts"
 import * as HarborTask from "./HarborTask.ts"
 
@@ -74,7 +73,7 @@ export interface Settings {
   readonly allowHosts?: ReadonlyArray<string> | undefined
   /**
    * A shell command run as root in a layer over every task's image at build time (default none): what verifiers
-   * install at verify time, baked in so that they run offline ({@link baked}).
+   * install at verify time, baked in so that they run offline (`HarborImage.baked`).
    */
   readonly bake?: string | undefined
 }
@@ -131,154 +130,6 @@ export class Workspace extends Context.Service<Workspace, {
 
 // ===== Images =====
 
-const building = new Map<string, Promise<void>>()
-
-/**
- * Why a task's image cannot be had: its name and the engine's reason.
- *
- * @category errors
- * @since 0.1.0
- */
-export const imageError = (task: HarborTask.HarborTask, image: string, reason: string) =>
-  Environment.envError(`harbor:${task.name}`, "build", "Unavailable", `the image ${image} cannot be had: ${reason}`)
-
-/** Follows a build or pull stream to its end; its first error rejects. */
-const follow = (docker: Docker.DockerEngine["Service"]["docker"], stream: NodeJS.ReadableStream) =>
-  new Promise<void>((done, reject) =>
-    docker.modem.followProgress(stream, (error, output: Array<{ error?: string; errorDetail?: unknown }>) => {
-      const failed = output?.find((o) => o.error !== undefined)
-      if (error !== null || failed !== undefined) reject(new Error(String(failed?.error ?? error)))
-      else done()
-    })
-  )
-
-/** `promise`, or a rejection after `millis`. */
-const within = <A>(promise: Promise<A>, millis: number, what: string) =>
-  Promise.race([
-    promise,
-    new Promise<never>((_, reject) =>
-      setTimeout(() => reject(new Error(`${what} took over ${millis / 1000} s`)), millis).unref()
-    )
-  ])
-
-/**
- * The image of a task's environment: `[environment] docker_image` (local, else pulled), or `environment/` built once
- * per digest within the build timeout (concurrent chains wait for one build). Fails with the image's name and the
- * reason ({@link imageError}).
- *
- * @category constructors
- * @since 0.1.0
- */
-export const image = (task: HarborTask.HarborTask): Effect.Effect<string, Environment.EnvError, Docker.DockerEngine> =>
-  Effect.flatMap(Docker.DockerEngine, ({ docker }) => {
-    const prebuilt = task.dockerImage !== undefined && task.environment.length === 0
-    const tag = prebuilt ? task.dockerImage! : `agentfly-harbor/${task.digest}:1`
-    const build = async () => {
-      const exists = await docker.getImage(tag).inspect().then(() => true, () => false)
-      if (exists) return
-      if (prebuilt) return within(follow(docker, await docker.pull(tag)), task.buildTimeoutMillis, "the pull")
-      const stream = await docker.buildImage(
-        { context: `${task.folder}/environment`, src: [...task.environment] },
-        { t: tag, rm: true, forcerm: true }
-      )
-      await within(follow(docker, stream), task.buildTimeoutMillis, "the build")
-    }
-    return Effect.tryPromise({
-      try: () => {
-        let pending = building.get(tag)
-        if (pending === undefined) {
-          pending = build()
-          building.set(tag, pending)
-          pending.catch(() => building.delete(tag))
-        }
-        return pending
-      },
-      catch: (e) =>
-        imageError(
-          task,
-          prebuilt ? tag : `${tag} (built from ${task.folder}/environment)`,
-          e instanceof Error ? e.message : String(e)
-        )
-    }).pipe(Effect.as(tag))
-  })
-
-/**
- * A task's image with `bake` (a shell command, run as root) in a layer over it: what a verifier would install at
- * verify time (`pip install pytest`, a `curl`), installed once at build time instead, so that it runs offline.
- * Built once per image and command (tagged by both), within the task's build timeout; the build's own network is the
- * engine's (none without a bridge). Fails as {@link image} does, naming the command.
- *
- * @category constructors
- * @since 0.1.0
- */
-export const baked = (
-  task: HarborTask.HarborTask,
-  tag: string,
-  bake: string
-): Effect.Effect<string, Environment.EnvError, Docker.DockerEngine> =>
-  Effect.flatMap(Docker.DockerEngine, ({ docker }) => {
-    const derived = `agentfly-harbor/${task.digest}-baked-${
-      createHash("sha256").update(`${tag}\n${bake}`).digest("hex").slice(0, 8)
-    }:1`
-    const build = async () => {
-      const exists = await docker.getImage(derived).inspect().then(() => true, () => false)
-      if (exists) return
-      const context = mkdtempSync(join(tmpdir(), "agentfly-bake-"))
-      try {
-        const dockerfile = `FROM ${tag}\nUSER root\nRUN ${JSON.stringify(["sh", "-c", bake])}\n`
-        writeFileSync(join(context, "Dockerfile"), dockerfile)
-        const options = { t: derived, rm: true, forcerm: true }
-        const stream = await docker.buildImage({ context, src: ["Dockerfile"] }, options)
-        await within(follow(docker, stream), task.buildTimeoutMillis, "the bake")
-      } finally {
-        rmSync(context, { recursive: true, force: true })
-      }
-    }
-    return Effect.tryPromise({
-      try: () => {
-        let pending = building.get(derived)
-        if (pending === undefined) {
-          pending = build()
-          building.set(derived, pending)
-          pending.catch(() => building.delete(derived))
-        }
-        return pending
-      },
-      catch: (e) => imageError(task, `${derived} (${tag} with bake ${JSON.stringify(bake)})`, String(e))
-    }).pipe(Effect.as(derived))
-  })
-
-/**
- * The user and working directory a task's containers get: the task's (`[agent] user`, `[environment] workdir`),
- * else its image's `USER` and `WORKDIR` (root and `/` when the image sets none), as Harbor runs them.
- *
- * @category models
- * @since 0.1.0
- */
-export interface Identity {
-  readonly user: string
-  readonly workdir: string
-}
-
-/**
- * The {@link Identity} of a task on its image.
- *
- * @category constructors
- * @since 0.1.0
- */
-export const identity = (
-  task: HarborTask.HarborTask,
-  tag: string
-): Effect.Effect<Identity, Environment.EnvError, Docker.DockerEngine> =>
-  Effect.flatMap(Docker.DockerEngine, ({ docker }) =>
-    Effect.tryPromise({
-      try: () => docker.getImage(tag).inspect(),
-      catch: (e) => imageError(task, tag, e instanceof Error ? e.message : String(e))
-    }).pipe(Effect.map((info) => ({
-      user: task.agentUser ?? (info.Config?.User || "0:0"),
-      workdir: task.workdir ?? (info.Config?.WorkingDir || "/")
-    }))))
-
 /**
  * Checks that every task's image can be had (building or pulling it), before any chain starts: an engine that does
  * not answer is said as the provider says it, and the first image that cannot be had fails with its name and the
@@ -292,7 +143,9 @@ export const prepare = (
 ): Effect.Effect<void, Environment.EnvError, Docker.DockerEngine> =>
   Effect.andThen(
     Effect.flatMap(Docker.DockerEngine, (engine) => ping(engine)),
-    Effect.forEach(tasks, (task) => Effect.flatMap(image(task), (tag) => identity(task, tag)), { discard: true })
+    Effect.forEach(tasks, (task) => Effect.flatMap(HarborImage.image(task), (tag) => HarborImage.identity(task, tag)), {
+      discard: true
+    })
   )
 
 // ===== Workspaces =====
@@ -315,7 +168,7 @@ export type Ready = Effect.Effect<
   {
     readonly task: HarborTask.HarborTask
     readonly lease: ResourceManager.Lease<Docker.Container>
-    readonly identity: Identity
+    readonly identity: HarborImage.Identity
   },
   Environment.EnvError
 >
@@ -653,7 +506,7 @@ export const exportLines = (env: Readonly<Record<string, string>>): Array<string
  * The shell script of a verification: `/tests` and `/logs/verifier` emptied, the tests written byte for byte,
  * `test.sh` executed as a file with `[verifier.env]`, its exit code and the reward file printed.
  */
-const verifierScript = (verification: Verification, who: Identity): string =>
+const verifierScript = (verification: Verification, who: HarborImage.Identity): string =>
   [
     ...uploadLines("/tests", verification.tests),
     "mkdir -p /logs/verifier && find /logs/verifier -mindepth 1 -delete 2>/dev/null",
@@ -735,7 +588,7 @@ export const parseReward = (text: string): number | undefined => {
  * @category constructors
  * @since 0.1.0
  */
-export const spec = (task: HarborTask.HarborTask, tag: string, settings: Settings, who: Identity) =>
+export const spec = (task: HarborTask.HarborTask, tag: string, settings: Settings, who: HarborImage.Identity) =>
   Resource.make({
     name: `harbor-${containerKey(task)}`,
     kind: "docker",
@@ -762,7 +615,7 @@ interface Catalog {
   readonly engine: Docker.DockerEngine["Service"]
   readonly launchers: Map<
     string,
-    { readonly resource: Resource.Resource<Docker.Container>; readonly identity: Identity }
+    { readonly resource: Resource.Resource<Docker.Container>; readonly identity: HarborImage.Identity }
   >
   readonly tasks: Map<string, HarborTask.HarborTask>
   readonly lock: Semaphore.Semaphore
@@ -790,10 +643,10 @@ const resourceOf = (catalog: Catalog, task: HarborTask.HarborTask) =>
   catalog.lock.withPermits(1)(Effect.gen(function*() {
     const known = catalog.launchers.get(containerKey(task))
     if (known !== undefined) return known
-    const base = yield* image(task)
-    const who = yield* identity(task, base)
+    const base = yield* HarborImage.image(task)
+    const who = yield* HarborImage.identity(task, base)
     const bake = catalog.settings.bake
-    const tag = bake === undefined ? base : yield* baked(task, base, bake)
+    const tag = bake === undefined ? base : yield* HarborImage.baked(task, base, bake)
     const s = yield* Effect.orDie(spec(task, tag, catalog.settings, who))
     const allowHosts = task.allowInternet ? (catalog.settings.allowHosts ?? []) : []
     const common = {

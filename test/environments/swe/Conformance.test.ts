@@ -29,6 +29,7 @@ import * as OracleCli from "../../../cli/oracle.ts"
 import * as Oracle from "../../../actors/Oracle.ts"
 import * as Docker from "../../../actors/resources/Docker.ts"
 import * as HarborFields from "../../../environments/swe/HarborFields.ts"
+import * as HarborImage from "../../../environments/swe/HarborImage.ts"
 import * as HarborOracle from "../../../environments/swe/HarborOracle.ts"
 import * as HarborTask from "../../../environments/swe/HarborTask.ts"
 import * as SweTask from "../../../environments/swe/SweTask.ts"
@@ -99,8 +100,8 @@ describe("Harbor conformance (fixtures, Docker)", () => {
       assert.deepStrictEqual([...pipefail.solutionFiles.keys()], ["helper.sh", "solve.sh"])
       const [user, workdir] = [yield* load("user"), yield* load("workdir")]
       const who = yield* Effect.all([
-        Effect.flatMap(Workspace.image(user), (tag) => Workspace.identity(user, tag)),
-        Effect.flatMap(Workspace.image(workdir), (tag) => Workspace.identity(workdir, tag))
+        Effect.flatMap(HarborImage.image(user), (tag) => HarborImage.identity(user, tag)),
+        Effect.flatMap(HarborImage.image(workdir), (tag) => HarborImage.identity(workdir, tag))
       ]).pipe(Effect.provide(Docker.DockerEngine.layer))
       assert.deepStrictEqual(who, [
         { user: "1234:1234", workdir: "/home/runner" },
