@@ -5,8 +5,9 @@
  *
  * - **Images** (`HarborImage`). A task's `environment/` is built once per machine with the engine's builder (its
  *   `FROM` must be an image the engine has or can pull, e.g. the project's `agentfly/python:1`) within
- *   `[environment] build_timeout_sec`, tagged by the digest of its files, so tasks with the same environment share an image and a
- *   second run builds nothing; `[environment] docker_image` names a prebuilt image instead (local, else pulled).
+ *   `[environment] build_timeout_sec`, tagged by the digest of its files, so tasks with the same environment share
+ *   an image and a second run builds nothing; `[environment] docker_image` names a prebuilt image instead (local,
+ *   else pulled).
  *   An image that cannot be had fails with its name and the engine's reason ({@link prepare} checks a run's tasks
  *   before any chain starts).
  * - **Containers.** One per chain (`Resource` spec `harbor-<digest>`, scope `chain`, `recreate` on release: an
