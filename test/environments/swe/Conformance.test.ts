@@ -37,7 +37,16 @@ import * as Workspace from "../../../environments/swe/Workspace.ts"
 import type { Conversation } from "../../../src/Message.ts"
 
 const root = resolve(import.meta.dirname, "../../../examples/swe/conformance")
-const playable = ["binary-fixture", "pipefail", "multi-reward", "multi-reward-mean", "env-tables", "workdir", "user"]
+const playable = [
+  "binary-fixture",
+  "pipefail",
+  "multi-reward",
+  "multi-reward-mean",
+  "env-tables",
+  "workdir",
+  "user",
+  "users"
+]
 
 const load = (name: string) => HarborTask.loadRow(root, name).pipe(Effect.provide(NodeServices.layer))
 
@@ -55,7 +64,7 @@ describe("Harbor conformance (fixtures, Docker)", () => {
       const by = Object.fromEntries(played.map((t, i) => [playable[i]!, t]))
       const errors = played.flatMap((t, i) => (t.error === undefined ? [] : [`${playable[i]}: ${t.error}`]))
       assert.deepStrictEqual(errors, [])
-      for (const name of ["binary-fixture", "pipefail", "env-tables", "workdir", "user"]) {
+      for (const name of ["binary-fixture", "pipefail", "env-tables", "workdir", "user", "users"]) {
         assert.strictEqual(by[name]!.reward, 1, `${name}: ${JSON.stringify(by[name]!.metrics)}`)
       }
       // reward.json's keys are all figures; the task's reward_key is the training reward; without one, the mean.
