@@ -22,6 +22,7 @@ import { PassThrough } from "node:stream"
 import { EnvError, envError } from "../../src/Environment.ts"
 import type * as Resource from "../../src/Resource.ts"
 import * as Lines from "./internal/lineChannel.ts"
+import * as NetPolicy from "./internal/netPolicy.ts"
 import * as Seccomp from "./Seccomp.ts"
 
 // ===== Engine =====
@@ -285,6 +286,12 @@ export interface ContainerOptions {
    * `/tests` and `/logs`.
    */
   readonly sharedTmpfs?: Readonly<Record<string, number>>
+  /**
+   * The network allow-list of a container without a network (`limits.network: "none"`): the hosts (IPv4 addresses
+   * or names) it may reach, and nothing else (a veth with one route per host; `internal/netPolicy.ts`). Empty or
+   * absent: loopback only. Needs `ip` and `nsenter` on the host, run as root.
+   */
+  readonly allowHosts?: ReadonlyArray<string>
 }
 
 /**
@@ -318,6 +325,18 @@ export const hostConfig = (limits: Resource.Limits): Dockerode.HostConfig => {
     AutoRemove: false
   }
 }
+
+/** Routes from a started container to the allowed hosts only (removed with the container's namespace). */
+const allowNetwork = (handle: Dockerode.Container, env: string, hosts: ReadonlyArray<string>) =>
+  Effect.gen(function*() {
+    const info = yield* Effect.tryPromise({ try: () => handle.inspect(), catch: (e) => engineError(env, "start", e) })
+    const addresses = yield* NetPolicy.resolveHosts(hosts)
+    yield* NetPolicy.attach(info.State.Pid, info.Id, addresses)
+  }).pipe(
+    Effect.mapError((e) =>
+      e instanceof EnvError ? e : envError(env, "start", "Unavailable", `the network allow-list: ${e.message}`)
+    )
+  )
 
 /** `config` with `shared` added as world-writable (sticky) tmpfs mounts. */
 const withSharedTmpfs = (
@@ -440,6 +459,9 @@ export const launcher = (
         )
         const stdio = options.attachStdio ? yield* attachLines(docker, handle, spec.name) : undefined
         yield* Effect.tryPromise({ try: () => handle.start(), catch: (e) => engineError(spec.name, "start", e) })
+        if (options.allowHosts !== undefined && options.allowHosts.length > 0) {
+          yield* allowNetwork(handle, spec.name, options.allowHosts)
+        }
         const container = makeContainer(docker, handle, name, spec.name, stdio)
         if (options.ready) {
           // Until the main process answers; the manager's `startMillis` bounds the wait.

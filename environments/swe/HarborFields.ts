@@ -7,12 +7,14 @@
  * - **Honoured**: read and acted on (see {@link Config}); `[metadata]`, `[task]`'s description, authors and keywords,
  *   and `source` are metadata, kept as Harbor keeps them (nothing to act on).
  * - **Refused**: a value this runtime cannot give as Harbor would (a GPU, a healthcheck, MCP servers, a skills
- *   folder, an internet allow-list, a disk cap other than Harbor's default, a separate verifier environment), and any
- *   field Harbor does not define: the folder fails to load with a `HarborError` naming `[section] field` and why.
+ *   folder, a task's own allow-list, a disk cap other than Harbor's default, a separate verifier environment,
+ *   artifacts), and any field Harbor does not define: the folder fails to load with a `HarborError` naming
+ *   `[section] field` and why. Multi-step tasks (`[[steps]]`) run as `HarborSteps` says.
  *
- * `allow_internet` is honoured through the run's network allow-list, which is empty: a task that allows the
- * internet (Harbor's default) runs offline here, as one that forbids it does; whatever its verifier needs at verify
- * time must be in its image.
+ * `allow_internet` is honoured through the run's network allow-list (the swe task option `allowHosts`, default
+ * none): a task that allows the internet (Harbor's default) reaches the hosts the run allows and nothing else, so
+ * by default it runs offline; one that forbids it (`allow_internet = false`, `network_mode = "no-network"`) reaches
+ * nothing whatever the run allows.
  *
  * @since 0.1.0
  */
@@ -54,7 +56,7 @@ export interface Config {
   readonly dockerImage: string | undefined
   /** `[environment] allow_internet` (and `network_mode = "no-network"`, which forbids it). */
   readonly allowInternet: boolean
-  /** `[environment] workdir` (this runtime's own key): else the image's `WORKDIR`. */
+  /** `[environment] workdir`: else the image's `WORKDIR`. */
   readonly workdir: string | undefined
   /** `[agent] user`: else the image's `USER`. */
   readonly agentUser: string | undefined
@@ -65,6 +67,26 @@ export interface Config {
   readonly solutionEnv: Readonly<Record<string, string>>
   /** `[metadata] reward_key`: the key of a multi-key `reward.json` that is the training reward. */
   readonly rewardKey: string | undefined
+  /** `[[steps]]`, in order (empty: a single-step task). */
+  readonly steps: ReadonlyArray<StepConfig>
+  /** `multi_step_reward_strategy`: the trial reward of a multi-step task (default `mean`). */
+  readonly stepStrategy: "mean" | "final"
+}
+
+/**
+ * A step of a multi-step task, as `[[steps]]` declares it.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface StepConfig {
+  readonly name: string
+  /** Below it (a number, or a number per reward key), the trial stops after this step. */
+  readonly minReward: number | Readonly<Record<string, number>> | undefined
+  readonly contributesToMean: boolean
+  readonly agentTimeoutSec: number | undefined
+  readonly verifierTimeoutSec: number | undefined
+  readonly verifierEnv: Readonly<Record<string, string>>
 }
 
 /**
@@ -88,6 +110,8 @@ const refused = (why: string, accept: (value: unknown) => boolean = () => false)
 })
 const empty = (v: unknown) => v === undefined || v === null || (Array.isArray(v) && v.length === 0)
 const noNetwork = (v: unknown) => v === undefined || v === "no-network"
+const onlyNoNetwork = "only \"no-network\" is available: the run's allow-list (option allowHosts) decides"
+const noPhaseList = "an allow-list per phase is not supported: the run's allow-list (option allowHosts) decides"
 
 /**
  * The table: every section and field Harbor's task format defines, and what this runtime does with it.
@@ -106,25 +130,24 @@ export const fields: Readonly<Record<string, Readonly<Record<string, Field>>>> =
     agent: honoured("section"),
     environment: honoured("section"),
     solution: honoured("section"),
-    steps: refused(
-      "multi-step tasks ([[steps]]: an instruction, tests and a reward per step) are not run here: " +
-        "split the steps into single-step folders"
-    )
+    steps: honoured("multi-step tasks: steps/<name>/ (instruction, tests, solution), a reward per step"),
+    multi_step_reward_strategy: honoured("\"mean\" (default here) or \"final\": the trial reward of the steps'"),
+    artifacts: refused("files copied out after a trial are not collected here (the trajectory is the record)", empty)
   },
   task: { name: honoured("the task's name"), description: metadata, authors: metadata, keywords: metadata },
   verifier: {
     timeout_sec: honoured("the verifier's time limit (default 600 s)"),
     env: honoured("variables test.sh sees"),
     user: honoured("the user test.sh runs as (default: the agent's)"),
-    network_mode: refused("only \"no-network\" is available: the run's allow-list is empty", noNetwork),
-    allowed_hosts: refused("an allow-list per phase is not supported: the run's allow-list is empty", empty),
+    network_mode: refused(onlyNoNetwork, noNetwork),
+    allowed_hosts: refused(noPhaseList, empty),
     environment: refused("a separate verifier environment is not supported: the verifier runs in the agent's")
   },
   agent: {
     timeout_sec: honoured("the episode's time limit (default 600 s): later actions are refused"),
     user: honoured("the user the container runs as (default: the image's USER)"),
-    network_mode: refused("only \"no-network\" is available: the run's allow-list is empty", noNetwork),
-    allowed_hosts: refused("an allow-list per phase is not supported: the run's allow-list is empty", empty)
+    network_mode: refused(onlyNoNetwork, noNetwork),
+    allowed_hosts: refused(noPhaseList, empty)
   },
   environment: {
     build_timeout_sec: honoured("the image build's time limit (default 600 s)"),
@@ -143,19 +166,46 @@ export const fields: Readonly<Record<string, Readonly<Record<string, Field>>>> =
     gpus: refused("no GPU is given to containers here", (v) => v === undefined || v === 0),
     gpu_types: refused("no GPU is given to containers here", empty),
     tpu: refused("no TPU is given to containers here"),
-    allow_internet: honoured("through the run's allow-list, which is empty: every container is offline"),
-    network_mode: refused("only \"no-network\" is available: the run's allow-list is empty", noNetwork),
-    allowed_hosts: refused("an allow-list is not supported: the run's allow-list is empty", empty),
+    allow_internet: honoured("through the run's allow-list (option allowHosts, default none); false: nothing"),
+    network_mode: refused(onlyNoNetwork, noNetwork),
+    allowed_hosts: refused("a task's own allow-list is not supported: the run's (option allowHosts) decides", empty),
     mcp_servers: refused("MCP servers for the agent are not started here", empty),
     env: honoured("variables the container (agent and verifier) sees; ${VAR} and ${VAR:-default} from the host"),
     skills_dir: refused("a skills folder is not given to the agent here"),
     healthcheck: refused("a healthcheck before the agent starts is not run here"),
-    workdir: honoured("the working directory (this runtime's key; default: the image's WORKDIR)")
+    workdir: honoured("the working directory (default: the image's WORKDIR)")
   },
-  solution: { env: honoured("variables solve.sh sees") }
+  solution: { env: honoured("variables solve.sh sees") },
+  "[steps]": {
+    name: honoured("the step's folder, steps/<name>/"),
+    min_reward: honoured("a number, or a number per reward key: below it the trial stops after this step"),
+    contributes_to_mean: honoured("false: the step is verified but left out of the mean"),
+    agent: honoured("timeout_sec: the step's time limit (default: the task's)"),
+    verifier: honoured("timeout_sec and env: the step's verifier (default: the task's)"),
+    healthcheck: refused("a healthcheck before the step is not run here")
+  },
+  "[steps] agent": { timeout_sec: honoured("the step's agent time limit") },
+  "[steps] verifier": {
+    timeout_sec: honoured("the step's verifier time limit"),
+    env: honoured("variables the step's test.sh sees (over [verifier.env])")
+  }
 }
 
 // ===== Reading =====
+
+/**
+ * A field as `task.toml`'s readers name it: `key` at the top, `[section] key`, `[[steps]] key`,
+ * `[[steps]] agent key`.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const fieldName = (section: string, key: string): string =>
+  section === ""
+    ? key
+    : section.startsWith("[steps]")
+    ? ["[[steps]]", section.slice("[steps]".length).trim(), key].filter((p) => p !== "").join(" ")
+    : `[${section}] ${key}`
 
 const isTable = (v: unknown): v is Record<string, unknown> =>
   typeof v === "object" && v !== null && !Array.isArray(v) && !(v instanceof Date)
@@ -165,7 +215,7 @@ export const refusals = (toml: Readonly<Record<string, unknown>>): ReadonlyArray
   const out: Array<string> = []
   const check = (section: string, table: Readonly<Record<string, unknown>>) => {
     const known = fields[section] ?? {}
-    const where = (key: string) => (section === "" ? key : `[${section}] ${key}`)
+    const where = (key: string) => fieldName(section, key)
     for (const [key, value] of Object.entries(table)) {
       const field = known[key]
       if (field === undefined) out.push(`${where(key)} is not a field of Harbor's task.toml`)
@@ -177,6 +227,22 @@ export const refusals = (toml: Readonly<Record<string, unknown>>): ReadonlyArray
     const table = toml[section]
     if (table !== undefined && !isTable(table)) out.push(`[${section}] must be a table`)
     else if (table !== undefined) check(section, table)
+  }
+  const steps = toml["steps"]
+  if (steps !== undefined && !(Array.isArray(steps) && steps.every(isTable))) out.push("steps must be [[steps]] tables")
+  else if (steps !== undefined) {
+    for (const step of steps as ReadonlyArray<Record<string, unknown>>) {
+      check("[steps]", step)
+      for (const sub of ["agent", "verifier"]) {
+        const table = step[sub]
+        if (table !== undefined && !isTable(table)) out.push(`[steps.${sub}] must be a table`)
+        else if (table !== undefined) check(`[steps] ${sub}`, table)
+      }
+    }
+  }
+  const strategy = toml["multi_step_reward_strategy"]
+  if (strategy !== undefined && strategy !== "mean" && strategy !== "final") {
+    out.push(`multi_step_reward_strategy must be "mean" or "final", got ${JSON.stringify(strategy)}`)
   }
   return out
 }
@@ -208,7 +274,18 @@ const Toml = Schema.Struct({
     env: Schema.optionalKey(Env),
     workdir: Schema.optionalKey(Schema.String)
   })),
-  solution: Schema.optionalKey(Schema.Struct({ env: Schema.optionalKey(Env) }))
+  solution: Schema.optionalKey(Schema.Struct({ env: Schema.optionalKey(Env) })),
+  multi_step_reward_strategy: Schema.optionalKey(Schema.Literals(["mean", "final"])),
+  steps: Schema.optionalKey(Schema.Array(Schema.Struct({
+    name: Schema.String.check(Schema.isPattern(/^[A-Za-z0-9][A-Za-z0-9._-]*$/)),
+    min_reward: Schema.optionalKey(Schema.Union([Schema.Number, Schema.Record(Schema.String, Schema.Number)])),
+    contributes_to_mean: Schema.optionalKey(Schema.Boolean),
+    agent: Schema.optionalKey(Schema.Struct({ timeout_sec: Schema.optionalKey(Schema.Number) })),
+    verifier: Schema.optionalKey(Schema.Struct({
+      timeout_sec: Schema.optionalKey(Schema.Number),
+      env: Schema.optionalKey(Env)
+    }))
+  })))
 })
 
 /** `"4G"`, `"512M"`, `"2048"` (MB) as MB, as Harbor reads `memory`. */
@@ -251,7 +328,16 @@ export const read = (toml: Readonly<Record<string, unknown>>): Config | Readonly
     environmentEnv: env?.env ?? {},
     verifierEnv: t.verifier?.env ?? {},
     solutionEnv: t.solution?.env ?? {},
-    rewardKey: t.metadata?.reward_key
+    rewardKey: t.metadata?.reward_key,
+    steps: (t.steps ?? []).map((step) => ({
+      name: step.name,
+      minReward: step.min_reward,
+      contributesToMean: step.contributes_to_mean ?? true,
+      agentTimeoutSec: step.agent?.timeout_sec,
+      verifierTimeoutSec: step.verifier?.timeout_sec,
+      verifierEnv: step.verifier?.env ?? {}
+    })),
+    stepStrategy: t.multi_step_reward_strategy ?? "mean"
   }
 }
 

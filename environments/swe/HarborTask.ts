@@ -8,16 +8,16 @@
  * ├── environment/
  * │   └── Dockerfile     # the agent's container (build context: environment/)
  * ├── tests/
- * │   └── test.sh        # the verifier: uploaded byte for byte to /tests after the agent and executed as a file
- * │                      # (its shebang decides the shell); writes /logs/verifier/reward.txt or reward.json
+ * │   └── test.sh        # the verifier: uploaded byte for byte to /tests after the agent, executed as a
+ * │                      # file (its shebang decides the shell); writes /logs/verifier/reward.txt or .json
  * └── solution/
  *     └── solve.sh       # optional reference solution: solution/ is uploaded to /solution, solve.sh executed
  * ```
  *
  * `load` reads and checks a folder: a missing file, a malformed `task.toml` (read with `smol-toml`), a field this
- * runtime refuses or Harbor does not define (`HarborFields`), a multi-step task (`[[steps]]`) or a Docker Compose
- * environment is a `HarborError` naming the folder and what is wrong, before any container starts. Test and solution
- * files are read as bytes (a binary fixture reaches the verifier as it is in the folder).
+ * runtime refuses or Harbor does not define (`HarborFields`), a step folder that is missing or malformed, or a
+ * Docker Compose environment is a `HarborError` naming the folder and what is wrong, before any container starts.
+ * Test and solution files are read as bytes (a binary fixture reaches the verifier as it is in the folder).
  *
  * **Paths cannot escape.** A folder's files are what its verifier copies into the container and what its image is
  * built from, and a row's `task` may come from another machine (a rollout worker's share), so every path is checked
@@ -118,8 +118,33 @@ export interface HarborTask {
   }
   /** `[metadata] reward_key`: the training key of a multi-key `reward.json`. */
   readonly rewardKey: string | undefined
+  /** A multi-step task's steps, in order (empty: a single-step task). */
+  readonly steps: ReadonlyArray<Step>
+  /** `multi_step_reward_strategy`: `mean` (default) or `final`. */
+  readonly stepStrategy: "mean" | "final"
   /** A digest of `environment/`'s files: tasks with the same environment share an image. */
   readonly digest: string
+}
+
+/**
+ * A step of a multi-step task: `steps/<name>/instruction.md`, its tests (the task's `tests/`, then the step's own
+ * over them), its solution, and its `[[steps]]` settings over the task's.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Step {
+  readonly name: string
+  readonly instruction: string
+  readonly tests: ReadonlyMap<string, Uint8Array>
+  readonly solution: string | undefined
+  readonly solutionFiles: ReadonlyMap<string, Uint8Array>
+  readonly verifierTimeoutMillis: number
+  readonly agentTimeoutMillis: number
+  /** `[verifier.env]` with the step's `[steps.verifier] env` over it, resolved. */
+  readonly verifierEnv: Readonly<Record<string, string>>
+  readonly minReward: number | Readonly<Record<string, number>> | undefined
+  readonly contributesToMean: boolean
 }
 
 // ===== Reading =====
@@ -198,7 +223,7 @@ const readToml = Effect.fnUntraced(function*(at: Folder) {
   return config
 })
 
-/** `instruction.md`, trimmed; refused when empty (a multi-step task has none: refused by name first). */
+/** `instruction.md`, trimmed; refused when empty (a multi-step task may have none: its first step's is used). */
 const readInstruction = Effect.fnUntraced(function*(at: Folder) {
   const instruction = (yield* read(at, "instruction.md", "the instruction")).trim()
   if (instruction.length === 0) return yield* fail(at, "instruction.md is empty")
@@ -219,7 +244,8 @@ const bytesUnder = Effect.fnUntraced(function*(at: Folder, dir: string) {
   if (files === undefined) return undefined
   const bytes = new Map<string, Uint8Array>()
   for (const [file, target] of files) {
-    bytes.set(file, yield* at.fs.readFile(target).pipe(Effect.mapError(() => fail(at, `${dir}/${file} cannot be read`))))
+    const read = at.fs.readFile(target).pipe(Effect.mapError(() => fail(at, `${dir}/${file} cannot be read`)))
+    bytes.set(file, yield* read)
   }
   return bytes
 })
@@ -232,14 +258,54 @@ const readTests = Effect.fnUntraced(function*(at: Folder) {
   return tests
 })
 
-/** `solution/`'s files (none when it is absent) and `solve.sh`'s text (undefined when absent). */
-const readSolution = Effect.fnUntraced(function*(at: Folder) {
-  const files = (yield* bytesUnder(at, "solution")) ?? new Map<string, Uint8Array>()
+/** `dir/solution/`'s files (none when it is absent) and `solve.sh`'s text (undefined when absent). */
+const readSolution = Effect.fnUntraced(function*(at: Folder, dir = "") {
+  const files = (yield* bytesUnder(at, `${dir}solution`)) ?? new Map<string, Uint8Array>()
   const solve = files.get("solve.sh")
   return { files, solve: solve === undefined ? undefined : new TextDecoder().decode(solve) }
 })
 
-/** Refuses by name a Docker Compose environment (a multi-step task's `steps` is refused with the fields). */
+/** A multi-step task's steps, read from `steps/<name>/`, over the task's tests and settings. */
+const readSteps = Effect.fnUntraced(function*(
+  at: Folder,
+  config: HarborFields.Config,
+  shared: { readonly tests: ReadonlyMap<string, Uint8Array>; readonly verifierEnv: Readonly<Record<string, string>> }
+) {
+  const steps: Array<Step> = []
+  for (const step of config.steps) {
+    const dir = `steps/${step.name}/`
+    if ((yield* real(at, `steps/${step.name}`)) === undefined) return yield* fail(at, `${dir} is missing`)
+    for (const hook of ["workdir", "environment"]) {
+      if ((yield* real(at, `${dir}${hook}`)) !== undefined) {
+        return yield* fail(at, `${dir}${hook}/ is refused: a step's setup files and hooks are not run here`)
+      }
+    }
+    const instruction = (yield* read(at, `${dir}instruction.md`, `step ${step.name}'s instruction`)).trim()
+    const own = (yield* bytesUnder(at, `${dir}tests`)) ?? new Map<string, Uint8Array>()
+    const tests = new Map([...shared.tests, ...own])
+    if (!tests.has("test.sh")) {
+      return yield* fail(at, `step ${step.name} has no verifier (${dir}tests/test.sh, or tests/test.sh)`)
+    }
+    const env = HarborFields.resolveEnv({ ...shared.verifierEnv, ...step.verifierEnv }, process.env)
+    if (typeof env === "string") return yield* fail(at, `[[steps]] ${step.name} verifier env: ${env}`)
+    const solution = yield* readSolution(at, dir)
+    steps.push({
+      name: step.name,
+      instruction,
+      tests,
+      solution: solution.solve,
+      solutionFiles: solution.files,
+      verifierTimeoutMillis: (step.verifierTimeoutSec ?? config.verifierTimeoutSec) * 1000,
+      agentTimeoutMillis: (step.agentTimeoutSec ?? config.agentTimeoutSec) * 1000,
+      verifierEnv: env,
+      minReward: step.minReward,
+      contributesToMean: step.contributesToMean
+    })
+  }
+  return steps
+})
+
+/** Refuses by name a Docker Compose environment (several containers: one a chain here). */
 const refuseShapes = Effect.fnUntraced(function*(at: Folder) {
   for (const compose of ["docker-compose.yaml", "docker-compose.yml", "compose.yaml"]) {
     if ((yield* real(at, `environment/${compose}`)) !== undefined) {
@@ -268,7 +334,9 @@ const envOf = (at: Folder, config: HarborFields.Config) =>
   Effect.gen(function*() {
     const resolve = (section: string, table: Readonly<Record<string, string>>) => {
       const resolved = HarborFields.resolveEnv(table, process.env)
-      return typeof resolved === "string" ? Effect.fail(fail(at, `[${section}.env] ${resolved}`)) : Effect.succeed(resolved)
+      return typeof resolved === "string"
+        ? Effect.fail(fail(at, `[${section}.env] ${resolved}`))
+        : Effect.succeed(resolved)
     }
     return {
       environment: yield* resolve("environment", config.environmentEnv),
@@ -289,20 +357,26 @@ export const load = Effect.fnUntraced(function*(folder: string, options: { reado
   yield* real(at, "")
   const toml = yield* readToml(at)
   yield* refuseShapes(at)
-  const instruction = yield* readInstruction(at)
+  const multiStep = toml.steps.length > 0
+  // A multi-step task's instruction is its first step's unless it has one of its own.
+  const instruction = multiStep && (yield* real(at, "instruction.md")) === undefined
+    ? undefined
+    : yield* readInstruction(at)
   // A prebuilt image (`docker_image`) needs no environment/ at all.
   const environmentFiles = toml.dockerImage !== undefined && (yield* real(at, "environment/Dockerfile")) === undefined
     ? []
     : yield* readEnvironment(at)
-  const tests = yield* readTests(at)
+  const tests = multiStep ? (yield* bytesUnder(at, "tests")) ?? new Map<string, Uint8Array>() : yield* readTests(at)
   const solution = yield* readSolution(at)
+  const env = yield* envOf(at, toml)
+  const steps = yield* readSteps(at, toml, { tests, verifierEnv: toml.verifierEnv })
   const digest = toml.dockerImage !== undefined && environmentFiles.length === 0
     ? createHash("sha256").update(toml.dockerImage).digest("hex").slice(0, 16)
     : yield* digestOf(at, environmentFiles)
   const task: HarborTask = {
     folder,
     name: toml.name ?? folder.split("/").filter((p) => p.length > 0).at(-1)!,
-    instruction,
+    instruction: instruction ?? steps[0]!.instruction,
     environment: environmentFiles.map(([file]) => file),
     tests,
     solution: solution.solve,
@@ -317,8 +391,10 @@ export const load = Effect.fnUntraced(function*(folder: string, options: { reado
     verifierUser: toml.verifierUser,
     dockerImage: toml.dockerImage,
     allowInternet: toml.allowInternet,
-    env: yield* envOf(at, toml),
+    env,
     rewardKey: toml.rewardKey,
+    steps,
+    stepStrategy: toml.stepStrategy,
     digest
   }
   return task

@@ -14,7 +14,10 @@
  * (`attach`, default, or `exec`: how actions reach the container, see `Workspace.Settings`), `rewardKey` (the key
  * of a multi-key `reward.json` that is the training reward where a task's `[metadata] reward_key` is unset; else
  * `reward`, else the mean of the keys: `Workspace.trainingReward`), `toolCallFormat` (weight of a format term added
- * to the verifier's reward, default 0).
+ * to the verifier's reward, default 0), `allowHosts` (the run's network allow-list: hosts, IPv4 addresses or names,
+ * that containers of tasks allowing the internet may reach, e.g. a package mirror or proxy; default none: offline),
+ * `bake` (a shell command run as root over every task's image at build time: what verifiers install at verify
+ * time, baked in; default none).
  *
  * Harbor's semantics, point by point, and every `task.toml` field honoured or refused: `docs/harbor.md`.
  *
@@ -48,6 +51,8 @@ export const Options = Schema.Struct({
   maxOutputChars: Schema.optionalKey(Positive),
   transport: Schema.optionalKey(Schema.Literals(["attach", "exec"])),
   rewardKey: Schema.optionalKey(Schema.NonEmptyString),
+  allowHosts: Schema.optionalKey(Schema.Array(Schema.NonEmptyString)),
+  bake: Schema.optionalKey(Schema.NonEmptyString),
   toolCallFormat: Schema.optionalKey(Schema.Number.check(Schema.isGreaterThanOrEqualTo(0)))
 })
 export type Options = typeof Options.Type
@@ -204,7 +209,9 @@ export const settings = (options: Options): Workspace.Settings => ({
   maxOutputChars: options.maxOutputChars ?? Workspace.defaultSettings.maxOutputChars,
   maxSteps: options.maxSteps ?? Workspace.defaultSettings.maxSteps,
   transport: options.transport ?? Workspace.defaultSettings.transport,
-  rewardKey: options.rewardKey
+  rewardKey: options.rewardKey,
+  allowHosts: options.allowHosts,
+  bake: options.bake
 })
 
 /**

@@ -3,14 +3,16 @@
  * for the chain's episode, with the actions the tools take (`shell`, `read`, `edit`, `submit`) and the verifier the
  * reward runs.
  *
- * - **Images.** A task's `environment/` is built once per machine with the engine's builder (its `FROM` must be an
- *   image the engine has or can pull, e.g. the project's `agentfly/python:1`) within `[environment]
- *   build_timeout_sec`, tagged by the digest of its files, so tasks with the same environment share an image and a
- *   second run builds nothing; `[environment] docker_image` names a prebuilt image instead (local, else pulled).
+ * - **Images** (`HarborImage`). A task's `environment/` is built once per machine with the engine's builder (its
+ *   `FROM` must be an image the engine has or can pull, e.g. the project's `agentfly/python:1`) within
+ *   `[environment] build_timeout_sec`, tagged by the digest of its files, so tasks with the same environment share
+ *   an image and a second run builds nothing; `[environment] docker_image` names a prebuilt image instead (local,
+ *   else pulled).
  *   An image that cannot be had fails with its name and the engine's reason ({@link prepare} checks a run's tasks
  *   before any chain starts).
  * - **Containers.** One per chain (`Resource` spec `harbor-<digest>`, scope `chain`, `recreate` on release: an
- *   agent's edits never reach another chain), no network (the run's allow-list is empty), every capability
+ *   agent's edits never reach another chain), no network but the run's allow-list (`allowHosts`, default none,
+ *   for tasks that allow the internet: `Docker.ContainerOptions.allowHosts`), every capability
  *   dropped, seccomp, the task's memory and CPUs (Harbor's defaults: 2,048 MB, 1 CPU), 256 processes, the image's
  *   `USER` (or `[agent] user`) and `WORKDIR` (or `[environment] workdir`), `[environment.env]` in its environment.
  *   Actions go to a `sh` supervisor, the container's main process, over its attached stdio (`transport:
@@ -32,6 +34,8 @@ import * as ResourceManager from "../../actors/ResourceManager.ts"
 import * as Docker from "../../actors/resources/Docker.ts"
 import * as Environment from "../../src/Environment.ts"
 import * as Resource from "../../src/Resource.ts"
+import * as HarborImage from "./HarborImage.ts"
+import * as HarborSteps from "./HarborSteps.ts"
 import * as HarborTask from "./HarborTask.ts"
 
 // ===== Models =====
@@ -60,8 +64,19 @@ export interface Settings {
    * engine's CPU each).
    */
   readonly transport: "attach" | "exec"
-  /** The key of a multi-key `reward.json` that is the training reward, where a task's `[metadata] reward_key` is unset. */
+  /** The training key of a multi-key `reward.json` where a task's `[metadata] reward_key` is unset. */
   readonly rewardKey?: string | undefined
+  /**
+   * The run's network allow-list (default none): the hosts (IPv4 addresses or names) the containers of tasks that
+   * allow the internet (`[environment] allow_internet`, Harbor's default true) may reach, e.g. a package mirror or a
+   * proxy; nothing else is reachable. A task that forbids the internet gets none.
+   */
+  readonly allowHosts?: ReadonlyArray<string> | undefined
+  /**
+   * A shell command run as root in a layer over every task's image at build time (default none): what verifiers
+   * install at verify time, baked in so that they run offline (`HarborImage.baked`).
+   */
+  readonly bake?: string | undefined
 }
 
 /**
@@ -116,106 +131,6 @@ export class Workspace extends Context.Service<Workspace, {
 
 // ===== Images =====
 
-const building = new Map<string, Promise<void>>()
-
-/**
- * Why a task's image cannot be had: its name and the engine's reason.
- *
- * @category errors
- * @since 0.1.0
- */
-export const imageError = (task: HarborTask.HarborTask, image: string, reason: string) =>
-  Environment.envError(`harbor:${task.name}`, "build", "Unavailable", `the image ${image} cannot be had: ${reason}`)
-
-/** Follows a build or pull stream to its end; its first error rejects. */
-const follow = (docker: Docker.DockerEngine["Service"]["docker"], stream: NodeJS.ReadableStream) =>
-  new Promise<void>((done, reject) =>
-    docker.modem.followProgress(stream, (error, output: Array<{ error?: string; errorDetail?: unknown }>) => {
-      const failed = output?.find((o) => o.error !== undefined)
-      if (error !== null || failed !== undefined) reject(new Error(String(failed?.error ?? error)))
-      else done()
-    })
-  )
-
-/** `promise`, or a rejection after `millis`. */
-const within = <A>(promise: Promise<A>, millis: number, what: string) =>
-  Promise.race([
-    promise,
-    new Promise<never>((_, reject) => setTimeout(() => reject(new Error(`${what} took over ${millis / 1000} s`)), millis).unref())
-  ])
-
-/**
- * The image of a task's environment: `[environment] docker_image` (local, else pulled), or `environment/` built once
- * per digest within the build timeout (concurrent chains wait for one build). Fails with the image's name and the
- * reason ({@link imageError}).
- *
- * @category constructors
- * @since 0.1.0
- */
-export const image = (task: HarborTask.HarborTask): Effect.Effect<string, Environment.EnvError, Docker.DockerEngine> =>
-  Effect.flatMap(Docker.DockerEngine, ({ docker }) => {
-    const prebuilt = task.dockerImage !== undefined && task.environment.length === 0
-    const tag = prebuilt ? task.dockerImage! : `agentfly-harbor/${task.digest}:1`
-    const build = async () => {
-      const exists = await docker.getImage(tag).inspect().then(() => true, () => false)
-      if (exists) return
-      if (prebuilt) return within(follow(docker, await docker.pull(tag)), task.buildTimeoutMillis, "the pull")
-      const stream = await docker.buildImage(
-        { context: `${task.folder}/environment`, src: [...task.environment] },
-        { t: tag, rm: true, forcerm: true }
-      )
-      await within(follow(docker, stream), task.buildTimeoutMillis, "the build")
-    }
-    return Effect.tryPromise({
-      try: () => {
-        let pending = building.get(tag)
-        if (pending === undefined) {
-          pending = build()
-          building.set(tag, pending)
-          pending.catch(() => building.delete(tag))
-        }
-        return pending
-      },
-      catch: (e) =>
-        imageError(
-          task,
-          prebuilt ? tag : `${tag} (built from ${task.folder}/environment)`,
-          e instanceof Error ? e.message : String(e)
-        )
-    }).pipe(Effect.as(tag))
-  })
-
-/**
- * The user and working directory a task's containers get: the task's (`[agent] user`, `[environment] workdir`),
- * else its image's `USER` and `WORKDIR` (root and `/` when the image sets none), as Harbor runs them.
- *
- * @category models
- * @since 0.1.0
- */
-export interface Identity {
-  readonly user: string
-  readonly workdir: string
-}
-
-/**
- * The {@link Identity} of a task on its image.
- *
- * @category constructors
- * @since 0.1.0
- */
-export const identity = (
-  task: HarborTask.HarborTask,
-  tag: string
-): Effect.Effect<Identity, Environment.EnvError, Docker.DockerEngine> =>
-  Effect.flatMap(Docker.DockerEngine, ({ docker }) =>
-    Effect.tryPromise({
-      try: () => docker.getImage(tag).inspect(),
-      catch: (e) => imageError(task, tag, e instanceof Error ? e.message : String(e))
-    }).pipe(Effect.map((info) => ({
-      user: task.agentUser ?? (info.Config?.User || "0:0"),
-      workdir: task.workdir ?? (info.Config?.WorkingDir || "/")
-    }))))
-
 /**
  * Checks that every task's image can be had (building or pulling it), before any chain starts: an engine that does
  * not answer is said as the provider says it, and the first image that cannot be had fails with its name and the
@@ -229,7 +144,9 @@ export const prepare = (
 ): Effect.Effect<void, Environment.EnvError, Docker.DockerEngine> =>
   Effect.andThen(
     Effect.flatMap(Docker.DockerEngine, (engine) => ping(engine)),
-    Effect.forEach(tasks, (task) => Effect.flatMap(image(task), (tag) => identity(task, tag)), { discard: true })
+    Effect.forEach(tasks, (task) => Effect.flatMap(HarborImage.image(task), (tag) => HarborImage.identity(task, tag)), {
+      discard: true
+    })
   )
 
 // ===== Workspaces =====
@@ -252,7 +169,7 @@ export type Ready = Effect.Effect<
   {
     readonly task: HarborTask.HarborTask
     readonly lease: ResourceManager.Lease<Docker.Container>
-    readonly identity: Identity
+    readonly identity: HarborImage.Identity
   },
   Environment.EnvError
 >
@@ -265,6 +182,11 @@ interface State {
   submitted: boolean
   startedAt: number | undefined
   timedOut: boolean
+  /** A multi-step task's current step, the results of those verified, whether the trial stops, the last run. */
+  stepIndex: number
+  readonly stepResults: Array<HarborSteps.StepResult>
+  stopped: boolean
+  lastRun: { readonly exitCode: number; readonly output: string } | undefined
 }
 
 const exec = (state: State, cmd: ReadonlyArray<string>, options: Docker.ExecOptions = {}) =>
@@ -294,9 +216,11 @@ const step = (state: State, method: string) =>
     const { task } = yield* state.ready
     const now = yield* Clock.currentTimeMillis
     state.startedAt ??= now
-    if (now - state.startedAt > task.agentTimeoutMillis) {
+    const allowed = task.steps[state.stepIndex]?.agentTimeoutMillis ?? task.agentTimeoutMillis
+    if (now - state.startedAt > allowed) {
       state.timedOut = true
-      return yield* invalid(state, method, `the agent's time is up ([agent] timeout_sec ${task.agentTimeoutMillis / 1000})`)
+      const limit = allowed / 1000
+      return yield* invalid(state, method, `the agent's time is up ([agent] timeout_sec ${limit})`)
     }
     state.steps++
   })
@@ -324,12 +248,33 @@ const edit = Effect.fnUntraced(function*(state: State, path: string, old: string
   return `edited ${path}`
 })
 
-const verify = Effect.fnUntraced(function*(state: State) {
+/** What one verifier run is given: the tests, the env, the time limit (the task's, or a step's). */
+interface Verification {
+  readonly tests: ReadonlyMap<string, Uint8Array>
+  readonly env: Readonly<Record<string, string>>
+  readonly timeoutMillis: number
+}
+
+/** The verification of a single-step task, or of a multi-step task's current step. */
+const verificationOf = (task: HarborTask.HarborTask, state: State): Verification => {
+  const step = task.steps[state.stepIndex]
+  return step === undefined
+    ? { tests: task.tests, env: task.env.verifier, timeoutMillis: task.verifierTimeoutMillis }
+    : { tests: step.tests, env: step.verifierEnv, timeoutMillis: step.verifierTimeoutMillis }
+}
+
+/** One verifier run: every key it wrote and the training reward of them. */
+const runVerifier = Effect.fnUntraced(function*(state: State) {
   const { task, lease, identity: who } = yield* state.ready
+  const verification = verificationOf(task, state)
   // One exec (the engine spends ≈ 100 ms of CPU on each): the tests written from base64, the verifier run,
   // its exit code and the reward file printed after a marker. A verifier user other than the container's runs as
   // an engine exec as that user (the files are written world-readable on a tmpfs every user may write).
-  const options = { stdin: verifierScript(task, who), timeoutMillis: task.verifierTimeoutMillis, maxOutputBytes: 256 * 1024 }
+  const options = {
+    stdin: verifierScript(verification, who),
+    timeoutMillis: verification.timeoutMillis,
+    maxOutputBytes: 256 * 1024
+  }
   const run = task.verifierUser === undefined || task.verifierUser === who.user
     ? yield* exec(state, ["sh", "-s"], options)
     : yield* lease.use((c) => c.exec(["sh", "-s"], { ...options, user: task.verifierUser! })).pipe(
@@ -360,13 +305,80 @@ const verify = Effect.fnUntraced(function*(state: State) {
 })
 
 /**
+ * The verdict at the episode's end: the task's verifier; for a multi-step task, the current step verified (when
+ * the episode ended before its `submit`) and the trial reward of every step's (`HarborSteps`).
+ */
+const verify = Effect.fnUntraced(function*(state: State) {
+  const { task } = yield* state.ready
+  if (task.steps.length === 0) return yield* runVerifier(state)
+  let last = state.lastRun
+  if (!state.submitted) last = yield* verifyStep(state)
+  const reward = HarborSteps.trialReward(task, state.stepResults)
+  return {
+    reward,
+    rewards: HarborSteps.figures(state.stepResults),
+    exitCode: last?.exitCode ?? 0,
+    output: last?.output ?? ""
+  }
+})
+
+/** Verifies a multi-step task's current step and records it; true in `stop` when the trial stops there. */
+const verifyStep = Effect.fnUntraced(function*(state: State) {
+  const { task } = yield* state.ready
+  const run = yield* runVerifier(state)
+  const step = task.steps[state.stepIndex]!
+  const result = { name: step.name, reward: run.reward, rewards: run.rewards }
+  state.stepResults.push(result)
+  state.lastRun = run
+  state.stopped = HarborSteps.stops(step, result) || state.stepIndex + 1 >= task.steps.length
+  return run
+})
+
+/**
+ * `submit`: the work is done. A multi-step task's step is verified at once: the trial goes on with the next step's
+ * instruction as the answer (the agent is not shown the step's reward, as in Harbor), or ends (the last step, or a
+ * reward below the step's `min_reward`).
+ */
+const submit = Effect.fnUntraced(function*(state: State) {
+  yield* step(state, "submit")
+  const { task } = yield* state.ready
+  if (task.steps.length === 0) {
+    state.submitted = true
+    return "submitted"
+  }
+  const done = task.steps[state.stepIndex]!
+  yield* verifyStep(state)
+  if (state.stopped) {
+    state.submitted = true
+    return state.stepIndex + 1 >= task.steps.length
+      ? `submitted: step ${done.name} was the last`
+      : `submitted: the task stops after step ${done.name}`
+  }
+  state.stepIndex++
+  state.startedAt = undefined
+  const next = task.steps[state.stepIndex]!
+  return `Step ${done.name} is done. Next step, ${next.name}:\n${next.instruction}`
+})
+
+/**
  * The workspace over the chain's (lazily leased) container.
  *
  * @category constructors
  * @since 0.1.0
  */
 export const make = (ready: Ready, settings: Settings): Workspace["Service"] => {
-  const state: State = { ready, settings, steps: 0, submitted: false, startedAt: undefined, timedOut: false }
+  const state: State = {
+    ready,
+    settings,
+    steps: 0,
+    submitted: false,
+    startedAt: undefined,
+    timedOut: false,
+    stepIndex: 0,
+    stepResults: [],
+    stopped: false,
+    lastRun: undefined
+  }
   return {
     settings,
     shell: (cmd) =>
@@ -383,10 +395,7 @@ export const make = (ready: Ready, settings: Settings): Workspace["Service"] => 
         Effect.map(readFile(state, path), (text) => cut(text, settings.maxOutputChars))
       ),
     edit: (path, old, replacement) => edit(state, path, old, replacement),
-    submit: Effect.andThen(step(state, "submit"), Effect.sync(() => {
-      state.submitted = true
-      return "submitted"
-    })),
+    submit: submit(state),
     overview: Effect.flatMap(ready, ({ identity: who }) =>
       Effect.map(
         exec(state, ["sh", "-c", "ls -R . | head -40"], { timeoutMillis: settings.shellTimeoutMillis }),
@@ -498,12 +507,12 @@ export const exportLines = (env: Readonly<Record<string, string>>): Array<string
  * The shell script of a verification: `/tests` and `/logs/verifier` emptied, the tests written byte for byte,
  * `test.sh` executed as a file with `[verifier.env]`, its exit code and the reward file printed.
  */
-const verifierScript = (task: HarborTask.HarborTask, who: Identity): string =>
+const verifierScript = (verification: Verification, who: HarborImage.Identity): string =>
   [
-    ...uploadLines("/tests", task.tests),
+    ...uploadLines("/tests", verification.tests),
     "mkdir -p /logs/verifier && find /logs/verifier -mindepth 1 -delete 2>/dev/null",
     "chmod -R a+rX /tests; chmod a+x /tests/test.sh",
-    ...exportLines(task.env.verifier),
+    ...exportLines(verification.env),
     `cd ${quote(who.workdir)}`,
     "/tests/test.sh",
     "code=$?",
@@ -580,7 +589,7 @@ export const parseReward = (text: string): number | undefined => {
  * @category constructors
  * @since 0.1.0
  */
-export const spec = (task: HarborTask.HarborTask, tag: string, settings: Settings, who: Identity) =>
+export const spec = (task: HarborTask.HarborTask, tag: string, settings: Settings, who: HarborImage.Identity) =>
   Resource.make({
     name: `harbor-${containerKey(task)}`,
     kind: "docker",
@@ -605,33 +614,45 @@ interface Catalog {
   readonly settings: Settings
   readonly manager: ResourceManager.ResourceManager["Service"]
   readonly engine: Docker.DockerEngine["Service"]
-  readonly launchers: Map<string, { readonly resource: Resource.Resource<Docker.Container>; readonly identity: Identity }>
+  readonly launchers: Map<
+    string,
+    { readonly resource: Resource.Resource<Docker.Container>; readonly identity: HarborImage.Identity }
+  >
   readonly tasks: Map<string, HarborTask.HarborTask>
   readonly lock: Semaphore.Semaphore
 }
 
 /**
  * What tells tasks' containers apart: the image (the environment's digest) and what a container is started with
- * (`[environment.env]`, `[agent] user`, `[environment] workdir`): tasks alike in all share a pool.
+ * (`[environment.env]`, `[agent] user`, `[environment] workdir`, whether the allow-list applies): tasks alike in
+ * all share a pool.
  */
-const containerKey = (task: HarborTask.HarborTask): string =>
-  task.agentUser === undefined && task.workdir === undefined && Object.keys(task.env.environment).length === 0
+const containerKey = (task: HarborTask.HarborTask): string => {
+  const started = task.agentUser === undefined && task.workdir === undefined &&
+      Object.keys(task.env.environment).length === 0
     ? task.digest
     : `${task.digest}-${
       createHash("sha256").update(JSON.stringify([task.env.environment, task.agentUser, task.workdir])).digest("hex")
         .slice(0, 8)
     }`
+  // A task that forbids the internet never shares a pool with one the run's allow-list applies to.
+  return task.allowInternet ? started : `${started}-offline`
+}
 
 /** A task's resource (its image built on first use), one per {@link containerKey}. */
 const resourceOf = (catalog: Catalog, task: HarborTask.HarborTask) =>
   catalog.lock.withPermits(1)(Effect.gen(function*() {
     const known = catalog.launchers.get(containerKey(task))
     if (known !== undefined) return known
-    const tag = yield* image(task)
-    const who = yield* identity(task, tag)
+    const base = yield* HarborImage.image(task)
+    const who = yield* HarborImage.identity(task, base)
+    const bake = catalog.settings.bake
+    const tag = bake === undefined ? base : yield* HarborImage.baked(task, base, bake)
     const s = yield* Effect.orDie(spec(task, tag, catalog.settings, who))
+    const allowHosts = task.allowInternet ? (catalog.settings.allowHosts ?? []) : []
     const common = {
       workingDir: who.workdir,
+      allowHosts,
       env: Object.entries(task.env.environment).map(([k, v]) => `${k}=${v}`),
       sharedTmpfs: { "/tests": 256 << 20, "/solution": 256 << 20, "/logs": 64 << 20 }
     }

@@ -11,9 +11,10 @@
  * stops the command naming its line) and shuffled by `SEED` into the splits (held-out, validation, then
  * demonstrations and training from the rest). The oracle plays each puzzle's own line (`ChessOracle.forRows`), so
  * from a Lichess file every puzzle whose episode fits the task's default budgets (a line of up to two moves with
- * `--view fen`, three with diagrams) becomes a demonstration. `NOISE` is the share of demonstrations that list the legal moves (`legal {}`)
- * before moving (with `--view fen` they no longer fit 512 tokens: keep it 0 there). `--view fen` plays the
- * demonstrations with the task option `view: "fen"` (no diagram: half the tokens), which a run must then set too.
+ * `--view fen`, three with diagrams) becomes a demonstration. `NOISE` is the share of demonstrations that list the
+ * legal moves (`legal {}`) before moving (with `--view fen` they no longer fit 512 tokens: keep it 0 there).
+ * `--view fen` plays the demonstrations with the task option `view: "fen"` (no diagram: half the tokens), which a
+ * run must then set too.
  *
  * @since 0.1.0
  */

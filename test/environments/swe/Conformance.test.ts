@@ -9,8 +9,11 @@
  * - `reward.json` may hold any numeric keys: each is a figure; the training reward is the key the task names;
  * - `[environment.env]`, `[verifier.env]` (with `${VAR:-default}`) and `[solution.env]` reach their phase only;
  * - the image's `WORKDIR` and `USER` are the agent's and the verifier's;
- * - Harbor's defaults (verifier 600 s, 2,048 MB, 1 CPU); every field honoured or refused by name; `[[steps]]`
- *   refused by name; an image that cannot be had named with the reason before any chain starts.
+ * - Harbor's defaults (verifier 600 s, 2,048 MB, 1 CPU); every field honoured or refused by name; an image that
+ *   cannot be had named with the reason before any chain starts;
+ * - a multi-step task (`[[steps]]`): each step's instruction, tests (over the task's shared ones) and solution in
+ *   one container, a reward per step, `min_reward` stopping the trial, `multi_step_reward_strategy = "mean"`;
+ * - `allow_internet` through the run's allow-list (the test's own veth and server).
  *
  * On the real Docker engine (started by the suite's global setup); every container is removed when its chain ends.
  */
@@ -18,6 +21,7 @@ import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { execFileSync } from "node:child_process"
+import { createServer } from "node:net"
 import { mkdirSync, mkdtempSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join, resolve } from "node:path"
@@ -25,13 +29,24 @@ import * as OracleCli from "../../../cli/oracle.ts"
 import * as Oracle from "../../../actors/Oracle.ts"
 import * as Docker from "../../../actors/resources/Docker.ts"
 import * as HarborFields from "../../../environments/swe/HarborFields.ts"
+import * as HarborImage from "../../../environments/swe/HarborImage.ts"
 import * as HarborOracle from "../../../environments/swe/HarborOracle.ts"
 import * as HarborTask from "../../../environments/swe/HarborTask.ts"
 import * as SweTask from "../../../environments/swe/SweTask.ts"
 import * as Workspace from "../../../environments/swe/Workspace.ts"
+import type { Conversation } from "../../../src/Message.ts"
 
 const root = resolve(import.meta.dirname, "../../../examples/swe/conformance")
-const playable = ["binary-fixture", "pipefail", "multi-reward", "multi-reward-mean", "env-tables", "workdir", "user"]
+const playable = [
+  "binary-fixture",
+  "pipefail",
+  "multi-reward",
+  "multi-reward-mean",
+  "env-tables",
+  "workdir",
+  "user",
+  "users"
+]
 
 const load = (name: string) => HarborTask.loadRow(root, name).pipe(Effect.provide(NodeServices.layer))
 
@@ -49,7 +64,7 @@ describe("Harbor conformance (fixtures, Docker)", () => {
       const by = Object.fromEntries(played.map((t, i) => [playable[i]!, t]))
       const errors = played.flatMap((t, i) => (t.error === undefined ? [] : [`${playable[i]}: ${t.error}`]))
       assert.deepStrictEqual(errors, [])
-      for (const name of ["binary-fixture", "pipefail", "env-tables", "workdir", "user"]) {
+      for (const name of ["binary-fixture", "pipefail", "env-tables", "workdir", "user", "users"]) {
         assert.strictEqual(by[name]!.reward, 1, `${name}: ${JSON.stringify(by[name]!.metrics)}`)
       }
       // reward.json's keys are all figures; the task's reward_key is the training reward; without one, the mean.
@@ -94,8 +109,8 @@ describe("Harbor conformance (fixtures, Docker)", () => {
       assert.deepStrictEqual([...pipefail.solutionFiles.keys()], ["helper.sh", "solve.sh"])
       const [user, workdir] = [yield* load("user"), yield* load("workdir")]
       const who = yield* Effect.all([
-        Effect.flatMap(Workspace.image(user), (tag) => Workspace.identity(user, tag)),
-        Effect.flatMap(Workspace.image(workdir), (tag) => Workspace.identity(workdir, tag))
+        Effect.flatMap(HarborImage.image(user), (tag) => HarborImage.identity(user, tag)),
+        Effect.flatMap(HarborImage.image(workdir), (tag) => HarborImage.identity(workdir, tag))
       ]).pipe(Effect.provide(Docker.DockerEngine.layer))
       assert.deepStrictEqual(who, [
         { user: "1234:1234", workdir: "/home/runner" },
@@ -103,10 +118,17 @@ describe("Harbor conformance (fixtures, Docker)", () => {
       ])
     }), { timeout: 300_000 })
 
-  it.effect("a multi-step task, a refused field, a field Harbor lacks and a Compose environment are named", () =>
+  it.effect("a refused field, a field Harbor lacks, a refused step field and artifacts are named", () =>
     Effect.gen(function*() {
-      const steps = yield* Effect.flip(load("multi-step"))
-      assert.match(steps.message, /^task\.toml: steps is refused: multi-step tasks \(\[\[steps\]\]/)
+      assert.deepStrictEqual(HarborFields.refusals({ steps: [{ name: "a", healthcheck: { command: "true" } }] }), [
+        "[[steps]] healthcheck is refused: a healthcheck before the step is not run here"
+      ])
+      assert.deepStrictEqual(HarborFields.refusals({ steps: [{ name: "a", agent: { user: "x" } }] }), [
+        "[[steps]] agent user is not a field of Harbor's task.toml"
+      ])
+      assert.deepStrictEqual(HarborFields.refusals({ artifacts: ["/app/out"] }), [
+        "artifacts is refused: files copied out after a trial are not collected here (the trajectory is the record)"
+      ])
       assert.deepStrictEqual(HarborFields.refusals({ environment: { gpus: 1, cpus: 2 } }), [
         "[environment] gpus is refused: no GPU is given to containers here"
       ])
@@ -133,10 +155,65 @@ describe("Harbor conformance (fixtures, Docker)", () => {
       )))
       for (const [section, fields] of Object.entries(HarborFields.fields)) {
         for (const field of Object.keys(fields)) {
-          assert.include(doc, section === "" ? `| \`${field}\`` : `| \`[${section}] ${field}\``, `${section} ${field}`)
+          assert.include(doc, `| \`${HarborFields.fieldName(section, field)}\``, `${section} ${field}`)
         }
       }
     }))
+
+  it.effect("a multi-step task: each step's instruction and verifier in one container, a reward per step", () =>
+    Effect.gen(function*() {
+      const multi = yield* load("multi-step")
+      assert.deepStrictEqual(multi.steps.map((s) => s.name), ["create", "append"])
+      assert.strictEqual(multi.instruction, "Create /app/log.txt holding the line: one", "the first step's")
+      assert.deepStrictEqual([...multi.steps[0]!.tests.keys()].sort(), ["expect.sh", "test.sh"], "shared + own")
+      assert.strictEqual(multi.steps[1]!.verifierTimeoutMillis, 60_000)
+      assert.strictEqual(multi.steps[0]!.verifierTimeoutMillis, 600_000, "the task's (Harbor's default)")
+      assert.strictEqual(multi.steps[0]!.minReward, 1)
+      const task = SweTask.make({ root, pool: 3 })
+      const row = { question: multi.instruction, task: "multi-step" }
+      const firstOnly = (messages: Conversation) => {
+        const turn = messages.filter((m) => m.role === "assistant").length
+        const cmd = HarborOracle.solutionCommand(multi, multi.steps[0])!
+        return { toolCalls: [Oracle.call(messages, turn === 0 ? "shell" : "submit", turn === 0 ? { cmd } : {})] }
+      }
+      const [oracle, half, idle] = yield* Effect.forEach(
+        [HarborOracle.oracle([multi]), firstOnly, HarborOracle.idle],
+        (policy) => Effect.map(Oracle.rollout({ task, rows: [row], policy }), (played) => played[0]!)
+      )
+      assert.strictEqual(oracle.reward, 1, JSON.stringify(oracle.metrics))
+      assert.strictEqual(oracle.metrics["reward/harbor/rewards/steps/create"], 1)
+      assert.strictEqual(oracle.metrics["reward/harbor/rewards/steps/append/lines"], 2)
+      const answers = oracle.messages.filter((m) => m.role === "tool").map(Oracle.text)
+      assert.include(answers, "Step create is done. Next step, append:\nAppend the line two to /app/log.txt.")
+      assert.strictEqual(answers.at(-1), "submitted: step append was the last")
+      // Step one right, step two not: the mean of 1 and 0.
+      assert.strictEqual(half.reward, 0.5)
+      assert.strictEqual(half.metrics["reward/harbor/rewards/steps/append"], 0)
+      // Below step one's min_reward the trial stops there: step two is never reached (0 in the mean).
+      assert.strictEqual(idle.reward, 0)
+      assert.strictEqual(idle.metrics["reward/harbor/rewards/steps/append"], undefined)
+      const lastAnswer = Oracle.text(idle.messages.filter((m) => m.role === "tool").at(-1))
+      assert.strictEqual(lastAnswer, "submitted: the task stops after step create")
+      assert.strictEqual(containers(), "", "no container outlives its chain")
+    }), { timeout: 300_000 })
+
+  it.effect("what a verifier installs at verify time is baked into the image by the run's option bake", () =>
+    Effect.gen(function*() {
+      const baked = yield* load("baked")
+      const row = { question: baked.instruction, task: "baked" }
+      const play = (bake: string | undefined) =>
+        Effect.map(
+          Oracle.rollout({
+            task: SweTask.make({ root, pool: 1, ...(bake === undefined ? {} : { bake }) }),
+            rows: [row],
+            policy: HarborOracle.idle
+          }),
+          (played) => played[0]!.reward
+        )
+      assert.strictEqual(yield* play(undefined), 0, "offline, nothing installs the tool")
+      assert.strictEqual(yield* play("mkdir -p /opt && echo ready > /opt/verifier-tool"), 1)
+      assert.strictEqual(containers(), "", "no container outlives its chain")
+    }), { timeout: 300_000 })
 
   it.effect("a prebuilt image that cannot be had fails before any chain, naming the image and the reason", () =>
     Effect.gen(function*() {
@@ -155,7 +232,53 @@ describe("Harbor conformance (fixtures, Docker)", () => {
         data: { train: "data/heldout.jsonl", eval: "data/heldout.jsonl" },
         algorithm: { steps: 1 }
       }))
-      const refused = yield* Effect.flip(OracleCli.play(join(dir, "swe.json"), 1).pipe(Effect.provide(NodeServices.layer)))
+      const played = OracleCli.play(join(dir, "swe.json"), 1).pipe(Effect.provide(NodeServices.layer))
+      const refused = yield* Effect.flip(played)
       assert.match(String((refused as Error).message), /the image agentfly\/no-such-image:0 cannot be had: \S/)
     }), { timeout: 120_000 })
+
+  it.live("allow_internet through the run's allow-list: the allowed host is reached, not otherwise", () =>
+    Effect.gen(function*() {
+      // The test's own network: a veth pair in the host's namespace with a private address and a TCP server on it.
+      const pair = `afs${process.pid}`.slice(0, 12)
+      const host = `10.251.${(process.pid + 7) % 250}.1`
+      const port = 30_000 + (process.pid % 10_000)
+      yield* Effect.acquireRelease(
+        Effect.sync(() => {
+          execFileSync("ip", ["link", "add", `${pair}a`, "type", "veth", "peer", "name", `${pair}b`])
+          execFileSync("ip", ["addr", "add", `${host}/32`, "dev", `${pair}a`])
+          execFileSync("ip", ["link", "set", `${pair}a`, "up"])
+          execFileSync("ip", ["link", "set", `${pair}b`, "up"])
+        }),
+        () => Effect.sync(() => execFileSync("ip", ["link", "del", `${pair}a`]))
+      )
+      yield* Effect.acquireRelease(
+        Effect.callback<ReturnType<typeof createServer>>((resume) => {
+          const s = createServer((socket) => socket.end("hi"))
+          s.listen(port, host, () => resume(Effect.succeed(s)))
+        }),
+        (s) => Effect.sync(() => s.close())
+      )
+      // `[verifier.env] PROBE = "${AGENTFLY_PROBE:-…}"`: resolved from the host when the folders load (here, and
+      // again by the run's provider).
+      yield* Effect.acquireRelease(
+        Effect.sync(() => (process.env["AGENTFLY_PROBE"] = `${host}:${port}`)),
+        () => Effect.sync(() => delete process.env["AGENTFLY_PROBE"])
+      )
+      const names = ["network", "network-off"]
+      const tasks = yield* Effect.forEach(names, load)
+      const rows = tasks.map((t, i) => ({ question: t.instruction, task: names[i]! }))
+      const play = (allowHosts: ReadonlyArray<string> | undefined) =>
+        Effect.map(
+          Oracle.rollout({
+            task: SweTask.make({ root, pool: 2, ...(allowHosts === undefined ? {} : { allowHosts }) }),
+            rows,
+            policy: HarborOracle.idle
+          }),
+          (played) => played.map((t) => t.reward)
+        )
+      assert.deepStrictEqual(yield* play([host]), [1, 0], "allowed: reached; allow_internet = false: not")
+      assert.deepStrictEqual(yield* play(undefined), [0, 0], "no allow-list (the default): offline")
+      assert.strictEqual(containers(), "", "no container outlives its chain")
+    }).pipe(Effect.scoped), { timeout: 300_000 })
 })

@@ -158,7 +158,7 @@ describe("swe task (Harbor folders, Docker)", () => {
       assert.isTrue(both[0]!.masked, "an environment that never started does not train")
       assert.match(
         both[0]!.error!,
-        /^EnvFailed: episode start: the image agentfly-harbor\/\w+:1 \(built from .*broken\/environment\) cannot be had: /
+        /^EnvFailed: episode start: the image agentfly-harbor\/\w+:1 \(built from .*broken\/environment\) cannot be had/
       )
       assert.strictEqual(containers(), "", "no container outlived its chain")
     }).pipe(Effect.provide(NodeServices.layer)), { timeout: 300_000 })

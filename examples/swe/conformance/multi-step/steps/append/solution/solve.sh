@@ -1,0 +1,2 @@
+#!/bin/sh
+echo two >> /app/log.txt

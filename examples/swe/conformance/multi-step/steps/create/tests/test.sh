@@ -1,0 +1,4 @@
+#!/bin/bash
+set -euo pipefail
+source /tests/expect.sh
+expect one

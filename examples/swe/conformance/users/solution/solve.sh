@@ -1,0 +1,2 @@
+#!/bin/sh
+id -u > /logs/agent-uid
