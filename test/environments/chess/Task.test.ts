@@ -60,7 +60,7 @@ describe("chess task to the end of the line", () => {
       // The search alone (mates in one and two) misses the long and the non-mate rows: the line is the key.
       const searched = yield* Oracle.rollout({ task: fitted, rows: sample, policy: ChessOracle.oracle })
       assert.isBelow(Oracle.solveRate(searched), 0.6)
-    }), { timeout: 300_000 })
+    }), { timeout: 900_000 })
 
   it.effect("on generated puzzles the line oracle is 100 % and plays the search oracle's very moves", () =>
     Effect.gen(function*() {
@@ -68,7 +68,7 @@ describe("chess task to the end of the line", () => {
       const bySearch = yield* Oracle.rollout({ task, rows: heldOut, policy: ChessOracle.oracle })
       assert.strictEqual(Oracle.solveRate(byLine), 1)
       assert.deepStrictEqual(byLine.map((t) => t.messages), bySearch.map((t) => t.messages))
-    }), { timeout: 300_000 })
+    }), { timeout: 900_000 })
 
   it("default limits follow the line: a mate in one or two keeps 6 steps and 4 turns; a longer line gets more", () => {
     assert.deepStrictEqual([1, 2].map(Board.limits), [{ maxSteps: 6, maxTurns: 4 }, { maxSteps: 6, maxTurns: 4 }])
@@ -96,7 +96,7 @@ describe("chess task to the end of the line", () => {
       const fitted = ChessTask.make({ longestLine: 6 })
       const played = yield* Oracle.rollout({ task: fitted, rows: long, policy: ChessOracle.forRows(long) })
       assert.deepStrictEqual(played.map((t) => t.episodeEnd), ["solved", "solved", "solved"])
-    }), { timeout: 300_000 })
+    }), { timeout: 900_000 })
 })
 
 describe("chess task", () => {
@@ -128,7 +128,7 @@ describe("chess task", () => {
         assert.match(tools(t)[0]!, /^Legal moves: /)
         assert.strictEqual(t.metrics["reward/chess/steps"], 1 + rows[i]!.moves.length / 2)
       }
-    }), { timeout: 300_000 })
+    }), { timeout: 900_000 })
 
   it.effect("random legal moves score ≈ 0", () =>
     Effect.gen(function*() {
@@ -139,7 +139,7 @@ describe("chess task", () => {
       // A random legal move is the one mate of a mate in one with a chance of 1 in the number of legal moves (≈ 30).
       assert.isAtMost(Oracle.solveRate(played), 0.1)
       assert.isTrue(played.some((t) => t.episodeEnd === "failed"), "wrong moves fail the puzzle")
-    }), { timeout: 300_000 })
+    }), { timeout: 900_000 })
 
   it.effect(
     "malformed and refused actions are typed error observations; the episode goes on",
