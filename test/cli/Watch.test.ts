@@ -211,6 +211,8 @@ describe("agentfly watch", () => {
     assert.include(running, "running")
     assert.include(running, "of 5")
     assert.include(LiveReport.status({ metrics: [record(5)], samples: [], finished: true }), "finished")
+    const warmup = { metrics: [record(7, "warmup")], samples: [], finished: false, config: { warmup: { steps: 600 } } }
+    assert.include(LiveReport.status(warmup), "warmup step <b id=\"current-step\">7</b> of 600")
     const quiet = LiveReport.status({ metrics: [record(5)], samples: [], finished: false, quietFor: 600 })
     assert.include(quiet, "no record for 10 min")
     assert.deepStrictEqual(
