@@ -11,6 +11,7 @@ import * as Http from "node:http"
 import type { AddressInfo } from "node:net"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
+import * as Oracle from "../../actors/Oracle.ts"
 import * as Telemetry from "../../actors/Telemetry.ts"
 import * as ToolActor from "../../actors/ToolActor.ts"
 import * as Train from "../../actors/Train.ts"
@@ -172,6 +173,44 @@ describe("Telemetry", () => {
       assert.include(failed!.status.message ?? "", `no entry for "z"`)
       assert.strictEqual(attributes(ok)["tool.attempts"], 1)
       assert.notStrictEqual(parent.status.code, StatusError, "the turn itself did not fail")
+    }))
+
+  it.live("through the rollout runtime: a refused tool call is an ERROR span under its turn, under its chain", () =>
+    Effect.gen(function*() {
+      const { url, received } = yield* receiver
+      const settings = { endpoint: url, protocol: "http/json" as const, serviceName: "t", exportIntervalMs: 50 }
+      // The first turn guesses a word where a number belongs (refused by the tool's Schema), the next ones give up.
+      const policy: Oracle.Policy = (messages) =>
+        messages.some((m) => m.role === "assistant")
+          ? { content: "I give up" }
+          : { toolCalls: [Oracle.call(messages, "guess", { n: "seven" })] }
+      const played = yield* Oracle.rollout({ task, rows: [{ question: "Find my number.", secret: 7 }], policy }).pipe(
+        Effect.withSpan("oracle"),
+        Effect.provide(Layer.fresh(Telemetry.layer(settings)))
+      )
+      assert.strictEqual(played.length, 1)
+      const spans = spansOf(received)
+      const byId = new Map(spans.map((s) => [s.spanId, s]))
+      const parentOf = (s: Span) => byId.get(s.parentSpanId ?? "")
+      const call = spans.find((s) => s.name === "ToolActor.call")
+      assert.isDefined(call, spans.map((s) => s.name).join(", "))
+      assert.strictEqual(call!.status.code, StatusError)
+      assert.strictEqual(attributes(call!)["error.type"], "DecodeError")
+      assert.strictEqual(attributes(call!)["tool.name"], "guess")
+      const turn = parentOf(call!)!
+      assert.strictEqual(turn.name, "RolloutChain.turn")
+      assert.strictEqual(attributes(turn)["turn.index"], 1)
+      const chain = parentOf(turn)!
+      assert.strictEqual(chain.name, "RolloutChain.run")
+      assert.strictEqual(parentOf(chain)?.name, "oracle")
+      // The model read the refusal and the chain went on: the chain itself did not fail.
+      assert.notStrictEqual(chain.status.code, StatusError)
+      // Turns that sampled (the last span of a chain at its turn limit only finds it reached).
+      const turns = spans.filter((s) =>
+        s.name === "RolloutChain.turn" && s.parentSpanId === chain.spanId && attributes(s)["turn.tokens"] !== undefined
+      )
+      assert.strictEqual(attributes(chain)["chain.turns"], turns.length)
+      assert.isAbove(turns.length, 1)
     }))
 
   it.live(
