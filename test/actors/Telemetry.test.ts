@@ -12,6 +12,7 @@ import type { AddressInfo } from "node:net"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as Oracle from "../../actors/Oracle.ts"
+import * as Resume from "../../actors/Resume.ts"
 import * as Telemetry from "../../actors/Telemetry.ts"
 import * as ToolActor from "../../actors/ToolActor.ts"
 import * as Train from "../../actors/Train.ts"
@@ -298,6 +299,14 @@ describe("Telemetry", () => {
         for (const key of ["rollout/reward_mean", "learner/loss", "eval/accuracy"]) assert.isTrue(names.has(key), key)
         const logged = readFileSync(join(result.config.output, "metrics.jsonl"), "utf8").trim().split("\n").length
         assert.isAtLeast(logged, 4)
+
+        // Where traces go is no change of the run: resumed without the section (or with another), it is not refused.
+        const { telemetry: _, ...untraced } = result.config
+        const checked = yield* Resume.check(untraced, { resume: true }).pipe(Effect.provide(NodeServices.layer))
+        assert.deepStrictEqual(checked.changed, [])
+        const reseeded = yield* Effect.flip(Resume.check({ ...untraced, seed: 2 }, { resume: true }))
+          .pipe(Effect.provide(NodeServices.layer))
+        assert.include(reseeded.message, "seed: 1 → 2")
       }),
     240_000
   )
