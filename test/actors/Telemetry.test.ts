@@ -5,7 +5,7 @@
  */
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Layer, Schema } from "effect"
+import { ConfigProvider, Effect, Layer, Schema } from "effect"
 import { mkdtempSync, readFileSync } from "node:fs"
 import * as Http from "node:http"
 import type { AddressInfo } from "node:net"
@@ -142,6 +142,20 @@ describe("Telemetry", () => {
       "http/protobuf"
     )
   })
+
+  it.effect("settings reads the variables from the process's environment (Effect's ConfigProvider)", () =>
+    Effect.gen(function*() {
+      const env = { OTEL_EXPORTER_OTLP_ENDPOINT: "http://127.0.0.1:4318", OTEL_SERVICE_NAME: "from-env" }
+      const read = yield* Telemetry.settings(undefined).pipe(
+        Effect.provide(ConfigProvider.layer(ConfigProvider.fromEnvRecord(env)))
+      )
+      assert.strictEqual(read?.endpoint, "http://127.0.0.1:4318")
+      assert.strictEqual(read?.serviceName, "from-env")
+      const none = yield* Telemetry.settings(undefined).pipe(
+        Effect.provide(ConfigProvider.layer(ConfigProvider.fromEnvRecord({})))
+      )
+      assert.isUndefined(none)
+    }))
 
   it.live("a failed tool call is a span with status ERROR and its reason, under the span that made the call", () =>
     Effect.gen(function*() {
