@@ -222,7 +222,7 @@ describe("Telemetry", () => {
       assert.notStrictEqual(chain.status.code, StatusError)
       // Turns that sampled (the last span of a chain at its turn limit only finds it reached).
       const turns = spans.filter((s) =>
-        s.name === "RolloutChain.turn" && s.parentSpanId === chain.spanId && attributes(s)["turn.tokens"] !== undefined
+        s.name === "RolloutChain.turn" && s.parentSpanId === chain.spanId && attributes(s)["turn.sampled"] === true
       )
       assert.strictEqual(attributes(chain)["chain.turns"], turns.length)
       assert.isAbove(turns.length, 1)
@@ -304,9 +304,13 @@ describe("Telemetry", () => {
           for (const s of children) assert.strictEqual(parentName(s), "RolloutChain.run", name)
         }
         assert.strictEqual(named("RolloutChain.lease").length, chains.length, "one lease a chain")
-        const turn = attributes(named("RolloutChain.turn")[0]!)
-        assert.isNumber(turn["turn.tokens"])
-        assert.isNumber(turn["turn.index"])
+        // Every chain's first turn sampled its tokens.
+        const firstTurns = named("RolloutChain.turn").map(attributes).filter((a) => a["turn.index"] === 1)
+        assert.strictEqual(firstTurns.length, chains.length)
+        for (const a of firstTurns) {
+          assert.strictEqual(a["turn.sampled"], true)
+          assert.isAbove(a["turn.tokens"] as number, 0)
+        }
 
         // The figures of metrics.jsonl, as gauges of the same names.
         const names = metricNames(received)
