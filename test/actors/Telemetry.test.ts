@@ -238,22 +238,22 @@ describe("Telemetry", () => {
           { dir: join(dir, "data"), seed: 3, train: 8, heldOut: 2, validation: 0, demos: 0, noise: 0 },
           task.defaults.systemPrompt!
         ).pipe(Effect.provide(NodeServices.layer))
-        const result = yield* Train.run({
-          task,
-          dir,
-          config: {
-            seed: 1,
-            output: "run",
-            model: { path: "model", preset: "tiny", initSeed: 1 },
-            data: { train: "data/train.jsonl", eval: "data/heldout.jsonl" },
-            agent: { numChains: 2 },
-            algorithm: { steps: 2, groupsPerStep: 2, microBatchSize: 4, advantage: "reinforce++", entropyCoef: 0.01 },
-            eval: { every: 100, size: 2 },
-            telemetry: { endpoint: url, protocol: "http/json", serviceName: "agentfly-test", exportIntervalMs: 100 }
-          },
-          write: () => {},
-          tty: false
-        })
+        const config = {
+          seed: 1,
+          output: "run",
+          model: { path: "model", preset: "tiny", initSeed: 1 },
+          data: { train: "data/train.jsonl", eval: "data/heldout.jsonl" },
+          agent: { numChains: 2 },
+          algorithm: { steps: 2, groupsPerStep: 2, microBatchSize: 4, advantage: "reinforce++", entropyCoef: 0.01 },
+          eval: { every: 100, size: 2 }
+        } as const
+        const telemetry = { endpoint: url, protocol: "http/json", serviceName: "agentfly-test", exportIntervalMs: 100 }
+        const run = (extra: object) => Train.run({ task, dir, config: { ...config, ...extra }, write: () => {}, tty: false })
+        const result = yield* run({ telemetry })
+        // Traced or not, the same run: the same weights and held-out figures.
+        const untracedRun = yield* run({ output: "untraced" })
+        assert.strictEqual(untracedRun.summary.fingerprint, result.summary.fingerprint)
+        assert.deepStrictEqual(untracedRun.summary.evals, result.summary.evals)
         const spans = spansOf(received)
         const byId = new Map(spans.map((s) => [s.spanId, s]))
         const parentName = (s: Span) => (s.parentSpanId === undefined ? undefined : byId.get(s.parentSpanId)?.name)
