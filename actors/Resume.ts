@@ -60,7 +60,7 @@ export type Point = ReturnType<typeof Journal.resumePoint> & { readonly existing
 
 /**
  * What differs between the config a run was started with and `config`: its recorded `config.json` (`output`
- * aside: a run may move), or for a run without one the seed and mode its journal's first start recorded.
+ * aside: a run may move; `telemetry` too: where traces go changes nothing the run computes), or for a run without one the seed and mode its journal's first start recorded.
  */
 const changesSinceStart = Effect.fnUntraced(function*(
   fs: FileSystem.FileSystem,
@@ -83,7 +83,7 @@ const changesSinceStart = Effect.fnUntraced(function*(
       Effect.orElseSucceed(() => recorded)
     )
     const comparable = withRecordedPathOptions(withRecordedTask(normalized, current), current)
-    return TrainConfig.changes(comparable, current, ["output"])
+    return TrainConfig.changes(comparable, current, ["output", "telemetry"])
   }
   const start = journal.entries.map((e) => e.entry).find((e) => e.kind === "start")
   return start?.kind === "start"

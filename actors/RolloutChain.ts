@@ -315,7 +315,8 @@ const play = Effect.fnUntraced(function*(
 ): Effect.fn.Return<Ending, RolloutError.RolloutError | ChainEnded, Scope.Scope> {
   const transcript = yield* open(chain)
   while (true) {
-    const ending = yield* playTurn(chain, transcript)
+    const [turns, tokens] = [chain.turns, chain.tokens]
+    const ending = yield* playTurn(chain, transcript).pipe(Telemetry.turnSpan(chain, turns, tokens))
     if (ending !== undefined) return ending
   }
 })
@@ -330,7 +331,7 @@ const open = Effect.fnUntraced(function*(
   chain.env = yield* withPolicy(
     config,
     config.environment.acquire({ ...episode, seed }).pipe(
-      Effect.withSpan("RolloutChain.lease"),
+      Telemetry.span("RolloutChain.lease", {}),
       Effect.map((context): Context.Context<never> => context),
       Effect.mapError((e) =>
         new RolloutError.RolloutError({ reason: "LeaseFailed", message: errorText(e), chainId: spec.chainId })
@@ -355,7 +356,7 @@ const open = Effect.fnUntraced(function*(
  * One turn: sample, run its tool calls, let the environment speak, append what they said. Its ending, when the
  * turn ends the chain.
  */
-const playTurn = Effect.fn("RolloutChain.turn")(function*(
+const playTurn = Effect.fnUntraced(function*(
   chain: Chain,
   transcript: Transcript
 ): Effect.fn.Return<Ending | undefined, RolloutError.RolloutError | ChainEnded> {
@@ -381,7 +382,6 @@ const playTurn = Effect.fn("RolloutChain.turn")(function*(
   chain.tokens += generated
   chain.turns++
   config.stats.turns++
-  yield* Effect.annotateCurrentSpan({ "turn.index": chain.turns, "turn.tokens": generated, complete: turn.complete })
   if (!turn.complete) return cutTurn(chain, turn, maxTokens < config.sampling.maxTokens)
   // Parse failures: with `feedback` the model reads what was wrong; valid calls of the same turn still run.
   const parseFailed = turn.parseErrors.length > 0

@@ -14,11 +14,12 @@
  * (`rollout/reward_mean`, `learner/kl`, ...) with a `phase` attribute, exported with the spans.
  *
  * **When.** Export is off unless the config's `telemetry` section or `OTEL_EXPORTER_OTLP_ENDPOINT` names a collector;
- * off, nothing is exported and no exporter fiber runs (the spans stay in memory, as every `Effect.fn` span does).
+ * off, nothing is exported, no exporter fiber runs, and the spans of the hot paths (chains, leases, tool calls,
+ * rewards) are not made at all.
  *
  * @since 0.1.0
  */
-import { Config, Effect, Layer, Metric } from "effect"
+import { Config, Context, Effect, Layer, Metric } from "effect"
 import * as FetchHttpClient from "effect/http/FetchHttpClient"
 import { OtlpMetrics, OtlpSerialization, OtlpTracer } from "effect/observability"
 import type * as ChainPorts from "../src/ChainPorts.ts"
@@ -108,6 +109,18 @@ export const settings = (config: TrainConfig.TrainConfig["telemetry"]): Effect.E
 // ===== Layers =====
 
 /**
+ * Whether spans are being exported: set by {@link layer}. The spans of the hot paths ({@link span}: every chain,
+ * lease, tool call and reward) are made only then, so that a run that exports nothing pays nothing for them (a tool
+ * call's own cost is a few microseconds; a span would be more).
+ *
+ * @category services
+ * @since 0.1.0
+ */
+export const Exporting = Context.Reference<boolean>("agentfly/actors/Telemetry/Exporting", {
+  defaultValue: () => false
+})
+
+/**
  * The OTLP/HTTP tracer and metrics exporter for `settings`: spans and metric snapshots are sent every
  * `exportIntervalMs`, and what is left when the layer's scope closes (the run's end, a failure, Ctrl-C) is sent then.
  * A collector that does not answer costs the run nothing: the exporter drops its batch and waits a minute.
@@ -120,7 +133,8 @@ export const layer = (settings: Settings) => {
   const common = { resource, exportInterval: `${settings.exportIntervalMs} millis` as const }
   return Layer.mergeAll(
     OtlpTracer.layer({ url: `${settings.endpoint}/v1/traces`, ...common }),
-    OtlpMetrics.layer({ url: `${settings.endpoint}/v1/metrics`, ...common })
+    OtlpMetrics.layer({ url: `${settings.endpoint}/v1/metrics`, ...common }),
+    Layer.succeed(Exporting, true)
   ).pipe(
     Layer.provide(settings.protocol === "http/json" ? OtlpSerialization.layerJson : OtlpSerialization.layerProtobuf),
     Layer.provide(FetchHttpClient.layer)
@@ -183,16 +197,25 @@ class MarkedFailed extends Error {
 }
 
 /**
- * Runs `self` in a span `name` with `attributes`; `said` adds attributes from its result and marks a result that is
- * a failure as an error (status ERROR with the message, `error.type` the reason), though `self` succeeded and its
- * result goes on unchanged.
+ * Runs `self` in a span `name` with `attributes` while spans are exported ({@link Exporting}), as it is otherwise;
+ * `said` adds attributes from its result and marks a result that is a failure as an error (status ERROR with the
+ * message, `error.type` the reason), though `self` succeeded and its result goes on unchanged.
  *
  * @category combinators
  * @since 0.1.0
  */
 export const span = <A>(name: string, attributes: Record<string, unknown>, said?: (a: A) => Said) =>
-<E, R>(self: Effect.Effect<A, E, R>): Effect.Effect<A, E, R> => {
-  if (said === undefined) return Effect.withSpan(self, name, { attributes }) as Effect.Effect<A, E, R>
+<E, R>(self: Effect.Effect<A, E, R>): Effect.Effect<A, E, R> =>
+  Effect.withFiber((fiber) => (fiber.getRef(Exporting) ? traced(self, name, attributes, said) : self))
+
+const traced = <A, E, R>(
+  self: Effect.Effect<A, E, R>,
+  name: string,
+  attributes: Record<string, unknown>,
+  said: ((a: A) => Said) | undefined
+): Effect.Effect<A, E, R> => {
+  const options = { attributes, captureStackTrace: false }
+  if (said === undefined) return Effect.withSpan(self, name, options) as Effect.Effect<A, E, R>
   const inside = Effect.flatMap(self, (a): Effect.Effect<A, MarkedFailed> => {
     const s = said(a)
     const annotated = s.attributes === undefined ? Effect.void : Effect.annotateCurrentSpan(s.attributes)
@@ -202,7 +225,7 @@ export const span = <A>(name: string, attributes: Record<string, unknown>, said?
       Effect.fail(new MarkedFailed(a, s.error.message))
     )
   })
-  return Effect.withSpan(inside, name, { attributes }).pipe(
+  return Effect.withSpan(inside, name, options).pipe(
     Effect.catchIf((e): e is MarkedFailed => e instanceof MarkedFailed, (e) => Effect.succeed(e.value as A))
   ) as Effect.Effect<A, E, R>
 }
@@ -226,6 +249,28 @@ export const chainSaid = (trajectory: Trajectory.Trajectory): Said => ({
     ? undefined
     : { type: trajectory.errorReason ?? "Error", message: trajectory.error }
 })
+
+/**
+ * A turn's span (`RolloutChain.turn`) around a chain's turn: its index, the tokens it sampled and how it ended the
+ * chain, if it did; read from the chain's counters, which were `turns` and `tokens` before it. A last call that
+ * only finds the turn limit reached says `turn.sampled: false`.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const turnSpan = (
+  chain: { readonly turns: number; readonly tokens: number },
+  turns: number,
+  tokens: number
+) =>
+<A extends { readonly termination: string } | undefined, E, R>(self: Effect.Effect<A, E, R>) =>
+  span<A>("RolloutChain.turn", { "turn.index": turns + 1 }, (ending) => ({
+    attributes: {
+      "turn.sampled": chain.turns > turns,
+      "turn.tokens": chain.tokens - tokens,
+      ...(ending === undefined ? {} : { "turn.ends_chain": ending.termination })
+    }
+  }))(self)
 
 /**
  * What a tool call's span says: attempts, latency, whether its output was cut, and the call's error (a failed call

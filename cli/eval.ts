@@ -179,14 +179,14 @@ export const run = Effect.fn("cli.eval")(function*(
   const weights = options.checkpoint === undefined
     ? folder.weights
     : (yield* verifiedCheckpoint(options.checkpoint, Qwen2.parameters(folder.config))).weights
-  const evalSize = config.eval.size ?? heldOut.rows.length
+  const questions = Math.min(config.eval.size ?? heldOut.rows.length, heldOut.rows.length)
   const engine = yield* PolicyEngine.make({ config: folder.config, weights, maxBatchSize: 64 })
   // The task's environment lives (and its pools with it) for the evaluation only.
   const { figures, groups } = yield* Effect.scoped(
     Effect.flatMap(
       RolloutSetup.make({ task, config, format: ChainFormat.ofConfig(config, folder) }),
       (setup) => Rollouts.evaluation(setup, heldOut.rows)
-    ).pipe(Progress.withBar({ label: "eval", unit: "questions", total: Math.min(heldOut.rows.length, evalSize) }))
+    ).pipe(Progress.withBar({ label: "eval", unit: "questions", total: questions }))
   ).pipe(
     Effect.provideService(Sampler, Sampler.of({ generate: engine.generate, policyVersion: engine.policyVersion })),
     Effect.provide(ResourceManager.ResourceManager.layer)

@@ -192,6 +192,9 @@ const listen = (server: Http.Server, host: string, port: number): Effect.Effect<
       })
   )
 
+/** Whether a host name is this machine's loopback. */
+const loopback = (host: string): boolean => host === "localhost" || host === "::1" || /^127\.\d+\.\d+\.\d+$/.test(host)
+
 /** One server-sent event carrying the view's content. */
 const event = (html: string): string => `event: update\ndata: ${JSON.stringify({ html })}\n\n`
 
@@ -227,9 +230,14 @@ export const serve = Effect.fn("Watch.serve")(function*(dir: string, options: Se
   yield* poll(fs, run).pipe(Effect.orElseSucceed(() => false))
   let html = render()
   const clients = new Set<Http.ServerResponse>()
+  const host = options.host ?? "127.0.0.1"
   const server = Http.createServer((req, res) => {
     const path = (req.url ?? "/").split("?")[0]
     if (req.method !== "GET") return void res.writeHead(405, { allow: "GET" }).end()
+    // On loopback, a page of another site that renamed itself 127.0.0.1 (DNS rebinding) does not read the run.
+    if (loopback(host) && !loopback((req.headers.host ?? "").replace(/:\d+$/, "").replace(/^\[|\]$/g, ""))) {
+      return void res.writeHead(403, { "content-type": "text/plain" }).end("open the live view at 127.0.0.1\n")
+    }
     if (path === "/") {
       return void res.writeHead(200, { "content-type": "text/html; charset=utf-8", "cache-control": "no-store" })
         .end(LiveReport.page(title, html))
@@ -242,7 +250,6 @@ export const serve = Effect.fn("Watch.serve")(function*(dir: string, options: Se
     }
     res.writeHead(404, { "content-type": "text/plain" }).end("not found: the live view is at /\n")
   })
-  const host = options.host ?? "127.0.0.1"
   const port = yield* listen(server, host, options.port ?? 8765)
   // A re-render when a record arrives, and now and then anyway, so that "no record for N min" is said.
   let renderedAt = clock.currentTimeMillisUnsafe()
@@ -286,7 +293,7 @@ export const watch = Command.make(
   Effect.fn("watch")(function*({ dir, port, host }) {
     yield* Effect.scoped(Effect.gen(function*() {
       const served = yield* serve(dir, { port, host })
-      if (host !== "127.0.0.1" && host !== "localhost" && host !== "::1") {
+      if (!loopback(host)) {
         yield* Console.error(`serving on ${host}: anyone who reaches it sees the run's prompts and samples`)
       }
       yield* Console.log(`watching ${dir} at ${served.url} (Ctrl-C to stop)`)

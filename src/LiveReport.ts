@@ -51,11 +51,12 @@ const fmt = (x: number | undefined, digits = 3): string => (x === undefined ? "â
  */
 export const status = (state: State): string => {
   const last = state.metrics.at(-1)
-  const steps = pick(state.config, ["algorithm", "steps"])
   if (last === undefined) {
     return `<p id="run-status" data-step="0" data-phase="none">Waiting for the run's first recordâ€¦</p>`
   }
-  const of = last.phase !== "warmup" && typeof steps === "number" ? ` of ${steps}` : ""
+  // Warm-up steps count on their own, to the warm-up's steps.
+  const steps = pick(state.config, last.phase === "warmup" ? ["warmup", "steps"] : ["algorithm", "steps"])
+  const of = typeof steps === "number" ? ` of ${steps}` : ""
   const minutes = Math.floor(last.elapsed / 60)
   const elapsed = `${minutes > 0 ? `${minutes}m` : ""}${Math.round(last.elapsed % 60)}s`
   const state_ = state.finished

@@ -5,12 +5,14 @@
  */
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Layer, Schema } from "effect"
+import { ConfigProvider, Effect, Layer, Schema } from "effect"
 import { mkdtempSync, readFileSync } from "node:fs"
 import * as Http from "node:http"
 import type { AddressInfo } from "node:net"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
+import * as Oracle from "../../actors/Oracle.ts"
+import * as Resume from "../../actors/Resume.ts"
 import * as Telemetry from "../../actors/Telemetry.ts"
 import * as ToolActor from "../../actors/ToolActor.ts"
 import * as Train from "../../actors/Train.ts"
@@ -141,6 +143,20 @@ describe("Telemetry", () => {
     )
   })
 
+  it.effect("settings reads the variables from the process's environment (Effect's ConfigProvider)", () =>
+    Effect.gen(function*() {
+      const env = { OTEL_EXPORTER_OTLP_ENDPOINT: "http://127.0.0.1:4318", OTEL_SERVICE_NAME: "from-env" }
+      const read = yield* Telemetry.settings(undefined).pipe(
+        Effect.provide(ConfigProvider.layer(ConfigProvider.fromEnvRecord(env)))
+      )
+      assert.strictEqual(read?.endpoint, "http://127.0.0.1:4318")
+      assert.strictEqual(read?.serviceName, "from-env")
+      const none = yield* Telemetry.settings(undefined).pipe(
+        Effect.provide(ConfigProvider.layer(ConfigProvider.fromEnvRecord({})))
+      )
+      assert.isUndefined(none)
+    }))
+
   it.live("a failed tool call is a span with status ERROR and its reason, under the span that made the call", () =>
     Effect.gen(function*() {
       const { url, received } = yield* receiver
@@ -174,6 +190,44 @@ describe("Telemetry", () => {
       assert.notStrictEqual(parent.status.code, StatusError, "the turn itself did not fail")
     }))
 
+  it.live("through the rollout runtime: a refused tool call is an ERROR span under its turn, under its chain", () =>
+    Effect.gen(function*() {
+      const { url, received } = yield* receiver
+      const settings = { endpoint: url, protocol: "http/json" as const, serviceName: "t", exportIntervalMs: 50 }
+      // The first turn guesses a word where a number belongs (refused by the tool's Schema), the next ones give up.
+      const policy: Oracle.Policy = (messages) =>
+        messages.some((m) => m.role === "assistant")
+          ? { content: "I give up" }
+          : { toolCalls: [Oracle.call(messages, "guess", { n: "seven" })] }
+      const played = yield* Oracle.rollout({ task, rows: [{ question: "Find my number.", secret: 7 }], policy }).pipe(
+        Effect.withSpan("oracle"),
+        Effect.provide(Layer.fresh(Telemetry.layer(settings)))
+      )
+      assert.strictEqual(played.length, 1)
+      const spans = spansOf(received)
+      const byId = new Map(spans.map((s) => [s.spanId, s]))
+      const parentOf = (s: Span) => byId.get(s.parentSpanId ?? "")
+      const call = spans.find((s) => s.name === "ToolActor.call")
+      assert.isDefined(call, spans.map((s) => s.name).join(", "))
+      assert.strictEqual(call!.status.code, StatusError)
+      assert.strictEqual(attributes(call!)["error.type"], "DecodeError")
+      assert.strictEqual(attributes(call!)["tool.name"], "guess")
+      const turn = parentOf(call!)!
+      assert.strictEqual(turn.name, "RolloutChain.turn")
+      assert.strictEqual(attributes(turn)["turn.index"], 1)
+      const chain = parentOf(turn)!
+      assert.strictEqual(chain.name, "RolloutChain.run")
+      assert.strictEqual(parentOf(chain)?.name, "oracle")
+      // The model read the refusal and the chain went on: the chain itself did not fail.
+      assert.notStrictEqual(chain.status.code, StatusError)
+      // Turns that sampled (the last span of a chain at its turn limit only finds it reached).
+      const turns = spans.filter((s) =>
+        s.name === "RolloutChain.turn" && s.parentSpanId === chain.spanId && attributes(s)["turn.sampled"] === true
+      )
+      assert.strictEqual(attributes(chain)["chain.turns"], turns.length)
+      assert.isAbove(turns.length, 1)
+    }))
+
   it.live(
     "a run exports one trace: run → step → learner step, batch → chain → lease, turn, reward; figures as metrics",
     () =>
@@ -184,22 +238,22 @@ describe("Telemetry", () => {
           { dir: join(dir, "data"), seed: 3, train: 8, heldOut: 2, validation: 0, demos: 0, noise: 0 },
           task.defaults.systemPrompt!
         ).pipe(Effect.provide(NodeServices.layer))
-        const result = yield* Train.run({
-          task,
-          dir,
-          config: {
-            seed: 1,
-            output: "run",
-            model: { path: "model", preset: "tiny", initSeed: 1 },
-            data: { train: "data/train.jsonl", eval: "data/heldout.jsonl" },
-            agent: { numChains: 2 },
-            algorithm: { steps: 2, groupsPerStep: 2, microBatchSize: 4, advantage: "reinforce++", entropyCoef: 0.01 },
-            eval: { every: 100, size: 2 },
-            telemetry: { endpoint: url, protocol: "http/json", serviceName: "agentfly-test", exportIntervalMs: 100 }
-          },
-          write: () => {},
-          tty: false
-        })
+        const config = {
+          seed: 1,
+          output: "run",
+          model: { path: "model", preset: "tiny", initSeed: 1 },
+          data: { train: "data/train.jsonl", eval: "data/heldout.jsonl" },
+          agent: { numChains: 2 },
+          algorithm: { steps: 2, groupsPerStep: 2, microBatchSize: 4, advantage: "reinforce++", entropyCoef: 0.01 },
+          eval: { every: 100, size: 2 }
+        } as const
+        const telemetry = { endpoint: url, protocol: "http/json", serviceName: "agentfly-test", exportIntervalMs: 100 }
+        const run = (extra: object) => Train.run({ task, dir, config: { ...config, ...extra }, write: () => {}, tty: false })
+        const result = yield* run({ telemetry })
+        // Traced or not, the same run: the same weights and held-out figures.
+        const untracedRun = yield* run({ output: "untraced" })
+        assert.strictEqual(untracedRun.summary.fingerprint, result.summary.fingerprint)
+        assert.deepStrictEqual(untracedRun.summary.evals, result.summary.evals)
         const spans = spansOf(received)
         const byId = new Map(spans.map((s) => [s.spanId, s]))
         const parentName = (s: Span) => (s.parentSpanId === undefined ? undefined : byId.get(s.parentSpanId)?.name)
@@ -250,15 +304,27 @@ describe("Telemetry", () => {
           for (const s of children) assert.strictEqual(parentName(s), "RolloutChain.run", name)
         }
         assert.strictEqual(named("RolloutChain.lease").length, chains.length, "one lease a chain")
-        const turn = attributes(named("RolloutChain.turn")[0]!)
-        assert.isNumber(turn["turn.tokens"])
-        assert.isNumber(turn["turn.index"])
+        // Every chain's first turn sampled its tokens.
+        const firstTurns = named("RolloutChain.turn").map(attributes).filter((a) => a["turn.index"] === 1)
+        assert.strictEqual(firstTurns.length, chains.length)
+        for (const a of firstTurns) {
+          assert.strictEqual(a["turn.sampled"], true)
+          assert.isAbove(a["turn.tokens"] as number, 0)
+        }
 
         // The figures of metrics.jsonl, as gauges of the same names.
         const names = metricNames(received)
         for (const key of ["rollout/reward_mean", "learner/loss", "eval/accuracy"]) assert.isTrue(names.has(key), key)
         const logged = readFileSync(join(result.config.output, "metrics.jsonl"), "utf8").trim().split("\n").length
         assert.isAtLeast(logged, 4)
+
+        // Where traces go is no change of the run: resumed without the section (or with another), it is not refused.
+        const { telemetry: _, ...untraced } = result.config
+        const checked = yield* Resume.check(untraced, { resume: true }).pipe(Effect.provide(NodeServices.layer))
+        assert.deepStrictEqual(checked.changed, [])
+        const reseeded = yield* Effect.flip(Resume.check({ ...untraced, seed: 2 }, { resume: true }))
+          .pipe(Effect.provide(NodeServices.layer))
+        assert.include(reseeded.message, "seed: 1 → 2")
       }),
     240_000
   )

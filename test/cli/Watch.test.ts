@@ -6,6 +6,7 @@ import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Fiber } from "effect"
 import { appendFileSync, mkdirSync, mkdtempSync, writeFileSync } from "node:fs"
+import * as Http from "node:http"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { chromium } from "playwright-core"
@@ -180,12 +181,23 @@ describe("agentfly watch", () => {
       yield* Effect.promise(() => page.waitForSelector(`#run-status[data-step="1"]`, { timeout: 10_000 }))
     }).pipe(Effect.scoped), 60_000)
 
-  it.effect("a missing folder and a port in use are said plainly", () =>
+  it.live("a missing folder and a port in use are said plainly; only this machine's names are served", () =>
     Effect.gen(function*() {
       const missing = yield* Effect.flip(Watch.serve("/nonexistent/run", { port: 0 }))
       assert.include(missing.message, "/nonexistent/run does not exist")
       const out = mkdtempSync(join(tmpdir(), "watch-port-"))
       const first = yield* Watch.serve(out, { port: 0 })
+      // Another name for this machine (a rebound DNS name) is refused on loopback.
+      const status = (host: string) =>
+        Effect.callback<number | undefined>((resume) => {
+          Http.get({ host: "127.0.0.1", port: first.port, path: "/", headers: { host } }, (res) => {
+            res.resume()
+            resume(Effect.succeed(res.statusCode))
+          })
+        })
+      assert.strictEqual(yield* status(`evil.example:${first.port}`), 403)
+      assert.strictEqual(yield* status(`localhost:${first.port}`), 200)
+      assert.strictEqual(yield* status(`127.0.0.1:${first.port}`), 200)
       const taken = yield* Effect.flip(Watch.serve(out, { port: first.port }))
       assert.strictEqual(taken._tag, "WatchError")
       assert.include(taken.message, `port ${first.port} on 127.0.0.1 is in use`)
@@ -199,6 +211,8 @@ describe("agentfly watch", () => {
     assert.include(running, "running")
     assert.include(running, "of 5")
     assert.include(LiveReport.status({ metrics: [record(5)], samples: [], finished: true }), "finished")
+    const warmup = { metrics: [record(7, "warmup")], samples: [], finished: false, config: { warmup: { steps: 600 } } }
+    assert.include(LiveReport.status(warmup), "warmup step <b id=\"current-step\">7</b> of 600")
     const quiet = LiveReport.status({ metrics: [record(5)], samples: [], finished: false, quietFor: 600 })
     assert.include(quiet, "no record for 10 min")
     assert.deepStrictEqual(
