@@ -189,6 +189,22 @@ layer(Qwen.layer)("a chain with a context policy", (it) => {
       assert.deepStrictEqual(t.segments[1]!.spans[0]!.tokenIds, expected)
     }))
 
+  it.effect("a fold that would remove nothing does not happen; after maxFolds the chain ends at the budget", () =>
+    Effect.gen(function*() {
+      const { run } = yield* setup
+      const keepAll = yield* run({ policy: "drop", at: 0.6, keepTurns: 100 })
+      assert.deepStrictEqual([keepAll.metrics["folds"], keepAll.termination, keepAll.segments.length], [
+        0,
+        "context_length",
+        1
+      ])
+      const often = yield* run({ policy: "drop", at: 0.4 })
+      assert.strictEqual(often.termination, "answer")
+      assert.isAtLeast(often.metrics["folds"]!, 2)
+      const once = yield* run({ policy: "drop", at: 0.4, maxFolds: 1 })
+      assert.deepStrictEqual([once.metrics["folds"], once.termination, once.segments.length], [1, "context_length", 2])
+    }))
+
   it.effect("segment rewards: the reward is split over the segments as configured; last keeps it on the last", () =>
     Effect.gen(function*() {
       const { run } = yield* setup

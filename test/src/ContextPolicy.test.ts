@@ -8,6 +8,7 @@ import { Effect, Result } from "effect"
 import * as Advantage from "../../src/Advantage.ts"
 import * as ContextPolicy from "../../src/ContextPolicy.ts"
 import type * as Message from "../../src/Message.ts"
+import * as Task from "../../src/Task.ts"
 import * as TrainConfig from "../../src/TrainConfig.ts"
 import * as Trajectory from "../../src/Trajectory.ts"
 
@@ -41,6 +42,16 @@ describe("ContextPolicy: the policy a config writes", () => {
         gamma: 0.9,
         maxFolds: 100
       })
+    }))
+
+  it.effect("a task suggests a policy in its defaults; the config's own wins", () =>
+    Effect.gen(function*() {
+      const task = Task.make("long", { defaults: { context: { policy: "fold", at: 0.5 } } })
+      const suggested = yield* TrainConfig.decode(Task.withDefaults(task, minimal))
+      assert.deepStrictEqual([suggested.agent.context?.policy, suggested.agent.context?.at], ["fold", 0.5])
+      const config = { ...minimal, agent: { context: { policy: "drop" } } }
+      const own = yield* TrainConfig.decode(Task.withDefaults(task, config))
+      assert.deepStrictEqual([own.agent.context?.policy, own.agent.context?.at], ["drop", 0.75])
     }))
 
   it.effect("bad policies are refused with the key that is wrong", () =>
