@@ -14,6 +14,10 @@
  * `/v1/completions` requests are threads of token ids: a prompt that extends a thread's tokens continues it (the new
  * tokens are `env`), one that extends only its first prompt starts a new segment.
  *
+ * Every wire format (chat completions, Responses, Anthropic Messages) reaches the recorder as the same chat request:
+ * one episode model. A request refused before sampling is recorded as a failure ({@link refused}); one interrupted
+ * before its answer (its client gone, its episode closed) is counted and named in the trajectory's `error`.
+ *
  * @since 0.1.0
  */
 import { Clock, Effect, Schedule } from "effect"
