@@ -441,6 +441,23 @@ const sampleChat = Effect.fnUntraced(function*(recorder: Recorder, thread: Threa
   return answered
 })
 
+/**
+ * The prompt tokens a chat request would render to on a fresh thread (Anthropic's `count_tokens`): nothing is
+ * recorded or sampled.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const countTokens = (recorder: Recorder, body: Bodies.ChatBody): Effect.Effect<number, Wire.ApiError> => {
+  const tools = recorder.config.renderTools === false ? [] : body.tools
+  return recorder.config.format.start(body.messages.map((m) => toTranscriptIds(recorder, m)), tools).pipe(
+    Effect.map((transcript) => transcript.length()),
+    Effect.mapError((e) =>
+      Wire.invalid(`the conversation cannot be rendered: ${e.message}`, "messages", "template_failed")
+    )
+  )
+}
+
 // ===== Completions =====
 
 /**

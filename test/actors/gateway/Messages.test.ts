@@ -147,6 +147,17 @@ describe("Gateway: Anthropic's Messages API", () => {
         }).then(() => 200, (e: InstanceType<typeof Anthropic.APIError>) => e.status)
       )
       assert.strictEqual(wrongKey, 401)
+      // count_tokens: the prompt as the episode's template renders it, nothing recorded.
+      const counted = yield* Effect.promise(() =>
+        anthropic(episode.baseURL, "secret").messages.countTokens({
+          model: "any",
+          messages: [{ role: "user", content: "What is 2+2?" }],
+          tools: [calculator]
+        })
+      )
+      const recorded = yield* Recorder.trajectory(episode.recorder, { _tag: "Returned" })
+      assert.strictEqual(counted.input_tokens, recorded.segments[0]!.spans[0]!.tokenIds.length)
+      assert.strictEqual(episode.recorder.requests, 1)
     }))
 
   it.live("refusals are Anthropic error bodies: a tool_result answering no tool_use, no max_tokens, stops", () =>
