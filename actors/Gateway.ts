@@ -9,6 +9,7 @@
  * | `POST /episodes/ID/v1/completions`             | text or token-id prompts (needs the model's tokenizer)         |
  * | `POST /episodes/ID/v1/responses`               | OpenAI's Responses API (`gateway/Responses.ts`)                |
  * | `POST /episodes/ID/v1/messages`                | Anthropic's Messages API (`gateway/Messages.ts`)               |
+ * | `POST /episodes/ID/v1/messages/count_tokens`   | the prompt's tokens under the episode's template (no record)   |
  * | `GET  /v1/models`, `/episodes/ID/v1/models`    | the served model                                               |
  * | `POST /episodes/ID/reward`                     | `{ "reward": number, "metrics"?: {...} }`: the episode's score |
  * | `POST /episodes/ID/end`                        | (serving mode) ends the episode without a reward (its status:  |
@@ -453,6 +454,12 @@ const messages: EpisodeHandler = Effect.fnUntraced(function*(state, entry, raw, 
   else yield* Wire.sendJson(res, 200, Messages.message(id, model, turn))
 })
 
+const countTokens: EpisodeHandler = Effect.fnUntraced(function*(_state, entry, raw, res) {
+  const body = yield* Wire.lift(Messages.decodeCount(raw))
+  const inputTokens = yield* Recorder.countTokens(entry.episode.recorder, body)
+  yield* Wire.sendJson(res, 200, { input_tokens: inputTokens })
+})
+
 /** Anthropic's error bodies on its route (counted as errors, as the others are by the server's handler). */
 const anthropicErrors = (state: GatewayState, res: Http.ServerResponse, effect: Effect.Effect<void, Wire.ApiError>) =>
   Effect.catch(effect, (e) =>
@@ -577,6 +584,8 @@ const route = (state: GatewayState, req: Http.IncomingMessage, res: Http.ServerR
       return episodeRoute(responses)
     case "/v1/messages":
       return anthropicErrors(state, res, episodeRoute(messages))
+    case "/v1/messages/count_tokens":
+      return anthropicErrors(state, res, episodeRoute(countTokens))
     case "/reward":
       return scoped === null ? noRoute : episodeRoute(reward, false)
     case "/end":

@@ -19,7 +19,8 @@
  *
  * - `formats`: the `engine` measure for each wire format the gateway speaks, the same conversations sent as chat
  *   completions, as Responses (`/v1/responses`, the whole history as input items) and as Anthropic Messages
- *   (`/v1/messages`), each round's three gateway runs and its direct run back to back.
+ *   (`/v1/messages`), each round's three gateway runs and its direct run back to back; and the `scripted`
+ *   measure of the gateway's own work in each format.
  *
  * Headline: gateway latency − 1.05 × direct engine latency, per request (target ≤ 1 ms: "1 ms + 5 %"), the median
  * over rounds of each round's paired difference, for the worst of the three wire formats.
@@ -225,6 +226,8 @@ export default () =>
       yield* viaGateway(engineSampler, "messages")
       yield* direct(engineSampler, 10_000 + 100 * i)
       yield* viaGateway(scripted)
+      yield* viaGateway(scripted, "responses")
+      yield* viaGateway(scripted, "messages")
       yield* direct(scripted, 0)
       yield* plainPost()
     }
@@ -235,7 +238,9 @@ export default () =>
       scriptedDirect: [] as Array<number>,
       loopback: [] as Array<number>,
       responses: [] as Array<number>,
-      messages: [] as Array<number>
+      messages: [] as Array<number>,
+      scriptedResponses: [] as Array<number>,
+      scriptedMessages: [] as Array<number>
     }
     for (let round = 0; round < ROUNDS; round++) {
       // Different questions each round and each side: no side reuses the other's cached prefixes.
@@ -244,6 +249,8 @@ export default () =>
       rounds.messages.push(median((yield* viaGateway(engineSampler, "messages")).latencies))
       rounds.direct.push(median(yield* direct(engineSampler, 1000 * (round + 1))))
       rounds.scripted.push(median((yield* viaGateway(scripted)).latencies))
+      rounds.scriptedResponses.push(median((yield* viaGateway(scripted, "responses")).latencies))
+      rounds.scriptedMessages.push(median((yield* viaGateway(scripted, "messages")).latencies))
       rounds.scriptedDirect.push(median(yield* direct(scripted, 0)))
       rounds.loopback.push(median(yield* plainPost()))
     }
@@ -289,13 +296,18 @@ export default () =>
     // Each round's gateway and direct medians ran back to back: their difference is paired, so a load that drifts
     // between rounds (a shared machine) cancels out of it, where the difference of the two overall medians keeps it.
     const paired = (series: ReadonlyArray<number>) => median(series.map((g, i) => g - 1.05 * rounds.direct[i]!))
+    const scriptedOf = { chat: rounds.scripted, responses: rounds.scriptedResponses, messages: rounds.scriptedMessages }
     const formats = Object.fromEntries((["chat", "responses", "messages"] as const).map((f) => {
       const series = f === "chat" ? rounds.gateway : rounds[f]
       return [f, {
         gatewayMs: median(series),
         overheadMs: median(series) - directMedian,
         pairedExcessMs: paired(series),
-        roundsGatewayMs: series
+        roundsGatewayMs: series,
+        // The gateway's own work in this format (a zero-cost sampler, less the chain path and the loopback POST):
+        // what the engine's swings under load cannot hide.
+        scriptedGatewayMs: median(scriptedOf[f]),
+        gatewayLogicMs: median(scriptedOf[f]) - median(rounds.scriptedDirect) - median(rounds.loopback)
       }]
     }))
     const excess = Math.max(...Object.values(formats).map((f) => f.pairedExcessMs))

@@ -1,10 +1,11 @@
 /**
  * `agentfly gateway --model-dir DIR [--checkpoint RUN/checkpoints/step-N] [--omit-tool-schemas] [--upstream URL
  * --upstream-model NAME] [--port 8100] [--output FILE]`: the
- * recording gateway (`actors/Gateway.ts`) in serving mode, until interrupted. Point any SDK at
- * `http://HOST:PORT/episodes/<ID>/v1` (a fresh `<ID>` per episode); an episode opens with its first request, ends
- * with `POST /episodes/<ID>/reward {"reward": r}` (or `POST /episodes/<ID>/end`), and is abandoned (masked) after
- * `--idle-timeout` seconds without a request. Every finished episode is appended to `--output` as one JSON line:
+ * recording gateway (`actors/Gateway.ts`) in serving mode, until interrupted. Point any OpenAI SDK (chat completions
+ * or Responses) at `http://HOST:PORT/episodes/<ID>/v1`, and Anthropic's SDK or Claude Code (`ANTHROPIC_BASE_URL`) at
+ * `http://HOST:PORT/episodes/<ID>` (a fresh `<ID>` per episode; `docs/gateway.md`); an episode opens with its first
+ * request, ends with `POST /episodes/<ID>/reward {"reward": r}` (or `POST /episodes/<ID>/end`), and is abandoned
+ * (masked) after `--idle-timeout` seconds without a request. Every finished episode is appended to `--output` as one JSON line:
  * `{ trajectory, threads }` (the token-level trajectory and each thread's segments). A request answered with an error
  * (400 `context_length_exceeded`, a bad field, ...) is not recorded, and an episode with nothing recorded is not
  * written.
@@ -144,8 +145,8 @@ export const start = Effect.fn("cli.gateway.start")(function*(
     }
   })
   yield* Console.log(
-    `gateway for ${name} at ${gateway.url}: use ${gateway.url}/episodes/<ID>/v1 as the base URL; ` +
-      `finished episodes → ${output}`
+    `gateway for ${name} at ${gateway.url}: use ${gateway.url}/episodes/<ID>/v1 as the base URL ` +
+      `(Anthropic's SDK: ${gateway.url}/episodes/<ID>); finished episodes → ${output}`
   )
   return gateway
 })

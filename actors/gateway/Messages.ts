@@ -212,6 +212,15 @@ export const decode = (body: unknown): Check<Bodies.ChatBody> => {
   return Bodies.chatBodyOf(messages, tools, { maxTokens, temperature, topP, topK, stream })
 }
 
+/**
+ * Checks a `/v1/messages/count_tokens` body (a messages request without `max_tokens` or `stream`).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const decodeCount = (body: unknown): Check<Bodies.ChatBody> =>
+  isRecord(body) && body["max_tokens"] === undefined ? decode({ ...body, max_tokens: 1 }) : decode(body)
+
 // ===== Responses =====
 
 const stopReason = (turn: Bodies.Turn) =>

@@ -14,6 +14,10 @@
  * `/v1/completions` requests are threads of token ids: a prompt that extends a thread's tokens continues it (the new
  * tokens are `env`), one that extends only its first prompt starts a new segment.
  *
+ * Every wire format (chat completions, Responses, Anthropic Messages) reaches the recorder as the same chat request:
+ * one episode model. A request refused before sampling is recorded as a failure ({@link refused}); one interrupted
+ * before its answer (its client gone, its episode closed) is counted and named in the trajectory's `error`.
+ *
  * @since 0.1.0
  */
 import { Clock, Effect, Schedule } from "effect"
@@ -436,6 +440,23 @@ const sampleChat = Effect.fnUntraced(function*(recorder: Recorder, thread: Threa
   }
   return answered
 })
+
+/**
+ * The prompt tokens a chat request would render to on a fresh thread (Anthropic's `count_tokens`): nothing is
+ * recorded or sampled.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const countTokens = (recorder: Recorder, body: Bodies.ChatBody): Effect.Effect<number, Wire.ApiError> => {
+  const tools = recorder.config.renderTools === false ? [] : body.tools
+  return recorder.config.format.start(body.messages.map((m) => toTranscriptIds(recorder, m)), tools).pipe(
+    Effect.map((transcript) => transcript.length()),
+    Effect.mapError((e) =>
+      Wire.invalid(`the conversation cannot be rendered: ${e.message}`, "messages", "template_failed")
+    )
+  )
+}
 
 // ===== Completions =====
 

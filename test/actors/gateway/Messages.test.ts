@@ -147,6 +147,17 @@ describe("Gateway: Anthropic's Messages API", () => {
         }).then(() => 200, (e: InstanceType<typeof Anthropic.APIError>) => e.status)
       )
       assert.strictEqual(wrongKey, 401)
+      // count_tokens: the prompt as the episode's template renders it, nothing recorded.
+      const counted = yield* Effect.promise(() =>
+        anthropic(episode.baseURL, "secret").messages.countTokens({
+          model: "any",
+          messages: [{ role: "user", content: "What is 2+2?" }],
+          tools: [calculator]
+        })
+      )
+      const recorded = yield* Recorder.trajectory(episode.recorder, { _tag: "Returned" })
+      assert.strictEqual(counted.input_tokens, recorded.segments[0]!.spans[0]!.tokenIds.length)
+      assert.strictEqual(episode.recorder.requests, 1)
     }))
 
   it.live("refusals are Anthropic error bodies: a tool_result answering no tool_use, no max_tokens, stops", () =>
@@ -187,6 +198,46 @@ describe("Gateway: Anthropic's Messages API", () => {
       )
       assert.strictEqual(missing.status, 404)
       assert.strictEqual(missing.body.error.type, "not_found_error")
+    }))
+
+  it.live("a request as Claude Code 2.1.197 sends it: beta headers, thinking, context_management, a system turn", () =>
+    Effect.gen(function*() {
+      const { gateway, open } = yield* setup(yield* scriptedSampler(3))
+      const episode = yield* open("claude-code")
+      // The fields and headers of Claude Code's requests (captured from `claude -p` against the gateway).
+      const response = yield* Effect.promise(() =>
+        fetch(`${gateway.url}/episodes/claude-code/v1/messages?beta=true`, {
+          method: "POST",
+          headers: {
+            "content-type": "application/json",
+            "x-api-key": "k",
+            "anthropic-version": "2023-06-01",
+            "anthropic-beta": "claude-code-20250219,context-management-2025-06-27,mid-conversation-system-2026-04-07",
+            "x-app": "cli"
+          },
+          body: JSON.stringify({
+            model: "claude-sonnet",
+            messages: [
+              { role: "user", content: [{ type: "text", text: "<context/>" }, { type: "text", text: "What is 2+3?" }] },
+              { role: "system", content: "Use the calculator tool." }
+            ],
+            system: [{ type: "text", text: "You are Claude Code.", cache_control: { type: "ephemeral" } }],
+            tools: [{ ...calculator, cache_control: { type: "ephemeral" } }],
+            metadata: { user_id: "u" },
+            max_tokens: 32000,
+            thinking: { type: "enabled", budget_tokens: 1024 },
+            context_management: { edits: [] },
+            output_config: {},
+            stream: true
+          })
+        }).then(async (r) => ({ status: r.status, text: await r.text() }))
+      )
+      assert.strictEqual(response.status, 200, response.text)
+      assert.include(response.text, "event: message_stop")
+      assert.include(response.text, "\"stop_reason\":\"tool_use\"")
+      const t = yield* Recorder.trajectory(episode.recorder, { _tag: "Returned" })
+      assert.strictEqual(t.metrics["turns"], 1)
+      assert.deepStrictEqual(t.messages.slice(0, 3).map((m) => m.role), ["system", "user", "system"])
     }))
 
   it("the message is the SDK's Message type: thinking blocks dropped, a text block only beside no calls", () => {

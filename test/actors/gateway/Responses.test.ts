@@ -224,33 +224,38 @@ describe("Gateway: the Responses API", () => {
       ])
     }))
 
-  it.live("OpenAI Agents JS in its Responses mode (OpenAIResponsesModel), unchanged but for the base URL", () =>
+  it.live("Agents JS in its Responses mode (OpenAIResponsesModel), plain and streamed, unchanged but the URL", () =>
     Effect.gen(function*() {
       const { open } = yield* setup(yield* scriptedSampler(3))
-      const episode = yield* open("agents")
-      const output = yield* Effect.promise(async () => {
-        const calculator = tool({
-          name: "calculator",
-          description: "Evaluate an arithmetic expression",
-          parameters: z.object({ expression: z.string() }),
-          execute: async ({ expression }) => evaluate(expression)
+      for (const stream of [false, true]) {
+        const episode = yield* open(`agents-${stream}`)
+        const output = yield* Effect.promise(async () => {
+          const calculator = tool({
+            name: "calculator",
+            description: "Evaluate an arithmetic expression",
+            parameters: z.object({ expression: z.string() }),
+            execute: async ({ expression }) => evaluate(expression)
+          })
+          const agent = new Agent({
+            name: "calc",
+            instructions: "Use the calculator tool.",
+            tools: [calculator],
+            model: new OpenAIResponsesModel(client(episode.baseURL), "any")
+          })
+          if (!stream) return (await run(agent, "What is 17*23?")).finalOutput
+          const streamed = await run(agent, "What is 17*23?", { stream: true })
+          await streamed.completed
+          return streamed.finalOutput
         })
-        const agent = new Agent({
-          name: "calc",
-          instructions: "Use the calculator tool.",
-          tools: [calculator],
-          model: new OpenAIResponsesModel(client(episode.baseURL), "any")
-        })
-        return (await run(agent, "What is 17*23?")).finalOutput
-      })
-      assert.strictEqual(output, "The answer is 391.")
-      const t = yield* Recorder.trajectory(episode.recorder, { _tag: "Returned" })
-      assert.strictEqual(t.segments.length, 1, "the agent's second request continued its first")
-      assert.strictEqual(t.metrics["turns"], 2)
-      assert.deepStrictEqual(
-        Trajectory.sources(t.segments[0]!).filter((s, i, all) => s !== all[i - 1]),
-        ["prompt", "policy", "template", "tool", "template", "policy"]
-      )
+        assert.strictEqual(output, "The answer is 391.")
+        const t = yield* Recorder.trajectory(episode.recorder, { _tag: "Returned" })
+        assert.strictEqual(t.segments.length, 1, "the agent's second request continued its first")
+        assert.strictEqual(t.metrics["turns"], 2)
+        assert.deepStrictEqual(
+          Trajectory.sources(t.segments[0]!).filter((s, i, all) => s !== all[i - 1]),
+          ["prompt", "policy", "template", "tool", "template", "policy"]
+        )
+      }
     }))
 
   it("the body is the SDK's Response type; the call's id is the episode's, no message item beside calls", () => {

@@ -38,7 +38,7 @@ const ask = (baseURL: string, messages: ReadonlyArray<unknown>) =>
   })
 
 describe("the gateway trial's findings", () => {
-  it.live("invalid_tool_call_rate is 0 when the agent threw after a valid call, or hung past its timeout", () =>
+  it.live("invalid_tool_call_rate is 0 for an agent that threw after a valid call, hung, or named no episode", () =>
     Effect.gen(function*() {
       const threw = yield* rollOut(async (input, client) => {
         const reply = await ask(client.baseURL, input.messages)
@@ -49,7 +49,11 @@ describe("the gateway trial's findings", () => {
         await ask(client.baseURL, input.messages)
         await new Promise((resolve) => setTimeout(resolve, 5_000)) // a tool that hangs
       }, "300 millis")
-      for (const groups of [threw, hung]) {
+      const unknownEpisode = yield* rollOut(async (input, client) => {
+        // A harness that names another episode: a 404, no request recorded.
+        await ask(client.baseURL.replace(/episodes\/[^/]+/, "episodes/someone-else"), input.messages)
+      })
+      for (const groups of [threw, hung, unknownEpisode]) {
         const t = groups[0]!.trajectories[0]!
         assert.strictEqual(t.termination, "error")
         assert.strictEqual(t.errorReason, "EnvFailed")
