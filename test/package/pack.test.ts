@@ -67,13 +67,17 @@ export const shout = Tool.make("shout", {
 
 const loud = Reward.make("loud", {
   row: Schema.Struct({ word: Schema.String }),
-  score: ({ trajectory, row }) => Effect.succeed(Trajectory.lastAssistantText(trajectory) === row.word.toUpperCase() ? 1 : 0)
+  score: ({ trajectory, row }) =>
+    Effect.succeed(Trajectory.lastAssistantText(trajectory) === row.word.toUpperCase() ? 1 : 0)
 })
 
 export const task = Task.make("echo", {
   row: Schema.Struct({ word: Schema.String }),
   tools: [shout],
-  reward: Reward.combine("loud + format", [{ reward: loud, weight: 1 }, { reward: ToolCallFormat.toolCallFormat, weight: 0.1 }]),
+  reward: Reward.combine("loud + format", [
+    { reward: loud, weight: 1 },
+    { reward: ToolCallFormat.toolCallFormat, weight: 0.1 }
+  ]),
   defaults: { systemPrompt: "Shout the word.", maxTurns: 2 }
 })
 
@@ -86,7 +90,7 @@ export const oracle: Oracle.Policy = (messages: Oracle.Conversation) => {
 `
 
 describe("the npm package", () => {
-  it("packs, installs into a fresh project from the registry, type-checks a user's task and the starter, trains", () => {
+  it("packs, installs from the registry into a fresh project, type-checks a task and the starter, trains", () => {
     const dir = mkdtempSync(join(tmpdir(), "agentfly-pack-"))
     try {
       const packed = JSON.parse(run("npm", ["pack", "--json", "--pack-destination", dir], root)) as ReadonlyArray<{
@@ -100,7 +104,9 @@ describe("the npm package", () => {
       assert.include(paths, "dist/cli/main.js")
       assert.include(paths, "dist/src/index.d.ts")
       assert.include(paths, "dist/environments/python/repl_server.py")
-      const strays = paths.filter((p) => !/^(dist\/|bin\/|package\.json$|README\.md$)/.test(p) || /(?<!\.d)\.ts$/.test(p))
+      const strays = paths.filter((p) =>
+        !/^(dist\/|bin\/|package\.json$|README\.md$)/.test(p) || /(?<!\.d)\.ts$/.test(p)
+      )
       assert.deepStrictEqual(strays, [])
 
       const project = join(dir, "my-agents")
