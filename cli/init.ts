@@ -193,7 +193,8 @@ export const write = Effect.fn("init.write")(function*(dir: string) {
   }
   const held = yield* fs.readDirectory(dir).pipe(Effect.orElseSucceed(() => []))
   if (held.length > 0) {
-    return yield* new InitError({ dir, message: `${dir} already holds ${held.length} entries: give a new folder` })
+    const entries = `${held.length} ${held.length === 1 ? "entry" : "entries"}`
+    return yield* new InitError({ dir, message: `${dir} already holds ${entries}: give a new or empty folder` })
   }
   yield* fs.makeDirectory(dir, { recursive: true })
   const written = files(name)
