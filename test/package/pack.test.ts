@@ -144,10 +144,11 @@ describe("the npm package", () => {
 
       const configPath = join(project, "my-task", "config.json")
       const config = JSON.parse(readFileSync(configPath, "utf8")) as Record<string, Record<string, unknown>>
-      // A few steps of each phase: the run's shape, not its learning (the starter's defaults take minutes).
+      // A few steps of each phase (the starter's defaults take minutes): enough warm-up that some answers are right,
+      // so that the GRPO groups differ and the two steps train (a run that trains no step fails).
       writeFileSync(configPath, JSON.stringify({
         ...config,
-        warmup: { ...config["warmup"], steps: 3 },
+        warmup: { ...config["warmup"], steps: 40 },
         algorithm: { ...config["algorithm"], steps: 2 },
         eval: { every: 2, size: 8 },
         checkpoint: { every: 2 }
