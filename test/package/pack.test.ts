@@ -17,6 +17,17 @@ const manifest = JSON.parse(readFileSync(join(root, "package.json"), "utf8")) as
   readonly devDependencies: Readonly<Record<string, string>>
 }
 
+/**
+ * The environment of a user's shell: none of the `npm_…` variables that `npm test` or `npx vitest` set for this
+ * process (the repository's own `.npmrc` settings among them: its onnxruntime-node switch must not help the install).
+ */
+const userEnv = {
+  ...Object.fromEntries(Object.entries(process.env).filter(([key]) => !key.toLowerCase().startsWith("npm_"))),
+  npm_config_audit: "false",
+  npm_config_fund: "false",
+  npm_config_update_notifier: "false"
+}
+
 /** Runs a command, its output returned; a failure throws with the command's whole output (the test's message). */
 const run = (command: string, args: ReadonlyArray<string>, cwd: string): string => {
   try {
@@ -25,8 +36,7 @@ const run = (command: string, args: ReadonlyArray<string>, cwd: string): string 
       encoding: "utf8",
       stdio: ["ignore", "pipe", "pipe"],
       maxBuffer: 64 * 1024 * 1024,
-      // The registry and the local cache only; a user's npm settings (the repository's own .npmrc) do not leak in.
-      env: { ...process.env, npm_config_audit: "false", npm_config_fund: "false", npm_config_update_notifier: "false" }
+      env: userEnv
     })
   } catch (e) {
     const failed = e as { stdout?: string; stderr?: string; message: string }
