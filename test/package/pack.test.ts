@@ -6,7 +6,7 @@
  * package's compiled `bin` (no sources, no tsx of the user's).
  */
 import { assert, describe, it } from "@effect/vitest"
-import { execFileSync } from "node:child_process"
+import { spawnSync } from "node:child_process"
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join, resolve } from "node:path"
@@ -28,20 +28,17 @@ const userEnv = {
   npm_config_update_notifier: "false"
 }
 
-/** Runs a command, its output returned; a failure throws with the command's whole output (the test's message). */
-const run = (command: string, args: ReadonlyArray<string>, cwd: string): string => {
-  try {
-    return execFileSync(command, args, {
-      cwd,
-      encoding: "utf8",
-      stdio: ["ignore", "pipe", "pipe"],
-      maxBuffer: 64 * 1024 * 1024,
-      env: userEnv
-    })
-  } catch (e) {
-    const failed = e as { stdout?: string; stderr?: string; message: string }
-    throw new Error(`${command} ${args.join(" ")} (in ${cwd}) failed:\n${failed.stdout ?? ""}\n${failed.stderr ?? ""}`)
+/**
+ * Runs a command; its output (stdout, then stderr: a run's progress goes there) is returned, or with `stdout` its
+ * stdout alone, and a failure throws with the whole of it (the test's message).
+ */
+const run = (command: string, args: ReadonlyArray<string>, cwd: string, stdout = false): string => {
+  const done = spawnSync(command, args, { cwd, encoding: "utf8", maxBuffer: 64 * 1024 * 1024, env: userEnv })
+  const output = `${done.stdout}${done.stderr}`
+  if (done.status !== 0) {
+    throw new Error(`${command} ${args.join(" ")} (in ${cwd}) exited ${done.status ?? done.signal}:\n${output}`)
   }
+  return stdout ? done.stdout : output
 }
 
 /** The strict tsconfig a new user has: what TypeScript 7's `tsc --init` writes, checking one file without output. */
@@ -103,7 +100,7 @@ describe("the npm package", () => {
   it("packs, installs from the registry into a fresh project, type-checks a task and the starter, trains", () => {
     const dir = mkdtempSync(join(tmpdir(), "agentfly-pack-"))
     try {
-      const packed = JSON.parse(run("npm", ["pack", "--json", "--pack-destination", dir], root)) as ReadonlyArray<{
+      const packed = JSON.parse(run("npm", ["pack", "--json", "--pack-destination", dir], root, true)) as ReadonlyArray<{
         readonly filename: string
         readonly files: ReadonlyArray<{ readonly path: string }>
       }>
