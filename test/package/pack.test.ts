@@ -100,7 +100,8 @@ describe("the npm package", () => {
   it("packs, installs from the registry into a fresh project, type-checks a task and the starter, trains", () => {
     const dir = mkdtempSync(join(tmpdir(), "agentfly-pack-"))
     try {
-      const packed = JSON.parse(run("npm", ["pack", "--json", "--pack-destination", dir], root, true)) as ReadonlyArray<{
+      const packJson = run("npm", ["pack", "--json", "--pack-destination", dir], root, true)
+      const packed = JSON.parse(packJson) as ReadonlyArray<{
         readonly filename: string
         readonly files: ReadonlyArray<{ readonly path: string }>
       }>
