@@ -7,7 +7,7 @@
  */
 import { assert, describe, it } from "@effect/vitest"
 import { spawnSync } from "node:child_process"
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs"
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join, resolve } from "node:path"
 
@@ -118,7 +118,7 @@ describe("the npm package", () => {
       assert.deepStrictEqual(strays, [])
 
       const project = join(dir, "my-agents")
-      run("mkdir", [project], dir)
+      mkdirSync(project)
       writeFileSync(join(project, "package.json"), `{ "name": "my-agents", "private": true, "type": "module" }\n`)
       // The one line docs/install.md asks for: onnxruntime-node's CPU binaries ship in its npm package; its install
       // script would otherwise fetch CUDA libraries from NuGet (the GPU path, the user's explicit choice).
