@@ -140,7 +140,7 @@ const config = (name: string) => ({
 const readme = (name: string) => `# ${name}
 An agentfly task: \`task.ts\` (tool, reward, oracle), \`generate.ts\` (its data), \`config.json\` (the run).
 - \`npx tsx generate.ts\` writes \`data/\` again; \`npx tsc -p .\` type-checks the folder.
-- \`npx agentfly oracle config.json\` plays the oracle; \`npx agentfly train config.json\` trains (the run goes to \`runs/\`).
+- \`npx agentfly oracle config.json\` plays the oracle; \`npx agentfly train config.json\` trains (into \`runs/\`).
 - Guides: \`node_modules/${packageName}/README.md\` and the repository's \`docs/\`.
 `
 
@@ -193,7 +193,8 @@ export const write = Effect.fn("init.write")(function*(dir: string) {
   }
   const held = yield* fs.readDirectory(dir).pipe(Effect.orElseSucceed(() => []))
   if (held.length > 0) {
-    return yield* new InitError({ dir, message: `${dir} already holds ${held.length} entries: give a new folder` })
+    const entries = `${held.length} ${held.length === 1 ? "entry" : "entries"}`
+    return yield* new InitError({ dir, message: `${dir} already holds ${entries}: give a new or empty folder` })
   }
   yield* fs.makeDirectory(dir, { recursive: true })
   const written = files(name)

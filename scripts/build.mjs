@@ -11,10 +11,8 @@ const root = join(dirname(fileURLToPath(import.meta.url)), "..")
 const dist = join(root, "dist")
 
 rmSync(dist, { recursive: true, force: true })
-execFileSync(process.execPath, [join(root, "node_modules/typescript/bin/tsc"), "-p", join(root, "tsconfig.build.json")], {
-  cwd: root,
-  stdio: "inherit"
-})
+const tsc = join(root, "node_modules/typescript/bin/tsc")
+execFileSync(process.execPath, [tsc, "-p", join(root, "tsconfig.build.json")], { cwd: root, stdio: "inherit" })
 const pythonSources = readdirSync(join(root, "environments"), { recursive: true, encoding: "utf8" })
   .filter((file) => file.endsWith(".py"))
   .map((file) => join("environments", file))

@@ -40,7 +40,9 @@ export const budgetWarnings = (
   /** The caps of the cut turns that an agent function's own request (`max_tokens`) set, one per such chain. */
   requestCaps: ReadonlyArray<number> = [],
   /** The run's task: a budget that is its default is named so. */
-  task?: TaskDefaults
+  task?: TaskDefaults,
+  /** How many of the cut chains' last turns repeat themselves to the cut ({@link runsOn}). */
+  looping = 0
 ): { readonly cut?: string; readonly full?: string } => {
   const budget = turnBudget(agent.maxNewTokens, task)
   const cut = rollout["rollout/termination/stop"] ?? 0
@@ -55,6 +57,14 @@ export const budgetWarnings = (
             [...new Set(requestCaps)].sort((a, b) => a - b).join(", ")
           }, below agent.maxNewTokens ${budget.value}); if the policy's turns are longer than that, raise ` +
           `max_tokens in the agent's requests`
+      }
+      : cut >= 0.5 && chains > 0 && looping >= (cut * chains) / 2
+      ? {
+        // Runaway output: a larger budget would only make these turns longer, so it is not what to change.
+        cut: `step ${step}: ${(cut * 100).toFixed(0)}% of the chains ended with a turn cut at agent.maxNewTokens ` +
+          `(${budget.value}) before its end-of-turn token (termination "stop"), most of them repeating themselves ` +
+          `to the cut (${looping} of ${Math.round(cut * chains)}): a policy running on in a loop, which more ` +
+          `tokens would not end (more warm-up on demonstrations, or a lower temperature, is the fix)`
       }
       : cut >= 0.5
       ? {
@@ -73,6 +83,33 @@ export const budgetWarnings = (
       }
       : {})
   }
+}
+
+/**
+ * Whether a sampled turn runs on in a loop: the second half of its tokens (at least 16 of them) repeats itself with
+ * a period of at most 16 tokens (`)))))`, `abcabc`), nine positions in ten or more. A call or an answer longer than
+ * the budget does not; runaway output from an untrained or collapsed policy does.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const runsOn = (tokenIds: ReadonlyArray<number>): boolean => {
+  const n = tokenIds.length
+  if (n < 32) return false
+  const from = Math.floor(n / 2)
+  for (let period = 1; period <= 16; period++) {
+    let same = 0
+    for (let i = from; i < n; i++) if (tokenIds[i] === tokenIds[i - period]) same++
+    if (same >= 0.9 * (n - from)) return true
+  }
+  return false
+}
+
+/** The tokens of a trajectory's last sampled turn (its last `policy` span), or none. */
+const lastTurnTokens = (t: Trajectory.Trajectory): ReadonlyArray<number> => {
+  const spans = t.segments.at(-1)?.spans ?? []
+  for (let i = spans.length - 1; i >= 0; i--) if (spans[i]!.source === "policy") return spans[i]!.tokenIds
+  return []
 }
 
 /**
@@ -336,7 +373,8 @@ export const stepNotices = (
     const cap = t.termination === "stop" ? t.metrics["gateway/cut_at_request_max_tokens"] : undefined
     return cap === undefined ? [] : [cap]
   })
-  const budgets = budgetWarnings(step, rollout, options.agent, requestCaps, options.task)
+  const looping = trajectories.filter((t) => t.termination === "stop" && runsOn(lastTurnTokens(t))).length
+  const budgets = budgetWarnings(step, rollout, options.agent, requestCaps, options.task, looping)
   if (budgets.cut !== undefined) out.push({ key: "cut", text: budgets.cut })
   const defects = rollout["rollout/tool_errors/Defect"] ?? 0
   if (defects > 0) {

@@ -650,8 +650,8 @@ export const importModule = (path: string): Effect.Effect<Record<string, unknown
 
 /**
  * Why a module (a task's, or a config's run directly) could not be loaded, in words: the module itself is missing
- * ("no such file"), a package it imports cannot be found from its folder (a module outside this package without
- * the link to its `node_modules`: the command that makes it), it was loaded as CommonJS (how to make it ESM), or
+ * ("no such file"), a package it imports cannot be found from its folder (a project without agentfly-ts installed:
+ * the command that installs it), it was loaded as CommonJS (how to make it ESM), or
  * else the error itself (a syntax error, a throw at load).
  *
  * @category getters
@@ -669,13 +669,16 @@ export const loadProblem = (e: unknown, path: string): string =>
 export const isNotFound = (e: unknown): boolean =>
   typeof e === "object" && e !== null && (e as { readonly code?: unknown }).code === "ERR_MODULE_NOT_FOUND"
 
-/** This package's own `node_modules`, where a module outside it must find `effect` (the runtime's copy). */
+/** This package's own `node_modules`, where a module outside a clone may find `effect` (the runtime's copy). */
 const ownModules = decodeURIComponent(new URL("../node_modules", import.meta.url).pathname)
+
+/** Whether this runs from a clone's TypeScript sources (through tsx), not from an installed package's dist/. */
+const fromSources = import.meta.url.endsWith(".ts")
 
 /**
  * What a module that could not be found means (`ERR_MODULE_NOT_FOUND`): the task's module itself (a misspelt path:
- * "no such file"), or a package it imports that its folder cannot see (a module outside this package without its
- * `node_modules` link, the README's "a module outside this package"); undefined for any other error.
+ * "no such file"), or a package it imports that its folder cannot see (a project without agentfly-ts installed, or
+ * outside a clone without its `node_modules` link); undefined for any other error.
  */
 const missingText = (e: unknown, path: string): string | undefined => {
   if (!isNotFound(e)) return undefined
@@ -685,9 +688,12 @@ const missingText = (e: unknown, path: string): string | undefined => {
   if (found === null) return undefined
   const [, name, from] = found
   const dir = from!.replace(/\/[^/]*$/, "")
-  return `${from} imports the package "${name}", which its folder cannot find: a task module outside this ` +
-    `package uses this package's own node_modules (its effect is the runtime's), linked beside it: ` +
-    `ln -s ${ownModules} ${dir}/node_modules`
+  const install = `${from} imports the package "${name}", which its folder cannot find: install agentfly-ts in ` +
+    `the task's project (npm install agentfly-ts, which brings the effect the runtime uses: docs/install.md)`
+  // Run from a clone's sources, the clone's own node_modules can serve a module elsewhere instead.
+  return fromSources
+    ? `${install}, or link this clone's node_modules beside it: ln -s ${ownModules} ${dir}/node_modules`
+    : install
 }
 
 /**

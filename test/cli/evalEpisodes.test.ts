@@ -38,7 +38,10 @@ describe("agentfly eval --episodes", () => {
     const lines = printed.trimEnd().split("\n")
     assert.strictEqual(lines.at(-1), "assistant: [cut by max tokens inside a tool call]")
     assert.strictEqual(lines.at(-2), "tool: 42")
-    const budget = Eval.episodeOf(0, cutEpisode("ParseFailed: the turn was cut by the context budget inside a tool call"))
+    const budget = Eval.episodeOf(
+      0,
+      cutEpisode("ParseFailed: the turn was cut by the context budget inside a tool call")
+    )
     assert.strictEqual(budget.trimEnd().split("\n").at(-1), "assistant: [cut by the context budget inside a tool call]")
   })
 

@@ -16,7 +16,8 @@ describe("agentfly train --resume after model.from", () => {
   it.live("says it resumes from its own checkpoint, not that it starts from model.from's weights", () =>
     Effect.gen(function*() {
       const dir = mkdtempSync(join(tmpdir(), "resume-from-"))
-      yield* Generate.write({ dir: join(dir, "data"), seed: 5, train: 64, heldOut: 8, validation: 4, demos: 64, noise: 0 })
+      const data = { dir: join(dir, "data"), seed: 5, train: 64, heldOut: 8, validation: 4, demos: 64, noise: 0 }
+      yield* Generate.write(data)
       const rl = { groupsPerStep: 2, lr: 0.001, advantage: "reinforce++", entropyCoef: 0.01 }
       writeFileSync(join(dir, "base.json"), JSON.stringify(calculatorRun({
         seed: 11,

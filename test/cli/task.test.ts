@@ -135,8 +135,9 @@ describe("a user's task module", () => {
       assert.include(
         run.output,
         `${join(dir, "door.mts")}: Unreadable\n  ${join(dir, "door.mts")} imports the package "effect", which its ` +
-          `folder cannot find: a task module outside this package uses this package's own node_modules (its ` +
-          `effect is the runtime's), linked beside it: ln -s ${join(root, "node_modules")} ${dir}/node_modules`
+          `folder cannot find: install agentfly-ts in the task's project (npm install agentfly-ts, which brings ` +
+          `the effect the runtime uses: docs/install.md), or link this clone's node_modules beside it: ` +
+          `ln -s ${join(root, "node_modules")} ${dir}/node_modules`
       )
     }), 300_000)
 

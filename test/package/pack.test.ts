@@ -6,8 +6,8 @@
  * package's compiled `bin` (no sources, no tsx of the user's).
  */
 import { assert, describe, it } from "@effect/vitest"
-import { execFileSync } from "node:child_process"
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs"
+import { spawnSync } from "node:child_process"
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join, resolve } from "node:path"
 
@@ -17,21 +17,28 @@ const manifest = JSON.parse(readFileSync(join(root, "package.json"), "utf8")) as
   readonly devDependencies: Readonly<Record<string, string>>
 }
 
-/** Runs a command, its output returned; a failure throws with the command's whole output (the test's message). */
-const run = (command: string, args: ReadonlyArray<string>, cwd: string): string => {
-  try {
-    return execFileSync(command, args, {
-      cwd,
-      encoding: "utf8",
-      stdio: ["ignore", "pipe", "pipe"],
-      maxBuffer: 64 * 1024 * 1024,
-      // The registry and the local cache only; a user's npm settings (the repository's own .npmrc) do not leak in.
-      env: { ...process.env, npm_config_audit: "false", npm_config_fund: "false", npm_config_update_notifier: "false" }
-    })
-  } catch (e) {
-    const failed = e as { stdout?: string; stderr?: string; message: string }
-    throw new Error(`${command} ${args.join(" ")} (in ${cwd}) failed:\n${failed.stdout ?? ""}\n${failed.stderr ?? ""}`)
+/**
+ * The environment of a user's shell: none of the `npm_…` variables that `npm test` or `npx vitest` set for this
+ * process (the repository's own `.npmrc` settings among them: its onnxruntime-node switch must not help the install).
+ */
+const userEnv = {
+  ...Object.fromEntries(Object.entries(process.env).filter(([key]) => !key.toLowerCase().startsWith("npm_"))),
+  npm_config_audit: "false",
+  npm_config_fund: "false",
+  npm_config_update_notifier: "false"
+}
+
+/**
+ * Runs a command; its output (stdout, then stderr: a run's progress goes there) is returned, or with `stdout` its
+ * stdout alone, and a failure throws with the whole of it (the test's message).
+ */
+const run = (command: string, args: ReadonlyArray<string>, cwd: string, stdout = false): string => {
+  const done = spawnSync(command, args, { cwd, encoding: "utf8", maxBuffer: 64 * 1024 * 1024, env: userEnv })
+  const output = `${done.stdout}${done.stderr}`
+  if (done.status !== 0) {
+    throw new Error(`${command} ${args.join(" ")} (in ${cwd}) exited ${done.status ?? done.signal}:\n${output}`)
   }
+  return stdout ? done.stdout : output
 }
 
 /** The strict tsconfig a new user has: what TypeScript 7's `tsc --init` writes, checking one file without output. */
@@ -67,13 +74,17 @@ export const shout = Tool.make("shout", {
 
 const loud = Reward.make("loud", {
   row: Schema.Struct({ word: Schema.String }),
-  score: ({ trajectory, row }) => Effect.succeed(Trajectory.lastAssistantText(trajectory) === row.word.toUpperCase() ? 1 : 0)
+  score: ({ trajectory, row }) =>
+    Effect.succeed(Trajectory.lastAssistantText(trajectory) === row.word.toUpperCase() ? 1 : 0)
 })
 
 export const task = Task.make("echo", {
   row: Schema.Struct({ word: Schema.String }),
   tools: [shout],
-  reward: Reward.combine("loud + format", [{ reward: loud, weight: 1 }, { reward: ToolCallFormat.toolCallFormat, weight: 0.1 }]),
+  reward: Reward.combine("loud + format", [
+    { reward: loud, weight: 1 },
+    { reward: ToolCallFormat.toolCallFormat, weight: 0.1 }
+  ]),
   defaults: { systemPrompt: "Shout the word.", maxTurns: 2 }
 })
 
@@ -86,10 +97,11 @@ export const oracle: Oracle.Policy = (messages: Oracle.Conversation) => {
 `
 
 describe("the npm package", () => {
-  it("packs, installs into a fresh project from the registry, type-checks a user's task and the starter, trains", () => {
+  it("packs, installs from the registry into a fresh project, type-checks a task and the starter, trains", () => {
     const dir = mkdtempSync(join(tmpdir(), "agentfly-pack-"))
     try {
-      const packed = JSON.parse(run("npm", ["pack", "--json", "--pack-destination", dir], root)) as ReadonlyArray<{
+      const packJson = run("npm", ["pack", "--json", "--pack-destination", dir], root, true)
+      const packed = JSON.parse(packJson) as ReadonlyArray<{
         readonly filename: string
         readonly files: ReadonlyArray<{ readonly path: string }>
       }>
@@ -100,11 +112,13 @@ describe("the npm package", () => {
       assert.include(paths, "dist/cli/main.js")
       assert.include(paths, "dist/src/index.d.ts")
       assert.include(paths, "dist/environments/python/repl_server.py")
-      const strays = paths.filter((p) => !/^(dist\/|bin\/|package\.json$|README\.md$)/.test(p) || /(?<!\.d)\.ts$/.test(p))
+      const strays = paths.filter((p) =>
+        !/^(dist\/|bin\/|package\.json$|README\.md$)/.test(p) || /(?<!\.d)\.ts$/.test(p)
+      )
       assert.deepStrictEqual(strays, [])
 
       const project = join(dir, "my-agents")
-      run("mkdir", [project], dir)
+      mkdirSync(project)
       writeFileSync(join(project, "package.json"), `{ "name": "my-agents", "private": true, "type": "module" }\n`)
       // The one line docs/install.md asks for: onnxruntime-node's CPU binaries ship in its npm package; its install
       // script would otherwise fetch CUDA libraries from NuGet (the GPU path, the user's explicit choice).
@@ -138,10 +152,11 @@ describe("the npm package", () => {
 
       const configPath = join(project, "my-task", "config.json")
       const config = JSON.parse(readFileSync(configPath, "utf8")) as Record<string, Record<string, unknown>>
-      // A few steps of each phase: the run's shape, not its learning (the starter's defaults take minutes).
+      // A few steps of each phase (the starter's defaults take minutes): enough warm-up that some answers are right,
+      // so that the GRPO groups differ and the two steps train (a run that trains no step fails).
       writeFileSync(configPath, JSON.stringify({
         ...config,
-        warmup: { ...config["warmup"], steps: 3 },
+        warmup: { ...config["warmup"], steps: 40 },
         algorithm: { ...config["algorithm"], steps: 2 },
         eval: { every: 2, size: 8 },
         checkpoint: { every: 2 }

@@ -274,4 +274,34 @@ describe("RolloutFigures.stepNotices", () => {
     })
     assert.deepStrictEqual(notices, [])
   })
+
+  it("turns cut while repeating themselves are named as a policy running on, not as a budget to raise", () => {
+    /** A chain cut at the budget whose last sampled turn is `tokens`. */
+    const cutWith = (tokens: ReadonlyArray<number>) => ({
+      ...chain("stop"),
+      segments: [{
+        spans: [{ source: "prompt" as const, tokenIds: [1, 2, 3] }, { source: "policy" as const, tokenIds: tokens }],
+        messageCount: 2
+      }]
+    })
+    const loop = [
+      ...Array.from({ length: 10 }, (_, i) => 50 + i),
+      ...Array.from({ length: 38 }, (_, i) => 41 + (i % 3))
+    ]
+    const call = Array.from({ length: 48 }, (_, i) => (i * 7919) % 251)
+    const notice = (trajectories: ReadonlyArray<Trajectory.Trajectory>) => {
+      const groups = [{ groupId: "g0", rowIndex: 0, trajectories }]
+      const figures = RolloutFigures.rolloutFigures(groups, { prefix: "rollout" })
+      return RolloutFigures.stepNotices(4, figures, groups, { agent }).find((n) => n.key === "cut")!.text
+    }
+    const looping = notice([cutWith(loop), cutWith(loop), cutWith(loop), chain("answer")])
+    assert.include(looping, "most of them repeating themselves to the cut (3 of 3)")
+    assert.notInclude(looping, "raise agent.maxNewTokens")
+    // Long turns that do not repeat (a call longer than the budget) still ask for a larger budget.
+    const long = notice([cutWith(call), cutWith(call), cutWith(loop), chain("answer")])
+    assert.include(long, "raise agent.maxNewTokens")
+    assert.isTrue(RolloutFigures.runsOn(loop))
+    assert.isFalse(RolloutFigures.runsOn(call))
+    assert.isFalse(RolloutFigures.runsOn(loop.slice(0, 20)), "too short to tell")
+  })
 })

@@ -97,7 +97,7 @@ describe("toolCallFormat", () => {
       assert.strictEqual(o.metrics["reward/toolCallFormat/tool_turns"], 0)
     }))
 
-  it.effect("a last turn cut by max tokens inside a tool call (the chain's ParseFailed ending) is a malformed turn", () =>
+  it.effect("a last turn cut by max tokens inside a tool call (a ParseFailed ending) is a malformed turn", () =>
     Effect.gen(function*() {
       // The real chain (Qwen2.5 template, hermes parser): a good call, then a turn that runs out inside its call.
       const tokenizer = yield* Tokenizer.make(ByteTokenizer.tokenizerJson(), ByteTokenizer.tokenizerConfig(""))
