@@ -141,7 +141,7 @@ const readme = (name: string) => `# ${name}
 An agentfly task: \`task.ts\` (tool, reward, oracle), \`generate.ts\` (its data), \`config.json\` (the run).
 - \`npx tsx generate.ts\` writes \`data/\` again; \`npx tsc -p .\` type-checks the folder.
 - \`npx agentfly oracle config.json\` plays the oracle; \`npx agentfly train config.json\` trains (into \`runs/\`).
-- Guides: \`node_modules/${packageName}/README.md\` and the repository's \`docs/\`.
+- Guides: \`node_modules/${packageName}/README.md\` and \`node_modules/${packageName}/docs/\`.
 `
 
 /** Strict, as a new TypeScript project is, plus what a folder of \`.ts\` modules run by tsx needs. */
