@@ -8,9 +8,9 @@
  * A finished run is not run again (delete `runs/bench-losses/seedN-LOSS` to redo it).
  *
  * `npm run bench -- losses` (env `LOSSES=grpo,gspo` and `SEEDS=1,2` choose a subset; run it under `nice -n 10`).
- * `bench/losses-offpolicy.ts` (or `MINI_BATCHES=4`) splits each step into 4 optimiser steps (`algorithm.miniBatches`), so that all but the first
- * train on samples of an older policy, where the losses differ; its runs are `seedN-LOSS-mb4`, every loss of a seed
- * (GRPO's too) starting from the seed's warm-up checkpoint.
+ * `bench/losses-offpolicy.ts` (or `MINI_BATCHES=4`) splits each step into 4 optimiser steps
+ * (`algorithm.miniBatches`), so that all but the first train on samples of an older policy, where the losses
+ * differ; its runs are `seedN-LOSS-mb4`, every loss of a seed (GRPO's too) starting from the seed's warm-up.
  */
 import { spawnSync } from "node:child_process"
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs"
