@@ -8,6 +8,9 @@
  * A finished run is not run again (delete `runs/bench-losses/seedN-LOSS` to redo it).
  *
  * `npm run bench -- losses` (env `LOSSES=grpo,gspo` and `SEEDS=1,2` choose a subset; run it under `nice -n 10`).
+ * `bench/losses-offpolicy.ts` (or `MINI_BATCHES=4`) splits each step into 4 optimiser steps
+ * (`algorithm.miniBatches`), so that all but the first train on samples of an older policy, where the losses
+ * differ; its runs are `seedN-LOSS-mb4`, every loss of a seed (GRPO's too) starting from the seed's warm-up.
  */
 import { spawnSync } from "node:child_process"
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs"
@@ -39,8 +42,9 @@ const evals = (dir: string) =>
 const finished = (dir: string) =>
   existsSync(join(dir, "metrics.jsonl")) && evals(dir).some((r) => r.step === 20)
 
-const run = (seed: number, loss: string) => {
-  const name = `seed${seed}-${loss}`
+const run = (seed: number, loss: string, miniBatches: number) => {
+  const name = `seed${seed}-${loss}${miniBatches === 1 ? "" : `-mb${miniBatches}`}`
+  const fromWarmup = loss !== "grpo" || miniBatches !== 1
   const dir = join(out, name)
   if (finished(dir)) return dir
   const demo = JSON.parse(readFileSync(join(root, "examples/calculator/demo.json"), "utf8"))
@@ -49,16 +53,16 @@ const run = (seed: number, loss: string) => {
     ...demo,
     seed,
     output: dir,
-    model: { ...demo.model, path: join(out, "models", `seed${seed}`), ...(loss === "grpo" ? {} : { from: warm }) },
+    model: { ...demo.model, path: join(out, "models", `seed${seed}`), ...(fromWarmup ? { from: warm } : {}) },
     data: { train: join(out, "data/train.jsonl"), eval: join(out, "data/heldout.jsonl") },
-    warmup: loss === "grpo"
+    warmup: !fromWarmup
       ? {
         ...demo.warmup,
         data: join(out, "data/demos.jsonl"),
         stopAt: { ...demo.warmup.stopAt, data: join(out, "data/validation.jsonl") }
       }
       : undefined,
-    algorithm: { ...demo.algorithm, ...variants[loss] },
+    algorithm: { ...demo.algorithm, ...variants[loss], ...(miniBatches === 1 ? {} : { miniBatches }) },
     checkpoint: { every: 10, keep: 3 }
   }
   const path = join(out, `${name}.json`)
@@ -74,7 +78,7 @@ const run = (seed: number, loss: string) => {
   return dir
 }
 
-export default async (): Promise<BenchResult> => {
+export default async (miniBatches = Number(process.env["MINI_BATCHES"] ?? "1")): Promise<BenchResult> => {
   mkdirSync(out, { recursive: true })
   if (!existsSync(join(out, "data/train.jsonl"))) {
     const generated = spawnSync(
@@ -90,7 +94,7 @@ export default async (): Promise<BenchResult> => {
   // Loss by loss (GRPO first: the others start from its warm-ups), so that a cut-short run has whole comparisons.
   for (const loss of losses) {
     for (const seed of seeds) {
-      const dir = run(seed, loss)
+      const dir = run(seed, loss, miniBatches)
       const e = evals(dir)
       const first = e[0]!.figures, last = e.at(-1)!.figures
       const row = {
