@@ -838,6 +838,19 @@ const gradients = (trainer: Trainer) =>
 
 // ===== Constructors =====
 
+/** The first parameter whose weights are missing or of another size than its shape, said; else undefined. */
+const sizeProblem = (
+  specs: ReadonlyArray<{ readonly name: string; readonly shape: ReadonlyArray<number> }>,
+  get: (name: string) => Float32Array | undefined,
+  what: string
+): string | undefined => {
+  for (const { name, shape } of specs) {
+    const w = get(name), n = shape.reduce((a, b) => a * b, 1)
+    if (w === undefined || w.length !== n) return `${what} ${name}: expected ${n} floats [${shape}], got ${w?.length ?? "none"}`
+  }
+  return undefined
+}
+
 /**
  * A local trainer in the current scope (sessions are released when it closes).
  *
@@ -850,24 +863,17 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
   if (!(Number.isInteger(workers) && workers >= 1)) {
     return yield* fail("Session", `workers must be a positive integer, got ${workers}`)
   }
-  for (const { name, shape } of model.frozen?.parameters ?? []) {
-    const w = model.frozen!.weights.get(name)
-    const n = shape.reduce((a, b) => a * b, 1)
-    if (w === undefined || w.length !== n) {
-      return yield* fail("BadBatch", `frozen weight ${name}: expected ${n} floats [${shape}], got ${w?.length ?? "none"}`)
-    }
-  }
+  const bad = sizeProblem(model.frozen?.parameters ?? [], (name) => model.frozen!.weights.get(name), "frozen weight")
+  if (bad !== undefined) return yield* fail("BadBatch", bad)
   const layout = layoutOf(model.parameters)
   const shared = workers > 1 ? sharedMemory(layout, workers) : undefined
   const sharedParams = shared === undefined ? undefined : sharedViews(shared.params, layout)
+  const initial = (name: string) => options.weights.get(name) ?? model.initial?.get(name)
+  const wrong = sizeProblem(model.parameters, initial, "weight")
+  if (wrong !== undefined) return yield* fail("BadBatch", wrong)
   const params = new Map<string, Float32Array>()
-  for (const { name, shape } of model.parameters) {
-    const w = options.weights.get(name) ?? model.initial?.get(name)
-    const n = shape.reduce((a, b) => a * b, 1)
-    if (w === undefined || w.length !== n) {
-      return yield* fail("BadBatch", `weight ${name}: expected ${n} floats [${shape}], got ${w?.length ?? "none"}`)
-    }
-    const p = sharedParams?.get(name)
+  for (const { name } of model.parameters) {
+    const w = initial(name)!, p = sharedParams?.get(name)
     params.set(name, p === undefined ? Float32Array.from(w) : (p.set(w), p))
   }
   const lock = yield* Semaphore.make(1)
