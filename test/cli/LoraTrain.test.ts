@@ -44,7 +44,7 @@ beforeAll(() =>
     // Only the warm-up's checkpoint matters (its one RL step may find no signal and say so).
     yield* Effect.ignore(Train.run({ config, ...quiet([]) }))
     warmBase = join(dir, "run", "checkpoints", "step-000000")
-  }).pipe(Effect.scoped, Effect.provide(NodeServices.layer))), 300_000)
+  }).pipe(Effect.scoped, Effect.provide(NodeServices.layer))), 600_000)
 
 const setup = (mode: "sync" | "async", extra: Record<string, unknown> = {}) =>
   Effect.gen(function*() {
@@ -120,14 +120,14 @@ describe("agentfly train with model.lora", () => {
       const resumed = yield* Train.run({ config, output: join(dir, "run"), resume: true, ...quiet(lines) })
       assert.isAtLeast(resumed.summary.fromStep, 2)
       assert.strictEqual(resumed.summary.fingerprint, reference.summary.fingerprint)
-    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 300_000)
+    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 600_000)
 
   it.live("runs async with the adapter published to the engine at every version", () =>
     Effect.gen(function*() {
       const { dir, config } = yield* setup("async", { checkpoint: { every: 3 } })
       const result = yield* Train.run({ config, output: join(dir, "run"), ...quiet([]) })
       assert.strictEqual(result.summary.steps, 3)
-    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 300_000)
+    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 600_000)
 
   it.live("refuses a target the model does not have, naming the ones it has", () =>
     Effect.gen(function*() {
