@@ -2,8 +2,9 @@
  * `npm run bench -- lora`: what LoRA costs and saves, each figure against full fine-tuning measured in the same run.
  *
  * - **Learner step**: one step (forward, backward, AdamW through `OnnxTrainer`) of the `small` preset and of the
- *   `medium` preset cut to 4 layers, full fine-tuning and LoRA (rank 16 on all seven projections), each in a child process of its own so that its
- *   peak RSS is its own; the second step's wall and CPU time (the first compiles the session).
+ *   `medium` preset cut to 4 layers, full fine-tuning and LoRA (rank 16 on all seven projections), each in a child
+ *   process of its own so that its peak RSS is its own; the second step's wall and CPU time (the first compiles
+ *   the session).
  * - **Publication**: a policy version to `agentfly serve` on loopback: the LoRA adapter (a PEFT folder written, then
  *   `POST /v1/load_lora_adapter`) against the full weights (`PUT /v1/weights`), bytes and milliseconds, median of 5.
  *
@@ -205,7 +206,11 @@ export default async (): Promise<BenchResult> => {
     steps,
     ratios: {
       small: { stepTime: ratio("small", "stepS"), cpuTime: ratio("small", "cpuS"), peakRss: ratio("small", "peakGiB") },
-      medium4: { stepTime: ratio("medium4", "stepS"), cpuTime: ratio("medium4", "cpuS"), peakRss: ratio("medium4", "peakGiB") }
+      medium4: {
+        stepTime: ratio("medium4", "stepS"),
+        cpuTime: ratio("medium4", "cpuS"),
+        peakRss: ratio("medium4", "peakGiB")
+      }
     },
     publications
   }

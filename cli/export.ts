@@ -383,7 +383,9 @@ export const exportCommand = Command.make(
       Flag.withDefault(false)
     ),
     adapter: Flag.Directory("adapter").pipe(
-      Flag.withDescription("A PEFT LoRA adapter folder to merge into the weights (a LoRA run's checkpoint is merged anyway)"),
+      Flag.withDescription(
+        "A PEFT LoRA adapter folder to merge into the weights (a LoRA run's checkpoint is merged anyway)"
+      ),
       Flag.optional
     )
   },

@@ -910,7 +910,9 @@ export interface LoraAdapter {
   readonly name: string
   readonly config: Readonly<Record<string, unknown>>
   readonly alpha: number
-  readonly tensors: ReadonlyArray<{ readonly name: string; readonly shape: ReadonlyArray<number>; readonly data: Float32Array }>
+  readonly tensors: ReadonlyArray<
+    { readonly name: string; readonly shape: ReadonlyArray<number>; readonly data: Float32Array }
+  >
 }
 
 /**

@@ -1,7 +1,7 @@
 /**
  * LoRA adapters (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models"): a frozen projection
- * `W [out, in]` plus a trainable low-rank update, `y = x·Wᵀ + s · (x·Aᵀ)·Bᵀ` with `A [r, in]`, `B [out, r]` and
- * `s = alpha / r`, exactly as PEFT's `LoraLayer` computes it (`lora_B(lora_A(dropout(x))) * scaling`).
+ * `W [out, in]` plus a trainable low-rank update, `y = x·Wᵀ + s · (x·Aᵀ)·Bᵀ` with `A [r, in]`, `B [out, r]`
+ * and `s = alpha / r`, exactly as PEFT's `LoraLayer` computes it (`lora_B(lora_A(dropout(x))) * scaling`).
  *
  * The adapter's tensors carry PEFT's names, `base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight`
  * (`huggingface/peft` `docs/source/developer_guides/checkpoint.md`: the keys of a saved state dict start with

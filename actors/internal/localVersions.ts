@@ -88,7 +88,8 @@ export const newest = (versions: Versions): Published => versions.published[vers
  */
 export const forEngine = (setup: Setup, weights: Qwen2.Weights): Qwen2.Weights => {
   const lora = setup.config.model.lora
-  return lora === undefined || !Lora.hasAdapter(weights) ? weights : Lora.merge(setup.folder.config, lora, weights, weights)
+  if (lora === undefined || !Lora.hasAdapter(weights)) return weights
+  return Lora.merge(setup.folder.config, lora, weights, weights)
 }
 
 const engineOf = (versions: Versions, version: number, weights: Qwen2.Weights) =>

@@ -846,7 +846,9 @@ const sizeProblem = (
 ): string | undefined => {
   for (const { name, shape } of specs) {
     const w = get(name), n = shape.reduce((a, b) => a * b, 1)
-    if (w === undefined || w.length !== n) return `${what} ${name}: expected ${n} floats [${shape}], got ${w?.length ?? "none"}`
+    if (w === undefined || w.length !== n) {
+      return `${what} ${name}: expected ${n} floats [${shape}], got ${w?.length ?? "none"}`
+    }
   }
   return undefined
 }
