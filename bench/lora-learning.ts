@@ -1,7 +1,7 @@
 /**
  * `npm run bench -- lora-learning`: does LoRA learn the calculator task as full fine-tuning does? Every run starts
- * from one base, the calculator demo's warm-up checkpoint (`npm run demo` first: `runs/calculator-demo/checkpoints/
- * step-000000`), and runs the demo's RL phase (20 GRPO steps, 8 groups of 8 chains, cosine schedule) with full
+ * from one base, the calculator demo's warm-up (its config with one RL step, run first when its checkpoint is
+ * missing: `runs/lora-learning/warmup`; the same seed gives the demo's own warm-up), and runs the demo's RL phase (20 GRPO steps, 8 groups of 8 chains, cosine schedule) with full
  * fine-tuning (the demo's lr 3e-4) and with LoRA rank 16 on all seven projections (alpha 32) at the learning rates
  * of `LORA_LRS` (default `3e-3`), for the seeds of `LORA_SEEDS` (default `1,2,3`), one run after another (run it
  * under `nice -n 10` on a shared machine). The held-out accuracy is measured on the first `LORA_EVAL` (default 200)
@@ -17,7 +17,7 @@ import { fileURLToPath } from "node:url"
 import type { BenchResult } from "./run.ts"
 
 const root = resolve(dirname(fileURLToPath(import.meta.url)), "..")
-const base = join(root, "runs", "calculator-demo", "checkpoints", "step-000000")
+const base = join(root, "runs", "lora-learning", "warmup", "run", "checkpoints", "step-000000")
 const seeds = (process.env["LORA_SEEDS"] ?? "1,2,3").split(",").map(Number)
 const lrs = (process.env["LORA_LRS"] ?? "3e-3").split(",").map(Number)
 const evalSize = Number(process.env["LORA_EVAL"] ?? 200)
@@ -63,10 +63,34 @@ const runOne = (kind: "full" | "lora", lr: number, seed: number): Run => {
   return { kind, lr, seed, before, after, gain: after - before, minutes: (performance.now() - t0) / 60_000 }
 }
 
+/** The demo's warm-up alone (one RL step after it, so that the run ends), keeping its step-0 checkpoint. */
+const warmup = () => {
+  const demo = JSON.parse(readFileSync(join(root, "examples", "calculator", "demo.json"), "utf8"))
+  const dir = join(root, "runs", "lora-learning", "warmup")
+  mkdirSync(dir, { recursive: true })
+  const at = (p: string) => join(root, "examples", "calculator", p)
+  writeFileSync(join(dir, "config.json"), JSON.stringify({
+    ...demo,
+    output: join(dir, "run"),
+    model: { ...demo.model, path: join(root, "runs", "models", "calculator-demo-tiny") },
+    data: { train: at(demo.data.train), eval: at(demo.data.eval) },
+    warmup: { ...demo.warmup, data: at(demo.warmup.data), stopAt: { ...demo.warmup.stopAt, data: at(demo.warmup.stopAt.data) } },
+    algorithm: { ...demo.algorithm, steps: 1 },
+    eval: { ...demo.eval, size: 20 },
+    checkpoint: { every: 1, keep: 10 }
+  }))
+  const child = spawnSync(process.execPath, ["--import", "tsx", "cli/main.ts", "train", join(dir, "config.json"), "--overwrite"], {
+    cwd: root,
+    encoding: "utf8",
+    stdio: ["ignore", "ignore", "pipe"]
+  })
+  if (child.status !== 0) throw new Error(`warm-up: ${child.stderr.slice(-2000)}`)
+}
+
 const mean = (xs: ReadonlyArray<number>) => xs.reduce((a, b) => a + b, 0) / Math.max(1, xs.length)
 
 export default async (): Promise<BenchResult> => {
-  if (!existsSync(join(base, "trainer_state.json"))) throw new Error(`${base} is missing: run npm run demo first`)
+  if (!existsSync(join(base, "trainer_state.json"))) warmup()
   const runs: Array<Run> = []
   const partial = join(root, "bench", "results", "lora-learning.partial.json")
   const plan: Array<["full" | "lora", number, number]> = []

@@ -77,7 +77,9 @@ describe("agentfly export with LoRA", () => {
       assert.isBelow(diff, 1e-3, `max |Δ logprob| between base + LoRA and merged: ${diff}`)
       assert.isAbove(moved, 0.05, `the adapter moves the log-probabilities: ${moved}`)
 
-      const refused = yield* Effect.flip(Export.exportModel({ modelDir: `${root}/small`, format: "gguf-lora", out: `${root}/x.gguf` }))
+      const refused = yield* Effect.flip(
+        Export.exportModel({ modelDir: `${root}/small`, format: "gguf-lora", out: `${root}/x.gguf` })
+      )
       assert.include(refused.message, "--format gguf-lora writes a LoRA adapter")
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 300_000)
 })

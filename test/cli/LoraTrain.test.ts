@@ -21,7 +21,12 @@ import { agentfly, calculatorRun } from "../utils/agentfly.ts"
 
 const quiet = (lines: Array<string>) => ({ write: (t: string) => void lines.push(t), tty: false })
 
-const lora = { rank: 4, alpha: 8, targets: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"] }
+const lora = {
+  rank: 4,
+  alpha: 8,
+  targets: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+}
+const data = { seed: 4, train: 16, heldOut: 4, validation: 2, demos: 64, noise: 0 }
 
 /**
  * A base worth adapting: the tiny preset after a full fine-tuning warm-up. A random base's frozen head and final
@@ -31,7 +36,7 @@ let warmBase = ""
 beforeAll(() =>
   Effect.runPromise(Effect.gen(function*() {
     const dir = mkdtempSync(join(tmpdir(), "lora-base-"))
-    yield* Generate.write({ dir: join(dir, "data"), seed: 4, train: 16, heldOut: 4, validation: 2, demos: 64, noise: 0 })
+    yield* Generate.write({ dir: join(dir, "data"), ...data })
     const config = join(dir, "config.json")
     writeFileSync(config, JSON.stringify(calculatorRun({
       seed: 5,
@@ -49,7 +54,7 @@ beforeAll(() =>
 const setup = (mode: "sync" | "async", extra: Record<string, unknown> = {}) =>
   Effect.gen(function*() {
     const dir = mkdtempSync(join(tmpdir(), "lora-run-"))
-    yield* Generate.write({ dir: join(dir, "data"), seed: 4, train: 16, heldOut: 4, validation: 2, demos: 64, noise: 0 })
+    yield* Generate.write({ dir: join(dir, "data"), ...data })
     const config = join(dir, "config.json")
     const run = calculatorRun({
       seed: 5,
@@ -86,11 +91,14 @@ describe("agentfly train with model.lora", () => {
       assert.deepStrictEqual(adapterConfig.target_modules, lora.targets)
       // The base is what the run started from (`model.from`, a full fine-tuning warm-up's checkpoint).
       assert.strictEqual(adapterConfig.base_model_name_or_path, warmBase)
-      const warmup = readFileSync(join(dir, "a", "metrics.jsonl"), "utf8").split("\n").filter((l) => l.includes("warmup/loss"))
+      const warmup = readFileSync(join(dir, "a", "metrics.jsonl"), "utf8").split("\n")
+        .filter((l) => l.includes("warmup/loss"))
       assert.strictEqual(warmup.length, 3) // the SFT warm-up trained the adapter
       const header = yield* Safetensors.readHeader(join(ckpt, "adapter_model.safetensors"))
       assert.isAbove(header.tensors.size, 0)
-      for (const name of header.tensors.keys()) assert.match(name, /^base_model\.model\.model\.layers\.\d+\..*lora_[AB]\.weight$/)
+      for (const name of header.tensors.keys()) {
+        assert.match(name, /^base_model\.model\.model\.layers\.\d+\..*lora_[AB]\.weight$/)
+      }
       // The learner's own tensors are the adapter's: no base weight is saved, and AdamW's moments are the adapter's.
       const model = yield* Safetensors.readHeader(join(ckpt, "model.safetensors"))
       assert.deepStrictEqual([...model.tensors.keys()].sort(), [...header.tensors.keys()].sort())
