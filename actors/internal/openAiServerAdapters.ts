@@ -21,7 +21,7 @@ import * as Checkpoint from "../../src/Checkpoint.ts"
 import * as Lora from "../../src/Lora.ts"
 import * as PolicyEngine from "../PolicyEngine.ts"
 import * as Auth from "./auth.ts"
-import type { Adapter, ServerState } from "./openAiServerState.ts"
+import { type Adapter, adapterStamp, type ServerState } from "./openAiServerState.ts"
 import * as Wire from "./openAiWire.ts"
 
 const LoadBody = Schema.Struct({
@@ -148,7 +148,7 @@ export const stateFor = (state: ServerState, model: unknown): ServerState | unde
 export const stamp = (state: ServerState, value: unknown): unknown =>
   state.adapter === undefined || typeof value !== "object" || value === null ? value : {
     ...value,
-    lora_adapter: { name: state.adapter.name, digest: state.adapter.digest, policy_version: state.adapter.version }
+    ...adapterStamp(state)
   }
 
 /**

@@ -121,6 +121,18 @@ export interface ServerState {
 }
 
 /**
+ * A response's `lora_adapter` field (`{}` unless the request sampled with a LoRA adapter): its name, digest and
+ * policy version, so that a trainer can check it sampled what it published.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const adapterStamp = (state: ServerState): Record<string, unknown> =>
+  state.adapter === undefined ? {} : {
+    lora_adapter: { name: state.adapter.name, digest: state.adapter.digest, policy_version: state.adapter.version }
+  }
+
+/**
  * The next response id, `prefix-n`.
  *
  * @category constructors

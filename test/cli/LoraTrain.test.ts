@@ -137,6 +137,22 @@ describe("agentfly train with model.lora", () => {
       assert.strictEqual(result.summary.steps, 3)
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 600_000)
 
+  it.live("runs PPO with a critic (the critic trains fully) and GRPO with dynamic sampling", () =>
+    Effect.gen(function*() {
+      const ppo = yield* setup("sync", {
+        algorithm: { steps: 2, groupsPerStep: 4, lr: 0.003, advantage: "gae", lambda: 0.95, klCoef: 0 },
+        checkpoint: { every: 2 }
+      })
+      const critic = yield* Train.run({ config: ppo.config, output: join(ppo.dir, "run"), ...quiet([]) })
+      assert.strictEqual(critic.summary.steps, 2)
+      const dapo = yield* setup("sync", {
+        algorithm: { steps: 2, groupsPerStep: 4, lr: 0.003, advantage: "grpo", dynamicSampling: { maxBatches: 2 } },
+        checkpoint: { every: 2 }
+      })
+      const dynamic = yield* Train.run({ config: dapo.config, output: join(dapo.dir, "run"), ...quiet([]) })
+      assert.strictEqual(dynamic.summary.steps, 2)
+    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 600_000)
+
   it.live("refuses a target the model does not have, naming the ones it has", () =>
     Effect.gen(function*() {
       const { dir, config } = yield* setup("sync")
