@@ -179,6 +179,33 @@ describe("Lora", () => {
       assert.isTrue(Lora.hasAdapter(weights))
     }).pipe(Effect.provide(NodeServices.layer)), 120_000)
 
+  it.effect("with two worker threads (each holding the base) the adapter trains as on one", () =>
+    Effect.gen(function*() {
+      const base = randomWeights(config, 3)
+      const { microBatches } = yield* Packing.pack(dataset(), { tokenBudget: 64, aggregation: "token-mean" })
+      const run = (workers: number) =>
+        Effect.gen(function*() {
+          const t = yield* OnnxTrainer.make({ ...trainerOptions(base), workers })
+          for (let s = 0; s < 3; s++) {
+            for (const mb of microBatches) yield* t.trainer.forwardBackward(mb)
+            yield* t.trainer.optimStep
+          }
+          return Lora.adapterOf(yield* t.trainer.weights)
+        })
+      const one = yield* run(1), two = yield* run(2)
+      let diff = 0, moved = 0
+      const fresh = Lora.init(config, all)
+      for (const [name, w] of one) {
+        const v = two.get(name)!, f = fresh.get(name)!
+        for (let i = 0; i < w.length; i++) {
+          diff = Math.max(diff, Math.abs(w[i]! - v[i]!))
+          moved = Math.max(moved, Math.abs(w[i]! - f[i]!))
+        }
+      }
+      assert.isBelow(diff, 1e-5) // float summation order only
+      assert.isAbove(moved, 1e-3)
+    }).pipe(Effect.provide(NodeServices.layer), Effect.scoped), 120_000)
+
   it.effect("a checkpoint is a PEFT adapter folder, and a resume from it continues to the same bits", () =>
     Effect.gen(function*() {
       const fs = yield* FileSystem.FileSystem
