@@ -58,7 +58,7 @@ export interface Model {
   readonly forward: () => Autodiff.Forward
   /** The forward of micro-batches with shared prompts (`Packing.MicroBatch.prefix`); absent = not supported. */
   readonly sharedForward?: (() => Autodiff.Forward) | undefined
-  readonly inputs: (batch: Packing.MicroBatch) => Record<string, ort.Tensor>
+  readonly inputs: (batch: Packing.MicroBatch, context?: InputContext) => Record<string, ort.Tensor>
   /**
    * Weights the graph reads as inputs but never trains (a LoRA run's base, fed by `inputs`): held once, never
    * copied, and included by reference in the trainer's `weights`.
@@ -71,6 +71,18 @@ export interface Model {
   readonly initial?: GradientBackend.Weights
   /** With LoRA, checkpoints also hold the adapter in PEFT's layout (`adapter_config.json`'s contents). */
   readonly adapterConfig?: Readonly<Record<string, unknown>>
+}
+
+/**
+ * What a micro-batch's inputs may depend on besides its data: whether it trains (dropout on) and a seed the trainer
+ * derives from the optimiser step and the micro-batch's place in it (the same after a resume).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface InputContext {
+  readonly training: boolean
+  readonly seed: number
 }
 
 /**
@@ -151,7 +163,16 @@ export const qwen2Lora = (
     vocabSize: config.vocabSize,
     forward: () => Qwen2.trainingGraph(config, "lm", settings),
     sharedForward: () => Qwen2.sharedPrefixGraph(config, "lm", settings),
-    inputs: (mb) => ({ ...plain.inputs(mb), ...baseTensors() }),
+    inputs: (mb, context) => {
+      const rows: Array<{ readonly rows: Lora.Rows; readonly batch: number; readonly length: number }> = [
+        { rows: ["batch", "seq"], batch: mb.batch, length: mb.length },
+        ...(mb.prefix === undefined ? [] : [{ rows: ["groups", "prefix"] as const, ...mb.prefix }])
+      ]
+      const seed = ((settings.seed ?? 0) * 0x9e3779b1 + (context?.seed ?? 0)) >>> 0
+      const masks = Lora.dropoutMasks(config, settings, rows, context?.training ?? false, seed)
+      const maskTensors = Object.fromEntries([...masks].map(([k, m]) => [k, new ort.Tensor("float32", m.data, m.dims)]))
+      return { ...plain.inputs(mb), ...baseTensors(), ...maskTensors }
+    },
     frozen: { parameters: frozen, weights: base },
     initial: Lora.init(config, settings),
     adapterConfig: Lora.adapterConfig(settings, baseModel)
@@ -538,7 +559,8 @@ const validatePrefix = (prefix: Packing.Prefix, rows: number): GradientBackend.G
 const batchFeeds = (
   model: Model,
   graph: Autodiff.TrainingGraph,
-  mb: Packing.MicroBatch
+  mb: Packing.MicroBatch,
+  context?: InputContext
 ): Record<string, ort.Tensor> => {
   const dims = [mb.batch, mb.length]
   const f32 = (a: Float32Array | Uint8Array) =>
@@ -553,14 +575,23 @@ const batchFeeds = (
     sampler_logprobs: () => f32(mb.samplerLogprobs),
     ref_logprobs: () => f32(mb.refLogprobs)
   }
-  const out: Record<string, ort.Tensor> = { ...model.inputs(mb) }
+  const out: Record<string, ort.Tensor> = { ...model.inputs(mb, context) }
   for (const name of graph.lossInputs) out[name] = data[name]!()
   return out
 }
 
+/**
+ * A micro-batch's input context: training or not, and a seed from the optimiser step, the micro-batches accumulated
+ * in it and the shard (all restored or reset by a checkpoint load, so a resumed run draws what the unbroken one did).
+ */
+const inputContext = (trainer: Trainer, training: boolean, shard: number): InputContext => ({
+  training,
+  seed: (trainer.optimizerState.step * 65_537 + trainer.accumulated * 257 + shard) >>> 0
+})
+
 /** Every input of a session: the micro-batch's and the weights, fed from the optimiser's own arrays. */
 const feeds = (trainer: Trainer, c: Compiled, mb: Packing.MicroBatch): Record<string, ort.Tensor> => {
-  const out = batchFeeds(trainer.model, c.graph, mb)
+  const out = batchFeeds(trainer.model, c.graph, mb, inputContext(trainer, c.graph.gradients.size > 0, 0))
   for (const { name, dims: d } of c.graph.weights) {
     out[name] = new ort.Tensor("float32", trainer.params.get(name)!, [...d])
   }
@@ -701,7 +732,8 @@ const runShards = Effect.fnUntraced(function*(trainer: Trainer, mb: Packing.Micr
         trainer.compiledOn[j]!.add(key)
       }
       const plain: Record<string, TrainerWorker.Feed> = {}
-      for (const [name, t] of Object.entries(batchFeeds(trainer.model, graph, pieces[j]!))) {
+      const context = inputContext(trainer, withGradients, j)
+      for (const [name, t] of Object.entries(batchFeeds(trainer.model, graph, pieces[j]!, context))) {
         if (!trainer.frozenNames.has(name)) plain[name] = toFeed(t) // the workers hold the frozen inputs
       }
       const accumulate = !withGradients ? "none" : shardsAccumulated[j] === 0 ? "set" : "add"

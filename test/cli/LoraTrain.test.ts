@@ -51,7 +51,7 @@ beforeAll(() =>
     warmBase = join(dir, "run", "checkpoints", "step-000000")
   }).pipe(Effect.scoped, Effect.provide(NodeServices.layer))), 600_000)
 
-const setup = (mode: "sync" | "async", extra: Record<string, unknown> = {}) =>
+const setup = (mode: "sync" | "async", extra: Record<string, unknown> = {}, dropout = 0) =>
   Effect.gen(function*() {
     const dir = mkdtempSync(join(tmpdir(), "lora-run-"))
     yield* Generate.write({ dir: join(dir, "data"), ...data })
@@ -59,7 +59,7 @@ const setup = (mode: "sync" | "async", extra: Record<string, unknown> = {}) =>
     const run = calculatorRun({
       seed: 5,
       output: "run",
-      model: { path: "model", preset: "tiny", initSeed: 3, from: warmBase, lora },
+      model: { path: "model", preset: "tiny", initSeed: 3, from: warmBase, lora: { ...lora, dropout } },
       task: { name: "calculator", options: { toolCallFormat: 0.2 } },
       // A short LoRA warm-up on the warmed base, then GRPO with a KL term against the policy RL starts from.
       warmup: { data: "data/demos.jsonl", steps: 3, batchSize: 8, lr: 0.003 },
@@ -130,9 +130,10 @@ describe("agentfly train with model.lora", () => {
       assert.strictEqual(resumed.summary.fingerprint, reference.summary.fingerprint)
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 600_000)
 
-  it.live("runs async with the adapter published to the engine at every version", () =>
+  it.live("runs async with the adapter published to the engine at every version, with dropout", () =>
     Effect.gen(function*() {
-      const { dir, config } = yield* setup("async", { checkpoint: { every: 3 } })
+      // Dropout on the adapters' inputs, shared prompts included (their rows get masks of their own).
+      const { dir, config } = yield* setup("async", { checkpoint: { every: 3 } }, 0.05)
       const result = yield* Train.run({ config, output: join(dir, "run"), ...quiet([]) })
       assert.strictEqual(result.summary.steps, 3)
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 600_000)
