@@ -140,8 +140,8 @@ export const qwen2Value = (config: ModelConfig.ModelConfig): Model => ({
  * the model's function is the base's). `baseModel` is what `adapter_config.json` names as
  * `base_model_name_or_path`.
  *
- * **Gotchas** The output head is the plain one (the head is frozen, so `ChunkedHead`, which chunks a trained
- * head's gradient, does not apply). With `workers > 1` each worker thread holds a private copy of the base
+ * **Gotchas** The frozen output head is chunked as a trained one is (`ChunkedHead`, without its ∂W). With
+ * `workers > 1` each worker thread holds a private copy of the base
  * (onnxruntime-node feeds no shared memory): one copy a worker, made once when the threads start.
  *
  * @category constructors

@@ -206,6 +206,41 @@ describe("Lora", () => {
       assert.isTrue(Lora.hasAdapter(weights))
     }).pipe(Effect.provide(NodeServices.layer)), 120_000)
 
+  it.effect("the frozen head in chunks of tokens gives the plain head's loss and adapter gradients", () =>
+    Effect.gen(function*() {
+      const base = randomWeights(config, 3)
+      const { microBatches } = yield* Packing.pack(dataset(), { tokenBudget: 64, aggregation: "token-mean" })
+      const mb = microBatches[0]!
+      const run = (headChunk: number) =>
+        Effect.gen(function*() {
+          const t = yield* OnnxTrainer.make({ ...trainerOptions(base), headChunk })
+          const r = yield* t.trainer.forwardBackward(mb)
+          return { loss: r.loss, grads: yield* t.gradients }
+        })
+      const plain = yield* run(0), chunked = yield* run(5)
+      // The chunked head's per-chunk Gemms are there: the comparison is not of two plain heads.
+      const graphOf = (headChunk: number) =>
+        Autodiff.trainingGraph(Qwen2.trainingGraph(config, "lm", all), {
+          batch: mb.batch,
+          length: mb.length,
+          loss: Loss.sft,
+          headChunk
+        })
+      const gemms = (g: Effect.Success<ReturnType<typeof graphOf>>) => g.graph.nodes.filter((n) => n.op === "Gemm").length
+      assert.isAbove(gemms(yield* graphOf(5)), gemms(yield* graphOf(0)))
+      assert.isBelow(Math.abs(plain.loss - chunked.loss), 1e-5)
+      let diff = 0, scale = 0
+      for (const [name, g] of plain.grads) {
+        const h = chunked.grads.get(name)!
+        for (let i = 0; i < g.length; i++) {
+          diff = Math.max(diff, Math.abs(g[i]! - h[i]!))
+          scale = Math.max(scale, Math.abs(g[i]!))
+        }
+      }
+      assert.isAbove(scale, 1e-4)
+      assert.isBelow(diff, 1e-5 * Math.max(1, scale))
+    }).pipe(Effect.provide(NodeServices.layer), Effect.scoped), 120_000)
+
   it.effect("with two worker threads (each holding the base) the adapter trains as on one", () =>
     Effect.gen(function*() {
       const base = randomWeights(config, 3)
