@@ -226,7 +226,8 @@ describe("Lora", () => {
           loss: Loss.sft,
           headChunk
         })
-      const gemms = (g: Effect.Success<ReturnType<typeof graphOf>>) => g.graph.nodes.filter((n) => n.op === "Gemm").length
+      const gemms = (g: Effect.Success<ReturnType<typeof graphOf>>) =>
+        g.graph.nodes.filter((n) => n.op === "Gemm").length
       assert.isAbove(gemms(yield* graphOf(5)), gemms(yield* graphOf(0)))
       assert.isBelow(Math.abs(plain.loss - chunked.loss), 1e-5)
       let diff = 0, scale = 0
