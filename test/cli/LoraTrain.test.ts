@@ -6,9 +6,11 @@
 import { NodeServices } from "@effect/platform-node"
 import { assert, beforeAll, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
-import { existsSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs"
+import { existsSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
+import * as OpenAiServer from "../../actors/OpenAiServer.ts"
+import * as PolicyEngine from "../../actors/PolicyEngine.ts"
 import * as Export from "../../cli/export.ts"
 import * as Train from "../../cli/train.ts"
 import * as Generate from "../../examples/calculator/generate.ts"
@@ -136,6 +138,30 @@ describe("agentfly train with model.lora", () => {
       const { dir, config } = yield* setup("async", { checkpoint: { every: 3 } }, 0.05)
       const result = yield* Train.run({ config, output: join(dir, "run"), ...quiet([]) })
       assert.strictEqual(result.summary.steps, 3)
+    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 600_000)
+
+  it.live("publishes each version to an inference server as an adapter (load_lora_adapter), never the weights", () =>
+    Effect.gen(function*() {
+      const { dir, config } = yield* setup("sync", { checkpoint: { every: 3 } })
+      // `agentfly serve --accept-weights` on the run's base (the warm-up's checkpoint), in this process.
+      yield* ModelFolder.init(join(dir, "model"), { preset: "tiny", seed: 3 })
+      const folder = yield* ModelFolder.load(join(dir, "model"))
+      const base = (yield* Checkpoint.load(warmBase, Qwen2.parameters(folder.config))).weights as Qwen2.Weights
+      const engine = yield* PolicyEngine.make({ config: folder.config, weights: base })
+      const server = yield* OpenAiServer.make(folder, { acceptWeights: {}, loraBase: base }).pipe(
+        Effect.provideService(PolicyEngine.PolicyEngine, engine)
+      )
+      const run = JSON.parse(readFileSync(config, "utf8"))
+      writeFileSync(config, JSON.stringify({ ...run, engine: { servers: [server.baseUrl] } }))
+      const result = yield* Train.run({ config, output: join(dir, "run"), ...quiet([]) })
+      assert.strictEqual(result.summary.steps, 3)
+      const models = yield* Effect.promise(() => fetch(`${server.baseUrl}/models`).then((r) => r.json()))
+      const byId = new Map(models.data.map((m: { id: string }) => [m.id, m]))
+      // The base's weights were never replaced (no PUT /v1/weights); the adapter holds the last version.
+      assert.strictEqual((byId.get(folder.name) as { policy_version: number }).policy_version, 0)
+      assert.strictEqual((byId.get("policy") as { policy_version: number }).policy_version, 3)
+      const adapters = readdirSync(join(dir, "run", "adapters")).sort()
+      assert.includeMembers(adapters, ["policy-v1", "policy-v2", "policy-v3"])
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 600_000)
 
   it.live("runs PPO with a critic (the critic trains fully) and GRPO with dynamic sampling", () =>
