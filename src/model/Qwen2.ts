@@ -341,7 +341,7 @@ const project = (g: Graph.Graph, x: string, param: Param, weight: string, bias?:
   if (adapted === undefined) return y
   const input = adapted.mask === undefined ? x : g.op("Mul", [x, adapted.mask]) // PEFT's lora_dropout
   const down = g.op("MatMul", [input, g.op("Transpose", [adapted.a], { perm: Graph.ints([1, 0]) })])
-  const scaled = g.op("Mul", [down, f32(g, adapted.scale)]) // on the rank-wide values: r of every out columns
+  const scaled = g.op("Mul", [down, f32(g, adapted.scale)]) // on the rank-wide values (r columns, not out)
   return g.op("Add", [y, g.op("MatMul", [scaled, g.op("Transpose", [adapted.b], { perm: Graph.ints([1, 0]) })])])
 }
 
