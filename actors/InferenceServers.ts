@@ -71,6 +71,8 @@ export interface Options {
    * twice, and `push` is called without them.
    */
   readonly carrier?: Carrier | undefined
+  /** The model name requests use (default: the one each server lists); a LoRA run's adapter name. */
+  readonly model?: string | undefined
 }
 
 /**
@@ -361,7 +363,7 @@ const samplerOf = (state: State, server: Server, min: number) => {
   if (cached !== undefined) return Effect.succeed(cached)
   return OpenAiCompatSampler.make({
     baseUrl: server.url,
-    model: server.model,
+    model: state.options.model ?? server.model,
     retries: 0,
     timeoutMs: state.options.timeoutMs,
     apiKey: state.options.token === undefined ? undefined : Redacted.make(state.options.token),

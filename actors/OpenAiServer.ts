@@ -338,7 +338,12 @@ export const make = Effect.fn("OpenAiServer.make")(function*(model: Model, optio
     parameters,
     maxWeightBytes: parameters.reduce((n, p) => n + 4 * p.shape.reduce((a, b) => a * b, 1), 0) + (1 << 20),
     counter: { ids: 0 },
-    adapters: { base: options.loraBase, scope: yield* Effect.scope, loaded: new Map(), maxBatchSize: limits.maxRunning },
+    adapters: {
+      base: options.loraBase,
+      scope: yield* Effect.scope,
+      loaded: new Map(),
+      maxBatchSize: limits.maxRunning
+    },
     auth,
     weightsAuth: weightsToken === undefined || weightsToken === "" ? undefined : Auth.tokens([weightsToken]),
     gate: Auth.gate(limits.maxConcurrent)

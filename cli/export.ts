@@ -29,12 +29,12 @@ import { exitOnFailure } from "./train.ts"
 // ===== Models =====
 
 /**
- * Export formats: a GGUF file, or a Hugging Face folder.
+ * Export formats: a GGUF file, a Hugging Face folder, or (`gguf-lora`) a LoRA adapter alone as llama.cpp's GGUF LoRA.
  *
  * @category models
  * @since 0.1.0
  */
-export type Format = "gguf" | "hf"
+export type Format = "gguf" | "hf" | "gguf-lora"
 
 /**
  * Element types on disk: GGUF takes `f32` (default), `f16` or `q8_0` (llama.cpp's 8-bit blocks: matrices quantised,
@@ -111,7 +111,11 @@ export class ExportError extends Schema.TaggedError<ExportError>()("ExportError"
   }
 }
 
-const dtypes: Readonly<Record<Format, ReadonlyArray<DType>>> = { gguf: ["f32", "f16", "q8_0"], hf: ["bf16", "f32"] }
+const dtypes: Readonly<Record<Format, ReadonlyArray<DType>>> = {
+  gguf: ["f32", "f16", "q8_0"],
+  hf: ["bf16", "f32"],
+  "gguf-lora": ["f32"]
+}
 
 // ===== Steps =====
 
@@ -291,7 +295,40 @@ const writeHf: Writer = Effect.fnUntraced(function*(
 })
 
 /**
- * Exports a model folder (or a checkpoint of it) as GGUF or as a Hugging Face folder; returns the line printed.
+ * A LoRA adapter alone as llama.cpp's GGUF LoRA: `--adapter DIR`'s, else the LoRA checkpoint's (SOURCE or
+ * `--checkpoint`), for the model folder it adapts.
+ */
+const writeGgufLora = Effect.fnUntraced(function*(
+  options: ExportOptions,
+  source: { readonly modelDir: string; readonly checkpoint: string | undefined }
+) {
+  const fs = yield* FileSystem.FileSystem
+  const folder = yield* ModelFolder.load(source.modelDir)
+  const dir = options.adapter ?? source.checkpoint
+  if (dir === undefined || !(yield* fs.exists(`${dir}/adapter_config.json`))) {
+    const message = `--format gguf-lora writes a LoRA adapter: give --adapter DIR or a LoRA run's checkpoint ` +
+      `(a folder with adapter_config.json)`
+    return yield* new ExportError({ out: options.out, reason: new UnknownSource({ message }) })
+  }
+  const read = yield* Lora.load(dir, folder.config)
+  const contents = yield* Gguf.fromLora({
+    name: `${folder.name}-lora`,
+    config: ModelConfig.toJson(folder.config),
+    alpha: read.config.alpha,
+    tensors: Lora.parameters(folder.config, read.config).map((p) => ({ ...p, data: read.adapter.get(p.name)! }))
+  }, options.out)
+  const partial = `${options.out}.export-partial`
+  yield* Gguf.write(partial, contents, "F32").pipe(
+    Effect.tapError(() => fs.remove(partial, { force: true }).pipe(Effect.ignore))
+  )
+  yield* replace(partial, options.out)
+  return `wrote ${options.out}: GGUF LoRA adapter of ${dir} (r ${read.config.rank}, alpha ${read.config.alpha}, ` +
+    `${contents.tensors.length} tensors) for ${folder.name}`
+})
+
+/**
+ * Exports a model folder (or a checkpoint of it) as GGUF or as a Hugging Face folder, or a LoRA adapter as a GGUF
+ * LoRA; returns the line printed.
  *
  * @category constructors
  * @since 0.1.0
@@ -301,6 +338,7 @@ export const exportModel = Effect.fn("export")(function*(options: ExportOptions)
   const dtype = yield* dtypeOf(options)
   yield* checkOutput(options)
   const source = yield* resolveSource(options)
+  if (options.format === "gguf-lora") return yield* writeGgufLora(options, source)
   const { folder, weights } = yield* loadModel(source, options.adapter)
   const partial = `${options.out}.export-partial`
   const write = options.format === "gguf" ? writeGguf : writeHf
@@ -329,8 +367,11 @@ export const exportCommand = Command.make(
       Flag.withDescription("Export a training run's weights at this checkpoint (RUN/checkpoints/step-NNNNNN)"),
       Flag.optional
     ),
-    format: Flag.Literals("format", ["gguf", "hf"]).pipe(
-      Flag.withDescription("gguf: one file for llama.cpp/Ollama/LM Studio; hf: a Hugging Face folder")
+    format: Flag.Literals("format", ["gguf", "hf", "gguf-lora"]).pipe(
+      Flag.withDescription(
+        "gguf: one file for llama.cpp/Ollama/LM Studio; hf: a Hugging Face folder; gguf-lora: a LoRA adapter alone " +
+          "for llama.cpp's --lora"
+      )
     ),
     out: Flag.String("out").pipe(Flag.withDescription("The GGUF file or the folder to write")),
     dtype: Flag.Literals("dtype", ["f32", "f16", "q8_0", "bf16"]).pipe(
@@ -342,7 +383,9 @@ export const exportCommand = Command.make(
       Flag.withDefault(false)
     ),
     adapter: Flag.Directory("adapter").pipe(
-      Flag.withDescription("A PEFT LoRA adapter folder to merge into the weights (a LoRA run's checkpoint is merged anyway)"),
+      Flag.withDescription(
+        "A PEFT LoRA adapter folder to merge into the weights (a LoRA run's checkpoint is merged anyway)"
+      ),
       Flag.optional
     )
   },

@@ -895,3 +895,62 @@ const tensorsOf = (
     }
     return out
   })
+
+// ===== LoRA adapters =====
+
+/**
+ * A PEFT LoRA adapter to write as llama.cpp's GGUF LoRA (`llama-cli -m base.gguf --lora adapter.gguf`): the base's
+ * `config.json`, `lora_alpha` and the adapter's tensors under PEFT's names (`…q_proj.lora_A.weight [r, in]`,
+ * `…lora_B.weight [out, r]`).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface LoraAdapter {
+  readonly name: string
+  readonly config: Readonly<Record<string, unknown>>
+  readonly alpha: number
+  readonly tensors: ReadonlyArray<
+    { readonly name: string; readonly shape: ReadonlyArray<number>; readonly data: Float32Array }
+  >
+}
+
+/**
+ * The GGUF LoRA of a PEFT adapter, as llama.cpp's `convert_lora_to_gguf.py` writes it: `general.type` `adapter`,
+ * `adapter.type` `lora`, `adapter.lora.alpha`; per adapted weight `blk.N.attn_q.weight.lora_a` (dims `[in, r]`,
+ * PEFT's `A` as it is) and `.lora_b` (dims `[r, out]`), which llama.cpp's loader checks against the base tensor
+ * (`a.ne[0]` = the base's `ne[0]`, `b.ne[1]` = its `ne[1]`, `a.ne[1]` = `b.ne[0]`); Llama's q/k `B` rows permuted
+ * for its interleaved RoPE as the base's q/k rows are. llama.cpp scales the update by `alpha / r`, as PEFT does.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const fromLora = Effect.fn("Gguf.fromLora")(function*(adapter: LoraAdapter, file: string) {
+  const arch = yield* architectureOf({ config: adapter.config } as HfModel, file)
+  const H = num(adapter.config, "num_attention_heads") ?? 1
+  const KV = num(adapter.config, "num_key_value_heads") ?? H
+  const tensors: Array<TensorSource> = []
+  for (const t of adapter.tensors) {
+    const m = /^base_model\.model\.(.+)\.lora_([AB])\.weight$/.exec(t.name)
+    const base = m === null ? undefined : ggufName(`${m[1]}.weight`)
+    if (m === null || base === undefined || t.shape.length !== 2) {
+      return yield* unsupported(file, `adapter tensor ${t.name} has no place in llama.cpp's ${arch}`)
+    }
+    const heads = arch !== "llama" || m[2] !== "B" ? undefined : base.endsWith("attn_q.weight") ? H :
+      base.endsWith("attn_k.weight") ? KV : undefined
+    tensors.push({
+      name: `${base}.lora_${m[2] === "A" ? "a" : "b"}`,
+      dims: [...t.shape].reverse(),
+      data: heads === undefined ? () => t.data : () => permuteForInterleavedRope(t.data, heads, t.shape[1]!)
+    })
+  }
+  const metadata: Array<readonly [string, Value]> = [
+    ["general.architecture", { type: "string", value: arch }],
+    ["general.type", { type: "string", value: "adapter" }],
+    ["general.name", { type: "string", value: adapter.name }],
+    ["general.file_type", { type: "u32", value: fileType.F32 }],
+    ["adapter.type", { type: "string", value: "lora" }],
+    ["adapter.lora.alpha", { type: "f32", value: adapter.alpha }]
+  ]
+  return { metadata, tensors } satisfies Contents
+})

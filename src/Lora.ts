@@ -1,7 +1,7 @@
 /**
  * LoRA adapters (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models"): a frozen projection
- * `W [out, in]` plus a trainable low-rank update, `y = x·Wᵀ + s · (x·Aᵀ)·Bᵀ` with `A [r, in]`, `B [out, r]` and
- * `s = alpha / r`, exactly as PEFT's `LoraLayer` computes it (`lora_B(lora_A(dropout(x))) * scaling`).
+ * `W [out, in]` plus a trainable low-rank update, `y = x·Wᵀ + s · (x·Aᵀ)·Bᵀ` with `A [r, in]`, `B [out, r]`
+ * and `s = alpha / r`, exactly as PEFT's `LoraLayer` computes it (`lora_B(lora_A(dropout(x))) * scaling`).
  *
  * The adapter's tensors carry PEFT's names, `base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight`
  * (`huggingface/peft` `docs/source/developer_guides/checkpoint.md`: the keys of a saved state dict start with
@@ -103,9 +103,6 @@ export const validate = (config: Config, model: ModelConfig.ModelConfig): LoraEr
   if (twice !== undefined) return new LoraError({ message: `model.lora.targets names ${twice} twice` })
   if (!Number.isInteger(config.rank) || config.rank < 1) {
     return new LoraError({ message: `model.lora.rank must be a positive integer, got ${config.rank}` })
-  }
-  if ((config.dropout ?? 0) > 0) {
-    return new LoraError({ message: `model.lora.dropout ${config.dropout}: only 0 is implemented yet (docs/lora.md)` })
   }
   return undefined
 }
@@ -253,6 +250,56 @@ export const isAdapterTensor = (name: string): boolean =>
  */
 export const adapterOf = (weights: ReadonlyMap<string, Float32Array>): Map<string, Float32Array> =>
   new Map([...weights].filter(([name]) => isAdapterTensor(name)))
+
+// ===== Dropout =====
+
+/**
+ * The symbolic rows of the values a projection reads: a micro-batch's `batch × seq`, or its shared prompts'
+ * `groups × prefix`.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type Rows = readonly ["batch", "seq"] | readonly ["groups", "prefix"]
+
+/**
+ * The graph input holding the dropout mask of `weight`'s adapter input over `rows` (`[rows…, in]`).
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const dropoutMaskName = (rows: Rows, weight: string): string => `lora_dropout.${rows[0]}.${weight}`
+
+/**
+ * The dropout masks of a micro-batch (PEFT's `nn.Dropout(p)` on each adapter's input, in training mode): each
+ * element 0 with probability `p`, else `1 / (1 − p)`, drawn from `seed` (the trainer derives it from the optimiser
+ * step and the micro-batch's place in it, so that a resumed run draws the same masks); all ones when not training
+ * (PEFT in eval mode: log-probabilities, the KL reference).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const dropoutMasks = (
+  model: ModelConfig.ModelConfig,
+  config: Config,
+  shapes: ReadonlyArray<{ readonly rows: Rows; readonly batch: number; readonly length: number }>,
+  training: boolean,
+  seed: number
+): Map<string, { readonly dims: ReadonlyArray<number>; readonly data: Float32Array }> => {
+  const p = config.dropout ?? 0
+  const out = new Map<string, { readonly dims: ReadonlyArray<number>; readonly data: Float32Array }>()
+  if (p <= 0) return out
+  const r = Sampling.rng(seed), keep = 1 / (1 - p)
+  for (const { rows, batch, length } of shapes) {
+    for (const site of sites(model, config)) {
+      const data = new Float32Array(batch * length * site.inFeatures)
+      if (!training) data.fill(1)
+      else for (let i = 0; i < data.length; i++) data[i] = r.next() < p ? 0 : keep
+      out.set(dropoutMaskName(rows, site.weight), { dims: [batch, length, site.inFeatures], data })
+    }
+  }
+  return out
+}
 
 // ===== PEFT files =====
 

@@ -8,6 +8,7 @@
  * what a batch samples then depends on its own requests only.
  */
 import { Effect, Scope, Semaphore } from "effect"
+import { resolve } from "node:path"
 import * as Lora from "../../src/Lora.ts"
 import * as Qwen2 from "../../src/model/Qwen2.ts"
 import type * as GradientBackend from "../../src/GradientBackend.ts"
@@ -17,6 +18,7 @@ import * as InferenceServers from "../InferenceServers.ts"
 import * as PolicyEngine from "../PolicyEngine.ts"
 import { runError, wrap, type RunError } from "../RunError.ts"
 import { learnerError, type Setup } from "./localSetup.ts"
+import * as LoraCarrier from "./loraCarrier.ts"
 import * as RemoteLearner from "./remoteLearner.ts"
 
 export interface Published {
@@ -45,6 +47,8 @@ export interface Versions {
    * after the first hold none (only local engines need them, and there are none then).
    */
   readonly weightless: boolean
+  /** A LoRA run's carrier of adapters to the servers, if it has servers. */
+  readonly lora: LoraCarrier.LoraCarrier | undefined
   /** The ambient sampler's engine, built on first use. */
   ambient: { readonly engine: PolicyEngine.PolicyEngine["Service"]; readonly sampler: Sampler["Service"] } | undefined
   readonly ambientLock: Semaphore.Semaphore
@@ -54,13 +58,22 @@ export interface Versions {
 export const make = Effect.fnUntraced(function*(setup: Setup, options: { readonly maxBatchSize: number }) {
   const { config, folder, remote } = setup
   const weightless = remote?.pushes === true
+  // A LoRA run's versions go to the servers as adapters (`loraCarrier.ts`), sampled under the adapter's name.
+  const lora = config.model.lora === undefined || config.engine.servers === undefined ? undefined : LoraCarrier.make({
+    dir: resolve(config.output, "adapters"), // read by the servers: an absolute path
+    name: adapterName,
+    model: folder.config,
+    lora: config.model.lora,
+    baseModel: config.model.from ?? config.model.path
+  })
   // Inference servers sample instead of local engines when the run lists them (`engine.servers`).
   const servers = config.engine.servers === undefined ? undefined : yield* InferenceServers.make({
     urls: config.engine.servers,
     // A LoRA run's servers get the merged weights (`forEngine`), all of them.
     parameters: config.model.lora === undefined ? setup.model.parameters : Qwen2.parameters(folder.config),
     token: process.env["AGENTFLY_WEIGHTS_TOKEN"] || undefined,
-    carrier: weightless ? RemoteLearner.carrier(remote!) : undefined,
+    carrier: weightless ? RemoteLearner.carrier(remote!) : lora?.carrier,
+    ...(lora === undefined ? {} : { model: adapterName }),
     timeoutMs: config.engine.timeoutSeconds === undefined ? undefined : config.engine.timeoutSeconds * 1000
   }).pipe(Effect.mapError(wrap("Servers")))
   // Engines decode on a thread of their own when the run asks for it (`engine.thread`; see `EngineConfig`).
@@ -69,6 +82,7 @@ export const make = Effect.fnUntraced(function*(setup: Setup, options: { readonl
     setup,
     maxBatchSize: options.maxBatchSize,
     published: [{ version: -1 - (config.warmup?.steps ?? 0), weights: folder.weights }],
+    lora,
     retained: (config.mode === "async" ? config.maxStaleness : 0) + 2,
     servers,
     engineThread,
@@ -88,7 +102,28 @@ export const newest = (versions: Versions): Published => versions.published[vers
  */
 export const forEngine = (setup: Setup, weights: Qwen2.Weights): Qwen2.Weights => {
   const lora = setup.config.model.lora
-  return lora === undefined || !Lora.hasAdapter(weights) ? weights : Lora.merge(setup.folder.config, lora, weights, weights)
+  if (lora === undefined || !Lora.hasAdapter(weights)) return weights
+  return Lora.merge(setup.folder.config, lora, weights, weights)
+}
+
+/** The adapter's name on the servers, in a LoRA run: what its requests name as their model. */
+const adapterName = "policy"
+
+/** Pushes `version` to the servers: its adapter in a LoRA run (the carrier loads it), else its (merged) weights. */
+const pushTo = (
+  versions: Versions,
+  servers: InferenceServers.InferenceServers,
+  version: number,
+  weights: Qwen2.Weights | undefined
+) => {
+  if (versions.lora !== undefined && weights !== undefined) {
+    // The folder's weights (before the learner publishes) are the base: a fresh adapter (B = 0) is its function.
+    const { folder, config } = versions.setup
+    const adapter = Lora.hasAdapter(weights) ? Lora.adapterOf(weights) : Lora.init(folder.config, config.model.lora!)
+    versions.lora.set(version, adapter)
+  }
+  const pushed = versions.lora !== undefined || weights === undefined ? undefined : forEngine(versions.setup, weights)
+  return servers.push(version, pushed).pipe(Effect.mapError(wrap("Servers")))
 }
 
 const engineOf = (versions: Versions, version: number, weights: Qwen2.Weights) =>
@@ -117,8 +152,7 @@ export const publish = Effect.fnUntraced(function*(
   if (version === last.version) return
   const taken = versions.weightless ? undefined : changed ? (yield* weights) as Qwen2.Weights : last.weights
   if (versions.servers !== undefined) {
-    const pushed = taken === undefined ? undefined : forEngine(versions.setup, taken)
-    yield* versions.servers.push(version, pushed).pipe(Effect.mapError(wrap("Servers")))
+    yield* pushTo(versions, versions.servers, version, taken)
   }
   versions.published.push({ version, weights: taken })
   if (versions.published.length > versions.retained) versions.published.shift()
@@ -146,8 +180,7 @@ const ambientSampler = (versions: Versions) =>
     if (servers !== undefined) {
       // Before the run's first push the servers hold no weights of this run: the newest version goes first.
       if ((yield* servers.pushed) === undefined) {
-        const pushed = weights === undefined ? undefined : forEngine(versions.setup, weights)
-        yield* servers.push(version, pushed).pipe(Effect.mapError(wrap("Servers")))
+        yield* pushTo(versions, servers, version, weights)
       }
       return servers.sampler(version)
     }

@@ -19,39 +19,10 @@ import type * as Http from "node:http"
 import { Effect, Exit, Schema, Scope } from "effect"
 import * as Checkpoint from "../../src/Checkpoint.ts"
 import * as Lora from "../../src/Lora.ts"
-import type * as Qwen2 from "../../src/model/Qwen2.ts"
 import * as PolicyEngine from "../PolicyEngine.ts"
 import * as Auth from "./auth.ts"
-import type { ServerState } from "./openAiServerState.ts"
+import { type Adapter, adapterStamp, type ServerState } from "./openAiServerState.ts"
 import * as Wire from "./openAiWire.ts"
-
-/**
- * A loaded adapter: its name, folder, digest, the policy version it was published as, and its engine.
- *
- * @category models
- * @since 0.1.0
- */
-export interface Adapter {
-  readonly name: string
-  readonly path: string
-  readonly digest: string
-  readonly version: number
-  readonly engine: PolicyEngine.PolicyEngine["Service"]
-  readonly scope: Scope.Closeable
-}
-
-/**
- * What the server needs for adapters: the base weights they are merged into, the scope their engines live in.
- *
- * @category models
- * @since 0.1.0
- */
-export interface Adapters {
-  readonly base: Qwen2.Weights | undefined
-  readonly scope: Scope.Scope
-  readonly loaded: Map<string, Adapter>
-  readonly maxBatchSize: number
-}
 
 const LoadBody = Schema.Struct({
   lora_name: Schema.String.check(Schema.isMinLength(1)),
@@ -177,7 +148,7 @@ export const stateFor = (state: ServerState, model: unknown): ServerState | unde
 export const stamp = (state: ServerState, value: unknown): unknown =>
   state.adapter === undefined || typeof value !== "object" || value === null ? value : {
     ...value,
-    lora_adapter: { name: state.adapter.name, digest: state.adapter.digest, policy_version: state.adapter.version }
+    ...adapterStamp(state)
   }
 
 /**

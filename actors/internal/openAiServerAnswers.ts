@@ -14,7 +14,7 @@ import type { FinishReason, GenerateResult } from "../../src/Sampler.ts"
 import * as ToolCallParser from "../../src/ToolCallParser.ts"
 import * as Fair from "./fairScheduler.ts"
 import { chatRequest, completionRequests, completionText, makeText, stableText } from "./openAiServerRequests.ts"
-import { generate, type Model, nextId, now, type ServerState } from "./openAiServerState.ts"
+import { adapterStamp, generate, type Model, nextId, now, type ServerState } from "./openAiServerState.ts"
 import { done, event, startEvents, toolCalls, usage } from "./openAiWire.ts"
 
 const logprobToken = (model: Model, id: number, asIds: boolean) =>
@@ -122,7 +122,8 @@ export const completionsStream = Effect.fnUntraced(function*(
     text: full.length > sent ? full.slice(sent) : "",
     token_ids: [],
     finish_reason: result.finishReason,
-    policy_version: result.policyVersion
+    policy_version: result.policyVersion,
+    ...adapterStamp(state)
   }))
   res.end(done)
 })
@@ -226,7 +227,11 @@ export const chatStream = Effect.fnUntraced(function*(state: ServerState, raw: u
     res.write(chunk({ ...(rest === "" ? {} : { content: rest }), tool_calls: toolCalls(calls) }, null))
   }
   const finish = finishOf(result.finishReason, calls.length)
-  res.write(chunk({}, finish, { token_ids: result.tokenIds, policy_version: result.policyVersion }))
+  res.write(chunk({}, finish, {
+    token_ids: result.tokenIds,
+    policy_version: result.policyVersion,
+    ...adapterStamp(state)
+  }))
   if (body.stream_options?.include_usage === true) {
     res.write(event({ ...head, choices: [], usage: usage(request.promptTokenIds.length, result.tokenIds.length) }))
   }

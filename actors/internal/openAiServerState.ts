@@ -7,7 +7,7 @@
  * @since 0.1.0
  */
 import { Clock, Effect } from "effect"
-import type { Semaphore } from "effect"
+import type { Scope, Semaphore } from "effect"
 import type * as ChatTemplate from "../../src/ChatTemplate.ts"
 import type { ModelConfig } from "../../src/model/ModelConfig.ts"
 import type * as Qwen2 from "../../src/model/Qwen2.ts"
@@ -15,7 +15,6 @@ import type { GenerateRequest, GenerateResult } from "../../src/Sampler.ts"
 import type * as Tokenizer from "../../src/Tokenizer.ts"
 import type { PolicyEngine } from "../PolicyEngine.ts"
 import type * as Auth from "./auth.ts"
-import type * as Adapters from "./openAiServerAdapters.ts"
 import * as Fair from "./fairScheduler.ts"
 import { ApiError, samplerError } from "./openAiWire.ts"
 import { encodeWithin, overContext, tooManyTokens } from "./promptBudget.ts"
@@ -53,6 +52,34 @@ export interface Limits {
 }
 
 /**
+ * A loaded adapter: its name, folder, digest, the policy version it was published as, and its engine.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Adapter {
+  readonly name: string
+  readonly path: string
+  readonly digest: string
+  readonly version: number
+  readonly engine: PolicyEngine["Service"]
+  readonly scope: Scope.Closeable
+}
+
+/**
+ * What the server needs for adapters: the base weights they are merged into, the scope their engines live in.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Adapters {
+  readonly base: Qwen2.Weights | undefined
+  readonly scope: Scope.Scope
+  readonly loaded: Map<string, Adapter>
+  readonly maxBatchSize: number
+}
+
+/**
  * One server's state.
  *
  * @category models
@@ -83,15 +110,27 @@ export interface ServerState {
   /** The last response id's number (an object: request views of the state share it). */
   readonly counter: { ids: number }
   /** LoRA adapters loaded over `POST /v1/load_lora_adapter` (`openAiServerAdapters.ts`). */
-  readonly adapters: Adapters.Adapters
+  readonly adapters: Adapters
   /** In a request's view of the state: the adapter it samples with. */
-  readonly adapter?: Adapters.Adapter | undefined
+  readonly adapter?: Adapter | undefined
   /** Tokens any route takes: the server's own and the weights token (`internal/auth.ts`). */
   readonly auth: Auth.Tokens
   /** The weights token alone, when set: only it may replace the weights. */
   readonly weightsAuth: Auth.Tokens | undefined
   readonly gate: Auth.Gate
 }
+
+/**
+ * A response's `lora_adapter` field (`{}` unless the request sampled with a LoRA adapter): its name, digest and
+ * policy version, so that a trainer can check it sampled what it published.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const adapterStamp = (state: ServerState): Record<string, unknown> =>
+  state.adapter === undefined ? {} : {
+    lora_adapter: { name: state.adapter.name, digest: state.adapter.digest, policy_version: state.adapter.version }
+  }
 
 /**
  * The next response id, `prefix-n`.

@@ -393,7 +393,7 @@ export interface Options {
    * Tokens per chunk of the output head (`ChunkedHead`): the logits of a whole micro-batch are never held, and the
    * backward recomputes each chunk's. Default: `ChunkedHead.defaultChunk(vocab)` (about 64 MiB of logits), and the
    * plain head when the micro-batch fits in one chunk. `0` forces the plain head. Applies when the forward's logits
-   * are `MatMul(hidden, Transpose(weight))` of a weight input; otherwise the plain head is used.
+   * are `MatMul(hidden, Transpose(weight))` of a graph input (trained or frozen); otherwise the plain head is used.
    */
   readonly headChunk?: number
   /**
@@ -529,7 +529,8 @@ const outputProjection = (forward: Forward, options: Options) => {
   const weight = transpose?.inputs[0]
   if (
     transpose?.op !== "Transpose" || perm?.kind !== "ints" || perm.value.join() !== "1,0" ||
-    weight === undefined || !forward.weightInputs.includes(weight) ||
+    // A graph input: a trained weight, or a frozen one (a LoRA run's head: its rule then computes no ∂W).
+    weight === undefined || !forward.graph.inputs.some((i) => i.name === weight) ||
     nodes.some((n) => n !== matmul && n.inputs.includes(transpose.outputs[0]!))
   ) return undefined
   const vocab = forward.graph.inputs.find((i) => i.name === weight)?.shape[0]

@@ -58,7 +58,7 @@ export interface Model {
   readonly forward: () => Autodiff.Forward
   /** The forward of micro-batches with shared prompts (`Packing.MicroBatch.prefix`); absent = not supported. */
   readonly sharedForward?: (() => Autodiff.Forward) | undefined
-  readonly inputs: (batch: Packing.MicroBatch) => Record<string, ort.Tensor>
+  readonly inputs: (batch: Packing.MicroBatch, context?: InputContext) => Record<string, ort.Tensor>
   /**
    * Weights the graph reads as inputs but never trains (a LoRA run's base, fed by `inputs`): held once, never
    * copied, and included by reference in the trainer's `weights`.
@@ -71,6 +71,18 @@ export interface Model {
   readonly initial?: GradientBackend.Weights
   /** With LoRA, checkpoints also hold the adapter in PEFT's layout (`adapter_config.json`'s contents). */
   readonly adapterConfig?: Readonly<Record<string, unknown>>
+}
+
+/**
+ * What a micro-batch's inputs may depend on besides its data: whether it trains (dropout on) and a seed the trainer
+ * derives from the optimiser step and the micro-batch's place in it (the same after a resume).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface InputContext {
+  readonly training: boolean
+  readonly seed: number
 }
 
 /**
@@ -128,8 +140,8 @@ export const qwen2Value = (config: ModelConfig.ModelConfig): Model => ({
  * the model's function is the base's). `baseModel` is what `adapter_config.json` names as
  * `base_model_name_or_path`.
  *
- * **Gotchas** The output head is the plain one (the head is frozen, so `ChunkedHead`, which chunks a trained
- * head's gradient, does not apply). With `workers > 1` each worker thread holds a private copy of the base
+ * **Gotchas** The frozen output head is chunked as a trained one is (`ChunkedHead`, without its ∂W). With
+ * `workers > 1` each worker thread holds a private copy of the base
  * (onnxruntime-node feeds no shared memory): one copy a worker, made once when the threads start.
  *
  * @category constructors
@@ -151,7 +163,16 @@ export const qwen2Lora = (
     vocabSize: config.vocabSize,
     forward: () => Qwen2.trainingGraph(config, "lm", settings),
     sharedForward: () => Qwen2.sharedPrefixGraph(config, "lm", settings),
-    inputs: (mb) => ({ ...plain.inputs(mb), ...baseTensors() }),
+    inputs: (mb, context) => {
+      const rows: Array<{ readonly rows: Lora.Rows; readonly batch: number; readonly length: number }> = [
+        { rows: ["batch", "seq"], batch: mb.batch, length: mb.length },
+        ...(mb.prefix === undefined ? [] : [{ rows: ["groups", "prefix"] as const, ...mb.prefix }])
+      ]
+      const seed = ((settings.seed ?? 0) * 0x9e3779b1 + (context?.seed ?? 0)) >>> 0
+      const masks = Lora.dropoutMasks(config, settings, rows, context?.training ?? false, seed)
+      const maskTensors = Object.fromEntries([...masks].map(([k, m]) => [k, new ort.Tensor("float32", m.data, m.dims)]))
+      return { ...plain.inputs(mb), ...baseTensors(), ...maskTensors }
+    },
     frozen: { parameters: frozen, weights: base },
     initial: Lora.init(config, settings),
     adapterConfig: Lora.adapterConfig(settings, baseModel)
@@ -538,7 +559,8 @@ const validatePrefix = (prefix: Packing.Prefix, rows: number): GradientBackend.G
 const batchFeeds = (
   model: Model,
   graph: Autodiff.TrainingGraph,
-  mb: Packing.MicroBatch
+  mb: Packing.MicroBatch,
+  context?: InputContext
 ): Record<string, ort.Tensor> => {
   const dims = [mb.batch, mb.length]
   const f32 = (a: Float32Array | Uint8Array) =>
@@ -553,14 +575,23 @@ const batchFeeds = (
     sampler_logprobs: () => f32(mb.samplerLogprobs),
     ref_logprobs: () => f32(mb.refLogprobs)
   }
-  const out: Record<string, ort.Tensor> = { ...model.inputs(mb) }
+  const out: Record<string, ort.Tensor> = { ...model.inputs(mb, context) }
   for (const name of graph.lossInputs) out[name] = data[name]!()
   return out
 }
 
+/**
+ * A micro-batch's input context: training or not, and a seed from the optimiser step, the micro-batches accumulated
+ * in it and the shard (all restored or reset by a checkpoint load, so a resumed run draws what the unbroken one did).
+ */
+const inputContext = (trainer: Trainer, training: boolean, shard: number): InputContext => ({
+  training,
+  seed: (trainer.optimizerState.step * 65_537 + trainer.accumulated * 257 + shard) >>> 0
+})
+
 /** Every input of a session: the micro-batch's and the weights, fed from the optimiser's own arrays. */
 const feeds = (trainer: Trainer, c: Compiled, mb: Packing.MicroBatch): Record<string, ort.Tensor> => {
-  const out = batchFeeds(trainer.model, c.graph, mb)
+  const out = batchFeeds(trainer.model, c.graph, mb, inputContext(trainer, c.graph.gradients.size > 0, 0))
   for (const { name, dims: d } of c.graph.weights) {
     out[name] = new ort.Tensor("float32", trainer.params.get(name)!, [...d])
   }
@@ -701,7 +732,8 @@ const runShards = Effect.fnUntraced(function*(trainer: Trainer, mb: Packing.Micr
         trainer.compiledOn[j]!.add(key)
       }
       const plain: Record<string, TrainerWorker.Feed> = {}
-      for (const [name, t] of Object.entries(batchFeeds(trainer.model, graph, pieces[j]!))) {
+      const context = inputContext(trainer, withGradients, j)
+      for (const [name, t] of Object.entries(batchFeeds(trainer.model, graph, pieces[j]!, context))) {
         if (!trainer.frozenNames.has(name)) plain[name] = toFeed(t) // the workers hold the frozen inputs
       }
       const accumulate = !withGradients ? "none" : shardsAccumulated[j] === 0 ? "set" : "add"
@@ -838,6 +870,21 @@ const gradients = (trainer: Trainer) =>
 
 // ===== Constructors =====
 
+/** The first parameter whose weights are missing or of another size than its shape, said; else undefined. */
+const sizeProblem = (
+  specs: ReadonlyArray<{ readonly name: string; readonly shape: ReadonlyArray<number> }>,
+  get: (name: string) => Float32Array | undefined,
+  what: string
+): string | undefined => {
+  for (const { name, shape } of specs) {
+    const w = get(name), n = shape.reduce((a, b) => a * b, 1)
+    if (w === undefined || w.length !== n) {
+      return `${what} ${name}: expected ${n} floats [${shape}], got ${w?.length ?? "none"}`
+    }
+  }
+  return undefined
+}
+
 /**
  * A local trainer in the current scope (sessions are released when it closes).
  *
@@ -850,24 +897,17 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
   if (!(Number.isInteger(workers) && workers >= 1)) {
     return yield* fail("Session", `workers must be a positive integer, got ${workers}`)
   }
-  for (const { name, shape } of model.frozen?.parameters ?? []) {
-    const w = model.frozen!.weights.get(name)
-    const n = shape.reduce((a, b) => a * b, 1)
-    if (w === undefined || w.length !== n) {
-      return yield* fail("BadBatch", `frozen weight ${name}: expected ${n} floats [${shape}], got ${w?.length ?? "none"}`)
-    }
-  }
+  const bad = sizeProblem(model.frozen?.parameters ?? [], (name) => model.frozen!.weights.get(name), "frozen weight")
+  if (bad !== undefined) return yield* fail("BadBatch", bad)
   const layout = layoutOf(model.parameters)
   const shared = workers > 1 ? sharedMemory(layout, workers) : undefined
   const sharedParams = shared === undefined ? undefined : sharedViews(shared.params, layout)
+  const initial = (name: string) => options.weights.get(name) ?? model.initial?.get(name)
+  const wrong = sizeProblem(model.parameters, initial, "weight")
+  if (wrong !== undefined) return yield* fail("BadBatch", wrong)
   const params = new Map<string, Float32Array>()
-  for (const { name, shape } of model.parameters) {
-    const w = options.weights.get(name) ?? model.initial?.get(name)
-    const n = shape.reduce((a, b) => a * b, 1)
-    if (w === undefined || w.length !== n) {
-      return yield* fail("BadBatch", `weight ${name}: expected ${n} floats [${shape}], got ${w?.length ?? "none"}`)
-    }
-    const p = sharedParams?.get(name)
+  for (const { name } of model.parameters) {
+    const w = initial(name)!, p = sharedParams?.get(name)
     params.set(name, p === undefined ? Float32Array.from(w) : (p.set(w), p))
   }
   const lock = yield* Semaphore.make(1)

@@ -316,10 +316,18 @@ interface Adapted {
   readonly a: string
   readonly b: string
   readonly scale: number
+  /** With dropout: the mask input the adapter's input is multiplied by (`Lora.dropoutMaskName`). */
+  readonly mask?: string | undefined
 }
 
-/** A parameter reference: a graph input or initializer name; with LoRA, also each adapted weight's adapter. */
-type Param = ((name: string) => string) & { readonly adapter?: (weight: string) => Adapted | undefined }
+/**
+ * A parameter reference: a graph input or initializer name; with LoRA, also each adapted weight's adapter, and
+ * `withRows` the same references for values whose rows are `rows` (a shared prompt's: `groups × prefix`).
+ */
+type Param = ((name: string) => string) & {
+  readonly adapter?: (weight: string) => Adapted | undefined
+  readonly withRows?: (rows: Lora.Rows) => Param
+}
 
 /**
  * `x @ Wᵀ (+ b)` for the projection `weight`, plus its LoRA update `s · (x @ Aᵀ) @ Bᵀ` where it has an adapter
@@ -331,8 +339,9 @@ const project = (g: Graph.Graph, x: string, param: Param, weight: string, bias?:
   const y = linear(g, x, w, bias === undefined ? undefined : param(bias))
   const adapted = param.adapter?.(weight)
   if (adapted === undefined) return y
-  const down = g.op("MatMul", [x, g.op("Transpose", [adapted.a], { perm: Graph.ints([1, 0]) })])
-  const scaled = g.op("Mul", [down, f32(g, adapted.scale)]) // on the rank-wide values: r of every out columns
+  const input = adapted.mask === undefined ? x : g.op("Mul", [x, adapted.mask]) // PEFT's lora_dropout
+  const down = g.op("MatMul", [input, g.op("Transpose", [adapted.a], { perm: Graph.ints([1, 0]) })])
+  const scaled = g.op("Mul", [down, f32(g, adapted.scale)]) // on the rank-wide values (r columns, not out)
   return g.op("Add", [y, g.op("MatMul", [scaled, g.op("Transpose", [adapted.b], { perm: Graph.ints([1, 0]) })])])
 }
 
@@ -553,6 +562,7 @@ export const sharedPrefixGraph = (
 ): { readonly graph: Graph.Graph } & ForwardOutputs => {
   const g = Graph.make(output === "value" ? "qwen2_value_train_shared" : "qwen2_train_shared")
   const { param, weightInputs } = paramsOf(g, c, "inputs", output, lora)
+  const ofPrefix = param.withRows?.(["groups", "prefix"]) ?? param // the prompts' rows (their dropout masks)
   const prefixIds = g.input("prefix_ids", "int64", ["groups", "prefix"])
   const prefixMask = g.input("prefix_mask", "int64", ["groups", "prefix"])
   const prefixPos = g.input("prefix_positions", "int64", ["groups", "prefix"])
@@ -568,7 +578,7 @@ export const sharedPrefixGraph = (
   let x = embed(g, c, ids, pos, param)
   for (let i = 0; i < c.numHiddenLayers; i++) {
     const norm = param(`model.layers.${i}.input_layernorm.weight`)
-    const shared = projections(g, c, i, rmsNorm(g, prefix, norm, c.rmsNormEps), prefixCtx, param)
+    const shared = projections(g, c, i, rmsNorm(g, prefix, norm, c.rmsNormEps), prefixCtx, ofPrefix)
     const own = projections(g, c, i, rmsNorm(g, x, norm, c.rmsNormEps), ctx, param)
     // The prompt's keys and values joined before the chain's own: the gradient of a Concat of keys is a Split of
     // keys, where joining the scores (as decoding does) made it a Pad of every score (1.4 s of 9.4 s profiled).
@@ -578,8 +588,8 @@ export const sharedPrefixGraph = (
     x = g.op("Add", [x, mlpBlock(g, c, i, x, param)])
     // The last layer needs only the prompt's keys and values.
     if (i + 1 < c.numHiddenLayers) {
-      prefix = g.op("Add", [prefix, attend(g, c, i, shared, prefixCtx, param)])
-      prefix = g.op("Add", [prefix, mlpBlock(g, c, i, prefix, param)])
+      prefix = g.op("Add", [prefix, attend(g, c, i, shared, prefixCtx, ofPrefix)])
+      prefix = g.op("Add", [prefix, mlpBlock(g, c, i, prefix, ofPrefix)])
     }
   }
   const logits = head(g, c, x, param, output)
@@ -635,10 +645,19 @@ const paramsOf = (
     lora === undefined ? [] : Lora.sites(c, lora).map((site) => [site.weight, site] as const)
   )
   if (lora !== undefined) for (const p of Lora.parameters(c, lora)) specs.set(p.name, p)
-  const adapter = (weight: string): Adapted | undefined => {
+  // Dropout masks are inputs of the training graphs only (the trainer feeds them; decoding has none).
+  const dropout = lora !== undefined && (lora.dropout ?? 0) > 0 && weights === "inputs"
+  const adapterOf = (rows: Lora.Rows) => (weight: string): Adapted | undefined => {
     const site = adapters.get(weight)
     if (site === undefined || lora === undefined) return undefined
-    return { a: input(site.a, true), b: input(site.b, true), scale: Lora.scaling(lora) }
+    const adapted = { a: input(site.a, true), b: input(site.b, true), scale: Lora.scaling(lora) }
+    if (!dropout) return adapted
+    const mask = Lora.dropoutMaskName(rows, weight)
+    if (!declared.has(mask)) {
+      declared.add(mask)
+      g.input(mask, "float32", [...rows, site.inFeatures])
+    }
+    return { ...adapted, mask }
   }
   const plain = (name: string): string => {
     const spec = specs.get(name)!
@@ -651,7 +670,11 @@ const paramsOf = (
     }
     return g.initializer(name, { dtype: "float32", dims: spec.shape, data })
   }
-  const param: Param = lora === undefined ? plain : Object.assign(plain, { adapter })
+  const withRows = (rows: Lora.Rows): Param =>
+    Object.assign((name: string) => plain(name), { adapter: adapterOf(rows) })
+  const param: Param = lora === undefined
+    ? plain
+    : Object.assign(plain, { adapter: adapterOf(["batch", "seq"]), withRows })
   return { param, weightInputs }
 }
 

@@ -101,6 +101,17 @@ describe("agentfly serve: LoRA adapters", () => {
       const second = yield* call(`${server.baseUrl}/completions`, greedy("policy"))
       assert.strictEqual(second.json["lora_adapter"].digest, Checkpoint.fingerprint(next))
 
+      // A streamed response says it too, in its last event.
+      const streamed = yield* Effect.promise(() =>
+        fetch(`${server.baseUrl}/completions`, {
+          method: "POST",
+          headers: { "content-type": "application/json" },
+          body: JSON.stringify({ ...greedy("policy"), stream: true })
+        }).then((r) => r.text())
+      )
+      const events = streamed.split("\n").filter((l) => l.startsWith("data: {")).map((l) => JSON.parse(l.slice(6)))
+      assert.strictEqual(events.at(-1).choices[0].lora_adapter.digest, Checkpoint.fingerprint(next))
+
       const unloaded = yield* call(`${server.baseUrl}/unload_lora_adapter`, { lora_name: "policy" })
       assert.strictEqual(unloaded.status, 200)
       const gone = yield* call(`${server.baseUrl}/completions`, greedy("policy"))

@@ -75,16 +75,32 @@ describe("AdapterSync", () => {
         Effect.provideService(PolicyEngine, engine)
       )
       const proxy = yield* lyingProxy(server.baseUrl)
-      const common = { dir: `${root}/adapters`, name: "policy", model: folder.config, lora: settings, baseModel: "tiny" }
+      const common = {
+        dir: `${root}/adapters`,
+        name: "policy",
+        model: folder.config,
+        lora: settings,
+        baseModel: "tiny"
+      }
 
       // Version 1 reaches the server; the honest path checks clean.
-      const v1 = yield* AdapterSync.publish({ ...common, urls: [server.baseUrl], version: 1, adapter: adapterFor(folder, 1) })
+      const v1 = yield* AdapterSync.publish({
+        ...common,
+        urls: [server.baseUrl],
+        version: 1,
+        adapter: adapterFor(folder, 1)
+      })
       assert.isAbove(v1.bytes, 0)
       const tracker = AdapterSync.makeTracker(2)
       assert.deepStrictEqual(yield* tracker.batch(v1, [yield* sample(proxy.url), yield* sample(server.baseUrl)]), [])
 
       // Version 2 is "loaded" through the lying proxy: acknowledged, never delivered.
-      const v2 = yield* AdapterSync.publish({ ...common, urls: [proxy.url], version: 2, adapter: adapterFor(folder, 2) })
+      const v2 = yield* AdapterSync.publish({
+        ...common,
+        urls: [proxy.url],
+        version: 2,
+        adapter: adapterFor(folder, 2)
+      })
       assert.notStrictEqual(v2.digest, v1.digest)
       const caught = yield* tracker.batch(v2, [yield* sample(proxy.url), yield* sample(proxy.url)])
       assert.strictEqual(caught.length, 2)
@@ -101,6 +117,7 @@ describe("AdapterSync", () => {
       assert.strictEqual(lost.mismatches, 3)
 
       // A response that names no adapter (a server without LoRA) is a mismatch too.
-      assert.strictEqual(AdapterSync.check(v2, { choices: [] })?.message.startsWith("a response was sampled with no adapter"), true)
+      const none = AdapterSync.check(v2, { choices: [] })
+      assert.isTrue(none?.message.startsWith("a response was sampled with no adapter"))
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 120_000)
 })

@@ -6,9 +6,11 @@
 import { NodeServices } from "@effect/platform-node"
 import { assert, beforeAll, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
-import { existsSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs"
+import { existsSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
+import * as OpenAiServer from "../../actors/OpenAiServer.ts"
+import * as PolicyEngine from "../../actors/PolicyEngine.ts"
 import * as Export from "../../cli/export.ts"
 import * as Train from "../../cli/train.ts"
 import * as Generate from "../../examples/calculator/generate.ts"
@@ -21,7 +23,12 @@ import { agentfly, calculatorRun } from "../utils/agentfly.ts"
 
 const quiet = (lines: Array<string>) => ({ write: (t: string) => void lines.push(t), tty: false })
 
-const lora = { rank: 4, alpha: 8, targets: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"] }
+const lora = {
+  rank: 4,
+  alpha: 8,
+  targets: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+}
+const data = { seed: 4, train: 16, heldOut: 4, validation: 2, demos: 64, noise: 0 }
 
 /**
  * A base worth adapting: the tiny preset after a full fine-tuning warm-up. A random base's frozen head and final
@@ -31,7 +38,7 @@ let warmBase = ""
 beforeAll(() =>
   Effect.runPromise(Effect.gen(function*() {
     const dir = mkdtempSync(join(tmpdir(), "lora-base-"))
-    yield* Generate.write({ dir: join(dir, "data"), seed: 4, train: 16, heldOut: 4, validation: 2, demos: 64, noise: 0 })
+    yield* Generate.write({ dir: join(dir, "data"), ...data })
     const config = join(dir, "config.json")
     writeFileSync(config, JSON.stringify(calculatorRun({
       seed: 5,
@@ -44,17 +51,17 @@ beforeAll(() =>
     // Only the warm-up's checkpoint matters (its one RL step may find no signal and say so).
     yield* Effect.ignore(Train.run({ config, ...quiet([]) }))
     warmBase = join(dir, "run", "checkpoints", "step-000000")
-  }).pipe(Effect.scoped, Effect.provide(NodeServices.layer))), 300_000)
+  }).pipe(Effect.scoped, Effect.provide(NodeServices.layer))), 600_000)
 
-const setup = (mode: "sync" | "async", extra: Record<string, unknown> = {}) =>
+const setup = (mode: "sync" | "async", extra: Record<string, unknown> = {}, dropout = 0) =>
   Effect.gen(function*() {
     const dir = mkdtempSync(join(tmpdir(), "lora-run-"))
-    yield* Generate.write({ dir: join(dir, "data"), seed: 4, train: 16, heldOut: 4, validation: 2, demos: 64, noise: 0 })
+    yield* Generate.write({ dir: join(dir, "data"), ...data })
     const config = join(dir, "config.json")
     const run = calculatorRun({
       seed: 5,
       output: "run",
-      model: { path: "model", preset: "tiny", initSeed: 3, from: warmBase, lora },
+      model: { path: "model", preset: "tiny", initSeed: 3, from: warmBase, lora: { ...lora, dropout } },
       task: { name: "calculator", options: { toolCallFormat: 0.2 } },
       // A short LoRA warm-up on the warmed base, then GRPO with a KL term against the policy RL starts from.
       warmup: { data: "data/demos.jsonl", steps: 3, batchSize: 8, lr: 0.003 },
@@ -86,11 +93,14 @@ describe("agentfly train with model.lora", () => {
       assert.deepStrictEqual(adapterConfig.target_modules, lora.targets)
       // The base is what the run started from (`model.from`, a full fine-tuning warm-up's checkpoint).
       assert.strictEqual(adapterConfig.base_model_name_or_path, warmBase)
-      const warmup = readFileSync(join(dir, "a", "metrics.jsonl"), "utf8").split("\n").filter((l) => l.includes("warmup/loss"))
+      const warmup = readFileSync(join(dir, "a", "metrics.jsonl"), "utf8").split("\n")
+        .filter((l) => l.includes("warmup/loss"))
       assert.strictEqual(warmup.length, 3) // the SFT warm-up trained the adapter
       const header = yield* Safetensors.readHeader(join(ckpt, "adapter_model.safetensors"))
       assert.isAbove(header.tensors.size, 0)
-      for (const name of header.tensors.keys()) assert.match(name, /^base_model\.model\.model\.layers\.\d+\..*lora_[AB]\.weight$/)
+      for (const name of header.tensors.keys()) {
+        assert.match(name, /^base_model\.model\.model\.layers\.\d+\..*lora_[AB]\.weight$/)
+      }
       // The learner's own tensors are the adapter's: no base weight is saved, and AdamW's moments are the adapter's.
       const model = yield* Safetensors.readHeader(join(ckpt, "model.safetensors"))
       assert.deepStrictEqual([...model.tensors.keys()].sort(), [...header.tensors.keys()].sort())
@@ -120,14 +130,55 @@ describe("agentfly train with model.lora", () => {
       const resumed = yield* Train.run({ config, output: join(dir, "run"), resume: true, ...quiet(lines) })
       assert.isAtLeast(resumed.summary.fromStep, 2)
       assert.strictEqual(resumed.summary.fingerprint, reference.summary.fingerprint)
-    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 300_000)
+    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 600_000)
 
-  it.live("runs async with the adapter published to the engine at every version", () =>
+  it.live("runs async with the adapter published to the engine at every version, with dropout", () =>
     Effect.gen(function*() {
-      const { dir, config } = yield* setup("async", { checkpoint: { every: 3 } })
+      // Dropout on the adapters' inputs, shared prompts included (their rows get masks of their own).
+      const { dir, config } = yield* setup("async", { checkpoint: { every: 3 } }, 0.05)
       const result = yield* Train.run({ config, output: join(dir, "run"), ...quiet([]) })
       assert.strictEqual(result.summary.steps, 3)
-    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 300_000)
+    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 600_000)
+
+  it.live("publishes each version to an inference server as an adapter (load_lora_adapter), never the weights", () =>
+    Effect.gen(function*() {
+      const { dir, config } = yield* setup("sync", { checkpoint: { every: 3 } })
+      // `agentfly serve --accept-weights` on the run's base (the warm-up's checkpoint), in this process.
+      yield* ModelFolder.init(join(dir, "model"), { preset: "tiny", seed: 3 })
+      const folder = yield* ModelFolder.load(join(dir, "model"))
+      const base = (yield* Checkpoint.load(warmBase, Qwen2.parameters(folder.config))).weights as Qwen2.Weights
+      const engine = yield* PolicyEngine.make({ config: folder.config, weights: base })
+      const server = yield* OpenAiServer.make(folder, { acceptWeights: {}, loraBase: base }).pipe(
+        Effect.provideService(PolicyEngine.PolicyEngine, engine)
+      )
+      const run = JSON.parse(readFileSync(config, "utf8"))
+      writeFileSync(config, JSON.stringify({ ...run, engine: { servers: [server.baseUrl] } }))
+      const result = yield* Train.run({ config, output: join(dir, "run"), ...quiet([]) })
+      assert.strictEqual(result.summary.steps, 3)
+      const models = yield* Effect.promise(() => fetch(`${server.baseUrl}/models`).then((r) => r.json()))
+      const byId = new Map(models.data.map((m: { id: string }) => [m.id, m]))
+      // The base's weights were never replaced (no PUT /v1/weights); the adapter holds the last version.
+      assert.strictEqual((byId.get(folder.name) as { policy_version: number }).policy_version, 0)
+      assert.strictEqual((byId.get("policy") as { policy_version: number }).policy_version, 3)
+      const adapters = readdirSync(join(dir, "run", "adapters")).sort()
+      assert.includeMembers(adapters, ["policy-v1", "policy-v2", "policy-v3"])
+    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 600_000)
+
+  it.live("runs PPO with a critic (the critic trains fully) and GRPO with dynamic sampling", () =>
+    Effect.gen(function*() {
+      const ppo = yield* setup("sync", {
+        algorithm: { steps: 2, groupsPerStep: 4, lr: 0.003, advantage: "gae", lambda: 0.95, klCoef: 0 },
+        checkpoint: { every: 2 }
+      })
+      const critic = yield* Train.run({ config: ppo.config, output: join(ppo.dir, "run"), ...quiet([]) })
+      assert.strictEqual(critic.summary.steps, 2)
+      const dapo = yield* setup("sync", {
+        algorithm: { steps: 2, groupsPerStep: 4, lr: 0.003, advantage: "grpo", dynamicSampling: { maxBatches: 2 } },
+        checkpoint: { every: 2 }
+      })
+      const dynamic = yield* Train.run({ config: dapo.config, output: join(dapo.dir, "run"), ...quiet([]) })
+      assert.strictEqual(dynamic.summary.steps, 2)
+    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 600_000)
 
   it.live("refuses a target the model does not have, naming the ones it has", () =>
     Effect.gen(function*() {

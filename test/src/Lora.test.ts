@@ -76,52 +76,83 @@ describe("Lora", () => {
     assert.strictEqual(params.size, 2 * 7 * 2)
   })
 
-  it.effect("the adapter path's gradients match central differences in float64; the base gets none", () =>
-    Effect.gen(function*() {
-      const B = 2, T = 5
-      const settings: Lora.Config = { rank: 3, alpha: 6, targets: ["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"] }
-      const forward = Qwen2.trainingGraph(config, "lm", settings)
-      const adapterNames = Lora.parameters(config, settings).map((p) => p.name)
-      assert.deepStrictEqual([...forward.weightInputs].sort(), [...adapterNames].sort())
-      const tg = yield* Autodiff.trainingGraph(forward, { batch: B, length: T, loss: Loss.sft, dtype: "float64" })
-      assert.deepStrictEqual([...tg.gradients.keys()].sort(), [...adapterNames].sort())
-      // No gradient output for any base weight: the frozen base is an input of the forward only.
-      assert.isFalse(tg.graph.outputs.some((o) => o.name.startsWith("grad.model.")))
-      const base = randomWeights(config, 5)
-      const adapter = trainedAdapter(settings, 9)
-      const attention = [1, 1, 1, 1, 1, 0, 1, 1, 1, 1]
-      const mask = Uint8Array.from({ length: B * T }, (_, i) => (i % T === 0 || attention[i] === 0 ? 0 : 1))
-      const feeds: Record<string, Feed> = {
-        input_ids: { dtype: "int64", dims: [B, T], data: [3, 1, 4, 1, 5, 0, 9, 2, 6, 12] },
-        attention_mask: { dtype: "int64", dims: [B, T], data: attention },
-        position_ids: {
-          dtype: "int64",
-          dims: [B, T],
-          data: [...Qwen2.positionIds(attention.slice(0, T)), ...Qwen2.positionIds(attention.slice(T))]
-        },
-        targets: { dtype: "int64", dims: [B, T], data: [1, 4, 1, 5, 9, 0, 2, 6, 12, 7] },
-        loss_weights: {
-          dtype: "float64",
-          dims: [B, T],
-          data: Loss.aggregationWeights("token-mean", mask, B, T, Loss.totals(mask, B, T))
-        },
-        loss_mask: { dtype: "float64", dims: [B, T], data: mask }
-      }
-      for (const k of tg.lossInputs) {
-        feeds[k] ??= { dtype: "float64", dims: [B, T], data: noise(B * T, k.length).map((v) => 0.1 * v) }
-      }
-      for (const spec of Qwen2.parameters(config)) {
-        feeds[spec.name] = { dtype: "float64", dims: spec.shape, data: base.get(spec.name)! }
-      }
-      for (const spec of Lora.parameters(config, settings)) {
-        feeds[spec.name] = { dtype: "float64", dims: spec.shape, data: adapter.get(spec.name)! }
-      }
-      const s = yield* Effect.promise(() =>
-        ort.InferenceSession.create(Graph.toModelBytes(tg.graph), { graphOptimizationLevel: "disabled" })
-      )
-      const { worst } = yield* check(s, feeds, adapterNames, { samples: 4, h: 1e-5 })
-      for (const w of adapterNames) assert.isBelow(worst[w]!, 1e-5, `${w}: ${worst[w]}`)
-    }))
+  for (const dropout of [0, 0.5]) {
+    const title = `the adapter path's gradients (dropout ${dropout}) match central differences in float64; ` +
+      "the base gets none"
+    it.effect(title, () =>
+      Effect.gen(function*() {
+        const B = 2, T = 5
+        const settings: Lora.Config = {
+          rank: 3,
+          alpha: 6,
+          dropout,
+          targets: ["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"]
+        }
+        const forward = Qwen2.trainingGraph(config, "lm", settings)
+        const adapterNames = Lora.parameters(config, settings).map((p) => p.name)
+        assert.deepStrictEqual([...forward.weightInputs].sort(), [...adapterNames].sort())
+        const tg = yield* Autodiff.trainingGraph(forward, { batch: B, length: T, loss: Loss.sft, dtype: "float64" })
+        assert.deepStrictEqual([...tg.gradients.keys()].sort(), [...adapterNames].sort())
+        // No gradient output for any base weight: the frozen base is an input of the forward only.
+        assert.isFalse(tg.graph.outputs.some((o) => o.name.startsWith("grad.model.")))
+        const base = randomWeights(config, 5)
+        const adapter = trainedAdapter(settings, 9)
+        const attention = [1, 1, 1, 1, 1, 0, 1, 1, 1, 1]
+        const mask = Uint8Array.from({ length: B * T }, (_, i) => (i % T === 0 || attention[i] === 0 ? 0 : 1))
+        const feeds: Record<string, Feed> = {
+          input_ids: { dtype: "int64", dims: [B, T], data: [3, 1, 4, 1, 5, 0, 9, 2, 6, 12] },
+          attention_mask: { dtype: "int64", dims: [B, T], data: attention },
+          position_ids: {
+            dtype: "int64",
+            dims: [B, T],
+            data: [...Qwen2.positionIds(attention.slice(0, T)), ...Qwen2.positionIds(attention.slice(T))]
+          },
+          targets: { dtype: "int64", dims: [B, T], data: [1, 4, 1, 5, 9, 0, 2, 6, 12, 7] },
+          loss_weights: {
+            dtype: "float64",
+            dims: [B, T],
+            data: Loss.aggregationWeights("token-mean", mask, B, T, Loss.totals(mask, B, T))
+          },
+          loss_mask: { dtype: "float64", dims: [B, T], data: mask }
+        }
+        for (const k of tg.lossInputs) {
+          feeds[k] ??= { dtype: "float64", dims: [B, T], data: noise(B * T, k.length).map((v) => 0.1 * v) }
+        }
+        for (const spec of Qwen2.parameters(config)) {
+          feeds[spec.name] = { dtype: "float64", dims: spec.shape, data: base.get(spec.name)! }
+        }
+        for (const spec of Lora.parameters(config, settings)) {
+          feeds[spec.name] = { dtype: "float64", dims: spec.shape, data: adapter.get(spec.name)! }
+        }
+        // Dropout: one fixed mask input per adapted projection, as the trainer feeds them.
+        const masks = Lora.dropoutMasks(config, settings, [{ rows: ["batch", "seq"], batch: B, length: T }], true, 5)
+        assert.strictEqual(masks.size, dropout > 0 ? Lora.sites(config, settings).length : 0)
+        assert.deepStrictEqual(
+          tg.modelInputs.filter((n) => n.startsWith("lora_dropout.")).sort(),
+          [...masks.keys()].sort()
+        )
+        for (const [name, m] of masks) feeds[name] = { dtype: "float64", dims: m.dims, data: m.data }
+        const s = yield* Effect.promise(() =>
+          ort.InferenceSession.create(Graph.toModelBytes(tg.graph), { graphOptimizationLevel: "disabled" })
+        )
+        const { worst } = yield* check(s, feeds, adapterNames, { samples: 4, h: 1e-5 })
+        for (const w of adapterNames) assert.isBelow(worst[w]!, 1e-5, `${w}: ${worst[w]}`)
+      }))
+  }
+
+  it("dropout masks: a p share of zeros, the rest 1/(1 − p), the same for a seed; ones when not training", () => {
+    const settings: Lora.Config = { ...all, dropout: 0.25 }
+    const shapes = [{ rows: ["batch", "seq"] as const, batch: 4, length: 32 }]
+    const masks = Lora.dropoutMasks(config, settings, shapes, true, 11)
+    const values = [...masks.values()].flatMap((m) => [...m.data])
+    const zeros = values.filter((v) => v === 0).length / values.length
+    assert.isTrue(Math.abs(zeros - 0.25) < 0.02, `zeros ${zeros}`)
+    assert.isTrue(values.every((v) => v === 0 || Math.abs(v - 1 / 0.75) < 1e-6))
+    const again = Lora.dropoutMasks(config, settings, shapes, true, 11)
+    assert.deepStrictEqual([...again.values()].map((m) => [...m.data]), [...masks.values()].map((m) => [...m.data]))
+    const evaluation = Lora.dropoutMasks(config, settings, shapes, false, 11)
+    assert.isTrue([...evaluation.values()].every((m) => m.data.every((v) => v === 1)))
+  })
 
   it.effect("a fresh adapter computes the base's function; a trained one the merged weights' function", () =>
     Effect.gen(function*() {
@@ -133,7 +164,8 @@ describe("Lora", () => {
       const reference = (yield* plain.logprobs(mb)).tokenLogprobs
       const adapted = (yield* fresh.logprobs(mb)).tokenLogprobs
       // `B` = 0: the update is exactly zero, so the sums are the base's to the bit.
-      assert.strictEqual(Buffer.from(adapted.buffer).toString("base64"), Buffer.from(reference.buffer).toString("base64"))
+      const b64 = (x: Float32Array) => Buffer.from(x.buffer).toString("base64")
+      assert.strictEqual(b64(adapted), b64(reference))
       const adapter = trainedAdapter(all, 4)
       const trained = yield* OnnxTrainer.make({ ...trainerOptions(base), weights: adapter })
       const merged = yield* OnnxTrainer.make({
@@ -174,6 +206,69 @@ describe("Lora", () => {
       assert.isTrue(Lora.hasAdapter(weights))
     }).pipe(Effect.provide(NodeServices.layer)), 120_000)
 
+  it.effect("the frozen head in chunks of tokens gives the plain head's loss and adapter gradients", () =>
+    Effect.gen(function*() {
+      const base = randomWeights(config, 3)
+      const { microBatches } = yield* Packing.pack(dataset(), { tokenBudget: 64, aggregation: "token-mean" })
+      const mb = microBatches[0]!
+      const run = (headChunk: number) =>
+        Effect.gen(function*() {
+          const t = yield* OnnxTrainer.make({ ...trainerOptions(base), headChunk })
+          const r = yield* t.trainer.forwardBackward(mb)
+          return { loss: r.loss, grads: yield* t.gradients }
+        })
+      const plain = yield* run(0), chunked = yield* run(5)
+      // The chunked head's per-chunk Gemms are there: the comparison is not of two plain heads.
+      const graphOf = (headChunk: number) =>
+        Autodiff.trainingGraph(Qwen2.trainingGraph(config, "lm", all), {
+          batch: mb.batch,
+          length: mb.length,
+          loss: Loss.sft,
+          headChunk
+        })
+      const gemms = (g: Effect.Success<ReturnType<typeof graphOf>>) =>
+        g.graph.nodes.filter((n) => n.op === "Gemm").length
+      assert.isAbove(gemms(yield* graphOf(5)), gemms(yield* graphOf(0)))
+      assert.isBelow(Math.abs(plain.loss - chunked.loss), 1e-5)
+      let diff = 0, scale = 0
+      for (const [name, g] of plain.grads) {
+        const h = chunked.grads.get(name)!
+        for (let i = 0; i < g.length; i++) {
+          diff = Math.max(diff, Math.abs(g[i]! - h[i]!))
+          scale = Math.max(scale, Math.abs(g[i]!))
+        }
+      }
+      assert.isAbove(scale, 1e-4)
+      assert.isBelow(diff, 1e-5 * Math.max(1, scale))
+    }).pipe(Effect.provide(NodeServices.layer), Effect.scoped), 120_000)
+
+  it.effect("with two worker threads (each holding the base) the adapter trains as on one", () =>
+    Effect.gen(function*() {
+      const base = randomWeights(config, 3)
+      const { microBatches } = yield* Packing.pack(dataset(), { tokenBudget: 64, aggregation: "token-mean" })
+      const run = (workers: number) =>
+        Effect.gen(function*() {
+          const t = yield* OnnxTrainer.make({ ...trainerOptions(base), workers })
+          for (let s = 0; s < 3; s++) {
+            for (const mb of microBatches) yield* t.trainer.forwardBackward(mb)
+            yield* t.trainer.optimStep
+          }
+          return Lora.adapterOf(yield* t.trainer.weights)
+        })
+      const one = yield* run(1), two = yield* run(2)
+      let diff = 0, moved = 0
+      const fresh = Lora.init(config, all)
+      for (const [name, w] of one) {
+        const v = two.get(name)!, f = fresh.get(name)!
+        for (let i = 0; i < w.length; i++) {
+          diff = Math.max(diff, Math.abs(w[i]! - v[i]!))
+          moved = Math.max(moved, Math.abs(w[i]! - f[i]!))
+        }
+      }
+      assert.isBelow(diff, 1e-5) // float summation order only
+      assert.isAbove(moved, 1e-3)
+    }).pipe(Effect.provide(NodeServices.layer), Effect.scoped), 120_000)
+
   it.effect("a checkpoint is a PEFT adapter folder, and a resume from it continues to the same bits", () =>
     Effect.gen(function*() {
       const fs = yield* FileSystem.FileSystem
@@ -187,7 +282,9 @@ describe("Lora", () => {
             yield* t.trainer.optimStep
           }
         })
-      const unbroken = yield* OnnxTrainer.make(trainerOptions(base))
+      // With dropout: the masks a step draws must be the same after the resume.
+      const withDropout: Lora.Config = { ...all, dropout: 0.1 }
+      const unbroken = yield* OnnxTrainer.make(trainerOptions(base, withDropout))
       yield* steps(unbroken, 3)
       yield* unbroken.trainer.save(dir, { policyVersion: 3, rngState: [] })
       yield* steps(unbroken, 3)
@@ -196,6 +293,7 @@ describe("Lora", () => {
       assert.strictEqual(config_.peft_type, "LORA")
       assert.strictEqual(config_.task_type, "CAUSAL_LM")
       assert.strictEqual(config_.r, 4)
+      assert.strictEqual(config_.lora_dropout, 0.1)
       assert.strictEqual(config_.lora_alpha, 8)
       assert.strictEqual(config_.base_model_name_or_path, "test/base")
       assert.deepStrictEqual(config_.target_modules, [...Lora.moduleNames])
@@ -211,7 +309,7 @@ describe("Lora", () => {
       assert.deepStrictEqual(loaded.config.targets, [...Lora.moduleNames])
 
       // A new process: the base from its folder, the adapter and AdamW's moments from the checkpoint.
-      const resumed = yield* OnnxTrainer.make(trainerOptions(randomWeights(config, 3)))
+      const resumed = yield* OnnxTrainer.make(trainerOptions(randomWeights(config, 3), withDropout))
       const meta = yield* resumed.trainer.load(dir)
       assert.strictEqual(meta.policyVersion, 3)
       yield* steps(resumed, 3)
