@@ -308,9 +308,13 @@ const setupOf = Effect.fnUntraced(function*(
     model,
     optimizer: { ...Optimizer.defaultConfig, weightDecay: algorithm.weightDecay, maxGradNorm: algorithm.gradClip },
     rlLoss: lossConfig(algorithm, config.agent.temperature, config),
-    rlSchedule: algorithm.lrSchedule === "cosine"
-      ? LrSchedule.cosine(algorithm.lr, { warmupSteps: algorithm.lrWarmupSteps, totalSteps: algorithm.steps })
-      : LrSchedule.constant(algorithm.lr, algorithm.lrWarmupSteps),
+    // In learner steps; the optimiser takes `miniBatches × epochs` steps each.
+    rlSchedule: LrSchedule.inUpdates(
+      algorithm.lrSchedule === "cosine"
+        ? LrSchedule.cosine(algorithm.lr, { warmupSteps: algorithm.lrWarmupSteps, totalSteps: algorithm.steps })
+        : LrSchedule.constant(algorithm.lr, algorithm.lrWarmupSteps),
+      algorithm.miniBatches * algorithm.epochs
+    ),
     intraOpThreads,
     runScope: yield* Effect.scope,
     fsContext: yield* Effect.context<FileSystem.FileSystem | Scope.Scope>(),

@@ -62,3 +62,18 @@ export const at = (config: Config, step: number): number => {
   const progress = (step - config.warmupSteps) / span
   return minLr + 0.5 * (config.lr - minLr) * (1 + Math.cos(Math.PI * progress))
 }
+
+/**
+ * A schedule written in learner steps for an optimiser that takes `updates` steps per learner step (RL's
+ * `miniBatches × epochs`): the optimiser counts its own steps, so the warm-up and the cosine's length are scaled to
+ * them. Without it a cosine over `algorithm.steps` reached its floor after `steps / updates` learner steps.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const inUpdates = (config: Config, updates: number): Config =>
+  updates === 1 ? config : {
+    ...config,
+    warmupSteps: config.warmupSteps * updates,
+    ...(config.totalSteps === undefined ? {} : { totalSteps: config.totalSteps * updates })
+  }

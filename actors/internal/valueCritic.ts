@@ -30,7 +30,11 @@ export const start = (setup: Setup, policyWeights: GradientBackend.Weights): Eff
       weightDecay: criticSettings.weightDecay,
       maxGradNorm: criticSettings.gradClip
     },
-    schedule: LrSchedule.constant(criticSettings.lr, criticSettings.lrWarmupSteps)
+    // The critic follows the policy's mini-batches and epochs: its warm-up is in learner steps too.
+    schedule: LrSchedule.inUpdates(
+      LrSchedule.constant(criticSettings.lr, criticSettings.lrWarmupSteps),
+      config.algorithm.miniBatches * config.algorithm.epochs
+    )
   }
   return Scope.fork(setup.runScope).pipe(
     Effect.flatMap((scope) =>

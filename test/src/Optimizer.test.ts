@@ -80,4 +80,18 @@ describe("LrSchedule", () => {
     assert.approximately(LrSchedule.at(s, 500), 0.1, 1e-12)
     for (let t = 10; t < 110; t++) assert.isTrue(LrSchedule.at(s, t + 1) <= LrSchedule.at(s, t))
   })
+
+  it("inUpdates: a schedule of 4 updates a learner step reaches its floor at the last learner step", () => {
+    // 20 RL steps of 4 mini-batches: the optimiser takes 80 steps.
+    const s = LrSchedule.inUpdates(LrSchedule.cosine(1e-3, { warmupSteps: 2, totalSteps: 20 }), 4)
+    assert.strictEqual(s.warmupSteps, 8)
+    assert.strictEqual(s.totalSteps, 80)
+    assert.approximately(LrSchedule.at(s, 7), 1e-3, 1e-12) // the warm-up's end: 2 learner steps
+    assert.isAbove(LrSchedule.at(s, 21), 5e-4) // after 5 learner steps the rate is still high
+    assert.approximately(LrSchedule.at(s, 44), 5e-4, 1e-12) // halfway between the warm-up's end and the last step
+    assert.strictEqual(LrSchedule.at(s, 80), 0)
+    // One update a learner step: the same schedule, unchanged.
+    const one = LrSchedule.cosine(1e-3, { warmupSteps: 2, totalSteps: 20 })
+    assert.strictEqual(LrSchedule.inUpdates(one, 1), one)
+  })
 })
