@@ -82,7 +82,7 @@ describe("agentfly serve: prompt logprobs", () => {
       assert.deepStrictEqual(yield* tokenize(text), folder.tokenizer.encode(text))
     })), 120_000)
 
-  it.live("vLLM's shape: null first, the prompt's token keyed by id with rank, k alternatives; sampling unchanged", () =>
+  it.live("vLLM's shape: null first, the token keyed by id with its rank, k alternatives; sampling unchanged", () =>
     live(Effect.gen(function*() {
       const { server } = yield* setup
       const url = `${server.baseUrl}/completions`
