@@ -8,6 +8,13 @@
  * vLLM extensions `return_token_ids`, `return_tokens_as_token_ids` (logprob tokens written `token_id:<id>`),
  * `stop_token_ids`, `top_k`, `skip_special_tokens` and `include_stop_str_in_output` are accepted.
  *
+ * **Prompt logprobs** (a distillation teacher's scores, `docs/algorithms.md`): vLLM's `prompt_logprobs: k` (0–20)
+ * on `/v1/completions` adds to each choice the logprob of every prompt token given the ones before it, in vLLM's
+ * shape (`[null, { "<id>": { logprob, rank, decoded_token }, …k likeliest }, …]`), computed on the engine's own
+ * session with the weights it serves now (`PolicyEngine.score`), always at temperature 1 (vLLM's raw logprobs,
+ * whatever the request samples with). Not with `stream: true`, nor on chat. `POST /tokenize` (at the root, as
+ * vLLM's) answers a text's ids.
+ *
  * **Fields** (`internal/openAiRequest.ts`, shared with the gateway; the wire format both speak is
  * `internal/openAiWire.ts`): every field of OpenAI's documented request is
  * accepted, those not served ignored (`tool_choice`, penalties, `user`, `metadata`, ...); a field that is neither
@@ -75,6 +82,7 @@ import * as Fair from "./internal/fairScheduler.ts"
 import * as Adapters from "./internal/openAiServerAdapters.ts"
 import * as Answers from "./internal/openAiServerAnswers.ts"
 import * as State from "./internal/openAiServerState.ts"
+import * as Tokenize from "./internal/openAiServerTokenize.ts"
 import * as Wire from "./internal/openAiWire.ts"
 import { charsPerTokenBound } from "./internal/promptBudget.ts"
 import { PolicyEngine } from "./PolicyEngine.ts"
@@ -300,6 +308,13 @@ const route = (
       return sampling(state, req, res, path, Answers.completions, Answers.completionsStream)
     case "/v1/chat/completions":
       return sampling(state, req, res, path, Answers.chat, Answers.chatStream)
+    case "/tokenize":
+      return req.method !== "POST" ?
+        Effect.fail(Wire.notAllowed(req.method ?? "GET", path, "POST")) :
+        Wire.readJson(req, state.limits.maxBodyBytes).pipe(
+          Effect.flatMap((body) => Effect.flatMap(stateFor(state, body), (target) => Tokenize.tokenize(target, body))),
+          Effect.flatMap((value) => Wire.sendJson(res, 200, value))
+        )
     default:
       return Effect.fail(Wire.notFound(`no route ${req.method} ${path}`))
   }

@@ -46,6 +46,7 @@ import * as Sampling from "../src/Sampling.ts"
 import { continued, decode, decodeBurst, failAll, prefill, release, removeRows } from "./internal/engineSteps.ts"
 import type { Engine, Generation, Seq, Setup } from "./internal/engineSteps.ts"
 import * as EngineModel from "./internal/engineModel.ts"
+import * as EngineScore from "./internal/engineScore.ts"
 import * as KvCache from "./internal/kvCache.ts"
 
 // ===== Models =====
@@ -210,6 +211,14 @@ export interface Stats {
 }
 
 /**
+ * One scored position (`PolicyEngine.score`).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type PositionScore = EngineScore.PositionScore
+
+/**
  * @category services
  * @since 0.1.0
  */
@@ -225,6 +234,15 @@ export class PolicyEngine extends Context.Service<PolicyEngine, {
    * finish on their old version.
    */
   readonly updateWeights: (version: number, weights: Qwen2.Weights) => Effect.Effect<void, PolicyEngineError>
+  /**
+   * Scores given tokens with the current weights (a distillation teacher's prompt logprobs): `[0]` null, `[t]`
+   * the logprob of token `t` after the ones before it (temperature 1), its rank and the `top` likeliest tokens.
+   * Absent where the engine cannot (an engine on another thread).
+   */
+  readonly score?: (
+    tokenIds: ReadonlyArray<number>,
+    options?: { readonly top?: number }
+  ) => Effect.Effect<ReadonlyArray<PositionScore | null>, SamplerError>
   readonly policyVersion: Effect.Effect<number>
   readonly stats: Effect.Effect<Stats>
 }>()("agentfly/actors/PolicyEngine") {
@@ -425,11 +443,17 @@ const step = (engine: Engine) =>
           (e) => failAll(x, x.seqs, e)
         )
       }
-      if (x !== engine.current && x.seqs.length === 0) {
-        generations.splice(generations.indexOf(x), 1)
-        yield* release(x)
-      }
+      if (x !== engine.current && x.seqs.length === 0 && !EngineScore.pinned(x)) yield* retire(engine, x)
     }
+  })
+
+/** Releases an old generation nothing runs on any more (once: the loop and a scoring may both find it idle). */
+const retire = (engine: Engine, g: Generation) =>
+  Effect.suspend(() => {
+    const i = engine.generations.indexOf(g)
+    if (i < 0 || g === engine.current || g.seqs.length > 0 || EngineScore.pinned(g)) return Effect.void
+    engine.generations.splice(i, 1)
+    return release(g)
   })
 
 /** Fails every unfinished request, and any submitted later, and releases the sessions. */
@@ -474,6 +498,18 @@ const generate = Effect.fn("PolicyEngine.generate")(
     )
   }
 )
+
+const score = (engine: Engine, tokenIds: ReadonlyArray<number>, top: number) =>
+  Effect.gen(function*() {
+    const invalid = validateRequest(engine.config, {
+      promptTokenIds: tokenIds,
+      sampling: { temperature: 1, maxTokens: 1 }
+    })
+    if (invalid !== undefined) return yield* invalid
+    if (!Number.isInteger(top) || top < 0) return yield* badRequest(`top must be an integer ≥ 0, got ${top}`)
+    if (engine.closed) return yield* closedError()
+    return yield* EngineScore.score(engine, engine.current, tokenIds, top, (g) => retire(engine, g))
+  }).pipe(Effect.withSpan("PolicyEngine.score"))
 
 const updateWeights = (engine: Engine, version: number, weights: Qwen2.Weights) =>
   Semaphore.withPermits(engine.updates, 1)(Effect.gen(function*() {
@@ -523,6 +559,7 @@ export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
     config: engine.config,
     generate: (request, options) => generate(engine, request, options),
     updateWeights: (version, weights) => updateWeights(engine, version, weights),
+    score: (tokenIds, options) => score(engine, tokenIds, options?.top ?? 0),
     policyVersion: Effect.sync(() => engine.current.version),
     stats: Effect.sync(() => snapshot(engine))
   })

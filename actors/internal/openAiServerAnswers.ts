@@ -15,7 +15,7 @@ import * as ToolCallParser from "../../src/ToolCallParser.ts"
 import * as Fair from "./fairScheduler.ts"
 import { chatRequest, completionRequests, completionText, makeText, stableText } from "./openAiServerRequests.ts"
 import { adapterStamp, generate, type Model, nextId, now, type ServerState } from "./openAiServerState.ts"
-import { done, event, startEvents, toolCalls, usage } from "./openAiWire.ts"
+import { done, event, samplerError, startEvents, toolCalls, usage } from "./openAiWire.ts"
 
 const logprobToken = (model: Model, id: number, asIds: boolean) =>
   asIds ? `token_id:${id}` : model.tokenizer.decode([id])
@@ -42,6 +42,34 @@ const chatLogprobs = (model: Model, result: GenerateResult) => ({
 // ===== Completions =====
 
 /**
+ * A prompt's `prompt_logprobs` in vLLM's shape: `null` for the first token, then per token an object keyed by token
+ * id (as a string) holding `{ logprob, rank, decoded_token }` for the prompt's token and the `k` likeliest.
+ */
+const promptLogprobs = (
+  state: ServerState,
+  ids: ReadonlyArray<number>,
+  k: number,
+  asIds: boolean
+) =>
+  Effect.map(
+    Effect.mapError(state.engine.score!(ids, { top: k }), samplerError),
+    (scores) =>
+      scores.map((s, t) => {
+        if (s === null) return null
+        const entry = (id: number, logprob: number, rank: number) => ({
+          logprob,
+          rank,
+          decoded_token: logprobToken(state.model, id, asIds)
+        })
+        const out: Record<string, ReturnType<typeof entry>> = { [ids[t]!]: entry(ids[t]!, s.logprob, s.rank) }
+        s.top.forEach((alt, r) => {
+          if (out[alt.id] === undefined) out[alt.id] = entry(alt.id, alt.logprob, r + 1)
+        })
+        return out
+      })
+  )
+
+/**
  * `/v1/completions`: every prompt sampled (at most `perRequest` at once), one choice each.
  *
  * @category constructors
@@ -49,10 +77,14 @@ const chatLogprobs = (model: Model, result: GenerateResult) => ({
  */
 export const completions = Effect.fnUntraced(function*(state: ServerState, raw: unknown) {
   const { model } = state
-  const { body, requests } = yield* completionRequests(state, raw, false)
+  const { body, promptLogprobs: k, requests } = yield* completionRequests(state, raw, false)
   const lane = Fair.makeLane()
   const results = yield* Effect.forEach(requests, (r) => generate(state, lane, r), { concurrency: state.perRequest })
   const asIds = body.return_tokens_as_token_ids === true
+  // Scored after sampling, one prompt at a time (each costs a decode run per token).
+  const scored = k === undefined ?
+    undefined :
+    yield* Effect.forEach(requests, (r) => promptLogprobs(state, r.promptTokenIds, k, asIds))
   const choices = results.map((result, index) => ({
     index,
     text: completionText(model, result, body),
@@ -65,7 +97,8 @@ export const completions = Effect.fnUntraced(function*(state: ServerState, raw: 
       text_offset: result.tokenIds.map(() => 0)
     },
     finish_reason: result.finishReason,
-    policy_version: result.policyVersion
+    policy_version: result.policyVersion,
+    ...(scored === undefined ? {} : { prompt_logprobs: scored[index]! })
   }))
   const promptTokens = requests.reduce((n, r) => n + r.promptTokenIds.length, 0)
   const completionTokens = results.reduce((n, r) => n + r.tokenIds.length, 0)

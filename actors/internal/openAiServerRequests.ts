@@ -53,8 +53,34 @@ const CompletionRequest = Schema.Struct({
     Schema.Array(Schema.Array(Schema.Int))
   ]),
   logprobs: Schema.optionalKey(Schema.NullOr(Schema.Int)),
-  echo: Schema.optionalKey(Schema.NullOr(Schema.Boolean))
+  echo: Schema.optionalKey(Schema.NullOr(Schema.Boolean)),
+  /** vLLM's: each prompt token's logprob given the ones before it, with this many likeliest alternatives. */
+  prompt_logprobs: Schema.optionalKey(Schema.NullOr(Schema.Int))
 })
+
+/**
+ * Most alternatives `prompt_logprobs` asks for (vLLM's default `max_logprobs`).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const maxPromptLogprobs = 20
+
+/** `prompt_logprobs` checked: a count in [0, 20], not streamed, an engine that can score (`PolicyEngine.score`). */
+const promptLogprobsOf = (state: ServerState, body: typeof CompletionRequest.Type, stream: boolean) => {
+  const k = body.prompt_logprobs
+  if (k === undefined || k === null) return Effect.succeed(undefined)
+  if (k < 0 || k > maxPromptLogprobs) {
+    const message = `prompt_logprobs must be in [0, ${maxPromptLogprobs}] (the alternatives per position), got ${k}`
+    return Effect.fail(invalid(message, "prompt_logprobs"))
+  }
+  if (stream) return Effect.fail(invalid("prompt_logprobs is not available with stream: true", "prompt_logprobs"))
+  if (state.engine.score === undefined) {
+    const message = "this server's engine cannot score prompts (prompt_logprobs): serve the model on this thread"
+    return Effect.fail(invalid(message, "prompt_logprobs"))
+  }
+  return Effect.succeed(k)
+}
 
 const ChatCompletionRequest = Schema.Struct({
   ...Sampling,
@@ -236,6 +262,7 @@ export const completionRequests = Effect.fnUntraced(function*(state: ServerState
   }
   if (stream && count !== 1) return yield* invalid("stream: true takes a single prompt", "prompt")
   const body = yield* decode(CompletionRequest, raw, "completion")
+  const promptLogprobs = yield* promptLogprobsOf(state, body, stream)
   yield* atLeast(state, body.min_policy_version)
   const prompts: ReadonlyArray<string | ReadonlyArray<number>> =
     typeof body.prompt === "string" ? [body.prompt] : body.prompt.length > 0 && typeof body.prompt[0] === "number"
@@ -263,7 +290,7 @@ export const completionRequests = Effect.fnUntraced(function*(state: ServerState
     }
     requests.push(yield* checked(config, { promptTokenIds: ids, sampling }, "prompt"))
   }
-  return { body, requests }
+  return { body, requests, promptLogprobs }
 })
 
 /**

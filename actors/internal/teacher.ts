@@ -1,9 +1,10 @@
 /**
  * The teacher of on-policy distillation (`algorithm.distillation`, `src/Distillation.ts`), built once at the start of
  * a run: a model folder (optionally a run's checkpoint over its weights) scored by a forward-only graph here, or an
- * OpenAI-compatible server asked for prompt logprobs. Either is checked before the first step: the tokenizer against
- * the student's (the same ids on every probe text), and a server's prompt logprobs on one probe, so that a server
- * that cannot score given tokens refuses the run at its start with a clear error rather than at its first step.
+ * OpenAI-compatible server asked for prompt logprobs (vLLM, or `agentfly serve`). Either is checked before the first
+ * step: the tokenizer against the student's (the same ids on every probe text), and a server's prompt logprobs on
+ * one probe, so that a server that cannot score given tokens refuses the run at its start with a clear error rather
+ * than at its first step.
  */
 import { Effect, FileSystem, Path, Redacted, Scope } from "effect"
 import { FetchHttpClient } from "effect/http"
