@@ -337,7 +337,7 @@ export const readPromptLogprobs = (
 
 /**
  * Scores given token ids with the server's model: each token's logprob given the tokens before it (`[0]` null).
- * A server that answers without prompt logprobs (OpenAI's API, SGLang, `agentfly serve`) fails with reason
+ * A server that answers without prompt logprobs (OpenAI's API, SGLang) fails with reason
  * `NoPromptLogprobs`; one that refuses the field (HTTP 400) with `BadRequest`.
  *
  * @category constructors
