@@ -107,13 +107,16 @@ describe("the npm package", () => {
       }>
       const { filename, files } = packed[0]!
       const paths = files.map((f) => f.path)
-      // What runs, and nothing else: compiled code and declarations, the command, no sources or tests.
+      // What runs, and the guides, nothing else: compiled code and declarations, the command, the docs a user
+      // follows (docs/, the changelog), no sources or tests.
       assert.include(paths, "bin/agentfly.mjs")
+      assert.include(paths, "docs/install.md")
       assert.include(paths, "dist/cli/main.js")
       assert.include(paths, "dist/src/index.d.ts")
       assert.include(paths, "dist/environments/python/repl_server.py")
       const strays = paths.filter((p) =>
-        !/^(dist\/|bin\/|package\.json$|README\.md$)/.test(p) || /(?<!\.d)\.ts$/.test(p)
+        !/^(dist\/|bin\/|docs\/[\w-]+\.md$|package\.json$|README\.md$|CHANGELOG\.md$)/.test(p) ||
+        /(?<!\.d)\.ts$/.test(p)
       )
       assert.deepStrictEqual(strays, [])
 
