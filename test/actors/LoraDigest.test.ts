@@ -41,14 +41,14 @@ const proxy = (target: string, lie: boolean) =>
         const server = Http.createServer(async (req, res) => {
           const chunks: Array<Buffer> = []
           for await (const c of req) chunks.push(c as Buffer)
-          let body: Buffer | undefined = req.method === "GET" ? undefined : Buffer.concat(chunks)
+          let body: string | undefined = req.method === "GET" ? undefined : Buffer.concat(chunks).toString("utf8")
           if (req.url?.endsWith("/load_lora_adapter") && body !== undefined) {
-            const load = JSON.parse(body.toString("utf8")) as { lora_path: string; policy_version: number }
+            const load = JSON.parse(body) as { lora_path: string; policy_version: number }
             // From the first RL version on, the newest folder loaded before it stays.
             const keep = lie && load.policy_version >= 0 && loads.length > 0
             const sent = keep ? loads[loads.length - 1]!.sent : load.lora_path
             loads.push({ version: load.policy_version, path: load.lora_path, sent })
-            body = Buffer.from(JSON.stringify({ ...load, lora_path: sent }))
+            body = JSON.stringify({ ...load, lora_path: sent })
           }
           const upstream = await fetch(`${target}${req.url!.replace(/^\/v1/, "")}`, {
             method: req.method!,
@@ -111,7 +111,8 @@ describe("a LoRA run with inference servers: the adapter digest of every respons
       const { dir, config, front } = yield* setup(false)
       const result = yield* Effect.result(Train.run({ config, output: join(dir, "run"), ...quiet([]) }))
       // A random base finds no reward signal in 2 steps (the run says so); what matters is that it sampled them.
-      if (result._tag === "Failure") assert.include(result.failure.message, "no step trained", result.failure.message)
+      const failure = result._tag === "Failure" ? (result.failure as Error).message : undefined
+      if (failure !== undefined) assert.include(failure, "no step trained", failure)
       // Two adapters checked: the warm-up check's (version -2) and version 0's (after the last warm-up step).
       assert.deepStrictEqual(front.loads.map((l) => l.version), [-2, 0, 1, 2])
       const phases = records(dir).filter((r) => r.phase !== "warmup")
@@ -125,7 +126,7 @@ describe("a LoRA run with inference servers: the adapter digest of every respons
   it.live("catches a server that acknowledges a load and keeps the old adapter under the new version", () =>
     Effect.gen(function*() {
       const { dir, config, front } = yield* setup(true)
-      const error = yield* Effect.flip(Train.run({ config, output: join(dir, "run"), ...quiet([]) }))
+      const error = (yield* Effect.flip(Train.run({ config, output: join(dir, "run"), ...quiet([]) }))) as Error
       // The lie: version 0 was loaded from the warm-up check's folder, under version 0 (the version check passes).
       const lied = front.loads.find((l) => l.version === 0)!
       assert.match(lied.sent, /policy-v-2$/)
