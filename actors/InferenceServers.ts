@@ -16,6 +16,9 @@
  * - **Versions.** A sample's `policyVersion` is the version the server sampled it with: in `async` mode a rollout
  *   may run on weights newer than the version it asked for (never older); in `sync` mode nothing is pushed while a
  *   batch samples, so every token comes from the version asked for.
+ * - **What was pushed.** A carrier that can tell (`Carrier.check`: a LoRA run's adapter digests) checks every
+ *   sample against what it pushed for the version the server answered; a sample of anything else fails its request
+ *   (`SamplerError` `AdapterMismatch`, never training data), and the server loads the version again.
  *
  * Sampling on several servers batches each server's requests with whatever else it decodes, so a run with servers
  * does not repeat to the digit as a local run does (what is sampled depends on timing); resume works the same.
