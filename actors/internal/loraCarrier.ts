@@ -53,6 +53,8 @@ export const make = (options: {
         Effect.provide(NodeFileSystem.layer),
         Effect.map(() => {
           saved.set(version, path)
+          // What the servers load from this folder: what they must answer for this version.
+          digests.set(version, Checkpoint.fingerprint(adapter))
           written += Lora.parameters(options.model, options.lora)
             .reduce((n, p) => n + 4 * p.shape.reduce((a, b) => a * b, 1), 0)
           return path
@@ -122,7 +124,6 @@ export const make = (options: {
     },
     set: (version, adapter) => {
       latest = { version, adapter }
-      if (!digests.has(version)) digests.set(version, Checkpoint.fingerprint(adapter))
     },
     written: () => written
   }
