@@ -161,7 +161,10 @@ export const publish = Effect.fn("AdapterSync.publish")(function*(options: Publi
  * @category getters
  * @since 0.1.0
  */
-export const check = (published: Publication, response: unknown): AdapterMismatch | undefined => {
+export const check = (
+  published: Pick<Publication, "version" | "digest">,
+  response: unknown
+): AdapterMismatch | undefined => {
   const stamp = (response as { lora_adapter?: { digest?: unknown; policy_version?: unknown } } | null)?.lora_adapter
   const digest = typeof stamp?.digest === "string" ? stamp.digest : undefined
   const version = typeof stamp?.policy_version === "number" ? stamp.policy_version : undefined

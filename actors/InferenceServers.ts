@@ -16,6 +16,9 @@
  * - **Versions.** A sample's `policyVersion` is the version the server sampled it with: in `async` mode a rollout
  *   may run on weights newer than the version it asked for (never older); in `sync` mode nothing is pushed while a
  *   batch samples, so every token comes from the version asked for.
+ * - **What was pushed.** A carrier that can tell (`Carrier.check`: a LoRA run's adapter digests) checks every
+ *   sample against what it pushed for the version the server answered; a sample of anything else fails its request
+ *   (`SamplerError` `AdapterMismatch`, never training data), and the server loads the version again.
  *
  * Sampling on several servers batches each server's requests with whatever else it decodes, so a run with servers
  * does not repeat to the digit as a local run does (what is sampled depends on timing); resume works the same.
@@ -23,7 +26,7 @@
  * @since 0.1.0
  */
 import * as NodeHttpClient from "@effect/platform-node/NodeHttpClient"
-import { Clock, Effect, FiberSet, Redacted } from "effect"
+import { Clock, Effect, FiberSet, Redacted, Result } from "effect"
 import type { Scope } from "effect"
 import { HttpClient } from "effect/http"
 import { randomUUID } from "node:crypto"
@@ -89,6 +92,11 @@ export interface Carrier {
   ) => Effect.Effect<ReadonlyArray<WeightsPut.Outcome>, RunError>
   /** Puts version `push.version` on `url` again (a catch-up); `"newer"` when it holds newer weights by now. */
   readonly pushOne: (push: WeightsPut.Push, url: string) => Effect.Effect<WeightsPut.Outcome>
+  /**
+   * Whether a sampled result is what was pushed for the version it answers (a LoRA adapter's digest): the failure
+   * when it is not. A server answering one is made to load the version again; the request fails with it.
+   */
+  readonly check?: ((result: GenerateResult) => SamplerError | undefined) | undefined
 }
 
 /**
@@ -169,6 +177,9 @@ const serversError = (message: string) => runError("Servers", message)
 
 /** A 409 saying the server's weights are older than the request asked for. */
 const isBehind = (e: SamplerError) => e.reason._tag === "BadRequest" && e.message.includes("policy_version_behind")
+
+/** A sampled result that another adapter than the published one produced (`Carrier.check`). */
+const isMismatch = (e: SamplerError) => e.reason._tag === "AdapterMismatch"
 
 /** Records a failure of `server`; the first after a success is logged (the run goes on with the others). */
 const failed = (server: Server, message: string, now: number, restMs: number) =>
@@ -417,6 +428,15 @@ const attempt = Effect.fnUntraced(function*(state: State, server: Server, min: n
     Effect.ensuring(Effect.sync(() => server.inflight--)),
     Effect.result
   )
+  const wrong = result._tag === "Success" ? state.options.carrier?.check?.(result.success) : undefined
+  if (wrong !== undefined) {
+    // It acknowledged a load it did not make: it loads the version again before it serves, and nothing it
+    // sampled is used.
+    yield* failed(server, `${wrong.reason._tag}: ${wrong.message}`, yield* Clock.currentTimeMillis, state.restMs)
+    server.version = undefined
+    catchUp(state, server)
+    return Result.fail(wrong)
+  }
   if (result._tag === "Success") {
     server.served++
     if (server.version === undefined || result.success.policyVersion > server.version) {
@@ -457,7 +477,10 @@ const generate = Effect.fnUntraced(function*(
     }
     const result = yield* attempt(state, server, min, request)
     if (result._tag === "Success") return result.success
-    if (!isBehind(result.failure) && !result.failure.isRetryable) return yield* result.failure
+    // A mismatch fails the request at once, so that it is counted (retried by the chain's policy, then masked).
+    if (isMismatch(result.failure) || (!isBehind(result.failure) && !result.failure.isRetryable)) {
+      return yield* result.failure
+    }
   }
 })
 

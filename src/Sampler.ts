@@ -56,7 +56,16 @@ export const GenerateResult = Schema.Struct({
   tokenIds: Schema.Array(Schema.Int),
   logprobs: Schema.Array(Schema.Number),
   finishReason: FinishReason,
-  policyVersion: Schema.Int
+  policyVersion: Schema.Int,
+  /**
+   * The LoRA adapter a server says it sampled with (`agentfly serve`'s `lora_adapter`): its name, the digest of the
+   * tensors it loaded and its policy version. Absent for full weights, or a server that does not say.
+   */
+  adapter: Schema.optionalKey(Schema.Struct({
+    name: Schema.String,
+    digest: Schema.String,
+    policyVersion: Schema.optionalKey(Schema.Int)
+  }))
 })
 export type GenerateResult = typeof GenerateResult.Type
 
@@ -173,6 +182,26 @@ export class Closed extends Schema.TaggedError<Closed>()("Closed", { message: Sc
 }
 
 /**
+ * A server sampled with another LoRA adapter than the one the run published for the version it answered (another
+ * digest, or none): a server that acknowledged a load and kept the old adapter. Never training data; retrying may
+ * find the adapter loaded again.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class AdapterMismatch extends Schema.TaggedError<AdapterMismatch>()("AdapterMismatch", {
+  message: Schema.String,
+  expectedVersion: Schema.Int,
+  expectedDigest: Schema.String,
+  gotVersion: Schema.optionalKey(Schema.Int),
+  gotDigest: Schema.optionalKey(Schema.String)
+}) {
+  get isRetryable(): boolean {
+    return true
+  }
+}
+
+/**
  * Why a sampler request failed.
  *
  * @category errors
@@ -186,7 +215,8 @@ export const SamplerErrorReason = Schema.Union([
   NoTokenIds,
   NoPromptLogprobs,
   Transport,
-  Closed
+  Closed,
+  AdapterMismatch
 ])
 export type SamplerErrorReason = typeof SamplerErrorReason.Type
 
@@ -221,7 +251,8 @@ const reasons = {
   NoTokenIds,
   NoPromptLogprobs,
   Transport,
-  Closed
+  Closed,
+  AdapterMismatch
 } satisfies Record<
   SamplerErrorReason["_tag"],
   unknown

@@ -6,11 +6,19 @@
  * keeps an older adapter answers the next request with its older `policy_version` (409 `policy_version_behind`
  * against the request's `min_policy_version`), so the batch is not sampled from it: it is loaded again, and a
  * request that finds no server with the version fails as a typed sampler error.
+ *
+ * **No silent sync.** The carrier keeps each version's digest (`Checkpoint.fingerprint` of the adapter it wrote)
+ * and `check`s every sampled result against it: a server that acknowledged a load but samples with another adapter
+ * under the new version number passes the version check and is caught by its digest, as a `SamplerError` of reason
+ * `AdapterMismatch` (counted, retried, then masked: never training data).
  */
 import * as NodeFileSystem from "@effect/platform-node/NodeFileSystem"
 import { Effect } from "effect"
+import * as Checkpoint from "../../src/Checkpoint.ts"
 import * as Lora from "../../src/Lora.ts"
 import type * as ModelConfig from "../../src/model/ModelConfig.ts"
+import { type GenerateResult, samplerError } from "../../src/Sampler.ts"
+import * as AdapterSync from "../AdapterSync.ts"
 import type * as InferenceServers from "../InferenceServers.ts"
 import type * as WeightsPut from "./weightsPut.ts"
 import { fetchMessage } from "./http.ts"
@@ -32,6 +40,8 @@ export const make = (options: {
 }): LoraCarrier => {
   let latest: { readonly version: number; readonly adapter: ReadonlyMap<string, Float32Array> } | undefined
   const saved = new Map<number, string>()
+  /** Each version's digest, as published (a few bytes a version: kept for the run). */
+  const digests = new Map<number, string>()
   let written = 0
   /** The version's folder, written once. */
   const folder = (version: number, adapter: ReadonlyMap<string, Float32Array>) =>
@@ -43,6 +53,8 @@ export const make = (options: {
         Effect.provide(NodeFileSystem.layer),
         Effect.map(() => {
           saved.set(version, path)
+          // What the servers load from this folder: what they must answer for this version.
+          digests.set(version, Checkpoint.fingerprint(adapter))
           written += Lora.parameters(options.model, options.lora)
             .reduce((n, p) => n + 4 * p.shape.reduce((a, b) => a * b, 1), 0)
           return path
@@ -86,10 +98,29 @@ export const make = (options: {
       Effect.catch((e) => Effect.succeed<WeightsPut.Outcome>({ fatal: true, message: e.message }))
     )
   }
+  /** The result's adapter against the digest published for the version it answers; the mismatch, if any. */
+  const check = (result: GenerateResult) => {
+    const expected = digests.get(result.policyVersion)
+    const stamp = result.adapter
+    const mismatch = AdapterSync.check({ version: result.policyVersion, digest: expected ?? "(none published)" }, {
+      lora_adapter: stamp === undefined || stamp.name !== options.name ? undefined : {
+        digest: stamp.digest,
+        policy_version: stamp.policyVersion ?? result.policyVersion
+      }
+    })
+    if (mismatch === undefined) return undefined
+    return samplerError("AdapterMismatch", mismatch.message, {
+      expectedVersion: mismatch.expectedVersion,
+      expectedDigest: mismatch.expectedDigest,
+      ...(mismatch.gotVersion === undefined ? {} : { gotVersion: mismatch.gotVersion }),
+      ...(mismatch.gotDigest === undefined ? {} : { gotDigest: mismatch.gotDigest })
+    })
+  }
   return {
     carrier: {
       pushAll: (push, urls) => Effect.forEach(urls, (url) => loadOn(url, push), { concurrency: "unbounded" }),
-      pushOne: (push, url) => loadOn(url, push)
+      pushOne: (push, url) => loadOn(url, push),
+      check
     },
     set: (version, adapter) => {
       latest = { version, adapter }

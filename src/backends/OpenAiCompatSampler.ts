@@ -5,7 +5,9 @@
  * and their logprobs (`logprobs: 1`, vLLM's `return_token_ids` and `return_tokens_as_token_ids`). Token ids are
  * read from `choices[0].token_ids`, or from `logprobs.tokens` entries of the form `token_id:<id>`. A server that
  * returns neither cannot serve token-in/token-out training: the call fails with
- * a `SamplerError` of reason `NoTokenIds` (not retried).
+ * a `SamplerError` of reason `NoTokenIds` (not retried). A response's `lora_adapter` (`agentfly serve` names the
+ * adapter it sampled with: `{ name, digest, policy_version }`) is returned as the result's `adapter`, for a LoRA
+ * run's digest check.
  *
  * **Chat mode** (`makeChat` / `layerChat`) posts messages to `/chat/completions` of a black-box API and provides
  * `ChatSampler`; it returns text and tool calls only, so the trajectories built from it are marked not
@@ -78,9 +80,18 @@ const CompletionChoice = Schema.Struct({
   policy_version: Schema.optionalKey(Schema.Int)
 })
 
+/** The adapter a server sampled with (`agentfly serve`'s extension; vLLM names the adapter as the `model`). */
+const LoraAdapterStamp = Schema.Struct({
+  name: Schema.optionalKey(Schema.String),
+  digest: Schema.String,
+  policy_version: Schema.optionalKey(Schema.Int)
+})
+
 const CompletionResponse = Schema.Struct({
   choices: Schema.Array(CompletionChoice).check(Schema.isMinLength(1)),
-  policy_version: Schema.optionalKey(Schema.Int)
+  policy_version: Schema.optionalKey(Schema.Int),
+  model: Schema.optionalKey(Schema.NullOr(Schema.String)),
+  lora_adapter: Schema.optionalKey(Schema.NullOr(LoraAdapterStamp))
 })
 
 const ChatChoice = Schema.Struct({
@@ -275,11 +286,20 @@ export const make = Effect.fnUntraced(function*(config: Config) {
             "(vLLM needs return_token_ids or return_tokens_as_token_ids; this backend needs both ids and logprobs)"
         )
       }
+      const stamp = response.lora_adapter
       const result: GenerateResult = {
         tokenIds: read.tokenIds,
         logprobs: read.logprobs,
         finishReason: finishReasonOf(choice.finish_reason),
-        policyVersion: choice.policy_version ?? response.policy_version ?? (yield* policyVersion)
+        policyVersion: choice.policy_version ?? response.policy_version ?? (yield* policyVersion),
+        // Which adapter sampled it, for a LoRA run's digest check (absent for full weights).
+        ...(stamp === undefined || stamp === null ? {} : {
+          adapter: {
+            name: stamp.name ?? response.model ?? config.model,
+            digest: stamp.digest,
+            ...(stamp.policy_version === undefined ? {} : { policyVersion: stamp.policy_version })
+          }
+        })
       }
       return result
     }),

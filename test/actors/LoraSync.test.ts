@@ -4,12 +4,14 @@
  * proxy here that answers the load itself and forwards everything else) is caught at the next batch, counted, and
  * the run is stopped when it persists.
  */
+import * as NodeHttpClient from "@effect/platform-node/NodeHttpClient"
 import * as NodeServices from "@effect/platform-node/NodeServices"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, FileSystem } from "effect"
 import * as Http from "node:http"
 import * as AdapterSync from "../../actors/AdapterSync.ts"
 import * as OpenAiServer from "../../actors/OpenAiServer.ts"
+import * as OpenAiCompatSampler from "../../src/backends/OpenAiCompatSampler.ts"
 import { make as makeEngine, PolicyEngine } from "../../actors/PolicyEngine.ts"
 import * as Lora from "../../src/Lora.ts"
 import * as ModelFolder from "../../src/ModelFolder.ts"
@@ -115,6 +117,19 @@ describe("AdapterSync", () => {
       const lost = yield* Effect.flip(tracker.batch(v2, [yield* sample(proxy.url)]))
       assert.strictEqual(lost._tag, "SyncLost")
       assert.strictEqual(lost.mismatches, 3)
+
+      // The run's sampler returns the adapter a response names (its digest checked by the run's carrier), and
+      // nothing for the base: a full-weights response carries no adapter and nothing is checked.
+      const samplerOf = (model: string) =>
+        OpenAiCompatSampler.make({ baseUrl: server.baseUrl, model, retries: 0 }).pipe(
+          Effect.provide(NodeHttpClient.layerNodeHttp)
+        )
+      const request = { promptTokenIds: [10, 20, 30], sampling: { temperature: 0, maxTokens: 4 } }
+      const adapted = yield* (yield* samplerOf("policy")).generate(request)
+      assert.deepStrictEqual(adapted.adapter, { name: "policy", digest: v1.digest, policyVersion: 1 })
+      assert.strictEqual(adapted.policyVersion, 1)
+      const base = yield* (yield* samplerOf(folder.name)).generate(request)
+      assert.isFalse("adapter" in base)
 
       // A response that names no adapter (a server without LoRA) is a mismatch too.
       const none = AdapterSync.check(v2, { choices: [] })
