@@ -22,6 +22,7 @@ import * as RolloutWorker from "../actors/RolloutWorker.ts"
 import * as RolloutSetup from "../actors/RolloutSetup.ts"
 import { runError, type RunError } from "../actors/RunError.ts"
 import * as Auth from "../actors/internal/auth.ts"
+import * as LocalVersions from "../actors/internal/localVersions.ts"
 import * as Qwen2 from "../src/model/Qwen2.ts"
 import * as ModelFolder from "../src/ModelFolder.ts"
 import * as TrainConfig from "../src/TrainConfig.ts"
@@ -94,6 +95,8 @@ export const rolloutWorker = Command.make(
       urls,
       parameters: Qwen2.parameters(folder.config),
       pushes: false,
+      // A LoRA run's requests name its adapter, as the trainer's own do (else the servers would sample the base).
+      ...(config.model.lora === undefined ? {} : { model: LocalVersions.adapterName }),
       timeoutMs: config.engine.timeoutSeconds === undefined ? undefined : config.engine.timeoutSeconds * 1000
     })
     const key = RolloutWorker.agentKey(task.name, config)

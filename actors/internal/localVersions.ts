@@ -107,7 +107,7 @@ export const forEngine = (setup: Setup, weights: Qwen2.Weights): Qwen2.Weights =
 }
 
 /** The adapter's name on the servers, in a LoRA run: what its requests name as their model. */
-const adapterName = "policy"
+export const adapterName = "policy"
 
 /** Pushes `version` to the servers: its adapter in a LoRA run (the carrier loads it), else its (merged) weights. */
 const pushTo = (
