@@ -31,6 +31,46 @@ export interface LoraCarrier {
   readonly written: () => number
 }
 
+/** Asks the server at `url` to load the adapter folder at `path` in place under `name`, for `push`'s version. */
+const postLoad = (url: string, push: WeightsPut.Push, name: string, path: string) =>
+  Effect.promise(async (): Promise<WeightsPut.Outcome> => {
+    try {
+      const response = await fetch(`${url}/load_lora_adapter`, {
+        method: "POST",
+        headers: {
+          "content-type": "application/json",
+          ...(push.token === undefined ? {} : { authorization: `Bearer ${push.token}` })
+        },
+        body: JSON.stringify({ lora_name: name, lora_path: path, load_inplace: true, policy_version: push.version }),
+        signal: AbortSignal.timeout(push.timeoutMs)
+      })
+      if (response.ok) return undefined
+      const text = (await response.text()).slice(0, 500)
+      return { fatal: response.status >= 400 && response.status < 500, message: `HTTP ${response.status}: ${text}` }
+    } catch (e) {
+      return { fatal: false, message: fetchMessage(e) }
+    }
+  })
+
+/** The result's adapter against the digest published for the version it answers; the mismatch, if any. */
+const checkResult = (digests: ReadonlyMap<number, string>, name: string, result: GenerateResult) => {
+  const expected = digests.get(result.policyVersion)
+  const stamp = result.adapter
+  const mismatch = AdapterSync.check({ version: result.policyVersion, digest: expected ?? "(none published)" }, {
+    lora_adapter: stamp === undefined || stamp.name !== name ? undefined : {
+      digest: stamp.digest,
+      policy_version: stamp.policyVersion ?? result.policyVersion
+    }
+  })
+  if (mismatch === undefined) return undefined
+  return samplerError("AdapterMismatch", mismatch.message, {
+    expectedVersion: mismatch.expectedVersion,
+    expectedDigest: mismatch.expectedDigest,
+    ...(mismatch.gotVersion === undefined ? {} : { gotVersion: mismatch.gotVersion }),
+    ...(mismatch.gotDigest === undefined ? {} : { gotDigest: mismatch.gotDigest })
+  })
+}
+
 export const make = (options: {
   readonly dir: string
   readonly name: string
@@ -70,57 +110,15 @@ export const make = (options: {
       })
     }
     return folder(current.version, current.adapter).pipe(
-      Effect.flatMap((path) =>
-        Effect.promise(async (): Promise<WeightsPut.Outcome> => {
-          try {
-            const response = await fetch(`${url}/load_lora_adapter`, {
-              method: "POST",
-              headers: {
-                "content-type": "application/json",
-                ...(push.token === undefined ? {} : { authorization: `Bearer ${push.token}` })
-              },
-              body: JSON.stringify({
-                lora_name: options.name,
-                lora_path: path,
-                load_inplace: true,
-                policy_version: push.version
-              }),
-              signal: AbortSignal.timeout(push.timeoutMs)
-            })
-            if (response.ok) return undefined
-            const text = (await response.text()).slice(0, 500)
-            return { fatal: response.status >= 400 && response.status < 500, message: `HTTP ${response.status}: ${text}` }
-          } catch (e) {
-            return { fatal: false, message: fetchMessage(e) }
-          }
-        })
-      ),
+      Effect.flatMap((path) => postLoad(url, push, options.name, path)),
       Effect.catch((e) => Effect.succeed<WeightsPut.Outcome>({ fatal: true, message: e.message }))
     )
-  }
-  /** The result's adapter against the digest published for the version it answers; the mismatch, if any. */
-  const check = (result: GenerateResult) => {
-    const expected = digests.get(result.policyVersion)
-    const stamp = result.adapter
-    const mismatch = AdapterSync.check({ version: result.policyVersion, digest: expected ?? "(none published)" }, {
-      lora_adapter: stamp === undefined || stamp.name !== options.name ? undefined : {
-        digest: stamp.digest,
-        policy_version: stamp.policyVersion ?? result.policyVersion
-      }
-    })
-    if (mismatch === undefined) return undefined
-    return samplerError("AdapterMismatch", mismatch.message, {
-      expectedVersion: mismatch.expectedVersion,
-      expectedDigest: mismatch.expectedDigest,
-      ...(mismatch.gotVersion === undefined ? {} : { gotVersion: mismatch.gotVersion }),
-      ...(mismatch.gotDigest === undefined ? {} : { gotDigest: mismatch.gotDigest })
-    })
   }
   return {
     carrier: {
       pushAll: (push, urls) => Effect.forEach(urls, (url) => loadOn(url, push), { concurrency: "unbounded" }),
       pushOne: (push, url) => loadOn(url, push),
-      check
+      check: (result) => checkResult(digests, options.name, result)
     },
     set: (version, adapter) => {
       latest = { version, adapter }
