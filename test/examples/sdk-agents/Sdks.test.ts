@@ -1,6 +1,7 @@
 /**
  * The calculator agent of `examples/sdk-agents/`, written with each real SDK (`openai`, the Vercel AI SDK,
- * `@openai/agents`), plain and streamed, rolled out through the gateway against a scripted token policy that calls
+ * `@openai/agents`; and in the two wire formats beside chat completions: the `openai` SDK's Responses API, whole
+ * history and chained by `previous_response_id`, and `@anthropic-ai/sdk`'s Messages API), plain and streamed, rolled out through the gateway against a scripted token policy that calls
  * the calculator (twice in parallel for "both" questions) and then answers: every episode is scored by `mathEqual`
  * on its final transcript, the SDK ran the tool calls (their results are `tool` spans), and the loss mask is exactly
  * the policy's sampled tokens (prompt, tool results and template text are never trained on).
@@ -9,8 +10,10 @@ import { assert, describe, it } from "@effect/vitest"
 import { Effect, Stream } from "effect"
 import * as AgentRollout from "../../../actors/gateway/AgentRollout.ts"
 import * as Agents from "../../../examples/sdk-agents/agents.ts"
+import * as Anthropic from "../../../examples/sdk-agents/anthropic.ts"
 import * as Calculator from "../../../examples/sdk-agents/calculator.ts"
 import * as OpenAi from "../../../examples/sdk-agents/openai.ts"
+import * as Responses from "../../../examples/sdk-agents/responses.ts"
 import * as Vercel from "../../../examples/sdk-agents/vercel.ts"
 import * as Sampler from "../../../src/Sampler.ts"
 import * as Trajectory from "../../../src/Trajectory.ts"
@@ -24,7 +27,10 @@ const rows = [
 const sdks = [
   ["openai", OpenAi.agent],
   ["vercel", Vercel.agent],
-  ["agents", Agents.agent]
+  ["agents", Agents.agent],
+  ["responses", (o: { readonly stream: boolean }) => Responses.agent(o)],
+  ["responses-chained", (o: { readonly stream: boolean }) => Responses.agent({ ...o, chain: true })],
+  ["anthropic", (o: { readonly stream: boolean }) => Anthropic.agent(o)]
 ] as const
 
 const rollout = (name: string, agent: Parameters<typeof Calculator.task>[1]) =>
