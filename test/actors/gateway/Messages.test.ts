@@ -12,8 +12,7 @@ import * as Gateway from "../../../actors/Gateway.ts"
 import * as Messages from "../../../actors/gateway/Messages.ts"
 import * as Recorder from "../../../actors/gateway/Recorder.ts"
 import type * as Sampler from "../../../src/Sampler.ts"
-import * as Trajectory from "../../../src/Trajectory.ts"
-import { calculatorTool, evaluate, format, scriptedSampler } from "./fixtures.ts"
+import { calculatorTool, chatLoop, evaluate, format, record, scriptedSampler } from "./fixtures.ts"
 
 const sampling = { temperature: 1, maxTokens: 256 }
 
@@ -60,34 +59,6 @@ const messagesLoop = async (client: Anthropic, question: string, stream: boolean
   }
   return { answer: undefined, stops, reply: undefined }
 }
-
-type Msg = OpenAI.Chat.Completions.ChatCompletionMessageParam
-
-const chatLoop = async (openai: OpenAI, question: string) => {
-  const messages: Array<Msg> = [
-    { role: "system", content: "Use the calculator tool." },
-    { role: "user", content: question }
-  ]
-  for (let step = 0; step < 4; step++) {
-    const message = (await openai.chat.completions.create({ model: "any", messages, tools: [calculatorTool] }))
-      .choices[0]!.message
-    messages.push(message)
-    if ((message.tool_calls ?? []).length === 0) return message.content
-    for (const c of message.tool_calls!) {
-      if (c.type !== "function") continue
-      const { expression } = JSON.parse(c.function.arguments) as { expression: string }
-      messages.push({ role: "tool", tool_call_id: c.id, content: evaluate(expression) })
-    }
-  }
-  return null
-}
-
-const record = (t: Trajectory.Trajectory) =>
-  t.segments.map((s) => ({
-    ids: [...Trajectory.tokenIds(s)],
-    mask: [...Trajectory.lossMask(s)],
-    sources: Trajectory.sources(s)
-  }))
 
 describe("Gateway: Anthropic's Messages API", () => {
   it.live("@anthropic-ai/sdk messages.create and .stream, single and parallel tool_use: the chat record", () =>

@@ -15,7 +15,7 @@ import * as Responses from "../../../actors/gateway/Responses.ts"
 import type * as Bodies from "../../../actors/gateway/Bodies.ts"
 import type * as Sampler from "../../../src/Sampler.ts"
 import * as Trajectory from "../../../src/Trajectory.ts"
-import { calculatorTool, evaluate, format, scriptedSampler } from "./fixtures.ts"
+import { calculatorTool, chatLoop, evaluate, format, record, scriptedSampler } from "./fixtures.ts"
 
 setTracingDisabled(true)
 
@@ -70,35 +70,6 @@ const responsesLoop = async (openai: OpenAI, question: string, mode: "history" |
   }
   return { answer: undefined, response: undefined }
 }
-
-type Msg = OpenAI.Chat.Completions.ChatCompletionMessageParam
-
-/** The same agent on chat completions: the reference record. */
-const chatLoop = async (openai: OpenAI, question: string) => {
-  const messages: Array<Msg> = [
-    { role: "system", content: "Use the calculator tool." },
-    { role: "user", content: question }
-  ]
-  for (let step = 0; step < 4; step++) {
-    const message = (await openai.chat.completions.create({ model: "any", messages, tools: [calculatorTool] }))
-      .choices[0]!.message
-    messages.push(message)
-    if ((message.tool_calls ?? []).length === 0) return message.content
-    for (const c of message.tool_calls!) {
-      if (c.type !== "function") continue
-      const { expression } = JSON.parse(c.function.arguments) as { expression: string }
-      messages.push({ role: "tool", tool_call_id: c.id, content: evaluate(expression) })
-    }
-  }
-  return null
-}
-
-const record = (t: Trajectory.Trajectory) =>
-  t.segments.map((s) => ({
-    ids: [...Trajectory.tokenIds(s)],
-    mask: [...Trajectory.lossMask(s)],
-    sources: Trajectory.sources(s)
-  }))
 
 const turnOf = (over: Partial<Bodies.Turn> = {}): Bodies.Turn => ({
   content: "",

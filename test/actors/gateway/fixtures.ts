@@ -3,11 +3,13 @@
  * writes Hermes tool calls as a small calculator agent's policy would, and helpers to open an episode.
  */
 import { Effect } from "effect"
+import type OpenAI from "openai"
 import * as ChainFormat from "../../../actors/ChainFormat.ts"
 import * as ByteTokenizer from "../../../src/ByteTokenizer.ts"
 import * as ChatTemplate from "../../../src/ChatTemplate.ts"
 import * as Sampler from "../../../src/Sampler.ts"
 import * as Tokenizer from "../../../src/Tokenizer.ts"
+import * as Trajectory from "../../../src/Trajectory.ts"
 
 export const tokenizer = Effect.runSync(
   Tokenizer.make(ByteTokenizer.tokenizerJson(), ByteTokenizer.tokenizerConfig(""))
@@ -65,3 +67,31 @@ export const calculatorTool = {
     }
   }
 }
+
+/** The calculator agent on chat completions (the `openai` SDK): the reference record the other formats must match. */
+export const chatLoop = async (openai: OpenAI, question: string) => {
+  const messages: Array<OpenAI.Chat.Completions.ChatCompletionMessageParam> = [
+    { role: "system", content: "Use the calculator tool." },
+    { role: "user", content: question }
+  ]
+  for (let step = 0; step < 4; step++) {
+    const message = (await openai.chat.completions.create({ model: "any", messages, tools: [calculatorTool] }))
+      .choices[0]!.message
+    messages.push(message)
+    if ((message.tool_calls ?? []).length === 0) return message.content
+    for (const c of message.tool_calls!) {
+      if (c.type !== "function") continue
+      const { expression } = JSON.parse(c.function.arguments) as { expression: string }
+      messages.push({ role: "tool", tool_call_id: c.id, content: evaluate(expression) })
+    }
+  }
+  return null
+}
+
+/** What a trajectory records, segment by segment: its ids, loss mask and sources. */
+export const record = (t: Trajectory.Trajectory) =>
+  t.segments.map((s) => ({
+    ids: [...Trajectory.tokenIds(s)],
+    mask: [...Trajectory.lossMask(s)],
+    sources: Trajectory.sources(s)
+  }))
