@@ -10,7 +10,7 @@
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
-import { copyFileSync, existsSync, mkdtempSync, readdirSync, writeFileSync } from "node:fs"
+import { copyFileSync, existsSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs"
 import { createRequire } from "node:module"
 import { tmpdir } from "node:os"
 import { dirname, join } from "node:path"
@@ -71,6 +71,8 @@ describe("a real-format model folder end to end", () => {
   it.live("trains with tool schemas in the prompt, resumes exactly after SIGKILL, serves and exports", () =>
     Effect.gen(function*() {
       const dir = mkdtempSync(join(tmpdir(), "real-model-"))
+      // 0.8 GB of checkpoints and exports: gone with the test, passed or failed.
+      yield* Effect.addFinalizer(() => Effect.sync(() => rmSync(dir, { recursive: true, force: true })))
       const model = join(dir, "model")
       const config = yield* writeFolder(model)
       assert.isAbove(readdirSync(model).filter((f) => f.endsWith(".safetensors")).length, 1, "sharded")
@@ -169,5 +171,5 @@ describe("a real-format model folder end to end", () => {
         return Array.from(m.tokenize("What is 2+3?", false))
       }))
       assert.deepStrictEqual(ids, exported.tokenizer.encode("What is 2+3?"))
-    }).pipe(Effect.provide(NodeServices.layer)))
+    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)))
 })
