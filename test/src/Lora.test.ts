@@ -18,7 +18,7 @@ import * as Optimizer from "../../src/Optimizer.ts"
 import * as Packing from "../../src/Packing.ts"
 import * as Safetensors from "../../src/Safetensors.ts"
 import * as Sampling from "../../src/Sampling.ts"
-import { check, type Feed, noise } from "../utils/gradcheck.ts"
+import { batchFeeds, check } from "../utils/gradcheck.ts"
 import { randomWeights, tinyConfig } from "../utils/tinyModel.ts"
 
 const config = tinyConfig({ vocabSize: 32, hiddenSize: 16, numHiddenLayers: 2, intermediateSize: 24 })
@@ -97,27 +97,8 @@ describe("Lora", () => {
         assert.isFalse(tg.graph.outputs.some((o) => o.name.startsWith("grad.model.")))
         const base = randomWeights(config, 5)
         const adapter = trainedAdapter(settings, 9)
-        const attention = [1, 1, 1, 1, 1, 0, 1, 1, 1, 1]
-        const mask = Uint8Array.from({ length: B * T }, (_, i) => (i % T === 0 || attention[i] === 0 ? 0 : 1))
-        const feeds: Record<string, Feed> = {
-          input_ids: { dtype: "int64", dims: [B, T], data: [3, 1, 4, 1, 5, 0, 9, 2, 6, 12] },
-          attention_mask: { dtype: "int64", dims: [B, T], data: attention },
-          position_ids: {
-            dtype: "int64",
-            dims: [B, T],
-            data: [...Qwen2.positionIds(attention.slice(0, T)), ...Qwen2.positionIds(attention.slice(T))]
-          },
-          targets: { dtype: "int64", dims: [B, T], data: [1, 4, 1, 5, 9, 0, 2, 6, 12, 7] },
-          loss_weights: {
-            dtype: "float64",
-            dims: [B, T],
-            data: Loss.aggregationWeights("token-mean", mask, B, T, Loss.totals(mask, B, T))
-          },
-          loss_mask: { dtype: "float64", dims: [B, T], data: mask }
-        }
-        for (const k of tg.lossInputs) {
-          feeds[k] ??= { dtype: "float64", dims: [B, T], data: noise(B * T, k.length).map((v) => 0.1 * v) }
-        }
+        const feeds = batchFeeds(tg.lossInputs, Qwen2.positionIds, (mask, batch, length) =>
+          Loss.aggregationWeights("token-mean", mask, batch, length, Loss.totals(mask, batch, length)))
         for (const spec of Qwen2.parameters(config)) {
           feeds[spec.name] = { dtype: "float64", dims: spec.shape, data: base.get(spec.name)! }
         }

@@ -78,3 +78,34 @@ export const check = (
     }
     return { worst, base }
   })
+
+/**
+ * The inputs of a training graph's gradient check on one fixed batch of 2 rows × 5 tokens (the second row padded
+ * at its end): ids, attention, positions, targets, token-mean loss weights and mask, and small noise for any other
+ * loss input (`lossInputs`: advantages, sampler logprobs, …). The weights are the caller's to add.
+ */
+export const batchFeeds = (
+  lossInputs: ReadonlyArray<string>,
+  positionIds: (attention: ReadonlyArray<number>) => ArrayLike<number>,
+  aggregationWeights: (mask: Uint8Array, batch: number, length: number) => ArrayLike<number>
+): Record<string, Feed> => {
+  const B = 2, T = 5
+  const attention = [1, 1, 1, 1, 1, 0, 1, 1, 1, 1]
+  const mask = Uint8Array.from({ length: B * T }, (_, i) => (i % T === 0 || attention[i] === 0 ? 0 : 1))
+  const feeds: Record<string, Feed> = {
+    input_ids: { dtype: "int64", dims: [B, T], data: [3, 1, 4, 1, 5, 0, 9, 2, 6, 12] },
+    attention_mask: { dtype: "int64", dims: [B, T], data: attention },
+    position_ids: {
+      dtype: "int64",
+      dims: [B, T],
+      data: [...Array.from(positionIds(attention.slice(0, T))), ...Array.from(positionIds(attention.slice(T)))]
+    },
+    targets: { dtype: "int64", dims: [B, T], data: [1, 4, 1, 5, 9, 0, 2, 6, 12, 7] },
+    loss_weights: { dtype: "float64", dims: [B, T], data: Array.from(aggregationWeights(mask, B, T)) },
+    loss_mask: { dtype: "float64", dims: [B, T], data: Array.from(mask) }
+  }
+  for (const k of lossInputs) {
+    feeds[k] ??= { dtype: "float64", dims: [B, T], data: noise(B * T, k.length).map((v) => 0.1 * v) }
+  }
+  return feeds
+}

@@ -12,7 +12,7 @@ import * as Loss from "../../../src/Loss.ts"
 import * as ModelConfig from "../../../src/model/ModelConfig.ts"
 import * as Qwen2 from "../../../src/model/Qwen2.ts"
 import * as Graph from "../../../src/onnx/Graph.ts"
-import { check, type Feed, noise } from "../../utils/gradcheck.ts"
+import { batchFeeds, check } from "../../utils/gradcheck.ts"
 import { randomWeights } from "../../utils/tinyModel.ts"
 import * as published from "./fixtures/publishedConfigs.ts"
 
@@ -331,27 +331,8 @@ describe("Qwen3 and Llama 3 graphs", () => {
         const tg = yield* Autodiff.trainingGraph(forward, { batch: B, length: T, loss: Loss.sft, dtype: "float64" })
         assert.strictEqual(tg.gradients.size, Qwen2.parameters(c).length)
         const weights = randomWeights(c, 11)
-        const attention = [1, 1, 1, 1, 1, 0, 1, 1, 1, 1]
-        const mask = Uint8Array.from({ length: B * T }, (_, i) => (i % T === 0 || attention[i] === 0 ? 0 : 1))
-        const feeds: Record<string, Feed> = {
-          input_ids: { dtype: "int64", dims: [B, T], data: [3, 1, 4, 1, 5, 0, 9, 2, 6, 12] },
-          attention_mask: { dtype: "int64", dims: [B, T], data: attention },
-          position_ids: {
-            dtype: "int64",
-            dims: [B, T],
-            data: [...Qwen2.positionIds(attention.slice(0, T)), ...Qwen2.positionIds(attention.slice(T))]
-          },
-          targets: { dtype: "int64", dims: [B, T], data: [1, 4, 1, 5, 9, 0, 2, 6, 12, 7] },
-          loss_weights: {
-            dtype: "float64",
-            dims: [B, T],
-            data: Loss.aggregationWeights("token-mean", mask, B, T, Loss.totals(mask, B, T))
-          },
-          loss_mask: { dtype: "float64", dims: [B, T], data: mask }
-        }
-        for (const k of tg.lossInputs) {
-          feeds[k] ??= { dtype: "float64", dims: [B, T], data: noise(B * T, k.length).map((v) => 0.1 * v) }
-        }
+        const feeds = batchFeeds(tg.lossInputs, Qwen2.positionIds, (mask, batch, length) =>
+          Loss.aggregationWeights("token-mean", mask, batch, length, Loss.totals(mask, batch, length)))
         for (const spec of Qwen2.parameters(c)) {
           feeds[spec.name] = { dtype: "float64", dims: spec.shape, data: weights.get(spec.name)! }
         }
