@@ -28,6 +28,7 @@
 import { Clock, Context, Duration, Effect, Layer, Option, Random, Redacted, Schema } from "effect"
 import { HttpClient, HttpClientRequest } from "effect/http"
 import type { HttpClientResponse } from "effect/http"
+import * as Tinker from "../tinker/Types.ts"
 
 // ===== Errors =====
 
@@ -282,18 +283,6 @@ export interface Traffic {
   resubmits: number
 }
 
-/**
- * A future as the API answers it (`UntypedAPIFuture`) and the outcome of one poll (`FutureRetrieveResponse`'s
- * envelope: `TryAgainResponse`, `RequestFailedResponse`, or a result).
- *
- * @category models
- * @since 0.1.0
- */
-export interface Envelopes {
-  readonly UntypedAPIFuture: Schema.Codec<{ readonly request_id: string }, any>
-  readonly RequestFailedResponse: Schema.Codec<{ readonly error: string; readonly category: string }, any>
-}
-
 // ===== Pure helpers =====
 
 /**
@@ -372,13 +361,17 @@ interface Connection {
   readonly requestTimeoutMs: number
   readonly futureTimeoutMs: number
   readonly resubmits: number
-  readonly envelopes: Envelopes
   readonly traffic: Traffic
 }
 
 /** One attempt's outcome: an answer (any status), or no answer. */
 type Attempt =
-  | { readonly _tag: "Answer"; readonly status: number; readonly text: string; readonly headers: Record<string, string> }
+  | {
+    readonly _tag: "Answer"
+    readonly status: number
+    readonly text: string
+    readonly headers: Record<string, string>
+  }
   | { readonly _tag: "Lost"; readonly message: string }
 
 const attempt = (c: Connection, path: string, body: unknown, headers: Record<string, string>) =>
@@ -420,7 +413,7 @@ const post = Effect.fnUntraced(function*(
 ) {
   c.traffic.requests++
   for (let retries = 0;; retries++) {
-    const headers = { "x-idempotency-key": key, "x-stainless-retry-count": String(retries) }
+    const headers = { [Tinker.headers.idempotencyKey]: key, "x-stainless-retry-count": String(retries) }
     const outcome = yield* attempt(c, path, body, headers)
     let asked: number | undefined
     if (outcome._tag === "Answer") {
@@ -446,10 +439,11 @@ const post = Effect.fnUntraced(function*(
 
 /** A refusal's message: the API's `detail` or `error` field, or the body's first bytes. */
 const detailOf = (text: string): string => {
-  const json = Option.getOrUndefined(parseJson(text)) as { detail?: unknown; error?: unknown } | undefined
-  const field = typeof json === "object" && json !== null ? (json.detail ?? json.error) : undefined
-  return typeof field === "string" ? field : text.slice(0, 300)
+  const body = Option.getOrUndefined(decodeErrorBody(text))
+  return typeof body?.detail === "string" ? body.detail : text.slice(0, 300)
 }
+
+const decodeErrorBody = Schema.decodeUnknownOption(Schema.fromJsonString(Tinker.ErrorBody))
 
 /** A Schema with no services to encode or decode: the API's types. */
 type Codec = Schema.Codec<any, any>
@@ -486,18 +480,22 @@ const pollFailure = (e: TinkerError): Effect.Effect<Poll, TinkerError> => {
   return Effect.fail(e)
 }
 
+const isTryAgain = Schema.decodeUnknownOption(Tinker.TryAgainResponse)
+const isFailed = Schema.decodeUnknownOption(Tinker.RequestFailedResponse)
+
 const pollOnce = Effect.fnUntraced(function*(c: Connection, op: string, requestId: string, key: string) {
   c.traffic.polls++
-  const polled = yield* post(c, op, "/api/v1/retrieve_future", { request_id: requestId }, key, 0).pipe(
+  const body = yield* encode(op, Tinker.FutureRetrieveRequest, { request_id: requestId, allow_metadata_only: false })
+  const polled = yield* post(c, op, Tinker.routes.retrieve_future.path, body, key, 0).pipe(
     Effect.map((json): Poll => ({ _tag: "Done", json })),
     Effect.catch(pollFailure)
   )
   if (polled._tag !== "Done") return polled
-  const json = polled.json as { type?: unknown; error?: unknown } | null
-  if (typeof json === "object" && json !== null && json.type === "try_again") return { _tag: "Pending" } as Poll
-  if (typeof json === "object" && json !== null && "error" in json) {
-    const failed = yield* decode(op, c.envelopes.RequestFailedResponse, json)
-    return yield* tinkerError(op, "FutureFailed", failed.error, { requestId, category: failed.category })
+  // The envelope first (`FutureRetrieveResponse`'s members overlap): pending, failed, else the caller's result.
+  if (Option.isSome(isTryAgain(polled.json))) return { _tag: "Pending" } as Poll
+  const failed = isFailed(polled.json)
+  if (Option.isSome(failed)) {
+    return yield* tinkerError(op, "FutureFailed", failed.value.error, { requestId, category: failed.value.category })
   }
   return polled
 })
@@ -546,7 +544,7 @@ const submit = Effect.fnUntraced(function*<S extends Codec>(
   const started = yield* Clock.currentTimeMillis
   for (let resubmits = 0;; resubmits++) {
     const future = yield* Effect.flatMap(post(c, op, path, body, key), (json) =>
-      decode(op, c.envelopes.UntypedAPIFuture, json))
+      decode(op, Tinker.UntypedAPIFuture, json))
     const poll = yield* awaitFuture(c, op, future.request_id, started)
     if (poll._tag === "Done") return (yield* decode(op, result, poll.json)) as S["Type"]
     if (resubmits >= c.resubmits) {
@@ -568,24 +566,26 @@ const submit = Effect.fnUntraced(function*<S extends Codec>(
  * @since 0.1.0
  */
 export class TinkerClient extends Context.Service<TinkerClient, {
-  /** A call answered directly (`create_session`, `get_info`, …): `response` decodes the answer. */
+  /**
+   * A call answered directly (`create_session`, `get_info`, …): `request` encodes `value`, `response` decodes the
+   * answer (the Schemas of `src/tinker/Types.ts`).
+   */
   readonly call: <Req extends Codec, Res extends Codec>(
-    path: string,
-    request: { readonly schema: Req; readonly value: Req["Type"] },
+    route: Tinker.Route,
+    request: Req,
+    value: Req["Type"],
     response: Res
   ) => Effect.Effect<Res["Type"], TinkerError>
   /** A call answered with a future (`forward_backward`, `optim_step`, …), polled until `result` decodes from it. */
   readonly submit: <Req extends Codec, Res extends Codec>(
-    path: string,
-    request: { readonly schema: Req; readonly value: Req["Type"] },
+    route: Tinker.Route,
+    request: Req,
+    value: Req["Type"],
     result: Res
   ) => Effect.Effect<Res["Type"], TinkerError>
   readonly traffic: Traffic
   readonly baseUrl: string
 }>()("agentfly/src/backends/TinkerClient") {}
-
-/** The operation named by a path: `/api/v1/forward_backward` → `forward_backward`. */
-const opOf = (path: string) => path.split("/").at(-1) ?? path
 
 /**
  * A Tinker client on `options.baseUrl`, over the HTTP client in context.
@@ -593,33 +593,29 @@ const opOf = (path: string) => path.split("/").at(-1) ?? path
  * @category constructors
  * @since 0.1.0
  */
-export const make = Effect.fnUntraced(function*(options: Options, envelopes: Envelopes) {
+export const make = Effect.fnUntraced(function*(options: Options) {
   const c: Connection = {
     http: yield* HttpClient.HttpClient,
     root: options.baseUrl.replace(/\/+$/, ""),
-    headers: options.apiKey === undefined ? {} : { "x-api-key": Redacted.value(options.apiKey) },
+    headers: options.apiKey === undefined ? {} : { [Tinker.headers.apiKey]: Redacted.value(options.apiKey) },
     maxRetries: options.maxRetries ?? 10,
     initialRetryMs: options.initialRetryMs ?? 500,
     maxRetryMs: options.maxRetryMs ?? 10_000,
     requestTimeoutMs: options.requestTimeoutMs ?? 60_000,
     futureTimeoutMs: options.futureTimeoutMs ?? 30 * 60_000,
     resubmits: options.resubmits ?? 3,
-    envelopes,
     traffic: { requests: 0, retries: 0, polls: 0, resubmits: 0 }
   }
   return TinkerClient.of({
-    call: (path, request, response) => {
-      const op = opOf(path)
-      return Effect.gen(function*() {
-        const body = yield* encode(op, request.schema, request.value)
-        const key = yield* newKey
-        return (yield* decode(op, response, yield* post(c, op, path, body, key))) as typeof response["Type"]
-      })
-    },
-    submit: (path, request, result) => {
-      const op = opOf(path)
-      return Effect.flatMap(encode(op, request.schema, request.value), (body) => submit(c, op, path, body, result))
-    },
+    call: (route, request, value, response) =>
+      Effect.gen(function*() {
+        const body = yield* encode(route, request, value)
+        const json = yield* post(c, route, Tinker.routes[route].path, body, yield* newKey)
+        return (yield* decode(route, response, json)) as typeof response["Type"]
+      }),
+    submit: (route, request, value, result) =>
+      Effect.flatMap(encode(route, request, value), (body) =>
+        submit(c, route, Tinker.routes[route].path, body, result)),
     traffic: c.traffic,
     baseUrl: c.root
   })
@@ -631,7 +627,5 @@ export const make = Effect.fnUntraced(function*(options: Options, envelopes: Env
  * @category layers
  * @since 0.1.0
  */
-export const layer = (
-  options: Options,
-  envelopes: Envelopes
-): Layer.Layer<TinkerClient, never, HttpClient.HttpClient> => Layer.effect(TinkerClient, make(options, envelopes))
+export const layer = (options: Options): Layer.Layer<TinkerClient, never, HttpClient.HttpClient> =>
+  Layer.effect(TinkerClient, make(options))

@@ -10,16 +10,16 @@ import { Effect, Fiber, Redacted, Schema } from "effect"
 import { TestClock } from "effect/testing"
 import * as TinkerClient from "../../../src/backends/TinkerClient.ts"
 import { type Answer, type Handler, scriptedTinker, type ScriptedServer } from "../../utils/scriptedTinker.ts"
-import { envelopes, ForwardBackwardInput, ForwardBackwardOutput } from "../../utils/tinkerTypes.ts"
+import * as Tinker from "../../../src/tinker/Types.ts"
 
 const FB = "/api/v1/forward_backward"
 const RETRIEVE = "/api/v1/retrieve_future"
 
-const request = {
-  schema: ForwardBackwardInput,
-  value: ForwardBackwardInput.make({ model_id: "m1", loss_fn: "importance_sampling" })
+const request: Tinker.ForwardBackwardRequest = {
+  model_id: "m1",
+  forward_backward_input: { data: [], loss_fn: "importance_sampling" }
 }
-const result = { loss_fn_outputs: [], metrics: { "loss:sum": 1.5 } }
+const result = { loss_fn_output_type: "ArrayRecord", loss_fn_outputs: [], metrics: { "loss:sum": 1.5 } }
 const future = (id: string): Answer => ({ status: 200, json: { request_id: id, model_id: "m1" } })
 const done: Answer = { status: 200, json: result }
 
@@ -53,11 +53,12 @@ const withServer = <A, E>(
 ) =>
   Effect.gen(function*() {
     const server = yield* scriptedTinker(handler)
-    const client = yield* TinkerClient.make({ baseUrl: server.baseUrl, ...options }, envelopes)
+    const client = yield* TinkerClient.make({ baseUrl: server.baseUrl, ...options })
     return yield* body(server, client)
   }).pipe(Effect.provide(NodeHttpClient.layerNodeHttp), Effect.scoped) as Effect.Effect<A, E>
 
-const fb = (client: Client) => client.submit(FB, request, ForwardBackwardOutput)
+const fb = (client: Client) =>
+  client.submit("forward_backward", Tinker.ForwardBackwardRequest, request, Tinker.ForwardBackwardOutput)
 
 /** The failure of an exit (a `TinkerError`). */
 const reasonOf = (exit: any) => exit._tag === "Failure" ? exit.cause.reasons?.[0]?.error ?? exit.cause : undefined
@@ -88,7 +89,11 @@ describe("TinkerClient", () => {
         assert.deepStrictEqual(counts, ["0", "1"])
         assert.isAtLeast(server.count(RETRIEVE), 2, "try_again was polled again")
         const sent = server.seen.find((s) => s.path === FB)!.body
-        assert.deepStrictEqual(sent, { model_id: "m1", loss_fn: "importance_sampling" })
+        assert.deepStrictEqual(sent, request)
+        assert.deepStrictEqual(server.seen.find((s) => s.path === RETRIEVE)!.body, {
+          request_id: "r1",
+          allow_metadata_only: false
+        })
       })))
 
   it.effect("a dropped answer is sent again with its key; a server deduplicating by key applies it once", () => {
@@ -222,7 +227,9 @@ describe("TinkerClient", () => {
         const error = reasonOf(yield* drive(yield* Effect.forkChild(fb(client))))
         assert.strictEqual(error.reason._tag, "BadResponse")
         const value = { model_id: 7 } as any
-        const bad = yield* Effect.exit(client.submit(FB, { schema: ForwardBackwardInput, value }, Schema.Unknown))
+        const bad = yield* Effect.exit(
+          client.submit("forward_backward", Tinker.ForwardBackwardRequest, value, Schema.Unknown)
+        )
         assert.strictEqual(reasonOf(bad).reason._tag, "BadResponse")
         assert.strictEqual(server.count(FB), 1)
       })))
