@@ -23,6 +23,7 @@ import * as ContextPolicy from "./ContextPolicy.ts"
 import * as Distillation from "./Distillation.ts"
 import * as SchemaIssues from "./internal/schemaIssues.ts"
 import * as Lora from "./Lora.ts"
+import * as TinkerLoss from "./backends/TinkerLoss.ts"
 import * as ModelPresets from "./model/ModelConfig.ts"
 import { isModulePath, isNotFound, loadProblem, Ref as TaskRef } from "./Task.ts"
 
@@ -338,6 +339,27 @@ const ApiRoot = Schema.String.check(
 )
 
 /**
+ * A Tinker-API engine as the learner (`learner.backend: "tinker"`; `docs/tinker-training.md`): hosted Tinker
+ * (`https://tinker.thinkingmachines.dev/services/tinker-prod`), SkyRL's Tinker backend, Twinkle, or `agentfly
+ * trainer`. The API key is read from the environment variable `apiKeyEnv` names (default `TINKER_API_KEY`), never
+ * from the config.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const TinkerLearnerConfig = Schema.Struct({
+  baseUrl: ApiRoot,
+  apiKeyEnv: withDefault(Schema.String.check(Schema.isPattern(/^[A-Za-z_][A-Za-z0-9_]*$/)), "TINKER_API_KEY"),
+  /** The engine's name of the base model, e.g. `Qwen/Qwen3-8B` (its tokenizer must be `model.path`'s). */
+  baseModel: Schema.String.check(Schema.isMinLength(1)),
+  /** The LoRA rank the engine trains; absent: the engine's full weights (where it offers that). */
+  loraRank: Schema.optionalKey(IntIn(1, 1024)),
+  /** How long one future (a step, a save) may take (default 1,800 s). */
+  futureTimeoutSeconds: Schema.optionalKey(IntIn(1, 86_400))
+})
+export type TinkerLearnerConfig = typeof TinkerLearnerConfig.Type
+
+/**
  * The learner's settings. `workers` splits each micro-batch's rows over that many threads, each
  * running its share on its own core (`OnnxTrainer.Options.workers`; 1 = everything on the main thread).
  *
@@ -381,7 +403,13 @@ export const LearnerConfig = Schema.Struct({
    * With `url`: how long one call of the trainer server (a step, a checkpoint) may take before the run gives up on
    * it (default 1,800 s; a large model's step on a CPU host can take minutes).
    */
-  timeoutSeconds: Schema.optionalKey(Schema.Int.check(Schema.isBetween({ minimum: 1, maximum: 86_400 })))
+  timeoutSeconds: Schema.optionalKey(Schema.Int.check(Schema.isBetween({ minimum: 1, maximum: 86_400 }))),
+  /**
+   * Where the learner's steps run: `local` (this process, or `url`'s trainer server; the default) or `tinker`, a
+   * Tinker-API engine set up by {@link TinkerLearnerConfig} under `tinker`.
+   */
+  backend: Schema.optionalKey(Schema.Literals(["local", "tinker"])),
+  tinker: Schema.optionalKey(TinkerLearnerConfig)
 })
 
 /**
@@ -743,6 +771,7 @@ const crossKeyIssues = (config: TrainConfig): Array<string> => {
         `${config.algorithm.steps}: the critic's learning rate would never reach critic.lr`
       ]
       : []),
+    ...tinkerIssues(config),
     ...(config.critic !== undefined && config.critic.warmupSteps >= config.algorithm.steps
       ? [
         `critic.warmupSteps: ${config.critic.warmupSteps} of algorithm.steps ${config.algorithm.steps} train the ` +
@@ -750,6 +779,31 @@ const crossKeyIssues = (config: TrainConfig): Array<string> => {
       ]
       : [])
   ]
+}
+
+/** A Tinker learner's section and the settings it cannot train (`TinkerLoss.refusals`). */
+const tinkerIssues = (config: TrainConfig): Array<string> => {
+  const { algorithm, learner } = config
+  if (learner.backend !== "tinker") {
+    return learner.tinker === undefined ? [] : [`learner.tinker: only read with learner.backend "tinker"`]
+  }
+  if (learner.tinker === undefined) return [`learner.tinker: learner.backend "tinker" needs baseUrl and baseModel`]
+  const stale = config.mode === "async" && config.maxStaleness > 0 && (algorithm.policyLoss ?? "ppo") === "ppo"
+  const dualClip = algorithm.dualClip === "off" ? undefined : algorithm.dualClip ?? (stale ? 3 : undefined)
+  return TinkerLoss.refusals({
+    advantage: algorithm.advantage,
+    policyLoss: algorithm.policyLoss,
+    klCoef: algorithm.klCoef,
+    klInReward: algorithm.klInReward,
+    entropyCoef: algorithm.entropyCoef,
+    dualClip,
+    tisCap: algorithm.tisCap,
+    temperature: config.agent.temperature,
+    distillation: algorithm.distillation !== undefined,
+    lora: config.model.lora !== undefined,
+    url: learner.url !== undefined,
+    servers: config.engine.servers !== undefined
+  })
 }
 
 /**
