@@ -37,6 +37,7 @@ import { checkpointError, learnerError, nonFinite, type Setup } from "./internal
 import * as LocalVersions from "./internal/localVersions.ts"
 import * as Teacher from "./internal/teacher.ts"
 import * as RemoteLearner from "./internal/remoteLearner.ts"
+import * as TinkerLearner from "./internal/tinkerLearner.ts"
 import * as ValueCritic from "./internal/valueCritic.ts"
 import * as Learner from "./Learner.ts"
 import { PolicyVersions } from "./PolicyVersions.ts"
@@ -88,7 +89,8 @@ export const lossConfig = (
 interface Local {
   readonly setup: Setup
   readonly slot: LearnerSlot.Slot
-  readonly versions: LocalVersions.Versions
+  /** The local engines' or servers' versions; a Tinker run's are its engine's (`setup.tinker`). */
+  readonly versions: LocalVersions.Versions | undefined
   readonly learnerOptions: Learner.Options
   /** Most token positions in one micro-batch: `algorithm.microBatchSize` rows of the context budget. */
   readonly tokenBudget: number
@@ -117,7 +119,8 @@ const learnerOptionsOf = (setup: Setup, tokenBudget: number): Learner.Options =>
     miniBatches: algorithm.miniBatches,
     epochs: algorithm.epochs,
     rowSteps: learner.rowSteps,
-    sharePrefix: learner.sharePrefix,
+    // A Tinker datum is one whole row: shared prompts have no datum form (`Datums.fromMicroBatch`).
+    sharePrefix: learner.sharePrefix && setup.tinker === undefined,
     ...(algorithm.klInReward === undefined ? {} : { klInReward: algorithm.klInReward }),
     ...(algorithm.overlong === undefined ? {} : { overlong: algorithm.overlong }),
     ...(algorithm.recomputeOldLogprobs === undefined ? {} : { recomputeOldLogprobs: algorithm.recomputeOldLogprobs })
@@ -281,7 +284,8 @@ const publish = Effect.fn("LocalPolicy.publish")(function*(local: Local, version
     }
   }
   local.version = version
-  yield* LocalVersions.publish(local.versions, version, local.dirty, LearnerSlot.weights(slot))
+  if (setup.tinker !== undefined) yield* TinkerLearner.publish(setup.tinker, version, local.dirty)
+  else yield* LocalVersions.publish(local.versions!, version, local.dirty, LearnerSlot.weights(slot))
   local.dirty = false
 })
 
@@ -318,7 +322,8 @@ const setupOf = Effect.fnUntraced(function*(
     intraOpThreads,
     runScope: yield* Effect.scope,
     fsContext: yield* Effect.context<FileSystem.FileSystem | Scope.Scope>(),
-    remote: RemoteLearner.make(folder, config, model.parameters)
+    remote: RemoteLearner.make(folder, config, model.parameters),
+    tinker: yield* TinkerLearner.make(config)
   }
   return setup
 })
@@ -358,7 +363,10 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
   }
   // One intra-op thread by default: see `learnerSlot`'s trainers (multi-threaded kernels sum in no fixed order).
   const setup = yield* setupOf(folder, config, options.intraOpThreads ?? 1)
-  const versions = yield* LocalVersions.make(setup, { maxBatchSize: options.maxBatchSize ?? 64 })
+  const tinker = setup.tinker
+  const versions = tinker !== undefined ? undefined : yield* LocalVersions.make(setup, {
+    maxBatchSize: options.maxBatchSize ?? 64
+  })
   const tokenBudget = algorithm.microBatchSize * budget
   const distillation = algorithm.distillation
   // The teacher is built (and its tokenizer and prompt logprobs checked) before the first step.
@@ -392,14 +400,20 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
     save: (dir) => save(local, dir),
     load: (dir) => load(local, dir),
     fingerprint: Effect.map(LearnerSlot.summary(local.slot), (s) => s.fingerprint),
-    figures: remote === undefined ? undefined : RemoteLearner.figures(remote)
+    figures: tinker !== undefined
+      ? TinkerLearner.figures(tinker)
+      : remote === undefined
+      ? undefined
+      : RemoteLearner.figures(remote)
   })
   const policyVersions = PolicyVersions.of({
     publish: (version) => publish(local, version),
-    sampler: (version) => LocalVersions.sampler(versions, version),
-    figures: versions.servers?.figures
+    sampler: (version) =>
+      tinker !== undefined ? TinkerLearner.sampler(tinker, version) : LocalVersions.sampler(versions!, version),
+    figures: versions?.servers?.figures
   })
-  return { learner, versions: policyVersions, sampler: LocalVersions.ambient(versions) }
+  const sampler = tinker !== undefined ? TinkerLearner.ambient(tinker) : LocalVersions.ambient(versions!)
+  return { learner, versions: policyVersions, sampler }
 })
 
 /**

@@ -9,6 +9,7 @@
  * fingerprint take them once.
  */
 import { Effect, Exit, Scope } from "effect"
+import type { FileSystem } from "effect"
 import * as Checkpoint from "../../src/Checkpoint.ts"
 import * as Lora from "../../src/Lora.ts"
 import * as Loss from "../../src/Loss.ts"
@@ -18,6 +19,7 @@ import * as RemoteTrainer from "../../src/backends/RemoteTrainer.ts"
 import type * as GradientBackend from "../../src/GradientBackend.ts"
 import type { RunError } from "../RunError.ts"
 import * as PeakRss from "./peakRss.ts"
+import * as TinkerLearner from "./tinkerLearner.ts"
 import { checkMemory, learnerError, nonFinite, type Setup } from "./localSetup.ts"
 
 export interface Slot {
@@ -32,10 +34,13 @@ export interface Slot {
   summary: RemoteTrainer.Summary | undefined
 }
 
+/** What a trainer starts from: weights, or on a Tinker engine the `tinker://` path of a training state. */
+type Start = GradientBackend.Weights | string
+
 /** The slot with the RL trainer on `weights` (the folder's), once the run is known to fit in memory. */
 export const make = Effect.fnUntraced(function*(setup: Setup, weights: GradientBackend.Weights) {
   yield* checkMemory(setup)
-  if (setup.remote === undefined) {
+  if (setup.remote === undefined && setup.tinker === undefined) {
     const count = setup.model.parameters.reduce((n, p) => n + p.shape.reduce((a, b) => a * b, 1), 0)
     yield* PeakRss.countParameters(count, setup.runScope)
   }
@@ -44,9 +49,26 @@ export const make = Effect.fnUntraced(function*(setup: Setup, weights: GradientB
   return slot
 })
 
-/** A trainer on `weights`: onnxruntime's here, or the policy's trainer on the trainer server. */
-const build = (setup: Setup, weights: GradientBackend.Weights, loss: Loss.Config, schedule: LrSchedule.Config) => {
-  const { config, model, optimizer, remote } = setup
+/**
+ * A trainer on `weights`: onnxruntime's here, or the policy's trainer on the trainer server; on a Tinker engine, one
+ * from the training state `weights` names (a new model when none).
+ */
+const build = (
+  setup: Setup,
+  weights: Start,
+  loss: Loss.Config,
+  schedule: LrSchedule.Config
+): Effect.Effect<
+  GradientBackend.GradientBackend["Service"],
+  GradientBackend.GradientBackendError | RunError,
+  Scope.Scope | FileSystem.FileSystem
+> => {
+  const { config, model, optimizer, remote, tinker } = setup
+  if (tinker !== undefined) {
+    const from = typeof weights === "string" ? weights : undefined
+    return TinkerLearner.trainer(tinker, { loss, schedule, optimizer, from })
+  }
+  if (typeof weights === "string") return Effect.die(`a training state (${weights}) outside a Tinker run`)
   if (remote !== undefined) {
     return RemoteTrainer.make({ ...remote.settings, weights, loss, optimizer, schedule }).pipe(
       Effect.tap((t) => Effect.sync(() => (remote.current = t)))
@@ -69,7 +91,7 @@ const build = (setup: Setup, weights: GradientBackend.Weights, loss: Loss.Config
 /** A trainer on `weights` in a new scope of its own, forked from the run's. */
 const open = Effect.fnUntraced(function*(
   setup: Setup,
-  weights: GradientBackend.Weights,
+  weights: Start,
   loss: Loss.Config,
   schedule: LrSchedule.Config
 ) {
@@ -88,7 +110,7 @@ const open = Effect.fnUntraced(function*(
 /** Closes the trainer in use, then puts one on `weights` in its place. */
 const replace = Effect.fnUntraced(function*(
   slot: Slot,
-  weights: GradientBackend.Weights,
+  weights: Start,
   loss: Loss.Config,
   schedule: LrSchedule.Config
 ) {
@@ -104,14 +126,19 @@ export const startSft = Effect.fnUntraced(function*(slot: Slot) {
   const schedule = warmup.lrSchedule === "cosine"
     ? LrSchedule.cosine(warmup.lr, { warmupSteps: warmup.warmupSteps, totalSteps: warmup.steps, minLr: warmup.minLr })
     : LrSchedule.constant(warmup.lr, warmup.warmupSteps)
-  yield* replace(slot, yield* weights(slot), Loss.sft, schedule)
+  // A Tinker warm-up starts a new model on the engine: the base model, as the folder's weights are here.
+  const start = slot.setup.tinker !== undefined ? slot.setup.folder.weights : yield* weights(slot)
+  yield* replace(slot, start, Loss.sft, schedule)
   slot.phase = "sft"
 })
 
 /** The warm-up ends (if it ran): the RL trainer starts from the SFT weights with a fresh optimiser. */
 export const endWarmup = Effect.fnUntraced(function*(slot: Slot) {
   if (slot.phase !== "sft") return
-  yield* replace(slot, yield* weights(slot), slot.setup.rlLoss, slot.setup.rlSchedule)
+  // On a Tinker engine the weights stay there: RL starts from the warm-up's saved state.
+  const tinker = slot.setup.tinker
+  const from = tinker !== undefined ? yield* TinkerLearner.saveState(tinker, "warmup") : yield* weights(slot)
+  yield* replace(slot, from, slot.setup.rlLoss, slot.setup.rlSchedule)
   slot.phase = "rl"
 })
 
@@ -144,7 +171,12 @@ export const summary = (slot: Slot): Effect.Effect<RemoteTrainer.Summary, RunErr
   Effect.suspend(() => {
     if (slot.summary !== undefined) return Effect.succeed(slot.summary)
     const current = slot.setup.remote?.current
-    const computed = current !== undefined
+    const tinker = slot.setup.tinker?.current
+    // A Tinker engine keeps the weights: the fingerprint names the training lineage and step (all finite as far as
+    // this side can tell; a non-finite loss fails the step).
+    const computed = tinker !== undefined
+      ? Effect.map(tinker.fingerprint, (fingerprint) => ({ fingerprint, nonFinite: undefined }))
+      : current !== undefined
       ? Effect.mapError(current.summary, learnerError)
       : Effect.map(weights(slot), (all) => {
         // A LoRA learner's weights hold the frozen base too: what it trains, saves and journals is the adapter.

@@ -17,6 +17,7 @@ import * as MemoryEstimate from "../../src/MemoryEstimate.ts"
 import * as TrainConfig from "../../src/TrainConfig.ts"
 import { RunError, runError } from "../RunError.ts"
 import type * as RemoteLearner from "./remoteLearner.ts"
+import type * as TinkerLearner from "./tinkerLearner.ts"
 
 export interface Setup {
   readonly folder: ModelFolder.ModelFolder
@@ -37,6 +38,8 @@ export interface Setup {
   readonly fsContext: Context.Context<FileSystem.FileSystem | Scope.Scope>
   /** The trainer server of `learner.url`, if the run has one. */
   readonly remote: RemoteLearner.Remote | undefined
+  /** The Tinker engine of `learner.backend: "tinker"`, if the run has one. */
+  readonly tinker: TinkerLearner.Tinker | undefined
 }
 
 /** A learner step, a trainer or an engine failed. */
@@ -81,7 +84,7 @@ export const machineMemory = Effect.fnUntraced(function*() {
  * `MemoryEstimate.OutOfMemory` as its cause, instead of the out-of-memory killer ending the run silently.
  */
 export const checkMemory = Effect.fnUntraced(function*(setup: Setup) {
-  if (setup.remote !== undefined) return
+  if (setup.remote !== undefined || setup.tinker !== undefined) return
   const { algorithm, learner } = setup.config
   const settings: MemoryEstimate.Settings = {
     microBatchSize: algorithm.microBatchSize,

@@ -60,6 +60,8 @@ export interface Options {
  * @since 0.1.0
  */
 export type TinkerTrainer = GradientBackend.GradientBackend["Service"] & {
+  /** Saves the training state (weights and optimiser) under `name`: its `tinker://` path, for `from`. */
+  readonly saveState: (name: string) => Effect.Effect<string, GradientBackend.GradientBackendError>
   /** Saves the current weights for sampling under `name`: the `tinker://` path `asample` takes. */
   readonly saveForSampler: (name: string) => Effect.Effect<string, GradientBackend.GradientBackendError>
   /** The training lineage and optimiser step, hashed: journaled after each step, restored by `load`. */
@@ -313,18 +315,22 @@ const saveForSampler = Effect.fnUntraced(function*(s: State, name: string) {
 const encodeFile = Schema.encodeSync(Schema.fromJsonString(CheckpointFile))
 const decodeFile = Schema.decodeUnknownEffect(Schema.fromJsonString(CheckpointFile))
 
-const save = Effect.fnUntraced(function*(s: State, dir: string, meta: GradientBackend.CheckpointMeta) {
-  const fs = s.fs
-  const saved = yield* s.client.submit("save_weights", Tinker.SaveWeightsRequest, {
+const saveState = (s: State, name: string) =>
+  s.client.submit("save_weights", Tinker.SaveWeightsRequest, {
     model_id: s.modelId,
     seq_id: nextSeq(s),
-    // One name per lineage and step: saving the same step again (a retried checkpoint) overwrites it.
-    path: `${s.lineage.replace(/[^A-Za-z0-9_-]/g, "_")}-step-${s.step}`,
+    path: name,
+    // Saving the same name again (a retried checkpoint) replaces it.
     overwrite: true,
     type: "save_weights"
-  }, Tinker.SaveWeightsResponse).pipe(Effect.mapError(fromTinker))
+  }, Tinker.SaveWeightsResponse).pipe(Effect.map((saved) => saved.path), Effect.mapError(fromTinker))
+
+const save = Effect.fnUntraced(function*(s: State, dir: string, meta: GradientBackend.CheckpointMeta) {
+  const fs = s.fs
+  // One name per lineage and step.
+  const statePath = yield* saveState(s, `${s.lineage.replace(/[^A-Za-z0-9_-]/g, "_")}-step-${s.step}`)
   const file: CheckpointFile = {
-    statePath: saved.path,
+    statePath,
     baseModel: s.options.baseModel,
     lineage: s.lineage,
     step: s.step,
@@ -420,6 +426,7 @@ export const make = Effect.fn("TinkerTrainer.make")(function*(
     step: Effect.sync(() => s.step),
     save: (dir, meta) => save(s, dir, meta),
     load: (dir) => load(s, dir),
+    saveState: (name) => saveState(s, name),
     saveForSampler: (name) => saveForSampler(s, name),
     fingerprint: fingerprint(s),
     modelId: Effect.sync(() => s.modelId)

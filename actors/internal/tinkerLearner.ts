@@ -1,0 +1,157 @@
+/**
+ * A run's Tinker engine (`learner.backend: "tinker"`): the client, the trainers made on it (the warm-up's, then RL's
+ * from the warm-up's state with a fresh optimiser), and the published policy versions, each a
+ * `save_weights_for_sampler` path sampled through `asample` (`TinkerSampler`). The local learner's pieces
+ * (`learnerSlot`, `LocalPolicy`) call these where a local or `learner.url` run builds trainers and engines.
+ */
+import * as NodeHttpClient from "@effect/platform-node/NodeHttpClient"
+import { Effect, Redacted } from "effect"
+import { HttpClient } from "effect/http"
+import type { FileSystem, Scope } from "effect"
+import type * as Loss from "../../src/Loss.ts"
+import type * as LrSchedule from "../../src/LrSchedule.ts"
+import type * as Optimizer from "../../src/Optimizer.ts"
+import type { Sampler } from "../../src/Sampler.ts"
+import { samplerError } from "../../src/Sampler.ts"
+import type * as TrainConfig from "../../src/TrainConfig.ts"
+import * as TinkerClient from "../../src/backends/TinkerClient.ts"
+import * as TinkerSampler from "../../src/backends/TinkerSampler.ts"
+import * as TinkerTrainer from "../../src/backends/TinkerTrainer.ts"
+import type { Figures } from "../Learner.ts"
+import { runError } from "../RunError.ts"
+
+/** One published version: its `tinker://` sampler path (absent: the base model, before any step). */
+interface Published {
+  readonly version: number
+  readonly path: string | undefined
+}
+
+export interface Tinker {
+  readonly config: TrainConfig.TinkerLearnerConfig
+  readonly client: TinkerClient.TinkerClient["Service"]
+  readonly seed: number
+  /** The trainer in use, once made. */
+  current: TinkerTrainer.TinkerTrainer | undefined
+  readonly published: Array<Published>
+  readonly retained: number
+  /** The traffic up to the previous step's figures. */
+  counted: TinkerClient.Traffic
+}
+
+/** The run's Tinker engine, or undefined without `learner.backend: "tinker"`. */
+export const make = Effect.fnUntraced(function*(config: TrainConfig.TrainConfig) {
+  const tinker = config.learner.tinker
+  if (config.learner.backend !== "tinker" || tinker === undefined) return undefined
+  const key = process.env[tinker.apiKeyEnv]
+  // Through node:http, not `fetch`, as the inference servers are (fetch gives up on an answer after 5 minutes).
+  const http = yield* NodeHttpClient.makeNodeHttp.pipe(
+    Effect.provideService(NodeHttpClient.HttpAgent, yield* NodeHttpClient.makeAgent({ keepAlive: true }))
+  )
+  const client = yield* TinkerClient.make({
+    baseUrl: tinker.baseUrl,
+    ...(key === undefined || key === "" ? {} : { apiKey: Redacted.make(key) }),
+    ...(tinker.futureTimeoutSeconds === undefined ? {} : { futureTimeoutMs: tinker.futureTimeoutSeconds * 1000 })
+  }).pipe(Effect.provideService(HttpClient.HttpClient, http))
+  const state: Tinker = {
+    config: tinker,
+    client,
+    seed: config.seed,
+    current: undefined,
+    published: [{ version: -1 - (config.warmup?.steps ?? 0), path: undefined }],
+    retained: (config.mode === "async" ? config.maxStaleness : 0) + 2,
+    counted: { ...client.traffic }
+  }
+  return state
+})
+
+/** Where the key comes from, for the messages of an engine that refused it. */
+const hint = (tinker: Tinker) => (e: { readonly message: string }) =>
+  e.message.includes("Unauthorized") || e.message.includes("HTTP 401") || e.message.includes("HTTP 403")
+    ? `${e.message} (the API key is read from $${tinker.config.apiKeyEnv}: learner.tinker.apiKeyEnv)`
+    : e.message
+
+/**
+ * A trainer on the engine with `loss` and `schedule`: new, or (`from`) from a saved training state without its
+ * optimiser. It becomes the one in use.
+ */
+export const trainer = (
+  tinker: Tinker,
+  settings: {
+    readonly loss: Loss.Config
+    readonly schedule: LrSchedule.Config
+    readonly optimizer: Optimizer.Config
+    readonly from?: string | undefined
+  }
+): Effect.Effect<TinkerTrainer.TinkerTrainer, ReturnType<typeof runError>, Scope.Scope | FileSystem.FileSystem> =>
+  TinkerTrainer.make({
+    baseModel: tinker.config.baseModel,
+    ...(tinker.config.loraRank === undefined ? {} : { loraRank: tinker.config.loraRank }),
+    seed: tinker.seed,
+    loss: settings.loss,
+    optimizer: settings.optimizer,
+    schedule: settings.schedule,
+    metadata: { source: "agentfly" },
+    ...(settings.from === undefined ? {} : { from: { path: settings.from, optimizer: false } })
+  }).pipe(
+    Effect.provideService(TinkerClient.TinkerClient, tinker.client),
+    Effect.mapError((e) => runError("Learner", hint(tinker)(e), e)),
+    Effect.tap((t) => Effect.sync(() => (tinker.current = t)))
+  )
+
+/** The training state of the trainer in use, saved under `name` (the warm-up's, handed to RL). */
+export const saveState = (tinker: Tinker, name: string) =>
+  Effect.suspend(() => tinker.current!.saveState(name)).pipe(
+    Effect.mapError((e) => runError("Learner", hint(tinker)(e), e))
+  )
+
+/** Publishes the trainer's current weights as `version` (`changed`: they differ from the newest published). */
+export const publish = Effect.fnUntraced(function*(tinker: Tinker, version: number, changed: boolean) {
+  const last = tinker.published[tinker.published.length - 1]!
+  if (version < last.version || (version === last.version && changed)) {
+    const message = `policy version ${version} is not newer than the published version ${last.version}`
+    return yield* runError("Learner", message)
+  }
+  if (version === last.version) return
+  // Unchanged weights (a fresh adapter is the base model) are the newest version's path again.
+  const current = tinker.current
+  const path = changed && current !== undefined
+    ? yield* current.saveForSampler(`v${version}`).pipe(Effect.mapError((e) => runError("Learner", hint(tinker)(e), e)))
+    : last.path
+  tinker.published.push({ version, path })
+  if (tinker.published.length > tinker.retained) tinker.published.shift()
+})
+
+/** A sampler of published `version` on the engine. */
+export const sampler = Effect.fnUntraced(function*(tinker: Tinker, version: number) {
+  const entry = tinker.published.find((p) => p.version === version)
+  if (entry === undefined) {
+    const all = tinker.published.map((p) => p.version)
+    return yield* runError("Learner", `policy version ${version} is not among the published versions ${all}`)
+  }
+  return yield* TinkerSampler.make({ modelPath: entry.path, baseModel: tinker.config.baseModel, policyVersion: version })
+    .pipe(Effect.provideService(TinkerClient.TinkerClient, tinker.client))
+})
+
+/** The sampler of the newest published version, whichever it is when a request comes. */
+export const ambient = (tinker: Tinker): Sampler["Service"] => ({
+  generate: (request) =>
+    sampler(tinker, tinker.published[tinker.published.length - 1]!.version).pipe(
+      Effect.mapError((e) => samplerError("ServerError", e.message)),
+      Effect.flatMap((s) => s.generate(request))
+    ),
+  policyVersion: Effect.sync(() => tinker.published[tinker.published.length - 1]!.version)
+})
+
+/** The traffic since the previous call: `tinker/requests`, `tinker/retries`, `tinker/polls`, `tinker/resubmits`. */
+export const figures = (tinker: Tinker): Effect.Effect<Figures> =>
+  Effect.sync(() => {
+    const now = { ...tinker.client.traffic }
+    const before = tinker.counted
+    tinker.counted = now
+    return {
+      "tinker/requests": now.requests - before.requests,
+      "tinker/retries": now.retries - before.retries,
+      "tinker/polls": now.polls - before.polls,
+      "tinker/resubmits": now.resubmits - before.resubmits
+    }
+  })
