@@ -94,7 +94,14 @@ export interface State {
 }
 
 /** Calls that change a model: a replay runs them again. */
-const mutating = new Set(["create_model", "forward_backward", "optim_step", "load_weights", "save_weights_for_sampler", "unload_model"])
+const mutating = new Set([
+  "create_model",
+  "forward_backward",
+  "optim_step",
+  "load_weights",
+  "save_weights_for_sampler",
+  "unload_model"
+])
 
 // ===== Work =====
 
@@ -110,7 +117,11 @@ const hostedOf = (slot: Slot): Effect.Effect<Models.Hosted, Models.Failed> =>
     Effect.succeed(slot.hosted)
 
 /** The work of a model's future (its body was decoded at acceptance, so decoding again cannot fail). */
-const work = (state: State, slot: Slot, future: Future): Effect.Effect<unknown, Models.Failed, FileSystem.FileSystem> => {
+const work = (
+  state: State,
+  slot: Slot,
+  future: Future
+): Effect.Effect<unknown, Models.Failed, FileSystem.FileSystem> => {
   const { body } = future
   switch (future.route) {
     case "create_model":
@@ -130,14 +141,16 @@ const work = (state: State, slot: Slot, future: Future): Effect.Effect<unknown, 
     case "forward":
       return Effect.flatMap(hostedOf(slot), (h) => Models.forward(h, decode(Types.ForwardRequest, body).forward_input))
     case "optim_step":
-      return Effect.flatMap(hostedOf(slot), (h) => Models.optimStep(h, decode(Types.OptimStepRequest, body).adam_params))
+      return Effect.flatMap(hostedOf(slot), (h) =>
+        Models.optimStep(h, decode(Types.OptimStepRequest, body).adam_params))
     case "save_weights":
       return Effect.flatMap(hostedOf(slot), (h) =>
         Models.saveWeights(h, decode(Types.SaveWeightsRequest, body), `checkpoint-${future.id}`))
     case "load_weights":
       return Effect.flatMap(hostedOf(slot), (h) => Models.loadWeights(h, decode(Types.LoadWeightsRequest, body)))
     case "save_weights_for_sampler":
-      return Effect.flatMap(hostedOf(slot), (h) => Models.saveForSampler(h, decode(Types.SaveWeightsForSamplerRequest, body)))
+      return Effect.flatMap(hostedOf(slot), (h) =>
+        Models.saveForSampler(h, decode(Types.SaveWeightsForSamplerRequest, body)))
     case "unload_model":
       return Effect.flatMap(hostedOf(slot), (h) =>
         Models.close(h).pipe(
@@ -207,7 +220,9 @@ const openSlot = (state: State, id: string, base: Models.Base | undefined, lora:
     )
     yield* Scope.addFinalizer(
       state.scope,
-      Effect.suspend(() => slot.hosted !== undefined && !("category" in slot.hosted) ? Models.close(slot.hosted) : Effect.void)
+      Effect.suspend(() =>
+        slot.hosted !== undefined && !("category" in slot.hosted) ? Models.close(slot.hosted) : Effect.void
+      )
     )
     return slot
   })
@@ -256,7 +271,9 @@ export const accept = (state: State, request: Request) =>
   state.accepting.withPermits(1)(Effect.gen(function*() {
     const again = request.key === undefined ? undefined : state.byKey.get(request.key)
     if (again !== undefined) return { future: state.futures.get(again)!, fresh: false } as const
-    const seqKey = request.model === undefined || request.seq === undefined ? undefined : `${request.model}#${request.seq}`
+    const seqKey = request.model === undefined || request.seq === undefined ?
+      undefined :
+      `${request.model}#${request.seq}`
     const earlier = seqKey === undefined ? undefined : state.futures.get(state.bySeq.get(seqKey) ?? "")
     if (earlier !== undefined) {
       const same = earlier.route === request.route && JSON.stringify(earlier.body) === JSON.stringify(request.body)
@@ -273,7 +290,7 @@ export const accept = (state: State, request: Request) =>
       ...(model === undefined ? {} : { model }),
       ...(request.seq === undefined ? {} : { seq: request.seq })
     })
-    const future = yield* register(state, { id, route: request.route, body: request.body, model, key: request.key, seq: request.seq })
+    const future = yield* register(state, { ...request, id, model })
     if (request.create !== undefined) yield* openSlot(state, model!, request.create.base, request.create.lora)
     yield* start(state, future, undefined)
     return { future, fresh: true } as const
@@ -282,7 +299,14 @@ export const accept = (state: State, request: Request) =>
 /** Indexes a future by id, idempotency key and `(model, seq_id)`. */
 const register = (
   state: State,
-  r: { id: string; route: string; body: unknown; model: string | undefined; key: string | undefined; seq: number | undefined }
+  r: {
+    readonly id: string
+    readonly route: string
+    readonly body: unknown
+    readonly model: string | undefined
+    readonly key: string | undefined
+    readonly seq: number | undefined
+  }
 ) =>
   Effect.map(Deferred.make<Outcome>(), (done) => {
     const future: Future = { id: r.id, route: r.route, body: r.body, model: r.model, done }
@@ -335,7 +359,8 @@ const replay = (state: State) =>
       const future = yield* register(state, { ...e, model: e.model, key: e.key, seq: e.seq })
       const recorded = outcomes.get(e.id)
       if (e.route === "create_model") yield* openSlot(state, e.model!, ...createOf(state, e.body))
-      if (mutating.has(e.route) || (recorded === undefined && e.route !== "asample")) yield* start(state, future, recorded)
+      const rerun = mutating.has(e.route) || (recorded === undefined && e.route !== "asample")
+      if (rerun) yield* start(state, future, recorded)
       else if (recorded !== undefined) yield* Deferred.succeed(future.done, recorded)
       else later.push([future, recorded])
     }

@@ -225,7 +225,9 @@ const useLoss = (h: Hosted, loss: Loss.Config) => {
   const key = JSON.stringify(loss)
   if (key === h.lossKey) return Effect.void
   if (h.pending > 0) {
-    return Effect.fail(failed("user", "one optimizer step cannot mix loss functions or loss_fn_config: call optim_step first"))
+    return Effect.fail(
+      failed("user", "one optimizer step cannot mix loss functions or loss_fn_config: call optim_step first")
+    )
   }
   return switchLoss(h, loss)
 }
@@ -333,7 +335,8 @@ export const saveWeights = (h: Hosted, request: Types.SaveWeightsRequest, fallba
     yield* h.learner.trainer.save(dir, { policyVersion: h.samplerVersion, rngState: [] }).pipe(
       Effect.mapError(fromLearner)
     )
-    return Types.encodeJson(Types.SaveWeightsResponse, { path: `tinker://${h.id}/weights/${name}`, type: "save_weights" })
+    const path = `tinker://${h.id}/weights/${name}`
+    return Types.encodeJson(Types.SaveWeightsResponse, { path, type: "save_weights" })
   })
 
 /**

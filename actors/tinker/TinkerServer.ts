@@ -57,7 +57,9 @@ export interface Options {
   /** Whether to drop the answer of a future-making request after accepting it (tests of a lost answer). */
   readonly dropAnswer?: ((route: string) => boolean) | undefined
   /** Sees every request body received and every body sent, by route (the contract tests decode them). */
-  readonly onBody?: ((route: string, direction: "request" | "response", status: number, body: unknown) => void) | undefined
+  readonly onBody?:
+    | ((route: string, direction: "request" | "response", status: number, body: unknown) => void)
+    | undefined
 }
 
 /**
@@ -140,7 +142,13 @@ const describe = (server: Server, route: FutureRoute, body: any, key: string | u
   })
 
 /** A future-making request: accepted once (a retry gets its future), counted against the key's quota. */
-const acceptFuture = (server: Server, route: FutureRoute, client: number, req: Http.IncomingMessage, bytes: Uint8Array) =>
+const acceptFuture = (
+  server: Server,
+  route: FutureRoute,
+  client: number,
+  req: Http.IncomingMessage,
+  bytes: Uint8Array
+) =>
   Effect.gen(function*() {
     const body = yield* decodeBody(futureRoutes[route] as Schema.Codec<any, any, never, never>, route, bytes)
     const header = req.headers[Types.headers.idempotencyKey.toLowerCase()]
@@ -252,9 +260,12 @@ const answer = (server: Server, req: Http.IncomingMessage, route: string) =>
   replied(Effect.gen(function*() {
     if (route === "healthz" && req.method === "GET") return ok(Types.encodeJson(Types.HealthResponse, { status: "ok" }))
     const presented = req.headers[Types.headers.apiKey.toLowerCase()]
-    const client = Auth.required(server.keys) ? Auth.match(server.keys, typeof presented === "string" ? presented : undefined) : 0
+    const key = typeof presented === "string" ? presented : undefined
+    const client = Auth.required(server.keys) ? Auth.match(server.keys, key) : 0
     if (client === -1) return error(401, "a valid X-API-Key header is required")
-    if (route === "get_server_capabilities" && req.method === "GET") return yield* immediate(server, route, new Uint8Array())
+    if (route === "get_server_capabilities" && req.method === "GET") {
+      return yield* immediate(server, route, new Uint8Array())
+    }
     if (req.method !== "POST") return error(405, `${req.method} /api/v1/${route} is not served`)
     if ((req.headers["content-type"] ?? "").includes("application/x-protobuf")) {
       return error(415, `${route}: protobuf bodies are not accepted here; send JSON (docs/tinker.md)`)
@@ -304,7 +315,8 @@ export const make = Effect.fn("TinkerServer.make")(function*(
   const dir = options.stateDir ?? (yield* fs.makeTempDirectoryScoped({ prefix: "agentfly-tinker-" }).pipe(Effect.orDie))
   yield* fs.makeDirectory(`${dir}/checkpoints`, { recursive: true }).pipe(Effect.orDie)
   const log = yield* FutureLog.open(`${dir}/requests.jsonl`)
-  const state = yield* Futures.make({ bases: options.bases, checkpoints: `${dir}/checkpoints`, beforeRun: options.beforeRun }, log)
+  const { bases, beforeRun } = options
+  const state = yield* Futures.make({ bases, checkpoints: `${dir}/checkpoints`, beforeRun }, log)
   const server: Server = { options, state, keys: Auth.tokens(options.apiKeys ?? []), used: new Map() }
   const run = yield* FiberSet.makeRuntime<never>()
   return (req, res) => {

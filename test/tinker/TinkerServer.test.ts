@@ -20,6 +20,7 @@ import {
   forwardLogprobs,
   inProcess,
   optimRequest,
+  postFb,
   recorder,
   sftData
 } from "./utils.ts"
@@ -33,14 +34,14 @@ const serve = (options: Partial<TinkerServer.Options> = {}) =>
 
 const step = (c: ReturnType<typeof client>, model: string, seq: number) =>
   Effect.gen(function*() {
-    const fb = yield* c.post("forward_backward", T.ForwardBackwardRequest, fbRequest(model, sftData(), seq), T.UntypedAPIFuture)
+    const fb = yield* postFb(c, fbRequest(model, sftData(), seq))
     const out = yield* c.done(fb, T.ForwardBackwardOutput)
     const opt = yield* c.post("optim_step", T.OptimStepRequest, optimRequest(model, seq + 1), T.UntypedAPIFuture)
     return { out, optim: yield* c.done(opt, T.OptimStepResponse) }
   })
 
 describe("TinkerServer", () => {
-  it.live("a session, a model, forward_backward + optim_step, forward: an in-process learner's numbers to the bit", () =>
+  it.live("session, model, forward_backward + optim_step, forward: an in-process learner's numbers to the bit", () =>
     Effect.gen(function*() {
       const { baseUrl, contract } = yield* serve()
       const c = client(baseUrl)
@@ -117,7 +118,7 @@ describe("TinkerServer", () => {
         [T.headers.idempotencyKey]: "fb-1"
       }))
       assert.isTrue(Exit.isFailure(lost))
-      const fb = yield* c.post("forward_backward", T.ForwardBackwardRequest, fbRequest(model, sftData()), T.UntypedAPIFuture, "fb-1")
+      const fb = yield* postFb(c, fbRequest(model, sftData()), "fb-1")
       assert.strictEqual(fb.request_id, "2")
       yield* c.done(fb, T.ForwardBackwardOutput)
       assert.isTrue(Exit.isFailure(yield* Effect.exit(c.raw("POST", "optim_step", optimRequest(model), {
@@ -137,8 +138,8 @@ describe("TinkerServer", () => {
       const { baseUrl } = yield* serve()
       const c = client(baseUrl)
       const { model } = yield* createModel(c)
-      const a = yield* c.post("forward_backward", T.ForwardBackwardRequest, fbRequest(model, sftData(), 1), T.UntypedAPIFuture)
-      const b = yield* c.post("forward_backward", T.ForwardBackwardRequest, fbRequest(model, sftData(), 1), T.UntypedAPIFuture)
+      const a = yield* postFb(c, fbRequest(model, sftData(), 1))
+      const b = yield* postFb(c, fbRequest(model, sftData(), 1))
       assert.strictEqual(b.request_id, a.request_id)
       const other = yield* c.raw("POST", "forward_backward", Schema.encodeSync(T.ForwardBackwardRequest)(
         fbRequest(model, sftData(5), 1)
@@ -156,15 +157,18 @@ describe("TinkerServer", () => {
       const before = yield* serve({
         stateDir,
         // The optimiser step never starts on the first server: it is pending when the server dies.
-        beforeRun: (route) => route === "optim_step" ? Deferred.succeed(held, undefined).pipe(Effect.andThen(Effect.never)) : Effect.void
+        beforeRun: (route) =>
+          route === "optim_step" ? Deferred.succeed(held, undefined).pipe(Effect.andThen(Effect.never)) : Effect.void
       }).pipe(Scope.provide(first))
       const c1 = client(before.baseUrl)
       const { model } = yield* createModel(c1)
-      const fb = yield* c1.post("forward_backward", T.ForwardBackwardRequest, fbRequest(model, sftData(), 1), T.UntypedAPIFuture)
+      const fb = yield* postFb(c1, fbRequest(model, sftData(), 1))
       yield* c1.done(fb, T.ForwardBackwardOutput)
       const opt = yield* c1.post("optim_step", T.OptimStepRequest, optimRequest(model, 2), T.UntypedAPIFuture)
       yield* Deferred.await(held)
-      const pending = yield* c1.post("retrieve_future", T.FutureRetrieveRequest, { request_id: opt.request_id }, T.futureResult(T.OptimStepResponse))
+      const retrieve = { request_id: opt.request_id }
+      const answer = T.futureResult(T.OptimStepResponse)
+      const pending = yield* c1.post("retrieve_future", T.FutureRetrieveRequest, retrieve, answer)
       assert.deepInclude(pending, { type: "try_again" })
       yield* Scope.close(first, Exit.void)
 
@@ -183,7 +187,7 @@ describe("TinkerServer", () => {
       assert.deepStrictEqual(after.contract.violations, [])
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 300_000)
 
-  it.live("refusals: 401 without the key, 400 unknown base model, 404, 415 protobuf, 422 bad body, 429 past quota", () =>
+  it.live("refusals: 401 without the key, 400 unknown base model, 404, 415 protobuf, 422, a failed future, 429", () =>
     Effect.gen(function*() {
       const { baseUrl, contract } = yield* serve({ apiKeys: ["secret"], quota: 3 })
       const stranger = client(baseUrl, "wrong")

@@ -87,12 +87,20 @@ export const client = (baseUrl: string, apiKey?: string) => {
       const text = await res.text()
       return { status: res.status, body: text === "" ? undefined : JSON.parse(text), headers: res.headers }
     })
-  const post = <A>(route: T.Route, request: Codec, value: unknown, response: Schema.Codec<A, any, never, never>, key?: string) =>
+  const post = <A>(
+    route: T.Route,
+    request: Codec,
+    value: unknown,
+    response: Schema.Codec<A, any, never, never>,
+    key?: string
+  ) =>
     Effect.gen(function*() {
       const answer = yield* raw("POST", route, Schema.encodeSync(request)(value), key === undefined ? {} : {
         [T.headers.idempotencyKey]: key
       })
-      if (answer.status !== 200) return yield* Effect.die(new Error(`${route}: ${answer.status} ${JSON.stringify(answer.body)}`))
+      if (answer.status !== 200) {
+        return yield* Effect.die(new Error(`${route}: ${answer.status} ${JSON.stringify(answer.body)}`))
+      }
       return Schema.decodeUnknownSync(response)(answer.body)
     })
   /** Polls a future until it is done: its result decoded with `result`, or the failure. */
@@ -101,7 +109,7 @@ export const client = (baseUrl: string, apiKey?: string) => {
       const union = T.futureResult(schema)
       for (;;) {
         const answer = yield* post("retrieve_future", T.FutureRetrieveRequest, { request_id: future.request_id }, union)
-        if ("type" in answer && (answer as { type?: string }).type === "try_again") continue
+        if ((answer as { type?: string }).type === "try_again") continue
         return answer as A | T.RequestFailedResponse
       }
     })
@@ -113,6 +121,10 @@ export const client = (baseUrl: string, apiKey?: string) => {
   return { raw, post, result, done }
 }
 export type Client = ReturnType<typeof client>
+
+/** Posts a forward_backward (with an idempotency key when given): its future. */
+export const postFb = (c: Client, request: T.ForwardBackwardRequest, key?: string) =>
+  c.post("forward_backward", T.ForwardBackwardRequest, request, T.UntypedAPIFuture, key)
 
 /** A session and a model on `base` (LoRA of `rank` when given): the model id. */
 export const createModel = (c: Client, rank?: number) =>
