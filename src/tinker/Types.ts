@@ -48,6 +48,15 @@ const Metadata = Schema.Record(Schema.String, Schema.Unknown)
 /** `Dict[str, float]`. */
 const Metrics = Schema.Record(Schema.String, Schema.Number)
 
+/**
+ * `value` as JSON through `schema` (what goes on the wire).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const encodeJson = <S extends Schema.Codec<any, any, never, never>>(schema: S, value: S["Type"]): unknown =>
+  Schema.encodeSync(schema)(value)
+
 // ===== Ids =====
 
 /**

@@ -22,7 +22,12 @@ const dumped: ReadonlyArray<readonly [string, Schema.Codec<any, any>, ReadonlyAr
   ["ModelInput", T.ModelInput, [
     tokens([1, 2, 3]),
     { chunks: [] },
-    { chunks: [{ tokens: [7], type: "encoded_text" }, { format: "png", location: "s3://x.png", type: "image_asset_pointer" }] },
+    {
+      chunks: [
+        { tokens: [7], type: "encoded_text" },
+        { format: "png", location: "s3://x.png", type: "image_asset_pointer" }
+      ]
+    },
     { chunks: [{ data: "iVBORw0=", format: "jpeg", expected_tokens: 4, type: "image" }] }
   ]],
   ["Datum", T.Datum, [

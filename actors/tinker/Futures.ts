@@ -1,0 +1,385 @@
+/**
+ * The Tinker server's futures: what it accepted, in what order each model runs it, and what each came to.
+ *
+ * - **Order.** A model's calls run one at a time in the order they were accepted (a queue and a fiber per model);
+ *   `asample` runs beside them (it reads the engine, not the learner).
+ * - **Exactly once.** A request is accepted once: a retry bearing the same `X-Idempotency-Key`, or the same
+ *   `(model_id, seq_id)` with the same body (SkyRL's rule), answers the future the first one made; the same
+ *   `(model_id, seq_id)` with another body is refused (409). Acceptance is written to the {@link FutureLog} before
+ *   the answer, an outcome before `retrieve_future` can see it.
+ * - **Restart.** {@link replay} rebuilds the state from the log: calls that change a model (`create_model`,
+ *   `forward_backward`, `optim_step`, `load_weights`, `save_weights_for_sampler`, `unload_model`) run again in order
+ *   (their recorded outcomes stand; the learner is deterministic on the CPU, so the weights come out the same);
+ *   calls accepted without an outcome run for the first time. An optimiser step whose answer was lost, or whose
+ *   process died, is thus applied once to the state its client saw.
+ *
+ * @since 0.1.0
+ */
+import { Cause, Deferred, Effect, Exit, FileSystem, Queue, Schema, Scope, Semaphore } from "effect"
+import type * as Lora from "../../src/Lora.ts"
+import * as Types from "../../src/tinker/Types.ts"
+import type * as PolicyEngine from "../PolicyEngine.ts"
+import type * as FutureLog from "./FutureLog.ts"
+import * as Models from "./Models.ts"
+
+// ===== Models =====
+
+/** What a future came to (the JSON of its result, or its failure). */
+export type Outcome = { readonly ok: unknown } | { readonly failed: Models.Failed }
+
+/**
+ * A future: its request and, once done, its outcome.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Future {
+  readonly id: string
+  readonly route: string
+  readonly body: unknown
+  readonly model: string | undefined
+  readonly done: Deferred.Deferred<Outcome>
+}
+
+/** A model's slot: its base and adapter (known at acceptance), its queue, and the model once created. */
+interface Slot {
+  readonly id: string
+  /** Absent: a logged model whose base this server no longer offers (its creation fails). */
+  readonly base: Models.Base | undefined
+  readonly lora: Lora.Config | undefined
+  readonly queue: Queue.Queue<Job>
+  hosted: Models.Hosted | Models.Failed | undefined
+}
+
+interface Job {
+  readonly future: Future
+  /** The outcome the log holds (a replay): it stands, whatever this run gives. */
+  readonly recorded: Outcome | undefined
+}
+
+/**
+ * Options of the futures' state.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Options {
+  readonly bases: ReadonlyArray<Models.Base>
+  /** Where checkpoints go (`checkpoints/MODEL/NAME`). */
+  readonly checkpoints: string
+  /** Runs before each future's work (tests hold a future pending with it). */
+  readonly beforeRun?: ((route: string, id: string) => Effect.Effect<void>) | undefined
+}
+
+/**
+ * The state.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface State {
+  readonly options: Options
+  readonly log: FutureLog.FutureLog
+  readonly scope: Scope.Scope
+  readonly fs: FileSystem.FileSystem
+  readonly sessions: Set<string>
+  readonly slots: Map<string, Slot>
+  readonly futures: Map<string, Future>
+  readonly byKey: Map<string, string>
+  readonly bySeq: Map<string, string>
+  /** Acceptances one at a time: a retry racing its original finds it. */
+  readonly accepting: Semaphore.Semaphore
+  readonly baseEngines: Map<string, Deferred.Deferred<PolicyEngine.PolicyEngine["Service"], Models.Failed>>
+  nextId: number
+}
+
+/** Calls that change a model: a replay runs them again. */
+const mutating = new Set([
+  "create_model",
+  "forward_backward",
+  "optim_step",
+  "load_weights",
+  "save_weights_for_sampler",
+  "unload_model"
+])
+
+// ===== Work =====
+
+const decode = <S extends Schema.Codec<any, any, never, never>>(schema: S, body: unknown): S["Type"] =>
+  Schema.decodeUnknownSync(schema)(body)
+
+/** The model a call needs, created and not unloaded. */
+const hostedOf = (slot: Slot): Effect.Effect<Models.Hosted, Models.Failed> =>
+  slot.hosted === undefined ?
+    Effect.fail(Models.failed("user", `model ${slot.id} was unloaded`)) :
+    "category" in slot.hosted ?
+    Effect.fail(Models.failed("user", `model ${slot.id} could not be created: ${slot.hosted.error}`)) :
+    Effect.succeed(slot.hosted)
+
+/** The work of a model's future (its body was decoded at acceptance, so decoding again cannot fail). */
+const work = (
+  state: State,
+  slot: Slot,
+  future: Future
+): Effect.Effect<unknown, Models.Failed, FileSystem.FileSystem> => {
+  const { body } = future
+  switch (future.route) {
+    case "create_model":
+      if (slot.base === undefined) {
+        return Effect.fail(Models.failed("user", `the base model of ${slot.id} is not offered by this server now`))
+      }
+      return Models.create(slot.id, slot.base, slot.lora, state.options.checkpoints).pipe(
+        Effect.tapError((f) => Effect.sync(() => void (slot.hosted = f))),
+        Effect.map((h) => {
+          slot.hosted = h
+          return Types.encodeJson(Types.CreateModelResponse, { model_id: slot.id, type: "create_model" })
+        })
+      )
+    case "forward_backward":
+      return Effect.flatMap(hostedOf(slot), (h) =>
+        Models.forwardBackward(h, decode(Types.ForwardBackwardRequest, body).forward_backward_input))
+    case "forward":
+      return Effect.flatMap(hostedOf(slot), (h) => Models.forward(h, decode(Types.ForwardRequest, body).forward_input))
+    case "optim_step":
+      return Effect.flatMap(hostedOf(slot), (h) =>
+        Models.optimStep(h, decode(Types.OptimStepRequest, body).adam_params))
+    case "save_weights":
+      return Effect.flatMap(hostedOf(slot), (h) =>
+        Models.saveWeights(h, decode(Types.SaveWeightsRequest, body), `checkpoint-${future.id}`))
+    case "load_weights":
+      return Effect.flatMap(hostedOf(slot), (h) => Models.loadWeights(h, decode(Types.LoadWeightsRequest, body)))
+    case "save_weights_for_sampler":
+      return Effect.flatMap(hostedOf(slot), (h) =>
+        Models.saveForSampler(h, decode(Types.SaveWeightsForSamplerRequest, body)))
+    case "unload_model":
+      return Effect.flatMap(hostedOf(slot), (h) =>
+        Models.close(h).pipe(
+          Effect.andThen(Effect.sync(() => void (slot.hosted = undefined))),
+          Effect.as(Types.encodeJson(Types.UnloadModelResponse, { model_id: slot.id, type: "unload_model" }))
+        ))
+    default:
+      return Effect.fail(Models.failed("server", `no work for ${future.route}`))
+  }
+}
+
+/** The engine an `asample` request names: a model's newest sampler weights, or a base model's own. */
+const samplerFor = (state: State, request: Types.SampleRequest) =>
+  Effect.gen(function*() {
+    const path = request.model_path ?? request.sampling_session_id
+    if (path !== undefined && !path.startsWith("base:")) {
+      const parsed = Models.parsePath(path)
+      const slot = parsed === undefined ? undefined : state.slots.get(parsed.model)
+      if (slot === undefined) return yield* Effect.fail(Models.failed("user", `no sampler weights ${path} here`))
+      const found = Models.samplerOf(yield* hostedOf(slot), path)
+      return "category" in found ? yield* Effect.fail(found) : found.engine
+    }
+    const name = path?.slice("base:".length) ?? request.base_model
+    const base = state.options.bases.find((b) => b.name === name)
+    if (base === undefined) return yield* Effect.fail(Models.failed("user", `no base model ${name} here`))
+    let engine = state.baseEngines.get(base.name)
+    if (engine === undefined) {
+      const made = yield* Deferred.make<PolicyEngine.PolicyEngine["Service"], Models.Failed>()
+      state.baseEngines.set(base.name, made)
+      yield* Deferred.into(Models.baseEngine(base, state.scope), made)
+      engine = made
+    }
+    return yield* Deferred.await(engine)
+  })
+
+/** Runs `future`'s work and records its outcome (unless a replay already holds one), then completes it. */
+const execute = (state: State, job: Job, work: Effect.Effect<unknown, Models.Failed, FileSystem.FileSystem>) =>
+  Effect.gen(function*() {
+    const { future } = job
+    if (state.options.beforeRun !== undefined) yield* state.options.beforeRun(future.route, future.id)
+    const exit = yield* Effect.exit(Effect.provideService(work, FileSystem.FileSystem, state.fs))
+    if (Exit.isFailure(exit) && Cause.hasInterruptsOnly(exit.cause)) return yield* Effect.interrupt
+    const outcome: Outcome = Exit.isSuccess(exit) ?
+      { ok: exit.value } :
+      {
+        failed: Cause.findErrorOption(exit.cause).pipe((o) =>
+          o._tag === "Some" ? o.value : Models.failed("server", `internal error: ${Cause.pretty(exit.cause)}`)
+        )
+      }
+    if (job.recorded === undefined) yield* state.log.append({ t: "outcome", id: future.id, ...outcome })
+    else if (("ok" in outcome) !== ("ok" in job.recorded)) {
+      yield* Effect.logWarning(`replayed future ${future.id} (${future.route}) came out otherwise than recorded`)
+    }
+    yield* Deferred.succeed(future.done, job.recorded ?? outcome)
+  })
+
+/** A model's slot, with the fiber that runs its queue in the state's scope. */
+const openSlot = (state: State, id: string, base: Models.Base | undefined, lora: Lora.Config | undefined) =>
+  Effect.gen(function*() {
+    const queue = yield* Queue.unbounded<Job>()
+    const slot: Slot = { id, base, lora, queue, hosted: undefined }
+    state.slots.set(id, slot)
+    yield* Queue.take(queue).pipe(
+      Effect.flatMap((job) => execute(state, job, work(state, slot, job.future))),
+      Effect.forever,
+      Effect.forkIn(state.scope)
+    )
+    yield* Scope.addFinalizer(
+      state.scope,
+      Effect.suspend(() =>
+        slot.hosted !== undefined && !("category" in slot.hosted) ? Models.close(slot.hosted) : Effect.void
+      )
+    )
+    return slot
+  })
+
+/** Starts `future` (a model's queue, or beside it for `asample`). */
+const start = (state: State, future: Future, recorded: Outcome | undefined) => {
+  const job: Job = { future, recorded }
+  if (future.route === "asample") {
+    const sample = Effect.flatMap(samplerFor(state, decode(Types.SampleRequest, future.body)), (engine) =>
+      Models.sample(engine, decode(Types.SampleRequest, future.body)))
+    return Effect.asVoid(Effect.forkIn(execute(state, job, sample), state.scope))
+  }
+  const slot = future.model === undefined ? undefined : state.slots.get(future.model)
+  return slot === undefined ?
+    Deferred.succeed(future.done, { failed: Models.failed("user", `no model ${future.model}`) }) :
+    Queue.offer(slot.queue, job)
+}
+
+// ===== Acceptance =====
+
+/**
+ * What a request that makes a future says about itself (from its decoded body).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Request {
+  readonly route: string
+  /** The body as the Schemas encode it (what the log keeps). */
+  readonly body: unknown
+  readonly key: string | undefined
+  readonly model: string | undefined
+  readonly seq: number | undefined
+  /** For `create_model`: the model's base and adapter. */
+  readonly create?: { readonly base: Models.Base; readonly lora: Lora.Config | undefined } | undefined
+}
+
+/**
+ * The answer to a future-making request: the future it made, or the one a retry of it names; `conflict` when the
+ * same `seq_id` of a model came with another request.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const accept = (state: State, request: Request) =>
+  state.accepting.withPermits(1)(Effect.gen(function*() {
+    const again = request.key === undefined ? undefined : state.byKey.get(request.key)
+    if (again !== undefined) return { future: state.futures.get(again)!, fresh: false } as const
+    const seqKey = request.model === undefined || request.seq === undefined ?
+      undefined :
+      `${request.model}#${request.seq}`
+    const earlier = seqKey === undefined ? undefined : state.futures.get(state.bySeq.get(seqKey) ?? "")
+    if (earlier !== undefined) {
+      const same = earlier.route === request.route && JSON.stringify(earlier.body) === JSON.stringify(request.body)
+      return same ? { future: earlier, fresh: false } as const : "conflict" as const
+    }
+    const id = String(state.nextId)
+    const model = request.route === "create_model" ? `model-${id}` : request.model
+    yield* state.log.append({
+      t: "request",
+      id,
+      route: request.route,
+      body: request.body,
+      ...(request.key === undefined ? {} : { key: request.key }),
+      ...(model === undefined ? {} : { model }),
+      ...(request.seq === undefined ? {} : { seq: request.seq })
+    })
+    const future = yield* register(state, { ...request, id, model })
+    if (request.create !== undefined) yield* openSlot(state, model!, request.create.base, request.create.lora)
+    yield* start(state, future, undefined)
+    return { future, fresh: true } as const
+  }))
+
+/** Indexes a future by id, idempotency key and `(model, seq_id)`. */
+const register = (
+  state: State,
+  r: {
+    readonly id: string
+    readonly route: string
+    readonly body: unknown
+    readonly model: string | undefined
+    readonly key: string | undefined
+    readonly seq: number | undefined
+  }
+) =>
+  Effect.map(Deferred.make<Outcome>(), (done) => {
+    const future: Future = { id: r.id, route: r.route, body: r.body, model: r.model, done }
+    state.futures.set(r.id, future)
+    state.nextId = Math.max(state.nextId, Number(r.id) + 1)
+    if (r.key !== undefined) state.byKey.set(r.key, r.id)
+    if (r.model !== undefined && r.seq !== undefined) state.bySeq.set(`${r.model}#${r.seq}`, r.id)
+    return future
+  })
+
+// ===== Constructors =====
+
+/**
+ * The state over `log` in the current scope, its accepted calls replayed (see the module's notes).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const make = Effect.fnUntraced(function*(options: Options, log: FutureLog.FutureLog) {
+  const state: State = {
+    options,
+    log,
+    scope: yield* Effect.scope,
+    fs: yield* FileSystem.FileSystem,
+    sessions: new Set(),
+    slots: new Map(),
+    futures: new Map(),
+    byKey: new Map(),
+    bySeq: new Map(),
+    accepting: yield* Semaphore.make(1),
+    baseEngines: new Map(),
+    nextId: 1
+  }
+  yield* replay(state)
+  return state
+})
+
+/** Rebuilds `state` from its log: sessions, futures, and models by running their calls again. */
+const replay = (state: State) =>
+  Effect.gen(function*() {
+    const entries = [...state.log.entries]
+    const outcomes = new Map<string, Outcome>()
+    for (const e of entries) {
+      if (e.t === "outcome") outcomes.set(e.id, e.failed !== undefined ? { failed: e.failed } : { ok: e.ok })
+    }
+    const later: Array<readonly [Future, Outcome | undefined]> = []
+    for (const e of entries) {
+      if (e.t === "session") state.sessions.add(e.id)
+      if (e.t !== "request") continue
+      const future = yield* register(state, { ...e, model: e.model, key: e.key, seq: e.seq })
+      const recorded = outcomes.get(e.id)
+      if (e.route === "create_model") yield* openSlot(state, e.model!, ...createOf(state, e.body))
+      const rerun = mutating.has(e.route) || (recorded === undefined && e.route !== "asample")
+      if (rerun) yield* start(state, future, recorded)
+      else if (recorded !== undefined) yield* Deferred.succeed(future.done, recorded)
+      else later.push([future, recorded])
+    }
+    // Samples accepted before the restart run once the models are back (their sampler weights republished).
+    if (later.length > 0) {
+      yield* Effect.forEach(state.slots.values(), (slot) => awaitQueue(state, slot), { discard: true })
+      yield* Effect.forEach(later, ([future, recorded]) => start(state, future, recorded), { discard: true })
+    }
+  })
+
+/** Waits until every future queued on `slot` so far is done. */
+const awaitQueue = (state: State, slot: Slot) =>
+  Effect.forEach([...state.futures.values()].filter((f) => f.model === slot.id && f.route !== "asample"), (f) =>
+    Deferred.await(f.done), { discard: true })
+
+/** The base and adapter of a logged `create_model` body (checked when it was accepted). */
+const createOf = (state: State, body: unknown): readonly [Models.Base | undefined, Lora.Config | undefined] => {
+  const request = decode(Types.CreateModelRequest, body)
+  const base = state.options.bases.find((b) => b.name === request.base_model)
+  const lora = Models.loraOf(request.lora_config)
+  return [base, lora !== undefined && "category" in lora ? undefined : lora]
+}
