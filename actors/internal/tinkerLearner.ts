@@ -128,8 +128,8 @@ export const sampler = Effect.fnUntraced(function*(tinker: Tinker, version: numb
     const all = tinker.published.map((p) => p.version)
     return yield* runError("Learner", `policy version ${version} is not among the published versions ${all}`)
   }
-  return yield* TinkerSampler.make({ modelPath: entry.path, baseModel: tinker.config.baseModel, policyVersion: version })
-    .pipe(Effect.provideService(TinkerClient.TinkerClient, tinker.client))
+  const options = { modelPath: entry.path, baseModel: tinker.config.baseModel, policyVersion: version }
+  return yield* TinkerSampler.make(options).pipe(Effect.provideService(TinkerClient.TinkerClient, tinker.client))
 })
 
 /** The sampler of the newest published version, whichever it is when a request comes. */
