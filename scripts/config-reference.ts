@@ -75,7 +75,8 @@ const filled = (s: Json): Record<string, unknown> => {
   const required = new Set((s.required ?? []) as Array<string>)
   const out: Record<string, unknown> = {}
   for (const [k, p] of Object.entries(props)) {
-    if (required.has(k)) out[k] = sample(p)
+    // An address key takes an http(s) address (`learner.tinker.baseUrl`).
+    if (required.has(k)) out[k] = /url$/i.test(k) && p.type === "string" ? "http://127.0.0.1" : sample(p)
     else if (p.type === "object" && p.properties !== undefined) out[k] = filled(p)
   }
   return out

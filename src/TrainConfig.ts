@@ -348,7 +348,9 @@ const ApiRoot = Schema.String.check(
  * @since 0.1.0
  */
 export const TinkerLearnerConfig = Schema.Struct({
+  /** The service root, without `/api/v1`: e.g. `http://10.0.0.2:8000` for a server of your own. */
   baseUrl: ApiRoot,
+  /** The environment variable that holds the API key (sent as `X-API-Key`); unset or empty: no key. */
   apiKeyEnv: withDefault(Schema.String.check(Schema.isPattern(/^[A-Za-z_][A-Za-z0-9_]*$/)), "TINKER_API_KEY"),
   /** The engine's name of the base model, e.g. `Qwen/Qwen3-8B` (its tokenizer must be `model.path`'s). */
   baseModel: Schema.String.check(Schema.isMinLength(1)),
@@ -406,7 +408,7 @@ export const LearnerConfig = Schema.Struct({
   timeoutSeconds: Schema.optionalKey(Schema.Int.check(Schema.isBetween({ minimum: 1, maximum: 86_400 }))),
   /**
    * Where the learner's steps run: `local` (this process, or `url`'s trainer server; the default) or `tinker`, a
-   * Tinker-API engine set up by {@link TinkerLearnerConfig} under `tinker`.
+   * Tinker-API engine set up under `learner.tinker`.
    */
   backend: Schema.optionalKey(Schema.Literals(["local", "tinker"])),
   tinker: Schema.optionalKey(TinkerLearnerConfig)
