@@ -8,8 +8,8 @@
  * Headline: the client's cost a learner step ÷ the in-process step: the step's HTTP requests (each submit and each
  * poll of its future) at the round trip of a call that computes nothing, plus the coding of its micro-batches both
  * ways (`Datums.fromMicroBatch`, the Schemas' encoding, JSON, and back on the server; the outputs' logprobs back),
- * measured apart from the noisy steps. Target ≤ 0.1 (issue 43). Also: API ÷ local time a step as measured (the server
- * shares this process's cores), requests and polls a step.
+ * measured apart from the noisy steps. Target ≤ 0.1 (issue 43). Also: API ÷ local time a step as measured (the
+ * server shares this process's cores), requests and polls a step.
  */
 import { NodeServices } from "@effect/platform-node"
 import * as NodeHttpClient from "@effect/platform-node/NodeHttpClient"
@@ -88,8 +88,8 @@ const figures = Effect.gen(function*() {
     padRows: true,
     sharePrefix: false
   })
-  const local = (yield* OnnxTrainer.make({ ...settings, weights, model: OnnxTrainer.qwen2(c), workers: 1, intraOpThreads: 1 }))
-    .trainer
+  const model = OnnxTrainer.qwen2(c)
+  const local = (yield* OnnxTrainer.make({ ...settings, weights, model, workers: 1, intraOpThreads: 1 })).trainer
   const server = yield* TinkerServer.serve({ bases: [{ name: "tiny", config: c, weights }], pollMillis: 1000 })
   const client = yield* TinkerClient.make({ baseUrl: server.baseUrl })
   const remote = yield* TinkerTrainer.make({ ...settings, baseModel: "tiny" }).pipe(
