@@ -24,17 +24,19 @@ const demo = JSON.parse(readFileSync(resolve(dir, "demo.json"), "utf8"))
 const modelPath = resolve(dir, demo.model.path)
 const stateDir = resolve(root, "runs/calculator-demo-tinker-state")
 
-// The demo's data, exactly as `npm run demo` writes it.
-execFileSync(process.execPath, [
-  "--import",
-  "tsx",
-  "examples/calculator/generate.ts",
-  "examples/calculator/data",
-  "12345",
-  "0.5",
-  "--kind",
-  "sums"
-], { cwd: root, stdio: "inherit" })
+// The demo's data, exactly as `npm run demo` writes it (left as it is when `npm run demo` wrote it already).
+if (!existsSync(resolve(dir, "data/train.jsonl"))) {
+  execFileSync(process.execPath, [
+    "--import",
+    "tsx",
+    "examples/calculator/generate.ts",
+    "examples/calculator/data",
+    "12345",
+    "0.5",
+    "--kind",
+    "sums"
+  ], { cwd: root, stdio: "inherit" })
+}
 rmSync(stateDir, { recursive: true, force: true })
 
 const program = Effect.gen(function*() {
