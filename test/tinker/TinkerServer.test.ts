@@ -264,8 +264,8 @@ describe("TinkerServer", () => {
       const expected = yield* inProcess([sftData()], 1)
       assert.deepStrictEqual(yield* forwardLogprobs(c2, model, sftData()), expected.logprobs)
       // One outcome for the step in the log, written by the second server.
-      const log = yield* Effect.scoped(FutureLog.open(`${stateDir}/requests.jsonl`))
-      assert.strictEqual(log.entries.filter((e) => e.t === "outcome" && e.id === opt.request_id).length, 1)
+      const log = yield* FutureLog.read(`${stateDir}/requests.jsonl`)
+      assert.strictEqual(log.filter((e) => e.t === "outcome" && e.id === opt.request_id).length, 1)
       assert.deepStrictEqual(after.contract.violations, [])
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 300_000)
 
