@@ -99,27 +99,13 @@ const decodeBody = <S extends Schema.Codec<any, any, never, never>>(schema: S, r
     Effect.mapError((e) => error(422, `${route}: ${e.message}`))
   )
 
-/** The requests that make futures, each with its Schema and where its model and `seq_id` are. */
-const futureRoutes = {
-  create_model: Types.CreateModelRequest,
-  forward: Types.ForwardRequest,
-  forward_backward: Types.ForwardBackwardRequest,
-  optim_step: Types.OptimStepRequest,
-  save_weights_for_sampler: Types.SaveWeightsForSamplerRequest,
-  save_weights: Types.SaveWeightsRequest,
-  load_weights: Types.LoadWeightsRequest,
-  asample: Types.SampleRequest,
-  unload_model: Types.UnloadModelRequest
-} as const
-type FutureRoute = keyof typeof futureRoutes
-
-const isFutureRoute = (route: string): route is FutureRoute => Object.hasOwn(futureRoutes, route)
+const { futureRoutes, isFutureRoute } = Futures
+type FutureRoute = Futures.FutureRoute
 
 /** What the acceptance needs from a decoded body. */
-const describe = (server: Server, route: FutureRoute, body: any, key: string | undefined) =>
+const describe = (server: Server, route: FutureRoute, raw: unknown, body: any, key: string | undefined) =>
   Effect.gen(function*() {
-    const encoded = Types.encodeJson(futureRoutes[route] as Schema.Codec<any, any, never, never>, body)
-    const base: Futures.Request = { route, body: encoded, key, model: body.model_id, seq: body.seq_id }
+    const base: Futures.Request = { route, body: raw, request: body, key, model: body.model_id, seq: body.seq_id }
     if (route === "create_model") {
       const request = body as Types.CreateModelRequest
       if (!server.state.sessions.has(request.session_id)) return yield* Effect.fail(error(404, "Session not found"))
@@ -150,9 +136,12 @@ const acceptFuture = (
   bytes: Uint8Array
 ) =>
   Effect.gen(function*() {
-    const body = yield* decodeBody(futureRoutes[route] as Schema.Codec<any, any, never, never>, route, bytes)
+    const raw = asJson(bytes)
+    const body = yield* Schema.decodeUnknownEffect(futureRoutes[route] as Schema.Codec<any, any, never, never>)(raw).pipe(
+      Effect.mapError((e) => error(422, `${route}: ${raw === undefined ? "the body is not JSON" : e.message}`))
+    )
     const header = req.headers[Types.headers.idempotencyKey.toLowerCase()]
-    const request = yield* describe(server, route, body, typeof header === "string" ? header : undefined)
+    const request = yield* describe(server, route, raw, body, typeof header === "string" ? header : undefined)
     const used = server.used.get(client) ?? 0
     const quota = server.options.quota
     const known = request.key !== undefined && server.state.byKey.has(request.key)
