@@ -133,9 +133,17 @@ export type FutureRoute = keyof typeof futureRoutes
  */
 export const isFutureRoute = (route: string): route is FutureRoute => Object.hasOwn(futureRoutes, route)
 
+/**
+ * The request Schema of a future-making route.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const schemaOf = (route: FutureRoute) => futureRoutes[route] as Schema.Codec<unknown, unknown, never, never>
+
 /** A logged body decoded with its route's Schema (it was decoded so when accepted: a failure here is a defect). */
 const decodeLogged = (route: string, body: unknown): unknown =>
-  isFutureRoute(route) ? Schema.decodeUnknownSync(futureRoutes[route] as Schema.Codec<any, any, never, never>)(body) : body
+  isFutureRoute(route) ? Schema.decodeUnknownSync(schemaOf(route))(body) : body
 
 /** The model a call needs, created and not unloaded. */
 const hostedOf = (slot: Slot): Effect.Effect<Models.Hosted, Models.Failed> =>

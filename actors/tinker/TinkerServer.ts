@@ -99,7 +99,7 @@ const decodeBody = <S extends Schema.Codec<any, any, never, never>>(schema: S, r
     Effect.mapError((e) => error(422, `${route}: ${e.message}`))
   )
 
-const { futureRoutes, isFutureRoute } = Futures
+const { isFutureRoute } = Futures
 type FutureRoute = Futures.FutureRoute
 
 /** What the acceptance needs from a decoded body. */
@@ -137,7 +137,7 @@ const acceptFuture = (
 ) =>
   Effect.gen(function*() {
     const raw = asJson(bytes)
-    const body = yield* Schema.decodeUnknownEffect(futureRoutes[route] as Schema.Codec<any, any, never, never>)(raw).pipe(
+    const body = yield* Schema.decodeUnknownEffect(Futures.schemaOf(route))(raw).pipe(
       Effect.mapError((e) => error(422, `${route}: ${raw === undefined ? "the body is not JSON" : e.message}`))
     )
     const header = req.headers[Types.headers.idempotencyKey.toLowerCase()]
