@@ -189,6 +189,12 @@ const immediate = (server: Server, route: string, bytes: Uint8Array) =>
   Effect.gen(function*() {
     const { state } = server
     switch (route) {
+      case "client_config": {
+        yield* decodeBody(Types.ClientConfigRequest, route, bytes)
+        // Every default: an SDK that reads `proto_write_fwdbwd` (before 0.25) then posts forward_backward as JSON.
+        const defaults = Schema.decodeUnknownSync(Types.ClientConfigResponse)({})
+        return ok(Types.encodeJson(Types.ClientConfigResponse, defaults))
+      }
       case "get_server_capabilities":
         return ok(Types.encodeJson(Types.GetServerCapabilitiesResponse, {
           supported_models: server.options.bases.map((b) => ({
@@ -235,8 +241,9 @@ const immediate = (server: Server, route: string, bytes: Uint8Array) =>
 /** The route a request names under `/api/v1/`, or undefined. */
 const routeOf = (req: Http.IncomingMessage): string | undefined => {
   const path = (req.url ?? "/").split("?")[0]!.replace(/\/+$/, "")
-  const m = /^\/api\/v1\/([a-z_]+)$/.exec(path)
-  return m === null ? undefined : m[1]
+  const m = /^\/api\/v1\/([a-z_]+(?:\/[a-z_]+)?)$/.exec(path)
+  // `client/config` is the one route with a slash: its name here is `client_config` (`Types.routes`).
+  return m === null ? undefined : m[1]!.replace("/", "_")
 }
 
 /**

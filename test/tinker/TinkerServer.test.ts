@@ -47,6 +47,10 @@ describe("TinkerServer", () => {
       const c = client(baseUrl)
       const health = yield* c.raw("GET", "healthz")
       assert.deepStrictEqual(health.body, { status: "ok" })
+      const sdk = { sdk_version: "0.24.0" }
+      const flags = yield* c.post("client_config", T.ClientConfigRequest, sdk, T.ClientConfigResponse)
+      assert.strictEqual(flags.proto_write_fwdbwd, false)
+      assert.strictEqual(flags.pjwt_auth_enabled, false)
       const caps = yield* c.raw("GET", "get_server_capabilities")
       assert.deepStrictEqual(caps.body, { supported_models: [{ model_name: "tiny-test", max_context_length: 512 }] })
       const { model, session } = yield* createModel(c)

@@ -24,6 +24,7 @@ type Codec = Schema.Codec<any, any, never, never>
 /** Each route's request Schema and the Schema of a 200 answer to it. */
 const contract: Record<string, readonly [Codec | undefined, Codec]> = {
   healthz: [undefined, T.HealthResponse],
+  client_config: [T.ClientConfigRequest, T.ClientConfigResponse],
   get_server_capabilities: [undefined, T.GetServerCapabilitiesResponse],
   create_session: [T.CreateSessionRequest, T.CreateSessionResponse],
   session_heartbeat: [T.SessionHeartbeatRequest, T.SessionHeartbeatResponse],
@@ -75,7 +76,8 @@ export interface Answer {
 export const client = (baseUrl: string, apiKey?: string) => {
   const raw = (method: string, route: string, body?: unknown, headers: Record<string, string> = {}) =>
     Effect.promise(async (): Promise<Answer> => {
-      const res = await fetch(`${baseUrl}/api/v1/${route}`, {
+      const path = (T.routes as Record<string, { readonly path: string }>)[route]?.path ?? `/api/v1/${route}`
+      const res = await fetch(`${baseUrl}${path}`, {
         method,
         headers: {
           "content-type": "application/json",

@@ -253,6 +253,44 @@ export const futureResult = <S extends Schema.Top>(result: S) =>
 // ===== Service =====
 
 /**
+ * `ClientConfigRequest` (`types/client_config_request.py`): `POST /api/v1/client/config`, the SDK's first call.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const ClientConfigRequest = Schema.Struct({ sdk_version: Schema.String })
+export type ClientConfigRequest = typeof ClientConfigRequest.Type
+
+/**
+ * `ClientConfigResponse` (`types/client_config_response.py`): the server's feature flags for the SDK, with its
+ * defaults; plus `proto_write_fwdbwd` and `fwd_via_fwdbwd` of the SDK before 0.25 (b1e4ee3), which post
+ * `forward_backward` as JSON unless `proto_write_fwdbwd` is true. Servers may add flags (the SDK ignores unknown ones).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const ClientConfigResponse = Schema.Struct({
+  pjwt_auth_enabled: withDefault(Schema.Boolean, false),
+  credential_default_source: withDefault(Schema.String, "api_key"),
+  sample_dispatch_bytes_semaphore_size: withDefault(Schema.Int, 10 * 1024 * 1024),
+  inflight_response_bytes_semaphore_size: withDefault(Schema.Int, 50 * 1024 * 1024),
+  parallel_fwdbwd_chunks: withDefault(Schema.Boolean, true),
+  proto_write_fwdbwd: withDefault(Schema.Boolean, false),
+  proto_compress_fwdbwd: withDefault(Schema.Boolean, false),
+  fwd_via_fwdbwd: withDefault(Schema.Boolean, false),
+  fwdbwd_max_chunk_len: withDefault(Schema.Int, 1024),
+  fwdbwd_max_chunk_bytes_count: withDefault(Schema.Int, 5_000_000),
+  fwdbwd_dispatch_bytes_semaphore_size: withDefault(Schema.Int, 50 * 1000 * 1000),
+  billing_exception_max_pause_duration_sec: withDefault(Schema.Int, 60 * 60),
+  sample_no_retries: withDefault(Schema.Boolean, false),
+  sample_enable_stuck_detection: withDefault(Schema.Boolean, true),
+  sample_max_concurrent_requests: withDefault(Schema.Int, 2000),
+  use_pyqwest_transport: withDefault(Schema.Boolean, true),
+  create_model_via_load_weights: withDefault(Schema.Boolean, false)
+})
+export type ClientConfigResponse = typeof ClientConfigResponse.Type
+
+/**
  * `HealthResponse` (`types/health_response.py`): `GET /api/v1/healthz`.
  *
  * @category models
@@ -311,6 +349,7 @@ export const headers = { apiKey: "X-API-Key", idempotencyKey: "X-Idempotency-Key
  */
 export const routes = {
   healthz: { method: "GET", path: "/api/v1/healthz" },
+  client_config: { method: "POST", path: "/api/v1/client/config" },
   get_server_capabilities: { method: "GET", path: "/api/v1/get_server_capabilities" },
   create_session: { method: "POST", path: "/api/v1/create_session" },
   session_heartbeat: { method: "POST", path: "/api/v1/session_heartbeat" },
