@@ -40,6 +40,7 @@ import * as GradientBackend from "../src/GradientBackend.ts"
 import * as Auth from "./internal/auth.ts"
 import { listen, readBody } from "./internal/http.ts"
 import * as WeightsPut from "./internal/weightsPut.ts"
+import type * as TinkerServer from "./tinker/TinkerServer.ts"
 
 /**
  * @category models
@@ -79,6 +80,11 @@ export interface Options {
   readonly idleMillis?: number | undefined
   /** Told of every trainer a run initialises (the CLI prints it). */
   readonly onInit?: ((name: string, parameters: number, workers: number) => Effect.Effect<void>) | undefined
+  /**
+   * The Tinker API (`tinker/TinkerServer.ts#make`), served on the same port under `/api/v1/` with its own auth
+   * (`X-API-Key`); absent: not served.
+   */
+  readonly tinker?: TinkerServer.Handler | undefined
 }
 
 interface Reply {
@@ -524,6 +530,7 @@ export const serve = Effect.fn("TrainerServer.serve")(function*(
     Effect.forkScoped
   )
   const http = Http.createServer((req, res) => {
+    if (options.tinker?.(req, res) === true) return
     // The call runs to its end when the client goes away: its reply is kept for the client's retry.
     const overloaded = json(503, `the server is answering ${server.gate.max} requests already; retry`, "overloaded")
     run(Auth.within(server.gate, route(server, req), Effect.succeed(overloaded)).pipe(

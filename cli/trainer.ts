@@ -5,13 +5,59 @@
  * `AGENTFLY_TRAINER_TOKEN` set (or `--token-file FILE`, one token a line), only requests bearing it are served (the run
  * sends its own); a `--host` beyond loopback without a token is refused at start.
  *
+ * With `--tinker-model` (a model folder, `NAME=FOLDER`, or a preset `tiny|small|medium`; repeatable) it also serves the
+ * Tinker API on the same port under `/api/v1/` (`actors/tinker/TinkerServer.ts`, `docs/tinker.md`): `create_model`
+ * names one of these base models. Requests must bear `X-API-Key` with a key of `AGENTFLY_TINKER_API_KEY` or
+ * `--tinker-api-key-file` (none: loopback only). `--tinker-state-dir` keeps the request log and checkpoints, so a
+ * server started again on it resumes every model and pending future.
+ *
  * @since 0.1.0
  */
-import { Console, Effect, Option } from "effect"
+import { Console, Effect, FileSystem, Option } from "effect"
 import { Command, Flag } from "effect/cli"
 import * as Auth from "../actors/internal/auth.ts"
+import * as Models from "../actors/tinker/Models.ts"
+import * as TinkerServer from "../actors/tinker/TinkerServer.ts"
 import * as TrainerServer from "../actors/TrainerServer.ts"
+import type * as ModelConfig from "../src/model/ModelConfig.ts"
+import * as ModelFolder from "../src/ModelFolder.ts"
 import { exitOnFailure } from "./train.ts"
+
+const presetNames: ReadonlyArray<string> = ["tiny", "small", "medium"] satisfies ReadonlyArray<ModelConfig.PresetName>
+
+/** A `--tinker-model` as a base model: a preset's fresh folder (seed 0, under the state directory) or a folder. */
+const baseModel = Effect.fnUntraced(function*(spec: string, stateDir: string) {
+  const fs = yield* FileSystem.FileSystem
+  const eq = spec.indexOf("=")
+  const name = eq > 0 ? spec.slice(0, eq) : spec.replace(/\/+$/, "").split("/").pop()!
+  const path = eq > 0 ? spec.slice(eq + 1) : spec
+  if (presetNames.includes(path)) {
+    const dir = `${stateDir}/bases/${path}`
+    // The same seed every start: a restarted server's models replay onto the same base.
+    if (!(yield* fs.exists(`${dir}/config.json`))) {
+      yield* ModelFolder.init(dir, { preset: path as ModelConfig.PresetName, seed: 0 })
+    }
+    return Models.baseOf(name, yield* ModelFolder.load(dir))
+  }
+  return Models.baseOf(name, yield* ModelFolder.load(path))
+})
+
+/** The Tinker API's handler for the flags given, or none without `--tinker-model`. */
+const tinkerHandler = Effect.fnUntraced(function*(options: {
+  readonly models: ReadonlyArray<string>
+  readonly stateDir: string | undefined
+  readonly keyFile: string | undefined
+  readonly quota: number | undefined
+}) {
+  if (options.models.length === 0) return undefined
+  const fs = yield* FileSystem.FileSystem
+  const stateDir = options.stateDir ?? (yield* fs.makeTempDirectoryScoped({ prefix: "agentfly-tinker-" }))
+  yield* fs.makeDirectory(stateDir, { recursive: true })
+  const bases = yield* Effect.forEach(options.models, (spec) => baseModel(spec, stateDir))
+  const keys = yield* Auth.load(fs, { env: ["AGENTFLY_TINKER_API_KEY"], file: options.keyFile })
+  const handler = yield* TinkerServer.make({ bases, stateDir, apiKeys: keys, quota: options.quota })
+  return { handler, bases, keys, stateDir }
+})
 
 /**
  * @category commands
@@ -47,12 +93,38 @@ export const trainer = Command.make(
     device: Flag.Literals("device", ["cpu", "cuda"]).pipe(
       Flag.withDescription("onnxruntime's execution provider"),
       Flag.withDefault("cpu" as const)
+    ),
+    tinkerModel: Flag.String("tinker-model").pipe(
+      Flag.withDescription("Serve the Tinker API with this base model: FOLDER, NAME=FOLDER or a preset (repeatable)"),
+      Flag.atLeast(0)
+    ),
+    tinkerStateDir: Flag.String("tinker-state-dir").pipe(
+      Flag.withDescription("The Tinker API's request log and checkpoints (default: a temporary directory)"),
+      Flag.optional
+    ),
+    tinkerApiKeyFile: Flag.String("tinker-api-key-file").pipe(
+      Flag.withDescription("A file of API keys (one a line) for X-API-Key, beside AGENTFLY_TINKER_API_KEY"),
+      Flag.optional
+    ),
+    tinkerQuota: Flag.Int("tinker-quota").pipe(
+      Flag.withDescription("Most Tinker futures accepted per API key, 429 past it (a simulated quota, for tests)"),
+      Flag.optional
     )
   },
-  Effect.fn("trainer")(function*({ host, port, workers, idleMinutes, device, tokenFile, allowPushUrl }) {
+  Effect.fn("trainer")(function*({ host, port, workers, idleMinutes, device, tokenFile, allowPushUrl, ...flags }) {
     const file = Option.getOrUndefined(tokenFile)
     const tokens = yield* Auth.forServer({ env: ["AGENTFLY_TRAINER_TOKEN"], file, host })
+    const tinker = yield* tinkerHandler({
+      models: flags.tinkerModel,
+      stateDir: Option.getOrUndefined(flags.tinkerStateDir),
+      keyFile: Option.getOrUndefined(flags.tinkerApiKeyFile),
+      quota: Option.getOrUndefined(flags.tinkerQuota)
+    })
+    const problem = tinker === undefined ? undefined :
+      Auth.bindProblem(host, Auth.tokens(tinker.keys), "AGENTFLY_TINKER_API_KEY or --tinker-api-key-file")
+    if (problem !== undefined) return yield* Effect.fail(new Error(problem))
     const server = yield* TrainerServer.serve({
+      tinker: tinker?.handler,
       host,
       port,
       token: tokens,
@@ -67,6 +139,13 @@ export const trainer = Command.make(
       `agentfly trainer at ${server.baseUrl} (${device})` +
         (tokens.length === 0 ? "" : ", requests must bear a token")
     )
+    if (tinker !== undefined) {
+      yield* Console.log(
+        `Tinker API at http://${host}:${server.port}/api/v1 ` +
+          `(base models ${tinker.bases.map((b) => b.name).join(", ")}` +
+          `; state in ${tinker.stateDir}${tinker.keys.length === 0 ? "" : "; requests must bear X-API-Key"})`
+      )
+    }
     return yield* Effect.never
   }, Effect.scoped, exitOnFailure)
 ).pipe(Command.withDescription("Serve the learner's steps to runs elsewhere (learner.url)"))

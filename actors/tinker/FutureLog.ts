@@ -94,6 +94,19 @@ const parse = (text: string): { readonly entries: Array<Entry>; readonly bytes: 
 }
 
 /**
+ * The intact entries of the log at `path` (none when there is no file), without opening it for writing: a look at
+ * the log of a server that may be running.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const read = Effect.fn("FutureLog.read")(function*(path: string) {
+  const fs = yield* FileSystem.FileSystem
+  const exists = yield* fs.exists(path).pipe(Effect.orDie)
+  return exists ? parse(yield* fs.readFileString(path).pipe(Effect.orDie)).entries : []
+})
+
+/**
  * Opens (or creates) the log at `path`, cut to its intact prefix. The file stays open for the scope.
  *
  * **Gotchas**: a failure to write is a defect here: a server that cannot record what it accepted must not answer.

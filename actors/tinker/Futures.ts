@@ -36,7 +36,10 @@ export type Outcome = { readonly ok: unknown } | { readonly failed: Models.Faile
 export interface Future {
   readonly id: string
   readonly route: string
+  /** The body as received (what the log keeps, and what a retry is compared with). */
   readonly body: unknown
+  /** The body decoded with its route's Schema. */
+  readonly request: any
   readonly model: string | undefined
   readonly done: Deferred.Deferred<Outcome>
 }
@@ -105,8 +108,42 @@ const mutating = new Set([
 
 // ===== Work =====
 
-const decode = <S extends Schema.Codec<any, any, never, never>>(schema: S, body: unknown): S["Type"] =>
-  Schema.decodeUnknownSync(schema)(body)
+/**
+ * The requests that make futures, by route, with their Schemas.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const futureRoutes = {
+  create_model: Types.CreateModelRequest,
+  forward: Types.ForwardRequest,
+  forward_backward: Types.ForwardBackwardRequest,
+  optim_step: Types.OptimStepRequest,
+  save_weights_for_sampler: Types.SaveWeightsForSamplerRequest,
+  save_weights: Types.SaveWeightsRequest,
+  load_weights: Types.LoadWeightsRequest,
+  asample: Types.SampleRequest,
+  unload_model: Types.UnloadModelRequest
+} as const
+export type FutureRoute = keyof typeof futureRoutes
+
+/**
+ * @category guards
+ * @since 0.1.0
+ */
+export const isFutureRoute = (route: string): route is FutureRoute => Object.hasOwn(futureRoutes, route)
+
+/**
+ * The request Schema of a future-making route.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const schemaOf = (route: FutureRoute) => futureRoutes[route] as Schema.Codec<unknown, unknown, never, never>
+
+/** A logged body decoded with its route's Schema (it was decoded so when accepted: a failure here is a defect). */
+const decodeLogged = (route: string, body: unknown): unknown =>
+  isFutureRoute(route) ? Schema.decodeUnknownSync(schemaOf(route))(body) : body
 
 /** The model a call needs, created and not unloaded. */
 const hostedOf = (slot: Slot): Effect.Effect<Models.Hosted, Models.Failed> =>
@@ -116,13 +153,13 @@ const hostedOf = (slot: Slot): Effect.Effect<Models.Hosted, Models.Failed> =>
     Effect.fail(Models.failed("user", `model ${slot.id} could not be created: ${slot.hosted.error}`)) :
     Effect.succeed(slot.hosted)
 
-/** The work of a model's future (its body was decoded at acceptance, so decoding again cannot fail). */
+/** The work of a model's future. */
 const work = (
   state: State,
   slot: Slot,
   future: Future
 ): Effect.Effect<unknown, Models.Failed, FileSystem.FileSystem> => {
-  const { body } = future
+  const { request } = future
   switch (future.route) {
     case "create_model":
       if (slot.base === undefined) {
@@ -137,20 +174,20 @@ const work = (
       )
     case "forward_backward":
       return Effect.flatMap(hostedOf(slot), (h) =>
-        Models.forwardBackward(h, decode(Types.ForwardBackwardRequest, body).forward_backward_input))
+        Models.forwardBackward(h, (request as Types.ForwardBackwardRequest).forward_backward_input))
     case "forward":
-      return Effect.flatMap(hostedOf(slot), (h) => Models.forward(h, decode(Types.ForwardRequest, body).forward_input))
+      return Effect.flatMap(hostedOf(slot), (h) => Models.forward(h, (request as Types.ForwardRequest).forward_input))
     case "optim_step":
       return Effect.flatMap(hostedOf(slot), (h) =>
-        Models.optimStep(h, decode(Types.OptimStepRequest, body).adam_params))
+        Models.optimStep(h, (request as Types.OptimStepRequest).adam_params))
     case "save_weights":
       return Effect.flatMap(hostedOf(slot), (h) =>
-        Models.saveWeights(h, decode(Types.SaveWeightsRequest, body), `checkpoint-${future.id}`))
+        Models.saveWeights(h, request as Types.SaveWeightsRequest, `checkpoint-${future.id}`))
     case "load_weights":
-      return Effect.flatMap(hostedOf(slot), (h) => Models.loadWeights(h, decode(Types.LoadWeightsRequest, body)))
+      return Effect.flatMap(hostedOf(slot), (h) => Models.loadWeights(h, request as Types.LoadWeightsRequest))
     case "save_weights_for_sampler":
       return Effect.flatMap(hostedOf(slot), (h) =>
-        Models.saveForSampler(h, decode(Types.SaveWeightsForSamplerRequest, body)))
+        Models.saveForSampler(h, request as Types.SaveWeightsForSamplerRequest))
     case "unload_model":
       return Effect.flatMap(hostedOf(slot), (h) =>
         Models.close(h).pipe(
@@ -231,8 +268,8 @@ const openSlot = (state: State, id: string, base: Models.Base | undefined, lora:
 const start = (state: State, future: Future, recorded: Outcome | undefined) => {
   const job: Job = { future, recorded }
   if (future.route === "asample") {
-    const sample = Effect.flatMap(samplerFor(state, decode(Types.SampleRequest, future.body)), (engine) =>
-      Models.sample(engine, decode(Types.SampleRequest, future.body)))
+    const request = future.request as Types.SampleRequest
+    const sample = Effect.flatMap(samplerFor(state, request), (engine) => Models.sample(engine, request))
     return Effect.asVoid(Effect.forkIn(execute(state, job, sample), state.scope))
   }
   const slot = future.model === undefined ? undefined : state.slots.get(future.model)
@@ -251,8 +288,10 @@ const start = (state: State, future: Future, recorded: Outcome | undefined) => {
  */
 export interface Request {
   readonly route: string
-  /** The body as the Schemas encode it (what the log keeps). */
+  /** The body as received (what the log keeps). */
   readonly body: unknown
+  /** The body decoded. */
+  readonly request: unknown
   readonly key: string | undefined
   readonly model: string | undefined
   readonly seq: number | undefined
@@ -303,13 +342,14 @@ const register = (
     readonly id: string
     readonly route: string
     readonly body: unknown
+    readonly request: unknown
     readonly model: string | undefined
     readonly key: string | undefined
     readonly seq: number | undefined
   }
 ) =>
   Effect.map(Deferred.make<Outcome>(), (done) => {
-    const future: Future = { id: r.id, route: r.route, body: r.body, model: r.model, done }
+    const future: Future = { id: r.id, route: r.route, body: r.body, request: r.request, model: r.model, done }
     state.futures.set(r.id, future)
     state.nextId = Math.max(state.nextId, Number(r.id) + 1)
     if (r.key !== undefined) state.byKey.set(r.key, r.id)
@@ -356,9 +396,10 @@ const replay = (state: State) =>
     for (const e of entries) {
       if (e.t === "session") state.sessions.add(e.id)
       if (e.t !== "request") continue
-      const future = yield* register(state, { ...e, model: e.model, key: e.key, seq: e.seq })
+      const request = decodeLogged(e.route, e.body)
+      const future = yield* register(state, { ...e, request, model: e.model, key: e.key, seq: e.seq })
       const recorded = outcomes.get(e.id)
-      if (e.route === "create_model") yield* openSlot(state, e.model!, ...createOf(state, e.body))
+      if (e.route === "create_model") yield* openSlot(state, e.model!, ...createOf(state, request))
       const rerun = mutating.has(e.route) || (recorded === undefined && e.route !== "asample")
       if (rerun) yield* start(state, future, recorded)
       else if (recorded !== undefined) yield* Deferred.succeed(future.done, recorded)
@@ -377,8 +418,8 @@ const awaitQueue = (state: State, slot: Slot) =>
     Deferred.await(f.done), { discard: true })
 
 /** The base and adapter of a logged `create_model` body (checked when it was accepted). */
-const createOf = (state: State, body: unknown): readonly [Models.Base | undefined, Lora.Config | undefined] => {
-  const request = decode(Types.CreateModelRequest, body)
+const createOf = (state: State, decoded: unknown): readonly [Models.Base | undefined, Lora.Config | undefined] => {
+  const request = decoded as Types.CreateModelRequest
   const base = state.options.bases.find((b) => b.name === request.base_model)
   const lora = Models.loraOf(request.lora_config)
   return [base, lora !== undefined && "category" in lora ? undefined : lora]

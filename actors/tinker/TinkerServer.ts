@@ -99,27 +99,13 @@ const decodeBody = <S extends Schema.Codec<any, any, never, never>>(schema: S, r
     Effect.mapError((e) => error(422, `${route}: ${e.message}`))
   )
 
-/** The requests that make futures, each with its Schema and where its model and `seq_id` are. */
-const futureRoutes = {
-  create_model: Types.CreateModelRequest,
-  forward: Types.ForwardRequest,
-  forward_backward: Types.ForwardBackwardRequest,
-  optim_step: Types.OptimStepRequest,
-  save_weights_for_sampler: Types.SaveWeightsForSamplerRequest,
-  save_weights: Types.SaveWeightsRequest,
-  load_weights: Types.LoadWeightsRequest,
-  asample: Types.SampleRequest,
-  unload_model: Types.UnloadModelRequest
-} as const
-type FutureRoute = keyof typeof futureRoutes
-
-const isFutureRoute = (route: string): route is FutureRoute => Object.hasOwn(futureRoutes, route)
+const { isFutureRoute } = Futures
+type FutureRoute = Futures.FutureRoute
 
 /** What the acceptance needs from a decoded body. */
-const describe = (server: Server, route: FutureRoute, body: any, key: string | undefined) =>
+const describe = (server: Server, route: FutureRoute, raw: unknown, body: any, key: string | undefined) =>
   Effect.gen(function*() {
-    const encoded = Types.encodeJson(futureRoutes[route] as Schema.Codec<any, any, never, never>, body)
-    const base: Futures.Request = { route, body: encoded, key, model: body.model_id, seq: body.seq_id }
+    const base: Futures.Request = { route, body: raw, request: body, key, model: body.model_id, seq: body.seq_id }
     if (route === "create_model") {
       const request = body as Types.CreateModelRequest
       if (!server.state.sessions.has(request.session_id)) return yield* Effect.fail(error(404, "Session not found"))
@@ -150,9 +136,12 @@ const acceptFuture = (
   bytes: Uint8Array
 ) =>
   Effect.gen(function*() {
-    const body = yield* decodeBody(futureRoutes[route] as Schema.Codec<any, any, never, never>, route, bytes)
+    const raw = asJson(bytes)
+    const body = yield* Schema.decodeUnknownEffect(Futures.schemaOf(route))(raw).pipe(
+      Effect.mapError((e) => error(422, `${route}: ${raw === undefined ? "the body is not JSON" : e.message}`))
+    )
     const header = req.headers[Types.headers.idempotencyKey.toLowerCase()]
-    const request = yield* describe(server, route, body, typeof header === "string" ? header : undefined)
+    const request = yield* describe(server, route, raw, body, typeof header === "string" ? header : undefined)
     const used = server.used.get(client) ?? 0
     const quota = server.options.quota
     const known = request.key !== undefined && server.state.byKey.has(request.key)
@@ -200,6 +189,12 @@ const immediate = (server: Server, route: string, bytes: Uint8Array) =>
   Effect.gen(function*() {
     const { state } = server
     switch (route) {
+      case "client_config": {
+        yield* decodeBody(Types.ClientConfigRequest, route, bytes)
+        // Every default: an SDK that reads `proto_write_fwdbwd` (before 0.25) then posts forward_backward as JSON.
+        const defaults = Schema.decodeUnknownSync(Types.ClientConfigResponse)({})
+        return ok(Types.encodeJson(Types.ClientConfigResponse, defaults))
+      }
       case "get_server_capabilities":
         return ok(Types.encodeJson(Types.GetServerCapabilitiesResponse, {
           supported_models: server.options.bases.map((b) => ({
@@ -246,8 +241,9 @@ const immediate = (server: Server, route: string, bytes: Uint8Array) =>
 /** The route a request names under `/api/v1/`, or undefined. */
 const routeOf = (req: Http.IncomingMessage): string | undefined => {
   const path = (req.url ?? "/").split("?")[0]!.replace(/\/+$/, "")
-  const m = /^\/api\/v1\/([a-z_]+)$/.exec(path)
-  return m === null ? undefined : m[1]
+  const m = /^\/api\/v1\/([a-z_]+(?:\/[a-z_]+)?)$/.exec(path)
+  // `client/config` is the one route with a slash: its name here is `client_config` (`Types.routes`).
+  return m === null ? undefined : m[1]!.replace("/", "_")
 }
 
 /**

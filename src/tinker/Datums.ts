@@ -177,9 +177,14 @@ const rowOf = (datum: Types.Datum, index: number, lossFn: Supported, vocabSize?:
     if (isRefusal(values)) return refusal(`data[${index}]: ${values.refused}`)
     columns[name] = values
   }
-  const ids = [...inputs, ...columns["target_tokens"]!]
-  const bad = ids.find((id) => !Number.isInteger(id) || id < 0 || (vocabSize !== undefined && id >= vocabSize))
-  if (bad !== undefined) return refusal(`data[${index}]: token id ${bad} is not in the vocabulary`)
+  const limit = vocabSize ?? Number.MAX_SAFE_INTEGER
+  for (const ids of [inputs, columns["target_tokens"]!]) {
+    for (const id of ids) {
+      if (!(Number.isInteger(id) && id >= 0 && id < limit)) {
+        return refusal(`data[${index}]: token id ${id} is not in the vocabulary`)
+      }
+    }
+  }
   return { inputs, columns }
 }
 
@@ -223,17 +228,18 @@ export const toMicroBatch = (
   let lossTokens = 0
   rows.forEach((row, r) => {
     const { inputs, columns } = row
+    const { target_tokens: targets, weights, advantages, logprobs } = columns
+    const at = r * length
     mb.sequenceIndex[r] = inputs.length === 0 ? -1 : r
+    mb.inputIds.set(inputs, at)
+    mb.attentionMask.fill(1, at, at + inputs.length)
+    mb.targets.set(targets!, at)
+    if (advantages !== undefined) mb.advantages.set(advantages, at)
+    if (logprobs !== undefined) mb.samplerLogprobs.set(logprobs, at)
     for (let t = 0; t < inputs.length; t++) {
-      const at = r * length + t
-      const w = columns["weights"]?.[t] ?? 1
-      mb.inputIds[at] = inputs[t]!
-      mb.attentionMask[at] = 1
-      mb.targets[at] = columns["target_tokens"]![t]!
-      mb.weights[at] = w
-      mb.mask[at] = w === 0 ? 0 : 1
-      mb.advantages[at] = columns["advantages"]?.[t] ?? 0
-      mb.samplerLogprobs[at] = columns["logprobs"]?.[t] ?? 0
+      const w = weights?.[t] ?? 1
+      mb.weights[at + t] = w
+      mb.mask[at + t] = w === 0 ? 0 : 1
       lossTokens += w === 0 ? 0 : 1
     }
   })

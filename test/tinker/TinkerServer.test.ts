@@ -47,6 +47,10 @@ describe("TinkerServer", () => {
       const c = client(baseUrl)
       const health = yield* c.raw("GET", "healthz")
       assert.deepStrictEqual(health.body, { status: "ok" })
+      const sdk = { sdk_version: "0.24.0" }
+      const flags = yield* c.post("client_config", T.ClientConfigRequest, sdk, T.ClientConfigResponse)
+      assert.strictEqual(flags.proto_write_fwdbwd, false)
+      assert.strictEqual(flags.pjwt_auth_enabled, false)
       const caps = yield* c.raw("GET", "get_server_capabilities")
       assert.deepStrictEqual(caps.body, { supported_models: [{ model_name: "tiny-test", max_context_length: 512 }] })
       const { model, session } = yield* createModel(c)
@@ -133,6 +137,88 @@ describe("TinkerServer", () => {
       assert.deepStrictEqual(contract.violations, [])
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 300_000)
 
+  it.live("save_weights, then load_weights: the saved weights back, with AdamW's moments or without", () =>
+    Effect.gen(function*() {
+      const { baseUrl, contract } = yield* serve()
+      const c = client(baseUrl)
+      const { model } = yield* createModel(c)
+      yield* step(c, model, 1)
+      const saved = yield* c.post("save_weights", T.SaveWeightsRequest, {
+        model_id: model,
+        path: "after-1",
+        overwrite: false,
+        type: "save_weights"
+      }, T.UntypedAPIFuture)
+      const { path } = yield* c.done(saved, T.SaveWeightsResponse)
+      assert.strictEqual(path, `tinker://${model}/weights/after-1`)
+      const atSave = yield* forwardLogprobs(c, model, sftData())
+      yield* step(c, model, 3)
+      assert.notDeepEqual(yield* forwardLogprobs(c, model, sftData()), atSave)
+      const load = (optimizer: boolean) =>
+        Effect.flatMap(
+          c.post("load_weights", T.LoadWeightsRequest, {
+            model_id: model,
+            path,
+            optimizer,
+            type: "load_weights"
+          }, T.UntypedAPIFuture),
+          (f) => c.done(f, T.LoadWeightsResponse)
+        )
+      yield* load(true)
+      assert.deepStrictEqual(yield* forwardLogprobs(c, model, sftData()), atSave)
+      // With the moments, the next step is the in-process learner's second step.
+      yield* step(c, model, 10)
+      assert.deepStrictEqual(yield* forwardLogprobs(c, model, sftData()), (yield* inProcess([sftData()], 2)).logprobs)
+      yield* load(false)
+      assert.deepStrictEqual(yield* forwardLogprobs(c, model, sftData()), atSave)
+      const twice = yield* c.post("save_weights", T.SaveWeightsRequest, {
+        model_id: model,
+        path: "after-1",
+        overwrite: false,
+        type: "save_weights"
+      }, T.UntypedAPIFuture)
+      assert.deepInclude(yield* c.result(twice, T.SaveWeightsResponse), { category: "user" })
+      assert.deepStrictEqual(contract.violations, [])
+    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 300_000)
+
+  it.live("losses: one per optimiser step; another loss in the next step moves the learner's state over", () =>
+    Effect.gen(function*() {
+      const { baseUrl } = yield* serve()
+      const c = client(baseUrl)
+      const { model } = yield* createModel(c)
+      yield* step(c, model, 1)
+      const rl = (data: Array<T.Datum>): T.ForwardBackwardRequest => ({
+        forward_backward_input: {
+          data: data.map((d) => ({
+            ...d,
+            loss_fn_inputs: {
+              ...d.loss_fn_inputs,
+              logprobs: { data: d.loss_fn_inputs["weights"]!.data.map(() => -4), dtype: "float32" },
+              advantages: { data: d.loss_fn_inputs["weights"]!.data.map(() => 0.5), dtype: "float32" }
+            }
+          })),
+          loss_fn: "ppo"
+        },
+        model_id: model
+      })
+      const ppo = yield* c.done(yield* postFb(c, rl(sftData())), T.ForwardBackwardOutput)
+      // The batch's ratios exp(log π + 4) lie far above 1.2: PPO clips them.
+      assert.isTrue(ppo.metrics["clipped:sum"]! > 0)
+      const mixed = yield* c.result(yield* postFb(c, fbRequest(model, sftData())), T.ForwardBackwardOutput)
+      assert.deepInclude(mixed, { category: "user" })
+      const optim = () =>
+        Effect.flatMap(
+          c.post("optim_step", T.OptimStepRequest, optimRequest(model), T.UntypedAPIFuture),
+          (f) => c.done(f, T.OptimStepResponse)
+        )
+      const stepped = yield* optim()
+      assert.strictEqual(stepped.metrics?.["step"], 2)
+      // Back to cross-entropy in the next step: AdamW's state moved with the weights (step 3 follows step 2).
+      yield* c.done(yield* postFb(c, fbRequest(model, sftData())), T.ForwardBackwardOutput)
+      const third = yield* optim()
+      assert.strictEqual(third.metrics?.["step"], 3)
+    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 300_000)
+
   it.live("a seq_id sent again with the same body is the same future; with another body, 409", () =>
     Effect.gen(function*() {
       const { baseUrl } = yield* serve()
@@ -182,8 +268,8 @@ describe("TinkerServer", () => {
       const expected = yield* inProcess([sftData()], 1)
       assert.deepStrictEqual(yield* forwardLogprobs(c2, model, sftData()), expected.logprobs)
       // One outcome for the step in the log, written by the second server.
-      const log = yield* Effect.scoped(FutureLog.open(`${stateDir}/requests.jsonl`))
-      assert.strictEqual(log.entries.filter((e) => e.t === "outcome" && e.id === opt.request_id).length, 1)
+      const log = yield* FutureLog.read(`${stateDir}/requests.jsonl`)
+      assert.strictEqual(log.filter((e) => e.t === "outcome" && e.id === opt.request_id).length, 1)
       assert.deepStrictEqual(after.contract.violations, [])
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 300_000)
 

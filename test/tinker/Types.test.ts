@@ -182,6 +182,7 @@ const dumped: ReadonlyArray<readonly [string, Schema.Codec<any, any>, ReadonlyAr
     { error: "?", category: "unknown" }
   ]],
   ["HealthResponse", T.HealthResponse, [{ status: "ok" }]],
+  ["ClientConfigRequest", T.ClientConfigRequest, [{ sdk_version: "0.24.0" }]],
   ["GetServerCapabilitiesResponse", T.GetServerCapabilitiesResponse, [
     { supported_models: [] },
     { supported_models: [{ model_name: "tiny", max_context_length: 256 }, {}] }
@@ -228,6 +229,30 @@ const shortened: ReadonlyArray<readonly [string, Schema.Codec<any, any>, unknown
     T.ForwardBackwardOutput,
     { loss_fn_output_type: "x", loss_fn_outputs: [] },
     { loss_fn_output_type: "x", loss_fn_outputs: [], metrics: {} }
+  ],
+  [
+    "ClientConfigResponse: every flag's default, unknown flags ignored",
+    T.ClientConfigResponse,
+    { pjwt_auth_enabled: true, some_future_flag: 1 },
+    {
+      pjwt_auth_enabled: true,
+      credential_default_source: "api_key",
+      sample_dispatch_bytes_semaphore_size: 10485760,
+      inflight_response_bytes_semaphore_size: 52428800,
+      parallel_fwdbwd_chunks: true,
+      proto_write_fwdbwd: false,
+      proto_compress_fwdbwd: false,
+      fwd_via_fwdbwd: false,
+      fwdbwd_max_chunk_len: 1024,
+      fwdbwd_max_chunk_bytes_count: 5000000,
+      fwdbwd_dispatch_bytes_semaphore_size: 50000000,
+      billing_exception_max_pause_duration_sec: 3600,
+      sample_no_retries: false,
+      sample_enable_stuck_detection: true,
+      sample_max_concurrent_requests: 2000,
+      use_pyqwest_transport: true,
+      create_model_via_load_weights: false
+    }
   ],
   [
     "FutureRetrieveRequest: allow_metadata_only false",

@@ -24,6 +24,7 @@ type Codec = Schema.Codec<any, any, never, never>
 /** Each route's request Schema and the Schema of a 200 answer to it. */
 const contract: Record<string, readonly [Codec | undefined, Codec]> = {
   healthz: [undefined, T.HealthResponse],
+  client_config: [T.ClientConfigRequest, T.ClientConfigResponse],
   get_server_capabilities: [undefined, T.GetServerCapabilitiesResponse],
   create_session: [T.CreateSessionRequest, T.CreateSessionResponse],
   session_heartbeat: [T.SessionHeartbeatRequest, T.SessionHeartbeatResponse],
@@ -75,7 +76,8 @@ export interface Answer {
 export const client = (baseUrl: string, apiKey?: string) => {
   const raw = (method: string, route: string, body?: unknown, headers: Record<string, string> = {}) =>
     Effect.promise(async (): Promise<Answer> => {
-      const res = await fetch(`${baseUrl}/api/v1/${route}`, {
+      const path = (T.routes as Record<string, { readonly path: string }>)[route]?.path ?? `/api/v1/${route}`
+      const res = await fetch(`${baseUrl}${path}`, {
         method,
         headers: {
           "content-type": "application/json",
@@ -127,7 +129,7 @@ export const postFb = (c: Client, request: T.ForwardBackwardRequest, key?: strin
   c.post("forward_backward", T.ForwardBackwardRequest, request, T.UntypedAPIFuture, key)
 
 /** A session and a model on `base` (LoRA of `rank` when given): the model id. */
-export const createModel = (c: Client, rank?: number) =>
+export const createModel = (c: Client, rank?: number, baseName = base.name) =>
   Effect.gen(function*() {
     const session = yield* c.post("create_session", T.CreateSessionRequest, {
       tags: [],
@@ -137,7 +139,7 @@ export const createModel = (c: Client, rank?: number) =>
     const future = yield* c.post("create_model", T.CreateModelRequest, {
       session_id: session.session_id,
       model_seq_id: 0,
-      base_model: base.name,
+      base_model: baseName,
       ...(rank === undefined ? {} : {
         lora_config: { rank, seed: 1, train_unembed: true, train_mlp: true, train_attn: true }
       }),
@@ -198,11 +200,16 @@ export const forwardLogprobs = (c: Client, model: string, data: Array<T.Datum>) 
   })
 
 /** The same steps on an in-process learner: `steps` × (forward/backward of each batch, optimiser step). */
-export const inProcess = (batches: ReadonlyArray<Array<T.Datum>>, steps: number) =>
+export const inProcess = (
+  batches: ReadonlyArray<Array<T.Datum>>,
+  steps: number,
+  on: Models.Base = base,
+  probeData: Array<T.Datum> = sftData()
+) =>
   Effect.scoped(Effect.gen(function*() {
     const made = yield* OnnxTrainer.make({
-      model: OnnxTrainer.qwen2(config),
-      weights: base.weights,
+      model: OnnxTrainer.qwen2(on.config),
+      weights: on.weights,
       loss: Datums.lossConfig("cross_entropy") as Loss.Config,
       optimizer: { beta1: adam.beta1, beta2: adam.beta2, eps: adam.eps, weightDecay: 0, maxGradNorm: 1 },
       schedule: LrSchedule.constant(adam.learning_rate),
@@ -213,11 +220,11 @@ export const inProcess = (batches: ReadonlyArray<Array<T.Datum>>, steps: number)
       for (const mb of mbs) yield* made.trainer.forwardBackward(mb)
       yield* made.trainer.optimStep
     }
-    const probe = Datums.toMicroBatch(sftData(), "cross_entropy") as Packing.MicroBatch
+    const probe = Datums.toMicroBatch(probeData, "cross_entropy") as Packing.MicroBatch
     const lp = yield* made.trainer.logprobs(probe)
     const weights = yield* made.trainer.weights
     return {
-      logprobs: sftData().map((d, r) =>
+      logprobs: probeData.map((d, r) =>
         Array.from(lp.subarray(r * probe.length, r * probe.length + d.loss_fn_inputs["target_tokens"]!.data.length))
       ),
       fingerprint: Checkpoint.fingerprint(weights)
