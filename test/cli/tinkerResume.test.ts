@@ -47,7 +47,7 @@ const stateOf = (dir: string, output: string, stateDir: string, step: number) =>
 }
 
 describe("agentfly train with learner.backend tinker", () => {
-  it.live("SIGKILLed mid-run, --resume goes on from the engine's state and ends on the unbroken run's weights", () =>
+  it.live("SIGKILLed mid-run, --resume loads the engine's state of the last checkpoint and trains to the end", () =>
     Effect.scoped(
       Effect.gen(function*() {
         const dir = mkdtempSync(join(tmpdir(), "tinker-resume-"))
