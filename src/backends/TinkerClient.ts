@@ -329,10 +329,13 @@ const retriedStatus = (status: number, header: string | undefined) =>
 /** The typed reason of a refusal that is not (or no longer) retried. */
 const refusal = (op: string, status: number, detail: string, asked: number | undefined): TinkerError => {
   const text = `HTTP ${status}${detail === "" ? "" : `: ${detail.slice(0, 500)}`}`
-  if (status === 401 || status === 403) return tinkerError(op, "Unauthorized", text, { status })
-  if (status === 404) return tinkerError(op, "UnknownModel", text)
+  if (status === 401 || status === 403) {
+    return tinkerError(op, "Unauthorized", `the API key was refused (${text})`, { status })
+  }
+  if (status === 404) return tinkerError(op, "UnknownModel", `not found on the server (${text})`)
   if (status === 402 || status === 429) {
-    return tinkerError(op, "QuotaExceeded", text, { status, ...(asked === undefined ? {} : { retryAfterMs: asked }) })
+    const wait = asked === undefined ? {} : { retryAfterMs: asked }
+    return tinkerError(op, "QuotaExceeded", `rate limited or out of quota (${text})`, { status, ...wait })
   }
   if (status >= 400 && status < 500 && status !== 408 && status !== 409) {
     return tinkerError(op, "BadRequest", text, { status })
