@@ -241,11 +241,8 @@ const forwardBackward = Effect.fnUntraced(function*(s: State, batch: Packing.Mic
   }, Tinker.ForwardBackwardOutput).pipe(Effect.mapError(fromTinker))
   s.pending++
   const tokenLogprobs = yield* logprobsOf(batch, out)
-  const result = resultOf(s, batch, tokenLogprobs, out.metrics)
-  if (!Number.isFinite(result.loss)) {
-    return yield* GradientBackend.gradientBackendError("NonFiniteGradient", `the loss is ${result.loss}`)
-  }
-  return result
+  // A non-finite loss is returned as a local pass returns it: the optimiser step that follows is the one skipped.
+  return resultOf(s, batch, tokenLogprobs, out.metrics)
 })
 
 const logprobs = Effect.fnUntraced(function*(s: State, batch: Packing.MicroBatch) {
@@ -262,6 +259,13 @@ const logprobs = Effect.fnUntraced(function*(s: State, batch: Packing.MicroBatch
 /** The gradient norm the engine reports, under the names SkyRL and ours use; NaN when it reports none. */
 const gradNormOf = (metrics: Readonly<Record<string, number>> | undefined) =>
   metrics?.["grad_norm"] ?? metrics?.["grad_norm:mean"] ?? metrics?.["optimizer/grad_norm"] ?? Number.NaN
+
+/**
+ * An `optim_step` the engine refused because the gradients were not finite and it skipped the update (our server says
+ * so as the local learner does): the learner goes on with the next mini-batch, as after a local skipped step.
+ */
+const skipped = (e: TinkerError) =>
+  e.reason._tag === "FutureFailed" && /gradient norm is (NaN|-?Infinity)|non-finite gradient/i.test(e.reason.message)
 
 const optimStep = Effect.fnUntraced(function*(s: State) {
   if (s.pending === 0) {
@@ -281,8 +285,12 @@ const optimStep = Effect.fnUntraced(function*(s: State) {
       grad_clip_norm: optimizer.maxGradNorm ?? 0
     },
     type: "optim_step"
-  }, Tinker.OptimStepResponse).pipe(Effect.mapError(fromTinker))
-  s.pending = 0
+  }, Tinker.OptimStepResponse).pipe(
+    Effect.ensuring(Effect.sync(() => (s.pending = 0))),
+    Effect.mapError((e) =>
+      skipped(e) ? GradientBackend.gradientBackendError("NonFiniteGradient", e.message) : fromTinker(e)
+    )
+  )
   s.step++
   return { step: s.step, gradNorm: gradNormOf(out.metrics), lr }
 })

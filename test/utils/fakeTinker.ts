@@ -14,6 +14,8 @@ export interface FakeEngine {
   readonly steps: Map<string, number>
   /** What `asample` answers: tokens and logprobs (absent: none). */
   sample: { tokens: Array<number>; logprobs?: Array<number>; stop_reason: "stop" | "length" }
+  /** When set, `optim_step` futures fail with this message (category `user`) and apply nothing. */
+  failOptim: string | undefined
 }
 
 export const fakeTinker = (): FakeEngine => {
@@ -31,6 +33,7 @@ export const fakeTinker = (): FakeEngine => {
     bodies: (route) => seen.filter((s) => s.path === `/api/v1/${route}`).map((s) => s.body),
     steps,
     sample: { tokens: [5, 6, 2], logprobs: [-0.5, -0.25, -0.125], stop_reason: "stop" },
+    failOptim: undefined,
     handler: (s) => {
       seen.push(s)
       const route = s.path.replace("/api/v1/", "")
@@ -56,6 +59,7 @@ export const fakeTinker = (): FakeEngine => {
           return future({ loss_fn_output_type: "ArrayRecord", loss_fn_outputs: outputs, metrics: {} })
         }
         case "optim_step":
+          if (engine.failOptim !== undefined) return future({ error: engine.failOptim, category: "user" })
           steps.set(b.model_id, (steps.get(b.model_id) ?? 0) + 1)
           return future({ metrics: { grad_norm: 0.5 } })
         case "save_weights": {

@@ -113,6 +113,22 @@ describe("TinkerTrainer", () => {
         assert.isTrue(Result.isFailure(weights) && weights.failure.reason._tag === "Remote")
       })))
 
+  it.live("an optim_step skipped for non-finite gradients is NonFiniteGradient; another failure is Remote", () =>
+    withEngine((engine) =>
+      Effect.gen(function*() {
+        const trainer = yield* TinkerTrainer.make(options)
+        yield* trainer.forwardBackward(batch)
+        engine.failOptim = "gradient norm is NaN; the update was skipped"
+        const skipped = yield* Effect.result(trainer.optimStep)
+        assert.isTrue(Result.isFailure(skipped) && skipped.failure.reason._tag === "NonFiniteGradient")
+        assert.strictEqual(yield* trainer.step, 0)
+        yield* trainer.forwardBackward(batch)
+        engine.failOptim = "model is being unloaded"
+        const other = yield* Effect.result(trainer.optimStep)
+        assert.isTrue(Result.isFailure(other) && other.failure.reason._tag === "Remote")
+        assert.include(Result.isFailure(other) ? other.failure.message : "", "model is being unloaded")
+      })))
+
   it.live("logprobs is a forward pass with cross_entropy datums; nothing accumulates", () =>
     withEngine((engine) =>
       Effect.gen(function*() {
