@@ -16,6 +16,7 @@ import type * as Task from "../src/Task.ts"
 export const builtins: Readonly<Record<string, Task.Builtin>> = {
   calculator: () => import("./calculator/CalculatorTask.ts").then((m) => m.task),
   chess: () => import("./chess/ChessTask.ts").then((m) => m.task),
+  gui: () => import("./gui/GuiTask.ts").then((m) => m.task),
   household: () => import("./household/HouseholdTask.ts").then((m) => m.household),
   science: () => import("./household/HouseholdTask.ts").then((m) => m.science),
   search: () => import("./search/SearchTask.ts").then((m) => m.task),

@@ -11,17 +11,25 @@ import * as Screen from "./Screen.ts"
 // ===== Models =====
 
 /**
- * A row of the task's data.
+ * A row's fields besides its question: what the task decodes when an episode starts.
  *
  * @category models
  * @since 0.1.0
  */
-export const Row = Schema.Struct({
-  question: Schema.String,
+export const Fields = Schema.Struct({
   layout: Screen.Layout,
   goal: Screen.Goal,
   maxSteps: Schema.Int.check(Schema.isBetween({ minimum: 1, maximum: 64 }))
 })
+export type Fields = typeof Fields.Type
+
+/**
+ * A row of the task's data: the question that states the goal, and the fields.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const Row = Schema.Struct({ question: Schema.String, ...Fields.fields })
 export type Row = typeof Row.Type
 
 /**
@@ -112,7 +120,7 @@ const place = (rng: Sampling.Rng, s: Settings, w: number, h: number, taken: Read
   return { x: (index % cols) * (w + 1), y: Math.floor(index / cols) * (h + 1), w, h }
 }
 
-const button = (id: string, colour: Screen.Colour, rect: Screen.Rect, label = colour): Screen.Button => ({
+const button = (id: string, colour: Screen.Colour, rect: Screen.Rect, label: string = colour): Screen.Button => ({
   id,
   label,
   colour,

@@ -4,7 +4,7 @@
  *
  * @since 0.1.0
  */
-import { createCanvas, GlobalFonts } from "@napi-rs/canvas"
+import { createCanvas, GlobalFonts, Image } from "@napi-rs/canvas"
 import { createRequire } from "node:module"
 import { dirname, join } from "node:path"
 import * as Screen from "./Screen.ts"
@@ -106,3 +106,18 @@ export const pixels = (state: Screen.State): Pixels => {
  * @since 0.1.0
  */
 export const dataUrl = (state: Screen.State): string => `data:image/png;base64,${Buffer.from(png(state)).toString("base64")}`
+
+/**
+ * The pixels of a PNG (or JPEG) file's bytes, decoded by Skia: what an oracle reads from an image it was shown.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const decode = (bytes: Uint8Array): Pixels => {
+  const image = new Image()
+  image.src = Buffer.from(bytes)
+  const canvas = createCanvas(image.width, image.height)
+  const g = canvas.getContext("2d")
+  g.drawImage(image, 0, 0)
+  return { width: image.width, height: image.height, rgba: g.getImageData(0, 0, image.width, image.height).data }
+}
