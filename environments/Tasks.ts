@@ -20,6 +20,7 @@ export const builtins: Readonly<Record<string, Task.Builtin>> = {
   household: () => import("./household/HouseholdTask.ts").then((m) => m.household),
   science: () => import("./household/HouseholdTask.ts").then((m) => m.science),
   search: () => import("./search/SearchTask.ts").then((m) => m.task),
+  simuscene: () => import("./simuscene/SimuSceneTask.ts").then((m) => m.task),
   swe: () => import("./swe/SweTask.ts").then((m) => m.task),
   webshop: () => import("./webshop/WebShopTask.ts").then((m) => m.task)
 }

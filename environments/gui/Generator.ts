@@ -102,13 +102,22 @@ const shuffled = <A>(rng: Sampling.Rng, items: ReadonlyArray<A>): Array<A> => {
  * Button size for a screen: a quarter of the width by a sixth of the height, at least 8 × 6 (three buttons cover
  * ≈ 12 % of a 64 × 64 screen: a random click rarely lands on the goal's).
  */
-const buttonSize = (s: Settings) => ({ w: Math.max(8, Math.floor(s.width / 4)), h: Math.max(6, Math.floor(s.height / 6)) })
+const buttonSize = (s: Settings) => ({
+  w: Math.max(8, Math.floor(s.width / 4)),
+  h: Math.max(6, Math.floor(s.height / 6))
+})
 
 const overlaps = (a: Screen.Rect, b: Screen.Rect): boolean =>
   a.x < b.x + b.w && b.x < a.x + a.w && a.y < b.y + b.h && b.y < a.y + a.h
 
 /** A free place for a `w × h` rectangle, by rejection (a 1-pixel gap from everything taken). */
-const place = (rng: Sampling.Rng, s: Settings, w: number, h: number, taken: ReadonlyArray<Screen.Rect>): Screen.Rect => {
+const place = (
+  rng: Sampling.Rng,
+  s: Settings,
+  w: number,
+  h: number,
+  taken: ReadonlyArray<Screen.Rect>
+): Screen.Rect => {
   for (let attempt = 0; attempt < 200; attempt++) {
     const rect = { x: Math.floor(rng.next() * (s.width - w + 1)), y: Math.floor(rng.next() * (s.height - h + 1)), w, h }
     const padded = { x: rect.x - 1, y: rect.y - 1, w: w + 2, h: h + 2 }

@@ -49,7 +49,8 @@ export const layer: Layer.Layer<Gui> = Layer.sync(Gui, () => {
     act: (action) =>
       Effect.suspend(() => {
         if (state === undefined) {
-          return Effect.fail(Environment.envError("gui", action._tag, "InvalidAction", "no screen: the episode was not started"))
+          const message = "no screen: the episode was not started"
+          return Effect.fail(Environment.envError("gui", action._tag, "InvalidAction", message))
         }
         const outcome = Screen.act(state, action)
         state = outcome.state
@@ -66,7 +67,9 @@ export const layer: Layer.Layer<Gui> = Layer.sync(Gui, () => {
  * @since 0.1.0
  */
 export const provider = (): Effect.Effect<Environment.Provider<Gui, never, never>, never, Scope.Scope> =>
-  Effect.sync(() => Environment.counted(Environment.perChain(layer), { started: "env/gui/screens", open: "env/gui/open" }))
+  Effect.sync(() =>
+    Environment.counted(Environment.perChain(layer), { started: "env/gui/screens", open: "env/gui/open" })
+  )
 
 // ===== Tools =====
 

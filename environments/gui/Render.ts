@@ -105,7 +105,8 @@ export const pixels = (state: Screen.State): Pixels => {
  * @category getters
  * @since 0.1.0
  */
-export const dataUrl = (state: Screen.State): string => `data:image/png;base64,${Buffer.from(png(state)).toString("base64")}`
+export const dataUrl = (state: Screen.State): string =>
+  `data:image/png;base64,${Buffer.from(png(state)).toString("base64")}`
 
 /**
  * The pixels of a PNG (or JPEG) file's bytes, decoded by Skia: what an oracle reads from an image it was shown.

@@ -194,7 +194,11 @@ export const act = (state: State, action: Action): { readonly state: State; read
   }
 }
 
-const press = (state: State, button: Button, done: (s: State) => State): { readonly state: State; readonly text: string } => {
+const press = (
+  state: State,
+  button: Button,
+  done: (s: State) => State
+): { readonly state: State; readonly text: string } => {
   const menu = state.layout.menu
   if (menu !== undefined && button.id === menu.button.id) {
     return { state: done({ ...state, menuOpen: !state.menuOpen, focused: false }), text: `Pressed ${button.label}.` }

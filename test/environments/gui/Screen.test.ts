@@ -20,7 +20,9 @@ describe("GUI screen rules", () => {
       const rects = [
         ...row.layout.buttons.map((b) => b.rect),
         ...(row.layout.field !== undefined ? [row.layout.field] : []),
-        ...(row.layout.menu !== undefined ? [row.layout.menu.button.rect, ...row.layout.menu.items.map((i) => i.rect)] : [])
+        ...(row.layout.menu !== undefined
+          ? [row.layout.menu.button.rect, ...row.layout.menu.items.map((i) => i.rect)]
+          : [])
       ]
       for (const r of rects) {
         expect(r.x).toBeGreaterThanOrEqual(0)

@@ -49,12 +49,13 @@ describe("GUI task", () => {
       // Start, then after the field click and the typing; the OK press ends it without another screen.
       assert.lengthOf(images(t!.messages), 3)
       const tools = t!.messages.filter((m) => m.role === "tool").map(Oracle.text)
-      assert.deepStrictEqual(tools.slice(0, 2), ["The field has the focus.", `Typed ${JSON.stringify((row.goal as { text: string }).text)}.`])
+      const word = (row.goal as { text: string }).text
+      assert.deepStrictEqual(tools.slice(0, 2), ["The field has the focus.", `Typed ${JSON.stringify(word)}.`])
       assert.strictEqual(t!.episodeEnd, "solved")
       assert.strictEqual(t!.reward, 1)
     }), { timeout: 600_000 })
 
-  it.effect("bad actions: typing without the focus, a click off every widget, bad arguments; a wrong button fails", () =>
+  it.effect("bad actions: typing without the focus, bad arguments, a wrong button; a silent turn ends it", () =>
     Effect.gen(function*() {
       const row = heldOut.find((r) => r.goal.kind === "click")!
       const goal = row.goal as { target: string }
