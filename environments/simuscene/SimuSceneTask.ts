@@ -2,14 +2,15 @@
  * The SimuScene-style task: a scene described in words (balls in a box, gravity, a wind, bouncing walls); the agent
  * writes a Python program that simulates it and prints each ball's positions; `simulate {code}` runs the program in
  * the chain's Python sandbox (a fresh interpreter a call), checks the output's shape, and draws the frames of the
- * agent's simulation (shown to it as an image). The reward compares the simulation with the reference's: the share
+ * agent's simulation (shown to a vision policy with `showFrames`). The reward compares the simulation with the reference's: the share
  * of positions within 2 % of the box (`Scene.trajectoryScore`) and the overlap of the frames' ball pixels with the
  * reference frames' (`Frames.overlap`), weighted 0.75 / 0.25 by default.
  *
  * The episode ends at the first well-formed simulation (`submitted`); a program that fails or prints the wrong shape
  * gets the reason and another turn, up to `maxTurns`. Rows: `{ question, scene }` (`examples/simuscene/generate.ts`).
  * Options: `sandbox` (`docker`, the default, or `bubblewrap`), `pool` (sandboxes at once, default 64),
- * `frameWeight` (default 0.25).
+ * `frameWeight` (default 0.25), `showFrames` (default false: the frames of the agent's simulation close the episode
+ * as an image, for a vision policy; a text-only policy cannot take an image part).
  *
  * @since 0.1.0
  */
@@ -168,7 +169,8 @@ const framesMessage = (episode: Episode): Message.Message => ({
 export const Options = Schema.Struct({
   sandbox: Schema.optionalKey(Schema.Literals(["docker", "bubblewrap"])),
   pool: Schema.optionalKey(Schema.Int.check(Schema.isGreaterThanOrEqualTo(1))),
-  frameWeight: Schema.optionalKey(Schema.Number.check(Schema.isBetween({ minimum: 0, maximum: 1 })))
+  frameWeight: Schema.optionalKey(Schema.Number.check(Schema.isBetween({ minimum: 0, maximum: 1 }))),
+  showFrames: Schema.optionalKey(Schema.Boolean)
 })
 export type Options = typeof Options.Type
 
@@ -189,12 +191,14 @@ const withEpisode = <E, R, E2, R2>(
 ) =>
   Effect.map(python, (p) => Environment.all([p, Environment.perChain(simulationLayer)]))
 
-const episode: Environment.Episode<Simulation, typeof Fields.Type> = {
+const episode = (showFrames: boolean): Environment.Episode<Simulation, typeof Fields.Type> => ({
   start: ({ row }) => Effect.flatMap(Simulation, (s) => s.reset(row.scene)),
   step: () =>
     Effect.map(Effect.flatMap(Simulation, (s) => s.state), (state): Environment.EpisodeStep | undefined =>
-      state?.submitted === undefined ? undefined : { end: "submitted", messages: [framesMessage(state)] })
-}
+      state?.submitted === undefined
+        ? undefined
+        : { end: "submitted", ...(showFrames ? { messages: [framesMessage(state)] } : {}) })
+})
 
 const defaults: Task.Defaults = {
   systemPrompt: "Write Python that simulates the scene; run it with simulate.",
@@ -226,7 +230,7 @@ export const make = (options: Options = {}): Task.Task => {
         Effect.flatMap(spec("bubblewrap", max), (s) => PythonSandbox.provider(PythonSandbox.bubblewrap(s)))
       ),
       layer: ResourceManager.ResourceManager.layer,
-      episode,
+      episode: episode(options.showFrames ?? false),
       defaults
     })
     : Task.make("simuscene", {
@@ -238,7 +242,7 @@ export const make = (options: Options = {}): Task.Task => {
         Effect.flatMap(spec("docker", max), (s) => Effect.flatMap(PythonSandbox.docker(s), PythonSandbox.provider))
       ),
       layer: Layer.mergeAll(ResourceManager.ResourceManager.layer, Docker.DockerEngine.layer),
-      episode,
+      episode: episode(options.showFrames ?? false),
       defaults
     })
 }

@@ -12,7 +12,7 @@ import * as SimuSceneOracle from "../../../environments/simuscene/SimuSceneOracl
 import * as SimuSceneTask from "../../../environments/simuscene/SimuSceneTask.ts"
 import type { Conversation } from "../../../src/Message.ts"
 
-const task = SimuSceneTask.make({ sandbox: "bubblewrap", pool: 8 })
+const task = SimuSceneTask.make({ sandbox: "bubblewrap", pool: 8, showFrames: true })
 const rows = Scene.generate(21, 40).map((scene) => ({ question: Scene.describe(scene), scene }))
 
 const scripted = (codes: ReadonlyArray<string>) => (messages: Conversation) => {
