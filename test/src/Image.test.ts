@@ -15,7 +15,8 @@ const redBlue = (width = 5, height = 3, type: "image/png" | "image/jpeg" = "imag
   return new Uint8Array(type === "image/png" ? canvas.toBuffer("image/png") : canvas.toBuffer("image/jpeg", 95))
 }
 
-const dataUrl = (bytes: Uint8Array, type = "image/png") => `data:${type};base64,${Buffer.from(bytes).toString("base64")}`
+const dataUrl = (bytes: Uint8Array, type = "image/png") =>
+  `data:${type};base64,${Buffer.from(bytes).toString("base64")}`
 
 const reasonOf = <A>(effect: Effect.Effect<A, Image.ImageError>) =>
   Effect.gen(function*() {
@@ -114,7 +115,13 @@ describe("vision geometry (Qwen2-VL smart_resize)", () => {
       tokens: 17 * 23
     })
     // Tiny images grow to min_pixels: 10×10 → ceil(10 × 5.6 / 28) × 28 = 56.
-    assert.deepStrictEqual(Image.visionGrid(10, 10, qwen), { height: 56, width: 56, gridHeight: 4, gridWidth: 4, tokens: 4 })
+    assert.deepStrictEqual(Image.visionGrid(10, 10, qwen), {
+      height: 56,
+      width: 56,
+      gridHeight: 4,
+      gridWidth: 4,
+      tokens: 4
+    })
     // Huge images shrink under max_pixels: 4000×3000 → beta = sqrt(12e6 / 1003520).
     const big = Image.visionGrid(4000, 3000, qwen)
     assert.deepStrictEqual([big.width, big.height], [1148, 840])
