@@ -14,7 +14,6 @@
  *
  * @since 0.1.0
  */
-import { createCanvas, Image as CanvasImage } from "@napi-rs/canvas"
 import { Context, Effect, Schema } from "effect"
 import { createHash } from "node:crypto"
 
@@ -379,7 +378,8 @@ export const sniff = (bytes: Uint8Array): MediaType | undefined =>
     : undefined
 
 /**
- * Decodes PNG or JPEG bytes (with `@napi-rs/canvas`, Skia's decoders) into an {@link Image}. The media type is
+ * Decodes PNG or JPEG bytes (with `@napi-rs/canvas`, Skia's decoders, loaded on first use so that text-only runs
+ * never load the native module) into an {@link Image}. The media type is
  * read from the bytes' signature; bytes that are neither fail with `UnsupportedMediaType`, bytes that do not decode
  * with `CorruptImage`, sides beyond 200:1 with `BadImageSize`.
  *
@@ -391,9 +391,10 @@ export const decode = Effect.fn("Image.decode")(function*(bytes: Uint8Array) {
   if (mediaType === undefined) {
     return yield* fail(new UnsupportedMediaType({ mediaType: describeBytes(bytes) }))
   }
+  const canvasModule = yield* Effect.promise(() => import("@napi-rs/canvas"))
   const decoded = yield* Effect.tryPromise({
     try: () => {
-      const image = new CanvasImage()
+      const image = new canvasModule.Image()
       image.src = Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength)
       return image.decode().then(() => image)
     },
@@ -407,7 +408,7 @@ export const decode = Effect.fn("Image.decode")(function*(bytes: Uint8Array) {
   if (width < 1 || height < 1 || Math.max(width, height) / Math.min(width, height) > 200) {
     return yield* fail(new BadImageSize({ width, height }))
   }
-  const canvas = createCanvas(width, height)
+  const canvas = canvasModule.createCanvas(width, height)
   const context = canvas.getContext("2d")
   context.drawImage(decoded, 0, 0)
   const rgba = context.getImageData(0, 0, width, height).data
