@@ -14,9 +14,9 @@
  * int64 (which image it belongs to); `image_token_index [batch, seq]` int64 (the merged token a position takes,
  * -1 for a text position: {@link imageTokenIndex}). A request without any image uses the text graph, unchanged.
  *
- * Differences from Qwen2.5-VL, said plainly: every block attends over its whole image (no window attention), and
- * the language model keeps 1-D positions (no M-RoPE), the merger's GELU is the tanh form; so a real Qwen2.5-VL checkpoint is refused
- * (`ModelFolder.ts`), not silently misread.
+ * Differences from Qwen2.5-VL, said plainly: every block attends over its whole image (no window attention), the
+ * language model keeps 1-D positions (no M-RoPE) and the merger's GELU is the tanh form; so a real Qwen2.5-VL
+ * checkpoint is refused (`ModelFolder.ts`), not silently misread.
  *
  * @since 0.1.0
  */
@@ -142,6 +142,25 @@ export const parameters = (vl: VlConfig): ReadonlyArray<Qwen2.ParameterSpec> => 
   linear("visual.merger.mlp.2", vl.text.hiddenSize, m)
   return specs
 }
+
+/**
+ * Every weight of the vision-language model: the text model's ({@link Qwen2.parameters}), then the tower's.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const allParameters = (vl: VlConfig): ReadonlyArray<Qwen2.ParameterSpec> => [
+  ...Qwen2.parameters(vl.text),
+  ...parameters(vl)
+]
+
+/**
+ * Weights by parameter name, float32, row-major: the text model's and the tower's.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type Weights = Qwen2.Weights
 
 /**
  * Deterministic initialisation from a seed: the language model's weights exactly as {@link Qwen2.initWeights}

@@ -7,48 +7,18 @@ import * as ModelConfig from "../../../src/model/ModelConfig.ts"
 import * as Qwen2 from "../../../src/model/Qwen2.ts"
 import * as VisionTower from "../../../src/model/VisionTower.ts"
 import * as Graph from "../../../src/onnx/Graph.ts"
-import { batchFeeds, check, type Feed, noise, runWith, session } from "../../utils/gradcheck.ts"
-import { randomWeights, tinyConfig } from "../../utils/tinyModel.ts"
+import { batchFeeds, check, type Feed, runWith, session } from "../../utils/gradcheck.ts"
+import { tinyConfig } from "../../utils/tinyModel.ts"
+import { image, smallVl as smallVlOf, vlWeights } from "../../utils/visionModel.ts"
 
 const B = 2, T = 5, PAD = 12
 
-/** A vision-language model small enough for central differences over every weight. */
-export const smallVl: VisionTower.VlConfig = {
-  text: tinyConfig({ vocabSize: 13, hiddenSize: 8, numAttentionHeads: 2, numKeyValueHeads: 1, intermediateSize: 12 }),
-  vision: {
-    depth: 2,
-    hiddenSize: 8,
-    numHeads: 2,
-    intermediateSize: 12,
-    patchSize: 2,
-    temporalPatchSize: 1,
-    spatialMergeSize: 2,
-    inChannels: 3,
-    maxGridSide: 8,
-    ropeTheta: 10000,
-    rmsNormEps: 1e-6
-  }
-}
+const smallVl = smallVlOf(
+  tinyConfig({ vocabSize: 13, hiddenSize: 8, numAttentionHeads: 2, numKeyValueHeads: 1, intermediateSize: 12 })
+)
 
-/** The language model's and the tower's weights, large enough that every path carries a visible gradient. */
-export const vlWeights = (vl: VisionTower.VlConfig, seed: number): Map<string, Float32Array> => {
-  const weights = new Map(randomWeights(vl.text, seed))
-  const tower = VisionTower.initWeights(vl, seed, 0.35)
-  VisionTower.parameters(vl).forEach((spec, k) => {
-    const data = tower.get(spec.name)!
-    const wobble = noise(data.length, seed + k)
-    if (spec.init === "ones") data.forEach((_, i) => (data[i] = 1 + 0.2 * wobble[i]!))
-    if (spec.init === "zeros") data.forEach((_, i) => (data[i] = 0.3 * wobble[i]!))
-    weights.set(spec.name, data)
-  })
-  return weights
-}
-
-/** Two images: 4×4 (one merged token) and 8 wide × 4 high (two), channels-first pixels in [-1, 1). */
-export const images = (seed = 1): ReadonlyArray<VisionTower.Pixels> => [
-  { width: 4, height: 4, data: Float32Array.from(noise(3 * 16, seed)) },
-  { width: 8, height: 4, data: Float32Array.from(noise(3 * 32, seed + 1)) }
-]
+/** Two images: 4×4 (one merged token) and 8 wide × 4 high (two). */
+const images = (seed = 1): ReadonlyArray<VisionTower.Pixels> => [image(4, 4, seed), image(8, 4, seed + 1)]
 
 /** Row 0 holds image 0's pad, row 1 image 1's two pads (after a padding slot). */
 const ids = [3, PAD, 4, 1, 5, 0, 9, PAD, PAD, 6]

@@ -1,0 +1,165 @@
+/**
+ * The policy engine's image prompts (`PolicyEngine.ts`, option `vision`): a request with images is prefilled by a
+ * second session over the same weights, the vision-language prefill graph (`VisionTower.inferenceGraph`: the tower
+ * once per image, its merged tokens in place of the `<|image_pad|>` embeddings), which returns logits and the new
+ * keys/values exactly as the text graph's prefill does. The sequence then joins the running batch and decodes with
+ * the text graph like any other: after the prompt, every token is text. Requests without images never touch this
+ * module, and their batches, sessions and feeds are what they were.
+ *
+ * An image request neither continues a retained prefix nor is retained (its pad tokens say nothing of which image
+ * they were): a later turn of an image conversation prefills again, the tower included.
+ */
+import { Effect } from "effect"
+import * as ort from "onnxruntime-node"
+import { createHash } from "node:crypto"
+import * as VisionTower from "../../src/model/VisionTower.ts"
+import { samplerError } from "../../src/Sampler.ts"
+import type { SamplerError } from "../../src/Sampler.ts"
+import * as EngineModel from "./engineModel.ts"
+
+/** What `PolicyEngine.Options.vision` gives: the model (its text part must be the engine's config) and the pad id. */
+export interface Options {
+  readonly config: VisionTower.VlConfig
+  /** The `<|image_pad|>` token id of the engine's tokenizer: one per merged image token in a prompt. */
+  readonly imageTokenId: number
+}
+
+/** The engine's vision setup: the prefill model without weight data. */
+export interface VisionSetup extends Options {
+  readonly model: Uint8Array
+  readonly sessionKey: string
+}
+
+/** An image request's tower inputs; `key` tells different images of the same size apart. */
+export interface VisionRequest {
+  readonly inputs: VisionTower.VisionInputs
+  readonly key: string
+}
+
+/** A generation's vision session (shared like the text one by the engines that sample the same version). */
+export interface VisionSession {
+  readonly session: ort.InferenceSession
+  readonly unload: Effect.Effect<void>
+  readonly weightFeeds: Readonly<Record<string, ort.Tensor>>
+}
+
+export const makeSetup = (o: Options, weightsAs: "initializers" | "inputs", sessionKey: string): VisionSetup => ({
+  ...o,
+  model: EngineModel.withWeights(
+    VisionTower.inferenceGraph(o.config, "inputs"),
+    VisionTower.allParameters(o.config),
+    weightsAs
+  ),
+  sessionKey: `${sessionKey}\u0000vision:${JSON.stringify(o)}`
+})
+
+/** The vision session of `weights` as `version` (external data or weight feeds, as the text session has them). */
+export const session = <E>(
+  v: VisionSetup,
+  weightsAs: "initializers" | "inputs",
+  sessionOptions: ort.InferenceSession.SessionOptions,
+  version: number,
+  weights: VisionTower.Weights,
+  onError: (cause: unknown) => E
+): Effect.Effect<VisionSession, E> => {
+  const specs = VisionTower.allParameters(v.config)
+  const external = specs.map((spec) => {
+    const w = weights.get(spec.name)!
+    return { path: spec.name, data: new Uint8Array(w.buffer, w.byteOffset, w.byteLength) }
+  })
+  const options = weightsAs === "inputs" ? sessionOptions : { ...sessionOptions, externalData: external }
+  const create = () => ort.InferenceSession.create(v.model, options)
+  return EngineModel.acquireSession(weights, version, v.sessionKey, create, onError).pipe(
+    Effect.map(({ session, unload }) => ({
+      session,
+      unload,
+      weightFeeds: weightsAs === "initializers" ? {} : Object.fromEntries(
+        specs.map((spec) => [spec.name, new ort.Tensor("float32", weights.get(spec.name)!, spec.shape)])
+      )
+    }))
+  )
+}
+
+/**
+ * An image request's tower inputs, or `BadRequest` when the engine has no tower or the prompt's pad tokens do not
+ * number the images' merged tokens.
+ */
+export const request = (
+  v: VisionSetup | undefined,
+  prompt: ReadonlyArray<number>,
+  images: ReadonlyArray<VisionTower.Pixels>
+): VisionRequest | SamplerError => {
+  if (v === undefined) return samplerError("BadRequest", "this policy engine has no vision tower: images refused")
+  const { inChannels: C, patchSize, spatialMergeSize } = v.config.vision, factor = patchSize * spatialMergeSize
+  const fits = (i: VisionTower.Pixels) => i.width % factor === 0 && i.height % factor === 0
+  const bad = images.find((i) => !fits(i) || i.data.length !== C * i.width * i.height)
+  if (bad !== undefined) {
+    const message = `an image of ${bad.width}×${bad.height}: sides must be multiples of ${factor}, ${C} channels`
+    return samplerError("BadRequest", message)
+  }
+  const inputs = VisionTower.patchify(v.config.vision, images)
+  const expected = inputs.tokens.reduce((a, b) => a + b, 0)
+  const pads = prompt.filter((id) => id === v.imageTokenId).length
+  if (pads !== expected) {
+    return samplerError("BadRequest", `the prompt has ${pads} image pad tokens; its images make ${expected}`)
+  }
+  const hash = createHash("sha256")
+  for (const { data, height, width } of images) {
+    hash.update(`${width}x${height};`).update(new Uint8Array(data.buffer, data.byteOffset, data.byteLength))
+  }
+  return { inputs, key: hash.digest("hex") }
+}
+
+/**
+ * The tower's feeds for a prefill batch's distinct prompts (`ids [N, S]`, their new tokens left-padded): their
+ * images in row order, numbered across the batch.
+ */
+export const feeds = (
+  v: VisionSetup,
+  requests: ReadonlyArray<VisionRequest>,
+  ids: ReadonlyArray<number>,
+  dims: readonly [number, number]
+): Record<string, ort.Tensor> => {
+  const K = VisionTower.patchDim(v.config.vision)
+  const P = requests.reduce((n, r) => n + r.inputs.rows.length, 0)
+  const patches = new Float32Array(P * K)
+  const rows: Array<number> = [], cols: Array<number> = [], owners: Array<number> = []
+  let images = 0, tokens = 0
+  for (const r of requests) {
+    patches.set(r.inputs.patches, rows.length * K)
+    rows.push(...r.inputs.rows)
+    cols.push(...r.inputs.cols)
+    owners.push(...r.inputs.images.map((i) => i + images))
+    images += r.inputs.tokens.length
+    tokens += r.inputs.tokens.reduce((a, b) => a + b, 0)
+  }
+  const int64 = (values: ReadonlyArray<number>, shape: ReadonlyArray<number>) =>
+    new ort.Tensor("int64", BigInt64Array.from(values, (x) => BigInt(x)), shape)
+  return {
+    pixel_patches: new ort.Tensor("float32", patches, [P, K]),
+    patch_rows: int64(rows, [P]),
+    patch_cols: int64(cols, [P]),
+    patch_images: int64(owners, [P]),
+    image_token_index: int64(VisionTower.imageTokenIndex(ids, v.imageTokenId, tokens), dims)
+  }
+}
+
+/** Runs a vision prefill on the generation's vision session. */
+export const run = (s: VisionSession, feeds: Record<string, ort.Tensor>) =>
+  Effect.callback<ort.InferenceSession.ReturnType, SamplerError>((resume) => {
+    s.session.run({ ...s.weightFeeds, ...feeds }).then(
+      (out) => resume(Effect.succeed(out)),
+      (e) => resume(Effect.fail(samplerError("ServerError", `onnxruntime (vision prefill): ${String(e)}`)))
+    )
+  })
+
+/** `prefill`'s runner for a batch of image prompts: the text feeds plus the tower's, on the vision session. */
+export const runner = (v: VisionSetup, s: VisionSession) =>
+(
+  textFeeds: Record<string, ort.Tensor>,
+  distinct: ReadonlyArray<{ readonly vision?: VisionRequest | undefined }>,
+  ids: ReadonlyArray<number>
+) => {
+  const dims = [distinct.length, ids.length / distinct.length] as const
+  return run(s, { ...textFeeds, ...feeds(v, distinct.map((d) => d.vision!), ids, dims) })
+}

@@ -1,0 +1,92 @@
+import { assert, describe, it } from "@effect/vitest"
+import { Effect } from "effect"
+import { make } from "../../actors/PolicyEngine.ts"
+import type { GenerateRequest } from "../../src/Sampler.ts"
+import * as Sampling from "../../src/Sampling.ts"
+import { tinyConfig } from "../utils/tinyModel.ts"
+import { image, makeVlReference, smallVl, vlWeights } from "../utils/visionModel.ts"
+
+const c = tinyConfig()
+const vl = smallVl(c)
+const PAD = 60
+const weights = vlWeights(vl, 5)
+const vision = { config: vl, imageTokenId: PAD }
+const textWeights = new Map([...weights].filter(([n]) => !n.startsWith("visual.")))
+
+const greedy = (promptTokenIds: ReadonlyArray<number>, maxTokens = 12): GenerateRequest => ({
+  promptTokenIds,
+  sampling: { temperature: 0, maxTokens }
+})
+
+// Two images: 8×4 (2 merged tokens) and 4×4 (1), their pads inside the prompt's text.
+const pictures = [image(8, 4, 3), image(4, 4, 4)]
+const withImages = [1, 2, PAD, PAD, 7, 8, PAD, 9, 10]
+const text = [5, 6, 7, 8, 9, 11, 13]
+
+describe("PolicyEngine with a vision tower", () => {
+  it.effect("greedy KV-cache decoding of a prompt with images equals a full forward's argmax at each step", () =>
+    Effect.gen(function*() {
+      const engine = yield* make({ config: c, weights, vision })
+      const reference = yield* makeVlReference(vl, PAD)
+      const r = yield* engine.generate(greedy(withImages), { images: pictures })
+      const seq = [...withImages]
+      const lps: Array<number> = []
+      for (let step = 0; step < 12; step++) {
+        const logits = yield* reference(weights, seq, pictures, withImages.length)
+        const row = logits.subarray((seq.length - 1) * c.vocabSize, seq.length * c.vocabSize)
+        const next = Sampling.argmax(row)
+        lps.push(Sampling.logSoftmax(row)[next]!)
+        seq.push(next)
+      }
+      assert.deepStrictEqual(r.tokenIds, seq.slice(withImages.length))
+      r.logprobs.forEach((lp, i) => assert.approximately(lp, lps[i]!, 1e-4))
+      // The images decide the answer: other pixels, other tokens.
+      const other = yield* engine.generate(greedy(withImages), { images: [image(8, 4, 30), image(4, 4, 40)] })
+      assert.notDeepEqual(other.tokenIds, r.tokenIds)
+    }))
+
+  it.effect("a text request decoded beside image requests gives the tokens and logprobs it gives alone", () =>
+    Effect.gen(function*() {
+      const alone = yield* Effect.scoped(Effect.gen(function*() {
+        const engine = yield* make({ config: c, weights, vision })
+        return yield* engine.generate(greedy(text, 16))
+      }))
+      // The text-only engine (no tower) agrees too: the text path is the same graph and the same feeds.
+      const plain = yield* Effect.scoped(Effect.gen(function*() {
+        const engine = yield* make({ config: c, weights: textWeights })
+        return yield* engine.generate(greedy(text, 16))
+      }))
+      const engine = yield* make({ config: c, weights, vision })
+      const [mixed, a, b] = yield* Effect.all([
+        engine.generate(greedy(text, 16)),
+        engine.generate(greedy(withImages), { images: pictures }),
+        engine.generate(greedy(withImages), { images: pictures })
+      ], { concurrency: "unbounded" })
+      const stats = yield* engine.stats
+      assert.strictEqual(stats.largestBatch, 3) // decoded together
+      // One text prefill and one image prefill; the two identical image prompts computed once.
+      assert.strictEqual(stats.prefills, 2)
+      assert.strictEqual(stats.prefillTokens, text.length + withImages.length)
+      assert.deepStrictEqual(mixed.tokenIds, alone.tokenIds)
+      assert.deepStrictEqual(mixed.logprobs, alone.logprobs)
+      assert.deepStrictEqual(plain.tokenIds, alone.tokenIds)
+      assert.deepStrictEqual(plain.logprobs, alone.logprobs)
+      assert.deepStrictEqual(a.tokenIds, b.tokenIds)
+    }))
+
+  it.effect("images are refused by an engine without a tower, and pads that do not match the images", () =>
+    Effect.gen(function*() {
+      const text = yield* make({ config: c, weights: textWeights })
+      const noTower = yield* Effect.flip(text.generate(greedy(withImages), { images: pictures }))
+      assert.strictEqual(noTower.reason._tag, "BadRequest")
+      assert.include(noTower.message, "no vision tower")
+      const engine = yield* make({ config: c, weights, vision })
+      const fewer = yield* Effect.flip(engine.generate(greedy(withImages), { images: [pictures[0]!] }))
+      assert.include(fewer.message, "3 image pad tokens; its images make 2")
+      const odd = yield* Effect.flip(engine.generate(greedy(withImages), { images: [image(6, 4, 1), pictures[1]!] }))
+      assert.include(odd.message, "multiples of 4")
+      // A tower's weights given to an engine without one are unknown weights.
+      const unknown = yield* Effect.flip(make({ config: c, weights }))
+      assert.strictEqual(unknown.reason._tag, "UnknownWeight")
+    }))
+})
