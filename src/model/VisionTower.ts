@@ -20,6 +20,7 @@
  *
  * @since 0.1.0
  */
+import type * as Image from "../Image.ts"
 import * as Graph from "../onnx/Graph.ts"
 import * as Sampling from "../Sampling.ts"
 import * as ModelConfig from "./ModelConfig.ts"
@@ -52,6 +53,8 @@ export interface VisionConfig {
   readonly maxGridSide: number
   readonly ropeTheta: number
   readonly rmsNormEps: number
+  /** The largest image area (pixels) the resize keeps (Qwen's `max_pixels`); larger images are scaled down. */
+  readonly maxPixels: number
 }
 
 /**
@@ -74,8 +77,8 @@ export interface VlConfig {
 export type PresetName = "tiny-vl"
 
 /**
- * `tiny-vl`: the `tiny` language model and a tower of 2 blocks, width 64, 4 heads, patch 8, 2×2 merge (a 64×64
- * image is 64 patches, 16 language-model tokens). Trains on 2 cores.
+ * `tiny-vl`: the `tiny` language model and a tower of 2 blocks, width 64, 4 heads, patch 8, 2×2 merge, images
+ * resized to at most 64×64 pixels (64 patches, 16 language-model tokens). Trains on 2 cores.
  *
  * @category constructors
  * @since 0.1.0
@@ -94,10 +97,25 @@ export const presets: Readonly<Record<PresetName, VlConfig>> = {
       inChannels: 3,
       maxGridSide: 64,
       ropeTheta: 10000,
-      rmsNormEps: 1e-6
+      rmsNormEps: 1e-6,
+      maxPixels: 64 * 64
     }
   }
 }
+
+/**
+ * The tower's resize geometry for `Image.visionGrid` / `Image.resizeForVision` (Qwen2-VL's `smart_resize`): an
+ * image becomes `tokens` merged tokens, one `<|image_pad|>` each, and {@link patchify} takes its pixels as they are.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const geometry = (v: VisionConfig): Image.VisionGeometry => ({
+  patchSize: v.patchSize,
+  mergeSize: v.spatialMergeSize,
+  minPixels: (v.patchSize * v.spatialMergeSize) ** 2,
+  maxPixels: v.maxPixels
+})
 
 /**
  * Values per flattened patch: `C · tps · ps · ps`.

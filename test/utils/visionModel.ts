@@ -21,7 +21,8 @@ export const smallVl = (text = tinyConfig()): VisionTower.VlConfig => ({
     inChannels: 3,
     maxGridSide: 8,
     ropeTheta: 10000,
-    rmsNormEps: 1e-6
+    rmsNormEps: 1e-6,
+    maxPixels: 64
   }
 })
 

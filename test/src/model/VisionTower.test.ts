@@ -2,6 +2,7 @@ import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { createHash } from "node:crypto"
 import * as Autodiff from "../../../src/autodiff/Autodiff.ts"
+import * as Image from "../../../src/Image.ts"
 import * as Loss from "../../../src/Loss.ts"
 import * as ModelConfig from "../../../src/model/ModelConfig.ts"
 import * as Qwen2 from "../../../src/model/Qwen2.ts"
@@ -77,6 +78,19 @@ describe("VisionTower", () => {
     assert.deepStrictEqual(w.get("visual.merger.mlp.2.weight")!.length, vl.text.hiddenSize * 256)
     assert.strictEqual(VisionTower.patchify(vl.vision, [{ width: 64, height: 64, data: new Float32Array(3 * 4096) }])
       .tokens[0], 16)
+  })
+
+  it("Image.resizeForVision at the preset's geometry feeds patchify, one merged token per template pad", () => {
+    const vl = VisionTower.presets["tiny-vl"]
+    for (const [width, height] of [[100, 60], [640, 480], [20, 20], [64, 64]] as const) {
+      const rgb = Uint8Array.from({ length: width * height * 3 }, (_, i) => (i * 37) % 256)
+      const ref = { sha256: "0", width, height, mediaType: "image/png" as const }
+      const { grid, pixels } = Image.resizeForVision({ ref, rgb }, VisionTower.geometry(vl.vision))
+      assert.isAtMost(grid.width * grid.height, 64 * 64)
+      const inputs = VisionTower.patchify(vl.vision, [{ data: pixels, width: grid.width, height: grid.height }])
+      assert.deepStrictEqual(inputs.tokens, [Image.visionTokenCount(width, height, VisionTower.geometry(vl.vision))])
+      assert.strictEqual(inputs.rows.length, grid.gridHeight * grid.gridWidth)
+    }
   })
 
   for (const tower of ["trained", "frozen"] as const) {
