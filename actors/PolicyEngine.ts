@@ -509,7 +509,7 @@ const generate = Effect.fn("PolicyEngine.generate")(
     if (invalid !== undefined) return yield* invalid
     const images = options?.images ?? []
     const vision = images.length === 0 ? undefined : EngineVision.request(engine.vision, request.promptTokenIds, images)
-    if (vision !== undefined && !("inputs" in vision)) return yield* vision
+    if (vision !== undefined && !("images" in vision)) return yield* vision
     const s = request.sampling
     const seed = s.seed ?? (yield* Random.nextInt)
     const seq: Seq = {

@@ -30,9 +30,9 @@ export interface VisionSetup extends Options {
   readonly sessionKey: string
 }
 
-/** An image request's tower inputs; `key` tells different images of the same size apart. */
+/** An image request's images; `key` tells different images of the same size apart. */
 export interface VisionRequest {
-  readonly inputs: VisionTower.VisionInputs
+  readonly images: ReadonlyArray<VisionTower.Pixels>
   readonly key: string
 }
 
@@ -97,8 +97,8 @@ export const request = (
     const message = `an image of ${bad.width}×${bad.height}: sides must be multiples of ${factor}, ${C} channels`
     return samplerError("BadRequest", message)
   }
-  const inputs = VisionTower.patchify(v.config.vision, images)
-  const expected = inputs.tokens.reduce((a, b) => a + b, 0)
+  const patches = images.reduce((n, i) => n + (i.width / patchSize) * (i.height / patchSize), 0)
+  const expected = patches / spatialMergeSize ** 2
   const pads = prompt.filter((id) => id === v.imageTokenId).length
   if (pads !== expected) {
     return samplerError("BadRequest", `the prompt has ${pads} image pad tokens; its images make ${expected}`)
@@ -107,7 +107,7 @@ export const request = (
   for (const { data, height, width } of images) {
     hash.update(`${width}x${height};`).update(new Uint8Array(data.buffer, data.byteOffset, data.byteLength))
   }
-  return { inputs, key: hash.digest("hex") }
+  return { images, key: hash.digest("hex") }
 }
 
 /**
@@ -120,28 +120,22 @@ export const feeds = (
   ids: ReadonlyArray<number>,
   dims: readonly [number, number]
 ): Record<string, ort.Tensor> => {
-  const K = VisionTower.patchDim(v.config.vision)
-  const P = requests.reduce((n, r) => n + r.inputs.rows.length, 0)
-  const patches = new Float32Array(P * K)
-  const rows: Array<number> = [], cols: Array<number> = [], owners: Array<number> = []
-  let images = 0, tokens = 0
-  for (const r of requests) {
-    patches.set(r.inputs.patches, rows.length * K)
-    rows.push(...r.inputs.rows)
-    cols.push(...r.inputs.cols)
-    owners.push(...r.inputs.images.map((i) => i + images))
-    images += r.inputs.tokens.length
-    tokens += r.inputs.tokens.reduce((a, b) => a + b, 0)
-  }
-  const int64 = (values: ReadonlyArray<number>, shape: ReadonlyArray<number>) =>
-    new ort.Tensor("int64", BigInt64Array.from(values, (x) => BigInt(x)), shape)
+  const inputs = VisionTower.patchify(v.config.vision, requests.flatMap((r) => r.images))
+  const tensor = (f: Feed) =>
+    f.dtype === "float32"
+      ? new ort.Tensor("float32", f.data instanceof Float32Array ? f.data : Float32Array.from(f.data), f.dims)
+      : new ort.Tensor("int64", BigInt64Array.from(Array.from(f.data), (x) => BigInt(x)), f.dims)
+  const feeds = VisionTower.inputFeeds(v.config.vision, inputs)
   return {
-    pixel_patches: new ort.Tensor("float32", patches, [P, K]),
-    patch_rows: int64(rows, [P]),
-    patch_cols: int64(cols, [P]),
-    patch_images: int64(owners, [P]),
-    image_token_index: int64(VisionTower.imageTokenIndex(ids, v.imageTokenId, tokens), dims)
+    ...Object.fromEntries(Object.entries(feeds).map(([name, f]) => [name, tensor(f)])),
+    image_token_index: tensor({ dtype: "int64", dims, data: VisionTower.imageTokenIndex(ids, v.imageTokenId, inputs) })
   }
+}
+
+interface Feed {
+  readonly dtype: "float32" | "int64"
+  readonly dims: ReadonlyArray<number>
+  readonly data: ArrayLike<number>
 }
 
 /** Runs a vision prefill on the generation's vision session. */

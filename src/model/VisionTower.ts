@@ -8,11 +8,13 @@
  * `<|image_pad|>` positions of the language model's input (before its learned positions are added), by an index
  * input; everything after is the text model's graph ({@link Qwen2.forward}).
  *
- * **Graph inputs** (besides the text model's): `pixel_patches [patches, C·tps·ps·ps]` float32, patches in Qwen2-VL's
- * order (each image's 2×2 merge windows row by row, the four patches of a window consecutive: {@link patchify});
- * `patch_rows`, `patch_cols [patches]` int64 (each patch's place in its image's grid); `patch_images [patches]`
- * int64 (which image it belongs to); `image_token_index [batch, seq]` int64 (the merged token a position takes,
- * -1 for a text position: {@link imageTokenIndex}). A request without any image uses the text graph, unchanged.
+ * **Graph inputs** (besides the text model's): `pixel_patches [images, patches, C·tps·ps·ps]` float32, each
+ * image's patches in Qwen2-VL's order (its 2×2 merge windows row by row, the four patches of a window consecutive)
+ * and padded to the largest image's count ({@link patchify}); `patch_rows`, `patch_cols [images, patches]` int64
+ * (each patch's place in its image's grid); `patch_mask [images, patches]` int64 (1 real, 0 padding);
+ * `image_token_index [batch, seq]` int64 (the merged token a position takes, -1 for a text position:
+ * {@link imageTokenIndex}). Attention runs per image: its cost grows with the images' patches squared, each alone,
+ * not with the batch's. A request without any image uses the text graph, unchanged.
  *
  * Differences from Qwen2.5-VL, said plainly: every block attends over its whole image (no window attention), the
  * language model keeps 1-D positions (no M-RoPE) and the merger's GELU is the tanh form; so a real Qwen2.5-VL
@@ -216,81 +218,126 @@ export interface Pixels {
 }
 
 /**
- * The tower's inputs for a list of images (in the order their pad tokens appear in the batch, row by row).
+ * The tower's inputs for a list of images (in the order their pad tokens appear in the batch, row by row), each
+ * image's patches padded to the largest's count, so that attention runs per image (`[images, patches, patches]`
+ * scores) and never across images.
  *
  * @category models
  * @since 0.1.0
  */
 export interface VisionInputs {
-  readonly patches: Float32Array
+  readonly images: number
+  /** Patches per image, padded: the largest image's count. */
+  readonly patches: number
+  /** `[images, patches, C·tps·ps·ps]`, zeros on padding. */
+  readonly pixels: Float32Array
+  /** Each patch's grid row and column `[images, patches]` (0 on padding). */
   readonly rows: ReadonlyArray<number>
   readonly cols: ReadonlyArray<number>
-  readonly images: ReadonlyArray<number>
+  /** 1 on a real patch, 0 on padding `[images, patches]`. */
+  readonly mask: ReadonlyArray<number>
   /** Merged (language-model) tokens per image. */
   readonly tokens: ReadonlyArray<number>
+  /** Rows of the tower's output per image, `patches / m²`: image `i`'s tokens start at row `i · stride`. */
+  readonly stride: number
+}
+
+/** One image's patches in Qwen2-VL's order, written at `out[at…]`, with their grid rows and columns. */
+const patchesOf = (v: VisionConfig, image: Pixels, index: number, out: Float32Array, at: number) => {
+  const ps = v.patchSize, m = v.spatialMergeSize, C = v.inChannels, tps = v.temporalPatchSize, K = patchDim(v)
+  const { height: H, width: W } = image
+  if (H % (ps * m) !== 0 || W % (ps * m) !== 0 || image.data.length !== C * H * W) {
+    throw new Error(`image ${index}: ${W}×${H} is not a ${C}-channel image with sides multiples of ${ps * m}`)
+  }
+  const gh = H / ps, gw = W / ps, rows: Array<number> = [], cols: Array<number> = []
+  for (let bh = 0; bh < gh / m; bh++) {
+    for (let bw = 0; bw < gw / m; bw++) {
+      for (let i = 0; i < m; i++) {
+        for (let j = 0; j < m; j++) {
+          const r = bh * m + i, q = bw * m + j
+          let k = at + rows.length * K
+          for (let c = 0; c < C; c++) {
+            for (let t = 0; t < tps; t++) {
+              for (let y = 0; y < ps; y++) {
+                const from = c * H * W + (r * ps + y) * W + q * ps
+                out.set(image.data.subarray(from, from + ps), k)
+                k += ps
+              }
+            }
+          }
+          rows.push(r), cols.push(q)
+        }
+      }
+    }
+  }
+  return { rows, cols }
 }
 
 /**
  * Cuts images into patches in Qwen2-VL's order: merge windows row by row, the `m × m` patches of a window
  * consecutive, each patch's values in the Conv3d kernel's order `[C, tps, ps, ps]` (an image repeated over `tps`
- * frames). Fails with a defect on a side that is not a multiple of `patchSize · spatialMergeSize`.
+ * frames); then pads each image's patches to the largest count. Fails with a defect on an empty list or a side that
+ * is not a multiple of `patchSize · spatialMergeSize`.
  *
  * @category constructors
  * @since 0.1.0
  */
 export const patchify = (v: VisionConfig, images: ReadonlyArray<Pixels>): VisionInputs => {
-  const ps = v.patchSize, m = v.spatialMergeSize, C = v.inChannels, tps = v.temporalPatchSize
-  const K = patchDim(v)
-  const rows: Array<number> = [], cols: Array<number> = [], owners: Array<number> = [], tokens: Array<number> = []
-  const chunks: Array<Float32Array> = []
-  images.forEach((image, index) => {
-    const { height: H, width: W } = image
-    if (H % (ps * m) !== 0 || W % (ps * m) !== 0 || image.data.length !== C * H * W) {
-      throw new Error(`image ${index}: ${W}×${H} is not a ${C}-channel image with sides multiples of ${ps * m}`)
-    }
-    const gh = H / ps, gw = W / ps
-    const out = new Float32Array(gh * gw * K)
-    let n = 0
-    for (let bh = 0; bh < gh / m; bh++) {
-      for (let bw = 0; bw < gw / m; bw++) {
-        for (let i = 0; i < m; i++) {
-          for (let j = 0; j < m; j++) {
-            const r = bh * m + i, q = bw * m + j
-            let k = n * K
-            for (let c = 0; c < C; c++) {
-              for (let t = 0; t < tps; t++) {
-                for (let y = 0; y < ps; y++) {
-                  const from = c * H * W + (r * ps + y) * W + q * ps
-                  out.set(image.data.subarray(from, from + ps), k)
-                  k += ps
-                }
-              }
-            }
-            rows.push(r), cols.push(q), owners.push(index), n++
-          }
-        }
-      }
-    }
-    chunks.push(out)
-    tokens.push((gh * gw) / (m * m))
+  if (images.length === 0) throw new Error("patchify: no image")
+  const K = patchDim(v), ps = v.patchSize, m = v.spatialMergeSize
+  const counts = images.map((i) => (i.width / ps) * (i.height / ps))
+  const N = Math.max(...counts.map((n) => Math.ceil(n / (m * m)) * m * m))
+  const pixels = new Float32Array(images.length * N * K)
+  const rows = new Array<number>(images.length * N).fill(0), cols = [...rows], mask = [...rows]
+  images.forEach((image, i) => {
+    const grid = patchesOf(v, image, i, pixels, i * N * K)
+    grid.rows.forEach((r, n) => {
+      rows[i * N + n] = r
+      cols[i * N + n] = grid.cols[n]!
+      mask[i * N + n] = 1
+    })
   })
-  const patches = new Float32Array(rows.length * K)
-  let offset = 0
-  for (const chunk of chunks) patches.set(chunk, offset), offset += chunk.length
-  return { patches, rows, cols, images: owners, tokens }
+  const tokens = counts.map((n) => n / (m * m))
+  return { images: images.length, patches: N, pixels, rows, cols, mask, tokens, stride: N / (m * m) }
 }
 
 /**
- * `image_token_index [batch, seq]`: for each position holding `imageTokenId`, the merged token it takes (pads
- * numbered in order, row by row, across the batch), -1 elsewhere. Fails with a defect when the pads do not
- * number `expected` (the images' merged tokens together).
+ * The tower's graph inputs for `inputs` (module notes), as dtype, dims and data.
  *
  * @category constructors
  * @since 0.1.0
  */
-export const imageTokenIndex = (ids: ArrayLike<number>, imageTokenId: number, expected: number): Array<number> => {
-  let next = 0
-  const index = Array.from(ids, (id) => (id === imageTokenId ? next++ : -1))
+export const inputFeeds = (v: VisionConfig, inputs: VisionInputs) => {
+  const dims = [inputs.images, inputs.patches]
+  return {
+    pixel_patches: { dtype: "float32" as const, dims: [...dims, patchDim(v)], data: inputs.pixels },
+    patch_rows: { dtype: "int64" as const, dims, data: inputs.rows },
+    patch_cols: { dtype: "int64" as const, dims, data: inputs.cols },
+    patch_mask: { dtype: "int64" as const, dims, data: inputs.mask }
+  }
+}
+
+/**
+ * `image_token_index [batch, seq]`: for each position holding `imageTokenId`, the merged token it takes (the
+ * `k`-th token of image `i` is row `i · patches / m² + k` of the tower's output; pads are numbered in order, row by
+ * row, across the batch), -1 elsewhere. Fails with a defect when the pads do not number the images' tokens.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const imageTokenIndex = (
+  ids: ArrayLike<number>,
+  imageTokenId: number,
+  inputs: Pick<VisionInputs, "stride" | "tokens">
+): Array<number> => {
+  const { stride } = inputs
+  const expected = inputs.tokens.reduce((a, b) => a + b, 0)
+  let next = 0, image = 0, within = 0
+  const index = Array.from(ids, (id) => {
+    if (id !== imageTokenId || next++ >= expected) return -1
+    while (within >= inputs.tokens[image]!) image++, within = 0
+    return image * stride + within++
+  })
   if (next !== expected) throw new Error(`${next} image pad tokens for ${expected} image tokens`)
   return index
 }
@@ -305,7 +352,7 @@ const linear = (g: Graph.Graph, x: string, w: string, b?: string): string => {
   return b === undefined ? y : g.op("Add", [y, b])
 }
 
-/** Each patch's rotary cos and sin `[patches, hd]`: `[row, col, row, col]` angles, hd/4 frequencies each. */
+/** Each patch's rotary cos and sin `[images, 1, patches, hd]`: `[row, col, row, col]` angles, hd/4 frequencies each. */
 const rotary = (g: Graph.Graph, v: VisionConfig, rows: string, cols: string) => {
   const hd = v.hiddenSize / v.numHeads, dim = hd / 2, quarter = hd / 4
   const cos = new Float32Array(v.maxGridSide * quarter), sin = new Float32Array(v.maxGridSide * quarter)
@@ -319,14 +366,14 @@ const rotary = (g: Graph.Graph, v: VisionConfig, rows: string, cols: string) => 
   const table = (data: Float32Array) => {
     const t = g.constant({ dtype: "float32", dims: [v.maxGridSide, quarter], data })
     const r = g.op("Gather", [t, rows], { axis: Graph.int(0) }), c = g.op("Gather", [t, cols], { axis: Graph.int(0) })
-    return g.op("Concat", [r, c, r, c], { axis: Graph.int(-1) })
+    return g.op("Unsqueeze", [g.op("Concat", [r, c, r, c], { axis: Graph.int(-1) }), i64(g, [1])])
   }
   return { cos: table(cos), sin: table(sin) }
 }
 
 type Param = (name: string) => string
 
-/** Block `i` on `x [patches, w]`, attention masked by `bias [patches, patches]`. */
+/** Block `i` on `x [images, patches, w]`, attention within each image, its padding masked by `bias`. */
 const block = (
   g: Graph.Graph,
   v: VisionConfig,
@@ -339,17 +386,17 @@ const block = (
   const h = Qwen2.rmsNorm(g, x, param(`${p}.norm1.weight`), v.rmsNormEps)
   const qkv = linear(g, h, param(`${p}.attn.qkv.weight`), param(`${p}.attn.qkv.bias`))
   const heads = (t: string) =>
-    g.op("Transpose", [g.op("Reshape", [t, i64(g, [0, H, hd])])], { perm: Graph.ints([1, 0, 2]) })
+    g.op("Transpose", [g.op("Reshape", [t, i64(g, [0, 0, H, hd])])], { perm: Graph.ints([0, 2, 1, 3]) })
   const [q, k, val] = g.opN("Split", [qkv], 3, { axis: Graph.int(-1) }).map(heads) as [string, string, string]
   const rq = Qwen2.rope(g, q, rot.cos, rot.sin, hd), rk = Qwen2.rope(g, k, rot.cos, rot.sin, hd)
   const scores = g.op("Mul", [
-    g.op("MatMul", [rq, g.op("Transpose", [rk], { perm: Graph.ints([0, 2, 1]) })]),
+    g.op("MatMul", [rq, g.op("Transpose", [rk], { perm: Graph.ints([0, 1, 3, 2]) })]),
     f32(g, 1 / Math.sqrt(hd))
   ])
   const probs = g.op("Softmax", [g.op("Add", [scores, rot.bias])], { axis: Graph.int(-1) })
-  const o = g.op("Transpose", [g.op("MatMul", [probs, val])], { perm: Graph.ints([1, 0, 2]) })
+  const o = g.op("Transpose", [g.op("MatMul", [probs, val])], { perm: Graph.ints([0, 2, 1, 3]) })
   const lin = (n: string, t: string) => linear(g, t, param(`${p}.${n}.weight`), param(`${p}.${n}.bias`))
-  const y = g.op("Add", [x, lin("attn.proj", g.op("Reshape", [o, i64(g, [0, w])]))])
+  const y = g.op("Add", [x, lin("attn.proj", g.op("Reshape", [o, i64(g, [0, 0, w])]))])
   const h2 = Qwen2.rmsNorm(g, y, param(`${p}.norm2.weight`), v.rmsNormEps)
   const gate = lin("mlp.gate_proj", h2)
   const act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), lin("mlp.up_proj", h2)])
@@ -357,21 +404,23 @@ const block = (
 }
 
 /**
- * The tower on the vision inputs: merged tokens `[patches / m², D]` (D the language model's width).
+ * The tower on the vision inputs: merged tokens `[images · patches / m², D]` (D the language model's width; the
+ * `k`-th token of image `i` is row `i · patches / m² + k`).
  *
  * @category math
  * @since 0.1.0
  */
 export const tower = (g: Graph.Graph, vl: VlConfig, param: Param): string => {
   const v = vl.vision, K = patchDim(v), w = v.hiddenSize
-  const patches = g.input("pixel_patches", "float32", ["patches", K])
-  const rows = g.input("patch_rows", "int64", ["patches"])
-  const cols = g.input("patch_cols", "int64", ["patches"])
-  const images = g.input("patch_images", "int64", ["patches"])
+  const patches = g.input("pixel_patches", "float32", ["images", "patches", K])
+  const rows = g.input("patch_rows", "int64", ["images", "patches"])
+  const cols = g.input("patch_cols", "int64", ["images", "patches"])
+  const mask = g.input("patch_mask", "int64", ["images", "patches"])
   const kernel = g.op("Reshape", [param("visual.patch_embed.proj.weight"), i64(g, [w, K])])
   let x = linear(g, patches, kernel)
-  const same = g.op("Equal", [g.op("Unsqueeze", [images, i64(g, [1])]), g.op("Unsqueeze", [images, i64(g, [0])])])
-  const rot = { ...rotary(g, v, rows, cols), bias: g.op("Where", [same, f32(g, 0), f32(g, -1e9)]) }
+  // Keys of padding patches are masked ([images, 1, 1, patches]); their own outputs are never read.
+  const real = g.op("Unsqueeze", [g.op("Cast", [mask], { to: Graph.int(Graph.dataTypeCode.bool) }), i64(g, [1, 2])])
+  const rot = { ...rotary(g, v, rows, cols), bias: g.op("Where", [real, f32(g, 0), f32(g, -1e9)]) }
   for (let i = 0; i < v.depth; i++) x = block(g, v, i, x, rot, param)
   const normed = Qwen2.rmsNorm(g, x, param("visual.merger.ln_q.weight"), v.rmsNormEps)
   const grouped = g.op("Reshape", [normed, i64(g, [-1, w * v.spatialMergeSize ** 2])])

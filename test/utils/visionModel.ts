@@ -65,19 +65,19 @@ export const makeVlReference = (vl: VisionTower.VlConfig, imageTokenId: number) 
       Effect.promise(async () => {
         const T = ids.length
         const inputs = VisionTower.patchify(vl.vision, images)
-        const P = inputs.rows.length, tokens = inputs.tokens.reduce((a, b) => a + b, 0)
         const int64 = (values: ReadonlyArray<number>, dims: ReadonlyArray<number>) =>
           new ort.Tensor("int64", BigInt64Array.from(values, (x) => BigInt(x)), dims)
+        const tower = VisionTower.inputFeeds(vl.vision, inputs)
         const feeds: Record<string, ort.Tensor> = {
           input_ids: int64(ids, [1, T]),
           attention_mask: int64(ids.map(() => 1), [1, T]),
           position_ids: int64(ids.map((_, i) => i), [1, T]),
-          pixel_patches: new ort.Tensor("float32", inputs.patches, [P, VisionTower.patchDim(vl.vision)]),
-          patch_rows: int64(inputs.rows, [P]),
-          patch_cols: int64(inputs.cols, [P]),
-          patch_images: int64(inputs.images, [P]),
+          pixel_patches: new ort.Tensor("float32", tower.pixel_patches.data, tower.pixel_patches.dims),
+          patch_rows: int64(tower.patch_rows.data, tower.patch_rows.dims),
+          patch_cols: int64(tower.patch_cols.data, tower.patch_cols.dims),
+          patch_mask: int64(tower.patch_mask.data, tower.patch_mask.dims),
           image_token_index: int64([
-            ...VisionTower.imageTokenIndex(ids.slice(0, promptLength), imageTokenId, tokens),
+            ...VisionTower.imageTokenIndex(ids.slice(0, promptLength), imageTokenId, inputs),
             ...ids.slice(promptLength).map(() => -1)
           ], [1, T])
         }

@@ -32,7 +32,7 @@ describe("learning through the vision tower", () => {
         batch: B,
         length: T,
         loss: Loss.sft,
-        dims: { patches: B * 4 }
+        dims: { images: B, patches: 4 }
       })
       const s = yield* session(tg.graph)
       // A frozen language model of weights large enough that its head can make one answer likely (at N(0, 0.1²)
@@ -43,16 +43,12 @@ describe("learning through the vision tower", () => {
         const classes = Array.from({ length: B }, (_, i) => i % CLASSES)
         const inputs = VisionTower.patchify(vl.vision, classes.map((k, i) => picture(k, seed * B + i)))
         const ids = classes.flatMap((k) => [1, 2, PAD, 3 + k])
-        const P = inputs.rows.length
         const feeds: Record<string, Feed> = {
+          ...VisionTower.inputFeeds(vl.vision, inputs),
           input_ids: { dtype: "int64", dims: [B, T], data: ids },
           attention_mask: { dtype: "int64", dims: [B, T], data: ids.map(() => 1) },
           position_ids: { dtype: "int64", dims: [B, T], data: ids.map((_, i) => i % T) },
-          pixel_patches: { dtype: "float32", dims: [P, VisionTower.patchDim(vl.vision)], data: inputs.patches },
-          patch_rows: { dtype: "int64", dims: [P], data: inputs.rows },
-          patch_cols: { dtype: "int64", dims: [P], data: inputs.cols },
-          patch_images: { dtype: "int64", dims: [P], data: inputs.images },
-          image_token_index: { dtype: "int64", dims: [B, T], data: VisionTower.imageTokenIndex(ids, PAD, B) },
+          image_token_index: { dtype: "int64", dims: [B, T], data: VisionTower.imageTokenIndex(ids, PAD, inputs) },
           // Predicting the answer (at the image's position 2: token 3 + k) is the only loss term.
           targets: { dtype: "int64", dims: [B, T], data: ids.map((_, i) => (i % T === 2 ? ids[i + 1]! : 0)) },
           loss_mask: { dtype: "float32", dims: [B, T], data: ids.map((_, i) => (i % T === 2 ? 1 : 0)) },

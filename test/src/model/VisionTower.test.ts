@@ -25,17 +25,11 @@ const images = (seed = 1): ReadonlyArray<VisionTower.Pixels> => [image(4, 4, see
 const ids = [3, PAD, 4, 1, 5, 0, 9, PAD, PAD, 6]
 
 const visionFeeds = (inputs: VisionTower.VisionInputs, dtype: "float32" | "float64"): Record<string, Feed> => {
-  const P = inputs.rows.length
+  const feeds = VisionTower.inputFeeds(smallVl.vision, inputs)
   return {
-    pixel_patches: { dtype, dims: [P, VisionTower.patchDim(smallVl.vision)], data: inputs.patches },
-    patch_rows: { dtype: "int64", dims: [P], data: inputs.rows },
-    patch_cols: { dtype: "int64", dims: [P], data: inputs.cols },
-    patch_images: { dtype: "int64", dims: [P], data: inputs.images },
-    image_token_index: {
-      dtype: "int64",
-      dims: [B, T],
-      data: VisionTower.imageTokenIndex(ids, PAD, inputs.tokens.reduce((a, b) => a + b, 0))
-    }
+    ...feeds,
+    pixel_patches: { ...feeds.pixel_patches, dtype },
+    image_token_index: { dtype: "int64", dims: [B, T], data: VisionTower.imageTokenIndex(ids, PAD, inputs) }
   }
 }
 
@@ -58,15 +52,25 @@ describe("VisionTower", () => {
     const v = { ...smallVl.vision, inChannels: 1 }
     // A 1-channel 8 wide × 4 high image whose pixel value is its index: row y, column x → 8y + x.
     const pixels = { width: 8, height: 4, data: Float32Array.from({ length: 32 }, (_, i) => i) }
-    const out = VisionTower.patchify(v, [pixels])
-    assert.deepStrictEqual(out.rows, [0, 0, 1, 1, 0, 0, 1, 1])
-    assert.deepStrictEqual(out.cols, [0, 1, 0, 1, 2, 3, 2, 3])
-    assert.deepStrictEqual(out.tokens, [2])
+    // …and a 4×4 one after it, padded to the first's 8 patches.
+    const small = { width: 4, height: 4, data: Float32Array.from({ length: 16 }, (_, i) => 100 + i) }
+    const out = VisionTower.patchify(v, [pixels, small])
+    assert.strictEqual(out.patches, 8)
+    assert.deepStrictEqual(out.rows, [0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 0, 0])
+    assert.deepStrictEqual(out.cols, [0, 1, 0, 1, 2, 3, 2, 3, 0, 1, 0, 1, 0, 0, 0, 0])
+    assert.deepStrictEqual(out.mask, [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0])
+    assert.deepStrictEqual(out.tokens, [2, 1])
+    assert.strictEqual(out.stride, 2)
     // Patch 1 is grid (0, 1): pixels (0, 2), (0, 3), (1, 2), (1, 3); patch 4 is grid (0, 2).
-    assert.deepStrictEqual(Array.from(out.patches.subarray(4, 8)), [2, 3, 10, 11])
-    assert.deepStrictEqual(Array.from(out.patches.subarray(16, 20)), [4, 5, 12, 13])
+    assert.deepStrictEqual(Array.from(out.pixels.subarray(4, 8)), [2, 3, 10, 11])
+    assert.deepStrictEqual(Array.from(out.pixels.subarray(16, 20)), [4, 5, 12, 13])
+    // The small image's patch 3 is grid (1, 1); its padding is zeros.
+    assert.deepStrictEqual(Array.from(out.pixels.subarray(32 + 12, 32 + 16)), [110, 111, 114, 115])
+    assert.deepStrictEqual(Array.from(out.pixels.subarray(48)), new Array(16).fill(0))
+    // Pads take image 0's tokens 0, 1 then image 1's token at row stride · 1.
+    assert.deepStrictEqual(VisionTower.imageTokenIndex([1, PAD, PAD, 2, PAD], PAD, out), [-1, 0, 1, -1, 2])
     assert.throws(() => VisionTower.patchify(v, [{ width: 6, height: 4, data: new Float32Array(24) }]))
-    assert.throws(() => VisionTower.imageTokenIndex([PAD, 1, PAD], PAD, 3))
+    assert.throws(() => VisionTower.imageTokenIndex([PAD, 1, PAD], PAD, out))
   })
 
   it("tiny-vl: the tiny language model's weights for the same seed, and a tower of the preset's shape", () => {
@@ -89,7 +93,7 @@ describe("VisionTower", () => {
       assert.isAtMost(grid.width * grid.height, 64 * 64)
       const inputs = VisionTower.patchify(vl.vision, [{ data: pixels, width: grid.width, height: grid.height }])
       assert.deepStrictEqual(inputs.tokens, [Image.visionTokenCount(width, height, VisionTower.geometry(vl.vision))])
-      assert.strictEqual(inputs.rows.length, grid.gridHeight * grid.gridWidth)
+      assert.strictEqual(inputs.patches, grid.gridHeight * grid.gridWidth)
     }
   })
 
@@ -103,7 +107,7 @@ describe("VisionTower", () => {
           length: T,
           loss: Loss.sft,
           dtype: "float64",
-          dims: { patches: inputs.rows.length }
+          dims: { images: inputs.images, patches: inputs.patches }
         })
         const trained = tower === "trained" ? VisionTower.parameters(smallVl) : []
         const names = [...Qwen2.parameters(smallVl.text), ...trained]
