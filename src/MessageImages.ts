@@ -145,9 +145,38 @@ export const markImageSpans = (
 }
 
 /**
- * Where the image parts' bytes go in a run directory: each `data:` URL of the messages is written once to
- * `<dir>/images/<sha256>.png` (or `.jpg`) and replaced by that relative path, the part keeping its `image`. A
- * trajectory without images is returned as it is.
+ * Writes each `data:` URL image part of the messages to `<dir>/images/<sha256>.png` (or `.jpg`), once (a file
+ * already there is kept: its name is its content's hash). Returns the messages with each such URL replaced by that
+ * relative path, the part keeping its `image`. Messages without images are returned as they are.
+ *
+ * @category files
+ * @since 0.1.0
+ */
+export const writeSidecars = Effect.fn("MessageImages.writeSidecars")(function*(
+  messages: ReadonlyArray<Message.Message>,
+  dir: string
+) {
+  if (!anyImage(messages)) return messages
+  const fs = yield* FileSystem.FileSystem
+  return yield* Effect.forEach(messages, (message) =>
+    mapParts(message, (part) =>
+      Effect.gen(function*() {
+        if (!Image.isDataUrl(part.image_url.url)) return part
+        const { bytes } = yield* Image.parseDataUrl(part.image_url.url)
+        const ref = part.image ?? (yield* Image.decode(bytes)).ref
+        const relative = Image.sidecarPath(ref)
+        const file = `${dir}/${relative}`
+        if (!(yield* fs.exists(file))) {
+          yield* fs.makeDirectory(`${dir}/images`, { recursive: true })
+          yield* fs.writeFile(file, bytes)
+        }
+        return { ...part, image_url: { url: relative }, image: ref }
+      })))
+})
+
+/**
+ * A trajectory whose image bytes live in `dir` (`writeSidecars`): its message view holds sidecar paths in place of
+ * `data:` URLs. A trajectory without images is returned as it is.
  *
  * @category files
  * @since 0.1.0
@@ -157,23 +186,28 @@ export const externalise = Effect.fn("MessageImages.externalise")(function*(
   dir: string
 ) {
   if (!anyImage(trajectory.messages)) return trajectory
+  return { ...trajectory, messages: yield* writeSidecars(trajectory.messages, dir) }
+})
+
+/**
+ * The sidecar files of `dir` for these image refs, as `data:` URLs by hash (a missing file is left out).
+ *
+ * @category files
+ * @since 0.1.0
+ */
+export const readSidecars = Effect.fn("MessageImages.readSidecars")(function*(
+  refs: Iterable<Image.ImageRef>,
+  dir: string
+) {
   const fs = yield* FileSystem.FileSystem
   const path = yield* Path.Path
-  const messages = yield* Effect.forEach(trajectory.messages, (message) =>
-    mapParts(message, (part) =>
-      Effect.gen(function*() {
-        if (!Image.isDataUrl(part.image_url.url)) return part
-        const { bytes } = yield* Image.parseDataUrl(part.image_url.url)
-        const ref = part.image ?? (yield* Image.decode(bytes)).ref
-        const relative = Image.sidecarPath(ref)
-        const file = path.join(dir, relative)
-        if (!(yield* fs.exists(file))) {
-          yield* fs.makeDirectory(path.dirname(file), { recursive: true })
-          yield* fs.writeFile(file, bytes)
-        }
-        return { ...part, image_url: { url: relative }, image: ref }
-      })))
-  return { ...trajectory, messages }
+  const out = new Map<string, string>()
+  for (const ref of refs) {
+    if (out.has(ref.sha256)) continue
+    const bytes = yield* fs.readFile(path.join(dir, Image.sidecarPath(ref))).pipe(Effect.option)
+    if (bytes._tag === "Some") out.set(ref.sha256, Image.toDataUrl({ ref, bytes: bytes.value }))
+  }
+  return out as ReadonlyMap<string, string>
 })
 
 /**
