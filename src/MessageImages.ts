@@ -65,11 +65,25 @@ export const imageParts = (
  * @category decoding
  * @since 0.1.0
  */
-export const resolve = Effect.fn("MessageImages.resolve")(function*(
+export const resolve = (
+  messages: ReadonlyArray<Message.Message>,
+  template: Pick<ChatTemplate.ChatTemplate, "name" | "vision">
+): Effect.Effect<ReadonlyArray<Message.Message>, Image.ImageError> =>
+  anyImage(messages) ? Effect.map(decodeAll(messages, template), (r) => r.messages) : Effect.succeed(messages)
+
+/**
+ * `resolve`, also returning every image decoded, in the order of their parts (the order of their image tokens in
+ * a render): what a vision engine needs beside the prompt's ids (`Image.resizeForVision` gives the tower's input).
+ *
+ * @category decoding
+ * @since 0.1.0
+ */
+export const decodeAll = Effect.fn("MessageImages.decodeAll")(function*(
   messages: ReadonlyArray<Message.Message>,
   template: Pick<ChatTemplate.ChatTemplate, "name" | "vision">
 ) {
-  if (!anyImage(messages)) return messages
+  const images: Array<Image.Image> = []
+  if (!anyImage(messages)) return { messages, images }
   if (template.vision === undefined) {
     return yield* Effect.fail(new Image.ImageError({ reason: new Image.ModelWithoutVision({ model: template.name }) }))
   }
@@ -81,16 +95,17 @@ export const resolve = Effect.fn("MessageImages.resolve")(function*(
     }
     const parts: Array<Message.ContentPart> = []
     for (const part of message.content) {
-      if (part.type !== "image_url" || part.image !== undefined) {
+      if (part.type !== "image_url") {
         parts.push(part)
         continue
       }
       const image = yield* Image.fromUrl(part.image_url.url)
+      images.push(image)
       parts.push({ ...part, image: image.ref })
     }
     out.push({ ...message, content: parts } as Message.Message)
   }
-  return out
+  return { messages: out as ReadonlyArray<Message.Message>, images: images as ReadonlyArray<Image.Image> }
 })
 
 /**
