@@ -22,7 +22,7 @@
  *
  * @since 0.1.0
  */
-import type * as Image from "../Image.ts"
+import * as Image from "../Image.ts"
 import * as Graph from "../onnx/Graph.ts"
 import * as Sampling from "../Sampling.ts"
 import * as ModelConfig from "./ModelConfig.ts"
@@ -202,6 +202,24 @@ export const initWeights = (vl: VlConfig, seed: number, std = 0.02): Map<string,
   return weights
 }
 
+/**
+ * The `preprocessor_config.json` of a folder with this tower (Qwen2-VL's `Qwen2VLImageProcessor` keys), which
+ * `VisionConfig.read` turns into the template's image tokens: one pad per merged token of {@link geometry}'s resize.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const preprocessorConfig = (v: VisionConfig): Record<string, unknown> => ({
+  image_processor_type: "Qwen2VLImageProcessor",
+  patch_size: v.patchSize,
+  merge_size: v.spatialMergeSize,
+  temporal_patch_size: v.temporalPatchSize,
+  min_pixels: (v.patchSize * v.spatialMergeSize) ** 2,
+  max_pixels: v.maxPixels,
+  image_mean: [...Image.clipNormalisation.mean],
+  image_std: [...Image.clipNormalisation.std]
+})
+
 // ===== Pixels to the graph's inputs =====
 
 /**
@@ -215,6 +233,22 @@ export interface Pixels {
   readonly data: Float32Array
   readonly width: number
   readonly height: number
+}
+
+/**
+ * A decoded image (`Image.decode`, `MessageImages.decodeAll`) as the tower reads it: resized by {@link geometry}
+ * and normalised (CLIP's mean and std unless given), channels first.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const toPixels = (
+  v: VisionConfig,
+  image: Pick<Image.Image, "ref" | "rgb">,
+  normalisation: Image.VisionNormalisation = Image.clipNormalisation
+): Pixels => {
+  const { grid, pixels } = Image.resizeForVision(image, geometry(v), normalisation)
+  return { data: pixels, width: grid.width, height: grid.height }
 }
 
 /**

@@ -3,6 +3,7 @@ import { Effect } from "effect"
 import { createHash } from "node:crypto"
 import * as Autodiff from "../../../src/autodiff/Autodiff.ts"
 import * as Image from "../../../src/Image.ts"
+import * as VisionConfig from "../../../src/VisionConfig.ts"
 import * as Loss from "../../../src/Loss.ts"
 import * as ModelConfig from "../../../src/model/ModelConfig.ts"
 import * as Qwen2 from "../../../src/model/Qwen2.ts"
@@ -31,6 +32,19 @@ const visionFeeds = (inputs: VisionTower.VisionInputs, dtype: "float32" | "float
     pixel_patches: { ...feeds.pixel_patches, dtype },
     image_token_index: { dtype: "int64", dims: [B, T], data: VisionTower.imageTokenIndex(ids, PAD, inputs) }
   }
+}
+
+/** The fixed 2 × 5 batch with the two images, and every weight, in float64. */
+const gradFeeds = (tg: Autodiff.TrainingGraph, inputs: VisionTower.VisionInputs) => {
+  const weights = vlWeights(smallVl, 11)
+  const feeds = batchFeeds(tg.lossInputs, Qwen2.positionIds, (mask, batch, length) =>
+    Loss.aggregationWeights("token-mean", mask, batch, length, Loss.totals(mask, batch, length)))
+  feeds["input_ids"] = { dtype: "int64", dims: [B, T], data: ids }
+  Object.assign(feeds, visionFeeds(inputs, "float64"))
+  for (const spec of VisionTower.allParameters(smallVl)) {
+    feeds[spec.name] = { dtype: "float64", dims: spec.shape, data: weights.get(spec.name)! }
+  }
+  return feeds
 }
 
 const sha = (g: Graph.Graph) => createHash("sha256").update(Graph.toModelBytes(g)).digest("hex")
@@ -97,6 +111,16 @@ describe("VisionTower", () => {
     }
   })
 
+  it("the preset's preprocessor_config.json gives the template the tower's geometry (VisionConfig's parser)", () => {
+    const v = VisionTower.presets["tiny-vl"].vision
+    const read = VisionConfig.fromPreprocessorConfig(JSON.parse(JSON.stringify(VisionTower.preprocessorConfig(v))))
+    assert.deepStrictEqual(read?.vision.geometry, VisionTower.geometry(v))
+    const ref = { sha256: "0", width: 90, height: 50, mediaType: "image/png" as const }
+    const pixels = VisionTower.toPixels(v, { ref, rgb: new Uint8Array(90 * 50 * 3).fill(255) })
+    const tokens = Image.visionTokenCount(90, 50, read!.vision.geometry)
+    assert.deepStrictEqual(VisionTower.patchify(v, [pixels]).tokens, [tokens])
+  })
+
   for (const tower of ["trained", "frozen"] as const) {
     it.effect(`whole-model gradients with a ${tower} tower match central differences in float64`, () =>
       Effect.gen(function*() {
@@ -112,14 +136,7 @@ describe("VisionTower", () => {
         const trained = tower === "trained" ? VisionTower.parameters(smallVl) : []
         const names = [...Qwen2.parameters(smallVl.text), ...trained]
         assert.deepStrictEqual([...forward.weightInputs], names.map((p) => p.name))
-        const weights = vlWeights(smallVl, 11)
-        const feeds = batchFeeds(tg.lossInputs, Qwen2.positionIds, (mask, batch, length) =>
-          Loss.aggregationWeights("token-mean", mask, batch, length, Loss.totals(mask, batch, length)))
-        feeds["input_ids"] = { dtype: "int64", dims: [B, T], data: ids }
-        Object.assign(feeds, visionFeeds(inputs, "float64"))
-        for (const spec of [...Qwen2.parameters(smallVl.text), ...VisionTower.parameters(smallVl)]) {
-          feeds[spec.name] = { dtype: "float64", dims: spec.shape, data: weights.get(spec.name)! }
-        }
+        const feeds = gradFeeds(tg, inputs)
         const s = yield* session(tg.graph)
         const { worst, base } = yield* check(s, feeds, forward.weightInputs, { samples: 3, h: 1e-5 })
         for (const w of forward.weightInputs) assert.isBelow(worst[w]!, 1e-5, `${w}: ${worst[w]}`)
@@ -132,6 +149,29 @@ describe("VisionTower", () => {
         }
       }))
   }
+
+  it.effect("activation recompute (the learner's option) gives the same loss and gradients with a tower", () =>
+    Effect.gen(function*() {
+      const inputs = VisionTower.patchify(smallVl.vision, images())
+      const build = (recompute: boolean) =>
+        Autodiff.trainingGraph(VisionTower.trainingGraph(smallVl), {
+          batch: B,
+          length: T,
+          loss: Loss.sft,
+          dtype: "float64",
+          dims: { images: inputs.images, patches: inputs.patches },
+          recompute
+        })
+      const plain = yield* build(false), again = yield* build(true)
+      const a = yield* runWith(yield* session(plain.graph), gradFeeds(plain, inputs))
+      const b = yield* runWith(yield* session(again.graph), gradFeeds(again, inputs))
+      assert.approximately(b["loss"]![0]!, a["loss"]![0]!, 1e-12)
+      assert.strictEqual(again.gradients.size, VisionTower.allParameters(smallVl).length)
+      for (const [w, name] of plain.gradients) {
+        const x = a[name]!, y = b[again.gradients.get(w)!]!
+        x.forEach((v, i) => assert.approximately(y[i]!, v, 1e-12, w))
+      }
+    }))
 
   it.effect("attention stays within an image; text rows match the text graph; pixels change image rows", () =>
     Effect.gen(function*() {
