@@ -451,7 +451,12 @@ const step = (engine: Engine) =>
     const room = engine.maxBatch - generations.reduce((n, x) => n + x.seqs.length, 0)
     if (waiting.length > 0 && room > 0) {
       const joining = waiting.splice(0, room)
-      for (const s of joining) if (s.vision === undefined) s.prefix = continued(g, s.prompt)
+      for (const s of joining) {
+        const prefix = continued(g, s.prompt, s.imageKeys)
+        s.prefix = prefix
+        // A continued image conversation computes only its new images (none: it is text from here on).
+        if (prefix !== undefined && s.vision !== undefined) s.vision = EngineVision.after(s.vision, prefix.images)
+      }
       // Fresh prompts, continuations and prompts with images go in separate batches (a batch pads to its longest
       // new part). onnxruntime failing on a prompt batch fails those requests only; the running batch is untouched.
       const text = joining.filter((s) => s.vision === undefined)
@@ -525,7 +530,8 @@ const generate = Effect.fn("PolicyEngine.generate")(
       filled: 0,
       cancelled: false,
       prefix: undefined,
-      vision
+      vision,
+      imageKeys: vision?.keys
     }
     if (engine.closed) return yield* closedError()
     engine.pending.add(seq)

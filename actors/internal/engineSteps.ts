@@ -31,8 +31,13 @@ export interface Seq {
   cancelled: boolean
   /** The cached keys/values of an earlier request this one continues (until it joins the batch). */
   prefix: KvCache.Prefix | undefined
-  /** An image request's tower inputs (`engineVision.ts`); absent for text. */
-  readonly vision?: EngineVision.VisionRequest | undefined
+  /**
+   * An image request's images still to compute (`engineVision.ts`): all of them, or those after the retained
+   * sequence it continues; absent for text.
+   */
+  vision?: EngineVision.VisionRequest | undefined
+  /** Every image of the prompt, by content, in pad order (what a retained sequence must match). */
+  readonly imageKeys?: ReadonlyArray<string> | undefined
 }
 
 export interface Generation {
@@ -45,7 +50,12 @@ export interface Generation {
   seqs: Array<Seq>
   readonly cache: KvCache.KvCache
   /** Finished sequences' keys/values, most recent last, for requests that continue them (the next turn). */
-  readonly retained: Array<{ readonly tokens: ReadonlyArray<number>; readonly prefix: KvCache.Prefix }>
+  readonly retained: Array<{
+    readonly tokens: ReadonlyArray<number>
+    readonly prefix: KvCache.Prefix
+    /** The images its pads stand for (absent: none). */
+    readonly imageKeys?: ReadonlyArray<string> | undefined
+  }>
   /** The decode step's attention mask memory, reused from step to step (a new one each step is ≈ 130 KB). */
   mask: BigInt64Array
   /** The vision prefill session of an engine with a tower. */
@@ -187,24 +197,32 @@ export const advance = (
  */
 export const retain = (engine: Engine, g: Generation, row: number) => {
   const s = g.seqs[row]!
-  if (s.vision !== undefined) return // pad tokens do not say which image they were
   const tokens = [...s.prompt, ...s.tokenIds.slice(0, s.filled - s.prompt.length)]
-  g.retained.push({ tokens, prefix: KvCache.take(g.cache, row, s.filled) })
+  const prefix = KvCache.take(g.cache, row, s.filled)
+  g.retained.push(s.imageKeys === undefined ? { tokens, prefix } : { tokens, prefix, imageKeys: s.imageKeys })
   if (g.retained.length > 2 * engine.maxBatch) g.retained.shift()
 }
 
-/** Takes the longest retained sequence that `prompt` extends by one token or more. */
+/**
+ * Takes the longest retained sequence that `prompt` extends by one token or more and whose images (pads say nothing
+ * of which image they were) are the first of `imageKeys`; `images` is how many of them it covers.
+ */
 export const continued = (
   g: Pick<Generation, "retained">,
-  prompt: ReadonlyArray<number>
-): KvCache.Prefix | undefined => {
+  prompt: ReadonlyArray<number>,
+  imageKeys: ReadonlyArray<string> = []
+): (KvCache.Prefix & { readonly images: number }) | undefined => {
   let best = -1
   g.retained.forEach((e, k) => {
     if (e.tokens.length >= prompt.length || (best >= 0 && e.tokens.length <= g.retained[best]!.tokens.length)) return
+    const keys = e.imageKeys ?? []
+    if (keys.length > imageKeys.length || keys.some((key, i) => key !== imageKeys[i])) return
     for (let i = 0; i < e.tokens.length; i++) if (e.tokens[i] !== prompt[i]) return
     best = k
   })
-  return best < 0 ? undefined : g.retained.splice(best, 1)[0]!.prefix
+  if (best < 0) return undefined
+  const entry = g.retained.splice(best, 1)[0]!
+  return { ...entry.prefix, images: entry.imageKeys?.length ?? 0 }
 }
 
 /** Removes the given rows (cancelled or finished sequences) from the batch, last first. */

@@ -6,8 +6,9 @@
  * the text graph like any other: after the prompt, every token is text. Requests without images never touch this
  * module, and their batches, sessions and feeds are what they were.
  *
- * An image request neither continues a retained prefix nor is retained (its pad tokens say nothing of which image
- * they were): a later turn of an image conversation prefills again, the tower included.
+ * A finished image sequence is retained with its images' content keys, and a later turn continues it only when its
+ * first images are those (pads say nothing of which image they were): the tower then runs on the new images only,
+ * and a turn without new images is a text continuation.
  */
 import { Effect } from "effect"
 import * as ort from "onnxruntime-node"
@@ -30,11 +31,19 @@ export interface VisionSetup extends Options {
   readonly sessionKey: string
 }
 
-/** An image request's images; `key` tells different images of the same size apart. */
+/**
+ * An image request's images still to compute, `keys` theirs by content, `key` those of the whole prompt (requests
+ * that share a prompt and its images are computed once).
+ */
 export interface VisionRequest {
   readonly images: ReadonlyArray<VisionTower.Pixels>
+  readonly keys: ReadonlyArray<string>
   readonly key: string
 }
+
+/** The request without its first `n` images (a retained sequence holds them); `undefined` when none is left. */
+export const after = (v: VisionRequest, n: number): VisionRequest | undefined =>
+  n >= v.images.length ? undefined : { images: v.images.slice(n), keys: v.keys.slice(n), key: v.key }
 
 /** A generation's vision session (shared like the text one by the engines that sample the same version). */
 export interface VisionSession {
@@ -103,11 +112,11 @@ export const request = (
   if (pads !== expected) {
     return samplerError("BadRequest", `the prompt has ${pads} image pad tokens; its images make ${expected}`)
   }
-  const hash = createHash("sha256")
-  for (const { data, height, width } of images) {
-    hash.update(`${width}x${height};`).update(new Uint8Array(data.buffer, data.byteOffset, data.byteLength))
-  }
-  return { images, key: hash.digest("hex") }
+  const keys = images.map(({ data, height, width }) =>
+    createHash("sha256").update(`${width}x${height};`)
+      .update(new Uint8Array(data.buffer, data.byteOffset, data.byteLength)).digest("hex")
+  )
+  return { images, keys, key: keys.join(",") }
 }
 
 /**

@@ -2,6 +2,7 @@ import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { make } from "../../actors/PolicyEngine.ts"
 import type { GenerateRequest } from "../../src/Sampler.ts"
+import type * as VisionTower from "../../src/model/VisionTower.ts"
 import * as Sampling from "../../src/Sampling.ts"
 import { tinyConfig } from "../utils/tinyModel.ts"
 import { image, makeVlReference, smallVl, vlWeights } from "../utils/visionModel.ts"
@@ -23,6 +24,22 @@ const pictures = [image(8, 4, 3), image(4, 4, 4)]
 const withImages = [1, 2, PAD, PAD, 7, 8, PAD, 9, 10]
 const text = [5, 6, 7, 8, 9, 11, 13]
 
+/** Greedy tokens of a full (no-cache) forward at each step. */
+const greedyReference = (
+  reference: Effect.Success<ReturnType<typeof makeVlReference>>,
+  prompt: ReadonlyArray<number>,
+  images: ReadonlyArray<VisionTower.Pixels>,
+  steps: number
+) =>
+  Effect.gen(function*() {
+    const seq = [...prompt]
+    for (let step = 0; step < steps; step++) {
+      const logits = yield* reference(weights, seq, images, prompt.length)
+      seq.push(Sampling.argmax(logits.subarray((seq.length - 1) * c.vocabSize, seq.length * c.vocabSize)))
+    }
+    return seq.slice(prompt.length)
+  })
+
 describe("PolicyEngine with a vision tower", () => {
   it.effect("greedy KV-cache decoding of a prompt with images equals a full forward's argmax at each step", () =>
     Effect.gen(function*() {
@@ -43,6 +60,29 @@ describe("PolicyEngine with a vision tower", () => {
       // The images decide the answer: other pixels, other tokens.
       const other = yield* engine.generate(greedy(withImages), { images: [image(8, 4, 30), image(4, 4, 40)] })
       assert.notDeepEqual(other.tokenIds, r.tokenIds)
+    }))
+
+  it.effect("a conversation's next turn reuses its keys and values only when its first images are the same", () =>
+    Effect.gen(function*() {
+      const engine = yield* make({ config: c, weights, vision })
+      const reference = yield* makeVlReference(vl, PAD)
+      const first = yield* engine.generate(greedy(withImages, 6), { images: pictures })
+      assert.notInclude(first.tokenIds, PAD)
+      // The next turn: the first turn's tokens, then a new 4×4 image's pad and some text.
+      const next = [...withImages, ...first.tokenIds, 3, PAD, 4]
+      const more = [...pictures, image(4, 4, 5)]
+      const before = yield* engine.stats
+      const second = yield* engine.generate(greedy(next, 8), { images: more })
+      const reused = (yield* engine.stats).reusedTokens - before.reusedTokens
+      assert.strictEqual(reused, withImages.length + first.tokenIds.length - 1) // the last sampled one was not fed
+      const expected = yield* greedyReference(reference, next, more, 8)
+      assert.deepStrictEqual(second.tokenIds, expected)
+      // The same tokens with another first image: nothing reused, and the answer is that image's.
+      const other = [image(8, 4, 31), ...more.slice(1)]
+      const mark = (yield* engine.stats).reusedTokens
+      const third = yield* engine.generate(greedy(next, 8), { images: other })
+      assert.strictEqual((yield* engine.stats).reusedTokens, mark)
+      assert.deepStrictEqual(third.tokenIds, yield* greedyReference(reference, next, other, 8))
     }))
 
   it.effect("a text request decoded beside image requests gives the tokens and logprobs it gives alone", () =>
