@@ -1,5 +1,6 @@
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
+import * as EngineThread from "../../actors/EngineThread.ts"
 import { make } from "../../actors/PolicyEngine.ts"
 import type { GenerateRequest } from "../../src/Sampler.ts"
 import type * as VisionTower from "../../src/model/VisionTower.ts"
@@ -112,6 +113,19 @@ describe("PolicyEngine with a vision tower", () => {
       assert.deepStrictEqual(plain.tokenIds, alone.tokenIds)
       assert.deepStrictEqual(plain.logprobs, alone.logprobs)
       assert.deepStrictEqual(a.tokenIds, b.tokenIds)
+    }))
+
+  it.effect("a vision engine on the engine thread answers an image prompt as one on this thread", () =>
+    Effect.gen(function*() {
+      const here = yield* make({ config: c, weights, vision })
+      const thread = yield* EngineThread.make
+      const there = yield* thread.make({ config: c, weights, vision })
+      const request = { promptTokenIds: withImages, sampling: { temperature: 0.8, maxTokens: 10, seed: 4 } }
+      const a = yield* here.generate(request, { images: pictures })
+      const b = yield* there.generate(request, { images: pictures })
+      assert.deepStrictEqual(b, a)
+      const plain = yield* there.generate(request)
+      assert.notDeepEqual(plain.tokenIds, a.tokenIds) // without images the pads are text: another answer
     }))
 
   it.effect("images are refused by an engine without a tower, and pads that do not match the images", () =>
