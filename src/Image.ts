@@ -296,15 +296,16 @@ export interface ImageFetchShape {
  * @since 0.1.0
  */
 export const allowFetching: ImageFetchShape = {
-  fetch: (url) =>
-    Effect.tryPromise({
-      try: async (signal) => {
-        const response = await fetch(url, { signal })
-        if (!response.ok) throw new Error(`HTTP ${response.status}`)
-        return new Uint8Array(await response.arrayBuffer())
-      },
-      catch: (cause) => new ImageError({ reason: new FetchFailed({ url, detail: String(cause) }) })
-    })
+  fetch: (url) => {
+    const failed = (detail: string) => new ImageError({ reason: new FetchFailed({ url, detail }) })
+    return Effect.tryPromise({ try: (signal) => fetch(url, { signal }), catch: (cause) => failed(String(cause)) }).pipe(
+      Effect.filterOrFail((response) => response.ok, (response) => failed(`HTTP ${response.status}`)),
+      Effect.flatMap((response) =>
+        Effect.tryPromise({ try: () => response.arrayBuffer(), catch: (cause) => failed(String(cause)) })
+      ),
+      Effect.map((buffer) => new Uint8Array(buffer))
+    )
+  }
 }
 
 // ===== URLs =====

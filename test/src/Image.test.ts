@@ -92,7 +92,7 @@ describe("Image values", () => {
         Image.fromUrl(`${base}/b.png`).pipe(Effect.provideService(Image.ImageFetch, Image.allowFetching))
       )
       assert.strictEqual(missing._tag, "FetchFailed")
-      assert.match(missing.message, /b\.png failed: Error: HTTP 404/)
+      assert.match(missing.message, /b\.png failed: HTTP 404/)
     }).pipe(Effect.scoped))
 
   it.effect("corrupt bytes, an unsupported type and a malformed URL each fail with their own reason", () =>
