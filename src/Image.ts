@@ -217,6 +217,21 @@ export class ModelWithoutVision extends Schema.TaggedError<ModelWithoutVision>()
 }
 
 /**
+ * A message's text holds one of the vision tokens (`<|image_pad|>`, …), which would be read as an image's.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class ReservedToken extends Schema.TaggedError<ReservedToken>()("ReservedToken", { token: Schema.String }) {
+  get isRetryable(): boolean {
+    return false
+  }
+  override get message(): string {
+    return `a message's text holds ${this.token}, a token reserved for images: send the image as an image_url part`
+  }
+}
+
+/**
  * Fetching a remote image (where the run allows it) failed.
  *
  * @category errors
@@ -245,6 +260,7 @@ export const ImageErrorReason = Schema.Union([
   CorruptImage,
   BadImageSize,
   ModelWithoutVision,
+  ReservedToken,
   FetchFailed
 ])
 export type ImageErrorReason = typeof ImageErrorReason.Type
