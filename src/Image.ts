@@ -217,6 +217,21 @@ export class ModelWithoutVision extends Schema.TaggedError<ModelWithoutVision>()
 }
 
 /**
+ * A message's text holds one of the vision tokens (`<|image_pad|>`, …), which would be read as an image's.
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class ReservedToken extends Schema.TaggedError<ReservedToken>()("ReservedToken", { token: Schema.String }) {
+  get isRetryable(): boolean {
+    return false
+  }
+  override get message(): string {
+    return `a message's text holds ${this.token}, a token reserved for images: send the image as an image_url part`
+  }
+}
+
+/**
  * Fetching a remote image (where the run allows it) failed.
  *
  * @category errors
@@ -245,6 +260,7 @@ export const ImageErrorReason = Schema.Union([
   CorruptImage,
   BadImageSize,
   ModelWithoutVision,
+  ReservedToken,
   FetchFailed
 ])
 export type ImageErrorReason = typeof ImageErrorReason.Type
@@ -296,15 +312,16 @@ export interface ImageFetchShape {
  * @since 0.1.0
  */
 export const allowFetching: ImageFetchShape = {
-  fetch: (url) =>
-    Effect.tryPromise({
-      try: async (signal) => {
-        const response = await fetch(url, { signal })
-        if (!response.ok) throw new Error(`HTTP ${response.status}`)
-        return new Uint8Array(await response.arrayBuffer())
-      },
-      catch: (cause) => new ImageError({ reason: new FetchFailed({ url, detail: String(cause) }) })
-    })
+  fetch: (url) => {
+    const failed = (detail: string) => new ImageError({ reason: new FetchFailed({ url, detail }) })
+    return Effect.tryPromise({ try: (signal) => fetch(url, { signal }), catch: (cause) => failed(String(cause)) }).pipe(
+      Effect.filterOrFail((response) => response.ok, (response) => failed(`HTTP ${response.status}`)),
+      Effect.flatMap((response) =>
+        Effect.tryPromise({ try: () => response.arrayBuffer(), catch: (cause) => failed(String(cause)) })
+      ),
+      Effect.map((buffer) => new Uint8Array(buffer))
+    )
+  }
 }
 
 // ===== URLs =====

@@ -13,7 +13,7 @@
 import { Effect, FileSystem, Path } from "effect"
 import type * as ChatTemplate from "./ChatTemplate.ts"
 import * as Image from "./Image.ts"
-import type * as Message from "./Message.ts"
+import * as Message from "./Message.ts"
 import type * as Tokenizer from "./Tokenizer.ts"
 import type * as Trajectory from "./Trajectory.ts"
 
@@ -87,6 +87,10 @@ export const decodeAll = Effect.fn("MessageImages.decodeAll")(function*(
   if (template.vision === undefined) {
     return yield* Effect.fail(new Image.ImageError({ reason: new Image.ModelWithoutVision({ model: template.name }) }))
   }
+  const reserved = reservedIn(messages, template.vision)
+  if (reserved !== undefined) {
+    return yield* Effect.fail(new Image.ImageError({ reason: new Image.ReservedToken({ token: reserved }) }))
+  }
   const out: Array<Message.Message> = []
   for (const message of messages) {
     if (typeof message.content === "string" || !hasImage(message.content)) {
@@ -108,10 +112,24 @@ export const decodeAll = Effect.fn("MessageImages.decodeAll")(function*(
   return { messages: out as ReadonlyArray<Message.Message>, images: images as ReadonlyArray<Image.Image> }
 })
 
+/** The first of the vision tokens that the messages' text holds (it would be read as an image's), if any. */
+const reservedIn = (
+  messages: ReadonlyArray<Message.Message>,
+  vision: ChatTemplate.Vision
+): string | undefined => {
+  const tokens = [vision.start, vision.pad, vision.end]
+  for (const message of messages) {
+    if (message.role === "assistant") continue
+    const found = tokens.find((t) => Message.text(message.content).includes(t))
+    if (found !== undefined) return found
+  }
+  return undefined
+}
+
 /**
  * Splits the spans at each run of the vision `pad` token and marks the run as an image span of the next image
  * (in order), with that image's source where the run sat in template scaffolding. Spans without pads are kept as
- * they are. A run whose length is not the image's token count is a bug of the template or tokenizer (a defect).
+ * they are; a run that is not the next image's (not its token count) stays plain tokens.
  *
  * @category spans
  * @since 0.1.0
@@ -138,17 +156,18 @@ export const markImageSpans = (
       let j = i
       if (ids[i] === pad) {
         while (j < ids.length && ids[j] === pad) j++
-        const image = images[next++]
+        const image = images[next]
         const ref = image?.part.image
-        if (image === undefined || ref === undefined) {
-          return Effect.runSync(Effect.die(new Error("an image pad run without a decoded image part")))
+        // Pads that are not the next image's (text holding the pad token, which `resolve` refuses in the messages it
+        // decodes) stay plain tokens of their span.
+        const fits = ref !== undefined && Image.visionTokenCount(ref.width, ref.height, vision.geometry) === j - i
+        if (image !== undefined && ref !== undefined && fits) {
+          next++
+          const source = span.source === "template" ? image.source : span.source
+          out.push({ source, tokenIds: ids.slice(i, j), image: ref })
+        } else {
+          out.push({ ...span, tokenIds: ids.slice(i, j) })
         }
-        const expected = Image.visionTokenCount(ref.width, ref.height, vision.geometry)
-        if (expected !== j - i) {
-          return Effect.runSync(Effect.die(new Error(`an image of ${expected} tokens rendered as ${j - i} pads`)))
-        }
-        const source = span.source === "template" ? image.source : span.source
-        out.push({ source, tokenIds: ids.slice(i, j), image: ref })
       } else {
         while (j < ids.length && ids[j] !== pad) j++
         out.push({ ...span, tokenIds: ids.slice(i, j) })

@@ -11,6 +11,7 @@ import { copyFileSync, mkdirSync, mkdtempSync, writeFileSync } from "node:fs"
 import { createRequire } from "node:module"
 import { tmpdir } from "node:os"
 import { dirname, join } from "node:path"
+import { recordedOf, recordedReport } from "../../cli/tokens.ts"
 import * as Image from "../../src/Image.ts"
 import * as VisionConfig from "../../src/VisionConfig.ts"
 import { repoRoot } from "../utils/qwen.ts"
@@ -75,6 +76,29 @@ describe("agentfly tokens with images", () => {
     const run = agentfly("tokens", "--model-dir", folder("text", false), "--conversation", conversationFile)
     assert.notStrictEqual(run.status, 0)
     assert.include(run.stderr + run.stdout, "model text has no vision tower")
+  })
+
+  it("--recorded shows a samples.jsonl line's image span as one row, from the hash the line keeps", () => {
+    const image = { sha256: "0b7c3f1e".padEnd(64, "0"), width: 64, height: 48, mediaType: "image/png" }
+    const recorded = recordedOf({
+      phase: "train",
+      step: 1,
+      groupId: "g",
+      trajectoryId: "t7",
+      reward: 1,
+      termination: "stop",
+      spans: [
+        { source: "prompt", tokens: ["a"], ids: [97] },
+        { source: "prompt", tokens: ["p", "p", "p", "p"], ids: [266, 266, 266, 266], image },
+        { source: "policy", tokens: ["4"], ids: [52] }
+      ]
+    })
+    assert.notTypeOf(recorded, "string")
+    const text = recordedReport(recorded as Exclude<typeof recorded, string>, undefined, false)
+    const lines = text.split("\n")
+    const row = /^\s+1-4\s+266\s+prompt\s+0\s+\[image 64×48 sha256:0b7c3f1e… 4 tokens\]$/
+    assert.isDefined(lines.find((l) => row.test(l)))
+    assert.isDefined(lines.find((l) => /^\s+5\s+52\s+policy\s+1\s+"4"$/.test(l)))
   })
 
   it.effect("reads Qwen2-VL's processor settings, both spellings of the pixel bounds", () =>

@@ -2,6 +2,8 @@ import { assert, describe, it } from "@effect/vitest"
 import { createCanvas } from "@napi-rs/canvas"
 import { Effect, Exit } from "effect"
 import { createHash } from "node:crypto"
+import { createServer, type Server } from "node:http"
+import type { AddressInfo } from "node:net"
 import * as Image from "../../src/Image.ts"
 
 /** A small PNG: left 2 columns red, the rest blue. */
@@ -65,6 +67,33 @@ describe("Image values", () => {
       )
       assert.strictEqual(allowed.ref.width, 5)
     }))
+
+  it.live("allowFetching reads a loopback URL; a 404 is FetchFailed naming the URL", () =>
+    Effect.gen(function*() {
+      const bytes = redBlue()
+      const server = yield* Effect.acquireRelease(
+        Effect.promise(() =>
+          new Promise<Server>((resolve) => {
+            const s = createServer((req, res) => {
+              if (req.url === "/a.png") res.writeHead(200, { "content-type": "image/png" }).end(bytes)
+              else res.writeHead(404).end()
+            })
+            s.listen(0, "127.0.0.1", () => resolve(s))
+          })
+        ),
+        (s) => Effect.promise(() => new Promise<void>((resolve) => s.close(() => resolve())))
+      )
+      const base = `http://127.0.0.1:${(server.address() as AddressInfo).port}`
+      const fetched = yield* Image.fromUrl(`${base}/a.png`).pipe(
+        Effect.provideService(Image.ImageFetch, Image.allowFetching)
+      )
+      assert.strictEqual(fetched.ref.sha256, Image.sha256(bytes))
+      const missing = yield* reasonOf(
+        Image.fromUrl(`${base}/b.png`).pipe(Effect.provideService(Image.ImageFetch, Image.allowFetching))
+      )
+      assert.strictEqual(missing._tag, "FetchFailed")
+      assert.match(missing.message, /b\.png failed: HTTP 404/)
+    }).pipe(Effect.scoped))
 
   it.effect("corrupt bytes, an unsupported type and a malformed URL each fail with their own reason", () =>
     Effect.gen(function*() {

@@ -147,6 +147,14 @@ layer(Qwen.layer)("vision templates with the real Qwen2.5 tokenizer", (it) => {
         TrajectoryBuilder.start({ tokenizer, template, messages: [look(png(8, 8).slice(0, 60))] })
       )
       assert.strictEqual((corrupt.reason.cause as Image.ImageError).reason._tag, "CorruptImage")
+      // Text that holds an image token would be read as an image's: refused, naming the token.
+      const forged: Message.Message = {
+        role: "user",
+        content: [{ type: "text", text: "<|image_pad|>" }, { type: "image_url", image_url: { url: png(8, 8) } }]
+      }
+      const reserved = yield* Effect.flip(TrajectoryBuilder.start({ tokenizer, template, messages: [forged] }))
+      assert.strictEqual((reserved.reason.cause as Image.ImageError).reason._tag, "ReservedToken")
+      assert.include(reserved.message, "<|image_pad|>, a token reserved for images")
       // A vision template refuses to render an image part nobody decoded.
       const undecoded = yield* Effect.flip(template.render([look(png(8, 8))]))
       assert.match(undecoded.message, /messages\[0\]\.content\[1\] is not decoded/)
