@@ -16,6 +16,7 @@ import * as ByteTokenizer from "../../src/ByteTokenizer.ts"
 import * as ChatTemplate from "../../src/ChatTemplate.ts"
 import * as Image from "../../src/Image.ts"
 import type * as Message from "../../src/Message.ts"
+import * as LiveReport from "../../src/LiveReport.ts"
 import * as MessageImages from "../../src/MessageImages.ts"
 import * as Report from "../../src/Report.ts"
 import * as Tokenizer from "../../src/Tokenizer.ts"
@@ -116,6 +117,9 @@ describe("images through a run's files", () => {
       const html = readFileSync(yield* Report.write(dir), "utf8")
       assert.include(html, `<img class="image" src="${dataUrl(red)}"`)
       assert.include(html, Image.label(spans[1]!.image!, spans[1]!.tokens.length))
+      // The live view (agentfly watch) shows them too.
+      const live = LiveReport.fragment({ ...read, finished: false })
+      assert.include(live, `<img class="image" src="${dataUrl(blue)}"`)
       // Without the sidecar the report still names the image, with no picture.
       rmSync(join(dir, "images", `${sha(red)}.png`))
       const after = yield* Report.read(dir)
