@@ -22,5 +22,6 @@ export const builtins: Readonly<Record<string, Task.Builtin>> = {
   search: () => import("./search/SearchTask.ts").then((m) => m.task),
   simuscene: () => import("./simuscene/SimuSceneTask.ts").then((m) => m.task),
   swe: () => import("./swe/SweTask.ts").then((m) => m.task),
+  vqa: () => import("./vqa/VqaTask.ts").then((m) => m.task),
   webshop: () => import("./webshop/WebShopTask.ts").then((m) => m.task)
 }
