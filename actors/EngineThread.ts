@@ -215,11 +215,18 @@ const makeEngine = (state: State, options: PolicyEngine.Options) =>
         const seeded = request.sampling.seed !== undefined
           ? request
           : { ...request, sampling: { ...request.sampling, seed: yield* Random.nextInt } }
-        const onToken = generateOptions?.onToken
+        const onToken = generateOptions?.onToken, images = generateOptions?.images
         return yield* call<GenerateResult>(
           state,
           on,
-          (id) => ({ op: "generate", engine, id, request: seeded, stream: onToken !== undefined }),
+          (id) => ({
+            op: "generate",
+            engine,
+            id,
+            request: seeded,
+            stream: onToken !== undefined,
+            ...(images === undefined ? {} : { images })
+          }),
           onToken
         )
       }) as Effect.Effect<GenerateResult, SamplerError>

@@ -10,6 +10,7 @@
  */
 import { Effect, FileSystem, Schema } from "effect"
 import type { Scope } from "effect"
+import * as MessageImages from "../src/MessageImages.ts"
 import * as Report from "../src/Report.ts"
 import type * as Trajectory from "../src/Trajectory.ts"
 
@@ -50,7 +51,8 @@ export class MetricsError extends Schema.TaggedError<MetricsError>()("MetricsErr
  */
 export interface Metrics {
   readonly log: (record: MetricsRecord) => Effect.Effect<void, MetricsError>
-  readonly sample: (record: SampleRecord) => Effect.Effect<void, MetricsError>
+  /** Writes the record; with its trajectory, also the images it holds, to `images/<sha256>.png` beside it. */
+  readonly sample: (record: SampleRecord, trajectory?: Trajectory.Trajectory) => Effect.Effect<void, MetricsError>
 }
 
 const encoder = new TextEncoder()
@@ -95,7 +97,17 @@ export const open = Effect.fn("Metrics.open")(function*(
   yield* fs.makeDirectory(dir, { recursive: true }).pipe(Effect.mapError(fail(dir)))
   const metrics = yield* writer("metrics.jsonl")
   const samples = yield* writer("samples.jsonl")
-  return { log: metrics, sample: samples }
+  const images = (trajectory: Trajectory.Trajectory | undefined) =>
+    trajectory === undefined
+      ? Effect.void
+      : MessageImages.writeSidecars(trajectory.messages, dir).pipe(
+        Effect.provideService(FileSystem.FileSystem, fs),
+        Effect.mapError(fail(`${dir}/images`))
+      )
+  return {
+    log: metrics,
+    sample: (record, trajectory) => Effect.andThen(images(trajectory), samples(record))
+  }
 })
 
 /**
@@ -130,7 +142,8 @@ export const sampleOf = (
       tokens: span.tokenIds.map(tokenText),
       ids: span.tokenIds,
       segment: index,
-      ...(span.logprobs === undefined ? {} : { logprobs: span.logprobs })
+      ...(span.logprobs === undefined ? {} : { logprobs: span.logprobs }),
+      ...(span.image === undefined ? {} : { image: span.image })
     }))
   )
 })

@@ -178,6 +178,29 @@ export const byteFormat = (): ChainPorts.Format =>
   ChainFormat.fromTemplate({ tokenizer: byteTokenizer(), template: ChatTemplate.builtinTemplate("qwen2.5") })
 
 /**
+ * The format oracles play through: {@link byteFormat} with the embedded vision specials and the `tiny-vl` tower's
+ * geometry (patch 8, 2 × 2 merge, at most 64 × 64 pixels), so that a task whose prompts or observations hold images
+ * (`environments/vqa`) plays too. Text renders and tokenizes exactly as in `byteFormat` (the three specials never
+ * occur in text).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const visionByteFormat = (): ChainPorts.Format =>
+  ChainFormat.fromTemplate({
+    tokenizer: Effect.runSync(
+      Tokenizer.make(
+        ByteTokenizer.tokenizerJson({ specialTokens: ByteTokenizer.visionSpecialTokens }),
+        ByteTokenizer.tokenizerConfig("")
+      )
+    ),
+    template: ChatTemplate.withVision(ChatTemplate.builtinTemplate("qwen2.5"), {
+      ...ChatTemplate.qwenVisionTokens,
+      geometry: { patchSize: 8, mergeSize: 2, maxPixels: 64 * 64 }
+    })
+  })
+
+/**
  * The tokens of a whole conversation in {@link byteFormat}, as a warm-up step reads it: the test of whether a
  * demonstration fits a context (a trajectory's own segments cannot say: the chain cuts them at the budget).
  *
@@ -196,7 +219,7 @@ export const contextLength = (): (messages: Conversation) => number => {
 /**
  * Rolls a policy out on a task's rows through `Rollout.runTaskChat` (the task's tools, environment, episode and
  * reward), one chain per row, `concurrency` at a time (default 64), within the task's default turn and context
- * budgets; the trajectories come back in row order.
+ * budgets, in `format` (default {@link visionByteFormat}); the trajectories come back in row order.
  *
  * @category constructors
  * @since 0.1.0
@@ -216,7 +239,7 @@ export const rollout = (options: {
     maxContextTokens: options.task.defaults.maxContextTokens,
     maxConcurrentChains: options.concurrency ?? 64,
     sampling: { temperature: 1, maxTokens: options.task.defaults.maxNewTokens ?? 96, seed: 1 },
-    format: options.format ?? byteFormat()
+    format: options.format ?? visionByteFormat()
   }).pipe(
     Stream.runCollect,
     Effect.map((events) =>

@@ -40,6 +40,7 @@ import * as ort from "onnxruntime-node"
 import { availableParallelism } from "node:os"
 import * as ModelConfig from "../src/model/ModelConfig.ts"
 import * as Qwen2 from "../src/model/Qwen2.ts"
+import * as VisionTower from "../src/model/VisionTower.ts"
 import { Sampler, samplerError } from "../src/Sampler.ts"
 import type { GenerateRequest, GenerateResult, SamplerError } from "../src/Sampler.ts"
 import * as Sampling from "../src/Sampling.ts"
@@ -47,6 +48,7 @@ import { continued, decode, decodeBurst, failAll, prefill, release, removeRows }
 import type { Engine, Generation, Seq, Setup } from "./internal/engineSteps.ts"
 import * as EngineModel from "./internal/engineModel.ts"
 import * as EngineScore from "./internal/engineScore.ts"
+import * as EngineVision from "./internal/engineVision.ts"
 import * as KvCache from "./internal/kvCache.ts"
 
 // ===== Models =====
@@ -71,6 +73,12 @@ export interface Options {
   readonly intraOpNumThreads?: number
   /** Requests that may wait for the loop before `generate` callers suspend (default 1024). */
   readonly mailboxCapacity?: number
+  /**
+   * A vision tower (`VisionTower.ts`; its `text` must be `config`) and the tokenizer's `<|image_pad|>` id: `weights`
+   * then hold the tower's too, and `generate` takes images. Prompts with images are prefilled by a second session
+   * (`internal/engineVision.ts`); everything else is the text engine's, unchanged.
+   */
+  readonly vision?: EngineVision.Options | undefined
 }
 
 /**
@@ -80,6 +88,11 @@ export interface Options {
 export interface GenerateOptions {
   /** Called in the decode loop with each sampled token, as soon as it is sampled; must not throw or block. */
   readonly onToken?: ((tokenId: number, logprob: number) => void) | undefined
+  /**
+   * The prompt's images in the order of their pads (resized and normalised: `Image.resizeForVision`), for an
+   * engine with `vision`; the prompt holds one `imageTokenId` per merged token of each.
+   */
+  readonly images?: ReadonlyArray<VisionTower.Pixels> | undefined
 }
 
 /**
@@ -270,8 +283,12 @@ export const layerSampler: Layer.Layer<Sampler, never, PolicyEngine> = Layer.eff
 
 // ===== Internals =====
 
-const validateWeights = (c: ModelConfig.ModelConfig, weights: Qwen2.Weights): PolicyEngineError | undefined => {
-  const specs = Qwen2.parameters(c)
+const validateWeights = (
+  c: ModelConfig.ModelConfig,
+  weights: Qwen2.Weights,
+  vision?: EngineVision.Options
+): PolicyEngineError | undefined => {
+  const specs = vision === undefined ? Qwen2.parameters(c) : VisionTower.allParameters({ ...vision.config, text: c })
   for (const spec of specs) {
     const data = weights.get(spec.name)
     const n = spec.shape.reduce((a, b) => a * b, 1)
@@ -358,7 +375,12 @@ const makeSetup = (options: Options): Setup => {
     model: EngineModel.modelBytes(c, weightsAs),
     sessionKey: JSON.stringify([c, weightsAs, sessionOptions]),
     pastNames,
-    newNames: pastNames.map((n) => n.replace("past", "new"))
+    newNames: pastNames.map((n) => n.replace("past", "new")),
+    vision: options.vision && EngineVision.makeSetup(
+      { ...options.vision, config: { ...options.vision.config, text: c } },
+      weightsAs,
+      JSON.stringify([c, weightsAs, sessionOptions])
+    )
   }
 }
 
@@ -367,7 +389,7 @@ const closedError = () => samplerError("Closed", "the policy engine was shut dow
 /** A policy version's session, with an empty batch and cache. */
 const newGeneration = Effect.fnUntraced(function*(setup: Setup, version: number, weights: Qwen2.Weights) {
   const c = setup.config
-  const invalid = validateWeights(c, weights)
+  const invalid = validateWeights(c, weights, setup.vision)
   if (invalid !== undefined) return yield* invalid
   const failed = (e: unknown) => new PolicyEngineError({ reason: new SessionFailed({ message: String(e) }) })
   // Weights as initializers are copied from the caller's arrays (external data) while the session is created; the
@@ -385,8 +407,14 @@ const newGeneration = Effect.fnUntraced(function*(setup: Setup, version: number,
   }
   const cache = KvCache.make(setup.pastNames.length, setup.kvHeads, setup.headDim, setup.maxBatch)
   const mask = new BigInt64Array(0)
-  const generation: Generation = { version, session, unload, weightFeeds, seqs: [], cache, retained: [], mask }
-  return generation
+  const vision = setup.vision === undefined
+    ? undefined
+    : yield* EngineVision.session(setup.vision, setup.weightsAs, setup.sessionOptions, version, weights, failed).pipe(
+      Effect.tapError(() => unload)
+    )
+  const both = vision === undefined ? unload : Effect.andThen(unload, vision.unload)
+  const generation: Generation = { version, session, unload: both, weightFeeds, seqs: [], cache, retained: [], mask }
+  return vision === undefined ? generation : { ...generation, vision }
 })
 
 
@@ -423,15 +451,28 @@ const step = (engine: Engine) =>
     const room = engine.maxBatch - generations.reduce((n, x) => n + x.seqs.length, 0)
     if (waiting.length > 0 && room > 0) {
       const joining = waiting.splice(0, room)
-      for (const s of joining) s.prefix = continued(g, s.prompt)
-      // Fresh prompts and continuations go in separate batches (a batch pads to its longest new part). onnxruntime
-      // failing on a prompt batch fails those requests only; the running batch is untouched.
-      const fresh = joining.filter((s) => s.prefix === undefined)
-      for (const part of [fresh, joining.filter((s) => s.prefix !== undefined)]) {
+      for (const s of joining) {
+        const prefix = continued(g, s.prompt, s.imageKeys)
+        s.prefix = prefix
+        // A continued image conversation computes only its new images (none: it is text from here on).
+        if (prefix !== undefined && s.vision !== undefined) s.vision = EngineVision.after(s.vision, prefix.images)
+      }
+      // Fresh prompts, continuations and prompts with images go in separate batches (a batch pads to its longest
+      // new part). onnxruntime failing on a prompt batch fails those requests only; the running batch is untouched.
+      const text = joining.filter((s) => s.vision === undefined)
+      const fresh = text.filter((s) => s.prefix === undefined)
+      for (const part of [fresh, text.filter((s) => s.prefix !== undefined)]) {
         if (part.length === 0) continue
         yield* guarded(
           prefill(engine, g, part),
           (e) => Effect.forEach(part, (s) => Deferred.fail(s.deferred, e), { discard: true })
+        )
+      }
+      const images = joining.filter((s) => s.vision !== undefined)
+      if (images.length > 0) {
+        yield* guarded(
+          prefill(engine, g, images, EngineVision.runner(engine.vision!, g.vision!)),
+          (e) => Effect.forEach(images, (s) => Deferred.fail(s.deferred, e), { discard: true })
         )
       }
     }
@@ -471,6 +512,9 @@ const generate = Effect.fn("PolicyEngine.generate")(
   function*(engine: Engine, request: GenerateRequest, options?: GenerateOptions) {
     const invalid = validateRequest(engine.config, request)
     if (invalid !== undefined) return yield* invalid
+    const images = options?.images ?? []
+    const vision = images.length === 0 ? undefined : EngineVision.request(engine.vision, request.promptTokenIds, images)
+    if (vision !== undefined && !("images" in vision)) return yield* vision
     const s = request.sampling
     const seed = s.seed ?? (yield* Random.nextInt)
     const seq: Seq = {
@@ -485,7 +529,9 @@ const generate = Effect.fn("PolicyEngine.generate")(
       onToken: options?.onToken,
       filled: 0,
       cancelled: false,
-      prefix: undefined
+      prefix: undefined,
+      vision,
+      imageKeys: vision?.keys
     }
     if (engine.closed) return yield* closedError()
     engine.pending.add(seq)

@@ -303,16 +303,22 @@ const classify = (
   entry: Entry,
   call: typeof Message.ToolCall.Type,
   exit: Exit.Exit<unknown, AttemptFailure>
-): { readonly text: string; readonly value: unknown } | Tool.ToolError | Cause.Cause<never> => {
+):
+  | { readonly text: string; readonly value: unknown; readonly parts?: ReadonlyArray<Message.ContentPart> }
+  | Tool.ToolError
+  | Cause.Cause<never> =>
+{
   const { tool } = entry
   if (Exit.isSuccess(exit)) {
     const encoded = entry.encode(exit.value)
     const text = Exit.isSuccess(encoded)
       ? Result.try(() => (tool.render !== undefined ? tool.render(exit.value) : Tool.renderValue(encoded.value)))
       : undefined
-    return text === undefined || Result.isFailure(text)
-      ? toolError(call, "InvalidResult", "")
-      : { text: text.success, value: exit.value }
+    if (text === undefined || Result.isFailure(text)) return toolError(call, "InvalidResult", "")
+    const rendered = text.success
+    return typeof rendered === "string"
+      ? { text: rendered, value: exit.value }
+      : { text: rendered.map((p) => (p.type === "text" ? p.text : "")).join(""), value: exit.value, parts: rendered }
   }
   const failure = Cause.findErrorOption(exit.cause)
   if (Option.isNone(failure)) return exit.cause as Cause.Cause<never>
@@ -367,6 +373,8 @@ interface State {
 /** A call's outcome, before it is truncated and counted. */
 interface Outcome {
   readonly text: string
+  /** An observation with images: its parts (text parts truncated one by one), in place of `text`. */
+  readonly parts?: ReadonlyArray<Message.ContentPart> | undefined
   readonly error?: Tool.ToolError | undefined
   readonly value?: unknown
   readonly terminal?: boolean
@@ -432,6 +440,23 @@ const statsOf = (state: State, name: string): Stats => {
   return s
 }
 
+/** The observation within its budget: text, or parts whose text parts are each cut to the budget. */
+const observation = (state: State, budget: Tool.OutputBudget, outcome: Outcome) => {
+  if (outcome.parts === undefined || outcome.error !== undefined) {
+    const cut = Tool.truncate(outcome.text, budget, state.options.tokenizer)
+    return { content: cut.text as Message.Content, text: cut.text, truncated: cut.truncated }
+  }
+  let truncated = false
+  const parts = outcome.parts.map((part) => {
+    if (part.type !== "text") return part
+    const cut = Tool.truncate(part.text, budget, state.options.tokenizer)
+    truncated ||= cut.truncated
+    return { type: "text" as const, text: cut.text }
+  })
+  const text = parts.map((p) => (p.type === "text" ? p.text : "")).join("")
+  return { content: parts as Message.Content, text, truncated }
+}
+
 /** The call's result and its figures; `start` and the end are read from the same clock. */
 const finish = (
   state: State,
@@ -442,7 +467,7 @@ const finish = (
   budget: Tool.OutputBudget,
   outcome: Outcome
 ): CallResult => {
-  const { text, truncated } = Tool.truncate(outcome.text, budget, state.options.tokenizer)
+  const { content, text, truncated } = observation(state, budget, outcome)
   const latencyMs = nowMs(clock) - start
   const s = statsOf(state, statsKey)
   s.calls++
@@ -461,7 +486,7 @@ const finish = (
     name: call.function.name,
     message: isError
       ? { role: "tool", content: text, tool_call_id: call.id, name: call.function.name, is_error: true }
-      : { role: "tool", content: text, tool_call_id: call.id, name: call.function.name },
+      : { role: "tool", content, tool_call_id: call.id, name: call.function.name },
     error: outcome.error,
     value: outcome.value,
     terminal,
@@ -511,7 +536,13 @@ const execute = (
           ? Effect.andThen(result, Effect.fail(outcome))
           : result
       }
-      return done({ text: outcome.text, value: outcome.value, terminal: entry.tool.terminal, attempts })
+      return done({
+        text: outcome.text,
+        parts: outcome.parts,
+        value: outcome.value,
+        terminal: entry.tool.terminal,
+        attempts
+      })
     })
   }).pipe(
     Telemetry.span<CallResult>("ToolActor.call", { "tool.name": call.function.name }, Telemetry.toolSaid)

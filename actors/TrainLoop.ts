@@ -552,7 +552,7 @@ const trainStep = Effect.fn("TrainLoop.step")(function*(
   yield* Telemetry.observe(record)
   for (const g of groups.slice(0, run.config.sampleTrajectories)) {
     const sample = Metrics.sampleOf(g.trajectories[0]!, "train", step, run.tokenText)
-    yield* run.metrics.sample(sample).pipe(Effect.mapError(io))
+    yield* run.metrics.sample(sample, g.trajectories[0]!).pipe(Effect.mapError(io))
   }
   yield* run.display.update({ ...record, total: lastStep })
 })
@@ -638,7 +638,7 @@ const evaluate = Effect.fn("TrainLoop.evaluate")(function*(run: Run, step: numbe
   yield* checkFailures(run, groups, `evaluation at step ${step}`)
   for (const g of groups.slice(0, Math.min(2, run.config.sampleTrajectories))) {
     const sample = Metrics.sampleOf(g.trajectories[0]!, "eval", step, run.tokenText)
-    yield* run.metrics.sample(sample).pipe(Effect.mapError(io))
+    yield* run.metrics.sample(sample, g.trajectories[0]!).pipe(Effect.mapError(io))
   }
   yield* run.display.update({ ...record, total: run.config.algorithm.steps })
 })

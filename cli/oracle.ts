@@ -8,7 +8,8 @@
  * The chess oracle plays each row's own solution line (`ChessOracle.forRows`), within the turn and context budgets
  * of the rows' longest line (the task option `longestLine`, set from the rows when the config leaves it out).
  *
- * Oracles: `search`, `webshop`, `chess`, `household`, `science`, and `swe`: Harbor's oracle agent
+ * Oracles: `search`, `webshop`, `chess`, `household`, `science`, `vqa` (counts the picture's shapes from its
+ * pixels), and `swe`: Harbor's oracle agent
  * (`environments/swe/HarborOracle.ts`), which runs each row's task folder's `solution/solve.sh` in the chain's
  * container and submits; it needs the Docker engine, and says so at once when the engine does not answer. A task of
  * your own plays the `oracle` (an `Oracle.Policy`) its module exports beside `task`: the module run directly
@@ -32,6 +33,7 @@ import * as HarborOracle from "../environments/swe/HarborOracle.ts"
 import * as HarborTask from "../environments/swe/HarborTask.ts"
 import * as SweTask from "../environments/swe/SweTask.ts"
 import * as Workspace from "../environments/swe/Workspace.ts"
+import * as VqaTask from "../environments/vqa/VqaTask.ts"
 import * as ShopOracle from "../environments/webshop/ShopOracle.ts"
 import * as Dataset from "../src/Dataset.ts"
 import type * as Message from "../src/Message.ts"
@@ -53,7 +55,8 @@ export const oracles: Readonly<Record<string, Oracle.Policy>> = {
   webshop: ShopOracle.policy(),
   chess: ChessOracle.oracle,
   household: Solver.oracle,
-  science: Solver.oracle
+  science: Solver.oracle,
+  vqa: VqaTask.oracle
 }
 
 /**

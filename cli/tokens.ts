@@ -19,9 +19,11 @@
 import { Console, Effect, FileSystem, Option } from "effect"
 import { CliError, Command, Flag } from "effect/cli"
 import * as ChatTemplate from "../src/ChatTemplate.ts"
+import * as Image from "../src/Image.ts"
 import * as Tokenizer from "../src/Tokenizer.ts"
 import * as Trajectory from "../src/Trajectory.ts"
 import * as TrajectoryBuilder from "../src/TrajectoryBuilder.ts"
+import * as VisionConfig from "../src/VisionConfig.ts"
 
 const colours: Record<Trajectory.Source, string> = {
   prompt: "\x1b[34m", // blue
@@ -34,6 +36,39 @@ const reset = "\x1b[0m"
 
 const useColour = (): boolean => process.stdout.isTTY === true && process.env.NO_COLOR === undefined
 
+/**
+ * The rows of a segment's table: one a token, except an image span, which is one row naming the image
+ * (`[image 64×48 sha256:ab12cd34… 12 tokens]`) over its index range.
+ */
+const tokenRows = (
+  segment: Trajectory.Segment,
+  textOf: (id: number, i: number) => string | undefined,
+  paint: (source: Trajectory.Source, text: string) => string
+): Array<string> => {
+  const rows: Array<string> = []
+  let i = 0
+  for (const span of segment.spans) {
+    const bit = span.source === "policy" ? 1 : 0
+    if (span.image !== undefined) {
+      const range = `${i}-${i + span.tokenIds.length - 1}`
+      const label = Image.label(span.image, span.tokenIds.length)
+      rows.push(paint(span.source, `${range.padStart(6)} ${String(span.tokenIds[0]).padStart(7)}  ${
+        span.source.padEnd(8)
+      }  ${bit}     ${label}`))
+      i += span.tokenIds.length
+      continue
+    }
+    for (const id of span.tokenIds) {
+      const text = textOf(id, i)
+      const shown = text === undefined ? "" : JSON.stringify(text)
+      const row = `${String(i).padStart(6)} ${String(id).padStart(7)}  ${span.source.padEnd(8)}  ${bit}     ${shown}`
+      rows.push(paint(span.source, row))
+      i++
+    }
+  }
+  return rows
+}
+
 /** The printable report of one built trajectory. */
 export const report = (
   tokenizer: Tokenizer.Tokenizer,
@@ -45,19 +80,17 @@ export const report = (
   builder.segments.forEach((segment, s) => {
     const ids = Trajectory.tokenIds(segment)
     const mask = Trajectory.lossMask(segment)
-    const sources = Trajectory.sources(segment)
     const trainable = mask.reduce((n, bit) => n + bit, 0)
     lines.push(`segment ${s + 1}/${builder.segments.length}: ${ids.length} tokens, ${trainable} trainable`)
     lines.push(`${"index".padStart(6)} ${"id".padStart(7)}  ${"source".padEnd(8)}  mask  token`)
-    ids.forEach((id, i) => {
-      const source = sources[i]!
-      const row = `${String(i).padStart(6)} ${String(id).padStart(7)}  ${source.padEnd(8)}  ${mask[i]}     ${
-        JSON.stringify(tokenizer.decode([id]))
-      }`
-      lines.push(paint(source, row))
-    })
+    lines.push(...tokenRows(segment, (id) => tokenizer.decode([id]), paint))
     lines.push("")
-    lines.push(segment.spans.map((span) => paint(span.source, tokenizer.decode(span.tokenIds))).join(""))
+    lines.push(segment.spans.map((span) =>
+      paint(
+        span.source,
+        span.image === undefined ? tokenizer.decode(span.tokenIds) : Image.label(span.image, span.tokenIds.length)
+      )
+    ).join(""))
     lines.push("")
   })
   for (const rewrite of builder.rewrites) {
@@ -126,7 +159,11 @@ export const recordedOf = (value: unknown): Recorded | string => {
     return {
       episode: typeof value["trajectoryId"] === "string" ? value["trajectoryId"] : String(value["groupId"] ?? "?"),
       segments: groups.map((g) => ({
-        spans: g.map((s) => ({ source: s["source"] as Trajectory.Source, tokenIds: s["ids"] as Array<number> })),
+        spans: g.map((s) => ({
+          source: s["source"] as Trajectory.Source,
+          tokenIds: s["ids"] as Array<number>,
+          ...(isObject(s["image"]) ? { image: s["image"] as unknown as Image.ImageRef } : {})
+        })),
         messageCount: 0
       })),
       texts: groups.map((g) => g.flatMap((s) => s["tokens"] as Array<string>))
@@ -152,17 +189,10 @@ export const recordedReport = (
   recorded.segments.forEach((segment, s) => {
     const ids = Trajectory.tokenIds(segment)
     const mask = Trajectory.lossMask(segment)
-    const sources = Trajectory.sources(segment)
     const trainable = mask.reduce((n, bit) => n + bit, 0)
     lines.push(`segment ${s + 1}/${recorded.segments.length}: ${ids.length} tokens, ${trainable} trainable`)
     lines.push(`${"index".padStart(6)} ${"id".padStart(7)}  ${"source".padEnd(8)}  mask  token`)
-    ids.forEach((id, i) => {
-      const text = tokenText?.(id) ?? recorded.texts?.[s]?.[i]
-      const row = `${String(i).padStart(6)} ${String(id).padStart(7)}  ${sources[i]!.padEnd(8)}  ${mask[i]}     ${
-        text === undefined ? "" : JSON.stringify(text)
-      }`
-      lines.push(paint(sources[i]!, row))
-    })
+    lines.push(...tokenRows(segment, (id, i) => tokenText?.(id) ?? recorded.texts?.[s]?.[i], paint))
     lines.push("")
   })
   lines.push(
@@ -314,9 +344,10 @@ export const tokens = Command.make(
       : yield* Tokenizer.readJsonFile(conversation)
     const { messages, tools } = yield* ChatTemplate.decodeConversation(file)
     const tokenizer = yield* Tokenizer.load(modelDir)
-    const chatTemplate = Option.isSome(template)
-      ? ChatTemplate.builtinTemplate(template.value)
-      : yield* ChatTemplate.load(modelDir)
+    const chatTemplate = VisionConfig.applyTo(
+      Option.isSome(template) ? ChatTemplate.builtinTemplate(template.value) : yield* ChatTemplate.load(modelDir),
+      yield* VisionConfig.read(modelDir)
+    )
     const builder = yield* TrajectoryBuilder.fromConversation({ tokenizer, template: chatTemplate, messages, tools })
     yield* Console.log(json ? JSON.stringify(toJson(builder)) : report(tokenizer, builder, useColour()))
   }, Effect.mapError(toUserError))

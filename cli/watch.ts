@@ -16,6 +16,7 @@ import type { Scope } from "effect"
 import { Argument, Command, Flag } from "effect/cli"
 import * as Http from "node:http"
 import type { AddressInfo } from "node:net"
+import * as Image from "../src/Image.ts"
 import * as LiveReport from "../src/LiveReport.ts"
 import * as Report from "../src/Report.ts"
 import { notAFile } from "./report.ts"
@@ -86,6 +87,8 @@ interface Watched {
   readonly files: { readonly metrics: Tail; readonly samples: Tail; readonly journal: Tail }
   metrics: Array<Report.MetricsRecord>
   samples: Array<Report.SampleRecord>
+  /** The kept samples' images (`images/<sha256>.png`) as `data:` URLs by hash. */
+  images: Map<string, string>
   config: unknown
   finished: boolean
   changedAt: number
@@ -100,6 +103,7 @@ const watched = (dir: string, now: number): Watched => ({
   },
   metrics: [],
   samples: [],
+  images: new Map(),
   config: undefined,
   finished: false,
   changedAt: now
@@ -112,6 +116,18 @@ const trimSamples = (samples: Array<Report.SampleRecord>): Array<Report.SampleRe
   const keep = new Set(keys.slice(-keptSampleSteps))
   return samples.filter((s) => keep.has(`${s.phase} ${s.step}`))
 }
+
+/** Reads the sidecar image of each kept sample's image span not read yet; forgets those no sample keeps. */
+const readImages = Effect.fnUntraced(function*(fs: FileSystem.FileSystem, run: Watched) {
+  const refs = run.samples.flatMap((s) => s.spans.flatMap((span) => (span.image === undefined ? [] : [span.image])))
+  const kept = new Set(refs.map((ref) => ref.sha256))
+  for (const hash of [...run.images.keys()]) if (!kept.has(hash)) run.images.delete(hash)
+  for (const ref of refs) {
+    if (run.images.has(ref.sha256)) continue
+    const bytes = yield* Effect.option(fs.readFile(`${run.dir}/${Image.sidecarPath(ref)}`))
+    if (bytes._tag === "Some") run.images.set(ref.sha256, Image.toDataUrl({ ref, bytes: bytes.value }))
+  }
+})
 
 /** Reads what the run appended since the last poll; true when anything changed. */
 const poll = Effect.fnUntraced(function*(fs: FileSystem.FileSystem, run: Watched) {
@@ -127,6 +143,7 @@ const poll = Effect.fnUntraced(function*(fs: FileSystem.FileSystem, run: Watched
   }
   run.metrics.push(...metrics.lines.flatMap((l) => Option.toArray(decodeMetrics(l))))
   run.samples = trimSamples([...run.samples, ...samples.lines.flatMap((l) => Option.toArray(decodeSample(l)))])
+  yield* readImages(fs, run)
   const changed = metrics.reset || samples.reset || metrics.lines.length + samples.lines.length > 0 ||
     journal.lines.length > 0
   if (changed || run.config === undefined) {
@@ -225,7 +242,8 @@ export const serve = Effect.fn("Watch.serve")(function*(dir: string, options: Se
       samples: run.samples,
       config: run.config,
       finished: run.finished,
-      quietFor: (clock.currentTimeMillisUnsafe() - run.changedAt) / 1000
+      quietFor: (clock.currentTimeMillisUnsafe() - run.changedAt) / 1000,
+      images: run.images
     })
   yield* poll(fs, run).pipe(Effect.orElseSucceed(() => false))
   let html = render()

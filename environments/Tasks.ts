@@ -16,9 +16,12 @@ import type * as Task from "../src/Task.ts"
 export const builtins: Readonly<Record<string, Task.Builtin>> = {
   calculator: () => import("./calculator/CalculatorTask.ts").then((m) => m.task),
   chess: () => import("./chess/ChessTask.ts").then((m) => m.task),
+  gui: () => import("./gui/GuiTask.ts").then((m) => m.task),
   household: () => import("./household/HouseholdTask.ts").then((m) => m.household),
   science: () => import("./household/HouseholdTask.ts").then((m) => m.science),
   search: () => import("./search/SearchTask.ts").then((m) => m.task),
+  simuscene: () => import("./simuscene/SimuSceneTask.ts").then((m) => m.task),
   swe: () => import("./swe/SweTask.ts").then((m) => m.task),
+  vqa: () => import("./vqa/VqaTask.ts").then((m) => m.task),
   webshop: () => import("./webshop/WebShopTask.ts").then((m) => m.task)
 }

@@ -31,6 +31,20 @@ export const defaultSpecialTokens: ReadonlyArray<string> = [
 ]
 
 /**
+ * The special tokens of a byte-level vision preset: the defaults, then Qwen2-VL's image tokens
+ * (`<|vision_start|>` 265, `<|image_pad|>` 266, `<|vision_end|>` 267; `ChatTemplate.qwenVisionTokens`).
+ *
+ * @category constants
+ * @since 0.1.0
+ */
+export const visionSpecialTokens: ReadonlyArray<string> = [
+  ...defaultSpecialTokens,
+  "<|vision_start|>",
+  "<|image_pad|>",
+  "<|vision_end|>"
+]
+
+/**
  * GPT-2's printable stand-in for each byte: the symbols byte-level BPE vocabularies are written in.
  *
  * @category constants

@@ -8,13 +8,17 @@
  * assistant tool calls, tool results and `add_generation_prompt`. Each template also says which tool-call
  * convention its models write (`toolCallFormat`, see `ToolCallParser`) and which token ends an assistant turn.
  *
- * Message contents are flattened to text before rendering (image parts are dropped): every template we target
- * concatenates `message.content` as a string.
+ * Message contents are flattened to text before rendering: every template we target concatenates
+ * `message.content` as a string. A template without `vision` drops image parts; a template with `vision` (a model
+ * with a vision tower, `withVision`) writes each decoded image part (one carrying `image`, see
+ * `MessageImages.resolve`) as Qwen2-VL does: `<|vision_start|>`, one `<|image_pad|>` per merged patch
+ * (`Image.visionTokenCount`), `<|vision_end|>`.
  *
  * @since 0.1.0
  */
 import { Template } from "@huggingface/jinja"
 import { Effect, FileSystem, Option, Path, Schema } from "effect"
+import * as Image from "./Image.ts"
 import * as Message from "./Message.ts"
 import * as builtin from "./templates/builtin.ts"
 import * as native from "./templates/native.ts"
@@ -184,6 +188,8 @@ const TypeId = "~agentfly/ChatTemplate"
  */
 export interface ChatTemplate {
   readonly [TypeId]: typeof TypeId
+  /** Present for a model with a vision tower: how image parts are written (absent: they are dropped). */
+  readonly vision?: Vision | undefined
   readonly name: string
   readonly source: string
   readonly toolCallFormat: ToolCallFormat
@@ -205,6 +211,29 @@ export interface ChatTemplate {
     | ((messages: ReadonlyArray<Message.Message>, from: number, addGenerationPrompt: boolean) => string | undefined)
     | undefined
 }
+
+/**
+ * How a vision model's template writes an image: `start`, then `pad` once per merged patch of the image resized by
+ * `geometry` (`Image.visionTokenCount`), then `end`. The three are single tokens of the model's tokenizer.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Vision {
+  readonly start: string
+  readonly pad: string
+  readonly end: string
+  readonly geometry: Image.VisionGeometry
+}
+
+/**
+ * Qwen2-VL's and Qwen2.5-VL's image tokens (also the embedded byte-level vision presets',
+ * `ByteTokenizer.visionSpecialTokens`).
+ *
+ * @category constants
+ * @since 0.1.0
+ */
+export const qwenVisionTokens = { start: "<|vision_start|>", pad: "<|image_pad|>", end: "<|vision_end|>" } as const
 
 // ===== Constructors =====
 
@@ -248,6 +277,7 @@ export interface MakeOptions {
   readonly endOfTurn?: string | undefined
   readonly stopTokens?: ReadonlyArray<string> | undefined
   readonly variables?: Readonly<Record<string, unknown>> | undefined
+  readonly vision?: Vision | undefined
 }
 
 const knownEndOfTurn = ["<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "</s>"]
@@ -267,13 +297,61 @@ const inferFormat = (source: string): ToolCallFormat => {
 const compile = Option.liftThrowable((source: string) => new Template(source))
 
 /**
- * A message as templates see it: a plain object with the content flattened to text.
+ * The text a content renders as: its text parts, and with `vision` each decoded image part as the image's tokens
+ * (an image part not decoded, or any image part without `vision`, writes nothing).
  *
  * @category converting
  * @since 0.1.0
  */
-export const toTemplateMessage = (message: Message.Message): Record<string, unknown> => {
-  const content = Message.text(message.content)
+export const contentText = (content: Message.Content, vision?: Vision): string => {
+  if (vision === undefined || typeof content === "string") return Message.text(content)
+  let out = ""
+  for (const part of content) {
+    if (part.type === "text") out += part.text
+    else if (part.image !== undefined) out += imageText(part.image, vision)
+  }
+  return out
+}
+
+/**
+ * An image's tokens as text: `start`, `pad` × `Image.visionTokenCount`, `end`.
+ *
+ * @category converting
+ * @since 0.1.0
+ */
+export const imageText = (image: Image.ImageRef, vision: Vision): string =>
+  vision.start + vision.pad.repeat(Image.visionTokenCount(image.width, image.height, vision.geometry)) + vision.end
+
+/** The first image part of the messages that a vision template cannot write (not decoded), as `[message, part]`. */
+const undecodedImage = (messages: ReadonlyArray<Message.Message>): [number, number] | undefined => {
+  for (let m = 0; m < messages.length; m++) {
+    const content = messages[m]!.content
+    if (typeof content === "string") continue
+    const p = content.findIndex((part) => part.type === "image_url" && part.image === undefined)
+    if (p >= 0) return [m, p]
+  }
+  return undefined
+}
+
+/**
+ * A message as templates see it: a plain object with the content flattened to text (image parts dropped).
+ *
+ * @category converting
+ * @since 0.1.0
+ */
+export const toTemplateMessage = (message: Message.Message): Record<string, unknown> => templateMessage(message)
+
+/**
+ * A message as a vision template sees it: its decoded image parts written as their image tokens (`contentText`).
+ *
+ * @category converting
+ * @since 0.1.0
+ */
+export const toVisionTemplateMessage = (message: Message.Message, vision: Vision): Record<string, unknown> =>
+  templateMessage(message, vision)
+
+const templateMessage = (message: Message.Message, vision?: Vision): Record<string, unknown> => {
+  const content = contentText(message.content, vision)
   switch (message.role) {
     case "assistant":
       return {
@@ -323,8 +401,13 @@ export const make = (options: MakeOptions): Effect.Effect<ChatTemplate, Template
   const name = options.name ?? "custom"
   const nativeRender = native.bySource.get(options.source)
   const nativeTail = native.tailsBySource.get(options.source)
+  const vision = options.vision
+  const toTemplate = vision === undefined
+    ? toTemplateMessage
+    : (m: Message.Message) => toVisionTemplateMessage(m, vision)
   return Effect.succeed({
     [TypeId]: TypeId,
+    ...(vision === undefined ? {} : { vision }),
     name,
     source: options.source,
     toolCallFormat: options.toolCallFormat ?? inferFormat(options.source),
@@ -332,7 +415,12 @@ export const make = (options: MakeOptions): Effect.Effect<ChatTemplate, Template
     stopTokens: options.stopTokens ?? [endOfTurn],
     variables,
     render: (messages, renderOptions = {}) => {
-      const templateMessages = messages.map(toTemplateMessage)
+      const undecoded = vision === undefined ? undefined : undecodedImage(messages)
+      if (undecoded !== undefined) {
+        const at = `messages[${undecoded[0]}].content[${undecoded[1]}]`
+        return Effect.fail(templateError("RenderFailed", `template ${name}: the image part ${at} is not decoded`))
+      }
+      const templateMessages = messages.map(toTemplate)
       const tools = renderOptions.tools && renderOptions.tools.length > 0 ? renderOptions.tools : null
       const addGenerationPrompt = renderOptions.addGenerationPrompt ?? false
       // A built-in source renders natively (the same text, without the interpreter); Jinja renders the rest.
@@ -362,10 +450,29 @@ export const make = (options: MakeOptions): Effect.Effect<ChatTemplate, Template
           ? undefined
           : textOnly(messages, from - 1)
           ? nativeTail(messages as ReadonlyArray<Readonly<Record<string, unknown>>>, from, addGenerationPrompt)
-          : nativeTail(messages.slice(from - 1).map(toTemplateMessage), 1, addGenerationPrompt)
+          : vision !== undefined && undecodedImage(messages.slice(from - 1)) !== undefined
+          ? undefined
+          : nativeTail(messages.slice(from - 1).map(toTemplate), 1, addGenerationPrompt)
     })
   })
 }
+
+/**
+ * The same template for a model with a vision tower: image parts are written as `vision` says.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const withVision = (template: ChatTemplate, vision: Vision): ChatTemplate =>
+  Effect.runSync(make({
+    name: template.name,
+    source: template.source,
+    toolCallFormat: template.toolCallFormat,
+    endOfTurn: template.endOfTurn,
+    stopTokens: template.stopTokens,
+    variables: template.variables,
+    vision
+  }))
 
 /**
  * A built-in template.

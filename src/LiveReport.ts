@@ -28,6 +28,8 @@ export interface State {
   readonly finished: boolean
   /** Seconds since a file of the run last changed, when known. */
   readonly quietFor?: number | undefined
+  /** The samples' images as `data:` URLs by hash (from the run's `images/`), shown beside their tokens. */
+  readonly images?: ReadonlyMap<string, string> | undefined
 }
 
 // ===== Pieces =====
@@ -138,7 +140,7 @@ export const recentSamples = (
  */
 export const fragment = (state: State): string =>
   status(state) + Report.parts.summary(state.metrics) + currentStep(state) + Report.parts.charts(state.metrics) +
-  `<h2>Recent trajectories</h2>${Report.parts.viewer(recentSamples(state.samples))}`
+  `<h2>Recent trajectories</h2>${Report.parts.viewer(recentSamples(state.samples), state.images)}`
 
 // ===== The page =====
 

@@ -7,6 +7,7 @@
  * @since 0.1.0
  */
 import { Schema } from "effect"
+import { ImageRef } from "./Image.ts"
 
 /**
  * A text part of a message.
@@ -17,16 +18,19 @@ import { Schema } from "effect"
 export const TextPart = Schema.Struct({ type: Schema.Literal("text"), text: Schema.String })
 
 /**
- * An image part of a message (a URL or a data URI). Kept in the message view; the embedded text-only policy
- * ignores it.
+ * An image part of a message (a URL or a data URI), as the OpenAI wire writes it. Text-only templates drop it;
+ * a rollout refuses it for a model without vision (`MessageImages.resolve`). Once decoded it carries `image`: the
+ * content hash, size and media type (`Image.ImageRef`), which a vision template renders as its image tokens.
  *
  * @category models
  * @since 0.1.0
  */
 export const ImagePart = Schema.Struct({
   type: Schema.Literal("image_url"),
-  image_url: Schema.Struct({ url: Schema.String })
+  image_url: Schema.Struct({ url: Schema.String }),
+  image: Schema.optionalKey(ImageRef)
 })
+export type ImagePart = typeof ImagePart.Type
 
 /**
  * @category models

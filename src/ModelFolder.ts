@@ -17,6 +17,7 @@ import * as ModelConfig from "./model/ModelConfig.ts"
 import * as Qwen2 from "./model/Qwen2.ts"
 import * as Safetensors from "./Safetensors.ts"
 import * as Tokenizer from "./Tokenizer.ts"
+import * as VisionConfig from "./VisionConfig.ts"
 
 // ===== Models =====
 
@@ -303,9 +304,23 @@ export const load = Effect.fn("ModelFolder.load")(function*(dir: string) {
       modelFolderError(path.join(dir, "tokenizer_config.json"), "InvalidTemplate", e.message, { cause: e })
     )
   )
+  // A folder with Qwen2-VL's preprocessor_config.json has a vision tower: its template writes image tokens.
+  const vision = yield* VisionConfig.read(dir).pipe(
+    Effect.mapError((e) =>
+      modelFolderError(path.join(dir, "preprocessor_config.json"), "InvalidTemplate", e.message, { cause: e })
+    )
+  )
   const stopTokenIds = yield* stopIds(dir, tokenizer, template)
   const name = path.basename(path.resolve(dir))
-  const folder: ModelFolder = { dir, name, config, weights, tokenizer, template, stopTokenIds }
+  const folder: ModelFolder = {
+    dir,
+    name,
+    config,
+    weights,
+    tokenizer,
+    template: VisionConfig.applyTo(template, vision),
+    stopTokenIds
+  }
   return folder
 })
 

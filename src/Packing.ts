@@ -22,6 +22,7 @@
 import { Effect, Schema } from "effect"
 import * as Loss from "./Loss.ts"
 import * as Trajectory from "./Trajectory.ts"
+import type * as VisionTower from "./model/VisionTower.ts"
 
 // ===== Models =====
 
@@ -41,6 +42,11 @@ export interface Sequence {
   readonly advantages?: Float32Array | Float64Array | undefined
   /** Per-token reference-policy logprobs (KL penalty). */
   readonly refLogprobs?: Float32Array | undefined
+  /**
+   * The images of its `<|image_pad|>` tokens, in pad order (a vision model's: `VisionTower.ts`). Such a sequence is
+   * never in a shared-prompt group (its prompt's pads need the tower).
+   */
+  readonly images?: ReadonlyArray<VisionTower.Pixels> | undefined
 }
 
 /**
@@ -74,6 +80,8 @@ export interface MicroBatch {
   readonly sequenceIndex: Int32Array
   /** Loss tokens in this micro-batch. */
   readonly lossTokens: number
+  /** `[batch]`: each row's images in pad order (`Sequence.images`); absent when no row has any. */
+  readonly images?: ReadonlyArray<ReadonlyArray<VisionTower.Pixels>> | undefined
 }
 
 /**
@@ -353,13 +361,19 @@ export const packUnsafe = (sequences: ReadonlyArray<Sequence>, options: Options)
     const step = Math.ceil(capacity / Math.max(1, options.rowSteps ?? 1))
     const padTo = options.padRows === true ? Math.min(capacity, Math.ceil(rows / step) * step) : rows
     const padded = padTo === rows ? slice : [...slice, ...new Array<number>(padTo - rows).fill(-1)]
-    microBatches.push(fill(sequences, padded, length, totals, options.aggregation, normLength))
+    microBatches.push(withImages(sequences, fill(sequences, padded, length, totals, options.aggregation, normLength)))
     start += rows
   }
   for (const batch of sharedBatches(sequences, groups, options.tokenBudget, multiple, options.padRows === true)) {
     microBatches.push(fillShared(sequences, batch, totals, options.aggregation, normLength))
   }
   return { microBatches, totals }
+}
+
+/** A micro-batch with its rows' images, if any. */
+const withImages = (sequences: ReadonlyArray<Sequence>, mb: MicroBatch): MicroBatch => {
+  const images = Array.from(mb.sequenceIndex, (i) => (i < 0 ? [] : sequences[i]!.images ?? []))
+  return images.every((row) => row.length === 0) ? mb : { ...mb, images }
 }
 
 /** Sequences sharing their first `shared` tokens, and no loss on them. */
@@ -378,6 +392,7 @@ const minShared = 8
 const shareGroups = (sequences: ReadonlyArray<Sequence>, budget: number, multiple: number): Array<Group> => {
   const groups = new Map<string, { readonly shared: number; readonly members: Array<number> }>()
   sequences.forEach((s, i) => {
+    if ((s.images?.length ?? 0) > 0) return
     let firstLoss = 1
     while (firstLoss < s.lossMask.length && s.lossMask[firstLoss] === 0) firstLoss++
     const shared = firstLoss - 1

@@ -12,6 +12,8 @@
  * @since 0.1.0
  */
 import { Effect, FileSystem, Schema } from "effect"
+import * as Image from "./Image.ts"
+import * as MessageImages from "./MessageImages.ts"
 import * as TrainConfig from "./TrainConfig.ts"
 
 // ===== Records (the files a run writes) =====
@@ -55,7 +57,9 @@ export const SampleRecord = Schema.Struct({
     ids: Schema.optionalKey(Schema.Array(Schema.Int)),
     /** Which of the trajectory's segments the span is in. */
     segment: Schema.optionalKey(Schema.Int),
-    logprobs: Schema.optionalKey(Schema.Array(Schema.Number))
+    logprobs: Schema.optionalKey(Schema.Array(Schema.Number)),
+    /** An image span's image (its bytes in the run's `images/<sha256>.png`, `Image.sidecarPath`). */
+    image: Schema.optionalKey(Image.ImageRef)
   }))
 })
 export type SampleRecord = typeof SampleRecord.Type
@@ -483,14 +487,28 @@ export const selectSamples = (samples: ReadonlyArray<SampleRecord>, maxSteps = 1
   return samples.filter((s) => keep.has(`${s.phase} ${s.step}`))
 }
 
-const viewer = (all: ReadonlyArray<SampleRecord>): string => {
+/** An image span: the image itself where its sidecar was read (`images`, by hash), and its label. */
+const imageSpan = (
+  span: SampleRecord["spans"][number] & { readonly image: Image.ImageRef },
+  images: ReadonlyMap<string, string>
+): string => {
+  const text = Image.label(span.image, span.tokens.length)
+  const url = images.get(span.image.sha256)
+  const img = url === undefined
+    ? ""
+    : `<img class="image" src="${escape(url)}" alt="${escape(text)}" width="${span.image.width}" ` +
+      `height="${span.image.height}">`
+  return `<span class="tok src-${escape(span.source)}" title="${escape(span.source)}">${img}${escape(text)}</span>`
+}
+
+const viewer = (all: ReadonlyArray<SampleRecord>, images: ReadonlyMap<string, string> = new Map()): string => {
   if (all.length === 0) return `<p class="nodata">No sampled trajectories were recorded.</p>`
   const samples = selectSamples(all)
   const steps = [...new Set(samples.map((s) => `${s.phase} ${s.step}`))]
   const options = steps.map((s) => `<option value="${escape(s)}">${escape(s)}</option>`).join("")
   const cards = samples.map((sample, i) => {
     const tokens = sample.spans.map((span) =>
-      span.tokens.map((t, j) => {
+      span.image !== undefined ? imageSpan({ ...span, image: span.image }, images) : span.tokens.map((t, j) => {
         const lp = span.logprobs?.[j]
         const title = `${span.source}${lp === undefined ? "" : ` · logprob ${lp.toFixed(3)}`}`
         return `<span class="tok src-${escape(span.source)}" title="${escape(title)}">${showToken(t)}</span>`
@@ -539,7 +557,8 @@ const style =
 .summary td,.summary th{border:1px solid #e5e7eb;padding:4px 10px;text-align:right}
 .card{border:1px solid #e5e7eb;border-radius:6px;margin:10px 0;padding:8px}.meta{font-size:12px;color:#374151}
 .tokens{white-space:pre-wrap;word-break:break-all;font:12px ui-monospace,monospace;line-height:1.7;margin:6px 0 0}
-.tok{border-radius:2px;padding:0 1px;margin:0 0.5px}` +
+.tok{border-radius:2px;padding:0 1px;margin:0 0.5px}.image{display:block;max-width:320px;height:auto;` +
+  `image-rendering:pixelated;margin:2px 0}` +
   Object.entries(sourceColours).map(([s, c]) => `.src-${s}{background:${c}}`).join("")
 
 const script = `document.getElementById("step-filter")?.addEventListener("change",function(e){var v=e.target.value;` +
@@ -573,6 +592,8 @@ export const render = (input: {
   readonly metrics: ReadonlyArray<MetricsRecord>
   readonly samples: ReadonlyArray<SampleRecord>
   readonly config?: unknown
+  /** The images of image spans as `data:` URLs, by hash (`read` gathers them from the run's sidecar files). */
+  readonly images?: ReadonlyMap<string, string> | undefined
 }): string => {
   const config = input.config === undefined
     ? ""
@@ -582,7 +603,8 @@ export const render = (input: {
     `script-src 'unsafe-inline'; img-src data:">` +
     `<style>${style}</style></head><body><h1>${escape(input.title)}</h1>${summary(input.metrics)}` +
     chartSections(input.metrics) +
-    `<h2>Sampled trajectories</h2>${viewer(input.samples)}${config}<script>${script}</script></body></html>\n`
+    `<h2>Sampled trajectories</h2>${viewer(input.samples, input.images)}${config}` +
+    `<script>${script}</script></body></html>\n`
 }
 
 // ===== Comparison of runs =====
@@ -796,7 +818,9 @@ export const read = Effect.fn("Report.read")(function*(dir: string) {
     const r = decodeSample(l)
     return r._tag === "Success" ? [r.success] : []
   })
-  return { metrics, samples }
+  const refs = samples.flatMap((sample) => sample.spans.flatMap((span) => span.image === undefined ? [] : [span.image]))
+  const images = refs.length === 0 ? new Map<string, string>() : yield* MessageImages.readSidecars(refs, dir)
+  return { metrics, samples, images }
 })
 
 /**
@@ -808,14 +832,14 @@ export const read = Effect.fn("Report.read")(function*(dir: string) {
  */
 export const write = Effect.fn("Report.write")(function*(dir: string, options: { readonly title?: string } = {}) {
   const fs = yield* FileSystem.FileSystem
-  const { metrics, samples } = yield* read(dir)
+  const { metrics, samples, images } = yield* read(dir)
   const config = yield* fs.readFileString(`${dir}/config.json`).pipe(
     Effect.flatMap(Schema.decodeUnknownEffect(Schema.fromJsonString(Schema.Unknown))),
     Effect.orElseSucceed((): unknown => undefined)
   )
   const title = options.title ?? `agentfly run: ${dir.replace(/\/+$/, "").split("/").at(-1)}`
   const path = `${dir}/report.html`
-  yield* fs.writeFileString(path, render({ title, metrics, samples, config }))
+  yield* fs.writeFileString(path, render({ title, metrics, samples, config, images }))
   return path
 })
 

@@ -23,6 +23,7 @@
 import { Cause, Context, Duration, Effect, Exit, Option, Schema, SchemaAST } from "effect"
 import type { Schedule } from "effect"
 import { Tool as AiTool } from "effect/ai"
+import type * as Message from "./Message.ts"
 
 // ===== Models =====
 
@@ -96,8 +97,11 @@ export interface Tool<
   readonly concurrency: number | undefined
   readonly retry: RetryPolicy | undefined
   readonly maxOutput: OutputBudget | undefined
-  /** Renders a success value as the observation text (default: strings as is, other values as JSON). */
-  readonly render: ((value: Success["Type"]) => string) | undefined
+  /**
+   * Renders a success value as the observation (default: strings as is, other values as JSON). A list of content
+   * parts is an observation with images (`image_url` parts with `data:` URLs: a screen, a plot), for a vision model.
+   */
+  readonly render: ((value: Success["Type"]) => string | ReadonlyArray<Message.ContentPart>) | undefined
   readonly handler: (
     params: Params["Type"],
     context: HandlerContext
@@ -182,7 +186,7 @@ export interface Options<
   readonly concurrency?: number | undefined
   readonly retry?: RetryPolicy | undefined
   readonly maxOutput?: OutputBudget | undefined
-  readonly render?: ((value: Success["Type"]) => string) | undefined
+  readonly render?: ((value: Success["Type"]) => string | ReadonlyArray<Message.ContentPart>) | undefined
   /** The parameters' JSON Schema shown to the model, when it comes from elsewhere (an MCP server's tool list). */
   readonly jsonSchema?: Record<string, unknown> | undefined
   readonly handler: (

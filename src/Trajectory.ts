@@ -12,6 +12,7 @@
  * @since 0.1.0
  */
 import { Schema } from "effect"
+import { ImageRef } from "./Image.ts"
 import { Message, text } from "./Message.ts"
 
 /**
@@ -30,7 +31,10 @@ export type Source = typeof Source.Type
 
 /**
  * A run of tokens from one source. `logprobs` and `policyVersion` are present on policy spans only, with one
- * logprob per token.
+ * logprob per token. `image` marks an image span: its tokens are the image's placeholder tokens (one
+ * `<|image_pad|>` per merged patch), whose embeddings the vision tower supplies; its source is the message's
+ * (`prompt`, `tool`, `env`), so it is never trained on. The pixels are in the message view's image part of the same
+ * hash, and beside a run's samples in `images/<sha256>.png` (`Image.sidecarPath`).
  *
  * @category models
  * @since 0.1.0
@@ -39,7 +43,8 @@ export const Span = Schema.Struct({
   source: Source,
   tokenIds: Schema.Array(Schema.Int),
   logprobs: Schema.optionalKey(Schema.Array(Schema.Number)),
-  policyVersion: Schema.optionalKey(Schema.Int)
+  policyVersion: Schema.optionalKey(Schema.Int),
+  image: Schema.optionalKey(ImageRef)
 })
 export type Span = typeof Span.Type
 

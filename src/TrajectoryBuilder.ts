@@ -37,6 +37,7 @@
 import { Effect, Result, Schema } from "effect"
 import * as ChatTemplate from "./ChatTemplate.ts"
 import * as Message from "./Message.ts"
+import * as MessageImages from "./MessageImages.ts"
 import * as Tokenizer from "./Tokenizer.ts"
 import * as Trajectory from "./Trajectory.ts"
 
@@ -87,12 +88,30 @@ export class TemplateFailed extends Schema.TaggedError<TemplateFailed>()("Templa
 }) {}
 
 /**
+ * An image part could not be used: the model has no vision, the URL is remote, the bytes do not decode (`cause`:
+ * the `Image.ImageError`, whose reason says which).
+ *
+ * @category errors
+ * @since 0.1.0
+ */
+export class ImageFailed extends Schema.TaggedError<ImageFailed>()("ImageFailed", {
+  message: Schema.String,
+  cause: Schema.optionalKey(Schema.Defect())
+}) {}
+
+/**
  * Why a builder step failed.
  *
  * @category errors
  * @since 0.1.0
  */
-export const BuilderErrorReason = Schema.Union([InvalidTokenIds, LogprobsMismatch, OutOfOrder, TemplateFailed])
+export const BuilderErrorReason = Schema.Union([
+  InvalidTokenIds,
+  LogprobsMismatch,
+  OutOfOrder,
+  TemplateFailed,
+  ImageFailed
+])
 export type BuilderErrorReason = typeof BuilderErrorReason.Type
 
 /**
@@ -111,7 +130,7 @@ export class BuilderError extends Schema.TaggedError<BuilderError>()("Trajectory
 }
 
 /** Each reason's class by its tag, for `builderError`; a reason left out is a compile error. */
-const reasons = { InvalidTokenIds, LogprobsMismatch, OutOfOrder, TemplateFailed } satisfies Record<
+const reasons = { InvalidTokenIds, LogprobsMismatch, OutOfOrder, TemplateFailed, ImageFailed } satisfies Record<
   BuilderErrorReason["_tag"],
   unknown
 >
@@ -293,6 +312,31 @@ const tokenizeWithSources = (
   return spans
 }
 
+/** Image parts decoded (`MessageImages.resolve`); a failure is the builder's `ImageFailed`. */
+const resolveImages = (
+  template: ChatTemplate.ChatTemplate,
+  messages: ReadonlyArray<Message.Message>
+): Effect.Effect<ReadonlyArray<Message.Message>, BuilderError> =>
+  MessageImages.resolve(messages, template).pipe(
+    Effect.mapError((error) => builderError("ImageFailed", error.message, { cause: error }))
+  )
+
+/** The spans with the image placeholder runs of `messages`' image parts marked (a template without vision: as is). */
+const withImageSpans = (
+  builder: Pick<TrajectoryBuilder, "template" | "tokenizer">,
+  spans: Array<Trajectory.Span>,
+  messages: ReadonlyArray<Message.Message>,
+  fallback: Trajectory.Source
+): Array<Trajectory.Span> =>
+  builder.template.vision === undefined
+    ? spans
+    : MessageImages.markImageSpans(
+      spans,
+      MessageImages.imageParts(messages, fallback),
+      builder.template,
+      builder.tokenizer
+    )
+
 /** Where each observation's content sits in the rendered suffix (searched in order; absent contents are skipped). */
 const observationRegions = (suffix: string, observations: ReadonlyArray<Message.Message>): Array<Region> => {
   const regions: Array<Region> = []
@@ -429,12 +473,16 @@ const computeStopIds = (builder: Pick<TrajectoryBuilder, "template" | "tokenizer
  * @category constructors
  * @since 0.1.0
  */
-export const start = Effect.fnUntraced(function*(options: StartOptions) {
+export const start = Effect.fnUntraced(function*(startOptions: StartOptions) {
+  const options = MessageImages.anyImage(startOptions.messages)
+    ? { ...startOptions, messages: yield* resolveImages(startOptions.template, startOptions.messages) }
+    : startOptions
   const tools = options.tools ?? []
   const variables = options.variables ?? {}
   const context = { template: options.template, tools, variables }
   const rendered = yield* render(context, options.messages, true)
-  const spans = tokenizeWithSources(options.tokenizer, rendered, [], "prompt")
+  const tokens = tokenizeWithSources(options.tokenizer, rendered, [], "prompt")
+  const spans = withImageSpans(options, tokens, options.messages, "prompt")
   const builder: TrajectoryBuilder = {
     [TypeId]: TypeId,
     tokenizer: options.tokenizer,
@@ -534,6 +582,14 @@ export const appendObservations = (
   builder: TrajectoryBuilder,
   observations: ReadonlyArray<Message.Message>
 ): Effect.Effect<TrajectoryBuilder, BuilderError> =>
+  MessageImages.anyImage(observations)
+    ? Effect.flatMap(resolveImages(builder.template, observations), (resolved) => appendResolved(builder, resolved))
+    : appendResolved(builder, observations)
+
+const appendResolved = (
+  builder: TrajectoryBuilder,
+  observations: ReadonlyArray<Message.Message>
+): Effect.Effect<TrajectoryBuilder, BuilderError> =>
   Effect.suspend(() => {
     if (observations.some((m) => m.role === "assistant")) {
       return Effect.fail(
@@ -578,7 +634,8 @@ const appendByRender = Effect.fnUntraced(function*(
   const lastTurnEnd = next.lastIndexOf(builder.template.endOfTurn, firstObservation - 1)
   const historyEnd = lastTurnEnd === -1 ? firstObservation : lastTurnEnd + builder.template.endOfTurn.length
   const regions: Array<Region> = [{ start: 0, end: historyEnd, source: "prompt" }, ...observed]
-  const spans = tokenizeWithSources(builder.tokenizer, next, regions, "template")
+  const tokens = tokenizeWithSources(builder.tokenizer, next, regions, "template")
+  const spans = withImageSpans(builder, tokens, renderMessages, "env")
   const rewrite: Rewrite = {
     atMessage: builder.messages.length,
     newSegment: closed.length,
@@ -653,7 +710,12 @@ const extended = (
 ): TrajectoryBuilder => {
   const { messages, renderMessages, suffix } = next
   const regions = observationRegions(suffix, next.observations)
-  const spans = tokenizeWithSources(builder.tokenizer, suffix, regions, "template")
+  const spans = withImageSpans(
+    builder,
+    tokenizeWithSources(builder.tokenizer, suffix, regions, "template"),
+    next.observations,
+    "env"
+  )
   return withState(builder, {
     messages,
     segments: withOpenSegment(builder, (segment) => ({
@@ -739,7 +801,8 @@ export const fold = Effect.fnUntraced(function*(
 ) {
   const closed = yield* closeSegment(builder)
   const rendered = yield* render(builder, context, true)
-  const spans = tokenizeWithSources(builder.tokenizer, rendered, [], "prompt")
+  const tokens = tokenizeWithSources(builder.tokenizer, rendered, [], "prompt")
+  const spans = withImageSpans(builder, tokens, context, "prompt")
   const entry: Fold = {
     atMessage: builder.messages.length,
     newSegment: closed.length,

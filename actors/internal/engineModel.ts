@@ -66,10 +66,19 @@ export const modelBytes = (c: ModelConfig.ModelConfig, weightsAs: "initializers"
 /** The models built last on this thread, by config (up to tens of MB each). */
 const built = new Map<string, Uint8Array>()
 
-const build = (c: ModelConfig.ModelConfig, weightsAs: "initializers" | "inputs"): Uint8Array => {
-  const specs = Qwen2.parameters(c)
+const build = (c: ModelConfig.ModelConfig, weightsAs: "initializers" | "inputs"): Uint8Array =>
+  withWeights(Qwen2.inferenceGraph(c, "inputs"), Qwen2.parameters(c), weightsAs)
+
+/**
+ * The bytes of graph `g` whose weight inputs `specs` stay inputs or become external initializers (module notes):
+ * the text decode model's, and the vision prefill model's (`engineVision.ts`).
+ */
+export const withWeights = (
+  g: Graph.Graph,
+  specs: ReadonlyArray<Qwen2.ParameterSpec>,
+  weightsAs: "initializers" | "inputs"
+): Uint8Array => {
   const names = new Set(specs.map((s) => s.name))
-  const g = Qwen2.inferenceGraph(c, "inputs")
   if (weightsAs === "inputs") return Graph.toModelBytes(g)
   const graph = Graph.toModelBytes({ ...g, inputs: g.inputs.filter((i) => !names.has(i.name)) })
   // A second `graph` field of the ModelProto: protobuf merges it into the first, appending its initializers.

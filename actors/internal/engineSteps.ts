@@ -11,6 +11,7 @@ import type * as ModelConfig from "../../src/model/ModelConfig.ts"
 import { samplerError } from "../../src/Sampler.ts"
 import type { FinishReason, GenerateResult, SamplerError } from "../../src/Sampler.ts"
 import * as Sampling from "../../src/Sampling.ts"
+import type * as EngineVision from "./engineVision.ts"
 import * as KvCache from "./kvCache.ts"
 
 // ===== Engine state =====
@@ -30,6 +31,13 @@ export interface Seq {
   cancelled: boolean
   /** The cached keys/values of an earlier request this one continues (until it joins the batch). */
   prefix: KvCache.Prefix | undefined
+  /**
+   * An image request's images still to compute (`engineVision.ts`): all of them, or those after the retained
+   * sequence it continues; absent for text.
+   */
+  vision?: EngineVision.VisionRequest | undefined
+  /** Every image of the prompt, by content, in pad order (what a retained sequence must match). */
+  readonly imageKeys?: ReadonlyArray<string> | undefined
 }
 
 export interface Generation {
@@ -42,9 +50,16 @@ export interface Generation {
   seqs: Array<Seq>
   readonly cache: KvCache.KvCache
   /** Finished sequences' keys/values, most recent last, for requests that continue them (the next turn). */
-  readonly retained: Array<{ readonly tokens: ReadonlyArray<number>; readonly prefix: KvCache.Prefix }>
+  readonly retained: Array<{
+    readonly tokens: ReadonlyArray<number>
+    readonly prefix: KvCache.Prefix
+    /** The images its pads stand for (absent: none). */
+    readonly imageKeys?: ReadonlyArray<string> | undefined
+  }>
   /** The decode step's attention mask memory, reused from step to step (a new one each step is ≈ 130 KB). */
   mask: BigInt64Array
+  /** The vision prefill session of an engine with a tower. */
+  readonly vision?: EngineVision.VisionSession | undefined
 }
 
 /** What the engine fixes at `make` for its whole life: what every session, cache and step is built from. */
@@ -65,6 +80,8 @@ export interface Setup {
   readonly pastNames: ReadonlyArray<string>
   /** The graph's outputs for the new tokens' keys/values (`new.{l}.key|value`), in the same order. */
   readonly newNames: ReadonlyArray<string>
+  /** The vision prefill model of an engine with a tower (option `vision`). */
+  readonly vision?: EngineVision.VisionSetup | undefined
 }
 
 /** The counting part of {@link Stats}. */
@@ -181,22 +198,31 @@ export const advance = (
 export const retain = (engine: Engine, g: Generation, row: number) => {
   const s = g.seqs[row]!
   const tokens = [...s.prompt, ...s.tokenIds.slice(0, s.filled - s.prompt.length)]
-  g.retained.push({ tokens, prefix: KvCache.take(g.cache, row, s.filled) })
+  const prefix = KvCache.take(g.cache, row, s.filled)
+  g.retained.push(s.imageKeys === undefined ? { tokens, prefix } : { tokens, prefix, imageKeys: s.imageKeys })
   if (g.retained.length > 2 * engine.maxBatch) g.retained.shift()
 }
 
-/** Takes the longest retained sequence that `prompt` extends by one token or more. */
+/**
+ * Takes the longest retained sequence that `prompt` extends by one token or more and whose images (pads say nothing
+ * of which image they were) are the first of `imageKeys`; `images` is how many of them it covers.
+ */
 export const continued = (
   g: Pick<Generation, "retained">,
-  prompt: ReadonlyArray<number>
-): KvCache.Prefix | undefined => {
+  prompt: ReadonlyArray<number>,
+  imageKeys: ReadonlyArray<string> = []
+): (KvCache.Prefix & { readonly images: number }) | undefined => {
   let best = -1
   g.retained.forEach((e, k) => {
     if (e.tokens.length >= prompt.length || (best >= 0 && e.tokens.length <= g.retained[best]!.tokens.length)) return
+    const keys = e.imageKeys ?? []
+    if (keys.length > imageKeys.length || keys.some((key, i) => key !== imageKeys[i])) return
     for (let i = 0; i < e.tokens.length; i++) if (e.tokens[i] !== prompt[i]) return
     best = k
   })
-  return best < 0 ? undefined : g.retained.splice(best, 1)[0]!.prefix
+  if (best < 0) return undefined
+  const entry = g.retained.splice(best, 1)[0]!
+  return { ...entry.prefix, images: entry.imageKeys?.length ?? 0 }
 }
 
 /** Removes the given rows (cancelled or finished sequences) from the batch, last first. */
@@ -224,11 +250,21 @@ export const failAll = (g: Generation, seqs: ReadonlyArray<Seq>, error: SamplerE
  * theirs), and only its tokens after the prefix it continues, if any; its keys/values and logits then serve
  * every request that has it (each still samples with its own RNG).
  */
-export const prefill = Effect.fnUntraced(function*(engine: Engine, g: Generation, joining: ReadonlyArray<Seq>) {
+export const prefill = Effect.fnUntraced(function*(
+  engine: Engine,
+  g: Generation,
+  joining: ReadonlyArray<Seq>,
+  /** Runs the batch instead of the text session (an image batch: `engineVision.ts`), given its distinct prompts. */
+  runOn?: (
+    feeds: Record<string, ort.Tensor>,
+    distinct: ReadonlyArray<Seq>,
+    ids: ReadonlyArray<number>
+  ) => Effect.Effect<ort.InferenceSession.ReturnType, SamplerError>
+) {
   const { kvHeads: KV, headDim: hd, vocabSize: V, pastNames, stats } = engine
   const distinct: Array<Seq> = [], rowOf: Array<number> = [], byPrompt = new Map<string, number>()
   for (const s of joining) {
-    const key = s.prompt.join(",")
+    const key = s.vision === undefined ? s.prompt.join(",") : `${s.prompt.join(",")}|${s.vision.key}`
     let row = byPrompt.get(key)
     if (row === undefined) byPrompt.set(key, row = distinct.push(s) - 1)
     rowOf.push(row)
@@ -254,12 +290,13 @@ export const prefill = Effect.fnUntraced(function*(engine: Engine, g: Generation
     s.prefix = undefined
   }
   const past = KvCache.stack(prefixes, W, KV, hd)
-  const out = yield* run(g, {
+  const feeds = {
     ...Object.fromEntries(pastNames.map((n, k) => [n, new ort.Tensor("float32", past[k]!, [N, KV, W, hd])])),
     input_ids: int64(ids, [N, S]),
     attention_mask: int64(mask, [N, W + S]),
     position_ids: int64(pos, [N, S])
-  })
+  }
+  const out = yield* (runOn === undefined ? run(g, feeds) : runOn(feeds, distinct, ids))
   stats.prefills++
   stats.prefillTokens += N * S
   stats.reusedTokens += prefixes.reduce((n, p) => n + p.length, 0)

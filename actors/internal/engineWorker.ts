@@ -35,6 +35,8 @@ export type Request =
     readonly id: number
     readonly request: GenerateRequest
     readonly stream: boolean
+    /** A vision engine's images (`PolicyEngine.GenerateOptions.images`), copied by the structured clone. */
+    readonly images?: PolicyEngine.GenerateOptions["images"]
   }
   | { readonly op: "interrupt"; readonly id: number }
   | {
@@ -182,12 +184,14 @@ const onRequest = (server: Server, message: Request) => {
     case "close":
       return close(server, message.engine)
     case "generate": {
-      const { id, request, stream } = message
+      const { id, images, request, stream } = message
+      const onToken = stream ? { onToken: streamTo(server, id) } : {}
+      const options = { ...onToken, ...(images === undefined ? {} : { images }) }
       return withEngine(server, message.engine, id, (engine) =>
         answer(
           server,
           id,
-          engine.generate(request, stream ? { onToken: streamTo(server, id) } : undefined),
+          engine.generate(request, stream || images !== undefined ? options : undefined),
           (result) => ({ op: "done", id, result })
         ))
     }

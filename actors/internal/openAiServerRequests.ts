@@ -8,6 +8,7 @@
  */
 import { Effect, Schema } from "effect"
 import * as ChatTemplate from "../../src/ChatTemplate.ts"
+import * as MessageImages from "../../src/MessageImages.ts"
 import type { ModelConfig } from "../../src/model/ModelConfig.ts"
 import type { GenerateRequest, GenerateResult, SamplingParams } from "../../src/Sampler.ts"
 import * as SchemaIssues from "../../src/internal/schemaIssues.ts"
@@ -304,12 +305,19 @@ export const chatRequest = Effect.fnUntraced(function*(state: ServerState, raw: 
   const body = yield* decode(ChatCompletionRequest, raw, "chat")
   yield* atLeast(state, body.min_policy_version)
   const sampling = yield* samplingOf(model, config, body, true)
-  const { messages, tools } = yield* conversation(body)
+  const conversed = yield* conversation(body)
+  const tools = conversed.tools
+  // Image parts decoded (a model without vision, a remote URL or bad bytes: a 400 naming why); `images` are in
+  // the order of their image tokens in the prompt.
+  const { images, messages } = yield* MessageImages.decodeAll(conversed.messages, {
+    name: model.name,
+    vision: model.template.vision
+  }).pipe(Effect.mapError((e) => invalid(e.message, "messages")))
   const rendered = limits.renderTools === false ? [] : tools
   const text = yield* model.template.render(messages, { addGenerationPrompt: true, tools: rendered }).pipe(
     Effect.mapError((e) => invalid(e.message, "messages"))
   )
   const ids = yield* encodePrompt(state, text, limits.maxRequestTokens - asked(config, sampling, 0), "messages")
   const request = yield* checked(config, { promptTokenIds: ids, sampling }, "messages")
-  return { body, tools, request }
+  return { body, tools, request, images }
 })

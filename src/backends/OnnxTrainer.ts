@@ -71,6 +71,8 @@ export interface Model {
   readonly initial?: GradientBackend.Weights
   /** With LoRA, checkpoints also hold the adapter in PEFT's layout (`adapter_config.json`'s contents). */
   readonly adapterConfig?: Readonly<Record<string, unknown>>
+  /** Sizes of the graph's own dimensions a micro-batch sets (a vision model's `images`, `patches`). */
+  readonly dims?: ((batch: Packing.MicroBatch) => Readonly<Record<string, number>>) | undefined
 }
 
 /**
@@ -312,7 +314,8 @@ const shardOf = (mb: Packing.MicroBatch, r0: number, r1: number): Packing.MicroB
     refLogprobs: mb.refLogprobs.slice(from, to),
     oldLogprobs: mb.oldLogprobs?.slice(from, to),
     sequenceIndex: mb.sequenceIndex.slice(r0, r1),
-    lossTokens: mask.reduce((n, m) => n + (m !== 0 ? 1 : 0), 0)
+    lossTokens: mask.reduce((n, m) => n + (m !== 0 ? 1 : 0), 0),
+    ...(mb.images === undefined ? {} : { images: mb.images.slice(r0, r1) })
   }
 }
 
@@ -476,7 +479,10 @@ const buildGraph = (trainer: Trainer, mb: Packing.MicroBatch, withGradients: boo
   if (forward === undefined) {
     return Effect.fail(fail("BadBatch", "this model has no graph for micro-batches with shared prompts"))
   }
-  const dims = prefix === undefined ? {} : { groups: prefix.batch, prefix: prefix.length }
+  const dims = {
+    ...(prefix === undefined ? {} : { groups: prefix.batch, prefix: prefix.length }),
+    ...trainer.model.dims?.(mb)
+  }
   const { loss, headChunk, recompute } = trainer.options
   return Autodiff.trainingGraph(forward(), {
     batch,
@@ -491,14 +497,15 @@ const buildGraph = (trainer: Trainer, mb: Packing.MicroBatch, withGradients: boo
 }
 
 /** One graph a shape: the rows', and the shared prompts' if any. */
-const shapeKey = (mb: Packing.MicroBatch, withGradients: boolean) =>
+const shapeKey = (model: Model, mb: Packing.MicroBatch, withGradients: boolean) =>
   `${withGradients ? "train" : "fwd"}:${mb.batch}x${mb.length}` +
-  (mb.prefix === undefined ? "" : `+${mb.prefix.batch}x${mb.prefix.length}`)
+  (mb.prefix === undefined ? "" : `+${mb.prefix.batch}x${mb.prefix.length}`) +
+  (model.dims === undefined ? "" : `+${JSON.stringify(model.dims(mb))}`)
 
 /** The session for a micro-batch's shape: from the LRU cache, or created (and released when the scope closes). */
 const compile = Effect.fnUntraced(function*(trainer: Trainer, mb: Packing.MicroBatch, withGradients: boolean) {
   const { sessions, options } = trainer
-  const key = shapeKey(mb, withGradients)
+  const key = shapeKey(trainer.model, mb, withGradients)
   const hit = sessions.get(key)
   if (hit !== undefined) {
     sessions.delete(key)
@@ -693,7 +700,7 @@ const afterFailure = (trainer: Trainer, clearGradients: boolean) =>
 const graphFor = Effect.fnUntraced(
   function*(trainer: Trainer, p: TrainerPool.Pool, mb: Packing.MicroBatch, grads: boolean) {
     const { graphs } = trainer
-    const key = shapeKey(mb, grads)
+    const key = shapeKey(trainer.model, mb, grads)
     const hit = graphs.get(key)
     graphs.delete(key)
     const entry = hit ?? (yield* Effect.map(buildGraph(trainer, mb, grads), (graph) => ({

@@ -11,7 +11,9 @@
  *
  * **Chat mode** (`makeChat` / `layerChat`) posts messages to `/chat/completions` of a black-box API and provides
  * `ChatSampler`; it returns text and tool calls only, so the trajectories built from it are marked not
- * trainable (usable for evaluation and SFT data).
+ * trainable (usable for evaluation and SFT data). Image parts go as OpenAI's wire writes them (`image_url` with a
+ * `data:` URL), which vLLM's and SGLang's multimodal chat APIs take. Token mode posts ids only: `/completions`
+ * takes no images, so a vision model is sampled token-in / token-out by `agentfly serve` (or chat mode).
  *
  * Both modes time out each attempt (`timeoutMs`), and retry 429 (`Overloaded`), 5xx (`ServerError`), timeouts
  * and transport failures with jittered exponential backoff (`retries`, `retryBaseMs`), waiting at least as long as
@@ -25,6 +27,7 @@ import { Clock, Duration, Effect, Layer, Option, Redacted, Schedule, Schema } fr
 import { HttpClient, HttpClientRequest } from "effect/http"
 import type { HttpClientResponse } from "effect/http"
 import { ToolCall } from "../Message.ts"
+import type * as Message from "../Message.ts"
 import type { Conversation } from "../Message.ts"
 import { ChatSampler, Sampler, samplerError } from "../Sampler.ts"
 import type {
@@ -415,9 +418,20 @@ export const chatBody = (model: string, request: ChatRequest, extra?: Readonly<R
   }
 }
 
+/**
+ * Image parts as vLLM's and SGLang's multimodal chat APIs take them (OpenAI's wire): `{ type: "image_url",
+ * image_url: { url } }` with a `data:` URL, without the decoded `image` this runtime keeps beside it.
+ */
+const wireContent = (content: Message.Content): Message.Content =>
+  typeof content === "string" || !content.some((p) => p.type === "image_url" && p.image !== undefined)
+    ? content
+    : content.map((p) => (p.type === "image_url" ? { type: "image_url", image_url: { url: p.image_url.url } } : p))
+
 /** OpenAI wants tool-call arguments as a JSON string; our messages keep them as JSON values. */
 const toOpenAiMessages = (messages: Conversation) =>
-  messages.map((m) => {
+  messages.map((message) => {
+    const content = wireContent(message.content)
+    const m = (content === message.content ? message : { ...message, content }) as Message.Message
     if (m.role === "tool") {
       const { is_error: _isError, ...rest } = m
       return rest

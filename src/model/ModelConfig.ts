@@ -167,8 +167,28 @@ const show = (value: unknown): string => JSON.stringify(value) ?? String(value)
 const isRecord = (u: unknown): u is Record<string, unknown> => typeof u === "object" && u !== null && !Array.isArray(u)
 const isFamily = (u: unknown): u is Family => typeof u === "string" && (families as ReadonlyArray<string>).includes(u)
 
+/** Vision-language families, refused with one message that says why and what the embedded tower is instead. */
+const visionLanguage: Readonly<Record<string, string>> = {
+  qwen2_vl: "Qwen2VLForConditionalGeneration",
+  qwen2_5_vl: "Qwen2_5_VLForConditionalGeneration"
+}
+
+const visionRefusal = (raw: Record<string, unknown>): string | undefined => {
+  const type = raw["model_type"]
+  const named = Array.isArray(raw["architectures"]) ? raw["architectures"] : []
+  const architecture = named.find((a) => Object.values(visionLanguage).includes(a)) ??
+    (typeof type === "string" ? visionLanguage[type] : undefined)
+  if (architecture === undefined) return undefined
+  return `architectures ${show(architecture)} (model_type ${show(type)}) is a vision-language model this engine ` +
+    `does not read: its tower's window attention and its language model's M-RoPE (rope_scaling "mrope") are not ` +
+    `computed here; the embedded vision tower (src/model/VisionTower.ts, preset "tiny-vl") attends over whole ` +
+    `images with 1-D text positions. Supported: ${Object.values(architectures).join(", ")}`
+}
+
 /** What a published `config.json` asks for that the graph cannot compute: one message per key. */
 const refusals = (raw: Record<string, unknown>): Array<string> => {
+  const vision = visionRefusal(raw)
+  if (vision !== undefined) return [vision]
   const issues: Array<string> = []
   const type = raw["model_type"]
   if (type !== undefined && !isFamily(type)) {

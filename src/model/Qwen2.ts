@@ -484,6 +484,11 @@ export interface ForwardOptions {
    * the learner's autodiff differentiates.
    */
   readonly lora?: Lora.Config | undefined
+  /**
+   * Replaces token embeddings before learned positions are added (`[B, T, D]` in and out): the vision tower's
+   * image tokens at their `<|image_pad|>` positions (`VisionTower.ts`). Absent, no node is emitted.
+   */
+  readonly tokenEmbeddings?: ((g: Graph.Graph, embedded: string) => string) | undefined
 }
 
 /**
@@ -514,7 +519,7 @@ export const forward = (g: Graph.Graph, c: ModelConfig.ModelConfig, options: For
   const pos = g.input("position_ids", "int64", ["batch", "seq"])
   const ctx = context(g, c, ids, mask, pos)
   const hd = ModelConfig.headDim(c), KV = c.numKeyValueHeads
-  let x = embed(g, c, ids, pos, param)
+  let x = embed(g, c, ids, pos, param, options.tokenEmbeddings)
   for (let i = 0; i < c.numHiddenLayers; i++) {
     const p = `model.layers.${i}`
     const past = options.kvCache ?
@@ -597,9 +602,17 @@ export const sharedPrefixGraph = (
   return { graph: g, logits, weightInputs }
 }
 
-/** Token (and learned position) embeddings of `ids`. */
-const embed = (g: Graph.Graph, c: ModelConfig.ModelConfig, ids: string, pos: string, param: Param): string => {
-  const x = g.op("Gather", [param("model.embed_tokens.weight"), ids], { axis: Graph.int(0) })
+/** Token (and learned position) embeddings of `ids`; `replace` swaps some token embeddings (image tokens). */
+const embed = (
+  g: Graph.Graph,
+  c: ModelConfig.ModelConfig,
+  ids: string,
+  pos: string,
+  param: Param,
+  replace?: (g: Graph.Graph, embedded: string) => string
+): string => {
+  const gathered = g.op("Gather", [param("model.embed_tokens.weight"), ids], { axis: Graph.int(0) })
+  const x = replace === undefined ? gathered : replace(g, gathered)
   if (!c.learnedPositions) return x
   return g.op("Add", [x, g.op("Gather", [param("model.embed_positions.weight"), pos], { axis: Graph.int(0) })])
 }

@@ -301,4 +301,32 @@ describe("OpenAiCompatSampler (chat mode)", () => {
       assert.isUndefined(seen!.body.stop_token_ids)
       assert.strictEqual(seen!.body.tools.length, 1)
     })))
+
+  it.live("sends image parts as vLLM's multimodal chat API takes them: image_url with the data: URL, no more", () =>
+    live(Effect.gen(function*() {
+      const server = yield* testServer(() => ({
+        status: 200,
+        json: { choices: [{ finish_reason: "stop", message: { content: "two" } }] }
+      }))
+      const chat = yield* OpenAiCompatSampler.makeChat({ baseUrl: server.baseUrl, model: "qwen2.5-vl" })
+      const url = "data:image/png;base64,iVBORw0KGgo="
+      const image = { sha256: "ab".repeat(32), width: 4, height: 2, mediaType: "image/png" as const }
+      const result = yield* chat.complete({
+        messages: [
+          {
+            role: "user",
+            content: [{ type: "text", text: "How many?" }, { type: "image_url", image_url: { url }, image }]
+          },
+          { role: "tool", tool_call_id: "c0", content: [{ type: "image_url", image_url: { url }, image }] }
+        ],
+        sampling: { temperature: 0, maxTokens: 16 }
+      })
+      assert.strictEqual(result.content, "two")
+      const [seen] = server.seen
+      assert.deepStrictEqual(seen!.body.messages[0].content, [
+        { type: "text", text: "How many?" },
+        { type: "image_url", image_url: { url } }
+      ])
+      assert.deepStrictEqual(seen!.body.messages[1].content, [{ type: "image_url", image_url: { url } }])
+    })))
 })

@@ -1,0 +1,97 @@
+/**
+ * Writes the GUI task's data: `train.jsonl` (RL rows), `heldout.jsonl`, `validation.jsonl` (the warm-up's stopping
+ * check) and `demos.jsonl` (the pixel-reading oracle's conversations, screens included as `data:` URLs, for the SFT
+ * warm-up). A row is the question and the screen's layout, goal and step limit (`Generator.Row`). Seeded: the same
+ * options always write the same bytes.
+ *
+ *   npx tsx examples/gui/generate.ts [OUT_DIR] [SEED] [NOISE] [--kinds click,form,menu] [--width 64] [--height 64]
+ *
+ * `noise` is the share of demonstrations that start with one random click (then the oracle recovers when the
+ * episode allows it): the warm-up then sees mistakes and their repair, and leaves RL something to improve.
+ *
+ * @since 0.1.0
+ */
+import { Effect } from "effect"
+import * as Oracle from "../../actors/Oracle.ts"
+import * as Generator from "../../environments/gui/Generator.ts"
+import * as GuiOracle from "../../environments/gui/GuiOracle.ts"
+import * as GuiTask from "../../environments/gui/GuiTask.ts"
+import * as Dataset from "../../src/Dataset.ts"
+import * as Sampling from "../../src/Sampling.ts"
+import { main } from "../generator.ts"
+
+/**
+ * @category models
+ * @since 0.1.0
+ */
+export interface Options {
+  readonly dir: string
+  readonly seed: number
+  readonly noise: number
+  readonly train: number
+  readonly heldOut: number
+  readonly validation: number
+  readonly demos: number
+  readonly kinds: ReadonlyArray<string>
+  readonly width: number
+  readonly height: number
+}
+
+/**
+ * @category constants
+ * @since 0.1.0
+ */
+export const defaults: Omit<Options, "dir"> = {
+  seed: 2026,
+  noise: 0.3,
+  train: 2000,
+  heldOut: 200,
+  validation: 100,
+  demos: 1000,
+  kinds: ["click", "form", "menu"],
+  width: 64,
+  height: 64
+}
+
+const isKind = (k: string): k is Generator.Kind => k === "click" || k === "form" || k === "menu"
+
+/**
+ * Generates and writes the four files under `options.dir` (created if missing).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const write = Effect.fn("gui.generate.write")(function*(options: Options) {
+  const bad = options.kinds.find((k) => !isKind(k))
+  if (bad !== undefined) return yield* Effect.die(new Error(`unknown kind ${bad} (known: click, form, menu)`))
+  const settings: Generator.Settings = {
+    ...Generator.defaults,
+    width: options.width,
+    height: options.height,
+    kinds: options.kinds.filter(isKind)
+  }
+  const split = (count: number, salt: number) => Generator.generate(options.seed * 4 + salt, count, settings)
+  const demoRows = split(options.demos, 3)
+  // A slip: the first action of a share `noise` of games (drawn by the first screen's bytes) is a random click.
+  const policy: Oracle.Policy = (messages) => {
+    const first = !messages.some((m) => m.role === "assistant")
+    const screen = GuiOracle.latestImage(messages)
+    const slips = first && screen !== undefined && Sampling.rng(options.seed ^ hash(screen)).next() < options.noise
+    return slips ? GuiOracle.noise(messages) : GuiOracle.oracle(messages)
+  }
+  const played = yield* Oracle.rollout({ task: GuiTask.make(), rows: demoRows, policy })
+  return yield* Dataset.writeSplits(options.dir, {
+    train: split(options.train, 0),
+    heldOut: split(options.heldOut, 1),
+    validation: split(options.validation, 2),
+    demos: Oracle.demonstrations(played)
+  })
+})
+
+const hash = (bytes: Uint8Array): number => {
+  let h = 2166136261
+  for (let i = 0; i < bytes.length; i++) h = Math.imul(h ^ bytes[i]!, 16777619)
+  return h >>> 0
+}
+
+main(import.meta.url, { ...defaults, dir: "data" }, write)
