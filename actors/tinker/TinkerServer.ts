@@ -48,6 +48,11 @@ export interface Options {
   readonly port?: number | undefined
   /** Most futures accepted per API key; past it 429 (a simulated quota, for clients' tests). Default: no limit. */
   readonly quota?: number | undefined
+  /**
+   * Publications of sampler weights between snapshots of a model's state (default 20; 0: none): a restart replays
+   * the calls since a model's last snapshot only.
+   */
+  readonly snapshotEvery?: number | undefined
   /** How long `retrieve_future` waits for an outcome before it answers `try_again` (default 1000 ms). */
   readonly pollMillis?: number | undefined
   /** Largest request body (default 256 MiB). */
@@ -312,7 +317,13 @@ export const make = Effect.fn("TinkerServer.make")(function*(
   yield* fs.makeDirectory(`${dir}/checkpoints`, { recursive: true }).pipe(Effect.orDie)
   const log = yield* FutureLog.open(`${dir}/requests.jsonl`)
   const { bases, beforeRun } = options
-  const state = yield* Futures.make({ bases, checkpoints: `${dir}/checkpoints`, beforeRun }, log)
+  const state = yield* Futures.make({
+    bases,
+    checkpoints: `${dir}/checkpoints`,
+    snapshots: `${dir}/snapshots`,
+    snapshotEvery: options.snapshotEvery ?? 20,
+    beforeRun
+  }, log)
   const server: Server = { options, state, keys: Auth.tokens(options.apiKeys ?? []), used: new Map() }
   const run = yield* FiberSet.makeRuntime<never>()
   return (req, res) => {

@@ -273,6 +273,60 @@ describe("TinkerServer", () => {
       assert.deepStrictEqual(after.contract.violations, [])
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 300_000)
 
+  it.live("a restart restores the last snapshot and replays only the calls after it", () =>
+    Effect.gen(function*() {
+      const fs = yield* FileSystem.FileSystem
+      const stateDir = yield* fs.makeTempDirectoryScoped({ prefix: "tinker-snapshot-" })
+      const first = yield* Scope.make()
+      const before = yield* serve({ stateDir, snapshotEvery: 2 }).pipe(Scope.provide(first))
+      const c1 = client(before.baseUrl)
+      const { model } = yield* createModel(c1)
+      const publish = (c: ReturnType<typeof client>, name: string) =>
+        Effect.flatMap(
+          c.post("save_weights_for_sampler", T.SaveWeightsForSamplerRequest, {
+            model_id: model,
+            path: name,
+            type: "save_weights_for_sampler"
+          }, T.UntypedAPIFuture),
+          (f) => c.done(f, T.SaveWeightsForSamplerResponse)
+        )
+      yield* step(c1, model, 1)
+      yield* publish(c1, "v1")
+      yield* step(c1, model, 3)
+      const { path } = yield* publish(c1, "v2") // the second publication: a snapshot
+      yield* step(c1, model, 5)
+      yield* Scope.close(first, Exit.void)
+      const log = yield* FutureLog.read(`${stateDir}/requests.jsonl`)
+      assert.strictEqual(log.filter((e) => e.t === "snapshot").length, 1)
+
+      const ran: Array<string> = []
+      const beforeRun = (route: string) => Effect.sync(() => void ran.push(route))
+      const after = yield* serve({ stateDir, snapshotEvery: 2, beforeRun })
+      const c2 = client(after.baseUrl)
+      // The weights are three steps' (two restored, one replayed): an in-process learner's to the bit.
+      assert.deepStrictEqual(yield* forwardLogprobs(c2, model, sftData()), (yield* inProcess([sftData()], 3)).logprobs)
+      assert.deepStrictEqual(ran.filter((r) => r !== "forward"), [
+        "create_model",
+        "restore_snapshot",
+        "forward_backward",
+        "optim_step"
+      ])
+      // The restored engine samples the snapshot's sampler weights.
+      const sampled = yield* c2.done(
+        yield* c2.post("asample", T.SampleRequest, {
+          num_samples: 1,
+          prompt: { chunks: [{ tokens: [1, 2], type: "encoded_text" }] },
+          sampling_params: { max_tokens: 3, seed: 1, temperature: 1, top_k: -1, top_p: 1 },
+          model_path: path,
+          topk_prompt_logprobs: 0,
+          type: "sample"
+        }, T.UntypedAPIFuture),
+        T.SampleResponse
+      )
+      assert.strictEqual(sampled.sequences[0]!.tokens.length, 3)
+      assert.deepStrictEqual(after.contract.violations, [])
+    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 300_000)
+
   it.live("refusals: 401 without the key, 400 unknown base model, 404, 415 protobuf, 422, a failed future, 429", () =>
     Effect.gen(function*() {
       const { baseUrl, contract } = yield* serve({ apiKeys: ["secret"], quota: 3 })
