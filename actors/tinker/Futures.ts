@@ -42,7 +42,7 @@ export interface Future {
   /** The body as received (what the log keeps, and what a retry is compared with). */
   readonly body: unknown
   /** The body decoded with its route's Schema. */
-  readonly request: any
+  readonly request: unknown
   readonly model: string | undefined
   readonly done: Deferred.Deferred<Outcome>
 }

@@ -66,7 +66,10 @@ export const baseOf = (name: string, folder: ModelFolder.ModelFolder): Base => (
  */
 export type Failed = Types.RequestFailedResponse
 
-/** @internal */
+/**
+ * @category constructors
+ * @since 0.1.0
+ */
 export const failed = (category: Types.RequestErrorCategory, error: string): Failed => ({ error, category })
 
 /**

@@ -108,11 +108,13 @@ const { isFutureRoute } = Futures
 type FutureRoute = Futures.FutureRoute
 
 /** What the acceptance needs from a decoded body. */
-const describe = (server: Server, route: FutureRoute, raw: unknown, body: any, key: string | undefined) =>
+const describe = (server: Server, route: FutureRoute, raw: unknown, decoded: unknown, key: string | undefined) =>
   Effect.gen(function*() {
-    const base: Futures.Request = { route, body: raw, request: body, key, model: body.model_id, seq: body.seq_id }
+    // Every future-making request names its model and `seq_id` by these keys (create_model names a session).
+    const body = decoded as { readonly model_id?: string | undefined; readonly seq_id?: number | undefined }
+    const base: Futures.Request = { route, body: raw, request: decoded, key, model: body.model_id, seq: body.seq_id }
     if (route === "create_model") {
-      const request = body as Types.CreateModelRequest
+      const request = decoded as Types.CreateModelRequest
       if (!server.state.sessions.has(request.session_id)) return yield* Effect.fail(error(404, "Session not found"))
       const found = server.options.bases.find((b) => b.name === request.base_model)
       if (found === undefined) {

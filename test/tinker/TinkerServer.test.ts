@@ -106,6 +106,26 @@ describe("TinkerServer", () => {
       }
       const unknown = yield* c.result(yield* sampleOf(`tinker://${model}/sampler_weights/v9`), T.SampleResponse)
       assert.deepInclude(unknown, { category: "user" })
+      // The base model's own weights, through a sampling session.
+      const { session } = yield* createModel(c)
+      const sampling = yield* c.post("create_sampling_session", T.CreateSamplingSessionRequest, {
+        session_id: session,
+        sampling_session_seq_id: 0,
+        base_model: "tiny-test",
+        type: "create_sampling_session"
+      }, T.CreateSamplingSessionResponse)
+      const fromBase = yield* c.done(
+        yield* c.post("asample", T.SampleRequest, {
+          num_samples: 1,
+          prompt: { chunks: [{ tokens: [1, 2, 3], type: "encoded_text" }] },
+          sampling_params: { max_tokens: 4, seed: 7, temperature: 0, top_k: -1, top_p: 1 },
+          sampling_session_id: sampling.sampling_session_id,
+          topk_prompt_logprobs: 0,
+          type: "sample"
+        }, T.UntypedAPIFuture),
+        T.SampleResponse
+      )
+      assert.strictEqual(fromBase.sequences[0]!.tokens.length, 4)
       assert.deepStrictEqual(contract.violations, [])
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 300_000)
 
