@@ -49,6 +49,7 @@ const tinkerHandler = Effect.fnUntraced(function*(options: {
   readonly keyFile: string | undefined
   readonly quota: number | undefined
   readonly snapshotEvery: number
+  readonly workers: number | undefined
 }) {
   if (options.models.length === 0) return undefined
   const fs = yield* FileSystem.FileSystem
@@ -56,8 +57,8 @@ const tinkerHandler = Effect.fnUntraced(function*(options: {
   yield* fs.makeDirectory(stateDir, { recursive: true })
   const bases = yield* Effect.forEach(options.models, (spec) => baseModel(spec, stateDir))
   const keys = yield* Auth.load(fs, { env: ["AGENTFLY_TINKER_API_KEY"], file: options.keyFile })
-  const { quota, snapshotEvery } = options
-  const handler = yield* TinkerServer.make({ bases, stateDir, apiKeys: keys, quota, snapshotEvery })
+  const { quota, snapshotEvery, workers } = options
+  const handler = yield* TinkerServer.make({ bases, stateDir, apiKeys: keys, quota, snapshotEvery, workers })
   return { handler, bases, keys, stateDir }
 })
 
@@ -75,7 +76,7 @@ export const trainer = Command.make(
       Flag.filter((p) => p >= 0 && p <= 65535, (p) => `--port must be in [0, 65535], got ${p}`)
     ),
     workers: Flag.Int("workers").pipe(
-      Flag.withDescription("Learner threads per trainer (default: the run's learner.workers)"),
+      Flag.withDescription("Learner threads per trainer (default: the run's learner.workers; 1 per Tinker model)"),
       Flag.filter((w) => w >= 1 && w <= 64, (w) => `--workers must be in [1, 64], got ${w}`),
       Flag.optional
     ),
@@ -126,7 +127,8 @@ export const trainer = Command.make(
       stateDir: Option.getOrUndefined(flags.tinkerStateDir),
       keyFile: Option.getOrUndefined(flags.tinkerApiKeyFile),
       quota: Option.getOrUndefined(flags.tinkerQuota),
-      snapshotEvery: flags.tinkerSnapshotEvery
+      snapshotEvery: flags.tinkerSnapshotEvery,
+      workers: Option.getOrUndefined(workers)
     })
     const problem = tinker === undefined ? undefined :
       Auth.bindProblem(host, Auth.tokens(tinker.keys), "AGENTFLY_TINKER_API_KEY or --tinker-api-key-file")

@@ -73,6 +73,8 @@ export interface Options {
   readonly bases: ReadonlyArray<Models.Base>
   /** Where checkpoints go (`checkpoints/MODEL/NAME`). */
   readonly checkpoints: string
+  /** Each model's learner threads. */
+  readonly workers: number
   /** Where snapshots go (`snapshots/MODEL/FUTURE`). */
   readonly snapshots: string
   /** Publications of sampler weights between snapshots of a model (0: none). */
@@ -172,7 +174,7 @@ const work = (
       if (slot.base === undefined) {
         return Effect.fail(Models.failed("user", `the base model of ${slot.id} is not offered by this server now`))
       }
-      return Models.create(slot.id, slot.base, slot.lora, state.options.checkpoints).pipe(
+      return Models.create(slot.id, slot.base, slot.lora, state.options).pipe(
         Effect.tapError((f) => Effect.sync(() => void (slot.hosted = f))),
         Effect.map((h) => {
           slot.hosted = h

@@ -87,6 +87,8 @@ export interface Hosted {
   /** The model's life: its learners, engine and temporary directories. */
   readonly scope: Scope.Closeable
   readonly checkpoints: string
+  /** The learner's data-parallel threads (`OnnxTrainer.Options.workers`). */
+  readonly workers: number
   learner: { readonly trainer: GradientBackend.GradientBackend["Service"]; readonly scope: Scope.Closeable }
   /** The loss configuration the learner's graph was built for, as JSON. */
   lossKey: string
@@ -153,7 +155,8 @@ const makeLearner = (h: Omit<Hosted, "learner">, loss: Loss.Config, weights: Gra
       get schedule() {
         return LrSchedule.constant(live.lr)
       },
-      // One thread, as a local run: the same calls give the same weights to the bit (a restart replays them).
+      // As a local run: the same calls on the same threads give the same weights to the bit (a restart replays them).
+      workers: h.workers,
       intraOpThreads: 1
     }).pipe(
       Scope.provide(scope),
@@ -173,7 +176,7 @@ export const create = Effect.fnUntraced(function*(
   id: string,
   base: Base,
   lora: Lora.Config | undefined,
-  checkpoints: string
+  where: { readonly checkpoints: string; readonly workers: number }
 ) {
   const { config, weights } = base
   const bad = lora === undefined ? undefined : Lora.validate(lora, config)
@@ -186,7 +189,8 @@ export const create = Effect.fnUntraced(function*(
     lora,
     model,
     scope: yield* Scope.make(),
-    checkpoints,
+    checkpoints: where.checkpoints,
+    workers: where.workers,
     lossKey: JSON.stringify(loss),
     pending: 0,
     live: { optimizer: { beta1: 0.9, beta2: 0.95, eps: 1e-12, weightDecay: 0 }, lr: 0 },

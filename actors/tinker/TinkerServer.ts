@@ -53,6 +53,11 @@ export interface Options {
    * the calls since a model's last snapshot only.
    */
   readonly snapshotEvery?: number | undefined
+  /**
+   * Each model's learner threads (default 1). A client that wants an in-process run's numbers to the bit asks for a
+   * server with that run's `learner.workers`: data parallelism sums in another order.
+   */
+  readonly workers?: number | undefined
   /** How long `retrieve_future` waits for an outcome before it answers `try_again` (default 1000 ms). */
   readonly pollMillis?: number | undefined
   /** Largest request body (default 256 MiB). */
@@ -324,6 +329,7 @@ export const make = Effect.fn("TinkerServer.make")(function*(
     checkpoints: `${dir}/checkpoints`,
     snapshots: `${dir}/snapshots`,
     snapshotEvery: options.snapshotEvery ?? 20,
+    workers: options.workers ?? 1,
     beforeRun
   }, log)
   const server: Server = { options, state, keys: Auth.tokens(options.apiKeys ?? []), used: new Map() }
