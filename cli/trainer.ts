@@ -48,6 +48,8 @@ const tinkerHandler = Effect.fnUntraced(function*(options: {
   readonly stateDir: string | undefined
   readonly keyFile: string | undefined
   readonly quota: number | undefined
+  readonly snapshotEvery: number
+  readonly workers: number | undefined
 }) {
   if (options.models.length === 0) return undefined
   const fs = yield* FileSystem.FileSystem
@@ -55,7 +57,8 @@ const tinkerHandler = Effect.fnUntraced(function*(options: {
   yield* fs.makeDirectory(stateDir, { recursive: true })
   const bases = yield* Effect.forEach(options.models, (spec) => baseModel(spec, stateDir))
   const keys = yield* Auth.load(fs, { env: ["AGENTFLY_TINKER_API_KEY"], file: options.keyFile })
-  const handler = yield* TinkerServer.make({ bases, stateDir, apiKeys: keys, quota: options.quota })
+  const { quota, snapshotEvery, workers } = options
+  const handler = yield* TinkerServer.make({ bases, stateDir, apiKeys: keys, quota, snapshotEvery, workers })
   return { handler, bases, keys, stateDir }
 })
 
@@ -73,7 +76,7 @@ export const trainer = Command.make(
       Flag.filter((p) => p >= 0 && p <= 65535, (p) => `--port must be in [0, 65535], got ${p}`)
     ),
     workers: Flag.Int("workers").pipe(
-      Flag.withDescription("Learner threads per trainer (default: the run's learner.workers)"),
+      Flag.withDescription("Learner threads per trainer (default: the run's learner.workers; 1 per Tinker model)"),
       Flag.filter((w) => w >= 1 && w <= 64, (w) => `--workers must be in [1, 64], got ${w}`),
       Flag.optional
     ),
@@ -106,6 +109,11 @@ export const trainer = Command.make(
       Flag.withDescription("A file of API keys (one a line) for X-API-Key, beside AGENTFLY_TINKER_API_KEY"),
       Flag.optional
     ),
+    tinkerSnapshotEvery: Flag.Int("tinker-snapshot-every").pipe(
+      Flag.withDescription("Snapshot a model's state every N sampler publications (0: never); restarts replay from it"),
+      Flag.withDefault(20),
+      Flag.filter((n) => n >= 0, (n) => `--tinker-snapshot-every must be at least 0, got ${n}`)
+    ),
     tinkerQuota: Flag.Int("tinker-quota").pipe(
       Flag.withDescription("Most Tinker futures accepted per API key, 429 past it (a simulated quota, for tests)"),
       Flag.optional
@@ -118,7 +126,9 @@ export const trainer = Command.make(
       models: flags.tinkerModel,
       stateDir: Option.getOrUndefined(flags.tinkerStateDir),
       keyFile: Option.getOrUndefined(flags.tinkerApiKeyFile),
-      quota: Option.getOrUndefined(flags.tinkerQuota)
+      quota: Option.getOrUndefined(flags.tinkerQuota),
+      snapshotEvery: flags.tinkerSnapshotEvery,
+      workers: Option.getOrUndefined(workers)
     })
     const problem = tinker === undefined ? undefined :
       Auth.bindProblem(host, Auth.tokens(tinker.keys), "AGENTFLY_TINKER_API_KEY or --tinker-api-key-file")

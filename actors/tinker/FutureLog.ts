@@ -59,10 +59,25 @@ export const Session = Schema.Struct({ t: Schema.Literal("session"), id: Schema.
 export type Session = typeof Session.Type
 
 /**
+ * A snapshot of a model's state (`Models.snapshot`) in `dir`, taken right after future `after`: a replay restores it
+ * instead of running that model's calls up to `after` again.
+ *
  * @category models
  * @since 0.1.0
  */
-export const Entry = Schema.Union([Accepted, Outcome, Session])
+export const Snapshot = Schema.Struct({
+  t: Schema.Literal("snapshot"),
+  model: Schema.String,
+  after: Schema.String,
+  dir: Schema.String
+})
+export type Snapshot = typeof Snapshot.Type
+
+/**
+ * @category models
+ * @since 0.1.0
+ */
+export const Entry = Schema.Union([Accepted, Outcome, Session, Snapshot])
 export type Entry = typeof Entry.Type
 
 /**

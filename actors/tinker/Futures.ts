@@ -12,6 +12,9 @@
  *   (their recorded outcomes stand; the learner is deterministic on the CPU, so the weights come out the same);
  *   calls accepted without an outcome run for the first time. An optimiser step whose answer was lost, or whose
  *   process died, is thus applied once to the state its client saw.
+ * - **Snapshots.** Every `snapshotEvery`-th publication of sampler weights (with no gradients pending) writes the
+ *   model's state (`Models.snapshot`) and a log entry; a replay restores a model's last snapshot and runs only the
+ *   calls after it, so a restart costs the calls since the last snapshot, not the whole run.
  *
  * @since 0.1.0
  */
@@ -39,7 +42,7 @@ export interface Future {
   /** The body as received (what the log keeps, and what a retry is compared with). */
   readonly body: unknown
   /** The body decoded with its route's Schema. */
-  readonly request: any
+  readonly request: unknown
   readonly model: string | undefined
   readonly done: Deferred.Deferred<Outcome>
 }
@@ -70,6 +73,12 @@ export interface Options {
   readonly bases: ReadonlyArray<Models.Base>
   /** Where checkpoints go (`checkpoints/MODEL/NAME`). */
   readonly checkpoints: string
+  /** Each model's learner threads. */
+  readonly workers: number
+  /** Where snapshots go (`snapshots/MODEL/FUTURE`). */
+  readonly snapshots: string
+  /** Publications of sampler weights between snapshots of a model (0: none). */
+  readonly snapshotEvery: number
   /** Runs before each future's work (tests hold a future pending with it). */
   readonly beforeRun?: ((route: string, id: string) => Effect.Effect<void>) | undefined
 }
@@ -165,7 +174,7 @@ const work = (
       if (slot.base === undefined) {
         return Effect.fail(Models.failed("user", `the base model of ${slot.id} is not offered by this server now`))
       }
-      return Models.create(slot.id, slot.base, slot.lora, state.options.checkpoints).pipe(
+      return Models.create(slot.id, slot.base, slot.lora, state.options).pipe(
         Effect.tapError((f) => Effect.sync(() => void (slot.hosted = f))),
         Effect.map((h) => {
           slot.hosted = h
@@ -187,7 +196,15 @@ const work = (
       return Effect.flatMap(hostedOf(slot), (h) => Models.loadWeights(h, request as Types.LoadWeightsRequest))
     case "save_weights_for_sampler":
       return Effect.flatMap(hostedOf(slot), (h) =>
-        Models.saveForSampler(h, request as Types.SaveWeightsForSamplerRequest))
+        Models.saveForSampler(h, request as Types.SaveWeightsForSamplerRequest).pipe(
+          Effect.tap(() => snapshotAfter(state, h, future.id))
+        ))
+    case "restore_snapshot":
+      return Effect.flatMap(hostedOf(slot), (h) =>
+        Models.restore(h, future.body as string).pipe(
+          // Calls after the snapshot would run on the wrong state: the model is lost instead.
+          Effect.tapError((f) => Effect.sync(() => void (slot.hosted = Models.failed("server", f.error))))
+        ))
     case "unload_model":
       return Effect.flatMap(hostedOf(slot), (h) =>
         Models.close(h).pipe(
@@ -197,6 +214,26 @@ const work = (
     default:
       return Effect.fail(Models.failed("server", `no work for ${future.route}`))
   }
+}
+
+/**
+ * A snapshot of `h` after future `id` when one is due (then the model's older snapshots go). A failed snapshot fails
+ * nothing: the log still holds every call.
+ */
+const snapshotAfter = (state: State, h: Models.Hosted, id: string) => {
+  const every = state.options.snapshotEvery
+  if (every <= 0 || h.samplerVersion % every !== 0 || h.pending > 0) return Effect.void
+  const root = `${state.options.snapshots}/${h.id}`
+  const dir = `${root}/${id}`
+  return Effect.gen(function*() {
+    const older = yield* state.fs.readDirectory(root).pipe(Effect.orElseSucceed((): Array<string> => []))
+    yield* Models.snapshot(h, dir)
+    yield* state.log.append({ t: "snapshot", model: h.id, after: id, dir })
+    for (const name of older) yield* state.fs.remove(`${root}/${name}`, { recursive: true }).pipe(Effect.ignore)
+  }).pipe(
+    Effect.catch((e) => Effect.logWarning(`snapshot of ${h.id} after ${id} failed: ${e.error}`)),
+    Effect.provideService(FileSystem.FileSystem, state.fs)
+  )
 }
 
 /** The engine an `asample` request names: a model's newest sampler weights, or a base model's own. */
@@ -392,6 +429,8 @@ const replay = (state: State) =>
     for (const e of entries) {
       if (e.t === "outcome") outcomes.set(e.id, e.failed !== undefined ? { failed: e.failed } : { ok: e.ok })
     }
+    const snapshots = new Map<string, FutureLog.Snapshot>()
+    for (const e of entries) if (e.t === "snapshot") snapshots.set(e.model, e)
     const later: Array<readonly [Future, Outcome | undefined]> = []
     for (const e of entries) {
       if (e.t === "session") state.sessions.add(e.id)
@@ -399,7 +438,18 @@ const replay = (state: State) =>
       const request = decodeLogged(e.route, e.body)
       const future = yield* register(state, { ...e, request, model: e.model, key: e.key, seq: e.seq })
       const recorded = outcomes.get(e.id)
-      if (e.route === "create_model") yield* openSlot(state, e.model!, ...createOf(state, request))
+      const snapshot = e.model === undefined ? undefined : snapshots.get(e.model)
+      if (e.route === "create_model") {
+        yield* openSlot(state, e.model!, ...createOf(state, request))
+        yield* start(state, future, recorded)
+        if (snapshot !== undefined) yield* restoreAfterCreate(state, snapshot)
+        continue
+      }
+      // Covered by the model's snapshot: done before it was taken (a sample may not be: it runs beside the queue).
+      if (snapshot !== undefined && Number(e.id) <= Number(snapshot.after) && recorded !== undefined) {
+        yield* Deferred.succeed(future.done, recorded)
+        continue
+      }
       const rerun = mutating.has(e.route) || (recorded === undefined && e.route !== "asample")
       if (rerun) yield* start(state, future, recorded)
       else if (recorded !== undefined) yield* Deferred.succeed(future.done, recorded)
@@ -410,6 +460,22 @@ const replay = (state: State) =>
       yield* Effect.forEach(state.slots.values(), (slot) => awaitQueue(state, slot), { discard: true })
       yield* Effect.forEach(later, ([future, recorded]) => start(state, future, recorded), { discard: true })
     }
+  })
+
+/** Queues the restoration of `snapshot` on its model (right after its creation): not a future of the API. */
+const restoreAfterCreate = (state: State, snapshot: FutureLog.Snapshot) =>
+  Effect.gen(function*() {
+    const done = yield* Deferred.make<Outcome>()
+    const future: Future = {
+      id: `snapshot-${snapshot.after}`,
+      route: "restore_snapshot",
+      body: snapshot.dir,
+      request: snapshot.dir,
+      model: snapshot.model,
+      done
+    }
+    // Recorded as done: its outcome is not written to the log.
+    yield* start(state, future, { ok: null })
   })
 
 /** Waits until every future queued on `slot` so far is done. */

@@ -18,7 +18,7 @@
  *
  * @since 0.1.0
  */
-import { Effect, Exit, FileSystem, Scope } from "effect"
+import { Effect, Exit, FileSystem, Schema, Scope } from "effect"
 import * as Checkpoint from "../../src/Checkpoint.ts"
 import * as GradientBackend from "../../src/GradientBackend.ts"
 import * as Loss from "../../src/Loss.ts"
@@ -26,7 +26,7 @@ import * as Lora from "../../src/Lora.ts"
 import * as LrSchedule from "../../src/LrSchedule.ts"
 import type * as ModelConfig from "../../src/model/ModelConfig.ts"
 import type * as ModelFolder from "../../src/ModelFolder.ts"
-import type * as Optimizer from "../../src/Optimizer.ts"
+import * as Optimizer from "../../src/Optimizer.ts"
 import * as OnnxTrainer from "../../src/backends/OnnxTrainer.ts"
 import * as Datums from "../../src/tinker/Datums.ts"
 import * as Types from "../../src/tinker/Types.ts"
@@ -66,7 +66,10 @@ export const baseOf = (name: string, folder: ModelFolder.ModelFolder): Base => (
  */
 export type Failed = Types.RequestFailedResponse
 
-/** @internal */
+/**
+ * @category constructors
+ * @since 0.1.0
+ */
 export const failed = (category: Types.RequestErrorCategory, error: string): Failed => ({ error, category })
 
 /**
@@ -84,6 +87,8 @@ export interface Hosted {
   /** The model's life: its learners, engine and temporary directories. */
   readonly scope: Scope.Closeable
   readonly checkpoints: string
+  /** The learner's data-parallel threads (`OnnxTrainer.Options.workers`). */
+  readonly workers: number
   learner: { readonly trainer: GradientBackend.GradientBackend["Service"]; readonly scope: Scope.Closeable }
   /** The loss configuration the learner's graph was built for, as JSON. */
   lossKey: string
@@ -150,7 +155,8 @@ const makeLearner = (h: Omit<Hosted, "learner">, loss: Loss.Config, weights: Gra
       get schedule() {
         return LrSchedule.constant(live.lr)
       },
-      // One thread, as a local run: the same calls give the same weights to the bit (a restart replays them).
+      // As a local run: the same calls on the same threads give the same weights to the bit (a restart replays them).
+      workers: h.workers,
       intraOpThreads: 1
     }).pipe(
       Scope.provide(scope),
@@ -170,7 +176,7 @@ export const create = Effect.fnUntraced(function*(
   id: string,
   base: Base,
   lora: Lora.Config | undefined,
-  checkpoints: string
+  where: { readonly checkpoints: string; readonly workers: number }
 ) {
   const { config, weights } = base
   const bad = lora === undefined ? undefined : Lora.validate(lora, config)
@@ -183,7 +189,8 @@ export const create = Effect.fnUntraced(function*(
     lora,
     model,
     scope: yield* Scope.make(),
-    checkpoints,
+    checkpoints: where.checkpoints,
+    workers: where.workers,
     lossKey: JSON.stringify(loss),
     pending: 0,
     live: { optimizer: { beta1: 0.9, beta2: 0.95, eps: 1e-12, weightDecay: 0 }, lr: 0 },
@@ -370,19 +377,69 @@ export const loadWeights = (h: Hosted, request: Types.LoadWeightsRequest) =>
     return Types.encodeJson(Types.LoadWeightsResponse, { path: request.path, model_id: h.id, type: "load_weights" })
   })
 
-// ===== Sampling =====
+// ===== Snapshots =====
+
+/** What a snapshot keeps beside the learner's checkpoint. */
+const SnapshotMeta = Schema.Struct({
+  lossKey: Schema.String,
+  optimizer: Optimizer.Config,
+  lr: Schema.Number,
+  samplerVersion: Schema.Int,
+  samplerPaths: Schema.Array(Schema.Tuple([Schema.String, Schema.Int]))
+})
 
 /**
- * `save_weights_for_sampler`: the current weights become the model's engine's next policy version.
+ * Writes `h`'s state to `dir`: the learner's weights and AdamW state, its loss and optimiser settings, and its
+ * sampler versions. Taken right after a publication with no gradients pending, so the weights are the newest sampler
+ * weights too.
  *
  * @category combinators
  * @since 0.1.0
  */
-export const saveForSampler = (h: Hosted, request: Types.SaveWeightsForSamplerRequest) =>
+export const snapshot = (h: Hosted, dir: string) =>
   Effect.gen(function*() {
-    const version = h.samplerVersion + 1
-    const name = request.path ?? `sampler-${version}`
-    if (!namePattern.test(name)) return yield* Effect.fail(failed("user", `path ${JSON.stringify(name)} is not a name`))
+    const fs = yield* FileSystem.FileSystem
+    const checkpointMeta = { policyVersion: h.samplerVersion, rngState: [] }
+    yield* h.learner.trainer.save(dir, checkpointMeta).pipe(Effect.mapError(fromLearner))
+    const meta: typeof SnapshotMeta.Type = {
+      lossKey: h.lossKey,
+      optimizer: h.live.optimizer,
+      lr: h.live.lr,
+      samplerVersion: h.samplerVersion,
+      samplerPaths: [...h.samplerPaths]
+    }
+    yield* fs.writeFileString(`${dir}/tinker.json`, JSON.stringify(meta)).pipe(
+      Effect.mapError((e) => failed("server", `snapshot: ${e.message}`))
+    )
+  })
+
+/**
+ * Brings a freshly created `h` to the state {@link snapshot} wrote in `dir`, its newest sampler weights published.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const restore = (h: Hosted, dir: string) =>
+  Effect.gen(function*() {
+    const fs = yield* FileSystem.FileSystem
+    const meta = yield* fs.readFileString(`${dir}/tinker.json`).pipe(
+      Effect.flatMap(Schema.decodeUnknownEffect(Schema.fromJsonString(SnapshotMeta))),
+      Effect.mapError((e) => failed("server", `snapshot ${dir}: ${e.message}`))
+    )
+    if (meta.lossKey !== h.lossKey) yield* switchLoss(h, JSON.parse(meta.lossKey) as Loss.Config)
+    yield* h.learner.trainer.load(dir).pipe(Effect.mapError(fromLearner))
+    h.live.optimizer = meta.optimizer
+    h.live.lr = meta.lr
+    h.pending = 0
+    for (const [path, version] of meta.samplerPaths) h.samplerPaths.set(path, version)
+    if (meta.samplerVersion > 0) yield* publish(h, meta.samplerVersion)
+  })
+
+// ===== Sampling =====
+
+/** The learner's weights (merged with the base for LoRA) as the engine's policy `version`. */
+const publish = (h: Hosted, version: number) =>
+  Effect.gen(function*() {
     const weights = yield* Effect.mapError(h.learner.trainer.weights, fromLearner)
     const { config } = h.base
     const full = h.lora === undefined ? weights : Lora.merge(config, h.lora, weights, weights)
@@ -395,6 +452,20 @@ export const saveForSampler = (h: Hosted, request: Types.SaveWeightsForSamplerRe
       yield* h.engine.updateWeights(version, full).pipe(Effect.mapError((e) => failed("server", e.message)))
     }
     h.samplerVersion = version
+  })
+
+/**
+ * `save_weights_for_sampler`: the current weights become the model's engine's next policy version.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const saveForSampler = (h: Hosted, request: Types.SaveWeightsForSamplerRequest) =>
+  Effect.gen(function*() {
+    const version = h.samplerVersion + 1
+    const name = request.path ?? `sampler-${version}`
+    if (!namePattern.test(name)) return yield* Effect.fail(failed("user", `path ${JSON.stringify(name)} is not a name`))
+    yield* publish(h, version)
     const path = `tinker://${h.id}/sampler_weights/${name}`
     h.samplerPaths.set(path, version)
     return Types.encodeJson(Types.SaveWeightsForSamplerResponseInternal, {

@@ -48,6 +48,16 @@ export interface Options {
   readonly port?: number | undefined
   /** Most futures accepted per API key; past it 429 (a simulated quota, for clients' tests). Default: no limit. */
   readonly quota?: number | undefined
+  /**
+   * Publications of sampler weights between snapshots of a model's state (default 20; 0: none): a restart replays
+   * the calls since a model's last snapshot only.
+   */
+  readonly snapshotEvery?: number | undefined
+  /**
+   * Each model's learner threads (default 1). A client that wants an in-process run's numbers to the bit asks for a
+   * server with that run's `learner.workers`: data parallelism sums in another order.
+   */
+  readonly workers?: number | undefined
   /** How long `retrieve_future` waits for an outcome before it answers `try_again` (default 1000 ms). */
   readonly pollMillis?: number | undefined
   /** Largest request body (default 256 MiB). */
@@ -103,11 +113,13 @@ const { isFutureRoute } = Futures
 type FutureRoute = Futures.FutureRoute
 
 /** What the acceptance needs from a decoded body. */
-const describe = (server: Server, route: FutureRoute, raw: unknown, body: any, key: string | undefined) =>
+const describe = (server: Server, route: FutureRoute, raw: unknown, decoded: unknown, key: string | undefined) =>
   Effect.gen(function*() {
-    const base: Futures.Request = { route, body: raw, request: body, key, model: body.model_id, seq: body.seq_id }
+    // Every future-making request names its model and `seq_id` by these keys (create_model names a session).
+    const body = decoded as { readonly model_id?: string | undefined; readonly seq_id?: number | undefined }
+    const base: Futures.Request = { route, body: raw, request: decoded, key, model: body.model_id, seq: body.seq_id }
     if (route === "create_model") {
-      const request = body as Types.CreateModelRequest
+      const request = decoded as Types.CreateModelRequest
       if (!server.state.sessions.has(request.session_id)) return yield* Effect.fail(error(404, "Session not found"))
       const found = server.options.bases.find((b) => b.name === request.base_model)
       if (found === undefined) {
@@ -312,7 +324,14 @@ export const make = Effect.fn("TinkerServer.make")(function*(
   yield* fs.makeDirectory(`${dir}/checkpoints`, { recursive: true }).pipe(Effect.orDie)
   const log = yield* FutureLog.open(`${dir}/requests.jsonl`)
   const { bases, beforeRun } = options
-  const state = yield* Futures.make({ bases, checkpoints: `${dir}/checkpoints`, beforeRun }, log)
+  const state = yield* Futures.make({
+    bases,
+    checkpoints: `${dir}/checkpoints`,
+    snapshots: `${dir}/snapshots`,
+    snapshotEvery: options.snapshotEvery ?? 20,
+    workers: options.workers ?? 1,
+    beforeRun
+  }, log)
   const server: Server = { options, state, keys: Auth.tokens(options.apiKeys ?? []), used: new Map() }
   const run = yield* FiberSet.makeRuntime<never>()
   return (req, res) => {

@@ -42,7 +42,6 @@ export interface Refusal {
   readonly refused: string
 }
 
-/** @internal */
 const refusal = (refused: string): Refusal => ({ refused })
 
 /**

@@ -204,7 +204,8 @@ export const inProcess = (
   batches: ReadonlyArray<Array<T.Datum>>,
   steps: number,
   on: Models.Base = base,
-  probeData: Array<T.Datum> = sftData()
+  probeData: Array<T.Datum> = sftData(),
+  workers = 1
 ) =>
   Effect.scoped(Effect.gen(function*() {
     const made = yield* OnnxTrainer.make({
@@ -213,6 +214,7 @@ export const inProcess = (
       loss: Datums.lossConfig("cross_entropy") as Loss.Config,
       optimizer: { beta1: adam.beta1, beta2: adam.beta2, eps: adam.eps, weightDecay: 0, maxGradNorm: 1 },
       schedule: LrSchedule.constant(adam.learning_rate),
+      workers,
       intraOpThreads: 1
     })
     const mbs = batches.map((b) => Datums.toMicroBatch(b, "cross_entropy") as Packing.MicroBatch)
