@@ -25,6 +25,7 @@ const quiet = (lines: Array<string>) => ({ write: (t: string) => void lines.push
 
 interface Load {
   readonly version: number
+  readonly name: string
   readonly path: string
   readonly sent: string
 }
@@ -42,12 +43,13 @@ const proxy = (target: string, lie: boolean) =>
           const chunks: Array<Buffer> = []
           for await (const c of req) chunks.push(c as Buffer)
           let body: string | undefined = req.method === "GET" ? undefined : Buffer.concat(chunks).toString("utf8")
-          if (req.url?.endsWith("/load_lora_adapter") && body !== undefined) {
-            const load = JSON.parse(body) as { lora_path: string; policy_version: number }
+          // The run's probe before its first load (an empty body, refused as bad) passes through unrecorded.
+          if (req.url?.endsWith("/load_lora_adapter") && body !== undefined && body !== "{}") {
+            const load = JSON.parse(body) as { lora_name: string; lora_path: string; policy_version: number }
             // From the first RL version on, the newest folder loaded before it stays.
             const keep = lie && load.policy_version >= 0 && loads.length > 0
             const sent = keep ? loads[loads.length - 1]!.sent : load.lora_path
-            loads.push({ version: load.policy_version, path: load.lora_path, sent })
+            loads.push({ version: load.policy_version, name: load.lora_name, path: load.lora_path, sent })
             body = JSON.stringify({ ...load, lora_path: sent })
           }
           const upstream = await fetch(`${target}${req.url!.replace(/^\/v1/, "")}`, {
@@ -115,6 +117,8 @@ describe("a LoRA run with inference servers: the adapter digest of every respons
       if (failure !== undefined) assert.include(failure, "no step trained", failure)
       // Two adapters checked: the warm-up check's (version -2) and version 0's (after the last warm-up step).
       assert.deepStrictEqual(front.loads.map((l) => l.version), [-2, 0, 1, 2])
+      // Each under a name of its own that carries its version and digest.
+      for (const l of front.loads) assert.match(l.name, new RegExp(`^policy-v${l.version}-[0-9a-f]{16}$`))
       const phases = records(dir).filter((r) => r.phase !== "warmup")
       assert.deepStrictEqual(phases.map((r) => `${r.phase} ${r.step}`), ["eval 0", "train 1", "train 2", "eval 2"])
       for (const r of phases) {
