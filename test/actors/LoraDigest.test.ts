@@ -10,7 +10,7 @@
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
-import { mkdtempSync, readFileSync, writeFileSync } from "node:fs"
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs"
 import * as Http from "node:http"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
@@ -73,7 +73,11 @@ const lora = { rank: 2, alpha: 4, targets: ["q_proj", "v_proj"] }
 /** A LoRA run (an SFT warm-up trains the adapter, then GRPO) sampled by `agentfly serve` behind a proxy. */
 const setup = (lie: boolean) =>
   Effect.gen(function*() {
-    const dir = mkdtempSync(join(tmpdir(), "lora-digest-"))
+    // Removed with the test's scope (the run leaves a model, checkpoints and adapter folders).
+    const dir = yield* Effect.acquireRelease(
+      Effect.sync(() => mkdtempSync(join(tmpdir(), "lora-digest-"))),
+      (made) => Effect.sync(() => rmSync(made, { recursive: true, force: true }))
+    )
     yield* Generate.write({ dir: join(dir, "data"), seed: 4, train: 8, heldOut: 2, validation: 2, demos: 16, noise: 0 })
     yield* ModelFolder.init(join(dir, "model"), { preset: "tiny", seed: 3 })
     const folder = yield* ModelFolder.load(join(dir, "model"))
