@@ -229,7 +229,7 @@ export const make = (options: Options): LoraCarrier => {
       check: (result) => checkResult(state.digests, options.name, result),
       // The newest name the server holds (the picker sends a request only to a server holding its version).
       model: (url) => Effect.sync(() => state.loaded.get(url)?.at(-1)?.name),
-      probe
+      probe: (url, token) => Effect.andThen(probe(url, token), clearEarlier(url, options.name, token))
     },
     set: (version, adapter) => {
       state.latest = { version, adapter }
@@ -247,7 +247,7 @@ interface Listed {
   readonly at: number
 }
 
-/** The newest adapter of `base` that `url` lists in `GET /models` (vLLM and `agentfly serve` list each loaded one). */
+/** The adapters of `base` that `url` lists in `GET /models` (vLLM and `agentfly serve` list each loaded one). */
 const listedOn = (url: string, base: string, token: string | undefined) =>
   Effect.promise(async () => {
     try {
@@ -256,18 +256,32 @@ const listedOn = (url: string, base: string, token: string | undefined) =>
         signal: AbortSignal.timeout(10_000)
       })
       const body = response.ok ? await response.json() as { data?: Array<{ id?: unknown }> } : {}
-      let best: { readonly version: number; readonly name: string } | undefined
-      for (const entry of body.data ?? []) {
+      return (body.data ?? []).flatMap((entry) => {
         const named = typeof entry.id === "string" ? parseAdapterName(entry.id) : undefined
-        if (named === undefined || named.base !== base) continue
-        if (best !== undefined && named.version <= best.version) continue
-        best = { version: named.version, name: entry.id as string }
-      }
-      return best
+        return named === undefined || named.base !== base ? [] : [{ version: named.version, name: entry.id as string }]
+      })
     } catch {
-      return undefined
+      return []
     }
   })
+
+type Named = { readonly version: number; readonly name: string }
+
+/** The newest of `listed`, if any. */
+const newestOf = (listed: ReadonlyArray<Named>) =>
+  listed.reduce<Named | undefined>((a, b) => (a === undefined || b.version > a.version ? b : a), undefined)
+
+/**
+ * Unloads the adapters of `base` that `url` holds from an earlier process (a run stopped and started again, or
+ * overwritten): a rollout worker asks for the newest one a server lists, which must be this process's.
+ */
+const clearEarlier = (url: string, base: string, token: string | undefined) =>
+  Effect.flatMap(listedOn(url, base, token), (listed) =>
+    Effect.forEach(
+      listed,
+      (l) => postUnload(url, { version: l.version, runId: "clear", token, timeoutMs: 10_000 }, l.name),
+      { discard: true }
+    ))
 
 /**
  * A rollout worker's carrier: it publishes nothing (the trainer does), requests the newest adapter of `base` each
@@ -299,7 +313,7 @@ export const follower = (
         const now = yield* Clock.currentTimeMillis
         const known = listed.get(url)
         if (known !== undefined && known.version >= min && now - known.at < refreshMs) return known.name
-        const newest = yield* listedOn(url, base, options.token)
+        const newest = newestOf(yield* listedOn(url, base, options.token))
         if (newest === undefined) return known?.name
         listed.set(url, { ...newest, at: now })
         asked.add(newest.name)

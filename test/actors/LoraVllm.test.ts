@@ -4,7 +4,8 @@
  * /v1/load_lora_adapter` `{ lora_name, lora_path }` (400 for a name already loaded, unless `load_inplace`), `POST
  * /v1/unload_lora_adapter` `{ lora_name }` (404 for an unknown name), and `/v1/completions` answers a request naming
  * a loaded adapter with that name as its `model` and no `policy_version` nor `lora_adapter` (404 for an unknown
- * model). The SGLang variant serves the adapter endpoints at the root only.
+ * model). The SGLang variant serves the adapter endpoints at the root only. `preloaded`: adapters an earlier process
+ * left loaded.
  *
  * Each published version is loaded under a name carrying its version and digest, requested by that name, read back
  * from the echoed name; the names two versions old are unloaded; a server that answers with another model (it
@@ -43,12 +44,14 @@ interface Scripted {
  * The scripted server. `sglang`: the adapter endpoints at the root only. `base`: it acknowledges loads and answers
  * every completion with the base model's name (as a server that ignored the adapter would).
  */
-const scripted = (mode: { readonly sglang?: boolean; readonly base?: boolean } = {}) =>
+const scripted = (
+  mode: { readonly sglang?: boolean; readonly base?: boolean; readonly preloaded?: ReadonlyArray<string> } = {}
+) =>
   Effect.acquireRelease(
     Effect.promise(() =>
       new Promise<Scripted & { readonly server: Http.Server }>((resolve) => {
         const calls: Array<string> = []
-        const loaded = new Set<string>()
+        const loaded = new Set<string>(mode.preloaded)
         const json = (res: Http.ServerResponse, status: number, body: unknown) =>
           res.writeHead(status, { "content-type": "application/json" }).end(JSON.stringify(body))
         const server = Http.createServer(async (req, res) => {
@@ -125,10 +128,12 @@ const publisher = (dir: string, url: string) =>
   })
 
 describe("LoRA adapters on a server that says no digest (vLLM's endpoints)", () => {
-  it.live("each version is loaded and requested under a name with its version and digest; old names are unloaded", () =>
+  it.live("each version is loaded and requested under a name with its version and digest; older names unloaded", () =>
     Effect.gen(function*() {
       const dir = yield* (yield* FileSystem.FileSystem).makeTempDirectoryScoped({ prefix: "lora-vllm-" })
-      const vllm = yield* scripted()
+      // An earlier process of the run left its adapters loaded; another run's base name is not this run's.
+      const earlier = "policy-v9-00000000000000ff", stranger = "other-v1-00000000000000ff"
+      const vllm = yield* scripted({ preloaded: [earlier, stranger] })
       const { servers, publish } = yield* publisher(dir, vllm.url)
       const v1 = yield* publish(1, 1)
       assert.match(v1, /^policy-v1-[0-9a-f]{16}$/)
@@ -142,6 +147,8 @@ describe("LoRA adapters on a server that says no digest (vLLM's endpoints)", () 
       const three = yield* servers.sampler(3).generate(request)
       assert.strictEqual(three.policyVersion, 3)
       assert.deepStrictEqual(vllm.calls, [
+        // Before anything is trained: the earlier process's adapters go, so that a worker never picks them.
+        `unload ${earlier}`,
         `load ${v1} ${dir}/policy-v1`,
         `complete ${v1}`,
         `load ${v2} ${dir}/policy-v2`,
@@ -150,7 +157,7 @@ describe("LoRA adapters on a server that says no digest (vLLM's endpoints)", () 
         `unload ${v1}`,
         `complete ${v3}`
       ])
-      assert.deepStrictEqual([...vllm.loaded], [v2, v3])
+      assert.deepStrictEqual([...vllm.loaded], [stranger, v2, v3])
       // What was loaded is the PEFT folder of that version's adapter.
       const read = yield* Lora.load(`${dir}/policy-v3`, model)
       assert.strictEqual(Checkpoint.fingerprint(read.adapter), parseAdapterName(v3)!.digest)
