@@ -97,6 +97,13 @@ export interface Carrier {
    * when it is not. A server answering one is made to load the version again; the request fails with it.
    */
   readonly check?: ((result: GenerateResult) => SamplerError | undefined) | undefined
+  /**
+   * The model a request to `url` for version `min` or newer names (a LoRA run's adapter, named by its version and
+   * digest); undefined: `Options.model`.
+   */
+  readonly model?: ((url: string, min: number) => Effect.Effect<string | undefined>) | undefined
+  /** Whether `url` takes what this carrier puts there, asked before anything is trained (default: the weights). */
+  readonly probe?: ((url: string, token: string | undefined) => Effect.Effect<void, RunError>) | undefined
 }
 
 /**
@@ -140,7 +147,7 @@ export interface InferenceServers {
 interface Server {
   readonly url: string
   /** Its sampler for requests of at least a version (one per version asked for; a few live at a time). */
-  readonly samplers: Map<number, Sampler["Service"]>
+  readonly samplers: Map<number, { readonly model: string; readonly sampler: Sampler["Service"] }>
   readonly model: string
   version: number | undefined
   inflight: number
@@ -267,7 +274,12 @@ const acceptsWeights = (options: Options, url: string) =>
 /** A server as the run first sees it: its model known, its weights (when this process pushes) accepted. */
 const connect = (options: Options, url: string) =>
   Effect.map(
-    Effect.tap(modelOf(options, url), () => (options.pushes === false ? Effect.void : acceptsWeights(options, url))),
+    Effect.tap(modelOf(options, url), () =>
+      options.pushes === false
+        ? Effect.void
+        : options.carrier?.probe !== undefined
+        ? options.carrier.probe(url, options.token)
+        : acceptsWeights(options, url)),
     (model): Server => ({
       url,
       model,
@@ -369,26 +381,30 @@ const push = Effect.fnUntraced(function*(state: State, version: number, weights?
 // ===== Sampling =====
 
 /** `server`'s sampler for requests of at least `min`: one attempt per call, a failing server is left at once. */
-const samplerOf = (state: State, server: Server, min: number) => {
-  const cached = server.samplers.get(min)
-  if (cached !== undefined) return Effect.succeed(cached)
-  return OpenAiCompatSampler.make({
-    baseUrl: server.url,
-    model: state.options.model ?? server.model,
-    retries: 0,
-    timeoutMs: state.options.timeoutMs,
-    apiKey: state.options.token === undefined ? undefined : Redacted.make(state.options.token),
-    extraBody: { min_policy_version: min }
-  }).pipe(
-    Effect.provideService(HttpClient.HttpClient, state.http),
-    Effect.tap((sampler) =>
-      Effect.sync(() => {
-        server.samplers.set(min, sampler)
-        for (const v of server.samplers.keys()) if (v < min - 16) server.samplers.delete(v)
-      })
+const samplerOf = (state: State, server: Server, min: number) =>
+  Effect.flatMap(state.options.carrier?.model?.(server.url, min) ?? Effect.undefined, (named) => {
+    const model = named ?? state.options.model ?? server.model
+    const cached = server.samplers.get(min)
+    if (cached !== undefined && cached.model === model) return Effect.succeed(cached.sampler)
+    return OpenAiCompatSampler.make({
+      baseUrl: server.url,
+      model,
+      retries: 0,
+      timeoutMs: state.options.timeoutMs,
+      apiKey: state.options.token === undefined ? undefined : Redacted.make(state.options.token),
+      extraBody: { min_policy_version: min },
+      // What a server that says no version (vLLM) and names no adapter is taken to have sampled: the version asked.
+      policyVersion: min
+    }).pipe(
+      Effect.provideService(HttpClient.HttpClient, state.http),
+      Effect.tap((sampler) =>
+        Effect.sync(() => {
+          server.samplers.set(min, { model, sampler })
+          for (const v of server.samplers.keys()) if (v < min - 16) server.samplers.delete(v)
+        })
+      )
     )
-  )
-}
+  })
 
 /**
  * The least busy server able to serve `min` now (ties in turn), starting catch-ups on the way. A client that never

@@ -23,6 +23,7 @@ import * as RolloutSetup from "../actors/RolloutSetup.ts"
 import { runError, type RunError } from "../actors/RunError.ts"
 import * as Auth from "../actors/internal/auth.ts"
 import * as LocalVersions from "../actors/internal/localVersions.ts"
+import * as LoraCarrier from "../actors/internal/loraCarrier.ts"
 import * as Qwen2 from "../src/model/Qwen2.ts"
 import * as ModelFolder from "../src/ModelFolder.ts"
 import * as TrainConfig from "../src/TrainConfig.ts"
@@ -95,8 +96,14 @@ export const rolloutWorker = Command.make(
       urls,
       parameters: Qwen2.parameters(folder.config),
       pushes: false,
-      // A LoRA run's requests name its adapter, as the trainer's own do (else the servers would sample the base).
-      ...(config.model.lora === undefined ? {} : { model: LocalVersions.adapterName }),
+      // A LoRA run's requests name its newest adapter, as the trainer's own do (else the servers would sample the
+      // base), and every answer is checked against the digest the trainer published in that name.
+      ...(config.model.lora === undefined ? {} : {
+        model: LocalVersions.adapterName,
+        carrier: LoraCarrier.follower(LocalVersions.adapterName, {
+          token: process.env["AGENTFLY_SERVE_TOKEN"] || process.env["AGENTFLY_WEIGHTS_TOKEN"] || undefined
+        })
+      }),
       timeoutMs: config.engine.timeoutSeconds === undefined ? undefined : config.engine.timeoutSeconds * 1000
     })
     const key = RolloutWorker.agentKey(task.name, config)

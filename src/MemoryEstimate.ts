@@ -10,6 +10,7 @@
  *   gradient and, from the second micro-batch of a step, onnxruntime's own outputs (8·P); with workers, per worker
  *   its accumulator in shared memory, onnxruntime's outputs and their copy (12·P each).
  * - `optimizer`: AdamW's two moments, 8·P.
+ *   (A LoRA run trains its adapters alone: `gradients` and `optimizer` count them, not P.)
  * - `activations`: what the backward pass keeps of each layer, per token `(8·D + 5·F + 2·H·T)` floats (hidden width
  *   D, MLP width F, H heads attending to T positions), fitted to `scripts/learner-memory.ts`' measurements.
  * - `head`: the output head's working set, about six `[tokens, vocab]` float tensors per worker for the tokens of
@@ -54,6 +55,11 @@ export interface Settings {
   readonly critic?: boolean
   /** The decode engine runs in this process. Default true. */
   readonly engine?: boolean
+  /**
+   * Parameters the learner trains, with gradients and AdamW moments: a LoRA run's adapters (`model.lora`; its base
+   * is frozen). Default all of the model's.
+   */
+  readonly trainedParameters?: number
 }
 
 /**
@@ -103,8 +109,9 @@ export const estimate = (model: ModelConfig.ModelConfig, settings: Settings): Es
   const D = model.hiddenSize
   const tokens = microBatchSize * T
   const weights = 4 * P * (workers > 1 ? 1 + workers : 1)
-  const gradients = 4 * P + (workers > 1 ? 12 * P * workers : 8 * P)
-  const optimizer = 8 * P
+  const A = settings.trainedParameters ?? P
+  const gradients = 4 * A + (workers > 1 ? 12 * A * workers : 8 * A)
+  const optimizer = 8 * A
   const perToken = 8 * D + 5 * model.intermediateSize + 2 * model.numAttentionHeads * T
   const activations = 4 * tokens * model.numHiddenLayers * perToken
   const shardTokens = Math.ceil(microBatchSize / Math.max(1, Math.min(workers, microBatchSize))) * T

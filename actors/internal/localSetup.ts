@@ -13,6 +13,7 @@ import type * as LrSchedule from "../../src/LrSchedule.ts"
 import type * as ModelFolder from "../../src/ModelFolder.ts"
 import type * as OnnxTrainer from "../../src/backends/OnnxTrainer.ts"
 import type * as Optimizer from "../../src/Optimizer.ts"
+import * as Lora from "../../src/Lora.ts"
 import * as MemoryEstimate from "../../src/MemoryEstimate.ts"
 import * as TrainConfig from "../../src/TrainConfig.ts"
 import { RunError, runError } from "../RunError.ts"
@@ -91,7 +92,12 @@ export const checkMemory = Effect.fnUntraced(function*(setup: Setup) {
     sequenceLength: TrainConfig.onModel(setup.config, setup.folder.config).agent.maxContextTokens!,
     workers: learner.workers,
     reference: algorithm.klCoef > 0,
-    critic: algorithm.advantage === "gae"
+    critic: algorithm.advantage === "gae",
+    // A LoRA run's gradients and moments are its adapters'.
+    ...(setup.config.model.lora === undefined ? {} : {
+      trainedParameters: Lora.parameters(setup.folder.config, setup.config.model.lora)
+        .reduce((n, p) => n + p.shape.reduce((a, b) => a * b, 1), 0)
+    })
   }
   const available = yield* machineMemory().pipe(Effect.provideContext(setup.fsContext))
   const refused = MemoryEstimate.check(setup.folder.config, settings, available)

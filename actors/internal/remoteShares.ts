@@ -167,7 +167,10 @@ export type EncodedResponse = {
   readonly servers?: unknown
 }
 
-/** The policy version a server reports (`GET /models`'s `policy_version`), or undefined when it does not say. */
+/**
+ * The newest policy version a server reports (`GET /models`'s `policy_version`: its weights', and each LoRA
+ * adapter's it lists), or undefined when it does not say.
+ */
 const reportedVersion = (url: string): Effect.Effect<number | undefined> =>
   Effect.tryPromise(() =>
     fetch(`${url}/models`, {
@@ -175,8 +178,12 @@ const reportedVersion = (url: string): Effect.Effect<number | undefined> =>
       signal: AbortSignal.timeout(10_000)
     }).then((response) => response.json() as Promise<{ data?: Array<{ policy_version?: unknown }> }>)
   ).pipe(
-    Effect.map((body) => body.data?.[0]?.policy_version),
-    Effect.map((version) => (typeof version === "number" ? version : undefined)),
+    Effect.map((body) => {
+      const versions = (body.data ?? []).flatMap((m) =>
+        typeof m.policy_version === "number" ? [m.policy_version] : []
+      )
+      return versions.length === 0 ? undefined : Math.max(...versions)
+    }),
     Effect.orElseSucceed(() => undefined)
   )
 

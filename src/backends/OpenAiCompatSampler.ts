@@ -7,7 +7,9 @@
  * returns neither cannot serve token-in/token-out training: the call fails with
  * a `SamplerError` of reason `NoTokenIds` (not retried). A response's `lora_adapter` (`agentfly serve` names the
  * adapter it sampled with: `{ name, digest, policy_version }`) is returned as the result's `adapter`, for a LoRA
- * run's digest check.
+ * run's digest check. vLLM and SGLang say no digest: a LoRA run names each published adapter by its version and
+ * digest ({@link adapterName}, `policy-v3-<digest>`), and a response whose `model` echoes such a name as requested
+ * is read as that adapter (the name's digest, the name's version): the server's word, not its tensors'.
  *
  * **Chat mode** (`makeChat` / `layerChat`) posts messages to `/chat/completions` of a black-box API and provides
  * `ChatSampler`; it returns text and tool calls only, so the trajectories built from it are marked not
@@ -114,6 +116,49 @@ const ChatResponse = Schema.Struct({
 })
 
 // ===== Pure helpers =====
+
+/**
+ * The name a published LoRA adapter is loaded and requested under: `base`, its policy version and its digest
+ * (`policy-v3-0123456789abcdef`; warm-up checks have negative versions, `policy-v-2-…`). A server that returns no
+ * digest (vLLM, SGLang) still says which adapter it sampled with when it echoes the name as the response's `model`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const adapterName = (base: string, version: number, digest: string): string => `${base}-v${version}-${digest}`
+
+const adapterNamePattern = /^(.+)-v(-?\d+)-([0-9a-f]{16})$/
+
+/**
+ * The base, version and digest an {@link adapterName} carries; `undefined` for any other name.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const parseAdapterName = (
+  name: string
+): { readonly base: string; readonly version: number; readonly digest: string } | undefined => {
+  const m = adapterNamePattern.exec(name)
+  return m === null ? undefined : { base: m[1]!, version: Number(m[2]), digest: m[3]! }
+}
+
+/** What a response says it sampled with: its `lora_adapter`, else the adapter name it echoes as asked. */
+const adapterOf = (
+  requested: string,
+  response: typeof CompletionResponse.Type
+): GenerateResult["adapter"] => {
+  const stamp = response.lora_adapter
+  if (stamp !== undefined && stamp !== null) {
+    return {
+      name: stamp.name ?? response.model ?? requested,
+      digest: stamp.digest,
+      ...(stamp.policy_version === undefined ? {} : { policyVersion: stamp.policy_version })
+    }
+  }
+  // vLLM and SGLang answer with the model the request named: an adapter name then says version and digest.
+  const named = response.model === requested ? parseAdapterName(requested) : undefined
+  return named === undefined ? undefined : { name: requested, digest: named.digest, policyVersion: named.version }
+}
 
 /**
  * The `/completions` body for a token-id prompt.
@@ -289,20 +334,16 @@ export const make = Effect.fnUntraced(function*(config: Config) {
             "(vLLM needs return_token_ids or return_tokens_as_token_ids; this backend needs both ids and logprobs)"
         )
       }
-      const stamp = response.lora_adapter
+      const adapter = adapterOf(config.model, response)
       const result: GenerateResult = {
         tokenIds: read.tokenIds,
         logprobs: read.logprobs,
         finishReason: finishReasonOf(choice.finish_reason),
-        policyVersion: choice.policy_version ?? response.policy_version ?? (yield* policyVersion),
+        // A server that says no version (vLLM) sampled the version its adapter's name says, if it named one.
+        policyVersion: choice.policy_version ?? response.policy_version ?? adapter?.policyVersion ??
+          (yield* policyVersion),
         // Which adapter sampled it, for a LoRA run's digest check (absent for full weights).
-        ...(stamp === undefined || stamp === null ? {} : {
-          adapter: {
-            name: stamp.name ?? response.model ?? config.model,
-            digest: stamp.digest,
-            ...(stamp.policy_version === undefined ? {} : { policyVersion: stamp.policy_version })
-          }
-        })
+        ...(adapter === undefined ? {} : { adapter })
       }
       return result
     }),

@@ -10,7 +10,7 @@
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
-import { mkdtempSync, readFileSync, writeFileSync } from "node:fs"
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs"
 import * as Http from "node:http"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
@@ -25,6 +25,7 @@ const quiet = (lines: Array<string>) => ({ write: (t: string) => void lines.push
 
 interface Load {
   readonly version: number
+  readonly name: string
   readonly path: string
   readonly sent: string
 }
@@ -42,12 +43,13 @@ const proxy = (target: string, lie: boolean) =>
           const chunks: Array<Buffer> = []
           for await (const c of req) chunks.push(c as Buffer)
           let body: string | undefined = req.method === "GET" ? undefined : Buffer.concat(chunks).toString("utf8")
-          if (req.url?.endsWith("/load_lora_adapter") && body !== undefined) {
-            const load = JSON.parse(body) as { lora_path: string; policy_version: number }
+          // The run's probe before its first load (an empty body, refused as bad) passes through unrecorded.
+          if (req.url?.endsWith("/load_lora_adapter") && body !== undefined && body !== "{}") {
+            const load = JSON.parse(body) as { lora_name: string; lora_path: string; policy_version: number }
             // From the first RL version on, the newest folder loaded before it stays.
             const keep = lie && load.policy_version >= 0 && loads.length > 0
             const sent = keep ? loads[loads.length - 1]!.sent : load.lora_path
-            loads.push({ version: load.policy_version, path: load.lora_path, sent })
+            loads.push({ version: load.policy_version, name: load.lora_name, path: load.lora_path, sent })
             body = JSON.stringify({ ...load, lora_path: sent })
           }
           const upstream = await fetch(`${target}${req.url!.replace(/^\/v1/, "")}`, {
@@ -71,7 +73,11 @@ const lora = { rank: 2, alpha: 4, targets: ["q_proj", "v_proj"] }
 /** A LoRA run (an SFT warm-up trains the adapter, then GRPO) sampled by `agentfly serve` behind a proxy. */
 const setup = (lie: boolean) =>
   Effect.gen(function*() {
-    const dir = mkdtempSync(join(tmpdir(), "lora-digest-"))
+    // Removed with the test's scope (the run leaves a model, checkpoints and adapter folders).
+    const dir = yield* Effect.acquireRelease(
+      Effect.sync(() => mkdtempSync(join(tmpdir(), "lora-digest-"))),
+      (made) => Effect.sync(() => rmSync(made, { recursive: true, force: true }))
+    )
     yield* Generate.write({ dir: join(dir, "data"), seed: 4, train: 8, heldOut: 2, validation: 2, demos: 16, noise: 0 })
     yield* ModelFolder.init(join(dir, "model"), { preset: "tiny", seed: 3 })
     const folder = yield* ModelFolder.load(join(dir, "model"))
@@ -115,6 +121,8 @@ describe("a LoRA run with inference servers: the adapter digest of every respons
       if (failure !== undefined) assert.include(failure, "no step trained", failure)
       // Two adapters checked: the warm-up check's (version -2) and version 0's (after the last warm-up step).
       assert.deepStrictEqual(front.loads.map((l) => l.version), [-2, 0, 1, 2])
+      // Each under a name of its own that carries its version and digest.
+      for (const l of front.loads) assert.match(l.name, new RegExp(`^policy-v${l.version}-[0-9a-f]{16}$`))
       const phases = records(dir).filter((r) => r.phase !== "warmup")
       assert.deepStrictEqual(phases.map((r) => `${r.phase} ${r.step}`), ["eval 0", "train 1", "train 2", "eval 2"])
       for (const r of phases) {

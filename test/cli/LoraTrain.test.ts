@@ -159,7 +159,12 @@ describe("agentfly train with model.lora", () => {
       const byId = new Map(models.data.map((m: { id: string }) => [m.id, m]))
       // The base's weights were never replaced (no PUT /v1/weights); the adapter holds the last version.
       assert.strictEqual((byId.get(folder.name) as { policy_version: number }).policy_version, 0)
-      assert.strictEqual((byId.get("policy") as { policy_version: number }).policy_version, 3)
+      // Each version under a name with its version and digest; the one before the newest stays, older ones went.
+      const adapterIds = [...byId.keys()].filter((id) => id !== folder.name) as Array<string>
+      const shapes = adapterIds.map((id) => id.replace(/[0-9a-f]{16}$/, "D")).sort()
+      assert.deepStrictEqual(shapes, ["policy-v2-D", "policy-v3-D"])
+      const newest = byId.get(adapterIds.find((id) => id.startsWith("policy-v3-"))!) as { policy_version: number }
+      assert.strictEqual(newest.policy_version, 3)
       const adapters = readdirSync(join(dir, "run", "adapters")).sort()
       assert.includeMembers(adapters, ["policy-v1", "policy-v2", "policy-v3"])
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 600_000)

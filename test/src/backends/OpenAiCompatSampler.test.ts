@@ -120,6 +120,43 @@ describe("OpenAiCompatSampler (token mode)", () => {
       assert.strictEqual(result.policyVersion, 3)
     })))
 
+  it.effect("an adapter's name carries its version and digest, and only such a name parses", () =>
+    Effect.sync(() => {
+      const name = OpenAiCompatSampler.adapterName("policy", 3, "0123456789abcdef")
+      assert.strictEqual(name, "policy-v3-0123456789abcdef")
+      assert.deepStrictEqual(OpenAiCompatSampler.parseAdapterName(name), {
+        base: "policy",
+        version: 3,
+        digest: "0123456789abcdef"
+      })
+      // The warm-up's checks have negative versions.
+      assert.strictEqual(OpenAiCompatSampler.parseAdapterName("my-policy-v-2-0123456789abcdef")?.version, -2)
+      for (const other of ["policy", "policy-v3", "policy-v3-0123", "policy-v3-0123456789ABCDEF", "Qwen2.5-0.5B"]) {
+        assert.isUndefined(OpenAiCompatSampler.parseAdapterName(other), other)
+      }
+    }))
+
+  it.live("a vLLM answer echoing the adapter name asked for says that adapter and its version; another does not", () =>
+    live(Effect.gen(function*() {
+      const name = OpenAiCompatSampler.adapterName("policy", 4, "00000000000000aa")
+      const server = yield* testServer((seen, index) => ({
+        status: 200,
+        json: {
+          // The first answer echoes the model asked for (as vLLM does); the second names the base.
+          model: index === 0 ? seen.body.model : "base",
+          choices: [{ finish_reason: "length", token_ids: [4], logprobs: { token_logprobs: [-0.5] } }]
+        }
+      }))
+      const sampler = yield* OpenAiCompatSampler.make({ baseUrl: server.baseUrl, model: name })
+      const echoed = yield* sampler.generate(request)
+      assert.strictEqual(server.seen[0]!.body.model, name)
+      assert.strictEqual(echoed.policyVersion, 4)
+      assert.deepStrictEqual(echoed.adapter, { name, digest: "00000000000000aa", policyVersion: 4 })
+      const base = yield* sampler.generate(request)
+      assert.isUndefined(base.adapter)
+      assert.strictEqual(base.policyVersion, 0)
+    })))
+
   it.live("a server that cannot return token ids fails with NoTokenIds, without retrying", () =>
     live(Effect.gen(function*() {
       const server = yield* testServer(() => ({

@@ -1,0 +1,144 @@
+/**
+ * One LoRA learner step (forward + backward + AdamW of the adapters through `OnnxTrainer`, the base frozen) at
+ * Qwen2.5-0.5B's shapes (all 24 layers unless `--layers`) or an embedded preset, in this process: prints one JSON
+ * line with the base's float32 bytes, the RSS before the second step, its peak, the step times and tokens/s.
+ *
+ *   npx tsx scripts/lora-memory.ts [--layers 24] [--preset small|medium] [--batch 2] [--length 512] [--rank 16]
+ *     [--workers 1]
+ *
+ * The peak over (base float32 bytes + activations) is the issue's ratio, the activations taken as measured: what the
+ * second step adds to the RSS before it (peak − RSS before step 2). Random weights; the SFT loss on every token;
+ * rank `--rank` with alpha 2·rank on all seven projections. Not run in CI (the 0.5 B shapes need ≈ 10 GiB).
+ */
+import { NodeServices } from "@effect/platform-node"
+import { Effect } from "effect"
+import * as OnnxTrainer from "../src/backends/OnnxTrainer.ts"
+import * as Lora from "../src/Lora.ts"
+import * as Loss from "../src/Loss.ts"
+import * as LrSchedule from "../src/LrSchedule.ts"
+import * as ModelConfig from "../src/model/ModelConfig.ts"
+import * as Qwen2 from "../src/model/Qwen2.ts"
+import * as Optimizer from "../src/Optimizer.ts"
+import type * as Packing from "../src/Packing.ts"
+
+const GiB = 1024 ** 3
+
+const args = process.argv.slice(2)
+const flag = (name: string, fallback: number) => {
+  const i = args.indexOf(`--${name}`)
+  return i === -1 ? fallback : Number(args[i + 1])
+}
+const preset = args.includes("--preset") ? args[args.indexOf("--preset") + 1] as ModelConfig.PresetName : undefined
+
+/** Qwen2.5-0.5B's published shapes (`config.json` of Qwen/Qwen2.5-0.5B-Instruct), cut to `layers`. */
+const qwen25 = (layers: number): ModelConfig.ModelConfig => ({
+  modelType: "qwen2",
+  vocabSize: 151936,
+  hiddenSize: 896,
+  numHiddenLayers: layers,
+  numAttentionHeads: 14,
+  numKeyValueHeads: 2,
+  intermediateSize: 4864,
+  maxPositionEmbeddings: 32768,
+  ropeTheta: 1000000,
+  rmsNormEps: 1e-6,
+  tieWordEmbeddings: true,
+  attentionBias: true,
+  learnedPositions: false
+})
+
+/** Cheap random weights (uniform, std ≈ 0.02; norms ones): normal draws take a minute at this size. */
+const weightsOf = (c: ModelConfig.ModelConfig): Map<string, Float32Array> => {
+  let s = 0x9e3779b9
+  const out = new Map<string, Float32Array>()
+  for (const spec of Qwen2.parameters(c)) {
+    const data = new Float32Array(spec.shape.reduce((a, b) => a * b, 1))
+    if (spec.init === "ones") data.fill(1)
+    else if (spec.init === "normal") {
+      for (let i = 0; i < data.length; i++) {
+        s ^= s << 13, s ^= s >>> 17, s ^= s << 5
+        data[i] = ((s >>> 0) / 4294967296 - 0.5) * 0.07
+      }
+    }
+    out.set(spec.name, data)
+  }
+  return out
+}
+
+const microBatch = (c: ModelConfig.ModelConfig, batch: number, length: number): Packing.MicroBatch => {
+  const n = batch * length
+  const ids = Int32Array.from({ length: n }, (_, i) => (i * 7919) % c.vocabSize)
+  return {
+    batch,
+    length,
+    inputIds: ids,
+    attentionMask: new Uint8Array(n).fill(1),
+    targets: Int32Array.from(ids, (t) => (t + 1) % c.vocabSize),
+    mask: new Uint8Array(n).fill(1),
+    weights: new Float32Array(n).fill(1 / n),
+    advantages: new Float32Array(n),
+    samplerLogprobs: new Float32Array(n),
+    refLogprobs: new Float32Array(n),
+    sequenceIndex: Int32Array.from({ length: batch }, (_, i) => i),
+    lossTokens: n
+  }
+}
+
+const rssGiB = () => process.memoryUsage.rss() / GiB
+const peakGiB = () => process.resourceUsage().maxRSS * 1024 / GiB
+
+const main = Effect.gen(function*() {
+  const config = preset === undefined ? qwen25(flag("layers", 24)) : ModelConfig.presets[preset]
+  const rank = flag("rank", 16)
+  const lora: Lora.Config = { rank, alpha: 2 * rank, targets: [...Lora.moduleNames] }
+  const batch = flag("batch", 2), length = flag("length", 512), workers = flag("workers", 1)
+  const base = weightsOf(config)
+  const baseBytes = [...base.values()].reduce((n, w) => n + w.byteLength, 0)
+  const afterBase = rssGiB()
+  const model = OnnxTrainer.qwen2Lora(config, lora, base, preset ?? "qwen2.5-0.5b-shapes")
+  const trainer = yield* OnnxTrainer.make({
+    model,
+    weights: base,
+    loss: Loss.sft,
+    optimizer: Optimizer.defaultConfig,
+    schedule: LrSchedule.constant(1e-4),
+    workers
+  })
+  const afterMake = rssGiB()
+  const mb = microBatch(config, batch, length)
+  const times: Array<number> = [], cpu: Array<number> = [], before: Array<number> = []
+  for (let s = 0; s < 2; s++) {
+    before.push(rssGiB())
+    const t0 = performance.now(), c0 = process.cpuUsage()
+    yield* trainer.trainer.forwardBackward(mb)
+    yield* trainer.trainer.optimStep
+    times.push((performance.now() - t0) / 1000)
+    const c1 = process.cpuUsage(c0)
+    cpu.push((c1.user + c1.system) / 1e6)
+  }
+  const peak = peakGiB()
+  const activations = peak - before[1]!
+  const trained = model.parameters.reduce((n, p) => n + p.shape.reduce((a, b) => a * b, 1), 0)
+  console.log(JSON.stringify({
+    shape: preset ?? `qwen2.5-0.5b (${config.numHiddenLayers} layers)`,
+    tokens: batch * length,
+    workers,
+    baseParams: baseBytes / 4,
+    trainedParams: trained,
+    baseGiB: baseBytes / GiB,
+    afterBaseGiB: afterBase,
+    afterMakeGiB: afterMake,
+    beforeStepGiB: before,
+    peakGiB: peak,
+    activationsGiB: activations,
+    ratio: peak / (baseBytes / GiB + activations),
+    stepS: times,
+    cpuS: cpu,
+    tokensPerS: (batch * length) / times[1]!
+  }))
+}).pipe(Effect.scoped, Effect.provide(NodeServices.layer))
+
+Effect.runPromise(main).catch((e) => {
+  console.error(e)
+  process.exit(1)
+})
