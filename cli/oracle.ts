@@ -9,7 +9,7 @@
  * of the rows' longest line (the task option `longestLine`, set from the rows when the config leaves it out).
  *
  * Oracles: `search`, `webshop`, `chess`, `household`, `science`, `vqa` (counts the picture's shapes from its
- * pixels), and `swe`: Harbor's oracle agent
+ * pixels), `gui` (reads the screen's pixels), `simuscene` (writes the program the scene's words describe), and `swe`: Harbor's oracle agent
  * (`environments/swe/HarborOracle.ts`), which runs each row's task folder's `solution/solve.sh` in the chain's
  * container and submits; it needs the Docker engine, and says so at once when the engine does not answer. A task of
  * your own plays the `oracle` (an `Oracle.Policy`) its module exports beside `task`: the module run directly
@@ -26,6 +26,7 @@ import * as Train from "../actors/Train.ts"
 import * as RolloutFigures from "../src/RolloutFigures.ts"
 import * as ChessOracle from "../environments/chess/ChessOracle.ts"
 import * as ChessTask from "../environments/chess/ChessTask.ts"
+import * as GuiOracle from "../environments/gui/GuiOracle.ts"
 import type * as Puzzle from "../environments/chess/Puzzle.ts"
 import * as Solver from "../environments/household/Solver.ts"
 import * as SearchOracle from "../environments/search/SearchOracle.ts"
@@ -33,6 +34,7 @@ import * as HarborOracle from "../environments/swe/HarborOracle.ts"
 import * as HarborTask from "../environments/swe/HarborTask.ts"
 import * as SweTask from "../environments/swe/SweTask.ts"
 import * as Workspace from "../environments/swe/Workspace.ts"
+import * as SimuSceneOracle from "../environments/simuscene/SimuSceneOracle.ts"
 import * as VqaTask from "../environments/vqa/VqaTask.ts"
 import * as ShopOracle from "../environments/webshop/ShopOracle.ts"
 import * as Dataset from "../src/Dataset.ts"
@@ -56,7 +58,9 @@ export const oracles: Readonly<Record<string, Oracle.Policy>> = {
   chess: ChessOracle.oracle,
   household: Solver.oracle,
   science: Solver.oracle,
-  vqa: VqaTask.oracle
+  vqa: VqaTask.oracle,
+  gui: GuiOracle.oracle,
+  simuscene: SimuSceneOracle.oracle
 }
 
 /**
