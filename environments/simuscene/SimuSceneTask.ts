@@ -204,7 +204,8 @@ const defaults: Task.Defaults = {
   systemPrompt: "Write Python that simulates the scene; run it with simulate.",
   renderTools: false,
   maxTurns: 2,
-  maxNewTokens: 512,
+  // The oracle's program is ≈ 430 characters, ≈ 480–560 byte-level tokens as a call's JSON: 512 cut most calls.
+  maxNewTokens: 640,
   maxContextTokens: 1536
 }
 
