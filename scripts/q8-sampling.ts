@@ -115,7 +115,8 @@ const sample = async (model: LlamaModel, prompt: ReadonlyArray<number>, seed: nu
   return result
 }
 
-const quantile = (sorted: ReadonlyArray<number>, q: number) => sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))]!
+const quantile = (sorted: ReadonlyArray<number>, q: number) =>
+  sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))]!
 
 /** The statistics of `log r = learner − sampler` over every sampled token. */
 const stats = (logR: ReadonlyArray<number>, entropies: ReadonlyArray<number>) => {
@@ -141,7 +142,8 @@ const program = Effect.gen(function*() {
   yield* Effect.addFinalizer(() => Effect.sync(() => rmSync(dir, { recursive: true, force: true })))
   const tokenizer = yield* Tokenizer.load(tokenizerDir)
   const weights = peakedWeights(Qwen2.parameters(config), 7, { std: 0.05, headStd: 0.15 })
-  const readJson = (file: string) => JSON.parse(readFileSync(join(tokenizerDir, file), "utf8")) as Record<string, unknown>
+  const readJson = (file: string) =>
+    JSON.parse(readFileSync(join(tokenizerDir, file), "utf8")) as Record<string, unknown>
   const files = { F32: join(dir, "f32.gguf"), Q8_0: join(dir, "q8_0.gguf") } as const
   for (const type of ["F32", "Q8_0"] as const) {
     const contents = yield* Gguf.fromHf({
@@ -165,7 +167,8 @@ const program = Effect.gen(function*() {
         const all: Array<Sampled> = []
         for (const [i, prompt] of prompts.entries()) {
           all.push(await sample(model, prompt, 1000 + i))
-          console.error(`  ${type} sequence ${i + 1}/${prompts.length}: ${((performance.now() - t0) / 1000).toFixed(1)} s`)
+          const s = ((performance.now() - t0) / 1000).toFixed(1)
+          console.error(`  ${type} sequence ${i + 1}/${prompts.length}: ${s} s`)
         }
         return all
       })
