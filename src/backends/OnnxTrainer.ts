@@ -9,7 +9,8 @@
  *
  * Memory (see `MemoryEstimate.ts` and `scripts/learner-memory.ts`): the weights, AdamW's two moments and the
  * gradient accumulator (16 bytes a parameter; the first micro-batch of a step writes its gradients straight into the
- * accumulator), the activations of a micro-batch, and the output head in
+ * accumulator), the activations of a micro-batch, onnxruntime-node's copy of the gradients at the end of each run
+ * (freed at once: `Options.releaseOutputs`), and the output head in
  * chunks of tokens (`autodiff/ChunkedHead.ts`): the logits of a whole micro-batch are never held.
  *
  * Determinism: on the CPU execution provider the same weights, batches and thread count give bit-identical
@@ -251,9 +252,11 @@ export interface Options {
    *
    * **Gotchas**
    *
-   * Not yet a saving: measured with `scripts/learner-memory.ts` (medium preset, 4 × 512 tokens) the peak grew from
-   * 5.23 to 5.85 GiB and the step's CPU time by about 1.3×, so onnxruntime still holds the forward's activations
-   * (or the recomputed ones) somewhere; hence no `learner.recompute` in the run's config yet.
+   * A saving only where malloc returns freed memory: glibc keeps the blocks a run frees below its mmap threshold, so
+   * the forward's freed activations stay resident and the end-of-run gradient copies land on top of them. Measured
+   * with `scripts/learner-memory.ts` (0.5 B's width, 12 layers, 2 × 512 tokens): 8.13 → 8.30 GiB by default,
+   * 7.75 → 6.72 GiB with `MALLOC_MMAP_THRESHOLD_=1048576`, at 1.2× the CPU time (BENCHMARKS.md, "real shapes");
+   * hence no `learner.recompute` in the run's config yet.
    */
   readonly recompute?: boolean
   /**
