@@ -6,6 +6,7 @@
  *
  *   npx tsx scripts/learner-memory.ts [layers…] [--batch 4] [--length 512] [--workers 1] [--recompute]
  *     [--head-chunk tokens]   (0: the plain head)   [--preset small|medium]   (an embedded preset: one run)
+ *     [--marks]   (phase boundaries on stderr with the wall clock, to line up with an outside RSS trace)
  *
  * Not run in CI (it needs several GiB). Random weights; the loss is the SFT loss on every token.
  *
@@ -105,6 +106,11 @@ const microBatch = (c: ModelConfig.ModelConfig, batch: number, length: number): 
 }
 
 const rssGiB = () => process.memoryUsage.rss() / GiB
+/** With `--marks`, a phase boundary on stderr with the wall clock, to line up with an outside RSS trace. */
+const mark = (what: string) => {
+  if (!process.argv.includes("--marks")) return
+  console.error(`mark ${(Date.now() / 1000).toFixed(2)} ${what} ${rssGiB().toFixed(2)}`)
+}
 const peakGiB = () => process.resourceUsage().maxRSS * 1024 / GiB
 
 interface Flags {
@@ -135,6 +141,7 @@ const one = (layers: number, flags: Flags) =>
     })
     weights.clear() // the trainer copied them
     const afterMake = rssGiB()
+    mark("made")
     const mb = microBatch(config, flags.batch, flags.length)
     const times: Array<number> = []
     const cpu: Array<number> = []
@@ -142,8 +149,11 @@ const one = (layers: number, flags: Flags) =>
     for (let s = 0; s < 2; s++) {
       const t0 = performance.now()
       const c0 = process.cpuUsage()
+      mark(`step ${s} start`)
       yield* trainer.trainer.forwardBackward(mb)
+      mark(`step ${s} forwardBackward`)
       yield* trainer.trainer.optimStep
+      mark(`step ${s} optimStep`)
       times.push((performance.now() - t0) / 1000)
       const c1 = process.cpuUsage(c0)
       cpu.push((c1.user + c1.system) / 1e6)

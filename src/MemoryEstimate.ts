@@ -8,11 +8,16 @@
  *   `SharedArrayBuffer`-backed tensors, so each worker feeds a private copy of the shared weights).
  * - `gradients`: the accumulator (4·P) and what a run leaves beside it: with one worker the returned copy of every
  *   gradient and, from the second micro-batch of a step, onnxruntime's own outputs (8·P); with workers, per worker
- *   its accumulator in shared memory, onnxruntime's outputs and their copy (12·P each).
+ *   its accumulator in shared memory, onnxruntime's outputs and their copy (12·P each). The copies are freed after
+ *   each micro-batch (`OnnxTrainer.Options.releaseOutputs`), but they come at the end of a run, on top of the
+ *   activations that malloc has not yet returned, so they still count.
  * - `optimizer`: AdamW's two moments, 8·P.
  *   (A LoRA run trains its adapters alone: `gradients` and `optimizer` count them, not P.)
- * - `activations`: what the backward pass keeps of each layer, per token `(8·D + 5·F + 2·H·T)` floats (hidden width
- *   D, MLP width F, H heads attending to T positions), fitted to `scripts/learner-memory.ts`' measurements.
+ * - `activations`: what the backward pass keeps of each layer, per token `(12·D + 4·F + H·T)` floats (hidden width
+ *   D, MLP width F, H heads attending to T positions): the values the training graph holds from the forward to the
+ *   backward, counted node by node on the graph at Qwen2.5-0.5B's width (the attention's probabilities, four
+ *   `[tokens, F]` tensors of the MLP, twelve of the hidden width). Until issue 41's last changes it was
+ *   `(8·D + 5·F + 2·H·T)`, fitted to measurements that also held a transposed copy of every layer weight.
  * - `head`: the output head's working set, about six `[tokens, vocab]` float tensors per worker for the tokens of
  *   one chunk (`autodiff/ChunkedHead.ts`), or of the whole shard when it fits in one chunk.
  * - `extra`: the KL reference's weights (4·P) and a GAE critic (a second trainer on the trunk), when the run has them;
@@ -23,7 +28,8 @@
  *   12·P for the sampling side estimated 20.2 GiB and let it start on a 23.6 GiB machine; 20·P estimates 23.9 GiB.
  *
  * Measured with `scripts/learner-memory.ts` at Qwen2.5-0.5B's width (1 worker, 4 × 512 tokens): 1 layer (151 M
- * parameters) estimated 4.5 GiB, measured 4.7 GiB.
+ * parameters) estimated 4.40 GiB, measured 4.04 GiB (4.64 GiB before the gradient copies were freed and the
+ * transposed weights dropped).
  *
  * @since 0.1.0
  */
@@ -112,7 +118,7 @@ export const estimate = (model: ModelConfig.ModelConfig, settings: Settings): Es
   const A = settings.trainedParameters ?? P
   const gradients = 4 * A + (workers > 1 ? 12 * A * workers : 8 * A)
   const optimizer = 8 * A
-  const perToken = 8 * D + 5 * model.intermediateSize + 2 * model.numAttentionHeads * T
+  const perToken = 12 * D + 4 * model.intermediateSize + model.numAttentionHeads * T
   const activations = 4 * tokens * model.numHiddenLayers * perToken
   const shardTokens = Math.ceil(microBatchSize / Math.max(1, Math.min(workers, microBatchSize))) * T
   const head = 6 * 4 * model.vocabSize * Math.min(shardTokens, ChunkedHead.defaultChunk(model.vocabSize)) *

@@ -343,20 +343,30 @@ export const gradients = (
   run(() => {
     const shapes = Shapes.make(graph, dims)
     const e = Backward.makeEmitter(graph, shapes)
-    const named = declareGradients(e, gradientsUnsafe(e, [...graph.nodes], loss, wrt))
+    // In place: the caller's graph keeps its values' names, so every gradient is an `Identity` of its own.
+    const { named } = declareGradients(e, gradientsUnsafe(e, [...graph.nodes], loss, wrt), false)
     for (const name of named.values()) graph.output(name, e.dtype(name), e.dims(name))
     return named
   })
 
-const declareGradients = (e: Backward.Emitter, grads: ReadonlyMap<string, string>): ReadonlyMap<string, string> => {
+const declareGradients = (e: Backward.Emitter, grads: ReadonlyMap<string, string>, renaming = true) => {
   const named = new Map<string, string>()
+  // A gradient that one node computes for one weight is that node's output under the output's name, renamed
+  // afterwards: onnxruntime then writes it into the caller's buffer as it is computed. An `Identity` at the end of
+  // the graph (what every gradient had) kept each gradient in a buffer of onnxruntime's until the end of the run:
+  // 4 bytes a parameter more at the end of the backward pass.
+  const produced = new Set(e.graph.nodes.flatMap((n) => n.outputs))
+  const counts = new Map<string, number>()
+  for (const g of grads.values()) counts.set(g, (counts.get(g) ?? 0) + 1)
+  const rename = new Map<string, string>()
   for (const [w, g] of grads) {
     const name = `grad.${w}`
-    e.graph.node("Identity", [g], [name])
+    if (renaming && produced.has(g) && counts.get(g) === 1) rename.set(g, name)
+    else e.graph.node("Identity", [g], [name])
     e.shapes.set(name, e.shapes.get(w))
     named.set(w, name)
   }
-  return named
+  return { named, rename }
 }
 
 // ===== Training graph =====
@@ -432,8 +442,10 @@ const copyGraph = (
   source: Graph.Graph,
   dtype: "float32" | "float64",
   skip: ReadonlySet<Graph.Node> = new Set(),
-  name = `${source.name}_train`
+  name = `${source.name}_train`,
+  rename: ReadonlyMap<string, string> = new Map()
 ): Graph.Graph => {
+  const renamed = (v: string) => rename.get(v) ?? v
   const g = Graph.make(name)
   const wide = dtype === "float64"
   const t = (d: Graph.DType): Graph.DType => (wide && d === "float32" ? "float64" : d)
@@ -455,7 +467,7 @@ const copyGraph = (
         ? Graph.int(Graph.dataTypeCode.float64)
         : a
     }
-    g.node(n.op, n.inputs, n.outputs, attributes, n.domain)
+    g.node(n.op, n.inputs.map(renamed), n.outputs.map(renamed), attributes, n.domain)
   }
   return g
 }
@@ -487,14 +499,15 @@ export const trainingGraph = (forward: Forward, options: Options): Effect.Effect
     const rules = chunked === undefined ? {} : { [ChunkedHead.op]: chunked.rule }
     const created = new Set<string>()
     const segments = options.recompute === true ? layerSegments(walked) : []
-    const named = options.withGradients === false
-      ? new Map<string, string>()
+    const { named, rename } = options.withGradients === false
+      ? { named: new Map<string, string>(), rename: new Map<string, string>() }
       : declareGradients(e, gradientsUnsafe(e, walked, head.loss, forward.weightInputs, rules, segments, created))
     const out = { loss: "loss", tokenLogprobs: "token_logprobs", stats: "stats" }
     graph.node("Identity", [head.loss], [out.loss])
     graph.node("Identity", [head.tokenLogprobs], [out.tokenLogprobs])
     graph.node("Identity", [head.stats], [out.stats])
-    const final = created.size === 0 ? graph : withoutDeadNodes(graph, [...Object.values(out), ...named.values()])
+    const renamed = rename.size === 0 ? graph : copyGraph(graph, "float32", new Set(), graph.name, rename)
+    const final = created.size === 0 ? renamed : withoutDeadNodes(renamed, [...Object.values(out), ...named.values()])
     for (const name of named.values()) final.output(name, e.dtype(name), e.dims(name))
     final.output(out.loss, dtype, [])
     final.output(out.tokenLogprobs, dtype, [options.batch, options.length])

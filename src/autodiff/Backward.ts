@@ -183,9 +183,14 @@ const matMul: Rule = (e, node, [g], needs) => {
   let ga: string | undefined
   let gb: string | undefined
   if (needs[0]) {
-    // dA = dY · Bᵀ; Gemm transposes for free when both are matrices.
+    // dA = dY · Bᵀ; Gemm transposes for free when both are matrices. B = Wᵀ (a linear layer's weight): dY · W,
+    // which onnxruntime ran anyway (it cancels the two transposes), now without keeping B, a transposed copy of
+    // every weight, alive from the forward to the backward (4 bytes a layer parameter at the peak).
+    const w = bd.length === 2 && ad.length > 2 && isSwapLast(e, b) ? producer(e, b)!.inputs[0]! : undefined
     ga = ad.length === 2 && bd.length === 2
       ? e.op("Gemm", [g!, b], { transB: Graph.int(1) })
+      : w !== undefined
+      ? e.reduceTo(e.op("MatMul", [g!, w]), ad)
       : bd.length === 2
       ? e.reduceTo(e.op("MatMul", [g!, swapLast(e, b)]), ad)
       : e.reduceTo(batchedProduct(e, g!, b, false, true), ad)

@@ -9,7 +9,8 @@
  *
  * Memory (see `MemoryEstimate.ts` and `scripts/learner-memory.ts`): the weights, AdamW's two moments and the
  * gradient accumulator (16 bytes a parameter; the first micro-batch of a step writes its gradients straight into the
- * accumulator), the activations of a micro-batch, and the output head in
+ * accumulator), the activations of a micro-batch, onnxruntime-node's copy of the gradients at the end of each run
+ * (freed at once: `Options.releaseOutputs`), and the output head in
  * chunks of tokens (`autodiff/ChunkedHead.ts`): the logits of a whole micro-batch are never held.
  *
  * Determinism: on the CPU execution provider the same weights, batches and thread count give bit-identical
@@ -30,6 +31,7 @@ import { Effect, FileSystem, Layer, Scope, Semaphore } from "effect"
 import type { Duration } from "effect"
 import * as ort from "onnxruntime-node"
 import * as Autodiff from "../autodiff/Autodiff.ts"
+import * as CollectGarbage from "../internal/collectGarbage.ts"
 import * as Checkpoint from "../Checkpoint.ts"
 import * as Loss from "../Loss.ts"
 import * as Lora from "../Lora.ts"
@@ -252,11 +254,20 @@ export interface Options {
    *
    * **Gotchas**
    *
-   * Not yet a saving: measured with `scripts/learner-memory.ts` (medium preset, 4 × 512 tokens) the peak grew from
-   * 5.23 to 5.85 GiB and the step's CPU time by about 1.3×, so onnxruntime still holds the forward's activations
-   * (or the recomputed ones) somewhere; hence no `learner.recompute` in the run's config yet.
+   * A saving only where malloc returns freed memory: glibc keeps the blocks a run frees below its mmap threshold, so
+   * the forward's freed activations stay resident and the end-of-run gradient copies land on top of them. Measured
+   * with `scripts/learner-memory.ts` (0.5 B's width, 12 layers, 2 × 512 tokens): 8.13 → 8.30 GiB by default,
+   * 7.75 → 6.72 GiB with `MALLOC_MMAP_THRESHOLD_=1048576`, at 1.2× the CPU time (BENCHMARKS.md, "real shapes");
+   * hence no `learner.recompute` in the run's config yet.
    */
   readonly recompute?: boolean
+  /**
+   * Free onnxruntime-node's JavaScript copies of the gradients right after each micro-batch (their buffers detached,
+   * then a garbage collection: `internal/collectGarbage.ts`). Default: when the gradients are 256 MiB or more (the
+   * copies of one step were otherwise still resident during the next: 4 bytes a parameter at the peak; tens to
+   * hundreds of ms a micro-batch, against steps of seconds at those sizes).
+   */
+  readonly releaseOutputs?: boolean
   /** Sessions kept per shape (default 8). */
   readonly maxSessions?: number
   /**
@@ -680,6 +691,7 @@ const usePool = Effect.fnUntraced(function*(trainer: Trainer) {
     grads: shared!.grads,
     slice: [Math.floor(layout.total * index / workers), Math.floor(layout.total * (index + 1) / workers)] as const,
     sessionOptions: trainer.sessionOptions,
+    releaseOutputs: releasesOutputs(trainer.options, layout),
     ...(frozenFeeds === undefined ? {} : { frozen: frozenFeeds })
   })), () => trainer.liveThreads--)
   trainer.liveThreads += p.size
@@ -775,16 +787,28 @@ const forwardBackward = (trainer: Trainer, mb: Packing.MicroBatch) =>
       return result
     }
     const c = yield* compile(trainer, mb, true)
-    // The first micro-batch's gradients are written into the accumulators, the next ones added to them.
-    const first = trainer.accumulated === 0
-    const out = yield* run(trainer, c, mb, first ? trainer.accum : undefined)
-    for (const [w, gradName] of first ? [] : c.graph.gradients) {
+    return yield* accumulate(trainer, c, mb)
+  })
+
+const releasesOutputs = (options: Options, layout: TrainerWorker.Layout) =>
+  options.releaseOutputs ?? layout.total * 4 >= CollectGarbage.worthCollecting
+
+/** One micro-batch's gradients into the accumulators: written by the first micro-batch, added by the next ones. */
+const accumulate = (trainer: Trainer, c: Compiled, mb: Packing.MicroBatch) =>
+  Effect.map(run(trainer, c, mb, trainer.accumulated === 0 ? trainer.accum : undefined), (out) => {
+    for (const [w, gradName] of trainer.accumulated === 0 ? [] : c.graph.gradients) {
       const g = out[gradName]!.data as Float32Array
       const acc = trainer.accum.get(w)!
       for (let i = 0; i < acc.length; i++) acc[i]! += g[i]!
     }
     trainer.accumulated++
-    return summarize(out)
+    const result = summarize(out)
+    // onnxruntime-node's copies of the gradients: freed now, before anything else comes on top (`collectGarbage.ts`).
+    if (releasesOutputs(trainer.options, trainer.layout)) {
+      const keep = new Set<ArrayBufferLike>([...trainer.accum.values()].map((a) => a.buffer))
+      CollectGarbage.release([...c.graph.gradients.values()].map((name) => out[name]!.data as Float32Array), keep)
+    }
+    return result
   })
 
 /** AdamW over the accumulated gradients: on this thread, or in the workers over disjoint slices. */

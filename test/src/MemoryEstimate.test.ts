@@ -33,9 +33,10 @@ describe("MemoryEstimate", () => {
     assert.strictEqual(e.total, parts)
   })
 
-  it("is within 15 % of the measured peak at one layer (4.67 GiB, scripts/learner-memory.ts)", () => {
+  it("is within 15 % of the measured peak at one layer (4.04 GiB, scripts/learner-memory.ts), and not below it", () => {
     const total = MemoryEstimate.estimate(qwen(1), learner).total / GiB
-    assert.approximately(total, 4.67, 0.7)
+    assert.approximately(total, 4.04, 0.6)
+    assert.isAtLeast(total, 4.04) // an estimate under the peak would let a run start that the OOM killer ends
   })
 
   it("a LoRA run's gradients and moments are its adapters': within 15 % of its measured peak (lora-memory.ts)", () => {
@@ -72,9 +73,9 @@ describe("MemoryEstimate", () => {
       const fit = MemoryEstimate.estimate(qwen(24), { ...settings, ...f })
       assert.strictEqual(fit.total, f.estimate)
     }
-    // Two workers hold two more copies of the weights and gradients: only one worker fits, with 2 rows.
-    assert.deepStrictEqual(refused.fits.map((f) => [f.microBatchSize, f.workers]), [[2, 1]])
-    assert.include(refused.message, "algorithm.microBatchSize 2 with learner.workers 1")
+    // Two workers hold two more copies of the weights and gradients: only one worker fits, with 4 rows.
+    assert.deepStrictEqual(refused.fits.map((f) => [f.microBatchSize, f.workers]), [[4, 1]])
+    assert.include(refused.message, "algorithm.microBatchSize 4 with learner.workers 1")
     assert.include(refused.message, "494 M parameters")
   })
 

@@ -10,6 +10,7 @@
 import { parentPort, workerData } from "node:worker_threads"
 import * as ort from "onnxruntime-node"
 import * as AdamStep from "../../internal/adamStep.ts"
+import * as CollectGarbage from "../../internal/collectGarbage.ts"
 import type * as Optimizer from "../../Optimizer.ts"
 
 // ===== Protocol =====
@@ -36,6 +37,8 @@ export interface Init {
   /** `[start, end)` float offsets of this worker's share of the reduction and of AdamW. */
   readonly slice: readonly [number, number]
   readonly sessionOptions: ort.InferenceSession.SessionOptions
+  /** Free onnxruntime-node's copies of the gradients after each run (`OnnxTrainer.Options.releaseOutputs`). */
+  readonly releaseOutputs: boolean
   /** Frozen weight inputs (a LoRA run's base), copied to the worker once at start and fed to every run. */
   readonly frozen?: Readonly<Record<string, Feed>>
 }
@@ -243,11 +246,16 @@ const run = async (w: WorkerState, r: Extract<Request, { op: "run" }>): Promise<
     }
   }
   const logprobs = out["token_logprobs"]!.data as Float32Array
-  return {
+  const result = {
     loss: (out["loss"]!.data as Float32Array)[0]!,
     stats: Float32Array.from(out["stats"]!.data as Float32Array),
     tokenLogprobs: Float32Array.from(logprobs)
   }
+  // onnxruntime-node's copies of the shard's gradients: freed now (`collectGarbage.ts`).
+  if (s.gradients.length > 0 && w.init.releaseOutputs) {
+    CollectGarbage.release(s.gradients.map(([, gradName]) => out[gradName]!.data as Float32Array))
+  }
+  return result
 }
 
 const handle = async (w: WorkerState, r: Request): Promise<Output> => {

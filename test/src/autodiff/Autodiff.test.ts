@@ -202,6 +202,20 @@ describe("Autodiff on the Qwen2 model", () => {
       }))
   }
 
+  it.effect("every gradient output is written by the node computing it, not copied by an Identity at the end", () =>
+    Effect.gen(function*() {
+      for (const tieWordEmbeddings of [true, false]) {
+        const cfg = { ...c, tieWordEmbeddings }
+        const tg = yield* Autodiff.trainingGraph(Qwen2.trainingGraph(cfg), { batch: B, length: T, loss: Loss.sft })
+        assert.strictEqual(tg.gradients.size, Qwen2.parameters(cfg).length)
+        // an Identity kept every gradient in a buffer of onnxruntime's until the end of the run (4 bytes a parameter)
+        const copies = tg.graph.nodes.filter((n) => n.op === "Identity" && n.outputs[0]!.startsWith("grad."))
+        assert.deepStrictEqual(copies.map((n) => n.outputs[0]), [])
+        const produced = new Set(tg.graph.nodes.flatMap((n) => n.outputs))
+        for (const name of tg.gradients.values()) assert.isTrue(produced.has(name), name)
+      }
+    }))
+
   it.effect("a critic's whole-model gradients (value head, clipped value loss) match central differences", () =>
     Effect.gen(function*() {
       const forward = Qwen2.trainingGraph(c, "value")

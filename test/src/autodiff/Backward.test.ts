@@ -155,6 +155,11 @@ const cases: ReadonlyArray<Case> = [
     build: (g, [a, b]) => g.op("MatMul", [a!, b!])
   },
   {
+    name: "MatMul N-D × Wᵀ (a linear layer: the input's gradient reads W, not the transposed copy)",
+    inputs: [{ name: "x", dims: [2, 3, 4] }, { name: "w", dims: [5, 4] }],
+    build: (g, [x, w]) => g.op("MatMul", [x!, g.op("Transpose", [w!], { perm: Graph.ints([1, 0]) })])
+  },
+  {
     name: "MatMul batched with broadcast (GQA shape)",
     inputs: [{ name: "a", dims: [2, 1, 2, 3, 4] }, { name: "b", dims: [2, 1, 1, 4, 3] }],
     build: (g, [a, b]) => g.op("MatMul", [a!, b!])
@@ -301,6 +306,22 @@ describe("Backward rules against central differences (float64)", () => {
       // One Div and one Mul for ∂/∂a (besides the seed's Reshape/Expand and the output's Identity): no Neg, Div or
       // Mul for the constant operands.
       assert.deepStrictEqual(ops.filter((op) => ["Div", "Mul", "Neg", "Sub"].includes(op)), ["Div", "Mul"])
+    }))
+
+  it.effect("a linear layer's backward does not read the forward's transposed weight (so it is freed at once)", () =>
+    Effect.gen(function*() {
+      const g = Graph.make("linear")
+      const x = g.input("x", "float64", [2, 3, 4])
+      const w = g.input("w", "float64", [5, 4])
+      const wT = g.op("Transpose", [w], { perm: Graph.ints([1, 0]) })
+      g.node("ReduceSum", [g.op("Mul", [g.op("MatMul", [x, wT]), g.op("MatMul", [x, wT])])], ["loss"], {
+        keepdims: Graph.int(0)
+      })
+      const before = g.nodes.length
+      yield* Autodiff.gradients(g, "loss", [x, w])
+      const backward = g.nodes.slice(before)
+      assert.isFalse(backward.some((n) => n.inputs.includes(wT)), "a backward node reads Wᵀ")
+      assert.isTrue(backward.some((n) => n.op === "MatMul" && n.inputs[1] === w), "∂x = ∂y · W")
     }))
 
   it.effect("an op without a backward rule is a typed NoBackwardRule error", () =>

@@ -136,6 +136,24 @@ describe("OnnxTrainer", () => {
       assert.strictEqual(bits(yield* resumed.trainer.weights), straight, "resume → identical weights")
     }).pipe(Effect.provide(NodeServices.layer)), 300_000)
 
+  it.effect("releaseOutputs (onnxruntime's gradient copies freed after each micro-batch) changes no bit", () =>
+    Effect.gen(function*() {
+      const { microBatches } = yield* packAll(32)
+      assert.isAbove(microBatches.length, 2) // the first micro-batch writes the accumulators, the next ones add
+      const plain = yield* OnnxTrainer.make(options({ releaseOutputs: false }))
+      const freed = yield* OnnxTrainer.make(options({ releaseOutputs: true }))
+      const a = yield* trainSteps(plain, microBatches, 3)
+      const b = yield* trainSteps(freed, microBatches, 3)
+      assert.deepStrictEqual(b, a)
+      // A copy released before it was added (or an accumulator released) would change this update.
+      assert.strictEqual(bits(yield* freed.trainer.weights), bits(yield* plain.trainer.weights))
+      for (const mb of microBatches) {
+        yield* plain.trainer.forwardBackward(mb)
+        yield* freed.trainer.forwardBackward(mb)
+      }
+      assert.strictEqual(bits(yield* freed.gradients), bits(yield* plain.gradients))
+    }).pipe(Effect.provide(NodeServices.layer)), 300_000)
+
   it.effect("corrupt, incomplete and mismatched checkpoints are typed errors", () =>
     Effect.gen(function*() {
       const fs = yield* FileSystem.FileSystem

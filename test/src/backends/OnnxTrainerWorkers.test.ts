@@ -148,6 +148,17 @@ describe("OnnxTrainer with worker threads", () => {
       assert.strictEqual(bits(yield* resumed.trainer.weights), bits(yield* first.trainer.weights))
     }).pipe(Effect.provide(NodeServices.layer)), 300_000)
 
+  it.effect("releaseOutputs in the workers (their gradient copies freed after each shard) changes no bit", () =>
+    Effect.gen(function*() {
+      const mbs = yield* oddPaddedBatch
+      const plain = yield* OnnxTrainer.make(options({ workers: 2, releaseOutputs: false }))
+      const freed = yield* OnnxTrainer.make(options({ workers: 2, releaseOutputs: true }))
+      yield* steps(plain, [...mbs, ...mbs], 2) // two micro-batches a step: the second adds to the workers' buffers
+      yield* steps(freed, [...mbs, ...mbs], 2)
+      assert.strictEqual(bits(yield* freed.trainer.weights), bits(yield* plain.trainer.weights))
+      assert.notStrictEqual(bits(yield* freed.trainer.weights), bits(options().weights), "the weights moved")
+    }).pipe(Effect.provide(NodeServices.layer)), 300_000)
+
   it.effect("closing the trainer's scope terminates its threads", () =>
     Effect.gen(function*() {
       const mbs = yield* oddPaddedBatch
