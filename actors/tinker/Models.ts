@@ -442,6 +442,12 @@ export const restore = (h: Hosted, dir: string) =>
 
 // ===== Sampling =====
 
+/**
+ * The sequences an engine decodes together: the local engine's (`LocalPolicy`'s default), so that a run through the
+ * API batches its rollouts as an in-process run does (which sequences share a decode step moves logprobs' last bits).
+ */
+const engineBatch = 64
+
 /** The learner's weights (merged with the base for LoRA) as the engine's policy `version`. */
 const publish = (h: Hosted, version: number) =>
   Effect.gen(function*() {
@@ -449,7 +455,7 @@ const publish = (h: Hosted, version: number) =>
     const { config } = h.base
     const full = h.lora === undefined ? weights : Lora.merge(config, h.lora, weights, weights)
     if (h.engine === undefined) {
-      h.engine = yield* PolicyEngine.make({ config, weights: full, version, maxBatchSize: 8 }).pipe(
+      h.engine = yield* PolicyEngine.make({ config, weights: full, version, maxBatchSize: engineBatch }).pipe(
         Scope.provide(h.scope),
         Effect.mapError((e) => failed("server", e.message))
       )
@@ -547,7 +553,7 @@ export const sample = (sampler: Sampler["Service"], request: Types.SampleRequest
  * @since 0.1.0
  */
 export const baseSampler = (base: Base, scope: Scope.Scope) =>
-  PolicyEngine.make({ config: base.config, weights: base.weights, version: 0, maxBatchSize: 8 }).pipe(
+  PolicyEngine.make({ config: base.config, weights: base.weights, version: 0, maxBatchSize: engineBatch }).pipe(
     Scope.provide(scope),
     Effect.map(LocalPolicy.prefillAlone),
     Effect.mapError((e) => failed("server", e.message))
