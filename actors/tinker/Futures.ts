@@ -21,7 +21,7 @@
 import { Cause, Deferred, Effect, Exit, FileSystem, Queue, Schema, Scope, Semaphore } from "effect"
 import type * as Lora from "../../src/Lora.ts"
 import * as Types from "../../src/tinker/Types.ts"
-import type * as PolicyEngine from "../PolicyEngine.ts"
+import type { Sampler } from "../../src/Sampler.ts"
 import type * as FutureLog from "./FutureLog.ts"
 import * as Models from "./Models.ts"
 
@@ -101,7 +101,7 @@ export interface State {
   readonly bySeq: Map<string, string>
   /** Acceptances one at a time: a retry racing its original finds it. */
   readonly accepting: Semaphore.Semaphore
-  readonly baseEngines: Map<string, Deferred.Deferred<PolicyEngine.PolicyEngine["Service"], Models.Failed>>
+  readonly baseSamplers: Map<string, Deferred.Deferred<Sampler["Service"], Models.Failed>>
   nextId: number
 }
 
@@ -236,7 +236,7 @@ const snapshotAfter = (state: State, h: Models.Hosted, id: string) => {
   )
 }
 
-/** The engine an `asample` request names: a model's newest sampler weights, or a base model's own. */
+/** The sampler an `asample` request names: a model's newest sampler weights, or a base model's own. */
 const samplerFor = (state: State, request: Types.SampleRequest) =>
   Effect.gen(function*() {
     const path = request.model_path ?? request.sampling_session_id
@@ -245,19 +245,19 @@ const samplerFor = (state: State, request: Types.SampleRequest) =>
       const slot = parsed === undefined ? undefined : state.slots.get(parsed.model)
       if (slot === undefined) return yield* Effect.fail(Models.failed("user", `no sampler weights ${path} here`))
       const found = Models.samplerOf(yield* hostedOf(slot), path)
-      return "category" in found ? yield* Effect.fail(found) : found.engine
+      return "category" in found ? yield* Effect.fail(found) : found.sampler
     }
     const name = path?.slice("base:".length) ?? request.base_model
     const base = state.options.bases.find((b) => b.name === name)
     if (base === undefined) return yield* Effect.fail(Models.failed("user", `no base model ${name} here`))
-    let engine = state.baseEngines.get(base.name)
-    if (engine === undefined) {
-      const made = yield* Deferred.make<PolicyEngine.PolicyEngine["Service"], Models.Failed>()
-      state.baseEngines.set(base.name, made)
-      yield* Deferred.into(Models.baseEngine(base, state.scope), made)
-      engine = made
+    let sampler = state.baseSamplers.get(base.name)
+    if (sampler === undefined) {
+      const made = yield* Deferred.make<Sampler["Service"], Models.Failed>()
+      state.baseSamplers.set(base.name, made)
+      yield* Deferred.into(Models.baseSampler(base, state.scope), made)
+      sampler = made
     }
-    return yield* Deferred.await(engine)
+    return yield* Deferred.await(sampler)
   })
 
 /** Runs `future`'s work and records its outcome (unless a replay already holds one), then completes it. */
@@ -306,7 +306,7 @@ const start = (state: State, future: Future, recorded: Outcome | undefined) => {
   const job: Job = { future, recorded }
   if (future.route === "asample") {
     const request = future.request as Types.SampleRequest
-    const sample = Effect.flatMap(samplerFor(state, request), (engine) => Models.sample(engine, request))
+    const sample = Effect.flatMap(samplerFor(state, request), (sampler) => Models.sample(sampler, request))
     return Effect.asVoid(Effect.forkIn(execute(state, job, sample), state.scope))
   }
   const slot = future.model === undefined ? undefined : state.slots.get(future.model)
@@ -414,7 +414,7 @@ export const make = Effect.fnUntraced(function*(options: Options, log: FutureLog
     byKey: new Map(),
     bySeq: new Map(),
     accepting: yield* Semaphore.make(1),
-    baseEngines: new Map(),
+    baseSamplers: new Map(),
     nextId: 1
   }
   yield* replay(state)

@@ -29,7 +29,9 @@ import type * as ModelFolder from "../../src/ModelFolder.ts"
 import * as Optimizer from "../../src/Optimizer.ts"
 import * as OnnxTrainer from "../../src/backends/OnnxTrainer.ts"
 import * as Datums from "../../src/tinker/Datums.ts"
+import type { Sampler } from "../../src/Sampler.ts"
 import * as Types from "../../src/tinker/Types.ts"
+import * as LocalPolicy from "../LocalPolicy.ts"
 import * as PolicyEngine from "../PolicyEngine.ts"
 
 // ===== Models =====
@@ -97,6 +99,8 @@ export interface Hosted {
   /** What the learner reads at each optimiser step. */
   readonly live: { optimizer: Optimizer.Config; lr: number }
   engine: PolicyEngine.PolicyEngine["Service"] | undefined
+  /** The engine behind `LocalPolicy.prefillAlone`: what `asample` samples depends on its own request only. */
+  sampler: Sampler["Service"] | undefined
   /** Sampler paths by policy version (the newest one last). */
   readonly samplerPaths: Map<string, number>
   samplerVersion: number
@@ -195,6 +199,7 @@ export const create = Effect.fnUntraced(function*(
     pending: 0,
     live: { optimizer: { beta1: 0.9, beta2: 0.95, eps: 1e-12, weightDecay: 0 }, lr: 0 },
     engine: undefined,
+    sampler: undefined,
     samplerPaths: new Map<string, number>(),
     samplerVersion: 0
   }
@@ -437,6 +442,12 @@ export const restore = (h: Hosted, dir: string) =>
 
 // ===== Sampling =====
 
+/**
+ * The sequences an engine decodes together: the local engine's (`LocalPolicy`'s default), so that a run through the
+ * API batches its rollouts as an in-process run does (which sequences share a decode step moves logprobs' last bits).
+ */
+const engineBatch = 64
+
 /** The learner's weights (merged with the base for LoRA) as the engine's policy `version`. */
 const publish = (h: Hosted, version: number) =>
   Effect.gen(function*() {
@@ -444,10 +455,11 @@ const publish = (h: Hosted, version: number) =>
     const { config } = h.base
     const full = h.lora === undefined ? weights : Lora.merge(config, h.lora, weights, weights)
     if (h.engine === undefined) {
-      h.engine = yield* PolicyEngine.make({ config, weights: full, version, maxBatchSize: 8 }).pipe(
+      h.engine = yield* PolicyEngine.make({ config, weights: full, version, maxBatchSize: engineBatch }).pipe(
         Scope.provide(h.scope),
         Effect.mapError((e) => failed("server", e.message))
       )
+      h.sampler = LocalPolicy.prefillAlone(h.engine)
     } else {
       yield* h.engine.updateWeights(version, full).pipe(Effect.mapError((e) => failed("server", e.message)))
     }
@@ -476,28 +488,31 @@ export const saveForSampler = (h: Hosted, request: Types.SaveWeightsForSamplerRe
   })
 
 /**
- * The engine and policy version a sample request names through its model path (or sampling session, which is a
- * sampler path here).
+ * The sampler (the engine behind `prefillAlone`) and policy version a sample request names through its model path
+ * (or sampling session, which is a sampler path here).
  *
  * @category combinators
  * @since 0.1.0
  */
 export const samplerOf = (h: Hosted, path: string) => {
   const version = h.samplerPaths.get(path)
-  if (version === undefined || h.engine === undefined) return failed("user", `no sampler weights ${path} here`)
+  if (version === undefined || h.sampler === undefined) return failed("user", `no sampler weights ${path} here`)
   if (version !== h.samplerVersion) {
     return failed("user", `${path} is not the newest sampler weights of ${h.id}; this server samples the newest only`)
   }
-  return { engine: h.engine, version }
+  return { sampler: h.sampler, version }
 }
 
 /**
- * `asample` on `engine`: `num_samples` sequences of token ids and logprobs.
+ * `asample` on `sampler`: `num_samples` sequences of token ids and logprobs. The sampler admits one prompt at a time
+ * into its engine's prefill (`LocalPolicy.prefillAlone`), so that what a request samples is a function of the request
+ * and the weights, not of which other requests arrived with it (a client in another process, or a run resumed after
+ * `kill -9`, then samples the same bits).
  *
  * @category combinators
  * @since 0.1.0
  */
-export const sample = (engine: PolicyEngine.PolicyEngine["Service"], request: Types.SampleRequest) =>
+export const sample = (sampler: Sampler["Service"], request: Types.SampleRequest) =>
   Effect.gen(function*() {
     const prompt = Datums.tokensOf(request.prompt)
     if (Datums.isRefusal(prompt)) return yield* Effect.fail(failed("user", prompt.refused))
@@ -511,7 +526,7 @@ export const sample = (engine: PolicyEngine.PolicyEngine["Service"], request: Ty
     }
     const stop = (p.stop ?? []) as ReadonlyArray<number>
     const one = (i: number) =>
-      engine.generate({
+      sampler.generate({
         promptTokenIds: prompt,
         sampling: {
           temperature: p.temperature,
@@ -532,14 +547,15 @@ export const sample = (engine: PolicyEngine.PolicyEngine["Service"], request: Ty
   })
 
 /**
- * An engine sampling a base model's own weights (policy version 0), in `scope`.
+ * A sampler of a base model's own weights (policy version 0; an engine in `scope` behind `prefillAlone`).
  *
  * @category constructors
  * @since 0.1.0
  */
-export const baseEngine = (base: Base, scope: Scope.Scope) =>
-  PolicyEngine.make({ config: base.config, weights: base.weights, version: 0, maxBatchSize: 8 }).pipe(
+export const baseSampler = (base: Base, scope: Scope.Scope) =>
+  PolicyEngine.make({ config: base.config, weights: base.weights, version: 0, maxBatchSize: engineBatch }).pipe(
     Scope.provide(scope),
+    Effect.map(LocalPolicy.prefillAlone),
     Effect.mapError((e) => failed("server", e.message))
   )
 

@@ -2,13 +2,11 @@
  * `agentfly train` with `learner.backend: "tinker"` as a user runs it, against our Tinker server (in this test's
  * process, on loopback): a run SIGKILLed mid-RL and resumed with `--resume` loads the engine's state of its last
  * checkpoint (`tinker.json` → `load_weights` with the optimiser), passes the resume's fingerprint check and trains
- * to the end as the unbroken run does.
- *
- * **Not to the digit.** Two runs through the API with the client in another process already differ in the last bits
- * at their first step (the learner's loss 0.03798714652657509 against 0.03798714280128479): our server's `asample`
- * batches the requests as they arrive, so what a sequence samples depends on its neighbours' timing (the local
- * engine admits one prompt at a time for that reason: `LocalPolicy.prefillAlone`). The weights are therefore
- * compared where sampling cannot reach them: the state the resume loads is the checkpoint's.
+ * to the end **to the bit of the unbroken run**: the engine's state of the last checkpoint has the unbroken run's
+ * weights fingerprint, and every metric but the timings is the unbroken run's. That holds because our server's
+ * `asample` admits one prompt at a time into its engine (`LocalPolicy.prefillAlone`): before, it batched requests as
+ * they arrived, and two runs with the client in another process already differed in the last bits at their first
+ * step (the learner's loss 0.03798714652657509 against 0.03798714280128479).
  */
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
@@ -23,6 +21,8 @@ import * as ModelFolder from "../../src/ModelFolder.ts"
 import { agentfly, calculatorRun, metricsOf } from "../utils/agentfly.ts"
 
 const steps = 6
+
+type Metrics = ReturnType<typeof metricsOf>[number]
 
 const configOf = (output: string, baseUrl: string) =>
   calculatorRun({
@@ -97,13 +97,24 @@ describe("agentfly train with learner.backend tinker", () => {
         // The resume made a model from the engine's state of the last checkpoint, optimiser included.
         assert.include(resumed.output, `from ${newest}`)
         assert.deepInclude(loads.at(-1), { path: checkpoint.path, optimizer: true })
-        // A state that holds weights the run trained, not the base model's: another run's states differ from it only
-        // where sampling differed, and the last checkpoint's state of the resumed run was saved by its new model.
-        assert.notStrictEqual(stateOf(dir, "killed", stateDir, steps).path, checkpoint.path)
-        assert.strictEqual(
-          metricsOf(join(dir, "killed")).filter((m) => m.phase === "train").length,
-          metricsOf(join(dir, "unbroken")).filter((m) => m.phase === "train").length
-        )
+        // The last checkpoint's state was saved by the resumed run's new model, and holds the unbroken run's weights.
+        const last = stateOf(dir, "killed", stateDir, steps)
+        const lastUnbroken = stateOf(dir, "unbroken", stateDir, steps)
+        assert.notStrictEqual(last.path, checkpoint.path)
+        assert.notStrictEqual(last.path, lastUnbroken.path)
+        assert.strictEqual(last.weightsHash, lastUnbroken.weightsHash)
+        // Every figure of every step (rewards, losses, gradient norms, held-out accuracy) but the timings and the
+        // client's request counts; a step the killed run logged after its last checkpoint counts as the resume's.
+        const figures = (output: string) => {
+          const byStep = new Map<string, Array<[string, number]>>()
+          for (const m of metricsOf(join(dir, output)) as ReadonlyArray<{ phase: string; step: number } & Metrics>) {
+            const timing = (k: string) => /^(perf|time|tinker)\//.test(k) || /_ms$|_per_s$/.test(k)
+            byStep.set(`${m.phase} ${m.step}`, Object.entries(m.figures).filter(([k]) => !timing(k)))
+          }
+          return [...byStep]
+        }
+        assert.isAbove(figures("unbroken").filter(([k]) => k.startsWith("train")).length, 3)
+        assert.deepStrictEqual(figures("killed"), figures("unbroken"))
       }).pipe(Effect.provide(NodeServices.layer))
     ), { timeout: 900_000 })
 })
