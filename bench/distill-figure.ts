@@ -18,12 +18,13 @@
  *   training: GRPO and distil from the end of the step-0 evaluation to the last RL step's record; SFT the teacher's
  *   whole sampling process plus the SFT steps. CPU time rather than wall time because the machine is shared and its
  *   load changes within minutes: wall time would charge an arm for other people's jobs. The step counts are fixed
- *   beforehand from one calibration (`CALIBRATE=1`: seed 1's GRPO run, a 5-step distil run, the teacher sampling 64
- *   questions, 20 SFT steps) so that each arm's CPU time matches GRPO's 20 steps; the table reports every arm's
- *   measured CPU and wall time, which shows how equal they came out.
+ *   beforehand from one calibration (`CALIBRATE=1`: seed 1's GRPO run, which also gives an SFT step's cost from its
+ *   warm-up, a 5-step distil run, the teacher sampling 80 questions) so that each arm's CPU time matches GRPO's 20
+ *   steps; the results report every arm's measured CPU and wall time, which shows how equal they came out.
  * - Held-out: 500 questions at temperature 1 (the demo's evaluation), before (GRPO's step 0) and after.
  *
- * `nice -n 10 npm run bench -- distill-figure` (env `SEEDS=1,2,3`, `DISTILL_STEPS`, `SFT_STEPS`, `CALIBRATE=1`).
+ * `nice -n 10 npm run bench -- distill-figure` (env `SEEDS=1,2,3`, `DISTILL_STEPS`, `SFT_STEPS`, `CALIBRATE=1`;
+ * `ARMS=grpo`: the GRPO arms alone; `TEACHER=tiny` (`TEACHER_STEPS`): the substitute teacher).
  * Writes `runs/distill/…` and `bench/results/distill-figure.json`. A finished run is not run again.
  */
 import { spawn, spawnSync } from "node:child_process"
@@ -35,7 +36,17 @@ import type { BenchResult } from "./run.ts"
 const root = join(dirname(fileURLToPath(import.meta.url)), "..")
 const out = join(root, "runs", "distill")
 const agentfly = join(root, "bin/agentfly.mjs")
-const teacherCheckpoint = join(out, "teacher", "checkpoints", "step-000020")
+/**
+ * The teacher: `small` (the issue's: the demo's config on the small preset) or `tiny` (a substitute where `small`
+ * cannot be trained: seed 1's GRPO arm trained `TEACHER_STEPS`, default 40, more GRPO steps from its step 20).
+ */
+const teacherKind = process.env["TEACHER"] ?? "small"
+const teacherSteps = teacherKind === "small" ? 20 : Number(process.env["TEACHER_STEPS"] ?? "40")
+const teacherName = teacherKind === "small" ? "teacher" : `teacher-tiny${teacherSteps}`
+/** Appended to the distillation and SFT arms' names: each teacher's arms are runs of their own. */
+const tag = teacherKind === "small" ? "" : `-${teacherName}`
+const teacherModel = join(out, "models", teacherKind)
+const teacherCheckpoint = join(out, teacherName, "checkpoints", `step-${String(teacherSteps).padStart(6, "0")}`)
 
 interface Entry {
   readonly step: number
@@ -134,8 +145,13 @@ const write = (name: string, config: unknown) => {
 
 const trainArgs = (path: string) => ["nice", "-n", "10", agentfly, "train", path, "--overwrite"]
 
-/** The CPU and wall time from the end of the step-0 evaluation to step `steps`' training record. */
+/**
+ * Marks: `start` at the end of the step-0 evaluation, `end` at step `steps`' training record (the arm's RL steps);
+ * `warmStart`/`warmEnd` at the warm-up's steps 1 and 99 (an SFT step's cost, before its first validation check).
+ */
 const rlWatch = (steps: number) => (entries: ReadonlyArray<Entry>) => [
+  ...(entries.some((r) => r.phase === "warmup" && r.step === 1) ? ["warmStart"] : []),
+  ...(entries.some((r) => r.phase === "warmup" && r.step === 99) ? ["warmEnd"] : []),
   ...(entries.some((r) => r.phase === "eval" && r.step === 0) ? ["start"] : []),
   ...(entries.some((r) => r.phase === "train" && r.step === steps) ? ["end"] : [])
 ]
@@ -153,6 +169,8 @@ interface Arm {
   readonly wall: number
   readonly steps: number
   readonly teacherKl?: number
+  /** CPU seconds of one warm-up (SFT) step, batch 16: the GRPO arm's warm-up steps 2–99. */
+  readonly sftStepCpu?: number
 }
 
 const saved = (name: string): Arm | undefined =>
@@ -180,6 +198,7 @@ const rlArm = async (name: string, config: Record<string, unknown>, steps: numbe
     afterSe: last["eval/accuracy_se"]!,
     steps,
     ...span(marks),
+    ...(marks["warmEnd"] === undefined ? {} : { sftStepCpu: (marks["warmEnd"].cpu - marks["warmStart"]!.cpu) / 98 }),
     ...(kl.length === 0 ? {} : { teacherKl: kl.at(-1)!.figures["learner/teacher_kl"]! })
   })
 }
@@ -188,7 +207,7 @@ const warm = (seed: number) => join(out, `seed${seed}-grpo`, "checkpoints", "ste
 
 const grpo = (seed: number) => rlArm(`seed${seed}-grpo`, baseConfig(seed, join(out, `seed${seed}-grpo`)), 20)
 
-const distill = (seed: number, steps: number, name = `seed${seed}-distill`) => {
+const distill = (seed: number, steps: number, name = `seed${seed}-distill${tag}`, evalSize = 500) => {
   const { warmup: _warmup, ...base } = baseConfig(seed, join(out, name))
   return rlArm(name, {
     ...base,
@@ -197,12 +216,12 @@ const distill = (seed: number, steps: number, name = `seed${seed}-distill`) => {
       ...base.algorithm,
       steps,
       distillation: {
-        teacher: { path: join(out, "models", "small"), checkpoint: teacherCheckpoint },
+        teacher: { path: teacherModel, checkpoint: teacherCheckpoint },
         coef: 1,
         rewardWeight: 1
       }
     },
-    eval: { ...base.eval, every: steps }
+    eval: { ...base.eval, every: steps, size: evalSize }
   }, steps)
 }
 
@@ -215,7 +234,7 @@ const teacherSamples = async (seed: number, questions: number, file: string) => 
       "10",
       agentfly,
       "eval",
-      join(out, "teacher.json"),
+      join(out, `${teacherName}.json`),
       "--checkpoint",
       teacherCheckpoint,
       "--data",
@@ -238,7 +257,7 @@ const teacherSamples = async (seed: number, questions: number, file: string) => 
 }
 
 /** SFT on the teacher's samples from the warm-up of `seed`: `steps` steps of 16 samples, each sample used once. */
-const sft = async (seed: number, steps: number, name = `seed${seed}-sft`): Promise<Arm> => {
+const sft = async (seed: number, steps: number, name = `seed${seed}-sft${tag}`): Promise<Arm> => {
   const done = saved(name)
   if (done !== undefined) return done
   const demos = join(out, `${name}-teacher.jsonl`)
@@ -276,55 +295,61 @@ const sft = async (seed: number, steps: number, name = `seed${seed}-sft`): Promi
   } as Arm)
 }
 
+/** Trains the teacher unless it is trained; its held-out accuracy before and after its RL steps. */
+const trainTeacher = () => {
+  const dir = join(out, teacherName)
+  if (evalAt(dir, teacherSteps) === undefined) {
+    const base = baseConfig(1, dir)
+    const { warmup: _warmup, ...rest } = base
+    const path = write(
+      teacherName,
+      teacherKind === "small"
+        ? { ...base, model: { path: teacherModel, preset: "small", initSeed: 1 }, checkpoint: demo().checkpoint }
+        : {
+          ...rest,
+          model: { ...rest.model, from: join(out, "seed1-grpo", "checkpoints", "step-000020") },
+          algorithm: { ...rest.algorithm, steps: teacherSteps },
+          eval: { ...rest.eval, every: teacherSteps }
+        }
+    )
+    const child = spawnSync(trainArgs(path)[0]!, trainArgs(path).slice(1), { cwd: root, encoding: "utf8" })
+    if (child.status !== 0) throw new Error(`${teacherName}: exited with ${child.status}\n${child.stderr}`)
+  }
+  const accuracy = (step: number) => evalAt(dir, step)!.figures["eval/accuracy"]!
+  return { before: accuracy(0), after: accuracy(teacherSteps) }
+}
+
 interface Calibration {
-  /** CPU seconds: GRPO's 20 steps (seed 1), a distillation step, teacher sampling `a + b·questions`, an SFT step. */
+  /** CPU seconds: GRPO's 20 steps (seed 1), a distillation step, a question the teacher samples, an SFT step. */
   readonly budget: number
   readonly distillStep: number
-  readonly samplingFixed: number
   readonly samplingPerQuestion: number
   readonly sftStep: number
   readonly distillSteps: number
   readonly sftSteps: number
 }
 
-/** Seed 1's GRPO run, a 5-step distillation run, the teacher sampling 16 and 80 questions, 20 SFT steps. */
+/**
+ * Seed 1's GRPO run (the budget, and an SFT step's cost from its warm-up), a 5-step distillation run (evaluated on
+ * 50 questions), the teacher sampling 80 questions (its process's whole CPU time, start-up included, over 80: an
+ * upper bound on a question's cost, so SFT gets at most the budget).
+ */
 const calibrate = async (): Promise<Calibration> => {
-  const budget = (await grpo(1)).cpu
-  const pilot = await distill(1, 5, "calibrate-distill")
-  const small = await teacherSamples(1, 16, join(out, "calibrate-16.jsonl"))
-  const large = await teacherSamples(1, 80, join(out, "calibrate-80.jsonl"))
-  const samplingPerQuestion = (large.cpu - small.cpu) / 64
-  const samplingFixed = Math.max(0, small.cpu - 16 * samplingPerQuestion)
-  const steps = 20
-  const base = baseConfig(1, join(out, "calibrate-sft"))
-  const config = {
-    ...base,
-    model: { ...base.model, from: warm(1) },
-    warmup: { data: join(out, "calibrate-80.jsonl"), steps, lr: 0.002, lrSchedule: "cosine", warmupSteps: 10 },
-    algorithm: { ...base.algorithm, steps: 1 }
-  }
-  const dir = join(out, "calibrate-sft")
-  const { marks } = await measured(
-    trainArgs(write("calibrate-sft", config)),
-    (entries) => [
-      ...(entries.some((r) => r.phase === "warmup" && r.step === 1) ? ["start"] : []),
-      ...(entries.some((r) => r.phase === "warmup" && r.step === steps) ? ["end"] : [])
-    ],
-    dir,
-    (entries) => entries.some((r) => r.phase === "warmup" && r.step === steps)
-  )
-  const sftStep = span(marks).cpu / (steps - 1)
+  const reference = await grpo(1)
+  const pilot = await distill(1, 5, `calibrate-distill${tag}`, 50)
+  const sampling = await teacherSamples(1, 80, join(out, `calibrate-80${tag}.jsonl`))
+  const samplingPerQuestion = sampling.cpu / 80
+  const sftStep = reference.sftStepCpu!
   const distillStep = pilot.cpu / 5
   const calibration: Calibration = {
-    budget,
+    budget: reference.cpu,
     distillStep,
-    samplingFixed,
     samplingPerQuestion,
     sftStep,
-    distillSteps: Math.round(budget / distillStep),
-    sftSteps: Math.floor((budget - samplingFixed) / (16 * samplingPerQuestion + sftStep))
+    distillSteps: Math.round(reference.cpu / distillStep),
+    sftSteps: Math.floor(reference.cpu / (16 * samplingPerQuestion + sftStep))
   }
-  writeFileSync(join(out, "calibration.json"), JSON.stringify(calibration, null, 2))
+  writeFileSync(join(out, `calibration${tag}.json`), JSON.stringify(calibration, null, 2))
   console.error(`calibration: ${JSON.stringify(calibration)}`)
   return calibration
 }
@@ -343,24 +368,22 @@ export default async (): Promise<BenchResult> => {
     )
     if (generated.status !== 0) throw new Error(`generate: ${generated.stderr}`)
   }
-  const d = demo()
-  const teacherConfig = write("teacher", {
-    ...baseConfig(1, join(out, "teacher")),
-    name: "calculator-teacher-small",
-    model: { path: join(out, "models", "small"), preset: "small", initSeed: 1 },
-    checkpoint: d.checkpoint
-  })
-  if (evalAt(join(out, "teacher"), 20) === undefined) {
-    const child = spawnSync(trainArgs(teacherConfig)[0]!, trainArgs(teacherConfig).slice(1), { cwd: root })
-    if (child.status !== 0) throw new Error(`teacher: exited with ${child.status}\n${child.stderr}`)
+  const seeds = (process.env["SEEDS"] ?? "1,2,3").split(",").map(Number)
+  if (process.env["ARMS"] === "grpo") {
+    // The GRPO arms alone (they need no teacher; their warm-ups start the other arms and `bench/losses.ts`' runs).
+    const gains: Array<number> = []
+    for (const seed of seeds) {
+      const arm = await grpo(seed)
+      gains.push(arm.after - arm.before!)
+    }
+    return { headline: { metric: "GRPO's mean held-out gain", value: mean(gains), target: 0, better: "higher" } }
   }
-  const teacher = { before: evalAt(join(out, "teacher"), 0)!.figures, after: evalAt(join(out, "teacher"), 20)!.figures }
-  const calibration = process.env["CALIBRATE"] === "1" || !existsSync(join(out, "calibration.json"))
+  const teacher = trainTeacher()
+  const calibration = process.env["CALIBRATE"] === "1" || !existsSync(join(out, `calibration${tag}.json`))
     ? await calibrate()
-    : JSON.parse(readFileSync(join(out, "calibration.json"), "utf8")) as Calibration
+    : JSON.parse(readFileSync(join(out, `calibration${tag}.json`), "utf8")) as Calibration
   const distillSteps = Number(process.env["DISTILL_STEPS"] ?? calibration.distillSteps)
   const sftSteps = Number(process.env["SFT_STEPS"] ?? calibration.sftSteps)
-  const seeds = (process.env["SEEDS"] ?? "1,2,3").split(",").map(Number)
   const rows: Array<Record<string, number | string>> = []
   for (const seed of seeds) {
     // The three arms of a seed back to back: the same load of the shared machine.
@@ -382,7 +405,7 @@ export default async (): Promise<BenchResult> => {
       target: 0,
       better: "higher"
     },
-    teacher: { before: teacher.before["eval/accuracy"], after: teacher.after["eval/accuracy"] },
+    teacher: { kind: teacherKind, steps: teacherSteps, ...teacher },
     calibration,
     distillSteps,
     sftSteps,
