@@ -12,15 +12,16 @@
  *   3. **SFT**: the teacher samples `16·SFT_STEPS` training questions at temperature 1 (`agentfly eval --demos`,
  *      seed S; every episode that ended without an error, right or wrong: SFT on the teacher's samples, not on its
  *      correct ones), then the student's warm-up is fine-tuned on them for `SFT_STEPS` steps (batch 16, lr 2e-3,
- *      10 warm-up steps, cosine); its held-out figure is the run's step-0 evaluation, after which the run is
+ *      up to 10 warm-up steps, cosine); its held-out figure is the run's step-0 evaluation, after which the run is
  *      stopped.
  * - Budget: each arm's **CPU time** (user + sys of its process, from `/proc/PID/stat`), counting only the arm's
  *   training: GRPO and distil from the end of the step-0 evaluation to the last RL step's record; SFT the teacher's
- *   whole sampling process plus the SFT steps. CPU time rather than wall time because the machine is shared and its
- *   load changes within minutes: wall time would charge an arm for other people's jobs. The step counts are fixed
- *   beforehand from one calibration (`CALIBRATE=1`: seed 1's GRPO run, which also gives an SFT step's cost from its
- *   warm-up, a 5-step distil run, the teacher sampling 80 questions) so that each arm's CPU time matches GRPO's 20
- *   steps; the results report every arm's measured CPU and wall time, which shows how equal they came out.
+ *   sampling process (less its fixed start-up cost, calibrated) plus the SFT steps. CPU time rather than wall time
+ *   because the machine is shared and its load changes within minutes: wall time would charge an arm for other
+ *   people's jobs. The step counts are fixed beforehand from one calibration (`CALIBRATE=1`: seed 1's GRPO run, which
+ *   also gives an SFT step's cost from its warm-up, a 5-step distil run, the teacher sampling 16 and 80 questions) so
+ *   that each arm's CPU time matches GRPO's 20 steps; the results report every arm's measured CPU and wall time,
+ *   which shows how equal they came out.
  * - Held-out: 500 questions at temperature 1 (the demo's evaluation), before (GRPO's step 0) and after.
  *
  * `nice -n 10 npm run bench -- distill-figure` (env `SEEDS=1,2,3`, `DISTILL_STEPS`, `SFT_STEPS`, `CALIBRATE=1`;
@@ -257,7 +258,12 @@ const teacherSamples = async (seed: number, questions: number, file: string) => 
 }
 
 /** SFT on the teacher's samples from the warm-up of `seed`: `steps` steps of 16 samples, each sample used once. */
-const sft = async (seed: number, steps: number, name = `seed${seed}-sft${tag}`): Promise<Arm> => {
+const sft = async (
+  seed: number,
+  steps: number,
+  samplingFixed: number,
+  name = `seed${seed}-sft${tag}`
+): Promise<Arm> => {
   const done = saved(name)
   if (done !== undefined) return done
   const demos = join(out, `${name}-teacher.jsonl`)
@@ -266,7 +272,14 @@ const sft = async (seed: number, steps: number, name = `seed${seed}-sft${tag}`):
   const config = {
     ...base,
     model: { ...base.model, from: warm(seed) },
-    warmup: { data: demos, steps, lr: 0.002, lrSchedule: "cosine", warmupSteps: 10, batchSize: 16 },
+    warmup: {
+      data: demos,
+      steps,
+      lr: 0.002,
+      lrSchedule: "cosine",
+      warmupSteps: Math.min(10, Math.floor(steps / 5)),
+      batchSize: 16
+    },
     algorithm: { ...base.algorithm, steps: 1 }
   }
   const dir = join(out, name)
@@ -288,8 +301,9 @@ const sft = async (seed: number, steps: number, name = `seed${seed}-sft${tag}`):
     after: after["eval/accuracy"]!,
     afterSe: after["eval/accuracy_se"]!,
     steps,
-    cpu: sampling.cpu + tuned.cpu * scale,
-    wall: sampling.wall + tuned.wall * scale,
+    // The sampling process's fixed cost (calibrated) is left out, as the RL arms' start-up is.
+    cpu: sampling.cpu - samplingFixed + tuned.cpu * scale,
+    wall: sampling.wall * (1 - samplingFixed / sampling.cpu) + tuned.wall * scale,
     samplingCpu: sampling.cpu,
     samplingWall: sampling.wall
   } as Arm)
@@ -320,9 +334,13 @@ const trainTeacher = () => {
 }
 
 interface Calibration {
-  /** CPU seconds: GRPO's 20 steps (seed 1), a distillation step, a question the teacher samples, an SFT step. */
+  /**
+   * CPU seconds: GRPO's 20 steps (seed 1), a distillation step, the teacher's sampling process (`samplingFixed`: its
+   * start-up, loading and the like, + `samplingPerQuestion` a question), an SFT step.
+   */
   readonly budget: number
   readonly distillStep: number
+  readonly samplingFixed: number
   readonly samplingPerQuestion: number
   readonly sftStep: number
   readonly distillSteps: number
@@ -331,19 +349,22 @@ interface Calibration {
 
 /**
  * Seed 1's GRPO run (the budget, and an SFT step's cost from its warm-up), a 5-step distillation run (evaluated on
- * 50 questions), the teacher sampling 80 questions (its process's whole CPU time, start-up included, over 80: an
- * upper bound on a question's cost, so SFT gets at most the budget).
+ * 50 questions), the teacher sampling 16 and 80 questions (a line through the two: a question's cost and the
+ * process's fixed cost, which the RL arms' budgets do not count either: theirs start after their start-up).
  */
 const calibrate = async (): Promise<Calibration> => {
   const reference = await grpo(1)
   const pilot = await distill(1, 5, `calibrate-distill${tag}`, 50)
-  const sampling = await teacherSamples(1, 80, join(out, `calibrate-80${tag}.jsonl`))
-  const samplingPerQuestion = sampling.cpu / 80
+  const few = await teacherSamples(1, 16, join(out, `calibrate-16${tag}.jsonl`))
+  const many = await teacherSamples(1, 80, join(out, `calibrate-80${tag}.jsonl`))
+  const samplingPerQuestion = (many.cpu - few.cpu) / 64
+  const samplingFixed = Math.max(0, few.cpu - 16 * samplingPerQuestion)
   const sftStep = reference.sftStepCpu!
   const distillStep = pilot.cpu / 5
   const calibration: Calibration = {
     budget: reference.cpu,
     distillStep,
+    samplingFixed,
     samplingPerQuestion,
     sftStep,
     distillSteps: Math.round(reference.cpu / distillStep),
@@ -387,7 +408,11 @@ export default async (): Promise<BenchResult> => {
   const rows: Array<Record<string, number | string>> = []
   for (const seed of seeds) {
     // The three arms of a seed back to back: the same load of the shared machine.
-    const arms = { grpo: await grpo(seed), distill: await distill(seed, distillSteps), sft: await sft(seed, sftSteps) }
+    const arms = {
+      grpo: await grpo(seed),
+      distill: await distill(seed, distillSteps),
+      sft: await sft(seed, sftSteps, calibration.samplingFixed)
+    }
     const before = arms.grpo.before!
     for (const [arm, r] of Object.entries(arms)) {
       rows.push({ seed, arm, before, ...r, gain: r.after - before })
