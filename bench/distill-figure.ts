@@ -392,12 +392,13 @@ export default async (): Promise<BenchResult> => {
   const seeds = (process.env["SEEDS"] ?? "1,2,3").split(",").map(Number)
   if (process.env["ARMS"] === "grpo") {
     // The GRPO arms alone (they need no teacher; their warm-ups start the other arms and `bench/losses.ts`' runs).
-    const gains: Array<number> = []
+    const rows: Array<Arm & { readonly seed: number; readonly gain: number }> = []
     for (const seed of seeds) {
       const arm = await grpo(seed)
-      gains.push(arm.after - arm.before!)
+      rows.push({ seed, ...arm, gain: arm.after - arm.before! })
     }
-    return { headline: { metric: "GRPO's mean held-out gain", value: mean(gains), target: 0, better: "higher" } }
+    const value = mean(rows.map((r) => r.gain))
+    return { headline: { metric: "GRPO's mean held-out gain", value, target: 0, better: "higher" }, rows }
   }
   const teacher = trainTeacher()
   const calibration = process.env["CALIBRATE"] === "1" || !existsSync(join(out, `calibration${tag}.json`))
