@@ -1,12 +1,13 @@
 /**
  * `agentfly eval CONFIG [--checkpoint DIR] [--data FILE] [--size N] [--samples K] [--temperature T] [--seed N]
- * [--output FILE] [--episodes N]`: evaluates a policy on a config's held-out split (`data.eval`, or `--data`, e.g.
- * its validation or train split) with the config's task and agent settings, as a run's periodic evaluation does
- * (`Rollouts.evaluation`): the model folder's weights, or those of a run's checkpoint. With the config's own
- * evaluation settings, a checkpoint's figures repeat the run's evaluation at that step; the flags override them
- * (greedy figures of a run evaluated sampled, more answers per question, ...). Prints accuracy and invalid
- * tool-call rate; `--output` writes every figure as JSON; `--episodes N` prints the first N questions' episodes as
- * the model saw them (what a checkpoint does, not only how well).
+ * [--output FILE] [--episodes N] [--demos FILE]`: evaluates a policy on a config's held-out split (`data.eval`, or
+ * `--data`, e.g. its validation or train split) with the config's task and agent settings, as a run's periodic
+ * evaluation does (`Rollouts.evaluation`): the model folder's weights, or those of a run's checkpoint. With the
+ * config's own evaluation settings, a checkpoint's figures repeat the run's evaluation at that step; the flags
+ * override them (greedy figures of a run evaluated sampled, more answers per question, ...). Prints accuracy and
+ * invalid tool-call rate; `--output` writes every figure as JSON; `--episodes N` prints the first N questions'
+ * episodes as the model saw them (what a checkpoint does, not only how well); `--demos FILE` writes the episodes as
+ * demonstrations (a teacher's samples for an SFT warm-up on them).
  *
  * @since 0.1.0
  */
@@ -54,6 +55,11 @@ export interface EvalOptions {
   readonly output?: string | undefined
   /** Episodes to print after the figures, as the model saw them (the first questions' first samples). */
   readonly episodes?: number | undefined
+  /**
+   * Write every sampled episode that ended without an error, and whose tool calls a warm-up accepts, as a
+   * demonstration row (`{"messages": …}`, the warm-up's format) to this JSONL file: a teacher's samples for SFT.
+   */
+  readonly demos?: string | undefined
   readonly write?: ((text: string) => void) | undefined
 }
 
@@ -152,6 +158,20 @@ export const episodeOf = (i: number, t: Trajectory.Trajectory): string => {
 }
 
 /**
+ * `--demos`: the episodes as demonstration rows (JSONL, `{"messages": …}`, the warm-up's format), right or wrong;
+ * those that ended with an error and those a warm-up would refuse (a call of a tool the task lacks, arguments its
+ * schema refuses: `Train.demonstrationProblem`) are left out.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const demonstrationRows = (task: Task.Any, trajectories: ReadonlyArray<Trajectory.Trajectory>): string =>
+  trajectories
+    .filter((t) => t.error === undefined && Train.demonstrationProblem(task, t.messages) === undefined)
+    .map((t) => JSON.stringify({ messages: t.messages }) + "\n")
+    .join("")
+
+/**
  * Runs `agentfly eval`: everything but argument parsing.
  *
  * @category constructors
@@ -212,6 +232,9 @@ export const run = Effect.fn("cli.eval")(function*(
     if (t !== undefined) write(episodeOf(i, t))
   }
   if (options.output !== undefined) yield* fs.writeFileString(options.output, JSON.stringify(result, null, 2) + "\n")
+  if (options.demos !== undefined) {
+    yield* fs.writeFileString(options.demos, demonstrationRows(task, trajectories))
+  }
   return result
 })
 
@@ -247,6 +270,10 @@ export const evaluate = Command.make(
       Flag.withDefault(0),
       Flag.filter((n) => n >= 0, (n) => `--episodes must be at least 0, got ${n}`)
     ),
+    demos: Flag.String("demos").pipe(
+      Flag.withDescription("Write each episode that ended without an error as a demonstration row (JSONL) to FILE"),
+      Flag.optional
+    ),
     json: Json.flag
   },
   Effect.fn("eval")(function*(args) {
@@ -260,6 +287,7 @@ export const evaluate = Command.make(
       seed: Option.getOrUndefined(args.seed),
       output: Option.getOrUndefined(args.output),
       episodes: args.episodes,
+      demos: Option.getOrUndefined(args.demos),
       // With --json, stdout is the JSON object's alone.
       ...(args.json ? { write: (text: string) => void process.stderr.write(text) } : {})
     })).pipe(Json.printed(args.json, (result) => ({ command: "eval", ...result })), exitOnFailure)
