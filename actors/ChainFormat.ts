@@ -11,6 +11,7 @@
  */
 import { Effect } from "effect"
 import * as ChatTemplate from "../src/ChatTemplate.ts"
+import * as Image from "../src/Image.ts"
 import type * as ModelFolder from "../src/ModelFolder.ts"
 import * as RolloutError from "../src/RolloutError.ts"
 import type * as Tokenizer from "../src/Tokenizer.ts"
@@ -36,8 +37,21 @@ export interface TemplateOptions {
   readonly vocabSize?: number | undefined
 }
 
-const templateFailed = (error: { readonly message: string }) =>
-  new RolloutError.RolloutError({ reason: "TemplateFailed", message: error.message })
+/**
+ * A template failure as the chain's error; an image for a model without vision is `SamplerUnusable` (the run
+ * aborts, naming the model: no chain of the task can produce data with it), as a backend without token ids is.
+ */
+const templateFailed = (error: { readonly message: string; readonly reason?: unknown }) =>
+  new RolloutError.RolloutError({
+    reason: withoutVision(error) ? "SamplerUnusable" : "TemplateFailed",
+    message: error.message
+  })
+
+const withoutVision = (error: { readonly reason?: unknown }): boolean => {
+  const reason = error.reason as { readonly _tag?: string; readonly cause?: unknown } | undefined
+  return reason?._tag === "ImageFailed" && reason.cause instanceof Image.ImageError &&
+    reason.cause.reason._tag === "ModelWithoutVision"
+}
 
 /**
  * The format of a chat template and tokenizer. Every request stops on the template's end-of-turn tokens; a

@@ -53,6 +53,16 @@ describe("visual QA", () => {
       const wrong = yield* Oracle.rollout({ task: VqaTask.task, rows, policy: offByOne })
       assert.strictEqual(Oracle.solveRate(wrong), 0)
       assert.isTrue(wrong.every((w) => w.reward === 0))
+      // A model without vision (the text byte format) aborts the rollout at its first prompt, naming the model.
+      const text = yield* Effect.flip(
+        Oracle.rollout({
+          task: VqaTask.task,
+          rows: rows.slice(0, 2),
+          policy: VqaTask.oracle,
+          format: Oracle.byteFormat()
+        })
+      )
+      assert.include(String((text as { readonly message?: string }).message), "has no vision tower")
       // The demonstrations are the oracle's answers.
       const demos = readFileSync(join(dir, "data", "demos.jsonl"), "utf8").trim().split("\n")
       assert.strictEqual(demos.length, 2)
