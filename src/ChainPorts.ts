@@ -78,7 +78,8 @@ export const promptRequest = (transcript: Transcript, sampling: SamplingParams):
   if (transcript.promptImages === undefined) return Effect.succeed({ promptTokenIds, sampling })
   return Effect.map(
     transcript.promptImages(),
-    (images): GenerateRequest => images.length === 0 ? { promptTokenIds, sampling } : { promptTokenIds, sampling, images }
+    (images): GenerateRequest =>
+      images.length === 0 ? { promptTokenIds, sampling } : { promptTokenIds, sampling, images }
   )
 }
 

@@ -287,11 +287,11 @@ export const prefillAlone = (
         const key = images === undefined
           ? request.promptTokenIds.join(",")
           : `${request.promptTokenIds.join(",")}|${images.map((image) => image.ref.sha256).join(",")}`
-        const pixels = images === undefined || vision === undefined
-          ? undefined
-          : images.map((image) => VisionTower.toPixels(vision, image))
+        const options = images === undefined || vision === undefined
+          ? { onToken: out }
+          : { onToken: out, images: images.map((image) => VisionTower.toPixels(vision, image)) }
         return restore(enter(key, ticket)).pipe(
-          Effect.andThen(restore(engine.generate(request, { onToken: out, ...(pixels === undefined ? {} : { images: pixels }) }))),
+          Effect.andThen(restore(engine.generate(request, options))),
           Effect.ensuring(Effect.sync(out))
         )
       }),
