@@ -34,7 +34,7 @@ describe("ModelFolder: vision", () => {
       assert.include(error.message, "preprocessor_config.json")
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)))
 
-  it.effect("a tiny-vl folder carries the tower: vision_config, visual.* weights, its pads; a broken key is named", () =>
+  it.effect("a tiny-vl folder carries its tower (vision_config, visual.* weights, pads); a broken key is named", () =>
     Effect.gen(function*() {
       const fs = yield* FileSystem.FileSystem
       const dir = `${yield* fs.makeTempDirectoryScoped({ prefix: "agentfly-folder-vl-" })}/tiny-vl`
@@ -45,7 +45,8 @@ describe("ModelFolder: vision", () => {
       // The same weights as VisionTower.initWeights gives, tower included.
       const expected = VisionTower.initWeights({ text: config, vision: vl.vision }, 3)
       assert.deepStrictEqual([...folder.weights.keys()].sort(), [...expected.keys()].sort())
-      assert.deepStrictEqual(folder.weights.get("visual.merger.mlp.2.weight"), expected.get("visual.merger.mlp.2.weight"))
+      const merger = "visual.merger.mlp.2.weight"
+      assert.deepStrictEqual(folder.weights.get(merger), expected.get(merger))
       // The template writes one pad per tower token, and the tokenizer knows the pad.
       assert.deepStrictEqual(folder.template.vision?.geometry, VisionTower.geometry(vl.vision))
       assert.strictEqual(folder.tokenizer.tokenToId("<|image_pad|>"), 266)
