@@ -36,7 +36,8 @@ export type MediaType = typeof MediaType.Type
  * @since 0.1.0
  */
 export const ImageRef = Schema.Struct({
-  sha256: Schema.String,
+  /** 64 lower-case hex digits: it names the sidecar file, so nothing else is accepted. */
+  sha256: Schema.String.check(Schema.isPattern(/^[0-9a-f]{64}$/)),
   width: Schema.Number,
   height: Schema.Number,
   mediaType: MediaType

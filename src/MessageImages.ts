@@ -197,7 +197,10 @@ export const writeSidecars = Effect.fn("MessageImages.writeSidecars")(function*(
       Effect.gen(function*() {
         if (!Image.isDataUrl(part.image_url.url)) return part
         const { bytes } = yield* Image.parseDataUrl(part.image_url.url)
-        const ref = part.image ?? (yield* Image.decode(bytes)).ref
+        // The file is named by the bytes' own hash, never by a hash the part claims.
+        const ref = part.image === undefined
+          ? (yield* Image.decode(bytes)).ref
+          : { ...part.image, sha256: Image.sha256(bytes) }
         const relative = Image.sidecarPath(ref)
         const file = `${dir}/${relative}`
         if (!(yield* fs.exists(file))) {

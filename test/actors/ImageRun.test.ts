@@ -87,6 +87,10 @@ describe("images through a run's files", () => {
         ["prompt", sha(pngBytes("#ff0000"))],
         ["tool", sha(pngBytes("#0000ff"))]
       ])
+      // A hash names a file: a trajectory (from a rollout worker, say) whose hash is not 64 hex digits is refused.
+      const forged = JSON.stringify(trajectory).replace(sha(pngBytes("#ff0000")), "../../escape")
+      const refused = yield* Effect.exit(Schema.decodeUnknownEffect(codec)(forged))
+      assert.isTrue(refused._tag === "Failure")
     }).pipe(Effect.provide(NodeServices.layer)))
 
   it.effect("samples.jsonl records image spans, their bytes go to images/<sha256>.png, a resume keeps them", () =>
