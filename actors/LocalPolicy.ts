@@ -142,6 +142,13 @@ const outcomeOf = (report: Learner.UpdateResult, withSignal: number): Learner.Ou
   return { _tag: "Skipped", why: "NoSignal", figures }
 }
 
+/** The ids of the folder tokenizer's vision tokens. */
+const visionTokenIds = (folder: ModelFolder.ModelFolder): ReadonlySet<number> =>
+  new Set(["<|vision_start|>", "<|image_pad|>", "<|vision_end|>"].flatMap((token) => {
+    const id = folder.tokenizer.tokenToId(token)
+    return id === undefined ? [] : [id]
+  }))
+
 /** One RL step, or none when no group has a learning signal. */
 const learn = (
   local: Local,
@@ -171,11 +178,14 @@ const learn = (
       criticOnly: step <= TrainConfig.criticOf(local.setup.config).warmupSteps
     })
   }
-  const vision = local.setup.folder.vision?.vision
-  // A vision model's sequences carry their images' pixels (decoded from the trajectories' image parts).
+  const { folder } = local.setup
+  const vision = folder.vision?.vision
+  // A vision model's sequences carry their images' pixels (decoded from the trajectories' image parts); one whose
+  // policy sampled a vision token is masked.
+  const groups = vision === undefined ? all : SequenceImages.maskStrayVisionTokens(all, visionTokenIds(folder))
   const update = vision === undefined ? Learner.update(all, options) : Effect.flatMap(
-    SequenceImages.ofConversations(vision, all.flatMap((g) => g.trajectories)),
-    (pixels) => Learner.update(all, { ...options, segmentImages: (segment) => pixels.get(segment) })
+    SequenceImages.ofConversations(vision, groups.flatMap((g) => g.trajectories)),
+    (pixels) => Learner.update(groups, { ...options, segmentImages: (segment) => pixels.get(segment) })
   )
   return LearnerSlot.mutating(slot, update.pipe(
     Effect.provideService(GradientBackend.GradientBackend, slot.trainer)

@@ -63,3 +63,19 @@ export const withImages = (
   sequence: Packing.Sequence,
   images: ReadonlyArray<VisionTower.Pixels> | undefined
 ): Packing.Sequence => images === undefined || images.length === 0 ? sequence : { ...sequence, images }
+
+/**
+ * The groups with every trajectory whose policy sampled a vision token (`ids`: `<|image_pad|>` and its brackets)
+ * masked: such a pad stands for no image, so the tower has nothing to put there and the sequence cannot be trained
+ * (the learner would count more pads than image tokens). Masked, it leaves the loss and its group's baseline.
+ */
+export const maskStrayVisionTokens = (
+  groups: ReadonlyArray<Trajectory.Group>,
+  ids: ReadonlySet<number>
+): ReadonlyArray<Trajectory.Group> =>
+  groups.map((group) => {
+    const sampled = (span: Trajectory.Span) => span.source === "policy" && span.tokenIds.some((id) => ids.has(id))
+    const stray = (t: Trajectory.Trajectory) => t.segments.some((s) => s.spans.some(sampled))
+    if (!group.trajectories.some(stray)) return group
+    return { ...group, trajectories: group.trajectories.map((t) => stray(t) ? { ...t, masked: true } : t) }
+  })
