@@ -54,6 +54,29 @@ const withoutVision = (error: { readonly reason?: unknown }): boolean => {
 }
 
 /**
+ * The images of the builder's open segment's image spans, in order, decoded from the conversation's image parts
+ * (each once: `decoded` keeps them by hash). The builder decoded the same parts when it marked the spans, so a
+ * failure here is a defect.
+ */
+const promptImages = (builder: TrajectoryBuilder.TrajectoryBuilder, decoded: Map<string, Image.Image>) => {
+  const wanted = builder.segments.at(-1)!.spans.flatMap((span) => span.image === undefined ? [] : [span.image.sha256])
+  if (wanted.length === 0) return Effect.succeed([])
+  return Effect.gen(function*() {
+    for (const message of [...builder.messages, ...builder.renderMessages]) {
+      if (typeof message.content === "string") continue
+      for (const part of message.content) {
+        if (part.type !== "image_url" || (part.image !== undefined && decoded.has(part.image.sha256))) continue
+        const image = yield* Image.fromUrl(part.image_url.url)
+        decoded.set(image.ref.sha256, image)
+      }
+    }
+    const missing = wanted.find((sha) => !decoded.has(sha))
+    if (missing !== undefined) return yield* Effect.die(`no image part of the conversation has the hash ${missing}`)
+    return wanted.map((sha) => decoded.get(sha)!)
+  }).pipe(Effect.orDie)
+}
+
+/**
  * The format of a chat template and tokenizer. Every request stops on the template's end-of-turn tokens; a
  * sample that ends with one is a complete turn. Tool-call ids are `call_<turn>_<i>`, unique within a chain.
  *
@@ -73,6 +96,8 @@ export const fromTemplate = (options: TemplateOptions): ChainPorts.Format => {
   })
   const stops = new Set(stopTokenIds)
   const parseFormat = options.toolCallFormat ?? template.toolCallFormat
+  // Every image of the chain decoded once, by content hash (a fork shares them).
+  const decoded = new Map<string, Image.Image>()
   /** A transcript over `initial`; the builder is immutable, so a fork is a second transcript over the same one. */
   const transcriptOf = (initial: TrajectoryBuilder.TrajectoryBuilder, turnsSoFar: number): ChainPorts.Transcript => {
     let builder = initial
@@ -80,6 +105,7 @@ export const fromTemplate = (options: TemplateOptions): ChainPorts.Format => {
     return {
       length: () => builder.segments.at(-1)!.spans.reduce((n, span) => n + span.tokenIds.length, 0),
       promptTokenIds: () => TrajectoryBuilder.promptTokenIds(builder),
+      promptImages: () => promptImages(builder, decoded),
       appendSampled: (result) =>
         Effect.gen(function*() {
           const ids = result.tokenIds

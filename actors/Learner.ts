@@ -21,7 +21,9 @@
 import { Clock, Context, Effect } from "effect"
 import type * as Dataset from "../src/Dataset.ts"
 import { Advantage, Distillation, GradientBackend, Loss, Packing, Trajectory } from "../src/index.ts"
+import type * as VisionTower from "../src/model/VisionTower.ts"
 import { LearnerError, learnerError } from "./internal/learnerError.ts"
+import { withImages } from "./internal/sequenceImages.ts"
 import type { RunError } from "./RunError.ts"
 
 // ===== The service =====
@@ -120,6 +122,8 @@ export interface Options {
    * Costs one forward pass per micro-batch. Default false.
    */
   readonly recomputeOldLogprobs?: boolean
+  /** The tower's pixels of a segment's image spans (a vision model's: `Packing.Sequence.images`); none if absent. */
+  readonly segmentImages?: (segment: Trajectory.Segment) => ReadonlyArray<VisionTower.Pixels> | undefined
   /**
    * KL in the reward (instead of, or besides, `loss.klCoef`): every policy token's reward becomes
    * `r − β·(log π_sampler − log π_ref)` before advantages are computed (`Loss.penalizeRewards`). Needs
@@ -257,7 +261,8 @@ const scoreTokens = Effect.fnUntraced(function*(
   pack: { readonly padRows?: boolean; readonly sharePrefix?: boolean } = {}
 ) {
   const segments = includedSegments(rows)
-  const packed = yield* Packing.pack(segments.map((s) => Packing.fromSegment(s.segment)), {
+  const sequences = segments.map((s) => withImages(Packing.fromSegment(s.segment), options.segmentImages?.(s.segment)))
+  const packed = yield* Packing.pack(sequences, {
     tokenBudget: options.tokenBudget,
     aggregation: "token-mean",
     padRows: pack.padRows === true,
@@ -540,7 +545,8 @@ const chunksOf = (
   rows: ReadonlyArray<Row>,
   length: number,
   advantages: Float64Array,
-  { k, miniBatchOf }: ReturnType<typeof miniBatching>
+  { k, miniBatchOf }: ReturnType<typeof miniBatching>,
+  options: Options
 ) => {
   const sequences: Array<Packing.Sequence> = []
   const sequenceGroup: Array<number> = []
@@ -549,7 +555,8 @@ const chunksOf = (
     let offset = b * length
     for (const segment of row.trajectory.segments) {
       const n = Trajectory.segmentLength(segment)
-      sequences.push(Packing.fromSegment(segment, Float32Array.from(advantages.subarray(offset, offset + n))))
+      const sequence = Packing.fromSegment(segment, Float32Array.from(advantages.subarray(offset, offset + n)))
+      sequences.push(withImages(sequence, options.segmentImages?.(segment)))
       sequenceGroup.push(row.group)
       offset += n
     }
@@ -668,7 +675,7 @@ export const update = Effect.fn("Learner.update")(function*(
   }
   const batching = miniBatching(groups.length, options)
   const { k, miniBatchOf } = batching
-  const packed = yield* packPolicy(chunksOf(rows, input.length, advantages, batching), options)
+  const packed = yield* packPolicy(chunksOf(rows, input.length, advantages, batching, options), options)
   const criticFigures = values === undefined ? {} : yield* trainCritic(
     options.critic!,
     rows,

@@ -23,6 +23,8 @@ import * as Loss from "../src/Loss.ts"
 import * as LrSchedule from "../src/LrSchedule.ts"
 import type * as ModelFolder from "../src/ModelFolder.ts"
 import * as OnnxTrainer from "../src/backends/OnnxTrainer.ts"
+import * as OnnxTrainerVision from "../src/backends/OnnxTrainerVision.ts"
+import type * as VisionTower from "../src/model/VisionTower.ts"
 import * as Optimizer from "../src/Optimizer.ts"
 import * as Packing from "../src/Packing.ts"
 import * as GradientBackend from "../src/GradientBackend.ts"
@@ -38,6 +40,7 @@ import * as LocalVersions from "./internal/localVersions.ts"
 import * as Teacher from "./internal/teacher.ts"
 import * as RemoteLearner from "./internal/remoteLearner.ts"
 import * as TinkerLearner from "./internal/tinkerLearner.ts"
+import * as SequenceImages from "./internal/sequenceImages.ts"
 import * as ValueCritic from "./internal/valueCritic.ts"
 import * as Learner from "./Learner.ts"
 import { PolicyVersions } from "./PolicyVersions.ts"
@@ -142,6 +145,13 @@ const outcomeOf = (report: Learner.UpdateResult, withSignal: number): Learner.Ou
   return { _tag: "Skipped", why: "NoSignal", figures }
 }
 
+/** The ids of the folder tokenizer's vision tokens. */
+const visionTokenIds = (folder: ModelFolder.ModelFolder): ReadonlySet<number> =>
+  new Set(["<|vision_start|>", "<|image_pad|>", "<|vision_end|>"].flatMap((token) => {
+    const id = folder.tokenizer.tokenToId(token)
+    return id === undefined ? [] : [id]
+  }))
+
 /** One RL step, or none when no group has a learning signal. */
 const learn = (
   local: Local,
@@ -171,7 +181,16 @@ const learn = (
       criticOnly: step <= TrainConfig.criticOf(local.setup.config).warmupSteps
     })
   }
-  return LearnerSlot.mutating(slot, Learner.update(all, options).pipe(
+  const { folder } = local.setup
+  const vision = folder.vision?.vision
+  // A vision model's sequences carry their images' pixels (decoded from the trajectories' image parts); one whose
+  // policy sampled a vision token is masked.
+  const groups = vision === undefined ? all : SequenceImages.maskStrayVisionTokens(all, visionTokenIds(folder))
+  const update = vision === undefined ? Learner.update(all, options) : Effect.flatMap(
+    SequenceImages.ofConversations(vision, groups.flatMap((g) => g.trajectories)),
+    (pixels) => Learner.update(groups, { ...options, segmentImages: (segment) => pixels.get(segment) })
+  )
+  return LearnerSlot.mutating(slot, update.pipe(
     Effect.provideService(GradientBackend.GradientBackend, slot.trainer)
   )).pipe(
     Effect.tap(() => Effect.sync(() => (local.dirty = true))),
@@ -193,9 +212,19 @@ const sftSequences = (setup: Setup, rows: ReadonlyArray<Dataset.Row>) =>
       template: setup.folder.template,
       messages: row.messages ?? Dataset.promptMessages(row, setup.config.agent.systemPrompt)
     }).pipe(
-      Effect.map((b) => b.segments.map((segment) => Packing.fromSegment(segment))),
+      Effect.flatMap((b) => sftImages(setup, b)),
       Effect.mapError((e) => runError("Learner", `demonstration line ${row.line}: ${e.message}`, e))
     )).pipe(Effect.map((xs) => xs.flat()))
+
+/** A demonstration's sequences, each with its images' pixels on a vision model. */
+const sftImages = (setup: Setup, built: SequenceImages.Conversation) => {
+  const vision = setup.folder.vision?.vision
+  const plain = (images?: ReadonlyMap<Trajectory.Segment, ReadonlyArray<VisionTower.Pixels>>) =>
+    built.segments.map((segment) => SequenceImages.withImages(Packing.fromSegment(segment), images?.get(segment)))
+  return vision === undefined
+    ? Effect.succeed(plain())
+    : Effect.map(SequenceImages.ofConversations(vision, [built]), plain)
+}
 
 /** One SFT step of the warm-up (whose first step starts its trainer); returns `warmup/...` figures. */
 const sft = Effect.fn("LocalPolicy.sft")(function*(local: Local, step: number, rows: ReadonlyArray<Dataset.Row>) {
@@ -303,7 +332,10 @@ const setupOf = Effect.fnUntraced(function*(
     (config.learner.url === undefined ? undefined : "model.lora with learner.url: a trainer server trains full weights")
   if (refused !== undefined) return yield* runError("Learner", refused)
   // With LoRA the learner trains the adapter alone, on the folder's weights as its frozen base (`docs/lora.md`).
-  const model = lora === undefined
+  const vision = LocalVersions.visionOf(folder)
+  const model = vision !== undefined
+    ? OnnxTrainerVision.qwen2Vl(vision.config, vision.imageTokenId)
+    : lora === undefined
     ? OnnxTrainer.qwen2(folder.config)
     : OnnxTrainer.qwen2Lora(folder.config, lora, folder.weights, config.model.from ?? config.model.path)
   const setup: Setup = {

@@ -42,15 +42,8 @@ import { Clock, Context, Effect, Schedule } from "effect"
 import type { Scope } from "effect"
 import * as ContextPolicy from "../src/ContextPolicy.ts"
 import * as Environment from "../src/Environment.ts"
-import type {
-  AssistantTurn,
-  Format,
-  RewardResult,
-  Scorer,
-  ToolRunner,
-  ToolTurn,
-  Transcript
-} from "../src/ChainPorts.ts"
+import type { AssistantTurn, Format, RewardResult, Scorer, ToolRunner, ToolTurn } from "../src/ChainPorts.ts"
+import { promptRequest, type Transcript } from "../src/ChainPorts.ts"
 import type { Conversation, Message } from "../src/Message.ts"
 import * as RolloutError from "../src/RolloutError.ts"
 import type { ChatSampler, Sampler, SamplingParams } from "../src/Sampler.ts"
@@ -506,7 +499,7 @@ const sampleTurn = (
   const source = config.turnSource
   if (source._tag === "Chat") return chatTurn(chain, source.chat, transcript)
   const sampled = Effect.mapError(
-    source.sampler.generate({ promptTokenIds: transcript.promptTokenIds(), sampling: chain.sampling }),
+    Effect.flatMap(promptRequest(transcript, chain.sampling), (request) => source.sampler.generate(request)),
     (e) => RolloutError.fromSamplerError(e, chain.spec.chainId)
   )
   return Effect.flatMap(

@@ -512,7 +512,7 @@ const loadModel = Effect.fnUntraced(function*(
   const fs = yield* FileSystem.FileSystem
   if (!(yield* fs.exists(`${requested.model.path}/config.json`))) {
     const preset = requested.model.preset
-    if (preset === undefined || !(preset in ModelConfig.presets)) {
+    if (preset === undefined || !(preset in ModelConfig.presets || preset === "tiny-vl")) {
       return yield* new TrainConfig.ConfigError({
         source: options.source ?? "config",
         reason: "Invalid",
@@ -521,7 +521,7 @@ const loadModel = Effect.fnUntraced(function*(
     }
     yield* say(`initialising ${requested.model.path} from preset ${preset} (seed ${requested.model.initSeed})`)
     yield* ModelFolder.init(requested.model.path, {
-      preset: preset as ModelConfig.PresetName,
+      preset,
       seed: requested.model.initSeed
     })
   }

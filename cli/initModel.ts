@@ -9,6 +9,7 @@ import { Command, Flag } from "effect/cli"
 import * as ModelConfig from "../src/model/ModelConfig.ts"
 import * as ModelFolder from "../src/ModelFolder.ts"
 import * as Qwen2 from "../src/model/Qwen2.ts"
+import * as VisionTower from "../src/model/VisionTower.ts"
 
 /**
  * @category commands
@@ -18,9 +19,10 @@ export const initModel = Command.make(
   "init-model",
   {
     out: Flag.Directory("out").pipe(Flag.withDescription("Folder to write (created if missing)")),
-    preset: Flag.Literals("preset", ["tiny", "small", "medium"]).pipe(
+    preset: Flag.Literals("preset", ["tiny", "small", "medium", "tiny-vl"]).pipe(
       Flag.withDescription(
-        "tiny: 2 layers, width 128; small: 4 layers, width 256; medium: 12 layers, width 768 (≈104 M)"
+        "tiny: 2 layers, width 128; small: 4 layers, width 256; medium: 12 layers, width 768 (≈104 M); " +
+          "tiny-vl: tiny with a vision tower (2 blocks, width 64, patch 8, images up to 64×64)"
       ),
       Flag.withDefault("tiny" as const)
     ),
@@ -28,9 +30,12 @@ export const initModel = Command.make(
   },
   Effect.fn("initModel")(function*({ out, preset, seed }) {
     const config = yield* ModelFolder.init(out, { preset, seed })
-    const params = Qwen2.parameters(config).reduce((n, p) => n + p.shape.reduce((a, b) => a * b, 1), 0)
+    const vl = preset === "tiny-vl" ? { ...VisionTower.presets[preset], text: config } : undefined
+    const specs = vl === undefined ? Qwen2.parameters(config) : VisionTower.allParameters(vl)
+    const params = specs.reduce((n, p) => n + p.shape.reduce((a, b) => a * b, 1), 0)
     yield* Console.log(
-      `wrote ${out}: qwen2 ${preset}, ${config.numHiddenLayers} layers, width ${config.hiddenSize}, ` +
+      `wrote ${out}: qwen2 ${preset}${vl === undefined ? "" : " (with a vision tower)"}, ` +
+        `${config.numHiddenLayers} layers, width ${config.hiddenSize}, ` +
         `${config.numAttentionHeads}/${config.numKeyValueHeads} heads, head dim ${ModelConfig.headDim(config)}, ` +
         `vocab ${config.vocabSize}, ${(params / 1e6).toFixed(2)} M parameters (seed ${seed})`
     )

@@ -15,7 +15,8 @@ import { Effect } from "effect"
 import type { Context } from "effect"
 import type { AssistantMessage, Conversation, Message, ToolCall } from "./Message.ts"
 import type * as RolloutError from "./RolloutError.ts"
-import type { GenerateResult } from "./Sampler.ts"
+import type * as Image from "./Image.ts"
+import type { GenerateRequest, GenerateResult, SamplingParams } from "./Sampler.ts"
 import type { RewardStatus, Segment, Trajectory } from "./Trajectory.ts"
 
 /**
@@ -30,6 +31,11 @@ export interface Transcript {
   readonly length: () => number
   /** The next prompt: the current segment's ids, ending with the assistant header. */
   readonly promptTokenIds: () => ReadonlyArray<number>
+  /**
+   * The images of the next prompt's image spans, in order (what a vision engine needs beside the ids); none for a
+   * text-only prompt. Optional: a format without it sends text-only requests.
+   */
+  readonly promptImages?: () => Effect.Effect<ReadonlyArray<Image.Image>>
   /** Appends sampled ids verbatim (a policy span) and parses them into the assistant turn. */
   readonly appendSampled: (result: GenerateResult) => Effect.Effect<AssistantTurn, RolloutError.RolloutError>
   /** Appends observation messages (tool results, env messages); only their suffix is tokenized. */
@@ -58,6 +64,23 @@ export interface Transcript {
    * when a request is refused).
    */
   readonly fork: () => Transcript
+}
+
+/**
+ * The request for a transcript's next turn: its prompt's ids, `sampling`, and its prompt's images when it has any
+ * (a text-only prompt's request is exactly `{ promptTokenIds, sampling }`).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const promptRequest = (transcript: Transcript, sampling: SamplingParams): Effect.Effect<GenerateRequest> => {
+  const promptTokenIds = transcript.promptTokenIds()
+  if (transcript.promptImages === undefined) return Effect.succeed({ promptTokenIds, sampling })
+  return Effect.map(
+    transcript.promptImages(),
+    (images): GenerateRequest =>
+      images.length === 0 ? { promptTokenIds, sampling } : { promptTokenIds, sampling, images }
+  )
 }
 
 /**

@@ -18,6 +18,7 @@ import * as Qwen2 from "./model/Qwen2.ts"
 import * as Safetensors from "./Safetensors.ts"
 import * as Tokenizer from "./Tokenizer.ts"
 import * as VisionConfig from "./VisionConfig.ts"
+import * as VisionTower from "./model/VisionTower.ts"
 
 // ===== Models =====
 
@@ -172,6 +173,8 @@ export interface ModelFolder {
   readonly template: ChatTemplate.ChatTemplate
   /** Ids that end a turn: the template's stop tokens and `generation_config.json`'s `eos_token_id`. */
   readonly stopTokenIds: ReadonlyArray<number>
+  /** The vision tower (`config.json`'s `vision_config`; `weights` then hold its `visual.*` tensors too). */
+  readonly vision?: VisionTower.VlConfig | undefined
 }
 
 // ===== Reading =====
@@ -231,10 +234,11 @@ const weightsError = (e: Safetensors.SafetensorsError): ModelFolderError => {
  */
 export const readWeights = Effect.fn("ModelFolder.readWeights")(function*(
   dir: string,
-  config: ModelConfig.ModelConfig
+  config: ModelConfig.ModelConfig,
+  parameters: ReadonlyArray<Qwen2.ParameterSpec> = Qwen2.parameters(config)
 ) {
   const index = yield* Safetensors.readIndex(dir, "model").pipe(Effect.mapError(weightsError))
-  const weights: Qwen2.Weights = yield* Safetensors.readTensors(index, Qwen2.parameters(config)).pipe(
+  const weights: Qwen2.Weights = yield* Safetensors.readTensors(index, parameters).pipe(
     Effect.mapError(weightsError)
   )
   // NaN or ±Infinity would be served and trained on unnoticed (only a checkpoint's save refused them).
@@ -274,6 +278,23 @@ const stopIds = Effect.fnUntraced(function*(
   return [...ids]
 })
 
+/** The folder's vision tower: `config.json`'s `vision_config` over the text model of `config`, if any. */
+const readVision = Effect.fnUntraced(function*(dir: string, config: ModelConfig.ModelConfig) {
+  const fs = yield* FileSystem.FileSystem
+  const path = yield* Path.Path
+  const file = path.join(dir, "config.json")
+  const text = yield* fs.readFileString(file).pipe(
+    Effect.mapError((cause) => modelFolderError(file, "Io", `cannot read ${file}`, { cause }))
+  )
+  const vision = VisionTower.fromConfigJson(yield* parseJson(text, file))
+  if (vision === undefined) return undefined
+  if ("missing" in vision) {
+    return yield* modelFolderError(file, "InvalidConfig", `${file}: ${vision.missing} is missing or not positive`)
+  }
+  const vl: VisionTower.VlConfig = { text: config, vision }
+  return vl
+})
+
 /**
  * Loads and cross-validates a whole folder.
  *
@@ -283,7 +304,8 @@ const stopIds = Effect.fnUntraced(function*(
 export const load = Effect.fn("ModelFolder.load")(function*(dir: string) {
   const path = yield* Path.Path
   const config = yield* readConfig(dir)
-  const weights = yield* readWeights(dir, config)
+  const vision = yield* readVision(dir, config)
+  const weights = yield* readWeights(dir, config, vision === undefined ? undefined : VisionTower.allParameters(vision))
   const tokenizerFile = path.join(dir, "tokenizer.json")
   const tokenizer = yield* Tokenizer.load(dir).pipe(
     Effect.mapError((e) =>
@@ -305,7 +327,7 @@ export const load = Effect.fn("ModelFolder.load")(function*(dir: string) {
     )
   )
   // A folder with Qwen2-VL's preprocessor_config.json has a vision tower: its template writes image tokens.
-  const vision = yield* VisionConfig.read(dir).pipe(
+  const preprocessor = yield* VisionConfig.read(dir).pipe(
     Effect.mapError((e) =>
       modelFolderError(path.join(dir, "preprocessor_config.json"), "InvalidTemplate", e.message, { cause: e })
     )
@@ -318,8 +340,9 @@ export const load = Effect.fn("ModelFolder.load")(function*(dir: string) {
     config,
     weights,
     tokenizer,
-    template: VisionConfig.applyTo(template, vision),
-    stopTokenIds
+    template: VisionConfig.applyTo(template, preprocessor),
+    stopTokenIds,
+    ...(vision === undefined ? {} : { vision })
   }
   return folder
 })
@@ -338,13 +361,18 @@ export const writeModel = Effect.fn("ModelFolder.writeModel")(function*(
   dir: string,
   config: ModelConfig.ModelConfig,
   weights: Qwen2.Weights,
-  options: Pick<Safetensors.WriteOptions, "dtype" | "maxShardBytes"> = {}
+  options: Pick<Safetensors.WriteOptions, "dtype" | "maxShardBytes"> & {
+    /** A vision tower: `config.json` gets its `vision_config` and the weights its `visual.*` tensors. */
+    readonly vision?: VisionTower.VisionConfig | undefined
+  } = {}
 ) {
   const fs = yield* FileSystem.FileSystem
   const path = yield* Path.Path
   const io = (file: string) => (cause: unknown) => modelFolderError(file, "Io", `cannot write ${file}`, { cause })
   yield* fs.makeDirectory(dir, { recursive: true }).pipe(Effect.mapError(io(dir)))
-  const tensors = Qwen2.parameters(config).map((spec) => ({
+  const { vision, ...write } = options
+  const specs = vision === undefined ? Qwen2.parameters(config) : VisionTower.allParameters({ text: config, vision })
+  const tensors = specs.map((spec) => ({
     name: spec.name,
     shape: spec.shape,
     data: weights.get(spec.name)!
@@ -355,10 +383,13 @@ export const writeModel = Effect.fn("ModelFolder.writeModel")(function*(
     return yield* modelFolderError(file, "InvalidWeights", `no weights for ${missing.name}`, { tensor: missing.name })
   }
   const configFile = path.join(dir, "config.json")
-  yield* fs.writeFileString(configFile, JSON.stringify(ModelConfig.toJson(config), null, 2) + "\n").pipe(
+  const json = vision === undefined
+    ? ModelConfig.toJson(config)
+    : { ...ModelConfig.toJson(config), vision_config: VisionTower.toConfigJson(vision) }
+  yield* fs.writeFileString(configFile, JSON.stringify(json, null, 2) + "\n").pipe(
     Effect.mapError(io(configFile))
   )
-  yield* Safetensors.writeSharded(dir, "model", tensors, { ...options, metadata: { format: "pt" } }).pipe(
+  yield* Safetensors.writeSharded(dir, "model", tensors, { ...write, metadata: { format: "pt" } }).pipe(
     Effect.mapError((e) => modelFolderError(e.file, "Io", e.message, { cause: e }))
   )
 })
@@ -368,10 +399,22 @@ export const writeModel = Effect.fn("ModelFolder.writeModel")(function*(
  * @since 0.1.0
  */
 export interface InitOptions {
-  readonly preset: ModelConfig.PresetName
+  /** A text preset, or a vision-language one (`tiny-vl`: the folder also gets the tower, its tokens and pixels). */
+  readonly preset: ModelConfig.PresetName | VisionTower.PresetName
   /** Seed of the random initialisation (default 0). */
   readonly seed?: number
 }
+
+/** A vision-language folder's weights, `config.json` with its `vision_config`, and `preprocessor_config.json`. */
+const initVision = Effect.fnUntraced(function*(dir: string, vl: VisionTower.VlConfig, seed: number) {
+  const fs = yield* FileSystem.FileSystem
+  const path = yield* Path.Path
+  yield* writeModel(dir, vl.text, VisionTower.initWeights(vl, seed), { vision: vl.vision })
+  const file = path.join(dir, "preprocessor_config.json")
+  yield* fs.writeFileString(file, JSON.stringify(VisionTower.preprocessorConfig(vl.vision), null, 2) + "\n").pipe(
+    Effect.mapError((cause) => modelFolderError(file, "Io", `cannot write ${file}`, { cause }))
+  )
+})
 
 /**
  * Writes a fresh model folder: the preset's architecture with randomly initialised weights, the byte-level
@@ -385,8 +428,10 @@ export interface InitOptions {
 export const init = Effect.fn("ModelFolder.init")(function*(dir: string, options: InitOptions) {
   const fs = yield* FileSystem.FileSystem
   const path = yield* Path.Path
-  const preset = ModelConfig.presets[options.preset]
-  const tokenizerVocab = ByteTokenizer.vocabSize()
+  const vl = options.preset === "tiny-vl" ? VisionTower.presets[options.preset] : undefined
+  const preset = vl?.text ?? ModelConfig.presets[options.preset as ModelConfig.PresetName]
+  const tokens = vl === undefined ? {} : { specialTokens: ByteTokenizer.visionSpecialTokens }
+  const tokenizerVocab = ByteTokenizer.vocabSize(tokens)
   const eos = ByteTokenizer.defaultSpecialTokens.indexOf("<|im_end|>") + 256
   const endOfText = ByteTokenizer.defaultSpecialTokens.indexOf("<|endoftext|>") + 256
   const config: ModelConfig.ModelConfig = {
@@ -395,8 +440,9 @@ export const init = Effect.fn("ModelFolder.init")(function*(dir: string, options
     vocabSize: tokenizerVocab,
     eosTokenId: eos
   }
-  yield* writeModel(dir, config, Qwen2.initWeights(config, options.seed ?? 0))
-  yield* ByteTokenizer.writeModelFiles(dir, { chatTemplate: ChatTemplate.templates["qwen2.5"] }).pipe(
+  if (vl === undefined) yield* writeModel(dir, config, Qwen2.initWeights(config, options.seed ?? 0))
+  else yield* initVision(dir, { text: config, vision: vl.vision }, options.seed ?? 0)
+  yield* ByteTokenizer.writeModelFiles(dir, { ...tokens, chatTemplate: ChatTemplate.templates["qwen2.5"] }).pipe(
     Effect.mapError((cause) =>
       modelFolderError(dir, "Io", `cannot write tokenizer files in ${dir}`, { cause })
     )

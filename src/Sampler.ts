@@ -10,6 +10,7 @@
  */
 import { Context, Effect, Layer, Schema } from "effect"
 import { dual } from "effect/Function"
+import * as Image from "./Image.ts"
 import { Conversation, ToolCall } from "./Message.ts"
 
 /**
@@ -35,7 +36,12 @@ export type SamplingParams = typeof SamplingParams.Type
  */
 export const GenerateRequest = Schema.Struct({
   promptTokenIds: Schema.Array(Schema.Int),
-  sampling: SamplingParams
+  sampling: SamplingParams,
+  /**
+   * The images of the prompt's image spans, in the order of their `<|image_pad|>` runs (a vision model's prompt):
+   * each its reference and RGB pixels (`Image.Image`). Absent for a text-only prompt.
+   */
+  images: Schema.optionalKey(Schema.Array(Schema.Struct({ ref: Image.ImageRef, rgb: Schema.Uint8Array })))
 })
 export type GenerateRequest = typeof GenerateRequest.Type
 

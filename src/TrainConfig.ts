@@ -67,7 +67,10 @@ export const ModelConfig = Schema.Struct({
   path: Schema.String,
   // A preset's name is checked even when the folder exists (and the preset is unused): a typo would otherwise pass
   // until the day the folder is missing.
-  preset: Schema.optionalKey(Schema.Literals(Object.keys(ModelPresets.presets) as Array<ModelPresets.PresetName>)),
+  // `tiny-vl` is `tiny` with a vision tower (`VisionTower.presets`).
+  preset: Schema.optionalKey(
+    Schema.Literals([...Object.keys(ModelPresets.presets) as Array<ModelPresets.PresetName>, "tiny-vl" as const])
+  ),
   initSeed: withDefault(Seed, 0),
   /**
    * A run's checkpoint (`RUN/checkpoints/step-NNNNNN`) whose weights this run starts from instead of the folder's

@@ -11,6 +11,7 @@ import { Effect, Scope, Semaphore } from "effect"
 import { resolve } from "node:path"
 import * as Lora from "../../src/Lora.ts"
 import * as Qwen2 from "../../src/model/Qwen2.ts"
+import * as VisionTower from "../../src/model/VisionTower.ts"
 import type * as GradientBackend from "../../src/GradientBackend.ts"
 import { Sampler, samplerError } from "../../src/Sampler.ts"
 import * as EngineThread from "../EngineThread.ts"
@@ -126,13 +127,22 @@ const pushTo = (
   return servers.push(version, pushed).pipe(Effect.mapError(wrap("Servers")))
 }
 
-const engineOf = (versions: Versions, version: number, weights: Qwen2.Weights) =>
-  (versions.engineThread?.make ?? PolicyEngine.make)({
+/** The engine's vision options for a folder with a tower (its tokenizer's `<|image_pad|>` id), else none. */
+export const visionOf = (folder: Setup["folder"]): PolicyEngine.Options["vision"] => {
+  const pad = folder.tokenizer.tokenToId("<|image_pad|>")
+  return folder.vision === undefined || pad === undefined ? undefined : { config: folder.vision, imageTokenId: pad }
+}
+
+const engineOf = (versions: Versions, version: number, weights: Qwen2.Weights) => {
+  const vision = visionOf(versions.setup.folder)
+  return (versions.engineThread?.make ?? PolicyEngine.make)({
     config: versions.setup.folder.config,
     weights: forEngine(versions.setup, weights),
     version,
-    maxBatchSize: versions.maxBatchSize
+    maxBatchSize: versions.maxBatchSize,
+    ...(vision === undefined ? {} : { vision })
   }).pipe(Effect.mapError(learnerError))
+}
 
 /**
  * Publishes the learner's weights as `version`: `changed` says whether they differ from the newest published
@@ -169,7 +179,7 @@ export const sampler = Effect.fnUntraced(function*(versions: Versions, version: 
   }
   // Without servers every entry holds its weights (only a trainer pushing to servers keeps them).
   if (versions.servers !== undefined) return versions.servers.sampler(version)
-  return prefillAlone(yield* engineOf(versions, version, entry.weights!))
+  return prefillAlone(yield* engineOf(versions, version, entry.weights!), versions.setup.folder.vision?.vision)
 })
 
 /** The ambient sampler's current one: the servers', or one engine following the newest version. */
@@ -189,7 +199,7 @@ const ambientSampler = (versions: Versions) =>
       const engine = yield* engineOf(versions, version, weights!).pipe(
         Effect.provideService(Scope.Scope, versions.setup.runScope)
       )
-      versions.ambient = { engine, sampler: prefillAlone(engine) }
+      versions.ambient = { engine, sampler: prefillAlone(engine, versions.setup.folder.vision?.vision) }
     } else if ((yield* versions.ambient.engine.policyVersion) < version) {
       yield* versions.ambient.engine.updateWeights(version, forEngine(versions.setup, weights!)).pipe(
         Effect.mapError(learnerError)
@@ -224,7 +234,10 @@ export const ambient = (versions: Versions): Sampler["Service"] =>
  * mask, and the cache grows in whole chunks). Cost: one prefill call per distinct prompt instead of one per
  * arrival burst.
  */
-export const prefillAlone = (engine: PolicyEngine.PolicyEngine["Service"]): Sampler["Service"] => {
+export const prefillAlone = (
+  engine: PolicyEngine.PolicyEngine["Service"],
+  vision?: VisionTower.VisionConfig
+): Sampler["Service"] => {
   let admitting: string | undefined
   let admitted = 0
   const waiting: Array<() => boolean> = []
@@ -260,7 +273,7 @@ export const prefillAlone = (engine: PolicyEngine.PolicyEngine["Service"]): Samp
       })
     })
   return Sampler.of({
-    generate: (request) =>
+    generate: ({ images, ...request }) =>
       // The release is in place before the wait starts, so that an interruption at any point lets the next one in.
       Effect.uninterruptibleMask((restore) => {
         const ticket = { inside: false }
@@ -269,8 +282,16 @@ export const prefillAlone = (engine: PolicyEngine.PolicyEngine["Service"]): Samp
           ticket.inside = false
           leave()
         }
-        return restore(enter(request.promptTokenIds.join(","), ticket)).pipe(
-          Effect.andThen(restore(engine.generate(request, { onToken: out }))),
+        // A prompt with images is its ids and its images' hashes (pads alone cannot tell images apart); the engine
+        // takes the tower's pixels.
+        const key = images === undefined
+          ? request.promptTokenIds.join(",")
+          : `${request.promptTokenIds.join(",")}|${images.map((image) => image.ref.sha256).join(",")}`
+        const options = images === undefined || vision === undefined
+          ? { onToken: out }
+          : { onToken: out, images: images.map((image) => VisionTower.toPixels(vision, image)) }
+        return restore(enter(key, ticket)).pipe(
+          Effect.andThen(restore(engine.generate(request, options))),
           Effect.ensuring(Effect.sync(out))
         )
       }),

@@ -106,6 +106,61 @@ export const presets: Readonly<Record<PresetName, VlConfig>> = {
 }
 
 /**
+ * The tower's keys as `config.json`'s `vision_config` (Qwen2.5-VL's names where they exist) of a folder that
+ * `agentfly init-model --preset tiny-vl` writes; {@link fromConfigJson} reads them back.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const toConfigJson = (v: VisionConfig): Record<string, number> => ({
+  depth: v.depth,
+  hidden_size: v.hiddenSize,
+  num_heads: v.numHeads,
+  intermediate_size: v.intermediateSize,
+  patch_size: v.patchSize,
+  temporal_patch_size: v.temporalPatchSize,
+  spatial_merge_size: v.spatialMergeSize,
+  in_chans: v.inChannels,
+  max_grid_side: v.maxGridSide,
+  rope_theta: v.ropeTheta,
+  rms_norm_eps: v.rmsNormEps,
+  max_pixels: v.maxPixels
+})
+
+/**
+ * The tower of a `config.json` (its `vision_config` as {@link toConfigJson} writes it): `undefined` when there is
+ * none, else the config or the first key that is missing or not a positive number.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const fromConfigJson = (raw: unknown): VisionConfig | { readonly missing: string } | undefined => {
+  const c = typeof raw === "object" && raw !== null ? (raw as Record<string, unknown>)["vision_config"] : undefined
+  if (typeof c !== "object" || c === null) return undefined
+  const keys = Object.keys(toConfigJson(presets["tiny-vl"].vision))
+  const values: Record<string, number> = {}
+  for (const key of keys) {
+    const value = (c as Record<string, unknown>)[key]
+    if (typeof value !== "number" || !(value > 0)) return { missing: `vision_config.${key}` }
+    values[key] = value
+  }
+  return {
+    depth: values["depth"]!,
+    hiddenSize: values["hidden_size"]!,
+    numHeads: values["num_heads"]!,
+    intermediateSize: values["intermediate_size"]!,
+    patchSize: values["patch_size"]!,
+    temporalPatchSize: values["temporal_patch_size"]!,
+    spatialMergeSize: values["spatial_merge_size"]!,
+    inChannels: values["in_chans"]!,
+    maxGridSide: values["max_grid_side"]!,
+    ropeTheta: values["rope_theta"]!,
+    rmsNormEps: values["rms_norm_eps"]!,
+    maxPixels: values["max_pixels"]!
+  }
+}
+
+/**
  * The tower's resize geometry for `Image.visionGrid` / `Image.resizeForVision` (Qwen2-VL's `smart_resize`): an
  * image becomes `tokens` merged tokens, one `<|image_pad|>` each, and {@link patchify} takes its pixels as they are.
  *

@@ -5,7 +5,8 @@
 import * as NodeServices from "@effect/platform-node/NodeServices"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, FileSystem } from "effect"
-import { writeFileSync } from "node:fs"
+import { readFileSync, writeFileSync } from "node:fs"
+import * as VisionTower from "../../src/model/VisionTower.ts"
 import * as ModelFolder from "../../src/ModelFolder.ts"
 
 describe("ModelFolder: vision", () => {
@@ -31,5 +32,32 @@ describe("ModelFolder: vision", () => {
       writeFileSync(`${dir}/preprocessor_config.json`, "{not json")
       const error = yield* Effect.flip(ModelFolder.load(dir))
       assert.include(error.message, "preprocessor_config.json")
+    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)))
+
+  it.effect("a tiny-vl folder carries its tower (vision_config, visual.* weights, pads); a broken key is named", () =>
+    Effect.gen(function*() {
+      const fs = yield* FileSystem.FileSystem
+      const dir = `${yield* fs.makeTempDirectoryScoped({ prefix: "agentfly-folder-vl-" })}/tiny-vl`
+      const config = yield* ModelFolder.init(dir, { preset: "tiny-vl", seed: 3 })
+      const folder = yield* ModelFolder.load(dir)
+      const vl = VisionTower.presets["tiny-vl"]
+      assert.deepStrictEqual(folder.vision, { text: config, vision: vl.vision })
+      // The same weights as VisionTower.initWeights gives, tower included.
+      const expected = VisionTower.initWeights({ text: config, vision: vl.vision }, 3)
+      assert.deepStrictEqual([...folder.weights.keys()].sort(), [...expected.keys()].sort())
+      const merger = "visual.merger.mlp.2.weight"
+      assert.deepStrictEqual(folder.weights.get(merger), expected.get(merger))
+      // The template writes one pad per tower token, and the tokenizer knows the pad.
+      assert.deepStrictEqual(folder.template.vision?.geometry, VisionTower.geometry(vl.vision))
+      assert.strictEqual(folder.tokenizer.tokenToId("<|image_pad|>"), 266)
+      assert.strictEqual(config.vocabSize, folder.tokenizer.vocabSize)
+      const raw = JSON.parse(readFileSync(`${dir}/config.json`, "utf8"))
+      delete raw.vision_config.patch_size
+      writeFileSync(`${dir}/config.json`, JSON.stringify(raw))
+      const error = yield* Effect.flip(ModelFolder.load(dir))
+      assert.include(error.message, "vision_config.patch_size")
+      // A text folder has no tower.
+      yield* ModelFolder.init(`${dir}-text`, { preset: "tiny", seed: 3 })
+      assert.isUndefined((yield* ModelFolder.load(`${dir}-text`)).vision)
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)))
 })
