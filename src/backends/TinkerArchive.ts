@@ -35,7 +35,9 @@ const untar = (bytes: Uint8Array, dir: string) =>
 export const fetchInto = Effect.fn("TinkerArchive.fetchInto")(function*(path: string, dir: string) {
   const op = "get_checkpoint_archive_url"
   const m = samplerPath.exec(path)
-  if (m === null) return yield* tinkerError(op, "BadRequest", `${path} is not a tinker:// checkpoint path`, { status: 400 })
+  if (m === null) {
+    return yield* tinkerError(op, "BadRequest", `${path} is not a tinker:// checkpoint path`, { status: 400 })
+  }
   const client = yield* TinkerClient
   const route = `/api/v1/training_runs/${m[1]}/checkpoints/${m[2]}/${m[3]}/archive`
   const answer = yield* client.get(op, route)
