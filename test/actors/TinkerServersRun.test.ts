@@ -96,8 +96,12 @@ describe("learner.backend tinker with engine.servers", () => {
         const last = saves.at(-1)!
         const saved = yield* Lora.load(Models.adapterDir(checkpoints, last.model, last.name), folder.config)
         assert.strictEqual(newest.digest, Checkpoint.fingerprint(saved.adapter))
-        // The adapter was trained (B moved from 0), and the servers got the engine's settings.
+        // The adapter was trained (B moved from 0), and the servers got the engine's settings (alpha 32 of our
+        // engine, read from the archive's adapter_config.json) with its tensors.
         assert.strictEqual(saved.config.rank, 4)
+        const pushed = yield* Lora.load(join(dir, "run", "adapters", "policy-v3"), folder.config)
+        assert.deepStrictEqual(pushed.config, saved.config)
+        assert.strictEqual(Checkpoint.fingerprint(pushed.adapter), newest.digest)
         assert.isTrue([...saved.adapter].some(([n, d]) => n.endsWith("lora_B.weight") && d.some((x) => x !== 0)))
       }).pipe(Effect.provide(NodeServices.layer))
     ), { timeout: 600_000 })
