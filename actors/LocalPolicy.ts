@@ -355,7 +355,7 @@ const setupOf = Effect.fnUntraced(function*(
     runScope: yield* Effect.scope,
     fsContext: yield* Effect.context<FileSystem.FileSystem | Scope.Scope>(),
     remote: RemoteLearner.make(folder, config, model.parameters),
-    tinker: yield* TinkerLearner.make(config)
+    tinker: yield* TinkerLearner.make(config, folder)
   }
   return setup
 })
@@ -442,7 +442,7 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
     publish: (version) => publish(local, version),
     sampler: (version) =>
       tinker !== undefined ? TinkerLearner.sampler(tinker, version) : LocalVersions.sampler(versions!, version),
-    figures: versions?.servers?.figures
+    figures: versions?.servers?.figures ?? tinker?.onServers?.servers.figures
   })
   const sampler = tinker !== undefined ? TinkerLearner.ambient(tinker) : LocalVersions.ambient(versions!)
   return { learner, versions: policyVersions, sampler }

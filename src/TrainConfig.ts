@@ -807,7 +807,8 @@ const tinkerIssues = (config: TrainConfig): Array<string> => {
     distillation: algorithm.distillation !== undefined,
     lora: config.model.lora !== undefined,
     url: learner.url !== undefined,
-    servers: config.engine.servers !== undefined
+    // A LoRA model's adapters are loaded on the servers (`tinkerLearner.ts`); full weights are not pushed.
+    servers: config.engine.servers !== undefined && learner.tinker.loraRank === undefined
   })
 }
 

@@ -467,6 +467,29 @@ const publish = (h: Hosted, version: number) =>
   })
 
 /**
+ * Where a LoRA model's sampler weights `name` keep their adapter (PEFT files and an empty `checkpoint_complete`,
+ * what the SDK's archive holds): `checkpoints/MODEL/sampler_weights/NAME`.
+ *
+ * @category combinators
+ * @since 0.1.0
+ */
+export const adapterDir = (checkpoints: string, model: string, name: string) =>
+  `${checkpoints}/${model}/sampler_weights/${name}`
+
+/** Writes the learner's adapter as sampler weights `name`, for the archive route. */
+const saveAdapter = (h: Hosted, lora: Lora.Config, name: string) =>
+  Effect.gen(function*() {
+    const fs = yield* FileSystem.FileSystem
+    const weights = yield* Effect.mapError(h.learner.trainer.weights, fromLearner)
+    const dir = adapterDir(h.checkpoints, h.id, name)
+    const fail = (e: { readonly message: string }) => failed("server", `cannot write ${dir}: ${e.message}`)
+    yield* fs.makeDirectory(dir, { recursive: true }).pipe(Effect.mapError(fail))
+    yield* fs.remove(`${dir}/checkpoint_complete`, { force: true }).pipe(Effect.mapError(fail))
+    yield* Lora.save(dir, h.base.config, lora, Lora.adapterOf(weights), h.base.name).pipe(Effect.mapError(fail))
+    yield* fs.writeFileString(`${dir}/checkpoint_complete`, "").pipe(Effect.mapError(fail))
+  })
+
+/**
  * `save_weights_for_sampler`: the current weights become the model's engine's next policy version.
  *
  * @category combinators
@@ -478,6 +501,7 @@ export const saveForSampler = (h: Hosted, request: Types.SaveWeightsForSamplerRe
     const name = request.path ?? `sampler-${version}`
     if (!namePattern.test(name)) return yield* Effect.fail(failed("user", `path ${JSON.stringify(name)} is not a name`))
     yield* publish(h, version)
+    if (h.lora !== undefined) yield* saveAdapter(h, h.lora, name)
     const path = `tinker://${h.id}/sampler_weights/${name}`
     h.samplerPaths.set(path, version)
     return Types.encodeJson(Types.SaveWeightsForSamplerResponseInternal, {

@@ -22,6 +22,7 @@ import * as Http from "node:http"
 import * as Types from "../../src/tinker/Types.ts"
 import * as Auth from "../internal/auth.ts"
 import { listen, readBody } from "../internal/http.ts"
+import * as Archives from "./Archives.ts"
 import * as FutureLog from "./FutureLog.ts"
 import * as Futures from "./Futures.ts"
 import * as Models from "./Models.ts"
@@ -334,7 +335,11 @@ export const make = Effect.fn("TinkerServer.make")(function*(
   }, log)
   const server: Server = { options, state, keys: Auth.tokens(options.apiKeys ?? []), used: new Map() }
   const run = yield* FiberSet.makeRuntime<never>()
+  const archives = Archives.handler(`${dir}/checkpoints`, server.keys, (effect) => {
+    run(Effect.provideService(effect, FileSystem.FileSystem, fs))
+  })
   return (req, res) => {
+    if (archives(req, res)) return true
     const route = routeOf(req)
     if (route === undefined) return false
     run(answer(server, req, route).pipe(

@@ -586,9 +586,41 @@ export class TinkerClient extends Context.Service<TinkerClient, {
     value: Req["Type"],
     result: Res
   ) => Effect.Effect<Res["Type"], TinkerError>
+  /**
+   * A GET of `target` (a path under the server's root, with the API key, or an absolute URL such as an archive's,
+   * without it), following redirects: the body's bytes of a 2xx answer, else a `TinkerError` as for a call.
+   */
+  readonly get: (op: string, target: string) => Effect.Effect<Uint8Array, TinkerError>
   readonly traffic: Traffic
   readonly baseUrl: string
 }>()("agentfly/src/backends/TinkerClient") {}
+
+/** One GET (no retry but the 503 "retry later" the archive route may answer, up to `c.maxRetries`). */
+const get = Effect.fnUntraced(function*(c: Connection, op: string, target: string) {
+  c.traffic.requests++
+  const absolute = /^https?:\/\//.test(target)
+  const request = HttpClientRequest.get(absolute ? target : `${c.root}${target}`).pipe(
+    HttpClientRequest.setHeaders(absolute ? {} : c.headers)
+  )
+  for (let retries = 0;; retries++) {
+    const response = yield* HttpClient.followRedirects(c.http, 5).execute(request).pipe(
+      Effect.mapError((e) => tinkerError(op, "ConnectionLost", `${target}: ${transportMessage(e)}`))
+    )
+    if (response.status >= 200 && response.status < 300) {
+      const bytes = yield* response.arrayBuffer.pipe(
+        Effect.mapError((e) => tinkerError(op, "ConnectionLost", `${target}: ${transportMessage(e)}`))
+      )
+      return new Uint8Array(bytes)
+    }
+    const text = yield* Effect.orElseSucceed(response.text, () => "")
+    if (response.status !== 503 || retries >= c.maxRetries) {
+      return yield* refusal(op, response.status, detailOf(text), undefined)
+    }
+    c.traffic.retries++
+    yield* Effect.sleep(Duration.millis(retryDelayMs(retries, undefined, yield* Random.next, c.initialRetryMs,
+      c.maxRetryMs)))
+  }
+})
 
 /**
  * A Tinker client on `options.baseUrl`, over the HTTP client in context.
@@ -619,6 +651,7 @@ export const make = Effect.fnUntraced(function*(options: Options) {
     submit: (route, request, value, result) =>
       Effect.flatMap(encode(route, request, value), (body) =>
         submit(c, route, Tinker.routes[route].path, body, result)),
+    get: (op, target) => get(c, op, target),
     traffic: c.traffic,
     baseUrl: c.root
   })

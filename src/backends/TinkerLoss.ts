@@ -92,8 +92,8 @@ export const reasons = {
   distillation: "on-policy distillation's teacher runs beside the local learner; it is not wired to a Tinker learner",
   lora: "model.lora trains a local adapter; with a Tinker engine the adapter lives there: set learner.tinker.loraRank",
   url: "learner.url is another remote learner; choose one",
-  servers: "engine.servers would need each version's adapter here; a Tinker engine keeps it (sampling goes through " +
-    "its asample instead)"
+  servers: "engine.servers loads each version's LoRA adapter on your servers; a full-weights Tinker model " +
+    "(no learner.tinker.loraRank) has no adapter to load (sampling goes through its asample instead)"
 } as const
 
 /**
@@ -115,6 +115,7 @@ export const refusals = (run: {
   readonly distillation: boolean
   readonly lora: boolean
   readonly url: boolean
+  /** `engine.servers` with a full-weights Tinker model (a LoRA model's adapters are loaded there). */
   readonly servers: boolean
 }): Array<string> => {
   const issue = (key: string, why: string) => `${key}: refused with learner.backend "tinker": ${why}`

@@ -14,7 +14,7 @@
  * optional field may be absent or `null` (servers built on FastAPI write `null`s), unknown keys are ignored.
  *
  * **Not here**: the protobuf body the SDK ≥ 0.25 posts to `forward_backward` (see `docs/tinker.md`), telemetry,
- * billing, checkpoints listing and archive routes.
+ * billing, the checkpoints listing route (the archive route's answer is here: `CheckpointArchiveUrlResponse`).
  *
  * @since 0.1.0
  */

@@ -300,6 +300,18 @@ export const HealthResponse = Schema.Struct({ status: Schema.Literal("ok") })
 export type HealthResponse = typeof HealthResponse.Type
 
 /**
+ * `CheckpointArchiveUrlResponse` (`types/checkpoint_archive_url_response.py`): `GET
+ * /api/v1/training_runs/{model_id}/checkpoints/{checkpoint_id}/archive` (`resources/weights.py`,
+ * `get_checkpoint_archive_url`; `checkpoint_id` is `sampler_weights/NAME` or `weights/NAME`). `url` is a plain GET
+ * of the checkpoint's tar; `expires` a `datetime.datetime`, written by pydantic as an ISO 8601 string.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const CheckpointArchiveUrlResponse = Schema.Struct({ url: Schema.String, expires: Schema.String })
+export type CheckpointArchiveUrlResponse = typeof CheckpointArchiveUrlResponse.Type
+
+/**
  * `SupportedModel` (`types/get_server_capabilities_response.py`).
  *
  * @category models

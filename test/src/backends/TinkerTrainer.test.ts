@@ -257,5 +257,13 @@ describe("TinkerLoss", () => {
       const tinker = { ...minimal.learner.tinker, apiKeyEnv: "tml-abc key" }
       const key = yield* issuesOf({ ...minimal, learner: { ...minimal.learner, tinker } })
       assert.match(key.join("\n"), /learner\.tinker\.apiKeyEnv/)
+      // engine.servers: a LoRA model's adapters are loaded there; a full-weights model's weights are not pushed.
+      const servers = { engine: { servers: ["http://127.0.0.1:8000/v1"] } }
+      assert.deepStrictEqual(yield* issuesOf({ ...minimal, ...servers }), [])
+      const { loraRank: _, ...full } = minimal.learner.tinker
+      const refusedFull = yield* issuesOf({ ...minimal, ...servers, learner: { ...minimal.learner, tinker: full } })
+      assert.deepStrictEqual(refusedFull, [
+        `engine.servers: refused with learner.backend "tinker": ${TinkerLoss.reasons.servers}`
+      ])
     }))
 })
