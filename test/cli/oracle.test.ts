@@ -83,7 +83,7 @@ describe("agentfly oracle", () => {
           "task calculator has no oracle here (the prebuilt ones: search, webshop"
         )
         assert.include((none as Error).message, "Oracle.rollout({ task, rows, policy })")
-        assert.include((none as Error).message, "science, vqa, swe)")
+        assert.include((none as Error).message, "science, vqa, gui, simuscene, swe)")
       }).pipe(Effect.provide(NodeServices.layer)),
     120_000
   )

@@ -83,11 +83,15 @@ describe("engineSteps", () => {
         { tokens: [1, 7, 3], prefix: e } // as long as b, but no prefix either
       ]
     }
-    assert.strictEqual(continued(g, [1, 2, 3, 4]), b)
-    assert.strictEqual(continued(g, [1, 2, 3, 4]), a)
-    assert.strictEqual(continued(g, [1, 2, 3, 4]), undefined)
+    // The prefix comes back with how many images it covers (none here): its cache arrays are the retained ones.
+    const taken = (prompt: ReadonlyArray<number>) => continued(g, prompt)
+    const first = taken([1, 2, 3, 4])
+    assert.strictEqual(first?.data, b.data)
+    assert.strictEqual(first?.images, 0)
+    assert.strictEqual(taken([1, 2, 3, 4])?.data, a.data)
+    assert.strictEqual(taken([1, 2, 3, 4]), undefined)
     assert.deepStrictEqual(g.retained.map((r) => r.prefix), [c, d, e])
     g.retained.push({ tokens: [1, 3], prefix: a }, { tokens: [1, 3], prefix: b })
-    assert.strictEqual(continued(g, [1, 3, 5]), a)
+    assert.strictEqual(taken([1, 3, 5])?.data, a.data)
   })
 })
