@@ -110,7 +110,9 @@ describe("TrainConfig", () => {
   it.effect("an unknown model preset is refused at decode time, even for a folder that exists already", () =>
     Effect.gen(function*() {
       const error = yield* failure(TrainConfig.decode({ ...minimal, model: { path: "model", preset: "tiny2" } }))
-      assert.deepStrictEqual([...error.issues], [`model.preset: Expected "tiny" | "small" | "medium", got "tiny2"`])
+      assert.deepStrictEqual([...error.issues], [
+        `model.preset: Expected "tiny" | "small" | "medium" | "tiny-vl", got "tiny2"`
+      ])
     }))
 
   it.effect("every number has finite bounds, checked at decode time and named in the error", () =>
