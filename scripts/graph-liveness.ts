@@ -17,8 +17,8 @@ import { Effect } from "effect"
 import * as Autodiff from "../src/autodiff/Autodiff.ts"
 import * as Shapes from "../src/autodiff/Shapes.ts"
 import * as Loss from "../src/Loss.ts"
-import type * as ModelConfig from "../src/model/ModelConfig.ts"
 import * as Qwen2 from "../src/model/Qwen2.ts"
+import { qwen25Width } from "./shapes.ts"
 
 const args = process.argv.slice(2)
 const flag = (name: string, fallback: number) => {
@@ -28,21 +28,7 @@ const flag = (name: string, fallback: number) => {
 const layers = Number(args.find((a, i) => /^\d+$/.test(a) && !args[i - 1]?.startsWith("--")) ?? 1)
 const batch = flag("batch", 2)
 const length = flag("length", 512)
-const config: ModelConfig.ModelConfig = {
-  modelType: "qwen2",
-  vocabSize: 151936,
-  hiddenSize: 896,
-  numHiddenLayers: layers,
-  numAttentionHeads: 14,
-  numKeyValueHeads: 2,
-  intermediateSize: 4864,
-  maxPositionEmbeddings: 32768,
-  ropeTheta: 1000000,
-  rmsNormEps: 1e-6,
-  tieWordEmbeddings: true,
-  attentionBias: true,
-  learnedPositions: false
-}
+const config = qwen25Width(layers)
 const recompute = args.includes("--recompute")
 const options = { batch, length, loss: Loss.sft, recompute }
 const tg = Effect.runSync(Autodiff.trainingGraph(Qwen2.trainingGraph(config), options))

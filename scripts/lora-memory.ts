@@ -20,6 +20,7 @@ import * as ModelConfig from "../src/model/ModelConfig.ts"
 import * as Qwen2 from "../src/model/Qwen2.ts"
 import * as Optimizer from "../src/Optimizer.ts"
 import type * as Packing from "../src/Packing.ts"
+import { qwen25Width } from "./shapes.ts"
 
 const GiB = 1024 ** 3
 
@@ -30,22 +31,7 @@ const flag = (name: string, fallback: number) => {
 }
 const preset = args.includes("--preset") ? args[args.indexOf("--preset") + 1] as ModelConfig.PresetName : undefined
 
-/** Qwen2.5-0.5B's published shapes (`config.json` of Qwen/Qwen2.5-0.5B-Instruct), cut to `layers`. */
-const qwen25 = (layers: number): ModelConfig.ModelConfig => ({
-  modelType: "qwen2",
-  vocabSize: 151936,
-  hiddenSize: 896,
-  numHiddenLayers: layers,
-  numAttentionHeads: 14,
-  numKeyValueHeads: 2,
-  intermediateSize: 4864,
-  maxPositionEmbeddings: 32768,
-  ropeTheta: 1000000,
-  rmsNormEps: 1e-6,
-  tieWordEmbeddings: true,
-  attentionBias: true,
-  learnedPositions: false
-})
+const qwen25 = qwen25Width
 
 /** Cheap random weights (uniform, std ≈ 0.02; norms ones): normal draws take a minute at this size. */
 const weightsOf = (c: ModelConfig.ModelConfig): Map<string, Float32Array> => {

