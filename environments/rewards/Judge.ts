@@ -8,9 +8,10 @@
  *   relative to the others, which needs no absolute scale in the rubric (only "better" and "worse"). It is an
  *   `AgentTask.GroupReward` (`AgentTask.make(..., { groupReward })`).
  *
- * Either judge can be given images ({@link Figure}: rendered frames, a screen), sent as `image_url` parts of its
- * user message beside the transcript, as any OpenAI-compatible vision endpoint takes them ({@link grade}); a task
- * scores its own renders with it (`simuscene`'s `judge` option).
+ * The single-trajectory judge can be given images ({@link Figure}: rendered frames, a screen), sent as `image_url`
+ * parts of its user message beside the transcript, as any OpenAI-compatible vision endpoint takes them: `figures`
+ * of {@link make} (e.g. {@link transcriptImages}), or {@link grade} with a task's own renders (`simuscene`'s `judge`
+ * option).
  *
  * Scores are clamped to [0, 1]. A judge that cannot be reached or answers without a readable score fails with a
  * `RewardError` (`ScoreFailed`), which the run's reward policy turns into 0 (counted under `reward/<name>/error`);
@@ -52,6 +53,8 @@ export interface Options {
   readonly timeoutMs?: number | undefined
   /** Retries of a judge that is overloaded, down or slow (default 4, backing off as `OpenAiCompatSampler` does). */
   readonly retries?: number | undefined
+  /** Images {@link make}'s judge sees beside each transcript (default none: a text judge). */
+  readonly figures?: ((trajectory: Trajectory.Trajectory) => ReadonlyArray<Figure>) | undefined
 }
 
 /**
@@ -86,6 +89,24 @@ export interface Figure {
 }
 
 // ===== Rendering =====
+
+/**
+ * The images of a transcript (its messages' `image_url` parts, in order) as figures, each captioned with its place:
+ * `figures` for a judge that should see what the agent saw.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const transcriptImages = (trajectory: Trajectory.Trajectory): ReadonlyArray<Figure> =>
+  trajectory.messages.flatMap((m, i) =>
+    typeof m.content === "string"
+      ? []
+      : m.content.flatMap((part) =>
+        part.type === "image_url"
+          ? [{ caption: `An image of message ${i + 1} (${m.role}):`, url: part.image_url.url }]
+          : []
+      )
+  )
 
 const callText = (m: Message): string =>
   m.role === "assistant" && m.tool_calls !== undefined && m.tool_calls.length > 0
@@ -284,7 +305,8 @@ export const grade = (
  */
 export const make = (options: Options): Reward.Reward<never> => {
   return Reward.make(options.name ?? "judge", {
-    score: ({ trajectory }) => Effect.map(grade(options, trajectory), (reward) => ({ reward }))
+    score: ({ trajectory }) =>
+      Effect.map(grade(options, trajectory, options.figures?.(trajectory) ?? []), (reward) => ({ reward }))
   })
 }
 

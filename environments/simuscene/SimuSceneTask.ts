@@ -2,9 +2,9 @@
  * The SimuScene-style task: a scene described in words (balls in a box, gravity, a wind, bouncing walls); the agent
  * writes a Python program that simulates it and prints each ball's positions; `simulate {code}` runs the program in
  * the chain's Python sandbox (a fresh interpreter a call), checks the output's shape, and draws the frames of the
- * agent's simulation (shown to a vision policy with `showFrames`). The reward compares the simulation with the reference's: the share
- * of positions within 2 % of the box (`Scene.trajectoryScore`) and the overlap of the frames' ball pixels with the
- * reference frames' (`Frames.overlap`), weighted 0.75 / 0.25 by default.
+ * agent's simulation (shown to a vision policy with `showFrames`). The reward compares the simulation with the
+ * reference's: the share of positions within 2 % of the box (`Scene.trajectoryScore`) and the overlap of the frames'
+ * ball pixels with the reference frames' (`Frames.overlap`), weighted 0.75 / 0.25 by default.
  *
  * The episode ends at the first well-formed simulation (`submitted`); a program that fails or prints the wrong shape
  * gets the reason and another turn, up to `maxTurns`. Rows: `{ question, scene }` (`examples/simuscene/generate.ts`).

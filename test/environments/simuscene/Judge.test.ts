@@ -191,6 +191,24 @@ describe("SimuScene's vision judge", () => {
       assert.isString(seen[0]!.messages[1]!.content)
     }).pipe(Effect.scoped))
 
+  it.live("Judge.make with figures: a text task's judge sees the transcript's own images", () =>
+    Effect.gen(function*() {
+      const { url, seen } = yield* judgeServer(() => `{"score": 0.25}`)
+      const strip = Frames.dataUrl(scene, reference)
+      const shown: Trajectory.Trajectory = {
+        ...trajectory,
+        messages: [
+          ...trajectory.messages,
+          { role: "user", content: [{ type: "image_url", image_url: { url: strip } }] }
+        ]
+      }
+      const judge = Judge.make({ baseUrl: url, model: "j", rubric: "r", figures: Judge.transcriptImages })
+      const outcome = yield* judge.evaluate({ trajectory: shown })
+      assert.strictEqual(outcome._tag === "Scored" ? outcome.reward : -1, 0.25)
+      assert.deepStrictEqual(imageUrls(seen[0]!), [strip])
+      assert.deepStrictEqual(Judge.transcriptImages(shown), [{ caption: "An image of message 4 (user):", url: strip }])
+    }).pipe(Effect.scoped))
+
   it.effect("the option is checked where the config names it: a weight beyond 1 or an unknown key is refused", () =>
     Effect.gen(function*() {
       const judge = { baseUrl: "http://127.0.0.1:1/v1", model: "j", weight: 1.5 }
