@@ -21,6 +21,7 @@
 import { Console, Effect, Option } from "effect"
 import { Command, Flag } from "effect/cli"
 import * as Auth from "../actors/internal/auth.ts"
+import { visionOf } from "../actors/internal/localVersions.ts"
 import * as OpenAiServer from "../actors/OpenAiServer.ts"
 import * as PolicyEngine from "../actors/PolicyEngine.ts"
 import * as Qwen2 from "../src/model/Qwen2.ts"
@@ -119,9 +120,12 @@ export const serve = Command.make(
     const folder = yield* ModelFolder.load(modelDir)
     const from = Option.getOrUndefined(checkpoint)
     const trained = from === undefined ? undefined : yield* verifiedCheckpoint(from, Qwen2.parameters(folder.config))
+    const vision = visionOf(folder)
     const engine = yield* PolicyEngine.make({
       config: folder.config,
       weights: trained?.weights ?? folder.weights,
+      // A folder with a tower (`tiny-vl`) answers image parts: its engine runs the tower.
+      ...(vision === undefined ? {} : { vision }),
       // A checkpoint's weights answer with the run's policy version at that step (the folder's are 0).
       version: trained?.policyVersion ?? 0,
       maxBatchSize,

@@ -14,7 +14,7 @@
  *
  * @since 0.1.0
  */
-import { Context, Effect, Schema } from "effect"
+import { Context, Effect, Result, Schema } from "effect"
 import { createHash } from "node:crypto"
 
 // ===== Models =====
@@ -395,21 +395,43 @@ export const sniff = (bytes: Uint8Array): MediaType | undefined =>
     ? "image/jpeg"
     : undefined
 
+type CanvasModule = typeof import("@napi-rs/canvas")
+
+// The canvas module once loaded: a dynamic `import()` per image cost 0.1–0.4 ms (a module-loader round trip, through
+// tsx's hooks thread under the CLI), more than decoding a small screen.
+let canvasLoaded: CanvasModule | undefined
+
+const loadCanvas = Effect.map(Effect.promise(() => import("@napi-rs/canvas")), (module) => (canvasLoaded = module))
+
+// ===== Images this process has checked =====
+
 /**
- * Decodes PNG or JPEG bytes (with `@napi-rs/canvas`, Skia's decoders, loaded on first use so that text-only runs
- * never load the native module) into an {@link Image}. The media type is
- * read from the bytes' signature; bytes that are neither fail with `UnsupportedMediaType`, bytes that do not decode
- * with `CorruptImage`, sides beyond 200:1 with `BadImageSize`.
- *
- * @category decoding
- * @since 0.1.0
+ * Refs of images this process decoded, or encoded itself ({@link encoded}), by content hash: a ref is a function of
+ * the bytes, so bytes seen once are never decoded again to be checked. Bounded: the oldest entries go first.
  */
-export const decode = Effect.fn("Image.decode")(function*(bytes: Uint8Array) {
+const known = new Map<string, ImageRef>()
+const knownCapacity = 4096
+
+/** Sides that no template takes: empty, or beyond 200:1 (Qwen2-VL's processor refuses those). */
+const badSize = (width: number, height: number): boolean =>
+  width < 1 || height < 1 || Math.max(width, height) / Math.min(width, height) > 200
+
+const remember = (ref: ImageRef): ImageRef => {
+  if (known.size >= knownCapacity) known.delete(known.keys().next().value!)
+  known.set(ref.sha256, ref)
+  return ref
+}
+
+/**
+ * The bytes decoded by Skia (`Image.decode()`: the decoder reports corrupt data there, never on `src`), with their
+ * ref; the pixels are not read yet.
+ */
+const decodeChecked = Effect.fnUntraced(function*(bytes: Uint8Array, hash: string = sha256(bytes)) {
   const mediaType = sniff(bytes)
   if (mediaType === undefined) {
     return yield* fail(new UnsupportedMediaType({ mediaType: describeBytes(bytes) }))
   }
-  const canvasModule = yield* Effect.promise(() => import("@napi-rs/canvas"))
+  const canvasModule = canvasLoaded ?? (yield* loadCanvas)
   const decoded = yield* Effect.tryPromise({
     try: () => {
       const image = new canvasModule.Image()
@@ -423,9 +445,23 @@ export const decode = Effect.fn("Image.decode")(function*(bytes: Uint8Array) {
   })
   const width = decoded.width
   const height = decoded.height
-  if (width < 1 || height < 1 || Math.max(width, height) / Math.min(width, height) > 200) {
-    return yield* fail(new BadImageSize({ width, height }))
-  }
+  if (badSize(width, height)) return yield* fail(new BadImageSize({ width, height }))
+  const ref = remember({ sha256: hash, width, height, mediaType })
+  return { canvasModule, decoded, ref }
+})
+
+/**
+ * Decodes PNG or JPEG bytes (with `@napi-rs/canvas`, Skia's decoders, loaded on first use so that text-only runs
+ * never load the native module) into an {@link Image}. The media type is
+ * read from the bytes' signature; bytes that are neither fail with `UnsupportedMediaType`, bytes that do not decode
+ * with `CorruptImage`, sides beyond 200:1 with `BadImageSize`.
+ *
+ * @category decoding
+ * @since 0.1.0
+ */
+export const decode = Effect.fn("Image.decode")(function*(bytes: Uint8Array) {
+  const { canvasModule, decoded, ref } = yield* decodeChecked(bytes)
+  const { width, height } = ref
   const canvas = canvasModule.createCanvas(width, height)
   const context = canvas.getContext("2d")
   context.drawImage(decoded, 0, 0)
@@ -436,8 +472,82 @@ export const decode = Effect.fn("Image.decode")(function*(bytes: Uint8Array) {
     rgb[i + 1] = rgba[j + 1]
     rgb[i + 2] = rgba[j + 2]
   }
-  const image: Image = { ref: { sha256: sha256(bytes), width, height, mediaType }, bytes, rgb }
+  const image: Image = { ref, bytes, rgb }
   return image
+})
+
+/**
+ * {@link decode} without reading the pixels out: the same checks and failures, the {@link ImageRef} only. What a
+ * template needs to count an image's tokens, at a fraction of the cost (no canvas, no RGBA copy); bytes this
+ * process already decoded or encoded ({@link encoded}) are known by their hash and not decoded again.
+ *
+ * @category decoding
+ * @since 0.1.0
+ */
+export const check = (bytes: Uint8Array): Effect.Effect<ImageRef, ImageError> =>
+  Effect.suspend(() => {
+    const hash = sha256(bytes)
+    const ref = known.get(hash)
+    return ref !== undefined ? Effect.succeed(ref) : Effect.map(decodeChecked(bytes, hash), (checked) => checked.ref)
+  })
+
+/**
+ * The ref of a PNG that this process's own encoder has just written (an environment drawing a screen): its size is
+ * read from the PNG header and checked against the canvas's, the data is not decoded. Later {@link check}s of the
+ * same bytes (a chain's template counting the image's tokens) then skip the decoder, which would only decode what
+ * was just encoded. Anything but a PNG of that size fails with a typed `ImageError` (`BadImageSize` as
+ * {@link decode} for sides no template takes).
+ *
+ * **Gotchas**
+ *
+ * Only for bytes an encoder in this process produced: bytes from a request or a file go through {@link check} or
+ * {@link decode}, which find corrupt data.
+ *
+ * @category decoding
+ * @since 0.1.0
+ */
+export const encoded = (
+  bytes: Uint8Array,
+  size: { readonly width: number; readonly height: number }
+): Result.Result<ImageRef, ImageError> => {
+  const header = pngSize(bytes)
+  if (header === undefined) {
+    return Result.fail(new ImageError({ reason: new UnsupportedMediaType({ mediaType: describeBytes(bytes) }) }))
+  }
+  if (header.width !== size.width || header.height !== size.height) {
+    const detail = `the header says ${header.width} × ${header.height}, the encoder ${size.width} × ${size.height}`
+    return Result.fail(
+      new ImageError({ reason: new CorruptImage({ mediaType: "image/png", bytes: bytes.length, detail }) })
+    )
+  }
+  if (badSize(header.width, header.height)) return Result.fail(new ImageError({ reason: new BadImageSize(header) }))
+  return Result.succeed(remember({ sha256: sha256(bytes), ...header, mediaType: "image/png" }))
+}
+
+/** A PNG's size from its IHDR chunk (the first chunk, at byte 8), or undefined for anything else. */
+const pngSize = (bytes: Uint8Array): { width: number; height: number } | undefined => {
+  if (sniff(bytes) !== "image/png" || bytes.length < 24) return undefined
+  const ihdr = String.fromCharCode(bytes[12]!, bytes[13]!, bytes[14]!, bytes[15]!)
+  if (ihdr !== "IHDR") return undefined
+  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength)
+  return { width: view.getUint32(16), height: view.getUint32(20) }
+}
+
+/**
+ * The encoded bytes of an image URL: a `data:` URL's, or a remote one's through {@link ImageFetch}; a declared media
+ * type that the bytes contradict fails with `UnsupportedMediaType`.
+ */
+const bytesOfUrl = Effect.fnUntraced(function*(url: string) {
+  if (!isDataUrl(url) && /^https?:\/\//i.test(url)) {
+    const fetcher = yield* ImageFetch
+    return yield* fetcher.fetch(url)
+  }
+  const parsed = yield* parseDataUrl(url)
+  const actual = sniff(parsed.bytes)
+  if (actual !== undefined && actual !== parsed.mediaType) {
+    return yield* fail(new UnsupportedMediaType({ mediaType: `${actual} bytes declared as ${parsed.mediaType}` }))
+  }
+  return parsed.bytes
 })
 
 /**
@@ -449,19 +559,16 @@ export const decode = Effect.fn("Image.decode")(function*(bytes: Uint8Array) {
  * @since 0.1.0
  */
 export const fromUrl = Effect.fn("Image.fromUrl")(function*(url: string) {
-  if (!isDataUrl(url) && /^https?:\/\//i.test(url)) {
-    const fetcher = yield* ImageFetch
-    return yield* decode(yield* fetcher.fetch(url))
-  }
-  const parsed = yield* parseDataUrl(url)
-  const actual = sniff(parsed.bytes)
-  if (actual !== undefined && actual !== parsed.mediaType) {
-    return yield* fail(
-      new UnsupportedMediaType({ mediaType: `${actual} bytes declared as ${parsed.mediaType}` })
-    )
-  }
-  return yield* decode(parsed.bytes)
+  return yield* decode(yield* bytesOfUrl(url))
 })
+
+/**
+ * {@link fromUrl} through {@link check}: the same reading and failures, the {@link ImageRef} only.
+ *
+ * @category decoding
+ * @since 0.1.0
+ */
+export const checkUrl = (url: string): Effect.Effect<ImageRef, ImageError> => Effect.flatMap(bytesOfUrl(url), check)
 
 const describeBytes = (bytes: Uint8Array): string =>
   bytes.length === 0

@@ -57,10 +57,10 @@ export const imageParts = (
 }
 
 /**
- * Decodes every image part not yet decoded and writes its `image` (hash, size, media type) into the part. A model
- * without vision (`template.vision` absent) refuses any image part with `ModelWithoutVision` naming it; a remote
- * URL is refused unless the run provides `Image.ImageFetch`; corrupt bytes fail with `CorruptImage`. Messages
- * without images are returned as they are (the same array).
+ * Checks every image part (decoded by `Image.checkUrl`: the pixels are not read out) and writes its `image` (hash,
+ * size, media type) into the part. A model without vision (`template.vision` absent) refuses any image part with
+ * `ModelWithoutVision` naming it; a remote URL is refused unless the run provides `Image.ImageFetch`; corrupt bytes
+ * fail with `CorruptImage`. Messages without images are returned as they are (the same array).
  *
  * @category decoding
  * @since 0.1.0
@@ -69,7 +69,9 @@ export const resolve = (
   messages: ReadonlyArray<Message.Message>,
   template: Pick<ChatTemplate.ChatTemplate, "name" | "vision">
 ): Effect.Effect<ReadonlyArray<Message.Message>, Image.ImageError> =>
-  anyImage(messages) ? Effect.map(decodeAll(messages, template), (r) => r.messages) : Effect.succeed(messages)
+  anyImage(messages)
+    ? Effect.map(readAll(messages, template, Image.checkUrl, (ref) => ref), (r) => r.messages)
+    : Effect.succeed(messages)
 
 /**
  * `resolve`, also returning every image decoded, in the order of their parts (the order of their image tokens in
@@ -78,12 +80,23 @@ export const resolve = (
  * @category decoding
  * @since 0.1.0
  */
-export const decodeAll = Effect.fn("MessageImages.decodeAll")(function*(
+export const decodeAll = (
   messages: ReadonlyArray<Message.Message>,
   template: Pick<ChatTemplate.ChatTemplate, "name" | "vision">
+): Effect.Effect<
+  { readonly messages: ReadonlyArray<Message.Message>; readonly images: ReadonlyArray<Image.Image> },
+  Image.ImageError
+> => readAll(messages, template, Image.fromUrl, (image) => image.ref)
+
+/** Reads every image part with `read` (after the template's checks), writing its ref into the part. */
+const readAll = Effect.fnUntraced(function*<A>(
+  messages: ReadonlyArray<Message.Message>,
+  template: Pick<ChatTemplate.ChatTemplate, "name" | "vision">,
+  read: (url: string) => Effect.Effect<A, Image.ImageError>,
+  refOf: (a: A) => Image.ImageRef
 ) {
-  const images: Array<Image.Image> = []
-  if (!anyImage(messages)) return { messages, images }
+  const images: Array<A> = []
+  if (!anyImage(messages)) return { messages, images: images as ReadonlyArray<A> }
   if (template.vision === undefined) {
     return yield* Effect.fail(new Image.ImageError({ reason: new Image.ModelWithoutVision({ model: template.name }) }))
   }
@@ -103,13 +116,13 @@ export const decodeAll = Effect.fn("MessageImages.decodeAll")(function*(
         parts.push(part)
         continue
       }
-      const image = yield* Image.fromUrl(part.image_url.url)
+      const image = yield* read(part.image_url.url)
       images.push(image)
-      parts.push({ ...part, image: image.ref })
+      parts.push({ ...part, image: refOf(image) })
     }
     out.push({ ...message, content: parts } as Message.Message)
   }
-  return { messages: out as ReadonlyArray<Message.Message>, images: images as ReadonlyArray<Image.Image> }
+  return { messages: out as ReadonlyArray<Message.Message>, images: images as ReadonlyArray<A> }
 })
 
 /** The first of the vision tokens that the messages' text holds (it would be read as an image's), if any. */

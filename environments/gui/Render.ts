@@ -5,8 +5,10 @@
  * @since 0.1.0
  */
 import { createCanvas, GlobalFonts, Image } from "@napi-rs/canvas"
+import { Result } from "effect"
 import { createRequire } from "node:module"
 import { dirname, join } from "node:path"
+import * as Images from "../../src/Image.ts"
 import * as Screen from "./Screen.ts"
 
 const family = "AgentflyGuiSans"
@@ -105,8 +107,12 @@ export const pixels = (state: Screen.State): Pixels => {
  * @category getters
  * @since 0.1.0
  */
-export const dataUrl = (state: Screen.State): string =>
-  `data:image/png;base64,${Buffer.from(png(state)).toString("base64")}`
+export const dataUrl = (state: Screen.State): string => {
+  const bytes = png(state)
+  // Known to the runtime by its hash from here on: a chain's template counts its tokens without decoding it again.
+  Result.getOrThrow(Images.encoded(bytes, state.layout))
+  return `data:image/png;base64,${Buffer.from(bytes).toString("base64")}`
+}
 
 /**
  * The pixels of a PNG (or JPEG) file's bytes, decoded by Skia: what an oracle reads from an image it was shown.

@@ -8,6 +8,11 @@
  *   relative to the others, which needs no absolute scale in the rubric (only "better" and "worse"). It is an
  *   `AgentTask.GroupReward` (`AgentTask.make(..., { groupReward })`).
  *
+ * The single-trajectory judge can be given images ({@link Figure}: rendered frames, a screen), sent as `image_url`
+ * parts of its user message beside the transcript, as any OpenAI-compatible vision endpoint takes them: `figures`
+ * of {@link make} (e.g. {@link transcriptImages}), or {@link grade} with a task's own renders (`simuscene`'s `judge`
+ * option).
+ *
  * Scores are clamped to [0, 1]. A judge that cannot be reached or answers without a readable score fails with a
  * `RewardError` (`ScoreFailed`), which the run's reward policy turns into 0 (counted under `reward/<name>/error`);
  * a group reward that fails keeps the trajectories' own scores.
@@ -18,7 +23,7 @@ import { Effect, Option, Redacted, Schema } from "effect"
 import { FetchHttpClient } from "effect/http"
 import type * as AgentTask from "../../src/AgentTask.ts"
 import * as OpenAiCompatSampler from "../../src/backends/OpenAiCompatSampler.ts"
-import type { Conversation, Message } from "../../src/Message.ts"
+import type { ContentPart, Conversation, Message } from "../../src/Message.ts"
 import { text } from "../../src/Message.ts"
 import * as Reward from "../../src/Reward.ts"
 import type * as Trajectory from "../../src/Trajectory.ts"
@@ -48,9 +53,60 @@ export interface Options {
   readonly timeoutMs?: number | undefined
   /** Retries of a judge that is overloaded, down or slow (default 4, backing off as `OpenAiCompatSampler` does). */
   readonly retries?: number | undefined
+  /** Images {@link make}'s judge sees beside each transcript (default none: a text judge). */
+  readonly figures?: ((trajectory: Trajectory.Trajectory) => ReadonlyArray<Figure>) | undefined
+}
+
+/**
+ * The judge's settings as a config file writes them (a task's `judge` option): {@link Options}' fields.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const Config = Schema.Struct({
+  baseUrl: Schema.String,
+  model: Schema.String,
+  apiKey: Schema.optionalKey(Schema.String),
+  rubric: Schema.String,
+  name: Schema.optionalKey(Schema.String),
+  temperature: Schema.optionalKey(Schema.Number.check(Schema.isGreaterThanOrEqualTo(0))),
+  maxTokens: Schema.optionalKey(Schema.Int.check(Schema.isGreaterThanOrEqualTo(1))),
+  timeoutMs: Schema.optionalKey(Schema.Number.check(Schema.isGreaterThan(0))),
+  retries: Schema.optionalKey(Schema.Int.check(Schema.isGreaterThanOrEqualTo(0)))
+})
+export type Config = typeof Config.Type
+
+/**
+ * An image the judge sees beside the transcript, with a caption saying what it shows. `url` is a `data:` URL (as
+ * `image_url` parts carry them; a remote URL is passed on as it is, for the judge's server to fetch or refuse).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Figure {
+  readonly caption: string
+  readonly url: string
 }
 
 // ===== Rendering =====
+
+/**
+ * The images of a transcript (its messages' `image_url` parts, in order) as figures, each captioned with its place:
+ * `figures` for a judge that should see what the agent saw.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const transcriptImages = (trajectory: Trajectory.Trajectory): ReadonlyArray<Figure> =>
+  trajectory.messages.flatMap((m, i) =>
+    typeof m.content === "string"
+      ? []
+      : m.content.flatMap((part) =>
+        part.type === "image_url"
+          ? [{ caption: `An image of message ${i + 1} (${m.role}):`, url: part.image_url.url }]
+          : []
+      )
+  )
 
 const callText = (m: Message): string =>
   m.role === "assistant" && m.tool_calls !== undefined && m.tool_calls.length > 0
@@ -72,14 +128,29 @@ const callText = (m: Message): string =>
 export const transcript = (messages: Conversation): string =>
   messages.map((m) => `${m.role.toUpperCase()}: ${text(m.content)}${callText(m)}`).join("\n\n")
 
-const singlePrompt = (rubric: string, trajectory: Trajectory.Trajectory): Conversation => [
+/** The user message's content: the transcript, then each figure's caption and image (text alone without any). */
+const withFigures = (text: string, figures: ReadonlyArray<Figure>): string | Array<ContentPart> =>
+  figures.length === 0 ? text : [
+    { type: "text", text },
+    ...figures.flatMap((f): Array<ContentPart> => [
+      { type: "text", text: f.caption },
+      { type: "image_url", image_url: { url: f.url } }
+    ])
+  ]
+
+const singlePrompt = (
+  rubric: string,
+  trajectory: Trajectory.Trajectory,
+  figures: ReadonlyArray<Figure>
+): Conversation => [
   {
     role: "system",
-    content: "You grade an AI agent's work against a rubric. Read the transcript, then answer with one JSON object " +
+    content: "You grade an AI agent's work against a rubric. Read the transcript" +
+      (figures.length === 0 ? "" : " and look at the images") + ", then answer with one JSON object " +
       `and nothing else: {"explanation": "<one or two sentences>", "score": ` +
-        `<a number from 0 to 1>}.\n\nRubric:\n${rubric}`
+      `<a number from 0 to 1>}.\n\nRubric:\n${rubric}`
   },
-  { role: "user", content: `Transcript:\n\n${transcript(trajectory.messages)}` }
+  { role: "user", content: withFigures(`Transcript:\n\n${transcript(trajectory.messages)}`, figures) }
 ]
 
 const groupPrompt = (rubric: string, trajectories: ReadonlyArray<Trajectory.Trajectory>): Conversation => [
@@ -195,6 +266,26 @@ const unreadable = (name: string, raw: string) =>
   )
 
 /**
+ * One verdict: the judge grades the trajectory's transcript against the rubric, looking at `figures` too (sent as
+ * `image_url` parts: the judge must take images then). Its score in [0, 1]; a judge that fails, or answers without a
+ * readable score, is a `RewardError` (`ScoreFailed`) named after `options.name` (default `judge`).
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const grade = (
+  options: Options,
+  trajectory: Trajectory.Trajectory,
+  figures: ReadonlyArray<Figure> = []
+): Effect.Effect<number, Reward.RewardError> => {
+  const name = options.name ?? "judge"
+  return Effect.flatMap(ask(options, name, singlePrompt(options.rubric, trajectory, figures)), (raw) => {
+    const score = parseScore(raw)
+    return score === undefined ? Effect.fail(unreadable(name, raw)) : Effect.succeed(score)
+  })
+}
+
+/**
  * A judge that grades each trajectory's transcript against the rubric, as a `Reward` (metrics under
  * `reward/<name>/`).
  *
@@ -213,13 +304,9 @@ const unreadable = (name: string, raw: string) =>
  * @since 0.1.0
  */
 export const make = (options: Options): Reward.Reward<never> => {
-  const name = options.name ?? "judge"
-  return Reward.make(name, {
+  return Reward.make(options.name ?? "judge", {
     score: ({ trajectory }) =>
-      Effect.flatMap(ask(options, name, singlePrompt(options.rubric, trajectory)), (raw) => {
-        const score = parseScore(raw)
-        return score === undefined ? Effect.fail(unreadable(name, raw)) : Effect.succeed({ reward: score })
-      })
+      Effect.map(grade(options, trajectory, options.figures?.(trajectory) ?? []), (reward) => ({ reward }))
   })
 }
 

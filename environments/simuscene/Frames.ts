@@ -6,6 +6,8 @@
  * @since 0.1.0
  */
 import { createCanvas } from "@napi-rs/canvas"
+import { Result } from "effect"
+import * as Images from "../../src/Image.ts"
 import type * as Scene from "./Scene.ts"
 
 /**
@@ -82,5 +84,9 @@ export const overlap = (scene: Scene.Scene, agent: Scene.Trajectories, reference
  * @category getters
  * @since 0.1.0
  */
-export const dataUrl = (scene: Scene.Scene, paths: Scene.Trajectories): string =>
-  `data:image/png;base64,${Buffer.from(png(scene, paths)).toString("base64")}`
+export const dataUrl = (scene: Scene.Scene, paths: Scene.Trajectories): string => {
+  const bytes = png(scene, paths)
+  // Known to the runtime by its hash from here on: a template counts its tokens without decoding it again.
+  Result.getOrThrow(Images.encoded(bytes, { width: side * 4, height: side }))
+  return `data:image/png;base64,${Buffer.from(bytes).toString("base64")}`
+}

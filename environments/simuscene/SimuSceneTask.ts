@@ -2,15 +2,17 @@
  * The SimuScene-style task: a scene described in words (balls in a box, gravity, a wind, bouncing walls); the agent
  * writes a Python program that simulates it and prints each ball's positions; `simulate {code}` runs the program in
  * the chain's Python sandbox (a fresh interpreter a call), checks the output's shape, and draws the frames of the
- * agent's simulation (shown to a vision policy with `showFrames`). The reward compares the simulation with the reference's: the share
- * of positions within 2 % of the box (`Scene.trajectoryScore`) and the overlap of the frames' ball pixels with the
- * reference frames' (`Frames.overlap`), weighted 0.75 / 0.25 by default.
+ * agent's simulation (shown to a vision policy with `showFrames`). The reward compares the simulation with the
+ * reference's: the share of positions within 2 % of the box (`Scene.trajectoryScore`) and the overlap of the frames'
+ * ball pixels with the reference frames' (`Frames.overlap`), weighted 0.75 / 0.25 by default.
  *
  * The episode ends at the first well-formed simulation (`submitted`); a program that fails or prints the wrong shape
  * gets the reason and another turn, up to `maxTurns`. Rows: `{ question, scene }` (`examples/simuscene/generate.ts`).
  * Options: `sandbox` (`docker`, the default, or `bubblewrap`), `pool` (sandboxes at once, default 64),
  * `frameWeight` (default 0.25), `showFrames` (default false: the frames of the agent's simulation close the episode
- * as an image, for a vision policy; a text-only policy cannot take an image part).
+ * as an image, for a vision policy; a text-only policy cannot take an image part), `judge` (default none: a judge
+ * model behind any OpenAI-compatible vision endpoint also scores the frames, `Judge.grade` with the agent's and the
+ * reference's strips as images, mixed in by its `weight`; {@link reward}).
  *
  * @since 0.1.0
  */
@@ -22,7 +24,9 @@ import type * as Message from "../../src/Message.ts"
 import * as Reward from "../../src/Reward.ts"
 import * as Task from "../../src/Task.ts"
 import * as Tool from "../../src/Tool.ts"
+import type * as Trajectory from "../../src/Trajectory.ts"
 import * as PythonSandbox from "../python/PythonSandbox.ts"
+import * as Judge from "../rewards/Judge.ts"
 import * as Frames from "./Frames.ts"
 import * as Scene from "./Scene.ts"
 
@@ -52,7 +56,13 @@ export class Simulation extends Context.Service<Simulation, {
   readonly state: Effect.Effect<Episode | undefined>
 }>()("agentfly/environments/simuscene/Simulation") {}
 
-const simulationLayer: Layer.Layer<Simulation> = Layer.sync(Simulation, () => {
+/**
+ * One episode per build (use with `Environment.perChain`).
+ *
+ * @category layers
+ * @since 0.1.0
+ */
+export const simulationLayer: Layer.Layer<Simulation> = Layer.sync(Simulation, () => {
   let episode: Episode | undefined
   return Simulation.of({
     reset: (scene) => Effect.sync(() => void (episode = { scene, submitted: undefined, attempts: 0 })),
@@ -131,26 +141,91 @@ export const simulate = Tool.make("simulate", {
 // ===== Reward and episode =====
 
 /**
+ * A judge of the frames: where it is (`Judge.Options`; `rubric` defaults to {@link judgeRubric}) and its `weight` in
+ * the reward.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export const JudgeOptions = Schema.Struct({
+  ...Judge.Config.fields,
+  rubric: Schema.optionalKey(Schema.String),
+  weight: Schema.Number.check(Schema.isBetween({ minimum: 0, maximum: 1 }))
+})
+export type JudgeOptions = typeof JudgeOptions.Type
+
+/**
+ * What the judge grades by default: the agent's frames against the scene's words and the reference's frames.
+ *
+ * @category constants
+ * @since 0.1.0
+ */
+export const judgeRubric = "The transcript states a scene in words and holds the agent's simulation program. The " +
+  "first image shows the agent's simulation at four moments (a quarter, half, three quarters and all of its steps, " +
+  "left to right; balls are black discs, the box's floor is the bottom edge); the second shows the reference " +
+  "simulation at the same moments. 1 if the agent's frames show the motion the words describe and match the " +
+  "reference's, 0.5 if the motion is plausible but the balls are elsewhere, 0 if they do not move as described."
+
+/**
+ * The images a judge sees for a scored simulation: the agent's strip, then the reference's.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const judgeFigures = (
+  scene: Scene.Scene,
+  submitted: Scene.Trajectories,
+  reference: Scene.Trajectories
+): ReadonlyArray<Judge.Figure> => [
+  { caption: "The agent's simulation:", url: Frames.dataUrl(scene, submitted) },
+  { caption: "The reference simulation:", url: Frames.dataUrl(scene, reference) }
+]
+
+/**
+ * The judge's score of a simulation, and whether it failed: a judge that is down or answers without a readable
+ * score (`Judge.grade`'s `ScoreFailed`) scores 0 here and is logged, so the simulation's own terms still count.
+ */
+const judged = (judge: JudgeOptions, trajectory: Trajectory.Trajectory, figures: ReadonlyArray<Judge.Figure>) =>
+  Judge.grade({ ...judge, rubric: judge.rubric ?? judgeRubric }, trajectory, figures).pipe(
+    Effect.map((score) => ({ score, failed: 0 })),
+    Effect.catch((error) =>
+      Effect.as(
+        Effect.logWarning(`simuscene: the judge's verdict is scored 0: ${error.message}`),
+        { score: 0, failed: 1 }
+      )
+    )
+  )
+
+/**
  * The reward of a frame weight: `(1 − w)·trajectory + w·frames` of the latest well-formed simulation, 0 without
- * one; metrics `reward/simuscene/{trajectory,frames,submitted,attempts}`.
+ * one; metrics `reward/simuscene/{trajectory,frames,submitted,attempts}`. With a `judge`, that sum weighs
+ * `1 − judge.weight` and the judge's score of the frames ({@link judgeFigures}) `judge.weight`; metrics
+ * `reward/simuscene/{judge,judge_failed}` too (a failed judge scores 0: see `judge_failed`). No simulation, no call.
  *
  * @category rewards
  * @since 0.1.0
  */
-export const reward = (frameWeight: number) =>
+export const reward = (frameWeight: number, judge?: JudgeOptions) =>
   Reward.make("simuscene", {
     dependencies: [Simulation],
-    score: () =>
-      Effect.map(Effect.flatMap(Simulation, (s) => s.state), (episode) => {
+    score: ({ trajectory }) =>
+      Effect.gen(function*() {
+        const episode = yield* Effect.flatMap(Simulation, (s) => s.state)
+        const judging = judge === undefined ? {} : { judge: 0, judge_failed: 0 }
         if (episode?.submitted === undefined) {
-          return { reward: 0, metrics: { trajectory: 0, frames: 0, submitted: 0, attempts: episode?.attempts ?? 0 } }
+          const metrics = { trajectory: 0, frames: 0, submitted: 0, attempts: episode?.attempts ?? 0, ...judging }
+          return { reward: 0, metrics }
         }
         const reference = Scene.simulate(episode.scene)
-        const trajectory = Scene.trajectoryScore(episode.scene, episode.submitted, reference)
+        const trajectoryScore = Scene.trajectoryScore(episode.scene, episode.submitted, reference)
         const frames = Frames.overlap(episode.scene, episode.submitted, reference)
+        const own = (1 - frameWeight) * trajectoryScore + frameWeight * frames
+        const metrics = { trajectory: trajectoryScore, frames, submitted: 1, attempts: episode.attempts }
+        if (judge === undefined) return { reward: own, metrics }
+        const verdict = yield* judged(judge, trajectory, judgeFigures(episode.scene, episode.submitted, reference))
         return {
-          reward: (1 - frameWeight) * trajectory + frameWeight * frames,
-          metrics: { trajectory, frames, submitted: 1, attempts: episode.attempts }
+          reward: (1 - judge.weight) * own + judge.weight * verdict.score,
+          metrics: { ...metrics, judge: verdict.score, judge_failed: verdict.failed }
         }
       })
   })
@@ -170,7 +245,8 @@ export const Options = Schema.Struct({
   sandbox: Schema.optionalKey(Schema.Literals(["docker", "bubblewrap"])),
   pool: Schema.optionalKey(Schema.Int.check(Schema.isGreaterThanOrEqualTo(1))),
   frameWeight: Schema.optionalKey(Schema.Number.check(Schema.isBetween({ minimum: 0, maximum: 1 }))),
-  showFrames: Schema.optionalKey(Schema.Boolean)
+  showFrames: Schema.optionalKey(Schema.Boolean),
+  judge: Schema.optionalKey(JudgeOptions)
 })
 export type Options = typeof Options.Type
 
@@ -220,7 +296,7 @@ const description = "Write a program that simulates a scene described in words, 
  */
 export const make = (options: Options = {}): Task.Task => {
   const max = options.pool ?? 64
-  const score = reward(options.frameWeight ?? 0.25)
+  const score = reward(options.frameWeight ?? 0.25, options.judge)
   return options.sandbox === "bubblewrap"
     ? Task.make("simuscene", {
       description,

@@ -1,6 +1,6 @@
 import { assert, describe, it } from "@effect/vitest"
 import { createCanvas } from "@napi-rs/canvas"
-import { Effect, Exit } from "effect"
+import { Effect, Exit, Result } from "effect"
 import { createHash } from "node:crypto"
 import { createServer, type Server } from "node:http"
 import type { AddressInfo } from "node:net"
@@ -116,6 +116,55 @@ describe("Image values", () => {
       const relative = yield* reasonOf(Image.fromUrl("cat.png"))
       assert.strictEqual(relative._tag, "BadDataUrl")
     }))
+
+  it.effect("check gives decode's ref and decode's failures, without the pixels", () =>
+    Effect.gen(function*() {
+      const bytes = redBlue(6, 4)
+      const ref = yield* Image.checkUrl(dataUrl(bytes))
+      assert.deepStrictEqual(ref, (yield* Image.decode(bytes)).ref)
+      const truncated = yield* reasonOf(Image.checkUrl(dataUrl(redBlue(7, 3).slice(0, 40))))
+      assert.strictEqual(truncated._tag, "CorruptImage")
+      const lying = yield* reasonOf(Image.checkUrl(dataUrl(redBlue(), "image/jpeg")))
+      assert.strictEqual(lying._tag, "UnsupportedMediaType")
+      assert.strictEqual((yield* reasonOf(Image.check(redBlue(402, 2))))._tag, "BadImageSize")
+      assert.strictEqual((yield* reasonOf(Image.checkUrl("https://example.com/cat.png")))._tag, "RemoteUrlRefused")
+    }))
+
+  it.effect("bytes this process encoded are known by their hash: check does not decode them again", () =>
+    Effect.gen(function*() {
+      // A PNG whose header is sound and whose pixel data is not: only a decoder can tell.
+      const png = redBlue(9, 5)
+      const corruptBody = (seed: number) => {
+        const bytes = png.slice()
+        for (let i = 41; i < bytes.length - 12; i++) bytes[i] = (i * 7 + seed) & 0xff
+        return bytes
+      }
+      assert.strictEqual((yield* reasonOf(Image.check(corruptBody(1))))._tag, "CorruptImage")
+      const claimed = corruptBody(2)
+      const ref = yield* Effect.fromResult(Image.encoded(claimed, { width: 9, height: 5 }))
+      assert.deepStrictEqual(ref, {
+        sha256: createHash("sha256").update(claimed).digest("hex"),
+        width: 9,
+        height: 5,
+        mediaType: "image/png"
+      })
+      assert.deepStrictEqual(yield* Image.check(claimed), ref)
+      // `decode` still reads the pixels, so it still finds the corrupt data.
+      assert.strictEqual((yield* reasonOf(Image.decode(claimed)))._tag, "CorruptImage")
+    }))
+
+  it("encoded refuses bytes that are not a PNG of the encoder's size, with a typed error", () => {
+    const wrongSize = Image.encoded(redBlue(9, 5), { width: 5, height: 9 })
+    assert.isTrue(Result.isFailure(wrongSize))
+    if (Result.isFailure(wrongSize)) {
+      assert.strictEqual(wrongSize.failure.reason._tag, "CorruptImage")
+      assert.match(wrongSize.failure.message, /header says 9 × 5, the encoder 5 × 9/)
+    }
+    const jpeg = Image.encoded(redBlue(9, 5, "image/jpeg"), { width: 9, height: 5 })
+    assert.isTrue(Result.isFailure(jpeg) && jpeg.failure.reason._tag === "UnsupportedMediaType")
+    const thin = Image.encoded(redBlue(402, 2), { width: 402, height: 2 })
+    assert.isTrue(Result.isFailure(thin) && thin.failure.reason._tag === "BadImageSize")
+  })
 
   it.effect("an image beyond 200:1 is refused with its size", () =>
     Effect.gen(function*() {
