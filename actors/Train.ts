@@ -38,7 +38,6 @@ import type * as Message from "../src/Message.ts"
 import * as DiskFull from "../src/internal/diskFull.ts"
 import * as SchemaIssues from "../src/internal/schemaIssues.ts"
 import * as ModelConfig from "../src/model/ModelConfig.ts"
-import * as Qwen2 from "../src/model/Qwen2.ts"
 import * as ModelFolder from "../src/ModelFolder.ts"
 import * as Report from "../src/Report.ts"
 import * as Task from "../src/Task.ts"
@@ -530,7 +529,7 @@ const loadModel = Effect.fnUntraced(function*(
   if (mismatch !== undefined) yield* say(mismatch)
   const from = requested.model.from
   if (from === undefined) return loaded
-  const checkpoint = yield* Journal.verifiedCheckpoint(from, Qwen2.parameters(loaded.config)).pipe(
+  const checkpoint = yield* Journal.verifiedCheckpoint(from, ModelFolder.parameters(loaded)).pipe(
     Effect.mapError((e) =>
       new TrainConfig.ConfigError({
         source: options.source ?? "config",

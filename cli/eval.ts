@@ -15,6 +15,7 @@ import { Effect, FileSystem, Option, Schema } from "effect"
 import type { Scope } from "effect"
 import { Argument, Command, Flag } from "effect/cli"
 import * as ChainFormat from "../actors/ChainFormat.ts"
+import { visionOf } from "../actors/internal/localVersions.ts"
 import * as Journal from "../actors/Journal.ts"
 import * as Metrics from "../actors/Metrics.ts"
 import * as PolicyEngine from "../actors/PolicyEngine.ts"
@@ -25,7 +26,6 @@ import type { Figures } from "../actors/Learner.ts"
 import * as Rollouts from "../actors/Rollouts.ts"
 import * as RolloutSetup from "../actors/RolloutSetup.ts"
 import * as Dataset from "../src/Dataset.ts"
-import * as Qwen2 from "../src/model/Qwen2.ts"
 import * as ModelFolder from "../src/ModelFolder.ts"
 import { Sampler } from "../src/Sampler.ts"
 import type * as Task from "../src/Task.ts"
@@ -198,9 +198,16 @@ export const run = Effect.fn("cli.eval")(function*(
   const config = TrainConfig.onModel({ ...requested, eval: evalConfig }, folder.config)
   const weights = options.checkpoint === undefined
     ? folder.weights
-    : (yield* verifiedCheckpoint(options.checkpoint, Qwen2.parameters(folder.config))).weights
+    : (yield* verifiedCheckpoint(options.checkpoint, ModelFolder.parameters(folder))).weights
   const questions = Math.min(config.eval.size ?? heldOut.rows.length, heldOut.rows.length)
-  const engine = yield* PolicyEngine.make({ config: folder.config, weights, maxBatchSize: 64 })
+  // A folder with a tower (`tiny-vl`) sees the task's images: its engine runs the tower.
+  const vision = visionOf(folder)
+  const engine = yield* PolicyEngine.make({
+    config: folder.config,
+    weights,
+    maxBatchSize: 64,
+    ...(vision === undefined ? {} : { vision })
+  })
   // The task's environment lives (and its pools with it) for the evaluation only.
   const { figures, groups } = yield* Effect.scoped(
     Effect.flatMap(

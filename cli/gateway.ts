@@ -25,11 +25,11 @@ import { Command, Flag } from "effect/cli"
 import { FetchHttpClient } from "effect/http"
 import * as ChainFormat from "../actors/ChainFormat.ts"
 import * as Auth from "../actors/internal/auth.ts"
+import { visionOf } from "../actors/internal/localVersions.ts"
 import * as Gateway from "../actors/Gateway.ts"
 import * as PolicyEngine from "../actors/PolicyEngine.ts"
 import * as OpenAiCompatSampler from "../src/backends/OpenAiCompatSampler.ts"
 import * as ChatTemplate from "../src/ChatTemplate.ts"
-import * as Qwen2 from "../src/model/Qwen2.ts"
 import * as ModelFolder from "../src/ModelFolder.ts"
 import { Sampler } from "../src/Sampler.ts"
 import * as Tokenizer from "../src/Tokenizer.ts"
@@ -91,10 +91,13 @@ export const start = Effect.fn("cli.gateway.start")(function*(
     const folder = yield* ModelFolder.load(options.modelDir)
     const trained = options.checkpoint === undefined
       ? undefined
-      : yield* verifiedCheckpoint(options.checkpoint, Qwen2.parameters(folder.config))
+      : yield* verifiedCheckpoint(options.checkpoint, ModelFolder.parameters(folder))
+    const vision = visionOf(folder)
     const engine = yield* PolicyEngine.make({
       config: folder.config,
       weights: trained?.weights ?? folder.weights,
+      // A folder with a tower (`tiny-vl`) answers image parts: its engine runs the tower.
+      ...(vision === undefined ? {} : { vision }),
       version: trained?.policyVersion ?? 0,
       ...(options.threads === undefined ? {} : { intraOpNumThreads: options.threads })
     })

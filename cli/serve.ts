@@ -24,7 +24,6 @@ import * as Auth from "../actors/internal/auth.ts"
 import { visionOf } from "../actors/internal/localVersions.ts"
 import * as OpenAiServer from "../actors/OpenAiServer.ts"
 import * as PolicyEngine from "../actors/PolicyEngine.ts"
-import * as Qwen2 from "../src/model/Qwen2.ts"
 import * as ModelFolder from "../src/ModelFolder.ts"
 import { verifiedCheckpoint } from "./eval.ts"
 import { exitOnFailure } from "./train.ts"
@@ -119,7 +118,7 @@ export const serve = Command.make(
     })
     const folder = yield* ModelFolder.load(modelDir)
     const from = Option.getOrUndefined(checkpoint)
-    const trained = from === undefined ? undefined : yield* verifiedCheckpoint(from, Qwen2.parameters(folder.config))
+    const trained = from === undefined ? undefined : yield* verifiedCheckpoint(from, ModelFolder.parameters(folder))
     const vision = visionOf(folder)
     const engine = yield* PolicyEngine.make({
       config: folder.config,

@@ -296,6 +296,16 @@ const readVision = Effect.fnUntraced(function*(dir: string, config: ModelConfig.
 })
 
 /**
+ * Every weight a checkpoint of this folder's model holds: the text model's, then the tower's when it has one (a run's
+ * checkpoints of a `tiny-vl` policy keep the trained tower beside the language model).
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const parameters = (folder: Pick<ModelFolder, "config" | "vision">): ReadonlyArray<Qwen2.ParameterSpec> =>
+  folder.vision === undefined ? Qwen2.parameters(folder.config) : VisionTower.allParameters(folder.vision)
+
+/**
  * Loads and cross-validates a whole folder.
  *
  * @category constructors

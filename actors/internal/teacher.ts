@@ -13,7 +13,6 @@ import * as OpenAiCompatSampler from "../../src/backends/OpenAiCompatSampler.ts"
 import * as Distillation from "../../src/Distillation.ts"
 import * as ModelFolder from "../../src/ModelFolder.ts"
 import * as Packing from "../../src/Packing.ts"
-import * as Qwen2 from "../../src/model/Qwen2.ts"
 import type { SamplerError } from "../../src/Sampler.ts"
 import * as Journal from "../Journal.ts"
 
@@ -68,7 +67,7 @@ const local = Effect.fnUntraced(function*(
   yield* Distillation.checkTokenizers(student.tokenizer.encode, (text) => Effect.succeed(folder.tokenizer.encode(text)))
   const weights = config.checkpoint === undefined
     ? folder.weights
-    : (yield* Journal.verifiedCheckpoint(config.checkpoint, Qwen2.parameters(folder.config)).pipe(
+    : (yield* Journal.verifiedCheckpoint(config.checkpoint, ModelFolder.parameters(folder)).pipe(
       Effect.mapError(failed(`cannot load the teacher's checkpoint ${config.checkpoint}`))
     )).weights
   const score = yield* OnnxTrainer.makeReference(OnnxTrainer.qwen2(folder.config), weights, {

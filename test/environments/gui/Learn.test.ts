@@ -13,6 +13,7 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as Train from "../../../actors/Train.ts"
+import * as Eval from "../../../cli/eval.ts"
 import * as Generate from "../../../examples/gui/generate.ts"
 import * as GuiTask from "../../../environments/gui/GuiTask.ts"
 
@@ -111,5 +112,14 @@ describe("a tiny-vl policy on the GUI task through Train.run", () => {
       const resumed = yield* Train.run({ task: GuiTask.make(), dir, config: again, resume: true, ...quiet })
       assert.strictEqual(resumed.summary.fromStep, 1)
       assert.strictEqual(resumed.summary.fingerprint, run.summary.fingerprint)
+      // `agentfly eval` runs the checkpoint's tower on the screens (it refused the folder's visual.* weights).
+      writeFileSync(join(dir, "eval.json"), JSON.stringify({ ...again, task: "gui" }))
+      const scored = yield* Eval.run({
+        config: join(dir, "eval.json"),
+        checkpoint: join(a, "checkpoints", "step-000002"),
+        write: () => {}
+      }).pipe(Effect.provide(NodeServices.layer))
+      assert.strictEqual(scored.questions, 2)
+      assert.strictEqual(scored.figures["eval/trajectories"], 2)
     }), { timeout: 240_000 })
 })
