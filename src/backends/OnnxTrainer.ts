@@ -42,6 +42,7 @@ import * as Graph from "../onnx/Graph.ts"
 import * as Optimizer from "../Optimizer.ts"
 import type * as Packing from "../Packing.ts"
 import * as GradientBackend from "../GradientBackend.ts"
+import * as FrozenFile from "./internal/frozenFile.ts"
 import * as TrainerPool from "./internal/trainerPool.ts"
 import type * as TrainerWorker from "./internal/trainerWorker.ts"
 
@@ -145,8 +146,9 @@ export const qwen2Value = (config: ModelConfig.ModelConfig): Model => ({
  * `base_model_name_or_path`.
  *
  * **Gotchas** The frozen output head is chunked as a trained one is (`ChunkedHead`, without its ∂W). With
- * `workers > 1` each worker thread holds a private copy of the base
- * (onnxruntime-node feeds no shared memory): one copy a worker, made once when the threads start.
+ * `workers > 1` the worker threads read the base from one file the trainer writes once into a temporary folder
+ * (`internal/frozenFile.ts`: onnxruntime maps it, every worker's sessions share its pages); the disk needs room
+ * for the base in float32.
  *
  * @category constructors
  * @since 0.1.0
@@ -456,6 +458,10 @@ interface Trainer {
   readonly graphs: Map<string, GraphEntry>
   /** The model's frozen inputs' names (none without LoRA). */
   readonly frozenNames: ReadonlySet<string>
+  /** With workers and frozen weights: the file the workers' sessions map them from, written on first use. */
+  frozenFile: FrozenFile.FrozenFile | undefined
+  /** How many times the frozen weights were written to a file (for tests: once per trainer). */
+  frozenWrites: number
 }
 
 // ----- Graphs and sessions -----
@@ -676,11 +682,11 @@ const usePool = Effect.fnUntraced(function*(trainer: Trainer) {
     }
   }
   if (trainer.pool !== undefined) return trainer.pool
-  // onnxruntime-node takes no SharedArrayBuffer tensors: each worker holds its own copy of a frozen base.
-  const frozen = trainer.model.frozen
-  const frozenFeeds = frozen === undefined ? undefined : Object.fromEntries(frozen.parameters.map((p) =>
-    [p.name, { type: "float32", data: frozen.weights.get(p.name)!, dims: p.shape } satisfies TrainerWorker.Feed]
-  ))
+  // onnxruntime-node takes no SharedArrayBuffer tensors: the workers map a frozen base from one file instead.
+  const file = yield* frozenFileOf(trainer)
+  const sessionOptions = file === undefined
+    ? trainer.sessionOptions
+    : FrozenFile.sessionOptions(trainer.sessionOptions, file.folder)
   const p = yield* TrainerPool.start(Array.from({ length: workers }, (_, index) => ({
     index,
     layout,
@@ -690,15 +696,32 @@ const usePool = Effect.fnUntraced(function*(trainer: Trainer) {
     accum: shared!.accum,
     grads: shared!.grads,
     slice: [Math.floor(layout.total * index / workers), Math.floor(layout.total * (index + 1) / workers)] as const,
-    sessionOptions: trainer.sessionOptions,
-    releaseOutputs: releasesOutputs(trainer.options, layout),
-    ...(frozenFeeds === undefined ? {} : { frozen: frozenFeeds })
+    sessionOptions,
+    releaseOutputs: releasesOutputs(trainer.options, layout)
   })), () => trainer.liveThreads--)
   trainer.liveThreads += p.size
   trainer.pool = p
   trainer.compiledOn = Array.from({ length: workers }, () => new Set())
   return p
 })
+
+/** The file of the model's frozen weights (none without): written once per trainer, removed when its scope closes. */
+const frozenFileOf = (trainer: Trainer) =>
+  Effect.suspend(() => {
+    const frozen = trainer.model.frozen
+    if (frozen === undefined || trainer.frozenFile !== undefined) return Effect.succeed(trainer.frozenFile)
+    return FrozenFile.write(frozen.parameters, frozen.weights).pipe(
+      Effect.tap((file) =>
+        Effect.sync(() => {
+          trainer.frozenFile = file
+          trainer.frozenWrites++
+        })
+      ),
+      Effect.provideService(FileSystem.FileSystem, trainer.fs),
+      Effect.provideService(Scope.Scope, trainer.scope),
+      Effect.mapError((e) => fail("Session", `the frozen weights' file: ${e.message}`, { cause: e }))
+    )
+  })
 
 /** After a failed pooled call: a broken pool is replaced on the next call, and its gradients are lost. */
 const afterFailure = (trainer: Trainer, clearGradients: boolean) =>
@@ -715,9 +738,10 @@ const graphFor = Effect.fnUntraced(
     const key = shapeKey(trainer.model, mb, grads)
     const hit = graphs.get(key)
     graphs.delete(key)
+    const file = trainer.frozenFile
     const entry = hit ?? (yield* Effect.map(buildGraph(trainer, mb, grads), (graph) => ({
       graph,
-      bytes: Graph.toModelBytes(graph.graph)
+      bytes: file === undefined ? Graph.toModelBytes(graph.graph) : FrozenFile.modelBytes(graph.graph, file)
     })))
     graphs.set(key, entry)
     if (graphs.size > Math.max(2, trainer.options.maxSessions ?? 8)) {
@@ -968,7 +992,9 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
     everyWorker: shardsAccumulated.map((_, j) => j),
     weightsVersion: 0,
     graphs: new Map(),
-    frozenNames: new Set(model.frozen?.parameters.map((p) => p.name) ?? [])
+    frozenNames: new Set(model.frozen?.parameters.map((p) => p.name) ?? []),
+    frozenFile: undefined,
+    frozenWrites: 0
   }
   yield* Scope.addFinalizer(trainer.scope, dropPool(trainer))
 
@@ -986,10 +1012,18 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
   })
   /**
    * The worker threads (for tests): how many are alive, how many requests they are running (or have queued), a way
-   * to kill one as a crash would, and a way to close them with a given wait (the next call starts fresh threads).
+   * to kill one as a crash would, and a way to close them with a given wait (the next call starts fresh threads);
+   * the bytes of weights each holds in private copies, and the file of the frozen weights and how often it was
+   * written.
    */
   const threads = {
     live: Effect.sync(() => trainer.liveThreads),
+    held: Effect.suspend(() => {
+      const p = trainer.pool
+      if (p === undefined) return Effect.succeed([])
+      return Effect.forEach(trainer.everyWorker, (j) => Effect.map(p.request(j, { op: "held" }), (o) => o.held!))
+    }),
+    frozen: Effect.sync(() => ({ file: trainer.frozenFile, writes: trainer.frozenWrites })),
     inFlight: Effect.sync(() => trainer.pool?.inFlight() ?? 0),
     kill: (index: number) =>
       Effect.suspend(() => (trainer.pool === undefined ? Effect.void : trainer.pool.kill(index))),
