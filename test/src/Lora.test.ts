@@ -248,12 +248,13 @@ describe("Lora", () => {
           }
           const after = yield* t.threads.frozen
           const weights = Lora.adapterOf(yield* t.trainer.weights)
-          return { gradients, held, file, writes: after.writes, mappings, weights }
+          return { gradients, held, file, writes: [writes, after.writes], mappings, weights }
         }).pipe(Effect.scoped)
       const one = yield* run(1), two = yield* run(2)
       assert.isUndefined(one.file)
+      assert.deepStrictEqual(one.writes, [0, 0])
       assert.deepStrictEqual(two.held, [adapterBytes, adapterBytes]) // each thread: the adapter, never the base
-      assert.strictEqual(two.writes, 1)
+      assert.deepStrictEqual(two.writes, [1, 1])
       assert.isAtLeast(two.file!.bytes, baseBytes)
       if (two.mappings > 0 || process.platform === "linux") assert.isAtLeast(two.mappings, 2)
       assert.isFalse(yield* fs.exists(two.file!.folder)) // removed when the trainer's scope closed
