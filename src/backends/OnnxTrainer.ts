@@ -941,6 +941,24 @@ const sizeProblem = (
 }
 
 /**
+ * The worker threads (for tests): how many are alive, how many requests they are running (or have queued), a way to
+ * kill one as a crash would, and a way to close them with a given wait (the next call starts fresh threads); the
+ * bytes of weights each holds in private copies, and the file of the frozen weights and how often it was written.
+ */
+const threadsOf = (trainer: Trainer) => ({
+  live: Effect.sync(() => trainer.liveThreads),
+  held: Effect.suspend(() => {
+    const p = trainer.pool
+    if (p === undefined) return Effect.succeed([])
+    return Effect.forEach(trainer.everyWorker, (j) => Effect.map(p.request(j, { op: "held" }), (o) => o.held!))
+  }),
+  frozen: Effect.sync(() => ({ file: trainer.frozenFile, writes: trainer.frozenWrites })),
+  inFlight: Effect.sync(() => trainer.pool?.inFlight() ?? 0),
+  kill: (index: number) => Effect.suspend(() => (trainer.pool === undefined ? Effect.void : trainer.pool.kill(index))),
+  close: (wait: Duration.Input) => dropPool(trainer, wait)
+})
+
+/**
  * A local trainer in the current scope (sessions are released when it closes).
  *
  * @category constructors
@@ -1010,25 +1028,7 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
     save: (dir, meta) => locked(save(trainer, dir, meta)),
     load: (dir) => locked(load(trainer, dir))
   })
-  /**
-   * The worker threads (for tests): how many are alive, how many requests they are running (or have queued), a way
-   * to kill one as a crash would, and a way to close them with a given wait (the next call starts fresh threads);
-   * the bytes of weights each holds in private copies, and the file of the frozen weights and how often it was
-   * written.
-   */
-  const threads = {
-    live: Effect.sync(() => trainer.liveThreads),
-    held: Effect.suspend(() => {
-      const p = trainer.pool
-      if (p === undefined) return Effect.succeed([])
-      return Effect.forEach(trainer.everyWorker, (j) => Effect.map(p.request(j, { op: "held" }), (o) => o.held!))
-    }),
-    frozen: Effect.sync(() => ({ file: trainer.frozenFile, writes: trainer.frozenWrites })),
-    inFlight: Effect.sync(() => trainer.pool?.inFlight() ?? 0),
-    kill: (index: number) =>
-      Effect.suspend(() => (trainer.pool === undefined ? Effect.void : trainer.pool.kill(index))),
-    close: (wait: Duration.Input) => dropPool(trainer, wait)
-  }
+  const threads = threadsOf(trainer)
   return {
     trainer: service,
     logprobs: (batch: Packing.MicroBatch) => locked(logprobs(trainer, batch)),
