@@ -23,7 +23,8 @@
  * the statistics are masked sums, so shard results add up exactly (up to float summation order); token logprobs
  * concatenate along rows. Each worker accumulates its gradients in its own shared buffer; at `optimStep` the
  * workers sum the buffers (in worker order) and apply AdamW (`Optimizer.step`, the same maths) over disjoint slices
- * of the parameters, which live in shared memory.
+ * of the parameters, which live in shared memory. A LoRA run's frozen base is not copied to the workers: their
+ * graphs read it from one file the trainer writes once, which onnxruntime maps (`internal/frozenFile.ts`).
  *
  * @since 0.1.0
  */
