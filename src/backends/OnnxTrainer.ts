@@ -24,7 +24,7 @@
  * concatenate along rows. Each worker accumulates its gradients in its own shared buffer; at `optimStep` the
  * workers sum the buffers (in worker order) and apply AdamW (`Optimizer.step`, the same maths) over disjoint slices
  * of the parameters, which live in shared memory. A LoRA run's frozen base is not copied to the workers: their
- * graphs read it from one file the trainer writes once, which onnxruntime maps (`internal/frozenFile.ts`).
+ * graphs read it from one file written once, which onnxruntime maps (`internal/frozenFile.ts`).
  *
  * @since 0.1.0
  */
@@ -147,9 +147,9 @@ export const qwen2Value = (config: ModelConfig.ModelConfig): Model => ({
  * `base_model_name_or_path`.
  *
  * **Gotchas** The frozen output head is chunked as a trained one is (`ChunkedHead`, without its ∂W). With
- * `workers > 1` the worker threads read the base from one file the trainer writes once into a temporary folder
- * (`internal/frozenFile.ts`: onnxruntime maps it, every worker's sessions share its pages); the disk needs room
- * for the base in float32.
+ * `workers > 1` the worker threads read the base from one file written once into a temporary folder (shared by
+ * the process's trainers over the same base: `internal/frozenFile.ts`; onnxruntime maps it, every worker's sessions
+ * share its pages); the disk needs room for the base in float32.
  *
  * @category constructors
  * @since 0.1.0
@@ -461,7 +461,7 @@ interface Trainer {
   readonly frozenNames: ReadonlySet<string>
   /** With workers and frozen weights: the file the workers' sessions map them from, written on first use. */
   frozenFile: FrozenFile.FrozenFile | undefined
-  /** How many times the frozen weights were written to a file (for tests: once per trainer). */
+  /** How many times this trainer wrote the frozen weights to a file (for tests: at most once; 0 when shared). */
   frozenWrites: number
 }
 
@@ -706,18 +706,20 @@ const usePool = Effect.fnUntraced(function*(trainer: Trainer) {
   return p
 })
 
-/** The file of the model's frozen weights (none without): written once per trainer, removed when its scope closes. */
+/**
+ * The file of the model's frozen weights (none without), held until the trainer's scope closes: shared with the
+ * other trainers of this process over the same weights, or written.
+ */
 const frozenFileOf = (trainer: Trainer) =>
   Effect.suspend(() => {
     const frozen = trainer.model.frozen
     if (frozen === undefined || trainer.frozenFile !== undefined) return Effect.succeed(trainer.frozenFile)
-    return FrozenFile.write(frozen.parameters, frozen.weights).pipe(
-      Effect.tap((file) =>
-        Effect.sync(() => {
-          trainer.frozenFile = file
-          trainer.frozenWrites++
-        })
-      ),
+    return FrozenFile.acquire(frozen.parameters, frozen.weights).pipe(
+      Effect.map(({ file, written }) => {
+        trainer.frozenFile = file
+        if (written) trainer.frozenWrites++
+        return file
+      }),
       Effect.provideService(FileSystem.FileSystem, trainer.fs),
       Effect.provideService(Scope.Scope, trainer.scope),
       Effect.mapError((e) => fail("Session", `the frozen weights' file: ${e.message}`, { cause: e }))

@@ -10,10 +10,12 @@
  * (`Transpose(W)` of an initializer folded into a transposed copy, per session). Neither changes a bit of the
  * results: the graph computes what it computes with the base as an input (test/src/Lora.test.ts).
  *
- * The file is written once per trainer into a temporary folder removed when the trainer's scope closes (a process
- * killed with `kill -9` leaves it behind in the system's temporary folder).
+ * The file is written once per base and process ({@link acquire}): trainers over the same weights (a Tinker server's
+ * adapters on one base) share it, and it is removed from its temporary folder when the last of them closes (a process
+ * killed with `kill -9` leaves it behind in the system's temporary folder; a trainer opened after the last one closed
+ * writes it again).
  */
-import { Effect, FileSystem } from "effect"
+import { Effect, Exit, FileSystem, Scope, Semaphore } from "effect"
 import type * as ort from "onnxruntime-node"
 import * as Graph from "../../onnx/Graph.ts"
 
@@ -75,6 +77,55 @@ export const write = Effect.fnUntraced(function*(
   }))
   return { folder, entries, bytes } satisfies FrozenFile
 })
+
+/** A written file and the trainers using it. */
+interface Shared {
+  readonly file: FrozenFile
+  readonly scope: Scope.Closeable
+  users: number
+}
+
+// Process-wide on purpose: "once per process" is the point. Keyed by the weights' identity, so that only trainers
+// over the very same arrays share a file; the lock keeps two trainers starting at once from writing it twice.
+const files = new WeakMap<ReadonlyMap<string, Float32Array>, Shared>()
+const lock = Semaphore.makeUnsafe(1)
+
+const release = (weights: ReadonlyMap<string, Float32Array>, shared: Shared) =>
+  lock.withPermits(1)(Effect.suspend(() => {
+    if (--shared.users > 0) return Effect.void
+    files.delete(weights)
+    return Scope.close(shared.scope, Exit.void)
+  }))
+
+/**
+ * The file of `weights` for the current scope: the one another trainer of this process already holds for the same
+ * arrays, or written ({@link write}). Removed when the last scope holding it closes. `parameters` must be the same
+ * for the same weights (they are the model's frozen parameters).
+ */
+export const acquire = (
+  parameters: ReadonlyArray<{ readonly name: string; readonly shape: ReadonlyArray<number> }>,
+  weights: ReadonlyMap<string, Float32Array>
+) =>
+  Effect.acquireRelease(
+    lock.withPermits(1)(Effect.suspend(() => {
+      const hit = files.get(weights)
+      if (hit !== undefined) {
+        hit.users++
+        return Effect.succeed({ shared: hit, written: false })
+      }
+      return Effect.gen(function*() {
+        const scope = yield* Scope.make()
+        const file = yield* write(parameters, weights).pipe(
+          Scope.provide(scope),
+          Effect.onError(() => Scope.close(scope, Exit.void))
+        )
+        const shared: Shared = { file, scope, users: 1 }
+        files.set(weights, shared)
+        return { shared, written: true }
+      })
+    })),
+    ({ shared }) => release(weights, shared)
+  ).pipe(Effect.map(({ shared, written }) => ({ file: shared.file, written })))
 
 /**
  * The options of a session whose graph reads the base from `folder`: the graph's bytes name no folder (the session

@@ -5,7 +5,7 @@
  */
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, FileSystem } from "effect"
+import { Effect, Exit, FileSystem, Scope } from "effect"
 import * as ort from "onnxruntime-node"
 import * as FrozenFile from "../../../../src/backends/internal/frozenFile.ts"
 import * as Graph from "../../../../src/onnx/Graph.ts"
@@ -60,6 +60,31 @@ describe("frozenFile", () => {
       assert.strictEqual(bits(floats(FrozenFile.alignment, 84)), bits(weights.get("b")!))
       assert.strictEqual(bits(floats(0, 20)), bits(weights.get("a")!))
       assert.isFalse(yield* fs.exists(folder))
+    }).pipe(Effect.provide(NodeServices.layer)))
+
+  it.effect("acquire: one file per weights in the process, removed when the last scope holding it closes", () =>
+    Effect.gen(function*() {
+      const fs = yield* FileSystem.FileSystem
+      const parameters = [{ name: "w", shape: [4, 3] }]
+      const weights = new Map([["w", random(12, 5)]])
+      const other = new Map([["w", random(12, 5)]]) // the same values in other arrays: a file of its own
+      const first = yield* Scope.make()
+      const second = yield* Scope.make()
+      const a = yield* Scope.provide(FrozenFile.acquire(parameters, weights), first)
+      const [b, c] = yield* Effect.all([
+        Scope.provide(FrozenFile.acquire(parameters, weights), second),
+        Scope.provide(FrozenFile.acquire(parameters, other), second)
+      ], { concurrency: "unbounded" })
+      assert.deepStrictEqual([a.written, b.written, c.written], [true, false, true])
+      assert.strictEqual(b.file.folder, a.file.folder)
+      assert.notStrictEqual(c.file.folder, a.file.folder)
+      yield* Scope.close(first, Exit.void)
+      assert.isTrue(yield* fs.exists(`${a.file.folder}/${FrozenFile.location}`)) // the second scope still holds it
+      yield* Scope.close(second, Exit.void)
+      assert.isFalse(yield* fs.exists(a.file.folder))
+      assert.isFalse(yield* fs.exists(c.file.folder))
+      const again = yield* Effect.scoped(FrozenFile.acquire(parameters, weights))
+      assert.isTrue(again.written) // written anew once none held it
     }).pipe(Effect.provide(NodeServices.layer)))
 
   it("sessionOptions keeps the trainer's settings and adds the folder, no pre-packing, no constant folding", () => {
