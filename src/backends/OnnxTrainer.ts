@@ -459,8 +459,10 @@ interface Trainer {
   readonly graphs: Map<string, GraphEntry>
   /** The model's frozen inputs' names (none without LoRA). */
   readonly frozenNames: ReadonlySet<string>
-  /** With workers and frozen weights: the file the workers' sessions map them from, written on first use. */
+  /** With workers and frozen weights: the file the workers' sessions map them from, acquired on first use. */
   frozenFile: FrozenFile.FrozenFile | undefined
+  /** Where the file is held: closed after the threads are (their sessions map it until they end). */
+  readonly frozenScope: Scope.Scope
   /** How many times this trainer wrote the frozen weights to a file (for tests: at most once; 0 when shared). */
   frozenWrites: number
 }
@@ -721,7 +723,7 @@ const frozenFileOf = (trainer: Trainer) =>
         return file
       }),
       Effect.provideService(FileSystem.FileSystem, trainer.fs),
-      Effect.provideService(Scope.Scope, trainer.scope),
+      Effect.provideService(Scope.Scope, trainer.frozenScope),
       Effect.mapError((e) => fail("Session", `the frozen weights' file: ${e.message}`, { cause: e }))
     )
   })
@@ -988,6 +990,8 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
   }
   const lock = yield* Semaphore.make(1)
   const shardsAccumulated = Array.from({ length: workers }, () => 0)
+  const scope = yield* Effect.scope
+  const frozenScope = yield* Scope.fork(scope)
   const trainer: Trainer = {
     options,
     model,
@@ -1004,7 +1008,7 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
     accumulated: 0,
     sessions: new Map(),
     sessionOptions: sessionOptionsOf(options, workers),
-    scope: yield* Effect.scope,
+    scope,
     fs: yield* FileSystem.FileSystem,
     pool: undefined,
     liveThreads: 0,
@@ -1015,9 +1019,10 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
     graphs: new Map(),
     frozenNames: new Set(model.frozen?.parameters.map((p) => p.name) ?? []),
     frozenFile: undefined,
+    frozenScope,
     frozenWrites: 0
   }
-  yield* Scope.addFinalizer(trainer.scope, dropPool(trainer))
+  yield* Scope.addFinalizer(scope, dropPool(trainer)) // runs before `frozenScope`, forked earlier, is closed
 
   const locked = lock.withPermits(1)
   const service = GradientBackend.GradientBackend.of({
