@@ -5,7 +5,9 @@
  *
  * The parts, in bytes, for `P` parameters (float32 everywhere):
  * - `weights`: 4·P, plus 4·P per learner worker thread when `workers > 1` (onnxruntime-node rejects
- *   `SharedArrayBuffer`-backed tensors, so each worker feeds a private copy of the shared weights).
+ *   `SharedArrayBuffer`-backed tensors, so each worker feeds a private copy of the shared weights). A LoRA run's
+ *   workers copy only their adapters (4·A each) and map the frozen base from one file (one more 4·P, in the page
+ *   cache, for all of them: `backends/internal/frozenFile.ts`).
  * - `gradients`: the accumulator (4·P) and what a run leaves beside it: with one worker the returned copy of every
  *   gradient and, from the second micro-batch of a step, onnxruntime's own outputs (8·P); with workers, per worker
  *   its accumulator in shared memory, onnxruntime's outputs and their copy (12·P each). The copies are freed after
@@ -114,8 +116,9 @@ export const estimate = (model: ModelConfig.ModelConfig, settings: Settings): Es
   const { workers, microBatchSize, sequenceLength: T } = settings
   const D = model.hiddenSize
   const tokens = microBatchSize * T
-  const weights = 4 * P * (workers > 1 ? 1 + workers : 1)
   const A = settings.trainedParameters ?? P
+  const lora = settings.trainedParameters !== undefined
+  const weights = 4 * P + (workers > 1 ? 4 * A * workers + (lora ? 4 * P : 0) : 0)
   const gradients = 4 * A + (workers > 1 ? 12 * A * workers : 8 * A)
   const optimizer = 8 * A
   const perToken = 12 * D + 4 * model.intermediateSize + model.numAttentionHeads * T

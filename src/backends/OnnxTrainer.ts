@@ -23,7 +23,8 @@
  * the statistics are masked sums, so shard results add up exactly (up to float summation order); token logprobs
  * concatenate along rows. Each worker accumulates its gradients in its own shared buffer; at `optimStep` the
  * workers sum the buffers (in worker order) and apply AdamW (`Optimizer.step`, the same maths) over disjoint slices
- * of the parameters, which live in shared memory.
+ * of the parameters, which live in shared memory. A LoRA run's frozen base is not copied to the workers: their
+ * graphs read it from one file written once, which onnxruntime maps (`internal/frozenFile.ts`).
  *
  * @since 0.1.0
  */
@@ -42,6 +43,7 @@ import * as Graph from "../onnx/Graph.ts"
 import * as Optimizer from "../Optimizer.ts"
 import type * as Packing from "../Packing.ts"
 import * as GradientBackend from "../GradientBackend.ts"
+import * as FrozenFile from "./internal/frozenFile.ts"
 import * as TrainerPool from "./internal/trainerPool.ts"
 import type * as TrainerWorker from "./internal/trainerWorker.ts"
 
@@ -145,8 +147,9 @@ export const qwen2Value = (config: ModelConfig.ModelConfig): Model => ({
  * `base_model_name_or_path`.
  *
  * **Gotchas** The frozen output head is chunked as a trained one is (`ChunkedHead`, without its ∂W). With
- * `workers > 1` each worker thread holds a private copy of the base
- * (onnxruntime-node feeds no shared memory): one copy a worker, made once when the threads start.
+ * `workers > 1` the worker threads read the base from one file written once into a temporary folder (shared by
+ * the process's trainers over the same base: `internal/frozenFile.ts`; onnxruntime maps it, every worker's sessions
+ * share its pages); the disk needs room for the base in float32.
  *
  * @category constructors
  * @since 0.1.0
@@ -456,6 +459,12 @@ interface Trainer {
   readonly graphs: Map<string, GraphEntry>
   /** The model's frozen inputs' names (none without LoRA). */
   readonly frozenNames: ReadonlySet<string>
+  /** With workers and frozen weights: the file the workers' sessions map them from, acquired on first use. */
+  frozenFile: FrozenFile.FrozenFile | undefined
+  /** Where the file is held: closed after the threads are (their sessions map it until they end). */
+  readonly frozenScope: Scope.Scope
+  /** How many times this trainer wrote the frozen weights to a file (for tests: at most once; 0 when shared). */
+  frozenWrites: number
 }
 
 // ----- Graphs and sessions -----
@@ -676,11 +685,11 @@ const usePool = Effect.fnUntraced(function*(trainer: Trainer) {
     }
   }
   if (trainer.pool !== undefined) return trainer.pool
-  // onnxruntime-node takes no SharedArrayBuffer tensors: each worker holds its own copy of a frozen base.
-  const frozen = trainer.model.frozen
-  const frozenFeeds = frozen === undefined ? undefined : Object.fromEntries(frozen.parameters.map((p) =>
-    [p.name, { type: "float32", data: frozen.weights.get(p.name)!, dims: p.shape } satisfies TrainerWorker.Feed]
-  ))
+  // onnxruntime-node takes no SharedArrayBuffer tensors: the workers map a frozen base from one file instead.
+  const file = yield* frozenFileOf(trainer)
+  const sessionOptions = file === undefined
+    ? trainer.sessionOptions
+    : FrozenFile.sessionOptions(trainer.sessionOptions, file.folder)
   const p = yield* TrainerPool.start(Array.from({ length: workers }, (_, index) => ({
     index,
     layout,
@@ -690,15 +699,34 @@ const usePool = Effect.fnUntraced(function*(trainer: Trainer) {
     accum: shared!.accum,
     grads: shared!.grads,
     slice: [Math.floor(layout.total * index / workers), Math.floor(layout.total * (index + 1) / workers)] as const,
-    sessionOptions: trainer.sessionOptions,
-    releaseOutputs: releasesOutputs(trainer.options, layout),
-    ...(frozenFeeds === undefined ? {} : { frozen: frozenFeeds })
+    sessionOptions,
+    releaseOutputs: releasesOutputs(trainer.options, layout)
   })), () => trainer.liveThreads--)
   trainer.liveThreads += p.size
   trainer.pool = p
   trainer.compiledOn = Array.from({ length: workers }, () => new Set())
   return p
 })
+
+/**
+ * The file of the model's frozen weights (none without), held until the trainer's scope closes: shared with the
+ * other trainers of this process over the same weights, or written.
+ */
+const frozenFileOf = (trainer: Trainer) =>
+  Effect.suspend(() => {
+    const frozen = trainer.model.frozen
+    if (frozen === undefined || trainer.frozenFile !== undefined) return Effect.succeed(trainer.frozenFile)
+    return FrozenFile.acquire(frozen.parameters, frozen.weights).pipe(
+      Effect.map(({ file, written }) => {
+        trainer.frozenFile = file
+        if (written) trainer.frozenWrites++
+        return file
+      }),
+      Effect.provideService(FileSystem.FileSystem, trainer.fs),
+      Effect.provideService(Scope.Scope, trainer.frozenScope),
+      Effect.mapError((e) => fail("Session", `the frozen weights' file: ${e.message}`, { cause: e }))
+    )
+  })
 
 /** After a failed pooled call: a broken pool is replaced on the next call, and its gradients are lost. */
 const afterFailure = (trainer: Trainer, clearGradients: boolean) =>
@@ -715,9 +743,10 @@ const graphFor = Effect.fnUntraced(
     const key = shapeKey(trainer.model, mb, grads)
     const hit = graphs.get(key)
     graphs.delete(key)
+    const file = trainer.frozenFile
     const entry = hit ?? (yield* Effect.map(buildGraph(trainer, mb, grads), (graph) => ({
       graph,
-      bytes: Graph.toModelBytes(graph.graph)
+      bytes: file === undefined ? Graph.toModelBytes(graph.graph) : FrozenFile.modelBytes(graph.graph, file)
     })))
     graphs.set(key, entry)
     if (graphs.size > Math.max(2, trainer.options.maxSessions ?? 8)) {
@@ -917,6 +946,24 @@ const sizeProblem = (
 }
 
 /**
+ * The worker threads (for tests): how many are alive, how many requests they are running (or have queued), a way to
+ * kill one as a crash would, and a way to close them with a given wait (the next call starts fresh threads); the
+ * bytes of weights each holds in private copies, and the file of the frozen weights and how often it was written.
+ */
+const threadsOf = (trainer: Trainer) => ({
+  live: Effect.sync(() => trainer.liveThreads),
+  held: Effect.suspend(() => {
+    const p = trainer.pool
+    if (p === undefined) return Effect.succeed([])
+    return Effect.forEach(trainer.everyWorker, (j) => Effect.map(p.request(j, { op: "held" }), (o) => o.held!))
+  }),
+  frozen: Effect.sync(() => ({ file: trainer.frozenFile, writes: trainer.frozenWrites })),
+  inFlight: Effect.sync(() => trainer.pool?.inFlight() ?? 0),
+  kill: (index: number) => Effect.suspend(() => (trainer.pool === undefined ? Effect.void : trainer.pool.kill(index))),
+  close: (wait: Duration.Input) => dropPool(trainer, wait)
+})
+
+/**
  * A local trainer in the current scope (sessions are released when it closes).
  *
  * @category constructors
@@ -943,6 +990,8 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
   }
   const lock = yield* Semaphore.make(1)
   const shardsAccumulated = Array.from({ length: workers }, () => 0)
+  const scope = yield* Effect.scope
+  const frozenScope = yield* Scope.fork(scope)
   const trainer: Trainer = {
     options,
     model,
@@ -959,7 +1008,7 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
     accumulated: 0,
     sessions: new Map(),
     sessionOptions: sessionOptionsOf(options, workers),
-    scope: yield* Effect.scope,
+    scope,
     fs: yield* FileSystem.FileSystem,
     pool: undefined,
     liveThreads: 0,
@@ -968,9 +1017,12 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
     everyWorker: shardsAccumulated.map((_, j) => j),
     weightsVersion: 0,
     graphs: new Map(),
-    frozenNames: new Set(model.frozen?.parameters.map((p) => p.name) ?? [])
+    frozenNames: new Set(model.frozen?.parameters.map((p) => p.name) ?? []),
+    frozenFile: undefined,
+    frozenScope,
+    frozenWrites: 0
   }
-  yield* Scope.addFinalizer(trainer.scope, dropPool(trainer))
+  yield* Scope.addFinalizer(scope, dropPool(trainer)) // runs before `frozenScope`, forked earlier, is closed
 
   const locked = lock.withPermits(1)
   const service = GradientBackend.GradientBackend.of({
@@ -984,17 +1036,7 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
     save: (dir, meta) => locked(save(trainer, dir, meta)),
     load: (dir) => locked(load(trainer, dir))
   })
-  /**
-   * The worker threads (for tests): how many are alive, how many requests they are running (or have queued), a way
-   * to kill one as a crash would, and a way to close them with a given wait (the next call starts fresh threads).
-   */
-  const threads = {
-    live: Effect.sync(() => trainer.liveThreads),
-    inFlight: Effect.sync(() => trainer.pool?.inFlight() ?? 0),
-    kill: (index: number) =>
-      Effect.suspend(() => (trainer.pool === undefined ? Effect.void : trainer.pool.kill(index))),
-    close: (wait: Duration.Input) => dropPool(trainer, wait)
-  }
+  const threads = threadsOf(trainer)
   return {
     trainer: service,
     logprobs: (batch: Packing.MicroBatch) => locked(logprobs(trainer, batch)),

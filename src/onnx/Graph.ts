@@ -276,6 +276,39 @@ const tensorProto = (name: string, t: TensorData): Pb.Message => {
   return m
 }
 
+/**
+ * Where an initializer's data lies in an external file (ONNX's external data): `location` relative to the folder
+ * onnxruntime resolves it against, `offset` and `length` in bytes.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface ExternalData {
+  readonly location: string
+  readonly offset: number
+  readonly length: number
+}
+
+// TensorProto fields 13 (external_data: key/value entries) and 14 (data_location: 1 = EXTERNAL).
+const externalTensorProto = (v: ValueInfo, data: ExternalData): Pb.Message => {
+  const dims = v.shape.map((d) => {
+    if (typeof d !== "number") throw new Error(`input ${v.name}: an initializer needs fixed dims, got "${d}"`)
+    return d
+  })
+  const m = Pb.message()
+  if (dims.length > 0) Pb.packedInts(m, 1, dims)
+  Pb.int(m, 2, dataTypeCode[v.dtype])
+  Pb.string(m, 8, v.name)
+  for (const [key, value] of [["location", data.location], ["offset", data.offset], ["length", data.length]]) {
+    const entry = Pb.message()
+    Pb.string(entry, 1, String(key))
+    Pb.string(entry, 2, String(value))
+    Pb.nested(m, 13, entry)
+  }
+  Pb.int(m, 14, 1)
+  return m
+}
+
 const attributeProto = (name: string, a: Attribute): Pb.Message => {
   const m = Pb.message()
   Pb.string(m, 1, name)
@@ -343,18 +376,30 @@ const nodeProto = (n: Node, index: number): Pb.Message => {
  * `ort.InferenceSession.create(bytes)`. Nodes must already be in topological order, which the builder
  * guarantees when every input was produced before it was used.
  *
+ * `external` turns the graph inputs it names (fixed shapes) into initializers whose data lies in a file (a LoRA
+ * run's frozen base for the learner's worker threads: onnxruntime maps such a file instead of copying it).
+ *
  * @category encoding
  * @since 0.1.0
  */
 export const toModelBytes = (
   graph: Graph,
-  options: { readonly opset?: number; readonly irVersion?: number } = {}
+  options: {
+    readonly opset?: number
+    readonly irVersion?: number
+    readonly external?: ReadonlyMap<string, ExternalData>
+  } = {}
 ): Uint8Array => {
   const g = Pb.message()
+  const external = options.external ?? new Map<string, ExternalData>()
   graph.nodes.forEach((n, i) => Pb.nested(g, 1, nodeProto(n, i)))
   Pb.string(g, 2, graph.name)
   for (const [name, t] of graph.initializers) Pb.nested(g, 5, tensorProto(name, t))
-  for (const v of graph.inputs) Pb.nested(g, 11, valueInfoProto(v))
+  for (const v of graph.inputs) {
+    const data = external.get(v.name)
+    if (data === undefined) Pb.nested(g, 11, valueInfoProto(v))
+    else Pb.nested(g, 5, externalTensorProto(v, data))
+  }
   for (const v of graph.outputs) Pb.nested(g, 12, valueInfoProto(v))
   const model = Pb.message()
   Pb.int(model, 1, options.irVersion ?? 8)

@@ -223,31 +223,57 @@ describe("Lora", () => {
       assert.isBelow(diff, 1e-5 * Math.max(1, scale))
     }).pipe(Effect.provide(NodeServices.layer), Effect.scoped), 120_000)
 
-  it.effect("with two worker threads (each holding the base) the adapter trains as on one", () =>
+  it.effect("with two worker threads the base is held once, in a file both threads map; they train as one thread", () =>
     Effect.gen(function*() {
+      const fs = yield* FileSystem.FileSystem
       const base = randomWeights(config, 3)
       const { microBatches } = yield* Packing.pack(dataset(), { tokenBudget: 64, aggregation: "token-mean" })
+      const adapterBytes = Lora.parameters(config, all).reduce((n, p) => n + 4 * p.shape.reduce((a, b) => a * b), 0)
+      const baseBytes = [...base.values()].reduce((n, w) => n + w.byteLength, 0)
       const run = (workers: number) =>
         Effect.gen(function*() {
           const t = yield* OnnxTrainer.make({ ...trainerOptions(base), workers })
-          for (let s = 0; s < 3; s++) {
+          for (const mb of microBatches) yield* t.trainer.forwardBackward(mb)
+          const gradients = yield* t.gradients
+          const held = yield* t.threads.held
+          const { file, writes } = yield* t.threads.frozen
+          // Linux: the mappings of the file in this process (every worker's sessions map it; none copies it).
+          const smaps = (yield* fs.exists("/proc/self/smaps")) ? yield* fs.readFileString("/proc/self/smaps") : ""
+          const mappings = file === undefined ? 0 : smaps.split("\n").filter((l) => l.includes(file.folder)).length
+          yield* t.threads.close("5 seconds") // the next call starts fresh threads: the file is not written again
+          yield* t.trainer.optimStep
+          for (let s = 1; s < 3; s++) {
             for (const mb of microBatches) yield* t.trainer.forwardBackward(mb)
             yield* t.trainer.optimStep
           }
-          return Lora.adapterOf(yield* t.trainer.weights)
-        })
+          const after = yield* t.threads.frozen
+          const weights = Lora.adapterOf(yield* t.trainer.weights)
+          return { gradients, held, file, writes: [writes, after.writes], mappings, weights }
+        }).pipe(Effect.scoped)
       const one = yield* run(1), two = yield* run(2)
-      let diff = 0, moved = 0
-      const fresh = Lora.init(config, all)
-      for (const [name, w] of one) {
-        const v = two.get(name)!, f = fresh.get(name)!
-        for (let i = 0; i < w.length; i++) {
-          diff = Math.max(diff, Math.abs(w[i]! - v[i]!))
-          moved = Math.max(moved, Math.abs(w[i]! - f[i]!))
+      assert.isUndefined(one.file)
+      assert.deepStrictEqual(one.writes, [0, 0])
+      assert.deepStrictEqual(two.held, [adapterBytes, adapterBytes]) // each thread: the adapter, never the base
+      assert.deepStrictEqual(two.writes, [1, 1])
+      assert.isAtLeast(two.file!.bytes, baseBytes)
+      if (two.mappings > 0 || process.platform === "linux") assert.isAtLeast(two.mappings, 2)
+      assert.isFalse(yield* fs.exists(two.file!.folder)) // removed when the trainer's scope closed
+      const maxDiff = (a: ReadonlyMap<string, Float32Array>, b: ReadonlyMap<string, Float32Array>) => {
+        let diff = 0, scale = 0
+        for (const [name, w] of a) {
+          const v = b.get(name)!
+          for (let i = 0; i < w.length; i++) {
+            diff = Math.max(diff, Math.abs(w[i]! - v[i]!))
+            scale = Math.max(scale, Math.abs(w[i]!))
+          }
         }
+        return { diff, scale }
       }
-      assert.isBelow(diff, 1e-5) // float summation order only
-      assert.isAbove(moved, 1e-3)
+      const g = maxDiff(one.gradients, two.gradients)
+      assert.isAbove(g.scale, 1e-4)
+      assert.isBelow(g.diff, 1e-5 * Math.max(1, g.scale)) // float summation order only
+      assert.isBelow(maxDiff(one.weights, two.weights).diff, 1e-5)
+      assert.isAbove(maxDiff(one.weights, Lora.init(config, all)).diff, 1e-3) // the adapter moved
     }).pipe(Effect.provide(NodeServices.layer), Effect.scoped), 120_000)
 
   it.effect("a checkpoint is a PEFT adapter folder, and a resume from it continues to the same bits", () =>

@@ -48,6 +48,10 @@ describe("MemoryEstimate", () => {
     assert.approximately(e.total / GiB, 6.94, 1.04)
     const full = MemoryEstimate.estimate(qwen(24), { ...learner, microBatchSize: 2 })
     assert.isBelow(e.total, full.total / 2)
+    // Workers copy the adapter each and share one mapped file of the base, whatever their number.
+    const [two, four] = [2, 4].map((workers) => MemoryEstimate.estimate(qwen(24), { ...lora, workers }))
+    assert.strictEqual(two!.weights, 8 * e.parameters + 2 * 4 * 8_798_208)
+    assert.strictEqual(four!.weights - two!.weights, 2 * 4 * 8_798_208)
   })
 
   it("activations grow with layers and tokens, the head is capped by its chunk, workers add private copies", () => {

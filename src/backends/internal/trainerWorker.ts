@@ -39,8 +39,6 @@ export interface Init {
   readonly sessionOptions: ort.InferenceSession.SessionOptions
   /** Free onnxruntime-node's copies of the gradients after each run (`OnnxTrainer.Options.releaseOutputs`). */
   readonly releaseOutputs: boolean
-  /** Frozen weight inputs (a LoRA run's base), copied to the worker once at start and fed to every run. */
-  readonly frozen?: Readonly<Record<string, Feed>>
 }
 
 /** A non-weight graph input (token ids, masks, loss inputs). */
@@ -76,6 +74,8 @@ export type Request =
     readonly scale: number
     readonly config: Optimizer.Config
   }
+  /** The bytes of weights this thread holds in private copies (none of a LoRA run's base: it maps that from a file). */
+  | { readonly op: "held" }
   /** Release every session and end the thread (after replying). */
   | { readonly op: "close" }
   /** Fail at once, as a bug in the thread would (tests of the failure path); never queued or answered. */
@@ -87,10 +87,11 @@ export interface RunResult {
   readonly tokenLogprobs: Float32Array
 }
 
-/** What a request returns: a run's results, or the L2 norm of a reduced gradient slice. */
+/** What a request returns: a run's results, the L2 norm of a reduced gradient slice, or the bytes held. */
 export interface Output {
   readonly run?: RunResult
   readonly norm?: number
+  readonly held?: number
 }
 
 export type Reply =
@@ -177,8 +178,6 @@ interface WorkerState {
   readonly local: ReadonlyMap<string, Float32Array>
   /** The weights version `local` holds (-1: none yet). */
   version: number
-  /** The frozen inputs' tensors, made once. */
-  readonly frozen: ReadonlyArray<readonly [string, ort.Tensor]>
   /** This worker's slice of the weights, gradients and moments, for AdamW. */
   readonly adam: {
     readonly params: Map<string, Float32Array>
@@ -205,9 +204,6 @@ const makeWorker = (init: Init): WorkerState => {
     shared,
     local: new Map([...shared].map(([k, v]) => [k, Float32Array.from(v)])),
     version: -1,
-    frozen: Object.entries(init.frozen ?? {}).map(([name, f]) =>
-      [name, new ort.Tensor("float32", f.data as Float32Array, [...f.dims])] as const
-    ),
     adam: {
       params: sliceViews(params, layout, start, end),
       grads: sliceViews(accum, layout, start, end),
@@ -235,7 +231,6 @@ const run = async (w: WorkerState, r: Extract<Request, { op: "run" }>): Promise<
   for (const weight of s.weights) {
     feeds[weight.name] = new ort.Tensor("float32", w.local.get(weight.name)!, [...weight.dims])
   }
-  for (const [name, t] of w.frozen) feeds[name] = t
   const out = await s.session.run(feeds)
   if (r.accumulate !== "none") {
     for (const [weight, gradName] of s.gradients) {
@@ -279,6 +274,8 @@ const handle = async (w: WorkerState, r: Request): Promise<Output> => {
       const [start, end] = w.init.slice
       return { norm: Math.sqrt(sumSlices(w.accum, r.sources.map((i) => w.grads[i]!), start, end)) }
     }
+    case "held":
+      return { held: [...w.local.values()].reduce((n, a) => n + a.byteLength, 0) }
     case "adam":
       AdamStep.step(adam.params, adam.grads, { step: r.step, m: adam.m, v: adam.v }, r.lr, r.config, r.scale)
       return {}
