@@ -376,8 +376,11 @@ const trainTeacher = () => {
  * An existing teacher (`TEACHER_CHECKPOINT`): its config for sampling (the demo's with its model folder), and its
  * held-out accuracy measured as the arms' are (500 questions, temperature 1), once.
  */
+const externalConfig = () =>
+  write(teacherName, { ...baseConfig(1, join(out, teacherName)), model: { path: teacherModel } })
+
 const externalTeacher = () => {
-  const path = write(teacherName, { ...baseConfig(1, join(out, teacherName)), model: { path: teacherModel } })
+  const path = externalConfig()
   const result = join(out, `${teacherName}.heldout.json`)
   if (!existsSync(result)) {
     const args = ["nice", "-n", "10", agentfly, "eval", path, "--checkpoint", teacherCheckpoint, "--output", result]
@@ -482,6 +485,8 @@ export default async (): Promise<BenchResult> => {
   const requested = (process.env["ARMS"] ?? armNames.join(",")).split(",")
   if (requested.includes("calibrate")) {
     // The calibration alone: with a stand-in teacher of the same architecture (the cost is the architecture's).
+    if (external) externalConfig()
+    else trainTeacher()
     const calibrated = await calibrate()
     return {
       headline: {
