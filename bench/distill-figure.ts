@@ -16,9 +16,9 @@
  *      a sweep's runs sit side by side), `DISTILL_STEPS` RL steps.
  *   3. **SFT**: the teacher samples `16·SFT_STEPS` training questions at temperature 1 (`agentfly eval --demos`,
  *      seed S; every episode that ended without an error, right or wrong: SFT on the teacher's samples, not on its
- *      correct ones), then the student's warm-up is fine-tuned on them for `SFT_STEPS` steps (batch 16, lr 2e-3,
- *      up to 10 warm-up steps, cosine); its held-out figure is the run's step-0 evaluation, after which the run is
- *      stopped.
+ *      correct ones), then the student's warm-up is fine-tuned on them for `SFT_STEPS` steps (batch 16, lr 2e-3 or
+ *      `SFT_LR`, named in the run when not 2e-3; up to 10 warm-up steps, cosine); its held-out figure is the run's
+ *      step-0 evaluation, after which the run is stopped.
  * - Budget: each arm's **CPU time** (user + sys of its process, from `/proc/PID/stat`), counting only the arm's
  *   training: GRPO and distil from the end of the step-0 evaluation to the last RL step's record; SFT the teacher's
  *   sampling process (less its fixed start-up cost, calibrated) plus the SFT steps. CPU time rather than wall time
@@ -70,6 +70,8 @@ const teacherCheckpoint = externalCheckpoint ??
 /** The distillation arms' weights (`algorithm.distillation`'s `coef` and `rewardWeight`), in their names. */
 const coef = Number(process.env["DISTILL_COEF"] ?? "1")
 const rewardWeight = Number(process.env["DISTILL_REWARD_WEIGHT"] ?? "1")
+/** The SFT arm's learning rate (the demo's warm-up's, 2e-3, by default). */
+const sftLr = Number(process.env["SFT_LR"] ?? "0.002")
 
 interface Entry {
   readonly step: number
@@ -286,7 +288,7 @@ const sft = async (
   seed: number,
   steps: number,
   samplingFixed: number,
-  name = `seed${seed}-sft${tag}`
+  name = `seed${seed}-sft${sftLr === 0.002 ? "" : `-lr${sftLr}`}${tag}`
 ): Promise<Arm> => {
   const done = saved(name)
   if (done !== undefined) return done
@@ -302,7 +304,7 @@ const sft = async (
     warmup: {
       data: demos,
       steps,
-      lr: 0.002,
+      lr: sftLr,
       lrSchedule: "cosine",
       warmupSteps: Math.min(10, Math.floor(steps / 5)),
       batchSize: 16
