@@ -455,10 +455,10 @@ const summaryOf = (rows: ReadonlyArray<Record<string, number | string>>) =>
     return [arm, { after: mean(after), afterSe: se(after), gain: mean(gain), gainSe: se(gain) }]
   }))
 
-/** Every distillation run of seed 1 (the `DISTILL_COEF`/`DISTILL_REWARD_WEIGHT` sweep), by name. */
+/** Every distillation and SFT run of seed 1 (the `DISTILL_COEF`/`DISTILL_REWARD_WEIGHT`/`SFT_LR` sweep), by name. */
 const sweepOf = () =>
   Object.fromEntries(
-    readdirSync(out).filter((f) => /^seed1-distill-c.*\.result\.json$/.test(f)).map((f) => {
+    readdirSync(out).filter((f) => /^seed1-(distill-c|sft).*\.result\.json$/.test(f)).map((f) => {
       const name = f.replace(/\.result\.json$/, "")
       return [name, saved(name)!]
     })
