@@ -232,7 +232,11 @@ const warm = (seed: number) => join(out, `seed${seed}-grpo`, "checkpoints", "ste
 
 const grpo = (seed: number) => rlArm(`seed${seed}-grpo`, baseConfig(seed, join(out, `seed${seed}-grpo`)), 20)
 
-const distillName = (seed: number) => `seed${seed}-distill-c${coef}-rw${rewardWeight}${tag}`
+/** Named after its weights, and its step count where `DISTILL_STEPS` overrides the calibrated one. */
+const distillName = (seed: number) =>
+  `seed${seed}-distill-c${coef}-rw${rewardWeight}${
+    process.env["DISTILL_STEPS"] === undefined ? "" : `-s${process.env["DISTILL_STEPS"]}`
+  }${tag}`
 
 const distill = (seed: number, steps: number, name = distillName(seed), evalSize = 500) => {
   const { warmup: _warmup, ...base } = baseConfig(seed, join(out, name))
