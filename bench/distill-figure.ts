@@ -33,7 +33,7 @@
  * `ARMS=grpo,distill,sft` (default), a subset (`ARMS=grpo`: the GRPO arms alone, no teacher needed), or
  * `ARMS=calibrate`: the calibration alone, which may use a stand-in teacher of the teacher's architecture (its costs
  * are the architecture's, not the weights'); `TEACHER=tiny` (`TEACHER_STEPS`): the substitute teacher).
- * Writes `runs/distill/…` and `bench/results/distill-figure.json` (with every seed-1 distillation run: the sweep).
+ * Writes `runs/distill/…` and `bench/results/distill-figure.json` (with every arm's run at every setting tried).
  * A finished run is not run again, whatever the teacher: remove `runs/distill/seedN-…` when the teacher changes.
  */
 import { spawn, spawnSync } from "node:child_process"
@@ -459,10 +459,13 @@ const summaryOf = (rows: ReadonlyArray<Record<string, number | string>>) =>
     return [arm, { after: mean(after), afterSe: se(after), gain: mean(gain), gainSe: se(gain) }]
   }))
 
-/** Every distillation and SFT run of seed 1 (the `DISTILL_COEF`/`DISTILL_REWARD_WEIGHT`/`SFT_LR` sweep), by name. */
-const sweepOf = () =>
+/**
+ * Every arm's run of every seed, by name: the figure's, and those at other settings (the `DISTILL_COEF`,
+ * `DISTILL_REWARD_WEIGHT`, `DISTILL_STEPS` and `SFT_LR` sweeps).
+ */
+const allRuns = () =>
   Object.fromEntries(
-    readdirSync(out).filter((f) => /^seed1-(distill-c|sft).*\.result\.json$/.test(f)).map((f) => {
+    readdirSync(out).filter((f) => /^seed\d+-.*\.result\.json$/.test(f)).map((f) => {
       const name = f.replace(/\.result\.json$/, "")
       return [name, saved(name)!]
     })
@@ -537,6 +540,6 @@ export default async (): Promise<BenchResult> => {
     sftSteps,
     rows,
     summary,
-    sweep: sweepOf()
+    runs: allRuns()
   }
 }
