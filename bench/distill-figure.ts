@@ -6,16 +6,19 @@
  *   for the warm-up (at the demo's 2e-3 `small` does not learn it) and 7.5e-5 for RL (at the demo's 3e-4 it
  *   collapsed), seed 1, trained once (warm-up to 0.3 greedy validation, 20 GRPO steps); its step-20 checkpoint is
  *   the teacher.
+ *   Or an existing teacher (`TEACHER_CHECKPOINT` and `TEACHER_MODEL`: e.g. one trained elsewhere at another learning
+ *   rate), used as it is; its held-out accuracy is measured here as the arms' are.
  * - Per seed S, the three arms back to back (so that they see the same load of the shared machine):
  *   1. **GRPO**: the demo's config with seed S (its warm-up inline; its step-0 checkpoint is every arm's start);
  *      20 RL steps.
  *   2. **distil**: from that warm-up, `algorithm.distillation` (the teacher's per-token reverse KL added to GRPO's
- *      advantages, coef 1, rewardWeight 1), `DISTILL_STEPS` RL steps.
+ *      advantages, `DISTILL_COEF`·KL + `DISTILL_REWARD_WEIGHT`·A, default 1 and 1; the run is named after them, so
+ *      a sweep's runs sit side by side), `DISTILL_STEPS` RL steps.
  *   3. **SFT**: the teacher samples `16·SFT_STEPS` training questions at temperature 1 (`agentfly eval --demos`,
  *      seed S; every episode that ended without an error, right or wrong: SFT on the teacher's samples, not on its
- *      correct ones), then the student's warm-up is fine-tuned on them for `SFT_STEPS` steps (batch 16, lr 2e-3,
- *      up to 10 warm-up steps, cosine); its held-out figure is the run's step-0 evaluation, after which the run is
- *      stopped.
+ *      correct ones), then the student's warm-up is fine-tuned on them for `SFT_STEPS` steps (batch 16, lr 2e-3 or
+ *      `SFT_LR`, named in the run when not 2e-3; up to 10 warm-up steps, cosine); its held-out figure is the run's
+ *      step-0 evaluation, after which the run is stopped.
  * - Budget: each arm's **CPU time** (user + sys of its process, from `/proc/PID/stat`), counting only the arm's
  *   training: GRPO and distil from the end of the step-0 evaluation to the last RL step's record; SFT the teacher's
  *   sampling process (less its fixed start-up cost, calibrated) plus the SFT steps. CPU time rather than wall time
@@ -27,11 +30,14 @@
  * - Held-out: 500 questions at temperature 1 (the demo's evaluation), before (GRPO's step 0) and after.
  *
  * `nice -n 10 npm run bench -- distill-figure` (env `SEEDS=1,2,3`, `DISTILL_STEPS`, `SFT_STEPS`, `CALIBRATE=1`;
- * `ARMS=grpo`: the GRPO arms alone; `TEACHER=tiny` (`TEACHER_STEPS`): the substitute teacher).
- * Writes `runs/distill/…` and `bench/results/distill-figure.json`. A finished run is not run again.
+ * `ARMS=grpo,distill,sft` (default), a subset (`ARMS=grpo`: the GRPO arms alone, no teacher needed), or
+ * `ARMS=calibrate`: the calibration alone, which may use a stand-in teacher of the teacher's architecture (its costs
+ * are the architecture's, not the weights'); `TEACHER=tiny` (`TEACHER_STEPS`): the substitute teacher).
+ * Writes `runs/distill/…` and `bench/results/distill-figure.json` (with every arm's run at every setting tried).
+ * A finished run is not run again, whatever the teacher: remove `runs/distill/seedN-…` when the teacher changes.
  */
 import { spawn, spawnSync } from "node:child_process"
-import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs"
+import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from "node:fs"
 import { dirname, join } from "node:path"
 import { fileURLToPath } from "node:url"
 import type { BenchResult } from "./run.ts"
@@ -44,12 +50,28 @@ const agentfly = join(root, "bin/agentfly.mjs")
  * cannot be trained: seed 1's GRPO arm trained `TEACHER_STEPS`, default 40, more GRPO steps from its step 20).
  */
 const teacherKind = process.env["TEACHER"] ?? "small"
+/**
+ * An existing teacher, used as it is (not trained here): `TEACHER_CHECKPOINT` (a checkpoint directory) and
+ * `TEACHER_MODEL` (its model folder), both or neither. Its held-out accuracy is measured here (`agentfly eval`).
+ */
+const externalCheckpoint = process.env["TEACHER_CHECKPOINT"]
+const externalModel = process.env["TEACHER_MODEL"]
+if ((externalCheckpoint === undefined) !== (externalModel === undefined)) {
+  throw new Error("TEACHER_CHECKPOINT and TEACHER_MODEL name an existing teacher together: give both or neither")
+}
+const external = externalCheckpoint !== undefined
 const teacherSteps = teacherKind === "small" ? 20 : Number(process.env["TEACHER_STEPS"] ?? "40")
-const teacherName = teacherKind === "small" ? "teacher" : `teacher-tiny${teacherSteps}`
-/** Appended to the distillation and SFT arms' names: each teacher's arms are runs of their own. */
+const teacherName = external ? "teacher-external" : teacherKind === "small" ? "teacher" : `teacher-tiny${teacherSteps}`
+/** Appended to the distillation and SFT arms' names: each substitute teacher's arms are runs of their own. */
 const tag = teacherKind === "small" ? "" : `-${teacherName}`
-const teacherModel = join(out, "models", teacherKind)
-const teacherCheckpoint = join(out, teacherName, "checkpoints", `step-${String(teacherSteps).padStart(6, "0")}`)
+const teacherModel = externalModel ?? join(out, "models", teacherKind)
+const teacherCheckpoint = externalCheckpoint ??
+  join(out, teacherName, "checkpoints", `step-${String(teacherSteps).padStart(6, "0")}`)
+/** The distillation arms' weights (`algorithm.distillation`'s `coef` and `rewardWeight`), in their names. */
+const coef = Number(process.env["DISTILL_COEF"] ?? "1")
+const rewardWeight = Number(process.env["DISTILL_REWARD_WEIGHT"] ?? "1")
+/** The SFT arm's learning rate (the demo's warm-up's, 2e-3, by default). */
+const sftLr = Number(process.env["SFT_LR"] ?? "0.002")
 
 interface Entry {
   readonly step: number
@@ -210,7 +232,13 @@ const warm = (seed: number) => join(out, `seed${seed}-grpo`, "checkpoints", "ste
 
 const grpo = (seed: number) => rlArm(`seed${seed}-grpo`, baseConfig(seed, join(out, `seed${seed}-grpo`)), 20)
 
-const distill = (seed: number, steps: number, name = `seed${seed}-distill${tag}`, evalSize = 500) => {
+/** Named after its weights, and its step count where `DISTILL_STEPS` overrides the calibrated one. */
+const distillName = (seed: number) =>
+  `seed${seed}-distill-c${coef}-rw${rewardWeight}${
+    process.env["DISTILL_STEPS"] === undefined ? "" : `-s${process.env["DISTILL_STEPS"]}`
+  }${tag}`
+
+const distill = (seed: number, steps: number, name = distillName(seed), evalSize = 500) => {
   const { warmup: _warmup, ...base } = baseConfig(seed, join(out, name))
   return rlArm(name, {
     ...base,
@@ -220,8 +248,8 @@ const distill = (seed: number, steps: number, name = `seed${seed}-distill${tag}`
       steps,
       distillation: {
         teacher: { path: teacherModel, checkpoint: teacherCheckpoint },
-        coef: 1,
-        rewardWeight: 1
+        coef,
+        rewardWeight
       }
     },
     eval: { ...base.eval, every: steps, size: evalSize }
@@ -264,12 +292,15 @@ const sft = async (
   seed: number,
   steps: number,
   samplingFixed: number,
-  name = `seed${seed}-sft${tag}`
+  name = `seed${seed}-sft${sftLr === 0.002 ? "" : `-lr${sftLr}`}${tag}`
 ): Promise<Arm> => {
   const done = saved(name)
   if (done !== undefined) return done
   const demos = join(out, `${name}-teacher.jsonl`)
   const sampling = await teacherSamples(seed, 16 * steps, demos)
+  const teacherAccuracy = (JSON.parse(readFileSync(`${demos}.eval.json`, "utf8")) as {
+    figures: Record<string, number>
+  }).figures["eval/accuracy"]!
   const base = baseConfig(seed, join(out, name))
   const config = {
     ...base,
@@ -277,7 +308,7 @@ const sft = async (
     warmup: {
       data: demos,
       steps,
-      lr: 0.002,
+      lr: sftLr,
       lrSchedule: "cosine",
       warmupSteps: Math.min(10, Math.floor(steps / 5)),
       batchSize: 16
@@ -307,7 +338,9 @@ const sft = async (
     cpu: sampling.cpu - samplingFixed + tuned.cpu * scale,
     wall: sampling.wall * (1 - samplingFixed / sampling.cpu) + tuned.wall * scale,
     samplingCpu: sampling.cpu,
-    samplingWall: sampling.wall
+    samplingWall: sampling.wall,
+    // How often the teacher's samples (all of them are the SFT data) answered right.
+    teacherSampleAccuracy: teacherAccuracy
   } as Arm)
 }
 
@@ -343,6 +376,30 @@ const trainTeacher = () => {
   }
   const accuracy = (step: number) => evalAt(dir, step)!.figures["eval/accuracy"]!
   return { before: accuracy(0), after: accuracy(teacherSteps) }
+}
+
+/**
+ * An existing teacher (`TEACHER_CHECKPOINT`): its config for sampling (the demo's with its model folder), and its
+ * held-out accuracy measured as the arms' are (500 questions, temperature 1), once.
+ */
+const externalConfig = () =>
+  write(teacherName, { ...baseConfig(1, join(out, teacherName)), model: { path: teacherModel } })
+
+const externalTeacher = () => {
+  const path = externalConfig()
+  const result = join(out, `${teacherName}.heldout.json`)
+  if (!existsSync(result)) {
+    const args = ["nice", "-n", "10", agentfly, "eval", path, "--checkpoint", teacherCheckpoint, "--output", result]
+    const child = spawnSync(args[0]!, args.slice(1), { cwd: root, encoding: "utf8" })
+    if (child.status !== 0) throw new Error(`${teacherName}: eval exited with ${child.status}\n${child.stderr}`)
+  }
+  const { figures } = JSON.parse(readFileSync(result, "utf8")) as { figures: Record<string, number> }
+  return {
+    checkpoint: teacherCheckpoint,
+    after: figures["eval/accuracy"]!,
+    afterSe: figures["eval/accuracy_se"]!,
+    invalidToolCallRate: figures["eval/invalid_tool_call_rate"]!
+  }
 }
 
 interface Calibration {
@@ -391,63 +448,98 @@ const mean = (xs: ReadonlyArray<number>) => xs.reduce((a, b) => a + b, 0) / xs.l
 const se = (xs: ReadonlyArray<number>) =>
   Math.sqrt(xs.reduce((a, x) => a + (x - mean(xs)) ** 2, 0) / (xs.length - 1) / xs.length)
 
-export default async (): Promise<BenchResult> => {
-  mkdirSync(out, { recursive: true })
-  if (!existsSync(join(out, "data/train.jsonl"))) {
-    const generated = spawnSync(
-      "npx",
-      ["tsx", "examples/calculator/generate.ts", join(out, "data"), "12345", "0.5", "--kind", "sums"],
-      { cwd: root, encoding: "utf8" }
-    )
-    if (generated.status !== 0) throw new Error(`generate: ${generated.stderr}`)
-  }
-  const seeds = (process.env["SEEDS"] ?? "1,2,3").split(",").map(Number)
-  if (process.env["ARMS"] === "grpo") {
-    // The GRPO arms alone (they need no teacher; their warm-ups start the other arms and `bench/losses.ts`' runs).
-    const rows: Array<Arm & { readonly seed: number; readonly gain: number }> = []
-    for (const seed of seeds) {
-      const arm = await grpo(seed)
-      rows.push({ seed, ...arm, gain: arm.after - arm.before! })
-    }
-    const value = mean(rows.map((r) => r.gain))
-    return { headline: { metric: "GRPO's mean held-out gain", value, target: 0, better: "higher" }, rows }
-  }
-  const teacher = trainTeacher()
-  const calibration = process.env["CALIBRATE"] === "1" || !existsSync(join(out, `calibration${tag}.json`))
-    ? await calibrate()
-    : JSON.parse(readFileSync(join(out, `calibration${tag}.json`), "utf8")) as Calibration
-  const distillSteps = Number(process.env["DISTILL_STEPS"] ?? calibration.distillSteps)
-  const sftSteps = Number(process.env["SFT_STEPS"] ?? calibration.sftSteps)
-  const rows: Array<Record<string, number | string>> = []
-  for (const seed of seeds) {
-    // The three arms of a seed back to back: the same load of the shared machine.
-    const arms = {
-      grpo: await grpo(seed),
-      distill: await distill(seed, distillSteps),
-      sft: await sft(seed, sftSteps, calibration.samplingFixed)
-    }
-    const before = arms.grpo.before!
-    for (const [arm, r] of Object.entries(arms)) {
-      rows.push({ seed, arm, before, ...r, gain: r.after - before })
-    }
-  }
-  const summary = Object.fromEntries(["grpo", "distill", "sft"].map((arm) => {
+const armNames = ["grpo", "distill", "sft"] as const
+type ArmName = typeof armNames[number]
+
+/** Per arm: the mean and standard error (over seeds) of its held-out accuracy after, and of its gain. */
+const summaryOf = (rows: ReadonlyArray<Record<string, number | string>>) =>
+  Object.fromEntries(armNames.filter((arm) => rows.some((r) => r.arm === arm)).map((arm) => {
     const of = rows.filter((r) => r.arm === arm)
     const after = of.map((r) => r["after"] as number), gain = of.map((r) => r["gain"] as number)
     return [arm, { after: mean(after), afterSe: se(after), gain: mean(gain), gainSe: se(gain) }]
   }))
-  return {
-    headline: {
+
+/**
+ * Every arm's run of every seed, by name: the figure's, and those at other settings (the `DISTILL_COEF`,
+ * `DISTILL_REWARD_WEIGHT`, `DISTILL_STEPS` and `SFT_LR` sweeps).
+ */
+const allRuns = () =>
+  Object.fromEntries(
+    readdirSync(out).filter((f) => /^seed\d+-.*\.result\.json$/.test(f)).map((f) => {
+      const name = f.replace(/\.result\.json$/, "")
+      return [name, saved(name)!]
+    })
+  )
+
+/** Calibration: read, or measured when `CALIBRATE=1` or none is saved. */
+const calibration = async (): Promise<Calibration> =>
+  process.env["CALIBRATE"] === "1" || !existsSync(join(out, `calibration${tag}.json`))
+    ? await calibrate()
+    : JSON.parse(readFileSync(join(out, `calibration${tag}.json`), "utf8")) as Calibration
+
+const generateData = () => {
+  if (existsSync(join(out, "data/train.jsonl"))) return
+  const generated = spawnSync(
+    "npx",
+    ["tsx", "examples/calculator/generate.ts", join(out, "data"), "12345", "0.5", "--kind", "sums"],
+    { cwd: root, encoding: "utf8" }
+  )
+  if (generated.status !== 0) throw new Error(`generate: ${generated.stderr}`)
+}
+
+export default async (): Promise<BenchResult> => {
+  mkdirSync(out, { recursive: true })
+  generateData()
+  const seeds = (process.env["SEEDS"] ?? "1,2,3").split(",").map(Number)
+  const requested = (process.env["ARMS"] ?? armNames.join(",")).split(",")
+  if (requested.includes("calibrate")) {
+    // The calibration alone: with a stand-in teacher of the same architecture (the cost is the architecture's).
+    if (external) externalConfig()
+    else trainTeacher()
+    const calibrated = await calibrate()
+    return {
+      headline: {
+        metric: "distillation steps in GRPO's CPU budget",
+        value: calibrated.distillSteps,
+        target: 1,
+        better: "higher"
+      },
+      calibration: calibrated
+    }
+  }
+  const arms = armNames.filter((arm) => requested.includes(arm))
+  const needsTeacher = arms.some((arm) => arm !== "grpo")
+  const teacher = !needsTeacher ? undefined : external ? externalTeacher() : trainTeacher()
+  const calibrated = needsTeacher ? await calibration() : undefined
+  const distillSteps = Number(process.env["DISTILL_STEPS"] ?? calibrated?.distillSteps ?? 0)
+  const sftSteps = Number(process.env["SFT_STEPS"] ?? calibrated?.sftSteps ?? 0)
+  const runArm = (arm: ArmName, seed: number): Promise<Arm> =>
+    arm === "grpo" ? grpo(seed) : arm === "distill" ? distill(seed, distillSteps) :
+    sft(seed, sftSteps, calibrated!.samplingFixed)
+  const rows: Array<Record<string, number | string>> = []
+  for (const seed of seeds) {
+    // The arms of a seed back to back: the same load of the shared machine. GRPO's step 0 is every arm's start.
+    const before = (await grpo(seed)).before!
+    for (const arm of arms) {
+      const r = await runArm(arm, seed)
+      rows.push({ seed, arm, before, ...r, gain: r.after - before })
+    }
+  }
+  const summary = summaryOf(rows)
+  const headline = summary["distill"] === undefined || summary["grpo"] === undefined
+    ? { metric: `mean held-out gain of ${arms.join(", ")}`, value: mean(rows.map((r) => r["gain"] as number)) }
+    : {
       metric: "distillation's mean held-out gain minus GRPO's, at equal CPU time",
-      value: summary["distill"]!.gain - summary["grpo"]!.gain,
-      target: 0,
-      better: "higher"
-    },
-    teacher: { kind: teacherKind, steps: teacherSteps, ...teacher },
-    calibration,
-    distillSteps,
+      value: summary["distill"].gain - summary["grpo"].gain
+    }
+  return {
+    headline: { ...headline, target: 0, better: "higher" },
+    ...(teacher === undefined ? {} : { teacher: { kind: teacherKind, external, ...teacher } }),
+    ...(calibrated === undefined ? {} : { calibration: calibrated }),
+    distillation: { steps: distillSteps, coef, rewardWeight },
     sftSteps,
     rows,
-    summary
+    summary,
+    runs: allRuns()
   }
 }
