@@ -390,6 +390,23 @@ export const LearnerConfig = Schema.Struct({
    */
   sharePrefix: withDefault(Schema.Boolean, true),
   /**
+   * How AdamW's two moments are stored (`OnnxTrainer.Options.moments`): `float32` (the default, 8 bytes a parameter)
+   * or `bfloat16` (4 bytes a parameter: a full fine-tuning learner's peak falls by about 4 bytes a parameter, 1.2 GiB
+   * at Qwen2.5-0.5B's 494 M). bfloat16 moments are narrowed after each update with stochastic rounding keyed by the
+   * step and the element, so a run is still deterministic and its resume exact; checkpoints then hold them as BF16.
+   * The loss follows float32's within noise, not to the digit. A trainer server (`learner.url`) and a Tinker engine
+   * keep their own.
+   */
+  moments: Schema.optionalKey(Schema.Literals(["float32", "bfloat16"])),
+  /**
+   * Activation recompute (`OnnxTrainer.Options.recompute`): each decoder layer keeps only its input from the forward
+   * pass and recomputes its inside in the backward, so the activations held fall to about one layer's (measured at
+   * Qwen2.5-0.5B's width: BENCHMARKS.md, "real shapes"), for about 1.2× the learner's CPU time. The same loss, the
+   * same gradients up to float rounding. The saving needs glibc's mmap threshold fixed (`MALLOC_MMAP_THRESHOLD_`),
+   * which `agentfly` sets where it starts. Default false.
+   */
+  recompute: Schema.optionalKey(Schema.Boolean),
+  /**
    * A trainer server (`agentfly trainer`, here or on another machine, `http://HOST:PORT/v1`) that runs the
    * learner's forward/backward passes and optimiser steps instead of this process (`RemoteTrainer`): the run sends it
    * the packed micro-batches and gets the weights back to publish. Checkpoints stay in the run's folder. A step

@@ -79,6 +79,14 @@ export const machineMemory = Effect.fnUntraced(function*() {
   return physical
 })
 
+/** The learner's memory settings as `OnnxTrainer.Options` (absent keys left out: the trainer's defaults). */
+export const learnerMemory = (
+  config: TrainConfig.TrainConfig
+): Pick<OnnxTrainer.Options, "moments" | "recompute"> => ({
+  ...(config.learner.moments === undefined ? {} : { moments: config.learner.moments }),
+  ...(config.learner.recompute === undefined ? {} : { recompute: config.learner.recompute })
+})
+
 /**
  * Refuses, before any trainer is built, a local learner whose estimated peak memory (`MemoryEstimate`) exceeds the
  * machine's: a `Learner` reason whose message gives the estimate by part and the settings that would fit, with the
@@ -93,6 +101,8 @@ export const checkMemory = Effect.fnUntraced(function*(setup: Setup) {
     workers: learner.workers,
     reference: algorithm.klCoef > 0,
     critic: algorithm.advantage === "gae",
+    moments: learner.moments ?? "float32",
+    recompute: learner.recompute ?? false,
     // A LoRA run's gradients and moments are its adapters'.
     ...(setup.config.model.lora === undefined ? {} : {
       trainedParameters: Lora.parameters(setup.folder.config, setup.config.model.lora)

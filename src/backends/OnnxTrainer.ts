@@ -262,6 +262,12 @@ export interface Options {
    */
   readonly recompute?: boolean
   /**
+   * How AdamW's moments are stored (`Optimizer.Precision`): `float32` (default, 8 bytes a parameter for the two) or
+   * `bfloat16` (4 bytes, stochastic rounding keyed by step and element: deterministic, resume exact). Checkpoints
+   * hold them as they are (F32 or BF16); a checkpoint of the other precision is converted when loaded.
+   */
+  readonly moments?: Optimizer.Precision
+  /**
    * Free onnxruntime-node's JavaScript copies of the gradients right after each micro-batch (their buffers detached,
    * then a garbage collection: `internal/collectGarbage.ts`). Default: when the gradients are 256 MiB or more (the
    * copies of one step were otherwise still resident during the next: 4 bytes a parameter at the peak; tens to
@@ -379,6 +385,18 @@ const layoutOf = (parameters: Model["parameters"]): TrainerWorker.Layout => {
 const sharedViews = (buffer: SharedArrayBuffer, layout: TrainerWorker.Layout) =>
   new Map(layout.names.map((name, i) => [name, new Float32Array(buffer, layout.offsets[i]! * 4, layout.lengths[i]!)]))
 
+/** Per-parameter views of shared moments: float32, or bfloat16 bits. */
+const momentViews = (
+  buffer: SharedArrayBuffer,
+  layout: TrainerWorker.Layout,
+  precision: Optimizer.Precision
+): Map<string, Optimizer.Moment> =>
+  precision === "float32"
+    ? sharedViews(buffer, layout)
+    : new Map(layout.names.map((name, i) =>
+      [name, new Uint16Array(buffer, layout.offsets[i]! * 2, layout.lengths[i]!)] as const
+    ))
+
 interface Compiled {
   readonly session: ort.InferenceSession
   readonly graph: Autodiff.TrainingGraph
@@ -396,10 +414,10 @@ interface SharedMemory {
   readonly grads: ReadonlyArray<SharedArrayBuffer>
 }
 
-const sharedMemory = (layout: TrainerWorker.Layout, workers: number): SharedMemory => ({
+const sharedMemory = (layout: TrainerWorker.Layout, workers: number, moments: Optimizer.Precision): SharedMemory => ({
   params: new SharedArrayBuffer(layout.total * 4),
-  m: new SharedArrayBuffer(layout.total * 4),
-  v: new SharedArrayBuffer(layout.total * 4),
+  m: new SharedArrayBuffer(layout.total * (moments === "float32" ? 4 : 2)),
+  v: new SharedArrayBuffer(layout.total * (moments === "float32" ? 4 : 2)),
   accum: new SharedArrayBuffer(layout.total * 4),
   grads: Array.from({ length: workers }, () => new SharedArrayBuffer(layout.total * 4))
 })
@@ -687,6 +705,7 @@ const usePool = Effect.fnUntraced(function*(trainer: Trainer) {
     params: shared!.params,
     m: shared!.m,
     v: shared!.v,
+    moments: trainer.options.moments ?? "float32",
     accum: shared!.accum,
     grads: shared!.grads,
     slice: [Math.floor(layout.total * index / workers), Math.floor(layout.total * (index + 1) / workers)] as const,
@@ -875,12 +894,20 @@ const load = (trainer: Trainer, dir: string) =>
   Effect.gen(function*() {
     const loaded = yield* Checkpoint.load(dir, trainer.model.parameters)
     for (const [name, w] of loaded.weights) trainer.params.get(name)!.set(w)
-    if (trainer.shared === undefined) trainer.optimizerState = loaded.optimizer
-    else {
+    const precision = trainer.options.moments ?? "float32"
+    const as = (moment: Optimizer.Moment) => Optimizer.convertMoment(moment, precision)
+    if (trainer.shared === undefined) {
+      const { step, m, v } = loaded.optimizer
+      trainer.optimizerState = {
+        step,
+        m: new Map([...m].map(([k, x]) => [k, as(x)])),
+        v: new Map([...v].map(([k, x]) => [k, as(x)]))
+      }
+    } else {
       // The moments stay in shared memory, where the workers update them.
       const state = trainer.optimizerState
-      for (const [name, m] of loaded.optimizer.m) state.m.get(name)!.set(m)
-      for (const [name, v] of loaded.optimizer.v) state.v.get(name)!.set(v)
+      for (const [name, m] of loaded.optimizer.m) setMoment(state.m.get(name)!, as(m))
+      for (const [name, v] of loaded.optimizer.v) setMoment(state.v.get(name)!, as(v))
       state.step = loaded.optimizer.step
     }
     trainer.weightsVersion++
@@ -890,6 +917,12 @@ const load = (trainer: Trainer, dir: string) =>
     Effect.provideService(FileSystem.FileSystem, trainer.fs),
     Effect.mapError((e) => fail("Checkpoint", e.message, { cause: e }))
   )
+
+/** `from`'s values into `into`, both of one precision (`Optimizer.convertMoment` made them so). */
+const setMoment = (into: Optimizer.Moment, from: Optimizer.Moment) => {
+  if (into instanceof Float32Array && from instanceof Float32Array) into.set(from)
+  else if (into instanceof Uint16Array && from instanceof Uint16Array) into.set(from)
+}
 
 /** A copy of the gradients accumulated since the last optimiser step (for checks and benchmarks). */
 const gradients = (trainer: Trainer) =>
@@ -931,7 +964,8 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
   const bad = sizeProblem(model.frozen?.parameters ?? [], (name) => model.frozen!.weights.get(name), "frozen weight")
   if (bad !== undefined) return yield* fail("BadBatch", bad)
   const layout = layoutOf(model.parameters)
-  const shared = workers > 1 ? sharedMemory(layout, workers) : undefined
+  const moments = options.moments ?? "float32"
+  const shared = workers > 1 ? sharedMemory(layout, workers, moments) : undefined
   const sharedParams = shared === undefined ? undefined : sharedViews(shared.params, layout)
   const initial = (name: string) => options.weights.get(name) ?? model.initial?.get(name)
   const wrong = sizeProblem(model.parameters, initial, "weight")
@@ -951,8 +985,8 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
     shared,
     params,
     optimizerState: shared === undefined
-      ? Optimizer.makeState(params)
-      : { step: 0, m: sharedViews(shared.m, layout), v: sharedViews(shared.v, layout) },
+      ? Optimizer.makeState(params, moments)
+      : { step: 0, m: momentViews(shared.m, layout, moments), v: momentViews(shared.v, layout, moments) },
     accum: shared === undefined
       ? new Map([...params].map(([k, v]) => [k, new Float32Array(v.length)]))
       : sharedViews(shared.accum, layout),
