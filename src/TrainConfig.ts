@@ -794,6 +794,7 @@ const crossKeyIssues = (config: TrainConfig): Array<string> => {
       ]
       : []),
     ...tinkerIssues(config),
+    ...localLearnerIssues(config),
     ...(config.critic !== undefined && config.critic.warmupSteps >= config.algorithm.steps
       ? [
         `critic.warmupSteps: ${config.critic.warmupSteps} of algorithm.steps ${config.algorithm.steps} train the ` +
@@ -801,6 +802,20 @@ const crossKeyIssues = (config: TrainConfig): Array<string> => {
       ]
       : [])
   ]
+}
+
+/** `learner.moments` and `learner.recompute` set where the steps run elsewhere (a trainer server, a Tinker engine). */
+const localLearnerIssues = (config: TrainConfig): Array<string> => {
+  const { learner } = config
+  const elsewhere = learner.backend === "tinker"
+    ? `learner.backend "tinker"`
+    : learner.url !== undefined
+    ? "learner.url (the trainer server keeps its own settings)"
+    : undefined
+  if (elsewhere === undefined) return []
+  return (["moments", "recompute"] as const).flatMap((key) =>
+    learner[key] === undefined ? [] : [`learner.${key}: only read by the local learner, not with ${elsewhere}`]
+  )
 }
 
 /** A Tinker learner's section and the settings it cannot train (`TinkerLoss.refusals`). */

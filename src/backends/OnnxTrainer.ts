@@ -8,8 +8,8 @@
  * Weights are fed as graph inputs from the optimiser's own arrays: nothing is re-serialised per step.
  *
  * Memory (see `MemoryEstimate.ts` and `scripts/learner-memory.ts`): the weights, AdamW's two moments and the
- * gradient accumulator (16 bytes a parameter; the first micro-batch of a step writes its gradients straight into the
- * accumulator), the activations of a micro-batch, onnxruntime-node's copy of the gradients at the end of each run
+ * gradient accumulator (16 bytes a parameter, 12 with the moments in bfloat16: `Options.moments`; the first
+ * micro-batch of a step writes its gradients straight into the accumulator), the activations of a micro-batch, onnxruntime-node's copy of the gradients at the end of each run
  * (freed at once: `Options.releaseOutputs`), and the output head in
  * chunks of tokens (`autodiff/ChunkedHead.ts`): the logits of a whole micro-batch are never held.
  *
@@ -257,8 +257,9 @@ export interface Options {
    * A saving only where malloc returns freed memory: glibc keeps the blocks a run frees below its mmap threshold, so
    * the forward's freed activations stay resident and the end-of-run gradient copies land on top of them. Measured
    * with `scripts/learner-memory.ts` (0.5 B's width, 12 layers, 2 × 512 tokens): 8.13 → 8.30 GiB by default,
-   * 7.75 → 6.72 GiB with `MALLOC_MMAP_THRESHOLD_=1048576`, at 1.2× the CPU time (BENCHMARKS.md, "real shapes");
-   * hence no `learner.recompute` in the run's config yet.
+   * 7.75 → 6.72 GiB with `MALLOC_MMAP_THRESHOLD_=1048576`, at 1.2× the CPU time (BENCHMARKS.md, "real shapes").
+   * `agentfly` sets that threshold in its shebang (`bin/agentfly.mjs`); a program that makes a trainer itself sets
+   * it the same way. A run's config turns it on with `learner.recompute`.
    */
   readonly recompute?: boolean
   /**
