@@ -127,37 +127,42 @@ const updateBfloat16 = (
 
 /** bfloat16 bits `src[from, from + dst.length)` into float32 `dst`: the bits are the float's upper half. */
 const widen = (src: Uint16Array, from: number, dst: Float32Array) => {
-  const bits = new Uint32Array(dst.buffer, dst.byteOffset, dst.length)
+  const bits = new Int32Array(dst.buffer, dst.byteOffset, dst.length)
   for (let i = 0; i < bits.length; i++) bits[i] = src[from + i]! << 16
 }
 
 /**
- * A 32-bit integer hash (Wellons' `lowbias32`: a bijection with good avalanche), used as a stateless random stream.
- *
- * @internal exported for tests
+ * Wellons' `lowbias32` (a bijection of 32-bit integers with good avalanche) as a signed 32-bit result: the loops
+ * below keep to int32 arithmetic, which V8 runs without boxing.
  */
-export const hash32 = (x: number): number => {
+const mix = (x: number): number => {
   x ^= x >>> 16
   x = Math.imul(x, 0x7feb352d)
   x ^= x >>> 15
   x = Math.imul(x, 0x846ca68b)
-  x ^= x >>> 16
-  return x >>> 0
+  return x ^ (x >>> 16)
 }
 
 /**
- * One float32's bits narrowed to bfloat16 with stochastic rounding: `r` (16 random bits) added below the kept half,
- * so the value rounds away from zero with the probability of the discarded fraction (unbiased). NaN stays NaN;
- * ±Infinity stays infinite.
+ * The stateless random stream: 32 bits for element `index` (modulo 2^32) at a step's `seed`.
+ *
+ * @internal exported for tests
+ */
+export const hash32 = (x: number): number => mix(x | 0) >>> 0
+
+/**
+ * One float32's bits (as a signed 32-bit integer) narrowed to bfloat16 with stochastic rounding: `r` (16 random
+ * bits) added below the kept half, so the value rounds away from zero with the probability of the discarded
+ * fraction (unbiased). NaN stays NaN; ±Infinity stays infinite (nothing carries out of its zero low half).
  *
  * @internal exported for tests
  */
 export const roundStochastic = (u: number, r: number): number =>
-  (u & 0x7fffffff) > 0x7f800000 ? ((u >>> 16) | 0x0040) : ((u + r) >>> 16) & 0xffff
+  (u & 0x7fffffff) > 0x7f800000 ? ((u >>> 16) | 0x0040) : ((u + r) | 0) >>> 16
 
 /**
  * Float32 moments `mf`, `vf` narrowed into `m`, `v` from `from`. One hash a step and element gives both roundings'
- * bits (its low half for m, its high half for v); elements are indexed modulo 2^32.
+ * bits (its low half for m, its high half for v).
  */
 const narrowStochastic = (
   mf: Float32Array,
@@ -168,11 +173,12 @@ const narrowStochastic = (
   t: number,
   index: number
 ) => {
-  const mBits = new Uint32Array(mf.buffer, mf.byteOffset, mf.length)
-  const vBits = new Uint32Array(vf.buffer, vf.byteOffset, vf.length)
-  const seed = hash32(Math.imul(t, 0x9e3779b9) ^ 0x5bd1e995)
+  const mBits = new Int32Array(mf.buffer, mf.byteOffset, mf.length)
+  const vBits = new Int32Array(vf.buffer, vf.byteOffset, vf.length)
+  const seed = mix(Math.imul(t, 0x9e3779b9) ^ 0x5bd1e995)
+  const base = (seed + index) | 0
   for (let i = 0; i < mBits.length; i++) {
-    const r = hash32((seed + index + i) | 0)
+    const r = mix((base + i) | 0)
     m[from + i] = roundStochastic(mBits[i]!, r & 0xffff)
     v[from + i] = roundStochastic(vBits[i]!, r >>> 16)
   }
