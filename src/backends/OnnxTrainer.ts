@@ -423,6 +423,17 @@ const sharedMemory = (layout: TrainerWorker.Layout, workers: number, moments: Op
   grads: Array.from({ length: workers }, () => new SharedArrayBuffer(layout.total * 4))
 })
 
+/** AdamW's zero state: its own arrays, or views of the shared moments that the workers update. */
+const initialState = (
+  params: ReadonlyMap<string, Float32Array>,
+  shared: SharedMemory | undefined,
+  layout: TrainerWorker.Layout,
+  precision: Optimizer.Precision
+): Optimizer.State =>
+  shared === undefined
+    ? Optimizer.makeState(params, precision)
+    : { step: 0, m: momentViews(shared.m, layout, precision), v: momentViews(shared.v, layout, precision) }
+
 /** A shard shape's training graph and its serialised model, which every worker compiles its own session from. */
 interface GraphEntry {
   readonly graph: Autodiff.TrainingGraph
@@ -965,8 +976,7 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
   const bad = sizeProblem(model.frozen?.parameters ?? [], (name) => model.frozen!.weights.get(name), "frozen weight")
   if (bad !== undefined) return yield* fail("BadBatch", bad)
   const layout = layoutOf(model.parameters)
-  const moments = options.moments ?? "float32"
-  const shared = workers > 1 ? sharedMemory(layout, workers, moments) : undefined
+  const shared = workers > 1 ? sharedMemory(layout, workers, options.moments ?? "float32") : undefined
   const sharedParams = shared === undefined ? undefined : sharedViews(shared.params, layout)
   const initial = (name: string) => options.weights.get(name) ?? model.initial?.get(name)
   const wrong = sizeProblem(model.parameters, initial, "weight")
@@ -985,9 +995,7 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
     layout,
     shared,
     params,
-    optimizerState: shared === undefined
-      ? Optimizer.makeState(params, moments)
-      : { step: 0, m: momentViews(shared.m, layout, moments), v: momentViews(shared.v, layout, moments) },
+    optimizerState: initialState(params, shared, layout, options.moments ?? "float32"),
     accum: shared === undefined
       ? new Map([...params].map(([k, v]) => [k, new Float32Array(v.length)]))
       : sharedViews(shared.accum, layout),
