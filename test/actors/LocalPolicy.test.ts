@@ -343,7 +343,7 @@ describe("LocalPolicy", () => {
     120_000
   )
 
-  it.live("learner.moments bfloat16 reaches the trainer (with learner.recompute on): its checkpoint's moments are BF16", () =>
+  it.live("learner.moments bfloat16 reaches the trainer (recompute on too): its checkpoint's moments are BF16", () =>
     Effect.gen(function*() {
       const { folder, config: decoded } = yield* fixture
       const checkpoint = mkdtempSync(join(tmpdir(), "local-policy-checkpoint-"))
