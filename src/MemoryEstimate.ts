@@ -64,7 +64,11 @@ export interface Settings {
   readonly critic?: boolean
   /** AdamW's moments' precision (`learner.moments`). Default float32. */
   readonly moments?: Optimizer.Precision
-  /** Activation recompute (`learner.recompute`). Default false. */
+  /**
+   * Activation recompute (`learner.recompute`) with glibc's mmap threshold fixed (`MALLOC_MMAP_THRESHOLD_`): without
+   * it the freed activations stay resident and the peak does not fall, so a caller counts recompute only then.
+   * Default false.
+   */
   readonly recompute?: boolean
   /** The decode engine runs in this process. Default true. */
   readonly engine?: boolean
@@ -220,7 +224,7 @@ const shorterContext = (model: ModelConfig.ModelConfig, settings: Settings, avai
 const setting = (f: Fit) =>
   `algorithm.microBatchSize ${f.microBatchSize} with learner.workers ${f.workers}` +
   (f.moments === undefined ? "" : ` and learner.moments "bfloat16"`) +
-  (f.recompute === undefined ? "" : " and learner.recompute true") +
+  (f.recompute === undefined ? "" : " and learner.recompute true (with MALLOC_MMAP_THRESHOLD_=1048576 set)") +
   ` (${gib(f.estimate)})`
 
 /**

@@ -401,9 +401,10 @@ export const LearnerConfig = Schema.Struct({
   /**
    * Activation recompute (`OnnxTrainer.Options.recompute`): each decoder layer keeps only its input from the forward
    * pass and recomputes its inside in the backward, so the activations held fall to about one layer's (measured at
-   * Qwen2.5-0.5B's width: BENCHMARKS.md, "real shapes"), for about 1.2× the learner's CPU time. The same loss, the
-   * same gradients up to float rounding. The saving needs glibc's mmap threshold fixed (`MALLOC_MMAP_THRESHOLD_`),
-   * which `agentfly` sets where it starts. Default false.
+   * Qwen2.5-0.5B's width: BENCHMARKS.md, "real shapes"), for about 1.15× the learner's CPU time. The same loss, the
+   * same gradients up to float rounding. The saving needs glibc's mmap threshold fixed: start the run as
+   * `MALLOC_MMAP_THRESHOLD_=1048576 agentfly train …` (glibc reads it at start; it is not the default because it
+   * slows small models' learner steps, `bin/agentfly.mjs` says how much). Default false.
    */
   recompute: Schema.optionalKey(Schema.Boolean),
   /**

@@ -258,8 +258,8 @@ export interface Options {
    * the forward's freed activations stay resident and the end-of-run gradient copies land on top of them. Measured
    * with `scripts/learner-memory.ts` (0.5 B's width, 12 layers, 2 × 512 tokens): 8.13 → 8.30 GiB by default,
    * 7.75 → 6.72 GiB with `MALLOC_MMAP_THRESHOLD_=1048576`, at 1.2× the CPU time (BENCHMARKS.md, "real shapes").
-   * `agentfly` sets that threshold in its shebang (`bin/agentfly.mjs`); a program that makes a trainer itself sets
-   * it the same way. A run's config turns it on with `learner.recompute`.
+   * A run's config turns it on with `learner.recompute`; the threshold is set in the environment that starts the
+   * process (`bin/agentfly.mjs` says why not by default).
    */
   readonly recompute?: boolean
   /**
