@@ -37,6 +37,10 @@
  * (medium: 5.85 GiB, 1.3× CPU). Every extra layer (14.9 M parameters) adds ≈ 0.57 GiB
  * (≈ 41 bytes a parameter); the 151,936-wide head alone costs ≈ 8 GiB at 2,048 tokens (logits, LogSoftmax, its
  * exponent for the entropy and their gradients are 1.16 GiB each).
+ *
+ * AdamW's moments in bfloat16 (`--moments bfloat16`, 2026-12-07, 12 layers, 2 × 512 tokens): 8.14 → 6.97 GiB (27.8 →
+ * 23.8 bytes a parameter), 21.8 → 24.7 s CPU; with `--recompute` and `MALLOC_MMAP_THRESHOLD_=1048576` 5.54 GiB (18.9).
+ * BENCHMARKS.md, "real shapes", has the table.
  */
 import { NodeServices } from "@effect/platform-node"
 import { Effect } from "effect"
