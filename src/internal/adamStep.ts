@@ -94,7 +94,7 @@ const updateFloat32 = (
 ): void => {
   if (kernel !== undefined) return kernel(p, g, m, v, c)
   const { scale, beta1, beta2, stepSize, invSqrtC2, eps, keep } = c
-  updateTensor(p, g, m, v, scale, beta1, beta2, stepSize, invSqrtC2, eps, 1 - keep)
+  updateTensor(p, g, m, v, scale, beta1, beta2, stepSize, invSqrtC2, eps, keep)
 }
 
 /** Elements widened and narrowed at a time (two float32 scratch arrays of this size per thread). */
@@ -199,7 +199,7 @@ const updateTensor = (
   stepSize: number,
   invSqrtC2: number,
   eps: number,
-  decay: number
+  keep: number
 ): void => {
   const b1c = 1 - beta1
   const b2c = 1 - beta2
@@ -209,7 +209,7 @@ const updateTensor = (
     const vi = beta2 * v[i]! + b2c * gi * gi
     m[i] = mi
     v[i] = vi
-    const pi = p[i]! * (1 - decay)
+    const pi = p[i]! * keep // `1 − lr·λ`, computed once as the kernel's is
     p[i] = pi - (stepSize * mi) / (Math.sqrt(vi) * invSqrtC2 + eps)
   }
 }
