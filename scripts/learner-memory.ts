@@ -179,6 +179,10 @@ const flags: Flags = {
   headChunk: args.includes("--head-chunk") ? flag("head-chunk", 0) : undefined,
   preset: args.includes("--preset") ? args[args.indexOf("--preset") + 1] as ModelConfig.PresetName : undefined
 }
+if (flags.moments !== "float32" && flags.moments !== "bfloat16") {
+  console.error(`--moments must be float32 or bfloat16, got ${flags.moments}`)
+  process.exit(2)
+}
 const oneLayer = args.indexOf("--one")
 if (oneLayer !== -1) {
   Effect.runPromise(one(Number(args[oneLayer + 1]), flags)).catch((e) => {
