@@ -5,6 +5,12 @@
 // MALLOC_ARENA_MAX=2: glibc gives each thread that allocates its own malloc arena and keeps what the learner's
 // worker threads free in them (−60…−120 MB peak RSS on the tiny preset's RL run, no measured slowdown). glibc reads
 // it once at start, hence the shebang; `env` execs node, so the command keeps its PID (`kill` reaches the trainer).
+// MALLOC_MMAP_THRESHOLD_ is not set here, though activation recompute (`learner.recompute`) needs it (1048576: blocks
+// of 1 MiB and more then go back to the system when freed; glibc's default keeps a learner step's freed activations
+// resident under its peak): fixed for every run, it made the demo's learner steps 1.4× slower (the tiny preset,
+// micro-batches of 16 × 256 on 2 workers, BENCHMARKS.md "real shapes"). Node 20 cannot exec itself with it, and a
+// child process would change the PID that `kill` reaches, so a large run sets it in its environment:
+// `MALLOC_MMAP_THRESHOLD_=1048576 agentfly train …` (a run with `learner.recompute` and without it is warned).
 import { existsSync } from "node:fs"
 import { register } from "tsx/esm/api"
 

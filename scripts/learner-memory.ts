@@ -7,6 +7,7 @@
  *   npx tsx scripts/learner-memory.ts [layers…] [--batch 4] [--length 512] [--workers 1] [--recompute]
  *     [--head-chunk tokens]   (0: the plain head)   [--preset small|medium]   (an embedded preset: one run)
  *     [--marks]   (phase boundaries on stderr with the wall clock, to line up with an outside RSS trace)
+ *     [--moments float32|bfloat16]   (AdamW's moments' precision, `OnnxTrainer.Options.moments`)
  *
  * Not run in CI (it needs several GiB). Random weights; the loss is the SFT loss on every token.
  *
@@ -36,6 +37,10 @@
  * (medium: 5.85 GiB, 1.3× CPU). Every extra layer (14.9 M parameters) adds ≈ 0.57 GiB
  * (≈ 41 bytes a parameter); the 151,936-wide head alone costs ≈ 8 GiB at 2,048 tokens (logits, LogSoftmax, its
  * exponent for the entropy and their gradients are 1.16 GiB each).
+ *
+ * AdamW's moments in bfloat16 (`--moments bfloat16`, 2026-12-07, 12 layers, 2 × 512 tokens): 8.14 → 6.97 GiB (27.8 →
+ * 23.8 bytes a parameter), 21.8 → 24.7 s CPU; with `--recompute` and `MALLOC_MMAP_THRESHOLD_=1048576` 5.54 GiB (18.9).
+ * BENCHMARKS.md, "real shapes", has the table.
  */
 import { NodeServices } from "@effect/platform-node"
 import { Effect } from "effect"
@@ -104,6 +109,7 @@ interface Flags {
   readonly length: number
   readonly workers: number
   readonly recompute: boolean
+  readonly moments: Optimizer.Precision
   readonly headChunk: number | undefined
   /** An embedded preset instead of Qwen2.5's width. */
   readonly preset: ModelConfig.PresetName | undefined
@@ -123,6 +129,7 @@ const one = (layers: number, flags: Flags) =>
       schedule: LrSchedule.constant(1e-5),
       workers: flags.workers,
       ...(flags.recompute ? { recompute: true } : {}),
+      moments: flags.moments,
       ...(flags.headChunk === undefined ? {} : { headChunk: flags.headChunk })
     })
     weights.clear() // the trainer copied them
@@ -168,8 +175,13 @@ const flags: Flags = {
   length: flag("length", 512),
   workers: flag("workers", 1),
   recompute: args.includes("--recompute"),
+  moments: args.includes("--moments") ? args[args.indexOf("--moments") + 1] as Optimizer.Precision : "float32",
   headChunk: args.includes("--head-chunk") ? flag("head-chunk", 0) : undefined,
   preset: args.includes("--preset") ? args[args.indexOf("--preset") + 1] as ModelConfig.PresetName : undefined
+}
+if (flags.moments !== "float32" && flags.moments !== "bfloat16") {
+  console.error(`--moments must be float32 or bfloat16, got ${flags.moments}`)
+  process.exit(2)
 }
 const oneLayer = args.indexOf("--one")
 if (oneLayer !== -1) {
@@ -182,7 +194,12 @@ if (oneLayer !== -1) {
   const self = fileURLToPath(import.meta.url)
   const g = (x: number) => x.toFixed(2).padStart(6)
   const recompute = flags.recompute ? ", recompute" : ""
-  console.log(`${flags.batch} × ${flags.length} tokens, ${flags.workers} worker(s)${recompute}`)
+  const malloc = process.env["MALLOC_MMAP_THRESHOLD_"] === undefined
+    ? ""
+    : `, MALLOC_MMAP_THRESHOLD_=${process.env["MALLOC_MMAP_THRESHOLD_"]}`
+  console.log(
+    `${flags.batch} × ${flags.length} tokens, ${flags.workers} worker(s)${recompute}, ${flags.moments} moments${malloc}`
+  )
   console.log("layers  params   peak RSS  bytes/param  step 1  step 2   after make  after step 1")
   for (const n of layers.length > 0 ? layers : [1, 2, 4]) {
     const child = spawnSync(process.execPath, [...process.execArgv, self, ...args, "--one", String(n)], {

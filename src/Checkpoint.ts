@@ -3,7 +3,8 @@
  *
  * A checkpoint is a directory:
  * - `model.safetensors`: the weights (float32, Hugging Face names), loadable by any safetensors reader;
- * - `optimizer.safetensors`: AdamW moments as `m.<name>` and `v.<name>`;
+ * - `optimizer.safetensors`: AdamW moments as `m.<name>` and `v.<name>` (F32, or BF16 bit for bit when the run keeps
+ *   them in bfloat16: `Optimizer.Precision`);
  * - `trainer_state.json`: format tag, optimiser step, policy version, the run's RNG state, the weight names and the
  *   weights' {@link fingerprint}.
  *
@@ -221,9 +222,16 @@ export const fingerprint = (weights: ReadonlyMap<string, Float32Array>): string 
  * @since 0.1.0
  */
 export const firstNonFinite = (
-  tensors: Iterable<readonly [string, Float32Array]>
+  tensors: Iterable<readonly [string, Float32Array | Optimizer.Moment]>
 ): string | undefined => {
   for (const [name, data] of tensors) {
+    if (data instanceof Uint16Array) {
+      // bfloat16 bits (optimizer moments): NaN or ±Infinity when the exponent's 8 bits are all set.
+      for (let i = 0; i < data.length; i++) {
+        if ((data[i]! & 0x7f80) === 0x7f80) return `${name}[${i}] = ${data[i]! & 0x7f ? NaN : "±Infinity"}`
+      }
+      continue
+    }
     for (let i = 0; i < data.length; i++) {
       if (!Number.isFinite(data[i]!)) return `${name}[${i}] = ${data[i]}`
     }
@@ -280,7 +288,11 @@ export const save = Effect.fn("Checkpoint.save")(function*(dir: string, state: S
   yield* Safetensors.writeSharded(dir, "model", state.weights, { ...shards, metadata: { format: "pt" } }).pipe(
     Effect.mapError(writeError)
   )
-  yield* Safetensors.writeSharded(dir, "optimizer", moments, shards).pipe(Effect.mapError(writeError))
+  // bfloat16 moments are written as BF16, bit for bit (an exact resume reads back what the run held).
+  const bf16 = moments.length > 0 && moments[0]!.data instanceof Uint16Array
+  yield* Safetensors.writeSharded(dir, "optimizer", moments, { ...shards, dtype: bf16 ? "BF16" : "F32" }).pipe(
+    Effect.mapError(writeError)
+  )
   if (options.adapterConfig !== undefined) {
     yield* Safetensors.writeSharded(dir, "adapter_model", state.weights, { ...shards, metadata: { format: "pt" } })
       .pipe(Effect.mapError(writeError))
@@ -370,10 +382,12 @@ const readError = (e: Safetensors.SafetensorsError): CheckpointError => {
   }
 }
 
-const readTensors = Effect.fnUntraced(function*(
+/** The index of `prefix`'s tensors, checked to hold exactly `expected` with their shapes, in one of `dtypes`. */
+const checkedIndex = Effect.fnUntraced(function*(
   dir: string,
   prefix: "model" | "optimizer",
-  expected: ReadonlyArray<{ readonly name: string; readonly shape: ReadonlyArray<number> }>
+  expected: ReadonlyArray<{ readonly name: string; readonly shape: ReadonlyArray<number> }>,
+  dtypes: ReadonlyArray<Safetensors.DType>
 ) {
   const index = yield* Safetensors.readIndex(dir, prefix).pipe(Effect.mapError(readError))
   const path = index.file
@@ -382,8 +396,8 @@ const readTensors = Effect.fnUntraced(function*(
     if (t === undefined) {
       return yield* checkpointError(path, "Mismatch", `tensor ${name} is missing`)
     }
-    if (t.dtype !== "F32" || t.shape.length !== shape.length || t.shape.some((d, i) => d !== shape[i])) {
-      const what = `tensor ${name}: ${t.dtype} [${t.shape}] where F32 [${shape}] is expected`
+    if (!dtypes.includes(t.dtype) || t.shape.length !== shape.length || t.shape.some((d, i) => d !== shape[i])) {
+      const what = `tensor ${name}: ${t.dtype} [${t.shape}] where ${dtypes.join(" or ")} [${shape}] is expected`
       return yield* checkpointError(t.file, "Mismatch", what)
     }
   }
@@ -391,8 +405,28 @@ const readTensors = Effect.fnUntraced(function*(
     const extra = [...index.tensors.keys()].filter((k) => !expected.some((e) => e.name === k))
     return yield* checkpointError(path, "Mismatch", `unexpected tensors: ${extra.join(", ")}`)
   }
-  return yield* Safetensors.readTensors(index, expected).pipe(Effect.mapError(readError))
+  return index
 })
+
+/** The weights: F32 only (a checkpoint holds them exactly). */
+const readWeights = (
+  dir: string,
+  expected: ReadonlyArray<{ readonly name: string; readonly shape: ReadonlyArray<number> }>
+) =>
+  Effect.flatMap(
+    checkedIndex(dir, "model", expected, ["F32"]),
+    (index) => Safetensors.readTensors(index, expected).pipe(Effect.mapError(readError))
+  )
+
+/** AdamW's moments: F32, or BF16 kept as bits (`Optimizer.Precision` "bfloat16"). */
+const readMoments = (
+  dir: string,
+  expected: ReadonlyArray<{ readonly name: string; readonly shape: ReadonlyArray<number> }>
+) =>
+  Effect.flatMap(
+    checkedIndex(dir, "optimizer", expected, ["F32", "BF16"]),
+    (index) => Safetensors.readTensorsKeepingBf16(index, expected).pipe(Effect.mapError(readError))
+  )
 
 /**
  * Reads a checkpoint, checking it holds exactly the `expected` weights with their shapes. Tensor files are streamed
@@ -418,10 +452,9 @@ export const load = Effect.fn("Checkpoint.load")(function*(
   const meta = yield* decodeStateFile(text).pipe(
     Effect.mapError((e) => checkpointError(statePath, "Corrupt", e.message, { cause: e }))
   )
-  const weights = yield* readTensors(dir, "model", expected)
-  const moments = yield* readTensors(
+  const weights = yield* readWeights(dir, expected)
+  const moments = yield* readMoments(
     dir,
-    "optimizer",
     expected.flatMap((e) => [{ name: `m.${e.name}`, shape: e.shape }, { name: `v.${e.name}`, shape: e.shape }])
   )
   const bad = firstNonFinite(weights) ?? firstNonFinite(moments)

@@ -13,13 +13,15 @@
  *   its accumulator in shared memory, onnxruntime's outputs and their copy (12·P each). The copies are freed after
  *   each micro-batch (`OnnxTrainer.Options.releaseOutputs`), but they come at the end of a run, on top of the
  *   activations that malloc has not yet returned, so they still count.
- * - `optimizer`: AdamW's two moments, 8·P.
+ * - `optimizer`: AdamW's two moments, 8·P (4·P with `learner.moments` "bfloat16").
  *   (A LoRA run trains its adapters alone: `gradients` and `optimizer` count them, not P.)
  * - `activations`: what the backward pass keeps of each layer, per token `(12·D + 4·F + H·T)` floats (hidden width
  *   D, MLP width F, H heads attending to T positions): the values the training graph holds from the forward to the
  *   backward, counted node by node on the graph at Qwen2.5-0.5B's width (the attention's probabilities, four
  *   `[tokens, F]` tensors of the MLP, twelve of the hidden width). Until issue 41's last changes it was
- *   `(8·D + 5·F + 2·H·T)`, fitted to measurements that also held a transposed copy of every layer weight.
+ *   `(8·D + 5·F + 2·H·T)`, fitted to measurements that also held a transposed copy of every layer weight. With
+ *   activation recompute (`learner.recompute`) one layer's inside plus `2·D` floats a token for every layer (what
+ *   `scripts/graph-liveness.ts --recompute` counts: 627, 704 and 788 MiB at 1, 12 and 24 layers for 2 × 512 tokens).
  * - `head`: the output head's working set, about six `[tokens, vocab]` float tensors per worker for the tokens of
  *   one chunk (`autodiff/ChunkedHead.ts`), or of the whole shard when it fits in one chunk.
  * - `extra`: the KL reference's weights (4·P) and a GAE critic (a second trainer on the trunk), when the run has them;
@@ -31,12 +33,14 @@
  *
  * Measured with `scripts/learner-memory.ts` at Qwen2.5-0.5B's width (1 worker, 4 × 512 tokens): 1 layer (151 M
  * parameters) estimated 4.40 GiB, measured 4.04 GiB (4.64 GiB before the gradient copies were freed and the
- * transposed weights dropped).
+ * transposed weights dropped). bfloat16 moments measured 4.0 bytes a parameter less (12 layers, 2 × 512 tokens:
+ * 8.14 → 6.97 GiB; 24 layers, 1 × 512: 10.76 → 8.96 GiB).
  *
  * @since 0.1.0
  */
 import { Schema } from "effect"
 import * as ChunkedHead from "./autodiff/ChunkedHead.ts"
+import type * as Optimizer from "./Optimizer.ts"
 import type * as ModelConfig from "./model/ModelConfig.ts"
 import * as Qwen2 from "./model/Qwen2.ts"
 
@@ -61,6 +65,14 @@ export interface Settings {
   readonly reference?: boolean
   /** A GAE critic is trained beside the policy. Default false. */
   readonly critic?: boolean
+  /** AdamW's moments' precision (`learner.moments`). Default float32. */
+  readonly moments?: Optimizer.Precision
+  /**
+   * Activation recompute (`learner.recompute`) with glibc's mmap threshold fixed (`MALLOC_MMAP_THRESHOLD_`): without
+   * it the freed activations stay resident and the peak does not fall, so a caller counts recompute only then.
+   * Default false.
+   */
+  readonly recompute?: boolean
   /** The decode engine runs in this process. Default true. */
   readonly engine?: boolean
   /**
@@ -100,8 +112,24 @@ export class OutOfMemory extends Schema.TaggedError<OutOfMemory>()("OutOfMemory"
   estimate: Schema.Number,
   /** The machine's memory (bytes): the cgroup limit, or the physical memory. */
   available: Schema.Number,
-  fits: Schema.Array(Schema.Struct({ microBatchSize: Schema.Number, workers: Schema.Number, estimate: Schema.Number }))
+  fits: Schema.Array(Schema.Struct({
+    microBatchSize: Schema.Number,
+    workers: Schema.Number,
+    /** Present where the fit needs bfloat16 moments (`learner.moments`). */
+    moments: Schema.optionalKey(Schema.Literal("bfloat16")),
+    /** Present where the fit needs activation recompute (`learner.recompute`). */
+    recompute: Schema.optionalKey(Schema.Literal(true)),
+    estimate: Schema.Number
+  }))
 }) {}
+
+/**
+ * Settings that would fit (an entry of `OutOfMemory.fits`).
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export type Fit = OutOfMemory["fits"][number]
 
 // ===== Estimate =====
 
@@ -120,9 +148,11 @@ export const estimate = (model: ModelConfig.ModelConfig, settings: Settings): Es
   const lora = settings.trainedParameters !== undefined
   const weights = 4 * P + (workers > 1 ? 4 * A * workers + (lora ? 4 * P : 0) : 0)
   const gradients = 4 * A + (workers > 1 ? 12 * A * workers : 8 * A)
-  const optimizer = 8 * A
+  const optimizer = (settings.moments === "bfloat16" ? 4 : 8) * A
   const perToken = 12 * D + 4 * model.intermediateSize + model.numAttentionHeads * T
-  const activations = 4 * tokens * model.numHiddenLayers * perToken
+  const activations = settings.recompute === true
+    ? 4 * tokens * (2 * D * model.numHiddenLayers + perToken)
+    : 4 * tokens * model.numHiddenLayers * perToken
   const shardTokens = Math.ceil(microBatchSize / Math.max(1, Math.min(workers, microBatchSize))) * T
   const head = 6 * 4 * model.vocabSize * Math.min(shardTokens, ChunkedHead.defaultChunk(model.vocabSize)) *
     Math.min(workers, microBatchSize)
@@ -150,17 +180,14 @@ export const describe = (e: Estimate): string =>
 
 /**
  * Settings that fit in `available` bytes, best first: the micro-batch halved until it fits, at the given workers
- * and with one worker.
+ * and with one worker; then, at the run's micro-batch and workers, bfloat16 moments or activation recompute (either
+ * alone where it fits, else both), where the run does not have them already.
  *
  * @category combinators
  * @since 0.1.0
  */
-export const fitting = (
-  model: ModelConfig.ModelConfig,
-  settings: Settings,
-  available: number
-): Array<{ readonly microBatchSize: number; readonly workers: number; readonly estimate: number }> => {
-  const out: Array<{ microBatchSize: number; workers: number; estimate: number }> = []
+export const fitting = (model: ModelConfig.ModelConfig, settings: Settings, available: number): Array<Fit> => {
+  const out: Array<Fit> = []
   for (const workers of [...new Set([settings.workers, 1])]) {
     for (let rows = settings.microBatchSize; rows >= 1; rows = rows === 1 ? 0 : Math.floor(rows / 2)) {
       const total = estimate(model, { ...settings, workers, microBatchSize: rows }).total
@@ -170,7 +197,23 @@ export const fitting = (
       }
     }
   }
-  return out
+  return [...out, ...memorySettings(model, settings, available)]
+}
+
+/** bfloat16 moments, recompute, or both (only where neither alone fits): those the run lacks that fit. */
+const memorySettings = (model: ModelConfig.ModelConfig, settings: Settings, available: number): Array<Fit> => {
+  const bf16 = settings.moments === "bfloat16" ? [] : [{ moments: "bfloat16" as const }]
+  const recompute = settings.recompute === true ? [] : [{ recompute: true as const }]
+  const at = (extra: { readonly moments?: "bfloat16"; readonly recompute?: true }): Fit => ({
+    microBatchSize: settings.microBatchSize,
+    workers: settings.workers,
+    ...extra,
+    estimate: estimate(model, { ...settings, ...extra }).total
+  })
+  const alone = [...bf16, ...recompute].map(at).filter((f) => f.estimate <= available)
+  if (alone.length > 0 || bf16.length === 0 || recompute.length === 0) return alone
+  const both = at({ moments: "bfloat16", recompute: true })
+  return both.estimate <= available ? [both] : []
 }
 
 /** The longest context (halved from the run's, down to 256 tokens) that fits one row on one worker, if any. */
@@ -182,8 +225,11 @@ const shorterContext = (model: ModelConfig.ModelConfig, settings: Settings, avai
   return undefined
 }
 
-const setting = (f: { readonly microBatchSize: number; readonly workers: number; readonly estimate: number }) =>
-  `algorithm.microBatchSize ${f.microBatchSize} with learner.workers ${f.workers} (${gib(f.estimate)})`
+const setting = (f: Fit) =>
+  `algorithm.microBatchSize ${f.microBatchSize} with learner.workers ${f.workers}` +
+  (f.moments === undefined ? "" : ` and learner.moments "bfloat16"`) +
+  (f.recompute === undefined ? "" : " and learner.recompute true (with MALLOC_MMAP_THRESHOLD_=1048576 set)") +
+  ` (${gib(f.estimate)})`
 
 /**
  * `undefined` when the run fits in `available` bytes, else the refusal: the estimate by part and the settings that

@@ -710,24 +710,29 @@ const checkExpected = Effect.fnUntraced(function*(
   }
 })
 
-/** Reads one tensor's bytes from an open file straight into `dest`, widening 16- and 64-bit floats chunk by chunk. */
+/**
+ * Reads one tensor's bytes from an open file straight into `dest`, widening 16- and 64-bit floats chunk by chunk; a
+ * `Uint16Array` destination takes a BF16 tensor's bits as they are.
+ */
 const readInto = Effect.fnUntraced(function*(
   handle: FileSystem.File,
   t: Location,
-  dest: Float32Array,
+  dest: Float32Array | Uint16Array,
   scratch: Uint8Array
 ) {
   const width = byteSize[t.dtype]
-  const total = t.end - t.begin, step = t.dtype === "F32" ? chunkBytes : scratch.length
+  const raw = t.dtype === "F32" || dest instanceof Uint16Array
+  const total = t.end - t.begin, step = raw ? chunkBytes : scratch.length
   for (let at = 0; at < total; at += step) {
     const bytes = Math.min(step, total - at)
-    if (t.dtype === "F32") {
+    if (raw) {
       yield* readFully(handle, t.file, new Uint8Array(dest.buffer, dest.byteOffset + at, bytes), t.begin + at)
       continue
     }
     const chunk = scratch.subarray(0, bytes)
     yield* readFully(handle, t.file, chunk, t.begin + at)
     const count = bytes / width, offset = at / width
+    if (dest instanceof Uint16Array) continue // unreachable: read raw above
     if (t.dtype === "BF16") FloatCodec.widenBf16(new Uint16Array(chunk.buffer, 0, count), dest, offset)
     else if (t.dtype === "F16") FloatCodec.widenF16(new Uint16Array(chunk.buffer, 0, count), dest, offset)
     else dest.set(new Float64Array(chunk.buffer, 0, count), offset)
@@ -748,14 +753,39 @@ export const readTensors = Effect.fn("Safetensors.readTensors")(function*(
   expected: ReadonlyArray<{ readonly name: string; readonly shape: ReadonlyArray<number> }>
 ) {
   yield* checkExpected(index, expected)
-  const out = new Map<string, Float32Array>(expected.map((e) => [e.name, new Float32Array(0)]))
+  return (yield* readChecked(index, expected, false)) as Map<string, Float32Array>
+})
+
+/**
+ * {@link readTensors}, except that BF16 tensors come back as their bits (`Uint16Array`, half the memory of widened
+ * values: a checkpoint's bfloat16 optimizer moments); the other float types are widened as there.
+ *
+ * @category decoding
+ * @since 0.1.0
+ */
+export const readTensorsKeepingBf16 = Effect.fn("Safetensors.readTensorsKeepingBf16")(function*(
+  index: Index,
+  expected: ReadonlyArray<{ readonly name: string; readonly shape: ReadonlyArray<number> }>
+) {
+  yield* checkExpected(index, expected)
+  return yield* readChecked(index, expected, true)
+})
+
+/** The tensors of a checked index, file by file in file order (BF16 as bits when `keepBf16`). */
+const readChecked = Effect.fnUntraced(function*(
+  index: Index,
+  expected: ReadonlyArray<{ readonly name: string; readonly shape: ReadonlyArray<number> }>,
+  keepBf16: boolean
+) {
+  const out = new Map<string, Float32Array | Uint16Array>(expected.map((e) => [e.name, new Float32Array(0)]))
   const scratch = new Uint8Array(scratchBytes)
   for (const file of index.files) {
     const here = [...index.tensors].filter(([, t]) => t.file === file).sort((a, b) => a[1].begin - b[1].begin)
     yield* Effect.scoped(Effect.gen(function*() {
       const { handle } = yield* openForRead(file)
       for (const [name, t] of here) {
-        const dest = new Float32Array(t.shape.reduce((a, b) => a * b, 1))
+        const count = t.shape.reduce((a, b) => a * b, 1)
+        const dest = keepBf16 && t.dtype === "BF16" ? new Uint16Array(count) : new Float32Array(count)
         yield* readInto(handle, t, dest, scratch)
         out.set(name, dest)
       }
@@ -790,7 +820,8 @@ export const readFloat32Files = Effect.fn("Safetensors.readFloat32Files")(functi
 export interface WriteTensor {
   readonly name: string
   readonly shape: ReadonlyArray<number>
-  readonly data: Float32Array | (() => Float32Array)
+  /** Float32 values, a function giving them, or bfloat16 bits (`Uint16Array`: written as they are in a BF16 file). */
+  readonly data: Float32Array | Uint16Array | (() => Float32Array)
 }
 
 /**
@@ -853,12 +884,22 @@ const writeTensor = Effect.fnUntraced(function*(
   const step = dtype === "F32" ? chunkBytes / 4 : scratch.length
   for (let at = 0; at < count; at += step) {
     const values = data.subarray(at, Math.min(count, at + step))
-    const bytes = dtype === "F32"
-      ? new Uint8Array(values.buffer, values.byteOffset, values.byteLength)
-      : (FloatCodec.narrowBf16(values, scratch), new Uint8Array(scratch.buffer, 0, values.length * 2))
-    yield* handle.writeAll(bytes).pipe(Effect.mapError(fsError(file, "write")))
+    yield* handle.writeAll(encodeChunk(values, dtype, scratch)).pipe(Effect.mapError(fsError(file, "write")))
   }
 })
+
+/** A chunk of values as the bytes of `dtype`: as they are, narrowed to BF16, or bfloat16 bits widened to F32. */
+const encodeChunk = (values: Float32Array | Uint16Array, dtype: "F32" | "BF16", scratch: Uint16Array): Uint8Array => {
+  const asIs = (values instanceof Float32Array) === (dtype === "F32")
+  if (asIs) return new Uint8Array(values.buffer, values.byteOffset, values.byteLength)
+  if (values instanceof Float32Array) {
+    FloatCodec.narrowBf16(values, scratch)
+    return new Uint8Array(scratch.buffer, 0, values.length * 2)
+  }
+  const out = new Float32Array(values.length)
+  FloatCodec.widenBf16(Uint16Array.from(values), out) // a copy: `widenBf16` reads pairs from a 4-byte boundary
+  return new Uint8Array(out.buffer)
+}
 
 /** Writes one safetensors file (header, then every tensor streamed), replacing any file at `file`. */
 const writeFile = Effect.fnUntraced(function*(

@@ -390,6 +390,24 @@ export const LearnerConfig = Schema.Struct({
    */
   sharePrefix: withDefault(Schema.Boolean, true),
   /**
+   * How AdamW's two moments are stored (`OnnxTrainer.Options.moments`): `float32` (the default, 8 bytes a parameter)
+   * or `bfloat16` (4 bytes a parameter: a full fine-tuning learner's peak falls by about 4 bytes a parameter, 1.2 GiB
+   * at Qwen2.5-0.5B's 494 M). bfloat16 moments are narrowed after each update with stochastic rounding keyed by the
+   * step and the element, so a run is still deterministic and its resume exact; checkpoints then hold them as BF16.
+   * The loss follows float32's within noise, not to the digit. A trainer server (`learner.url`) and a Tinker engine
+   * keep their own.
+   */
+  moments: Schema.optionalKey(Schema.Literals(["float32", "bfloat16"])),
+  /**
+   * Activation recompute (`OnnxTrainer.Options.recompute`): each decoder layer keeps only its input from the forward
+   * pass and recomputes its inside in the backward, so the activations held fall to about one layer's (measured at
+   * Qwen2.5-0.5B's width: BENCHMARKS.md, "real shapes"), for about 1.15× the learner's CPU time. The same loss, the
+   * same gradients up to float rounding. The saving needs glibc's mmap threshold fixed: start the run as
+   * `MALLOC_MMAP_THRESHOLD_=1048576 agentfly train …` (glibc reads it at start; it is not the default because it
+   * slows small models' learner steps, `bin/agentfly.mjs` says how much). Default false.
+   */
+  recompute: Schema.optionalKey(Schema.Boolean),
+  /**
    * A trainer server (`agentfly trainer`, here or on another machine, `http://HOST:PORT/v1`) that runs the
    * learner's forward/backward passes and optimiser steps instead of this process (`RemoteTrainer`): the run sends it
    * the packed micro-batches and gets the weights back to publish. Checkpoints stay in the run's folder. A step
@@ -777,6 +795,7 @@ const crossKeyIssues = (config: TrainConfig): Array<string> => {
       ]
       : []),
     ...tinkerIssues(config),
+    ...localLearnerIssues(config),
     ...(config.critic !== undefined && config.critic.warmupSteps >= config.algorithm.steps
       ? [
         `critic.warmupSteps: ${config.critic.warmupSteps} of algorithm.steps ${config.algorithm.steps} train the ` +
@@ -784,6 +803,20 @@ const crossKeyIssues = (config: TrainConfig): Array<string> => {
       ]
       : [])
   ]
+}
+
+/** `learner.moments` and `learner.recompute` set where the steps run elsewhere (a trainer server, a Tinker engine). */
+const localLearnerIssues = (config: TrainConfig): Array<string> => {
+  const { learner } = config
+  const elsewhere = learner.backend === "tinker"
+    ? `learner.backend "tinker"`
+    : learner.url !== undefined
+    ? "learner.url (the trainer server keeps its own settings)"
+    : undefined
+  if (elsewhere === undefined) return []
+  return (["moments", "recompute"] as const).flatMap((key) =>
+    learner[key] === undefined ? [] : [`learner.${key}: only read by the local learner, not with ${elsewhere}`]
+  )
 }
 
 /** A Tinker learner's section and the settings it cannot train (`TinkerLoss.refusals`). */

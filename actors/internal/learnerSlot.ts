@@ -20,7 +20,7 @@ import type * as GradientBackend from "../../src/GradientBackend.ts"
 import type { RunError } from "../RunError.ts"
 import * as PeakRss from "./peakRss.ts"
 import * as TinkerLearner from "./tinkerLearner.ts"
-import { checkMemory, learnerError, nonFinite, type Setup } from "./localSetup.ts"
+import { checkMemory, learnerError, learnerMemory, nonFinite, type Setup } from "./localSetup.ts"
 
 export interface Slot {
   readonly setup: Setup
@@ -81,6 +81,7 @@ const build = (
     optimizer,
     schedule,
     workers: config.learner.workers,
+    ...learnerMemory(config),
     // One intra-op thread: onnxruntime's multi-threaded kernels do not sum in a fixed order, so with two threads the
     // same step on the same batch gave different weights from run to run (and a resumed run other weights than the
     // unbroken one). Parallelism comes from `learner.workers`, which split rows, not sums.

@@ -79,6 +79,17 @@ export const machineMemory = Effect.fnUntraced(function*() {
   return physical
 })
 
+/** The learner's memory settings as `OnnxTrainer.Options` (absent keys left out: the trainer's defaults). */
+export const learnerMemory = (
+  config: TrainConfig.TrainConfig
+): Pick<OnnxTrainer.Options, "moments" | "recompute"> => ({
+  ...(config.learner.moments === undefined ? {} : { moments: config.learner.moments }),
+  ...(config.learner.recompute === undefined ? {} : { recompute: config.learner.recompute })
+})
+
+/** glibc's mmap threshold is fixed for this process (read once at its start), as activation recompute needs. */
+export const mmapThresholdFixed = (): boolean => process.env["MALLOC_MMAP_THRESHOLD_"] !== undefined
+
 /**
  * Refuses, before any trainer is built, a local learner whose estimated peak memory (`MemoryEstimate`) exceeds the
  * machine's: a `Learner` reason whose message gives the estimate by part and the settings that would fit, with the
@@ -93,11 +104,21 @@ export const checkMemory = Effect.fnUntraced(function*(setup: Setup) {
     workers: learner.workers,
     reference: algorithm.klCoef > 0,
     critic: algorithm.advantage === "gae",
+    moments: learner.moments ?? "float32",
+    // Recompute lowers the peak only where glibc returns freed blocks (`bin/agentfly.mjs`): counted only then.
+    recompute: learner.recompute === true && mmapThresholdFixed(),
     // A LoRA run's gradients and moments are its adapters'.
     ...(setup.config.model.lora === undefined ? {} : {
       trainedParameters: Lora.parameters(setup.folder.config, setup.config.model.lora)
         .reduce((n, p) => n + p.shape.reduce((a, b) => a * b, 1), 0)
     })
+  }
+  if (learner.recompute === true && !mmapThresholdFixed()) {
+    yield* Effect.logWarning(
+      "learner.recompute: the activations' memory is returned to the system only with MALLOC_MMAP_THRESHOLD_=1048576 " +
+        "in agentfly's environment (glibc reads it at start); without it the peak does not fall. Start the run as " +
+        "`MALLOC_MMAP_THRESHOLD_=1048576 agentfly train …`"
+    )
   }
   const available = yield* machineMemory().pipe(Effect.provideContext(setup.fsContext))
   const refused = MemoryEstimate.check(setup.folder.config, settings, available)

@@ -13,7 +13,7 @@ import * as RemoteTrainer from "../../src/backends/RemoteTrainer.ts"
 import type * as GradientBackend from "../../src/GradientBackend.ts"
 import * as TrainConfig from "../../src/TrainConfig.ts"
 import type { RunError } from "../RunError.ts"
-import { checkpointError, learnerError, type Setup } from "./localSetup.ts"
+import { checkpointError, learnerError, learnerMemory, type Setup } from "./localSetup.ts"
 
 export type Critic = GradientBackend.GradientBackend["Service"]
 
@@ -44,6 +44,7 @@ export const start = (setup: Setup, policyWeights: GradientBackend.Weights): Eff
             model: criticModel,
             ...settings,
             workers: config.learner.workers,
+            ...learnerMemory(config),
             intraOpThreads: setup.intraOpThreads
           }),
           (made) => made.trainer

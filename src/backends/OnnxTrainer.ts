@@ -8,10 +8,10 @@
  * Weights are fed as graph inputs from the optimiser's own arrays: nothing is re-serialised per step.
  *
  * Memory (see `MemoryEstimate.ts` and `scripts/learner-memory.ts`): the weights, AdamW's two moments and the
- * gradient accumulator (16 bytes a parameter; the first micro-batch of a step writes its gradients straight into the
- * accumulator), the activations of a micro-batch, onnxruntime-node's copy of the gradients at the end of each run
- * (freed at once: `Options.releaseOutputs`), and the output head in
- * chunks of tokens (`autodiff/ChunkedHead.ts`): the logits of a whole micro-batch are never held.
+ * gradient accumulator (16 bytes a parameter, 12 with the moments in bfloat16: `Options.moments`; the first
+ * micro-batch of a step writes its gradients straight into the accumulator), the activations of a micro-batch,
+ * onnxruntime-node's copy of the gradients at the end of each run (freed at once: `Options.releaseOutputs`), and the
+ * output head in chunks of tokens (`autodiff/ChunkedHead.ts`): the logits of a whole micro-batch are never held.
  *
  * Determinism: on the CPU execution provider the same weights, batches and thread count give bit-identical
  * results, which is what makes checkpoint resume exact.
@@ -260,10 +260,17 @@ export interface Options {
    * A saving only where malloc returns freed memory: glibc keeps the blocks a run frees below its mmap threshold, so
    * the forward's freed activations stay resident and the end-of-run gradient copies land on top of them. Measured
    * with `scripts/learner-memory.ts` (0.5 B's width, 12 layers, 2 × 512 tokens): 8.13 → 8.30 GiB by default,
-   * 7.75 → 6.72 GiB with `MALLOC_MMAP_THRESHOLD_=1048576`, at 1.2× the CPU time (BENCHMARKS.md, "real shapes");
-   * hence no `learner.recompute` in the run's config yet.
+   * 7.75 → 6.72 GiB with `MALLOC_MMAP_THRESHOLD_=1048576`, at 1.2× the CPU time (BENCHMARKS.md, "real shapes").
+   * A run's config turns it on with `learner.recompute`; the threshold is set in the environment that starts the
+   * process (`bin/agentfly.mjs` says why not by default).
    */
   readonly recompute?: boolean
+  /**
+   * How AdamW's moments are stored (`Optimizer.Precision`): `float32` (default, 8 bytes a parameter for the two) or
+   * `bfloat16` (4 bytes, stochastic rounding keyed by step and element: deterministic, resume exact). Checkpoints
+   * hold them as they are (F32 or BF16); a checkpoint of the other precision is converted when loaded.
+   */
+  readonly moments?: Optimizer.Precision
   /**
    * Free onnxruntime-node's JavaScript copies of the gradients right after each micro-batch (their buffers detached,
    * then a garbage collection: `internal/collectGarbage.ts`). Default: when the gradients are 256 MiB or more (the
@@ -382,6 +389,18 @@ const layoutOf = (parameters: Model["parameters"]): TrainerWorker.Layout => {
 const sharedViews = (buffer: SharedArrayBuffer, layout: TrainerWorker.Layout) =>
   new Map(layout.names.map((name, i) => [name, new Float32Array(buffer, layout.offsets[i]! * 4, layout.lengths[i]!)]))
 
+/** Per-parameter views of shared moments: float32, or bfloat16 bits. */
+const momentViews = (
+  buffer: SharedArrayBuffer,
+  layout: TrainerWorker.Layout,
+  precision: Optimizer.Precision
+): Map<string, Optimizer.Moment> =>
+  precision === "float32"
+    ? sharedViews(buffer, layout)
+    : new Map(layout.names.map((name, i) =>
+      [name, new Uint16Array(buffer, layout.offsets[i]! * 2, layout.lengths[i]!)] as const
+    ))
+
 interface Compiled {
   readonly session: ort.InferenceSession
   readonly graph: Autodiff.TrainingGraph
@@ -399,13 +418,24 @@ interface SharedMemory {
   readonly grads: ReadonlyArray<SharedArrayBuffer>
 }
 
-const sharedMemory = (layout: TrainerWorker.Layout, workers: number): SharedMemory => ({
+const sharedMemory = (layout: TrainerWorker.Layout, workers: number, moments: Optimizer.Precision): SharedMemory => ({
   params: new SharedArrayBuffer(layout.total * 4),
-  m: new SharedArrayBuffer(layout.total * 4),
-  v: new SharedArrayBuffer(layout.total * 4),
+  m: new SharedArrayBuffer(layout.total * (moments === "float32" ? 4 : 2)),
+  v: new SharedArrayBuffer(layout.total * (moments === "float32" ? 4 : 2)),
   accum: new SharedArrayBuffer(layout.total * 4),
   grads: Array.from({ length: workers }, () => new SharedArrayBuffer(layout.total * 4))
 })
+
+/** AdamW's zero state: its own arrays, or views of the shared moments that the workers update. */
+const initialState = (
+  params: ReadonlyMap<string, Float32Array>,
+  shared: SharedMemory | undefined,
+  layout: TrainerWorker.Layout,
+  precision: Optimizer.Precision
+): Optimizer.State =>
+  shared === undefined
+    ? Optimizer.makeState(params, precision)
+    : { step: 0, m: momentViews(shared.m, layout, precision), v: momentViews(shared.v, layout, precision) }
 
 /** A shard shape's training graph and its serialised model, which every worker compiles its own session from. */
 interface GraphEntry {
@@ -696,6 +726,7 @@ const usePool = Effect.fnUntraced(function*(trainer: Trainer) {
     params: shared!.params,
     m: shared!.m,
     v: shared!.v,
+    moments: trainer.options.moments ?? "float32",
     accum: shared!.accum,
     grads: shared!.grads,
     slice: [Math.floor(layout.total * index / workers), Math.floor(layout.total * (index + 1) / workers)] as const,
@@ -904,12 +935,20 @@ const load = (trainer: Trainer, dir: string) =>
   Effect.gen(function*() {
     const loaded = yield* Checkpoint.load(dir, trainer.model.parameters)
     for (const [name, w] of loaded.weights) trainer.params.get(name)!.set(w)
-    if (trainer.shared === undefined) trainer.optimizerState = loaded.optimizer
-    else {
+    const precision = trainer.options.moments ?? "float32"
+    const as = (moment: Optimizer.Moment) => Optimizer.convertMoment(moment, precision)
+    if (trainer.shared === undefined) {
+      const { step, m, v } = loaded.optimizer
+      trainer.optimizerState = {
+        step,
+        m: new Map([...m].map(([k, x]) => [k, as(x)])),
+        v: new Map([...v].map(([k, x]) => [k, as(x)]))
+      }
+    } else {
       // The moments stay in shared memory, where the workers update them.
       const state = trainer.optimizerState
-      for (const [name, m] of loaded.optimizer.m) state.m.get(name)!.set(m)
-      for (const [name, v] of loaded.optimizer.v) state.v.get(name)!.set(v)
+      for (const [name, m] of loaded.optimizer.m) setMoment(state.m.get(name)!, as(m))
+      for (const [name, v] of loaded.optimizer.v) setMoment(state.v.get(name)!, as(v))
       state.step = loaded.optimizer.step
     }
     trainer.weightsVersion++
@@ -919,6 +958,12 @@ const load = (trainer: Trainer, dir: string) =>
     Effect.provideService(FileSystem.FileSystem, trainer.fs),
     Effect.mapError((e) => fail("Checkpoint", e.message, { cause: e }))
   )
+
+/** `from`'s values into `into`, both of one precision (`Optimizer.convertMoment` made them so). */
+const setMoment = (into: Optimizer.Moment, from: Optimizer.Moment) => {
+  if (into instanceof Float32Array && from instanceof Float32Array) into.set(from)
+  else if (into instanceof Uint16Array && from instanceof Uint16Array) into.set(from)
+}
 
 /** A copy of the gradients accumulated since the last optimiser step (for checks and benchmarks). */
 const gradients = (trainer: Trainer) =>
@@ -978,7 +1023,7 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
   const bad = sizeProblem(model.frozen?.parameters ?? [], (name) => model.frozen!.weights.get(name), "frozen weight")
   if (bad !== undefined) return yield* fail("BadBatch", bad)
   const layout = layoutOf(model.parameters)
-  const shared = workers > 1 ? sharedMemory(layout, workers) : undefined
+  const shared = workers > 1 ? sharedMemory(layout, workers, options.moments ?? "float32") : undefined
   const sharedParams = shared === undefined ? undefined : sharedViews(shared.params, layout)
   const initial = (name: string) => options.weights.get(name) ?? model.initial?.get(name)
   const wrong = sizeProblem(model.parameters, initial, "weight")
@@ -999,9 +1044,7 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
     layout,
     shared,
     params,
-    optimizerState: shared === undefined
-      ? Optimizer.makeState(params)
-      : { step: 0, m: sharedViews(shared.m, layout), v: sharedViews(shared.v, layout) },
+    optimizerState: initialState(params, shared, layout, options.moments ?? "float32"),
     accum: shared === undefined
       ? new Map([...params].map(([k, v]) => [k, new Float32Array(v.length)]))
       : sharedViews(shared.accum, layout),

@@ -7,9 +7,9 @@
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Deferred, Effect, Fiber, Layer, Schema } from "effect"
-import { existsSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from "node:fs"
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
-import { join } from "node:path"
+import { dirname, join } from "node:path"
 import * as LocalPolicy from "../../actors/LocalPolicy.ts"
 import * as RunError from "../../actors/RunError.ts"
 import type * as PolicyEngine from "../../actors/PolicyEngine.ts"
@@ -18,6 +18,7 @@ import * as CalculatorTask from "../../environments/calculator/CalculatorTask.ts
 import * as Generate from "../../examples/calculator/generate.ts"
 import * as Dataset from "../../src/Dataset.ts"
 import * as ModelFolder from "../../src/ModelFolder.ts"
+import * as Safetensors from "../../src/Safetensors.ts"
 import { Sampler } from "../../src/Sampler.ts"
 import type { GenerateRequest } from "../../src/Sampler.ts"
 import * as TrainConfig from "../../src/TrainConfig.ts"
@@ -341,6 +342,24 @@ describe("LocalPolicy", () => {
       }).pipe(Effect.provide(NodeServices.layer)),
     120_000
   )
+
+  it.live("learner.moments bfloat16 reaches the trainer (recompute on too): its checkpoint's moments are BF16", () =>
+    Effect.gen(function*() {
+      const { folder, config: decoded } = yield* fixture
+      const checkpoint = mkdtempSync(join(tmpdir(), "local-policy-checkpoint-"))
+      yield* Effect.addFinalizer(() =>
+        Effect.sync(() => {
+          rmSync(checkpoint, { recursive: true, force: true })
+          rmSync(dirname(decoded.output), { recursive: true, force: true }) // the fixture's folder
+        })
+      )
+      const config = { ...decoded, learner: { ...decoded.learner, moments: "bfloat16" as const, recompute: true } }
+      yield* Effect.scoped(Effect.flatMap(LocalPolicy.make(folder, config), ({ learner }) => learner.save(checkpoint)))
+      const index = yield* Safetensors.readIndex(checkpoint, "optimizer")
+      assert.deepStrictEqual(new Set([...index.tensors.values()].map((t) => t.dtype)), new Set(["BF16"]))
+      const weights = yield* Safetensors.readIndex(checkpoint, "model")
+      assert.deepStrictEqual(new Set([...weights.tensors.values()].map((t) => t.dtype)), new Set(["F32"]))
+    }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), 120_000)
 })
 
 describe("LocalPolicy in a run", () => {

@@ -4,12 +4,13 @@
  * checkpoint is a typed error naming the file at fault.
  */
 import { NodeServices } from "@effect/platform-node"
-import { assert, describe, it } from "@effect/vitest"
+import { afterAll, assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as Checkpoint from "../../src/Checkpoint.ts"
+import * as Optimizer from "../../src/Optimizer.ts"
 import * as Safetensors from "../../src/Safetensors.ts"
 
 const shapes = [["embed", [6, 4]], ["norm", [4]], ["proj", [4, 5]], ["head", [3, 4]]] as const
@@ -28,7 +29,15 @@ const state = (): Checkpoint.State => ({
   rngState: [1, 2, 3]
 })
 
-const tempDir = () => join(mkdtempSync(join(tmpdir(), "checkpoint-sharded-")), "step-000012")
+const made: Array<string> = []
+const tempDir = () => {
+  const parent = mkdtempSync(join(tmpdir(), "checkpoint-sharded-"))
+  made.push(parent)
+  return join(parent, "step-000012")
+}
+afterAll(() => {
+  for (const dir of made) rmSync(dir, { recursive: true, force: true })
+})
 
 describe("Checkpoint: sharded", () => {
   it.effect("past the shard limit weights and moments are shards with an index; they load back bit for bit", () =>
@@ -74,6 +83,32 @@ describe("Checkpoint: sharded", () => {
       assert.deepStrictEqual((yield* Checkpoint.load(dir, specs)).weights.get("proj"), saved.weights[2]!.data)
     }).pipe(Effect.provide(NodeServices.layer)))
 
+  it.effect("bfloat16 moments are written as BF16 shards and load back bit for bit, as bits", () =>
+    Effect.gen(function*() {
+      const dir = tempDir()
+      const f32 = state()
+      const bf16 = (moments: ReadonlyMap<string, Optimizer.Moment>) =>
+        new Map([...moments].map(([k, x]) => [k, Optimizer.convertMoment(x, "bfloat16")]))
+      const saved = { ...f32, optimizer: { step: 12, m: bf16(f32.optimizer.m), v: bf16(f32.optimizer.v) } }
+      // 50 bytes a shard: moments in BF16 take half the bytes of F32 ones (m.embed 48, then pairs of the others).
+      yield* Checkpoint.save(dir, saved, { maxShardBytes: 50 })
+      const index = yield* Safetensors.readIndex(dir, "optimizer")
+      assert.isAbove(index.files.length, 1)
+      assert.deepStrictEqual(new Set([...index.tensors.values()].map((t) => t.dtype)), new Set(["BF16"]))
+      const model = yield* Safetensors.readIndex(dir, "model")
+      assert.deepStrictEqual(new Set([...model.tensors.values()].map((t) => t.dtype)), new Set(["F32"]))
+      const loaded = yield* Checkpoint.load(dir, specs)
+      for (const { name } of specs) {
+        assert.instanceOf(loaded.optimizer.m.get(name), Uint16Array)
+        assert.deepStrictEqual(loaded.optimizer.m.get(name), saved.optimizer.m.get(name))
+        assert.deepStrictEqual(loaded.optimizer.v.get(name), saved.optimizer.v.get(name))
+      }
+      // A non-finite bfloat16 moment (exponent bits all set) is refused at the save, as a float32 one is.
+      saved.optimizer.v.get("norm")![1] = 0x7f80
+      const refused = yield* Effect.flip(Checkpoint.save(tempDir(), saved))
+      assert.match(refused.message, /norm\[1\] = ±Infinity is not finite/)
+    }).pipe(Effect.provide(NodeServices.layer)))
+
   it.effect("a checkpoint written before sharding (one whole-file serialisation each) loads as it did", () =>
     Effect.gen(function*() {
       const dir = tempDir()
@@ -82,8 +117,8 @@ describe("Checkpoint: sharded", () => {
       // What the earlier save wrote, byte for byte: `serialize` of the weights and of the moments.
       writeFileSync(join(dir, "model.safetensors"), Safetensors.serialize(saved.weights, { format: "pt" }))
       const moments = saved.weights.flatMap((w) => [
-        { name: `m.${w.name}`, shape: w.shape, data: saved.optimizer.m.get(w.name)! },
-        { name: `v.${w.name}`, shape: w.shape, data: saved.optimizer.v.get(w.name)! }
+        { name: `m.${w.name}`, shape: w.shape, data: saved.optimizer.m.get(w.name) as Float32Array },
+        { name: `v.${w.name}`, shape: w.shape, data: saved.optimizer.v.get(w.name) as Float32Array }
       ])
       writeFileSync(join(dir, "optimizer.safetensors"), Safetensors.serialize(moments))
       const loaded = yield* Checkpoint.load(dir, specs)

@@ -83,6 +83,44 @@ describe("MemoryEstimate", () => {
     assert.include(refused.message, "494 M parameters")
   })
 
+  it("bfloat16 moments halve the optimizer's part; recompute keeps one layer's inside and 2·D floats a layer", () => {
+    const plain = MemoryEstimate.estimate(qwen(24), learner)
+    const bf16 = MemoryEstimate.estimate(qwen(24), { ...learner, moments: "bfloat16" })
+    assert.strictEqual(bf16.optimizer, 4 * plain.parameters)
+    assert.strictEqual(plain.total - bf16.total, 4 * plain.parameters)
+    const re = MemoryEstimate.estimate(qwen(24), { ...learner, recompute: true })
+    const oneLayer = MemoryEstimate.estimate(qwen(1), learner).activations
+    assert.strictEqual(re.activations, oneLayer + 4 * 4 * 512 * 2 * 896 * 24)
+    assert.isBelow(re.activations / plain.activations, 1 / 3)
+  })
+
+  it("a run refused at its micro-batch is offered bfloat16 moments or recompute where either alone fits", () => {
+    const settings = { ...learner, microBatchSize: 2 }
+    const plain = MemoryEstimate.estimate(qwen(24), settings).total
+    const bf16 = MemoryEstimate.estimate(qwen(24), { ...settings, moments: "bfloat16" }).total
+    const re = MemoryEstimate.estimate(qwen(24), { ...settings, recompute: true }).total
+    assert.isBelow(re, bf16) // at 2 × 512 tokens the activations outweigh 4 bytes a parameter
+    const refused = MemoryEstimate.check(qwen(24), settings, (bf16 + plain) / 2)!
+    assert.deepStrictEqual(refused.fits.slice(-2), [
+      { microBatchSize: 2, workers: 1, moments: "bfloat16", estimate: bf16 },
+      { microBatchSize: 2, workers: 1, recompute: true, estimate: re }
+    ])
+    assert.include(refused.message, `algorithm.microBatchSize 2 with learner.workers 1 and learner.moments "bfloat16"`)
+    // Where neither alone fits, both together are offered; a run that has both already is offered neither.
+    const both = MemoryEstimate.estimate(qwen(24), { ...settings, moments: "bfloat16", recompute: true }).total
+    const tight = MemoryEstimate.check(qwen(24), settings, (both + re) / 2)!
+    assert.deepStrictEqual(tight.fits.at(-1), {
+      microBatchSize: 2,
+      workers: 1,
+      moments: "bfloat16",
+      recompute: true,
+      estimate: both
+    })
+    assert.include(tight.message, "and learner.recompute true")
+    const already = MemoryEstimate.check(qwen(24), { ...settings, moments: "bfloat16", recompute: true }, both - 1)!
+    assert.isTrue(already.fits.every((f) => f.microBatchSize < 2))
+  })
+
   it("a model too large for any setting says so", () => {
     const refused = MemoryEstimate.check(qwen(24), learner, 2 * GiB)!
     assert.deepStrictEqual(refused.fits, [])

@@ -265,6 +265,17 @@ describe("TrainConfig", () => {
           "critic.lr"
         ]
       )
+      // The learner's memory settings are the local learner's: refused with a trainer server.
+      assert.deepStrictEqual(
+        yield* issues({ learner: { url: "http://127.0.0.1:8400/v1", moments: "bfloat16", recompute: true } }),
+        [
+          "learner.moments: only read by the local learner, not with learner.url (the trainer server keeps its own " +
+          "settings)",
+          "learner.recompute: only read by the local learner, not with learner.url (the trainer server keeps its own " +
+          "settings)"
+        ]
+      )
+      yield* TrainConfig.decode({ ...minimal, learner: { moments: "bfloat16", recompute: true } })
       yield* TrainConfig.decode({ ...minimal, algorithm: { steps: 3, lrWarmupSteps: 3 } })
       yield* TrainConfig.decode({ ...minimal, warmup: { data: "d.jsonl", steps: 50, warmupSteps: 50 } })
       // What uses them is accepted, and a run's recorded config.json (the default maxStaleness written out) decodes.

@@ -27,10 +27,12 @@ export interface Layout {
 export interface Init {
   readonly index: number
   readonly layout: Layout
-  /** Shared float32 arrays of `layout.total`: the weights, Adam's moments, the reduced gradients. */
+  /** Shared arrays of `layout.total` elements: the weights, Adam's moments, the reduced gradients. */
   readonly params: SharedArrayBuffer
   readonly m: SharedArrayBuffer
   readonly v: SharedArrayBuffer
+  /** The moments' precision: float32, or bfloat16 bits (2 bytes an element). */
+  readonly moments: AdamStep.Precision
   readonly accum: SharedArrayBuffer
   /** Every worker's gradient accumulator, indexed by worker. */
   readonly grads: ReadonlyArray<SharedArrayBuffer>
@@ -139,17 +141,27 @@ export const sumSlices = (
 }
 
 /** Per-parameter views of the part of a flat array that lies in `[start, end)` (parameters outside are left out). */
-export const sliceViews = (
-  flat: Float32Array,
+export const sliceViews = <A extends Float32Array | Uint16Array>(
+  flat: A,
   layout: Layout,
   start: number,
   end: number
-): Map<string, Float32Array> => {
-  const out = new Map<string, Float32Array>()
+): Map<string, A> => {
+  const out = new Map<string, A>()
   layout.names.forEach((name, i) => {
     const from = Math.max(start, layout.offsets[i]!)
     const to = Math.min(end, layout.offsets[i]! + layout.lengths[i]!)
-    if (from < to) out.set(name, flat.subarray(from, to))
+    if (from < to) out.set(name, flat.subarray(from, to) as A)
+  })
+  return out
+}
+
+/** Where each parameter's part in `[start, end)` begins in the flat arrays (the index AdamW's rounding is keyed by). */
+export const sliceOffsets = (layout: Layout, start: number, end: number): Map<string, number> => {
+  const out = new Map<string, number>()
+  layout.names.forEach((name, i) => {
+    const from = Math.max(start, layout.offsets[i]!)
+    if (from < Math.min(end, layout.offsets[i]! + layout.lengths[i]!)) out.set(name, from)
   })
   return out
 }
@@ -182,8 +194,10 @@ interface WorkerState {
   readonly adam: {
     readonly params: Map<string, Float32Array>
     readonly grads: Map<string, Float32Array>
-    readonly m: Map<string, Float32Array>
-    readonly v: Map<string, Float32Array>
+    readonly m: Map<string, AdamStep.Moment>
+    readonly v: Map<string, AdamStep.Moment>
+    /** Each parameter's slice's first index over all parameters. */
+    readonly offsets: ReadonlyMap<string, number>
   }
   readonly sessions: Map<string, Session>
 }
@@ -191,6 +205,7 @@ interface WorkerState {
 const makeWorker = (init: Init): WorkerState => {
   const { layout } = init
   const f32 = (b: SharedArrayBuffer) => new Float32Array(b)
+  const moment = (b: SharedArrayBuffer) => (init.moments === "bfloat16" ? new Uint16Array(b) : new Float32Array(b))
   const params = f32(init.params)
   const accum = f32(init.accum)
   const grads = init.grads.map(f32)
@@ -207,8 +222,9 @@ const makeWorker = (init: Init): WorkerState => {
     adam: {
       params: sliceViews(params, layout, start, end),
       grads: sliceViews(accum, layout, start, end),
-      m: sliceViews(f32(init.m), layout, start, end),
-      v: sliceViews(f32(init.v), layout, start, end)
+      m: sliceViews<AdamStep.Moment>(moment(init.m), layout, start, end),
+      v: sliceViews<AdamStep.Moment>(moment(init.v), layout, start, end),
+      offsets: sliceOffsets(layout, start, end)
     },
     sessions: new Map()
   }
@@ -277,7 +293,16 @@ const handle = async (w: WorkerState, r: Request): Promise<Output> => {
     case "held":
       return { held: [...w.local.values()].reduce((n, a) => n + a.byteLength, 0) }
     case "adam":
-      AdamStep.step(adam.params, adam.grads, { step: r.step, m: adam.m, v: adam.v }, r.lr, r.config, r.scale)
+      AdamStep.step(
+        adam.params,
+        adam.grads,
+        { step: r.step, m: adam.m, v: adam.v },
+        r.lr,
+        r.config,
+        r.scale,
+        AdamStep.defaultNoDecay,
+        adam.offsets
+      )
       return {}
     case "close":
       for (const s of sessions.values()) await s.session.release()

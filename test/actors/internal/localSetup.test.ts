@@ -67,6 +67,32 @@ describe("localSetup.checkMemory", () => {
       yield* checkMemory(remote).pipe(Effect.provideService(MachineMemory, 1 * GiB))
     }).pipe(Effect.provide(NodeServices.layer)))
 
+  it.effect("learner.recompute counts its saving only with glibc's mmap threshold fixed (MALLOC_MMAP_THRESHOLD_)", () =>
+    Effect.gen(function*() {
+      const base = yield* runConfig
+      const config = { ...base, learner: { ...base.learner, workers: 1, recompute: true } }
+      const setup = yield* setupOf({ ...config, algorithm: { ...config.algorithm, microBatchSize: 1 } })
+      const estimateWith = (fixed: boolean) =>
+        Effect.gen(function*() {
+          const saved = process.env["MALLOC_MMAP_THRESHOLD_"]
+          if (fixed) process.env["MALLOC_MMAP_THRESHOLD_"] = "1048576"
+          else delete process.env["MALLOC_MMAP_THRESHOLD_"]
+          const restore = Effect.sync(() => {
+            if (saved === undefined) delete process.env["MALLOC_MMAP_THRESHOLD_"]
+            else process.env["MALLOC_MMAP_THRESHOLD_"] = saved
+          })
+          const error = yield* Effect.flip(checkMemory(setup).pipe(Effect.provideService(MachineMemory, 1 * GiB)))
+            .pipe(Effect.ensuring(restore))
+          return (error.reason.cause as MemoryEstimate.OutOfMemory).estimate
+        })
+      const settings = { microBatchSize: 1, sequenceLength: 512, workers: 1, reference: false, critic: false }
+      const plain = MemoryEstimate.estimate(qwen05, settings).total
+      assert.strictEqual(yield* estimateWith(false), plain)
+      const recomputed = MemoryEstimate.estimate(qwen05, { ...settings, recompute: true }).total
+      assert.strictEqual(yield* estimateWith(true), recomputed)
+      assert.isBelow(yield* estimateWith(true), plain)
+    }).pipe(Effect.provide(NodeServices.layer)))
+
   it.effect("without a fixed size, the machine's memory is positive and at most the physical memory", () =>
     Effect.gen(function*() {
       const bytes = yield* machineMemory()

@@ -8,6 +8,7 @@ import * as ModelConfig from "../../../src/model/ModelConfig.ts"
 import * as Qwen2 from "../../../src/model/Qwen2.ts"
 import * as Optimizer from "../../../src/Optimizer.ts"
 import * as Packing from "../../../src/Packing.ts"
+import * as Safetensors from "../../../src/Safetensors.ts"
 import * as Sampling from "../../../src/Sampling.ts"
 import { tinyConfig } from "../../utils/tinyModel.ts"
 
@@ -134,6 +135,39 @@ describe("OnnxTrainer", () => {
       assert.strictEqual(yield* resumed.trainer.step, 3)
       yield* trainSteps(resumed, microBatches, 2)
       assert.strictEqual(bits(yield* resumed.trainer.weights), straight, "resume → identical weights")
+    }).pipe(Effect.provide(NodeServices.layer)), 300_000)
+
+  it.effect("bfloat16 moments: deterministic, resumed bit-for-bit from their BF16 checkpoint, close to float32", () =>
+    Effect.gen(function*() {
+      const fs = yield* FileSystem.FileSystem
+      const dir = yield* fs.makeTempDirectoryScoped()
+      const { microBatches } = yield* packAll(64)
+      const bf16 = options({ moments: "bfloat16" })
+      const first = yield* OnnxTrainer.make(bf16)
+      yield* trainSteps(first, microBatches, 3)
+      yield* first.trainer.save(`${dir}/ckpt`, { policyVersion: 3, rngState: [] })
+      const losses = yield* trainSteps(first, microBatches, 3)
+      const straight = bits(yield* first.trainer.weights)
+      const stored = (yield* Safetensors.readIndex(`${dir}/ckpt`, "optimizer")).tensors
+      assert.deepStrictEqual(new Set([...stored.values()].map((t) => t.dtype)), new Set(["BF16"]))
+
+      const again = yield* OnnxTrainer.make(bf16)
+      yield* trainSteps(again, microBatches, 6)
+      assert.strictEqual(bits(yield* again.trainer.weights), straight, "same data → identical weights")
+      const resumed = yield* OnnxTrainer.make({ ...bf16, weights: Qwen2.initWeights(config, 99) })
+      yield* resumed.trainer.load(`${dir}/ckpt`)
+      yield* trainSteps(resumed, microBatches, 3)
+      assert.strictEqual(bits(yield* resumed.trainer.weights), straight, "resume → identical weights")
+
+      // The float32 run's losses, step by step: within 2 % (the moments differ by bfloat16's rounding only).
+      const f32 = yield* OnnxTrainer.make(options())
+      const f32Losses = yield* trainSteps(f32, microBatches, 6)
+      f32Losses.slice(3).forEach((l, i) => assert.approximately(losses[i]! / l, 1, 0.02, `step ${i + 4}`))
+      // A float32 checkpoint loads into a bfloat16 trainer (its moments narrowed) and the run goes on.
+      yield* f32.trainer.save(`${dir}/f32`, { policyVersion: 6, rngState: [] })
+      yield* resumed.trainer.load(`${dir}/f32`)
+      assert.strictEqual(yield* resumed.trainer.step, 6)
+      yield* trainSteps(resumed, microBatches, 1)
     }).pipe(Effect.provide(NodeServices.layer)), 300_000)
 
   it.effect("releaseOutputs (onnxruntime's gradient copies freed after each micro-batch) changes no bit", () =>
