@@ -120,10 +120,12 @@ describe("agentfly train with model.lora", () => {
       assert.notDeepEqual(exported.weights.get(q), base.get(q))
       assert.deepStrictEqual(exported.weights.get("model.norm.weight"), base.get("model.norm.weight"))
 
-      // kill -9 once step 2's checkpoint is complete, then resume: the same weights as the unbroken run.
+      // kill -9 once the journal records step 2's checkpoint (a resume starts from the journal's newest; its files
+      // alone, written just before the record, are not enough), then resume: the same weights as the unbroken run.
+      const journal = join(dir, "run", "journal.jsonl")
       const killed = yield* agentfly(
         ["train", config],
-        () => existsSync(join(dir, "run", "checkpoints", "step-000002", "trainer_state.json")),
+        () => existsSync(journal) && /"kind":"checkpoint","step":2\b/.test(readFileSync(journal, "utf8")),
         "SIGKILL"
       )
       assert.strictEqual(killed.signal, "SIGKILL", killed.output)
