@@ -10,7 +10,7 @@
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
-import { copyFileSync, existsSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs"
+import { copyFileSync, existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs"
 import { createRequire } from "node:module"
 import { tmpdir } from "node:os"
 import { dirname, join } from "node:path"
@@ -105,10 +105,12 @@ describe("a real-format model folder end to end", () => {
       const reference = yield* Train.run({ config: configFile, output: a, ...quiet })
       assert.strictEqual(reference.summary.trained, 3)
 
-      // The same run killed once its second RL checkpoint is complete, then resumed.
+      // The same run killed once the journal records its second RL checkpoint (a resume starts from the journal's
+      // newest; the checkpoint's files come just before the record), then resumed.
+      const journal = join(b, "journal.jsonl")
       const killed = yield* agentfly(
         ["train", configFile, "--output", b],
-        () => existsSync(join(b, "checkpoints", "step-000002", "trainer_state.json"))
+        () => existsSync(journal) && /"kind":"checkpoint","step":2\b/.test(readFileSync(journal, "utf8"))
       )
       assert.strictEqual(killed.signal, "SIGKILL", killed.output)
       const resumed = yield* Train.run({ config: configFile, output: b, resume: true, ...quiet })
