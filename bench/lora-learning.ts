@@ -139,7 +139,8 @@ const ensureData = () => {
   if (child.status !== 0) throw new Error(`data: ${child.stderr.slice(-2000)}`)
 }
 
-const mean = (xs: ReadonlyArray<number>) => xs.reduce((a, b) => a + b, 0) / Math.max(1, xs.length)
+/** NaN for no runs, so that an arm that did not run reports no gain rather than a gain of 0. */
+const mean = (xs: ReadonlyArray<number>) => (xs.length === 0 ? NaN : xs.reduce((a, b) => a + b, 0) / xs.length)
 
 export default async (): Promise<BenchResult> => {
   ensureData()
@@ -163,13 +164,18 @@ export default async (): Promise<BenchResult> => {
     mkdirSync(dirname(partial), { recursive: true })
     writeFileSync(partial, JSON.stringify(runs, null, 2) + "\n")
   }
-  const full = mean(runs.filter((r) => r.kind === "full").map((r) => r.gain))
-  const byLr = lrs.map((lr) => ({ lr, meanGain: mean(runs.filter((r) => r.kind === "lora" && r.lr === lr).map((r) => r.gain)) }))
+  const fullGains = runs.filter((r) => r.kind === "full").map((r) => r.gain)
+  const full = mean(fullGains)
+  // A ratio of gains means nothing when full fine-tuning did not gain (two losses give a ratio above 0.8).
+  const ratio = (gain: number) => (full > 0 ? gain / full : NaN)
+  const byLr = lrs.map((lr) => {
+    const gains = runs.filter((r) => r.kind === "lora" && r.lr === lr).map((r) => r.gain)
+    return { lr, seeds: gains.length, meanGain: mean(gains), ratio: ratio(mean(gains)) }
+  })
   return {
-    // A ratio of gains means nothing when full fine-tuning did not gain (two losses give a ratio above 0.8).
     headline: {
-      metric: `LoRA gain / full FT gain (lr ${lrs[0]}, ${seeds.length} seeds)`,
-      value: full > 0 ? byLr[0]!.meanGain / full : NaN,
+      metric: `LoRA gain / full FT gain (LoRA lr ${lrs[0]}, ${byLr[0]!.seeds} seeds; full lr ${fullLr}, ${fullGains.length})`,
+      value: byLr[0]!.ratio,
       target: 0.8,
       better: "higher"
     },
