@@ -8,8 +8,8 @@
  * accuracy is measured on the first `LORA_EVAL` (default 200) held-out rows at step 0 and at the last step.
  *
  * `LORA_PRESET=small` runs the same on the `small` preset (`runs/lora-learning-small/`; its warm-up at lr 5e-4, not
- * the demo's 2e-3, at which `small` stayed on the loss plateau for 440 steps; up to 400 steps with the demo's stop rule,
- * going on to RL short of its 0.3 validation target, `onMiss: "continue"`); `LORA_STEPS`
+ * the demo's 2e-3, at which `small` stayed on the loss plateau for 440 steps; up to 400 steps with the demo's stop
+ * rule, going on to RL short of its 0.3 validation target, `onMiss: "continue"`); `LORA_STEPS`
  * (default 20) shortens the RL phase of every arm alike, and `LORA_FULL_LR` (default 3e-4) sets full fine-tuning's.
  * `LORA_BASE` (a checkpoint folder) and `LORA_MODEL` (its model folder) start every arm from an existing warm-up
  * instead; `LORA_ARMS` (`full`, `lora`, default both) runs one kind only. A finished run keeps its figures in its
@@ -20,7 +20,7 @@
  * after every run to `bench/results/lora-learning.partial.json` (`lora-learning-small.partial.json`), so a stopped
  * bench keeps what it measured.
  */
-import { spawnSync } from "node:child_process"
+import { type SpawnSyncOptionsWithStringEncoding, spawnSync } from "node:child_process"
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs"
 import { dirname, join, resolve } from "node:path"
 import { fileURLToPath } from "node:url"
@@ -64,9 +64,10 @@ const train = (config: string, what: string) => {
   const timed = existsSync(timeTool)
   const usage = `${config}.time`
   const args = ["--import", "tsx", "cli/main.ts", "train", config, "--overwrite"]
+  const options: SpawnSyncOptionsWithStringEncoding = { cwd: root, encoding: "utf8", stdio: ["ignore", "ignore", "pipe"] }
   const child = timed
-    ? spawnSync(timeTool, ["-f", "%U %S %M", "-o", usage, process.execPath, ...args], { cwd: root, encoding: "utf8", stdio: ["ignore", "ignore", "pipe"] })
-    : spawnSync(process.execPath, args, { cwd: root, encoding: "utf8", stdio: ["ignore", "ignore", "pipe"] })
+    ? spawnSync(timeTool, ["-f", "%U %S %M", "-o", usage, process.execPath, ...args], options)
+    : spawnSync(process.execPath, args, options)
   if (child.status !== 0) throw new Error(`${what}: ${child.stderr.slice(-2000)}`)
   if (!timed) return {}
   const [user, sys, rssKb] = readFileSync(usage, "utf8").trim().split("\n").at(-1)!.split(" ").map(Number)
@@ -100,8 +101,8 @@ const runOne = (kind: "full" | "lora", lr: number, seed: number): Run => {
   const evals = readFileSync(join(dir, "run", "metrics.jsonl"), "utf8").split("\n").filter((l) => l.includes("\"phase\":\"eval\""))
     .map((l) => JSON.parse(l) as { step: number; figures: Record<string, number> })
   const before = evals[0]!.figures["eval/accuracy"]!, after = evals.at(-1)!.figures["eval/accuracy"]!
-  const run: Run = { kind, lr, seed, before, after, gain: after - before, minutes: (performance.now() - t0) / 60_000, steps, evalSize,
-    ...usage }
+  const minutes = (performance.now() - t0) / 60_000
+  const run: Run = { kind, lr, seed, before, after, gain: after - before, minutes, steps, evalSize, ...usage }
   writeFileSync(done, JSON.stringify(run, null, 2) + "\n")
   return run
 }
@@ -160,7 +161,8 @@ export default async (): Promise<BenchResult> => {
     if (reportOnly && !existsSync(join(runDir(kind, lr, seed), "result.json"))) continue
     const r = runOne(kind, lr, seed)
     runs.push(r)
-    console.log(`${kind} lr ${lr} seed ${seed}: ${r.before.toFixed(3)} → ${r.after.toFixed(3)} (${r.minutes.toFixed(1)} min, ${r.cpuSeconds ?? "?"} CPU s)`)
+    const cpu = r.cpuSeconds === undefined ? "" : `, ${r.cpuSeconds.toFixed(0)} CPU s`
+    console.log(`${kind} lr ${lr} seed ${seed}: ${r.before.toFixed(3)} → ${r.after.toFixed(3)} (${r.minutes.toFixed(1)} min${cpu})`)
     mkdirSync(dirname(partial), { recursive: true })
     writeFileSync(partial, JSON.stringify(runs, null, 2) + "\n")
   }
@@ -174,7 +176,9 @@ export default async (): Promise<BenchResult> => {
   })
   return {
     headline: {
-      metric: `LoRA gain / full FT gain (LoRA lr ${lrs[0]}, ${byLr[0]!.seeds} seeds; full lr ${fullLr}, ${fullGains.length})`,
+      metric: `LoRA gain / full FT gain (LoRA lr ${lrs[0]}, ${byLr[0]!.seeds} seeds; full lr ${fullLr}, ${
+        fullGains.length
+      })`,
       value: byLr[0]!.ratio,
       target: 0.8,
       better: "higher"
