@@ -158,14 +158,25 @@ const i64 = (g: Graph.Graph, values: ReadonlyArray<number>): string => g.constan
 const f32 = (g: Graph.Graph, value: number): string => g.constant(Graph.float32([], [value]))
 
 /**
- * `x @ Wᵀ (+ b)` for a Hugging Face `[out, in]` weight. `fused`: one com.microsoft `FusedMatMul(x, W, transB = 1)`
- * instead of `MatMul(x, Transpose(W))`, for weights fed as inputs, whose `Transpose` would run on every step.
+ * `x @ Wᵀ (+ b)` for a Hugging Face `[out, in]` weight. With `fused` (weights fed as inputs, whose `Transpose` would
+ * run on every step): `x` flattened to its rows, one com.microsoft `FusedMatMul(x, W, transB = 1)`, and the rows'
+ * shape restored. Flattened, a batch of rows is one product; `[batch, 1, in]` as it is ran one per row (measured
+ * against a `Gemm` and an unflattened `FusedMatMul`: BENCHMARKS.md, "lora", "The engine reads the learner's base").
  */
-const linear = (g: Graph.Graph, x: string, w: string, b?: string, fused = false): string => {
-  const y = fused
-    ? g.node("FusedMatMul", [x, w], [g.fresh("FusedMatMul")], { transB: Graph.int(1) }, msDomain)[0]!
-    : g.op("MatMul", [x, g.op("Transpose", [w], { perm: Graph.ints([1, 0]) })])
+const linear = (g: Graph.Graph, x: string, w: string, b?: string, fused?: Fused): string => {
+  if (fused !== undefined) {
+    const rows = g.op("Flatten", [x], { axis: Graph.int(-1) })
+    const y = g.node("FusedMatMul", [rows, w], [g.fresh("FusedMatMul")], { transB: Graph.int(1) }, msDomain)[0]!
+    const out = g.op("Reshape", [y, fused.rows()])
+    return b === undefined ? out : g.op("Add", [out, b])
+  }
+  const y = g.op("MatMul", [x, g.op("Transpose", [w], { perm: Graph.ints([1, 0]) })])
   return b === undefined ? y : g.op("Add", [y, b])
+}
+
+/** Products with weights fed as inputs ({@link linear}): `rows()` is `[batch, seq, -1]`, the shape they restore. */
+interface Fused {
+  readonly rows: () => string
 }
 
 const msDomain = "com.microsoft"
@@ -334,8 +345,8 @@ interface Adapted {
 type Param = ((name: string) => string) & {
   readonly adapter?: (weight: string) => Adapted | undefined
   readonly withRows?: (rows: Lora.Rows) => Param
-  /** Products with weights as `FusedMatMul(x, W, transB = 1)` ({@link linear}). */
-  readonly fused?: boolean
+  /** Products with weights fed as inputs without a `Transpose` ({@link linear}). */
+  readonly fused?: Fused | undefined
 }
 
 /**
@@ -345,7 +356,7 @@ type Param = ((name: string) => string) & {
  */
 const project = (g: Graph.Graph, x: string, param: Param, weight: string, bias?: string): string => {
   const w = param(weight) // before the bias: graph inputs keep the order they had
-  const fused = param.fused === true
+  const fused = param.fused
   const y = linear(g, x, w, bias === undefined ? undefined : param(bias), fused)
   const adapted = param.adapter?.(weight)
   if (adapted === undefined) return y
@@ -645,7 +656,13 @@ const head = (g: Graph.Graph, c: ModelConfig.ModelConfig, x: string, param: Para
   const w = param(
     output === "value" ? "value_head.weight" : c.tieWordEmbeddings ? "model.embed_tokens.weight" : "lm_head.weight"
   )
-  if (param.fused === true) return g.node("FusedMatMul", [normed, w], ["logits"], { transB: Graph.int(1) }, msDomain)[0]!
+  if (param.fused !== undefined) {
+    // The head's input may be the last position only: its own rows' shape.
+    const shape = g.op("Concat", [g.op("Slice", [g.op("Shape", [normed]), i64(g, [0]), i64(g, [2])]), i64(g, [-1])], {
+      axis: Graph.int(0)
+    })
+    return g.node("Identity", [linear(g, normed, w, undefined, { rows: () => shape })], ["logits"])[0]!
+  }
   return g.node("MatMul", [normed, g.op("Transpose", [w], { perm: Graph.ints([1, 0]) })], ["logits"])[0]!
 }
 
@@ -703,11 +720,17 @@ const paramsOf = (
     }
     return g.initializer(name, { dtype: "float32", dims: spec.shape, data })
   }
+  // `[batch, seq, -1]` of the tokens' rows, made on first use.
+  let rows: string | undefined
+  const fused: Fused | undefined = !how.fused ? undefined : {
+    rows: () =>
+      rows ??= g.op("Concat", [g.op("Shape", ["input_ids"]), i64(g, [-1])], { axis: Graph.int(0) })
+  }
   const withRows = (rows: Lora.Rows): Param =>
-    Object.assign((name: string) => plain(name), { adapter: adapterOf(rows), fused: how.fused })
+    Object.assign((name: string) => plain(name), { adapter: adapterOf(rows), fused })
   const param: Param = lora === undefined
-    ? how.fused ? Object.assign(plain, { fused: true }) : plain
-    : Object.assign(plain, { adapter: adapterOf(["batch", "seq"]), withRows, fused: how.fused })
+    ? fused !== undefined ? Object.assign(plain, { fused }) : plain
+    : Object.assign(plain, { adapter: adapterOf(["batch", "seq"]), withRows, fused })
   return { param, weightInputs }
 }
 
