@@ -30,7 +30,9 @@
  * arrays are not referenced afterwards (they may be written in place); the engines of one thread that sample the
  * same version of the same weights share its session. `updateWeights` creates a new session while decoding goes
  * on. Requests that already started finish on the session they started with, and their result carries that
- * version; new requests go to the new one. An old session is released once its last sequence finishes.
+ * version; new requests go to the new one. An old session is released once its last sequence finishes. A LoRA
+ * engine (`lora`) takes every weight as an input and its adapter unmerged: the base's arrays are the caller's (the
+ * learner's), shared by every version, and a version swaps only the adapter (`internal/engineModel.ts`).
  *
  * @since 0.1.0
  */
