@@ -99,7 +99,9 @@ const main = Effect.gen(function*() {
     sameGreedyTokens: same,
     buildS: build,
     newVersionS: version,
-    best: Object.fromEntries(["merged", "unmerged"].map((m) => [m, { batch1: best(m, "batch1"), batch8: best(m, "batch8") }])),
+    best: Object.fromEntries(
+      ["merged", "unmerged"].map((m) => [m, { batch1: best(m, "batch1"), batch8: best(m, "batch8") }])
+    ),
     peakRssGiB: +(process.resourceUsage().maxRSS / 1024 ** 2).toFixed(2)
   }))
 }).pipe(Effect.scoped, Effect.provide(NodeServices.layer))

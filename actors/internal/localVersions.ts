@@ -100,7 +100,7 @@ export const newest = (versions: Versions): Published => versions.published[vers
 
 /**
  * The adapter a LoRA run's engines decode unmerged (`PolicyEngine`'s `lora`), if they do: every LoRA run's but one
- * with a vision tower, whose engines take the adapter merged (`W + s·B·A`, a copy of each adapted weight per version).
+ * with a vision tower, whose engines take the adapter merged (`W + s·B·A`, a copy of each adapted weight a version).
  */
 export const engineLora = (setup: Setup): Lora.Config | undefined =>
   setup.folder.vision === undefined ? setup.config.model.lora : undefined
@@ -128,7 +128,10 @@ export const forEngine = (setup: Setup, weights: Qwen2.Weights): Qwen2.Weights =
 /** The run's fresh adapter (`Lora.init`), made once per run. */
 const freshAdapter = (setup: Setup): ReadonlyMap<string, Float32Array> => {
   let adapter = freshAdapters.get(setup)
-  if (adapter === undefined) freshAdapters.set(setup, adapter = Lora.init(setup.folder.config, setup.config.model.lora!))
+  if (adapter === undefined) {
+    adapter = Lora.init(setup.folder.config, setup.config.model.lora!)
+    freshAdapters.set(setup, adapter)
+  }
   return adapter
 }
 

@@ -30,7 +30,13 @@ const adapter = (seed: number): Map<string, Float32Array> => {
 const learnerWeights = (a: ReadonlyMap<string, Float32Array>) => new Map([...base, ...a])
 
 // Several lengths, decoded together (batch 5), then a continuation that reuses a finished sequence's cache.
-const prompts = [[5], [1, 2, 3], [7, 8, 9, 10, 11, 12, 13, 14], [40, 41, 42, 43, 44], Array.from({ length: 23 }, (_, i) => (i * 37) % 288)]
+const prompts = [
+  [5],
+  [1, 2, 3],
+  [7, 8, 9, 10, 11, 12, 13, 14],
+  [40, 41, 42, 43, 44],
+  Array.from({ length: 23 }, (_, i) => (i * 37) % 288)
+]
 const greedy = (promptTokenIds: ReadonlyArray<number>): GenerateRequest => ({
   promptTokenIds,
   sampling: { temperature: 0, maxTokens: 12 }
@@ -78,7 +84,8 @@ describe("PolicyEngine with an unmerged LoRA adapter", () => {
     }), 120_000)
 
   it("two published versions' engines feed the same base arrays; only the adapter differs", () => {
-    const setup = { config: { model: { lora } }, folder: { config: c, weights: base, vision: undefined } } as unknown as Setup
+    const folder = { config: c, weights: base, vision: undefined }
+    const setup = { config: { model: { lora } }, folder } as unknown as Setup
     const versions = [base, learnerWeights(adapter(1)), learnerWeights(adapter(2))].map((w) =>
       EngineModel.weightFeeds(c, LocalVersions.forEngine(setup, w), lora)
     )
@@ -91,7 +98,8 @@ describe("PolicyEngine with an unmerged LoRA adapter", () => {
     // Each version its own adapter (the folder's weights get a fresh one: B = 0, the base's function).
     assert.strictEqual(distinct(adapterNames).size, 3 * adapterNames.length)
     const fresh = LocalVersions.forEngine(setup, base)
-    assert.isTrue(adapterNames.filter((n) => n.endsWith("lora_B.weight")).every((n) => fresh.get(n)!.every((x) => x === 0)))
+    const factorsB = adapterNames.filter((n) => n.endsWith("lora_B.weight"))
+    assert.isTrue(factorsB.every((n) => fresh.get(n)!.every((x) => x === 0)))
     assert.strictEqual(LocalVersions.forEngine(setup, base).get(adapterNames[0]!), fresh.get(adapterNames[0]!))
   })
 
