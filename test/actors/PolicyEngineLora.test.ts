@@ -1,6 +1,7 @@
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { createHash } from "node:crypto"
+import * as EngineThread from "../../actors/EngineThread.ts"
 import * as EngineModel from "../../actors/internal/engineModel.ts"
 import type { Setup } from "../../actors/internal/localSetup.ts"
 import * as LocalVersions from "../../actors/internal/localVersions.ts"
@@ -81,6 +82,18 @@ describe("PolicyEngine with an unmerged LoRA adapter", () => {
       const stats = yield* unmerged.stats
       assert.isAbove(stats.reusedTokens, 0) // the continuation decoded from the kept cache
       assert.strictEqual(stats.largestBatch, prompts.length)
+    }), 120_000)
+
+  it.effect("on the engine thread too (`engine.thread`): the merged model's greedy tokens", () =>
+    Effect.gen(function*() {
+      const a1 = adapter(1)
+      const merged = yield* make({ config: c, weights: Lora.merge(c, lora, base, a1) })
+      const thread = yield* EngineThread.make
+      const there = yield* thread.make({ config: c, weights: learnerWeights(a1), lora })
+      const want = yield* merged.generate(greedy(prompts[2]!))
+      const got = yield* there.generate(greedy(prompts[2]!))
+      assert.deepStrictEqual(got.tokenIds, want.tokenIds)
+      assert.isBelow(maxAbsDiff(got.logprobs, want.logprobs), 1e-4)
     }), 120_000)
 
   it("two published versions' engines feed the same base arrays; only the adapter differs", () => {
