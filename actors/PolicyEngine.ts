@@ -30,7 +30,9 @@
  * arrays are not referenced afterwards (they may be written in place); the engines of one thread that sample the
  * same version of the same weights share its session. `updateWeights` creates a new session while decoding goes
  * on. Requests that already started finish on the session they started with, and their result carries that
- * version; new requests go to the new one. An old session is released once its last sequence finishes.
+ * version; new requests go to the new one. An old session is released once its last sequence finishes. A LoRA
+ * engine (`lora`) takes every weight as an input and its adapter unmerged: the base's arrays are the caller's (the
+ * learner's), shared by every version, and a version swaps only the adapter (`internal/engineModel.ts`).
  *
  * @since 0.1.0
  */
@@ -38,6 +40,7 @@ import { Context, Deferred, Effect, Layer, Queue, Random, Schema, Semaphore } fr
 import type { Scope } from "effect"
 import * as ort from "onnxruntime-node"
 import { availableParallelism } from "node:os"
+import * as Lora from "../src/Lora.ts"
 import * as ModelConfig from "../src/model/ModelConfig.ts"
 import * as Qwen2 from "../src/model/Qwen2.ts"
 import * as VisionTower from "../src/model/VisionTower.ts"
@@ -79,6 +82,12 @@ export interface Options {
    * (`internal/engineVision.ts`); everything else is the text engine's, unchanged.
    */
   readonly vision?: EngineVision.Options | undefined
+  /**
+   * A LoRA adapter decoded unmerged (`internal/engineModel.ts`): `weights` then hold the base and the adapter's
+   * tensors (PEFT's names), all fed as inputs (`weightsAs` is ignored): a new version's weights that hold the same
+   * base arrays swap only the adapter, and no version copies the base. Not with `vision`.
+   */
+  readonly lora?: Lora.Config | undefined
 }
 
 /**
@@ -286,9 +295,12 @@ export const layerSampler: Layer.Layer<Sampler, never, PolicyEngine> = Layer.eff
 const validateWeights = (
   c: ModelConfig.ModelConfig,
   weights: Qwen2.Weights,
-  vision?: EngineVision.Options
+  vision?: EngineVision.Options,
+  lora?: Lora.Config
 ): PolicyEngineError | undefined => {
-  const specs = vision === undefined ? Qwen2.parameters(c) : VisionTower.allParameters({ ...vision.config, text: c })
+  const specs = vision === undefined
+    ? EngineModel.weightSpecs(c, lora)
+    : VisionTower.allParameters({ ...vision.config, text: c })
   for (const spec of specs) {
     const data = weights.get(spec.name)
     const n = spec.shape.reduce((a, b) => a * b, 1)
@@ -356,7 +368,8 @@ export const defaultThreads = (c: ModelConfig.ModelConfig): number =>
 
 const makeSetup = (options: Options): Setup => {
   const c = options.config
-  const weightsAs = options.weightsAs ?? "initializers"
+  const lora = options.lora
+  const weightsAs = lora !== undefined ? "inputs" : options.weightsAs ?? "initializers"
   const sessionOptions: ort.InferenceSession.SessionOptions = {
     executionProviders: ["cpu"],
     graphOptimizationLevel: "all",
@@ -372,8 +385,9 @@ const makeSetup = (options: Options): Setup => {
     maxBatch: options.maxBatchSize ?? 32,
     weightsAs,
     sessionOptions,
-    model: EngineModel.modelBytes(c, weightsAs),
-    sessionKey: JSON.stringify([c, weightsAs, sessionOptions]),
+    model: EngineModel.modelBytes(c, weightsAs, lora),
+    sessionKey: JSON.stringify([c, weightsAs, sessionOptions, ...(lora === undefined ? [] : [lora])]),
+    lora,
     pastNames,
     newNames: pastNames.map((n) => n.replace("past", "new")),
     vision: options.vision && EngineVision.makeSetup(
@@ -389,7 +403,7 @@ const closedError = () => samplerError("Closed", "the policy engine was shut dow
 /** A policy version's session, with an empty batch and cache. */
 const newGeneration = Effect.fnUntraced(function*(setup: Setup, version: number, weights: Qwen2.Weights) {
   const c = setup.config
-  const invalid = validateWeights(c, weights, setup.vision)
+  const invalid = validateWeights(c, weights, setup.vision, setup.lora)
   if (invalid !== undefined) return yield* invalid
   const failed = (e: unknown) => new PolicyEngineError({ reason: new SessionFailed({ message: String(e) }) })
   // Weights as initializers are copied from the caller's arrays (external data) while the session is created; the
@@ -398,13 +412,15 @@ const newGeneration = Effect.fnUntraced(function*(setup: Setup, version: number,
     ? setup.sessionOptions
     : { ...setup.sessionOptions, externalData: EngineModel.externalData(c, weights) }
   const create = () => ort.InferenceSession.create(setup.model, options)
-  const { session, unload } = yield* EngineModel.acquireSession(weights, version, setup.sessionKey, create, failed)
-  const weightFeeds: Record<string, ort.Tensor> = {}
-  if (setup.weightsAs === "inputs") {
-    for (const spec of Qwen2.parameters(c)) {
-      weightFeeds[spec.name] = new ort.Tensor("float32", weights.get(spec.name)!, spec.shape)
-    }
-  }
+  // A session over weights fed as inputs holds none: one serves every version.
+  const { session, unload } = yield* EngineModel.acquireSession(
+    EngineModel.sessionWeightsKey(setup.weightsAs, weights),
+    setup.weightsAs === "inputs" ? 0 : version,
+    setup.sessionKey,
+    create,
+    failed
+  )
+  const weightFeeds = setup.weightsAs === "inputs" ? EngineModel.weightFeeds(c, weights, setup.lora) : {}
   const cache = KvCache.make(setup.pastNames.length, setup.kvHeads, setup.headDim, setup.maxBatch)
   const mask = new BigInt64Array(0)
   const vision = setup.vision === undefined
@@ -586,6 +602,10 @@ const snapshot = (engine: Engine): Stats => ({
  * @since 0.1.0
  */
 export const make = Effect.fn("PolicyEngine.make")(function*(options: Options) {
+  if (options.lora !== undefined && options.vision !== undefined) {
+    const message = "an unmerged LoRA adapter with a vision tower is not supported: merge it (Lora.merge)"
+    return yield* new PolicyEngineError({ reason: new SessionFailed({ message }) })
+  }
   const setup = makeSetup(options)
   const first = yield* newGeneration(setup, options.version ?? 0, options.weights)
   const engine: Engine = {

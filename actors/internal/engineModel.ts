@@ -16,9 +16,16 @@
  * `FusedMatMul(x, W, transB = 1)` instead saved 6 % of the memory and 40 % of the session creation at Qwen2.5-0.5B
  * shapes but decoded 16–19 % slower at batch 32 on the `medium` preset, so it was not kept (BENCHMARKS.md,
  * "engine weights").
+ *
+ * A LoRA engine (`lora`) decodes with its adapter unmerged (`Qwen2.inferenceGraph` with `lora`): every weight is an
+ * input, the base's arrays fed as they are (the ones the learner reads: no copy per version, none in onnxruntime)
+ * and the version's adapter beside them, and every product with a weight is a `FusedMatMul` with `transB = 1`, so no
+ * `Transpose` of a weight runs per step. Such a session holds no weights: the engines of a thread share one for
+ * every version ({@link sessionWeightsKey}).
  */
 import { Effect } from "effect"
-import type * as ort from "onnxruntime-node"
+import * as ort from "onnxruntime-node"
+import * as Lora from "../../src/Lora.ts"
 import type * as ModelConfig from "../../src/model/ModelConfig.ts"
 import * as Qwen2 from "../../src/model/Qwen2.ts"
 import * as Graph from "../../src/onnx/Graph.ts"
@@ -51,13 +58,18 @@ const externalTensor = (name: string, dims: ReadonlyArray<number>): Pb.Message =
  * The decode model's bytes for `c`, without any weight data (see the module header): tens of MB at most (the RoPE
  * tables), whatever the model's size.
  */
-export const modelBytes = (c: ModelConfig.ModelConfig, weightsAs: "initializers" | "inputs"): Uint8Array => {
+export const modelBytes = (
+  c: ModelConfig.ModelConfig,
+  weightsAs: "initializers" | "inputs",
+  lora?: Lora.Config
+): Uint8Array => {
   // Built once per config: the RoPE tables alone take ≈ 0.7 s at 32,768 positions, and a run builds an engine per
   // rollout batch.
-  const key = JSON.stringify([c, weightsAs])
+  const key = JSON.stringify(lora === undefined ? [c, weightsAs] : [c, weightsAs, lora])
   const cached = built.get(key)
   if (cached !== undefined) return cached
-  const bytes = build(c, weightsAs)
+  // A LoRA model takes every weight as an input (module notes).
+  const bytes = lora === undefined ? build(c, weightsAs) : Graph.toModelBytes(Qwen2.inferenceGraph(c, "inputs", lora))
   built.set(key, bytes)
   if (built.size > 4) built.delete(built.keys().next().value!)
   return bytes
@@ -100,6 +112,36 @@ export const externalData = (c: ModelConfig.ModelConfig, weights: Qwen2.Weights)
     return { path: spec.name, data: new Uint8Array(w.buffer, w.byteOffset, w.byteLength) }
   })
 
+/** The weights a model of `c` takes: the base's, then with `lora` the adapter's (PEFT's names). */
+export const weightSpecs = (
+  c: ModelConfig.ModelConfig,
+  lora?: Lora.Config
+): ReadonlyArray<{ readonly name: string; readonly shape: ReadonlyArray<number> }> =>
+  lora === undefined ? Qwen2.parameters(c) : [...Qwen2.parameters(c), ...Lora.parameters(c, lora)]
+
+/**
+ * The feeds of weights taken as inputs: tensors over `weights`' own arrays (onnxruntime-node wraps them, no copy),
+ * so two versions that share the base's arrays feed the same memory.
+ */
+export const weightFeeds = (
+  c: ModelConfig.ModelConfig,
+  weights: Qwen2.Weights,
+  lora?: Lora.Config
+): Record<string, ort.Tensor> =>
+  Object.fromEntries(weightSpecs(c, lora).map((spec) => [
+    spec.name,
+    new ort.Tensor("float32", weights.get(spec.name)!, spec.shape)
+  ]))
+
+/**
+ * What a session is shared by: the weights' map for initializers (the session holds a copy of them), one key for
+ * every map with weights as inputs (the session holds none: every version's engines share it).
+ */
+export const sessionWeightsKey = (weightsAs: "initializers" | "inputs", weights: Qwen2.Weights): object =>
+  weightsAs === "inputs" ? weightless : weights
+
+const weightless = {}
+
 /** Floats of every weight of `c`. */
 export const parameterCount = (c: ModelConfig.ModelConfig): number =>
   Qwen2.parameters(c).reduce((n, s) => n + s.shape.reduce((a, b) => a * b, 1), 0)
@@ -111,8 +153,8 @@ interface Loaded {
   users: number
 }
 
-/** Sessions loaded on this thread, by the weights' map and then by version and session options. */
-const loaded = new WeakMap<Qwen2.Weights, Map<string, Loaded>>()
+/** Sessions loaded on this thread, by the weights' map (or {@link sessionWeightsKey}), then version and options. */
+const loaded = new WeakMap<object, Map<string, Loaded>>()
 
 /**
  * A session over `weights` as `version`, shared by every engine of this thread that loads the same map as the same
@@ -121,7 +163,7 @@ const loaded = new WeakMap<Qwen2.Weights, Map<string, Loaded>>()
  * last user. A version names one set of weights, so a map written in place must be loaded as a new version.
  */
 export const acquireSession = <E>(
-  weights: Qwen2.Weights,
+  weights: object,
   version: number,
   key: string,
   create: () => Promise<ort.InferenceSession>,

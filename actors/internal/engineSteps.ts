@@ -7,6 +7,7 @@
 import { Deferred, Effect, Queue, Result } from "effect"
 import type { Semaphore } from "effect"
 import * as ort from "onnxruntime-node"
+import type * as Lora from "../../src/Lora.ts"
 import type * as ModelConfig from "../../src/model/ModelConfig.ts"
 import { samplerError } from "../../src/Sampler.ts"
 import type { FinishReason, GenerateResult, SamplerError } from "../../src/Sampler.ts"
@@ -82,6 +83,8 @@ export interface Setup {
   readonly newNames: ReadonlyArray<string>
   /** The vision prefill model of an engine with a tower (option `vision`). */
   readonly vision?: EngineVision.VisionSetup | undefined
+  /** The adapter an engine decodes unmerged (option `lora`): its tensors are among the weights fed. */
+  readonly lora?: Lora.Config | undefined
 }
 
 /** The counting part of {@link Stats}. */

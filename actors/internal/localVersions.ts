@@ -18,6 +18,7 @@ import * as EngineThread from "../EngineThread.ts"
 import * as InferenceServers from "../InferenceServers.ts"
 import * as PolicyEngine from "../PolicyEngine.ts"
 import { runError, wrap, type RunError } from "../RunError.ts"
+import * as EngineModel from "./engineModel.ts"
 import { learnerError, type Setup } from "./localSetup.ts"
 import * as LoraCarrier from "./loraCarrier.ts"
 import * as RemoteLearner from "./remoteLearner.ts"
@@ -98,14 +99,43 @@ export const make = Effect.fnUntraced(function*(setup: Setup, options: { readonl
 export const newest = (versions: Versions): Published => versions.published[versions.published.length - 1]!
 
 /**
- * The weights an engine decodes with: a LoRA learner's (the base by reference and the adapter) merged, `W + s·B·A`,
- * so that the engine runs the plain graph at the plain graph's speed; anything else as it is.
+ * The adapter a LoRA run's engines decode unmerged (`PolicyEngine`'s `lora`), if they do: every LoRA run's but one
+ * with a vision tower, whose engines take the adapter merged (`W + s·B·A`, a copy of each adapted weight a version).
+ */
+export const engineLora = (setup: Setup): Lora.Config | undefined =>
+  setup.folder.vision === undefined ? setup.config.model.lora : undefined
+
+/**
+ * The weights an engine decodes with. A LoRA run's engines ({@link engineLora}): the base's own arrays (the folder's,
+ * which the learner reads too: the same objects for every version) and the version's adapter; the folder's weights,
+ * before the learner publishes, with a fresh adapter (`B = 0`: the base's function). With a vision tower, a LoRA
+ * learner's weights merged. Anything else as it is.
  */
 export const forEngine = (setup: Setup, weights: Qwen2.Weights): Qwen2.Weights => {
   const lora = setup.config.model.lora
-  if (lora === undefined || !Lora.hasAdapter(weights)) return weights
-  return Lora.merge(setup.folder.config, lora, weights, weights)
+  if (lora === undefined) return weights
+  const c = setup.folder.config
+  if (engineLora(setup) !== undefined) {
+    // Only the model's tensors, by reference (a learner's map may hold others: validated by the engine).
+    const fresh = Lora.hasAdapter(weights) ? undefined : freshAdapter(setup)
+    return new Map(
+      EngineModel.weightSpecs(c, lora).map((s) => [s.name, weights.get(s.name) ?? fresh?.get(s.name)!])
+    )
+  }
+  return Lora.hasAdapter(weights) ? Lora.merge(c, lora, weights, weights) : weights
 }
+
+/** The run's fresh adapter (`Lora.init`), made once per run. */
+const freshAdapter = (setup: Setup): ReadonlyMap<string, Float32Array> => {
+  let adapter = freshAdapters.get(setup)
+  if (adapter === undefined) {
+    adapter = Lora.init(setup.folder.config, setup.config.model.lora!)
+    freshAdapters.set(setup, adapter)
+  }
+  return adapter
+}
+
+const freshAdapters = new WeakMap<Setup, ReadonlyMap<string, Float32Array>>()
 
 /** The adapter's name on the servers, in a LoRA run: what its requests name as their model. */
 export const adapterName = "policy"
@@ -138,6 +168,7 @@ const engineOf = (versions: Versions, version: number, weights: Qwen2.Weights) =
   return (versions.engineThread?.make ?? PolicyEngine.make)({
     config: versions.setup.folder.config,
     weights: forEngine(versions.setup, weights),
+    lora: engineLora(versions.setup),
     version,
     maxBatchSize: versions.maxBatchSize,
     ...(vision === undefined ? {} : { vision })

@@ -157,11 +157,29 @@ export const initWeights = (c: ModelConfig.ModelConfig, seed: number, std = 0.02
 const i64 = (g: Graph.Graph, values: ReadonlyArray<number>): string => g.constant(Graph.int64([values.length], values))
 const f32 = (g: Graph.Graph, value: number): string => g.constant(Graph.float32([], [value]))
 
-/** `x @ Wᵀ (+ b)` for a Hugging Face `[out, in]` weight. */
-const linear = (g: Graph.Graph, x: string, w: string, b?: string): string => {
+/**
+ * `x @ Wᵀ (+ b)` for a Hugging Face `[out, in]` weight. With `fused` (weights fed as inputs, whose `Transpose` would
+ * run on every step): `x` flattened to its rows, one com.microsoft `FusedMatMul(x, W, transB = 1)`, and the rows'
+ * shape restored. Flattened, a batch of rows is one product; `[batch, 1, in]` as it is ran one per row (measured
+ * against a `Gemm` and an unflattened `FusedMatMul`: BENCHMARKS.md, "lora", "The engine reads the learner's base").
+ */
+const linear = (g: Graph.Graph, x: string, w: string, b?: string, fused?: Fused): string => {
+  if (fused !== undefined) {
+    const rows = g.op("Flatten", [x], { axis: Graph.int(-1) })
+    const y = g.node("FusedMatMul", [rows, w], [g.fresh("FusedMatMul")], { transB: Graph.int(1) }, msDomain)[0]!
+    const out = g.op("Reshape", [y, fused.rows()])
+    return b === undefined ? out : g.op("Add", [out, b])
+  }
   const y = g.op("MatMul", [x, g.op("Transpose", [w], { perm: Graph.ints([1, 0]) })])
   return b === undefined ? y : g.op("Add", [y, b])
 }
+
+/** Products with weights fed as inputs ({@link linear}): `rows()` is `[batch, seq, -1]`, the shape they restore. */
+interface Fused {
+  readonly rows: () => string
+}
+
+const msDomain = "com.microsoft"
 
 /**
  * RMSNorm over the last axis: `x / sqrt(mean(x²) + eps) * w`.
@@ -327,6 +345,8 @@ interface Adapted {
 type Param = ((name: string) => string) & {
   readonly adapter?: (weight: string) => Adapted | undefined
   readonly withRows?: (rows: Lora.Rows) => Param
+  /** Products with weights fed as inputs without a `Transpose` ({@link linear}). */
+  readonly fused?: Fused | undefined
 }
 
 /**
@@ -336,13 +356,14 @@ type Param = ((name: string) => string) & {
  */
 const project = (g: Graph.Graph, x: string, param: Param, weight: string, bias?: string): string => {
   const w = param(weight) // before the bias: graph inputs keep the order they had
-  const y = linear(g, x, w, bias === undefined ? undefined : param(bias))
+  const fused = param.fused
+  const y = linear(g, x, w, bias === undefined ? undefined : param(bias), fused)
   const adapted = param.adapter?.(weight)
   if (adapted === undefined) return y
   const input = adapted.mask === undefined ? x : g.op("Mul", [x, adapted.mask]) // PEFT's lora_dropout
-  const down = g.op("MatMul", [input, g.op("Transpose", [adapted.a], { perm: Graph.ints([1, 0]) })])
+  const down = linear(g, input, adapted.a, undefined, fused)
   const scaled = g.op("Mul", [down, f32(g, adapted.scale)]) // on the rank-wide values (r columns, not out)
-  return g.op("Add", [y, g.op("MatMul", [scaled, g.op("Transpose", [adapted.b], { perm: Graph.ints([1, 0]) })])])
+  return g.op("Add", [y, linear(g, scaled, adapted.b, undefined, fused)])
 }
 
 /** Layer `i`'s rotated queries `[B, KV, G, T, hd]`, rotated keys and values `[B, KV, T, hd]` of normalised `h`. */
@@ -489,6 +510,11 @@ export interface ForwardOptions {
    * image tokens at their `<|image_pad|>` positions (`VisionTower.ts`). Absent, no node is emitted.
    */
   readonly tokenEmbeddings?: ((g: Graph.Graph, embedded: string) => string) | undefined
+  /**
+   * Every product with a weight as com.microsoft `FusedMatMul(x, W, transB = 1)` rather than `MatMul(x,
+   * Transpose(W))`: for a decode graph fed its weights as inputs, where each `Transpose` would run on every step.
+   */
+  readonly fusedProducts?: boolean
 }
 
 /**
@@ -513,7 +539,10 @@ export interface ForwardOutputs {
  */
 export const forward = (g: Graph.Graph, c: ModelConfig.ModelConfig, options: ForwardOptions): ForwardOutputs => {
   const output = options.head ?? "lm"
-  const { param, weightInputs } = paramsOf(g, c, options.weights, output, options.lora)
+  const { param, weightInputs } = paramsOf(g, c, options.weights, output, options.lora, {
+    masks: !options.kvCache,
+    fused: options.fusedProducts === true
+  })
   const ids = g.input("input_ids", "int64", ["batch", "seq"])
   const mask = g.input("attention_mask", "int64", ["batch", options.kvCache ? "total" : "seq"])
   const pos = g.input("position_ids", "int64", ["batch", "seq"])
@@ -627,6 +656,13 @@ const head = (g: Graph.Graph, c: ModelConfig.ModelConfig, x: string, param: Para
   const w = param(
     output === "value" ? "value_head.weight" : c.tieWordEmbeddings ? "model.embed_tokens.weight" : "lm_head.weight"
   )
+  if (param.fused !== undefined) {
+    // The head's input may be the last position only: its own rows' shape.
+    const shape = g.op("Concat", [g.op("Slice", [g.op("Shape", [normed]), i64(g, [0]), i64(g, [2])]), i64(g, [-1])], {
+      axis: Graph.int(0)
+    })
+    return g.node("Identity", [linear(g, normed, w, undefined, { rows: () => shape })], ["logits"])[0]!
+  }
   return g.node("MatMul", [normed, g.op("Transpose", [w], { perm: Graph.ints([1, 0]) })], ["logits"])[0]!
 }
 
@@ -639,7 +675,8 @@ const paramsOf = (
   c: ModelConfig.ModelConfig,
   weights: "inputs" | Weights,
   output: Head = "lm",
-  lora?: Lora.Config
+  lora?: Lora.Config,
+  how: { readonly masks: boolean; readonly fused: boolean } = { masks: true, fused: false }
 ): { readonly param: Param; readonly weightInputs: Array<string> } => {
   const specs = new Map<string, { readonly shape: ReadonlyArray<number> }>(
     parameters(c, output).map((s) => [s.name, s])
@@ -659,7 +696,7 @@ const paramsOf = (
   )
   if (lora !== undefined) for (const p of Lora.parameters(c, lora)) specs.set(p.name, p)
   // Dropout masks are inputs of the training graphs only (the trainer feeds them; decoding has none).
-  const dropout = lora !== undefined && (lora.dropout ?? 0) > 0 && weights === "inputs"
+  const dropout = lora !== undefined && (lora.dropout ?? 0) > 0 && weights === "inputs" && how.masks
   const adapterOf = (rows: Lora.Rows) => (weight: string): Adapted | undefined => {
     const site = adapters.get(weight)
     if (site === undefined || lora === undefined) return undefined
@@ -683,11 +720,17 @@ const paramsOf = (
     }
     return g.initializer(name, { dtype: "float32", dims: spec.shape, data })
   }
+  // `[batch, seq, -1]` of the tokens' rows, made on first use.
+  let rows: string | undefined
+  const fused: Fused | undefined = !how.fused ? undefined : {
+    rows: () =>
+      rows ??= g.op("Concat", [g.op("Shape", ["input_ids"]), i64(g, [-1])], { axis: Graph.int(0) })
+  }
   const withRows = (rows: Lora.Rows): Param =>
-    Object.assign((name: string) => plain(name), { adapter: adapterOf(rows) })
+    Object.assign((name: string) => plain(name), { adapter: adapterOf(rows), fused })
   const param: Param = lora === undefined
-    ? plain
-    : Object.assign(plain, { adapter: adapterOf(["batch", "seq"]), withRows })
+    ? fused !== undefined ? Object.assign(plain, { fused }) : plain
+    : Object.assign(plain, { adapter: adapterOf(["batch", "seq"]), withRows, fused })
   return { param, weightInputs }
 }
 
@@ -710,12 +753,26 @@ export const trainingGraph = (
 /**
  * The sampler's graph: KV cache, last-position logits, weights as initializers (or inputs).
  *
+ * With `lora`, the LoRA decode graph instead: the base and the adapters are all graph inputs (a version's engine
+ * feeds the base's arrays as they are and swaps only the adapter), each targeted projection computes
+ * `x·Wᵀ + s·(x·Aᵀ)·Bᵀ`, and every product with a weight is a `FusedMatMul` with `transB = 1`, so that no
+ * `Transpose` of a weight runs per step. Without `lora` the graph is exactly the one it always was.
+ *
  * @category constructors
  * @since 0.1.0
  */
-export const inferenceGraph = (c: ModelConfig.ModelConfig, weights: "inputs" | Weights): Graph.Graph => {
-  const graph = Graph.make("qwen2_decode")
-  forward(graph, c, { kvCache: true, weights, lastTokenOnly: true })
+export const inferenceGraph = (
+  c: ModelConfig.ModelConfig,
+  weights: "inputs" | Weights,
+  lora?: Lora.Config
+): Graph.Graph => {
+  if (lora === undefined) {
+    const graph = Graph.make("qwen2_decode")
+    forward(graph, c, { kvCache: true, weights, lastTokenOnly: true })
+    return graph
+  }
+  const graph = Graph.make("qwen2_lora_decode")
+  forward(graph, c, { kvCache: true, weights: "inputs", lastTokenOnly: true, lora, fusedProducts: true })
   return graph
 }
 
