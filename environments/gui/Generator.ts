@@ -58,6 +58,11 @@ export interface Settings {
    * `tiny-vl` tower (8-pixel patches merged 2 × 2), so a target is one token and its centre one of few coordinates.
    */
   readonly grid?: number | undefined
+  /**
+   * Buttons on a click goal's screen, one of these counts drawn per row (default 3, 1 to 6). One button asks only
+   * where it is; three also ask which it is: a warm-up on both teaches the first part before the second.
+   */
+  readonly buttons?: ReadonlyArray<number> | undefined
 }
 
 /**
@@ -156,9 +161,12 @@ const row = (rng: Sampling.Rng, s: Settings): Row => {
   }
 }
 
+/** A click screen's number of buttons: 3, or one of `buttons` (drawn only then: default rows stay as they were). */
+const buttonCount = (rng: Sampling.Rng, s: Settings): number => (s.buttons === undefined ? 3 : pick(rng, s.buttons))
+
 const clickRow = (rng: Sampling.Rng, s: Settings, maxSteps: number): Row => {
   const size = buttonSize(s)
-  const chosen = shuffled(rng, Screen.colours).slice(0, 3)
+  const chosen = shuffled(rng, Screen.colours).slice(0, buttonCount(rng, s))
   const taken: Array<Screen.Rect> = []
   const buttons = chosen.map((colour) => {
     const rect = place(rng, s, size.w, size.h, taken)
@@ -230,7 +238,7 @@ const gridRow = (rng: Sampling.Rng, s: Settings, cell: number, kind: Kind, maxSt
   const screen = { width: s.width, height: s.height }
   switch (kind) {
     case "click": {
-      const chosen = shuffled(rng, Screen.colours).slice(0, 3)
+      const chosen = shuffled(rng, Screen.colours).slice(0, buttonCount(rng, s))
       const buttons = chosen.map((colour, i) => button(colour, colour, cellRect(cell, cells[i]![0], cells[i]![1])))
       const target = pick(rng, chosen)
       return {

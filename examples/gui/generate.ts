@@ -5,12 +5,13 @@
  * options always write the same bytes.
  *
  *   npx tsx examples/gui/generate.ts [OUT_DIR] [SEED] [NOISE] [--kinds click,form,menu] [--width 64] [--height 64]
- *     [--grid 16] [--screenFirst 1]
+ *     [--grid 16] [--screenFirst 1] [--buttons 1,3]
  *
  * `noise` is the share of demonstrations that start with one random click (then the oracle recovers when the
  * episode allows it): the warm-up then sees mistakes and their repair, and leaves RL something to improve.
  * `grid` (pixels, 0: off) snaps widgets to square cells (`Generator.Settings.grid`); `screenFirst 1` plays the
- * demonstrations under the task option `screenFirst` (a run training on them must set it too).
+ * demonstrations under the task option `screenFirst` (a run training on them must set it too); `buttons` lists the
+ * counts of buttons a click screen may have (`Generator.Settings.buttons`).
  *
  * @since 0.1.0
  */
@@ -19,6 +20,7 @@ import * as Oracle from "../../actors/Oracle.ts"
 import * as Generator from "../../environments/gui/Generator.ts"
 import * as GuiOracle from "../../environments/gui/GuiOracle.ts"
 import * as GuiTask from "../../environments/gui/GuiTask.ts"
+import * as Screen from "../../environments/gui/Screen.ts"
 import * as Dataset from "../../src/Dataset.ts"
 import * as Sampling from "../../src/Sampling.ts"
 import { main } from "../generator.ts"
@@ -42,6 +44,8 @@ export interface Options {
   readonly grid: number
   /** 1: demonstrations under the task option `screenFirst` (the first screen before the question). */
   readonly screenFirst: number
+  /** Buttons per click screen, one count drawn per row. */
+  readonly buttons: ReadonlyArray<number>
 }
 
 /**
@@ -59,7 +63,8 @@ export const defaults: Omit<Options, "dir"> = {
   width: 64,
   height: 64,
   grid: 0,
-  screenFirst: 0
+  screenFirst: 0,
+  buttons: [3]
 }
 
 const isKind = (k: string): k is Generator.Kind => k === "click" || k === "form" || k === "menu"
@@ -78,7 +83,12 @@ export const write = Effect.fn("gui.generate.write")(function*(options: Options)
     width: options.width,
     height: options.height,
     kinds: options.kinds.filter(isKind),
-    grid: options.grid > 0 ? options.grid : undefined
+    grid: options.grid > 0 ? options.grid : undefined,
+    ...(options.buttons.length === 1 && options.buttons[0] === 3 ? {} : { buttons: options.buttons })
+  }
+  const badCount = options.buttons.find((n) => !Number.isInteger(n) || n < 1 || n > Screen.colours.length)
+  if (badCount !== undefined) {
+    return yield* Effect.die(new Error(`--buttons ${badCount}: a click screen has 1 to ${Screen.colours.length}`))
   }
   if (settings.grid !== undefined && (options.width < 3 * settings.grid || options.height < 4 * settings.grid)) {
     const size = `${options.width} × ${options.height}`
