@@ -63,6 +63,8 @@ export interface Settings {
    * where it is; three also ask which it is: a warm-up on both teaches the first part before the second.
    */
   readonly buttons?: ReadonlyArray<number> | undefined
+  /** The screens' backdrop (`Screen.Layout.backdrop`; default plain, the field left out of the rows). */
+  readonly backdrop?: "plain" | "gradient" | undefined
 }
 
 /**
@@ -150,7 +152,11 @@ const button = (id: string, colour: Screen.Colour, rect: Screen.Rect, label: str
 const row = (rng: Sampling.Rng, s: Settings): Row => {
   const kind = pick(rng, s.kinds)
   const maxSteps = shortest[kind] + s.slack
-  if (s.grid !== undefined) return gridRow(rng, s, s.grid, kind, maxSteps)
+  const drawn = s.grid !== undefined ? gridRow(rng, s, s.grid, kind, maxSteps) : placedRow(rng, s, kind, maxSteps)
+  return s.backdrop === undefined ? drawn : { ...drawn, layout: { ...drawn.layout, backdrop: s.backdrop } }
+}
+
+const placedRow = (rng: Sampling.Rng, s: Settings, kind: Kind, maxSteps: number): Row => {
   switch (kind) {
     case "click":
       return clickRow(rng, s, maxSteps)

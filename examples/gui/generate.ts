@@ -5,13 +5,14 @@
  * options always write the same bytes.
  *
  *   npx tsx examples/gui/generate.ts [OUT_DIR] [SEED] [NOISE] [--kinds click,form,menu] [--width 64] [--height 64]
- *     [--grid 16] [--screenFirst 1] [--buttons 1,3]
+ *     [--grid 16] [--screenFirst 1] [--buttons 1,3] [--backdrop gradient]
  *
  * `noise` is the share of demonstrations that start with one random click (then the oracle recovers when the
  * episode allows it): the warm-up then sees mistakes and their repair, and leaves RL something to improve.
  * `grid` (pixels, 0: off) snaps widgets to square cells (`Generator.Settings.grid`); `screenFirst 1` plays the
  * demonstrations under the task option `screenFirst` (a run training on them must set it too); `buttons` lists the
- * counts of buttons a click screen may have (`Generator.Settings.buttons`).
+ * counts of buttons a click screen may have (`Generator.Settings.buttons`); `backdrop gradient` draws the screens on
+ * a faint 2-D gradient (`Screen.Layout.backdrop`).
  *
  * @since 0.1.0
  */
@@ -46,6 +47,8 @@ export interface Options {
   readonly screenFirst: number
   /** Buttons per click screen, one count drawn per row. */
   readonly buttons: ReadonlyArray<number>
+  /** `plain` or `gradient` (`Screen.Layout.backdrop`). */
+  readonly backdrop: string
 }
 
 /**
@@ -64,7 +67,8 @@ export const defaults: Omit<Options, "dir"> = {
   height: 64,
   grid: 0,
   screenFirst: 0,
-  buttons: [3]
+  buttons: [3],
+  backdrop: "plain"
 }
 
 const isKind = (k: string): k is Generator.Kind => k === "click" || k === "form" || k === "menu"
@@ -84,7 +88,11 @@ export const write = Effect.fn("gui.generate.write")(function*(options: Options)
     height: options.height,
     kinds: options.kinds.filter(isKind),
     grid: options.grid > 0 ? options.grid : undefined,
-    ...(options.buttons.length === 1 && options.buttons[0] === 3 ? {} : { buttons: options.buttons })
+    ...(options.buttons.length === 1 && options.buttons[0] === 3 ? {} : { buttons: options.buttons }),
+    ...(options.backdrop === "gradient" ? { backdrop: "gradient" as const } : {})
+  }
+  if (options.backdrop !== "plain" && options.backdrop !== "gradient") {
+    return yield* Effect.die(new Error(`--backdrop ${options.backdrop}: plain or gradient`))
   }
   const badCount = options.buttons.find((n) => !Number.isInteger(n) || n < 1 || n > Screen.colours.length)
   if (badCount !== undefined) {
