@@ -7,10 +7,12 @@
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import * as Oracle from "../../../actors/Oracle.ts"
+import * as Pretrain from "../../../examples/gui/pretrain.ts"
 import * as Probe from "../../../examples/gui/probe.ts"
 import * as Generator from "../../../environments/gui/Generator.ts"
 import * as GuiOracle from "../../../environments/gui/GuiOracle.ts"
 import * as GuiTask from "../../../environments/gui/GuiTask.ts"
+import * as Render from "../../../environments/gui/Render.ts"
 import * as Screen from "../../../environments/gui/Screen.ts"
 import type { Conversation, Message } from "../../../src/Message.ts"
 
@@ -73,6 +75,33 @@ describe("GUI task on a grid", () => {
       const noise = yield* Oracle.rollout({ task, rows, policy: GuiOracle.noise })
       assert.isBelow(Oracle.solveRate(noise), 0.1)
     }), { timeout: 600_000 })
+
+  it.effect("gradient backdrop: the background shows the position; the oracle still reads every screen", () =>
+    Effect.gen(function*() {
+      const shaded = Generator.generate(22, 90, { ...grid, backdrop: "gradient" })
+      const row = shaded.find((r) => r.goal.kind === "click")!
+      const pixels = Render.pixels(Screen.start(row.layout, row.goal, row.maxSteps))
+      // Cells' corners are never covered (1-pixel margins): each shows the gradient's colour there.
+      for (const [x, y] of [[0, 0], [16, 32], [63, 63]] as const) {
+        const i = (y * 64 + x) * 4
+        assert.deepStrictEqual([...pixels.rgba.slice(i, i + 3)], [...Render.gradientAt(x, y, 64, 64)])
+      }
+      const task = GuiTask.make({ screenFirst: true })
+      assert.strictEqual(Oracle.solveRate(yield* Oracle.rollout({ task, rows: shaded, policy: GuiOracle.oracle })), 1)
+      assert.isBelow(Oracle.solveRate(yield* Oracle.rollout({ task, rows: shaded, policy: GuiOracle.noise })), 0.1)
+    }), { timeout: 600_000 })
+
+  it("the pretraining sequence trains the coordinates, and the colour when one button leaves no doubt", () => {
+    const one = Generator.generate(4, 1, { ...grid, kinds: ["click"], buttons: [1] })[0]!
+    const three = Generator.generate(4, 1, { ...grid, kinds: ["click"] })[0]!
+    const centre = (row: Generator.Row) => Screen.centre(row.layout.buttons.find((b) => b.id === (row.goal as { target: string }).target)!.rect)
+    const a = Pretrain.answer(one), b = Pretrain.answer(three)
+    assert.strictEqual(a.text, `${(one.goal as { target: string }).target} ${centre(one).x} ${centre(one).y}`)
+    assert.strictEqual(a.trained, a.text.length)
+    assert.strictEqual(b.trained, `${centre(three).x} ${centre(three).y}`.length)
+    const form = Generator.generate(4, 20, grid).find((r) => r.goal.kind === "form")!
+    assert.throws(() => Pretrain.answer(form), /click rows/)
+  })
 
   it("the probe swaps screens between conversations and keeps their actions", () => {
     const conversation = (url: string, x: number): Conversation => [
