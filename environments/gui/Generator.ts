@@ -52,6 +52,19 @@ export interface Settings {
   readonly kinds: ReadonlyArray<Kind>
   /** Steps allowed beyond the shortest solution (a missed click can be retried). */
   readonly slack: number
+  /**
+   * Snap widgets to a grid of square cells of this many pixels (a widget fills its cell but a 1-pixel margin, a field
+   * three cells, each centre a cell's centre); unset: anywhere. A cell of 16 pixels is one merged token of the
+   * `tiny-vl` tower (8-pixel patches merged 2 × 2), so a target is one token and its centre one of few coordinates.
+   */
+  readonly grid?: number | undefined
+  /**
+   * Buttons on a click goal's screen, one of these counts drawn per row (default 3, 1 to 6). One button asks only
+   * where it is; three also ask which it is: a warm-up on both teaches the first part before the second.
+   */
+  readonly buttons?: ReadonlyArray<number> | undefined
+  /** The screens' backdrop (`Screen.Layout.backdrop`; default plain, the field left out of the rows). */
+  readonly backdrop?: "plain" | "gradient" | undefined
 }
 
 /**
@@ -139,6 +152,11 @@ const button = (id: string, colour: Screen.Colour, rect: Screen.Rect, label: str
 const row = (rng: Sampling.Rng, s: Settings): Row => {
   const kind = pick(rng, s.kinds)
   const maxSteps = shortest[kind] + s.slack
+  const drawn = s.grid !== undefined ? gridRow(rng, s, s.grid, kind, maxSteps) : placedRow(rng, s, kind, maxSteps)
+  return s.backdrop === undefined ? drawn : { ...drawn, layout: { ...drawn.layout, backdrop: s.backdrop } }
+}
+
+const placedRow = (rng: Sampling.Rng, s: Settings, kind: Kind, maxSteps: number): Row => {
   switch (kind) {
     case "click":
       return clickRow(rng, s, maxSteps)
@@ -149,9 +167,12 @@ const row = (rng: Sampling.Rng, s: Settings): Row => {
   }
 }
 
+/** A click screen's number of buttons: 3, or one of `buttons` (drawn only then: default rows stay as they were). */
+const buttonCount = (rng: Sampling.Rng, s: Settings): number => (s.buttons === undefined ? 3 : pick(rng, s.buttons))
+
 const clickRow = (rng: Sampling.Rng, s: Settings, maxSteps: number): Row => {
   const size = buttonSize(s)
-  const chosen = shuffled(rng, Screen.colours).slice(0, 3)
+  const chosen = shuffled(rng, Screen.colours).slice(0, buttonCount(rng, s))
   const taken: Array<Screen.Rect> = []
   const buttons = chosen.map((colour) => {
     const rect = place(rng, s, size.w, size.h, taken)
@@ -200,5 +221,74 @@ const menuRow = (rng: Sampling.Rng, s: Settings, maxSteps: number): Row => {
     layout: { width: s.width, height: s.height, buttons: [], menu: { button: menuButton, items: list } },
     goal: { kind: "menu", item },
     maxSteps
+  }
+}
+
+// ===== On a grid =====
+
+/**
+ * A widget `span` cells wide at cell `(col, r)`: a 1-pixel margin left and right, `cell - 6` pixels tall (at least
+ * 6) and centred in the cell, so its centre is the middle cell's centre.
+ */
+const cellRect = (cell: number, col: number, r: number, span = 1): Screen.Rect => {
+  const h = Math.max(6, cell - 6)
+  return { x: col * cell + 1, y: r * cell + Math.floor((cell - h) / 2), w: span * cell - 2, h }
+}
+
+const gridRow = (rng: Sampling.Rng, s: Settings, cell: number, kind: Kind, maxSteps: number): Row => {
+  const cols = Math.floor(s.width / cell), rowsOf = Math.floor(s.height / cell)
+  if (cols < 3 || rowsOf < 4) {
+    throw new Error(`a ${s.width} × ${s.height} screen has ${cols} × ${rowsOf} cells of ${cell}: at least 3 × 4 needed`)
+  }
+  const cells = shuffled(rng, Array.from({ length: cols * rowsOf }, (_, i) => [i % cols, Math.floor(i / cols)] as const))
+  const screen = { width: s.width, height: s.height }
+  switch (kind) {
+    case "click": {
+      const chosen = shuffled(rng, Screen.colours).slice(0, buttonCount(rng, s))
+      const buttons = chosen.map((colour, i) => button(colour, colour, cellRect(cell, cells[i]![0], cells[i]![1])))
+      const target = pick(rng, chosen)
+      return {
+        question: `Click the ${target} button.`,
+        layout: { ...screen, buttons },
+        goal: { kind: "click", target },
+        maxSteps
+      }
+    }
+    case "form": {
+      const [fc, fr] = [Math.floor(rng.next() * (cols - 2)), Math.floor(rng.next() * rowsOf)]
+      const free = cells.filter(([c, r]) => r !== fr || c < fc || c > fc + 2)
+      const text = pick(rng, words)
+      return {
+        question: `Type ${text} in the box, then press OK.`,
+        layout: {
+          ...screen,
+          buttons: [
+            button("ok", "green", cellRect(cell, free[0]![0], free[0]![1]), "OK"),
+            button("cancel", "red", cellRect(cell, free[1]![0], free[1]![1]), "No")
+          ],
+          field: cellRect(cell, fc, fr, 3)
+        },
+        goal: { kind: "form", text, submit: "ok" },
+        maxSteps
+      }
+    }
+    case "menu": {
+      const items = shuffled(rng, Screen.colours.filter((c) => c !== "purple")).slice(0, 3)
+      const [mc, mr] = [Math.floor(rng.next() * cols), Math.floor(rng.next() * (rowsOf - 3))]
+      const item = pick(rng, items)
+      return {
+        question: `Open the menu and choose ${item}.`,
+        layout: {
+          ...screen,
+          buttons: [],
+          menu: {
+            button: button("menu", "purple", cellRect(cell, mc, mr), "Menu"),
+            items: items.map((colour, i) => button(colour, colour, cellRect(cell, mc, mr + i + 1)))
+          }
+        },
+        goal: { kind: "menu", item },
+        maxSteps
+      }
+    }
   }
 }

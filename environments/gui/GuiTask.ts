@@ -5,7 +5,9 @@
  * row's step limit. Scored 1 when solved, else 0 (`reward/gui/{solved,steps,missed}`).
  *
  * Rows: `{ question, layout, goal, maxSteps }` (`Generator.Row`), from `examples/gui/generate.ts`. Options
- * (`{ "name": "gui", "options": { … } }`): `toolCallFormat`, the weight of a tool-call format term (default 0).
+ * (`{ "name": "gui", "options": { … } }`): `toolCallFormat`, the weight of a tool-call format term (default 0);
+ * `screenFirst`, the first screen in the question's message before its text (default false: a message of its own
+ * after the question), so that its image tokens sit at the same positions whatever the question's length.
  *
  * @since 0.1.0
  */
@@ -143,6 +145,24 @@ export const screenMessage = (state: Screen.State): Message.Message => ({
 })
 
 /**
+ * A row's conversation with its first screen before the question, in one user message.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const screenFirstPrompt = (
+  row: { readonly question?: string | undefined; readonly fields: Generator.Fields },
+  system: string | undefined
+): Message.Conversation => {
+  const { layout, goal, maxSteps } = row.fields
+  const screen = screenMessage(Screen.start(layout, goal, maxSteps)).content
+  return [
+    ...(system === undefined ? [] : [{ role: "system" as const, content: system }]),
+    { role: "user", content: [...(typeof screen === "string" ? [] : screen), { type: "text", text: row.question ?? "" }] }
+  ]
+}
+
+/**
  * The one-line system prompt.
  *
  * @category constants
@@ -156,15 +176,22 @@ export const systemPrompt = "Use the screen: click {x, y} or type {text}."
  * @category constructors
  * @since 0.1.0
  */
-export const make = (options: { readonly toolCallFormat?: number | undefined } = {}): Task.Task =>
+export const make = (
+  options: { readonly toolCallFormat?: number | undefined; readonly screenFirst?: boolean | undefined } = {}
+): Task.Task =>
   Task.make("gui", {
     description: "Operate a drawn screen (buttons, a text field, a menu) by clicking and typing",
     row: Generator.Fields,
+    ...(options.screenFirst === true ? { prompt: screenFirstPrompt } : {}),
     tools,
     reward: ToolCallFormat.withFormat(solved, options.toolCallFormat ?? 0),
     environment: provider(),
     episode: {
-      start: ({ row }) => Effect.flatMap(Gui, (g) => Effect.map(g.reset(row), (state) => [screenMessage(state)])),
+      start: ({ row }) =>
+        Effect.flatMap(
+          Gui,
+          (g) => Effect.map(g.reset(row), (state) => (options.screenFirst === true ? [] : [screenMessage(state)]))
+        ),
       // A turn without an action ends the episode: the screen would not change, so showing it again only costs.
       step: ({ assistant }) =>
         Effect.flatMap(Gui, (g) =>
@@ -192,6 +219,9 @@ export const make = (options: { readonly toolCallFormat?: number | undefined } =
  */
 export const task = Task.withOptions(
   "gui",
-  Schema.Struct({ toolCallFormat: Schema.optionalKey(Schema.Number.check(Schema.isGreaterThanOrEqualTo(0))) }),
+  Schema.Struct({
+    toolCallFormat: Schema.optionalKey(Schema.Number.check(Schema.isGreaterThanOrEqualTo(0))),
+    screenFirst: Schema.optionalKey(Schema.Boolean)
+  }),
   make
 )

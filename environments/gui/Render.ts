@@ -5,6 +5,7 @@
  * @since 0.1.0
  */
 import { createCanvas, GlobalFonts, Image } from "@napi-rs/canvas"
+import type { SKRSContext2D } from "@napi-rs/canvas"
 import { Result } from "effect"
 import { createRequire } from "node:module"
 import { dirname, join } from "node:path"
@@ -30,6 +31,37 @@ const registerFont = (): void => {
  */
 export const chrome = { background: "#f0f0f0", border: "#202020", field: "#ffffff", focus: "#0a64ff" } as const
 
+/**
+ * The `gradient` backdrop's colour at a pixel: red grows with the column, green with the row, blue fixed, each in
+ * 176–239 — never a palette colour, the field's white or the focus blue, so the oracle reads the screen as before.
+ * A screen position is then in the pixels themselves, which a tower without absolute positions (2-D rotary only)
+ * otherwise lacks.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const gradientAt = (
+  x: number,
+  y: number,
+  width: number,
+  height: number
+): readonly [number, number, number] => [176 + Math.floor((64 * x) / width), 176 + Math.floor((64 * y) / height), 208]
+
+const fillGradient = (g: SKRSContext2D, width: number, height: number) => {
+  const image = g.createImageData(width, height)
+  for (let y = 0; y < height; y++) {
+    for (let x = 0; x < width; x++) {
+      const [r, gr, b] = gradientAt(x, y, width, height)
+      const i = (y * width + x) * 4
+      image.data[i] = r
+      image.data[i + 1] = gr
+      image.data[i + 2] = b
+      image.data[i + 3] = 255
+    }
+  }
+  g.putImageData(image, 0, 0)
+}
+
 // Labels are never pure white: the field's #ffffff is the one pure white on a screen (the oracle finds it by that).
 const textOn = (colour: Screen.Colour): string => (colour === "yellow" || colour === "orange" ? "#000000" : "#f8f8f8")
 
@@ -50,8 +82,11 @@ const draw = (state: Screen.State) => {
   const { width, height } = state.layout
   const canvas = createCanvas(width, height)
   const g = canvas.getContext("2d")
-  g.fillStyle = chrome.background
-  g.fillRect(0, 0, width, height)
+  if (state.layout.backdrop === "gradient") fillGradient(g, width, height)
+  else {
+    g.fillStyle = chrome.background
+    g.fillRect(0, 0, width, height)
+  }
   const fontPx = Math.max(6, Math.floor(height / 10))
   g.font = `${fontPx}px ${family}`
   g.textBaseline = "middle"

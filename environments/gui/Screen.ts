@@ -65,8 +65,8 @@ export const Button = Schema.Struct({
 export type Button = typeof Button.Type
 
 /**
- * A screen as a row describes it: its size, its buttons, an optional text field and an optional menu (a button that
- * opens a list of items under it).
+ * A screen as a row describes it: its size, its buttons, an optional text field, an optional menu (a button that
+ * opens a list of items under it) and its backdrop.
  *
  * @category models
  * @since 0.1.0
@@ -76,7 +76,9 @@ export const Layout = Schema.Struct({
   height: Schema.Int.check(Schema.isBetween({ minimum: 16, maximum: 1024 })),
   buttons: Schema.Array(Button),
   field: Schema.optionalKey(Rect),
-  menu: Schema.optionalKey(Schema.Struct({ button: Button, items: Schema.Array(Button) }))
+  menu: Schema.optionalKey(Schema.Struct({ button: Button, items: Schema.Array(Button) })),
+  /** The background: plain grey (the default), or a faint 2-D gradient that shows where on the screen a pixel is. */
+  backdrop: Schema.optionalKey(Schema.Literals(["plain", "gradient"]))
 })
 export type Layout = typeof Layout.Type
 

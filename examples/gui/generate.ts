@@ -5,9 +5,14 @@
  * options always write the same bytes.
  *
  *   npx tsx examples/gui/generate.ts [OUT_DIR] [SEED] [NOISE] [--kinds click,form,menu] [--width 64] [--height 64]
+ *     [--grid 16] [--screenFirst 1] [--buttons 1,3] [--backdrop gradient]
  *
  * `noise` is the share of demonstrations that start with one random click (then the oracle recovers when the
  * episode allows it): the warm-up then sees mistakes and their repair, and leaves RL something to improve.
+ * `grid` (pixels, 0: off) snaps widgets to square cells (`Generator.Settings.grid`); `screenFirst 1` plays the
+ * demonstrations under the task option `screenFirst` (a run training on them must set it too); `buttons` lists the
+ * counts of buttons a click screen may have (`Generator.Settings.buttons`); `backdrop gradient` draws the screens on
+ * a faint 2-D gradient (`Screen.Layout.backdrop`).
  *
  * @since 0.1.0
  */
@@ -16,6 +21,7 @@ import * as Oracle from "../../actors/Oracle.ts"
 import * as Generator from "../../environments/gui/Generator.ts"
 import * as GuiOracle from "../../environments/gui/GuiOracle.ts"
 import * as GuiTask from "../../environments/gui/GuiTask.ts"
+import * as Screen from "../../environments/gui/Screen.ts"
 import * as Dataset from "../../src/Dataset.ts"
 import * as Sampling from "../../src/Sampling.ts"
 import { main } from "../generator.ts"
@@ -35,6 +41,14 @@ export interface Options {
   readonly kinds: ReadonlyArray<string>
   readonly width: number
   readonly height: number
+  /** Cell size in pixels of the grid widgets snap to; 0: no grid. */
+  readonly grid: number
+  /** 1: demonstrations under the task option `screenFirst` (the first screen before the question). */
+  readonly screenFirst: number
+  /** Buttons per click screen, one count drawn per row. */
+  readonly buttons: ReadonlyArray<number>
+  /** `plain` or `gradient` (`Screen.Layout.backdrop`). */
+  readonly backdrop: string
 }
 
 /**
@@ -50,7 +64,11 @@ export const defaults: Omit<Options, "dir"> = {
   demos: 1000,
   kinds: ["click", "form", "menu"],
   width: 64,
-  height: 64
+  height: 64,
+  grid: 0,
+  screenFirst: 0,
+  buttons: [3],
+  backdrop: "plain"
 }
 
 const isKind = (k: string): k is Generator.Kind => k === "click" || k === "form" || k === "menu"
@@ -68,7 +86,21 @@ export const write = Effect.fn("gui.generate.write")(function*(options: Options)
     ...Generator.defaults,
     width: options.width,
     height: options.height,
-    kinds: options.kinds.filter(isKind)
+    kinds: options.kinds.filter(isKind),
+    grid: options.grid > 0 ? options.grid : undefined,
+    ...(options.buttons.length === 1 && options.buttons[0] === 3 ? {} : { buttons: options.buttons }),
+    ...(options.backdrop === "gradient" ? { backdrop: "gradient" as const } : {})
+  }
+  if (options.backdrop !== "plain" && options.backdrop !== "gradient") {
+    return yield* Effect.die(new Error(`--backdrop ${options.backdrop}: plain or gradient`))
+  }
+  const badCount = options.buttons.find((n) => !Number.isInteger(n) || n < 1 || n > Screen.colours.length)
+  if (badCount !== undefined) {
+    return yield* Effect.die(new Error(`--buttons ${badCount}: a click screen has 1 to ${Screen.colours.length}`))
+  }
+  if (settings.grid !== undefined && (options.width < 3 * settings.grid || options.height < 4 * settings.grid)) {
+    const size = `${options.width} × ${options.height}`
+    return yield* Effect.die(new Error(`--grid ${settings.grid} needs a screen of at least 3 × 4 cells, got ${size}`))
   }
   const split = (count: number, salt: number) => Generator.generate(options.seed * 4 + salt, count, settings)
   const demoRows = split(options.demos, 3)
@@ -79,7 +111,7 @@ export const write = Effect.fn("gui.generate.write")(function*(options: Options)
     const slips = first && screen !== undefined && Sampling.rng(options.seed ^ hash(screen)).next() < options.noise
     return slips ? GuiOracle.noise(messages) : GuiOracle.oracle(messages)
   }
-  const played = yield* Oracle.rollout({ task: GuiTask.make(), rows: demoRows, policy })
+  const played = yield* Oracle.rollout({ task: GuiTask.make({ screenFirst: options.screenFirst === 1 }), rows: demoRows, policy })
   return yield* Dataset.writeSplits(options.dir, {
     train: split(options.train, 0),
     heldOut: split(options.heldOut, 1),
