@@ -28,32 +28,13 @@ import * as ModelConfig from "../src/model/ModelConfig.ts"
 import * as ModelFolder from "../src/ModelFolder.ts"
 import * as Qwen2 from "../src/model/Qwen2.ts"
 import * as Optimizer from "../src/Optimizer.ts"
-import type * as Packing from "../src/Packing.ts"
+import { microBatch } from "../scripts/shapes.ts"
 import type { BenchResult } from "./run.ts"
 
 const GiB = 1024 ** 3
 const all: Lora.Config = { rank: 16, alpha: 32, targets: [...Lora.moduleNames] }
 const batch = Number(process.env["LORA_BENCH_BATCH"] ?? 2)
 const length = Number(process.env["LORA_BENCH_LENGTH"] ?? 256)
-
-const microBatch = (c: ModelConfig.ModelConfig): Packing.MicroBatch => {
-  const n = batch * length
-  const ids = Int32Array.from({ length: n }, (_, i) => (i * 7919) % c.vocabSize)
-  return {
-    batch,
-    length,
-    inputIds: ids,
-    attentionMask: new Uint8Array(n).fill(1),
-    targets: Int32Array.from(ids, (t) => (t + 1) % c.vocabSize),
-    mask: new Uint8Array(n).fill(1),
-    weights: new Float32Array(n).fill(1 / n),
-    advantages: new Float32Array(n),
-    samplerLogprobs: new Float32Array(n),
-    refLogprobs: new Float32Array(n),
-    sequenceIndex: Int32Array.from({ length: batch }, (_, i) => i),
-    lossTokens: n
-  }
-}
 
 interface StepFigures {
   readonly preset: string
@@ -88,7 +69,7 @@ const oneStep = (preset: string, mode: "full" | "lora") =>
       schedule: LrSchedule.constant(1e-4),
       intraOpThreads: 1
     })
-    const mb = microBatch(config)
+    const mb = microBatch(config, batch, length)
     let stepS = 0, cpuS = 0
     for (let s = 0; s < 2; s++) {
       const t0 = performance.now(), c0 = process.cpuUsage()

@@ -50,51 +50,12 @@ import * as OnnxTrainer from "../src/backends/OnnxTrainer.ts"
 import * as Loss from "../src/Loss.ts"
 import * as LrSchedule from "../src/LrSchedule.ts"
 import * as ModelConfig from "../src/model/ModelConfig.ts"
-import * as Qwen2 from "../src/model/Qwen2.ts"
 import * as Optimizer from "../src/Optimizer.ts"
-import type * as Packing from "../src/Packing.ts"
-import { qwen25Width } from "./shapes.ts"
+import { microBatch, qwen25Width, weightsOf } from "./shapes.ts"
 
 const GiB = 1024 ** 3
 
 export { qwen25Width }
-
-/** Cheap random weights (uniform, std ≈ 0.02): `Qwen2.initWeights`' normal draws take a minute at this size. */
-const weightsOf = (c: ModelConfig.ModelConfig): Map<string, Float32Array> => {
-  let s = 0x9e3779b9
-  const out = new Map<string, Float32Array>()
-  for (const spec of Qwen2.parameters(c)) {
-    const data = new Float32Array(spec.shape.reduce((a, b) => a * b, 1))
-    if (spec.init === "ones") data.fill(1)
-    else if (spec.init === "normal") {
-      for (let i = 0; i < data.length; i++) {
-        s ^= s << 13, s ^= s >>> 17, s ^= s << 5
-        data[i] = ((s >>> 0) / 4294967296 - 0.5) * 0.07
-      }
-    }
-    out.set(spec.name, data)
-  }
-  return out
-}
-
-const microBatch = (c: ModelConfig.ModelConfig, batch: number, length: number): Packing.MicroBatch => {
-  const n = batch * length
-  const ids = Int32Array.from({ length: n }, (_, i) => (i * 7919) % c.vocabSize)
-  return {
-    batch,
-    length,
-    inputIds: ids,
-    attentionMask: new Uint8Array(n).fill(1),
-    targets: Int32Array.from(ids, (t) => (t + 1) % c.vocabSize),
-    mask: new Uint8Array(n).fill(1),
-    weights: new Float32Array(n).fill(1 / n),
-    advantages: new Float32Array(n),
-    samplerLogprobs: new Float32Array(n),
-    refLogprobs: new Float32Array(n),
-    sequenceIndex: Int32Array.from({ length: batch }, (_, i) => i),
-    lossTokens: n
-  }
-}
 
 const rssGiB = () => process.memoryUsage.rss() / GiB
 /** With `--marks`, a phase boundary on stderr with the wall clock, to line up with an outside RSS trace. */

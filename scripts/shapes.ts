@@ -1,7 +1,10 @@
 /**
- * Published model shapes the memory and sampling scripts build models at (no side effects: scripts import it).
+ * What the memory and sampling scripts (and the LoRA bench) build their models from: published model shapes, cheap
+ * random weights and a synthetic micro-batch (no side effects: scripts import it).
  */
 import type * as ModelConfig from "../src/model/ModelConfig.ts"
+import * as Qwen2 from "../src/model/Qwen2.ts"
+import type * as Packing from "../src/Packing.ts"
 
 /** Qwen2.5-0.5B's published shapes (`config.json` of Qwen/Qwen2.5-0.5B-Instruct), cut to `layers`. */
 export const qwen25Width = (layers: number): ModelConfig.ModelConfig => ({
@@ -19,3 +22,41 @@ export const qwen25Width = (layers: number): ModelConfig.ModelConfig => ({
   attentionBias: true,
   learnedPositions: false
 })
+
+/** Cheap random weights (uniform, std ≈ 0.02; norms ones): `Qwen2.initWeights`' normal draws take a minute at 0.5 B. */
+export const weightsOf = (c: ModelConfig.ModelConfig): Map<string, Float32Array> => {
+  let s = 0x9e3779b9
+  const out = new Map<string, Float32Array>()
+  for (const spec of Qwen2.parameters(c)) {
+    const data = new Float32Array(spec.shape.reduce((a, b) => a * b, 1))
+    if (spec.init === "ones") data.fill(1)
+    else if (spec.init === "normal") {
+      for (let i = 0; i < data.length; i++) {
+        s ^= s << 13, s ^= s >>> 17, s ^= s << 5
+        data[i] = ((s >>> 0) / 4294967296 - 0.5) * 0.07
+      }
+    }
+    out.set(spec.name, data)
+  }
+  return out
+}
+
+/** `batch` rows of `length` synthetic tokens, every token in the loss (an SFT-shaped micro-batch). */
+export const microBatch = (c: ModelConfig.ModelConfig, batch: number, length: number): Packing.MicroBatch => {
+  const n = batch * length
+  const ids = Int32Array.from({ length: n }, (_, i) => (i * 7919) % c.vocabSize)
+  return {
+    batch,
+    length,
+    inputIds: ids,
+    attentionMask: new Uint8Array(n).fill(1),
+    targets: Int32Array.from(ids, (t) => (t + 1) % c.vocabSize),
+    mask: new Uint8Array(n).fill(1),
+    weights: new Float32Array(n).fill(1 / n),
+    advantages: new Float32Array(n),
+    samplerLogprobs: new Float32Array(n),
+    refLogprobs: new Float32Array(n),
+    sequenceIndex: Int32Array.from({ length: batch }, (_, i) => i),
+    lossTokens: n
+  }
+}

@@ -1,25 +1,11 @@
 import { assert, describe, it } from "@effect/vitest"
 import * as MemoryEstimate from "../../src/MemoryEstimate.ts"
-import type * as ModelConfig from "../../src/model/ModelConfig.ts"
+import { qwen25Width } from "../../scripts/shapes.ts"
 
 const GiB = 1024 ** 3
 
-/** Qwen2.5-0.5B's shapes at `layers` layers. */
-const qwen = (layers: number): ModelConfig.ModelConfig => ({
-  modelType: "qwen2",
-  vocabSize: 151936,
-  hiddenSize: 896,
-  numHiddenLayers: layers,
-  numAttentionHeads: 14,
-  numKeyValueHeads: 2,
-  intermediateSize: 4864,
-  maxPositionEmbeddings: 32768,
-  ropeTheta: 1000000,
-  rmsNormEps: 1e-6,
-  tieWordEmbeddings: true,
-  attentionBias: true,
-  learnedPositions: false
-})
+// Qwen2.5-0.5B's shapes at `layers` layers (the memory scripts build the same).
+const qwen = qwen25Width
 
 const learner = { microBatchSize: 4, sequenceLength: 512, workers: 1, engine: false }
 
