@@ -21,31 +21,14 @@ import type * as Loss from "../src/Loss.ts"
 import * as LrSchedule from "../src/LrSchedule.ts"
 import * as ModelFolder from "../src/ModelFolder.ts"
 import * as Packing from "../src/Packing.ts"
-import * as Sampling from "../src/Sampling.ts"
 import * as Datums from "../src/tinker/Datums.ts"
 import * as T from "../src/tinker/Types.ts"
+import { median, sequences } from "./internal/demoBatch.ts"
 import type { BenchResult } from "./run.ts"
 
 const ROUNDS = 12
 const WARMUP = 3
-const median = (xs: ReadonlyArray<number>) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!
 
-/** 8 groups of 8 chains: prompts of 79–88 tokens, chains' own tokens 93–153 (the demo's recorded shape). */
-const sequences = (): Array<Packing.Sequence> => {
-  const r = Sampling.rng(1)
-  const token = () => Math.floor(r.next() * 250)
-  return Array.from({ length: 8 }, () => Array.from({ length: 79 + Math.floor(r.next() * 10) }, token)).flatMap((p) =>
-    Array.from({ length: 8 }, (_, m) => {
-      const ids = [...p, ...Array.from({ length: 93 + Math.floor(r.next() * 60) }, token)]
-      return {
-        tokenIds: Int32Array.from(ids),
-        lossMask: Uint8Array.from(ids, (_, t) => (t >= p.length ? 1 : 0)),
-        samplerLogprobs: Float32Array.from(ids, () => -1),
-        advantages: Float32Array.from(ids, () => (m % 2 === 0 ? 1 : -1))
-      }
-    })
-  )
-}
 
 /** `agentfly trainer --port 0 --tinker-model tiny` for the life of the scope: its base URL. */
 const serverProcess = (stateDir: string) =>

@@ -26,33 +26,16 @@ import * as ModelConfig from "../src/model/ModelConfig.ts"
 import * as Qwen2 from "../src/model/Qwen2.ts"
 import * as Optimizer from "../src/Optimizer.ts"
 import * as Packing from "../src/Packing.ts"
-import * as Sampling from "../src/Sampling.ts"
 import * as Datums from "../src/tinker/Datums.ts"
 import * as Tinker from "../src/tinker/Types.ts"
+import { median, sequences } from "./internal/demoBatch.ts"
 import type { BenchResult } from "./run.ts"
 
 const ROUNDS = 12
 // Steps of each side before timing: the first few are slower on both (graph compilation, arenas growing).
 const WARMUP = 4
 const c = ModelConfig.presets.tiny
-const median = (xs: ReadonlyArray<number>) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!
 
-/** 8 groups of 8 chains: prompts of 79–88 tokens, chains' own tokens 93–153 (the demo's recorded shape). */
-const sequences = (): Array<Packing.Sequence> => {
-  const r = Sampling.rng(1)
-  const token = () => Math.floor(r.next() * 250)
-  return Array.from({ length: 8 }, () => Array.from({ length: 79 + Math.floor(r.next() * 10) }, token)).flatMap((p) =>
-    Array.from({ length: 8 }, (_, m) => {
-      const ids = [...p, ...Array.from({ length: 93 + Math.floor(r.next() * 60) }, token)]
-      return {
-        tokenIds: Int32Array.from(ids),
-        lossMask: Uint8Array.from(ids, (_, t) => (t >= p.length ? 1 : 0)),
-        samplerLogprobs: Float32Array.from(ids, () => -1),
-        advantages: Float32Array.from(ids, () => (m % 2 === 0 ? 1 : -1))
-      }
-    })
-  )
-}
 
 const encodeRequest = Schema.encodeSync(Tinker.ForwardBackwardRequest)
 const decodeRequest = Schema.decodeUnknownSync(Tinker.ForwardBackwardRequest)

@@ -24,7 +24,7 @@ import * as Qwen2 from "../src/model/Qwen2.ts"
 import * as Optimizer from "../src/Optimizer.ts"
 import * as Packing from "../src/Packing.ts"
 import type * as GradientBackend from "../src/GradientBackend.ts"
-import * as Sampling from "../src/Sampling.ts"
+import { median, sequences } from "./internal/demoBatch.ts"
 import type { BenchResult } from "./run.ts"
 
 const ROUNDS = 16
@@ -33,24 +33,7 @@ const WARMUP = 5
 // `BENCH_TRAINER_PRESET=small` for the small preset (15 MB of weights a step instead of 2.7).
 const preset = (process.env["BENCH_TRAINER_PRESET"] ?? "tiny") as ModelConfig.PresetName
 const c = ModelConfig.presets[preset]
-const median = (xs: ReadonlyArray<number>) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!
 
-/** 8 groups of 8 chains: prompts of 79–88 tokens, chains' own tokens 93–153 (the demo's recorded shape). */
-const sequences = (): Array<Packing.Sequence> => {
-  const r = Sampling.rng(1)
-  const token = () => Math.floor(r.next() * 250)
-  return Array.from({ length: 8 }, () => Array.from({ length: 79 + Math.floor(r.next() * 10) }, token)).flatMap((p) =>
-    Array.from({ length: 8 }, (_, m) => {
-      const ids = [...p, ...Array.from({ length: 93 + Math.floor(r.next() * 60) }, token)]
-      return {
-        tokenIds: Int32Array.from(ids),
-        lossMask: Uint8Array.from(ids, (_, t) => (t >= p.length ? 1 : 0)),
-        samplerLogprobs: Float32Array.from(ids, () => -1),
-        advantages: Float32Array.from(ids, () => (m % 2 === 0 ? 1 : -1))
-      }
-    })
-  )
-}
 
 /** `agentfly trainer --port 0` in a child process, for the life of the scope; its API root. */
 const trainerProcess = Effect.acquireRelease(
