@@ -32,7 +32,7 @@ import * as ModelConfig from "../src/model/ModelConfig.ts"
 import * as Qwen2 from "../src/model/Qwen2.ts"
 import * as Sampling from "../src/Sampling.ts"
 import * as Tokenizer from "../src/Tokenizer.ts"
-import { llama, loadModel, logSoftmax, ours, peakedWeights } from "../test/parity/engines.ts"
+import { exactContext, llama, loadModel, logSoftmax, ours, peakedWeights } from "../test/parity/engines.ts"
 import { qwen25Width } from "./shapes.ts"
 
 const arg = (name: string, fallback: string) => {
@@ -70,15 +70,7 @@ interface Sampled {
 
 /** Draws from llama.cpp's full next-token distribution, position by position (temperature 1). */
 const sample = async (model: LlamaModel, prompt: ReadonlyArray<number>, seed: number): Promise<Sampled> => {
-  const context = await model.createContext({
-    contextSize: 512,
-    batchSize: 512,
-    sequences: 1,
-    threads: 2,
-    flashAttention: false,
-    experimentalKvCacheKeyType: "F32",
-    experimentalKvCacheValueType: "F32"
-  })
+  const context = await exactContext(model)
   const sequence = context.getSequence()
   const r = Sampling.rng(seed)
   const result: Sampled = { prompt, tokens: [], logprobs: [], entropies: [] }

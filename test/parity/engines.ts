@@ -139,20 +139,27 @@ export const loadModel = (
   )
 
 /**
+ * A llama.cpp context that computes as our engine does: one sequence of up to 512 positions, F32 KV cache, no flash
+ * attention, 2 threads (what parity and the sampling checks compare against).
+ */
+export const exactContext = (model: LlamaModel) =>
+  model.createContext({
+    contextSize: 512,
+    batchSize: 512,
+    sequences: 1,
+    threads: 2,
+    flashAttention: false,
+    experimentalKvCacheKeyType: "F32",
+    experimentalKvCacheValueType: "F32"
+  })
+
+/**
  * llama.cpp's top `k` next tokens and their log-probabilities at every position of `ids` (F32 KV cache, no flash
  * attention), and a greedy continuation of `ids` by `n` tokens.
  */
 export const llamaScores = (model: LlamaModel, ids: ReadonlyArray<number>, k: number, n: number) =>
   Effect.promise(async () => {
-    const context = await model.createContext({
-      contextSize: 512,
-      batchSize: 512,
-      sequences: 1,
-      threads: 2,
-      flashAttention: false,
-      experimentalKvCacheKeyType: "F32",
-      experimentalKvCacheValueType: "F32"
-    })
+    const context = await exactContext(model)
     try {
       const sequence = context.getSequence()
       // node-llama-cpp 3.21 (the newest whose prebuilt binaries are all on the registry) gives each position's

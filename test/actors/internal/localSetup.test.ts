@@ -4,27 +4,13 @@ import { Effect, FileSystem, Scope } from "effect"
 import { totalmem } from "node:os"
 import { checkMemory, MachineMemory, machineMemory, type Setup } from "../../../actors/internal/localSetup.ts"
 import * as MemoryEstimate from "../../../src/MemoryEstimate.ts"
-import type * as ModelConfig from "../../../src/model/ModelConfig.ts"
 import type * as ModelFolder from "../../../src/ModelFolder.ts"
 import * as TrainConfig from "../../../src/TrainConfig.ts"
+import { qwen25Width } from "../../../scripts/shapes.ts"
 
 const GiB = 1024 ** 3
 
-const qwen05: ModelConfig.ModelConfig = {
-  modelType: "qwen2",
-  vocabSize: 151936,
-  hiddenSize: 896,
-  numHiddenLayers: 24,
-  numAttentionHeads: 14,
-  numKeyValueHeads: 2,
-  intermediateSize: 4864,
-  maxPositionEmbeddings: 32768,
-  ropeTheta: 1000000,
-  rmsNormEps: 1e-6,
-  tieWordEmbeddings: true,
-  attentionBias: true,
-  learnedPositions: false
-}
+const qwen05 = qwen25Width(24)
 
 /** The parts of a setup the check reads: the model's config, the run's config, the file system. */
 const setupOf = (config: TrainConfig.TrainConfig) =>
