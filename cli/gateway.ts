@@ -25,16 +25,12 @@ import { Command, Flag } from "effect/cli"
 import { FetchHttpClient } from "effect/http"
 import * as ChainFormat from "../actors/ChainFormat.ts"
 import * as Auth from "../actors/internal/auth.ts"
-import { visionOf } from "../actors/internal/localVersions.ts"
 import * as Gateway from "../actors/Gateway.ts"
-import * as PolicyEngine from "../actors/PolicyEngine.ts"
 import * as OpenAiCompatSampler from "../src/backends/OpenAiCompatSampler.ts"
 import * as ChatTemplate from "../src/ChatTemplate.ts"
-import * as ModelFolder from "../src/ModelFolder.ts"
 import { Sampler } from "../src/Sampler.ts"
 import * as Tokenizer from "../src/Tokenizer.ts"
-import { verifiedCheckpoint } from "./eval.ts"
-import { trainedPolicyFlags } from "./serve.ts"
+import { servedPolicy, trainedPolicyFlags } from "./serve.ts"
 import { exitOnFailure } from "./train.ts"
 
 /**
@@ -66,24 +62,6 @@ export interface Options {
   readonly maxEpisodes?: number | undefined
 }
 
-/** The model folder (or a run's checkpoint of it) on the local engine, and the folder it came from. */
-const localEngine = Effect.fnUntraced(function*(options: Options) {
-  const folder = yield* ModelFolder.load(options.modelDir)
-  const trained = options.checkpoint === undefined
-    ? undefined
-    : yield* verifiedCheckpoint(options.checkpoint, ModelFolder.parameters(folder))
-  const vision = visionOf(folder)
-  const engine = yield* PolicyEngine.make({
-    config: folder.config,
-    weights: trained?.weights ?? folder.weights,
-    // A folder with a tower (`tiny-vl`) answers image parts: its engine runs the tower.
-    ...(vision === undefined ? {} : { vision }),
-    version: trained?.policyVersion ?? 0,
-    ...(options.threads === undefined ? {} : { intraOpNumThreads: options.threads })
-  })
-  return { folder, sampler: Sampler.of({ generate: (r) => engine.generate(r), policyVersion: engine.policyVersion }) }
-})
-
 /**
  * Starts the gateway in the current scope and returns it (the command then waits forever).
  *
@@ -106,10 +84,12 @@ export const start = Effect.fn("cli.gateway.start")(function*(
   let name: string
   let positions: number | undefined
   if (options.upstream === undefined) {
-    const local = yield* localEngine(options)
-    sampler = local.sampler
-    ;({ tokenizer, template, name } = local.folder)
-    positions = local.folder.config.maxPositionEmbeddings
+    const { folder, engine } = yield* servedPolicy(options.modelDir, options.checkpoint, {
+      ...(options.threads === undefined ? {} : { intraOpNumThreads: options.threads })
+    })
+    sampler = Sampler.of({ generate: (r) => engine.generate(r), policyVersion: engine.policyVersion })
+    ;({ tokenizer, template, name } = folder)
+    positions = folder.config.maxPositionEmbeddings
   } else {
     if (options.checkpoint !== undefined) {
       return yield* Effect.fail(

@@ -58,6 +58,31 @@ export const trainedPolicyFlags = {
 }
 
 /**
+ * A model folder, or a run's checkpoint of it, on a local engine: what `serve` and the gateway answer with. A folder
+ * with a tower (`tiny-vl`) gets an engine that runs it; a checkpoint's weights answer with the run's policy version
+ * at that step (the folder's are 0).
+ */
+export const servedPolicy = Effect.fnUntraced(function*(
+  modelDir: string,
+  checkpoint: string | undefined,
+  engineOptions: { readonly maxBatchSize?: number; readonly intraOpNumThreads?: number }
+) {
+  const folder = yield* ModelFolder.load(modelDir)
+  const trained = checkpoint === undefined
+    ? undefined
+    : yield* verifiedCheckpoint(checkpoint, ModelFolder.parameters(folder))
+  const vision = visionOf(folder)
+  const engine = yield* PolicyEngine.make({
+    config: folder.config,
+    weights: trained?.weights ?? folder.weights,
+    ...(vision === undefined ? {} : { vision }),
+    version: trained?.policyVersion ?? 0,
+    ...engineOptions
+  })
+  return { folder, trained, engine }
+})
+
+/**
  * @category commands
  * @since 0.1.0
  */
@@ -116,17 +141,8 @@ export const serve = Command.make(
       host,
       also: [token]
     })
-    const folder = yield* ModelFolder.load(modelDir)
     const from = Option.getOrUndefined(checkpoint)
-    const trained = from === undefined ? undefined : yield* verifiedCheckpoint(from, ModelFolder.parameters(folder))
-    const vision = visionOf(folder)
-    const engine = yield* PolicyEngine.make({
-      config: folder.config,
-      weights: trained?.weights ?? folder.weights,
-      // A folder with a tower (`tiny-vl`) answers image parts: its engine runs the tower.
-      ...(vision === undefined ? {} : { vision }),
-      // A checkpoint's weights answer with the run's policy version at that step (the folder's are 0).
-      version: trained?.policyVersion ?? 0,
+    const { folder, trained, engine } = yield* servedPolicy(modelDir, from, {
       maxBatchSize,
       ...(Option.isSome(threads) ? { intraOpNumThreads: threads.value } : {})
     })
