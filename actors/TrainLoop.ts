@@ -119,6 +119,8 @@ interface Batch {
   readonly sampled: ReadonlyArray<SampledGroup>
   readonly kept: ReadonlyArray<SampledGroup>
   readonly batches: number
+  /** Wall seconds its sampling took: it may run beside an evaluation or the previous step, so not the step's. */
+  readonly seconds: number
 }
 
 /** A run, prepared: its inputs, services and open files, and the functions every step shares. */
@@ -471,13 +473,15 @@ const rolledOut = Effect.fnUntraced(function*(
  */
 const batchFor = Effect.fn("TrainLoop.batch")(function*(run: Run, step: number, version: number) {
   yield* Effect.annotateCurrentSpan({ step, "policy.version": version })
+  const start = yield* Clock.currentTimeMillis
+  const since = Effect.map(Clock.currentTimeMillis, (now) => (now - start) / 1000)
   const { config } = run
   const B = config.algorithm.groupsPerStep
   const order = { rows: run.train.rows.length, seed: config.seed, groupsPerStep: B }
   const first = RunSchedule.batchRows(step, order)
   const sampled = [...yield* rolledOut(run, first.rows, first.firstSeq, version)]
   const dynamic = config.algorithm.dynamicSampling
-  if (dynamic === undefined) return { sampled, kept: sampled, batches: 1 } satisfies Batch
+  if (dynamic === undefined) return { sampled, kept: sampled, batches: 1, seconds: yield* since } satisfies Batch
   const kept = sampled.filter((s) => Trajectory.rewardsDiffer(s.group))
   let batches = 1
   while (batches < dynamic.maxBatches && kept.length < B) {
@@ -487,7 +491,7 @@ const batchFor = Effect.fn("TrainLoop.batch")(function*(run: Run, step: number, 
     kept.push(...more.filter((s) => Trajectory.rewardsDiffer(s.group)))
     batches++
   }
-  return { sampled, kept: kept.slice(0, B), batches } satisfies Batch
+  return { sampled, kept: kept.slice(0, B), batches, seconds: yield* since } satisfies Batch
 })
 
 // ===== A training step =====
@@ -533,7 +537,8 @@ const trainStep = Effect.fn("TrainLoop.step")(function*(
     ...outcome.figures,
     ...(yield* run.setup.runtime.environmentStats),
     ...(yield* stepCounts(run)),
-    "perf/tokens_per_s": rollout["rollout/policy_tokens"]! / Math.max(1e-3, (t2 - t0) / 1000),
+    // Sampling's rate over the batch's own sampling time (it may have run beside an evaluation).
+    "perf/tokens_per_s": rollout["rollout/policy_tokens"]! / Math.max(1e-3, batch.seconds),
     "time/step_s": (t2 - t0) / 1000,
     "time/wait_rollout_s": (t1 - t0) / 1000,
     "time/learn_s": (t2 - t1) / 1000
