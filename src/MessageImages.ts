@@ -94,9 +94,13 @@ const resolveKnown = (
     }
     const parts: Array<Message.ContentPart> = []
     for (const part of message.content) {
-      const ref = part.type === "image_url" ? Image.knownUrl(part.image_url.url) : undefined
-      if (part.type === "image_url" && ref === undefined) return undefined
-      parts.push(ref === undefined ? part : { ...part, image: ref })
+      if (part.type !== "image_url") {
+        parts.push(part)
+        continue
+      }
+      const ref = Image.knownUrl(part.image_url.url)
+      if (ref === undefined) return undefined
+      parts.push({ ...part, image: ref })
     }
     out.push({ ...message, content: parts } as Message.Message)
   }
