@@ -18,9 +18,10 @@
  *
  * Why eight warm-up rounds: the runtime is far more code than the bare loop, and V8 keeps compiling it (TurboFan, on
  * its worker threads, which `process.cpuUsage` counts) for about eight rounds of 256 episodes: measured per thread
- * (`/proc/self/task`) on the runtime alone, those threads used 200–400 µs of CPU an action in rounds 1–5 and ≈ 50
- * from round 10 on, and the main thread's own time fell from ≈ 850 to ≈ 530 µs an action (2026-12-07, load ≈ 9).
- * After one warm-up round, about a third of the runtime's CPU in the timed rounds was that warming up; a run's
+ * (`/proc/self/task`) on the runtime alone, those threads used 200–400 µs of CPU an action in rounds 1–5, 100–160 in
+ * rounds 6–13 and ≈ 50 after, and the main thread's own time fell from ≈ 850 to ≈ 530 µs an action by round 9
+ * (2026-12-07, load ≈ 9).
+ * After one warm-up round, a fifth to a third of the runtime's CPU in the timed rounds was that warming up; a run's
  * thousands of episodes see the steady state. The warm-up rounds' CPU per action is kept in the result (`warmup`),
  * so the curve stays visible.
  */
