@@ -13,8 +13,17 @@
  *
  * Both sides draw, encode and decode every screen (rendering included, as the issue asks). Environment steps
  * (actions) per second each way; headline: runtime ÷ bare (#16's target for environments, ≥ 0.67). Medians of
- * `ROUNDS` alternating rounds after one untimed round of each side; the load average is reported (a shared machine),
- * and so is the CPU time per action each way (`cpuRatio`: bare ÷ runtime), which load hardly moves.
+ * `ROUNDS` alternating rounds after `WARMUP` untimed rounds of each side; the load average is reported (a shared
+ * machine), and so is the CPU time per action each way (`cpuRatio`: bare ÷ runtime).
+ *
+ * Why eight warm-up rounds: the runtime is far more code than the bare loop, and V8 keeps compiling it (TurboFan, on
+ * its worker threads, which `process.cpuUsage` counts) for about eight rounds of 256 episodes: measured per thread
+ * (`/proc/self/task`) on the runtime alone, those threads used 200–400 µs of CPU an action in rounds 1–5, 100–160 in
+ * rounds 6–13 and ≈ 50 after, and the main thread's own time fell from ≈ 850 to ≈ 530 µs an action by round 9
+ * (2026-12-07, load ≈ 9).
+ * After one warm-up round, a fifth to a third of the runtime's CPU in the timed rounds was that warming up; a run's
+ * thousands of episodes see the steady state. The warm-up rounds' CPU per action is kept in the result (`warmup`),
+ * so the curve stays visible.
  */
 import { Effect } from "effect"
 import { loadavg } from "node:os"
@@ -30,6 +39,7 @@ import type { Conversation } from "../src/Message.ts"
 const CHAINS = 64
 const ROWS = 256
 const ROUNDS = 7
+const WARMUP = 8
 
 const median = (xs: ReadonlyArray<number>) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!
 
@@ -90,8 +100,11 @@ const bare = () => {
 
 const figures = Effect.gen(function*() {
   const loadBefore = loadavg()[0]!
-  yield* runtime
-  bare()
+  const warmup = { runtimeCpuMicrosPerStep: [] as Array<number>, bareCpuMicrosPerStep: [] as Array<number> }
+  for (let r = 0; r < WARMUP; r++) {
+    warmup.runtimeCpuMicrosPerStep.push((yield* runtime).cpuMicrosPerStep)
+    warmup.bareCpuMicrosPerStep.push(bare().cpuMicrosPerStep)
+  }
   const through: Array<number> = []
   const direct: Array<number> = []
   const throughCpu: Array<number> = []
@@ -128,7 +141,16 @@ const figures = Effect.gen(function*() {
     // on 2 cores mostly measures the other jobs).
     cpuRatio: median(directCpu) / median(throughCpu),
     renderPngMs: renderMs,
-    settings: { chains: CHAINS, rows: ROWS, rounds: ROUNDS, width: 64, height: 64, template: "qwen2.5" },
+    warmup,
+    settings: {
+      chains: CHAINS,
+      rows: ROWS,
+      rounds: ROUNDS,
+      warmupRounds: WARMUP,
+      width: 64,
+      height: 64,
+      template: "qwen2.5"
+    },
     loadAverage: { before: loadBefore, after: loadavg()[0]! }
   }
 })

@@ -69,9 +69,43 @@ export const resolve = (
   messages: ReadonlyArray<Message.Message>,
   template: Pick<ChatTemplate.ChatTemplate, "name" | "vision">
 ): Effect.Effect<ReadonlyArray<Message.Message>, Image.ImageError> =>
-  anyImage(messages)
-    ? Effect.map(readAll(messages, template, Image.checkUrl, (ref) => ref), (r) => r.messages)
-    : Effect.succeed(messages)
+{
+  if (!anyImage(messages)) return Effect.succeed(messages)
+  const known = resolveKnown(messages, template)
+  return known !== undefined
+    ? Effect.succeed(known)
+    : Effect.map(readAll(messages, template, Image.checkUrl, (ref) => ref), (r) => r.messages)
+}
+
+/**
+ * {@link resolve} in one synchronous pass when every image's URL is one this process encoded (`Image.knownUrl`: an
+ * environment's screen) and nothing would fail; undefined otherwise, for the effectful path to read, or refuse.
+ */
+const resolveKnown = (
+  messages: ReadonlyArray<Message.Message>,
+  template: Pick<ChatTemplate.ChatTemplate, "vision">
+): ReadonlyArray<Message.Message> | undefined => {
+  if (template.vision === undefined || reservedIn(messages, template.vision) !== undefined) return undefined
+  const out: Array<Message.Message> = []
+  for (const message of messages) {
+    if (typeof message.content === "string" || !hasImage(message.content)) {
+      out.push(message)
+      continue
+    }
+    const parts: Array<Message.ContentPart> = []
+    for (const part of message.content) {
+      if (part.type !== "image_url") {
+        parts.push(part)
+        continue
+      }
+      const ref = Image.knownUrl(part.image_url.url)
+      if (ref === undefined) return undefined
+      parts.push({ ...part, image: ref })
+    }
+    out.push({ ...message, content: parts } as Message.Message)
+  }
+  return out
+}
 
 /**
  * `resolve`, also returning every image decoded, in the order of their parts (the order of their image tokens in

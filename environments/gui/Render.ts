@@ -142,12 +142,9 @@ export const pixels = (state: Screen.State): Pixels => {
  * @category getters
  * @since 0.1.0
  */
-export const dataUrl = (state: Screen.State): string => {
-  const bytes = png(state)
-  // Known to the runtime by its hash from here on: a chain's template counts its tokens without decoding it again.
-  Result.getOrThrow(Images.encoded(bytes, state.layout))
-  return `data:image/png;base64,${Buffer.from(bytes).toString("base64")}`
-}
+export const dataUrl = (state: Screen.State): string =>
+  // Known to the runtime by its text from here on: a chain's template counts its tokens without reading it again.
+  Result.getOrThrow(Images.encodedDataUrl(png(state), state.layout))
 
 /**
  * The pixels of a PNG (or JPEG) file's bytes, decoded by Skia: what an oracle reads from an image it was shown.

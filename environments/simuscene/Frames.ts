@@ -84,9 +84,6 @@ export const overlap = (scene: Scene.Scene, agent: Scene.Trajectories, reference
  * @category getters
  * @since 0.1.0
  */
-export const dataUrl = (scene: Scene.Scene, paths: Scene.Trajectories): string => {
-  const bytes = png(scene, paths)
-  // Known to the runtime by its hash from here on: a template counts its tokens without decoding it again.
-  Result.getOrThrow(Images.encoded(bytes, { width: side * 4, height: side }))
-  return `data:image/png;base64,${Buffer.from(bytes).toString("base64")}`
-}
+export const dataUrl = (scene: Scene.Scene, paths: Scene.Trajectories): string =>
+  // Known to the runtime by its text from here on: a template counts its tokens without reading it again.
+  Result.getOrThrow(Images.encodedDataUrl(png(scene, paths), { width: side * 4, height: side }))

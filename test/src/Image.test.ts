@@ -166,6 +166,26 @@ describe("Image values", () => {
     assert.isTrue(Result.isFailure(thin) && thin.failure.reason._tag === "BadImageSize")
   })
 
+  it.effect("encodedDataUrl writes the data: URL toDataUrl would and checkUrl answers it from memory", () =>
+    Effect.gen(function*() {
+      const bytes = redBlue(7, 4)
+      const url = yield* Effect.fromResult(Image.encodedDataUrl(bytes, { width: 7, height: 4 }))
+      assert.strictEqual(url, dataUrl(bytes))
+      const ref = Image.knownUrl(url)
+      assert.deepStrictEqual(ref, {
+        sha256: createHash("sha256").update(bytes).digest("hex"),
+        width: 7,
+        height: 4,
+        mediaType: "image/png"
+      })
+      assert.deepStrictEqual(yield* Image.checkUrl(url), ref)
+      // A URL nobody encoded here is not known, and is read (and refused) as before.
+      assert.isUndefined(Image.knownUrl(dataUrl(redBlue(7, 5))))
+      assert.strictEqual((yield* reasonOf(Image.checkUrl(url.slice(0, 60))))._tag, "CorruptImage")
+      const refused = Image.encodedDataUrl(redBlue(9, 5), { width: 5, height: 9 })
+      assert.isTrue(Result.isFailure(refused) && refused.failure.reason._tag === "CorruptImage")
+    }))
+
   it.effect("an image beyond 200:1 is refused with its size", () =>
     Effect.gen(function*() {
       const reason = yield* reasonOf(Image.decode(redBlue(402, 2)))
