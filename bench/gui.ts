@@ -13,8 +13,9 @@
  *
  * Both sides draw, encode and decode every screen (rendering included, as the issue asks). Environment steps
  * (actions) per second each way; headline: runtime ÷ bare (#16's target for environments, ≥ 0.67). Medians of
- * `ROUNDS` alternating rounds after `WARMUP` untimed rounds of each side; the load average is reported (a shared
- * machine), and so is the CPU time per action each way (`cpuRatio`: bare ÷ runtime).
+ * `ROUNDS` alternating rounds after `WARMUP` untimed rounds of each side (each side in a process of its own); the
+ * load average is reported (a shared machine), and so is the CPU time per action each way (`cpuRatio`: bare ÷
+ * runtime).
  *
  * Why eight warm-up rounds: the runtime is far more code than the bare loop, and V8 keeps compiling it (TurboFan, on
  * its worker threads, which `process.cpuUsage` counts) for about eight rounds of 256 episodes: measured per thread
@@ -24,10 +25,20 @@
  * After one warm-up round, a fifth to a third of the runtime's CPU in the timed rounds was that warming up; a run's
  * thousands of episodes see the steady state. The warm-up rounds' CPU per action is kept in the result (`warmup`),
  * so the curve stays visible.
+ *
+ * Why a process a side: run in one process, the two sides disturb each other's compiled code. The bare loop calls the
+ * environment's functions (`GuiOracle.next`, `Render`, `Screen`) with objects of other shapes than the runtime's, and
+ * V8 keeps deoptimising and recompiling shared code on its worker threads: measured 2026-12-07 (load ≈ 14), the
+ * runtime alone used ≈ 590 µs of CPU an action, ≈ 65 of them off the main thread; alternating in one process with
+ * bare loops, 880–990, ≈ 320–370 off the main thread (`--trace-deopt`: "wrong map" and "weak objects" deoptimisations
+ * of the same functions round after round). Each side now runs in a child process of its own (`fork`), and the
+ * rounds still alternate, so that both see the same load.
  */
 import { Effect } from "effect"
+import { fork } from "node:child_process"
 import { loadavg } from "node:os"
 import { performance } from "node:perf_hooks"
+import { fileURLToPath } from "node:url"
 import * as Oracle from "../actors/Oracle.ts"
 import * as Generator from "../environments/gui/Generator.ts"
 import * as GuiOracle from "../environments/gui/GuiOracle.ts"
@@ -98,12 +109,35 @@ const bare = () => {
   return { stepsPerSecond: steps / ((performance.now() - start) / 1000), cpuMicrosPerStep, steps, solved }
 }
 
+interface Round {
+  readonly stepsPerSecond: number
+  readonly cpuMicrosPerStep: number
+  readonly steps: number
+  readonly solved: number
+}
+
+/** A side in a child process of its own: `round()` runs one round there and returns its figures. */
+const side = (name: "runtime" | "bare") => {
+  const child = fork(fileURLToPath(import.meta.url), [sideFlag, name])
+  let waiting: ((round: Round) => void) | undefined
+  child.on("message", (message) => {
+    const resolve = waiting
+    waiting = undefined
+    resolve?.(message as Round)
+  })
+  const round = () => Effect.promise(() => new Promise<Round>((resolve) => ((waiting = resolve), child.send("round"))))
+  return { round, close: () => child.kill() }
+}
+
+const sideFlag = "--gui-bench-side"
+
 const figures = Effect.gen(function*() {
   const loadBefore = loadavg()[0]!
+  const sides = { runtime: side("runtime"), bare: side("bare") }
   const warmup = { runtimeCpuMicrosPerStep: [] as Array<number>, bareCpuMicrosPerStep: [] as Array<number> }
   for (let r = 0; r < WARMUP; r++) {
-    warmup.runtimeCpuMicrosPerStep.push((yield* runtime).cpuMicrosPerStep)
-    warmup.bareCpuMicrosPerStep.push(bare().cpuMicrosPerStep)
+    warmup.runtimeCpuMicrosPerStep.push((yield* sides.runtime.round()).cpuMicrosPerStep)
+    warmup.bareCpuMicrosPerStep.push((yield* sides.bare.round()).cpuMicrosPerStep)
   }
   const through: Array<number> = []
   const direct: Array<number> = []
@@ -111,14 +145,16 @@ const figures = Effect.gen(function*() {
   const directCpu: Array<number> = []
   let last = { runtime: { steps: 0, solved: 0 }, bare: { steps: 0, solved: 0 } }
   for (let r = 0; r < ROUNDS; r++) {
-    const a = yield* runtime
-    const b = bare()
+    const a = yield* sides.runtime.round()
+    const b = yield* sides.bare.round()
     through.push(a.stepsPerSecond)
     direct.push(b.stepsPerSecond)
     throughCpu.push(a.cpuMicrosPerStep)
     directCpu.push(b.cpuMicrosPerStep)
     last = { runtime: a, bare: b }
   }
+  sides.runtime.close()
+  sides.bare.close()
   const state = Screen.start(rows[0]!.layout, rows[0]!.goal, rows[0]!.maxSteps)
   const t0 = performance.now()
   for (let i = 0; i < 200; i++) Render.png(state)
@@ -154,5 +190,14 @@ const figures = Effect.gen(function*() {
     loadAverage: { before: loadBefore, after: loadavg()[0]! }
   }
 })
+
+// In a side's child process: a round per message, its figures sent back.
+if (process.argv[2] === sideFlag) {
+  const name = process.argv[3]
+  process.on("message", () => {
+    const round = name === "bare" ? Effect.sync(bare) : runtime
+    void Effect.runPromise(round).then((figures) => process.send!(figures))
+  })
+}
 
 export default () => Effect.runPromise(figures)
