@@ -9,7 +9,8 @@
  *   action, the byte tokenizer and Qwen2.5 template rendering each turn, the reward;
  * - `bare`: a loop calling the same functions directly: `Screen.start`, then per action the screen's PNG
  *   (`Render.dataUrl`, as the episode shows it), the oracle reading it back (`Render.decode`, `GuiOracle.next`) and
- *   `Screen.act`, until the episode ends.
+ *   `Screen.act`, until the episode ends;
+ * - `floor` (reported beside the headline): the bare loop plus the runtime's bookkeeping of each turn (see `floor`).
  *
  * Both sides draw, encode and decode every screen (rendering included, as the issue asks). Environment steps
  * (actions) per second each way; headline: runtime ÷ bare (#16's target for environments, ≥ 0.67). Medians of
@@ -34,7 +35,7 @@
  * of the same functions round after round). Each side now runs in a child process of its own (`fork`), and the
  * rounds still alternate, so that both see the same load.
  */
-import { Effect } from "effect"
+import { Effect, Schema } from "effect"
 import { fork } from "node:child_process"
 import { loadavg } from "node:os"
 import { performance } from "node:perf_hooks"
@@ -45,7 +46,8 @@ import * as GuiOracle from "../environments/gui/GuiOracle.ts"
 import * as GuiTask from "../environments/gui/GuiTask.ts"
 import * as Render from "../environments/gui/Render.ts"
 import * as Screen from "../environments/gui/Screen.ts"
-import type { Conversation } from "../src/Message.ts"
+import type { Conversation, Message } from "../src/Message.ts"
+import * as Tool from "../src/Tool.ts"
 
 const CHAINS = 64
 const ROWS = 256
@@ -117,7 +119,7 @@ interface Round {
 }
 
 /** A side in a child process of its own: `round()` runs one round there and returns its figures. */
-const side = (name: "runtime" | "bare") => {
+const side = (name: "runtime" | "bare" | "floor") => {
   const child = fork(fileURLToPath(import.meta.url), [sideFlag, name])
   let waiting: ((round: Round) => void) | undefined
   child.on("message", (message) => {
@@ -131,22 +133,78 @@ const side = (name: "runtime" | "bare") => {
 
 const sideFlag = "--gui-bench-side"
 
+const format = Oracle.visionByteFormat()
+const decodeArguments = {
+  click: Schema.decodeUnknownExit(Tool.argumentsCodec(GuiTask.click)),
+  type: Schema.decodeUnknownExit(Tool.argumentsCodec(GuiTask.type))
+}
+
+/**
+ * The floor of a synchronous turn: the bare loop plus the runtime's bookkeeping of a turn (the prompt rendered, the
+ * assistant turn and the observations appended through the same format: Qwen2.5's tail renderer, the byte tokenizer,
+ * the trajectory builder, the screens' image refs; the arguments decoded by the tools' Schemas), one episode after
+ * the other, with no chain, actor, lease, reward or effect around them: what the runtime would cost if a turn of
+ * in-process tools and environment ran as one synchronous step.
+ */
+const floor = () => {
+  const start = performance.now()
+  const cpu = process.cpuUsage()
+  let steps = 0
+  let solved = 0
+  for (const row of rows) {
+    let state = Screen.start(row.layout, row.goal, row.maxSteps)
+    const prompt: Conversation = [
+      { role: "system", content: GuiTask.systemPrompt },
+      { role: "user", content: row.question },
+      GuiTask.screenMessage(state)
+    ]
+    const transcript = Effect.runSync(format.start(prompt, []))
+    while (state.outcome === undefined) {
+      const seen = transcript.messages()
+      const reply = GuiOracle.next(seen, Render.decode(GuiOracle.latestImage(seen)!))
+      const call = reply.toolCalls?.[0]
+      if (call === undefined) break
+      Effect.runSync(transcript.appendAssistant!({ role: "assistant", content: reply.content ?? "", tool_calls: [call] }))
+      const name = call.function.name === "type" ? "type" : "click"
+      const args = decodeArguments[name](call.function.arguments)
+      if (args._tag === "Failure") break
+      const action = args.value as { x: number; y: number; text: string }
+      const outcome = Screen.act(state, name === "type" ? { _tag: "type", text: action.text } : {
+        _tag: "click",
+        x: action.x,
+        y: action.y
+      })
+      state = outcome.state
+      steps++
+      const observations: Array<Message> = [{ role: "tool", content: outcome.text, tool_call_id: call.id, name }]
+      if (state.outcome === undefined) observations.push(GuiTask.screenMessage(state))
+      Effect.runSync(transcript.appendObservations(observations))
+    }
+    if (state.outcome === "solved") solved++
+  }
+  const cpuMicrosPerStep = cpuSince(cpu) / steps
+  return { stepsPerSecond: steps / ((performance.now() - start) / 1000), cpuMicrosPerStep, steps, solved }
+}
+
 const figures = Effect.gen(function*() {
   const loadBefore = loadavg()[0]!
-  const sides = { runtime: side("runtime"), bare: side("bare") }
+  const sides = { runtime: side("runtime"), bare: side("bare"), floor: side("floor") }
   const warmup = { runtimeCpuMicrosPerStep: [] as Array<number>, bareCpuMicrosPerStep: [] as Array<number> }
   for (let r = 0; r < WARMUP; r++) {
     warmup.runtimeCpuMicrosPerStep.push((yield* sides.runtime.round()).cpuMicrosPerStep)
     warmup.bareCpuMicrosPerStep.push((yield* sides.bare.round()).cpuMicrosPerStep)
+    yield* sides.floor.round()
   }
   const through: Array<number> = []
   const direct: Array<number> = []
   const throughCpu: Array<number> = []
   const directCpu: Array<number> = []
+  const floorCpu: Array<number> = []
   let last = { runtime: { steps: 0, solved: 0 }, bare: { steps: 0, solved: 0 } }
   for (let r = 0; r < ROUNDS; r++) {
     const a = yield* sides.runtime.round()
     const b = yield* sides.bare.round()
+    floorCpu.push((yield* sides.floor.round()).cpuMicrosPerStep)
     through.push(a.stepsPerSecond)
     direct.push(b.stepsPerSecond)
     throughCpu.push(a.cpuMicrosPerStep)
@@ -155,6 +213,7 @@ const figures = Effect.gen(function*() {
   }
   sides.runtime.close()
   sides.bare.close()
+  sides.floor.close()
   const state = Screen.start(rows[0]!.layout, rows[0]!.goal, rows[0]!.maxSteps)
   const t0 = performance.now()
   for (let i = 0; i < 200; i++) Render.png(state)
@@ -176,6 +235,9 @@ const figures = Effect.gen(function*() {
     // CPU time per action, bare ÷ runtime: what the ratio would be on an idle machine (wall time at load 10–20
     // on 2 cores mostly measures the other jobs).
     cpuRatio: median(directCpu) / median(throughCpu),
+    // The floor of a synchronous turn (`floor`): its CPU per action and bare ÷ floor, the bound of any redesign
+    // of the chain that keeps the turn's bookkeeping.
+    floor: { cpuMicrosPerStep: median(floorCpu), rounds: floorCpu, cpuRatio: median(directCpu) / median(floorCpu) },
     renderPngMs: renderMs,
     warmup,
     settings: {
@@ -195,7 +257,7 @@ const figures = Effect.gen(function*() {
 if (process.argv[2] === sideFlag) {
   const name = process.argv[3]
   process.on("message", () => {
-    const round = name === "bare" ? Effect.sync(bare) : runtime
+    const round = name === "bare" ? Effect.sync(bare) : name === "floor" ? Effect.sync(floor) : runtime
     void Effect.runPromise(round).then((figures) => process.send!(figures))
   })
 }
