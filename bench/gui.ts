@@ -151,6 +151,8 @@ const floor = () => {
   const cpu = process.cpuUsage()
   let steps = 0
   let solved = 0
+  // What the runtime returns, kept to the end of the round as its trajectories are (the heap the GC walks).
+  const kept: Array<unknown> = []
   for (const row of rows) {
     let state = Screen.start(row.layout, row.goal, row.maxSteps)
     const prompt: Conversation = [
@@ -164,7 +166,8 @@ const floor = () => {
       const reply = GuiOracle.next(seen, Render.decode(GuiOracle.latestImage(seen)!))
       const call = reply.toolCalls?.[0]
       if (call === undefined) break
-      Effect.runSync(transcript.appendAssistant!({ role: "assistant", content: reply.content ?? "", tool_calls: [call] }))
+      const turn: Message = { role: "assistant", content: reply.content ?? "", tool_calls: [call] }
+      Effect.runSync(transcript.appendAssistant!(turn))
       const name = call.function.name === "type" ? "type" : "click"
       const args = decodeArguments[name](call.function.arguments)
       if (args._tag === "Failure") break
@@ -181,6 +184,7 @@ const floor = () => {
       Effect.runSync(transcript.appendObservations(observations))
     }
     if (state.outcome === "solved") solved++
+    kept.push({ messages: transcript.messages(), segments: transcript.segments() })
   }
   const cpuMicrosPerStep = cpuSince(cpu) / steps
   return { stepsPerSecond: steps / ((performance.now() - start) / 1000), cpuMicrosPerStep, steps, solved }
