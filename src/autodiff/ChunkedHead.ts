@@ -19,8 +19,8 @@
  *
  *   ∂z = a·onehot(target) − p ⊙ (a + b·(log p + H))
  *
- * (a = ∂loss/∂logprob, b = ∂loss/∂entropy), then `∂h_b += ∂z W_j` and `∂W_j += ∂zᵀ h_b`; the one-hot part is added
- * once for all tiles (`a·W[target]` to `∂h`, a scatter-add of `a·h` onto `∂W`'s target rows). Two things keep
+ * (a = ∂loss/∂logprob, b = ∂loss/∂entropy; the one-hot part lands in the slice that holds the target), then
+ * `∂h_b += ∂z W_j` and `∂W_j += ∂zᵀ h_b`. Two things keep
  * onnxruntime from holding every tile at once. Its common-subexpression elimination would merge the recomputed
  * logits with the forward's (and so keep the forward's alive until the backward): the recompute reads a different
  * value, `h_b` concatenated with an empty slice of something only the backward has, and slices `W` with one more
@@ -193,6 +193,20 @@ const rule = (saved: Saved): Backward.Rule => (e, node, grads, needs) => {
     const b = gb === undefined ? undefined : column(gb, s, t)
     const lseB = column(lse, s, t)
     const hB = slice(flat, s, t)
+    const targetsB = slice(targets, s, t)
+    const aOverB = a === undefined ? undefined : untempered(slice(ga!, s, t))
+    // The one-hot part, a/T at the target when it falls in slice j (a zero added at column 0 when it does not).
+    const oneHot = (dz: string, j: number) => {
+      if (aOverB === undefined) return dz
+      const [v0, v1] = slices[j]!
+      const rel = e.op("Sub", [targetsB, e.ints([v0])])
+      const inside = e.op("And", [e.op("GreaterOrEqual", [rel, e.ints([0])]), e.op("Less", [rel, e.ints([v1 - v0])])])
+      const at = (x: string, otherwise: string) => e.op("Unsqueeze", [e.op("Where", [inside, x, otherwise]), e.ints([1])])
+      return e.op("ScatterElements", [dz, at(rel, e.ints([0])), at(aOverB, e.scalar(0, dtype))], {
+        axis: Graph.int(1),
+        reduction: Graph.string("add")
+      })
+    }
     let dhB: string | undefined
     slices.forEach((_, j) => {
       const h = e.op("Concat", [hB, ...after], { axis: Graph.int(0) })
@@ -203,7 +217,7 @@ const rule = (saved: Saved): Backward.Rule => (e, node, grads, needs) => {
         ? undefined
         : e.op("Mul", [b, e.op("Add", [lsm, column(entropy, s, t)])])
       const coefficient = a === undefined ? entropyTerm! : entropyTerm === undefined ? a : e.op("Add", [a, entropyTerm])
-      const dz = untempered(e.op("Neg", [e.op("Mul", [p, coefficient])]))
+      const dz = oneHot(untempered(e.op("Neg", [e.op("Mul", [p, coefficient])])), j)
       after = []
       if (needs[0]) {
         const part = e.op("MatMul", [dz, w])
@@ -221,25 +235,12 @@ const rule = (saved: Saved): Backward.Rule => (e, node, grads, needs) => {
     })
     if (dhB !== undefined) dh.push(dhB)
   }
-  // The one-hot part of ∂z, a/T at each token's target, for all tiles at once.
-  const aOver = ga === undefined ? undefined : e.op("Unsqueeze", [untempered(ga), e.ints([1])])
   const hidden = node.inputs[0]!
-  let dHidden: string | undefined
-  if (needs[0]) {
-    let all = dh.length === 1 ? dh[0]! : e.op("Concat", dh, { axis: Graph.int(0) })
-    if (aOver !== undefined) {
-      all = e.op("Add", [all, e.op("Mul", [aOver, e.op("Gather", [weight, targets], { axis: Graph.int(0) })])])
-    }
-    dHidden = e.op("Reshape", [all, e.ints(e.dims(hidden))])
-  }
-  let dWeight: string | undefined
-  if (needs[1]) {
-    dWeight = dW.length === 1 ? dW[0]! : e.op("Concat", dW as Array<string>, { axis: Graph.int(0) })
-    if (aOver !== undefined) {
-      const index = e.op("Unsqueeze", [targets, e.ints([1])])
-      // Repeated targets accumulate: ScatterND with reduction "add".
-      dWeight = e.op("ScatterND", [dWeight, index, e.op("Mul", [aOver, flat])], { reduction: Graph.string("add") })
-    }
-  }
+  const dHidden = !needs[0]
+    ? undefined
+    : e.op("Reshape", [dh.length === 1 ? dh[0]! : e.op("Concat", dh, { axis: Graph.int(0) }), e.ints(e.dims(hidden))])
+  const dWeight = !needs[1] ? undefined : dW.length === 1 ? dW[0]! : e.op("Concat", dW as Array<string>, {
+    axis: Graph.int(0)
+  })
   return [dHidden, dWeight]
 }
