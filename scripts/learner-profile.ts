@@ -51,7 +51,6 @@ const session = await ort.InferenceSession.create(Graph.toModelBytes(graph.graph
   profileFilePrefix: join(dir, "profile"),
   extra: { session: { intra_op: { allow_spinning: "0" } } }
 })
-const n = batch * length
 const lossData: Record<string, () => ort.Tensor> = {
   targets: () => new ort.Tensor("int64", BigInt64Array.from(mb.targets, BigInt), [batch, length]),
   loss_weights: () => new ort.Tensor("float32", mb.weights, [batch, length]),
