@@ -201,7 +201,8 @@ const rule = (saved: Saved): Backward.Rule => (e, node, grads, needs) => {
       const [v0, v1] = slices[j]!
       const rel = e.op("Sub", [targetsB, e.ints([v0])])
       const inside = e.op("And", [e.op("GreaterOrEqual", [rel, e.ints([0])]), e.op("Less", [rel, e.ints([v1 - v0])])])
-      const at = (x: string, otherwise: string) => e.op("Unsqueeze", [e.op("Where", [inside, x, otherwise]), e.ints([1])])
+      const at = (x: string, otherwise: string) =>
+        e.op("Unsqueeze", [e.op("Where", [inside, x, otherwise]), e.ints([1])])
       return e.op("ScatterElements", [dz, at(rel, e.ints([0])), at(aOverB, e.scalar(0, dtype))], {
         axis: Graph.int(1),
         reduction: Graph.string("add")

@@ -85,7 +85,7 @@ describe("ChunkedHead", () => {
       assert.strictEqual(chunked.graph.nodes.filter((n) => n.op === "ReduceMax").length, 6)
     }))
 
-  it("tiles: blocks of equal size up to the block, slices of the vocabulary holding about `chunk` tokens' logits", () => {
+  it("tiles: blocks of equal size up to the block, vocabulary slices holding about `chunk` tokens' logits", () => {
     // Qwen2.5's vocabulary at 2 × 512 tokens: one block, slices of 16,321 (110 × 151,936 / 1,024), the last shorter.
     const qwen = ChunkedHead.tiles(1024, 151936, 110)
     assert.deepStrictEqual(qwen.blocks, [[0, 1024]])
@@ -94,7 +94,10 @@ describe("ChunkedHead", () => {
     assert.deepStrictEqual(qwen.slices.at(-1), [146889, 151936])
     // 2,500 tokens: three blocks of 834 (the last 832); 10 tokens with blocks of 4: 4, 4, 2.
     assert.deepStrictEqual(ChunkedHead.tiles(2500, 151936, 110).blocks, [[0, 834], [834, 1668], [1668, 2500]])
-    assert.deepStrictEqual(ChunkedHead.tiles(10, 13, 3, 4), { blocks: [[0, 4], [4, 8], [8, 10]], slices: [[0, 9], [9, 13]] })
+    assert.deepStrictEqual(ChunkedHead.tiles(10, 13, 3, 4), {
+      blocks: [[0, 4], [4, 8], [8, 10]],
+      slices: [[0, 9], [9, 13]]
+    })
     // At least one vocabulary entry a slice, at most the whole vocabulary.
     assert.deepStrictEqual(ChunkedHead.tiles(1000, 13, 1).slices.length, 13)
     assert.deepStrictEqual(ChunkedHead.tiles(2, 13, 5).slices, [[0, 13]])
