@@ -105,7 +105,7 @@ describe("ChunkedHead", () => {
 
   for (const [name, config] of configs) {
     for (const tied of [true, false]) {
-      it.effect(`${name}, ${tied ? "tied" : "untied"} head: chunks of 3 tokens give the plain head's loss, logprobs,
+      it.effect(`${name}, ${tied ? "tied" : "untied"} head: tiles of 3 tokens' logits give the plain head's loss, logprobs,
         stats and gradients`.replace(/\s+/g, " "), () =>
         Effect.gen(function*() {
           const cfg = { ...c, tieWordEmbeddings: tied }
@@ -121,18 +121,18 @@ describe("ChunkedHead", () => {
           const a = yield* runWith(yield* session(plain.graph), feedsFor(plain, cfg, config, "float32"))
           // One block × 5 slices, and 3 blocks (4, 4, 2 tokens) × 2 slices.
           for (const chunked of [yield* build(3), yield* build(3, 4)]) {
-          const b = yield* runWith(yield* session(chunked.graph), feedsFor(chunked, cfg, config, "float32"))
-          const close = (x: ArrayLike<number>, y: ArrayLike<number>, what: string) => {
-            assert.strictEqual(x.length, y.length, what)
-            let scale = 0
-            for (let i = 0; i < x.length; i++) scale = Math.max(scale, Math.abs(x[i]!))
-            for (let i = 0; i < x.length; i++) {
-              assert.approximately(y[i]!, x[i]!, 1e-5 * (scale + 1e-3), `${what}[${i}]`)
+            const b = yield* runWith(yield* session(chunked.graph), feedsFor(chunked, cfg, config, "float32"))
+            const close = (x: ArrayLike<number>, y: ArrayLike<number>, what: string) => {
+              assert.strictEqual(x.length, y.length, what)
+              let scale = 0
+              for (let i = 0; i < x.length; i++) scale = Math.max(scale, Math.abs(x[i]!))
+              for (let i = 0; i < x.length; i++) {
+                assert.approximately(y[i]!, x[i]!, 1e-5 * (scale + 1e-3), `${what}[${i}]`)
+              }
             }
-          }
-          for (const out of ["loss", "token_logprobs", "stats"]) close(a[out]!, b[out]!, out)
-          assert.strictEqual(chunked.gradients.size, plain.gradients.size)
-          for (const [w, g] of plain.gradients) close(a[g]!, b[chunked.gradients.get(w)!]!, w)
+            for (const out of ["loss", "token_logprobs", "stats"]) close(a[out]!, b[out]!, out)
+            assert.strictEqual(chunked.gradients.size, plain.gradients.size)
+            for (const [w, g] of plain.gradients) close(a[g]!, b[chunked.gradients.get(w)!]!, w)
           }
         }))
     }
