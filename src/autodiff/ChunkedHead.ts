@@ -189,12 +189,13 @@ const rule = (saved: Saved): Backward.Rule => (e, node, grads, needs) => {
   const dh: Array<string> = []
   let after = [emptyOf(e, (ga ?? gb)!, D)]
   for (const [s, t] of blocks) {
-    const a = ga === undefined ? undefined : column(ga, s, t)
-    const b = gb === undefined ? undefined : column(gb, s, t)
+    // −a and −b per token: ∂z = p ⊙ (−a − b·(log p + H)) needs no negation of a whole tile (the same bits).
+    const negA = ga === undefined ? undefined : e.op("Neg", [column(ga, s, t)])
+    const negB = gb === undefined ? undefined : e.op("Neg", [column(gb, s, t)])
     const lseB = column(lse, s, t)
     const hB = slice(flat, s, t)
     const targetsB = slice(targets, s, t)
-    const aOverB = a === undefined ? undefined : untempered(slice(ga!, s, t))
+    const aOverB = ga === undefined ? undefined : untempered(slice(ga, s, t))
     // The one-hot part, a/T at the target when it falls in slice j (a zero added at column 0 when it does not).
     const oneHot = (dz: string, j: number) => {
       if (aOverB === undefined) return dz
@@ -214,11 +215,15 @@ const rule = (saved: Saved): Backward.Rule => (e, node, grads, needs) => {
       const w = rowsOfW[j]!()
       const lsm = e.op("Sub", [untempered(e.op("Gemm", [h, w], { transB: Graph.int(1) })), lseB])
       const p = e.op("Exp", [lsm])
-      const entropyTerm = b === undefined
+      const entropyTerm = negB === undefined
         ? undefined
-        : e.op("Mul", [b, e.op("Add", [lsm, column(entropy, s, t)])])
-      const coefficient = a === undefined ? entropyTerm! : entropyTerm === undefined ? a : e.op("Add", [a, entropyTerm])
-      const dz = oneHot(untempered(e.op("Neg", [e.op("Mul", [p, coefficient])])), j)
+        : e.op("Mul", [negB, e.op("Add", [lsm, column(entropy, s, t)])])
+      const coefficient = negA === undefined
+        ? entropyTerm!
+        : entropyTerm === undefined
+        ? negA
+        : e.op("Add", [negA, entropyTerm])
+      const dz = oneHot(untempered(e.op("Mul", [p, coefficient])), j)
       after = []
       if (needs[0]) {
         const part = e.op("MatMul", [dz, w])
