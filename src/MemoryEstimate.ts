@@ -22,8 +22,9 @@
  *   `(8·D + 5·F + 2·H·T)`, fitted to measurements that also held a transposed copy of every layer weight. With
  *   activation recompute (`learner.recompute`) one layer's inside plus `2·D` floats a token for every layer (what
  *   `scripts/graph-liveness.ts --recompute` counts: 627, 704 and 788 MiB at 1, 12 and 24 layers for 2 × 512 tokens).
- * - `head`: the output head's working set, about six `[tokens, vocab]` float tensors per worker for the tokens of
- *   one chunk (`autodiff/ChunkedHead.ts`), or of the whole shard when it fits in one chunk.
+ * - `head`: the output head's working set, about six float tensors per worker of one tile's logits (as many cells
+ *   as `defaultChunk` tokens of the whole vocabulary: `autodiff/ChunkedHead.ts`), or of the whole shard's logits when
+ *   they fit in one tile.
  * - `extra`: the KL reference's weights (4·P) and a GAE critic (a second trainer on the trunk), when the run has them;
  *   the sampling side (≈ 20·P): the model folder's weights, held for the run (4·P), the published versions a run
  *   keeps (2 × 4·P) and the decode engine's session (onnxruntime's copy of the weights and its pre-packed products,

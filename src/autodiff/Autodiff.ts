@@ -400,12 +400,15 @@ export interface Options {
   /** `false` builds the forward pass and loss head only (logprobs and stats without gradients). Default `true`. */
   readonly withGradients?: boolean
   /**
-   * Tokens per chunk of the output head (`ChunkedHead`): the logits of a whole micro-batch are never held, and the
-   * backward recomputes each chunk's. Default: `ChunkedHead.defaultChunk(vocab)` (about 64 MiB of logits), and the
-   * plain head when the micro-batch fits in one chunk. `0` forces the plain head. Applies when the forward's logits
-   * are `MatMul(hidden, Transpose(weight))` of a graph input (trained or frozen); otherwise the plain head is used.
+   * The output head's tile size, in tokens of the whole vocabulary (`ChunkedHead`: blocks of tokens times slices of
+   * the vocabulary): the logits of a whole micro-batch are never held, and the backward recomputes each tile's.
+   * Default: `ChunkedHead.defaultChunk(vocab)` (about 64 MiB of logits), and the plain head when the micro-batch fits
+   * in one tile. `0` forces the plain head. Applies when the forward's logits are `MatMul(hidden, Transpose(weight))`
+   * of a graph input (trained or frozen); otherwise the plain head is used.
    */
   readonly headChunk?: number
+  /** Tokens per block of the tiled head (default `ChunkedHead.block`; smaller in tests, to get several blocks). */
+  readonly headBlock?: number
   /**
    * Activation recompute: the backward pass of each decoder layer (the nodes reading `….layers.{i}.…` weights)
    * re-emits the layer's forward from the values that enter it, so that only those are kept from the forward pass
@@ -490,7 +493,8 @@ export const trainingGraph = (forward: Forward, options: Options): Effect.Effect
     const e = Backward.makeEmitter(graph, shapes)
     const chunked = output === undefined
       ? undefined
-      : ChunkedHead.emit(e, output.hidden, output.weight, options.loss, options.batch, options.length, output.chunk)
+      : ChunkedHead.emit(e, output.hidden, output.weight, options.loss, options.batch, options.length, output.chunk,
+        options.headBlock)
     const head = chunked ?? LossHead.emit(e, forward.logits, options.loss, options.batch, options.length)
     const lossNodes = graph.nodes.slice(forwardNodes.length)
     const walked = chunked === undefined

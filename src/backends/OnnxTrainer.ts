@@ -11,7 +11,7 @@
  * gradient accumulator (16 bytes a parameter, 12 with the moments in bfloat16: `Options.moments`; the first
  * micro-batch of a step writes its gradients straight into the accumulator), the activations of a micro-batch,
  * onnxruntime-node's copy of the gradients at the end of each run (freed at once: `Options.releaseOutputs`), and the
- * output head in chunks of tokens (`autodiff/ChunkedHead.ts`): the logits of a whole micro-batch are never held.
+ * output head in tiles of tokens × vocabulary (`autodiff/ChunkedHead.ts`): a whole micro-batch's logits are never held.
  *
  * Determinism: on the CPU execution provider the same weights, batches and thread count give bit-identical
  * results, which is what makes checkpoint resume exact.

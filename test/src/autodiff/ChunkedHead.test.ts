@@ -74,33 +74,66 @@ describe("ChunkedHead", () => {
         loss: Loss.sft,
         headChunk: 3
       })
-      // 4 chunks of 3 tokens (the last of 1): a LogSoftmax each in the forward and again in the backward.
-      assert.strictEqual(softmaxes(chunked), 8)
+      // No LogSoftmax: one block of 10 tokens × 5 slices of the vocabulary (3 × 13 / 10 = 3 wide, the last 1), a
+      // product each in the forward, and the recompute, ∂h and ∂W products each in the backward.
+      assert.strictEqual(softmaxes(chunked), 0)
+      assert.deepStrictEqual(ChunkedHead.tiles(10, 13, 3), {
+        blocks: [[0, 10]],
+        slices: [[0, 3], [3, 6], [6, 9], [9, 12], [12, 13]]
+      })
+      // A maximum per tile, and one across the tiles.
+      assert.strictEqual(chunked.graph.nodes.filter((n) => n.op === "ReduceMax").length, 6)
     }))
+
+  it("tiles: blocks of equal size up to the block, vocabulary slices holding about `chunk` tokens' logits", () => {
+    // Qwen2.5's vocabulary at 2 × 512 tokens: one block, slices of 16,321 (110 × 151,936 / 1,024), the last shorter.
+    const qwen = ChunkedHead.tiles(1024, 151936, 110)
+    assert.deepStrictEqual(qwen.blocks, [[0, 1024]])
+    assert.strictEqual(qwen.slices.length, 10)
+    assert.deepStrictEqual(qwen.slices[0], [0, 16321])
+    assert.deepStrictEqual(qwen.slices.at(-1), [146889, 151936])
+    // 2,500 tokens: three blocks of 834 (the last 832); 10 tokens with blocks of 4: 4, 4, 2.
+    assert.deepStrictEqual(ChunkedHead.tiles(2500, 151936, 110).blocks, [[0, 834], [834, 1668], [1668, 2500]])
+    assert.deepStrictEqual(ChunkedHead.tiles(10, 13, 3, 4), {
+      blocks: [[0, 4], [4, 8], [8, 10]],
+      slices: [[0, 9], [9, 13]]
+    })
+    // At least one vocabulary entry a slice, at most the whole vocabulary.
+    assert.deepStrictEqual(ChunkedHead.tiles(1000, 13, 1).slices.length, 13)
+    assert.deepStrictEqual(ChunkedHead.tiles(2, 13, 5).slices, [[0, 13]])
+  })
 
   for (const [name, config] of configs) {
     for (const tied of [true, false]) {
-      it.effect(`${name}, ${tied ? "tied" : "untied"} head: chunks of 3 tokens give the plain head's loss, logprobs,
+      it.effect(`${name}, ${tied ? "tied" : "untied"} head: tiles of 3 tokens' logits give the plain head's loss, logprobs,
         stats and gradients`.replace(/\s+/g, " "), () =>
         Effect.gen(function*() {
           const cfg = { ...c, tieWordEmbeddings: tied }
-          const build = (headChunk: number) =>
-            Autodiff.trainingGraph(Qwen2.trainingGraph(cfg), { batch: B, length: T, loss: config, headChunk })
+          const build = (headChunk: number, headBlock?: number) =>
+            Autodiff.trainingGraph(Qwen2.trainingGraph(cfg), {
+              batch: B,
+              length: T,
+              loss: config,
+              headChunk,
+              ...(headBlock === undefined ? {} : { headBlock })
+            })
           const plain = yield* build(0)
-          const chunked = yield* build(3)
           const a = yield* runWith(yield* session(plain.graph), feedsFor(plain, cfg, config, "float32"))
-          const b = yield* runWith(yield* session(chunked.graph), feedsFor(chunked, cfg, config, "float32"))
-          const close = (x: ArrayLike<number>, y: ArrayLike<number>, what: string) => {
-            assert.strictEqual(x.length, y.length, what)
-            let scale = 0
-            for (let i = 0; i < x.length; i++) scale = Math.max(scale, Math.abs(x[i]!))
-            for (let i = 0; i < x.length; i++) {
-              assert.approximately(y[i]!, x[i]!, 1e-5 * (scale + 1e-3), `${what}[${i}]`)
+          // One block × 5 slices, and 3 blocks (4, 4, 2 tokens) × 2 slices.
+          for (const chunked of [yield* build(3), yield* build(3, 4)]) {
+            const b = yield* runWith(yield* session(chunked.graph), feedsFor(chunked, cfg, config, "float32"))
+            const close = (x: ArrayLike<number>, y: ArrayLike<number>, what: string) => {
+              assert.strictEqual(x.length, y.length, what)
+              let scale = 0
+              for (let i = 0; i < x.length; i++) scale = Math.max(scale, Math.abs(x[i]!))
+              for (let i = 0; i < x.length; i++) {
+                assert.approximately(y[i]!, x[i]!, 1e-5 * (scale + 1e-3), `${what}[${i}]`)
+              }
             }
+            for (const out of ["loss", "token_logprobs", "stats"]) close(a[out]!, b[out]!, out)
+            assert.strictEqual(chunked.gradients.size, plain.gradients.size)
+            for (const [w, g] of plain.gradients) close(a[g]!, b[chunked.gradients.get(w)!]!, w)
           }
-          for (const out of ["loss", "token_logprobs", "stats"]) close(a[out]!, b[out]!, out)
-          assert.strictEqual(chunked.gradients.size, plain.gradients.size)
-          for (const [w, g] of plain.gradients) close(a[g]!, b[chunked.gradients.get(w)!]!, w)
         }))
     }
   }
@@ -115,7 +148,8 @@ describe("ChunkedHead", () => {
         length: T,
         loss: config,
         dtype: "float64",
-        headChunk: 4
+        headChunk: 4,
+        headBlock: 4
       })
       const { worst } = yield* check(yield* session(tg.graph), feedsFor(tg, cfg, config, "float64"),
         forward.weightInputs, { samples: 4, h: 1e-5 })
