@@ -472,6 +472,16 @@ export type CriticConfig = typeof CriticConfig.Type
 export const EngineConfig = Schema.Struct({
   thread: Schema.optionalKey(Schema.Boolean),
   /**
+   * How the local engines hold a policy version's weights (`actors/internal/engineModel.ts`). `"initializers"`:
+   * onnxruntime copies them into each version's session and pre-packs them (the fastest decoding; ≈ 8 bytes a
+   * parameter per session besides the version's own copy). `"inputs"`: fed on every step from the published
+   * version's arrays (no onnxruntime copy, one session for every version; decoding a little slower: BENCHMARKS.md,
+   * "0.5 B end to end on 2 cores"). `"auto"` (default): `"inputs"` for models of 300 M parameters or more, or where
+   * only `"inputs"` fits the machine's memory (`MemoryEstimate`); `"initializers"` otherwise (the embedded presets
+   * and `npm run demo`). A LoRA run's engines always take their weights as inputs (`docs/lora.md`).
+   */
+  weights: Schema.optionalKey(Schema.Literals(["auto", "initializers", "inputs"])),
+  /**
    * Inference servers that sample the rollouts instead of the local engine: the API roots of `agentfly serve
    * --accept-weights` processes (`http://HOST:PORT/v1`), here or on other machines. The learner stays in this
    * process and pushes every version it publishes to all of them (`actors/InferenceServers.ts`); a run goes on while
