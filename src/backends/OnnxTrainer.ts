@@ -696,6 +696,20 @@ const clear = (trainer: Trainer) => {
 }
 
 /** Closes the pool, if any, waiting up to `wait` for its threads; the next pooled call starts fresh ones. */
+/**
+ * A closed trainer lets go of its weights, gradients and moments (without workers: theirs live in shared memory the
+ * record keeps), so that whoever still holds its service, such as a learner slot that replaces it by a trainer built
+ * from a copy of its weights, does not keep them alive: at 0.5 B the warm-up's trainer held 4.6 GiB beside the RL
+ * trainer that replaced it (BENCHMARKS.md, "0.5 B end to end on 2 cores").
+ */
+const letGo = (trainer: Trainer): void => {
+  if (trainer.shared !== undefined) return
+  trainer.params.clear()
+  trainer.accum.clear()
+  trainer.optimizerState.m.clear()
+  trainer.optimizerState.v.clear()
+}
+
 const dropPool = (trainer: Trainer, wait: Duration.Input = "5 seconds") =>
   Effect.suspend(() => {
     const p = trainer.pool
@@ -1066,6 +1080,7 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
     frozenWrites: 0
   }
   yield* Scope.addFinalizer(scope, dropPool(trainer)) // runs before `frozenScope`, forked earlier, is closed
+  yield* Scope.addFinalizer(scope, Effect.sync(() => letGo(trainer)))
 
   const locked = lock.withPermits(1)
   const service = GradientBackend.GradientBackend.of({
