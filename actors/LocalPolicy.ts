@@ -197,9 +197,10 @@ const learn = (
     SequenceImages.ofConversations(vision, groups.flatMap((g) => g.trajectories)),
     (pixels) => Learner.update(groups, { ...options, segmentImages: (segment) => pixels.get(segment) })
   )
-  return LearnerSlot.mutating(slot, update.pipe(
+  const changes = Effect.sync(() => local.versions !== undefined && LocalVersions.learnerChanges(local.versions))
+  return Effect.andThen(changes, LearnerSlot.mutating(slot, update.pipe(
     Effect.provideService(GradientBackend.GradientBackend, slot.trainer)
-  )).pipe(
+  ))).pipe(
     Effect.tap(() => Effect.sync(() => (local.dirty = true))),
     Effect.mapError(learnerError),
     Effect.tap((report) =>
@@ -244,6 +245,7 @@ const sft = Effect.fn("LocalPolicy.sft")(function*(local: Local, step: number, r
     aggregation: "token-mean"
   }).pipe(Effect.mapError(learnerError))
   const trainer = slot.trainer
+  if (local.versions !== undefined) LocalVersions.learnerChanges(local.versions)
   const { loss, tokens, rowTokens, optim } = yield* LearnerSlot.mutating(slot, Effect.gen(function*() {
     let loss = 0
     let tokens = 0
@@ -288,6 +290,7 @@ const save = Effect.fn("LocalPolicy.save")(function*(local: Local, dir: string) 
 const load = Effect.fn("LocalPolicy.load")(
   function*(local: Local, dir: string) {
     const { slot, setup } = local
+    if (local.versions !== undefined) LocalVersions.learnerChanges(local.versions)
     const meta = yield* LearnerSlot.mutating(slot, slot.trainer.load(dir)).pipe(Effect.mapError(checkpointError))
     if (KlReference.needed(setup.config.algorithm)) local.reference = yield* KlReference.load(setup, dir)
     if (setup.config.algorithm.advantage === "gae") {

@@ -154,20 +154,16 @@ const memorySettings = (
   }
 }
 
-/** Parameters from which `engine.weights: "auto"` feeds the engines their weights as inputs. */
-export const inputsFromParameters = 300e6
-
 /**
- * `engine.weights` resolved: `"auto"` is `"inputs"` for a model of {@link inputsFromParameters} or more, or where the
- * run fits the machine's memory only so (`MemoryEstimate`), else `"initializers"` (the embedded presets, the demo).
+ * `engine.weights` resolved: `"auto"` is `"inputs"` where the run fits the machine's memory only so (`MemoryEstimate`),
+ * else `"initializers"`, whose pre-packed products decode faster (the embedded presets and the demo always fit).
+ * Both sample the same tokens (`test/actors/TrainEngineWeights.test.ts`), so the choice changes memory and speed only.
  */
 export const engineWeightsOf = Effect.fnUntraced(function*(setup: Omit<Setup, "engineWeights">) {
   const chosen = setup.config.engine.weights ?? "auto"
   if (chosen !== "auto") return chosen
-  const c = setup.folder.config
-  const P = MemoryEstimate.estimate(c, memorySettings(setup, "initializers")).parameters
-  if (P >= inputsFromParameters) return "inputs" as const
   if (setup.remote !== undefined || setup.tinker !== undefined) return "initializers" as const
+  const c = setup.folder.config
   const available = yield* machineMemory().pipe(Effect.provideContext(setup.fsContext))
   const fits = (w: "initializers" | "inputs") => MemoryEstimate.estimate(c, memorySettings(setup, w)).total <= available
   return !fits("initializers") && fits("inputs") ? "inputs" as const : "initializers" as const

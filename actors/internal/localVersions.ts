@@ -120,6 +120,26 @@ export const releaseFolder = (versions: Versions): void => {
   collectGarbage()
 }
 
+/**
+ * The learner is about to change its weights (a step, a warm-up step, a load). In a sync run whose engines are fed
+ * the published arrays, no version published so far is sampled again (the next batch, evaluation or check samples
+ * the version published after this change), so their copies go now rather than when the next version replaces
+ * them: the learner's step, a run's peak, does not hold a copy nothing reads (4 bytes a parameter). A version
+ * republished unchanged (a step without signal) is taken from the learner again.
+ */
+export const learnerChanges = (versions: Versions): void => {
+  const { setup } = versions
+  const fed = setup.engineWeights === "inputs" && engineLora(setup) === undefined && setup.config.model.lora === undefined
+  if (setup.config.mode !== "sync" || versions.servers !== undefined || !fed) return
+  let dropped = false
+  for (const [i, p] of versions.published.entries()) {
+    if (p.weights === undefined) continue
+    versions.published[i] = { version: p.version, weights: undefined }
+    dropped = true
+  }
+  if (dropped) collectGarbage()
+}
+
 /** The newest published version. */
 export const newest = (versions: Versions): Published => versions.published[versions.published.length - 1]!
 
@@ -230,12 +250,15 @@ export const publish = Effect.fnUntraced(function*(
   if (versions.published.length > versions.retained) versions.published.shift()
 })
 
-/** The folder's weights were released (`releaseFolder`) before the learner published a version to sample. */
+/**
+ * A version whose weights were let go: the folder's once the learner copied them (`releaseFolder`), or in a sync run
+ * fed as inputs one the learner has changed since (`learnerChanges`).
+ */
 const released = (version: number) =>
   runError(
     "Learner",
-    `policy version ${version} (the model folder's weights) was released once the learner copied them; sample a ` +
-      `version the learner published`
+    `policy version ${version}'s weights were let go (the model folder's once the learner copied them; in a sync ` +
+      `run, every version once the learner changes its weights): sample the version the learner published last`
   )
 
 /** A sampler of published `version` alone in its engine (or the servers' sampler of it), alive in the scope. */
@@ -247,8 +270,8 @@ export const sampler = Effect.fnUntraced(function*(versions: Versions, version: 
       `policy version ${version} is not among the published versions ${versions.published.map((p) => p.version)}`
     )
   }
-  // Without servers every entry holds its weights (only a trainer pushing to servers keeps them), but the folder's
-  // once released: nothing samples it.
+  // Without servers every entry holds its weights (only a trainer pushing to servers keeps them), but those let go:
+  // nothing samples them.
   if (versions.servers !== undefined) return versions.servers.sampler(version)
   if (entry.weights === undefined) return yield* released(version)
   return prefillAlone(yield* engineOf(versions, version, entry.weights), versions.setup.folder.vision?.vision)
@@ -266,7 +289,7 @@ const ambientSampler = (versions: Versions) =>
       }
       return servers.sampler(version)
     }
-    // Without servers every published entry holds its weights, but the folder's once released.
+    // Without servers every published entry holds its weights, but those let go.
     if (weights === undefined) return yield* released(version)
     if (versions.ambient === undefined) {
       const engine = yield* engineOf(versions, version, weights).pipe(

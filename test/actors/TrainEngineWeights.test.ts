@@ -9,6 +9,7 @@ import { Effect } from "effect"
 import { mkdtempSync, readFileSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
+import * as LocalSetup from "../../actors/internal/localSetup.ts"
 import * as LocalPolicy from "../../actors/LocalPolicy.ts"
 import * as Train from "../../actors/Train.ts"
 import * as Generate from "../../examples/guess/generate.ts"
@@ -113,6 +114,49 @@ describe("engine.weights", () => {
       }).pipe(Effect.provide(NodeServices.layer)),
     120_000
   )
+
+  it.effect("auto feeds the engines as inputs only where the run fits the machine no other way", () =>
+    Effect.gen(function*() {
+      const folderConfig = ModelConfig.presets.medium
+      const config = TrainConfig.onModel(yield* TrainConfig.decode({
+        output: "run",
+        model: { path: "model" },
+        data: { train: "train.jsonl" },
+        task: "calculator",
+        algorithm: { steps: 1, microBatchSize: 1 },
+        learner: { workers: 1 },
+        agent: { maxContextTokens: 512 }
+      }), folderConfig)
+      const setupOf = (fsContext: unknown) =>
+        ({
+          config,
+          folder: { config: folderConfig, vision: undefined },
+          remote: undefined,
+          tinker: undefined,
+          releaseFolder: true,
+          fsContext
+        }) as unknown as Omit<LocalSetup.Setup, "engineWeights">
+      const setup = setupOf(yield* Effect.context<never>())
+      const settings = { microBatchSize: 1, sequenceLength: 512, workers: 1, reference: false, critic: false }
+      const packed = MemoryEstimate.estimate(folderConfig, settings).total
+      const fed = MemoryEstimate.estimate(folderConfig, {
+        ...settings,
+        engineWeights: "inputs",
+        folderReleased: true
+      }).total
+      assert.isBelow(fed, packed)
+      // The machine's memory is read in the run's context, as `LocalPolicy.make` captures it.
+      const at = (bytes: number) =>
+        Effect.context<never>().pipe(
+          Effect.flatMap((context) => LocalSetup.engineWeightsOf(setupOf(context))),
+          Effect.provideService(LocalSetup.MachineMemory, bytes)
+        )
+      assert.strictEqual(yield* at(packed + 1), "initializers") // fits either way: the faster decoding
+      assert.strictEqual(yield* at((packed + fed) / 2), "inputs") // fits only fed as inputs
+      assert.strictEqual(yield* at(fed - 1), "initializers") // fits neither way: refused later, as before
+      const forced = { ...setup, config: { ...config, engine: { weights: "inputs" as const } } }
+      assert.strictEqual(yield* LocalSetup.engineWeightsOf(forced), "inputs")
+    }))
 
   it("the estimate counts the sampling side per mode: inputs hold the published versions only", () => {
     const c = ModelConfig.presets.medium
