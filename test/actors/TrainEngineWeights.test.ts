@@ -38,7 +38,7 @@ describe("engine.weights", () => {
           { dir: join(dir, "data"), seed: 3, train: 16, heldOut: 4, validation: 0, demos: 0, noise: 0 },
           task.defaults.systemPrompt!
         ).pipe(Effect.provide(NodeServices.layer))
-        const run = (output: string, weights: "auto" | "inputs") =>
+        const run = (output: string, weights: "auto" | "inputs", mode: "sync" | "async" = "sync") =>
           Train.run({
             task,
             dir,
@@ -51,7 +51,9 @@ describe("engine.weights", () => {
               // Every step trains whatever the untrained policy's rewards (see Train.test.ts).
               algorithm: { steps: 3, groupsPerStep: 2, microBatchSize: 4, advantage: "reinforce++", entropyCoef: 0.01 },
               eval: { every: 100, size: 4 },
-              engine: { weights }
+              engine: { weights },
+              // Async: batches sampled up to one version behind, from the last `maxStaleness + 1` kept.
+              ...(mode === "async" ? { mode, maxStaleness: 1 } : {})
             },
             write: () => undefined,
             tty: false
@@ -66,6 +68,11 @@ describe("engine.weights", () => {
         assert.deepStrictEqual(steps(b), steps(a))
         const rewards = (j: Array<Entry>) => j.filter((e) => e.kind === "group").map((e) => e.meanReward)
         assert.deepStrictEqual(rewards(b), rewards(a))
+        yield* run("async-default", "auto", "async")
+        yield* run("async-inputs", "inputs", "async")
+        const [c, d] = [journal(join(dir, "async-default")), journal(join(dir, "async-inputs"))]
+        assert.strictEqual(steps(c).length, 3)
+        assert.deepStrictEqual(steps(d), steps(c))
       } finally {
         rmSync(dir, { recursive: true, force: true })
       }
