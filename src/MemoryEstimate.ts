@@ -31,9 +31,12 @@
  *   its pre-packed products, ≈ 8·P). Measured on a whole run at Qwen2.5-0.5B's shapes (24 layers, micro-batches of
  *   1 × 640 tokens): 23.2 GiB when the out-of-memory killer ended it after its third RL step, where 12·P for the
  *   sampling side estimated 20.2 GiB and let it start on a 23.6 GiB machine; 20·P estimates 23.9 GiB. With engines
- *   fed the published version's arrays as inputs it is 4·P a published version the schedule keeps
- *   (`publishedVersions`: 1 in sync mode, `maxStaleness + 1` in async mode), plus the folder's 4·P where the caller
- *   keeps its weights (`agentfly train` hands them over once the learner has its own copy).
+ *   fed the published version's arrays as inputs it is 4·P a published version held while the learner steps
+ *   (`publishedVersions`: none in sync mode, which lets them go then; `maxStaleness + 1` in async mode), plus the
+ *   folder's 4·P where the caller keeps its weights (`agentfly train` hands them over once the learner has its own
+ *   copy). While a sync run samples, it holds one version (4·P) and the learner's state without activations: less
+ *   than a learner step. Measured on the whole run above with bfloat16 moments and recompute (engines fed as inputs):
+ *   9.73 GiB, where this estimates 10.17 GiB (BENCHMARKS.md, "0.5 B end to end under 12 GiB").
  *
  * Measured with `scripts/learner-memory.ts` at Qwen2.5-0.5B's width (1 worker, 4 × 512 tokens): 1 layer (151 M
  * parameters) estimated 4.40 GiB, measured 4.04 GiB (4.64 GiB before the gradient copies were freed and the
@@ -81,7 +84,7 @@ export interface Settings {
   readonly engine?: boolean
   /** How the engines hold a version's weights (`engine.weights`, resolved). Default `"initializers"`. */
   readonly engineWeights?: "initializers" | "inputs"
-  /** With engines fed as `"inputs"`: the published versions the run keeps (default 1: sync mode). */
+  /** With engines fed as `"inputs"`: the published versions held while the learner steps (default 1). */
   readonly publishedVersions?: number
   /** With engines fed as `"inputs"`: the model folder's weights are released once the learner has its own. */
   readonly folderReleased?: boolean

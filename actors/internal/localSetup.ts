@@ -149,7 +149,12 @@ const memorySettings = (
     }),
     // A LoRA run's engines feed the base as it is: counted as before (the estimate of issue 41, conservative there).
     ...(engineWeights === "inputs" && setup.config.model.lora === undefined
-      ? { engineWeights, publishedVersions: keptVersions(setup.config), folderReleased: folderReleasable(setup) }
+      ? {
+        engineWeights,
+        // A sync run lets its published copies go while the learner steps, the peak (`localVersions.learnerChanges`).
+        publishedVersions: setup.config.mode === "sync" ? 0 : keptVersions(setup.config),
+        folderReleased: folderReleasable(setup)
+      }
       : {})
   }
 }

@@ -149,7 +149,8 @@ describe("engine.weights", () => {
       const fed = MemoryEstimate.estimate(folderConfig, {
         ...settings,
         engineWeights: "inputs",
-        folderReleased: true
+        folderReleased: true,
+        publishedVersions: 0 // a sync run holds no copy while its learner steps
       }).total
       assert.isBelow(fed, packed)
       // The machine's memory is read in the run's context, as `LocalPolicy.make` captures it.
