@@ -16,11 +16,11 @@
  *   onnxruntime copy and no pre-packed copy per session. Before issue 41's point 6 this mode ran `MatMul(x,
  *   Transpose(W))` and transposed every weight on every step.
  *
- * The graph is `Qwen2.inferenceGraph`'s, unchanged: onnxruntime folds each `Transpose` of a weight initializer into
- * a transposed copy, which the MatMul kernel then pre-packs. Rewriting `MatMul(x, Transpose(W))` as
- * `FusedMatMul(x, W, transB = 1)` instead saved 6 % of the memory and 40 % of the session creation at Qwen2.5-0.5B
- * shapes but decoded 16–19 % slower at batch 32 on the `medium` preset, so it was not kept (BENCHMARKS.md,
- * "engine weights").
+ * With initializers the graph is `Qwen2.inferenceGraph`'s default, unchanged: onnxruntime folds each `Transpose` of
+ * a weight initializer into a transposed copy, which the MatMul kernel then pre-packs. Rewriting `MatMul(x,
+ * Transpose(W))` as `FusedMatMul(x, W, transB = 1)` there saved 6 % of the memory and 40 % of the session creation
+ * at Qwen2.5-0.5B shapes but decoded 16–19 % slower at batch 32 on the `medium` preset, so it was not kept
+ * (BENCHMARKS.md, "engine weights").
  *
  * A LoRA engine (`lora`) decodes with its adapter unmerged (`Qwen2.inferenceGraph` with `lora`): every weight is an
  * input, the base's arrays fed as they are (the ones the learner reads: no copy per version, none in onnxruntime)
