@@ -35,7 +35,14 @@ import * as TrajectoryBuilder from "../src/TrajectoryBuilder.ts"
 import type * as PolicyEngine from "./PolicyEngine.ts"
 import * as KlReference from "./internal/klReference.ts"
 import * as LearnerSlot from "./internal/learnerSlot.ts"
-import { checkpointError, learnerError, nonFinite, type Setup } from "./internal/localSetup.ts"
+import {
+  checkpointError,
+  engineWeightsOf,
+  folderReleasable,
+  learnerError,
+  nonFinite,
+  type Setup
+} from "./internal/localSetup.ts"
 import * as LocalVersions from "./internal/localVersions.ts"
 import * as Teacher from "./internal/teacher.ts"
 import * as RemoteLearner from "./internal/remoteLearner.ts"
@@ -190,9 +197,10 @@ const learn = (
     SequenceImages.ofConversations(vision, groups.flatMap((g) => g.trajectories)),
     (pixels) => Learner.update(groups, { ...options, segmentImages: (segment) => pixels.get(segment) })
   )
-  return LearnerSlot.mutating(slot, update.pipe(
+  const changes = Effect.sync(() => local.versions !== undefined && LocalVersions.learnerChanges(local.versions))
+  return Effect.andThen(changes, LearnerSlot.mutating(slot, update.pipe(
     Effect.provideService(GradientBackend.GradientBackend, slot.trainer)
-  )).pipe(
+  ))).pipe(
     Effect.tap(() => Effect.sync(() => (local.dirty = true))),
     Effect.mapError(learnerError),
     Effect.tap((report) =>
@@ -237,6 +245,7 @@ const sft = Effect.fn("LocalPolicy.sft")(function*(local: Local, step: number, r
     aggregation: "token-mean"
   }).pipe(Effect.mapError(learnerError))
   const trainer = slot.trainer
+  if (local.versions !== undefined) LocalVersions.learnerChanges(local.versions)
   const { loss, tokens, rowTokens, optim } = yield* LearnerSlot.mutating(slot, Effect.gen(function*() {
     let loss = 0
     let tokens = 0
@@ -281,6 +290,7 @@ const save = Effect.fn("LocalPolicy.save")(function*(local: Local, dir: string) 
 const load = Effect.fn("LocalPolicy.load")(
   function*(local: Local, dir: string) {
     const { slot, setup } = local
+    if (local.versions !== undefined) LocalVersions.learnerChanges(local.versions)
     const meta = yield* LearnerSlot.mutating(slot, slot.trainer.load(dir)).pipe(Effect.mapError(checkpointError))
     if (KlReference.needed(setup.config.algorithm)) local.reference = yield* KlReference.load(setup, dir)
     if (setup.config.algorithm.advantage === "gae") {
@@ -324,7 +334,8 @@ const publish = Effect.fn("LocalPolicy.publish")(function*(local: Local, version
 const setupOf = Effect.fnUntraced(function*(
   folder: ModelFolder.ModelFolder,
   config: TrainConfig.TrainConfig,
-  intraOpThreads: number
+  intraOpThreads: number,
+  releaseFolder: boolean
 ) {
   const { algorithm } = config
   const lora = config.model.lora
@@ -338,7 +349,7 @@ const setupOf = Effect.fnUntraced(function*(
     : lora === undefined
     ? OnnxTrainer.qwen2(folder.config)
     : OnnxTrainer.qwen2Lora(folder.config, lora, folder.weights, config.model.from ?? config.model.path)
-  const setup: Setup = {
+  const base: Omit<Setup, "engineWeights"> = {
     folder,
     config,
     model,
@@ -355,10 +366,29 @@ const setupOf = Effect.fnUntraced(function*(
     runScope: yield* Effect.scope,
     fsContext: yield* Effect.context<FileSystem.FileSystem | Scope.Scope>(),
     remote: RemoteLearner.make(folder, config, model.parameters),
-    tinker: yield* TinkerLearner.make(config, folder)
+    tinker: yield* TinkerLearner.make(config, folder),
+    releaseFolder
   }
+  const setup: Setup = { ...base, engineWeights: yield* engineWeightsOf(base) }
   return setup
 })
+
+/**
+ * The options of {@link make}.
+ *
+ * @category models
+ * @since 0.1.0
+ */
+export interface Options {
+  readonly maxBatchSize?: number
+  readonly intraOpThreads?: number
+  /**
+   * The caller hands the folder's weights over (`agentfly train`, which reads them for nothing else): in a local full
+   * fine-tuning run of a text model the folder's weight map is emptied once the learner holds its own copy, so the
+   * run does not keep them (4 bytes a parameter) to its end. Default false: the folder is left as it is.
+   */
+  readonly releaseFolderWeights?: boolean
+}
 
 /**
  * Builds the local learner, policy versions and ambient sampler of a run from a loaded model folder. Sessions live in
@@ -374,7 +404,7 @@ const setupOf = Effect.fnUntraced(function*(
 export const make = Effect.fn("LocalPolicy.make")(function*(
   folder: ModelFolder.ModelFolder,
   config: TrainConfig.TrainConfig,
-  options: { readonly maxBatchSize?: number; readonly intraOpThreads?: number } = {}
+  options: Options = {}
 ): Effect.fn.Return<
   {
     readonly learner: Learner.Learner["Service"]
@@ -394,7 +424,7 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
     )
   }
   // One intra-op thread by default: see `learnerSlot`'s trainers (multi-threaded kernels sum in no fixed order).
-  const setup = yield* setupOf(folder, config, options.intraOpThreads ?? 1)
+  const setup = yield* setupOf(folder, config, options.intraOpThreads ?? 1, options.releaseFolderWeights === true)
   const tinker = setup.tinker
   const versions = tinker !== undefined ? undefined : yield* LocalVersions.make(setup, {
     maxBatchSize: options.maxBatchSize ?? 64
@@ -425,6 +455,8 @@ export const make = Effect.fn("LocalPolicy.make")(function*(
     reference: undefined,
     critic: undefined
   }
+  // The learner holds its own copy now: the folder's weights go where the caller handed them over.
+  if (versions !== undefined && folderReleasable(setup)) LocalVersions.releaseFolder(versions)
   const remote = setup.remote
   const learner = Learner.Learner.of({
     learn: (step, groups) => learn(local, step, groups),
@@ -467,7 +499,7 @@ export const prefillAlone: (engine: PolicyEngine.PolicyEngine["Service"]) => Sam
 export const layer = (
   folder: ModelFolder.ModelFolder,
   config: TrainConfig.TrainConfig,
-  options: { readonly maxBatchSize?: number; readonly intraOpThreads?: number } = {}
+  options: Options = {}
 ): Layer.Layer<Learner.Learner | PolicyVersions | Sampler, RunError, FileSystem.FileSystem> =>
   Layer.effectContext(
     Effect.map(make(folder, config, options), ({ learner, versions, sampler }) =>

@@ -26,7 +26,8 @@
  * weight is serialized into it, so onnxruntime's 2 GB model limit never applies. By default the weights are
  * initializers whose data onnxruntime copies from the caller's arrays while it creates a version's session
  * (in-memory external data) and pre-packs for its MatMul kernels: decoding is as fast as with the weights baked in,
- * and 1.5–2× faster than feeding them as inputs on every step (BENCHMARKS.md, "engine weights"). The caller's
+ * and faster than feeding them as inputs on every step (`weightsAs: "inputs"`, which holds no copy: what a large
+ * model's training run uses; BENCHMARKS.md, "engine weights" and "0.5 B end to end on 2 cores"). The caller's
  * arrays are not referenced afterwards (they may be written in place); the engines of one thread that sample the
  * same version of the same weights share its session. `updateWeights` creates a new session while decoding goes
  * on. Requests that already started finish on the session they started with, and their result carries that
@@ -68,8 +69,10 @@ export interface Options {
   /** Most sequences decoded together (default 32); later requests wait for a free slot. */
   readonly maxBatchSize?: number
   /**
-   * Weights as the session's initializers (`"initializers"`, default: one copy per version, held by onnxruntime) or
-   * fed as inputs on every step (`"inputs"`: the caller's arrays are used in place, slower decoding).
+   * Weights as the session's initializers (`"initializers"`, default: one copy per version, held by onnxruntime and
+   * pre-packed) or fed as inputs on every step (`"inputs"`: the caller's arrays are used in place, products as
+   * `FusedMatMul` with `transB`, one session for every version; what a full fine-tuning run of a large model
+   * samples with, BENCHMARKS.md "0.5 B end to end on 2 cores" has its speed).
    */
   readonly weightsAs?: "initializers" | "inputs"
   /** onnxruntime intra-op threads (default {@link defaultThreads}). */

@@ -24,7 +24,7 @@ export class PolicyVersions extends Context.Service<PolicyVersions, {
    * A sampler of published version `version` for one rollout batch, evaluation or warm-up check, alive in the
    * scope: every token it samples comes from that version, and its engine batches its own requests only, so what it
    * samples does not depend on any other batch running beside it. The versions a run still asks for are the last
-   * `maxStaleness + 2` published.
+   * `maxStaleness + 1` published (the newest in sync mode): what the schedule may still sample.
    */
   readonly sampler: (version: number) => Effect.Effect<Sampler["Service"], RunError, Scope.Scope>
   /** Figures of the versions' machinery for a step's metrics (inference servers: `servers/…`), if any. */

@@ -390,7 +390,8 @@ export const runConfig = Effect.fn("Train.runConfig")(function*(
     tokenText: (id) => folder.tokenizer.decode([id]),
     display
   }).pipe(
-    Effect.provide(Layer.provideMerge(rollouts, LocalPolicy.layer(folder, config))),
+    // The run reads the folder's weights for nothing else: the learner's copy replaces them (`releaseFolderWeights`).
+    Effect.provide(Layer.provideMerge(rollouts, LocalPolicy.layer(folder, config, { releaseFolderWeights: true }))),
     // What a task's environment may need from the run: pools of sandboxes and other leased resources.
     Effect.provide(ResourceManager.ResourceManager.layer),
     Telemetry.exported(telemetry, Telemetry.runAttributes(task.name, config)),

@@ -26,11 +26,18 @@
  *   as `defaultChunk` tokens of the whole vocabulary: `autodiff/ChunkedHead.ts`), or of the whole shard's logits when
  *   they fit in one tile.
  * - `extra`: the KL reference's weights (4·P) and a GAE critic (a second trainer on the trunk), when the run has them;
- *   the sampling side (≈ 20·P): the model folder's weights, held for the run (4·P), the published versions a run
- *   keeps (2 × 4·P) and the decode engine's session (onnxruntime's copy of the weights and its pre-packed products,
- *   ≈ 8·P); the process and onnxruntime (0.4 GiB). Measured on a whole run at Qwen2.5-0.5B's shapes (24 layers,
- *   micro-batches of 1 × 640 tokens): 23.2 GiB when the out-of-memory killer ended it after its third RL step, where
- *   12·P for the sampling side estimated 20.2 GiB and let it start on a 23.6 GiB machine; 20·P estimates 23.9 GiB.
+ *   the sampling side; the process and onnxruntime (0.4 GiB). With engines that take their weights as initializers
+ *   (`engine.weights`) the sampling side is ≈ 20·P: the model folder's weights, held for the run (4·P), the
+ *   published versions a run keeps (2 × 4·P) and the decode engine's session (onnxruntime's copy of the weights and
+ *   its pre-packed products, ≈ 8·P). Measured on a whole run at Qwen2.5-0.5B's shapes (24 layers, micro-batches of
+ *   1 × 640 tokens): 23.2 GiB when the out-of-memory killer ended it after its third RL step, where 12·P for the
+ *   sampling side estimated 20.2 GiB and let it start on a 23.6 GiB machine; 20·P estimates 23.9 GiB. With engines
+ *   fed the published version's arrays as inputs it is 4·P a published version held while the learner steps
+ *   (`publishedVersions`: none in sync mode, which lets them go then; `maxStaleness + 1` in async mode), plus the
+ *   folder's 4·P where the caller keeps its weights (`agentfly train` hands them over once the learner has its own
+ *   copy). While a sync run samples, it holds one version (4·P) and the learner's state without activations: less
+ *   than a learner step. Measured on the whole run above with bfloat16 moments and recompute (engines fed as inputs):
+ *   9.73 GiB, where this estimates 10.17 GiB (BENCHMARKS.md, "0.5 B end to end under 12 GiB").
  *
  * Measured with `scripts/learner-memory.ts` at Qwen2.5-0.5B's width (1 worker, 4 × 512 tokens): 1 layer (151 M
  * parameters) estimated 4.40 GiB, measured 4.04 GiB (4.64 GiB before the gradient copies were freed and the
@@ -76,6 +83,12 @@ export interface Settings {
   readonly recompute?: boolean
   /** The decode engine runs in this process. Default true. */
   readonly engine?: boolean
+  /** How the engines hold a version's weights (`engine.weights`, resolved). Default `"initializers"`. */
+  readonly engineWeights?: "initializers" | "inputs"
+  /** With engines fed as `"inputs"`: the published versions held while the learner steps (default 1). */
+  readonly publishedVersions?: number
+  /** With engines fed as `"inputs"`: the model folder's weights are released once the learner has its own. */
+  readonly folderReleased?: boolean
   /**
    * Parameters the learner trains, with gradients and AdamW moments: a LoRA run's adapters (`model.lora`; its base
    * is frozen). Default all of the model's.
@@ -160,10 +173,16 @@ export const estimate = (model: ModelConfig.ModelConfig, settings: Settings): Es
   const trunkP = P - (model.tieWordEmbeddings ? 0 : model.vocabSize * D)
   const extra = 0.4 * GiB + (settings.reference === true ? 4 * P : 0) +
     (settings.critic === true ? weights + gradients + optimizer + activations - 28 * (P - trunkP) : 0) +
-    (settings.engine === false ? 0 : 20 * P)
+    (settings.engine === false ? 0 : samplingSide(P, settings))
   const total = weights + gradients + optimizer + activations + head + extra
   return { parameters: P, weights, gradients, optimizer, activations, head, extra, total }
 }
+
+/** The sampling side's bytes for `P` parameters (module notes: `extra`). */
+const samplingSide = (P: number, settings: Settings): number =>
+  settings.engineWeights === "inputs"
+    ? 4 * P * ((settings.publishedVersions ?? 1) + (settings.folderReleased === true ? 0 : 1))
+    : 20 * P
 
 /** Bytes as GiB with two decimals. */
 const gib = (bytes: number) => `${(bytes / GiB).toFixed(2)} GiB`

@@ -472,6 +472,17 @@ export type CriticConfig = typeof CriticConfig.Type
 export const EngineConfig = Schema.Struct({
   thread: Schema.optionalKey(Schema.Boolean),
   /**
+   * How the local engines hold a policy version's weights (`actors/internal/engineModel.ts`). `"initializers"`:
+   * onnxruntime copies them into each version's session and pre-packs them (the fastest decoding; ≈ 8 bytes a
+   * parameter per session besides the version's own copy). `"inputs"`: fed on every step from the published
+   * version's arrays (no onnxruntime copy, one session for every version, and in a sync run no copy while the learner
+   * steps; its products are not pre-packed: ≈ 0.74 of the decoding speed at Qwen2.5-0.5B's shapes, BENCHMARKS.md
+   * "0.5 B end to end under 12 GiB"). Both sample the same tokens. `"auto"` (default): `"inputs"` where only it fits the machine's memory
+   * (`MemoryEstimate`), else `"initializers"` (the embedded presets and `npm run demo` always). A LoRA run's engines
+   * always take their weights as inputs (`docs/lora.md`).
+   */
+  weights: Schema.optionalKey(Schema.Literals(["auto", "initializers", "inputs"])),
+  /**
    * Inference servers that sample the rollouts instead of the local engine: the API roots of `agentfly serve
    * --accept-weights` processes (`http://HOST:PORT/v1`), here or on other machines. The learner stays in this
    * process and pushes every version it publishes to all of them (`actors/InferenceServers.ts`); a run goes on while

@@ -8,14 +8,19 @@
  *   MatMul kernels pre-pack it, so decoding is as fast as with the weights baked into the protobuf; the caller's
  *   arrays are not referenced after `InferenceSession.create` returns.
  * - `"inputs"`: every weight is a graph input fed on every run (onnxruntime-node wraps input tensors without
- *   copying them: the caller's arrays are the only copy), but a weight input is not pre-packed and each `Transpose`
- *   of one runs on every step, so decoding is slower.
+ *   copying them: the caller's arrays are the only copy, and a session holds no weights, so one serves every
+ *   version: {@link sessionWeightsKey}). A weight input is not pre-packed, so every product with one is a
+ *   com.microsoft `FusedMatMul(x, W, transB = 1)` over the flattened rows (`Qwen2.inferenceGraph`'s `fused`, the LoRA
+ *   engine's products without an adapter): no `Transpose` of a weight runs per step. This is how a full fine-tuning
+ *   run of a large model samples (`engine.weights`, `localVersions.ts`): from the published version's arrays, with no
+ *   onnxruntime copy and no pre-packed copy per session. Before issue 41's point 6 this mode ran `MatMul(x,
+ *   Transpose(W))` and transposed every weight on every step.
  *
- * The graph is `Qwen2.inferenceGraph`'s, unchanged: onnxruntime folds each `Transpose` of a weight initializer into
- * a transposed copy, which the MatMul kernel then pre-packs. Rewriting `MatMul(x, Transpose(W))` as
- * `FusedMatMul(x, W, transB = 1)` instead saved 6 % of the memory and 40 % of the session creation at Qwen2.5-0.5B
- * shapes but decoded 16–19 % slower at batch 32 on the `medium` preset, so it was not kept (BENCHMARKS.md,
- * "engine weights").
+ * With initializers the graph is `Qwen2.inferenceGraph`'s default, unchanged: onnxruntime folds each `Transpose` of
+ * a weight initializer into a transposed copy, which the MatMul kernel then pre-packs. Rewriting `MatMul(x,
+ * Transpose(W))` as `FusedMatMul(x, W, transB = 1)` there saved 6 % of the memory and 40 % of the session creation
+ * at Qwen2.5-0.5B shapes but decoded 16–19 % slower at batch 32 on the `medium` preset, so it was not kept
+ * (BENCHMARKS.md, "engine weights").
  *
  * A LoRA engine (`lora`) decodes with its adapter unmerged (`Qwen2.inferenceGraph` with `lora`): every weight is an
  * input, the base's arrays fed as they are (the ones the learner reads: no copy per version, none in onnxruntime)
@@ -79,7 +84,9 @@ export const modelBytes = (
 const built = new Map<string, Uint8Array>()
 
 const build = (c: ModelConfig.ModelConfig, weightsAs: "initializers" | "inputs"): Uint8Array =>
-  withWeights(Qwen2.inferenceGraph(c, "inputs"), Qwen2.parameters(c), weightsAs)
+  weightsAs === "inputs"
+    ? Graph.toModelBytes(Qwen2.inferenceGraph(c, "inputs", undefined, true))
+    : withWeights(Qwen2.inferenceGraph(c, "inputs"), Qwen2.parameters(c), weightsAs)
 
 /**
  * The bytes of graph `g` whose weight inputs `specs` stay inputs or become external initializers (module notes):

@@ -11,6 +11,7 @@
 import { Effect, Exit, Scope } from "effect"
 import type { FileSystem } from "effect"
 import * as Checkpoint from "../../src/Checkpoint.ts"
+import { collectGarbage } from "../../src/internal/collectGarbage.ts"
 import * as Lora from "../../src/Lora.ts"
 import * as Loss from "../../src/Loss.ts"
 import * as LrSchedule from "../../src/LrSchedule.ts"
@@ -116,10 +117,19 @@ const replace = Effect.fnUntraced(function*(
   schedule: LrSchedule.Config
 ) {
   yield* Scope.close(slot.scope, Exit.void)
+  // A large model's closed trainer (its weights, moments and accumulator) is collected before the new one's first
+  // step: left to V8, the 0.5 B warm-up's first step ran with it still resident (BENCHMARKS.md, "0.5 B end to end").
+  if (large(slot)) collectGarbage()
   const { scope, trainer } = yield* open(slot.setup, weights, loss, schedule)
   slot.scope = scope
   slot.trainer = trainer
 })
+
+/** Bytes of weights from which the slot collects garbage when it lets a copy go (as `OnnxTrainer.releaseOutputs`). */
+const largeBytes = 256 * 1024 ** 2
+
+const large = (slot: Slot): boolean =>
+  4 * slot.setup.model.parameters.reduce((n, p) => n + p.shape.reduce((a, b) => a * b, 1), 0) >= largeBytes
 
 /** The warm-up starts: the SFT trainer (NLL loss, the warm-up's learning rate) on the current weights. */
 export const startSft = Effect.fnUntraced(function*(slot: Slot) {
@@ -149,10 +159,15 @@ export const endWarmup = Effect.fnUntraced(function*(slot: Slot) {
  */
 export const mutating = <A, E, R>(slot: Slot, effect: Effect.Effect<A, E, R>): Effect.Effect<A, E, R> => {
   const drop = Effect.sync(() => {
+    const held = slot.weights !== undefined
     slot.weights = undefined
     slot.summary = undefined
+    return held
   })
-  return Effect.andThen(drop, effect).pipe(Effect.ensuring(drop))
+  // A large copy let go before the step is collected before the step's activations come (unless a published version
+  // still holds it).
+  const before = Effect.tap(drop, (held) => Effect.sync(() => held && large(slot) && collectGarbage()))
+  return Effect.andThen(before, effect).pipe(Effect.ensuring(drop))
 }
 
 /** A copy of the trainer's current weights, taken once per change; a remote trainer that cannot send them fails. */

@@ -41,6 +41,13 @@ export interface Setup {
   readonly remote: RemoteLearner.Remote | undefined
   /** The Tinker engine of `learner.backend: "tinker"`, if the run has one. */
   readonly tinker: TinkerLearner.Tinker | undefined
+  /** How the local engines hold a version's weights: `engine.weights` resolved ({@link engineWeightsOf}). */
+  readonly engineWeights: "initializers" | "inputs"
+  /**
+   * The caller hands the folder's weights over (`agentfly train`): once the learner holds its own copy they are
+   * released (`localVersions.releaseFolder`), where nothing else reads them (full fine-tuning of a text model here).
+   */
+  readonly releaseFolder: boolean
 }
 
 /** A learner step, a trainer or an engine failed. */
@@ -97,8 +104,36 @@ export const mmapThresholdFixed = (): boolean => process.env["MALLOC_MMAP_THRESH
  */
 export const checkMemory = Effect.fnUntraced(function*(setup: Setup) {
   if (setup.remote !== undefined || setup.tinker !== undefined) return
+  const { learner } = setup.config
+  const settings = memorySettings(setup, setup.engineWeights)
+  if (learner.recompute === true && !mmapThresholdFixed()) {
+    yield* Effect.logWarning(
+      "learner.recompute: the activations' memory is returned to the system only with MALLOC_MMAP_THRESHOLD_=1048576 " +
+        "in agentfly's environment (glibc reads it at start); without it the peak does not fall. Start the run as " +
+        "`MALLOC_MMAP_THRESHOLD_=1048576 agentfly train …`"
+    )
+  }
+  const available = yield* machineMemory().pipe(Effect.provideContext(setup.fsContext))
+  const refused = MemoryEstimate.check(setup.folder.config, settings, available)
+  if (refused !== undefined) return yield* runError("Learner", refused.message, refused)
+})
+
+/** The published versions a run's schedule may still sample: the newest in sync mode, `maxStaleness + 1` in async. */
+export const keptVersions = (config: TrainConfig.TrainConfig): number =>
+  (config.mode === "async" ? config.maxStaleness : 0) + 1
+
+/** The folder's weights can be released once the learner copied them: a local full fine-tuning of a text model. */
+export const folderReleasable = (setup: Omit<Setup, "engineWeights">): boolean =>
+  setup.releaseFolder && setup.config.model.lora === undefined && setup.folder.vision === undefined &&
+  setup.remote === undefined && setup.tinker === undefined
+
+/** What `MemoryEstimate` reads of a run whose engines hold their weights as `engineWeights`. */
+const memorySettings = (
+  setup: Omit<Setup, "engineWeights">,
+  engineWeights: "initializers" | "inputs"
+): MemoryEstimate.Settings => {
   const { algorithm, learner } = setup.config
-  const settings: MemoryEstimate.Settings = {
+  return {
     microBatchSize: algorithm.microBatchSize,
     sequenceLength: TrainConfig.onModel(setup.config, setup.folder.config).agent.maxContextTokens!,
     workers: learner.workers,
@@ -111,16 +146,30 @@ export const checkMemory = Effect.fnUntraced(function*(setup: Setup) {
     ...(setup.config.model.lora === undefined ? {} : {
       trainedParameters: Lora.parameters(setup.folder.config, setup.config.model.lora)
         .reduce((n, p) => n + p.shape.reduce((a, b) => a * b, 1), 0)
-    })
+    }),
+    // A LoRA run's engines feed the base as it is: counted as before (the estimate of issue 41, conservative there).
+    ...(engineWeights === "inputs" && setup.config.model.lora === undefined
+      ? {
+        engineWeights,
+        // A sync run lets its published copies go while the learner steps, the peak (`localVersions.learnerChanges`).
+        publishedVersions: setup.config.mode === "sync" ? 0 : keptVersions(setup.config),
+        folderReleased: folderReleasable(setup)
+      }
+      : {})
   }
-  if (learner.recompute === true && !mmapThresholdFixed()) {
-    yield* Effect.logWarning(
-      "learner.recompute: the activations' memory is returned to the system only with MALLOC_MMAP_THRESHOLD_=1048576 " +
-        "in agentfly's environment (glibc reads it at start); without it the peak does not fall. Start the run as " +
-        "`MALLOC_MMAP_THRESHOLD_=1048576 agentfly train …`"
-    )
-  }
+}
+
+/**
+ * `engine.weights` resolved: `"auto"` is `"inputs"` where the run fits the machine's memory only so (`MemoryEstimate`),
+ * else `"initializers"`, whose pre-packed products decode faster (the embedded presets and the demo always fit).
+ * Both sample the same tokens (`test/actors/TrainEngineWeights.test.ts`), so the choice changes memory and speed only.
+ */
+export const engineWeightsOf = Effect.fnUntraced(function*(setup: Omit<Setup, "engineWeights">) {
+  const chosen = setup.config.engine.weights ?? "auto"
+  if (chosen !== "auto") return chosen
+  if (setup.remote !== undefined || setup.tinker !== undefined) return "initializers" as const
+  const c = setup.folder.config
   const available = yield* machineMemory().pipe(Effect.provideContext(setup.fsContext))
-  const refused = MemoryEstimate.check(setup.folder.config, settings, available)
-  if (refused !== undefined) return yield* runError("Learner", refused.message, refused)
+  const fits = (w: "initializers" | "inputs") => MemoryEstimate.estimate(c, memorySettings(setup, w)).total <= available
+  return !fits("initializers") && fits("inputs") ? "inputs" as const : "initializers" as const
 })

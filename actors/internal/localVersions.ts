@@ -9,6 +9,7 @@
  */
 import { Effect, Scope, Semaphore } from "effect"
 import { resolve } from "node:path"
+import { collectGarbage } from "../../src/internal/collectGarbage.ts"
 import * as Lora from "../../src/Lora.ts"
 import * as Qwen2 from "../../src/model/Qwen2.ts"
 import * as VisionTower from "../../src/model/VisionTower.ts"
@@ -19,13 +20,16 @@ import * as InferenceServers from "../InferenceServers.ts"
 import * as PolicyEngine from "../PolicyEngine.ts"
 import { runError, wrap, type RunError } from "../RunError.ts"
 import * as EngineModel from "./engineModel.ts"
-import { learnerError, type Setup } from "./localSetup.ts"
+import { keptVersions, learnerError, type Setup } from "./localSetup.ts"
 import * as LoraCarrier from "./loraCarrier.ts"
 import * as RemoteLearner from "./remoteLearner.ts"
 
 export interface Published {
   readonly version: number
-  /** Undefined when the trainer server pushes the weights to the inference servers itself. */
+  /**
+   * Undefined when the trainer server pushes the weights to the inference servers itself, or for the folder's entry
+   * once its weights were released ({@link releaseFolder}).
+   */
   readonly weights: Qwen2.Weights | undefined
 }
 
@@ -38,7 +42,14 @@ export interface Versions {
    * trainer publishes (versions increase): before the warm-up's checks (negative versions) and version 0.
    */
   readonly published: Array<Published>
-  /** How many versions `published` keeps. */
+  /**
+   * How many versions `published` keeps: the ones the schedule may still sample (`localSetup.keptVersions`: the
+   * newest in sync mode, `maxStaleness + 1` in async mode). Learner step `s` waits for batch `s`, which samples
+   * version `s − 1 − maxStaleness` or newer, so while any batch may still look its version up the newest published is
+   * at most `s − 1` and that version is among the last `maxStaleness + 1`; evaluations and warm-up checks sample the
+   * newest. A version that leaves is garbage once the engines sampling it close (they feed its arrays, or onnxruntime
+   * copied them).
+   */
   readonly retained: number
   /** The inference servers of `engine.servers`, which sample instead of local engines. */
   readonly servers: InferenceServers.InferenceServers | undefined
@@ -85,7 +96,7 @@ export const make = Effect.fnUntraced(function*(setup: Setup, options: { readonl
     maxBatchSize: options.maxBatchSize,
     published: [{ version: -1 - (config.warmup?.steps ?? 0), weights: folder.weights }],
     lora,
-    retained: (config.mode === "async" ? config.maxStaleness : 0) + 2,
+    retained: keptVersions(config),
     servers,
     engineThread,
     weightless,
@@ -94,6 +105,40 @@ export const make = Effect.fnUntraced(function*(setup: Setup, options: { readonl
   }
   return versions
 })
+
+/**
+ * Releases the folder's weights once the learner holds its own copy (`LocalPolicy.make`'s `releaseFolderWeights`):
+ * the folder's entry keeps its version and loses its weights, and the folder's map is emptied so that nothing keeps
+ * them alive. The folder's entry is never sampled (a warm-up's checks and version 0 are published first); an
+ * unchanged version 0 (no warm-up) is then taken from the learner, the same values.
+ */
+export const releaseFolder = (versions: Versions): void => {
+  const weights = versions.setup.folder.weights
+  const i = versions.published.findIndex((p) => p.weights === weights)
+  if (i >= 0) versions.published[i] = { version: versions.published[i]!.version, weights: undefined }
+  if (weights instanceof Map) weights.clear()
+  collectGarbage()
+}
+
+/**
+ * The learner is about to change its weights (a step, a warm-up step, a load). In a sync run whose engines are fed
+ * the published arrays, no version published so far is sampled again (the next batch, evaluation or check samples
+ * the version published after this change), so their copies go now rather than when the next version replaces
+ * them: the learner's step, a run's peak, does not hold a copy nothing reads (4 bytes a parameter). A version
+ * republished unchanged (a step without signal) is taken from the learner again.
+ */
+export const learnerChanges = (versions: Versions): void => {
+  const { setup } = versions
+  const fed = setup.engineWeights === "inputs" && engineLora(setup) === undefined && setup.config.model.lora === undefined
+  if (setup.config.mode !== "sync" || versions.servers !== undefined || !fed) return
+  let dropped = false
+  for (const [i, p] of versions.published.entries()) {
+    if (p.weights === undefined) continue
+    versions.published[i] = { version: p.version, weights: undefined }
+    dropped = true
+  }
+  if (dropped) collectGarbage()
+}
 
 /** The newest published version. */
 export const newest = (versions: Versions): Published => versions.published[versions.published.length - 1]!
@@ -168,6 +213,7 @@ const engineOf = (versions: Versions, version: number, weights: Qwen2.Weights) =
   return (versions.engineThread?.make ?? PolicyEngine.make)({
     config: versions.setup.folder.config,
     weights: forEngine(versions.setup, weights),
+    weightsAs: versions.setup.engineWeights,
     lora: engineLora(versions.setup),
     version,
     maxBatchSize: versions.maxBatchSize,
@@ -191,13 +237,29 @@ export const publish = Effect.fnUntraced(function*(
     return yield* runError("Learner", message)
   }
   if (version === last.version) return
-  const taken = versions.weightless ? undefined : changed ? (yield* weights) as Qwen2.Weights : last.weights
+  // Unchanged weights are the newest version's (the folder's, when released, are the learner's: taken from it).
+  const taken = versions.weightless
+    ? undefined
+    : changed || last.weights === undefined
+    ? (yield* weights) as Qwen2.Weights
+    : last.weights
   if (versions.servers !== undefined) {
     yield* pushTo(versions, versions.servers, version, taken)
   }
   versions.published.push({ version, weights: taken })
   if (versions.published.length > versions.retained) versions.published.shift()
 })
+
+/**
+ * A version whose weights were let go: the folder's once the learner copied them (`releaseFolder`), or in a sync run
+ * fed as inputs one the learner has changed since (`learnerChanges`).
+ */
+const released = (version: number) =>
+  runError(
+    "Learner",
+    `policy version ${version}'s weights were let go (the model folder's once the learner copied them; in a sync ` +
+      `run, every version once the learner changes its weights): sample the version the learner published last`
+  )
 
 /** A sampler of published `version` alone in its engine (or the servers' sampler of it), alive in the scope. */
 export const sampler = Effect.fnUntraced(function*(versions: Versions, version: number) {
@@ -208,9 +270,11 @@ export const sampler = Effect.fnUntraced(function*(versions: Versions, version: 
       `policy version ${version} is not among the published versions ${versions.published.map((p) => p.version)}`
     )
   }
-  // Without servers every entry holds its weights (only a trainer pushing to servers keeps them).
+  // Without servers every entry holds its weights (only a trainer pushing to servers keeps them), but those let go:
+  // nothing samples them.
   if (versions.servers !== undefined) return versions.servers.sampler(version)
-  return prefillAlone(yield* engineOf(versions, version, entry.weights!), versions.setup.folder.vision?.vision)
+  if (entry.weights === undefined) return yield* released(version)
+  return prefillAlone(yield* engineOf(versions, version, entry.weights), versions.setup.folder.vision?.vision)
 })
 
 /** The ambient sampler's current one: the servers', or one engine following the newest version. */
@@ -225,14 +289,15 @@ const ambientSampler = (versions: Versions) =>
       }
       return servers.sampler(version)
     }
-    // Without servers every published entry holds its weights.
+    // Without servers every published entry holds its weights, but those let go.
+    if (weights === undefined) return yield* released(version)
     if (versions.ambient === undefined) {
-      const engine = yield* engineOf(versions, version, weights!).pipe(
+      const engine = yield* engineOf(versions, version, weights).pipe(
         Effect.provideService(Scope.Scope, versions.setup.runScope)
       )
       versions.ambient = { engine, sampler: prefillAlone(engine, versions.setup.folder.vision?.vision) }
     } else if ((yield* versions.ambient.engine.policyVersion) < version) {
-      yield* versions.ambient.engine.updateWeights(version, forEngine(versions.setup, weights!)).pipe(
+      yield* versions.ambient.engine.updateWeights(version, forEngine(versions.setup, weights)).pipe(
         Effect.mapError(learnerError)
       )
     }

@@ -696,6 +696,20 @@ const clear = (trainer: Trainer) => {
 }
 
 /** Closes the pool, if any, waiting up to `wait` for its threads; the next pooled call starts fresh ones. */
+/**
+ * A closed trainer lets go of its weights, gradients and moments (without workers: theirs live in shared memory the
+ * record keeps), so that whoever still holds its service, such as a learner slot that replaces it by a trainer built
+ * from a copy of its weights, does not keep them alive: at 0.5 B the warm-up's trainer held 4.6 GiB beside the RL
+ * trainer that replaced it (BENCHMARKS.md, "0.5 B end to end on 2 cores").
+ */
+const letGo = (trainer: Trainer): void => {
+  if (trainer.shared !== undefined) return
+  trainer.params.clear()
+  trainer.accum.clear()
+  trainer.optimizerState.m.clear()
+  trainer.optimizerState.v.clear()
+}
+
 const dropPool = (trainer: Trainer, wait: Duration.Input = "5 seconds") =>
   Effect.suspend(() => {
     const p = trainer.pool
@@ -1009,6 +1023,29 @@ const threadsOf = (trainer: Trainer) => ({
 })
 
 /**
+ * The trainer's own copy of its initial weights (into `shared` views with workers), or what is wrong with them.
+ * A function of its own, so that no closure of `make` refers to `options`: one that did kept the caller's map alive
+ * with the trainer (V8 keeps a captured variable in a context every closure of the scope shares), and at 0.5 B an RL
+ * trainer built from the warm-up's weights held that copy, 1.84 GiB, to the end of the run (BENCHMARKS.md, "0.5 B
+ * end to end on 2 cores").
+ */
+const initialParams = (
+  options: Options,
+  sharedParams: Map<string, Float32Array> | undefined
+): Map<string, Float32Array> | string => {
+  const { model } = options
+  const initial = (name: string) => options.weights.get(name) ?? model.initial?.get(name)
+  const wrong = sizeProblem(model.parameters, initial, "weight")
+  if (wrong !== undefined) return wrong
+  const params = new Map<string, Float32Array>()
+  for (const { name } of model.parameters) {
+    const w = initial(name)!, p = sharedParams?.get(name)
+    params.set(name, p === undefined ? Float32Array.from(w) : (p.set(w), p))
+  }
+  return params
+}
+
+/**
  * A local trainer in the current scope (sessions are released when it closes).
  *
  * @category constructors
@@ -1025,20 +1062,15 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
   const layout = layoutOf(model.parameters)
   const shared = workers > 1 ? sharedMemory(layout, workers, options.moments ?? "float32") : undefined
   const sharedParams = shared === undefined ? undefined : sharedViews(shared.params, layout)
-  const initial = (name: string) => options.weights.get(name) ?? model.initial?.get(name)
-  const wrong = sizeProblem(model.parameters, initial, "weight")
-  if (wrong !== undefined) return yield* fail("BadBatch", wrong)
-  const params = new Map<string, Float32Array>()
-  for (const { name } of model.parameters) {
-    const w = initial(name)!, p = sharedParams?.get(name)
-    params.set(name, p === undefined ? Float32Array.from(w) : (p.set(w), p))
-  }
+  const params = initialParams(options, sharedParams)
+  if (typeof params === "string") return yield* fail("BadBatch", params)
   const lock = yield* Semaphore.make(1)
   const shardsAccumulated = Array.from({ length: workers }, () => 0)
   const scope = yield* Effect.scope
   const frozenScope = yield* Scope.fork(scope)
   const trainer: Trainer = {
-    options,
+    // The initial weights are copied into `params`: the record does not keep the caller's map.
+    options: { ...options, weights: new Map() },
     model,
     workers,
     layout,
@@ -1066,6 +1098,7 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
     frozenWrites: 0
   }
   yield* Scope.addFinalizer(scope, dropPool(trainer)) // runs before `frozenScope`, forked earlier, is closed
+  yield* Scope.addFinalizer(scope, Effect.sync(() => letGo(trainer)))
 
   const locked = lock.withPermits(1)
   const service = GradientBackend.GradientBackend.of({

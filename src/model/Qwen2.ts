@@ -756,7 +756,9 @@ export const trainingGraph = (
  * With `lora`, the LoRA decode graph instead: the base and the adapters are all graph inputs (a version's engine
  * feeds the base's arrays as they are and swaps only the adapter), each targeted projection computes
  * `x·Wᵀ + s·(x·Aᵀ)·Bᵀ`, and every product with a weight is a `FusedMatMul` with `transB = 1`, so that no
- * `Transpose` of a weight runs per step. Without `lora` the graph is exactly the one it always was.
+ * `Transpose` of a weight runs per step. With `fused` (and weights as `"inputs"`) the same products without an
+ * adapter: the full fine-tuning engine that feeds a published version's arrays. Without either the graph is exactly
+ * the one it always was.
  *
  * @category constructors
  * @since 0.1.0
@@ -764,14 +766,15 @@ export const trainingGraph = (
 export const inferenceGraph = (
   c: ModelConfig.ModelConfig,
   weights: "inputs" | Weights,
-  lora?: Lora.Config
+  lora?: Lora.Config,
+  fused = false
 ): Graph.Graph => {
-  if (lora === undefined) {
+  if (lora === undefined && !(fused && weights === "inputs")) {
     const graph = Graph.make("qwen2_decode")
     forward(graph, c, { kvCache: true, weights, lastTokenOnly: true })
     return graph
   }
-  const graph = Graph.make("qwen2_lora_decode")
+  const graph = Graph.make(lora === undefined ? "qwen2_fused_decode" : "qwen2_lora_decode")
   forward(graph, c, { kvCache: true, weights: "inputs", lastTokenOnly: true, lora, fusedProducts: true })
   return graph
 }

@@ -8,6 +8,7 @@ import * as LocalVersions from "../../actors/internal/localVersions.ts"
 import { make } from "../../actors/PolicyEngine.ts"
 import * as Lora from "../../src/Lora.ts"
 import * as ModelConfig from "../../src/model/ModelConfig.ts"
+import * as Graph from "../../src/onnx/Graph.ts"
 import * as Qwen2 from "../../src/model/Qwen2.ts"
 import type { GenerateRequest } from "../../src/Sampler.ts"
 import * as Sampling from "../../src/Sampling.ts"
@@ -116,14 +117,27 @@ describe("PolicyEngine with an unmerged LoRA adapter", () => {
     assert.strictEqual(LocalVersions.forEngine(setup, base).get(adapterNames[0]!), fresh.get(adapterNames[0]!))
   })
 
-  it("the text engine's model without LoRA is byte for byte the one it was", () => {
+  it("the text engine's model without LoRA is byte for byte the one it was; fed as inputs, it is the fused graph", () => {
     // Hashes of `modelBytes` at 4c0b0bf (before LoRA engines): the demo's figures depend on this graph.
     assert.strictEqual(sha(EngineModel.modelBytes(c, "initializers")), PINNED_INITIALIZERS)
-    assert.strictEqual(sha(EngineModel.modelBytes(c, "inputs")), PINNED_INPUTS)
+    // Fed as inputs (`engine.weights`), the LoRA engine's products without an adapter (issue 41 point 6).
+    const inputs = EngineModel.modelBytes(c, "inputs")
+    assert.strictEqual(sha(inputs), PINNED_INPUTS)
+    assert.strictEqual(sha(Graph.toModelBytes(Qwen2.inferenceGraph(c, "inputs", undefined, true))), PINNED_INPUTS)
+    assert.notStrictEqual(sha(inputs), PINNED_UNFUSED_INPUTS)
+    // No `Transpose` of a weight runs per step: every product with one is a `FusedMatMul`.
+    const fused = Qwen2.inferenceGraph(c, "inputs", undefined, true)
+    const weightNames = new Set(Qwen2.parameters(c).map((p) => p.name))
+    const transposed = fused.nodes.filter((n) => n.op === "Transpose" && weightNames.has(n.inputs[0]!))
+    assert.deepStrictEqual(transposed, [])
+    assert.isAbove(fused.nodes.filter((n) => n.op === "FusedMatMul").length, 6 * c.numHiddenLayers)
+    assert.strictEqual(sha(Graph.toModelBytes(Qwen2.inferenceGraph(c, "inputs"))), PINNED_UNFUSED_INPUTS)
     const loraBytes = EngineModel.modelBytes(c, "inputs", lora)
     assert.notStrictEqual(sha(loraBytes), PINNED_INPUTS)
   })
 })
 
 const PINNED_INITIALIZERS = "58f25c8f9b6b613a95c98d909cbde1e417800d553e23d85b1ef65a314ad34258"
-const PINNED_INPUTS = "8c119205bfae1fcfa65b4cbf4d63d0728a1d43aaf8da0452469f9a70c5b55396"
+const PINNED_INPUTS = "7646a041508495474af3144bd4f2eb8a294415405c0625d71775f9fb02536a2a"
+/** The engine's inputs model until issue 41 point 6 (`MatMul(x, Transpose(W))`), still `inferenceGraph`'s default. */
+const PINNED_UNFUSED_INPUTS = "8c119205bfae1fcfa65b4cbf4d63d0728a1d43aaf8da0452469f9a70c5b55396"

@@ -6,7 +6,7 @@
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
-import { existsSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs"
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as Journal from "../../actors/Journal.ts"
@@ -119,6 +119,21 @@ describe("agentfly train", () => {
           .map((l) => JSON.parse(l).figures["warmup/validation_accuracy"] as number | undefined)
         assert.strictEqual(checks.length, 3, "the unreachable target kept all 3 warm-up steps")
         assert.isTrue(checks[0] === 0 && checks[1] === 0 && checks[2] === undefined, `checks: ${checks}`)
+
+        // Engines fed the published weights as inputs (`engine.weights`), killed and resumed the same way: the same
+        // weights after every step as the uninterrupted run with the default engines (issue 41 point 6).
+        const fed = join(dir, "config-inputs.json")
+        writeFileSync(fed, JSON.stringify({ ...JSON.parse(readFileSync(config, "utf8")), engine: { weights: "inputs" } }))
+        const c = join(dir, "c")
+        const killedFed = yield* train([fed, "--output", c], () => {
+          const path = join(c, "journal.jsonl")
+          return existsSync(path) && readFileSync(path, "utf8").includes(`"kind":"step","step":3`)
+        })
+        assert.strictEqual(killedFed.signal, "SIGKILL", killedFed.output)
+        const resumedFed = yield* train([fed, "--output", c, "--resume"])
+        assert.strictEqual(resumedFed.code, 0, resumedFed.output)
+        assert.deepStrictEqual(hashes(yield* entries(c)), hashes(reference), "fed as inputs: the same weights")
+        rmSync(dir, { recursive: true, force: true })
       }).pipe(Effect.provide(NodeServices.layer)),
     300_000
   )

@@ -1,7 +1,8 @@
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, FileSystem } from "effect"
+import { Effect, Exit, FileSystem, Scope } from "effect"
 import * as OnnxTrainer from "../../../src/backends/OnnxTrainer.ts"
+import { collectGarbage } from "../../../src/internal/collectGarbage.ts"
 import * as Loss from "../../../src/Loss.ts"
 import * as LrSchedule from "../../../src/LrSchedule.ts"
 import * as ModelConfig from "../../../src/model/ModelConfig.ts"
@@ -295,5 +296,26 @@ describe("OnnxTrainer", () => {
       assert.instanceOf(cause, Error)
       const bad = yield* Effect.flip(OnnxTrainer.make(options({ weights: new Map() })))
       assert.strictEqual(bad.reason._tag, "BadBatch")
+    }).pipe(Effect.provide(NodeServices.layer)))
+
+  it.live("keeps no reference to the weights it started from, and a closed trainer lets go of its own", () =>
+    Effect.gen(function*() {
+      let weights: Qwen2.Weights | undefined = Qwen2.initWeights(config, 7)
+      const initial = new WeakRef(weights.get("model.embed_tokens.weight")!)
+      const scope = yield* Scope.make()
+      const made = yield* OnnxTrainer.make(options({ weights })).pipe(Scope.provide(scope))
+      weights = undefined
+      // A WeakRef's target lives to the end of the job that made it: collect from a later one.
+      yield* Effect.sleep("20 millis")
+      collectGarbage()
+      assert.isUndefined(initial.deref(), "the caller's weights are garbage while the trainer lives")
+      const own = new WeakRef((yield* made.trainer.weights).get("model.embed_tokens.weight")!)
+      assert.isDefined(own.deref())
+      yield* Scope.close(scope, Exit.void)
+      const trained = (made as { trainer: unknown }).trainer // the service is still held here
+      yield* Effect.sleep("20 millis")
+      collectGarbage()
+      assert.isDefined(trained)
+      assert.isUndefined(own.deref())
     }).pipe(Effect.provide(NodeServices.layer)))
 })
