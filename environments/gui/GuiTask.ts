@@ -7,7 +7,9 @@
  * Rows: `{ question, layout, goal, maxSteps }` (`Generator.Row`), from `examples/gui/generate.ts`. Options
  * (`{ "name": "gui", "options": { … } }`): `toolCallFormat`, the weight of a tool-call format term (default 0);
  * `screenFirst`, the first screen in the question's message before its text (default false: a message of its own
- * after the question), so that its image tokens sit at the same positions whatever the question's length.
+ * after the question), so that its image tokens sit at the same positions whatever the question's length;
+ * `alignment`, the weight (at most 1/2) of a shaping term that credits a click in the target's columns or rows
+ * (`aligned`, default 0; the run's accuracy stays the success rate).
  *
  * @since 0.1.0
  */
@@ -134,6 +136,40 @@ export const solved = Reward.make("gui", {
 })
 
 /**
+ * The best alignment of the episode's clicks with a click goal's target (`Screen.alignment`: 1/2 per coordinate
+ * within the target's span), as `reward/gui_aligned/aligned`: a shaping term, weighted by the task's `alignment`
+ * option, that credits the right column or row of a missed click.
+ *
+ * @category rewards
+ * @since 0.1.0
+ */
+export const aligned = Reward.make("gui_aligned", {
+  dependencies: [Gui],
+  score: () =>
+    Effect.map(Effect.flatMap(Gui, (g) => g.state), (state) => {
+      const value = state?.aligned ?? 0
+      // `acc`: a run's accuracy is the episode's success, not a reward of at least 1 (`Trajectory.isCorrect`).
+      return { reward: value, metrics: { aligned: value, acc: state === undefined ? 0 : Screen.score(state) } }
+    })
+})
+
+/**
+ * The task's reward: solved, plus the weighted format and alignment terms when their weights are positive.
+ *
+ * @category rewards
+ * @since 0.1.0
+ */
+export const reward = (toolCallFormat: number, alignment: number) =>
+  alignment === 0 ? ToolCallFormat.withFormat(solved, toolCallFormat) : Reward.combine(
+    `gui + ${toolCallFormat}·toolCallFormat + ${alignment}·aligned`,
+    [
+      { reward: solved, weight: 1 },
+      { reward: ToolCallFormat.toolCallFormat, weight: toolCallFormat },
+      { reward: aligned, weight: alignment }
+    ]
+  )
+
+/**
  * The screen as an environment message: one image part.
  *
  * @category getters
@@ -177,14 +213,18 @@ export const systemPrompt = "Use the screen: click {x, y} or type {text}."
  * @since 0.1.0
  */
 export const make = (
-  options: { readonly toolCallFormat?: number | undefined; readonly screenFirst?: boolean | undefined } = {}
+  options: {
+    readonly toolCallFormat?: number | undefined
+    readonly screenFirst?: boolean | undefined
+    readonly alignment?: number | undefined
+  } = {}
 ): Task.Task =>
   Task.make("gui", {
     description: "Operate a drawn screen (buttons, a text field, a menu) by clicking and typing",
     row: Generator.Fields,
     ...(options.screenFirst === true ? { prompt: screenFirstPrompt } : {}),
     tools,
-    reward: ToolCallFormat.withFormat(solved, options.toolCallFormat ?? 0),
+    reward: reward(options.toolCallFormat ?? 0, options.alignment ?? 0),
     environment: provider(),
     episode: {
       start: ({ row }) =>
@@ -221,7 +261,8 @@ export const task = Task.withOptions(
   "gui",
   Schema.Struct({
     toolCallFormat: Schema.optionalKey(Schema.Number.check(Schema.isGreaterThanOrEqualTo(0))),
-    screenFirst: Schema.optionalKey(Schema.Boolean)
+    screenFirst: Schema.optionalKey(Schema.Boolean),
+    alignment: Schema.optionalKey(Schema.Number.check(Schema.isBetween({ minimum: 0, maximum: 0.5 })))
   }),
   make
 )

@@ -112,6 +112,8 @@ export interface State {
   readonly outcome: "solved" | "failed" | undefined
   /** Actions that changed nothing (a click on the background, typing with no focus). */
   readonly missed: number
+  /** The best {@link alignment} of the episode's clicks so far (0 before any click). */
+  readonly aligned?: number
 }
 
 /**
@@ -184,14 +186,15 @@ export const act = (state: State, action: Action): { readonly state: State; read
     return { state: done({ ...next, typed: next.typed + action.text }), text: `Typed ${JSON.stringify(action.text)}.` }
   }
   const { x, y } = action
+  const aligned = Math.max(state.aligned ?? 0, alignment(state, x, y))
   const hit = pressable(state).find((b) => inside(b.rect, x, y))
-  if (hit !== undefined) return press(next, hit, done)
+  if (hit !== undefined) return press({ ...next, aligned }, hit, done)
   const field = state.layout.field
   if (field !== undefined && inside(field, x, y)) {
-    return { state: done({ ...next, focused: true, menuOpen: false }), text: "The field has the focus." }
+    return { state: done({ ...next, aligned, focused: true, menuOpen: false }), text: "The field has the focus." }
   }
   return {
-    state: done({ ...next, focused: false, menuOpen: false, missed: next.missed + 1 }),
+    state: done({ ...next, aligned, focused: false, menuOpen: false, missed: next.missed + 1 }),
     text: `Nothing at (${x}, ${y}).`
   }
 }
@@ -220,6 +223,23 @@ const goalMet = (state: State, button: Button): boolean => {
     case "menu":
       return button.id === goal.item
   }
+}
+
+/**
+ * How well a click lines up with a click goal's target: 1/2 when it falls within the target's columns, 1/2 when
+ * within its rows (1 inside it), 0 for the other goals. Partial credit for each coordinate, so that a reward built
+ * on it (`GuiTask`'s `alignment` option) tells a policy which of its two numbers was right.
+ *
+ * @category getters
+ * @since 0.1.0
+ */
+export const alignment = (state: State, x: number, y: number): number => {
+  const goal = state.goal
+  if (goal.kind !== "click") return 0
+  const target = state.layout.buttons.find((b) => b.id === goal.target)
+  if (target === undefined) return 0
+  const { rect: r } = target
+  return (x >= r.x && x < r.x + r.w ? 0.5 : 0) + (y >= r.y && y < r.y + r.h ? 0.5 : 0)
 }
 
 /**

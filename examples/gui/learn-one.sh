@@ -2,11 +2,13 @@
 # The GUI learning figure for one seed (BENCHMARKS.md, "gui"): one-button click screens on a 16-pixel grid with a
 # gradient backdrop, the screen before the question; the tiny-vl model pretrained on the screens' auxiliary task
 # (pretrain.ts), warmed up on the oracle's demonstrations (at least 200 steps, until validation success reaches
-# 0.3), then GRPO (learn-one.json).
+# 0.3), then GRPO (learn-one.json, or the config named second: learn-one-aligned.json adds the alignment term and
+# keeps the lr constant for 100 steps).
 #
-#   examples/gui/learn-one.sh SEED     (writes runs/models/gui-learn-one-sSEED and runs/gui-learn-one-sSEED)
+#   examples/gui/learn-one.sh SEED [CONFIG]   (writes runs/models/NAME-sSEED and runs/NAME-sSEED, NAME the config's)
 set -euo pipefail
-seed="${1:?usage: examples/gui/learn-one.sh SEED}"
+seed="${1:?usage: examples/gui/learn-one.sh SEED [CONFIG]}"
+base="${2:-learn-one.json}"
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 cd "$here"
@@ -14,12 +16,14 @@ if [ ! -f data-one/demos.jsonl ]; then
   npx tsx generate.ts data-one 2026 0 --kinds click --grid 16 --screenFirst 1 --buttons 1 --backdrop gradient \
     --demos 3000 --train 2000 --heldOut 200 --validation 100
 fi
-model="$root/runs/models/gui-learn-one-s$seed"
+name="$(basename "$base" .json)"
+name="gui-${name}"
+model="$root/runs/models/$name-s$seed"
 rm -rf "$model"
 "$root/bin/agentfly.mjs" init-model --preset tiny-vl --seed "$seed" --out "$model"
 npx tsx pretrain.ts "$model" --steps 600 --buttons 1 --seed "$seed"
 # The run's config with this seed's model folder (paths made absolute: the copy lives beside the run).
-config="$root/runs/gui-learn-one-s$seed.json"
+config="$root/runs/$name-s$seed.json"
 node -e '
   const [src, out, model, dir] = process.argv.slice(1)
   const c = JSON.parse(require("fs").readFileSync(src, "utf8"))
@@ -29,5 +33,5 @@ node -e '
   c.warmup.data = abs(c.warmup.data)
   c.warmup.stopAt.data = abs(c.warmup.stopAt.data)
   require("fs").writeFileSync(out, JSON.stringify(c, null, 2))
-' learn-one.json "$config" "$model" "$here"
-"$root/bin/agentfly.mjs" train "$config" --seed "$seed" --output "$root/runs/gui-learn-one-s$seed" --overwrite
+' "$base" "$config" "$model" "$here"
+"$root/bin/agentfly.mjs" train "$config" --seed "$seed" --output "$root/runs/$name-s$seed" --overwrite

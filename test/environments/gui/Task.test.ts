@@ -75,6 +75,30 @@ describe("GUI task", () => {
       assert.strictEqual(silent!.episodeEnd, "no_action")
     }), { timeout: 600_000 })
 
+  it.effect("the alignment term credits a missed click's right column or row; accuracy stays the success", () =>
+    Effect.gen(function*() {
+      const rows = Generator.generate(13, 1, { ...Generator.defaults, kinds: ["click"], buttons: [1] })
+      const row = rows[0]!
+      const { rect } = row.layout.buttons[0]!
+      const beside = { x: rect.x + rect.w, y: rect.y }
+      const miss = { x: beside.x >= row.layout.width ? rect.x - 1 : beside.x, y: rect.y } // in its rows only
+      const shaped = GuiTask.make({ alignment: 0.5 })
+      const [half] = yield* Oracle.rollout({ task: shaped, rows, policy: scripted([["click", miss]]) })
+      assert.strictEqual(half!.metrics["reward/gui_aligned/aligned"], 0.5)
+      assert.strictEqual(half!.reward, 0.25)
+      assert.strictEqual(Oracle.solveRate([half!]), 0)
+      const twice = scripted([["click", miss], ["click", { x: rect.x, y: rect.y }]])
+      const [hit] = yield* Oracle.rollout({ task: shaped, rows, policy: twice })
+      assert.strictEqual(hit!.reward, 1.5)
+      assert.strictEqual(Oracle.solveRate([hit!]), 1)
+      const far = { x: miss.x, y: rect.y + rect.h >= row.layout.height ? rect.y - 1 : rect.y + rect.h }
+      assert.strictEqual(Screen.alignment(Screen.start(row.layout, row.goal, 2), far.x, far.y), 0)
+      const refused = yield* Effect.flip(
+        Task.resolve({ name: "gui", options: { alignment: 0.6 } }, { builtins: Tasks.builtins, resolvePath: (p) => p })
+      )
+      assert.strictEqual(refused.reason._tag, "Options")
+    }), { timeout: 600_000 })
+
   it.effect("64 concurrent chains keep their own screens", () =>
     Effect.gen(function*() {
       const rows = Generator.generate(12, 64, { ...Generator.defaults, kinds: ["form"] })
