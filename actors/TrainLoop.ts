@@ -473,8 +473,7 @@ const rolledOut = Effect.fnUntraced(function*(
  */
 const batchFor = Effect.fn("TrainLoop.batch")(function*(run: Run, step: number, version: number) {
   yield* Effect.annotateCurrentSpan({ step, "policy.version": version })
-  const start = yield* Clock.currentTimeMillis
-  const since = Effect.map(Clock.currentTimeMillis, (now) => (now - start) / 1000)
+  const start = yield* Clock.currentTimeMillis, since = Effect.map(Clock.currentTimeMillis, (t) => (t - start) / 1000)
   const { config } = run
   const B = config.algorithm.groupsPerStep
   const order = { rows: run.train.rows.length, seed: config.seed, groupsPerStep: B }
@@ -537,7 +536,6 @@ const trainStep = Effect.fn("TrainLoop.step")(function*(
     ...outcome.figures,
     ...(yield* run.setup.runtime.environmentStats),
     ...(yield* stepCounts(run)),
-    // Sampling's rate over the batch's own sampling time (it may have run beside an evaluation).
     "perf/tokens_per_s": rollout["rollout/policy_tokens"]! / Math.max(1e-3, batch.seconds),
     "time/step_s": (t2 - t0) / 1000,
     "time/wait_rollout_s": (t1 - t0) / 1000,
@@ -565,10 +563,7 @@ const trainStep = Effect.fn("TrainLoop.step")(function*(
 /** Every group sampled is journaled (one fsync for the batch), the ones dynamic sampling left out too. */
 const journalGroups = (run: Run, step: number, batch: Batch) =>
   run.record(...batch.sampled.map(({ group, row, seq }) => ({
-    kind: "group" as const,
-    seq,
-    groupId: group.groupId,
-    rowIndex: row,
+    kind: "group" as const, seq, groupId: group.groupId, rowIndex: row,
     policyVersion: Math.min(...group.trajectories.map((t) => Trajectory.oldestPolicyVersion(t) ?? step - 1)),
     // Finite by construction (rewards are checked where they are made); a guard keeps the journal readable anyway.
     meanReward: finiteOr0(RolloutFigures.mean(group.trajectories.map((t) => t.reward)))

@@ -1046,6 +1046,17 @@ const initialParams = (
 }
 
 /**
+ * `options` without the caller's initial weights (copied into `params`), so that the record does not keep that map
+ * alive. Property descriptors, not a spread: a caller may pass getters (the Tinker server's live learning rate and
+ * AdamW settings), which a spread would read once.
+ */
+const withoutWeights = (options: Options): Options =>
+  Object.defineProperties({}, {
+    ...Object.getOwnPropertyDescriptors(options),
+    weights: { value: new Map(), enumerable: true }
+  }) as Options
+
+/**
  * A local trainer in the current scope (sessions are released when it closes).
  *
  * @category constructors
@@ -1069,8 +1080,7 @@ export const make = Effect.fn("OnnxTrainer.make")(function*(options: Options) {
   const scope = yield* Effect.scope
   const frozenScope = yield* Scope.fork(scope)
   const trainer: Trainer = {
-    // The initial weights are copied into `params`: the record does not keep the caller's map.
-    options: { ...options, weights: new Map() },
+    options: withoutWeights(options),
     model,
     workers,
     layout,
