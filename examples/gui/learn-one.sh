@@ -3,7 +3,7 @@
 # gradient backdrop, the screen before the question; the tiny-vl model pretrained on the screens' auxiliary task
 # (pretrain.ts), warmed up on the oracle's demonstrations (at least 200 steps, until validation success reaches
 # 0.3), then GRPO (learn-one.json, or the config named second: learn-one-aligned.json adds the alignment term and
-# keeps the lr constant for 100 steps).
+# keeps the lr constant for 100 steps; learn-one-grouped.json, the figure's recipe, adds groups of 16 chains).
 #
 #   examples/gui/learn-one.sh SEED [CONFIG]   (writes runs/models/NAME-sSEED and runs/NAME-sSEED, NAME the config's)
 set -euo pipefail
