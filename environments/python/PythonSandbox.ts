@@ -234,6 +234,13 @@ const parse = (env: string, method: string, raw: string) =>
     (e) => protocolError(env, method, `${e.message} in ${JSON.stringify(raw.slice(0, 200))}`)
   )
 
+/**
+ * How long past a cell's own limit the supervisor may take to reply: it kills and reaps what the cell started (a fork
+ * bomb's thousands of processes under a pids cap), which a loaded machine slows by seconds (5 s was once exceeded at
+ * load 13). A safety net for a supervisor that hangs, not a measure of speed.
+ */
+const replyGraceMillis = 30_000
+
 /** Runs one cell on an instance. */
 const runOn = (env: string, instance: Instance, options: Options) =>
 (code: string, run?: RunOptions): Effect.Effect<RunResult, PythonError | EnvError> =>
@@ -245,7 +252,7 @@ const runOn = (env: string, instance: Instance, options: Options) =>
       timeout: timeoutMillis / 1000,
       max_output: options.maxOutputChars,
       fresh: run?.fresh ?? false
-    }, timeoutMillis + 5_000)
+    }, timeoutMillis + replyGraceMillis)
     const reply = raw as typeof Reply.Type
     if (reply.timed_out) {
       return yield* new PythonError({
