@@ -86,25 +86,27 @@ const resolveKnown = (
   template: Pick<ChatTemplate.ChatTemplate, "vision">
 ): ReadonlyArray<Message.Message> | undefined => {
   if (template.vision === undefined || reservedIn(messages, template.vision) !== undefined) return undefined
-  const out: Array<Message.Message> = []
-  for (const message of messages) {
-    if (typeof message.content === "string" || !hasImage(message.content)) {
-      out.push(message)
-      continue
-    }
-    const parts: Array<Message.ContentPart> = []
-    for (const part of message.content) {
-      if (part.type !== "image_url") {
-        parts.push(part)
-        continue
-      }
-      const ref = Image.knownUrl(part.image_url.url)
-      if (ref === undefined) return undefined
-      parts.push({ ...part, image: ref })
-    }
-    out.push({ ...message, content: parts } as Message.Message)
+  const refs: Array<Image.ImageRef> = []
+  for (const { part } of imageParts(messages, "prompt")) {
+    const ref = Image.knownUrl(part.image_url.url)
+    if (ref === undefined) return undefined
+    refs.push(ref)
   }
-  return out
+  return withRefs(messages, refs)
+}
+
+/** The messages with their image parts' `image` set to `refs`, in order (messages without images kept as they are). */
+const withRefs = (
+  messages: ReadonlyArray<Message.Message>,
+  refs: ReadonlyArray<Image.ImageRef>
+): ReadonlyArray<Message.Message> => {
+  let next = 0
+  return messages.map((message) =>
+    typeof message.content === "string" || !hasImage(message.content) ? message : {
+      ...message,
+      content: message.content.map((part) => part.type === "image_url" ? { ...part, image: refs[next++]! } : part)
+    } as Message.Message
+  )
 }
 
 /**
@@ -138,25 +140,8 @@ const readAll = Effect.fnUntraced(function*<A>(
   if (reserved !== undefined) {
     return yield* Effect.fail(new Image.ImageError({ reason: new Image.ReservedToken({ token: reserved }) }))
   }
-  const out: Array<Message.Message> = []
-  for (const message of messages) {
-    if (typeof message.content === "string" || !hasImage(message.content)) {
-      out.push(message)
-      continue
-    }
-    const parts: Array<Message.ContentPart> = []
-    for (const part of message.content) {
-      if (part.type !== "image_url") {
-        parts.push(part)
-        continue
-      }
-      const image = yield* read(part.image_url.url)
-      images.push(image)
-      parts.push({ ...part, image: refOf(image) })
-    }
-    out.push({ ...message, content: parts } as Message.Message)
-  }
-  return { messages: out as ReadonlyArray<Message.Message>, images: images as ReadonlyArray<A> }
+  for (const { part } of imageParts(messages, "prompt")) images.push(yield* read(part.image_url.url))
+  return { messages: withRefs(messages, images.map(refOf)), images: images as ReadonlyArray<A> }
 })
 
 /** The first of the vision tokens that the messages' text holds (it would be read as an image's), if any. */
