@@ -14,6 +14,7 @@ import { NodeServices } from "@effect/platform-node"
 import { Effect } from "effect"
 import { readFileSync } from "node:fs"
 import * as PolicyEngine from "../actors/PolicyEngine.ts"
+import * as DecodeRounds from "./decodeRounds.ts"
 import * as ModelConfig from "../src/model/ModelConfig.ts"
 import * as ModelFolder from "../src/ModelFolder.ts"
 import * as Qwen2 from "../src/model/Qwen2.ts"
@@ -40,7 +41,6 @@ const main = Effect.gen(function*() {
     : { config: ModelConfig.presets[arg("preset") as keyof typeof ModelConfig.presets], weights: undefined }
   const weights: Qwen2.Weights = loaded ?? Qwen2.initWeights(c, 1)
   const threads = PolicyEngine.defaultThreads(c)
-  const prompt = (i: number) => Array.from({ length: 16 }, (_, k) => (1000 + 37 * i + 11 * k) % c.vocabSize)
   const engines: Record<string, PolicyEngine.PolicyEngine["Service"]> = {}
   const build: Record<string, number> = {}
   const version: Record<string, number> = {}
@@ -62,30 +62,10 @@ const main = Effect.gen(function*() {
     yield* engines[mode].updateWeights(1, next)
     version[mode] = seconds(t1)
   }
-  const generate = (engine: PolicyEngine.PolicyEngine["Service"], i: number) =>
-    engine.generate({ promptTokenIds: prompt(i), sampling: { temperature: 0, maxTokens: newTokens, stopTokenIds: [] } })
-  const same = (yield* generate(engines["initializers"]!, 99)).tokenIds.join() ===
-    (yield* generate(engines["inputs"]!, 99)).tokenIds.join() // also the first (slow) step of each session
-  const results: Array<Record<string, number | string>> = []
-  for (let round = 0; round < rounds; round++) {
-    for (const mode of round % 2 === 0 ? modes : [...modes].reverse()) {
-      const engine = engines[mode]!
-      const t0 = performance.now()
-      yield* generate(engine, round)
-      const batch1 = newTokens / seconds(t0)
-      const t1 = performance.now()
-      yield* Effect.all(Array.from({ length: 8 }, (_, i) => generate(engine, 10 * round + i)), {
-        concurrency: "unbounded"
-      })
-      const batch8 = 8 * newTokens / seconds(t1)
-      const line = { round, mode, batch1: +batch1.toFixed(2), batch8: +batch8.toFixed(2) }
-      console.log(JSON.stringify(line))
-      results.push(line)
-    }
-  }
-  const of = (mode: string, key: string) => results.filter((r) => r.mode === mode).map((r) => r[key] as number)
+  const { same, results } = yield* DecodeRounds.alternate(engines, modes, { rounds, newTokens, vocabSize: c.vocabSize })
+  const of = (mode: string, key: "batch1" | "batch8") => results.filter((r) => r.mode === mode).map((r) => r[key])
   const median = (xs: Array<number>) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!
-  const ratios = (key: string) =>
+  const ratios = (key: "batch1" | "batch8") =>
     of("inputs", key).map((x, i) => +(x / of("initializers", key)[i]!).toFixed(3))
   console.log(JSON.stringify({
     model: folder ?? arg("preset"),

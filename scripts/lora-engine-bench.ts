@@ -13,6 +13,7 @@
 import { NodeServices } from "@effect/platform-node"
 import { Effect } from "effect"
 import * as PolicyEngine from "../actors/PolicyEngine.ts"
+import * as DecodeRounds from "./decodeRounds.ts"
 import * as Lora from "../src/Lora.ts"
 import * as ModelConfig from "../src/model/ModelConfig.ts"
 import * as ModelFolder from "../src/ModelFolder.ts"
@@ -45,7 +46,6 @@ const main = Effect.gen(function*() {
   const baseWeights: Qwen2.Weights = base ?? Qwen2.initWeights(c, 1)
   const lora: Lora.Config = { rank, alpha: 2 * rank, targets: [...Lora.moduleNames] }
   const threads = PolicyEngine.defaultThreads(c)
-  const prompt = (i: number) => Array.from({ length: 16 }, (_, k) => (1000 + 37 * i + 11 * k) % c.vocabSize)
   const engines: Record<string, PolicyEngine.PolicyEngine["Service"]> = {}
   const build: Record<string, number> = {}
   const version: Record<string, number> = {}
@@ -68,29 +68,13 @@ const main = Effect.gen(function*() {
     )
     version[mode] = seconds(t1)
   }
-  const generate = (engine: PolicyEngine.PolicyEngine["Service"], i: number) =>
-    engine.generate({ promptTokenIds: prompt(i), sampling: { temperature: 0, maxTokens: newTokens, stopTokenIds: [] } })
-  const same = (yield* generate(engines["merged"]!, 99)).tokenIds.join() ===
-    (yield* generate(engines["unmerged"]!, 99)).tokenIds.join() // also the first (slow) step of each session
-  const results: Array<Record<string, number | string>> = []
-  for (let round = 0; round < rounds; round++) {
-    for (const mode of round % 2 === 0 ? ["merged", "unmerged"] : ["unmerged", "merged"]) {
-      const engine = engines[mode]!
-      const t0 = performance.now()
-      yield* generate(engine, round)
-      const batch1 = newTokens / seconds(t0)
-      const t1 = performance.now()
-      yield* Effect.all(Array.from({ length: 8 }, (_, i) => generate(engine, 10 * round + i)), {
-        concurrency: "unbounded"
-      })
-      const batch8 = 8 * newTokens / seconds(t1)
-      const line = { round, mode, batch1: +batch1.toFixed(2), batch8: +batch8.toFixed(2) }
-      console.log(JSON.stringify(line))
-      results.push(line)
-    }
-  }
-  const best = (mode: string, key: string) =>
-    Math.max(...results.filter((r) => r.mode === mode).map((r) => r[key] as number))
+  const { same, results } = yield* DecodeRounds.alternate(engines, ["merged", "unmerged"], {
+    rounds,
+    newTokens,
+    vocabSize: c.vocabSize
+  })
+  const best = (mode: string, key: "batch1" | "batch8") =>
+    Math.max(...results.filter((r) => r.mode === mode).map((r) => r[key]))
   console.log(JSON.stringify({
     model: folder ?? arg("preset"),
     threads,
