@@ -11,7 +11,7 @@
 import { Effect, Exit, Scope } from "effect"
 import type { FileSystem } from "effect"
 import * as Checkpoint from "../../src/Checkpoint.ts"
-import { collectGarbage } from "../../src/internal/collectGarbage.ts"
+import { collectGarbage, worthCollecting } from "../../src/internal/collectGarbage.ts"
 import * as Lora from "../../src/Lora.ts"
 import * as Loss from "../../src/Loss.ts"
 import * as LrSchedule from "../../src/LrSchedule.ts"
@@ -125,11 +125,9 @@ const replace = Effect.fnUntraced(function*(
   slot.trainer = trainer
 })
 
-/** Bytes of weights from which the slot collects garbage when it lets a copy go (as `OnnxTrainer.releaseOutputs`). */
-const largeBytes = 256 * 1024 ** 2
-
+/** Whether the slot's weights are worth a collection when it lets a copy go (as `OnnxTrainer.releaseOutputs`). */
 const large = (slot: Slot): boolean =>
-  4 * slot.setup.model.parameters.reduce((n, p) => n + p.shape.reduce((a, b) => a * b, 1), 0) >= largeBytes
+  4 * slot.setup.model.parameters.reduce((n, p) => n + p.shape.reduce((a, b) => a * b, 1), 0) >= worthCollecting
 
 /** The warm-up starts: the SFT trainer (NLL loss, the warm-up's learning rate) on the current weights. */
 export const startSft = Effect.fnUntraced(function*(slot: Slot) {
