@@ -19,6 +19,8 @@ import type { BenchResult } from "./run.ts"
 const root = resolve(import.meta.dirname, "..")
 const skip = new Set((process.env["REAL_SHAPES_SKIP"] ?? "").split(",").filter((s) => s !== ""))
 const threads = 2
+/** Alternated decoding rounds per shape (`REAL_SHAPES_DECODE_ROUNDS`, 3 by default). */
+const decodeRounds = Number(process.env["REAL_SHAPES_DECODE_ROUNDS"] ?? 3)
 const work = join(tmpdir(), "agentfly-real-shapes")
 
 /** Runs `node --import tsx FILE ARGS…` and returns its last stdout line parsed (undefined when it failed). */
@@ -59,18 +61,39 @@ const gguf = (dir: string, dtype: string): string => {
 
 const ratio = (a: number | undefined, b: number | undefined) => (a === undefined || b === undefined ? NaN : a / b)
 
+const median = (xs: ReadonlyArray<number>): number => {
+  const sorted = xs.filter((x) => !Number.isNaN(x)).sort((a, b) => a - b)
+  return sorted.length === 0 ? NaN : sorted[Math.floor((sorted.length - 1) / 2)]!
+}
+
+/**
+ * Decoding at `shape`: `decodeRounds` rounds of our engine then llama.cpp on the F32 GGUF, alternated so that both
+ * see the same moments of this shared machine (one process each gave 0.86 and 0.90 for the same code an hour
+ * apart, llama.cpp alone 13.5 and 14.3 tokens/s); the ratio is the median of the rounds' ratios. Then llama.cpp once
+ * on each other dtype, as what a CPU user could pick instead.
+ */
 const decodeFigures = (shape: string, dtypes: ReadonlyArray<string>) => {
   const dir = folder(shape)
-  const ours = part("bench/realShapes/decode.ts", [dir, String(threads), "ours"])
-  const llama = Object.fromEntries(
-    dtypes.map((dtype) => [dtype, part("bench/realShapes/decode.ts", [dir, String(threads), "llama", gguf(dir, dtype)])])
+  const decode = (engine: string, file?: string) =>
+    part("bench/realShapes/decode.ts", [dir, String(threads), engine, ...(file === undefined ? [] : [file])])
+  const f32 = gguf(dir, "f32")
+  const rounds = Array.from({ length: decodeRounds }, () => ({ ours: decode("ours"), llama: decode("llama", f32) }))
+  const others = Object.fromEntries(
+    dtypes.filter((d) => d !== "f32").map((dtype) => [dtype, decode("llama", gguf(dir, dtype))])
   )
+  const of = (batch: "batch1" | "batch8") => ({
+    ours: median(rounds.map((r) => r.ours?.[batch] ?? NaN)),
+    llamaF32: median(rounds.map((r) => r.llama?.[batch] ?? NaN)),
+    ratio: median(rounds.map((r) => ratio(r.ours?.[batch], r.llama?.[batch])))
+  })
+  const batch1 = of("batch1"), batch8 = of("batch8")
   return {
     shape,
     threads,
-    ours,
-    llama,
-    oursOverLlamaF32: { batch1: ratio(ours?.batch1, llama.f32?.batch1), batch8: ratio(ours?.batch8, llama.f32?.batch8) }
+    rounds,
+    ours: { ...rounds[0]?.ours, batch1: batch1.ours, batch8: batch8.ours } as Record<string, any>,
+    llama: { f32: { batch1: batch1.llamaF32, batch8: batch8.llamaF32 }, ...others },
+    oursOverLlamaF32: { batch1: batch1.ratio, batch8: batch8.ratio }
   }
 }
 

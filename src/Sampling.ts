@@ -134,18 +134,19 @@ export const logSoftmax = (row: ArrayLike<number>, temperature = 1): Float64Arra
 
 /**
  * Samples one token from a row of logits. Greedy when `temperature <= 0`; otherwise draws exactly one uniform
- * from `r`.
+ * from `r`. `rowLse`, where the engine computed it, is {@link logSumExp} of `row` (temperature 1): used in its
+ * place at temperatures 0 and 1.
  *
  * @category math
  * @since 0.1.0
  */
-export const sample = (row: ArrayLike<number>, params: Params, r: Rng): Sample => {
+export const sample = (row: ArrayLike<number>, params: Params, r: Rng, rowLse?: number): Sample => {
   if (!(params.temperature > 0)) {
     const tokenId = argmax(row)
-    return { tokenId, logprob: row[tokenId]! - logSumExp(row) }
+    return { tokenId, logprob: row[tokenId]! - (rowLse ?? logSumExp(row)) }
   }
   const t = params.temperature
-  const lse = logSumExp(row, t)
+  const lse = t === 1 && rowLse !== undefined ? rowLse : logSumExp(row, t)
   const u = r.next()
   const topK = params.topK !== undefined && params.topK > 0 && params.topK < row.length ? params.topK : row.length
   const topP = params.topP !== undefined && params.topP < 1 ? Math.max(params.topP, 0) : 1

@@ -172,14 +172,15 @@ export const advance = (
   engine: Pick<Engine, "vocabSize" | "config" | "stats">,
   g: Pick<Generation, "version">,
   seqs: ReadonlyArray<Seq>,
-  logits: Float32Array
+  logits: Float32Array,
+  lse?: ArrayLike<number>
 ): Array<number> => {
   const V = engine.vocabSize
   const kept: Array<number> = []
   for (let i = 0; i < seqs.length; i++) {
     const seq = seqs[i]!
     if (seq.cancelled) continue
-    const s = Sampling.sample(logits.subarray(i * V, (i + 1) * V), seq.params, seq.rng)
+    const s = Sampling.sample(logits.subarray(i * V, (i + 1) * V), seq.params, seq.rng, lse?.[i])
     seq.tokenIds.push(s.tokenId)
     seq.logprobs.push(s.logprob)
     seq.onToken?.(s.tokenId, s.logprob)
@@ -306,7 +307,8 @@ export const prefill = Effect.fnUntraced(function*(
   const logits = out["logits"]!.data as Float32Array
   const perSeq = new Float32Array(joining.length * V)
   rowOf.forEach((row, i) => perSeq.set(logits.subarray(row * V, (row + 1) * V), i * V))
-  const rows = advance(engine, g, joining, perSeq)
+  const lse = rowLse(out)
+  const rows = advance(engine, g, joining, perSeq, lse && rowOf.map((row) => lse[row]!))
   const filled = g.seqs.map((s) => s.filled)
   KvCache.fit(g.cache, Math.max(...joining.map((s) => s.filled), ...filled) + 1, filled)
   const added = rows.map((i) => ({ index: rowOf[i]!, filled: joining[i]!.filled, prefix: prefixes[rowOf[i]!] }))
@@ -337,6 +339,10 @@ export const decodeFeeds = (engine: Engine, g: Generation): Record<string, ort.T
   }
 }
 
+/** Each row's log-sum-exp of its logits, where the model computes it (`Qwen2.ForwardOptions.fusedKernels`). */
+const rowLse = (out: ort.InferenceSession.ReturnType): Float64Array | undefined =>
+  out["logsumexp"]?.data as Float64Array | undefined
+
 export const afterDecode = (engine: Engine, g: Generation, out: ort.InferenceSession.ReturnType): void => {
   const { stats } = engine
   const B = g.seqs.length
@@ -344,7 +350,7 @@ export const afterDecode = (engine: Engine, g: Generation, out: ort.InferenceSes
   stats.largestBatch = Math.max(stats.largestBatch, B)
   KvCache.write(g.cache, newOf(engine, out), g.seqs.map((s) => s.filled))
   for (const s of g.seqs) s.filled++
-  const kept = advance(engine, g, g.seqs, out["logits"]!.data as Float32Array)
+  const kept = advance(engine, g, g.seqs, out["logits"]!.data as Float32Array, rowLse(out))
   if (kept.length < B) {
     const staying = new Set(kept)
     const leaving = g.seqs.flatMap((_, i) => (staying.has(i) ? [] : [i]))

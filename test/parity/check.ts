@@ -56,6 +56,7 @@ export const checkParity = Effect.fn("checkParity")(function*(p: ParityCase) {
   const engine = yield* ours(p.config, weights)
   const logits = yield* engine.logits(ids)
   const oursGreedy = yield* engine.greedy(ids, 32)
+  const maxLseDiff = engine.maxLseDiff()
   yield* engine.release
   const V = p.config.vocabSize
   let top1Mismatches = 0, maxLogprobDiff = 0
@@ -71,12 +72,14 @@ export const checkParity = Effect.fn("checkParity")(function*(p: ParityCase) {
   yield* Console.log(
     `${p.name}: ${ids.length} positions, top-1 mismatches ${top1Mismatches}, max |Δ logprob| ` +
       `${maxLogprobDiff.toExponential(2)}, top-1 p ≈ ${Math.exp(reference.tops[0]!.logprobs[0]!).toFixed(3)}, ` +
-      `greedy ${oursGreedy.join(",") === reference.continuation.join(",") ? "identical" : "differs"}`
+      `greedy ${oursGreedy.join(",") === reference.continuation.join(",") ? "identical" : "differs"}, ` +
+      `decode graph's log-sum-exp within ${maxLseDiff.toExponential(1)} of JavaScript's`
   )
   return {
     positions: ids.length,
     top1Mismatches,
     maxLogprobDiff,
+    maxLseDiff,
     oursGreedy,
     llamaGreedy: reference.continuation
   }

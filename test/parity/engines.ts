@@ -72,7 +72,9 @@ export const ours = (c: ModelConfig.ModelConfig, weights: Qwen2.Weights) =>
     for (const spec of specs) weightFeeds[spec.name] = new ort.Tensor("float32", weights.get(spec.name)!, spec.shape)
     const create = (g: Graph.Graph) => Effect.promise(() => ort.InferenceSession.create(Graph.toModelBytes(g)))
     const training = yield* create(Qwen2.trainingGraph(c).graph)
-    const decoding = yield* create(Qwen2.inferenceGraph(c, "inputs"))
+    // The decode graph real models' engines run: onnxruntime's fused kernels and the `logsumexp` output.
+    const decoding = yield* create(Qwen2.inferenceGraph(c, "inputs", undefined, false, true))
+    let maxLseDiff = 0
     const logits = (ids: ReadonlyArray<number>) =>
       Effect.promise(async () => {
         const T = ids.length
@@ -114,13 +116,22 @@ export const ours = (c: ModelConfig.ModelConfig, weights: Qwen2.Weights) =>
             return merged
           })
           P += T
-          const token = argmax(result["logits"]!.data as Float32Array)
+          const row = result["logits"]!.data as Float32Array
+          const lse = (result["logsumexp"]!.data as Float64Array)[0]!
+          maxLseDiff = Math.max(maxLseDiff, Math.abs(lse - Sampling.logSumExp(row)))
+          const token = argmax(row)
           out.push(token)
           next = [token]
         }
         return out
       })
-    return { logits, greedy, release: Effect.promise(() => Promise.all([training.release(), decoding.release()])) }
+    return {
+      logits,
+      greedy,
+      /** The largest |Δ| between the decode graph's `logsumexp` and `Sampling.logSumExp` of its logits so far. */
+      maxLseDiff: () => maxLseDiff,
+      release: Effect.promise(() => Promise.all([training.release(), decoding.release()]))
+    }
   })
 
 /** llama.cpp on the CPU through node-llama-cpp's prebuilt binary (`build: "never"`: nothing is compiled here). */

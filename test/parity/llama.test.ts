@@ -48,6 +48,7 @@ const parity = (name: string, json: Record<string, unknown>) =>
     assert.isAtLeast(result.positions, 64)
     assert.strictEqual(result.top1Mismatches, 0)
     assert.isAtMost(result.maxLogprobDiff, 1e-2)
+    assert.isAtMost(result.maxLseDiff, 1e-9)
     assert.deepStrictEqual(result.oursGreedy, result.llamaGreedy)
   }).pipe(Effect.scoped, Effect.provide(NodeServices.layer))
 

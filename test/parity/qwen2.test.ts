@@ -38,6 +38,7 @@ describe("llama.cpp parity: Qwen2", () => {
       assert.isAtLeast(result.positions, 64)
       assert.strictEqual(result.top1Mismatches, 0)
       assert.isAtMost(result.maxLogprobDiff, 1e-2)
+      assert.isAtMost(result.maxLseDiff, 1e-9)
       assert.deepStrictEqual(result.oursGreedy, result.llamaGreedy)
     }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)), { timeout: 300_000 })
 })

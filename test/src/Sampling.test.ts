@@ -25,6 +25,21 @@ describe("Sampling", () => {
     })
   })
 
+  it("an engine's log-sum-exp of the row is the normaliser at temperatures 0 and 1, ignored at any other", () => {
+    const lse = Sampling.logSumExp(logits)
+    for (const temperature of [0, 1, 0.7]) {
+      for (let seed = 0; seed < 20; seed++) {
+        const plain = Sampling.sample(logits, { temperature }, Sampling.rng(seed))
+        assert.deepStrictEqual(Sampling.sample(logits, { temperature }, Sampling.rng(seed), lse), plain)
+      }
+    }
+    // A visibly different normaliser: where it is used, the logprob moves by it.
+    const greedy = Sampling.sample(logits, { temperature: 0 }, Sampling.rng(3), lse + 0.25)
+    assert.closeTo(greedy.logprob, Sampling.sample(logits, { temperature: 0 }, Sampling.rng(3)).logprob - 0.25, 1e-12)
+    const warm = Sampling.sample(logits, { temperature: 0.7 }, Sampling.rng(3), lse + 0.25)
+    assert.deepStrictEqual(warm, Sampling.sample(logits, { temperature: 0.7 }, Sampling.rng(3)))
+  })
+
   it("top-k and top-p restrict the support but not the reported logprob", () => {
     const r = Sampling.rng(5)
     const seen = new Set<number>()

@@ -5,6 +5,7 @@ import * as EngineModel from "../../../actors/internal/engineModel.ts"
 import * as ModelConfig from "../../../src/model/ModelConfig.ts"
 import * as Qwen2 from "../../../src/model/Qwen2.ts"
 import * as Graph from "../../../src/onnx/Graph.ts"
+import * as Sampling from "../../../src/Sampling.ts"
 import { randomWeights, tinyConfig } from "../../utils/tinyModel.ts"
 
 /** Qwen2.5-1.5B's published shapes: 1.54 B parameters, 6.2 GB of float32, over onnxruntime's 2 GB model limit. */
@@ -28,22 +29,28 @@ const options: ort.InferenceSession.SessionOptions = { executionProviders: ["cpu
 const logits = (session: ort.InferenceSession, c: ModelConfig.ModelConfig, ids: ReadonlyArray<number>,
   weights?: Qwen2.Weights) =>
   Effect.promise(async () => {
-    const T = ids.length, hd = ModelConfig.headDim(c)
-    const feeds: Record<string, ort.Tensor> = {
-      input_ids: new ort.Tensor("int64", BigInt64Array.from(ids, BigInt), [1, T]),
-      attention_mask: new ort.Tensor("int64", new BigInt64Array(T).fill(1n), [1, T]),
-      position_ids: new ort.Tensor("int64", BigInt64Array.from(ids, (_, i) => BigInt(i)), [1, T])
-    }
-    for (let l = 0; l < c.numHiddenLayers; l++) {
-      for (const kv of ["key", "value"]) {
-        feeds[`past.${l}.${kv}`] = new ort.Tensor("float32", new Float32Array(0), [1, c.numKeyValueHeads, 0, hd])
-      }
-    }
+    const feeds = emptyCacheFeeds(c, ids)
     for (const spec of weights === undefined ? [] : Qwen2.parameters(c)) {
       feeds[spec.name] = new ort.Tensor("float32", weights!.get(spec.name)!, spec.shape)
     }
     return Float32Array.from((await session.run(feeds))["logits"]!.data as Float32Array)
   })
+
+/** The feeds of a decode step over `ids` with an empty cache. */
+const emptyCacheFeeds = (c: ModelConfig.ModelConfig, ids: ReadonlyArray<number>): Record<string, ort.Tensor> => {
+  const T = ids.length, hd = ModelConfig.headDim(c)
+  const feeds: Record<string, ort.Tensor> = {
+    input_ids: new ort.Tensor("int64", BigInt64Array.from(ids, BigInt), [1, T]),
+    attention_mask: new ort.Tensor("int64", new BigInt64Array(T).fill(1n), [1, T]),
+    position_ids: new ort.Tensor("int64", BigInt64Array.from(ids, (_, i) => BigInt(i)), [1, T])
+  }
+  for (let l = 0; l < c.numHiddenLayers; l++) {
+    for (const kv of ["key", "value"]) {
+      feeds[`past.${l}.${kv}`] = new ort.Tensor("float32", new Float32Array(0), [1, c.numKeyValueHeads, 0, hd])
+    }
+  }
+  return feeds
+}
 
 const create = (bytes: Uint8Array, extra: Partial<ort.InferenceSession.SessionOptions> = {}) =>
   Effect.promise(() => ort.InferenceSession.create(bytes, { ...options, ...extra }))
@@ -75,6 +82,34 @@ describe("engineModel", () => {
         assert.isBelow(maxAbsDiff(yield* logits(external, c, ids), baked), 1e-5)
         const fed = yield* create(EngineModel.modelBytes(c, "inputs"))
         assert.isBelow(maxAbsDiff(yield* logits(fed, c, ids, w), baked), 1e-5)
+      }))
+  }
+
+  it("models from 50 M parameters decode with onnxruntime's fused kernels, the small presets with their old graph", () => {
+    const ops = (bytes: Uint8Array) => new TextDecoder("latin1").decode(bytes)
+    assert.isTrue(EngineModel.fusedKernels(qwen15b))
+    assert.isTrue(EngineModel.fusedKernels(ModelConfig.presets.medium))
+    assert.isFalse(EngineModel.fusedKernels(ModelConfig.presets.small))
+    assert.isFalse(EngineModel.fusedKernels(ModelConfig.presets.tiny))
+    for (const weightsAs of ["initializers", "inputs"] as const) {
+      assert.include(ops(EngineModel.modelBytes(qwen15b, weightsAs)), "SimplifiedLayerNormalization")
+      assert.include(ops(EngineModel.modelBytes(qwen15b, weightsAs)), "logsumexp")
+      assert.notInclude(ops(EngineModel.modelBytes(ModelConfig.presets.small, weightsAs)), "logsumexp")
+    }
+  })
+
+  for (const qkNorm of [false, true]) {
+    it.effect(`the fused kernels give the plain graph's logits and each row's log-sum-exp (q/k norms: ${qkNorm})`, () =>
+      Effect.gen(function*() {
+        const c = tinyConfig(qkNorm ? { modelType: "qwen3", attentionBias: false } : {})
+        const w = randomWeights(c, 5)
+        const ids = [4, 8, 15, 16, 23, 42]
+        const plain = yield* logits(yield* create(Graph.toModelBytes(Qwen2.inferenceGraph(c, w))), c, ids)
+        const fused = yield* create(Graph.toModelBytes(Qwen2.inferenceGraph(c, w, undefined, false, true)))
+        assert.isBelow(maxAbsDiff(yield* logits(fused, c, ids), plain), 1e-5)
+        const lse = yield* Effect.promise(() => fused.run(emptyCacheFeeds(c, ids)))
+        const got = (lse["logsumexp"]!.data as Float64Array)[0]!
+        assert.isBelow(Math.abs(got - Sampling.logSumExp(lse["logits"]!.data as Float32Array)), 1e-12)
       }))
   }
 
