@@ -67,17 +67,21 @@ const median = (xs: ReadonlyArray<number>): number => {
 }
 
 /**
- * Decoding at `shape`: `decodeRounds` rounds of our engine then llama.cpp on the F32 GGUF, alternated so that both
- * see the same moments of this shared machine (one process each gave 0.86 and 0.90 for the same code an hour
- * apart, llama.cpp alone 13.5 and 14.3 tokens/s); the ratio is the median of the rounds' ratios. Then llama.cpp once
- * on each other dtype, as what a CPU user could pick instead.
+ * Decoding at `shape`: `decodeRounds` rounds of our engine, llama.cpp on the F32 GGUF and the MatMul floor, so that
+ * all three see the same moments of this shared machine (one process each gave 0.86 and 0.90 for the same code an
+ * hour apart; our engine alone 12.6–16.6 tokens/s within ten minutes); the ratio is the median of the rounds' ratios.
+ * Then llama.cpp once on each other dtype, as what a CPU user could pick instead.
  */
 const decodeFigures = (shape: string, dtypes: ReadonlyArray<string>) => {
   const dir = folder(shape)
   const decode = (engine: string, file?: string) =>
     part("bench/realShapes/decode.ts", [dir, String(threads), engine, ...(file === undefined ? [] : [file])])
   const f32 = gguf(dir, "f32")
-  const rounds = Array.from({ length: decodeRounds }, () => ({ ours: decode("ours"), llama: decode("llama", f32) }))
+  const rounds = Array.from({ length: decodeRounds }, () => ({
+    ours: decode("ours"),
+    llama: decode("llama", f32),
+    floor: decode("floor")
+  }))
   const others = Object.fromEntries(
     dtypes.filter((d) => d !== "f32").map((dtype) => [dtype, decode("llama", gguf(dir, dtype))])
   )
@@ -87,10 +91,13 @@ const decodeFigures = (shape: string, dtypes: ReadonlyArray<string>) => {
     ratio: median(rounds.map((r) => ratio(r.ours?.[batch], r.llama?.[batch])))
   })
   const batch1 = of("batch1"), batch8 = of("batch8")
+  const floor = median(rounds.map((r) => r.floor?.["batch1"] ?? NaN))
   return {
     shape,
     threads,
     rounds,
+    // The weight products alone on onnxruntime (`decode.ts floor`): what a batch-1 token costs at least here.
+    floorBatch1: { floor, oursOverFloor: batch1.ours / floor, llamaF32OverFloor: batch1.llamaF32 / floor },
     ours: { ...rounds[0]?.ours, batch1: batch1.ours, batch8: batch8.ours } as Record<string, any>,
     llama: { f32: { batch1: batch1.llamaF32, batch8: batch8.llamaF32 }, ...others },
     oursOverLlamaF32: { batch1: batch1.ratio, batch8: batch8.ratio }
