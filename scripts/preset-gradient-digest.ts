@@ -55,10 +55,13 @@ for (const preset of ["tiny", "small"] as const) {
   const out = await session.run(feeds, names)
   await session.release()
   const values = createHash("sha256")
+  const each: Record<string, string> = {}
   for (const name of names) {
     const data = out[name]!.data as Float32Array
     values.update(Buffer.from(data.buffer, data.byteOffset, data.byteLength))
+    each[name] = createHash("sha256").update(Buffer.from(data.buffer, data.byteOffset, data.byteLength)).digest("hex")
   }
+  if (args.includes("--each")) console.error(JSON.stringify(each))
   console.log(JSON.stringify({
     preset,
     batch,

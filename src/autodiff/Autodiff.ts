@@ -415,7 +415,30 @@ export interface Options {
    * instead of every activation inside the layer. Default false.
    */
   readonly recompute?: boolean
+  /**
+   * Whether the model counts as large (`Backward.Emitter.large`: faster products that round differently at some
+   * shapes). Default {@link isLargeModel} of the forward graph; the embedded presets are below it.
+   */
+  readonly largeModel?: boolean
 }
+
+/**
+ * Whether a forward graph's model has at least 50 M parameters (counting every float input of static shape: its
+ * weights, trained and frozen), the threshold of `Backward.Emitter.large`: real checkpoints and the `medium` preset,
+ * not the `tiny` and `small` presets whose figures the README repeats (the decode engine's `fusedKernels` uses the
+ * same threshold).
+ *
+ * @category guards
+ * @since 0.1.0
+ */
+export const isLargeModel = (forward: Forward): boolean =>
+  forward.graph.inputs.reduce(
+    (n, i) =>
+      i.dtype !== "float32" || i.shape.some((d) => typeof d !== "number")
+        ? n
+        : n + i.shape.reduce<number>((p, d) => p * (d as number), 1),
+    0
+  ) >= 50e6
 
 /**
  * The training graph and the names a trainer feeds and reads.
@@ -490,7 +513,7 @@ export const trainingGraph = (forward: Forward, options: Options): Effect.Effect
     const graph = copyGraph(forward.graph, dtype, new Set(output?.nodes ?? []))
     const shapes = Shapes.make(graph, { ...options.dims, batch: options.batch, seq: options.length })
     const forwardNodes = [...graph.nodes]
-    const e = Backward.makeEmitter(graph, shapes)
+    const e = Backward.makeEmitter(graph, shapes, options.largeModel ?? isLargeModel(forward))
     const chunked = output === undefined
       ? undefined
       : ChunkedHead.emit(e, output.hidden, output.weight, options.loss, options.batch, options.length, output.chunk,

@@ -30,6 +30,12 @@ import * as Shapes from "./Shapes.ts"
 export interface Emitter {
   readonly graph: Graph.Graph
   readonly shapes: Shapes.Shapes
+  /**
+   * A model of at least 50 M parameters (`Autodiff.isLargeModel`): rules may emit products that run faster but
+   * round differently at some shapes (weight gradients as a transpose and a plain MatMul). Off for the embedded
+   * presets, whose arithmetic must not change.
+   */
+  readonly large: boolean
   /** Appends a node (of the default ONNX domain unless `domain` is given) and returns its output. */
   readonly op: (
     op: string,
@@ -87,7 +93,7 @@ const typedScalar = (value: number, dtype: Graph.DType): Graph.TensorData =>
  * @category constructors
  * @since 0.1.0
  */
-export const makeEmitter = (graph: Graph.Graph, shapes: Shapes.Shapes): Emitter => {
+export const makeEmitter = (graph: Graph.Graph, shapes: Shapes.Shapes, large = false): Emitter => {
   const cache = new Map<string, string>()
   const cached = (key: string, make: () => string) => {
     const hit = cache.get(key)
@@ -134,7 +140,7 @@ export const makeEmitter = (graph: Graph.Graph, shapes: Shapes.Shapes): Emitter 
     const summed = axes.length > 0 ? op("ReduceSum", [grad, ints(axes)], { keepdims: Graph.int(1) }) : grad
     return sameDims(dims(summed), target) ? summed : op("Reshape", [summed, ints(target)])
   }
-  return { graph, shapes, op, opN, dims, dtype, scalar, ints, zeros, reduceTo }
+  return { graph, shapes, large, op, opN, dims, dtype, scalar, ints, zeros, reduceTo }
 }
 
 // ===== Rules =====
@@ -176,6 +182,30 @@ const batchedProduct = (e: Emitter, a: string, b: string, transA: boolean, trans
 
 const msDomain = "com.microsoft"
 
+/** Per emitter: the `[K, n]` transpose of each value already emitted by {@link transposedRows}. */
+const transposes = new WeakMap<Emitter, Map<string, string>>()
+
+/**
+ * `x [..., K]` as the `[K, n]` matrix of its rows, transposed once per value: the weight gradients of q/k/v (and of
+ * gate/up) read the same input and share it. Large models only: `Gemm` with `transA` ran at 0.78× of MatMul's rate
+ * on the 0.5 B shapes (BENCHMARKS.md, "the learner's step against the MatMul roofline"); a plain MatMul on the
+ * transpose gives the same bits at most shapes (`scripts/weight-gradient-check.ts`, the tiny preset's gradients) but
+ * not all (the small preset's 64-wide k/v: `scripts/preset-gradient-digest.ts`). The Transpose moves the feature axis
+ * first before the Reshape, so that onnxruntime does not fold it back into the product as `transA`.
+ */
+const transposedRows = (e: Emitter, x: string): string => {
+  const byValue = transposes.get(e) ?? new Map<string, string>()
+  transposes.set(e, byValue)
+  const hit = byValue.get(x)
+  if (hit !== undefined) return hit
+  const xd = e.dims(x)
+  const K = xd.at(-1)!
+  const perm = [xd.length - 1, ...xd.slice(0, -1).map((_, i) => i)]
+  const t = reshapeTo(e, e.op("Transpose", [x], { perm: Graph.ints(perm) }), [K, xd.reduce((p, d) => p * d, 1) / K])
+  byValue.set(x, t)
+  return t
+}
+
 const matMul: Rule = (e, node, [g], needs) => {
   const [a, b] = node.inputs as [string, string]
   const ad = e.dims(a)
@@ -200,9 +230,9 @@ const matMul: Rule = (e, node, [g], needs) => {
       // dB = Aᵀ · dY summed over every batch position: flatten to one matrix product.
       const K = ad.at(-1)!
       const N = bd.at(-1)!
-      const a2 = reshapeTo(e, a, [ad.reduce((p, d) => p * d, 1) / K, K])
+      const a2 = e.large ? transposedRows(e, a) : reshapeTo(e, a, [ad.reduce((p, d) => p * d, 1) / K, K])
       const g2 = reshapeTo(e, g!, [e.dims(g!).reduce((p, d) => p * d, 1) / N, N])
-      gb = e.op("Gemm", [a2, g2], { transA: Graph.int(1) })
+      gb = e.large ? e.op("MatMul", [a2, g2]) : e.op("Gemm", [a2, g2], { transA: Graph.int(1) })
     } else if (isSwapLast(e, b)) {
       // B = Xᵀ (keys in attention): dB = (dYᵀ·A)ᵀ, whose transpose cancels against the Transpose rule's inverse.
       gb = e.reduceTo(swapLast(e, batchedProduct(e, g!, a, true, false)), bd)
