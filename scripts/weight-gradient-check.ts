@@ -5,8 +5,10 @@
  *
  *   node --import tsx scripts/weight-gradient-check.ts [--threads 2] [--reps 5]
  *
- * Variants: `gemm` (transA), `t2` (Transpose perm [1,0] of the flat `[n, K]` input, then MatMul), `t3` (Transpose
- * perm [2,0,1] of the `[B, T, K]` input, Reshape to `[K, B·T]`, then MatMul). Prints one line per shape.
+ * Variants of `∂Wᵀ [K, N]`: `gemm` (transA), `t2` (Transpose perm [1,0] of the flat `[n, K]` input, then MatMul),
+ * `t3` (Transpose perm [2,0,1] of the `[B, T, K]` input, Reshape to `[K, B·T]`, then MatMul); of `∂W [N, K]`:
+ * `gemmW` (`Gemm(G, A, transA)`, what onnxruntime makes of the transposed `gemm`), `dw` (Transpose of the gradient
+ * `G [n, N]`, then MatMul). Prints one line per shape.
  */
 import * as ort from "onnxruntime-node"
 import * as Graph from "../src/onnx/Graph.ts"
@@ -18,11 +20,19 @@ const flag = (name: string, fallback: number) => {
 }
 const threads = flag("threads", 2), reps = flag("reps", 5)
 
-const variant = (kind: "gemm" | "t2" | "t3", B: number, T: number, K: number, N: number) => {
+const variant = (kind: Kind, B: number, T: number, K: number, N: number) => {
   const g = Graph.make(kind)
   const a = g.input("a", "float32", [B, T, K])
   const grad = g.input("g", "float32", [B * T, N])
   const a2 = g.op("Reshape", [a, g.constant(Graph.int64([2], [B * T, K]))])
+  if (kind === "gemmW" || kind === "dw") {
+    // ∂W `[N, K]` directly, as onnxruntime runs `Transpose(Gemm(A, G, transA))` (it swaps the operands).
+    const out = kind === "gemmW"
+      ? g.op("Gemm", [grad, a2], { transA: Graph.int(1) })
+      : g.op("MatMul", [g.op("Transpose", [grad], { perm: Graph.ints([1, 0]) }), a2])
+    g.output(out, "float32", [N, K])
+    return g
+  }
   const out = kind === "gemm"
     ? g.op("Gemm", [a2, grad], { transA: Graph.int(1) })
     : kind === "t2"
@@ -37,6 +47,9 @@ const variant = (kind: "gemm" | "t2" | "t3", B: number, T: number, K: number, N:
   g.output(out, "float32", [K, N])
   return g
 }
+
+type Kind = "gemm" | "t2" | "t3" | "gemmW" | "dw"
+const kinds: ReadonlyArray<Kind> = ["gemm", "t2", "t3", "gemmW", "dw"]
 
 let seed = 12345
 const random = (n: number) =>
@@ -61,7 +74,7 @@ for (const [label, B, T, K, N] of shapes) {
     g: new ort.Tensor("float32", random(B * T * N), [B * T, N])
   }
   const results: Record<string, { ms: number; data: Float32Array }> = {}
-  for (const kind of ["gemm", "t2", "t3"] as const) {
+  for (const kind of kinds) {
     const session = await ort.InferenceSession.create(Graph.toModelBytes(variant(kind, B, T, K, N)), {
       intraOpNumThreads: threads,
       interOpNumThreads: 1,
@@ -89,6 +102,9 @@ for (const [label, B, T, K, N] of shapes) {
     gemmMs: results["gemm"]!.ms,
     t2Ms: results["t2"]!.ms,
     t3Ms: results["t3"]!.ms,
+    gemmWMs: results["gemmW"]!.ms,
+    dwMs: results["dw"]!.ms,
+    dwSameBits: same(results["gemmW"]!.data, results["dw"]!.data),
     gemmGflops: flops / results["gemm"]!.ms / 1e6,
     t3Gflops: flops / results["t3"]!.ms / 1e6,
     t2SameBits: same(results["gemm"]!.data, results["t2"]!.data),

@@ -182,28 +182,19 @@ const batchedProduct = (e: Emitter, a: string, b: string, transA: boolean, trans
 
 const msDomain = "com.microsoft"
 
-/** Per emitter: the `[K, n]` transpose of each value already emitted by {@link transposedRows}. */
-const transposes = new WeakMap<Emitter, Map<string, string>>()
-
 /**
- * `x [..., K]` as the `[K, n]` matrix of its rows, transposed once per value: the weight gradients of q/k/v (and of
- * gate/up) read the same input and share it. Large models only: `Gemm` with `transA` ran at 0.78× of MatMul's rate
- * on the 0.5 B shapes (BENCHMARKS.md, "the learner's step against the MatMul roofline"); a plain MatMul on the
- * transpose gives the same bits at most shapes (`scripts/weight-gradient-check.ts`, the tiny preset's gradients) but
- * not all (the small preset's 64-wide k/v: `scripts/preset-gradient-digest.ts`). The Transpose moves the feature axis
- * first before the Reshape, so that onnxruntime does not fold it back into the product as `transA`.
+ * `x [..., N]` as the `[N, n]` matrix of its rows' transpose. Large models' weight gradients are
+ * `∂W = dYᵀ·A` on it: `Gemm` with `transA` (what the default emits, and what onnxruntime makes of a `Transpose`
+ * `[1, 0]` feeding a MatMul) ran at 0.78× of MatMul's rate on the 0.5 B shapes (BENCHMARKS.md, "the learner's step
+ * against the MatMul roofline"), so the Transpose moves the last axis first before the Reshape, which onnxruntime
+ * does not fold back. The same bits at most shapes (`scripts/weight-gradient-check.ts`) but not all (the small
+ * preset's 64-wide k/v: `scripts/preset-gradient-digest.ts`), hence large models only.
  */
 const transposedRows = (e: Emitter, x: string): string => {
-  const byValue = transposes.get(e) ?? new Map<string, string>()
-  transposes.set(e, byValue)
-  const hit = byValue.get(x)
-  if (hit !== undefined) return hit
   const xd = e.dims(x)
-  const K = xd.at(-1)!
+  const N = xd.at(-1)!
   const perm = [xd.length - 1, ...xd.slice(0, -1).map((_, i) => i)]
-  const t = reshapeTo(e, e.op("Transpose", [x], { perm: Graph.ints(perm) }), [K, xd.reduce((p, d) => p * d, 1) / K])
-  byValue.set(x, t)
-  return t
+  return reshapeTo(e, e.op("Transpose", [x], { perm: Graph.ints(perm) }), [N, xd.reduce((p, d) => p * d, 1) / N])
 }
 
 const matMul: Rule = (e, node, [g], needs) => {
@@ -230,9 +221,13 @@ const matMul: Rule = (e, node, [g], needs) => {
       // dB = Aᵀ · dY summed over every batch position: flatten to one matrix product.
       const K = ad.at(-1)!
       const N = bd.at(-1)!
-      const a2 = e.large ? transposedRows(e, a) : reshapeTo(e, a, [ad.reduce((p, d) => p * d, 1) / K, K])
-      const g2 = reshapeTo(e, g!, [e.dims(g!).reduce((p, d) => p * d, 1) / N, N])
-      gb = e.large ? e.op("MatMul", [a2, g2]) : e.op("Gemm", [a2, g2], { transA: Graph.int(1) })
+      const a2 = reshapeTo(e, a, [ad.reduce((p, d) => p * d, 1) / K, K])
+      // Large models: (dYᵀ·A)ᵀ, the outer transpose cancelling against the Transpose rule's of B = Wᵀ (below).
+      gb = e.large
+        ? swapLast(e, e.op("MatMul", [transposedRows(e, g!), a2]))
+        : e.op("Gemm", [a2, reshapeTo(e, g!, [e.dims(g!).reduce((p, d) => p * d, 1) / N, N])], {
+          transA: Graph.int(1)
+        })
     } else if (isSwapLast(e, b)) {
       // B = Xᵀ (keys in attention): dB = (dYᵀ·A)ᵀ, whose transpose cancels against the Transpose rule's inverse.
       gb = e.reduceTo(swapLast(e, batchedProduct(e, g!, a, true, false)), bd)

@@ -445,11 +445,18 @@ const attend = (
   past?: { readonly key: string; readonly value: string }
 ): string => {
   const hd = ModelConfig.headDim(c)
+  const scale = 1 / Math.sqrt(hd)
+  // A power-of-two scale (hd 16, 64, 256: Qwen2.5-0.5B, Llama-3.2-1B) is exact on either side of the product: it
+  // scales the queries `[…, T, hd]` instead of the scores `[…, T, T]`, the same bits with hd/T of the products, in
+  // the forward and in the backward. Other head widths (the presets' 32) keep the scale on the scores.
+  const exact = Number.isInteger(Math.log2(scale))
+  const queries = exact ? g.op("Mul", [q, f32(g, scale)]) : q
   // Unsqueeze, then swap the last two axes: onnxruntime folds this swap into the product (FusedMatMul) where a
   // merged Transpose moving the time axis last was a strided copy, and the learner's MatMul rule recognises Xᵀ.
   const scoresWith = (keys: string) => {
     const kT = g.op("Transpose", [g.op("Unsqueeze", [keys, i64(g, [2])])], { perm: Graph.ints([0, 1, 2, 4, 3]) })
-    return g.op("Mul", [g.op("MatMul", [q, kT]), f32(g, 1 / Math.sqrt(hd))])
+    const scores = g.op("MatMul", [queries, kT])
+    return exact ? scores : g.op("Mul", [scores, f32(g, scale)])
   }
   const weighted = (probs: string, values: string) => g.op("MatMul", [probs, g.op("Unsqueeze", [values, i64(g, [2])])])
   let o: string // [B, KV, G, T, hd]
