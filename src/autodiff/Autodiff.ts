@@ -459,6 +459,32 @@ export interface TrainingGraph {
   /** weight name → gradient output name. */
   readonly gradients: ReadonlyMap<string, string>
   readonly outputs: { readonly loss: string; readonly tokenLogprobs: string; readonly stats: string }
+  /**
+   * Inputs that are rows of a weight input (the tiled head's vocabulary slices of a trained head, `ChunkedHead.View`):
+   * fed as views of the weight's array ({@link viewFeeds}), no copy.
+   */
+  readonly views: ReadonlyArray<ChunkedHead.View>
+}
+
+/**
+ * The inputs of `views` from the weights' own: each a view of rows of `weightOf(view.of)` (`[rows, columns]`,
+ * `columns` from the weight's dims), made with `feed`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const viewFeeds = <T>(
+  views: ReadonlyArray<ChunkedHead.View>,
+  weightOf: (name: string) => { readonly data: Float32Array | Float64Array; readonly dims: ReadonlyArray<number> },
+  feed: (data: Float32Array | Float64Array, dims: ReadonlyArray<number>) => T
+): Record<string, T> => {
+  const out: Record<string, T> = {}
+  for (const v of views) {
+    const w = weightOf(v.of)
+    const columns = w.dims[1]!
+    out[v.name] = feed(w.data.subarray(v.start * columns, v.end * columns), [v.end - v.start, columns])
+  }
+  return out
 }
 
 /**
@@ -517,7 +543,7 @@ export const trainingGraph = (forward: Forward, options: Options): Effect.Effect
     const chunked = output === undefined
       ? undefined
       : ChunkedHead.emit(e, output.hidden, output.weight, options.loss, options.batch, options.length, output.chunk,
-        options.headBlock)
+        options.headBlock, forward.weightInputs.includes(output.weight))
     const head = chunked ?? LossHead.emit(e, forward.logits, options.loss, options.batch, options.length)
     const lossNodes = graph.nodes.slice(forwardNodes.length)
     const walked = chunked === undefined
@@ -548,7 +574,8 @@ export const trainingGraph = (forward: Forward, options: Options): Effect.Effect
       modelInputs: forward.graph.inputs.map((i) => i.name).filter((n) => !weightSet.has(n)),
       lossInputs: head.inputs,
       gradients: named,
-      outputs: out
+      outputs: out,
+      views: chunked?.views ?? []
     }
   })
 

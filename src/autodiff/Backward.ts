@@ -503,6 +503,11 @@ export const rules: Readonly<Record<string, Rule>> = {
       ? node.attributes["perm"].value
       : Array.from({ length: rank }, (_, i) => rank - 1 - i)
     const inverse = perm.map((_, i) => perm.indexOf(i))
+    // Large models: a gradient that is a transpose by `perm` (a weight gradient's `(dYᵀ·A)ᵀ`) is not transposed
+    // back; its transpose is removed, so that the product writes the weight's gradient itself.
+    const p = e.large ? producer(e, g!) : undefined
+    const pPerm = p?.op === "Transpose" && p.attributes["perm"]?.kind === "ints" ? p.attributes["perm"].value : []
+    if (p !== undefined && pPerm.join() === perm.join() && e.graph.removeUnread(g!)) return [p.inputs[0]!]
     return [e.op("Transpose", [g!], { perm: Graph.ints(inverse) })]
   },
   Reshape: (e, node, [g]) => [reshapeTo(e, g!, inDims(e, node, 0)), undefined],

@@ -73,13 +73,19 @@ describe("Autodiff for large models", () => {
         // Seven projections a layer, plus the untied parts: the default has one Gemm transA per weight gradient.
         assert.isAtLeast(transposedGemms(plain), 7 * c.numHiddenLayers)
         assert.strictEqual(transposedGemms(large), 0)
-        // The weight gradients' transposes of B = Wᵀ are emitted in pairs, which onnxruntime cancels.
+        // Weight gradients: dYᵀ·A on a transpose of dY (its last axis first), written as ∂W itself.
         assert.isAtLeast(
           large.graph.nodes.filter((n) =>
             n.op === "Transpose" && n.attributes["perm"]?.kind === "ints" && n.attributes["perm"].value.join() === "2,0,1"
           ).length,
           7 * c.numHiddenLayers
         )
+        // ... and not transposed back: the default transposes each Gemm's ∂Wᵀ, large models none.
+        const swaps = (tg: Autodiff.TrainingGraph) =>
+          tg.graph.nodes.filter((n) =>
+            n.op === "Transpose" && n.attributes["perm"]?.kind === "ints" && n.attributes["perm"].value.join() === "1,0"
+          ).length
+        assert.isAtLeast(swaps(plain) - swaps(large), 7 * c.numHiddenLayers)
         const a = yield* runWith(yield* session(plain.graph), feedsFor(plain, "float32"))
         const b = yield* runWith(yield* session(large.graph), feedsFor(large, "float32"))
         for (const out of ["loss", "token_logprobs", "stats"]) {
