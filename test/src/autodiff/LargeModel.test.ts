@@ -85,7 +85,8 @@ describe("Autodiff for large models", () => {
           tg.graph.nodes.filter((n) =>
             n.op === "Transpose" && n.attributes["perm"]?.kind === "ints" && n.attributes["perm"].value.join() === "1,0"
           ).length
-        assert.isAtLeast(swaps(plain) - swaps(large), 7 * c.numHiddenLayers)
+        // (With recompute a layer's first gradient also orders the layer's recompute: that one's transpose stays.)
+        assert.isAtLeast(swaps(plain) - swaps(large), (recompute ? 6 : 7) * c.numHiddenLayers)
         const a = yield* runWith(yield* session(plain.graph), feedsFor(plain, "float32"))
         const b = yield* runWith(yield* session(large.graph), feedsFor(large, "float32"))
         for (const out of ["loss", "token_logprobs", "stats"]) {
