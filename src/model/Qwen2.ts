@@ -517,8 +517,8 @@ const attendGrouped = (
   const probs = g.op("Softmax", [g.op("Add", [scores, ctx.maskBias])], { axis: Graph.int(-1) })
   const o = g.op("MatMul", [g.op("Reshape", [probs, four]), v]) // [B, KV, G·T, hd]
   const heads = g.op("Reshape", [o, i64(g, [0, 0, c.numAttentionHeads / c.numKeyValueHeads, -1, hd])])
-  const merged = g.op("Reshape", [g.op("Transpose", [heads], { perm: Graph.ints([0, 3, 1, 2, 4]) }), i64(g, [0, 0, -1])])
-  return project(g, merged, param, `model.layers.${i}.self_attn.o_proj.weight`)
+  const merged = g.op("Transpose", [heads], { perm: Graph.ints([0, 3, 1, 2, 4]) })
+  return project(g, g.op("Reshape", [merged, i64(g, [0, 0, -1])]), param, `model.layers.${i}.self_attn.o_proj.weight`)
 }
 
 /**

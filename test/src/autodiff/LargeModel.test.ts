@@ -52,11 +52,12 @@ const build = (largeModel: boolean, recompute = false, dtype: "float32" | "float
 
 /** Weight gradients computed as `Gemm` with `transA` (the default's form). */
 const transposedGemms = (tg: Autodiff.TrainingGraph) =>
-  tg.graph.nodes.filter((n) => n.op === "Gemm" && n.attributes["transA"]?.kind === "int" && n.attributes["transA"].value)
-    .length
+  tg.graph.nodes.filter((n) =>
+    n.op === "Gemm" && n.attributes["transA"]?.kind === "int" && n.attributes["transA"].value === 1
+  ).length
 
 describe("Autodiff for large models", () => {
-  it("isLargeModel: from 50 M parameters (trained and frozen inputs of static shape); not the tiny or small preset", () => {
+  it("isLargeModel: from 50 M parameters (static float inputs, trained or frozen); not the tiny or small preset", () => {
     const large = (cfg: ModelConfig.ModelConfig) => Autodiff.isLargeModel(Qwen2.trainingGraph(cfg))
     assert.isFalse(large({ ...ModelConfig.presets.tiny, vocabSize: 288 }))
     assert.isFalse(large({ ...ModelConfig.presets.small, vocabSize: 288 }))
@@ -80,7 +81,8 @@ describe("Autodiff for large models", () => {
         // Weight gradients: dYᵀ·A on a transpose of dY (its last axis first), written as ∂W itself.
         assert.isAtLeast(
           large.graph.nodes.filter((n) =>
-            n.op === "Transpose" && n.attributes["perm"]?.kind === "ints" && n.attributes["perm"].value.join() === "2,0,1"
+            n.op === "Transpose" && n.attributes["perm"]?.kind === "ints" &&
+            n.attributes["perm"].value.join() === "2,0,1"
           ).length,
           7 * c.numHiddenLayers
         )
@@ -117,7 +119,13 @@ describe("Autodiff for large models", () => {
           return { graph, ...Qwen2.forward(graph, cfg, { kvCache: false, weights: "inputs", groupedQueries }) }
         }
         const build = (groupedQueries: boolean, dtype: "float32" | "float64" = "float32") =>
-          Autodiff.trainingGraph(forward(groupedQueries), { batch: B, length: T, loss: config, largeModel: true, dtype })
+          Autodiff.trainingGraph(forward(groupedQueries), {
+            batch: B,
+            length: T,
+            loss: config,
+            largeModel: true,
+            dtype
+          })
         const plain = yield* build(false)
         const grouped = yield* build(true)
         // The keys' and values' gradients are summed over the group inside their products, not by a ReduceSum.
