@@ -26,7 +26,7 @@ const flag = (name: string, fallback: number) => {
   return i === -1 ? fallback : Number(args[i + 1])
 }
 const batch = flag("batch", 4), length = flag("length", 96), threads = flag("threads", 1)
-// `--qwen LAYERS`: Qwen2.5-0.5B's width instead, with the default (presets') products (`largeModel: false`).
+// `--qwen LAYERS`: Qwen2.5-0.5B's width instead, with the presets' products and layout (`largeModel: false`).
 const qwen = flag("qwen", 0)
 const models = qwen > 0
   ? [["qwen2.5-0.5b-width", qwen25Width(qwen)] as const]
@@ -34,10 +34,14 @@ const models = qwen > 0
 for (const [preset, config] of models) {
   const weights = weightsOf(config)
   const mb = microBatch(config, batch, length)
-  const graph = Effect.runSync(Autodiff.trainingGraph(Qwen2.trainingGraph(config), {
+  // Qwen's width: the default attention layout, so that the run compares with code before `groupedQueries`.
+  const forward = qwen === 0 ? Qwen2.trainingGraph(config) : (() => {
+    const g = Graph.make("qwen2_train")
+    return { graph: g, ...Qwen2.forward(g, config, { kvCache: false, weights: "inputs", groupedQueries: false }) }
+  })()
+  const graph = Effect.runSync(Autodiff.trainingGraph(forward, {
     batch,
     length,
-    threads,
     loss: Loss.sft,
     dims: {},
     withGradients: true,

@@ -82,7 +82,7 @@ for (const [label, B, T, K, N] of shapes) {
       graphOptimizationLevel: "all",
       extra: { session: { intra_op: { allow_spinning: "0" } } }
     })
-    let data = new Float32Array()
+    let data: Float32Array = new Float32Array()
     const times: Array<number> = []
     for (let i = 0; i < reps + 1; i++) {
       const t0 = performance.now()
