@@ -57,7 +57,7 @@ const transposedGemms = (tg: Autodiff.TrainingGraph) =>
   ).length
 
 describe("Autodiff for large models", () => {
-  it("isLargeModel: from 50 M parameters (static float inputs, trained or frozen); not the tiny or small preset", () => {
+  it("isLargeModel: 50 M parameters or more (static float inputs): the medium preset, not tiny or small", () => {
     const large = (cfg: ModelConfig.ModelConfig) => Autodiff.isLargeModel(Qwen2.trainingGraph(cfg))
     assert.isFalse(large({ ...ModelConfig.presets.tiny, vocabSize: 288 }))
     assert.isFalse(large({ ...ModelConfig.presets.small, vocabSize: 288 }))
