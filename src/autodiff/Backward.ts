@@ -183,6 +183,12 @@ const batchedProduct = (e: Emitter, a: string, b: string, transA: boolean, trans
 const msDomain = "com.microsoft"
 
 /**
+ * The input width from which a large model's weight gradient is a plain MatMul on a transpose of `dY`
+ * ({@link transposedRows}): its `2·K` products per transposed element are then worth the copy.
+ */
+const plainProductWidth = 256
+
+/**
  * `x [..., N]` as the `[N, n]` matrix of its rows' transpose. Large models' weight gradients are
  * `∂W = dYᵀ·A` on it: `Gemm` with `transA` (what the default emits, and what onnxruntime makes of a `Transpose`
  * `[1, 0]` feeding a MatMul) ran at 0.78× of MatMul's rate on the 0.5 B shapes (BENCHMARKS.md, "the learner's step
@@ -222,8 +228,9 @@ const matMul: Rule = (e, node, [g], needs) => {
       const K = ad.at(-1)!
       const N = bd.at(-1)!
       const a2 = reshapeTo(e, a, [ad.reduce((p, d) => p * d, 1) / K, K])
-      // Large models: (dYᵀ·A)ᵀ, the outer transpose cancelling against the Transpose rule's of B = Wᵀ (below).
-      gb = e.large
+      // Large models: (dYᵀ·A)ᵀ, the outer transpose cancelling against the Transpose rule's of B = Wᵀ (below). Only
+      // where the product outweighs the transpose of dY: not for a LoRA adapter's B, whose input is rank-wide.
+      gb = e.large && K >= plainProductWidth
         ? swapLast(e, e.op("MatMul", [transposedRows(e, g!), a2]))
         : e.op("Gemm", [a2, reshapeTo(e, g!, [e.dims(g!).reduce((p, d) => p * d, 1) / N, N])], {
           transA: Graph.int(1)
