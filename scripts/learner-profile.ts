@@ -59,6 +59,7 @@ const lossData: Record<string, () => ort.Tensor> = {
 const feeds: Record<string, ort.Tensor> = { ...OnnxTrainer.qwen2(config).inputs(mb) }
 for (const name of graph.lossInputs) feeds[name] = lossData[name]!()
 for (const { name, dims } of graph.weights) feeds[name] = new ort.Tensor("float32", weights.get(name)!, [...dims])
+Object.assign(feeds, OnnxTrainer.viewFeeds(graph, feeds))
 const accum = new Map(graph.weights.map(({ name }) => [name, new Float32Array(weights.get(name)!.length)]))
 const fetches: Record<string, ort.Tensor | null> = { loss: null, token_logprobs: null, stats: null }
 for (const { name, dims } of graph.weights) {

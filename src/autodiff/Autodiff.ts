@@ -415,7 +415,30 @@ export interface Options {
    * instead of every activation inside the layer. Default false.
    */
   readonly recompute?: boolean
+  /**
+   * Whether the model counts as large (`Backward.Emitter.large`: faster products that round differently at some
+   * shapes). Default {@link isLargeModel} of the forward graph; the embedded presets are below it.
+   */
+  readonly largeModel?: boolean
 }
+
+/**
+ * Whether a forward graph's model has at least 50 M parameters (counting every float input of static shape: its
+ * weights, trained and frozen), the threshold of `Backward.Emitter.large`: real checkpoints and the `medium` preset,
+ * not the `tiny` and `small` presets whose figures the README repeats (the decode engine's `fusedKernels` uses the
+ * same threshold).
+ *
+ * @category guards
+ * @since 0.1.0
+ */
+export const isLargeModel = (forward: Forward): boolean =>
+  forward.graph.inputs.reduce(
+    (n, i) =>
+      i.dtype !== "float32" || i.shape.some((d) => typeof d !== "number")
+        ? n
+        : n + i.shape.reduce<number>((p, d) => p * (d as number), 1),
+    0
+  ) >= 50e6
 
 /**
  * The training graph and the names a trainer feeds and reads.
@@ -436,6 +459,32 @@ export interface TrainingGraph {
   /** weight name → gradient output name. */
   readonly gradients: ReadonlyMap<string, string>
   readonly outputs: { readonly loss: string; readonly tokenLogprobs: string; readonly stats: string }
+  /**
+   * Inputs that are rows of a weight input (the tiled head's vocabulary slices of a trained head, `ChunkedHead.View`):
+   * fed as views of the weight's array ({@link viewFeeds}), no copy.
+   */
+  readonly views: ReadonlyArray<ChunkedHead.View>
+}
+
+/**
+ * The inputs of `views` from the weights' own: each a view of rows of `weightOf(view.of)` (`[rows, columns]`,
+ * `columns` from the weight's dims), made with `feed`.
+ *
+ * @category constructors
+ * @since 0.1.0
+ */
+export const viewFeeds = <T>(
+  views: ReadonlyArray<ChunkedHead.View>,
+  weightOf: (name: string) => { readonly data: Float32Array | Float64Array; readonly dims: ReadonlyArray<number> },
+  feed: (data: Float32Array | Float64Array, dims: ReadonlyArray<number>) => T
+): Record<string, T> => {
+  const out: Record<string, T> = {}
+  for (const v of views) {
+    const w = weightOf(v.of)
+    const columns = w.dims[1]!
+    out[v.name] = feed(w.data.subarray(v.start * columns, v.end * columns), [v.end - v.start, columns])
+  }
+  return out
 }
 
 /**
@@ -490,11 +539,11 @@ export const trainingGraph = (forward: Forward, options: Options): Effect.Effect
     const graph = copyGraph(forward.graph, dtype, new Set(output?.nodes ?? []))
     const shapes = Shapes.make(graph, { ...options.dims, batch: options.batch, seq: options.length })
     const forwardNodes = [...graph.nodes]
-    const e = Backward.makeEmitter(graph, shapes)
+    const e = Backward.makeEmitter(graph, shapes, options.largeModel ?? isLargeModel(forward))
     const chunked = output === undefined
       ? undefined
       : ChunkedHead.emit(e, output.hidden, output.weight, options.loss, options.batch, options.length, output.chunk,
-        options.headBlock)
+        options.headBlock, forward.weightInputs.includes(output.weight))
     const head = chunked ?? LossHead.emit(e, forward.logits, options.loss, options.batch, options.length)
     const lossNodes = graph.nodes.slice(forwardNodes.length)
     const walked = chunked === undefined
@@ -525,7 +574,8 @@ export const trainingGraph = (forward: Forward, options: Options): Effect.Effect
       modelInputs: forward.graph.inputs.map((i) => i.name).filter((n) => !weightSet.has(n)),
       lossInputs: head.inputs,
       gradients: named,
-      outputs: out
+      outputs: out,
+      views: chunked?.views ?? []
     }
   })
 

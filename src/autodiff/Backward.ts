@@ -30,6 +30,12 @@ import * as Shapes from "./Shapes.ts"
 export interface Emitter {
   readonly graph: Graph.Graph
   readonly shapes: Shapes.Shapes
+  /**
+   * A model of at least 50 M parameters (`Autodiff.isLargeModel`): rules may emit products that run faster but
+   * round differently at some shapes (weight gradients as a transpose and a plain MatMul). Off for the embedded
+   * presets, whose arithmetic must not change.
+   */
+  readonly large: boolean
   /** Appends a node (of the default ONNX domain unless `domain` is given) and returns its output. */
   readonly op: (
     op: string,
@@ -87,7 +93,7 @@ const typedScalar = (value: number, dtype: Graph.DType): Graph.TensorData =>
  * @category constructors
  * @since 0.1.0
  */
-export const makeEmitter = (graph: Graph.Graph, shapes: Shapes.Shapes): Emitter => {
+export const makeEmitter = (graph: Graph.Graph, shapes: Shapes.Shapes, large = false): Emitter => {
   const cache = new Map<string, string>()
   const cached = (key: string, make: () => string) => {
     const hit = cache.get(key)
@@ -134,7 +140,7 @@ export const makeEmitter = (graph: Graph.Graph, shapes: Shapes.Shapes): Emitter 
     const summed = axes.length > 0 ? op("ReduceSum", [grad, ints(axes)], { keepdims: Graph.int(1) }) : grad
     return sameDims(dims(summed), target) ? summed : op("Reshape", [summed, ints(target)])
   }
-  return { graph, shapes, op, opN, dims, dtype, scalar, ints, zeros, reduceTo }
+  return { graph, shapes, large, op, opN, dims, dtype, scalar, ints, zeros, reduceTo }
 }
 
 // ===== Rules =====
@@ -176,6 +182,27 @@ const batchedProduct = (e: Emitter, a: string, b: string, transA: boolean, trans
 
 const msDomain = "com.microsoft"
 
+/**
+ * The input width from which a large model's weight gradient is a plain MatMul on a transpose of `dY`
+ * ({@link transposedRows}): its `2·K` products per transposed element are then worth the copy.
+ */
+const plainProductWidth = 256
+
+/**
+ * `x [..., N]` as the `[N, n]` matrix of its rows' transpose. Large models' weight gradients are
+ * `∂W = dYᵀ·A` on it: `Gemm` with `transA` (what the default emits, and what onnxruntime makes of a `Transpose`
+ * `[1, 0]` feeding a MatMul) ran at 0.78× of MatMul's rate on the 0.5 B shapes (BENCHMARKS.md, "the learner's step
+ * against the MatMul roofline"), so the Transpose moves the last axis first before the Reshape, which onnxruntime
+ * does not fold back. The same bits at most shapes (`scripts/weight-gradient-check.ts`) but not all (the small
+ * preset's 64-wide k/v: `scripts/preset-gradient-digest.ts`), hence large models only.
+ */
+const transposedRows = (e: Emitter, x: string): string => {
+  const xd = e.dims(x)
+  const N = xd.at(-1)!
+  const perm = [xd.length - 1, ...xd.slice(0, -1).map((_, i) => i)]
+  return reshapeTo(e, e.op("Transpose", [x], { perm: Graph.ints(perm) }), [N, xd.reduce((p, d) => p * d, 1) / N])
+}
+
 const matMul: Rule = (e, node, [g], needs) => {
   const [a, b] = node.inputs as [string, string]
   const ad = e.dims(a)
@@ -201,8 +228,13 @@ const matMul: Rule = (e, node, [g], needs) => {
       const K = ad.at(-1)!
       const N = bd.at(-1)!
       const a2 = reshapeTo(e, a, [ad.reduce((p, d) => p * d, 1) / K, K])
-      const g2 = reshapeTo(e, g!, [e.dims(g!).reduce((p, d) => p * d, 1) / N, N])
-      gb = e.op("Gemm", [a2, g2], { transA: Graph.int(1) })
+      // Large models: (dYᵀ·A)ᵀ, the outer transpose cancelling against the Transpose rule's of B = Wᵀ (below). Only
+      // where the product outweighs the transpose of dY: not for a LoRA adapter's B, whose input is rank-wide.
+      gb = e.large && K >= plainProductWidth
+        ? swapLast(e, e.op("MatMul", [transposedRows(e, g!), a2]))
+        : e.op("Gemm", [a2, reshapeTo(e, g!, [e.dims(g!).reduce((p, d) => p * d, 1) / N, N])], {
+          transA: Graph.int(1)
+        })
     } else if (isSwapLast(e, b)) {
       // B = Xᵀ (keys in attention): dB = (dYᵀ·A)ᵀ, whose transpose cancels against the Transpose rule's inverse.
       gb = e.reduceTo(swapLast(e, batchedProduct(e, g!, a, true, false)), bd)
@@ -478,6 +510,11 @@ export const rules: Readonly<Record<string, Rule>> = {
       ? node.attributes["perm"].value
       : Array.from({ length: rank }, (_, i) => rank - 1 - i)
     const inverse = perm.map((_, i) => perm.indexOf(i))
+    // Large models: a gradient that is a transpose by `perm` (a weight gradient's `(dYᵀ·A)ᵀ`) is not transposed
+    // back; its transpose is removed, so that the product writes the weight's gradient itself.
+    const p = e.large ? producer(e, g!) : undefined
+    const pPerm = p?.op === "Transpose" && p.attributes["perm"]?.kind === "ints" ? p.attributes["perm"].value : []
+    if (p !== undefined && pPerm.join() === perm.join() && e.graph.removeUnread(g!)) return [p.inputs[0]!]
     return [e.op("Transpose", [g!], { perm: Graph.ints(inverse) })]
   },
   Reshape: (e, node, [g]) => [reshapeTo(e, g!, inDims(e, node, 0)), undefined],

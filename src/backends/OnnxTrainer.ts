@@ -652,8 +652,19 @@ const feeds = (trainer: Trainer, c: Compiled, mb: Packing.MicroBatch): Record<st
   for (const { name, dims: d } of c.graph.weights) {
     out[name] = new ort.Tensor("float32", trainer.params.get(name)!, [...d])
   }
-  return out
+  return Object.assign(out, viewFeeds(c.graph, out))
 }
+
+/** The graph's views of weights (`Autodiff.TrainingGraph.views`) from the weights fed in `feeds`. */
+export const viewFeeds = (
+  graph: Pick<Autodiff.TrainingGraph, "views">,
+  feeds: Readonly<Record<string, ort.Tensor>>
+): Record<string, ort.Tensor> =>
+  Autodiff.viewFeeds(
+    graph.views,
+    (name) => ({ data: feeds[name]!.data as Float32Array, dims: feeds[name]!.dims }),
+    (data, dims) => new ort.Tensor(data instanceof Float64Array ? "float64" : "float32", data, [...dims])
+  )
 
 /**
  * With `into`, the gradients are written straight into those arrays (onnxruntime's pre-allocated outputs), so that
@@ -821,7 +832,7 @@ const runShards = Effect.fnUntraced(function*(trainer: Trainer, mb: Packing.Micr
       const { key, graph, bytes } = entries[j]!
       if (!trainer.compiledOn[j]!.has(key)) {
         const gradients = [...graph.gradients]
-        yield* p.request(j, { op: "compile", key, bytes, weights: graph.weights, gradients })
+        yield* p.request(j, { op: "compile", key, bytes, weights: graph.weights, gradients, views: graph.views })
         trainer.compiledOn[j]!.add(key)
       }
       const plain: Record<string, TrainerWorker.Feed> = {}

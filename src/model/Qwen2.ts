@@ -317,6 +317,18 @@ interface Context {
   readonly cos5: string // [B, T, 1, 1, hd]
   readonly sin5: string
   readonly maskBias: string // [B, 1, 1, T, P + T]: 0 where attention is allowed, -1e9 elsewhere
+  /** With {@link ForwardOptions.groupedQueries}: the scores' shapes `[0, 0, G, T, P + T]` and `[0, 0, -1, P + T]`. */
+  readonly grouped?: { readonly five: string; readonly four: string } | undefined
+}
+
+/** The shapes that {@link attend} reshapes a grouped layout's scores with, from the mask's dims. */
+const groupedShapes = (g: Graph.Graph, c: ModelConfig.ModelConfig, maskBias: string): Context["grouped"] => {
+  const G = c.numAttentionHeads / c.numKeyValueHeads
+  const last = (start: number) => g.op("Shape", [maskBias], { start: Graph.int(start) })
+  return {
+    five: g.op("Concat", [i64(g, [0, 0, G]), last(3)], { axis: Graph.int(0) }),
+    four: g.op("Concat", [i64(g, [0, 0, -1]), last(4)], { axis: Graph.int(0) })
+  }
 }
 
 const context = (g: Graph.Graph, c: ModelConfig.ModelConfig, ids: string, mask: string, pos: string): Context => {
@@ -445,11 +457,19 @@ const attend = (
   past?: { readonly key: string; readonly value: string }
 ): string => {
   const hd = ModelConfig.headDim(c)
+  const scale = 1 / Math.sqrt(hd)
+  // A power-of-two scale (hd 16, 64, 256: Qwen2.5-0.5B, Llama-3.2-1B) is exact on either side of the product: it
+  // scales the queries `[…, T, hd]` instead of the scores `[…, T, T]`, the same bits with hd/T of the products, in
+  // the forward and in the backward. Other head widths (the presets' 32) keep the scale on the scores.
+  const exact = Number.isInteger(Math.log2(scale))
+  const queries = exact ? g.op("Mul", [q, f32(g, scale)]) : q
+  if (ctx.grouped !== undefined && past === undefined) return attendGrouped(g, c, i, queries, k, v, ctx, param, exact)
   // Unsqueeze, then swap the last two axes: onnxruntime folds this swap into the product (FusedMatMul) where a
   // merged Transpose moving the time axis last was a strided copy, and the learner's MatMul rule recognises Xᵀ.
   const scoresWith = (keys: string) => {
     const kT = g.op("Transpose", [g.op("Unsqueeze", [keys, i64(g, [2])])], { perm: Graph.ints([0, 1, 2, 4, 3]) })
-    return g.op("Mul", [g.op("MatMul", [q, kT]), f32(g, 1 / Math.sqrt(hd))])
+    const scores = g.op("MatMul", [queries, kT])
+    return exact ? scores : g.op("Mul", [scores, f32(g, scale)])
   }
   const weighted = (probs: string, values: string) => g.op("MatMul", [probs, g.op("Unsqueeze", [values, i64(g, [2])])])
   let o: string // [B, KV, G, T, hd]
@@ -468,6 +488,37 @@ const attend = (
   }
   const merged = g.op("Reshape", [g.op("Transpose", [o], { perm: Graph.ints([0, 3, 1, 2, 4]) }), i64(g, [0, 0, -1])])
   return project(g, merged, param, `model.layers.${i}.self_attn.o_proj.weight`)
+}
+
+/**
+ * {@link attend} without a cache, with each KV head's G query heads as the rows of one product (`[B, KV, G·T, hd]`
+ * against `[B, KV, hd, T]`) instead of G products of T rows broadcast over the group axis: 4 products a layer at
+ * Qwen2.5-0.5B's shapes, not 28, and the keys' and values' gradients summed over the group inside their products
+ * (not a ReduceSum after). Large models' training graphs only ({@link ForwardOptions.groupedQueries}): the sums of
+ * the keys' and values' gradients are ordered differently.
+ */
+const attendGrouped = (
+  g: Graph.Graph,
+  c: ModelConfig.ModelConfig,
+  i: number,
+  queries: string,
+  k: string,
+  v: string,
+  ctx: Context,
+  param: Param,
+  exact: boolean
+): string => {
+  const hd = ModelConfig.headDim(c)
+  const { five, four } = ctx.grouped!
+  const rows = g.op("Reshape", [queries, i64(g, [0, 0, -1, hd])])
+  const kT = g.op("Transpose", [k], { perm: Graph.ints([0, 1, 3, 2]) })
+  const product = g.op("Reshape", [g.op("MatMul", [rows, kT]), five])
+  const scores = exact ? product : g.op("Mul", [product, f32(g, 1 / Math.sqrt(hd))])
+  const probs = g.op("Softmax", [g.op("Add", [scores, ctx.maskBias])], { axis: Graph.int(-1) })
+  const o = g.op("MatMul", [g.op("Reshape", [probs, four]), v]) // [B, KV, G·T, hd]
+  const heads = g.op("Reshape", [o, i64(g, [0, 0, c.numAttentionHeads / c.numKeyValueHeads, -1, hd])])
+  const merged = g.op("Transpose", [heads], { perm: Graph.ints([0, 3, 1, 2, 4]) })
+  return project(g, g.op("Reshape", [merged, i64(g, [0, 0, -1])]), param, `model.layers.${i}.self_attn.o_proj.weight`)
 }
 
 /**
@@ -548,7 +599,23 @@ export interface ForwardOptions {
    * onnxruntime instead of 151,936 `Math.exp` calls in JavaScript, ≈ 2.4 ms a token). Not for training graphs.
    */
   readonly fusedKernels?: boolean
+  /**
+   * Attention without a cache with each KV head's query heads as the rows of one product ({@link attendGrouped}):
+   * training graphs of large models ({@link isLarge}); it orders the keys' and values' gradient sums differently.
+   */
+  readonly groupedQueries?: boolean
 }
+
+/**
+ * Whether `c` has at least 50 M parameters: real checkpoints and the `medium` preset, not the `tiny` and `small`
+ * presets whose training arithmetic the README's figures depend on (the threshold of `Autodiff.isLargeModel` and of
+ * the engine's `fusedKernels`).
+ *
+ * @category guards
+ * @since 0.1.0
+ */
+export const isLarge = (c: ModelConfig.ModelConfig): boolean =>
+  parameters(c).reduce((n, s) => n + s.shape.reduce((a, b) => a * b, 1), 0) >= 50e6
 
 /**
  * Names of the values {@link forward} produced.
@@ -580,7 +647,9 @@ export const forward = (g: Graph.Graph, c: ModelConfig.ModelConfig, options: For
   const ids = g.input("input_ids", "int64", ["batch", "seq"])
   const mask = g.input("attention_mask", "int64", ["batch", options.kvCache ? "total" : "seq"])
   const pos = g.input("position_ids", "int64", ["batch", "seq"])
-  const ctx = context(g, c, ids, mask, pos)
+  const plain = context(g, c, ids, mask, pos)
+  const grouped = options.groupedQueries === true && !options.kvCache
+  const ctx = grouped ? { ...plain, grouped: groupedShapes(g, c, plain.maskBias) } : plain
   const hd = ModelConfig.headDim(c), KV = c.numKeyValueHeads
   let x = embed(g, c, ids, pos, param, options.tokenEmbeddings)
   for (let i = 0; i < c.numHiddenLayers; i++) {
@@ -784,7 +853,8 @@ export const trainingGraph = (
   lora?: Lora.Config
 ): { readonly graph: Graph.Graph } & ForwardOutputs => {
   const graph = Graph.make(output === "value" ? "qwen2_value_train" : "qwen2_train")
-  return { graph, ...forward(graph, c, { kvCache: false, weights: "inputs", head: output, lora }) }
+  const groupedQueries = isLarge(c)
+  return { graph, ...forward(graph, c, { kvCache: false, weights: "inputs", head: output, lora, groupedQueries }) }
 }
 
 /**

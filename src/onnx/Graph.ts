@@ -121,6 +121,11 @@ export interface Graph {
   output(name: string, dtype: DType, shape: ReadonlyArray<Dim>): void
   /** A value name not used so far in this graph. */
   fresh(prefix: string): string
+  /**
+   * Removes the node that produces `value` when no node reads it and it is not an output (a transpose the autodiff
+   * cancels); returns whether it did.
+   */
+  removeUnread(value: string): boolean
 }
 
 // ===== Constructors =====
@@ -198,6 +203,13 @@ export const make = (name: string): Graph => {
       node(op, ins, Array.from({ length: count }, () => fresh(op)), attributes),
     output: (n, dtype, shape) => {
       outputs.push({ name: n, dtype, shape: [...shape] })
+    },
+    removeUnread: (value) => {
+      const at = nodes.findIndex((n) => n.outputs.includes(value))
+      const read = nodes.some((n) => n.inputs.includes(value)) || outputs.some((o) => o.name === value)
+      if (at === -1 || read || nodes[at]!.outputs.length !== 1) return false
+      nodes.splice(at, 1)
+      return true
     }
   }
 }

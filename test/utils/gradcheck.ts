@@ -19,10 +19,29 @@ const tensor = (f: Feed): ort.Tensor =>
 export const session = (graph: Graph.Graph) =>
   Effect.promise(() => ort.InferenceSession.create(Graph.toModelBytes(graph), { graphOptimizationLevel: "disabled" }))
 
-export const runWith = (s: ort.InferenceSession, feeds: Readonly<Record<string, Feed>>) =>
+/** Rows `[start, end)` of the feed `of`, fed as `name` (`Autodiff.TrainingGraph.views`). */
+export interface View {
+  readonly name: string
+  readonly of: string
+  readonly start: number
+  readonly end: number
+}
+
+/** Runs `s` on `feeds`, plus `views` of them (taken from the feeds of this run, perturbed or not). */
+export const runWith = (
+  s: ort.InferenceSession,
+  feeds: Readonly<Record<string, Feed>>,
+  views: ReadonlyArray<View> = []
+) =>
   Effect.promise(async () => {
     const t: Record<string, ort.Tensor> = {}
     for (const [k, f] of Object.entries(feeds)) t[k] = tensor(f)
+    for (const v of views) {
+      const w = feeds[v.of]!
+      const columns = w.dims[1]!
+      const rows = Array.from(w.data).slice(v.start * columns, v.end * columns)
+      t[v.name] = tensor({ dtype: w.dtype, dims: [v.end - v.start, columns], data: rows })
+    }
     const out = await s.run(t)
     const result: Record<string, Float64Array> = {}
     for (const [k, v] of Object.entries(out)) result[k] = Float64Array.from(v.data as ArrayLike<number>)
@@ -46,12 +65,18 @@ export const check = (
   s: ort.InferenceSession,
   feeds: Readonly<Record<string, Feed>>,
   wrt: ReadonlyArray<string>,
-  options: { readonly h?: number; readonly samples?: number; readonly gradName?: (w: string) => string } = {}
+  options: {
+    readonly h?: number
+    readonly samples?: number
+    readonly gradName?: (w: string) => string
+    readonly views?: ReadonlyArray<View>
+  } = {}
 ) =>
   Effect.gen(function*() {
     const h = options.h ?? 1e-6
     const gradName = options.gradName ?? ((w: string) => `grad.${w}`)
-    const base = yield* runWith(s, feeds)
+    const views = options.views ?? []
+    const base = yield* runWith(s, feeds, views)
     const worst: Record<string, number> = {}
     for (const w of wrt) {
       const feed = feeds[w]!
@@ -68,8 +93,8 @@ export const check = (
         const minus = Array.from(feed.data)
         plus[i] = plus[i]! + h
         minus[i] = minus[i]! - h
-        const lp = (yield* runWith(s, { ...feeds, [w]: { ...feed, data: plus } }))["loss"]![0]!
-        const lm = (yield* runWith(s, { ...feeds, [w]: { ...feed, data: minus } }))["loss"]![0]!
+        const lp = (yield* runWith(s, { ...feeds, [w]: { ...feed, data: plus } }, views))["loss"]![0]!
+        const lm = (yield* runWith(s, { ...feeds, [w]: { ...feed, data: minus } }, views))["loss"]![0]!
         const numeric = (lp - lm) / (2 * h)
         maxDiff = Math.max(maxDiff, Math.abs(numeric - analytic[i]!))
         maxGrad = Math.max(maxGrad, Math.abs(analytic[i]!), Math.abs(numeric))

@@ -11,6 +11,7 @@ import { parentPort, workerData } from "node:worker_threads"
 import * as ort from "onnxruntime-node"
 import * as AdamStep from "../../internal/adamStep.ts"
 import * as CollectGarbage from "../../internal/collectGarbage.ts"
+import type * as ChunkedHead from "../../autodiff/ChunkedHead.ts"
 import type * as Optimizer from "../../Optimizer.ts"
 
 // ===== Protocol =====
@@ -56,6 +57,8 @@ export type Request =
     readonly weights: ReadonlyArray<{ readonly name: string; readonly dims: ReadonlyArray<number> }>
     /** `[weight, gradient output]` pairs; empty for a forward-only graph. */
     readonly gradients: ReadonlyArray<readonly [string, string]>
+    /** Inputs that are rows of a weight (`Autodiff.TrainingGraph.views`). */
+    readonly views: ReadonlyArray<ChunkedHead.View>
   }
   | { readonly op: "release"; readonly key: string }
   | {
@@ -172,6 +175,7 @@ interface Session {
   readonly session: ort.InferenceSession
   readonly weights: ReadonlyArray<{ readonly name: string; readonly dims: ReadonlyArray<number> }>
   readonly gradients: ReadonlyArray<readonly [string, string]>
+  readonly views: ReadonlyArray<ChunkedHead.View>
 }
 
 /** What a worker holds: views of the shared arrays, its private copy of the weights, its sessions. */
@@ -247,6 +251,12 @@ const run = async (w: WorkerState, r: Extract<Request, { op: "run" }>): Promise<
   for (const weight of s.weights) {
     feeds[weight.name] = new ort.Tensor("float32", w.local.get(weight.name)!, [...weight.dims])
   }
+  // The head's vocabulary slices: views of the weight's rows, no copy.
+  for (const v of s.views) {
+    const columns = feeds[v.of]!.dims[1]!
+    const rows = (feeds[v.of]!.data as Float32Array).subarray(v.start * columns, v.end * columns)
+    feeds[v.name] = new ort.Tensor("float32", rows, [v.end - v.start, columns])
+  }
   const out = await s.session.run(feeds)
   if (r.accumulate !== "none") {
     for (const [weight, gradName] of s.gradients) {
@@ -274,7 +284,7 @@ const handle = async (w: WorkerState, r: Request): Promise<Output> => {
   switch (r.op) {
     case "compile": {
       const session = await ort.InferenceSession.create(r.bytes, w.init.sessionOptions)
-      sessions.set(r.key, { session, weights: r.weights, gradients: r.gradients })
+      sessions.set(r.key, { session, weights: r.weights, gradients: r.gradients, views: r.views })
       return {}
     }
     case "release": {

@@ -118,10 +118,20 @@ describe("ChunkedHead", () => {
               ...(headBlock === undefined ? {} : { headBlock })
             })
           const plain = yield* build(0)
+          assert.deepStrictEqual(plain.views, [])
           const a = yield* runWith(yield* session(plain.graph), feedsFor(plain, cfg, config, "float32"))
           // One block × 5 slices, and 3 blocks (4, 4, 2 tokens) × 2 slices.
           for (const chunked of [yield* build(3), yield* build(3, 4)]) {
-            const b = yield* runWith(yield* session(chunked.graph), feedsFor(chunked, cfg, config, "float32"))
+            // The head's vocabulary slices are inputs of their own (views of the weight), not Slice nodes of it.
+            const head = tied ? "model.embed_tokens.weight" : "lm_head.weight"
+            assert.isAbove(chunked.views.length, 1)
+            assert.isTrue(chunked.views.every((v) => v.of === head))
+            assert.isFalse(chunked.graph.nodes.some((n) => n.op === "Slice" && n.inputs[0] === head))
+            const b = yield* runWith(
+              yield* session(chunked.graph),
+              feedsFor(chunked, cfg, config, "float32"),
+              chunked.views
+            )
             const close = (x: ArrayLike<number>, y: ArrayLike<number>, what: string) => {
               assert.strictEqual(x.length, y.length, what)
               let scale = 0
@@ -152,7 +162,7 @@ describe("ChunkedHead", () => {
         headBlock: 4
       })
       const { worst } = yield* check(yield* session(tg.graph), feedsFor(tg, cfg, config, "float64"),
-        forward.weightInputs, { samples: 4, h: 1e-5 })
+        forward.weightInputs, { samples: 4, h: 1e-5, views: tg.views })
       for (const w of forward.weightInputs) assert.isBelow(worst[w]!, 1e-5, `${w}: ${worst[w]}`)
     }))
 })

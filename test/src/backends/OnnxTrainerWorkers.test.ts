@@ -81,6 +81,24 @@ describe("OnnxTrainer with worker threads", () => {
     }))
   })
 
+  it.effect("the tiled head's slices fed as views of its weight: the plain head's loss and gradients", () =>
+    Effect.gen(function*() {
+      const mb = (yield* oddPaddedBatch)[0]!
+      // 7 × 16 tokens, tiles of about 20 tokens' logits: 7 slices of 5 vocabulary rows, each a view at its offset.
+      const plain = yield* OnnxTrainer.make(options({ headChunk: 0 }))
+      const a = yield* plain.trainer.forwardBackward(mb)
+      const ga = yield* plain.gradients
+      for (const workers of [1, 2]) {
+        const tiled = yield* OnnxTrainer.make(options({ headChunk: 20, workers }))
+        const b = yield* tiled.trainer.forwardBackward(mb)
+        assert.approximately(b.loss, a.loss, 1e-5 * Math.max(1, Math.abs(a.loss)), `loss, ${workers} worker(s)`)
+        a.tokenLogprobs.forEach((x, i) => assert.approximately(b.tokenLogprobs[i]!, x, 1e-5))
+        const g = maxDiff(yield* tiled.gradients, ga)
+        assert.isAbove(g.scale, 0)
+        assert.isBelow(g.diff, 1e-5 * g.scale, `${workers} worker(s): max |Δg| ${g.diff} of ${g.scale}`)
+      }
+    }).pipe(Effect.provide(NodeServices.layer)))
+
   it.effect("2 workers give the single-thread trainer's loss, statistics, logprobs, gradients and weights", () =>
     Effect.gen(function*() {
       const mbs = yield* oddPaddedBatch
