@@ -13,8 +13,11 @@
  * onnxruntime-node's copy of the gradients at the end of each run (freed at once: `Options.releaseOutputs`), and the
  * output head in tiles of tokens × vocabulary (`autodiff/ChunkedHead.ts`): a whole micro-batch's logits are never held.
  *
- * Determinism: on the CPU execution provider the same weights, batches and thread count give bit-identical
- * results, which is what makes checkpoint resume exact.
+ * Determinism: on the CPU execution provider the same weights and batches give bit-identical results with one
+ * intra-op thread (each worker trainer's), which is what makes checkpoint resume exact. With two (the single
+ * trainer's default) the embeddings' gradient, a scatter-add over repeated token ids, can sum in another order: the
+ * `tiny` preset at 16 × 192 tokens gave 2 different gradients in 4 runs (a 0.5 B run's `kill -9` resume still ended
+ * on the unbroken run's weights, BENCHMARKS.md "0.5 B end to end with today's code").
  *
  * Data parallelism (`workers: n > 1`): onnxruntime-node runs a session synchronously on the calling thread, and
  * the tiny model's ops are too small for intra-op threads to help, so a second core stays idle. With `n` worker
