@@ -76,7 +76,7 @@ export const modelBytes = (
   // A LoRA model takes every weight as an input (module notes).
   const bytes = lora === undefined
     ? build(c, weightsAs)
-    : Graph.toModelBytes(Qwen2.inferenceGraph(c, "inputs", lora, false, fusedKernels(c)))
+    : Graph.toModelBytes(Qwen2.inferenceGraph(c, "inputs", lora, false, Qwen2.isLarge(c)))
   built.set(key, bytes)
   if (built.size > 4) built.delete(built.keys().next().value!)
   return bytes
@@ -85,18 +85,13 @@ export const modelBytes = (
 /** The models built last on this thread, by config (up to tens of MB each). */
 const built = new Map<string, Uint8Array>()
 
+// Large models (`Qwen2.isLarge`: real checkpoints, the `medium` preset) decode with onnxruntime's fused kernels and
+// the graph's `logsumexp` (`Qwen2.ForwardOptions.fusedKernels`: ≈ 4.5 ms less of a 0.5 B batch-1 token of ≈ 82); the
+// `tiny` and `small` presets keep the graph their figures were measured on (the README's first command repeats them).
 const build = (c: ModelConfig.ModelConfig, weightsAs: "initializers" | "inputs"): Uint8Array =>
   weightsAs === "inputs"
-    ? Graph.toModelBytes(Qwen2.inferenceGraph(c, "inputs", undefined, true, fusedKernels(c)))
-    : withWeights(Qwen2.inferenceGraph(c, "inputs", undefined, false, fusedKernels(c)), Qwen2.parameters(c), weightsAs)
-
-/**
- * Whether `c`'s decode graph uses onnxruntime's fused kernels and its `logsumexp` output
- * (`Qwen2.ForwardOptions.fusedKernels`): models from 50 M parameters (real checkpoints, the `medium` preset), where
- * they cut a Qwen2.5-0.5B-shaped batch-1 token by ≈ 4.5 ms (of ≈ 82). The smaller presets keep the graph their
- * figures were measured on: the README's first command (`tiny`) repeats its figures to the last digit.
- */
-export const fusedKernels = (c: ModelConfig.ModelConfig): boolean => parameterCount(c) >= 50e6
+    ? Graph.toModelBytes(Qwen2.inferenceGraph(c, "inputs", undefined, true, Qwen2.isLarge(c)))
+    : withWeights(Qwen2.inferenceGraph(c, "inputs", undefined, false, Qwen2.isLarge(c)), Qwen2.parameters(c), weightsAs)
 
 /**
  * The bytes of graph `g` whose weight inputs `specs` stay inputs or become external initializers (module notes):

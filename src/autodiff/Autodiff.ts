@@ -425,7 +425,7 @@ export interface Options {
 /**
  * Whether a forward graph's model has at least 50 M parameters (counting every float input of static shape: its
  * weights, trained and frozen), the threshold of `Backward.Emitter.large`: real checkpoints and the `medium` preset,
- * not the `tiny` and `small` presets whose figures the README repeats (the decode engine's `fusedKernels` uses the
+ * not the `tiny` and `small` presets whose figures the README repeats (the decode engine's fused kernels use the
  * same threshold).
  *
  * @category guards

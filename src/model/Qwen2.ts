@@ -609,7 +609,7 @@ export interface ForwardOptions {
 /**
  * Whether `c` has at least 50 M parameters: real checkpoints and the `medium` preset, not the `tiny` and `small`
  * presets whose training arithmetic the README's figures depend on (the threshold of `Autodiff.isLargeModel` and of
- * the engine's `fusedKernels`).
+ * the decode engine's fused kernels).
  *
  * @category guards
  * @since 0.1.0

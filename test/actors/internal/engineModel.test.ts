@@ -87,10 +87,10 @@ describe("engineModel", () => {
 
   it("models from 50 M parameters decode with onnxruntime's fused kernels, the small presets with their old graph", () => {
     const ops = (bytes: Uint8Array) => new TextDecoder("latin1").decode(bytes)
-    assert.isTrue(EngineModel.fusedKernels(qwen15b))
-    assert.isTrue(EngineModel.fusedKernels(ModelConfig.presets.medium))
-    assert.isFalse(EngineModel.fusedKernels(ModelConfig.presets.small))
-    assert.isFalse(EngineModel.fusedKernels(ModelConfig.presets.tiny))
+    assert.isTrue(Qwen2.isLarge(qwen15b))
+    assert.isTrue(Qwen2.isLarge(ModelConfig.presets.medium))
+    assert.isFalse(Qwen2.isLarge(ModelConfig.presets.small))
+    assert.isFalse(Qwen2.isLarge(ModelConfig.presets.tiny))
     for (const weightsAs of ["initializers", "inputs"] as const) {
       assert.include(ops(EngineModel.modelBytes(qwen15b, weightsAs)), "SimplifiedLayerNormalization")
       assert.include(ops(EngineModel.modelBytes(qwen15b, weightsAs)), "logsumexp")
