@@ -19,7 +19,7 @@ import * as Loss from "../src/Loss.ts"
 import * as Qwen2 from "../src/model/Qwen2.ts"
 import * as Graph from "../src/onnx/Graph.ts"
 import * as Optimizer from "../src/Optimizer.ts"
-import { microBatch, qwen25Width, weightsOf } from "./shapes.ts"
+import { microBatch, qwen25Width, sftFeeds, weightsOf } from "./shapes.ts"
 
 const args = process.argv.slice(2)
 const flag = (name: string, fallback: number) => {
@@ -51,14 +51,7 @@ const session = await ort.InferenceSession.create(Graph.toModelBytes(graph.graph
   profileFilePrefix: join(dir, "profile"),
   extra: { session: { intra_op: { allow_spinning: "0" } } }
 })
-const lossData: Record<string, () => ort.Tensor> = {
-  targets: () => new ort.Tensor("int64", BigInt64Array.from(mb.targets, BigInt), [batch, length]),
-  loss_weights: () => new ort.Tensor("float32", mb.weights, [batch, length]),
-  loss_mask: () => new ort.Tensor("float32", Float32Array.from(mb.mask), [batch, length])
-}
-const feeds: Record<string, ort.Tensor> = { ...OnnxTrainer.qwen2(config).inputs(mb) }
-for (const name of graph.lossInputs) feeds[name] = lossData[name]!()
-for (const { name, dims } of graph.weights) feeds[name] = new ort.Tensor("float32", weights.get(name)!, [...dims])
+const feeds = sftFeeds(config, graph, mb, weights, batch, length)
 Object.assign(feeds, OnnxTrainer.viewFeeds(graph, feeds))
 const accum = new Map(graph.weights.map(({ name }) => [name, new Float32Array(weights.get(name)!.length)]))
 const fetches: Record<string, ort.Tensor | null> = { loss: null, token_logprobs: null, stats: null }

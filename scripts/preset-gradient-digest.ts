@@ -13,12 +13,11 @@ import { Effect } from "effect"
 import { createHash } from "node:crypto"
 import * as ort from "onnxruntime-node"
 import * as Autodiff from "../src/autodiff/Autodiff.ts"
-import * as OnnxTrainer from "../src/backends/OnnxTrainer.ts"
 import * as Loss from "../src/Loss.ts"
 import * as ModelConfig from "../src/model/ModelConfig.ts"
 import * as Qwen2 from "../src/model/Qwen2.ts"
 import * as Graph from "../src/onnx/Graph.ts"
-import { microBatch, qwen25Width, weightsOf } from "./shapes.ts"
+import { microBatch, qwen25Width, sftFeeds, weightsOf } from "./shapes.ts"
 
 const args = process.argv.slice(2)
 const flag = (name: string, fallback: number) => {
@@ -55,14 +54,7 @@ for (const [preset, config] of models) {
     graphOptimizationLevel: "all",
     extra: { session: { intra_op: { allow_spinning: "0" } } }
   })
-  const lossData: Record<string, () => ort.Tensor> = {
-    targets: () => new ort.Tensor("int64", BigInt64Array.from(mb.targets, BigInt), [batch, length]),
-    loss_weights: () => new ort.Tensor("float32", mb.weights, [batch, length]),
-    loss_mask: () => new ort.Tensor("float32", Float32Array.from(mb.mask), [batch, length])
-  }
-  const feeds: Record<string, ort.Tensor> = { ...OnnxTrainer.qwen2(config).inputs(mb) }
-  for (const name of graph.lossInputs) feeds[name] = lossData[name]!()
-  for (const { name, dims } of graph.weights) feeds[name] = new ort.Tensor("float32", weights.get(name)!, [...dims])
+  const feeds = sftFeeds(config, graph, mb, weights, batch, length)
   const names = ["loss", "token_logprobs", ...graph.weights.map(({ name }) => graph.gradients.get(name)!)]
   const out = await session.run(feeds, names)
   await session.release()

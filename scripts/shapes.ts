@@ -2,6 +2,9 @@
  * What the memory and sampling scripts (and the LoRA bench) build their models from: published model shapes, cheap
  * random weights and a synthetic micro-batch (no side effects: scripts import it).
  */
+import * as ort from "onnxruntime-node"
+import type * as Autodiff from "../src/autodiff/Autodiff.ts"
+import * as OnnxTrainer from "../src/backends/OnnxTrainer.ts"
 import type * as ModelConfig from "../src/model/ModelConfig.ts"
 import * as Qwen2 from "../src/model/Qwen2.ts"
 import type * as Packing from "../src/Packing.ts"
@@ -59,4 +62,27 @@ export const microBatch = (c: ModelConfig.ModelConfig, batch: number, length: nu
     sequenceIndex: Int32Array.from({ length: batch }, (_, i) => i),
     lossTokens: n
   }
+}
+
+/**
+ * The float32 feeds of an SFT training graph's run on `mb`: the model's inputs, the loss's inputs the graph reads
+ * and `weights` (the head's vocabulary views, where the graph has them, are the caller's to add).
+ */
+export const sftFeeds = (
+  c: ModelConfig.ModelConfig,
+  graph: Autodiff.TrainingGraph,
+  mb: Packing.MicroBatch,
+  weights: ReadonlyMap<string, Float32Array>,
+  batch: number,
+  length: number
+): Record<string, ort.Tensor> => {
+  const lossData: Record<string, () => ort.Tensor> = {
+    targets: () => new ort.Tensor("int64", BigInt64Array.from(mb.targets, BigInt), [batch, length]),
+    loss_weights: () => new ort.Tensor("float32", mb.weights, [batch, length]),
+    loss_mask: () => new ort.Tensor("float32", Float32Array.from(mb.mask), [batch, length])
+  }
+  const feeds: Record<string, ort.Tensor> = { ...OnnxTrainer.qwen2(c).inputs(mb) }
+  for (const name of graph.lossInputs) feeds[name] = lossData[name]!()
+  for (const { name, dims } of graph.weights) feeds[name] = new ort.Tensor("float32", weights.get(name)!, [...dims])
+  return feeds
 }
