@@ -92,7 +92,7 @@ const updateFloat32 = (
   v: Float32Array,
   c: AdamKernel.Coefficients
 ): void => {
-  if (kernel !== undefined) return kernel(p, g, m, v, c)
+  if (kernels !== undefined) return kernels.float32(p, g, m, v, c)
   const { scale, beta1, beta2, stepSize, invSqrtC2, eps, keep } = c
   updateTensor(p, g, m, v, scale, beta1, beta2, stepSize, invSqrtC2, eps, keep)
 }
@@ -103,8 +103,9 @@ const mScratch = new Float32Array(CHUNK)
 const vScratch = new Float32Array(CHUNK)
 
 /**
- * One tensor with bfloat16 moments, chunk by chunk: widen, the float32 update (bit-identical to it), narrow with
- * stochastic rounding keyed by step `t` and the element's index over all parameters (`at` + its index here).
+ * One tensor with bfloat16 moments: widen, the float32 update (bit-identical to it), narrow with stochastic rounding
+ * keyed by step `t` and the element's index over all parameters (`at` + its index here). The kernel does all three
+ * in one pass; without WebAssembly SIMD, the loops below go chunk by chunk.
  */
 const updateBfloat16 = (
   p: Float32Array,
@@ -115,6 +116,7 @@ const updateBfloat16 = (
   t: number,
   at: number
 ) => {
+  if (kernels !== undefined) return kernels.bfloat16(p, g, m, v, c, (seedOf(t) + at) | 0)
   for (let start = 0; start < p.length; start += CHUNK) {
     const end = Math.min(start + CHUNK, p.length)
     const mf = mScratch.subarray(0, end - start), vf = vScratch.subarray(0, end - start)
@@ -160,6 +162,9 @@ export const hash32 = (x: number): number => mix(x | 0) >>> 0
 export const roundStochastic = (u: number, r: number): number =>
   (u & 0x7fffffff) > 0x7f800000 ? ((u >>> 16) | 0x0040) : ((u + r) | 0) >>> 16
 
+/** Step `t`'s offset of the random stream: element `i`'s bits are `mix(seedOf(t) + i)`. */
+const seedOf = (t: number): number => mix(Math.imul(t, 0x9e3779b9) ^ 0x5bd1e995)
+
 /**
  * Float32 moments `mf`, `vf` narrowed into `m`, `v` from `from`. One hash a step and element gives both roundings'
  * bits (its low half for m, its high half for v).
@@ -175,8 +180,7 @@ const narrowStochastic = (
 ) => {
   const mBits = new Int32Array(mf.buffer, mf.byteOffset, mf.length)
   const vBits = new Int32Array(vf.buffer, vf.byteOffset, vf.length)
-  const seed = mix(Math.imul(t, 0x9e3779b9) ^ 0x5bd1e995)
-  const base = (seed + index) | 0
+  const base = (seedOf(t) + index) | 0
   for (let i = 0; i < mBits.length; i++) {
     const r = mix((base + i) | 0)
     m[from + i] = roundStochastic(mBits[i]!, r & 0xffff)
@@ -184,8 +188,8 @@ const narrowStochastic = (
   }
 }
 
-/** The WebAssembly SIMD inner loop (bit-identical to {@link updateTensor}, ≈ 2× faster), one per thread. */
-const kernel = AdamKernel.make()
+/** The WebAssembly SIMD kernels (bit-identical to the loops here, several times faster), one instance per thread. */
+const kernels = AdamKernel.make()
 
 /** The inner loop, kept monomorphic for speed; used where WebAssembly SIMD is unavailable. */
 const updateTensor = (

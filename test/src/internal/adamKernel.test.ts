@@ -1,5 +1,6 @@
 import { assert, describe, it } from "@effect/vitest"
 import * as AdamKernel from "../../../src/internal/adamKernel.ts"
+import * as AdamStep from "../../../src/internal/adamStep.ts"
 
 /** The scalar AdamW loop the kernel replaces (as in `Optimizer.ts`), the reference for bit-identity. */
 const reference = (p: Float32Array, g: Float32Array, m: Float32Array, v: Float32Array, c: AdamKernel.Coefficients) => {
@@ -15,6 +16,22 @@ const reference = (p: Float32Array, g: Float32Array, m: Float32Array, v: Float32
   }
 }
 
+/** bfloat16 moments the way `AdamStep` updates them without the kernel: widen, the scalar loop, narrow. */
+const reference16 = (p: Float32Array, g: Float32Array, m: Uint16Array, v: Uint16Array, c: AdamKernel.Coefficients,
+  hashAt: number) => {
+  const widen = (bits: Uint16Array) => new Float32Array(Uint32Array.from(bits, (b) => b << 16).buffer)
+  const mf = widen(m), vf = widen(v)
+  reference(p, g, mf, vf, c)
+  const mBits = new Int32Array(mf.buffer), vBits = new Int32Array(vf.buffer)
+  for (let i = 0; i < p.length; i++) {
+    const r = AdamStep.hash32((hashAt + i) | 0) | 0
+    m[i] = AdamStep.roundStochastic(mBits[i]!, r & 0xffff)
+    v[i] = AdamStep.roundStochastic(vBits[i]!, r >>> 16)
+  }
+}
+
+const bfloat16 = (x: Float32Array) => Uint16Array.from(new Uint32Array(x.buffer), (u) => u >>> 16)
+
 const wave = (n: number, f: number, amplitude: number) =>
   Float32Array.from({ length: n }, (_, i) => Math.sin(i * f + 0.3) * amplitude)
 
@@ -29,11 +46,31 @@ describe("adamKernel", () => {
       const [p2, m2, v2] = [p.slice(), m.slice(), v.slice()]
       for (let step = 0; step < 3; step++) {
         reference(p, g, m, v, c)
-        kernel!(p2, g, m2, v2, c)
+        kernel!.float32(p2, g, m2, v2, c)
       }
       for (const [name, a, b] of [["p", p, p2], ["m", m, m2], ["v", v, v2]] as const) {
         assert.isTrue(a.every((x, i) => Object.is(x, b[i])), `${name} differs for n = ${n}`)
       }
+    }
+  })
+
+  it("with bfloat16 moments, is bit-identical to widening, the scalar loop and stochastic narrowing", () => {
+    const kernel = AdamKernel.make()!
+    const c = { scale: 0.7, beta1: 0.9, beta2: 0.98, stepSize: 1e-3 / 0.19, invSqrtC2: 7.1, eps: 1e-8, keep: 1 - 1e-5 }
+    for (const [n, hashAt] of [[1, 0], [2, -5], [3, 2 ** 31 - 2], [17, 12345], [16383, 7], [16384, -1], [16385, 99],
+      [40001, 0x7fff0000 | 0]] as const) {
+      const p = wave(n, 1.1, 0.02), g = wave(n, 0.37, 0.01)
+      // special values: a NaN and an infinite gradient, a zero, a denormal, a huge value
+      for (const [i, x] of [[0, NaN], [5, Infinity], [9, 0], [11, 1e-41], [13, 3e38]] as const) if (i < n) g[i] = x
+      const m = bfloat16(wave(n, 0.7, 1e-3)), v = bfloat16(Float32Array.from(wave(n, 0.13, 1e-5), Math.abs))
+      const [p2, m2, v2] = [p.slice(), m.slice(), v.slice()]
+      for (let step = 0; step < 3; step++) {
+        reference16(p, g, m, v, c, hashAt + step)
+        kernel.bfloat16(p2, g, m2, v2, c, hashAt + step)
+      }
+      assert.isTrue(p.every((x, i) => Object.is(x, p2[i])), `p differs for n = ${n}`)
+      assert.deepStrictEqual([...m2], [...m], `m differs for n = ${n}`)
+      assert.deepStrictEqual([...v2], [...v], `v differs for n = ${n}`)
     }
   })
 })
