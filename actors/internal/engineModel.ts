@@ -16,11 +16,12 @@
  *   onnxruntime copy and no pre-packed copy per session. Before issue 41's point 6 this mode ran `MatMul(x,
  *   Transpose(W))` and transposed every weight on every step.
  *
- * With initializers the graph is `Qwen2.inferenceGraph`'s default, unchanged: onnxruntime folds each `Transpose` of
- * a weight initializer into a transposed copy, which the MatMul kernel then pre-packs. Rewriting `MatMul(x,
- * Transpose(W))` as `FusedMatMul(x, W, transB = 1)` there saved 6 % of the memory and 40 % of the session creation
- * at Qwen2.5-0.5B shapes but decoded 16–19 % slower at batch 32 on the `medium` preset, so it was not kept
- * (BENCHMARKS.md, "engine weights").
+ * With initializers, a large model's products (`Qwen2.isLarge`) are `FusedMatMul(x, W, transB = 1)` over the
+ * flattened rows, as with inputs: onnxruntime pre-packs the `[out, in]` weight directly. `MatMul(x, Transpose(W))`
+ * (the presets' graph, unchanged) first folds a transposed copy of every weight, then packs that: at Qwen2.5-0.5B
+ * shapes the rewrite creates the session ≈ 7 s sooner on a 2-core machine (of ≈ 26) at ≈ 1.6 GiB less peak RSS, and
+ * decodes as fast at batch 1, 8 and 32 (the `medium` preset within a few per cent; BENCHMARKS.md, "engine
+ * weights": an earlier, unflattened rewrite ran one product per row and was 16–19 % slower at batch 32).
  *
  * A LoRA engine (`lora`) decodes with its adapter unmerged (`Qwen2.inferenceGraph` with `lora`): every weight is an
  * input, the base's arrays fed as they are (the ones the learner reads: no copy per version, none in onnxruntime)
@@ -86,12 +87,13 @@ export const modelBytes = (
 const built = new Map<string, Uint8Array>()
 
 // Large models (`Qwen2.isLarge`: real checkpoints, the `medium` preset) decode with onnxruntime's fused kernels and
-// the graph's `logsumexp` (`Qwen2.ForwardOptions.fusedKernels`: ≈ 4.5 ms less of a 0.5 B batch-1 token of ≈ 82); the
-// `tiny` and `small` presets keep the graph their figures were measured on (the README's first command repeats them).
-const build = (c: ModelConfig.ModelConfig, weightsAs: "initializers" | "inputs"): Uint8Array =>
+// the graph's `logsumexp` (`Qwen2.ForwardOptions.fusedKernels`: ≈ 4.5 ms less of a 0.5 B batch-1 token of ≈ 82), and
+// their weight initializers are multiplied as `FusedMatMul(x, W, transB = 1)` (module notes); the `tiny` and `small`
+// presets keep the graph their figures were measured on (the README's first command repeats them).
+const build = (c: ModelConfig.ModelConfig, weightsAs: "initializers" | "inputs", large = Qwen2.isLarge(c)) =>
   weightsAs === "inputs"
-    ? Graph.toModelBytes(Qwen2.inferenceGraph(c, "inputs", undefined, true, Qwen2.isLarge(c)))
-    : withWeights(Qwen2.inferenceGraph(c, "inputs", undefined, false, Qwen2.isLarge(c)), Qwen2.parameters(c), weightsAs)
+    ? Graph.toModelBytes(Qwen2.inferenceGraph(c, "inputs", undefined, true, large))
+    : withWeights(Qwen2.inferenceGraph(c, "inputs", undefined, large, large), Qwen2.parameters(c), weightsAs)
 
 /**
  * The bytes of graph `g` whose weight inputs `specs` stay inputs or become external initializers (module notes):

@@ -590,7 +590,8 @@ export interface ForwardOptions {
   readonly tokenEmbeddings?: ((g: Graph.Graph, embedded: string) => string) | undefined
   /**
    * Every product with a weight as com.microsoft `FusedMatMul(x, W, transB = 1)` rather than `MatMul(x,
-   * Transpose(W))`: for a decode graph fed its weights as inputs, where each `Transpose` would run on every step.
+   * Transpose(W))`: for a decode graph fed its weights as inputs, where each `Transpose` would run on every step, and
+   * for a large model's weight initializers, which onnxruntime then pre-packs without folding a transposed copy.
    */
   readonly fusedProducts?: boolean
   /**

@@ -85,7 +85,7 @@ describe("engineModel", () => {
       }))
   }
 
-  it("models from 50 M parameters decode with onnxruntime's fused kernels, the small presets with their old graph", () => {
+  it("models from 50 M parameters decode with onnxruntime's fused kernels and products, the small presets with their old graph", () => {
     const ops = (bytes: Uint8Array) => new TextDecoder("latin1").decode(bytes)
     assert.isTrue(Qwen2.isLarge(qwen15b))
     assert.isTrue(Qwen2.isLarge(ModelConfig.presets.medium))
@@ -96,6 +96,9 @@ describe("engineModel", () => {
       assert.include(ops(EngineModel.modelBytes(qwen15b, weightsAs)), "logsumexp")
       assert.notInclude(ops(EngineModel.modelBytes(ModelConfig.presets.small, weightsAs)), "logsumexp")
     }
+    // A large model's initializers are multiplied as `FusedMatMul(x, W, transB = 1)`: no transposed copy to fold.
+    assert.include(ops(EngineModel.modelBytes(qwen15b, "initializers")), "FusedMatMul")
+    assert.notInclude(ops(EngineModel.modelBytes(ModelConfig.presets.small, "initializers")), "FusedMatMul")
   })
 
   for (const qkNorm of [false, true]) {
