@@ -117,7 +117,9 @@ const v128 = (...lanes: Array<number>) => [
   ...simd(0x0c),
   ...lanes.flatMap((x) => [x & 0xff, (x >>> 8) & 0xff, (x >>> 16) & 0xff, (x >>> 24) & 0xff])
 ]
-const xorShift = (local: number, by: number) => [...get(local), ...get(local), ...i32const(by), ...op.shrU, ...op.xor, ...set(local)]
+const xorShift = (local: number, by: number) => [
+  ...get(local), ...get(local), ...i32const(by), ...op.shrU, ...op.xor, ...set(local)
+]
 
 // Both functions take 0 p, 1 g, 2 m, 3 v (byte offsets), 4 n (floats, even), 5–13 scale, beta1, b1c, beta2, b2c,
 // stepSize, invSqrtC2, eps, keep; `adam16` also 14 the hash input of its first element. Locals (after the
@@ -139,7 +141,9 @@ const body = (bf16: boolean) => {
     bf16
       ? [...get(base), ...get(J), 0x6a, ...op.load32Zero, ...op.extendLowU16, ...i32const(16), ...op.shl, ...op.promote]
       : lanes(base)
-  const storeTo = (base: number, value: Array<number>) => [...float32s(base), ...value, ...op.demote, ...op.store64Lane0]
+  const storeTo = (base: number, value: Array<number>) => [
+    ...float32s(base), ...value, ...op.demote, ...op.store64Lane0
+  ]
   // `AdamStep.roundStochastic` on each lane: NaN keeps its quiet bit, anything else rounds up with random bits below.
   const narrow = (value: number, random: Array<number>) => [
     ...get(value), ...op.demote, ...set(GI), // GI is free once mi, vi are known: it holds the float32 bits here
@@ -150,7 +154,10 @@ const body = (bf16: boolean) => {
   ]
   const storeMoment = (base: number, value: number, random: Array<number>) =>
     bf16
-      ? [...get(base), ...get(J), 0x6a, ...narrow(value, random), ...v128(0, 0, 0, 0), ...op.narrowU, ...op.store32Lane0]
+      ? [
+        ...get(base), ...get(J), 0x6a, ...narrow(value, random),
+        ...v128(0, 0, 0, 0), ...op.narrowU, ...op.store32Lane0 // the lanes' low halves: two bfloat16s
+      ]
       : storeTo(base, get(value))
   // `AdamStep.hash32`'s mix on lanes H, H + 1.
   const mix = [
@@ -192,6 +199,8 @@ const body = (bf16: boolean) => {
   ]
 }
 
+const type = (params: Array<number>) => [0x60, ...vec(params.map((t) => [t])), 0]
+
 const moduleBytes = (): Uint8Array<ArrayBuffer> => {
   const params = [I32, I32, I32, I32, I32, ...Array.from({ length: 9 }, () => F64)]
   const locals = vec([[4, I32], [13, V128]])
@@ -201,7 +210,7 @@ const moduleBytes = (): Uint8Array<ArrayBuffer> => {
   }
   return Uint8Array.from([
     0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00,
-    ...section(1, vec([[0x60, ...vec(params.map((t) => [t])), 0], [0x60, ...vec([...params, I32].map((t) => [t])), 0]])),
+    ...section(1, vec([type(params), type([...params, I32])])),
     ...section(3, vec([[0], [1]])),
     ...section(5, vec([[0x00, (CHUNK * 16) / 65536 + 1]])),
     ...section(7, vec([[...name("adam"), 0x00, 0], [...name("adam16"), 0x00, 1], [...name("memory"), 0x02, 0]])),

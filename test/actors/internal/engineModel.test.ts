@@ -85,7 +85,7 @@ describe("engineModel", () => {
       }))
   }
 
-  it("models from 50 M parameters decode with onnxruntime's fused kernels and products, the small presets with their old graph", () => {
+  it("models of 50 M parameters and more decode with fused kernels and products, small presets their old graph", () => {
     const ops = (bytes: Uint8Array) => new TextDecoder("latin1").decode(bytes)
     assert.isTrue(Qwen2.isLarge(qwen15b))
     assert.isTrue(Qwen2.isLarge(ModelConfig.presets.medium))
