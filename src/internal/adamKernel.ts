@@ -237,34 +237,35 @@ export const make = (): Kernels | undefined => {
   const [m16At, v16At] = [mAt * 2, mAt * 2 + CHUNK]
   const coefficients = (c: Coefficients) =>
     [c.scale, c.beta1, 1 - c.beta1, c.beta2, 1 - c.beta2, c.stepSize, c.invSqrtC2, c.eps, c.keep] as const
-  // An odd count: the last pair's second lane reads and writes past the data, which is not copied back.
-  const float32: Kernel = (p, g, m, v, c) => {
+  // Chunk by chunk through the kernel's memory: p and g as float32s, the moments in `stage` at `mAt`, `vAt`; `run`
+  // takes the chunk's count (rounded up to even: an odd chunk's last lane reads and writes past the data, which is
+  // not copied back) and its start.
+  const chunked = (
+    p: Float32Array,
+    g: Float32Array,
+    m: Float32Array | Uint16Array,
+    v: Float32Array | Uint16Array,
+    stage: Float32Array | Uint16Array,
+    [mAt, vAt]: readonly [number, number],
+    run: (even: number, start: number) => void
+  ) => {
     for (let start = 0; start < p.length; start += CHUNK) {
       const end = Math.min(start + CHUNK, p.length)
       const n = end - start
       floats.set(p.subarray(start, end), pAt)
       floats.set(g.subarray(start, end), gAt)
-      floats.set(m.subarray(start, end), mAt)
-      floats.set(v.subarray(start, end), vAt)
-      adam(pAt * 4, gAt * 4, mAt * 4, vAt * 4, n + (n & 1), ...coefficients(c))
+      stage.set(m.subarray(start, end), mAt)
+      stage.set(v.subarray(start, end), vAt)
+      run(n + (n & 1), start)
       p.set(floats.subarray(pAt, pAt + n), start)
-      m.set(floats.subarray(mAt, mAt + n), start)
-      v.set(floats.subarray(vAt, vAt + n), start)
+      m.set(stage.subarray(mAt, mAt + n), start)
+      v.set(stage.subarray(vAt, vAt + n), start)
     }
   }
-  const bfloat16: Kernel16 = (p, g, m, v, c, hashAt) => {
-    for (let start = 0; start < p.length; start += CHUNK) {
-      const end = Math.min(start + CHUNK, p.length)
-      const n = end - start
-      floats.set(p.subarray(start, end), pAt)
-      floats.set(g.subarray(start, end), gAt)
-      halves.set(m.subarray(start, end), m16At)
-      halves.set(v.subarray(start, end), v16At)
-      adam16(pAt * 4, gAt * 4, m16At * 2, v16At * 2, n + (n & 1), ...coefficients(c), (hashAt + start) | 0)
-      p.set(floats.subarray(pAt, pAt + n), start)
-      m.set(halves.subarray(m16At, m16At + n), start)
-      v.set(halves.subarray(v16At, v16At + n), start)
-    }
-  }
+  const float32: Kernel = (p, g, m, v, c) =>
+    chunked(p, g, m, v, floats, [mAt, vAt], (n) => adam(pAt * 4, gAt * 4, mAt * 4, vAt * 4, n, ...coefficients(c)))
+  const bfloat16: Kernel16 = (p, g, m, v, c, hashAt) =>
+    chunked(p, g, m, v, halves, [m16At, v16At], (n, start) =>
+      adam16(pAt * 4, gAt * 4, m16At * 2, v16At * 2, n, ...coefficients(c), (hashAt + start) | 0))
   return { float32, bfloat16 }
 }

@@ -24,11 +24,15 @@ export const model = tinyConfig({
 
 export const loss: Loss.Config = { ...Loss.ppo, klCoef: 0.1, entropyCoef: 0.01 }
 
-/** Every input `tg` reads, in `dtype`: the batch, the loss's inputs and `cfg`'s random weights (seed 11). */
+/**
+ * Every input `tg` reads, in `dtype`: the batch, the inputs of `lossConfig` (its aggregation's token weights) and
+ * `cfg`'s random weights (seed 11).
+ */
 export const feedsFor = (
   tg: Autodiff.TrainingGraph,
   dtype: "float32" | "float64",
-  cfg: ModelConfig.ModelConfig = model
+  cfg: ModelConfig.ModelConfig = model,
+  lossConfig: Loss.Config = loss
 ): Record<string, Feed> => {
   const n = B * T
   const attention = [1, 1, 1, 1, 1, 1, 1, 1, 0, 0]
@@ -41,10 +45,11 @@ export const feedsFor = (
     attention_mask: i64(attention),
     position_ids: i64([...Qwen2.positionIds(attention.slice(0, T)), ...Qwen2.positionIds(attention.slice(T))]),
     targets: i64(Array.from({ length: n }, (_, i) => (i * 5 + 2) % cfg.vocabSize)),
-    loss_weights: f(Loss.aggregationWeights(loss.aggregation, mask, B, T, Loss.totals(mask, B, T))),
+    loss_weights: f(Loss.aggregationWeights(lossConfig.aggregation, mask, B, T, Loss.totals(mask, B, T))),
     loss_mask: f(mask),
     advantages: f(noise(n, 9).map((v) => 2 * v)),
     old_logprobs: f(noise(n, 5).map((v) => -2.5 + 0.5 * v)),
+    sampler_logprobs: f(noise(n, 6).map((v) => -2.5 + 0.5 * v)),
     ref_logprobs: f(noise(n, 8).map((v) => -2.5 + 0.5 * v))
   }
   for (const spec of Qwen2.parameters(cfg)) {

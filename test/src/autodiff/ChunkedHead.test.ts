@@ -4,40 +4,15 @@ import * as Autodiff from "../../../src/autodiff/Autodiff.ts"
 import * as ChunkedHead from "../../../src/autodiff/ChunkedHead.ts"
 import * as Loss from "../../../src/Loss.ts"
 import * as Qwen2 from "../../../src/model/Qwen2.ts"
-import { check, type Feed, noise, runWith, session } from "../../utils/gradcheck.ts"
-import { randomWeights, tinyConfig } from "../../utils/tinyModel.ts"
+import { check, runWith, session } from "../../utils/gradcheck.ts"
+import * as PpoFeeds from "../../utils/ppoFeeds.ts"
+import { tinyConfig } from "../../utils/tinyModel.ts"
 
-const B = 2
-const T = 5
+const { B, T } = PpoFeeds
 const c = tinyConfig({ vocabSize: 13, hiddenSize: 8, numAttentionHeads: 2, numKeyValueHeads: 1, intermediateSize: 12 })
 
-const feedsFor = (tg: Autodiff.TrainingGraph, cfg: typeof c, config: Loss.Config, dtype: "float32" | "float64") => {
-  const n = B * T
-  const ids = [3, 1, 4, 1, 5, 9, 2, 6, 0, 0]
-  const attention = [1, 1, 1, 1, 1, 1, 1, 1, 0, 0]
-  const mask = Uint8Array.from({ length: n }, (_, i) => (i % T === 0 || i === n - 1 ? 0 : 1))
-  const weights = randomWeights(cfg, 11)
-  const f = (data: ArrayLike<number>): Feed => ({ dtype, dims: [B, T], data })
-  const i64 = (data: ArrayLike<number>): Feed => ({ dtype: "int64", dims: [B, T], data })
-  const feeds: Record<string, Feed> = {
-    input_ids: i64(ids),
-    attention_mask: i64(attention),
-    position_ids: i64([...Qwen2.positionIds(attention.slice(0, T)), ...Qwen2.positionIds(attention.slice(T))]),
-    targets: i64(Array.from({ length: n }, (_, i) => (i * 5 + 2) % cfg.vocabSize)),
-    loss_weights: f(Loss.aggregationWeights(config.aggregation, mask, B, T, Loss.totals(mask, B, T))),
-    loss_mask: f(mask),
-    advantages: f(noise(n, 9).map((v) => 2 * v)),
-    old_logprobs: f(noise(n, 5).map((v) => -2.5 + 0.5 * v)),
-    sampler_logprobs: f(noise(n, 6).map((v) => -2.5 + 0.5 * v)),
-    ref_logprobs: f(noise(n, 8).map((v) => -2.5 + 0.5 * v))
-  }
-  for (const spec of Qwen2.parameters(cfg)) {
-    feeds[spec.name] = { dtype, dims: spec.shape, data: weights.get(spec.name)! }
-  }
-  const used = new Set(tg.graph.inputs.map((i) => i.name))
-  for (const k of Object.keys(feeds)) if (!used.has(k)) delete feeds[k]
-  return feeds
-}
+const feedsFor = (tg: Autodiff.TrainingGraph, cfg: typeof c, config: Loss.Config, dtype: "float32" | "float64") =>
+  PpoFeeds.feedsFor(tg, dtype, cfg, config)
 
 const configs: ReadonlyArray<[string, Loss.Config]> = [
   ["sft", Loss.sft],
