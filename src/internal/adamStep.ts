@@ -11,6 +11,7 @@
  * in the uninterrupted one, so runs stay deterministic and resume stays exact.
  */
 import * as AdamKernel from "./adamKernel.ts"
+import * as OptimNative from "./optimNative.ts"
 
 /** The hyper-parameters the update reads (a structural subset of `Optimizer.Config`). */
 export interface Hyper {
@@ -84,7 +85,10 @@ export const step = (
   return t
 }
 
-/** One tensor with float32 moments: the kernel, or the scalar loop where WebAssembly SIMD is unavailable. */
+/**
+ * One tensor with float32 moments: the native addon in place (`optimNative.ts`), else the WebAssembly kernel, else
+ * the scalar loop; all three give the same bits.
+ */
 const updateFloat32 = (
   p: Float32Array,
   g: Float32Array,
@@ -92,6 +96,8 @@ const updateFloat32 = (
   v: Float32Array,
   c: AdamKernel.Coefficients
 ): void => {
+  const native = OptimNative.addon
+  if (native !== undefined) return native.adam(p, g, m, v, nativeCoefficients(c), OptimNative.threads)
   if (kernels !== undefined) return kernels.float32(p, g, m, v, c)
   const { scale, beta1, beta2, stepSize, invSqrtC2, eps, keep } = c
   updateTensor(p, g, m, v, scale, beta1, beta2, stepSize, invSqrtC2, eps, keep)
@@ -116,7 +122,11 @@ const updateBfloat16 = (
   t: number,
   at: number
 ) => {
-  if (kernels !== undefined) return kernels.bfloat16(p, g, m, v, c, (seedOf(t) + at) | 0)
+  const hashAt = (seedOf(t) + at) | 0
+  if (OptimNative.addon !== undefined) {
+    return OptimNative.addon.adam(p, g, m, v, nativeCoefficients(c), OptimNative.threads, hashAt)
+  }
+  if (kernels !== undefined) return kernels.bfloat16(p, g, m, v, c, hashAt)
   for (let start = 0; start < p.length; start += CHUNK) {
     const end = Math.min(start + CHUNK, p.length)
     const mf = mScratch.subarray(0, end - start), vf = vScratch.subarray(0, end - start)
@@ -187,6 +197,10 @@ const narrowStochastic = (
     v[from + i] = roundStochastic(vBits[i]!, r >>> 16)
   }
 }
+
+/** The coefficients in the order the native addon reads them (`OptimNative.Addon.adam`). */
+const nativeCoefficients = (c: AdamKernel.Coefficients): Float64Array =>
+  Float64Array.of(c.scale, c.beta1, 1 - c.beta1, c.beta2, 1 - c.beta2, c.stepSize, c.invSqrtC2, c.eps, c.keep)
 
 /** The WebAssembly SIMD kernels (bit-identical to the loops here, several times faster), one instance per thread. */
 const kernels = AdamKernel.make()

@@ -108,14 +108,16 @@ describe("the npm package", () => {
       const { filename, files } = packed[0]!
       const paths = files.map((f) => f.path)
       // What runs, and the guides, nothing else: compiled code and declarations, the command, the docs a user
-      // follows (docs/, the changelog), no sources or tests.
+      // follows (docs/, the changelog), the one C source built at install, no other sources or tests.
       assert.include(paths, "bin/agentfly.mjs")
       assert.include(paths, "docs/install.md")
       assert.include(paths, "dist/cli/main.js")
       assert.include(paths, "dist/src/index.d.ts")
       assert.include(paths, "dist/environments/python/repl_server.py")
+      assert.include(paths, "native/optim.c") // the optimiser's addon, built at install (`native/build.mjs`)
+      const shipped = /^(dist\/|bin\/|docs\/[\w-]+\.md$|native\/(optim\.c|build\.mjs)$|package\.json$|(README|CHANGELOG)\.md$)/
       const strays = paths.filter((p) =>
-        !/^(dist\/|bin\/|docs\/[\w-]+\.md$|package\.json$|README\.md$|CHANGELOG\.md$)/.test(p) ||
+        !shipped.test(p) ||
         /(?<!\.d)\.ts$/.test(p)
       )
       assert.deepStrictEqual(strays, [])
@@ -135,6 +137,8 @@ describe("the npm package", () => {
       ], project)
       assert.isTrue(existsSync(join(project, "node_modules", manifest.name, "dist/cli/main.js")))
       assert.isFalse(existsSync(join(project, "node_modules", manifest.name, "cli")))
+      // The install script built the optimiser's addon with this machine's compiler and Node's headers.
+      assert.isTrue(existsSync(join(project, "node_modules", manifest.name, "native/build/optim.node")))
 
       // A task of the user's own, checked by the new user's strict tsconfig against the package's declarations.
       writeFileSync(join(project, "tsconfig.json"), JSON.stringify(newUserTsconfig, null, 2))
