@@ -1,8 +1,8 @@
 #!/usr/bin/env node
 /**
- * Builds the optimiser's native addon (`native/optim.c` → `native/build/optim.node`) with the machine's C compiler
- * and Node's own headers, at `npm install` (the package's `install` script). Optional: where there is no compiler
- * or no headers it says so and exits 0, and the learner keeps its WebAssembly kernel (`src/internal/optimNative.ts`).
+ * Builds the native kernels (`native/kernels.c` → `native/build/kernels.node`) with the machine's C compiler and
+ * Node's own headers, at `npm install` (the package's `install` script). Optional: where there is no compiler or no
+ * headers it says so and exits 0, and the loops and the WebAssembly kernel run instead (`nativeKernels.ts`).
  * `AGENTFLY_NATIVE=0` skips the build. No node-gyp: one C file, one compiler call, nothing downloaded.
  */
 import { spawnSync } from "node:child_process"
@@ -11,16 +11,16 @@ import { dirname, join } from "node:path"
 import { fileURLToPath } from "node:url"
 
 const here = dirname(fileURLToPath(import.meta.url))
-const out = join(here, "build", "optim.node")
+const out = join(here, "build", "kernels.node")
 
 const say = (line) => console.error(`agentfly: ${line}`)
 
 if (process.env.AGENTFLY_NATIVE === "0") {
-  say("AGENTFLY_NATIVE=0: the optimiser's native addon is not built (the WebAssembly kernel runs instead)")
+  say("AGENTFLY_NATIVE=0: the native kernels is not built (the JavaScript and WebAssembly loops run instead)")
   process.exit(0)
 }
 if (process.platform === "win32") {
-  say("no native optimiser addon on Windows (the WebAssembly kernel runs instead)")
+  say("no native optimiser addon on Windows (the JavaScript and WebAssembly loops run instead)")
   process.exit(0)
 }
 
@@ -30,7 +30,7 @@ const includes = [
   ...(process.env.npm_config_nodedir ? [join(process.env.npm_config_nodedir, "include", "node")] : [])
 ].filter((dir) => existsSync(join(dir, "node_api.h")))
 if (includes.length === 0) {
-  say("Node's headers (node_api.h) not found: the optimiser's native addon is not built (the WebAssembly kernel runs)")
+  say("Node's headers (node_api.h) not found: the native kernels is not built (the JavaScript loops run)")
   process.exit(0)
 }
 
@@ -47,7 +47,7 @@ const args = [
   "-pthread",
   `-I${includes[0]}`,
   ...(process.platform === "darwin" ? ["-undefined", "dynamic_lookup"] : []),
-  join(here, "optim.c"),
+  join(here, "kernels.c"),
   "-o",
   `${out}.tmp`,
   "-lm"
@@ -55,7 +55,7 @@ const args = [
 const result = spawnSync(compiler, args, { stdio: ["ignore", "inherit", "inherit"] })
 if (result.error !== undefined || result.status !== 0) {
   const why = result.error?.message ?? `${compiler} exited with ${result.status}`
-  say(`the optimiser's native addon was not built (${why}); the WebAssembly kernel runs instead`)
+  say(`the native kernels was not built (${why}); the JavaScript and WebAssembly loops run instead`)
   process.exit(0)
 }
 renameSync(`${out}.tmp`, out)

@@ -14,7 +14,7 @@
 import { Schema } from "effect"
 import * as AdamStep from "./internal/adamStep.ts"
 import * as FloatCodec from "./internal/floatCodec.ts"
-import * as OptimNative from "./internal/optimNative.ts"
+import * as NativeKernels from "./internal/nativeKernels.ts"
 
 // ===== Models =====
 
@@ -134,7 +134,7 @@ export const convertMoment = (moment: Moment, precision: Precision): Moment => {
  */
 export const globalNorm = (grads: ReadonlyMap<string, Float32Array>): number => {
   let sq = 0
-  const native = OptimNative.addon
+  const native = NativeKernels.addon
   for (const g of grads.values()) {
     if (native !== undefined) sq = native.sumSquares(g, sq) // the same sum in the same order, ≈ 4× faster
     else for (let i = 0; i < g.length; i++) sq += g[i]! * g[i]!

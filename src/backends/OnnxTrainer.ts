@@ -36,7 +36,7 @@ import type { Duration } from "effect"
 import * as ort from "onnxruntime-node"
 import * as Autodiff from "../autodiff/Autodiff.ts"
 import * as CollectGarbage from "../internal/collectGarbage.ts"
-import * as OptimNative from "../internal/optimNative.ts"
+import * as NativeKernels from "../internal/nativeKernels.ts"
 import * as Checkpoint from "../Checkpoint.ts"
 import * as Loss from "../Loss.ts"
 import * as Lora from "../Lora.ts"
@@ -888,7 +888,7 @@ const accumulate = (trainer: Trainer, c: Compiled, mb: Packing.MicroBatch) =>
     for (const [w, gradName] of trainer.accumulated === 0 ? [] : c.graph.gradients) {
       const g = out[gradName]!.data as Float32Array
       const acc = trainer.accum.get(w)!
-      OptimNative.addInto(acc, g)
+      NativeKernels.addInto(acc, g)
     }
     trainer.accumulated++
     const result = summarize(out)

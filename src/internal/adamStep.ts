@@ -11,7 +11,7 @@
  * in the uninterrupted one, so runs stay deterministic and resume stays exact.
  */
 import * as AdamKernel from "./adamKernel.ts"
-import * as OptimNative from "./optimNative.ts"
+import * as NativeKernels from "./nativeKernels.ts"
 
 /** The hyper-parameters the update reads (a structural subset of `Optimizer.Config`). */
 export interface Hyper {
@@ -86,7 +86,7 @@ export const step = (
 }
 
 /**
- * One tensor with float32 moments: the native addon in place (`optimNative.ts`), else the WebAssembly kernel, else
+ * One tensor with float32 moments: the native addon in place (`nativeKernels.ts`), else the WebAssembly kernel, else
  * the scalar loop; all three give the same bits.
  */
 const updateFloat32 = (
@@ -96,8 +96,8 @@ const updateFloat32 = (
   v: Float32Array,
   c: AdamKernel.Coefficients
 ): void => {
-  const native = OptimNative.addon
-  if (native !== undefined) return native.adam(p, g, m, v, nativeCoefficients(c), OptimNative.threads)
+  const native = NativeKernels.addon
+  if (native !== undefined) return native.adam(p, g, m, v, nativeCoefficients(c), NativeKernels.threads)
   if (kernels !== undefined) return kernels.float32(p, g, m, v, c)
   const { scale, beta1, beta2, stepSize, invSqrtC2, eps, keep } = c
   updateTensor(p, g, m, v, scale, beta1, beta2, stepSize, invSqrtC2, eps, keep)
@@ -123,8 +123,8 @@ const updateBfloat16 = (
   at: number
 ) => {
   const hashAt = (seedOf(t) + at) | 0
-  if (OptimNative.addon !== undefined) {
-    return OptimNative.addon.adam(p, g, m, v, nativeCoefficients(c), OptimNative.threads, hashAt)
+  if (NativeKernels.addon !== undefined) {
+    return NativeKernels.addon.adam(p, g, m, v, nativeCoefficients(c), NativeKernels.threads, hashAt)
   }
   if (kernels !== undefined) return kernels.bfloat16(p, g, m, v, c, hashAt)
   for (let start = 0; start < p.length; start += CHUNK) {
@@ -198,7 +198,7 @@ const narrowStochastic = (
   }
 }
 
-/** The coefficients in the order the native addon reads them (`OptimNative.Addon.adam`). */
+/** The coefficients in the order the native addon reads them (`NativeKernels.Addon.adam`). */
 const nativeCoefficients = (c: AdamKernel.Coefficients): Float64Array =>
   Float64Array.of(c.scale, c.beta1, 1 - c.beta1, c.beta2, 1 - c.beta2, c.stepSize, c.invSqrtC2, c.eps, c.keep)
 

@@ -1,8 +1,10 @@
 /**
  * Finding NaN and ±Infinity in weights as they are loaded. Such weights only ever sample garbage and train to more
  * of it, and nothing downstream notices before a checkpoint is saved; so a model folder's weights are checked once,
- * where they are read, in one pass over each tensor and without a copy.
+ * where they are read, in one pass over each tensor and without a copy (the native kernel's, on every core, where
+ * built).
  */
+import * as NativeKernels from "./nativeKernels.ts"
 
 /** The first non-finite value of a set of named tensors: its tensor, index and value, and how many it holds. */
 export interface NonFinite {
@@ -25,7 +27,13 @@ const countFrom = (data: Float32Array, start: number): number => {
  * that tensor; undefined when every value is finite.
  */
 export const firstNonFinite = (tensors: Iterable<readonly [string, Float32Array]>): NonFinite | undefined => {
+  const native = NativeKernels.addon
   for (const [tensor, data] of tensors) {
+    if (native !== undefined) {
+      const i = native.firstNonFinite(data, NativeKernels.threads)
+      if (i >= 0) return { tensor, index: i, value: data[i]!, count: countFrom(data, i) }
+      continue
+    }
     for (let i = 0; i < data.length; i++) {
       if (!Number.isFinite(data[i]!)) return { tensor, index: i, value: data[i]!, count: countFrom(data, i) }
     }

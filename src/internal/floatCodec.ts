@@ -3,12 +3,16 @@
  * per-element `DataView` call or object). They assume a little-endian host, as safetensors files are little-endian
  * (x86-64 and ARM64 both are).
  */
+import * as NativeKernels from "./nativeKernels.ts"
 
 /**
  * BF16 bits (`src`) widened into float32 (`dst` from `dstOffset`): BF16 is float32's upper half. Two values per
- * 32-bit load (a third faster than one at a time); `src` must start on a 4-byte boundary.
+ * 32-bit load (a third faster than one at a time); `src` must start on a 4-byte boundary. The native kernel, where
+ * built, does the same on every core.
  */
 export const widenBf16 = (src: Uint16Array, dst: Float32Array, dstOffset = 0): void => {
+  const native = NativeKernels.addon
+  if (native !== undefined) return native.widenBf16(src, dst, dstOffset, NativeKernels.threads)
   const pairs = src.length >>> 1
   const words = new Uint32Array(src.buffer, src.byteOffset, pairs)
   const bits = new Uint32Array(dst.buffer, dst.byteOffset + dstOffset * 4, src.length)

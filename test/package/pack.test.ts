@@ -114,7 +114,7 @@ describe("the npm package", () => {
       assert.include(paths, "dist/cli/main.js")
       assert.include(paths, "dist/src/index.d.ts")
       assert.include(paths, "dist/environments/python/repl_server.py")
-      assert.include(paths, "native/optim.c") // the optimiser's addon, built at install (`native/build.mjs`)
+      assert.include(paths, "native/kernels.c") // the native kernels, built at install (`native/build.mjs`)
       const shipped = /^(dist\/|bin\/|docs\/[\w-]+\.md$|native\/(optim\.c|build\.mjs)$|package\.json$|(README|CHANGELOG)\.md$)/
       const strays = paths.filter((p) =>
         !shipped.test(p) ||
@@ -137,8 +137,8 @@ describe("the npm package", () => {
       ], project)
       assert.isTrue(existsSync(join(project, "node_modules", manifest.name, "dist/cli/main.js")))
       assert.isFalse(existsSync(join(project, "node_modules", manifest.name, "cli")))
-      // The install script built the optimiser's addon with this machine's compiler and Node's headers.
-      assert.isTrue(existsSync(join(project, "node_modules", manifest.name, "native/build/optim.node")))
+      // The install script built the native kernels with this machine's compiler and Node's headers.
+      assert.isTrue(existsSync(join(project, "node_modules", manifest.name, "native/build/kernels.node")))
 
       // A task of the user's own, checked by the new user's strict tsconfig against the package's declarations.
       writeFileSync(join(project, "tsconfig.json"), JSON.stringify(newUserTsconfig, null, 2))

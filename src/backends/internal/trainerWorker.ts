@@ -11,7 +11,7 @@ import { parentPort, workerData } from "node:worker_threads"
 import * as ort from "onnxruntime-node"
 import * as AdamStep from "../../internal/adamStep.ts"
 import * as CollectGarbage from "../../internal/collectGarbage.ts"
-import * as OptimNative from "../../internal/optimNative.ts"
+import * as NativeKernels from "../../internal/nativeKernels.ts"
 import type * as ChunkedHead from "../../autodiff/ChunkedHead.ts"
 import type * as Optimizer from "../../Optimizer.ts"
 
@@ -264,7 +264,7 @@ const run = async (w: WorkerState, r: Extract<Request, { op: "run" }>): Promise<
       const g = out[gradName]!.data as Float32Array
       const acc = w.own.get(weight)!
       if (r.accumulate === "set") acc.set(g)
-      else OptimNative.addInto(acc, g)
+      else NativeKernels.addInto(acc, g)
     }
   }
   const logprobs = out["token_logprobs"]!.data as Float32Array

@@ -1,9 +1,9 @@
 /*
- * The optimiser's passes over every parameter as a Node-API addon (`src/internal/optimNative.ts` loads it; built at
- * install by `native/build.mjs`, optional): AdamW with float32 or bfloat16 moments, a gradient added into an
- * accumulator, and the sum of squares of the global norm. It works on the typed arrays' memory in place, on
- * several threads, where the WebAssembly kernel (`adamKernel.ts`) copies every chunk in and out of its own memory
- * on one thread.
+ * The passes over every parameter as a Node-API addon (`src/internal/nativeKernels.ts` loads it; built at install by
+ * `native/build.mjs`, optional). The optimiser's: AdamW with float32 or bfloat16 moments, a gradient added into an
+ * accumulator, the sum of squares of the global norm. Loading's: BF16 widened to float32, the first non-finite
+ * weight. They work on the typed arrays' memory in place, on several threads, where the WebAssembly kernel
+ * (`adamKernel.ts`) copies every chunk in and out of its own memory and the loops run on one thread.
  *
  * Bit-identical to `adamStep.ts`'s scalar loops: the same float64 operations in the same order, compiled without
  * contraction into fused multiply-adds (`-ffp-contract=off`) and without x87 excess precision (x86-64 uses SSE2), so
@@ -95,6 +95,25 @@ static void *adam16(void *arg) {
   return NULL;
 }
 
+/* Loading: `p` is the float32 destination, `m` the BF16 bits. */
+static void *widen_bf16(void *arg) {
+  const Span *s = arg;
+  const uint16_t *src = s->m;
+  uint32_t *dst = (uint32_t *)s->p;
+  for (size_t i = s->start; i < s->end; i++) dst[i] = (uint32_t)src[i] << 16;
+  return NULL;
+}
+
+/* Loading: the span's first NaN or ±Infinity in `g`, as an index, stored over `start` (`end` when none). */
+static void *first_non_finite(void *arg) {
+  Span *s = arg;
+  const uint32_t *bits = (const uint32_t *)s->g;
+  size_t i = s->start;
+  while (i < s->end && (bits[i] & 0x7f800000U) != 0x7f800000U) i++;
+  s->start = i;
+  return NULL;
+}
+
 static void *add_into(void *arg) {
   const Span *s = arg;
   float *acc = s->p;
@@ -103,11 +122,12 @@ static void *add_into(void *arg) {
   return NULL;
 }
 
-/* `work` over [0, n) split in `threads` contiguous spans, this thread taking the first. */
-static void run_split(void *(*work)(void *), const Span *base, size_t n, uint32_t threads) {
-  if (threads < 1 || n < PARALLEL_MIN) threads = 1;
-  if (threads > MAX_THREADS) threads = MAX_THREADS;
-  Span spans[MAX_THREADS];
+/*
+ * `work` over [0, n) split in `count` contiguous spans (1 to MAX_THREADS), this thread taking the first; `spans`
+ * (MAX_THREADS of them) keeps what each did. Returns the number of spans.
+ */
+static uint32_t run_spans(void *(*work)(void *), const Span *base, size_t n, double count, Span *spans) {
+  uint32_t threads = !(count >= 1) || n < PARALLEL_MIN ? 1 : count >= MAX_THREADS ? MAX_THREADS : (uint32_t)count;
   pthread_t ids[MAX_THREADS];
   int started[MAX_THREADS] = {0};
   for (uint32_t k = 0; k < threads; k++) {
@@ -122,6 +142,12 @@ static void run_split(void *(*work)(void *), const Span *base, size_t n, uint32_
     if (started[k]) pthread_join(ids[k], NULL);
     else work(&spans[k]);
   }
+  return threads;
+}
+
+static void run_split(void *(*work)(void *), const Span *base, size_t n, double count) {
+  Span spans[MAX_THREADS];
+  run_spans(work, base, n, count, spans);
 }
 
 /* ----- Node-API glue ----- */
@@ -129,7 +155,7 @@ static void run_split(void *(*work)(void *), const Span *base, size_t n, uint32_
 #define CHECK(env, call)                                                                                           \
   do {                                                                                                             \
     if ((call) != napi_ok) {                                                                                       \
-      napi_throw_error((env), NULL, "optim: " #call " failed");                                                    \
+      napi_throw_error((env), NULL, "kernels: " #call " failed");                                                    \
       return NULL;                                                                                                 \
     }                                                                                                              \
   } while (0)
@@ -138,14 +164,14 @@ static void run_split(void *(*work)(void *), const Span *base, size_t n, uint32_
 static void *array_of(napi_env env, napi_value value, napi_typedarray_type want, size_t *length) {
   bool is_typed = false;
   if (napi_is_typedarray(env, value, &is_typed) != napi_ok || !is_typed) {
-    napi_throw_type_error(env, NULL, "optim: expected a typed array");
+    napi_throw_type_error(env, NULL, "kernels: expected a typed array");
     return NULL;
   }
   napi_typedarray_type type;
   void *data = NULL;
   if (napi_get_typedarray_info(env, value, &type, length, &data, NULL, NULL) != napi_ok || type != want) {
     const bool f32 = want == napi_float32_array;
-    napi_throw_type_error(env, NULL, f32 ? "optim: expected a Float32Array" : "optim: expected a Uint16Array");
+    napi_throw_type_error(env, NULL, f32 ? "kernels: expected a Float32Array" : "kernels: expected a Uint16Array");
     return NULL;
   }
   /* An empty array may have no memory at all. */
@@ -155,7 +181,7 @@ static void *array_of(napi_env env, napi_value value, napi_typedarray_type want,
 
 static bool number_of(napi_env env, napi_value value, double *out) {
   if (napi_get_value_double(env, value, out) == napi_ok) return true;
-  napi_throw_type_error(env, NULL, "optim: expected a number");
+  napi_throw_type_error(env, NULL, "kernels: expected a number");
   return false;
 }
 
@@ -165,7 +191,7 @@ static napi_value adam(napi_env env, napi_callback_info info) {
   napi_value argv[7];
   CHECK(env, napi_get_cb_info(env, info, &argc, argv, NULL, NULL));
   if (argc < 6) {
-    napi_throw_type_error(env, NULL, "optim.adam: expected (p, g, m, v, coefficients, threads[, hashAt])");
+    napi_throw_type_error(env, NULL, "kernels.adam: expected (p, g, m, v, coefficients, threads[, hashAt])");
     return NULL;
   }
   napi_typedarray_type mtype;
@@ -181,21 +207,22 @@ static napi_value adam(napi_env env, napi_callback_info info) {
   const double *coefficients = array_of(env, argv[4], napi_float64_array, &cn);
   if (coefficients == NULL) return NULL;
   if (gn != n || mn != n || vn != n || cn != 9) {
-    napi_throw_range_error(env, NULL, "optim.adam: p, g, m and v must be of one length, with 9 coefficients");
+    napi_throw_range_error(env, NULL, "kernels.adam: p, g, m and v must be of one length, with 9 coefficients");
     return NULL;
   }
   double threads, hash_at = 0;
   if (!number_of(env, argv[5], &threads)) return NULL;
   if (half && argc < 7) {
-    napi_throw_type_error(env, NULL, "optim.adam: bfloat16 moments need a number hashAt");
+    napi_throw_type_error(env, NULL, "kernels.adam: bfloat16 moments need a number hashAt");
     return NULL;
   }
   if (half && !number_of(env, argv[6], &hash_at)) return NULL;
   Coefficients c;
   memcpy(&c, coefficients, sizeof c);
   s.c = &c;
-  s.hash_at = (uint32_t)(int64_t)hash_at;
-  run_split(half ? adam16 : adam32, &s, n, (uint32_t)threads);
+  /* hashAt is an int32 from JavaScript; anything else is reduced modulo 2^32 as `| 0` would. */
+  s.hash_at = isfinite(hash_at) ? (uint32_t)(int64_t)fmod(hash_at, 4294967296.0) : 0;
+  run_split(half ? adam16 : adam32, &s, n, threads);
   return NULL;
 }
 
@@ -208,17 +235,17 @@ static napi_value add(napi_env env, napi_callback_info info) {
   size_t n, gn;
   double threads;
   if (argc < 3) {
-    napi_throw_type_error(env, NULL, "optim.addInto: expected (acc, g, threads)");
+    napi_throw_type_error(env, NULL, "kernels.addInto: expected (acc, g, threads)");
     return NULL;
   }
   if ((s.p = array_of(env, argv[0], napi_float32_array, &n)) == NULL) return NULL;
   if ((s.g = array_of(env, argv[1], napi_float32_array, &gn)) == NULL) return NULL;
   if (!number_of(env, argv[2], &threads)) return NULL;
   if (gn != n) {
-    napi_throw_range_error(env, NULL, "optim.addInto: acc and g must be of one length");
+    napi_throw_range_error(env, NULL, "kernels.addInto: acc and g must be of one length");
     return NULL;
   }
-  run_split(add_into, &s, n, (uint32_t)threads);
+  run_split(add_into, &s, n, threads);
   return NULL;
 }
 
@@ -230,7 +257,7 @@ static napi_value sum_squares(napi_env env, napi_callback_info info) {
   size_t n;
   double sum;
   if (argc < 2) {
-    napi_throw_type_error(env, NULL, "optim.sumSquares: expected (g, sum)");
+    napi_throw_type_error(env, NULL, "kernels.sumSquares: expected (g, sum)");
     return NULL;
   }
   const float *g = array_of(env, argv[0], napi_float32_array, &n);
@@ -241,13 +268,61 @@ static napi_value sum_squares(napi_env env, napi_callback_info info) {
   return out;
 }
 
+/* widenBf16(src: Uint16Array, dst: Float32Array, dstOffset, threads): dst[dstOffset + i] = src[i]'s float32. */
+static napi_value widen(napi_env env, napi_callback_info info) {
+  size_t argc = 4;
+  napi_value argv[4];
+  CHECK(env, napi_get_cb_info(env, info, &argc, argv, NULL, NULL));
+  Span s;
+  size_t n, dn;
+  double offset, threads;
+  if (argc < 4) {
+    napi_throw_type_error(env, NULL, "kernels.widenBf16: expected (src, dst, dstOffset, threads)");
+    return NULL;
+  }
+  if ((s.m = array_of(env, argv[0], napi_uint16_array, &n)) == NULL) return NULL;
+  if ((s.p = array_of(env, argv[1], napi_float32_array, &dn)) == NULL) return NULL;
+  if (!number_of(env, argv[2], &offset) || !number_of(env, argv[3], &threads)) return NULL;
+  if (!(offset >= 0) || offset + (double)n > (double)dn) {
+    napi_throw_range_error(env, NULL, "kernels.widenBf16: src does not fit in dst at dstOffset");
+    return NULL;
+  }
+  s.p += (size_t)offset;
+  run_split(widen_bf16, &s, n, threads);
+  return NULL;
+}
+
+/* firstNonFinite(data: Float32Array, threads): the index of its first NaN or ±Infinity, or -1. */
+static napi_value non_finite(napi_env env, napi_callback_info info) {
+  size_t argc = 2;
+  napi_value argv[2];
+  CHECK(env, napi_get_cb_info(env, info, &argc, argv, NULL, NULL));
+  Span s, spans[MAX_THREADS];
+  size_t n;
+  double threads;
+  if (argc < 2) {
+    napi_throw_type_error(env, NULL, "kernels.firstNonFinite: expected (data, threads)");
+    return NULL;
+  }
+  if ((s.g = array_of(env, argv[0], napi_float32_array, &n)) == NULL) return NULL;
+  if (!number_of(env, argv[1], &threads)) return NULL;
+  const uint32_t count = run_spans(first_non_finite, &s, n, threads, spans);
+  double first = -1;
+  for (uint32_t k = 0; k < count && first < 0; k++) if (spans[k].start < spans[k].end) first = (double)spans[k].start;
+  napi_value out;
+  CHECK(env, napi_create_double(env, first, &out));
+  return out;
+}
+
 static napi_value init(napi_env env, napi_value exports) {
   const napi_property_descriptor properties[] = {
     {"adam", NULL, adam, NULL, NULL, NULL, napi_enumerable, NULL},
     {"addInto", NULL, add, NULL, NULL, NULL, napi_enumerable, NULL},
     {"sumSquares", NULL, sum_squares, NULL, NULL, NULL, napi_enumerable, NULL},
+    {"widenBf16", NULL, widen, NULL, NULL, NULL, napi_enumerable, NULL},
+    {"firstNonFinite", NULL, non_finite, NULL, NULL, NULL, napi_enumerable, NULL},
   };
-  CHECK(env, napi_define_properties(env, exports, 3, properties));
+  CHECK(env, napi_define_properties(env, exports, 5, properties));
   return exports;
 }
 

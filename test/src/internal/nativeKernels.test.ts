@@ -1,6 +1,6 @@
 import { assert, describe, it } from "@effect/vitest"
 import { Worker } from "node:worker_threads"
-import * as OptimNative from "../../../src/internal/optimNative.ts"
+import * as NativeKernels from "../../../src/internal/nativeKernels.ts"
 import * as Optimizer from "../../../src/Optimizer.ts"
 import { bfloat16, reference, reference16, wave } from "../../utils/adamReference.ts"
 
@@ -12,12 +12,12 @@ const sameBits = (a: Float32Array, b: Float32Array) => a.every((x, i) => Object.
 // Lengths below and above the addon's threshold for threads (262,144 elements), split in 1 to 3 threads.
 const cases = [[1, 1], [3, 2], [17, 3], [262143, 2], [262144, 2], [300001, 2], [300001, 3]] as const
 
-describe("optimNative", () => {
+describe("nativeKernels", () => {
   // The README's test command builds the addon at `npm ci` (`native/build.mjs`; the machines this runs on have a C
   // compiler): a missing addon fails here rather than passing silently on the WebAssembly kernel.
-  const addon = OptimNative.addon!
+  const addon = NativeKernels.addon!
   it("is built and loaded", () => {
-    assert.isDefined(OptimNative.addon)
+    assert.isDefined(NativeKernels.addon)
   })
 
   it("AdamW with float32 moments is bit-identical to the scalar loop, on any number of threads", () => {
@@ -70,6 +70,33 @@ describe("optimNative", () => {
     assert.strictEqual(Optimizer.globalNorm(grads), Math.sqrt(sq))
   })
 
+  it("widens BF16 into float32 at an offset, on any number of threads, to the bit", () => {
+    for (const [n, threads] of cases) {
+      // every class of value: NaN, ±∞, denormals, zeros
+      const bits = Uint16Array.from({ length: n }, (_, i) => (i * 40503 + 7) & 0xffff)
+      const dst = new Float32Array(n + 5).fill(-3)
+      addon.widenBf16(bits, dst, 3, threads)
+      const expected = new Float32Array(Uint32Array.from(bits, (b) => b << 16).buffer)
+      assert.isTrue(sameBits(dst.subarray(3, 3 + n), expected), `n = ${n}, ${threads} threads`)
+      assert.deepStrictEqual([...dst.subarray(0, 3), ...dst.subarray(3 + n)], [-3, -3, -3, -3, -3])
+    }
+    assert.throws(() => addon.widenBf16(new Uint16Array(4), new Float32Array(4), 1, 1), RangeError, /does not fit/)
+  })
+
+  it("finds the first NaN or ±Infinity, wherever the threads' spans split", () => {
+    const n = 300001
+    assert.strictEqual(addon.firstNonFinite(wave(n, 0.3, 1e30), 2), -1)
+    assert.strictEqual(addon.firstNonFinite(new Float32Array(0), 2), -1)
+    for (const [at, x] of [[0, NaN], [150000, Infinity], [150001, -Infinity], [n - 1, NaN], [7, 3e38 * 10]] as const) {
+      for (const threads of [1, 2, 3]) {
+        const data = wave(n, 0.3, 1)
+        data[at] = x
+        if (at + 1000 < n) data[at + 1000] = NaN // a later one does not count
+        assert.strictEqual(addon.firstNonFinite(data, threads), at, `at ${at}, ${threads} threads`)
+      }
+    }
+  })
+
   it("works on shared memory, as the learner's worker threads hold it", () => {
     const n = 300001
     const shared = (x: Float32Array) => {
@@ -97,8 +124,8 @@ describe("optimNative", () => {
   })
 
   it("uses every core on the main thread and one in a worker thread", async () => {
-    assert.isAtLeast(OptimNative.threads, 1)
-    const worker = new Worker(new URL("../../utils/optimThreadsWorker.mjs", import.meta.url))
+    assert.isAtLeast(NativeKernels.threads, 1)
+    const worker = new Worker(new URL("../../utils/nativeThreadsWorker.mjs", import.meta.url))
     const inWorker = await new Promise((resolve, reject) => {
       worker.once("message", resolve)
       worker.once("error", reject)

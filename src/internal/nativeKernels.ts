@@ -1,12 +1,13 @@
 /**
- * The optimiser's native addon (`native/optim.c`, built at install by `native/build.mjs`): AdamW, gradient
- * accumulation and the norm's sum of squares in place, on several threads, bit-identical to the loops of
- * `adamStep.ts` and `Optimizer.globalNorm`. Optional: {@link addon} is undefined where it was not built (no C
- * compiler, Windows, `AGENTFLY_NATIVE=0`) and the callers keep the WebAssembly kernel and the loops.
+ * The native kernels (`native/kernels.c`, built at install by `native/build.mjs`): the passes over every parameter,
+ * in place and on several threads, bit-identical to the loops they replace. The optimiser's: AdamW (`adamStep.ts`),
+ * gradient accumulation, the norm's sum of squares (`Optimizer.globalNorm`); loading's: BF16 widened to float32
+ * (`floatCodec.ts`), the first non-finite weight (`finite.ts`). Optional: {@link addon} is undefined where it was not
+ * built (no C compiler, Windows, `AGENTFLY_NATIVE=0`) and the callers keep the WebAssembly kernel and the loops.
  *
  * At Qwen2.5-0.5B's 494 M parameters on a 2-core machine the WebAssembly kernel's AdamW took 6–7 s a step (every
- * chunk copied in and out of its memory, one thread) and the norm's loop 2.3 s; in place on both cores they take
- * about 1.5 and 0.5 s (BENCHMARKS.md, "the optimiser in place").
+ * chunk copied in and out of its memory, one thread), the norm's loop 2.3 s, and reading the folder spent 2.2 s
+ * widening and 2.3 s checking for NaN (BENCHMARKS.md, "the passes over every parameter in place").
  */
 import { existsSync } from "node:fs"
 import { createRequire } from "node:module"
@@ -15,7 +16,7 @@ import { dirname, join } from "node:path"
 import { fileURLToPath } from "node:url"
 import { isMainThread } from "node:worker_threads"
 
-/** The addon's functions (`native/optim.c`). */
+/** The addon's functions (`native/kernels.c`). */
 export interface Addon {
   /**
    * AdamW in place: float32 moments, or bfloat16 bits (`Uint16Array`s, then `hashAt` keys the stochastic rounding
@@ -34,13 +35,17 @@ export interface Addon {
   readonly addInto: (acc: Float32Array, g: Float32Array, threads: number) => void
   /** `sum + Σ g[i]²`, one float64 sum in index order. */
   readonly sumSquares: (g: Float32Array, sum: number) => number
+  /** BF16 bits `src` as float32s into `dst` from `dstOffset`. */
+  readonly widenBf16: (src: Uint16Array, dst: Float32Array, dstOffset: number, threads: number) => void
+  /** The index of the first NaN or ±Infinity of `data`, or −1. */
+  readonly firstNonFinite: (data: Float32Array, threads: number) => number
 }
 
-/** `native/build/optim.node` from here: the source tree (`src/internal`) or the package's `dist/src/internal`. */
+/** `native/build/kernels.node` from here: the source tree (`src/internal`) or the package's `dist/src/internal`. */
 const locate = (): string | undefined => {
   const here = dirname(fileURLToPath(import.meta.url))
   return [join(here, "..", ".."), join(here, "..", "..", "..")]
-    .map((root) => join(root, "native", "build", "optim.node"))
+    .map((root) => join(root, "native", "build", "kernels.node"))
     .find((file) => existsSync(file))
 }
 
@@ -61,8 +66,8 @@ export const addon: Addon | undefined = load()
 
 /**
  * Threads for one pass: every core on the main thread (the single-thread learner's optimStep has the machine to
- * itself: its session is idle), one in a learner worker (`trainerWorker.ts`: the workers already split the
- * parameters between them).
+ * itself: its session is idle; loading runs before anything else), one in a worker thread (`trainerWorker.ts`: the
+ * learner's workers already split the parameters between them).
  */
 export const threads: number = isMainThread ? Math.min(availableParallelism(), 8) : 1
 
