@@ -16,7 +16,7 @@ const out = join(here, "build", "kernels.node")
 const say = (line) => console.error(`agentfly: ${line}`)
 
 if (process.env.AGENTFLY_NATIVE === "0") {
-  say("AGENTFLY_NATIVE=0: the native kernels is not built (the JavaScript and WebAssembly loops run instead)")
+  say("AGENTFLY_NATIVE=0: the native kernels are not built (the JavaScript and WebAssembly loops run instead)")
   process.exit(0)
 }
 if (process.platform === "win32") {
@@ -30,7 +30,7 @@ const includes = [
   ...(process.env.npm_config_nodedir ? [join(process.env.npm_config_nodedir, "include", "node")] : [])
 ].filter((dir) => existsSync(join(dir, "node_api.h")))
 if (includes.length === 0) {
-  say("Node's headers (node_api.h) not found: the native kernels is not built (the JavaScript loops run)")
+  say("Node's headers (node_api.h) not found: the native kernels are not built (the JavaScript loops run)")
   process.exit(0)
 }
 
@@ -55,7 +55,7 @@ const args = [
 const result = spawnSync(compiler, args, { stdio: ["ignore", "inherit", "inherit"] })
 if (result.error !== undefined || result.status !== 0) {
   const why = result.error?.message ?? `${compiler} exited with ${result.status}`
-  say(`the native kernels was not built (${why}); the JavaScript and WebAssembly loops run instead`)
+  say(`the native kernels were not built (${why}); the JavaScript and WebAssembly loops run instead`)
   process.exit(0)
 }
 renameSync(`${out}.tmp`, out)

@@ -86,8 +86,8 @@ export const step = (
 }
 
 /**
- * One tensor with float32 moments: the native addon in place (`nativeKernels.ts`), else the WebAssembly kernel, else
- * the scalar loop; all three give the same bits.
+ * One tensor with float32 moments: the native kernel in place (`nativeKernels.ts`), else the WebAssembly kernel,
+ * else the scalar loop; all three give the same bits.
  */
 const updateFloat32 = (
   p: Float32Array,
@@ -110,8 +110,8 @@ const vScratch = new Float32Array(CHUNK)
 
 /**
  * One tensor with bfloat16 moments: widen, the float32 update (bit-identical to it), narrow with stochastic rounding
- * keyed by step `t` and the element's index over all parameters (`at` + its index here). The kernel does all three
- * in one pass; without WebAssembly SIMD, the loops below go chunk by chunk.
+ * keyed by step `t` and the element's index over all parameters (`at` + its index here). The native kernel and the
+ * WebAssembly one do all three in one pass; without either, the loops below go chunk by chunk.
  */
 const updateBfloat16 = (
   p: Float32Array,
@@ -123,9 +123,8 @@ const updateBfloat16 = (
   at: number
 ) => {
   const hashAt = (seedOf(t) + at) | 0
-  if (NativeKernels.addon !== undefined) {
-    return NativeKernels.addon.adam(p, g, m, v, nativeCoefficients(c), NativeKernels.threads, hashAt)
-  }
+  const native = NativeKernels.addon
+  if (native !== undefined) return native.adam(p, g, m, v, nativeCoefficients(c), NativeKernels.threads, hashAt)
   if (kernels !== undefined) return kernels.bfloat16(p, g, m, v, c, hashAt)
   for (let start = 0; start < p.length; start += CHUNK) {
     const end = Math.min(start + CHUNK, p.length)
@@ -198,7 +197,7 @@ const narrowStochastic = (
   }
 }
 
-/** The coefficients in the order the native addon reads them (`NativeKernels.Addon.adam`). */
+/** The coefficients in the order the native kernel reads them (`NativeKernels.Addon.adam`). */
 const nativeCoefficients = (c: AdamKernel.Coefficients): Float64Array =>
   Float64Array.of(c.scale, c.beta1, 1 - c.beta1, c.beta2, 1 - c.beta2, c.stepSize, c.invSqrtC2, c.eps, c.keep)
 
