@@ -7,7 +7,7 @@
  *
  * At Qwen2.5-0.5B's 494 M parameters on a 2-core machine the WebAssembly kernel's AdamW took 6–7 s a step (every
  * chunk copied in and out of its memory, one thread), the norm's loop 2.3 s, and reading the folder spent 2.2 s
- * widening and 2.3 s checking for NaN (BENCHMARKS.md, "the passes over every parameter in place").
+ * widening and 2.3 s checking for NaN (BENCHMARKS.md, "The passes over every parameter in native code").
  */
 import { existsSync } from "node:fs"
 import { createRequire } from "node:module"
@@ -56,7 +56,7 @@ const load = (): Addon | undefined => {
   try {
     return createRequire(import.meta.url)(file) as Addon
   } catch {
-    // Built for another Node ABI or platform (a copied node_modules): the WebAssembly kernel runs instead.
+    // Built for another Node ABI or platform (a copied node_modules): the loops and the WebAssembly kernel run.
     return undefined
   }
 }
