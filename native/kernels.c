@@ -185,15 +185,27 @@ static bool number_of(napi_env env, napi_value value, double *out) {
   return false;
 }
 
+/* Up to `max` arguments into `argv`; their count, or 0 after throwing `usage` when fewer than `required` came. */
+static size_t arguments_of(napi_env env, napi_callback_info info, napi_value *argv, size_t max, size_t required,
+                           const char *usage) {
+  size_t argc = max;
+  if (napi_get_cb_info(env, info, &argc, argv, NULL, NULL) != napi_ok) {
+    napi_throw_error(env, NULL, "kernels: napi_get_cb_info failed");
+    return 0;
+  }
+  if (argc < required) {
+    napi_throw_type_error(env, NULL, usage);
+    return 0;
+  }
+  return argc;
+}
+
 /* adam(p, g, m, v, coefficients: Float64Array(9), threads, hashAt?): bfloat16 moments when m and v are Uint16Arrays. */
 static napi_value adam(napi_env env, napi_callback_info info) {
-  size_t argc = 7;
   napi_value argv[7];
-  CHECK(env, napi_get_cb_info(env, info, &argc, argv, NULL, NULL));
-  if (argc < 6) {
-    napi_throw_type_error(env, NULL, "kernels.adam: expected (p, g, m, v, coefficients, threads[, hashAt])");
-    return NULL;
-  }
+  const char *usage = "kernels.adam: expected (p, g, m, v, coefficients, threads[, hashAt])";
+  const size_t argc = arguments_of(env, info, argv, 7, 6, usage);
+  if (argc == 0) return NULL;
   napi_typedarray_type mtype;
   size_t n, gn, mn, vn, cn;
   CHECK(env, napi_get_typedarray_info(env, argv[2], &mtype, &mn, NULL, NULL, NULL));
@@ -228,16 +240,11 @@ static napi_value adam(napi_env env, napi_callback_info info) {
 
 /* addInto(acc, g, threads): acc += g, element by element. */
 static napi_value add(napi_env env, napi_callback_info info) {
-  size_t argc = 3;
   napi_value argv[3];
-  CHECK(env, napi_get_cb_info(env, info, &argc, argv, NULL, NULL));
+  if (arguments_of(env, info, argv, 3, 3, "kernels.addInto: expected (acc, g, threads)") == 0) return NULL;
   Span s;
   size_t n, gn;
   double threads;
-  if (argc < 3) {
-    napi_throw_type_error(env, NULL, "kernels.addInto: expected (acc, g, threads)");
-    return NULL;
-  }
   if ((s.p = array_of(env, argv[0], napi_float32_array, &n)) == NULL) return NULL;
   if ((s.g = array_of(env, argv[1], napi_float32_array, &gn)) == NULL) return NULL;
   if (!number_of(env, argv[2], &threads)) return NULL;
@@ -251,15 +258,10 @@ static napi_value add(napi_env env, napi_callback_info info) {
 
 /* sumSquares(g, sum): sum + Σ g[i]², one float64 sum in index order (as `Optimizer.globalNorm`). */
 static napi_value sum_squares(napi_env env, napi_callback_info info) {
-  size_t argc = 2;
   napi_value argv[2];
-  CHECK(env, napi_get_cb_info(env, info, &argc, argv, NULL, NULL));
+  if (arguments_of(env, info, argv, 2, 2, "kernels.sumSquares: expected (g, sum)") == 0) return NULL;
   size_t n;
   double sum;
-  if (argc < 2) {
-    napi_throw_type_error(env, NULL, "kernels.sumSquares: expected (g, sum)");
-    return NULL;
-  }
   const float *g = array_of(env, argv[0], napi_float32_array, &n);
   if (g == NULL || !number_of(env, argv[1], &sum)) return NULL;
   for (size_t i = 0; i < n; i++) sum += (double)g[i] * (double)g[i];
@@ -270,16 +272,12 @@ static napi_value sum_squares(napi_env env, napi_callback_info info) {
 
 /* widenBf16(src: Uint16Array, dst: Float32Array, dstOffset, threads): dst[dstOffset + i] = src[i]'s float32. */
 static napi_value widen(napi_env env, napi_callback_info info) {
-  size_t argc = 4;
   napi_value argv[4];
-  CHECK(env, napi_get_cb_info(env, info, &argc, argv, NULL, NULL));
+  const char *usage = "kernels.widenBf16: expected (src, dst, dstOffset, threads)";
+  if (arguments_of(env, info, argv, 4, 4, usage) == 0) return NULL;
   Span s;
   size_t n, dn;
   double offset, threads;
-  if (argc < 4) {
-    napi_throw_type_error(env, NULL, "kernels.widenBf16: expected (src, dst, dstOffset, threads)");
-    return NULL;
-  }
   if ((s.m = array_of(env, argv[0], napi_uint16_array, &n)) == NULL) return NULL;
   if ((s.p = array_of(env, argv[1], napi_float32_array, &dn)) == NULL) return NULL;
   if (!number_of(env, argv[2], &offset) || !number_of(env, argv[3], &threads)) return NULL;
@@ -294,16 +292,11 @@ static napi_value widen(napi_env env, napi_callback_info info) {
 
 /* firstNonFinite(data: Float32Array, threads): the index of its first NaN or ±Infinity, or -1. */
 static napi_value non_finite(napi_env env, napi_callback_info info) {
-  size_t argc = 2;
   napi_value argv[2];
-  CHECK(env, napi_get_cb_info(env, info, &argc, argv, NULL, NULL));
+  if (arguments_of(env, info, argv, 2, 2, "kernels.firstNonFinite: expected (data, threads)") == 0) return NULL;
   Span s, spans[MAX_THREADS];
   size_t n;
   double threads;
-  if (argc < 2) {
-    napi_throw_type_error(env, NULL, "kernels.firstNonFinite: expected (data, threads)");
-    return NULL;
-  }
   if ((s.g = array_of(env, argv[0], napi_float32_array, &n)) == NULL) return NULL;
   if (!number_of(env, argv[1], &threads)) return NULL;
   const uint32_t count = run_spans(first_non_finite, &s, n, threads, spans);

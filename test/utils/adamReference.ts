@@ -48,3 +48,9 @@ export const bfloat16 = (x: Float32Array) => Uint16Array.from(new Uint32Array(x.
 /** A deterministic test signal. */
 export const wave = (n: number, f: number, amplitude: number) =>
   Float32Array.from({ length: n }, (_, i) => Math.sin(i * f + 0.3) * amplitude)
+
+/** `g` with the gradients a kernel must carry through like the loop: NaN, +∞, 0, a denormal, a huge value. */
+export const withSpecialValues = (g: Float32Array): Float32Array => {
+  for (const [i, x] of [[0, NaN], [2, Infinity], [9, 0], [11, 1e-41], [13, 3e38]] as const) if (i < g.length) g[i] = x
+  return g
+}
