@@ -1,7 +1,8 @@
 #!/usr/bin/env -S MALLOC_ARENA_MAX=2 node
 // The `agentfly` command. In a clone it runs the TypeScript CLI through tsx, so no build step stands between a clone
-// and a run; in an installed package (no `cli/` sources beside `dist/`) it runs the compiled CLI. tsx is registered
-// in both: it loads a user's own TypeScript modules (a config's `task.ts`) on Node 20, which cannot strip types.
+// and a run; in an installed package (no `cli/` sources beside `dist/`) it runs the compiled CLI, which registers
+// tsx only when it loads a user's own module (a config's `task.ts`; src/internal/userModule.ts): Node 20 cannot strip
+// types, and tsx's loader hooks, registered here, would cost every command ≈ 1.4 s of start-up.
 // MALLOC_ARENA_MAX=2: glibc gives each thread that allocates its own malloc arena and keeps what the learner's
 // worker threads free in them (−60…−120 MB peak RSS on the tiny preset's RL run, no measured slowdown). glibc reads
 // it once at start, hence the shebang; `env` execs node, so the command keeps its PID (`kill` reaches the trainer).
@@ -12,8 +13,12 @@
 // child process would change the PID that `kill` reaches, so a large run sets it in its environment:
 // `MALLOC_MMAP_THRESHOLD_=1048576 agentfly train …` (a run with `learner.recompute` and without it is warned).
 import { existsSync } from "node:fs"
-import { register } from "tsx/esm/api"
 
-register()
 const source = new URL("../cli/main.ts", import.meta.url)
-await import(existsSync(source) ? source.href : new URL("../dist/cli/main.js", import.meta.url).href)
+if (existsSync(source)) {
+  const { register } = await import("tsx/esm/api")
+  register()
+  await import(source.href)
+} else {
+  await import(new URL("../dist/cli/main.js", import.meta.url).href)
+}

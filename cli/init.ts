@@ -10,6 +10,7 @@
 import { Console, Effect, FileSystem, Path, Schema } from "effect"
 import { Argument, Command } from "effect/cli"
 import { pathToFileURL } from "node:url"
+import { importUserModule } from "../src/internal/userModule.ts"
 import { exitOnFailure } from "./train.ts"
 
 /**
@@ -200,10 +201,9 @@ export const write = Effect.fn("init.write")(function*(dir: string) {
   const written = files(name)
   for (const [file, text] of Object.entries(written)) yield* fs.writeFileString(path.join(dir, file), text)
   const generator = pathToFileURL(path.resolve(dir, "generate.ts")).href
-  const data = yield* Effect.tryPromise(() =>
-    (import(generator) as Promise<{ generate: (dir: string) => Promise<Record<string, number>> }>)
-      .then((module) => module.generate(path.resolve(dir, "data")))
-  ).pipe(Effect.result)
+  const generate = (module: Record<string, unknown>) =>
+    (module["generate"] as (dir: string) => Promise<Record<string, number>>)(path.resolve(dir, "data"))
+  const data = yield* Effect.tryPromise(() => importUserModule(generator).then(generate)).pipe(Effect.result)
   return { name, files: Object.keys(written), data }
 })
 

@@ -41,6 +41,7 @@ import type * as ContextPolicy from "./ContextPolicy.ts"
 import type * as RolloutError from "./RolloutError.ts"
 import type * as Tool from "./Tool.ts"
 import * as SchemaIssues from "./internal/schemaIssues.ts"
+import { fromSources, importUserModule } from "./internal/userModule.ts"
 import type * as Trajectory from "./Trajectory.ts"
 
 // ===== Models =====
@@ -643,7 +644,7 @@ const shapeOf = (u: unknown): string =>
  */
 export const importModule = (path: string): Effect.Effect<Record<string, unknown>, TaskError> =>
   Effect.tryPromise({
-    try: () => import(path) as Promise<Record<string, unknown>>,
+    try: () => importUserModule(path),
     catch: (e) =>
       taskError(path, "Module", `cannot load ${path}: ${loadProblem(e, path)}`, { cause: e })
   })
@@ -671,9 +672,6 @@ export const isNotFound = (e: unknown): boolean =>
 
 /** This package's own `node_modules`, where a module outside a clone may find `effect` (the runtime's copy). */
 const ownModules = decodeURIComponent(new URL("../node_modules", import.meta.url).pathname)
-
-/** Whether this runs from a clone's TypeScript sources (through tsx), not from an installed package's dist/. */
-const fromSources = import.meta.url.endsWith(".ts")
 
 /**
  * What a module that could not be found means (`ERR_MODULE_NOT_FOUND`): the task's module itself (a misspelt path:

@@ -26,6 +26,7 @@ import * as Lora from "./Lora.ts"
 import * as TinkerLoss from "./backends/TinkerLoss.ts"
 import * as ModelPresets from "./model/ModelConfig.ts"
 import { isModulePath, isNotFound, loadProblem, Ref as TaskRef } from "./Task.ts"
+import { importUserModule } from "./internal/userModule.ts"
 
 // ===== Schema =====
 
@@ -945,7 +946,7 @@ const resolveTask = (ref: TaskRef, resolve: (p: string) => string): TaskRef =>
 
 const readModule = (file: string) =>
   Effect.tryPromise({
-    try: () => import(file) as Promise<Record<string, unknown>>,
+    try: () => importUserModule(file),
     // A module that is not there, or whose imports its folder cannot find, is unreadable, not a syntax error.
     catch: (e) =>
       new ConfigError({

@@ -15,6 +15,7 @@ import * as Progress from "../../actors/Progress.ts"
 import * as CalculatorData from "../../examples/calculator/generate.ts"
 import { task } from "../../examples/guess/task.ts"
 import * as SearchData from "../../examples/search/generate.ts"
+import { cli } from "../utils/agentfly.ts"
 
 const root = resolve(import.meta.dirname, "../..")
 
@@ -27,7 +28,7 @@ interface Ran {
 /** `agentfly ARGS…` in a child process, stdout and stderr apart; with `tty`, under a pseudo-terminal (both merged). */
 const agentfly = (args: ReadonlyArray<string>, options: { readonly tty?: boolean } = {}) =>
   Effect.callback<Ran>((resume) => {
-    const command = [process.execPath, "--import", "tsx", "cli/main.ts", ...args]
+    const command = [process.execPath, cli, ...args]
     const child = options.tty === true
       ? spawn("script", ["-qefc", command.map((w) => `'${w}'`).join(" "), "/dev/null"], {
         cwd: root,

@@ -16,10 +16,9 @@ import * as Qwen2 from "../../src/model/Qwen2.ts"
 import * as ModelFolder from "../../src/ModelFolder.ts"
 import * as Optimizer from "../../src/Optimizer.ts"
 import { llama, loadModel } from "../parity/engines.ts"
+import { cli } from "../utils/agentfly.ts"
 
 const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), "../..")
-const tsx = join(repoRoot, "node_modules/.bin/tsx")
-const main = join(repoRoot, "cli/main.ts")
 const dir = mkdtempSync(join(tmpdir(), "agentfly-export-"))
 // 210 MB of exported models a run: removed with the file's tests.
 afterAll(() => rmSync(dir, { recursive: true, force: true }))
@@ -199,7 +198,7 @@ describe("agentfly export", () => {
       const small = join(dir, "small")
       yield* run(ModelFolder.init(small, { preset: "small" }))
       const out = join(dir, "small.gguf")
-      const ok = spawnSync(tsx, [main, "export", small, "--format", "gguf", "--out", out], {
+      const ok = spawnSync(process.execPath, [cli, "export", small, "--format", "gguf", "--out", out], {
         cwd: repoRoot,
         encoding: "utf8",
         timeout: 300_000
@@ -214,14 +213,14 @@ describe("agentfly export", () => {
       }))
       assert.deepStrictEqual(tokenized, texts.map((t) => folder.tokenizer.encode(t)))
 
-      const again = spawnSync(tsx, [main, "export", small, "--format", "gguf", "--out", out], {
+      const again = spawnSync(process.execPath, [cli, "export", small, "--format", "gguf", "--out", out], {
         cwd: repoRoot,
         encoding: "utf8",
         timeout: 300_000
       })
       assert.notStrictEqual(again.status, 0)
       assert.match(again.stderr, /exists \(--overwrite to replace it\)/)
-      const bad = spawnSync(tsx, [main, "export", small, "--format", "onnx", "--out", join(dir, "x")], {
+      const bad = spawnSync(process.execPath, [cli, "export", small, "--format", "onnx", "--out", join(dir, "x")], {
         cwd: repoRoot,
         encoding: "utf8",
         timeout: 300_000

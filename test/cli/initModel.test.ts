@@ -7,17 +7,16 @@ import { tmpdir } from "node:os"
 import { dirname, join, resolve } from "node:path"
 import { fileURLToPath } from "node:url"
 import * as ModelFolder from "../../src/ModelFolder.ts"
+import { cli } from "../utils/agentfly.ts"
 
 const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), "../..")
-const tsx = join(repoRoot, "node_modules/.bin/tsx")
-const main = join(repoRoot, "cli/main.ts")
 const dir = mkdtempSync(join(tmpdir(), "agentfly-init-"))
 
 describe("agentfly init-model and serve", () => {
   it.live("init-model writes a folder that loads; serve answers /v1/models on it; bad flags exit non-zero", () =>
     Effect.gen(function*() {
       const out = join(dir, "small-model")
-      const init = spawnSync(tsx, [main, "init-model", "--out", out, "--preset", "small", "--seed", "7"], {
+      const init = spawnSync(process.execPath, [cli, "init-model", "--out", out, "--preset", "small", "--seed", "7"], {
         cwd: repoRoot,
         encoding: "utf8",
         timeout: 300_000
@@ -27,7 +26,7 @@ describe("agentfly init-model and serve", () => {
       const folder = yield* ModelFolder.load(out).pipe(Effect.provide(NodeServices.layer))
       assert.strictEqual(folder.config.numHiddenLayers, 4)
 
-      const bad = spawnSync(tsx, [main, "init-model", "--out", join(dir, "x"), "--preset", "huge"], {
+      const bad = spawnSync(process.execPath, [cli, "init-model", "--out", join(dir, "x"), "--preset", "huge"], {
         cwd: repoRoot,
         encoding: "utf8",
         timeout: 300_000
@@ -36,7 +35,7 @@ describe("agentfly init-model and serve", () => {
       assert.match(bad.stdout + bad.stderr, /preset/)
 
       const models = yield* Effect.acquireUseRelease(
-        Effect.sync(() => spawn(tsx, [main, "serve", "--model-dir", out, "--port", "0"], { cwd: repoRoot })),
+        Effect.sync(() => spawn(process.execPath, [cli, "serve", "--model-dir", out, "--port", "0"], { cwd: repoRoot })),
         (child) =>
           Effect.promise(() =>
             new Promise<string>((resolve, reject) => {

@@ -4,12 +4,13 @@
  */
 import { assert, describe, it } from "@effect/vitest"
 import { spawnSync } from "node:child_process"
-import { dirname, join, resolve } from "node:path"
+import { dirname, resolve } from "node:path"
 import { fileURLToPath } from "node:url"
+import { cli } from "../utils/agentfly.ts"
 
 const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), "../..")
 const agentfly = (...args: Array<string>) =>
-  spawnSync(join(repoRoot, "node_modules/.bin/tsx"), [join(repoRoot, "cli/main.ts"), ...args], {
+  spawnSync(process.execPath, [cli, ...args], {
     cwd: repoRoot,
     encoding: "utf8",
     input: "",

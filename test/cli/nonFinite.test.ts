@@ -16,16 +16,15 @@ import * as ModelFolder from "../../src/ModelFolder.ts"
 import * as Optimizer from "../../src/Optimizer.ts"
 import * as Qwen2 from "../../src/model/Qwen2.ts"
 import * as Safetensors from "../../src/Safetensors.ts"
+import { cli } from "../utils/agentfly.ts"
 
 const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), "../..")
-const tsx = join(repoRoot, "node_modules/.bin/tsx")
-const main = join(repoRoot, "cli/main.ts")
 
 const tensor = "model.layers.0.mlp.down_proj.weight"
 
 /** `agentfly ARGS…` to its end (it must not start listening). */
 const agentfly = (args: ReadonlyArray<string>) => {
-  const run = spawnSync(tsx, [main, ...args, "--port", "0"], { cwd: repoRoot, encoding: "utf8", timeout: 300_000 })
+  const run = spawnSync(process.execPath, [cli, ...args, "--port", "0"], { cwd: repoRoot, encoding: "utf8", timeout: 300_000 })
   // npm's own warnings about the environment are not the command's output.
   const lines = (run.stdout + run.stderr).split("\n").filter((l) => l.trim() !== "" && !l.startsWith("npm warn"))
   return { status: run.status, lines }

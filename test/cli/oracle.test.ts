@@ -18,6 +18,7 @@ import * as OracleCli from "../../cli/oracle.ts"
 import * as Puzzle from "../../environments/chess/Puzzle.ts"
 import * as BugFix from "../../environments/swe/BugFix.ts"
 import * as Generate from "../../examples/search/generate.ts"
+import { cli } from "../utils/agentfly.ts"
 
 const root = resolve(import.meta.dirname, "../..")
 
@@ -47,7 +48,7 @@ const sweData = (dir: string) =>
 /** `agentfly oracle ARGS…` in a child process with `env` added to its environment. */
 const oracleCommand = (args: ReadonlyArray<string>, env: Record<string, string>) =>
   Effect.callback<{ readonly code: number | null; readonly output: string }>((resume) => {
-    const child = spawn(process.execPath, ["--import", "tsx", "cli/main.ts", "oracle", ...args], {
+    const child = spawn(process.execPath, [cli, "oracle", ...args], {
       cwd: root,
       env: { ...process.env, ...env },
       stdio: ["ignore", "pipe", "pipe"]

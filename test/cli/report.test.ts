@@ -3,6 +3,7 @@ import { execFileSync, spawnSync } from "node:child_process"
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join, resolve } from "node:path"
+import { cli } from "../utils/agentfly.ts"
 
 const root = resolve(import.meta.dirname, "../..")
 
@@ -17,7 +18,7 @@ describe("agentfly report", () => {
       figures: { "rollout/reward_mean": step / 4, "rollout/accuracy": 0, "learner/loss": 0 }
     }))
     writeFileSync(join(dir, "metrics.jsonl"), metrics.map((m) => JSON.stringify(m)).join("\n") + "\n")
-    const out = execFileSync(process.execPath, ["--import", "tsx", "cli/main.ts", "report", dir], {
+    const out = execFileSync(process.execPath, [cli, "report", dir], {
       cwd: root,
       encoding: "utf8",
       timeout: 300_000
@@ -39,7 +40,7 @@ describe("agentfly report", () => {
   it("a folder without a run, or no folder, is refused with a sentence and exit code 1", () => {
     const empty = mkdtempSync(join(tmpdir(), "report-empty-"))
     for (const [dir, says] of [[empty, "holds no training run"], [join(empty, "nope"), "does not exist"]] as const) {
-      const result = spawnSync(process.execPath, ["--import", "tsx", "cli/main.ts", "report", dir], {
+      const result = spawnSync(process.execPath, [cli, "report", dir], {
         cwd: root,
         encoding: "utf8",
         timeout: 300_000
@@ -51,7 +52,7 @@ describe("agentfly report", () => {
     assert.isFalse(existsSync(join(empty, "report.html")))
     // A config given for its run: the folder it writes is named, not the command's help.
     const config = join(root, "examples/calculator/demo.json")
-    const file = spawnSync(process.execPath, ["--import", "tsx", "cli/main.ts", "report", config], {
+    const file = spawnSync(process.execPath, [cli, "report", config], {
       cwd: root,
       encoding: "utf8",
       timeout: 300_000
@@ -92,7 +93,7 @@ describe("agentfly report", () => {
     const out = join(parent, "both.html")
     const said = execFileSync(
       process.execPath,
-      ["--import", "tsx", "cli/main.ts", "report", sync, async, "--out", out],
+      [cli, "report", sync, async, "--out", out],
       {
         cwd: root,
         encoding: "utf8",
@@ -116,14 +117,14 @@ describe("agentfly report", () => {
     assert.include(html, "<title>Reward: train (sampled)</title>")
 
     const empty = mkdtempSync(join(tmpdir(), "report-empty-"))
-    const refused = spawnSync(process.execPath, ["--import", "tsx", "cli/main.ts", "report", sync, empty], {
+    const refused = spawnSync(process.execPath, [cli, "report", sync, empty], {
       cwd: root,
       encoding: "utf8",
       timeout: 300_000
     })
     assert.strictEqual(refused.status, 1)
     assert.include(refused.stderr, `${empty} holds no training run`)
-    const one = spawnSync(process.execPath, ["--import", "tsx", "cli/main.ts", "report", sync, "--out", out], {
+    const one = spawnSync(process.execPath, [cli, "report", sync, "--out", out], {
       cwd: root,
       encoding: "utf8",
       timeout: 300_000

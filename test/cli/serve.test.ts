@@ -10,15 +10,14 @@ import * as Train from "../../actors/Train.ts"
 import * as Generate from "../../examples/guess/generate.ts"
 import { task } from "../../examples/guess/task.ts"
 import * as ModelFolder from "../../src/ModelFolder.ts"
+import { cli } from "../utils/agentfly.ts"
 
 const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), "../..")
-const tsx = join(repoRoot, "node_modules/.bin/tsx")
-const main = join(repoRoot, "cli/main.ts")
 
 /** Starts `agentfly serve ARGS…`, runs `use` with its API root, then stops it. */
 const serving = <A>(args: ReadonlyArray<string>, use: (baseUrl: string) => Promise<A>) =>
   Effect.acquireUseRelease(
-    Effect.sync(() => spawn(tsx, [main, "serve", ...args], { cwd: repoRoot })),
+    Effect.sync(() => spawn(process.execPath, [cli, "serve", ...args], { cwd: repoRoot })),
     (child) =>
       Effect.promise(() =>
         new Promise<A>((resolve, reject) => {
@@ -70,7 +69,7 @@ describe("agentfly serve", () => {
       assert.strictEqual(badStream.type, "application/json")
       assert.match(badStream.json.error.message, /outside the vocabulary/)
 
-      const bad = spawnSync(tsx, [main, "serve", "--model-dir", dir, "--port", "0", "--max-running-per-request", "0"], {
+      const bad = spawnSync(process.execPath, [cli, "serve", "--model-dir", dir, "--port", "0", "--max-running-per-request", "0"], {
         cwd: repoRoot,
         encoding: "utf8",
         timeout: 300_000
@@ -119,7 +118,7 @@ describe("agentfly serve", () => {
       const broken = join(dir, "broken")
       cpSync(checkpoint, broken, { recursive: true })
       truncateSync(join(broken, "model.safetensors"), 100)
-      const bad = spawnSync(tsx, [main, "serve", "--model-dir", join(dir, "model"), "--checkpoint", broken], {
+      const bad = spawnSync(process.execPath, [cli, "serve", "--model-dir", join(dir, "model"), "--checkpoint", broken], {
         cwd: repoRoot,
         encoding: "utf8",
         timeout: 300_000
@@ -138,7 +137,7 @@ describe("agentfly serve", () => {
       [["trainer", "--host", "0.0.0.0", "--port", "0"], "AGENTFLY_TRAINER_TOKEN or --token-file"]
     ]
     for (const [args, how] of commands) {
-      const run = spawnSync(tsx, [main, ...args], { cwd: repoRoot, env, encoding: "utf8", timeout: 300_000 })
+      const run = spawnSync(process.execPath, [cli, ...args], { cwd: repoRoot, env, encoding: "utf8", timeout: 300_000 })
       assert.strictEqual(run.status, 1, `${args[0]}: ${run.stdout}${run.stderr}`)
       assert.include(run.stderr, "refusing to listen on 0.0.0.0 without a token", args[0])
       assert.include(run.stderr, how)

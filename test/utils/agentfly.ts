@@ -8,6 +8,12 @@ import { join, resolve } from "node:path"
 const root = resolve(import.meta.dirname, "../..")
 
 /**
+ * The compiled `agentfly` program, as `node CLI ARGS…` runs it (built by test/setup/cli.ts): what an installed package
+ * runs, without tsx's start-up.
+ */
+export const cli = join(root, "dist-test", "cli", "main.js")
+
+/**
  * Runs `agentfly ARGS…` from the repository root and collects its output; `killWhen` is polled every 20 ms and,
  * once true, the child gets `signal` (default SIGKILL), once. Interrupting the effect kills the child.
  */
@@ -18,7 +24,7 @@ export const agentfly = (
 ) =>
   Effect.callback<{ readonly code: number | null; readonly signal: string | null; readonly output: string }>(
     (resume) => {
-      const child = spawn(process.execPath, ["--import", "tsx", "cli/main.ts", ...args], {
+      const child = spawn(process.execPath, [cli, ...args], {
         cwd: root,
         stdio: ["ignore", "pipe", "pipe"]
       })
@@ -96,7 +102,7 @@ export const startCommand = (command: string, args: ReadonlyArray<string>, ready
   Effect.acquireRelease(
     Effect.callback<{ readonly child: ChildProcess; readonly url: string; readonly output: () => string }, Error>(
       (resume) => {
-        const child = spawn(process.execPath, ["--import", "tsx", "cli/main.ts", command, ...args], {
+        const child = spawn(process.execPath, [cli, command, ...args], {
           cwd: root,
           stdio: ["ignore", "pipe", "pipe"]
         })

@@ -14,6 +14,7 @@ import { join, resolve } from "node:path"
 import OpenAI from "openai"
 import * as ModelFolder from "../../../src/ModelFolder.ts"
 import type * as Trajectory from "../../../src/Trajectory.ts"
+import { cli } from "../../utils/agentfly.ts"
 
 const root = resolve(import.meta.dirname, "../../..")
 
@@ -21,7 +22,7 @@ const root = resolve(import.meta.dirname, "../../..")
 const startCli = (args: ReadonlyArray<string>) =>
   Effect.acquireRelease(
     Effect.callback<{ readonly url: string; readonly kill: () => void }, Error>((resume) => {
-      const child = spawn(process.execPath, ["--import", "tsx", "cli/main.ts", "gateway", ...args], {
+      const child = spawn(process.execPath, [cli, "gateway", ...args], {
         cwd: root,
         stdio: ["ignore", "pipe", "pipe"]
       })

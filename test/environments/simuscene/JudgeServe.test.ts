@@ -21,15 +21,14 @@ import * as Image from "../../../src/Image.ts"
 import * as VisionTower from "../../../src/model/VisionTower.ts"
 import * as ModelFolder from "../../../src/ModelFolder.ts"
 import type * as Trajectory from "../../../src/Trajectory.ts"
+import { cli } from "../../utils/agentfly.ts"
 
 const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), "../../..")
-const tsx = join(repoRoot, "node_modules/.bin/tsx")
-const main = join(repoRoot, "cli/main.ts")
 
 /** Starts `agentfly serve ARGS…`, runs `use` with its API root, then stops it. */
 const serving = <A>(args: ReadonlyArray<string>, use: (baseUrl: string) => Effect.Effect<A, unknown>) =>
   Effect.acquireUseRelease(
-    Effect.sync(() => spawn(tsx, [main, "serve", ...args], { cwd: repoRoot })),
+    Effect.sync(() => spawn(process.execPath, [cli, "serve", ...args], { cwd: repoRoot })),
     (child) =>
       Effect.flatMap(
         Effect.callback<string, Error>((resume) => {

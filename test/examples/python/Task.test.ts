@@ -30,6 +30,7 @@ import { text } from "../../../src/Message.ts"
 import * as Sampler from "../../../src/Sampler.ts"
 import * as Tokenizer from "../../../src/Tokenizer.ts"
 import type * as Trajectory from "../../../src/Trajectory.ts"
+import { cli } from "../../utils/agentfly.ts"
 
 const root = resolve(import.meta.dirname, "../../..")
 
@@ -92,7 +93,7 @@ const containers = (label: string): number =>
  */
 const train = (args: ReadonlyArray<string>) =>
   Effect.callback<{ readonly code: number | null; readonly pid: number; readonly output: string }>((resume) => {
-    const child = spawn(process.execPath, ["--import", "tsx", "cli/main.ts", "train", ...args], {
+    const child = spawn(process.execPath, [cli, "train", ...args], {
       cwd: root,
       stdio: ["ignore", "pipe", "pipe"]
     })
