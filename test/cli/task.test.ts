@@ -19,7 +19,7 @@ import * as Setup from "../../cli/setup.ts"
 import * as Dataset from "../../src/Dataset.ts"
 import * as TrainConfig from "../../src/TrainConfig.ts"
 import * as ModelFolder from "../../src/ModelFolder.ts"
-import { agentfly } from "../utils/agentfly.ts"
+import { agentfly, agentflyFromSources } from "../utils/agentfly.ts"
 import * as TrainLoop from "../../actors/TrainLoop.ts"
 import * as Rollouts from "../../actors/Rollouts.ts"
 import * as RolloutSetup from "../../actors/RolloutSetup.ts"
@@ -130,7 +130,7 @@ describe("a user's task module", () => {
       // Outside the checkout (a user's own folder), without the README's node_modules link.
       const dir = mkdtempSync(join(tmpdir(), "user-task-unlinked-"))
       writeFileSync(join(dir, "door.mts"), moduleSource)
-      const run = yield* agentfly(["train", join(dir, "door.mts")])
+      const run = yield* agentflyFromSources(["train", join(dir, "door.mts")])
       assert.strictEqual(run.code, 1, run.output)
       assert.include(
         run.output,

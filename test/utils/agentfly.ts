@@ -13,18 +13,14 @@ const root = resolve(import.meta.dirname, "../..")
  */
 export const cli = join(root, "dist-test", "cli", "main.js")
 
-/**
- * Runs `agentfly ARGS…` from the repository root and collects its output; `killWhen` is polled every 20 ms and,
- * once true, the child gets `signal` (default SIGKILL), once. Interrupting the effect kills the child.
- */
-export const agentfly = (
-  args: ReadonlyArray<string>,
-  killWhen?: () => boolean,
-  signal: NodeJS.Signals = "SIGKILL"
-) =>
+/** The clone's `agentfly` program on its TypeScript sources, as `npx agentfly` runs it there (through tsx). */
+const sourceCli = ["--import", "tsx", join(root, "cli", "main.ts")]
+
+/** Runs `node ARGV…` from the repository root (see `agentfly`). */
+const run = (argv: ReadonlyArray<string>, killWhen?: () => boolean, signal: NodeJS.Signals = "SIGKILL") =>
   Effect.callback<{ readonly code: number | null; readonly signal: string | null; readonly output: string }>(
     (resume) => {
-      const child = spawn(process.execPath, [cli, ...args], {
+      const child = spawn(process.execPath, argv, {
         cwd: root,
         stdio: ["ignore", "pipe", "pipe"]
       })
@@ -44,6 +40,16 @@ export const agentfly = (
       return Effect.sync(() => child.kill("SIGKILL"))
     }
   )
+
+/**
+ * Runs `agentfly ARGS…` (compiled) from the repository root and collects its output; `killWhen` is polled every 20 ms
+ * and, once true, the child gets `signal` (default SIGKILL), once. Interrupting the effect kills the child.
+ */
+export const agentfly = (args: ReadonlyArray<string>, killWhen?: () => boolean, signal: NodeJS.Signals = "SIGKILL") =>
+  run([cli, ...args], killWhen, signal)
+
+/** `agentfly`, run from the clone's TypeScript sources: for what only a clone says (how to link its node_modules). */
+export const agentflyFromSources = (args: ReadonlyArray<string>) => run([...sourceCli, ...args])
 
 /**
  * Writes `dir/config.json`: the shipped config `examples/NAME/short.json` pointed at freshly generated data in
