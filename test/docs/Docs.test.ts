@@ -9,6 +9,7 @@ import { mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs"
 import { basename, join, relative } from "node:path"
 import { describe, expect, it } from "vitest"
 import * as ConfigReference from "../../scripts/config-reference.ts"
+import { cli } from "../utils/agentfly.ts"
 import * as Docs from "./docsCheck.ts"
 
 const all = Docs.pages().flatMap(Docs.blocks)
@@ -86,7 +87,8 @@ describe("docs", () => {
     const problems: Array<string> = []
     for (const { block, call, text } of calls) {
       if (!help.has(call.subcommand)) {
-        const r = spawnSync(join(Docs.root, "bin/agentfly.mjs"), [call.subcommand, "--help"], {
+        // The compiled CLI: the same commands and flags as the sources', without tsx's start-up a subcommand.
+        const r = spawnSync(process.execPath, [cli, call.subcommand, "--help"], {
           encoding: "utf8",
           cwd: Docs.root
         })
