@@ -21,7 +21,10 @@ const declarations = !flags.includes("--no-declarations")
 rmSync(dist, { recursive: true, force: true })
 const tsc = join(root, "node_modules/typescript/bin/tsc")
 const options = ["--outDir", dist, ...(declarations ? [] : ["--declaration", "false"])]
-execFileSync(process.execPath, [tsc, "-p", join(root, "tsconfig.build.json"), ...options], { cwd: root, stdio: "inherit" })
+execFileSync(process.execPath, [tsc, "-p", join(root, "tsconfig.build.json"), ...options], {
+  cwd: root,
+  stdio: "inherit"
+})
 const pythonSources = readdirSync(join(root, "environments"), { recursive: true, encoding: "utf8" })
   .filter((file) => file.endsWith(".py"))
   .map((file) => join("environments", file))

@@ -35,7 +35,9 @@ describe("agentfly init-model and serve", () => {
       assert.match(bad.stdout + bad.stderr, /preset/)
 
       const models = yield* Effect.acquireUseRelease(
-        Effect.sync(() => spawn(process.execPath, [cli, "serve", "--model-dir", out, "--port", "0"], { cwd: repoRoot })),
+        Effect.sync(() =>
+          spawn(process.execPath, [cli, "serve", "--model-dir", out, "--port", "0"], { cwd: repoRoot })
+        ),
         (child) =>
           Effect.promise(() =>
             new Promise<string>((resolve, reject) => {

@@ -24,7 +24,11 @@ const tensor = "model.layers.0.mlp.down_proj.weight"
 
 /** `agentfly ARGS…` to its end (it must not start listening). */
 const agentfly = (args: ReadonlyArray<string>) => {
-  const run = spawnSync(process.execPath, [cli, ...args, "--port", "0"], { cwd: repoRoot, encoding: "utf8", timeout: 300_000 })
+  const run = spawnSync(process.execPath, [cli, ...args, "--port", "0"], {
+    cwd: repoRoot,
+    encoding: "utf8",
+    timeout: 300_000
+  })
   // npm's own warnings about the environment are not the command's output.
   const lines = (run.stdout + run.stderr).split("\n").filter((l) => l.trim() !== "" && !l.startsWith("npm warn"))
   return { status: run.status, lines }

@@ -69,7 +69,8 @@ describe("agentfly serve", () => {
       assert.strictEqual(badStream.type, "application/json")
       assert.match(badStream.json.error.message, /outside the vocabulary/)
 
-      const bad = spawnSync(process.execPath, [cli, "serve", "--model-dir", dir, "--port", "0", "--max-running-per-request", "0"], {
+      const flags = ["--model-dir", dir, "--port", "0", "--max-running-per-request", "0"]
+      const bad = spawnSync(process.execPath, [cli, "serve", ...flags], {
         cwd: repoRoot,
         encoding: "utf8",
         timeout: 300_000
@@ -118,7 +119,8 @@ describe("agentfly serve", () => {
       const broken = join(dir, "broken")
       cpSync(checkpoint, broken, { recursive: true })
       truncateSync(join(broken, "model.safetensors"), 100)
-      const bad = spawnSync(process.execPath, [cli, "serve", "--model-dir", join(dir, "model"), "--checkpoint", broken], {
+      const flags = ["--model-dir", join(dir, "model"), "--checkpoint", broken]
+      const bad = spawnSync(process.execPath, [cli, "serve", ...flags], {
         cwd: repoRoot,
         encoding: "utf8",
         timeout: 300_000
@@ -137,7 +139,12 @@ describe("agentfly serve", () => {
       [["trainer", "--host", "0.0.0.0", "--port", "0"], "AGENTFLY_TRAINER_TOKEN or --token-file"]
     ]
     for (const [args, how] of commands) {
-      const run = spawnSync(process.execPath, [cli, ...args], { cwd: repoRoot, env, encoding: "utf8", timeout: 300_000 })
+      const run = spawnSync(process.execPath, [cli, ...args], {
+        cwd: repoRoot,
+        env,
+        encoding: "utf8",
+        timeout: 300_000
+      })
       assert.strictEqual(run.status, 1, `${args[0]}: ${run.stdout}${run.stderr}`)
       assert.include(run.stderr, "refusing to listen on 0.0.0.0 without a token", args[0])
       assert.include(run.stderr, how)

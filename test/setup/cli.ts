@@ -2,7 +2,7 @@
  * Vitest's global setup: the compiled CLI the tests run, `dist-test/` (`node scripts/build.mjs dist-test`), built when
  * a source is newer than it. Compiled, as an installed package runs it: through tsx, each of the suite's few hundred
  * commands spent ≈ 1.4 s of start-up in tsx's loader hooks (≈ 3 s of CPU on a 2-core machine). The clone's own bin,
- * through tsx, is run by the tests of the README's and the docs' commands (test/docs, test/cli/task.test.ts).
+ * through tsx, runs the docs' transcripts (test/docs) and what only a clone says (test/cli/task.test.ts).
  */
 import { execFileSync } from "node:child_process"
 import { existsSync, readdirSync, readFileSync, statSync, writeFileSync } from "node:fs"
