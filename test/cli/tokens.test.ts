@@ -18,7 +18,7 @@ const dir = mkdtempSync(join(tmpdir(), "agentfly-cli-"))
 const conversationFile = join(dir, "conversation.json")
 writeFileSync(conversationFile, JSON.stringify({ messages: fourTurns, tools }))
 
-/** Runs the real `agentfly` program (tsx, as `npm run agentfly` does). */
+/** Runs the real `agentfly` program (compiled, as an installed package runs it: test/setup/cli.ts). */
 const agentfly = (...args: Array<string>) =>
   Effect.sync(() =>
     spawnSync(process.execPath, [cli, ...args], {
